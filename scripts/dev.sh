@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The project's two commands (see README):
+#   scripts/dev.sh run    install what is missing, build, replay the bundled trace
+#   scripts/dev.sh test   install what is missing, build, run every test:
+#                         plain, then under ASan+UBSan, then the threaded
+#                         tests (label "tsan") under ThreadSanitizer
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=$(nproc 2>/dev/null || echo 2)
+
+build() { # build DIR [cmake args...]
+  local dir=$1; shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVBM_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+}
+
+case "${1:-}" in
+  run)
+    ./scripts/setup.sh
+    build build
+    shift
+    exec ./build/kvbm replay "$@"
+    ;;
+  test)
+    ./scripts/setup.sh
+    echo "== plain build =="
+    build build
+    (cd build && ctest --output-on-failure -j "$JOBS" --timeout 600)
+    echo "== AddressSanitizer + UndefinedBehaviorSanitizer =="
+    build build-asan -DKVBM_SANITIZE=address
+    (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+       ctest --output-on-failure -j "$JOBS" --timeout 900 -LE nosan)
+    echo "== ThreadSanitizer (tests labelled tsan) =="
+    build build-tsan -DKVBM_SANITIZE=thread
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 \
+       ctest --output-on-failure -j "$JOBS" --timeout 900 -L tsan)
+    echo "== all tests passed =="
+    ;;
+  *)
+    echo "usage: scripts/dev.sh run [replay options] | test" >&2
+    exit 2
+    ;;
+esac
