@@ -34,6 +34,12 @@ case "${1:-}" in
     build build-tsan -DKVBM_SANITIZE=thread
     (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 \
        ctest --output-on-failure -j "$JOBS" --timeout 900 -L tsan)
+    # Further CI steps owned by one area each (fuzzing, ...), in name order.
+    for step in scripts/ci.d/*.sh; do
+      [ -e "$step" ] || continue
+      echo "== $step =="
+      bash "$step"
+    done
     echo "== all tests passed =="
     ;;
   *)
