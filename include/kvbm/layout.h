@@ -1,0 +1,195 @@
+/*
+ * kvbm/layout.h: where each piece of a KV block lives, and the serialized
+ * form a node sends to its peers.
+ *
+ * A block holds, for every layer, `outer_dim` slices (2: K and V; 1: MLA) of
+ * `page_size * inner_dim` elements of `dtype_size` bytes. A layout maps
+ * (block, layer, outer) to (region, byte offset, size). Two kinds:
+ *
+ *   FullyContiguous  one region; block b starts at b * block_stride and holds
+ *                    [num_layers][outer_dim][page_size * inner_dim] elements.
+ *   LayerSeparate    num_layers regions; in region l, block b starts at
+ *                    b * block_stride and holds [outer_dim][page_size *
+ *                    inner_dim] elements (block-major inside the layer).
+ *
+ * Strides (bytes), the same formulas for both kinds:
+ *   outer_stride = page_size * inner_dim * dtype_size   (one slice)
+ *   layer_stride = outer_dim * outer_stride             (one layer of a block)
+ *   block_stride = align_up(num_layers * layer_stride, alignment)  FullyContiguous
+ *                = align_up(layer_stride, alignment)               LayerSeparate
+ *   region_size  = num_blocks * block_stride
+ * Every block start is a multiple of `alignment` from its region's base, and
+ * storage allocates regions aligned to at least `alignment`, so block starts
+ * are aligned in memory. Slices inside a block are packed, not padded.
+ *
+ * A kvbm_layout is a plain value: no allocation, copy it freely. Fill it with
+ * kvbm_layout_init(), then treat its fields as read-only.
+ */
+#ifndef KVBM_LAYOUT_H
+#define KVBM_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The most layers (so, regions) a layout may have. Bounds the memory a
+ * deserializer may allocate for region addresses. */
+#define KVBM_LAYOUT_MAX_LAYERS 65536u
+
+typedef enum kvbm_layout_kind {
+  KVBM_LAYOUT_FULLY_CONTIGUOUS = 1,
+  KVBM_LAYOUT_LAYER_SEPARATE = 2,
+} kvbm_layout_kind;
+
+/* Where a layout's bytes live (carried in the serialized form so that a peer
+ * knows what it is importing). */
+typedef enum kvbm_memory_type {
+  KVBM_MEMORY_SYSTEM = 1, /* host heap */
+  KVBM_MEMORY_PINNED = 2, /* page-locked host memory (CUDA) */
+  KVBM_MEMORY_DEVICE = 3, /* GPU memory (CUDA); device_id is the ordinal */
+  KVBM_MEMORY_DISK = 4,   /* a file; region addresses are file offsets */
+  KVBM_MEMORY_REMOTE = 5, /* another node's memory */
+} kvbm_memory_type;
+
+/* All counts and sizes are u64 so the serialized form and the arithmetic
+ * have one width everywhere; sizes are checked for u64 and size_t overflow. */
+typedef struct kvbm_layout_config {
+  uint64_t num_blocks;
+  uint64_t num_layers; /* 1 .. KVBM_LAYOUT_MAX_LAYERS */
+  uint64_t outer_dim;  /* 2 for K and V, 1 for MLA */
+  uint64_t page_size;  /* tokens per block */
+  uint64_t inner_dim;  /* elements per token per (layer, outer): heads * head_dim */
+  uint64_t dtype_size; /* bytes per element */
+  uint64_t alignment;  /* block alignment in bytes, a power of two */
+} kvbm_layout_config;
+
+typedef struct kvbm_layout {
+  kvbm_layout_kind kind;
+  kvbm_layout_config config;
+  uint64_t outer_stride; /* bytes of one (block, layer, outer) slice */
+  uint64_t layer_stride; /* bytes of one layer of one block */
+  uint64_t block_stride; /* distance between block starts in a region */
+  uint64_t region_size;  /* bytes of each region (all the same size) */
+  uint64_t num_regions;  /* 1, or num_layers for LayerSeparate */
+} kvbm_layout;
+
+/* A contiguous byte range of a layout: `size` bytes at `offset` in region
+ * `region`. */
+typedef struct kvbm_slice {
+  uint64_t region;
+  uint64_t offset;
+  uint64_t size;
+} kvbm_slice;
+
+/* Checks a config: every dimension nonzero, num_layers at most
+ * KVBM_LAYOUT_MAX_LAYERS, alignment a nonzero power of two, and no size
+ * (strides, region size, total bytes over all regions of either kind)
+ * overflows u64 or size_t. Returns KVBM_OK, KVBM_EINVAL or KVBM_EOVERFLOW;
+ * the message names the field. */
+int kvbm_layout_config_validate(const kvbm_layout_config *cfg, kvbm_error *err);
+
+/* Validates `cfg` and fills `*out` (strides, region count and size) for
+ * `kind`. `*out` is untouched on failure. Unknown kind: KVBM_EINVAL. */
+int kvbm_layout_init(kvbm_layout *out, kvbm_layout_kind kind,
+                     const kvbm_layout_config *cfg, kvbm_error *err);
+
+/* Sum of all region sizes (fits u64 and size_t for a valid layout). */
+uint64_t kvbm_layout_total_size(const kvbm_layout *layout);
+
+/* The slice (block, layer, outer): region, offset and size (outer_stride).
+ * Index out of range: KVBM_ERANGE (message names the index). */
+int kvbm_layout_slice(const kvbm_layout *layout, uint64_t block,
+                      uint64_t layer, uint64_t outer, kvbm_slice *out,
+                      kvbm_error *err);
+
+/* All outer slices of one layer of one block, which are contiguous in both
+ * kinds: size layer_stride. Out of range: KVBM_ERANGE. */
+int kvbm_layout_block_layer(const kvbm_layout *layout, uint64_t block,
+                            uint64_t layer, kvbm_slice *out, kvbm_error *err);
+
+/* A whole block as one range (FullyContiguous only; size num_layers *
+ * layer_stride, the padding up to block_stride excluded). LayerSeparate:
+ * KVBM_EINVAL (a block spans num_layers regions; use block_layer). Out of
+ * range: KVBM_ERANGE. */
+int kvbm_layout_block(const kvbm_layout *layout, uint64_t block,
+                      kvbm_slice *out, kvbm_error *err);
+
+/* A stable 64-bit tag of kind + config (not of addresses): FNV-1a 64 over
+ * "kvbmlay1" and the 8 u64 values kind, num_blocks, num_layers, outer_dim,
+ * page_size, inner_dim, dtype_size, alignment, each little-endian. Equal
+ * layouts give equal tags on every machine and version; the disk tier uses it
+ * to tag slots written under one layout. */
+uint64_t kvbm_layout_fingerprint(const kvbm_layout *layout);
+
+/* ---- Serialized layout (for peers: the fabric's remote import) ---- */
+
+/* A layout bound to memory somewhere: what a node tells a peer so that the
+ * peer can address its blocks by id. */
+typedef struct kvbm_layout_desc {
+  kvbm_layout layout;
+  kvbm_memory_type memory;
+  int32_t device_id;     /* CUDA ordinal for DEVICE (>= 0), else -1 or >= 0 */
+  uint64_t block_set_id; /* the owner's name for this set of blocks */
+  uint64_t num_regions;  /* == layout.num_regions */
+  uint64_t *region_base; /* num_regions addresses, each aligned to
+                            layout.config.alignment; base + region_size must
+                            not pass 2^64 */
+} kvbm_layout_desc;
+
+/* Magic and version of the serialized form (see docs/areas/layout-storage.md
+ * for the byte layout). */
+#define KVBM_LAYOUT_WIRE_MAGIC "KVLY"
+#define KVBM_LAYOUT_WIRE_VERSION 1u
+#define KVBM_LAYOUT_WIRE_HEADER 128u
+
+/* Bytes kvbm_layout_desc_encode() writes for `desc`
+ * (KVBM_LAYOUT_WIRE_HEADER + 8 * num_regions), or 0 if num_regions is above
+ * KVBM_LAYOUT_MAX_LAYERS. */
+size_t kvbm_layout_desc_encoded_size(const kvbm_layout_desc *desc);
+
+/* Checks `desc` as the decoder would, then writes it to buf[0..cap). On
+ * success *out_len (may be NULL) is the byte count. cap too small:
+ * KVBM_ENOSPC, nothing useful written. An inconsistent desc gets the same
+ * error the decoder would give. No allocation. */
+int kvbm_layout_desc_encode(const kvbm_layout_desc *desc, uint8_t *buf,
+                            size_t cap, size_t *out_len, kvbm_error *err);
+
+/* Parses and validates buf[0..len). Distinct errors:
+ *   KVBM_EMAGIC      wrong magic
+ *   KVBM_EVERSION    unknown version
+ *   KVBM_EPADDING    reserved bytes not zero
+ *   KVBM_ETRUNCATED  shorter than the header or than its regions
+ *   KVBM_ETOOLONG    bytes after the last region
+ *   KVBM_ERANGE      out-of-range value: unknown kind or memory type,
+ *                    device id below -1, region count above
+ *                    KVBM_LAYOUT_MAX_LAYERS, a region passing 2^64
+ *   KVBM_EINVAL      config rejected by kvbm_layout_config_validate()
+ *   KVBM_EOVERFLOW   config whose sizes overflow
+ *   KVBM_EFORMAT     inconsistent: strides, region size or region count not
+ *                    those of the config and kind; a base not aligned; a
+ *                    DEVICE layout without a device id
+ * On success fills *out and allocates out->region_base (only after the
+ * count is checked against the config and the input length); the caller
+ * frees it with kvbm_layout_desc_release(). On failure *out holds no
+ * allocation (region_base NULL). KVBM_ENOMEM if the allocation fails. */
+int kvbm_layout_desc_decode(const uint8_t *buf, size_t len,
+                            kvbm_layout_desc *out, kvbm_error *err);
+
+/* Frees desc->region_base (from decode or kvbm_storage_describe) and sets it
+ * to NULL, num_regions to 0. NULL or already released: no-op. */
+void kvbm_layout_desc_release(kvbm_layout_desc *desc);
+
+/* Names for messages and the CLI ("fully-contiguous", "system"; "?" if
+ * unknown). */
+const char *kvbm_layout_kind_name(int kind);
+const char *kvbm_memory_type_name(int memory);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVBM_LAYOUT_H */
