@@ -1,0 +1,202 @@
+/*
+ * kvbm/pool.h: the block pool of one tier.
+ *
+ * A pool owns `num_blocks` blocks of `block_size` token slots, numbered
+ * 0..num_blocks-1 (the block id is also the block's index in the tier's
+ * layout). Each block moves through the states of Dynamo's KVBM:
+ *
+ *   RESET --init--> PARTIAL --append..full, commit--> COMPLETE --register--> REGISTERED
+ *     ^                |                                  |                      |
+ *     +------abort-----+----------------abort-------------+   last release, then |
+ *     +-------------------------------- evicted (BlockRemoved) ------------------+
+ *
+ * (alloc hands out RESET blocks with one reference; releasing the last
+ * reference of a block that is not REGISTERED returns it to the free list.)
+ *
+ * Any other transition is KVBM_ESTATE. A REGISTERED block is visible to
+ * prefix matching under its sequence hash (kvbm/hash.h) and may be held by
+ * several requests at once (a reference count). When its last holder
+ * releases it, it stays REGISTERED but *inactive* (cached): still matchable,
+ * and evictable.
+ *
+ * Allocation takes an empty block (the free list) first; only when there is
+ * none does it evict a cached block: the lowest priority first, then the
+ * least recently released (a request releases tail first, so its tail block
+ * goes first). Matching a cached block makes it active again.
+ *
+ * Registering a block whose sequence hash is already registered deduplicates
+ * (the default, and W1's rule): the new block goes back to the free list and
+ * the caller gets the registered block, with a reference taken. With
+ * `allow_duplicates` both stay registered (Dynamo's option); the registry
+ * then resolves the hash to the first one.
+ *
+ * Cost: every operation is O(1) per block (O(n) for n blocks) and none
+ * allocates memory: everything is sized at creation.
+ *
+ * Threads: a pool is not thread-safe; one thread (or a caller-held lock)
+ * drives it. The listener is called synchronously, on that thread.
+ */
+#ifndef KVBM_POOL_H
+#define KVBM_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/hash.h"
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvbm_pool kvbm_pool;
+
+typedef enum kvbm_block_state {
+  KVBM_BLOCK_RESET = 0,
+  KVBM_BLOCK_PARTIAL = 1,
+  KVBM_BLOCK_COMPLETE = 2,
+  KVBM_BLOCK_REGISTERED = 3,
+} kvbm_block_state;
+
+const char *kvbm_block_state_name(kvbm_block_state s);
+
+/* What the pool tells its listener, in the order it happens. */
+typedef enum kvbm_pool_event_kind {
+  KVBM_POOL_STORED = 0,  /* a block was registered (not on dedup) */
+  KVBM_POOL_REMOVED = 1, /* a registered block was evicted or reset */
+  KVBM_POOL_CLEARED = 2, /* every cached block was dropped at once */
+} kvbm_pool_event_kind;
+
+typedef struct kvbm_pool_event {
+  kvbm_pool_event_kind kind;
+  uint32_t block_id;
+  uint64_t seq_hash;          /* STORED, REMOVED */
+  uint64_t parent_hash;       /* STORED: valid when has_parent */
+  bool has_parent;
+  uint64_t salt_hash;         /* STORED */
+  const uint32_t *tokens;     /* STORED: the block's tokens, valid during the call */
+  uint32_t num_tokens;        /* STORED: == block_size */
+} kvbm_pool_event;
+
+/* Must not call back into the pool. */
+typedef void (*kvbm_pool_listener)(void *user, const kvbm_pool_event *ev);
+
+typedef struct kvbm_pool_config {
+  uint32_t num_blocks;        /* >= 1, < 2^31 */
+  uint32_t block_size;        /* tokens per block, >= 1, <= 1 << 16 */
+  kvbm_hash_scheme scheme;    /* how commit computes sequence hashes */
+  bool allow_duplicates;      /* false: dedup on register (default) */
+  kvbm_pool_listener listener;/* optional */
+  void *listener_user;
+} kvbm_pool_config;
+
+/* A config with defaults: the given sizes, native hashes, dedup, no listener. */
+kvbm_pool_config kvbm_pool_config_default(uint32_t num_blocks, uint32_t block_size);
+
+/* Creates a pool; all its memory is allocated here. *out is set on success
+ * and must be released with kvbm_pool_destroy(). */
+int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *err);
+void kvbm_pool_destroy(kvbm_pool *pool); /* NULL is a no-op */
+
+/* Replaces the listener (NULL to remove). */
+void kvbm_pool_set_listener(kvbm_pool *pool, kvbm_pool_listener fn, void *user);
+
+/* Counts. free = empty blocks; cached = registered and inactive; active =
+ * the rest (held by someone). free + cached + active == num_blocks. */
+typedef struct kvbm_pool_stats {
+  uint32_t num_blocks, block_size;
+  uint32_t free, cached, active, registered;
+  uint64_t allocated;  /* blocks handed out by alloc, ever */
+  uint64_t evicted;    /* cached blocks evicted to satisfy alloc */
+  uint64_t dedup;      /* registers that found the hash already registered */
+  uint64_t match_hits; /* blocks returned by match */
+} kvbm_pool_stats;
+void kvbm_pool_stats_get(const kvbm_pool *pool, kvbm_pool_stats *out);
+
+/* Blocks alloc could hand out now: free + cached. */
+uint32_t kvbm_pool_available(const kvbm_pool *pool);
+
+/* Allocates `n` RESET blocks into ids[0..n), each with one reference; all or
+ * nothing: KVBM_ENOSPC (and no change) when fewer than n are available.
+ * Evicted cached blocks are reported as REMOVED. */
+int kvbm_pool_alloc(kvbm_pool *pool, uint32_t n, uint32_t *ids);
+
+/* Looks up a registered block by sequence hash. On a hit takes a reference
+ * (reactivating a cached block), stores its id and returns KVBM_OK; returns
+ * KVBM_ENOTFOUND otherwise. */
+int kvbm_pool_match(kvbm_pool *pool, uint64_t seq_hash, uint32_t *id);
+
+/* Whether a hash is registered, without taking a reference. */
+bool kvbm_pool_contains(const kvbm_pool *pool, uint64_t seq_hash);
+
+/* Matches the longest prefix of hashes[0..n): stops at the first miss,
+ * takes a reference on each matched block, writes their ids and returns how
+ * many matched (0..n) in *matched. */
+int kvbm_pool_match_prefix(kvbm_pool *pool, const uint64_t *hashes, size_t n,
+                           uint32_t *ids, size_t *matched);
+
+/* RESET -> PARTIAL: starts a block as the successor of `parent` (when
+ * has_parent) under salt `salt_hash`. */
+int kvbm_block_init(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
+                    uint64_t parent, bool has_parent);
+
+/* PARTIAL: appends tokens; KVBM_EOVERFLOW (and no change) beyond block_size. */
+int kvbm_block_append(kvbm_pool *pool, uint32_t id, const uint32_t *tokens, size_t n);
+
+/* PARTIAL and full -> COMPLETE: computes the sequence hash. A block that is
+ * not full is KVBM_ESTATE. */
+int kvbm_block_commit(kvbm_pool *pool, uint32_t id);
+
+/* COMPLETE -> REGISTERED. *out_id is the block that now holds the content:
+ * `id` itself, or (dedup) the block already registered under the same hash,
+ * with `id` returned to the free list and a reference taken on *out_id. */
+int kvbm_block_register(kvbm_pool *pool, uint32_t id, uint32_t *out_id);
+
+/* init + append + commit + register in one call, for a block whose tokens
+ * and sequence hash the caller already has (the hot path of prefill). The
+ * hash is trusted: the caller computed it with the pool's scheme. */
+int kvbm_block_fill(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
+                    uint64_t parent, bool has_parent, const uint32_t *tokens,
+                    uint64_t seq_hash, uint32_t *out_id);
+
+/* PARTIAL or COMPLETE -> RESET. The caller still holds the (now empty)
+ * block: it may init it again, or release it to the free list. */
+int kvbm_block_abort(kvbm_pool *pool, uint32_t id);
+
+/* Drops one reference. A REGISTERED block whose last reference goes joins
+ * the cache as the most recently released (at `priority`, 0 = evicted
+ * first); a block in any other state goes back to the free list. Releasing
+ * a block nobody holds is KVBM_ESTATE. */
+int kvbm_block_release(kvbm_pool *pool, uint32_t id, uint8_t priority);
+
+/* Takes one more reference on a held or registered block (for fork). */
+int kvbm_block_retain(kvbm_pool *pool, uint32_t id);
+
+/* Drops every cached block (REMOVED events are not sent; one CLEARED is).
+ * Blocks in use are untouched. */
+int kvbm_pool_clear_cache(kvbm_pool *pool);
+
+/* Block inspection (for tests and tools). */
+typedef struct kvbm_block_info {
+  kvbm_block_state state;
+  uint32_t refcount;
+  uint32_t num_tokens;
+  uint64_t seq_hash;      /* COMPLETE, REGISTERED */
+  uint64_t parent_hash;
+  bool has_parent;
+  uint64_t salt_hash;
+  uint8_t priority;
+  const uint32_t *tokens; /* the block's token slots, valid until it changes */
+} kvbm_block_info;
+int kvbm_block_info_get(const kvbm_pool *pool, uint32_t id, kvbm_block_info *out);
+
+/* Calls fn for every registered block (active or cached), in id order. */
+void kvbm_pool_foreach_registered(const kvbm_pool *pool,
+                                  void (*fn)(void *user, uint32_t id, uint64_t seq_hash),
+                                  void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
