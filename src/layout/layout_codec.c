@@ -1,0 +1,245 @@
+/*
+ * layout_codec.c: the serialized layout (version 1), bytes <-> kvbm_layout_desc.
+ *
+ * The codec only turns bytes into a checked description and back; it knows
+ * nothing of storage or transports (the storage module fills a desc from real
+ * memory, the fabric sends the bytes).
+ *
+ * Wire form, every integer little-endian, fixed 128-byte header then one u64
+ * per region:
+ *
+ *   off  size  field
+ *     0     4  magic "KVLY"
+ *     4     2  version (1)
+ *     6     2  reserved, 0
+ *     8     4  kind (1 fully-contiguous, 2 layer-separate)
+ *    12     4  memory type (1 system .. 5 remote)
+ *    16     4  device id (i32, -1 = none)
+ *    20     4  reserved, 0
+ *    24     8  block set id
+ *    32  7x 8  num_blocks, num_layers, outer_dim, page_size, inner_dim,
+ *              dtype_size, alignment
+ *    88  5x 8  outer_stride, layer_stride, block_stride, region_size,
+ *              num_regions
+ *   128  n x 8 region base addresses
+ *
+ * Strides and region count are redundant (they follow from config + kind).
+ * They are sent anyway so that a peer computing them differently (a bug, or
+ * a future layout kind) is caught as "inconsistent" instead of silently
+ * addressing the wrong bytes. Fields are fixed-width rather than varint:
+ * the header is small, sent once per connection, and fixed offsets make the
+ * truncation rules simple (shorter than 128 bytes is always truncated).
+ *
+ * Checks run cheapest and most fundamental first (magic, version, length of
+ * the header, padding, enum ranges, config, consistency, total length) so
+ * that each malformed input gets the one error that explains it, and the only
+ * allocation (the region array) happens after its count equals the count the
+ * validated config implies AND the input holds exactly that many entries.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvbm/layout.h"
+
+#define HDR KVBM_LAYOUT_WIRE_HEADER
+
+static void put16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+/* Everything in the header except the region addresses: ranges, config,
+ * and that the redundant fields agree with the config. */
+static int check_header(const kvbm_layout_desc *d, kvbm_error *err) {
+  const kvbm_layout *l = &d->layout;
+  if (l->kind != KVBM_LAYOUT_FULLY_CONTIGUOUS && l->kind != KVBM_LAYOUT_LAYER_SEPARATE)
+    return kvbm_error_set(err, KVBM_ERANGE, "layout desc: unknown layout kind %u",
+                          (unsigned)l->kind);
+  if (d->memory < KVBM_MEMORY_SYSTEM || d->memory > KVBM_MEMORY_REMOTE)
+    return kvbm_error_set(err, KVBM_ERANGE, "layout desc: unknown memory type %u",
+                          (unsigned)d->memory);
+  if (d->device_id < -1)
+    return kvbm_error_set(err, KVBM_ERANGE, "layout desc: device id %d is below -1",
+                          (int)d->device_id);
+  if (d->num_regions > KVBM_LAYOUT_MAX_LAYERS)
+    return kvbm_error_set(err, KVBM_ERANGE,
+                          "layout desc: num_regions %llu is above the maximum %u",
+                          (unsigned long long)d->num_regions, KVBM_LAYOUT_MAX_LAYERS);
+
+  kvbm_layout want;
+  int rc = kvbm_layout_init(&want, l->kind, &l->config, err);
+  if (rc) return rc;
+  static const struct {
+    const char *name;
+    size_t off;
+  } derived[] = {
+      {"outer_stride", offsetof(kvbm_layout, outer_stride)},
+      {"layer_stride", offsetof(kvbm_layout, layer_stride)},
+      {"block_stride", offsetof(kvbm_layout, block_stride)},
+      {"region_size", offsetof(kvbm_layout, region_size)},
+      {"num_regions", offsetof(kvbm_layout, num_regions)},
+  };
+  for (size_t i = 0; i < sizeof derived / sizeof derived[0]; i++) {
+    uint64_t got, exp;
+    memcpy(&got, (const char *)l + derived[i].off, sizeof got);
+    memcpy(&exp, (const char *)&want + derived[i].off, sizeof exp);
+    if (got != exp)
+      return kvbm_error_set(err, KVBM_EFORMAT,
+                            "layout desc: %s %llu does not match the config (%s wants %llu)",
+                            derived[i].name, (unsigned long long)got,
+                            kvbm_layout_kind_name(l->kind), (unsigned long long)exp);
+  }
+  if (d->num_regions != want.num_regions)
+    return kvbm_error_set(err, KVBM_EFORMAT,
+                          "layout desc: %llu region addresses for a %s layout of %llu regions",
+                          (unsigned long long)d->num_regions,
+                          kvbm_layout_kind_name(l->kind),
+                          (unsigned long long)want.num_regions);
+  if (d->memory == KVBM_MEMORY_DEVICE && d->device_id < 0)
+    return kvbm_error_set(err, KVBM_EFORMAT, "layout desc: device memory without a device id");
+  return KVBM_OK;
+}
+
+static int check_base(const kvbm_layout_desc *d, uint64_t r, uint64_t base,
+                      kvbm_error *err) {
+  if (base & (d->layout.config.alignment - 1))
+    return kvbm_error_set(err, KVBM_EFORMAT,
+                          "layout desc: region %llu base 0x%llx is not aligned to %llu",
+                          (unsigned long long)r, (unsigned long long)base,
+                          (unsigned long long)d->layout.config.alignment);
+  uint64_t end;
+  if (__builtin_add_overflow(base, d->layout.region_size, &end))
+    return kvbm_error_set(err, KVBM_ERANGE,
+                          "layout desc: region %llu at 0x%llx + %llu bytes passes 2^64",
+                          (unsigned long long)r, (unsigned long long)base,
+                          (unsigned long long)d->layout.region_size);
+  return KVBM_OK;
+}
+
+size_t kvbm_layout_desc_encoded_size(const kvbm_layout_desc *d) {
+  if (!d || d->num_regions > KVBM_LAYOUT_MAX_LAYERS) return 0;
+  return HDR + 8 * (size_t)d->num_regions;
+}
+
+int kvbm_layout_desc_encode(const kvbm_layout_desc *d, uint8_t *buf, size_t cap,
+                            size_t *out_len, kvbm_error *err) {
+  if (!d) return kvbm_error_set(err, KVBM_EINVAL, "layout desc: desc is NULL");
+  int rc = check_header(d, err);
+  if (rc) return rc;
+  if (d->num_regions && !d->region_base)
+    return kvbm_error_set(err, KVBM_EINVAL, "layout desc: region_base is NULL");
+  for (uint64_t r = 0; r < d->num_regions; r++)
+    if ((rc = check_base(d, r, d->region_base[r], err))) return rc;
+  size_t need = kvbm_layout_desc_encoded_size(d);
+  if (!buf || cap < need)
+    return kvbm_error_set(err, KVBM_ENOSPC, "layout desc: needs %zu bytes, buffer has %zu",
+                          need, buf ? cap : (size_t)0);
+
+  const kvbm_layout *l = &d->layout;
+  memset(buf, 0, HDR);
+  memcpy(buf, KVBM_LAYOUT_WIRE_MAGIC, 4);
+  put16(buf + 4, KVBM_LAYOUT_WIRE_VERSION);
+  put32(buf + 8, (uint32_t)l->kind);
+  put32(buf + 12, (uint32_t)d->memory);
+  put32(buf + 16, (uint32_t)d->device_id);
+  put64(buf + 24, d->block_set_id);
+  const uint64_t f[] = {l->config.num_blocks, l->config.num_layers, l->config.outer_dim,
+                        l->config.page_size,  l->config.inner_dim,  l->config.dtype_size,
+                        l->config.alignment,  l->outer_stride,      l->layer_stride,
+                        l->block_stride,      l->region_size,       d->num_regions};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) put64(buf + 32 + 8 * i, f[i]);
+  for (uint64_t r = 0; r < d->num_regions; r++) put64(buf + HDR + 8 * r, d->region_base[r]);
+  if (out_len) *out_len = need;
+  return KVBM_OK;
+}
+
+int kvbm_layout_desc_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *out,
+                            kvbm_error *err) {
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "layout desc: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!buf && len) return kvbm_error_set(err, KVBM_EINVAL, "layout desc: buffer is NULL");
+
+  /* A prefix of the magic is a truncated message, not a wrong one. */
+  if (memcmp(buf ? (const void *)buf : "", KVBM_LAYOUT_WIRE_MAGIC, len < 4 ? len : 4) != 0)
+    return kvbm_error_set(err, KVBM_EMAGIC, "layout desc: wrong magic (not \"KVLY\")");
+  if (len < 6)
+    return kvbm_error_set(err, KVBM_ETRUNCATED, "layout desc: %zu bytes, shorter than the header",
+                          len);
+  uint16_t version = get16(buf + 4);
+  if (version != KVBM_LAYOUT_WIRE_VERSION)
+    return kvbm_error_set(err, KVBM_EVERSION, "layout desc: unknown version %u (want %u)",
+                          (unsigned)version, KVBM_LAYOUT_WIRE_VERSION);
+  if (len < HDR)
+    return kvbm_error_set(err, KVBM_ETRUNCATED,
+                          "layout desc: %zu bytes, shorter than the %u-byte header", len, HDR);
+  if (get16(buf + 6) != 0 || get32(buf + 20) != 0)
+    return kvbm_error_set(err, KVBM_EPADDING, "layout desc: reserved header bytes are not zero");
+
+  kvbm_layout_desc d;
+  memset(&d, 0, sizeof d);
+  uint32_t kind = get32(buf + 8), memory = get32(buf + 12);
+  /* Range-check before storing into the enum-typed fields, so that no
+   * out-of-range value is ever held in an enum. */
+  if (kind != KVBM_LAYOUT_FULLY_CONTIGUOUS && kind != KVBM_LAYOUT_LAYER_SEPARATE)
+    return kvbm_error_set(err, KVBM_ERANGE, "layout desc: unknown layout kind %u", kind);
+  if (memory < KVBM_MEMORY_SYSTEM || memory > KVBM_MEMORY_REMOTE)
+    return kvbm_error_set(err, KVBM_ERANGE, "layout desc: unknown memory type %u", memory);
+  d.layout.kind = (kvbm_layout_kind)kind;
+  d.memory = (kvbm_memory_type)memory;
+  d.device_id = (int32_t)get32(buf + 16);
+  d.block_set_id = get64(buf + 24);
+  uint64_t *const f[] = {&d.layout.config.num_blocks, &d.layout.config.num_layers,
+                         &d.layout.config.outer_dim,  &d.layout.config.page_size,
+                         &d.layout.config.inner_dim,  &d.layout.config.dtype_size,
+                         &d.layout.config.alignment,  &d.layout.outer_stride,
+                         &d.layout.layer_stride,      &d.layout.block_stride,
+                         &d.layout.region_size,       &d.num_regions};
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) *f[i] = get64(buf + 32 + 8 * i);
+  d.layout.num_regions = d.num_regions;
+
+  int rc = check_header(&d, err);
+  if (rc) return rc;
+  /* num_regions <= KVBM_LAYOUT_MAX_LAYERS here, so this cannot overflow. */
+  size_t need = HDR + 8 * (size_t)d.num_regions;
+  if (len < need)
+    return kvbm_error_set(err, KVBM_ETRUNCATED,
+                          "layout desc: %zu bytes, the %llu region addresses need %zu", len,
+                          (unsigned long long)d.num_regions, need);
+  if (len > need)
+    return kvbm_error_set(err, KVBM_ETOOLONG, "layout desc: %zu bytes after the end (%zu)",
+                          len - need, need);
+  for (uint64_t r = 0; r < d.num_regions; r++)
+    if ((rc = check_base(&d, r, get64(buf + HDR + 8 * r), err))) return rc;
+
+  d.region_base = malloc(8 * (size_t)d.num_regions);
+  if (!d.region_base)
+    return kvbm_error_set(err, KVBM_ENOMEM, "layout desc: cannot allocate %llu region addresses",
+                          (unsigned long long)d.num_regions);
+  for (uint64_t r = 0; r < d.num_regions; r++) d.region_base[r] = get64(buf + HDR + 8 * r);
+  *out = d;
+  return KVBM_OK;
+}
+
+void kvbm_layout_desc_release(kvbm_layout_desc *d) {
+  if (!d) return;
+  free(d->region_base);
+  d->region_base = NULL;
+  d->num_regions = 0;
+}

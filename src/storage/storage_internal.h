@@ -1,0 +1,44 @@
+/* storage_internal.h: constructors of the storage kinds this module owns,
+ * dispatched by kvbm_storage_create(). `opts` is never NULL here and its
+ * alignment is already resolved (a power of two >= the layout's). */
+#ifndef KVBM_STORAGE_INTERNAL_H
+#define KVBM_STORAGE_INTERNAL_H
+
+#include "kvbm/storage.h"
+
+int kvbm_system_storage_create(const kvbm_layout *layout,
+                               const kvbm_storage_options *opts,
+                               kvbm_storage **out, kvbm_error *err);
+int kvbm_pinned_storage_create(const kvbm_layout *layout,
+                               const kvbm_storage_options *opts,
+                               kvbm_storage **out, kvbm_error *err);
+int kvbm_device_storage_create(const kvbm_layout *layout,
+                               const kvbm_storage_options *opts,
+                               kvbm_storage **out, kvbm_error *err);
+int kvbm_storage_cuda_compiled(void);
+
+/* The shape shared by system, pinned and device storage: an array of
+ * separately allocated regions. Each kind supplies its vtable (with its own
+ * release) and uses the accessors below for the rest. */
+typedef struct kvbm_region_storage {
+  kvbm_storage base;
+  kvbm_memory_type memory;
+  int32_t device_id;
+  uint64_t num_regions;
+  uint64_t region_size;
+  void *region[]; /* num_regions entries, NULL until allocated */
+} kvbm_region_storage;
+
+/* calloc'ed with num_regions NULL regions; NULL on allocation failure. */
+kvbm_region_storage *kvbm_region_storage_new(const kvbm_storage_vtable *vt,
+                                             kvbm_memory_type memory,
+                                             int32_t device_id,
+                                             uint64_t num_regions,
+                                             uint64_t region_size);
+kvbm_memory_type kvbm_region_storage_memory_type(const kvbm_storage *s);
+int32_t kvbm_region_storage_device_id(const kvbm_storage *s);
+uint64_t kvbm_region_storage_num_regions(const kvbm_storage *s);
+uint64_t kvbm_region_storage_region_size(const kvbm_storage *s);
+void *kvbm_region_storage_region_base(const kvbm_storage *s, uint64_t r);
+
+#endif
