@@ -130,6 +130,14 @@ int kvbm_pool_match(kvbm_pool *pool, uint64_t seq_hash, uint32_t *id);
 /* Whether a hash is registered, without taking a reference. */
 bool kvbm_pool_contains(const kvbm_pool *pool, uint64_t seq_hash);
 
+/* Looks up a registered block without taking a reference: its id, and
+ * whether it is cached (inactive). KVBM_ENOTFOUND when not registered. */
+int kvbm_pool_peek(const kvbm_pool *pool, uint64_t seq_hash, uint32_t *id, bool *cached);
+
+uint32_t kvbm_pool_block_size(const kvbm_pool *pool);
+uint32_t kvbm_pool_num_blocks(const kvbm_pool *pool);
+kvbm_hash_scheme kvbm_pool_scheme(const kvbm_pool *pool);
+
 /* Matches the longest prefix of hashes[0..n): stops at the first miss,
  * takes a reference on each matched block, writes their ids and returns how
  * many matched (0..n) in *matched. */

@@ -310,6 +310,18 @@ bool kvbm_pool_contains(const kvbm_pool *p, uint64_t seq_hash) {
   return reg_find(p, seq_hash) != NIL;
 }
 
+int kvbm_pool_peek(const kvbm_pool *p, uint64_t seq_hash, uint32_t *id, bool *cached) {
+  uint32_t found = reg_find(p, seq_hash);
+  if (found == NIL) return KVBM_ENOTFOUND;
+  if (id) *id = found;
+  if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
+  return KVBM_OK;
+}
+
+uint32_t kvbm_pool_block_size(const kvbm_pool *p) { return p->cfg.block_size; }
+uint32_t kvbm_pool_num_blocks(const kvbm_pool *p) { return p->cfg.num_blocks; }
+kvbm_hash_scheme kvbm_pool_scheme(const kvbm_pool *p) { return p->cfg.scheme; }
+
 int kvbm_pool_match_prefix(kvbm_pool *p, const uint64_t *hashes, size_t n,
                            uint32_t *ids, size_t *matched) {
   if ((n && (!hashes || !ids)) || !matched) return KVBM_EINVAL;

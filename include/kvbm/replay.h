@@ -1,0 +1,59 @@
+/*
+ * kvbm/replay.h: workload W1 (../shared/WORKLOADS.md), sequential replay of
+ * a trace through one pool, the way an engine would drive kvbm.
+ *
+ * Each request runs through the sequence API: prefill (match, allocate,
+ * register the prompt's full blocks), append its output tokens, destroy
+ * (release tail first). The counts equal the oracle
+ * ../shared/tools/ref_replay.py exactly.
+ */
+#ifndef KVBM_REPLAY_H
+#define KVBM_REPLAY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/pool.h"
+#include "kvbm/status.h"
+#include "kvbm/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvbm_replay_opts {
+  uint32_t block_size;          /* tokens per block (16) */
+  uint32_t capacity;            /* blocks in the pool (16384) */
+  size_t limit;                 /* first N requests; 0 = all */
+  kvbm_hash_scheme scheme;      /* native (default) or dynamo */
+  kvbm_pool_listener listener;  /* optional: the pool's events */
+  void *listener_user;
+  /* optional: called every few hundred requests and at the end */
+  void (*progress)(void *user, size_t done, size_t total);
+  void *progress_user;
+  /* optional: called once at the end with the pool, before it is destroyed */
+  void (*on_finish)(void *user, const kvbm_pool *pool);
+  void *finish_user;
+} kvbm_replay_opts;
+
+typedef struct kvbm_replay_result {
+  uint64_t requests;
+  uint64_t prompt_tokens;
+  uint64_t hit_tokens;
+  uint64_t blocks_allocated;
+  double seconds; /* wall time of the replay loop (tokens made, hashed, managed) */
+} kvbm_replay_result;
+
+/* Defaults: block size 16, capacity 16384, all requests, native hashes. */
+kvbm_replay_opts kvbm_replay_opts_default(void);
+
+/* Runs W1. KVBM_ENOSPC with a message when one request does not fit in the
+ * pool (the oracle stops there too). */
+int kvbm_replay_w1(const kvbm_trace *trace, const kvbm_replay_opts *opts,
+                   kvbm_replay_result *out, kvbm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,67 @@
+/*
+ * kvbm/trace.h: request traces in Mooncake's JSON-lines format, and the
+ * tokens they stand for (../shared/WORKLOADS.md, "Turning a trace into
+ * tokens").
+ *
+ * One JSON object per line: {"timestamp": ms, "input_length": L,
+ * "output_length": M, "hash_ids": [id, ...]}, one hash id per 512-token
+ * block of the prompt. Unknown keys are ignored; blank lines are skipped.
+ * Everything else that is not exactly this is rejected with an error naming
+ * the line: not JSON, a missing or repeated field, a negative or fractional
+ * length, input_length beyond 512 * len(hash_ids), a hash id so large its
+ * tokens would not fit in 31 bits.
+ */
+#ifndef KVBM_TRACE_H
+#define KVBM_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVBM_TRACE_BLOCK 512u
+/* Largest accepted hash id: its tokens stay below 2^31 (outputs use bit 31). */
+#define KVBM_TRACE_MAX_HASH_ID ((1u << 31) / KVBM_TRACE_BLOCK - 1)
+
+typedef struct kvbm_trace_request {
+  double timestamp_ms;
+  uint32_t input_length;
+  uint32_t output_length;
+  uint32_t num_hash_ids;
+  const uint32_t *hash_ids;
+} kvbm_trace_request;
+
+typedef struct kvbm_trace kvbm_trace;
+
+/* Parses `len` bytes of JSON lines, keeping at most `limit` requests (0: all).
+ * On success *out must be freed with kvbm_trace_destroy(). On bad input
+ * returns KVBM_EFORMAT (or KVBM_ERANGE for out-of-range numbers) with
+ * err->msg "line N: ...". */
+int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out,
+                     kvbm_error *err);
+
+/* Reads a trace file, plain or gzip-compressed, then parses it. */
+int kvbm_trace_load(const char *path, size_t limit, kvbm_trace **out, kvbm_error *err);
+
+void kvbm_trace_destroy(kvbm_trace *trace); /* NULL is a no-op */
+
+size_t kvbm_trace_count(const kvbm_trace *trace);
+/* The i-th request (i < count); valid until the trace is destroyed. */
+const kvbm_trace_request *kvbm_trace_get(const kvbm_trace *trace, size_t i);
+
+/* Writes the request's prompt tokens (input_length of them) to out:
+ * token i = hash_ids[i / 512] * 512 + i % 512. */
+void kvbm_trace_prompt_tokens(const kvbm_trace_request *req, uint32_t *out);
+
+/* Writes the output tokens of the request on line r (0-based):
+ * token m = 0x80000000 | r << 16 | m. */
+void kvbm_trace_output_tokens(const kvbm_trace_request *req, size_t r, uint32_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

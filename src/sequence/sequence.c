@@ -1,0 +1,212 @@
+/*
+ * sequence.c: a request's block table over a pool (see kvbm/sequence.h).
+ *
+ * The sequence keeps, per block, its id and (for full blocks) its sequence
+ * hash, so that the next block can chain from it without rereading tokens.
+ * Every prompt token is hashed exactly once, in prefill, before anything is
+ * touched: the hashes then drive a side-effect-free dry run (how much of the
+ * prefix is registered, and how much of that sits in the cache and would stop
+ * being evictable) that decides all-or-nothing before the real match and
+ * allocation. The real pass allocates and registers block by block, in
+ * order, which is exactly W1's sequential rule (an allocation may evict a
+ * block that a later register would have deduplicated onto).
+ */
+#include "kvbm/sequence.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kvbm_seq {
+  kvbm_pool *pool;
+  uint64_t salt_hash;
+  uint32_t block_size;
+  kvbm_hash_scheme scheme;
+  uint8_t priority;
+  uint32_t *ids;    /* block table */
+  uint64_t *hashes; /* sequence hashes of the full blocks */
+  size_t nblocks;
+  size_t cap;
+  size_t ntok;
+};
+
+static size_t div_up(size_t a, size_t b) { return a / b + (a % b != 0); }
+
+static int reserve(kvbm_seq *s, size_t nblocks) {
+  if (nblocks <= s->cap) return KVBM_OK;
+  size_t cap = s->cap ? s->cap : 8;
+  while (cap < nblocks) {
+    if (cap > SIZE_MAX / 2 / sizeof(uint64_t)) return KVBM_EOVERFLOW;
+    cap *= 2;
+  }
+  uint32_t *ids = realloc(s->ids, cap * sizeof *ids);
+  if (!ids) return KVBM_ENOMEM;
+  s->ids = ids;
+  uint64_t *h = realloc(s->hashes, cap * sizeof *h);
+  if (!h) return KVBM_ENOMEM;
+  s->hashes = h;
+  s->cap = cap;
+  return KVBM_OK;
+}
+
+int kvbm_seq_create(kvbm_pool *pool, uint64_t salt_hash, uint8_t priority, kvbm_seq **out) {
+  if (!pool || !out) return KVBM_EINVAL;
+  kvbm_seq *s = calloc(1, sizeof *s);
+  if (!s) return KVBM_ENOMEM;
+  s->pool = pool;
+  s->salt_hash = salt_hash;
+  s->priority = priority;
+  s->block_size = kvbm_pool_block_size(pool);
+  s->scheme = kvbm_pool_scheme(pool);
+  *out = s;
+  return KVBM_OK;
+}
+
+void kvbm_seq_destroy(kvbm_seq *s) {
+  if (!s) return;
+  for (size_t i = s->nblocks; i-- > 0;) kvbm_block_release(s->pool, s->ids[i], s->priority);
+  free(s->ids);
+  free(s->hashes);
+  free(s);
+}
+
+/* Starts a new partial block at the end of the table (space reserved). */
+static int open_block(kvbm_seq *s) {
+  uint32_t id;
+  int rc = kvbm_pool_alloc(s->pool, 1, &id);
+  if (rc) return rc;
+  size_t k = s->nblocks;
+  rc = kvbm_block_init(s->pool, id, s->salt_hash, k ? s->hashes[k - 1] : 0, k > 0);
+  if (rc) {
+    kvbm_block_release(s->pool, id, 0);
+    return rc;
+  }
+  s->ids[s->nblocks++] = id;
+  return KVBM_OK;
+}
+
+int kvbm_seq_prefill(kvbm_seq *s, const uint32_t *tokens, size_t n, size_t *matched_tokens) {
+  if (!s || !tokens || n == 0) return KVBM_EINVAL;
+  if (s->ntok) return KVBM_ESTATE;
+  const size_t B = s->block_size;
+  const size_t nfull = n / B, total = div_up(n, B), matchable = (n - 1) / B;
+  int rc = reserve(s, total);
+  if (rc) return rc;
+
+  uint64_t parent = 0;
+  for (size_t k = 0; k < nfull; k++) {
+    parent = kvbm_hash_next(s->scheme, s->salt_hash, parent, k > 0, tokens + k * B, B);
+    s->hashes[k] = parent;
+  }
+
+  /* Dry run: nothing changes until we know everything fits. */
+  size_t m = 0, from_cache = 0;
+  bool cached;
+  while (m < matchable && kvbm_pool_peek(s->pool, s->hashes[m], NULL, &cached) == KVBM_OK) {
+    from_cache += cached;
+    m++;
+  }
+  if (total - m > (size_t)kvbm_pool_available(s->pool) - from_cache) return KVBM_ENOSPC;
+
+  for (size_t k = 0; k < m; k++) kvbm_pool_match(s->pool, s->hashes[k], &s->ids[k]);
+  s->nblocks = m;
+  for (size_t k = m; k < nfull; k++) {
+    uint32_t id;
+    if ((rc = kvbm_pool_alloc(s->pool, 1, &id)) != KVBM_OK) return rc; /* cannot happen */
+    rc = kvbm_block_fill(s->pool, id, s->salt_hash, k ? s->hashes[k - 1] : 0, k > 0,
+                         tokens + k * B, s->hashes[k], &s->ids[k]);
+    if (rc) return rc;
+    s->nblocks = k + 1;
+  }
+  s->ntok = nfull * B;
+  if (n > s->ntok) {
+    if ((rc = open_block(s)) != KVBM_OK) return rc;
+    if ((rc = kvbm_block_append(s->pool, s->ids[nfull], tokens + s->ntok, n - s->ntok)))
+      return rc;
+    s->ntok = n;
+  }
+  if (matched_tokens) *matched_tokens = m * B;
+  return KVBM_OK;
+}
+
+/* Commits and registers the full tail block, adopting a dedup target. */
+static int seal_tail(kvbm_seq *s) {
+  size_t k = s->nblocks - 1;
+  uint32_t id = s->ids[k];
+  int rc = kvbm_block_commit(s->pool, id);
+  if (rc) return rc;
+  kvbm_block_info info;
+  kvbm_block_info_get(s->pool, id, &info);
+  s->hashes[k] = info.seq_hash;
+  return kvbm_block_register(s->pool, id, &s->ids[k]);
+}
+
+int kvbm_seq_append(kvbm_seq *s, const uint32_t *tokens, size_t n) {
+  if (!s || (n && !tokens)) return KVBM_EINVAL;
+  const size_t B = s->block_size;
+  if (n > SIZE_MAX - s->ntok) return KVBM_EOVERFLOW;
+  size_t need = div_up(s->ntok + n, B) - div_up(s->ntok, B);
+  if (need > kvbm_pool_available(s->pool)) return KVBM_ENOSPC;
+  int rc = reserve(s, div_up(s->ntok + n, B));
+  if (rc) return rc;
+  size_t i = 0;
+  while (i < n) {
+    if (s->ntok % B == 0 && (rc = open_block(s)) != KVBM_OK) return rc;
+    size_t take = B - s->ntok % B;
+    if (take > n - i) take = n - i;
+    if ((rc = kvbm_block_append(s->pool, s->ids[s->nblocks - 1], tokens + i, take))) return rc;
+    s->ntok += take;
+    i += take;
+    if (s->ntok % B == 0 && (rc = seal_tail(s)) != KVBM_OK) return rc;
+  }
+  return KVBM_OK;
+}
+
+int kvbm_seq_fork(kvbm_seq *s, kvbm_seq **child, uint32_t *cow_src, uint32_t *cow_dst) {
+  if (!s || !child) return KVBM_EINVAL;
+  const size_t B = s->block_size, nfull = s->ntok / B;
+  kvbm_seq *c;
+  int rc = kvbm_seq_create(s->pool, s->salt_hash, s->priority, &c);
+  if (rc) return rc;
+  if ((rc = reserve(c, s->nblocks))) {
+    kvbm_seq_destroy(c);
+    return rc;
+  }
+  uint32_t src = UINT32_MAX, dst = UINT32_MAX;
+  if (s->nblocks > nfull) { /* partial tail: copy it first, the only step that can fail */
+    if ((rc = open_block(c)) != KVBM_OK) {
+      kvbm_seq_destroy(c);
+      return rc;
+    }
+    src = s->ids[nfull];
+    dst = c->ids[0];
+    kvbm_block_info info;
+    kvbm_block_info_get(s->pool, src, &info);
+    /* open_block chained from c's (empty) table; redo init from the source. */
+    kvbm_block_abort(s->pool, dst);
+    kvbm_block_init(s->pool, dst, s->salt_hash, info.parent_hash, info.has_parent);
+    kvbm_block_append(s->pool, dst, info.tokens, info.num_tokens);
+  }
+  for (size_t k = 0; k < nfull; k++) kvbm_block_retain(s->pool, s->ids[k]);
+  memcpy(c->ids, s->ids, nfull * sizeof *c->ids);
+  memcpy(c->hashes, s->hashes, nfull * sizeof *c->hashes);
+  if (dst != UINT32_MAX) c->ids[nfull] = dst;
+  c->nblocks = s->nblocks;
+  c->ntok = s->ntok;
+  if (cow_src) *cow_src = src;
+  if (cow_dst) *cow_dst = dst;
+  *child = c;
+  return KVBM_OK;
+}
+
+void kvbm_seq_blocks(const kvbm_seq *s, const uint32_t **ids, size_t *n) {
+  *ids = s->ids;
+  *n = s->nblocks;
+}
+
+size_t kvbm_seq_num_tokens(const kvbm_seq *s) { return s->ntok; }
+
+int kvbm_seq_block_hash(const kvbm_seq *s, size_t k, uint64_t *hash) {
+  if (!s || !hash || k >= s->ntok / s->block_size) return KVBM_EINVAL;
+  *hash = s->hashes[k];
+  return KVBM_OK;
+}

@@ -1,0 +1,360 @@
+/*
+ * trace.c: the Mooncake JSON-lines trace reader (see kvbm/trace.h).
+ *
+ * A small recursive-descent JSON reader that knows one shape: a flat object
+ * per line whose four known fields are numbers or an array of numbers, and
+ * whose other fields it skips (any JSON value, nested at most 64 deep). It
+ * works on the whole buffer line by line and never reads past a line's end,
+ * so an unterminated string or array on one line is that line's error, not
+ * a runaway scan of the file.
+ *
+ * Storage is two growable arrays: the requests, and one pool of hash ids
+ * that the requests point into (fixed up once parsing is over, since the
+ * pool may move while it grows).
+ */
+#include "kvbm/trace.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+struct kvbm_trace {
+  kvbm_trace_request *reqs;
+  size_t count, cap;
+  uint32_t *ids;
+  size_t nids, ids_cap;
+  size_t *ids_off; /* per request, offset into ids */
+};
+
+typedef struct cursor {
+  const char *p, *end;
+  size_t line;
+  kvbm_error *err;
+} cursor;
+
+#define MAX_DEPTH 64
+
+static int fail(cursor *c, int code, const char *what) {
+  return kvbm_error_set(c->err, code, "line %zu: %s", c->line, what);
+}
+
+static void skip_ws(cursor *c) {
+  while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\r')) c->p++;
+}
+
+static bool eat(cursor *c, char ch) {
+  skip_ws(c);
+  if (c->p < c->end && *c->p == ch) {
+    c->p++;
+    return true;
+  }
+  return false;
+}
+
+/* Reads a string; if `key` is non-NULL copies up to keycap-1 bytes of the
+ * raw (still escaped) text into it. */
+static int read_string(cursor *c, char *key, size_t keycap) {
+  skip_ws(c);
+  if (c->p >= c->end || *c->p != '"') return fail(c, KVBM_EFORMAT, "expected a string");
+  c->p++;
+  size_t n = 0;
+  while (c->p < c->end && *c->p != '"') {
+    unsigned char ch = (unsigned char)*c->p;
+    if (ch < 0x20) return fail(c, KVBM_EFORMAT, "control character in a string");
+    if (ch == '\\') {
+      if (c->p + 1 >= c->end) break;
+      if (key && n + 1 < keycap) key[n++] = *c->p;
+      c->p++;
+    }
+    if (key && n + 1 < keycap) key[n++] = *c->p;
+    c->p++;
+  }
+  if (c->p >= c->end) return fail(c, KVBM_EFORMAT, "unterminated string");
+  c->p++;
+  if (key) key[n] = '\0';
+  return KVBM_OK;
+}
+
+/* Reads a JSON number into *out (as a double; exact for integers < 2^53). */
+static int read_number(cursor *c, double *out, const char *field) {
+  skip_ws(c);
+  const char *s = c->p;
+  if (s < c->end && *s == '-') s++;
+  if (s >= c->end || *s < '0' || *s > '9') {
+    kvbm_error_set(c->err, KVBM_EFORMAT, "line %zu: %s: expected a number", c->line, field);
+    return KVBM_EFORMAT;
+  }
+  while (s < c->end && ((*s >= '0' && *s <= '9') || *s == '.' || *s == 'e' || *s == 'E' ||
+                        *s == '+' || *s == '-'))
+    s++;
+  char tmp[64];
+  size_t n = (size_t)(s - c->p);
+  if (n >= sizeof tmp) {
+    kvbm_error_set(c->err, KVBM_EFORMAT, "line %zu: %s: number too long", c->line, field);
+    return KVBM_EFORMAT;
+  }
+  memcpy(tmp, c->p, n);
+  tmp[n] = '\0';
+  char *endp;
+  errno = 0;
+  double v = strtod(tmp, &endp);
+  if (*endp || !isfinite(v)) {
+    kvbm_error_set(c->err, KVBM_EFORMAT, "line %zu: %s: '%s' is not a number", c->line, field, tmp);
+    return KVBM_EFORMAT;
+  }
+  c->p = s;
+  *out = v;
+  return KVBM_OK;
+}
+
+/* A non-negative integer below `max`. */
+static int read_count(cursor *c, const char *field, double max, uint32_t *out) {
+  double v;
+  int rc = read_number(c, &v, field);
+  if (rc) return rc;
+  if (v < 0)
+    return kvbm_error_set(c->err, KVBM_ERANGE, "line %zu: %s: %.17g is negative", c->line, field, v);
+  if (v != floor(v))
+    return kvbm_error_set(c->err, KVBM_EFORMAT, "line %zu: %s: %.17g is not an integer", c->line, field, v);
+  if (v > max)
+    return kvbm_error_set(c->err, KVBM_ERANGE, "line %zu: %s: %.17g is larger than %.17g", c->line, field, v, max);
+  *out = (uint32_t)v;
+  return KVBM_OK;
+}
+
+static int skip_value(cursor *c, int depth) {
+  if (depth > MAX_DEPTH) return fail(c, KVBM_EFORMAT, "nested too deeply");
+  skip_ws(c);
+  if (c->p >= c->end) return fail(c, KVBM_EFORMAT, "expected a value");
+  char ch = *c->p;
+  if (ch == '"') return read_string(c, NULL, 0);
+  if (ch == '{' || ch == '[') {
+    char close = ch == '{' ? '}' : ']';
+    c->p++;
+    if (eat(c, close)) return KVBM_OK;
+    for (;;) {
+      int rc;
+      if (ch == '{') {
+        if ((rc = read_string(c, NULL, 0))) return rc;
+        if (!eat(c, ':')) return fail(c, KVBM_EFORMAT, "expected ':'");
+      }
+      if ((rc = skip_value(c, depth + 1))) return rc;
+      if (eat(c, close)) return KVBM_OK;
+      if (!eat(c, ',')) return fail(c, KVBM_EFORMAT, "expected ',' or a closing bracket");
+    }
+  }
+  static const char *const words[] = {"true", "false", "null"};
+  for (size_t i = 0; i < 3; i++) {
+    size_t n = strlen(words[i]);
+    if ((size_t)(c->end - c->p) >= n && !memcmp(c->p, words[i], n)) {
+      c->p += n;
+      return KVBM_OK;
+    }
+  }
+  double ignored;
+  return read_number(c, &ignored, "value");
+}
+
+static int push_id(kvbm_trace *t, uint32_t id) {
+  if (t->nids == t->ids_cap) {
+    size_t cap = t->ids_cap ? t->ids_cap * 2 : 4096;
+    uint32_t *p = realloc(t->ids, cap * sizeof *p);
+    if (!p) return KVBM_ENOMEM;
+    t->ids = p;
+    t->ids_cap = cap;
+  }
+  t->ids[t->nids++] = id;
+  return KVBM_OK;
+}
+
+static int read_hash_ids(cursor *c, kvbm_trace *t, uint32_t *count) {
+  if (!eat(c, '[')) return fail(c, KVBM_EFORMAT, "hash_ids: expected an array");
+  *count = 0;
+  if (eat(c, ']')) return KVBM_OK;
+  for (;;) {
+    uint32_t id;
+    int rc = read_count(c, "hash_ids", KVBM_TRACE_MAX_HASH_ID, &id);
+    if (rc) return rc;
+    if ((rc = push_id(t, id))) return fail(c, rc, "out of memory");
+    if (++*count == UINT32_MAX) return fail(c, KVBM_ERANGE, "hash_ids: too many");
+    if (eat(c, ']')) return KVBM_OK;
+    if (!eat(c, ',')) return fail(c, KVBM_EFORMAT, "hash_ids: expected ',' or ']'");
+  }
+}
+
+enum { HAVE_TS = 1, HAVE_IN = 2, HAVE_OUT = 4, HAVE_IDS = 8 };
+
+static int read_record(cursor *c, kvbm_trace *t, kvbm_trace_request *r) {
+  unsigned have = 0;
+  int rc;
+  if (!eat(c, '{')) return fail(c, KVBM_EFORMAT, "not a JSON object");
+  if (!eat(c, '}')) {
+    for (;;) {
+      char key[32];
+      if ((rc = read_string(c, key, sizeof key))) return rc;
+      if (!eat(c, ':')) return fail(c, KVBM_EFORMAT, "expected ':' after a key");
+      unsigned bit = !strcmp(key, "timestamp")       ? HAVE_TS
+                     : !strcmp(key, "input_length")  ? HAVE_IN
+                     : !strcmp(key, "output_length") ? HAVE_OUT
+                     : !strcmp(key, "hash_ids")      ? HAVE_IDS
+                                                     : 0;
+      if (bit & have) {
+        return kvbm_error_set(c->err, KVBM_EFORMAT, "line %zu: field '%s' appears twice", c->line, key);
+      }
+      have |= bit;
+      if (bit == HAVE_TS) {
+        rc = read_number(c, &r->timestamp_ms, "timestamp");
+        if (!rc && r->timestamp_ms < 0)
+          rc = kvbm_error_set(c->err, KVBM_ERANGE, "line %zu: timestamp: %.17g is negative", c->line, r->timestamp_ms);
+      } else if (bit == HAVE_IN) {
+        rc = read_count(c, "input_length", (double)UINT32_MAX / 2, &r->input_length);
+      } else if (bit == HAVE_OUT) {
+        rc = read_count(c, "output_length", 65535, &r->output_length);
+      } else if (bit == HAVE_IDS) {
+        rc = read_hash_ids(c, t, &r->num_hash_ids);
+      } else {
+        rc = skip_value(c, 1);
+      }
+      if (rc) return rc;
+      if (eat(c, '}')) break;
+      if (!eat(c, ',')) return fail(c, KVBM_EFORMAT, "expected ',' or '}'");
+    }
+  }
+  skip_ws(c);
+  if (c->p != c->end) return fail(c, KVBM_EFORMAT, "trailing characters after the object");
+  static const char *const names[] = {"timestamp", "input_length", "output_length", "hash_ids"};
+  for (unsigned i = 0; i < 4; i++)
+    if (!(have & (1u << i)))
+      return kvbm_error_set(c->err, KVBM_EFORMAT, "line %zu: missing field '%s'", c->line, names[i]);
+  if ((uint64_t)r->input_length > (uint64_t)KVBM_TRACE_BLOCK * r->num_hash_ids)
+    return kvbm_error_set(c->err, KVBM_ERANGE,
+                          "line %zu: input_length %u is beyond 512 * %u hash_ids", c->line,
+                          r->input_length, r->num_hash_ids);
+  return KVBM_OK;
+}
+
+static int push_request(kvbm_trace *t, const kvbm_trace_request *r, size_t off) {
+  if (t->count == t->cap) {
+    size_t cap = t->cap ? t->cap * 2 : 1024;
+    kvbm_trace_request *p = realloc(t->reqs, cap * sizeof *p);
+    if (!p) return KVBM_ENOMEM;
+    t->reqs = p;
+    size_t *o = realloc(t->ids_off, cap * sizeof *o);
+    if (!o) return KVBM_ENOMEM;
+    t->ids_off = o;
+    t->cap = cap;
+  }
+  t->reqs[t->count] = *r;
+  t->ids_off[t->count++] = off;
+  return KVBM_OK;
+}
+
+int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out,
+                     kvbm_error *err) {
+  if ((!buf && len) || !out) return kvbm_error_set(err, KVBM_EINVAL, "trace: NULL argument");
+  kvbm_trace *t = calloc(1, sizeof *t);
+  if (!t) return kvbm_error_set(err, KVBM_ENOMEM, "trace: out of memory");
+  cursor c = {.err = err, .line = 0};
+  const char *p = buf, *end = buf + len;
+  int rc = KVBM_OK;
+  while (p < end && (!limit || t->count < limit)) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    const char *eol = nl ? nl : end;
+    c.line++;
+    c.p = p;
+    c.end = eol;
+    skip_ws(&c);
+    if (c.p != c.end) {
+      if (memchr(p, '\0', (size_t)(eol - p))) {
+        rc = fail(&c, KVBM_EFORMAT, "NUL byte in the line");
+        break;
+      }
+      kvbm_trace_request r;
+      memset(&r, 0, sizeof r);
+      size_t off = t->nids;
+      if ((rc = read_record(&c, t, &r))) break;
+      if ((rc = push_request(t, &r, off))) {
+        fail(&c, rc, "out of memory");
+        break;
+      }
+    }
+    p = nl ? nl + 1 : end;
+  }
+  if (rc) {
+    kvbm_trace_destroy(t);
+    return rc;
+  }
+  for (size_t i = 0; i < t->count; i++) t->reqs[i].hash_ids = t->ids + t->ids_off[i];
+  *out = t;
+  return KVBM_OK;
+}
+
+int kvbm_trace_load(const char *path, size_t limit, kvbm_trace **out, kvbm_error *err) {
+  if (!path || !out) return kvbm_error_set(err, KVBM_EINVAL, "trace: NULL argument");
+  gzFile f = gzopen(path, "rb");
+  if (!f) return kvbm_error_set(err, KVBM_EIO, "trace: cannot open %s: %s", path, strerror(errno));
+  size_t cap = 1 << 20, len = 0;
+  char *buf = malloc(cap);
+  int rc = KVBM_OK;
+  for (;;) {
+    if (!buf) {
+      rc = kvbm_error_set(err, KVBM_ENOMEM, "trace: out of memory reading %s", path);
+      break;
+    }
+    if (len == cap) {
+      char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+      if (!nb) {
+        rc = kvbm_error_set(err, KVBM_ENOMEM, "trace: out of memory reading %s", path);
+        break;
+      }
+      buf = nb;
+      cap *= 2;
+    }
+    unsigned want = (cap - len) > (1u << 30) ? (1u << 30) : (unsigned)(cap - len);
+    int n = gzread(f, buf + len, want);
+    if (n < 0) {
+      int zerr;
+      const char *msg = gzerror(f, &zerr);
+      rc = kvbm_error_set(err, KVBM_EIO, "trace: reading %s: %s", path, msg);
+      break;
+    }
+    if (n == 0) break;
+    len += (size_t)n;
+  }
+  gzclose(f);
+  if (!rc) rc = kvbm_trace_parse(buf, len, limit, out, err);
+  free(buf);
+  return rc;
+}
+
+void kvbm_trace_destroy(kvbm_trace *t) {
+  if (!t) return;
+  free(t->reqs);
+  free(t->ids);
+  free(t->ids_off);
+  free(t);
+}
+
+size_t kvbm_trace_count(const kvbm_trace *t) { return t->count; }
+
+const kvbm_trace_request *kvbm_trace_get(const kvbm_trace *t, size_t i) {
+  return i < t->count ? &t->reqs[i] : NULL;
+}
+
+void kvbm_trace_prompt_tokens(const kvbm_trace_request *req, uint32_t *out) {
+  uint32_t n = req->input_length;
+  for (uint32_t b = 0, i = 0; i < n; b++) {
+    uint32_t base = req->hash_ids[b] * KVBM_TRACE_BLOCK;
+    uint32_t stop = n - i < KVBM_TRACE_BLOCK ? n - i : KVBM_TRACE_BLOCK;
+    for (uint32_t j = 0; j < stop; j++) out[i + j] = base + j;
+    i += stop;
+  }
+}
+
+void kvbm_trace_output_tokens(const kvbm_trace_request *req, size_t r, uint32_t *out) {
+  for (uint32_t m = 0; m < req->output_length; m++)
+    out[m] = 0x80000000u | (uint32_t)(r << 16) | m;
+}

@@ -1,0 +1,113 @@
+/*
+ * cmd_replay.c: `kvbm replay`, workload W1 on a trace (the bundled Mooncake
+ * conversation trace by default).
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "kvbm/replay.h"
+
+const char kvbm_cmd_replay_help[] = "replay a request trace through the block manager (W1)";
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: kvbm replay [TRACE] [--block-size 16] [--capacity 16384] [--limit N]\n"
+          "                   [--hash native|dynamo] [--json] [--no-progress]\n"
+          "TRACE is Mooncake JSON lines, plain or .gz; default: the bundled\n"
+          "Mooncake conversation trace (%s).\n",
+          KVBM_DEFAULT_TRACE);
+}
+
+static void progress_bar(void *user, size_t done, size_t total) {
+  (void)user;
+  int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;
+  fprintf(stderr, "\r  [%.*s%*s] %zu/%zu requests", filled,
+          "========================================", width - filled, "", done, total);
+  if (done == total) fputc('\n', stderr);
+  fflush(stderr);
+}
+
+int kvbm_cmd_replay(int argc, char **argv) {
+  kvbm_replay_opts o = kvbm_replay_opts_default();
+  const char *trace_path = NULL, *v;
+  bool json = false, progress = isatty(STDERR_FILENO);
+  uint64_t x;
+  for (int i = 1; i < argc; i++) {
+    int r;
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(argv[i], "--json")) {
+      json = true;
+    } else if (!strcmp(argv[i], "--no-progress")) {
+      progress = false;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--block-size", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--block-size", v, 1, 1 << 16, &x)) return 2;
+      o.block_size = (uint32_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--capacity", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--capacity", v, 1, (1u << 31) - 1, &x)) return 2;
+      o.capacity = (uint32_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--limit", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--limit", v, 0, SIZE_MAX, &x)) return 2;
+      o.limit = (size_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--hash", &v))) {
+      if (r < 0 || !kvbm_hash_scheme_parse(v, &o.scheme)) {
+        fprintf(stderr, "kvbm replay: --hash: '%s' is not native or dynamo\n", r < 0 ? "" : v);
+        return 2;
+      }
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      fprintf(stderr, "kvbm replay: unknown option '%s'\n", argv[i]);
+      usage(stderr);
+      return 2;
+    } else if (!trace_path) {
+      trace_path = argv[i];
+    } else {
+      fprintf(stderr, "kvbm replay: more than one trace given\n");
+      return 2;
+    }
+  }
+  if (!trace_path) trace_path = KVBM_DEFAULT_TRACE;
+
+  kvbm_error err = {0};
+  kvbm_trace *trace;
+  double t0 = cli_now();
+  if (kvbm_trace_load(trace_path, o.limit, &trace, &err)) {
+    fprintf(stderr, "kvbm replay: %s: %s\n", trace_path, err.msg);
+    return 2;
+  }
+  double load_s = cli_now() - t0;
+  if (progress && !json) o.progress = progress_bar;
+  kvbm_replay_result res;
+  int rc = kvbm_replay_w1(trace, &o, &res, &err);
+  kvbm_trace_destroy(trace);
+  if (rc) {
+    fprintf(stderr, "kvbm replay: %s\n", err.msg);
+    return 1;
+  }
+  double tps = res.seconds > 0 ? (double)res.prompt_tokens / res.seconds : 0;
+  double hit_rate = res.prompt_tokens ? (double)res.hit_tokens / (double)res.prompt_tokens : 0;
+  if (json) {
+    printf("{\"workload\":\"W1\",\"trace\":\"%s\",\"block_size\":%u,\"capacity\":%u,"
+           "\"hash\":\"%s\",\"requests\":%llu,\"prompt_tokens\":%llu,\"hit_tokens\":%llu,"
+           "\"hit_rate\":%.6f,\"blocks_allocated\":%llu,\"seconds\":%.6f,"
+           "\"prompt_tokens_per_s\":%.0f}\n",
+           trace_path, o.block_size, o.capacity, kvbm_hash_scheme_name(o.scheme),
+           (unsigned long long)res.requests, (unsigned long long)res.prompt_tokens,
+           (unsigned long long)res.hit_tokens, hit_rate, (unsigned long long)res.blocks_allocated,
+           res.seconds, tps);
+  } else {
+    printf("W1 replay of %s\n", trace_path);
+    printf("  block size %u tokens, capacity %u blocks, %s hashes\n", o.block_size, o.capacity,
+           kvbm_hash_scheme_name(o.scheme));
+    printf("  requests          %llu\n", (unsigned long long)res.requests);
+    printf("  prompt tokens     %llu\n", (unsigned long long)res.prompt_tokens);
+    printf("  hit tokens        %llu (%.2f%% of prompt tokens)\n",
+           (unsigned long long)res.hit_tokens, 100 * hit_rate);
+    printf("  blocks allocated  %llu\n", (unsigned long long)res.blocks_allocated);
+    printf("  time              %.3f s (trace load %.3f s)\n", res.seconds, load_s);
+    printf("  throughput        %.1f M prompt tokens/s\n", tps / 1e6);
+  }
+  return 0;
+}
