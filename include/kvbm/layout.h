@@ -137,8 +137,8 @@ typedef struct kvbm_layout_desc {
   uint64_t block_set_id; /* the owner's name for this set of blocks */
   uint64_t num_regions;  /* == layout.num_regions */
   uint64_t *region_base; /* num_regions addresses, each aligned to
-                            layout.config.alignment; base + region_size must
-                            not pass 2^64 */
+                            layout.config.alignment; base + region_size
+                            must stay below 2^64 */
 } kvbm_layout_desc;
 
 /* Magic and version of the serialized form (see docs/areas/layout-storage.md
