@@ -1,0 +1,392 @@
+/*
+ * kvbm/events.h: KV events (BlockStored / BlockRemoved / AllBlocksCleared),
+ * their wire codec, a batching publisher, a subscriber and a relay.
+ *
+ * The wire is vLLM's (vllm/distributed/kv_events.py), so routers built for
+ * vLLM, SGLang or Dynamo can read what kvbm publishes and kvbm can read
+ * what those engines publish:
+ *
+ *   ZMQ PUB, one message per batch, three frames:
+ *     topic | sequence number (8 bytes, big-endian) | msgpack payload
+ *   payload = [ts, [event, ...], dp_rank]        (dp_rank may be absent)
+ *   event, positional form ("array_like" in msgspec terms):
+ *     ["BlockStored", block_hashes, parent_block_hash, token_ids,
+ *      block_size, lora_id, medium, lora_name, extra_keys, group_idx, ...]
+ *     ["BlockRemoved", block_hashes, medium, group_idx, ...]
+ *     ["AllBlocksCleared", ...]
+ *   event, map form (newer vLLM): {"type": "BlockStored", "block_hashes":
+ *     ..., "parent_block_hash": ..., ...}; same field names.
+ *   Replay: a ROUTER socket; a request [identity, "", start_seq (8 bytes
+ *     big-endian)] is answered with [identity, "", seq, payload] for every
+ *     buffered batch with seq >= start_seq, then [identity, "", -1, ""].
+ *
+ * Decoding accepts both forms, a batch given as a map ({"ts", "events",
+ * "data_parallel_rank"}), hashes as msgpack integers (negative ones are
+ * read as their 64-bit two's complement) or as bytes (vLLM's bytes hashes:
+ * the low 64 bits of the big-endian number, i.e. the last 8 bytes), and
+ * skips fields it does not know. kvbm encodes hashes as unsigned msgpack
+ * integers.
+ *
+ * Media (which tier holds the block): "GPU" (G1), "CPU" (G2), "DISK" (G3)
+ * and "REMOTE" (G4). Any other name read from the wire is kept as
+ * KVBM_MEDIUM_OTHER with its text.
+ */
+#ifndef KVBM_EVENTS_H
+#define KVBM_EVENTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/pool.h"
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- events */
+
+typedef enum kvbm_event_type {
+  KVBM_EVENT_STORED = 1,   /* BlockStored */
+  KVBM_EVENT_REMOVED = 2,  /* BlockRemoved */
+  KVBM_EVENT_CLEARED = 3,  /* AllBlocksCleared */
+} kvbm_event_type;
+
+/* The wire tag ("BlockStored", ...); "?" for an unknown value. */
+const char *kvbm_event_type_name(kvbm_event_type t);
+
+typedef enum kvbm_medium {
+  KVBM_MEDIUM_NONE = 0,   /* not given (nil on the wire) */
+  KVBM_MEDIUM_GPU = 1,    /* "GPU": device memory, tier G1 */
+  KVBM_MEDIUM_CPU = 2,    /* "CPU": host memory, tier G2 */
+  KVBM_MEDIUM_DISK = 3,   /* "DISK": local disk, tier G3 */
+  KVBM_MEDIUM_REMOTE = 4, /* "REMOTE": another node or a remote store, G4 */
+  KVBM_MEDIUM_OTHER = 5,  /* a name kvbm does not know: see medium_name */
+} kvbm_medium;
+
+/* "GPU", "CPU", "DISK", "REMOTE"; NULL for NONE and OTHER. */
+const char *kvbm_medium_name(kvbm_medium m);
+
+/* Maps a name (case-insensitive) to a medium: GPU, CPU, DISK, REMOTE;
+ * anything else is KVBM_MEDIUM_OTHER. */
+kvbm_medium kvbm_medium_from_name(const char *name, size_t len);
+
+/* One event. Arrays and strings are borrowed: in a decoded batch they stay
+ * valid until the decoder (or subscriber) that produced them is used again
+ * or freed; given to the publisher they are copied before it returns. */
+typedef struct kvbm_event {
+  kvbm_event_type type;
+  uint64_t event_id;           /* per publisher, +1 per event; 0 when the
+                                * event came from the wire (not carried) */
+  const uint64_t *block_hashes;/* STORED, REMOVED: sequence hashes */
+  size_t num_block_hashes;
+  uint64_t parent_hash;        /* STORED: valid when has_parent */
+  bool has_parent;
+  const uint32_t *token_ids;   /* STORED: the blocks' tokens, in order */
+  size_t num_tokens;
+  uint32_t block_size;         /* STORED: tokens per block */
+  int64_t lora_id;             /* STORED: valid when has_lora_id */
+  bool has_lora_id;
+  kvbm_medium medium;          /* STORED, REMOVED */
+  const char *medium_name;     /* the wire text; NULL when medium is NONE.
+                                * Publishing: only read for OTHER. */
+  const char *lora_name;       /* STORED: NULL when absent */
+  int64_t group_idx;           /* STORED, REMOVED (vLLM kv-cache group):
+                                * valid when has_group_idx */
+  bool has_group_idx;
+} kvbm_event;
+
+/* A batch: one ZMQ message. */
+typedef struct kvbm_event_batch {
+  uint64_t seq;                /* the sequence frame (0, 1, 2, ...) */
+  double ts;                   /* wall clock, seconds since the epoch */
+  int32_t dp_rank;             /* valid when has_dp_rank */
+  bool has_dp_rank;
+  const kvbm_event *events;
+  size_t num_events;
+  uint64_t lost_before;        /* subscriber: batches missing just before
+                                * this one that replay could not recover */
+  bool replayed;               /* subscriber: came through the replay socket */
+} kvbm_event_batch;
+
+/* Writes `ev` as one JSON object (no newline) into buf, NUL-terminated;
+ * hashes are unsigned decimal integers. Returns the length it needs (like
+ * snprintf): the output is complete when that is < cap. */
+size_t kvbm_event_to_json(const kvbm_event *ev, char *buf, size_t cap);
+
+/* ----------------------------------------------------------------- codec */
+
+typedef enum kvbm_event_form {
+  KVBM_FORM_POSITIONAL = 0,  /* ["BlockStored", hashes, ...] (vLLM classic) */
+  KVBM_FORM_MAP = 1,         /* {"type": "BlockStored", ...} (newer vLLM) */
+} kvbm_event_form;
+
+/* Encoder: reusable output buffer. */
+typedef struct kvbm_event_encoder kvbm_event_encoder;
+
+/* Creates an encoder (free with kvbm_event_encoder_free). */
+int kvbm_event_encoder_new(kvbm_event_encoder **out, kvbm_error *err);
+void kvbm_event_encoder_free(kvbm_event_encoder *enc); /* NULL is a no-op */
+
+/* Encodes the payload [ts, [events], dp_rank] (dp_rank omitted when
+ * !has_dp_rank) in `form`. *data and *len point into the encoder and stay valid
+ * until its next use. KVBM_EINVAL for an event of unknown type, a medium of
+ * OTHER without a name, or too many elements for msgpack (2^32). */
+int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
+                      kvbm_event_form form, const uint8_t **data, size_t *len,
+                      kvbm_error *err);
+
+/* Decoder: owns the memory of the batches it returns. */
+typedef struct kvbm_event_decoder kvbm_event_decoder;
+
+int kvbm_event_decoder_new(kvbm_event_decoder **out, kvbm_error *err);
+void kvbm_event_decoder_free(kvbm_event_decoder *dec); /* NULL is a no-op */
+
+/* Decodes one payload. On success fills *out (its seq set to `seq`); the
+ * arrays it points to belong to the decoder and stay valid until its next
+ * decode or free. On bad input returns KVBM_EFORMAT (bad msgpack, a wrong
+ * type, an unknown event tag, a token id beyond 32 bits), KVBM_ETRUNCATED
+ * (input ends early, or declares more elements than it has bytes for) or
+ * KVBM_ETOOLONG (bytes after the payload), with err naming the place; it
+ * never reads outside [data, data+len) and allocates at most a small
+ * multiple of len. */
+int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
+                      uint64_t seq, kvbm_event_batch *out, kvbm_error *err);
+
+/* ------------------------------------------------------------- publisher */
+
+typedef struct kvbm_publisher kvbm_publisher;
+
+typedef enum kvbm_overflow {
+  KVBM_OVERFLOW_BLOCK = 0,  /* publish waits for room in the queue */
+  KVBM_OVERFLOW_DROP = 1,   /* publish drops the event, counts it and
+                             * returns KVBM_EAGAIN */
+} kvbm_overflow;
+
+typedef struct kvbm_publisher_options {
+  int32_t dp_rank;              /* stamped on every batch */
+  size_t max_batch_events;      /* a batch is sent when it holds this many
+                                 * events (>= 1; default 256) */
+  uint32_t max_batch_delay_us;  /* ... or when its oldest event has waited
+                                 * this long (0: at once; default 1000) */
+  size_t queue_events;          /* bound of the queue in events (default
+                                 * 65536, >= max_batch_events) */
+  size_t queue_bytes;           /* bound in bytes of hashes + tokens +
+                                 * names (default 64 MiB) */
+  kvbm_overflow overflow;       /* what publish does when the queue is full */
+  kvbm_event_form form;         /* wire form for the byte sinks */
+} kvbm_publisher_options;
+
+/* The defaults above; dp_rank 0, block on overflow, positional form. */
+kvbm_publisher_options kvbm_publisher_options_default(void);
+
+/* Receives every batch, in order, on the publisher's thread. The batch and
+ * everything it points to are valid during the call only. Must not call
+ * back into the publisher. */
+typedef void (*kvbm_batch_callback)(void *user, const kvbm_event_batch *batch);
+
+typedef enum kvbm_zmq_mode {
+  KVBM_ZMQ_AUTO = 0,   /* vLLM's rule: bind when the endpoint has '*' or
+                        * '::' or is ipc:// or inproc://, connect otherwise */
+  KVBM_ZMQ_BIND = 1,
+  KVBM_ZMQ_CONNECT = 2,
+} kvbm_zmq_mode;
+
+typedef struct kvbm_zmq_sink_options {
+  const char *endpoint;          /* PUB endpoint (required) */
+  kvbm_zmq_mode mode;
+  const char *topic;             /* first frame; NULL = "" */
+  const char *replay_endpoint;   /* ROUTER endpoint (bound), NULL = none */
+  size_t replay_batches;         /* batches kept for replay (default 10000) */
+  int hwm;                       /* PUB send high-water mark (default 100000) */
+  int linger_ms;                 /* on shutdown, how long queued messages
+                                  * may take to leave (default 2000) */
+} kvbm_zmq_sink_options;
+
+kvbm_zmq_sink_options kvbm_zmq_sink_options_default(const char *endpoint);
+
+/* Creates a publisher with no sinks and no thread yet. Free with
+ * kvbm_publisher_free. KVBM_EINVAL for inconsistent options. */
+int kvbm_publisher_new(const kvbm_publisher_options *opts, kvbm_publisher **out,
+                       kvbm_error *err);
+
+/* Sinks: add before kvbm_publisher_start (KVBM_ESTATE after). The
+ * publisher owns what they create. */
+int kvbm_publisher_add_callback(kvbm_publisher *pub, kvbm_batch_callback fn,
+                                void *user, kvbm_error *err);
+/* Binds/connects the PUB socket (and binds the ROUTER) now, so an address
+ * error shows here. KVBM_EIO with zmq's message on failure. */
+int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_options *opts,
+                           kvbm_error *err);
+/* Connects to the NATS server at `url` now and publishes every payload on
+ * `subject`, with headers "Kvbm-Seq" (decimal sequence number) and
+ * "Kvbm-Topic". The payload is the same msgpack as the ZMQ third frame. */
+int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url,
+                            const char *subject, kvbm_error *err);
+
+/* The endpoint a ZMQ sink actually bound (e.g. the port picked for
+ * "tcp://127.0.0.1:*" as a wildcard port); `replay` selects the ROUTER. Copies at most cap
+ * bytes (NUL-terminated). KVBM_ENOTFOUND when there is no such socket. */
+int kvbm_publisher_zmq_endpoint(const kvbm_publisher *pub, size_t sink_index,
+                                bool replay, char *buf, size_t cap);
+
+/* Starts the publisher thread. */
+int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err);
+
+/* Queues one event (copying its arrays and strings) and, when event_id is
+ * not NULL, stores the id it was given. Ids are given on acceptance, so
+ * dropped events use none. Thread-safe. Returns KVBM_ESTATE before start,
+ * KVBM_ECLOSED once shutdown began, KVBM_EAGAIN when dropped (overflow
+ * DROP), KVBM_EINVAL for a bad event (unknown type, STORED without blocks
+ * or block size, OTHER medium without a name), KVBM_ETOOLONG for an event
+ * larger than queue_bytes. */
+int kvbm_publisher_publish(kvbm_publisher *pub, const kvbm_event *ev,
+                           uint64_t *event_id, kvbm_error *err);
+
+/* Dynamo KvEventPublisher-style helpers over kvbm_publisher_publish.
+ * parent_hash and lora_id may be NULL (absent). */
+int kvbm_publisher_publish_stored(kvbm_publisher *pub, const uint64_t *block_hashes,
+                                  size_t num_blocks, const uint64_t *parent_hash,
+                                  const uint32_t *token_ids, size_t num_tokens,
+                                  uint32_t block_size, const int64_t *lora_id,
+                                  kvbm_medium medium, uint64_t *event_id,
+                                  kvbm_error *err);
+int kvbm_publisher_publish_removed(kvbm_publisher *pub, const uint64_t *block_hashes,
+                                   size_t num_blocks, kvbm_medium medium,
+                                   uint64_t *event_id, kvbm_error *err);
+int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id,
+                                   kvbm_error *err);
+
+/* Sends everything accepted before the call without waiting for the batch
+ * to fill, and waits until the sinks have it (timeout_ms < 0: no limit).
+ * KVBM_ETIMEDOUT when time ran out. */
+int kvbm_publisher_flush(kvbm_publisher *pub, int timeout_ms, kvbm_error *err);
+
+typedef struct kvbm_publisher_stats {
+  uint64_t accepted;        /* events queued (ids 0..accepted-1) */
+  uint64_t dropped;         /* events refused by overflow DROP */
+  uint64_t sent_events;     /* events handed to the sinks */
+  uint64_t batches;         /* batches sent (next sequence number) */
+  uint64_t sink_errors;     /* sends a sink failed (e.g. NATS down) */
+  uint64_t replay_requests; /* replay requests answered */
+  uint64_t replay_bad;      /* malformed replay requests ignored */
+  uint64_t blocked;         /* publish calls that had to wait for room */
+} kvbm_publisher_stats;
+void kvbm_publisher_stats_get(kvbm_publisher *pub, kvbm_publisher_stats *out);
+
+/* Shuts down: refuses new events, sends every accepted one, lets the
+ * sockets drain (ZMQ linger, NATS flush), joins the thread and frees.
+ * NULL is a no-op. */
+void kvbm_publisher_free(kvbm_publisher *pub);
+
+/* ------------------------------------------------------------ subscriber */
+
+typedef struct kvbm_subscriber kvbm_subscriber;
+
+typedef struct kvbm_subscriber_options {
+  const char *endpoint;         /* the engine's PUB endpoint (required) */
+  bool bind;                    /* bind instead of connect (for engines
+                                 * whose PUB connects) */
+  const char *topic;            /* subscription prefix; NULL = "" (all) */
+  const char *replay_endpoint;  /* the engine's ROUTER; NULL = no recovery */
+  int64_t start_seq;            /* -1: start at the first batch received;
+                                 * >= 0: the first batch wanted (a late
+                                 * joiner asks the replay socket at once) */
+  int replay_timeout_ms;        /* wait for one replay reply (default 1000) */
+  size_t max_payload;           /* larger messages are refused (64 MiB) */
+} kvbm_subscriber_options;
+
+kvbm_subscriber_options kvbm_subscriber_options_default(const char *endpoint);
+
+int kvbm_subscriber_new(const kvbm_subscriber_options *opts, kvbm_subscriber **out,
+                        kvbm_error *err);
+void kvbm_subscriber_free(kvbm_subscriber *sub); /* NULL is a no-op */
+
+/* Returns the next batch in sequence order. When a live batch's sequence
+ * number jumps ahead, the subscriber asks the replay socket for the missing
+ * ones and returns them first (replayed = true); what replay cannot give
+ * is reported in lost_before. Duplicates (seq below the next expected) are
+ * skipped. The batch stays valid until the next call or free.
+ * Returns KVBM_OK, KVBM_ETIMEDOUT (nothing within timeout_ms; < 0 waits
+ * forever), or, for a malformed message (wrong frame count, a sequence
+ * frame not 8 bytes, a payload that does not decode, one over
+ * max_payload), its error with err saying what was wrong: the message is
+ * counted and skipped, and the next call goes on. KVBM_EIO when the socket
+ * fails. */
+int kvbm_subscriber_recv(kvbm_subscriber *sub, int timeout_ms, kvbm_event_batch *out,
+                         kvbm_error *err);
+
+/* Like recv, and also gives the raw payload (valid as long as the batch). */
+int kvbm_subscriber_recv_raw(kvbm_subscriber *sub, int timeout_ms,
+                             kvbm_event_batch *out, const uint8_t **payload,
+                             size_t *payload_len, kvbm_error *err);
+
+typedef struct kvbm_subscriber_stats {
+  uint64_t messages;        /* live messages received */
+  uint64_t delivered;       /* batches returned */
+  uint64_t events;          /* events in them */
+  uint64_t duplicates;      /* batches skipped as already seen */
+  uint64_t gaps;            /* jumps in the sequence seen */
+  uint64_t replay_requests; /* requests sent to the replay socket */
+  uint64_t replayed;        /* batches recovered by replay */
+  uint64_t lost;            /* batches neither received nor replayed */
+  uint64_t replay_failures; /* replay timeouts or malformed replies */
+  uint64_t malformed;       /* messages skipped, of all kinds below */
+  uint64_t bad_frames;      /* wrong number of frames */
+  uint64_t bad_seq;         /* sequence frame not 8 bytes */
+  uint64_t bad_payload;     /* payload did not decode */
+  uint64_t too_large;       /* payload over max_payload */
+} kvbm_subscriber_stats;
+void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subscriber_stats *out);
+
+/* ----------------------------------------------------------------- relay */
+
+/* Reads an engine's ZMQ events (vLLM, SGLang, another kvbm) and queues
+ * them, in order, on a publisher of yours (its own sinks: NATS, ZMQ, ...),
+ * as Dynamo's publisher does with zmq_endpoint. The events get the
+ * publisher's ids, batches and dp_rank. */
+typedef struct kvbm_relay kvbm_relay;
+
+/* `dst` is borrowed: it must be started and outlive the relay. */
+int kvbm_relay_new(const kvbm_subscriber_options *src, kvbm_publisher *dst,
+                   kvbm_relay **out, kvbm_error *err);
+void kvbm_relay_free(kvbm_relay *relay); /* NULL is a no-op */
+
+/* Waits up to timeout_ms for one batch and forwards it; *batches (may be
+ * NULL) is 1 when one went through. A malformed input message is counted
+ * and skipped: the call returns its error (err says what), and the relay
+ * goes on at the next call. KVBM_ETIMEDOUT when nothing came. */
+int kvbm_relay_poll(kvbm_relay *relay, int timeout_ms, size_t *batches,
+                    kvbm_error *err);
+
+/* The relay's subscriber, for its statistics. */
+const kvbm_subscriber *kvbm_relay_subscriber(const kvbm_relay *relay);
+
+/* ------------------------------------------------------------- pool link */
+
+/* Glue from a block pool's listener to a publisher: every STORED becomes a
+ * BlockStored of one block (hash, parent, the block's tokens, the pool's
+ * block size), every REMOVED a BlockRemoved, CLEARED an AllBlocksCleared,
+ * all with this link's medium, in the pool's order. The caller owns the
+ * link (it must outlive its use by the pool). */
+typedef struct kvbm_pool_link {
+  kvbm_publisher *pub;
+  kvbm_medium medium;
+  uint32_t block_size;
+  uint64_t forwarded;       /* events the publisher took */
+  uint64_t failed;          /* events it refused (dropped, closed, ...) */
+  int last_status;          /* the last refusal's status */
+} kvbm_pool_link;
+
+/* Fills the link and installs it as the pool's listener. */
+int kvbm_pool_link_attach(kvbm_pool_link *link, kvbm_pool *pool, kvbm_publisher *pub,
+                          kvbm_medium medium, kvbm_error *err);
+
+/* The listener itself (user = a kvbm_pool_link*), for pools set up by hand. */
+void kvbm_pool_link_listener(void *user, const kvbm_pool_event *ev);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVBM_EVENTS_H */

@@ -1,0 +1,642 @@
+/*
+ * codec.c: KV event batches to and from vLLM's msgpack payload.
+ *
+ * The codec knows bytes only; sockets live in the sink and subscriber
+ * files. Encoding uses msgpack-c's packer into a reusable sbuffer. Decoding
+ * uses the bounds-checked reader of mpread.h (see there why not msgpack-c)
+ * and writes into arenas the decoder keeps between calls: one array of
+ * events, one of hashes, one of tokens and one of strings. While a payload
+ * is read the events record offsets into the arenas (which may move as they
+ * grow); the pointers are set once at the end. In steady state a decode
+ * allocates nothing.
+ *
+ * Forms: a batch is [ts, events, dp_rank?] or a map with those names; an
+ * event is a tagged array (positional, vLLM's array_like) or a map with a
+ * "type" key. Positional fields are read by position up to the last one
+ * kvbm knows and the rest skipped, as msgspec does for newer senders; map
+ * keys kvbm does not know are skipped.
+ */
+#include <limits.h>
+#include <msgpack.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "events/mpread.h"
+#include "kvbm/events.h"
+
+/* ------------------------------------------------------------- encoding */
+
+struct kvbm_event_encoder {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+};
+
+int kvbm_event_encoder_new(kvbm_event_encoder **out, kvbm_error *err) {
+  kvbm_event_encoder *e = calloc(1, sizeof *e);
+  if (!e) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for an encoder");
+  msgpack_sbuffer_init(&e->sb);
+  msgpack_packer_init(&e->pk, &e->sb, msgpack_sbuffer_write);
+  *out = e;
+  return KVBM_OK;
+}
+
+void kvbm_event_encoder_free(kvbm_event_encoder *enc) {
+  if (!enc) return;
+  msgpack_sbuffer_destroy(&enc->sb);
+  free(enc);
+}
+
+static int pack_str(msgpack_packer *pk, const char *s) {
+  size_t n = strlen(s);
+  return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
+}
+
+static int pack_medium(msgpack_packer *pk, const kvbm_event *ev) {
+  if (ev->medium == KVBM_MEDIUM_NONE) return msgpack_pack_nil(pk);
+  const char *name = ev->medium == KVBM_MEDIUM_OTHER ? ev->medium_name
+                                                      : kvbm_medium_name(ev->medium);
+  return pack_str(pk, name);
+}
+
+static int pack_hashes(msgpack_packer *pk, const uint64_t *h, size_t n) {
+  int rc = msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n && !rc; i++) rc = msgpack_pack_uint64(pk, h[i]);
+  return rc;
+}
+
+static int pack_tokens(msgpack_packer *pk, const uint32_t *t, size_t n) {
+  int rc = msgpack_pack_array(pk, n);
+  for (size_t i = 0; i < n && !rc; i++) rc = msgpack_pack_uint32(pk, t[i]);
+  return rc;
+}
+
+static int pack_opt_i64(msgpack_packer *pk, bool has, int64_t v) {
+  return has ? msgpack_pack_int64(pk, v) : msgpack_pack_nil(pk);
+}
+
+static int pack_key(msgpack_packer *pk, const char *key) { return pack_str(pk, key); }
+
+static int pack_stored(msgpack_packer *pk, const kvbm_event *ev, kvbm_event_form form) {
+  int rc = 0;
+  if (form == KVBM_FORM_POSITIONAL) {
+    /* vLLM's field order; extra_keys (kept nil) sits before group_idx. */
+    rc |= msgpack_pack_array(pk, ev->has_group_idx ? 10 : 8);
+    rc |= pack_str(pk, "BlockStored");
+    rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
+    rc |= ev->has_parent ? msgpack_pack_uint64(pk, ev->parent_hash) : msgpack_pack_nil(pk);
+    rc |= pack_tokens(pk, ev->token_ids, ev->num_tokens);
+    rc |= msgpack_pack_uint32(pk, ev->block_size);
+    rc |= pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
+    rc |= pack_medium(pk, ev);
+    rc |= ev->lora_name ? pack_str(pk, ev->lora_name) : msgpack_pack_nil(pk);
+    if (ev->has_group_idx) {
+      rc |= msgpack_pack_nil(pk);
+      rc |= msgpack_pack_int64(pk, ev->group_idx);
+    }
+    return rc;
+  }
+  rc |= msgpack_pack_map(pk, ev->has_group_idx ? 9 : 8);
+  rc |= pack_key(pk, "type") | pack_str(pk, "BlockStored");
+  rc |= pack_key(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
+  rc |= pack_key(pk, "parent_block_hash");
+  rc |= ev->has_parent ? msgpack_pack_uint64(pk, ev->parent_hash) : msgpack_pack_nil(pk);
+  rc |= pack_key(pk, "token_ids") | pack_tokens(pk, ev->token_ids, ev->num_tokens);
+  rc |= pack_key(pk, "block_size") | msgpack_pack_uint32(pk, ev->block_size);
+  rc |= pack_key(pk, "lora_id") | pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
+  rc |= pack_key(pk, "medium") | pack_medium(pk, ev);
+  rc |= pack_key(pk, "lora_name");
+  rc |= ev->lora_name ? pack_str(pk, ev->lora_name) : msgpack_pack_nil(pk);
+  if (ev->has_group_idx) rc |= pack_key(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
+  return rc;
+}
+
+static int pack_removed(msgpack_packer *pk, const kvbm_event *ev, kvbm_event_form form) {
+  int rc = 0;
+  if (form == KVBM_FORM_POSITIONAL) {
+    rc |= msgpack_pack_array(pk, ev->has_group_idx ? 4 : 3);
+    rc |= pack_str(pk, "BlockRemoved");
+    rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
+    rc |= pack_medium(pk, ev);
+    if (ev->has_group_idx) rc |= msgpack_pack_int64(pk, ev->group_idx);
+    return rc;
+  }
+  rc |= msgpack_pack_map(pk, ev->has_group_idx ? 4 : 3);
+  rc |= pack_key(pk, "type") | pack_str(pk, "BlockRemoved");
+  rc |= pack_key(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
+  rc |= pack_key(pk, "medium") | pack_medium(pk, ev);
+  if (ev->has_group_idx) rc |= pack_key(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
+  return rc;
+}
+
+static int pack_cleared(msgpack_packer *pk, kvbm_event_form form) {
+  if (form == KVBM_FORM_POSITIONAL)
+    return msgpack_pack_array(pk, 1) | pack_str(pk, "AllBlocksCleared");
+  return msgpack_pack_map(pk, 1) | pack_key(pk, "type") | pack_str(pk, "AllBlocksCleared");
+}
+
+static int check_event(const kvbm_event *ev, size_t i, kvbm_error *err) {
+  if (ev->type != KVBM_EVENT_STORED && ev->type != KVBM_EVENT_REMOVED &&
+      ev->type != KVBM_EVENT_CLEARED)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu has unknown type %d", i,
+                          (int)ev->type);
+  if (ev->type == KVBM_EVENT_CLEARED) return KVBM_OK;
+  if (ev->medium == KVBM_MEDIUM_OTHER && !ev->medium_name)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu: medium OTHER without a name", i);
+  if ((unsigned)ev->medium > KVBM_MEDIUM_OTHER)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu: unknown medium %d", i,
+                          (int)ev->medium);
+  if (ev->num_block_hashes > UINT32_MAX || ev->num_tokens > UINT32_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu: more than 2^32 elements", i);
+  if ((ev->num_block_hashes && !ev->block_hashes) || (ev->num_tokens && !ev->token_ids))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu: NULL array with a count", i);
+  return KVBM_OK;
+}
+
+int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
+                      kvbm_event_form form, const uint8_t **data, size_t *len,
+                      kvbm_error *err) {
+  if (!enc || !batch || !data || !len || (batch->num_events && !batch->events))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: encode: NULL argument");
+  if (form != KVBM_FORM_POSITIONAL && form != KVBM_FORM_MAP)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: encode: unknown form %d", (int)form);
+  if (batch->num_events > UINT32_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: encode: more than 2^32 events");
+  for (size_t i = 0; i < batch->num_events; i++) {
+    int rc = check_event(&batch->events[i], i, err);
+    if (rc) return rc;
+  }
+  msgpack_sbuffer_clear(&enc->sb);
+  msgpack_packer *pk = &enc->pk;
+  int rc = msgpack_pack_array(pk, batch->has_dp_rank ? 3 : 2);
+  rc |= msgpack_pack_double(pk, batch->ts);
+  rc |= msgpack_pack_array(pk, batch->num_events);
+  for (size_t i = 0; i < batch->num_events && !rc; i++) {
+    const kvbm_event *ev = &batch->events[i];
+    switch (ev->type) {
+      case KVBM_EVENT_STORED: rc = pack_stored(pk, ev, form); break;
+      case KVBM_EVENT_REMOVED: rc = pack_removed(pk, ev, form); break;
+      case KVBM_EVENT_CLEARED: rc = pack_cleared(pk, form); break;
+    }
+  }
+  if (batch->has_dp_rank) rc |= msgpack_pack_int32(pk, batch->dp_rank);
+  if (rc) return kvbm_error_set(err, KVBM_ENOMEM, "events: encode: out of memory");
+  *data = (const uint8_t *)enc->sb.data;
+  *len = enc->sb.size;
+  return KVBM_OK;
+}
+
+/* ------------------------------------------------------------- decoding */
+
+typedef struct ev_off {
+  size_t h, t, mname, lname; /* arena offsets; SIZE_MAX = none */
+} ev_off;
+
+struct kvbm_event_decoder {
+  kvbm_event *ev;
+  ev_off *off;
+  size_t ev_n, ev_cap, off_cap;
+  uint64_t *h;
+  size_t h_n, h_cap;
+  uint32_t *t;
+  size_t t_n, t_cap;
+  char *s;
+  size_t s_n, s_cap;
+};
+
+int kvbm_event_decoder_new(kvbm_event_decoder **out, kvbm_error *err) {
+  kvbm_event_decoder *d = calloc(1, sizeof *d);
+  if (!d) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for a decoder");
+  *out = d;
+  return KVBM_OK;
+}
+
+void kvbm_event_decoder_free(kvbm_event_decoder *dec) {
+  if (!dec) return;
+  free(dec->ev);
+  free(dec->off);
+  free(dec->h);
+  free(dec->t);
+  free(dec->s);
+  free(dec);
+}
+
+/* Returns p grown to hold `need` (at least 1) elements of `size` bytes,
+ * updating *cap; NULL (p untouched) when memory runs out. */
+static void *reserve(void *p, size_t *cap, size_t need, size_t size) {
+  if (need == 0) need = 1;
+  if (p && need <= *cap) return p;
+  size_t nc = *cap ? *cap : 64;
+  while (nc < need) {
+    if (nc > SIZE_MAX / 2 / size) return NULL;
+    nc *= 2;
+  }
+  void *np = realloc(p, nc * size);
+  if (np) *cap = nc;
+  return np;
+}
+
+#define RESERVE(arr, cap, need)                                   \
+  do {                                                            \
+    void *np_ = reserve((arr), &(cap), (need), sizeof *(arr));    \
+    if (!np_) return fail(c, KVBM_ENOMEM, "");                   \
+    (arr) = np_;                                                  \
+  } while (0)
+
+/* Decoding context: the reader, the decoder, where we are (for messages). */
+typedef struct dctx {
+  mpr r;
+  kvbm_event_decoder *d;
+  kvbm_error *err;
+  size_t idx;        /* event index */
+  const char *field; /* field being read */
+} dctx;
+
+static int fail(dctx *c, int rc, const char *what) {
+  if (rc == KVBM_ENOMEM) return kvbm_error_set(c->err, rc, "events: decode: out of memory");
+  char where[96] = "";
+  if (c->field) snprintf(where, sizeof where, "event %zu: %s: ", c->idx, c->field);
+  const char *trunc =
+      rc == KVBM_ETRUNCATED ? "input ends early or declares more than it holds" : NULL;
+  bool have = what && *what;
+  if (have && trunc)
+    return kvbm_error_set(c->err, rc, "events: decode: %s%s (%s)", where, what, trunc);
+  return kvbm_error_set(c->err, rc, "events: decode: %s%s", where,
+                        have ? what : trunc ? trunc : "malformed value");
+}
+
+static int fail_type(dctx *c, const char *want) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "expected %s, got %s", want, mpr_kind_name(mpr_peek(&c->r)));
+  return fail(c, mpr_peek(&c->r) == MPR_END ? KVBM_ETRUNCATED : KVBM_EFORMAT, msg);
+}
+
+/* A hash: an integer, or bytes whose low 64 bits (big-endian) are taken. */
+static int read_hash(dctx *c, uint64_t *out) {
+  mpr_kind k = mpr_peek(&c->r);
+  if (k == MPR_INT) {
+    bool neg;
+    int rc = mpr_int(&c->r, out, &neg);
+    return rc ? fail(c, rc, "bad integer") : 0;
+  }
+  if (k == MPR_BIN) {
+    const uint8_t *b;
+    size_t n;
+    int rc = mpr_bytes(&c->r, true, &b, &n);
+    if (rc) return fail(c, rc, "bad bytes");
+    size_t take = n < 8 ? n : 8;
+    *out = mpr_be(b + n - take, (int)take);
+    return 0;
+  }
+  return fail_type(c, "a hash (integer or bytes)");
+}
+
+static int read_hashes(dctx *c, size_t *off, size_t *count) {
+  uint32_t n;
+  int rc = mpr_array(&c->r, &n);
+  if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "an array of hashes") : fail(c, rc, "");
+  kvbm_event_decoder *d = c->d;
+  RESERVE(d->h, d->h_cap, d->h_n + n);
+  *off = d->h_n;
+  for (uint32_t i = 0; i < n; i++) {
+    rc = read_hash(c, &d->h[d->h_n]);
+    if (rc) return rc;
+    d->h_n++;
+  }
+  *count = n;
+  return 0;
+}
+
+static int read_tokens(dctx *c, size_t *off, size_t *count) {
+  uint32_t n;
+  int rc = mpr_array(&c->r, &n);
+  if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "an array of token ids") : fail(c, rc, "");
+  kvbm_event_decoder *d = c->d;
+  RESERVE(d->t, d->t_cap, d->t_n + n);
+  *off = d->t_n;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *p = c->r.p;
+    if (p < c->r.end && *p <= 0x7f) { /* the common case: a small token id */
+      d->t[d->t_n++] = *p;
+      c->r.p++;
+      continue;
+    }
+    uint64_t u;
+    bool neg;
+    if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "a token id (integer)");
+    rc = mpr_int(&c->r, &u, &neg);
+    if (rc) return fail(c, rc, "bad integer");
+    if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "token id outside 0..2^32-1");
+    d->t[d->t_n++] = (uint32_t)u;
+  }
+  *count = n;
+  return 0;
+}
+
+static int read_u32(dctx *c, uint32_t *out) {
+  if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "an integer");
+  uint64_t u;
+  bool neg;
+  int rc = mpr_int(&c->r, &u, &neg);
+  if (rc) return fail(c, rc, "bad integer");
+  if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "integer outside 0..2^32-1");
+  *out = (uint32_t)u;
+  return 0;
+}
+
+/* nil -> *has = false; an int64 otherwise. */
+static int read_opt_i64(dctx *c, int64_t *out, bool *has) {
+  if (mpr_nil(&c->r)) { *has = false; return 0; }
+  if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "an integer or nil");
+  uint64_t u;
+  bool neg;
+  int rc = mpr_int(&c->r, &u, &neg);
+  if (rc) return fail(c, rc, "bad integer");
+  if (!neg && u > INT64_MAX) return fail(c, KVBM_EFORMAT, "integer beyond int64");
+  *out = (int64_t)u;
+  *has = true;
+  return 0;
+}
+
+/* nil -> SIZE_MAX; a str is copied into the string arena, NUL-terminated. */
+static int read_opt_str(dctx *c, size_t *off, const uint8_t **raw, size_t *rawlen) {
+  if (mpr_nil(&c->r)) { *off = SIZE_MAX; return 0; }
+  const uint8_t *b;
+  size_t n;
+  if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string or nil");
+  int rc = mpr_bytes(&c->r, false, &b, &n);
+  if (rc) return fail(c, rc, "bad string");
+  kvbm_event_decoder *d = c->d;
+  RESERVE(d->s, d->s_cap, d->s_n + n + 1);
+  memcpy(d->s + d->s_n, b, n);
+  d->s[d->s_n + n] = '\0';
+  *off = d->s_n;
+  d->s_n += n + 1;
+  if (raw) { *raw = b; *rawlen = n; }
+  return 0;
+}
+
+static int read_parent(dctx *c, kvbm_event *ev) {
+  if (mpr_nil(&c->r)) { ev->has_parent = false; return 0; }
+  ev->has_parent = true;
+  return read_hash(c, &ev->parent_hash);
+}
+
+static int read_medium(dctx *c, kvbm_event *ev, ev_off *o) {
+  const uint8_t *raw = NULL;
+  size_t n = 0;
+  int rc = read_opt_str(c, &o->mname, &raw, &n);
+  if (rc) return rc;
+  ev->medium = o->mname == SIZE_MAX ? KVBM_MEDIUM_NONE
+                                    : kvbm_medium_from_name((const char *)raw, n);
+  return 0;
+}
+
+static int tag_type(const uint8_t *s, size_t n, kvbm_event_type *t) {
+  if (n == 11 && !memcmp(s, "BlockStored", 11)) *t = KVBM_EVENT_STORED;
+  else if (n == 12 && !memcmp(s, "BlockRemoved", 12)) *t = KVBM_EVENT_REMOVED;
+  else if (n == 16 && !memcmp(s, "AllBlocksCleared", 16)) *t = KVBM_EVENT_CLEARED;
+  else return -1;
+  return 0;
+}
+
+static int read_tag(dctx *c, kvbm_event *ev) {
+  const uint8_t *s;
+  size_t n;
+  if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "the event tag (a string)");
+  int rc = mpr_bytes(&c->r, false, &s, &n);
+  if (rc) return fail(c, rc, "bad string");
+  if (tag_type(s, n, &ev->type)) {
+    char msg[120];
+    snprintf(msg, sizeof msg, "unknown event tag \"%.*s\"", (int)(n > 40 ? 40 : n), (const char *)s);
+    return fail(c, KVBM_EFORMAT, msg);
+  }
+  return 0;
+}
+
+/* Field ids shared by both forms. */
+enum { F_HASHES, F_PARENT, F_TOKENS, F_BSIZE, F_LORA, F_MEDIUM, F_LNAME, F_EXTRA, F_GROUP, F_SKIP };
+static const char *const kFieldName[] = {"block_hashes", "parent_block_hash", "token_ids",
+                                         "block_size", "lora_id", "medium", "lora_name",
+                                         "extra_keys", "group_idx", "?"};
+
+static int read_field(dctx *c, int f, kvbm_event *ev, ev_off *o) {
+  c->field = kFieldName[f];
+  switch (f) {
+    case F_HASHES: return read_hashes(c, &o->h, &ev->num_block_hashes);
+    case F_PARENT: return read_parent(c, ev);
+    case F_TOKENS: return read_tokens(c, &o->t, &ev->num_tokens);
+    case F_BSIZE: return read_u32(c, &ev->block_size);
+    case F_LORA: return read_opt_i64(c, &ev->lora_id, &ev->has_lora_id);
+    case F_MEDIUM: return read_medium(c, ev, o);
+    case F_LNAME: return read_opt_str(c, &o->lname, NULL, NULL);
+    case F_GROUP: return read_opt_i64(c, &ev->group_idx, &ev->has_group_idx);
+    default: {
+      int rc = mpr_skip(&c->r);
+      return rc ? fail(c, rc, "malformed value") : 0;
+    }
+  }
+}
+
+/* Positional field order after the tag, by event type. */
+static const int kStoredOrder[] = {F_HASHES, F_PARENT, F_TOKENS, F_BSIZE, F_LORA,
+                                   F_MEDIUM, F_LNAME, F_EXTRA, F_GROUP};
+static const int kRemovedOrder[] = {F_HASHES, F_MEDIUM, F_GROUP};
+
+static int read_positional(dctx *c, kvbm_event *ev, ev_off *o) {
+  uint32_t n;
+  int rc = mpr_array(&c->r, &n);
+  if (rc) return fail(c, rc, "bad array");
+  if (n < 1) return fail(c, KVBM_EFORMAT, "empty event array (no tag)");
+  rc = read_tag(c, ev);
+  if (rc) return rc;
+  const int *order = NULL;
+  size_t known = 0, required = 0;
+  if (ev->type == KVBM_EVENT_STORED) { order = kStoredOrder; known = 9; required = 4; }
+  if (ev->type == KVBM_EVENT_REMOVED) { order = kRemovedOrder; known = 3; required = 1; }
+  if (n - 1 < required) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "%s has %u fields, needs at least %zu",
+             kvbm_event_type_name(ev->type), n - 1, required);
+    return fail(c, KVBM_EFORMAT, msg);
+  }
+  for (uint32_t i = 1; i < n; i++) {
+    rc = read_field(c, i - 1 < known ? order[i - 1] : F_SKIP, ev, o);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int key_field(const uint8_t *k, size_t n) {
+  for (int f = 0; f < F_SKIP; f++) {
+    if (f == F_EXTRA) continue;
+    size_t l = strlen(kFieldName[f]);
+    if (l == n && !memcmp(k, kFieldName[f], n)) return f;
+  }
+  return F_SKIP;
+}
+
+static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
+  uint32_t n;
+  int rc = mpr_map(&c->r, &n);
+  if (rc) return fail(c, rc, "bad map");
+  bool have_type = false;
+  unsigned seen = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *k;
+    size_t kl;
+    c->field = "key";
+    if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string key");
+    rc = mpr_bytes(&c->r, false, &k, &kl);
+    if (rc) return fail(c, rc, "bad key");
+    if (kl == 4 && !memcmp(k, "type", 4)) {
+      c->field = "type";
+      rc = read_tag(c, ev);
+      have_type = true;
+    } else {
+      int f = key_field(k, kl);
+      seen |= 1u << f;
+      rc = read_field(c, f, ev, o);
+    }
+    if (rc) return rc;
+  }
+  c->field = NULL;
+  if (!have_type) return fail(c, KVBM_EFORMAT, "event map has no \"type\"");
+  unsigned need = 0;
+  if (ev->type == KVBM_EVENT_STORED)
+    need = 1u << F_HASHES | 1u << F_PARENT | 1u << F_TOKENS | 1u << F_BSIZE;
+  if (ev->type == KVBM_EVENT_REMOVED) need = 1u << F_HASHES;
+  for (int f = 0; f < F_SKIP; f++) {
+    if ((need >> f & 1) && !(seen >> f & 1)) {
+      c->field = kvbm_event_type_name(ev->type);
+      char msg[80];
+      snprintf(msg, sizeof msg, "missing field \"%s\"", kFieldName[f]);
+      return fail(c, KVBM_EFORMAT, msg);
+    }
+  }
+  return 0;
+}
+
+static int read_events(dctx *c) {
+  uint32_t n;
+  int rc = mpr_array(&c->r, &n);
+  if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "the events array") : fail(c, rc, "");
+  kvbm_event_decoder *d = c->d;
+  /* The smallest event, ["BlockStored"] as a fixarray, takes 13 bytes:
+   * refusing counts above that bound keeps the arenas within ~10x len. */
+  if (n > mpr_left(&c->r) / 13) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "%u events declared in %zu bytes", n, mpr_left(&c->r));
+    return fail(c, KVBM_ETRUNCATED, msg);
+  }
+  RESERVE(d->ev, d->ev_cap, n);
+  RESERVE(d->off, d->off_cap, n);
+  for (uint32_t i = 0; i < n; i++) {
+    kvbm_event *ev = &d->ev[i];
+    ev_off *o = &d->off[i];
+    memset(ev, 0, sizeof *ev);
+    *o = (ev_off){SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+    c->idx = i;
+    c->field = "event";
+    mpr_kind k = mpr_peek(&c->r);
+    if (k == MPR_ARRAY) rc = read_positional(c, ev, o);
+    else if (k == MPR_MAP) rc = read_map_event(c, ev, o);
+    else rc = fail_type(c, "an event (array or map)");
+    if (rc) return rc;
+    d->ev_n = i + 1;
+  }
+  c->field = NULL;
+  return 0;
+}
+
+/* Turns the arena offsets into pointers, now that the arenas stopped moving. */
+static void fix_pointers(kvbm_event_decoder *d) {
+  for (size_t i = 0; i < d->ev_n; i++) {
+    kvbm_event *ev = &d->ev[i];
+    const ev_off *o = &d->off[i];
+    ev->block_hashes = ev->num_block_hashes ? d->h + o->h : NULL;
+    ev->token_ids = ev->num_tokens ? d->t + o->t : NULL;
+    ev->medium_name = o->mname == SIZE_MAX ? NULL : d->s + o->mname;
+    ev->lora_name = o->lname == SIZE_MAX ? NULL : d->s + o->lname;
+  }
+}
+
+static int read_dp_rank(dctx *c, kvbm_event_batch *out) {
+  int64_t v;
+  bool has;
+  c->field = NULL;
+  if (mpr_nil(&c->r)) return 0;
+  if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "dp_rank (an integer or nil)");
+  int rc = read_opt_i64(c, &v, &has);
+  if (rc) return rc;
+  if (v < INT32_MIN || v > INT32_MAX) return fail(c, KVBM_EFORMAT, "dp_rank beyond 32 bits");
+  out->dp_rank = (int32_t)v;
+  out->has_dp_rank = true;
+  return 0;
+}
+
+static int read_ts(dctx *c, double *ts) {
+  mpr_kind k = mpr_peek(&c->r);
+  if (k != MPR_FLOAT && k != MPR_INT) return fail_type(c, "the timestamp (a number)");
+  int rc = mpr_double(&c->r, ts);
+  return rc ? fail(c, rc, "bad timestamp") : 0;
+}
+
+static int read_batch(dctx *c, kvbm_event_batch *out) {
+  mpr_kind k = mpr_peek(&c->r);
+  uint32_t n;
+  int rc;
+  if (k == MPR_ARRAY) {
+    rc = mpr_array(&c->r, &n);
+    if (rc) return fail(c, rc, "bad batch array");
+    if (n < 2) return fail(c, KVBM_EFORMAT, "batch array has fewer than 2 elements [ts, events]");
+    if ((rc = read_ts(c, &out->ts)) || (rc = read_events(c))) return rc;
+    if (n >= 3 && (rc = read_dp_rank(c, out))) return rc;
+    for (uint32_t i = 3; i < n; i++)
+      if ((rc = mpr_skip(&c->r))) return fail(c, rc, "malformed trailing batch field");
+    return 0;
+  }
+  if (k == MPR_MAP) {
+    rc = mpr_map(&c->r, &n);
+    if (rc) return fail(c, rc, "bad batch map");
+    bool have_ts = false, have_events = false;
+    for (uint32_t i = 0; i < n; i++) {
+      const uint8_t *key;
+      size_t kl;
+      c->field = NULL;
+      if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string key in the batch map");
+      if ((rc = mpr_bytes(&c->r, false, &key, &kl))) return fail(c, rc, "bad key");
+      if (kl == 2 && !memcmp(key, "ts", 2)) { rc = read_ts(c, &out->ts); have_ts = true; }
+      else if (kl == 6 && !memcmp(key, "events", 6)) { rc = read_events(c); have_events = true; }
+      else if (kl == 18 && !memcmp(key, "data_parallel_rank", 18)) rc = read_dp_rank(c, out);
+      else if ((rc = mpr_skip(&c->r))) rc = fail(c, rc, "malformed batch field");
+      if (rc) return rc;
+    }
+    c->field = NULL;
+    if (!have_ts || !have_events) return fail(c, KVBM_EFORMAT, "batch map lacks \"ts\" or \"events\"");
+    return 0;
+  }
+  return fail_type(c, "a batch (array [ts, events, dp_rank] or map)");
+}
+
+int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
+                      uint64_t seq, kvbm_event_batch *out, kvbm_error *err) {
+  if (!dec || !out || (!data && len))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: decode: NULL argument");
+  dec->ev_n = dec->h_n = dec->t_n = dec->s_n = 0;
+  memset(out, 0, sizeof *out);
+  dctx c = {.r = {data, (const uint8_t *)data + len}, .d = dec, .err = err};
+  if (len == 0) return kvbm_error_set(err, KVBM_ETRUNCATED, "events: decode: empty payload");
+  int rc = read_batch(&c, out);
+  if (rc) {
+    dec->ev_n = 0;
+    return rc;
+  }
+  if (c.r.p != c.r.end)
+    return kvbm_error_set(err, KVBM_ETOOLONG, "events: decode: %zu bytes after the batch",
+                          mpr_left(&c.r));
+  fix_pointers(dec);
+  out->seq = seq;
+  out->events = dec->ev_n ? dec->ev : NULL;
+  out->num_events = dec->ev_n;
+  return KVBM_OK;
+}
