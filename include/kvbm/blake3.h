@@ -1,0 +1,127 @@
+/*
+ * kvbm/blake3.h: the BLAKE3 hash function (hash, keyed hash, derive key,
+ * extended output of any length).
+ *
+ * Our own implementation, written from the BLAKE3 specification. Large
+ * inputs are hashed many chunks at a time with SSE4.1, AVX2 or AVX-512 when
+ * the CPU has them (chosen when a hasher is initialised, or forced with
+ * kvbm_blake3_hasher_set_impl for tests and benchmarks); the result never
+ * depends on the path taken.
+ *
+ * Memory: a hasher is a plain struct the caller owns (about 1.9 KiB; stack
+ * or heap), holds no pointers and allocates nothing; copying it forks the
+ * hash state. Its fields are private. Nothing here keeps global state, so
+ * distinct hashers may be used from distinct threads freely; one hasher
+ * must not be used by two threads at once.
+ */
+#ifndef KVBM_BLAKE3_H
+#define KVBM_BLAKE3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVBM_BLAKE3_OUT_LEN 32   /* default output length, bytes */
+#define KVBM_BLAKE3_KEY_LEN 32   /* key length for keyed hash */
+#define KVBM_BLAKE3_BLOCK_LEN 64
+#define KVBM_BLAKE3_CHUNK_LEN 1024
+/* One more than the deepest tree (2^64 bytes = 2^54 chunks), for the
+ * subtree that is kept unmerged until the end of input is known. */
+#define KVBM_BLAKE3_MAX_DEPTH 56
+
+/* Compression paths. AUTO picks the widest one the CPU supports. */
+typedef enum kvbm_blake3_impl {
+  KVBM_BLAKE3_IMPL_AUTO = 0,
+  KVBM_BLAKE3_IMPL_PORTABLE = 1, /* plain C, one block at a time */
+  KVBM_BLAKE3_IMPL_SSE41 = 2,    /* 4 chunks (or parents) at a time */
+  KVBM_BLAKE3_IMPL_AVX2 = 3,     /* 8 at a time */
+  KVBM_BLAKE3_IMPL_AVX512 = 4,   /* 16 at a time (AVX-512F) */
+} kvbm_blake3_impl;
+
+/* The hash state. Treat every field as private. */
+typedef struct kvbm_blake3_hasher {
+  uint32_t key[8];          /* key words (IV for plain hashing) */
+  uint32_t chunk_cv[8];     /* chaining value of the current chunk */
+  uint64_t chunk_counter;   /* index of the current chunk */
+  uint8_t buf[KVBM_BLAKE3_BLOCK_LEN]; /* unprocessed bytes of the chunk */
+  uint8_t buf_len;
+  uint8_t blocks_done;      /* blocks of the current chunk compressed */
+  uint8_t flags;            /* mode flags (keyed, derive key) */
+  uint8_t impl;             /* a kvbm_blake3_impl other than AUTO */
+  uint8_t stack_len;
+  uint8_t stack[KVBM_BLAKE3_MAX_DEPTH][32]; /* subtree chaining values */
+} kvbm_blake3_hasher;
+
+/* Whether this CPU (and build) can run `impl` (AUTO is always available). */
+int kvbm_blake3_impl_available(kvbm_blake3_impl impl);
+
+/* The widest available path: what AUTO resolves to on this machine. */
+kvbm_blake3_impl kvbm_blake3_impl_best(void);
+
+/* "portable", "sse4.1", "avx2", "avx512", "auto"; "?" for other values. */
+const char *kvbm_blake3_impl_name(kvbm_blake3_impl impl);
+
+/* Starts a plain hash. Returns KVBM_EINVAL if `h` is NULL. */
+int kvbm_blake3_hasher_init(kvbm_blake3_hasher *h);
+
+/* Starts a keyed hash (a MAC) with a 32-byte key; the key is copied. */
+int kvbm_blake3_hasher_init_keyed(kvbm_blake3_hasher *h,
+                                  const uint8_t key[KVBM_BLAKE3_KEY_LEN]);
+
+/* Starts key derivation with a context string (NUL-terminated; should be
+ * a hard-coded, globally unique, application-specific string). The key
+ * material is then fed with update. */
+int kvbm_blake3_hasher_init_derive_key(kvbm_blake3_hasher *h,
+                                       const char *context);
+
+/* Same with a context of explicit length (may contain NUL bytes). */
+int kvbm_blake3_hasher_init_derive_key_raw(kvbm_blake3_hasher *h,
+                                           const void *context,
+                                           size_t context_len);
+
+/* Forces a compression path. KVBM_EUNSUPPORTED (message in `err`) if this
+ * CPU lacks it, KVBM_EINVAL for an unknown value. May be called at any
+ * time: the state does not depend on the path. */
+int kvbm_blake3_hasher_set_impl(kvbm_blake3_hasher *h, kvbm_blake3_impl impl,
+                                kvbm_error *err);
+
+/* Feeds `len` bytes (any split of the input gives the same hash).
+ * KVBM_EINVAL if `h` is NULL or `in` is NULL with len > 0. Feeding more
+ * than 2^64 bytes in total is outside BLAKE3 and not detected. */
+int kvbm_blake3_hasher_update(kvbm_blake3_hasher *h, const void *in,
+                              size_t len);
+
+/* Writes the first `out_len` bytes of the output (32 is the default
+ * length; any length works, a shorter output is a prefix of a longer
+ * one). Does not change the state: more input may follow, and finalize
+ * may be called again. KVBM_EINVAL for NULL arguments. */
+int kvbm_blake3_hasher_finalize(const kvbm_blake3_hasher *h, uint8_t *out,
+                                size_t out_len);
+
+/* Writes output bytes [seek, seek + out_len) of the extended output.
+ * KVBM_EOVERFLOW if that range goes past 2^64 bytes. */
+int kvbm_blake3_hasher_finalize_seek(const kvbm_blake3_hasher *h,
+                                     uint64_t seek, uint8_t *out,
+                                     size_t out_len);
+
+/* Forgets all input, keeping the mode, key and compression path. */
+int kvbm_blake3_hasher_reset(kvbm_blake3_hasher *h);
+
+/* One-shot helpers: hash `in` and write `out_len` bytes of output. */
+int kvbm_blake3_hash(const void *in, size_t len, uint8_t *out,
+                     size_t out_len);
+int kvbm_blake3_keyed_hash(const uint8_t key[KVBM_BLAKE3_KEY_LEN],
+                           const void *in, size_t len, uint8_t *out,
+                           size_t out_len);
+int kvbm_blake3_derive_key(const char *context, const void *material,
+                           size_t len, uint8_t *out, size_t out_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVBM_BLAKE3_H */
