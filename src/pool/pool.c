@@ -87,9 +87,11 @@ static void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t id) {
   p->table[i].id = id;
 }
 
-static void reg_remove(kvbm_pool *p, uint64_t hash) {
+/* Removes the entry of block `id` (with allow_duplicates, several blocks can
+ * share a hash; each has its own entry, in registration order). */
+static void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t id) {
   uint64_t i = slot_of(p, hash);
-  while (p->table[i].hash != hash || p->table[i].id == NIL) {
+  while (p->table[i].hash != hash || p->table[i].id != id) {
     if (p->table[i].id == NIL) return;
     i = (i + 1) & p->table_mask;
   }
@@ -170,7 +172,7 @@ static void free_push(kvbm_pool *p, uint32_t id) {
 /* Drops a registered block from the registry and counts (not the lists). */
 static void unregister(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
-  if (b->flags & F_INDEXED) reg_remove(p, b->seq_hash);
+  if (b->flags & F_INDEXED) reg_remove(p, b->seq_hash, id);
   p->registered--;
 }
 
@@ -381,10 +383,10 @@ int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
   }
   if (existing != NIL) p->dedup++;
   b->state = KVBM_BLOCK_REGISTERED;
-  if (existing == NIL) {
-    reg_insert(p, b->seq_hash, id);
-    b->flags |= F_INDEXED;
-  }
+  /* A duplicate gets its own entry too, behind the first one's in the probe
+   * run: lookups still find the first, and the duplicate once it is gone. */
+  reg_insert(p, b->seq_hash, id);
+  b->flags |= F_INDEXED;
   p->registered++;
   if (out_id) *out_id = id;
   kvbm_pool_event ev = {
