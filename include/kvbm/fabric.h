@@ -1,0 +1,245 @@
+/*
+ * kvbm/fabric.h: moving payloads and KV blocks between two nodes.
+ *
+ * A fabric is one end of a connection between two nodes (or two threads).
+ * Every fabric offers the same calls, whatever carries the bytes:
+ *
+ *   push / next / pull   two-sided messages: the sender pushes a payload and
+ *                        gets a handle; the receiver learns of it (next) and
+ *                        pulls it by handle into a buffer of its choice.
+ *   label                each end has a name, and learns the peer's.
+ *   register / export /  one-sided block access: a node registers the memory
+ *   import / read /      of a layout (kvbm_layout_desc), exports a
+ *   write                descriptor, the peer imports it and then reads or
+ *                        writes the node's blocks by (block set, block id)
+ *                        without the node taking part.
+ *   flush                waits until every earlier push has been pulled and
+ *                        every earlier read/write is complete at both ends.
+ *
+ * Completion by notification: one-sided writes are invisible to the target
+ * until it is told. The writer calls kvbm_fabric_flush() and then pushes a
+ * message naming the blocks; the target acts on the message only.
+ *
+ * Two implementations:
+ *   in-process  kvbm_fabric_inproc_pair(): two ends in one process (tests,
+ *               single-node setups). Thread-safe between the two ends.
+ *   UCX         kvbm_fabric_ucx_listen()/accept()/connect(): a real UCX ucp
+ *               worker per end; worker addresses are swapped over a TCP side
+ *               channel; pushes are UCX active messages (large ones by
+ *               rendezvous, so a pull moves the bytes straight into the
+ *               puller's buffer); block reads/writes are ucp_get/ucp_put on
+ *               memory registered with ucp_mem_map. Which UCX transports
+ *               carry it (shared memory, TCP, RDMA) is UCX's choice, limited
+ *               by kvbm_fabric_ucx_config.transports / net_devices.
+ *
+ * Threads: the two ends of an in-process pair may be used from two threads;
+ * one end itself (and every UCX fabric) from one thread at a time.
+ * All calls return KVBM_OK or a negative kvbm_status and fill the optional
+ * kvbm_error. Once a fabric has seen a fatal error (peer gone, protocol
+ * violation) every later call returns that error (KVBM_ECLOSED,
+ * KVBM_EPROTO, ...) instead of waiting.
+ */
+#ifndef KVBM_FABRIC_H
+#define KVBM_FABRIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/layout.h"
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvbm_fabric kvbm_fabric;
+
+/* Names one pushed payload on a connection. Ids are assigned by the pushing
+ * end, 1, 2, 3, ... in push order; a handle is meaningful only on the other
+ * end of the same connection. */
+typedef struct kvbm_fabric_handle {
+  uint64_t id;
+} kvbm_fabric_handle;
+
+/* Longest label (bytes, without the NUL). Labels are printable ASCII. */
+#define KVBM_FABRIC_LABEL_MAX 63
+
+/* ---- In-process fabric ---- */
+
+/* Creates two connected ends named label_a and label_b (NULL: "inproc-a",
+ * "inproc-b"). A push on one is pulled on the other; a block set registered
+ * on one can be imported by the other. Each end is owned by the caller:
+ * kvbm_fabric_destroy() both (in any order; once one end is destroyed the
+ * other's pushes fail with KVBM_ECLOSED). Errors: KVBM_EINVAL (bad label),
+ * KVBM_ENOMEM. */
+int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b,
+                            kvbm_fabric **a, kvbm_fabric **b, kvbm_error *err);
+
+/* ---- UCX fabric ---- */
+
+typedef struct kvbm_fabric_ucx_config {
+  const char *label;       /* this end's name; NULL: "ucx" */
+  const char *transports;  /* UCX_TLS for this fabric only ("shm,self",
+                              "tcp", ...); NULL: the environment's / UCX's
+                              default. Set without touching the environment
+                              (ucp_config_modify). */
+  const char *net_devices; /* UCX_NET_DEVICES likewise ("lo"); NULL: default */
+  int timeout_ms;          /* side channel, wire-up and close; default 10000 */
+  uint64_t max_payload;    /* largest push accepted from the peer; a bigger
+                              one is a protocol error. Default 1 GiB */
+  uint64_t max_pending;    /* payloads waiting to be pulled; more is a
+                              protocol error. Default 65536 */
+} kvbm_fabric_ucx_config;
+
+/* Fills *cfg with the defaults above. */
+void kvbm_fabric_ucx_config_init(kvbm_fabric_ucx_config *cfg);
+
+typedef struct kvbm_fabric_listener kvbm_fabric_listener;
+
+/* Listens on host:port (host NULL: "127.0.0.1"; port 0: any free port) for
+ * one peer. The config is copied. *out is owned by the caller:
+ * kvbm_fabric_listener_free(). KVBM_EEXIST: port in use; KVBM_EIO. */
+int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host,
+                           uint16_t port, kvbm_fabric_listener **out,
+                           kvbm_error *err);
+
+/* The port actually bound. */
+uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l);
+
+/* Waits up to cfg.timeout_ms for a peer, swaps worker addresses and labels
+ * with it and returns a connected fabric (*out, owned by the caller). May be
+ * called again for another peer. KVBM_ETIMEDOUT: nobody came;
+ * KVBM_EPROTO: the peer is not a kvbm fabric or sent malformed data;
+ * KVBM_EIO: UCX failed (message has UCX's reason). */
+int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out,
+                           kvbm_error *err);
+
+void kvbm_fabric_listener_free(kvbm_fabric_listener *l);
+
+/* Connects to a listener at host:port (retrying until cfg->timeout_ms while
+ * nobody listens yet). Same result and errors as accept. */
+int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
+                            const char *host, uint16_t port,
+                            kvbm_fabric **out, kvbm_error *err);
+
+/* ---- Every fabric ---- */
+
+/* Closes the connection and frees the end. UCX: first tells the peer and
+ * waits (up to the config's timeout) for it to close too, serving its
+ * outstanding pulls meanwhile, so that nothing in flight is cut. Block sets
+ * registered or imported on this fabric must be released before. NULL:
+ * no-op. */
+void kvbm_fabric_destroy(kvbm_fabric *f);
+
+/* "inproc" or "ucx". */
+const char *kvbm_fabric_kind(const kvbm_fabric *f);
+
+/* This end's label, and the peer's (as the peer announced it). Valid for the
+ * fabric's lifetime. */
+const char *kvbm_fabric_label(const kvbm_fabric *f);
+const char *kvbm_fabric_peer_label(const kvbm_fabric *f);
+
+/* Sends `len` bytes (0 allowed) to the peer; *out (may be NULL) gets the
+ * handle. Ownership: `data` must stay valid and unchanged until
+ * kvbm_fabric_flush() returns KVBM_OK (the UCX fabric reads it while the
+ * peer pulls; the in-process one copies it at once). Errors: KVBM_ECLOSED
+ * (peer gone), KVBM_ETOOLONG (above the peer's max_payload, UCX), KVBM_EIO. */
+int kvbm_fabric_push(kvbm_fabric *f, const void *data, size_t len,
+                     kvbm_fabric_handle *out, kvbm_error *err);
+
+/* Waits up to timeout_ms (0: just look; < 0: forever) for a payload from the
+ * peer that next() has not returned before, oldest first; *h gets its
+ * handle, *len (may be NULL) its size. KVBM_ETIMEDOUT if none came;
+ * KVBM_ECLOSED if the peer closed and none is left. */
+int kvbm_fabric_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h,
+                     size_t *len, kvbm_error *err);
+
+/* Moves payload `h` into buf[0..cap) and forgets it; *len (may be NULL) gets
+ * its size. Waits up to timeout_ms for it to arrive if it has not yet.
+ * KVBM_ETOOLONG: cap is smaller than the payload (it is kept: retry with a
+ * larger buffer); KVBM_ENOTFOUND: already pulled; KVBM_ETIMEDOUT. */
+int kvbm_fabric_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf,
+                     size_t cap, size_t *len, int timeout_ms,
+                     kvbm_error *err);
+
+/* Waits up to timeout_ms (< 0: forever) until every earlier push of this end
+ * has been pulled and every earlier block read/write has completed at both
+ * ends. KVBM_ETIMEDOUT, or the first error of an operation that failed. */
+int kvbm_fabric_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err);
+
+/* ---- Block sets: one-sided access to the peer's blocks ---- */
+
+/* A local layout's memory, registered with the fabric. */
+typedef struct kvbm_fabric_local_set kvbm_fabric_local_set;
+
+/* A peer's layout, imported: its blocks can be read and written by id. */
+typedef struct kvbm_fabric_remote_set kvbm_fabric_remote_set;
+
+/* Registers every region of desc (region_base are addresses in this
+ * process, region_size bytes each) for remote access and keeps a copy of
+ * desc. Memory types: SYSTEM and PINNED; others KVBM_EUNSUPPORTED. The
+ * regions must stay allocated until kvbm_fabric_local_set_release().
+ * *out is owned by the caller. Errors: KVBM_EINVAL (null base, bad desc),
+ * KVBM_EIO (registration failed), KVBM_ENOMEM. */
+int kvbm_fabric_register(kvbm_fabric *f, const kvbm_layout_desc *desc,
+                         kvbm_fabric_local_set **out, kvbm_error *err);
+
+/* The wire form of a registered set, for the peer's kvbm_fabric_import():
+ * the serialized layout (layout.h, "KVLY") plus, per region, the registered
+ * extent and the fabric's access key (UCX: the packed rkey). *buf is
+ * malloc'd: the caller frees it. Format in docs/areas/fabric.md. */
+int kvbm_fabric_export(const kvbm_fabric_local_set *ls, uint8_t **buf,
+                       size_t *len, kvbm_error *err);
+
+/* Unregisters and frees. The peer's later accesses fail. NULL: no-op. */
+void kvbm_fabric_local_set_release(kvbm_fabric_local_set *ls);
+
+/* Parses an exported set from the peer and prepares access to it. Refuses,
+ * before any transfer: malformed input (the layout decoder's errors, or
+ * KVBM_EMAGIC / KVBM_EVERSION / KVBM_EPADDING / KVBM_ETRUNCATED /
+ * KVBM_ETOOLONG / KVBM_EFORMAT for the fabric's envelope), a layout region
+ * that reaches outside the registered extent sent with it (KVBM_ERANGE),
+ * a memory type this fabric cannot reach (KVBM_EUNSUPPORTED), a key the
+ * transport rejects (KVBM_EPROTO; in-process: a region the peer has not
+ * registered, KVBM_ERANGE). *out is owned by the caller. */
+int kvbm_fabric_import(kvbm_fabric *f, const uint8_t *buf, size_t len,
+                       kvbm_fabric_remote_set **out, kvbm_error *err);
+
+/* The imported layout (region_base are the peer's addresses). */
+const kvbm_layout_desc *kvbm_fabric_remote_desc(const kvbm_fabric_remote_set *rs);
+
+void kvbm_fabric_remote_set_release(kvbm_fabric_remote_set *rs);
+
+/* Bytes of one whole block of the set (num_layers * layer_stride): the size
+ * a block read/write moves. */
+uint64_t kvbm_fabric_block_bytes(const kvbm_layout *layout);
+
+/* Writes / reads block `block` of the peer's set from / into a local buffer
+ * of exactly kvbm_fabric_block_bytes() bytes, laid out [layer][outer][...]
+ * (for a LayerSeparate set the layers go to their regions). Asynchronous:
+ * the local buffer must stay valid (and, for a write, unchanged) and the
+ * data is not at its destination until kvbm_fabric_flush() returns.
+ * Refused before any byte moves: block >= num_blocks or a range outside the
+ * peer's registered extent (KVBM_ERANGE), len not the block size
+ * (KVBM_EINVAL). */
+int kvbm_fabric_write_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                            uint64_t block, const void *src, size_t len,
+                            kvbm_error *err);
+int kvbm_fabric_read_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                           uint64_t block, void *dst, size_t len,
+                           kvbm_error *err);
+
+/* The general form: `len` bytes at byte `offset` of region `region` of the
+ * peer's set. KVBM_ERANGE when [offset, offset+len) is not inside the
+ * region's registered extent or region is out of range. */
+int kvbm_fabric_write(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                      uint64_t region, uint64_t offset, const void *src,
+                      size_t len, kvbm_error *err);
+int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                     uint64_t region, uint64_t offset, void *dst, size_t len,
+                     kvbm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVBM_FABRIC_H */

@@ -1,0 +1,354 @@
+/*
+ * fabric.c: the transport-independent half of every fabric.
+ *
+ * The public kvbm_fabric_*() calls land here: arguments are checked, the
+ * sticky fatal error is honoured, handle ids are assigned, and block set
+ * accesses are turned into (region, offset, length) ranges and checked
+ * against the peer's registered extents before the implementation (vtable)
+ * sees them. Keeping every range check in one place is the point: an
+ * out-of-bounds one-sided write is the worst bug a fabric can have, since
+ * over shared memory (CMA) or RDMA nothing below us would stop it.
+ */
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fabric/fabric_impl.h"
+
+void kvbm_fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const char *label) {
+  f->vt = vt;
+  snprintf(f->label, sizeof f->label, "%s", label);
+  f->peer_label[0] = '\0';
+  f->next_push_id = 1;
+  f->fatal = 0;
+  f->fatal_msg[0] = '\0';
+  f->local_sets = NULL;
+}
+
+int kvbm_fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code, const char *fmt, ...) {
+  if (!f->fatal) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->fatal_msg, sizeof f->fatal_msg, fmt, ap);
+    va_end(ap);
+    f->fatal = code;
+  }
+  return kvbm_error_set(err, f->fatal, "%s", f->fatal_msg);
+}
+
+int kvbm_fabric_check(const kvbm_fabric *f, kvbm_error *err) {
+  if (!f->fatal) return KVBM_OK;
+  return kvbm_error_set(err, f->fatal, "%s", f->fatal_msg);
+}
+
+int kvbm_fabric_label_check(const char *label, kvbm_error *err) {
+  if (!label) return KVBM_OK;
+  size_t n = strlen(label);
+  if (n == 0 || n > KVBM_FABRIC_LABEL_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: label must be 1..%d bytes, not %zu",
+                          KVBM_FABRIC_LABEL_MAX, n);
+  for (size_t i = 0; i < n; i++)
+    if (!isprint((unsigned char)label[i]) || (unsigned char)label[i] > 126)
+      return kvbm_error_set(err, KVBM_EINVAL, "fabric: label has a non-printable byte at %zu", i);
+  return KVBM_OK;
+}
+
+#define NEED(f) \
+  if (!(f)) return kvbm_error_set(err, KVBM_EINVAL, "fabric: %s: NULL fabric", __func__)
+
+void kvbm_fabric_destroy(kvbm_fabric *f) {
+  if (f) f->vt->destroy(f);
+}
+
+const char *kvbm_fabric_kind(const kvbm_fabric *f) { return f ? f->vt->kind : "?"; }
+const char *kvbm_fabric_label(const kvbm_fabric *f) { return f ? f->label : ""; }
+const char *kvbm_fabric_peer_label(const kvbm_fabric *f) { return f ? f->peer_label : ""; }
+
+int kvbm_fabric_push(kvbm_fabric *f, const void *data, size_t len, kvbm_fabric_handle *out,
+                     kvbm_error *err) {
+  NEED(f);
+  if (!data && len) return kvbm_error_set(err, KVBM_EINVAL, "fabric: push: NULL data of %zu bytes", len);
+  int rc = kvbm_fabric_check(f, err);
+  if (rc) return rc;
+  uint64_t id = f->next_push_id;
+  rc = f->vt->push(f, data, len, id, err);
+  if (rc) return rc;
+  f->next_push_id++;
+  if (out) out->id = id;
+  return KVBM_OK;
+}
+
+int kvbm_fabric_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t *len,
+                     kvbm_error *err) {
+  NEED(f);
+  if (!h) return kvbm_error_set(err, KVBM_EINVAL, "fabric: next: NULL handle");
+  return f->vt->next(f, timeout_ms, h, len, err);
+}
+
+int kvbm_fabric_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, size_t *len,
+                     int timeout_ms, kvbm_error *err) {
+  NEED(f);
+  if (!buf && cap) return kvbm_error_set(err, KVBM_EINVAL, "fabric: pull: NULL buffer of %zu bytes", cap);
+  if (h.id == 0) return kvbm_error_set(err, KVBM_ENOTFOUND, "fabric: pull: handle 0 names no payload");
+  return f->vt->pull(f, h, buf, cap, len, timeout_ms, err);
+}
+
+int kvbm_fabric_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
+  NEED(f);
+  return f->vt->flush(f, timeout_ms, err);
+}
+
+/* ---- Block sets ---- */
+
+static int memory_reachable(kvbm_memory_type m, const char *what, kvbm_error *err) {
+  if (m == KVBM_MEMORY_SYSTEM || m == KVBM_MEMORY_PINNED) return KVBM_OK;
+  return kvbm_error_set(err, KVBM_EUNSUPPORTED, "fabric: %s: %s memory is not reachable by this fabric",
+                        what, kvbm_memory_type_name(m));
+}
+
+static void local_set_free(kvbm_fabric_local_set *ls) {
+  if (ls->regions) {
+    for (uint64_t r = 0; r < ls->desc.num_regions; r++) {
+      if (ls->regions[r].reg) ls->fabric->vt->mem_deregister(ls->fabric, ls->regions[r].reg);
+      free(ls->regions[r].key);
+    }
+  }
+  free(ls->regions);
+  kvbm_layout_desc_release(&ls->desc);
+  free(ls);
+}
+
+int kvbm_fabric_register(kvbm_fabric *f, const kvbm_layout_desc *desc, kvbm_fabric_local_set **out,
+                         kvbm_error *err) {
+  NEED(f);
+  if (!desc || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: register: NULL argument");
+  int rc = kvbm_fabric_check(f, err);
+  if (rc) return rc;
+  rc = memory_reachable(desc->memory, "register", err);
+  if (rc) return rc;
+  if (desc->num_regions != desc->layout.num_regions || desc->num_regions == 0 || !desc->region_base)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: register: desc has %llu regions, its layout %llu",
+                          (unsigned long long)desc->num_regions,
+                          (unsigned long long)desc->layout.num_regions);
+  /* Let the layout codec judge the desc once, so that what we export is
+   * what the peer will accept. */
+  size_t need = kvbm_layout_desc_encoded_size(desc);
+  uint8_t *tmp = need ? malloc(need) : NULL;
+  if (!tmp) return kvbm_error_set(err, need ? KVBM_ENOMEM : KVBM_EINVAL, "fabric: register: bad desc");
+  rc = kvbm_layout_desc_encode(desc, tmp, need, NULL, err);
+  free(tmp);
+  if (rc) return rc;
+  for (uint64_t r = 0; r < desc->num_regions; r++)
+    if (desc->region_base[r] == 0)
+      return kvbm_error_set(err, KVBM_EINVAL, "fabric: register: region %llu has no address",
+                            (unsigned long long)r);
+
+  kvbm_fabric_local_set *ls = calloc(1, sizeof *ls);
+  if (!ls) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: register: out of memory");
+  ls->fabric = f;
+  ls->desc = *desc;
+  ls->desc.region_base = malloc(desc->num_regions * sizeof(uint64_t));
+  ls->regions = calloc(desc->num_regions, sizeof *ls->regions);
+  if (!ls->desc.region_base || !ls->regions) {
+    local_set_free(ls);
+    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: register: out of memory");
+  }
+  memcpy(ls->desc.region_base, desc->region_base, desc->num_regions * sizeof(uint64_t));
+  for (uint64_t r = 0; r < desc->num_regions; r++) {
+    kvbm_fabric_local_region *lr = &ls->regions[r];
+    lr->base = desc->region_base[r];
+    lr->len = desc->layout.region_size;
+    rc = f->vt->mem_register(f, (void *)(uintptr_t)lr->base, lr->len, &lr->reg, &lr->key, &lr->key_len, err);
+    if (rc) {
+      local_set_free(ls);
+      return rc;
+    }
+  }
+  ls->next = f->local_sets;
+  f->local_sets = ls;
+  *out = ls;
+  return KVBM_OK;
+}
+
+int kvbm_fabric_export(const kvbm_fabric_local_set *ls, uint8_t **buf, size_t *len, kvbm_error *err) {
+  if (!ls || !buf || !len) return kvbm_error_set(err, KVBM_EINVAL, "fabric: export: NULL argument");
+  uint64_t n = ls->desc.num_regions;
+  kvbm_fabric_wire_region *w = calloc(n, sizeof *w);
+  if (!w) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: export: out of memory");
+  for (uint64_t r = 0; r < n; r++) {
+    w[r].base = ls->regions[r].base;
+    w[r].len = ls->regions[r].len;
+    w[r].key = ls->regions[r].key;
+    w[r].key_len = (uint32_t)ls->regions[r].key_len;
+  }
+  int rc = kvbm_fabric_wire_encode(&ls->desc, w, buf, len, err);
+  free(w);
+  return rc;
+}
+
+void kvbm_fabric_local_set_release(kvbm_fabric_local_set *ls) {
+  if (!ls) return;
+  kvbm_fabric_local_set **pp = &ls->fabric->local_sets;
+  while (*pp && *pp != ls) pp = &(*pp)->next;
+  if (*pp) *pp = ls->next;
+  local_set_free(ls);
+}
+
+uint64_t kvbm_fabric_block_bytes(const kvbm_layout *layout) {
+  return layout ? layout->config.num_layers * layout->layer_stride : 0;
+}
+
+static void remote_set_free(kvbm_fabric_remote_set *rs) {
+  if (rs->regions)
+    for (uint64_t r = 0; r < rs->desc.num_regions; r++)
+      if (rs->regions[r].rkey) rs->fabric->vt->key_detach(rs->fabric, rs->regions[r].rkey);
+  free(rs->regions);
+  kvbm_layout_desc_release(&rs->desc);
+  free(rs);
+}
+
+int kvbm_fabric_import(kvbm_fabric *f, const uint8_t *buf, size_t len, kvbm_fabric_remote_set **out,
+                       kvbm_error *err) {
+  NEED(f);
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: import: NULL out");
+  int rc = kvbm_fabric_check(f, err);
+  if (rc) return rc;
+  kvbm_fabric_remote_set *rs = calloc(1, sizeof *rs);
+  if (!rs) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: import: out of memory");
+  rs->fabric = f;
+  kvbm_fabric_wire_region *w = NULL;
+  rc = kvbm_fabric_wire_decode(buf, len, &rs->desc, &w, err);
+  if (rc) {
+    free(rs);
+    return rc;
+  }
+  rc = memory_reachable(rs->desc.memory, "import", err);
+  if (rc == KVBM_OK) {
+    rs->regions = calloc(rs->desc.num_regions, sizeof *rs->regions);
+    if (!rs->regions) rc = kvbm_error_set(err, KVBM_ENOMEM, "fabric: import: out of memory");
+  }
+  for (uint64_t r = 0; rc == KVBM_OK && r < rs->desc.num_regions; r++) {
+    rs->regions[r].base = w[r].base;
+    rs->regions[r].len = w[r].len;
+    rc = f->vt->key_attach(f, w[r].base, w[r].len, w[r].key, w[r].key_len, &rs->regions[r].rkey, err);
+  }
+  free(w);
+  if (rc) {
+    remote_set_free(rs);
+    return rc;
+  }
+  rs->block_bytes = kvbm_fabric_block_bytes(&rs->desc.layout);
+  *out = rs;
+  return KVBM_OK;
+}
+
+const kvbm_layout_desc *kvbm_fabric_remote_desc(const kvbm_fabric_remote_set *rs) {
+  return rs ? &rs->desc : NULL;
+}
+
+void kvbm_fabric_remote_set_release(kvbm_fabric_remote_set *rs) {
+  if (rs) remote_set_free(rs);
+}
+
+/* The peer's address of [offset, offset+len) in `region`, or KVBM_ERANGE if
+ * any byte of it falls outside the layout's region or its registered
+ * extent. */
+static int remote_range(const kvbm_fabric_remote_set *rs, uint64_t region, uint64_t offset, uint64_t len,
+                        uint64_t *addr, kvbm_error *err) {
+  if (region >= rs->desc.num_regions)
+    return kvbm_error_set(err, KVBM_ERANGE, "fabric: region %llu out of range (set has %llu)",
+                          (unsigned long long)region, (unsigned long long)rs->desc.num_regions);
+  uint64_t size = rs->desc.layout.region_size;
+  if (offset > size || len > size - offset)
+    return kvbm_error_set(err, KVBM_ERANGE, "fabric: [%llu, +%llu) outside region %llu of %llu bytes",
+                          (unsigned long long)offset, (unsigned long long)len,
+                          (unsigned long long)region, (unsigned long long)size);
+  const kvbm_fabric_remote_region *rr = &rs->regions[region];
+  uint64_t a = rs->desc.region_base[region] + offset; /* no wrap: decoder checked base + size */
+  if (a < rr->base || a - rr->base > rr->len || len > rr->len - (a - rr->base))
+    return kvbm_error_set(err, KVBM_ERANGE, "fabric: [0x%llx, +%llu) outside the registered extent of region %llu",
+                          (unsigned long long)a, (unsigned long long)len, (unsigned long long)region);
+  *addr = a;
+  return KVBM_OK;
+}
+
+/* The local registration (if any) that covers [p, p+len): lets UCX skip
+ * registering the buffer again. */
+static void *local_reg(const kvbm_fabric *f, const void *p, size_t len) {
+  uintptr_t a = (uintptr_t)p;
+  for (const kvbm_fabric_local_set *ls = f->local_sets; ls; ls = ls->next)
+    for (uint64_t r = 0; r < ls->desc.num_regions; r++) {
+      const kvbm_fabric_local_region *lr = &ls->regions[r];
+      if (a >= lr->base && a - lr->base <= lr->len && len <= lr->len - (a - lr->base)) return lr->reg;
+    }
+  return NULL;
+}
+
+static int rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, bool write, uint64_t region, uint64_t offset,
+               void *local, size_t len, kvbm_error *err) {
+  NEED(f);
+  if (!rs) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL remote set");
+  if (rs->fabric != f) return kvbm_error_set(err, KVBM_EINVAL, "fabric: remote set imported on another fabric");
+  if (!local && len) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL local buffer");
+  int rc = kvbm_fabric_check(f, err);
+  if (rc) return rc;
+  uint64_t addr;
+  rc = remote_range(rs, region, offset, len, &addr, err);
+  if (rc || len == 0) return rc;
+  return f->vt->rma(f, write, rs->regions[region].rkey, addr, local, len, local_reg(f, local, len), err);
+}
+
+int kvbm_fabric_write(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t region, uint64_t offset,
+                      const void *src, size_t len, kvbm_error *err) {
+  return rma(f, rs, true, region, offset, (void *)(uintptr_t)src, len, err);
+}
+
+int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t region, uint64_t offset, void *dst,
+                     size_t len, kvbm_error *err) {
+  return rma(f, rs, false, region, offset, dst, len, err);
+}
+
+/* One whole block: one range for FullyContiguous, one per layer for
+ * LayerSeparate. Every range is checked before the first byte moves. */
+static int block_rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, bool write, uint64_t block, void *local,
+                     size_t len, kvbm_error *err) {
+  NEED(f);
+  if (!rs) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL remote set");
+  const kvbm_layout *lay = &rs->desc.layout;
+  if (block >= lay->config.num_blocks)
+    return kvbm_error_set(err, KVBM_ERANGE, "fabric: block %llu out of range (set has %llu blocks)",
+                          (unsigned long long)block, (unsigned long long)lay->config.num_blocks);
+  if (len != rs->block_bytes)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: block buffer of %zu bytes, a block is %llu",
+                          len, (unsigned long long)rs->block_bytes);
+  if (!local) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL block buffer");
+  uint64_t nl = lay->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS ? 1 : lay->config.num_layers;
+  uint64_t piece = len / nl;
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint64_t l = 0; l < nl; l++) {
+      kvbm_slice s;
+      int rc = nl == 1 ? kvbm_layout_block(lay, block, &s, err) : kvbm_layout_block_layer(lay, block, l, &s, err);
+      if (rc) return rc;
+      if (pass == 0) {
+        uint64_t addr;
+        rc = remote_range(rs, s.region, s.offset, s.size, &addr, err);
+      } else {
+        rc = rma(f, rs, write, s.region, s.offset, (char *)local + l * piece, s.size, err);
+      }
+      if (rc) return rc;
+    }
+  }
+  return KVBM_OK;
+}
+
+int kvbm_fabric_write_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block, const void *src,
+                            size_t len, kvbm_error *err) {
+  return block_rma(f, rs, true, block, (void *)(uintptr_t)src, len, err);
+}
+
+int kvbm_fabric_read_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block, void *dst, size_t len,
+                           kvbm_error *err) {
+  return block_rma(f, rs, false, block, dst, len, err);
+}

@@ -1,0 +1,786 @@
+/*
+ * ucx.c: the fabric over UCX (ucp), one connection per fabric.
+ *
+ * Bootstrap. A TCP side channel (sidechan.c) carries a hello from each end:
+ * magic, version, label and the UCX worker address. Each end then creates
+ * its endpoint from the peer's address and both swap a "ready" byte, so that
+ * a fabric returned by accept/connect is wired at both ends. The socket
+ * stays open for the life of the connection: a "bye" byte on it (or EOF) is
+ * how an end learns that its peer is closing, and the close waits for it.
+ *
+ * Payloads (push/pull). A push is a UCX active message whose 8-byte header
+ * is the handle id. Small payloads arrive eagerly and are copied into the
+ * inbox by the receive callback; large ones arrive as a rendezvous
+ * descriptor that stays in the inbox until pulled, and the pull asks UCX to
+ * fetch the bytes straight into the puller's buffer (ucp_am_recv_data_nbx),
+ * so a big payload is moved once, by the transport, into its final place.
+ * The sender's buffer must therefore live until the pull happened; flush
+ * waits for that. The peer is not trusted: a payload above max_payload, too
+ * many waiting payloads, or a malformed header are protocol errors that
+ * make the fabric fatal, never allocations sized by the peer.
+ *
+ * Blocks (read/write). Regions are registered with ucp_mem_map and the
+ * packed rkey goes into the export envelope (prefixed "UCXK" so that a key
+ * from another kind of fabric is refused, not handed to UCX's unpacker).
+ * Reads and writes are ucp_get_nbx / ucp_put_nbx on addresses the generic
+ * layer has already range-checked; completion is by kvbm_fabric_flush(),
+ * which waits for every request and then flushes the endpoint (remote
+ * completion), after which the writer notifies the target with a push.
+ *
+ * Progress. UCX makes progress only inside ucp_worker_progress(), which
+ * every waiting call runs in a loop. The loop spins while there is work and
+ * backs off (yield, then short sleeps) while idle, so a waiting node does
+ * not steal a core from a busy peer on a small machine. Only one thread may
+ * use a fabric (UCS_THREAD_MODE_SINGLE).
+ *
+ * Transports are UCX's choice, limited by the config's TLS / NET_DEVICES,
+ * set with ucp_config_modify() on this context only: the environment is
+ * never changed.
+ */
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <ucp/api/ucp.h>
+
+#include "fabric/fabric_impl.h"
+#include "fabric/sidechan.h"
+
+#define AM_PAYLOAD 7u
+#define HELLO_MAGIC "KVFU"
+#define HELLO_VERSION 1u
+#define HELLO_MAX (1u << 20)
+#define KEY_TAG "UCXK"
+#define SC_READY 'R'
+#define SC_BYE 'B'
+
+typedef struct inbox_entry {
+  struct inbox_entry *next;
+  uint64_t id;
+  size_t len;
+  bool announced;
+  void *rndv;          /* rendezvous descriptor: bytes still at the sender */
+  unsigned char *data; /* eager copy */
+} inbox_entry;
+
+typedef struct ucx_fabric {
+  kvbm_fabric base;
+  int timeout_ms;
+  uint64_t max_payload, max_pending;
+  int sock;
+  ucp_context_h ctx;
+  ucp_worker_h worker;
+  ucp_ep_h ep;
+  inbox_entry *head, *tail;
+  uint64_t pending;      /* entries in the inbox */
+  uint64_t max_received; /* highest payload id received */
+  uint64_t inflight;     /* our requests not completed yet */
+  bool peer_closed;      /* the peer said bye (or its socket closed) */
+  unsigned idle;         /* consecutive idle progress calls */
+} ucx_fabric;
+
+static ucx_fabric *U(kvbm_fabric *f) { return (ucx_fabric *)f; }
+
+struct kvbm_fabric_listener {
+  int fd;
+  uint16_t port;
+  kvbm_fabric_ucx_config cfg;
+  char label[KVBM_FABRIC_LABEL_MAX + 1];
+  char *transports, *net_devices;
+};
+
+void kvbm_fabric_ucx_config_init(kvbm_fabric_ucx_config *cfg) {
+  if (!cfg) return;
+  memset(cfg, 0, sizeof *cfg);
+  cfg->label = NULL;
+  cfg->timeout_ms = 10000;
+  cfg->max_payload = 1ull << 30;
+  cfg->max_pending = 65536;
+}
+
+static int ucs_fail(kvbm_error *err, const char *what, ucs_status_t st) {
+  return kvbm_error_set(err, KVBM_EIO, "fabric: ucx: %s: %s", what, ucs_status_string(st));
+}
+
+/* ---- Side channel watch ---- */
+
+/* Looks (without waiting) at the side channel: a bye or EOF means the peer
+ * is closing; anything else breaks the protocol. */
+static void watch_socket(ucx_fabric *u) {
+  if (u->peer_closed || u->sock < 0) return;
+  unsigned char b;
+  ssize_t n = recv(u->sock, &b, 1, MSG_DONTWAIT);
+  if (n == 0 || (n == 1 && b == SC_BYE)) {
+    u->peer_closed = true;
+  } else if (n == 1) {
+    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: peer sent byte 0x%02x on the side channel", b);
+  }
+}
+
+/* One turn of the progress loop. Returns after doing some work, or after a
+ * short back-off when there was none. */
+static void progress(ucx_fabric *u) {
+  if (ucp_worker_progress(u->worker)) {
+    u->idle = 0;
+    return;
+  }
+  u->idle++;
+  if ((u->idle & 255) == 0) watch_socket(u);
+  if (u->idle < 2000) return;
+  if (u->idle < 20000) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, 50000};
+  nanosleep(&ts, NULL);
+}
+
+/* ---- Active messages: the receive side ---- */
+
+static ucs_status_t am_recv(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                            const ucp_am_recv_param_t *param) {
+  ucx_fabric *u = arg;
+  if (u->base.fatal) return UCS_OK; /* drop: the connection is over */
+  if (header_length != 8) {
+    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: payload header of %zu bytes", header_length);
+    return UCS_OK;
+  }
+  uint64_t id;
+  memcpy(&id, header, 8);
+  if (length > u->max_payload) {
+    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: peer pushed %zu bytes (limit %llu)", length,
+                          (unsigned long long)u->max_payload);
+    return UCS_OK;
+  }
+  if (u->pending >= u->max_pending) {
+    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: more than %llu payloads waiting",
+                          (unsigned long long)u->max_pending);
+    return UCS_OK;
+  }
+  if (id <= u->max_received) {
+    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: payload id %llu after %llu",
+                          (unsigned long long)id, (unsigned long long)u->max_received);
+    return UCS_OK;
+  }
+  inbox_entry *e = calloc(1, sizeof *e);
+  bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (e && !rndv && length) {
+    e->data = malloc(length);
+    if (!e->data) {
+      free(e);
+      e = NULL;
+    }
+  }
+  if (!e) {
+    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_ENOMEM, "fabric: ucx: out of memory for a %zu-byte payload", length);
+    return UCS_OK;
+  }
+  e->id = id;
+  e->len = length;
+  if (rndv)
+    e->rndv = data;
+  else if (length)
+    memcpy(e->data, data, length);
+  if (u->tail)
+    u->tail->next = e;
+  else
+    u->head = e;
+  u->tail = e;
+  u->pending++;
+  u->max_received = id;
+  return rndv ? UCS_INPROGRESS : UCS_OK;
+}
+
+/* ---- Requests we started ---- */
+
+/* A send-side request (push, put, get) finished. */
+static void op_done(void *request, ucs_status_t status, void *user_data) {
+  ucx_fabric *u = user_data;
+  u->inflight--;
+  if (status != UCS_OK && status != UCS_ERR_CANCELED)
+    kvbm_fabric_set_fatal(&u->base, NULL, status == UCS_ERR_CONNECTION_RESET || status == UCS_ERR_ENDPOINT_TIMEOUT
+                                              ? KVBM_ECLOSED : KVBM_EIO,
+                          "fabric: ucx: transfer failed: %s", ucs_status_string(status));
+  ucp_request_free(request);
+}
+
+/* Accounts for a request just started: NULL (done), an error, or pending. */
+static int track(ucx_fabric *u, ucs_status_ptr_t sp, const char *what, kvbm_error *err) {
+  if (sp == NULL) return KVBM_OK;
+  if (UCS_PTR_IS_ERR(sp)) return ucs_fail(err, what, UCS_PTR_STATUS(sp));
+  u->inflight++;
+  return KVBM_OK;
+}
+
+static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
+  (void)ep;
+  ucx_fabric *u = arg;
+  u->peer_closed = true;
+  kvbm_fabric_set_fatal(&u->base, NULL, KVBM_ECLOSED, "fabric: ucx: connection to '%s' lost: %s",
+                        u->base.peer_label, ucs_status_string(status));
+}
+
+/* ---- vtable ---- */
+
+static int ux_push(kvbm_fabric *f, const void *data, size_t len, uint64_t id, kvbm_error *err) {
+  ucx_fabric *u = U(f);
+  watch_socket(u);
+  if (u->peer_closed)
+    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: push: peer '%s' is closed", f->peer_label);
+  if (len > u->max_payload)
+    return kvbm_error_set(err, KVBM_ETOOLONG, "fabric: push: %zu bytes above the limit of %llu", len,
+                          (unsigned long long)u->max_payload);
+  ucp_request_param_t p = {0};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = op_done;
+  p.user_data = u;
+  /* The header is copied by UCX into its first fragment or RTS before the
+   * call returns, so a stack copy suffices. */
+  uint64_t hdr = id;
+  return track(u, ucp_am_send_nbx(u->ep, AM_PAYLOAD, &hdr, sizeof hdr, data, len, &p), "push", err);
+}
+
+static bool timed_out(int64_t deadline) { return deadline != INT64_MAX && kvbm_sc_now_ms() >= deadline; }
+
+static int ux_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t *len, kvbm_error *err) {
+  ucx_fabric *u = U(f);
+  int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  for (;;) {
+    for (inbox_entry *e = u->head; e; e = e->next)
+      if (!e->announced) {
+        e->announced = true;
+        h->id = e->id;
+        if (len) *len = e->len;
+        return KVBM_OK;
+      }
+    int rc = kvbm_fabric_check(f, err);
+    if (rc) return rc;
+    if (u->peer_closed)
+      return kvbm_error_set(err, KVBM_ECLOSED, "fabric: next: peer '%s' closed, nothing left", f->peer_label);
+    if (timed_out(deadline) || timeout_ms == 0) {
+      ucp_worker_progress(u->worker);
+      if (u->tail && !u->tail->announced) continue;
+      return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: next: no payload within %d ms", timeout_ms);
+    }
+    progress(u);
+  }
+}
+
+typedef struct recv_wait {
+  bool done;
+  ucs_status_t status;
+  size_t length;
+} recv_wait;
+
+static void recv_done(void *request, ucs_status_t status, size_t length, void *user_data) {
+  recv_wait *w = user_data;
+  w->done = true;
+  w->status = status;
+  w->length = length;
+  ucp_request_free(request);
+}
+
+/* Fetches a rendezvous payload into buf. Once started, the transfer owns
+ * buf, so a timeout cancels it and still waits for UCX to let go. */
+static int fetch_rndv(ucx_fabric *u, inbox_entry *e, void *buf, int64_t deadline, kvbm_error *err) {
+  recv_wait w = {false, UCS_OK, 0};
+  ucp_request_param_t p = {0};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv_am = recv_done;
+  p.user_data = &w;
+  void *desc = e->rndv;
+  e->rndv = NULL; /* UCX owns the descriptor from here on, even on failure */
+  ucs_status_ptr_t sp = ucp_am_recv_data_nbx(u->worker, desc, buf, e->len, &p);
+  if (UCS_PTR_IS_ERR(sp))
+    return kvbm_fabric_set_fatal(&u->base, err, KVBM_EIO, "fabric: pull: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
+  if (sp == NULL) return KVBM_OK;
+  bool cancelled = false;
+  while (!w.done) {
+    if (!cancelled && (timed_out(deadline) || u->base.fatal)) {
+      ucp_request_cancel(u->worker, sp);
+      cancelled = true;
+    }
+    progress(u);
+  }
+  if (w.status == UCS_OK) return KVBM_OK;
+  if (cancelled && !u->base.fatal)
+    return kvbm_fabric_set_fatal(&u->base, err, KVBM_ETIMEDOUT, "fabric: pull: payload %llu timed out in flight",
+                                 (unsigned long long)e->id);
+  return kvbm_fabric_set_fatal(&u->base, err, KVBM_EIO, "fabric: pull: %s", ucs_status_string(w.status));
+}
+
+static int ux_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, size_t *len, int timeout_ms,
+                   kvbm_error *err) {
+  ucx_fabric *u = U(f);
+  int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  for (;;) {
+    inbox_entry **pp = &u->head, *prev = NULL;
+    while (*pp && (*pp)->id != h.id) {
+      prev = *pp;
+      pp = &(*pp)->next;
+    }
+    inbox_entry *e = *pp;
+    if (e) {
+      if (e->len > cap)
+        return kvbm_error_set(err, KVBM_ETOOLONG, "fabric: pull: payload %llu is %zu bytes, buffer %zu",
+                              (unsigned long long)h.id, e->len, cap);
+      *pp = e->next;
+      if (u->tail == e) u->tail = prev;
+      u->pending--;
+      int rc = KVBM_OK;
+      if (e->rndv)
+        rc = fetch_rndv(u, e, buf, deadline, err);
+      else if (e->len)
+        memcpy(buf, e->data, e->len);
+      if (rc == KVBM_OK && len) *len = e->len;
+      free(e->data);
+      free(e);
+      return rc;
+    }
+    if (h.id <= u->max_received)
+      return kvbm_error_set(err, KVBM_ENOTFOUND, "fabric: pull: payload %llu was already pulled",
+                            (unsigned long long)h.id);
+    int rc = kvbm_fabric_check(f, err);
+    if (rc) return rc;
+    if (u->peer_closed)
+      return kvbm_error_set(err, KVBM_ECLOSED, "fabric: pull: peer '%s' closed before sending payload %llu",
+                            f->peer_label, (unsigned long long)h.id);
+    if (timed_out(deadline) || timeout_ms == 0) {
+      if (ucp_worker_progress(u->worker)) continue;
+      return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: pull: payload %llu not there within %d ms",
+                            (unsigned long long)h.id, timeout_ms);
+    }
+    progress(u);
+  }
+}
+
+typedef struct flush_wait {
+  bool done;
+  ucs_status_t status;
+} flush_wait;
+
+static void flush_done(void *request, ucs_status_t status, void *user_data) {
+  flush_wait *w = user_data;
+  w->done = true;
+  w->status = status;
+  ucp_request_free(request);
+}
+
+static int ux_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
+  ucx_fabric *u = U(f);
+  int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  while (u->inflight > 0) {
+    int rc = kvbm_fabric_check(f, err);
+    if (rc) return rc;
+    if (timed_out(deadline))
+      return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: flush: %llu operations still in flight after %d ms",
+                            (unsigned long long)u->inflight, timeout_ms);
+    progress(u);
+  }
+  int rc = kvbm_fabric_check(f, err);
+  if (rc) return rc;
+  /* Remote completion of the puts: the endpoint flush. Its request holds a
+   * pointer to the stack, so it is waited for even past the deadline. */
+  flush_wait w = {false, UCS_OK};
+  ucp_request_param_t p = {0};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = flush_done;
+  p.user_data = &w;
+  ucs_status_ptr_t sp = ucp_ep_flush_nbx(u->ep, &p);
+  if (UCS_PTR_IS_ERR(sp)) return ucs_fail(err, "flush", UCS_PTR_STATUS(sp));
+  if (sp == NULL) return KVBM_OK;
+  while (!w.done) progress(u);
+  if (w.status != UCS_OK) return ucs_fail(err, "flush", w.status);
+  return kvbm_fabric_check(f, err);
+}
+
+static int ux_mem_register(kvbm_fabric *f, void *base, uint64_t len, void **reg, uint8_t **key, size_t *key_len,
+                           kvbm_error *err) {
+  ucx_fabric *u = U(f);
+  ucp_mem_map_params_t mp = {0};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = base;
+  mp.length = len;
+  ucp_mem_h memh;
+  ucs_status_t st = ucp_mem_map(u->ctx, &mp, &memh);
+  if (st != UCS_OK) return ucs_fail(err, "ucp_mem_map", st);
+  void *rb = NULL;
+  size_t rlen = 0;
+  st = ucp_rkey_pack(u->ctx, memh, &rb, &rlen);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(u->ctx, memh);
+    return ucs_fail(err, "ucp_rkey_pack", st);
+  }
+  uint8_t *k = malloc(4 + rlen);
+  if (!k) {
+    ucp_rkey_buffer_release(rb);
+    ucp_mem_unmap(u->ctx, memh);
+    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: register: out of memory");
+  }
+  memcpy(k, KEY_TAG, 4);
+  memcpy(k + 4, rb, rlen);
+  ucp_rkey_buffer_release(rb);
+  *reg = memh;
+  *key = k;
+  *key_len = 4 + rlen;
+  return KVBM_OK;
+}
+
+static void ux_mem_deregister(kvbm_fabric *f, void *reg) { ucp_mem_unmap(U(f)->ctx, reg); }
+
+static int ux_key_attach(kvbm_fabric *f, uint64_t base, uint64_t len, const uint8_t *key, size_t key_len,
+                         void **rkey, kvbm_error *err) {
+  (void)base;
+  (void)len;
+  ucx_fabric *u = U(f);
+  if (key_len <= 4 || memcmp(key, KEY_TAG, 4) != 0)
+    return kvbm_error_set(err, KVBM_EPROTO, "fabric: import: region key is not a UCX key");
+  ucp_rkey_h rk;
+  ucs_status_t st = ucp_ep_rkey_unpack(u->ep, key + 4, &rk);
+  if (st != UCS_OK)
+    return kvbm_error_set(err, KVBM_EPROTO, "fabric: import: UCX refused the region key: %s", ucs_status_string(st));
+  *rkey = rk;
+  return KVBM_OK;
+}
+
+static void ux_key_detach(kvbm_fabric *f, void *rkey) {
+  (void)f;
+  ucp_rkey_destroy(rkey);
+}
+
+static int ux_rma(kvbm_fabric *f, bool write, void *rkey, uint64_t raddr, void *local, size_t len, void *lreg,
+                  kvbm_error *err) {
+  ucx_fabric *u = U(f);
+  if (u->peer_closed)
+    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: peer '%s' is closed", f->peer_label);
+  ucp_request_param_t p = {0};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = op_done;
+  p.user_data = u;
+  if (lreg) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = lreg;
+  }
+  ucs_status_ptr_t sp = write ? ucp_put_nbx(u->ep, local, len, raddr, rkey, &p)
+                              : ucp_get_nbx(u->ep, local, len, raddr, rkey, &p);
+  return track(u, sp, write ? "put" : "get", err);
+}
+
+/* Drops what is left in the inbox. Rendezvous descriptors are not ours to
+ * free; the worker reclaims them when it is destroyed. */
+static void inbox_clear(ucx_fabric *u) {
+  for (inbox_entry *e = u->head, *n; e; e = n) {
+    n = e->next;
+    free(e->data);
+    free(e);
+  }
+  u->head = u->tail = NULL;
+  u->pending = 0;
+}
+
+static void close_ep(ucx_fabric *u) {
+  if (!u->ep) return;
+  ucp_request_param_t p = {0};
+  int64_t deadline = kvbm_sc_deadline(u->timeout_ms);
+  ucs_status_ptr_t sp = ucp_ep_close_nbx(u->ep, &p);
+  if (sp && !UCS_PTR_IS_ERR(sp)) {
+    while (ucp_request_check_status(sp) == UCS_INPROGRESS) {
+      if (timed_out(deadline)) {
+        /* The peer stopped answering: abandon the graceful close. */
+        ucp_request_cancel(u->worker, sp);
+      }
+      progress(u);
+    }
+    ucp_request_free(sp);
+  }
+  u->ep = NULL;
+}
+
+static void ux_destroy(kvbm_fabric *f) {
+  ucx_fabric *u = U(f);
+  if (u->worker) {
+    /* Tell the peer, then serve its outstanding pulls and gets until it
+     * closes too (or the timeout), so that nothing in flight is cut. */
+    if (u->sock >= 0) {
+      unsigned char b = SC_BYE;
+      if (kvbm_sc_send_all(u->sock, &b, 1, kvbm_sc_deadline(u->timeout_ms), NULL) != KVBM_OK) u->peer_closed = true;
+    }
+    int64_t deadline = kvbm_sc_deadline(u->timeout_ms);
+    while (!u->peer_closed && u->sock >= 0 && !timed_out(deadline)) {
+      ucp_worker_progress(u->worker);
+      watch_socket(u);
+      if (u->base.fatal == KVBM_EPROTO) break;
+      if (!u->peer_closed) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+      }
+    }
+    while (u->inflight > 0 && !timed_out(deadline)) progress(u);
+    close_ep(u);
+    inbox_clear(u);
+    ucp_worker_destroy(u->worker);
+  }
+  if (u->ctx) ucp_cleanup(u->ctx);
+  if (u->sock >= 0) close(u->sock);
+  free(u);
+}
+
+static const kvbm_fabric_vtable ux_vtable = {
+    .kind = "ucx",
+    .push = ux_push,
+    .next = ux_next,
+    .pull = ux_pull,
+    .flush = ux_flush,
+    .mem_register = ux_mem_register,
+    .mem_deregister = ux_mem_deregister,
+    .key_attach = ux_key_attach,
+    .key_detach = ux_key_detach,
+    .rma = ux_rma,
+    .destroy = ux_destroy,
+};
+
+/* ---- Setting up a connection ---- */
+
+static int create_context(ucx_fabric *u, const char *transports, const char *net_devices, kvbm_error *err) {
+  ucp_config_t *config;
+  ucs_status_t st = ucp_config_read(NULL, NULL, &config);
+  if (st != UCS_OK) return ucs_fail(err, "ucp_config_read", st);
+  if (transports && (st = ucp_config_modify(config, "TLS", transports)) != UCS_OK) {
+    ucp_config_release(config);
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: transports '%s': %s", transports, ucs_status_string(st));
+  }
+  if (net_devices && (st = ucp_config_modify(config, "NET_DEVICES", net_devices)) != UCS_OK) {
+    ucp_config_release(config);
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: net devices '%s': %s", net_devices,
+                          ucs_status_string(st));
+  }
+  ucp_params_t pp = {0};
+  pp.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  pp.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+  pp.name = "kvbm";
+  st = ucp_init(&pp, config, &u->ctx);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    u->ctx = NULL;
+    return ucs_fail(err, "ucp_init", st);
+  }
+  ucp_worker_params_t wp = {0};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  st = ucp_worker_create(u->ctx, &wp, &u->worker);
+  if (st != UCS_OK) {
+    u->worker = NULL;
+    return ucs_fail(err, "ucp_worker_create", st);
+  }
+  ucp_am_handler_param_t ap = {0};
+  ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  ap.id = AM_PAYLOAD;
+  ap.cb = am_recv;
+  ap.arg = u;
+  st = ucp_worker_set_am_recv_handler(u->worker, &ap);
+  if (st != UCS_OK) return ucs_fail(err, "ucp_worker_set_am_recv_handler", st);
+  return KVBM_OK;
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* hello = "KVFU", u32 version, u32 label length, u32 address length,
+ * label, address. */
+static int send_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
+  ucp_address_t *addr;
+  size_t alen;
+  ucs_status_t st = ucp_worker_get_address(u->worker, &addr, &alen);
+  if (st != UCS_OK) return ucs_fail(err, "ucp_worker_get_address", st);
+  size_t llen = strlen(u->base.label);
+  size_t n = 16 + llen + alen;
+  uint8_t *b = malloc(n);
+  if (!b) {
+    ucp_worker_release_address(u->worker, addr);
+    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
+  }
+  memcpy(b, HELLO_MAGIC, 4);
+  put32(b + 4, HELLO_VERSION);
+  put32(b + 8, (uint32_t)llen);
+  put32(b + 12, (uint32_t)alen);
+  memcpy(b + 16, u->base.label, llen);
+  memcpy(b + 16 + llen, addr, alen);
+  ucp_worker_release_address(u->worker, addr);
+  int rc = kvbm_sc_send_record(u->sock, b, n, deadline, err);
+  free(b);
+  return rc;
+}
+
+/* Reads the peer's hello and creates the endpoint to it. */
+static int recv_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
+  void *rec;
+  size_t n;
+  int rc = kvbm_sc_recv_record(u->sock, HELLO_MAX, &rec, &n, deadline, err);
+  if (rc) return rc == KVBM_ECLOSED ? kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer hung up during hello") : rc;
+  const uint8_t *b = rec;
+  rc = KVBM_OK;
+  if (n < 16 || memcmp(b, HELLO_MAGIC, 4) != 0)
+    rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: the peer is not a kvbm fabric (bad hello)");
+  else if (get32(b + 4) != HELLO_VERSION)
+    rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer speaks hello version %u", get32(b + 4));
+  uint32_t llen = rc ? 0 : get32(b + 8), alen = rc ? 0 : get32(b + 12);
+  if (!rc && (llen > KVBM_FABRIC_LABEL_MAX || alen == 0 || (uint64_t)llen + alen != n - 16))
+    rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: hello lengths do not add up");
+  if (!rc) {
+    memcpy(u->base.peer_label, b + 16, llen);
+    u->base.peer_label[llen] = '\0';
+    if (kvbm_fabric_label_check(llen ? u->base.peer_label : "x", NULL) != KVBM_OK)
+      rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer label is not printable");
+  }
+  if (!rc) {
+    ucp_ep_params_t ep = {0};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = (const ucp_address_t *)(b + 16 + llen);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = ep_error;
+    ep.err_handler.arg = u;
+    ucs_status_t st = ucp_ep_create(u->worker, &ep, &u->ep);
+    if (st != UCS_OK) {
+      /* Some transports cannot detect a dead peer; go without. */
+      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      st = ucp_ep_create(u->worker, &ep, &u->ep);
+    }
+    if (st != UCS_OK) {
+      u->ep = NULL;
+      rc = ucs_fail(err, "ucp_ep_create", st);
+    }
+  }
+  free(rec);
+  return rc;
+}
+
+/* Both ends: hello out, hello in, endpoint, ready out, ready in. */
+static int handshake(ucx_fabric *u, kvbm_error *err) {
+  int64_t deadline = kvbm_sc_deadline(u->timeout_ms);
+  int rc = send_hello(u, deadline, err);
+  if (!rc) rc = recv_hello(u, deadline, err);
+  if (rc) return rc;
+  unsigned char b = SC_READY;
+  rc = kvbm_sc_send_all(u->sock, &b, 1, deadline, err);
+  if (rc) return rc;
+  /* Progress while waiting: the peer's wire-up may need our worker. */
+  for (;;) {
+    ucp_worker_progress(u->worker);
+    ssize_t n = recv(u->sock, &b, 1, MSG_DONTWAIT);
+    if (n == 1) {
+      if (b != SC_READY) return kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: expected ready, got 0x%02x", b);
+      return KVBM_OK;
+    }
+    if (n == 0) return kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer hung up during wire-up");
+    if (timed_out(deadline)) return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: ucx: peer never became ready");
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *label, int sock, kvbm_fabric **out,
+                      kvbm_error *err) {
+  ucx_fabric *u = calloc(1, sizeof *u);
+  if (!u) {
+    close(sock);
+    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
+  }
+  kvbm_fabric_base_init(&u->base, &ux_vtable, label ? label : "ucx");
+  u->sock = sock;
+  u->timeout_ms = cfg->timeout_ms;
+  u->max_payload = cfg->max_payload;
+  u->max_pending = cfg->max_pending;
+  int rc = create_context(u, cfg->transports, cfg->net_devices, err);
+  if (!rc) rc = handshake(u, err);
+  if (rc) {
+    /* No bye dance with a peer that never got going. */
+    if (u->ep) {
+      ucp_request_param_t p = {0};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t sp = ucp_ep_close_nbx(u->ep, &p);
+      if (sp && !UCS_PTR_IS_ERR(sp)) {
+        while (ucp_request_check_status(sp) == UCS_INPROGRESS) ucp_worker_progress(u->worker);
+        ucp_request_free(sp);
+      }
+    }
+    if (u->worker) ucp_worker_destroy(u->worker);
+    if (u->ctx) ucp_cleanup(u->ctx);
+    close(sock);
+    free(u);
+    return rc;
+  }
+  *out = &u->base;
+  return KVBM_OK;
+}
+
+static int check_cfg(const kvbm_fabric_ucx_config *cfg, kvbm_error *err) {
+  if (!cfg) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL config");
+  if (cfg->timeout_ms <= 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: timeout_ms must be positive");
+  if (cfg->max_pending == 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: max_pending must be positive");
+  return kvbm_fabric_label_check(cfg->label, err);
+}
+
+int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host, uint16_t port,
+                           kvbm_fabric_listener **out, kvbm_error *err) {
+  int rc = check_cfg(cfg, err);
+  if (rc) return rc;
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL out");
+  kvbm_fabric_listener *l = calloc(1, sizeof *l);
+  if (!l) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
+  l->cfg = *cfg;
+  snprintf(l->label, sizeof l->label, "%s", cfg->label ? cfg->label : "ucx");
+  l->transports = cfg->transports ? strdup(cfg->transports) : NULL;
+  l->net_devices = cfg->net_devices ? strdup(cfg->net_devices) : NULL;
+  l->cfg.label = l->label;
+  l->cfg.transports = l->transports;
+  l->cfg.net_devices = l->net_devices;
+  if ((cfg->transports && !l->transports) || (cfg->net_devices && !l->net_devices)) {
+    kvbm_fabric_listener_free(l);
+    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
+  }
+  l->fd = -1;
+  rc = kvbm_sc_listen(host, port, &l->fd, &l->port, err);
+  if (rc) {
+    kvbm_fabric_listener_free(l);
+    return rc;
+  }
+  *out = l;
+  return KVBM_OK;
+}
+
+uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l) { return l ? l->port : 0; }
+
+int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out, kvbm_error *err) {
+  if (!l || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: accept: NULL argument");
+  int sock;
+  int rc = kvbm_sc_accept(l->fd, l->cfg.timeout_ms, &sock, err);
+  if (rc) return rc;
+  return new_fabric(&l->cfg, l->label, sock, out, err);
+}
+
+void kvbm_fabric_listener_free(kvbm_fabric_listener *l) {
+  if (!l) return;
+  if (l->fd >= 0) close(l->fd);
+  free(l->transports);
+  free(l->net_devices);
+  free(l);
+}
+
+int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg, const char *host, uint16_t port, kvbm_fabric **out,
+                            kvbm_error *err) {
+  int rc = check_cfg(cfg, err);
+  if (rc) return rc;
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL out");
+  if (port == 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: connect needs a port");
+  int sock;
+  rc = kvbm_sc_connect(host, port, cfg->timeout_ms, &sock, err);
+  if (rc) return rc;
+  return new_fabric(cfg, cfg->label, sock, out, err);
+}

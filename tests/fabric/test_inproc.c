@@ -1,0 +1,416 @@
+/* test_inproc.c: the fabric interface over the in-process fabric: push /
+ * next / pull, labels, block set export/import, one-sided block access and
+ * every refusal (ranges, stale registrations, malformed envelopes). */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <cmocka.h>
+
+#include "fabric/fabric_impl.h"
+#include "fabric/fabric_util.h"
+
+static void pair(kvbm_fabric **a, kvbm_fabric **b) {
+  assert_int_equal(kvbm_fabric_inproc_pair("node-a", "node-b", a, b, NULL), KVBM_OK);
+}
+
+static void test_labels(void **state) {
+  (void)state;
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  assert_string_equal(kvbm_fabric_kind(a), "inproc");
+  assert_string_equal(kvbm_fabric_label(a), "node-a");
+  assert_string_equal(kvbm_fabric_peer_label(a), "node-b");
+  assert_string_equal(kvbm_fabric_label(b), "node-b");
+  assert_string_equal(kvbm_fabric_peer_label(b), "node-a");
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(b);
+
+  assert_int_equal(kvbm_fabric_inproc_pair(NULL, NULL, &a, &b, NULL), KVBM_OK);
+  assert_string_equal(kvbm_fabric_label(a), "inproc-a");
+  kvbm_fabric_destroy(b);
+  kvbm_fabric_destroy(a);
+
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_inproc_pair("", "x", &a, &b, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_fabric_inproc_pair("bad\nlabel", "x", &a, &b, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "label"));
+  char longl[80];
+  memset(longl, 'x', sizeof longl - 1);
+  longl[79] = 0;
+  assert_int_equal(kvbm_fabric_inproc_pair("a", longl, &a, &b, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_fabric_inproc_pair("a", "b", NULL, &b, &e), KVBM_EINVAL);
+}
+
+static void test_push_pull(void **state) {
+  (void)state;
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  kvbm_fabric_handle h1, h2, h3, h;
+  assert_int_equal(kvbm_fabric_push(a, "hello", 5, &h1, NULL), KVBM_OK);
+  char big[5000];
+  test_pattern(big, sizeof big, 7);
+  assert_int_equal(kvbm_fabric_push(a, big, sizeof big, &h2, NULL), KVBM_OK);
+  assert_int_equal(kvbm_fabric_push(a, NULL, 0, &h3, NULL), KVBM_OK);
+  assert_true(h1.id < h2.id && h2.id < h3.id);
+
+  /* next returns each once, oldest first, with sizes */
+  size_t len;
+  assert_int_equal(kvbm_fabric_next(b, 0, &h, &len, NULL), KVBM_OK);
+  assert_int_equal(h.id, h1.id);
+  assert_int_equal(len, 5);
+  assert_int_equal(kvbm_fabric_next(b, 0, &h, &len, NULL), KVBM_OK);
+  assert_int_equal(h.id, h2.id);
+  assert_int_equal(len, sizeof big);
+  assert_int_equal(kvbm_fabric_next(b, 0, &h, &len, NULL), KVBM_OK);
+  assert_int_equal(len, 0);
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_next(b, 20, &h, &len, &e), KVBM_ETIMEDOUT);
+  /* nothing went the other way */
+  assert_int_equal(kvbm_fabric_next(a, 0, &h, &len, NULL), KVBM_ETIMEDOUT);
+
+  /* pull out of order; too small a buffer keeps the payload */
+  char out[6000];
+  assert_int_equal(kvbm_fabric_pull(b, h2, out, 100, &len, 0, &e), KVBM_ETOOLONG);
+  assert_non_null(strstr(e.msg, "5000"));
+  assert_int_equal(kvbm_fabric_pull(b, h2, out, sizeof out, &len, 0, NULL), KVBM_OK);
+  assert_int_equal(len, sizeof big);
+  assert_memory_equal(out, big, sizeof big);
+  assert_int_equal(kvbm_fabric_pull(b, h2, out, sizeof out, &len, 0, &e), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_fabric_pull(b, h1, out, 5, &len, 0, NULL), KVBM_OK);
+  assert_memory_equal(out, "hello", 5);
+  assert_int_equal(kvbm_fabric_pull(b, h3, NULL, 0, &len, 0, NULL), KVBM_OK);
+  assert_int_equal(len, 0);
+  /* a payload not pushed yet: waits, then times out */
+  kvbm_fabric_handle future = {h3.id + 1};
+  assert_int_equal(kvbm_fabric_pull(b, future, out, sizeof out, &len, 10, &e), KVBM_ETIMEDOUT);
+  kvbm_fabric_handle zero = {0};
+  assert_int_equal(kvbm_fabric_pull(b, zero, out, sizeof out, &len, 0, &e), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_fabric_flush(a, 0, NULL), KVBM_OK);
+
+  /* bad arguments */
+  assert_int_equal(kvbm_fabric_push(NULL, "x", 1, &h, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_fabric_push(a, NULL, 3, &h, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_fabric_next(b, 0, NULL, &len, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_fabric_pull(b, h1, NULL, 4, &len, 0, &e), KVBM_EINVAL);
+
+  /* the peer closes: pushes fail, what is left can still be pulled */
+  assert_int_equal(kvbm_fabric_push(b, "last", 4, &h, NULL), KVBM_OK);
+  kvbm_fabric_destroy(b);
+  assert_int_equal(kvbm_fabric_push(a, "x", 1, NULL, &e), KVBM_ECLOSED);
+  kvbm_fabric_handle got;
+  assert_int_equal(kvbm_fabric_next(a, 0, &got, &len, NULL), KVBM_OK);
+  assert_int_equal(kvbm_fabric_pull(a, got, out, sizeof out, &len, 0, NULL), KVBM_OK);
+  assert_memory_equal(out, "last", 4);
+  assert_int_equal(kvbm_fabric_next(a, 100, &got, &len, &e), KVBM_ECLOSED);
+  got.id = 99;
+  assert_int_equal(kvbm_fabric_pull(a, got, out, sizeof out, &len, 100, &e), KVBM_ECLOSED);
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(NULL);
+}
+
+/* Two threads, one per end: every payload arrives once, intact, in order. */
+#define THREAD_MSGS 2000
+static void *echo_thread(void *arg) {
+  kvbm_fabric *b = arg;
+  for (int i = 0; i < THREAD_MSGS; i++) {
+    kvbm_fabric_handle h;
+    size_t len;
+    char buf[64];
+    if (kvbm_fabric_next(b, 5000, &h, &len, NULL)) return (void *)1;
+    if (kvbm_fabric_pull(b, h, buf, sizeof buf, &len, 0, NULL)) return (void *)2;
+    if (kvbm_fabric_push(b, buf, len, NULL, NULL)) return (void *)3;
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  (void)state;
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, echo_thread, b), 0);
+  int sent = 0, got = 0;
+  while (got < THREAD_MSGS) {
+    if (sent < THREAD_MSGS && sent - got < 16) {
+      char msg[32];
+      int n = snprintf(msg, sizeof msg, "msg %d", sent);
+      assert_int_equal(kvbm_fabric_push(a, msg, (size_t)n, NULL, NULL), KVBM_OK);
+      sent++;
+      continue;
+    }
+    kvbm_fabric_handle h;
+    char buf[64], want[32];
+    size_t len;
+    assert_int_equal(kvbm_fabric_next(a, 5000, &h, &len, NULL), KVBM_OK);
+    assert_int_equal(kvbm_fabric_pull(a, h, buf, sizeof buf, &len, 0, NULL), KVBM_OK);
+    int n = snprintf(want, sizeof want, "msg %d", got);
+    assert_int_equal(len, (size_t)n);
+    assert_memory_equal(buf, want, (size_t)n);
+    got++;
+  }
+  void *res;
+  pthread_join(t, &res);
+  assert_null(res);
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(b);
+}
+
+/* A writes every block of B's set, reads them back, and B sees its memory
+ * hold exactly what was written; for both layout kinds. */
+static void blocks_roundtrip(kvbm_layout_kind kind) {
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  test_set tb;
+  assert_int_equal(test_set_make(&tb, kind, 6, 3, 42), KVBM_OK);
+  kvbm_fabric_local_set *ls;
+  assert_int_equal(kvbm_fabric_register(b, &tb.desc, &ls, NULL), KVBM_OK);
+  uint8_t *wire;
+  size_t wlen;
+  assert_int_equal(kvbm_fabric_export(ls, &wire, &wlen, NULL), KVBM_OK);
+
+  kvbm_fabric_remote_set *rs;
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_import(a, wire, wlen, &rs, &e), KVBM_OK);
+  const kvbm_layout_desc *rd = kvbm_fabric_remote_desc(rs);
+  assert_int_equal(rd->block_set_id, 42);
+  assert_int_equal(rd->layout.kind, kind);
+  assert_int_equal(rd->layout.config.num_blocks, 6);
+  assert_int_equal(rd->region_base[0], tb.desc.region_base[0]);
+
+  size_t bb = kvbm_fabric_block_bytes(&rd->layout);
+  assert_int_equal(bb, 3 * 2 * 4 * 8 * 2);
+  unsigned char *src = malloc(bb), *back = malloc(bb), *mem = malloc(bb);
+  for (uint64_t blk = 0; blk < 6; blk++) {
+    test_pattern(src, bb, blk + 100);
+    assert_int_equal(kvbm_fabric_write_block(a, rs, blk, src, bb, NULL), KVBM_OK);
+  }
+  assert_int_equal(kvbm_fabric_flush(a, 1000, NULL), KVBM_OK);
+  for (uint64_t blk = 0; blk < 6; blk++) {
+    test_pattern(src, bb, blk + 100);
+    test_set_block(&tb, blk, mem);
+    assert_memory_equal(mem, src, bb);
+    memset(back, 0, bb);
+    assert_int_equal(kvbm_fabric_read_block(a, rs, blk, back, bb, NULL), KVBM_OK);
+    assert_int_equal(kvbm_fabric_flush(a, 1000, NULL), KVBM_OK);
+    assert_memory_equal(back, src, bb);
+  }
+  /* refusals: block id, buffer size, region/offset ranges */
+  assert_int_equal(kvbm_fabric_write_block(a, rs, 6, src, bb, &e), KVBM_ERANGE);
+  assert_non_null(strstr(e.msg, "block 6"));
+  assert_int_equal(kvbm_fabric_read_block(a, rs, UINT64_MAX, back, bb, &e), KVBM_ERANGE);
+  assert_int_equal(kvbm_fabric_write_block(a, rs, 0, src, bb - 1, &e), KVBM_EINVAL);
+  uint64_t rsz = rd->layout.region_size;
+  assert_int_equal(kvbm_fabric_write(a, rs, 0, rsz - 4, src, 5, &e), KVBM_ERANGE);
+  assert_int_equal(kvbm_fabric_write(a, rs, 0, rsz - 4, src, 4, &e), KVBM_OK);
+  assert_int_equal(kvbm_fabric_write(a, rs, 0, UINT64_MAX, src, 2, &e), KVBM_ERANGE);
+  assert_int_equal(kvbm_fabric_read(a, rs, rd->num_regions, 0, back, 1, &e), KVBM_ERANGE);
+  /* a remote set can only be used on the fabric that imported it */
+  assert_int_equal(kvbm_fabric_write_block(b, rs, 0, src, bb, &e), KVBM_EINVAL);
+
+  /* once B unregisters, A's accesses are refused, not performed */
+  kvbm_fabric_local_set_release(ls);
+  assert_int_equal(kvbm_fabric_write_block(a, rs, 0, src, bb, &e), KVBM_ERANGE);
+  /* and a fresh import of the stale export is refused too */
+  kvbm_fabric_remote_set *rs2;
+  assert_int_equal(kvbm_fabric_import(a, wire, wlen, &rs2, &e), KVBM_ERANGE);
+
+  kvbm_fabric_remote_set_release(rs);
+  free(wire);
+  free(src);
+  free(back);
+  free(mem);
+  test_set_free(&tb);
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(b);
+}
+
+static void test_blocks_contiguous(void **state) {
+  (void)state;
+  blocks_roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS);
+}
+
+static void test_blocks_layer_separate(void **state) {
+  (void)state;
+  blocks_roundtrip(KVBM_LAYOUT_LAYER_SEPARATE);
+}
+
+/* Envelopes whose layout reaches outside the registered extent are refused
+ * at import, before any transfer could happen. */
+static void test_import_outside_extent(void **state) {
+  (void)state;
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  test_set tb;
+  assert_int_equal(test_set_make(&tb, KVBM_LAYOUT_FULLY_CONTIGUOUS, 4, 2, 1), KVBM_OK);
+  kvbm_fabric_local_set *ls;
+  assert_int_equal(kvbm_fabric_register(b, &tb.desc, &ls, NULL), KVBM_OK);
+  const kvbm_fabric_local_region *lr = &ls->regions[0];
+  uint64_t size = tb.desc.layout.region_size;
+
+  struct {
+    uint64_t layout_base, ext_base, ext_len;
+    int want;
+  } cases[] = {
+      {lr->base, lr->base, size, KVBM_OK},                 /* exact */
+      {lr->base, lr->base, size - 1, KVBM_ERANGE},         /* extent one byte short */
+      {lr->base + 64, lr->base, size, KVBM_ERANGE},        /* layout shifted past the end */
+      {lr->base, lr->base + 64, size, KVBM_ERANGE},        /* layout starts before the extent */
+      {lr->base, lr->base, UINT64_MAX, KVBM_ERANGE},       /* extent wraps */
+      {lr->base, 0, 0, KVBM_ERANGE},                       /* empty extent */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    kvbm_layout_desc d = tb.desc;
+    uint64_t base = cases[i].layout_base;
+    d.region_base = &base;
+    kvbm_fabric_wire_region w = {cases[i].ext_base, cases[i].ext_len, lr->key, (uint32_t)lr->key_len};
+    uint8_t *buf;
+    size_t len;
+    assert_int_equal(kvbm_fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
+    kvbm_fabric_remote_set *rs = NULL;
+    kvbm_error e;
+    int rc = kvbm_fabric_import(a, buf, len, &rs, &e);
+    if (rc != cases[i].want) fail_msg("case %zu: got %s (%s)", i, kvbm_status_name(rc), e.msg);
+    if (rc == KVBM_OK) kvbm_fabric_remote_set_release(rs);
+    free(buf);
+  }
+
+  /* A key naming a registration the peer never made. */
+  kvbm_layout_desc d = tb.desc;
+  uint8_t fake[8] = {0xee, 0xee, 0, 0, 0, 0, 0, 0};
+  kvbm_fabric_wire_region w = {lr->base, size, fake, 8};
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(kvbm_fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
+  kvbm_fabric_remote_set *rs;
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_import(a, buf, len, &rs, &e), KVBM_ERANGE);
+  /* A fabric cannot import its own registration as the peer's. */
+  uint8_t *own;
+  size_t own_len;
+  assert_int_equal(kvbm_fabric_export(ls, &own, &own_len, NULL), KVBM_OK);
+  assert_int_equal(kvbm_fabric_import(b, own, own_len, &rs, &e), KVBM_ERANGE);
+  free(own);
+  free(buf);
+
+  kvbm_fabric_local_set_release(ls);
+  test_set_free(&tb);
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(b);
+}
+
+/* Every kind of malformed envelope gets its own error; every truncation of a
+ * good one is refused without a crash. */
+static void test_import_malformed(void **state) {
+  (void)state;
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  test_set tb;
+  assert_int_equal(test_set_make(&tb, KVBM_LAYOUT_LAYER_SEPARATE, 4, 3, 9), KVBM_OK);
+  kvbm_fabric_local_set *ls;
+  assert_int_equal(kvbm_fabric_register(b, &tb.desc, &ls, NULL), KVBM_OK);
+  uint8_t *good;
+  size_t glen;
+  assert_int_equal(kvbm_fabric_export(ls, &good, &glen, NULL), KVBM_OK);
+  uint8_t *buf = malloc(glen + 8);
+  kvbm_fabric_remote_set *rs;
+  kvbm_error e;
+
+  for (size_t n = 0; n < glen; n++) {
+    memcpy(buf, good, n);
+    int rc = kvbm_fabric_import(a, buf, n, &rs, &e);
+    if (rc != KVBM_ETRUNCATED) fail_msg("truncated to %zu: %s (%s)", n, kvbm_status_name(rc), e.msg);
+  }
+  memcpy(buf, good, glen);
+  buf[glen] = 0;
+  assert_int_equal(kvbm_fabric_import(a, buf, glen + 1, &rs, &e), KVBM_ETOOLONG);
+
+#define MUTATE(off, val, want)                                        \
+  do {                                                                \
+    memcpy(buf, good, glen);                                          \
+    buf[off] = (uint8_t)(val);                                        \
+    int rc_ = kvbm_fabric_import(a, buf, glen, &rs, &e);              \
+    if (rc_ != (want))                                                \
+      fail_msg("byte %d = %d: %s (%s)", (int)(off), (int)(val), kvbm_status_name(rc_), e.msg); \
+  } while (0)
+  MUTATE(0, 'X', KVBM_EMAGIC);
+  MUTATE(4, 2, KVBM_EVERSION);
+  MUTATE(12, 1, KVBM_EPADDING);
+  MUTATE(8, 2, KVBM_EFORMAT);                 /* region count differs from the layout's */
+  MUTATE(KVBM_FABRIC_WIRE_HEADER, 'Z', KVBM_EMAGIC); /* the layout's own magic */
+  size_t lay = kvbm_layout_desc_encoded_size(&tb.desc);
+  size_t r0 = KVBM_FABRIC_WIRE_HEADER + lay;
+  MUTATE(r0 + 20, 1, KVBM_EPADDING);          /* region reserved */
+  MUTATE(r0 + 18, 1, KVBM_EFORMAT);           /* key length 65536 + 8 */
+  MUTATE(r0 + 16, 200, KVBM_ETRUNCATED);      /* key longer than the input */
+  MUTATE(r0 + 9, 0, KVBM_ERANGE);             /* registered length shrunk to 0 */
+  MUTATE(r0 + 7, 0x80, KVBM_ERANGE);          /* registered base moved far away */
+  assert_int_equal(kvbm_fabric_import(a, NULL, 0, &rs, &e), KVBM_ETRUNCATED);
+
+  free(buf);
+  free(good);
+  kvbm_fabric_local_set_release(ls);
+  test_set_free(&tb);
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(b);
+}
+
+static void test_register_refusals(void **state) {
+  (void)state;
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  test_set tb;
+  assert_int_equal(test_set_make(&tb, KVBM_LAYOUT_FULLY_CONTIGUOUS, 4, 2, 1), KVBM_OK);
+  kvbm_fabric_local_set *ls;
+  kvbm_error e;
+  kvbm_layout_desc d = tb.desc;
+  d.memory = KVBM_MEMORY_DISK;
+  assert_int_equal(kvbm_fabric_register(a, &d, &ls, &e), KVBM_EUNSUPPORTED);
+  d = tb.desc;
+  d.memory = KVBM_MEMORY_DEVICE;
+  d.device_id = 0;
+  assert_int_equal(kvbm_fabric_register(a, &d, &ls, &e), KVBM_EUNSUPPORTED);
+  d = tb.desc;
+  d.num_regions = 2;
+  assert_int_equal(kvbm_fabric_register(a, &d, &ls, &e), KVBM_EINVAL);
+  d = tb.desc;
+  uint64_t zero = 0;
+  d.region_base = &zero;
+  assert_int_equal(kvbm_fabric_register(a, &d, &ls, &e), KVBM_EINVAL);
+  d = tb.desc;
+  uint64_t odd = tb.desc.region_base[0] + 1; /* not aligned: the layout codec refuses */
+  d.region_base = &odd;
+  assert_int_not_equal(kvbm_fabric_register(a, &d, &ls, &e), KVBM_OK);
+  assert_int_equal(kvbm_fabric_register(a, NULL, &ls, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_fabric_register(NULL, &tb.desc, &ls, &e), KVBM_EINVAL);
+
+  /* A DEVICE layout exported by someone cannot be imported here. */
+  d = tb.desc;
+  d.memory = KVBM_MEMORY_DEVICE;
+  d.device_id = 0;
+  kvbm_fabric_wire_region w = {tb.desc.region_base[0], tb.desc.layout.region_size, (const uint8_t *)"k", 1};
+  uint8_t *buf;
+  size_t len;
+  assert_int_equal(kvbm_fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
+  kvbm_fabric_remote_set *rs;
+  assert_int_equal(kvbm_fabric_import(a, buf, len, &rs, &e), KVBM_EUNSUPPORTED);
+  free(buf);
+  test_set_free(&tb);
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_labels),
+      cmocka_unit_test(test_push_pull),
+      cmocka_unit_test(test_threads),
+      cmocka_unit_test(test_blocks_contiguous),
+      cmocka_unit_test(test_blocks_layer_separate),
+      cmocka_unit_test(test_import_outside_extent),
+      cmocka_unit_test(test_import_malformed),
+      cmocka_unit_test(test_register_refusals),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
