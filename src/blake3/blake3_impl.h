@@ -66,6 +66,10 @@ void b3_many_avx2(const b3_many_args *a, uint8_t *out);    /* 8 inputs */
 void b3_many_avx512(const b3_many_args *a, uint8_t *out);  /* 16 inputs */
 #endif
 
+/* Fixed-count loops over lanes and words in the kernels must be fully
+ * unrolled so that vectors stay in registers; -O2 alone does not. */
+#define B3_UNROLL _Pragma("GCC unroll 16")
+
 static inline uint32_t b3_load32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
          (uint32_t)p[3] << 24;

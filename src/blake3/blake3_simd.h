@@ -58,32 +58,32 @@
 #define B3V_KERNEL(name, load)                                              \
   B3V_TARGET void name(const b3_many_args *a, uint8_t *out) {                 \
     uint32_t lo[B3V_W], hi[B3V_W];                                          \
-    for (int i = 0; i < B3V_W; i++) {                                       \
+    B3_UNROLL for (int i = 0; i < B3V_W; i++) {                                       \
       uint64_t c = a->counter + (uint64_t)a->counter_step * (uint64_t)i;    \
       lo[i] = (uint32_t)c;                                                  \
       hi[i] = (uint32_t)(c >> 32);                                          \
     }                                                                       \
     const B3V ctr_lo = B3V_LOADU(lo), ctr_hi = B3V_LOADU(hi);               \
     B3V h[8];                                                               \
-    for (int i = 0; i < 8; i++) h[i] = B3V_SET1(a->key[i]);                 \
+    B3_UNROLL for (int i = 0; i < 8; i++) h[i] = B3V_SET1(a->key[i]);                 \
     for (size_t b = 0; b < a->nblocks; b++) {                               \
       B3V m[16], v[16];                                                     \
       load(a->in + b * B3_BLOCK_LEN, a->stride, m);                         \
       uint32_t fl = a->flags;                                               \
       if (b == 0) fl |= a->flags_first;                                     \
       if (b + 1 == a->nblocks) fl |= a->flags_last;                         \
-      for (int i = 0; i < 8; i++) v[i] = h[i];                              \
-      for (int i = 0; i < 4; i++) v[8 + i] = B3V_SET1(b3_iv[i]);            \
+      B3_UNROLL for (int i = 0; i < 8; i++) v[i] = h[i];                              \
+      B3_UNROLL for (int i = 0; i < 4; i++) v[8 + i] = B3V_SET1(b3_iv[i]);            \
       v[12] = ctr_lo;                                                       \
       v[13] = ctr_hi;                                                       \
       v[14] = B3V_SET1(B3_BLOCK_LEN);                                       \
       v[15] = B3V_SET1(fl);                                                 \
       B3V_ROUNDS;                                                           \
-      for (int i = 0; i < 8; i++) h[i] = B3V_XOR(v[i], v[i + 8]);           \
+      B3_UNROLL for (int i = 0; i < 8; i++) h[i] = B3V_XOR(v[i], v[i + 8]);           \
     }                                                                       \
     /* Back from word-major to input-major: rare next to the rounds. */     \
     uint32_t w[8][B3V_W];                                                   \
-    for (int i = 0; i < 8; i++) B3V_STOREU(w[i], h[i]);                     \
+    B3_UNROLL for (int i = 0; i < 8; i++) B3V_STOREU(w[i], h[i]);                     \
     for (int l = 0; l < B3V_W; l++)                                         \
-      for (int i = 0; i < 8; i++) b3_store32(out + 32 * l + 4 * i, w[i][l]); \
+      B3_UNROLL for (int i = 0; i < 8; i++) b3_store32(out + 32 * l + 4 * i, w[i][l]); \
   }

@@ -11,6 +11,12 @@
 #ifdef B3_X86
 #include <immintrin.h>
 
+/* The kernel is a long straight line of vector code; GCC's -O3 schedules
+ * it noticeably better than the project's -O2 (about 10%). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
+
 #define B3V_TARGET __attribute__((target("sse4.1")))
 #define FN static inline __attribute__((target("sse4.1"), always_inline))
 
@@ -32,7 +38,7 @@ FN __m128i ror7(__m128i x) {
 /* Word j of the block of input i goes to lane i of m[j]: four 4x4
  * transposes of 32-bit words. */
 FN void load4(const uint8_t *in, size_t stride, __m128i m[16]) {
-  for (int g = 0; g < 4; g++) {
+  B3_UNROLL for (int g = 0; g < 4; g++) {
     __m128i r0 = _mm_loadu_si128((const __m128i *)(in + 16 * g));
     __m128i r1 = _mm_loadu_si128((const __m128i *)(in + stride + 16 * g));
     __m128i r2 = _mm_loadu_si128((const __m128i *)(in + 2 * stride + 16 * g));
