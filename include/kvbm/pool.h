@@ -82,16 +82,25 @@ typedef struct kvbm_pool_event {
 /* Must not call back into the pool. */
 typedef void (*kvbm_pool_listener)(void *user, const kvbm_pool_event *ev);
 
+#define KVBM_POOL_MAX_BLOCKS (1u << 30)
+#define KVBM_POOL_MAX_BLOCK_SIZE 65535u
+
 typedef struct kvbm_pool_config {
-  uint32_t num_blocks;        /* >= 1, < 2^31 */
-  uint32_t block_size;        /* tokens per block, >= 1, <= 1 << 16 */
+  uint32_t num_blocks;        /* 1 .. KVBM_POOL_MAX_BLOCKS */
+  uint32_t block_size;        /* tokens per block, 1 .. KVBM_POOL_MAX_BLOCK_SIZE */
   kvbm_hash_scheme scheme;    /* how commit computes sequence hashes */
   bool allow_duplicates;      /* false: dedup on register (default) */
+  bool keep_tokens;           /* keep a copy of the tokens of blocks filled by
+                                 kvbm_block_fill / kvbm_pool_fill_run (default
+                                 true); blocks built by append always keep
+                                 theirs. Without it block_info.tokens is NULL
+                                 for such blocks. */
   kvbm_pool_listener listener;/* optional */
   void *listener_user;
 } kvbm_pool_config;
 
-/* A config with defaults: the given sizes, native hashes, dedup, no listener. */
+/* A config with defaults: the given sizes, native hashes, dedup, tokens
+ * kept, no listener. */
 kvbm_pool_config kvbm_pool_config_default(uint32_t num_blocks, uint32_t block_size);
 
 /* Creates a pool; all its memory is allocated here. *out is set on success
@@ -168,6 +177,18 @@ int kvbm_block_fill(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
                     uint64_t parent, bool has_parent, const uint32_t *tokens,
                     uint64_t seq_hash, uint32_t *out_id);
 
+/* Allocates and registers n consecutive full blocks: the prefill hot path.
+ * Block k holds tokens[k * block_size ...], has sequence hash hashes[k]
+ * (trusted, as in kvbm_block_fill) and parent hashes[k - 1] (`parent` for
+ * k == 0, when has_parent). ids[k] receives the block that holds the content
+ * (dedup may substitute an already registered block), with a reference.
+ * Blocks are taken and registered one after the other, so a block taken
+ * for k may evict one that k + 1 would have deduplicated onto, as in W1.
+ * KVBM_ENOSPC, with no change, when fewer than n blocks are available. */
+int kvbm_pool_fill_run(kvbm_pool *pool, uint64_t salt_hash, uint64_t parent,
+                       bool has_parent, const uint32_t *tokens,
+                       const uint64_t *hashes, size_t n, uint32_t *ids);
+
 /* PARTIAL or COMPLETE -> RESET. The caller still holds the (now empty)
  * block: it may init it again, or release it to the free list. */
 int kvbm_block_abort(kvbm_pool *pool, uint32_t id);
@@ -195,7 +216,8 @@ typedef struct kvbm_block_info {
   bool has_parent;
   uint64_t salt_hash;
   uint8_t priority;
-  const uint32_t *tokens; /* the block's token slots, valid until it changes */
+  const uint32_t *tokens; /* the block's tokens, valid until it changes; NULL
+                             for a filled block without keep_tokens */
 } kvbm_block_info;
 int kvbm_block_info_get(const kvbm_pool *pool, uint32_t id, kvbm_block_info *out);
 

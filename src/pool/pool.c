@@ -3,9 +3,13 @@
  *
  * Three structures, all sized at creation so that no operation allocates:
  *
- *  - blocks[]: one small record per block (state, reference count, hashes,
- *    links). Token slots live apart in one flat array, tokens[id * bs ...],
- *    so the records stay dense for the hot path.
+ *  - blocks[]: one 32-byte record per block (state, reference count,
+ *    hashes, links). Token slots live apart in one flat array, tokens[id *
+ *    bs ...], as do the salt and the eviction priority, so that the records
+ *    stay dense for the hot path. Full blocks filled from the caller's
+ *    tokens copy them only with keep_tokens: in a replay the copy is a
+ *    random write into a megabyte-sized array per block, which costs more
+ *    than the hash that names the block.
  *  - the free list: a stack of empty (RESET, unreferenced) block ids. Order
  *    does not matter for an empty block, and a stack reuses the most recently
  *    touched memory first.
@@ -15,9 +19,14 @@
  *    word scans and a pointer read, i.e. O(1).
  *  - the registry: sequence hash -> block id, open addressing with linear
  *    probing at load <= 1/2 and backward-shift deletion (no tombstones, so
- *    long runs of insert/evict never degrade it). Sequence hashes are already
- *    uniform, but a caller can hand kvbm_block_fill() any value, so the slot
- *    is taken from a multiplicative mix of the hash rather than its low bits.
+ *    long runs of insert/evict never degrade it). A slot is 8 bytes, a 32-bit
+ *    fingerprint and the id, so the table of a 16K-block pool is 256 KiB and
+ *    stays in cache; the full hash is confirmed on the block record. Sequence
+ *    hashes are uniform, but a caller can hand kvbm_block_fill() any value,
+ *    so the home slot is a multiplicative mix of the fingerprint.
+ *
+ * Memory for a pool of N blocks of B tokens: 32 N (records) + 16 N
+ * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots).
  */
 #include "kvbm/pool.h"
 
@@ -30,29 +39,36 @@
 enum {
   F_HAS_PARENT = 1u << 0,
   F_CACHED = 1u << 1,   /* in a cache list */
-  F_INDEXED = 1u << 2,  /* the registry points at this block */
+  F_INDEXED = 1u << 2,  /* the registry has an entry for this block */
+  F_SALTED = 1u << 3,   /* salts[id] holds a nonzero salt hash */
+  F_TOKENS = 1u << 4,   /* tokens[id * bs ...] holds the block's tokens */
 };
 
+/* 32 bytes, two per cache line: the hot record. The salt, rarely nonzero,
+ * lives in a cold array. */
 typedef struct blk {
   uint64_t seq_hash;
   uint64_t parent_hash;
-  uint64_t salt_hash;
   uint32_t prev, next;  /* cache list links */
   uint32_t refcount;
-  uint32_t ntok;
+  uint16_t ntok;        /* tokens appended; block_size <= 65535 */
   uint8_t state;
-  uint8_t priority;
   uint8_t flags;
 } blk;
 
+/* 8 bytes: a 32-bit fingerprint of the hash and the block id. The slot is a
+ * function of the fingerprint alone, so probing and deletion never leave the
+ * table; a fingerprint match is confirmed against the block's full hash. */
 typedef struct slot {
-  uint64_t hash;
+  uint32_t fp;
   uint32_t id; /* NIL: empty */
 } slot;
 
 struct kvbm_pool {
   kvbm_pool_config cfg;
   blk *blocks;
+  uint8_t *priority;
+  uint64_t *salts;
   uint32_t *tokens;
   uint32_t *free_stack;
   uint32_t free_top;
@@ -61,46 +77,53 @@ struct kvbm_pool {
   uint32_t cached;
   uint32_t registered;
   slot *table;
-  uint32_t table_shift; /* 64 - log2(table size) */
-  uint64_t table_mask;
+  uint32_t table_shift; /* 32 - log2(table size) */
+  uint32_t table_mask;
   uint64_t allocated, evicted, dedup, match_hits;
 };
 
 /* ---- registry ---------------------------------------------------------- */
 
-static inline uint64_t slot_of(const kvbm_pool *p, uint64_t hash) {
-  return (hash * 0x9E3779B97F4A7C15ull) >> p->table_shift;
+static inline uint32_t fingerprint(uint64_t hash) { return (uint32_t)(hash ^ (hash >> 32)); }
+
+static inline uint32_t home_of(const kvbm_pool *p, uint32_t fp) {
+  /* Fibonacci hashing: the top bits of the product. The shift is < 32
+   * because the table has at least 4 slots. */
+  return (fp * 0x9E3779B1u) >> p->table_shift;
 }
 
 static uint32_t reg_find(const kvbm_pool *p, uint64_t hash) {
-  for (uint64_t i = slot_of(p, hash);; i = (i + 1) & p->table_mask) {
+  uint32_t fp = fingerprint(hash);
+  for (uint32_t i = home_of(p, fp);; i = (i + 1) & p->table_mask) {
     const slot *s = &p->table[i];
     if (s->id == NIL) return NIL;
-    if (s->hash == hash) return s->id;
+    if (s->fp == fp && p->blocks[s->id].seq_hash == hash) return s->id;
   }
 }
 
 static void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t id) {
-  uint64_t i = slot_of(p, hash);
+  uint32_t fp = fingerprint(hash);
+  uint32_t i = home_of(p, fp);
   while (p->table[i].id != NIL) i = (i + 1) & p->table_mask;
-  p->table[i].hash = hash;
+  p->table[i].fp = fp;
   p->table[i].id = id;
 }
 
 /* Removes the entry of block `id` (with allow_duplicates, several blocks can
  * share a hash; each has its own entry, in registration order). */
 static void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t id) {
-  uint64_t i = slot_of(p, hash);
-  while (p->table[i].hash != hash || p->table[i].id != id) {
+  uint32_t i = home_of(p, fingerprint(hash));
+  while (p->table[i].id != id) {
     if (p->table[i].id == NIL) return;
     i = (i + 1) & p->table_mask;
   }
   /* Backward shift: pull later entries of the run into the hole when their
-   * home slot is not inside (hole, j]. */
-  uint64_t hole = i;
-  for (uint64_t j = (i + 1) & p->table_mask; p->table[j].id != NIL;
+   * home slot is not inside (hole, j]. Order within a run is kept, so the
+   * first registered of several duplicates stays the one found first. */
+  uint32_t hole = i;
+  for (uint32_t j = (i + 1) & p->table_mask; p->table[j].id != NIL;
        j = (j + 1) & p->table_mask) {
-    uint64_t home = slot_of(p, p->table[j].hash);
+    uint32_t home = home_of(p, p->table[j].fp);
     bool movable = (hole <= j) ? (home <= hole || home > j) : (home <= hole && home > j);
     if (movable) {
       p->table[hole] = p->table[j];
@@ -110,11 +133,15 @@ static void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t id) {
   p->table[hole].id = NIL;
 }
 
+static inline void reg_prefetch(const kvbm_pool *p, uint64_t hash) {
+  __builtin_prefetch(&p->table[home_of(p, fingerprint(hash))]);
+}
+
 /* ---- cache lists --------------------------------------------------------- */
 
 static void cache_push(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
-  unsigned pr = b->priority;
+  unsigned pr = p->priority[id];
   b->next = NIL;
   b->prev = p->tail[pr];
   if (p->tail[pr] != NIL)
@@ -129,7 +156,7 @@ static void cache_push(kvbm_pool *p, uint32_t id) {
 
 static void cache_unlink(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
-  unsigned pr = b->priority;
+  unsigned pr = p->priority[id];
   if (b->prev != NIL)
     p->blocks[b->prev].next = b->next;
   else
@@ -155,16 +182,26 @@ static void notify(kvbm_pool *p, const kvbm_pool_event *ev) {
   if (p->cfg.listener) p->cfg.listener(p->cfg.listener_user, ev);
 }
 
-static void block_reset(blk *b) {
+static inline uint32_t *tokens_of(const kvbm_pool *p, uint32_t id) {
+  return p->tokens + (size_t)id * p->cfg.block_size;
+}
+
+static inline uint64_t salt_of(const kvbm_pool *p, uint32_t id) {
+  return (p->blocks[id].flags & F_SALTED) ? p->salts[id] : 0;
+}
+
+/* Empties a block's content; its reference count is the caller's business. */
+static void block_reset(kvbm_pool *p, uint32_t id) {
+  blk *b = &p->blocks[id];
   b->state = KVBM_BLOCK_RESET;
   b->ntok = 0;
   b->flags = 0;
-  b->priority = 0;
-  b->seq_hash = b->parent_hash = b->salt_hash = 0;
+  b->seq_hash = b->parent_hash = 0;
+  p->priority[id] = 0;
 }
 
 static void free_push(kvbm_pool *p, uint32_t id) {
-  block_reset(&p->blocks[id]);
+  block_reset(p, id);
   p->blocks[id].refcount = 0;
   p->free_stack[p->free_top++] = id;
 }
@@ -177,17 +214,92 @@ static void unregister(kvbm_pool *p, uint32_t id) {
 }
 
 static void evict(kvbm_pool *p, uint32_t id) {
-  blk *b = &p->blocks[id];
+  kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id,
+                        .seq_hash = p->blocks[id].seq_hash};
   cache_unlink(p, id);
   unregister(p, id);
-  kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = b->seq_hash};
   p->evicted++;
-  block_reset(b);
+  block_reset(p, id);
   notify(p, &ev);
+}
+
+/* One block off the free list, or else the oldest cached block evicted.
+ * The caller has checked that one is available. */
+static uint32_t take_block(kvbm_pool *p) {
+  uint32_t id;
+  if (p->free_top) {
+    id = p->free_stack[--p->free_top];
+  } else {
+    id = cache_oldest(p);
+    evict(p, id);
+  }
+  p->blocks[id].refcount = 1;
+  p->allocated++;
+  return id;
 }
 
 static inline bool valid_id(const kvbm_pool *p, uint32_t id) {
   return id < p->cfg.num_blocks;
+}
+
+/* Takes a reference on a registered block, reactivating it if cached. */
+static void acquire(kvbm_pool *p, uint32_t id) {
+  blk *b = &p->blocks[id];
+  if (b->flags & F_CACHED) cache_unlink(p, id);
+  b->refcount++;
+}
+
+/* COMPLETE -> REGISTERED, or dedup onto the registered block (see
+ * kvbm_block_register). `tokens` are the block's tokens, for the event. */
+static uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
+  blk *b = &p->blocks[id];
+  uint32_t existing = reg_find(p, b->seq_hash);
+  if (existing != NIL) {
+    p->dedup++;
+    if (!p->cfg.allow_duplicates) {
+      /* Our holder switches to the registered block. */
+      acquire(p, existing);
+      if (--b->refcount == 0)
+        free_push(p, id);
+      else
+        block_reset(p, id); /* other holders keep an empty block */
+      return existing;
+    }
+  }
+  b->state = KVBM_BLOCK_REGISTERED;
+  /* A duplicate gets its own entry too, behind the first one's in the probe
+   * run: lookups still find the first, and the duplicate once it is gone. */
+  reg_insert(p, b->seq_hash, id);
+  b->flags |= F_INDEXED;
+  p->registered++;
+  if (p->cfg.listener) {
+    kvbm_pool_event ev = {
+        .kind = KVBM_POOL_STORED,
+        .block_id = id,
+        .seq_hash = b->seq_hash,
+        .parent_hash = b->parent_hash,
+        .has_parent = (b->flags & F_HAS_PARENT) != 0,
+        .salt_hash = salt_of(p, id),
+        .tokens = tokens,
+        .num_tokens = b->ntok,
+    };
+    notify(p, &ev);
+  }
+  return id;
+}
+
+/* RESET -> PARTIAL without checks. */
+static void start_block(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
+                        bool has_parent) {
+  blk *b = &p->blocks[id];
+  b->state = KVBM_BLOCK_PARTIAL;
+  b->parent_hash = has_parent ? parent : 0;
+  b->flags = has_parent ? F_HAS_PARENT : 0;
+  if (salt_hash) {
+    p->salts[id] = salt_hash;
+    b->flags |= F_SALTED;
+  }
+  b->ntok = 0;
 }
 
 /* ---- public ------------------------------------------------------------------ */
@@ -208,15 +320,16 @@ kvbm_pool_config kvbm_pool_config_default(uint32_t num_blocks, uint32_t block_si
   c.num_blocks = num_blocks;
   c.block_size = block_size;
   c.scheme = KVBM_HASH_NATIVE;
+  c.keep_tokens = true;
   return c;
 }
 
 int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *err) {
   if (!cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "pool: config and out must not be NULL");
-  if (cfg->num_blocks == 0 || cfg->num_blocks >= (1u << 31))
-    return kvbm_error_set(err, KVBM_EINVAL, "pool: num_blocks %u is not in [1, 2^31)", cfg->num_blocks);
-  if (cfg->block_size == 0 || cfg->block_size > (1u << 16))
-    return kvbm_error_set(err, KVBM_EINVAL, "pool: block_size %u is not in [1, 65536]", cfg->block_size);
+  if (cfg->num_blocks == 0 || cfg->num_blocks > KVBM_POOL_MAX_BLOCKS)
+    return kvbm_error_set(err, KVBM_EINVAL, "pool: num_blocks %u is not in [1, 2^30]", cfg->num_blocks);
+  if (cfg->block_size == 0 || cfg->block_size > KVBM_POOL_MAX_BLOCK_SIZE)
+    return kvbm_error_set(err, KVBM_EINVAL, "pool: block_size %u is not in [1, 65535]", cfg->block_size);
   if (cfg->scheme != KVBM_HASH_NATIVE && cfg->scheme != KVBM_HASH_DYNAMO)
     return kvbm_error_set(err, KVBM_EINVAL, "pool: unknown hash scheme %d", (int)cfg->scheme);
 
@@ -226,14 +339,16 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   uint32_t n = cfg->num_blocks;
   uint64_t tsize = 4;
   unsigned tbits = 2;
-  while (tsize < 2ull * n) tsize <<= 1, tbits++;
-  p->table_shift = 64 - tbits;
-  p->table_mask = tsize - 1;
+  while (tsize < 4ull * n) tsize <<= 1, tbits++;
+  p->table_shift = 32 - tbits;
+  p->table_mask = (uint32_t)(tsize - 1);
   p->blocks = calloc(n, sizeof *p->blocks);
+  p->priority = calloc(n, sizeof *p->priority);
+  p->salts = calloc(n, sizeof *p->salts);
   p->tokens = calloc((size_t)n * cfg->block_size, sizeof *p->tokens);
   p->free_stack = malloc((size_t)n * sizeof *p->free_stack);
   p->table = malloc(tsize * sizeof *p->table);
-  if (!p->blocks || !p->tokens || !p->free_stack || !p->table) {
+  if (!p->blocks || !p->priority || !p->salts || !p->tokens || !p->free_stack || !p->table) {
     kvbm_pool_destroy(p);
     return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory for %u blocks", n);
   }
@@ -248,6 +363,8 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
 void kvbm_pool_destroy(kvbm_pool *pool) {
   if (!pool) return;
   free(pool->blocks);
+  free(pool->priority);
+  free(pool->salts);
   free(pool->tokens);
   free(pool->free_stack);
   free(pool->table);
@@ -277,26 +394,8 @@ uint32_t kvbm_pool_available(const kvbm_pool *p) { return p->free_top + p->cache
 int kvbm_pool_alloc(kvbm_pool *p, uint32_t n, uint32_t *ids) {
   if (n && !ids) return KVBM_EINVAL;
   if (n > p->free_top + p->cached) return KVBM_ENOSPC;
-  for (uint32_t i = 0; i < n; i++) {
-    uint32_t id;
-    if (p->free_top) {
-      id = p->free_stack[--p->free_top];
-    } else {
-      id = cache_oldest(p);
-      evict(p, id);
-    }
-    p->blocks[id].refcount = 1;
-    ids[i] = id;
-  }
-  p->allocated += n;
+  for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p);
   return KVBM_OK;
-}
-
-/* Takes a reference on a registered block, reactivating it if cached. */
-static void acquire(kvbm_pool *p, uint32_t id) {
-  blk *b = &p->blocks[id];
-  if (b->flags & F_CACHED) cache_unlink(p, id);
-  b->refcount++;
 }
 
 int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
@@ -338,11 +437,8 @@ int kvbm_block_init(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t pare
   if (!valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
-  b->state = KVBM_BLOCK_PARTIAL;
-  b->salt_hash = salt_hash;
-  b->parent_hash = has_parent ? parent : 0;
-  b->flags = has_parent ? F_HAS_PARENT : 0;
-  b->ntok = 0;
+  start_block(p, id, salt_hash, parent, has_parent);
+  b->flags |= F_TOKENS;
   return KVBM_OK;
 }
 
@@ -351,8 +447,8 @@ int kvbm_block_append(kvbm_pool *p, uint32_t id, const uint32_t *tokens, size_t 
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_PARTIAL) return KVBM_ESTATE;
   if (n > p->cfg.block_size - b->ntok) return KVBM_EOVERFLOW;
-  memcpy(p->tokens + (size_t)id * p->cfg.block_size + b->ntok, tokens, n * sizeof *tokens);
-  b->ntok += (uint32_t)n;
+  memcpy(tokens_of(p, id) + b->ntok, tokens, n * sizeof *tokens);
+  b->ntok = (uint16_t)(b->ntok + n);
   return KVBM_OK;
 }
 
@@ -360,69 +456,67 @@ int kvbm_block_commit(kvbm_pool *p, uint32_t id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_PARTIAL || b->ntok != p->cfg.block_size) return KVBM_ESTATE;
-  b->seq_hash = kvbm_hash_next(p->cfg.scheme, b->salt_hash, b->parent_hash,
-                               b->flags & F_HAS_PARENT,
-                               p->tokens + (size_t)id * p->cfg.block_size, b->ntok);
+  b->seq_hash = kvbm_hash_next(p->cfg.scheme, salt_of(p, id), b->parent_hash,
+                               b->flags & F_HAS_PARENT, tokens_of(p, id), b->ntok);
   b->state = KVBM_BLOCK_COMPLETE;
   return KVBM_OK;
 }
 
 int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
-  blk *b = &p->blocks[id];
-  if (b->state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
-  uint32_t existing = reg_find(p, b->seq_hash);
-  if (existing != NIL && !p->cfg.allow_duplicates) {
-    /* Dedup: our holder switches to the registered block. */
-    p->dedup++;
-    acquire(p, existing);
-    if (--b->refcount == 0) free_push(p, id);
-    else block_reset(b); /* other holders keep an empty block */
-    if (out_id) *out_id = existing;
-    return KVBM_OK;
-  }
-  if (existing != NIL) p->dedup++;
-  b->state = KVBM_BLOCK_REGISTERED;
-  /* A duplicate gets its own entry too, behind the first one's in the probe
-   * run: lookups still find the first, and the duplicate once it is gone. */
-  reg_insert(p, b->seq_hash, id);
-  b->flags |= F_INDEXED;
-  p->registered++;
-  if (out_id) *out_id = id;
-  kvbm_pool_event ev = {
-      .kind = KVBM_POOL_STORED,
-      .block_id = id,
-      .seq_hash = b->seq_hash,
-      .parent_hash = b->parent_hash,
-      .has_parent = (b->flags & F_HAS_PARENT) != 0,
-      .salt_hash = b->salt_hash,
-      .tokens = p->tokens + (size_t)id * p->cfg.block_size,
-      .num_tokens = b->ntok,
-  };
-  notify(p, &ev);
+  if (p->blocks[id].state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
+  uint32_t got = do_register(p, id, tokens_of(p, id));
+  if (out_id) *out_id = got;
   return KVBM_OK;
+}
+
+/* start + tokens + hash + register, checks done by the caller. */
+static uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
+                         bool has_parent, const uint32_t *tokens, uint64_t seq_hash) {
+  blk *b = &p->blocks[id];
+  start_block(p, id, salt_hash, parent, has_parent);
+  if (p->cfg.keep_tokens) {
+    memcpy(tokens_of(p, id), tokens, p->cfg.block_size * sizeof *tokens);
+    b->flags |= F_TOKENS;
+  }
+  b->ntok = (uint16_t)p->cfg.block_size;
+  b->seq_hash = seq_hash;
+  b->state = KVBM_BLOCK_COMPLETE;
+  return do_register(p, id, tokens);
 }
 
 int kvbm_block_fill(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                     bool has_parent, const uint32_t *tokens, uint64_t seq_hash,
                     uint32_t *out_id) {
-  if (!tokens) return KVBM_EINVAL;
-  int rc = kvbm_block_init(p, id, salt_hash, parent, has_parent);
-  if (rc) return rc;
+  if (!tokens || !valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
-  memcpy(p->tokens + (size_t)id * p->cfg.block_size, tokens,
-         p->cfg.block_size * sizeof *tokens);
-  b->ntok = p->cfg.block_size;
-  b->seq_hash = seq_hash;
-  b->state = KVBM_BLOCK_COMPLETE;
-  return kvbm_block_register(p, id, out_id);
+  if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
+  uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash);
+  if (out_id) *out_id = got;
+  return KVBM_OK;
+}
+
+int kvbm_pool_fill_run(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
+                       const uint32_t *tokens, const uint64_t *hashes, size_t n,
+                       uint32_t *ids) {
+  if (n && (!tokens || !hashes || !ids)) return KVBM_EINVAL;
+  if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
+  const size_t bs = p->cfg.block_size;
+  for (size_t k = 0; k < n; k++) {
+    /* The registry probe is the one random access we can see coming. */
+    if (k + 4 < n) reg_prefetch(p, hashes[k + 4]);
+    uint32_t id = take_block(p);
+    ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
+                      tokens + k * bs, hashes[k]);
+  }
+  return KVBM_OK;
 }
 
 int kvbm_block_abort(kvbm_pool *p, uint32_t id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_PARTIAL && b->state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
-  block_reset(b);
+  block_reset(p, id);
   return KVBM_OK;
 }
 
@@ -432,7 +526,7 @@ int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
   if (b->refcount == 0) return KVBM_ESTATE;
   if (--b->refcount) return KVBM_OK;
   if (b->state == KVBM_BLOCK_REGISTERED) {
-    b->priority = priority;
+    p->priority[id] = priority;
     cache_push(p, id);
   } else {
     free_push(p, id);
@@ -469,9 +563,9 @@ int kvbm_block_info_get(const kvbm_pool *p, uint32_t id, kvbm_block_info *out) {
   out->seq_hash = b->seq_hash;
   out->parent_hash = b->parent_hash;
   out->has_parent = (b->flags & F_HAS_PARENT) != 0;
-  out->salt_hash = b->salt_hash;
-  out->priority = b->priority;
-  out->tokens = p->tokens + (size_t)id * p->cfg.block_size;
+  out->salt_hash = salt_of(p, id);
+  out->priority = p->priority[id];
+  out->tokens = (b->flags & F_TOKENS) ? tokens_of(p, id) : NULL;
   return KVBM_OK;
 }
 

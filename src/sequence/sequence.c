@@ -108,15 +108,12 @@ int kvbm_seq_prefill(kvbm_seq *s, const uint32_t *tokens, size_t n, size_t *matc
   if (total - m > (size_t)kvbm_pool_available(s->pool) - from_cache) return KVBM_ENOSPC;
 
   for (size_t k = 0; k < m; k++) kvbm_pool_match(s->pool, s->hashes[k], &s->ids[k]);
-  s->nblocks = m;
-  for (size_t k = m; k < nfull; k++) {
-    uint32_t id;
-    if ((rc = kvbm_pool_alloc(s->pool, 1, &id)) != KVBM_OK) return rc; /* cannot happen */
-    rc = kvbm_block_fill(s->pool, id, s->salt_hash, k ? s->hashes[k - 1] : 0, k > 0,
-                         tokens + k * B, s->hashes[k], &s->ids[k]);
-    if (rc) return rc;
-    s->nblocks = k + 1;
+  if (nfull > m) {
+    rc = kvbm_pool_fill_run(s->pool, s->salt_hash, m ? s->hashes[m - 1] : 0, m > 0,
+                            tokens + m * B, s->hashes + m, nfull - m, s->ids + m);
+    if (rc) return rc; /* cannot happen: checked above */
   }
+  s->nblocks = nfull;
   s->ntok = nfull * B;
   if (n > s->ntok) {
     if ((rc = open_block(s)) != KVBM_OK) return rc;

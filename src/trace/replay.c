@@ -64,6 +64,7 @@ int kvbm_replay_w1(const kvbm_trace *trace, const kvbm_replay_opts *opts,
   if (!trace || !opts || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
   kvbm_pool_config pc = kvbm_pool_config_default(opts->capacity, opts->block_size);
   pc.scheme = opts->scheme;
+  pc.keep_tokens = false; /* events carry the caller's tokens; nobody reads them back */
   pc.listener = opts->listener;
   pc.listener_user = opts->listener_user;
   kvbm_pool *pool;

@@ -47,7 +47,7 @@ int kvbm_cmd_replay(int argc, char **argv) {
       if (r < 0 || !cli_parse_u64("replay", "--block-size", v, 1, 1 << 16, &x)) return 2;
       o.block_size = (uint32_t)x;
     } else if ((r = cli_opt_value("replay", argc, argv, &i, "--capacity", &v))) {
-      if (r < 0 || !cli_parse_u64("replay", "--capacity", v, 1, (1u << 31) - 1, &x)) return 2;
+      if (r < 0 || !cli_parse_u64("replay", "--capacity", v, 1, KVBM_POOL_MAX_BLOCKS, &x)) return 2;
       o.capacity = (uint32_t)x;
     } else if ((r = cli_opt_value("replay", argc, argv, &i, "--limit", &v))) {
       if (r < 0 || !cli_parse_u64("replay", "--limit", v, 0, SIZE_MAX, &x)) return 2;
