@@ -124,6 +124,16 @@ int kvbm_storage_check_layout(const kvbm_storage *s, const kvbm_layout *l, kvbm_
 
 static int slice_to_ptr(const kvbm_storage *s, const kvbm_slice *sl, void **ptr,
                         size_t *size, kvbm_error *err) {
+  /* Redundant for a layout made by kvbm_layout_init() that passed
+   * check_fit(); it keeps a hand-edited layout from yielding a pointer
+   * outside the region, for the price of a compare. */
+  uint64_t end;
+  if (__builtin_add_overflow(sl->offset, sl->size, &end) || end > s->vt->region_size(s))
+    return kvbm_error_set(err, KVBM_ERANGE,
+                          "storage: slice at %llu + %llu is outside region %llu (%llu bytes)",
+                          (unsigned long long)sl->offset, (unsigned long long)sl->size,
+                          (unsigned long long)sl->region,
+                          (unsigned long long)s->vt->region_size(s));
   char *base = s->vt->region_base(s, sl->region);
   if (!base)
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "storage: %s storage has no addresses",

@@ -145,6 +145,14 @@ static void bad_queries_are_errors(void **state) {
   /* A smaller layout over the same bytes is fine (a view). */
   kvbm_layout smaller = make_layout(KVBM_LAYOUT_FULLY_CONTIGUOUS, (kvbm_layout_config){2, 3, 2, 16, 8, 2, 256});
   assert_int_equal(kvbm_storage_slice_ptr(s, &smaller, 1, 2, 1, &p, NULL, NULL), KVBM_OK);
+  /* A hand-edited layout that claims to fit cannot reach outside. */
+  kvbm_layout forged_stride = fc;
+  forged_stride.block_stride *= 2;
+  assert_int_equal(kvbm_storage_slice_ptr(s, &forged_stride, 1, 0, 0, &p, NULL, NULL), KVBM_OK);
+  assert_int_equal(kvbm_storage_slice_ptr(s, &forged_stride, 2, 0, 0, &p, NULL, &e), KVBM_ERANGE);
+  assert_non_null(strstr(e.msg, "outside"));
+  forged_stride.block_stride = UINT64_MAX / 2;
+  assert_int_equal(kvbm_storage_slice_ptr(s, &forged_stride, 3, 0, 0, &p, NULL, NULL), KVBM_ERANGE);
   assert_int_equal(kvbm_storage_slice_ptr(NULL, &fc, 0, 0, 0, &p, NULL, NULL), KVBM_EINVAL);
   assert_int_equal(kvbm_storage_slice_ptr(s, NULL, 0, 0, 0, &p, NULL, NULL), KVBM_EINVAL);
   kvbm_storage_release(s);
