@@ -1,0 +1,141 @@
+/*
+ * kvbm/frame.h: MRDN v1 frames, the envelope of a block payload on the
+ * wire (ADR-0006, disaggregated KV transfer).
+ *
+ * A frame is a 32-byte header followed by the body. Header, all integers
+ * little-endian:
+ *   offset  0  4 bytes  magic 'M','R','D','N'
+ *   offset  4  u32      version, 1
+ *   offset  8  u32      body length in bytes
+ *   offset 12  u8       tier (kvbm_frame_tier)
+ *   offset 13  3 bytes  padding, zero
+ *   offset 16  16 bytes the first 16 bytes of BLAKE3(body) (plain hash)
+ *
+ * The codec knows nothing of transports. Decoding never allocates: bodies
+ * are returned as pointers into the caller's buffer, and the streaming
+ * path (parse the header, then verify the body, in one piece or many)
+ * hands the caller a body length only after checking it against the
+ * caller's limit, so a receiver allocates from checked lengths only.
+ * Every failure has its own status and a message in `err`:
+ *   KVBM_ETRUNCATED  fewer than 32 header bytes, or a body shorter than
+ *                    declared (the message says which)
+ *   KVBM_EMAGIC      the first 4 bytes are not "MRDN"
+ *   KVBM_EVERSION    a version other than 1
+ *   KVBM_EPADDING    nonzero padding bytes
+ *   KVBM_ETIER       a tier byte outside kvbm_frame_tier
+ *   KVBM_ETOOLONG    a body longer than declared, or a declared length
+ *                    above the caller's limit
+ *   KVBM_ECHECKSUM   the body does not hash to the header's checksum
+ * Checks run in that order of the header's fields (magic, version,
+ * padding, tier, length limit), then the body's length, then its hash.
+ */
+#ifndef KVBM_FRAME_H
+#define KVBM_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/blake3.h"
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVBM_FRAME_HEADER_LEN 32
+#define KVBM_FRAME_VERSION 1
+#define KVBM_FRAME_CHECKSUM_LEN 16
+/* A sensible receive limit for callers without their own (64 MiB). */
+#define KVBM_FRAME_DEFAULT_MAX_BODY (64u << 20)
+
+/* Which tier the payload comes from (or goes to). */
+typedef enum kvbm_frame_tier {
+  KVBM_FRAME_TIER_G1 = 0, /* device (GPU) memory */
+  KVBM_FRAME_TIER_G2 = 1, /* host memory */
+  KVBM_FRAME_TIER_G3 = 2, /* local disk */
+  KVBM_FRAME_TIER_G4 = 3, /* remote store */
+} kvbm_frame_tier;
+
+/* "G1".."G4", or "?" for a value outside the enum. */
+const char *kvbm_frame_tier_name(int tier);
+
+/* A decoded (and validated) header. */
+typedef struct kvbm_frame_header {
+  uint32_t version;
+  uint32_t body_len;
+  kvbm_frame_tier tier;
+  uint8_t checksum[KVBM_FRAME_CHECKSUM_LEN];
+} kvbm_frame_header;
+
+/* ---- encoding ---- */
+
+/* Bytes a frame with a `body_len`-byte body takes (header + body) in
+ * *out. KVBM_ETOOLONG if body_len does not fit the u32 length field. */
+int kvbm_frame_encoded_len(size_t body_len, size_t *out, kvbm_error *err);
+
+/* Writes the 32-byte header for `body` (hashing it) into `header`, for
+ * senders that keep the body where it is and send two pieces.
+ * KVBM_ETIER for a tier outside the enum, KVBM_ETOOLONG as above,
+ * KVBM_EINVAL for NULL pointers (body may be NULL when body_len is 0). */
+int kvbm_frame_encode_header(kvbm_frame_tier tier, const void *body,
+                             size_t body_len,
+                             uint8_t header[KVBM_FRAME_HEADER_LEN],
+                             kvbm_error *err);
+
+/* Writes a whole frame into the caller's buffer `out` of `cap` bytes and
+ * sets *out_len to its size. With out == NULL it only sets *out_len (size
+ * query). KVBM_ENOSPC (and *out_len set) if cap is too small. The body may
+ * already sit at out + 32 (then it is not moved) or anywhere else,
+ * overlapping or not. Allocates nothing. */
+int kvbm_frame_encode(kvbm_frame_tier tier, const void *body, size_t body_len,
+                      void *out, size_t cap, size_t *out_len,
+                      kvbm_error *err);
+
+/* ---- decoding ---- */
+
+/* Validates the header at the start of `buf` (`len` bytes available; only
+ * the first 32 are read) and fills *hdr. A declared body length above
+ * `max_body` is KVBM_ETOOLONG: after success, hdr->body_len is safe to
+ * allocate. */
+int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
+                            kvbm_frame_header *hdr, kvbm_error *err);
+
+/* Checks a complete body against a parsed header: its length (shorter:
+ * KVBM_ETRUNCATED, longer: KVBM_ETOOLONG), then its hash. */
+int kvbm_frame_verify_body(const kvbm_frame_header *hdr, const void *body,
+                           size_t body_len, kvbm_error *err);
+
+/* Both steps on a whole frame in memory: `len` must be exactly the frame
+ * (trailing bytes are a body longer than declared). On success *body
+ * points at the body inside `buf` (no copy) and *hdr is filled. */
+int kvbm_frame_decode(const void *buf, size_t len, uint32_t max_body,
+                      kvbm_frame_header *hdr, const uint8_t **body,
+                      kvbm_error *err);
+
+/* ---- verifying a body that arrives in pieces ---- */
+
+/* Caller-owned state (a plain struct, no allocation); fields private. */
+typedef struct kvbm_frame_verifier {
+  kvbm_frame_header hdr;
+  uint64_t seen;
+  int failed;
+  kvbm_blake3_hasher hasher;
+} kvbm_frame_verifier;
+
+/* Starts verifying the body of a header from kvbm_frame_parse_header. */
+int kvbm_frame_verifier_init(kvbm_frame_verifier *v,
+                             const kvbm_frame_header *hdr, kvbm_error *err);
+
+/* Feeds the next piece. KVBM_ETOOLONG as soon as the pieces exceed the
+ * declared length (the verifier then stays failed). */
+int kvbm_frame_verifier_update(kvbm_frame_verifier *v, const void *piece,
+                               size_t len, kvbm_error *err);
+
+/* Ends the body: KVBM_ETRUNCATED if fewer bytes than declared came,
+ * KVBM_ECHECKSUM if the hash differs, KVBM_ESTATE after a failed update. */
+int kvbm_frame_verifier_finish(kvbm_frame_verifier *v, kvbm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVBM_FRAME_H */
