@@ -220,8 +220,8 @@ int kvbm_publisher_add_callback(kvbm_publisher *pub, kvbm_batch_callback fn,
 int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_options *opts,
                            kvbm_error *err);
 /* Connects to the NATS server at `url` now and publishes every payload on
- * `subject`, with headers "Kvbm-Seq" (decimal sequence number) and
- * "Kvbm-Topic". The payload is the same msgpack as the ZMQ third frame. */
+ * `subject`, with a header "Kvbm-Seq" (the decimal sequence number). The
+ * payload is the same msgpack as the ZMQ third frame. */
 int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url,
                             const char *subject, kvbm_error *err);
 

@@ -1,0 +1,7 @@
+# events: threaded tests also run under ThreadSanitizer.
+foreach(t events_test_publisher events_test_python events_test_zmq events_test_nats
+          events_test_pool_link)
+  if(TEST ${t})
+    set_tests_properties(${t} PROPERTIES LABELS "events;tsan")
+  endif()
+endforeach()

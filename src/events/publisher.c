@@ -1,0 +1,604 @@
+/*
+ * publisher.c: the batching event publisher.
+ *
+ * Producers (engine threads, the pool listener) append events to a "fill"
+ * buffer under one mutex: the event's scalars into an array, its hashes,
+ * tokens and names into three arenas. The publisher thread swaps the fill
+ * buffer with its "drain" buffer (a pointer swap under the lock), then,
+ * with no lock held, cuts the drained events into batches of at most
+ * max_batch_events, encodes each batch once and hands it to every sink.
+ * Both buffers keep their memory, so in steady state publishing allocates
+ * nothing and a producer holds the lock only for a few memcpy's.
+ *
+ * A batch leaves when the fill buffer holds max_batch_events, when its
+ * oldest event has waited max_batch_delay_us, on flush, and on shutdown.
+ * The bound is on the fill buffer (events and bytes): when it is full, a
+ * producer either waits (BLOCK) or drops the event and counts it (DROP).
+ * Ids are given at acceptance, so ids on the wire have no holes.
+ *
+ * The thread sleeps in zmq_poll on an eventfd (producers write it only when
+ * the thread is asleep and something it waits for happened: the first
+ * event, a full batch, a flush, shutdown) plus the sinks' input sockets
+ * (the replay ROUTER), so replay requests are served between batches with
+ * no polling loop. The time trigger has a 1 ms granularity (zmq_poll's).
+ *
+ * Shutdown refuses new events, lets the thread drain everything accepted,
+ * then closes the sinks, which flush their sockets within their linger.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "events/sink.h"
+#include "kvbm/events.h"
+
+#define MAX_SINKS 8
+
+/* One queued event: scalars, and where its arrays sit in the arenas. */
+typedef struct qev {
+  kvbm_event ev;           /* pointers unset while queued */
+  size_t h_off, t_off;     /* into h, t */
+  size_t mname_off, lname_off; /* into s; SIZE_MAX = none */
+} qev;
+
+typedef struct evq {
+  qev *ev;
+  size_t n, cap;
+  uint64_t *h;
+  size_t nh, caph;
+  uint32_t *t;
+  size_t nt, capt;
+  char *s;
+  size_t ns, caps;
+  size_t bytes;        /* hashes + tokens + names, the byte bound's measure */
+  uint64_t first_ns;   /* when the oldest event arrived (monotonic) */
+} evq;
+
+struct kvbm_publisher {
+  kvbm_publisher_options o;
+  ev_sink *sinks[MAX_SINKS];
+  size_t nsinks;
+  void *zctx;
+  int efd;
+  pthread_t thread;
+  bool started;
+
+  pthread_mutex_t mu;
+  pthread_cond_t room; /* producers waiting for space */
+  pthread_cond_t done; /* flushers waiting for sent_events */
+  bool closing, waiting;
+  size_t room_waiters;
+  uint64_t flush_target; /* send at once while sent_events < this */
+  evq q[2];
+  evq *fill;
+  kvbm_publisher_stats st; /* accepted is also the last id given */
+
+  /* the thread's own */
+  kvbm_event_encoder *enc;
+  kvbm_event *scratch;
+  size_t scratch_cap;
+};
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static double wall_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+kvbm_publisher_options kvbm_publisher_options_default(void) {
+  return (kvbm_publisher_options){.dp_rank = 0,
+                                  .max_batch_events = 256,
+                                  .max_batch_delay_us = 1000,
+                                  .queue_events = 65536,
+                                  .queue_bytes = (size_t)64 << 20,
+                                  .overflow = KVBM_OVERFLOW_BLOCK,
+                                  .form = KVBM_FORM_POSITIONAL};
+}
+
+kvbm_zmq_sink_options kvbm_zmq_sink_options_default(const char *endpoint) {
+  return (kvbm_zmq_sink_options){.endpoint = endpoint, .mode = KVBM_ZMQ_AUTO, .topic = NULL,
+                                 .replay_endpoint = NULL, .replay_batches = 10000,
+                                 .hwm = 100000, .linger_ms = 2000};
+}
+
+int kvbm_publisher_new(const kvbm_publisher_options *opts, kvbm_publisher **out,
+                       kvbm_error *err) {
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: NULL out");
+  kvbm_publisher_options o = opts ? *opts : kvbm_publisher_options_default();
+  if (o.max_batch_events == 0 || o.max_batch_events > UINT32_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: max_batch_events %zu not in 1..2^32-1",
+                          o.max_batch_events);
+  if (o.queue_events < o.max_batch_events)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "events: publisher: queue_events %zu below max_batch_events %zu",
+                          o.queue_events, o.max_batch_events);
+  if (o.queue_bytes == 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: queue_bytes is 0");
+  if (o.overflow != KVBM_OVERFLOW_BLOCK && o.overflow != KVBM_OVERFLOW_DROP)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: unknown overflow policy %d",
+                          (int)o.overflow);
+  if (o.form != KVBM_FORM_POSITIONAL && o.form != KVBM_FORM_MAP)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: unknown form %d", (int)o.form);
+  kvbm_publisher *p = calloc(1, sizeof *p);
+  if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "events: publisher: out of memory");
+  p->o = o;
+  p->fill = &p->q[0];
+  p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (p->efd < 0) {
+    free(p);
+    return kvbm_error_set(err, KVBM_EIO, "events: publisher: eventfd: %s", strerror(errno));
+  }
+  int rc = kvbm_event_encoder_new(&p->enc, err);
+  if (rc) {
+    close(p->efd);
+    free(p);
+    return rc;
+  }
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&p->room, &ca);
+  pthread_cond_init(&p->done, &ca);
+  pthread_condattr_destroy(&ca);
+  *out = p;
+  return KVBM_OK;
+}
+
+static int add_sink(kvbm_publisher *p, ev_sink *s) {
+  p->sinks[p->nsinks++] = s;
+  return KVBM_OK;
+}
+
+static int sink_slot_check(kvbm_publisher *p, kvbm_error *err) {
+  if (!p) return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: NULL");
+  if (p->started)
+    return kvbm_error_set(err, KVBM_ESTATE, "events: publisher: sinks must be added before start");
+  if (p->nsinks == MAX_SINKS)
+    return kvbm_error_set(err, KVBM_ENOSPC, "events: publisher: at most %d sinks", MAX_SINKS);
+  return KVBM_OK;
+}
+
+int kvbm_publisher_add_callback(kvbm_publisher *pub, kvbm_batch_callback fn, void *user,
+                                kvbm_error *err) {
+  int rc = sink_slot_check(pub, err);
+  ev_sink *s;
+  if (rc || (rc = ev_sink_callback_new(fn, user, &s, err))) return rc;
+  return add_sink(pub, s);
+}
+
+int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_options *opts,
+                           kvbm_error *err) {
+  int rc = sink_slot_check(pub, err);
+  if (rc) return rc;
+  if (!pub->zctx && !(pub->zctx = zmq_ctx_new()))
+    return kvbm_error_set(err, KVBM_EIO, "events: publisher: zmq context: %s", zmq_strerror(errno));
+  ev_sink *s;
+  if ((rc = ev_sink_zmq_new(pub->zctx, opts, &s, err))) return rc;
+  return add_sink(pub, s);
+}
+
+int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url, const char *subject,
+                            kvbm_error *err) {
+  int rc = sink_slot_check(pub, err);
+  ev_sink *s;
+  if (rc || (rc = ev_sink_nats_new(url, subject, &s, err))) return rc;
+  return add_sink(pub, s);
+}
+
+int kvbm_publisher_zmq_endpoint(const kvbm_publisher *pub, size_t sink_index, bool replay,
+                                char *buf, size_t cap) {
+  if (!pub || !buf || cap == 0) return KVBM_EINVAL;
+  if (sink_index >= pub->nsinks || !pub->sinks[sink_index]->endpoint) return KVBM_ENOTFOUND;
+  const char *ep = pub->sinks[sink_index]->endpoint(pub->sinks[sink_index], replay);
+  if (!ep) return KVBM_ENOTFOUND;
+  if (strlen(ep) >= cap) return KVBM_ETOOLONG;
+  memcpy(buf, ep, strlen(ep) + 1);
+  return KVBM_OK;
+}
+
+/* ------------------------------------------------------------- producer */
+
+static void wake(kvbm_publisher *p) { /* with p->mu held */
+  if (!p->waiting) return;
+  p->waiting = false;
+  uint64_t one = 1;
+  ssize_t w = write(p->efd, &one, sizeof one);
+  (void)w; /* a full eventfd counter still wakes the thread */
+}
+
+static size_t event_bytes(const kvbm_event *ev, size_t mlen, size_t llen) {
+  return ev->num_block_hashes * 8 + ev->num_tokens * 4 + mlen + llen;
+}
+
+static void *grow(void *ptr, size_t *cap, size_t need, size_t size) {
+  if (ptr && need <= *cap) return ptr;
+  size_t nc = *cap ? *cap : 64;
+  while (nc < need) {
+    if (nc > SIZE_MAX / 2 / size) return NULL;
+    nc *= 2;
+  }
+  void *np = realloc(ptr, nc * size);
+  if (np) *cap = nc;
+  return np;
+}
+
+/* Appends a copy of ev to q (lock held). */
+static int q_append(evq *q, const kvbm_event *ev, const char *mname, size_t mlen,
+                    size_t llen) {
+  qev *e = grow(q->ev, &q->cap, q->n + 1, sizeof *q->ev);
+  if (!e) return KVBM_ENOMEM;
+  q->ev = e;
+  uint64_t *h = grow(q->h, &q->caph, q->nh + ev->num_block_hashes + 1, sizeof *q->h);
+  if (!h) return KVBM_ENOMEM;
+  q->h = h;
+  uint32_t *t = grow(q->t, &q->capt, q->nt + ev->num_tokens + 1, sizeof *q->t);
+  if (!t) return KVBM_ENOMEM;
+  q->t = t;
+  size_t sneed = (mname ? mlen + 1 : 0) + (ev->lora_name ? llen + 1 : 0);
+  char *s = grow(q->s, &q->caps, q->ns + sneed + 1, 1);
+  if (!s) return KVBM_ENOMEM;
+  q->s = s;
+  qev *x = &q->ev[q->n];
+  x->ev = *ev;
+  x->h_off = q->nh;
+  x->t_off = q->nt;
+  if (ev->num_block_hashes) memcpy(q->h + q->nh, ev->block_hashes, ev->num_block_hashes * 8);
+  if (ev->num_tokens) memcpy(q->t + q->nt, ev->token_ids, ev->num_tokens * 4);
+  q->nh += ev->num_block_hashes;
+  q->nt += ev->num_tokens;
+  x->mname_off = x->lname_off = SIZE_MAX;
+  if (mname) {
+    memcpy(q->s + q->ns, mname, mlen + 1);
+    x->mname_off = q->ns;
+    q->ns += mlen + 1;
+  }
+  if (ev->lora_name) {
+    memcpy(q->s + q->ns, ev->lora_name, llen + 1);
+    x->lname_off = q->ns;
+    q->ns += llen + 1;
+  }
+  q->bytes += event_bytes(ev, mname ? mlen : 0, ev->lora_name ? llen : 0);
+  q->n++;
+  return KVBM_OK;
+}
+
+static int check_publish(const kvbm_event *ev, kvbm_error *err) {
+  switch (ev->type) {
+    case KVBM_EVENT_STORED:
+      if (ev->num_block_hashes == 0 || ev->block_size == 0)
+        return kvbm_error_set(err, KVBM_EINVAL,
+                              "events: publish: BlockStored needs blocks and a block size");
+      break;
+    case KVBM_EVENT_REMOVED:
+      if (ev->num_block_hashes == 0)
+        return kvbm_error_set(err, KVBM_EINVAL, "events: publish: BlockRemoved needs blocks");
+      break;
+    case KVBM_EVENT_CLEARED: return KVBM_OK;
+    default:
+      return kvbm_error_set(err, KVBM_EINVAL, "events: publish: unknown event type %d",
+                            (int)ev->type);
+  }
+  if ((ev->num_block_hashes && !ev->block_hashes) || (ev->num_tokens && !ev->token_ids))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publish: NULL array with a count");
+  if ((unsigned)ev->medium > KVBM_MEDIUM_OTHER)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publish: unknown medium %d", (int)ev->medium);
+  if (ev->medium == KVBM_MEDIUM_OTHER && !ev->medium_name)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publish: medium OTHER needs medium_name");
+  return KVBM_OK;
+}
+
+int kvbm_publisher_publish(kvbm_publisher *p, const kvbm_event *ev0, uint64_t *event_id,
+                           kvbm_error *err) {
+  if (!p || !ev0) return kvbm_error_set(err, KVBM_EINVAL, "events: publish: NULL argument");
+  int rc = check_publish(ev0, err);
+  if (rc) return rc;
+  kvbm_event ev = *ev0;
+  if (ev.type == KVBM_EVENT_CLEARED) { /* nothing of a clear goes on the wire */
+    ev = (kvbm_event){.type = KVBM_EVENT_CLEARED};
+  }
+  const char *mname = ev.type != KVBM_EVENT_CLEARED && ev.medium == KVBM_MEDIUM_OTHER
+                          ? ev.medium_name : NULL;
+  size_t mlen = mname ? strlen(mname) : 0;
+  size_t llen = ev.type == KVBM_EVENT_STORED && ev.lora_name ? strlen(ev.lora_name) : 0;
+  if (ev.type != KVBM_EVENT_STORED) {
+    ev.lora_name = NULL;
+    ev.token_ids = NULL;
+    ev.num_tokens = 0;
+  }
+  size_t need = event_bytes(&ev, mlen, llen);
+  if (need > p->o.queue_bytes)
+    return kvbm_error_set(err, KVBM_ETOOLONG,
+                          "events: publish: an event of %zu bytes exceeds queue_bytes %zu", need,
+                          p->o.queue_bytes);
+  pthread_mutex_lock(&p->mu);
+  if (!p->started) {
+    pthread_mutex_unlock(&p->mu);
+    return kvbm_error_set(err, KVBM_ESTATE, "events: publish: publisher not started");
+  }
+  bool counted_block = false;
+  for (;;) {
+    if (p->closing) {
+      pthread_mutex_unlock(&p->mu);
+      return kvbm_error_set(err, KVBM_ECLOSED, "events: publish: publisher is shutting down");
+    }
+    evq *q = p->fill;
+    if (q->n < p->o.queue_events && q->bytes + need <= p->o.queue_bytes) break;
+    if (p->o.overflow == KVBM_OVERFLOW_DROP) {
+      p->st.dropped++;
+      pthread_mutex_unlock(&p->mu);
+      return kvbm_error_set(err, KVBM_EAGAIN, "events: publish: queue full, event dropped");
+    }
+    if (!counted_block) p->st.blocked++;
+    counted_block = true;
+    p->room_waiters++;
+    wake(p);
+    pthread_cond_wait(&p->room, &p->mu);
+    p->room_waiters--;
+  }
+  evq *q = p->fill;
+  if (q->n == 0) q->first_ns = now_ns();
+  ev.event_id = p->st.accepted + 1;
+  rc = q_append(q, &ev, mname, mlen, llen);
+  if (rc) {
+    pthread_mutex_unlock(&p->mu);
+    return kvbm_error_set(err, rc, "events: publish: out of memory");
+  }
+  p->st.accepted++;
+  if (event_id) *event_id = ev.event_id;
+  if (q->n == 1 || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0) wake(p);
+  pthread_mutex_unlock(&p->mu);
+  return KVBM_OK;
+}
+
+int kvbm_publisher_publish_stored(kvbm_publisher *pub, const uint64_t *block_hashes,
+                                  size_t num_blocks, const uint64_t *parent_hash,
+                                  const uint32_t *token_ids, size_t num_tokens,
+                                  uint32_t block_size, const int64_t *lora_id,
+                                  kvbm_medium medium, uint64_t *event_id, kvbm_error *err) {
+  kvbm_event ev = {.type = KVBM_EVENT_STORED, .block_hashes = block_hashes,
+                   .num_block_hashes = num_blocks, .token_ids = token_ids,
+                   .num_tokens = num_tokens, .block_size = block_size, .medium = medium};
+  if (parent_hash) ev.parent_hash = *parent_hash, ev.has_parent = true;
+  if (lora_id) ev.lora_id = *lora_id, ev.has_lora_id = true;
+  if (medium == KVBM_MEDIUM_OTHER)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publish_stored: OTHER needs kvbm_publisher_publish");
+  return kvbm_publisher_publish(pub, &ev, event_id, err);
+}
+
+int kvbm_publisher_publish_removed(kvbm_publisher *pub, const uint64_t *block_hashes,
+                                   size_t num_blocks, kvbm_medium medium, uint64_t *event_id,
+                                   kvbm_error *err) {
+  kvbm_event ev = {.type = KVBM_EVENT_REMOVED, .block_hashes = block_hashes,
+                   .num_block_hashes = num_blocks, .medium = medium};
+  if (medium == KVBM_MEDIUM_OTHER)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publish_removed: OTHER needs kvbm_publisher_publish");
+  return kvbm_publisher_publish(pub, &ev, event_id, err);
+}
+
+int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id, kvbm_error *err) {
+  kvbm_event ev = {.type = KVBM_EVENT_CLEARED};
+  return kvbm_publisher_publish(pub, &ev, event_id, err);
+}
+
+/* --------------------------------------------------------------- thread */
+
+static void q_clear(evq *q) { q->n = q->nh = q->nt = q->ns = q->bytes = 0; }
+
+/* Sends the drained events as batches (no lock held). */
+static void emit(kvbm_publisher *p, evq *q, uint64_t *seq, uint64_t *sink_errors) {
+  kvbm_event *evs = grow(p->scratch, &p->scratch_cap, q->n, sizeof *p->scratch);
+  if (!evs) { /* cannot even list them: count each batch lost at every sink */
+    *sink_errors += p->nsinks * ((q->n + p->o.max_batch_events - 1) / p->o.max_batch_events);
+    *seq += (q->n + p->o.max_batch_events - 1) / p->o.max_batch_events;
+    return;
+  }
+  p->scratch = evs;
+  for (size_t i = 0; i < q->n; i++) {
+    const qev *x = &q->ev[i];
+    kvbm_event *e = &evs[i];
+    *e = x->ev;
+    e->block_hashes = e->num_block_hashes ? q->h + x->h_off : NULL;
+    e->token_ids = e->num_tokens ? q->t + x->t_off : NULL;
+    e->medium_name = x->mname_off != SIZE_MAX ? q->s + x->mname_off : kvbm_medium_name(e->medium);
+    e->lora_name = x->lname_off != SIZE_MAX ? q->s + x->lname_off : NULL;
+  }
+  bool bytes = false;
+  for (size_t s = 0; s < p->nsinks; s++) bytes |= p->sinks[s]->wants_bytes;
+  for (size_t off = 0; off < q->n; off += p->o.max_batch_events) {
+    size_t n = q->n - off < p->o.max_batch_events ? q->n - off : p->o.max_batch_events;
+    kvbm_event_batch b = {.seq = (*seq)++, .ts = wall_now(), .dp_rank = p->o.dp_rank,
+                          .has_dp_rank = true, .events = evs + off, .num_events = n};
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    bool encoded = !bytes || kvbm_event_encode(p->enc, &b, p->o.form, &data, &len, NULL) == 0;
+    for (size_t s = 0; s < p->nsinks; s++) {
+      ev_sink *k = p->sinks[s];
+      if (k->wants_bytes && !encoded) { (*sink_errors)++; continue; }
+      if (k->send(k, &b, data, len)) (*sink_errors)++;
+    }
+  }
+}
+
+/* What is due (lock held): 0 nothing, 1 the full batches only, 2 all. */
+static int due(kvbm_publisher *p, uint64_t now) {
+  const evq *q = p->fill;
+  if (q->n == 0) return 0;
+  if (p->closing || p->room_waiters || p->st.sent_events < p->flush_target ||
+      p->o.max_batch_delay_us == 0 ||
+      now - q->first_ns >= (uint64_t)p->o.max_batch_delay_us * 1000u)
+    return 2;
+  return q->n >= p->o.max_batch_events ? 1 : 0;
+}
+
+/* Moves the events of `from` past `keep` to the (empty) `to`, so that a
+ * count-triggered send takes full batches only and the rest keeps waiting
+ * for its own trigger. Lock held. On ENOMEM everything stays in `from`. */
+static void move_tail(evq *from, size_t keep, evq *to) {
+  for (size_t i = keep; i < from->n; i++) {
+    const qev *x = &from->ev[i];
+    kvbm_event e = x->ev;
+    e.block_hashes = from->h + x->h_off;
+    e.token_ids = from->t + x->t_off;
+    e.lora_name = x->lname_off != SIZE_MAX ? from->s + x->lname_off : NULL;
+    const char *mname = x->mname_off != SIZE_MAX ? from->s + x->mname_off : NULL;
+    if (q_append(to, &e, mname, mname ? strlen(mname) : 0,
+                 e.lora_name ? strlen(e.lora_name) : 0)) {
+      q_clear(to);
+      return;
+    }
+  }
+  to->first_ns = from->first_ns;
+  from->n = keep; /* the arenas' tails are simply left unused */
+}
+
+static void *thread_main(void *arg) {
+  kvbm_publisher *p = arg;
+  zmq_pollitem_t items[MAX_SINKS + 1];
+  size_t sink_of[MAX_SINKS + 1];
+  size_t ni = 0;
+  items[ni++] = (zmq_pollitem_t){.socket = NULL, .fd = p->efd, .events = ZMQ_POLLIN};
+  for (size_t s = 0; s < p->nsinks; s++) {
+    if (!p->sinks[s]->poll_socket) continue;
+    sink_of[ni] = s;
+    items[ni++] = (zmq_pollitem_t){.socket = p->sinks[s]->poll_socket, .events = ZMQ_POLLIN};
+  }
+  uint64_t seq = 0;
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    uint64_t now = now_ns();
+    int what = due(p, now);
+    if (what) {
+      evq *q = p->fill;
+      p->fill = q == &p->q[0] ? &p->q[1] : &p->q[0];
+      if (what == 1) move_tail(q, q->n - q->n % p->o.max_batch_events, p->fill);
+      pthread_cond_broadcast(&p->room);
+      pthread_mutex_unlock(&p->mu);
+      uint64_t errors = 0, seq0 = seq;
+      emit(p, q, &seq, &errors);
+      pthread_mutex_lock(&p->mu);
+      p->st.sent_events += q->n;
+      p->st.batches += seq - seq0;
+      p->st.sink_errors += errors;
+      q_clear(q);
+      pthread_cond_broadcast(&p->done);
+      continue;
+    }
+    if (p->closing && p->fill->n == 0) break;
+    long timeout = -1;
+    if (p->fill->n) {
+      uint64_t deadline = p->fill->first_ns + (uint64_t)p->o.max_batch_delay_us * 1000u;
+      timeout = deadline > now ? (long)((deadline - now + 999999) / 1000000) : 0;
+    }
+    p->waiting = true;
+    pthread_mutex_unlock(&p->mu);
+    int r = zmq_poll(items, (int)ni, timeout);
+    if (r > 0 && (items[0].revents & ZMQ_POLLIN)) {
+      uint64_t v;
+      ssize_t rd = read(p->efd, &v, sizeof v);
+      (void)rd;
+    }
+    ev_service_counts counts = {0};
+    for (size_t i = 1; r > 0 && i < ni; i++)
+      if (items[i].revents & ZMQ_POLLIN) p->sinks[sink_of[i]]->service(p->sinks[sink_of[i]], &counts);
+    pthread_mutex_lock(&p->mu);
+    p->waiting = false;
+    p->st.replay_requests += counts.replay_requests;
+    p->st.replay_bad += counts.replay_bad;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err) {
+  if (!pub) return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: NULL");
+  pthread_mutex_lock(&pub->mu);
+  bool already = pub->started;
+  pthread_mutex_unlock(&pub->mu);
+  if (already) return kvbm_error_set(err, KVBM_ESTATE, "events: publisher: already started");
+  if (pthread_create(&pub->thread, NULL, thread_main, pub))
+    return kvbm_error_set(err, KVBM_EIO, "events: publisher: cannot start its thread");
+  pthread_mutex_lock(&pub->mu);
+  pub->started = true;
+  pthread_mutex_unlock(&pub->mu);
+  return KVBM_OK;
+}
+
+int kvbm_publisher_flush(kvbm_publisher *p, int timeout_ms, kvbm_error *err) {
+  if (!p) return kvbm_error_set(err, KVBM_EINVAL, "events: flush: NULL");
+  struct timespec dl;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  if (timeout_ms >= 0) {
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&p->mu);
+  if (!p->started) {
+    pthread_mutex_unlock(&p->mu);
+    return kvbm_error_set(err, KVBM_ESTATE, "events: flush: publisher not started");
+  }
+  uint64_t target = p->st.accepted;
+  if (p->flush_target < target) p->flush_target = target;
+  wake(p);
+  int rc = KVBM_OK;
+  while (p->st.sent_events < target) {
+    if (timeout_ms < 0) {
+      pthread_cond_wait(&p->done, &p->mu);
+    } else if (pthread_cond_timedwait(&p->done, &p->mu, &dl) == ETIMEDOUT &&
+               p->st.sent_events < target) {
+      rc = kvbm_error_set(err, KVBM_ETIMEDOUT, "events: flush: %llu of %llu events sent in %d ms",
+                          (unsigned long long)p->st.sent_events, (unsigned long long)target,
+                          timeout_ms);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+void kvbm_publisher_stats_get(kvbm_publisher *p, kvbm_publisher_stats *out) {
+  if (!p || !out) return;
+  pthread_mutex_lock(&p->mu);
+  *out = p->st;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void kvbm_publisher_free(kvbm_publisher *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->closing = true;
+  p->waiting = true; /* force the eventfd write even if the thread is busy */
+  wake(p);
+  pthread_cond_broadcast(&p->room);
+  bool started = p->started;
+  pthread_mutex_unlock(&p->mu);
+  if (started) pthread_join(p->thread, NULL);
+  for (size_t s = 0; s < p->nsinks; s++) p->sinks[s]->close(p->sinks[s]);
+  if (p->zctx) zmq_ctx_term(p->zctx);
+  for (int i = 0; i < 2; i++) {
+    free(p->q[i].ev);
+    free(p->q[i].h);
+    free(p->q[i].t);
+    free(p->q[i].s);
+  }
+  free(p->scratch);
+  kvbm_event_encoder_free(p->enc);
+  pthread_cond_destroy(&p->room);
+  pthread_cond_destroy(&p->done);
+  pthread_mutex_destroy(&p->mu);
+  close(p->efd);
+  free(p);
+}

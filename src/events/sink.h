@@ -1,0 +1,54 @@
+/*
+ * sink.h: where the publisher's batches go (private to the events module).
+ *
+ * A sink is a small vtable. The publisher thread is the only caller of
+ * send/service; close runs after that thread has stopped. A sink that
+ * wants bytes gets the encoded payload (encoded once per batch for all of
+ * them); the callback sink gets the batch itself.
+ */
+#ifndef KVBM_EVENTS_SINK_H
+#define KVBM_EVENTS_SINK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/events.h"
+
+typedef struct ev_sink ev_sink;
+
+/* What servicing a sink's input socket did. */
+typedef struct ev_service_counts {
+  uint64_t replay_requests;
+  uint64_t replay_bad;
+} ev_service_counts;
+
+struct ev_sink {
+  bool wants_bytes;
+  /* Sends one batch; returns 0 or a negative status (counted, not fatal). */
+  int (*send)(ev_sink *s, const kvbm_event_batch *b, const uint8_t *payload, size_t len);
+  /* A ZMQ socket with input to serve (the replay ROUTER), or NULL. */
+  void *poll_socket;
+  /* Serves whatever input is waiting on poll_socket, without blocking. */
+  void (*service)(ev_sink *s, ev_service_counts *counts);
+  /* The endpoint bound by the sink (replay: the ROUTER's); NULL if none. */
+  const char *(*endpoint)(const ev_sink *s, bool replay);
+  /* Lets queued output leave (bounded by the sink's linger), then frees. */
+  void (*close)(ev_sink *s);
+};
+
+int ev_sink_callback_new(kvbm_batch_callback fn, void *user, ev_sink **out, kvbm_error *err);
+int ev_sink_zmq_new(void *zctx, const kvbm_zmq_sink_options *o, ev_sink **out, kvbm_error *err);
+int ev_sink_nats_new(const char *url, const char *subject, ev_sink **out, kvbm_error *err);
+
+/* 8-byte big-endian sequence frames. */
+static inline void ev_put_be64(uint8_t *p, uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
+}
+static inline uint64_t ev_get_be64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = v << 8 | p[i];
+  return v;
+}
+
+#endif

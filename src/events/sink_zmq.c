@@ -1,0 +1,237 @@
+/*
+ * sink_zmq.c: the ZMQ PUB sink in vLLM's wire format, with its replay
+ * ROUTER.
+ *
+ * Every batch goes out as three frames: topic, the sequence number (8 bytes
+ * big-endian) and the payload. PUB never blocks: a subscriber that falls
+ * behind by more than the high-water mark loses messages, which is why the
+ * replay socket exists. The sink keeps the last `replay_batches` payloads
+ * (copies, in a ring whose slots reuse their buffers) and answers a request
+ * [identity, "", start_seq] with every kept batch from start_seq on, then
+ * the end marker (sequence -1, empty payload), as vLLM's publisher does.
+ *
+ * The ROUTER has no send high-water mark (a reply is at most the ring, which
+ * is bounded anyway) and is "mandatory", so a reply to a client that went
+ * away stops at once instead of being queued for nobody; a send timeout
+ * keeps a stalled client from holding up the publisher thread for long.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "events/sink.h"
+
+typedef struct slot {
+  uint64_t seq;
+  uint8_t *data;
+  size_t len, cap;
+} slot;
+
+typedef struct zsink {
+  ev_sink base;
+  void *pub, *router;
+  char *topic;
+  size_t topic_len;
+  slot *ring;
+  size_t ring_cap, ring_head, ring_n; /* oldest at ring_head */
+  int linger_ms;
+  char ep[256], rep[256];
+} zsink;
+
+static int zsend(zsink *z, const uint8_t *payload, size_t len, uint64_t seq) {
+  uint8_t seqb[8];
+  ev_put_be64(seqb, seq);
+  if (zmq_send(z->pub, z->topic, z->topic_len, ZMQ_SNDMORE) < 0 ||
+      zmq_send(z->pub, seqb, 8, ZMQ_SNDMORE) < 0 || zmq_send(z->pub, payload, len, 0) < 0)
+    return KVBM_EIO;
+  return 0;
+}
+
+static int keep(zsink *z, uint64_t seq, const uint8_t *payload, size_t len) {
+  size_t i;
+  if (z->ring_n < z->ring_cap) {
+    i = (z->ring_head + z->ring_n) % z->ring_cap;
+    z->ring_n++;
+  } else { /* full: the oldest slot is reused */
+    i = z->ring_head;
+    z->ring_head = (z->ring_head + 1) % z->ring_cap;
+  }
+  slot *s = &z->ring[i];
+  if (s->cap < len) {
+    uint8_t *nd = realloc(s->data, len);
+    if (!nd) { /* keep the ring consistent: this slot now holds nothing */
+      s->len = 0;
+      s->seq = seq;
+      return KVBM_ENOMEM;
+    }
+    s->data = nd;
+    s->cap = len;
+  }
+  if (len) memcpy(s->data, payload, len);
+  s->len = len;
+  s->seq = seq;
+  return 0;
+}
+
+static int zsink_send(ev_sink *base, const kvbm_event_batch *b, const uint8_t *payload,
+                      size_t len) {
+  zsink *z = (zsink *)base;
+  int rc = zsend(z, payload, len, b->seq);
+  if (z->router) {
+    int rc2 = keep(z, b->seq, payload, len);
+    if (!rc) rc = rc2;
+  }
+  return rc;
+}
+
+static int reply(zsink *z, const zmq_msg_t *id, const uint8_t seqb[8], const uint8_t *data,
+                 size_t len) {
+  if (zmq_send(z->router, zmq_msg_data((zmq_msg_t *)id), zmq_msg_size(id), ZMQ_SNDMORE) < 0 ||
+      zmq_send(z->router, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(z->router, seqb, 8, ZMQ_SNDMORE) < 0 ||
+      zmq_send(z->router, data, len, 0) < 0)
+    return -1;
+  return 0;
+}
+
+/* Reads one whole multipart request; keeps the first 3 frames. Returns the
+ * frame count, 0 when nothing is waiting. */
+static int recv_request(void *sock, zmq_msg_t f[3]) {
+  int n = 0;
+  for (;;) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+      zmq_msg_close(&m);
+      return n;
+    }
+    int more = zmq_msg_more(&m);
+    if (n < 3) f[n] = m;
+    else zmq_msg_close(&m);
+    n++;
+    if (!more) return n;
+  }
+}
+
+static void zsink_service(ev_sink *base, ev_service_counts *counts) {
+  zsink *z = (zsink *)base;
+  for (;;) {
+    zmq_msg_t f[3];
+    int n = recv_request(z->router, f);
+    if (n == 0) return;
+    bool ok = n == 3 && zmq_msg_size(&f[1]) == 0 && zmq_msg_size(&f[2]) == 8;
+    if (!ok) {
+      counts->replay_bad++;
+    } else {
+      counts->replay_requests++;
+      uint64_t start = ev_get_be64(zmq_msg_data(&f[2]));
+      bool gone = false;
+      for (size_t k = 0; k < z->ring_n && !gone; k++) {
+        const slot *s = &z->ring[(z->ring_head + k) % z->ring_cap];
+        if (s->seq < start) continue;
+        uint8_t seqb[8];
+        ev_put_be64(seqb, s->seq);
+        gone = reply(z, &f[0], seqb, s->data ? s->data : (const uint8_t *)"", s->len) < 0;
+      }
+      uint8_t endb[8];
+      memset(endb, 0xff, 8); /* -1 */
+      if (!gone) reply(z, &f[0], endb, (const uint8_t *)"", 0);
+    }
+    for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&f[i]);
+  }
+}
+
+static const char *zsink_endpoint(const ev_sink *base, bool replay) {
+  const zsink *z = (const zsink *)base;
+  if (replay) return z->router ? z->rep : NULL;
+  return z->ep;
+}
+
+static void zsink_close(ev_sink *base) {
+  zsink *z = (zsink *)base;
+  if (z->pub) {
+    zmq_setsockopt(z->pub, ZMQ_LINGER, &z->linger_ms, sizeof z->linger_ms);
+    zmq_close(z->pub);
+  }
+  if (z->router) {
+    int zero = 0;
+    zmq_setsockopt(z->router, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_close(z->router);
+  }
+  for (size_t i = 0; i < z->ring_cap; i++) free(z->ring[i].data);
+  free(z->ring);
+  free(z->topic);
+  free(z);
+}
+
+static bool auto_binds(const char *ep) {
+  return strchr(ep, '*') || strstr(ep, "::") || !strncmp(ep, "ipc://", 6) ||
+         !strncmp(ep, "inproc://", 9);
+}
+
+int ev_sink_zmq_new(void *zctx, const kvbm_zmq_sink_options *o, ev_sink **out,
+                    kvbm_error *err) {
+  if (!o || !o->endpoint || !*o->endpoint)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: zmq sink: no endpoint");
+  if (o->hwm < 0 || o->linger_ms < -1)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: zmq sink: negative hwm or linger");
+  if (o->replay_endpoint && o->replay_batches == 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: zmq sink: replay buffer of 0 batches");
+  zsink *z = calloc(1, sizeof *z);
+  if (!z) return kvbm_error_set(err, KVBM_ENOMEM, "events: zmq sink: out of memory");
+  z->base = (ev_sink){.wants_bytes = true, .send = zsink_send, .service = zsink_service,
+                      .endpoint = zsink_endpoint, .close = zsink_close};
+  z->linger_ms = o->linger_ms;
+  const char *topic = o->topic ? o->topic : "";
+  z->topic_len = strlen(topic);
+  z->topic = strdup(topic);
+  int rc = KVBM_OK;
+  if (!z->topic) {
+    rc = kvbm_error_set(err, KVBM_ENOMEM, "events: zmq sink: out of memory");
+    goto fail;
+  }
+  z->pub = zmq_socket(zctx, ZMQ_PUB);
+  if (!z->pub) {
+    rc = kvbm_error_set(err, KVBM_EIO, "events: zmq sink: PUB socket: %s", zmq_strerror(errno));
+    goto fail;
+  }
+  zmq_setsockopt(z->pub, ZMQ_SNDHWM, &o->hwm, sizeof o->hwm);
+  bool bind = o->mode == KVBM_ZMQ_BIND || (o->mode == KVBM_ZMQ_AUTO && auto_binds(o->endpoint));
+  if ((bind ? zmq_bind(z->pub, o->endpoint) : zmq_connect(z->pub, o->endpoint)) < 0) {
+    rc = kvbm_error_set(err, KVBM_EIO, "events: zmq sink: %s %s: %s", bind ? "bind" : "connect",
+                        o->endpoint, zmq_strerror(errno));
+    goto fail;
+  }
+  size_t sz = sizeof z->ep;
+  if (!bind || zmq_getsockopt(z->pub, ZMQ_LAST_ENDPOINT, z->ep, &sz) < 0)
+    snprintf(z->ep, sizeof z->ep, "%s", o->endpoint);
+  if (o->replay_endpoint) {
+    z->ring = calloc(o->replay_batches, sizeof *z->ring);
+    z->ring_cap = o->replay_batches;
+    z->router = zmq_socket(zctx, ZMQ_ROUTER);
+    if (!z->ring || !z->router) {
+      rc = kvbm_error_set(err, z->ring ? KVBM_EIO : KVBM_ENOMEM,
+                          "events: zmq sink: replay socket or buffer: out of resources");
+      goto fail;
+    }
+    int zero = 0, one = 1, timeout = 1000;
+    zmq_setsockopt(z->router, ZMQ_SNDHWM, &zero, sizeof zero);
+    zmq_setsockopt(z->router, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    zmq_setsockopt(z->router, ZMQ_SNDTIMEO, &timeout, sizeof timeout);
+    if (zmq_bind(z->router, o->replay_endpoint) < 0) {
+      rc = kvbm_error_set(err, KVBM_EIO, "events: zmq sink: bind replay %s: %s",
+                          o->replay_endpoint, zmq_strerror(errno));
+      goto fail;
+    }
+    sz = sizeof z->rep;
+    if (zmq_getsockopt(z->router, ZMQ_LAST_ENDPOINT, z->rep, &sz) < 0)
+      snprintf(z->rep, sizeof z->rep, "%s", o->replay_endpoint);
+    z->base.poll_socket = z->router;
+  }
+  *out = &z->base;
+  return KVBM_OK;
+fail:
+  z->linger_ms = 0;
+  zsink_close(&z->base);
+  return rc;
+}
