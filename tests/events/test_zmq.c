@@ -1,0 +1,382 @@
+/* test_zmq.c: our publisher and subscriber over ZMQ on loopback: a late
+ * joiner and a subscriber behind a lossy link recover every batch through
+ * the replay socket; malformed messages of each kind are counted, reported
+ * and skipped; malformed replay requests do not disturb the publisher; ipc
+ * works; the relay republishes an engine's stream on our own endpoint. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "kvbm/events.h"
+
+static kvbm_publisher *start_pub(const char *ep, const char *rep, size_t replay_batches,
+                                 char *pub_ep, char *rep_ep, kvbm_event_form form) {
+  kvbm_publisher_options o = kvbm_publisher_options_default();
+  o.max_batch_events = 4;
+  o.max_batch_delay_us = 60u * 1000 * 1000;
+  o.form = form;
+  kvbm_publisher *p;
+  kvbm_error err;
+  assert_int_equal(kvbm_publisher_new(&o, &p, &err), KVBM_OK);
+  kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(ep);
+  zo.replay_endpoint = rep;
+  zo.replay_batches = replay_batches;
+  zo.topic = "kv@w1";
+  if (kvbm_publisher_add_zmq(p, &zo, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(kvbm_publisher_zmq_endpoint(p, 0, false, pub_ep, 256), KVBM_OK);
+  if (rep) assert_int_equal(kvbm_publisher_zmq_endpoint(p, 0, true, rep_ep, 256), KVBM_OK);
+  assert_int_equal(kvbm_publisher_start(p, &err), KVBM_OK);
+  return p;
+}
+
+/* Publishes batch number i: four BlockStored events with hashes 4i..4i+3. */
+static void publish_batch(kvbm_publisher *p, uint64_t i) {
+  for (uint64_t k = 0; k < 4; k++) {
+    uint64_t h = 4 * i + k;
+    uint32_t tok[2] = {(uint32_t)h, 1};
+    assert_int_equal(kvbm_publisher_publish_stored(p, &h, 1, NULL, tok, 2, 2, NULL,
+                                                   KVBM_MEDIUM_GPU, NULL, NULL),
+                     KVBM_OK);
+  }
+  assert_int_equal(kvbm_publisher_flush(p, 5000, NULL), KVBM_OK);
+}
+
+static void expect_batch(kvbm_subscriber *s, uint64_t i, bool *replayed) {
+  kvbm_event_batch b;
+  kvbm_error err;
+  int rc = kvbm_subscriber_recv(s, 5000, &b, &err);
+  if (rc) fail_msg("batch %llu: %s", (unsigned long long)i, err.msg);
+  assert_int_equal(b.seq, i);
+  assert_int_equal(b.lost_before, 0);
+  assert_int_equal(b.num_events, 4);
+  for (uint64_t k = 0; k < 4; k++) {
+    assert_int_equal(b.events[k].type, KVBM_EVENT_STORED);
+    assert_true(b.events[k].block_hashes[0] == 4 * i + k);
+    assert_int_equal(b.events[k].medium, KVBM_MEDIUM_GPU);
+  }
+  if (replayed) *replayed = b.replayed;
+}
+
+static void late_joiner(const char *ep, const char *rep, kvbm_event_form form) {
+  char pub_ep[256], rep_ep[256];
+  kvbm_publisher *p = start_pub(ep, rep, 1000, pub_ep, rep_ep, form);
+  for (uint64_t i = 0; i < 30; i++) publish_batch(p, i); /* nobody listens yet */
+  kvbm_subscriber_options so = kvbm_subscriber_options_default(pub_ep);
+  so.replay_endpoint = rep_ep;
+  so.start_seq = 0;
+  so.topic = "kv@";
+  kvbm_subscriber *s;
+  assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
+  for (uint64_t i = 0; i < 30; i++) {
+    bool rp;
+    expect_batch(s, i, &rp);
+    assert_true(rp);
+  }
+  usleep(200000); /* let the subscription reach the publisher */
+  for (uint64_t i = 30; i < 40; i++) publish_batch(p, i);
+  for (uint64_t i = 30; i < 40; i++) expect_batch(s, i, NULL);
+  kvbm_subscriber_stats st;
+  kvbm_subscriber_stats_get(s, &st);
+  assert_int_equal(st.delivered, 40);
+  assert_int_equal(st.replayed, 30);
+  assert_int_equal(st.lost, 0);
+  assert_int_equal(st.replay_requests, 1);
+  kvbm_publisher_stats ps;
+  kvbm_publisher_stats_get(p, &ps);
+  assert_int_equal(ps.replay_requests, 1);
+  kvbm_subscriber_free(s);
+  kvbm_publisher_free(p);
+}
+
+static void test_late_joiner_tcp(void **st) {
+  (void)st;
+  late_joiner("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", KVBM_FORM_POSITIONAL);
+}
+
+static void test_late_joiner_ipc(void **st) {
+  (void)st;
+  char ep[128], rep[128];
+  snprintf(ep, sizeof ep, "ipc:///tmp/kvbm-ev-%d.pub", (int)getpid());
+  snprintf(rep, sizeof rep, "ipc:///tmp/kvbm-ev-%d.rep", (int)getpid());
+  late_joiner(ep, rep, KVBM_FORM_MAP);
+}
+
+/* A lossy link: a proxy forwards our publisher's messages to the
+ * subscriber but drops some; the subscriber fills the holes by replay. A
+ * replay buffer of 8 batches cannot cover an old hole: that shows as lost. */
+static void test_lossy_link_replay(void **st) {
+  (void)st;
+  char pub_ep[256], rep_ep[256];
+  kvbm_publisher *p = start_pub("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 8, pub_ep, rep_ep,
+                                KVBM_FORM_POSITIONAL);
+  void *ctx = zmq_ctx_new();
+  void *in = zmq_socket(ctx, ZMQ_SUB);
+  zmq_setsockopt(in, ZMQ_SUBSCRIBE, "", 0);
+  assert_int_equal(zmq_connect(in, pub_ep), 0);
+  void *out = zmq_socket(ctx, ZMQ_PUB);
+  assert_int_equal(zmq_bind(out, "tcp://127.0.0.1:*"), 0);
+  char out_ep[256];
+  size_t sz = sizeof out_ep;
+  zmq_getsockopt(out, ZMQ_LAST_ENDPOINT, out_ep, &sz);
+  kvbm_subscriber_options so = kvbm_subscriber_options_default(out_ep);
+  so.replay_endpoint = rep_ep;
+  kvbm_subscriber *s;
+  assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
+  usleep(300000);
+  /* batches 0..29; the proxy drops 5, 6, 7 and 20; the subscriber reads
+   * as they come (the replay buffer is short) */
+  uint64_t next = 0;
+  for (uint64_t i = 0; i < 30; i++) {
+    publish_batch(p, i);
+    zmq_msg_t f[3];
+    for (int k = 0; k < 3; k++) {
+      zmq_msg_init(&f[k]);
+      assert_true(zmq_msg_recv(&f[k], in, 0) >= 0);
+    }
+    bool drop = i == 5 || i == 6 || i == 7 || i == 20;
+    for (int k = 0; k < 3; k++) {
+      if (!drop) assert_true(zmq_msg_send(&f[k], out, k < 2 ? ZMQ_SNDMORE : 0) >= 0);
+      else zmq_msg_close(&f[k]);
+    }
+    if (!drop)
+      for (; next <= i; next++) expect_batch(s, next, NULL);
+  }
+  assert_int_equal(next, 30);
+  kvbm_subscriber_stats sst;
+  kvbm_subscriber_stats_get(s, &sst);
+  assert_int_equal(sst.gaps, 2);
+  assert_true(sst.replayed >= 4);
+  assert_int_equal(sst.lost, 0);
+  assert_true(sst.duplicates > 0); /* replay returned batches later seen live */
+
+  /* Now a hole older than the replay buffer: drop 30..39 and send 40. */
+  for (uint64_t i = 30; i < 41; i++) {
+    publish_batch(p, i);
+    zmq_msg_t f[3];
+    for (int k = 0; k < 3; k++) {
+      zmq_msg_init(&f[k]);
+      assert_true(zmq_msg_recv(&f[k], in, 0) >= 0);
+    }
+    for (int k = 0; k < 3; k++) {
+      if (i == 40) assert_true(zmq_msg_send(&f[k], out, k < 2 ? ZMQ_SNDMORE : 0) >= 0);
+      else zmq_msg_close(&f[k]);
+    }
+  }
+  /* The buffer holds 33..40: 30..32 are lost, the rest comes back. */
+  kvbm_event_batch b;
+  assert_int_equal(kvbm_subscriber_recv(s, 5000, &b, NULL), KVBM_OK);
+  assert_int_equal(b.seq, 33);
+  assert_int_equal(b.lost_before, 3);
+  for (uint64_t i = 34; i <= 40; i++) expect_batch(s, i, NULL);
+  kvbm_subscriber_stats_get(s, &sst);
+  assert_int_equal(sst.lost, 3);
+  kvbm_subscriber_free(s);
+  zmq_close(in);
+  zmq_close(out);
+  zmq_ctx_term(ctx);
+  kvbm_publisher_free(p);
+}
+
+/* Malformed messages from a raw PUB: each kind is reported, counted and
+ * skipped, and a good message after them still arrives. */
+static void send_frames(void *sock, int n, const void *const *data, const size_t *len) {
+  for (int i = 0; i < n; i++)
+    assert_true(zmq_send(sock, data[i], len[i], i + 1 < n ? ZMQ_SNDMORE : 0) >= 0);
+}
+
+static void test_malformed_messages(void **st) {
+  (void)st;
+  void *ctx = zmq_ctx_new();
+  void *pub = zmq_socket(ctx, ZMQ_PUB);
+  assert_int_equal(zmq_bind(pub, "tcp://127.0.0.1:*"), 0);
+  char ep[256];
+  size_t sz = sizeof ep;
+  zmq_getsockopt(pub, ZMQ_LAST_ENDPOINT, ep, &sz);
+  kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
+  so.max_payload = 1000;
+  kvbm_subscriber *s;
+  assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
+  usleep(300000);
+  /* a payload that fails to decode still uses up its sequence number, so
+   * each of those cases has its own */
+  const uint8_t seq0[8] = {0}, seq1[8] = {0, 0, 0, 0, 0, 0, 0, 1},
+                seq2[8] = {0, 0, 0, 0, 0, 0, 0, 2}, seq3[8] = {0, 0, 0, 0, 0, 0, 0, 3};
+  const uint8_t good[] = {0x93, 0x00, 0x91, 0x91, 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k',
+                          's', 'C', 'l', 'e', 'a', 'r', 'e', 'd', 0x05};
+  static uint8_t big[2000];
+  struct {
+    int n;
+    const void *d[4];
+    size_t l[4];
+    int want;
+    const char *needle;
+  } cases[] = {
+      {2, {"", seq0}, {0, 8}, KVBM_EFORMAT, "2 frames"},
+      {4, {"", seq0, good, "x"}, {0, 8, sizeof good, 1}, KVBM_EFORMAT, "4 frames"},
+      {1, {good}, {sizeof good}, KVBM_EFORMAT, "1 frames"},
+      {3, {"", seq0, good}, {0, 4, sizeof good}, KVBM_EFORMAT, "4 bytes, expected 8"},
+      {3, {"", seq0, "\xc1"}, {0, 8, 1}, KVBM_EFORMAT, "decode"},
+      {3, {"", seq1, "\x93\x00"}, {0, 8, 2}, KVBM_ETRUNCATED, "decode"},
+      {3, {"", seq2, "\x92\x00\xdd\xff\xff\xff\xff"}, {0, 8, 7}, KVBM_ETRUNCATED, "decode"},
+      {3, {"", seq3, big}, {0, 8, sizeof big}, KVBM_ETOOLONG, "over the limit"},
+  };
+  size_t ncases = sizeof cases / sizeof cases[0];
+  for (size_t i = 0; i < ncases; i++) {
+    send_frames(pub, cases[i].n, cases[i].d, cases[i].l);
+    kvbm_event_batch b;
+    kvbm_error err = {0};
+    int rc = kvbm_subscriber_recv(s, 5000, &b, &err);
+    if (rc != cases[i].want)
+      fail_msg("case %zu: got %s (%s)", i, kvbm_status_name(rc), err.msg);
+    if (!strstr(err.msg, cases[i].needle))
+      fail_msg("case %zu: \"%s\" lacks \"%s\"", i, err.msg, cases[i].needle);
+  }
+  const void *gd[3] = {"", seq3, good};
+  size_t gl[3] = {0, 8, sizeof good};
+  send_frames(pub, 3, gd, gl);
+  kvbm_event_batch b;
+  assert_int_equal(kvbm_subscriber_recv(s, 5000, &b, NULL), KVBM_OK);
+  assert_int_equal(b.seq, 3);
+  assert_int_equal(b.lost_before, 0);
+  assert_int_equal(b.dp_rank, 5);
+  assert_int_equal(b.num_events, 1);
+  assert_int_equal(b.events[0].type, KVBM_EVENT_CLEARED);
+  kvbm_subscriber_stats sst;
+  kvbm_subscriber_stats_get(s, &sst);
+  assert_int_equal(sst.malformed, ncases);
+  assert_int_equal(sst.bad_frames, 3);
+  assert_int_equal(sst.bad_seq, 1);
+  assert_int_equal(sst.bad_payload, 3);
+  assert_int_equal(sst.too_large, 1);
+  assert_int_equal(sst.delivered, 1);
+  kvbm_subscriber_free(s);
+  zmq_close(pub);
+  zmq_ctx_term(ctx);
+}
+
+/* Bad replay requests are ignored and counted; a good one still works. */
+static void test_bad_replay_requests(void **st) {
+  (void)st;
+  char pub_ep[256], rep_ep[256];
+  kvbm_publisher *p = start_pub("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 100, pub_ep, rep_ep,
+                                KVBM_FORM_POSITIONAL);
+  publish_batch(p, 0);
+  publish_batch(p, 1);
+  void *ctx = zmq_ctx_new();
+  void *d = zmq_socket(ctx, ZMQ_DEALER);
+  assert_int_equal(zmq_connect(d, rep_ep), 0);
+  zmq_send(d, "", 0, 0);                    /* [id, ""] */
+  zmq_send(d, "", 0, ZMQ_SNDMORE);
+  zmq_send(d, "abc", 3, 0);                 /* start of 3 bytes */
+  zmq_send(d, "x", 1, ZMQ_SNDMORE);
+  zmq_send(d, "12345678", 8, 0);            /* delimiter not empty */
+  zmq_send(d, "", 0, ZMQ_SNDMORE);          /* a good one: from 1 */
+  const uint8_t one[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+  zmq_send(d, one, 8, 0);
+  int timeout = 5000;
+  zmq_setsockopt(d, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+  uint8_t buf[4096];
+  assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 0); /* delimiter */
+  assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 8);
+  assert_memory_equal(buf, one, 8);
+  assert_true(zmq_recv(d, buf, sizeof buf, 0) > 0);      /* payload of batch 1 */
+  assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 0);
+  assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 8);
+  const uint8_t end[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  assert_memory_equal(buf, end, 8);
+  assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 0); /* empty payload */
+  kvbm_publisher_stats ps;
+  kvbm_publisher_stats_get(p, &ps);
+  assert_int_equal(ps.replay_bad, 3);
+  assert_int_equal(ps.replay_requests, 1);
+  int zero = 0;
+  zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_close(d);
+  zmq_ctx_term(ctx);
+  kvbm_publisher_free(p);
+}
+
+/* Relay: engine (a kvbm publisher, map form) -> relay -> our endpoint
+ * (positional form) -> subscriber: same events, new ids, in order. */
+static void test_relay_to_zmq(void **st) {
+  (void)st;
+  char eng_ep[256], eng_rep[256];
+  kvbm_publisher *engine = start_pub("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 100, eng_ep,
+                                     eng_rep, KVBM_FORM_MAP);
+  char out_ep[256], out_rep[256];
+  kvbm_publisher *ours = start_pub("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 100, out_ep,
+                                   out_rep, KVBM_FORM_POSITIONAL);
+  kvbm_subscriber_options src = kvbm_subscriber_options_default(eng_ep);
+  src.replay_endpoint = eng_rep;
+  src.start_seq = 0;
+  kvbm_relay *r;
+  assert_int_equal(kvbm_relay_new(&src, ours, &r, NULL), KVBM_OK);
+  kvbm_subscriber_options so = kvbm_subscriber_options_default(out_ep);
+  so.replay_endpoint = out_rep;
+  so.start_seq = 0;
+  kvbm_subscriber *s;
+  assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
+  for (uint64_t i = 0; i < 10; i++) publish_batch(engine, i);
+  size_t got = 0;
+  for (int t = 0; t < 100 && got < 10; t++) {
+    size_t nb;
+    int rc = kvbm_relay_poll(r, 100, &nb, NULL);
+    assert_true(rc == KVBM_OK || rc == KVBM_ETIMEDOUT);
+    got += nb;
+  }
+  assert_int_equal(got, 10);
+  assert_int_equal(kvbm_publisher_flush(ours, 5000, NULL), KVBM_OK);
+  /* ours batches by 4 too, so its batches line up with the engine's */
+  for (uint64_t i = 0; i < 10; i++) expect_batch(s, i, NULL);
+  const kvbm_subscriber *rs = kvbm_relay_subscriber(r);
+  kvbm_subscriber_stats rst;
+  kvbm_subscriber_stats_get(rs, &rst);
+  assert_int_equal(rst.delivered, 10);
+  kvbm_subscriber_free(s);
+  kvbm_relay_free(r);
+  kvbm_publisher_free(ours);
+  kvbm_publisher_free(engine);
+}
+
+static void test_subscriber_bad_options(void **st) {
+  (void)st;
+  kvbm_subscriber *s;
+  kvbm_error err;
+  kvbm_subscriber_options so = kvbm_subscriber_options_default(NULL);
+  assert_int_equal(kvbm_subscriber_new(&so, &s, &err), KVBM_EINVAL);
+  so = kvbm_subscriber_options_default("nonsense");
+  assert_int_equal(kvbm_subscriber_new(&so, &s, &err), KVBM_EIO);
+  assert_non_null(strstr(err.msg, "nonsense"));
+  so = kvbm_subscriber_options_default("tcp://127.0.0.1:1");
+  so.start_seq = -2;
+  assert_int_equal(kvbm_subscriber_new(&so, &s, &err), KVBM_EINVAL);
+  /* a replay endpoint nobody serves: the join replay times out, counted */
+  so = kvbm_subscriber_options_default("tcp://127.0.0.1:1");
+  so.replay_endpoint = "tcp://127.0.0.1:2";
+  so.replay_timeout_ms = 50;
+  so.start_seq = 0;
+  assert_int_equal(kvbm_subscriber_new(&so, &s, &err), KVBM_OK);
+  kvbm_event_batch b;
+  assert_int_equal(kvbm_subscriber_recv(s, 10, &b, &err), KVBM_ETIMEDOUT);
+  kvbm_subscriber_stats sst;
+  kvbm_subscriber_stats_get(s, &sst);
+  assert_int_equal(sst.replay_failures, 1);
+  kvbm_subscriber_free(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_late_joiner_tcp),      cmocka_unit_test(test_late_joiner_ipc),
+      cmocka_unit_test(test_lossy_link_replay),    cmocka_unit_test(test_malformed_messages),
+      cmocka_unit_test(test_bad_replay_requests),  cmocka_unit_test(test_relay_to_zmq),
+      cmocka_unit_test(test_subscriber_bad_options),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
