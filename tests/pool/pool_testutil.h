@@ -89,6 +89,7 @@ typedef struct tu_binfo {
   uint64_t seq_hash, parent_hash, salt_hash;
   bool has_parent;
   uint8_t priority;
+  bool has_tokens; /* info.tokens was not NULL */
   uint32_t tokens[TU_MAX_BS];
 } tu_binfo;
 
@@ -122,8 +123,8 @@ static inline void tu_binfo_get(const kvbm_pool *p, uint32_t id, uint32_t bs, tu
   o->salt_hash = bi.salt_hash;
   o->has_parent = bi.has_parent;
   o->priority = bi.priority;
-  assert_non_null(bi.tokens);
-  memcpy(o->tokens, bi.tokens, bs * sizeof *bi.tokens);
+  o->has_tokens = bi.tokens != NULL;
+  if (bi.tokens) memcpy(o->tokens, bi.tokens, bs * sizeof *bi.tokens);
 }
 
 static inline void tu_snap_take(const kvbm_pool *p, tu_snap *s) {
@@ -159,6 +160,7 @@ static inline void tu_assert_binfo_equal(const tu_binfo *a, const tu_binfo *b) {
   assert_int_equal(a->salt_hash, b->salt_hash);
   assert_int_equal(a->has_parent, b->has_parent);
   assert_int_equal(a->priority, b->priority);
+  assert_int_equal(a->has_tokens, b->has_tokens);
   assert_memory_equal(a->tokens, b->tokens, sizeof a->tokens);
 }
 
@@ -262,31 +264,50 @@ static inline kvbm_pool_stats tu_stats(const kvbm_pool *p) {
   return st;
 }
 
-/* The multiplicative inverse of the registry's slot multiplier, so that a
- * test can make hashes whose home slot it chooses (the pool maps a hash to
- * (hash * 0x9E3779B97F4A7C15) >> (64 - log2(table size)), table size the
- * smallest power of two >= max(4, 2 * num_blocks)). If the pool's mapping
- * changes, such hashes are still valid, merely no longer colliding. */
-static inline uint64_t tu_mul_inverse(uint64_t k) {
-  uint64_t x = k; /* correct to 3 bits for odd k; each step doubles that */
-  for (int i = 0; i < 6; i++) x *= 2 - k * x;
-  return x;
-}
-
+/* Registry geometry, as src/pool/pool.c has it: a table of the smallest
+ * power of two >= max(4, 4 * num_blocks) slots; a hash's 32-bit fingerprint
+ * is (lo32 ^ hi32), its home slot (fp * 0x9E3779B1) >> (32 - log2(size)).
+ * The tests use this only to make hashes that collide on purpose; if the
+ * pool's mapping changes, such hashes are still valid, merely no longer
+ * colliding. */
 static inline unsigned tu_table_bits(uint32_t num_blocks) {
   unsigned bits = 2;
   uint64_t size = 4;
-  while (size < 2ull * num_blocks) size <<= 1, bits++;
+  while (size < 4ull * num_blocks) size <<= 1, bits++;
   return bits;
 }
 
-/* A hash whose home slot is `slot` in a pool of num_blocks; `salt` picks one
- * of many such hashes. */
-static inline uint64_t tu_hash_at_slot(uint32_t num_blocks, uint64_t slot, uint64_t salt) {
+static inline uint32_t tu_fingerprint(uint64_t hash) { return (uint32_t)(hash ^ (hash >> 32)); }
+
+static inline uint32_t tu_home_of(uint32_t num_blocks, uint64_t hash) {
+  return (uint32_t)(tu_fingerprint(hash) * 0x9E3779B1u) >> (32 - tu_table_bits(num_blocks));
+}
+
+static inline uint32_t tu_inverse32(uint32_t k) {
+  uint32_t x = k; /* right to 3 bits for odd k; each step doubles that */
+  for (int i = 0; i < 5; i++) x *= 2 - k * x;
+  return x;
+}
+
+static inline uint64_t tu_mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+/* A hash whose home slot is `slot` in a pool of num_blocks (< 2^30).
+ * Different `salt`s give different hashes; salts equal but for their two
+ * low bits give hashes with the same fingerprint (so the pool must tell
+ * them apart by the full hash). */
+static inline uint64_t tu_hash_at_slot(uint32_t num_blocks, uint32_t slot, uint64_t salt) {
   unsigned bits = tu_table_bits(num_blocks);
-  uint64_t low_mask = (bits == 64) ? 0 : ((1ull << (64 - bits)) - 1);
-  uint64_t mixed = (slot << (64 - bits)) | ((salt * 0xD6E8FEB86659FD93ull + 1) & low_mask);
-  return mixed * tu_mul_inverse(0x9E3779B97F4A7C15ull);
+  uint32_t low = (uint32_t)tu_mix64(salt >> 2) & ((1u << (32 - bits)) - 1);
+  uint32_t fp = ((slot << (32 - bits)) | low) * tu_inverse32(0x9E3779B1u);
+  uint32_t hi = (uint32_t)tu_mix64(salt * 2 + 1);
+  return (uint64_t)hi << 32 | (fp ^ hi);
 }
 
 #endif

@@ -291,18 +291,24 @@ static void test_fill_equals_steps(void **state) {
 static void test_registry_collisions(void **state) {
   (void)state;
   enum { NB = 8 }; /* table of 16 slots */
-  unsigned bits = tu_table_bits(NB);
-  uint64_t last = (1ull << bits) - 1;
+  uint32_t last = (1u << tu_table_bits(NB)) - 1;
   uint64_t hs[NB];
   uint32_t rng = 12345;
   for (int round = 0; round < 400; round++) {
-    /* homes: the last slot, the one before, and slot 0 */
+    /* homes: the last slot, the one before, and slot 0; pairs (2k, 2k+1)
+     * share their home and their 32-bit fingerprint */
+    uint32_t home = 0;
     for (int i = 0; i < NB; i++) {
       rng = rng * 1103515245u + 12345u;
-      uint64_t home = (rng >> 16) % 3 == 0 ? last : (rng >> 16) % 3 == 1 ? last - 1 : 0;
-      if (round % 4 == 3) home = (rng >> 20) % (last + 1);
+      uint32_t r = rng >> 16;
+      if (i % 2 == 0) home = r % 3 == 0 ? last : r % 3 == 1 ? last - 1 : 0;
+      if (i % 2 == 0 && round % 4 == 3) home = (r >> 4) % (last + 1);
       hs[i] = tu_hash_at_slot(NB, home, (uint64_t)round * 64 + (uint64_t)i);
-      assert_int_equal((hs[i] * 0x9E3779B97F4A7C15ull) >> (64 - bits), home);
+      assert_int_equal(tu_home_of(NB, hs[i]), home);
+      if (i % 2) {
+        assert_int_equal(tu_fingerprint(hs[i]), tu_fingerprint(hs[i - 1]));
+        assert_int_not_equal(hs[i], hs[i - 1]);
+      }
     }
     kvbm_pool *p = tu_pool(NB, BS, KVBM_HASH_NATIVE, false, NULL);
     uint32_t ids[NB];

@@ -462,10 +462,11 @@ static void test_create_bad_config(void **state) {
     const char *word;
   } bad[] = {
       {0, 16, KVBM_HASH_NATIVE, "num_blocks"},
+      {KVBM_POOL_MAX_BLOCKS + 1, 16, KVBM_HASH_NATIVE, "num_blocks"},
       {1u << 31, 16, KVBM_HASH_NATIVE, "num_blocks"},
       {UINT32_MAX, 16, KVBM_HASH_NATIVE, "num_blocks"},
       {8, 0, KVBM_HASH_NATIVE, "block_size"},
-      {8, (1u << 16) + 1, KVBM_HASH_NATIVE, "block_size"},
+      {8, KVBM_POOL_MAX_BLOCK_SIZE + 1, KVBM_HASH_NATIVE, "block_size"},
       {8, UINT32_MAX, KVBM_HASH_NATIVE, "block_size"},
       {8, 16, 2, "scheme"},
       {8, 16, -1, "scheme"},
@@ -485,11 +486,14 @@ static void test_create_bad_config(void **state) {
   /* The edges that are allowed. */
   kvbm_pool_config c = ok;
   c.num_blocks = 1;
-  c.block_size = 1u << 16;
+  c.block_size = KVBM_POOL_MAX_BLOCK_SIZE;
   assert_int_equal(kvbm_pool_create(&c, &p, &err), KVBM_OK);
   kvbm_pool_stats st = tu_stats(p);
   assert_int_equal(st.num_blocks, 1);
-  assert_int_equal(st.block_size, 1u << 16);
+  assert_int_equal(st.block_size, KVBM_POOL_MAX_BLOCK_SIZE);
+  assert_int_equal(kvbm_pool_block_size(p), KVBM_POOL_MAX_BLOCK_SIZE);
+  assert_int_equal(kvbm_pool_num_blocks(p), 1);
+  assert_int_equal(kvbm_pool_scheme(p), KVBM_HASH_NATIVE);
   assert_int_equal(st.free, 1);
   kvbm_pool_destroy(p);
   c.block_size = 1;
