@@ -1,0 +1,302 @@
+/*
+ * cmd_events.c: `kvbm events tail` and `kvbm events relay`.
+ *
+ *   kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]
+ *                    [--count N] [--idle-ms MS] [--bind]
+ *     prints every event of an engine's ZMQ stream (vLLM, SGLang, kvbm) as
+ *     one JSON line: {"seq", "ts", "dp_rank", "type", "block_hashes", ...};
+ *     malformed messages are reported on stderr and skipped.
+ *   kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]
+ *                    (--nats URL --subject S | --zmq EP [--zmq-replay EP]
+ *                    [--zmq-topic T]) [--form positional|map] [--dp-rank R]
+ *                    [--batch N] [--delay-us US] [--count N] [--idle-ms MS]
+ *     republishes the stream on NATS or on our own ZMQ endpoint (printing
+ *     "publishing on EP [replay EP]" first, useful with a '*' port).
+ *
+ * Both stop after --count batches, after --idle-ms without a message, or on
+ * SIGINT/SIGTERM, and print the subscriber's counters on stderr.
+ */
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kvbm/events.h"
+
+const char kvbm_cmd_events_help[] =
+    "KV events: `events tail ENDPOINT` prints them as JSON lines, `events relay` "
+    "republishes an engine's stream to NATS or ZMQ";
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_stop = 1;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
+          "                        [--count N] [--idle-ms MS] [--bind]\n"
+          "       kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
+          "                        (--nats URL --subject S | --zmq EP [--zmq-replay EP]\n"
+          "                        [--zmq-topic T]) [--form positional|map] [--dp-rank R]\n"
+          "                        [--batch N] [--delay-us US] [--count N] [--idle-ms MS]\n");
+}
+
+typedef struct args {
+  kvbm_subscriber_options sub;
+  uint64_t count, idle_ms;
+  const char *nats, *subject, *zmq, *zmq_replay, *zmq_topic;
+  kvbm_publisher_options pub;
+} args;
+
+/* Parses the options shared by both subcommands and relay's own. */
+static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
+  a->sub = kvbm_subscriber_options_default(NULL);
+  a->pub = kvbm_publisher_options_default();
+  for (int i = 1; i < argc; i++) {
+    const char *v = NULL;
+    int r;
+    uint64_t u;
+#define OPT(name) ((r = cli_opt_value(cmd, argc, argv, &i, name, &v)) != 0)
+    if (OPT("--replay")) { if (r < 0) return 2; a->sub.replay_endpoint = v; }
+    else if (OPT("--topic")) { if (r < 0) return 2; a->sub.topic = v; }
+    else if (OPT("--from")) {
+      if (r < 0 || !cli_parse_u64(cmd, "--from", v, 0, INT64_MAX, &u)) return 2;
+      a->sub.start_seq = (int64_t)u;
+    } else if (OPT("--count")) {
+      if (r < 0 || !cli_parse_u64(cmd, "--count", v, 1, UINT64_MAX, &a->count)) return 2;
+    } else if (OPT("--idle-ms")) {
+      if (r < 0 || !cli_parse_u64(cmd, "--idle-ms", v, 1, INT32_MAX, &a->idle_ms)) return 2;
+    } else if (!strcmp(argv[i], "--bind")) {
+      a->sub.bind = true;
+    } else if (relay && OPT("--nats")) { if (r < 0) return 2; a->nats = v; }
+    else if (relay && OPT("--subject")) { if (r < 0) return 2; a->subject = v; }
+    else if (relay && OPT("--zmq")) { if (r < 0) return 2; a->zmq = v; }
+    else if (relay && OPT("--zmq-replay")) { if (r < 0) return 2; a->zmq_replay = v; }
+    else if (relay && OPT("--zmq-topic")) { if (r < 0) return 2; a->zmq_topic = v; }
+    else if (relay && OPT("--form")) {
+      if (r < 0) return 2;
+      if (!strcmp(v, "positional")) a->pub.form = KVBM_FORM_POSITIONAL;
+      else if (!strcmp(v, "map")) a->pub.form = KVBM_FORM_MAP;
+      else {
+        fprintf(stderr, "kvbm %s: --form: '%s' is not positional or map\n", cmd, v);
+        return 2;
+      }
+    } else if (relay && OPT("--dp-rank")) {
+      if (r < 0 || !cli_parse_u64(cmd, "--dp-rank", v, 0, INT32_MAX, &u)) return 2;
+      a->pub.dp_rank = (int32_t)u;
+    } else if (relay && OPT("--batch")) {
+      if (r < 0 || !cli_parse_u64(cmd, "--batch", v, 1, 1u << 20, &u)) return 2;
+      a->pub.max_batch_events = (size_t)u;
+      if (a->pub.queue_events < u) a->pub.queue_events = (size_t)u;
+    } else if (relay && OPT("--delay-us")) {
+      if (r < 0 || !cli_parse_u64(cmd, "--delay-us", v, 0, 60000000, &u)) return 2;
+      a->pub.max_batch_delay_us = (uint32_t)u;
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      fprintf(stderr, "kvbm %s: unknown option '%s'\n", cmd, argv[i]);
+      return 2;
+    } else if (!a->sub.endpoint) {
+      a->sub.endpoint = argv[i];
+    } else {
+      fprintf(stderr, "kvbm %s: unexpected argument '%s'\n", cmd, argv[i]);
+      return 2;
+    }
+#undef OPT
+  }
+  if (!a->sub.endpoint) {
+    fprintf(stderr, "kvbm %s: no ENDPOINT\n", cmd);
+    return 2;
+  }
+  if (relay && !!a->nats == !!a->zmq) {
+    fprintf(stderr, "kvbm %s: give one of --nats URL or --zmq EP\n", cmd);
+    return 2;
+  }
+  if (relay && a->nats && !a->subject) {
+    fprintf(stderr, "kvbm %s: --nats needs --subject\n", cmd);
+    return 2;
+  }
+  return 0;
+}
+
+static void print_stats(const char *cmd, const kvbm_subscriber *s) {
+  kvbm_subscriber_stats st;
+  kvbm_subscriber_stats_get(s, &st);
+  fprintf(stderr,
+          "kvbm %s: %" PRIu64 " batches, %" PRIu64 " events, %" PRIu64 " gaps, %" PRIu64
+          " replayed, %" PRIu64 " lost, %" PRIu64 " duplicates, %" PRIu64 " malformed\n",
+          cmd, st.delivered, st.events, st.gaps, st.replayed, st.lost, st.duplicates,
+          st.malformed);
+}
+
+static void install_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+/* One wait of the loop: up to 200 ms, or what is left of --idle-ms. */
+static int slice_ms(const args *a, double idle_since) {
+  if (!a->idle_ms) return 200;
+  double left = (double)a->idle_ms - (cli_now() - idle_since) * 1000.0;
+  if (left <= 0) return 0;
+  return left < 200 ? (int)left + 1 : 200;
+}
+
+static bool idle_over(const args *a, double idle_since) {
+  return a->idle_ms && (cli_now() - idle_since) * 1000.0 >= (double)a->idle_ms;
+}
+
+static int tail(int argc, char **argv) {
+  const char *cmd = "events tail";
+  args a = {0};
+  int rc = parse(cmd, argc, argv, false, &a);
+  if (rc) {
+    usage();
+    return rc;
+  }
+  kvbm_subscriber *s;
+  kvbm_error err;
+  if (kvbm_subscriber_new(&a.sub, &s, &err)) {
+    fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
+    return 2;
+  }
+  install_signals();
+  size_t cap = 1 << 16;
+  char *buf = malloc(cap);
+  uint64_t n = 0;
+  int status = 0;
+  double idle_since = cli_now();
+  while (!g_stop && (!a.count || n < a.count) && buf) {
+    kvbm_event_batch b;
+    rc = kvbm_subscriber_recv(s, slice_ms(&a, idle_since), &b, &err);
+    if (rc == KVBM_ETIMEDOUT) {
+      if (idle_over(&a, idle_since)) break;
+      continue;
+    }
+    idle_since = cli_now();
+    if (rc == KVBM_EIO) {
+      fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
+      status = 1;
+      break;
+    }
+    if (rc) {
+      fprintf(stderr, "kvbm %s: skipped: %s\n", cmd, err.msg);
+      continue;
+    }
+    n++;
+    if (b.lost_before)
+      fprintf(stderr, "kvbm %s: %" PRIu64 " batches lost before %" PRIu64 "\n", cmd,
+              b.lost_before, b.seq);
+    for (size_t i = 0; i < b.num_events && buf; i++) {
+      size_t need = kvbm_event_to_json(&b.events[i], buf, cap);
+      if (need >= cap) {
+        char *nb = realloc(buf, need + 1);
+        if (!nb) break;
+        buf = nb;
+        cap = need + 1;
+        kvbm_event_to_json(&b.events[i], buf, cap);
+      }
+      printf("{\"seq\":%" PRIu64 ",\"ts\":%.17g,\"dp_rank\":", b.seq, b.ts);
+      if (b.has_dp_rank) printf("%d,", (int)b.dp_rank);
+      else printf("null,");
+      printf("%s\n", buf + 1);
+    }
+    fflush(stdout);
+  }
+  if (!buf) {
+    fprintf(stderr, "kvbm %s: out of memory\n", cmd);
+    status = 1;
+  }
+  free(buf);
+  print_stats(cmd, s);
+  kvbm_subscriber_free(s);
+  return status;
+}
+
+static int relay(int argc, char **argv) {
+  const char *cmd = "events relay";
+  args a = {0};
+  int rc = parse(cmd, argc, argv, true, &a);
+  if (rc) {
+    usage();
+    return rc;
+  }
+  kvbm_publisher *p;
+  kvbm_error err;
+  if (kvbm_publisher_new(&a.pub, &p, &err)) {
+    fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
+    return 2;
+  }
+  if (a.nats) {
+    rc = kvbm_publisher_add_nats(p, a.nats, a.subject, &err);
+  } else {
+    kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(a.zmq);
+    zo.replay_endpoint = a.zmq_replay;
+    zo.topic = a.zmq_topic;
+    rc = kvbm_publisher_add_zmq(p, &zo, &err);
+  }
+  if (rc || (rc = kvbm_publisher_start(p, &err))) {
+    fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
+    kvbm_publisher_free(p);
+    return rc == KVBM_EIO ? 1 : 2;
+  }
+  if (a.zmq) {
+    char ep[256], rep[256];
+    kvbm_publisher_zmq_endpoint(p, 0, false, ep, sizeof ep);
+    printf("publishing on %s", ep);
+    if (kvbm_publisher_zmq_endpoint(p, 0, true, rep, sizeof rep) == KVBM_OK)
+      printf(" replay %s", rep);
+    printf("\n");
+  } else {
+    printf("publishing on %s subject %s\n", a.nats, a.subject);
+  }
+  fflush(stdout);
+  kvbm_relay *r;
+  if (kvbm_relay_new(&a.sub, p, &r, &err)) {
+    fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
+    kvbm_publisher_free(p);
+    return 2;
+  }
+  install_signals();
+  uint64_t n = 0;
+  int status = 0;
+  double idle_since = cli_now();
+  while (!g_stop && (!a.count || n < a.count)) {
+    size_t nb = 0;
+    rc = kvbm_relay_poll(r, slice_ms(&a, idle_since), &nb, &err);
+    n += nb;
+    if (rc == KVBM_ETIMEDOUT) {
+      if (idle_over(&a, idle_since)) break;
+      continue;
+    }
+    idle_since = cli_now();
+    if (rc == KVBM_EIO || rc == KVBM_ECLOSED) {
+      fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
+      status = 1;
+      break;
+    }
+    if (rc) fprintf(stderr, "kvbm %s: skipped: %s\n", cmd, err.msg);
+  }
+  print_stats(cmd, kvbm_relay_subscriber(r));
+  kvbm_relay_free(r);
+  kvbm_publisher_free(p); /* sends everything accepted */
+  return status;
+}
+
+int kvbm_cmd_events(int argc, char **argv) {
+  if (argc < 2) {
+    usage();
+    return 2;
+  }
+  if (!strcmp(argv[1], "tail")) return tail(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "relay")) return relay(argc - 1, argv + 1);
+  fprintf(stderr, "kvbm events: unknown subcommand '%s'\n", argv[1]);
+  usage();
+  return 2;
+}
