@@ -18,14 +18,14 @@
  *    non-empty lists makes "lowest priority, least recently released" two
  *    word scans and a pointer read, i.e. O(1).
  *  - the registry: sequence hash -> block id, open addressing with linear
- *    probing at load <= 1/2 and backward-shift deletion (no tombstones, so
+ *    probing at load <= 1/4 and backward-shift deletion (no tombstones, so
  *    long runs of insert/evict never degrade it). A slot is 8 bytes, a 32-bit
- *    fingerprint and the id, so the table of a 16K-block pool is 256 KiB and
+ *    fingerprint and the id, so the table of a 16K-block pool is 512 KiB and
  *    stays in cache; the full hash is confirmed on the block record. Sequence
  *    hashes are uniform, but a caller can hand kvbm_block_fill() any value,
  *    so the home slot is a multiplicative mix of the fingerprint.
  *
- * Memory for a pool of N blocks of B tokens: 32 N (records) + 16 N
+ * Memory for a pool of N blocks of B tokens: 32 N (records) + 32 N
  * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots).
  */
 #include "kvbm/pool.h"
@@ -92,21 +92,29 @@ static inline uint32_t home_of(const kvbm_pool *p, uint32_t fp) {
   return (fp * 0x9E3779B1u) >> p->table_shift;
 }
 
-static uint32_t reg_find(const kvbm_pool *p, uint64_t hash) {
-  uint32_t fp = fingerprint(hash);
+/* Walks the probe run of `hash`: returns the first block registered under
+ * it (NIL if none). With `slot_out` non-NULL, also finds where an insert
+ * goes: the empty slot that ends the run (the walk then goes on past a hit
+ * only when `to_end`, for a duplicate that must sit behind the first). */
+static inline uint32_t reg_probe(const kvbm_pool *p, uint64_t hash, uint32_t *slot_out,
+                                 bool to_end) {
+  const uint32_t fp = fingerprint(hash);
+  uint32_t found = NIL;
   for (uint32_t i = home_of(p, fp);; i = (i + 1) & p->table_mask) {
     const slot *s = &p->table[i];
-    if (s->id == NIL) return NIL;
-    if (s->fp == fp && p->blocks[s->id].seq_hash == hash) return s->id;
+    if (s->id == NIL) {
+      if (slot_out) *slot_out = i;
+      return found;
+    }
+    if (found == NIL && s->fp == fp && p->blocks[s->id].seq_hash == hash) {
+      found = s->id;
+      if (!to_end) return found;
+    }
   }
 }
 
-static void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t id) {
-  uint32_t fp = fingerprint(hash);
-  uint32_t i = home_of(p, fp);
-  while (p->table[i].id != NIL) i = (i + 1) & p->table_mask;
-  p->table[i].fp = fp;
-  p->table[i].id = id;
+static uint32_t reg_find(const kvbm_pool *p, uint64_t hash) {
+  return reg_probe(p, hash, NULL, false);
 }
 
 /* Removes the entry of block `id` (with allow_duplicates, several blocks can
@@ -213,26 +221,33 @@ static void unregister(kvbm_pool *p, uint32_t id) {
   p->registered--;
 }
 
-static void evict(kvbm_pool *p, uint32_t id) {
-  kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id,
-                        .seq_hash = p->blocks[id].seq_hash};
+/* Evicts the oldest cached block (the head of the lowest non-empty
+ * priority list) and returns it, RESET. */
+static uint32_t evict_oldest(kvbm_pool *p) {
+  uint32_t id = cache_oldest(p);
+  uint64_t hash = p->blocks[id].seq_hash;
+  /* The next victim is usually this one's successor in the list: start
+   * loading its registry slot and the record after it now. */
+  uint32_t next = p->blocks[id].next;
+  if (next != NIL) {
+    reg_prefetch(p, p->blocks[next].seq_hash);
+    if (p->blocks[next].next != NIL) __builtin_prefetch(&p->blocks[p->blocks[next].next]);
+  }
   cache_unlink(p, id);
   unregister(p, id);
   p->evicted++;
   block_reset(p, id);
-  notify(p, &ev);
+  if (p->cfg.listener) {
+    kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash};
+    notify(p, &ev);
+  }
+  return id;
 }
 
 /* One block off the free list, or else the oldest cached block evicted.
  * The caller has checked that one is available. */
-static uint32_t take_block(kvbm_pool *p) {
-  uint32_t id;
-  if (p->free_top) {
-    id = p->free_stack[--p->free_top];
-  } else {
-    id = cache_oldest(p);
-    evict(p, id);
-  }
+static inline uint32_t take_block(kvbm_pool *p) {
+  uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p);
   p->blocks[id].refcount = 1;
   p->allocated++;
   return id;
@@ -253,7 +268,8 @@ static void acquire(kvbm_pool *p, uint32_t id) {
  * kvbm_block_register). `tokens` are the block's tokens, for the event. */
 static uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
   blk *b = &p->blocks[id];
-  uint32_t existing = reg_find(p, b->seq_hash);
+  uint32_t at = 0;
+  uint32_t existing = reg_probe(p, b->seq_hash, &at, p->cfg.allow_duplicates);
   if (existing != NIL) {
     p->dedup++;
     if (!p->cfg.allow_duplicates) {
@@ -269,7 +285,8 @@ static uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
   b->state = KVBM_BLOCK_REGISTERED;
   /* A duplicate gets its own entry too, behind the first one's in the probe
    * run: lookups still find the first, and the duplicate once it is gone. */
-  reg_insert(p, b->seq_hash, id);
+  p->table[at].fp = fingerprint(b->seq_hash);
+  p->table[at].id = id;
   b->flags |= F_INDEXED;
   p->registered++;
   if (p->cfg.listener) {
