@@ -464,7 +464,7 @@ int kvbm_block_append(kvbm_pool *p, uint32_t id, const uint32_t *tokens, size_t 
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_PARTIAL) return KVBM_ESTATE;
   if (n > p->cfg.block_size - b->ntok) return KVBM_EOVERFLOW;
-  memcpy(tokens_of(p, id) + b->ntok, tokens, n * sizeof *tokens);
+  if (n) memcpy(tokens_of(p, id) + b->ntok, tokens, n * sizeof *tokens); /* NULL, 0 is allowed */
   b->ntok = (uint16_t)(b->ntok + n);
   return KVBM_OK;
 }
