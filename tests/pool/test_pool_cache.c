@@ -10,6 +10,9 @@
  * - inactive pool: free blocks before any eviction; lowest priority first,
  *   then least recently released; tail-first release evicts the tail first;
  *   a match takes a block out of the cache; all-or-nothing alloc; clear.
+ * - prefill: fill_run == alloc + fill per block (parents chained, dedup,
+ *   ENOSPC without change, evicting for block k before looking up k + 1);
+ *   keep_tokens off; peek takes no reference.
  * - listener: STORED (with parent, tokens, salt) on register only, REMOVED on
  *   eviction, CLEARED on clear, in order.
  */
@@ -624,6 +627,188 @@ static void test_clear_cache(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* ---- prefill path, token copies, peek ----------------------------------------- */
+
+/* fill_run == alloc + fill of each block, with the chain's parents. */
+static void test_fill_run(void **state) {
+  (void)state;
+  enum { N = 5, B = 8 };
+  uint32_t t[N * B];
+  tu_tokens(t, N * B, 31);
+  uint64_t salt = kvbm_hash_salt("x", 1), hs[N];
+  assert_int_equal(kvbm_hash_chain(KVBM_HASH_DYNAMO, salt, t, N * B, B, hs, N), N);
+  tu_log *l1 = malloc(sizeof *l1), *l2 = malloc(sizeof *l2);
+  /* room for both runs in full: fill_run asks for n available blocks even
+   * when every one of them will dedup */
+  kvbm_pool *p1 = tu_pool(2 * N + 2, B, KVBM_HASH_DYNAMO, false, l1);
+  kvbm_pool *p2 = tu_pool(2 * N + 2, B, KVBM_HASH_DYNAMO, false, l2);
+  uint32_t ids[N], ids2[N];
+  assert_int_equal(kvbm_pool_fill_run(p1, salt, 0, false, t, hs, N, ids), KVBM_OK);
+  for (int k = 0; k < N; k++) {
+    uint32_t id = tu_alloc1(p2);
+    assert_int_equal(kvbm_block_fill(p2, id, salt, k ? hs[k - 1] : 0, k > 0, t + k * B, hs[k], &ids2[k]),
+                     KVBM_OK);
+    assert_int_equal(ids[k], ids2[k]);
+    kvbm_block_info bi;
+    assert_int_equal(kvbm_block_info_get(p1, ids[k], &bi), KVBM_OK);
+    assert_int_equal(bi.state, KVBM_BLOCK_REGISTERED);
+    assert_int_equal(bi.refcount, 1);
+    assert_int_equal(bi.seq_hash, hs[k]);
+    assert_int_equal(bi.has_parent, k > 0);
+    if (k) assert_int_equal(bi.parent_hash, hs[k - 1]);
+    assert_int_equal(bi.salt_hash, salt);
+  }
+  tu_snap *s2 = tu_snap_new(p2);
+  tu_assert_unchanged(p1, s2);
+  free(s2);
+  assert_int_equal(l1->n, N);
+  for (size_t i = 0; i < N; i++) assert_memory_equal(&l1->ev[i], &l2->ev[i], sizeof l1->ev[i]);
+
+  /* The same run again dedups every block onto the first run's. */
+  kvbm_pool_stats st0 = tu_stats(p1);
+  assert_int_equal(kvbm_pool_fill_run(p1, salt, 0, false, t, hs, N, ids2), KVBM_OK);
+  kvbm_pool_stats st = tu_stats(p1);
+  for (int k = 0; k < N; k++) {
+    assert_int_equal(ids2[k], ids[k]);
+    assert_int_equal(tu_refcount(p1, ids[k]), 2);
+  }
+  assert_int_equal(st.dedup, st0.dedup + N);
+  assert_int_equal(st.free, st0.free);
+  assert_int_equal(st.allocated, st0.allocated + N);
+  assert_int_equal(l1->n, N); /* no STORED for dedups */
+
+  /* A run continuing a chain takes the parent given. */
+  uint32_t more;
+  uint32_t t2[B];
+  tu_tokens(t2, B, 32);
+  uint64_t h6 = kvbm_hash_next(KVBM_HASH_DYNAMO, salt, hs[N - 1], true, t2, B);
+  assert_int_equal(kvbm_pool_fill_run(p1, salt, hs[N - 1], true, t2, &h6, 1, &more), KVBM_OK);
+  kvbm_block_info bi;
+  assert_int_equal(kvbm_block_info_get(p1, more, &bi), KVBM_OK);
+  assert_true(bi.has_parent);
+  assert_int_equal(bi.parent_hash, hs[N - 1]);
+  assert_true(l1->ev[N].has_parent);
+  assert_int_equal(l1->ev[N].parent_hash, hs[N - 1]);
+
+  /* Short of blocks: ENOSPC and no change; NULLs: EINVAL; n == 0: nothing. */
+  tu_snap *s1 = tu_snap_new(p1);
+  size_t nev = l1->n;
+  assert_int_equal(kvbm_pool_available(p1), N + 1);
+  uint64_t hx[N + 2] = {1, 2, 3, 4, 5, 6, 7};
+  uint32_t tx[(N + 2) * B] = {0}, idx[N + 2] = {7, 7, 7};
+  for (int i = 0; i < 3; i++) idx[i] = 7;
+  assert_int_equal(kvbm_pool_fill_run(p1, 0, 0, false, tx, hx, N + 2, idx), KVBM_ENOSPC);
+  hx[0] = hs[0]; /* even when the first would dedup */
+  assert_int_equal(kvbm_pool_fill_run(p1, 0, 0, false, tx, hx, N + 2, idx), KVBM_ENOSPC);
+  assert_int_equal(kvbm_pool_fill_run(p1, 0, 0, false, NULL, hx, 1, idx), KVBM_EINVAL);
+  assert_int_equal(kvbm_pool_fill_run(p1, 0, 0, false, tx, NULL, 1, idx), KVBM_EINVAL);
+  assert_int_equal(kvbm_pool_fill_run(p1, 0, 0, false, tx, hx, 1, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm_pool_fill_run(p1, 0, 0, false, NULL, NULL, 0, NULL), KVBM_OK);
+  for (int i = 0; i < 3; i++) assert_int_equal(idx[i], 7);
+  tu_assert_unchanged(p1, s1);
+  assert_int_equal(l1->n, nev);
+  free(s1);
+  kvbm_pool_destroy(p1);
+  kvbm_pool_destroy(p2);
+  free(l1);
+  free(l2);
+}
+
+/* W1's order inside a run: block k is taken (evicting) before block k + 1 is
+ * looked up, so k can evict what k + 1 would have deduplicated onto. */
+static void test_fill_run_evicts_before_lookup(void **state) {
+  (void)state;
+  tu_log log;
+  kvbm_pool *p = tu_pool(2, BS, KVBM_HASH_NATIVE, false, &log);
+  uint32_t a = tu_fill_new(p, BS, 0xa, 1), b = tu_fill_new(p, BS, 0xb, 2);
+  assert_int_equal(kvbm_block_release(p, a, 0), KVBM_OK); /* a: oldest */
+  assert_int_equal(kvbm_block_release(p, b, 0), KVBM_OK);
+  uint64_t hs[2] = {0xc, 0xa};
+  uint32_t t[2 * BS] = {0}, ids[2];
+  assert_int_equal(kvbm_pool_fill_run(p, 0, 0, false, t, hs, 2, ids), KVBM_OK);
+  assert_int_equal(ids[0], a); /* a evicted for 0xc */
+  assert_int_equal(ids[1], b); /* so 0xa is new: b evicted for it */
+  kvbm_pool_stats st = tu_stats(p);
+  assert_int_equal(st.dedup, 0);
+  assert_int_equal(st.evicted, 2);
+  /* events: REMOVED a, STORED c, REMOVED b, STORED a */
+  assert_int_equal(log.n, 6);
+  assert_int_equal(log.ev[2].kind, KVBM_POOL_REMOVED);
+  assert_int_equal(log.ev[2].seq_hash, 0xa);
+  assert_int_equal(log.ev[3].kind, KVBM_POOL_STORED);
+  assert_int_equal(log.ev[3].seq_hash, 0xc);
+  assert_int_equal(log.ev[4].kind, KVBM_POOL_REMOVED);
+  assert_int_equal(log.ev[4].seq_hash, 0xb);
+  assert_int_equal(log.ev[5].kind, KVBM_POOL_STORED);
+  assert_int_equal(log.ev[5].seq_hash, 0xa);
+  assert_true(log.ev[5].has_parent);
+  assert_int_equal(log.ev[5].parent_hash, 0xc);
+  kvbm_pool_destroy(p);
+}
+
+/* keep_tokens off: filled blocks keep no copy (info.tokens NULL) but events
+ * still carry the tokens; blocks built by append keep theirs. */
+static void test_keep_tokens_off(void **state) {
+  (void)state;
+  tu_log *log = malloc(sizeof *log);
+  memset(log, 0, sizeof *log);
+  kvbm_pool_config cfg = kvbm_pool_config_default(4, BS);
+  assert_true(cfg.keep_tokens); /* the default */
+  cfg.keep_tokens = false;
+  cfg.listener = tu_listener;
+  cfg.listener_user = log;
+  kvbm_pool *p;
+  assert_int_equal(kvbm_pool_create(&cfg, &p, NULL), KVBM_OK);
+  uint32_t t[2 * BS];
+  tu_tokens(t, 2 * BS, 5);
+  uint32_t id = tu_alloc1(p), out;
+  assert_int_equal(kvbm_block_fill(p, id, 0, 0, false, t, 0x11, &out), KVBM_OK);
+  kvbm_block_info bi;
+  assert_int_equal(kvbm_block_info_get(p, out, &bi), KVBM_OK);
+  assert_null(bi.tokens);
+  assert_int_equal(bi.num_tokens, BS);
+  assert_int_equal(log->ev[0].num_tokens, BS);
+  assert_memory_equal(log->ev[0].tokens, t, BS * sizeof *t);
+  uint64_t h2 = 0x22;
+  uint32_t rid;
+  assert_int_equal(kvbm_pool_fill_run(p, 0, 0x11, true, t + BS, &h2, 1, &rid), KVBM_OK);
+  assert_int_equal(kvbm_block_info_get(p, rid, &bi), KVBM_OK);
+  assert_null(bi.tokens);
+  assert_memory_equal(log->ev[1].tokens, t + BS, BS * sizeof *t);
+  uint32_t s = tu_alloc1(p);
+  assert_int_equal(kvbm_block_init(p, s, 0, 0, false), KVBM_OK);
+  assert_int_equal(kvbm_block_append(p, s, t, 3), KVBM_OK);
+  assert_int_equal(kvbm_block_info_get(p, s, &bi), KVBM_OK);
+  assert_non_null(bi.tokens);
+  assert_memory_equal(bi.tokens, t, 3 * sizeof *t);
+  kvbm_pool_destroy(p);
+  free(log);
+}
+
+/* peek looks without taking a reference. */
+static void test_peek(void **state) {
+  (void)state;
+  kvbm_pool *p = tu_pool(3, BS, KVBM_HASH_NATIVE, false, NULL);
+  uint32_t a = tu_fill_new(p, BS, 0xa, 1), b = tu_fill_new(p, BS, 0xb, 2);
+  assert_int_equal(kvbm_block_release(p, b, 0), KVBM_OK);
+  tu_snap *s = tu_snap_new(p);
+  uint32_t id = 99;
+  bool cached = true;
+  assert_int_equal(kvbm_pool_peek(p, 0xa, &id, &cached), KVBM_OK);
+  assert_int_equal(id, a);
+  assert_false(cached);
+  assert_int_equal(kvbm_pool_peek(p, 0xb, &id, &cached), KVBM_OK);
+  assert_int_equal(id, b);
+  assert_true(cached);
+  id = 99;
+  assert_int_equal(kvbm_pool_peek(p, 0xc, &id, &cached), KVBM_ENOTFOUND);
+  assert_int_equal(id, 99);
+  assert_int_equal(kvbm_pool_peek(p, 0xa, NULL, NULL), KVBM_OK);
+  tu_assert_unchanged(p, s); /* no reference, no LRU change, no hit counted */
+  free(s);
+  kvbm_pool_destroy(p);
+}
+
 /* ---- listener ------------------------------------------------------------------ */
 
 static void test_listener_sequence(void **state) {
@@ -744,6 +929,10 @@ int main(void) {
       cmocka_unit_test(test_match_reactivates),
       cmocka_unit_test(test_shared_release),
       cmocka_unit_test(test_clear_cache),
+      cmocka_unit_test(test_fill_run),
+      cmocka_unit_test(test_fill_run_evicts_before_lookup),
+      cmocka_unit_test(test_keep_tokens_off),
+      cmocka_unit_test(test_peek),
       cmocka_unit_test(test_listener_sequence),
       cmocka_unit_test(test_listener_counts),
   };
