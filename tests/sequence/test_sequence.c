@@ -1,0 +1,335 @@
+/*
+ * test_sequence.c: the engine-facing sequence API over a pool.
+ *
+ * Prefill (matching at most L - 1 tokens, all or nothing), append (allocate
+ * on a boundary, register and dedup on fill), fork (shared full blocks,
+ * copied partial tail) and destroy (tail first), each checked against the
+ * pool's own view of the blocks.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvbm/sequence.h"
+
+#define B 4
+
+static kvbm_pool *mkpool(uint32_t n) {
+  kvbm_pool_config c = kvbm_pool_config_default(n, B);
+  kvbm_pool *p;
+  assert_int_equal(kvbm_pool_create(&c, &p, NULL), KVBM_OK);
+  return p;
+}
+
+static void toks(uint32_t *t, size_t n, uint32_t base) {
+  for (size_t i = 0; i < n; i++) t[i] = base + (uint32_t)i;
+}
+
+static kvbm_pool_stats stats(kvbm_pool *p) {
+  kvbm_pool_stats s;
+  kvbm_pool_stats_get(p, &s);
+  return s;
+}
+
+static uint32_t refs(kvbm_pool *p, uint32_t id) {
+  kvbm_block_info bi;
+  assert_int_equal(kvbm_block_info_get(p, id, &bi), KVBM_OK);
+  return bi.refcount;
+}
+
+static void prefill_then_share(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(16);
+  uint32_t t[10];
+  toks(t, 10, 100);
+  kvbm_seq *a, *b;
+  size_t m = 99;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 10, &m), KVBM_OK);
+  assert_int_equal(m, 0);
+  const uint32_t *ia, *ib;
+  size_t na, nb;
+  kvbm_seq_blocks(a, &ia, &na);
+  assert_int_equal(na, 3); /* 4 + 4 + 2 */
+  assert_int_equal(kvbm_seq_num_tokens(a), 10);
+  assert_int_equal(stats(p).registered, 2);
+  uint64_t h0, h1;
+  assert_int_equal(kvbm_seq_block_hash(a, 0, &h0), KVBM_OK);
+  assert_int_equal(kvbm_seq_block_hash(a, 1, &h1), KVBM_OK);
+  assert_int_equal(kvbm_seq_block_hash(a, 2, &h1), KVBM_EINVAL); /* partial */
+  assert_int_equal(kvbm_seq_block_hash(a, 1, &h1), KVBM_OK);
+  uint64_t want[2];
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, t, 10, B, want, 2);
+  assert_true(h0 == want[0] && h1 == want[1]);
+
+  /* The same prompt again shares both full blocks. */
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &b), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(b, t, 10, &m), KVBM_OK);
+  assert_int_equal(m, 8);
+  kvbm_seq_blocks(b, &ib, &nb);
+  assert_int_equal(nb, 3);
+  assert_int_equal(ib[0], ia[0]);
+  assert_int_equal(ib[1], ia[1]);
+  assert_int_not_equal(ib[2], ia[2]); /* partial tails are private */
+  assert_int_equal(refs(p, ia[0]), 2);
+  kvbm_seq_destroy(a);
+  kvbm_seq_destroy(b);
+  kvbm_pool_stats s = stats(p);
+  assert_int_equal(s.active, 0);
+  assert_int_equal(s.cached, 2);
+  assert_int_equal(s.free, 14);
+  kvbm_pool_destroy(p);
+}
+
+/* A prompt of L tokens matches at most L - 1: with L = 8 (two full blocks
+ * cached) only the first block matches; the second is computed again and
+ * deduplicated onto the cached one when it registers. */
+static void match_stops_before_last_token(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(8);
+  uint32_t t[8];
+  toks(t, 8, 7);
+  kvbm_seq *a, *b;
+  size_t m;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 8, &m), KVBM_OK);
+  const uint32_t *ia, *ib;
+  size_t na, nb;
+  kvbm_seq_blocks(a, &ia, &na);
+  uint32_t a0 = ia[0], a1 = ia[1];
+  kvbm_seq_destroy(a);
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &b), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(b, t, 8, &m), KVBM_OK);
+  assert_int_equal(m, 4);
+  kvbm_seq_blocks(b, &ib, &nb);
+  assert_int_equal(nb, 2);
+  assert_int_equal(ib[0], a0);
+  assert_int_equal(ib[1], a1); /* dedup */
+  assert_int_equal(stats(p).dedup, 1);
+  assert_int_equal(stats(p).allocated, 3);
+  kvbm_seq_destroy(b);
+  kvbm_pool_destroy(p);
+}
+
+/* Not enough blocks: nothing changes, not even which block is evicted next. */
+static void prefill_is_all_or_nothing(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(4);
+  uint32_t t[16];
+  toks(t, 12, 500);
+  kvbm_seq *a, *b;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 12, NULL), KVBM_OK); /* 3 blocks */
+  const uint32_t *ia;
+  size_t na;
+  kvbm_seq_blocks(a, &ia, &na);
+  uint32_t tail = ia[2];
+  kvbm_seq_destroy(a); /* cache order: tail, middle, head */
+  kvbm_pool_stats before = stats(p);
+  /* 16 tokens sharing the first 2 blocks: needs 2 more (3rd differs), but
+   * only free 1 + cached 3 - 2 matched = 2 -> fits. Make it need 3. */
+  toks(t + 8, 8, 9000);
+  uint32_t big[20];
+  memcpy(big, t, 16 * sizeof *t);
+  toks(big + 16, 4, 77);
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &b), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(b, big, 20, NULL), KVBM_ENOSPC);
+  kvbm_pool_stats after = stats(p);
+  assert_memory_equal(&before, &after, sizeof before);
+  assert_int_equal(kvbm_seq_num_tokens(b), 0);
+  kvbm_seq_blocks(b, &ia, &na);
+  assert_int_equal(na, 0);
+  kvbm_seq_destroy(b);
+  /* The next eviction still takes the old tail first. */
+  uint32_t ids[2];
+  assert_int_equal(kvbm_pool_alloc(p, 2, ids), KVBM_OK); /* 1 free + 1 evicted */
+  assert_true(ids[0] == tail || ids[1] == tail);
+  kvbm_pool_destroy(p);
+}
+
+static void append_registers_on_fill(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(8);
+  uint32_t t[12];
+  toks(t, 12, 1);
+  kvbm_seq *a;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 3, NULL), KVBM_OK);
+  assert_int_equal(stats(p).registered, 0);
+  assert_int_equal(kvbm_seq_append(a, t + 3, 1), KVBM_OK); /* fills block 0 */
+  assert_int_equal(stats(p).registered, 1);
+  assert_int_equal(kvbm_seq_append(a, t + 4, 6), KVBM_OK); /* fills 1, opens 2 */
+  const uint32_t *ia;
+  size_t na;
+  kvbm_seq_blocks(a, &ia, &na);
+  assert_int_equal(na, 3);
+  assert_int_equal(stats(p).registered, 2);
+  uint64_t want[2], got;
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, t, 8, B, want, 2);
+  for (size_t k = 0; k < 2; k++) {
+    assert_int_equal(kvbm_seq_block_hash(a, k, &got), KVBM_OK);
+    assert_true(got == want[k]);
+    assert_true(kvbm_pool_contains(p, want[k]));
+  }
+  assert_int_equal(kvbm_seq_append(a, t, 0), KVBM_OK);
+  assert_int_equal(kvbm_seq_append(NULL, t, 1), KVBM_EINVAL);
+  assert_int_equal(kvbm_seq_append(a, NULL, 1), KVBM_EINVAL);
+  /* Out of blocks: 8 - 3 = 5 left; 24 more tokens need 6 blocks. */
+  uint32_t more[24];
+  toks(more, 24, 3000);
+  kvbm_pool_stats before = stats(p);
+  assert_int_equal(kvbm_seq_append(a, more, 24), KVBM_ENOSPC);
+  kvbm_pool_stats after = stats(p);
+  assert_memory_equal(&before, &after, sizeof before);
+  assert_int_equal(kvbm_seq_num_tokens(a), 10);
+  kvbm_seq_destroy(a);
+  kvbm_pool_destroy(p);
+}
+
+static void fork_shares_full_blocks_and_copies_the_tail(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(8);
+  uint32_t t[10];
+  toks(t, 10, 40);
+  kvbm_seq *a, *c;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 10, NULL), KVBM_OK);
+  uint32_t src, dst;
+  assert_int_equal(kvbm_seq_fork(a, &c, &src, &dst), KVBM_OK);
+  const uint32_t *ia, *ic;
+  size_t na, nc;
+  kvbm_seq_blocks(a, &ia, &na);
+  kvbm_seq_blocks(c, &ic, &nc);
+  assert_int_equal(nc, 3);
+  assert_int_equal(ic[0], ia[0]);
+  assert_int_equal(ic[1], ia[1]);
+  assert_int_equal(refs(p, ia[0]), 2);
+  assert_int_equal(src, ia[2]);
+  assert_int_equal(dst, ic[2]);
+  assert_int_not_equal(src, dst);
+  kvbm_block_info bs, bd;
+  kvbm_block_info_get(p, src, &bs);
+  kvbm_block_info_get(p, dst, &bd);
+  assert_int_equal(bd.state, KVBM_BLOCK_PARTIAL);
+  assert_int_equal(bd.num_tokens, 2);
+  assert_memory_equal(bd.tokens, bs.tokens, 2 * sizeof(uint32_t));
+  assert_true(bd.parent_hash == bs.parent_hash && bd.has_parent);
+  /* Diverge: the child's tail fills with other tokens than the parent's. */
+  uint32_t x[2] = {1000, 1001}, y[2] = {2000, 2001};
+  assert_int_equal(kvbm_seq_append(a, x, 2), KVBM_OK);
+  assert_int_equal(kvbm_seq_append(c, y, 2), KVBM_OK);
+  uint64_t ha, hc;
+  kvbm_seq_block_hash(a, 2, &ha);
+  kvbm_seq_block_hash(c, 2, &hc);
+  assert_true(ha != hc);
+  assert_int_equal(kvbm_seq_num_tokens(c), 12);
+  kvbm_seq_destroy(a);
+  assert_int_equal(refs(p, ic[0]), 1);
+  kvbm_seq_destroy(c);
+  assert_int_equal(stats(p).active, 0);
+  assert_int_equal(stats(p).cached, 4);
+
+  /* A sequence ending on a boundary forks without a copy. */
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 8, NULL), KVBM_OK);
+  assert_int_equal(kvbm_seq_fork(a, &c, &src, &dst), KVBM_OK);
+  assert_int_equal(src, UINT32_MAX);
+  assert_int_equal(dst, UINT32_MAX);
+  kvbm_seq_destroy(c);
+  kvbm_seq_destroy(a);
+  kvbm_pool_destroy(p);
+}
+
+static void fork_without_room_changes_nothing(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(3);
+  uint32_t t[10];
+  toks(t, 10, 40);
+  kvbm_seq *a, *c = (kvbm_seq *)0x1;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 10, NULL), KVBM_OK); /* all 3 blocks */
+  kvbm_pool_stats before = stats(p);
+  assert_int_equal(kvbm_seq_fork(a, &c, NULL, NULL), KVBM_ENOSPC);
+  kvbm_pool_stats after = stats(p);
+  assert_memory_equal(&before, &after, sizeof before);
+  assert_ptr_equal(c, (kvbm_seq *)0x1);
+  kvbm_seq_destroy(a);
+  kvbm_pool_destroy(p);
+}
+
+static void destroy_releases_tail_first(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(3);
+  uint32_t t[12];
+  toks(t, 12, 5);
+  kvbm_seq *a;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 12, NULL), KVBM_OK);
+  const uint32_t *ia;
+  size_t na;
+  kvbm_seq_blocks(a, &ia, &na);
+  uint32_t order[3] = {ia[2], ia[1], ia[0]};
+  kvbm_seq_destroy(a);
+  for (int k = 0; k < 3; k++) {
+    uint32_t id;
+    assert_int_equal(kvbm_pool_alloc(p, 1, &id), KVBM_OK);
+    assert_int_equal(id, order[k]);
+  }
+  kvbm_pool_destroy(p);
+}
+
+static void salts_do_not_share(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(8);
+  uint32_t t[9];
+  toks(t, 9, 5);
+  kvbm_seq *a, *b;
+  size_t m;
+  assert_int_equal(kvbm_seq_create(p, kvbm_hash_salt("lora-a", 6), 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_create(p, kvbm_hash_salt("lora-b", 6), 0, &b), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 9, &m), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(b, t, 9, &m), KVBM_OK);
+  assert_int_equal(m, 0);
+  assert_int_equal(stats(p).registered, 4);
+  kvbm_seq_destroy(a);
+  kvbm_seq_destroy(b);
+  kvbm_pool_destroy(p);
+}
+
+static void bad_calls(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(8);
+  uint32_t t[4] = {1, 2, 3, 4};
+  kvbm_seq *a;
+  assert_int_equal(kvbm_seq_create(NULL, 0, 0, &a), KVBM_EINVAL);
+  assert_int_equal(kvbm_seq_create(p, 0, 0, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 0, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm_seq_prefill(a, NULL, 4, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm_seq_prefill(a, t, 4, NULL), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 4, NULL), KVBM_ESTATE);
+  assert_int_equal(kvbm_seq_fork(NULL, &a, NULL, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm_seq_fork(a, NULL, NULL, NULL), KVBM_EINVAL);
+  kvbm_seq_destroy(a);
+  kvbm_seq_destroy(NULL);
+  kvbm_pool_destroy(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(prefill_then_share),
+      cmocka_unit_test(match_stops_before_last_token),
+      cmocka_unit_test(prefill_is_all_or_nothing),
+      cmocka_unit_test(append_registers_on_fill),
+      cmocka_unit_test(fork_shares_full_blocks_and_copies_the_tail),
+      cmocka_unit_test(fork_without_room_changes_nothing),
+      cmocka_unit_test(destroy_releases_tail_first),
+      cmocka_unit_test(salts_do_not_share),
+      cmocka_unit_test(bad_calls),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
