@@ -293,7 +293,7 @@ static void test_fill_equals_steps(void **state) {
  * its wrap-around cases. */
 static void test_registry_collisions(void **state) {
   (void)state;
-  enum { NB = 8 }; /* table of 16 slots */
+  enum { NB = 8 }; /* a table of 32 slots */
   uint32_t last = (1u << tu_table_bits(NB)) - 1;
   uint64_t hs[NB];
   uint32_t rng = 12345;
