@@ -199,6 +199,12 @@ int kvbm_block_abort(kvbm_pool *pool, uint32_t id);
  * a block nobody holds is KVBM_ESTATE. */
 int kvbm_block_release(kvbm_pool *pool, uint32_t id, uint8_t priority);
 
+/* Releases ids[n-1], ids[n-2], ..., ids[0] in that order (a request's block
+ * table, tail first), as n calls of kvbm_block_release would. Stops at the
+ * first id that cannot be released and returns its error; the ids after it
+ * in release order are untouched. */
+int kvbm_pool_release_run(kvbm_pool *pool, const uint32_t *ids, size_t n, uint8_t priority);
+
 /* Takes one more reference on a held or registered block (for fork). */
 int kvbm_block_retain(kvbm_pool *pool, uint32_t id);
 

@@ -551,6 +551,17 @@ int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
   return KVBM_OK;
 }
 
+int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t priority) {
+  if (n && !ids) return KVBM_EINVAL;
+  for (size_t k = n; k-- > 0;) {
+    /* Block records of a table are scattered: load a few ahead. */
+    if (k >= 4 && ids[k - 4] < p->cfg.num_blocks) __builtin_prefetch(&p->blocks[ids[k - 4]]);
+    int rc = kvbm_block_release(p, ids[k], priority);
+    if (rc) return rc;
+  }
+  return KVBM_OK;
+}
+
 int kvbm_block_retain(kvbm_pool *p, uint32_t id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];

@@ -63,7 +63,7 @@ int kvbm_seq_create(kvbm_pool *pool, uint64_t salt_hash, uint8_t priority, kvbm_
 
 void kvbm_seq_destroy(kvbm_seq *s) {
   if (!s) return;
-  for (size_t i = s->nblocks; i-- > 0;) kvbm_block_release(s->pool, s->ids[i], s->priority);
+  kvbm_pool_release_run(s->pool, s->ids, s->nblocks, s->priority);
   free(s->ids);
   free(s->hashes);
   free(s);
