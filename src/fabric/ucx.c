@@ -33,6 +33,13 @@
  * not steal a core from a busy peer on a small machine. Only one thread may
  * use a fabric (UCS_THREAD_MODE_SINGLE).
  *
+ * Peer failure. Endpoints use UCP_ERR_HANDLING_MODE_NONE: UCX's shared
+ * memory transports cannot detect a dead peer, and asking for PEER mode
+ * would exclude them. A dead or closing peer is instead seen on the side
+ * channel (EOF or bye), which every waiting loop watches, so no wait
+ * outlives the peer; the error handler is still installed for transports
+ * that report failures anyway.
+ *
  * Transports are UCX's choice, limited by the config's TLS / NET_DEVICES,
  * set with ucp_config_modify() on this context only: the environment is
  * never changed.
@@ -56,6 +63,7 @@
 #define KEY_TAG "UCXK"
 #define SC_READY 'R'
 #define SC_BYE 'B'
+#define SC_CLOSED 'C'
 
 typedef struct inbox_entry {
   struct inbox_entry *next;
@@ -79,6 +87,7 @@ typedef struct ucx_fabric {
   uint64_t max_received; /* highest payload id received */
   uint64_t inflight;     /* our requests not completed yet */
   bool peer_closed;      /* the peer said bye (or its socket closed) */
+  bool peer_gone;        /* its socket closed without a bye: it died */
   unsigned idle;         /* consecutive idle progress calls */
 } ucx_fabric;
 
@@ -115,6 +124,7 @@ static void watch_socket(ucx_fabric *u) {
   ssize_t n = recv(u->sock, &b, 1, MSG_DONTWAIT);
   if (n == 0 || (n == 1 && b == SC_BYE)) {
     u->peer_closed = true;
+    u->peer_gone = n == 0;
   } else if (n == 1) {
     kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: peer sent byte 0x%02x on the side channel", b);
   }
@@ -225,6 +235,19 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
 
 /* ---- vtable ---- */
 
+/* A push in flight: UCX reads the header until the send completes (a
+ * rendezvous sends it with the RTS, possibly later), so it lives here. */
+typedef struct push_ctx {
+  ucx_fabric *u;
+  uint64_t hdr;
+} push_ctx;
+
+static void push_done(void *request, ucs_status_t status, void *user_data) {
+  push_ctx *pc = user_data;
+  op_done(request, status, pc->u);
+  free(pc);
+}
+
 static int ux_push(kvbm_fabric *f, const void *data, size_t len, uint64_t id, kvbm_error *err) {
   ucx_fabric *u = U(f);
   watch_socket(u);
@@ -233,14 +256,17 @@ static int ux_push(kvbm_fabric *f, const void *data, size_t len, uint64_t id, kv
   if (len > u->max_payload)
     return kvbm_error_set(err, KVBM_ETOOLONG, "fabric: push: %zu bytes above the limit of %llu", len,
                           (unsigned long long)u->max_payload);
+  push_ctx *pc = malloc(sizeof *pc);
+  if (!pc) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: push: out of memory");
+  pc->u = u;
+  pc->hdr = id;
   ucp_request_param_t p = {0};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.cb.send = op_done;
-  p.user_data = u;
-  /* The header is copied by UCX into its first fragment or RTS before the
-   * call returns, so a stack copy suffices. */
-  uint64_t hdr = id;
-  return track(u, ucp_am_send_nbx(u->ep, AM_PAYLOAD, &hdr, sizeof hdr, data, len, &p), "push", err);
+  p.cb.send = push_done;
+  p.user_data = pc;
+  ucs_status_ptr_t sp = ucp_am_send_nbx(u->ep, AM_PAYLOAD, &pc->hdr, sizeof pc->hdr, data, len, &p);
+  if (sp == NULL || UCS_PTR_IS_ERR(sp)) free(pc);
+  return track(u, sp, "push", err);
 }
 
 static bool timed_out(int64_t deadline) { return deadline != INT64_MAX && kvbm_sc_now_ms() >= deadline; }
@@ -357,43 +383,68 @@ static int ux_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, 
   }
 }
 
+/* The endpoint flush's completion. Heap-allocated: when the caller's
+ * deadline passes first, the wait is abandoned and the callback frees it. */
 typedef struct flush_wait {
-  bool done;
+  bool done, abandoned;
   ucs_status_t status;
 } flush_wait;
 
 static void flush_done(void *request, ucs_status_t status, void *user_data) {
   flush_wait *w = user_data;
+  ucp_request_free(request);
+  if (w->abandoned) {
+    free(w);
+    return;
+  }
   w->done = true;
   w->status = status;
-  ucp_request_free(request);
+}
+
+/* Why a wait must stop early: the deadline, a fatal error, a dead peer. */
+static int wait_check(ucx_fabric *u, int64_t deadline, int timeout_ms, const char *what, kvbm_error *err) {
+  int rc = kvbm_fabric_check(&u->base, err);
+  if (rc) return rc;
+  if (u->peer_gone)
+    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: %s: peer '%s' is gone", what, u->base.peer_label);
+  if (timed_out(deadline))
+    return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: %s: not complete after %d ms", what, timeout_ms);
+  return KVBM_OK;
 }
 
 static int ux_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
   ucx_fabric *u = U(f);
   int64_t deadline = kvbm_sc_deadline(timeout_ms);
   while (u->inflight > 0) {
-    int rc = kvbm_fabric_check(f, err);
+    int rc = wait_check(u, deadline, timeout_ms, "flush", err);
     if (rc) return rc;
-    if (timed_out(deadline))
-      return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: flush: %llu operations still in flight after %d ms",
-                            (unsigned long long)u->inflight, timeout_ms);
     progress(u);
   }
   int rc = kvbm_fabric_check(f, err);
   if (rc) return rc;
-  /* Remote completion of the puts: the endpoint flush. Its request holds a
-   * pointer to the stack, so it is waited for even past the deadline. */
-  flush_wait w = {false, UCS_OK};
+  /* Remote completion of the puts: the endpoint flush. */
+  flush_wait *w = calloc(1, sizeof *w);
+  if (!w) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: flush: out of memory");
   ucp_request_param_t p = {0};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = flush_done;
-  p.user_data = &w;
+  p.user_data = w;
   ucs_status_ptr_t sp = ucp_ep_flush_nbx(u->ep, &p);
-  if (UCS_PTR_IS_ERR(sp)) return ucs_fail(err, "flush", UCS_PTR_STATUS(sp));
-  if (sp == NULL) return KVBM_OK;
-  while (!w.done) progress(u);
-  if (w.status != UCS_OK) return ucs_fail(err, "flush", w.status);
+  if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+    free(w);
+    return sp ? ucs_fail(err, "flush", UCS_PTR_STATUS(sp)) : KVBM_OK;
+  }
+  while (!w->done) {
+    rc = wait_check(u, deadline, timeout_ms, "flush", err);
+    if (rc) {
+      w->abandoned = true;
+      return rc;
+    }
+    progress(u);
+  }
+  ucs_status_t st = w->status;
+  free(w);
+  if (st != UCS_OK) return ucs_fail(err, "flush", st);
   return kvbm_fabric_check(f, err);
 }
 
@@ -481,16 +532,22 @@ static void inbox_clear(ucx_fabric *u) {
   u->pending = 0;
 }
 
-static void close_ep(ucx_fabric *u) {
+/* Closes the endpoint: gracefully (flushing) while the peer is alive,
+ * forcibly if it died or stops answering. */
+static void close_ep(ucx_fabric *u, int64_t deadline) {
   if (!u->ep) return;
   ucp_request_param_t p = {0};
-  int64_t deadline = kvbm_sc_deadline(u->timeout_ms);
+  if (u->peer_gone) {
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  }
   ucs_status_ptr_t sp = ucp_ep_close_nbx(u->ep, &p);
   if (sp && !UCS_PTR_IS_ERR(sp)) {
+    bool cancelled = false;
     while (ucp_request_check_status(sp) == UCS_INPROGRESS) {
-      if (timed_out(deadline)) {
-        /* The peer stopped answering: abandon the graceful close. */
+      if (!cancelled && timed_out(deadline)) {
         ucp_request_cancel(u->worker, sp);
+        cancelled = true;
       }
       progress(u);
     }
@@ -499,27 +556,42 @@ static void close_ep(ucx_fabric *u) {
   u->ep = NULL;
 }
 
+/* Waits for the peer's byte `want` on the side channel (or EOF), running
+ * the worker meanwhile so that the peer's operations on us can finish. */
+static void await_peer(ucx_fabric *u, unsigned char want, int64_t deadline) {
+  while (!timed_out(deadline)) {
+    ucp_worker_progress(u->worker);
+    unsigned char b;
+    ssize_t n = recv(u->sock, &b, 1, MSG_DONTWAIT);
+    if (n == 0) {
+      u->peer_gone = u->peer_closed = true;
+      return;
+    }
+    if (n == 1 && b == want) return;
+    if (n == 1) continue; /* a late bye while waiting for closed: skip */
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+  u->peer_gone = true; /* it stopped answering: do not wait for it again */
+}
+
+/* The close, in three steps so that neither end tears down what the other
+ * still uses: (1) bye both ways, serving the peer's pulls and gets until its
+ * bye comes; (2) close the endpoint; (3) "closed" both ways, and only then
+ * destroy the worker. A dead peer shortcuts every wait. */
 static void ux_destroy(kvbm_fabric *f) {
   ucx_fabric *u = U(f);
   if (u->worker) {
-    /* Tell the peer, then serve its outstanding pulls and gets until it
-     * closes too (or the timeout), so that nothing in flight is cut. */
-    if (u->sock >= 0) {
-      unsigned char b = SC_BYE;
-      if (kvbm_sc_send_all(u->sock, &b, 1, kvbm_sc_deadline(u->timeout_ms), NULL) != KVBM_OK) u->peer_closed = true;
-    }
     int64_t deadline = kvbm_sc_deadline(u->timeout_ms);
-    while (!u->peer_closed && u->sock >= 0 && !timed_out(deadline)) {
-      ucp_worker_progress(u->worker);
-      watch_socket(u);
-      if (u->base.fatal == KVBM_EPROTO) break;
-      if (!u->peer_closed) {
-        struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-      }
+    unsigned char b = SC_BYE;
+    if (kvbm_sc_send_all(u->sock, &b, 1, deadline, NULL) != KVBM_OK) u->peer_gone = u->peer_closed = true;
+    if (!u->peer_closed) await_peer(u, SC_BYE, deadline);
+    while (u->inflight > 0 && !u->peer_gone && !timed_out(deadline)) progress(u);
+    close_ep(u, deadline);
+    if (!u->peer_gone) {
+      b = SC_CLOSED;
+      if (kvbm_sc_send_all(u->sock, &b, 1, deadline, NULL) == KVBM_OK) await_peer(u, SC_CLOSED, deadline);
     }
-    while (u->inflight > 0 && !timed_out(deadline)) progress(u);
-    close_ep(u);
     inbox_clear(u);
     ucp_worker_destroy(u->worker);
   }
@@ -642,15 +714,10 @@ static int recv_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = (const ucp_address_t *)(b + 16 + llen);
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE; /* see "Peer failure" above */
     ep.err_handler.cb = ep_error;
     ep.err_handler.arg = u;
     ucs_status_t st = ucp_ep_create(u->worker, &ep, &u->ep);
-    if (st != UCS_OK) {
-      /* Some transports cannot detect a dead peer; go without. */
-      ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-      st = ucp_ep_create(u->worker, &ep, &u->ep);
-    }
     if (st != UCS_OK) {
       u->ep = NULL;
       rc = ucs_fail(err, "ucp_ep_create", st);
