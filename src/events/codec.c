@@ -51,87 +51,193 @@ static int pack_str(msgpack_packer *pk, const char *s) {
   return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
 }
 
+/* Bulk arrays (hashes, tokens) are most of a payload, and msgpack-c packs
+ * them one write callback per element; these write the same bytes (the
+ * shortest encoding of each integer) straight into the sbuffer after one
+ * capacity check. The sbuffer's fields are public msgpack-c API. */
+static uint8_t *sb_grow(msgpack_sbuffer *sb, size_t need);
+
+static inline uint8_t *sb_reserve(msgpack_sbuffer *sb, size_t need) {
+  if (sb->alloc - sb->size >= need) return (uint8_t *)sb->data + sb->size;
+  return sb_grow(sb, need);
+}
+
+static uint8_t *sb_grow(msgpack_sbuffer *sb, size_t need) {
+  {
+    size_t na = sb->alloc ? sb->alloc : 8192;
+    while (na - sb->size < need) {
+      if (na > SIZE_MAX / 2) return NULL;
+      na *= 2;
+    }
+    char *nd = realloc(sb->data, na);
+    if (!nd) return NULL;
+    sb->data = nd;
+    sb->alloc = na;
+  }
+  return (uint8_t *)sb->data + sb->size;
+}
+
+static inline uint8_t *put_be(uint8_t *p, uint64_t v, int n) {
+  for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
+  return p + n;
+}
+
+static inline uint8_t *put_array_header(uint8_t *p, size_t n) {
+  if (n < 16) { *p++ = (uint8_t)(0x90 | n); return p; }
+  if (n < 65536) { *p++ = 0xdc; return put_be(p, n, 2); }
+  *p++ = 0xdd;
+  return put_be(p, n, 4);
+}
+
+static inline uint8_t *put_uint(uint8_t *p, uint64_t v) {
+  if (v < 128) { *p++ = (uint8_t)v; return p; }
+  if (v < 256) { *p++ = 0xcc; *p++ = (uint8_t)v; return p; }
+  if (v < 65536) { p[0] = 0xcd; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)v; return p + 3; }
+  if (v <= UINT32_MAX) {
+    p[0] = 0xce;
+    p[1] = (uint8_t)(v >> 24);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 8);
+    p[4] = (uint8_t)v;
+    return p + 5;
+  }
+  *p++ = 0xcf;
+  return put_be(p, v, 8);
+}
+
+
+/* A short string known at compile time (tags, keys): one fixstr. */
+static int put_lit(msgpack_packer *pk, const char *str, size_t n) {
+  msgpack_sbuffer *sb = pk->data;
+  uint8_t *p = sb_reserve(sb, 1 + n);
+  if (!p) return -1;
+  *p = (uint8_t)(0xa0 | n); /* every literal here is under 32 bytes */
+  memcpy(p + 1, str, n);
+  sb->size += 1 + n;
+  return 0;
+}
+#define LIT(pk, s) put_lit((pk), (s), sizeof(s) - 1)
+
+/* Small scalars on the hot path, written the same way. */
+static int put_nil(msgpack_packer *pk) {
+  msgpack_sbuffer *sb = pk->data;
+  uint8_t *p = sb_reserve(sb, 1);
+  if (!p) return -1;
+  *p = 0xc0;
+  sb->size++;
+  return 0;
+}
+
+static int put_u(msgpack_packer *pk, uint64_t v) {
+  msgpack_sbuffer *sb = pk->data;
+  uint8_t *p = sb_reserve(sb, 9), *p0 = p;
+  if (!p) return -1;
+  sb->size += (size_t)(put_uint(p, v) - p0);
+  return 0;
+}
+
+static int put_hdr(msgpack_packer *pk, size_t n) { /* n < 16 */
+  msgpack_sbuffer *sb = pk->data;
+  uint8_t *p = sb_reserve(sb, 1);
+  if (!p) return -1;
+  *p = (uint8_t)(0x90 | n);
+  sb->size++;
+  return 0;
+}
+
+static int put_str(msgpack_packer *pk, const char *str) {
+  size_t n = strlen(str);
+  if (n >= 32) return pack_str(pk, str);
+  return put_lit(pk, str, n);
+}
+
 static int pack_medium(msgpack_packer *pk, const kvbm_event *ev) {
-  if (ev->medium == KVBM_MEDIUM_NONE) return msgpack_pack_nil(pk);
+  if (ev->medium == KVBM_MEDIUM_NONE) return put_nil(pk);
   const char *name = ev->medium == KVBM_MEDIUM_OTHER ? ev->medium_name
                                                       : kvbm_medium_name(ev->medium);
-  return pack_str(pk, name);
+  return put_str(pk, name);
 }
 
 static int pack_hashes(msgpack_packer *pk, const uint64_t *h, size_t n) {
-  int rc = msgpack_pack_array(pk, n);
-  for (size_t i = 0; i < n && !rc; i++) rc = msgpack_pack_uint64(pk, h[i]);
-  return rc;
+  msgpack_sbuffer *sb = pk->data;
+  uint8_t *p = sb_reserve(sb, 5 + 9 * n), *p0 = p;
+  if (!p) return -1;
+  p = put_array_header(p, n);
+  for (size_t i = 0; i < n; i++) p = put_uint(p, h[i]);
+  sb->size += (size_t)(p - p0);
+  return 0;
 }
 
 static int pack_tokens(msgpack_packer *pk, const uint32_t *t, size_t n) {
-  int rc = msgpack_pack_array(pk, n);
-  for (size_t i = 0; i < n && !rc; i++) rc = msgpack_pack_uint32(pk, t[i]);
-  return rc;
+  msgpack_sbuffer *sb = pk->data;
+  uint8_t *p = sb_reserve(sb, 5 + 5 * n), *p0 = p;
+  if (!p) return -1;
+  p = put_array_header(p, n);
+  for (size_t i = 0; i < n; i++) p = put_uint(p, t[i]);
+  sb->size += (size_t)(p - p0);
+  return 0;
 }
 
 static int pack_opt_i64(msgpack_packer *pk, bool has, int64_t v) {
-  return has ? msgpack_pack_int64(pk, v) : msgpack_pack_nil(pk);
+  return has ? msgpack_pack_int64(pk, v) : put_nil(pk);
 }
-
-static int pack_key(msgpack_packer *pk, const char *key) { return pack_str(pk, key); }
 
 static int pack_stored(msgpack_packer *pk, const kvbm_event *ev, kvbm_event_form form) {
   int rc = 0;
   if (form == KVBM_FORM_POSITIONAL) {
     /* vLLM's field order; extra_keys (kept nil) sits before group_idx. */
-    rc |= msgpack_pack_array(pk, ev->has_group_idx ? 10 : 8);
-    rc |= pack_str(pk, "BlockStored");
+    rc |= put_hdr(pk, ev->has_group_idx ? 10 : 8);
+    rc |= LIT(pk, "BlockStored");
     rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
-    rc |= ev->has_parent ? msgpack_pack_uint64(pk, ev->parent_hash) : msgpack_pack_nil(pk);
+    rc |= ev->has_parent ? put_u(pk, ev->parent_hash) : put_nil(pk);
     rc |= pack_tokens(pk, ev->token_ids, ev->num_tokens);
-    rc |= msgpack_pack_uint32(pk, ev->block_size);
+    rc |= put_u(pk, ev->block_size);
     rc |= pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
     rc |= pack_medium(pk, ev);
-    rc |= ev->lora_name ? pack_str(pk, ev->lora_name) : msgpack_pack_nil(pk);
+    rc |= ev->lora_name ? put_str(pk, ev->lora_name) : put_nil(pk);
     if (ev->has_group_idx) {
-      rc |= msgpack_pack_nil(pk);
+      rc |= put_nil(pk);
       rc |= msgpack_pack_int64(pk, ev->group_idx);
     }
     return rc;
   }
   rc |= msgpack_pack_map(pk, ev->has_group_idx ? 9 : 8);
-  rc |= pack_key(pk, "type") | pack_str(pk, "BlockStored");
-  rc |= pack_key(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
-  rc |= pack_key(pk, "parent_block_hash");
-  rc |= ev->has_parent ? msgpack_pack_uint64(pk, ev->parent_hash) : msgpack_pack_nil(pk);
-  rc |= pack_key(pk, "token_ids") | pack_tokens(pk, ev->token_ids, ev->num_tokens);
-  rc |= pack_key(pk, "block_size") | msgpack_pack_uint32(pk, ev->block_size);
-  rc |= pack_key(pk, "lora_id") | pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
-  rc |= pack_key(pk, "medium") | pack_medium(pk, ev);
-  rc |= pack_key(pk, "lora_name");
-  rc |= ev->lora_name ? pack_str(pk, ev->lora_name) : msgpack_pack_nil(pk);
-  if (ev->has_group_idx) rc |= pack_key(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
+  rc |= LIT(pk, "type") | LIT(pk, "BlockStored");
+  rc |= LIT(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
+  rc |= LIT(pk, "parent_block_hash");
+  rc |= ev->has_parent ? put_u(pk, ev->parent_hash) : put_nil(pk);
+  rc |= LIT(pk, "token_ids") | pack_tokens(pk, ev->token_ids, ev->num_tokens);
+  rc |= LIT(pk, "block_size") | put_u(pk, ev->block_size);
+  rc |= LIT(pk, "lora_id") | pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
+  rc |= LIT(pk, "medium") | pack_medium(pk, ev);
+  rc |= LIT(pk, "lora_name");
+  rc |= ev->lora_name ? put_str(pk, ev->lora_name) : put_nil(pk);
+  if (ev->has_group_idx) rc |= LIT(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
   return rc;
 }
 
 static int pack_removed(msgpack_packer *pk, const kvbm_event *ev, kvbm_event_form form) {
   int rc = 0;
   if (form == KVBM_FORM_POSITIONAL) {
-    rc |= msgpack_pack_array(pk, ev->has_group_idx ? 4 : 3);
-    rc |= pack_str(pk, "BlockRemoved");
+    rc |= put_hdr(pk, ev->has_group_idx ? 4 : 3);
+    rc |= LIT(pk, "BlockRemoved");
     rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
     rc |= pack_medium(pk, ev);
     if (ev->has_group_idx) rc |= msgpack_pack_int64(pk, ev->group_idx);
     return rc;
   }
   rc |= msgpack_pack_map(pk, ev->has_group_idx ? 4 : 3);
-  rc |= pack_key(pk, "type") | pack_str(pk, "BlockRemoved");
-  rc |= pack_key(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
-  rc |= pack_key(pk, "medium") | pack_medium(pk, ev);
-  if (ev->has_group_idx) rc |= pack_key(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
+  rc |= LIT(pk, "type") | LIT(pk, "BlockRemoved");
+  rc |= LIT(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
+  rc |= LIT(pk, "medium") | pack_medium(pk, ev);
+  if (ev->has_group_idx) rc |= LIT(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
   return rc;
 }
 
 static int pack_cleared(msgpack_packer *pk, kvbm_event_form form) {
   if (form == KVBM_FORM_POSITIONAL)
-    return msgpack_pack_array(pk, 1) | pack_str(pk, "AllBlocksCleared");
-  return msgpack_pack_map(pk, 1) | pack_key(pk, "type") | pack_str(pk, "AllBlocksCleared");
+    return put_hdr(pk, 1) | LIT(pk, "AllBlocksCleared");
+  return msgpack_pack_map(pk, 1) | LIT(pk, "type") | LIT(pk, "AllBlocksCleared");
 }
 
 static int check_event(const kvbm_event *ev, size_t i, kvbm_error *err) {
@@ -272,6 +378,12 @@ static int fail_type(dctx *c, const char *want) {
 
 /* A hash: an integer, or bytes whose low 64 bits (big-endian) are taken. */
 static int read_hash(dctx *c, uint64_t *out) {
+  const uint8_t *p = c->r.p;
+  if (c->r.end - p >= 9 && *p == 0xcf) { /* the common case: a full 64-bit hash */
+    *out = mpr_be(p + 1, 8);
+    c->r.p = p + 9;
+    return 0;
+  }
   mpr_kind k = mpr_peek(&c->r);
   if (k == MPR_INT) {
     bool neg;
@@ -313,21 +425,28 @@ static int read_tokens(dctx *c, size_t *off, size_t *count) {
   kvbm_event_decoder *d = c->d;
   RESERVE(d->t, d->t_cap, d->t_n + n);
   *off = d->t_n;
+  uint32_t *out = d->t + d->t_n;
   for (uint32_t i = 0; i < n; i++) {
+    /* The common encodings of a token id, inline: fixint, uint8/16/32. */
     const uint8_t *p = c->r.p;
-    if (p < c->r.end && *p <= 0x7f) { /* the common case: a small token id */
-      d->t[d->t_n++] = *p;
-      c->r.p++;
+    size_t left = (size_t)(c->r.end - p);
+    if (left >= 1 && *p <= 0x7f) { out[i] = *p; c->r.p = p + 1; continue; }
+    if (left >= 5 && *p == 0xce) {
+      out[i] = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
+      c->r.p = p + 5;
       continue;
     }
+    if (left >= 3 && *p == 0xcd) { out[i] = (uint32_t)p[1] << 8 | p[2]; c->r.p = p + 3; continue; }
+    if (left >= 2 && *p == 0xcc) { out[i] = p[1]; c->r.p = p + 2; continue; }
     uint64_t u;
     bool neg;
     if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "a token id (integer)");
     rc = mpr_int(&c->r, &u, &neg);
     if (rc) return fail(c, rc, "bad integer");
     if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "token id outside 0..2^32-1");
-    d->t[d->t_n++] = (uint32_t)u;
+    out[i] = (uint32_t)u;
   }
+  d->t_n += n;
   *count = n;
   return 0;
 }

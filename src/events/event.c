@@ -32,6 +32,10 @@ const char *kvbm_medium_name(kvbm_medium m) {
 }
 
 kvbm_medium kvbm_medium_from_name(const char *name, size_t len) {
+  if (name && len == 3 && name[1] == 'P' && name[2] == 'U') { /* exact GPU / CPU */
+    if (name[0] == 'G') return KVBM_MEDIUM_GPU;
+    if (name[0] == 'C') return KVBM_MEDIUM_CPU;
+  }
   for (unsigned m = KVBM_MEDIUM_GPU; m <= KVBM_MEDIUM_REMOTE; m++)
     if (name && strlen(kMedium[m]) == len && !strncasecmp(name, kMedium[m], len))
       return (kvbm_medium)m;
