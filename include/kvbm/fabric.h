@@ -45,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvbm/frame.h"
 #include "kvbm/layout.h"
 #include "kvbm/status.h"
 
@@ -238,6 +239,60 @@ int kvbm_fabric_write(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
 int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
                      uint64_t region, uint64_t offset, void *dst, size_t len,
                      kvbm_error *err);
+
+/* ---- Block messages: one KV block on the wire, ready to onboard ---- */
+
+/* What a receiver needs to place a block and register it in its pool: the
+ * block's identity (sequence hash, parent, salt, tokens) and its bytes as an
+ * MRDN v1 frame (frame.h), so that the bytes are checked (BLAKE3) before
+ * they are used. Little-endian:
+ *   0   4  magic "KVBB"
+ *   4   4  version (1)
+ *   8   8  sequence hash
+ *   16  8  parent hash (meaningful when flags bit 0 is set)
+ *   24  8  salt hash
+ *   32  4  flags: bit 0 has_parent; other bits zero
+ *   36  4  n = number of tokens
+ *   40  4n tokens (u32 each)
+ *   40+4n  the MRDN v1 frame: 32-byte header, then the block bytes
+ * nothing after the frame. */
+#define KVBM_BLOCK_MSG_MAGIC "KVBB"
+#define KVBM_BLOCK_MSG_VERSION 1u
+#define KVBM_BLOCK_MSG_FIXED 40u
+
+typedef struct kvbm_block_msg {
+  uint64_t seq_hash;
+  uint64_t parent_hash;
+  uint64_t salt_hash;
+  int has_parent;
+  uint32_t num_tokens;
+  const uint32_t *tokens;  /* encode: num_tokens tokens. decode: the
+                              caller's array, filled */
+  kvbm_frame_tier tier;    /* the frame's tier */
+  const uint8_t *body;     /* encode: the block bytes; decode: points into
+                              the input buffer (no copy) */
+  size_t body_len;
+} kvbm_block_msg;
+
+/* Bytes of the encoded message, or 0 if the sizes do not fit. */
+size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len);
+
+/* Encodes m into out[0..cap) (hashing the body with BLAKE3 for the frame);
+ * *len gets the size. KVBM_ENOSPC if cap is too small; KVBM_EINVAL for
+ * NULL pointers; KVBM_ETIER; KVBM_ETOOLONG for a body above 4 GiB. */
+int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap,
+                          size_t *len, kvbm_error *err);
+
+/* Decodes and verifies buf[0..len): the envelope (KVBM_EMAGIC,
+ * KVBM_EVERSION, KVBM_EPADDING for unknown flags, KVBM_ETRUNCATED,
+ * KVBM_ETOOLONG for more than max_tokens tokens), then the frame with every
+ * error of kvbm_frame_decode() (KVBM_ECHECKSUM when the bytes were changed
+ * on the way; a body above max_body is KVBM_ETOOLONG). On success m->tokens
+ * is `tokens` (room for max_tokens, filled) and m->body points into buf.
+ * Allocates nothing. */
+int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens,
+                          uint32_t max_body, uint32_t *tokens,
+                          kvbm_block_msg *m, kvbm_error *err);
 
 #ifdef __cplusplus
 }

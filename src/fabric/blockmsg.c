@@ -1,0 +1,91 @@
+/*
+ * blockmsg.c: the block message codec (format in kvbm/fabric.h).
+ *
+ * A codec only: bytes in, bytes out, no fabric. The block bytes travel as
+ * an MRDN v1 frame so that the one definition of "checked payload" (the
+ * frame module, BLAKE3-128 of the body) guards them; the envelope around it
+ * carries what the frame does not: the block's identity, so that the
+ * receiver can register what it onboards. Decoding copies the tokens into
+ * the caller's array (they may sit unaligned in the buffer) and leaves the
+ * body where it is; every length is checked against the input before use.
+ */
+#include <string.h>
+
+#include "kvbm/fabric.h"
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len) {
+  size_t fixed = KVBM_BLOCK_MSG_FIXED + (size_t)num_tokens * 4 + KVBM_FRAME_HEADER_LEN;
+  if (body_len > UINT32_MAX || body_len > SIZE_MAX - fixed) return 0;
+  return fixed + body_len;
+}
+
+int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, size_t *len, kvbm_error *err) {
+  if (!m || !out || !len || (!m->tokens && m->num_tokens) || (!m->body && m->body_len))
+    return kvbm_error_set(err, KVBM_EINVAL, "block message: NULL argument");
+  size_t need = kvbm_block_msg_size(m->num_tokens, m->body_len);
+  if (need == 0) return kvbm_error_set(err, KVBM_ETOOLONG, "block message: body of %zu bytes", m->body_len);
+  if (cap < need)
+    return kvbm_error_set(err, KVBM_ENOSPC, "block message: needs %zu bytes, buffer %zu", need, cap);
+  size_t tok = (size_t)m->num_tokens * 4;
+  uint8_t *frame = out + KVBM_BLOCK_MSG_FIXED + tok;
+  size_t flen;
+  int rc = kvbm_frame_encode(m->tier, m->body, m->body_len, frame, cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);
+  if (rc) return rc;
+  memcpy(out, KVBM_BLOCK_MSG_MAGIC, 4);
+  put32(out + 4, KVBM_BLOCK_MSG_VERSION);
+  put64(out + 8, m->seq_hash);
+  put64(out + 16, m->has_parent ? m->parent_hash : 0);
+  put64(out + 24, m->salt_hash);
+  put32(out + 32, m->has_parent ? 1u : 0u);
+  put32(out + 36, m->num_tokens);
+  for (uint32_t i = 0; i < m->num_tokens; i++) put32(out + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i, m->tokens[i]);
+  *len = KVBM_BLOCK_MSG_FIXED + tok + flen;
+  return KVBM_OK;
+}
+
+int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, uint32_t max_body, uint32_t *tokens,
+                          kvbm_block_msg *m, kvbm_error *err) {
+  if (!m || (!tokens && max_tokens)) return kvbm_error_set(err, KVBM_EINVAL, "block message: NULL argument");
+  memset(m, 0, sizeof *m);
+  if (!buf || len < KVBM_BLOCK_MSG_FIXED)
+    return kvbm_error_set(err, KVBM_ETRUNCATED, "block message: %zu bytes, shorter than the %u-byte envelope",
+                          buf ? len : 0, KVBM_BLOCK_MSG_FIXED);
+  if (memcmp(buf, KVBM_BLOCK_MSG_MAGIC, 4) != 0)
+    return kvbm_error_set(err, KVBM_EMAGIC, "block message: wrong magic");
+  if (get32(buf + 4) != KVBM_BLOCK_MSG_VERSION)
+    return kvbm_error_set(err, KVBM_EVERSION, "block message: unknown version %u", get32(buf + 4));
+  uint32_t flags = get32(buf + 32);
+  if (flags & ~1u) return kvbm_error_set(err, KVBM_EPADDING, "block message: unknown flags 0x%x", flags);
+  uint32_t n = get32(buf + 36);
+  if (n > max_tokens)
+    return kvbm_error_set(err, KVBM_ETOOLONG, "block message: %u tokens (limit %u)", n, max_tokens);
+  if ((len - KVBM_BLOCK_MSG_FIXED) / 4 < n)
+    return kvbm_error_set(err, KVBM_ETRUNCATED, "block message: %u tokens announced, input ends first", n);
+  size_t off = KVBM_BLOCK_MSG_FIXED + (size_t)n * 4;
+  kvbm_frame_header hdr;
+  const uint8_t *body;
+  int rc = kvbm_frame_decode(buf + off, len - off, max_body, &hdr, &body, err);
+  if (rc) return rc;
+  for (uint32_t i = 0; i < n; i++) tokens[i] = get32(buf + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i);
+  m->seq_hash = get64(buf + 8);
+  m->parent_hash = get64(buf + 16);
+  m->salt_hash = get64(buf + 24);
+  m->has_parent = flags & 1u;
+  m->num_tokens = n;
+  m->tokens = tokens;
+  m->tier = hdr.tier;
+  m->body = body;
+  m->body_len = hdr.body_len;
+  return KVBM_OK;
+}

@@ -1,0 +1,111 @@
+/* test_blockmsg.c: the block message codec: round trip, a flipped byte
+ * anywhere in the body caught by the frame's BLAKE3, every truncation and
+ * every malformed envelope refused with its own error. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <cmocka.h>
+
+#include "fabric/fabric_util.h"
+#include "kvbm/fabric.h"
+
+#define NT 16
+#define BODY 3000
+
+static uint8_t g_body[BODY];
+static uint32_t g_tokens[NT];
+
+static size_t encode(uint8_t *out, size_t cap) {
+  test_pattern(g_body, BODY, 3);
+  for (uint32_t i = 0; i < NT; i++) g_tokens[i] = 1000 + i;
+  kvbm_block_msg m = {.seq_hash = 0x1122334455667788ull, .parent_hash = 42, .salt_hash = 7, .has_parent = 1,
+                      .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_FRAME_TIER_G2, .body = g_body,
+                      .body_len = BODY};
+  size_t len = 0;
+  assert_int_equal(kvbm_block_msg_encode(&m, out, cap, &len, NULL), KVBM_OK);
+  assert_int_equal(len, kvbm_block_msg_size(NT, BODY));
+  return len;
+}
+
+static void test_roundtrip(void **state) {
+  (void)state;
+  uint8_t buf[4000];
+  size_t len = encode(buf, sizeof buf);
+  uint32_t toks[NT];
+  kvbm_block_msg m;
+  kvbm_error e;
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY, toks, &m, &e), KVBM_OK);
+  assert_int_equal(m.seq_hash, 0x1122334455667788ull);
+  assert_int_equal(m.parent_hash, 42);
+  assert_int_equal(m.salt_hash, 7);
+  assert_true(m.has_parent);
+  assert_int_equal(m.num_tokens, NT);
+  assert_memory_equal(m.tokens, g_tokens, sizeof g_tokens);
+  assert_int_equal(m.tier, KVBM_FRAME_TIER_G2);
+  assert_int_equal(m.body_len, BODY);
+  assert_ptr_equal(m.body, buf + len - BODY);
+  assert_memory_equal(m.body, g_body, BODY);
+  /* limits */
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT - 1, BODY, toks, &m, &e), KVBM_ETOOLONG);
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY - 1, toks, &m, &e), KVBM_ETOOLONG);
+  /* encoder refusals */
+  size_t out;
+  kvbm_block_msg bad = {.num_tokens = 1, .tokens = NULL};
+  assert_int_equal(kvbm_block_msg_encode(&bad, buf, sizeof buf, &out, &e), KVBM_EINVAL);
+  kvbm_block_msg ok = {.tier = KVBM_FRAME_TIER_G1, .body = g_body, .body_len = BODY};
+  assert_int_equal(kvbm_block_msg_encode(&ok, buf, 100, &out, &e), KVBM_ENOSPC);
+  ok.tier = (kvbm_frame_tier)9;
+  assert_int_equal(kvbm_block_msg_encode(&ok, buf, sizeof buf, &out, &e), KVBM_ETIER);
+}
+
+static void test_corruption(void **state) {
+  (void)state;
+  uint8_t buf[4000], copy[4000];
+  size_t len = encode(buf, sizeof buf);
+  uint32_t toks[NT];
+  kvbm_block_msg m;
+  kvbm_error e;
+  /* a flipped bit anywhere in the body */
+  for (size_t i = len - BODY; i < len; i += 97) {
+    memcpy(copy, buf, len);
+    copy[i] ^= 0x01;
+    int rc = kvbm_block_msg_decode(copy, len, NT, BODY, toks, &m, &e);
+    if (rc != KVBM_ECHECKSUM) fail_msg("flip at %zu: %s", i, kvbm_status_name(rc));
+  }
+  /* every truncation */
+  for (size_t n = 0; n < len; n++) {
+    int rc = kvbm_block_msg_decode(buf, n, NT, BODY, toks, &m, &e);
+    if (rc != KVBM_ETRUNCATED) fail_msg("truncated to %zu: %s (%s)", n, kvbm_status_name(rc), e.msg);
+  }
+  memcpy(copy, buf, len);
+  copy[len] = 0;
+  assert_int_equal(kvbm_block_msg_decode(copy, len + 1, NT, BODY, toks, &m, &e), KVBM_ETOOLONG);
+  struct {
+    size_t off;
+    uint8_t val;
+    int want;
+  } cases[] = {
+      {0, 'X', KVBM_EMAGIC},   {4, 2, KVBM_EVERSION},  {32, 2, KVBM_EPADDING},
+      {36, 200, KVBM_ETOOLONG}, /* 200 tokens > limit */
+      {40 + 4 * NT, 'X', KVBM_EMAGIC},   /* the frame's magic */
+      {40 + 4 * NT + 4, 3, KVBM_EVERSION}, {40 + 4 * NT + 12, 9, KVBM_ETIER},
+      {40 + 4 * NT + 13, 1, KVBM_EPADDING}, {40 + 4 * NT + 20, 0xAA, KVBM_ECHECKSUM},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    memcpy(copy, buf, len);
+    copy[cases[i].off] = cases[i].val;
+    int rc = kvbm_block_msg_decode(copy, len, NT, BODY, toks, &m, &e);
+    if (rc != cases[i].want) fail_msg("case %zu: %s (%s)", i, kvbm_status_name(rc), e.msg);
+  }
+  assert_int_equal(kvbm_block_msg_decode(NULL, 0, NT, BODY, toks, &m, &e), KVBM_ETRUNCATED);
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY, NULL, &m, &e), KVBM_EINVAL);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_roundtrip),
+      cmocka_unit_test(test_corruption),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
