@@ -78,7 +78,11 @@ const char *kvbm_blake3_impl_name(kvbm_blake3_impl impl) {
   return "?";
 }
 
-/* Runs `n` inputs through the widest kernels allowed by `impl`. */
+/* Runs `n` inputs through the SIMD kernels allowed by `impl`: full
+ * batches on the widest, then whatever is left in ONE call of the
+ * narrowest kernel that holds it, the inputs copied to a zero-padded
+ * scratch area. A kernel call costs about the same at any width, so one
+ * padded call beats a cascade of narrower ones or a portable loop. */
 static void many(kvbm_blake3_impl impl, b3_many_args a, size_t n,
                  uint8_t *out) {
 #ifdef B3_X86
@@ -91,21 +95,41 @@ static void many(kvbm_blake3_impl impl, b3_many_args a, size_t n,
       {KVBM_BLAKE3_IMPL_AVX2, 8, b3_many_avx2},
       {KVBM_BLAKE3_IMPL_SSE41, 4, b3_many_sse41},
   };
-  for (size_t k = 0; k < sizeof kernels / sizeof kernels[0]; k++) {
-    if (impl < kernels[k].impl) continue;
-    size_t w = kernels[k].width;
-    while (n >= w) {
-      kernels[k].fn(&a, out);
-      a.in += w * a.stride;
-      a.counter += (uint64_t)a.counter_step * w;
-      out += 32 * w;
-      n -= w;
-    }
+  const size_t nk = sizeof kernels / sizeof kernels[0];
+  size_t widest = 0;
+  while (widest < nk && impl < kernels[widest].impl) widest++;
+  if (widest == nk) {
+    b3_many_portable(&a, n, out);
+    return;
   }
+  const size_t w = kernels[widest].width;
+  while (n >= w) {
+    kernels[widest].fn(&a, out);
+    a.in += w * a.stride;
+    a.counter += (uint64_t)a.counter_step * w;
+    out += 32 * w;
+    n -= w;
+  }
+  if (n == 0) return;
+  size_t k = nk - 1;
+  while (kernels[k].width < n) k--;
+  const size_t len = a.nblocks * B3_BLOCK_LEN;
+  uint8_t scratch[16 * B3_CHUNK_LEN], cvs[16 * 32];
+  if (len * kernels[k].width > sizeof scratch) {
+    b3_many_portable(&a, n, out);
+    return;
+  }
+  for (size_t i = 0; i < n; i++)
+    memcpy(scratch + i * len, a.in + i * a.stride, len);
+  memset(scratch + n * len, 0, (kernels[k].width - n) * len);
+  a.in = scratch;
+  a.stride = len;
+  kernels[k].fn(&a, cvs);
+  memcpy(out, cvs, 32 * n);
 #else
   (void)impl;
-#endif
   b3_many_portable(&a, n, out);
+#endif
 }
 
 /* ---- root output ---- */

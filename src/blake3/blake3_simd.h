@@ -17,6 +17,11 @@
 #error "define the vector operations before including blake3_simd.h"
 #endif
 
+/* How a round reads message word i; a kernel may override it. */
+#ifndef B3V_MSG
+#define B3V_MSG(i) m[i]
+#endif
+
 #define B3V_G(a, b, c, d, x, y)               \
   do {                                         \
     v[a] = B3V_ADD(B3V_ADD(v[a], v[b]), (x)); \
@@ -33,14 +38,14 @@
 #define B3V_ROUND(s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, \
                   s13, s14, s15)                                         \
   do {                                                                   \
-    B3V_G(0, 4, 8, 12, m[s0], m[s1]);                                    \
-    B3V_G(1, 5, 9, 13, m[s2], m[s3]);                                    \
-    B3V_G(2, 6, 10, 14, m[s4], m[s5]);                                   \
-    B3V_G(3, 7, 11, 15, m[s6], m[s7]);                                   \
-    B3V_G(0, 5, 10, 15, m[s8], m[s9]);                                   \
-    B3V_G(1, 6, 11, 12, m[s10], m[s11]);                                 \
-    B3V_G(2, 7, 8, 13, m[s12], m[s13]);                                  \
-    B3V_G(3, 4, 9, 14, m[s14], m[s15]);                                  \
+    B3V_G(0, 4, 8, 12, B3V_MSG(s0), B3V_MSG(s1));                                    \
+    B3V_G(1, 5, 9, 13, B3V_MSG(s2), B3V_MSG(s3));                                    \
+    B3V_G(2, 6, 10, 14, B3V_MSG(s4), B3V_MSG(s5));                                   \
+    B3V_G(3, 7, 11, 15, B3V_MSG(s6), B3V_MSG(s7));                                   \
+    B3V_G(0, 5, 10, 15, B3V_MSG(s8), B3V_MSG(s9));                                   \
+    B3V_G(1, 6, 11, 12, B3V_MSG(s10), B3V_MSG(s11));                                 \
+    B3V_G(2, 7, 8, 13, B3V_MSG(s12), B3V_MSG(s13));                                  \
+    B3V_G(3, 4, 9, 14, B3V_MSG(s14), B3V_MSG(s15));                                  \
   } while (0)
 
 /* The seven rounds, schedule as in b3_schedule. */
@@ -81,9 +86,10 @@
       B3V_ROUNDS;                                                           \
       B3_UNROLL for (int i = 0; i < 8; i++) h[i] = B3V_XOR(v[i], v[i + 8]);           \
     }                                                                       \
-    /* Back from word-major to input-major: rare next to the rounds. */     \
+    /* Back from word-major to input-major: rare next to the rounds. The  \
+     * kernels are x86 only, so words are stored little-endian as is. */  \
     uint32_t w[8][B3V_W];                                                   \
-    B3_UNROLL for (int i = 0; i < 8; i++) B3V_STOREU(w[i], h[i]);                     \
+    B3_UNROLL for (int i = 0; i < 8; i++) B3V_STOREU(w[i], h[i]);           \
     for (int l = 0; l < B3V_W; l++)                                         \
-      B3_UNROLL for (int i = 0; i < 8; i++) b3_store32(out + 32 * l + 4 * i, w[i][l]); \
+      for (int i = 0; i < 8; i++) memcpy(out + 32 * l + 4 * i, &w[i][l], 4); \
   }

@@ -23,6 +23,14 @@ b3sum:  $theirs"
   [ "$rc_ours" == "$rc_theirs" ] || fail "$what: exit $rc_ours, b3sum exits $rc_theirs"
 }
 
+same_stdin() { # same_stdin FILE ARGS...: each tool reads FILE on its stdin
+  local f=$1; shift
+  local ours theirs
+  ours=$("$KVBM_BIN" b3sum "$@" < "$f") || fail "stdin $f: kvbm failed"
+  theirs=$(b3sum "$@" < "$f")
+  [ "$ours" == "$theirs" ] || fail "stdin $f: ours $ours, b3sum $theirs"
+}
+
 sizes="0 1 63 64 65 1023 1024 1025 2047 2048 2049 4095 16383 16384 16385
        65537 131071 262144 262145 263169 1048576 1048577 3145728 5242881"
 files=()
@@ -32,8 +40,15 @@ for n in $sizes; do
 done
 
 same "all sizes" -- "${files[@]}"
-for f in "${files[@]}"; do same "$f via stdin" -- < "$f"; done
-same "dash is stdin" -- - < f_65537
+for f in "${files[@]}"; do same_stdin "$f"; done
+same_stdin f_65537 -
+same_stdin f_1025 --length 40 -
+# Standard input mid-file: hashing starts at the current offset.
+[ "$( (head -c 100 >/dev/null; "$KVBM_BIN" b3sum) < f_65537)" == \
+  "$(tail -c +101 f_65537 | b3sum)" ] || fail "stdin mid-file"
+# A pipe (not a regular file) on stdin.
+[ "$(cat f_263169 | "$KVBM_BIN" b3sum)" == "$(cat f_263169 | b3sum)" ] ||
+  fail "stdin pipe"
 same "--no-mmap" -- --no-mmap f_1048577 f_1025
 same "--length 0" -- --length 0 f_1025
 same "--length 5" -- --length 5 f_1025 f_0

@@ -9,9 +9,10 @@
  * read gets "kvbm b3sum: NAME: <reason> (os error N)" on stderr, the other
  * files are still hashed, and the exit status is 1.
  *
- * Regular files are mapped in windows of 64 MiB (prefaulted), so hashing
- * sees long runs of whole chunks and the SIMD kernels do nearly all the
- * work; other inputs (pipes, terminals) are read in 64 KiB pieces.
+ * Regular files of 256 KiB or more are mapped in windows of 64 MiB
+ * (prefaulted), so hashing sees long runs of whole chunks without a copy;
+ * smaller files and other inputs (pipes, terminals) are read in 256 KiB
+ * pieces into one buffer shared by all inputs.
  * Hashing is single-threaded; --num-threads is accepted and ignored.
  */
 #include <errno.h>
@@ -31,7 +32,8 @@ const char kvbm_cmd_b3sum_help[] =
     "BLAKE3 sums of files, printed like Debian's b3sum";
 
 #define MAP_WINDOW (64u << 20)
-#define READ_PIECE (64u << 10)
+#define READ_PIECE (256u << 10)
+#define MAP_MIN (256u << 10) /* smaller files: one read beats mmap setup */
 
 static const char kUsage[] =
     "usage: kvbm b3sum [options] [FILE]...\n"
@@ -51,12 +53,13 @@ typedef struct opts {
   uint8_t key[KVBM_BLAKE3_KEY_LEN];
 } opts;
 
-/* Feeds an open descriptor to the hasher; returns 0 or an errno. */
-static int hash_fd(int fd, bool no_mmap, kvbm_blake3_hasher *h) {
+/* Feeds an open descriptor to the hasher; returns 0 or an errno. `buf`
+ * is a READ_PIECE-byte buffer shared by all inputs. */
+static int hash_fd(int fd, bool no_mmap, uint8_t *buf, kvbm_blake3_hasher *h) {
   struct stat st;
   if (fstat(fd, &st) != 0) return errno;
   if (S_ISDIR(st.st_mode)) return EISDIR;
-  if (S_ISREG(st.st_mode) && !no_mmap && st.st_size > 0) {
+  if (S_ISREG(st.st_mode) && !no_mmap && st.st_size >= MAP_MIN) {
     for (off_t off = 0; off < st.st_size;) {
       size_t n = (size_t)(st.st_size - off) < MAP_WINDOW
                      ? (size_t)(st.st_size - off)
@@ -69,21 +72,13 @@ static int hash_fd(int fd, bool no_mmap, kvbm_blake3_hasher *h) {
     }
     return 0;
   }
-  uint8_t *buf = malloc(READ_PIECE);
-  if (!buf) return ENOMEM;
   for (;;) {
     ssize_t n = read(fd, buf, READ_PIECE);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      free(buf);
-      return e;
-    }
-    if (n == 0) break;
+    if (n < 0) return errno;
+    if (n == 0) return 0;
     kvbm_blake3_hasher_update(h, buf, (size_t)n);
   }
-  free(buf);
-  return 0;
 }
 
 /* Length of the valid UTF-8 sequence at s, or 0 if it is not one. */
@@ -177,12 +172,13 @@ static int init_hasher(const opts *o, kvbm_blake3_hasher *h) {
 }
 
 /* Hashes one input and prints its line; returns 0 or 1. */
-static int sum_one(const opts *o, const char *name) {
+static int sum_one(const opts *o, const char *name, uint8_t *buf) {
   kvbm_blake3_hasher h;
   init_hasher(o, &h);
   bool is_stdin = strcmp(name, "-") == 0;
   int fd = is_stdin ? STDIN_FILENO : open(name, O_RDONLY | O_CLOEXEC);
-  int e = fd < 0 ? errno : hash_fd(fd, o->no_mmap, &h);
+  /* stdin is read, never mapped: it may sit mid-file. */
+  int e = fd < 0 ? errno : hash_fd(fd, o->no_mmap || is_stdin, buf, &h);
   if (fd >= 0 && !is_stdin) close(fd);
   if (e != 0) {
     fflush(stdout);
@@ -225,6 +221,7 @@ int kvbm_cmd_b3sum(int argc, char **argv) {
   opts o = {.length = KVBM_BLAKE3_OUT_LEN};
   const char **files = calloc((size_t)argc + 1, sizeof *files);
   size_t nfiles = 0;
+  uint8_t *buf = NULL;
   bool only_files = false;
   int rc = 2;
   if (!files) return 1;
@@ -287,13 +284,20 @@ int kvbm_cmd_b3sum(int argc, char **argv) {
     }
     if (read_key_from_stdin(o.key) != 0) goto out;
   }
+  buf = malloc(READ_PIECE);
+  if (!buf) {
+    fprintf(stderr, "kvbm b3sum: out of memory\n");
+    rc = 1;
+    goto out;
+  }
   rc = 0;
-  for (size_t i = 0; i < nfiles; i++) rc |= sum_one(&o, files[i]);
+  for (size_t i = 0; i < nfiles; i++) rc |= sum_one(&o, files[i], buf);
   if (fflush(stdout) != 0 || ferror(stdout)) {
     fprintf(stderr, "kvbm b3sum: writing the output: %s\n", strerror(errno));
     rc = 1;
   }
 out:
+  free(buf);
   free(files);
   return rc;
 }
