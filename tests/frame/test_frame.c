@@ -322,6 +322,41 @@ static void test_streaming(void **state) {
   free(body);
 }
 
+static uint8_t *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  uint8_t *buf = malloc(1 << 16);
+  assert_non_null(buf);
+  *len = fread(buf, 1, 1 << 16, f);
+  fclose(f);
+  return buf;
+}
+
+/* Frames assembled by a shell script with Debian's b3sum computing the
+ * checksum (the fuzz seeds): an outside check of the format. */
+static void test_frames_built_with_b3sum(void **state) {
+  (void)state;
+  size_t len;
+  kvbm_frame_header hdr;
+  const uint8_t *body;
+  kvbm_error err;
+  uint8_t *f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/small_g2", &len);
+  assert_int_equal(kvbm_frame_decode(f, len, 1000, &hdr, &body, &err), 0);
+  assert_int_equal(hdr.tier, KVBM_FRAME_TIER_G2);
+  assert_int_equal(hdr.body_len, 14);
+  assert_memory_equal(body, "hello kv block", 14);
+  free(f);
+  f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/chunk_g4", &len);
+  assert_int_equal(kvbm_frame_decode(f, len, 1 << 20, &hdr, &body, &err), 0);
+  assert_int_equal(hdr.tier, KVBM_FRAME_TIER_G4);
+  assert_int_equal(hdr.body_len, 1500);
+  free(f);
+  f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/empty_g1", &len);
+  assert_int_equal(kvbm_frame_decode(f, len, 0, &hdr, &body, &err), 0);
+  assert_int_equal(hdr.body_len, 0);
+  free(f);
+}
+
 static void test_null_arguments(void **state) {
   (void)state;
   kvbm_frame_header hdr;
@@ -348,6 +383,7 @@ int main(void) {
       cmocka_unit_test(test_every_decode_error),
       cmocka_unit_test(test_single_byte_corruption),
       cmocka_unit_test(test_streaming),
+      cmocka_unit_test(test_frames_built_with_b3sum),
       cmocka_unit_test(test_null_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
