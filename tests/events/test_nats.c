@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,7 +44,10 @@ static int start_server(void **state) {
   if (server_pid == 0) {
     char p[16];
     snprintf(p, sizeof p, "%d", port);
-    if (!freopen("/dev/null", "w", stderr)) _exit(126);
+    /* no inherited output pipe (ctest would wait for it) and no orphan
+     * server if this test dies before its teardown */
+    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
     execl(NATS_SERVER, NATS_SERVER, "-a", "127.0.0.1", "-p", p, (char *)NULL);
     _exit(127);
   }
