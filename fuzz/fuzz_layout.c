@@ -1,5 +1,6 @@
 /*
  * fuzz_layout.c: libFuzzer target for the serialized layout decoder.
+ * fuzz-modules: common layout
  *
  * Properties checked on every input, beyond "no crash, no leak, no UB":
  *   - a failure returns a known negative status, a message, and no
