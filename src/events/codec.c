@@ -484,6 +484,9 @@ static int read_opt_str(dctx *c, size_t *off, const uint8_t **raw, size_t *rawle
   if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string or nil");
   int rc = mpr_bytes(&c->r, false, &b, &n);
   if (rc) return fail(c, rc, "bad string");
+  /* Names reach C callers as NUL-terminated strings: an inner NUL would
+   * silently cut them. */
+  if (n && memchr(b, 0, n)) return fail(c, KVBM_EFORMAT, "string contains a NUL byte");
   kvbm_event_decoder *d = c->d;
   RESERVE(d->s, d->s_cap, d->s_n + n + 1);
   memcpy(d->s + d->s_n, b, n);
