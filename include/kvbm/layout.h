@@ -133,7 +133,7 @@ uint64_t kvbm_layout_fingerprint(const kvbm_layout *layout);
 typedef struct kvbm_layout_desc {
   kvbm_layout layout;
   kvbm_memory_type memory;
-  int32_t device_id;     /* CUDA ordinal for DEVICE (>= 0), else -1 or >= 0 */
+  int32_t device_id;     /* -1 = none; DEVICE memory needs one (>= 0) */
   uint64_t block_set_id; /* the owner's name for this set of blocks */
   uint64_t num_regions;  /* == layout.num_regions */
   uint64_t *region_base; /* num_regions addresses, each aligned to
