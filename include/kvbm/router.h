@@ -1,0 +1,291 @@
+/*
+ * kvbm/router.h: the KV-aware router. An index of which worker holds which
+ * blocks, fed by KV events alone; overlap scores; a cost-based choice of
+ * worker; the W3 simulation (../shared/WORKLOADS.md).
+ *
+ * Index. Workers are named by (worker id, data-parallel rank) and get a
+ * dense slot 0..KVBM_ROUTER_MAX_WORKERS-1. For every slot and tier (device,
+ * host, disk) the index knows the set of block hashes held, and a lookup of
+ * a request's block hashes h[0..n) returns, per worker, the length of its
+ * longest cached prefix: the largest k such that h[0..k) are all held.
+ * Because tiers mix, three prefixes are returned per worker:
+ *   prefix[DEVICE] blocks held on device,
+ *   prefix[HOST]   blocks held on device or host,
+ *   prefix[DISK]   blocks held on any tier,
+ * so prefix[DEVICE] <= prefix[HOST] <= prefix[DISK] (the engine matches its
+ * device prefix, then goes on in the host tier, then on disk).
+ *
+ * Keys. Either the engine's hashes are used as they come (they must be
+ * chained sequence hashes, as kvbm's and vLLM's are), or, with `recompute`,
+ * the index computes its own sequence hashes from each BlockStored's token
+ * ids, chained from the parent's (linked through a per-worker map of the
+ * engine's hashes), with the configured block size, scheme and salt: the
+ * way to serve engines whose hashes the router cannot reproduce, and to
+ * key the index in Dynamo's scheme (KVBM_HASH_DYNAMO).
+ *
+ * Threads. One writer (event application, worker add/drop, approximate
+ * routing records) at a time: callers serialize writers (one thread, or a
+ * lock of theirs). Any number of threads may call the lookup functions at
+ * the same time as the writer, without a lock: each table slot is a
+ * seqlock, deletions that move slots bump a table-wide move counter that a
+ * reader checks before believing a miss, and a grown table replaces the old
+ * one by an atomic pointer swap (retired tables are kept until destroy; the
+ * sizes double, so they cost less than the live one). A lookup running
+ * while events are applied sees each block either before or after each
+ * event, never a torn slot.
+ */
+#ifndef KVBM_ROUTER_H
+#define KVBM_ROUTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/events.h"
+#include "kvbm/hash.h"
+#include "kvbm/status.h"
+#include "kvbm/trace.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVBM_ROUTER_MAX_WORKERS 64
+#define KVBM_ROUTER_TIERS 3
+
+typedef enum kvbm_router_tier {
+  KVBM_ROUTER_DEVICE = 0, /* GPU (G1); also events that name no medium */
+  KVBM_ROUTER_HOST = 1,   /* CPU (G2) */
+  KVBM_ROUTER_DISK = 2,   /* DISK (G3), REMOTE (G4) and unknown media */
+} kvbm_router_tier;
+
+/* The tier a medium counts as (see the enum above). */
+kvbm_router_tier kvbm_router_tier_of(kvbm_medium m);
+
+typedef struct kvbm_worker_key {
+  uint64_t worker_id;
+  uint32_t dp_rank;
+} kvbm_worker_key;
+
+/* ----------------------------------------------------------------- index */
+
+typedef struct kvbm_index kvbm_index;
+
+/* Called (on the writer's thread) when a worker's ids jump ahead: `expected`
+ * was due, `got` arrived. The events from `got` on are applied anyway; the
+ * callee may ask the worker for a replay of [expected, got). */
+typedef void (*kvbm_index_gap_fn)(void *user, kvbm_worker_key worker, uint64_t expected,
+                                  uint64_t got);
+
+typedef struct kvbm_index_config {
+  uint32_t block_size;       /* tokens per block (for recompute and for
+                                kvbm_index_hash_tokens); default 16 */
+  kvbm_hash_scheme scheme;   /* how token ids become hashes (native) */
+  uint64_t salt_hash;        /* salt of the chain (kvbm_hash_salt; 0) */
+  bool recompute;            /* key by hashes computed from the events'
+                                token ids instead of the engine's (false) */
+  size_t expected_blocks;    /* initial sizing, grows as needed (65536) */
+  kvbm_index_gap_fn on_gap;  /* optional */
+  void *gap_user;
+} kvbm_index_config;
+
+kvbm_index_config kvbm_index_config_default(void);
+
+/* Creates an index; *out is freed with kvbm_index_destroy. KVBM_EINVAL for
+ * block size 0 or above KVBM_POOL_MAX_BLOCK_SIZE or an unknown scheme. */
+int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error *err);
+void kvbm_index_destroy(kvbm_index *idx); /* NULL is a no-op */
+
+const kvbm_index_config *kvbm_index_config_get(const kvbm_index *idx);
+
+/* --- writer side (one at a time) --- */
+
+/* Adds a worker (no-op when known) and stores its slot in *slot (may be
+ * NULL). KVBM_ENOSPC when KVBM_ROUTER_MAX_WORKERS are known. */
+int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key worker, uint32_t *slot,
+                          kvbm_error *err);
+
+/* Forgets a worker and everything it holds; its slot becomes free.
+ * KVBM_ENOTFOUND when unknown. */
+int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key worker);
+
+/* Applies one event of `worker` (added when unknown). `id` orders the
+ * worker's input: the first id seen starts the count; an id below the next
+ * expected one is a duplicate and skipped (KVBM_OK, counted); one above is a
+ * gap (on_gap is called, the event is applied). KVBM_INDEX_NO_ID skips the
+ * check. Errors (nothing changed): KVBM_EINVAL for an unknown event type,
+ * a STORED whose token count is not blocks x block size when recompute
+ * needs them, or whose block size differs from the index's in recompute
+ * mode. Blocks an engine removes that the index does not hold, and (in
+ * recompute mode) blocks stored under a parent it does not know, are
+ * counted in the stats, not errors: events may start mid-stream. */
+#define KVBM_INDEX_NO_ID UINT64_MAX
+int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
+                     const kvbm_event *ev, kvbm_error *err);
+
+/* Applies a batch: one id check on batch->seq, then every event (worker's
+ * dp_rank is taken from the batch when it has one). Stops at the first
+ * event in error and returns its status; earlier events stay applied. */
+int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id,
+                           const kvbm_event_batch *batch, kvbm_error *err);
+
+/* Stores / removes blocks directly (no ids, no translation): the hashes
+ * are index keys. Used by approximate routing and tests. */
+int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_router_tier tier,
+                     const uint64_t *hashes, size_t n);
+int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_router_tier tier,
+                      const uint64_t *hashes, size_t n);
+
+/* --- reader side (any thread, no lock) --- */
+
+typedef struct kvbm_overlap {
+  uint32_t prefix[KVBM_ROUTER_TIERS]; /* see the top of this file */
+} kvbm_overlap;
+
+/* For every slot s < KVBM_ROUTER_MAX_WORKERS writes out[s] (zeros for free
+ * slots) and returns in *workers (may be NULL) the mask of live slots.
+ * `out` must hold KVBM_ROUTER_MAX_WORKERS entries. n may be 0. */
+void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes, size_t n,
+                       kvbm_overlap *out, uint64_t *workers);
+
+/* The index's hashes of the full blocks of tokens[0..n): writes at most
+ * max_out, returns how many (kvbm_hash_chain with the index's settings). */
+size_t kvbm_index_hash_tokens(const kvbm_index *idx, const uint32_t *tokens, size_t n,
+                              uint64_t *out, size_t max_out);
+
+/* Slot of a worker; KVBM_ENOTFOUND when unknown. */
+int kvbm_index_worker_slot(const kvbm_index *idx, kvbm_worker_key worker, uint32_t *slot);
+/* Worker of a live slot; false when the slot is free. */
+bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kvbm_worker_key *out);
+/* Mask of live slots. */
+uint64_t kvbm_index_workers(const kvbm_index *idx);
+
+typedef struct kvbm_index_stats {
+  uint64_t events;          /* events applied */
+  uint64_t stored, removed, cleared; /* blocks stored/removed, clears */
+  uint64_t duplicates;      /* events or batches skipped by id */
+  uint64_t gaps;            /* id jumps */
+  uint64_t unknown_removed; /* removes of blocks not held */
+  uint64_t orphans;         /* recompute: blocks under an unknown parent */
+  uint64_t entries;         /* distinct hashes held by someone */
+  uint64_t table_slots;     /* size of the shared table */
+  uint32_t workers;
+} kvbm_index_stats;
+/* Counters are read without the writer's help: call it from the writer, or
+ * accept slightly stale numbers. */
+void kvbm_index_stats_get(const kvbm_index *idx, kvbm_index_stats *out);
+
+/* ---------------------------------------------------------------- choice */
+
+typedef enum kvbm_load_kind {
+  KVBM_LOAD_BLOCKS = 0,   /* active blocks */
+  KVBM_LOAD_REQUESTS = 1, /* active requests */
+} kvbm_load_kind;
+
+typedef struct kvbm_choice_config {
+  double tier_weight[KVBM_ROUTER_TIERS]; /* 1.0, 0.75, 0.25 (Dynamo's) */
+  double prefill_weight;  /* weight of blocks to prefill (1.0) */
+  double load_weight;     /* weight of the load (1.0) */
+  kvbm_load_kind load_kind;
+  double temperature;     /* 0: lowest cost wins (ties at random); > 0:
+                             softmax sampling over -cost / temperature of
+                             costs normalized to [0, 1] */
+} kvbm_choice_config;
+
+kvbm_choice_config kvbm_choice_config_default(void);
+
+/* KVBM_EINVAL (with a message) for a negative or non-finite weight or
+ * temperature. */
+int kvbm_choice_config_check(const kvbm_choice_config *cfg, kvbm_error *err);
+
+/* Blocks a worker would not have to prefill: the device prefix at weight
+ * tier_weight[0], the part the host adds at [1], what disk adds at [2]. */
+double kvbm_overlap_score(const kvbm_choice_config *cfg, const kvbm_overlap *ov);
+
+typedef struct kvbm_choice {
+  uint32_t slot;   /* the chosen worker's slot */
+  double cost;     /* its cost */
+  uint32_t ties;   /* how many slots shared the lowest cost */
+} kvbm_choice;
+
+/* Chooses among the slots in `candidates`: cost(s) = prefill_weight *
+ * (n_blocks - score(ov[s])) + load_weight * load[s]. `load` may be NULL
+ * (no load). `rng` is the caller's generator state (any nonzero start;
+ * one per thread). KVBM_ENOTFOUND when candidates is 0. */
+int kvbm_choose(const kvbm_choice_config *cfg, size_t n_blocks, const kvbm_overlap *ov,
+                const double *load, uint64_t candidates, uint64_t *rng,
+                kvbm_choice *out);
+
+/* A small generator for the tie breaks (xorshift64*). */
+uint64_t kvbm_router_rand(uint64_t *state);
+
+/* ---------------------------------------------------------- approximate */
+
+/* For engines that publish no events: every routing decision is recorded
+ * in the index as if the chosen worker had stored the request's blocks on
+ * device, and forgotten `ttl` seconds later. A writer: serialize it with
+ * the index's other writers. Owns nothing of the index. */
+typedef struct kvbm_approx kvbm_approx;
+
+int kvbm_approx_create(kvbm_index *idx, double ttl_s, kvbm_approx **out, kvbm_error *err);
+void kvbm_approx_destroy(kvbm_approx *ap); /* NULL is a no-op; leaves the index as is */
+
+/* Expires records older than now_s - ttl, then records `hashes` for `slot`
+ * at time now_s (any monotonic clock in seconds, non-decreasing). */
+int kvbm_approx_record(kvbm_approx *ap, uint32_t slot, const uint64_t *hashes, size_t n,
+                       double now_s, kvbm_error *err);
+/* Expires only. Returns how many records went. */
+size_t kvbm_approx_expire(kvbm_approx *ap, double now_s);
+size_t kvbm_approx_pending(const kvbm_approx *ap);
+
+/* ------------------------------------------------------------------- W3 */
+
+typedef struct kvbm_w3_opts {
+  uint32_t workers;        /* 8 */
+  uint32_t block_size;     /* 16 */
+  uint32_t capacity;       /* blocks per worker (16384) */
+  size_t limit;            /* first N requests; 0 = all */
+  kvbm_hash_scheme scheme; /* the workers' hashes (native) */
+  bool recompute;          /* index keyed by recomputed hashes (false) */
+  kvbm_choice_config choice;
+  double active_ms;        /* load model: a request counts as active for this
+                              long after its arrival, in trace time (0: no
+                              load) */
+  uint64_t seed;           /* for random routing and tie breaks */
+  /* optional: called every few hundred requests and at the end */
+  void (*progress)(void *user, size_t done, size_t total);
+  void *progress_user;
+} kvbm_w3_opts;
+
+kvbm_w3_opts kvbm_w3_opts_default(void);
+
+typedef struct kvbm_w3_policy {
+  uint64_t hit_tokens;
+  uint64_t prompt_tokens;
+  uint64_t requests;
+  double seconds;
+} kvbm_w3_policy;
+
+typedef struct kvbm_w3_result {
+  kvbm_w3_policy kv_aware, random, round_robin, ideal;
+  uint64_t index_mismatches; /* (lookup, worker) pairs where the event-fed
+                                index and the caches disagree */
+  uint64_t lookups;
+  uint64_t events;           /* events applied to the index */
+  uint64_t event_bytes;      /* their msgpack size */
+  double index_seconds;      /* time spent applying events and looking up */
+} kvbm_w3_result;
+
+/* Runs W3: `workers` W1 caches, each publishing its pool's events through
+ * the vLLM msgpack codec into the router's index after every request; the
+ * kv-aware router chooses from the index only, and every lookup is checked
+ * against the caches. Then the same trace with random, round-robin and the
+ * ideal router (which reads the caches). KVBM_ENOSPC when a request does
+ * not fit in one worker. */
+int kvbm_w3_run(const kvbm_trace *trace, const kvbm_w3_opts *opts, kvbm_w3_result *out,
+                kvbm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,508 @@
+/*
+ * test_index.c: the router's prefix index, one thread.
+ *
+ * Hand-made cases (prefixes per worker and tier, removes, duplicates,
+ * clears, worker add/drop, ids with gaps and duplicates, recompute mode in
+ * both hash schemes, batches through the vLLM codec, bad events), then a
+ * randomized model test: thousands of random stores, removes, clears and
+ * worker drops on several workers and tiers over chains that share
+ * prefixes, with every lookup compared to a plain reference model (counts
+ * per worker, tier and hash), through table growth and many deletions.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvbm/router.h"
+
+#define MAXW KVBM_ROUTER_MAX_WORKERS
+
+static kvbm_index *mk(bool recompute, kvbm_hash_scheme scheme, uint32_t bs, size_t expect) {
+  kvbm_index_config c = kvbm_index_config_default();
+  c.recompute = recompute;
+  c.scheme = scheme;
+  c.block_size = bs;
+  c.expected_blocks = expect;
+  kvbm_index *idx;
+  kvbm_error err;
+  assert_int_equal(kvbm_index_create(&c, &idx, &err), KVBM_OK);
+  return idx;
+}
+
+static kvbm_event stored(const uint64_t *h, size_t n, const uint64_t *parent, kvbm_medium m) {
+  kvbm_event e = {.type = KVBM_EVENT_STORED, .block_hashes = h, .num_block_hashes = n,
+                  .medium = m, .block_size = 16};
+  if (parent) e.parent_hash = *parent, e.has_parent = true;
+  return e;
+}
+static kvbm_event removed(const uint64_t *h, size_t n, kvbm_medium m) {
+  return (kvbm_event){.type = KVBM_EVENT_REMOVED, .block_hashes = h, .num_block_hashes = n,
+                      .medium = m};
+}
+
+static void apply(kvbm_index *idx, uint64_t wid, kvbm_event ev) {
+  kvbm_error err;
+  kvbm_worker_key k = {wid, 0};
+  int rc = kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, &ev, &err);
+  if (rc) fail_msg("apply: %s", err.msg);
+}
+
+static uint32_t slot_of(kvbm_index *idx, uint64_t wid) {
+  uint32_t s;
+  kvbm_worker_key k = {wid, 0};
+  assert_int_equal(kvbm_index_worker_slot(idx, k, &s), KVBM_OK);
+  return s;
+}
+
+static void expect_prefix(kvbm_index *idx, const uint64_t *h, size_t n, uint64_t wid,
+                          uint32_t dev, uint32_t host, uint32_t any) {
+  kvbm_overlap ov[MAXW];
+  kvbm_index_lookup(idx, h, n, ov, NULL);
+  uint32_t s = slot_of(idx, wid);
+  if (ov[s].prefix[0] != dev || ov[s].prefix[1] != host || ov[s].prefix[2] != any)
+    fail_msg("worker %llu: prefix %u/%u/%u, expected %u/%u/%u", (unsigned long long)wid,
+             ov[s].prefix[0], ov[s].prefix[1], ov[s].prefix[2], dev, host, any);
+}
+
+static const uint64_t H[] = {101, 102, 103, 104, 105, 106, 107, 108};
+
+static void test_prefixes(void **state) {
+  (void)state;
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  apply(idx, 1, stored(H, 5, NULL, KVBM_MEDIUM_GPU));
+  apply(idx, 2, stored(H, 2, NULL, KVBM_MEDIUM_GPU));
+  apply(idx, 2, stored(H + 3, 2, &H[2], KVBM_MEDIUM_GPU)); /* a hole at 2 */
+  kvbm_worker_key k3 = {3, 0};
+  assert_int_equal(kvbm_index_add_worker(idx, k3, NULL, NULL), KVBM_OK);
+  expect_prefix(idx, H, 6, 1, 5, 5, 5);
+  expect_prefix(idx, H, 6, 2, 2, 2, 2);
+  expect_prefix(idx, H, 6, 3, 0, 0, 0);
+  expect_prefix(idx, H + 1, 3, 1, 3, 3, 3); /* any hash sequence is looked up as given */
+  expect_prefix(idx, H, 0, 1, 0, 0, 0);
+  uint64_t live;
+  kvbm_overlap ov[MAXW];
+  kvbm_index_lookup(idx, H, 6, ov, &live);
+  assert_int_equal(__builtin_popcountll(live), 3);
+  for (int s = 0; s < MAXW; s++)
+    if (!(live >> s & 1)) assert_int_equal(ov[s].prefix[2], 0);
+  /* removing block 1 cuts worker 1 at 1; block 0 gone cuts it at 0 */
+  apply(idx, 1, removed(H + 1, 1, KVBM_MEDIUM_GPU));
+  expect_prefix(idx, H, 6, 1, 1, 1, 1);
+  expect_prefix(idx, H, 6, 2, 2, 2, 2); /* others keep theirs */
+  apply(idx, 1, removed(H, 1, KVBM_MEDIUM_GPU));
+  expect_prefix(idx, H, 6, 1, 0, 0, 0);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.stored, 9);
+  assert_int_equal(st.removed, 2);
+  assert_int_equal(st.entries, 5); /* 101,102 (w2) 103..105 (w1) 104,105 (w2) */
+  assert_int_equal(st.workers, 3);
+  kvbm_index_destroy(idx);
+}
+
+static void test_tiers(void **state) {
+  (void)state;
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  apply(idx, 7, stored(H, 2, NULL, KVBM_MEDIUM_GPU));
+  apply(idx, 7, stored(H + 2, 1, &H[1], KVBM_MEDIUM_CPU));
+  apply(idx, 7, stored(H + 3, 2, &H[2], KVBM_MEDIUM_DISK));
+  apply(idx, 7, stored(H + 5, 1, &H[4], KVBM_MEDIUM_REMOTE)); /* counts as disk */
+  expect_prefix(idx, H, 8, 7, 2, 3, 6);
+  /* block 1 also on host, then gone from device: device prefix 1 */
+  apply(idx, 7, stored(H + 1, 1, &H[0], KVBM_MEDIUM_CPU));
+  apply(idx, 7, removed(H + 1, 1, KVBM_MEDIUM_GPU));
+  expect_prefix(idx, H, 8, 7, 1, 3, 6);
+  /* a remove in the wrong tier changes nothing and is counted */
+  apply(idx, 7, removed(H, 1, KVBM_MEDIUM_CPU));
+  expect_prefix(idx, H, 8, 7, 1, 3, 6);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.unknown_removed, 1);
+  /* no medium = device */
+  apply(idx, 7, stored(H + 1, 1, &H[0], KVBM_MEDIUM_NONE));
+  expect_prefix(idx, H, 8, 7, 2, 3, 6);
+  assert_int_equal(kvbm_router_tier_of(KVBM_MEDIUM_OTHER), KVBM_ROUTER_DISK);
+  kvbm_index_destroy(idx);
+}
+
+static void test_duplicates_and_clear(void **state) {
+  (void)state;
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  apply(idx, 1, stored(H, 3, NULL, KVBM_MEDIUM_GPU));
+  apply(idx, 1, stored(H + 2, 1, &H[1], KVBM_MEDIUM_GPU)); /* a duplicate block */
+  apply(idx, 1, removed(H + 2, 1, KVBM_MEDIUM_GPU));
+  expect_prefix(idx, H, 4, 1, 3, 3, 3);
+  apply(idx, 1, removed(H + 2, 1, KVBM_MEDIUM_GPU));
+  expect_prefix(idx, H, 4, 1, 2, 2, 2);
+  apply(idx, 2, stored(H, 4, NULL, KVBM_MEDIUM_CPU));
+  kvbm_event clr = {.type = KVBM_EVENT_CLEARED};
+  apply(idx, 1, clr);
+  expect_prefix(idx, H, 4, 1, 0, 0, 0);
+  expect_prefix(idx, H, 4, 2, 0, 4, 4);
+  apply(idx, 1, stored(H, 1, NULL, KVBM_MEDIUM_GPU)); /* usable after a clear */
+  expect_prefix(idx, H, 4, 1, 1, 1, 1);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.cleared, 1);
+  assert_int_equal(st.entries, 4);
+  kvbm_index_destroy(idx);
+}
+
+static void test_workers(void **state) {
+  (void)state;
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  kvbm_error err;
+  for (uint64_t w = 0; w < MAXW; w++) {
+    kvbm_worker_key k = {1000 + w / 2, (uint32_t)(w % 2)};
+    uint32_t s;
+    assert_int_equal(kvbm_index_add_worker(idx, k, &s, &err), KVBM_OK);
+    assert_int_equal(s, w);
+    kvbm_event ev = stored(H, 1 + w % 8, NULL, KVBM_MEDIUM_GPU);
+    assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
+  }
+  kvbm_worker_key extra = {5, 0};
+  assert_int_equal(kvbm_index_add_worker(idx, extra, NULL, &err), KVBM_ENOSPC);
+  kvbm_event ev = stored(H, 1, NULL, KVBM_MEDIUM_GPU);
+  assert_int_equal(kvbm_index_apply(idx, extra, KVBM_INDEX_NO_ID, &ev, &err), KVBM_ENOSPC);
+  /* dp ranks are distinct workers */
+  kvbm_worker_key k0 = {1000, 0}, k1 = {1000, 1};
+  uint32_t s0, s1;
+  assert_int_equal(kvbm_index_worker_slot(idx, k0, &s0), KVBM_OK);
+  assert_int_equal(kvbm_index_worker_slot(idx, k1, &s1), KVBM_OK);
+  assert_int_not_equal(s0, s1);
+  /* dropping one frees its slot and its blocks, nobody else's */
+  assert_int_equal(kvbm_index_remove_worker(idx, k1), KVBM_OK);
+  assert_int_equal(kvbm_index_remove_worker(idx, k1), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_index_worker_slot(idx, k1, NULL), KVBM_ENOTFOUND);
+  kvbm_worker_key got;
+  assert_false(kvbm_index_slot_worker(idx, s1, &got));
+  assert_true(kvbm_index_slot_worker(idx, s0, &got));
+  assert_true(got.worker_id == 1000 && got.dp_rank == 0);
+  kvbm_overlap ov[MAXW];
+  uint64_t live;
+  kvbm_index_lookup(idx, H, 8, ov, &live);
+  assert_false(live >> s1 & 1);
+  assert_int_equal(ov[s1].prefix[2], 0);
+  for (uint32_t s = 0; s < MAXW; s++)
+    if (s != s1) assert_int_equal(ov[s].prefix[2], 1 + s % 8);
+  /* the slot is reused, empty */
+  assert_int_equal(kvbm_index_add_worker(idx, extra, &s0, &err), KVBM_OK);
+  assert_int_equal(s0, s1);
+  kvbm_index_lookup(idx, H, 8, ov, &live);
+  assert_int_equal(ov[s1].prefix[2], 0);
+  kvbm_index_destroy(idx);
+}
+
+typedef struct gapcall {
+  int n;
+  kvbm_worker_key w;
+  uint64_t expected, got;
+} gapcall;
+static void on_gap(void *u, kvbm_worker_key w, uint64_t expected, uint64_t got) {
+  gapcall *g = u;
+  g->n++;
+  g->w = w;
+  g->expected = expected;
+  g->got = got;
+}
+
+static void test_ids(void **state) {
+  (void)state;
+  gapcall g = {0};
+  kvbm_index_config c = kvbm_index_config_default();
+  c.on_gap = on_gap;
+  c.gap_user = &g;
+  kvbm_index *idx;
+  assert_int_equal(kvbm_index_create(&c, &idx, NULL), KVBM_OK);
+  kvbm_worker_key k = {9, 2};
+  kvbm_event e0 = stored(H, 1, NULL, KVBM_MEDIUM_GPU);
+  kvbm_event e1 = stored(H + 1, 1, &H[0], KVBM_MEDIUM_GPU);
+  kvbm_event e2 = stored(H + 2, 1, &H[1], KVBM_MEDIUM_GPU);
+  kvbm_event r0 = removed(H, 1, KVBM_MEDIUM_GPU);
+  assert_int_equal(kvbm_index_apply(idx, k, 5, &e0, NULL), KVBM_OK); /* first id: any */
+  assert_int_equal(kvbm_index_apply(idx, k, 6, &e1, NULL), KVBM_OK);
+  assert_int_equal(kvbm_index_apply(idx, k, 6, &r0, NULL), KVBM_OK); /* duplicate: skipped */
+  assert_int_equal(kvbm_index_apply(idx, k, 3, &r0, NULL), KVBM_OK); /* old: skipped */
+  assert_int_equal(g.n, 0);
+  kvbm_overlap ov[MAXW];
+  kvbm_index_lookup(idx, H, 3, ov, NULL);
+  assert_int_equal(ov[0].prefix[0], 2);
+  assert_int_equal(kvbm_index_apply(idx, k, 9, &e2, NULL), KVBM_OK); /* gap 7..8 */
+  assert_int_equal(g.n, 1);
+  assert_true(g.w.worker_id == 9 && g.w.dp_rank == 2);
+  assert_true(g.expected == 7 && g.got == 9);
+  kvbm_index_lookup(idx, H, 3, ov, NULL);
+  assert_int_equal(ov[0].prefix[0], 3); /* applied despite the gap */
+  assert_int_equal(kvbm_index_apply(idx, k, 10, &r0, NULL), KVBM_OK);
+  assert_int_equal(g.n, 1);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.duplicates, 2);
+  assert_int_equal(st.gaps, 1);
+  assert_int_equal(st.events, 4);
+  kvbm_index_destroy(idx);
+}
+
+/* A batch through the vLLM msgpack codec, dp_rank from the batch, seq ids. */
+static void test_batches(void **state) {
+  (void)state;
+  gapcall g = {0};
+  kvbm_index_config c = kvbm_index_config_default();
+  c.on_gap = on_gap;
+  c.gap_user = &g;
+  kvbm_index *idx;
+  assert_int_equal(kvbm_index_create(&c, &idx, NULL), KVBM_OK);
+  kvbm_event_encoder *enc;
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_encoder_new(&enc, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_decoder_new(&dec, NULL), KVBM_OK);
+  kvbm_event evs[2] = {stored(H, 4, NULL, KVBM_MEDIUM_GPU), removed(H + 3, 1, KVBM_MEDIUM_GPU)};
+  for (int form = 0; form < 2; form++) {
+    kvbm_event_batch b = {.seq = 0, .ts = 1.5, .dp_rank = 3, .has_dp_rank = true,
+                          .events = evs, .num_events = 2};
+    const uint8_t *data;
+    size_t len;
+    assert_int_equal(kvbm_event_encode(enc, &b, (kvbm_event_form)form, &data, &len, NULL), 0);
+    kvbm_event_batch d;
+    assert_int_equal(kvbm_event_decode(dec, data, len, (uint64_t)form * 4, &d, NULL), 0);
+    assert_int_equal(kvbm_index_apply_batch(idx, 77, &d, NULL), KVBM_OK);
+  }
+  assert_int_equal(g.n, 1); /* seq 0 then 4 */
+  assert_true(g.expected == 1 && g.got == 4);
+  kvbm_worker_key k = {77, 3};
+  uint32_t s;
+  assert_int_equal(kvbm_index_worker_slot(idx, k, &s), KVBM_OK);
+  kvbm_overlap ov[MAXW];
+  kvbm_index_lookup(idx, H, 5, ov, NULL);
+  assert_int_equal(ov[s].prefix[0], 3);
+  kvbm_event_encoder_free(enc);
+  kvbm_event_decoder_free(dec);
+  kvbm_index_destroy(idx);
+}
+
+/* Recompute mode: engine hashes are opaque (here: arbitrary numbers); the
+ * index chains its own from the tokens, so a lookup of the tokens' hashes
+ * finds them, in both schemes, and equals kvbm_hash_chain. */
+static void test_recompute(void **state) {
+  (void)state;
+  for (int sch = 0; sch < 2; sch++) {
+    const uint32_t bs = 4;
+    kvbm_index *idx = mk(true, (kvbm_hash_scheme)sch, bs, 16);
+    uint32_t tok[6 * 4];
+    for (unsigned i = 0; i < 24; i++) tok[i] = 1000 + i * 7;
+    uint64_t eng[6] = {0xa, 0xb, 0xc, 0xd, 0xe, 0xf};
+    kvbm_event e = stored(eng, 3, NULL, KVBM_MEDIUM_GPU);
+    e.token_ids = tok;
+    e.num_tokens = 12;
+    e.block_size = bs;
+    apply(idx, 1, e);
+    kvbm_event e2 = stored(eng + 3, 2, &eng[2], KVBM_MEDIUM_CPU);
+    e2.token_ids = tok + 12;
+    e2.num_tokens = 8;
+    e2.block_size = bs;
+    apply(idx, 1, e2);
+    uint64_t h[6];
+    assert_int_equal(kvbm_index_hash_tokens(idx, tok, 23, h, 6), 5);
+    uint64_t ref[6];
+    assert_int_equal(kvbm_hash_chain((kvbm_hash_scheme)sch, 0, tok, 24, bs, ref, 6), 6);
+    assert_memory_equal(h, ref, 5 * sizeof *h);
+    expect_prefix(idx, ref, 6, 1, 3, 5, 5);
+    /* the engine's hashes are not keys */
+    expect_prefix(idx, eng, 6, 1, 0, 0, 0);
+    /* removes name engine hashes */
+    apply(idx, 1, removed(eng + 1, 1, KVBM_MEDIUM_GPU));
+    expect_prefix(idx, ref, 6, 1, 1, 1, 1);
+    /* an unknown parent: orphans, counted, not stored */
+    uint64_t x = 0x99, unknown = 0x1234;
+    kvbm_event e3 = stored(&x, 1, &unknown, KVBM_MEDIUM_GPU);
+    e3.token_ids = tok;
+    e3.num_tokens = bs;
+    e3.block_size = bs;
+    apply(idx, 1, e3);
+    kvbm_index_stats st;
+    kvbm_index_stats_get(idx, &st);
+    assert_int_equal(st.orphans, 1);
+    /* recompute needs every token and the index's block size */
+    kvbm_error err;
+    kvbm_worker_key k = {1, 0};
+    kvbm_event bad = e;
+    bad.num_tokens = 11;
+    assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, &bad, &err), KVBM_EINVAL);
+    assert_non_null(strstr(err.msg, "tokens"));
+    bad = e;
+    bad.token_ids = NULL;
+    bad.num_tokens = 0;
+    assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, &bad, &err), KVBM_EINVAL);
+    bad = e;
+    bad.block_size = 8;
+    assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, &bad, &err), KVBM_EINVAL);
+    assert_non_null(strstr(err.msg, "block size"));
+    kvbm_index_destroy(idx);
+  }
+}
+
+static void test_bad_input(void **state) {
+  (void)state;
+  kvbm_index_config c = kvbm_index_config_default();
+  kvbm_index *idx;
+  kvbm_error err;
+  c.block_size = 0;
+  assert_int_equal(kvbm_index_create(&c, &idx, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "block size"));
+  c = kvbm_index_config_default();
+  c.scheme = (kvbm_hash_scheme)7;
+  assert_int_equal(kvbm_index_create(&c, &idx, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_index_create(NULL, &idx, &err), KVBM_EINVAL);
+  idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  kvbm_worker_key k = {1, 0};
+  kvbm_event ev = {.type = (kvbm_event_type)42};
+  assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, &ev, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "unknown event type"));
+  assert_int_equal(kvbm_index_workers(idx), 0); /* nothing added for a bad event */
+  ev = (kvbm_event){.type = KVBM_EVENT_STORED, .num_block_hashes = 3};
+  assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, &ev, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, NULL, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_index_apply_batch(idx, 1, NULL, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_index_store(idx, 3, KVBM_ROUTER_DEVICE, H, 1), KVBM_EINVAL);
+  assert_int_equal(kvbm_index_store(idx, MAXW, KVBM_ROUTER_DEVICE, H, 1), KVBM_EINVAL);
+  kvbm_index_destroy(idx);
+  kvbm_index_destroy(NULL);
+}
+
+/* ---------------------------------------------------------------- model */
+
+#define NW 5
+#define NCHAIN 40
+#define CLEN 24
+#define NH (NCHAIN * CLEN)
+
+typedef struct model {
+  uint16_t cnt[NW][3][NH];
+  bool live[NW];
+} model;
+
+static uint64_t rng_state = 0x1234567;
+static uint32_t rnd(uint32_t n) { return (uint32_t)(kvbm_router_rand(&rng_state) % n); }
+
+/* Chains share prefixes: chain c's block k is chain (c / 2)'s block k when
+ * k < 4 + c % 8, so hash ids are folded onto a canonical one. */
+static uint32_t hid(uint32_t c, uint32_t k) {
+  while (c && k < 4 + c % 8) c /= 2;
+  return c * CLEN + k;
+}
+/* Hash values clustered in the table: few high bits differ. */
+static uint64_t hval(uint32_t id) { return 0x5bd1e995ull * (id + 1) + ((uint64_t)id << 48); }
+
+static void model_check(const model *m, kvbm_index *idx, const uint32_t *slot) {
+  for (uint32_t c = 0; c < NCHAIN; c++) {
+    uint64_t h[CLEN];
+    for (uint32_t k = 0; k < CLEN; k++) h[k] = hval(hid(c, k));
+    uint32_t n = 1 + rnd(CLEN);
+    kvbm_overlap ov[MAXW];
+    uint64_t live;
+    kvbm_index_lookup(idx, h, n, ov, &live);
+    for (int w = 0; w < NW; w++) {
+      if (!m->live[w]) continue;
+      assert_true(live >> slot[w] & 1);
+      for (int t = 0; t < 3; t++) {
+        uint32_t p = 0;
+        while (p < n) {
+          bool held = false;
+          for (int u = 0; u <= t; u++) held |= m->cnt[w][u][hid(c, p)] > 0;
+          if (!held) break;
+          p++;
+        }
+        if (ov[slot[w]].prefix[t] != p)
+          fail_msg("chain %u len %u worker %d tier %d: index %u, model %u", c, n, w, t,
+                   ov[slot[w]].prefix[t], p);
+      }
+    }
+  }
+}
+
+static void test_model(void **state) {
+  (void)state;
+  static model m;
+  memset(&m, 0, sizeof m);
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 8); /* grows many times */
+  uint32_t slot[NW];
+  kvbm_error err;
+  static const kvbm_medium med[3] = {KVBM_MEDIUM_GPU, KVBM_MEDIUM_CPU, KVBM_MEDIUM_DISK};
+  for (int step = 0; step < 40000; step++) {
+    int w = (int)rnd(NW);
+    kvbm_worker_key key = {(uint64_t)w * 11, 0};
+    if (!m.live[w]) {
+      assert_int_equal(kvbm_index_add_worker(idx, key, &slot[w], &err), KVBM_OK);
+      m.live[w] = true;
+    }
+    uint32_t c = rnd(NCHAIN), t = rnd(3), op = rnd(100);
+    if (op < 55) { /* store a run of a chain */
+      uint32_t a = rnd(CLEN), n = 1 + rnd(CLEN - a);
+      uint64_t h[CLEN];
+      for (uint32_t k = 0; k < n; k++) {
+        h[k] = hval(hid(c, a + k));
+        m.cnt[w][t][hid(c, a + k)]++;
+      }
+      uint64_t par = a ? hval(hid(c, a - 1)) : 0;
+      kvbm_event ev = stored(h, n, a ? &par : NULL, med[t]);
+      assert_int_equal(kvbm_index_apply(idx, key, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
+    } else if (op < 97) { /* remove some, held or not */
+      uint32_t n = 1 + rnd(4);
+      uint64_t h[4];
+      for (uint32_t k = 0; k < n; k++) {
+        uint32_t id = hid(c, rnd(CLEN));
+        h[k] = hval(id);
+        if (m.cnt[w][t][id]) m.cnt[w][t][id]--;
+      }
+      kvbm_event ev = removed(h, n, med[t]);
+      assert_int_equal(kvbm_index_apply(idx, key, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
+    } else if (op < 99) {
+      kvbm_event ev = {.type = KVBM_EVENT_CLEARED};
+      assert_int_equal(kvbm_index_apply(idx, key, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
+      memset(m.cnt[w], 0, sizeof m.cnt[w]);
+    } else {
+      assert_int_equal(kvbm_index_remove_worker(idx, key), KVBM_OK);
+      memset(m.cnt[w], 0, sizeof m.cnt[w]);
+      m.live[w] = false;
+    }
+    if (step % 97 == 0) model_check(&m, idx, slot);
+  }
+  model_check(&m, idx, slot);
+  /* entries equals the number of distinct hashes held by anyone */
+  uint64_t distinct = 0;
+  for (uint32_t id = 0; id < NH; id++) {
+    bool any = false;
+    for (int w = 0; w < NW; w++)
+      for (int t = 0; t < 3; t++) any |= m.live[w] && m.cnt[w][t][id];
+    distinct += any;
+  }
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.entries, distinct);
+  assert_true(st.table_slots >= 64);
+  /* drop everybody: the table empties */
+  for (int w = 0; w < NW; w++)
+    if (m.live[w]) {
+      kvbm_worker_key key = {(uint64_t)w * 11, 0};
+      assert_int_equal(kvbm_index_remove_worker(idx, key), KVBM_OK);
+    }
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.entries, 0);
+  assert_int_equal(st.workers, 0);
+  kvbm_index_destroy(idx);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
+      cmocka_unit_test(test_duplicates_and_clear), cmocka_unit_test(test_workers),
+      cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
+      cmocka_unit_test(test_recompute), cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_model),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
