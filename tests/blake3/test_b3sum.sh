@@ -89,6 +89,20 @@ grep -q "no_such_file: No such file or directory (os error 2)" err ||
 "$KVBM_BIN" b3sum . 2>err >/dev/null && fail "directory: exit 0"
 grep -q "Is a directory (os error 21)" err || fail "directory message: $(cat err)"
 
+# --check reads b3sum's own lines back: same verdicts, same exit status.
+b3sum f_1 f_65537 'back\slash' "$(printf 'new\nline')" f_1048577 > sums
+b3sum f_2049 > sums_ok
+same "check, all good" -- --check sums
+same "check, quiet" -- --check --quiet sums_ok
+cp f_2049 keep && printf x >> f_65537 && rm f_1
+same "check, changed and missing files" -- -c sums
+same "check, quiet with failures" -- -c --quiet sums
+same_stdin sums_ok -c -
+same "check, missing checkfile" -- -c no_such_sums
+printf 'zz  f_2049\n' > badsums
+rc=0; "$KVBM_BIN" b3sum -c badsums 2>err >/dev/null || rc=$?
+[ "$rc" == 1 ] && grep -q "line 1" err || fail "malformed check line: rc $rc $(cat err)"
+
 # Usage errors exit 2 with a message.
 rc=0; "$KVBM_BIN" b3sum --bogus 2>err || rc=$?
 [ "$rc" == 2 ] && grep -q "unknown option" err || fail "--bogus: rc $rc"

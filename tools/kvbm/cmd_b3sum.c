@@ -14,6 +14,8 @@
  * smaller files and other inputs (pipes, terminals) are read in 256 KiB
  * pieces into one buffer shared by all inputs.
  * Hashing is single-threaded; --num-threads is accepted and ignored.
+ * --check reads such lines back (32-byte sums, escaped names included) and
+ * prints "name: OK" or "name: FAILED", as b3sum does.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,11 +46,14 @@ static const char kUsage[] =
     "  --keyed             keyed mode; the 32-byte key is read from stdin\n"
     "  --derive-key CTX    key derivation mode with context string CTX\n"
     "  --num-threads N     accepted for compatibility; always 1 thread\n"
-    "  --no-mmap           read files instead of mapping them\n";
+    "  --no-mmap           read files instead of mapping them\n"
+    "  -c, --check         read \"<hex>  <name>\" lines from the FILEs and\n"
+    "                      check each named file (prints name: OK/FAILED)\n"
+    "  --quiet             with --check, print failures only\n";
 
 typedef struct opts {
   uint64_t length;
-  bool no_names, raw, keyed, no_mmap;
+  bool no_names, raw, keyed, no_mmap, check, quiet, length_set;
   const char *derive;
   uint8_t key[KVBM_BLAKE3_KEY_LEN];
 } opts;
@@ -171,15 +176,22 @@ static int init_hasher(const opts *o, kvbm_blake3_hasher *h) {
   return kvbm_blake3_hasher_init(h);
 }
 
-/* Hashes one input and prints its line; returns 0 or 1. */
-static int sum_one(const opts *o, const char *name, uint8_t *buf) {
-  kvbm_blake3_hasher h;
-  init_hasher(o, &h);
+/* Hashes the named input (- is stdin) into *h; returns 0 or an errno. */
+static int hash_named(const opts *o, const char *name, uint8_t *buf,
+                      kvbm_blake3_hasher *h) {
+  init_hasher(o, h);
   bool is_stdin = strcmp(name, "-") == 0;
   int fd = is_stdin ? STDIN_FILENO : open(name, O_RDONLY | O_CLOEXEC);
   /* stdin is read, never mapped: it may sit mid-file. */
-  int e = fd < 0 ? errno : hash_fd(fd, o->no_mmap || is_stdin, buf, &h);
+  int e = fd < 0 ? errno : hash_fd(fd, o->no_mmap || is_stdin, buf, h);
   if (fd >= 0 && !is_stdin) close(fd);
+  return e;
+}
+
+/* Hashes one input and prints its line; returns 0 or 1. */
+static int sum_one(const opts *o, const char *name, uint8_t *buf) {
+  kvbm_blake3_hasher h;
+  int e = hash_named(o, name, buf, &h);
   if (e != 0) {
     fflush(stdout);
     fprintf(stderr, "kvbm b3sum: %s: %s (os error %d)\n", name, strerror(e),
@@ -195,6 +207,104 @@ static int sum_one(const opts *o, const char *name, uint8_t *buf) {
   }
   if (!o->raw) fputc('\n', stdout);
   return 0;
+}
+
+static int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+/* Parses one check line "[\\]<64 hex>  <name>" in place: fills want and
+ * points *name at the (unescaped) name. Returns 0 or -1. */
+static int parse_check_line(char *line, uint8_t want[32], char **name) {
+  bool escaped = line[0] == '\\';
+  char *p = line + escaped;
+  for (int i = 0; i < 32; i++) {
+    int hi = hexval(p[2 * i]), lo = hi < 0 ? -1 : hexval(p[2 * i + 1]);
+    if (hi < 0 || lo < 0) return -1;
+    want[i] = (uint8_t)(hi << 4 | lo);
+  }
+  p += 64;
+  if (p[0] != ' ' || p[1] != ' ' || p[2] == '\0') return -1;
+  p += 2;
+  *name = p;
+  if (escaped) {
+    char *w = p;
+    for (char *r = p; *r; r++) {
+      if (*r == '\\' && r[1] == '\\') {
+        *w++ = '\\';
+        r++;
+      } else if (*r == '\\' && r[1] == 'n') {
+        *w++ = '\n';
+        r++;
+      } else if (*r == '\\') {
+        return -1;
+      } else {
+        *w++ = *r;
+      }
+    }
+    *w = '\0';
+  }
+  return 0;
+}
+
+/* --check: verifies every line of one checkfile. Returns 0 when all named
+ * files match, 1 otherwise (also for an unreadable or malformed
+ * checkfile, which stops at the bad line). */
+static int check_one(const opts *o, const char *checkfile, uint8_t *buf) {
+  bool is_stdin = strcmp(checkfile, "-") == 0;
+  FILE *f = is_stdin ? stdin : fopen(checkfile, "r");
+  if (!f) {
+    int e = errno;
+    fflush(stdout);
+    fprintf(stderr, "kvbm b3sum: %s: %s (os error %d)\n", checkfile,
+            strerror(e), e);
+    return 1;
+  }
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  int rc = 0;
+  for (size_t lineno = 1; (n = getline(&line, &cap, f)) >= 0; lineno++) {
+    if (n > 0 && line[n - 1] == '\n') line[--n] = '\0';
+    /* How b3sum shows the name: the line's own (escaped) form. */
+    const char *shown = line + 66 <= line + n ? line + 66 : "";
+    bool escaped = line[0] == '\\';
+    if (escaped) shown = line + 67 <= line + n ? line + 67 : "";
+    char *shown_copy = strdup(shown);
+    uint8_t want[32], got[32];
+    char *name;
+    if (!shown_copy || parse_check_line(line, want, &name) != 0) {
+      fflush(stdout);
+      fprintf(stderr,
+              "kvbm b3sum: %s: line %zu: not \"<64 hex digits>  <name>\"\n",
+              checkfile, lineno);
+      free(shown_copy);
+      rc = 1;
+      break;
+    }
+    kvbm_blake3_hasher h;
+    int e = hash_named(o, name, buf, &h);
+    bool ok = false;
+    if (e == 0) {
+      kvbm_blake3_hasher_finalize(&h, got, sizeof got);
+      ok = memcmp(got, want, sizeof got) == 0;
+    }
+    if (!ok) rc = 1;
+    if (!ok || !o->quiet) {
+      printf("%s%s: ", escaped ? "\\" : "", shown_copy);
+      if (e != 0)
+        printf("FAILED (%s (os error %d))\n", strerror(e), e);
+      else
+        printf(ok ? "OK\n" : "FAILED\n");
+    }
+    free(shown_copy);
+  }
+  free(line);
+  if (!is_stdin) fclose(f);
+  return rc;
 }
 
 static int read_key_from_stdin(uint8_t key[KVBM_BLAKE3_KEY_LEN]) {
@@ -242,6 +352,10 @@ int kvbm_cmd_b3sum(int argc, char **argv) {
       o.raw = o.no_names = true;
     } else if (!strcmp(a, "--keyed")) {
       o.keyed = true;
+    } else if (!strcmp(a, "-c") || !strcmp(a, "--check")) {
+      o.check = true;
+    } else if (!strcmp(a, "--quiet")) {
+      o.quiet = true;
     } else if (!strcmp(a, "--no-mmap")) {
       o.no_mmap = true;
     } else if ((got = cli_opt_value("b3sum", argc, argv, &i, "--length", &v)) ||
@@ -249,6 +363,7 @@ int kvbm_cmd_b3sum(int argc, char **argv) {
       if (got < 0 || !cli_parse_u64("b3sum", "--length", v, 0, UINT64_MAX,
                                     &o.length))
         goto out;
+      o.length_set = true;
     } else if ((got = cli_opt_value("b3sum", argc, argv, &i, "--derive-key",
                                     &v))) {
       if (got < 0) goto out;
@@ -267,6 +382,16 @@ int kvbm_cmd_b3sum(int argc, char **argv) {
   if (nfiles == 0) files[nfiles++] = "-";
   if (o.keyed && o.derive) {
     fprintf(stderr, "kvbm b3sum: --keyed and --derive-key exclude each other\n");
+    goto out;
+  }
+  if (o.check && (o.raw || o.no_names || o.length_set)) {
+    fprintf(stderr,
+            "kvbm b3sum: --check does not go with --raw, --no-names or "
+            "--length\n");
+    goto out;
+  }
+  if (o.quiet && !o.check) {
+    fprintf(stderr, "kvbm b3sum: --quiet needs --check\n");
     goto out;
   }
   if (o.raw && nfiles > 1) {
@@ -291,7 +416,8 @@ int kvbm_cmd_b3sum(int argc, char **argv) {
     goto out;
   }
   rc = 0;
-  for (size_t i = 0; i < nfiles; i++) rc |= sum_one(&o, files[i], buf);
+  for (size_t i = 0; i < nfiles; i++)
+    rc |= o.check ? check_one(&o, files[i], buf) : sum_one(&o, files[i], buf);
   if (fflush(stdout) != 0 || ferror(stdout)) {
     fprintf(stderr, "kvbm b3sum: writing the output: %s\n", strerror(errno));
     rc = 1;
