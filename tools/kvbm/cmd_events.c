@@ -3,9 +3,11 @@
  *
  *   kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]
  *                    [--count N] [--idle-ms MS] [--bind]
- *     prints every event of an engine's ZMQ stream (vLLM, SGLang, kvbm) as
- *     one JSON line: {"seq", "ts", "dp_rank", "type", "block_hashes", ...};
- *     malformed messages are reported on stderr and skipped.
+ *   kvbm events tail nats://HOST:PORT --subject S [--count N] [--idle-ms MS]
+ *     prints every event of an engine's ZMQ stream (vLLM, SGLang, kvbm), or
+ *     of a kvbm NATS subject, as one JSON line: {"seq", "ts", "dp_rank",
+ *     "type", "block_hashes", ...}; malformed messages are reported on
+ *     stderr and skipped.
  *   kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]
  *                    (--nats URL --subject S | --zmq EP [--zmq-replay EP]
  *                    [--zmq-topic T]) [--form positional|map] [--dp-rank R]
@@ -17,6 +19,7 @@
  * SIGINT/SIGTERM, and print the subscriber's counters on stderr.
  */
 #include <inttypes.h>
+#include <nats/nats.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +43,7 @@ static void usage(void) {
   fprintf(stderr,
           "usage: kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
           "                        [--count N] [--idle-ms MS] [--bind]\n"
+          "       kvbm events tail nats://HOST:PORT --subject S [--count N] [--idle-ms MS]\n"
           "       kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
           "                        (--nats URL --subject S | --zmq EP [--zmq-replay EP]\n"
           "                        [--zmq-topic T]) [--form positional|map] [--dp-rank R]\n"
@@ -74,7 +78,7 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
     } else if (!strcmp(argv[i], "--bind")) {
       a->sub.bind = true;
     } else if (relay && OPT("--nats")) { if (r < 0) return 2; a->nats = v; }
-    else if (relay && OPT("--subject")) { if (r < 0) return 2; a->subject = v; }
+    else if (OPT("--subject")) { if (r < 0) return 2; a->subject = v; }
     else if (relay && OPT("--zmq")) { if (r < 0) return 2; a->zmq = v; }
     else if (relay && OPT("--zmq-replay")) { if (r < 0) return 2; a->zmq_replay = v; }
     else if (relay && OPT("--zmq-topic")) { if (r < 0) return 2; a->zmq_topic = v; }
@@ -109,6 +113,10 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
   }
   if (!a->sub.endpoint) {
     fprintf(stderr, "kvbm %s: no ENDPOINT\n", cmd);
+    return 2;
+  }
+  if (!relay && !strncmp(a->sub.endpoint, "nats://", 7) && !a->subject) {
+    fprintf(stderr, "kvbm %s: a nats:// endpoint needs --subject\n", cmd);
     return 2;
   }
   if (relay && !!a->nats == !!a->zmq) {
@@ -152,6 +160,68 @@ static bool idle_over(const args *a, double idle_since) {
   return a->idle_ms && (cli_now() - idle_since) * 1000.0 >= (double)a->idle_ms;
 }
 
+/* Where tail reads: our ZMQ subscriber, or a NATS subject carrying kvbm's
+ * payloads (sequence in the Kvbm-Seq header; no replay on NATS, so a jump
+ * is reported as lost). */
+typedef struct source {
+  kvbm_subscriber *zsub;
+  natsConnection *nc;
+  natsSubscription *nsub;
+  kvbm_event_decoder *dec;
+  bool have_next;
+  uint64_t next_seq, nats_lost, nats_batches, nats_events, nats_bad;
+} source;
+
+static int source_open(source *src, const args *a, kvbm_error *err) {
+  if (strncmp(a->sub.endpoint, "nats://", 7))
+    return kvbm_subscriber_new(&a->sub, &src->zsub, err);
+  natsStatus st = natsConnection_ConnectTo(&src->nc, a->sub.endpoint);
+  if (st == NATS_OK) st = natsConnection_SubscribeSync(&src->nsub, src->nc, a->subject);
+  if (st != NATS_OK)
+    return kvbm_error_set(err, KVBM_EIO, "nats %s subject %s: %s", a->sub.endpoint, a->subject,
+                          natsStatus_GetText(st));
+  return kvbm_event_decoder_new(&src->dec, err);
+}
+
+static int source_next(source *src, int timeout_ms, kvbm_event_batch *b, kvbm_error *err) {
+  if (src->zsub) return kvbm_subscriber_recv(src->zsub, timeout_ms, b, err);
+  natsMsg *m = NULL;
+  natsStatus st = natsSubscription_NextMsg(&m, src->nsub, timeout_ms);
+  if (st == NATS_TIMEOUT) return kvbm_error_set(err, KVBM_ETIMEDOUT, "nothing");
+  if (st != NATS_OK) return kvbm_error_set(err, KVBM_EIO, "nats: %s", natsStatus_GetText(st));
+  const char *h = NULL;
+  uint64_t seq = src->next_seq;
+  char *end = NULL;
+  if (natsMsgHeader_Get(m, "Kvbm-Seq", &h) == NATS_OK && h) seq = strtoull(h, &end, 10);
+  int rc = kvbm_event_decode(src->dec, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
+                             seq, b, err);
+  natsMsg_Destroy(m);
+  if (rc) {
+    src->nats_bad++;
+    return rc;
+  }
+  if (src->have_next && seq > src->next_seq) b->lost_before = seq - src->next_seq;
+  src->nats_lost += b->lost_before;
+  src->have_next = true;
+  src->next_seq = seq + 1;
+  src->nats_batches++;
+  src->nats_events += b->num_events;
+  return KVBM_OK;
+}
+
+/* Prints the counters (when cmd is not NULL) and frees. */
+static void source_close(source *src, const char *cmd) {
+  if (cmd && src->zsub) print_stats(cmd, src->zsub);
+  if (cmd && !src->zsub)
+    fprintf(stderr, "kvbm %s: %" PRIu64 " batches, %" PRIu64 " events, %" PRIu64 " lost, %" PRIu64
+            " malformed\n", cmd, src->nats_batches, src->nats_events, src->nats_lost,
+            src->nats_bad);
+  kvbm_subscriber_free(src->zsub);
+  natsSubscription_Destroy(src->nsub);
+  natsConnection_Destroy(src->nc);
+  kvbm_event_decoder_free(src->dec);
+}
+
 static int tail(int argc, char **argv) {
   const char *cmd = "events tail";
   args a = {0};
@@ -160,11 +230,14 @@ static int tail(int argc, char **argv) {
     usage();
     return rc;
   }
-  kvbm_subscriber *s;
+  source src = {0};
   kvbm_error err;
-  if (kvbm_subscriber_new(&a.sub, &s, &err)) {
+  if ((rc = source_open(&src, &a, &err))) {
     fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
-    return 2;
+    source_close(&src, NULL);
+    /* a ZMQ endpoint that zmq refuses is bad input; a NATS server that
+     * does not answer is a failure at run time */
+    return strncmp(a.sub.endpoint, "nats://", 7) ? 2 : 1;
   }
   install_signals();
   size_t cap = 1 << 16;
@@ -174,7 +247,7 @@ static int tail(int argc, char **argv) {
   double idle_since = cli_now();
   while (!g_stop && (!a.count || n < a.count) && buf) {
     kvbm_event_batch b;
-    rc = kvbm_subscriber_recv(s, slice_ms(&a, idle_since), &b, &err);
+    rc = source_next(&src, slice_ms(&a, idle_since), &b, &err);
     if (rc == KVBM_ETIMEDOUT) {
       if (idle_over(&a, idle_since)) break;
       continue;
@@ -214,8 +287,7 @@ static int tail(int argc, char **argv) {
     status = 1;
   }
   free(buf);
-  print_stats(cmd, s);
-  kvbm_subscriber_free(s);
+  source_close(&src, cmd);
   return status;
 }
 

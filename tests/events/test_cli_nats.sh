@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# test_cli_nats.sh: a Python vLLM engine -> `kvbm events relay --nats` -> a
+# real nats-server (free loopback port, stopped at the end) -> `kvbm events
+# tail nats://... --subject`: tail shows exactly the engine's events (the
+# engine checks them field by field), including batches the engine did not
+# send live (the relay got them by replay).
+set -euo pipefail
+KVBM=${KVBM_BIN:?}
+PEER="$KVBM_SOURCE_DIR/tests/events/vllm_peer.py"
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+/usr/sbin/nats-server -a 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+pids+=($!)
+url="nats://127.0.0.1:$port"
+for _ in $(seq 50); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+  sleep 0.1
+done
+
+coproc ENGINE { exec /usr/bin/python3 "$PEER" engine positional int 20 4 -; }
+pids+=("$ENGINE_PID")
+read -r ep rep <&"${ENGINE[0]}"
+"$KVBM" events tail "$url" --subject kvbm.events.w0 --idle-ms 2500 \
+  >"$tmp/tail.jsonl" 2>"$tmp/tail.err" &
+tail_pid=$!
+pids+=("$tail_pid")
+"$KVBM" events relay "$ep" --replay "$rep" --from 0 --nats "$url" --subject kvbm.events.w0 \
+  --form map --batch 5 --delay-us 0 --idle-ms 2000 >"$tmp/relay.out" 2>"$tmp/relay.err" &
+relay_pid=$!
+pids+=("$relay_pid")
+sleep 0.7
+echo go >&"${ENGINE[1]}"
+wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
+grep -q "20 batches" "$tmp/relay.err" || fail "relay summary: $(cat "$tmp/relay.err")"
+wait "$tail_pid" || fail "tail exited $? ($(cat "$tmp/tail.err"))"
+grep -q " 0 lost, 0 malformed" "$tmp/tail.err" || fail "tail summary: $(cat "$tmp/tail.err")"
+echo "checkev $tmp/tail.jsonl" >&"${ENGINE[1]}"
+read -r verdict <&"${ENGINE[0]}"
+[ "$verdict" = OK ] || fail "engine says the events on NATS differ"
+echo "events CLI over NATS: ok"
