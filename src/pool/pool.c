@@ -224,17 +224,28 @@ static void unregister(kvbm_pool *p, uint32_t id) {
 /* Evicts the oldest cached block (the head of the lowest non-empty
  * priority list) and returns it, RESET. */
 static uint32_t evict_oldest(kvbm_pool *p) {
-  uint32_t id = cache_oldest(p);
-  uint64_t hash = p->blocks[id].seq_hash;
-  /* The next victim is usually this one's successor in the list: start
-   * loading its registry slot and the record after it now. */
-  uint32_t next = p->blocks[id].next;
+  unsigned w = 0;
+  while (!p->nonempty[w]) w++; /* the caller checked that the cache is not empty */
+  unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+  uint32_t id = p->head[pr];
+  blk *b = &p->blocks[id];
+  uint64_t hash = b->seq_hash;
+  /* Unlink the head; the next victim is usually its successor, so start
+   * loading that one's registry slot and the record after it now. */
+  uint32_t next = b->next;
+  p->head[pr] = next;
   if (next != NIL) {
-    reg_prefetch(p, p->blocks[next].seq_hash);
-    if (p->blocks[next].next != NIL) __builtin_prefetch(&p->blocks[p->blocks[next].next]);
+    blk *n = &p->blocks[next];
+    n->prev = NIL;
+    reg_prefetch(p, n->seq_hash);
+    if (n->next != NIL) __builtin_prefetch(&p->blocks[n->next]);
+  } else {
+    p->tail[pr] = NIL;
+    p->nonempty[w] &= ~(1ull << (pr % 64));
   }
-  cache_unlink(p, id);
-  unregister(p, id);
+  p->cached--;
+  reg_remove(p, hash, id); /* a cached block is always indexed */
+  p->registered--;
   p->evicted++;
   block_reset(p, id);
   if (p->cfg.listener) {
