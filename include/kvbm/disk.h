@@ -1,0 +1,141 @@
+/*
+ * kvbm/disk.h: the G3 disk tier's file of checksummed slots.
+ *
+ * One file, preallocated with fallocate, of a 4096-byte superblock followed
+ * by `num_slots` slots of `slot_size` bytes (a multiple of 4096, so every
+ * slot is O_DIRECT-aligned). A slot holds a 64-byte header and the block's
+ * bytes, written together by one write:
+ *
+ *   off size  field
+ *     0   8   magic "KVBMSLT1"
+ *     8   8   sequence hash
+ *    16   8   parent hash
+ *    24   4   flags (bit 0: has parent)
+ *    28   4   data length
+ *    32   8   layout fingerprint (kvbm_layout_fingerprint)
+ *    40   8   write sequence (grows with every write: recency at restart)
+ *    48   8   XXH3-64 of the data bytes
+ *    56   8   XXH3-64 of bytes 0..56 of the header
+ *
+ * all little-endian. A read whose header does not check (magic, header
+ * checksum, fingerprint, length, the expected hash) or whose data does not
+ * match the data checksum is rejected: the caller gets an error, never the
+ * bytes. XXH3 and not BLAKE3: the threat is torn writes and bit rot, not an
+ * adversary, and XXH3 runs at memory speed (tens of GB/s) where BLAKE3 would
+ * cost a visible share of the disk's bandwidth.
+ *
+ * I/O: io_uring with up to `queue_depth` requests in flight; without
+ * io_uring (kernel too old, seccomp) plain pread/pwrite. O_DIRECT unless
+ * disabled or refused by the filesystem (tmpfs): then buffered I/O.
+ *
+ * Persistence: with `persist` the file is `<dir>/kvbm-g3.slots`, locked
+ * (flock) by one process at a time, and kept; kvbm_disk_open() on an
+ * existing file of the same geometry and fingerprint keeps its slots so
+ * kvbm_disk_scan() can rebuild an index. Otherwise the file is a fresh
+ * unlinked temporary in `dir`.
+ *
+ * Threads: a kvbm_disk is used by one thread at a time.
+ */
+#ifndef KVBM_DISK_H
+#define KVBM_DISK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVBM_DISK_ALIGN 4096u
+#define KVBM_DISK_HEADER 64u
+#define KVBM_DISK_FILE_NAME "kvbm-g3.slots"
+
+typedef struct kvbm_disk kvbm_disk;
+
+typedef struct kvbm_disk_config {
+  const char *dir;        /* directory of the file (required) */
+  uint64_t num_slots;     /* >= 1 */
+  uint64_t data_bytes;    /* bytes of one block, >= 1 */
+  uint64_t fingerprint;   /* layout fingerprint written in every slot */
+  bool persist;           /* keep and reuse <dir>/kvbm-g3.slots */
+  bool direct;            /* try O_DIRECT */
+  bool uring;             /* try io_uring */
+  uint32_t queue_depth;   /* 1 .. 256 */
+} kvbm_disk_config;
+
+/* Opens (creates) the file. Failures name the path and errno text:
+ * KVBM_EIO (cannot create/open/lock), KVBM_EINVAL (bad config),
+ * KVBM_EOVERFLOW (file size overflows). A failed preallocation (disk full,
+ * RLIMIT_FSIZE) is not an error: the file then grows as slots are written
+ * and writes past the limit fail (kvbm_disk_preallocated() says which).
+ * *out is freed with kvbm_disk_close(). */
+int kvbm_disk_open(const kvbm_disk_config *cfg, kvbm_disk **out, kvbm_error *err);
+void kvbm_disk_close(kvbm_disk *d); /* NULL: no-op */
+
+uint64_t kvbm_disk_slot_size(const kvbm_disk *d);
+uint64_t kvbm_disk_num_slots(const kvbm_disk *d);
+bool kvbm_disk_is_direct(const kvbm_disk *d);
+bool kvbm_disk_is_uring(const kvbm_disk *d);
+bool kvbm_disk_preallocated(const kvbm_disk *d);
+/* Whether open found a valid existing file whose slots were kept. */
+bool kvbm_disk_reused(const kvbm_disk *d);
+/* The file's path ("" for an unlinked temporary). */
+const char *kvbm_disk_path(const kvbm_disk *d);
+
+/* Allocates a buffer for one slot (slot_size bytes, aligned for O_DIRECT);
+ * free with free(). NULL on ENOMEM. */
+void *kvbm_disk_buffer(const kvbm_disk *d);
+
+typedef struct kvbm_slot_header {
+  uint64_t seq_hash;
+  uint64_t parent_hash;
+  bool has_parent;
+  uint64_t write_seq;     /* set by kvbm_disk_seal */
+} kvbm_slot_header;
+
+/* Writes the header for `h` into buf[0..64) over the data already in
+ * buf[64 .. 64 + data_bytes), zeroes the padding up to slot_size, and
+ * assigns the next write sequence. */
+void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_slot_header *h);
+
+/* Checks a slot read into buf: KVBM_EMAGIC (no slot there), KVBM_ECHECKSUM
+ * (header or data checksum mismatch), KVBM_EFORMAT (fingerprint or length
+ * of another layout), KVBM_ENOTFOUND (a valid slot of another hash when
+ * expect_hash is given). check_data false checks the header only. On
+ * success fills *h (may be NULL). */
+int kvbm_disk_check(const kvbm_disk *d, const void *buf, bool check_data,
+                    const uint64_t *expect_hash, kvbm_slot_header *h);
+
+/* One slot transfer. `result` receives 0 or a negative errno (-EIO for a
+ * short transfer). */
+typedef struct kvbm_disk_io {
+  uint64_t slot;
+  void *buf;           /* from kvbm_disk_buffer */
+  bool write;
+  int result;
+  void *user;
+} kvbm_disk_io;
+
+/* Starts an I/O: with io_uring it is submitted at once (after waiting for
+ * one in flight to finish if queue_depth are); without, it runs now. The io
+ * must stay valid until kvbm_disk_finish. KVBM_EINVAL: slot out of range. */
+int kvbm_disk_begin(kvbm_disk *d, kvbm_disk_io *io);
+
+/* Waits until every started I/O has finished (their results set). */
+void kvbm_disk_finish(kvbm_disk *d);
+
+/* Reads every slot (whole, checking headers, and data when check_data) and
+ * calls fn for each valid one, then returns the number of slots that held a
+ * header but failed a check (torn or corrupt) in *bad. Sequential, for warm
+ * restart. */
+int kvbm_disk_scan(kvbm_disk *d, bool check_data,
+                   void (*fn)(void *user, uint64_t slot, const kvbm_slot_header *h),
+                   void *user, uint64_t *bad, kvbm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVBM_DISK_H */

@@ -1,0 +1,250 @@
+/*
+ * kvbm/manager.h: the tiered block manager (G1 device, G2 host, G3 disk).
+ *
+ * A manager owns one block pool (kvbm/pool.h) per tier, each with its own
+ * layout and storage:
+ *
+ *   G1  the engine's pool. Here host memory standing in for the GPU; the
+ *       engine writes and reads KV through kvbm_manager_block_layer().
+ *   G2  host memory (kvbm/storage.h, system heap).
+ *   G3  a preallocated file of checksummed slots (kvbm/disk.h).
+ *
+ * Requests (kvbm_mreq) are the tiered form of kvbm/sequence.h:
+ *
+ *   1. kvbm_manager_prefill(): hashes the prompt's full blocks and walks them
+ *      in order; block k is a hit in the fastest tier that holds it (G1, else
+ *      G2, else G3) and the walk stops at the first block held nowhere (at
+ *      most floor((L - 1) / block_size) blocks, as in W1). Blocks found
+ *      below G1 get newly allocated G1 blocks, registered at once, and
+ *      onboarding copies are queued; the rest of the prompt is allocated as
+ *      in kvbm_seq_prefill.
+ *   2. kvbm_mreq_poll() / kvbm_mreq_wait(): onboarding done? A failed onboard
+ *      (I/O error, header or checksum mismatch, queue full) shortens the
+ *      match to the blocks before the first failure: the engine computes
+ *      the rest, it never gets wrong bytes.
+ *   3. The engine writes KV for blocks at and after the match, appends
+ *      generated tokens (kvbm_mreq_append) and calls kvbm_mreq_commit() once
+ *      the KV of every full block is written: commit is what offloads.
+ *   4. kvbm_mreq_destroy() releases the request's G1 blocks, tail first.
+ *
+ * Offload policy (per target tier, see kvbm_offload_policy): on commit every
+ * full block of the request is *used* once, in order. For each of G2 and G3:
+ * a block already held (or being written) there is refreshed (its recency
+ * is that of this use) and not copied again; otherwise the tier's policy
+ * decides whether it is copied there. G2 copies come from G1; G3 copies come
+ * from G2 when G2 holds (or is receiving) the block, from G1 otherwise. A
+ * full tier evicts its least recently used cached block (the pool's rule).
+ *
+ * Copies run on two worker threads (host copies, disk I/O), taken from
+ * bounded queues in batches. An offload that finds its queue full (or its
+ * tier without a free block, or the disk failing) is skipped and counted;
+ * no engine call ever waits for a copy (except kvbm_mreq_wait, and
+ * kvbm_manager_flush, which exist to wait).
+ *
+ * Threads: every function may be called from any thread at once (one
+ * manager lock guards the pools; copies run outside it). A kvbm_mreq is
+ * used by one thread at a time. Listeners are called with the manager lock
+ * held, on the calling or a worker thread: they must not call the manager.
+ */
+#ifndef KVBM_MANAGER_H
+#define KVBM_MANAGER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/hash.h"
+#include "kvbm/layout.h"
+#include "kvbm/pool.h"
+#include "kvbm/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kvbm_tier_id {
+  KVBM_TIER_G1 = 0,
+  KVBM_TIER_G2 = 1,
+  KVBM_TIER_G3 = 2,
+} kvbm_tier_id;
+#define KVBM_TIER_COUNT 3
+
+/* "g1", "g2", "g3"; "?" otherwise. */
+const char *kvbm_tier_name(int tier);
+
+/* When a block that a tier does not hold is copied there on use. */
+typedef enum kvbm_offload_policy {
+  KVBM_OFFLOAD_NEVER = 0,     /* never (the tier only keeps what it has) */
+  KVBM_OFFLOAD_ALL = 1,       /* every use: write-through */
+  KVBM_OFFLOAD_FREQUENCY = 2, /* once the block's use count reaches the
+                                 threshold (Dynamo's frequency filter) */
+} kvbm_offload_policy;
+
+/* "never", "all", "frequency"; parse returns false on anything else. */
+const char *kvbm_offload_policy_name(int policy);
+bool kvbm_offload_policy_parse(const char *s, kvbm_offload_policy *out);
+
+typedef struct kvbm_manager_config {
+  uint32_t block_size;         /* tokens per block (16) */
+  kvbm_hash_scheme scheme;     /* native */
+  /* Shape of one block's KV (num_blocks is ignored: each tier sets its
+   * own). Default: 2 layers x 1 x 16 tokens x 64 elements x 2 bytes, 4096
+   * alignment. */
+  kvbm_layout_config layout;
+  kvbm_layout_kind g1_kind, g2_kind; /* FullyContiguous both */
+  uint32_t g1_blocks;          /* >= 1 (1024) */
+  uint32_t g2_blocks;          /* 0 = no G2 (0) */
+  uint64_t g3_blocks;          /* 0 = no G3 (0); at most KVBM_POOL_MAX_BLOCKS */
+  const char *g3_dir;          /* directory of the G3 file (NULL: "/tmp");
+                                  copied at create */
+  bool g3_persist;             /* keep the file (kvbm-g3.slots) across runs
+                                  and rebuild the index from it (false: a
+                                  fresh unlinked file) */
+  bool g3_direct;              /* O_DIRECT (true; refused -> buffered) */
+  bool g3_uring;               /* io_uring (true; unavailable -> pread/pwrite) */
+  uint32_t g3_queue_depth;     /* disk requests in flight (8) */
+  kvbm_offload_policy g2_policy; /* ALL */
+  kvbm_offload_policy g3_policy; /* FREQUENCY */
+  uint32_t freq_threshold;     /* uses that earn a copy (2) */
+  uint32_t freq_decay_uses;    /* every this many uses all counts halve (65536) */
+  uint32_t freq_max_entries;   /* counts remembered; when full, decay (1 << 20) */
+  uint32_t queue_capacity;     /* jobs per worker queue (4096) */
+  uint32_t batch_max;          /* jobs a worker takes at once (64) */
+  bool drain_on_destroy;       /* destroy finishes queued copies (true) or
+                                  cancels them */
+  /* Optional pool listeners, one per tier (BlockStored/Removed per tier). */
+  kvbm_pool_listener listener[KVBM_TIER_COUNT];
+  void *listener_user[KVBM_TIER_COUNT];
+} kvbm_manager_config;
+
+/* The defaults above. */
+kvbm_manager_config kvbm_manager_config_default(void);
+
+/* Applies Dynamo's environment names to *cfg (see docs/areas/tiers.md):
+ *   DYN_KVBM_CPU_CACHE_GB                   G2 size in GiB (decimal allowed)
+ *   DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS  G2 blocks (wins over _GB)
+ *   DYN_KVBM_DISK_CACHE_GB                  G3 size in GiB
+ *   DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS G3 blocks (wins over _GB)
+ *   DYN_KVBM_DISK_CACHE_DIR                 G3 directory
+ *   DYN_KVBM_DISK_DISABLE_O_DIRECT          true/1/yes: buffered disk I/O
+ * GiB sizes count whole blocks of the config's layout. `env` is an
+ * environ-style NULL-terminated "NAME=value" array, or NULL for the
+ * process environment. Strings are pointed to, not copied: they must
+ * outlive the config's use. A malformed value: KVBM_EINVAL naming the
+ * variable, *cfg unchanged. */
+int kvbm_manager_config_env(kvbm_manager_config *cfg, const char *const *env,
+                            kvbm_error *err);
+
+typedef struct kvbm_manager kvbm_manager;
+typedef struct kvbm_mreq kvbm_mreq;
+
+/* Creates the pools, storages, the G3 file and the worker threads. A G3
+ * that cannot be opened (unwritable directory, ...) does not fail create:
+ * the manager serves with G3 unavailable, counts every G3 offload as
+ * skipped and reports why in kvbm_manager_g3_error(). Bad config:
+ * KVBM_EINVAL naming the field. Free with kvbm_manager_destroy(). */
+int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out,
+                        kvbm_error *err);
+
+/* Stops the workers (draining or cancelling queued copies per the config),
+ * then frees everything. Requests must be destroyed first. NULL: no-op. */
+void kvbm_manager_destroy(kvbm_manager *m);
+
+/* Waits until every queued copy has finished. */
+void kvbm_manager_flush(kvbm_manager *m);
+
+/* Why G3 is unavailable ("" when it is available or not configured). The
+ * string lives as long as the manager. */
+const char *kvbm_manager_g3_error(const kvbm_manager *m);
+
+/* The layout of a tier's blocks (G3: the layout blocks are gathered from);
+ * NULL for an absent tier. */
+const kvbm_layout *kvbm_manager_layout(const kvbm_manager *m, kvbm_tier_id tier);
+
+/* Bytes of one block's KV (num_layers * layer_stride). */
+uint64_t kvbm_manager_block_bytes(const kvbm_manager *m);
+
+/* Host address and size of one layer of a G1 or G2 block: where the engine
+ * writes and reads KV. KVBM_ETIER for G3 or an absent tier, KVBM_ERANGE for
+ * an id or layer out of range. */
+int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier_id tier,
+                             uint32_t block, uint32_t layer, void **ptr,
+                             size_t *size);
+
+/* Per-tier counters. Pool numbers are a snapshot. */
+typedef struct kvbm_tier_stats {
+  bool present;               /* tier configured (G3: and its file open) */
+  uint32_t num_blocks, free, cached, active;
+  uint64_t evictions;         /* cached blocks evicted to make room */
+  uint64_t hit_blocks;        /* prefill walk hits served by this tier */
+  uint64_t offloaded_blocks;  /* copies written into this tier (G1: 0) */
+  uint64_t offloaded_bytes;
+  uint64_t onboarded_blocks;  /* verified copies from this tier to G1 (G1: 0) */
+  uint64_t onboarded_bytes;
+  uint64_t filtered;          /* uses the policy did not copy here */
+  uint64_t skipped_queue;     /* offloads skipped: queue full */
+  uint64_t skipped_space;     /* offloads skipped: no evictable block */
+  uint64_t skipped_io;        /* offloads skipped: write error (G3) */
+  uint64_t skipped_unavailable; /* offloads skipped: tier unavailable (G3) */
+  uint64_t onboard_failures;  /* onboards that failed (any reason) */
+  uint64_t checksum_failures; /* G3 reads whose header or checksum mismatched */
+  uint64_t read_errors;       /* G3 reads that failed or came back short */
+  uint64_t restored_blocks;   /* G3: slots indexed at a warm restart */
+  uint64_t restore_skipped;   /* G3: torn or corrupt slots skipped then */
+  double busy_seconds;        /* time the worker spent copying into/out of it */
+} kvbm_tier_stats;
+int kvbm_manager_stats(kvbm_manager *m, kvbm_tier_id tier, kvbm_tier_stats *out);
+
+/* G3 I/O mode in use: "io_uring+O_DIRECT", "pread/pwrite+O_DIRECT",
+ * "io_uring+buffered", ...; "" without G3. Lives as long as the manager. */
+const char *kvbm_manager_g3_mode(const kvbm_manager *m);
+
+/* ---- requests ---- */
+
+/* Creates a request and prefills it with a prompt of n >= 1 tokens (see
+ * the top of this file). *matched_tokens (may be NULL) is the optimistic
+ * match: what the walk found, before onboarding completes. KVBM_ENOSPC
+ * when G1 cannot hold the prompt (nothing changed). *out is freed with
+ * kvbm_mreq_destroy(). */
+int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+                         const uint32_t *tokens, size_t n, kvbm_mreq **out,
+                         size_t *matched_tokens, kvbm_error *err);
+
+typedef struct kvbm_mreq_info {
+  bool ready;              /* every onboarding of the match has finished */
+  size_t matched_tokens;   /* the match now (shortened by failures) */
+  size_t hit_blocks[KVBM_TIER_COUNT]; /* blocks of the match from each tier */
+  size_t num_tokens;       /* tokens in the request */
+} kvbm_mreq_info;
+
+/* Non-blocking: fills *out. */
+void kvbm_mreq_poll(kvbm_mreq *r, kvbm_mreq_info *out);
+
+/* Blocks until onboarding has finished or `timeout_ms` passed (< 0:
+ * forever), then fills *out (may be NULL). KVBM_ETIMEDOUT on time out. */
+int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out);
+
+/* Appends decode tokens (as kvbm_seq_append). */
+int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n);
+
+/* The engine has written the KV of every full block: they become valid in
+ * G1 and are offloaded per policy (those not committed before). Waits for
+ * onboarding first (the match must be settled). Never waits for a copy. */
+int kvbm_mreq_commit(kvbm_mreq *r);
+
+/* The G1 block table: ids[0..*n) in token order, valid until the next call
+ * that changes the request. */
+void kvbm_mreq_blocks(const kvbm_mreq *r, const uint32_t **ids, size_t *n);
+
+/* Sequence hash of full block k. */
+int kvbm_mreq_block_hash(const kvbm_mreq *r, size_t k, uint64_t *hash);
+
+/* Waits for the request's onboarding, releases its G1 blocks (tail first)
+ * and frees it. Queued offloads of its blocks keep their own references.
+ * NULL: no-op. */
+void kvbm_mreq_destroy(kvbm_mreq *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVBM_MANAGER_H */

@@ -1,0 +1,331 @@
+/*
+ * disk.c: the G3 slot file (see kvbm/disk.h).
+ *
+ * Design: one file, fixed geometry, slots addressed by index, so the index
+ * of what is stored lives in memory (the manager's G3 pool) and the file
+ * needs no allocator of its own. Every slot write carries its own header
+ * and checksums, written in the same request as the data, so a slot is
+ * either whole or detectably broken: no separate journal, no fsync
+ * ordering to get right. The price is a header's worth of padding per slot
+ * (the slot is rounded up to 4096 for O_DIRECT) and that the index must be
+ * rebuilt by a scan after a restart (sequential reads of the whole file).
+ *
+ * I/O goes through one io_uring whose depth bounds the requests in flight;
+ * where io_uring cannot be set up we fall back to pread/pwrite, and where
+ * O_DIRECT is refused (tmpfs) to the page cache. The caller prepares whole
+ * slot images in aligned buffers, so O_DIRECT's alignment rules hold for
+ * any block size.
+ */
+#include "kvbm/disk.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define SLOT_MAGIC "KVBMSLT1"
+#define FILE_MAGIC "KVBMG3F1"
+#define FILE_VERSION 1u
+
+struct kvbm_disk {
+  int fd;
+  uint64_t num_slots, data_bytes, slot_size, fingerprint;
+  uint64_t next_seq;
+  bool direct, uring, prealloc, reused;
+  struct io_uring ring;
+  uint32_t depth, inflight;
+  char path[PATH_MAX];
+};
+
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+uint64_t kvbm_disk_slot_size(const kvbm_disk *d) { return d->slot_size; }
+uint64_t kvbm_disk_num_slots(const kvbm_disk *d) { return d->num_slots; }
+bool kvbm_disk_is_direct(const kvbm_disk *d) { return d->direct; }
+bool kvbm_disk_is_uring(const kvbm_disk *d) { return d->uring; }
+bool kvbm_disk_preallocated(const kvbm_disk *d) { return d->prealloc; }
+bool kvbm_disk_reused(const kvbm_disk *d) { return d->reused; }
+const char *kvbm_disk_path(const kvbm_disk *d) { return d->path; }
+
+void *kvbm_disk_buffer(const kvbm_disk *d) {
+  void *p = NULL;
+  if (posix_memalign(&p, KVBM_DISK_ALIGN, d->slot_size)) return NULL;
+  return p;
+}
+
+static uint64_t slot_offset(const kvbm_disk *d, uint64_t slot) {
+  return KVBM_DISK_ALIGN + slot * d->slot_size;
+}
+
+/* Whole-buffer pread/pwrite; short or failed transfers become -errno. */
+static int sync_io(int fd, void *buf, size_t len, uint64_t off, bool write) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = write ? pwrite(fd, (char *)buf + done, len - done, (off_t)(off + done))
+                      : pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (n == 0) return -EIO; /* read past the end: the slot was never written */
+    done += (size_t)n;
+  }
+  return 0;
+}
+
+static void encode_super(const kvbm_disk *d, uint8_t *sb) {
+  memset(sb, 0, KVBM_DISK_ALIGN);
+  memcpy(sb, FILE_MAGIC, 8);
+  put32(sb + 8, FILE_VERSION);
+  put64(sb + 16, d->slot_size);
+  put64(sb + 24, d->num_slots);
+  put64(sb + 32, d->data_bytes);
+  put64(sb + 40, d->fingerprint);
+  put64(sb + 48, XXH3_64bits(sb, 48));
+}
+
+/* Opens the file: the persistent name or a fresh unlinked temporary. */
+static int open_file(kvbm_disk *d, const kvbm_disk_config *cfg, kvbm_error *err) {
+  int flags = O_RDWR | O_CLOEXEC;
+  if (cfg->persist) {
+    if (snprintf(d->path, sizeof d->path, "%s/%s", cfg->dir, KVBM_DISK_FILE_NAME) >=
+        (int)sizeof d->path)
+      return kvbm_error_set(err, KVBM_EINVAL, "disk: directory path too long");
+    flags |= O_CREAT;
+  } else {
+    char tmpl[PATH_MAX];
+    if (snprintf(tmpl, sizeof tmpl, "%s/kvbm-g3-XXXXXX", cfg->dir) >= (int)sizeof tmpl)
+      return kvbm_error_set(err, KVBM_EINVAL, "disk: directory path too long");
+    int t = mkstemp(tmpl);
+    if (t < 0)
+      return kvbm_error_set(err, KVBM_EIO, "disk: cannot create a file in %s: %s", cfg->dir,
+                            strerror(errno));
+    close(t);
+    memcpy(d->path, tmpl, sizeof tmpl);
+  }
+  d->fd = -1;
+  if (cfg->direct) {
+    d->fd = open(d->path, flags | O_DIRECT, 0644);
+    d->direct = d->fd >= 0;
+  }
+  if (d->fd < 0) d->fd = open(d->path, flags, 0644);
+  int saved = errno;
+  if (!cfg->persist) {
+    unlink(d->path);
+    d->path[0] = 0;
+  }
+  if (d->fd < 0)
+    return kvbm_error_set(err, KVBM_EIO, "disk: cannot open %s/%s: %s", cfg->dir,
+                          cfg->persist ? KVBM_DISK_FILE_NAME : "kvbm-g3-*", strerror(saved));
+  if (cfg->persist && flock(d->fd, LOCK_EX | LOCK_NB) != 0)
+    return kvbm_error_set(err, KVBM_EIO, "disk: %s is in use by another process: %s", d->path,
+                          strerror(errno));
+  return KVBM_OK;
+}
+
+/* Keeps an existing file of the same geometry; otherwise starts it anew. */
+static int init_file(kvbm_disk *d, kvbm_error *err) {
+  uint8_t *sb = NULL, *old = NULL;
+  if (posix_memalign((void **)&sb, KVBM_DISK_ALIGN, KVBM_DISK_ALIGN) ||
+      posix_memalign((void **)&old, KVBM_DISK_ALIGN, KVBM_DISK_ALIGN)) {
+    free(sb);
+    return kvbm_error_set(err, KVBM_ENOMEM, "disk: out of memory");
+  }
+  encode_super(d, sb);
+  d->reused = sync_io(d->fd, old, KVBM_DISK_ALIGN, 0, false) == 0 &&
+              memcmp(old, sb, KVBM_DISK_ALIGN) == 0;
+  int rc = KVBM_OK;
+  uint64_t size = slot_offset(d, d->num_slots);
+  if (!d->reused) {
+    /* A different or broken file: drop every old slot before reuse. */
+    if (ftruncate(d->fd, 0) != 0)
+      rc = kvbm_error_set(err, KVBM_EIO, "disk: cannot truncate %s: %s", d->path, strerror(errno));
+    else {
+      int w = sync_io(d->fd, sb, KVBM_DISK_ALIGN, 0, true);
+      if (w) rc = kvbm_error_set(err, KVBM_EIO, "disk: cannot write the superblock: %s", strerror(-w));
+    }
+  }
+  if (!rc) {
+    /* Disk full or a file size limit is not fatal: the file grows as
+     * slots are written and writes past the limit fail one by one. */
+    d->prealloc = fallocate(d->fd, 0, 0, (off_t)size) == 0;
+  }
+  free(sb);
+  free(old);
+  return rc;
+}
+
+int kvbm_disk_open(const kvbm_disk_config *cfg, kvbm_disk **out, kvbm_error *err) {
+  if (!cfg || !out || !cfg->dir) return kvbm_error_set(err, KVBM_EINVAL, "disk: NULL argument");
+  if (cfg->num_slots == 0 || cfg->data_bytes == 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "disk: num_slots and data_bytes must be >= 1");
+  if (cfg->queue_depth == 0 || cfg->queue_depth > 256)
+    return kvbm_error_set(err, KVBM_EINVAL, "disk: queue_depth %u is not in 1..256",
+                          cfg->queue_depth);
+  if (cfg->data_bytes > (UINT64_C(1) << 40))
+    return kvbm_error_set(err, KVBM_EOVERFLOW, "disk: data_bytes too large");
+  uint64_t slot = (cfg->data_bytes + KVBM_DISK_HEADER + KVBM_DISK_ALIGN - 1) &
+                  ~(uint64_t)(KVBM_DISK_ALIGN - 1);
+  if (cfg->num_slots > (uint64_t)(INT64_MAX / 2) / slot)
+    return kvbm_error_set(err, KVBM_EOVERFLOW, "disk: %llu slots of %llu bytes overflow",
+                          (unsigned long long)cfg->num_slots, (unsigned long long)slot);
+  kvbm_disk *d = calloc(1, sizeof *d);
+  if (!d) return kvbm_error_set(err, KVBM_ENOMEM, "disk: out of memory");
+  d->num_slots = cfg->num_slots;
+  d->data_bytes = cfg->data_bytes;
+  d->slot_size = slot;
+  d->fingerprint = cfg->fingerprint;
+  d->next_seq = 1;
+  d->depth = cfg->queue_depth;
+  int rc = open_file(d, cfg, err);
+  if (!rc) rc = init_file(d, err);
+  if (rc) {
+    if (d->fd >= 0) close(d->fd);
+    free(d);
+    return rc;
+  }
+  d->uring = cfg->uring && io_uring_queue_init(d->depth, &d->ring, 0) == 0;
+  *out = d;
+  return KVBM_OK;
+}
+
+void kvbm_disk_close(kvbm_disk *d) {
+  if (!d) return;
+  kvbm_disk_finish(d);
+  if (d->uring) io_uring_queue_exit(&d->ring);
+  close(d->fd);
+  free(d);
+}
+
+void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_slot_header *h) {
+  uint8_t *p = buf;
+  memcpy(p, SLOT_MAGIC, 8);
+  put64(p + 8, h->seq_hash);
+  put64(p + 16, h->has_parent ? h->parent_hash : 0);
+  put32(p + 24, h->has_parent ? 1u : 0u);
+  put32(p + 28, (uint32_t)d->data_bytes);
+  put64(p + 32, d->fingerprint);
+  put64(p + 40, d->next_seq++);
+  put64(p + 48, XXH3_64bits(p + KVBM_DISK_HEADER, d->data_bytes));
+  put64(p + 56, XXH3_64bits(p, 56));
+  size_t used = KVBM_DISK_HEADER + d->data_bytes;
+  memset(p + used, 0, d->slot_size - used);
+}
+
+int kvbm_disk_check(const kvbm_disk *d, const void *buf, bool check_data,
+                    const uint64_t *expect_hash, kvbm_slot_header *h) {
+  const uint8_t *p = buf;
+  if (memcmp(p, SLOT_MAGIC, 8) != 0) return KVBM_EMAGIC;
+  if (get64(p + 56) != XXH3_64bits(p, 56)) return KVBM_ECHECKSUM;
+  if (get64(p + 32) != d->fingerprint || get32(p + 28) != d->data_bytes ||
+      (get32(p + 24) & ~1u) != 0)
+    return KVBM_EFORMAT;
+  if (expect_hash && get64(p + 8) != *expect_hash) return KVBM_ENOTFOUND;
+  if (check_data && get64(p + 48) != XXH3_64bits(p + KVBM_DISK_HEADER, d->data_bytes))
+    return KVBM_ECHECKSUM;
+  if (h) {
+    h->seq_hash = get64(p + 8);
+    h->parent_hash = get64(p + 16);
+    h->has_parent = get32(p + 24) & 1u;
+    h->write_seq = get64(p + 40);
+  }
+  return KVBM_OK;
+}
+
+/* Reaps one completion (blocking). */
+static void reap_one(kvbm_disk *d) {
+  struct io_uring_cqe *cqe;
+  int r;
+  do r = io_uring_wait_cqe(&d->ring, &cqe);
+  while (r == -EINTR);
+  if (r < 0) return; /* cannot happen with requests in flight */
+  kvbm_disk_io *io = io_uring_cqe_get_data(cqe);
+  int res = cqe->res;
+  if (res < 0)
+    io->result = res;
+  else /* short: a write stopped by a full disk or a size limit, a read past the end */
+    io->result = (uint64_t)res == d->slot_size ? 0 : io->write ? -ENOSPC : -EIO;
+  io_uring_cqe_seen(&d->ring, cqe);
+  d->inflight--;
+}
+
+int kvbm_disk_begin(kvbm_disk *d, kvbm_disk_io *io) {
+  if (!d || !io || !io->buf || io->slot >= d->num_slots) return KVBM_EINVAL;
+  uint64_t off = slot_offset(d, io->slot);
+  if (!d->uring) {
+    io->result = sync_io(d->fd, io->buf, d->slot_size, off, io->write);
+    return KVBM_OK;
+  }
+  if (d->inflight == d->depth) reap_one(d);
+  struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
+  if (!sqe) { /* the ring is sized to the depth: not expected */
+    io->result = sync_io(d->fd, io->buf, d->slot_size, off, io->write);
+    return KVBM_OK;
+  }
+  if (io->write)
+    io_uring_prep_write(sqe, d->fd, io->buf, (unsigned)d->slot_size, off);
+  else
+    io_uring_prep_read(sqe, d->fd, io->buf, (unsigned)d->slot_size, off);
+  io_uring_sqe_set_data(sqe, io);
+  int s = io_uring_submit(&d->ring);
+  if (s < 1) { /* submission refused: do it synchronously */
+    io_uring_prep_nop(sqe);
+    io->result = sync_io(d->fd, io->buf, d->slot_size, off, io->write);
+    return KVBM_OK;
+  }
+  d->inflight++;
+  return KVBM_OK;
+}
+
+void kvbm_disk_finish(kvbm_disk *d) {
+  if (!d || !d->uring) return;
+  while (d->inflight) reap_one(d);
+}
+
+int kvbm_disk_scan(kvbm_disk *d, bool check_data,
+                   void (*fn)(void *user, uint64_t slot, const kvbm_slot_header *h),
+                   void *user, uint64_t *bad, kvbm_error *err) {
+  if (!d || !fn) return kvbm_error_set(err, KVBM_EINVAL, "disk: NULL argument");
+  uint64_t nbad = 0;
+  if (d->reused) {
+    void *buf = kvbm_disk_buffer(d);
+    if (!buf) return kvbm_error_set(err, KVBM_ENOMEM, "disk: out of memory");
+    for (uint64_t s = 0; s < d->num_slots; s++) {
+      if (sync_io(d->fd, buf, d->slot_size, slot_offset(d, s), false) != 0) continue;
+      kvbm_slot_header h;
+      int rc = kvbm_disk_check(d, buf, check_data, NULL, &h);
+      if (rc == KVBM_EMAGIC && memchr(buf, 0, 8) == buf) continue; /* never written */
+      if (rc) {
+        nbad++;
+        continue;
+      }
+      if (h.write_seq >= d->next_seq) d->next_seq = h.write_seq + 1;
+      fn(user, s, &h);
+    }
+    free(buf);
+  }
+  if (bad) *bad = nbad;
+  return KVBM_OK;
+}

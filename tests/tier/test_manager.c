@@ -1,0 +1,292 @@
+/* Tiered manager: bytes through G1 -> G2 -> G3 -> G1 for both layouts,
+ * policies, queue-full skips, config and environment checks. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "tier_testutil.h"
+
+/* A: 17 tokens (4 full blocks, 4 matchable); B: 29 tokens (7 full). With
+ * G1 = G2 = 8 blocks, B pushes A out of G1 entirely and out of G2 except
+ * its last block, while G3 (write-through here) keeps all of A. */
+static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k) {
+  char *dir = tu_tmpdir("rt");
+  kvbm_manager_config c = tu_config(dir, 8, 8, 64);
+  c.g1_kind = g1k;
+  c.g2_kind = g2k;
+  kvbm_manager *m;
+  kvbm_error e = {0};
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_OK);
+  assert_string_equal(kvbm_manager_g3_error(m), "");
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq_info info;
+  assert_int_equal(tu_run(m, a, 17, &info, NULL), 0);
+  kvbm_tier_stats s2, s3;
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s2.offloaded_blocks, 4);
+  assert_int_equal(s3.offloaded_blocks, 4);
+  assert_int_equal(s2.offloaded_bytes, 4 * kvbm_manager_block_bytes(m));
+  assert_int_equal(tu_run(m, b, 29, &info, NULL), 0);
+
+  kvbm_mreq *r;
+  assert_int_equal(tu_run(m, a, 17, &info, &r), 16);
+  assert_true(info.ready);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G1], 0);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G2], 1);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 3);
+  assert_int_equal(tu_verify(m, r, 4), 4);
+  kvbm_mreq_destroy(r);
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s2.onboarded_blocks, 1);
+  assert_int_equal(s3.onboarded_blocks, 3);
+  assert_int_equal(s3.checksum_failures, 0);
+  assert_int_equal(s2.hit_blocks, 1);
+  assert_int_equal(s3.hit_blocks, 3);
+  /* A third time: everything is in G1 now. */
+  assert_int_equal(tu_run(m, a, 17, &info, NULL), 16);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G1], 4);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  tu_rmdir(dir);
+}
+
+static void test_roundtrip_fc_fc(void **st) {
+  (void)st;
+  roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_FULLY_CONTIGUOUS);
+}
+static void test_roundtrip_ls_ls(void **st) {
+  (void)st;
+  roundtrip(KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_LAYER_SEPARATE);
+}
+static void test_roundtrip_fc_ls(void **st) {
+  (void)st;
+  roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_LAYER_SEPARATE);
+}
+static void test_roundtrip_ls_fc(void **st) {
+  (void)st;
+  roundtrip(KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_FULLY_CONTIGUOUS);
+}
+
+/* G3 only (no G2): the disk copy comes straight from G1. */
+static void test_g3_without_g2(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("g3only");
+  kvbm_manager_config c = tu_config(dir, 8, 0, 16);
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq_info info;
+  kvbm_mreq *r;
+  tu_run(m, a, 17, NULL, NULL);
+  tu_run(m, b, 29, NULL, NULL);
+  assert_int_equal(tu_run(m, a, 17, &info, &r), 16);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 4);
+  assert_int_equal(tu_verify(m, r, 4), 4);
+  kvbm_mreq_destroy(r);
+  kvbm_tier_stats s2;
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  assert_false(s2.present);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  tu_rmdir(dir);
+}
+
+/* The frequency filter: the first use does not earn a disk copy, the
+ * second does; a block already on disk is not copied again. */
+static void test_frequency_filter(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("freq");
+  kvbm_manager_config c = tu_config(dir, 16, 16, 16);
+  c.g3_policy = KVBM_OFFLOAD_FREQUENCY;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *a = tu_prompt(1000, 17);
+  kvbm_tier_stats s3, s2;
+  tu_run(m, a, 17, NULL, NULL);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s3.offloaded_blocks, 0);
+  assert_int_equal(s3.filtered, 4);
+  tu_run(m, a, 17, NULL, NULL);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  assert_int_equal(s3.offloaded_blocks, 4);
+  assert_int_equal(s2.offloaded_blocks, 4); /* G2 already had them */
+  tu_run(m, a, 17, NULL, NULL);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s3.offloaded_blocks, 4);
+  kvbm_manager_destroy(m);
+  free(a);
+  tu_rmdir(dir);
+}
+
+/* G2 behind the filter too, and "never". */
+static void test_policies_switchable(void **st) {
+  (void)st;
+  kvbm_manager_config c = tu_config("/tmp", 16, 16, 0);
+  c.g2_policy = KVBM_OFFLOAD_FREQUENCY;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *a = tu_prompt(1000, 17);
+  kvbm_tier_stats s2;
+  tu_run(m, a, 17, NULL, NULL);
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  assert_int_equal(s2.offloaded_blocks, 0);
+  tu_run(m, a, 17, NULL, NULL);
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  assert_int_equal(s2.offloaded_blocks, 4);
+  kvbm_manager_destroy(m);
+  c.g2_policy = KVBM_OFFLOAD_NEVER;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  tu_run(m, a, 17, NULL, NULL);
+  tu_run(m, a, 17, NULL, NULL);
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  assert_int_equal(s2.offloaded_blocks, 0);
+  assert_int_equal(s2.filtered, 8);
+  kvbm_manager_destroy(m);
+  free(a);
+  kvbm_offload_policy p;
+  assert_true(kvbm_offload_policy_parse("frequency", &p));
+  assert_int_equal(p, KVBM_OFFLOAD_FREQUENCY);
+  assert_false(kvbm_offload_policy_parse("sometimes", &p));
+}
+
+/* A queue of one job: one commit of 7 blocks queues one offload and
+ * skips (and counts) the rest, without waiting. */
+static void test_queue_full_skips(void **st) {
+  (void)st;
+  kvbm_manager_config c = tu_config("/tmp", 16, 16, 0);
+  c.queue_capacity = 1;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *b = tu_prompt(5000, 29);
+  tu_run(m, b, 29, NULL, NULL);
+  kvbm_tier_stats s2;
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  assert_int_equal(s2.offloaded_blocks, 1);
+  assert_int_equal(s2.skipped_queue, 6);
+  kvbm_manager_destroy(m);
+  free(b);
+}
+
+/* Destroy with copies queued: cancel and drain both end cleanly. */
+static void test_destroy_with_queued_copies(void **st) {
+  (void)st;
+  for (int drain = 0; drain < 2; drain++) {
+    char *dir = tu_tmpdir("shut");
+    kvbm_manager_config c = tu_config(dir, 64, 64, 64);
+    c.drain_on_destroy = drain;
+    kvbm_manager *m;
+    assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+    uint32_t *b = tu_prompt(5000, 200);
+    kvbm_mreq *r;
+    assert_int_equal(kvbm_manager_prefill(m, 0, 0, b, 200, &r, NULL, NULL), KVBM_OK);
+    tu_compute(m, r, 0);
+    kvbm_mreq_commit(r);
+    kvbm_mreq_destroy(r);
+    kvbm_manager_destroy(m); /* no flush */
+    free(b);
+    tu_rmdir(dir);
+  }
+}
+
+static void test_config_errors(void **st) {
+  (void)st;
+  kvbm_manager *m = NULL;
+  kvbm_error e = {0};
+  kvbm_manager_config c = tu_config("/tmp", 0, 0, 0);
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "g1_blocks"));
+  c = tu_config("/tmp", 8, 0, 0);
+  c.block_size = 0;
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "block_size"));
+  c = tu_config("/tmp", 8, 0, 0);
+  c.layout.alignment = 3;
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  c = tu_config("/tmp", 8, 0, 0);
+  c.g2_kind = 9;
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "g2 layout"));
+  c = tu_config("/tmp", 8, 0, 0);
+  c.queue_capacity = 0;
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  c = tu_config("/tmp", 8, 0, 0);
+  c.g3_queue_depth = 0;
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  c = tu_config("/tmp", 8, 0, 0);
+  c.g2_policy = 7;
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  assert_null(m);
+  assert_int_equal(kvbm_manager_create(NULL, &m, &e), KVBM_EINVAL);
+
+  /* Requests: bad arguments and a prompt that does not fit. */
+  c = tu_config("/tmp", 4, 0, 0);
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_OK);
+  uint32_t *t = tu_prompt(1, 40);
+  kvbm_mreq *r = NULL;
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, t, 0, &r, NULL, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, NULL, 4, &r, NULL, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, t, 40, &r, NULL, &e), KVBM_ENOSPC);
+  assert_non_null(strstr(e.msg, "does not fit"));
+  assert_null(r);
+  void *p;
+  assert_int_equal(kvbm_manager_block_layer(m, KVBM_TIER_G3, 0, 0, &p, NULL), KVBM_ETIER);
+  assert_int_equal(kvbm_manager_block_layer(m, KVBM_TIER_G2, 0, 0, &p, NULL), KVBM_ETIER);
+  assert_int_equal(kvbm_manager_block_layer(m, KVBM_TIER_G1, 4, 0, &p, NULL), KVBM_ERANGE);
+  assert_int_equal(kvbm_manager_block_layer(m, KVBM_TIER_G1, 0, 3, &p, NULL), KVBM_ERANGE);
+  assert_int_equal(kvbm_mreq_append(NULL, t, 1), KVBM_EINVAL);
+  kvbm_manager_destroy(m);
+  free(t);
+}
+
+static void test_env(void **st) {
+  (void)st;
+  kvbm_manager_config c = tu_config("/tmp", 8, 0, 0); /* 384-byte blocks */
+  const char *env1[] = {"DYN_KVBM_CPU_CACHE_GB=0.5", "DYN_KVBM_DISK_CACHE_GB=1",
+                        "DYN_KVBM_DISK_CACHE_DIR=/var/tmp/x", "DYN_KVBM_DISK_DISABLE_O_DIRECT=true",
+                        NULL};
+  assert_int_equal(kvbm_manager_config_env(&c, env1, NULL), KVBM_OK);
+  assert_int_equal(c.g2_blocks, (uint32_t)(536870912ull / 384));
+  assert_int_equal(c.g3_blocks, 1073741824ull / 384);
+  assert_string_equal(c.g3_dir, "/var/tmp/x");
+  assert_false(c.g3_direct);
+  const char *env2[] = {"DYN_KVBM_CPU_CACHE_GB=2", "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS=123",
+                        "DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS=77",
+                        "DYN_KVBM_DISK_DISABLE_O_DIRECT=0", NULL};
+  assert_int_equal(kvbm_manager_config_env(&c, env2, NULL), KVBM_OK);
+  assert_int_equal(c.g2_blocks, 123);
+  assert_int_equal(c.g3_blocks, 77);
+  assert_true(c.g3_direct);
+  const char *bad[][2] = {{"DYN_KVBM_CPU_CACHE_GB=lots", NULL},
+                          {"DYN_KVBM_CPU_CACHE_GB=-1", NULL},
+                          {"DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS=12x", NULL},
+                          {"DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS=99999999999", NULL},
+                          {"DYN_KVBM_DISK_DISABLE_O_DIRECT=maybe", NULL},
+                          {"DYN_KVBM_DISK_CACHE_DIR=", NULL}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    kvbm_error e = {0};
+    kvbm_manager_config before = c;
+    assert_int_equal(kvbm_manager_config_env(&c, bad[i], &e), KVBM_EINVAL);
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)(strchr(bad[i][0], '=') - bad[i][0]), bad[i][0]);
+    assert_non_null(strstr(e.msg, name));
+    assert_memory_equal(&before, &c, sizeof c);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_roundtrip_fc_fc),   cmocka_unit_test(test_roundtrip_ls_ls),
+      cmocka_unit_test(test_roundtrip_fc_ls),   cmocka_unit_test(test_roundtrip_ls_fc),
+      cmocka_unit_test(test_g3_without_g2),     cmocka_unit_test(test_frequency_filter),
+      cmocka_unit_test(test_policies_switchable), cmocka_unit_test(test_queue_full_skips),
+      cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_config_errors),
+      cmocka_unit_test(test_env),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

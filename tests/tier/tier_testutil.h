@@ -1,0 +1,136 @@
+/* Helpers shared by the tier tests: a config over a temporary directory,
+ * hash-derived block contents, and one request's full life. */
+#ifndef KVBM_TIER_TESTUTIL_H
+#define KVBM_TIER_TESTUTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvbm/manager.h"
+
+static inline uint64_t tu_mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/* Fills (or checks, returning 0 on a mismatch) layer l of a block whose
+ * content is keyed by `key`. */
+static inline int tu_layer(uint8_t *p, size_t n, uint64_t key, uint32_t l, int check) {
+  uint64_t x = key ^ ((uint64_t)l << 48);
+  for (size_t i = 0; i < n; i++) {
+    if (i % 8 == 0) x = tu_mix(x);
+    uint8_t v = (uint8_t)(x >> (8 * (i % 8)));
+    if (check && p[i] != v) return 0;
+    if (!check) p[i] = v;
+  }
+  return 1;
+}
+
+/* Writes (check = 0) or checks (check = 1) G1 block `id` as holding the KV
+ * of the block with sequence hash `h`. */
+static inline int tu_block(kvbm_manager *m, uint32_t id, uint64_t h, int check) {
+  const kvbm_layout *L = kvbm_manager_layout(m, KVBM_TIER_G1);
+  for (uint32_t l = 0; l < L->config.num_layers; l++) {
+    void *p;
+    size_t sz;
+    if (kvbm_manager_block_layer(m, KVBM_TIER_G1, id, l, &p, &sz)) return 0;
+    if (!tu_layer(p, sz, h, l, check) && check) return 0;
+  }
+  return 1;
+}
+
+/* Writes the KV of every full block from block `from` on. */
+static inline void tu_compute(kvbm_manager *m, kvbm_mreq *r, size_t from) {
+  const uint32_t *ids;
+  size_t n;
+  kvbm_mreq_blocks(r, &ids, &n);
+  kvbm_mreq_info info;
+  kvbm_mreq_poll(r, &info);
+  size_t full = info.num_tokens / 4; /* the tests use block_size 4 */
+  for (size_t k = from; k < full; k++) {
+    uint64_t h;
+    kvbm_mreq_block_hash(r, k, &h);
+    tu_block(m, ids[k], h, 0);
+  }
+}
+
+/* Counts the first `n` blocks of r whose bytes are right. */
+static inline size_t tu_verify(kvbm_manager *m, kvbm_mreq *r, size_t n) {
+  const uint32_t *ids;
+  size_t nb, good = 0;
+  kvbm_mreq_blocks(r, &ids, &nb);
+  for (size_t k = 0; k < n && k < nb; k++) {
+    uint64_t h;
+    kvbm_mreq_block_hash(r, k, &h);
+    good += (size_t)tu_block(m, ids[k], h, 1);
+  }
+  return good;
+}
+
+/* Prompt of n tokens numbered from base. */
+static inline uint32_t *tu_prompt(uint32_t base, size_t n) {
+  uint32_t *t = malloc(n * sizeof *t);
+  for (size_t i = 0; i < n; i++) t[i] = base + (uint32_t)i;
+  return t;
+}
+
+/* A small config: block size 4, 3 layers x 2 x 4 tokens x 8 x 2 bytes
+ * (128-byte layers, 384-byte blocks), alignment 256 (padding in both
+ * kinds). */
+static inline kvbm_manager_config tu_config(const char *dir, uint32_t g1, uint32_t g2, uint64_t g3) {
+  kvbm_manager_config c = kvbm_manager_config_default();
+  c.block_size = 4;
+  c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 3, .outer_dim = 2,
+                                  .page_size = 4, .inner_dim = 8, .dtype_size = 2,
+                                  .alignment = 256};
+  c.g1_blocks = g1;
+  c.g2_blocks = g2;
+  c.g3_blocks = g3;
+  c.g3_dir = dir;
+  c.g3_policy = KVBM_OFFLOAD_ALL;
+  return c;
+}
+
+/* A fresh directory under the build tree. */
+static inline char *tu_tmpdir(const char *tag) {
+  char *p = malloc(512);
+  snprintf(p, 512, "%s/tier-%s-XXXXXX", KVBM_BINARY_DIR, tag);
+  if (!mkdtemp(p)) {
+    snprintf(p, 512, "/tmp/tier-%s-XXXXXX", tag);
+    if (!mkdtemp(p)) abort();
+  }
+  return p;
+}
+
+static inline void tu_rmdir(char *dir) {
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+  free(dir);
+}
+
+/* One request's whole life: prefill, wait, compute the misses, commit,
+ * flush, and (unless keep) destroy. Returns the settled match in tokens. */
+static inline size_t tu_run(kvbm_manager *m, const uint32_t *tok, size_t n, kvbm_mreq_info *info,
+                            kvbm_mreq **keep) {
+  kvbm_mreq *r;
+  size_t opt;
+  if (kvbm_manager_prefill(m, 0, 0, tok, n, &r, &opt, NULL)) return SIZE_MAX;
+  kvbm_mreq_info i;
+  kvbm_mreq_wait(r, -1, &i);
+  tu_compute(m, r, i.matched_tokens / 4);
+  kvbm_mreq_commit(r);
+  kvbm_manager_flush(m);
+  if (info) *info = i;
+  if (keep) *keep = r;
+  else kvbm_mreq_destroy(r);
+  return i.matched_tokens;
+}
+
+#endif
