@@ -42,9 +42,11 @@ FN __m256i ror7(__m256i x) {
 FN void load8(const uint8_t *in, size_t stride, __m256i m[16]) {
   B3_UNROLL for (int half = 0; half < 2; half++) {
     __m256i r[8], t[8], u[8];
-    B3_UNROLL for (int i = 0; i < 8; i++)
+    B3_UNROLL for (int i = 0; i < 8; i++) {
       r[i] = _mm256_loadu_si256(
           (const __m256i *)(const void *)(in + i * stride + 32 * half));
+      if (half == 0) B3_PREFETCH(in + i * stride);
+    }
     B3_UNROLL for (int i = 0; i < 8; i += 2) {
       t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
       t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);

@@ -21,8 +21,10 @@
 
 FN void load16(const uint8_t *in, size_t stride, __m512i m[16]) {
   __m512i r[16], t[16], u[16];
-  B3_UNROLL for (int i = 0; i < 16; i++)
+  B3_UNROLL for (int i = 0; i < 16; i++) {
     r[i] = _mm512_loadu_si512((const void *)(in + i * stride));
+    B3_PREFETCH(in + i * stride);
+  }
   B3_UNROLL for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);

@@ -43,6 +43,8 @@ FN void load4(const uint8_t *in, size_t stride, __m128i m[16]) {
     __m128i r1 = _mm_loadu_si128((const __m128i *)(in + stride + 16 * g));
     __m128i r2 = _mm_loadu_si128((const __m128i *)(in + 2 * stride + 16 * g));
     __m128i r3 = _mm_loadu_si128((const __m128i *)(in + 3 * stride + 16 * g));
+    if (g == 0)
+      for (int i = 0; i < 4; i++) B3_PREFETCH(in + i * stride);
     __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpackhi_epi32(r0, r1);
     __m128i t2 = _mm_unpacklo_epi32(r2, r3), t3 = _mm_unpackhi_epi32(r2, r3);
     m[4 * g + 0] = _mm_unpacklo_epi64(t0, t2);
