@@ -34,6 +34,9 @@
 #include <string.h>
 
 #define NIL UINT32_MAX
+/* The per-block steps of prefill and release: inlined into the run loops so
+ * that the pool's fields stay in registers across a request's blocks. */
+#define HOT static inline __attribute__((always_inline))
 #define NPRIO 256
 
 enum {
@@ -96,7 +99,7 @@ static inline uint32_t home_of(const kvbm_pool *p, uint32_t fp) {
  * it (NIL if none). With `slot_out` non-NULL, also finds where an insert
  * goes: the empty slot that ends the run (the walk then goes on past a hit
  * only when `to_end`, for a duplicate that must sit behind the first). */
-static inline uint32_t reg_probe(const kvbm_pool *p, uint64_t hash, uint32_t *slot_out,
+HOT uint32_t reg_probe(const kvbm_pool *p, uint64_t hash, uint32_t *slot_out,
                                  bool to_end) {
   const uint32_t fp = fingerprint(hash);
   uint32_t found = NIL;
@@ -119,7 +122,7 @@ static uint32_t reg_find(const kvbm_pool *p, uint64_t hash) {
 
 /* Removes the entry of block `id` (with allow_duplicates, several blocks can
  * share a hash; each has its own entry, in registration order). */
-static void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t id) {
+HOT void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t id) {
   uint32_t i = home_of(p, fingerprint(hash));
   while (p->table[i].id != id) {
     if (p->table[i].id == NIL) return;
@@ -147,7 +150,7 @@ static inline void reg_prefetch(const kvbm_pool *p, uint64_t hash) {
 
 /* ---- cache lists --------------------------------------------------------- */
 
-static void cache_push(kvbm_pool *p, uint32_t id) {
+HOT void cache_push(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
   unsigned pr = p->priority[id];
   b->next = NIL;
@@ -199,7 +202,7 @@ static inline uint64_t salt_of(const kvbm_pool *p, uint32_t id) {
 }
 
 /* Empties a block's content; its reference count is the caller's business. */
-static void block_reset(kvbm_pool *p, uint32_t id) {
+HOT void block_reset(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
   b->state = KVBM_BLOCK_RESET;
   b->ntok = 0;
@@ -208,7 +211,7 @@ static void block_reset(kvbm_pool *p, uint32_t id) {
   p->priority[id] = 0;
 }
 
-static void free_push(kvbm_pool *p, uint32_t id) {
+HOT void free_push(kvbm_pool *p, uint32_t id) {
   block_reset(p, id);
   p->blocks[id].refcount = 0;
   p->free_stack[p->free_top++] = id;
@@ -223,7 +226,7 @@ static void unregister(kvbm_pool *p, uint32_t id) {
 
 /* Evicts the oldest cached block (the head of the lowest non-empty
  * priority list) and returns it, RESET. */
-static uint32_t evict_oldest(kvbm_pool *p) {
+HOT uint32_t evict_oldest(kvbm_pool *p) {
   unsigned w = 0;
   while (!p->nonempty[w]) w++; /* the caller checked that the cache is not empty */
   unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
@@ -257,7 +260,7 @@ static uint32_t evict_oldest(kvbm_pool *p) {
 
 /* One block off the free list, or else the oldest cached block evicted.
  * The caller has checked that one is available. */
-static inline uint32_t take_block(kvbm_pool *p) {
+HOT uint32_t take_block(kvbm_pool *p) {
   uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p);
   p->blocks[id].refcount = 1;
   p->allocated++;
@@ -277,7 +280,7 @@ static void acquire(kvbm_pool *p, uint32_t id) {
 
 /* COMPLETE -> REGISTERED, or dedup onto the registered block (see
  * kvbm_block_register). `tokens` are the block's tokens, for the event. */
-static uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
+HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
   blk *b = &p->blocks[id];
   uint32_t at = 0;
   uint32_t existing = reg_probe(p, b->seq_hash, &at, p->cfg.allow_duplicates);
@@ -317,7 +320,7 @@ static uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
 }
 
 /* RESET -> PARTIAL without checks. */
-static void start_block(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
+HOT void start_block(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                         bool has_parent) {
   blk *b = &p->blocks[id];
   b->state = KVBM_BLOCK_PARTIAL;
@@ -499,7 +502,7 @@ int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
 }
 
 /* start + tokens + hash + register, checks done by the caller. */
-static uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
+HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                          bool has_parent, const uint32_t *tokens, uint64_t seq_hash) {
   blk *b = &p->blocks[id];
   start_block(p, id, salt_hash, parent, has_parent);
@@ -548,7 +551,7 @@ int kvbm_block_abort(kvbm_pool *p, uint32_t id) {
   return KVBM_OK;
 }
 
-int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
+HOT int release_one(kvbm_pool *p, uint32_t id, uint8_t priority) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (b->refcount == 0) return KVBM_ESTATE;
@@ -562,12 +565,16 @@ int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
   return KVBM_OK;
 }
 
+int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
+  return release_one(p, id, priority);
+}
+
 int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t priority) {
   if (n && !ids) return KVBM_EINVAL;
   for (size_t k = n; k-- > 0;) {
     /* Block records of a table are scattered: load a few ahead. */
     if (k >= 4 && ids[k - 4] < p->cfg.num_blocks) __builtin_prefetch(&p->blocks[ids[k - 4]]);
-    int rc = kvbm_block_release(p, ids[k], priority);
+    int rc = release_one(p, ids[k], priority);
     if (rc) return rc;
   }
   return KVBM_OK;
