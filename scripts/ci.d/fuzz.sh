@@ -6,7 +6,9 @@
 #     * fuzz-modules: common blake3 frame
 # and is compiled together with every .c file of those src/<module>/
 # folders (no CMake involved, so a fuzz build never disturbs the others).
-# Without such a line it gets "common blake3 frame layout". Seeds come from
+# Without such a line it gets "common blake3 frame layout". A line
+#     * fuzz-libs: z xxhash
+# adds -l flags for the libraries those modules use. Seeds come from
 # fuzz/corpus/<x>/ (read only); new inputs go to build-fuzz/corpus/<x>/.
 # A crash, leak, UB report or timeout fails the step; the reproducer is
 # left in build-fuzz/ (crash-*, leak-*, timeout-*).
@@ -32,6 +34,10 @@ for src in fuzz/fuzz_*.c; do
   fi
   mods=$(sed -n '1,20{s/.*fuzz-modules:[[:space:]]*\([a-z0-9_ ]*\).*/\1/p}' "$src" | head -n 1)
   [ -n "$mods" ] || mods="common blake3 frame layout"
+  libs=()
+  for l in $(sed -n '1,20{s/.*fuzz-libs:[[:space:]]*\([a-z0-9_ ]*\).*/\1/p}' "$src" | head -n 1); do
+    libs+=("-l$l")
+  done
   srcs=()
   for m in $mods; do
     for f in src/"$m"/*.c; do
@@ -42,7 +48,7 @@ for src in fuzz/fuzz_*.c; do
   "$CC" -std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -fno-omit-frame-pointer -Iinclude -Isrc \
-    "${srcs[@]}" "$src" -o "$out/$name" -lm
+    "${srcs[@]}" "$src" -o "$out/$name" "${libs[@]}" -lm
   mkdir -p "$out/corpus/$x"
   seeds=()
   [ -d "fuzz/corpus/$x" ] && seeds+=("fuzz/corpus/$x")
