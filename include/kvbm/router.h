@@ -246,9 +246,12 @@ typedef struct kvbm_w3_opts {
   uint32_t capacity;       /* blocks per worker (16384) */
   size_t limit;            /* first N requests; 0 = all */
   kvbm_hash_scheme scheme; /* the workers' hashes (native) */
-  bool recompute;          /* index keyed by recomputed hashes (false) */
+  bool recompute;          /* index keyed by hashes it computes from the
+                              events' tokens, in index_scheme (false: the
+                              workers' hashes as published) */
+  kvbm_hash_scheme index_scheme; /* with recompute (dynamo) */
   kvbm_choice_config choice;
-  double active_ms;        /* load model: a request counts as active for this
+  double active_ms;        /* load model (10000): a request counts as active for this
                               long after its arrival, in trace time (0: no
                               load) */
   uint64_t seed;           /* for random routing and tie breaks */
@@ -273,7 +276,8 @@ typedef struct kvbm_w3_result {
   uint64_t lookups;
   uint64_t events;           /* events applied to the index */
   uint64_t event_bytes;      /* their msgpack size */
-  double index_seconds;      /* time spent applying events and looking up */
+  double index_seconds;      /* time in the index: applying events, lookups */
+  double wire_seconds;       /* capture, encode, decode and apply */
 } kvbm_w3_result;
 
 /* Runs W3: `workers` W1 caches, each publishing its pool's events through
