@@ -146,7 +146,8 @@ void kvbm_event_decoder_free(kvbm_event_decoder *dec); /* NULL is a no-op */
 /* Decodes one payload. On success fills *out (its seq set to `seq`); the
  * arrays it points to belong to the decoder and stay valid until its next
  * decode or free. On bad input returns KVBM_EFORMAT (bad msgpack, a wrong
- * type, an unknown event tag, a token id beyond 32 bits), KVBM_ETRUNCATED
+ * type, an unknown event tag, a token id beyond 32 bits, a missing field,
+ * a name containing a NUL byte), KVBM_ETRUNCATED
  * (input ends early, or declares more elements than it has bytes for) or
  * KVBM_ETOOLONG (bytes after the payload), with err naming the place; it
  * never reads outside [data, data+len) and allocates at most a small
@@ -225,9 +226,12 @@ int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_options *opt
 int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url,
                             const char *subject, kvbm_error *err);
 
-/* The endpoint a ZMQ sink actually bound (e.g. the port picked for
- * "tcp://127.0.0.1:*" as a wildcard port); `replay` selects the ROUTER. Copies at most cap
- * bytes (NUL-terminated). KVBM_ENOTFOUND when there is no such socket. */
+/* The endpoint a ZMQ sink actually bound (e.g. the port picked for a
+ * wildcard port, "tcp://127.0.0.1:*"); `sink_index` is the sink's position
+ * among all sinks in the order they were added (callbacks and NATS count
+ * too); `replay` selects the ROUTER. Copies the NUL-terminated text into
+ * buf. KVBM_ENOTFOUND when that sink has no such socket, KVBM_ETOOLONG
+ * when cap is too small. */
 int kvbm_publisher_zmq_endpoint(const kvbm_publisher *pub, size_t sink_index,
                                 bool replay, char *buf, size_t cap);
 
