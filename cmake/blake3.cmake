@@ -1,0 +1,5 @@
+# blake3: the threaded test also runs under ThreadSanitizer (it proves the
+# module shares no mutable state between hashers).
+if(TEST blake3_test_threads)
+  set_tests_properties(blake3_test_threads PROPERTIES LABELS "blake3;tsan")
+endif()
