@@ -175,6 +175,7 @@ int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier_id tier,
 typedef struct kvbm_tier_stats {
   bool present;               /* tier configured (G3: and its file open) */
   uint32_t num_blocks, free, cached, active;
+  uint64_t allocated;         /* blocks the pool handed out, ever */
   uint64_t evictions;         /* cached blocks evicted to make room */
   uint64_t hit_blocks;        /* prefill walk hits served by this tier */
   uint64_t offloaded_blocks;  /* copies written into this tier (G1: 0) */
@@ -224,12 +225,25 @@ void kvbm_mreq_poll(kvbm_mreq *r, kvbm_mreq_info *out);
  * forever), then fills *out (may be NULL). KVBM_ETIMEDOUT on time out. */
 int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out);
 
+/* Whether the engine must write the KV of block k: a block after the
+ * settled match that this request registered itself (a shared block that
+ * another request registered is that request's to write), the partial tail
+ * block, or a block whose onboard failed. False for matched blocks and k
+ * out of range. Settles the match first if it can (see kvbm_mreq_poll). */
+bool kvbm_mreq_must_compute(kvbm_mreq *r, size_t k);
+
+/* The tier the walk found block k in (KVBM_TIER_G1..G3), or -1 for a block
+ * past the walk. */
+int kvbm_mreq_block_source(const kvbm_mreq *r, size_t k);
+
 /* Appends decode tokens (as kvbm_seq_append). */
 int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n);
 
-/* The engine has written the KV of every full block: they become valid in
- * G1 and are offloaded per policy (those not committed before). Waits for
- * onboarding first (the match must be settled). Never waits for a copy. */
+/* The engine has written the KV of every full block it must compute: they
+ * become valid in G1, and the request's full blocks not committed before
+ * are offloaded per policy (a shared block whose owner has not committed
+ * yet is not offloaded by this request). Waits for onboarding first (the
+ * match must be settled). Never waits for a copy. */
 int kvbm_mreq_commit(kvbm_mreq *r);
 
 /* The G1 block table: ids[0..*n) in token order, valid until the next call

@@ -842,6 +842,7 @@ int kvbm_manager_stats(kvbm_manager *m, kvbm_tier_id ti, kvbm_tier_stats *out) {
     out->cached = ps.cached;
     out->active = ps.active;
     out->evictions = ps.evicted;
+    out->allocated = ps.allocated;
   }
   pthread_mutex_unlock(&m->mu);
   return KVBM_OK;
@@ -1067,6 +1068,28 @@ int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
   return rc;
 }
 
+int kvbm_mreq_block_source(const kvbm_mreq *r, size_t k) {
+  return r && k < r->walk ? r->src[k] : -1;
+}
+
+bool kvbm_mreq_must_compute(kvbm_mreq *r, size_t k) {
+  if (!r) return false;
+  kvbm_manager *m = r->m;
+  pthread_mutex_lock(&m->mu);
+  const uint32_t *ids;
+  size_t nb;
+  kvbm_seq_blocks(r->seq, &ids, &nb);
+  size_t matched = settle(r) ? r->settled : r->walk;
+  bool must = false;
+  if (k < nb && k >= matched) {
+    uint8_t st = m->t[KVBM_TIER_G1].state[ids[k]];
+    must = k >= kvbm_seq_num_tokens(r->seq) / m->cfg.block_size || st == ST_FAILED ||
+           (st == ST_PENDING && m->g1_owner[ids[k]] == r->serial);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return must;
+}
+
 int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   if (!r || (n && !tokens)) return KVBM_EINVAL;
   size_t before = r->ntok;
@@ -1086,6 +1109,7 @@ static void use_block(kvbm_manager *m, kvbm_mreq *r, batch *b, size_t k, uint32_
                       uint64_t h, uint64_t parent, bool has_parent) {
   const uint32_t *tok = r->tokens + k * m->cfg.block_size;
   tier *g1 = &m->t[KVBM_TIER_G1];
+  if (g1->state[g1id] != ST_READY) return; /* another request's, not written yet */
   job j = {.kind = J_OFFLOAD, .prio = r->prio, .g1 = g1id, .g2 = NONE, .g3 = NONE, .hash = h,
            .parent = parent, .has_parent = has_parent, .b = b};
   bool g2_write = false, g2_ready = false, g3_write = false;

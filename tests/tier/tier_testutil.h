@@ -54,6 +54,7 @@ static inline void tu_compute(kvbm_manager *m, kvbm_mreq *r, size_t from) {
   kvbm_mreq_poll(r, &info);
   size_t full = info.num_tokens / 4; /* the tests use block_size 4 */
   for (size_t k = from; k < full; k++) {
+    if (!kvbm_mreq_must_compute(r, k)) continue;
     uint64_t h;
     kvbm_mreq_block_hash(r, k, &h);
     tu_block(m, ids[k], h, 0);

@@ -1,0 +1,68 @@
+/*
+ * kvbm/tier_replay.h: workload W2 (../shared/WORKLOADS.md), W1's sequential
+ * replay through the tiered manager, with real bytes.
+ *
+ * Policy (docs/areas/tiers.md has the full text). Per request, in file
+ * order: prefill through the manager (the walk takes each matchable prompt
+ * block from the fastest tier holding it, G1 then G2 then G3, and onboards
+ * the lower-tier ones into new G1 blocks); wait for the onboards; check
+ * every onboarded block's bytes against the pattern derived from its
+ * sequence hash (a block that fails, and all after it, count as misses and
+ * are recomputed); write the pattern into every block the request must
+ * compute; append the output tokens (pattern into the new full blocks);
+ * commit (each full block is used once: G2 write-through by default, G3
+ * behind the frequency filter by default); wait for the copies (so that
+ * the next request sees them: the replay is deterministic); free the
+ * request (tail first). G1 behaves exactly as W1's pool: with no G2 and G3
+ * every W1 count is reproduced.
+ */
+#ifndef KVBM_TIER_REPLAY_H
+#define KVBM_TIER_REPLAY_H
+
+#include "kvbm/manager.h"
+#include "kvbm/replay.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvbm_replay_w2_opts {
+  kvbm_replay_opts w1;      /* block size, capacity (= C1), limit, hashes,
+                               progress (listener and on_finish unused) */
+  uint32_t g2_blocks;       /* C2 (0: no G2) */
+  uint64_t g3_blocks;       /* C3 (0: no G3) */
+  const char *g3_dir;       /* NULL: /tmp */
+  bool g3_direct;           /* O_DIRECT (true) */
+  uint64_t block_bytes;     /* bytes per block, a multiple of 16 (256) */
+  kvbm_offload_policy g2_policy, g3_policy; /* all, frequency */
+} kvbm_replay_w2_opts;
+
+typedef struct kvbm_replay_w2_tier {
+  uint64_t hit_tokens;
+  uint64_t offloaded_blocks, offloaded_bytes;
+  uint64_t onboarded_blocks, onboarded_bytes;
+  uint64_t skipped;            /* offloads skipped, every reason */
+  uint64_t checksum_failures;
+  uint64_t evictions;
+  double busy_seconds;         /* worker time copying into or out of it */
+} kvbm_replay_w2_tier;
+
+typedef struct kvbm_replay_w2_result {
+  kvbm_replay_result w1;       /* hit_tokens is the total over the tiers */
+  kvbm_replay_w2_tier tiers[KVBM_TIER_COUNT];
+  uint64_t verify_failures;    /* onboarded blocks whose bytes were wrong */
+  char g3_mode[64];            /* "io_uring+O_DIRECT", ... or "" */
+  char g3_error[KVBM_ERROR_MSG_MAX]; /* why G3 was unavailable, or "" */
+} kvbm_replay_w2_result;
+
+kvbm_replay_w2_opts kvbm_replay_w2_opts_default(void);
+
+/* Runs W2. Errors as kvbm_replay_w1 (KVBM_ENOSPC when a request does not
+ * fit in G1), KVBM_EINVAL for bad options. */
+int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *opts,
+                   kvbm_replay_w2_result *out, kvbm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

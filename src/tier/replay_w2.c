@@ -1,0 +1,227 @@
+/*
+ * replay_w2.c: workload W2 (see kvbm/tier_replay.h).
+ *
+ * The replay is the engine: it writes every block it computes with a
+ * pattern keyed by the block's sequence hash, and checks every block it is
+ * handed by an onboard against the same pattern, so a wrong byte anywhere
+ * on the way G1 -> G2 -> G3 -> G1 is caught, not assumed away. The
+ * manager's copies stay asynchronous; the replay waits for them after each
+ * request (kvbm_manager_flush) so that counts do not depend on thread
+ * timing, and sizes the queues for the largest request so that nothing is
+ * skipped for lack of queue room.
+ */
+#include "kvbm/tier_replay.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvbm/trace.h"
+
+kvbm_replay_w2_opts kvbm_replay_w2_opts_default(void) {
+  kvbm_replay_w2_opts o;
+  memset(&o, 0, sizeof o);
+  o.w1 = kvbm_replay_opts_default();
+  o.g3_direct = true;
+  o.block_bytes = 256;
+  o.g2_policy = KVBM_OFFLOAD_ALL;
+  o.g3_policy = KVBM_OFFLOAD_FREQUENCY;
+  return o;
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/* The pattern of layer l of the block with hash h: 8 bytes at a time from
+ * a counter-mode mix, so that every byte depends on hash, layer and
+ * position. Layers are multiples of 8 bytes here. Returns whether the
+ * bytes match (check) or 1 (fill). */
+static int pattern(uint8_t *p, size_t n, uint64_t h, uint32_t l, bool check) {
+  uint64_t key = mix(h ^ ((uint64_t)l << 56));
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = mix(key + i);
+    if (check) {
+      if (memcmp(p + i, &v, 8)) return 0;
+    } else {
+      memcpy(p + i, &v, 8);
+    }
+  }
+  return 1;
+}
+
+static int block_pattern(kvbm_manager *m, uint32_t id, uint64_t h, bool check) {
+  uint32_t layers = (uint32_t)kvbm_manager_layout(m, KVBM_TIER_G1)->config.num_layers;
+  for (uint32_t l = 0; l < layers; l++) {
+    void *p;
+    size_t sz;
+    if (kvbm_manager_block_layer(m, KVBM_TIER_G1, id, l, &p, &sz)) return 0;
+    if (!pattern(p, sz, h, l, check)) return 0;
+  }
+  return 1;
+}
+
+typedef struct run_ctx {
+  kvbm_manager *m;
+  uint32_t B;
+  uint32_t *prompt, *output;
+  kvbm_replay_w2_result *res;
+} run_ctx;
+
+/* Computes the blocks [from, full) the request must write (and those
+ * below `settled` that the replay refused). */
+static void compute(run_ctx *c, kvbm_mreq *r, size_t from, size_t refused_until) {
+  const uint32_t *ids;
+  size_t nb;
+  kvbm_mreq_blocks(r, &ids, &nb);
+  kvbm_mreq_info info;
+  kvbm_mreq_poll(r, &info);
+  size_t full = info.num_tokens / c->B;
+  for (size_t k = from; k < full; k++) {
+    if (k >= refused_until && !kvbm_mreq_must_compute(r, k)) continue;
+    uint64_t h;
+    kvbm_mreq_block_hash(r, k, &h);
+    block_pattern(c->m, ids[k], h, false);
+  }
+}
+
+static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm_error *err) {
+  kvbm_replay_w2_result *res = c->res;
+  uint32_t *tok = c->prompt;
+  size_t n = q->input_length, out_from = 0;
+  if (n) {
+    kvbm_trace_prompt_tokens(q, tok);
+  } else if (q->output_length) {
+    /* No prompt: the first output token opens the sequence, as W1's append. */
+    kvbm_trace_output_tokens(q, idx, c->output);
+    tok = c->output;
+    n = out_from = 1;
+  } else {
+    return KVBM_OK;
+  }
+  kvbm_mreq *r;
+  int rc = kvbm_manager_prefill(c->m, 0, 0, tok, n, &r, NULL, NULL);
+  if (rc == KVBM_ENOSPC)
+    return kvbm_error_set(err, rc, "replay: request %zu (%u prompt + %u output tokens) does not fit in the pool",
+                          idx, q->input_length, q->output_length);
+  if (rc) return kvbm_error_set(err, rc, "replay: request %zu: %s", idx, kvbm_strerror(rc));
+  kvbm_mreq_info info;
+  kvbm_mreq_wait(r, -1, &info);
+  size_t settled = info.matched_tokens / c->B, matched = settled;
+  const uint32_t *ids;
+  size_t nb;
+  kvbm_mreq_blocks(r, &ids, &nb);
+  for (size_t k = 0; k < settled; k++) {
+    int src = kvbm_mreq_block_source(r, k);
+    if (src == KVBM_TIER_G1) continue;
+    uint64_t h;
+    kvbm_mreq_block_hash(r, k, &h);
+    if (!block_pattern(c->m, ids[k], h, true)) {
+      res->verify_failures++;
+      matched = k;
+      break;
+    }
+  }
+  for (size_t k = 0; k < matched; k++)
+    res->tiers[kvbm_mreq_block_source(r, k)].hit_tokens += c->B;
+  compute(c, r, matched, settled);
+  if (q->output_length > out_from) {
+    if (tok != c->output) kvbm_trace_output_tokens(q, idx, c->output);
+    size_t before = info.num_tokens / c->B;
+    rc = kvbm_mreq_append(r, c->output + out_from, q->output_length - out_from);
+    if (!rc) compute(c, r, before, 0);
+  }
+  if (!rc) rc = kvbm_mreq_commit(r);
+  kvbm_manager_flush(c->m);
+  kvbm_mreq_destroy(r);
+  if (rc == KVBM_ENOSPC)
+    return kvbm_error_set(err, rc, "replay: request %zu (%u prompt + %u output tokens) does not fit in the pool",
+                          idx, q->input_length, q->output_length);
+  if (rc) return kvbm_error_set(err, rc, "replay: request %zu: %s", idx, kvbm_strerror(rc));
+  res->w1.prompt_tokens += q->input_length;
+  res->w1.hit_tokens += matched * c->B;
+  return KVBM_OK;
+}
+
+int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *o,
+                   kvbm_replay_w2_result *out, kvbm_error *err) {
+  if (!trace || !o || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
+  if (o->block_bytes < 16 || o->block_bytes % 16 || o->block_bytes > (1u << 30))
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "replay: --block-bytes %llu is not a multiple of 16 in 16..2^30",
+                          (unsigned long long)o->block_bytes);
+  size_t n = kvbm_trace_count(trace);
+  if (o->w1.limit && o->w1.limit < n) n = o->w1.limit;
+  size_t max_in = 1, max_out = 1;
+  for (size_t i = 0; i < n; i++) {
+    const kvbm_trace_request *q = kvbm_trace_get(trace, i);
+    if (q->input_length > max_in) max_in = q->input_length;
+    if (q->output_length > max_out) max_out = q->output_length;
+  }
+  kvbm_manager_config mc = kvbm_manager_config_default();
+  mc.block_size = o->w1.block_size;
+  mc.scheme = o->w1.scheme;
+  mc.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 2, .outer_dim = 1,
+                                   .page_size = 1, .inner_dim = o->block_bytes / 2,
+                                   .dtype_size = 1, .alignment = 16};
+  mc.g1_blocks = o->w1.capacity;
+  mc.g2_blocks = o->g2_blocks;
+  mc.g3_blocks = o->g3_blocks;
+  mc.g3_dir = o->g3_dir;
+  mc.g3_direct = o->g3_direct;
+  mc.g2_policy = o->g2_policy;
+  mc.g3_policy = o->g3_policy;
+  /* Room for every copy of the largest request: nothing skipped for lack
+   * of queue room, so the counts are those of the policy alone. */
+  uint64_t qcap = 2 * ((max_in + max_out) / (o->w1.block_size ? o->w1.block_size : 1) + 2);
+  mc.queue_capacity = qcap > (1u << 24) ? (1u << 24) : (uint32_t)qcap;
+  kvbm_manager *m;
+  int rc = kvbm_manager_create(&mc, &m, err);
+  if (rc) return rc;
+  kvbm_replay_w2_result res;
+  memset(&res, 0, sizeof res);
+  run_ctx c = {.m = m, .B = o->w1.block_size, .res = &res};
+  c.prompt = malloc(max_in * sizeof *c.prompt);
+  c.output = malloc(max_out * sizeof *c.output);
+  if (!c.prompt || !c.output) rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");
+  double t0 = now();
+  for (size_t i = 0; i < n && !rc; i++) {
+    rc = run_request(&c, kvbm_trace_get(trace, i), i, err);
+    res.w1.requests += !rc;
+    if (o->w1.progress && (i % 256 == 255)) o->w1.progress(o->w1.progress_user, i + 1, n);
+  }
+  res.w1.seconds = now() - t0;
+  if (!rc) {
+    if (o->w1.progress) o->w1.progress(o->w1.progress_user, n, n);
+    for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+      kvbm_tier_stats s;
+      kvbm_manager_stats(m, t, &s);
+      kvbm_replay_w2_tier *x = &res.tiers[t];
+      x->offloaded_blocks = s.offloaded_blocks;
+      x->offloaded_bytes = s.offloaded_bytes;
+      x->onboarded_blocks = s.onboarded_blocks;
+      x->onboarded_bytes = s.onboarded_bytes;
+      x->skipped = s.skipped_queue + s.skipped_space + s.skipped_io + s.skipped_unavailable;
+      x->checksum_failures = s.checksum_failures;
+      x->evictions = s.evictions;
+      x->busy_seconds = s.busy_seconds;
+      if (t == KVBM_TIER_G1) res.w1.blocks_allocated = s.allocated;
+    }
+    strncpy(res.g3_mode, kvbm_manager_g3_mode(m), sizeof res.g3_mode - 1);
+    strncpy(res.g3_error, kvbm_manager_g3_error(m), sizeof res.g3_error - 1);
+    *out = res;
+  }
+  free(c.prompt);
+  free(c.output);
+  kvbm_manager_destroy(m);
+  return rc;
+}

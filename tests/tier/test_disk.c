@@ -1,0 +1,357 @@
+/* G3 faults and persistence: a flipped byte, a full disk (RLIMIT_FSIZE),
+ * an unusable directory, warm restart across processes, and the slot
+ * codec on its own. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <cmocka.h>
+
+#include "kvbm/disk.h"
+#include "tier_testutil.h"
+
+/* Flips one data byte of the slot holding hash h in dir's persistent file;
+ * returns whether it found the slot. */
+static int flip_slot(const char *dir, uint64_t h, uint64_t slot_size, size_t at) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s", dir, KVBM_DISK_FILE_NAME);
+  int fd = open(path, O_RDWR);
+  if (fd < 0) return 0;
+  struct stat sb;
+  fstat(fd, &sb);
+  int found = 0;
+  for (off_t off = KVBM_DISK_ALIGN; off + (off_t)slot_size <= sb.st_size && !found;
+       off += (off_t)slot_size) {
+    uint8_t hdr[16];
+    if (pread(fd, hdr, 16, off) != 16) break;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | hdr[8 + i];
+    if (memcmp(hdr, "KVBMSLT1", 8) || v != h) continue;
+    uint8_t c;
+    if (pread(fd, &c, 1, off + (off_t)at) != 1) break;
+    c ^= 0x40;
+    found = pwrite(fd, &c, 1, off + (off_t)at) == 1;
+  }
+  fsync(fd);
+  close(fd);
+  return found;
+}
+
+static uint64_t slot_size_for(kvbm_manager *m) {
+  return (kvbm_manager_block_bytes(m) + KVBM_DISK_HEADER + KVBM_DISK_ALIGN - 1) &
+         ~(uint64_t)(KVBM_DISK_ALIGN - 1);
+}
+
+/* A flipped byte in block 2's slot: the onboard fails its checksum, the
+ * match stops at block 2, nothing wrong reaches G1; once recomputed and
+ * committed, the slot is rewritten. */
+static void test_flipped_byte_is_a_miss(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("flip");
+  kvbm_manager_config c = tu_config(dir, 8, 0, 64);
+  c.g3_persist = true;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  print_message("G3 mode: %s\n", kvbm_manager_g3_mode(m));
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq *r;
+  kvbm_mreq_info info;
+  tu_run(m, a, 17, NULL, &r);
+  uint64_t h2;
+  kvbm_mreq_block_hash(r, 2, &h2);
+  kvbm_mreq_destroy(r);
+  tu_run(m, b, 29, NULL, NULL); /* A leaves G1 */
+  assert_true(flip_slot(dir, h2, slot_size_for(m), KVBM_DISK_HEADER + 100));
+
+  size_t opt;
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 17, &r, &opt, NULL), KVBM_OK);
+  assert_int_equal(opt, 16); /* the walk found all four on disk */
+  assert_int_equal(kvbm_mreq_wait(r, -1, &info), KVBM_OK);
+  assert_int_equal(info.matched_tokens, 8);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 2);
+  assert_int_equal(tu_verify(m, r, 2), 2);
+  kvbm_tier_stats s3;
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s3.checksum_failures, 1);
+  assert_int_equal(s3.onboard_failures, 1);
+  assert_int_equal(s3.onboarded_blocks, 3); /* blocks 0, 1 and 3 */
+  uint64_t written = s3.offloaded_blocks;
+  tu_compute(m, r, 2);
+  kvbm_mreq_commit(r);
+  kvbm_manager_flush(m);
+  kvbm_mreq_destroy(r);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s3.offloaded_blocks, written + 1); /* block 2 rewritten */
+  tu_run(m, b, 29, NULL, NULL);
+  assert_int_equal(tu_run(m, a, 17, &info, &r), 16);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 4);
+  assert_int_equal(tu_verify(m, r, 4), 4);
+  kvbm_mreq_destroy(r);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  tu_rmdir(dir);
+}
+
+/* A bad header (not data) is also a counted miss. */
+static void test_flipped_header_is_a_miss(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("fliphdr");
+  kvbm_manager_config c = tu_config(dir, 8, 0, 64);
+  c.g3_persist = true;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq *r;
+  kvbm_mreq_info info;
+  tu_run(m, a, 17, NULL, &r);
+  uint64_t h0;
+  kvbm_mreq_block_hash(r, 0, &h0);
+  kvbm_mreq_destroy(r);
+  tu_run(m, b, 29, NULL, NULL);
+  assert_true(flip_slot(dir, h0, slot_size_for(m), 44)); /* the write sequence */
+  assert_int_equal(tu_run(m, a, 17, &info, NULL), 0);
+  kvbm_tier_stats s3;
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s3.checksum_failures, 1);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  tu_rmdir(dir);
+}
+
+/* In a child limited to a file of a few slots: preallocation fails, some
+ * writes fail with EFBIG; they are skipped and counted, what was written
+ * still serves, G2 keeps serving. Exit code = first failed check. */
+static int full_disk_child(const char *dir) {
+  signal(SIGXFSZ, SIG_IGN);
+  kvbm_manager_config c = tu_config(dir, 16, 16, 64);
+  kvbm_manager *m;
+  if (kvbm_manager_create(&c, &m, NULL)) return 10;
+  uint64_t slot = slot_size_for(m);
+  kvbm_manager_destroy(m);
+  struct rlimit rl = {KVBM_DISK_ALIGN + 3 * slot, KVBM_DISK_ALIGN + 3 * slot};
+  if (setrlimit(RLIMIT_FSIZE, &rl)) return 11;
+  if (kvbm_manager_create(&c, &m, NULL)) return 12;
+  if (strcmp(kvbm_manager_g3_error(m), "")) return 13;
+  uint32_t *a = tu_prompt(1000, 33); /* 8 full blocks */
+  kvbm_mreq_info info;
+  if (tu_run(m, a, 33, NULL, NULL) != 0) return 14;
+  kvbm_tier_stats s3, s2;
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  if (s3.skipped_io == 0 || s3.offloaded_blocks + s3.skipped_io != 8) return 15;
+  if (s3.offloaded_blocks == 0) return 16;
+  /* Still serving: the same prompt again (all in G1), and a new one. */
+  if (tu_run(m, a, 33, &info, NULL) != 32) return 17;
+  uint32_t *b = tu_prompt(9000, 61);
+  if (tu_run(m, b, 61, NULL, NULL) == SIZE_MAX) return 18;
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  if (s2.offloaded_blocks != 8 + 15) return 19;
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  return 0;
+}
+
+static void test_disk_full(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("full");
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) _exit(full_disk_child(dir));
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  tu_rmdir(dir);
+}
+
+/* A G3 directory that cannot hold a file: create succeeds, G3 is
+ * unavailable (and says why), offloads there are skipped and counted, G2
+ * still serves hits. */
+static void test_unusable_dir(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("nodir");
+  char file[600], bad[700];
+  snprintf(file, sizeof file, "%s/plainfile", dir);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fclose(f);
+  snprintf(bad, sizeof bad, "%s/sub", file); /* ENOTDIR, even for root */
+  kvbm_manager_config c = tu_config(bad, 8, 16, 16);
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  assert_non_null(strstr(kvbm_manager_g3_error(m), "sub"));
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq_info info;
+  tu_run(m, a, 17, NULL, NULL);
+  tu_run(m, b, 29, NULL, NULL);
+  kvbm_tier_stats s3;
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_false(s3.present);
+  assert_int_equal(s3.skipped_unavailable, 4 + 7);
+  assert_int_equal(s3.offloaded_blocks, 0);
+  assert_int_equal(tu_run(m, a, 17, &info, NULL), 16);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G2], 4);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  tu_rmdir(dir);
+}
+
+/* Warm restart: a child process writes A and B to a persistent G3 and
+ * exits; one of A's slots is then corrupted; a new manager in this process
+ * rebuilds the index (that slot skipped) and serves A's blocks before it. */
+static void test_warm_restart(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("warm");
+  kvbm_manager_config c = tu_config(dir, 8, 0, 64);
+  c.g3_persist = true;
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    kvbm_manager *m;
+    if (kvbm_manager_create(&c, &m, NULL)) _exit(1);
+    tu_run(m, a, 17, NULL, NULL);
+    tu_run(m, b, 29, NULL, NULL);
+    kvbm_tier_stats s3;
+    kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+    kvbm_manager_destroy(m);
+    _exit(s3.offloaded_blocks == 11 ? 0 : 2);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+
+  /* The hash of A's block 2, from a throwaway G1-only manager. */
+  kvbm_manager_config c1 = tu_config(dir, 8, 0, 0);
+  kvbm_manager *m;
+  kvbm_mreq *r;
+  assert_int_equal(kvbm_manager_create(&c1, &m, NULL), KVBM_OK);
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 17, &r, NULL, NULL), KVBM_OK);
+  uint64_t h2;
+  kvbm_mreq_block_hash(r, 2, &h2);
+  uint64_t slot = slot_size_for(m);
+  kvbm_mreq_destroy(r);
+  kvbm_manager_destroy(m);
+  assert_true(flip_slot(dir, h2, slot, KVBM_DISK_HEADER + 5));
+
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  kvbm_tier_stats s3;
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s3.restored_blocks, 10);
+  assert_int_equal(s3.restore_skipped, 1);
+  kvbm_mreq_info info;
+  size_t opt;
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 17, &r, &opt, NULL), KVBM_OK);
+  assert_int_equal(opt, 8);
+  assert_int_equal(kvbm_mreq_wait(r, 5000, &info), KVBM_OK);
+  assert_int_equal(info.matched_tokens, 8);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 2);
+  assert_int_equal(tu_verify(m, r, 2), 2);
+  kvbm_mreq_destroy(r);
+  /* B is whole. */
+  assert_int_equal(tu_run(m, b, 29, &info, &r), 28);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 7);
+  assert_int_equal(tu_verify(m, r, 7), 7);
+  kvbm_mreq_destroy(r);
+
+  /* A second manager on the same directory while this one holds it. */
+  kvbm_manager *m2;
+  assert_int_equal(kvbm_manager_create(&c, &m2, NULL), KVBM_OK);
+  assert_non_null(strstr(kvbm_manager_g3_error(m2), "in use"));
+  kvbm_manager_destroy(m2);
+  kvbm_manager_destroy(m);
+
+  /* Another geometry on the same file starts cold. */
+  kvbm_manager_config c2 = c;
+  c2.layout.inner_dim = 16;
+  assert_int_equal(kvbm_manager_create(&c2, &m, NULL), KVBM_OK);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  assert_int_equal(s3.restored_blocks, 0);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  tu_rmdir(dir);
+}
+
+/* The slot codec: seal then check; every corruption class is caught. */
+static void test_slot_codec(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("codec");
+  kvbm_disk_config dc = {.dir = dir, .num_slots = 4, .data_bytes = 1000, .fingerprint = 77,
+                         .direct = true, .uring = true, .queue_depth = 4};
+  kvbm_disk *d;
+  kvbm_error e = {0};
+  assert_int_equal(kvbm_disk_open(&dc, &d, &e), KVBM_OK);
+  assert_int_equal(kvbm_disk_slot_size(d), 4096);
+  uint8_t *buf = kvbm_disk_buffer(d);
+  for (int i = 0; i < 1000; i++) buf[KVBM_DISK_HEADER + i] = (uint8_t)(i * 7);
+  kvbm_slot_header h = {.seq_hash = 42, .parent_hash = 41, .has_parent = true}, got;
+  kvbm_disk_seal(d, buf, &h);
+  uint64_t want = 42, other = 43;
+  assert_int_equal(kvbm_disk_check(d, buf, true, &want, &got), KVBM_OK);
+  assert_int_equal(got.parent_hash, 41);
+  assert_true(got.has_parent);
+  assert_int_equal(kvbm_disk_check(d, buf, true, &other, NULL), KVBM_ENOTFOUND);
+  kvbm_disk_io io = {.slot = 3, .buf = buf, .write = true};
+  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
+  kvbm_disk_finish(d);
+  assert_int_equal(io.result, 0);
+  memset(buf, 0, 4096);
+  io.write = false;
+  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
+  kvbm_disk_finish(d);
+  assert_int_equal(io.result, 0);
+  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_OK);
+  buf[KVBM_DISK_HEADER + 999] ^= 1;
+  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_ECHECKSUM);
+  assert_int_equal(kvbm_disk_check(d, buf, false, &want, NULL), KVBM_OK);
+  buf[KVBM_DISK_HEADER + 999] ^= 1;
+  buf[9] ^= 1;
+  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_ECHECKSUM);
+  buf[9] ^= 1;
+  buf[0] = 'X';
+  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_EMAGIC);
+  io.slot = 4;
+  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_EINVAL);
+  free(buf);
+  kvbm_disk_close(d);
+  /* Another fingerprint: the header is from another layout. */
+  dc.fingerprint = 78;
+  dc.uring = false;
+  dc.direct = false;
+  assert_int_equal(kvbm_disk_open(&dc, &d, NULL), KVBM_OK);
+  assert_false(kvbm_disk_is_uring(d));
+  buf = kvbm_disk_buffer(d);
+  kvbm_disk_config dc77 = dc;
+  dc77.fingerprint = 77;
+  kvbm_disk *d77;
+  assert_int_equal(kvbm_disk_open(&dc77, &d77, NULL), KVBM_OK);
+  kvbm_disk_seal(d77, buf, &h);
+  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_EFORMAT);
+  kvbm_disk_close(d77);
+  kvbm_disk_close(d);
+  free(buf);
+  dc.queue_depth = 0;
+  assert_int_equal(kvbm_disk_open(&dc, &d, &e), KVBM_EINVAL);
+  dc.queue_depth = 4;
+  dc.num_slots = 0;
+  assert_int_equal(kvbm_disk_open(&dc, &d, &e), KVBM_EINVAL);
+  tu_rmdir(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_flipped_byte_is_a_miss), cmocka_unit_test(test_flipped_header_is_a_miss),
+      cmocka_unit_test(test_disk_full),           cmocka_unit_test(test_unusable_dir),
+      cmocka_unit_test(test_warm_restart),        cmocka_unit_test(test_slot_codec),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
