@@ -16,6 +16,15 @@
 
 #include "kvbm/events.h"
 
+/* Waits until a subscriber's subscription reaches an XPUB socket. */
+static void wait_subscribed(void *xpub) {
+  int to = 10000;
+  zmq_setsockopt(xpub, ZMQ_RCVTIMEO, &to, sizeof to);
+  uint8_t buf[64];
+  assert_true(zmq_recv(xpub, buf, sizeof buf, 0) >= 1);
+  assert_int_equal(buf[0], 1); /* a subscribe message */
+}
+
 static kvbm_publisher *start_pub(const char *ep, const char *rep, size_t replay_batches,
                                  char *pub_ep, char *rep_ep, kvbm_event_form form) {
   kvbm_publisher_options o = kvbm_publisher_options_default();
@@ -120,7 +129,9 @@ static void test_lossy_link_replay(void **st) {
   void *in = zmq_socket(ctx, ZMQ_SUB);
   zmq_setsockopt(in, ZMQ_SUBSCRIBE, "", 0);
   assert_int_equal(zmq_connect(in, pub_ep), 0);
-  void *out = zmq_socket(ctx, ZMQ_PUB);
+  int to = 10000; /* fail rather than hang if the proxy hears nothing */
+  zmq_setsockopt(in, ZMQ_RCVTIMEO, &to, sizeof to);
+  void *out = zmq_socket(ctx, ZMQ_XPUB);
   assert_int_equal(zmq_bind(out, "tcp://127.0.0.1:*"), 0);
   char out_ep[256];
   size_t sz = sizeof out_ep;
@@ -129,7 +140,8 @@ static void test_lossy_link_replay(void **st) {
   so.replay_endpoint = rep_ep;
   kvbm_subscriber *s;
   assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
-  usleep(300000);
+  wait_subscribed(out);
+  usleep(300000); /* and the proxy's own subscription to our publisher */
   /* batches 0..29; the proxy drops 5, 6, 7 and 20; the subscriber reads
    * as they come (the replay buffer is short) */
   uint64_t next = 0;
@@ -194,7 +206,7 @@ static void send_frames(void *sock, int n, const void *const *data, const size_t
 static void test_malformed_messages(void **st) {
   (void)st;
   void *ctx = zmq_ctx_new();
-  void *pub = zmq_socket(ctx, ZMQ_PUB);
+  void *pub = zmq_socket(ctx, ZMQ_XPUB);
   assert_int_equal(zmq_bind(pub, "tcp://127.0.0.1:*"), 0);
   char ep[256];
   size_t sz = sizeof ep;
@@ -203,7 +215,7 @@ static void test_malformed_messages(void **st) {
   so.max_payload = 1000;
   kvbm_subscriber *s;
   assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
-  usleep(300000);
+  wait_subscribed(pub);
   /* a payload that fails to decode still uses up its sequence number, so
    * each of those cases has its own */
   const uint8_t seq0[8] = {0}, seq1[8] = {0, 0, 0, 0, 0, 0, 0, 1},
