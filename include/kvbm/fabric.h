@@ -48,6 +48,7 @@
 #include "kvbm/frame.h"
 #include "kvbm/layout.h"
 #include "kvbm/status.h"
+#include "kvbm/storage.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -191,6 +192,19 @@ int kvbm_fabric_register(kvbm_fabric *f, const kvbm_layout_desc *desc,
  * malloc'd: the caller frees it. Format in docs/areas/fabric.md. */
 int kvbm_fabric_export(const kvbm_fabric_local_set *ls, uint8_t **buf,
                        size_t *len, kvbm_error *err);
+
+/* Host storage (storage.h; name "fabric", memory type SYSTEM) for `layout`
+ * whose regions the fabric allocates itself, so that a peer reaches them
+ * the fastest way the transport has: over UCX, a peer on the same host maps
+ * them (shared memory) and a block write is one memcpy, where memory from
+ * elsewhere goes through a copy protocol; on RDMA they are registered once.
+ * Register it with kvbm_fabric_register() like any storage (the
+ * registration reuses the allocation's). Regions are page-aligned: a layout
+ * alignment above 4096 is KVBM_EUNSUPPORTED. Ownership: the caller
+ * kvbm_storage_release()s it, before destroying the fabric. Errors:
+ * KVBM_ENOMEM, KVBM_EIO, KVBM_EINVAL. */
+int kvbm_fabric_storage_create(kvbm_fabric *f, const kvbm_layout *layout,
+                               kvbm_storage **out, kvbm_error *err);
 
 /* Unregisters and frees. The peer's later accesses fail. NULL: no-op. */
 void kvbm_fabric_local_set_release(kvbm_fabric_local_set *ls);

@@ -30,6 +30,12 @@ typedef struct kvbm_fabric_vtable {
   int (*mem_register)(kvbm_fabric *f, void *base, uint64_t len, void **reg,
                       uint8_t **key, size_t *key_len, kvbm_error *err);
   void (*mem_deregister)(kvbm_fabric *f, void *reg);
+  /* Allocates len bytes of host memory the fabric can expose best (UCX:
+   * ucp_mem_map ALLOCATE, shared-memory capable), page-aligned; *alloc is
+   * the handle for mem_free. A later mem_register of a range inside it
+   * reuses the allocation's registration. */
+  int (*mem_alloc)(kvbm_fabric *f, uint64_t len, void **addr, void **alloc, kvbm_error *err);
+  void (*mem_free)(kvbm_fabric *f, void *alloc);
   /* Prepares access to the peer's registered extent [base, base+len). */
   int (*key_attach)(kvbm_fabric *f, uint64_t base, uint64_t len,
                     const uint8_t *key, size_t key_len, void **rkey,

@@ -220,6 +220,21 @@ static void ip_mem_deregister(kvbm_fabric *f, void *reg) {
   free(reg);
 }
 
+static int ip_mem_alloc(kvbm_fabric *f, uint64_t len, void **addr, void **alloc, kvbm_error *err) {
+  (void)f;
+  void *p = NULL;
+  if (len > SIZE_MAX || posix_memalign(&p, 4096, len ? (size_t)len : 1) != 0)
+    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: cannot allocate %llu bytes", (unsigned long long)len);
+  *addr = p;
+  *alloc = p;
+  return KVBM_OK;
+}
+
+static void ip_mem_free(kvbm_fabric *f, void *alloc) {
+  (void)f;
+  free(alloc);
+}
+
 /* The peer's live registration with this id, under the lock. */
 static registration *find_reg(core *c, uint64_t id, int owner) {
   for (registration *r = c->regs; r; r = r->next)
@@ -312,6 +327,8 @@ static const kvbm_fabric_vtable ip_vtable = {
     .flush = ip_flush,
     .mem_register = ip_mem_register,
     .mem_deregister = ip_mem_deregister,
+    .mem_alloc = ip_mem_alloc,
+    .mem_free = ip_mem_free,
     .key_attach = ip_key_attach,
     .key_detach = ip_key_detach,
     .rma = ip_rma,

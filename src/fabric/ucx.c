@@ -74,6 +74,20 @@ typedef struct inbox_entry {
   unsigned char *data; /* eager copy */
 } inbox_entry;
 
+/* Memory the fabric allocated (mem_alloc): registering a range inside it
+ * reuses its handle, whose rkey lets a peer on the same host map it. */
+typedef struct ucx_alloc {
+  struct ucx_alloc *next;
+  uint64_t base, len;
+  ucp_mem_h memh;
+} ucx_alloc;
+
+/* A registration: its own handle, or borrowed from an allocation. */
+typedef struct ucx_reg {
+  ucp_mem_h memh;
+  bool borrowed;
+} ucx_reg;
+
 typedef struct ucx_fabric {
   kvbm_fabric base;
   int timeout_ms;
@@ -89,6 +103,7 @@ typedef struct ucx_fabric {
   bool peer_closed;      /* the peer said bye (or its socket closed) */
   bool peer_gone;        /* its socket closed without a bye: it died */
   unsigned idle;         /* consecutive idle progress calls */
+  ucx_alloc *allocs;
 } ucx_fabric;
 
 static ucx_fabric *U(kvbm_fabric *f) { return (ucx_fabric *)f; }
@@ -269,11 +284,19 @@ static int ux_push(kvbm_fabric *f, const void *data, size_t len, uint64_t id, kv
   return track(u, sp, "push", err);
 }
 
+/* Whether the deadline passed. Reading the clock costs about as much as an
+ * idle progress call, so spinning loops look at it one call in 32. */
+static bool timed_out_every(unsigned *tick, int64_t deadline) {
+  if (deadline == INT64_MAX) return false;
+  if ((++*tick & 31) != 1) return false;
+  return kvbm_sc_now_ms() >= deadline;
+}
 static bool timed_out(int64_t deadline) { return deadline != INT64_MAX && kvbm_sc_now_ms() >= deadline; }
 
 static int ux_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t *len, kvbm_error *err) {
   ucx_fabric *u = U(f);
   int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  unsigned tick = 0;
   for (;;) {
     for (inbox_entry *e = u->head; e; e = e->next)
       if (!e->announced) {
@@ -286,7 +309,7 @@ static int ux_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t
     if (rc) return rc;
     if (u->peer_closed)
       return kvbm_error_set(err, KVBM_ECLOSED, "fabric: next: peer '%s' closed, nothing left", f->peer_label);
-    if (timed_out(deadline) || timeout_ms == 0) {
+    if (timeout_ms == 0 || timed_out_every(&tick, deadline)) {
       ucp_worker_progress(u->worker);
       if (u->tail && !u->tail->announced) continue;
       return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: next: no payload within %d ms", timeout_ms);
@@ -324,8 +347,9 @@ static int fetch_rndv(ucx_fabric *u, inbox_entry *e, void *buf, int64_t deadline
     return kvbm_fabric_set_fatal(&u->base, err, KVBM_EIO, "fabric: pull: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
   if (sp == NULL) return KVBM_OK;
   bool cancelled = false;
+  unsigned tick = 0;
   while (!w.done) {
-    if (!cancelled && (timed_out(deadline) || u->base.fatal)) {
+    if (!cancelled && (timed_out_every(&tick, deadline) || u->base.fatal)) {
       ucp_request_cancel(u->worker, sp);
       cancelled = true;
     }
@@ -342,6 +366,7 @@ static int ux_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, 
                    kvbm_error *err) {
   ucx_fabric *u = U(f);
   int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  unsigned tick = 0;
   for (;;) {
     inbox_entry **pp = &u->head, *prev = NULL;
     while (*pp && (*pp)->id != h.id) {
@@ -374,7 +399,7 @@ static int ux_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, 
     if (u->peer_closed)
       return kvbm_error_set(err, KVBM_ECLOSED, "fabric: pull: peer '%s' closed before sending payload %llu",
                             f->peer_label, (unsigned long long)h.id);
-    if (timed_out(deadline) || timeout_ms == 0) {
+    if (timeout_ms == 0 || timed_out_every(&tick, deadline)) {
       if (ucp_worker_progress(u->worker)) continue;
       return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: pull: payload %llu not there within %d ms",
                             (unsigned long long)h.id, timeout_ms);
@@ -402,12 +427,13 @@ static void flush_done(void *request, ucs_status_t status, void *user_data) {
 }
 
 /* Why a wait must stop early: the deadline, a fatal error, a dead peer. */
-static int wait_check(ucx_fabric *u, int64_t deadline, int timeout_ms, const char *what, kvbm_error *err) {
+static int wait_check(ucx_fabric *u, unsigned *tick, int64_t deadline, int timeout_ms, const char *what,
+                      kvbm_error *err) {
   int rc = kvbm_fabric_check(&u->base, err);
   if (rc) return rc;
   if (u->peer_gone)
     return kvbm_error_set(err, KVBM_ECLOSED, "fabric: %s: peer '%s' is gone", what, u->base.peer_label);
-  if (timed_out(deadline))
+  if (timed_out_every(tick, deadline))
     return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: %s: not complete after %d ms", what, timeout_ms);
   return KVBM_OK;
 }
@@ -415,8 +441,9 @@ static int wait_check(ucx_fabric *u, int64_t deadline, int timeout_ms, const cha
 static int ux_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
   ucx_fabric *u = U(f);
   int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  unsigned tick = 0;
   while (u->inflight > 0) {
-    int rc = wait_check(u, deadline, timeout_ms, "flush", err);
+    int rc = wait_check(u, &tick, deadline, timeout_ms, "flush", err);
     if (rc) return rc;
     progress(u);
   }
@@ -435,7 +462,7 @@ static int ux_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
     return sp ? ucs_fail(err, "flush", UCS_PTR_STATUS(sp)) : KVBM_OK;
   }
   while (!w->done) {
-    rc = wait_check(u, deadline, timeout_ms, "flush", err);
+    rc = wait_check(u, &tick, deadline, timeout_ms, "flush", err);
     if (rc) {
       w->abandoned = true;
       return rc;
@@ -451,36 +478,94 @@ static int ux_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
 static int ux_mem_register(kvbm_fabric *f, void *base, uint64_t len, void **reg, uint8_t **key, size_t *key_len,
                            kvbm_error *err) {
   ucx_fabric *u = U(f);
-  ucp_mem_map_params_t mp = {0};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = base;
-  mp.length = len;
-  ucp_mem_h memh;
-  ucs_status_t st = ucp_mem_map(u->ctx, &mp, &memh);
-  if (st != UCS_OK) return ucs_fail(err, "ucp_mem_map", st);
+  ucx_reg *r = calloc(1, sizeof *r);
+  if (!r) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: register: out of memory");
+  uint64_t a = (uint64_t)(uintptr_t)base;
+  for (ucx_alloc *al = u->allocs; al; al = al->next)
+    if (a >= al->base && a - al->base <= al->len && len <= al->len - (a - al->base)) {
+      r->memh = al->memh;
+      r->borrowed = true;
+      break;
+    }
+  ucs_status_t st = UCS_OK;
+  if (!r->borrowed) {
+    ucp_mem_map_params_t mp = {0};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = base;
+    mp.length = len;
+    st = ucp_mem_map(u->ctx, &mp, &r->memh);
+    if (st != UCS_OK) {
+      free(r);
+      return ucs_fail(err, "ucp_mem_map", st);
+    }
+  }
   void *rb = NULL;
   size_t rlen = 0;
-  st = ucp_rkey_pack(u->ctx, memh, &rb, &rlen);
-  if (st != UCS_OK) {
-    ucp_mem_unmap(u->ctx, memh);
-    return ucs_fail(err, "ucp_rkey_pack", st);
-  }
-  uint8_t *k = malloc(4 + rlen);
+  st = ucp_rkey_pack(u->ctx, r->memh, &rb, &rlen);
+  uint8_t *k = st == UCS_OK ? malloc(4 + rlen) : NULL;
   if (!k) {
-    ucp_rkey_buffer_release(rb);
-    ucp_mem_unmap(u->ctx, memh);
-    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: register: out of memory");
+    if (st == UCS_OK) ucp_rkey_buffer_release(rb);
+    if (!r->borrowed) ucp_mem_unmap(u->ctx, r->memh);
+    free(r);
+    return st != UCS_OK ? ucs_fail(err, "ucp_rkey_pack", st)
+                        : kvbm_error_set(err, KVBM_ENOMEM, "fabric: register: out of memory");
   }
   memcpy(k, KEY_TAG, 4);
   memcpy(k + 4, rb, rlen);
   ucp_rkey_buffer_release(rb);
-  *reg = memh;
+  *reg = r;
   *key = k;
   *key_len = 4 + rlen;
   return KVBM_OK;
 }
 
-static void ux_mem_deregister(kvbm_fabric *f, void *reg) { ucp_mem_unmap(U(f)->ctx, reg); }
+static void ux_mem_deregister(kvbm_fabric *f, void *reg) {
+  ucx_reg *r = reg;
+  if (!r->borrowed) ucp_mem_unmap(U(f)->ctx, r->memh);
+  free(r);
+}
+
+static int ux_mem_alloc(kvbm_fabric *f, uint64_t len, void **addr, void **alloc, kvbm_error *err) {
+  ucx_fabric *u = U(f);
+  ucx_alloc *al = calloc(1, sizeof *al);
+  if (!al) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: allocate: out of memory");
+  ucp_mem_map_params_t mp = {0};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = NULL;
+  mp.length = len ? len : 1;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucs_status_t st = ucp_mem_map(u->ctx, &mp, &al->memh);
+  if (st != UCS_OK) {
+    free(al);
+    return kvbm_error_set(err, st == UCS_ERR_NO_MEMORY ? KVBM_ENOMEM : KVBM_EIO,
+                          "fabric: allocate %llu bytes: %s", (unsigned long long)len, ucs_status_string(st));
+  }
+  ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+  st = ucp_mem_query(al->memh, &ma);
+  if (st != UCS_OK || ma.length < len || ((uintptr_t)ma.address & 4095) != 0) {
+    ucp_mem_unmap(u->ctx, al->memh);
+    free(al);
+    return kvbm_error_set(err, KVBM_EIO, "fabric: allocate: UCX returned an unusable region");
+  }
+  al->base = (uint64_t)(uintptr_t)ma.address;
+  al->len = ma.length;
+  al->next = u->allocs;
+  u->allocs = al;
+  *addr = ma.address;
+  *alloc = al;
+  return KVBM_OK;
+}
+
+static void ux_mem_free(kvbm_fabric *f, void *alloc) {
+  ucx_fabric *u = U(f);
+  for (ucx_alloc **pp = &u->allocs; *pp; pp = &(*pp)->next)
+    if (*pp == alloc) {
+      *pp = ((ucx_alloc *)alloc)->next;
+      break;
+    }
+  ucp_mem_unmap(u->ctx, ((ucx_alloc *)alloc)->memh);
+  free(alloc);
+}
 
 static int ux_key_attach(kvbm_fabric *f, uint64_t base, uint64_t len, const uint8_t *key, size_t key_len,
                          void **rkey, kvbm_error *err) {
@@ -513,7 +598,7 @@ static int ux_rma(kvbm_fabric *f, bool write, void *rkey, uint64_t raddr, void *
   p.user_data = u;
   if (lreg) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-    p.memh = lreg;
+    p.memh = ((ucx_reg *)lreg)->memh;
   }
   ucs_status_ptr_t sp = write ? ucp_put_nbx(u->ep, local, len, raddr, rkey, &p)
                               : ucp_get_nbx(u->ep, local, len, raddr, rkey, &p);
@@ -595,6 +680,13 @@ static void ux_destroy(kvbm_fabric *f) {
     inbox_clear(u);
     ucp_worker_destroy(u->worker);
   }
+  /* Allocations whose storage outlived the fabric (a caller's bug): the
+   * memory goes with the context. */
+  for (ucx_alloc *al = u->allocs, *n; al; al = n) {
+    n = al->next;
+    ucp_mem_unmap(u->ctx, al->memh);
+    free(al);
+  }
   if (u->ctx) ucp_cleanup(u->ctx);
   if (u->sock >= 0) close(u->sock);
   free(u);
@@ -608,6 +700,8 @@ static const kvbm_fabric_vtable ux_vtable = {
     .flush = ux_flush,
     .mem_register = ux_mem_register,
     .mem_deregister = ux_mem_deregister,
+    .mem_alloc = ux_mem_alloc,
+    .mem_free = ux_mem_free,
     .key_attach = ux_key_attach,
     .key_detach = ux_key_detach,
     .rma = ux_rma,

@@ -13,6 +13,7 @@
 typedef struct test_set {
   kvbm_layout_desc desc;
   void *region[8];
+  kvbm_storage *storage; /* set: regions belong to it (fabric storage) */
 } test_set;
 
 static inline int test_set_make(test_set *ts, kvbm_layout_kind kind, uint64_t blocks, uint64_t layers,
@@ -36,8 +37,33 @@ static inline int test_set_make(test_set *ts, kvbm_layout_kind kind, uint64_t bl
   return KVBM_OK;
 }
 
+/* Same, with the regions in storage allocated by fabric f. */
+static inline int test_set_make_fabric(test_set *ts, kvbm_fabric *f, kvbm_layout_kind kind, uint64_t blocks,
+                                       uint64_t layers, uint64_t block_set_id) {
+  memset(ts, 0, sizeof *ts);
+  kvbm_layout_config c = {.num_blocks = blocks, .num_layers = layers, .outer_dim = 2, .page_size = 4,
+                          .inner_dim = 8, .dtype_size = 2, .alignment = 64};
+  int rc = kvbm_layout_init(&ts->desc.layout, kind, &c, NULL);
+  if (rc) return rc;
+  rc = kvbm_fabric_storage_create(f, &ts->desc.layout, &ts->storage, NULL);
+  if (rc) return rc;
+  ts->desc.memory = KVBM_MEMORY_SYSTEM;
+  ts->desc.device_id = -1;
+  ts->desc.block_set_id = block_set_id;
+  ts->desc.num_regions = ts->desc.layout.num_regions;
+  ts->desc.region_base = calloc(ts->desc.num_regions, sizeof(uint64_t));
+  for (uint64_t r = 0; r < ts->desc.num_regions; r++) {
+    ts->region[r] = ts->storage->vt->region_base(ts->storage, r);
+    ts->desc.region_base[r] = (uint64_t)(uintptr_t)ts->region[r];
+  }
+  return KVBM_OK;
+}
+
 static inline void test_set_free(test_set *ts) {
-  for (uint64_t r = 0; r < ts->desc.num_regions; r++) free(ts->region[r]);
+  if (ts->storage)
+    ts->storage->vt->release(ts->storage);
+  else
+    for (uint64_t r = 0; r < ts->desc.num_regions; r++) free(ts->region[r]);
   free(ts->desc.region_base);
   memset(ts, 0, sizeof *ts);
 }

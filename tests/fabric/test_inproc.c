@@ -401,6 +401,46 @@ static void test_register_refusals(void **state) {
   kvbm_fabric_destroy(b);
 }
 
+/* Fabric-allocated storage: page-aligned regions, usable as a block set. */
+static void test_fabric_storage(void **state) {
+  (void)state;
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  test_set ts;
+  assert_int_equal(test_set_make_fabric(&ts, b, KVBM_LAYOUT_LAYER_SEPARATE, 3, 2, 5), KVBM_OK);
+  assert_string_equal(ts.storage->vt->name, "fabric");
+  assert_int_equal(ts.storage->vt->num_regions(ts.storage), 2);
+  assert_null(ts.storage->vt->region_base(ts.storage, 2));
+  for (int r = 0; r < 2; r++) assert_int_equal((uintptr_t)ts.region[r] % 4096, 0);
+  kvbm_fabric_local_set *ls;
+  assert_int_equal(kvbm_fabric_register(b, &ts.desc, &ls, NULL), KVBM_OK);
+  uint8_t *wire;
+  size_t wlen;
+  assert_int_equal(kvbm_fabric_export(ls, &wire, &wlen, NULL), KVBM_OK);
+  kvbm_fabric_remote_set *rs;
+  assert_int_equal(kvbm_fabric_import(a, wire, wlen, &rs, NULL), KVBM_OK);
+  size_t bb = kvbm_fabric_block_bytes(&ts.desc.layout);
+  unsigned char *src = malloc(bb), *got = malloc(bb);
+  test_pattern(src, bb, 11);
+  assert_int_equal(kvbm_fabric_write_block(a, rs, 2, src, bb, NULL), KVBM_OK);
+  test_set_block(&ts, 2, got);
+  assert_memory_equal(got, src, bb);
+  kvbm_layout big = ts.desc.layout;
+  big.config.alignment = 8192;
+  kvbm_storage *s2;
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_storage_create(a, &big, &s2, &e), KVBM_EUNSUPPORTED);
+  assert_int_equal(kvbm_fabric_storage_create(NULL, &big, &s2, &e), KVBM_EINVAL);
+  kvbm_fabric_remote_set_release(rs);
+  kvbm_fabric_local_set_release(ls);
+  test_set_free(&ts);
+  free(wire);
+  free(src);
+  free(got);
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_labels),
@@ -411,6 +451,7 @@ int main(void) {
       cmocka_unit_test(test_import_outside_extent),
       cmocka_unit_test(test_import_malformed),
       cmocka_unit_test(test_register_refusals),
+      cmocka_unit_test(test_fabric_storage),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

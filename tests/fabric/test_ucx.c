@@ -144,7 +144,7 @@ static void child_main(uint16_t port) {
   _exit(0);
 }
 
-static void run_main(kvbm_layout_kind kind) {
+static void run_main(kvbm_layout_kind kind, bool fabric_storage) {
   kvbm_fabric_ucx_config c = config("node-b");
   kvbm_fabric_listener *l;
   kvbm_error e;
@@ -184,7 +184,10 @@ static void run_main(kvbm_layout_kind kind) {
 
   /* expose a block set, let the peer write it */
   test_set ts;
-  assert_int_equal(test_set_make(&ts, kind, 5, 4, 77), KVBM_OK);
+  if (fabric_storage)
+    assert_int_equal(test_set_make_fabric(&ts, f, kind, 5, 4, 77), KVBM_OK);
+  else
+    assert_int_equal(test_set_make(&ts, kind, 5, 4, 77), KVBM_OK);
   kvbm_fabric_local_set *ls;
   assert_int_equal(kvbm_fabric_register(f, &ts.desc, &ls, &e), KVBM_OK);
   uint8_t *wire;
@@ -218,9 +221,9 @@ static void run_main(kvbm_layout_kind kind) {
   /* the peer is done and closes: nothing more will come */
   assert_int_equal(kvbm_fabric_next(f, 15000, &h, &len, &e), KVBM_ECLOSED);
   kvbm_fabric_local_set_release(ls);
+  test_set_free(&ts);
   kvbm_fabric_destroy(f);
   wait_child(pid);
-  test_set_free(&ts);
   free(big);
   free(want);
   free(blk);
@@ -230,19 +233,26 @@ static void run_main(kvbm_layout_kind kind) {
 static void test_shm_contiguous(void **state) {
   (void)state;
   g_tls = "shm,self";
-  run_main(KVBM_LAYOUT_FULLY_CONTIGUOUS);
+  run_main(KVBM_LAYOUT_FULLY_CONTIGUOUS, false);
+}
+
+/* Receiving blocks into memory the fabric allocated (the fast path). */
+static void test_shm_fabric_storage(void **state) {
+  (void)state;
+  g_tls = "shm,self";
+  run_main(KVBM_LAYOUT_LAYER_SEPARATE, true);
 }
 
 static void test_shm_layer_separate(void **state) {
   (void)state;
   g_tls = "shm,self";
-  run_main(KVBM_LAYOUT_LAYER_SEPARATE);
+  run_main(KVBM_LAYOUT_LAYER_SEPARATE, false);
 }
 
 static void test_tcp_loopback(void **state) {
   (void)state;
   g_tls = "tcp,self";
-  run_main(KVBM_LAYOUT_FULLY_CONTIGUOUS);
+  run_main(KVBM_LAYOUT_FULLY_CONTIGUOUS, true);
   g_tls = "shm,self";
 }
 
@@ -391,6 +401,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_shm_contiguous, kill_child),
       cmocka_unit_test_teardown(test_shm_layer_separate, kill_child),
+      cmocka_unit_test_teardown(test_shm_fabric_storage, kill_child),
       cmocka_unit_test_teardown(test_tcp_loopback, kill_child),
       cmocka_unit_test_teardown(test_peer_dies, kill_child),
       cmocka_unit_test_teardown(test_peer_dies_tcp, kill_child),

@@ -1,0 +1,463 @@
+/*
+ * cmd_transfer_bench.c: `kvbm transfer-bench`, W4 remote: how fast KV
+ * blocks move between two nodes over the UCX fabric, as a ratio to UCX's
+ * own put bandwidth test between the same two endpoints in the same run.
+ *
+ * Reference: `ucx_perftest -t ucp_put_bw` (server and client processes on
+ * 127.0.0.1, same message size as one block, same UCX_TLS / UCX_NET_DEVICES
+ * as the fabric), its "overall" bandwidth.
+ *
+ * Measured: this process is node A, a forked child is node B. B registers
+ * --slots blocks of storage and exports its layout; A imports it and sends
+ * --blocks blocks from its own (registered) storage, in batches of
+ * --batch: one-sided writes of each block into a slot of B by block id,
+ * a flush, then a notification message naming the slots. B acknowledges
+ * each batch; A reuses a slot only after B acknowledged the batch that
+ * filled it (a ring of slots / batch batches in flight). The clock runs
+ * from the first write to the last acknowledgement (after one untimed
+ * round of the ring as warm-up). Two modes, same connection:
+ *   plain    as above;
+ *   checked  A frames every block (MRDN v1 header, BLAKE3 of the bytes) and
+ *            sends the headers in the notification; B verifies every block
+ *            in place against its header before acknowledging it (a block
+ *            that fails would be rejected; the bench fails if any does).
+ * Output: GB/s (10^9 bytes/s) of block bytes for each mode, the reference,
+ * and the ratios; --json gives one object.
+ *
+ * Exit: 0 ok, 1 a failure (including a failed verification or a missing
+ * ucx_perftest when a reference is needed), 2 bad usage.
+ */
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "fabric_cli.h"
+#include "kvbm/fabric.h"
+#include "kvbm/frame.h"
+#include "kvbm/storage.h"
+
+const char kvbm_cmd_transfer_bench_help[] =
+    "W4 remote: GB/s of 2 MiB blocks over the UCX fabric vs ucx_perftest put bandwidth, with and without BLAKE3";
+
+static const char kUsage[] =
+    "usage: kvbm transfer-bench [options]\n"
+    "  --blocks N         blocks sent per mode (default 2048)\n"
+    "  --slots N          receiver slots, a multiple of --batch (default 32)\n"
+    "  --batch N          blocks per notification (default 8)\n"
+    "  --no-reference     skip ucx_perftest (ratios are then omitted)\n"
+    "  --perftest PATH    the ucx_perftest binary (default: found in PATH)\n"
+    "  --json             one JSON object\n";
+
+#define CMD "transfer-bench"
+#define NOTE_MAGIC 0x42545653u /* "SVTB" */
+#define FLAG_CHECK 1u
+#define FLAG_END 2u
+
+typedef struct bench {
+  fab_opts o;
+  uint64_t blocks, slots, batch;
+  bool reference, json;
+  const char *perftest;
+} bench;
+
+/* A notification: header, then per block a slot id and (checked mode) the
+ * frame header. */
+typedef struct note_hdr {
+  uint32_t magic, batch, count, flags;
+} note_hdr;
+
+typedef struct note_entry {
+  uint32_t slot;
+  uint8_t frame[KVBM_FRAME_HEADER_LEN];
+} note_entry;
+
+typedef struct ack {
+  uint32_t batch, ok, bad, pad;
+} ack;
+
+/* ---- the reference: ucx_perftest ---- */
+
+/* Starts ucx_perftest with args under the bench's UCX environment;
+ * stdout to `out` (a pipe write end) unless -1. */
+static pid_t spawn_perftest(const bench *b, const kvbm_fabric_ucx_config *cfg, char *const args[], int out) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (cfg->transports) setenv("UCX_TLS", cfg->transports, 1);
+  if (cfg->net_devices) setenv("UCX_NET_DEVICES", cfg->net_devices, 1);
+  int devnull = open("/dev/null", O_WRONLY);
+  dup2(out >= 0 ? out : devnull, 1);
+  dup2(devnull, 2);
+  execvp(b->perftest, args);
+  _exit(127);
+}
+
+/* A free port: bind 0, read it, close (a small race: the caller retries). */
+static int free_port(uint16_t *port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0
+               ? 0 : -1;
+  close(fd);
+  *port = ntohs(sa.sin_port);
+  return rc;
+}
+
+/* Runs server + client once; *gbps from the client's "Final:" line. */
+static int run_reference_once(const bench *b, const kvbm_fabric_ucx_config *cfg, uint64_t bb, double *gbps) {
+  uint16_t port;
+  if (free_port(&port) != 0) return -1;
+  char ps[16], ss[32], ns[32];
+  snprintf(ps, sizeof ps, "%u", (unsigned)port);
+  snprintf(ss, sizeof ss, "%" PRIu64, bb);
+  snprintf(ns, sizeof ns, "%" PRIu64, b->blocks);
+  char *srv[] = {(char *)b->perftest, "-p", ps, NULL};
+  pid_t sp = spawn_perftest(b, cfg, srv, -1);
+  if (sp < 0) return -1;
+  usleep(300000);
+  int pfd[2];
+  if (pipe(pfd) != 0) {
+    kill(sp, SIGKILL);
+    waitpid(sp, NULL, 0);
+    return -1;
+  }
+  char *cli[] = {(char *)b->perftest, "127.0.0.1", "-p", ps, "-t", "ucp_put_bw", "-s", ss, "-n", ns, NULL};
+  pid_t cp = spawn_perftest(b, cfg, cli, pfd[1]);
+  close(pfd[1]);
+  FILE *f = fdopen(pfd[0], "r");
+  char line[512];
+  double mbs = -1;
+  while (f && fgets(line, sizeof line, f)) {
+    if (strncmp(line, "Final:", 6) != 0) continue;
+    double v[8];
+    if (sscanf(line + 6, "%lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) == 6) mbs = v[5];
+  }
+  if (f) fclose(f);
+  int st = 0;
+  if (cp > 0) waitpid(cp, &st, 0);
+  kill(sp, SIGTERM);
+  waitpid(sp, NULL, 0);
+  if (mbs <= 0) return -1;
+  *gbps = mbs * 1048576.0 / 1e9; /* ucx_perftest's MB is 2^20 bytes */
+  return 0;
+}
+
+/* ---- node B: the receiver, in a child process ---- */
+
+static int receiver(const bench *b, uint16_t port) {
+  const fab_opts *o = &b->o;
+  kvbm_error e = {0};
+  kvbm_layout lay;
+  if (fab_layout(o, b->slots, &lay, &e)) return 2;
+  uint64_t bb = kvbm_fabric_block_bytes(&lay);
+  kvbm_storage *s = NULL;
+  kvbm_fabric *f = NULL;
+  kvbm_fabric_local_set *ls = NULL;
+  kvbm_layout_desc desc = {0};
+  uint8_t *wire = NULL;
+  size_t wlen, note_max = sizeof(note_hdr) + b->batch * sizeof(note_entry);
+  uint8_t *note = malloc(note_max);
+  int code = 1;
+  kvbm_fabric_ucx_config cfg = fab_ucx_config(o);
+  cfg.label = "bench-b";
+  /* The slots live in memory the fabric allocated: what a receiving node
+   * should use (see kvbm_fabric_storage_create). */
+  if (!note || kvbm_fabric_ucx_connect(&cfg, "127.0.0.1", port, &f, &e) ||
+      kvbm_fabric_storage_create(f, &lay, &s, &e) || kvbm_storage_describe(s, &lay, 2, &desc, &e) ||
+      kvbm_fabric_register(f, &desc, &ls, &e) || kvbm_fabric_export(ls, &wire, &wlen, &e) ||
+      kvbm_fabric_push(f, wire, wlen, NULL, &e)) {
+    fprintf(stderr, "kvbm " CMD ": receiver: %s\n", e.msg);
+    goto out;
+  }
+  ack acks[64];
+  unsigned next_ack = 0;
+  for (;;) {
+    kvbm_fabric_handle h;
+    size_t len;
+    if (kvbm_fabric_next(f, (int)o->timeout_ms, &h, &len, &e) ||
+        kvbm_fabric_pull(f, h, note, note_max, &len, (int)o->timeout_ms, &e)) {
+      fprintf(stderr, "kvbm " CMD ": receiver: %s\n", e.msg);
+      goto out;
+    }
+    note_hdr nh;
+    if (len < sizeof nh) goto out;
+    memcpy(&nh, note, sizeof nh);
+    if (nh.magic != NOTE_MAGIC || nh.count > b->batch || len != sizeof nh + nh.count * sizeof(note_entry)) goto out;
+    if (nh.flags & FLAG_END) break;
+    ack *a = &acks[next_ack++ % 64];
+    memset(a, 0, sizeof *a);
+    a->batch = nh.batch;
+    for (uint32_t i = 0; i < nh.count; i++) {
+      note_entry ne;
+      memcpy(&ne, note + sizeof nh + i * sizeof ne, sizeof ne);
+      if (ne.slot >= b->slots) goto out;
+      if (nh.flags & FLAG_CHECK) {
+        const void *blk = fab_block_ptr(s, &lay, ne.slot);
+        kvbm_frame_header fh;
+        if (kvbm_frame_parse_header(ne.frame, sizeof ne.frame, (uint32_t)bb, &fh, NULL) == KVBM_OK &&
+            kvbm_frame_verify_body(&fh, blk, bb, NULL) == KVBM_OK)
+          a->ok++;
+        else
+          a->bad++;
+      } else {
+        a->ok++;
+      }
+    }
+    /* acks live in a ring of 64: the sender never has more in flight */
+    if (kvbm_fabric_push(f, a, sizeof *a, NULL, &e)) goto out;
+  }
+  kvbm_fabric_flush(f, (int)o->timeout_ms, NULL);
+  code = 0;
+out:
+  kvbm_fabric_local_set_release(ls);
+  kvbm_storage_release(s);
+  kvbm_fabric_destroy(f);
+  kvbm_layout_desc_release(&desc);
+  free(wire);
+  free(note);
+  return code;
+}
+
+/* ---- node A: the sender, measuring ---- */
+
+typedef struct sender {
+  const bench *b;
+  kvbm_fabric *f;
+  kvbm_fabric_remote_set *rs;
+  kvbm_storage *src;
+  kvbm_layout lay;
+  uint64_t bb;
+  uint8_t *notes; /* one notification buffer per batch in flight */
+  size_t note_len;
+  uint64_t bad;
+} sender;
+
+/* Waits for the acknowledgement of batch `want`. */
+static int wait_ack(sender *sd, uint32_t want, kvbm_error *e) {
+  kvbm_fabric_handle h;
+  size_t len;
+  ack a;
+  int rc = kvbm_fabric_next(sd->f, (int)sd->b->o.timeout_ms, &h, &len, e);
+  if (!rc) rc = kvbm_fabric_pull(sd->f, h, &a, sizeof a, &len, (int)sd->b->o.timeout_ms, e);
+  if (rc) return rc;
+  if (len != sizeof a || a.batch != want)
+    return kvbm_error_set(e, KVBM_EPROTO, "acknowledgement of batch %u, expected %u", a.batch, want);
+  sd->bad += a.bad;
+  return KVBM_OK;
+}
+
+/* Sends `nbatches` batches; returns seconds from the first write to the
+ * last acknowledgement. */
+static int send_batches(sender *sd, uint64_t nbatches, bool check, double *secs, kvbm_error *e) {
+  const bench *b = sd->b;
+  uint64_t ring = b->slots / b->batch;
+  double t0 = cli_now();
+  for (uint64_t k = 0; k < nbatches; k++) {
+    if (k >= ring && wait_ack(sd, (uint32_t)(k - ring), e)) return 1;
+    uint8_t *note = sd->notes + (k % ring) * sd->note_len;
+    note_hdr nh = {NOTE_MAGIC, (uint32_t)k, (uint32_t)b->batch, check ? FLAG_CHECK : 0};
+    memcpy(note, &nh, sizeof nh);
+    for (uint64_t i = 0; i < b->batch; i++) {
+      uint64_t slot = (k % ring) * b->batch + i;
+      const void *blk = fab_block_ptr(sd->src, &sd->lay, (k * b->batch + i) % b->slots);
+      note_entry ne = {.slot = (uint32_t)slot};
+      if (check && kvbm_frame_encode_header(KVBM_FRAME_TIER_G2, blk, sd->bb, ne.frame, e)) return 1;
+      memcpy(note + sizeof nh + i * sizeof ne, &ne, sizeof ne);
+      if (kvbm_fabric_write_block(sd->f, sd->rs, slot, blk, sd->bb, e)) return 1;
+    }
+    if (kvbm_fabric_flush(sd->f, (int)b->o.timeout_ms, e)) return 1;
+    if (kvbm_fabric_push(sd->f, note, sd->note_len, NULL, e)) return 1;
+  }
+  for (uint64_t k = nbatches > ring ? nbatches - ring : 0; k < nbatches; k++)
+    if (wait_ack(sd, (uint32_t)k, e)) return 1;
+  *secs = cli_now() - t0;
+  return 0;
+}
+
+/* One mode: a warm-up round of the ring, then the timed run. */
+static int measure(sender *sd, bool check, double *gbps, kvbm_error *e) {
+  const bench *b = sd->b;
+  double secs;
+  if (send_batches(sd, b->slots / b->batch, check, &secs, e)) return 1;
+  uint64_t nbatches = b->blocks / b->batch;
+  if (send_batches(sd, nbatches, check, &secs, e)) return 1;
+  *gbps = (double)(nbatches * b->batch * sd->bb) / secs / 1e9;
+  return 0;
+}
+
+static void print_mode(const char *name, double gbps, double ref, bool comma) {
+  printf("\"%s\": {\"gbps\": %.3f", name, gbps);
+  if (ref > 0) printf(", \"reference_gbps\": %.3f, \"ratio\": %.3f", ref, gbps / ref);
+  printf("}%s", comma ? ", " : "");
+}
+
+static int run(bench *b) {
+  fab_opts *o = &b->o;
+  kvbm_error e = {0};
+  sender sd = {.b = b};
+  if (fab_layout(o, b->slots, &sd.lay, &e)) {
+    fprintf(stderr, "kvbm " CMD ": %s\n", e.msg);
+    return 2;
+  }
+  sd.bb = kvbm_fabric_block_bytes(&sd.lay);
+  kvbm_fabric_ucx_config cfg = fab_ucx_config(o);
+  cfg.label = "bench-a";
+
+  /* The reference first, while no UCX lives in this process. */
+  double ref = -1;
+  if (b->reference) {
+    for (int attempt = 0; attempt < 3 && ref <= 0; attempt++)
+      if (run_reference_once(b, &cfg, sd.bb, &ref) != 0) ref = -1;
+    if (ref <= 0) {
+      fprintf(stderr, "kvbm " CMD ": ucx_perftest (%s) gave no bandwidth; is ucx-utils installed? "
+                      "(--no-reference skips it)\n", b->perftest);
+      return 1;
+    }
+  }
+
+  kvbm_fabric_listener *l = NULL;
+  if (kvbm_fabric_ucx_listen(&cfg, "127.0.0.1", 0, &l, &e)) {
+    fprintf(stderr, "kvbm " CMD ": %s\n", e.msg);
+    return 1;
+  }
+  uint16_t port = kvbm_fabric_listener_port(l);
+  fflush(NULL);
+  pid_t child = fork();
+  if (child < 0) {
+    kvbm_fabric_listener_free(l);
+    return 1;
+  }
+  if (child == 0) {
+    kvbm_fabric_listener_free(l);
+    _exit(receiver(b, port));
+  }
+  int code = 1;
+  kvbm_storage_options so = {0};
+  kvbm_fabric_local_set *ls = NULL;
+  kvbm_layout_desc desc = {0};
+  uint8_t *wire = NULL;
+  double plain = 0, checked = 0;
+  sd.note_len = sizeof(note_hdr) + b->batch * sizeof(note_entry);
+  sd.notes = calloc(b->slots / b->batch, sd.note_len);
+  if (!sd.notes || kvbm_storage_create(KVBM_MEMORY_SYSTEM, &sd.lay, &so, &sd.src, &e) ||
+      kvbm_fabric_ucx_accept(l, &sd.f, &e)) {
+    fprintf(stderr, "kvbm " CMD ": %s\n", e.msg);
+    goto out;
+  }
+  for (uint64_t s = 0; s < b->slots; s++) fab_fill_pattern(fab_block_ptr(sd.src, &sd.lay, s), sd.bb, s + 1);
+  kvbm_fabric_handle h;
+  size_t len;
+  if (kvbm_storage_describe(sd.src, &sd.lay, 1, &desc, &e) || kvbm_fabric_register(sd.f, &desc, &ls, &e) ||
+      kvbm_fabric_next(sd.f, (int)o->timeout_ms, &h, &len, &e) || !(wire = malloc(len)) ||
+      kvbm_fabric_pull(sd.f, h, wire, len, &len, (int)o->timeout_ms, &e) ||
+      kvbm_fabric_import(sd.f, wire, len, &sd.rs, &e)) {
+    fprintf(stderr, "kvbm " CMD ": setup: %s\n", e.msg);
+    goto out;
+  }
+  if (measure(&sd, false, &plain, &e) || measure(&sd, true, &checked, &e)) {
+    fprintf(stderr, "kvbm " CMD ": %s\n", e.msg);
+    goto out;
+  }
+  note_hdr end = {NOTE_MAGIC, 0, 0, FLAG_END};
+  if (kvbm_fabric_push(sd.f, &end, sizeof end, NULL, &e) || kvbm_fabric_flush(sd.f, (int)o->timeout_ms, &e)) {
+    fprintf(stderr, "kvbm " CMD ": %s\n", e.msg);
+    goto out;
+  }
+  if (sd.bad) {
+    fprintf(stderr, "kvbm " CMD ": %" PRIu64 " blocks failed verification\n", sd.bad);
+    goto out;
+  }
+  const char *tls = cfg.transports ? cfg.transports : getenv("UCX_TLS") ? getenv("UCX_TLS") : "default";
+  const char *dev = cfg.net_devices ? cfg.net_devices : getenv("UCX_NET_DEVICES") ? getenv("UCX_NET_DEVICES") : "default";
+  if (b->json) {
+    printf("{\"workload\": \"W4 remote\", \"block_bytes\": %" PRIu64 ", \"blocks\": %" PRIu64
+           ", \"batch\": %" PRIu64 ", \"slots\": %" PRIu64 ", \"ucx_tls\": \"%s\", \"ucx_net_devices\": \"%s\", ",
+           sd.bb, b->blocks / b->batch * b->batch, b->batch, b->slots, tls, dev);
+    if (ref > 0) printf("\"reference\": \"ucx_perftest -t ucp_put_bw -s %" PRIu64 "\", ", sd.bb);
+    print_mode("plain", plain, ref, true);
+    print_mode("checked", checked, ref, false);
+    printf("}\n");
+  } else {
+    printf("workload: W4 remote, %" PRIu64 " blocks of %" PRIu64 " bytes, batches of %" PRIu64 ", %" PRIu64
+           " slots, UCX_TLS=%s UCX_NET_DEVICES=%s\n",
+           b->blocks / b->batch * b->batch, sd.bb, b->batch, b->slots, tls, dev);
+    if (ref > 0) printf("reference (ucx_perftest ucp_put_bw): %.3f GB/s\n", ref);
+    printf("fabric, plain:   %.3f GB/s", plain);
+    if (ref > 0) printf("  ratio %.3f", plain / ref);
+    printf("\nfabric, BLAKE3:  %.3f GB/s", checked);
+    if (ref > 0) printf("  ratio %.3f", checked / ref);
+    printf("\n");
+  }
+  code = 0;
+out:
+  kvbm_fabric_remote_set_release(sd.rs);
+  kvbm_fabric_local_set_release(ls);
+  kvbm_fabric_destroy(sd.f);
+  kvbm_fabric_listener_free(l);
+  int st = 0;
+  if (code != 0) kill(child, SIGKILL);
+  waitpid(child, &st, 0);
+  if (code == 0 && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+    fprintf(stderr, "kvbm " CMD ": the receiver failed\n");
+    code = 1;
+  }
+  kvbm_layout_desc_release(&desc);
+  kvbm_storage_release(sd.src);
+  free(sd.notes);
+  free(wire);
+  return code;
+}
+
+int kvbm_cmd_transfer_bench(int argc, char **argv) {
+  bench b = {0};
+  fab_opts_init(&b.o, "bench-a");
+  b.blocks = 2048;
+  b.slots = 32;
+  b.batch = 8;
+  b.reference = true;
+  b.perftest = "ucx_perftest";
+  for (int i = 1; i < argc; i++) {
+    int r = fab_opts_parse(CMD, &b.o, argc, argv, &i);
+    if (r < 0) return 2;
+    if (r > 0) continue;
+    const char *v;
+    if ((r = cli_opt_value(CMD, argc, argv, &i, "--blocks", &v)) != 0) {
+      if (r < 0 || !cli_parse_u64(CMD, "--blocks", v, 1, 1u << 24, &b.blocks)) return 2;
+    } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--slots", &v)) != 0) {
+      if (r < 0 || !cli_parse_u64(CMD, "--slots", v, 1, 4096, &b.slots)) return 2;
+    } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--batch", &v)) != 0) {
+      if (r < 0 || !cli_parse_u64(CMD, "--batch", v, 1, 1024, &b.batch)) return 2;
+    } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--perftest", &v)) != 0) {
+      if (r < 0) return 2;
+      b.perftest = v;
+    } else if (strcmp(argv[i], "--no-reference") == 0) {
+      b.reference = false;
+    } else if (strcmp(argv[i], "--json") == 0) {
+      b.json = true;
+    } else {
+      fprintf(stderr, "kvbm " CMD ": unknown option '%s'\n%s%s", argv[i], kUsage, fab_opts_usage);
+      return 2;
+    }
+  }
+  if (b.slots % b.batch != 0 || b.slots / b.batch > 64 || b.blocks < b.batch) {
+    fprintf(stderr, "kvbm " CMD ": --slots must be a multiple of --batch (at most 64 batches), "
+                    "--blocks at least --batch\n");
+    return 2;
+  }
+  if (b.o.kind != KVBM_LAYOUT_FULLY_CONTIGUOUS) {
+    fprintf(stderr, "kvbm " CMD ": the bench moves whole contiguous blocks (no --layer-separate)\n");
+    return 2;
+  }
+  return run(&b);
+}
