@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "kvbm/replay.h"
+#include "replay_w2.h"
 
 const char kvbm_cmd_replay_help[] = "replay a request trace through the block manager (W1)";
 
@@ -30,6 +31,7 @@ static void progress_bar(void *user, size_t done, size_t total) {
 }
 
 int kvbm_cmd_replay(int argc, char **argv) {
+  if (replay_w2_wanted(argc, argv)) return replay_w2_main(argc, argv); /* W2: tier flags */
   kvbm_replay_opts o = kvbm_replay_opts_default();
   const char *trace_path = NULL, *v;
   bool json = false, progress = isatty(STDERR_FILENO);

@@ -1,0 +1,201 @@
+/*
+ * replay_w2.c: `kvbm replay --g2-blocks N --g3-blocks N ...`, workload W2
+ * (the tiered manager's replay, src/tier/replay_w2.c). Any tier flag
+ * selects W2; without one, cmd_replay.c runs W1 unchanged. W1's flags keep
+ * their meaning (--capacity is G1's size) and --json keeps W1's keys.
+ */
+#include "replay_w2.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "kvbm/tier_replay.h"
+
+static const char *const w2_flags[] = {"--g2-blocks", "--g3-blocks", "--g3-dir", "--block-bytes",
+                                       "--g2-policy", "--g3-policy", "--g3-buffered"};
+
+bool replay_w2_wanted(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    for (size_t f = 0; f < sizeof w2_flags / sizeof *w2_flags; f++) {
+      size_t n = strlen(w2_flags[f]);
+      if (!strncmp(argv[i], w2_flags[f], n) && (argv[i][n] == 0 || argv[i][n] == '=')) return true;
+    }
+  return false;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: kvbm replay [TRACE] [--block-size 16] [--capacity 16384] [--limit N]\n"
+          "                   [--hash native|dynamo] [--json] [--no-progress]\n"
+          "                   --g2-blocks N --g3-blocks N [--g3-dir DIR] [--block-bytes 256]\n"
+          "                   [--g2-policy all|frequency|never] [--g3-policy frequency|all|never]\n"
+          "                   [--g3-buffered]\n"
+          "W2: W1 with a host tier G2 and a disk tier G3 below G1 (--capacity blocks);\n"
+          "see docs/areas/tiers.md for the policy. Default trace: %s.\n",
+          KVBM_DEFAULT_TRACE);
+}
+
+static void progress_bar(void *user, size_t done, size_t total) {
+  (void)user;
+  int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;
+  fprintf(stderr, "\r  [%.*s%*s] %zu/%zu requests", filled,
+          "========================================", width - filled, "", done, total);
+  if (done == total) fputc('\n', stderr);
+  fflush(stderr);
+}
+
+static bool policy_opt(const char *opt, const char *v, kvbm_offload_policy *p) {
+  if (kvbm_offload_policy_parse(v, p)) return true;
+  fprintf(stderr, "kvbm replay: %s: '%s' is not all, frequency or never\n", opt, v);
+  return false;
+}
+
+static double gbps(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e9 : 0; }
+
+static void print_json(const char *trace, const kvbm_replay_w2_opts *o,
+                       const kvbm_replay_w2_result *r) {
+  double tps = r->w1.seconds > 0 ? (double)r->w1.prompt_tokens / r->w1.seconds : 0;
+  double rate = r->w1.prompt_tokens ? (double)r->w1.hit_tokens / (double)r->w1.prompt_tokens : 0;
+  printf("{\"workload\":\"W2\",\"trace\":\"%s\",\"block_size\":%u,\"capacity\":%u,"
+         "\"hash\":\"%s\",\"requests\":%llu,\"prompt_tokens\":%llu,\"hit_tokens\":%llu,"
+         "\"hit_rate\":%.6f,\"blocks_allocated\":%llu,\"seconds\":%.6f,"
+         "\"prompt_tokens_per_s\":%.0f,\"g2_blocks\":%u,\"g3_blocks\":%llu,\"block_bytes\":%llu,"
+         "\"g2_policy\":\"%s\",\"g3_policy\":\"%s\",\"g3_mode\":\"%s\",\"tiers\":{",
+         trace, o->w1.block_size, o->w1.capacity, kvbm_hash_scheme_name(o->w1.scheme),
+         (unsigned long long)r->w1.requests, (unsigned long long)r->w1.prompt_tokens,
+         (unsigned long long)r->w1.hit_tokens, rate, (unsigned long long)r->w1.blocks_allocated,
+         r->w1.seconds, tps, o->g2_blocks, (unsigned long long)o->g3_blocks,
+         (unsigned long long)o->block_bytes, kvbm_offload_policy_name(o->g2_policy),
+         kvbm_offload_policy_name(o->g3_policy), r->g3_mode);
+  for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+    const kvbm_replay_w2_tier *x = &r->tiers[t];
+    printf("%s\"%s\":{\"hit_tokens\":%llu,\"offloaded_blocks\":%llu,\"offloaded_bytes\":%llu,"
+           "\"onboarded_blocks\":%llu,\"onboarded_bytes\":%llu,\"skipped_offloads\":%llu,"
+           "\"checksum_failures\":%llu,\"evictions\":%llu,\"copy_seconds\":%.6f,"
+           "\"copy_gb_per_s\":%.3f}",
+           t ? "," : "", kvbm_tier_name(t), (unsigned long long)x->hit_tokens,
+           (unsigned long long)x->offloaded_blocks, (unsigned long long)x->offloaded_bytes,
+           (unsigned long long)x->onboarded_blocks, (unsigned long long)x->onboarded_bytes,
+           (unsigned long long)x->skipped, (unsigned long long)x->checksum_failures,
+           (unsigned long long)x->evictions, x->busy_seconds,
+           gbps(x->offloaded_bytes + x->onboarded_bytes, x->busy_seconds));
+  }
+  printf("},\"verify_failures\":%llu}\n", (unsigned long long)r->verify_failures);
+}
+
+static void print_text(const char *trace, const kvbm_replay_w2_opts *o,
+                       const kvbm_replay_w2_result *r) {
+  double rate = r->w1.prompt_tokens ? (double)r->w1.hit_tokens / (double)r->w1.prompt_tokens : 0;
+  printf("W2 replay of %s\n", trace);
+  printf("  block size %u tokens, %llu bytes; G1 %u, G2 %u, G3 %llu blocks; %s hashes\n",
+         o->w1.block_size, (unsigned long long)o->block_bytes, o->w1.capacity, o->g2_blocks,
+         (unsigned long long)o->g3_blocks, kvbm_hash_scheme_name(o->w1.scheme));
+  printf("  policies          G2 %s, G3 %s; G3 I/O %s\n", kvbm_offload_policy_name(o->g2_policy),
+         kvbm_offload_policy_name(o->g3_policy), r->g3_mode[0] ? r->g3_mode : "-");
+  if (r->g3_error[0]) printf("  G3 unavailable    %s\n", r->g3_error);
+  printf("  requests          %llu\n", (unsigned long long)r->w1.requests);
+  printf("  prompt tokens     %llu\n", (unsigned long long)r->w1.prompt_tokens);
+  printf("  hit tokens        %llu (%.2f%% of prompt tokens)\n",
+         (unsigned long long)r->w1.hit_tokens, 100 * rate);
+  for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+    const kvbm_replay_w2_tier *x = &r->tiers[t];
+    printf("    %s              %llu hit tokens, %llu offloaded, %llu onboarded, %llu skipped,"
+           " %llu evicted",
+           kvbm_tier_name(t), (unsigned long long)x->hit_tokens,
+           (unsigned long long)x->offloaded_blocks, (unsigned long long)x->onboarded_blocks,
+           (unsigned long long)x->skipped, (unsigned long long)x->evictions);
+    if (t) printf(", copies %.2f GB/s", gbps(x->offloaded_bytes + x->onboarded_bytes, x->busy_seconds));
+    printf("\n");
+  }
+  printf("  verify failures   %llu\n", (unsigned long long)r->verify_failures);
+  printf("  blocks allocated  %llu\n", (unsigned long long)r->w1.blocks_allocated);
+  printf("  time              %.3f s\n", r->w1.seconds);
+}
+
+int replay_w2_main(int argc, char **argv) {
+  kvbm_replay_w2_opts o = kvbm_replay_w2_opts_default();
+  const char *trace_path = NULL, *v;
+  bool json = false, progress = isatty(STDERR_FILENO);
+  uint64_t x;
+  for (int i = 1; i < argc; i++) {
+    int r;
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(argv[i], "--json")) {
+      json = true;
+    } else if (!strcmp(argv[i], "--no-progress")) {
+      progress = false;
+    } else if (!strcmp(argv[i], "--g3-buffered")) {
+      o.g3_direct = false;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--block-size", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--block-size", v, 1, 1 << 16, &x)) return 2;
+      o.w1.block_size = (uint32_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--capacity", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--capacity", v, 1, KVBM_POOL_MAX_BLOCKS, &x)) return 2;
+      o.w1.capacity = (uint32_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--limit", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--limit", v, 0, SIZE_MAX, &x)) return 2;
+      o.w1.limit = (size_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--hash", &v))) {
+      if (r < 0 || !kvbm_hash_scheme_parse(v, &o.w1.scheme)) {
+        fprintf(stderr, "kvbm replay: --hash: '%s' is not native or dynamo\n", r < 0 ? "" : v);
+        return 2;
+      }
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g2-blocks", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--g2-blocks", v, 0, KVBM_POOL_MAX_BLOCKS, &x)) return 2;
+      o.g2_blocks = (uint32_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g3-blocks", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--g3-blocks", v, 0, KVBM_POOL_MAX_BLOCKS, &x)) return 2;
+      o.g3_blocks = x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--block-bytes", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--block-bytes", v, 16, 1u << 30, &x)) return 2;
+      if (x % 16) {
+        fprintf(stderr, "kvbm replay: --block-bytes: %llu is not a multiple of 16\n",
+                (unsigned long long)x);
+        return 2;
+      }
+      o.block_bytes = x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g3-dir", &v))) {
+      if (r < 0) return 2;
+      o.g3_dir = v;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g2-policy", &v))) {
+      if (r < 0 || !policy_opt("--g2-policy", v, &o.g2_policy)) return 2;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g3-policy", &v))) {
+      if (r < 0 || !policy_opt("--g3-policy", v, &o.g3_policy)) return 2;
+    } else if (argv[i][0] == '-' && argv[i][1]) {
+      fprintf(stderr, "kvbm replay: unknown option '%s'\n", argv[i]);
+      usage(stderr);
+      return 2;
+    } else if (!trace_path) {
+      trace_path = argv[i];
+    } else {
+      fprintf(stderr, "kvbm replay: more than one trace given\n");
+      return 2;
+    }
+  }
+  if (!trace_path) trace_path = KVBM_DEFAULT_TRACE;
+  if (o.g3_dir && access(o.g3_dir, W_OK) != 0) {
+    fprintf(stderr, "kvbm replay: --g3-dir: %s is not a writable directory\n", o.g3_dir);
+    return 2;
+  }
+  kvbm_error err = {0};
+  kvbm_trace *trace;
+  if (kvbm_trace_load(trace_path, o.w1.limit, &trace, &err)) {
+    fprintf(stderr, "kvbm replay: %s: %s\n", trace_path, err.msg);
+    return 2;
+  }
+  if (progress && !json) o.w1.progress = progress_bar;
+  kvbm_replay_w2_result res;
+  int rc = kvbm_replay_w2(trace, &o, &res, &err);
+  kvbm_trace_destroy(trace);
+  if (rc) {
+    fprintf(stderr, "kvbm replay: %s\n", err.msg);
+    return rc == KVBM_EINVAL ? 2 : 1;
+  }
+  if (json) print_json(trace_path, &o, &res);
+  else print_text(trace_path, &o, &res);
+  return 0;
+}
