@@ -132,6 +132,21 @@ static void many(kvbm_blake3_impl impl, b3_many_args a, size_t n,
 #endif
 }
 
+/* One compression (not batchable): row-wise SSE4.1 on any SIMD path. */
+static void compress(kvbm_blake3_impl impl, const uint32_t cv[8],
+                     const uint8_t block[64], uint8_t block_len,
+                     uint64_t counter, uint8_t flags, uint32_t out[16]) {
+#ifdef B3_X86
+  if (impl >= KVBM_BLAKE3_IMPL_SSE41) {
+    b3_compress_sse41(cv, block, block_len, counter, flags, out);
+    return;
+  }
+#else
+  (void)impl;
+#endif
+  b3_compress_portable(cv, block, block_len, counter, flags, out);
+}
+
 /* ---- root output ---- */
 
 /* What the root (or any node) needs to produce output: enough to run its
@@ -142,12 +157,12 @@ typedef struct node {
   uint8_t block_len;
   uint64_t counter;
   uint8_t flags;
+  kvbm_blake3_impl impl; /* the hasher's path, for compress() */
 } node;
 
 static void node_cv(const node *n, uint8_t out[32]) {
   uint32_t st[16];
-  b3_compress_portable(n->cv, n->block, n->block_len, n->counter, n->flags,
-                       st);
+  compress(n->impl, n->cv, n->block, n->block_len, n->counter, n->flags, st);
   b3_store_cv(out, st);
 }
 
@@ -160,6 +175,7 @@ static node parent_node(const kvbm_blake3_hasher *h, const uint8_t left[32],
   n.block_len = B3_BLOCK_LEN;
   n.counter = 0;
   n.flags = (uint8_t)(h->flags | B3_PARENT);
+  n.impl = (kvbm_blake3_impl)h->impl;
   return n;
 }
 
@@ -172,7 +188,7 @@ static void root_output(const node *n, uint64_t seek, uint8_t *out,
   while (len > 0) {
     uint32_t st[16];
     uint8_t bytes[64];
-    b3_compress_portable(n->cv, n->block, n->block_len, counter,
+    compress(n->impl, n->cv, n->block, n->block_len, counter,
                          (uint8_t)(n->flags | B3_ROOT), st);
     for (int i = 0; i < 16; i++) b3_store32(bytes + 4 * i, st[i]);
     size_t take = 64 - skip;
@@ -209,8 +225,9 @@ static void chunk_update(kvbm_blake3_hasher *h, const uint8_t *in,
   while (len > 0) {
     if (h->buf_len == B3_BLOCK_LEN) {
       uint32_t st[16];
-      b3_compress_portable(h->chunk_cv, h->buf, B3_BLOCK_LEN, h->chunk_counter,
-                           (uint8_t)(h->flags | chunk_start_flag(h)), st);
+      compress((kvbm_blake3_impl)h->impl, h->chunk_cv, h->buf, B3_BLOCK_LEN,
+               h->chunk_counter, (uint8_t)(h->flags | chunk_start_flag(h)),
+               st);
       memcpy(h->chunk_cv, st, sizeof h->chunk_cv);
       h->blocks_done++;
       h->buf_len = 0;
@@ -232,6 +249,7 @@ static node chunk_node(const kvbm_blake3_hasher *h) {
   n.block_len = h->buf_len;
   n.counter = h->chunk_counter;
   n.flags = (uint8_t)(h->flags | chunk_start_flag(h) | B3_CHUNK_END);
+  n.impl = (kvbm_blake3_impl)h->impl;
   return n;
 }
 

@@ -31,9 +31,21 @@ enum {
 #define B3_CHUNK_BLOCKS 16
 
 extern const uint32_t b3_iv[8];
-/* Message word order of each of the 7 rounds (the permutation applied
- * round after round). */
-extern const uint8_t b3_schedule[7][16];
+
+/* Round r uses message word b3_schedule[r][i] where the spec's round 0
+ * uses word i: the permutation 2,6,3,10,7,0,4,13,1,11,12,5,9,14,15,8
+ * applied r times. Static so that every user sees constants it can fold
+ * into unrolled rounds. */
+static const uint8_t b3_schedule[7][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8},
+    {3, 4, 10, 12, 13, 2, 7, 14, 6, 5, 9, 0, 11, 15, 8, 1},
+    {10, 7, 12, 9, 14, 3, 13, 15, 4, 0, 11, 2, 5, 8, 1, 6},
+    {12, 13, 9, 11, 15, 10, 14, 8, 7, 2, 5, 3, 0, 1, 6, 4},
+    {9, 14, 11, 5, 8, 12, 15, 1, 13, 3, 0, 10, 2, 6, 4, 7},
+    {11, 15, 5, 0, 1, 9, 8, 6, 14, 10, 2, 12, 3, 4, 7, 13},
+};
+
 
 /* Arguments of a many kernel, bundled to keep the signatures short. */
 typedef struct b3_many_args {
@@ -62,6 +74,10 @@ void b3_many_portable(const b3_many_args *a, size_t n, uint8_t *out);
 #if defined(__x86_64__) || defined(__i386__)
 #define B3_X86 1
 void b3_many_sse41(const b3_many_args *a, uint8_t *out);   /* 4 inputs */
+/* Same contract as b3_compress_portable, state as row vectors. */
+void b3_compress_sse41(const uint32_t cv[8], const uint8_t block[64],
+                       uint8_t block_len, uint64_t counter, uint8_t flags,
+                       uint32_t out[16]);
 void b3_many_avx2(const b3_many_args *a, uint8_t *out);    /* 8 inputs */
 void b3_many_avx512(const b3_many_args *a, uint8_t *out);  /* 16 inputs */
 #endif

@@ -5,6 +5,13 @@
  * attribute, and the hasher calls it only when __builtin_cpu_supports says
  * the CPU has SSE4.1. Rotations by 16 and 8 are byte shuffles (one
  * instruction); 12 and 7 are two shifts and an or.
+ *
+ * Also here: one compression at a time with the state held as four row
+ * vectors (b3_compress_sse41), for what cannot be batched (the current
+ * chunk, stack merges, the root and extended output). The four G mixes of
+ * a column step run in the lanes of the rows; rotating rows b, c, d by
+ * one, two and three lanes turns diagonals into columns and back. About
+ * twice as fast as the portable function.
  */
 #include "blake3/blake3_impl.h"
 
@@ -68,5 +75,52 @@ FN void load4(const uint8_t *in, size_t stride, __m128i m[16]) {
 #include "blake3/blake3_simd.h"
 
 B3V_KERNEL(b3_many_sse41, load4)
+
+FN __m128i words4(const uint32_t m[16], const uint8_t *s, int first) {
+  return _mm_setr_epi32((int)m[s[first]], (int)m[s[first + 2]],
+                        (int)m[s[first + 4]], (int)m[s[first + 6]]);
+}
+
+/* Half a G on all four lanes: add a message word, then rotate d by r1
+ * and b by r2 (16/12 for the first half, 8/7 for the second). */
+#define HALF_G(mw, rot_d, rot_b)                      \
+  do {                                                \
+    a = _mm_add_epi32(_mm_add_epi32(a, b), (mw));     \
+    d = rot_d(_mm_xor_si128(d, a));                   \
+    c = _mm_add_epi32(c, d);                          \
+    b = rot_b(_mm_xor_si128(b, c));                   \
+  } while (0)
+
+B3V_TARGET void b3_compress_sse41(const uint32_t cv[8], const uint8_t block[64],
+                                  uint8_t block_len, uint64_t counter,
+                                  uint8_t flags, uint32_t out[16]) {
+  uint32_t m[16];
+  memcpy(m, block, sizeof m); /* x86: little-endian already */
+  const __m128i cv0 = _mm_loadu_si128((const __m128i *)(const void *)cv);
+  const __m128i cv1 = _mm_loadu_si128((const __m128i *)(const void *)(cv + 4));
+  __m128i a = cv0, b = cv1;
+  __m128i c = _mm_setr_epi32((int)b3_iv[0], (int)b3_iv[1], (int)b3_iv[2],
+                             (int)b3_iv[3]);
+  __m128i d = _mm_setr_epi32((int)(uint32_t)counter,
+                             (int)(uint32_t)(counter >> 32), block_len, flags);
+  B3_UNROLL for (int r = 0; r < 7; r++) {
+    const uint8_t *s = b3_schedule[r];
+    HALF_G(words4(m, s, 0), ror16, ror12);
+    HALF_G(words4(m, s, 1), ror8, ror7);
+    /* Diagonals into columns. */
+    b = _mm_shuffle_epi32(b, 0x39);
+    c = _mm_shuffle_epi32(c, 0x4E);
+    d = _mm_shuffle_epi32(d, 0x93);
+    HALF_G(words4(m, s, 8), ror16, ror12);
+    HALF_G(words4(m, s, 9), ror8, ror7);
+    b = _mm_shuffle_epi32(b, 0x93);
+    c = _mm_shuffle_epi32(c, 0x4E);
+    d = _mm_shuffle_epi32(d, 0x39);
+  }
+  _mm_storeu_si128((__m128i *)(void *)out, _mm_xor_si128(a, c));
+  _mm_storeu_si128((__m128i *)(void *)(out + 4), _mm_xor_si128(b, d));
+  _mm_storeu_si128((__m128i *)(void *)(out + 8), _mm_xor_si128(c, cv0));
+  _mm_storeu_si128((__m128i *)(void *)(out + 12), _mm_xor_si128(d, cv1));
+}
 
 #endif /* B3_X86 */

@@ -350,6 +350,19 @@ static void test_kernels_match_portable(void **state) {
       assert_memory_equal(got, want, 32 * w);
     }
   }
+  /* The row-wise single compression. */
+  if (kvbm_blake3_impl_available(KVBM_BLAKE3_IMPL_SSE41)) {
+    for (int t = 0; t < 200; t++) {
+      uint32_t cv[8], got[16], want[16];
+      for (int i = 0; i < 8; i++) cv[i] = (uint32_t)rng_next(&seed);
+      const uint8_t *block = input + (size_t)t * 61;
+      uint64_t counter = 0xFFFFFFF0ull + (uint64_t)t;
+      uint8_t len = (uint8_t)(t % 65), flags = (uint8_t)(t & 0x7F);
+      b3_compress_sse41(cv, block, len, counter, flags, got);
+      b3_compress_portable(cv, block, len, counter, flags, want);
+      assert_memory_equal(got, want, sizeof want);
+    }
+  }
   free(input);
 #endif
 }
