@@ -112,8 +112,8 @@ int main(int argc, char **argv) {
     char cmd[4096];
     /* the oracle reads plain JSON lines: decompress to a temporary file */
     snprintf(cmd, sizeof cmd,
-             "f=$(mktemp) && zcat -f '%s' > \"$f\" && /usr/bin/python3 '%s/tools/ref_replay.py' \"$f\" %s%zu; rm -f \"$f\"",
-             path, KVBM_SHARED_DIR, limit ? "--limit " : "--limit 0 ", limit);
+             "f=$(mktemp) && zcat -f '%s' > \"$f\" && /usr/bin/python3 '%s/tools/ref_replay.py' \"$f\" --limit %zu; rm -f \"$f\"",
+             path, KVBM_SHARED_DIR, limit);
     FILE *p = popen(cmd, "r");
     char line[1024] = {0};
     if (!p || !fgets(line, sizeof line, p)) {
