@@ -208,8 +208,10 @@ int kvbm_pool_release_run(kvbm_pool *pool, const uint32_t *ids, size_t n, uint8_
 /* Takes one more reference on a held or registered block (for fork). */
 int kvbm_block_retain(kvbm_pool *pool, uint32_t id);
 
-/* Drops every cached block (REMOVED events are not sent; one CLEARED is).
- * Blocks in use are untouched. */
+/* Drops every cached block; blocks in use are untouched. When that leaves
+ * nothing registered, listeners get one CLEARED (vLLM's AllBlocksCleared);
+ * otherwise a REMOVED per dropped block, so that a consumer of the events
+ * does not forget the registered blocks still in use. */
 int kvbm_pool_clear_cache(kvbm_pool *pool);
 
 /* Block inspection (for tests and tools). */

@@ -589,14 +589,20 @@ int kvbm_block_retain(kvbm_pool *p, uint32_t id) {
 }
 
 int kvbm_pool_clear_cache(kvbm_pool *p) {
+  const bool all = p->registered == p->cached;
   uint32_t id;
   while ((id = cache_oldest(p)) != NIL) {
+    kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id,
+                          .seq_hash = p->blocks[id].seq_hash};
     cache_unlink(p, id);
     unregister(p, id);
     free_push(p, id);
+    if (!all) notify(p, &ev);
   }
-  kvbm_pool_event ev = {.kind = KVBM_POOL_CLEARED, .block_id = NIL};
-  notify(p, &ev);
+  if (all) {
+    kvbm_pool_event ev = {.kind = KVBM_POOL_CLEARED, .block_id = NIL};
+    notify(p, &ev);
+  }
   return KVBM_OK;
 }
 

@@ -606,17 +606,31 @@ static void test_clear_cache(void **state) {
   assert_true(kvbm_pool_contains(p, h[3]));
   assert_int_equal(tu_state(p, c[3]), KVBM_BLOCK_REGISTERED);
   assert_int_equal(tu_state(p, partial), KVBM_BLOCK_PARTIAL);
-  assert_int_equal(log.n, nev + 1);
-  assert_int_equal(log.ev[nev].kind, KVBM_POOL_CLEARED);
+  /* c[3] is still registered and in use: consumers must not forget it, so
+   * each dropped block is a REMOVED (in eviction order: priority 0 first). */
+  assert_int_equal(log.n, nev + 3);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(log.ev[nev + i].kind, KVBM_POOL_REMOVED);
+    assert_int_equal(log.ev[nev + i].block_id, c[i]);
+    assert_true(log.ev[nev + i].seq_hash == h[i]);
+  }
+  nev = log.n;
   /* cleared blocks are plain free blocks: reusable without eviction */
   uint32_t ids[4];
   assert_int_equal(kvbm_pool_alloc(p, 4, ids), KVBM_OK);
   assert_int_equal(tu_stats(p).evicted, 0);
+  assert_int_equal(log.n, nev);
+  /* with nothing registered left in use, a clear is one CLEARED */
+  assert_int_equal(kvbm_block_release(p, c[3], 0), KVBM_OK);
+  assert_int_equal(kvbm_pool_clear_cache(p), KVBM_OK);
   assert_int_equal(log.n, nev + 1);
+  assert_int_equal(log.ev[nev].kind, KVBM_POOL_CLEARED);
+  assert_false(kvbm_pool_contains(p, h[3]));
+  nev = log.n;
   /* an empty cache clears fine and still says CLEARED */
   assert_int_equal(kvbm_pool_clear_cache(p), KVBM_OK);
-  assert_int_equal(log.n, nev + 2);
-  assert_int_equal(log.ev[nev + 1].kind, KVBM_POOL_CLEARED);
+  assert_int_equal(log.n, nev + 1);
+  assert_int_equal(log.ev[nev].kind, KVBM_POOL_CLEARED);
   /* a hash cleared can be registered again and is then found */
   uint32_t t[BS];
   tu_tokens(t, BS, 0);

@@ -608,9 +608,22 @@ static void op_clear(void) {
   C.op = "clear";
   model *m = &C.m;
   CHECK(kvbm_pool_clear_cache(C.p) == KVBM_OK, "clear");
+  /* Nothing registered stays in use: one CLEARED. Otherwise a REMOVED per
+   * dropped block, in eviction order. */
+  bool in_use = false;
   for (uint32_t i = 0; i < NB; i++)
-    if (m_is_cached(m, i)) m_reset(&m->b[i]);
-  m_expect(m, KVBM_POOL_CLEARED, NIL, 0, 0, false, 0);
+    if (m->b[i].state == KVBM_BLOCK_REGISTERED && !m_is_cached(m, i)) in_use = true;
+  if (!in_use) {
+    for (uint32_t i = 0; i < NB; i++)
+      if (m_is_cached(m, i)) m_reset(&m->b[i]);
+    m_expect(m, KVBM_POOL_CLEARED, NIL, 0, 0, false, 0);
+  } else {
+    uint32_t v;
+    while ((v = m_victim(m)) != NIL) {
+      m_expect(m, KVBM_POOL_REMOVED, v, m->b[v].hash, 0, false, 0);
+      m_reset(&m->b[v]);
+    }
+  }
   C.n_clear++;
 }
 
