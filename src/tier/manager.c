@@ -519,7 +519,10 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
   kvbm_layout_config lc = m->cfg.layout;
   lc.num_blocks = nblocks;
   int rc = kvbm_layout_init(&t->layout, kind, &lc, err);
-  if (!rc) rc = kvbm_storage_create(KVBM_MEMORY_SYSTEM, &t->layout, NULL, &t->storage, err);
+  /* Zero-filled: every page is touched now, not on the first copy into it
+   * (what pinned memory would give; the cost moves to create). */
+  kvbm_storage_options so = {.zero = 1};
+  if (!rc) rc = kvbm_storage_create(KVBM_MEMORY_SYSTEM, &t->layout, &so, &t->storage, err);
   if (rc) return rc;
   t->region = calloc(t->layout.num_regions, sizeof *t->region);
   t->state = calloc(nblocks, 1);

@@ -1,0 +1,300 @@
+/*
+ * bench_tiers.c: workload W4 (../shared/WORKLOADS.md), data movement
+ * between the manager's tiers, against bounds measured in the same run.
+ *
+ * Blocks of 2 MiB: 32 layers x 2 (K, V) x 16 tokens x 1024 x 2 bytes (the
+ * bf16 KV of an 8-head, 128-dim model: 32 x 16 x 2048 x 2 bytes).
+ *
+ *   G1 -> G2 offload and G2 -> G1 onboard, through the manager (commit to
+ *     flush, prefill to wait), as a ratio to memcpy of the same bytes
+ *     (2 MiB at a time, one thread, warm buffers);
+ *   G2 -> G3 offload and G3 -> G1 onboard (the slot file, O_DIRECT through
+ *     io_uring), as a ratio to plain O_DIRECT sequential pwrite / pread of
+ *     the same bytes in 2 MiB requests to a preallocated file in the same
+ *     directory.
+ *
+ * Each figure is the median of --reps runs; the bound is measured between
+ * the runs of what it bounds, so both see the same machine. Targets: 0.8 for
+ * both ratios.
+ *
+ * usage: bench_tiers [--blocks N (128)] [--reps R (3)] [--dir DIR (/tmp)]
+ *                    [--json]
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvbm/manager.h"
+
+#define MiB (1024.0 * 1024.0)
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static uint32_t *prompt(uint32_t base, size_t n) {
+  uint32_t *t = malloc(n * sizeof *t);
+  for (size_t i = 0; t && i < n; i++) t[i] = base + (uint32_t)i;
+  return t;
+}
+
+/* Writes every block the request must compute (a cheap per-block pattern:
+ * the bench measures copies, not pattern generation). */
+static void compute(kvbm_manager *m, kvbm_mreq *r, size_t nfull) {
+  const uint32_t *ids;
+  size_t nb;
+  kvbm_mreq_blocks(r, &ids, &nb);
+  uint32_t layers = (uint32_t)kvbm_manager_layout(m, KVBM_TIER_G1)->config.num_layers;
+  for (size_t k = 0; k < nfull; k++) {
+    if (!kvbm_mreq_must_compute(r, k)) continue;
+    for (uint32_t l = 0; l < layers; l++) {
+      void *p;
+      size_t sz;
+      kvbm_manager_block_layer(m, KVBM_TIER_G1, ids[k], l, &p, &sz);
+      memset(p, (int)(k * 31 + l), sz);
+    }
+  }
+}
+
+static int check(kvbm_manager *m, kvbm_mreq *r, size_t nfull) {
+  const uint32_t *ids;
+  size_t nb;
+  kvbm_mreq_blocks(r, &ids, &nb);
+  uint32_t layers = (uint32_t)kvbm_manager_layout(m, KVBM_TIER_G1)->config.num_layers;
+  for (size_t k = 0; k < nfull; k++)
+    for (uint32_t l = 0; l < layers; l++) {
+      void *p;
+      size_t sz;
+      kvbm_manager_block_layer(m, KVBM_TIER_G1, ids[k], l, &p, &sz);
+      const uint8_t *b = p;
+      if (b[0] != (uint8_t)(k * 31 + l) || b[sz - 1] != (uint8_t)(k * 31 + l)) return 0;
+    }
+  return 1;
+}
+
+typedef struct cfg {
+  size_t n;
+  int reps;
+  const char *dir;
+  bool json;
+} cfg;
+
+static kvbm_manager_config mcfg(const cfg *c, uint32_t g2, uint64_t g3) {
+  kvbm_manager_config mc = kvbm_manager_config_default();
+  mc.block_size = 16;
+  mc.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 32, .outer_dim = 2,
+                                   .page_size = 16, .inner_dim = 1024, .dtype_size = 2,
+                                   .alignment = 4096};
+  mc.g1_blocks = (uint32_t)c->n + 1; /* Q then evicts every block of P */
+  mc.g2_blocks = g2;
+  mc.g3_blocks = g3;
+  mc.g3_dir = c->dir;
+  mc.g3_policy = KVBM_OFFLOAD_ALL;
+  mc.queue_capacity = (uint32_t)(4 * c->n + 16);
+  return mc;
+}
+
+/* One offload + onboard round: commit P (timed to flush), flood G1 (and
+ * G2 when it is small) with Q, prefill P again (timed to wait). */
+static int round_trip(const cfg *c, kvbm_manager *m, uint32_t base, double *off_s, double *on_s,
+                      kvbm_tier_id expect_from) {
+  size_t ntok = c->n * 16 + 1;
+  uint32_t *p = prompt(base, ntok), *q = prompt(base + 50000000u, ntok);
+  kvbm_mreq *r;
+  kvbm_mreq_info info;
+  int ok = 0;
+  if (!p || !q || kvbm_manager_prefill(m, 0, 0, p, ntok, &r, NULL, NULL)) goto out;
+  compute(m, r, c->n);
+  double t0 = now();
+  kvbm_mreq_commit(r);
+  kvbm_manager_flush(m);
+  *off_s = now() - t0;
+  kvbm_mreq_destroy(r);
+  if (kvbm_manager_prefill(m, 0, 0, q, ntok, &r, NULL, NULL)) goto out;
+  compute(m, r, c->n);
+  kvbm_mreq_commit(r);
+  kvbm_manager_flush(m);
+  kvbm_mreq_destroy(r);
+  t0 = now();
+  if (kvbm_manager_prefill(m, 0, 0, p, ntok, &r, NULL, NULL)) goto out;
+  kvbm_mreq_wait(r, -1, &info);
+  *on_s = now() - t0;
+  ok = info.hit_blocks[expect_from] == c->n && check(m, r, c->n);
+  if (!ok)
+    fprintf(stderr, "bench_tiers: expected %zu blocks from %s, got %zu (g1 %zu g2 %zu g3 %zu)\n",
+            c->n, kvbm_tier_name(expect_from), info.hit_blocks[expect_from], info.hit_blocks[0],
+            info.hit_blocks[1], info.hit_blocks[2]);
+  kvbm_mreq_commit(r);
+  kvbm_manager_flush(m);
+  kvbm_mreq_destroy(r);
+out:
+  free(p);
+  free(q);
+  return ok;
+}
+
+/* memcpy of n blocks of `bytes`, warm buffers. */
+static double memcpy_s(uint8_t *dst, const uint8_t *src, size_t n, size_t bytes) {
+  double t0 = now();
+  for (size_t k = 0; k < n; k++) memcpy(dst + k * bytes, src + k * bytes, bytes);
+  return now() - t0;
+}
+
+/* Plain O_DIRECT: sequential pwrite then pread of n x bytes, 2 MiB at a
+ * time, to a preallocated file in dir. */
+static int direct_io(const char *dir, size_t n, size_t bytes, void *buf, double *w, double *r) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/bench-tiers-raw-XXXXXX", dir);
+  int t = mkstemp(path);
+  if (t < 0) return 0;
+  close(t);
+  int fd = open(path, O_RDWR | O_DIRECT);
+  unlink(path);
+  if (fd < 0) return 0;
+  int ok = fallocate(fd, 0, 0, (off_t)(n * bytes)) == 0;
+  double t0 = now();
+  for (size_t k = 0; ok && k < n; k++)
+    ok = pwrite(fd, buf, bytes, (off_t)(k * bytes)) == (ssize_t)bytes;
+  *w = now() - t0;
+  t0 = now();
+  for (size_t k = 0; ok && k < n; k++)
+    ok = pread(fd, buf, bytes, (off_t)(k * bytes)) == (ssize_t)bytes;
+  *r = now() - t0;
+  close(fd);
+  return ok;
+}
+
+int main(int argc, char **argv) {
+  cfg c = {.n = 128, .reps = 3, .dir = "/tmp"};
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--blocks") && i + 1 < argc) c.n = (size_t)strtoul(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) c.reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--dir") && i + 1 < argc) c.dir = argv[++i];
+    else if (!strcmp(argv[i], "--json")) c.json = true;
+    else {
+      fprintf(stderr, "usage: bench_tiers [--blocks N] [--reps R] [--dir DIR] [--json]\n");
+      return 2;
+    }
+  }
+  if (c.n < 1 || c.n > 4096 || c.reps < 1 || c.reps > 50) {
+    fprintf(stderr, "bench_tiers: --blocks 1..4096, --reps 1..50\n");
+    return 2;
+  }
+  struct statfs sf;
+  if (statfs(c.dir, &sf) == 0 && sf.f_type == 0x01021994)
+    fprintf(stderr, "bench_tiers: %s is tmpfs: O_DIRECT is refused there, use --dir on a disk\n",
+            c.dir);
+
+  kvbm_error e = {0};
+  kvbm_manager *mh, *md = NULL;
+  kvbm_manager_config hc = mcfg(&c, (uint32_t)(2 * c.n + 4), 0);
+  if (kvbm_manager_create(&hc, &mh, &e)) {
+    fprintf(stderr, "bench_tiers: %s\n", e.msg);
+    return 1;
+  }
+  size_t bytes = kvbm_manager_block_bytes(mh);
+  double total = (double)(c.n * bytes);
+  uint8_t *a = NULL, *b = NULL;
+  void *dbuf = NULL;
+  if (posix_memalign((void **)&a, 4096, c.n * bytes) || posix_memalign((void **)&b, 4096, c.n * bytes) ||
+      posix_memalign(&dbuf, 4096, bytes)) {
+    fprintf(stderr, "bench_tiers: out of memory\n");
+    return 1;
+  }
+  memset(a, 1, c.n * bytes);
+  memset(b, 2, c.n * bytes);
+  memset(dbuf, 3, bytes);
+
+  double *off2 = calloc((size_t)c.reps, sizeof(double)), *on2 = calloc((size_t)c.reps, sizeof(double));
+  double *mc = calloc((size_t)c.reps, sizeof(double));
+  double *off3 = calloc((size_t)c.reps, sizeof(double)), *on3 = calloc((size_t)c.reps, sizeof(double));
+  double *rw = calloc((size_t)c.reps, sizeof(double)), *rr = calloc((size_t)c.reps, sizeof(double));
+  int ok = 1;
+  memcpy_s(b, a, c.n, bytes); /* warm */
+  for (int i = 0; i < c.reps && ok; i++) {
+    ok = round_trip(&c, mh, (uint32_t)(i + 1) * 100000000u, &off2[i], &on2[i], KVBM_TIER_G2);
+    mc[i] = memcpy_s(b, a, c.n, bytes);
+  }
+  kvbm_manager_destroy(mh);
+
+  kvbm_manager_config dc = mcfg(&c, (uint32_t)c.n, 2 * c.n + 8);
+  if (ok && kvbm_manager_create(&dc, &md, &e)) {
+    fprintf(stderr, "bench_tiers: %s\n", e.msg);
+    return 1;
+  }
+  const char *mode = ok ? kvbm_manager_g3_mode(md) : "";
+  if (ok && !*mode) {
+    fprintf(stderr, "bench_tiers: G3 unavailable: %s\n", kvbm_manager_g3_error(md));
+    ok = 0;
+  }
+  for (int i = 0; i < c.reps && ok; i++) {
+    ok = round_trip(&c, md, (uint32_t)(i + 10) * 100000000u, &off3[i], &on3[i], KVBM_TIER_G3);
+    if (ok && !direct_io(c.dir, c.n, bytes, dbuf, &rw[i], &rr[i])) {
+      fprintf(stderr, "bench_tiers: plain O_DIRECT I/O in %s failed: %s\n", c.dir, strerror(errno));
+      ok = 0;
+    }
+  }
+  char modebuf[64] = "";
+  if (ok) snprintf(modebuf, sizeof modebuf, "%s", mode);
+  kvbm_manager_destroy(md);
+  if (!ok) return 1;
+
+  double m_mc = median(mc, c.reps), m_off2 = median(off2, c.reps), m_on2 = median(on2, c.reps);
+  double m_off3 = median(off3, c.reps), m_on3 = median(on3, c.reps);
+  double m_rw = median(rw, c.reps), m_rr = median(rr, c.reps);
+  double gb = total / 1e9;
+  if (c.json) {
+    printf("{\"workload\":\"W4\",\"block_bytes\":%zu,\"blocks\":%zu,\"reps\":%d,\"g3_mode\":\"%s\","
+           "\"memcpy_gbps\":%.3f,\"g1_to_g2_gbps\":%.3f,\"g2_to_g1_gbps\":%.3f,"
+           "\"g1_to_g2_ratio\":%.3f,\"g2_to_g1_ratio\":%.3f,"
+           "\"direct_write_gbps\":%.3f,\"direct_read_gbps\":%.3f,"
+           "\"g2_to_g3_gbps\":%.3f,\"g3_to_g1_gbps\":%.3f,"
+           "\"g2_to_g3_ratio\":%.3f,\"g3_to_g1_ratio\":%.3f}\n",
+           bytes, c.n, c.reps, modebuf, gb / m_mc, gb / m_off2, gb / m_on2, m_mc / m_off2,
+           m_mc / m_on2, gb / m_rw, gb / m_rr, gb / m_off3, gb / m_on3, m_rw / m_off3,
+           m_rr / m_on3);
+  } else {
+    printf("W4 data movement: %zu blocks of %.0f MiB (32 layers x 2 x 16 tokens x 1024 x 2 B), "
+           "median of %d\n", c.n, (double)bytes / MiB, c.reps);
+    printf("  memcpy bound            %6.2f GB/s\n", gb / m_mc);
+    printf("  G1 -> G2 offload        %6.2f GB/s  ratio %.2f (target 0.8)\n", gb / m_off2,
+           m_mc / m_off2);
+    printf("  G2 -> G1 onboard        %6.2f GB/s  ratio %.2f (target 0.8)\n", gb / m_on2,
+           m_mc / m_on2);
+    printf("  O_DIRECT write bound    %6.2f GB/s  (plain pwrite, 2 MiB, %s)\n", gb / m_rw, c.dir);
+    printf("  O_DIRECT read bound     %6.2f GB/s  (plain pread, 2 MiB)\n", gb / m_rr);
+    printf("  G2 -> G3 offload        %6.2f GB/s  ratio %.2f (target 0.8; %s)\n", gb / m_off3,
+           m_rw / m_off3, modebuf);
+    printf("  G3 -> G1 onboard        %6.2f GB/s  ratio %.2f (target 0.8)\n", gb / m_on3,
+           m_rr / m_on3);
+  }
+  free(a);
+  free(b);
+  free(dbuf);
+  free(off2);
+  free(on2);
+  free(mc);
+  free(off3);
+  free(on3);
+  free(rw);
+  free(rr);
+  return 0;
+}
