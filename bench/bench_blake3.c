@@ -23,6 +23,8 @@
  * CLIs), where per-file costs vanish and hashing speed dominates.
  *
  * usage: bench_blake3 [--mib 64] [--repeat 5] [--json] [--impl NAME]
+ * (--impl forces the library's path for the lib column only; the kvbm
+ * command always takes the best path.)
  */
 #include <errno.h>
 #include <fcntl.h>
