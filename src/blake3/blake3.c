@@ -5,9 +5,9 @@
  * Design. Input is cut into 1 KiB chunks; chunk chaining values are the
  * leaves of a binary tree whose left subtrees are always complete powers
  * of two. The hasher keeps:
- *   - the current, incomplete chunk (compressed one block at a time with
- *     the portable function; its last block is held back because only the
- *     end of input tells whether it is the root);
+ *   - the current, incomplete chunk (compressed one block at a time, by
+ *     compress(); its last block is held back because only the end of
+ *     input tells whether it is the root);
  *   - a stack of chaining values of complete subtrees, largest first.
  * Long inputs skip the chunk state: all their whole chunks are compressed
  * side by side by a SIMD kernel ("batch"), then the tree above them is
@@ -24,8 +24,14 @@
  *
  * Path choice: each hasher records its path (AUTO resolves to the widest
  * the CPU has, via __builtin_cpu_supports, a cheap read of data the
- * runtime fills at load time); nothing is cached in globals. Wide kernels
- * take as many inputs as they can and narrower ones the rest.
+ * runtime fills at load time); nothing is cached in globals. The widest
+ * kernel takes full batches, one padded call of a narrower one the rest
+ * (see many()).
+ *
+ * Trade-offs: a batch keeps its chaining values on the stack (up to about
+ * 40 KiB per update call) rather than in the hasher, which stays small and
+ * copyable; inputs shorter than two chunks never reach the SIMD kernels
+ * (they are latency-bound single compressions either way).
  */
 #include "kvbm/blake3.h"
 
