@@ -258,6 +258,11 @@ typedef struct kvbm_w3_opts {
   /* optional: called every few hundred requests and at the end */
   void (*progress)(void *user, size_t done, size_t total);
   void *progress_user;
+  /* optional, kv-aware run: sees, in order, every batch the index applies
+   * (as decoded; valid during the call) and every lookup's keys */
+  void (*tap_batch)(void *user, uint32_t worker, const kvbm_event_batch *b);
+  void (*tap_lookup)(void *user, const uint64_t *keys, size_t n);
+  void *tap_user;
 } kvbm_w3_opts;
 
 kvbm_w3_opts kvbm_w3_opts_default(void);

@@ -38,13 +38,14 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kvbm/router.h"
 #include "router/wmap.h"
 
 #define T KVBM_ROUTER_TIERS
 #define MAXW KVBM_ROUTER_MAX_WORKERS
-#define PREFETCH_AHEAD 6
+#define PREFETCH_AHEAD 16
 
 typedef struct slot {
   _Atomic uint64_t seq; /* odd while the writer changes the slot */
@@ -56,6 +57,8 @@ typedef struct stab {
   size_t cap; /* power of two */
   unsigned shift;
   slot *s;
+  void *map; /* the mapping behind s, when mapped */
+  size_t map_len;
   struct stab *retired; /* older tables, kept until destroy */
 } stab;
 
@@ -99,10 +102,39 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Tables of 2 MiB and more are mapped fresh, 2 MiB-aligned, and advised to
+ * use huge pages: a lookup touches one random slot per block, and with
+ * 4 KiB pages each of those would also be a TLB miss. (Fresh mappings:
+ * memory malloc recycles is already faulted in small pages.) */
+#define HUGE_BYTES ((size_t)2 << 20)
+
+static slot *slots_alloc(size_t cap, void **map, size_t *map_len) {
+  size_t bytes = cap * sizeof(slot);
+  *map = NULL;
+  *map_len = 0;
+  if (bytes < HUGE_BYTES) return calloc(cap, sizeof(slot));
+  size_t len = bytes + HUGE_BYTES;
+  uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  uint8_t *a = (uint8_t *)(((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
+#ifdef MADV_HUGEPAGE
+  madvise(a, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+#endif
+  *map = p;
+  *map_len = len;
+  return (slot *)a; /* zero-filled by mmap */
+}
+
+static void stab_free(stab *t) {
+  if (t->map) munmap(t->map, t->map_len);
+  else free(t->s);
+  free(t);
+}
+
 static stab *stab_new(size_t cap) {
   stab *t = calloc(1, sizeof *t);
   if (!t) return NULL;
-  t->s = calloc(cap, sizeof *t->s);
+  t->s = slots_alloc(cap, &t->map, &t->map_len);
   if (!t->s) {
     free(t);
     return NULL;
@@ -276,8 +308,8 @@ static bool grow(kvbm_index *idx) {
   return true;
 }
 
-/* Sets bit `w` of tier `tier` of key h. */
-static int shared_hold(kvbm_index *idx, uint64_t h, uint32_t w, int tier) {
+/* Sets bit `w` of tier `tier` of key h; *was_set says whether it was. */
+static int shared_hold(kvbm_index *idx, uint64_t h, uint32_t w, int tier, bool *was_set) {
   stab *t = LD(&idx->tab);
   bool found;
   slot *s = find_slot(t, h, &found);
@@ -291,6 +323,8 @@ static int shared_hold(kvbm_index *idx, uint64_t h, uint32_t w, int tier) {
     for (int k = 0; k < T; k++) m[k] = LD(&s->mask[k]);
   else
     bump(&idx->c.entries, 1);
+  *was_set = m[tier] >> w & 1;
+  if (*was_set) return KVBM_OK;
   m[tier] |= 1ull << w;
   slot_write(s, h, m);
   return KVBM_OK;
@@ -320,28 +354,51 @@ static void slot_delete(kvbm_index *idx, stab *t, slot *s) {
   bump(&idx->c.entries, (uint64_t)-1);
 }
 
-/* Clears bit `w` of tier `tier` of key h. */
-static void shared_release(kvbm_index *idx, uint64_t h, uint32_t w, int tier) {
+/* Clears the bits `bits` of tier `tier` in slot s; false when none was set. */
+static bool slot_clear(kvbm_index *idx, stab *t, slot *s, uint64_t bits, int tier) {
+  uint64_t m[T];
+  for (int k = 0; k < T; k++) m[k] = LD(&s->mask[k]);
+  if (!(m[tier] & bits)) return false;
+  m[tier] &= ~bits;
+  if (m[0] | m[1] | m[2])
+    slot_write(s, LD(&s->key), m);
+  else
+    slot_delete(idx, t, s);
+  return true;
+}
+
+/* Clears bit `w` of tier `tier` of key h; false when it was not set. */
+static bool shared_release(kvbm_index *idx, uint64_t h, uint32_t w, int tier) {
   stab *t = LD(&idx->tab);
   bool found;
   slot *s = find_slot(t, h, &found);
-  if (!found) return;
-  uint64_t m[T];
-  for (int k = 0; k < T; k++) m[k] = LD(&s->mask[k]);
-  m[tier] &= ~(1ull << w);
-  if (m[0] | m[1] | m[2])
-    slot_write(s, h, m);
-  else
-    slot_delete(idx, t, s);
+  return found && slot_clear(idx, t, s, 1ull << w, tier);
 }
 
-/* One more copy of engine hash e (index key r) in slot w, tier. */
+/*
+ * Copies. In recompute mode the worker's map holds every block (engine
+ * hash -> index key, count per tier). With the engine's hashes as keys the
+ * shared bit says "at least one copy" and the map holds only the extra
+ * copies of duplicated blocks (rare), so the common event costs one probe
+ * of the shared table and nothing else.
+ */
 static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r) {
-  bool added;
+  bool added, was_set;
+  int rc;
+  if (!idx->cfg.recompute) {
+    if ((rc = shared_hold(idx, e, w, tier, &was_set))) return rc;
+    if (was_set) {
+      wentry *we = wmap_upsert(&idx->w[w].map, e, e, &added);
+      if (!we) return KVBM_ENOMEM;
+      we->cnt[tier]++;
+    }
+    bump(&idx->c.stored, 1);
+    return KVBM_OK;
+  }
   wentry *we = wmap_upsert(&idx->w[w].map, e, r, &added);
   if (!we) return KVBM_ENOMEM;
   if (we->cnt[tier]++ == 0) {
-    int rc = shared_hold(idx, we->rhash, w, tier);
+    rc = shared_hold(idx, we->rhash, w, tier, &was_set);
     if (rc) {
       we->cnt[tier]--;
       if (added) wmap_erase(&idx->w[w].map, we);
@@ -355,6 +412,17 @@ static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r) {
 static void unhold(kvbm_index *idx, uint32_t w, int tier, uint64_t e) {
   wmap *m = &idx->w[w].map;
   wentry *we = wmap_find(m, e);
+  if (!idx->cfg.recompute) {
+    if (we && we->cnt[tier]) { /* an extra copy goes, the bit stays */
+      we->cnt[tier]--;
+      if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) wmap_erase(m, we);
+    } else if (!shared_release(idx, e, w, tier)) {
+      bump(&idx->c.unknown_removed, 1);
+      return;
+    }
+    bump(&idx->c.removed, 1);
+    return;
+  }
   if (!we || we->cnt[tier] == 0) {
     bump(&idx->c.unknown_removed, 1);
     return;
@@ -367,11 +435,34 @@ static void unhold(kvbm_index *idx, uint32_t w, int tier, uint64_t e) {
 /* Forgets everything slot w holds. */
 static void forget_all(kvbm_index *idx, uint32_t w) {
   wmap *m = &idx->w[w].map;
-  for (size_t i = 0; i < m->cap; i++) {
-    wentry *we = &m->e[i];
-    if (!we->used) continue;
-    for (int t = 0; t < T; t++)
-      if (we->cnt[t]) shared_release(idx, we->rhash, w, t);
+  if (idx->cfg.recompute) {
+    for (size_t i = 0; i < m->cap; i++) {
+      wentry *we = &m->e[i];
+      if (!we->used) continue;
+      for (int t = 0; t < T; t++)
+        if (we->cnt[t]) shared_release(idx, we->rhash, w, t);
+    }
+  } else {
+    /* No list of the worker's blocks: sweep the table (clears and worker
+     * departures are rare). A deletion shifts later entries back into
+     * slot i, so slot i is looked at again; entries only move backwards,
+     * and one wrapping from the start to the end was already swept. */
+    stab *t = LD(&idx->tab);
+    uint64_t bit = 1ull << w;
+    for (size_t i = 0; i < t->cap;) {
+      slot *s = &t->s[i];
+      uint64_t mk[T], any = 0;
+      for (int k = 0; k < T; k++) any |= (mk[k] = LD(&s->mask[k]));
+      if (!(any & bit)) {
+        i++;
+        continue;
+      }
+      for (int k = 0; k < T; k++) mk[k] &= ~bit;
+      if (mk[0] | mk[1] | mk[2])
+        slot_write(s, LD(&s->key), mk);
+      else
+        slot_delete(idx, t, s); /* slot i now holds a later entry or nothing */
+    }
   }
   wmap_clear(m);
 }
@@ -424,8 +515,7 @@ void kvbm_index_destroy(kvbm_index *idx) {
   if (!idx) return;
   for (stab *t = LD(&idx->tab), *n; t; t = n) {
     n = t->retired;
-    free(t->s);
-    free(t);
+    stab_free(t);
   }
   for (int s = 0; s < MAXW; s++) wmap_free(&idx->w[s].map);
   free(idx);
@@ -530,10 +620,32 @@ static int check_event(const kvbm_index *idx, const kvbm_event *ev, kvbm_error *
   return KVBM_OK;
 }
 
+/* Event application is bound by memory latency (one random slot of a
+ * table of megabytes per block), so the slots of blocks a few steps ahead
+ * are prefetched to overlap those misses. */
+#define EV_AHEAD 8
+
+static inline void prefetch_key(const kvbm_index *idx, uint32_t w, uint64_t h) {
+  if (idx->cfg.recompute) {
+    const wmap *m = &idx->w[w].map;
+    if (m->cap) __builtin_prefetch(&m->e[wmap_home(h, m->cap)], 1);
+    return;
+  }
+  const stab *t = atomic_load_explicit(&((kvbm_index *)idx)->tab, memory_order_relaxed);
+  __builtin_prefetch(&t->s[home(t, h)], 1);
+}
+
+static inline void prefetch_event(const kvbm_index *idx, uint32_t w, const kvbm_event *ev) {
+  size_t n = ev->num_block_hashes < 4 ? ev->num_block_hashes : 4;
+  if (ev->type == KVBM_EVENT_CLEARED || !ev->block_hashes) return;
+  for (size_t i = 0; i < n; i++) prefetch_key(idx, w, ev->block_hashes[i]);
+}
+
 static int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
   int tier = kvbm_router_tier_of(ev->medium);
   if (!idx->cfg.recompute) {
     for (size_t i = 0; i < ev->num_block_hashes; i++) {
+      if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, s, ev->block_hashes[i + EV_AHEAD]);
       int rc = hold(idx, s, tier, ev->block_hashes[i], ev->block_hashes[i]);
       if (rc) return rc;
     }
@@ -570,8 +682,10 @@ static int apply_one(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_err
       rc = apply_stored(idx, s, ev);
       break;
     case KVBM_EVENT_REMOVED:
-      for (size_t i = 0; i < ev->num_block_hashes; i++)
+      for (size_t i = 0; i < ev->num_block_hashes; i++) {
+        if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, s, ev->block_hashes[i + EV_AHEAD]);
         unhold(idx, s, kvbm_router_tier_of(ev->medium), ev->block_hashes[i]);
+      }
       break;
     default:
       forget_all(idx, s);
@@ -603,8 +717,12 @@ int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event
   int rc = kvbm_index_add_worker(idx, key, &s, err);
   if (rc) return rc;
   if (!check_id(idx, s, b->seq)) return KVBM_OK;
-  for (size_t i = 0; i < b->num_events; i++)
+  for (size_t i = 0; i < EV_AHEAD && i < b->num_events; i++)
+    prefetch_event(idx, s, &b->events[i]);
+  for (size_t i = 0; i < b->num_events; i++) {
+    if (i + EV_AHEAD < b->num_events) prefetch_event(idx, s, &b->events[i + EV_AHEAD]);
     if ((rc = apply_one(idx, s, &b->events[i], err))) return rc;
+  }
   return KVBM_OK;
 }
 

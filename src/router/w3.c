@@ -131,7 +131,7 @@ typedef struct wire {
 
 /* Sends worker w's captured events to the index through the codec. */
 static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *index_s,
-                 kvbm_error *err) {
+                 const kvbm_w3_opts *tap, kvbm_error *err) {
   if (c->oom) return kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
   if (!c->nr) return KVBM_OK;
   if (!reserve((void **)&wr->ev, &wr->cev, c->nr, sizeof *wr->ev))
@@ -161,6 +161,7 @@ static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *inde
   int rc = kvbm_event_encode(wr->enc, &b, KVBM_FORM_POSITIONAL, &data, &len, err);
   kvbm_event_batch d;
   if (!rc) rc = kvbm_event_decode(wr->dec, data, len, b.seq, &d, err);
+  if (!rc && tap->tap_batch) tap->tap_batch(tap->tap_user, w, &d);
   double t0 = now();
   if (!rc) rc = kvbm_index_apply_batch(idx, w, &d, err);
   *index_s += now() - t0;
@@ -267,6 +268,7 @@ static int choose(sim *s, enum policy p, size_t i, const kvbm_trace_request *r, 
       kvbm_index_hash_tokens(s->idx, s->prompt, r->input_length, s->ih, s->max_blocks);
       keys = s->ih;
     }
+    if (o->tap_lookup) o->tap_lookup(o->tap_user, keys, nb);
     double t0 = now();
     kvbm_index_lookup(s->idx, keys, nb, ov, NULL);
     s->res->index_seconds += now() - t0;
@@ -373,7 +375,7 @@ static int run_policy(sim *s, enum policy p, kvbm_w3_policy *pol, kvbm_error *er
     if ((rc = run_on(s, w, r, i, pol, err))) break;
     if (p == P_KV) {
       double t1 = now();
-      rc = flush(&s->wr, &s->cap[w], w, s->idx, &s->res->index_seconds, err);
+      rc = flush(&s->wr, &s->cap[w], w, s->idx, &s->res->index_seconds, s->o, err);
       s->res->wire_seconds += now() - t1;
     }
     if (s->o->progress && i % 256 == 255)
