@@ -9,7 +9,7 @@ set -euo pipefail
 PY=/usr/bin/python3
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-SMALL=(--layers 2 --inner 256 --page-size 16 --blocks 64 --slots 16 --batch 4 --tls shm,self)
+SMALL=(--layers 2 --inner 256 --page-size 16 --blocks 64 --slots 16 --batch 4 --rounds 2 --tls shm,self)
 
 "$KVBM_BIN" transfer-bench "${SMALL[@]}" --no-reference --json >"$T/noref.json"
 "$PY" - "$T/noref.json" <<'PY'
@@ -43,7 +43,7 @@ rc=0
 grep -q "ucx_perftest" "$T/err"
 
 # usage errors
-for bad in "--slots 10 --batch 4" "--blocks 0" "--bogus" "--layer-separate" "--batch 2 --slots 256"; do
+for bad in "--slots 10 --batch 4" "--blocks 0" "--rounds 0" "--bogus" "--layer-separate" "--batch 2 --slots 256"; do
   rc=0
   # shellcheck disable=SC2086
   "$KVBM_BIN" transfer-bench $bad --no-reference >/dev/null 2>&1 || rc=$?
