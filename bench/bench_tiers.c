@@ -18,7 +18,7 @@
  * both ratios.
  *
  * usage: bench_tiers [--blocks N (128)] [--reps R (3)] [--dir DIR (/tmp)]
- *                    [--json]
+ *                    [--qd DEPTH (8): G3 requests in flight] [--json]
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -95,6 +95,7 @@ typedef struct cfg {
   int reps;
   const char *dir;
   bool json;
+  uint32_t qd;
 } cfg;
 
 static kvbm_manager_config mcfg(const cfg *c, uint32_t g2, uint64_t g3) {
@@ -109,6 +110,7 @@ static kvbm_manager_config mcfg(const cfg *c, uint32_t g2, uint64_t g3) {
   mc.g3_dir = c->dir;
   mc.g3_policy = KVBM_OFFLOAD_ALL;
   mc.queue_capacity = (uint32_t)(4 * c->n + 16);
+  mc.g3_queue_depth = c->qd;
   return mc;
 }
 
@@ -183,19 +185,20 @@ static int direct_io(const char *dir, size_t n, size_t bytes, void *buf, double 
 }
 
 int main(int argc, char **argv) {
-  cfg c = {.n = 128, .reps = 3, .dir = "/tmp"};
+  cfg c = {.n = 128, .reps = 3, .dir = "/tmp", .qd = 8};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--blocks") && i + 1 < argc) c.n = (size_t)strtoul(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) c.reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--dir") && i + 1 < argc) c.dir = argv[++i];
     else if (!strcmp(argv[i], "--json")) c.json = true;
+    else if (!strcmp(argv[i], "--qd") && i + 1 < argc) c.qd = (uint32_t)strtoul(argv[++i], NULL, 10);
     else {
-      fprintf(stderr, "usage: bench_tiers [--blocks N] [--reps R] [--dir DIR] [--json]\n");
+      fprintf(stderr, "usage: bench_tiers [--blocks N] [--reps R] [--dir DIR] [--qd D] [--json]\n");
       return 2;
     }
   }
-  if (c.n < 1 || c.n > 4096 || c.reps < 1 || c.reps > 50) {
-    fprintf(stderr, "bench_tiers: --blocks 1..4096, --reps 1..50\n");
+  if (c.n < 1 || c.n > 4096 || c.reps < 1 || c.reps > 50 || c.qd < 1 || c.qd > 128) {
+    fprintf(stderr, "bench_tiers: --blocks 1..4096, --reps 1..50, --qd 1..128\n");
     return 2;
   }
   struct statfs sf;

@@ -3,10 +3,13 @@
  *
  * One file, preallocated with fallocate, of a 4096-byte superblock followed
  * by `num_slots` slots of `slot_size` bytes (a multiple of 4096, so every
- * slot is O_DIRECT-aligned). A slot holds a 64-byte header and the block's
- * bytes, written together by one write:
+ * slot is O_DIRECT-aligned). A slot holds the block's bytes at offset 0 and
+ * a 64-byte header right after them (at offset data_bytes), written
+ * together by one request; data first so that, when data_bytes is a
+ * multiple of 4096, the data can move straight between the tier's memory
+ * and the disk (no bounce copy) and the header rides in its own page:
  *
- *   off size  field
+ *   off size  field (header, from offset data_bytes)
  *     0   8   magic "KVBMSLT1"
  *     8   8   sequence hash
  *    16   8   parent hash
@@ -21,8 +24,8 @@
  * checksum, fingerprint, length, the expected hash) or whose data does not
  * match the data checksum is rejected: the caller gets an error, never the
  * bytes. XXH3 and not BLAKE3: the threat is torn writes and bit rot, not an
- * adversary, and XXH3 runs at memory speed (tens of GB/s) where BLAKE3 would
- * cost a visible share of the disk's bandwidth.
+ * adversary, and XXH3 runs at memory speed where BLAKE3 would cost a
+ * visible share of the disk's bandwidth.
  *
  * I/O: io_uring with up to `queue_depth` requests in flight; without
  * io_uring (kernel too old, seccomp) plain pread/pwrite. O_DIRECT unless
@@ -42,6 +45,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include <sys/uio.h>
 
 #include "kvbm/status.h"
 
@@ -89,6 +94,22 @@ const char *kvbm_disk_path(const kvbm_disk *d);
  * free with free(). NULL on ENOMEM. */
 void *kvbm_disk_buffer(const kvbm_disk *d);
 
+/* Where a slot's data is: in the slot buffer itself (iov NULL: data at
+ * buf[0 .. data_bytes), header at buf + data_bytes), or in caller memory
+ * (iov[0..iovcnt) totalling data_bytes: zero-copy; the header then lives in
+ * buf[0 .. 64) and the buffer's first slot_size - data_bytes bytes are the
+ * slot's tail). Zero-copy needs kvbm_disk_direct_ok() of every piece. */
+typedef struct kvbm_disk_data {
+  const struct iovec *iov;
+  int iovcnt;
+} kvbm_disk_data;
+
+/* Whether memory [p, p + len) can be a zero-copy piece of a slot: the slot
+ * tail is a whole page (data_bytes a multiple of 4096), p and len are
+ * 4096-aligned, and the piece count stays within the limit. */
+bool kvbm_disk_direct_ok(const kvbm_disk *d, const void *p, size_t len);
+#define KVBM_DISK_MAX_IOV 1023
+
 typedef struct kvbm_slot_header {
   uint64_t seq_hash;
   uint64_t parent_hash;
@@ -96,33 +117,43 @@ typedef struct kvbm_slot_header {
   uint64_t write_seq;     /* set by kvbm_disk_seal */
 } kvbm_slot_header;
 
-/* Writes the header for `h` into buf[0..64) over the data already in
- * buf[64 .. 64 + data_bytes), zeroes the padding up to slot_size, and
- * assigns the next write sequence. */
-void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_slot_header *h);
+/* Writes the header for `h` over the data (see kvbm_disk_data), zeroes the
+ * padding, and assigns the next write sequence. */
+void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_disk_data *data,
+                    const kvbm_slot_header *h);
 
-/* Checks a slot read into buf: KVBM_EMAGIC (no slot there), KVBM_ECHECKSUM
- * (header or data checksum mismatch), KVBM_EFORMAT (fingerprint or length
- * of another layout), KVBM_ENOTFOUND (a valid slot of another hash when
- * expect_hash is given). check_data false checks the header only. On
- * success fills *h (may be NULL). */
-int kvbm_disk_check(const kvbm_disk *d, const void *buf, bool check_data,
-                    const uint64_t *expect_hash, kvbm_slot_header *h);
+/* Checks a slot read into buf (and data): KVBM_EMAGIC (no slot there),
+ * KVBM_ECHECKSUM (header or data checksum mismatch), KVBM_EFORMAT
+ * (fingerprint or length of another layout), KVBM_ENOTFOUND (a valid slot
+ * of another hash when expect_hash is given). check_data false checks the
+ * header only. On success fills *h (may be NULL). data may be NULL. */
+int kvbm_disk_check(const kvbm_disk *d, const void *buf, const kvbm_disk_data *data,
+                    bool check_data, const uint64_t *expect_hash, kvbm_slot_header *h);
 
 /* One slot transfer. `result` receives 0 or a negative errno (-EIO for a
- * short transfer). */
+ * short read, -ENOSPC for a short write). */
 typedef struct kvbm_disk_io {
   uint64_t slot;
   void *buf;           /* from kvbm_disk_buffer */
+  kvbm_disk_data data; /* {NULL, 0}: all in buf */
   bool write;
   int result;
   void *user;
+  struct iovec iov[KVBM_DISK_MAX_IOV + 1]; /* used by the disk */
 } kvbm_disk_io;
 
-/* Starts an I/O: with io_uring it is submitted at once (after waiting for
- * one in flight to finish if queue_depth are); without, it runs now. The io
- * must stay valid until kvbm_disk_finish. KVBM_EINVAL: slot out of range. */
+/* Starts an I/O: with io_uring it is submitted at once (if queue_depth are
+ * in flight, one is reaped first: it is then returned by the next
+ * kvbm_disk_reap); without io_uring it runs now. The io must stay valid
+ * until it is reaped. KVBM_EINVAL: slot out of range or bad data pieces. */
 int kvbm_disk_begin(kvbm_disk *d, kvbm_disk_io *io);
+
+/* Requests started and not yet reaped. */
+uint32_t kvbm_disk_pending(const kvbm_disk *d);
+
+/* Returns one finished I/O (its result set), waiting for one if needed;
+ * NULL when none is pending. */
+kvbm_disk_io *kvbm_disk_reap(kvbm_disk *d);
 
 /* Waits until every started I/O has finished (their results set). */
 void kvbm_disk_finish(kvbm_disk *d);

@@ -12,9 +12,13 @@
  *
  * I/O goes through one io_uring whose depth bounds the requests in flight;
  * where io_uring cannot be set up we fall back to pread/pwrite, and where
- * O_DIRECT is refused (tmpfs) to the page cache. The caller prepares whole
- * slot images in aligned buffers, so O_DIRECT's alignment rules hold for
- * any block size.
+ * O_DIRECT is refused (tmpfs) to the page cache. A slot is data then header,
+ * so when the block size is a multiple of the page the data moves straight
+ * between the tier's (aligned) memory and the disk with a vectored request
+ * whose last piece is the header page; otherwise the caller stages the
+ * whole slot in an aligned buffer, so O_DIRECT's rules hold for any block
+ * size. Finished requests are handed back one at a time (kvbm_disk_reap) so
+ * the caller can check one slot while the next ones are still in flight.
  */
 #include "kvbm/disk.h"
 
@@ -28,6 +32,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #define SLOT_MAGIC "KVBMSLT1"
@@ -41,6 +46,8 @@ struct kvbm_disk {
   bool direct, uring, prealloc, reused;
   struct io_uring ring;
   uint32_t depth, inflight;
+  kvbm_disk_io **done; /* finished, not yet reaped: a ring of 2 * depth + 2 */
+  uint32_t done_head, done_count, done_cap;
   char path[PATH_MAX];
 };
 
@@ -92,6 +99,17 @@ static int sync_io(int fd, void *buf, size_t len, uint64_t off, bool write) {
     if (n == 0) return -EIO; /* read past the end: the slot was never written */
     done += (size_t)n;
   }
+  return 0;
+}
+
+/* Whole vectored transfer: a short one is an error (a full disk or a size
+ * limit for a write, the end of the file for a read). */
+static int sync_iov(int fd, const struct iovec *iov, int cnt, size_t len, uint64_t off, bool write) {
+  ssize_t n;
+  do n = write ? pwritev(fd, iov, cnt, (off_t)off) : preadv(fd, iov, cnt, (off_t)off);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  if ((size_t)n != len) return write ? -ENOSPC : -EIO;
   return 0;
 }
 
@@ -206,6 +224,13 @@ int kvbm_disk_open(const kvbm_disk_config *cfg, kvbm_disk **out, kvbm_error *err
     free(d);
     return rc;
   }
+  d->done_cap = 2 * d->depth + 2;
+  d->done = calloc(d->done_cap, sizeof *d->done);
+  if (!d->done) {
+    close(d->fd);
+    free(d);
+    return kvbm_error_set(err, KVBM_ENOMEM, "disk: out of memory");
+  }
   d->uring = cfg->uring && io_uring_queue_init(d->depth, &d->ring, 0) == 0;
   *out = d;
   return KVBM_OK;
@@ -216,11 +241,36 @@ void kvbm_disk_close(kvbm_disk *d) {
   kvbm_disk_finish(d);
   if (d->uring) io_uring_queue_exit(&d->ring);
   close(d->fd);
+  free(d->done);
   free(d);
 }
 
-void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_slot_header *h) {
-  uint8_t *p = buf;
+bool kvbm_disk_direct_ok(const kvbm_disk *d, const void *p, size_t len) {
+  return d->data_bytes % KVBM_DISK_ALIGN == 0 && (uintptr_t)p % KVBM_DISK_ALIGN == 0 &&
+         len % KVBM_DISK_ALIGN == 0 && len > 0;
+}
+
+/* The header's place: after the data in the buffer, or the buffer's start
+ * when the data is elsewhere. */
+static uint8_t *hdr_of(const kvbm_disk *d, const void *buf, const kvbm_disk_data *data) {
+  return (uint8_t *)buf + (data && data->iov ? 0 : d->data_bytes);
+}
+
+static uint64_t data_sum(const kvbm_disk *d, const void *buf, const kvbm_disk_data *data) {
+  if (!data || !data->iov) return XXH3_64bits(buf, d->data_bytes);
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (int i = 0; i < data->iovcnt; i++)
+    XXH3_64bits_update(&st, data->iov[i].iov_base, data->iov[i].iov_len);
+  return XXH3_64bits_digest(&st);
+}
+
+/* Bytes of the slot after the data that the buffer supplies. */
+static size_t tail_len(const kvbm_disk *d) { return (size_t)(d->slot_size - d->data_bytes); }
+
+void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_disk_data *data,
+                    const kvbm_slot_header *h) {
+  uint8_t *p = hdr_of(d, buf, data);
   memcpy(p, SLOT_MAGIC, 8);
   put64(p + 8, h->seq_hash);
   put64(p + 16, h->has_parent ? h->parent_hash : 0);
@@ -228,23 +278,21 @@ void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_slot_header *h) {
   put32(p + 28, (uint32_t)d->data_bytes);
   put64(p + 32, d->fingerprint);
   put64(p + 40, d->next_seq++);
-  put64(p + 48, XXH3_64bits(p + KVBM_DISK_HEADER, d->data_bytes));
+  put64(p + 48, data_sum(d, buf, data));
   put64(p + 56, XXH3_64bits(p, 56));
-  size_t used = KVBM_DISK_HEADER + d->data_bytes;
-  memset(p + used, 0, d->slot_size - used);
+  memset(p + KVBM_DISK_HEADER, 0, tail_len(d) - KVBM_DISK_HEADER);
 }
 
-int kvbm_disk_check(const kvbm_disk *d, const void *buf, bool check_data,
-                    const uint64_t *expect_hash, kvbm_slot_header *h) {
-  const uint8_t *p = buf;
+int kvbm_disk_check(const kvbm_disk *d, const void *buf, const kvbm_disk_data *data,
+                    bool check_data, const uint64_t *expect_hash, kvbm_slot_header *h) {
+  const uint8_t *p = hdr_of(d, buf, data);
   if (memcmp(p, SLOT_MAGIC, 8) != 0) return KVBM_EMAGIC;
   if (get64(p + 56) != XXH3_64bits(p, 56)) return KVBM_ECHECKSUM;
   if (get64(p + 32) != d->fingerprint || get32(p + 28) != d->data_bytes ||
       (get32(p + 24) & ~1u) != 0)
     return KVBM_EFORMAT;
   if (expect_hash && get64(p + 8) != *expect_hash) return KVBM_ENOTFOUND;
-  if (check_data && get64(p + 48) != XXH3_64bits(p + KVBM_DISK_HEADER, d->data_bytes))
-    return KVBM_ECHECKSUM;
+  if (check_data && get64(p + 48) != data_sum(d, buf, data)) return KVBM_ECHECKSUM;
   if (h) {
     h->seq_hash = get64(p + 8);
     h->parent_hash = get64(p + 16);
@@ -254,14 +302,24 @@ int kvbm_disk_check(const kvbm_disk *d, const void *buf, bool check_data,
   return KVBM_OK;
 }
 
-/* Reaps one completion (blocking). */
+static void push_done(kvbm_disk *d, kvbm_disk_io *io) {
+  d->done[(d->done_head + d->done_count) % d->done_cap] = io;
+  d->done_count++;
+}
+
+/* Moves one finished request from the ring to the done list (blocking). */
 static void reap_one(kvbm_disk *d) {
   struct io_uring_cqe *cqe;
-  int r;
-  do r = io_uring_wait_cqe(&d->ring, &cqe);
-  while (r == -EINTR);
-  if (r < 0) return; /* cannot happen with requests in flight */
-  kvbm_disk_io *io = io_uring_cqe_get_data(cqe);
+  kvbm_disk_io *io;
+  for (;;) {
+    int r;
+    do r = io_uring_wait_cqe(&d->ring, &cqe);
+    while (r == -EINTR);
+    if (r < 0) return; /* cannot happen with requests in flight */
+    io = io_uring_cqe_get_data(cqe);
+    if ((void *)io != (void *)d) break;
+    io_uring_cqe_seen(&d->ring, cqe); /* a no-op left by a refused submission */
+  }
   int res = cqe->res;
   if (res < 0)
     io->result = res;
@@ -269,39 +327,73 @@ static void reap_one(kvbm_disk *d) {
     io->result = (uint64_t)res == d->slot_size ? 0 : io->write ? -ENOSPC : -EIO;
   io_uring_cqe_seen(&d->ring, cqe);
   d->inflight--;
+  push_done(d, io);
+}
+
+/* Fills io->iov with the slot's pieces; returns their count or -1. */
+static int build_iov(const kvbm_disk *d, kvbm_disk_io *io) {
+  if (!io->data.iov) {
+    io->iov[0] = (struct iovec){io->buf, (size_t)d->slot_size};
+    return 1;
+  }
+  if (io->data.iovcnt < 1 || io->data.iovcnt > KVBM_DISK_MAX_IOV) return -1;
+  size_t total = 0;
+  for (int i = 0; i < io->data.iovcnt; i++) {
+    if (!kvbm_disk_direct_ok(d, io->data.iov[i].iov_base, io->data.iov[i].iov_len)) return -1;
+    io->iov[i] = io->data.iov[i];
+    total += io->data.iov[i].iov_len;
+  }
+  if (total != d->data_bytes) return -1;
+  io->iov[io->data.iovcnt] = (struct iovec){io->buf, tail_len(d)};
+  return io->data.iovcnt + 1;
 }
 
 int kvbm_disk_begin(kvbm_disk *d, kvbm_disk_io *io) {
   if (!d || !io || !io->buf || io->slot >= d->num_slots) return KVBM_EINVAL;
+  int cnt = build_iov(d, io);
+  if (cnt < 0) return KVBM_EINVAL;
   uint64_t off = slot_offset(d, io->slot);
-  if (!d->uring) {
-    io->result = sync_io(d->fd, io->buf, d->slot_size, off, io->write);
-    return KVBM_OK;
-  }
-  if (d->inflight == d->depth) reap_one(d);
-  struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
-  if (!sqe) { /* the ring is sized to the depth: not expected */
-    io->result = sync_io(d->fd, io->buf, d->slot_size, off, io->write);
+  if (d->inflight + d->done_count >= d->done_cap - 1) return KVBM_EAGAIN; /* reap first */
+  if (d->uring && d->inflight == d->depth) reap_one(d);
+  struct io_uring_sqe *sqe = d->uring ? io_uring_get_sqe(&d->ring) : NULL;
+  if (!sqe) { /* no io_uring (or no free entry): do it now */
+    io->result = sync_iov(d->fd, io->iov, cnt, (size_t)d->slot_size, off, io->write);
+    push_done(d, io);
     return KVBM_OK;
   }
   if (io->write)
-    io_uring_prep_write(sqe, d->fd, io->buf, (unsigned)d->slot_size, off);
+    io_uring_prep_writev(sqe, d->fd, io->iov, (unsigned)cnt, off);
   else
-    io_uring_prep_read(sqe, d->fd, io->buf, (unsigned)d->slot_size, off);
+    io_uring_prep_readv(sqe, d->fd, io->iov, (unsigned)cnt, off);
   io_uring_sqe_set_data(sqe, io);
-  int s = io_uring_submit(&d->ring);
-  if (s < 1) { /* submission refused: do it synchronously */
+  if (io_uring_submit(&d->ring) < 1) {
+    /* Submission refused: the entry becomes a no-op (marked with the disk
+     * itself, ignored by the reaper) and the transfer runs synchronously. */
     io_uring_prep_nop(sqe);
-    io->result = sync_io(d->fd, io->buf, d->slot_size, off, io->write);
+    io_uring_sqe_set_data(sqe, d);
+    io->result = sync_iov(d->fd, io->iov, cnt, (size_t)d->slot_size, off, io->write);
+    push_done(d, io);
     return KVBM_OK;
   }
   d->inflight++;
   return KVBM_OK;
 }
 
+uint32_t kvbm_disk_pending(const kvbm_disk *d) { return d ? d->inflight + d->done_count : 0; }
+
+kvbm_disk_io *kvbm_disk_reap(kvbm_disk *d) {
+  if (!d) return NULL;
+  if (!d->done_count && d->inflight) reap_one(d);
+  if (!d->done_count) return NULL;
+  kvbm_disk_io *io = d->done[d->done_head];
+  d->done_head = (d->done_head + 1) % d->done_cap;
+  d->done_count--;
+  return io;
+}
+
 void kvbm_disk_finish(kvbm_disk *d) {
-  if (!d || !d->uring) return;
-  while (d->inflight) reap_one(d);
+  while (d && kvbm_disk_reap(d)) {
+  }
 }
 
 int kvbm_disk_scan(kvbm_disk *d, bool check_data,
@@ -315,8 +407,8 @@ int kvbm_disk_scan(kvbm_disk *d, bool check_data,
     for (uint64_t s = 0; s < d->num_slots; s++) {
       if (sync_io(d->fd, buf, d->slot_size, slot_offset(d, s), false) != 0) continue;
       kvbm_slot_header h;
-      int rc = kvbm_disk_check(d, buf, check_data, NULL, &h);
-      if (rc == KVBM_EMAGIC && memchr(buf, 0, 8) == buf) continue; /* never written */
+      int rc = kvbm_disk_check(d, buf, NULL, check_data, NULL, &h);
+      if (rc == KVBM_EMAGIC && ((uint8_t *)buf)[d->data_bytes] == 0) continue; /* never written */
       if (rc) {
         nbad++;
         continue;

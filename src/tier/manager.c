@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "filter.h"
@@ -112,6 +113,8 @@ struct kvbm_manager {
   int nthreads;
   void **bounce; /* disk worker's slot buffers */
   uint32_t nbounce;
+  kvbm_disk_io *ios;                    /* one per buffer */
+  struct iovec (*pieces)[KVBM_DISK_MAX_IOV]; /* zero-copy data pieces, one set per buffer */
 };
 
 struct kvbm_mreq {
@@ -428,38 +431,66 @@ static void host_run(kvbm_manager *m, job *j) {
   else copy_block(g1, j->g1, g2, j->g2);
 }
 
-/* Runs up to nbounce disk jobs with their I/O in flight together. A write's
- * slot image is gathered and sealed just before it is submitted, so the
- * copy of one overlaps the I/O of those before it. */
-static void disk_run(kvbm_manager *m, job *jobs, uint32_t n) {
-  kvbm_disk_io io[256];
-  for (uint32_t i = 0; i < n; i++) {
-    job *j = &jobs[i];
-    uint8_t *buf = m->bounce[i];
-    io[i] = (kvbm_disk_io){.slot = j->slot, .buf = buf, .write = j->kind == J_DISK_WRITE};
-    if (io[i].write) {
-      gather(buf + KVBM_DISK_HEADER, &m->t[j->src_tier], j->src_tier == KVBM_TIER_G1 ? j->g1 : j->g2);
-      kvbm_slot_header h = {.seq_hash = j->hash, .parent_hash = j->parent,
-                            .has_parent = j->has_parent};
-      kvbm_disk_seal(m->disk, buf, &h);
-    }
-    if (kvbm_disk_begin(m->disk, &io[i]) != KVBM_OK) io[i].result = -EINVAL;
+/* The pieces of block b of a host tier as zero-copy slot data, or 0 when
+ * some piece is not page-aligned (then the slot is staged in a buffer). */
+static int data_pieces(const kvbm_manager *m, const tier *t, uint32_t b, struct iovec *iov) {
+  const kvbm_layout *L = &t->layout;
+  int n;
+  if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS) {
+    iov[0] = (struct iovec){layer_ptr(t, b, 0), (size_t)(L->config.num_layers * L->layer_stride)};
+    n = 1;
+  } else {
+    if (L->config.num_layers > KVBM_DISK_MAX_IOV) return 0;
+    n = (int)L->config.num_layers;
+    for (int l = 0; l < n; l++) iov[l] = (struct iovec){layer_ptr(t, b, (uint64_t)l), (size_t)L->layer_stride};
   }
-  kvbm_disk_finish(m->disk);
-  for (uint32_t i = 0; i < n; i++) {
-    job *j = &jobs[i];
-    if (io[i].result != 0) {
-      j->result = KVBM_EIO;
-      continue;
-    }
-    j->result = KVBM_OK;
-    if (!io[i].write) {
-      int rc = kvbm_disk_check(m->disk, io[i].buf, true, &j->hash, NULL);
-      if (rc) j->result = KVBM_ECHECKSUM;
-      else scatter(&m->t[KVBM_TIER_G1], j->g1, (uint8_t *)io[i].buf + KVBM_DISK_HEADER);
-    }
-  }
+  for (int i = 0; i < n; i++)
+    if (!kvbm_disk_direct_ok(m->disk, iov[i].iov_base, iov[i].iov_len)) return 0;
+  return n;
 }
+
+/* Prepares and starts job i: a write is sealed (its checksum taken from the
+ * tier's memory, or from the staged copy), a read targets G1 directly when
+ * it can. */
+static void disk_start(kvbm_manager *m, job *j, uint32_t i) {
+  kvbm_disk_io *io = &m->ios[i];
+  uint8_t *buf = m->bounce[i];
+  bool write = j->kind == J_DISK_WRITE;
+  const tier *t = &m->t[write ? j->src_tier : KVBM_TIER_G1];
+  uint32_t b = write && j->src_tier == KVBM_TIER_G2 ? j->g2 : j->g1;
+  int n = data_pieces(m, t, b, m->pieces[i]);
+  io->slot = j->slot;
+  io->buf = buf;
+  io->write = write;
+  io->user = j;
+  io->data = (kvbm_disk_data){n ? m->pieces[i] : NULL, n};
+  if (write) {
+    if (!n) gather(buf, t, b);
+    kvbm_slot_header h = {.seq_hash = j->hash, .parent_hash = j->parent,
+                          .has_parent = j->has_parent};
+    kvbm_disk_seal(m->disk, buf, &io->data, &h);
+  }
+  j->result = KVBM_EIO;
+  if (kvbm_disk_begin(m->disk, io) != KVBM_OK) io->user = NULL;
+}
+
+/* A finished transfer: a read is checked (header, hash, data checksum)
+ * where it landed, then copied out of the staging buffer if it was staged. */
+static void disk_end(kvbm_manager *m, kvbm_disk_io *io) {
+  job *j = io->user;
+  if (io->result != 0) {
+    j->result = KVBM_EIO;
+    return;
+  }
+  j->result = KVBM_OK;
+  if (io->write) return;
+  if (kvbm_disk_check(m->disk, io->buf, &io->data, true, &j->hash, NULL) != KVBM_OK)
+    j->result = KVBM_ECHECKSUM;
+  else if (!io->data.iov)
+    scatter(&m->t[KVBM_TIER_G1], j->g1, io->buf);
+}
+
+static void disk_worker(kvbm_manager *m);
 
 typedef struct worker_arg {
   kvbm_manager *m;
@@ -470,8 +501,12 @@ static void *worker_main(void *arg) {
   kvbm_manager *m = ((worker_arg *)arg)->m;
   int w = ((worker_arg *)arg)->w;
   free(arg);
+  if (w == W_DISK) {
+    disk_worker(m);
+    return NULL;
+  }
   jqueue *q = &m->q[w];
-  uint32_t max = w == W_DISK ? m->nbounce : m->cfg.batch_max;
+  uint32_t max = m->cfg.batch_max;
   job *jobs = malloc(max * sizeof *jobs);
   pthread_mutex_lock(&m->mu);
   for (;;) {
@@ -491,24 +526,92 @@ static void *worker_main(void *arg) {
     m->busy[w] += n;
     pthread_mutex_unlock(&m->mu);
     double t0 = now_s();
-    if (run) {
-      if (w == W_DISK) disk_run(m, take, n);
-      else for (uint32_t i = 0; i < n; i++) host_run(m, &take[i]);
-    }
+    if (run)
+      for (uint32_t i = 0; i < n; i++) host_run(m, &take[i]);
     double dt = now_s() - t0;
     pthread_mutex_lock(&m->mu);
-    if (w == W_DISK) m->t[KVBM_TIER_G3].st.busy_seconds += dt;
-    else m->t[KVBM_TIER_G2].st.busy_seconds += dt;
-    for (uint32_t i = 0; i < n; i++) {
-      if (w == W_DISK) disk_done(m, &take[i], run);
-      else host_done(m, &take[i], run);
-    }
+    m->t[KVBM_TIER_G2].st.busy_seconds += dt;
+    for (uint32_t i = 0; i < n; i++) host_done(m, &take[i], run);
     m->busy[w] -= n;
     pthread_cond_broadcast(&m->done_cv);
   }
   pthread_mutex_unlock(&m->mu);
   free(jobs);
   return NULL;
+}
+
+/* The disk worker streams: it keeps up to g3_queue_depth transfers in
+ * flight, finishes them one at a time as they complete (checking a read
+ * while the next ones are still on their way) and refills from the queue,
+ * so the disk never idles between batches. Slots (buffer + io) are the
+ * unit: a job holds one from the queue until it is completed. */
+static void disk_worker(kvbm_manager *m) {
+  jqueue *q = &m->q[W_DISK];
+  uint32_t ns = m->nbounce, nfree = ns, depth = m->cfg.g3_queue_depth;
+  job *jobs = calloc(ns, sizeof *jobs);
+  uint32_t *freel = calloc(ns, sizeof *freel), *took = calloc(ns, sizeof *took);
+  bool *ran = calloc(ns, sizeof *ran);
+  uint32_t *ready = calloc(ns, sizeof *ready);
+  bool ok = jobs && freel && took && ran && ready;
+  for (uint32_t i = 0; ok && i < ns; i++) freel[i] = i;
+  pthread_mutex_lock(&m->mu);
+  for (;;) {
+    uint32_t nt = 0;
+    if (ok)
+      while (nfree && q->count && kvbm_disk_pending(m->disk) + nt < depth) {
+        uint32_t sl = freel[--nfree];
+        jobs[sl] = q->ring[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->count--;
+        ran[sl] = !m->cancel;
+        took[nt++] = sl;
+      }
+    else if (q->count) { /* no scratch memory: cancel what is queued */
+      jobs[0] = q->ring[q->head];
+      q->head = (q->head + 1) % q->cap;
+      q->count--;
+      disk_done(m, &jobs[0], false);
+      pthread_cond_broadcast(&m->done_cv);
+      continue;
+    }
+    if (!nt && nfree == ns) {
+      if (m->stop && !q->count) break;
+      pthread_cond_wait(&m->work_cv[W_DISK], &m->mu);
+      continue;
+    }
+    m->busy[W_DISK] += nt;
+    pthread_mutex_unlock(&m->mu);
+    double t0 = now_s();
+    uint32_t nready = 0;
+    for (uint32_t i = 0; i < nt; i++) {
+      uint32_t sl = took[i];
+      if (ran[sl]) disk_start(m, &jobs[sl], sl);
+      if (!ran[sl] || !m->ios[sl].user) ready[nready++] = sl; /* cancelled or refused */
+    }
+    if (!nready) {
+      kvbm_disk_io *io = kvbm_disk_reap(m->disk);
+      if (io) {
+        disk_end(m, io);
+        ready[nready++] = (uint32_t)(io - m->ios);
+      }
+    }
+    double dt = now_s() - t0;
+    pthread_mutex_lock(&m->mu);
+    m->t[KVBM_TIER_G3].st.busy_seconds += dt;
+    for (uint32_t i = 0; i < nready; i++) {
+      uint32_t sl = ready[i];
+      disk_done(m, &jobs[sl], ran[sl]);
+      freel[nfree++] = sl;
+      m->busy[W_DISK]--;
+    }
+    pthread_cond_broadcast(&m->done_cv);
+  }
+  pthread_mutex_unlock(&m->mu);
+  free(jobs);
+  free(freel);
+  free(took);
+  free(ran);
+  free(ready);
 }
 
 /* ---- create / destroy ---- */
@@ -588,7 +691,7 @@ static int restore_g3(kvbm_manager *m, kvbm_error *err) {
   int rc = kvbm_disk_scan(m->disk, true, restore_collect, &l, &bad, err);
   if (!rc && l.oom) rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   if (!rc) {
-    qsort(l.v, l.n, sizeof *l.v, by_write_seq);
+    if (l.n) qsort(l.v, l.n, sizeof *l.v, by_write_seq);
     for (size_t i = 0; i < l.n; i++) {
       uint32_t id, got;
       if (kvbm_pool_alloc(t->pool, 1, &id)) break;
@@ -646,11 +749,12 @@ static int g3_tier(kvbm_manager *m, kvbm_error *err) {
   int rc = kvbm_pool_create(&pc, &t->pool, err);
   if (rc) return rc;
   t->present = true;
-  m->nbounce = m->cfg.g3_queue_depth * 2;
-  if (m->nbounce > m->cfg.batch_max) m->nbounce = m->cfg.batch_max;
-  if (m->nbounce < 1) m->nbounce = 1;
+  m->nbounce = m->cfg.g3_queue_depth + 1; /* in flight + one being finished */
   m->bounce = calloc(m->nbounce, sizeof *m->bounce);
-  if (!m->bounce) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  m->ios = calloc(m->nbounce, sizeof *m->ios);
+  m->pieces = calloc(m->nbounce, sizeof *m->pieces);
+  if (!m->bounce || !m->ios || !m->pieces)
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   open_g3(m);
   for (uint32_t i = 0; m->disk && i < m->nbounce; i++)
     if (!(m->bounce[i] = kvbm_disk_buffer(m->disk)))
@@ -791,6 +895,8 @@ void kvbm_manager_destroy(kvbm_manager *m) {
   }
   for (uint32_t i = 0; m->bounce && i < m->nbounce; i++) free(m->bounce[i]);
   free(m->bounce);
+  free(m->ios);
+  free(m->pieces);
   kvbm_disk_close(m->disk);
   free(m->slot_of);
   free(m->block_of);

@@ -14,9 +14,11 @@
 #include "kvbm/disk.h"
 #include "tier_testutil.h"
 
-/* Flips one data byte of the slot holding hash h in dir's persistent file;
- * returns whether it found the slot. */
-static int flip_slot(const char *dir, uint64_t h, uint64_t slot_size, size_t at) {
+/* Flips byte `at` (from the slot's start: data, then the header at
+ * data_bytes) of the slot holding hash h in dir's persistent file; returns
+ * whether it found the slot. */
+static int flip_slot(const char *dir, uint64_t h, uint64_t slot_size, uint64_t data_bytes,
+                     size_t at) {
   char path[600];
   snprintf(path, sizeof path, "%s/%s", dir, KVBM_DISK_FILE_NAME);
   int fd = open(path, O_RDWR);
@@ -27,7 +29,7 @@ static int flip_slot(const char *dir, uint64_t h, uint64_t slot_size, size_t at)
   for (off_t off = KVBM_DISK_ALIGN; off + (off_t)slot_size <= sb.st_size && !found;
        off += (off_t)slot_size) {
     uint8_t hdr[16];
-    if (pread(fd, hdr, 16, off) != 16) break;
+    if (pread(fd, hdr, 16, off + (off_t)data_bytes) != 16) break;
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = v << 8 | hdr[8 + i];
     if (memcmp(hdr, "KVBMSLT1", 8) || v != h) continue;
@@ -49,11 +51,14 @@ static uint64_t slot_size_for(kvbm_manager *m) {
 /* A flipped byte in block 2's slot: the onboard fails its checksum, the
  * match stops at block 2, nothing wrong reaches G1; once recomputed and
  * committed, the slot is rewritten. */
-static void test_flipped_byte_is_a_miss(void **st) {
-  (void)st;
+static void flipped_byte(bool pages) {
   char *dir = tu_tmpdir("flip");
   kvbm_manager_config c = tu_config(dir, 8, 0, 64);
   c.g3_persist = true;
+  if (pages) /* zero-copy slots: the bad bytes land in G1 and must be refused there */
+    c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 2, .outer_dim = 2,
+                                    .page_size = 4, .inner_dim = 256, .dtype_size = 2,
+                                    .alignment = 4096};
   kvbm_manager *m;
   assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
   print_message("G3 mode: %s\n", kvbm_manager_g3_mode(m));
@@ -65,7 +70,7 @@ static void test_flipped_byte_is_a_miss(void **st) {
   kvbm_mreq_block_hash(r, 2, &h2);
   kvbm_mreq_destroy(r);
   tu_run(m, b, 29, NULL, NULL); /* A leaves G1 */
-  assert_true(flip_slot(dir, h2, slot_size_for(m), KVBM_DISK_HEADER + 100));
+  assert_true(flip_slot(dir, h2, slot_size_for(m), kvbm_manager_block_bytes(m), 100));
 
   size_t opt;
   assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 17, &r, &opt, NULL), KVBM_OK);
@@ -97,6 +102,12 @@ static void test_flipped_byte_is_a_miss(void **st) {
   tu_rmdir(dir);
 }
 
+static void test_flipped_byte_is_a_miss(void **st) {
+  (void)st;
+  flipped_byte(false);
+  flipped_byte(true);
+}
+
 /* A bad header (not data) is also a counted miss. */
 static void test_flipped_header_is_a_miss(void **st) {
   (void)st;
@@ -113,7 +124,8 @@ static void test_flipped_header_is_a_miss(void **st) {
   kvbm_mreq_block_hash(r, 0, &h0);
   kvbm_mreq_destroy(r);
   tu_run(m, b, 29, NULL, NULL);
-  assert_true(flip_slot(dir, h0, slot_size_for(m), 44)); /* the write sequence */
+  assert_true(flip_slot(dir, h0, slot_size_for(m), kvbm_manager_block_bytes(m),
+                        kvbm_manager_block_bytes(m) + 44)); /* the write sequence */
   assert_int_equal(tu_run(m, a, 17, &info, NULL), 0);
   kvbm_tier_stats s3;
   kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
@@ -237,10 +249,10 @@ static void test_warm_restart(void **st) {
   assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 17, &r, NULL, NULL), KVBM_OK);
   uint64_t h2;
   kvbm_mreq_block_hash(r, 2, &h2);
-  uint64_t slot = slot_size_for(m);
+  uint64_t slot = slot_size_for(m), bytes = kvbm_manager_block_bytes(m);
   kvbm_mreq_destroy(r);
   kvbm_manager_destroy(m);
-  assert_true(flip_slot(dir, h2, slot, KVBM_DISK_HEADER + 5));
+  assert_true(flip_slot(dir, h2, slot, bytes, 5));
 
   assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
   kvbm_tier_stats s3;
@@ -292,33 +304,36 @@ static void test_slot_codec(void **st) {
   assert_int_equal(kvbm_disk_open(&dc, &d, &e), KVBM_OK);
   assert_int_equal(kvbm_disk_slot_size(d), 4096);
   uint8_t *buf = kvbm_disk_buffer(d);
-  for (int i = 0; i < 1000; i++) buf[KVBM_DISK_HEADER + i] = (uint8_t)(i * 7);
+  for (int i = 0; i < 1000; i++) buf[i] = (uint8_t)(i * 7);
   kvbm_slot_header h = {.seq_hash = 42, .parent_hash = 41, .has_parent = true}, got;
-  kvbm_disk_seal(d, buf, &h);
+  kvbm_disk_seal(d, buf, NULL, &h);
   uint64_t want = 42, other = 43;
-  assert_int_equal(kvbm_disk_check(d, buf, true, &want, &got), KVBM_OK);
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, &got), KVBM_OK);
   assert_int_equal(got.parent_hash, 41);
   assert_true(got.has_parent);
-  assert_int_equal(kvbm_disk_check(d, buf, true, &other, NULL), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &other, NULL), KVBM_ENOTFOUND);
   kvbm_disk_io io = {.slot = 3, .buf = buf, .write = true};
   assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
-  kvbm_disk_finish(d);
+  assert_ptr_equal(kvbm_disk_reap(d), &io);
+  assert_null(kvbm_disk_reap(d));
   assert_int_equal(io.result, 0);
   memset(buf, 0, 4096);
   io.write = false;
   assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
   kvbm_disk_finish(d);
   assert_int_equal(io.result, 0);
-  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_OK);
-  buf[KVBM_DISK_HEADER + 999] ^= 1;
-  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_ECHECKSUM);
-  assert_int_equal(kvbm_disk_check(d, buf, false, &want, NULL), KVBM_OK);
-  buf[KVBM_DISK_HEADER + 999] ^= 1;
-  buf[9] ^= 1;
-  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_ECHECKSUM);
-  buf[9] ^= 1;
-  buf[0] = 'X';
-  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_EMAGIC);
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_OK);
+  buf[999] ^= 1;
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_ECHECKSUM);
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, false, &want, NULL), KVBM_OK);
+  buf[999] ^= 1;
+  buf[1000 + 9] ^= 1;
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_ECHECKSUM);
+  buf[1000 + 9] ^= 1;
+  buf[1000] = 'X';
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_EMAGIC);
+  /* 1000-byte blocks cannot be zero-copy: the header would share a page. */
+  assert_false(kvbm_disk_direct_ok(d, buf, 4096));
   io.slot = 4;
   assert_int_equal(kvbm_disk_begin(d, &io), KVBM_EINVAL);
   free(buf);
@@ -334,8 +349,8 @@ static void test_slot_codec(void **st) {
   dc77.fingerprint = 77;
   kvbm_disk *d77;
   assert_int_equal(kvbm_disk_open(&dc77, &d77, NULL), KVBM_OK);
-  kvbm_disk_seal(d77, buf, &h);
-  assert_int_equal(kvbm_disk_check(d, buf, true, &want, NULL), KVBM_EFORMAT);
+  kvbm_disk_seal(d77, buf, NULL, &h);
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_EFORMAT);
   kvbm_disk_close(d77);
   kvbm_disk_close(d);
   free(buf);
@@ -347,11 +362,63 @@ static void test_slot_codec(void **st) {
   tu_rmdir(dir);
 }
 
+/* Zero-copy slots: data in three caller pieces, header page in the
+ * buffer; a read lands in other pieces and checks there. */
+static void test_slot_zero_copy(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("zc");
+  for (int uring = 0; uring < 2; uring++) {
+    kvbm_disk_config dc = {.dir = dir, .num_slots = 2, .data_bytes = 3 * 4096, .fingerprint = 5,
+                           .direct = true, .uring = uring, .queue_depth = 2};
+    kvbm_disk *d;
+    assert_int_equal(kvbm_disk_open(&dc, &d, NULL), KVBM_OK);
+    assert_int_equal(kvbm_disk_slot_size(d), 4 * 4096);
+    uint8_t *mem = NULL, *back = NULL;
+    assert_int_equal(posix_memalign((void **)&mem, 4096, 3 * 4096), 0);
+    assert_int_equal(posix_memalign((void **)&back, 4096, 3 * 4096), 0);
+    for (int i = 0; i < 3 * 4096; i++) mem[i] = (uint8_t)(i * 13 + 1);
+    memset(back, 0, 3 * 4096);
+    struct iovec w[3] = {{mem + 8192, 4096}, {mem, 4096}, {mem + 4096, 4096}};
+    struct iovec r[3] = {{back, 4096}, {back + 4096, 4096}, {back + 8192, 4096}};
+    uint8_t *buf = kvbm_disk_buffer(d);
+    kvbm_disk_io io = {.slot = 1, .buf = buf, .write = true, .data = {w, 3}};
+    kvbm_slot_header h = {.seq_hash = 9};
+    kvbm_disk_seal(d, buf, &io.data, &h);
+    assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
+    kvbm_disk_finish(d);
+    assert_int_equal(io.result, 0);
+    memset(buf, 0, 4096);
+    io = (kvbm_disk_io){.slot = 1, .buf = buf, .write = false, .data = {r, 3}};
+    assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
+    assert_ptr_equal(kvbm_disk_reap(d), &io);
+    assert_int_equal(io.result, 0);
+    uint64_t want = 9;
+    assert_int_equal(kvbm_disk_check(d, buf, &io.data, true, &want, NULL), KVBM_OK);
+    assert_memory_equal(back, mem + 8192, 4096);
+    assert_memory_equal(back + 4096, mem, 8192);
+    back[5000] ^= 1;
+    assert_int_equal(kvbm_disk_check(d, buf, &io.data, true, &want, NULL), KVBM_ECHECKSUM);
+    /* Misaligned or short pieces are refused. */
+    struct iovec bad[2] = {{mem + 1, 4096}, {mem + 4096, 8192}};
+    io = (kvbm_disk_io){.slot = 0, .buf = buf, .write = true, .data = {bad, 2}};
+    assert_int_equal(kvbm_disk_begin(d, &io), KVBM_EINVAL);
+    struct iovec shortv[1] = {{mem, 4096}};
+    io.data = (kvbm_disk_data){shortv, 1};
+    assert_int_equal(kvbm_disk_begin(d, &io), KVBM_EINVAL);
+    free(mem);
+    free(back);
+    free(buf);
+    kvbm_disk_close(d);
+  }
+  tu_rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_flipped_byte_is_a_miss), cmocka_unit_test(test_flipped_header_is_a_miss),
       cmocka_unit_test(test_disk_full),           cmocka_unit_test(test_unusable_dir),
       cmocka_unit_test(test_warm_restart),        cmocka_unit_test(test_slot_codec),
+      cmocka_unit_test(test_slot_zero_copy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,11 +10,15 @@
 /* A: 17 tokens (4 full blocks, 4 matchable); B: 29 tokens (7 full). With
  * G1 = G2 = 8 blocks, B pushes A out of G1 entirely and out of G2 except
  * its last block, while G3 (write-through here) keeps all of A. */
-static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k) {
+static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages) {
   char *dir = tu_tmpdir("rt");
   kvbm_manager_config c = tu_config(dir, 8, 8, 64);
   c.g1_kind = g1k;
   c.g2_kind = g2k;
+  if (pages) /* 4096-byte layers, page-aligned: the disk moves them without a bounce copy */
+    c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 2, .outer_dim = 2,
+                                    .page_size = 4, .inner_dim = 256, .dtype_size = 2,
+                                    .alignment = 4096};
   kvbm_manager *m;
   kvbm_error e = {0};
   assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_OK);
@@ -56,19 +60,23 @@ static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k) {
 
 static void test_roundtrip_fc_fc(void **st) {
   (void)st;
-  roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_FULLY_CONTIGUOUS);
+  roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_FULLY_CONTIGUOUS, false);
+  roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_FULLY_CONTIGUOUS, true);
 }
 static void test_roundtrip_ls_ls(void **st) {
   (void)st;
-  roundtrip(KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_LAYER_SEPARATE);
+  roundtrip(KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_LAYER_SEPARATE, false);
+  roundtrip(KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_LAYER_SEPARATE, true);
 }
 static void test_roundtrip_fc_ls(void **st) {
   (void)st;
-  roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_LAYER_SEPARATE);
+  roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_LAYER_SEPARATE, false);
+  roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_LAYER_SEPARATE, true);
 }
 static void test_roundtrip_ls_fc(void **st) {
   (void)st;
-  roundtrip(KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_FULLY_CONTIGUOUS);
+  roundtrip(KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_FULLY_CONTIGUOUS, false);
+  roundtrip(KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_FULLY_CONTIGUOUS, true);
 }
 
 /* G3 only (no G2): the disk copy comes straight from G1. */
