@@ -238,6 +238,77 @@ int kvbm_approx_record(kvbm_approx *ap, uint32_t slot, const uint64_t *hashes, s
 size_t kvbm_approx_expire(kvbm_approx *ap, double now_s);
 size_t kvbm_approx_pending(const kvbm_approx *ap);
 
+/* ---------------------------------------------------------------- daemon */
+
+/* `kvbm router`: event subscriptions feeding an index, and routing queries
+ * over HTTP/1.1 with JSON bodies on one port:
+ *   POST /route  {"token_ids": [...]} or {"block_hashes": [...]}
+ *                -> {"worker_id", "dp_rank", "request_id", "blocks", "cost",
+ *                    "workers": [{"worker_id", "dp_rank", "device", "host",
+ *                    "disk", "score", "load", "cost"}, ...]}
+ *   POST /done   {"request_id": N}  (the request finished: its load goes)
+ *   GET  /health -> {"status": "ok", "workers", "entries", "events", ...}
+ * Bad requests get a 4xx status and {"error": "..."}. */
+typedef enum kvbm_source_kind {
+  KVBM_SOURCE_ZMQ = 0,  /* a ZMQ PUB endpoint (vLLM's wire) */
+  KVBM_SOURCE_NATS = 1, /* a NATS subject (kvbm's NATS sink: payload as the
+                           ZMQ third frame, sequence in header Kvbm-Seq) */
+} kvbm_source_kind;
+
+typedef struct kvbm_router_source {
+  kvbm_source_kind kind;
+  uint64_t worker_id;          /* the dp rank comes from each batch */
+  const char *endpoint;        /* ZMQ endpoint, or NATS server URL */
+  const char *replay_endpoint; /* the worker's ZMQ ROUTER replay socket (both
+                                  kinds; optional): gaps are asked for there */
+  const char *subject;         /* NATS subject */
+  const char *topic;           /* ZMQ topic prefix (NULL: all) */
+} kvbm_router_source;
+
+typedef struct kvbm_router_daemon_config {
+  const char *host;               /* listening address ("127.0.0.1") */
+  uint16_t port;                  /* 0: any free port (kvbm_router_daemon_port) */
+  kvbm_index_config index;
+  kvbm_choice_config choice;
+  const kvbm_router_source *sources;
+  size_t num_sources;
+  const kvbm_worker_key *workers; /* known from the start (approximate mode
+                                     has no events to learn them from) */
+  size_t num_workers;
+  double approx_ttl_s;            /* > 0: approximate mode, decisions expire
+                                     after this long */
+  double worker_timeout_s;        /* > 0: a source silent this long has its
+                                     workers dropped until it speaks again */
+  double request_ttl_s;           /* load of a request never reported done
+                                     goes after this long (600) */
+  size_t max_body;                /* bytes (8 MiB) */
+  size_t max_tokens;              /* per query (1 << 20) */
+  size_t max_connections;         /* (256) */
+  double io_timeout_s;            /* a request must arrive within (10) */
+  uint64_t seed;
+  /* optional: one line of log (no newline) */
+  void (*log)(void *user, const char *line);
+  void *log_user;
+} kvbm_router_daemon_config;
+
+kvbm_router_daemon_config kvbm_router_daemon_config_default(void);
+
+typedef struct kvbm_router_daemon kvbm_router_daemon;
+
+/* Checks the config, binds the port and starts the subscriptions (a ZMQ
+ * or NATS endpoint that cannot be reached is an error here: KVBM_EIO).
+ * Strings in cfg are copied. Free with kvbm_router_daemon_free. */
+int kvbm_router_daemon_new(const kvbm_router_daemon_config *cfg, kvbm_router_daemon **out,
+                           kvbm_error *err);
+/* The port it listens on. */
+uint16_t kvbm_router_daemon_port(const kvbm_router_daemon *d);
+/* Serves until kvbm_router_daemon_stop; returns KVBM_OK, or KVBM_EIO when
+ * the listening socket fails. */
+int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err);
+/* Makes run return soon. Async-signal-safe. */
+void kvbm_router_daemon_stop(kvbm_router_daemon *d);
+void kvbm_router_daemon_free(kvbm_router_daemon *d); /* NULL is a no-op */
+
 /* ------------------------------------------------------------------- W3 */
 
 typedef struct kvbm_w3_opts {

@@ -1,0 +1,343 @@
+/*
+ * json.c: the router's JSON, both ways (see json.h).
+ *
+ * The reader is a recursive-descent parser over a bounded buffer that
+ * knows the one object shape the daemon accepts and skips everything else
+ * (RFC 8259 values: objects, arrays, strings with escapes, numbers,
+ * literals), with a depth limit so hostile nesting cannot exhaust the
+ * stack, a length limit on arrays checked before they are grown, and no
+ * read outside [buf, buf+len). Strings are validated (escapes, control
+ * characters) but not decoded: keys are compared raw, so an escaped key
+ * ("token\u005fids") is simply an unknown key.
+ */
+#include "router/json.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct rd {
+  const char *p, *end, *start;
+  kvbm_error *err;
+  size_t max_items;
+} rd;
+
+static int fail(rd *r, int code, const char *what) {
+  return kvbm_error_set(r->err, code, "json: %s at byte %zu", what, (size_t)(r->p - r->start));
+}
+
+static void ws(rd *r) {
+  while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r'))
+    r->p++;
+}
+
+static bool lit(rd *r, const char *s) {
+  size_t n = strlen(s);
+  if ((size_t)(r->end - r->p) < n || memcmp(r->p, s, n)) return false;
+  r->p += n;
+  return true;
+}
+
+/* A string: on success *s, *n are its raw contents (between the quotes). */
+static int string(rd *r, const char **s, size_t *n) {
+  if (r->p >= r->end || *r->p != '"') return fail(r, KVBM_EFORMAT, "expected a string");
+  const char *b = ++r->p;
+  while (r->p < r->end && *r->p != '"') {
+    unsigned char c = (unsigned char)*r->p;
+    if (c < 0x20) return fail(r, KVBM_EFORMAT, "control character in a string");
+    if (c == '\\') {
+      if (++r->p >= r->end) break;
+      char e = *r->p;
+      if (e == 'u') {
+        for (int i = 1; i <= 4; i++)
+          if (r->p + i >= r->end || !strchr("0123456789abcdefABCDEF", r->p[i]) || !r->p[i])
+            return fail(r, KVBM_EFORMAT, "bad \\u escape");
+        r->p += 4;
+      } else if (!strchr("\"\\/bfnrt", e) || !e) {
+        return fail(r, KVBM_EFORMAT, "bad escape in a string");
+      }
+    }
+    r->p++;
+  }
+  if (r->p >= r->end) return fail(r, KVBM_ETRUNCATED, "unterminated string");
+  *s = b;
+  *n = (size_t)(r->p - b);
+  r->p++;
+  return KVBM_OK;
+}
+
+/* A JSON number, syntax-checked; *is_int says it has no fraction or exponent. */
+static int number(rd *r, bool *neg, uint64_t *mag, bool *overflow, bool *is_int) {
+  *neg = false;
+  *mag = 0;
+  *overflow = false;
+  *is_int = true;
+  if (r->p < r->end && *r->p == '-') *neg = true, r->p++;
+  if (r->p >= r->end) return fail(r, KVBM_ETRUNCATED, "input ends inside a number");
+  if (*r->p < '0' || *r->p > '9') return fail(r, KVBM_EFORMAT, "bad number");
+  if (*r->p == '0' && r->p + 1 < r->end && r->p[1] >= '0' && r->p[1] <= '9')
+    return fail(r, KVBM_EFORMAT, "leading zero in a number");
+  while (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
+    unsigned d = (unsigned)(*r->p++ - '0');
+    if (*mag > (UINT64_MAX - d) / 10) *overflow = true;
+    else *mag = *mag * 10 + d;
+  }
+  if (r->p < r->end && *r->p == '.') {
+    *is_int = false;
+    r->p++;
+    if (r->p >= r->end || *r->p < '0' || *r->p > '9') return fail(r, KVBM_EFORMAT, "bad number");
+    while (r->p < r->end && *r->p >= '0' && *r->p <= '9') r->p++;
+  }
+  if (r->p < r->end && (*r->p == 'e' || *r->p == 'E')) {
+    *is_int = false;
+    r->p++;
+    if (r->p < r->end && (*r->p == '+' || *r->p == '-')) r->p++;
+    if (r->p >= r->end || *r->p < '0' || *r->p > '9') return fail(r, KVBM_EFORMAT, "bad number");
+    while (r->p < r->end && *r->p >= '0' && *r->p <= '9') r->p++;
+  }
+  return KVBM_OK;
+}
+
+static int skip_value(rd *r, int depth);
+
+static int skip_container(rd *r, int depth, char close, bool object) {
+  if (depth >= RJ_MAX_DEPTH) return fail(r, KVBM_ETOOLONG, "nesting too deep");
+  r->p++;
+  ws(r);
+  if (r->p < r->end && *r->p == close) {
+    r->p++;
+    return KVBM_OK;
+  }
+  for (;;) {
+    int rc;
+    if (object) {
+      const char *s;
+      size_t n;
+      if ((rc = string(r, &s, &n))) return rc;
+      ws(r);
+      if (r->p >= r->end || *r->p != ':') return fail(r, KVBM_EFORMAT, "expected ':'");
+      r->p++;
+      ws(r);
+    }
+    if ((rc = skip_value(r, depth + 1))) return rc;
+    ws(r);
+    if (r->p >= r->end) return fail(r, KVBM_ETRUNCATED, "input ends inside a value");
+    if (*r->p == close) {
+      r->p++;
+      return KVBM_OK;
+    }
+    if (*r->p != ',') return fail(r, KVBM_EFORMAT, object ? "expected ',' or '}'" : "expected ',' or ']'");
+    r->p++;
+    ws(r);
+  }
+}
+
+static int skip_value(rd *r, int depth) {
+  if (r->p >= r->end) return fail(r, KVBM_ETRUNCATED, "input ends where a value was expected");
+  switch (*r->p) {
+    case '{':
+      return skip_container(r, depth, '}', true);
+    case '[':
+      return skip_container(r, depth, ']', false);
+    case '"': {
+      const char *s;
+      size_t n;
+      return string(r, &s, &n);
+    }
+    case 't':
+      return lit(r, "true") ? KVBM_OK : fail(r, KVBM_EFORMAT, "bad literal");
+    case 'f':
+      return lit(r, "false") ? KVBM_OK : fail(r, KVBM_EFORMAT, "bad literal");
+    case 'n':
+      return lit(r, "null") ? KVBM_OK : fail(r, KVBM_EFORMAT, "bad literal");
+    default: {
+      bool neg, ovf, isint;
+      uint64_t m;
+      return number(r, &neg, &m, &ovf, &isint);
+    }
+  }
+}
+
+/* An unsigned integer <= max (with `wrap_negative`, a negative one >=
+ * INT64_MIN is taken as its two's complement). */
+static int uint_value(rd *r, uint64_t max, bool wrap_negative, uint64_t *out) {
+  const char *at = r->p;
+  bool neg, ovf, isint;
+  uint64_t m;
+  int rc = number(r, &neg, &m, &ovf, &isint);
+  if (rc) return rc;
+  r->p = at; /* report errors at the number's start */
+  if (!isint) return fail(r, KVBM_EFORMAT, "expected an integer");
+  if (ovf) return fail(r, KVBM_ERANGE, "integer out of range");
+  if (neg && m) {
+    if (!wrap_negative || m > (uint64_t)1 << 63) return fail(r, KVBM_ERANGE, "negative integer");
+    m = (uint64_t)0 - m;
+  } else if (m > max) {
+    return fail(r, KVBM_ERANGE, "integer out of range");
+  }
+  number(r, &neg, &m, &ovf, &isint); /* move past it again */
+  *out = neg && m ? (uint64_t)0 - m : m;
+  return KVBM_OK;
+}
+
+/* An array of unsigned integers into a malloc'd array of elem bytes each. */
+static int uint_array(rd *r, uint64_t max, bool wrap, size_t elem, void **out, size_t *n) {
+  if (r->p >= r->end || *r->p != '[') return fail(r, KVBM_EFORMAT, "expected an array");
+  r->p++;
+  size_t cap = 0, len = 0;
+  uint8_t *a = NULL;
+  ws(r);
+  if (r->p < r->end && *r->p == ']') {
+    r->p++;
+    *out = malloc(elem); /* non-NULL even when empty */
+    *n = 0;
+    return *out ? KVBM_OK : fail(r, KVBM_ENOMEM, "out of memory");
+  }
+  for (;;) {
+    uint64_t v;
+    int rc = uint_value(r, max, wrap, &v);
+    if (!rc && len == r->max_items) rc = fail(r, KVBM_ETOOLONG, "array longer than allowed");
+    if (!rc && len == cap) {
+      size_t nc = cap ? cap * 2 : 256;
+      if (nc > r->max_items) nc = r->max_items;
+      uint8_t *na = realloc(a, nc * elem);
+      if (!na) rc = fail(r, KVBM_ENOMEM, "out of memory");
+      else a = na, cap = nc;
+    }
+    if (rc) {
+      free(a);
+      return rc;
+    }
+    if (elem == 4) ((uint32_t *)a)[len++] = (uint32_t)v;
+    else ((uint64_t *)a)[len++] = v;
+    ws(r);
+    if (r->p < r->end && *r->p == ']') {
+      r->p++;
+      break;
+    }
+    if (r->p >= r->end || *r->p != ',') {
+      free(a);
+      return fail(r, r->p >= r->end ? KVBM_ETRUNCATED : KVBM_EFORMAT, "expected ',' or ']'");
+    }
+    r->p++;
+    ws(r);
+  }
+  *out = a;
+  *n = len;
+  return KVBM_OK;
+}
+
+static bool key_is(const char *s, size_t n, const char *k) {
+  return strlen(k) == n && !memcmp(s, k, n);
+}
+
+int rj_parse_request(const char *buf, size_t len, size_t max_items, rj_request *out,
+                     kvbm_error *err) {
+  memset(out, 0, sizeof *out);
+  rd r = {.p = buf, .end = buf + len, .start = buf, .err = err, .max_items = max_items};
+  int rc = KVBM_OK;
+  ws(&r);
+  if (r.p >= r.end || *r.p != '{') return fail(&r, KVBM_EFORMAT, "expected a JSON object");
+  r.p++;
+  ws(&r);
+  if (r.p < r.end && *r.p == '}') {
+    r.p++;
+  } else {
+    for (;;) {
+      const char *k;
+      size_t kn;
+      if ((rc = string(&r, &k, &kn))) break;
+      ws(&r);
+      if (r.p >= r.end || *r.p != ':') {
+        rc = fail(&r, r.p >= r.end ? KVBM_ETRUNCATED : KVBM_EFORMAT, "expected ':'");
+        break;
+      }
+      r.p++;
+      ws(&r);
+      if (key_is(k, kn, "token_ids")) {
+        if (out->has_tokens) rc = fail(&r, KVBM_EFORMAT, "token_ids given twice");
+        else rc = uint_array(&r, UINT32_MAX, false, 4, (void **)&out->tokens, &out->num_tokens);
+        out->has_tokens = !rc;
+      } else if (key_is(k, kn, "block_hashes")) {
+        if (out->has_hashes) rc = fail(&r, KVBM_EFORMAT, "block_hashes given twice");
+        else rc = uint_array(&r, UINT64_MAX, true, 8, (void **)&out->hashes, &out->num_hashes);
+        out->has_hashes = !rc;
+      } else if (key_is(k, kn, "request_id")) {
+        if (out->has_request_id) rc = fail(&r, KVBM_EFORMAT, "request_id given twice");
+        else rc = uint_value(&r, UINT64_MAX, false, &out->request_id);
+        out->has_request_id = !rc;
+      } else {
+        rc = skip_value(&r, 1);
+      }
+      if (rc) break;
+      ws(&r);
+      if (r.p < r.end && *r.p == '}') {
+        r.p++;
+        break;
+      }
+      if (r.p >= r.end || *r.p != ',') {
+        rc = fail(&r, r.p >= r.end ? KVBM_ETRUNCATED : KVBM_EFORMAT, "expected ',' or '}'");
+        break;
+      }
+      r.p++;
+      ws(&r);
+    }
+  }
+  if (!rc) {
+    ws(&r);
+    if (r.p != r.end) rc = fail(&r, KVBM_ETOOLONG, "bytes after the object");
+  }
+  if (rc) rj_request_free(out);
+  return rc;
+}
+
+void rj_request_free(rj_request *q) {
+  free(q->tokens);
+  free(q->hashes);
+  memset(q, 0, sizeof *q);
+}
+
+void rj_printf(rj_buf *b, const char *fmt, ...) {
+  if (b->oom) return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    size_t room = b->cap - b->len;
+    int n = vsnprintf(b->p ? b->p + b->len : NULL, room, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+      b->oom = true;
+      return;
+    }
+    if ((size_t)n < room) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t nc = b->cap ? b->cap * 2 : 512;
+    while (nc - b->len <= (size_t)n) nc *= 2;
+    char *np = realloc(b->p, nc);
+    if (!np) {
+      b->oom = true;
+      return;
+    }
+    b->p = np;
+    b->cap = nc;
+  }
+}
+
+void rj_string(rj_buf *b, const char *s) {
+  rj_printf(b, "\"");
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') rj_printf(b, "\\%c", c);
+    else if (c < 0x20) rj_printf(b, "\\u%04x", c);
+    else rj_printf(b, "%c", c);
+  }
+  rj_printf(b, "\"");
+}
+
+void rj_buf_free(rj_buf *b) {
+  free(b->p);
+  memset(b, 0, sizeof *b);
+}
