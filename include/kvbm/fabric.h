@@ -265,11 +265,14 @@ int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
  *   8   8  sequence hash
  *   16  8  parent hash (meaningful when flags bit 0 is set)
  *   24  8  salt hash
- *   32  4  flags: bit 0 has_parent; other bits zero
+ *   32  4  flags: bit 0 has_parent; bit 1 placed; other bits zero
  *   36  4  n = number of tokens
  *   40  4n tokens (u32 each)
- *   40+4n  the MRDN v1 frame: 32-byte header, then the block bytes
- * nothing after the frame. */
+ *   then, not placed: the MRDN v1 frame (32-byte header, then the bytes);
+ *         placed:     u64 block id, then the MRDN v1 header alone: the bytes
+ *                     were already written (one-sided) into that block of
+ *                     the receiver's block set, where it verifies them.
+ * nothing after that. */
 #define KVBM_BLOCK_MSG_MAGIC "KVBB"
 #define KVBM_BLOCK_MSG_VERSION 1u
 #define KVBM_BLOCK_MSG_FIXED 40u
@@ -283,13 +286,20 @@ typedef struct kvbm_block_msg {
   const uint32_t *tokens;  /* encode: num_tokens tokens. decode: the
                               caller's array, filled */
   kvbm_frame_tier tier;    /* the frame's tier */
-  const uint8_t *body;     /* encode: the block bytes; decode: points into
-                              the input buffer (no copy) */
+  const uint8_t *body;     /* encode: the block bytes (hashed; copied unless
+                              placed). decode: points into the input buffer
+                              (no copy); NULL when placed */
   size_t body_len;
+  int placed;              /* the bytes travel separately, to block_id */
+  uint64_t block_id;       /* placed: the receiver's block holding them */
+  kvbm_frame_header frame; /* decode: the frame header (placed: verify the
+                              block with kvbm_frame_verify_body) */
 } kvbm_block_msg;
 
-/* Bytes of the encoded message, or 0 if the sizes do not fit. */
+/* Bytes of the encoded message, or 0 if the sizes do not fit. For a placed
+ * message the body is not included (body_len only bounds the frame). */
 size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len);
+size_t kvbm_block_msg_placed_size(uint32_t num_tokens);
 
 /* Encodes m into out[0..cap) (hashing the body with BLAKE3 for the frame);
  * *len gets the size. KVBM_ENOSPC if cap is too small; KVBM_EINVAL for
@@ -297,12 +307,14 @@ size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len);
 int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap,
                           size_t *len, kvbm_error *err);
 
-/* Decodes and verifies buf[0..len): the envelope (KVBM_EMAGIC,
- * KVBM_EVERSION, KVBM_EPADDING for unknown flags, KVBM_ETRUNCATED,
- * KVBM_ETOOLONG for more than max_tokens tokens), then the frame with every
- * error of kvbm_frame_decode() (KVBM_ECHECKSUM when the bytes were changed
- * on the way; a body above max_body is KVBM_ETOOLONG). On success m->tokens
- * is `tokens` (room for max_tokens, filled) and m->body points into buf.
+/* Decodes buf[0..len): the envelope (KVBM_EMAGIC, KVBM_EVERSION,
+ * KVBM_EPADDING for unknown flags, KVBM_ETRUNCATED, KVBM_ETOOLONG for more
+ * than max_tokens tokens), then the frame with every error of
+ * kvbm_frame_decode() (KVBM_ECHECKSUM when the bytes were changed on the
+ * way; a body above max_body is KVBM_ETOOLONG). Not placed: the body is
+ * verified here, m->body points into buf. Placed: only the header is
+ * checked (its fields and max_body); the caller verifies the block's bytes
+ * against m->frame. m->tokens is `tokens` (room for max_tokens, filled).
  * Allocates nothing. */
 int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens,
                           uint32_t max_body, uint32_t *tokens,

@@ -5,7 +5,9 @@
  * an MRDN v1 frame so that the one definition of "checked payload" (the
  * frame module, BLAKE3-128 of the body) guards them; the envelope around it
  * carries what the frame does not: the block's identity, so that the
- * receiver can register what it onboards. Decoding copies the tokens into
+ * receiver can register what it onboards. A "placed" message carries the
+ * frame header alone: the bytes went ahead by a one-sided write into the
+ * receiver's block, where the receiver verifies them against the header. Decoding copies the tokens into
  * the caller's array (they may sit unaligned in the buffer) and leaves the
  * body where it is; every length is checked against the input before use.
  */
@@ -24,6 +26,10 @@ static uint32_t get32(const uint8_t *p) {
 }
 static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
+size_t kvbm_block_msg_placed_size(uint32_t num_tokens) {
+  return KVBM_BLOCK_MSG_FIXED + (size_t)num_tokens * 4 + 8 + KVBM_FRAME_HEADER_LEN;
+}
+
 size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len) {
   size_t fixed = KVBM_BLOCK_MSG_FIXED + (size_t)num_tokens * 4 + KVBM_FRAME_HEADER_LEN;
   if (body_len > UINT32_MAX || body_len > SIZE_MAX - fixed) return 0;
@@ -33,21 +39,30 @@ size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len) {
 int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, size_t *len, kvbm_error *err) {
   if (!m || !out || !len || (!m->tokens && m->num_tokens) || (!m->body && m->body_len))
     return kvbm_error_set(err, KVBM_EINVAL, "block message: NULL argument");
-  size_t need = kvbm_block_msg_size(m->num_tokens, m->body_len);
-  if (need == 0) return kvbm_error_set(err, KVBM_ETOOLONG, "block message: body of %zu bytes", m->body_len);
+  size_t need = m->placed ? kvbm_block_msg_placed_size(m->num_tokens) : kvbm_block_msg_size(m->num_tokens, m->body_len);
+  if (need == 0 || m->body_len > UINT32_MAX)
+    return kvbm_error_set(err, KVBM_ETOOLONG, "block message: body of %zu bytes", m->body_len);
   if (cap < need)
     return kvbm_error_set(err, KVBM_ENOSPC, "block message: needs %zu bytes, buffer %zu", need, cap);
   size_t tok = (size_t)m->num_tokens * 4;
   uint8_t *frame = out + KVBM_BLOCK_MSG_FIXED + tok;
-  size_t flen;
-  int rc = kvbm_frame_encode(m->tier, m->body, m->body_len, frame, cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);
+  size_t flen = KVBM_FRAME_HEADER_LEN;
+  int rc;
+  if (m->placed) {
+    put64(frame, m->block_id);
+    frame += 8;
+    rc = kvbm_frame_encode_header(m->tier, m->body, m->body_len, frame, err);
+    flen += 8;
+  } else {
+    rc = kvbm_frame_encode(m->tier, m->body, m->body_len, frame, cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);
+  }
   if (rc) return rc;
   memcpy(out, KVBM_BLOCK_MSG_MAGIC, 4);
   put32(out + 4, KVBM_BLOCK_MSG_VERSION);
   put64(out + 8, m->seq_hash);
   put64(out + 16, m->has_parent ? m->parent_hash : 0);
   put64(out + 24, m->salt_hash);
-  put32(out + 32, m->has_parent ? 1u : 0u);
+  put32(out + 32, (m->has_parent ? 1u : 0u) | (m->placed ? 2u : 0u));
   put32(out + 36, m->num_tokens);
   for (uint32_t i = 0; i < m->num_tokens; i++) put32(out + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i, m->tokens[i]);
   *len = KVBM_BLOCK_MSG_FIXED + tok + flen;
@@ -66,7 +81,7 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
   if (get32(buf + 4) != KVBM_BLOCK_MSG_VERSION)
     return kvbm_error_set(err, KVBM_EVERSION, "block message: unknown version %u", get32(buf + 4));
   uint32_t flags = get32(buf + 32);
-  if (flags & ~1u) return kvbm_error_set(err, KVBM_EPADDING, "block message: unknown flags 0x%x", flags);
+  if (flags & ~3u) return kvbm_error_set(err, KVBM_EPADDING, "block message: unknown flags 0x%x", flags);
   uint32_t n = get32(buf + 36);
   if (n > max_tokens)
     return kvbm_error_set(err, KVBM_ETOOLONG, "block message: %u tokens (limit %u)", n, max_tokens);
@@ -74,8 +89,21 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
     return kvbm_error_set(err, KVBM_ETRUNCATED, "block message: %u tokens announced, input ends first", n);
   size_t off = KVBM_BLOCK_MSG_FIXED + (size_t)n * 4;
   kvbm_frame_header hdr;
-  const uint8_t *body;
-  int rc = kvbm_frame_decode(buf + off, len - off, max_body, &hdr, &body, err);
+  const uint8_t *body = NULL;
+  uint64_t block_id = 0;
+  int rc;
+  if (flags & 2u) {
+    /* placed: block id, then a header with no body behind it */
+    if (len - off < 8 + KVBM_FRAME_HEADER_LEN)
+      return kvbm_error_set(err, KVBM_ETRUNCATED, "block message: placed block id and header truncated");
+    if (len - off > 8 + KVBM_FRAME_HEADER_LEN)
+      return kvbm_error_set(err, KVBM_ETOOLONG, "block message: %zu bytes after a placed header",
+                            len - off - 8 - KVBM_FRAME_HEADER_LEN);
+    block_id = get64(buf + off);
+    rc = kvbm_frame_parse_header(buf + off + 8, KVBM_FRAME_HEADER_LEN, max_body, &hdr, err);
+  } else {
+    rc = kvbm_frame_decode(buf + off, len - off, max_body, &hdr, &body, err);
+  }
   if (rc) return rc;
   for (uint32_t i = 0; i < n; i++) tokens[i] = get32(buf + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i);
   m->seq_hash = get64(buf + 8);
@@ -87,5 +115,8 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
   m->tier = hdr.tier;
   m->body = body;
   m->body_len = hdr.body_len;
+  m->placed = (flags & 2u) != 0;
+  m->block_id = block_id;
+  m->frame = hdr;
   return KVBM_OK;
 }

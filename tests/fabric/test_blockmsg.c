@@ -86,7 +86,7 @@ static void test_corruption(void **state) {
     uint8_t val;
     int want;
   } cases[] = {
-      {0, 'X', KVBM_EMAGIC},   {4, 2, KVBM_EVERSION},  {32, 2, KVBM_EPADDING},
+      {0, 'X', KVBM_EMAGIC},   {4, 2, KVBM_EVERSION},  {32, 4, KVBM_EPADDING},
       {36, 200, KVBM_ETOOLONG}, /* 200 tokens > limit */
       {40 + 4 * NT, 'X', KVBM_EMAGIC},   /* the frame's magic */
       {40 + 4 * NT + 4, 3, KVBM_EVERSION}, {40 + 4 * NT + 12, 9, KVBM_ETIER},
@@ -102,10 +102,50 @@ static void test_corruption(void **state) {
   assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY, NULL, &m, &e), KVBM_EINVAL);
 }
 
+/* A placed message: the header travels, the bytes went ahead into block
+ * block_id; the receiver checks them there against the header. */
+static void test_placed(void **state) {
+  (void)state;
+  test_pattern(g_body, BODY, 9);
+  for (uint32_t i = 0; i < NT; i++) g_tokens[i] = 7 * i;
+  kvbm_block_msg m = {.seq_hash = 99, .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_FRAME_TIER_G4,
+                      .body = g_body, .body_len = BODY, .placed = 1, .block_id = 12345};
+  uint8_t buf[512];
+  size_t len;
+  assert_int_equal(kvbm_block_msg_encode(&m, buf, sizeof buf, &len, NULL), KVBM_OK);
+  assert_int_equal(len, kvbm_block_msg_placed_size(NT));
+  assert_int_equal(len, 40 + 4 * NT + 8 + 32);
+  uint32_t toks[NT];
+  kvbm_block_msg d;
+  kvbm_error e;
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY, toks, &d, &e), KVBM_OK);
+  assert_true(d.placed);
+  assert_int_equal(d.block_id, 12345);
+  assert_null(d.body);
+  assert_int_equal(d.body_len, BODY);
+  assert_int_equal(d.seq_hash, 99);
+  assert_false(d.has_parent);
+  assert_memory_equal(toks, g_tokens, sizeof toks);
+  /* the bytes, where they landed: intact, then with one byte flipped */
+  assert_int_equal(kvbm_frame_verify_body(&d.frame, g_body, BODY, &e), KVBM_OK);
+  g_body[BODY / 3] ^= 0x40;
+  assert_int_equal(kvbm_frame_verify_body(&d.frame, g_body, BODY, &e), KVBM_ECHECKSUM);
+  /* limits, truncation, trailing bytes */
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY - 1, toks, &d, &e), KVBM_ETOOLONG);
+  for (size_t n = 0; n < len; n++) {
+    int rc = kvbm_block_msg_decode(buf, n, NT, BODY, toks, &d, &e);
+    if (rc != KVBM_ETRUNCATED) fail_msg("placed, truncated to %zu: %s", n, kvbm_status_name(rc));
+  }
+  buf[len] = 0;
+  assert_int_equal(kvbm_block_msg_decode(buf, len + 1, NT, BODY, toks, &d, &e), KVBM_ETOOLONG);
+  assert_int_equal(kvbm_block_msg_encode(&m, buf, len - 1, &len, &e), KVBM_ENOSPC);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_corruption),
+      cmocka_unit_test(test_placed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
