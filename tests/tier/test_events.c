@@ -1,0 +1,93 @@
+/* Tier events: each tier's pool reports through kvbm_pool_link to one
+ * publisher with its medium (G1 GPU, G2 CPU, G3 DISK), as the router and
+ * the storage advisor expect them. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "kvbm/events.h"
+#include "tier_testutil.h"
+
+typedef struct seen {
+  pthread_mutex_t mu;
+  size_t stored[6], removed[6];
+  uint64_t g2_hashes[16];
+  size_t ng2;
+  int g2_tokens_ok;
+} seen;
+
+static void on_batch(void *user, const kvbm_event_batch *b) {
+  seen *s = user;
+  pthread_mutex_lock(&s->mu);
+  for (size_t i = 0; i < b->num_events; i++) {
+    const kvbm_event *e = &b->events[i];
+    if (e->type == KVBM_EVENT_STORED) {
+      s->stored[e->medium]++;
+      if (e->medium == KVBM_MEDIUM_CPU && s->ng2 < 16) {
+        s->g2_hashes[s->ng2++] = e->block_hashes[0];
+        /* A's tokens are 1000, 1001, ...: block k holds 1000 + 4k .. */
+        if (e->num_tokens != 4 || e->token_ids[1] != e->token_ids[0] + 1) s->g2_tokens_ok = 0;
+      }
+    } else if (e->type == KVBM_EVENT_REMOVED) {
+      s->removed[e->medium] += e->num_block_hashes;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void test_events_per_tier(void **st) {
+  (void)st;
+  seen s = {.g2_tokens_ok = 1};
+  pthread_mutex_init(&s.mu, NULL);
+  kvbm_publisher_options po = kvbm_publisher_options_default();
+  po.overflow = KVBM_OVERFLOW_DROP; /* listeners run under the manager lock */
+  kvbm_publisher *pub;
+  assert_int_equal(kvbm_publisher_new(&po, &pub, NULL), KVBM_OK);
+  assert_int_equal(kvbm_publisher_add_callback(pub, on_batch, &s, NULL), KVBM_OK);
+  assert_int_equal(kvbm_publisher_start(pub, NULL), KVBM_OK);
+  kvbm_pool_link links[3] = {
+      {.pub = pub, .medium = KVBM_MEDIUM_GPU, .block_size = 4},
+      {.pub = pub, .medium = KVBM_MEDIUM_CPU, .block_size = 4},
+      {.pub = pub, .medium = KVBM_MEDIUM_DISK, .block_size = 4},
+  };
+  char *dir = tu_tmpdir("events");
+  kvbm_manager_config c = tu_config(dir, 8, 8, 64);
+  for (int t = 0; t < 3; t++) {
+    c.listener[t] = kvbm_pool_link_listener;
+    c.listener_user[t] = &links[t];
+  }
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq *r;
+  tu_run(m, a, 17, NULL, &r);
+  uint64_t ha[4];
+  for (int k = 0; k < 4; k++) kvbm_mreq_block_hash(r, (size_t)k, &ha[k]);
+  kvbm_mreq_destroy(r);
+  tu_run(m, b, 29, NULL, NULL);
+  kvbm_manager_destroy(m);
+  assert_int_equal(kvbm_publisher_flush(pub, 5000, NULL), KVBM_OK);
+  pthread_mutex_lock(&s.mu);
+  assert_int_equal(s.stored[KVBM_MEDIUM_GPU], 4 + 7);
+  assert_int_equal(s.stored[KVBM_MEDIUM_CPU], 4 + 7);
+  assert_int_equal(s.stored[KVBM_MEDIUM_DISK], 4 + 7);
+  assert_int_equal(s.removed[KVBM_MEDIUM_GPU], 4);  /* A's blocks leave G1 for B */
+  assert_int_equal(s.removed[KVBM_MEDIUM_CPU], 3);  /* and 3 of them leave G2 */
+  assert_int_equal(s.removed[KVBM_MEDIUM_DISK], 0); /* G3 keeps everything */
+  for (int k = 0; k < 4; k++) assert_int_equal(s.g2_hashes[k], ha[k]);
+  assert_true(s.g2_tokens_ok);
+  pthread_mutex_unlock(&s.mu);
+  for (int t = 0; t < 3; t++) assert_int_equal(links[t].failed, 0);
+  kvbm_publisher_free(pub);
+  pthread_mutex_destroy(&s.mu);
+  free(a);
+  free(b);
+  tu_rmdir(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_events_per_tier)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
