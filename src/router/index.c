@@ -623,7 +623,7 @@ static int check_event(const kvbm_index *idx, const kvbm_event *ev, kvbm_error *
 /* Event application is bound by memory latency (one random slot of a
  * table of megabytes per block), so the slots of blocks a few steps ahead
  * are prefetched to overlap those misses. */
-#define EV_AHEAD 8
+#define EV_AHEAD 16
 
 static inline void prefetch_key(const kvbm_index *idx, uint32_t w, uint64_t h) {
   if (idx->cfg.recompute) {
@@ -632,7 +632,9 @@ static inline void prefetch_key(const kvbm_index *idx, uint32_t w, uint64_t h) {
     return;
   }
   const stab *t = atomic_load_explicit(&((kvbm_index *)idx)->tab, memory_order_relaxed);
-  __builtin_prefetch(&t->s[home(t, h)], 1);
+  const slot *s = &t->s[home(t, h)];
+  __builtin_prefetch(s, 1);
+  __builtin_prefetch((const char *)s + sizeof *s, 1); /* the next slot, for deletion's shift */
 }
 
 static inline void prefetch_event(const kvbm_index *idx, uint32_t w, const kvbm_event *ev) {
