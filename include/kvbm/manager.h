@@ -21,7 +21,9 @@
  *   2. kvbm_mreq_poll() / kvbm_mreq_wait(): onboarding done? A failed onboard
  *      (I/O error, header or checksum mismatch, queue full) shortens the
  *      match to the blocks before the first failure: the engine computes
- *      the rest, it never gets wrong bytes.
+ *      the rest, it never gets wrong bytes. A G1 block that another request
+ *      registered but has not committed yet also ends the match (waiting
+ *      for another request could deadlock an engine).
  *   3. The engine writes KV for blocks at and after the match, appends
  *      generated tokens (kvbm_mreq_append) and calls kvbm_mreq_commit() once
  *      the KV of every full block is written: commit is what offloads.

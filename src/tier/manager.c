@@ -44,7 +44,9 @@
 #include "kvbm/sequence.h"
 #include "kvbm/storage.h"
 
-enum { ST_READY = 0, ST_PENDING = 1, ST_FAILED = 2 };
+/* Per-block byte states. UNCOMPUTED (G1 only): registered by a request
+ * whose engine has not committed its KV yet. */
+enum { ST_READY = 0, ST_PENDING = 1, ST_FAILED = 2, ST_UNCOMPUTED = 3 };
 enum { J_OFFLOAD, J_DISK_WRITE, J_ONBOARD_HOST, J_DISK_READ };
 enum { W_HOST = 0, W_DISK = 1 };
 #define NONE UINT32_MAX
@@ -344,9 +346,9 @@ static void batch_job_done(kvbm_manager *m, batch *b) {
 static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) {
   if (ev->kind == KVBM_POOL_REMOVED) m->t[tier].state[ev->block_id] = ST_READY;
   if (ev->kind == KVBM_POOL_STORED && tier == KVBM_TIER_G1) {
-    /* Registered before its KV exists: PENDING until its request commits
-     * (or its onboard lands), so that others who match it wait for it. */
-    m->t[tier].state[ev->block_id] = ST_PENDING;
+    /* Registered before its KV exists: not a hit for anyone until its
+     * request commits (an onboard turns it PENDING right after). */
+    m->t[tier].state[ev->block_id] = ST_UNCOMPUTED;
     m->g1_owner[ev->block_id] = m->cur_serial;
   }
   if (m->cfg.listener[tier]) m->cfg.listener[tier](m->cfg.listener_user[tier], ev);
@@ -1127,7 +1129,11 @@ static bool settle(kvbm_mreq *r) {
   size_t first_bad = r->walk;
   for (size_t k = 0; k < r->walk; k++) {
     if (st[ids[k]] == ST_PENDING) return false;
-    if (st[ids[k]] == ST_FAILED && first_bad == r->walk) first_bad = k;
+    /* Lost bytes, or another request's block whose KV is not written yet:
+     * the match ends there (waiting for another request could deadlock an
+     * engine that commits it later on the same thread). */
+    if ((st[ids[k]] == ST_FAILED || st[ids[k]] == ST_UNCOMPUTED) && first_bad == r->walk)
+      first_bad = k;
   }
   r->settled = first_bad;
   return true;
@@ -1193,7 +1199,7 @@ bool kvbm_mreq_must_compute(kvbm_mreq *r, size_t k) {
   if (k < nb && k >= matched) {
     uint8_t st = m->t[KVBM_TIER_G1].state[ids[k]];
     must = k >= kvbm_seq_num_tokens(r->seq) / m->cfg.block_size || st == ST_FAILED ||
-           (st == ST_PENDING && m->g1_owner[ids[k]] == r->serial);
+           (st == ST_UNCOMPUTED && m->g1_owner[ids[k]] == r->serial);
   }
   pthread_mutex_unlock(&m->mu);
   return must;
@@ -1305,7 +1311,7 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
     uint8_t *st = &m->t[KVBM_TIER_G1].state[ids[k]];
     /* Computed now: the blocks this request registered, and those whose
      * onboard failed (the engine recomputed them). */
-    if ((*st == ST_PENDING && m->g1_owner[ids[k]] == r->serial) ||
+    if ((*st == ST_UNCOMPUTED && m->g1_owner[ids[k]] == r->serial) ||
         (k >= r->settled && *st == ST_FAILED))
       *st = ST_READY;
     use_block(m, r, b, k, ids[k], h, parent, k > 0);
@@ -1343,7 +1349,7 @@ void kvbm_mreq_destroy(kvbm_mreq *r) {
     kvbm_seq_blocks(r->seq, &ids, &nb);
     uint8_t *st = r->m->t[KVBM_TIER_G1].state;
     for (size_t k = 0; k < nb; k++)
-      if (st[ids[k]] == ST_PENDING && r->m->g1_owner[ids[k]] == r->serial) st[ids[k]] = ST_FAILED;
+      if (st[ids[k]] == ST_UNCOMPUTED && r->m->g1_owner[ids[k]] == r->serial) st[ids[k]] = ST_FAILED;
     kvbm_seq_destroy(r->seq);
     pthread_mutex_unlock(&r->m->mu);
   }

@@ -202,6 +202,54 @@ static void test_destroy_with_queued_copies(void **st) {
   }
 }
 
+/* One engine thread, two requests on the same prompt: the second does not
+ * get (nor wait for) blocks the first has not committed; once committed,
+ * they are hits; blocks of a request destroyed uncommitted are recomputed
+ * by the next one. */
+static void test_uncommitted_blocks(void **st) {
+  (void)st;
+  kvbm_manager_config c = tu_config("/tmp", 32, 0, 0);
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *a = tu_prompt(1000, 17);
+  kvbm_mreq *r1, *r2, *r3;
+  kvbm_mreq_info info;
+  size_t opt;
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 17, &r1, &opt, NULL), KVBM_OK);
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 17, &r2, &opt, NULL), KVBM_OK);
+  assert_int_equal(opt, 16); /* registered: the walk finds them */
+  assert_int_equal(kvbm_mreq_wait(r2, 2000, &info), KVBM_OK);
+  assert_int_equal(info.matched_tokens, 0); /* but they hold no KV yet */
+  assert_false(kvbm_mreq_must_compute(r2, 0)); /* and are r1's to write */
+  assert_true(kvbm_mreq_must_compute(r1, 0));
+  tu_compute(m, r1, 0);
+  assert_int_equal(kvbm_mreq_commit(r1), KVBM_OK);
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 17, &r3, &opt, NULL), KVBM_OK);
+  assert_int_equal(kvbm_mreq_wait(r3, 2000, &info), KVBM_OK);
+  assert_int_equal(info.matched_tokens, 16);
+  assert_int_equal(tu_verify(m, r3, 4), 4);
+  kvbm_mreq_destroy(r3);
+  kvbm_mreq_destroy(r2);
+  kvbm_mreq_destroy(r1);
+
+  /* Destroyed without commit: the next request must compute them. */
+  uint32_t *b = tu_prompt(7000, 17);
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, b, 17, &r1, NULL, NULL), KVBM_OK);
+  kvbm_mreq_destroy(r1);
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, b, 17, &r2, &opt, NULL), KVBM_OK);
+  assert_int_equal(opt, 16);
+  assert_int_equal(kvbm_mreq_wait(r2, 2000, &info), KVBM_OK);
+  assert_int_equal(info.matched_tokens, 0);
+  assert_true(kvbm_mreq_must_compute(r2, 0));
+  tu_compute(m, r2, 0);
+  kvbm_mreq_commit(r2);
+  kvbm_mreq_destroy(r2);
+  assert_int_equal(tu_run(m, b, 17, &info, NULL), 16);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+}
+
 static void test_config_errors(void **st) {
   (void)st;
   kvbm_manager *m = NULL;
@@ -293,7 +341,8 @@ int main(void) {
       cmocka_unit_test(test_roundtrip_fc_ls),   cmocka_unit_test(test_roundtrip_ls_fc),
       cmocka_unit_test(test_g3_without_g2),     cmocka_unit_test(test_frequency_filter),
       cmocka_unit_test(test_policies_switchable), cmocka_unit_test(test_queue_full_skips),
-      cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_config_errors),
+      cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_uncommitted_blocks),
+      cmocka_unit_test(test_config_errors),
       cmocka_unit_test(test_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
