@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # End to end over UCX on loopback, two processes: node A (kvbm fabric-node
-# send) prefills blocks and pushes them as framed block messages; node B
-# (kvbm fabric-node recv) verifies each frame, places the bytes in its
-# storage and registers the blocks in its pool. Checks: every block arrives
-# and is registered with the right bytes; blocks corrupted in flight are
-# rejected (and only those); layouts that do not fit are refused.
+# send) prefills blocks and sends them framed, either pushed whole or
+# written one-sided into blocks node B granted and announced by their frame
+# headers; node B (kvbm fabric-node recv) verifies each frame, places the
+# bytes in its storage (or checks them where they landed) and registers the
+# blocks in its pool. Checks: every block arrives and is registered with the
+# right bytes; blocks corrupted in flight are rejected (and only those);
+# layouts that do not fit are refused.
 set -euo pipefail
 : "${KVBM_BIN:?}"
 PY=/usr/bin/python3
@@ -56,6 +58,26 @@ wait_b; [ "$RC" = 1 ] || fail "corrupt: node B should report failure, exit $RC"
   fail "corrupt: not a checksum error"
 grep -q "ECHECKSUM" "$T/corrupt.b.err" || fail "corrupt: no message"
 
+# 2b. the same with one-sided placement: blocks written into blocks the
+# receiver granted, announced by frame headers, verified where they landed
+start_b placed "${GEOM[@]}" --layer-separate --capacity 32 --tls shm,self
+"$KVBM_BIN" fabric-node send --port "$(cat "$T/port")" "${GEOM[@]}" --layer-separate --blocks 24 --mode put \
+  --corrupt 0 --corrupt 23 --tls shm,self --json >"$T/placed.a.out" 2>"$T/placed.a.err" || fail "placed: node A failed"
+wait_b; [ "$RC" = 1 ] || fail "placed: node B should report failure, exit $RC"
+[ "$(jget "$T/placed.a.out" "d['mode']")" = put ] || fail "placed: mode"
+[ "$(jget "$T/placed.b.out" "(d['rejected'], d['onboarded'], d['verified'], d['registered'])")" = "(2, 22, 22, 22)" ] ||
+  fail "placed: counts"
+[ "$(jget "$T/placed.b.out" "sorted(r['hash'] for r in d['rejected_blocks'])")" = \
+  "$(jget "$T/placed.a.out" "sorted(d['corrupted_blocks'])")" ] || fail "placed: wrong blocks rejected"
+
+# 2c. placed, W4's real block (32 layers x 16 tokens x 2048 x 2 bytes = 2 MiB), clean
+start_b w4 --capacity 12 --tls shm,self --timeout-ms 20000
+"$KVBM_BIN" fabric-node send --port "$(cat "$T/port")" --blocks 12 --mode put --tls shm,self --timeout-ms 20000 \
+  --json >"$T/w4.a.out" 2>"$T/w4.a.err" || fail "w4: node A failed"
+wait_b; [ "$RC" = 0 ] || fail "w4: node B exit $RC"
+[ "$(jget "$T/w4.a.out" "d['block_bytes']")" = 2097152 ] || fail "w4: block size"
+[ "$(jget "$T/w4.b.out" "(d['verified'], d['registered'])")" = "(12, 12)" ] || fail "w4: counts"
+
 # 3. layer-separate layouts, over TCP on the loopback device
 start_b tcp "${GEOM[@]}" --layer-separate --capacity 16 --tls tcp,self --net-devices lo
 "$KVBM_BIN" fabric-node send --port "$(cat "$T/port")" "${GEOM[@]}" --layer-separate --blocks 16 \
@@ -87,4 +109,5 @@ rc=0; "$KVBM_BIN" fabric-node >/dev/null 2>&1 || rc=$?; [ "$rc" = 2 ] || fail "u
 rc=0; "$KVBM_BIN" fabric-node send --blocks 3 >/dev/null 2>&1 || rc=$?; [ "$rc" = 2 ] || fail "usage: no port"
 rc=0; "$KVBM_BIN" fabric-node recv --capacity 0 >/dev/null 2>&1 || rc=$?; [ "$rc" = 2 ] || fail "usage: capacity"
 rc=0; "$KVBM_BIN" fabric-node recv --bogus >/dev/null 2>&1 || rc=$?; [ "$rc" = 2 ] || fail "usage: bogus"
+rc=0; "$KVBM_BIN" fabric-node send --port 1 --mode teleport >/dev/null 2>&1 || rc=$?; [ "$rc" = 2 ] || fail "usage: mode"
 echo "fabric e2e: ok"

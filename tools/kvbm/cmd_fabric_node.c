@@ -3,7 +3,7 @@
  * the UCX fabric ("onboard from the wire").
  *
  *   kvbm fabric-node recv [--capacity N] [--port N] [--port-file F] [--json]
- *   kvbm fabric-node send --port N [--blocks N] [--corrupt K]... [--json]
+ *   kvbm fabric-node send --port N [--blocks N] [--mode push|put] [--corrupt K]...
  *
  * The receiver (node B) listens, allocates storage and a block pool of
  * --capacity blocks, registers the storage with the fabric and sends its
@@ -12,8 +12,12 @@
  * its own), prefills --blocks blocks (tokens, chained sequence hashes, and
  * bytes derived from each block's hash), and pushes each block as a block
  * message: identity plus an MRDN v1 frame whose BLAKE3 guards the bytes.
- * --corrupt K flips one byte of block K's body after it was framed, as a
- * bad link would. The receiver pulls each message, verifies the frame,
+ * With --mode put the sender instead asks the receiver to grant blocks,
+ * writes each block's bytes one-sided into a granted block of the
+ * receiver's storage, flushes, and then sends placed block messages (the
+ * frame header without the bytes); the receiver verifies the bytes where
+ * they landed. --corrupt K flips one byte of block K after it was framed,
+ * as a bad link would. The receiver pulls each message, verifies the frame,
  * copies the bytes into a block of its pool's storage and registers the
  * block in its pool under the sender's hashes and tokens; a message that
  * fails verification is rejected and nothing of it is kept. When the sender
@@ -45,7 +49,10 @@ static const char kUsage[] =
     "  --port-file FILE   receiver: write the bound port there once listening\n"
     "  --blocks N         sender: blocks to prefill and send (default 16)\n"
     "  --corrupt K        sender: flip a byte of block K in flight (repeatable)\n"
-    "  --window N         sender: pushes in flight before a flush (default 8)\n"
+    "  --window N         sender: blocks in flight before a flush (default 8)\n"
+    "  --mode M           sender: push (each block a whole framed message, default) or\n"
+    "                     put (blocks written one-sided into blocks the receiver\n"
+    "                     grants, then announced by frame headers it verifies in place)\n"
     "  --json             one JSON object as the summary\n";
 
 #define CMD "fabric-node"
@@ -58,6 +65,7 @@ typedef struct node {
   bool json;
   uint64_t corrupt[MAX_CORRUPT];
   size_t ncorrupt;
+  bool placed; /* --mode put */
 } node;
 
 static int parse(node *n, int argc, char **argv) {
@@ -80,6 +88,12 @@ static int parse(node *n, int argc, char **argv) {
     } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--port-file", &v)) != 0) {
       if (r < 0) return 2;
       n->port_file = v;
+    } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--mode", &v)) != 0) {
+      if (r < 0 || (strcmp(v, "push") != 0 && strcmp(v, "put") != 0)) {
+        fprintf(stderr, "kvbm " CMD ": --mode must be push or put\n");
+        return 2;
+      }
+      n->placed = strcmp(v, "put") == 0;
     } else if (strcmp(argv[i], "--json") == 0) {
       n->json = true;
     } else {
@@ -108,50 +122,117 @@ static int write_port_file(const char *path, unsigned port) {
 
 /* ---- receiver ---- */
 
+/* Grant protocol of the placed mode (this command's own messages):
+ *   request "KVRQ" u32 n            the sender wants n blocks to write into
+ *   grant   "KVGR" u32 n, n x u32   the receiver's block ids (n = 0: no room)
+ * The granted blocks are allocated in the receiver's pool, so nothing else
+ * takes them while the bytes are on their way. */
+#define GRANT_REQ "KVRQ"
+#define GRANT_REP "KVGR"
+
 typedef struct recv_state {
   uint64_t received, onboarded, rejected, dropped, verified;
   uint64_t *hashes; /* onboarded, in arrival order */
+  uint8_t *granted; /* per block id: granted and not yet used */
   uint64_t rejected_claims[MAX_CORRUPT];
   int rejected_codes[MAX_CORRUPT];
 } recv_state;
 
-/* One message from the wire: verify, place, register. */
-static void onboard(recv_state *st, const uint8_t *buf, size_t len, const fab_opts *o, const kvbm_layout *lay,
-                    kvbm_storage *s, kvbm_pool *pool, uint32_t *tokens) {
-  uint64_t bb = kvbm_fabric_block_bytes(lay);
+typedef struct recv_ctx {
+  const fab_opts *o;
+  kvbm_layout lay;
+  uint64_t bb;
+  kvbm_storage *s;
+  kvbm_pool *pool;
+  kvbm_fabric *f;
+  uint32_t *tokens;
+  uint32_t *grant; /* reply buffer: "KVGR", n, ids */
+  recv_state st;
+} recv_ctx;
+
+static void reject(recv_ctx *c, const uint8_t *buf, size_t len, int rc, const kvbm_error *e) {
+  /* The identity it claims, for the report only: nothing of it is kept. */
+  uint64_t claim = 0;
+  if (len >= 16)
+    for (int i = 7; i >= 0; i--) claim = claim << 8 | buf[8 + i];
+  if (c->st.rejected < MAX_CORRUPT) {
+    c->st.rejected_claims[c->st.rejected] = claim;
+    c->st.rejected_codes[c->st.rejected] = rc;
+  }
+  c->st.rejected++;
+  fprintf(stderr, "kvbm " CMD ": rejected message %" PRIu64 " (block %016" PRIx64 "): %s: %s\n", c->st.received,
+          claim, kvbm_status_name(rc), e->msg);
+}
+
+/* Checks a placed block where it landed, layer by layer, without a copy. */
+static int verify_in_place(recv_ctx *c, const kvbm_block_msg *m, kvbm_error *e) {
+  kvbm_frame_verifier v;
+  int rc = kvbm_frame_verifier_init(&v, &m->frame, e);
+  for (uint64_t layer = 0; rc == KVBM_OK && layer < c->lay.config.num_layers; layer++) {
+    void *ptr;
+    size_t size;
+    rc = kvbm_storage_block_layer_ptr(c->s, &c->lay, m->block_id, layer, &ptr, &size, e);
+    if (rc == KVBM_OK) rc = kvbm_frame_verifier_update(&v, ptr, size, e);
+  }
+  return rc ? rc : kvbm_frame_verifier_finish(&v, e);
+}
+
+/* A block message: verify, place (unless placed already), register. */
+static void onboard(recv_ctx *c, const uint8_t *buf, size_t len) {
   kvbm_block_msg m;
   kvbm_error e = {0};
-  int rc = kvbm_block_msg_decode(buf, len, (uint32_t)o->page, (uint32_t)bb, tokens, &m, &e);
-  if (rc == KVBM_OK && (m.num_tokens != o->page || m.body_len != bb))
+  int rc = kvbm_block_msg_decode(buf, len, (uint32_t)c->o->page, (uint32_t)c->bb, c->tokens, &m, &e);
+  if (rc == KVBM_OK && (m.num_tokens != c->o->page || m.body_len != c->bb))
     rc = kvbm_error_set(&e, KVBM_EFORMAT, "block of %u tokens and %zu bytes, expected %" PRIu64 " and %" PRIu64,
-                        m.num_tokens, m.body_len, o->page, bb);
-  if (rc) {
-    /* The identity it claims, for the report only: nothing of it is kept. */
-    uint64_t claim = 0;
-    if (len >= 16)
-      for (int i = 7; i >= 0; i--) claim = claim << 8 | buf[8 + i];
-    if (st->rejected < MAX_CORRUPT) {
-      st->rejected_claims[st->rejected] = claim;
-      st->rejected_codes[st->rejected] = rc;
-    }
-    st->rejected++;
-    fprintf(stderr, "kvbm " CMD ": rejected message %" PRIu64 " (block %016" PRIx64 "): %s: %s\n", st->received,
-            claim, kvbm_status_name(rc), e.msg);
-    return;
-  }
+                        m.num_tokens, m.body_len, c->o->page, c->bb);
+  if (rc == KVBM_OK && m.placed &&
+      (m.block_id >= c->lay.config.num_blocks || !c->st.granted[m.block_id]))
+    rc = kvbm_error_set(&e, KVBM_EPROTO, "block %" PRIu64 " was not granted", m.block_id);
   uint32_t id, out;
-  if (kvbm_pool_alloc(pool, 1, &id) != KVBM_OK) {
-    st->dropped++;
+  if (rc == KVBM_OK && m.placed) {
+    id = (uint32_t)m.block_id;
+    c->st.granted[id] = 0;
+    rc = verify_in_place(c, &m, &e);
+    if (rc) kvbm_block_release(c->pool, id, 0); /* back to the free list */
+  }
+  if (rc) {
+    reject(c, buf, len, rc, &e);
     return;
   }
-  if (fab_block_put(s, lay, id, m.body) != KVBM_OK ||
-      kvbm_block_fill(pool, id, m.salt_hash, m.parent_hash, m.has_parent, tokens, m.seq_hash, &out) != KVBM_OK) {
-    kvbm_block_release(pool, id, 0);
-    st->dropped++;
+  if (!m.placed) {
+    if (kvbm_pool_alloc(c->pool, 1, &id) != KVBM_OK) {
+      c->st.dropped++;
+      return;
+    }
+    if (fab_block_put(c->s, &c->lay, id, m.body) != KVBM_OK) {
+      kvbm_block_release(c->pool, id, 0);
+      c->st.dropped++;
+      return;
+    }
+  }
+  if (kvbm_block_fill(c->pool, id, m.salt_hash, m.parent_hash, m.has_parent, c->tokens, m.seq_hash, &out) !=
+      KVBM_OK) {
+    kvbm_block_release(c->pool, id, 0);
+    c->st.dropped++;
     return;
   }
-  kvbm_block_release(pool, out, 0);
-  st->hashes[st->onboarded++] = m.seq_hash;
+  kvbm_block_release(c->pool, out, 0);
+  c->st.hashes[c->st.onboarded++] = m.seq_hash;
+}
+
+/* A grant request: allocate n blocks and tell their ids (0 if no room). */
+static int grant(recv_ctx *c, const uint8_t *buf, size_t len, kvbm_error *e) {
+  uint32_t n;
+  if (len != 8) return kvbm_error_set(e, KVBM_EPROTO, "grant request of %zu bytes", len);
+  memcpy(&n, buf + 4, 4);
+  uint32_t *ids = c->grant + 2;
+  memcpy(c->grant, GRANT_REP, 4);
+  if (n > c->lay.config.num_blocks || kvbm_pool_alloc(c->pool, n, ids) != KVBM_OK) n = 0;
+  c->grant[1] = n;
+  for (uint32_t i = 0; i < n; i++) c->st.granted[ids[i]] = 1;
+  /* the reply buffer is reused only after the next request, which the
+   * sender sends after pulling this one */
+  return kvbm_fabric_push(c->f, c->grant, 8 + 4 * (size_t)n, NULL, e);
 }
 
 /* Every onboarded block must be registered and hold its hash's pattern. */
@@ -190,33 +271,26 @@ static void recv_report(const node *n, const recv_state *st, const kvbm_pool *po
 static int run_recv(node *n) {
   fab_opts *o = &n->o;
   kvbm_error e = {0};
-  kvbm_layout lay;
-  if (fab_layout(o, n->capacity, &lay, &e)) return fail("layout", &e, 2);
-  uint64_t bb = kvbm_fabric_block_bytes(&lay);
-  size_t msg_max = kvbm_block_msg_size((uint32_t)o->page, bb);
-  kvbm_storage *s = NULL;
-  kvbm_pool *pool = NULL;
+  recv_ctx c = {.o = o};
+  if (fab_layout(o, n->capacity, &c.lay, &e)) return fail("layout", &e, 2);
+  c.bb = kvbm_fabric_block_bytes(&c.lay);
+  size_t msg_max = kvbm_block_msg_size((uint32_t)o->page, c.bb);
   kvbm_fabric_listener *l = NULL;
-  kvbm_fabric *f = NULL;
   kvbm_fabric_local_set *ls = NULL;
   kvbm_layout_desc desc = {0};
-  uint8_t *wire = NULL, *buf = malloc(msg_max), *scratch = malloc(bb);
-  uint32_t *tokens = malloc(o->page * sizeof *tokens);
-  recv_state st = {0};
-  st.hashes = calloc(n->capacity, sizeof *st.hashes);
+  uint8_t *wire = NULL, *buf = malloc(msg_max), *scratch = malloc(c.bb);
+  c.tokens = malloc(o->page * sizeof *c.tokens);
+  c.grant = malloc(8 + 4 * n->capacity);
+  c.st.hashes = calloc(n->capacity, sizeof *c.st.hashes);
+  c.st.granted = calloc(n->capacity, 1);
   int code = 1;
-  kvbm_storage_options so = {.zero = 1};
   kvbm_pool_config pc = kvbm_pool_config_default((uint32_t)n->capacity, (uint32_t)o->page);
   pc.keep_tokens = false;
-  if (!buf || !scratch || !tokens || !st.hashes) {
+  if (!buf || !scratch || !c.tokens || !c.grant || !c.st.hashes || !c.st.granted) {
     fprintf(stderr, "kvbm " CMD ": out of memory\n");
     goto out;
   }
-  if (kvbm_storage_create(KVBM_MEMORY_SYSTEM, &lay, &so, &s, &e)) {
-    fail("storage", &e, 1);
-    goto out;
-  }
-  if (kvbm_pool_create(&pc, &pool, &e)) {
+  if (kvbm_pool_create(&pc, &c.pool, &e)) {
     fail("pool", &e, 1);
     goto out;
   }
@@ -233,45 +307,53 @@ static int run_recv(node *n) {
   }
   if (!n->json) printf("listening: %u\n", port);
   fflush(stdout);
-  if (kvbm_fabric_ucx_accept(l, &f, &e)) {
+  if (kvbm_fabric_ucx_accept(l, &c.f, &e)) {
     fail("accept", &e, 1);
     goto out;
   }
-  /* Tell the sender what our blocks look like (and where they are). */
+  /* Blocks live in fabric-allocated storage (the fast target of one-sided
+   * writes); tell the sender what they look like and where they are. */
   size_t wlen;
-  if (kvbm_storage_describe(s, &lay, 1, &desc, &e) || kvbm_fabric_register(f, &desc, &ls, &e) ||
-      kvbm_fabric_export(ls, &wire, &wlen, &e) || kvbm_fabric_push(f, wire, wlen, NULL, &e)) {
+  if (kvbm_fabric_storage_create(c.f, &c.lay, &c.s, &e) || kvbm_storage_describe(c.s, &c.lay, 1, &desc, &e) ||
+      kvbm_fabric_register(c.f, &desc, &ls, &e) || kvbm_fabric_export(ls, &wire, &wlen, &e) ||
+      kvbm_fabric_push(c.f, wire, wlen, NULL, &e)) {
     fail("export", &e, 1);
     goto out;
   }
   for (;;) {
     kvbm_fabric_handle h;
     size_t len;
-    int rc = kvbm_fabric_next(f, (int)o->timeout_ms, &h, &len, &e);
+    int rc = kvbm_fabric_next(c.f, (int)o->timeout_ms, &h, &len, &e);
     if (rc == KVBM_ECLOSED) break;
-    if (rc == KVBM_OK) rc = kvbm_fabric_pull(f, h, buf, msg_max, &len, (int)o->timeout_ms, &e);
+    if (rc == KVBM_OK) rc = kvbm_fabric_pull(c.f, h, buf, msg_max, &len, (int)o->timeout_ms, &e);
+    if (rc == KVBM_OK && len >= 4 && memcmp(buf, GRANT_REQ, 4) == 0) {
+      rc = grant(&c, buf, len, &e);
+    } else if (rc == KVBM_OK) {
+      onboard(&c, buf, len);
+      c.st.received++;
+    }
     if (rc) {
       fail("receive", &e, 1);
       goto out;
     }
-    onboard(&st, buf, len, o, &lay, s, pool, tokens);
-    st.received++;
   }
-  verify_all(&st, &lay, s, pool, scratch);
-  recv_report(n, &st, pool, f);
-  code = (st.rejected == 0 && st.dropped == 0 && st.verified == st.onboarded) ? 0 : 1;
+  verify_all(&c.st, &c.lay, c.s, c.pool, scratch);
+  recv_report(n, &c.st, c.pool, c.f);
+  code = (c.st.rejected == 0 && c.st.dropped == 0 && c.st.verified == c.st.onboarded) ? 0 : 1;
 out:
   kvbm_fabric_local_set_release(ls);
-  kvbm_fabric_destroy(f);
+  kvbm_storage_release(c.s);
+  kvbm_fabric_destroy(c.f);
   kvbm_fabric_listener_free(l);
   kvbm_layout_desc_release(&desc);
-  kvbm_pool_destroy(pool);
-  kvbm_storage_release(s);
+  kvbm_pool_destroy(c.pool);
   free(wire);
   free(buf);
   free(scratch);
-  free(tokens);
-  free(st.hashes);
+  free(c.tokens);
+  free(c.grant);
+  free(c.st.hashes);
+  free(c.st.granted);
   return code;
 }
 
@@ -303,6 +385,93 @@ static int check_peer(const kvbm_fabric_remote_set *rs, const kvbm_layout *ours,
   return 0;
 }
 
+/* The sender's state, shared by the two ways of sending. */
+typedef struct send_ctx {
+  const node *n;
+  const fab_opts *o;
+  kvbm_layout lay;
+  uint64_t nb, bb;
+  kvbm_storage *s;
+  kvbm_fabric *f;
+  kvbm_fabric_remote_set *rs;
+  uint32_t *tokens;
+  uint64_t *hashes;
+  uint8_t *msgs, *bodies; /* window-sized rings */
+  uint64_t corrupted, corrupted_hash[MAX_CORRUPT];
+} send_ctx;
+
+static kvbm_block_msg block_msg(const send_ctx *c, uint64_t b, const uint8_t *body) {
+  kvbm_block_msg m = {.seq_hash = c->hashes[b], .parent_hash = b ? c->hashes[b - 1] : 0, .has_parent = b > 0,
+                      .salt_hash = 0, .num_tokens = (uint32_t)c->o->page, .tokens = c->tokens + b * c->o->page,
+                      .tier = KVBM_FRAME_TIER_G2, .body = body, .body_len = c->bb};
+  return m;
+}
+
+/* A bad link: one byte of the block's bytes changes after framing. */
+static void maybe_corrupt(send_ctx *c, uint64_t b, uint8_t *byte) {
+  if (!is_corrupt(c->n, b)) return;
+  *byte ^= 0x20;
+  c->corrupted_hash[c->corrupted++] = c->hashes[b];
+}
+
+/* Pushed: each block a whole message (frame with its bytes). */
+static int send_pushed(send_ctx *c, kvbm_error *e) {
+  uint64_t w = c->n->window;
+  size_t msg_len = kvbm_block_msg_size((uint32_t)c->o->page, c->bb);
+  for (uint64_t b = 0; b < c->nb; b++) {
+    /* reuse a ring slot only once its push has been pulled */
+    if (b > 0 && b % w == 0 && kvbm_fabric_flush(c->f, (int)c->o->timeout_ms, e)) return 1;
+    uint8_t *msg = c->msgs + (b % w) * msg_len, *body = c->bodies + (b % w) * c->bb;
+    fab_block_get(c->s, &c->lay, b, body);
+    kvbm_block_msg m = block_msg(c, b, body);
+    size_t mlen;
+    if (kvbm_block_msg_encode(&m, msg, msg_len, &mlen, e)) return 1;
+    maybe_corrupt(c, b, &msg[mlen - c->bb / 2 - 1]);
+    if (kvbm_fabric_push(c->f, msg, mlen, NULL, e)) return 1;
+  }
+  return kvbm_fabric_flush(c->f, (int)c->o->timeout_ms, e) ? 1 : 0;
+}
+
+/* Placed: the receiver grants blocks; each window's bytes are written
+ * one-sided into them, flushed, and only then announced by placed block
+ * messages (completion by notification). */
+static int send_placed(send_ctx *c, kvbm_error *e) {
+  uint64_t w = c->n->window;
+  size_t msg_len = kvbm_block_msg_placed_size((uint32_t)c->o->page), len;
+  uint32_t req[2], *rep = malloc(8 + 4 * c->nb);
+  memcpy(req, GRANT_REQ, 4);
+  req[1] = (uint32_t)c->nb;
+  kvbm_fabric_handle h;
+  int rc = rep ? KVBM_OK : kvbm_error_set(e, KVBM_ENOMEM, "out of memory");
+  if (!rc) rc = kvbm_fabric_push(c->f, req, sizeof req, NULL, e);
+  if (!rc) rc = kvbm_fabric_next(c->f, (int)c->o->timeout_ms, &h, &len, e);
+  if (!rc) rc = kvbm_fabric_pull(c->f, h, rep, 8 + 4 * c->nb, &len, (int)c->o->timeout_ms, e);
+  if (!rc && (len != 8 + 4 * c->nb || memcmp(rep, GRANT_REP, 4) != 0 || rep[1] != c->nb))
+    rc = kvbm_error_set(e, KVBM_EPROTO, "the peer granted no room for %" PRIu64 " blocks", c->nb);
+  for (uint64_t b0 = 0; !rc && b0 < c->nb; b0 += w) {
+    uint64_t end = b0 + w < c->nb ? b0 + w : c->nb;
+    /* the previous window's messages must be pulled before reuse */
+    if (b0 > 0) rc = kvbm_fabric_flush(c->f, (int)c->o->timeout_ms, e);
+    for (uint64_t b = b0; !rc && b < end; b++) {
+      uint8_t *msg = c->msgs + (b - b0) * msg_len, *body = c->bodies + (b - b0) * c->bb;
+      fab_block_get(c->s, &c->lay, b, body);
+      kvbm_block_msg m = block_msg(c, b, body);
+      m.placed = 1;
+      m.block_id = rep[2 + b];
+      size_t mlen;
+      rc = kvbm_block_msg_encode(&m, msg, msg_len, &mlen, e);
+      maybe_corrupt(c, b, &body[c->bb / 2]);
+      if (!rc) rc = kvbm_fabric_write_block(c->f, c->rs, rep[2 + b], body, c->bb, e);
+    }
+    if (!rc) rc = kvbm_fabric_flush(c->f, (int)c->o->timeout_ms, e); /* the bytes are there */
+    for (uint64_t b = b0; !rc && b < end; b++)
+      rc = kvbm_fabric_push(c->f, c->msgs + (b - b0) * msg_len, msg_len, NULL, e);
+  }
+  if (!rc) rc = kvbm_fabric_flush(c->f, (int)c->o->timeout_ms, e);
+  free(rep);
+  return rc ? 1 : 0;
+}
+
 static int run_send(node *n) {
   fab_opts *o = &n->o;
   if (o->port == 0) {
@@ -310,98 +479,71 @@ static int run_send(node *n) {
     return 2;
   }
   kvbm_error e = {0};
-  kvbm_layout lay;
-  if (fab_layout(o, o->blocks, &lay, &e)) return fail("layout", &e, 2);
-  uint64_t nb = o->blocks, bb = kvbm_fabric_block_bytes(&lay);
-  size_t msg_len = kvbm_block_msg_size((uint32_t)o->page, bb);
+  send_ctx c = {.n = n, .o = o, .nb = o->blocks};
+  if (fab_layout(o, o->blocks, &c.lay, &e)) return fail("layout", &e, 2);
+  c.bb = kvbm_fabric_block_bytes(&c.lay);
   uint64_t w = n->window;
-  kvbm_storage *s = NULL;
-  kvbm_fabric *f = NULL;
-  kvbm_fabric_remote_set *rs = NULL;
-  uint32_t *tokens = malloc(nb * o->page * sizeof *tokens);
-  uint64_t *hashes = malloc(nb * sizeof *hashes);
-  uint8_t *ring = malloc(w * msg_len), *body = malloc(bb), *wire = NULL;
+  uint8_t *wire = NULL;
+  c.tokens = malloc(c.nb * o->page * sizeof *c.tokens);
+  c.hashes = malloc(c.nb * sizeof *c.hashes);
+  c.msgs = malloc(w * kvbm_block_msg_size((uint32_t)o->page, c.bb));
+  c.bodies = malloc(w * c.bb);
   int code = 1;
-  if (!tokens || !hashes || !ring || !body) {
+  if (!c.tokens || !c.hashes || !c.msgs || !c.bodies) {
     fprintf(stderr, "kvbm " CMD ": out of memory\n");
     goto out;
   }
   /* Prefill: tokens, chained hashes, bytes from each hash. */
-  for (uint64_t i = 0; i < nb * o->page; i++) tokens[i] = (uint32_t)(i + 1);
-  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, tokens, nb * o->page, o->page, hashes, nb);
+  for (uint64_t i = 0; i < c.nb * o->page; i++) c.tokens[i] = (uint32_t)(i + 1);
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, c.tokens, c.nb * o->page, o->page, c.hashes, c.nb);
   kvbm_storage_options so = {0};
-  if (kvbm_storage_create(KVBM_MEMORY_SYSTEM, &lay, &so, &s, &e)) {
+  if (kvbm_storage_create(KVBM_MEMORY_SYSTEM, &c.lay, &so, &c.s, &e)) {
     fail("storage", &e, 1);
     goto out;
   }
-  for (uint64_t b = 0; b < nb; b++) {
-    fab_fill_pattern(body, bb, hashes[b]);
-    fab_block_put(s, &lay, b, body);
+  for (uint64_t b = 0; b < c.nb; b++) {
+    fab_fill_pattern(c.bodies, c.bb, c.hashes[b]);
+    fab_block_put(c.s, &c.lay, b, c.bodies);
   }
 
   kvbm_fabric_ucx_config cfg = fab_ucx_config(o);
-  if (kvbm_fabric_ucx_connect(&cfg, o->host, (uint16_t)o->port, &f, &e)) {
+  if (kvbm_fabric_ucx_connect(&cfg, o->host, (uint16_t)o->port, &c.f, &e)) {
     fail("connect", &e, 1);
     goto out;
   }
   kvbm_fabric_handle h;
   size_t len;
-  if (kvbm_fabric_next(f, (int)o->timeout_ms, &h, &len, &e) || !(wire = malloc(len ? len : 1)) ||
-      kvbm_fabric_pull(f, h, wire, len, &len, (int)o->timeout_ms, &e) || kvbm_fabric_import(f, wire, len, &rs, &e)) {
+  if (kvbm_fabric_next(c.f, (int)o->timeout_ms, &h, &len, &e) || !(wire = malloc(len ? len : 1)) ||
+      kvbm_fabric_pull(c.f, h, wire, len, &len, (int)o->timeout_ms, &e) ||
+      kvbm_fabric_import(c.f, wire, len, &c.rs, &e)) {
     fail("import the peer's layout", &e, 1);
     goto out;
   }
-  if ((code = check_peer(rs, &lay, nb)) != 0) goto out;
+  if ((code = check_peer(c.rs, &c.lay, c.nb)) != 0) goto out;
   code = 1;
-
-  uint64_t corrupted = 0, corrupted_hash[MAX_CORRUPT];
-  for (uint64_t b = 0; b < nb; b++) {
-    if (b > 0 && b % w == 0 && kvbm_fabric_flush(f, (int)o->timeout_ms, &e)) {
-      fail("flush", &e, 1);
-      goto out;
-    }
-    uint8_t *msg = ring + (b % w) * msg_len;
-    fab_block_get(s, &lay, b, body);
-    kvbm_block_msg m = {.seq_hash = hashes[b], .parent_hash = b ? hashes[b - 1] : 0, .has_parent = b > 0,
-                        .salt_hash = 0, .num_tokens = (uint32_t)o->page, .tokens = tokens + b * o->page,
-                        .tier = KVBM_FRAME_TIER_G2, .body = body, .body_len = bb};
-    size_t mlen;
-    if (kvbm_block_msg_encode(&m, msg, msg_len, &mlen, &e)) {
-      fail("encode", &e, 1);
-      goto out;
-    }
-    if (is_corrupt(n, b)) {
-      msg[mlen - bb / 2 - 1] ^= 0x20; /* a bad link: one byte of the body */
-      corrupted_hash[corrupted++] = hashes[b];
-    }
-    if (kvbm_fabric_push(f, msg, mlen, NULL, &e)) {
-      fail("push", &e, 1);
-      goto out;
-    }
-  }
-  if (kvbm_fabric_flush(f, (int)o->timeout_ms, &e)) {
-    fail("flush", &e, 1);
+  if ((n->placed ? send_placed(&c, &e) : send_pushed(&c, &e)) != 0) {
+    fail("send", &e, 1);
     goto out;
   }
   if (n->json) {
-    printf("{\"peer\": \"%s\", \"sent\": %" PRIu64 ", \"corrupted\": %" PRIu64 ", \"block_bytes\": %" PRIu64
-           ", \"corrupted_blocks\": [",
-           kvbm_fabric_peer_label(f), nb, corrupted, bb);
-    for (uint64_t i = 0; i < corrupted; i++) printf("%s\"%016" PRIx64 "\"", i ? ", " : "", corrupted_hash[i]);
+    printf("{\"peer\": \"%s\", \"mode\": \"%s\", \"sent\": %" PRIu64 ", \"corrupted\": %" PRIu64
+           ", \"block_bytes\": %" PRIu64 ", \"corrupted_blocks\": [",
+           kvbm_fabric_peer_label(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
+    for (uint64_t i = 0; i < c.corrupted; i++) printf("%s\"%016" PRIx64 "\"", i ? ", " : "", c.corrupted_hash[i]);
     printf("]}\n");
   } else {
-    printf("peer: %s\nsent: %" PRIu64 "\ncorrupted: %" PRIu64 "\nblock_bytes: %" PRIu64 "\n",
-           kvbm_fabric_peer_label(f), nb, corrupted, bb);
+    printf("peer: %s\nmode: %s\nsent: %" PRIu64 "\ncorrupted: %" PRIu64 "\nblock_bytes: %" PRIu64 "\n",
+           kvbm_fabric_peer_label(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
   }
   code = 0;
 out:
-  kvbm_fabric_remote_set_release(rs);
-  kvbm_fabric_destroy(f);
-  kvbm_storage_release(s);
-  free(tokens);
-  free(hashes);
-  free(ring);
-  free(body);
+  kvbm_fabric_remote_set_release(c.rs);
+  kvbm_fabric_destroy(c.f);
+  kvbm_storage_release(c.s);
+  free(c.tokens);
+  free(c.hashes);
+  free(c.msgs);
+  free(c.bodies);
   free(wire);
   return code;
 }
