@@ -122,7 +122,7 @@ static void latency(double *lat, size_t n, result *r) {
 
 static kvbm_index *new_index(void) {
   kvbm_index_config c = kvbm_index_config_default();
-  c.expected_blocks = 8 * 16384;
+  c.expected_blocks = 16384;
   kvbm_index *idx;
   if (kvbm_index_create(&c, &idx, NULL)) exit(1);
   for (uint32_t w = 0; w < 8; w++) {

@@ -26,13 +26,13 @@
  * Threads. One writer (event application, worker add/drop, approximate
  * routing records) at a time: callers serialize writers (one thread, or a
  * lock of theirs). Any number of threads may call the lookup functions at
- * the same time as the writer, without a lock: each table slot is a
- * seqlock, deletions that move slots bump a table-wide move counter that a
- * reader checks before believing a miss, and a grown table replaces the old
- * one by an atomic pointer swap (retired tables are kept until destroy; the
- * sizes double, so they cost less than the live one). A lookup running
- * while events are applied sees each block either before or after each
- * event, never a torn slot.
+ * the same time as the writer, without a lock: every worker has its own
+ * hash table whose slots are seqlocks, deletions that move slots bump the
+ * table's move counter that a reader checks before believing a miss, and a
+ * grown table replaces the old one by an atomic pointer swap (retired
+ * tables are kept until destroy; the sizes double, so they cost less than
+ * the live one). A lookup running while events are applied sees each block
+ * either before or after each event, never a torn slot.
  */
 #ifndef KVBM_ROUTER_H
 #define KVBM_ROUTER_H
@@ -84,7 +84,8 @@ typedef struct kvbm_index_config {
   uint64_t salt_hash;        /* salt of the chain (kvbm_hash_salt; 0) */
   bool recompute;            /* key by hashes computed from the events'
                                 token ids instead of the engine's (false) */
-  size_t expected_blocks;    /* initial sizing, grows as needed (65536) */
+  size_t expected_blocks;    /* blocks per worker to size its table for,
+                                grown as needed (16384) */
   kvbm_index_gap_fn on_gap;  /* optional */
   void *gap_user;
 } kvbm_index_config;
@@ -167,8 +168,8 @@ typedef struct kvbm_index_stats {
   uint64_t gaps;            /* id jumps */
   uint64_t unknown_removed; /* removes of blocks not held */
   uint64_t orphans;         /* recompute: blocks under an unknown parent */
-  uint64_t entries;         /* distinct hashes held by someone */
-  uint64_t table_slots;     /* size of the shared table */
+  uint64_t entries;         /* blocks held: distinct hashes per worker, summed */
+  uint64_t table_slots;     /* slots of the workers' tables */
   uint32_t workers;
 } kvbm_index_stats;
 /* Counters are read without the writer's help: call it from the writer, or

@@ -1,34 +1,49 @@
 /*
  * index.c: the router's prefix index (see kvbm/router.h).
  *
- * Layout. One shared open-addressing table maps an index key (a chained
- * sequence hash) to three 64-bit masks, one per tier: bit s set = the worker
- * in slot s holds the block in that tier. Because keys are chained hashes,
- * a flat map is enough for prefix lookups: h[k] present for a worker means
- * that worker holds the block whose whole prefix is h[0..k], and the walk
- * h[0], h[1], ... stops for a worker at its first miss. Beside it, the
- * writer keeps one private map per worker (wmap.c) with counts and the
- * engine-to-index hash translation; readers never see those.
+ * Layout. One open-addressing table per worker maps an index key (a
+ * chained sequence hash) to the tiers that worker holds the block in (3
+ * bits). Because keys are chained hashes, a flat map per worker is enough
+ * for prefix lookups: h[k] present means the worker holds the block whose
+ * whole prefix is h[0..k], and a lookup walks h[0], h[1], ... in each
+ * worker's table up to that worker's first miss. Beside the tables
+ * the writer keeps a private map per worker (wmap.c): extra copies of
+ * duplicated blocks and, in recompute mode, the engine-to-index hash
+ * translation; readers never see it.
+ *
+ * Why one table per worker rather than one shared table with a worker
+ * mask per key: an event touches one worker's table, which is small
+ * (16-byte slots, 32768 of them for a 16384-block worker: 512 KiB), so a
+ * worker's burst of events stays in cache, where a shared table of every
+ * worker's blocks is megabytes of random misses (measured: 4-5x slower on
+ * W3). Lookups probe once per block per matching worker instead of once
+ * per block; routing concentrates a prefix on few workers, so that costs
+ * little and the small tables make each probe cheaper.
  *
  * Why a single writer with seqlocked slots (and not a lock, RCU copies, or
- * sharded locks): events arrive in one ordered stream per worker and are
- * cheap to apply (a few hundred ns would be too slow at 10M/s), while
- * lookups walk hundreds of slots. A reader-writer lock would put two atomic
- * read-modify-writes on a shared line on every lookup and stall lookups
- * behind batches; copy-on-write tables would copy megabytes per event. A
- * seqlock per slot costs a reader two extra loads of a line it reads anyway
- * and never writes shared memory, so any number of readers scale; the
- * writer pays two extra stores per change.
+ * sharded locks): events arrive in one ordered stream per worker and must
+ * cost tens of nanoseconds, while lookups walk hundreds of slots. A
+ * reader-writer lock would put atomic read-modify-writes on a shared line
+ * on every lookup and stall lookups behind batches; copy-on-write tables
+ * would copy a table per event. A seqlock per slot costs a reader one
+ * extra load of a line it reads anyway and never writes shared memory, so
+ * any number of readers scale; the writer pays two extra stores per change.
  *
- * The one thing slot seqlocks do not cover is backward-shift deletion, which
- * moves an entry towards its home slot: a reader that passed the destination
- * before the move and reaches the source after it would report a miss for a
- * present key. The writer makes a table-wide `moves` counter odd during each
- * deletion; a reader believes a miss only if `moves` was even and unchanged
- * around its probe (hits need no check). Growing allocates a table twice
- * the size, fills it, and publishes it with a release store; readers still
- * on the old one finish there (a slightly older view), and the old one is
- * kept until kvbm_index_destroy, so there is no reclamation to race with.
+ * Slot protocol: `meta` holds the tier bits (0..2), a busy bit (3) and a
+ * version (4..63). The writer stores meta busy, then the key and the final
+ * meta with release stores; a reader loads meta (acquire), the key
+ * (acquire) and meta again, and retries unless both metas are equal and
+ * not busy. The one thing slot seqlocks do not cover is backward-shift
+ * deletion, which moves an entry towards its home slot: a reader that
+ * passed the destination before the move and reaches the source after it
+ * would report a miss for a present key. The writer makes the table's
+ * `moves` counter odd during each deletion (and during a clear); a reader
+ * believes a miss only if `moves` was even and unchanged around its probe
+ * (hits need no check). Growing allocates a table twice the size, fills
+ * it, and publishes it with a release store; readers still on the old one
+ * finish there (a slightly older view), and old tables are kept until
+ * kvbm_index_destroy (sizes double, so they cost less than the live one),
+ * so there is no reclamation to race with.
  *
  * Every shared field is a C11 atomic; the protocol uses acquire loads and
  * release stores only, no fences (plain moves on x86-64, ldar/stlr on
@@ -45,26 +60,30 @@
 
 #define T KVBM_ROUTER_TIERS
 #define MAXW KVBM_ROUTER_MAX_WORKERS
-#define PREFETCH_AHEAD 16
+#define PREFETCH_AHEAD 12
+#define BUSY 8u
+#define TIERS_MASK 7u
 
 typedef struct slot {
-  _Atomic uint64_t seq; /* odd while the writer changes the slot */
+  _Atomic uint64_t meta; /* version << 4 | busy << 3 | tier bits; tier bits 0: empty */
   _Atomic uint64_t key;
-  _Atomic uint64_t mask[T]; /* all zero: the slot is empty */
 } slot;
 
-typedef struct stab {
+typedef struct wtab {
   size_t cap; /* power of two */
   unsigned shift;
   slot *s;
   void *map; /* the mapping behind s, when mapped */
   size_t map_len;
-  struct stab *retired; /* older tables, kept until destroy */
-} stab;
+  struct wtab *retired; /* older tables, kept until destroy */
+} wtab;
 
 typedef struct worker {
   _Atomic uint64_t wid;
   _Atomic uint32_t rank;
+  _Atomic(wtab *) tab;
+  _Atomic uint64_t moves;
+  size_t entries; /* writer's count of occupied slots */
   bool live, have_id;
   uint64_t next_id;
   wmap map;
@@ -72,13 +91,11 @@ typedef struct worker {
 
 typedef struct counters {
   _Atomic uint64_t events, stored, removed, cleared, duplicates, gaps, unknown_removed,
-      orphans, entries;
+      orphans, entries, slots;
 } counters;
 
 struct kvbm_index {
   kvbm_index_config cfg;
-  _Atomic(stab *) tab;
-  _Atomic uint64_t moves;
   _Atomic uint64_t live; /* mask of live worker slots */
   worker w[MAXW];
   uint32_t last_slot; /* writer's cache of the last worker looked up */
@@ -89,10 +106,12 @@ struct kvbm_index {
 
 #define LD(p) atomic_load_explicit((p), memory_order_relaxed)
 #define ST(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
+#define LDA(p) atomic_load_explicit((p), memory_order_acquire)
+#define STR(p, v) atomic_store_explicit((p), (v), memory_order_release)
 
 static inline void bump(_Atomic uint64_t *c, uint64_t by) { ST(c, LD(c) + by); }
 
-static inline size_t home(const stab *t, uint64_t h) {
+static inline size_t home(const wtab *t, uint64_t h) {
   return (size_t)((h * 0x9E3779B97F4A7C15ull) >> t->shift);
 }
 
@@ -103,38 +122,29 @@ static inline void cpu_relax(void) {
 }
 
 /* Tables of 2 MiB and more are mapped fresh, 2 MiB-aligned, and advised to
- * use huge pages: a lookup touches one random slot per block, and with
- * 4 KiB pages each of those would also be a TLB miss. (Fresh mappings:
- * memory malloc recycles is already faulted in small pages.) */
+ * use huge pages (probes are random: with 4 KiB pages each would also be a
+ * TLB miss; memory malloc recycles is already faulted in small pages). */
 #define HUGE_BYTES ((size_t)2 << 20)
 
-static slot *slots_alloc(size_t cap, void **map, size_t *map_len) {
-  size_t bytes = cap * sizeof(slot);
-  *map = NULL;
-  *map_len = 0;
-  if (bytes < HUGE_BYTES) return calloc(cap, sizeof(slot));
-  size_t len = bytes + HUGE_BYTES;
-  uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return NULL;
-  uint8_t *a = (uint8_t *)(((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
-#ifdef MADV_HUGEPAGE
-  madvise(a, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
-#endif
-  *map = p;
-  *map_len = len;
-  return (slot *)a; /* zero-filled by mmap */
-}
-
-static void stab_free(stab *t) {
-  if (t->map) munmap(t->map, t->map_len);
-  else free(t->s);
-  free(t);
-}
-
-static stab *stab_new(size_t cap) {
-  stab *t = calloc(1, sizeof *t);
+static wtab *wtab_new(size_t cap) {
+  wtab *t = calloc(1, sizeof *t);
   if (!t) return NULL;
-  t->s = slots_alloc(cap, &t->map, &t->map_len);
+  size_t bytes = cap * sizeof(slot);
+  if (bytes < HUGE_BYTES) {
+    t->s = calloc(cap, sizeof(slot));
+  } else {
+    size_t len = bytes + HUGE_BYTES;
+    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) {
+      uint8_t *a = (uint8_t *)(((uintptr_t)p + HUGE_BYTES - 1) & ~(uintptr_t)(HUGE_BYTES - 1));
+#ifdef MADV_HUGEPAGE
+      madvise(a, bytes, MADV_HUGEPAGE); /* advice only */
+#endif
+      t->map = p;
+      t->map_len = len;
+      t->s = (slot *)a; /* zero-filled */
+    }
+  }
   if (!t->s) {
     free(t);
     return NULL;
@@ -146,72 +156,86 @@ static stab *stab_new(size_t cap) {
   return t;
 }
 
+static void wtab_free(wtab *t) {
+  if (t->map) munmap(t->map, t->map_len);
+  else free(t->s);
+  free(t);
+}
+
 /* ------------------------------------------------------------ reader side */
 
-/* Reads slot i consistently. */
-static inline void slot_read(const slot *s, uint64_t *key, uint64_t m[T]) {
+/* Reads a slot consistently: its key and tier bits. */
+static inline unsigned slot_read(const slot *s, uint64_t *key) {
   for (;;) {
-    uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
-    if (q & 1) {
+    uint64_t m = LDA(&s->meta);
+    if (m & BUSY) {
       cpu_relax();
       continue;
     }
-    /* acquire loads keep the second seq load after them (no fence: GCC's
-     * ThreadSanitizer does not model fences) */
-    *key = atomic_load_explicit(&s->key, memory_order_acquire);
-    for (int t = 0; t < T; t++) m[t] = atomic_load_explicit(&s->mask[t], memory_order_acquire);
-    if (LD(&s->seq) == q) return;
+    *key = LDA(&s->key); /* acquire: the second meta load stays after it */
+    if (LD(&s->meta) == m) return (unsigned)(m & TIERS_MASK);
   }
 }
 
-/* The masks of key h (zeros when absent). */
-static inline void probe(const kvbm_index *idx, const stab *t, uint64_t h, uint64_t m[T]) {
+/* The tier bits of key h in worker w's table t (0 when absent). */
+static inline unsigned probe(const worker *w, const wtab *t, uint64_t h) {
   size_t mask = t->cap - 1;
   for (;;) {
-    uint64_t mv = atomic_load_explicit(&idx->moves, memory_order_acquire);
+    uint64_t mv = LDA(&w->moves);
     for (size_t i = home(t, h);; i = (i + 1) & mask) {
       uint64_t k;
-      slot_read(&t->s[i], &k, m);
-      if (!(m[0] | m[1] | m[2])) break;
-      if (k == h) return;
+      unsigned m = slot_read(&t->s[i], &k);
+      if (!m) break;
+      if (k == h) return m;
     }
     /* the slot loads above were acquires: this load cannot move before them */
-    if (!(mv & 1) && LD(&idx->moves) == mv) return; /* a real miss (m is zero) */
+    if (!(mv & 1) && LD(&w->moves) == mv) return 0; /* a real miss */
     cpu_relax();
   }
 }
 
-static inline void drop_bits(kvbm_overlap *out, uint64_t gone, int tier, uint32_t k) {
-  while (gone) {
-    int s = __builtin_ctzll(gone);
-    gone &= gone - 1;
-    out[s].prefix[tier] = k;
+/* One worker's walk: the longest prefix of hashes[0..n) in its table, per
+ * cumulative tier. The probes are independent (the hashes are known up
+ * front), so prefetching a few blocks ahead overlaps their cache misses;
+ * the distance grows from 1, so the common short walk (a miss at block 0
+ * or 1) does not pay for prefetches it never uses. */
+static void walk(const worker *w, const wtab *t, const uint64_t *hashes, size_t n,
+                 kvbm_overlap *o) {
+  bool dev = true, host = true;
+  size_t k = 0;
+  for (; k < n; k++) {
+    size_t dist = k + 1 < PREFETCH_AHEAD ? k + 1 : PREFETCH_AHEAD;
+    if (k + dist < n) __builtin_prefetch(&t->s[home(t, hashes[k + dist])]);
+    if (dist < PREFETCH_AHEAD && k + dist + 1 < n) /* ramping up: two at once */
+      __builtin_prefetch(&t->s[home(t, hashes[k + dist + 1])]);
+    unsigned held = probe(w, t, hashes[k]);
+    if (dev && !(held & 1)) dev = false, o->prefix[0] = (uint32_t)k;
+    if (host && !(held & 3)) host = false, o->prefix[1] = (uint32_t)k;
+    if (!held) break;
   }
+  if (dev) o->prefix[0] = (uint32_t)k;
+  if (host) o->prefix[1] = (uint32_t)k;
+  o->prefix[2] = (uint32_t)k;
 }
 
+/* Worker by worker (not in lockstep): each walk is a tight loop over one
+ * small table, and the probes of one walk already overlap. */
 void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes, size_t n,
                        kvbm_overlap *out, uint64_t *workers) {
   memset(out, 0, MAXW * sizeof *out);
-  uint64_t live = atomic_load_explicit(&idx->live, memory_order_acquire);
+  uint64_t live = LDA(&idx->live);
   if (workers) *workers = live;
-  const stab *t = atomic_load_explicit(&((kvbm_index *)idx)->tab, memory_order_acquire);
-  uint64_t a[T] = {live, live, live};
-  size_t k = 0;
-  for (size_t p = 0; p < PREFETCH_AHEAD && p < n; p++)
-    __builtin_prefetch(&t->s[home(t, hashes[p])]);
-  for (; k < n && a[T - 1]; k++) {
-    if (k + PREFETCH_AHEAD < n) __builtin_prefetch(&t->s[home(t, hashes[k + PREFETCH_AHEAD])]);
-    uint64_t m[T];
-    probe(idx, t, hashes[k], m);
-    uint64_t held = 0;
-    for (int tier = 0; tier < T; tier++) {
-      held |= m[tier]; /* cumulative: device, device+host, any */
-      uint64_t keep = a[tier] & held;
-      if (keep != a[tier]) drop_bits(out, a[tier] & ~keep, tier, (uint32_t)k);
-      a[tier] = keep;
-    }
+  if (!n) return;
+  for (uint64_t m = live; m; m &= m - 1) { /* every walk starts with a miss or two */
+    int s = __builtin_ctzll(m);
+    const wtab *t = LDA(&((kvbm_index *)idx)->w[s].tab);
+    __builtin_prefetch(&t->s[home(t, hashes[0])]);
   }
-  for (int tier = 0; tier < T; tier++) drop_bits(out, a[tier], tier, (uint32_t)k);
+  for (uint64_t m = live; m; m &= m - 1) {
+    int s = __builtin_ctzll(m);
+    const worker *w = &idx->w[s];
+    walk(w, LDA(&((worker *)w)->tab), hashes, n, &out[s]);
+  }
 }
 
 size_t kvbm_index_hash_tokens(const kvbm_index *idx, const uint32_t *tokens, size_t n,
@@ -220,9 +244,7 @@ size_t kvbm_index_hash_tokens(const kvbm_index *idx, const uint32_t *tokens, siz
                          out, max_out);
 }
 
-uint64_t kvbm_index_workers(const kvbm_index *idx) {
-  return atomic_load_explicit(&idx->live, memory_order_acquire);
-}
+uint64_t kvbm_index_workers(const kvbm_index *idx) { return LDA(&idx->live); }
 
 bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kvbm_worker_key *out) {
   if (slot >= MAXW || !(kvbm_index_workers(idx) >> slot & 1)) return false;
@@ -253,32 +275,26 @@ void kvbm_index_stats_get(const kvbm_index *idx, kvbm_index_stats *o) {
   o->unknown_removed = LD(&c->unknown_removed);
   o->orphans = LD(&c->orphans);
   o->entries = LD(&c->entries);
-  o->table_slots = atomic_load_explicit(&((kvbm_index *)idx)->tab, memory_order_acquire)->cap;
+  o->table_slots = LD(&c->slots);
   o->workers = (uint32_t)__builtin_popcountll(kvbm_index_workers(idx));
 }
 
 /* ------------------------------------------------------------ writer side */
 
-static void slot_write(slot *s, uint64_t key, const uint64_t m[T]) {
-  uint64_t q = LD(&s->seq);
-  ST(&s->seq, q + 1);
-  /* release stores: a reader that sees any of them sees the odd seq (and an
-   * odd `moves`) written before */
-  atomic_store_explicit(&s->key, key, memory_order_release);
-  for (int t = 0; t < T; t++) atomic_store_explicit(&s->mask[t], m[t], memory_order_release);
-  atomic_store_explicit(&s->seq, q + 2, memory_order_release);
+static void slot_write(slot *s, uint64_t key, unsigned tiers) {
+  uint64_t m = LD(&s->meta), ver = (m >> 4) + 1;
+  ST(&s->meta, (ver << 4) | BUSY | (m & TIERS_MASK));
+  /* release stores: a reader that sees either sees the busy meta before */
+  STR(&s->key, key);
+  STR(&s->meta, ((ver + 1) << 4) | tiers);
 }
 
-static inline bool slot_empty(const slot *s) {
-  return !(LD(&s->mask[0]) | LD(&s->mask[1]) | LD(&s->mask[2]));
-}
-
-/* The writer's own slot of key h, or the empty slot ending its probe run. */
-static slot *find_slot(stab *t, uint64_t h, bool *found) {
+/* The writer's slot of key h in t, or the empty slot ending its run. */
+static slot *find_slot(wtab *t, uint64_t h, bool *found) {
   size_t mask = t->cap - 1;
   for (size_t i = home(t, h);; i = (i + 1) & mask) {
     slot *s = &t->s[i];
-    if (slot_empty(s)) {
+    if (!(LD(&s->meta) & TIERS_MASK)) {
       *found = false;
       return s;
     }
@@ -289,104 +305,100 @@ static slot *find_slot(stab *t, uint64_t h, bool *found) {
   }
 }
 
-static bool grow(kvbm_index *idx) {
-  stab *old = LD(&idx->tab);
-  stab *t = stab_new(old->cap * 2);
-  if (!t) return false;
-  for (size_t i = 0; i < old->cap; i++) {
-    slot *s = &old->s[i];
-    if (slot_empty(s)) continue;
-    uint64_t key = LD(&s->key), m[T];
-    for (int k = 0; k < T; k++) m[k] = LD(&s->mask[k]);
-    bool found;
-    slot *d = find_slot(t, key, &found);
-    ST(&d->key, key);
-    for (int k = 0; k < T; k++) ST(&d->mask[k], m[k]);
+static int worker_table(kvbm_index *idx, worker *w, size_t cap) {
+  wtab *t = wtab_new(cap);
+  if (!t) return KVBM_ENOMEM;
+  wtab *old = LD(&w->tab);
+  if (old) {
+    for (size_t i = 0; i < old->cap; i++) {
+      slot *s = &old->s[i];
+      unsigned m = (unsigned)(LD(&s->meta) & TIERS_MASK);
+      if (!m) continue;
+      bool found;
+      slot *d = find_slot(t, LD(&s->key), &found);
+      ST(&d->key, LD(&s->key));
+      ST(&d->meta, (uint64_t)2 << 4 | m);
+    }
+    bump(&idx->c.slots, (uint64_t)-old->cap);
   }
   t->retired = old;
-  atomic_store_explicit(&idx->tab, t, memory_order_release);
-  return true;
-}
-
-/* Sets bit `w` of tier `tier` of key h; *was_set says whether it was. */
-static int shared_hold(kvbm_index *idx, uint64_t h, uint32_t w, int tier, bool *was_set) {
-  stab *t = LD(&idx->tab);
-  bool found;
-  slot *s = find_slot(t, h, &found);
-  if (!found && (LD(&idx->c.entries) + 1) * 2 > t->cap) {
-    if (!grow(idx)) return KVBM_ENOMEM;
-    t = LD(&idx->tab);
-    s = find_slot(t, h, &found);
-  }
-  uint64_t m[T] = {0, 0, 0};
-  if (found)
-    for (int k = 0; k < T; k++) m[k] = LD(&s->mask[k]);
-  else
-    bump(&idx->c.entries, 1);
-  *was_set = m[tier] >> w & 1;
-  if (*was_set) return KVBM_OK;
-  m[tier] |= 1ull << w;
-  slot_write(s, h, m);
+  bump(&idx->c.slots, cap);
+  STR(&w->tab, t);
   return KVBM_OK;
 }
 
-/* Deletes slot s by backward shift, inside a `moves` window. */
-static void slot_delete(kvbm_index *idx, stab *t, slot *s) {
-  uint64_t mv = LD(&idx->moves);
-  ST(&idx->moves, mv + 1); /* ordered before the slots' release stores */
+/* Sets tier bit `tier` of key h for worker w; *was_set says whether it was. */
+static int tab_hold(kvbm_index *idx, uint32_t wi, uint64_t h, int tier, bool *was_set) {
+  worker *w = &idx->w[wi];
+  wtab *t = LD(&w->tab);
+  bool found;
+  slot *s = find_slot(t, h, &found);
+  if (!found && (w->entries + 1) * 2 > t->cap) {
+    if (worker_table(idx, w, t->cap * 2)) return KVBM_ENOMEM;
+    t = LD(&w->tab);
+    s = find_slot(t, h, &found);
+  }
+  unsigned m = found ? (unsigned)(LD(&s->meta) & TIERS_MASK) : 0;
+  *was_set = m >> tier & 1;
+  if (*was_set) return KVBM_OK;
+  if (!found) {
+    w->entries++;
+    bump(&idx->c.entries, 1);
+  }
+  slot_write(s, h, m | 1u << tier);
+  return KVBM_OK;
+}
+
+/* Deletes slot s of worker w's table by backward shift, in a `moves` window. */
+static void slot_delete(kvbm_index *idx, worker *w, wtab *t, slot *s) {
+  uint64_t mv = LD(&w->moves);
+  ST(&w->moves, mv + 1); /* ordered before the slots' release stores */
   size_t mask = t->cap - 1, i = (size_t)(s - t->s), j = i;
   for (;;) {
     j = (j + 1) & mask;
     slot *sj = &t->s[j];
-    if (slot_empty(sj)) break;
+    unsigned m = (unsigned)(LD(&sj->meta) & TIERS_MASK);
+    if (!m) break;
     uint64_t key = LD(&sj->key);
     size_t k = home(t, key);
     if (((j - k) & mask) >= ((j - i) & mask)) {
-      uint64_t m[T];
-      for (int x = 0; x < T; x++) m[x] = LD(&sj->mask[x]);
       slot_write(&t->s[i], key, m);
       i = j;
     }
   }
-  static const uint64_t zero[T] = {0, 0, 0};
-  slot_write(&t->s[i], 0, zero);
-  atomic_store_explicit(&idx->moves, mv + 2, memory_order_release);
+  slot_write(&t->s[i], 0, 0);
+  STR(&w->moves, mv + 2);
+  w->entries--;
   bump(&idx->c.entries, (uint64_t)-1);
 }
 
-/* Clears the bits `bits` of tier `tier` in slot s; false when none was set. */
-static bool slot_clear(kvbm_index *idx, stab *t, slot *s, uint64_t bits, int tier) {
-  uint64_t m[T];
-  for (int k = 0; k < T; k++) m[k] = LD(&s->mask[k]);
-  if (!(m[tier] & bits)) return false;
-  m[tier] &= ~bits;
-  if (m[0] | m[1] | m[2])
-    slot_write(s, LD(&s->key), m);
-  else
-    slot_delete(idx, t, s);
-  return true;
-}
-
-/* Clears bit `w` of tier `tier` of key h; false when it was not set. */
-static bool shared_release(kvbm_index *idx, uint64_t h, uint32_t w, int tier) {
-  stab *t = LD(&idx->tab);
+/* Clears tier bit `tier` of key h for worker w; false when it was not set. */
+static bool tab_release(kvbm_index *idx, uint32_t wi, uint64_t h, int tier) {
+  worker *w = &idx->w[wi];
+  wtab *t = LD(&w->tab);
   bool found;
   slot *s = find_slot(t, h, &found);
-  return found && slot_clear(idx, t, s, 1ull << w, tier);
+  if (!found) return false;
+  unsigned m = (unsigned)(LD(&s->meta) & TIERS_MASK);
+  if (!(m >> tier & 1)) return false;
+  m &= ~(1u << tier);
+  if (m) slot_write(s, h, m);
+  else slot_delete(idx, w, t, s);
+  return true;
 }
 
 /*
  * Copies. In recompute mode the worker's map holds every block (engine
  * hash -> index key, count per tier). With the engine's hashes as keys the
- * shared bit says "at least one copy" and the map holds only the extra
+ * table's bit says "at least one copy" and the map holds only the extra
  * copies of duplicated blocks (rare), so the common event costs one probe
- * of the shared table and nothing else.
+ * of the worker's table and nothing else.
  */
 static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r) {
   bool added, was_set;
   int rc;
   if (!idx->cfg.recompute) {
-    if ((rc = shared_hold(idx, e, w, tier, &was_set))) return rc;
+    if ((rc = tab_hold(idx, w, e, tier, &was_set))) return rc;
     if (was_set) {
       wentry *we = wmap_upsert(&idx->w[w].map, e, e, &added);
       if (!we) return KVBM_ENOMEM;
@@ -398,7 +410,7 @@ static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r) {
   wentry *we = wmap_upsert(&idx->w[w].map, e, r, &added);
   if (!we) return KVBM_ENOMEM;
   if (we->cnt[tier]++ == 0) {
-    rc = shared_hold(idx, we->rhash, w, tier, &was_set);
+    rc = tab_hold(idx, w, we->rhash, tier, &was_set);
     if (rc) {
       we->cnt[tier]--;
       if (added) wmap_erase(&idx->w[w].map, we);
@@ -416,7 +428,7 @@ static void unhold(kvbm_index *idx, uint32_t w, int tier, uint64_t e) {
     if (we && we->cnt[tier]) { /* an extra copy goes, the bit stays */
       we->cnt[tier]--;
       if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) wmap_erase(m, we);
-    } else if (!shared_release(idx, e, w, tier)) {
+    } else if (!tab_release(idx, w, e, tier)) {
       bump(&idx->c.unknown_removed, 1);
       return;
     }
@@ -427,44 +439,24 @@ static void unhold(kvbm_index *idx, uint32_t w, int tier, uint64_t e) {
     bump(&idx->c.unknown_removed, 1);
     return;
   }
-  if (--we->cnt[tier] == 0) shared_release(idx, we->rhash, w, tier);
+  if (--we->cnt[tier] == 0) tab_release(idx, w, we->rhash, tier);
   if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) wmap_erase(m, we);
   bump(&idx->c.removed, 1);
 }
 
-/* Forgets everything slot w holds. */
-static void forget_all(kvbm_index *idx, uint32_t w) {
-  wmap *m = &idx->w[w].map;
-  if (idx->cfg.recompute) {
-    for (size_t i = 0; i < m->cap; i++) {
-      wentry *we = &m->e[i];
-      if (!we->used) continue;
-      for (int t = 0; t < T; t++)
-        if (we->cnt[t]) shared_release(idx, we->rhash, w, t);
-    }
-  } else {
-    /* No list of the worker's blocks: sweep the table (clears and worker
-     * departures are rare). A deletion shifts later entries back into
-     * slot i, so slot i is looked at again; entries only move backwards,
-     * and one wrapping from the start to the end was already swept. */
-    stab *t = LD(&idx->tab);
-    uint64_t bit = 1ull << w;
-    for (size_t i = 0; i < t->cap;) {
-      slot *s = &t->s[i];
-      uint64_t mk[T], any = 0;
-      for (int k = 0; k < T; k++) any |= (mk[k] = LD(&s->mask[k]));
-      if (!(any & bit)) {
-        i++;
-        continue;
-      }
-      for (int k = 0; k < T; k++) mk[k] &= ~bit;
-      if (mk[0] | mk[1] | mk[2])
-        slot_write(s, LD(&s->key), mk);
-      else
-        slot_delete(idx, t, s); /* slot i now holds a later entry or nothing */
-    }
-  }
-  wmap_clear(m);
+/* Forgets everything worker wi holds: its table is emptied in one `moves`
+ * window (a reader's miss meanwhile is retried), its map cleared. */
+static void forget_all(kvbm_index *idx, uint32_t wi) {
+  worker *w = &idx->w[wi];
+  wtab *t = LD(&w->tab);
+  uint64_t mv = LD(&w->moves);
+  ST(&w->moves, mv + 1);
+  for (size_t i = 0; i < t->cap; i++)
+    if (LD(&t->s[i].meta) & TIERS_MASK) slot_write(&t->s[i], 0, 0);
+  STR(&w->moves, mv + 2);
+  bump(&idx->c.entries, (uint64_t)-w->entries);
+  w->entries = 0;
+  wmap_clear(&w->map);
 }
 
 /* ------------------------------------------------------------ public */
@@ -483,7 +475,7 @@ kvbm_router_tier kvbm_router_tier_of(kvbm_medium m) {
 
 kvbm_index_config kvbm_index_config_default(void) {
   return (kvbm_index_config){.block_size = 16, .scheme = KVBM_HASH_NATIVE, .salt_hash = 0,
-                             .recompute = false, .expected_blocks = 65536};
+                             .recompute = false, .expected_blocks = 16384};
 }
 
 int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error *err) {
@@ -498,26 +490,21 @@ int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error
     return kvbm_error_set(err, KVBM_EINVAL, "router index: expected_blocks %zu is above 2^32",
                           cfg->expected_blocks);
   kvbm_index *idx = calloc(1, sizeof *idx);
-  size_t cap = 64;
-  while (cap < cfg->expected_blocks * 2) cap *= 2;
-  stab *t = idx ? stab_new(cap) : NULL;
-  if (!t) {
-    free(idx);
-    return kvbm_error_set(err, KVBM_ENOMEM, "router index: out of memory");
-  }
+  if (!idx) return kvbm_error_set(err, KVBM_ENOMEM, "router index: out of memory");
   idx->cfg = *cfg;
-  atomic_init(&idx->tab, t);
   *out = idx;
   return KVBM_OK;
 }
 
 void kvbm_index_destroy(kvbm_index *idx) {
   if (!idx) return;
-  for (stab *t = LD(&idx->tab), *n; t; t = n) {
-    n = t->retired;
-    stab_free(t);
+  for (int s = 0; s < MAXW; s++) {
+    for (wtab *t = LD(&idx->w[s].tab), *n; t; t = n) {
+      n = t->retired;
+      wtab_free(t);
+    }
+    wmap_free(&idx->w[s].map);
   }
-  for (int s = 0; s < MAXW; s++) wmap_free(&idx->w[s].map);
   free(idx);
 }
 
@@ -552,6 +539,12 @@ int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key key, uint32_t *slot,
     return kvbm_error_set(err, KVBM_ENOSPC, "router index: already %d workers",
                           KVBM_ROUTER_MAX_WORKERS);
   worker *w = &idx->w[s];
+  if (!LD(&w->tab)) { /* a slot's table stays (emptied) when its worker goes */
+    size_t cap = 64;
+    while (cap < idx->cfg.expected_blocks * 2) cap *= 2;
+    if (worker_table(idx, w, cap))
+      return kvbm_error_set(err, KVBM_ENOMEM, "router index: out of memory");
+  }
   ST(&w->wid, key.worker_id);
   ST(&w->rank, key.dp_rank);
   w->live = true;
@@ -631,7 +624,7 @@ static inline void prefetch_key(const kvbm_index *idx, uint32_t w, uint64_t h) {
     if (m->cap) __builtin_prefetch(&m->e[wmap_home(h, m->cap)], 1);
     return;
   }
-  const stab *t = atomic_load_explicit(&((kvbm_index *)idx)->tab, memory_order_relaxed);
+  const wtab *t = LD(&((kvbm_index *)idx)->w[w].tab);
   const slot *s = &t->s[home(t, h)];
   __builtin_prefetch(s, 1);
   __builtin_prefetch((const char *)s + sizeof *s, 1); /* the next slot, for deletion's shift */

@@ -342,7 +342,7 @@ static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
     ic.block_size = o->block_size;
     ic.recompute = o->recompute;
     ic.scheme = o->recompute ? o->index_scheme : o->scheme;
-    ic.expected_blocks = (size_t)o->workers * o->capacity;
+    ic.expected_blocks = o->capacity;
     if ((rc = kvbm_index_create(&ic, &s->idx, err))) return rc;
     if ((rc = kvbm_event_encoder_new(&s->wr.enc, err))) return rc;
     if ((rc = kvbm_event_decoder_new(&s->wr.dec, err))) return rc;
