@@ -161,8 +161,9 @@ static double memcpy_s(uint8_t *dst, const uint8_t *src, size_t n, size_t bytes)
 }
 
 /* Plain O_DIRECT: sequential pwrite then pread of n x bytes, 2 MiB at a
- * time, to a preallocated file in dir. */
-static int direct_io(const char *dir, size_t n, size_t bytes, void *buf, double *w, double *r) {
+ * time, to a preallocated file in dir, from and into n distinct blocks of
+ * memory (as the tiers do). */
+static int direct_io(const char *dir, size_t n, size_t bytes, uint8_t *buf, double *w, double *r) {
   char path[4096];
   snprintf(path, sizeof path, "%s/bench-tiers-raw-XXXXXX", dir);
   int t = mkstemp(path);
@@ -174,11 +175,11 @@ static int direct_io(const char *dir, size_t n, size_t bytes, void *buf, double 
   int ok = fallocate(fd, 0, 0, (off_t)(n * bytes)) == 0;
   double t0 = now();
   for (size_t k = 0; ok && k < n; k++)
-    ok = pwrite(fd, buf, bytes, (off_t)(k * bytes)) == (ssize_t)bytes;
+    ok = pwrite(fd, buf + k * bytes, bytes, (off_t)(k * bytes)) == (ssize_t)bytes;
   *w = now() - t0;
   t0 = now();
   for (size_t k = 0; ok && k < n; k++)
-    ok = pread(fd, buf, bytes, (off_t)(k * bytes)) == (ssize_t)bytes;
+    ok = pread(fd, buf + k * bytes, bytes, (off_t)(k * bytes)) == (ssize_t)bytes;
   *r = now() - t0;
   close(fd);
   return ok;
@@ -216,15 +217,12 @@ int main(int argc, char **argv) {
   size_t bytes = kvbm_manager_block_bytes(mh);
   double total = (double)(c.n * bytes);
   uint8_t *a = NULL, *b = NULL;
-  void *dbuf = NULL;
-  if (posix_memalign((void **)&a, 4096, c.n * bytes) || posix_memalign((void **)&b, 4096, c.n * bytes) ||
-      posix_memalign(&dbuf, 4096, bytes)) {
+  if (posix_memalign((void **)&a, 4096, c.n * bytes) || posix_memalign((void **)&b, 4096, c.n * bytes)) {
     fprintf(stderr, "bench_tiers: out of memory\n");
     return 1;
   }
   memset(a, 1, c.n * bytes);
   memset(b, 2, c.n * bytes);
-  memset(dbuf, 3, bytes);
 
   double *off2 = calloc((size_t)c.reps, sizeof(double)), *on2 = calloc((size_t)c.reps, sizeof(double));
   double *mc = calloc((size_t)c.reps, sizeof(double));
@@ -250,7 +248,7 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < c.reps && ok; i++) {
     ok = round_trip(&c, md, (uint32_t)(i + 10) * 100000000u, &off3[i], &on3[i], KVBM_TIER_G3);
-    if (ok && !direct_io(c.dir, c.n, bytes, dbuf, &rw[i], &rr[i])) {
+    if (ok && !direct_io(c.dir, c.n, bytes, b, &rw[i], &rr[i])) {
       fprintf(stderr, "bench_tiers: plain O_DIRECT I/O in %s failed: %s\n", c.dir, strerror(errno));
       ok = 0;
     }
@@ -291,7 +289,6 @@ int main(int argc, char **argv) {
   }
   free(a);
   free(b);
-  free(dbuf);
   free(off2);
   free(on2);
   free(mc);

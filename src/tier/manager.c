@@ -111,6 +111,7 @@ struct kvbm_manager {
   jqueue q[2];
   uint32_t busy[2];
   bool stop, cancel;
+  bool host_running; /* the host worker may still forward jobs to the disk queue */
   pthread_t th[2];
   int nthreads;
   void **bounce; /* disk worker's slot buffers */
@@ -537,6 +538,9 @@ static void *worker_main(void *arg) {
     m->busy[w] -= n;
     pthread_cond_broadcast(&m->done_cv);
   }
+  /* Nothing more can be forwarded: let the disk worker finish. */
+  m->host_running = false;
+  pthread_cond_broadcast(&m->work_cv[W_DISK]);
   pthread_mutex_unlock(&m->mu);
   free(jobs);
   return NULL;
@@ -577,7 +581,7 @@ static void disk_worker(kvbm_manager *m) {
       continue;
     }
     if (!nt && nfree == ns) {
-      if (m->stop && !q->count) break;
+      if (m->stop && !q->count && !m->host_running) break;
       pthread_cond_wait(&m->work_cv[W_DISK], &m->mu);
       continue;
     }
@@ -821,7 +825,9 @@ static int start_workers(kvbm_manager *m, kvbm_error *err) {
     worker_arg *a = malloc(sizeof *a);
     if (!a) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
     *a = (worker_arg){m, w};
+    if (w == W_HOST) m->host_running = true;
     if (pthread_create(&m->th[m->nthreads], NULL, worker_main, a)) {
+      if (w == W_HOST) m->host_running = false;
       free(a);
       return kvbm_error_set(err, KVBM_ENOMEM, "manager: cannot start a worker thread");
     }
