@@ -1,7 +1,7 @@
 /*
  * pool.c: the block pool (see kvbm/pool.h for the state machine).
  *
- * Three structures, all sized at creation so that no operation allocates:
+ * Four structures, all sized at creation so that no operation allocates:
  *
  *  - blocks[]: one 32-byte record per block (state, reference count,
  *    hashes, links). Token slots live apart in one flat array, tokens[id *
@@ -17,21 +17,31 @@
  *    priority (0..255), oldest release at the head. A 256-bit mask of the
  *    non-empty lists makes "lowest priority, least recently released" two
  *    word scans and a pointer read, i.e. O(1).
- *  - the registry: sequence hash -> block id, open addressing with linear
- *    probing at load <= 1/4 and backward-shift deletion (no tombstones, so
- *    long runs of insert/evict never degrade it). A slot is 8 bytes, a 32-bit
- *    fingerprint and the id, so the table of a 16K-block pool is 512 KiB and
- *    stays in cache; the full hash is confirmed on the block record. Sequence
- *    hashes are uniform, but a caller can hand kvbm_block_fill() any value,
- *    so the home slot is a multiplicative mix of the fingerprint.
+ *  - the registry: sequence hash -> block id, in 64-byte buckets of 7
+ *    entries (a 32-bit fingerprint and a block id) at most 2 entries a
+ *    bucket on average. A lookup compares the fingerprints of its home bucket
+ *    at once (SSE2) and confirms a match on the block record's full hash; an
+ *    entry that found its bucket full went on to the next one and left a
+ *    count behind, so lookups continue only where something did. Entries
+ *    never move: a removal is a store, not a backward shift, and neither
+ *    path has a data-dependent loop the branch predictor keeps missing (the
+ *    linear-probing table this replaced spent half its time on those).
+ *    Sequence hashes are uniform, but a caller can hand kvbm_block_fill()
+ *    any value, so the home bucket is a multiplicative mix of the
+ *    fingerprint. With allow_duplicates, later blocks of an equal hash are
+ *    chained behind the indexed one (dup_next) in registration order.
  *
- * Memory for a pool of N blocks of B tokens: 32 N (records) + 32 N
- * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots).
+ * Memory for a pool of N blocks of B tokens: 32 N (records) + 32..64 N
+ * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots), and
+ * 4 N for the duplicate chains with allow_duplicates.
  */
 #include "kvbm/pool.h"
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define NIL UINT32_MAX
 /* The per-block steps of prefill and release: inlined into the run loops so
@@ -42,9 +52,10 @@
 enum {
   F_HAS_PARENT = 1u << 0,
   F_CACHED = 1u << 1,   /* in a cache list */
-  F_INDEXED = 1u << 2,  /* the registry has an entry for this block */
+  F_INDEXED = 1u << 2,  /* the registry's entry for its hash names this block */
   F_SALTED = 1u << 3,   /* salts[id] holds a nonzero salt hash */
   F_TOKENS = 1u << 4,   /* tokens[id * bs ...] holds the block's tokens */
+  F_DUP = 1u << 5,      /* a registered duplicate, chained behind the indexed block */
 };
 
 /* 32 bytes, two per cache line: the hot record. The salt, rarely nonzero,
@@ -59,13 +70,19 @@ typedef struct blk {
   uint8_t flags;
 } blk;
 
-/* 8 bytes: a 32-bit fingerprint of the hash and the block id. The slot is a
- * function of the fingerprint alone, so probing and deletion never leave the
- * table; a fingerprint match is confirmed against the block's full hash. */
-typedef struct slot {
-  uint32_t fp;
-  uint32_t id; /* NIL: empty */
-} slot;
+/* One cache line of the registry: 7 entries (a 32-bit fingerprint of the
+ * hash and a block id; NIL marks a free entry) and the count of entries whose
+ * home is this bucket but which sit in a later one because this one was full
+ * when they came. A lookup reads its home bucket and goes on only while that
+ * count says something went past; entries never move, so a removal is one
+ * store (and a walk decrementing the counts it passes), with no shifting. */
+#define BUCKET_SLOTS 7
+typedef struct bucket {
+  uint32_t fp[BUCKET_SLOTS];
+  uint32_t overflow;
+  uint32_t id[BUCKET_SLOTS];
+  uint32_t unused;
+} bucket;
 
 struct kvbm_pool {
   kvbm_pool_config cfg;
@@ -79,9 +96,10 @@ struct kvbm_pool {
   uint64_t nonempty[NPRIO / 64];
   uint32_t cached;
   uint32_t registered;
-  slot *table;
-  uint32_t table_shift; /* 32 - log2(table size) */
-  uint32_t table_mask;
+  bucket *table;
+  uint32_t *dup_next;   /* allow_duplicates: the next duplicate, or NIL */
+  uint32_t table_shift; /* 32 - log2(buckets) */
+  uint32_t table_mask;  /* buckets - 1 */
   uint64_t allocated, evicted, dedup, match_hits;
 };
 
@@ -90,58 +108,102 @@ struct kvbm_pool {
 static inline uint32_t fingerprint(uint64_t hash) { return (uint32_t)(hash ^ (hash >> 32)); }
 
 static inline uint32_t home_of(const kvbm_pool *p, uint32_t fp) {
-  /* Fibonacci hashing: the top bits of the product. The shift is < 32
-   * because the table has at least 4 slots. */
+  /* Fibonacci hashing: the top bits of the product (the table has at
+   * least 2 buckets, so the shift is < 32). */
   return (fp * 0x9E3779B1u) >> p->table_shift;
 }
 
-/* Walks the probe run of `hash`: returns the first block registered under
- * it (NIL if none). With `slot_out` non-NULL, also finds where an insert
- * goes: the empty slot that ends the run (the walk then goes on past a hit
- * only when `to_end`, for a duplicate that must sit behind the first). */
-HOT uint32_t reg_probe(const kvbm_pool *p, uint64_t hash, uint32_t *slot_out,
-                                 bool to_end) {
+/* Bit i set when entry i of the bucket holds `v` in fp[] (key = 0) or id[]. */
+static inline unsigned bucket_match(const bucket *b, uint32_t v, int key) {
+  const uint32_t *a = key ? b->id : b->fp;
+#if defined(__SSE2__)
+  __m128i x = _mm_set1_epi32((int)v);
+  __m128i lo = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)a), x);
+  __m128i hi = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(a + 4)), x);
+  unsigned m = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(lo)) |
+               (unsigned)_mm_movemask_ps(_mm_castsi128_ps(hi)) << 4;
+  return m & ((1u << BUCKET_SLOTS) - 1); /* lane 7 is overflow / unused */
+#else
+  unsigned m = 0;
+  for (unsigned i = 0; i < BUCKET_SLOTS; i++) m |= (unsigned)(a[i] == v) << i;
+  return m;
+#endif
+}
+
+/* The block indexed under `hash`, or NIL. */
+HOT uint32_t reg_find(const kvbm_pool *p, uint64_t hash) {
   const uint32_t fp = fingerprint(hash);
-  uint32_t found = NIL;
-  for (uint32_t i = home_of(p, fp);; i = (i + 1) & p->table_mask) {
-    const slot *s = &p->table[i];
-    if (s->id == NIL) {
-      if (slot_out) *slot_out = i;
-      return found;
+  for (uint32_t bi = home_of(p, fp);; bi = (bi + 1) & p->table_mask) {
+    const bucket *b = &p->table[bi];
+    for (unsigned m = bucket_match(b, fp, 0); m; m &= m - 1) {
+      uint32_t id = b->id[__builtin_ctz(m)];
+      if (id != NIL && p->blocks[id].seq_hash == hash) return id;
     }
-    if (found == NIL && s->fp == fp && p->blocks[s->id].seq_hash == hash) {
-      found = s->id;
-      if (!to_end) return found;
-    }
+    if (!b->overflow) return NIL;
   }
 }
 
-static uint32_t reg_find(const kvbm_pool *p, uint64_t hash) {
-  return reg_probe(p, hash, NULL, false);
+/* Adds an entry for block `id`, whose hash is not indexed yet. */
+HOT void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t id) {
+  const uint32_t fp = fingerprint(hash);
+  for (uint32_t bi = home_of(p, fp);; bi = (bi + 1) & p->table_mask) {
+    bucket *b = &p->table[bi];
+    unsigned free = bucket_match(b, NIL, 1);
+    if (free) {
+      unsigned i = (unsigned)__builtin_ctz(free);
+      b->fp[i] = fp;
+      b->id[i] = id;
+      return;
+    }
+    b->overflow++;
+  }
 }
 
-/* Removes the entry of block `id` (with allow_duplicates, several blocks can
- * share a hash; each has its own entry, in registration order). */
+/* Removes (or, given `repl` != NIL, re-points to repl) the entry of `id`. */
+HOT void reg_erase(kvbm_pool *p, uint64_t hash, uint32_t id, uint32_t repl) {
+  for (uint32_t bi = home_of(p, fingerprint(hash));; bi = (bi + 1) & p->table_mask) {
+    bucket *b = &p->table[bi];
+    unsigned m = bucket_match(b, id, 1);
+    if (m) {
+      b->id[__builtin_ctz(m)] = repl;
+      return;
+    }
+    if (repl == NIL) b->overflow--; /* the entry went past this bucket */
+  }
+}
+
+/* Indexes a newly registered block: under its hash, or (allow_duplicates)
+ * at the end of the chain of blocks registered earlier under it. */
+HOT void reg_add(kvbm_pool *p, uint32_t id, uint32_t existing) {
+  blk *b = &p->blocks[id];
+  if (existing == NIL) {
+    reg_insert(p, b->seq_hash, id);
+    b->flags |= F_INDEXED;
+    return;
+  }
+  while (p->dup_next[existing] != NIL) existing = p->dup_next[existing];
+  p->dup_next[existing] = id;
+  p->dup_next[id] = NIL;
+  b->flags |= F_DUP;
+}
+
+/* Takes a registered block out of the index. The first of a chain of
+ * duplicates hands the entry to the next one; a later one is unlinked. */
 HOT void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t id) {
-  uint32_t i = home_of(p, fingerprint(hash));
-  while (p->table[i].id != id) {
-    if (p->table[i].id == NIL) return;
-    i = (i + 1) & p->table_mask;
-  }
-  /* Backward shift: pull later entries of the run into the hole when their
-   * home slot is not inside (hole, j]. Order within a run is kept, so the
-   * first registered of several duplicates stays the one found first. */
-  uint32_t hole = i;
-  for (uint32_t j = (i + 1) & p->table_mask; p->table[j].id != NIL;
-       j = (j + 1) & p->table_mask) {
-    uint32_t home = home_of(p, p->table[j].fp);
-    bool movable = (hole <= j) ? (home <= hole || home > j) : (home <= hole && home > j);
-    if (movable) {
-      p->table[hole] = p->table[j];
-      hole = j;
+  uint8_t flags = p->blocks[id].flags;
+  if (flags & F_INDEXED) {
+    uint32_t next = p->dup_next ? p->dup_next[id] : NIL;
+    reg_erase(p, hash, id, next);
+    if (next != NIL) {
+      p->blocks[next].flags = (uint8_t)((p->blocks[next].flags & ~F_DUP) | F_INDEXED);
+      p->dup_next[id] = NIL;
     }
+  } else if (flags & F_DUP) {
+    uint32_t prev = reg_find(p, hash);
+    while (p->dup_next[prev] != id) prev = p->dup_next[prev];
+    p->dup_next[prev] = p->dup_next[id];
+    p->dup_next[id] = NIL;
   }
-  p->table[hole].id = NIL;
 }
 
 static inline void reg_prefetch(const kvbm_pool *p, uint64_t hash) {
@@ -219,8 +281,7 @@ HOT void free_push(kvbm_pool *p, uint32_t id) {
 
 /* Drops a registered block from the registry and counts (not the lists). */
 static void unregister(kvbm_pool *p, uint32_t id) {
-  blk *b = &p->blocks[id];
-  if (b->flags & F_INDEXED) reg_remove(p, b->seq_hash, id);
+  reg_remove(p, p->blocks[id].seq_hash, id);
   p->registered--;
 }
 
@@ -247,7 +308,7 @@ HOT uint32_t evict_oldest(kvbm_pool *p) {
     p->nonempty[w] &= ~(1ull << (pr % 64));
   }
   p->cached--;
-  reg_remove(p, hash, id); /* a cached block is always indexed */
+  reg_remove(p, hash, id);
   p->registered--;
   p->evicted++;
   block_reset(p, id);
@@ -282,8 +343,7 @@ static void acquire(kvbm_pool *p, uint32_t id) {
  * kvbm_block_register). `tokens` are the block's tokens, for the event. */
 HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
   blk *b = &p->blocks[id];
-  uint32_t at = 0;
-  uint32_t existing = reg_probe(p, b->seq_hash, &at, p->cfg.allow_duplicates);
+  uint32_t existing = reg_find(p, b->seq_hash);
   if (existing != NIL) {
     p->dedup++;
     if (!p->cfg.allow_duplicates) {
@@ -297,11 +357,9 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
     }
   }
   b->state = KVBM_BLOCK_REGISTERED;
-  /* A duplicate gets its own entry too, behind the first one's in the probe
-   * run: lookups still find the first, and the duplicate once it is gone. */
-  p->table[at].fp = fingerprint(b->seq_hash);
-  p->table[at].id = id;
-  b->flags |= F_INDEXED;
+  /* A duplicate is chained behind the block registered first: lookups
+   * find the first, and the next once the first is gone. */
+  reg_add(p, id, existing);
   p->registered++;
   if (p->cfg.listener) {
     kvbm_pool_event ev = {
@@ -368,9 +426,10 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory");
   p->cfg = *cfg;
   uint32_t n = cfg->num_blocks;
-  uint64_t tsize = 4;
-  unsigned tbits = 2;
-  while (tsize < 4ull * n) tsize <<= 1, tbits++;
+  /* Buckets for at most 2 entries each on average (of 7 slots). */
+  uint64_t tsize = 2;
+  unsigned tbits = 1;
+  while (tsize * 2 < n) tsize <<= 1, tbits++;
   p->table_shift = 32 - tbits;
   p->table_mask = (uint32_t)(tsize - 1);
   p->blocks = calloc(n, sizeof *p->blocks);
@@ -378,12 +437,16 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   p->salts = calloc(n, sizeof *p->salts);
   p->tokens = calloc((size_t)n * cfg->block_size, sizeof *p->tokens);
   p->free_stack = malloc((size_t)n * sizeof *p->free_stack);
-  p->table = malloc(tsize * sizeof *p->table);
-  if (!p->blocks || !p->priority || !p->salts || !p->tokens || !p->free_stack || !p->table) {
+  p->table = aligned_alloc(64, tsize * sizeof *p->table);
+  if (cfg->allow_duplicates) p->dup_next = malloc((size_t)n * sizeof *p->dup_next);
+  if (!p->blocks || !p->priority || !p->salts || !p->tokens || !p->free_stack || !p->table ||
+      (cfg->allow_duplicates && !p->dup_next)) {
     kvbm_pool_destroy(p);
     return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory for %u blocks", n);
   }
-  for (uint64_t i = 0; i < tsize; i++) p->table[i].id = NIL;
+  memset(p->table, 0xff, tsize * sizeof *p->table); /* every id NIL */
+  for (uint64_t i = 0; i < tsize; i++) p->table[i].overflow = 0;
+  if (p->dup_next) memset(p->dup_next, 0xff, (size_t)n * sizeof *p->dup_next);
   for (unsigned i = 0; i < NPRIO; i++) p->head[i] = p->tail[i] = NIL;
   /* Push in reverse so that the first allocations get ids 0, 1, 2, ... */
   for (uint32_t i = n; i-- > 0;) free_push(p, i);
@@ -399,6 +462,7 @@ void kvbm_pool_destroy(kvbm_pool *pool) {
   free(pool->tokens);
   free(pool->free_stack);
   free(pool->table);
+  free(pool->dup_next);
   free(pool);
 }
 

@@ -264,16 +264,17 @@ static inline kvbm_pool_stats tu_stats(const kvbm_pool *p) {
   return st;
 }
 
-/* Registry geometry, as src/pool/pool.c has it: a table of the smallest
- * power of two >= max(4, 4 * num_blocks) slots; a hash's 32-bit fingerprint
- * is (lo32 ^ hi32), its home slot (fp * 0x9E3779B1) >> (32 - log2(size)).
- * The tests use this only to make hashes that collide on purpose; if the
+/* Registry geometry, as src/pool/pool.c has it: the smallest power of two
+ * >= 2 of 7-entry buckets with 2 * buckets >= num_blocks; a hash's 32-bit
+ * fingerprint is (lo32 ^ hi32), its home bucket (fp * 0x9E3779B1) >> (32 -
+ * log2(buckets)). The tests use this only to make hashes that collide on
+ * purpose (more than 7 to a bucket overflow into the next ones); if the
  * pool's mapping changes, such hashes are still valid, merely no longer
- * colliding. */
+ * colliding. "slot" below means home bucket. */
 static inline unsigned tu_table_bits(uint32_t num_blocks) {
-  unsigned bits = 2;
-  uint64_t size = 4;
-  while (size < 4ull * num_blocks) size <<= 1, bits++;
+  unsigned bits = 1;
+  uint64_t size = 2;
+  while (size * 2 < num_blocks) size <<= 1, bits++;
   return bits;
 }
 

@@ -287,13 +287,13 @@ static void test_fill_equals_steps(void **state) {
   }
 }
 
-/* Hashes that all share one home slot (and wrap round the table's end),
- * inserted and evicted in many orders: every registered one stays findable,
- * every evicted one is gone. This drives the backward-shift deletion through
- * its wrap-around cases. */
+/* Hashes that all share a few home buckets (and wrap round the table's
+ * end), inserted and evicted in many orders: every registered one stays
+ * findable, every evicted one is gone. 16 hashes in 3 buckets of 7 entries
+ * drive the overflow counts through chains that wrap round. */
 static void test_registry_collisions(void **state) {
   (void)state;
-  enum { NB = 8 }; /* a table of 32 slots */
+  enum { NB = 16 }; /* 8 buckets */
   uint32_t last = (1u << tu_table_bits(NB)) - 1;
   uint64_t hs[NB];
   uint32_t rng = 12345;
