@@ -124,6 +124,31 @@ int kvbm_sc_accept(int lfd, int timeout_ms, int *fd, kvbm_error *err) {
   }
 }
 
+/* One non-blocking connect attempt, waited for until the deadline (a
+ * blocking connect to an unreachable host would ignore it). Returns 0, or
+ * the errno of the failure. */
+static int connect_once(int s, const struct sockaddr_in *sa, int64_t deadline_ms) {
+  int fl = fcntl(s, F_GETFL);
+  fcntl(s, F_SETFL, fl | O_NONBLOCK);
+  int e = 0;
+  if (connect(s, (const struct sockaddr *)sa, sizeof *sa) != 0) {
+    e = errno;
+    if (e == EINPROGRESS) {
+      struct pollfd p = {.fd = s, .events = POLLOUT};
+      int r;
+      do r = poll(&p, 1, remaining_ms(deadline_ms));
+      while (r < 0 && errno == EINTR);
+      socklen_t len = sizeof e;
+      if (r == 0)
+        e = ETIMEDOUT;
+      else if (r < 0 || getsockopt(s, SOL_SOCKET, SO_ERROR, &e, &len) != 0)
+        e = errno;
+    }
+  }
+  fcntl(s, F_SETFL, fl);
+  return e;
+}
+
 int kvbm_sc_connect(const char *host, uint16_t port, int timeout_ms, int *fd,
                     kvbm_error *err) {
   struct sockaddr_in sa;
@@ -133,19 +158,19 @@ int kvbm_sc_connect(const char *host, uint16_t port, int timeout_ms, int *fd,
   for (;;) {
     int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0) return kvbm_error_set(err, KVBM_EIO, "fabric: side channel: socket: %s", strerror(errno));
-    if (connect(s, (struct sockaddr *)&sa, sizeof sa) == 0) {
+    int e = connect_once(s, &sa, deadline);
+    if (e == 0) {
       tune(s);
       *fd = s;
       return KVBM_OK;
     }
-    int e = errno;
     close(s);
-    if (e != ECONNREFUSED && e != EINTR)
+    if (e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT)
       return kvbm_error_set(err, KVBM_EIO, "fabric: side channel: connect to %s:%u: %s",
                             host ? host : "127.0.0.1", (unsigned)port, strerror(e));
-    if (kvbm_sc_now_ms() >= deadline)
+    if (e == ETIMEDOUT || kvbm_sc_now_ms() >= deadline)
       return kvbm_error_set(err, KVBM_ETIMEDOUT,
-                            "fabric: side channel: nobody listens on %s:%u",
+                            "fabric: side channel: nobody answers on %s:%u",
                             host ? host : "127.0.0.1", (unsigned)port);
     struct timespec ts = {0, 20 * 1000000};
     nanosleep(&ts, NULL);
