@@ -120,6 +120,28 @@ static int free_port(uint16_t *port) {
   return rc;
 }
 
+/* Whether some socket listens on TCP port `port` (read from /proc/net/tcp
+ * and tcp6, so that the check does not connect to the server itself). */
+static bool port_listening(uint16_t port) {
+  const char *files[] = {"/proc/net/tcp", "/proc/net/tcp6"};
+  for (int i = 0; i < 2; i++) {
+    FILE *f = fopen(files[i], "r");
+    if (!f) continue;
+    char line[512];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+      char local[128];
+      unsigned st;
+      if (sscanf(line, " %*d: %127s %*s %x", local, &st) != 2) continue;
+      const char *colon = strrchr(local, ':');
+      if (colon && st == 0x0A && strtoul(colon + 1, NULL, 16) == port) found = true;
+    }
+    fclose(f);
+    if (found) return true;
+  }
+  return false;
+}
+
 /* Runs server + client once; *gbps from the client's "Final:" line. */
 static int run_reference_once(const bench *b, const kvbm_fabric_ucx_config *cfg, uint64_t bb, double *gbps) {
   uint16_t port;
@@ -131,7 +153,11 @@ static int run_reference_once(const bench *b, const kvbm_fabric_ucx_config *cfg,
   char *srv[] = {(char *)b->perftest, "-p", ps, NULL};
   pid_t sp = spawn_perftest(b, cfg, srv, -1);
   if (sp < 0) return -1;
-  usleep(300000);
+  /* the client gives up at once if the server is not listening yet */
+  for (int i = 0; i < 1000 && !port_listening(port); i++) {
+    if (waitpid(sp, NULL, WNOHANG) == sp) return -1; /* the server died */
+    usleep(10000);
+  }
   int pfd[2];
   if (pipe(pfd) != 0) {
     kill(sp, SIGKILL);
