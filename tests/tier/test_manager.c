@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <sys/vfs.h>
 
 #include "tier_testutil.h"
 
@@ -102,6 +103,52 @@ static void test_g3_without_g2(void **st) {
   free(a);
   free(b);
   tu_rmdir(dir);
+}
+
+/* The other I/O modes end to end: pread/pwrite with O_DIRECT, buffered
+ * io_uring, and a tmpfs directory (when /dev/shm is one; kernels before
+ * 6.6 refuse O_DIRECT there and the disk falls back to buffered, newer
+ * ones accept it): each serves verified G3 hits and says which mode it
+ * used. */
+static void g3_mode_roundtrip(const char *dir, bool direct, bool uring, const char *want) {
+  kvbm_manager_config c = tu_config(dir, 8, 0, 16);
+  c.g3_direct = direct;
+  c.g3_uring = uring;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  if (want) assert_string_equal(kvbm_manager_g3_mode(m), want);
+  else print_message("G3 on %s: %s\n", dir, kvbm_manager_g3_mode(m));
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq_info info;
+  kvbm_mreq *r;
+  tu_run(m, a, 17, NULL, NULL);
+  tu_run(m, b, 29, NULL, NULL);
+  assert_int_equal(tu_run(m, a, 17, &info, &r), 16);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 4);
+  assert_int_equal(tu_verify(m, r, 4), 4);
+  kvbm_mreq_destroy(r);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+}
+
+static void test_g3_io_modes(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("modes");
+  g3_mode_roundtrip(dir, true, false, "pread/pwrite+O_DIRECT");
+  g3_mode_roundtrip(dir, false, true, "io_uring+buffered");
+  g3_mode_roundtrip(dir, false, false, "pread/pwrite+buffered");
+  tu_rmdir(dir);
+  struct statfs sf;
+  if (statfs("/dev/shm", &sf) == 0 && sf.f_type == 0x01021994 && access("/dev/shm", W_OK) == 0) {
+    char shm[] = "/dev/shm/tier-shm-XXXXXX";
+    assert_non_null(mkdtemp(shm));
+    g3_mode_roundtrip(shm, true, true, NULL);
+    char *d = strdup(shm);
+    tu_rmdir(d);
+  } else {
+    print_message("no tmpfs at /dev/shm: the O_DIRECT refusal case is not run\n");
+  }
 }
 
 /* The frequency filter: the first use does not earn a disk copy, the
@@ -339,7 +386,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip_fc_fc),   cmocka_unit_test(test_roundtrip_ls_ls),
       cmocka_unit_test(test_roundtrip_fc_ls),   cmocka_unit_test(test_roundtrip_ls_fc),
-      cmocka_unit_test(test_g3_without_g2),     cmocka_unit_test(test_frequency_filter),
+      cmocka_unit_test(test_g3_without_g2),     cmocka_unit_test(test_g3_io_modes),
+      cmocka_unit_test(test_frequency_filter),
       cmocka_unit_test(test_policies_switchable), cmocka_unit_test(test_queue_full_skips),
       cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_uncommitted_blocks),
       cmocka_unit_test(test_config_errors),
