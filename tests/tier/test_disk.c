@@ -163,9 +163,21 @@ static int full_disk_child(const char *dir) {
   if (tu_run(m, b, 61, NULL, NULL) == SIZE_MAX) return 18;
   kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
   if (s2.offloaded_blocks != 8 + 15) return 19;
+  /* What was written before the disk filled is intact: push A out of G1
+   * and G2, then its first blocks (the slots below the limit) come back
+   * from G3, verified; the match stops at the first slot that failed. */
+  uint32_t *f = tu_prompt(20000, 61);
+  if (tu_run(m, f, 61, NULL, NULL) == SIZE_MAX) return 20;
+  kvbm_mreq *r;
+  if (tu_run(m, a, 33, &info, &r) != 4 * 3) return 21; /* slots 0..2 fit under the limit */
+  if (info.hit_blocks[KVBM_TIER_G3] != 3 || tu_verify(m, r, 3) != 3) return 22;
+  kvbm_mreq_destroy(r);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  if (s3.checksum_failures || s3.read_errors) return 23;
   kvbm_manager_destroy(m);
   free(a);
   free(b);
+  free(f);
   return 0;
 }
 
