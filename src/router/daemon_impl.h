@@ -24,6 +24,7 @@ typedef struct source {
   uint64_t expected;
   _Atomic int64_t last_ns;  /* monotonic time of the last batch */
   _Atomic int dropped;      /* its workers were dropped for silence */
+  _Atomic int nats_done;    /* NATS: the handler will not run again */
   _Atomic uint64_t batches, errors, lost, replayed;
 } source;
 

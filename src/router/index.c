@@ -177,11 +177,12 @@ static inline unsigned slot_read(const slot *s, uint64_t *key) {
   }
 }
 
-/* The tier bits of key h in worker w's table t (0 when absent). */
-static inline unsigned probe(const worker *w, const wtab *t, uint64_t h) {
+/* The tier bits of key h in worker w's table t (0 when absent). *mv is
+ * the `moves` value the caller read before (a walk reads it once): a miss
+ * is believed only if no deletion started or ran since then. */
+static inline unsigned probe(const worker *w, const wtab *t, uint64_t h, uint64_t *mv) {
   size_t mask = t->cap - 1;
   for (;;) {
-    uint64_t mv = LDA(&w->moves);
     for (size_t i = home(t, h);; i = (i + 1) & mask) {
       uint64_t k;
       unsigned m = slot_read(&t->s[i], &k);
@@ -189,8 +190,10 @@ static inline unsigned probe(const worker *w, const wtab *t, uint64_t h) {
       if (k == h) return m;
     }
     /* the slot loads above were acquires: this load cannot move before them */
-    if (!(mv & 1) && LD(&w->moves) == mv) return 0; /* a real miss */
+    uint64_t now = LD(&w->moves);
+    if (!(*mv & 1) && now == *mv) return 0; /* a real miss */
     cpu_relax();
+    *mv = LDA(&w->moves); /* probe again from a fresh start */
   }
 }
 
@@ -203,12 +206,13 @@ static void walk(const worker *w, const wtab *t, const uint64_t *hashes, size_t 
                  kvbm_overlap *o) {
   bool dev = true, host = true;
   size_t k = 0;
+  uint64_t mv = LDA(&w->moves);
   for (; k < n; k++) {
     size_t dist = k + 1 < PREFETCH_AHEAD ? k + 1 : PREFETCH_AHEAD;
     if (k + dist < n) __builtin_prefetch(&t->s[home(t, hashes[k + dist])]);
     if (dist < PREFETCH_AHEAD && k + dist + 1 < n) /* ramping up: two at once */
       __builtin_prefetch(&t->s[home(t, hashes[k + dist + 1])]);
-    unsigned held = probe(w, t, hashes[k]);
+    unsigned held = probe(w, t, hashes[k], &mv);
     if (dev && !(held & 1)) dev = false, o->prefix[0] = (uint32_t)k;
     if (host && !(held & 3)) host = false, o->prefix[1] = (uint32_t)k;
     if (!held) break;

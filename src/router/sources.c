@@ -132,6 +132,10 @@ static void on_nats(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
   (void)nc;
   (void)sub;
   source *s = closure;
+  if (atomic_load(&s->d->stop)) {
+    natsMsg_Destroy(msg);
+    return;
+  }
   const char *hv = NULL;
   uint64_t seq = KVBM_INDEX_NO_ID;
   if (natsMsgHeader_Get(msg, "Kvbm-Seq", &hv) == NATS_OK && hv) {
@@ -168,6 +172,13 @@ static void on_nats(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
   natsMsg_Destroy(msg);
 }
 
+/* libnats calls this once the closed subscription's handler has returned
+ * for the last time: only then may the source's memory go. */
+static void on_nats_complete(void *closure) {
+  source *s = closure;
+  atomic_store(&s->nats_done, 1);
+}
+
 /* ---------------------------------------------------------------- start */
 
 static int start_one(source *s, kvbm_error *err) {
@@ -191,6 +202,7 @@ static int start_one(source *s, kvbm_error *err) {
   if (rc) return rc;
   natsStatus st = natsConnection_ConnectTo(&s->nc, c->endpoint);
   if (st == NATS_OK) st = natsConnection_Subscribe(&s->ns, s->nc, c->subject, on_nats, s);
+  if (st == NATS_OK) st = natsSubscription_SetOnCompleteCB(s->ns, on_nats_complete, s);
   if (st == NATS_OK) st = natsConnection_FlushTimeout(s->nc, 2000);
   if (st != NATS_OK)
     return kvbm_error_set(err, KVBM_EIO, "router: NATS %s subject %s: %s", c->endpoint,
@@ -215,8 +227,14 @@ void rd_sources_stop(kvbm_router_daemon *d) {
     if (s->started) pthread_join(s->th, NULL);
     s->started = false;
     if (s->ns) {
-      natsSubscription_Unsubscribe(s->ns);
-      natsSubscription_Destroy(s->ns); /* no callback runs after this */
+      /* the handler may be running on libnats' thread: wait until libnats
+       * says it is done with it (bounded, in case the library misbehaves) */
+      if (natsSubscription_Unsubscribe(s->ns) == NATS_OK)
+        for (int i = 0; i < 500 && !atomic_load(&s->nats_done); i++) {
+          struct timespec ts = {0, 10 * 1000 * 1000};
+          nanosleep(&ts, NULL);
+        }
+      natsSubscription_Destroy(s->ns);
     }
     if (s->nc) natsConnection_Destroy(s->nc);
     s->ns = NULL;
