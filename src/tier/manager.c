@@ -320,17 +320,9 @@ static void scatter(tier *dst, uint32_t b, const uint8_t *in) {
     memcpy(layer_ptr(dst, b, l), in + l * L->layer_stride, L->layer_stride);
 }
 
-static int batch_pin(batch *b, uint8_t tier, uint32_t id) {
-  if (b->n == b->cap) {
-    uint32_t cap = b->cap ? b->cap * 2 : 16;
-    pin *p = realloc(b->pins, cap * sizeof *p);
-    if (!p) return KVBM_ENOMEM;
-    b->pins = p;
-    b->cap = cap;
-  }
-  b->pins[b->n++] = (pin){tier, id};
-  return KVBM_OK;
-}
+/* Capacity is reserved by the commit (two pins per block at most), so
+ * pinning never allocates. */
+static void batch_pin(batch *b, uint8_t tier, uint32_t id) { b->pins[b->n++] = (pin){tier, id}; }
 
 static void batch_done(kvbm_manager *m, batch *b) {
   for (uint32_t i = 0; i < b->n; i++) kvbm_block_release(m->t[b->pins[i].tier].pool, b->pins[i].id, 0);
@@ -1304,11 +1296,16 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
   const size_t B = m->cfg.block_size;
   const uint32_t *ids;
   size_t nb;
+  size_t nfull = kvbm_seq_num_tokens(r->seq) / B, todo = nfull - r->committed;
   batch *b = calloc(1, sizeof *b);
-  if (!b) return KVBM_ENOMEM;
+  if (b) b->pins = malloc((2 * todo + 1) * sizeof *b->pins);
+  if (!b || !b->pins) {
+    free(b);
+    return KVBM_ENOMEM;
+  }
+  b->cap = (uint32_t)(2 * todo + 1);
   pthread_mutex_lock(&m->mu);
   kvbm_seq_blocks(r->seq, &ids, &nb);
-  size_t nfull = kvbm_seq_num_tokens(r->seq) / B;
   uint64_t parent = 0;
   if (r->committed) kvbm_seq_block_hash(r->seq, r->committed - 1, &parent);
   for (size_t k = r->committed; k < nfull; k++) {
