@@ -145,7 +145,9 @@ typedef struct kvbm_disk_io {
 /* Starts an I/O: with io_uring it is submitted at once (if queue_depth are
  * in flight, one is reaped first: it is then returned by the next
  * kvbm_disk_reap); without io_uring it runs now. The io must stay valid
- * until it is reaped. KVBM_EINVAL: slot out of range or bad data pieces. */
+ * until it is reaped. KVBM_EINVAL: slot out of range or bad data pieces;
+ * KVBM_EAGAIN: 2 * queue_depth + 1 requests are already pending (reap
+ * first). */
 int kvbm_disk_begin(kvbm_disk *d, kvbm_disk_io *io);
 
 /* Requests started and not yet reaped. */
