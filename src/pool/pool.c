@@ -635,13 +635,47 @@ int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
 
 int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t priority) {
   if (n && !ids) return KVBM_EINVAL;
+  /* Every block that joins the cache here goes to the tail of the same
+   * list: keep that tail in a register and link the blocks one after the
+   * other, storing the list's ends once at the end. */
+  const unsigned pr = priority;
+  uint32_t tail = p->tail[pr], pushed = 0;
+  int rc = KVBM_OK;
   for (size_t k = n; k-- > 0;) {
     /* Block records of a table are scattered: load a few ahead. */
     if (k >= 4 && ids[k - 4] < p->cfg.num_blocks) __builtin_prefetch(&p->blocks[ids[k - 4]]);
-    int rc = release_one(p, ids[k], priority);
-    if (rc) return rc;
+    uint32_t id = ids[k];
+    if (!valid_id(p, id)) {
+      rc = KVBM_EINVAL;
+      break;
+    }
+    blk *b = &p->blocks[id];
+    if (b->refcount == 0) {
+      rc = KVBM_ESTATE;
+      break;
+    }
+    if (--b->refcount) continue;
+    if (b->state != KVBM_BLOCK_REGISTERED) {
+      free_push(p, id);
+      continue;
+    }
+    p->priority[id] = priority;
+    b->prev = tail;
+    b->next = NIL;
+    b->flags |= F_CACHED;
+    if (tail != NIL)
+      p->blocks[tail].next = id;
+    else
+      p->head[pr] = id;
+    tail = id;
+    pushed++;
   }
-  return KVBM_OK;
+  if (pushed) {
+    p->tail[pr] = tail;
+    p->nonempty[pr / 64] |= 1ull << (pr % 64);
+    p->cached += pushed;
+  }
+  return rc;
 }
 
 int kvbm_block_retain(kvbm_pool *p, uint32_t id) {
