@@ -171,6 +171,7 @@ typedef struct kvbm_index_stats {
   uint64_t entries;         /* blocks held: distinct hashes per worker, summed */
   uint64_t table_slots;     /* slots of the workers' tables */
   uint32_t workers;
+  uint32_t closed_workers;  /* workers whose lookups bisect (see index.c) */
 } kvbm_index_stats;
 /* Counters are read without the writer's help: call it from the writer, or
  * accept slightly stale numbers. */

@@ -62,11 +62,23 @@
 #define MAXW KVBM_ROUTER_MAX_WORKERS
 #define PREFETCH_AHEAD 12
 #define BUSY 8u
+#define OCC 16u /* the slot holds an entry (a block, or a ghost: see below) */
 #define TIERS_MASK 7u
+#define VSHIFT 5
 
+/* The writer's own fields of a slot (never read by readers). */
+typedef struct wpriv {
+  uint64_t parent;   /* the block's parent key, when has_parent */
+  uint32_t nchild;   /* entries in this table whose parent is this key */
+  uint32_t has_parent;
+} wpriv;
+
+/* 32 bytes: what readers read, then the writer's fields, so that an event
+ * touches one cache line per block. */
 typedef struct slot {
-  _Atomic uint64_t meta; /* version << 4 | busy << 3 | tier bits; tier bits 0: empty */
+  _Atomic uint64_t meta; /* version << 5 | occupied << 4 | busy << 3 | tier bits */
   _Atomic uint64_t key;
+  wpriv w;
 } slot;
 
 typedef struct wtab {
@@ -83,7 +95,10 @@ typedef struct worker {
   _Atomic uint32_t rank;
   _Atomic(wtab *) tab;
   _Atomic uint64_t moves;
-  size_t entries; /* writer's count of occupied slots */
+  size_t entries;    /* writer's count of occupied slots */
+  uint64_t broken;   /* held blocks whose parent is not held (see below) */
+  uint64_t offdev;   /* (block, tier) holdings outside the device tier */
+  _Atomic int closed;/* broken == 0 && offdev == 0: lookups may bisect */
   bool live, have_id;
   uint64_t next_id;
   wmap map;
@@ -173,7 +188,7 @@ static inline unsigned slot_read(const slot *s, uint64_t *key) {
       continue;
     }
     *key = LDA(&s->key); /* acquire: the second meta load stays after it */
-    if (LD(&s->meta) == m) return (unsigned)(m & TIERS_MASK);
+    if (LD(&s->meta) == m) return (unsigned)(m & (OCC | TIERS_MASK));
   }
 }
 
@@ -186,14 +201,79 @@ static inline unsigned probe(const worker *w, const wtab *t, uint64_t h, uint64_
     for (size_t i = home(t, h);; i = (i + 1) & mask) {
       uint64_t k;
       unsigned m = slot_read(&t->s[i], &k);
-      if (!m) break;
-      if (k == h) return m;
+      if (!m) break; /* empty */
+      if (k == h) return m & TIERS_MASK; /* a ghost holds nothing */
     }
     /* the slot loads above were acquires: this load cannot move before them */
     uint64_t now = LD(&w->moves);
     if (!(*mv & 1) && now == *mv) return 0; /* a real miss */
     cpu_relax();
     *mv = LDA(&w->moves); /* probe again from a fresh start */
+  }
+}
+
+/* Workers whose tables are closed (every held block's parent held) and on
+ * device only: "h[k] held" is monotone along a chain (holding h[k] means
+ * holding its parent h[k-1], and so on down), so each prefix is found by
+ * galloping (blocks 0, 2, 6, 14, ... until a miss) then binary search:
+ * O(log prefix) probes instead of O(prefix). Those probes depend on each
+ * other within a worker, so all closed workers advance in lockstep, one
+ * probe each per round, with the round's probes prefetched together: their
+ * cache misses overlap. */
+typedef struct bstate {
+  const worker *w;
+  const wtab *t;
+  uint64_t mv;
+  size_t lo, hi, step; /* h[0..lo) held; prefix <= hi; step > 0: galloping */
+  int slot;
+} bstate;
+
+static inline size_t bnext(const bstate *b, size_t n) {
+  if (b->step) return b->lo + b->step - 1 < n ? b->lo + b->step - 1 : n - 1;
+  return b->lo + (b->hi - b->lo + 1) / 2 - 1; /* probe mid - 1 */
+}
+
+static void bisect_all(const kvbm_index *idx, uint64_t set, const uint64_t *hashes, size_t n,
+                       kvbm_overlap *out) {
+  bstate st[MAXW];
+  int nb = 0;
+  for (uint64_t m = set; m; m &= m - 1) {
+    int s = __builtin_ctzll(m);
+    const worker *w = &idx->w[s];
+    st[nb++] = (bstate){.w = w, .t = LDA(&((worker *)w)->tab), .mv = LDA(&w->moves),
+                        .lo = 0, .hi = n, .step = 1, .slot = s};
+  }
+  while (nb) {
+    for (int i = 0; i < nb; i++) {
+      const wtab *t = st[i].t;
+      __builtin_prefetch(&t->s[home(t, hashes[bnext(&st[i], n)])]);
+    }
+    for (int i = 0; i < nb;) {
+      bstate *b = &st[i];
+      size_t k = bnext(b, n);
+      bool held = probe(b->w, b->t, hashes[k], &b->mv) != 0;
+      if (b->step) { /* galloping */
+        if (held) {
+          b->lo = k + 1;
+          b->step *= 2;
+          if (b->lo == n) b->hi = n, b->step = 0;
+        } else {
+          b->hi = k;
+          b->step = 0;
+        }
+      } else if (held) {
+        b->lo = k + 1;
+      } else {
+        b->hi = k;
+      }
+      if (!b->step && b->lo >= b->hi) { /* done: the prefix is lo */
+        kvbm_overlap *o = &out[b->slot];
+        o->prefix[0] = o->prefix[1] = o->prefix[2] = (uint32_t)b->lo;
+        *b = st[--nb];
+        continue;
+      }
+      i++;
+    }
   }
 }
 
@@ -230,16 +310,25 @@ void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes, size_t n,
   uint64_t live = LDA(&idx->live);
   if (workers) *workers = live;
   if (!n) return;
-  for (uint64_t m = live; m; m &= m - 1) { /* every walk starts with a miss or two */
+  /* Every walk starts with a miss or two in a table that may be cold:
+   * fetch the first probes of all workers at once (blocks 0, 2, 6: the
+   * first gallop steps, and the start of a linear walk) so that their
+   * misses overlap instead of coming one after the other. */
+  for (uint64_t m = live; m; m &= m - 1) {
     int s = __builtin_ctzll(m);
     const wtab *t = LDA(&((kvbm_index *)idx)->w[s].tab);
     __builtin_prefetch(&t->s[home(t, hashes[0])]);
+    if (n > 2) __builtin_prefetch(&t->s[home(t, hashes[2])]);
+    if (n > 6) __builtin_prefetch(&t->s[home(t, hashes[6])]);
   }
+  uint64_t closed = 0;
   for (uint64_t m = live; m; m &= m - 1) {
     int s = __builtin_ctzll(m);
     const worker *w = &idx->w[s];
-    walk(w, LDA(&((worker *)w)->tab), hashes, n, &out[s]);
+    if (LDA(&((worker *)w)->closed)) closed |= 1ull << s;
+    else walk(w, LDA(&((worker *)w)->tab), hashes, n, &out[s]);
   }
+  if (closed) bisect_all(idx, closed, hashes, n, out);
 }
 
 size_t kvbm_index_hash_tokens(const kvbm_index *idx, const uint32_t *tokens, size_t n,
@@ -280,25 +369,44 @@ void kvbm_index_stats_get(const kvbm_index *idx, kvbm_index_stats *o) {
   o->orphans = LD(&c->orphans);
   o->entries = LD(&c->entries);
   o->table_slots = LD(&c->slots);
-  o->workers = (uint32_t)__builtin_popcountll(kvbm_index_workers(idx));
+  uint64_t live = kvbm_index_workers(idx);
+  o->workers = (uint32_t)__builtin_popcountll(live);
+  o->closed_workers = 0;
+  for (uint64_t m = live; m; m &= m - 1)
+    o->closed_workers += (uint32_t)LDA(&((kvbm_index *)idx)->w[__builtin_ctzll(m)].closed);
 }
 
 /* ------------------------------------------------------------ writer side */
 
-static void slot_write(slot *s, uint64_t key, unsigned tiers) {
-  uint64_t m = LD(&s->meta), ver = (m >> 4) + 1;
-  ST(&s->meta, (ver << 4) | BUSY | (m & TIERS_MASK));
+/*
+ * Closure. To let lookups bisect, the writer tracks per worker whether
+ * every held block's parent (as its BlockStored named it) is held too.
+ * Each slot's private side keeps the block's parent and the number of
+ * entries naming it as parent (nchild). A parent that is not held but has
+ * children in the table stays as a "ghost" entry (occupied, no tier bits:
+ * readers see a miss), so its children are counted when it comes back.
+ * broken = held blocks whose parent is a ghost. A worker is closed when
+ * broken == 0 and it holds nothing outside the device tier (tiers do not
+ * nest: a block on host may have its parent on device only).
+ */
+
+static void slot_write(slot *s, uint64_t key, unsigned low) {
+  uint64_t m = LD(&s->meta), ver = (m >> VSHIFT) + 1;
+  ST(&s->meta, (ver << VSHIFT) | BUSY | (m & (OCC | TIERS_MASK)));
   /* release stores: a reader that sees either sees the busy meta before */
   STR(&s->key, key);
-  STR(&s->meta, ((ver + 1) << 4) | tiers);
+  STR(&s->meta, ((ver + 1) << VSHIFT) | low);
 }
+
+static inline unsigned slot_tiers(const slot *s) { return (unsigned)(LD(&s->meta) & TIERS_MASK); }
+static inline bool slot_used(const slot *s) { return (LD(&s->meta) & OCC) != 0; }
 
 /* The writer's slot of key h in t, or the empty slot ending its run. */
 static slot *find_slot(wtab *t, uint64_t h, bool *found) {
   size_t mask = t->cap - 1;
   for (size_t i = home(t, h);; i = (i + 1) & mask) {
     slot *s = &t->s[i];
-    if (!(LD(&s->meta) & TIERS_MASK)) {
+    if (!slot_used(s)) {
       *found = false;
       return s;
     }
@@ -309,6 +417,16 @@ static slot *find_slot(wtab *t, uint64_t h, bool *found) {
   }
 }
 
+static inline wpriv *priv(wtab *t, slot *s) {
+  (void)t;
+  return &s->w;
+}
+
+static void publish_closed(worker *w) {
+  int c = w->broken == 0 && w->offdev == 0;
+  if (LD(&w->closed) != c) STR(&w->closed, c);
+}
+
 static int worker_table(kvbm_index *idx, worker *w, size_t cap) {
   wtab *t = wtab_new(cap);
   if (!t) return KVBM_ENOMEM;
@@ -316,12 +434,12 @@ static int worker_table(kvbm_index *idx, worker *w, size_t cap) {
   if (old) {
     for (size_t i = 0; i < old->cap; i++) {
       slot *s = &old->s[i];
-      unsigned m = (unsigned)(LD(&s->meta) & TIERS_MASK);
-      if (!m) continue;
+      if (!slot_used(s)) continue;
       bool found;
       slot *d = find_slot(t, LD(&s->key), &found);
       ST(&d->key, LD(&s->key));
-      ST(&d->meta, (uint64_t)2 << 4 | m);
+      ST(&d->meta, (uint64_t)2 << VSHIFT | (LD(&s->meta) & (OCC | TIERS_MASK)));
+      d->w = s->w;
     }
     bump(&idx->c.slots, (uint64_t)-old->cap);
   }
@@ -331,63 +449,130 @@ static int worker_table(kvbm_index *idx, worker *w, size_t cap) {
   return KVBM_OK;
 }
 
-/* Sets tier bit `tier` of key h for worker w; *was_set says whether it was. */
-static int tab_hold(kvbm_index *idx, uint32_t wi, uint64_t h, int tier, bool *was_set) {
-  worker *w = &idx->w[wi];
-  wtab *t = LD(&w->tab);
-  bool found;
-  slot *s = find_slot(t, h, &found);
-  if (!found && (w->entries + 1) * 2 > t->cap) {
-    if (worker_table(idx, w, t->cap * 2)) return KVBM_ENOMEM;
-    t = LD(&w->tab);
-    s = find_slot(t, h, &found);
-  }
-  unsigned m = found ? (unsigned)(LD(&s->meta) & TIERS_MASK) : 0;
-  *was_set = m >> tier & 1;
-  if (*was_set) return KVBM_OK;
-  if (!found) {
-    w->entries++;
-    bump(&idx->c.entries, 1);
-  }
-  slot_write(s, h, m | 1u << tier);
-  return KVBM_OK;
-}
-
 /* Deletes slot s of worker w's table by backward shift, in a `moves` window. */
-static void slot_delete(kvbm_index *idx, worker *w, wtab *t, slot *s) {
+static void slot_delete(worker *w, wtab *t, slot *s) {
   uint64_t mv = LD(&w->moves);
   ST(&w->moves, mv + 1); /* ordered before the slots' release stores */
   size_t mask = t->cap - 1, i = (size_t)(s - t->s), j = i;
   for (;;) {
     j = (j + 1) & mask;
     slot *sj = &t->s[j];
-    unsigned m = (unsigned)(LD(&sj->meta) & TIERS_MASK);
-    if (!m) break;
+    if (!slot_used(sj)) break;
     uint64_t key = LD(&sj->key);
     size_t k = home(t, key);
     if (((j - k) & mask) >= ((j - i) & mask)) {
-      slot_write(&t->s[i], key, m);
+      slot_write(&t->s[i], key, (unsigned)(LD(&sj->meta) & (OCC | TIERS_MASK)));
+      t->s[i].w = sj->w;
       i = j;
     }
   }
   slot_write(&t->s[i], 0, 0);
+  memset(&t->s[i].w, 0, sizeof t->s[i].w);
   STR(&w->moves, mv + 2);
   w->entries--;
-  bump(&idx->c.entries, (uint64_t)-1);
 }
 
-/* Clears tier bit `tier` of key h for worker w; false when it was not set. */
+/* Makes room for two more entries (a block and a ghost parent). */
+static int reserve2(kvbm_index *idx, worker *w) {
+  wtab *t = LD(&w->tab);
+  if ((w->entries + 2) * 2 > t->cap) return worker_table(idx, w, t->cap * 2);
+  return KVBM_OK;
+}
+
+/* Links a newly held block to its parent: counts it as a child, and as
+ * broken when the parent is not held (a ghost, made here if need be). */
+static void link_parent(worker *w, uint64_t parent) {
+  wtab *t = LD(&w->tab);
+  bool found;
+  slot *ps = find_slot(t, parent, &found);
+  if (!found) { /* room was reserved */
+    slot_write(ps, parent, OCC);
+    memset(priv(t, ps), 0, sizeof(wpriv));
+    w->entries++;
+  }
+  priv(t, ps)->nchild++;
+  if (!slot_tiers(ps)) w->broken++;
+}
+
+/* Undoes link_parent for a block no longer held (its own slot already
+ * changed). A ghost parent left without children goes. */
+static void unlink_parent(worker *w, uint64_t parent) {
+  wtab *t = LD(&w->tab);
+  bool found;
+  slot *ps = find_slot(t, parent, &found);
+  if (!found) return; /* cannot happen: linked blocks keep their parent's entry */
+  wpriv *pp = priv(t, ps);
+  pp->nchild--;
+  if (!slot_tiers(ps)) {
+    w->broken--;
+    if (!pp->nchild) slot_delete(w, t, ps);
+  }
+}
+
+/* Sets tier bit `tier` of key h for worker wi; *was_set says whether it
+ * was. `parent` (when has_parent) is the key of the block's parent. */
+static int tab_hold(kvbm_index *idx, uint32_t wi, uint64_t h, int tier, uint64_t parent,
+                    bool has_parent, bool *was_set) {
+  worker *w = &idx->w[wi];
+  if (reserve2(idx, w)) return KVBM_ENOMEM;
+  wtab *t = LD(&w->tab);
+  bool found;
+  slot *s = find_slot(t, h, &found);
+  unsigned m = found ? slot_tiers(s) : 0;
+  *was_set = m >> tier & 1;
+  if (*was_set) return KVBM_OK;
+  if (tier != KVBM_ROUTER_DEVICE) w->offdev++;
+  if (m) { /* held already, in another tier: only the bit changes */
+    slot_write(s, h, OCC | m | 1u << tier);
+    publish_closed(w);
+    return KVBM_OK;
+  }
+  wpriv *sp = priv(t, s);
+  if (found) { /* a ghost comes back: its children are no longer broken */
+    w->broken -= sp->nchild;
+  } else {
+    memset(sp, 0, sizeof *sp);
+    w->entries++;
+    bump(&idx->c.entries, 1);
+  }
+  if (found) bump(&idx->c.entries, 1);
+  sp->parent = parent;
+  sp->has_parent = has_parent;
+  slot_write(s, h, OCC | 1u << tier);
+  if (has_parent && parent != h) link_parent(w, parent);
+  else sp->has_parent = 0;
+  publish_closed(w);
+  return KVBM_OK;
+}
+
+/* Clears tier bit `tier` of key h for worker wi; false when it was not set. */
 static bool tab_release(kvbm_index *idx, uint32_t wi, uint64_t h, int tier) {
   worker *w = &idx->w[wi];
   wtab *t = LD(&w->tab);
   bool found;
   slot *s = find_slot(t, h, &found);
   if (!found) return false;
-  unsigned m = (unsigned)(LD(&s->meta) & TIERS_MASK);
+  unsigned m = slot_tiers(s);
   if (!(m >> tier & 1)) return false;
+  if (tier != KVBM_ROUTER_DEVICE) w->offdev--;
   m &= ~(1u << tier);
-  if (m) slot_write(s, h, m);
-  else slot_delete(idx, w, t, s);
+  if (m) {
+    slot_write(s, h, OCC | m);
+    publish_closed(w);
+    return true;
+  }
+  /* no longer held: a ghost if blocks still name it as parent, else gone */
+  wpriv sp = *priv(t, s);
+  bump(&idx->c.entries, (uint64_t)-1);
+  if (sp.nchild) {
+    slot_write(s, h, OCC);
+    priv(t, s)->has_parent = 0;
+    w->broken += sp.nchild;
+  } else {
+    slot_delete(w, t, s);
+  }
+  if (sp.has_parent) unlink_parent(w, sp.parent);
+  publish_closed(w);
   return true;
 }
 
@@ -396,13 +581,14 @@ static bool tab_release(kvbm_index *idx, uint32_t wi, uint64_t h, int tier) {
  * hash -> index key, count per tier). With the engine's hashes as keys the
  * table's bit says "at least one copy" and the map holds only the extra
  * copies of duplicated blocks (rare), so the common event costs one probe
- * of the worker's table and nothing else.
+ * of the worker's table (and one of its parent's, usually just touched).
  */
-static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r) {
+static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
+                uint64_t parent, bool has_parent) {
   bool added, was_set;
   int rc;
   if (!idx->cfg.recompute) {
-    if ((rc = tab_hold(idx, w, e, tier, &was_set))) return rc;
+    if ((rc = tab_hold(idx, w, e, tier, parent, has_parent, &was_set))) return rc;
     if (was_set) {
       wentry *we = wmap_upsert(&idx->w[w].map, e, e, &added);
       if (!we) return KVBM_ENOMEM;
@@ -414,7 +600,7 @@ static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r) {
   wentry *we = wmap_upsert(&idx->w[w].map, e, r, &added);
   if (!we) return KVBM_ENOMEM;
   if (we->cnt[tier]++ == 0) {
-    rc = tab_hold(idx, w, we->rhash, tier, &was_set);
+    rc = tab_hold(idx, w, we->rhash, tier, parent, has_parent, &was_set);
     if (rc) {
       we->cnt[tier]--;
       if (added) wmap_erase(&idx->w[w].map, we);
@@ -455,11 +641,18 @@ static void forget_all(kvbm_index *idx, uint32_t wi) {
   wtab *t = LD(&w->tab);
   uint64_t mv = LD(&w->moves);
   ST(&w->moves, mv + 1);
+  uint64_t held = 0;
   for (size_t i = 0; i < t->cap; i++)
-    if (LD(&t->s[i].meta) & TIERS_MASK) slot_write(&t->s[i], 0, 0);
+    if (slot_used(&t->s[i])) {
+      held += slot_tiers(&t->s[i]) != 0;
+      slot_write(&t->s[i], 0, 0);
+      memset(&t->s[i].w, 0, sizeof t->s[i].w);
+    }
   STR(&w->moves, mv + 2);
-  bump(&idx->c.entries, (uint64_t)-w->entries);
+  bump(&idx->c.entries, (uint64_t)-held);
   w->entries = 0;
+  w->broken = w->offdev = 0;
+  publish_closed(w);
   wmap_clear(&w->map);
 }
 
@@ -645,7 +838,9 @@ static int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
   if (!idx->cfg.recompute) {
     for (size_t i = 0; i < ev->num_block_hashes; i++) {
       if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, s, ev->block_hashes[i + EV_AHEAD]);
-      int rc = hold(idx, s, tier, ev->block_hashes[i], ev->block_hashes[i]);
+      uint64_t h = ev->block_hashes[i];
+      bool hp = i > 0 || ev->has_parent;
+      int rc = hold(idx, s, tier, h, h, i ? ev->block_hashes[i - 1] : ev->parent_hash, hp);
       if (rc) return rc;
     }
     return KVBM_OK;
@@ -664,7 +859,7 @@ static int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
     uint64_t r = kvbm_hash_next(idx->cfg.scheme, idx->cfg.salt_hash, parent, has_parent,
                                 ev->token_ids + i * bs, bs);
-    int rc = hold(idx, s, tier, ev->block_hashes[i], r);
+    int rc = hold(idx, s, tier, ev->block_hashes[i], r, parent, has_parent);
     if (rc) return rc;
     /* an engine hash already known keeps its first key; chain from it */
     parent = wmap_find(&idx->w[s].map, ev->block_hashes[i])->rhash;
@@ -730,7 +925,7 @@ int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_router_tier tier,
   if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes))
     return KVBM_EINVAL;
   for (size_t i = 0; i < n; i++) {
-    int rc = hold(idx, slot, tier, hashes[i], hashes[i]);
+    int rc = hold(idx, slot, tier, hashes[i], hashes[i], i ? hashes[i - 1] : 0, i > 0);
     if (rc) return rc;
   }
   return KVBM_OK;

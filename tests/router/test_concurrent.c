@@ -65,11 +65,17 @@ static void *reader(void *arg) {
   return NULL;
 }
 
-static void apply(shared *s, uint64_t wid, kvbm_event_type type, const uint64_t *h, size_t n) {
+static void apply_p(shared *s, uint64_t wid, kvbm_event_type type, const uint64_t *h, size_t n,
+                    const uint64_t *parent) {
   kvbm_event ev = {.type = type, .block_hashes = h, .num_block_hashes = n,
                    .medium = KVBM_MEDIUM_GPU, .block_size = 16};
+  if (parent) ev.parent_hash = *parent, ev.has_parent = true;
   kvbm_worker_key k = {wid, 0};
   assert_int_equal(kvbm_index_apply(s->idx, k, KVBM_INDEX_NO_ID, &ev, NULL), KVBM_OK);
+}
+
+static void apply(shared *s, uint64_t wid, kvbm_event_type type, const uint64_t *h, size_t n) {
+  apply_p(s, wid, type, h, n, NULL);
 }
 
 static void test_readers_and_writer(void **state) {
@@ -108,7 +114,7 @@ static void test_readers_and_writer(void **state) {
        * while the mark says A holds it */
       const uint64_t *o = &other[(round * CHAIN + k) % NC];
       apply(&s, 2, KVBM_EVENT_STORED, o, 1);
-      apply(&s, 2, KVBM_EVENT_STORED, &s.chain[k], 1);
+      apply_p(&s, 2, KVBM_EVENT_STORED, &s.chain[k], 1, k ? &s.chain[k - 1] : NULL);
       atomic_store(&s.mark, (++version << 32) | (k + 1));
       apply(&s, 2, KVBM_EVENT_REMOVED, o, 1);
       apply(&s, 1, KVBM_EVENT_STORED, o, 1);

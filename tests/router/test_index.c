@@ -424,9 +424,12 @@ static void model_check(const model *m, kvbm_index *idx, const uint32_t *slot) {
   }
 }
 
-static void test_model(void **state) {
-  (void)state;
+/* tiers: 3 = all tiers at random, 1 = device only (lookups may bisect);
+ * tail_first: removes take the last held block of a chain run (engines
+ * evict tail first), keeping tables closed most of the time. */
+static void run_model(int tiers, bool tail_first) {
   static model m;
+  uint64_t closed_seen = 0;
   memset(&m, 0, sizeof m);
   kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 8); /* grows many times */
   uint32_t slot[NW];
@@ -439,7 +442,7 @@ static void test_model(void **state) {
       assert_int_equal(kvbm_index_add_worker(idx, key, &slot[w], &err), KVBM_OK);
       m.live[w] = true;
     }
-    uint32_t c = rnd(NCHAIN), t = rnd(3), op = rnd(100);
+    uint32_t c = rnd(NCHAIN), t = rnd((uint32_t)tiers), op = rnd(100);
     if (op < 55) { /* store a run of a chain */
       uint32_t a = rnd(CLEN), n = 1 + rnd(CLEN - a);
       uint64_t h[CLEN];
@@ -453,8 +456,10 @@ static void test_model(void **state) {
     } else if (op < 97) { /* remove some, held or not */
       uint32_t n = 1 + rnd(4);
       uint64_t h[4];
+      uint32_t last = 0; /* tail first: the end of the chain's held prefix */
+      while (tail_first && last < CLEN && m.cnt[w][t][hid(c, last)]) last++;
       for (uint32_t k = 0; k < n; k++) {
-        uint32_t id = hid(c, rnd(CLEN));
+        uint32_t id = hid(c, tail_first ? (last > k ? last - 1 - k : 0) : rnd(CLEN));
         h[k] = hval(id);
         if (m.cnt[w][t][id]) m.cnt[w][t][id]--;
       }
@@ -469,8 +474,15 @@ static void test_model(void **state) {
       memset(m.cnt[w], 0, sizeof m.cnt[w]);
       m.live[w] = false;
     }
-    if (step % 97 == 0) model_check(&m, idx, slot);
+    if (step % 97 == 0) {
+      model_check(&m, idx, slot);
+      kvbm_index_stats st;
+      kvbm_index_stats_get(idx, &st);
+      closed_seen += st.closed_workers;
+    }
   }
+  if (tiers == 1 && tail_first) assert_true(closed_seen > 0); /* the bisect path ran */
+  if (tiers == 3 && !tail_first) (void)closed_seen;
   model_check(&m, idx, slot);
   /* entries: the distinct hashes each worker holds, summed */
   uint64_t distinct = 0;
@@ -496,13 +508,27 @@ static void test_model(void **state) {
   kvbm_index_destroy(idx);
 }
 
+static void test_model(void **state) {
+  (void)state;
+  run_model(3, false);
+}
+static void test_model_device(void **state) {
+  (void)state;
+  run_model(1, false);
+}
+static void test_model_tail_first(void **state) {
+  (void)state;
+  run_model(1, true);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
       cmocka_unit_test(test_duplicates_and_clear), cmocka_unit_test(test_workers),
       cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
       cmocka_unit_test(test_recompute), cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_model),
+      cmocka_unit_test(test_model),    cmocka_unit_test(test_model_device),
+      cmocka_unit_test(test_model_tail_first),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
