@@ -172,7 +172,7 @@ int kvbm_cmd_route_sim(int argc, char **argv) {
            (unsigned long long)r.index_mismatches, (unsigned long long)r.lookups,
            (unsigned long long)r.events, (unsigned long long)r.event_bytes, r.index_seconds,
            ops);
-    return 0;
+    return r.index_mismatches ? 1 : 0; /* an inexact index is a failure */
   }
   printf("W3 routing simulation of %s\n", trace_path);
   printf("  %u workers x %u blocks of %u tokens, %s hashes, index keyed by %s%s\n", o.workers,
