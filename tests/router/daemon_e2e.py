@@ -108,6 +108,37 @@ class Worker:
             self.rep.send_multipart([ident, b"", struct.pack(">q", -1), b""])
 
 
+class NatsWorker(Worker):
+    """A worker publishing straight to NATS (raw protocol: HPUB with a
+    Kvbm-Seq header, the payload kvbm's NATS sink sends), with a ZMQ replay
+    ROUTER sharing that sequence, as a kvbm publisher with both sinks has."""
+
+    def __init__(self, ctx, wid, port, subject):
+        super().__init__(ctx, wid, "positional")
+        self.subject = subject.encode()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        assert self.sock.recv(4096).startswith(b"INFO ")
+        self.sock.sendall(b'CONNECT {"verbose":false,"pedantic":false,"headers":true}\r\nPING\r\n')
+        got = b""
+        while b"PONG" not in got:
+            got += self.sock.recv(4096)
+            assert b"-ERR" not in got, got
+
+    def publish(self, events, live=True):
+        if not events:
+            events = [self.event("BlockRemoved", [12345])]
+        with self.lock:
+            seq = self.seq
+            self.seq += 1
+            payload = msgpack.packb([time.time(), events, self.dp_rank])
+            self.sent[seq] = payload
+            if live:
+                hdr = b"NATS/1.0\r\nKvbm-Seq: %d\r\n\r\n" % seq
+                self.sock.sendall(b"HPUB %s %d %d\r\n" % (self.subject, len(hdr), len(hdr) + len(payload))
+                                  + hdr + payload + b"\r\n")
+        return seq
+
+
 class Router:
     def __init__(self, args):
         self.dir = tempfile.mkdtemp()
@@ -224,11 +255,13 @@ def main():
         c = Worker(ctx, 9, "positional")
         c.relayed = True
         args += ["--nats", "9=nats://127.0.0.1:%d/kv.w9" % nats_port]
+        d10 = NatsWorker(ctx, 10, nats_port, "kv.w10")
+        args += ["--nats", "10=nats://127.0.0.1:%d/kv.w10@tcp://127.0.0.1:%d" % (nats_port, d10.rep_port)]
         relay = subprocess.Popen([KVBM, "events", "relay", "tcp://127.0.0.1:%d" % c.pub_port,
                                   "--nats", "nats://127.0.0.1:%d" % nats_port, "--subject", "kv.w9",
                                   "--delay-us", "0"], stderr=subprocess.DEVNULL)
     router = Router(args)
-    workers = [a, b] + ([c] if use_nats else [])
+    workers = [a, b] + ([c, d10] if use_nats else [])
     beat = threading.Event()
 
     def heartbeat():  # keeps --worker-timeout from dropping the workers until the test wants it
@@ -283,6 +316,15 @@ def main():
             c.publish([c.event("BlockStored", h[:6], None, tokens[:24])])
             wait_for(lambda: route(router, block_hashes=h)[1].get((9, 0), {}).get("device") == 6,
                      "worker 9's blocks through NATS", workers)
+            # worker 10: a batch missing on NATS is asked for at its replay socket
+            before = d10.replay_requests
+            d10.publish([d10.event("BlockStored", h[:2], None, tokens[:8])])
+            d10.publish([d10.event("BlockStored", h[2:4], h[1], tokens[8:16])], live=False)
+            d10.publish([])
+            wait_for(lambda: route(router, block_hashes=h)[1].get((10, 0), {}).get("device") == 4,
+                     "worker 10's withheld batch through replay", workers)
+            assert d10.replay_requests > before
+            assert source(health(router), 10)["replayed"] >= 1
 
         # --- hostile HTTP input: the right status, the daemon stays up
         def status_of(resp):
