@@ -251,7 +251,15 @@ def main():
         nats_port = free_port()
         nats = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(nats_port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
+        t0 = time.time()
+        while True:  # until the server accepts connections (slow on a loaded machine)
+            try:
+                socket.create_connection(("127.0.0.1", nats_port), timeout=1).close()
+                break
+            except OSError:
+                assert nats.poll() is None, "nats-server exited (port %d taken?)" % nats_port
+                assert time.time() - t0 < TIMEOUT, "nats-server did not start"
+                time.sleep(0.05)
         c = Worker(ctx, 9, "positional")
         c.relayed = True
         args += ["--nats", "9=nats://127.0.0.1:%d/kv.w9" % nats_port]
@@ -380,7 +388,7 @@ def main():
         resp = router.raw(two + b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
         assert resp.count(b"HTTP/1.1 200 OK") == 3, resp
         # a head that never ends: 408 after --io-timeout (1 s)
-        resp = router.raw(b"GET /health HTTP/1.1\r\nX: y", wait=1.6)
+        resp = router.raw(b"GET /health HTTP/1.1\r\nX: y", wait=2.5)
         assert status_of(resp) == 408, resp
         # Expect: 100-continue: the interim answer comes before the body is sent
         sk = socket.create_connection(("127.0.0.1", router.port), timeout=10)
