@@ -443,7 +443,7 @@ def main():
 
 def approximate():
     """--approx-ttl: no events; each decision counts as stored, then expires."""
-    router = Router(["--worker", "1", "--worker", "2:3", "--approx-ttl", "1", "--block-size", "4",
+    router = Router(["--worker", "1", "--worker", "2:3", "--approx-ttl", "3", "--block-size", "4",
                      "--load-weight", "0"])
     try:
         tokens = list(range(50, 70))
@@ -452,7 +452,7 @@ def approximate():
         r2, ws = route(router, token_ids=tokens)
         chosen = (r1["worker_id"], r1["dp_rank"])
         assert (r2["worker_id"], r2["dp_rank"]) == chosen and ws[chosen]["device"] == 5, r2
-        time.sleep(1.3)
+        time.sleep(3.3)
         r3, ws = route(router, token_ids=tokens[:8])
         assert all(w["device"] == 0 for w in ws.values()), r3
         assert router.stop() == 0
