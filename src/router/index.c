@@ -13,7 +13,8 @@
  *
  * Why one table per worker rather than one shared table with a worker
  * mask per key: an event touches one worker's table, which is small
- * (16-byte slots, 32768 of them for a 16384-block worker: 512 KiB), so a
+ * (32-byte slots, one cache line per event: about 1-2 MiB for a
+ * 16384-block worker), so a
  * worker's burst of events stays in cache, where a shared table of every
  * worker's blocks is megabytes of random misses (measured: 4-5x slower on
  * W3). Lookups probe once per block per matching worker instead of once
