@@ -14,12 +14,11 @@
  * Why one table per worker rather than one shared table with a worker
  * mask per key: an event touches one worker's table, which is small
  * (32-byte slots, one cache line per event: about 1-2 MiB for a
- * 16384-block worker), so a
- * worker's burst of events stays in cache, where a shared table of every
- * worker's blocks is megabytes of random misses (measured: 4-5x slower on
- * W3). Lookups probe once per block per matching worker instead of once
- * per block; routing concentrates a prefix on few workers, so that costs
- * little and the small tables make each probe cheaper.
+ * 16384-block worker), so a worker's burst of events stays in cache, where
+ * a shared table of every worker's blocks is megabytes of random misses
+ * (measured: 3-5x slower on W3). Lookups probe each worker's table; for
+ * the usual closed tables that is O(log prefix) probes per worker (see
+ * "Closure" and bisect_all below).
  *
  * Why a single writer with seqlocked slots (and not a lock, RCU copies, or
  * sharded locks): events arrive in one ordered stream per worker and must
