@@ -18,7 +18,12 @@
  * both ratios.
  *
  * usage: bench_tiers [--blocks N (128)] [--reps R (3)] [--dir DIR (/tmp)]
- *                    [--qd DEPTH (8): G3 requests in flight] [--json]
+ *                    [--qd DEPTH (8): G3 requests in flight]
+ *                    [--g1-memory system|pinned|device] [--json]
+ *
+ * --g1-memory device puts G1 in GPU memory and G2 in pinned memory (copies
+ * on CUDA streams); it needs a CUDA build and a GPU, and exits 1 saying so
+ * otherwise.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -63,13 +68,22 @@ static void compute(kvbm_manager *m, kvbm_mreq *r, size_t nfull) {
   size_t nb;
   kvbm_mreq_blocks(r, &ids, &nb);
   uint32_t layers = (uint32_t)kvbm_manager_layout(m, KVBM_TIER_G1)->config.num_layers;
+  bool dev = kvbm_manager_memory(m, KVBM_TIER_G1) == KVBM_MEMORY_DEVICE;
   for (size_t k = 0; k < nfull; k++) {
     if (!kvbm_mreq_must_compute(r, k)) continue;
     for (uint32_t l = 0; l < layers; l++) {
       void *p;
       size_t sz;
       kvbm_manager_block_layer(m, KVBM_TIER_G1, ids[k], l, &p, &sz);
-      memset(p, (int)(k * 31 + l), sz);
+      if (!dev) {
+        memset(p, (int)(k * 31 + l), sz);
+        continue;
+      }
+      uint8_t *h = malloc(sz); /* device G1: through the host */
+      if (!h) continue;
+      memset(h, (int)(k * 31 + l), sz);
+      kvbm_manager_block_write(m, KVBM_TIER_G1, ids[k], l, h, sz, NULL);
+      free(h);
     }
   }
 }
@@ -84,8 +98,14 @@ static int check(kvbm_manager *m, kvbm_mreq *r, size_t nfull) {
       void *p;
       size_t sz;
       kvbm_manager_block_layer(m, KVBM_TIER_G1, ids[k], l, &p, &sz);
-      const uint8_t *b = p;
-      if (b[0] != (uint8_t)(k * 31 + l) || b[sz - 1] != (uint8_t)(k * 31 + l)) return 0;
+      uint8_t b[2];
+      /* First and last byte, read through the manager (G1 may be a GPU). */
+      if (kvbm_manager_block_read(m, KVBM_TIER_G1, ids[k], l, b, 1, NULL) ||
+          b[0] != (uint8_t)(k * 31 + l))
+        return 0;
+      if (kvbm_manager_memory(m, KVBM_TIER_G1) != KVBM_MEMORY_DEVICE &&
+          ((const uint8_t *)p)[sz - 1] != (uint8_t)(k * 31 + l))
+        return 0;
     }
   return 1;
 }
@@ -96,6 +116,7 @@ typedef struct cfg {
   const char *dir;
   bool json;
   uint32_t qd;
+  kvbm_memory_type g1mem;
 } cfg;
 
 static kvbm_manager_config mcfg(const cfg *c, uint32_t g2, uint64_t g3) {
@@ -111,6 +132,8 @@ static kvbm_manager_config mcfg(const cfg *c, uint32_t g2, uint64_t g3) {
   mc.g3_policy = KVBM_OFFLOAD_ALL;
   mc.queue_capacity = (uint32_t)(4 * c->n + 16);
   mc.g3_queue_depth = c->qd;
+  mc.g1_memory = c->g1mem;
+  if (c->g1mem == KVBM_MEMORY_DEVICE) mc.g2_memory = KVBM_MEMORY_PINNED;
   return mc;
 }
 
@@ -186,15 +209,22 @@ static int direct_io(const char *dir, size_t n, size_t bytes, uint8_t *buf, doub
 }
 
 int main(int argc, char **argv) {
-  cfg c = {.n = 128, .reps = 3, .dir = "/tmp", .qd = 8};
+  cfg c = {.n = 128, .reps = 3, .dir = "/tmp", .qd = 8, .g1mem = KVBM_MEMORY_SYSTEM};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--blocks") && i + 1 < argc) c.n = (size_t)strtoul(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) c.reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--dir") && i + 1 < argc) c.dir = argv[++i];
     else if (!strcmp(argv[i], "--json")) c.json = true;
     else if (!strcmp(argv[i], "--qd") && i + 1 < argc) c.qd = (uint32_t)strtoul(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--g1-memory") && i + 1 < argc && !strcmp(argv[i + 1], "system"))
+      c.g1mem = KVBM_MEMORY_SYSTEM, i++;
+    else if (!strcmp(argv[i], "--g1-memory") && i + 1 < argc && !strcmp(argv[i + 1], "pinned"))
+      c.g1mem = KVBM_MEMORY_PINNED, i++;
+    else if (!strcmp(argv[i], "--g1-memory") && i + 1 < argc && !strcmp(argv[i + 1], "device"))
+      c.g1mem = KVBM_MEMORY_DEVICE, i++;
     else {
-      fprintf(stderr, "usage: bench_tiers [--blocks N] [--reps R] [--dir DIR] [--qd D] [--json]\n");
+      fprintf(stderr, "usage: bench_tiers [--blocks N] [--reps R] [--dir DIR] [--qd D] "
+                      "[--g1-memory system|pinned|device] [--json]\n");
       return 2;
     }
   }
@@ -212,6 +242,9 @@ int main(int argc, char **argv) {
   kvbm_manager_config hc = mcfg(&c, (uint32_t)(2 * c.n + 4), 0);
   if (kvbm_manager_create(&hc, &mh, &e)) {
     fprintf(stderr, "bench_tiers: %s\n", e.msg);
+    if (c.g1mem != KVBM_MEMORY_SYSTEM)
+      fprintf(stderr, "bench_tiers: --g1-memory %s needs a CUDA build and a GPU\n",
+              kvbm_memory_type_name(c.g1mem));
     return 1;
   }
   size_t bytes = kvbm_manager_block_bytes(mh);

@@ -4,9 +4,12 @@
  * A manager owns one block pool (kvbm/pool.h) per tier, each with its own
  * layout and storage:
  *
- *   G1  the engine's pool. Here host memory standing in for the GPU; the
- *       engine writes and reads KV through kvbm_manager_block_layer().
- *   G2  host memory (kvbm/storage.h, system heap).
+ *   G1  the engine's pool: host memory standing in for the GPU (default), or,
+ *       in a CUDA build, device memory (g1_memory KVBM_MEMORY_DEVICE; copies
+ *       to and from it run on a CUDA stream per worker) or pinned memory.
+ *       The engine writes and reads KV through kvbm_manager_block_layer()
+ *       (an address in the tier's memory) or kvbm_manager_block_write/read().
+ *   G2  host memory (kvbm/storage.h: system heap, or pinned in a CUDA build).
  *   G3  a preallocated file of checksummed slots (kvbm/disk.h).
  *
  * Requests (kvbm_mreq) are the tiered form of kvbm/sequence.h:
@@ -94,6 +97,14 @@ typedef struct kvbm_manager_config {
    * alignment. */
   kvbm_layout_config layout;
   kvbm_layout_kind g1_kind, g2_kind; /* FullyContiguous both */
+  /* Memory of G1 and G2 (kvbm/layout.h): G1 SYSTEM (default), PINNED or
+   * DEVICE; G2 SYSTEM (default) or PINNED. PINNED/DEVICE need a CUDA build
+   * (else create fails with KVBM_EUNSUPPORTED) and a GPU (else
+   * KVBM_EDEVICE). With DEVICE G1, G1<->G2 copies are cudaMemcpyAsync on
+   * the host worker's stream (pinned G2 makes them truly asynchronous) and
+   * G1<->G3 goes through the disk worker's staging buffers and its stream. */
+  kvbm_memory_type g1_memory, g2_memory;
+  int32_t g1_device;           /* CUDA ordinal of DEVICE G1 (0) */
   uint32_t g1_blocks;          /* >= 1 (1024) */
   uint32_t g2_blocks;          /* 0 = no G2 (0) */
   uint64_t g3_blocks;          /* 0 = no G3 (0); at most KVBM_POOL_MAX_BLOCKS */
@@ -166,12 +177,29 @@ const kvbm_layout *kvbm_manager_layout(const kvbm_manager *m, kvbm_tier_id tier)
 /* Bytes of one block's KV (num_layers * layer_stride). */
 uint64_t kvbm_manager_block_bytes(const kvbm_manager *m);
 
-/* Host address and size of one layer of a G1 or G2 block: where the engine
- * writes and reads KV. KVBM_ETIER for G3 or an absent tier, KVBM_ERANGE for
- * an id or layer out of range. */
+/* Address and size of one layer of a G1 or G2 block: where the engine
+ * writes and reads KV. The address is in the tier's memory: a host pointer
+ * for SYSTEM and PINNED, a device pointer (not dereferenceable on the host)
+ * for DEVICE G1. KVBM_ETIER for G3 or an absent tier, KVBM_ERANGE for an id
+ * or layer out of range. */
 int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier_id tier,
                              uint32_t block, uint32_t layer, void **ptr,
                              size_t *size);
+
+/* Copies n bytes (at most the layer's size) between host memory and the
+ * start of one layer of a G1 or G2 block, whatever the tier's memory
+ * (memcpy, or a synchronous cudaMemcpy for DEVICE G1). Errors as
+ * kvbm_manager_block_layer, KVBM_EINVAL for n too large, KVBM_EDEVICE if
+ * the CUDA copy fails. The caller owns the block's bytes meanwhile (its
+ * request must compute it, or it is a settled match). */
+int kvbm_manager_block_write(const kvbm_manager *m, kvbm_tier_id tier, uint32_t block,
+                             uint32_t layer, const void *src, size_t n, kvbm_error *err);
+int kvbm_manager_block_read(const kvbm_manager *m, kvbm_tier_id tier, uint32_t block,
+                            uint32_t layer, void *dst, size_t n, kvbm_error *err);
+
+/* The memory a tier's blocks live in (G3: KVBM_MEMORY_DISK); 0 for an
+ * absent tier. */
+kvbm_memory_type kvbm_manager_memory(const kvbm_manager *m, kvbm_tier_id tier);
 
 /* Per-tier counters. Pool numbers are a snapshot. */
 typedef struct kvbm_tier_stats {
@@ -192,6 +220,8 @@ typedef struct kvbm_tier_stats {
   uint64_t onboard_failures;  /* onboards that failed (any reason) */
   uint64_t checksum_failures; /* G3 reads whose header or checksum mismatched */
   uint64_t read_errors;       /* G3 reads that failed or came back short */
+  uint64_t copy_errors;       /* CUDA copies into (offload) or out of
+                                 (onboard) this tier that failed */
   uint64_t restored_blocks;   /* G3: slots indexed at a warm restart */
   uint64_t restore_skipped;   /* G3: torn or corrupt slots skipped then */
   double busy_seconds;        /* time the worker spent copying into/out of it */

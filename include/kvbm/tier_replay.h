@@ -33,6 +33,9 @@ typedef struct kvbm_replay_w2_opts {
   uint64_t g3_blocks;       /* C3 (0: no G3) */
   const char *g3_dir;       /* NULL: /tmp */
   bool g3_direct;           /* O_DIRECT (true) */
+  kvbm_memory_type g1_memory; /* G1's memory: SYSTEM (default; 0 means it
+                                 too), PINNED or DEVICE (CUDA builds; G2 is
+                                 then pinned). See kvbm_manager_config. */
   uint64_t block_bytes;     /* bytes per block, a multiple of 16 (256) */
   kvbm_offload_policy g2_policy, g3_policy; /* all, frequency */
 } kvbm_replay_w2_opts;

@@ -25,6 +25,14 @@
  * overlaps gathering one slot with the I/O of the previous ones. Queues are
  * fixed rings: a full ring skips the offload (counted) instead of waiting.
  *
+ * Device G1 (a CUDA build, g1_memory DEVICE): the same jobs, but every
+ * copy that touches G1 is a cudaMemcpyAsync on the worker's own stream
+ * (gpu.c). The host worker queues its whole batch with an event after each
+ * job and then waits for the events in order; the disk worker stages G1's
+ * bytes through its slot buffers (device memory is not addressable by the
+ * disk) with a synchronous copy on its stream. A CUDA error fails that job
+ * only: its target is FAILED and copy_errors counts it, as any lost copy.
+ *
  * Trade-off: one lock for everything is simple and correct; with many
  * engine threads it would become the bottleneck long before the copies do.
  */
@@ -40,6 +48,7 @@
 #include <time.h>
 
 #include "filter.h"
+#include "gpu.h"
 #include "kvbm/disk.h"
 #include "kvbm/sequence.h"
 #include "kvbm/storage.h"
@@ -85,6 +94,8 @@ typedef struct tier {
   kvbm_pool *pool;
   kvbm_layout layout;
   kvbm_storage *storage; /* G1, G2 */
+  kvbm_memory_type memory;
+  bool device;           /* bytes not addressable by the host (DEVICE) */
   uint8_t **region;      /* region bases (G1, G2) */
   uint8_t *state;
   kvbm_offload_policy policy;
@@ -116,6 +127,7 @@ struct kvbm_manager {
   int nthreads;
   void **bounce; /* disk worker's slot buffers */
   uint32_t nbounce;
+  kvbm_gpu_stream *gs[2]; /* device G1: one CUDA stream per worker */
   kvbm_disk_io *ios;                    /* one per buffer */
   struct iovec (*pieces)[KVBM_DISK_MAX_IOV]; /* zero-copy data pieces, one set per buffer */
 };
@@ -164,6 +176,7 @@ kvbm_manager_config kvbm_manager_config_default(void) {
                                   .page_size = 16, .inner_dim = 64, .dtype_size = 2,
                                   .alignment = 4096};
   c.g1_kind = c.g2_kind = KVBM_LAYOUT_FULLY_CONTIGUOUS;
+  c.g1_memory = c.g2_memory = KVBM_MEMORY_SYSTEM;
   c.g1_blocks = 1024;
   c.g3_direct = true;
   c.g3_uring = true;
@@ -320,6 +333,43 @@ static void scatter(tier *dst, uint32_t b, const uint8_t *in) {
     memcpy(layer_ptr(dst, b, l), in + l * L->layer_stride, L->layer_stride);
 }
 
+/* The CUDA forms of copy_block, gather and scatter: queued on stream s
+ * (gather/scatter then wait for it, their buffer is reused at once).
+ * Return KVBM_OK or KVBM_EDEVICE. */
+static int copy_block_gpu(kvbm_gpu_stream *s, const tier *dst, uint32_t db, const tier *src,
+                          uint32_t sb) {
+  const kvbm_layout *L = &src->layout;
+  int rc = KVBM_OK;
+  if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS && dst->layout.kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
+    return kvbm_gpu_copy(s, layer_ptr(dst, db, 0), layer_ptr(src, sb, 0),
+                         L->config.num_layers * L->layer_stride);
+  for (uint64_t l = 0; !rc && l < L->config.num_layers; l++)
+    rc = kvbm_gpu_copy(s, layer_ptr(dst, db, l), layer_ptr(src, sb, l), L->layer_stride);
+  return rc;
+}
+
+static int gather_gpu(kvbm_gpu_stream *s, uint8_t *out, const tier *src, uint32_t b) {
+  const kvbm_layout *L = &src->layout;
+  int rc = KVBM_OK;
+  if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
+    rc = kvbm_gpu_copy(s, out, layer_ptr(src, b, 0), L->config.num_layers * L->layer_stride);
+  else
+    for (uint64_t l = 0; !rc && l < L->config.num_layers; l++)
+      rc = kvbm_gpu_copy(s, out + l * L->layer_stride, layer_ptr(src, b, l), L->layer_stride);
+  return rc ? rc : kvbm_gpu_sync(s);
+}
+
+static int scatter_gpu(kvbm_gpu_stream *s, tier *dst, uint32_t b, const uint8_t *in) {
+  const kvbm_layout *L = &dst->layout;
+  int rc = KVBM_OK;
+  if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
+    rc = kvbm_gpu_copy(s, layer_ptr(dst, b, 0), in, L->config.num_layers * L->layer_stride);
+  else
+    for (uint64_t l = 0; !rc && l < L->config.num_layers; l++)
+      rc = kvbm_gpu_copy(s, layer_ptr(dst, b, l), in + l * L->layer_stride, L->layer_stride);
+  return rc ? rc : kvbm_gpu_sync(s);
+}
+
 /* Capacity is reserved by the commit (two pins per block at most), so
  * pinning never allocates. */
 static void batch_pin(batch *b, uint8_t tier, uint32_t id) { b->pins[b->n++] = (pin){tier, id}; }
@@ -355,9 +405,11 @@ static void on_g3(void *u, const kvbm_pool_event *ev) { on_pool_event(u, KVBM_TI
 /* Finishes a host job (lock held). */
 static void host_done(kvbm_manager *m, job *j, bool ran) {
   tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2], *g3 = &m->t[KVBM_TIER_G3];
+  bool ok = ran && j->result == KVBM_OK; /* only CUDA copies can fail */
+  if (ran && !ok) g2->st.copy_errors++;
   if (j->kind == J_OFFLOAD) {
-    g2->state[j->g2] = ran ? ST_READY : ST_FAILED;
-    if (ran) {
+    g2->state[j->g2] = ok ? ST_READY : ST_FAILED;
+    if (ok) {
       g2->st.offloaded_blocks++;
       g2->st.offloaded_bytes += m->block_bytes;
     }
@@ -366,17 +418,18 @@ static void host_done(kvbm_manager *m, job *j, bool ran) {
       job d = *j;
       d.kind = J_DISK_WRITE;
       d.src_tier = KVBM_TIER_G2;
-      if (ran && q_push(&m->q[W_DISK], &d)) {
+      d.result = KVBM_OK;
+      if (ok && q_push(&m->q[W_DISK], &d)) {
         pthread_cond_signal(&m->work_cv[W_DISK]);
         return; /* the disk job carries the batch on */
       }
       g3->state[j->g3] = ST_FAILED;
-      if (ran) g3->st.skipped_queue++;
+      if (ok) g3->st.skipped_queue++;
     }
     batch_job_done(m, j->b);
   } else { /* J_ONBOARD_HOST */
-    g1->state[j->g1] = ran ? ST_READY : ST_FAILED;
-    if (ran) {
+    g1->state[j->g1] = ok ? ST_READY : ST_FAILED;
+    if (ok) {
       g2->st.onboarded_blocks++;
       g2->st.onboarded_bytes += m->block_bytes;
     } else {
@@ -396,6 +449,8 @@ static void disk_done(kvbm_manager *m, job *j, bool ran) {
     if (ok) {
       g3->st.offloaded_blocks++;
       g3->st.offloaded_bytes += m->block_bytes;
+    } else if (ran && j->result == KVBM_EDEVICE) {
+      g3->st.copy_errors++; /* staging out of device G1 failed */
     } else if (ran) {
       g3->st.skipped_io++;
     }
@@ -408,7 +463,9 @@ static void disk_done(kvbm_manager *m, job *j, bool ran) {
       g3->st.onboarded_bytes += m->block_bytes;
     } else {
       g3->st.onboard_failures++;
-      if (ran) {
+      if (ran && j->result == KVBM_EDEVICE) {
+        g3->st.copy_errors++; /* the slot was good; the copy into G1 failed */
+      } else if (ran) {
         /* The slot cannot serve this hash: never a hit again until rewritten. */
         g3->state[j->g3] = ST_FAILED;
         if (j->result == KVBM_EIO) g3->st.read_errors++;
@@ -426,6 +483,21 @@ static void host_run(kvbm_manager *m, job *j) {
   else copy_block(g1, j->g1, g2, j->g2);
 }
 
+/* Device G1: queue every job's copies with an event after each, then wait
+ * for the events in order, so each job gets its own result. */
+static void host_run_gpu(kvbm_manager *m, job *jobs, uint32_t n) {
+  tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
+  kvbm_gpu_stream *s = m->gs[W_HOST];
+  for (uint32_t i = 0; i < n; i++) {
+    job *j = &jobs[i];
+    j->result = j->kind == J_OFFLOAD ? copy_block_gpu(s, g2, j->g2, g1, j->g1)
+                                     : copy_block_gpu(s, g1, j->g1, g2, j->g2);
+    if (!j->result) j->result = kvbm_gpu_mark(s, i);
+  }
+  for (uint32_t i = 0; i < n; i++)
+    if (!jobs[i].result) jobs[i].result = kvbm_gpu_wait(s, i);
+}
+
 /* The pieces of block b of a host tier as zero-copy slot data, or 0 when
  * some piece is not page-aligned (then the slot is staged in a buffer). */
 static int data_pieces(const kvbm_manager *m, const tier *t, uint32_t b, struct iovec *iov) {
@@ -440,7 +512,7 @@ static int data_pieces(const kvbm_manager *m, const tier *t, uint32_t b, struct 
     for (int l = 0; l < n; l++) iov[l] = (struct iovec){layer_ptr(t, b, (uint64_t)l), (size_t)L->layer_stride};
   }
   for (int i = 0; i < n; i++)
-    if (!kvbm_disk_direct_ok(m->disk, iov[i].iov_base, iov[i].iov_len)) return 0;
+    if (t->device || !kvbm_disk_direct_ok(m->disk, iov[i].iov_base, iov[i].iov_len)) return 0;
   return n;
 }
 
@@ -460,7 +532,12 @@ static void disk_start(kvbm_manager *m, job *j, uint32_t i) {
   io->user = j;
   io->data = (kvbm_disk_data){n ? m->pieces[i] : NULL, n};
   if (write) {
-    if (!n) gather(buf, t, b);
+    if (!n && t->device && gather_gpu(m->gs[W_DISK], buf, t, b) != KVBM_OK) {
+      j->result = KVBM_EDEVICE;
+      io->user = NULL; /* finished: failed */
+      return;
+    }
+    if (!n && !t->device) gather(buf, t, b);
     kvbm_slot_header h = {.seq_hash = j->hash, .parent_hash = j->parent,
                           .has_parent = j->has_parent};
     kvbm_disk_seal(m->disk, buf, &io->data, &h);
@@ -481,6 +558,8 @@ static void disk_end(kvbm_manager *m, kvbm_disk_io *io) {
   if (io->write) return;
   if (kvbm_disk_check(m->disk, io->buf, &io->data, true, &j->hash, NULL) != KVBM_OK)
     j->result = KVBM_ECHECKSUM;
+  else if (!io->data.iov && m->t[KVBM_TIER_G1].device)
+    j->result = scatter_gpu(m->gs[W_DISK], &m->t[KVBM_TIER_G1], j->g1, io->buf);
   else if (!io->data.iov)
     scatter(&m->t[KVBM_TIER_G1], j->g1, io->buf);
 }
@@ -496,6 +575,8 @@ static void *worker_main(void *arg) {
   kvbm_manager *m = ((worker_arg *)arg)->m;
   int w = ((worker_arg *)arg)->w;
   free(arg);
+  /* CUDA's current device is per thread; a failed bind fails each copy. */
+  if (m->gs[w]) (void)kvbm_gpu_bind(m->gs[w]);
   if (w == W_DISK) {
     disk_worker(m);
     return NULL;
@@ -521,7 +602,9 @@ static void *worker_main(void *arg) {
     m->busy[w] += n;
     pthread_mutex_unlock(&m->mu);
     double t0 = now_s();
-    if (run)
+    if (run && m->gs[W_HOST])
+      host_run_gpu(m, take, n);
+    else if (run)
       for (uint32_t i = 0; i < n; i++) host_run(m, &take[i]);
     double dt = now_s() - t0;
     pthread_mutex_lock(&m->mu);
@@ -615,16 +698,26 @@ static void disk_worker(kvbm_manager *m) {
 /* ---- create / destroy ---- */
 
 static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind kind,
-                     kvbm_pool_listener fn, kvbm_error *err) {
+                     kvbm_memory_type memory, kvbm_pool_listener fn, kvbm_error *err) {
   tier *t = &m->t[ti];
   kvbm_layout_config lc = m->cfg.layout;
   lc.num_blocks = nblocks;
   int rc = kvbm_layout_init(&t->layout, kind, &lc, err);
+  if (!rc && memory != KVBM_MEMORY_SYSTEM && !kvbm_gpu_compiled())
+    return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: %s memory for %s needs a CUDA build",
+                          kvbm_memory_type_name(memory), kvbm_tier_name(ti));
   /* Zero-filled: every page is touched now, not on the first copy into it
    * (what pinned memory would give; the cost moves to create). */
-  kvbm_storage_options so = {.zero = 1};
-  if (!rc) rc = kvbm_storage_create(KVBM_MEMORY_SYSTEM, &t->layout, &so, &t->storage, err);
+  kvbm_storage_options so = {.zero = 1, .device_id = m->cfg.g1_device};
+  if (!rc) rc = kvbm_storage_create(memory, &t->layout, &so, &t->storage, err);
   if (rc) return rc;
+  t->memory = memory;
+  t->device = memory == KVBM_MEMORY_DEVICE;
+  /* Device G1: each worker gets a stream (events: one per job of a batch). */
+  for (int w = 0; t->device && w < 2; w++)
+    if ((rc = kvbm_gpu_stream_create(m->cfg.g1_device, w == W_HOST ? m->cfg.batch_max : 0,
+                                     &m->gs[w], err)))
+      return rc;
   t->region = calloc(t->layout.num_regions, sizeof *t->region);
   t->state = calloc(nblocks, 1);
   if (!t->region || !t->state) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
@@ -773,6 +866,15 @@ static int check_config(const kvbm_manager_config *c, kvbm_error *err) {
   if (c->g3_blocks > KVBM_POOL_MAX_BLOCKS)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: g3_blocks %llu is above %u",
                           (unsigned long long)c->g3_blocks, KVBM_POOL_MAX_BLOCKS);
+  if (c->g1_memory != KVBM_MEMORY_SYSTEM && c->g1_memory != KVBM_MEMORY_PINNED &&
+      c->g1_memory != KVBM_MEMORY_DEVICE)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g1_memory %d is not system, pinned or device",
+                          (int)c->g1_memory);
+  if (c->g2_memory != KVBM_MEMORY_SYSTEM && c->g2_memory != KVBM_MEMORY_PINNED)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g2_memory %d is not system or pinned",
+                          (int)c->g2_memory);
+  if (c->g1_memory == KVBM_MEMORY_DEVICE && c->g1_device < 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g1_device %d is negative", (int)c->g1_device);
   for (int k = 0; k < 2; k++) {
     int kind = k ? c->g2_kind : c->g1_kind;
     if (kind != KVBM_LAYOUT_FULLY_CONTIGUOUS && kind != KVBM_LAYOUT_LAYER_SEPARATE)
@@ -845,8 +947,10 @@ int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out, kvbm
   if (!rc) m->block_bytes = lc.num_layers * m->slot_layout.layer_stride;
   if (!rc && !(m->g1_owner = calloc(cfg->g1_blocks, sizeof *m->g1_owner)))
     rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  if (!rc) rc = host_tier(m, KVBM_TIER_G1, cfg->g1_blocks, cfg->g1_kind, on_g1, err);
-  if (!rc && cfg->g2_blocks) rc = host_tier(m, KVBM_TIER_G2, cfg->g2_blocks, cfg->g2_kind, on_g2, err);
+  if (!rc)
+    rc = host_tier(m, KVBM_TIER_G1, cfg->g1_blocks, cfg->g1_kind, cfg->g1_memory, on_g1, err);
+  if (!rc && cfg->g2_blocks)
+    rc = host_tier(m, KVBM_TIER_G2, cfg->g2_blocks, cfg->g2_kind, cfg->g2_memory, on_g2, err);
   m->t[KVBM_TIER_G2].policy = cfg->g2_policy;
   m->t[KVBM_TIER_G3].policy = cfg->g3_policy;
   for (int ti = 1; !rc && ti < 3; ti++) {
@@ -884,7 +988,10 @@ void kvbm_manager_destroy(kvbm_manager *m) {
     pthread_cond_destroy(&m->work_cv[0]);
     pthread_cond_destroy(&m->work_cv[1]);
   }
-  for (int w = 0; w < 2; w++) free(m->q[w].ring);
+  for (int w = 0; w < 2; w++) {
+    free(m->q[w].ring);
+    kvbm_gpu_stream_destroy(m->gs[w]);
+  }
   for (int ti = 0; ti < KVBM_TIER_COUNT; ti++) {
     tier *t = &m->t[ti];
     kvbm_pool_destroy(t->pool);
@@ -935,6 +1042,39 @@ int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier_id ti, uint32_t bl
   *ptr = layer_ptr(t, block, layer);
   if (size) *size = t->layout.layer_stride;
   return KVBM_OK;
+}
+
+static int block_io(const kvbm_manager *m, kvbm_tier_id ti, uint32_t block, uint32_t layer,
+                    void *host, size_t n, bool to_block, kvbm_error *err) {
+  void *p;
+  size_t sz;
+  int rc = kvbm_manager_block_layer(m, ti, block, layer, &p, &sz);
+  if (rc)
+    return kvbm_error_set(err, rc, "manager: no block %u layer %u in %s", block, layer,
+                          kvbm_tier_name(ti));
+  if (!host && n) return kvbm_error_set(err, KVBM_EINVAL, "manager: NULL buffer");
+  if (n > sz)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: %zu bytes do not fit a layer of %zu", n, sz);
+  if (m->t[ti].device) return kvbm_gpu_copy_now(m->cfg.g1_device, to_block ? p : host,
+                                                to_block ? host : p, n, err);
+  if (n) memcpy(to_block ? p : host, to_block ? host : p, n);
+  return KVBM_OK;
+}
+
+int kvbm_manager_block_write(const kvbm_manager *m, kvbm_tier_id tier, uint32_t block,
+                             uint32_t layer, const void *src, size_t n, kvbm_error *err) {
+  return block_io(m, tier, block, layer, (void *)(uintptr_t)src, n, true, err);
+}
+
+int kvbm_manager_block_read(const kvbm_manager *m, kvbm_tier_id tier, uint32_t block,
+                            uint32_t layer, void *dst, size_t n, kvbm_error *err) {
+  return block_io(m, tier, block, layer, dst, n, false, err);
+}
+
+kvbm_memory_type kvbm_manager_memory(const kvbm_manager *m, kvbm_tier_id ti) {
+  if (!m || ti < 0 || ti >= KVBM_TIER_COUNT) return (kvbm_memory_type)0;
+  if (ti == KVBM_TIER_G3) return m->disk ? KVBM_MEMORY_DISK : (kvbm_memory_type)0;
+  return m->t[ti].present ? m->t[ti].memory : (kvbm_memory_type)0;
 }
 
 int kvbm_manager_stats(kvbm_manager *m, kvbm_tier_id ti, kvbm_tier_stats *out) {

@@ -23,6 +23,7 @@ kvbm_replay_w2_opts kvbm_replay_w2_opts_default(void) {
   memset(&o, 0, sizeof o);
   o.w1 = kvbm_replay_opts_default();
   o.g3_direct = true;
+  o.g1_memory = KVBM_MEMORY_SYSTEM;
   o.block_bytes = 256;
   o.g2_policy = KVBM_OFFLOAD_ALL;
   o.g3_policy = KVBM_OFFLOAD_FREQUENCY;
@@ -59,13 +60,25 @@ static int pattern(uint8_t *p, size_t n, uint64_t h, uint32_t l, bool check) {
   return 1;
 }
 
+/* Device G1 is not host memory: the pattern goes through a host buffer
+ * and kvbm_manager_block_write/read. */
 static int block_pattern(kvbm_manager *m, uint32_t id, uint64_t h, bool check) {
   uint32_t layers = (uint32_t)kvbm_manager_layout(m, KVBM_TIER_G1)->config.num_layers;
+  bool dev = kvbm_manager_memory(m, KVBM_TIER_G1) == KVBM_MEMORY_DEVICE;
   for (uint32_t l = 0; l < layers; l++) {
     void *p;
     size_t sz;
     if (kvbm_manager_block_layer(m, KVBM_TIER_G1, id, l, &p, &sz)) return 0;
-    if (!pattern(p, sz, h, l, check)) return 0;
+    if (!dev) {
+      if (!pattern(p, sz, h, l, check)) return 0;
+      continue;
+    }
+    uint8_t *buf = malloc(sz);
+    int ok = buf && (!check || !kvbm_manager_block_read(m, KVBM_TIER_G1, id, l, buf, sz, NULL)) &&
+             pattern(buf, sz, h, l, check) &&
+             (check || !kvbm_manager_block_write(m, KVBM_TIER_G1, id, l, buf, sz, NULL));
+    free(buf);
+    if (!ok) return 0;
   }
   return 1;
 }
@@ -178,6 +191,9 @@ int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *o,
   mc.g3_blocks = o->g3_blocks;
   mc.g3_dir = o->g3_dir;
   mc.g3_direct = o->g3_direct;
+  if (o->g1_memory) mc.g1_memory = o->g1_memory;
+  /* Device G1 copies to pinned G2 (asynchronous on the CUDA stream). */
+  if (mc.g1_memory == KVBM_MEMORY_DEVICE) mc.g2_memory = KVBM_MEMORY_PINNED;
   mc.g2_policy = o->g2_policy;
   mc.g3_policy = o->g3_policy;
   /* Room for every copy of the largest request: nothing skipped for lack

@@ -6,23 +6,45 @@
 #include <cmocka.h>
 #include <sys/vfs.h>
 
+#include "kvbm/storage.h"
 #include "tier_testutil.h"
 
 /* A: 17 tokens (4 full blocks, 4 matchable); B: 29 tokens (7 full). With
  * G1 = G2 = 8 blocks, B pushes A out of G1 entirely and out of G2 except
  * its last block, while G3 (write-through here) keeps all of A. */
-static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages) {
+static void roundtrip_mem(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages,
+                          kvbm_memory_type g1mem, kvbm_memory_type g2mem) {
   char *dir = tu_tmpdir("rt");
   kvbm_manager_config c = tu_config(dir, 8, 8, 64);
   c.g1_kind = g1k;
   c.g2_kind = g2k;
+  c.g1_memory = g1mem;
+  c.g2_memory = g2mem;
   if (pages) /* 4096-byte layers, page-aligned: the disk moves them without a bounce copy */
     c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 2, .outer_dim = 2,
                                     .page_size = 4, .inner_dim = 256, .dtype_size = 2,
                                     .alignment = 4096};
-  kvbm_manager *m;
+  kvbm_manager *m = NULL;
   kvbm_error e = {0};
-  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_OK);
+  int rc = kvbm_manager_create(&c, &m, &e);
+  if (g1mem != KVBM_MEMORY_SYSTEM || g2mem != KVBM_MEMORY_SYSTEM) {
+    /* CUDA memory: a build without CUDA refuses it, a CUDA build on a
+     * machine without a GPU reports no device; with a GPU the bytes must
+     * make the same round trip. */
+    int want = kvbm_storage_have_cuda() ? KVBM_EDEVICE : KVBM_EUNSUPPORTED;
+    if (rc != KVBM_OK) {
+      assert_int_equal(rc, want);
+      assert_null(m);
+      assert_true(strstr(e.msg, kvbm_storage_have_cuda() ? "device" : "CUDA build") != NULL);
+      print_message("%s G1, %s G2: %s (skipped)\n", kvbm_memory_type_name(g1mem),
+                    kvbm_memory_type_name(g2mem), e.msg);
+      tu_rmdir(dir);
+      return;
+    }
+    assert_true(kvbm_storage_have_cuda());
+    assert_int_equal(kvbm_manager_memory(m, KVBM_TIER_G1), g1mem);
+  }
+  assert_int_equal(rc, KVBM_OK);
   assert_string_equal(kvbm_manager_g3_error(m), "");
   uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
   kvbm_mreq_info info;
@@ -57,6 +79,50 @@ static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages) {
   free(a);
   free(b);
   tu_rmdir(dir);
+}
+
+static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages) {
+  roundtrip_mem(g1k, g2k, pages, KVBM_MEMORY_SYSTEM, KVBM_MEMORY_SYSTEM);
+}
+
+/* CUDA memory tiers: device G1 with pinned G2 (copies on CUDA streams),
+ * pinned G1, and device G1 with system G2, both layouts. Here (no GPU) each
+ * create must fail cleanly with KVBM_EDEVICE (CUDA build) or
+ * KVBM_EUNSUPPORTED (no CUDA) and leave nothing behind (ASan checks). */
+static void test_cuda_memory(void **st) {
+  (void)st;
+  const kvbm_layout_kind FC = KVBM_LAYOUT_FULLY_CONTIGUOUS, LS = KVBM_LAYOUT_LAYER_SEPARATE;
+  roundtrip_mem(FC, FC, true, KVBM_MEMORY_DEVICE, KVBM_MEMORY_PINNED);
+  roundtrip_mem(LS, FC, false, KVBM_MEMORY_DEVICE, KVBM_MEMORY_PINNED);
+  roundtrip_mem(FC, LS, true, KVBM_MEMORY_DEVICE, KVBM_MEMORY_SYSTEM);
+  roundtrip_mem(FC, FC, false, KVBM_MEMORY_PINNED, KVBM_MEMORY_PINNED);
+  roundtrip_mem(FC, FC, false, KVBM_MEMORY_SYSTEM, KVBM_MEMORY_PINNED);
+  /* Memory kinds a tier cannot have. */
+  kvbm_manager_config c = tu_config("/tmp", 8, 8, 0);
+  kvbm_manager *m = NULL;
+  kvbm_error e = {0};
+  c.g1_memory = KVBM_MEMORY_DISK;
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "g1_memory"));
+  c = tu_config("/tmp", 8, 8, 0);
+  c.g2_memory = KVBM_MEMORY_DEVICE;
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "g2_memory"));
+  assert_null(m);
+  /* Host G1: the engine's block read/write is a plain copy, bounds checked. */
+  c = tu_config("/tmp", 8, 0, 0);
+  assert_int_equal(kvbm_manager_create(&c, &m, &e), KVBM_OK);
+  assert_int_equal(kvbm_manager_memory(m, KVBM_TIER_G1), KVBM_MEMORY_SYSTEM);
+  assert_int_equal(kvbm_manager_memory(m, KVBM_TIER_G2), 0);
+  uint8_t in[128], out[129];
+  for (int i = 0; i < 128; i++) in[i] = (uint8_t)(i * 7);
+  assert_int_equal(kvbm_manager_block_write(m, KVBM_TIER_G1, 3, 2, in, 128, &e), KVBM_OK);
+  assert_int_equal(kvbm_manager_block_read(m, KVBM_TIER_G1, 3, 2, out, 128, &e), KVBM_OK);
+  assert_memory_equal(in, out, 128);
+  assert_int_equal(kvbm_manager_block_read(m, KVBM_TIER_G1, 3, 2, out, 129, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_manager_block_read(m, KVBM_TIER_G1, 8, 0, out, 1, &e), KVBM_ERANGE);
+  assert_int_equal(kvbm_manager_block_read(m, KVBM_TIER_G2, 0, 0, out, 1, &e), KVBM_ETIER);
+  kvbm_manager_destroy(m);
 }
 
 static void test_roundtrip_fc_fc(void **st) {
@@ -390,7 +456,7 @@ int main(void) {
       cmocka_unit_test(test_frequency_filter),
       cmocka_unit_test(test_policies_switchable), cmocka_unit_test(test_queue_full_skips),
       cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_uncommitted_blocks),
-      cmocka_unit_test(test_config_errors),
+      cmocka_unit_test(test_config_errors),     cmocka_unit_test(test_cuda_memory),
       cmocka_unit_test(test_env),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

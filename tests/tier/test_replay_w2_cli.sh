@@ -53,6 +53,19 @@ expect 2 "--g3-policy" --g3-policy sometimes
 expect 2 "not a writable directory" --g3-dir "$tmp/none" --g3-blocks 4
 expect 2 "unknown option" --g2-blocks 1 --bogus
 expect 1 "does not fit" --limit 5 --capacity 4 --g2-blocks 16
+expect 2 "--g1-memory" --g1-memory gpu
+
+# Device G1 (copies on CUDA streams): without a GPU (or a CUDA build) it
+# fails cleanly and says why; with one, every onboard verifies.
+out=$("$KVBM_BIN" replay --limit 100 --json --no-progress --g1-memory device --g2-blocks 4096 \
+  --block-bytes 4096 2>"$tmp/dev.err"); rc=$?
+if [ "$rc" -eq 0 ]; then
+  grep -q '"verify_failures":0' <<<"$out" || fail "device G1 run: $out"
+elif [ "$rc" -ne 1 ] || ! grep -q "needs a CUDA build and a GPU" "$tmp/dev.err"; then
+  fail "device G1 -> exit $rc: $(cat "$tmp/dev.err")"
+else
+  echo "device G1 not run here: $(head -1 "$tmp/dev.err")"
+fi
 
 # Text output names the tiers.
 out=$("$KVBM_BIN" replay --limit 50 --no-progress --g2-blocks 1024 --block-bytes 32) || fail "text run"

@@ -36,13 +36,22 @@ static inline int tu_layer(uint8_t *p, size_t n, uint64_t key, uint32_t l, int c
  * of the block with sequence hash `h`. */
 static inline int tu_block(kvbm_manager *m, uint32_t id, uint64_t h, int check) {
   const kvbm_layout *L = kvbm_manager_layout(m, KVBM_TIER_G1);
-  for (uint32_t l = 0; l < L->config.num_layers; l++) {
+  int ok = 1;
+  /* Through kvbm_manager_block_write/read: G1 may be device memory. */
+  uint8_t *buf = malloc(L->layer_stride);
+  for (uint32_t l = 0; ok && buf && l < L->config.num_layers; l++) {
     void *p;
     size_t sz;
-    if (kvbm_manager_block_layer(m, KVBM_TIER_G1, id, l, &p, &sz)) return 0;
-    if (!tu_layer(p, sz, h, l, check) && check) return 0;
+    if (kvbm_manager_block_layer(m, KVBM_TIER_G1, id, l, &p, &sz)) ok = 0;
+    else if (check)
+      ok = kvbm_manager_block_read(m, KVBM_TIER_G1, id, l, buf, sz, NULL) == KVBM_OK &&
+           tu_layer(buf, sz, h, l, 1);
+    else
+      ok = tu_layer(buf, sz, h, l, 0) &&
+           kvbm_manager_block_write(m, KVBM_TIER_G1, id, l, buf, sz, NULL) == KVBM_OK;
   }
-  return 1;
+  free(buf);
+  return ok && buf;
 }
 
 /* Writes the KV of every full block from block `from` on. */
@@ -120,10 +129,13 @@ static inline void tu_rmdir(char *dir) {
  * flush, and (unless keep) destroy. Returns the settled match in tokens. */
 static inline size_t tu_run(kvbm_manager *m, const uint32_t *tok, size_t n, kvbm_mreq_info *info,
                             kvbm_mreq **keep) {
-  kvbm_mreq *r;
+  kvbm_mreq *r = NULL;
   size_t opt;
-  if (kvbm_manager_prefill(m, 0, 0, tok, n, &r, &opt, NULL)) return SIZE_MAX;
   kvbm_mreq_info i;
+  memset(&i, 0, sizeof i);
+  if (info) *info = i;
+  if (keep) *keep = NULL;
+  if (kvbm_manager_prefill(m, 0, 0, tok, n, &r, &opt, NULL)) return SIZE_MAX;
   kvbm_mreq_wait(r, -1, &i);
   tu_compute(m, r, i.matched_tokens / 4);
   kvbm_mreq_commit(r);

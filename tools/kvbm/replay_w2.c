@@ -14,7 +14,7 @@
 #include "kvbm/tier_replay.h"
 
 static const char *const w2_flags[] = {"--g2-blocks", "--g3-blocks", "--g3-dir", "--block-bytes",
-                                       "--g2-policy", "--g3-policy", "--g3-buffered"};
+                                       "--g2-policy", "--g3-policy", "--g3-buffered", "--g1-memory"};
 
 bool replay_w2_wanted(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
@@ -31,7 +31,7 @@ static void usage(FILE *f) {
           "                   [--hash native|dynamo] [--json] [--no-progress]\n"
           "                   --g2-blocks N --g3-blocks N [--g3-dir DIR] [--block-bytes 256]\n"
           "                   [--g2-policy all|frequency|never] [--g3-policy frequency|all|never]\n"
-          "                   [--g3-buffered]\n"
+          "                   [--g3-buffered] [--g1-memory system|pinned|device]\n"
           "W2: W1 with a host tier G2 and a disk tier G3 below G1 (--capacity blocks);\n"
           "see docs/areas/tiers.md for the policy. Default trace: %s.\n",
           KVBM_DEFAULT_TRACE);
@@ -158,6 +158,15 @@ int replay_w2_main(int argc, char **argv) {
         return 2;
       }
       o.block_bytes = x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g1-memory", &v))) {
+      if (r < 0) return 2;
+      if (!strcmp(v, "system")) o.g1_memory = KVBM_MEMORY_SYSTEM;
+      else if (!strcmp(v, "pinned")) o.g1_memory = KVBM_MEMORY_PINNED;
+      else if (!strcmp(v, "device")) o.g1_memory = KVBM_MEMORY_DEVICE;
+      else {
+        fprintf(stderr, "kvbm replay: --g1-memory: '%s' is not system, pinned or device\n", v);
+        return 2;
+      }
     } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g3-dir", &v))) {
       if (r < 0) return 2;
       o.g3_dir = v;
@@ -193,6 +202,9 @@ int replay_w2_main(int argc, char **argv) {
   kvbm_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);
+    if (rc == KVBM_EDEVICE || rc == KVBM_EUNSUPPORTED)
+      fprintf(stderr, "kvbm replay: --g1-memory %s needs a CUDA build and a GPU\n",
+              kvbm_memory_type_name(o.g1_memory));
     return rc == KVBM_EINVAL ? 2 : 1;
   }
   if (json) print_json(trace_path, &o, &res);

@@ -1,0 +1,50 @@
+/*
+ * gpu.h (private): the CUDA copies of the tier manager, when G1 is device
+ * memory (see gpu.c). Every function exists in every build; without CUDA
+ * (KVBM_HAVE_CUDA undefined) they report KVBM_EUNSUPPORTED and
+ * kvbm_gpu_compiled() is 0, so the manager's code has no #ifdefs.
+ */
+#ifndef KVBM_TIER_GPU_H
+#define KVBM_TIER_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbm/status.h"
+
+/* One worker's CUDA stream and its completion events (one per job slot). */
+typedef struct kvbm_gpu_stream kvbm_gpu_stream;
+
+/* Whether this build has the CUDA copy path. */
+int kvbm_gpu_compiled(void);
+
+/* A non-blocking stream on `device` with `nevents` events. KVBM_EUNSUPPORTED
+ * without CUDA, KVBM_EDEVICE when CUDA fails (no GPU, no driver). *out is
+ * freed with kvbm_gpu_stream_destroy(). */
+int kvbm_gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **out,
+                           kvbm_error *err);
+void kvbm_gpu_stream_destroy(kvbm_gpu_stream *s); /* NULL: no-op */
+
+/* Makes the stream's device current on the calling thread (each worker
+ * calls it once: the current device is per thread in CUDA). */
+int kvbm_gpu_bind(kvbm_gpu_stream *s);
+
+/* Queues a copy of n bytes on the stream (cudaMemcpyAsync, direction from
+ * the pointers). KVBM_EDEVICE if CUDA refuses it. */
+int kvbm_gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n);
+
+/* Records event i (< nevents) after what is queued so far. */
+int kvbm_gpu_mark(kvbm_gpu_stream *s, uint32_t i);
+
+/* Waits for event i: KVBM_OK when every copy queued before it finished,
+ * KVBM_EDEVICE if one failed (the stream's error is cleared). */
+int kvbm_gpu_wait(kvbm_gpu_stream *s, uint32_t i);
+
+/* Waits for everything queued (cudaStreamSynchronize); errors as above. */
+int kvbm_gpu_sync(kvbm_gpu_stream *s);
+
+/* Synchronous copy between host and device memory of `device` (for the
+ * engine-facing block read/write; any thread). */
+int kvbm_gpu_copy_now(int32_t device, void *dst, const void *src, size_t n, kvbm_error *err);
+
+#endif
