@@ -69,7 +69,15 @@ typedef struct kvbm_disk_config {
   bool direct;            /* try O_DIRECT */
   bool uring;             /* try io_uring */
   uint32_t queue_depth;   /* 1 .. 256 */
+  uint32_t test_refuse;   /* testing only (0 otherwise): KVBM_DISK_REFUSE_*
+                             bits make the kernel's answer a refusal, so
+                             the fallbacks run where the kernel would not
+                             refuse (this one takes O_DIRECT even on tmpfs) */
 } kvbm_disk_config;
+
+/* kvbm_disk_config.test_refuse bits. */
+#define KVBM_DISK_REFUSE_O_DIRECT 1u /* open(O_DIRECT) fails with EINVAL */
+#define KVBM_DISK_REFUSE_URING 2u    /* io_uring setup fails with ENOSYS */
 
 /* Opens (creates) the file. Failures name the path and errno text:
  * KVBM_EIO (cannot create/open/lock), KVBM_EINVAL (bad config),

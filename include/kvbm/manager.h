@@ -116,6 +116,8 @@ typedef struct kvbm_manager_config {
   bool g3_direct;              /* O_DIRECT (true; refused -> buffered) */
   bool g3_uring;               /* io_uring (true; unavailable -> pread/pwrite) */
   uint32_t g3_queue_depth;     /* disk requests in flight (8) */
+  uint32_t g3_test_refuse;     /* testing only: kvbm_disk_config.test_refuse
+                                  (kvbm/disk.h), 0 otherwise */
   kvbm_offload_policy g2_policy; /* ALL */
   kvbm_offload_policy g3_policy; /* FREQUENCY */
   uint32_t freq_threshold;     /* uses that earn a copy (2) */

@@ -145,7 +145,9 @@ static int open_file(kvbm_disk *d, const kvbm_disk_config *cfg, kvbm_error *err)
   }
   d->fd = -1;
   if (cfg->direct) {
-    d->fd = open(d->path, flags | O_DIRECT, 0644);
+    /* A filesystem without O_DIRECT says EINVAL; test_refuse says it here. */
+    if (cfg->test_refuse & KVBM_DISK_REFUSE_O_DIRECT) errno = EINVAL;
+    else d->fd = open(d->path, flags | O_DIRECT, 0644);
     d->direct = d->fd >= 0;
   }
   if (d->fd < 0) d->fd = open(d->path, flags, 0644);
@@ -231,7 +233,9 @@ int kvbm_disk_open(const kvbm_disk_config *cfg, kvbm_disk **out, kvbm_error *err
     free(d);
     return kvbm_error_set(err, KVBM_ENOMEM, "disk: out of memory");
   }
-  d->uring = cfg->uring && io_uring_queue_init(d->depth, &d->ring, 0) == 0;
+  /* No io_uring (old kernel, seccomp, or test_refuse): pread/pwrite. */
+  d->uring = cfg->uring && !(cfg->test_refuse & KVBM_DISK_REFUSE_URING) &&
+             io_uring_queue_init(d->depth, &d->ring, 0) == 0;
   *out = d;
   return KVBM_OK;
 }

@@ -808,7 +808,8 @@ static void open_g3(kvbm_manager *m) {
                          .data_bytes = m->block_bytes,
                          .fingerprint = kvbm_layout_fingerprint(&m->slot_layout),
                          .persist = m->cfg.g3_persist, .direct = m->cfg.g3_direct,
-                         .uring = m->cfg.g3_uring, .queue_depth = m->cfg.g3_queue_depth};
+                         .uring = m->cfg.g3_uring, .queue_depth = m->cfg.g3_queue_depth,
+                         .test_refuse = m->cfg.g3_test_refuse};
   int rc = kvbm_disk_open(&dc, &m->disk, &e);
   if (!rc) rc = restore_g3(m, &e);
   if (rc) {

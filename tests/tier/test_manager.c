@@ -6,6 +6,7 @@
 #include <cmocka.h>
 #include <sys/vfs.h>
 
+#include "kvbm/disk.h"
 #include "kvbm/storage.h"
 #include "tier_testutil.h"
 
@@ -176,10 +177,16 @@ static void test_g3_without_g2(void **st) {
  * 6.6 refuse O_DIRECT there and the disk falls back to buffered, newer
  * ones accept it): each serves verified G3 hits and says which mode it
  * used. */
-static void g3_mode_roundtrip(const char *dir, bool direct, bool uring, const char *want) {
+static void g3_mode_refused(const char *dir, bool direct, bool uring, uint32_t refuse,
+                            bool pages, const char *want) {
   kvbm_manager_config c = tu_config(dir, 8, 0, 16);
   c.g3_direct = direct;
   c.g3_uring = uring;
+  c.g3_test_refuse = refuse;
+  if (pages) /* page-sized layers: zero-copy slots */
+    c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 2, .outer_dim = 2,
+                                    .page_size = 4, .inner_dim = 256, .dtype_size = 2,
+                                    .alignment = 4096};
   kvbm_manager *m;
   assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
   if (want) assert_string_equal(kvbm_manager_g3_mode(m), want);
@@ -196,6 +203,55 @@ static void g3_mode_roundtrip(const char *dir, bool direct, bool uring, const ch
   kvbm_manager_destroy(m);
   free(a);
   free(b);
+}
+
+static void g3_mode_roundtrip(const char *dir, bool direct, bool uring, const char *want) {
+  g3_mode_refused(dir, direct, uring, 0, false, want);
+}
+
+/* The fallbacks, made to run: open(O_DIRECT) refused with EINVAL (what a
+ * filesystem without O_DIRECT answers) gives buffered I/O, io_uring setup
+ * refused (ENOSYS, as under seccomp) gives pread/pwrite; each still serves
+ * verified G3 hits (bounce-copied and zero-copy slots) and says its mode.
+ * The control run without refusals gets O_DIRECT on the same directory. */
+static void test_g3_refused_fallbacks(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("refused");
+  g3_mode_refused(dir, true, false, 0, false, "pread/pwrite+O_DIRECT");
+  for (int pages = 0; pages < 2; pages++) {
+    g3_mode_refused(dir, true, true, KVBM_DISK_REFUSE_O_DIRECT, pages, "io_uring+buffered");
+    g3_mode_refused(dir, true, false, KVBM_DISK_REFUSE_O_DIRECT, pages, "pread/pwrite+buffered");
+    g3_mode_refused(dir, true, true, KVBM_DISK_REFUSE_URING, pages, "pread/pwrite+O_DIRECT");
+    g3_mode_refused(dir, true, true, KVBM_DISK_REFUSE_O_DIRECT | KVBM_DISK_REFUSE_URING, pages,
+                    "pread/pwrite+buffered");
+  }
+  /* The same at the disk level: a slot written and read back whole. */
+  kvbm_disk_config dc = {.dir = dir, .num_slots = 4, .data_bytes = 100, .fingerprint = 7,
+                         .direct = true, .uring = true, .queue_depth = 2,
+                         .test_refuse = KVBM_DISK_REFUSE_O_DIRECT | KVBM_DISK_REFUSE_URING};
+  kvbm_disk *d;
+  assert_int_equal(kvbm_disk_open(&dc, &d, NULL), KVBM_OK);
+  assert_false(kvbm_disk_is_direct(d));
+  assert_false(kvbm_disk_is_uring(d));
+  uint8_t *buf = kvbm_disk_buffer(d);
+  for (int i = 0; i < 100; i++) buf[i] = (uint8_t)(i * 13 + 1);
+  kvbm_slot_header h = {.seq_hash = 42};
+  kvbm_disk_seal(d, buf, NULL, &h);
+  kvbm_disk_io io = {.slot = 3, .buf = buf, .write = true};
+  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
+  assert_ptr_equal(kvbm_disk_reap(d), &io);
+  assert_int_equal(io.result, 0);
+  memset(buf, 0, kvbm_disk_slot_size(d));
+  io.write = false;
+  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
+  assert_ptr_equal(kvbm_disk_reap(d), &io);
+  assert_int_equal(io.result, 0);
+  uint64_t want = 42;
+  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_OK);
+  assert_int_equal(buf[99], (uint8_t)(99 * 13 + 1));
+  free(buf);
+  kvbm_disk_close(d);
+  tu_rmdir(dir);
 }
 
 static void test_g3_io_modes(void **st) {
@@ -453,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_roundtrip_fc_fc),   cmocka_unit_test(test_roundtrip_ls_ls),
       cmocka_unit_test(test_roundtrip_fc_ls),   cmocka_unit_test(test_roundtrip_ls_fc),
       cmocka_unit_test(test_g3_without_g2),     cmocka_unit_test(test_g3_io_modes),
+      cmocka_unit_test(test_g3_refused_fallbacks),
       cmocka_unit_test(test_frequency_filter),
       cmocka_unit_test(test_policies_switchable), cmocka_unit_test(test_queue_full_skips),
       cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_uncommitted_blocks),
