@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -697,6 +698,23 @@ static void disk_worker(kvbm_manager *m) {
 
 /* ---- create / destroy ---- */
 
+/* Large host tiers are backed by transparent huge pages where the kernel
+ * allows it (MADV_HUGEPAGE; an error or THP "never" leaves 4 KiB pages).
+ * Why: an O_DIRECT request is built from the physical segments of its
+ * memory, at most max_segments (254 on virtio) per request. A 2 MiB block
+ * in scattered 4 KiB pages (recycled memory, typical after a while) then
+ * goes to the disk as two ~1 MiB requests plus a fragment, ~20% slower
+ * for reads here; on a huge page it is one 2 MiB request. It also cuts
+ * TLB misses of the G1<->G2 copies. Zeroed after the advice, so the pages
+ * are faulted in huge. */
+#define HUGE_PAGE ((uint64_t)2 << 20)
+
+static void advise_huge(void *p, uint64_t len) {
+  if (!p) return;
+  (void)madvise(p, (size_t)len, MADV_HUGEPAGE);
+  memset(p, 0, (size_t)len);
+}
+
 static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind kind,
                      kvbm_memory_type memory, kvbm_pool_listener fn, kvbm_error *err) {
   tier *t = &m->t[ti];
@@ -709,8 +727,15 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
   /* Zero-filled: every page is touched now, not on the first copy into it
    * (what pinned memory would give; the cost moves to create). */
   kvbm_storage_options so = {.zero = 1, .device_id = m->cfg.g1_device};
+  bool huge = memory == KVBM_MEMORY_SYSTEM && !rc && t->layout.region_size >= HUGE_PAGE;
+  if (huge) { /* we zero it ourselves, after the advice */
+    so.zero = 0;
+    so.alignment = t->layout.config.alignment > HUGE_PAGE ? 0 : HUGE_PAGE;
+  }
   if (!rc) rc = kvbm_storage_create(memory, &t->layout, &so, &t->storage, err);
   if (rc) return rc;
+  for (uint64_t r = 0; huge && r < t->layout.num_regions; r++)
+    advise_huge(kvbm_storage_region_base(t->storage, r), t->layout.region_size);
   t->memory = memory;
   t->device = memory == KVBM_MEMORY_DEVICE;
   /* Device G1: each worker gets a stream (events: one per job of a batch). */
