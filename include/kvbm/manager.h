@@ -105,6 +105,13 @@ typedef struct kvbm_manager_config {
    * G1<->G3 goes through the disk worker's staging buffers and its stream. */
   kvbm_memory_type g1_memory, g2_memory;
   int32_t g1_device;           /* CUDA ordinal of DEVICE G1 (0) */
+  /* Tests only (false, 0 otherwise): with g1_memory DEVICE, emulate the
+   * device in host memory, in any build: the manager's device path runs
+   * (CUDA-style streams whose copies happen at their waits, staging for
+   * G3), and copy number g1_test_fail_copy (from 1, over all workers; 0:
+   * none) fails as a CUDA copy error would. */
+  bool g1_test_emulate;
+  uint32_t g1_test_fail_copy;
   uint32_t g1_blocks;          /* >= 1 (1024) */
   uint32_t g2_blocks;          /* 0 = no G2 (0) */
   uint64_t g3_blocks;          /* 0 = no G3 (0); at most KVBM_POOL_MAX_BLOCKS */

@@ -18,23 +18,103 @@
  * cmake/tier.cmake finds them (KVBM_HAVE_CUDA); otherwise every call says
  * KVBM_EUNSUPPORTED.
  *
+ * Emulation (tests only, both builds): a stream made by
+ * kvbm_gpu_stream_emulated() runs the same calls on host memory, and
+ * defers every copy to the wait (or sync) that covers it, as a GPU would,
+ * so a caller that reads a destination before waiting gets stale bytes;
+ * it can fail the n-th copy of a manager (counted across its streams): the
+ * copy is not done and the covering wait reports KVBM_EDEVICE. That lets
+ * the manager's device path (batches, events, staging, failure handling)
+ * run on machines without a GPU, CI included.
+ *
  * Trade-off: pageable host memory (system G2, the disk bounce buffers) is
  * accepted: CUDA stages it and the copy is then synchronous to the host;
  * pinned G2 (g2_memory PINNED) is what makes G1<->G2 truly asynchronous.
  */
 #include "gpu.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef KVBM_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#endif
+
+typedef struct emu_copy {
+  void *dst;
+  const void *src;
+  size_t n;
+  bool fail;
+} emu_copy;
 
 struct kvbm_gpu_stream {
   int device;
-  cudaStream_t stream;
+  bool emu;
+  /* emulation: copies queued and not yet run; event i covers q[0..pos[i]) */
+  emu_copy *q;
+  size_t nq, cap, done;
+  bool err;                  /* a failed copy not yet reported */
+  _Atomic uint64_t *counter; /* copies of the manager, for fail_at */
+  uint64_t fail_at;
+  size_t *pos;
   uint32_t nevents;
-  cudaEvent_t ev[];
+#ifdef KVBM_HAVE_CUDA
+  cudaStream_t stream;
+  cudaEvent_t *ev;
+#endif
 };
+
+int kvbm_gpu_stream_emulated(uint32_t nevents, _Atomic uint64_t *counter, uint64_t fail_at,
+                             kvbm_gpu_stream **out, kvbm_error *err) {
+  kvbm_gpu_stream *s = calloc(1, sizeof *s);
+  if (s) s->pos = calloc(nevents ? nevents : 1, sizeof *s->pos);
+  if (!s || !s->pos) {
+    free(s);
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  }
+  s->emu = true;
+  s->nevents = nevents;
+  s->counter = counter;
+  s->fail_at = fail_at;
+  *out = s;
+  return KVBM_OK;
+}
+
+static int emu_copy_push(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
+  if (s->nq == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    emu_copy *q = realloc(s->q, cap * sizeof *q);
+    if (!q) return KVBM_EDEVICE; /* as CUDA refusing the copy */
+    s->q = q;
+    s->cap = cap;
+  }
+  uint64_t k = atomic_fetch_add(s->counter, 1) + 1;
+  s->q[s->nq++] = (emu_copy){dst, src, n, k == s->fail_at};
+  return KVBM_OK;
+}
+
+/* Runs the queued copies up to `upto`; KVBM_EDEVICE if one of them (or an
+ * earlier unreported one) failed. The queue empties once all ran. */
+static int emu_run(kvbm_gpu_stream *s, size_t upto) {
+  for (; s->done < upto; s->done++) {
+    emu_copy *c = &s->q[s->done];
+    if (c->fail) s->err = true;
+    else memcpy(c->dst, c->src, c->n);
+  }
+  if (s->done == s->nq) s->done = s->nq = 0;
+  bool e = s->err;
+  s->err = false;
+  return e ? KVBM_EDEVICE : KVBM_OK;
+}
+
+static void emu_free(kvbm_gpu_stream *s) {
+  free(s->q);
+  free(s->pos);
+  free(s);
+}
+
+#ifdef KVBM_HAVE_CUDA
 
 int kvbm_gpu_compiled(void) { return 1; }
 
@@ -45,9 +125,14 @@ static int fail(kvbm_error *err, const char *what, cudaError_t e) {
 
 void kvbm_gpu_stream_destroy(kvbm_gpu_stream *s) {
   if (!s) return;
-  for (uint32_t i = 0; i < s->nevents; i++)
+  if (s->emu) {
+    emu_free(s);
+    return;
+  }
+  for (uint32_t i = 0; s->ev && i < s->nevents; i++)
     if (s->ev[i]) cudaEventDestroy(s->ev[i]);
   if (s->stream) cudaStreamDestroy(s->stream);
+  free(s->ev);
   free(s);
 }
 
@@ -59,8 +144,12 @@ int kvbm_gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **o
   if (device < 0 || device >= n)
     return kvbm_error_set(err, KVBM_EDEVICE, "manager: no CUDA device %d (%d present)",
                           (int)device, n);
-  kvbm_gpu_stream *s = calloc(1, sizeof *s + nevents * sizeof(cudaEvent_t));
-  if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  kvbm_gpu_stream *s = calloc(1, sizeof *s);
+  if (s) s->ev = calloc(nevents ? nevents : 1, sizeof *s->ev);
+  if (!s || !s->ev) {
+    free(s);
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  }
   s->device = device;
   (void)cudaGetDevice(&prev);
   e = cudaSetDevice(device);
@@ -78,28 +167,36 @@ int kvbm_gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **o
 }
 
 int kvbm_gpu_bind(kvbm_gpu_stream *s) {
+  if (s->emu) return KVBM_OK;
   cudaError_t e = cudaSetDevice(s->device);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaSetDevice", e);
 }
 
 int kvbm_gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
+  if (s->emu) return emu_copy_push(s, dst, src, n);
   cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s->stream);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaMemcpyAsync", e);
 }
 
 int kvbm_gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
   if (i >= s->nevents) return KVBM_EINVAL;
+  if (s->emu) {
+    s->pos[i] = s->nq;
+    return KVBM_OK;
+  }
   cudaError_t e = cudaEventRecord(s->ev[i], s->stream);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaEventRecord", e);
 }
 
 int kvbm_gpu_wait(kvbm_gpu_stream *s, uint32_t i) {
   if (i >= s->nevents) return KVBM_EINVAL;
+  if (s->emu) return emu_run(s, s->pos[i]);
   cudaError_t e = cudaEventSynchronize(s->ev[i]);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaEventSynchronize", e);
 }
 
 int kvbm_gpu_sync(kvbm_gpu_stream *s) {
+  if (s->emu) return emu_run(s, s->nq);
   cudaError_t e = cudaStreamSynchronize(s->stream);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaStreamSynchronize", e);
 }
@@ -113,11 +210,7 @@ int kvbm_gpu_copy_now(int32_t device, void *dst, const void *src, size_t n, kvbm
   return e == cudaSuccess ? KVBM_OK : fail(err, "cudaMemcpy", e);
 }
 
-#else /* !KVBM_HAVE_CUDA */
-
-struct kvbm_gpu_stream {
-  int unused;
-};
+#else /* !KVBM_HAVE_CUDA: only emulated streams exist */
 
 int kvbm_gpu_compiled(void) { return 0; }
 
@@ -127,17 +220,30 @@ int kvbm_gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **o
   return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: CUDA copies need a CUDA build");
 }
 
-void kvbm_gpu_stream_destroy(kvbm_gpu_stream *s) { (void)s; }
-int kvbm_gpu_bind(kvbm_gpu_stream *s) { (void)s; return KVBM_EUNSUPPORTED; }
-
-int kvbm_gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
-  (void)s, (void)dst, (void)src, (void)n;
-  return KVBM_EUNSUPPORTED;
+void kvbm_gpu_stream_destroy(kvbm_gpu_stream *s) {
+  if (s) emu_free(s);
 }
 
-int kvbm_gpu_mark(kvbm_gpu_stream *s, uint32_t i) { (void)s, (void)i; return KVBM_EUNSUPPORTED; }
-int kvbm_gpu_wait(kvbm_gpu_stream *s, uint32_t i) { (void)s, (void)i; return KVBM_EUNSUPPORTED; }
-int kvbm_gpu_sync(kvbm_gpu_stream *s) { (void)s; return KVBM_EUNSUPPORTED; }
+int kvbm_gpu_bind(kvbm_gpu_stream *s) { return s->emu ? KVBM_OK : KVBM_EUNSUPPORTED; }
+
+int kvbm_gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
+  return s->emu ? emu_copy_push(s, dst, src, n) : KVBM_EUNSUPPORTED;
+}
+
+int kvbm_gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
+  if (!s->emu) return KVBM_EUNSUPPORTED;
+  if (i >= s->nevents) return KVBM_EINVAL;
+  s->pos[i] = s->nq;
+  return KVBM_OK;
+}
+
+int kvbm_gpu_wait(kvbm_gpu_stream *s, uint32_t i) {
+  if (!s->emu) return KVBM_EUNSUPPORTED;
+  if (i >= s->nevents) return KVBM_EINVAL;
+  return emu_run(s, s->pos[i]);
+}
+
+int kvbm_gpu_sync(kvbm_gpu_stream *s) { return s->emu ? emu_run(s, s->nq) : KVBM_EUNSUPPORTED; }
 
 int kvbm_gpu_copy_now(int32_t device, void *dst, const void *src, size_t n, kvbm_error *err) {
   (void)device, (void)dst, (void)src, (void)n;

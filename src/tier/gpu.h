@@ -7,6 +7,7 @@
 #ifndef KVBM_TIER_GPU_H
 #define KVBM_TIER_GPU_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,12 @@ int kvbm_gpu_compiled(void);
 int kvbm_gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **out,
                            kvbm_error *err);
 void kvbm_gpu_stream_destroy(kvbm_gpu_stream *s); /* NULL: no-op */
+
+/* Tests only, every build: a stream that emulates the device in host
+ * memory (see gpu.c). Copies are counted in *counter (shared by a
+ * manager's streams); copy number fail_at (from 1; 0: none) fails. */
+int kvbm_gpu_stream_emulated(uint32_t nevents, _Atomic uint64_t *counter, uint64_t fail_at,
+                             kvbm_gpu_stream **out, kvbm_error *err);
 
 /* Makes the stream's device current on the calling thread (each worker
  * calls it once: the current device is per thread in CUDA). */

@@ -32,6 +32,8 @@
  * bytes through its slot buffers (device memory is not addressable by the
  * disk) with a synchronous copy on its stream. A CUDA error fails that job
  * only: its target is FAILED and copy_errors counts it, as any lost copy.
+ * The tests run this path without a GPU through gpu.c's emulated streams
+ * (g1_test_emulate): same calls, copies deferred to the waits.
  *
  * Trade-off: one lock for everything is simple and correct; with many
  * engine threads it would become the bottleneck long before the copies do.
@@ -40,6 +42,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +132,8 @@ struct kvbm_manager {
   void **bounce; /* disk worker's slot buffers */
   uint32_t nbounce;
   kvbm_gpu_stream *gs[2]; /* device G1: one CUDA stream per worker */
+  bool emu;                 /* device G1 emulated in host memory (tests) */
+  _Atomic uint64_t emu_copies;
   kvbm_disk_io *ios;                    /* one per buffer */
   struct iovec (*pieces)[KVBM_DISK_MAX_IOV]; /* zero-copy data pieces, one set per buffer */
 };
@@ -721,28 +726,34 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
   kvbm_layout_config lc = m->cfg.layout;
   lc.num_blocks = nblocks;
   int rc = kvbm_layout_init(&t->layout, kind, &lc, err);
-  if (!rc && memory != KVBM_MEMORY_SYSTEM && !kvbm_gpu_compiled())
+  bool emu = memory == KVBM_MEMORY_DEVICE && ti == KVBM_TIER_G1 && m->cfg.g1_test_emulate;
+  if (!rc && memory != KVBM_MEMORY_SYSTEM && !emu && !kvbm_gpu_compiled())
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: %s memory for %s needs a CUDA build",
                           kvbm_memory_type_name(memory), kvbm_tier_name(ti));
   /* Zero-filled: every page is touched now, not on the first copy into it
    * (what pinned memory would give; the cost moves to create). */
   kvbm_storage_options so = {.zero = 1, .device_id = m->cfg.g1_device};
-  bool huge = memory == KVBM_MEMORY_SYSTEM && !rc && t->layout.region_size >= HUGE_PAGE;
+  kvbm_memory_type alloc = emu ? KVBM_MEMORY_SYSTEM : memory;
+  bool huge = alloc == KVBM_MEMORY_SYSTEM && !rc && t->layout.region_size >= HUGE_PAGE;
   if (huge) { /* we zero it ourselves, after the advice */
     so.zero = 0;
     so.alignment = t->layout.config.alignment > HUGE_PAGE ? 0 : HUGE_PAGE;
   }
-  if (!rc) rc = kvbm_storage_create(memory, &t->layout, &so, &t->storage, err);
+  if (!rc) rc = kvbm_storage_create(alloc, &t->layout, &so, &t->storage, err);
   if (rc) return rc;
   for (uint64_t r = 0; huge && r < t->layout.num_regions; r++)
     advise_huge(kvbm_storage_region_base(t->storage, r), t->layout.region_size);
   t->memory = memory;
   t->device = memory == KVBM_MEMORY_DEVICE;
   /* Device G1: each worker gets a stream (events: one per job of a batch). */
-  for (int w = 0; t->device && w < 2; w++)
-    if ((rc = kvbm_gpu_stream_create(m->cfg.g1_device, w == W_HOST ? m->cfg.batch_max : 0,
-                                     &m->gs[w], err)))
-      return rc;
+  if (t->device) m->emu = emu;
+  for (int w = 0; t->device && w < 2; w++) {
+    uint32_t nev = w == W_HOST ? m->cfg.batch_max : 0;
+    rc = emu ? kvbm_gpu_stream_emulated(nev, &m->emu_copies, m->cfg.g1_test_fail_copy, &m->gs[w],
+                                        err)
+             : kvbm_gpu_stream_create(m->cfg.g1_device, nev, &m->gs[w], err);
+    if (rc) return rc;
+  }
   t->region = calloc(t->layout.num_regions, sizeof *t->region);
   t->state = calloc(nblocks, 1);
   if (!t->region || !t->state) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
@@ -1081,7 +1092,7 @@ static int block_io(const kvbm_manager *m, kvbm_tier_id ti, uint32_t block, uint
   if (!host && n) return kvbm_error_set(err, KVBM_EINVAL, "manager: NULL buffer");
   if (n > sz)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: %zu bytes do not fit a layer of %zu", n, sz);
-  if (m->t[ti].device) return kvbm_gpu_copy_now(m->cfg.g1_device, to_block ? p : host,
+  if (m->t[ti].device && !m->emu) return kvbm_gpu_copy_now(m->cfg.g1_device, to_block ? p : host,
                                                 to_block ? host : p, n, err);
   if (n) memcpy(to_block ? p : host, to_block ? host : p, n);
   return KVBM_OK;

@@ -13,10 +13,11 @@
 /* A: 17 tokens (4 full blocks, 4 matchable); B: 29 tokens (7 full). With
  * G1 = G2 = 8 blocks, B pushes A out of G1 entirely and out of G2 except
  * its last block, while G3 (write-through here) keeps all of A. */
-static void roundtrip_mem(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages,
-                          kvbm_memory_type g1mem, kvbm_memory_type g2mem) {
+static void roundtrip_cfg(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages,
+                          kvbm_memory_type g1mem, kvbm_memory_type g2mem, bool emu) {
   char *dir = tu_tmpdir("rt");
   kvbm_manager_config c = tu_config(dir, 8, 8, 64);
+  c.g1_test_emulate = emu;
   c.g1_kind = g1k;
   c.g2_kind = g2k;
   c.g1_memory = g1mem;
@@ -28,7 +29,7 @@ static void roundtrip_mem(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages
   kvbm_manager *m = NULL;
   kvbm_error e = {0};
   int rc = kvbm_manager_create(&c, &m, &e);
-  if (g1mem != KVBM_MEMORY_SYSTEM || g2mem != KVBM_MEMORY_SYSTEM) {
+  if (!emu && (g1mem != KVBM_MEMORY_SYSTEM || g2mem != KVBM_MEMORY_SYSTEM)) {
     /* CUDA memory: a build without CUDA refuses it, a CUDA build on a
      * machine without a GPU reports no device; with a GPU the bytes must
      * make the same round trip. */
@@ -82,8 +83,99 @@ static void roundtrip_mem(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages
   tu_rmdir(dir);
 }
 
+static void roundtrip_mem(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages,
+                          kvbm_memory_type g1mem, kvbm_memory_type g2mem) {
+  roundtrip_cfg(g1k, g2k, pages, g1mem, g2mem, false);
+}
+
 static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages) {
   roundtrip_mem(g1k, g2k, pages, KVBM_MEMORY_SYSTEM, KVBM_MEMORY_SYSTEM);
+}
+
+/* The device path without a GPU (g1_test_emulate; any build): copies go
+ * through the stream code (batches with an event per job, deferred to the
+ * waits), G3 through the staging buffers; every layout pair, bounce and
+ * page-sized blocks; also G3 straight from device G1 (no G2). */
+static void test_emulated_device_roundtrip(void **st) {
+  (void)st;
+  const kvbm_layout_kind K[2] = {KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_LAYER_SEPARATE};
+  for (int i = 0; i < 4; i++)
+    for (int pages = 0; pages < 2; pages++)
+      roundtrip_cfg(K[i / 2], K[i % 2], pages, KVBM_MEMORY_DEVICE, KVBM_MEMORY_SYSTEM, true);
+  char *dir = tu_tmpdir("emu3");
+  kvbm_manager_config c = tu_config(dir, 8, 0, 16);
+  c.g1_memory = KVBM_MEMORY_DEVICE;
+  c.g1_test_emulate = true;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  assert_int_equal(kvbm_manager_memory(m, KVBM_TIER_G1), KVBM_MEMORY_DEVICE);
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq_info info;
+  kvbm_mreq *r;
+  tu_run(m, a, 17, NULL, NULL);
+  tu_run(m, b, 29, NULL, NULL);
+  assert_int_equal(tu_run(m, a, 17, &info, &r), 16);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 4);
+  assert_int_equal(tu_verify(m, r, 4), 4);
+  kvbm_mreq_destroy(r);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  tu_rmdir(dir);
+}
+
+/* A device copy that fails: an onboard's failure shortens the match (the
+ * block is recomputed and the next request gets it whole), an offload's
+ * leaves its G2 block FAILED (a miss, rewritten by the next use); both are
+ * counted in copy_errors. Copies are numbered over the manager's life:
+ * FullyContiguous G1 and G2 make one copy per block. */
+static void emu_fail_case(uint32_t fail_copy, bool onboard) {
+  kvbm_manager_config c = tu_config("/tmp", 8, 16, 0);
+  c.g1_memory = KVBM_MEMORY_DEVICE;
+  c.g1_test_emulate = true;
+  c.g1_test_fail_copy = fail_copy;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+  kvbm_mreq_info info;
+  kvbm_mreq *r;
+  kvbm_tier_stats s2;
+  tu_run(m, a, 17, NULL, NULL); /* offloads: copies 1..4 */
+  tu_run(m, b, 29, NULL, NULL); /* copies 5..11; A leaves G1 */
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  assert_int_equal(s2.copy_errors, onboard ? 0 : 1);
+  assert_int_equal(s2.offloaded_blocks, onboard ? 11 : 10);
+  /* A again: onboards of blocks 0..3 are copies 12..15 (offload case: the
+   * failed block 1 is a miss, so the walk stops there). */
+  size_t got = tu_run(m, a, 17, &info, &r);
+  if (onboard) {
+    assert_int_equal(got, 4); /* copy 13 (block 1) failed */
+    assert_int_equal(info.hit_blocks[KVBM_TIER_G2], 1);
+  } else {
+    assert_int_equal(got, 4); /* block 1's G2 copy is FAILED: a miss */
+  }
+  assert_int_equal(tu_verify(m, r, 4), 4); /* recomputed where it failed */
+  kvbm_mreq_destroy(r);
+  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  assert_int_equal(s2.copy_errors, 1);
+  assert_int_equal(s2.onboard_failures, onboard ? 1 : 0);
+  /* Flood G1 again: A now comes whole from G2 (the failed blocks were
+   * rewritten by A's commit). */
+  tu_run(m, b, 29, NULL, NULL);
+  assert_int_equal(tu_run(m, a, 17, &info, &r), 16);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G2] + info.hit_blocks[KVBM_TIER_G1], 4);
+  assert_true(info.hit_blocks[KVBM_TIER_G2] >= 1);
+  assert_int_equal(tu_verify(m, r, 4), 4);
+  kvbm_mreq_destroy(r);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+}
+
+static void test_emulated_device_failures(void **st) {
+  (void)st;
+  emu_fail_case(13, true);  /* an onboard copy */
+  emu_fail_case(2, false);  /* an offload copy */
 }
 
 /* CUDA memory tiers: device G1 with pinned G2 (copies on CUDA streams),
@@ -510,6 +602,8 @@ int main(void) {
       cmocka_unit_test(test_roundtrip_fc_ls),   cmocka_unit_test(test_roundtrip_ls_fc),
       cmocka_unit_test(test_g3_without_g2),     cmocka_unit_test(test_g3_io_modes),
       cmocka_unit_test(test_g3_refused_fallbacks),
+      cmocka_unit_test(test_emulated_device_roundtrip),
+      cmocka_unit_test(test_emulated_device_failures),
       cmocka_unit_test(test_frequency_filter),
       cmocka_unit_test(test_policies_switchable), cmocka_unit_test(test_queue_full_skips),
       cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_uncommitted_blocks),
