@@ -58,7 +58,7 @@ static void child_decode(const char *ep, unsigned long long blocks, int wfd) {
   kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
   kvbm_subscriber *s;
   kvbm_error err;
-  if (kvbm_subscriber_new(&so, &s, &err)) {
+  if (kvbm_subscriber_create(&so, &s, &err)) {
     fprintf(stderr, "child: %s\n", err.msg);
     _exit(1);
   }
@@ -79,7 +79,7 @@ static void child_decode(const char *ep, unsigned long long blocks, int wfd) {
   r.lost = st.lost;
   r.malformed = st.malformed;
   if (write(wfd, &r, sizeof r) != (ssize_t)sizeof r) _exit(1);
-  kvbm_subscriber_free(s);
+  kvbm_subscriber_destroy(s);
   _exit(0);
 }
 
@@ -170,7 +170,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   o.max_batch_events = batch;
   kvbm_publisher *p;
   kvbm_error err;
-  if (kvbm_publisher_new(&o, &p, &err)) return -1;
+  if (kvbm_publisher_create(&o, &p, &err)) return -1;
   kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(bind_ep);
   zo.mode = KVBM_ZMQ_BIND;
   zo.hwm = 0;
@@ -192,7 +192,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   }
   kvbm_publisher_flush(p, -1, NULL);
   int ok = finish(pid, rfd, r);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
   free(s.hashes);
   free(s.tokens);
   if (ok || r->blocks < nev * k) return -1;
@@ -206,7 +206,7 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
   stream s = {k, calloc(64 * (size_t)k, 8), calloc(16 * (size_t)k, 4)};
   for (unsigned j = 0; j < 16 * k; j++) s.tokens[j] = j * 7919u;
   kvbm_event_encoder *enc;
-  kvbm_event_encoder_new(&enc, NULL);
+  kvbm_event_encoder_create(&enc, NULL);
   uint8_t **pay = calloc(nbatch, sizeof *pay);
   size_t *len = calloc(nbatch, sizeof *len);
   kvbm_event *evs = calloc(batch, sizeof *evs);
@@ -251,7 +251,7 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
   free(hcopy);
   free(s.hashes);
   free(s.tokens);
-  kvbm_event_encoder_free(enc);
+  kvbm_event_encoder_destroy(enc);
   if (ok || r->batches < nbatch) return -1;
   return (double)blocks / (r->t_end - t0);
 }

@@ -125,9 +125,9 @@ typedef enum kvbm_event_form {
 /* Encoder: reusable output buffer. */
 typedef struct kvbm_event_encoder kvbm_event_encoder;
 
-/* Creates an encoder (free with kvbm_event_encoder_free). */
-int kvbm_event_encoder_new(kvbm_event_encoder **out, kvbm_error *err);
-void kvbm_event_encoder_free(kvbm_event_encoder *enc); /* NULL is a no-op */
+/* Creates an encoder (free with kvbm_event_encoder_destroy). */
+int kvbm_event_encoder_create(kvbm_event_encoder **out, kvbm_error *err);
+void kvbm_event_encoder_destroy(kvbm_event_encoder *enc); /* NULL is a no-op */
 
 /* Encodes the payload [ts, [events], dp_rank] (dp_rank omitted when
  * !has_dp_rank) in `form`. *data and *len point into the encoder and stay valid
@@ -140,8 +140,8 @@ int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
 /* Decoder: owns the memory of the batches it returns. */
 typedef struct kvbm_event_decoder kvbm_event_decoder;
 
-int kvbm_event_decoder_new(kvbm_event_decoder **out, kvbm_error *err);
-void kvbm_event_decoder_free(kvbm_event_decoder *dec); /* NULL is a no-op */
+int kvbm_event_decoder_create(kvbm_event_decoder **out, kvbm_error *err);
+void kvbm_event_decoder_destroy(kvbm_event_decoder *dec); /* NULL is a no-op */
 
 /* Decodes one payload. On success fills *out (its seq set to `seq`); the
  * arrays it points to belong to the decoder and stay valid until its next
@@ -208,8 +208,8 @@ typedef struct kvbm_zmq_sink_options {
 kvbm_zmq_sink_options kvbm_zmq_sink_options_default(const char *endpoint);
 
 /* Creates a publisher with no sinks and no thread yet. Free with
- * kvbm_publisher_free. KVBM_EINVAL for inconsistent options. */
-int kvbm_publisher_new(const kvbm_publisher_options *opts, kvbm_publisher **out,
+ * kvbm_publisher_destroy. KVBM_EINVAL for inconsistent options. */
+int kvbm_publisher_create(const kvbm_publisher_options *opts, kvbm_publisher **out,
                        kvbm_error *err);
 
 /* Sinks: add before kvbm_publisher_start (KVBM_ESTATE after). The
@@ -282,7 +282,7 @@ void kvbm_publisher_stats_get(kvbm_publisher *pub, kvbm_publisher_stats *out);
 /* Shuts down: refuses new events, sends every accepted one, lets the
  * sockets drain (ZMQ linger, NATS flush), joins the thread and frees.
  * NULL is a no-op. */
-void kvbm_publisher_free(kvbm_publisher *pub);
+void kvbm_publisher_destroy(kvbm_publisher *pub);
 
 /* ------------------------------------------------------------ subscriber */
 
@@ -303,9 +303,9 @@ typedef struct kvbm_subscriber_options {
 
 kvbm_subscriber_options kvbm_subscriber_options_default(const char *endpoint);
 
-int kvbm_subscriber_new(const kvbm_subscriber_options *opts, kvbm_subscriber **out,
+int kvbm_subscriber_create(const kvbm_subscriber_options *opts, kvbm_subscriber **out,
                         kvbm_error *err);
-void kvbm_subscriber_free(kvbm_subscriber *sub); /* NULL is a no-op */
+void kvbm_subscriber_destroy(kvbm_subscriber *sub); /* NULL is a no-op */
 
 /* Returns the next batch in sequence order. When a live batch's sequence
  * number jumps ahead, the subscriber asks the replay socket for the missing
@@ -353,9 +353,9 @@ void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subscriber_stats
 typedef struct kvbm_relay kvbm_relay;
 
 /* `dst` is borrowed: it must be started and outlive the relay. */
-int kvbm_relay_new(const kvbm_subscriber_options *src, kvbm_publisher *dst,
+int kvbm_relay_create(const kvbm_subscriber_options *src, kvbm_publisher *dst,
                    kvbm_relay **out, kvbm_error *err);
-void kvbm_relay_free(kvbm_relay *relay); /* NULL is a no-op */
+void kvbm_relay_destroy(kvbm_relay *relay); /* NULL is a no-op */
 
 /* Waits up to timeout_ms for one batch and forwards it; *batches (may be
  * NULL) is 1 when one went through. A malformed input message is counted

@@ -100,7 +100,7 @@ typedef struct kvbm_fabric_listener kvbm_fabric_listener;
 
 /* Listens on host:port (host NULL: "127.0.0.1"; port 0: any free port) for
  * one peer. The config is copied. *out is owned by the caller:
- * kvbm_fabric_listener_free(). KVBM_EEXIST: port in use; KVBM_EIO. */
+ * kvbm_fabric_listener_destroy(). KVBM_EEXIST: port in use; KVBM_EIO. */
 int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host,
                            uint16_t port, kvbm_fabric_listener **out,
                            kvbm_error *err);
@@ -116,7 +116,7 @@ uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l);
 int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out,
                            kvbm_error *err);
 
-void kvbm_fabric_listener_free(kvbm_fabric_listener *l);
+void kvbm_fabric_listener_destroy(kvbm_fabric_listener *l);
 
 /* Connects to a listener at host:port (retrying until cfg->timeout_ms while
  * nobody listens yet). Same result and errors as accept. */

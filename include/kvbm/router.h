@@ -299,8 +299,8 @@ typedef struct kvbm_router_daemon kvbm_router_daemon;
 
 /* Checks the config, binds the port and starts the subscriptions (a ZMQ
  * or NATS endpoint that cannot be reached is an error here: KVBM_EIO).
- * Strings in cfg are copied. Free with kvbm_router_daemon_free. */
-int kvbm_router_daemon_new(const kvbm_router_daemon_config *cfg, kvbm_router_daemon **out,
+ * Strings in cfg are copied. Free with kvbm_router_daemon_destroy. */
+int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_daemon **out,
                            kvbm_error *err);
 /* The port it listens on. */
 uint16_t kvbm_router_daemon_port(const kvbm_router_daemon *d);
@@ -309,7 +309,7 @@ uint16_t kvbm_router_daemon_port(const kvbm_router_daemon *d);
 int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err);
 /* Makes run return soon. Async-signal-safe. */
 void kvbm_router_daemon_stop(kvbm_router_daemon *d);
-void kvbm_router_daemon_free(kvbm_router_daemon *d); /* NULL is a no-op */
+void kvbm_router_daemon_destroy(kvbm_router_daemon *d); /* NULL is a no-op */
 
 /* ------------------------------------------------------------------- W3 */
 

@@ -31,7 +31,7 @@ struct kvbm_event_encoder {
   msgpack_packer pk;
 };
 
-int kvbm_event_encoder_new(kvbm_event_encoder **out, kvbm_error *err) {
+int kvbm_event_encoder_create(kvbm_event_encoder **out, kvbm_error *err) {
   kvbm_event_encoder *e = calloc(1, sizeof *e);
   if (!e) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for an encoder");
   msgpack_sbuffer_init(&e->sb);
@@ -40,7 +40,7 @@ int kvbm_event_encoder_new(kvbm_event_encoder **out, kvbm_error *err) {
   return KVBM_OK;
 }
 
-void kvbm_event_encoder_free(kvbm_event_encoder *enc) {
+void kvbm_event_encoder_destroy(kvbm_event_encoder *enc) {
   if (!enc) return;
   msgpack_sbuffer_destroy(&enc->sb);
   free(enc);
@@ -309,14 +309,14 @@ struct kvbm_event_decoder {
   size_t s_n, s_cap;
 };
 
-int kvbm_event_decoder_new(kvbm_event_decoder **out, kvbm_error *err) {
+int kvbm_event_decoder_create(kvbm_event_decoder **out, kvbm_error *err) {
   kvbm_event_decoder *d = calloc(1, sizeof *d);
   if (!d) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for a decoder");
   *out = d;
   return KVBM_OK;
 }
 
-void kvbm_event_decoder_free(kvbm_event_decoder *dec) {
+void kvbm_event_decoder_destroy(kvbm_event_decoder *dec) {
   if (!dec) return;
   free(dec->ev);
   free(dec->off);

@@ -113,7 +113,7 @@ kvbm_zmq_sink_options kvbm_zmq_sink_options_default(const char *endpoint) {
                                  .hwm = 100000, .linger_ms = 2000};
 }
 
-int kvbm_publisher_new(const kvbm_publisher_options *opts, kvbm_publisher **out,
+int kvbm_publisher_create(const kvbm_publisher_options *opts, kvbm_publisher **out,
                        kvbm_error *err) {
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: NULL out");
   kvbm_publisher_options o = opts ? *opts : kvbm_publisher_options_default();
@@ -140,7 +140,7 @@ int kvbm_publisher_new(const kvbm_publisher_options *opts, kvbm_publisher **out,
     free(p);
     return kvbm_error_set(err, KVBM_EIO, "events: publisher: eventfd: %s", strerror(errno));
   }
-  int rc = kvbm_event_encoder_new(&p->enc, err);
+  int rc = kvbm_event_encoder_create(&p->enc, err);
   if (rc) {
     close(p->efd);
     free(p);
@@ -576,7 +576,7 @@ void kvbm_publisher_stats_get(kvbm_publisher *p, kvbm_publisher_stats *out) {
   pthread_mutex_unlock(&p->mu);
 }
 
-void kvbm_publisher_free(kvbm_publisher *p) {
+void kvbm_publisher_destroy(kvbm_publisher *p) {
   if (!p) return;
   pthread_mutex_lock(&p->mu);
   p->closing = true;
@@ -595,7 +595,7 @@ void kvbm_publisher_free(kvbm_publisher *p) {
     free(p->q[i].s);
   }
   free(p->scratch);
-  kvbm_event_encoder_free(p->enc);
+  kvbm_event_encoder_destroy(p->enc);
   pthread_cond_destroy(&p->room);
   pthread_cond_destroy(&p->done);
   pthread_mutex_destroy(&p->mu);

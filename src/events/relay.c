@@ -19,12 +19,12 @@ struct kvbm_relay {
   kvbm_publisher *dst;
 };
 
-int kvbm_relay_new(const kvbm_subscriber_options *src, kvbm_publisher *dst, kvbm_relay **out,
+int kvbm_relay_create(const kvbm_subscriber_options *src, kvbm_publisher *dst, kvbm_relay **out,
                    kvbm_error *err) {
   if (!src || !dst || !out) return kvbm_error_set(err, KVBM_EINVAL, "events: relay: NULL argument");
   kvbm_relay *r = calloc(1, sizeof *r);
   if (!r) return kvbm_error_set(err, KVBM_ENOMEM, "events: relay: out of memory");
-  int rc = kvbm_subscriber_new(src, &r->sub, err);
+  int rc = kvbm_subscriber_create(src, &r->sub, err);
   if (rc) {
     free(r);
     return rc;
@@ -34,9 +34,9 @@ int kvbm_relay_new(const kvbm_subscriber_options *src, kvbm_publisher *dst, kvbm
   return KVBM_OK;
 }
 
-void kvbm_relay_free(kvbm_relay *r) {
+void kvbm_relay_destroy(kvbm_relay *r) {
   if (!r) return;
-  kvbm_subscriber_free(r->sub);
+  kvbm_subscriber_destroy(r->sub);
   free(r);
 }
 

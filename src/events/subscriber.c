@@ -68,7 +68,7 @@ static char *dup_or_null(const char *s, bool *oom) {
   return d;
 }
 
-void kvbm_subscriber_free(kvbm_subscriber *s) {
+void kvbm_subscriber_destroy(kvbm_subscriber *s) {
   if (!s) return;
   int zero = 0;
   if (s->cur_open) zmq_msg_close(&s->cur);
@@ -78,14 +78,14 @@ void kvbm_subscriber_free(kvbm_subscriber *s) {
   for (size_t i = s->qh; i < s->qn; i++) free(s->q[i].data);
   free(s->q);
   free(s->cur_buf);
-  kvbm_event_decoder_free(s->dec);
+  kvbm_event_decoder_destroy(s->dec);
   free(s->endpoint);
   free(s->replay_endpoint);
   free(s->topic);
   free(s);
 }
 
-int kvbm_subscriber_new(const kvbm_subscriber_options *opts, kvbm_subscriber **out,
+int kvbm_subscriber_create(const kvbm_subscriber_options *opts, kvbm_subscriber **out,
                         kvbm_error *err) {
   if (!opts || !out || !opts->endpoint || !*opts->endpoint)
     return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: no endpoint");
@@ -105,7 +105,7 @@ int kvbm_subscriber_new(const kvbm_subscriber_options *opts, kvbm_subscriber **o
     rc = kvbm_error_set(err, KVBM_ENOMEM, "events: subscriber: out of memory");
     goto fail;
   }
-  if ((rc = kvbm_event_decoder_new(&s->dec, err))) goto fail;
+  if ((rc = kvbm_event_decoder_create(&s->dec, err))) goto fail;
   s->zctx = zmq_ctx_new();
   s->sub = s->zctx ? zmq_socket(s->zctx, ZMQ_SUB) : NULL;
   if (!s->sub) {
@@ -123,7 +123,7 @@ int kvbm_subscriber_new(const kvbm_subscriber_options *opts, kvbm_subscriber **o
   *out = s;
   return KVBM_OK;
 fail:
-  kvbm_subscriber_free(s);
+  kvbm_subscriber_destroy(s);
   return rc;
 }
 

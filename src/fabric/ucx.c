@@ -903,13 +903,13 @@ int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host, 
   l->cfg.transports = l->transports;
   l->cfg.net_devices = l->net_devices;
   if ((cfg->transports && !l->transports) || (cfg->net_devices && !l->net_devices)) {
-    kvbm_fabric_listener_free(l);
+    kvbm_fabric_listener_destroy(l);
     return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
   }
   l->fd = -1;
   rc = kvbm_sc_listen(host, port, &l->fd, &l->port, err);
   if (rc) {
-    kvbm_fabric_listener_free(l);
+    kvbm_fabric_listener_destroy(l);
     return rc;
   }
   *out = l;
@@ -926,7 +926,7 @@ int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out, kvbm_erro
   return new_fabric(&l->cfg, l->label, sock, out, err);
 }
 
-void kvbm_fabric_listener_free(kvbm_fabric_listener *l) {
+void kvbm_fabric_listener_destroy(kvbm_fabric_listener *l) {
   if (!l) return;
   if (l->fd >= 0) close(l->fd);
   free(l->transports);

@@ -615,7 +615,7 @@ static int listen_on(kvbm_router_daemon *d, kvbm_error *err) {
   return KVBM_OK;
 }
 
-int kvbm_router_daemon_new(const kvbm_router_daemon_config *cfg, kvbm_router_daemon **out,
+int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_daemon **out,
                            kvbm_error *err) {
   if (!cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "router: NULL argument");
   int rc = check_config(cfg, err);
@@ -664,11 +664,11 @@ int kvbm_router_daemon_new(const kvbm_router_daemon_config *cfg, kvbm_router_dae
   *out = d;
   return KVBM_OK;
 fail:
-  kvbm_router_daemon_free(d);
+  kvbm_router_daemon_destroy(d);
   return rc;
 }
 
-void kvbm_router_daemon_free(kvbm_router_daemon *d) {
+void kvbm_router_daemon_destroy(kvbm_router_daemon *d) {
   if (!d) return;
   if (d->src) rd_sources_stop(d);
   if (d->http) {

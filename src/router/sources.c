@@ -83,7 +83,7 @@ static uint64_t replay(source *s, uint64_t from, uint64_t to) {
   uint64_t got = 0;
   int zero = 0, tmo = 1000;
   kvbm_event_decoder *dec = NULL;
-  if (!sock || kvbm_event_decoder_new(&dec, NULL)) goto out;
+  if (!sock || kvbm_event_decoder_create(&dec, NULL)) goto out;
   zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
   zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
   if (zmq_connect(sock, s->cfg.replay_endpoint)) goto out;
@@ -120,7 +120,7 @@ static uint64_t replay(source *s, uint64_t from, uint64_t to) {
     if (end) break;
   }
 out:
-  kvbm_event_decoder_free(dec);
+  kvbm_event_decoder_destroy(dec);
   if (sock) zmq_close(sock);
   if (ctx) zmq_ctx_term(ctx);
   return got;
@@ -188,7 +188,7 @@ static int start_one(source *s, kvbm_error *err) {
     kvbm_subscriber_options o = kvbm_subscriber_options_default(c->endpoint);
     o.replay_endpoint = c->replay_endpoint;
     o.topic = c->topic;
-    int rc = kvbm_subscriber_new(&o, &s->sub, err);
+    int rc = kvbm_subscriber_create(&o, &s->sub, err);
     if (rc) return rc;
     if (pthread_create(&s->th, NULL, zmq_thread, s))
       return kvbm_error_set(err, KVBM_ENOMEM, "router: cannot start a thread");
@@ -198,7 +198,7 @@ static int start_one(source *s, kvbm_error *err) {
   if (!c->subject || !*c->subject)
     return kvbm_error_set(err, KVBM_EINVAL, "router: NATS source of worker %" PRIu64 " has no subject",
                           c->worker_id);
-  int rc = kvbm_event_decoder_new(&s->dec, err);
+  int rc = kvbm_event_decoder_create(&s->dec, err);
   if (rc) return rc;
   natsStatus st = natsConnection_ConnectTo(&s->nc, c->endpoint);
   if (st == NATS_OK) st = natsConnection_Subscribe(&s->ns, s->nc, c->subject, on_nats, s);
@@ -239,9 +239,9 @@ void rd_sources_stop(kvbm_router_daemon *d) {
     if (s->nc) natsConnection_Destroy(s->nc);
     s->ns = NULL;
     s->nc = NULL;
-    kvbm_subscriber_free(s->sub);
+    kvbm_subscriber_destroy(s->sub);
     s->sub = NULL;
-    kvbm_event_decoder_free(s->dec);
+    kvbm_event_decoder_destroy(s->dec);
     s->dec = NULL;
   }
 }

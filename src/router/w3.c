@@ -317,8 +317,8 @@ static void sim_free(sim *s) {
   free(s->pool);
   free(s->cap);
   kvbm_index_destroy(s->idx);
-  kvbm_event_encoder_free(s->wr.enc);
-  kvbm_event_decoder_free(s->wr.dec);
+  kvbm_event_encoder_destroy(s->wr.enc);
+  kvbm_event_decoder_destroy(s->wr.dec);
   free(s->wr.ev);
   free(s->act);
   s->pool = NULL;
@@ -344,8 +344,8 @@ static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
     ic.scheme = o->recompute ? o->index_scheme : o->scheme;
     ic.expected_blocks = o->capacity;
     if ((rc = kvbm_index_create(&ic, &s->idx, err))) return rc;
-    if ((rc = kvbm_event_encoder_new(&s->wr.enc, err))) return rc;
-    if ((rc = kvbm_event_decoder_new(&s->wr.dec, err))) return rc;
+    if ((rc = kvbm_event_encoder_create(&s->wr.enc, err))) return rc;
+    if ((rc = kvbm_event_decoder_create(&s->wr.dec, err))) return rc;
   }
   for (uint32_t w = 0; w < o->workers; w++) {
     kvbm_pool_config pc = kvbm_pool_config_default(o->capacity, o->block_size);

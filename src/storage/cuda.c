@@ -76,7 +76,7 @@ int kvbm_pinned_storage_create(const kvbm_layout *layout, const kvbm_storage_opt
                                kvbm_storage **out, kvbm_error *err) {
   int n, rc = device_count(&n, err);
   if (rc) return rc;
-  kvbm_region_storage *s = kvbm_region_storage_new(&pinned_vtable, KVBM_MEMORY_PINNED, -1,
+  kvbm_region_storage *s = kvbm_region_storage_create(&pinned_vtable, KVBM_MEMORY_PINNED, -1,
                                                    layout->num_regions, layout->region_size);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "storage: cannot allocate pinned storage");
   for (uint64_t r = 0; r < s->num_regions; r++) {
@@ -105,7 +105,7 @@ int kvbm_device_storage_create(const kvbm_layout *layout, const kvbm_storage_opt
   if (opts->device_id < 0 || opts->device_id >= n)
     return kvbm_error_set(err, KVBM_EDEVICE, "storage: no CUDA device %d (%d present)",
                           (int)opts->device_id, n);
-  kvbm_region_storage *s = kvbm_region_storage_new(&device_vtable, KVBM_MEMORY_DEVICE,
+  kvbm_region_storage *s = kvbm_region_storage_create(&device_vtable, KVBM_MEMORY_DEVICE,
                                                    opts->device_id, layout->num_regions,
                                                    layout->region_size);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "storage: cannot allocate device storage");

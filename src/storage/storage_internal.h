@@ -30,7 +30,7 @@ typedef struct kvbm_region_storage {
 } kvbm_region_storage;
 
 /* calloc'ed with num_regions NULL regions; NULL on allocation failure. */
-kvbm_region_storage *kvbm_region_storage_new(const kvbm_storage_vtable *vt,
+kvbm_region_storage *kvbm_region_storage_create(const kvbm_storage_vtable *vt,
                                              kvbm_memory_type memory,
                                              int32_t device_id,
                                              uint64_t num_regions,

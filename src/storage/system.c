@@ -17,7 +17,7 @@
 
 #include "storage/storage_internal.h"
 
-kvbm_region_storage *kvbm_region_storage_new(const kvbm_storage_vtable *vt,
+kvbm_region_storage *kvbm_region_storage_create(const kvbm_storage_vtable *vt,
                                              kvbm_memory_type memory, int32_t device_id,
                                              uint64_t num_regions, uint64_t region_size) {
   /* num_regions <= KVBM_LAYOUT_MAX_LAYERS (a validated layout): no overflow. */
@@ -60,7 +60,7 @@ static const kvbm_storage_vtable system_vtable = {
 
 int kvbm_system_storage_create(const kvbm_layout *layout, const kvbm_storage_options *opts,
                                kvbm_storage **out, kvbm_error *err) {
-  kvbm_region_storage *s = kvbm_region_storage_new(&system_vtable, KVBM_MEMORY_SYSTEM, -1,
+  kvbm_region_storage *s = kvbm_region_storage_create(&system_vtable, KVBM_MEMORY_SYSTEM, -1,
                                                    layout->num_regions, layout->region_size);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "storage: cannot allocate system storage");
   /* posix_memalign wants a multiple of sizeof(void *). */

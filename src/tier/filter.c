@@ -22,7 +22,7 @@ int kvbm_freq_filter_init(kvbm_freq_filter *f, uint32_t threshold, uint32_t deca
   f->spare_keys = calloc(size, sizeof *f->spare_keys);
   f->spare_counts = calloc(size, sizeof *f->spare_counts);
   if (!f->keys || !f->counts || !f->spare_keys || !f->spare_counts) {
-    kvbm_freq_filter_free(f);
+    kvbm_freq_filter_destroy(f);
     return KVBM_ENOMEM;
   }
   f->mask = size - 1;
@@ -32,7 +32,7 @@ int kvbm_freq_filter_init(kvbm_freq_filter *f, uint32_t threshold, uint32_t deca
   return KVBM_OK;
 }
 
-void kvbm_freq_filter_free(kvbm_freq_filter *f) {
+void kvbm_freq_filter_destroy(kvbm_freq_filter *f) {
   free(f->keys);
   free(f->counts);
   free(f->spare_keys);

@@ -1035,7 +1035,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
     kvbm_storage_release(t->storage);
     free(t->region);
     free(t->state);
-    if (t->filter_on) kvbm_freq_filter_free(&t->filter);
+    if (t->filter_on) kvbm_freq_filter_destroy(&t->filter);
   }
   for (uint32_t i = 0; m->bounce && i < m->nbounce; i++) free(m->bounce[i]);
   free(m->bounce);

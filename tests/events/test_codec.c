@@ -66,8 +66,8 @@ static void roundtrip(kvbm_event_form form) {
                         .events = ev, .num_events = n};
   kvbm_event_encoder *enc;
   kvbm_event_decoder *dec;
-  assert_int_equal(kvbm_event_encoder_new(&enc, NULL), KVBM_OK);
-  assert_int_equal(kvbm_event_decoder_new(&dec, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
   const uint8_t *data;
   size_t len;
   kvbm_error err;
@@ -86,8 +86,8 @@ static void roundtrip(kvbm_event_form form) {
   assert_int_equal(data[0], 0x92);
   assert_int_equal(kvbm_event_decode(dec, data, len, 0, &out, &err), KVBM_OK);
   assert_false(out.has_dp_rank);
-  kvbm_event_encoder_free(enc);
-  kvbm_event_decoder_free(dec);
+  kvbm_event_encoder_destroy(enc);
+  kvbm_event_decoder_destroy(dec);
 }
 
 static void test_roundtrip_positional(void **s) { (void)s; roundtrip(KVBM_FORM_POSITIONAL); }
@@ -116,7 +116,7 @@ static int decode_pk(pk *k, kvbm_event_batch *out, kvbm_error *err, kvbm_event_d
 static void test_wire_variants(void **s) {
   (void)s;
   kvbm_event_decoder *dec;
-  assert_int_equal(kvbm_event_decoder_new(&dec, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
   pk k;
   pk_init(&k);
   msgpack_pack_map(&k.p, 4);
@@ -211,7 +211,7 @@ static void test_wire_variants(void **s) {
   assert_true(e->block_hashes[0] == UINT64_MAX);
   assert_int_equal(b.events[3].type, KVBM_EVENT_CLEARED);
   msgpack_sbuffer_destroy(&k.sb);
-  kvbm_event_decoder_free(dec);
+  kvbm_event_decoder_destroy(dec);
 }
 
 /* Each malformed payload gives the expected error and a message. */
@@ -228,7 +228,7 @@ static void expect_bad(kvbm_event_decoder *dec, const void *data, size_t len, in
 static void test_malformed(void **s) {
   (void)s;
   kvbm_event_decoder *dec;
-  assert_int_equal(kvbm_event_decoder_new(&dec, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
   /* absurd lengths: arrays, maps, strings, bins that claim 4 billion */
   const uint8_t huge_arr[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
   expect_bad(dec, huge_arr, sizeof huge_arr, KVBM_ETRUNCATED, "ends early");
@@ -341,7 +341,7 @@ static void test_malformed(void **s) {
   size_t ne = sample_events(ev);
   kvbm_event_batch gb = {.ts = 1.0, .events = ev, .num_events = ne, .has_dp_rank = true};
   kvbm_event_encoder *enc;
-  assert_int_equal(kvbm_event_encoder_new(&enc, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
   for (int form = 0; form < 2; form++) {
     const uint8_t *data;
     size_t len;
@@ -369,15 +369,15 @@ static void test_malformed(void **s) {
     }
     free(copy);
   }
-  kvbm_event_encoder_free(enc);
+  kvbm_event_encoder_destroy(enc);
   free(d);
-  kvbm_event_decoder_free(dec);
+  kvbm_event_decoder_destroy(dec);
 }
 
 static void test_encode_rejects(void **s) {
   (void)s;
   kvbm_event_encoder *enc;
-  assert_int_equal(kvbm_event_encoder_new(&enc, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
   kvbm_event ev = {.type = (kvbm_event_type)9};
   kvbm_event_batch b = {.events = &ev, .num_events = 1};
   const uint8_t *data;
@@ -388,7 +388,7 @@ static void test_encode_rejects(void **s) {
   ev = (kvbm_event){.type = KVBM_EVENT_REMOVED, .medium = KVBM_MEDIUM_OTHER};
   assert_int_equal(kvbm_event_encode(enc, &b, KVBM_FORM_MAP, &data, &len, &err), KVBM_EINVAL);
   assert_non_null(strstr(err.msg, "medium"));
-  kvbm_event_encoder_free(enc);
+  kvbm_event_encoder_destroy(enc);
 }
 
 static void test_json_and_names(void **s) {

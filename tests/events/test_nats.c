@@ -78,7 +78,7 @@ static int stop_server(void **state) {
  * publish_pattern: batch i holds events 3i, 3i+1, 3i+2. */
 static void check_nats(natsSubscription *sub, uint64_t n, uint64_t first_seq) {
   kvbm_event_decoder *dec;
-  assert_int_equal(kvbm_event_decoder_new(&dec, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
   for (uint64_t i = 0; i < n; i++) {
     natsMsg *m = NULL;
     natsStatus s = natsSubscription_NextMsg(&m, sub, 5000);
@@ -108,7 +108,7 @@ static void check_nats(natsSubscription *sub, uint64_t n, uint64_t first_seq) {
     }
     natsMsg_Destroy(m);
   }
-  kvbm_event_decoder_free(dec);
+  kvbm_event_decoder_destroy(dec);
 }
 
 static void publish_pattern(kvbm_publisher *p, uint64_t nbatches) {
@@ -132,7 +132,7 @@ static kvbm_publisher *nats_publisher(kvbm_event_form form) {
   o.form = form;
   kvbm_publisher *p;
   kvbm_error err;
-  assert_int_equal(kvbm_publisher_new(&o, &p, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
   if (kvbm_publisher_add_nats(p, url, "kvbm.events.w0", &err)) fail_msg("%s", err.msg);
   assert_int_equal(kvbm_publisher_start(p, &err), KVBM_OK);
   return p;
@@ -148,7 +148,7 @@ static void test_nats_roundtrip(void **state) {
   for (int form = 0; form < 2; form++) {
     kvbm_publisher *p = nats_publisher((kvbm_event_form)form);
     publish_pattern(p, 50);
-    kvbm_publisher_free(p); /* shutdown flushes to the server */
+    kvbm_publisher_destroy(p); /* shutdown flushes to the server */
     check_nats(sub, 50, 0);
   }
   natsSubscription_Destroy(sub);
@@ -167,7 +167,7 @@ static void test_relay_to_nats(void **state) {
   o.max_batch_events = 3;
   o.max_batch_delay_us = 60u * 1000 * 1000;
   kvbm_publisher *engine;
-  assert_int_equal(kvbm_publisher_new(&o, &engine, NULL), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(&o, &engine, NULL), KVBM_OK);
   kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default("tcp://127.0.0.1:*");
   zo.replay_endpoint = "tcp://127.0.0.1:*";
   assert_int_equal(kvbm_publisher_add_zmq(engine, &zo, NULL), KVBM_OK);
@@ -180,7 +180,7 @@ static void test_relay_to_nats(void **state) {
   so.replay_endpoint = rep;
   so.start_seq = 0;
   kvbm_relay *r;
-  assert_int_equal(kvbm_relay_new(&so, out, &r, NULL), KVBM_OK);
+  assert_int_equal(kvbm_relay_create(&so, out, &r, NULL), KVBM_OK);
   publish_pattern(engine, 20);
   assert_int_equal(kvbm_publisher_flush(engine, 5000, NULL), KVBM_OK);
   size_t got = 0;
@@ -193,9 +193,9 @@ static void test_relay_to_nats(void **state) {
   assert_int_equal(got, 20);
   assert_int_equal(kvbm_publisher_flush(out, 5000, NULL), KVBM_OK);
   check_nats(sub, 20, 0);
-  kvbm_relay_free(r);
-  kvbm_publisher_free(out);
-  kvbm_publisher_free(engine);
+  kvbm_relay_destroy(r);
+  kvbm_publisher_destroy(out);
+  kvbm_publisher_destroy(engine);
   natsSubscription_Destroy(sub);
   natsConnection_Destroy(nc);
 }
@@ -204,12 +204,12 @@ static void test_nats_unreachable(void **state) {
   (void)state;
   kvbm_publisher *p;
   kvbm_error err;
-  assert_int_equal(kvbm_publisher_new(NULL, &p, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(NULL, &p, &err), KVBM_OK);
   char bad[64];
   snprintf(bad, sizeof bad, "nats://127.0.0.1:%d", free_port());
   assert_int_equal(kvbm_publisher_add_nats(p, bad, "x", &err), KVBM_EIO);
   assert_non_null(strstr(err.msg, bad));
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
 }
 
 int main(void) {

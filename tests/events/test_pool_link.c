@@ -40,7 +40,7 @@ static void test_pool_events_in_order(void **st) {
   (void)st;
   rec r = {0};
   kvbm_publisher *p;
-  assert_int_equal(kvbm_publisher_new(NULL, &p, NULL), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(NULL, &p, NULL), KVBM_OK);
   assert_int_equal(kvbm_publisher_add_callback(p, on_batch, &r, NULL), KVBM_OK);
   assert_int_equal(kvbm_publisher_start(p, NULL), KVBM_OK);
   kvbm_pool_config cfg = kvbm_pool_config_default(2, 2);
@@ -84,13 +84,13 @@ static void test_pool_events_in_order(void **st) {
   assert_int_equal(r.tok0[3], 5);
   assert_int_equal(r.bs[3], 2);
   kvbm_pool_destroy(pool);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
 }
 
 static void test_refusals_counted(void **st) {
   (void)st;
   kvbm_publisher *p;
-  assert_int_equal(kvbm_publisher_new(NULL, &p, NULL), KVBM_OK); /* never started */
+  assert_int_equal(kvbm_publisher_create(NULL, &p, NULL), KVBM_OK); /* never started */
   kvbm_pool_config cfg = kvbm_pool_config_default(1, 1);
   kvbm_pool *pool;
   assert_int_equal(kvbm_pool_create(&cfg, &pool, NULL), KVBM_OK);
@@ -107,7 +107,7 @@ static void test_refusals_counted(void **st) {
   assert_int_equal(link.last_status, KVBM_ESTATE);
   assert_int_equal(link.forwarded, 0);
   kvbm_pool_destroy(pool);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
 }
 
 int main(void) {

@@ -65,7 +65,7 @@ static kvbm_publisher *make(seen *s, kvbm_publisher_options o) {
   kvbm_publisher *p;
   kvbm_error err;
   o.dp_rank = 7;
-  if (kvbm_publisher_new(&o, &p, &err)) fail_msg("%s", err.msg);
+  if (kvbm_publisher_create(&o, &p, &err)) fail_msg("%s", err.msg);
   assert_int_equal(kvbm_publisher_add_callback(p, on_batch, s, &err), KVBM_OK);
   assert_int_equal(kvbm_publisher_start(p, &err), KVBM_OK);
   return p;
@@ -114,7 +114,7 @@ static void test_batch_by_count_and_flush(void **st) {
   assert_int_equal(ps.sent_events, 95);
   assert_int_equal(ps.batches, 10);
   assert_int_equal(ps.dropped, 0);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
 }
 
 /* Time trigger: 3 events, batches of 1000, delay 20 ms: they leave
@@ -136,7 +136,7 @@ static void test_batch_by_time(void **st) {
   assert_int_equal(get(&s, &s.batches), 1); /* together, and not before the delay: */
   double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
   assert_true(waited >= 0.019);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
 }
 
 /* Shutdown sends everything accepted, from several threads at once. */
@@ -177,7 +177,7 @@ static void test_shutdown_loses_nothing(void **st) {
   assert_int_equal(ps.accepted, 12000);
   assert_true(ps.blocked > 0);
   assert_int_equal(ps.dropped, 0);
-  kvbm_publisher_free(p); /* no flush: free must send what is queued */
+  kvbm_publisher_destroy(p); /* no flush: free must send what is queued */
   assert_int_equal(s.events, 12000);
   assert_int_equal(s.next_id, 12000);
   assert_true(s.order_ok);
@@ -217,7 +217,7 @@ static void test_overflow_drop(void **st) {
   o.queue_events = 16;
   o.overflow = KVBM_OVERFLOW_DROP;
   kvbm_publisher *p;
-  assert_int_equal(kvbm_publisher_new(&o, &p, NULL), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(&o, &p, NULL), KVBM_OK);
   assert_int_equal(kvbm_publisher_add_callback(p, gated, &g, NULL), KVBM_OK);
   assert_int_equal(kvbm_publisher_start(p, NULL), KVBM_OK);
   uint64_t ok = 0, dropped = 0;
@@ -242,7 +242,7 @@ static void test_overflow_drop(void **st) {
   g.open = true;
   pthread_cond_broadcast(&g.cv);
   pthread_mutex_unlock(&g.mu);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
   assert_int_equal(g.events, ok);
   assert_true(g.dense);
   pthread_cond_destroy(&g.cv);
@@ -255,17 +255,17 @@ static void test_bad_calls(void **st) {
   kvbm_error err;
   kvbm_publisher_options o = kvbm_publisher_options_default();
   o.max_batch_events = 0;
-  assert_int_equal(kvbm_publisher_new(&o, &p, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_EINVAL);
   assert_non_null(strstr(err.msg, "max_batch_events"));
   o = kvbm_publisher_options_default();
   o.queue_events = 10;
-  assert_int_equal(kvbm_publisher_new(&o, &p, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_EINVAL);
   o = kvbm_publisher_options_default();
   o.overflow = (kvbm_overflow)5;
-  assert_int_equal(kvbm_publisher_new(&o, &p, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_EINVAL);
   o = kvbm_publisher_options_default();
   o.queue_bytes = 64;
-  assert_int_equal(kvbm_publisher_new(&o, &p, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
   assert_int_equal(kvbm_publisher_publish_cleared(p, NULL, &err), KVBM_ESTATE);
   assert_int_equal(kvbm_publisher_flush(p, 0, &err), KVBM_ESTATE);
   assert_int_equal(kvbm_publisher_add_callback(p, NULL, NULL, &err), KVBM_EINVAL);
@@ -298,8 +298,8 @@ static void test_bad_calls(void **st) {
   assert_int_equal(kvbm_publisher_flush(p, 5000, &err), KVBM_OK);
   char ep[64];
   assert_int_equal(kvbm_publisher_zmq_endpoint(p, 0, false, ep, sizeof ep), KVBM_ENOTFOUND);
-  kvbm_publisher_free(p);
-  kvbm_publisher_free(NULL);
+  kvbm_publisher_destroy(p);
+  kvbm_publisher_destroy(NULL);
   pthread_mutex_destroy(&s.mu);
 }
 

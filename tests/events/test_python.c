@@ -90,7 +90,7 @@ static void from_engine(const char *form, const char *hashes, const char *batch_
   so.topic = "kv";
   kvbm_subscriber *sub;
   kvbm_error err;
-  assert_int_equal(kvbm_subscriber_new(&so, &sub, &err), KVBM_OK);
+  assert_int_equal(kvbm_subscriber_create(&so, &sub, &err), KVBM_OK);
   kvbm_event_batch b;
   /* joins (asks replay from 0: nothing yet) and lets the subscription land */
   assert_int_equal(kvbm_subscriber_recv(sub, 300, &b, &err), KVBM_ETIMEDOUT);
@@ -121,7 +121,7 @@ static void from_engine(const char *form, const char *hashes, const char *batch_
   assert_string_equal(line, "OK");
   assert_int_equal(finish(&c), 0);
   unlink(path);
-  kvbm_subscriber_free(sub);
+  kvbm_subscriber_destroy(sub);
   alarm(0);
 }
 
@@ -154,7 +154,7 @@ static void to_python(kvbm_event_form form) {
   o.dp_rank = 4;
   kvbm_publisher *p;
   kvbm_error err;
-  assert_int_equal(kvbm_publisher_new(&o, &p, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
   assert_int_equal(kvbm_publisher_add_callback(p, record, f, &err), KVBM_OK);
   kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default("tcp://127.0.0.1:*");
   zo.replay_endpoint = "tcp://127.0.0.1:*";
@@ -208,7 +208,7 @@ static void to_python(kvbm_event_form form) {
   kvbm_publisher_stats ps;
   kvbm_publisher_stats_get(p, &ps);
   assert_int_equal(ps.batches, nbatches);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
   fclose(f);
   unlink(path);
   alarm(0);

@@ -68,7 +68,7 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   snprintf(ep, sizeof ep, "ipc:///tmp/kvbm-w1-%d.pub", (int)getpid());
   snprintf(rep, sizeof rep, "ipc:///tmp/kvbm-w1-%d.rep", (int)getpid());
   kvbm_publisher *p;
-  assert_int_equal(kvbm_publisher_new(NULL, &p, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(NULL, &p, &err), KVBM_OK);
   kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(ep);
   zo.replay_endpoint = rep;
   zo.replay_batches = 1000000;
@@ -79,7 +79,7 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   so.replay_endpoint = rep;
   so.start_seq = 0;
   kvbm_subscriber *sub;
-  assert_int_equal(kvbm_subscriber_new(&so, &sub, &err), KVBM_OK);
+  assert_int_equal(kvbm_subscriber_create(&so, &sub, &err), KVBM_OK);
 
   kvbm_replay_opts ro = kvbm_replay_opts_default();
   ro.block_size = 16;
@@ -152,8 +152,8 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   free(ops);
   free(rebuilt.v);
   free(truth.v);
-  kvbm_subscriber_free(sub);
-  kvbm_publisher_free(p);
+  kvbm_subscriber_destroy(sub);
+  kvbm_publisher_destroy(p);
   kvbm_trace_destroy(trace);
 }
 

@@ -33,7 +33,7 @@ static kvbm_publisher *start_pub(const char *ep, const char *rep, size_t replay_
   o.form = form;
   kvbm_publisher *p;
   kvbm_error err;
-  assert_int_equal(kvbm_publisher_new(&o, &p, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
   kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(ep);
   zo.replay_endpoint = rep;
   zo.replay_batches = replay_batches;
@@ -82,7 +82,7 @@ static void late_joiner(const char *ep, const char *rep, kvbm_event_form form) {
   so.start_seq = 0;
   so.topic = "kv@";
   kvbm_subscriber *s;
-  assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
+  assert_int_equal(kvbm_subscriber_create(&so, &s, NULL), KVBM_OK);
   for (uint64_t i = 0; i < 30; i++) {
     bool rp;
     expect_batch(s, i, &rp);
@@ -100,8 +100,8 @@ static void late_joiner(const char *ep, const char *rep, kvbm_event_form form) {
   kvbm_publisher_stats ps;
   kvbm_publisher_stats_get(p, &ps);
   assert_int_equal(ps.replay_requests, 1);
-  kvbm_subscriber_free(s);
-  kvbm_publisher_free(p);
+  kvbm_subscriber_destroy(s);
+  kvbm_publisher_destroy(p);
 }
 
 static void test_late_joiner_tcp(void **st) {
@@ -139,7 +139,7 @@ static void test_lossy_link_replay(void **st) {
   kvbm_subscriber_options so = kvbm_subscriber_options_default(out_ep);
   so.replay_endpoint = rep_ep;
   kvbm_subscriber *s;
-  assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
+  assert_int_equal(kvbm_subscriber_create(&so, &s, NULL), KVBM_OK);
   wait_subscribed(out);
   usleep(300000); /* and the proxy's own subscription to our publisher */
   /* batches 0..29; the proxy drops 5, 6, 7 and 20; the subscriber reads
@@ -189,11 +189,11 @@ static void test_lossy_link_replay(void **st) {
   for (uint64_t i = 34; i <= 40; i++) expect_batch(s, i, NULL);
   kvbm_subscriber_stats_get(s, &sst);
   assert_int_equal(sst.lost, 3);
-  kvbm_subscriber_free(s);
+  kvbm_subscriber_destroy(s);
   zmq_close(in);
   zmq_close(out);
   zmq_ctx_term(ctx);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
 }
 
 /* Malformed messages from a raw PUB: each kind is reported, counted and
@@ -214,7 +214,7 @@ static void test_malformed_messages(void **st) {
   kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
   so.max_payload = 1000;
   kvbm_subscriber *s;
-  assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
+  assert_int_equal(kvbm_subscriber_create(&so, &s, NULL), KVBM_OK);
   wait_subscribed(pub);
   /* a payload that fails to decode still uses up its sequence number, so
    * each of those cases has its own */
@@ -268,7 +268,7 @@ static void test_malformed_messages(void **st) {
   assert_int_equal(sst.bad_payload, 3);
   assert_int_equal(sst.too_large, 1);
   assert_int_equal(sst.delivered, 1);
-  kvbm_subscriber_free(s);
+  kvbm_subscriber_destroy(s);
   zmq_close(pub);
   zmq_ctx_term(ctx);
 }
@@ -312,7 +312,7 @@ static void test_bad_replay_requests(void **st) {
   zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
   zmq_close(d);
   zmq_ctx_term(ctx);
-  kvbm_publisher_free(p);
+  kvbm_publisher_destroy(p);
 }
 
 /* Relay: engine (a kvbm publisher, map form) -> relay -> our endpoint
@@ -329,12 +329,12 @@ static void test_relay_to_zmq(void **st) {
   src.replay_endpoint = eng_rep;
   src.start_seq = 0;
   kvbm_relay *r;
-  assert_int_equal(kvbm_relay_new(&src, ours, &r, NULL), KVBM_OK);
+  assert_int_equal(kvbm_relay_create(&src, ours, &r, NULL), KVBM_OK);
   kvbm_subscriber_options so = kvbm_subscriber_options_default(out_ep);
   so.replay_endpoint = out_rep;
   so.start_seq = 0;
   kvbm_subscriber *s;
-  assert_int_equal(kvbm_subscriber_new(&so, &s, NULL), KVBM_OK);
+  assert_int_equal(kvbm_subscriber_create(&so, &s, NULL), KVBM_OK);
   for (uint64_t i = 0; i < 10; i++) publish_batch(engine, i);
   size_t got = 0;
   for (int t = 0; t < 100 && got < 10; t++) {
@@ -351,10 +351,10 @@ static void test_relay_to_zmq(void **st) {
   kvbm_subscriber_stats rst;
   kvbm_subscriber_stats_get(rs, &rst);
   assert_int_equal(rst.delivered, 10);
-  kvbm_subscriber_free(s);
-  kvbm_relay_free(r);
-  kvbm_publisher_free(ours);
-  kvbm_publisher_free(engine);
+  kvbm_subscriber_destroy(s);
+  kvbm_relay_destroy(r);
+  kvbm_publisher_destroy(ours);
+  kvbm_publisher_destroy(engine);
 }
 
 static void test_subscriber_bad_options(void **st) {
@@ -362,25 +362,25 @@ static void test_subscriber_bad_options(void **st) {
   kvbm_subscriber *s;
   kvbm_error err;
   kvbm_subscriber_options so = kvbm_subscriber_options_default(NULL);
-  assert_int_equal(kvbm_subscriber_new(&so, &s, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_subscriber_create(&so, &s, &err), KVBM_EINVAL);
   so = kvbm_subscriber_options_default("nonsense");
-  assert_int_equal(kvbm_subscriber_new(&so, &s, &err), KVBM_EIO);
+  assert_int_equal(kvbm_subscriber_create(&so, &s, &err), KVBM_EIO);
   assert_non_null(strstr(err.msg, "nonsense"));
   so = kvbm_subscriber_options_default("tcp://127.0.0.1:1");
   so.start_seq = -2;
-  assert_int_equal(kvbm_subscriber_new(&so, &s, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_subscriber_create(&so, &s, &err), KVBM_EINVAL);
   /* a replay endpoint nobody serves: the join replay times out, counted */
   so = kvbm_subscriber_options_default("tcp://127.0.0.1:1");
   so.replay_endpoint = "tcp://127.0.0.1:2";
   so.replay_timeout_ms = 50;
   so.start_seq = 0;
-  assert_int_equal(kvbm_subscriber_new(&so, &s, &err), KVBM_OK);
+  assert_int_equal(kvbm_subscriber_create(&so, &s, &err), KVBM_OK);
   kvbm_event_batch b;
   assert_int_equal(kvbm_subscriber_recv(s, 10, &b, &err), KVBM_ETIMEDOUT);
   kvbm_subscriber_stats sst;
   kvbm_subscriber_stats_get(s, &sst);
   assert_int_equal(sst.replay_failures, 1);
-  kvbm_subscriber_free(s);
+  kvbm_subscriber_destroy(s);
 }
 
 int main(void) {

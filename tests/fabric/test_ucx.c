@@ -153,12 +153,12 @@ static void run_main(kvbm_layout_kind kind, bool fabric_storage) {
   assert_true(port > 0);
   pid_t pid = fork_child();
   if (pid == 0) {
-    kvbm_fabric_listener_free(l);
+    kvbm_fabric_listener_destroy(l);
     child_main(port);
   }
   kvbm_fabric *f;
   if (kvbm_fabric_ucx_accept(l, &f, &e) != KVBM_OK) fail_msg("accept: %s", e.msg);
-  kvbm_fabric_listener_free(l);
+  kvbm_fabric_listener_destroy(l);
   assert_string_equal(kvbm_fabric_peer_label(f), "node-a");
   assert_string_equal(kvbm_fabric_label(f), "node-b");
 
@@ -268,7 +268,7 @@ static void peer_dies(void) {
   uint16_t port = kvbm_fabric_listener_port(l);
   pid_t pid = fork_child();
   if (pid == 0) {
-    kvbm_fabric_listener_free(l);
+    kvbm_fabric_listener_destroy(l);
     kvbm_fabric_ucx_config cc = config("doomed");
     kvbm_fabric *f;
     CHECK(kvbm_fabric_ucx_connect(&cc, NULL, port, &f, NULL) == KVBM_OK);
@@ -278,7 +278,7 @@ static void peer_dies(void) {
   }
   kvbm_fabric *f;
   assert_int_equal(kvbm_fabric_ucx_accept(l, &f, &e), KVBM_OK);
-  kvbm_fabric_listener_free(l);
+  kvbm_fabric_listener_destroy(l);
   kvbm_fabric_handle h;
   size_t len;
   assert_int_equal(kvbm_fabric_next(f, 15000, &h, &len, &e), KVBM_OK);
@@ -341,7 +341,7 @@ static void test_bad_peers(void **state) {
   close(fd);
   /* nobody at all */
   assert_int_equal(kvbm_fabric_ucx_accept(l, &f, &e), KVBM_ETIMEDOUT);
-  kvbm_fabric_listener_free(l);
+  kvbm_fabric_listener_destroy(l);
 
   /* nobody listening */
   c.timeout_ms = 200;
@@ -369,7 +369,7 @@ static void test_payload_limit(void **state) {
   uint16_t port = kvbm_fabric_listener_port(l);
   pid_t pid = fork_child();
   if (pid == 0) {
-    kvbm_fabric_listener_free(l);
+    kvbm_fabric_listener_destroy(l);
     kvbm_fabric_ucx_config cc = config("pushy");
     kvbm_fabric *f;
     CHECK(kvbm_fabric_ucx_connect(&cc, NULL, port, &f, NULL) == KVBM_OK);
@@ -382,7 +382,7 @@ static void test_payload_limit(void **state) {
   }
   kvbm_fabric *f;
   assert_int_equal(kvbm_fabric_ucx_accept(l, &f, &e), KVBM_OK);
-  kvbm_fabric_listener_free(l);
+  kvbm_fabric_listener_destroy(l);
   kvbm_fabric_handle h;
   size_t len;
   assert_int_equal(kvbm_fabric_next(f, 15000, &h, &len, &e), KVBM_OK);

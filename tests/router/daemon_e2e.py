@@ -332,7 +332,10 @@ def main():
             wait_for(lambda: route(router, block_hashes=h)[1].get((10, 0), {}).get("device") == 4,
                      "worker 10's withheld batch through replay", workers)
             assert d10.replay_requests > before
-            assert source(health(router), 10)["replayed"] >= 1
+            # the count is updated once replay() returns, just after the
+            # replayed batch reached the index: wait for it as well
+            wait_for(lambda: source(health(router), 10)["replayed"] >= 1,
+                     "worker 10's replay count", workers)
 
         # --- hostile HTTP input: the right status, the daemon stays up
         def status_of(resp):

@@ -258,8 +258,8 @@ static void test_batches(void **state) {
   assert_int_equal(kvbm_index_create(&c, &idx, NULL), KVBM_OK);
   kvbm_event_encoder *enc;
   kvbm_event_decoder *dec;
-  assert_int_equal(kvbm_event_encoder_new(&enc, NULL), KVBM_OK);
-  assert_int_equal(kvbm_event_decoder_new(&dec, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
   kvbm_event evs[2] = {stored(H, 4, NULL, KVBM_MEDIUM_GPU), removed(H + 3, 1, KVBM_MEDIUM_GPU)};
   for (int form = 0; form < 2; form++) {
     kvbm_event_batch b = {.seq = 0, .ts = 1.5, .dp_rank = 3, .has_dp_rank = true,
@@ -279,8 +279,8 @@ static void test_batches(void **state) {
   kvbm_overlap ov[MAXW];
   kvbm_index_lookup(idx, H, 5, ov, NULL);
   assert_int_equal(ov[s].prefix[0], 3);
-  kvbm_event_encoder_free(enc);
-  kvbm_event_decoder_free(dec);
+  kvbm_event_encoder_destroy(enc);
+  kvbm_event_decoder_destroy(dec);
   kvbm_index_destroy(idx);
 }
 

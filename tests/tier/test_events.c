@@ -44,7 +44,7 @@ static void test_events_per_tier(void **st) {
   kvbm_publisher_options po = kvbm_publisher_options_default();
   po.overflow = KVBM_OVERFLOW_DROP; /* listeners run under the manager lock */
   kvbm_publisher *pub;
-  assert_int_equal(kvbm_publisher_new(&po, &pub, NULL), KVBM_OK);
+  assert_int_equal(kvbm_publisher_create(&po, &pub, NULL), KVBM_OK);
   assert_int_equal(kvbm_publisher_add_callback(pub, on_batch, &s, NULL), KVBM_OK);
   assert_int_equal(kvbm_publisher_start(pub, NULL), KVBM_OK);
   kvbm_pool_link links[3] = {
@@ -80,7 +80,7 @@ static void test_events_per_tier(void **st) {
   assert_true(s.g2_tokens_ok);
   pthread_mutex_unlock(&s.mu);
   for (int t = 0; t < 3; t++) assert_int_equal(links[t].failed, 0);
-  kvbm_publisher_free(pub);
+  kvbm_publisher_destroy(pub);
   pthread_mutex_destroy(&s.mu);
   free(a);
   free(b);

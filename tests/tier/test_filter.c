@@ -18,7 +18,7 @@ static void test_second_use_qualifies(void **st) {
   assert_false(kvbm_freq_filter_use(&f, 0)); /* hash 0 is a key like any other */
   assert_true(kvbm_freq_filter_use(&f, 0));
   assert_false(kvbm_freq_filter_use(&f, 7));
-  kvbm_freq_filter_free(&f);
+  kvbm_freq_filter_destroy(&f);
 }
 
 static void test_decay(void **st) {
@@ -36,8 +36,8 @@ static void test_decay(void **st) {
   for (int i = 0; i < 3; i++) kvbm_freq_filter_use(&g, 9); /* 3 */
   kvbm_freq_filter_use(&g, 1);                             /* 4th use: decay, 9 -> 1 */
   assert_true(kvbm_freq_filter_use(&g, 9));                /* 1 + 1 = 2 */
-  kvbm_freq_filter_free(&f);
-  kvbm_freq_filter_free(&g);
+  kvbm_freq_filter_destroy(&f);
+  kvbm_freq_filter_destroy(&g);
 }
 
 static void test_full_table_decays(void **st) {
@@ -53,7 +53,7 @@ static void test_full_table_decays(void **st) {
     kvbm_freq_filter_use(&f, x);
     if (x % 2) assert_true(kvbm_freq_filter_use(&f, 77) || x < 2003);
   }
-  kvbm_freq_filter_free(&f);
+  kvbm_freq_filter_destroy(&f);
 }
 
 static void test_bad_init(void **st) {

@@ -84,10 +84,25 @@ static void run_threads(kvbm_layout_kind kind) {
                 (unsigned long long)s3.onboarded_blocks,
                 (unsigned long long)(s2.skipped_queue + s2.skipped_space + s3.skipped_queue));
   assert_int_equal(bad, 0);
-  assert_true(runs > THREADS * ROUNDS / 2);
-  assert_true(hits > 0);
-  assert_true(s2.onboarded_blocks + s3.onboarded_blocks > 0);
+  /* How many prefills found G1 full (blocks pinned by other threads'
+   * requests and by copies in flight) depends on scheduling; that some ran
+   * does not. */
+  assert_true(runs > 0);
   assert_int_equal(s3.checksum_failures, 0);
+  /* Whether the threaded phase onboarded anything depends on how the
+   * threads were scheduled; one more engine on this thread, on the state
+   * they left, must (its prompts come back after ~35 others of ~10 blocks
+   * each have gone through a G1 of 96), and its bytes must be right. */
+  targ solo = {.m = m, .seed = 99};
+  engine(&solo);
+  kvbm_manager_flush(m);
+  kvbm_tier_stats t2, t3;
+  kvbm_manager_stats(m, KVBM_TIER_G2, &t2);
+  kvbm_manager_stats(m, KVBM_TIER_G3, &t3);
+  assert_int_equal(solo.bad, 0);
+  assert_true(solo.runs == ROUNDS && solo.hits > 0); /* alone, nothing is short of room */
+  assert_true(t2.onboarded_blocks + t3.onboarded_blocks > s2.onboarded_blocks + s3.onboarded_blocks);
+  assert_int_equal(t3.checksum_failures, 0);
   kvbm_manager_destroy(m);
   tu_rmdir(dir);
 }

@@ -174,13 +174,13 @@ typedef struct source {
 
 static int source_open(source *src, const args *a, kvbm_error *err) {
   if (strncmp(a->sub.endpoint, "nats://", 7))
-    return kvbm_subscriber_new(&a->sub, &src->zsub, err);
+    return kvbm_subscriber_create(&a->sub, &src->zsub, err);
   natsStatus st = natsConnection_ConnectTo(&src->nc, a->sub.endpoint);
   if (st == NATS_OK) st = natsConnection_SubscribeSync(&src->nsub, src->nc, a->subject);
   if (st != NATS_OK)
     return kvbm_error_set(err, KVBM_EIO, "nats %s subject %s: %s", a->sub.endpoint, a->subject,
                           natsStatus_GetText(st));
-  return kvbm_event_decoder_new(&src->dec, err);
+  return kvbm_event_decoder_create(&src->dec, err);
 }
 
 static int source_next(source *src, int timeout_ms, kvbm_event_batch *b, kvbm_error *err) {
@@ -216,10 +216,10 @@ static void source_close(source *src, const char *cmd) {
     fprintf(stderr, "kvbm %s: %" PRIu64 " batches, %" PRIu64 " events, %" PRIu64 " lost, %" PRIu64
             " malformed\n", cmd, src->nats_batches, src->nats_events, src->nats_lost,
             src->nats_bad);
-  kvbm_subscriber_free(src->zsub);
+  kvbm_subscriber_destroy(src->zsub);
   natsSubscription_Destroy(src->nsub);
   natsConnection_Destroy(src->nc);
-  kvbm_event_decoder_free(src->dec);
+  kvbm_event_decoder_destroy(src->dec);
 }
 
 static int tail(int argc, char **argv) {
@@ -301,7 +301,7 @@ static int relay(int argc, char **argv) {
   }
   kvbm_publisher *p;
   kvbm_error err;
-  if (kvbm_publisher_new(&a.pub, &p, &err)) {
+  if (kvbm_publisher_create(&a.pub, &p, &err)) {
     fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
     return 2;
   }
@@ -315,7 +315,7 @@ static int relay(int argc, char **argv) {
   }
   if (rc || (rc = kvbm_publisher_start(p, &err))) {
     fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
-    kvbm_publisher_free(p);
+    kvbm_publisher_destroy(p);
     return rc == KVBM_EIO ? 1 : 2;
   }
   if (a.zmq) {
@@ -330,9 +330,9 @@ static int relay(int argc, char **argv) {
   }
   fflush(stdout);
   kvbm_relay *r;
-  if (kvbm_relay_new(&a.sub, p, &r, &err)) {
+  if (kvbm_relay_create(&a.sub, p, &r, &err)) {
     fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
-    kvbm_publisher_free(p);
+    kvbm_publisher_destroy(p);
     return 2;
   }
   install_signals();
@@ -356,8 +356,8 @@ static int relay(int argc, char **argv) {
     if (rc) fprintf(stderr, "kvbm %s: skipped: %s\n", cmd, err.msg);
   }
   print_stats(cmd, kvbm_relay_subscriber(r));
-  kvbm_relay_free(r);
-  kvbm_publisher_free(p); /* sends everything accepted */
+  kvbm_relay_destroy(r);
+  kvbm_publisher_destroy(p); /* sends everything accepted */
   return status;
 }
 

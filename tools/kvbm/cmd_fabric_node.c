@@ -344,7 +344,7 @@ out:
   kvbm_fabric_local_set_release(ls);
   kvbm_storage_release(c.s);
   kvbm_fabric_destroy(c.f);
-  kvbm_fabric_listener_free(l);
+  kvbm_fabric_listener_destroy(l);
   kvbm_layout_desc_release(&desc);
   kvbm_pool_destroy(c.pool);
   free(wire);

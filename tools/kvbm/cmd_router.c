@@ -252,7 +252,7 @@ int kvbm_cmd_router(int argc, char **argv) {
   if (rc < 0) {
     kvbm_error err = {0};
     kvbm_router_daemon *d;
-    rc = kvbm_router_daemon_new(&a.c, &d, &err);
+    rc = kvbm_router_daemon_create(&a.c, &d, &err);
     if (rc) {
       fprintf(stderr, "kvbm router: %s\n", err.msg);
       rc = rc == KVBM_EINVAL ? 2 : 1;
@@ -278,7 +278,7 @@ int kvbm_cmd_router(int argc, char **argv) {
       rc = kvbm_router_daemon_run(d, &err) ? 1 : 0;
       if (rc) fprintf(stderr, "kvbm router: %s\n", err.msg);
       g_daemon = NULL;
-      kvbm_router_daemon_free(d);
+      kvbm_router_daemon_destroy(d);
     }
   }
   for (size_t i = 0; i < a.nowned; i++) free(a.owned[i]);

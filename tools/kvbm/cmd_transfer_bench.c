@@ -380,11 +380,11 @@ static int run(bench *b) {
   fflush(NULL);
   pid_t child = fork();
   if (child < 0) {
-    kvbm_fabric_listener_free(l);
+    kvbm_fabric_listener_destroy(l);
     return 1;
   }
   if (child == 0) {
-    kvbm_fabric_listener_free(l);
+    kvbm_fabric_listener_destroy(l);
     _exit(receiver(b, port));
   }
   int code = 1;
@@ -458,7 +458,7 @@ out:
   kvbm_fabric_remote_set_release(sd.rs);
   kvbm_fabric_local_set_release(ls);
   kvbm_fabric_destroy(sd.f);
-  kvbm_fabric_listener_free(l);
+  kvbm_fabric_listener_destroy(l);
   int st = 0;
   if (code != 0) kill(child, SIGKILL);
   waitpid(child, &st, 0);

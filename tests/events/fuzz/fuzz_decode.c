@@ -38,8 +38,8 @@ static void check_same(const kvbm_event_batch *a, const kvbm_event_batch *b) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   kvbm_event_decoder *d1, *d2;
   kvbm_event_encoder *enc;
-  if (kvbm_event_decoder_new(&d1, NULL) || kvbm_event_decoder_new(&d2, NULL) ||
-      kvbm_event_encoder_new(&enc, NULL))
+  if (kvbm_event_decoder_create(&d1, NULL) || kvbm_event_decoder_create(&d2, NULL) ||
+      kvbm_event_encoder_create(&enc, NULL))
     abort();
   kvbm_event_batch b;
   kvbm_error err;
@@ -61,8 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else if (err.code != rc || !err.msg[0]) {
     abort();
   }
-  kvbm_event_encoder_free(enc);
-  kvbm_event_decoder_free(d1);
-  kvbm_event_decoder_free(d2);
+  kvbm_event_encoder_destroy(enc);
+  kvbm_event_decoder_destroy(d1);
+  kvbm_event_decoder_destroy(d2);
   return 0;
 }
