@@ -4,9 +4,9 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
+#include "replay_cli.h"
 #include "kvbm/replay.h"
 #include "replay_w2.h"
 
@@ -21,56 +21,26 @@ static void usage(FILE *f) {
           KVBM_DEFAULT_TRACE);
 }
 
-static void progress_bar(void *user, size_t done, size_t total) {
-  (void)user;
-  int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;
-  fprintf(stderr, "\r  [%.*s%*s] %zu/%zu requests", filled,
-          "========================================", width - filled, "", done, total);
-  if (done == total) fputc('\n', stderr);
-  fflush(stderr);
-}
-
 int kvbm_cmd_replay(int argc, char **argv) {
   if (replay_w2_wanted(argc, argv)) return replay_w2_main(argc, argv); /* W2: tier flags */
   kvbm_replay_opts o = kvbm_replay_opts_default();
-  const char *trace_path = NULL, *v;
-  bool json = false, progress = isatty(STDERR_FILENO);
-  uint64_t x;
+  replay_cli c;
+  replay_cli_init(&c);
   for (int i = 1; i < argc; i++) {
-    int r;
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = true;
-    } else if (!strcmp(argv[i], "--no-progress")) {
-      progress = false;
-    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--block-size", &v))) {
-      if (r < 0 || !cli_parse_u64("replay", "--block-size", v, 1, 1 << 16, &x)) return 2;
-      o.block_size = (uint32_t)x;
-    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--capacity", &v))) {
-      if (r < 0 || !cli_parse_u64("replay", "--capacity", v, 1, KVBM_POOL_MAX_BLOCKS, &x)) return 2;
-      o.capacity = (uint32_t)x;
-    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--limit", &v))) {
-      if (r < 0 || !cli_parse_u64("replay", "--limit", v, 0, SIZE_MAX, &x)) return 2;
-      o.limit = (size_t)x;
-    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--hash", &v))) {
-      if (r < 0 || !kvbm_hash_scheme_parse(v, &o.scheme)) {
-        fprintf(stderr, "kvbm replay: --hash: '%s' is not native or dynamo\n", r < 0 ? "" : v);
-        return 2;
-      }
-    } else if (argv[i][0] == '-' && argv[i][1]) {
+    }
+    int r = replay_cli_take(argc, argv, &i, &o, &c);
+    if (r < 0) return 2;
+    if (r == 0) {
       fprintf(stderr, "kvbm replay: unknown option '%s'\n", argv[i]);
       usage(stderr);
       return 2;
-    } else if (!trace_path) {
-      trace_path = argv[i];
-    } else {
-      fprintf(stderr, "kvbm replay: more than one trace given\n");
-      return 2;
     }
   }
-  if (!trace_path) trace_path = KVBM_DEFAULT_TRACE;
+  const char *trace_path = c.trace ? c.trace : KVBM_DEFAULT_TRACE;
+  const bool json = c.json;
 
   kvbm_error err = {0};
   kvbm_trace *trace;
@@ -80,7 +50,7 @@ int kvbm_cmd_replay(int argc, char **argv) {
     return 2;
   }
   double load_s = cli_now() - t0;
-  if (progress && !json) o.progress = progress_bar;
+  if (c.progress && !json) o.progress = replay_cli_progress;
   kvbm_replay_result res;
   int rc = kvbm_replay_w1(trace, &o, &res, &err);
   kvbm_trace_destroy(trace);

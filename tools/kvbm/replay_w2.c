@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "replay_cli.h"
 #include "kvbm/tier_replay.h"
 
 static const char *const w2_flags[] = {"--g2-blocks", "--g3-blocks", "--g3-dir", "--block-bytes",
@@ -35,15 +36,6 @@ static void usage(FILE *f) {
           "W2: W1 with a host tier G2 and a disk tier G3 below G1 (--capacity blocks);\n"
           "see docs/areas/tiers.md for the policy. Default trace: %s.\n",
           KVBM_DEFAULT_TRACE);
-}
-
-static void progress_bar(void *user, size_t done, size_t total) {
-  (void)user;
-  int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;
-  fprintf(stderr, "\r  [%.*s%*s] %zu/%zu requests", filled,
-          "========================================", width - filled, "", done, total);
-  if (done == total) fputc('\n', stderr);
-  fflush(stderr);
 }
 
 static bool policy_opt(const char *opt, const char *v, kvbm_offload_policy *p) {
@@ -116,34 +108,19 @@ static void print_text(const char *trace, const kvbm_replay_w2_opts *o,
 
 int replay_w2_main(int argc, char **argv) {
   kvbm_replay_w2_opts o = kvbm_replay_w2_opts_default();
-  const char *trace_path = NULL, *v;
-  bool json = false, progress = isatty(STDERR_FILENO);
+  replay_cli c;
+  replay_cli_init(&c);
+  const char *v;
   uint64_t x;
   for (int i = 1; i < argc; i++) {
     int r;
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = true;
-    } else if (!strcmp(argv[i], "--no-progress")) {
-      progress = false;
+    } else if ((r = replay_cli_take(argc, argv, &i, &o.w1, &c))) {
+      if (r < 0) return 2;
     } else if (!strcmp(argv[i], "--g3-buffered")) {
       o.g3_direct = false;
-    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--block-size", &v))) {
-      if (r < 0 || !cli_parse_u64("replay", "--block-size", v, 1, 1 << 16, &x)) return 2;
-      o.w1.block_size = (uint32_t)x;
-    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--capacity", &v))) {
-      if (r < 0 || !cli_parse_u64("replay", "--capacity", v, 1, KVBM_POOL_MAX_BLOCKS, &x)) return 2;
-      o.w1.capacity = (uint32_t)x;
-    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--limit", &v))) {
-      if (r < 0 || !cli_parse_u64("replay", "--limit", v, 0, SIZE_MAX, &x)) return 2;
-      o.w1.limit = (size_t)x;
-    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--hash", &v))) {
-      if (r < 0 || !kvbm_hash_scheme_parse(v, &o.w1.scheme)) {
-        fprintf(stderr, "kvbm replay: --hash: '%s' is not native or dynamo\n", r < 0 ? "" : v);
-        return 2;
-      }
     } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g2-blocks", &v))) {
       if (r < 0 || !cli_parse_u64("replay", "--g2-blocks", v, 0, KVBM_POOL_MAX_BLOCKS, &x)) return 2;
       o.g2_blocks = (uint32_t)x;
@@ -174,18 +151,14 @@ int replay_w2_main(int argc, char **argv) {
       if (r < 0 || !policy_opt("--g2-policy", v, &o.g2_policy)) return 2;
     } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g3-policy", &v))) {
       if (r < 0 || !policy_opt("--g3-policy", v, &o.g3_policy)) return 2;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
+    } else {
       fprintf(stderr, "kvbm replay: unknown option '%s'\n", argv[i]);
       usage(stderr);
       return 2;
-    } else if (!trace_path) {
-      trace_path = argv[i];
-    } else {
-      fprintf(stderr, "kvbm replay: more than one trace given\n");
-      return 2;
     }
   }
-  if (!trace_path) trace_path = KVBM_DEFAULT_TRACE;
+  const char *trace_path = c.trace ? c.trace : KVBM_DEFAULT_TRACE;
+  const bool json = c.json;
   if (o.g3_dir && access(o.g3_dir, W_OK) != 0) {
     fprintf(stderr, "kvbm replay: --g3-dir: %s is not a writable directory\n", o.g3_dir);
     return 2;
@@ -196,7 +169,7 @@ int replay_w2_main(int argc, char **argv) {
     fprintf(stderr, "kvbm replay: %s: %s\n", trace_path, err.msg);
     return 2;
   }
-  if (progress && !json) o.w1.progress = progress_bar;
+  if (c.progress && !json) o.w1.progress = replay_cli_progress;
   kvbm_replay_w2_result res;
   int rc = kvbm_replay_w2(trace, &o, &res, &err);
   kvbm_trace_destroy(trace);

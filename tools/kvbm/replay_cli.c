@@ -1,0 +1,56 @@
+/* replay_cli.c: the argument handling W1 and W2 share (see replay_cli.h). */
+#include "replay_cli.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+void replay_cli_init(replay_cli *c) {
+  c->trace = NULL;
+  c->json = false;
+  c->progress = isatty(STDERR_FILENO);
+}
+
+int replay_cli_take(int argc, char **argv, int *i, kvbm_replay_opts *o, replay_cli *c) {
+  const char *a = argv[*i], *v;
+  uint64_t x;
+  int r;
+  if (!strcmp(a, "--json")) {
+    c->json = true;
+  } else if (!strcmp(a, "--no-progress")) {
+    c->progress = false;
+  } else if ((r = cli_opt_value("replay", argc, argv, i, "--block-size", &v))) {
+    if (r < 0 || !cli_parse_u64("replay", "--block-size", v, 1, KVBM_POOL_MAX_BLOCK_SIZE, &x)) return -1;
+    o->block_size = (uint32_t)x;
+  } else if ((r = cli_opt_value("replay", argc, argv, i, "--capacity", &v))) {
+    if (r < 0 || !cli_parse_u64("replay", "--capacity", v, 1, KVBM_POOL_MAX_BLOCKS, &x)) return -1;
+    o->capacity = (uint32_t)x;
+  } else if ((r = cli_opt_value("replay", argc, argv, i, "--limit", &v))) {
+    if (r < 0 || !cli_parse_u64("replay", "--limit", v, 0, SIZE_MAX, &x)) return -1;
+    o->limit = (size_t)x;
+  } else if ((r = cli_opt_value("replay", argc, argv, i, "--hash", &v))) {
+    if (r < 0 || !kvbm_hash_scheme_parse(v, &o->scheme)) {
+      fprintf(stderr, "kvbm replay: --hash: '%s' is not native or dynamo\n", r < 0 ? "" : v);
+      return -1;
+    }
+  } else if (a[0] == '-' && a[1]) {
+    return 0;
+  } else if (!c->trace) {
+    c->trace = a;
+  } else {
+    fprintf(stderr, "kvbm replay: more than one trace given\n");
+    return -1;
+  }
+  return 1;
+}
+
+void replay_cli_progress(void *user, size_t done, size_t total) {
+  (void)user;
+  int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;
+  fprintf(stderr, "\r  [%.*s%*s] %zu/%zu requests", filled,
+          "========================================", width - filled, "", done, total);
+  if (done == total) fputc('\n', stderr);
+  fflush(stderr);
+}
