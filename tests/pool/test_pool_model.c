@@ -13,9 +13,9 @@
  * registered set, contains() for every hash in use, and the events.
  *
  * The hashes come from a small universe so that registers often dedup, and
- * most of them are crafted to share a few home slots of the registry table
- * (two of them at its end, so probe runs wrap round), so that the many
- * evictions drive the backward-shift deletion through all its cases. Runs
+ * most of them are crafted to share a few home buckets of the registry
+ * (two of them at its end, so overflow wraps round), so that the many
+ * evictions drive the overflow counts through all their cases. Runs
  * for both hash schemes, with and without allow_duplicates.
  */
 #include "pool_testutil.h"
