@@ -33,9 +33,8 @@ static double now(void) {
 /* The bound: make every prompt token and hash it once. */
 static double bound_seconds(const kvbm_trace *t, size_t n, kvbm_hash_scheme scheme,
                             uint32_t bs, uint64_t *sink) {
-  size_t max_in = 1;
-  for (size_t i = 0; i < n; i++)
-    if (kvbm_trace_get(t, i)->input_length > max_in) max_in = kvbm_trace_get(t, i)->input_length;
+  size_t max_in, max_out;
+  kvbm_trace_max_lengths(t, n, &max_in, &max_out);
   uint32_t *tok = malloc(max_in * sizeof *tok);
   uint64_t *h = malloc((max_in / bs + 1) * sizeof *h);
   double t0 = now();

@@ -53,6 +53,12 @@ size_t kvbm_trace_count(const kvbm_trace *trace);
 /* The i-th request (i < count); valid until the trace is destroyed. */
 const kvbm_trace_request *kvbm_trace_get(const kvbm_trace *trace, size_t i);
 
+/* The largest input_length and output_length among the first n requests
+ * (n is capped at the count), each at least 1: buffers sized from them are
+ * never empty. */
+void kvbm_trace_max_lengths(const kvbm_trace *trace, size_t n, size_t *max_input,
+                            size_t *max_output);
+
 /* Writes the request's prompt tokens (input_length of them) to out:
  * token i = hash_ids[i / 512] * 512 + i % 512. */
 void kvbm_trace_prompt_tokens(const kvbm_trace_request *req, uint32_t *out);

@@ -37,6 +37,7 @@
 
 #include "events/sink.h"
 #include "kvbm/events.h"
+#include "common/clock.h"
 
 #define MAX_SINKS 8
 
@@ -84,12 +85,6 @@ struct kvbm_publisher {
   kvbm_event *scratch;
   size_t scratch_cap;
 };
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static double wall_now(void) {
   struct timespec ts;
@@ -349,7 +344,7 @@ int kvbm_publisher_publish(kvbm_publisher *p, const kvbm_event *ev0, uint64_t *e
     p->room_waiters--;
   }
   evq *q = p->fill;
-  if (q->n == 0) q->first_ns = now_ns();
+  if (q->n == 0) q->first_ns = kvbm_clock_ns();
   ev.event_id = p->st.accepted + 1;
   rc = q_append(q, &ev, mname, mlen, llen);
   if (rc) {
@@ -478,7 +473,7 @@ static void *thread_main(void *arg) {
   uint64_t seq = 0;
   pthread_mutex_lock(&p->mu);
   for (;;) {
-    uint64_t now = now_ns();
+    uint64_t now = kvbm_clock_ns();
     int what = due(p, now);
     if (what) {
       evq *q = p->fill;

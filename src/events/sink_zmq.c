@@ -21,6 +21,7 @@
 #include <zmq.h>
 
 #include "events/sink.h"
+#include "events/zframes.h"
 
 typedef struct slot {
   uint64_t seq;
@@ -94,30 +95,11 @@ static int reply(zsink *z, const zmq_msg_t *id, const uint8_t seqb[8], const uin
   return 0;
 }
 
-/* Reads one whole multipart request; keeps the first 3 frames. Returns the
- * frame count, 0 when nothing is waiting. */
-static int recv_request(void *sock, zmq_msg_t f[3]) {
-  int n = 0;
-  for (;;) {
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
-      zmq_msg_close(&m);
-      return n;
-    }
-    int more = zmq_msg_more(&m);
-    if (n < 3) f[n] = m;
-    else zmq_msg_close(&m);
-    n++;
-    if (!more) return n;
-  }
-}
-
 static void zsink_service(ev_sink *base, ev_service_counts *counts) {
   zsink *z = (zsink *)base;
   for (;;) {
     zmq_msg_t f[3];
-    int n = recv_request(z->router, f);
+    int n = ev_zframes_recv(z->router, f);
     if (n == 0) return;
     bool ok = n == 3 && zmq_msg_size(&f[1]) == 0 && zmq_msg_size(&f[2]) == 8;
     if (!ok) {

@@ -30,6 +30,7 @@
 
 #include "events/sink.h"
 #include "kvbm/events.h"
+#include "events/zframes.h"
 
 typedef struct pend {
   uint64_t seq;
@@ -167,27 +168,13 @@ static void drop_dealer(kvbm_subscriber *s) {
   s->dealer = NULL;
 }
 
-/* Receives one multipart message into up to 3 frames; returns the frame
- * count (all of them), or -1 on timeout/error. */
+/* Waits up to timeout_ms for one multipart message and receives it into up
+ * to 3 frames; returns the frame count (all of them), or -1 on timeout. */
 static int recv_frames(void *sock, zmq_msg_t f[3], int timeout_ms) {
   zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
-  int r = zmq_poll(&it, 1, timeout_ms);
-  if (r <= 0) return -1;
-  int n = 0;
-  for (;;) {
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, sock, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
-      zmq_msg_close(&m);
-      if (n == 0) return -1;
-      return n; /* cannot happen: parts of a message arrive together */
-    }
-    int more = zmq_msg_more(&m);
-    if (n < 3) f[n] = m;
-    else zmq_msg_close(&m);
-    n++;
-    if (!more) return n;
-  }
+  if (zmq_poll(&it, 1, timeout_ms) <= 0) return -1;
+  int n = ev_zframes_recv(sock, f);
+  return n ? n : -1;
 }
 
 static void close_frames(zmq_msg_t f[3], int n) {

@@ -27,12 +27,10 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include "common/clock.h"
 
-int64_t kvbm_sc_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+
+int64_t kvbm_sc_now_ms(void) { return (int64_t)(kvbm_clock_ns() / 1000000u); }
 
 int64_t kvbm_sc_deadline(int timeout_ms) {
   if (timeout_ms < 0) return INT64_MAX;

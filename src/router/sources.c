@@ -27,12 +27,10 @@
 #include <zmq.h>
 
 #include "router/daemon_impl.h"
+#include "common/clock.h"
 
-int64_t rd_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+
+int64_t rd_now_ns(void) { return (int64_t)kvbm_clock_ns(); }
 
 static void apply(source *s, const kvbm_event_batch *b) {
   kvbm_router_daemon *d = s->d;

@@ -30,6 +30,7 @@
 
 #include "kvbm/router.h"
 #include "kvbm/sequence.h"
+#include "common/clock.h"
 
 kvbm_w3_opts kvbm_w3_opts_default(void) {
   kvbm_w3_opts o = {0};
@@ -42,12 +43,6 @@ kvbm_w3_opts kvbm_w3_opts_default(void) {
   o.active_ms = 10000;
   o.seed = 1;
   return o;
-}
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---------------------------------------------------------- event capture */
@@ -162,9 +157,9 @@ static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *inde
   kvbm_event_batch d;
   if (!rc) rc = kvbm_event_decode(wr->dec, data, len, b.seq, &d, err);
   if (!rc && tap->tap_batch) tap->tap_batch(tap->tap_user, w, &d);
-  double t0 = now();
+  double t0 = kvbm_clock_seconds();
   if (!rc) rc = kvbm_index_apply_batch(idx, w, &d, err);
-  *index_s += now() - t0;
+  *index_s += kvbm_clock_seconds() - t0;
   wr->events += c->nr;
   wr->bytes += len;
   c->nr = c->nh = c->nt = 0;
@@ -269,9 +264,9 @@ static int choose(sim *s, enum policy p, size_t i, const kvbm_trace_request *r, 
       keys = s->ih;
     }
     if (o->tap_lookup) o->tap_lookup(o->tap_user, keys, nb);
-    double t0 = now();
+    double t0 = kvbm_clock_seconds();
     kvbm_index_lookup(s->idx, keys, nb, ov, NULL);
-    s->res->index_seconds += now() - t0;
+    s->res->index_seconds += kvbm_clock_seconds() - t0;
     s->res->lookups++;
     for (uint32_t x = 0; x < W; x++) {
       uint32_t truth = pool_prefix(s->pool[x], s->wh, nb);
@@ -366,7 +361,7 @@ static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
 
 static int run_policy(sim *s, enum policy p, kvbm_w3_policy *pol, kvbm_error *err) {
   int rc = sim_setup(s, p, err);
-  double t0 = now();
+  double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < s->n && !rc; i++) {
     const kvbm_trace_request *r = kvbm_trace_get(s->trace, i);
     kvbm_trace_prompt_tokens(r, s->prompt);
@@ -374,14 +369,14 @@ static int run_policy(sim *s, enum policy p, kvbm_w3_policy *pol, kvbm_error *er
     if ((rc = choose(s, p, i, r, &w, err))) break;
     if ((rc = run_on(s, w, r, i, pol, err))) break;
     if (p == P_KV) {
-      double t1 = now();
+      double t1 = kvbm_clock_seconds();
       rc = flush(&s->wr, &s->cap[w], w, s->idx, &s->res->index_seconds, s->o, err);
-      s->res->wire_seconds += now() - t1;
+      s->res->wire_seconds += kvbm_clock_seconds() - t1;
     }
     if (s->o->progress && i % 256 == 255)
       s->o->progress(s->o->progress_user, (size_t)p * s->n + i + 1, 4 * s->n);
   }
-  pol->seconds = now() - t0;
+  pol->seconds = kvbm_clock_seconds() - t0;
   if (p == P_KV) {
     s->res->events = s->wr.events;
     s->res->event_bytes = s->wr.bytes;
@@ -404,12 +399,8 @@ int kvbm_w3_run(const kvbm_trace *trace, const kvbm_w3_opts *o, kvbm_w3_result *
   sim s = {.trace = trace, .o = o};
   s.n = kvbm_trace_count(trace);
   if (o->limit && o->limit < s.n) s.n = o->limit;
-  size_t max_in = 1, max_out = 1;
-  for (size_t i = 0; i < s.n; i++) {
-    const kvbm_trace_request *r = kvbm_trace_get(trace, i);
-    if (r->input_length > max_in) max_in = r->input_length;
-    if (r->output_length > max_out) max_out = r->output_length;
-  }
+  size_t max_in, max_out;
+  kvbm_trace_max_lengths(trace, s.n, &max_in, &max_out);
   s.max_blocks = max_in / (o->block_size ? o->block_size : 1) + 1;
   s.prompt = malloc(max_in * sizeof *s.prompt);
   s.output = malloc(max_out * sizeof *s.output);

@@ -56,6 +56,7 @@
 #include "kvbm/disk.h"
 #include "kvbm/sequence.h"
 #include "kvbm/storage.h"
+#include "common/clock.h"
 
 /* Per-block byte states. UNCOMPUTED (G1 only): registered by a request
  * whose engine has not committed its KV yet. */
@@ -284,12 +285,6 @@ int kvbm_manager_config_env(kvbm_manager_config *cfg, const char *const *env, kv
 }
 
 /* ---- small helpers (lock held unless said otherwise) ---- */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static bool q_push(jqueue *q, const job *j) {
   if (q->count == q->cap) return false;
@@ -607,12 +602,12 @@ static void *worker_main(void *arg) {
     bool run = !m->cancel;
     m->busy[w] += n;
     pthread_mutex_unlock(&m->mu);
-    double t0 = now_s();
+    double t0 = kvbm_clock_seconds();
     if (run && m->gs[W_HOST])
       host_run_gpu(m, take, n);
     else if (run)
       for (uint32_t i = 0; i < n; i++) host_run(m, &take[i]);
-    double dt = now_s() - t0;
+    double dt = kvbm_clock_seconds() - t0;
     pthread_mutex_lock(&m->mu);
     m->t[KVBM_TIER_G2].st.busy_seconds += dt;
     for (uint32_t i = 0; i < n; i++) host_done(m, &take[i], run);
@@ -668,7 +663,7 @@ static void disk_worker(kvbm_manager *m) {
     }
     m->busy[W_DISK] += nt;
     pthread_mutex_unlock(&m->mu);
-    double t0 = now_s();
+    double t0 = kvbm_clock_seconds();
     uint32_t nready = 0;
     for (uint32_t i = 0; i < nt; i++) {
       uint32_t sl = took[i];
@@ -682,7 +677,7 @@ static void disk_worker(kvbm_manager *m) {
         ready[nready++] = (uint32_t)(io - m->ios);
       }
     }
-    double dt = now_s() - t0;
+    double dt = kvbm_clock_seconds() - t0;
     pthread_mutex_lock(&m->mu);
     m->t[KVBM_TIER_G3].st.busy_seconds += dt;
     for (uint32_t i = 0; i < nready; i++) {

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "kvbm/trace.h"
+#include "common/clock.h"
 
 kvbm_replay_w2_opts kvbm_replay_w2_opts_default(void) {
   kvbm_replay_w2_opts o;
@@ -28,12 +29,6 @@ kvbm_replay_w2_opts kvbm_replay_w2_opts_default(void) {
   o.g2_policy = KVBM_OFFLOAD_ALL;
   o.g3_policy = KVBM_OFFLOAD_FREQUENCY;
   return o;
-}
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static uint64_t mix(uint64_t x) {
@@ -174,12 +169,8 @@ int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *o,
                           (unsigned long long)o->block_bytes);
   size_t n = kvbm_trace_count(trace);
   if (o->w1.limit && o->w1.limit < n) n = o->w1.limit;
-  size_t max_in = 1, max_out = 1;
-  for (size_t i = 0; i < n; i++) {
-    const kvbm_trace_request *q = kvbm_trace_get(trace, i);
-    if (q->input_length > max_in) max_in = q->input_length;
-    if (q->output_length > max_out) max_out = q->output_length;
-  }
+  size_t max_in, max_out;
+  kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
   kvbm_manager_config mc = kvbm_manager_config_default();
   mc.block_size = o->w1.block_size;
   mc.scheme = o->w1.scheme;
@@ -209,13 +200,13 @@ int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *o,
   c.prompt = malloc(max_in * sizeof *c.prompt);
   c.output = malloc(max_out * sizeof *c.output);
   if (!c.prompt || !c.output) rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");
-  double t0 = now();
+  double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < n && !rc; i++) {
     rc = run_request(&c, kvbm_trace_get(trace, i), i, err);
     res.w1.requests += !rc;
     if (o->w1.progress && (i % 256 == 255)) o->w1.progress(o->w1.progress_user, i + 1, n);
   }
-  res.w1.seconds = now() - t0;
+  res.w1.seconds = kvbm_clock_seconds() - t0;
   if (!rc) {
     if (o->w1.progress) o->w1.progress(o->w1.progress_user, n, n);
     for (int t = 0; t < KVBM_TIER_COUNT; t++) {

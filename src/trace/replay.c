@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "kvbm/sequence.h"
+#include "common/clock.h"
 
 kvbm_replay_opts kvbm_replay_opts_default(void) {
   kvbm_replay_opts o = {0};
@@ -18,22 +19,6 @@ kvbm_replay_opts kvbm_replay_opts_default(void) {
   o.capacity = 16384;
   o.scheme = KVBM_HASH_NATIVE;
   return o;
-}
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Largest prompt and output of the first n requests. */
-static void max_lengths(const kvbm_trace *t, size_t n, size_t *in, size_t *out) {
-  *in = *out = 1;
-  for (size_t i = 0; i < n; i++) {
-    const kvbm_trace_request *r = kvbm_trace_get(t, i);
-    if (r->input_length > *in) *in = r->input_length;
-    if (r->output_length > *out) *out = r->output_length;
-  }
 }
 
 static int run_request(kvbm_pool *pool, const kvbm_trace_request *r, size_t idx,
@@ -74,19 +59,19 @@ int kvbm_replay_w1(const kvbm_trace *trace, const kvbm_replay_opts *opts,
   size_t n = kvbm_trace_count(trace);
   if (opts->limit && opts->limit < n) n = opts->limit;
   size_t max_in, max_out;
-  max_lengths(trace, n, &max_in, &max_out);
+  kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
   uint32_t *prompt = malloc(max_in * sizeof *prompt);
   uint32_t *output = malloc(max_out * sizeof *output);
   kvbm_replay_result res = {0};
   if (!prompt || !output) rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");
 
-  double t0 = now();
+  double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < n && !rc; i++) {
     rc = run_request(pool, kvbm_trace_get(trace, i), i, prompt, output, &res, err);
     res.requests += !rc;
     if (opts->progress && (i % 256 == 255)) opts->progress(opts->progress_user, i + 1, n);
   }
-  res.seconds = now() - t0;
+  res.seconds = kvbm_clock_seconds() - t0;
   if (!rc) {
     if (opts->progress) opts->progress(opts->progress_user, n, n);
     kvbm_pool_stats st;

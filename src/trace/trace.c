@@ -344,6 +344,18 @@ const kvbm_trace_request *kvbm_trace_get(const kvbm_trace *t, size_t i) {
   return i < t->count ? &t->reqs[i] : NULL;
 }
 
+void kvbm_trace_max_lengths(const kvbm_trace *t, size_t n, size_t *max_input,
+                            size_t *max_output) {
+  size_t in = 1, out = 1;
+  if (n > t->count) n = t->count;
+  for (size_t i = 0; i < n; i++) {
+    if (t->reqs[i].input_length > in) in = t->reqs[i].input_length;
+    if (t->reqs[i].output_length > out) out = t->reqs[i].output_length;
+  }
+  *max_input = in;
+  *max_output = out;
+}
+
 void kvbm_trace_prompt_tokens(const kvbm_trace_request *req, uint32_t *out) {
   uint32_t n = req->input_length;
   for (uint32_t b = 0, i = 0; i < n; b++) {

@@ -49,6 +49,17 @@ static void parses_fields_and_skips_unknown(void **state) {
   assert_int_equal(r->hash_ids[0], KVBM_TRACE_MAX_HASH_ID);
   assert_null(kvbm_trace_get(t, 3));
 
+  size_t mi, mo;
+  kvbm_trace_max_lengths(t, 99, &mi, &mo);
+  assert_int_equal(mi, 1000);
+  assert_int_equal(mo, 65535);
+  kvbm_trace_max_lengths(t, 2, &mi, &mo);
+  assert_int_equal(mi, 1000);
+  assert_int_equal(mo, 5);
+  kvbm_trace_max_lengths(t, 0, &mi, &mo);
+  assert_int_equal(mi, 1);
+  assert_int_equal(mo, 1);
+
   /* Tokens, as WORKLOADS.md defines them. */
   uint32_t tok[1000], out[5];
   kvbm_trace_prompt_tokens(kvbm_trace_get(t, 0), tok);
