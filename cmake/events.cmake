@@ -1,10 +1,9 @@
-# events: threaded tests also run under ThreadSanitizer, with suppressions
-# for the (uninstrumented) libzmq and libnats threads.
+# events: threaded tests also run under ThreadSanitizer (suppressions for
+# the uninstrumented libzmq and libnats: scripts/tsan.supp).
 foreach(t events_test_publisher events_test_python events_test_zmq events_test_nats
           events_test_pool_link events_test_w1)
   if(TEST ${t})
-    set_tests_properties(${t} PROPERTIES LABELS "events;tsan"
-      ENVIRONMENT "TSAN_OPTIONS=halt_on_error=1 second_deadlock_stack=1 suppressions=${CMAKE_SOURCE_DIR}/cmake/events-tsan.supp")
+    set_tests_properties(${t} PROPERTIES LABELS "events;tsan")
   endif()
 endforeach()
 
