@@ -21,8 +21,8 @@
 #include <time.h>
 
 #include "kvbm/hash.h"
-#include "kvbm/replay.h"
-#include "kvbm/trace.h"
+#include "workload/w1.h"
+#include "workload/trace.h"
 
 static double now(void) {
   struct timespec ts;
@@ -75,15 +75,15 @@ int main(int argc, char **argv) {
     return 1;
   }
   size_t n = kvbm_trace_count(t);
-  kvbm_replay_opts o = kvbm_replay_opts_default();
+  kvbm_w1_config o = kvbm_w1_config_default();
   o.scheme = scheme;
-  kvbm_replay_result res = {0}, r;
+  kvbm_w1_result res = {0}, r;
   double best_replay = 1e30, best_bound = 1e30;
   uint64_t sink = 0;
   for (int k = 0; k < repeat; k++) {
     double b = bound_seconds(t, n, scheme, o.block_size, &sink);
     if (b < best_bound) best_bound = b;
-    if (kvbm_replay_w1(t, &o, &r, &err)) {
+    if (kvbm_w1_run(t, &o, &r, &err)) {
       fprintf(stderr, "bench_replay: %s\n", err.msg);
       return 1;
     }

@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "kvbm/router.h"
+#include "workload/w3.h"
 
 static double now(void) {
   struct timespec ts;
@@ -369,7 +370,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   static oplog l;
-  kvbm_w3_opts o = kvbm_w3_opts_default();
+  kvbm_w3_config o = kvbm_w3_config_default();
   o.tap_batch = tap_batch;
   o.tap_lookup = tap_lookup;
   o.tap_user = &l;

@@ -1,13 +1,8 @@
 # events: threaded tests also run under ThreadSanitizer (suppressions for
 # the uninstrumented libzmq and libnats: scripts/tsan.supp).
 foreach(t events_test_publisher events_test_python events_test_zmq events_test_nats
-          events_test_pool_link events_test_w1)
+          events_test_pool_link)
   if(TEST ${t})
     set_tests_properties(${t} PROPERTIES LABELS "events;tsan")
   endif()
 endforeach()
-
-# The W1 test drives the replay of module trace.
-if(TARGET events_test_w1 AND TARGET kvbm_trace)
-  target_link_libraries(events_test_w1 PRIVATE kvbm_trace)
-endif()

@@ -1,6 +1,6 @@
 /*
  * fuzz_trace.c: libFuzzer target for the Mooncake trace reader.
- * fuzz-modules: common hash pool sequence trace
+ * fuzz-modules: common hash pool sequence workload/trace.c workload/w1.c
  * fuzz-libs: z xxhash
  *
  * Beyond "no crash, no leak, no UB": an accepted trace obeys the format's
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvbm/replay.h"
-#include "kvbm/trace.h"
+#include "workload/w1.h"
+#include "workload/trace.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   kvbm_trace *t;
@@ -32,11 +32,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       free(tok);
     }
   }
-  kvbm_replay_opts o = kvbm_replay_opts_default();
+  kvbm_w1_config o = kvbm_w1_config_default();
   o.capacity = 64;
   o.block_size = 4;
-  kvbm_replay_result res;
-  if (kvbm_replay_w1(t, &o, &res, &err) == KVBM_OK) {
+  kvbm_w1_result res;
+  if (kvbm_w1_run(t, &o, &res, &err) == KVBM_OK) {
     if (res.hit_tokens > res.prompt_tokens) abort();
   } else if (!err.msg[0]) {
     abort();

@@ -5,7 +5,8 @@
 # A target names the modules it needs on a line of its opening comment:
 #     * fuzz-modules: common blake3 frame
 # and is compiled together with every .c file of those src/<module>/
-# folders (no CMake involved, so a fuzz build never disturbs the others).
+# folders (no CMake involved, so a fuzz build never disturbs the others);
+# an entry <module>/<file>.c takes that one file of a module.
 # Without such a line it gets "common blake3 frame layout". A line
 #     * fuzz-libs: z xxhash
 # adds -l flags for the libraries those modules use. Seeds come from
@@ -32,7 +33,7 @@ for src in fuzz/fuzz_*.c; do
   if [ -n "${FUZZ_TARGETS:-}" ] && [[ " $FUZZ_TARGETS " != *" $x "* ]]; then
     continue
   fi
-  mods=$(sed -n '1,20{s/.*fuzz-modules:[[:space:]]*\([a-z0-9_ ]*\).*/\1/p}' "$src" | head -n 1)
+  mods=$(sed -n '1,20{s/.*fuzz-modules:[[:space:]]*\([a-z0-9_ ./]*\).*/\1/p}' "$src" | head -n 1)
   [ -n "$mods" ] || mods="common blake3 frame layout"
   libs=()
   for l in $(sed -n '1,20{s/.*fuzz-libs:[[:space:]]*\([a-z0-9_ ]*\).*/\1/p}' "$src" | head -n 1); do
@@ -40,6 +41,10 @@ for src in fuzz/fuzz_*.c; do
   done
   srcs=()
   for m in $mods; do
+    if [[ $m == */*.c ]]; then
+      srcs+=("src/$m")
+      continue
+    fi
     for f in src/"$m"/*.c; do
       [ -e "$f" ] && srcs+=("$f")
     done

@@ -95,7 +95,7 @@ int kvbm_frame_encode_header(kvbm_frame_tier tier, const void *body,
 int kvbm_frame_encode(kvbm_frame_tier tier, const void *body, size_t body_len,
                       void *out, size_t cap, size_t *out_len,
                       kvbm_error *err) {
-  size_t total;
+  size_t total = 0;
   if (!out_len) return kvbm_error_set(err, KVBM_EINVAL, "frame: out_len is NULL");
   int rc = kvbm_frame_encoded_len(body_len, &total, err);
   if (rc) return rc;

@@ -7,7 +7,7 @@
 
 #include "cli.h"
 #include "replay_cli.h"
-#include "kvbm/replay.h"
+#include "workload/w1.h"
 #include "replay_w2.h"
 
 const char kvbm_cmd_replay_help[] = "replay a request trace through the block manager (W1)";
@@ -23,7 +23,7 @@ static void usage(FILE *f) {
 
 int kvbm_cmd_replay(int argc, char **argv) {
   if (replay_w2_wanted(argc, argv)) return replay_w2_main(argc, argv); /* W2: tier flags */
-  kvbm_replay_opts o = kvbm_replay_opts_default();
+  kvbm_w1_config o = kvbm_w1_config_default();
   replay_cli c;
   replay_cli_init(&c);
   for (int i = 1; i < argc; i++) {
@@ -51,8 +51,8 @@ int kvbm_cmd_replay(int argc, char **argv) {
   }
   double load_s = cli_now() - t0;
   if (c.progress && !json) o.progress = replay_cli_progress;
-  kvbm_replay_result res;
-  int rc = kvbm_replay_w1(trace, &o, &res, &err);
+  kvbm_w1_result res;
+  int rc = kvbm_w1_run(trace, &o, &res, &err);
   kvbm_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "kvbm/router.h"
+#include "workload/w3.h"
 
 const char kvbm_cmd_route_sim_help[] = "simulate KV-aware routing over N workers (W3)";
 
@@ -40,7 +41,7 @@ static void progress_bar(void *user, size_t done, size_t total) {
   fflush(stderr);
 }
 
-static int parse(int argc, char **argv, kvbm_w3_opts *o, const char **trace, bool *json,
+static int parse(int argc, char **argv, kvbm_w3_config *o, const char **trace, bool *json,
                  bool *progress) {
   const char *v;
   uint64_t x;
@@ -135,7 +136,7 @@ static void policy_line(const char *name, const kvbm_w3_policy *p, const kvbm_w3
 }
 
 int kvbm_cmd_route_sim(int argc, char **argv) {
-  kvbm_w3_opts o = kvbm_w3_opts_default();
+  kvbm_w3_config o = kvbm_w3_config_default();
   const char *trace_path = NULL;
   bool json = false, progress = isatty(STDERR_FILENO);
   int rc = parse(argc, argv, &o, &trace_path, &json, &progress);

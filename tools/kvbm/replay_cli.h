@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "kvbm/replay.h"
+#include "workload/w1.h"
 
 typedef struct replay_cli {
   const char *trace; /* NULL until given: the bundled trace */
@@ -20,9 +20,9 @@ void replay_cli_init(replay_cli *c);
  * --capacity, --limit, --hash, --json, --no-progress), into `o` and `c`.
  * Returns 1 when taken (*i moved past a value), 0 when argv[*i] is
  * something else, -1 after printing what is wrong. */
-int replay_cli_take(int argc, char **argv, int *i, kvbm_replay_opts *o, replay_cli *c);
+int replay_cli_take(int argc, char **argv, int *i, kvbm_w1_config *o, replay_cli *c);
 
-/* A kvbm_replay_opts progress callback drawing a bar on stderr. */
+/* A kvbm_w1_config progress callback drawing a bar on stderr. */
 void replay_cli_progress(void *user, size_t done, size_t total);
 
 #endif

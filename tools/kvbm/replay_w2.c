@@ -12,7 +12,7 @@
 
 #include "cli.h"
 #include "replay_cli.h"
-#include "kvbm/tier_replay.h"
+#include "workload/w2.h"
 
 static const char *const w2_flags[] = {"--g2-blocks", "--g3-blocks", "--g3-dir", "--block-bytes",
                                        "--g2-policy", "--g3-policy", "--g3-buffered", "--g1-memory"};
@@ -46,8 +46,8 @@ static bool policy_opt(const char *opt, const char *v, kvbm_offload_policy *p) {
 
 static double gbps(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e9 : 0; }
 
-static void print_json(const char *trace, const kvbm_replay_w2_opts *o,
-                       const kvbm_replay_w2_result *r) {
+static void print_json(const char *trace, const kvbm_w2_config *o,
+                       const kvbm_w2_result *r) {
   double tps = r->w1.seconds > 0 ? (double)r->w1.prompt_tokens / r->w1.seconds : 0;
   double rate = r->w1.prompt_tokens ? (double)r->w1.hit_tokens / (double)r->w1.prompt_tokens : 0;
   printf("{\"workload\":\"W2\",\"trace\":\"%s\",\"block_size\":%u,\"capacity\":%u,"
@@ -62,7 +62,7 @@ static void print_json(const char *trace, const kvbm_replay_w2_opts *o,
          (unsigned long long)o->block_bytes, kvbm_offload_policy_name(o->g2_policy),
          kvbm_offload_policy_name(o->g3_policy), r->g3_mode);
   for (int t = 0; t < KVBM_TIER_COUNT; t++) {
-    const kvbm_replay_w2_tier *x = &r->tiers[t];
+    const kvbm_w2_tier *x = &r->tiers[t];
     printf("%s\"%s\":{\"hit_tokens\":%llu,\"offloaded_blocks\":%llu,\"offloaded_bytes\":%llu,"
            "\"onboarded_blocks\":%llu,\"onboarded_bytes\":%llu,\"skipped_offloads\":%llu,"
            "\"checksum_failures\":%llu,\"evictions\":%llu,\"copy_seconds\":%.6f,"
@@ -77,8 +77,8 @@ static void print_json(const char *trace, const kvbm_replay_w2_opts *o,
   printf("},\"verify_failures\":%llu}\n", (unsigned long long)r->verify_failures);
 }
 
-static void print_text(const char *trace, const kvbm_replay_w2_opts *o,
-                       const kvbm_replay_w2_result *r) {
+static void print_text(const char *trace, const kvbm_w2_config *o,
+                       const kvbm_w2_result *r) {
   double rate = r->w1.prompt_tokens ? (double)r->w1.hit_tokens / (double)r->w1.prompt_tokens : 0;
   printf("W2 replay of %s\n", trace);
   printf("  block size %u tokens, %llu bytes; G1 %u, G2 %u, G3 %llu blocks; %s hashes\n",
@@ -92,7 +92,7 @@ static void print_text(const char *trace, const kvbm_replay_w2_opts *o,
   printf("  hit tokens        %llu (%.2f%% of prompt tokens)\n",
          (unsigned long long)r->w1.hit_tokens, 100 * rate);
   for (int t = 0; t < KVBM_TIER_COUNT; t++) {
-    const kvbm_replay_w2_tier *x = &r->tiers[t];
+    const kvbm_w2_tier *x = &r->tiers[t];
     printf("    %s              %llu hit tokens, %llu offloaded, %llu onboarded, %llu skipped,"
            " %llu evicted",
            kvbm_tier_name(t), (unsigned long long)x->hit_tokens,
@@ -107,7 +107,7 @@ static void print_text(const char *trace, const kvbm_replay_w2_opts *o,
 }
 
 int replay_w2_main(int argc, char **argv) {
-  kvbm_replay_w2_opts o = kvbm_replay_w2_opts_default();
+  kvbm_w2_config o = kvbm_w2_config_default();
   replay_cli c;
   replay_cli_init(&c);
   const char *v;
@@ -170,8 +170,8 @@ int replay_w2_main(int argc, char **argv) {
     return 2;
   }
   if (c.progress && !json) o.w1.progress = replay_cli_progress;
-  kvbm_replay_w2_result res;
-  int rc = kvbm_replay_w2(trace, &o, &res, &err);
+  kvbm_w2_result res;
+  int rc = kvbm_w2_run(trace, &o, &res, &err);
   kvbm_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);

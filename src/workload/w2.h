@@ -1,5 +1,5 @@
 /*
- * kvbm/tier_replay.h: workload W2 (../shared/WORKLOADS.md), W1's sequential
+ * workload/w2.h: workload W2 (../shared/WORKLOADS.md), W1's sequential
  * replay through the tiered manager, with real bytes.
  *
  * Policy (docs/areas/tiers.md has the full text). Per request, in file
@@ -20,14 +20,14 @@
 #define KVBM_TIER_REPLAY_H
 
 #include "kvbm/manager.h"
-#include "kvbm/replay.h"
+#include "workload/w1.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct kvbm_replay_w2_opts {
-  kvbm_replay_opts w1;      /* block size, capacity (= C1), limit, hashes,
+typedef struct kvbm_w2_config {
+  kvbm_w1_config w1;      /* block size, capacity (= C1), limit, hashes,
                                progress (listener and on_finish unused) */
   uint32_t g2_blocks;       /* C2 (0: no G2) */
   uint64_t g3_blocks;       /* C3 (0: no G3) */
@@ -38,9 +38,9 @@ typedef struct kvbm_replay_w2_opts {
                                  then pinned). See kvbm_manager_config. */
   uint64_t block_bytes;     /* bytes per block, a multiple of 16 (256) */
   kvbm_offload_policy g2_policy, g3_policy; /* all, frequency */
-} kvbm_replay_w2_opts;
+} kvbm_w2_config;
 
-typedef struct kvbm_replay_w2_tier {
+typedef struct kvbm_w2_tier {
   uint64_t hit_tokens;
   uint64_t offloaded_blocks, offloaded_bytes;
   uint64_t onboarded_blocks, onboarded_bytes;
@@ -48,22 +48,22 @@ typedef struct kvbm_replay_w2_tier {
   uint64_t checksum_failures;
   uint64_t evictions;
   double busy_seconds;         /* worker time copying into or out of it */
-} kvbm_replay_w2_tier;
+} kvbm_w2_tier;
 
-typedef struct kvbm_replay_w2_result {
-  kvbm_replay_result w1;       /* hit_tokens is the total over the tiers */
-  kvbm_replay_w2_tier tiers[KVBM_TIER_COUNT];
+typedef struct kvbm_w2_result {
+  kvbm_w1_result w1;       /* hit_tokens is the total over the tiers */
+  kvbm_w2_tier tiers[KVBM_TIER_COUNT];
   uint64_t verify_failures;    /* onboarded blocks whose bytes were wrong */
   char g3_mode[64];            /* "io_uring+O_DIRECT", ... or "" */
   char g3_error[KVBM_ERROR_MSG_MAX]; /* why G3 was unavailable, or "" */
-} kvbm_replay_w2_result;
+} kvbm_w2_result;
 
-kvbm_replay_w2_opts kvbm_replay_w2_opts_default(void);
+kvbm_w2_config kvbm_w2_config_default(void);
 
-/* Runs W2. Errors as kvbm_replay_w1 (KVBM_ENOSPC when a request does not
+/* Runs W2. Errors as kvbm_w1_run (KVBM_ENOSPC when a request does not
  * fit in G1), KVBM_EINVAL for bad options. */
-int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *opts,
-                   kvbm_replay_w2_result *out, kvbm_error *err);
+int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *opts,
+                   kvbm_w2_result *out, kvbm_error *err);
 
 #ifdef __cplusplus
 }

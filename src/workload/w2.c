@@ -1,5 +1,5 @@
 /*
- * replay_w2.c: workload W2 (see kvbm/tier_replay.h).
+ * w2.c: workload W2 (see workload/w2.h).
  *
  * The replay is the engine: it writes every block it computes with a
  * pattern keyed by the block's sequence hash, and checks every block it is
@@ -10,19 +10,19 @@
  * timing, and sizes the queues for the largest request so that nothing is
  * skipped for lack of queue room.
  */
-#include "kvbm/tier_replay.h"
+#include "workload/w2.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kvbm/trace.h"
+#include "workload/trace.h"
 #include "common/clock.h"
 
-kvbm_replay_w2_opts kvbm_replay_w2_opts_default(void) {
-  kvbm_replay_w2_opts o;
+kvbm_w2_config kvbm_w2_config_default(void) {
+  kvbm_w2_config o;
   memset(&o, 0, sizeof o);
-  o.w1 = kvbm_replay_opts_default();
+  o.w1 = kvbm_w1_config_default();
   o.g3_direct = true;
   o.g1_memory = KVBM_MEMORY_SYSTEM;
   o.block_bytes = 256;
@@ -82,7 +82,7 @@ typedef struct run_ctx {
   kvbm_manager *m;
   uint32_t B;
   uint32_t *prompt, *output;
-  kvbm_replay_w2_result *res;
+  kvbm_w2_result *res;
 } run_ctx;
 
 /* Computes the blocks [from, full) the request must write (and those
@@ -103,7 +103,7 @@ static void compute(run_ctx *c, kvbm_mreq *r, size_t from, size_t refused_until)
 }
 
 static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm_error *err) {
-  kvbm_replay_w2_result *res = c->res;
+  kvbm_w2_result *res = c->res;
   uint32_t *tok = c->prompt;
   size_t n = q->input_length, out_from = 0;
   if (n) {
@@ -160,8 +160,8 @@ static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm
   return KVBM_OK;
 }
 
-int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *o,
-                   kvbm_replay_w2_result *out, kvbm_error *err) {
+int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
+                   kvbm_w2_result *out, kvbm_error *err) {
   if (!trace || !o || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
   if (o->block_bytes < 16 || o->block_bytes % 16 || o->block_bytes > (1u << 30))
     return kvbm_error_set(err, KVBM_EINVAL,
@@ -194,7 +194,7 @@ int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *o,
   kvbm_manager *m;
   int rc = kvbm_manager_create(&mc, &m, err);
   if (rc) return rc;
-  kvbm_replay_w2_result res;
+  kvbm_w2_result res;
   memset(&res, 0, sizeof res);
   run_ctx c = {.m = m, .B = o->w1.block_size, .res = &res};
   c.prompt = malloc(max_in * sizeof *c.prompt);
@@ -212,7 +212,7 @@ int kvbm_replay_w2(const kvbm_trace *trace, const kvbm_replay_w2_opts *o,
     for (int t = 0; t < KVBM_TIER_COUNT; t++) {
       kvbm_tier_stats s;
       kvbm_manager_stats(m, t, &s);
-      kvbm_replay_w2_tier *x = &res.tiers[t];
+      kvbm_w2_tier *x = &res.tiers[t];
       x->offloaded_blocks = s.offloaded_blocks;
       x->offloaded_bytes = s.offloaded_bytes;
       x->onboarded_blocks = s.onboarded_blocks;

@@ -1,11 +1,11 @@
 /*
- * replay.c: workload W1 through the sequence API (see kvbm/replay.h).
+ * w1.c: workload W1 through the sequence API (see workload/w1.h).
  *
  * The loop is what an engine does per request (prefill, decode, free), with
  * tokens made from the trace on the fly into two reused buffers; the only
  * allocations in the loop are the sequence handle and its block table.
  */
-#include "kvbm/replay.h"
+#include "workload/w1.h"
 
 #include <stdlib.h>
 #include <time.h>
@@ -13,8 +13,8 @@
 #include "kvbm/sequence.h"
 #include "common/clock.h"
 
-kvbm_replay_opts kvbm_replay_opts_default(void) {
-  kvbm_replay_opts o = {0};
+kvbm_w1_config kvbm_w1_config_default(void) {
+  kvbm_w1_config o = {0};
   o.block_size = 16;
   o.capacity = 16384;
   o.scheme = KVBM_HASH_NATIVE;
@@ -22,7 +22,7 @@ kvbm_replay_opts kvbm_replay_opts_default(void) {
 }
 
 static int run_request(kvbm_pool *pool, const kvbm_trace_request *r, size_t idx,
-                       uint32_t *prompt, uint32_t *output, kvbm_replay_result *res,
+                       uint32_t *prompt, uint32_t *output, kvbm_w1_result *res,
                        kvbm_error *err) {
   kvbm_seq *seq;
   int rc = kvbm_seq_create(pool, 0, 0, &seq);
@@ -44,8 +44,8 @@ static int run_request(kvbm_pool *pool, const kvbm_trace_request *r, size_t idx,
   return KVBM_OK;
 }
 
-int kvbm_replay_w1(const kvbm_trace *trace, const kvbm_replay_opts *opts,
-                   kvbm_replay_result *out, kvbm_error *err) {
+int kvbm_w1_run(const kvbm_trace *trace, const kvbm_w1_config *opts,
+                   kvbm_w1_result *out, kvbm_error *err) {
   if (!trace || !opts || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
   kvbm_pool_config pc = kvbm_pool_config_default(opts->capacity, opts->block_size);
   pc.scheme = opts->scheme;
@@ -62,7 +62,7 @@ int kvbm_replay_w1(const kvbm_trace *trace, const kvbm_replay_opts *opts,
   kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
   uint32_t *prompt = malloc(max_in * sizeof *prompt);
   uint32_t *output = malloc(max_out * sizeof *output);
-  kvbm_replay_result res = {0};
+  kvbm_w1_result res = {0};
   if (!prompt || !output) rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");
 
   double t0 = kvbm_clock_seconds();

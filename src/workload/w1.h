@@ -1,5 +1,5 @@
 /*
- * kvbm/replay.h: workload W1 (../shared/WORKLOADS.md), sequential replay of
+ * workload/w1.h: workload W1 (../shared/WORKLOADS.md), sequential replay of
  * a trace through one pool, the way an engine would drive kvbm.
  *
  * Each request runs through the sequence API: prefill (match, allocate,
@@ -16,13 +16,13 @@
 
 #include "kvbm/pool.h"
 #include "kvbm/status.h"
-#include "kvbm/trace.h"
+#include "workload/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct kvbm_replay_opts {
+typedef struct kvbm_w1_config {
   uint32_t block_size;          /* tokens per block (16) */
   uint32_t capacity;            /* blocks in the pool (16384) */
   size_t limit;                 /* first N requests; 0 = all */
@@ -35,23 +35,23 @@ typedef struct kvbm_replay_opts {
   /* optional: called once at the end with the pool, before it is destroyed */
   void (*on_finish)(void *user, const kvbm_pool *pool);
   void *finish_user;
-} kvbm_replay_opts;
+} kvbm_w1_config;
 
-typedef struct kvbm_replay_result {
+typedef struct kvbm_w1_result {
   uint64_t requests;
   uint64_t prompt_tokens;
   uint64_t hit_tokens;
   uint64_t blocks_allocated;
   double seconds; /* wall time of the replay loop (tokens made, hashed, managed) */
-} kvbm_replay_result;
+} kvbm_w1_result;
 
 /* Defaults: block size 16, capacity 16384, all requests, native hashes. */
-kvbm_replay_opts kvbm_replay_opts_default(void);
+kvbm_w1_config kvbm_w1_config_default(void);
 
 /* Runs W1. KVBM_ENOSPC with a message when one request does not fit in the
  * pool (the oracle stops there too). */
-int kvbm_replay_w1(const kvbm_trace *trace, const kvbm_replay_opts *opts,
-                   kvbm_replay_result *out, kvbm_error *err);
+int kvbm_w1_run(const kvbm_trace *trace, const kvbm_w1_config *opts,
+                   kvbm_w1_result *out, kvbm_error *err);
 
 #ifdef __cplusplus
 }

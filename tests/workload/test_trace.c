@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "kvbm/trace.h"
+#include "workload/trace.h"
 
 static kvbm_trace *parse_ok(const char *text, size_t limit) {
   kvbm_trace *t = NULL;

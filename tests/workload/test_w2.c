@@ -6,8 +6,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "kvbm/tier_replay.h"
-#include "tier_testutil.h"
+#include "workload/w2.h"
+#include "tier/tier_testutil.h"
 
 #define TRACE KVBM_SOURCE_DIR "/data/mooncake_conversation_trace.jsonl.gz"
 
@@ -24,17 +24,17 @@ static void test_equals_w1_without_lower_tiers(void **st) {
   uint32_t caps[] = {8192, 16384};
   uint32_t bss[] = {16, 32};
   for (int i = 0; i < 2; i++) {
-    kvbm_replay_opts o1 = kvbm_replay_opts_default();
+    kvbm_w1_config o1 = kvbm_w1_config_default();
     o1.capacity = caps[i];
     o1.block_size = bss[i];
-    kvbm_replay_result r1;
-    assert_int_equal(kvbm_replay_w1(t, &o1, &r1, NULL), KVBM_OK);
-    kvbm_replay_w2_opts o2 = kvbm_replay_w2_opts_default();
+    kvbm_w1_result r1;
+    assert_int_equal(kvbm_w1_run(t, &o1, &r1, NULL), KVBM_OK);
+    kvbm_w2_config o2 = kvbm_w2_config_default();
     o2.w1 = o1;
     o2.block_bytes = 32;
-    kvbm_replay_w2_result r2;
+    kvbm_w2_result r2;
     kvbm_error e = {0};
-    assert_int_equal(kvbm_replay_w2(t, &o2, &r2, &e), KVBM_OK);
+    assert_int_equal(kvbm_w2_run(t, &o2, &r2, &e), KVBM_OK);
     assert_int_equal(r2.w1.requests, r1.requests);
     assert_int_equal(r2.w1.prompt_tokens, r1.prompt_tokens);
     assert_int_equal(r2.w1.hit_tokens, r1.hit_tokens);
@@ -47,8 +47,8 @@ static void test_equals_w1_without_lower_tiers(void **st) {
 }
 
 static uint64_t w2(const kvbm_trace *t, const char *dir, uint32_t c1, uint32_t c2, uint64_t c3,
-                   kvbm_offload_policy g3p, kvbm_replay_w2_result *out) {
-  kvbm_replay_w2_opts o = kvbm_replay_w2_opts_default();
+                   kvbm_offload_policy g3p, kvbm_w2_result *out) {
+  kvbm_w2_config o = kvbm_w2_config_default();
   o.w1.capacity = c1;
   o.g2_blocks = c2;
   o.g3_blocks = c3;
@@ -57,7 +57,7 @@ static uint64_t w2(const kvbm_trace *t, const char *dir, uint32_t c1, uint32_t c
   o.g3_direct = false; /* semantics here; O_DIRECT speed is bench_tiers' */
   o.block_bytes = 32;
   kvbm_error e = {0};
-  if (kvbm_replay_w2(t, &o, out, &e)) fail_msg("%s", e.msg);
+  if (kvbm_w2_run(t, &o, out, &e)) fail_msg("%s", e.msg);
   uint64_t sum = 0;
   for (int i = 0; i < KVBM_TIER_COUNT; i++) sum += out->tiers[i].hit_tokens;
   assert_int_equal(sum, out->w1.hit_tokens);
@@ -82,7 +82,7 @@ static uint64_t w2(const kvbm_trace *t, const char *dir, uint32_t c1, uint32_t c
 static void axis(const kvbm_trace *t, const char *dir, const uint32_t *c1, const uint32_t *c2,
                  const uint64_t *c3, int n, kvbm_offload_policy p, int lower_tier_hits) {
   uint64_t prev = 0;
-  kvbm_replay_w2_result r;
+  kvbm_w2_result r;
   for (int i = 0; i < n; i++) {
     uint64_t h = w2(t, dir, c1[i], c2[i], c3[i], p, &r);
     assert_true(h >= prev);
@@ -130,17 +130,17 @@ static void test_monotone_in_every_tier(void **st) {
 static void test_bad_options(void **st) {
   (void)st;
   kvbm_trace *t = load(10);
-  kvbm_replay_w2_opts o = kvbm_replay_w2_opts_default();
-  kvbm_replay_w2_result r;
+  kvbm_w2_config o = kvbm_w2_config_default();
+  kvbm_w2_result r;
   kvbm_error e = {0};
   o.block_bytes = 20;
-  assert_int_equal(kvbm_replay_w2(t, &o, &r, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_w2_run(t, &o, &r, &e), KVBM_EINVAL);
   assert_non_null(strstr(e.msg, "block-bytes"));
-  o = kvbm_replay_w2_opts_default();
+  o = kvbm_w2_config_default();
   o.w1.capacity = 4;
-  assert_int_equal(kvbm_replay_w2(t, &o, &r, &e), KVBM_ENOSPC);
+  assert_int_equal(kvbm_w2_run(t, &o, &r, &e), KVBM_ENOSPC);
   assert_non_null(strstr(e.msg, "does not fit"));
-  assert_int_equal(kvbm_replay_w2(NULL, &o, &r, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_w2_run(NULL, &o, &r, &e), KVBM_EINVAL);
   kvbm_trace_destroy(t);
 }
 

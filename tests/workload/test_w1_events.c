@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "kvbm/events.h"
-#include "kvbm/replay.h"
-#include "kvbm/trace.h"
+#include "workload/w1.h"
+#include "workload/trace.h"
 
 typedef struct u64v {
   uint64_t *v;
@@ -81,7 +81,7 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   kvbm_subscriber *sub;
   assert_int_equal(kvbm_subscriber_create(&so, &sub, &err), KVBM_OK);
 
-  kvbm_replay_opts ro = kvbm_replay_opts_default();
+  kvbm_w1_config ro = kvbm_w1_config_default();
   ro.block_size = 16;
   ro.capacity = 8192;
   kvbm_pool_link link = {.pub = p, .medium = KVBM_MEDIUM_GPU, .block_size = 16};
@@ -90,8 +90,8 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   u64v truth = {0};
   ro.on_finish = on_finish;
   ro.finish_user = &truth;
-  kvbm_replay_result res;
-  if (kvbm_replay_w1(trace, &ro, &res, &err)) fail_msg("%s", err.msg);
+  kvbm_w1_result res;
+  if (kvbm_w1_run(trace, &ro, &res, &err)) fail_msg("%s", err.msg);
   assert_int_equal(res.requests, 200);
   assert_int_equal(link.failed, 0);
   assert_int_equal(kvbm_publisher_flush(p, 30000, &err), KVBM_OK);

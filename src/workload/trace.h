@@ -1,5 +1,5 @@
 /*
- * kvbm/trace.h: request traces in Mooncake's JSON-lines format, and the
+ * workload/trace.h: request traces in Mooncake's JSON-lines format, and the
  * tokens they stand for (../shared/WORKLOADS.md, "Turning a trace into
  * tokens").
  *

@@ -1,5 +1,5 @@
 /*
- * trace.c: the Mooncake JSON-lines trace reader (see kvbm/trace.h).
+ * trace.c: the Mooncake JSON-lines trace reader (see workload/trace.h).
  *
  * A small recursive-descent JSON reader that knows one shape: a flat object
  * per line whose four known fields are numbers or an array of numbers, and
@@ -12,7 +12,7 @@
  * that the requests point into (fixed up once parsing is over, since the
  * pool may move while it grows).
  */
-#include "kvbm/trace.h"
+#include "workload/trace.h"
 
 #include <errno.h>
 #include <math.h>

@@ -2,7 +2,7 @@
  * w3.c: workload W3 (../shared/WORKLOADS.md) in one process.
  *
  * Every worker is a W1 cache: a kvbm pool driven through the sequence API
- * exactly as src/trace/replay.c does (prefill, append the outputs,
+ * exactly as src/workload/w1.c does (prefill, append the outputs,
  * destroy). For the kv-aware run each pool's listener records its events;
  * after each request the worker's events become one batch (consecutive
  * BlockStored of a chain merged into one multi-block event, as vLLM sends
@@ -28,12 +28,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "kvbm/router.h"
+#include "workload/w3.h"
 #include "kvbm/sequence.h"
 #include "common/clock.h"
 
-kvbm_w3_opts kvbm_w3_opts_default(void) {
-  kvbm_w3_opts o = {0};
+kvbm_w3_config kvbm_w3_config_default(void) {
+  kvbm_w3_config o = {0};
   o.workers = 8;
   o.block_size = 16;
   o.capacity = 16384;
@@ -126,7 +126,7 @@ typedef struct wire {
 
 /* Sends worker w's captured events to the index through the codec. */
 static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *index_s,
-                 const kvbm_w3_opts *tap, kvbm_error *err) {
+                 const kvbm_w3_config *tap, kvbm_error *err) {
   if (c->oom) return kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
   if (!c->nr) return KVBM_OK;
   if (!reserve((void **)&wr->ev, &wr->cev, c->nr, sizeof *wr->ev))
@@ -178,7 +178,7 @@ typedef struct active {
 
 typedef struct sim {
   const kvbm_trace *trace;
-  const kvbm_w3_opts *o;
+  const kvbm_w3_config *o;
   size_t n;
   kvbm_pool **pool;
   capture *cap;
@@ -243,7 +243,7 @@ static int run_on(sim *s, uint32_t w, const kvbm_trace_request *r, size_t i,
 
 static int choose(sim *s, enum policy p, size_t i, const kvbm_trace_request *r, uint32_t *w,
                   kvbm_error *err) {
-  const kvbm_w3_opts *o = s->o;
+  const kvbm_w3_config *o = s->o;
   uint32_t W = o->workers;
   if (p == P_RR) {
     *w = (uint32_t)(i % W);
@@ -325,7 +325,7 @@ static void sim_free(sim *s) {
 }
 
 static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
-  const kvbm_w3_opts *o = s->o;
+  const kvbm_w3_config *o = s->o;
   s->pool = calloc(o->workers, sizeof *s->pool);
   s->cap = calloc(o->workers, sizeof *s->cap);
   if (!s->pool || !s->cap) return kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
@@ -385,7 +385,7 @@ static int run_policy(sim *s, enum policy p, kvbm_w3_policy *pol, kvbm_error *er
   return rc;
 }
 
-int kvbm_w3_run(const kvbm_trace *trace, const kvbm_w3_opts *o, kvbm_w3_result *out,
+int kvbm_w3_run(const kvbm_trace *trace, const kvbm_w3_config *o, kvbm_w3_result *out,
                 kvbm_error *err) {
   if (!trace || !o || !out) return kvbm_error_set(err, KVBM_EINVAL, "w3: NULL argument");
   if (o->workers < 1 || o->workers > KVBM_ROUTER_MAX_WORKERS)
