@@ -55,7 +55,7 @@ typedef struct result {
 /* Child: our subscriber, decoding every batch, until `blocks` block
  * events have arrived. */
 static void child_decode(const char *ep, unsigned long long blocks, int wfd) {
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
   kvbm_subscriber *s;
   kvbm_error err;
   if (kvbm_subscriber_create(&so, &s, &err)) {
@@ -166,12 +166,12 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
                        unsigned long long blocks, result *r) {
   int rfd;
   pid_t pid = spawn(0, conn_ep, blocks, &rfd);
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = batch;
   kvbm_publisher *p;
   kvbm_error err;
   if (kvbm_publisher_create(&o, &p, &err)) return -1;
-  kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(bind_ep);
+  kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default(bind_ep);
   zo.mode = KVBM_ZMQ_BIND;
   zo.hwm = 0;
   if (kvbm_publisher_add_zmq(p, &zo, &err) || kvbm_publisher_start(p, &err)) {

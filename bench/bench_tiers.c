@@ -151,7 +151,7 @@ static kvbm_manager_config mcfg(const cfg *c, uint32_t g2, uint64_t g3) {
 /* One offload + onboard round: commit P (timed to flush), flood G1 (and
  * G2 when it is small) with Q, prefill P again (timed to wait). */
 static int round_trip(const cfg *c, kvbm_manager *m, uint32_t base, double *off_s, double *on_s,
-                      kvbm_tier_id expect_from) {
+                      kvbm_tier expect_from) {
   size_t ntok = c->n * 16 + 1;
   uint32_t *p = prompt(base, ntok), *q = prompt(base + 50000000u, ntok);
   kvbm_mreq *r;

@@ -94,11 +94,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *body = data + 4;
     size_t blen = size - 4;
     size_t len = 0;
-    CHECK(kvbm_frame_encode((kvbm_frame_tier)(data[1] & 3), body, blen, NULL, 0,
+    CHECK(kvbm_frame_encode((kvbm_tier)(data[1] & 3), body, blen, NULL, 0,
                             &len, NULL) == KVBM_OK);
     uint8_t *f = malloc(len + 1);
     CHECK(f != NULL);
-    CHECK(kvbm_frame_encode((kvbm_frame_tier)(data[1] & 3), body, blen, f, len,
+    CHECK(kvbm_frame_encode((kvbm_tier)(data[1] & 3), body, blen, f, len,
                             &len, NULL) == KVBM_OK);
     check(f, len, data[0]); /* valid as encoded */
     f[data[2] % len] ^= data[3];

@@ -29,7 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int status = 0;
   const char *why = NULL;
   const size_t max_head = 512, max_body = 4096;
-  http_result hr = http_parse_head(buf, size, max_head, max_body, &r, &status, &why);
+  http_result hr = kvbm__http_parse_head(buf, size, max_head, max_body, &r, &status, &why);
   if (hr == HTTP_HEAD) {
     if (r.head_len > size || r.head_len > max_head || r.head_len < 4) abort();
     if (r.content_length > max_body) abort();
@@ -43,18 +43,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   rj_request q;
   kvbm_error err = {0};
-  int rc = rj_parse_request(buf, size, 64, &q, &err);
+  int rc = kvbm__rj_parse_request(buf, size, 64, &q, &err);
   if (rc == KVBM_OK) {
     if (q.num_tokens > 64 || q.num_hashes > 64) abort();
     if (q.has_tokens && !q.tokens) abort();
     if (q.has_hashes && !q.hashes) abort();
-    rj_request_free(&q);
+    kvbm__rj_request_free(&q);
   } else {
     if (!err.msg[0] || q.tokens || q.hashes) abort();
   }
   if (size) {
-    rc = rj_parse_request(buf, size - 1, 64, &q, &err);
-    if (rc == KVBM_OK) rj_request_free(&q);
+    rc = kvbm__rj_parse_request(buf, size - 1, 64, &q, &err);
+    if (rc == KVBM_OK) kvbm__rj_request_free(&q);
   }
   free(buf);
   return 0;

@@ -58,67 +58,67 @@ typedef struct kvbm_blake3_hasher {
 } kvbm_blake3_hasher;
 
 /* Whether this CPU (and build) can run `impl` (AUTO is always available). */
-int kvbm_blake3_impl_available(kvbm_blake3_impl impl);
+KVBM_EXTERN int kvbm_blake3_impl_available(kvbm_blake3_impl impl);
 
 /* The widest available path: what AUTO resolves to on this machine. */
-kvbm_blake3_impl kvbm_blake3_impl_best(void);
+KVBM_EXTERN kvbm_blake3_impl kvbm_blake3_impl_best(void);
 
 /* "portable", "sse4.1", "avx2", "avx512", "auto"; "?" for other values. */
-const char *kvbm_blake3_impl_name(kvbm_blake3_impl impl);
+KVBM_EXTERN const char *kvbm_blake3_impl_name(kvbm_blake3_impl impl);
 
 /* Starts a plain hash. Returns KVBM_EINVAL if `h` is NULL. */
-int kvbm_blake3_hasher_init(kvbm_blake3_hasher *h);
+KVBM_EXTERN int kvbm_blake3_hasher_init(kvbm_blake3_hasher *h);
 
 /* Starts a keyed hash (a MAC) with a 32-byte key; the key is copied. */
-int kvbm_blake3_hasher_init_keyed(kvbm_blake3_hasher *h,
+KVBM_EXTERN int kvbm_blake3_hasher_init_keyed(kvbm_blake3_hasher *h,
                                   const uint8_t key[KVBM_BLAKE3_KEY_LEN]);
 
 /* Starts key derivation with a context string (NUL-terminated; should be
  * a hard-coded, globally unique, application-specific string). The key
  * material is then fed with update. */
-int kvbm_blake3_hasher_init_derive_key(kvbm_blake3_hasher *h,
+KVBM_EXTERN int kvbm_blake3_hasher_init_derive_key(kvbm_blake3_hasher *h,
                                        const char *context);
 
 /* Same with a context of explicit length (may contain NUL bytes). */
-int kvbm_blake3_hasher_init_derive_key_raw(kvbm_blake3_hasher *h,
+KVBM_EXTERN int kvbm_blake3_hasher_init_derive_key_raw(kvbm_blake3_hasher *h,
                                            const void *context,
                                            size_t context_len);
 
 /* Forces a compression path. KVBM_EUNSUPPORTED (message in `err`) if this
  * CPU lacks it, KVBM_EINVAL for an unknown value. May be called at any
  * time: the state does not depend on the path. */
-int kvbm_blake3_hasher_set_impl(kvbm_blake3_hasher *h, kvbm_blake3_impl impl,
+KVBM_EXTERN int kvbm_blake3_hasher_set_impl(kvbm_blake3_hasher *h, kvbm_blake3_impl impl,
                                 kvbm_error *err);
 
 /* Feeds `len` bytes (any split of the input gives the same hash).
  * KVBM_EINVAL if `h` is NULL or `in` is NULL with len > 0. Feeding more
  * than 2^64 bytes in total is outside BLAKE3 and not detected. */
-int kvbm_blake3_hasher_update(kvbm_blake3_hasher *h, const void *in,
+KVBM_EXTERN int kvbm_blake3_hasher_update(kvbm_blake3_hasher *h, const void *in,
                               size_t len);
 
 /* Writes the first `out_len` bytes of the output (32 is the default
  * length; any length works, a shorter output is a prefix of a longer
  * one). Does not change the state: more input may follow, and finalize
  * may be called again. KVBM_EINVAL for NULL arguments. */
-int kvbm_blake3_hasher_finalize(const kvbm_blake3_hasher *h, uint8_t *out,
+KVBM_EXTERN int kvbm_blake3_hasher_finalize(const kvbm_blake3_hasher *h, uint8_t *out,
                                 size_t out_len);
 
 /* Writes output bytes [seek, seek + out_len) of the extended output.
  * KVBM_EOVERFLOW if that range goes past 2^64 bytes. */
-int kvbm_blake3_hasher_finalize_seek(const kvbm_blake3_hasher *h,
+KVBM_EXTERN int kvbm_blake3_hasher_finalize_seek(const kvbm_blake3_hasher *h,
                                      uint64_t seek, uint8_t *out,
                                      size_t out_len);
 
 /* Forgets all input, keeping the mode, key and compression path. */
-int kvbm_blake3_hasher_reset(kvbm_blake3_hasher *h);
+KVBM_EXTERN int kvbm_blake3_hasher_reset(kvbm_blake3_hasher *h);
 
 /* One-shot helpers: hash `in` and write `out_len` bytes of output. */
-int kvbm_blake3_hash(const void *in, size_t len, uint8_t *out,
+KVBM_EXTERN int kvbm_blake3_hash(const void *in, size_t len, uint8_t *out,
                      size_t out_len);
-int kvbm_blake3_keyed_hash(const uint8_t key[KVBM_BLAKE3_KEY_LEN],
+KVBM_EXTERN int kvbm_blake3_keyed_hash(const uint8_t key[KVBM_BLAKE3_KEY_LEN],
                            const void *in, size_t len, uint8_t *out,
                            size_t out_len);
-int kvbm_blake3_derive_key(const char *context, const void *material,
+KVBM_EXTERN int kvbm_blake3_derive_key(const char *context, const void *material,
                            size_t len, uint8_t *out, size_t out_len);
 
 #ifdef __cplusplus

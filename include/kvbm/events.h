@@ -40,6 +40,7 @@
 
 #include "kvbm/pool.h"
 #include "kvbm/status.h"
+#include "kvbm/tier.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,7 +55,7 @@ typedef enum kvbm_event_type {
 } kvbm_event_type;
 
 /* The wire tag ("BlockStored", ...); "?" for an unknown value. */
-const char *kvbm_event_type_name(kvbm_event_type t);
+KVBM_EXTERN const char *kvbm_event_type_name(kvbm_event_type t);
 
 typedef enum kvbm_medium {
   KVBM_MEDIUM_NONE = 0,   /* not given (nil on the wire) */
@@ -66,11 +67,15 @@ typedef enum kvbm_medium {
 } kvbm_medium;
 
 /* "GPU", "CPU", "DISK", "REMOTE"; NULL for NONE and OTHER. */
-const char *kvbm_medium_name(kvbm_medium m);
+KVBM_EXTERN const char *kvbm_medium_name(kvbm_medium m);
 
 /* Maps a name (case-insensitive) to a medium: GPU, CPU, DISK, REMOTE;
  * anything else is KVBM_MEDIUM_OTHER. */
-kvbm_medium kvbm_medium_from_name(const char *name, size_t len);
+KVBM_EXTERN kvbm_medium kvbm_medium_from_name(const char *name, size_t len);
+
+/* The tier a medium stands for: GPU and a missing medium (Dynamo's reading)
+ * G1, CPU G2, DISK G3, REMOTE G4; a name kvbm does not know counts as G3. */
+KVBM_EXTERN kvbm_tier kvbm_medium_tier(kvbm_medium m);
 
 /* One event. Arrays and strings are borrowed: in a decoded batch they stay
  * valid until the decoder (or subscriber) that produced them is used again
@@ -113,7 +118,7 @@ typedef struct kvbm_event_batch {
 /* Writes `ev` as one JSON object (no newline) into buf, NUL-terminated;
  * hashes are unsigned decimal integers. Returns the length it needs (like
  * snprintf): the output is complete when that is < cap. */
-size_t kvbm_event_to_json(const kvbm_event *ev, char *buf, size_t cap);
+KVBM_EXTERN size_t kvbm_event_to_json(const kvbm_event *ev, char *buf, size_t cap);
 
 /* ----------------------------------------------------------------- codec */
 
@@ -126,22 +131,22 @@ typedef enum kvbm_event_form {
 typedef struct kvbm_event_encoder kvbm_event_encoder;
 
 /* Creates an encoder (free with kvbm_event_encoder_destroy). */
-int kvbm_event_encoder_create(kvbm_event_encoder **out, kvbm_error *err);
-void kvbm_event_encoder_destroy(kvbm_event_encoder *enc); /* NULL is a no-op */
+KVBM_EXTERN int kvbm_event_encoder_create(kvbm_event_encoder **out, kvbm_error *err);
+KVBM_EXTERN void kvbm_event_encoder_destroy(kvbm_event_encoder *enc); /* NULL is a no-op */
 
 /* Encodes the payload [ts, [events], dp_rank] (dp_rank omitted when
  * !has_dp_rank) in `form`. *data and *len point into the encoder and stay valid
  * until its next use. KVBM_EINVAL for an event of unknown type, a medium of
  * OTHER without a name, or too many elements for msgpack (2^32). */
-int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
+KVBM_EXTERN int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
                       kvbm_event_form form, const uint8_t **data, size_t *len,
                       kvbm_error *err);
 
 /* Decoder: owns the memory of the batches it returns. */
 typedef struct kvbm_event_decoder kvbm_event_decoder;
 
-int kvbm_event_decoder_create(kvbm_event_decoder **out, kvbm_error *err);
-void kvbm_event_decoder_destroy(kvbm_event_decoder *dec); /* NULL is a no-op */
+KVBM_EXTERN int kvbm_event_decoder_create(kvbm_event_decoder **out, kvbm_error *err);
+KVBM_EXTERN void kvbm_event_decoder_destroy(kvbm_event_decoder *dec); /* NULL is a no-op */
 
 /* Decodes one payload. On success fills *out (its seq set to `seq`); the
  * arrays it points to belong to the decoder and stay valid until its next
@@ -152,7 +157,7 @@ void kvbm_event_decoder_destroy(kvbm_event_decoder *dec); /* NULL is a no-op */
  * KVBM_ETOOLONG (bytes after the payload), with err naming the place; it
  * never reads outside [data, data+len) and allocates at most a small
  * multiple of len. */
-int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
+KVBM_EXTERN int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
                       uint64_t seq, kvbm_event_batch *out, kvbm_error *err);
 
 /* ------------------------------------------------------------- publisher */
@@ -165,7 +170,7 @@ typedef enum kvbm_overflow {
                              * returns KVBM_EAGAIN */
 } kvbm_overflow;
 
-typedef struct kvbm_publisher_options {
+typedef struct kvbm_publisher_config {
   int32_t dp_rank;              /* stamped on every batch */
   size_t max_batch_events;      /* a batch is sent when it holds this many
                                  * events (>= 1; default 256) */
@@ -177,10 +182,10 @@ typedef struct kvbm_publisher_options {
                                  * names (default 64 MiB) */
   kvbm_overflow overflow;       /* what publish does when the queue is full */
   kvbm_event_form form;         /* wire form for the byte sinks */
-} kvbm_publisher_options;
+} kvbm_publisher_config;
 
 /* The defaults above; dp_rank 0, block on overflow, positional form. */
-kvbm_publisher_options kvbm_publisher_options_default(void);
+KVBM_EXTERN kvbm_publisher_config kvbm_publisher_config_default(void);
 
 /* Receives every batch, in order, on the publisher's thread. The batch and
  * everything it points to are valid during the call only. Must not call
@@ -194,7 +199,7 @@ typedef enum kvbm_zmq_mode {
   KVBM_ZMQ_CONNECT = 2,
 } kvbm_zmq_mode;
 
-typedef struct kvbm_zmq_sink_options {
+typedef struct kvbm_zmq_sink_config {
   const char *endpoint;          /* PUB endpoint (required) */
   kvbm_zmq_mode mode;
   const char *topic;             /* first frame; NULL = "" */
@@ -203,27 +208,27 @@ typedef struct kvbm_zmq_sink_options {
   int hwm;                       /* PUB send high-water mark (default 100000) */
   int linger_ms;                 /* on shutdown, how long queued messages
                                   * may take to leave (default 2000) */
-} kvbm_zmq_sink_options;
+} kvbm_zmq_sink_config;
 
-kvbm_zmq_sink_options kvbm_zmq_sink_options_default(const char *endpoint);
+KVBM_EXTERN kvbm_zmq_sink_config kvbm_zmq_sink_config_default(const char *endpoint);
 
 /* Creates a publisher with no sinks and no thread yet. Free with
  * kvbm_publisher_destroy. KVBM_EINVAL for inconsistent options. */
-int kvbm_publisher_create(const kvbm_publisher_options *opts, kvbm_publisher **out,
+KVBM_EXTERN int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **out,
                        kvbm_error *err);
 
 /* Sinks: add before kvbm_publisher_start (KVBM_ESTATE after). The
  * publisher owns what they create. */
-int kvbm_publisher_add_callback(kvbm_publisher *pub, kvbm_batch_callback fn,
+KVBM_EXTERN int kvbm_publisher_add_callback(kvbm_publisher *pub, kvbm_batch_callback fn,
                                 void *user, kvbm_error *err);
 /* Binds/connects the PUB socket (and binds the ROUTER) now, so an address
  * error shows here. KVBM_EIO with zmq's message on failure. */
-int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_options *opts,
+KVBM_EXTERN int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_config *opts,
                            kvbm_error *err);
 /* Connects to the NATS server at `url` now and publishes every payload on
  * `subject`, with a header "Kvbm-Seq" (the decimal sequence number). The
  * payload is the same msgpack as the ZMQ third frame. */
-int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url,
+KVBM_EXTERN int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url,
                             const char *subject, kvbm_error *err);
 
 /* The endpoint a ZMQ sink actually bound (e.g. the port picked for a
@@ -232,11 +237,11 @@ int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url,
  * too); `replay` selects the ROUTER. Copies the NUL-terminated text into
  * buf. KVBM_ENOTFOUND when that sink has no such socket, KVBM_ETOOLONG
  * when cap is too small. */
-int kvbm_publisher_zmq_endpoint(const kvbm_publisher *pub, size_t sink_index,
+KVBM_EXTERN int kvbm_publisher_zmq_endpoint(const kvbm_publisher *pub, size_t sink_index,
                                 bool replay, char *buf, size_t cap);
 
 /* Starts the publisher thread. */
-int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err);
+KVBM_EXTERN int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err);
 
 /* Queues one event (copying its arrays and strings) and, when event_id is
  * not NULL, stores the id it was given. Ids are given on acceptance, so
@@ -245,27 +250,27 @@ int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err);
  * DROP), KVBM_EINVAL for a bad event (unknown type, STORED without blocks
  * or block size, OTHER medium without a name), KVBM_ETOOLONG for an event
  * larger than queue_bytes. */
-int kvbm_publisher_publish(kvbm_publisher *pub, const kvbm_event *ev,
+KVBM_EXTERN int kvbm_publisher_publish(kvbm_publisher *pub, const kvbm_event *ev,
                            uint64_t *event_id, kvbm_error *err);
 
 /* Dynamo KvEventPublisher-style helpers over kvbm_publisher_publish.
  * parent_hash and lora_id may be NULL (absent). */
-int kvbm_publisher_publish_stored(kvbm_publisher *pub, const uint64_t *block_hashes,
+KVBM_EXTERN int kvbm_publisher_publish_stored(kvbm_publisher *pub, const uint64_t *block_hashes,
                                   size_t num_blocks, const uint64_t *parent_hash,
                                   const uint32_t *token_ids, size_t num_tokens,
                                   uint32_t block_size, const int64_t *lora_id,
                                   kvbm_medium medium, uint64_t *event_id,
                                   kvbm_error *err);
-int kvbm_publisher_publish_removed(kvbm_publisher *pub, const uint64_t *block_hashes,
+KVBM_EXTERN int kvbm_publisher_publish_removed(kvbm_publisher *pub, const uint64_t *block_hashes,
                                    size_t num_blocks, kvbm_medium medium,
                                    uint64_t *event_id, kvbm_error *err);
-int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id,
+KVBM_EXTERN int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id,
                                    kvbm_error *err);
 
 /* Sends everything accepted before the call without waiting for the batch
  * to fill, and waits until the sinks have it (timeout_ms < 0: no limit).
  * KVBM_ETIMEDOUT when time ran out. */
-int kvbm_publisher_flush(kvbm_publisher *pub, int timeout_ms, kvbm_error *err);
+KVBM_EXTERN int kvbm_publisher_flush(kvbm_publisher *pub, int timeout_ms, kvbm_error *err);
 
 typedef struct kvbm_publisher_stats {
   uint64_t accepted;        /* events queued (ids 0..accepted-1) */
@@ -277,18 +282,18 @@ typedef struct kvbm_publisher_stats {
   uint64_t replay_bad;      /* malformed replay requests ignored */
   uint64_t blocked;         /* publish calls that had to wait for room */
 } kvbm_publisher_stats;
-void kvbm_publisher_stats_get(kvbm_publisher *pub, kvbm_publisher_stats *out);
+KVBM_EXTERN void kvbm_publisher_stats_get(kvbm_publisher *pub, kvbm_publisher_stats *out);
 
 /* Shuts down: refuses new events, sends every accepted one, lets the
  * sockets drain (ZMQ linger, NATS flush), joins the thread and frees.
  * NULL is a no-op. */
-void kvbm_publisher_destroy(kvbm_publisher *pub);
+KVBM_EXTERN void kvbm_publisher_destroy(kvbm_publisher *pub);
 
 /* ------------------------------------------------------------ subscriber */
 
 typedef struct kvbm_subscriber kvbm_subscriber;
 
-typedef struct kvbm_subscriber_options {
+typedef struct kvbm_subscriber_config {
   const char *endpoint;         /* the engine's PUB endpoint (required) */
   bool bind;                    /* bind instead of connect (for engines
                                  * whose PUB connects) */
@@ -299,13 +304,13 @@ typedef struct kvbm_subscriber_options {
                                  * joiner asks the replay socket at once) */
   int replay_timeout_ms;        /* wait for one replay reply (default 1000) */
   size_t max_payload;           /* larger messages are refused (64 MiB) */
-} kvbm_subscriber_options;
+} kvbm_subscriber_config;
 
-kvbm_subscriber_options kvbm_subscriber_options_default(const char *endpoint);
+KVBM_EXTERN kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint);
 
-int kvbm_subscriber_create(const kvbm_subscriber_options *opts, kvbm_subscriber **out,
+KVBM_EXTERN int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber **out,
                         kvbm_error *err);
-void kvbm_subscriber_destroy(kvbm_subscriber *sub); /* NULL is a no-op */
+KVBM_EXTERN void kvbm_subscriber_destroy(kvbm_subscriber *sub); /* NULL is a no-op */
 
 /* Returns the next batch in sequence order. When a live batch's sequence
  * number jumps ahead, the subscriber asks the replay socket for the missing
@@ -318,11 +323,11 @@ void kvbm_subscriber_destroy(kvbm_subscriber *sub); /* NULL is a no-op */
  * max_payload), its error with err saying what was wrong: the message is
  * counted and skipped, and the next call goes on. KVBM_EIO when the socket
  * fails. */
-int kvbm_subscriber_recv(kvbm_subscriber *sub, int timeout_ms, kvbm_event_batch *out,
+KVBM_EXTERN int kvbm_subscriber_recv(kvbm_subscriber *sub, int timeout_ms, kvbm_event_batch *out,
                          kvbm_error *err);
 
 /* Like recv, and also gives the raw payload (valid as long as the batch). */
-int kvbm_subscriber_recv_raw(kvbm_subscriber *sub, int timeout_ms,
+KVBM_EXTERN int kvbm_subscriber_recv_raw(kvbm_subscriber *sub, int timeout_ms,
                              kvbm_event_batch *out, const uint8_t **payload,
                              size_t *payload_len, kvbm_error *err);
 
@@ -342,7 +347,7 @@ typedef struct kvbm_subscriber_stats {
   uint64_t bad_payload;     /* payload did not decode */
   uint64_t too_large;       /* payload over max_payload */
 } kvbm_subscriber_stats;
-void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subscriber_stats *out);
+KVBM_EXTERN void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subscriber_stats *out);
 
 /* ----------------------------------------------------------------- relay */
 
@@ -353,19 +358,19 @@ void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subscriber_stats
 typedef struct kvbm_relay kvbm_relay;
 
 /* `dst` is borrowed: it must be started and outlive the relay. */
-int kvbm_relay_create(const kvbm_subscriber_options *src, kvbm_publisher *dst,
+KVBM_EXTERN int kvbm_relay_create(const kvbm_subscriber_config *src, kvbm_publisher *dst,
                    kvbm_relay **out, kvbm_error *err);
-void kvbm_relay_destroy(kvbm_relay *relay); /* NULL is a no-op */
+KVBM_EXTERN void kvbm_relay_destroy(kvbm_relay *relay); /* NULL is a no-op */
 
 /* Waits up to timeout_ms for one batch and forwards it; *batches (may be
  * NULL) is 1 when one went through. A malformed input message is counted
  * and skipped: the call returns its error (err says what), and the relay
  * goes on at the next call. KVBM_ETIMEDOUT when nothing came. */
-int kvbm_relay_poll(kvbm_relay *relay, int timeout_ms, size_t *batches,
+KVBM_EXTERN int kvbm_relay_poll(kvbm_relay *relay, int timeout_ms, size_t *batches,
                     kvbm_error *err);
 
 /* The relay's subscriber, for its statistics. */
-const kvbm_subscriber *kvbm_relay_subscriber(const kvbm_relay *relay);
+KVBM_EXTERN const kvbm_subscriber *kvbm_relay_subscriber(const kvbm_relay *relay);
 
 /* ------------------------------------------------------------- pool link */
 
@@ -384,11 +389,11 @@ typedef struct kvbm_pool_link {
 } kvbm_pool_link;
 
 /* Fills the link and installs it as the pool's listener. */
-int kvbm_pool_link_attach(kvbm_pool_link *link, kvbm_pool *pool, kvbm_publisher *pub,
+KVBM_EXTERN int kvbm_pool_link_attach(kvbm_pool_link *link, kvbm_pool *pool, kvbm_publisher *pub,
                           kvbm_medium medium, kvbm_error *err);
 
 /* The listener itself (user = a kvbm_pool_link*), for pools set up by hand. */
-void kvbm_pool_link_listener(void *user, const kvbm_pool_event *ev);
+KVBM_EXTERN void kvbm_pool_link_listener(void *user, const kvbm_pool_event *ev);
 
 #ifdef __cplusplus
 }

@@ -74,7 +74,7 @@ typedef struct kvbm_fabric_handle {
  * kvbm_fabric_destroy() both (in any order; once one end is destroyed the
  * other's pushes fail with KVBM_ECLOSED). Errors: KVBM_EINVAL (bad label),
  * KVBM_ENOMEM. */
-int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b,
+KVBM_EXTERN int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b,
                             kvbm_fabric **a, kvbm_fabric **b, kvbm_error *err);
 
 /* ---- UCX fabric ---- */
@@ -93,34 +93,34 @@ typedef struct kvbm_fabric_ucx_config {
                               protocol error. Default 65536 */
 } kvbm_fabric_ucx_config;
 
-/* Fills *cfg with the defaults above. */
-void kvbm_fabric_ucx_config_init(kvbm_fabric_ucx_config *cfg);
+/* The defaults above. */
+KVBM_EXTERN kvbm_fabric_ucx_config kvbm_fabric_ucx_config_default(void);
 
 typedef struct kvbm_fabric_listener kvbm_fabric_listener;
 
 /* Listens on host:port (host NULL: "127.0.0.1"; port 0: any free port) for
  * one peer. The config is copied. *out is owned by the caller:
  * kvbm_fabric_listener_destroy(). KVBM_EEXIST: port in use; KVBM_EIO. */
-int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host,
+KVBM_EXTERN int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host,
                            uint16_t port, kvbm_fabric_listener **out,
                            kvbm_error *err);
 
 /* The port actually bound. */
-uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l);
+KVBM_EXTERN uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l);
 
 /* Waits up to cfg.timeout_ms for a peer, swaps worker addresses and labels
  * with it and returns a connected fabric (*out, owned by the caller). May be
  * called again for another peer. KVBM_ETIMEDOUT: nobody came;
  * KVBM_EPROTO: the peer is not a kvbm fabric or sent malformed data;
  * KVBM_EIO: UCX failed (message has UCX's reason). */
-int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out,
+KVBM_EXTERN int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out,
                            kvbm_error *err);
 
-void kvbm_fabric_listener_destroy(kvbm_fabric_listener *l);
+KVBM_EXTERN void kvbm_fabric_listener_destroy(kvbm_fabric_listener *l);
 
 /* Connects to a listener at host:port (retrying until cfg->timeout_ms while
  * nobody listens yet). Same result and errors as accept. */
-int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
+KVBM_EXTERN int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
                             const char *host, uint16_t port,
                             kvbm_fabric **out, kvbm_error *err);
 
@@ -131,43 +131,43 @@ int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
  * outstanding pulls meanwhile, so that nothing in flight is cut. Block sets
  * registered or imported on this fabric must be released before. NULL:
  * no-op. */
-void kvbm_fabric_destroy(kvbm_fabric *f);
+KVBM_EXTERN void kvbm_fabric_destroy(kvbm_fabric *f);
 
 /* "inproc" or "ucx". */
-const char *kvbm_fabric_kind(const kvbm_fabric *f);
+KVBM_EXTERN const char *kvbm_fabric_kind(const kvbm_fabric *f);
 
 /* This end's label, and the peer's (as the peer announced it). Valid for the
  * fabric's lifetime. */
-const char *kvbm_fabric_label(const kvbm_fabric *f);
-const char *kvbm_fabric_peer_label(const kvbm_fabric *f);
+KVBM_EXTERN const char *kvbm_fabric_label(const kvbm_fabric *f);
+KVBM_EXTERN const char *kvbm_fabric_peer_label(const kvbm_fabric *f);
 
 /* Sends `len` bytes (0 allowed) to the peer; *out (may be NULL) gets the
  * handle. Ownership: `data` must stay valid and unchanged until
  * kvbm_fabric_flush() returns KVBM_OK (the UCX fabric reads it while the
  * peer pulls; the in-process one copies it at once). Errors: KVBM_ECLOSED
  * (peer gone), KVBM_ETOOLONG (above the peer's max_payload, UCX), KVBM_EIO. */
-int kvbm_fabric_push(kvbm_fabric *f, const void *data, size_t len,
+KVBM_EXTERN int kvbm_fabric_push(kvbm_fabric *f, const void *data, size_t len,
                      kvbm_fabric_handle *out, kvbm_error *err);
 
 /* Waits up to timeout_ms (0: just look; < 0: forever) for a payload from the
  * peer that next() has not returned before, oldest first; *h gets its
  * handle, *len (may be NULL) its size. KVBM_ETIMEDOUT if none came;
  * KVBM_ECLOSED if the peer closed and none is left. */
-int kvbm_fabric_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h,
+KVBM_EXTERN int kvbm_fabric_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h,
                      size_t *len, kvbm_error *err);
 
 /* Moves payload `h` into buf[0..cap) and forgets it; *len (may be NULL) gets
  * its size. Waits up to timeout_ms for it to arrive if it has not yet.
  * KVBM_ETOOLONG: cap is smaller than the payload (it is kept: retry with a
  * larger buffer); KVBM_ENOTFOUND: already pulled; KVBM_ETIMEDOUT. */
-int kvbm_fabric_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf,
+KVBM_EXTERN int kvbm_fabric_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf,
                      size_t cap, size_t *len, int timeout_ms,
                      kvbm_error *err);
 
 /* Waits up to timeout_ms (< 0: forever) until every earlier push of this end
  * has been pulled and every earlier block read/write has completed at both
  * ends. KVBM_ETIMEDOUT, or the first error of an operation that failed. */
-int kvbm_fabric_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err);
+KVBM_EXTERN int kvbm_fabric_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err);
 
 /* ---- Block sets: one-sided access to the peer's blocks ---- */
 
@@ -183,14 +183,14 @@ typedef struct kvbm_fabric_remote_set kvbm_fabric_remote_set;
  * regions must stay allocated until kvbm_fabric_local_set_release().
  * *out is owned by the caller. Errors: KVBM_EINVAL (null base, bad desc),
  * KVBM_EIO (registration failed), KVBM_ENOMEM. */
-int kvbm_fabric_register(kvbm_fabric *f, const kvbm_layout_desc *desc,
+KVBM_EXTERN int kvbm_fabric_register(kvbm_fabric *f, const kvbm_layout_desc *desc,
                          kvbm_fabric_local_set **out, kvbm_error *err);
 
 /* The wire form of a registered set, for the peer's kvbm_fabric_import():
  * the serialized layout (layout.h, "KVLY") plus, per region, the registered
  * extent and the fabric's access key (UCX: the packed rkey). *buf is
  * malloc'd: the caller frees it. Format in docs/areas/fabric.md. */
-int kvbm_fabric_export(const kvbm_fabric_local_set *ls, uint8_t **buf,
+KVBM_EXTERN int kvbm_fabric_export(const kvbm_fabric_local_set *ls, uint8_t **buf,
                        size_t *len, kvbm_error *err);
 
 /* Host storage (storage.h; name "fabric", memory type SYSTEM) for `layout`
@@ -203,11 +203,11 @@ int kvbm_fabric_export(const kvbm_fabric_local_set *ls, uint8_t **buf,
  * alignment above 4096 is KVBM_EUNSUPPORTED. Ownership: the caller
  * kvbm_storage_release()s it, before destroying the fabric. Errors:
  * KVBM_ENOMEM, KVBM_EIO, KVBM_EINVAL. */
-int kvbm_fabric_storage_create(kvbm_fabric *f, const kvbm_layout *layout,
+KVBM_EXTERN int kvbm_fabric_storage_create(kvbm_fabric *f, const kvbm_layout *layout,
                                kvbm_storage **out, kvbm_error *err);
 
 /* Unregisters and frees. The peer's later accesses fail. NULL: no-op. */
-void kvbm_fabric_local_set_release(kvbm_fabric_local_set *ls);
+KVBM_EXTERN void kvbm_fabric_local_set_release(kvbm_fabric_local_set *ls);
 
 /* Parses an exported set from the peer and prepares access to it. Refuses,
  * before any transfer: malformed input (the layout decoder's errors, or
@@ -217,17 +217,17 @@ void kvbm_fabric_local_set_release(kvbm_fabric_local_set *ls);
  * a memory type this fabric cannot reach (KVBM_EUNSUPPORTED), a key the
  * transport rejects (KVBM_EPROTO; in-process: a region the peer has not
  * registered, KVBM_ERANGE). *out is owned by the caller. */
-int kvbm_fabric_import(kvbm_fabric *f, const uint8_t *buf, size_t len,
+KVBM_EXTERN int kvbm_fabric_import(kvbm_fabric *f, const uint8_t *buf, size_t len,
                        kvbm_fabric_remote_set **out, kvbm_error *err);
 
 /* The imported layout (region_base are the peer's addresses). */
-const kvbm_layout_desc *kvbm_fabric_remote_desc(const kvbm_fabric_remote_set *rs);
+KVBM_EXTERN const kvbm_layout_desc *kvbm_fabric_remote_desc(const kvbm_fabric_remote_set *rs);
 
-void kvbm_fabric_remote_set_release(kvbm_fabric_remote_set *rs);
+KVBM_EXTERN void kvbm_fabric_remote_set_release(kvbm_fabric_remote_set *rs);
 
 /* Bytes of one whole block of the set (num_layers * layer_stride): the size
  * a block read/write moves. */
-uint64_t kvbm_fabric_block_bytes(const kvbm_layout *layout);
+KVBM_EXTERN uint64_t kvbm_fabric_block_bytes(const kvbm_layout *layout);
 
 /* Writes / reads block `block` of the peer's set from / into a local buffer
  * of exactly kvbm_fabric_block_bytes() bytes, laid out [layer][outer][...]
@@ -237,20 +237,20 @@ uint64_t kvbm_fabric_block_bytes(const kvbm_layout *layout);
  * Refused before any byte moves: block >= num_blocks or a range outside the
  * peer's registered extent (KVBM_ERANGE), len not the block size
  * (KVBM_EINVAL). */
-int kvbm_fabric_write_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+KVBM_EXTERN int kvbm_fabric_write_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
                             uint64_t block, const void *src, size_t len,
                             kvbm_error *err);
-int kvbm_fabric_read_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+KVBM_EXTERN int kvbm_fabric_read_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
                            uint64_t block, void *dst, size_t len,
                            kvbm_error *err);
 
 /* The general form: `len` bytes at byte `offset` of region `region` of the
  * peer's set. KVBM_ERANGE when [offset, offset+len) is not inside the
  * region's registered extent or region is out of range. */
-int kvbm_fabric_write(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+KVBM_EXTERN int kvbm_fabric_write(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
                       uint64_t region, uint64_t offset, const void *src,
                       size_t len, kvbm_error *err);
-int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+KVBM_EXTERN int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
                      uint64_t region, uint64_t offset, void *dst, size_t len,
                      kvbm_error *err);
 
@@ -285,7 +285,7 @@ typedef struct kvbm_block_msg {
   uint32_t num_tokens;
   const uint32_t *tokens;  /* encode: num_tokens tokens. decode: the
                               caller's array, filled */
-  kvbm_frame_tier tier;    /* the frame's tier */
+  kvbm_tier tier;    /* the frame's tier */
   const uint8_t *body;     /* encode: the block bytes (hashed; copied unless
                               placed). decode: points into the input buffer
                               (no copy); NULL when placed */
@@ -298,13 +298,13 @@ typedef struct kvbm_block_msg {
 
 /* Bytes of the encoded message, or 0 if the sizes do not fit. For a placed
  * message the body is not included (body_len only bounds the frame). */
-size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len);
-size_t kvbm_block_msg_placed_size(uint32_t num_tokens);
+KVBM_EXTERN size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len);
+KVBM_EXTERN size_t kvbm_block_msg_placed_size(uint32_t num_tokens);
 
 /* Encodes m into out[0..cap) (hashing the body with BLAKE3 for the frame);
  * *len gets the size. KVBM_ENOSPC if cap is too small; KVBM_EINVAL for
  * NULL pointers; KVBM_ETIER; KVBM_ETOOLONG for a body above 4 GiB. */
-int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap,
+KVBM_EXTERN int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap,
                           size_t *len, kvbm_error *err);
 
 /* Decodes buf[0..len): the envelope (KVBM_EMAGIC, KVBM_EVERSION,
@@ -316,7 +316,7 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap,
  * checked (its fields and max_body); the caller verifies the block's bytes
  * against m->frame. m->tokens is `tokens` (room for max_tokens, filled).
  * Allocates nothing. */
-int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens,
+KVBM_EXTERN int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens,
                           uint32_t max_body, uint32_t *tokens,
                           kvbm_block_msg *m, kvbm_error *err);
 

@@ -7,7 +7,7 @@
  *   offset  0  4 bytes  magic 'M','R','D','N'
  *   offset  4  u32      version, 1
  *   offset  8  u32      body length in bytes
- *   offset 12  u8       tier (kvbm_frame_tier)
+ *   offset 12  u8       tier (kvbm_tier)
  *   offset 13  3 bytes  padding, zero
  *   offset 16  16 bytes the first 16 bytes of BLAKE3(body) (plain hash)
  *
@@ -22,7 +22,7 @@
  *   KVBM_EMAGIC      the first 4 bytes are not "MRDN"
  *   KVBM_EVERSION    a version other than 1
  *   KVBM_EPADDING    nonzero padding bytes
- *   KVBM_ETIER       a tier byte outside kvbm_frame_tier
+ *   KVBM_ETIER       a tier byte outside kvbm_tier
  *   KVBM_ETOOLONG    a body longer than declared, or a declared length
  *                    above the caller's limit
  *   KVBM_ECHECKSUM   the body does not hash to the header's checksum
@@ -37,6 +37,7 @@
 
 #include "kvbm/blake3.h"
 #include "kvbm/status.h"
+#include "kvbm/tier.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,22 +49,12 @@ extern "C" {
 /* A sensible receive limit for callers without their own (64 MiB). */
 #define KVBM_FRAME_DEFAULT_MAX_BODY (64u << 20)
 
-/* Which tier the payload comes from (or goes to). */
-typedef enum kvbm_frame_tier {
-  KVBM_FRAME_TIER_G1 = 0, /* device (GPU) memory */
-  KVBM_FRAME_TIER_G2 = 1, /* host memory */
-  KVBM_FRAME_TIER_G3 = 2, /* local disk */
-  KVBM_FRAME_TIER_G4 = 3, /* remote store */
-} kvbm_frame_tier;
-
-/* "G1".."G4", or "?" for a value outside the enum. */
-const char *kvbm_frame_tier_name(int tier);
 
 /* A decoded (and validated) header. */
 typedef struct kvbm_frame_header {
   uint32_t version;
   uint32_t body_len;
-  kvbm_frame_tier tier;
+  kvbm_tier tier;
   uint8_t checksum[KVBM_FRAME_CHECKSUM_LEN];
 } kvbm_frame_header;
 
@@ -71,13 +62,13 @@ typedef struct kvbm_frame_header {
 
 /* Bytes a frame with a `body_len`-byte body takes (header + body) in
  * *out. KVBM_ETOOLONG if body_len does not fit the u32 length field. */
-int kvbm_frame_encoded_len(size_t body_len, size_t *out, kvbm_error *err);
+KVBM_EXTERN int kvbm_frame_encoded_len(size_t body_len, size_t *out, kvbm_error *err);
 
 /* Writes the 32-byte header for `body` (hashing it) into `header`, for
  * senders that keep the body where it is and send two pieces.
  * KVBM_ETIER for a tier outside the enum, KVBM_ETOOLONG as above,
  * KVBM_EINVAL for NULL pointers (body may be NULL when body_len is 0). */
-int kvbm_frame_encode_header(kvbm_frame_tier tier, const void *body,
+KVBM_EXTERN int kvbm_frame_encode_header(kvbm_tier tier, const void *body,
                              size_t body_len,
                              uint8_t header[KVBM_FRAME_HEADER_LEN],
                              kvbm_error *err);
@@ -87,7 +78,7 @@ int kvbm_frame_encode_header(kvbm_frame_tier tier, const void *body,
  * query). KVBM_ENOSPC (and *out_len set) if cap is too small. The body may
  * already sit at out + 32 (then it is not moved) or anywhere else,
  * overlapping or not. Allocates nothing. */
-int kvbm_frame_encode(kvbm_frame_tier tier, const void *body, size_t body_len,
+KVBM_EXTERN int kvbm_frame_encode(kvbm_tier tier, const void *body, size_t body_len,
                       void *out, size_t cap, size_t *out_len,
                       kvbm_error *err);
 
@@ -97,18 +88,18 @@ int kvbm_frame_encode(kvbm_frame_tier tier, const void *body, size_t body_len,
  * the first 32 are read) and fills *hdr. A declared body length above
  * `max_body` is KVBM_ETOOLONG: after success, hdr->body_len is safe to
  * allocate. */
-int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
+KVBM_EXTERN int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
                             kvbm_frame_header *hdr, kvbm_error *err);
 
 /* Checks a complete body against a parsed header: its length (shorter:
  * KVBM_ETRUNCATED, longer: KVBM_ETOOLONG), then its hash. */
-int kvbm_frame_verify_body(const kvbm_frame_header *hdr, const void *body,
+KVBM_EXTERN int kvbm_frame_verify_body(const kvbm_frame_header *hdr, const void *body,
                            size_t body_len, kvbm_error *err);
 
 /* Both steps on a whole frame in memory: `len` must be exactly the frame
  * (trailing bytes are a body longer than declared). On success *body
  * points at the body inside `buf` (no copy) and *hdr is filled. */
-int kvbm_frame_decode(const void *buf, size_t len, uint32_t max_body,
+KVBM_EXTERN int kvbm_frame_decode(const void *buf, size_t len, uint32_t max_body,
                       kvbm_frame_header *hdr, const uint8_t **body,
                       kvbm_error *err);
 
@@ -123,17 +114,17 @@ typedef struct kvbm_frame_verifier {
 } kvbm_frame_verifier;
 
 /* Starts verifying the body of a header from kvbm_frame_parse_header. */
-int kvbm_frame_verifier_init(kvbm_frame_verifier *v,
+KVBM_EXTERN int kvbm_frame_verifier_init(kvbm_frame_verifier *v,
                              const kvbm_frame_header *hdr, kvbm_error *err);
 
 /* Feeds the next piece. KVBM_ETOOLONG as soon as the pieces exceed the
  * declared length (the verifier then stays failed). */
-int kvbm_frame_verifier_update(kvbm_frame_verifier *v, const void *piece,
+KVBM_EXTERN int kvbm_frame_verifier_update(kvbm_frame_verifier *v, const void *piece,
                                size_t len, kvbm_error *err);
 
 /* Ends the body: KVBM_ETRUNCATED if fewer bytes than declared came,
  * KVBM_ECHECKSUM if the hash differs, KVBM_ESTATE after a failed update. */
-int kvbm_frame_verifier_finish(kvbm_frame_verifier *v, kvbm_error *err);
+KVBM_EXTERN int kvbm_frame_verifier_finish(kvbm_frame_verifier *v, kvbm_error *err);
 
 #ifdef __cplusplus
 }

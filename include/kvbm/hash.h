@@ -21,6 +21,8 @@
 #ifndef KVBM_HASH_H
 #define KVBM_HASH_H
 
+#include "kvbm/version.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,27 +39,27 @@ typedef enum kvbm_hash_scheme {
 #define KVBM_HASH_DYNAMO_SEED 1337u
 
 /* Hash of a salt (any bytes); 0 for len == 0. */
-uint64_t kvbm_hash_salt(const void *salt, size_t len);
+KVBM_EXTERN uint64_t kvbm_hash_salt(const void *salt, size_t len);
 
 /* The content hash of one block's tokens (Dynamo's "block hash"). */
-uint64_t kvbm_hash_block(uint64_t salt_hash, const uint32_t *tokens, size_t n);
+KVBM_EXTERN uint64_t kvbm_hash_block(uint64_t salt_hash, const uint32_t *tokens, size_t n);
 
 /* The sequence hash of a block of `n` tokens whose predecessor has sequence
  * hash `parent` (ignored when has_parent is false). */
-uint64_t kvbm_hash_next(kvbm_hash_scheme scheme, uint64_t salt_hash,
+KVBM_EXTERN uint64_t kvbm_hash_next(kvbm_hash_scheme scheme, uint64_t salt_hash,
                         uint64_t parent, bool has_parent,
                         const uint32_t *tokens, size_t n);
 
 /* Sequence hashes of the full blocks of `tokens[0..n)`: writes
  * min(n / block_size, max_out) hashes to `out` and returns how many it wrote.
  * block_size 0 writes nothing. */
-size_t kvbm_hash_chain(kvbm_hash_scheme scheme, uint64_t salt_hash,
+KVBM_EXTERN size_t kvbm_hash_chain(kvbm_hash_scheme scheme, uint64_t salt_hash,
                        const uint32_t *tokens, size_t n, size_t block_size,
                        uint64_t *out, size_t max_out);
 
 /* "native" / "dynamo" to a scheme; returns false for anything else. */
-bool kvbm_hash_scheme_parse(const char *name, kvbm_hash_scheme *out);
-const char *kvbm_hash_scheme_name(kvbm_hash_scheme scheme);
+KVBM_EXTERN bool kvbm_hash_scheme_parse(const char *name, kvbm_hash_scheme *out);
+KVBM_EXTERN const char *kvbm_hash_scheme_name(kvbm_hash_scheme scheme);
 
 #ifdef __cplusplus
 }

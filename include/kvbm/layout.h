@@ -91,32 +91,32 @@ typedef struct kvbm_slice {
  * (strides, region size, total bytes over all regions of either kind)
  * overflows u64 or size_t. Returns KVBM_OK, KVBM_EINVAL or KVBM_EOVERFLOW;
  * the message names the field. */
-int kvbm_layout_config_validate(const kvbm_layout_config *cfg, kvbm_error *err);
+KVBM_EXTERN int kvbm_layout_config_validate(const kvbm_layout_config *cfg, kvbm_error *err);
 
 /* Validates `cfg` and fills `*out` (strides, region count and size) for
  * `kind`. `*out` is untouched on failure. Unknown kind: KVBM_EINVAL. */
-int kvbm_layout_init(kvbm_layout *out, kvbm_layout_kind kind,
+KVBM_EXTERN int kvbm_layout_init(kvbm_layout *out, kvbm_layout_kind kind,
                      const kvbm_layout_config *cfg, kvbm_error *err);
 
 /* Sum of all region sizes (fits u64 and size_t for a valid layout). */
-uint64_t kvbm_layout_total_size(const kvbm_layout *layout);
+KVBM_EXTERN uint64_t kvbm_layout_total_size(const kvbm_layout *layout);
 
 /* The slice (block, layer, outer): region, offset and size (outer_stride).
  * Index out of range: KVBM_ERANGE (message names the index). */
-int kvbm_layout_slice(const kvbm_layout *layout, uint64_t block,
+KVBM_EXTERN int kvbm_layout_slice(const kvbm_layout *layout, uint64_t block,
                       uint64_t layer, uint64_t outer, kvbm_slice *out,
                       kvbm_error *err);
 
 /* All outer slices of one layer of one block, which are contiguous in both
  * kinds: size layer_stride. Out of range: KVBM_ERANGE. */
-int kvbm_layout_block_layer(const kvbm_layout *layout, uint64_t block,
+KVBM_EXTERN int kvbm_layout_block_layer(const kvbm_layout *layout, uint64_t block,
                             uint64_t layer, kvbm_slice *out, kvbm_error *err);
 
 /* A whole block as one range (FullyContiguous only; size num_layers *
  * layer_stride, the padding up to block_stride excluded). LayerSeparate:
  * KVBM_EINVAL (a block spans num_layers regions; use block_layer). Out of
  * range: KVBM_ERANGE. */
-int kvbm_layout_block(const kvbm_layout *layout, uint64_t block,
+KVBM_EXTERN int kvbm_layout_block(const kvbm_layout *layout, uint64_t block,
                       kvbm_slice *out, kvbm_error *err);
 
 /* A stable 64-bit tag of kind + config (not of addresses): FNV-1a 64 over
@@ -124,7 +124,7 @@ int kvbm_layout_block(const kvbm_layout *layout, uint64_t block,
  * page_size, inner_dim, dtype_size, alignment, each little-endian. Equal
  * layouts give equal tags on every machine and version; the disk tier uses it
  * to tag slots written under one layout. */
-uint64_t kvbm_layout_fingerprint(const kvbm_layout *layout);
+KVBM_EXTERN uint64_t kvbm_layout_fingerprint(const kvbm_layout *layout);
 
 /* ---- Serialized layout (for peers: the fabric's remote import) ---- */
 
@@ -150,13 +150,13 @@ typedef struct kvbm_layout_desc {
 /* Bytes kvbm_layout_desc_encode() writes for `desc`
  * (KVBM_LAYOUT_WIRE_HEADER + 8 * num_regions), or 0 if num_regions is above
  * KVBM_LAYOUT_MAX_LAYERS. */
-size_t kvbm_layout_desc_encoded_size(const kvbm_layout_desc *desc);
+KVBM_EXTERN size_t kvbm_layout_desc_encoded_size(const kvbm_layout_desc *desc);
 
 /* Checks `desc` as the decoder would, then writes it to buf[0..cap). On
  * success *out_len (may be NULL) is the byte count. cap too small:
  * KVBM_ENOSPC, nothing useful written. An inconsistent desc gets the same
  * error the decoder would give. No allocation. */
-int kvbm_layout_desc_encode(const kvbm_layout_desc *desc, uint8_t *buf,
+KVBM_EXTERN int kvbm_layout_desc_encode(const kvbm_layout_desc *desc, uint8_t *buf,
                             size_t cap, size_t *out_len, kvbm_error *err);
 
 /* Parses and validates buf[0..len). Distinct errors:
@@ -177,17 +177,17 @@ int kvbm_layout_desc_encode(const kvbm_layout_desc *desc, uint8_t *buf,
  * count is checked against the config and the input length); the caller
  * frees it with kvbm_layout_desc_release(). On failure *out holds no
  * allocation (region_base NULL). KVBM_ENOMEM if the allocation fails. */
-int kvbm_layout_desc_decode(const uint8_t *buf, size_t len,
+KVBM_EXTERN int kvbm_layout_desc_decode(const uint8_t *buf, size_t len,
                             kvbm_layout_desc *out, kvbm_error *err);
 
 /* Frees desc->region_base (from decode or kvbm_storage_describe) and sets it
  * to NULL, num_regions to 0. NULL or already released: no-op. */
-void kvbm_layout_desc_release(kvbm_layout_desc *desc);
+KVBM_EXTERN void kvbm_layout_desc_release(kvbm_layout_desc *desc);
 
 /* Names for messages and the CLI ("fully-contiguous", "system"; "?" if
  * unknown). */
-const char *kvbm_layout_kind_name(int kind);
-const char *kvbm_memory_type_name(int memory);
+KVBM_EXTERN const char *kvbm_layout_kind_name(int kind);
+KVBM_EXTERN const char *kvbm_memory_type_name(int memory);
 
 #ifdef __cplusplus
 }

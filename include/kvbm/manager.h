@@ -10,7 +10,7 @@
  *       The engine writes and reads KV through kvbm_manager_block_layer()
  *       (an address in the tier's memory) or kvbm_manager_block_write/read().
  *   G2  host memory (kvbm/storage.h: system heap, or pinned in a CUDA build).
- *   G3  a preallocated file of checksummed slots (kvbm/disk.h).
+ *   G3  a preallocated file of checksummed slots (src/tier/disk.h).
  *
  * Requests (kvbm_mreq) are the tiered form of kvbm/sequence.h:
  *
@@ -62,20 +62,12 @@
 #include "kvbm/layout.h"
 #include "kvbm/pool.h"
 #include "kvbm/status.h"
+#include "kvbm/tier.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum kvbm_tier_id {
-  KVBM_TIER_G1 = 0,
-  KVBM_TIER_G2 = 1,
-  KVBM_TIER_G3 = 2,
-} kvbm_tier_id;
-#define KVBM_TIER_COUNT 3
-
-/* "g1", "g2", "g3"; "?" otherwise. */
-const char *kvbm_tier_name(int tier);
 
 /* When a block that a tier does not hold is copied there on use. */
 typedef enum kvbm_offload_policy {
@@ -86,8 +78,8 @@ typedef enum kvbm_offload_policy {
 } kvbm_offload_policy;
 
 /* "never", "all", "frequency"; parse returns false on anything else. */
-const char *kvbm_offload_policy_name(int policy);
-bool kvbm_offload_policy_parse(const char *s, kvbm_offload_policy *out);
+KVBM_EXTERN const char *kvbm_offload_policy_name(int policy);
+KVBM_EXTERN bool kvbm_offload_policy_parse(const char *s, kvbm_offload_policy *out);
 
 typedef struct kvbm_manager_config {
   uint32_t block_size;         /* tokens per block (16) */
@@ -105,13 +97,6 @@ typedef struct kvbm_manager_config {
    * G1<->G3 goes through the disk worker's staging buffers and its stream. */
   kvbm_memory_type g1_memory, g2_memory;
   int32_t g1_device;           /* CUDA ordinal of DEVICE G1 (0) */
-  /* Tests only (false, 0 otherwise): with g1_memory DEVICE, emulate the
-   * device in host memory, in any build: the manager's device path runs
-   * (CUDA-style streams whose copies happen at their waits, staging for
-   * G3), and copy number g1_test_fail_copy (from 1, over all workers; 0:
-   * none) fails as a CUDA copy error would. */
-  bool g1_test_emulate;
-  uint32_t g1_test_fail_copy;
   uint32_t g1_blocks;          /* >= 1 (1024) */
   uint32_t g2_blocks;          /* 0 = no G2 (0) */
   uint64_t g3_blocks;          /* 0 = no G3 (0); at most KVBM_POOL_MAX_BLOCKS */
@@ -123,8 +108,6 @@ typedef struct kvbm_manager_config {
   bool g3_direct;              /* O_DIRECT (true; refused -> buffered) */
   bool g3_uring;               /* io_uring (true; unavailable -> pread/pwrite) */
   uint32_t g3_queue_depth;     /* disk requests in flight (8) */
-  uint32_t g3_test_refuse;     /* testing only: kvbm_disk_config.test_refuse
-                                  (kvbm/disk.h), 0 otherwise */
   kvbm_offload_policy g2_policy; /* ALL */
   kvbm_offload_policy g3_policy; /* FREQUENCY */
   uint32_t freq_threshold;     /* uses that earn a copy (2) */
@@ -140,7 +123,7 @@ typedef struct kvbm_manager_config {
 } kvbm_manager_config;
 
 /* The defaults above. */
-kvbm_manager_config kvbm_manager_config_default(void);
+KVBM_EXTERN kvbm_manager_config kvbm_manager_config_default(void);
 
 /* Applies Dynamo's environment names to *cfg (see docs/areas/tiers.md):
  *   DYN_KVBM_CPU_CACHE_GB                   G2 size in GiB (decimal allowed)
@@ -154,7 +137,7 @@ kvbm_manager_config kvbm_manager_config_default(void);
  * process environment. Strings are pointed to, not copied: they must
  * outlive the config's use. A malformed value: KVBM_EINVAL naming the
  * variable, *cfg unchanged. */
-int kvbm_manager_config_env(kvbm_manager_config *cfg, const char *const *env,
+KVBM_EXTERN int kvbm_manager_config_env(kvbm_manager_config *cfg, const char *const *env,
                             kvbm_error *err);
 
 typedef struct kvbm_manager kvbm_manager;
@@ -165,33 +148,33 @@ typedef struct kvbm_mreq kvbm_mreq;
  * the manager serves with G3 unavailable, counts every G3 offload as
  * skipped and reports why in kvbm_manager_g3_error(). Bad config:
  * KVBM_EINVAL naming the field. Free with kvbm_manager_destroy(). */
-int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out,
+KVBM_EXTERN int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out,
                         kvbm_error *err);
 
 /* Stops the workers (draining or cancelling queued copies per the config),
  * then frees everything. Requests must be destroyed first. NULL: no-op. */
-void kvbm_manager_destroy(kvbm_manager *m);
+KVBM_EXTERN void kvbm_manager_destroy(kvbm_manager *m);
 
 /* Waits until every queued copy has finished. */
-void kvbm_manager_flush(kvbm_manager *m);
+KVBM_EXTERN void kvbm_manager_flush(kvbm_manager *m);
 
 /* Why G3 is unavailable ("" when it is available or not configured). The
  * string lives as long as the manager. */
-const char *kvbm_manager_g3_error(const kvbm_manager *m);
+KVBM_EXTERN const char *kvbm_manager_g3_error(const kvbm_manager *m);
 
 /* The layout of a tier's blocks (G3: the layout blocks are gathered from);
  * NULL for an absent tier. */
-const kvbm_layout *kvbm_manager_layout(const kvbm_manager *m, kvbm_tier_id tier);
+KVBM_EXTERN const kvbm_layout *kvbm_manager_layout(const kvbm_manager *m, kvbm_tier tier);
 
 /* Bytes of one block's KV (num_layers * layer_stride). */
-uint64_t kvbm_manager_block_bytes(const kvbm_manager *m);
+KVBM_EXTERN uint64_t kvbm_manager_block_bytes(const kvbm_manager *m);
 
 /* Address and size of one layer of a G1 or G2 block: where the engine
  * writes and reads KV. The address is in the tier's memory: a host pointer
  * for SYSTEM and PINNED, a device pointer (not dereferenceable on the host)
  * for DEVICE G1. KVBM_ETIER for G3 or an absent tier, KVBM_ERANGE for an id
  * or layer out of range. */
-int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier_id tier,
+KVBM_EXTERN int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier tier,
                              uint32_t block, uint32_t layer, void **ptr,
                              size_t *size);
 
@@ -201,14 +184,14 @@ int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier_id tier,
  * kvbm_manager_block_layer, KVBM_EINVAL for n too large, KVBM_EDEVICE if
  * the CUDA copy fails. The caller owns the block's bytes meanwhile (its
  * request must compute it, or it is a settled match). */
-int kvbm_manager_block_write(const kvbm_manager *m, kvbm_tier_id tier, uint32_t block,
+KVBM_EXTERN int kvbm_manager_block_write(const kvbm_manager *m, kvbm_tier tier, uint32_t block,
                              uint32_t layer, const void *src, size_t n, kvbm_error *err);
-int kvbm_manager_block_read(const kvbm_manager *m, kvbm_tier_id tier, uint32_t block,
+KVBM_EXTERN int kvbm_manager_block_read(const kvbm_manager *m, kvbm_tier tier, uint32_t block,
                             uint32_t layer, void *dst, size_t n, kvbm_error *err);
 
 /* The memory a tier's blocks live in (G3: KVBM_MEMORY_DISK); 0 for an
  * absent tier. */
-kvbm_memory_type kvbm_manager_memory(const kvbm_manager *m, kvbm_tier_id tier);
+KVBM_EXTERN kvbm_memory_type kvbm_manager_memory(const kvbm_manager *m, kvbm_tier tier);
 
 /* Per-tier counters. Pool numbers are a snapshot. */
 typedef struct kvbm_tier_stats {
@@ -235,11 +218,11 @@ typedef struct kvbm_tier_stats {
   uint64_t restore_skipped;   /* G3: torn or corrupt slots skipped then */
   double busy_seconds;        /* time the worker spent copying into/out of it */
 } kvbm_tier_stats;
-int kvbm_manager_stats(kvbm_manager *m, kvbm_tier_id tier, kvbm_tier_stats *out);
+KVBM_EXTERN int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier tier, kvbm_tier_stats *out);
 
 /* G3 I/O mode in use: "io_uring+O_DIRECT", "pread/pwrite+O_DIRECT",
  * "io_uring+buffered", ...; "" without G3. Lives as long as the manager. */
-const char *kvbm_manager_g3_mode(const kvbm_manager *m);
+KVBM_EXTERN const char *kvbm_manager_g3_mode(const kvbm_manager *m);
 
 /* ---- requests ---- */
 
@@ -248,7 +231,7 @@ const char *kvbm_manager_g3_mode(const kvbm_manager *m);
  * match: what the walk found, before onboarding completes. KVBM_ENOSPC
  * when G1 cannot hold the prompt (nothing changed). *out is freed with
  * kvbm_mreq_destroy(). */
-int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+KVBM_EXTERN int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
                          const uint32_t *tokens, size_t n, kvbm_mreq **out,
                          size_t *matched_tokens, kvbm_error *err);
 
@@ -260,44 +243,44 @@ typedef struct kvbm_mreq_info {
 } kvbm_mreq_info;
 
 /* Non-blocking: fills *out. */
-void kvbm_mreq_poll(kvbm_mreq *r, kvbm_mreq_info *out);
+KVBM_EXTERN void kvbm_mreq_poll(kvbm_mreq *r, kvbm_mreq_info *out);
 
 /* Blocks until onboarding has finished or `timeout_ms` passed (< 0:
  * forever), then fills *out (may be NULL). KVBM_ETIMEDOUT on time out. */
-int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out);
+KVBM_EXTERN int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out);
 
 /* Whether the engine must write the KV of block k: a block after the
  * settled match that this request registered itself (a shared block that
  * another request registered is that request's to write), the partial tail
  * block, or a block whose onboard failed. False for matched blocks and k
  * out of range. Settles the match first if it can (see kvbm_mreq_poll). */
-bool kvbm_mreq_must_compute(kvbm_mreq *r, size_t k);
+KVBM_EXTERN bool kvbm_mreq_must_compute(kvbm_mreq *r, size_t k);
 
 /* The tier the walk found block k in (KVBM_TIER_G1..G3), or -1 for a block
  * past the walk. */
-int kvbm_mreq_block_source(const kvbm_mreq *r, size_t k);
+KVBM_EXTERN int kvbm_mreq_block_source(const kvbm_mreq *r, size_t k);
 
 /* Appends decode tokens (as kvbm_seq_append). */
-int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n);
+KVBM_EXTERN int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n);
 
 /* The engine has written the KV of every full block it must compute: they
  * become valid in G1, and the request's full blocks not committed before
  * are offloaded per policy (a shared block whose owner has not committed
  * yet is not offloaded by this request). Waits for onboarding first (the
  * match must be settled). Never waits for a copy. */
-int kvbm_mreq_commit(kvbm_mreq *r);
+KVBM_EXTERN int kvbm_mreq_commit(kvbm_mreq *r);
 
 /* The G1 block table: ids[0..*n) in token order, valid until the next call
  * that changes the request. */
-void kvbm_mreq_blocks(const kvbm_mreq *r, const uint32_t **ids, size_t *n);
+KVBM_EXTERN void kvbm_mreq_blocks(const kvbm_mreq *r, const uint32_t **ids, size_t *n);
 
 /* Sequence hash of full block k. */
-int kvbm_mreq_block_hash(const kvbm_mreq *r, size_t k, uint64_t *hash);
+KVBM_EXTERN int kvbm_mreq_block_hash(const kvbm_mreq *r, size_t k, uint64_t *hash);
 
 /* Waits for the request's onboarding, releases its G1 blocks (tail first)
  * and frees it. Queued offloads of its blocks keep their own references.
  * NULL: no-op. */
-void kvbm_mreq_destroy(kvbm_mreq *r);
+KVBM_EXTERN void kvbm_mreq_destroy(kvbm_mreq *r);
 
 #ifdef __cplusplus
 }

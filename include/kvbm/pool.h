@@ -59,7 +59,7 @@ typedef enum kvbm_block_state {
   KVBM_BLOCK_REGISTERED = 3,
 } kvbm_block_state;
 
-const char *kvbm_block_state_name(kvbm_block_state s);
+KVBM_EXTERN const char *kvbm_block_state_name(kvbm_block_state s);
 
 /* What the pool tells its listener, in the order it happens. */
 typedef enum kvbm_pool_event_kind {
@@ -101,15 +101,15 @@ typedef struct kvbm_pool_config {
 
 /* A config with defaults: the given sizes, native hashes, dedup, tokens
  * kept, no listener. */
-kvbm_pool_config kvbm_pool_config_default(uint32_t num_blocks, uint32_t block_size);
+KVBM_EXTERN kvbm_pool_config kvbm_pool_config_default(uint32_t num_blocks, uint32_t block_size);
 
 /* Creates a pool; all its memory is allocated here. *out is set on success
  * and must be released with kvbm_pool_destroy(). */
-int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *err);
-void kvbm_pool_destroy(kvbm_pool *pool); /* NULL is a no-op */
+KVBM_EXTERN int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *err);
+KVBM_EXTERN void kvbm_pool_destroy(kvbm_pool *pool); /* NULL is a no-op */
 
 /* Replaces the listener (NULL to remove). */
-void kvbm_pool_set_listener(kvbm_pool *pool, kvbm_pool_listener fn, void *user);
+KVBM_EXTERN void kvbm_pool_set_listener(kvbm_pool *pool, kvbm_pool_listener fn, void *user);
 
 /* Counts. free = empty blocks; cached = registered and inactive; active =
  * the rest (held by someone). free + cached + active == num_blocks. */
@@ -121,59 +121,59 @@ typedef struct kvbm_pool_stats {
   uint64_t dedup;      /* registers that found the hash already registered */
   uint64_t match_hits; /* blocks returned by match */
 } kvbm_pool_stats;
-void kvbm_pool_stats_get(const kvbm_pool *pool, kvbm_pool_stats *out);
+KVBM_EXTERN void kvbm_pool_stats_get(const kvbm_pool *pool, kvbm_pool_stats *out);
 
 /* Blocks alloc could hand out now: free + cached. */
-uint32_t kvbm_pool_available(const kvbm_pool *pool);
+KVBM_EXTERN uint32_t kvbm_pool_available(const kvbm_pool *pool);
 
 /* Allocates `n` RESET blocks into ids[0..n), each with one reference; all or
  * nothing: KVBM_ENOSPC (and no change) when fewer than n are available.
  * Evicted cached blocks are reported as REMOVED. */
-int kvbm_pool_alloc(kvbm_pool *pool, uint32_t n, uint32_t *ids);
+KVBM_EXTERN int kvbm_pool_alloc(kvbm_pool *pool, uint32_t n, uint32_t *ids);
 
 /* Looks up a registered block by sequence hash. On a hit takes a reference
  * (reactivating a cached block), stores its id and returns KVBM_OK; returns
  * KVBM_ENOTFOUND otherwise. */
-int kvbm_pool_match(kvbm_pool *pool, uint64_t seq_hash, uint32_t *id);
+KVBM_EXTERN int kvbm_pool_match(kvbm_pool *pool, uint64_t seq_hash, uint32_t *id);
 
 /* Whether a hash is registered, without taking a reference. */
-bool kvbm_pool_contains(const kvbm_pool *pool, uint64_t seq_hash);
+KVBM_EXTERN bool kvbm_pool_contains(const kvbm_pool *pool, uint64_t seq_hash);
 
 /* Looks up a registered block without taking a reference: its id, and
  * whether it is cached (inactive). KVBM_ENOTFOUND when not registered. */
-int kvbm_pool_peek(const kvbm_pool *pool, uint64_t seq_hash, uint32_t *id, bool *cached);
+KVBM_EXTERN int kvbm_pool_peek(const kvbm_pool *pool, uint64_t seq_hash, uint32_t *id, bool *cached);
 
-uint32_t kvbm_pool_block_size(const kvbm_pool *pool);
-uint32_t kvbm_pool_num_blocks(const kvbm_pool *pool);
-kvbm_hash_scheme kvbm_pool_scheme(const kvbm_pool *pool);
+KVBM_EXTERN uint32_t kvbm_pool_block_size(const kvbm_pool *pool);
+KVBM_EXTERN uint32_t kvbm_pool_num_blocks(const kvbm_pool *pool);
+KVBM_EXTERN kvbm_hash_scheme kvbm_pool_scheme(const kvbm_pool *pool);
 
 /* Matches the longest prefix of hashes[0..n): stops at the first miss,
  * takes a reference on each matched block, writes their ids and returns how
  * many matched (0..n) in *matched. */
-int kvbm_pool_match_prefix(kvbm_pool *pool, const uint64_t *hashes, size_t n,
+KVBM_EXTERN int kvbm_pool_match_prefix(kvbm_pool *pool, const uint64_t *hashes, size_t n,
                            uint32_t *ids, size_t *matched);
 
 /* RESET -> PARTIAL: starts a block as the successor of `parent` (when
  * has_parent) under salt `salt_hash`. */
-int kvbm_block_init(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
+KVBM_EXTERN int kvbm_block_init(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
                     uint64_t parent, bool has_parent);
 
 /* PARTIAL: appends tokens; KVBM_EOVERFLOW (and no change) beyond block_size. */
-int kvbm_block_append(kvbm_pool *pool, uint32_t id, const uint32_t *tokens, size_t n);
+KVBM_EXTERN int kvbm_block_append(kvbm_pool *pool, uint32_t id, const uint32_t *tokens, size_t n);
 
 /* PARTIAL and full -> COMPLETE: computes the sequence hash. A block that is
  * not full is KVBM_ESTATE. */
-int kvbm_block_commit(kvbm_pool *pool, uint32_t id);
+KVBM_EXTERN int kvbm_block_commit(kvbm_pool *pool, uint32_t id);
 
 /* COMPLETE -> REGISTERED. *out_id is the block that now holds the content:
  * `id` itself, or (dedup) the block already registered under the same hash,
  * with `id` returned to the free list and a reference taken on *out_id. */
-int kvbm_block_register(kvbm_pool *pool, uint32_t id, uint32_t *out_id);
+KVBM_EXTERN int kvbm_block_register(kvbm_pool *pool, uint32_t id, uint32_t *out_id);
 
 /* init + append + commit + register in one call, for a block whose tokens
  * and sequence hash the caller already has (the hot path of prefill). The
  * hash is trusted: the caller computed it with the pool's scheme. */
-int kvbm_block_fill(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
+KVBM_EXTERN int kvbm_block_fill(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
                     uint64_t parent, bool has_parent, const uint32_t *tokens,
                     uint64_t seq_hash, uint32_t *out_id);
 
@@ -185,34 +185,34 @@ int kvbm_block_fill(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
  * Blocks are taken and registered one after the other, so a block taken
  * for k may evict one that k + 1 would have deduplicated onto, as in W1.
  * KVBM_ENOSPC, with no change, when fewer than n blocks are available. */
-int kvbm_pool_fill_run(kvbm_pool *pool, uint64_t salt_hash, uint64_t parent,
+KVBM_EXTERN int kvbm_pool_fill_run(kvbm_pool *pool, uint64_t salt_hash, uint64_t parent,
                        bool has_parent, const uint32_t *tokens,
                        const uint64_t *hashes, size_t n, uint32_t *ids);
 
 /* PARTIAL or COMPLETE -> RESET. The caller still holds the (now empty)
  * block: it may init it again, or release it to the free list. */
-int kvbm_block_abort(kvbm_pool *pool, uint32_t id);
+KVBM_EXTERN int kvbm_block_abort(kvbm_pool *pool, uint32_t id);
 
 /* Drops one reference. A REGISTERED block whose last reference goes joins
  * the cache as the most recently released (at `priority`, 0 = evicted
  * first); a block in any other state goes back to the free list. Releasing
  * a block nobody holds is KVBM_ESTATE. */
-int kvbm_block_release(kvbm_pool *pool, uint32_t id, uint8_t priority);
+KVBM_EXTERN int kvbm_block_release(kvbm_pool *pool, uint32_t id, uint8_t priority);
 
 /* Releases ids[n-1], ids[n-2], ..., ids[0] in that order (a request's block
  * table, tail first), as n calls of kvbm_block_release would. Stops at the
  * first id that cannot be released and returns its error; the ids after it
  * in release order are untouched. */
-int kvbm_pool_release_run(kvbm_pool *pool, const uint32_t *ids, size_t n, uint8_t priority);
+KVBM_EXTERN int kvbm_pool_release_run(kvbm_pool *pool, const uint32_t *ids, size_t n, uint8_t priority);
 
 /* Takes one more reference on a held or registered block (for fork). */
-int kvbm_block_retain(kvbm_pool *pool, uint32_t id);
+KVBM_EXTERN int kvbm_block_retain(kvbm_pool *pool, uint32_t id);
 
 /* Drops every cached block; blocks in use are untouched. When that leaves
  * nothing registered, listeners get one CLEARED (vLLM's AllBlocksCleared);
  * otherwise a REMOVED per dropped block, so that a consumer of the events
  * does not forget the registered blocks still in use. */
-int kvbm_pool_clear_cache(kvbm_pool *pool);
+KVBM_EXTERN int kvbm_pool_clear_cache(kvbm_pool *pool);
 
 /* Block inspection (for tests and tools). */
 typedef struct kvbm_block_info {
@@ -227,10 +227,10 @@ typedef struct kvbm_block_info {
   const uint32_t *tokens; /* the block's tokens, valid until it changes; NULL
                              for a filled block without keep_tokens */
 } kvbm_block_info;
-int kvbm_block_info_get(const kvbm_pool *pool, uint32_t id, kvbm_block_info *out);
+KVBM_EXTERN int kvbm_block_info_get(const kvbm_pool *pool, uint32_t id, kvbm_block_info *out);
 
 /* Calls fn for every registered block (active or cached), in id order. */
-void kvbm_pool_foreach_registered(const kvbm_pool *pool,
+KVBM_EXTERN void kvbm_pool_foreach_registered(const kvbm_pool *pool,
                                   void (*fn)(void *user, uint32_t id, uint64_t seq_hash),
                                   void *user);
 

@@ -4,16 +4,19 @@
  * worker; the W3 simulation (../shared/WORKLOADS.md).
  *
  * Index. Workers are named by (worker id, data-parallel rank) and get a
- * dense slot 0..KVBM_ROUTER_MAX_WORKERS-1. For every slot and tier (device,
- * host, disk) the index knows the set of block hashes held, and a lookup of
- * a request's block hashes h[0..n) returns, per worker, the length of its
- * longest cached prefix: the largest k such that h[0..k) are all held.
- * Because tiers mix, three prefixes are returned per worker:
- *   prefix[DEVICE] blocks held on device,
- *   prefix[HOST]   blocks held on device or host,
- *   prefix[DISK]   blocks held on any tier,
- * so prefix[DEVICE] <= prefix[HOST] <= prefix[DISK] (the engine matches its
- * device prefix, then goes on in the host tier, then on disk).
+ * dense slot 0..KVBM_ROUTER_MAX_WORKERS-1. For every slot and tier
+ * (kvbm/tier.h: G1 device, G2 host, G3 disk, G4 remote) the index knows the
+ * set of block hashes held, and a lookup of a request's block hashes
+ * h[0..n) returns, per worker, the length of its longest cached prefix: the
+ * largest k such that h[0..k) are all held. Because tiers mix, one prefix
+ * per tier is returned per worker, each counting the tiers above it too:
+ *   prefix[G1] blocks held on device,
+ *   prefix[G2] blocks held on device or host,
+ *   prefix[G3] blocks held on device, host or disk,
+ *   prefix[G4] blocks held on any tier,
+ * so prefix[G1] <= prefix[G2] <= prefix[G3] <= prefix[G4] (the engine
+ * matches its device prefix, then goes on in host memory, on disk, then in
+ * the remote store).
  *
  * Keys. Either the engine's hashes are used as they come (they must be
  * chained sequence hashes, as kvbm's and vLLM's are), or, with `recompute`,
@@ -50,16 +53,6 @@ extern "C" {
 #endif
 
 #define KVBM_ROUTER_MAX_WORKERS 64
-#define KVBM_ROUTER_TIERS 3
-
-typedef enum kvbm_router_tier {
-  KVBM_ROUTER_DEVICE = 0, /* GPU (G1); also events that name no medium */
-  KVBM_ROUTER_HOST = 1,   /* CPU (G2) */
-  KVBM_ROUTER_DISK = 2,   /* DISK (G3), REMOTE (G4) and unknown media */
-} kvbm_router_tier;
-
-/* The tier a medium counts as (see the enum above). */
-kvbm_router_tier kvbm_router_tier_of(kvbm_medium m);
 
 typedef struct kvbm_worker_key {
   uint64_t worker_id;
@@ -89,25 +82,25 @@ typedef struct kvbm_index_config {
   void *gap_user;
 } kvbm_index_config;
 
-kvbm_index_config kvbm_index_config_default(void);
+KVBM_EXTERN kvbm_index_config kvbm_index_config_default(void);
 
 /* Creates an index; *out is freed with kvbm_index_destroy. KVBM_EINVAL for
  * block size 0 or above KVBM_POOL_MAX_BLOCK_SIZE or an unknown scheme. */
-int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error *err);
-void kvbm_index_destroy(kvbm_index *idx); /* NULL is a no-op */
+KVBM_EXTERN int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error *err);
+KVBM_EXTERN void kvbm_index_destroy(kvbm_index *idx); /* NULL is a no-op */
 
-const kvbm_index_config *kvbm_index_config_get(const kvbm_index *idx);
+KVBM_EXTERN const kvbm_index_config *kvbm_index_config_get(const kvbm_index *idx);
 
 /* --- writer side (one at a time) --- */
 
 /* Adds a worker (no-op when known) and stores its slot in *slot (may be
  * NULL). KVBM_ENOSPC when KVBM_ROUTER_MAX_WORKERS are known. */
-int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key worker, uint32_t *slot,
+KVBM_EXTERN int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key worker, uint32_t *slot,
                           kvbm_error *err);
 
 /* Forgets a worker and everything it holds; its slot becomes free.
  * KVBM_ENOTFOUND when unknown. */
-int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key worker);
+KVBM_EXTERN int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key worker);
 
 /* Applies one event of `worker` (added when unknown). `id` orders the
  * worker's input: the first id seen starts the count; an id below the next
@@ -120,45 +113,45 @@ int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key worker);
  * recompute mode) blocks stored under a parent it does not know, are
  * counted in the stats, not errors: events may start mid-stream. */
 #define KVBM_INDEX_NO_ID UINT64_MAX
-int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
+KVBM_EXTERN int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
                      const kvbm_event *ev, kvbm_error *err);
 
 /* Applies a batch: one id check on batch->seq, then every event (worker's
  * dp_rank is taken from the batch when it has one). Stops at the first
  * event in error and returns its status; earlier events stay applied. */
-int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id,
+KVBM_EXTERN int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id,
                            const kvbm_event_batch *batch, kvbm_error *err);
 
 /* Stores / removes blocks directly (no ids, no translation): the hashes
  * are index keys. Used by approximate routing and tests. */
-int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_router_tier tier,
+KVBM_EXTERN int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
                      const uint64_t *hashes, size_t n);
-int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_router_tier tier,
+KVBM_EXTERN int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
                       const uint64_t *hashes, size_t n);
 
 /* --- reader side (any thread, no lock) --- */
 
 typedef struct kvbm_overlap {
-  uint32_t prefix[KVBM_ROUTER_TIERS]; /* see the top of this file */
+  uint32_t prefix[KVBM_TIER_COUNT]; /* see the top of this file */
 } kvbm_overlap;
 
 /* For every slot s < KVBM_ROUTER_MAX_WORKERS writes out[s] (zeros for free
  * slots) and returns in *workers (may be NULL) the mask of live slots.
  * `out` must hold KVBM_ROUTER_MAX_WORKERS entries. n may be 0. */
-void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes, size_t n,
+KVBM_EXTERN void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes, size_t n,
                        kvbm_overlap *out, uint64_t *workers);
 
 /* The index's hashes of the full blocks of tokens[0..n): writes at most
  * max_out, returns how many (kvbm_hash_chain with the index's settings). */
-size_t kvbm_index_hash_tokens(const kvbm_index *idx, const uint32_t *tokens, size_t n,
+KVBM_EXTERN size_t kvbm_index_hash_tokens(const kvbm_index *idx, const uint32_t *tokens, size_t n,
                               uint64_t *out, size_t max_out);
 
 /* Slot of a worker; KVBM_ENOTFOUND when unknown. */
-int kvbm_index_worker_slot(const kvbm_index *idx, kvbm_worker_key worker, uint32_t *slot);
+KVBM_EXTERN int kvbm_index_worker_slot(const kvbm_index *idx, kvbm_worker_key worker, uint32_t *slot);
 /* Worker of a live slot; false when the slot is free. */
-bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kvbm_worker_key *out);
+KVBM_EXTERN bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kvbm_worker_key *out);
 /* Mask of live slots. */
-uint64_t kvbm_index_workers(const kvbm_index *idx);
+KVBM_EXTERN uint64_t kvbm_index_workers(const kvbm_index *idx);
 
 typedef struct kvbm_index_stats {
   uint64_t events;          /* events applied */
@@ -174,7 +167,7 @@ typedef struct kvbm_index_stats {
 } kvbm_index_stats;
 /* Counters are read without the writer's help: call it from the writer, or
  * accept slightly stale numbers. */
-void kvbm_index_stats_get(const kvbm_index *idx, kvbm_index_stats *out);
+KVBM_EXTERN void kvbm_index_stats_get(const kvbm_index *idx, kvbm_index_stats *out);
 
 /* ---------------------------------------------------------------- choice */
 
@@ -184,7 +177,7 @@ typedef enum kvbm_load_kind {
 } kvbm_load_kind;
 
 typedef struct kvbm_choice_config {
-  double tier_weight[KVBM_ROUTER_TIERS]; /* 1.0, 0.75, 0.25 (Dynamo's) */
+  double tier_weight[KVBM_TIER_COUNT]; /* G1..G4: 1.0, 0.75, 0.25 (Dynamo's), 0.1 */
   double prefill_weight;  /* weight of blocks to prefill (1.0) */
   double load_weight;     /* weight of the load (1.0) */
   kvbm_load_kind load_kind;
@@ -193,15 +186,15 @@ typedef struct kvbm_choice_config {
                              costs normalized to [0, 1] */
 } kvbm_choice_config;
 
-kvbm_choice_config kvbm_choice_config_default(void);
+KVBM_EXTERN kvbm_choice_config kvbm_choice_config_default(void);
 
 /* KVBM_EINVAL (with a message) for a negative or non-finite weight or
  * temperature. */
-int kvbm_choice_config_check(const kvbm_choice_config *cfg, kvbm_error *err);
+KVBM_EXTERN int kvbm_choice_config_check(const kvbm_choice_config *cfg, kvbm_error *err);
 
 /* Blocks a worker would not have to prefill: the device prefix at weight
  * tier_weight[0], the part the host adds at [1], what disk adds at [2]. */
-double kvbm_overlap_score(const kvbm_choice_config *cfg, const kvbm_overlap *ov);
+KVBM_EXTERN double kvbm_overlap_score(const kvbm_choice_config *cfg, const kvbm_overlap *ov);
 
 typedef struct kvbm_choice {
   uint32_t slot;   /* the chosen worker's slot */
@@ -213,12 +206,12 @@ typedef struct kvbm_choice {
  * (n_blocks - score(ov[s])) + load_weight * load[s]. `load` may be NULL
  * (no load). `rng` is the caller's generator state (any nonzero start;
  * one per thread). KVBM_ENOTFOUND when candidates is 0. */
-int kvbm_choose(const kvbm_choice_config *cfg, size_t n_blocks, const kvbm_overlap *ov,
+KVBM_EXTERN int kvbm_choose(const kvbm_choice_config *cfg, size_t n_blocks, const kvbm_overlap *ov,
                 const double *load, uint64_t candidates, uint64_t *rng,
                 kvbm_choice *out);
 
 /* A small generator for the tie breaks (xorshift64*). */
-uint64_t kvbm_router_rand(uint64_t *state);
+KVBM_EXTERN uint64_t kvbm_router_rand(uint64_t *state);
 
 /* ---------------------------------------------------------- approximate */
 
@@ -228,16 +221,16 @@ uint64_t kvbm_router_rand(uint64_t *state);
  * the index's other writers. Owns nothing of the index. */
 typedef struct kvbm_approx kvbm_approx;
 
-int kvbm_approx_create(kvbm_index *idx, double ttl_s, kvbm_approx **out, kvbm_error *err);
-void kvbm_approx_destroy(kvbm_approx *ap); /* NULL is a no-op; leaves the index as is */
+KVBM_EXTERN int kvbm_approx_create(kvbm_index *idx, double ttl_s, kvbm_approx **out, kvbm_error *err);
+KVBM_EXTERN void kvbm_approx_destroy(kvbm_approx *ap); /* NULL is a no-op; leaves the index as is */
 
 /* Expires records older than now_s - ttl, then records `hashes` for `slot`
  * at time now_s (any monotonic clock in seconds, non-decreasing). */
-int kvbm_approx_record(kvbm_approx *ap, uint32_t slot, const uint64_t *hashes, size_t n,
+KVBM_EXTERN int kvbm_approx_record(kvbm_approx *ap, uint32_t slot, const uint64_t *hashes, size_t n,
                        double now_s, kvbm_error *err);
 /* Expires only. Returns how many records went. */
-size_t kvbm_approx_expire(kvbm_approx *ap, double now_s);
-size_t kvbm_approx_pending(const kvbm_approx *ap);
+KVBM_EXTERN size_t kvbm_approx_expire(kvbm_approx *ap, double now_s);
+KVBM_EXTERN size_t kvbm_approx_pending(const kvbm_approx *ap);
 
 /* ---------------------------------------------------------------- daemon */
 
@@ -292,23 +285,23 @@ typedef struct kvbm_router_daemon_config {
   void *log_user;
 } kvbm_router_daemon_config;
 
-kvbm_router_daemon_config kvbm_router_daemon_config_default(void);
+KVBM_EXTERN kvbm_router_daemon_config kvbm_router_daemon_config_default(void);
 
 typedef struct kvbm_router_daemon kvbm_router_daemon;
 
 /* Checks the config, binds the port and starts the subscriptions (a ZMQ
  * or NATS endpoint that cannot be reached is an error here: KVBM_EIO).
  * Strings in cfg are copied. Free with kvbm_router_daemon_destroy. */
-int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_daemon **out,
+KVBM_EXTERN int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_daemon **out,
                            kvbm_error *err);
 /* The port it listens on. */
-uint16_t kvbm_router_daemon_port(const kvbm_router_daemon *d);
+KVBM_EXTERN uint16_t kvbm_router_daemon_port(const kvbm_router_daemon *d);
 /* Serves until kvbm_router_daemon_stop; returns KVBM_OK, or KVBM_EIO when
  * the listening socket fails. */
-int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err);
+KVBM_EXTERN int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err);
 /* Makes run return soon. Async-signal-safe. */
-void kvbm_router_daemon_stop(kvbm_router_daemon *d);
-void kvbm_router_daemon_destroy(kvbm_router_daemon *d); /* NULL is a no-op */
+KVBM_EXTERN void kvbm_router_daemon_stop(kvbm_router_daemon *d);
+KVBM_EXTERN void kvbm_router_daemon_destroy(kvbm_router_daemon *d); /* NULL is a no-op */
 
 #ifdef __cplusplus
 }

@@ -40,40 +40,40 @@ typedef struct kvbm_seq kvbm_seq;
  * hash `salt_hash` (0: none; see kvbm_hash_salt) and the eviction priority
  * its blocks get when released (0 = evicted first). Free with
  * kvbm_seq_destroy(). */
-int kvbm_seq_create(kvbm_pool *pool, uint64_t salt_hash, uint8_t priority,
+KVBM_EXTERN int kvbm_seq_create(kvbm_pool *pool, uint64_t salt_hash, uint8_t priority,
                     kvbm_seq **out);
 
 /* Releases every block, tail first, and frees the sequence. NULL is a no-op. */
-void kvbm_seq_destroy(kvbm_seq *seq);
+KVBM_EXTERN void kvbm_seq_destroy(kvbm_seq *seq);
 
 /* Matches and allocates blocks for a prompt of `n` >= 1 tokens on an empty
  * sequence. On success *matched_tokens (may be NULL) is the number of
  * leading prompt tokens whose KV is already cached. KVBM_ENOSPC when the pool
  * cannot hold the rest: then nothing changed, in the sequence or the pool
  * (cache order included). KVBM_ESTATE if the sequence is not empty. */
-int kvbm_seq_prefill(kvbm_seq *seq, const uint32_t *tokens, size_t n,
+KVBM_EXTERN int kvbm_seq_prefill(kvbm_seq *seq, const uint32_t *tokens, size_t n,
                      size_t *matched_tokens);
 
 /* Appends `n` tokens (decode). KVBM_ENOSPC, with no change, when the blocks
  * they need are not available. */
-int kvbm_seq_append(kvbm_seq *seq, const uint32_t *tokens, size_t n);
+KVBM_EXTERN int kvbm_seq_append(kvbm_seq *seq, const uint32_t *tokens, size_t n);
 
 /* Forks `seq` into a new sequence *child sharing its full blocks. When seq
  * ends in a partial block the child gets a new block with the same tokens,
  * and *cow_src / *cow_dst (may be NULL) name the block whose KV data the
  * engine must copy and where; both are UINT32_MAX when nothing is to be
  * copied. KVBM_ENOSPC (no change) when that block is not available. */
-int kvbm_seq_fork(kvbm_seq *seq, kvbm_seq **child, uint32_t *cow_src,
+KVBM_EXTERN int kvbm_seq_fork(kvbm_seq *seq, kvbm_seq **child, uint32_t *cow_src,
                   uint32_t *cow_dst);
 
 /* The block table: ids[0..*n) in token order; valid until the next call
  * that changes the sequence. */
-void kvbm_seq_blocks(const kvbm_seq *seq, const uint32_t **ids, size_t *n);
+KVBM_EXTERN void kvbm_seq_blocks(const kvbm_seq *seq, const uint32_t **ids, size_t *n);
 
-size_t kvbm_seq_num_tokens(const kvbm_seq *seq);
+KVBM_EXTERN size_t kvbm_seq_num_tokens(const kvbm_seq *seq);
 
 /* Sequence hash of full block k (k < num_tokens / block_size). */
-int kvbm_seq_block_hash(const kvbm_seq *seq, size_t k, uint64_t *hash);
+KVBM_EXTERN int kvbm_seq_block_hash(const kvbm_seq *seq, size_t k, uint64_t *hash);
 
 #ifdef __cplusplus
 }

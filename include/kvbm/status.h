@@ -12,6 +12,8 @@
 
 #include <stddef.h>
 
+#include "kvbm/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -44,10 +46,10 @@ typedef enum kvbm_status {
 } kvbm_status;
 
 /* A short static description of a status code (never NULL). */
-const char *kvbm_strerror(int status);
+KVBM_EXTERN const char *kvbm_strerror(int status);
 
 /* The symbolic name of a status code ("KVBM_EINVAL"; never NULL). */
-const char *kvbm_status_name(int status);
+KVBM_EXTERN const char *kvbm_status_name(int status);
 
 #define KVBM_ERROR_MSG_MAX 256
 
@@ -59,14 +61,14 @@ typedef struct kvbm_error {
 
 /* Records `code` and a printf-style message in `err` (may be NULL) and
  * returns `code`, so that callers can write `return kvbm_error_set(...)`. */
-int kvbm_error_set(kvbm_error *err, int code, const char *fmt, ...)
+KVBM_EXTERN int kvbm_error_set(kvbm_error *err, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
 
 /* Resets `err` (may be NULL) to KVBM_OK and an empty message. */
-void kvbm_error_clear(kvbm_error *err);
+KVBM_EXTERN void kvbm_error_clear(kvbm_error *err);
 
 #ifdef __cplusplus
 }

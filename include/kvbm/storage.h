@@ -51,12 +51,12 @@ struct kvbm_storage {
 };
 
 /* Options of kvbm_storage_create(); NULL means all defaults (zeros). */
-typedef struct kvbm_storage_options {
+typedef struct kvbm_storage_config {
   uint64_t alignment; /* region alignment; 0 = the layout's. Must be a power
                          of two >= the layout's alignment (KVBM_EINVAL). */
   int zero;           /* nonzero: regions are zero-filled */
   int32_t device_id;  /* DEVICE memory: the CUDA ordinal (>= 0) */
-} kvbm_storage_options;
+} kvbm_storage_config;
 
 /* Allocates storage for every region of `layout` in memory of type `memory`:
  *   KVBM_MEMORY_SYSTEM  posix_memalign per region. Always available.
@@ -67,40 +67,40 @@ typedef struct kvbm_storage_options {
  * modules: KVBM_EUNSUPPORTED here. KVBM_ENOMEM if an allocation fails (then
  * nothing is left allocated). On success *out is owned by the caller:
  * kvbm_storage_release() it. The layout is not kept (copy it if needed). */
-int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *layout,
-                        const kvbm_storage_options *opts, kvbm_storage **out,
+KVBM_EXTERN int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *layout,
+                        const kvbm_storage_config *opts, kvbm_storage **out,
                         kvbm_error *err);
 
 /* Whether this build has CUDA (pinned and device storage compiled in). */
-int kvbm_storage_have_cuda(void);
+KVBM_EXTERN int kvbm_storage_have_cuda(void);
 
 /* Frees the storage and all its regions. NULL: no-op. */
-void kvbm_storage_release(kvbm_storage *s);
+KVBM_EXTERN void kvbm_storage_release(kvbm_storage *s);
 
-const char *kvbm_storage_name(const kvbm_storage *s);
-kvbm_memory_type kvbm_storage_memory_type(const kvbm_storage *s);
-int32_t kvbm_storage_device_id(const kvbm_storage *s);
-uint64_t kvbm_storage_num_regions(const kvbm_storage *s);
-uint64_t kvbm_storage_region_size(const kvbm_storage *s);
+KVBM_EXTERN const char *kvbm_storage_name(const kvbm_storage *s);
+KVBM_EXTERN kvbm_memory_type kvbm_storage_memory_type(const kvbm_storage *s);
+KVBM_EXTERN int32_t kvbm_storage_device_id(const kvbm_storage *s);
+KVBM_EXTERN uint64_t kvbm_storage_num_regions(const kvbm_storage *s);
+KVBM_EXTERN uint64_t kvbm_storage_region_size(const kvbm_storage *s);
 /* NULL if r is out of range or the storage has no address. */
-void *kvbm_storage_region_base(const kvbm_storage *s, uint64_t r);
+KVBM_EXTERN void *kvbm_storage_region_base(const kvbm_storage *s, uint64_t r);
 
 /* KVBM_OK if `s` can hold `layout`: same region count, regions at least
  * region_size bytes, bases aligned to the layout's alignment. Otherwise
  * KVBM_EINVAL naming the mismatch. */
-int kvbm_storage_check_layout(const kvbm_storage *s, const kvbm_layout *layout,
+KVBM_EXTERN int kvbm_storage_check_layout(const kvbm_storage *s, const kvbm_layout *layout,
                               kvbm_error *err);
 
 /* Address of slice (block, layer, outer) of `layout` in `s`: *ptr (in the
  * storage's address space, see region_base) and *size (may be NULL).
  * KVBM_ERANGE for an index out of range, KVBM_EINVAL if the layout does not
  * fit the storage, KVBM_EUNSUPPORTED if the storage has no address. */
-int kvbm_storage_slice_ptr(const kvbm_storage *s, const kvbm_layout *layout,
+KVBM_EXTERN int kvbm_storage_slice_ptr(const kvbm_storage *s, const kvbm_layout *layout,
                            uint64_t block, uint64_t layer, uint64_t outer,
                            void **ptr, size_t *size, kvbm_error *err);
 
 /* Same for one layer of one block (all its outer slices, contiguous). */
-int kvbm_storage_block_layer_ptr(const kvbm_storage *s,
+KVBM_EXTERN int kvbm_storage_block_layer_ptr(const kvbm_storage *s,
                                  const kvbm_layout *layout, uint64_t block,
                                  uint64_t layer, void **ptr, size_t *size,
                                  kvbm_error *err);
@@ -110,7 +110,7 @@ int kvbm_storage_block_layer_ptr(const kvbm_storage *s,
  * `block_set_id`. Allocates out->region_base: free with
  * kvbm_layout_desc_release(). Errors as kvbm_storage_check_layout(), or
  * KVBM_ENOMEM. */
-int kvbm_storage_describe(const kvbm_storage *s, const kvbm_layout *layout,
+KVBM_EXTERN int kvbm_storage_describe(const kvbm_storage *s, const kvbm_layout *layout,
                           uint64_t block_set_id, kvbm_layout_desc *out,
                           kvbm_error *err);
 

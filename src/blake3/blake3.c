@@ -97,15 +97,15 @@ static void many(kvbm_blake3_impl impl, b3_many_args a, size_t n,
     size_t width;
     b3_many_fn fn;
   } kernels[] = {
-      {KVBM_BLAKE3_IMPL_AVX512, 16, b3_many_avx512},
-      {KVBM_BLAKE3_IMPL_AVX2, 8, b3_many_avx2},
-      {KVBM_BLAKE3_IMPL_SSE41, 4, b3_many_sse41},
+      {KVBM_BLAKE3_IMPL_AVX512, 16, kvbm__b3_many_avx512},
+      {KVBM_BLAKE3_IMPL_AVX2, 8, kvbm__b3_many_avx2},
+      {KVBM_BLAKE3_IMPL_SSE41, 4, kvbm__b3_many_sse41},
   };
   const size_t nk = sizeof kernels / sizeof kernels[0];
   size_t widest = 0;
   while (widest < nk && impl < kernels[widest].impl) widest++;
   if (widest == nk) {
-    b3_many_portable(&a, n, out);
+    kvbm__b3_many_portable(&a, n, out);
     return;
   }
   const size_t w = kernels[widest].width;
@@ -122,7 +122,7 @@ static void many(kvbm_blake3_impl impl, b3_many_args a, size_t n,
   const size_t len = a.nblocks * B3_BLOCK_LEN;
   uint8_t scratch[16 * B3_CHUNK_LEN], cvs[16 * 32];
   if (len * kernels[k].width > sizeof scratch) {
-    b3_many_portable(&a, n, out);
+    kvbm__b3_many_portable(&a, n, out);
     return;
   }
   for (size_t i = 0; i < n; i++)
@@ -134,7 +134,7 @@ static void many(kvbm_blake3_impl impl, b3_many_args a, size_t n,
   memcpy(out, cvs, 32 * n);
 #else
   (void)impl;
-  b3_many_portable(&a, n, out);
+  kvbm__b3_many_portable(&a, n, out);
 #endif
 }
 
@@ -144,13 +144,13 @@ static void compress(kvbm_blake3_impl impl, const uint32_t cv[8],
                      uint64_t counter, uint8_t flags, uint32_t out[16]) {
 #ifdef B3_X86
   if (impl >= KVBM_BLAKE3_IMPL_SSE41) {
-    b3_compress_sse41(cv, block, block_len, counter, flags, out);
+    kvbm__b3_compress_sse41(cv, block, block_len, counter, flags, out);
     return;
   }
 #else
   (void)impl;
 #endif
-  b3_compress_portable(cv, block, block_len, counter, flags, out);
+  kvbm__b3_compress_portable(cv, block, block_len, counter, flags, out);
 }
 
 /* ---- root output ---- */

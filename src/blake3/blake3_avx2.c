@@ -79,6 +79,6 @@ FN void load8(const uint8_t *in, size_t stride, __m256i m[16]) {
 #define B3V_ROR7 ror7
 #include "blake3/blake3_simd.h"
 
-B3V_KERNEL(b3_many_avx2, load8)
+B3V_KERNEL(kvbm__b3_many_avx2, load8)
 
 #endif /* B3_X86 */

@@ -66,6 +66,6 @@ FN void load16(const uint8_t *in, size_t stride, __m512i m[16]) {
 #define B3V_MSG(i) (*(volatile __m512i *)&m[i])
 #include "blake3/blake3_simd.h"
 
-B3V_KERNEL(b3_many_avx512, load16)
+B3V_KERNEL(kvbm__b3_many_avx512, load16)
 
 #endif /* B3_X86 */

@@ -64,22 +64,22 @@ typedef void (*b3_many_fn)(const b3_many_args *a, uint8_t *out);
 
 /* The full 16-word result of one compression (the first 8 words are the
  * new chaining value, all 16 are extended output). */
-void b3_compress_portable(const uint32_t cv[8], const uint8_t block[64],
+void kvbm__b3_compress_portable(const uint32_t cv[8], const uint8_t block[64],
                           uint8_t block_len, uint64_t counter, uint8_t flags,
                           uint32_t out[16]);
 
 /* Any number of inputs, one after the other. */
-void b3_many_portable(const b3_many_args *a, size_t n, uint8_t *out);
+void kvbm__b3_many_portable(const b3_many_args *a, size_t n, uint8_t *out);
 
 #if defined(__x86_64__) || defined(__i386__)
 #define B3_X86 1
-void b3_many_sse41(const b3_many_args *a, uint8_t *out);   /* 4 inputs */
-/* Same contract as b3_compress_portable, state as row vectors. */
-void b3_compress_sse41(const uint32_t cv[8], const uint8_t block[64],
+void kvbm__b3_many_sse41(const b3_many_args *a, uint8_t *out);   /* 4 inputs */
+/* Same contract as kvbm__b3_compress_portable, state as row vectors. */
+void kvbm__b3_compress_sse41(const uint32_t cv[8], const uint8_t block[64],
                        uint8_t block_len, uint64_t counter, uint8_t flags,
                        uint32_t out[16]);
-void b3_many_avx2(const b3_many_args *a, uint8_t *out);    /* 8 inputs */
-void b3_many_avx512(const b3_many_args *a, uint8_t *out);  /* 16 inputs */
+void kvbm__b3_many_avx2(const b3_many_args *a, uint8_t *out);    /* 8 inputs */
+void kvbm__b3_many_avx512(const b3_many_args *a, uint8_t *out);  /* 16 inputs */
 #endif
 
 /* Fixed-count loops over lanes and words in the kernels must be fully

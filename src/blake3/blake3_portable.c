@@ -30,7 +30,7 @@ static inline void g(uint32_t v[16], int a, int b, int c, int d, uint32_t x,
   v[b] = rotr(v[b] ^ v[c], 7);
 }
 
-void b3_compress_portable(const uint32_t cv[8], const uint8_t block[64],
+void kvbm__b3_compress_portable(const uint32_t cv[8], const uint8_t block[64],
                           uint8_t block_len, uint64_t counter, uint8_t flags,
                           uint32_t out[16]) {
   uint32_t m[16], v[16];
@@ -58,7 +58,7 @@ void b3_compress_portable(const uint32_t cv[8], const uint8_t block[64],
   }
 }
 
-void b3_many_portable(const b3_many_args *a, size_t n, uint8_t *out) {
+void kvbm__b3_many_portable(const b3_many_args *a, size_t n, uint8_t *out) {
   for (size_t i = 0; i < n; i++) {
     const uint8_t *in = a->in + i * a->stride;
     uint64_t counter = a->counter + (uint64_t)a->counter_step * i;
@@ -68,7 +68,7 @@ void b3_many_portable(const b3_many_args *a, size_t n, uint8_t *out) {
       uint8_t flags = a->flags;
       if (b == 0) flags |= a->flags_first;
       if (b + 1 == a->nblocks) flags |= a->flags_last;
-      b3_compress_portable(cv, in + b * B3_BLOCK_LEN, B3_BLOCK_LEN, counter,
+      kvbm__b3_compress_portable(cv, in + b * B3_BLOCK_LEN, B3_BLOCK_LEN, counter,
                            flags, st);
       memcpy(cv, st, sizeof cv);
     }

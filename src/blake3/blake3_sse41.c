@@ -7,7 +7,7 @@
  * instruction); 12 and 7 are two shifts and an or.
  *
  * Also here: one compression at a time with the state held as four row
- * vectors (b3_compress_sse41), for what cannot be batched (the current
+ * vectors (kvbm__b3_compress_sse41), for what cannot be batched (the current
  * chunk, stack merges, the root and extended output). The four G mixes of
  * a column step run in the lanes of the rows; rotating rows b, c, d by
  * one, two and three lanes turns diagonals into columns and back. About
@@ -74,7 +74,7 @@ FN void load4(const uint8_t *in, size_t stride, __m128i m[16]) {
 #define B3V_ROR7 ror7
 #include "blake3/blake3_simd.h"
 
-B3V_KERNEL(b3_many_sse41, load4)
+B3V_KERNEL(kvbm__b3_many_sse41, load4)
 
 FN __m128i words4(const uint32_t m[16], const uint8_t *s, int first) {
   return _mm_setr_epi32((int)m[s[first]], (int)m[s[first + 2]],
@@ -91,7 +91,7 @@ FN __m128i words4(const uint32_t m[16], const uint8_t *s, int first) {
     b = rot_b(_mm_xor_si128(b, c));                   \
   } while (0)
 
-B3V_TARGET void b3_compress_sse41(const uint32_t cv[8], const uint8_t block[64],
+B3V_TARGET void kvbm__b3_compress_sse41(const uint32_t cv[8], const uint8_t block[64],
                                   uint8_t block_len, uint64_t counter,
                                   uint8_t flags, uint32_t out[16]) {
   uint32_t m[16];

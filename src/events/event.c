@@ -113,3 +113,17 @@ size_t kvbm_event_to_json(const kvbm_event *ev, char *buf, size_t cap) {
   jprintf(&j, "}");
   return j.len;
 }
+
+kvbm_tier kvbm_medium_tier(kvbm_medium m) {
+  switch (m) {
+    case KVBM_MEDIUM_NONE:
+    case KVBM_MEDIUM_GPU:
+      return KVBM_TIER_G1;
+    case KVBM_MEDIUM_CPU:
+      return KVBM_TIER_G2;
+    case KVBM_MEDIUM_REMOTE:
+      return KVBM_TIER_G4;
+    default:
+      return KVBM_TIER_G3;
+  }
+}

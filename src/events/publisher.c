@@ -62,7 +62,7 @@ typedef struct evq {
 } evq;
 
 struct kvbm_publisher {
-  kvbm_publisher_options o;
+  kvbm_publisher_config o;
   ev_sink *sinks[MAX_SINKS];
   size_t nsinks;
   void *zctx;
@@ -92,8 +92,8 @@ static double wall_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-kvbm_publisher_options kvbm_publisher_options_default(void) {
-  return (kvbm_publisher_options){.dp_rank = 0,
+kvbm_publisher_config kvbm_publisher_config_default(void) {
+  return (kvbm_publisher_config){.dp_rank = 0,
                                   .max_batch_events = 256,
                                   .max_batch_delay_us = 1000,
                                   .queue_events = 65536,
@@ -102,16 +102,16 @@ kvbm_publisher_options kvbm_publisher_options_default(void) {
                                   .form = KVBM_FORM_POSITIONAL};
 }
 
-kvbm_zmq_sink_options kvbm_zmq_sink_options_default(const char *endpoint) {
-  return (kvbm_zmq_sink_options){.endpoint = endpoint, .mode = KVBM_ZMQ_AUTO, .topic = NULL,
+kvbm_zmq_sink_config kvbm_zmq_sink_config_default(const char *endpoint) {
+  return (kvbm_zmq_sink_config){.endpoint = endpoint, .mode = KVBM_ZMQ_AUTO, .topic = NULL,
                                  .replay_endpoint = NULL, .replay_batches = 10000,
                                  .hwm = 100000, .linger_ms = 2000};
 }
 
-int kvbm_publisher_create(const kvbm_publisher_options *opts, kvbm_publisher **out,
+int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **out,
                        kvbm_error *err) {
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: NULL out");
-  kvbm_publisher_options o = opts ? *opts : kvbm_publisher_options_default();
+  kvbm_publisher_config o = opts ? *opts : kvbm_publisher_config_default();
   if (o.max_batch_events == 0 || o.max_batch_events > UINT32_MAX)
     return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: max_batch_events %zu not in 1..2^32-1",
                           o.max_batch_events);
@@ -170,18 +170,18 @@ int kvbm_publisher_add_callback(kvbm_publisher *pub, kvbm_batch_callback fn, voi
                                 kvbm_error *err) {
   int rc = sink_slot_check(pub, err);
   ev_sink *s;
-  if (rc || (rc = ev_sink_callback_new(fn, user, &s, err))) return rc;
+  if (rc || (rc = kvbm__sink_callback_create(fn, user, &s, err))) return rc;
   return add_sink(pub, s);
 }
 
-int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_options *opts,
+int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_config *opts,
                            kvbm_error *err) {
   int rc = sink_slot_check(pub, err);
   if (rc) return rc;
   if (!pub->zctx && !(pub->zctx = zmq_ctx_new()))
     return kvbm_error_set(err, KVBM_EIO, "events: publisher: zmq context: %s", zmq_strerror(errno));
   ev_sink *s;
-  if ((rc = ev_sink_zmq_new(pub->zctx, opts, &s, err))) return rc;
+  if ((rc = kvbm__sink_zmq_create(pub->zctx, opts, &s, err))) return rc;
   return add_sink(pub, s);
 }
 
@@ -189,7 +189,7 @@ int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url, const char *su
                             kvbm_error *err) {
   int rc = sink_slot_check(pub, err);
   ev_sink *s;
-  if (rc || (rc = ev_sink_nats_new(url, subject, &s, err))) return rc;
+  if (rc || (rc = kvbm__sink_nats_create(url, subject, &s, err))) return rc;
   return add_sink(pub, s);
 }
 

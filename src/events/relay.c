@@ -19,7 +19,7 @@ struct kvbm_relay {
   kvbm_publisher *dst;
 };
 
-int kvbm_relay_create(const kvbm_subscriber_options *src, kvbm_publisher *dst, kvbm_relay **out,
+int kvbm_relay_create(const kvbm_subscriber_config *src, kvbm_publisher *dst, kvbm_relay **out,
                    kvbm_error *err) {
   if (!src || !dst || !out) return kvbm_error_set(err, KVBM_EINVAL, "events: relay: NULL argument");
   kvbm_relay *r = calloc(1, sizeof *r);

@@ -28,7 +28,7 @@ static int csink_send(ev_sink *base, const kvbm_event_batch *b, const uint8_t *p
 
 static void csink_close(ev_sink *base) { free(base); }
 
-int ev_sink_callback_new(kvbm_batch_callback fn, void *user, ev_sink **out, kvbm_error *err) {
+int kvbm__sink_callback_create(kvbm_batch_callback fn, void *user, ev_sink **out, kvbm_error *err) {
   if (!fn) return kvbm_error_set(err, KVBM_EINVAL, "events: callback sink: NULL function");
   csink *c = calloc(1, sizeof *c);
   if (!c) return kvbm_error_set(err, KVBM_ENOMEM, "events: callback sink: out of memory");

@@ -50,7 +50,7 @@ static void nsink_close(ev_sink *base) {
   free(n);
 }
 
-int ev_sink_nats_new(const char *url, const char *subject, ev_sink **out, kvbm_error *err) {
+int kvbm__sink_nats_create(const char *url, const char *subject, ev_sink **out, kvbm_error *err) {
   if (!url || !*url || !subject || !*subject)
     return kvbm_error_set(err, KVBM_EINVAL, "events: nats sink: empty url or subject");
   for (const char *p = subject; *p; p++)

@@ -151,7 +151,7 @@ static bool auto_binds(const char *ep) {
          !strncmp(ep, "inproc://", 9);
 }
 
-int ev_sink_zmq_new(void *zctx, const kvbm_zmq_sink_options *o, ev_sink **out,
+int kvbm__sink_zmq_create(void *zctx, const kvbm_zmq_sink_config *o, ev_sink **out,
                     kvbm_error *err) {
   if (!o || !o->endpoint || !*o->endpoint)
     return kvbm_error_set(err, KVBM_EINVAL, "events: zmq sink: no endpoint");

@@ -40,7 +40,7 @@ typedef struct pend {
 } pend;
 
 struct kvbm_subscriber {
-  kvbm_subscriber_options o;
+  kvbm_subscriber_config o;
   char *endpoint, *replay_endpoint, *topic;
   void *zctx, *sub, *dealer;
   kvbm_event_decoder *dec;
@@ -56,8 +56,8 @@ struct kvbm_subscriber {
 
 #define MAX_PENDING ((size_t)1 << 20)
 
-kvbm_subscriber_options kvbm_subscriber_options_default(const char *endpoint) {
-  return (kvbm_subscriber_options){.endpoint = endpoint, .bind = false, .topic = NULL,
+kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint) {
+  return (kvbm_subscriber_config){.endpoint = endpoint, .bind = false, .topic = NULL,
                                    .replay_endpoint = NULL, .start_seq = -1,
                                    .replay_timeout_ms = 1000, .max_payload = (size_t)64 << 20};
 }
@@ -86,7 +86,7 @@ void kvbm_subscriber_destroy(kvbm_subscriber *s) {
   free(s);
 }
 
-int kvbm_subscriber_create(const kvbm_subscriber_options *opts, kvbm_subscriber **out,
+int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber **out,
                         kvbm_error *err) {
   if (!opts || !out || !opts->endpoint || !*opts->endpoint)
     return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: no endpoint");

@@ -17,7 +17,7 @@
 
 #include "fabric/fabric_impl.h"
 
-void kvbm_fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const char *label) {
+void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const char *label) {
   f->vt = vt;
   snprintf(f->label, sizeof f->label, "%s", label);
   f->peer_label[0] = '\0';
@@ -27,7 +27,7 @@ void kvbm_fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const c
   f->local_sets = NULL;
 }
 
-int kvbm_fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code, const char *fmt, ...) {
+int kvbm__fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code, const char *fmt, ...) {
   if (!f->fatal) {
     va_list ap;
     va_start(ap, fmt);
@@ -38,12 +38,12 @@ int kvbm_fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code, const char 
   return kvbm_error_set(err, f->fatal, "%s", f->fatal_msg);
 }
 
-int kvbm_fabric_check(const kvbm_fabric *f, kvbm_error *err) {
+int kvbm__fabric_check(const kvbm_fabric *f, kvbm_error *err) {
   if (!f->fatal) return KVBM_OK;
   return kvbm_error_set(err, f->fatal, "%s", f->fatal_msg);
 }
 
-int kvbm_fabric_label_check(const char *label, kvbm_error *err) {
+int kvbm__fabric_label_check(const char *label, kvbm_error *err) {
   if (!label) return KVBM_OK;
   size_t n = strlen(label);
   if (n == 0 || n > KVBM_FABRIC_LABEL_MAX)
@@ -70,7 +70,7 @@ int kvbm_fabric_push(kvbm_fabric *f, const void *data, size_t len, kvbm_fabric_h
                      kvbm_error *err) {
   NEED(f);
   if (!data && len) return kvbm_error_set(err, KVBM_EINVAL, "fabric: push: NULL data of %zu bytes", len);
-  int rc = kvbm_fabric_check(f, err);
+  int rc = kvbm__fabric_check(f, err);
   if (rc) return rc;
   uint64_t id = f->next_push_id;
   rc = f->vt->push(f, data, len, id, err);
@@ -124,7 +124,7 @@ int kvbm_fabric_register(kvbm_fabric *f, const kvbm_layout_desc *desc, kvbm_fabr
                          kvbm_error *err) {
   NEED(f);
   if (!desc || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: register: NULL argument");
-  int rc = kvbm_fabric_check(f, err);
+  int rc = kvbm__fabric_check(f, err);
   if (rc) return rc;
   rc = memory_reachable(desc->memory, "register", err);
   if (rc) return rc;
@@ -183,7 +183,7 @@ int kvbm_fabric_export(const kvbm_fabric_local_set *ls, uint8_t **buf, size_t *l
     w[r].key = ls->regions[r].key;
     w[r].key_len = (uint32_t)ls->regions[r].key_len;
   }
-  int rc = kvbm_fabric_wire_encode(&ls->desc, w, buf, len, err);
+  int rc = kvbm__fabric_wire_encode(&ls->desc, w, buf, len, err);
   free(w);
   return rc;
 }
@@ -213,13 +213,13 @@ int kvbm_fabric_import(kvbm_fabric *f, const uint8_t *buf, size_t len, kvbm_fabr
                        kvbm_error *err) {
   NEED(f);
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: import: NULL out");
-  int rc = kvbm_fabric_check(f, err);
+  int rc = kvbm__fabric_check(f, err);
   if (rc) return rc;
   kvbm_fabric_remote_set *rs = calloc(1, sizeof *rs);
   if (!rs) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: import: out of memory");
   rs->fabric = f;
   kvbm_fabric_wire_region *w = NULL;
-  rc = kvbm_fabric_wire_decode(buf, len, &rs->desc, &w, err);
+  rc = kvbm__fabric_wire_decode(buf, len, &rs->desc, &w, err);
   if (rc) {
     free(rs);
     return rc;
@@ -292,7 +292,7 @@ static int rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, bool write, uint64_t 
   if (!rs) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL remote set");
   if (rs->fabric != f) return kvbm_error_set(err, KVBM_EINVAL, "fabric: remote set imported on another fabric");
   if (!local && len) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL local buffer");
-  int rc = kvbm_fabric_check(f, err);
+  int rc = kvbm__fabric_check(f, err);
   if (rc) return rc;
   uint64_t addr;
   rc = remote_range(rs, region, offset, len, &addr, err);

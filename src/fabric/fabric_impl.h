@@ -87,12 +87,12 @@ struct kvbm_fabric {
 };
 
 /* Initialises the common part (labels already validated). */
-void kvbm_fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt,
+void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt,
                            const char *label);
 
 /* Records a fatal error once (later calls keep the first) and returns it
  * through err. */
-int kvbm_fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code,
+int kvbm__fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code,
                           const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 4, 5)))
@@ -100,11 +100,11 @@ int kvbm_fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code,
     ;
 
 /* KVBM_OK if healthy, else the fatal error (copied to err). */
-int kvbm_fabric_check(const kvbm_fabric *f, kvbm_error *err);
+int kvbm__fabric_check(const kvbm_fabric *f, kvbm_error *err);
 
 /* Checks a label: NULL is allowed (caller picks a default), otherwise 1..63
  * printable ASCII bytes. */
-int kvbm_fabric_label_check(const char *label, kvbm_error *err);
+int kvbm__fabric_label_check(const char *label, kvbm_error *err);
 
 /* ---- The export envelope (wire.c): a codec, no transport inside ---- */
 
@@ -121,7 +121,7 @@ typedef struct kvbm_fabric_wire_region {
 } kvbm_fabric_wire_region;
 
 /* Encodes desc + one wire region per layout region into a malloc'd buffer. */
-int kvbm_fabric_wire_encode(const kvbm_layout_desc *desc,
+int kvbm__fabric_wire_encode(const kvbm_layout_desc *desc,
                             const kvbm_fabric_wire_region *regions,
                             uint8_t **buf, size_t *len, kvbm_error *err);
 
@@ -129,7 +129,7 @@ int kvbm_fabric_wire_encode(const kvbm_layout_desc *desc,
  * kvbm_layout_desc_release) and *regions a malloc'd array of
  * desc->num_regions entries whose keys point into buf. Checks that every
  * layout region lies inside its registered extent (KVBM_ERANGE). */
-int kvbm_fabric_wire_decode(const uint8_t *buf, size_t len,
+int kvbm__fabric_wire_decode(const uint8_t *buf, size_t len,
                             kvbm_layout_desc *desc,
                             kvbm_fabric_wire_region **regions,
                             kvbm_error *err);

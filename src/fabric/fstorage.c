@@ -61,7 +61,7 @@ static const kvbm_storage_vtable fs_vtable = {
 
 int kvbm_fabric_storage_create(kvbm_fabric *f, const kvbm_layout *layout, kvbm_storage **out, kvbm_error *err) {
   if (!f || !layout || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: storage: NULL argument");
-  int rc = kvbm_fabric_check(f, err);
+  int rc = kvbm__fabric_check(f, err);
   if (rc) return rc;
   if (layout->config.alignment > 4096)
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "fabric: storage: alignment %llu above the page size",

@@ -180,7 +180,7 @@ static int ip_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, 
 
 static int ip_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
   (void)timeout_ms;
-  return kvbm_fabric_check(f, err);
+  return kvbm__fabric_check(f, err);
 }
 
 static int ip_mem_register(kvbm_fabric *f, void *base, uint64_t len, void **reg, uint8_t **key, size_t *key_len,
@@ -338,8 +338,8 @@ static const kvbm_fabric_vtable ip_vtable = {
 int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b, kvbm_fabric **a, kvbm_fabric **b,
                             kvbm_error *err) {
   if (!a || !b) return kvbm_error_set(err, KVBM_EINVAL, "fabric: inproc_pair: NULL out");
-  int rc = kvbm_fabric_label_check(label_a, err);
-  if (!rc) rc = kvbm_fabric_label_check(label_b, err);
+  int rc = kvbm__fabric_label_check(label_a, err);
+  if (!rc) rc = kvbm__fabric_label_check(label_b, err);
   if (rc) return rc;
   core *c = calloc(1, sizeof *c);
   inproc *x = calloc(1, sizeof *x), *y = calloc(1, sizeof *y);
@@ -358,8 +358,8 @@ int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b, kvbm_fabri
   c->refs = 2;
   c->open[0] = c->open[1] = true;
   const char *la = label_a ? label_a : "inproc-a", *lb = label_b ? label_b : "inproc-b";
-  kvbm_fabric_base_init(&x->base, &ip_vtable, la);
-  kvbm_fabric_base_init(&y->base, &ip_vtable, lb);
+  kvbm__fabric_base_init(&x->base, &ip_vtable, la);
+  kvbm__fabric_base_init(&y->base, &ip_vtable, lb);
   strcpy(x->base.peer_label, y->base.label);
   strcpy(y->base.peer_label, x->base.label);
   x->c = y->c = c;

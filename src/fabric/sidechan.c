@@ -30,17 +30,17 @@
 #include "common/clock.h"
 
 
-int64_t kvbm_sc_now_ms(void) { return (int64_t)(kvbm_clock_ns() / 1000000u); }
+int64_t kvbm__sc_now_ms(void) { return (int64_t)(kvbm_clock_ns() / 1000000u); }
 
-int64_t kvbm_sc_deadline(int timeout_ms) {
+int64_t kvbm__sc_deadline(int timeout_ms) {
   if (timeout_ms < 0) return INT64_MAX;
-  return kvbm_sc_now_ms() + timeout_ms;
+  return kvbm__sc_now_ms() + timeout_ms;
 }
 
 /* Milliseconds left before the deadline, clamped for poll(). */
 static int remaining_ms(int64_t deadline_ms) {
   if (deadline_ms == INT64_MAX) return -1;
-  int64_t left = deadline_ms - kvbm_sc_now_ms();
+  int64_t left = deadline_ms - kvbm__sc_now_ms();
   if (left < 0) return 0;
   if (left > 1000000) return 1000000;
   return (int)left;
@@ -78,7 +78,7 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_in *sa,
   return KVBM_OK;
 }
 
-int kvbm_sc_listen(const char *host, uint16_t port, int *fd, uint16_t *bound_port,
+int kvbm__sc_listen(const char *host, uint16_t port, int *fd, uint16_t *bound_port,
                    kvbm_error *err) {
   struct sockaddr_in sa;
   int rc = resolve(host, port, &sa, err);
@@ -106,8 +106,8 @@ static void tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-int kvbm_sc_accept(int lfd, int timeout_ms, int *fd, kvbm_error *err) {
-  int64_t deadline = kvbm_sc_deadline(timeout_ms);
+int kvbm__sc_accept(int lfd, int timeout_ms, int *fd, kvbm_error *err) {
+  int64_t deadline = kvbm__sc_deadline(timeout_ms);
   for (;;) {
     int rc = wait_fd(lfd, POLLIN, deadline, "accept a peer", err);
     if (rc) return rc;
@@ -147,12 +147,12 @@ static int connect_once(int s, const struct sockaddr_in *sa, int64_t deadline_ms
   return e;
 }
 
-int kvbm_sc_connect(const char *host, uint16_t port, int timeout_ms, int *fd,
+int kvbm__sc_connect(const char *host, uint16_t port, int timeout_ms, int *fd,
                     kvbm_error *err) {
   struct sockaddr_in sa;
   int rc = resolve(host, port, &sa, err);
   if (rc) return rc;
-  int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  int64_t deadline = kvbm__sc_deadline(timeout_ms);
   for (;;) {
     int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0) return kvbm_error_set(err, KVBM_EIO, "fabric: side channel: socket: %s", strerror(errno));
@@ -166,7 +166,7 @@ int kvbm_sc_connect(const char *host, uint16_t port, int timeout_ms, int *fd,
     if (e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT)
       return kvbm_error_set(err, KVBM_EIO, "fabric: side channel: connect to %s:%u: %s",
                             host ? host : "127.0.0.1", (unsigned)port, strerror(e));
-    if (e == ETIMEDOUT || kvbm_sc_now_ms() >= deadline)
+    if (e == ETIMEDOUT || kvbm__sc_now_ms() >= deadline)
       return kvbm_error_set(err, KVBM_ETIMEDOUT,
                             "fabric: side channel: nobody answers on %s:%u",
                             host ? host : "127.0.0.1", (unsigned)port);
@@ -175,7 +175,7 @@ int kvbm_sc_connect(const char *host, uint16_t port, int timeout_ms, int *fd,
   }
 }
 
-int kvbm_sc_send_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
+int kvbm__sc_send_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
                      kvbm_error *err) {
   const char *p = buf;
   while (len > 0) {
@@ -194,7 +194,7 @@ int kvbm_sc_send_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
   return KVBM_OK;
 }
 
-int kvbm_sc_recv_all(int fd, void *buf, size_t len, int64_t deadline_ms,
+int kvbm__sc_recv_all(int fd, void *buf, size_t len, int64_t deadline_ms,
                      kvbm_error *err) {
   char *p = buf;
   while (len > 0) {
@@ -215,20 +215,20 @@ int kvbm_sc_recv_all(int fd, void *buf, size_t len, int64_t deadline_ms,
   return KVBM_OK;
 }
 
-int kvbm_sc_send_record(int fd, const void *buf, size_t len, int64_t deadline_ms,
+int kvbm__sc_send_record(int fd, const void *buf, size_t len, int64_t deadline_ms,
                         kvbm_error *err) {
   if (len > UINT32_MAX)
     return kvbm_error_set(err, KVBM_ETOOLONG, "fabric: side channel: record of %zu bytes", len);
   uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
-  int rc = kvbm_sc_send_all(fd, hdr, 4, deadline_ms, err);
+  int rc = kvbm__sc_send_all(fd, hdr, 4, deadline_ms, err);
   if (rc) return rc;
-  return kvbm_sc_send_all(fd, buf, len, deadline_ms, err);
+  return kvbm__sc_send_all(fd, buf, len, deadline_ms, err);
 }
 
-int kvbm_sc_recv_record(int fd, size_t max, void **out, size_t *len,
+int kvbm__sc_recv_record(int fd, size_t max, void **out, size_t *len,
                         int64_t deadline_ms, kvbm_error *err) {
   uint8_t hdr[4];
-  int rc = kvbm_sc_recv_all(fd, hdr, 4, deadline_ms, err);
+  int rc = kvbm__sc_recv_all(fd, hdr, 4, deadline_ms, err);
   if (rc) return rc;
   size_t n = (size_t)hdr[0] | (size_t)hdr[1] << 8 | (size_t)hdr[2] << 16 | (size_t)hdr[3] << 24;
   if (n > max)
@@ -236,7 +236,7 @@ int kvbm_sc_recv_record(int fd, size_t max, void **out, size_t *len,
                           "fabric: side channel: peer announced a %zu-byte record (limit %zu)", n, max);
   void *buf = malloc(n ? n : 1);
   if (!buf) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: side channel: out of memory");
-  rc = kvbm_sc_recv_all(fd, buf, n, deadline_ms, err);
+  rc = kvbm__sc_recv_all(fd, buf, n, deadline_ms, err);
   if (rc) {
     free(buf);
     return rc;

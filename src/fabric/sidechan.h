@@ -16,35 +16,35 @@
 
 /* Opens a listening TCP socket on host:port (port 0 = any free port).
  * *fd receives the socket, *bound_port the port actually bound. */
-int kvbm_sc_listen(const char *host, uint16_t port, int *fd,
+int kvbm__sc_listen(const char *host, uint16_t port, int *fd,
                    uint16_t *bound_port, kvbm_error *err);
 
 /* Waits up to timeout_ms for one connection on lfd; *fd gets it. */
-int kvbm_sc_accept(int lfd, int timeout_ms, int *fd, kvbm_error *err);
+int kvbm__sc_accept(int lfd, int timeout_ms, int *fd, kvbm_error *err);
 
 /* Connects to host:port, retrying refused connections until timeout_ms (the
  * peer may not be listening yet when both are started together). */
-int kvbm_sc_connect(const char *host, uint16_t port, int timeout_ms, int *fd,
+int kvbm__sc_connect(const char *host, uint16_t port, int timeout_ms, int *fd,
                     kvbm_error *err);
 
 /* Sends / receives exactly len bytes before the deadline (a monotonic time
- * in ms from kvbm_sc_now_ms). A closed peer is KVBM_ECLOSED. */
-int kvbm_sc_send_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
+ * in ms from kvbm__sc_now_ms). A closed peer is KVBM_ECLOSED. */
+int kvbm__sc_send_all(int fd, const void *buf, size_t len, int64_t deadline_ms,
                      kvbm_error *err);
-int kvbm_sc_recv_all(int fd, void *buf, size_t len, int64_t deadline_ms,
+int kvbm__sc_recv_all(int fd, void *buf, size_t len, int64_t deadline_ms,
                      kvbm_error *err);
 
 /* A record: u32 little-endian length, then the bytes. recv refuses (EPROTO)
  * a record longer than max before allocating; *out is malloc'd (free it). */
-int kvbm_sc_send_record(int fd, const void *buf, size_t len,
+int kvbm__sc_send_record(int fd, const void *buf, size_t len,
                         int64_t deadline_ms, kvbm_error *err);
-int kvbm_sc_recv_record(int fd, size_t max, void **out, size_t *len,
+int kvbm__sc_recv_record(int fd, size_t max, void **out, size_t *len,
                         int64_t deadline_ms, kvbm_error *err);
 
 /* Monotonic clock in milliseconds. */
-int64_t kvbm_sc_now_ms(void);
+int64_t kvbm__sc_now_ms(void);
 
 /* A deadline timeout_ms from now (a negative timeout = no deadline). */
-int64_t kvbm_sc_deadline(int timeout_ms);
+int64_t kvbm__sc_deadline(int timeout_ms);
 
 #endif

@@ -116,13 +116,9 @@ struct kvbm_fabric_listener {
   char *transports, *net_devices;
 };
 
-void kvbm_fabric_ucx_config_init(kvbm_fabric_ucx_config *cfg) {
-  if (!cfg) return;
-  memset(cfg, 0, sizeof *cfg);
-  cfg->label = NULL;
-  cfg->timeout_ms = 10000;
-  cfg->max_payload = 1ull << 30;
-  cfg->max_pending = 65536;
+kvbm_fabric_ucx_config kvbm_fabric_ucx_config_default(void) {
+  return (kvbm_fabric_ucx_config){
+      .label = NULL, .timeout_ms = 10000, .max_payload = 1ull << 30, .max_pending = 65536};
 }
 
 static int ucs_fail(kvbm_error *err, const char *what, ucs_status_t st) {
@@ -141,7 +137,7 @@ static void watch_socket(ucx_fabric *u) {
     u->peer_closed = true;
     u->peer_gone = n == 0;
   } else if (n == 1) {
-    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: peer sent byte 0x%02x on the side channel", b);
+    kvbm__fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: peer sent byte 0x%02x on the side channel", b);
   }
 }
 
@@ -170,23 +166,23 @@ static ucs_status_t am_recv(void *arg, const void *header, size_t header_length,
   ucx_fabric *u = arg;
   if (u->base.fatal) return UCS_OK; /* drop: the connection is over */
   if (header_length != 8) {
-    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: payload header of %zu bytes", header_length);
+    kvbm__fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: payload header of %zu bytes", header_length);
     return UCS_OK;
   }
   uint64_t id;
   memcpy(&id, header, 8);
   if (length > u->max_payload) {
-    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: peer pushed %zu bytes (limit %llu)", length,
+    kvbm__fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: peer pushed %zu bytes (limit %llu)", length,
                           (unsigned long long)u->max_payload);
     return UCS_OK;
   }
   if (u->pending >= u->max_pending) {
-    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: more than %llu payloads waiting",
+    kvbm__fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: more than %llu payloads waiting",
                           (unsigned long long)u->max_pending);
     return UCS_OK;
   }
   if (id <= u->max_received) {
-    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: payload id %llu after %llu",
+    kvbm__fabric_set_fatal(&u->base, NULL, KVBM_EPROTO, "fabric: ucx: payload id %llu after %llu",
                           (unsigned long long)id, (unsigned long long)u->max_received);
     return UCS_OK;
   }
@@ -200,7 +196,7 @@ static ucs_status_t am_recv(void *arg, const void *header, size_t header_length,
     }
   }
   if (!e) {
-    kvbm_fabric_set_fatal(&u->base, NULL, KVBM_ENOMEM, "fabric: ucx: out of memory for a %zu-byte payload", length);
+    kvbm__fabric_set_fatal(&u->base, NULL, KVBM_ENOMEM, "fabric: ucx: out of memory for a %zu-byte payload", length);
     return UCS_OK;
   }
   e->id = id;
@@ -226,7 +222,7 @@ static void op_done(void *request, ucs_status_t status, void *user_data) {
   ucx_fabric *u = user_data;
   u->inflight--;
   if (status != UCS_OK && status != UCS_ERR_CANCELED)
-    kvbm_fabric_set_fatal(&u->base, NULL, status == UCS_ERR_CONNECTION_RESET || status == UCS_ERR_ENDPOINT_TIMEOUT
+    kvbm__fabric_set_fatal(&u->base, NULL, status == UCS_ERR_CONNECTION_RESET || status == UCS_ERR_ENDPOINT_TIMEOUT
                                               ? KVBM_ECLOSED : KVBM_EIO,
                           "fabric: ucx: transfer failed: %s", ucs_status_string(status));
   ucp_request_free(request);
@@ -244,7 +240,7 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
   (void)ep;
   ucx_fabric *u = arg;
   u->peer_closed = true;
-  kvbm_fabric_set_fatal(&u->base, NULL, KVBM_ECLOSED, "fabric: ucx: connection to '%s' lost: %s",
+  kvbm__fabric_set_fatal(&u->base, NULL, KVBM_ECLOSED, "fabric: ucx: connection to '%s' lost: %s",
                         u->base.peer_label, ucs_status_string(status));
 }
 
@@ -289,13 +285,13 @@ static int ux_push(kvbm_fabric *f, const void *data, size_t len, uint64_t id, kv
 static bool timed_out_every(unsigned *tick, int64_t deadline) {
   if (deadline == INT64_MAX) return false;
   if ((++*tick & 31) != 1) return false;
-  return kvbm_sc_now_ms() >= deadline;
+  return kvbm__sc_now_ms() >= deadline;
 }
-static bool timed_out(int64_t deadline) { return deadline != INT64_MAX && kvbm_sc_now_ms() >= deadline; }
+static bool timed_out(int64_t deadline) { return deadline != INT64_MAX && kvbm__sc_now_ms() >= deadline; }
 
 static int ux_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t *len, kvbm_error *err) {
   ucx_fabric *u = U(f);
-  int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  int64_t deadline = kvbm__sc_deadline(timeout_ms);
   unsigned tick = 0;
   for (;;) {
     for (inbox_entry *e = u->head; e; e = e->next)
@@ -305,7 +301,7 @@ static int ux_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t
         if (len) *len = e->len;
         return KVBM_OK;
       }
-    int rc = kvbm_fabric_check(f, err);
+    int rc = kvbm__fabric_check(f, err);
     if (rc) return rc;
     if (u->peer_closed)
       return kvbm_error_set(err, KVBM_ECLOSED, "fabric: next: peer '%s' closed, nothing left", f->peer_label);
@@ -344,7 +340,7 @@ static int fetch_rndv(ucx_fabric *u, inbox_entry *e, void *buf, int64_t deadline
   e->rndv = NULL; /* UCX owns the descriptor from here on, even on failure */
   ucs_status_ptr_t sp = ucp_am_recv_data_nbx(u->worker, desc, buf, e->len, &p);
   if (UCS_PTR_IS_ERR(sp))
-    return kvbm_fabric_set_fatal(&u->base, err, KVBM_EIO, "fabric: pull: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
+    return kvbm__fabric_set_fatal(&u->base, err, KVBM_EIO, "fabric: pull: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
   if (sp == NULL) return KVBM_OK;
   bool cancelled = false;
   unsigned tick = 0;
@@ -357,15 +353,15 @@ static int fetch_rndv(ucx_fabric *u, inbox_entry *e, void *buf, int64_t deadline
   }
   if (w.status == UCS_OK) return KVBM_OK;
   if (cancelled && !u->base.fatal)
-    return kvbm_fabric_set_fatal(&u->base, err, KVBM_ETIMEDOUT, "fabric: pull: payload %llu timed out in flight",
+    return kvbm__fabric_set_fatal(&u->base, err, KVBM_ETIMEDOUT, "fabric: pull: payload %llu timed out in flight",
                                  (unsigned long long)e->id);
-  return kvbm_fabric_set_fatal(&u->base, err, KVBM_EIO, "fabric: pull: %s", ucs_status_string(w.status));
+  return kvbm__fabric_set_fatal(&u->base, err, KVBM_EIO, "fabric: pull: %s", ucs_status_string(w.status));
 }
 
 static int ux_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, size_t *len, int timeout_ms,
                    kvbm_error *err) {
   ucx_fabric *u = U(f);
-  int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  int64_t deadline = kvbm__sc_deadline(timeout_ms);
   unsigned tick = 0;
   for (;;) {
     inbox_entry **pp = &u->head, *prev = NULL;
@@ -394,7 +390,7 @@ static int ux_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, 
     if (h.id <= u->max_received)
       return kvbm_error_set(err, KVBM_ENOTFOUND, "fabric: pull: payload %llu was already pulled",
                             (unsigned long long)h.id);
-    int rc = kvbm_fabric_check(f, err);
+    int rc = kvbm__fabric_check(f, err);
     if (rc) return rc;
     if (u->peer_closed)
       return kvbm_error_set(err, KVBM_ECLOSED, "fabric: pull: peer '%s' closed before sending payload %llu",
@@ -429,7 +425,7 @@ static void flush_done(void *request, ucs_status_t status, void *user_data) {
 /* Why a wait must stop early: the deadline, a fatal error, a dead peer. */
 static int wait_check(ucx_fabric *u, unsigned *tick, int64_t deadline, int timeout_ms, const char *what,
                       kvbm_error *err) {
-  int rc = kvbm_fabric_check(&u->base, err);
+  int rc = kvbm__fabric_check(&u->base, err);
   if (rc) return rc;
   if (u->peer_gone)
     return kvbm_error_set(err, KVBM_ECLOSED, "fabric: %s: peer '%s' is gone", what, u->base.peer_label);
@@ -440,14 +436,14 @@ static int wait_check(ucx_fabric *u, unsigned *tick, int64_t deadline, int timeo
 
 static int ux_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
   ucx_fabric *u = U(f);
-  int64_t deadline = kvbm_sc_deadline(timeout_ms);
+  int64_t deadline = kvbm__sc_deadline(timeout_ms);
   unsigned tick = 0;
   while (u->inflight > 0) {
     int rc = wait_check(u, &tick, deadline, timeout_ms, "flush", err);
     if (rc) return rc;
     progress(u);
   }
-  int rc = kvbm_fabric_check(f, err);
+  int rc = kvbm__fabric_check(f, err);
   if (rc) return rc;
   /* Remote completion of the puts: the endpoint flush. */
   flush_wait *w = calloc(1, sizeof *w);
@@ -472,7 +468,7 @@ static int ux_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
   ucs_status_t st = w->status;
   free(w);
   if (st != UCS_OK) return ucs_fail(err, "flush", st);
-  return kvbm_fabric_check(f, err);
+  return kvbm__fabric_check(f, err);
 }
 
 static int ux_mem_register(kvbm_fabric *f, void *base, uint64_t len, void **reg, uint8_t **key, size_t *key_len,
@@ -667,15 +663,15 @@ static void await_peer(ucx_fabric *u, unsigned char want, int64_t deadline) {
 static void ux_destroy(kvbm_fabric *f) {
   ucx_fabric *u = U(f);
   if (u->worker) {
-    int64_t deadline = kvbm_sc_deadline(u->timeout_ms);
+    int64_t deadline = kvbm__sc_deadline(u->timeout_ms);
     unsigned char b = SC_BYE;
-    if (kvbm_sc_send_all(u->sock, &b, 1, deadline, NULL) != KVBM_OK) u->peer_gone = u->peer_closed = true;
+    if (kvbm__sc_send_all(u->sock, &b, 1, deadline, NULL) != KVBM_OK) u->peer_gone = u->peer_closed = true;
     if (!u->peer_closed) await_peer(u, SC_BYE, deadline);
     while (u->inflight > 0 && !u->peer_gone && !timed_out(deadline)) progress(u);
     close_ep(u, deadline);
     if (!u->peer_gone) {
       b = SC_CLOSED;
-      if (kvbm_sc_send_all(u->sock, &b, 1, deadline, NULL) == KVBM_OK) await_peer(u, SC_CLOSED, deadline);
+      if (kvbm__sc_send_all(u->sock, &b, 1, deadline, NULL) == KVBM_OK) await_peer(u, SC_CLOSED, deadline);
     }
     inbox_clear(u);
     ucp_worker_destroy(u->worker);
@@ -777,7 +773,7 @@ static int send_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
   memcpy(b + 16, u->base.label, llen);
   memcpy(b + 16 + llen, addr, alen);
   ucp_worker_release_address(u->worker, addr);
-  int rc = kvbm_sc_send_record(u->sock, b, n, deadline, err);
+  int rc = kvbm__sc_send_record(u->sock, b, n, deadline, err);
   free(b);
   return rc;
 }
@@ -786,7 +782,7 @@ static int send_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
 static int recv_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
   void *rec;
   size_t n;
-  int rc = kvbm_sc_recv_record(u->sock, HELLO_MAX, &rec, &n, deadline, err);
+  int rc = kvbm__sc_recv_record(u->sock, HELLO_MAX, &rec, &n, deadline, err);
   if (rc) return rc == KVBM_ECLOSED ? kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer hung up during hello") : rc;
   const uint8_t *b = rec;
   rc = KVBM_OK;
@@ -800,7 +796,7 @@ static int recv_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
   if (!rc) {
     memcpy(u->base.peer_label, b + 16, llen);
     u->base.peer_label[llen] = '\0';
-    if (kvbm_fabric_label_check(llen ? u->base.peer_label : "x", NULL) != KVBM_OK)
+    if (kvbm__fabric_label_check(llen ? u->base.peer_label : "x", NULL) != KVBM_OK)
       rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer label is not printable");
   }
   if (!rc) {
@@ -823,12 +819,12 @@ static int recv_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
 
 /* Both ends: hello out, hello in, endpoint, ready out, ready in. */
 static int handshake(ucx_fabric *u, kvbm_error *err) {
-  int64_t deadline = kvbm_sc_deadline(u->timeout_ms);
+  int64_t deadline = kvbm__sc_deadline(u->timeout_ms);
   int rc = send_hello(u, deadline, err);
   if (!rc) rc = recv_hello(u, deadline, err);
   if (rc) return rc;
   unsigned char b = SC_READY;
-  rc = kvbm_sc_send_all(u->sock, &b, 1, deadline, err);
+  rc = kvbm__sc_send_all(u->sock, &b, 1, deadline, err);
   if (rc) return rc;
   /* Progress while waiting: the peer's wire-up may need our worker. */
   for (;;) {
@@ -852,7 +848,7 @@ static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *label, int 
     close(sock);
     return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
   }
-  kvbm_fabric_base_init(&u->base, &ux_vtable, label ? label : "ucx");
+  kvbm__fabric_base_init(&u->base, &ux_vtable, label ? label : "ucx");
   u->sock = sock;
   u->timeout_ms = cfg->timeout_ms;
   u->max_payload = cfg->max_payload;
@@ -885,7 +881,7 @@ static int check_cfg(const kvbm_fabric_ucx_config *cfg, kvbm_error *err) {
   if (!cfg) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL config");
   if (cfg->timeout_ms <= 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: timeout_ms must be positive");
   if (cfg->max_pending == 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: max_pending must be positive");
-  return kvbm_fabric_label_check(cfg->label, err);
+  return kvbm__fabric_label_check(cfg->label, err);
 }
 
 int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host, uint16_t port,
@@ -907,7 +903,7 @@ int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host, 
     return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
   }
   l->fd = -1;
-  rc = kvbm_sc_listen(host, port, &l->fd, &l->port, err);
+  rc = kvbm__sc_listen(host, port, &l->fd, &l->port, err);
   if (rc) {
     kvbm_fabric_listener_destroy(l);
     return rc;
@@ -921,7 +917,7 @@ uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l) { return l ? l
 int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out, kvbm_error *err) {
   if (!l || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: accept: NULL argument");
   int sock;
-  int rc = kvbm_sc_accept(l->fd, l->cfg.timeout_ms, &sock, err);
+  int rc = kvbm__sc_accept(l->fd, l->cfg.timeout_ms, &sock, err);
   if (rc) return rc;
   return new_fabric(&l->cfg, l->label, sock, out, err);
 }
@@ -941,7 +937,7 @@ int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg, const char *host,
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL out");
   if (port == 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: connect needs a port");
   int sock;
-  rc = kvbm_sc_connect(host, port, cfg->timeout_ms, &sock, err);
+  rc = kvbm__sc_connect(host, port, cfg->timeout_ms, &sock, err);
   if (rc) return rc;
   return new_fabric(cfg, cfg->label, sock, out, err);
 }

@@ -45,7 +45,7 @@ static uint64_t get64(const uint8_t *p) {
   return v;
 }
 
-int kvbm_fabric_wire_encode(const kvbm_layout_desc *desc,
+int kvbm__fabric_wire_encode(const kvbm_layout_desc *desc,
                             const kvbm_fabric_wire_region *regions,
                             uint8_t **buf, size_t *len, kvbm_error *err) {
   size_t lay = kvbm_layout_desc_encoded_size(desc);
@@ -98,7 +98,7 @@ static int check_extent(const kvbm_layout_desc *d, uint64_t r,
   return KVBM_OK;
 }
 
-int kvbm_fabric_wire_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *desc,
+int kvbm__fabric_wire_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *desc,
                             kvbm_fabric_wire_region **regions, kvbm_error *err) {
   memset(desc, 0, sizeof *desc);
   *regions = NULL;

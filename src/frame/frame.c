@@ -42,12 +42,7 @@ static void put32(uint8_t *p, uint32_t v) {
 }
 
 static int tier_valid(int tier) {
-  return tier >= KVBM_FRAME_TIER_G1 && tier <= KVBM_FRAME_TIER_G4;
-}
-
-const char *kvbm_frame_tier_name(int tier) {
-  static const char *const names[] = {"G1", "G2", "G3", "G4"};
-  return tier_valid(tier) ? names[tier] : "?";
+  return tier >= KVBM_TIER_G1 && tier <= KVBM_TIER_G4;
 }
 
 static void body_checksum(const void *body, size_t len,
@@ -71,7 +66,7 @@ int kvbm_frame_encoded_len(size_t body_len, size_t *out, kvbm_error *err) {
   return KVBM_OK;
 }
 
-int kvbm_frame_encode_header(kvbm_frame_tier tier, const void *body,
+int kvbm_frame_encode_header(kvbm_tier tier, const void *body,
                              size_t body_len,
                              uint8_t header[KVBM_FRAME_HEADER_LEN],
                              kvbm_error *err) {
@@ -92,7 +87,7 @@ int kvbm_frame_encode_header(kvbm_frame_tier tier, const void *body,
   return KVBM_OK;
 }
 
-int kvbm_frame_encode(kvbm_frame_tier tier, const void *body, size_t body_len,
+int kvbm_frame_encode(kvbm_tier tier, const void *body, size_t body_len,
                       void *out, size_t cap, size_t *out_len,
                       kvbm_error *err) {
   size_t total = 0;
@@ -150,7 +145,7 @@ int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
                           body_len, max_body);
   hdr->version = version;
   hdr->body_len = body_len;
-  hdr->tier = (kvbm_frame_tier)p[OFF_TIER];
+  hdr->tier = (kvbm_tier)p[OFF_TIER];
   memcpy(hdr->checksum, p + OFF_SUM, KVBM_FRAME_CHECKSUM_LEN);
   return KVBM_OK;
 }

@@ -56,7 +56,7 @@ size_t kvbm_approx_expire(kvbm_approx *a, double now) {
     rec *r = &a->q[a->head];
     /* the slot may have been dropped and reused meanwhile: removing then
      * only decrements copies this record added, or finds nothing */
-    kvbm_index_remove(a->idx, r->slot, KVBM_ROUTER_DEVICE, r->hashes, r->n);
+    kvbm_index_remove(a->idx, r->slot, KVBM_TIER_G1, r->hashes, r->n);
     free(r->hashes);
     a->head = (a->head + 1) % a->cap;
     a->n--;
@@ -92,7 +92,7 @@ int kvbm_approx_record(kvbm_approx *a, uint32_t slot, const uint64_t *hashes, si
   uint64_t *copy = malloc((n ? n : 1) * sizeof *copy);
   if (!copy) return kvbm_error_set(err, KVBM_ENOMEM, "router approx: out of memory");
   if (n) memcpy(copy, hashes, n * sizeof *copy);
-  int rc = kvbm_index_store(a->idx, slot, KVBM_ROUTER_DEVICE, copy, n);
+  int rc = kvbm_index_store(a->idx, slot, KVBM_TIER_G1, copy, n);
   if (rc) {
     free(copy);
     return kvbm_error_set(err, rc, "router approx: index: %s", kvbm_strerror(rc));

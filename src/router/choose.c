@@ -17,7 +17,7 @@
 #include "kvbm/router.h"
 
 kvbm_choice_config kvbm_choice_config_default(void) {
-  return (kvbm_choice_config){.tier_weight = {1.0, 0.75, 0.25},
+  return (kvbm_choice_config){.tier_weight = {1.0, 0.75, 0.25, 0.1},
                               .prefill_weight = 1.0,
                               .load_weight = 1.0,
                               .load_kind = KVBM_LOAD_BLOCKS,
@@ -28,8 +28,8 @@ static bool bad(double x) { return !isfinite(x) || x < 0; }
 
 int kvbm_choice_config_check(const kvbm_choice_config *c, kvbm_error *err) {
   if (!c) return kvbm_error_set(err, KVBM_EINVAL, "router: NULL choice config");
-  static const char *tn[] = {"device", "host", "disk"};
-  for (int t = 0; t < KVBM_ROUTER_TIERS; t++)
+  static const char *tn[] = {"G1 (device)", "G2 (host)", "G3 (disk)", "G4 (remote)"};
+  for (int t = 0; t < KVBM_TIER_COUNT; t++)
     if (bad(c->tier_weight[t]))
       return kvbm_error_set(err, KVBM_EINVAL, "router: %s tier weight %g is not a finite number >= 0",
                             tn[t], c->tier_weight[t]);
@@ -48,8 +48,9 @@ int kvbm_choice_config_check(const kvbm_choice_config *c, kvbm_error *err) {
 }
 
 double kvbm_overlap_score(const kvbm_choice_config *c, const kvbm_overlap *ov) {
-  double d = ov->prefix[0], h = ov->prefix[1], k = ov->prefix[2];
-  return c->tier_weight[0] * d + c->tier_weight[1] * (h - d) + c->tier_weight[2] * (k - h);
+  double d = ov->prefix[0], h = ov->prefix[1], k = ov->prefix[2], r = ov->prefix[3];
+  return c->tier_weight[0] * d + c->tier_weight[1] * (h - d) + c->tier_weight[2] * (k - h) +
+         c->tier_weight[3] * (r - k);
 }
 
 uint64_t kvbm_router_rand(uint64_t *s) {

@@ -72,7 +72,7 @@ typedef struct http_state {
   int64_t t0;
 } http_state;
 
-void rd_log(kvbm_router_daemon *d, const char *fmt, ...) {
+void kvbm__rd_log(kvbm_router_daemon *d, const char *fmt, ...) {
   if (!d->cfg.log) return;
   char line[512];
   va_list ap;
@@ -148,7 +148,7 @@ static void reply(conn *c, int status, const char *body, size_t len, bool close,
   int n = snprintf(head, sizeof head,
                    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
                    "Connection: %s\r\n%s\r\n",
-                   status, http_reason(status), len, close ? "close" : "keep-alive",
+                   status, kvbm__http_reason(status), len, close ? "close" : "keep-alive",
                    extra ? extra : "");
   size_t need = c->out_len + (size_t)n + len;
   if (need > c->out_cap) {
@@ -171,13 +171,13 @@ static void reply(conn *c, int status, const char *body, size_t len, bool close,
 static void reply_error(http_state *h, conn *c, int status, const char *msg, bool close,
                         const char *extra) {
   rj_buf b = {0};
-  rj_printf(&b, "{\"error\":");
-  rj_string(&b, msg);
-  rj_printf(&b, ",\"status\":%d}\n", status);
+  kvbm__rj_printf(&b, "{\"error\":");
+  kvbm__rj_string(&b, msg);
+  kvbm__rj_printf(&b, ",\"status\":%d}\n", status);
   h->bad++;
   if (b.oom) reply(c, 500, "{}\n", 3, true, NULL);
   else reply(c, status, b.p, b.len, close, extra);
-  rj_buf_free(&b);
+  kvbm__rj_buf_free(&b);
 }
 
 /* ------------------------------------------------------------- handlers */
@@ -187,17 +187,17 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
   kvbm_index_stats st;
   kvbm_index_stats_get(d->idx, &st);
   rj_buf b = {0};
-  rj_printf(&b,
+  kvbm__rj_printf(&b,
             "{\"status\":\"ok\",\"workers\":%u,\"entries\":%" PRIu64 ",\"events\":%" PRIu64
             ",\"gaps\":%" PRIu64 ",\"duplicates\":%" PRIu64 ",\"unknown_removed\":%" PRIu64
             ",\"orphans\":%" PRIu64 ",\"routes\":%" PRIu64 ",\"active_requests\":%zu"
             ",\"bad_requests\":%" PRIu64 ",\"mode\":\"%s\",\"uptime_s\":%.3f,\"sources\":[",
             st.workers, st.entries, st.events, st.gaps, st.duplicates, st.unknown_removed,
             st.orphans, h->routes, h->rlive, h->bad, d->approx ? "approximate" : "events",
-            (double)(rd_now_ns() - h->t0) * 1e-9);
+            (double)(kvbm__rd_now_ns() - h->t0) * 1e-9);
   for (size_t i = 0; i < d->nsrc; i++) {
     source *s = &d->src[i];
-    rj_printf(&b,
+    kvbm__rj_printf(&b,
               "%s{\"worker_id\":%" PRIu64 ",\"kind\":\"%s\",\"batches\":%" PRIu64
               ",\"errors\":%" PRIu64 ",\"lost\":%" PRIu64 ",\"replayed\":%" PRIu64
               ",\"dropped\":%s}",
@@ -205,10 +205,10 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
               atomic_load(&s->batches), atomic_load(&s->errors), atomic_load(&s->lost),
               atomic_load(&s->replayed), atomic_load(&s->dropped) ? "true" : "false");
   }
-  rj_printf(&b, "]}\n");
+  kvbm__rj_printf(&b, "]}\n");
   if (b.oom) reply_error(h, c, 500, "out of memory", true, NULL);
   else reply(c, 200, b.p, b.len, close, NULL);
-  rj_buf_free(&b);
+  kvbm__rj_buf_free(&b);
 }
 
 static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_t len,
@@ -216,7 +216,7 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   http_state *h = d->http;
   rj_request q;
   kvbm_error err = {0};
-  int rc = rj_parse_request(body, len, d->cfg.max_tokens, &q, &err);
+  int rc = kvbm__rj_parse_request(body, len, d->cfg.max_tokens, &q, &err);
   if (rc) {
     reply_error(h, c, rc == KVBM_ENOMEM ? 500 : rc == KVBM_ETOOLONG && strstr(err.msg, "array")
                                                      ? 413 : 400,
@@ -225,7 +225,7 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   }
   if (q.has_tokens == q.has_hashes) {
     reply_error(h, c, 400, "give exactly one of token_ids and block_hashes", close, NULL);
-    rj_request_free(&q);
+    kvbm__rj_request_free(&q);
     return;
   }
   const uint64_t *keys = q.hashes;
@@ -236,13 +236,13 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
     owned = malloc(cap * sizeof *owned);
     if (!owned) {
       reply_error(h, c, 500, "out of memory", true, NULL);
-      rj_request_free(&q);
+      kvbm__rj_request_free(&q);
       return;
     }
     n = kvbm_index_hash_tokens(d->idx, q.tokens, q.num_tokens, owned, cap);
     keys = owned;
   }
-  int64_t now = rd_now_ns();
+  int64_t now = kvbm__rd_now_ns();
   load_expire(h, now);
   kvbm_overlap ov[KVBM_ROUTER_MAX_WORKERS];
   uint64_t live;
@@ -263,14 +263,14 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   if (rc) {
     reply_error(h, c, 503, "no workers known yet (no events received)", close, NULL);
     free(owned);
-    rj_request_free(&q);
+    kvbm__rj_request_free(&q);
     return;
   }
   if (d->approx) {
     pthread_mutex_lock(&d->wlock);
     rc = kvbm_approx_record(d->approx, ch.slot, keys, n, (double)now * 1e-9, &err);
     pthread_mutex_unlock(&d->wlock);
-    if (rc) rd_log(d, "approximate record: %s", err.msg);
+    if (rc) kvbm__rd_log(d, "approximate record: %s", err.msg);
   }
   /* the request's load: its blocks (the prefill it causes and its KV) */
   if (h->rn == h->rcap) {
@@ -290,7 +290,7 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   }
   h->routes++;
   rj_buf b = {0};
-  rj_printf(&b,
+  kvbm__rj_printf(&b,
             "{\"worker_id\":%" PRIu64 ",\"dp_rank\":%u,\"request_id\":%" PRIu64
             ",\"blocks\":%zu,\"cost\":%.6g,\"ties\":%u,\"workers\":[",
             key[ch.slot].worker_id, key[ch.slot].dp_rank, id, n, ch.cost, ch.ties);
@@ -300,19 +300,19 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
     double score = kvbm_overlap_score(&d->cfg.choice, &ov[s]);
     double cost = d->cfg.choice.prefill_weight * ((double)n - score) +
                   d->cfg.choice.load_weight * load[s];
-    rj_printf(&b,
+    kvbm__rj_printf(&b,
               "%s{\"worker_id\":%" PRIu64 ",\"dp_rank\":%u,\"device\":%u,\"host\":%u,"
-              "\"disk\":%u,\"score\":%.6g,\"load\":%.6g,\"cost\":%.6g}",
+              "\"disk\":%u,\"remote\":%u,\"score\":%.6g,\"load\":%.6g,\"cost\":%.6g}",
               first ? "" : ",", key[s].worker_id, key[s].dp_rank, ov[s].prefix[0],
-              ov[s].prefix[1], ov[s].prefix[2], score, load[s], cost);
+              ov[s].prefix[1], ov[s].prefix[2], ov[s].prefix[3], score, load[s], cost);
     first = false;
   }
-  rj_printf(&b, "]}\n");
+  kvbm__rj_printf(&b, "]}\n");
   if (b.oom) reply_error(h, c, 500, "out of memory", true, NULL);
   else reply(c, 200, b.p, b.len, close, NULL);
-  rj_buf_free(&b);
+  kvbm__rj_buf_free(&b);
   free(owned);
-  rj_request_free(&q);
+  kvbm__rj_request_free(&q);
 }
 
 static void handle_done(kvbm_router_daemon *d, conn *c, const char *body, size_t len,
@@ -320,14 +320,14 @@ static void handle_done(kvbm_router_daemon *d, conn *c, const char *body, size_t
   http_state *h = d->http;
   rj_request q;
   kvbm_error err = {0};
-  int rc = rj_parse_request(body, len, 0, &q, &err);
+  int rc = kvbm__rj_parse_request(body, len, 0, &q, &err);
   if (rc) {
     reply_error(h, c, 400, err.msg, close, NULL);
     return;
   }
   bool bad = !q.has_request_id || q.has_tokens || q.has_hashes;
   uint64_t id = q.request_id;
-  rj_request_free(&q);
+  kvbm__rj_request_free(&q);
   if (bad) {
     reply_error(h, c, 400, "give request_id (only)", close, NULL);
     return;
@@ -379,7 +379,7 @@ static void process(kvbm_router_daemon *d, conn *c) {
     http_req rq;
     int status;
     const char *why;
-    http_result r = http_parse_head(c->in, c->in_len, MAX_HEAD, d->cfg.max_body, &rq, &status, &why);
+    http_result r = kvbm__http_parse_head(c->in, c->in_len, MAX_HEAD, d->cfg.max_body, &rq, &status, &why);
     if (r == HTTP_NEED_MORE) return;
     if (r == HTTP_BAD) {
       reply_error(h, c, status, why, true, NULL);
@@ -414,7 +414,7 @@ static void process(kvbm_router_daemon *d, conn *c) {
     memmove(c->in, c->in + total, c->in_len - total);
     c->in_len -= total;
     c->sent_continue = false;
-    c->deadline_ns = rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9);
+    c->deadline_ns = kvbm__rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9);
   }
 }
 
@@ -433,7 +433,7 @@ static bool conn_read(kvbm_router_daemon *d, conn *c) {
     }
     ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
     if (n > 0) {
-      if (c->in_len == 0) c->deadline_ns = rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9);
+      if (c->in_len == 0) c->deadline_ns = kvbm__rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9);
       c->in_len += (size_t)n;
       continue;
     }
@@ -492,7 +492,7 @@ static void accept_all(kvbm_router_daemon *d) {
       h->cc = cc;
     }
     h->c[h->nc++] = (conn){.fd = fd,
-                           .deadline_ns = rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9)};
+                           .deadline_ns = kvbm__rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9)};
     h->conns++;
   }
 }
@@ -518,7 +518,7 @@ int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err) {
       rc = kvbm_error_set(err, KVBM_EIO, "router: poll: %s", strerror(errno));
       break;
     }
-    int64_t now = rd_now_ns();
+    int64_t now = kvbm__rd_now_ns();
     /* connections, back to front so removal keeps indices valid */
     for (size_t i = h->nc; i-- > 0;) {
       conn *c = &h->c[i];
@@ -543,7 +543,7 @@ int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err) {
       (void)r;
     }
     load_expire(h, now);
-    rd_sources_tick(d);
+    kvbm__rd_sources_tick(d);
     if (d->approx) {
       pthread_mutex_lock(&d->wlock);
       kvbm_approx_expire(d->approx, (double)now * 1e-9);
@@ -649,7 +649,7 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     goto fail;
   }
   d->http->rng = cfg->seed ? cfg->seed : 1;
-  d->http->t0 = rd_now_ns();
+  d->http->t0 = kvbm__rd_now_ns();
   if ((rc = kvbm_index_create(&cfg->index, &d->idx, err))) goto fail;
   for (size_t i = 0; i < cfg->num_workers; i++)
     if ((rc = kvbm_index_add_worker(d->idx, cfg->workers[i], NULL, err))) goto fail;
@@ -660,7 +660,7 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     goto fail;
   }
   if ((rc = listen_on(d, err))) goto fail;
-  if ((rc = rd_sources_start(d, err))) goto fail;
+  if ((rc = kvbm__rd_sources_start(d, err))) goto fail;
   *out = d;
   return KVBM_OK;
 fail:
@@ -670,7 +670,7 @@ fail:
 
 void kvbm_router_daemon_destroy(kvbm_router_daemon *d) {
   if (!d) return;
-  if (d->src) rd_sources_stop(d);
+  if (d->src) kvbm__rd_sources_stop(d);
   if (d->http) {
     while (d->http->nc) conn_close(d->http, 0);
     free(d->http->c);

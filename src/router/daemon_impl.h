@@ -45,15 +45,15 @@ struct kvbm_router_daemon {
   struct http_state *http;
 };
 
-int64_t rd_now_ns(void);
-void rd_log(struct kvbm_router_daemon *d, const char *fmt, ...)
+int64_t kvbm__rd_now_ns(void);
+void kvbm__rd_log(struct kvbm_router_daemon *d, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-int rd_sources_start(struct kvbm_router_daemon *d, kvbm_error *err);
-void rd_sources_stop(struct kvbm_router_daemon *d);
+int kvbm__rd_sources_start(struct kvbm_router_daemon *d, kvbm_error *err);
+void kvbm__rd_sources_stop(struct kvbm_router_daemon *d);
 /* Drops the workers of sources silent for longer than worker_timeout_s. */
-void rd_sources_tick(struct kvbm_router_daemon *d);
+void kvbm__rd_sources_tick(struct kvbm_router_daemon *d);
 
 #endif

@@ -128,7 +128,7 @@ static http_result header(const char *p, size_t n, size_t max_body, http_req *re
   return HTTP_HEAD;
 }
 
-http_result http_parse_head(const char *buf, size_t len, size_t max_head, size_t max_body,
+http_result kvbm__http_parse_head(const char *buf, size_t len, size_t max_head, size_t max_body,
                             http_req *req, int *status, const char **why) {
   long end = head_end(buf, len < max_head ? len : max_head);
   if (end < 0) return bad(status, why, 400, "bare CR/LF or a control byte in the request head");
@@ -153,7 +153,7 @@ http_result http_parse_head(const char *buf, size_t len, size_t max_head, size_t
   return HTTP_HEAD;
 }
 
-const char *http_reason(int s) {
+const char *kvbm__http_reason(int s) {
   switch (s) {
     case 100: return "Continue";
     case 200: return "OK";

@@ -34,10 +34,10 @@ typedef enum http_result {
  * than HTTP/1.0 or 1.1 (505), Transfer-Encoding (501: bodies must have a
  * Content-Length), a Content-Length that is not a decimal number, is
  * given twice with different values, or exceeds max_body (413). */
-http_result http_parse_head(const char *buf, size_t len, size_t max_head, size_t max_body,
+http_result kvbm__http_parse_head(const char *buf, size_t len, size_t max_head, size_t max_body,
                             http_req *req, int *status, const char **why);
 
 /* The reason phrase of a status code we send. */
-const char *http_reason(int status);
+const char *kvbm__http_reason(int status);
 
 #endif

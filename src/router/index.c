@@ -2,7 +2,7 @@
  * index.c: the router's prefix index (see kvbm/router.h).
  *
  * Layout. One open-addressing table per worker maps an index key (a
- * chained sequence hash) to the tiers that worker holds the block in (3
+ * chained sequence hash) to the tiers that worker holds the block in (4
  * bits). Because keys are chained hashes, a flat map per worker is enough
  * for prefix lookups: h[k] present means the worker holds the block whose
  * whole prefix is h[0..k], and a lookup walks h[0], h[1], ... in each
@@ -29,8 +29,8 @@
  * extra load of a line it reads anyway and never writes shared memory, so
  * any number of readers scale; the writer pays two extra stores per change.
  *
- * Slot protocol: `meta` holds the tier bits (0..2), a busy bit (3) and a
- * version (4..63). The writer stores meta busy, then the key and the final
+ * Slot protocol: `meta` holds the tier bits (0..3), a busy bit (4), the occupied bit (5) and a
+ * version (6..63). The writer stores meta busy, then the key and the final
  * meta with release stores; a reader loads meta (acquire), the key
  * (acquire) and meta again, and retries unless both metas are equal and
  * not busy. The one thing slot seqlocks do not cover is backward-shift
@@ -58,13 +58,13 @@
 #include "kvbm/router.h"
 #include "router/wmap.h"
 
-#define T KVBM_ROUTER_TIERS
+#define T KVBM_TIER_COUNT
 #define MAXW KVBM_ROUTER_MAX_WORKERS
 #define PREFETCH_AHEAD 12
-#define BUSY 8u
-#define OCC 16u /* the slot holds an entry (a block, or a ghost: see below) */
-#define TIERS_MASK 7u
-#define VSHIFT 5
+#define BUSY 16u
+#define OCC 32u /* the slot holds an entry (a block, or a ghost: see below) */
+#define TIERS_MASK 15u
+#define VSHIFT 6
 
 /* The writer's own fields of a slot (never read by readers). */
 typedef struct wpriv {
@@ -76,7 +76,7 @@ typedef struct wpriv {
 /* 32 bytes: what readers read, then the writer's fields, so that an event
  * touches one cache line per block. */
 typedef struct slot {
-  _Atomic uint64_t meta; /* version << 5 | occupied << 4 | busy << 3 | tier bits */
+  _Atomic uint64_t meta; /* version << 6 | occupied << 5 | busy << 4 | tier bits */
   _Atomic uint64_t key;
   wpriv w;
 } slot;
@@ -268,7 +268,7 @@ static void bisect_all(const kvbm_index *idx, uint64_t set, const uint64_t *hash
       }
       if (!b->step && b->lo >= b->hi) { /* done: the prefix is lo */
         kvbm_overlap *o = &out[b->slot];
-        o->prefix[0] = o->prefix[1] = o->prefix[2] = (uint32_t)b->lo;
+        o->prefix[0] = o->prefix[1] = o->prefix[2] = o->prefix[3] = (uint32_t)b->lo;
         *b = st[--nb];
         continue;
       }
@@ -284,7 +284,7 @@ static void bisect_all(const kvbm_index *idx, uint64_t set, const uint64_t *hash
  * or 1) does not pay for prefetches it never uses. */
 static void walk(const worker *w, const wtab *t, const uint64_t *hashes, size_t n,
                  kvbm_overlap *o) {
-  bool dev = true, host = true;
+  bool dev = true, host = true, disk = true;
   size_t k = 0;
   uint64_t mv = LDA(&w->moves);
   for (; k < n; k++) {
@@ -295,11 +295,13 @@ static void walk(const worker *w, const wtab *t, const uint64_t *hashes, size_t 
     unsigned held = probe(w, t, hashes[k], &mv);
     if (dev && !(held & 1)) dev = false, o->prefix[0] = (uint32_t)k;
     if (host && !(held & 3)) host = false, o->prefix[1] = (uint32_t)k;
+    if (disk && !(held & 7)) disk = false, o->prefix[2] = (uint32_t)k;
     if (!held) break;
   }
   if (dev) o->prefix[0] = (uint32_t)k;
   if (host) o->prefix[1] = (uint32_t)k;
-  o->prefix[2] = (uint32_t)k;
+  if (disk) o->prefix[2] = (uint32_t)k;
+  o->prefix[3] = (uint32_t)k;
 }
 
 /* Worker by worker (not in lockstep): each walk is a tight loop over one
@@ -521,7 +523,7 @@ static int tab_hold(kvbm_index *idx, uint32_t wi, uint64_t h, int tier, uint64_t
   unsigned m = found ? slot_tiers(s) : 0;
   *was_set = m >> tier & 1;
   if (*was_set) return KVBM_OK;
-  if (tier != KVBM_ROUTER_DEVICE) w->offdev++;
+  if (tier != KVBM_TIER_G1) w->offdev++;
   if (m) { /* held already, in another tier: only the bit changes */
     slot_write(s, h, OCC | m | 1u << tier);
     publish_closed(w);
@@ -554,7 +556,7 @@ static bool tab_release(kvbm_index *idx, uint32_t wi, uint64_t h, int tier) {
   if (!found) return false;
   unsigned m = slot_tiers(s);
   if (!(m >> tier & 1)) return false;
-  if (tier != KVBM_ROUTER_DEVICE) w->offdev--;
+  if (tier != KVBM_TIER_G1) w->offdev--;
   m &= ~(1u << tier);
   if (m) {
     slot_write(s, h, OCC | m);
@@ -590,20 +592,20 @@ static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
   if (!idx->cfg.recompute) {
     if ((rc = tab_hold(idx, w, e, tier, parent, has_parent, &was_set))) return rc;
     if (was_set) {
-      wentry *we = wmap_upsert(&idx->w[w].map, e, e, &added);
+      wentry *we = kvbm__wmap_upsert(&idx->w[w].map, e, e, &added);
       if (!we) return KVBM_ENOMEM;
       we->cnt[tier]++;
     }
     bump(&idx->c.stored, 1);
     return KVBM_OK;
   }
-  wentry *we = wmap_upsert(&idx->w[w].map, e, r, &added);
+  wentry *we = kvbm__wmap_upsert(&idx->w[w].map, e, r, &added);
   if (!we) return KVBM_ENOMEM;
   if (we->cnt[tier]++ == 0) {
     rc = tab_hold(idx, w, we->rhash, tier, parent, has_parent, &was_set);
     if (rc) {
       we->cnt[tier]--;
-      if (added) wmap_erase(&idx->w[w].map, we);
+      if (added) kvbm__wmap_erase(&idx->w[w].map, we);
       return rc;
     }
   }
@@ -613,11 +615,11 @@ static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
 
 static void unhold(kvbm_index *idx, uint32_t w, int tier, uint64_t e) {
   wmap *m = &idx->w[w].map;
-  wentry *we = wmap_find(m, e);
+  wentry *we = kvbm__wmap_find(m, e);
   if (!idx->cfg.recompute) {
     if (we && we->cnt[tier]) { /* an extra copy goes, the bit stays */
       we->cnt[tier]--;
-      if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) wmap_erase(m, we);
+      if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) kvbm__wmap_erase(m, we);
     } else if (!tab_release(idx, w, e, tier)) {
       bump(&idx->c.unknown_removed, 1);
       return;
@@ -630,7 +632,7 @@ static void unhold(kvbm_index *idx, uint32_t w, int tier, uint64_t e) {
     return;
   }
   if (--we->cnt[tier] == 0) tab_release(idx, w, we->rhash, tier);
-  if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) wmap_erase(m, we);
+  if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) kvbm__wmap_erase(m, we);
   bump(&idx->c.removed, 1);
 }
 
@@ -653,22 +655,10 @@ static void forget_all(kvbm_index *idx, uint32_t wi) {
   w->entries = 0;
   w->broken = w->offdev = 0;
   publish_closed(w);
-  wmap_clear(&w->map);
+  kvbm__wmap_clear(&w->map);
 }
 
 /* ------------------------------------------------------------ public */
-
-kvbm_router_tier kvbm_router_tier_of(kvbm_medium m) {
-  switch (m) {
-    case KVBM_MEDIUM_NONE:
-    case KVBM_MEDIUM_GPU:
-      return KVBM_ROUTER_DEVICE;
-    case KVBM_MEDIUM_CPU:
-      return KVBM_ROUTER_HOST;
-    default:
-      return KVBM_ROUTER_DISK;
-  }
-}
 
 kvbm_index_config kvbm_index_config_default(void) {
   return (kvbm_index_config){.block_size = 16, .scheme = KVBM_HASH_NATIVE, .salt_hash = 0,
@@ -700,7 +690,7 @@ void kvbm_index_destroy(kvbm_index *idx) {
       n = t->retired;
       wtab_free(t);
     }
-    wmap_free(&idx->w[s].map);
+    kvbm__wmap_free(&idx->w[s].map);
   }
   free(idx);
 }
@@ -834,7 +824,7 @@ static inline void prefetch_event(const kvbm_index *idx, uint32_t w, const kvbm_
 }
 
 static int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
-  int tier = kvbm_router_tier_of(ev->medium);
+  int tier = kvbm_medium_tier(ev->medium);
   if (!idx->cfg.recompute) {
     for (size_t i = 0; i < ev->num_block_hashes; i++) {
       if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, s, ev->block_hashes[i + EV_AHEAD]);
@@ -848,7 +838,7 @@ static int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
   uint64_t parent = 0;
   bool has_parent = ev->has_parent;
   if (has_parent) {
-    const wentry *pe = wmap_find(&idx->w[s].map, ev->parent_hash);
+    const wentry *pe = kvbm__wmap_find(&idx->w[s].map, ev->parent_hash);
     if (!pe) {
       bump(&idx->c.orphans, ev->num_block_hashes);
       return KVBM_OK;
@@ -862,7 +852,7 @@ static int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
     int rc = hold(idx, s, tier, ev->block_hashes[i], r, parent, has_parent);
     if (rc) return rc;
     /* an engine hash already known keeps its first key; chain from it */
-    parent = wmap_find(&idx->w[s].map, ev->block_hashes[i])->rhash;
+    parent = kvbm__wmap_find(&idx->w[s].map, ev->block_hashes[i])->rhash;
     has_parent = true;
   }
   return KVBM_OK;
@@ -878,7 +868,7 @@ static int apply_one(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_err
     case KVBM_EVENT_REMOVED:
       for (size_t i = 0; i < ev->num_block_hashes; i++) {
         if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, s, ev->block_hashes[i + EV_AHEAD]);
-        unhold(idx, s, kvbm_router_tier_of(ev->medium), ev->block_hashes[i]);
+        unhold(idx, s, kvbm_medium_tier(ev->medium), ev->block_hashes[i]);
       }
       break;
     default:
@@ -920,7 +910,7 @@ int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event
   return KVBM_OK;
 }
 
-int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_router_tier tier,
+int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
                      const uint64_t *hashes, size_t n) {
   if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes))
     return KVBM_EINVAL;
@@ -931,7 +921,7 @@ int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_router_tier tier,
   return KVBM_OK;
 }
 
-int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_router_tier tier,
+int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
                       const uint64_t *hashes, size_t n) {
   if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes))
     return KVBM_EINVAL;

@@ -232,7 +232,7 @@ static bool key_is(const char *s, size_t n, const char *k) {
   return strlen(k) == n && !memcmp(s, k, n);
 }
 
-int rj_parse_request(const char *buf, size_t len, size_t max_items, rj_request *out,
+int kvbm__rj_parse_request(const char *buf, size_t len, size_t max_items, rj_request *out,
                      kvbm_error *err) {
   memset(out, 0, sizeof *out);
   rd r = {.p = buf, .end = buf + len, .start = buf, .err = err, .max_items = max_items};
@@ -288,17 +288,17 @@ int rj_parse_request(const char *buf, size_t len, size_t max_items, rj_request *
     ws(&r);
     if (r.p != r.end) rc = fail(&r, KVBM_ETOOLONG, "bytes after the object");
   }
-  if (rc) rj_request_free(out);
+  if (rc) kvbm__rj_request_free(out);
   return rc;
 }
 
-void rj_request_free(rj_request *q) {
+void kvbm__rj_request_free(rj_request *q) {
   free(q->tokens);
   free(q->hashes);
   memset(q, 0, sizeof *q);
 }
 
-void rj_printf(rj_buf *b, const char *fmt, ...) {
+void kvbm__rj_printf(rj_buf *b, const char *fmt, ...) {
   if (b->oom) return;
   for (;;) {
     va_list ap;
@@ -326,18 +326,18 @@ void rj_printf(rj_buf *b, const char *fmt, ...) {
   }
 }
 
-void rj_string(rj_buf *b, const char *s) {
-  rj_printf(b, "\"");
+void kvbm__rj_string(rj_buf *b, const char *s) {
+  kvbm__rj_printf(b, "\"");
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') rj_printf(b, "\\%c", c);
-    else if (c < 0x20) rj_printf(b, "\\u%04x", c);
-    else rj_printf(b, "%c", c);
+    if (c == '"' || c == '\\') kvbm__rj_printf(b, "\\%c", c);
+    else if (c < 0x20) kvbm__rj_printf(b, "\\u%04x", c);
+    else kvbm__rj_printf(b, "%c", c);
   }
-  rj_printf(b, "\"");
+  kvbm__rj_printf(b, "\"");
 }
 
-void rj_buf_free(rj_buf *b) {
+void kvbm__rj_buf_free(rj_buf *b) {
   free(b->p);
   memset(b, 0, sizeof *b);
 }

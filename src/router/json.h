@@ -33,9 +33,9 @@ typedef struct rj_request {
  * Arrays longer than max_items are refused (KVBM_ETOOLONG). On error
  * returns KVBM_EFORMAT / KVBM_ETOOLONG / KVBM_ERANGE / KVBM_ENOMEM with err
  * saying what and at which byte; *out then owns nothing. */
-int rj_parse_request(const char *buf, size_t len, size_t max_items, rj_request *out,
+int kvbm__rj_parse_request(const char *buf, size_t len, size_t max_items, rj_request *out,
                      kvbm_error *err);
-void rj_request_free(rj_request *r);
+void kvbm__rj_request_free(rj_request *r);
 
 /* Growing output buffer for responses. */
 typedef struct rj_buf {
@@ -44,13 +44,13 @@ typedef struct rj_buf {
   bool oom;
 } rj_buf;
 
-void rj_printf(rj_buf *b, const char *fmt, ...)
+void kvbm__rj_printf(rj_buf *b, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
 /* Appends s as a JSON string (quoted, escaped). */
-void rj_string(rj_buf *b, const char *s);
-void rj_buf_free(rj_buf *b);
+void kvbm__rj_string(rj_buf *b, const char *s);
+void kvbm__rj_buf_free(rj_buf *b);
 
 #endif

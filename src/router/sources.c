@@ -30,7 +30,7 @@
 #include "common/clock.h"
 
 
-int64_t rd_now_ns(void) { return (int64_t)kvbm_clock_ns(); }
+int64_t kvbm__rd_now_ns(void) { return (int64_t)kvbm_clock_ns(); }
 
 static void apply(source *s, const kvbm_event_batch *b) {
   kvbm_router_daemon *d = s->d;
@@ -38,14 +38,14 @@ static void apply(source *s, const kvbm_event_batch *b) {
   pthread_mutex_lock(&d->wlock);
   int rc = kvbm_index_apply_batch(d->idx, s->cfg.worker_id, b, &err);
   pthread_mutex_unlock(&d->wlock);
-  atomic_store(&s->last_ns, rd_now_ns());
+  atomic_store(&s->last_ns, kvbm__rd_now_ns());
   if (atomic_exchange(&s->dropped, 0))
-    rd_log(d, "worker %" PRIu64 ": events again, back in the index", s->cfg.worker_id);
+    kvbm__rd_log(d, "worker %" PRIu64 ": events again, back in the index", s->cfg.worker_id);
   atomic_fetch_add(&s->batches, 1);
   if (b->lost_before) atomic_fetch_add(&s->lost, b->lost_before);
   if (rc) {
     atomic_fetch_add(&s->errors, 1);
-    rd_log(d, "worker %" PRIu64 ": batch %" PRIu64 ": %s", s->cfg.worker_id, b->seq, err.msg);
+    kvbm__rd_log(d, "worker %" PRIu64 ": batch %" PRIu64 ": %s", s->cfg.worker_id, b->seq, err.msg);
   }
 }
 
@@ -63,7 +63,7 @@ static void *zmq_thread(void *arg) {
       continue;
     }
     atomic_fetch_add(&s->errors, 1);
-    rd_log(s->d, "worker %" PRIu64 ": %s", s->cfg.worker_id, err.msg);
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": %s", s->cfg.worker_id, err.msg);
     if (rc == KVBM_EIO) {
       struct timespec ts = {0, 100 * 1000 * 1000};
       nanosleep(&ts, NULL); /* a failing socket: do not spin */
@@ -150,7 +150,7 @@ static void on_nats(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     if (s->have_expected && seq > s->expected && s->cfg.replay_endpoint) {
       uint64_t got = replay(s, s->expected, seq);
       atomic_fetch_add(&s->replayed, got);
-      rd_log(s->d, "worker %" PRIu64 ": gap %" PRIu64 "..%" PRIu64 ", %" PRIu64 " replayed",
+      kvbm__rd_log(s->d, "worker %" PRIu64 ": gap %" PRIu64 "..%" PRIu64 ", %" PRIu64 " replayed",
              s->cfg.worker_id, s->expected, seq - 1, got);
     }
     s->have_expected = true;
@@ -162,7 +162,7 @@ static void on_nats(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
   if (kvbm_event_decode(s->dec, natsMsg_GetData(msg), len > 0 ? (size_t)len : 0,
                         seq == KVBM_INDEX_NO_ID ? 0 : seq, &b, &err)) {
     atomic_fetch_add(&s->errors, 1);
-    rd_log(s->d, "worker %" PRIu64 ": NATS message: %s", s->cfg.worker_id, err.msg);
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS message: %s", s->cfg.worker_id, err.msg);
   } else {
     if (seq == KVBM_INDEX_NO_ID) b.seq = KVBM_INDEX_NO_ID;
     apply(s, &b);
@@ -181,9 +181,9 @@ static void on_nats_complete(void *closure) {
 
 static int start_one(source *s, kvbm_error *err) {
   const kvbm_router_source *c = &s->cfg;
-  atomic_store(&s->last_ns, rd_now_ns());
+  atomic_store(&s->last_ns, kvbm__rd_now_ns());
   if (c->kind == KVBM_SOURCE_ZMQ) {
-    kvbm_subscriber_options o = kvbm_subscriber_options_default(c->endpoint);
+    kvbm_subscriber_config o = kvbm_subscriber_config_default(c->endpoint);
     o.replay_endpoint = c->replay_endpoint;
     o.topic = c->topic;
     int rc = kvbm_subscriber_create(&o, &s->sub, err);
@@ -208,7 +208,7 @@ static int start_one(source *s, kvbm_error *err) {
   return KVBM_OK;
 }
 
-int rd_sources_start(kvbm_router_daemon *d, kvbm_error *err) {
+int kvbm__rd_sources_start(kvbm_router_daemon *d, kvbm_error *err) {
   for (size_t i = 0; i < d->nsrc; i++) {
     d->src[i].d = d;
     d->src[i].cfg = d->scfg[i];
@@ -218,7 +218,7 @@ int rd_sources_start(kvbm_router_daemon *d, kvbm_error *err) {
   return KVBM_OK;
 }
 
-void rd_sources_stop(kvbm_router_daemon *d) {
+void kvbm__rd_sources_stop(kvbm_router_daemon *d) {
   atomic_store(&d->stop, 1);
   for (size_t i = 0; i < d->nsrc; i++) {
     source *s = &d->src[i];
@@ -244,9 +244,9 @@ void rd_sources_stop(kvbm_router_daemon *d) {
   }
 }
 
-void rd_sources_tick(kvbm_router_daemon *d) {
+void kvbm__rd_sources_tick(kvbm_router_daemon *d) {
   if (d->cfg.worker_timeout_s <= 0) return;
-  int64_t now = rd_now_ns(), limit = (int64_t)(d->cfg.worker_timeout_s * 1e9);
+  int64_t now = kvbm__rd_now_ns(), limit = (int64_t)(d->cfg.worker_timeout_s * 1e9);
   for (size_t i = 0; i < d->nsrc; i++) {
     source *s = &d->src[i];
     if (atomic_load(&s->dropped) || now - atomic_load(&s->last_ns) < limit) continue;
@@ -259,7 +259,7 @@ void rd_sources_tick(kvbm_router_daemon *d) {
     }
     pthread_mutex_unlock(&d->wlock);
     atomic_store(&s->dropped, 1);
-    rd_log(d, "worker %" PRIu64 ": silent for %.1f s, %d rank(s) dropped", s->cfg.worker_id,
+    kvbm__rd_log(d, "worker %" PRIu64 ": silent for %.1f s, %d rank(s) dropped", s->cfg.worker_id,
            d->cfg.worker_timeout_s, dropped);
   }
 }

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-wentry *wmap_find(const wmap *m, uint64_t ehash) {
+wentry *kvbm__wmap_find(const wmap *m, uint64_t ehash) {
   if (!m->cap) return NULL;
   size_t mask = m->cap - 1;
   for (size_t i = wmap_home(ehash, m->cap);; i = (i + 1) & mask) {
@@ -40,9 +40,9 @@ static bool grow(wmap *m) {
   return true;
 }
 
-wentry *wmap_upsert(wmap *m, uint64_t ehash, uint64_t rhash, bool *added) {
+wentry *kvbm__wmap_upsert(wmap *m, uint64_t ehash, uint64_t rhash, bool *added) {
   *added = false;
-  wentry *e = wmap_find(m, ehash);
+  wentry *e = kvbm__wmap_find(m, ehash);
   if (e) return e;
   if ((m->n + 1) * 2 > m->cap && !grow(m)) return NULL;
   size_t i = wmap_home(ehash, m->cap);
@@ -57,7 +57,7 @@ wentry *wmap_upsert(wmap *m, uint64_t ehash, uint64_t rhash, bool *added) {
   return e;
 }
 
-void wmap_erase(wmap *m, wentry *e) {
+void kvbm__wmap_erase(wmap *m, wentry *e) {
   size_t mask = m->cap - 1, i = (size_t)(e - m->e), j = i;
   for (;;) {
     j = (j + 1) & mask;
@@ -73,12 +73,12 @@ void wmap_erase(wmap *m, wentry *e) {
   m->n--;
 }
 
-void wmap_clear(wmap *m) {
+void kvbm__wmap_clear(wmap *m) {
   if (m->cap) memset(m->e, 0, m->cap * sizeof *m->e);
   m->n = 0;
 }
 
-void wmap_free(wmap *m) {
+void kvbm__wmap_free(wmap *m) {
   free(m->e);
   m->e = NULL;
   m->cap = m->n = 0;

@@ -15,7 +15,7 @@
 typedef struct wentry {
   uint64_t ehash;                     /* the engine's hash (map key) */
   uint64_t rhash;                     /* the index key */
-  uint32_t cnt[KVBM_ROUTER_TIERS];    /* stores minus removes, per tier */
+  uint32_t cnt[KVBM_TIER_COUNT];    /* stores minus removes, per tier */
   uint32_t used;
 } wentry;
 
@@ -25,14 +25,14 @@ typedef struct wmap {
 } wmap;
 
 /* The entry of `ehash`, or NULL. */
-wentry *wmap_find(const wmap *m, uint64_t ehash);
+wentry *kvbm__wmap_find(const wmap *m, uint64_t ehash);
 /* The entry of `ehash`, added (zeroed, rhash set) when missing; *added says
  * which. NULL when out of memory. May move entries: earlier pointers die. */
-wentry *wmap_upsert(wmap *m, uint64_t ehash, uint64_t rhash, bool *added);
-/* Deletes the entry `e` points to (from wmap_find / wmap_upsert). */
-void wmap_erase(wmap *m, wentry *e);
-void wmap_clear(wmap *m);
-void wmap_free(wmap *m);
+wentry *kvbm__wmap_upsert(wmap *m, uint64_t ehash, uint64_t rhash, bool *added);
+/* Deletes the entry `e` points to (from kvbm__wmap_find / kvbm__wmap_upsert). */
+void kvbm__wmap_erase(wmap *m, wentry *e);
+void kvbm__wmap_clear(wmap *m);
+void kvbm__wmap_free(wmap *m);
 
 static inline size_t wmap_home(uint64_t h, size_t cap) {
   return (size_t)((h * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);

@@ -23,7 +23,7 @@
 #ifdef KVBM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-int kvbm_storage_cuda_compiled(void) { return 1; }
+int kvbm__storage_cuda_compiled(void) { return 1; }
 
 static int device_count(int *n, kvbm_error *err) {
   cudaError_t e = cudaGetDeviceCount(n);
@@ -51,15 +51,15 @@ static void device_release(kvbm_storage *base) {
 }
 
 static const kvbm_storage_vtable pinned_vtable = {
-    "pinned", kvbm_region_storage_memory_type, kvbm_region_storage_device_id,
-    kvbm_region_storage_num_regions, kvbm_region_storage_region_size,
-    kvbm_region_storage_region_base, pinned_release,
+    "pinned", kvbm__region_storage_memory_type, kvbm__region_storage_device_id,
+    kvbm__region_storage_num_regions, kvbm__region_storage_region_size,
+    kvbm__region_storage_region_base, pinned_release,
 };
 
 static const kvbm_storage_vtable device_vtable = {
-    "device", kvbm_region_storage_memory_type, kvbm_region_storage_device_id,
-    kvbm_region_storage_num_regions, kvbm_region_storage_region_size,
-    kvbm_region_storage_region_base, device_release,
+    "device", kvbm__region_storage_memory_type, kvbm__region_storage_device_id,
+    kvbm__region_storage_num_regions, kvbm__region_storage_region_size,
+    kvbm__region_storage_region_base, device_release,
 };
 
 /* CUDA picks the alignment (pages for host, >= 256 bytes on the device);
@@ -72,11 +72,11 @@ static int check_aligned(kvbm_region_storage *s, uint64_t r, uint64_t align,
                         s->base.vt->name, (unsigned long long)align);
 }
 
-int kvbm_pinned_storage_create(const kvbm_layout *layout, const kvbm_storage_options *opts,
+int kvbm__pinned_storage_create(const kvbm_layout *layout, const kvbm_storage_config *opts,
                                kvbm_storage **out, kvbm_error *err) {
   int n, rc = device_count(&n, err);
   if (rc) return rc;
-  kvbm_region_storage *s = kvbm_region_storage_create(&pinned_vtable, KVBM_MEMORY_PINNED, -1,
+  kvbm_region_storage *s = kvbm__region_storage_create(&pinned_vtable, KVBM_MEMORY_PINNED, -1,
                                                    layout->num_regions, layout->region_size);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "storage: cannot allocate pinned storage");
   for (uint64_t r = 0; r < s->num_regions; r++) {
@@ -98,14 +98,14 @@ int kvbm_pinned_storage_create(const kvbm_layout *layout, const kvbm_storage_opt
   return KVBM_OK;
 }
 
-int kvbm_device_storage_create(const kvbm_layout *layout, const kvbm_storage_options *opts,
+int kvbm__device_storage_create(const kvbm_layout *layout, const kvbm_storage_config *opts,
                                kvbm_storage **out, kvbm_error *err) {
   int n, prev = 0, rc = device_count(&n, err);
   if (rc) return rc;
   if (opts->device_id < 0 || opts->device_id >= n)
     return kvbm_error_set(err, KVBM_EDEVICE, "storage: no CUDA device %d (%d present)",
                           (int)opts->device_id, n);
-  kvbm_region_storage *s = kvbm_region_storage_create(&device_vtable, KVBM_MEMORY_DEVICE,
+  kvbm_region_storage *s = kvbm__region_storage_create(&device_vtable, KVBM_MEMORY_DEVICE,
                                                    opts->device_id, layout->num_regions,
                                                    layout->region_size);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "storage: cannot allocate device storage");
@@ -135,15 +135,15 @@ int kvbm_device_storage_create(const kvbm_layout *layout, const kvbm_storage_opt
 
 #else /* !KVBM_HAVE_CUDA */
 
-int kvbm_storage_cuda_compiled(void) { return 0; }
+int kvbm__storage_cuda_compiled(void) { return 0; }
 
-int kvbm_pinned_storage_create(const kvbm_layout *layout, const kvbm_storage_options *opts,
+int kvbm__pinned_storage_create(const kvbm_layout *layout, const kvbm_storage_config *opts,
                                kvbm_storage **out, kvbm_error *err) {
   (void)layout, (void)opts, (void)out;
   return kvbm_error_set(err, KVBM_EUNSUPPORTED, "storage: pinned memory needs a CUDA build");
 }
 
-int kvbm_device_storage_create(const kvbm_layout *layout, const kvbm_storage_options *opts,
+int kvbm__device_storage_create(const kvbm_layout *layout, const kvbm_storage_config *opts,
                                kvbm_storage **out, kvbm_error *err) {
   (void)layout, (void)opts, (void)out;
   return kvbm_error_set(err, KVBM_EUNSUPPORTED, "storage: device memory needs a CUDA build");

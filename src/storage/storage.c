@@ -38,13 +38,13 @@ static int check_layout_value(const kvbm_layout *l, kvbm_error *err) {
 }
 
 int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *layout,
-                        const kvbm_storage_options *opts, kvbm_storage **out,
+                        const kvbm_storage_config *opts, kvbm_storage **out,
                         kvbm_error *err) {
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "storage: out is NULL");
   *out = NULL;
   int rc = check_layout_value(layout, err);
   if (rc) return rc;
-  kvbm_storage_options o = {0, 0, -1};
+  kvbm_storage_config o = {0, 0, -1};
   if (opts) o = *opts;
   if (o.alignment == 0) o.alignment = layout->config.alignment;
   if ((o.alignment & (o.alignment - 1)) != 0 || o.alignment < layout->config.alignment)
@@ -53,9 +53,9 @@ int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *layout,
                           (unsigned long long)o.alignment,
                           (unsigned long long)layout->config.alignment);
   switch (memory) {
-    case KVBM_MEMORY_SYSTEM: return kvbm_system_storage_create(layout, &o, out, err);
-    case KVBM_MEMORY_PINNED: return kvbm_pinned_storage_create(layout, &o, out, err);
-    case KVBM_MEMORY_DEVICE: return kvbm_device_storage_create(layout, &o, out, err);
+    case KVBM_MEMORY_SYSTEM: return kvbm__system_storage_create(layout, &o, out, err);
+    case KVBM_MEMORY_PINNED: return kvbm__pinned_storage_create(layout, &o, out, err);
+    case KVBM_MEMORY_DEVICE: return kvbm__device_storage_create(layout, &o, out, err);
     case KVBM_MEMORY_DISK:
     case KVBM_MEMORY_REMOTE:
       return kvbm_error_set(err, KVBM_EUNSUPPORTED,
@@ -65,7 +65,7 @@ int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *layout,
   return kvbm_error_set(err, KVBM_EINVAL, "storage: unknown memory type %d", (int)memory);
 }
 
-int kvbm_storage_have_cuda(void) { return kvbm_storage_cuda_compiled(); }
+int kvbm_storage_have_cuda(void) { return kvbm__storage_cuda_compiled(); }
 
 void kvbm_storage_release(kvbm_storage *s) {
   if (s) s->vt->release(s);

@@ -6,16 +6,16 @@
 
 #include "kvbm/storage.h"
 
-int kvbm_system_storage_create(const kvbm_layout *layout,
-                               const kvbm_storage_options *opts,
+int kvbm__system_storage_create(const kvbm_layout *layout,
+                               const kvbm_storage_config *opts,
                                kvbm_storage **out, kvbm_error *err);
-int kvbm_pinned_storage_create(const kvbm_layout *layout,
-                               const kvbm_storage_options *opts,
+int kvbm__pinned_storage_create(const kvbm_layout *layout,
+                               const kvbm_storage_config *opts,
                                kvbm_storage **out, kvbm_error *err);
-int kvbm_device_storage_create(const kvbm_layout *layout,
-                               const kvbm_storage_options *opts,
+int kvbm__device_storage_create(const kvbm_layout *layout,
+                               const kvbm_storage_config *opts,
                                kvbm_storage **out, kvbm_error *err);
-int kvbm_storage_cuda_compiled(void);
+int kvbm__storage_cuda_compiled(void);
 
 /* The shape shared by system, pinned and device storage: an array of
  * separately allocated regions. Each kind supplies its vtable (with its own
@@ -30,15 +30,15 @@ typedef struct kvbm_region_storage {
 } kvbm_region_storage;
 
 /* calloc'ed with num_regions NULL regions; NULL on allocation failure. */
-kvbm_region_storage *kvbm_region_storage_create(const kvbm_storage_vtable *vt,
+kvbm_region_storage *kvbm__region_storage_create(const kvbm_storage_vtable *vt,
                                              kvbm_memory_type memory,
                                              int32_t device_id,
                                              uint64_t num_regions,
                                              uint64_t region_size);
-kvbm_memory_type kvbm_region_storage_memory_type(const kvbm_storage *s);
-int32_t kvbm_region_storage_device_id(const kvbm_storage *s);
-uint64_t kvbm_region_storage_num_regions(const kvbm_storage *s);
-uint64_t kvbm_region_storage_region_size(const kvbm_storage *s);
-void *kvbm_region_storage_region_base(const kvbm_storage *s, uint64_t r);
+kvbm_memory_type kvbm__region_storage_memory_type(const kvbm_storage *s);
+int32_t kvbm__region_storage_device_id(const kvbm_storage *s);
+uint64_t kvbm__region_storage_num_regions(const kvbm_storage *s);
+uint64_t kvbm__region_storage_region_size(const kvbm_storage *s);
+void *kvbm__region_storage_region_base(const kvbm_storage *s, uint64_t r);
 
 #endif

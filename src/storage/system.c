@@ -17,7 +17,7 @@
 
 #include "storage/storage_internal.h"
 
-kvbm_region_storage *kvbm_region_storage_create(const kvbm_storage_vtable *vt,
+kvbm_region_storage *kvbm__region_storage_create(const kvbm_storage_vtable *vt,
                                              kvbm_memory_type memory, int32_t device_id,
                                              uint64_t num_regions, uint64_t region_size) {
   /* num_regions <= KVBM_LAYOUT_MAX_LAYERS (a validated layout): no overflow. */
@@ -34,11 +34,11 @@ kvbm_region_storage *kvbm_region_storage_create(const kvbm_storage_vtable *vt,
 
 #define RS(s) ((const kvbm_region_storage *)(const void *)(s))
 
-kvbm_memory_type kvbm_region_storage_memory_type(const kvbm_storage *s) { return RS(s)->memory; }
-int32_t kvbm_region_storage_device_id(const kvbm_storage *s) { return RS(s)->device_id; }
-uint64_t kvbm_region_storage_num_regions(const kvbm_storage *s) { return RS(s)->num_regions; }
-uint64_t kvbm_region_storage_region_size(const kvbm_storage *s) { return RS(s)->region_size; }
-void *kvbm_region_storage_region_base(const kvbm_storage *s, uint64_t r) {
+kvbm_memory_type kvbm__region_storage_memory_type(const kvbm_storage *s) { return RS(s)->memory; }
+int32_t kvbm__region_storage_device_id(const kvbm_storage *s) { return RS(s)->device_id; }
+uint64_t kvbm__region_storage_num_regions(const kvbm_storage *s) { return RS(s)->num_regions; }
+uint64_t kvbm__region_storage_region_size(const kvbm_storage *s) { return RS(s)->region_size; }
+void *kvbm__region_storage_region_base(const kvbm_storage *s, uint64_t r) {
   return RS(s)->region[r];
 }
 
@@ -50,17 +50,17 @@ static void system_release(kvbm_storage *base) {
 
 static const kvbm_storage_vtable system_vtable = {
     "system",
-    kvbm_region_storage_memory_type,
-    kvbm_region_storage_device_id,
-    kvbm_region_storage_num_regions,
-    kvbm_region_storage_region_size,
-    kvbm_region_storage_region_base,
+    kvbm__region_storage_memory_type,
+    kvbm__region_storage_device_id,
+    kvbm__region_storage_num_regions,
+    kvbm__region_storage_region_size,
+    kvbm__region_storage_region_base,
     system_release,
 };
 
-int kvbm_system_storage_create(const kvbm_layout *layout, const kvbm_storage_options *opts,
+int kvbm__system_storage_create(const kvbm_layout *layout, const kvbm_storage_config *opts,
                                kvbm_storage **out, kvbm_error *err) {
-  kvbm_region_storage *s = kvbm_region_storage_create(&system_vtable, KVBM_MEMORY_SYSTEM, -1,
+  kvbm_region_storage *s = kvbm__region_storage_create(&system_vtable, KVBM_MEMORY_SYSTEM, -1,
                                                    layout->num_regions, layout->region_size);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "storage: cannot allocate system storage");
   /* posix_memalign wants a multiple of sizeof(void *). */

@@ -1,5 +1,5 @@
 /*
- * disk.c: the G3 slot file (see kvbm/disk.h).
+ * disk.c: the G3 slot file (see tier/disk.h).
  *
  * Design: one file, fixed geometry, slots addressed by index, so the index
  * of what is stored lives in memory (the manager's G3 pool) and the file
@@ -17,10 +17,10 @@
  * between the tier's (aligned) memory and the disk with a vectored request
  * whose last piece is the header page; otherwise the caller stages the
  * whole slot in an aligned buffer, so O_DIRECT's rules hold for any block
- * size. Finished requests are handed back one at a time (kvbm_disk_reap) so
+ * size. Finished requests are handed back one at a time (kvbm__disk_reap) so
  * the caller can check one slot while the next ones are still in flight.
  */
-#include "kvbm/disk.h"
+#include "tier/disk.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,7 +46,7 @@ struct kvbm_disk {
   bool direct, uring, prealloc, reused;
   struct io_uring ring;
   uint32_t depth, inflight;
-  kvbm_disk_io **done; /* finished, not yet reaped: a ring of 2 * depth + 2 */
+  kvbm__disk_io **done; /* finished, not yet reaped: a ring of 2 * depth + 2 */
   uint32_t done_head, done_count, done_cap;
   char path[PATH_MAX];
 };
@@ -68,15 +68,15 @@ static uint32_t get32(const uint8_t *p) {
   return v;
 }
 
-uint64_t kvbm_disk_slot_size(const kvbm_disk *d) { return d->slot_size; }
-uint64_t kvbm_disk_num_slots(const kvbm_disk *d) { return d->num_slots; }
-bool kvbm_disk_is_direct(const kvbm_disk *d) { return d->direct; }
-bool kvbm_disk_is_uring(const kvbm_disk *d) { return d->uring; }
-bool kvbm_disk_preallocated(const kvbm_disk *d) { return d->prealloc; }
-bool kvbm_disk_reused(const kvbm_disk *d) { return d->reused; }
-const char *kvbm_disk_path(const kvbm_disk *d) { return d->path; }
+uint64_t kvbm__disk_slot_size(const kvbm_disk *d) { return d->slot_size; }
+uint64_t kvbm__disk_num_slots(const kvbm_disk *d) { return d->num_slots; }
+bool kvbm__disk_is_direct(const kvbm_disk *d) { return d->direct; }
+bool kvbm__disk_is_uring(const kvbm_disk *d) { return d->uring; }
+bool kvbm__disk_preallocated(const kvbm_disk *d) { return d->prealloc; }
+bool kvbm__disk_reused(const kvbm_disk *d) { return d->reused; }
+const char *kvbm__disk_path(const kvbm_disk *d) { return d->path; }
 
-void *kvbm_disk_buffer(const kvbm_disk *d) {
+void *kvbm__disk_buffer(const kvbm_disk *d) {
   void *p = NULL;
   if (posix_memalign(&p, KVBM_DISK_ALIGN, d->slot_size)) return NULL;
   return p;
@@ -125,7 +125,7 @@ static void encode_super(const kvbm_disk *d, uint8_t *sb) {
 }
 
 /* Opens the file: the persistent name or a fresh unlinked temporary. */
-static int open_file(kvbm_disk *d, const kvbm_disk_config *cfg, kvbm_error *err) {
+static int open_file(kvbm_disk *d, const kvbm__disk_config *cfg, kvbm_error *err) {
   int flags = O_RDWR | O_CLOEXEC;
   if (cfg->persist) {
     if (snprintf(d->path, sizeof d->path, "%s/%s", cfg->dir, KVBM_DISK_FILE_NAME) >=
@@ -197,7 +197,7 @@ static int init_file(kvbm_disk *d, kvbm_error *err) {
   return rc;
 }
 
-int kvbm_disk_open(const kvbm_disk_config *cfg, kvbm_disk **out, kvbm_error *err) {
+int kvbm__disk_open(const kvbm__disk_config *cfg, kvbm_disk **out, kvbm_error *err) {
   if (!cfg || !out || !cfg->dir) return kvbm_error_set(err, KVBM_EINVAL, "disk: NULL argument");
   if (cfg->num_slots == 0 || cfg->data_bytes == 0)
     return kvbm_error_set(err, KVBM_EINVAL, "disk: num_slots and data_bytes must be >= 1");
@@ -240,27 +240,27 @@ int kvbm_disk_open(const kvbm_disk_config *cfg, kvbm_disk **out, kvbm_error *err
   return KVBM_OK;
 }
 
-void kvbm_disk_close(kvbm_disk *d) {
+void kvbm__disk_close(kvbm_disk *d) {
   if (!d) return;
-  kvbm_disk_finish(d);
+  kvbm__disk_finish(d);
   if (d->uring) io_uring_queue_exit(&d->ring);
   close(d->fd);
   free(d->done);
   free(d);
 }
 
-bool kvbm_disk_direct_ok(const kvbm_disk *d, const void *p, size_t len) {
+bool kvbm__disk_direct_ok(const kvbm_disk *d, const void *p, size_t len) {
   return d->data_bytes % KVBM_DISK_ALIGN == 0 && (uintptr_t)p % KVBM_DISK_ALIGN == 0 &&
          len % KVBM_DISK_ALIGN == 0 && len > 0;
 }
 
 /* The header's place: after the data in the buffer, or the buffer's start
  * when the data is elsewhere. */
-static uint8_t *hdr_of(const kvbm_disk *d, const void *buf, const kvbm_disk_data *data) {
+static uint8_t *hdr_of(const kvbm_disk *d, const void *buf, const kvbm__disk_data *data) {
   return (uint8_t *)buf + (data && data->iov ? 0 : d->data_bytes);
 }
 
-static uint64_t data_sum(const kvbm_disk *d, const void *buf, const kvbm_disk_data *data) {
+static uint64_t data_sum(const kvbm_disk *d, const void *buf, const kvbm__disk_data *data) {
   if (!data || !data->iov) return XXH3_64bits(buf, d->data_bytes);
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
@@ -272,7 +272,7 @@ static uint64_t data_sum(const kvbm_disk *d, const void *buf, const kvbm_disk_da
 /* Bytes of the slot after the data that the buffer supplies. */
 static size_t tail_len(const kvbm_disk *d) { return (size_t)(d->slot_size - d->data_bytes); }
 
-void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_disk_data *data,
+void kvbm__disk_seal(kvbm_disk *d, void *buf, const kvbm__disk_data *data,
                     const kvbm_slot_header *h) {
   uint8_t *p = hdr_of(d, buf, data);
   memcpy(p, SLOT_MAGIC, 8);
@@ -287,7 +287,7 @@ void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_disk_data *data,
   memset(p + KVBM_DISK_HEADER, 0, tail_len(d) - KVBM_DISK_HEADER);
 }
 
-int kvbm_disk_check(const kvbm_disk *d, const void *buf, const kvbm_disk_data *data,
+int kvbm__disk_check(const kvbm_disk *d, const void *buf, const kvbm__disk_data *data,
                     bool check_data, const uint64_t *expect_hash, kvbm_slot_header *h) {
   const uint8_t *p = hdr_of(d, buf, data);
   if (memcmp(p, SLOT_MAGIC, 8) != 0) return KVBM_EMAGIC;
@@ -306,7 +306,7 @@ int kvbm_disk_check(const kvbm_disk *d, const void *buf, const kvbm_disk_data *d
   return KVBM_OK;
 }
 
-static void push_done(kvbm_disk *d, kvbm_disk_io *io) {
+static void push_done(kvbm_disk *d, kvbm__disk_io *io) {
   d->done[(d->done_head + d->done_count) % d->done_cap] = io;
   d->done_count++;
 }
@@ -314,7 +314,7 @@ static void push_done(kvbm_disk *d, kvbm_disk_io *io) {
 /* Moves one finished request from the ring to the done list (blocking). */
 static void reap_one(kvbm_disk *d) {
   struct io_uring_cqe *cqe;
-  kvbm_disk_io *io;
+  kvbm__disk_io *io;
   for (;;) {
     int r;
     do r = io_uring_wait_cqe(&d->ring, &cqe);
@@ -335,7 +335,7 @@ static void reap_one(kvbm_disk *d) {
 }
 
 /* Fills io->iov with the slot's pieces; returns their count or -1. */
-static int build_iov(const kvbm_disk *d, kvbm_disk_io *io) {
+static int build_iov(const kvbm_disk *d, kvbm__disk_io *io) {
   if (!io->data.iov) {
     io->iov[0] = (struct iovec){io->buf, (size_t)d->slot_size};
     return 1;
@@ -343,7 +343,7 @@ static int build_iov(const kvbm_disk *d, kvbm_disk_io *io) {
   if (io->data.iovcnt < 1 || io->data.iovcnt > KVBM_DISK_MAX_IOV) return -1;
   size_t total = 0;
   for (int i = 0; i < io->data.iovcnt; i++) {
-    if (!kvbm_disk_direct_ok(d, io->data.iov[i].iov_base, io->data.iov[i].iov_len)) return -1;
+    if (!kvbm__disk_direct_ok(d, io->data.iov[i].iov_base, io->data.iov[i].iov_len)) return -1;
     io->iov[i] = io->data.iov[i];
     total += io->data.iov[i].iov_len;
   }
@@ -352,7 +352,7 @@ static int build_iov(const kvbm_disk *d, kvbm_disk_io *io) {
   return io->data.iovcnt + 1;
 }
 
-int kvbm_disk_begin(kvbm_disk *d, kvbm_disk_io *io) {
+int kvbm__disk_begin(kvbm_disk *d, kvbm__disk_io *io) {
   if (!d || !io || !io->buf || io->slot >= d->num_slots) return KVBM_EINVAL;
   int cnt = build_iov(d, io);
   if (cnt < 0) return KVBM_EINVAL;
@@ -383,35 +383,35 @@ int kvbm_disk_begin(kvbm_disk *d, kvbm_disk_io *io) {
   return KVBM_OK;
 }
 
-uint32_t kvbm_disk_pending(const kvbm_disk *d) { return d ? d->inflight + d->done_count : 0; }
+uint32_t kvbm__disk_pending(const kvbm_disk *d) { return d ? d->inflight + d->done_count : 0; }
 
-kvbm_disk_io *kvbm_disk_reap(kvbm_disk *d) {
+kvbm__disk_io *kvbm__disk_reap(kvbm_disk *d) {
   if (!d) return NULL;
   if (!d->done_count && d->inflight) reap_one(d);
   if (!d->done_count) return NULL;
-  kvbm_disk_io *io = d->done[d->done_head];
+  kvbm__disk_io *io = d->done[d->done_head];
   d->done_head = (d->done_head + 1) % d->done_cap;
   d->done_count--;
   return io;
 }
 
-void kvbm_disk_finish(kvbm_disk *d) {
-  while (d && kvbm_disk_reap(d)) {
+void kvbm__disk_finish(kvbm_disk *d) {
+  while (d && kvbm__disk_reap(d)) {
   }
 }
 
-int kvbm_disk_scan(kvbm_disk *d, bool check_data,
+int kvbm__disk_scan(kvbm_disk *d, bool check_data,
                    void (*fn)(void *user, uint64_t slot, const kvbm_slot_header *h),
                    void *user, uint64_t *bad, kvbm_error *err) {
   if (!d || !fn) return kvbm_error_set(err, KVBM_EINVAL, "disk: NULL argument");
   uint64_t nbad = 0;
   if (d->reused) {
-    void *buf = kvbm_disk_buffer(d);
+    void *buf = kvbm__disk_buffer(d);
     if (!buf) return kvbm_error_set(err, KVBM_ENOMEM, "disk: out of memory");
     for (uint64_t s = 0; s < d->num_slots; s++) {
       if (sync_io(d->fd, buf, d->slot_size, slot_offset(d, s), false) != 0) continue;
       kvbm_slot_header h;
-      int rc = kvbm_disk_check(d, buf, NULL, check_data, NULL, &h);
+      int rc = kvbm__disk_check(d, buf, NULL, check_data, NULL, &h);
       if (rc == KVBM_EMAGIC && ((uint8_t *)buf)[d->data_bytes] == 0) continue; /* never written */
       if (rc) {
         nbad++;

@@ -10,7 +10,7 @@
 
 #include "kvbm/status.h"
 
-int kvbm_freq_filter_init(kvbm_freq_filter *f, uint32_t threshold, uint32_t decay_uses,
+int kvbm__freq_filter_init(kvbm_freq_filter *f, uint32_t threshold, uint32_t decay_uses,
                           uint32_t max_entries) {
   memset(f, 0, sizeof *f);
   if (threshold == 0 || decay_uses == 0 || max_entries == 0 || max_entries > (1u << 28))
@@ -22,7 +22,7 @@ int kvbm_freq_filter_init(kvbm_freq_filter *f, uint32_t threshold, uint32_t deca
   f->spare_keys = calloc(size, sizeof *f->spare_keys);
   f->spare_counts = calloc(size, sizeof *f->spare_counts);
   if (!f->keys || !f->counts || !f->spare_keys || !f->spare_counts) {
-    kvbm_freq_filter_destroy(f);
+    kvbm__freq_filter_destroy(f);
     return KVBM_ENOMEM;
   }
   f->mask = size - 1;
@@ -32,7 +32,7 @@ int kvbm_freq_filter_init(kvbm_freq_filter *f, uint32_t threshold, uint32_t deca
   return KVBM_OK;
 }
 
-void kvbm_freq_filter_destroy(kvbm_freq_filter *f) {
+void kvbm__freq_filter_destroy(kvbm_freq_filter *f) {
   free(f->keys);
   free(f->counts);
   free(f->spare_keys);
@@ -69,7 +69,7 @@ static void decay(kvbm_freq_filter *f) {
   f->since_decay = 0;
 }
 
-bool kvbm_freq_filter_use(kvbm_freq_filter *f, uint64_t hash) {
+bool kvbm__freq_filter_use(kvbm_freq_filter *f, uint64_t hash) {
   uint64_t key = hash ? hash : 1;
   if (++f->since_decay >= f->decay_uses) decay(f);
   uint32_t j = slot_of(f, key);

@@ -25,10 +25,10 @@ typedef struct kvbm_freq_filter {
   uint32_t threshold, decay_uses, since_decay;
 } kvbm_freq_filter;
 
-int kvbm_freq_filter_init(kvbm_freq_filter *f, uint32_t threshold, uint32_t decay_uses,
+int kvbm__freq_filter_init(kvbm_freq_filter *f, uint32_t threshold, uint32_t decay_uses,
                           uint32_t max_entries);
-void kvbm_freq_filter_destroy(kvbm_freq_filter *f);
+void kvbm__freq_filter_destroy(kvbm_freq_filter *f);
 /* Counts one use; returns whether the block qualifies now. */
-bool kvbm_freq_filter_use(kvbm_freq_filter *f, uint64_t hash);
+bool kvbm__freq_filter_use(kvbm_freq_filter *f, uint64_t hash);
 
 #endif

@@ -19,7 +19,7 @@
  * KVBM_EUNSUPPORTED.
  *
  * Emulation (tests only, both builds): a stream made by
- * kvbm_gpu_stream_emulated() runs the same calls on host memory, and
+ * kvbm__gpu_stream_emulated() runs the same calls on host memory, and
  * defers every copy to the wait (or sync) that covers it, as a GPU would,
  * so a caller that reads a destination before waiting gets stale bytes;
  * it can fail the n-th copy of a manager (counted across its streams): the
@@ -65,7 +65,7 @@ struct kvbm_gpu_stream {
 #endif
 };
 
-int kvbm_gpu_stream_emulated(uint32_t nevents, _Atomic uint64_t *counter, uint64_t fail_at,
+int kvbm__gpu_stream_emulated(uint32_t nevents, _Atomic uint64_t *counter, uint64_t fail_at,
                              kvbm_gpu_stream **out, kvbm_error *err) {
   kvbm_gpu_stream *s = calloc(1, sizeof *s);
   if (s) s->pos = calloc(nevents ? nevents : 1, sizeof *s->pos);
@@ -116,14 +116,14 @@ static void emu_free(kvbm_gpu_stream *s) {
 
 #ifdef KVBM_HAVE_CUDA
 
-int kvbm_gpu_compiled(void) { return 1; }
+int kvbm__gpu_compiled(void) { return 1; }
 
 static int fail(kvbm_error *err, const char *what, cudaError_t e) {
   (void)cudaGetLastError(); /* clear it: the next call is judged alone */
   return kvbm_error_set(err, KVBM_EDEVICE, "manager: %s: %s", what, cudaGetErrorString(e));
 }
 
-void kvbm_gpu_stream_destroy(kvbm_gpu_stream *s) {
+void kvbm__gpu_stream_destroy(kvbm_gpu_stream *s) {
   if (!s) return;
   if (s->emu) {
     emu_free(s);
@@ -136,7 +136,7 @@ void kvbm_gpu_stream_destroy(kvbm_gpu_stream *s) {
   free(s);
 }
 
-int kvbm_gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **out,
+int kvbm__gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **out,
                            kvbm_error *err) {
   int n = 0, prev = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -159,26 +159,26 @@ int kvbm_gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **o
     e = cudaEventCreateWithFlags(&s->ev[i], cudaEventDisableTiming);
   (void)cudaSetDevice(prev);
   if (e != cudaSuccess) {
-    kvbm_gpu_stream_destroy(s);
+    kvbm__gpu_stream_destroy(s);
     return fail(err, "cannot create a CUDA stream", e);
   }
   *out = s;
   return KVBM_OK;
 }
 
-int kvbm_gpu_bind(kvbm_gpu_stream *s) {
+int kvbm__gpu_bind(kvbm_gpu_stream *s) {
   if (s->emu) return KVBM_OK;
   cudaError_t e = cudaSetDevice(s->device);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaSetDevice", e);
 }
 
-int kvbm_gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
+int kvbm__gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
   if (s->emu) return emu_copy_push(s, dst, src, n);
   cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s->stream);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaMemcpyAsync", e);
 }
 
-int kvbm_gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
+int kvbm__gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
   if (i >= s->nevents) return KVBM_EINVAL;
   if (s->emu) {
     s->pos[i] = s->nq;
@@ -188,20 +188,20 @@ int kvbm_gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaEventRecord", e);
 }
 
-int kvbm_gpu_wait(kvbm_gpu_stream *s, uint32_t i) {
+int kvbm__gpu_wait(kvbm_gpu_stream *s, uint32_t i) {
   if (i >= s->nevents) return KVBM_EINVAL;
   if (s->emu) return emu_run(s, s->pos[i]);
   cudaError_t e = cudaEventSynchronize(s->ev[i]);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaEventSynchronize", e);
 }
 
-int kvbm_gpu_sync(kvbm_gpu_stream *s) {
+int kvbm__gpu_sync(kvbm_gpu_stream *s) {
   if (s->emu) return emu_run(s, s->nq);
   cudaError_t e = cudaStreamSynchronize(s->stream);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaStreamSynchronize", e);
 }
 
-int kvbm_gpu_copy_now(int32_t device, void *dst, const void *src, size_t n, kvbm_error *err) {
+int kvbm__gpu_copy_now(int32_t device, void *dst, const void *src, size_t n, kvbm_error *err) {
   int prev = 0;
   (void)cudaGetDevice(&prev);
   cudaError_t e = cudaSetDevice(device);
@@ -212,40 +212,40 @@ int kvbm_gpu_copy_now(int32_t device, void *dst, const void *src, size_t n, kvbm
 
 #else /* !KVBM_HAVE_CUDA: only emulated streams exist */
 
-int kvbm_gpu_compiled(void) { return 0; }
+int kvbm__gpu_compiled(void) { return 0; }
 
-int kvbm_gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **out,
+int kvbm__gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **out,
                            kvbm_error *err) {
   (void)device, (void)nevents, (void)out;
   return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: CUDA copies need a CUDA build");
 }
 
-void kvbm_gpu_stream_destroy(kvbm_gpu_stream *s) {
+void kvbm__gpu_stream_destroy(kvbm_gpu_stream *s) {
   if (s) emu_free(s);
 }
 
-int kvbm_gpu_bind(kvbm_gpu_stream *s) { return s->emu ? KVBM_OK : KVBM_EUNSUPPORTED; }
+int kvbm__gpu_bind(kvbm_gpu_stream *s) { return s->emu ? KVBM_OK : KVBM_EUNSUPPORTED; }
 
-int kvbm_gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
+int kvbm__gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
   return s->emu ? emu_copy_push(s, dst, src, n) : KVBM_EUNSUPPORTED;
 }
 
-int kvbm_gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
+int kvbm__gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
   if (!s->emu) return KVBM_EUNSUPPORTED;
   if (i >= s->nevents) return KVBM_EINVAL;
   s->pos[i] = s->nq;
   return KVBM_OK;
 }
 
-int kvbm_gpu_wait(kvbm_gpu_stream *s, uint32_t i) {
+int kvbm__gpu_wait(kvbm_gpu_stream *s, uint32_t i) {
   if (!s->emu) return KVBM_EUNSUPPORTED;
   if (i >= s->nevents) return KVBM_EINVAL;
   return emu_run(s, s->pos[i]);
 }
 
-int kvbm_gpu_sync(kvbm_gpu_stream *s) { return s->emu ? emu_run(s, s->nq) : KVBM_EUNSUPPORTED; }
+int kvbm__gpu_sync(kvbm_gpu_stream *s) { return s->emu ? emu_run(s, s->nq) : KVBM_EUNSUPPORTED; }
 
-int kvbm_gpu_copy_now(int32_t device, void *dst, const void *src, size_t n, kvbm_error *err) {
+int kvbm__gpu_copy_now(int32_t device, void *dst, const void *src, size_t n, kvbm_error *err) {
   (void)device, (void)dst, (void)src, (void)n;
   return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: CUDA copies need a CUDA build");
 }

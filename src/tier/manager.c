@@ -33,7 +33,7 @@
  * disk) with a synchronous copy on its stream. A CUDA error fails that job
  * only: its target is FAILED and copy_errors counts it, as any lost copy.
  * The tests run this path without a GPU through gpu.c's emulated streams
- * (g1_test_emulate): same calls, copies deferred to the waits.
+ * (kvbm__manager_testing.g1_emulate): same calls, copies deferred to the waits.
  *
  * Trade-off: one lock for everything is simple and correct; with many
  * engine threads it would become the bottleneck long before the copies do.
@@ -53,7 +53,8 @@
 
 #include "filter.h"
 #include "gpu.h"
-#include "kvbm/disk.h"
+#include "tier/disk.h"
+#include "tier/testing.h"
 #include "kvbm/sequence.h"
 #include "kvbm/storage.h"
 #include "common/clock.h"
@@ -111,6 +112,7 @@ typedef struct tier {
 
 struct kvbm_manager {
   kvbm_manager_config cfg;
+  kvbm__manager_testing testing; /* test seams (tier/testing.h), zero otherwise */
   char *g3_dir;
   tier t[KVBM_TIER_COUNT];
   kvbm_disk *disk;
@@ -135,7 +137,7 @@ struct kvbm_manager {
   kvbm_gpu_stream *gs[2]; /* device G1: one CUDA stream per worker */
   bool emu;                 /* device G1 emulated in host memory (tests) */
   _Atomic uint64_t emu_copies;
-  kvbm_disk_io *ios;                    /* one per buffer */
+  kvbm__disk_io *ios;                    /* one per buffer */
   struct iovec (*pieces)[KVBM_DISK_MAX_IOV]; /* zero-copy data pieces, one set per buffer */
 };
 
@@ -154,11 +156,6 @@ struct kvbm_mreq {
 };
 
 /* ---- names, config ---- */
-
-const char *kvbm_tier_name(int tier) {
-  static const char *const n[] = {"g1", "g2", "g3"};
-  return tier >= 0 && tier < KVBM_TIER_COUNT ? n[tier] : "?";
-}
 
 const char *kvbm_offload_policy_name(int p) {
   static const char *const n[] = {"never", "all", "frequency"};
@@ -342,10 +339,10 @@ static int copy_block_gpu(kvbm_gpu_stream *s, const tier *dst, uint32_t db, cons
   const kvbm_layout *L = &src->layout;
   int rc = KVBM_OK;
   if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS && dst->layout.kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
-    return kvbm_gpu_copy(s, layer_ptr(dst, db, 0), layer_ptr(src, sb, 0),
+    return kvbm__gpu_copy(s, layer_ptr(dst, db, 0), layer_ptr(src, sb, 0),
                          L->config.num_layers * L->layer_stride);
   for (uint64_t l = 0; !rc && l < L->config.num_layers; l++)
-    rc = kvbm_gpu_copy(s, layer_ptr(dst, db, l), layer_ptr(src, sb, l), L->layer_stride);
+    rc = kvbm__gpu_copy(s, layer_ptr(dst, db, l), layer_ptr(src, sb, l), L->layer_stride);
   return rc;
 }
 
@@ -353,22 +350,22 @@ static int gather_gpu(kvbm_gpu_stream *s, uint8_t *out, const tier *src, uint32_
   const kvbm_layout *L = &src->layout;
   int rc = KVBM_OK;
   if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
-    rc = kvbm_gpu_copy(s, out, layer_ptr(src, b, 0), L->config.num_layers * L->layer_stride);
+    rc = kvbm__gpu_copy(s, out, layer_ptr(src, b, 0), L->config.num_layers * L->layer_stride);
   else
     for (uint64_t l = 0; !rc && l < L->config.num_layers; l++)
-      rc = kvbm_gpu_copy(s, out + l * L->layer_stride, layer_ptr(src, b, l), L->layer_stride);
-  return rc ? rc : kvbm_gpu_sync(s);
+      rc = kvbm__gpu_copy(s, out + l * L->layer_stride, layer_ptr(src, b, l), L->layer_stride);
+  return rc ? rc : kvbm__gpu_sync(s);
 }
 
 static int scatter_gpu(kvbm_gpu_stream *s, tier *dst, uint32_t b, const uint8_t *in) {
   const kvbm_layout *L = &dst->layout;
   int rc = KVBM_OK;
   if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
-    rc = kvbm_gpu_copy(s, layer_ptr(dst, b, 0), in, L->config.num_layers * L->layer_stride);
+    rc = kvbm__gpu_copy(s, layer_ptr(dst, b, 0), in, L->config.num_layers * L->layer_stride);
   else
     for (uint64_t l = 0; !rc && l < L->config.num_layers; l++)
-      rc = kvbm_gpu_copy(s, layer_ptr(dst, b, l), in + l * L->layer_stride, L->layer_stride);
-  return rc ? rc : kvbm_gpu_sync(s);
+      rc = kvbm__gpu_copy(s, layer_ptr(dst, b, l), in + l * L->layer_stride, L->layer_stride);
+  return rc ? rc : kvbm__gpu_sync(s);
 }
 
 /* Capacity is reserved by the commit (two pins per block at most), so
@@ -493,10 +490,10 @@ static void host_run_gpu(kvbm_manager *m, job *jobs, uint32_t n) {
     job *j = &jobs[i];
     j->result = j->kind == J_OFFLOAD ? copy_block_gpu(s, g2, j->g2, g1, j->g1)
                                      : copy_block_gpu(s, g1, j->g1, g2, j->g2);
-    if (!j->result) j->result = kvbm_gpu_mark(s, i);
+    if (!j->result) j->result = kvbm__gpu_mark(s, i);
   }
   for (uint32_t i = 0; i < n; i++)
-    if (!jobs[i].result) jobs[i].result = kvbm_gpu_wait(s, i);
+    if (!jobs[i].result) jobs[i].result = kvbm__gpu_wait(s, i);
 }
 
 /* The pieces of block b of a host tier as zero-copy slot data, or 0 when
@@ -513,7 +510,7 @@ static int data_pieces(const kvbm_manager *m, const tier *t, uint32_t b, struct 
     for (int l = 0; l < n; l++) iov[l] = (struct iovec){layer_ptr(t, b, (uint64_t)l), (size_t)L->layer_stride};
   }
   for (int i = 0; i < n; i++)
-    if (t->device || !kvbm_disk_direct_ok(m->disk, iov[i].iov_base, iov[i].iov_len)) return 0;
+    if (t->device || !kvbm__disk_direct_ok(m->disk, iov[i].iov_base, iov[i].iov_len)) return 0;
   return n;
 }
 
@@ -521,7 +518,7 @@ static int data_pieces(const kvbm_manager *m, const tier *t, uint32_t b, struct 
  * tier's memory, or from the staged copy), a read targets G1 directly when
  * it can. */
 static void disk_start(kvbm_manager *m, job *j, uint32_t i) {
-  kvbm_disk_io *io = &m->ios[i];
+  kvbm__disk_io *io = &m->ios[i];
   uint8_t *buf = m->bounce[i];
   bool write = j->kind == J_DISK_WRITE;
   const tier *t = &m->t[write ? j->src_tier : KVBM_TIER_G1];
@@ -531,7 +528,7 @@ static void disk_start(kvbm_manager *m, job *j, uint32_t i) {
   io->buf = buf;
   io->write = write;
   io->user = j;
-  io->data = (kvbm_disk_data){n ? m->pieces[i] : NULL, n};
+  io->data = (kvbm__disk_data){n ? m->pieces[i] : NULL, n};
   if (write) {
     if (!n && t->device && gather_gpu(m->gs[W_DISK], buf, t, b) != KVBM_OK) {
       j->result = KVBM_EDEVICE;
@@ -541,15 +538,15 @@ static void disk_start(kvbm_manager *m, job *j, uint32_t i) {
     if (!n && !t->device) gather(buf, t, b);
     kvbm_slot_header h = {.seq_hash = j->hash, .parent_hash = j->parent,
                           .has_parent = j->has_parent};
-    kvbm_disk_seal(m->disk, buf, &io->data, &h);
+    kvbm__disk_seal(m->disk, buf, &io->data, &h);
   }
   j->result = KVBM_EIO;
-  if (kvbm_disk_begin(m->disk, io) != KVBM_OK) io->user = NULL;
+  if (kvbm__disk_begin(m->disk, io) != KVBM_OK) io->user = NULL;
 }
 
 /* A finished transfer: a read is checked (header, hash, data checksum)
  * where it landed, then copied out of the staging buffer if it was staged. */
-static void disk_end(kvbm_manager *m, kvbm_disk_io *io) {
+static void disk_end(kvbm_manager *m, kvbm__disk_io *io) {
   job *j = io->user;
   if (io->result != 0) {
     j->result = KVBM_EIO;
@@ -557,7 +554,7 @@ static void disk_end(kvbm_manager *m, kvbm_disk_io *io) {
   }
   j->result = KVBM_OK;
   if (io->write) return;
-  if (kvbm_disk_check(m->disk, io->buf, &io->data, true, &j->hash, NULL) != KVBM_OK)
+  if (kvbm__disk_check(m->disk, io->buf, &io->data, true, &j->hash, NULL) != KVBM_OK)
     j->result = KVBM_ECHECKSUM;
   else if (!io->data.iov && m->t[KVBM_TIER_G1].device)
     j->result = scatter_gpu(m->gs[W_DISK], &m->t[KVBM_TIER_G1], j->g1, io->buf);
@@ -577,7 +574,7 @@ static void *worker_main(void *arg) {
   int w = ((worker_arg *)arg)->w;
   free(arg);
   /* CUDA's current device is per thread; a failed bind fails each copy. */
-  if (m->gs[w]) (void)kvbm_gpu_bind(m->gs[w]);
+  if (m->gs[w]) (void)kvbm__gpu_bind(m->gs[w]);
   if (w == W_DISK) {
     disk_worker(m);
     return NULL;
@@ -640,7 +637,7 @@ static void disk_worker(kvbm_manager *m) {
   for (;;) {
     uint32_t nt = 0;
     if (ok)
-      while (nfree && q->count && kvbm_disk_pending(m->disk) + nt < depth) {
+      while (nfree && q->count && kvbm__disk_pending(m->disk) + nt < depth) {
         uint32_t sl = freel[--nfree];
         jobs[sl] = q->ring[q->head];
         q->head = (q->head + 1) % q->cap;
@@ -671,7 +668,7 @@ static void disk_worker(kvbm_manager *m) {
       if (!ran[sl] || !m->ios[sl].user) ready[nready++] = sl; /* cancelled or refused */
     }
     if (!nready) {
-      kvbm_disk_io *io = kvbm_disk_reap(m->disk);
+      kvbm__disk_io *io = kvbm__disk_reap(m->disk);
       if (io) {
         disk_end(m, io);
         ready[nready++] = (uint32_t)(io - m->ios);
@@ -721,13 +718,13 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
   kvbm_layout_config lc = m->cfg.layout;
   lc.num_blocks = nblocks;
   int rc = kvbm_layout_init(&t->layout, kind, &lc, err);
-  bool emu = memory == KVBM_MEMORY_DEVICE && ti == KVBM_TIER_G1 && m->cfg.g1_test_emulate;
-  if (!rc && memory != KVBM_MEMORY_SYSTEM && !emu && !kvbm_gpu_compiled())
+  bool emu = memory == KVBM_MEMORY_DEVICE && ti == KVBM_TIER_G1 && m->testing.g1_emulate;
+  if (!rc && memory != KVBM_MEMORY_SYSTEM && !emu && !kvbm__gpu_compiled())
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: %s memory for %s needs a CUDA build",
                           kvbm_memory_type_name(memory), kvbm_tier_name(ti));
   /* Zero-filled: every page is touched now, not on the first copy into it
    * (what pinned memory would give; the cost moves to create). */
-  kvbm_storage_options so = {.zero = 1, .device_id = m->cfg.g1_device};
+  kvbm_storage_config so = {.zero = 1, .device_id = m->cfg.g1_device};
   kvbm_memory_type alloc = emu ? KVBM_MEMORY_SYSTEM : memory;
   bool huge = alloc == KVBM_MEMORY_SYSTEM && !rc && t->layout.region_size >= HUGE_PAGE;
   if (huge) { /* we zero it ourselves, after the advice */
@@ -744,9 +741,9 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
   if (t->device) m->emu = emu;
   for (int w = 0; t->device && w < 2; w++) {
     uint32_t nev = w == W_HOST ? m->cfg.batch_max : 0;
-    rc = emu ? kvbm_gpu_stream_emulated(nev, &m->emu_copies, m->cfg.g1_test_fail_copy, &m->gs[w],
+    rc = emu ? kvbm__gpu_stream_emulated(nev, &m->emu_copies, m->testing.g1_fail_copy, &m->gs[w],
                                         err)
-             : kvbm_gpu_stream_create(m->cfg.g1_device, nev, &m->gs[w], err);
+             : kvbm__gpu_stream_create(m->cfg.g1_device, nev, &m->gs[w], err);
     if (rc) return rc;
   }
   t->region = calloc(t->layout.num_regions, sizeof *t->region);
@@ -810,7 +807,7 @@ static int restore_g3(kvbm_manager *m, kvbm_error *err) {
   tier *t = &m->t[KVBM_TIER_G3];
   restore_list l = {0};
   uint64_t bad = 0;
-  int rc = kvbm_disk_scan(m->disk, true, restore_collect, &l, &bad, err);
+  int rc = kvbm__disk_scan(m->disk, true, restore_collect, &l, &bad, err);
   if (!rc && l.oom) rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   if (!rc) {
     if (l.n) qsort(l.v, l.n, sizeof *l.v, by_write_seq);
@@ -835,24 +832,24 @@ static int restore_g3(kvbm_manager *m, kvbm_error *err) {
 static void open_g3(kvbm_manager *m) {
   tier *t = &m->t[KVBM_TIER_G3];
   kvbm_error e = {0};
-  kvbm_disk_config dc = {.dir = m->g3_dir, .num_slots = m->cfg.g3_blocks,
+  kvbm__disk_config dc = {.dir = m->g3_dir, .num_slots = m->cfg.g3_blocks,
                          .data_bytes = m->block_bytes,
                          .fingerprint = kvbm_layout_fingerprint(&m->slot_layout),
                          .persist = m->cfg.g3_persist, .direct = m->cfg.g3_direct,
                          .uring = m->cfg.g3_uring, .queue_depth = m->cfg.g3_queue_depth,
-                         .test_refuse = m->cfg.g3_test_refuse};
-  int rc = kvbm_disk_open(&dc, &m->disk, &e);
+                         .test_refuse = m->testing.g3_refuse};
+  int rc = kvbm__disk_open(&dc, &m->disk, &e);
   if (!rc) rc = restore_g3(m, &e);
   if (rc) {
     snprintf(m->g3_err, sizeof m->g3_err, "%s", e.msg);
-    kvbm_disk_close(m->disk);
+    kvbm__disk_close(m->disk);
     m->disk = NULL;
     t->present = false;
     return;
   }
   snprintf(m->g3_mode, sizeof m->g3_mode, "%s+%s",
-           kvbm_disk_is_uring(m->disk) ? "io_uring" : "pread/pwrite",
-           kvbm_disk_is_direct(m->disk) ? "O_DIRECT" : "buffered");
+           kvbm__disk_is_uring(m->disk) ? "io_uring" : "pread/pwrite",
+           kvbm__disk_is_direct(m->disk) ? "O_DIRECT" : "buffered");
 }
 
 static int g3_tier(kvbm_manager *m, kvbm_error *err) {
@@ -880,7 +877,7 @@ static int g3_tier(kvbm_manager *m, kvbm_error *err) {
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   open_g3(m);
   for (uint32_t i = 0; m->disk && i < m->nbounce; i++)
-    if (!(m->bounce[i] = kvbm_disk_buffer(m->disk)))
+    if (!(m->bounce[i] = kvbm__disk_buffer(m->disk)))
       return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   return KVBM_OK;
 }
@@ -963,12 +960,18 @@ static int start_workers(kvbm_manager *m, kvbm_error *err) {
 }
 
 int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out, kvbm_error *err) {
+  return kvbm__manager_create_testing(cfg, NULL, out, err);
+}
+
+int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__manager_testing *t,
+                                 kvbm_manager **out, kvbm_error *err) {
   if (!cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "manager: NULL argument");
   int rc = check_config(cfg, err);
   if (rc) return rc;
   kvbm_manager *m = calloc(1, sizeof *m);
   if (!m) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   m->cfg = *cfg;
+  if (t) m->testing = *t;
   m->g3_dir = strdup(cfg->g3_dir ? cfg->g3_dir : "/tmp");
   m->cfg.g3_dir = m->g3_dir;
   m->zero_tokens = calloc(cfg->block_size, sizeof *m->zero_tokens);
@@ -988,7 +991,7 @@ int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out, kvbm
   for (int ti = 1; !rc && ti < 3; ti++) {
     tier *t = &m->t[ti];
     if (t->policy != KVBM_OFFLOAD_FREQUENCY) continue;
-    rc = kvbm_freq_filter_init(&t->filter, cfg->freq_threshold, cfg->freq_decay_uses,
+    rc = kvbm__freq_filter_init(&t->filter, cfg->freq_threshold, cfg->freq_decay_uses,
                                cfg->freq_max_entries);
     if (rc) rc = kvbm_error_set(err, rc, "manager: cannot create the frequency filter");
     else t->filter_on = true;
@@ -1022,7 +1025,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
   }
   for (int w = 0; w < 2; w++) {
     free(m->q[w].ring);
-    kvbm_gpu_stream_destroy(m->gs[w]);
+    kvbm__gpu_stream_destroy(m->gs[w]);
   }
   for (int ti = 0; ti < KVBM_TIER_COUNT; ti++) {
     tier *t = &m->t[ti];
@@ -1030,13 +1033,13 @@ void kvbm_manager_destroy(kvbm_manager *m) {
     kvbm_storage_release(t->storage);
     free(t->region);
     free(t->state);
-    if (t->filter_on) kvbm_freq_filter_destroy(&t->filter);
+    if (t->filter_on) kvbm__freq_filter_destroy(&t->filter);
   }
   for (uint32_t i = 0; m->bounce && i < m->nbounce; i++) free(m->bounce[i]);
   free(m->bounce);
   free(m->ios);
   free(m->pieces);
-  kvbm_disk_close(m->disk);
+  kvbm__disk_close(m->disk);
   free(m->slot_of);
   free(m->block_of);
   free(m->zero_tokens);
@@ -1057,13 +1060,13 @@ const char *kvbm_manager_g3_error(const kvbm_manager *m) { return m ? m->g3_err 
 const char *kvbm_manager_g3_mode(const kvbm_manager *m) { return m ? m->g3_mode : ""; }
 uint64_t kvbm_manager_block_bytes(const kvbm_manager *m) { return m ? m->block_bytes : 0; }
 
-const kvbm_layout *kvbm_manager_layout(const kvbm_manager *m, kvbm_tier_id ti) {
+const kvbm_layout *kvbm_manager_layout(const kvbm_manager *m, kvbm_tier ti) {
   if (!m || ti < 0 || ti >= KVBM_TIER_COUNT) return NULL;
   if (ti == KVBM_TIER_G3) return m->disk ? &m->slot_layout : NULL;
   return m->t[ti].present ? &m->t[ti].layout : NULL;
 }
 
-int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier_id ti, uint32_t block,
+int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier ti, uint32_t block,
                              uint32_t layer, void **ptr, size_t *size) {
   if (!m || !ptr) return KVBM_EINVAL;
   if (ti != KVBM_TIER_G1 && ti != KVBM_TIER_G2) return KVBM_ETIER;
@@ -1076,7 +1079,7 @@ int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier_id ti, uint32_t bl
   return KVBM_OK;
 }
 
-static int block_io(const kvbm_manager *m, kvbm_tier_id ti, uint32_t block, uint32_t layer,
+static int block_io(const kvbm_manager *m, kvbm_tier ti, uint32_t block, uint32_t layer,
                     void *host, size_t n, bool to_block, kvbm_error *err) {
   void *p;
   size_t sz;
@@ -1087,29 +1090,29 @@ static int block_io(const kvbm_manager *m, kvbm_tier_id ti, uint32_t block, uint
   if (!host && n) return kvbm_error_set(err, KVBM_EINVAL, "manager: NULL buffer");
   if (n > sz)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: %zu bytes do not fit a layer of %zu", n, sz);
-  if (m->t[ti].device && !m->emu) return kvbm_gpu_copy_now(m->cfg.g1_device, to_block ? p : host,
+  if (m->t[ti].device && !m->emu) return kvbm__gpu_copy_now(m->cfg.g1_device, to_block ? p : host,
                                                 to_block ? host : p, n, err);
   if (n) memcpy(to_block ? p : host, to_block ? host : p, n);
   return KVBM_OK;
 }
 
-int kvbm_manager_block_write(const kvbm_manager *m, kvbm_tier_id tier, uint32_t block,
+int kvbm_manager_block_write(const kvbm_manager *m, kvbm_tier tier, uint32_t block,
                              uint32_t layer, const void *src, size_t n, kvbm_error *err) {
   return block_io(m, tier, block, layer, (void *)(uintptr_t)src, n, true, err);
 }
 
-int kvbm_manager_block_read(const kvbm_manager *m, kvbm_tier_id tier, uint32_t block,
+int kvbm_manager_block_read(const kvbm_manager *m, kvbm_tier tier, uint32_t block,
                             uint32_t layer, void *dst, size_t n, kvbm_error *err) {
   return block_io(m, tier, block, layer, dst, n, false, err);
 }
 
-kvbm_memory_type kvbm_manager_memory(const kvbm_manager *m, kvbm_tier_id ti) {
+kvbm_memory_type kvbm_manager_memory(const kvbm_manager *m, kvbm_tier ti) {
   if (!m || ti < 0 || ti >= KVBM_TIER_COUNT) return (kvbm_memory_type)0;
   if (ti == KVBM_TIER_G3) return m->disk ? KVBM_MEMORY_DISK : (kvbm_memory_type)0;
   return m->t[ti].present ? m->t[ti].memory : (kvbm_memory_type)0;
 }
 
-int kvbm_manager_stats(kvbm_manager *m, kvbm_tier_id ti, kvbm_tier_stats *out) {
+int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier ti, kvbm_tier_stats *out) {
   if (!m || !out || ti < 0 || ti >= KVBM_TIER_COUNT) return KVBM_EINVAL;
   pthread_mutex_lock(&m->mu);
   tier *t = &m->t[ti];
@@ -1402,7 +1405,7 @@ static void use_block(kvbm_manager *m, kvbm_mreq *r, batch *b, size_t k, uint32_
     tier *t = &m->t[ti];
     if (!t->pool) continue; /* not configured */
     bool want = t->policy == KVBM_OFFLOAD_ALL;
-    if (t->filter_on) want = kvbm_freq_filter_use(&t->filter, h);
+    if (t->filter_on) want = kvbm__freq_filter_use(&t->filter, h);
     if (ti == KVBM_TIER_G3 && !m->disk) {
       if (want) t->st.skipped_unavailable++;
       continue;

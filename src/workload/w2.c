@@ -211,7 +211,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
     if (o->w1.progress) o->w1.progress(o->w1.progress_user, n, n);
     for (int t = 0; t < KVBM_TIER_COUNT; t++) {
       kvbm_tier_stats s;
-      kvbm_manager_stats(m, t, &s);
+      kvbm_manager_stats_get(m, t, &s);
       kvbm_w2_tier *x = &res.tiers[t];
       x->offloaded_blocks = s.offloaded_blocks;
       x->offloaded_bytes = s.offloaded_bytes;

@@ -270,7 +270,7 @@ static int choose(sim *s, enum policy p, size_t i, const kvbm_trace_request *r, 
     s->res->lookups++;
     for (uint32_t x = 0; x < W; x++) {
       uint32_t truth = pool_prefix(s->pool[x], s->wh, nb);
-      for (int t = 0; t < KVBM_ROUTER_TIERS; t++)
+      for (int t = 0; t < KVBM_TIER_COUNT; t++)
         if (ov[x].prefix[t] != truth) {
           s->res->index_mismatches++;
           break;

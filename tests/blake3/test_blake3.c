@@ -219,7 +219,7 @@ static void ref_chunk(const uint8_t *in, size_t len, uint64_t counter,
     uint8_t flags = 0;
     if (b == 0) flags |= B3_CHUNK_START;
     if (b + 1 == nblocks) flags |= B3_CHUNK_END | (root ? B3_ROOT : 0);
-    b3_compress_portable(cv, block, (uint8_t)n, counter, flags, st);
+    kvbm__b3_compress_portable(cv, block, (uint8_t)n, counter, flags, st);
     memcpy(cv, st, sizeof cv);
   }
   b3_store_cv(out, cv);
@@ -239,7 +239,7 @@ static void ref_tree(const uint8_t *in, size_t len, uint64_t counter,
   ref_tree(in, left, counter, 0, block);
   ref_tree(in + left, len - left, counter + left / 1024, 0, block + 32);
   uint32_t st[16];
-  b3_compress_portable(b3_iv, block, 64, 0,
+  kvbm__b3_compress_portable(b3_iv, block, 64, 0,
                        (uint8_t)(B3_PARENT | (root ? B3_ROOT : 0)), st);
   b3_store_cv(out, st);
 }
@@ -325,9 +325,9 @@ static void test_kernels_match_portable(void **state) {
     kvbm_blake3_impl impl;
     size_t width;
     b3_many_fn fn;
-  } kernels[] = {{KVBM_BLAKE3_IMPL_SSE41, 4, b3_many_sse41},
-                 {KVBM_BLAKE3_IMPL_AVX2, 8, b3_many_avx2},
-                 {KVBM_BLAKE3_IMPL_AVX512, 16, b3_many_avx512}};
+  } kernels[] = {{KVBM_BLAKE3_IMPL_SSE41, 4, kvbm__b3_many_sse41},
+                 {KVBM_BLAKE3_IMPL_AVX2, 8, kvbm__b3_many_avx2},
+                 {KVBM_BLAKE3_IMPL_AVX512, 16, kvbm__b3_many_avx512}};
   uint8_t *input = malloc(16 * 1024);
   assert_non_null(input);
   uint64_t seed = 12345;
@@ -346,7 +346,7 @@ static void test_kernels_match_portable(void **state) {
     for (int c = 0; c < 3; c++) {
       uint8_t got[16 * 32], want[16 * 32];
       kernels[k].fn(cases[c], got);
-      b3_many_portable(cases[c], w, want);
+      kvbm__b3_many_portable(cases[c], w, want);
       assert_memory_equal(got, want, 32 * w);
     }
   }
@@ -358,8 +358,8 @@ static void test_kernels_match_portable(void **state) {
       const uint8_t *block = input + (size_t)t * 61;
       uint64_t counter = 0xFFFFFFF0ull + (uint64_t)t;
       uint8_t len = (uint8_t)(t % 65), flags = (uint8_t)(t & 0x7F);
-      b3_compress_sse41(cv, block, len, counter, flags, got);
-      b3_compress_portable(cv, block, len, counter, flags, want);
+      kvbm__b3_compress_sse41(cv, block, len, counter, flags, got);
+      kvbm__b3_compress_portable(cv, block, len, counter, flags, want);
       assert_memory_equal(got, want, sizeof want);
     }
   }

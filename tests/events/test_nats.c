@@ -126,7 +126,7 @@ static void publish_pattern(kvbm_publisher *p, uint64_t nbatches) {
 }
 
 static kvbm_publisher *nats_publisher(kvbm_event_form form) {
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 3;
   o.max_batch_delay_us = 60u * 1000 * 1000;
   o.form = form;
@@ -163,12 +163,12 @@ static void test_relay_to_nats(void **state) {
   assert_int_equal(natsConnection_ConnectTo(&nc, url), NATS_OK);
   assert_int_equal(natsConnection_SubscribeSync(&sub, nc, "kvbm.events.w0"), NATS_OK);
   assert_int_equal(natsConnection_Flush(nc), NATS_OK);
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 3;
   o.max_batch_delay_us = 60u * 1000 * 1000;
   kvbm_publisher *engine;
   assert_int_equal(kvbm_publisher_create(&o, &engine, NULL), KVBM_OK);
-  kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default("tcp://127.0.0.1:*");
+  kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default("tcp://127.0.0.1:*");
   zo.replay_endpoint = "tcp://127.0.0.1:*";
   assert_int_equal(kvbm_publisher_add_zmq(engine, &zo, NULL), KVBM_OK);
   char ep[256], rep[256];
@@ -176,7 +176,7 @@ static void test_relay_to_nats(void **state) {
   kvbm_publisher_zmq_endpoint(engine, 0, true, rep, sizeof rep);
   assert_int_equal(kvbm_publisher_start(engine, NULL), KVBM_OK);
   kvbm_publisher *out = nats_publisher(KVBM_FORM_MAP);
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
   so.replay_endpoint = rep;
   so.start_seq = 0;
   kvbm_relay *r;

@@ -61,7 +61,7 @@ static void seen_init(seen *s) {
   s->order_ok = true;
 }
 
-static kvbm_publisher *make(seen *s, kvbm_publisher_options o) {
+static kvbm_publisher *make(seen *s, kvbm_publisher_config o) {
   kvbm_publisher *p;
   kvbm_error err;
   o.dp_rank = 7;
@@ -91,7 +91,7 @@ static void test_batch_by_count_and_flush(void **st) {
   (void)st;
   seen s;
   seen_init(&s);
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 10;
   o.max_batch_delay_us = 60u * 1000 * 1000;
   kvbm_publisher *p = make(&s, o);
@@ -123,7 +123,7 @@ static void test_batch_by_time(void **st) {
   (void)st;
   seen s;
   seen_init(&s);
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 1000;
   o.max_batch_delay_us = 20000;
   kvbm_publisher *p = make(&s, o);
@@ -161,7 +161,7 @@ static void test_shutdown_loses_nothing(void **st) {
   seen s;
   seen_init(&s);
   s.sleep_us = 200; /* a slow sink, so the queue fills and producers block */
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 64;
   o.queue_events = 128;
   kvbm_publisher *p = make(&s, o);
@@ -211,7 +211,7 @@ static void test_overflow_drop(void **st) {
   gate g = {.open = false, .dense = true};
   pthread_mutex_init(&g.mu, NULL);
   pthread_cond_init(&g.cv, NULL);
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 4;
   o.max_batch_delay_us = 0;
   o.queue_events = 16;
@@ -253,23 +253,23 @@ static void test_bad_calls(void **st) {
   (void)st;
   kvbm_publisher *p;
   kvbm_error err;
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 0;
   assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_EINVAL);
   assert_non_null(strstr(err.msg, "max_batch_events"));
-  o = kvbm_publisher_options_default();
+  o = kvbm_publisher_config_default();
   o.queue_events = 10;
   assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_EINVAL);
-  o = kvbm_publisher_options_default();
+  o = kvbm_publisher_config_default();
   o.overflow = (kvbm_overflow)5;
   assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_EINVAL);
-  o = kvbm_publisher_options_default();
+  o = kvbm_publisher_config_default();
   o.queue_bytes = 64;
   assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
   assert_int_equal(kvbm_publisher_publish_cleared(p, NULL, &err), KVBM_ESTATE);
   assert_int_equal(kvbm_publisher_flush(p, 0, &err), KVBM_ESTATE);
   assert_int_equal(kvbm_publisher_add_callback(p, NULL, NULL, &err), KVBM_EINVAL);
-  kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default("bogus://x");
+  kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default("bogus://x");
   assert_int_equal(kvbm_publisher_add_zmq(p, &zo, &err), KVBM_EIO);
   assert_non_null(strstr(err.msg, "bogus://x"));
   assert_int_equal(kvbm_publisher_add_nats(p, "nats://127.0.0.1:1", "a b", &err), KVBM_EINVAL);

@@ -84,7 +84,7 @@ static void from_engine(const char *form, const char *hashes, const char *batch_
   char line[512], ep[256], rep[256];
   read_line(&c, line, sizeof line);
   assert_int_equal(sscanf(line, "%255s %255s", ep, rep), 2);
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
   so.replay_endpoint = rep;
   so.start_seq = 0;
   so.topic = "kv";
@@ -147,7 +147,7 @@ static void to_python(kvbm_event_form form) {
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   FILE *f = fdopen(fd, "w");
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 5;
   o.max_batch_delay_us = 60u * 1000 * 1000; /* only count and flush send */
   o.form = form;
@@ -156,7 +156,7 @@ static void to_python(kvbm_event_form form) {
   kvbm_error err;
   assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
   assert_int_equal(kvbm_publisher_add_callback(p, record, f, &err), KVBM_OK);
-  kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default("tcp://127.0.0.1:*");
+  kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default("tcp://127.0.0.1:*");
   zo.replay_endpoint = "tcp://127.0.0.1:*";
   if (kvbm_publisher_add_zmq(p, &zo, &err)) fail_msg("%s", err.msg);
   char ep[256], rep[256];

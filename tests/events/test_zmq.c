@@ -27,14 +27,14 @@ static void wait_subscribed(void *xpub) {
 
 static kvbm_publisher *start_pub(const char *ep, const char *rep, size_t replay_batches,
                                  char *pub_ep, char *rep_ep, kvbm_event_form form) {
-  kvbm_publisher_options o = kvbm_publisher_options_default();
+  kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 4;
   o.max_batch_delay_us = 60u * 1000 * 1000;
   o.form = form;
   kvbm_publisher *p;
   kvbm_error err;
   assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
-  kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(ep);
+  kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default(ep);
   zo.replay_endpoint = rep;
   zo.replay_batches = replay_batches;
   zo.topic = "kv@w1";
@@ -77,7 +77,7 @@ static void late_joiner(const char *ep, const char *rep, kvbm_event_form form) {
   char pub_ep[256], rep_ep[256];
   kvbm_publisher *p = start_pub(ep, rep, 1000, pub_ep, rep_ep, form);
   for (uint64_t i = 0; i < 30; i++) publish_batch(p, i); /* nobody listens yet */
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(pub_ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(pub_ep);
   so.replay_endpoint = rep_ep;
   so.start_seq = 0;
   so.topic = "kv@";
@@ -136,7 +136,7 @@ static void test_lossy_link_replay(void **st) {
   char out_ep[256];
   size_t sz = sizeof out_ep;
   zmq_getsockopt(out, ZMQ_LAST_ENDPOINT, out_ep, &sz);
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(out_ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(out_ep);
   so.replay_endpoint = rep_ep;
   kvbm_subscriber *s;
   assert_int_equal(kvbm_subscriber_create(&so, &s, NULL), KVBM_OK);
@@ -211,7 +211,7 @@ static void test_malformed_messages(void **st) {
   char ep[256];
   size_t sz = sizeof ep;
   zmq_getsockopt(pub, ZMQ_LAST_ENDPOINT, ep, &sz);
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
   so.max_payload = 1000;
   kvbm_subscriber *s;
   assert_int_equal(kvbm_subscriber_create(&so, &s, NULL), KVBM_OK);
@@ -325,12 +325,12 @@ static void test_relay_to_zmq(void **st) {
   char out_ep[256], out_rep[256];
   kvbm_publisher *ours = start_pub("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 100, out_ep,
                                    out_rep, KVBM_FORM_POSITIONAL);
-  kvbm_subscriber_options src = kvbm_subscriber_options_default(eng_ep);
+  kvbm_subscriber_config src = kvbm_subscriber_config_default(eng_ep);
   src.replay_endpoint = eng_rep;
   src.start_seq = 0;
   kvbm_relay *r;
   assert_int_equal(kvbm_relay_create(&src, ours, &r, NULL), KVBM_OK);
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(out_ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(out_ep);
   so.replay_endpoint = out_rep;
   so.start_seq = 0;
   kvbm_subscriber *s;
@@ -361,16 +361,16 @@ static void test_subscriber_bad_options(void **st) {
   (void)st;
   kvbm_subscriber *s;
   kvbm_error err;
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(NULL);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(NULL);
   assert_int_equal(kvbm_subscriber_create(&so, &s, &err), KVBM_EINVAL);
-  so = kvbm_subscriber_options_default("nonsense");
+  so = kvbm_subscriber_config_default("nonsense");
   assert_int_equal(kvbm_subscriber_create(&so, &s, &err), KVBM_EIO);
   assert_non_null(strstr(err.msg, "nonsense"));
-  so = kvbm_subscriber_options_default("tcp://127.0.0.1:1");
+  so = kvbm_subscriber_config_default("tcp://127.0.0.1:1");
   so.start_seq = -2;
   assert_int_equal(kvbm_subscriber_create(&so, &s, &err), KVBM_EINVAL);
   /* a replay endpoint nobody serves: the join replay times out, counted */
-  so = kvbm_subscriber_options_default("tcp://127.0.0.1:1");
+  so = kvbm_subscriber_config_default("tcp://127.0.0.1:1");
   so.replay_endpoint = "tcp://127.0.0.1:2";
   so.replay_timeout_ms = 50;
   so.start_seq = 0;

@@ -20,7 +20,7 @@ static size_t encode(uint8_t *out, size_t cap) {
   test_pattern(g_body, BODY, 3);
   for (uint32_t i = 0; i < NT; i++) g_tokens[i] = 1000 + i;
   kvbm_block_msg m = {.seq_hash = 0x1122334455667788ull, .parent_hash = 42, .salt_hash = 7, .has_parent = 1,
-                      .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_FRAME_TIER_G2, .body = g_body,
+                      .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_TIER_G2, .body = g_body,
                       .body_len = BODY};
   size_t len = 0;
   assert_int_equal(kvbm_block_msg_encode(&m, out, cap, &len, NULL), KVBM_OK);
@@ -42,7 +42,7 @@ static void test_roundtrip(void **state) {
   assert_true(m.has_parent);
   assert_int_equal(m.num_tokens, NT);
   assert_memory_equal(m.tokens, g_tokens, sizeof g_tokens);
-  assert_int_equal(m.tier, KVBM_FRAME_TIER_G2);
+  assert_int_equal(m.tier, KVBM_TIER_G2);
   assert_int_equal(m.body_len, BODY);
   assert_ptr_equal(m.body, buf + len - BODY);
   assert_memory_equal(m.body, g_body, BODY);
@@ -53,9 +53,9 @@ static void test_roundtrip(void **state) {
   size_t out;
   kvbm_block_msg bad = {.num_tokens = 1, .tokens = NULL};
   assert_int_equal(kvbm_block_msg_encode(&bad, buf, sizeof buf, &out, &e), KVBM_EINVAL);
-  kvbm_block_msg ok = {.tier = KVBM_FRAME_TIER_G1, .body = g_body, .body_len = BODY};
+  kvbm_block_msg ok = {.tier = KVBM_TIER_G1, .body = g_body, .body_len = BODY};
   assert_int_equal(kvbm_block_msg_encode(&ok, buf, 100, &out, &e), KVBM_ENOSPC);
-  ok.tier = (kvbm_frame_tier)9;
+  ok.tier = (kvbm_tier)9;
   assert_int_equal(kvbm_block_msg_encode(&ok, buf, sizeof buf, &out, &e), KVBM_ETIER);
 }
 
@@ -108,7 +108,7 @@ static void test_placed(void **state) {
   (void)state;
   test_pattern(g_body, BODY, 9);
   for (uint32_t i = 0; i < NT; i++) g_tokens[i] = 7 * i;
-  kvbm_block_msg m = {.seq_hash = 99, .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_FRAME_TIER_G4,
+  kvbm_block_msg m = {.seq_hash = 99, .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_TIER_G4,
                       .body = g_body, .body_len = BODY, .placed = 1, .block_id = 12345};
   uint8_t buf[512];
   size_t len;

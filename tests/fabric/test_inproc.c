@@ -267,7 +267,7 @@ static void test_import_outside_extent(void **state) {
     kvbm_fabric_wire_region w = {cases[i].ext_base, cases[i].ext_len, lr->key, (uint32_t)lr->key_len};
     uint8_t *buf;
     size_t len;
-    assert_int_equal(kvbm_fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
+    assert_int_equal(kvbm__fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
     kvbm_fabric_remote_set *rs = NULL;
     kvbm_error e;
     int rc = kvbm_fabric_import(a, buf, len, &rs, &e);
@@ -282,7 +282,7 @@ static void test_import_outside_extent(void **state) {
   kvbm_fabric_wire_region w = {lr->base, size, fake, 8};
   uint8_t *buf;
   size_t len;
-  assert_int_equal(kvbm_fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
+  assert_int_equal(kvbm__fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
   kvbm_fabric_remote_set *rs;
   kvbm_error e;
   assert_int_equal(kvbm_fabric_import(a, buf, len, &rs, &e), KVBM_ERANGE);
@@ -392,7 +392,7 @@ static void test_register_refusals(void **state) {
   kvbm_fabric_wire_region w = {tb.desc.region_base[0], tb.desc.layout.region_size, (const uint8_t *)"k", 1};
   uint8_t *buf;
   size_t len;
-  assert_int_equal(kvbm_fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
+  assert_int_equal(kvbm__fabric_wire_encode(&d, &w, &buf, &len, NULL), KVBM_OK);
   kvbm_fabric_remote_set *rs;
   assert_int_equal(kvbm_fabric_import(a, buf, len, &rs, &e), KVBM_EUNSUPPORTED);
   free(buf);

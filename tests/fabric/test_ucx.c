@@ -32,8 +32,7 @@
 static const char *g_tls = "shm,self";
 
 static kvbm_fabric_ucx_config config(const char *label) {
-  kvbm_fabric_ucx_config c;
-  kvbm_fabric_ucx_config_init(&c);
+  kvbm_fabric_ucx_config c = kvbm_fabric_ucx_config_default();
   c.label = label;
   c.transports = g_tls;
   c.net_devices = "lo";
@@ -291,9 +290,9 @@ static void peer_dies(void) {
   wait_child(pid);
   rc = kvbm_fabric_push(f, "y", 1, NULL, &e);
   assert_int_equal(rc, KVBM_ECLOSED);
-  double t0 = (double)kvbm_sc_now_ms();
+  double t0 = (double)kvbm__sc_now_ms();
   kvbm_fabric_destroy(f);
-  assert_true((double)kvbm_sc_now_ms() - t0 < 5000);
+  assert_true((double)kvbm__sc_now_ms() - t0 < 5000);
 }
 
 static void test_peer_dies(void **state) {
@@ -325,8 +324,8 @@ static void test_bad_peers(void **state) {
   size_t junk_len[] = {18, 20, 24};
   for (int i = 0; i < 3; i++) {
     int fd;
-    assert_int_equal(kvbm_sc_connect("127.0.0.1", port, 1000, &fd, NULL), KVBM_OK);
-    assert_int_equal(kvbm_sc_send_all(fd, junk[i], junk_len[i], kvbm_sc_deadline(1000), NULL), KVBM_OK);
+    assert_int_equal(kvbm__sc_connect("127.0.0.1", port, 1000, &fd, NULL), KVBM_OK);
+    assert_int_equal(kvbm__sc_send_all(fd, junk[i], junk_len[i], kvbm__sc_deadline(1000), NULL), KVBM_OK);
     kvbm_fabric *f = NULL;
     int rc = kvbm_fabric_ucx_accept(l, &f, &e);
     if (rc != KVBM_EPROTO) fail_msg("junk %d: %s (%s)", i, kvbm_status_name(rc), e.msg);
@@ -335,7 +334,7 @@ static void test_bad_peers(void **state) {
   }
   /* silent peer */
   int fd;
-  assert_int_equal(kvbm_sc_connect("127.0.0.1", port, 1000, &fd, NULL), KVBM_OK);
+  assert_int_equal(kvbm__sc_connect("127.0.0.1", port, 1000, &fd, NULL), KVBM_OK);
   kvbm_fabric *f = NULL;
   assert_int_equal(kvbm_fabric_ucx_accept(l, &f, &e), KVBM_ETIMEDOUT);
   close(fd);

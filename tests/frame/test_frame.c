@@ -26,7 +26,7 @@ static uint8_t *make_body(size_t n, uint32_t seed) {
 }
 
 /* A whole frame for `body`, malloc'ed. */
-static uint8_t *make_frame(kvbm_frame_tier tier, const uint8_t *body,
+static uint8_t *make_frame(kvbm_tier tier, const uint8_t *body,
                            size_t n, size_t *len) {
   assert_int_equal(kvbm_frame_encode(tier, body, n, NULL, 0, len, NULL), 0);
   uint8_t *f = malloc(*len);
@@ -47,13 +47,13 @@ static void test_exact_header_bytes(void **state) {
       0xa1, 0xa6, 0xa0, 0x40, 0x4d, 0xea, 0x36, 0xdc, 0xc9, 0x49};
   uint8_t hdr[32];
   assert_int_equal(
-      kvbm_frame_encode_header(KVBM_FRAME_TIER_G2, NULL, 0, hdr, NULL), 0);
+      kvbm_frame_encode_header(KVBM_TIER_G2, NULL, 0, hdr, NULL), 0);
   assert_memory_equal(hdr, want, 32);
 
   /* Length and tier fields are little-endian at their offsets. */
   uint8_t *body = make_body(0x010203, 7);
   assert_int_equal(
-      kvbm_frame_encode_header(KVBM_FRAME_TIER_G4, body, 0x010203, hdr, NULL),
+      kvbm_frame_encode_header(KVBM_TIER_G4, body, 0x010203, hdr, NULL),
       0);
   assert_int_equal(hdr[8], 0x03);
   assert_int_equal(hdr[9], 0x02);
@@ -71,10 +71,10 @@ static void test_round_trips(void **state) {
   static const size_t sizes[] = {0, 1, 31, 32, 33, 1000, 1024, 65536,
                                  (1u << 20) + 7};
   for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-    for (int tier = KVBM_FRAME_TIER_G1; tier <= KVBM_FRAME_TIER_G4; tier++) {
+    for (int tier = KVBM_TIER_G1; tier <= KVBM_TIER_G4; tier++) {
       uint8_t *body = make_body(sizes[s], (uint32_t)(s * 4 + (size_t)tier));
       size_t len;
-      uint8_t *f = make_frame((kvbm_frame_tier)tier, body, sizes[s], &len);
+      uint8_t *f = make_frame((kvbm_tier)tier, body, sizes[s], &len);
       assert_int_equal(len, 32 + sizes[s]);
       kvbm_frame_header hdr;
       const uint8_t *out = NULL;
@@ -91,8 +91,8 @@ static void test_round_trips(void **state) {
       free(body);
     }
   }
-  assert_string_equal(kvbm_frame_tier_name(KVBM_FRAME_TIER_G3), "G3");
-  assert_string_equal(kvbm_frame_tier_name(9), "?");
+  assert_string_equal(kvbm_tier_name(KVBM_TIER_G3), "G3");
+  assert_string_equal(kvbm_tier_name(9), "?");
 }
 
 /* Size query, short buffer, body already in place, body overlapping the
@@ -102,13 +102,13 @@ static void test_encode_buffers(void **state) {
   uint8_t *body = make_body(100, 3), want[132], buf[200];
   size_t len = 0;
   assert_int_equal(
-      kvbm_frame_encode(KVBM_FRAME_TIER_G1, body, 100, NULL, 0, &len, NULL), 0);
+      kvbm_frame_encode(KVBM_TIER_G1, body, 100, NULL, 0, &len, NULL), 0);
   assert_int_equal(len, 132);
   assert_int_equal(
-      kvbm_frame_encode(KVBM_FRAME_TIER_G1, body, 100, want, 132, &len, NULL),
+      kvbm_frame_encode(KVBM_TIER_G1, body, 100, want, 132, &len, NULL),
       0);
   kvbm_error err;
-  assert_int_equal(kvbm_frame_encode(KVBM_FRAME_TIER_G1, body, 100, buf, 131,
+  assert_int_equal(kvbm_frame_encode(KVBM_TIER_G1, body, 100, buf, 131,
                                      &len, &err),
                    KVBM_ENOSPC);
   assert_int_equal(len, 132);
@@ -116,13 +116,13 @@ static void test_encode_buffers(void **state) {
 
   memcpy(buf + 32, body, 100); /* in place */
   assert_int_equal(
-      kvbm_frame_encode(KVBM_FRAME_TIER_G1, buf + 32, 100, buf, 200, &len, NULL),
+      kvbm_frame_encode(KVBM_TIER_G1, buf + 32, 100, buf, 200, &len, NULL),
       0);
   assert_memory_equal(buf, want, 132);
 
   memcpy(buf + 5, body, 100); /* overlapping the header */
   assert_int_equal(
-      kvbm_frame_encode(KVBM_FRAME_TIER_G1, buf + 5, 100, buf, 200, &len, NULL),
+      kvbm_frame_encode(KVBM_TIER_G1, buf + 5, 100, buf, 200, &len, NULL),
       0);
   assert_memory_equal(buf, want, 132);
   free(body);
@@ -134,10 +134,10 @@ static void test_encode_errors(void **state) {
   size_t len;
   kvbm_error err;
   assert_int_equal(
-      kvbm_frame_encode_header((kvbm_frame_tier)4, "x", 1, hdr, &err),
+      kvbm_frame_encode_header((kvbm_tier)4, "x", 1, hdr, &err),
       KVBM_ETIER);
   assert_non_null(strstr(err.msg, "tier 4"));
-  assert_int_equal(kvbm_frame_encode_header(KVBM_FRAME_TIER_G1, NULL, 5, hdr,
+  assert_int_equal(kvbm_frame_encode_header(KVBM_TIER_G1, NULL, 5, hdr,
                                             &err),
                    KVBM_EINVAL);
   if (sizeof(size_t) > 4) {
@@ -148,7 +148,7 @@ static void test_encode_errors(void **state) {
   }
   assert_int_equal(kvbm_frame_encoded_len(UINT32_MAX, &len, NULL), 0);
   assert_int_equal(
-      kvbm_frame_encode(KVBM_FRAME_TIER_G1, "x", 1, NULL, 0, NULL, &err),
+      kvbm_frame_encode(KVBM_TIER_G1, "x", 1, NULL, 0, NULL, &err),
       KVBM_EINVAL);
 }
 
@@ -173,7 +173,7 @@ static void test_every_decode_error(void **state) {
   (void)state;
   uint8_t *body = make_body(500, 11);
   size_t len;
-  uint8_t *good = make_frame(KVBM_FRAME_TIER_G3, body, 500, &len);
+  uint8_t *good = make_frame(KVBM_TIER_G3, body, 500, &len);
   uint8_t *f = malloc(len + 1);
   assert_non_null(f);
   const uint32_t max = KVBM_FRAME_DEFAULT_MAX_BODY;
@@ -244,7 +244,7 @@ static void test_single_byte_corruption(void **state) {
   (void)state;
   uint8_t *body = make_body(3000, 5);
   size_t len;
-  uint8_t *good = make_frame(KVBM_FRAME_TIER_G1, body, 3000, &len);
+  uint8_t *good = make_frame(KVBM_TIER_G1, body, 3000, &len);
   uint8_t *f = malloc(len);
   assert_non_null(f);
   uint32_t seed = 99;
@@ -258,7 +258,7 @@ static void test_single_byte_corruption(void **state) {
     const uint8_t *out;
     int rc = kvbm_frame_decode(f, len, KVBM_FRAME_DEFAULT_MAX_BODY, &hdr, &out,
                                NULL);
-    if (at == 12 && f[12] <= KVBM_FRAME_TIER_G4) {
+    if (at == 12 && f[12] <= KVBM_TIER_G4) {
       assert_int_equal(rc, KVBM_OK);
     } else if (rc == KVBM_OK) {
       fail_msg("byte %zu ^ %02x not caught", at, delta);
@@ -274,7 +274,7 @@ static void test_streaming(void **state) {
   (void)state;
   uint8_t *body = make_body(100000, 17);
   size_t len;
-  uint8_t *f = make_frame(KVBM_FRAME_TIER_G4, body, 100000, &len);
+  uint8_t *f = make_frame(KVBM_TIER_G4, body, 100000, &len);
   kvbm_frame_header hdr;
   kvbm_error err;
   /* The header alone is enough to learn (and bound) the body length. */
@@ -342,13 +342,13 @@ static void test_frames_built_with_b3sum(void **state) {
   kvbm_error err;
   uint8_t *f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/small_g2", &len);
   assert_int_equal(kvbm_frame_decode(f, len, 1000, &hdr, &body, &err), 0);
-  assert_int_equal(hdr.tier, KVBM_FRAME_TIER_G2);
+  assert_int_equal(hdr.tier, KVBM_TIER_G2);
   assert_int_equal(hdr.body_len, 14);
   assert_memory_equal(body, "hello kv block", 14);
   free(f);
   f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/chunk_g4", &len);
   assert_int_equal(kvbm_frame_decode(f, len, 1 << 20, &hdr, &body, &err), 0);
-  assert_int_equal(hdr.tier, KVBM_FRAME_TIER_G4);
+  assert_int_equal(hdr.tier, KVBM_TIER_G4);
   assert_int_equal(hdr.body_len, 1500);
   free(f);
   f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/empty_g1", &len);

@@ -15,17 +15,21 @@
 #define MAXW KVBM_ROUTER_MAX_WORKERS
 
 static kvbm_overlap ovl(uint32_t d, uint32_t h, uint32_t k) {
-  return (kvbm_overlap){.prefix = {d, h, k}};
+  return (kvbm_overlap){.prefix = {d, h, k, k}};
 }
 
 static void test_score(void **state) {
   (void)state;
   kvbm_choice_config c = kvbm_choice_config_default();
-  assert_true(c.tier_weight[0] == 1.0 && c.tier_weight[1] == 0.75 && c.tier_weight[2] == 0.25);
+  assert_true(c.tier_weight[0] == 1.0 && c.tier_weight[1] == 0.75 && c.tier_weight[2] == 0.25 &&
+              c.tier_weight[3] == 0.1);
   kvbm_overlap o = ovl(4, 8, 12);
   assert_true(fabs(kvbm_overlap_score(&c, &o) - (4 + 0.75 * 4 + 0.25 * 4)) < 1e-12);
   c.tier_weight[2] = 0;
   assert_true(fabs(kvbm_overlap_score(&c, &o) - 7) < 1e-12);
+  /* remote blocks beyond the disk prefix count at the G4 weight */
+  o.prefix[3] = 22;
+  assert_true(fabs(kvbm_overlap_score(&c, &o) - (7 + 0.1 * 10)) < 1e-12);
 }
 
 static void test_lowest_cost(void **state) {
@@ -111,7 +115,7 @@ static void test_config_check(void **state) {
   assert_int_equal(kvbm_choice_config_check(&c, &err), KVBM_OK);
   c.tier_weight[1] = -1;
   assert_int_equal(kvbm_choice_config_check(&c, &err), KVBM_EINVAL);
-  assert_non_null(strstr(err.msg, "host tier weight"));
+  assert_non_null(strstr(err.msg, "G2 (host) tier weight"));
   c = kvbm_choice_config_default();
   c.temperature = NAN;
   assert_int_equal(kvbm_choice_config_check(&c, &err), KVBM_EINVAL);

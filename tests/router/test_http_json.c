@@ -17,7 +17,7 @@
 
 static http_result head(const char *s, http_req *r, int *status) {
   const char *why;
-  return http_parse_head(s, strlen(s), 4096, 1000, r, status, &why);
+  return kvbm__http_parse_head(s, strlen(s), 4096, 1000, r, status, &why);
 }
 
 static void test_http_ok(void **state) {
@@ -44,7 +44,7 @@ static void test_http_ok(void **state) {
   size_t n = strlen(s) - 7;
   for (size_t i = 0; i < n; i++) {
     const char *why;
-    assert_int_equal(http_parse_head(s, i, 4096, 1000, &r, &st, &why), HTTP_NEED_MORE);
+    assert_int_equal(kvbm__http_parse_head(s, i, 4096, 1000, &r, &st, &why), HTTP_NEED_MORE);
   }
 }
 
@@ -79,7 +79,7 @@ static void test_http_bad(void **state) {
     http_req r;
     int st = 0;
     const char *why = NULL;
-    http_result res = http_parse_head(cases[i].s, strlen(cases[i].s), 4096, 1000, &r, &st, &why);
+    http_result res = kvbm__http_parse_head(cases[i].s, strlen(cases[i].s), 4096, 1000, &r, &st, &why);
     if (res != HTTP_BAD || st != cases[i].status)
       fail_msg("case %zu (%s): result %d status %d", i, cases[i].s, res, st);
     assert_non_null(why);
@@ -98,19 +98,19 @@ static void test_http_bad(void **state) {
   assert_int_equal(head(big, &r, &st), HTTP_BAD);
   assert_int_equal(st, 414);
   const char *why;
-  assert_int_equal(http_parse_head(big, strlen(big), 100, 1000, &r, &st, &why), HTTP_BAD);
+  assert_int_equal(kvbm__http_parse_head(big, strlen(big), 100, 1000, &r, &st, &why), HTTP_BAD);
   assert_int_equal(st, 431);
   char many[4000] = "GET / HTTP/1.1\r\n";
   for (int i = 0; i < 70; i++) strcat(many, "X: y\r\n");
   strcat(many, "\r\n");
   assert_int_equal(head(many, &r, &st), HTTP_BAD);
   assert_int_equal(st, 431);
-  assert_string_equal(http_reason(404), "Not Found");
+  assert_string_equal(kvbm__http_reason(404), "Not Found");
 }
 
 static int parse(const char *s, rj_request *q) {
   kvbm_error err;
-  return rj_parse_request(s, strlen(s), 8, q, &err);
+  return kvbm__rj_parse_request(s, strlen(s), 8, q, &err);
 }
 
 static void test_json_ok(void **state) {
@@ -124,17 +124,17 @@ static void test_json_ok(void **state) {
   assert_int_equal(q.num_tokens, 3);
   assert_int_equal(q.tokens[1], 4294967295u);
   assert_int_equal(q.request_id, 9);
-  rj_request_free(&q);
+  kvbm__rj_request_free(&q);
   assert_int_equal(parse("{\"block_hashes\":[18446744073709551615,-1,-9223372036854775808,0]}", &q),
                    KVBM_OK);
   assert_int_equal(q.num_hashes, 4);
   assert_true(q.hashes[0] == UINT64_MAX && q.hashes[1] == UINT64_MAX);
   assert_true(q.hashes[2] == 0x8000000000000000ull && q.hashes[3] == 0);
-  rj_request_free(&q);
+  kvbm__rj_request_free(&q);
   assert_int_equal(parse("{\"token_ids\":[]}", &q), KVBM_OK);
   assert_true(q.has_tokens);
   assert_int_equal(q.num_tokens, 0);
-  rj_request_free(&q);
+  kvbm__rj_request_free(&q);
   assert_int_equal(parse("{}", &q), KVBM_OK);
   assert_false(q.has_tokens || q.has_hashes || q.has_request_id);
 }
@@ -176,7 +176,7 @@ static void test_json_bad(void **state) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     rj_request q;
     kvbm_error err = {0};
-    int rc = rj_parse_request(cases[i].s, strlen(cases[i].s), 8, &q, &err);
+    int rc = kvbm__rj_parse_request(cases[i].s, strlen(cases[i].s), 8, &q, &err);
     if (rc != cases[i].rc) fail_msg("case %zu (%s): %d, expected %d (%s)", i, cases[i].s, rc,
                                     cases[i].rc, err.msg);
     assert_true(strlen(err.msg) > 0);
@@ -197,7 +197,7 @@ static void test_json_bad(void **state) {
     char *c = malloc(n ? n : 1);
     memcpy(c, ok, n);
     kvbm_error err;
-    assert_int_not_equal(rj_parse_request(c, n, 8, &q, &err), KVBM_OK);
+    assert_int_not_equal(kvbm__rj_parse_request(c, n, 8, &q, &err), KVBM_OK);
     free(c);
   }
 }
@@ -205,14 +205,14 @@ static void test_json_bad(void **state) {
 static void test_json_writer(void **state) {
   (void)state;
   rj_buf b = {0};
-  rj_printf(&b, "{\"e\":");
-  rj_string(&b, "a\"b\\c\n\x01");
-  rj_printf(&b, ",\"n\":%d}", 5);
-  for (int i = 0; i < 200; i++) rj_printf(&b, "%s", "0123456789"); /* growth */
+  kvbm__rj_printf(&b, "{\"e\":");
+  kvbm__rj_string(&b, "a\"b\\c\n\x01");
+  kvbm__rj_printf(&b, ",\"n\":%d}", 5);
+  for (int i = 0; i < 200; i++) kvbm__rj_printf(&b, "%s", "0123456789"); /* growth */
   assert_false(b.oom);
   assert_memory_equal(b.p, "{\"e\":\"a\\\"b\\\\c\\u000a\\u0001\",\"n\":5}", 33);
   assert_int_equal(b.len, 33 + 2000);
-  rj_buf_free(&b);
+  kvbm__rj_buf_free(&b);
 }
 
 int main(void) {

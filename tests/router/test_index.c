@@ -58,14 +58,24 @@ static uint32_t slot_of(kvbm_index *idx, uint64_t wid) {
   return s;
 }
 
-static void expect_prefix(kvbm_index *idx, const uint64_t *h, size_t n, uint64_t wid,
-                          uint32_t dev, uint32_t host, uint32_t any) {
+/* Prefixes G1 (device), G2 (device or host), G3 (no remote) and G4 (any
+ * tier). */
+static void expect_prefix4(kvbm_index *idx, const uint64_t *h, size_t n, uint64_t wid,
+                           uint32_t dev, uint32_t host, uint32_t disk, uint32_t any) {
   kvbm_overlap ov[MAXW];
   kvbm_index_lookup(idx, h, n, ov, NULL);
   uint32_t s = slot_of(idx, wid);
-  if (ov[s].prefix[0] != dev || ov[s].prefix[1] != host || ov[s].prefix[2] != any)
-    fail_msg("worker %llu: prefix %u/%u/%u, expected %u/%u/%u", (unsigned long long)wid,
-             ov[s].prefix[0], ov[s].prefix[1], ov[s].prefix[2], dev, host, any);
+  if (ov[s].prefix[0] != dev || ov[s].prefix[1] != host || ov[s].prefix[2] != disk ||
+      ov[s].prefix[3] != any)
+    fail_msg("worker %llu: prefix %u/%u/%u/%u, expected %u/%u/%u/%u", (unsigned long long)wid,
+             ov[s].prefix[0], ov[s].prefix[1], ov[s].prefix[2], ov[s].prefix[3], dev, host,
+             disk, any);
+}
+
+/* The same without remote blocks: G3 and G4 prefixes agree. */
+static void expect_prefix(kvbm_index *idx, const uint64_t *h, size_t n, uint64_t wid,
+                          uint32_t dev, uint32_t host, uint32_t any) {
+  expect_prefix4(idx, h, n, wid, dev, host, any, any);
 }
 
 static const uint64_t H[] = {101, 102, 103, 104, 105, 106, 107, 108};
@@ -110,22 +120,23 @@ static void test_tiers(void **state) {
   apply(idx, 7, stored(H, 2, NULL, KVBM_MEDIUM_GPU));
   apply(idx, 7, stored(H + 2, 1, &H[1], KVBM_MEDIUM_CPU));
   apply(idx, 7, stored(H + 3, 2, &H[2], KVBM_MEDIUM_DISK));
-  apply(idx, 7, stored(H + 5, 1, &H[4], KVBM_MEDIUM_REMOTE)); /* counts as disk */
-  expect_prefix(idx, H, 8, 7, 2, 3, 6);
+  apply(idx, 7, stored(H + 5, 1, &H[4], KVBM_MEDIUM_REMOTE)); /* G4 */
+  expect_prefix4(idx, H, 8, 7, 2, 3, 5, 6);
   /* block 1 also on host, then gone from device: device prefix 1 */
   apply(idx, 7, stored(H + 1, 1, &H[0], KVBM_MEDIUM_CPU));
   apply(idx, 7, removed(H + 1, 1, KVBM_MEDIUM_GPU));
-  expect_prefix(idx, H, 8, 7, 1, 3, 6);
+  expect_prefix4(idx, H, 8, 7, 1, 3, 5, 6);
   /* a remove in the wrong tier changes nothing and is counted */
   apply(idx, 7, removed(H, 1, KVBM_MEDIUM_CPU));
-  expect_prefix(idx, H, 8, 7, 1, 3, 6);
+  expect_prefix4(idx, H, 8, 7, 1, 3, 5, 6);
   kvbm_index_stats st;
   kvbm_index_stats_get(idx, &st);
   assert_int_equal(st.unknown_removed, 1);
   /* no medium = device */
   apply(idx, 7, stored(H + 1, 1, &H[0], KVBM_MEDIUM_NONE));
-  expect_prefix(idx, H, 8, 7, 2, 3, 6);
-  assert_int_equal(kvbm_router_tier_of(KVBM_MEDIUM_OTHER), KVBM_ROUTER_DISK);
+  expect_prefix4(idx, H, 8, 7, 2, 3, 5, 6);
+  assert_int_equal(kvbm_medium_tier(KVBM_MEDIUM_OTHER), KVBM_TIER_G3);
+  assert_int_equal(kvbm_medium_tier(KVBM_MEDIUM_REMOTE), KVBM_TIER_G4);
   kvbm_index_destroy(idx);
 }
 
@@ -367,8 +378,8 @@ static void test_bad_input(void **state) {
   assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, &ev, &err), KVBM_EINVAL);
   assert_int_equal(kvbm_index_apply(idx, k, KVBM_INDEX_NO_ID, NULL, &err), KVBM_EINVAL);
   assert_int_equal(kvbm_index_apply_batch(idx, 1, NULL, &err), KVBM_EINVAL);
-  assert_int_equal(kvbm_index_store(idx, 3, KVBM_ROUTER_DEVICE, H, 1), KVBM_EINVAL);
-  assert_int_equal(kvbm_index_store(idx, MAXW, KVBM_ROUTER_DEVICE, H, 1), KVBM_EINVAL);
+  assert_int_equal(kvbm_index_store(idx, 3, KVBM_TIER_G1, H, 1), KVBM_EINVAL);
+  assert_int_equal(kvbm_index_store(idx, MAXW, KVBM_TIER_G1, H, 1), KVBM_EINVAL);
   kvbm_index_destroy(idx);
   kvbm_index_destroy(NULL);
 }

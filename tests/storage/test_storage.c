@@ -100,7 +100,7 @@ static void slices_hold_their_own_bytes(void **state) {
 static void zero_and_alignment_options(void **state) {
   (void)state;
   kvbm_layout l = make_layout(KVBM_LAYOUT_LAYER_SEPARATE, (kvbm_layout_config){8, 3, 2, 16, 32, 2, 64});
-  kvbm_storage_options o = {4096, 1, -1};
+  kvbm_storage_config o = {4096, 1, -1};
   kvbm_storage *s;
   kvbm_error e;
   assert_int_equal(kvbm_storage_create(KVBM_MEMORY_SYSTEM, &l, &o, &s, &e), KVBM_OK);
@@ -195,7 +195,7 @@ static void cuda_kinds_say_what_this_machine_has(void **state) {
   for (int i = 0; i < 2; i++) {
     kvbm_storage *s = NULL;
     kvbm_error e;
-    kvbm_storage_options o = {0, 1, 0};
+    kvbm_storage_config o = {0, 1, 0};
     int rc = kvbm_storage_create(kinds[i], &l, &o, &s, &e);
     if (!kvbm_storage_have_cuda()) {
       assert_int_equal(rc, KVBM_EUNSUPPORTED);

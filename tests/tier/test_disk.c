@@ -11,7 +11,7 @@
 #include <sys/wait.h>
 #include <cmocka.h>
 
-#include "kvbm/disk.h"
+#include "tier/disk.h"
 #include "tier_testutil.h"
 
 /* Flips byte `at` (from the slot's start: data, then the header at
@@ -80,7 +80,7 @@ static void flipped_byte(bool pages) {
   assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 2);
   assert_int_equal(tu_verify(m, r, 2), 2);
   kvbm_tier_stats s3;
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s3.checksum_failures, 1);
   assert_int_equal(s3.onboard_failures, 1);
   assert_int_equal(s3.onboarded_blocks, 3); /* blocks 0, 1 and 3 */
@@ -89,7 +89,7 @@ static void flipped_byte(bool pages) {
   kvbm_mreq_commit(r);
   kvbm_manager_flush(m);
   kvbm_mreq_destroy(r);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s3.offloaded_blocks, written + 1); /* block 2 rewritten */
   tu_run(m, b, 29, NULL, NULL);
   assert_int_equal(tu_run(m, a, 17, &info, &r), 16);
@@ -128,7 +128,7 @@ static void test_flipped_header_is_a_miss(void **st) {
                         kvbm_manager_block_bytes(m) + 44)); /* the write sequence */
   assert_int_equal(tu_run(m, a, 17, &info, NULL), 0);
   kvbm_tier_stats s3;
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s3.checksum_failures, 1);
   kvbm_manager_destroy(m);
   free(a);
@@ -154,14 +154,14 @@ static int full_disk_child(const char *dir) {
   kvbm_mreq_info info;
   if (tu_run(m, a, 33, NULL, NULL) != 0) return 14;
   kvbm_tier_stats s3, s2;
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   if (s3.skipped_io == 0 || s3.offloaded_blocks + s3.skipped_io != 8) return 15;
   if (s3.offloaded_blocks == 0) return 16;
   /* Still serving: the same prompt again (all in G1), and a new one. */
   if (tu_run(m, a, 33, &info, NULL) != 32) return 17;
   uint32_t *b = tu_prompt(9000, 61);
   if (tu_run(m, b, 61, NULL, NULL) == SIZE_MAX) return 18;
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   if (s2.offloaded_blocks != 8 + 15) return 19;
   /* What was written before the disk filled is intact: push A out of G1
    * and G2, then its first blocks (the slots below the limit) come back
@@ -172,7 +172,7 @@ static int full_disk_child(const char *dir) {
   if (tu_run(m, a, 33, &info, &r) != 4 * 3) return 21; /* slots 0..2 fit under the limit */
   if (info.hit_blocks[KVBM_TIER_G3] != 3 || tu_verify(m, r, 3) != 3) return 22;
   kvbm_mreq_destroy(r);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   if (s3.checksum_failures || s3.read_errors) return 23;
   kvbm_manager_destroy(m);
   free(a);
@@ -215,7 +215,7 @@ static void test_unusable_dir(void **st) {
   tu_run(m, a, 17, NULL, NULL);
   tu_run(m, b, 29, NULL, NULL);
   kvbm_tier_stats s3;
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_false(s3.present);
   assert_int_equal(s3.skipped_unavailable, 4 + 7);
   assert_int_equal(s3.offloaded_blocks, 0);
@@ -244,7 +244,7 @@ static void test_warm_restart(void **st) {
     tu_run(m, a, 17, NULL, NULL);
     tu_run(m, b, 29, NULL, NULL);
     kvbm_tier_stats s3;
-    kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+    kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
     kvbm_manager_destroy(m);
     _exit(s3.offloaded_blocks == 11 ? 0 : 2);
   }
@@ -268,7 +268,7 @@ static void test_warm_restart(void **st) {
 
   assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
   kvbm_tier_stats s3;
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s3.restored_blocks, 10);
   assert_int_equal(s3.restore_skipped, 1);
   kvbm_mreq_info info;
@@ -297,7 +297,7 @@ static void test_warm_restart(void **st) {
   kvbm_manager_config c2 = c;
   c2.layout.inner_dim = 16;
   assert_int_equal(kvbm_manager_create(&c2, &m, NULL), KVBM_OK);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s3.restored_blocks, 0);
   kvbm_manager_destroy(m);
   free(a);
@@ -309,68 +309,68 @@ static void test_warm_restart(void **st) {
 static void test_slot_codec(void **st) {
   (void)st;
   char *dir = tu_tmpdir("codec");
-  kvbm_disk_config dc = {.dir = dir, .num_slots = 4, .data_bytes = 1000, .fingerprint = 77,
+  kvbm__disk_config dc = {.dir = dir, .num_slots = 4, .data_bytes = 1000, .fingerprint = 77,
                          .direct = true, .uring = true, .queue_depth = 4};
   kvbm_disk *d;
   kvbm_error e = {0};
-  assert_int_equal(kvbm_disk_open(&dc, &d, &e), KVBM_OK);
-  assert_int_equal(kvbm_disk_slot_size(d), 4096);
-  uint8_t *buf = kvbm_disk_buffer(d);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_OK);
+  assert_int_equal(kvbm__disk_slot_size(d), 4096);
+  uint8_t *buf = kvbm__disk_buffer(d);
   for (int i = 0; i < 1000; i++) buf[i] = (uint8_t)(i * 7);
   kvbm_slot_header h = {.seq_hash = 42, .parent_hash = 41, .has_parent = true}, got;
-  kvbm_disk_seal(d, buf, NULL, &h);
+  kvbm__disk_seal(d, buf, NULL, &h);
   uint64_t want = 42, other = 43;
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, &got), KVBM_OK);
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, &got), KVBM_OK);
   assert_int_equal(got.parent_hash, 41);
   assert_true(got.has_parent);
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &other, NULL), KVBM_ENOTFOUND);
-  kvbm_disk_io io = {.slot = 3, .buf = buf, .write = true};
-  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
-  assert_ptr_equal(kvbm_disk_reap(d), &io);
-  assert_null(kvbm_disk_reap(d));
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &other, NULL), KVBM_ENOTFOUND);
+  kvbm__disk_io io = {.slot = 3, .buf = buf, .write = true};
+  assert_int_equal(kvbm__disk_begin(d, &io), KVBM_OK);
+  assert_ptr_equal(kvbm__disk_reap(d), &io);
+  assert_null(kvbm__disk_reap(d));
   assert_int_equal(io.result, 0);
   memset(buf, 0, 4096);
   io.write = false;
-  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
-  kvbm_disk_finish(d);
+  assert_int_equal(kvbm__disk_begin(d, &io), KVBM_OK);
+  kvbm__disk_finish(d);
   assert_int_equal(io.result, 0);
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_OK);
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, NULL), KVBM_OK);
   buf[999] ^= 1;
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_ECHECKSUM);
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, false, &want, NULL), KVBM_OK);
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, NULL), KVBM_ECHECKSUM);
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, false, &want, NULL), KVBM_OK);
   buf[999] ^= 1;
   buf[1000 + 9] ^= 1;
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_ECHECKSUM);
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, NULL), KVBM_ECHECKSUM);
   buf[1000 + 9] ^= 1;
   buf[1000] = 'X';
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_EMAGIC);
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, NULL), KVBM_EMAGIC);
   /* 1000-byte blocks cannot be zero-copy: the header would share a page. */
-  assert_false(kvbm_disk_direct_ok(d, buf, 4096));
+  assert_false(kvbm__disk_direct_ok(d, buf, 4096));
   io.slot = 4;
-  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_EINVAL);
+  assert_int_equal(kvbm__disk_begin(d, &io), KVBM_EINVAL);
   free(buf);
-  kvbm_disk_close(d);
+  kvbm__disk_close(d);
   /* Another fingerprint: the header is from another layout. */
   dc.fingerprint = 78;
   dc.uring = false;
   dc.direct = false;
-  assert_int_equal(kvbm_disk_open(&dc, &d, NULL), KVBM_OK);
-  assert_false(kvbm_disk_is_uring(d));
-  buf = kvbm_disk_buffer(d);
-  kvbm_disk_config dc77 = dc;
+  assert_int_equal(kvbm__disk_open(&dc, &d, NULL), KVBM_OK);
+  assert_false(kvbm__disk_is_uring(d));
+  buf = kvbm__disk_buffer(d);
+  kvbm__disk_config dc77 = dc;
   dc77.fingerprint = 77;
   kvbm_disk *d77;
-  assert_int_equal(kvbm_disk_open(&dc77, &d77, NULL), KVBM_OK);
-  kvbm_disk_seal(d77, buf, NULL, &h);
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_EFORMAT);
-  kvbm_disk_close(d77);
-  kvbm_disk_close(d);
+  assert_int_equal(kvbm__disk_open(&dc77, &d77, NULL), KVBM_OK);
+  kvbm__disk_seal(d77, buf, NULL, &h);
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, NULL), KVBM_EFORMAT);
+  kvbm__disk_close(d77);
+  kvbm__disk_close(d);
   free(buf);
   dc.queue_depth = 0;
-  assert_int_equal(kvbm_disk_open(&dc, &d, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EINVAL);
   dc.queue_depth = 4;
   dc.num_slots = 0;
-  assert_int_equal(kvbm_disk_open(&dc, &d, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EINVAL);
   tu_rmdir(dir);
 }
 
@@ -380,11 +380,11 @@ static void test_slot_zero_copy(void **st) {
   (void)st;
   char *dir = tu_tmpdir("zc");
   for (int uring = 0; uring < 2; uring++) {
-    kvbm_disk_config dc = {.dir = dir, .num_slots = 2, .data_bytes = 3 * 4096, .fingerprint = 5,
+    kvbm__disk_config dc = {.dir = dir, .num_slots = 2, .data_bytes = 3 * 4096, .fingerprint = 5,
                            .direct = true, .uring = uring, .queue_depth = 2};
     kvbm_disk *d;
-    assert_int_equal(kvbm_disk_open(&dc, &d, NULL), KVBM_OK);
-    assert_int_equal(kvbm_disk_slot_size(d), 4 * 4096);
+    assert_int_equal(kvbm__disk_open(&dc, &d, NULL), KVBM_OK);
+    assert_int_equal(kvbm__disk_slot_size(d), 4 * 4096);
     uint8_t *mem = NULL, *back = NULL;
     assert_int_equal(posix_memalign((void **)&mem, 4096, 3 * 4096), 0);
     assert_int_equal(posix_memalign((void **)&back, 4096, 3 * 4096), 0);
@@ -392,35 +392,35 @@ static void test_slot_zero_copy(void **st) {
     memset(back, 0, 3 * 4096);
     struct iovec w[3] = {{mem + 8192, 4096}, {mem, 4096}, {mem + 4096, 4096}};
     struct iovec r[3] = {{back, 4096}, {back + 4096, 4096}, {back + 8192, 4096}};
-    uint8_t *buf = kvbm_disk_buffer(d);
-    kvbm_disk_io io = {.slot = 1, .buf = buf, .write = true, .data = {w, 3}};
+    uint8_t *buf = kvbm__disk_buffer(d);
+    kvbm__disk_io io = {.slot = 1, .buf = buf, .write = true, .data = {w, 3}};
     kvbm_slot_header h = {.seq_hash = 9};
-    kvbm_disk_seal(d, buf, &io.data, &h);
-    assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
-    kvbm_disk_finish(d);
+    kvbm__disk_seal(d, buf, &io.data, &h);
+    assert_int_equal(kvbm__disk_begin(d, &io), KVBM_OK);
+    kvbm__disk_finish(d);
     assert_int_equal(io.result, 0);
     memset(buf, 0, 4096);
-    io = (kvbm_disk_io){.slot = 1, .buf = buf, .write = false, .data = {r, 3}};
-    assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
-    assert_ptr_equal(kvbm_disk_reap(d), &io);
+    io = (kvbm__disk_io){.slot = 1, .buf = buf, .write = false, .data = {r, 3}};
+    assert_int_equal(kvbm__disk_begin(d, &io), KVBM_OK);
+    assert_ptr_equal(kvbm__disk_reap(d), &io);
     assert_int_equal(io.result, 0);
     uint64_t want = 9;
-    assert_int_equal(kvbm_disk_check(d, buf, &io.data, true, &want, NULL), KVBM_OK);
+    assert_int_equal(kvbm__disk_check(d, buf, &io.data, true, &want, NULL), KVBM_OK);
     assert_memory_equal(back, mem + 8192, 4096);
     assert_memory_equal(back + 4096, mem, 8192);
     back[5000] ^= 1;
-    assert_int_equal(kvbm_disk_check(d, buf, &io.data, true, &want, NULL), KVBM_ECHECKSUM);
+    assert_int_equal(kvbm__disk_check(d, buf, &io.data, true, &want, NULL), KVBM_ECHECKSUM);
     /* Misaligned or short pieces are refused. */
     struct iovec bad[2] = {{mem + 1, 4096}, {mem + 4096, 8192}};
-    io = (kvbm_disk_io){.slot = 0, .buf = buf, .write = true, .data = {bad, 2}};
-    assert_int_equal(kvbm_disk_begin(d, &io), KVBM_EINVAL);
+    io = (kvbm__disk_io){.slot = 0, .buf = buf, .write = true, .data = {bad, 2}};
+    assert_int_equal(kvbm__disk_begin(d, &io), KVBM_EINVAL);
     struct iovec shortv[1] = {{mem, 4096}};
-    io.data = (kvbm_disk_data){shortv, 1};
-    assert_int_equal(kvbm_disk_begin(d, &io), KVBM_EINVAL);
+    io.data = (kvbm__disk_data){shortv, 1};
+    assert_int_equal(kvbm__disk_begin(d, &io), KVBM_EINVAL);
     free(mem);
     free(back);
     free(buf);
-    kvbm_disk_close(d);
+    kvbm__disk_close(d);
   }
   tu_rmdir(dir);
 }

@@ -41,7 +41,7 @@ static void test_events_per_tier(void **st) {
   (void)st;
   seen s = {.g2_tokens_ok = 1};
   pthread_mutex_init(&s.mu, NULL);
-  kvbm_publisher_options po = kvbm_publisher_options_default();
+  kvbm_publisher_config po = kvbm_publisher_config_default();
   po.overflow = KVBM_OVERFLOW_DROP; /* listeners run under the manager lock */
   kvbm_publisher *pub;
   assert_int_equal(kvbm_publisher_create(&po, &pub, NULL), KVBM_OK);

@@ -6,7 +6,8 @@
 #include <cmocka.h>
 #include <sys/vfs.h>
 
-#include "kvbm/disk.h"
+#include "tier/disk.h"
+#include "tier/testing.h"
 #include "kvbm/storage.h"
 #include "tier_testutil.h"
 
@@ -17,7 +18,7 @@ static void roundtrip_cfg(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages
                           kvbm_memory_type g1mem, kvbm_memory_type g2mem, bool emu) {
   char *dir = tu_tmpdir("rt");
   kvbm_manager_config c = tu_config(dir, 8, 8, 64);
-  c.g1_test_emulate = emu;
+  kvbm__manager_testing tt = {.g1_emulate = emu};
   c.g1_kind = g1k;
   c.g2_kind = g2k;
   c.g1_memory = g1mem;
@@ -28,7 +29,7 @@ static void roundtrip_cfg(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages
                                     .alignment = 4096};
   kvbm_manager *m = NULL;
   kvbm_error e = {0};
-  int rc = kvbm_manager_create(&c, &m, &e);
+  int rc = kvbm__manager_create_testing(&c, &tt, &m, &e);
   if (!emu && (g1mem != KVBM_MEMORY_SYSTEM || g2mem != KVBM_MEMORY_SYSTEM)) {
     /* CUDA memory: a build without CUDA refuses it, a CUDA build on a
      * machine without a GPU reports no device; with a GPU the bytes must
@@ -52,8 +53,8 @@ static void roundtrip_cfg(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages
   kvbm_mreq_info info;
   assert_int_equal(tu_run(m, a, 17, &info, NULL), 0);
   kvbm_tier_stats s2, s3;
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s2.offloaded_blocks, 4);
   assert_int_equal(s3.offloaded_blocks, 4);
   assert_int_equal(s2.offloaded_bytes, 4 * kvbm_manager_block_bytes(m));
@@ -67,8 +68,8 @@ static void roundtrip_cfg(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages
   assert_int_equal(info.hit_blocks[KVBM_TIER_G3], 3);
   assert_int_equal(tu_verify(m, r, 4), 4);
   kvbm_mreq_destroy(r);
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s2.onboarded_blocks, 1);
   assert_int_equal(s3.onboarded_blocks, 3);
   assert_int_equal(s3.checksum_failures, 0);
@@ -92,7 +93,7 @@ static void roundtrip(kvbm_layout_kind g1k, kvbm_layout_kind g2k, bool pages) {
   roundtrip_mem(g1k, g2k, pages, KVBM_MEMORY_SYSTEM, KVBM_MEMORY_SYSTEM);
 }
 
-/* The device path without a GPU (g1_test_emulate; any build): copies go
+/* The device path without a GPU (kvbm__manager_testing.g1_emulate; any build): copies go
  * through the stream code (batches with an event per job, deferred to the
  * waits), G3 through the staging buffers; every layout pair, bounce and
  * page-sized blocks; also G3 straight from device G1 (no G2). */
@@ -105,9 +106,9 @@ static void test_emulated_device_roundtrip(void **st) {
   char *dir = tu_tmpdir("emu3");
   kvbm_manager_config c = tu_config(dir, 8, 0, 16);
   c.g1_memory = KVBM_MEMORY_DEVICE;
-  c.g1_test_emulate = true;
+  kvbm__manager_testing tt = {.g1_emulate = true};
   kvbm_manager *m;
-  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  assert_int_equal(kvbm__manager_create_testing(&c, &tt, &m, NULL), KVBM_OK);
   assert_int_equal(kvbm_manager_memory(m, KVBM_TIER_G1), KVBM_MEMORY_DEVICE);
   uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
   kvbm_mreq_info info;
@@ -132,17 +133,16 @@ static void test_emulated_device_roundtrip(void **st) {
 static void emu_fail_case(uint32_t fail_copy, bool onboard) {
   kvbm_manager_config c = tu_config("/tmp", 8, 16, 0);
   c.g1_memory = KVBM_MEMORY_DEVICE;
-  c.g1_test_emulate = true;
-  c.g1_test_fail_copy = fail_copy;
+  kvbm__manager_testing tt = {.g1_emulate = true, .g1_fail_copy = fail_copy};
   kvbm_manager *m;
-  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  assert_int_equal(kvbm__manager_create_testing(&c, &tt, &m, NULL), KVBM_OK);
   uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
   kvbm_mreq_info info;
   kvbm_mreq *r;
   kvbm_tier_stats s2;
   tu_run(m, a, 17, NULL, NULL); /* offloads: copies 1..4 */
   tu_run(m, b, 29, NULL, NULL); /* copies 5..11; A leaves G1 */
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   assert_int_equal(s2.copy_errors, onboard ? 0 : 1);
   assert_int_equal(s2.offloaded_blocks, onboard ? 11 : 10);
   /* A again: onboards of blocks 0..3 are copies 12..15 (offload case: the
@@ -156,7 +156,7 @@ static void emu_fail_case(uint32_t fail_copy, bool onboard) {
   }
   assert_int_equal(tu_verify(m, r, 4), 4); /* recomputed where it failed */
   kvbm_mreq_destroy(r);
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   assert_int_equal(s2.copy_errors, 1);
   assert_int_equal(s2.onboard_failures, onboard ? 1 : 0);
   /* Flood G1 again: A now comes whole from G2 (the failed blocks were
@@ -256,7 +256,7 @@ static void test_g3_without_g2(void **st) {
   assert_int_equal(tu_verify(m, r, 4), 4);
   kvbm_mreq_destroy(r);
   kvbm_tier_stats s2;
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   assert_false(s2.present);
   kvbm_manager_destroy(m);
   free(a);
@@ -274,13 +274,13 @@ static void g3_mode_refused(const char *dir, bool direct, bool uring, uint32_t r
   kvbm_manager_config c = tu_config(dir, 8, 0, 16);
   c.g3_direct = direct;
   c.g3_uring = uring;
-  c.g3_test_refuse = refuse;
+  kvbm__manager_testing tt = {.g3_refuse = refuse};
   if (pages) /* page-sized layers: zero-copy slots */
     c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 2, .outer_dim = 2,
                                     .page_size = 4, .inner_dim = 256, .dtype_size = 2,
                                     .alignment = 4096};
   kvbm_manager *m;
-  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  assert_int_equal(kvbm__manager_create_testing(&c, &tt, &m, NULL), KVBM_OK);
   if (want) assert_string_equal(kvbm_manager_g3_mode(m), want);
   else print_message("G3 on %s: %s\n", dir, kvbm_manager_g3_mode(m));
   uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
@@ -318,31 +318,31 @@ static void test_g3_refused_fallbacks(void **st) {
                     "pread/pwrite+buffered");
   }
   /* The same at the disk level: a slot written and read back whole. */
-  kvbm_disk_config dc = {.dir = dir, .num_slots = 4, .data_bytes = 100, .fingerprint = 7,
+  kvbm__disk_config dc = {.dir = dir, .num_slots = 4, .data_bytes = 100, .fingerprint = 7,
                          .direct = true, .uring = true, .queue_depth = 2,
                          .test_refuse = KVBM_DISK_REFUSE_O_DIRECT | KVBM_DISK_REFUSE_URING};
   kvbm_disk *d;
-  assert_int_equal(kvbm_disk_open(&dc, &d, NULL), KVBM_OK);
-  assert_false(kvbm_disk_is_direct(d));
-  assert_false(kvbm_disk_is_uring(d));
-  uint8_t *buf = kvbm_disk_buffer(d);
+  assert_int_equal(kvbm__disk_open(&dc, &d, NULL), KVBM_OK);
+  assert_false(kvbm__disk_is_direct(d));
+  assert_false(kvbm__disk_is_uring(d));
+  uint8_t *buf = kvbm__disk_buffer(d);
   for (int i = 0; i < 100; i++) buf[i] = (uint8_t)(i * 13 + 1);
   kvbm_slot_header h = {.seq_hash = 42};
-  kvbm_disk_seal(d, buf, NULL, &h);
-  kvbm_disk_io io = {.slot = 3, .buf = buf, .write = true};
-  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
-  assert_ptr_equal(kvbm_disk_reap(d), &io);
+  kvbm__disk_seal(d, buf, NULL, &h);
+  kvbm__disk_io io = {.slot = 3, .buf = buf, .write = true};
+  assert_int_equal(kvbm__disk_begin(d, &io), KVBM_OK);
+  assert_ptr_equal(kvbm__disk_reap(d), &io);
   assert_int_equal(io.result, 0);
-  memset(buf, 0, kvbm_disk_slot_size(d));
+  memset(buf, 0, kvbm__disk_slot_size(d));
   io.write = false;
-  assert_int_equal(kvbm_disk_begin(d, &io), KVBM_OK);
-  assert_ptr_equal(kvbm_disk_reap(d), &io);
+  assert_int_equal(kvbm__disk_begin(d, &io), KVBM_OK);
+  assert_ptr_equal(kvbm__disk_reap(d), &io);
   assert_int_equal(io.result, 0);
   uint64_t want = 42;
-  assert_int_equal(kvbm_disk_check(d, buf, NULL, true, &want, NULL), KVBM_OK);
+  assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, NULL), KVBM_OK);
   assert_int_equal(buf[99], (uint8_t)(99 * 13 + 1));
   free(buf);
-  kvbm_disk_close(d);
+  kvbm__disk_close(d);
   tu_rmdir(dir);
 }
 
@@ -377,16 +377,16 @@ static void test_frequency_filter(void **st) {
   uint32_t *a = tu_prompt(1000, 17);
   kvbm_tier_stats s3, s2;
   tu_run(m, a, 17, NULL, NULL);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s3.offloaded_blocks, 0);
   assert_int_equal(s3.filtered, 4);
   tu_run(m, a, 17, NULL, NULL);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   assert_int_equal(s3.offloaded_blocks, 4);
   assert_int_equal(s2.offloaded_blocks, 4); /* G2 already had them */
   tu_run(m, a, 17, NULL, NULL);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   assert_int_equal(s3.offloaded_blocks, 4);
   kvbm_manager_destroy(m);
   free(a);
@@ -403,17 +403,17 @@ static void test_policies_switchable(void **st) {
   uint32_t *a = tu_prompt(1000, 17);
   kvbm_tier_stats s2;
   tu_run(m, a, 17, NULL, NULL);
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   assert_int_equal(s2.offloaded_blocks, 0);
   tu_run(m, a, 17, NULL, NULL);
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   assert_int_equal(s2.offloaded_blocks, 4);
   kvbm_manager_destroy(m);
   c.g2_policy = KVBM_OFFLOAD_NEVER;
   assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
   tu_run(m, a, 17, NULL, NULL);
   tu_run(m, a, 17, NULL, NULL);
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   assert_int_equal(s2.offloaded_blocks, 0);
   assert_int_equal(s2.filtered, 8);
   kvbm_manager_destroy(m);
@@ -435,7 +435,7 @@ static void test_queue_full_skips(void **st) {
   uint32_t *b = tu_prompt(5000, 29);
   tu_run(m, b, 29, NULL, NULL);
   kvbm_tier_stats s2;
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
   assert_int_equal(s2.offloaded_blocks, 1);
   assert_int_equal(s2.skipped_queue, 6);
   kvbm_manager_destroy(m);

@@ -65,7 +65,7 @@ static void run_threads(kvbm_layout_kind kind) {
   /* A reader of counters at the same time. */
   for (int i = 0; i < 50; i++) {
     kvbm_tier_stats s;
-    for (int ti = 0; ti < KVBM_TIER_COUNT; ti++) kvbm_manager_stats(m, ti, &s);
+    for (int ti = 0; ti < KVBM_TIER_COUNT; ti++) kvbm_manager_stats_get(m, ti, &s);
     usleep(1000);
   }
   size_t bad = 0, hits = 0, runs = 0;
@@ -77,8 +77,8 @@ static void run_threads(kvbm_layout_kind kind) {
   }
   kvbm_manager_flush(m);
   kvbm_tier_stats s2, s3;
-  kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
   print_message("runs %zu, hit blocks %zu, g2 onboarded %llu, g3 onboarded %llu, skipped %llu\n",
                 runs, hits, (unsigned long long)s2.onboarded_blocks,
                 (unsigned long long)s3.onboarded_blocks,
@@ -97,8 +97,8 @@ static void run_threads(kvbm_layout_kind kind) {
   engine(&solo);
   kvbm_manager_flush(m);
   kvbm_tier_stats t2, t3;
-  kvbm_manager_stats(m, KVBM_TIER_G2, &t2);
-  kvbm_manager_stats(m, KVBM_TIER_G3, &t3);
+  kvbm_manager_stats_get(m, KVBM_TIER_G2, &t2);
+  kvbm_manager_stats_get(m, KVBM_TIER_G3, &t3);
   assert_int_equal(solo.bad, 0);
   assert_true(solo.runs == ROUNDS && solo.hits > 0); /* alone, nothing is short of room */
   assert_true(t2.onboarded_blocks + t3.onboarded_blocks > s2.onboarded_blocks + s3.onboarded_blocks);

@@ -69,13 +69,13 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   snprintf(rep, sizeof rep, "ipc:///tmp/kvbm-w1-%d.rep", (int)getpid());
   kvbm_publisher *p;
   assert_int_equal(kvbm_publisher_create(NULL, &p, &err), KVBM_OK);
-  kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(ep);
+  kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default(ep);
   zo.replay_endpoint = rep;
   zo.replay_batches = 1000000;
   zo.hwm = 0; /* nothing may drop on the live path either */
   if (kvbm_publisher_add_zmq(p, &zo, &err)) fail_msg("%s", err.msg);
   assert_int_equal(kvbm_publisher_start(p, &err), KVBM_OK);
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
   so.replay_endpoint = rep;
   so.start_seq = 0;
   kvbm_subscriber *sub;

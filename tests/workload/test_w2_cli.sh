@@ -69,6 +69,6 @@ fi
 
 # Text output names the tiers.
 out=$("$KVBM_BIN" replay --limit 50 --no-progress --g2-blocks 1024 --block-bytes 32) || fail "text run"
-grep -q "W2 replay" <<<"$out" && grep -q "g2 " <<<"$out" || fail "text output: $out"
+grep -q "W2 replay" <<<"$out" && grep -q "G2 " <<<"$out" || fail "text output: $out"
 
 [ "$fails" -eq 0 ] && echo "ok" || exit 1

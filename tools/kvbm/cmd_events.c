@@ -51,16 +51,16 @@ static void usage(void) {
 }
 
 typedef struct args {
-  kvbm_subscriber_options sub;
+  kvbm_subscriber_config sub;
   uint64_t count, idle_ms;
   const char *nats, *subject, *zmq, *zmq_replay, *zmq_topic;
-  kvbm_publisher_options pub;
+  kvbm_publisher_config pub;
 } args;
 
 /* Parses the options shared by both subcommands and relay's own. */
 static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
-  a->sub = kvbm_subscriber_options_default(NULL);
-  a->pub = kvbm_publisher_options_default();
+  a->sub = kvbm_subscriber_config_default(NULL);
+  a->pub = kvbm_publisher_config_default();
   for (int i = 1; i < argc; i++) {
     const char *v = NULL;
     int r;
@@ -308,7 +308,7 @@ static int relay(int argc, char **argv) {
   if (a.nats) {
     rc = kvbm_publisher_add_nats(p, a.nats, a.subject, &err);
   } else {
-    kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(a.zmq);
+    kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default(a.zmq);
     zo.replay_endpoint = a.zmq_replay;
     zo.topic = a.zmq_topic;
     rc = kvbm_publisher_add_zmq(p, &zo, &err);

@@ -403,7 +403,7 @@ typedef struct send_ctx {
 static kvbm_block_msg block_msg(const send_ctx *c, uint64_t b, const uint8_t *body) {
   kvbm_block_msg m = {.seq_hash = c->hashes[b], .parent_hash = b ? c->hashes[b - 1] : 0, .has_parent = b > 0,
                       .salt_hash = 0, .num_tokens = (uint32_t)c->o->page, .tokens = c->tokens + b * c->o->page,
-                      .tier = KVBM_FRAME_TIER_G2, .body = body, .body_len = c->bb};
+                      .tier = KVBM_TIER_G2, .body = body, .body_len = c->bb};
   return m;
 }
 
@@ -496,7 +496,7 @@ static int run_send(node *n) {
   /* Prefill: tokens, chained hashes, bytes from each hash. */
   for (uint64_t i = 0; i < c.nb * o->page; i++) c.tokens[i] = (uint32_t)(i + 1);
   kvbm_hash_chain(KVBM_HASH_NATIVE, 0, c.tokens, c.nb * o->page, o->page, c.hashes, c.nb);
-  kvbm_storage_options so = {0};
+  kvbm_storage_config so = {0};
   if (kvbm_storage_create(KVBM_MEMORY_SYSTEM, &c.lay, &so, &c.s, &e)) {
     fail("storage", &e, 1);
     goto out;

@@ -114,16 +114,23 @@ static bool add_source(args *a, kvbm_source_kind kind, const char *opt, const ch
   return true;
 }
 
-static bool parse_weights(const char *v, double w[3]) {
+/* "G1,G2,G3" or "G1,G2,G3,G4" weights (G4 keeps its default when three
+ * are given, as before G4 existed). */
+static bool parse_weights(const char *v, double w[KVBM_TIER_COUNT]) {
+  double x[KVBM_TIER_COUNT];
   char *end;
-  for (int i = 0; i < 3; i++) {
+  int i = 0;
+  for (;; i++) {
     errno = 0;
-    w[i] = strtod(v, &end);
-    if (errno || end == v || !(w[i] >= 0) || w[i] > 1e9) return false;
-    if (i < 2 && *end != ',') return false;
+    x[i] = strtod(v, &end);
+    if (errno || end == v || !(x[i] >= 0) || x[i] > 1e9) return false;
+    if (*end == 0 || i == KVBM_TIER_COUNT - 1) break;
+    if (*end != ',') return false;
     v = end + 1;
   }
-  return *end == 0;
+  if (*end != 0 || i < 2) return false;
+  for (int t = 0; t <= i; t++) w[t] = x[t];
+  return true;
 }
 
 static int parse(int argc, char **argv, args *a) {
@@ -189,8 +196,8 @@ static int parse(int argc, char **argv, args *a) {
     }
     OPT("--tier-weights") {
       if (!parse_weights(v, c->choice.tier_weight)) {
-        fprintf(stderr, "kvbm router: --tier-weights: '%s' is not three numbers >= 0 "
-                        "(device,host,disk)\n", v);
+        fprintf(stderr, "kvbm router: --tier-weights: '%s' is not three or four numbers >= 0 "
+                        "(G1,G2,G3[,G4]: device,host,disk[,remote])\n", v);
         return 2;
       }
       continue;

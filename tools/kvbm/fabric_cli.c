@@ -75,8 +75,7 @@ int fab_layout(const fab_opts *o, uint64_t blocks, kvbm_layout *out, kvbm_error 
 }
 
 kvbm_fabric_ucx_config fab_ucx_config(const fab_opts *o) {
-  kvbm_fabric_ucx_config c;
-  kvbm_fabric_ucx_config_init(&c);
+  kvbm_fabric_ucx_config c = kvbm_fabric_ucx_config_default();
   c.label = o->label;
   c.timeout_ms = (int)o->timeout_ms;
   c.transports = o->tls ? o->tls : getenv("UCX_TLS") ? NULL : "shm,self,tcp";

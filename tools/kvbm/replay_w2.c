@@ -14,6 +14,9 @@
 #include "replay_cli.h"
 #include "workload/w2.h"
 
+/* W2 runs G1..G3 (the manager has no G4 yet). */
+#define W2_TIERS (KVBM_TIER_G3 + 1)
+
 static const char *const w2_flags[] = {"--g2-blocks", "--g3-blocks", "--g3-dir", "--block-bytes",
                                        "--g2-policy", "--g3-policy", "--g3-buffered", "--g1-memory"};
 
@@ -61,13 +64,14 @@ static void print_json(const char *trace, const kvbm_w2_config *o,
          r->w1.seconds, tps, o->g2_blocks, (unsigned long long)o->g3_blocks,
          (unsigned long long)o->block_bytes, kvbm_offload_policy_name(o->g2_policy),
          kvbm_offload_policy_name(o->g3_policy), r->g3_mode);
-  for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+  static const char *const key[KVBM_TIER_COUNT] = {"g1", "g2", "g3", "g4"};
+  for (int t = 0; t < W2_TIERS; t++) {
     const kvbm_w2_tier *x = &r->tiers[t];
     printf("%s\"%s\":{\"hit_tokens\":%llu,\"offloaded_blocks\":%llu,\"offloaded_bytes\":%llu,"
            "\"onboarded_blocks\":%llu,\"onboarded_bytes\":%llu,\"skipped_offloads\":%llu,"
            "\"checksum_failures\":%llu,\"evictions\":%llu,\"copy_seconds\":%.6f,"
            "\"copy_gb_per_s\":%.3f}",
-           t ? "," : "", kvbm_tier_name(t), (unsigned long long)x->hit_tokens,
+           t ? "," : "", key[t], (unsigned long long)x->hit_tokens,
            (unsigned long long)x->offloaded_blocks, (unsigned long long)x->offloaded_bytes,
            (unsigned long long)x->onboarded_blocks, (unsigned long long)x->onboarded_bytes,
            (unsigned long long)x->skipped, (unsigned long long)x->checksum_failures,
@@ -91,7 +95,7 @@ static void print_text(const char *trace, const kvbm_w2_config *o,
   printf("  prompt tokens     %llu\n", (unsigned long long)r->w1.prompt_tokens);
   printf("  hit tokens        %llu (%.2f%% of prompt tokens)\n",
          (unsigned long long)r->w1.hit_tokens, 100 * rate);
-  for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+  for (int t = 0; t < W2_TIERS; t++) {
     const kvbm_w2_tier *x = &r->tiers[t];
     printf("    %s              %llu hit tokens, %llu offloaded, %llu onboarded, %llu skipped,"
            " %llu evicted",

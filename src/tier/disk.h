@@ -1,5 +1,5 @@
 /*
- * kvbm/disk.h: the G3 disk tier's file of checksummed slots.
+ * tier/disk.h: the G3 disk tier's file of checksummed slots.
  *
  * One file, preallocated with fallocate, of a 4096-byte superblock followed
  * by `num_slots` slots of `slot_size` bytes (a multiple of 4096, so every
@@ -32,9 +32,9 @@
  * disabled or refused by the filesystem (tmpfs): then buffered I/O.
  *
  * Persistence: with `persist` the file is `<dir>/kvbm-g3.slots`, locked
- * (flock) by one process at a time, and kept; kvbm_disk_open() on an
+ * (flock) by one process at a time, and kept; kvbm__disk_open() on an
  * existing file of the same geometry and fingerprint keeps its slots so
- * kvbm_disk_scan() can rebuild an index. Otherwise the file is a fresh
+ * kvbm__disk_scan() can rebuild an index. Otherwise the file is a fresh
  * unlinked temporary in `dir`.
  *
  * Threads: a kvbm_disk is used by one thread at a time.
@@ -60,7 +60,7 @@ extern "C" {
 
 typedef struct kvbm_disk kvbm_disk;
 
-typedef struct kvbm_disk_config {
+typedef struct kvbm__disk_config {
   const char *dir;        /* directory of the file (required) */
   uint64_t num_slots;     /* >= 1 */
   uint64_t data_bytes;    /* bytes of one block, >= 1 */
@@ -73,9 +73,9 @@ typedef struct kvbm_disk_config {
                              bits make the kernel's answer a refusal, so
                              the fallbacks run where the kernel would not
                              refuse (this one takes O_DIRECT even on tmpfs) */
-} kvbm_disk_config;
+} kvbm__disk_config;
 
-/* kvbm_disk_config.test_refuse bits. */
+/* kvbm__disk_config.test_refuse bits. */
 #define KVBM_DISK_REFUSE_O_DIRECT 1u /* open(O_DIRECT) fails with EINVAL */
 #define KVBM_DISK_REFUSE_URING 2u    /* io_uring setup fails with ENOSYS */
 
@@ -83,51 +83,51 @@ typedef struct kvbm_disk_config {
  * KVBM_EIO (cannot create/open/lock), KVBM_EINVAL (bad config),
  * KVBM_EOVERFLOW (file size overflows). A failed preallocation (disk full,
  * RLIMIT_FSIZE) is not an error: the file then grows as slots are written
- * and writes past the limit fail (kvbm_disk_preallocated() says which).
- * *out is freed with kvbm_disk_close(). */
-int kvbm_disk_open(const kvbm_disk_config *cfg, kvbm_disk **out, kvbm_error *err);
-void kvbm_disk_close(kvbm_disk *d); /* NULL: no-op */
+ * and writes past the limit fail (kvbm__disk_preallocated() says which).
+ * *out is freed with kvbm__disk_close(). */
+int kvbm__disk_open(const kvbm__disk_config *cfg, kvbm_disk **out, kvbm_error *err);
+void kvbm__disk_close(kvbm_disk *d); /* NULL: no-op */
 
-uint64_t kvbm_disk_slot_size(const kvbm_disk *d);
-uint64_t kvbm_disk_num_slots(const kvbm_disk *d);
-bool kvbm_disk_is_direct(const kvbm_disk *d);
-bool kvbm_disk_is_uring(const kvbm_disk *d);
-bool kvbm_disk_preallocated(const kvbm_disk *d);
+uint64_t kvbm__disk_slot_size(const kvbm_disk *d);
+uint64_t kvbm__disk_num_slots(const kvbm_disk *d);
+bool kvbm__disk_is_direct(const kvbm_disk *d);
+bool kvbm__disk_is_uring(const kvbm_disk *d);
+bool kvbm__disk_preallocated(const kvbm_disk *d);
 /* Whether open found a valid existing file whose slots were kept. */
-bool kvbm_disk_reused(const kvbm_disk *d);
+bool kvbm__disk_reused(const kvbm_disk *d);
 /* The file's path ("" for an unlinked temporary). */
-const char *kvbm_disk_path(const kvbm_disk *d);
+const char *kvbm__disk_path(const kvbm_disk *d);
 
 /* Allocates a buffer for one slot (slot_size bytes, aligned for O_DIRECT);
  * free with free(). NULL on ENOMEM. */
-void *kvbm_disk_buffer(const kvbm_disk *d);
+void *kvbm__disk_buffer(const kvbm_disk *d);
 
 /* Where a slot's data is: in the slot buffer itself (iov NULL: data at
  * buf[0 .. data_bytes), header at buf + data_bytes), or in caller memory
  * (iov[0..iovcnt) totalling data_bytes: zero-copy; the header then lives in
  * buf[0 .. 64) and the buffer's first slot_size - data_bytes bytes are the
- * slot's tail). Zero-copy needs kvbm_disk_direct_ok() of every piece. */
-typedef struct kvbm_disk_data {
+ * slot's tail). Zero-copy needs kvbm__disk_direct_ok() of every piece. */
+typedef struct kvbm__disk_data {
   const struct iovec *iov;
   int iovcnt;
-} kvbm_disk_data;
+} kvbm__disk_data;
 
 /* Whether memory [p, p + len) can be a zero-copy piece of a slot: the slot
  * tail is a whole page (data_bytes a multiple of 4096), p and len are
  * 4096-aligned, and the piece count stays within the limit. */
-bool kvbm_disk_direct_ok(const kvbm_disk *d, const void *p, size_t len);
+bool kvbm__disk_direct_ok(const kvbm_disk *d, const void *p, size_t len);
 #define KVBM_DISK_MAX_IOV 1023
 
 typedef struct kvbm_slot_header {
   uint64_t seq_hash;
   uint64_t parent_hash;
   bool has_parent;
-  uint64_t write_seq;     /* set by kvbm_disk_seal */
+  uint64_t write_seq;     /* set by kvbm__disk_seal */
 } kvbm_slot_header;
 
-/* Writes the header for `h` over the data (see kvbm_disk_data), zeroes the
+/* Writes the header for `h` over the data (see kvbm__disk_data), zeroes the
  * padding, and assigns the next write sequence. */
-void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_disk_data *data,
+void kvbm__disk_seal(kvbm_disk *d, void *buf, const kvbm__disk_data *data,
                     const kvbm_slot_header *h);
 
 /* Checks a slot read into buf (and data): KVBM_EMAGIC (no slot there),
@@ -135,44 +135,44 @@ void kvbm_disk_seal(kvbm_disk *d, void *buf, const kvbm_disk_data *data,
  * (fingerprint or length of another layout), KVBM_ENOTFOUND (a valid slot
  * of another hash when expect_hash is given). check_data false checks the
  * header only. On success fills *h (may be NULL). data may be NULL. */
-int kvbm_disk_check(const kvbm_disk *d, const void *buf, const kvbm_disk_data *data,
+int kvbm__disk_check(const kvbm_disk *d, const void *buf, const kvbm__disk_data *data,
                     bool check_data, const uint64_t *expect_hash, kvbm_slot_header *h);
 
 /* One slot transfer. `result` receives 0 or a negative errno (-EIO for a
  * short read, -ENOSPC for a short write). */
-typedef struct kvbm_disk_io {
+typedef struct kvbm__disk_io {
   uint64_t slot;
-  void *buf;           /* from kvbm_disk_buffer */
-  kvbm_disk_data data; /* {NULL, 0}: all in buf */
+  void *buf;           /* from kvbm__disk_buffer */
+  kvbm__disk_data data; /* {NULL, 0}: all in buf */
   bool write;
   int result;
   void *user;
   struct iovec iov[KVBM_DISK_MAX_IOV + 1]; /* used by the disk */
-} kvbm_disk_io;
+} kvbm__disk_io;
 
 /* Starts an I/O: with io_uring it is submitted at once (if queue_depth are
  * in flight, one is reaped first: it is then returned by the next
- * kvbm_disk_reap); without io_uring it runs now. The io must stay valid
+ * kvbm__disk_reap); without io_uring it runs now. The io must stay valid
  * until it is reaped. KVBM_EINVAL: slot out of range or bad data pieces;
  * KVBM_EAGAIN: 2 * queue_depth + 1 requests are already pending (reap
  * first). */
-int kvbm_disk_begin(kvbm_disk *d, kvbm_disk_io *io);
+int kvbm__disk_begin(kvbm_disk *d, kvbm__disk_io *io);
 
 /* Requests started and not yet reaped. */
-uint32_t kvbm_disk_pending(const kvbm_disk *d);
+uint32_t kvbm__disk_pending(const kvbm_disk *d);
 
 /* Returns one finished I/O (its result set), waiting for one if needed;
  * NULL when none is pending. */
-kvbm_disk_io *kvbm_disk_reap(kvbm_disk *d);
+kvbm__disk_io *kvbm__disk_reap(kvbm_disk *d);
 
 /* Waits until every started I/O has finished (their results set). */
-void kvbm_disk_finish(kvbm_disk *d);
+void kvbm__disk_finish(kvbm_disk *d);
 
 /* Reads every slot (whole, checking headers, and data when check_data) and
  * calls fn for each valid one, then returns the number of slots that held a
  * header but failed a check (torn or corrupt) in *bad. Sequential, for warm
  * restart. */
-int kvbm_disk_scan(kvbm_disk *d, bool check_data,
+int kvbm__disk_scan(kvbm_disk *d, bool check_data,
                    void (*fn)(void *user, uint64_t slot, const kvbm_slot_header *h),
                    void *user, uint64_t *bad, kvbm_error *err);
 
