@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The project's two commands (see README):
-#   scripts/dev.sh run    install what is missing, build, replay the bundled trace
-#   scripts/dev.sh test   install what is missing, build, run every test:
+#   scripts/dev.sh run    install what is missing, build, install kvbm (library,
+#                         headers, pkg-config and CMake files, the kvbm command,
+#                         the Python package) under /usr/local, replay the
+#                         bundled trace
+#   scripts/dev.sh test   the same set-up, then run every test:
 #                         plain, then under ASan+UBSan, then the threaded
 #                         tests (label "tsan") under ThreadSanitizer
 set -euo pipefail
@@ -14,10 +17,23 @@ build() { # build DIR [cmake args...]
   cmake --build "$dir" -j "$JOBS"
 }
 
+# Installs the plain build under /usr/local (KVBM_PREFIX overrides), so that
+# engines find libkvbm.so, pkg-config and find_package find kvbm, and
+# /usr/bin/python3 imports kvbm.
+install_kvbm() {
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo cmake --install build --prefix "${KVBM_PREFIX:-/usr/local}" >/dev/null
+  if command -v ldconfig >/dev/null; then $sudo ldconfig; fi
+  pkg-config --exists kvbm || echo "note: pkg-config does not search ${KVBM_PREFIX:-/usr/local}; set PKG_CONFIG_PATH" >&2
+  echo "installed kvbm under ${KVBM_PREFIX:-/usr/local}"
+}
+
 case "${1:-}" in
   run)
     ./scripts/setup.sh
     build build
+    install_kvbm
     shift
     exec ./build/kvbm replay "$@"
     ;;
@@ -25,6 +41,7 @@ case "${1:-}" in
     ./scripts/setup.sh
     echo "== plain build =="
     build build
+    install_kvbm
     (cd build && ctest --output-on-failure -j "$JOBS" --timeout 600)
     echo "== AddressSanitizer + UndefinedBehaviorSanitizer =="
     build build-asan -DKVBM_SANITIZE=address

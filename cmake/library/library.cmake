@@ -58,6 +58,14 @@ set(KVBM_PC_LIBS_PRIVATE "-lpthread -lm")
 if(KVBM_HAVE_CUDA)
   string(APPEND KVBM_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
 endif()
+# The .pc file is relocatable: its prefix is found from where it lies
+# (${pcfiledir}), so `cmake --install --prefix DIR` anywhere works.
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}")
+  set(KVBM_PC_PREFIX "${CMAKE_INSTALL_PREFIX}")
+else()
+  file(RELATIVE_PATH kvbm_pc_up "/r/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/r")
+  set(KVBM_PC_PREFIX "\${pcfiledir}/${kvbm_pc_up}")
+endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/kvbm.pc.in ${CMAKE_BINARY_DIR}/kvbm.pc @ONLY)
 
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/kvbm
