@@ -93,6 +93,12 @@ typedef struct kvbm_slice {
  * the message names the field. */
 KVBM_EXTERN int kvbm_layout_config_validate(const kvbm_layout_config *cfg, kvbm_error *err);
 
+/* A config for `num_blocks` blocks of `page_size` tokens: 1 layer, K and V
+ * (outer_dim 2), 1 element per token, 2-byte elements, 64-byte alignment.
+ * Set the model's num_layers, inner_dim and dtype_size before use. */
+KVBM_EXTERN kvbm_layout_config kvbm_layout_config_default(uint64_t num_blocks,
+                                                          uint64_t page_size);
+
 /* Validates `cfg` and fills `*out` (strides, region count and size) for
  * `kind`. `*out` is untouched on failure. Unknown kind: KVBM_EINVAL. */
 KVBM_EXTERN int kvbm_layout_init(kvbm_layout *out, kvbm_layout_kind kind,

@@ -50,13 +50,16 @@ struct kvbm_storage {
   const kvbm_storage_vtable *vt;
 };
 
-/* Options of kvbm_storage_create(); NULL means all defaults (zeros). */
+/* Options of kvbm_storage_create(); NULL means kvbm_storage_config_default(). */
 typedef struct kvbm_storage_config {
   uint64_t alignment; /* region alignment; 0 = the layout's. Must be a power
                          of two >= the layout's alignment (KVBM_EINVAL). */
   int zero;           /* nonzero: regions are zero-filled */
   int32_t device_id;  /* DEVICE memory: the CUDA ordinal (>= 0) */
 } kvbm_storage_config;
+
+/* All defaults: the layout's alignment, no zero fill, CUDA ordinal 0. */
+KVBM_EXTERN kvbm_storage_config kvbm_storage_config_default(void);
 
 /* Allocates storage for every region of `layout` in memory of type `memory`:
  *   KVBM_MEMORY_SYSTEM  posix_memalign per region. Always available.

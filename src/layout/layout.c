@@ -97,6 +97,12 @@ static int compute(const kvbm_layout_config *c, kvbm_layout_kind kind,
   return KVBM_OK;
 }
 
+kvbm_layout_config kvbm_layout_config_default(uint64_t num_blocks, uint64_t page_size) {
+  return (kvbm_layout_config){.num_blocks = num_blocks, .num_layers = 1, .outer_dim = 2,
+                              .page_size = page_size, .inner_dim = 1, .dtype_size = 2,
+                              .alignment = 64};
+}
+
 int kvbm_layout_config_validate(const kvbm_layout_config *cfg, kvbm_error *err) {
   return compute(cfg, KVBM_LAYOUT_FULLY_CONTIGUOUS, NULL, err);
 }

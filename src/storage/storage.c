@@ -37,6 +37,10 @@ static int check_layout_value(const kvbm_layout *l, kvbm_error *err) {
   return KVBM_OK;
 }
 
+kvbm_storage_config kvbm_storage_config_default(void) {
+  return (kvbm_storage_config){.alignment = 0, .zero = 0, .device_id = 0};
+}
+
 int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *layout,
                         const kvbm_storage_config *opts, kvbm_storage **out,
                         kvbm_error *err) {
@@ -44,8 +48,7 @@ int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *layout,
   *out = NULL;
   int rc = check_layout_value(layout, err);
   if (rc) return rc;
-  kvbm_storage_config o = {0, 0, -1};
-  if (opts) o = *opts;
+  kvbm_storage_config o = opts ? *opts : kvbm_storage_config_default();
   if (o.alignment == 0) o.alignment = layout->config.alignment;
   if ((o.alignment & (o.alignment - 1)) != 0 || o.alignment < layout->config.alignment)
     return kvbm_error_set(err, KVBM_EINVAL,

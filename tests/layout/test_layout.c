@@ -163,6 +163,9 @@ static void zero_dimensions_are_rejected_one_by_one(void **state) {
   static const char *const names[] = {"num_blocks", "num_layers", "outer_dim",
                                       "page_size",  "inner_dim",  "dtype_size"};
   assert_int_equal(kvbm_layout_config_validate(&ok, NULL), KVBM_OK);
+  kvbm_layout_config d = kvbm_layout_config_default(8, 16);
+  assert_int_equal(kvbm_layout_config_validate(&d, NULL), KVBM_OK);
+  assert_true(d.num_blocks == 8 && d.page_size == 16 && d.outer_dim == 2);
   for (int i = 0; i < 6; i++) {
     kvbm_layout_config c = ok;
     uint64_t *f[] = {&c.num_blocks, &c.num_layers, &c.outer_dim,

@@ -35,6 +35,8 @@ static void pattern_round_trip(kvbm_layout_kind kind, kvbm_layout_config c) {
   kvbm_storage *s;
   kvbm_error e;
   assert_int_equal(kvbm_storage_create(KVBM_MEMORY_SYSTEM, &l, NULL, &s, &e), KVBM_OK);
+  kvbm_storage_config dc = kvbm_storage_config_default();
+  assert_true(dc.alignment == 0 && dc.zero == 0 && dc.device_id == 0);
   assert_string_equal(kvbm_storage_name(s), "system");
   assert_int_equal(kvbm_storage_memory_type(s), KVBM_MEMORY_SYSTEM);
   assert_int_equal(kvbm_storage_device_id(s), -1);
