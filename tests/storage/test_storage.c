@@ -13,9 +13,9 @@
 
 /* The huge-allocation test must see ENOMEM, not a sanitizer report. */
 const char *__asan_default_options(void);
-const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+__attribute__((visibility("default"))) const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 const char *__tsan_default_options(void);
-const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
+__attribute__((visibility("default"))) const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
 
 static kvbm_layout make_layout(kvbm_layout_kind kind, kvbm_layout_config c) {
   kvbm_layout l;
