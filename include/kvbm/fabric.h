@@ -25,7 +25,7 @@
  *               single-node setups). Thread-safe between the two ends.
  *   UCX         kvbm_fabric_ucx_listen()/accept()/connect(): a real UCX ucp
  *               worker per end; worker addresses are swapped over a TCP side
- *               channel; pushes are UCX active messages (large ones by
+ *               channel once both ends proved a shared key; pushes are UCX active messages (large ones by
  *               rendezvous, so a pull moves the bytes straight into the
  *               puller's buffer); block reads/writes are ucp_get/ucp_put on
  *               memory registered with ucp_mem_map. Which UCX transports
@@ -79,8 +79,30 @@ KVBM_EXTERN int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b
 
 /* ---- UCX fabric ---- */
 
+/* The shared key of a UCX connection: a secret both nodes hold, of
+ * KVBM_FABRIC_SECRET_MIN..KVBM_FABRIC_SECRET_MAX bytes (any bytes; 32
+ * random ones are the right size, e.g. `head -c 32 /dev/urandom`). The
+ * 32-byte MAC key is derived from it (BLAKE3 derive_key). */
+#define KVBM_FABRIC_SECRET_MIN 16u
+#define KVBM_FABRIC_SECRET_MAX 4096u
+
+/* Told of every side-channel connection a listener refused: `peer` is
+ * "ip:port", `status` and `why` say what was wrong (KVBM_EAUTH: it does not
+ * hold the key; KVBM_EPROTO: not a kvbm fabric; KVBM_ECLOSED: it hung up;
+ * KVBM_ETIMEDOUT: it did not finish in time; KVBM_EAGAIN: dropped to make
+ * room for a newer one). Called from kvbm_fabric_ucx_accept's thread. */
+typedef void (*kvbm_fabric_refused_fn)(void *user, const char *peer, int status, const char *why);
+
 typedef struct kvbm_fabric_ucx_config {
   const char *label;       /* this end's name; NULL: "ucx" */
+  const void *key;         /* the shared key (required; see above). Both
+                              ends prove it (challenge and keyed-BLAKE3
+                              response, both ways) before either reads a
+                              byte of the other's hello, so nothing from
+                              an unauthenticated peer reaches UCX. Read
+                              by listen/connect and not kept: the caller
+                              may wipe it after they return. */
+  size_t key_len;
   const char *transports;  /* UCX_TLS for this fabric only ("shm,self",
                               "tcp", ...); NULL: the environment's / UCX's
                               default. Set without touching the environment
@@ -91,6 +113,8 @@ typedef struct kvbm_fabric_ucx_config {
                               one is a protocol error. Default 1 GiB */
   uint64_t max_pending;    /* payloads waiting to be pulled; more is a
                               protocol error. Default 65536 */
+  kvbm_fabric_refused_fn on_refused; /* listener: optional */
+  void *on_refused_user;
 } kvbm_fabric_ucx_config;
 
 /* The defaults above. */
@@ -99,8 +123,10 @@ KVBM_EXTERN kvbm_fabric_ucx_config kvbm_fabric_ucx_config_default(void);
 typedef struct kvbm_fabric_listener kvbm_fabric_listener;
 
 /* Listens on host:port (host NULL: "127.0.0.1"; port 0: any free port) for
- * one peer. The config is copied. *out is owned by the caller:
- * kvbm_fabric_listener_destroy(). KVBM_EEXIST: port in use; KVBM_EIO. */
+ * peers. The config is copied (the key as the derived MAC key, wiped by
+ * destroy). *out is owned by the caller: kvbm_fabric_listener_destroy().
+ * KVBM_EINVAL: no key, or one of a bad length; KVBM_EEXIST: port in use;
+ * KVBM_EIO. */
 KVBM_EXTERN int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host,
                            uint16_t port, kvbm_fabric_listener **out,
                            kvbm_error *err);
@@ -108,18 +134,29 @@ KVBM_EXTERN int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const 
 /* The port actually bound. */
 KVBM_EXTERN uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l);
 
-/* Waits up to cfg.timeout_ms for a peer, swaps worker addresses and labels
- * with it and returns a connected fabric (*out, owned by the caller). May be
- * called again for another peer. KVBM_ETIMEDOUT: nobody came;
- * KVBM_EPROTO: the peer is not a kvbm fabric or sent malformed data;
- * KVBM_EIO: UCX failed (message has UCX's reason). */
+/* Side-channel connections refused so far (see kvbm_fabric_ucx_accept). */
+KVBM_EXTERN uint64_t kvbm_fabric_listener_refused(const kvbm_fabric_listener *l);
+
+/* Waits up to cfg.timeout_ms for a peer that proves the shared key, swaps
+ * worker addresses and labels with it and returns a connected fabric (*out,
+ * owned by the caller). Connections that fail on the way (closed, silent
+ * past cfg.timeout_ms, not a kvbm fabric, a wrong key, a hello or wire-up
+ * that fails) are closed, counted, reported to cfg.on_refused, and the
+ * wait goes on: a bad peer never ends it. Up to 16 connections
+ * authenticate at once, so a silent one does not hold up others. May be
+ * called again for another peer. KVBM_ETIMEDOUT: no good peer came (the
+ * message counts the refused ones and gives the last reason); KVBM_EIO:
+ * UCX failed on this side (message has UCX's reason); KVBM_ENOMEM. */
 KVBM_EXTERN int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out,
                            kvbm_error *err);
 
 KVBM_EXTERN void kvbm_fabric_listener_destroy(kvbm_fabric_listener *l);
 
 /* Connects to a listener at host:port (retrying until cfg->timeout_ms while
- * nobody listens yet). Same result and errors as accept. */
+ * nobody listens yet) and runs the same handshake. KVBM_EAUTH: the listener
+ * does not hold the key (or a hello was tampered with); KVBM_EPROTO: it is
+ * not a kvbm fabric; KVBM_ETIMEDOUT, KVBM_ECLOSED, KVBM_EIO, KVBM_EINVAL
+ * (no key). */
 KVBM_EXTERN int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
                             const char *host, uint16_t port,
                             kvbm_fabric **out, kvbm_error *err);

@@ -43,6 +43,7 @@ typedef enum kvbm_status {
   KVBM_EPROTO = -21,      /* a peer broke the protocol */
   KVBM_ERANGE = -22,      /* an access outside a region */
   KVBM_EDEVICE = -23,     /* no device (e.g. no GPU) */
+  KVBM_EAUTH = -24,       /* a peer failed to prove the shared key */
 } kvbm_status;
 
 /* A short static description of a status code (never NULL). */

@@ -37,6 +37,7 @@ static const struct {
     {"KVBM_EPROTO", "protocol error"},
     {"KVBM_ERANGE", "out of range"},
     {"KVBM_EDEVICE", "no such device"},
+    {"KVBM_EAUTH", "authentication failed"},
 };
 
 #define NSTATUS (sizeof kStatus / sizeof kStatus[0])

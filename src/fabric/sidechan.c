@@ -87,7 +87,7 @@ int kvbm__sc_listen(const char *host, uint16_t port, int *fd, uint16_t *bound_po
   if (s < 0) return kvbm_error_set(err, KVBM_EIO, "fabric: side channel: socket: %s", strerror(errno));
   int one = 1;
   setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(s, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(s, 4) != 0) {
+  if (bind(s, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(s, 64) != 0) {
     int e = errno;
     close(s);
     return kvbm_error_set(err, e == EADDRINUSE ? KVBM_EEXIST : KVBM_EIO,

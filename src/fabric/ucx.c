@@ -1,12 +1,19 @@
 /*
  * ucx.c: the fabric over UCX (ucp), one connection per fabric.
  *
- * Bootstrap. A TCP side channel (sidechan.c) carries a hello from each end:
- * magic, version, label and the UCX worker address. Each end then creates
- * its endpoint from the peer's address and both swap a "ready" byte, so that
- * a fabric returned by accept/connect is wired at both ends. The socket
- * stays open for the life of the connection: a "bye" byte on it (or EOF) is
- * how an end learns that its peer is closing, and the close waits for it.
+ * Bootstrap. A TCP side channel (sidechan.c) first proves that both ends
+ * hold the shared key (auth.c: challenge and keyed-BLAKE3 response, both
+ * ways, before anything else is read; a listener authenticates up to 16
+ * connections at once and refuses the failures without ending). Only then
+ * is a UCX context created and a hello sent each way: label and UCX worker
+ * address under a MAC of this handshake (hello.c), checked before any field
+ * of it is read, so no byte from an unauthenticated peer ever reaches UCX's
+ * address unpacker (which trusts its input: a hello of 0xff bytes made it
+ * assert). Each end then creates its endpoint from the peer's address and
+ * both swap a "ready" byte, so that a fabric returned by accept/connect is
+ * wired at both ends. The socket stays open for the life of the
+ * connection: a "bye" byte on it (or EOF) is how an end learns that its
+ * peer is closing, and the close waits for it.
  *
  * Payloads (push/pull). A push is a UCX active message whose 8-byte header
  * is the handle id. Small payloads arrive eagerly and are copied into the
@@ -53,13 +60,12 @@
 #include <unistd.h>
 #include <ucp/api/ucp.h>
 
+#include "fabric/auth.h"
 #include "fabric/fabric_impl.h"
+#include "fabric/hello.h"
 #include "fabric/sidechan.h"
 
 #define AM_PAYLOAD 7u
-#define HELLO_MAGIC "KVFU"
-#define HELLO_VERSION 1u
-#define HELLO_MAX (1u << 20)
 #define KEY_TAG "UCXK"
 #define SC_READY 'R'
 #define SC_BYE 'B'
@@ -111,6 +117,7 @@ static ucx_fabric *U(kvbm_fabric *f) { return (ucx_fabric *)f; }
 struct kvbm_fabric_listener {
   int fd;
   uint16_t port;
+  kvbm__gate *gate; /* authenticates connections; holds the derived key */
   kvbm_fabric_ucx_config cfg;
   char label[KVBM_FABRIC_LABEL_MAX + 1];
   char *transports, *net_devices;
@@ -747,63 +754,42 @@ static int create_context(ucx_fabric *u, const char *transports, const char *net
   return KVBM_OK;
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-
-/* hello = "KVFU", u32 version, u32 label length, u32 address length,
- * label, address. */
-static int send_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
+/* Sends this end's hello: label and worker address, MAC'd for this
+ * handshake (hello.h). */
+static int send_hello(ucx_fabric *u, const kvbm__hs *hs, int64_t deadline, kvbm_error *err) {
   ucp_address_t *addr;
   size_t alen;
   ucs_status_t st = ucp_worker_get_address(u->worker, &addr, &alen);
   if (st != UCS_OK) return ucs_fail(err, "ucp_worker_get_address", st);
-  size_t llen = strlen(u->base.label);
-  size_t n = 16 + llen + alen;
-  uint8_t *b = malloc(n);
-  if (!b) {
-    ucp_worker_release_address(u->worker, addr);
-    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
-  }
-  memcpy(b, HELLO_MAGIC, 4);
-  put32(b + 4, HELLO_VERSION);
-  put32(b + 8, (uint32_t)llen);
-  put32(b + 12, (uint32_t)alen);
-  memcpy(b + 16, u->base.label, llen);
-  memcpy(b + 16 + llen, addr, alen);
+  size_t n = kvbm__hello_size(strlen(u->base.label), alen);
+  uint8_t *b = n ? malloc(n) : NULL;
+  int rc = b ? kvbm__hs_hello_encode(hs, u->base.label, addr, alen, b, n, &n, err)
+             : kvbm_error_set(err, n ? KVBM_ENOMEM : KVBM_EOVERFLOW, "fabric: ucx: hello of a %zu-byte address", alen);
   ucp_worker_release_address(u->worker, addr);
-  int rc = kvbm__sc_send_record(u->sock, b, n, deadline, err);
+  if (!rc) rc = kvbm__sc_send_record(u->sock, b, n, deadline, err);
   free(b);
   return rc;
 }
 
-/* Reads the peer's hello and creates the endpoint to it. */
-static int recv_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
+/* Reads the peer's hello, checks its MAC and fields (hello.c), and only
+ * then hands the address to UCX. */
+static int recv_hello(ucx_fabric *u, const kvbm__hs *hs, int64_t deadline, kvbm_error *err) {
   void *rec;
   size_t n;
-  int rc = kvbm__sc_recv_record(u->sock, HELLO_MAX, &rec, &n, deadline, err);
-  if (rc) return rc == KVBM_ECLOSED ? kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer hung up during hello") : rc;
-  const uint8_t *b = rec;
-  rc = KVBM_OK;
-  if (n < 16 || memcmp(b, HELLO_MAGIC, 4) != 0)
-    rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: the peer is not a kvbm fabric (bad hello)");
-  else if (get32(b + 4) != HELLO_VERSION)
-    rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer speaks hello version %u", get32(b + 4));
-  uint32_t llen = rc ? 0 : get32(b + 8), alen = rc ? 0 : get32(b + 12);
-  if (!rc && (llen > KVBM_FABRIC_LABEL_MAX || alen == 0 || (uint64_t)llen + alen != n - 16))
-    rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: hello lengths do not add up");
-  if (!rc) {
-    memcpy(u->base.peer_label, b + 16, llen);
-    u->base.peer_label[llen] = '\0';
-    if (kvbm__fabric_label_check(llen ? u->base.peer_label : "x", NULL) != KVBM_OK)
-      rc = kvbm_error_set(err, KVBM_EPROTO, "fabric: ucx: peer label is not printable");
+  int rc = kvbm__sc_recv_record(u->sock, KVBM__HELLO_MAX, &rec, &n, deadline, err);
+  if (rc) return rc;
+  kvbm__hello h;
+  rc = kvbm__hs_hello_decode(hs, rec, n, &h, err);
+  if (rc && rc != KVBM_EAUTH) {
+    if (err) err->code = KVBM_EPROTO;
+    rc = KVBM_EPROTO;
   }
   if (!rc) {
+    memcpy(u->base.peer_label, h.label, sizeof h.label);
     ucp_ep_params_t ep = {0};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = (const ucp_address_t *)(b + 16 + llen);
+    ep.address = (const ucp_address_t *)h.addr;
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE; /* see "Peer failure" above */
     ep.err_handler.cb = ep_error;
     ep.err_handler.arg = u;
@@ -817,11 +803,12 @@ static int recv_hello(ucx_fabric *u, int64_t deadline, kvbm_error *err) {
   return rc;
 }
 
-/* Both ends: hello out, hello in, endpoint, ready out, ready in. */
-static int handshake(ucx_fabric *u, kvbm_error *err) {
+/* Both ends, once the peer proved the key: hello out, hello in, endpoint,
+ * ready out, ready in. */
+static int handshake(ucx_fabric *u, const kvbm__hs *hs, kvbm_error *err) {
   int64_t deadline = kvbm__sc_deadline(u->timeout_ms);
-  int rc = send_hello(u, deadline, err);
-  if (!rc) rc = recv_hello(u, deadline, err);
+  int rc = send_hello(u, hs, deadline, err);
+  if (!rc) rc = recv_hello(u, hs, deadline, err);
   if (rc) return rc;
   unsigned char b = SC_READY;
   rc = kvbm__sc_send_all(u->sock, &b, 1, deadline, err);
@@ -841,8 +828,12 @@ static int handshake(ucx_fabric *u, kvbm_error *err) {
   }
 }
 
-static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *label, int sock, kvbm_fabric **out,
-                      kvbm_error *err) {
+/* A fabric on a side channel whose peer proved the key (hs): UCX context,
+ * hello both ways, endpoint, ready. *ours tells a failure on this side
+ * (UCX would not start, memory) from one of the peer's. */
+static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *label, int sock, const kvbm__hs *hs,
+                      kvbm_fabric **out, bool *ours, kvbm_error *err) {
+  *ours = true;
   ucx_fabric *u = calloc(1, sizeof *u);
   if (!u) {
     close(sock);
@@ -854,7 +845,11 @@ static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *label, int 
   u->max_payload = cfg->max_payload;
   u->max_pending = cfg->max_pending;
   int rc = create_context(u, cfg->transports, cfg->net_devices, err);
-  if (!rc) rc = handshake(u, err);
+  if (!rc) {
+    *ours = false;
+    rc = handshake(u, hs, err);
+    if (rc == KVBM_ENOMEM) *ours = true;
+  }
   if (rc) {
     /* No bye dance with a peer that never got going. */
     if (u->ep) {
@@ -877,33 +872,45 @@ static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *label, int 
   return KVBM_OK;
 }
 
-static int check_cfg(const kvbm_fabric_ucx_config *cfg, kvbm_error *err) {
+static int check_cfg(const kvbm_fabric_ucx_config *cfg, uint8_t key[KVBM__HELLO_KEY], kvbm_error *err) {
   if (!cfg) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL config");
   if (cfg->timeout_ms <= 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: timeout_ms must be positive");
   if (cfg->max_pending == 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: max_pending must be positive");
+  if (!cfg->key)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "fabric: ucx: a shared key is required (kvbm_fabric_ucx_config.key): peers prove it "
+                          "before they exchange anything");
+  int rc = kvbm__hello_derive(cfg->key, cfg->key_len, key, err);
+  if (rc) return rc;
   return kvbm__fabric_label_check(cfg->label, err);
 }
 
 int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host, uint16_t port,
                            kvbm_fabric_listener **out, kvbm_error *err) {
-  int rc = check_cfg(cfg, err);
-  if (rc) return rc;
-  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL out");
-  kvbm_fabric_listener *l = calloc(1, sizeof *l);
-  if (!l) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
+  uint8_t key[KVBM__HELLO_KEY];
+  int rc = check_cfg(cfg, key, err);
+  if (!rc && !out) rc = kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL out");
+  kvbm_fabric_listener *l = rc ? NULL : calloc(1, sizeof *l);
+  if (!rc && !l) rc = kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
+  if (rc) {
+    explicit_bzero(key, sizeof key);
+    return rc;
+  }
+  l->fd = -1;
   l->cfg = *cfg;
+  l->cfg.key = NULL; /* the caller's; we keep the derived key in the gate */
+  l->cfg.key_len = 0;
   snprintf(l->label, sizeof l->label, "%s", cfg->label ? cfg->label : "ucx");
   l->transports = cfg->transports ? strdup(cfg->transports) : NULL;
   l->net_devices = cfg->net_devices ? strdup(cfg->net_devices) : NULL;
   l->cfg.label = l->label;
   l->cfg.transports = l->transports;
   l->cfg.net_devices = l->net_devices;
-  if ((cfg->transports && !l->transports) || (cfg->net_devices && !l->net_devices)) {
-    kvbm_fabric_listener_destroy(l);
-    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
-  }
-  l->fd = -1;
-  rc = kvbm__sc_listen(host, port, &l->fd, &l->port, err);
+  if ((cfg->transports && !l->transports) || (cfg->net_devices && !l->net_devices))
+    rc = kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
+  if (!rc) rc = kvbm__sc_listen(host, port, &l->fd, &l->port, err);
+  if (!rc) rc = kvbm__gate_create(l->fd, key, cfg->timeout_ms, cfg->on_refused, cfg->on_refused_user, &l->gate, err);
+  explicit_bzero(key, sizeof key);
   if (rc) {
     kvbm_fabric_listener_destroy(l);
     return rc;
@@ -914,16 +921,35 @@ int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host, 
 
 uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l) { return l ? l->port : 0; }
 
+uint64_t kvbm_fabric_listener_refused(const kvbm_fabric_listener *l) {
+  return l ? kvbm__gate_refused_count(l->gate) : 0;
+}
+
+/* Peers are taken until one completes the whole handshake; every failure of
+ * the peer's making is a refusal (counted, reported) and the wait goes on
+ * until the one deadline. */
 int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out, kvbm_error *err) {
   if (!l || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: accept: NULL argument");
-  int sock;
-  int rc = kvbm__sc_accept(l->fd, l->cfg.timeout_ms, &sock, err);
-  if (rc) return rc;
-  return new_fabric(&l->cfg, l->label, sock, out, err);
+  int64_t deadline = kvbm__sc_deadline(l->cfg.timeout_ms);
+  for (;;) {
+    int sock;
+    kvbm__hs hs;
+    char peer[KVBM__PEER_NAME];
+    int rc = kvbm__gate_accept(l->gate, deadline, &sock, &hs, peer, err);
+    if (rc) return rc;
+    kvbm_error e = {0};
+    bool ours;
+    rc = new_fabric(&l->cfg, l->label, sock, &hs, out, &ours, &e);
+    kvbm__hs_wipe(&hs);
+    if (rc == KVBM_OK) return KVBM_OK;
+    if (ours) return kvbm_error_set(err, rc, "%s", e.msg);
+    kvbm__gate_refused(l->gate, peer, rc, e.msg);
+  }
 }
 
 void kvbm_fabric_listener_destroy(kvbm_fabric_listener *l) {
   if (!l) return;
+  kvbm__gate_destroy(l->gate);
   if (l->fd >= 0) close(l->fd);
   free(l->transports);
   free(l->net_devices);
@@ -932,12 +958,21 @@ void kvbm_fabric_listener_destroy(kvbm_fabric_listener *l) {
 
 int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg, const char *host, uint16_t port, kvbm_fabric **out,
                             kvbm_error *err) {
-  int rc = check_cfg(cfg, err);
-  if (rc) return rc;
-  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL out");
-  if (port == 0) return kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: connect needs a port");
-  int sock;
-  rc = kvbm__sc_connect(host, port, cfg->timeout_ms, &sock, err);
-  if (rc) return rc;
-  return new_fabric(cfg, cfg->label, sock, out, err);
+  uint8_t key[KVBM__HELLO_KEY];
+  int rc = check_cfg(cfg, key, err);
+  if (!rc && !out) rc = kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: NULL out");
+  if (!rc && port == 0) rc = kvbm_error_set(err, KVBM_EINVAL, "fabric: ucx: connect needs a port");
+  int sock = -1;
+  if (!rc) rc = kvbm__sc_connect(host, port, cfg->timeout_ms, &sock, err);
+  kvbm__hs hs;
+  if (!rc) rc = kvbm__auth_connect(sock, key, kvbm__sc_deadline(cfg->timeout_ms), &hs, err);
+  explicit_bzero(key, sizeof key);
+  if (rc) {
+    if (sock >= 0) close(sock);
+    return rc;
+  }
+  bool ours;
+  rc = new_fabric(cfg, cfg->label, sock, &hs, out, &ours, err);
+  kvbm__hs_wipe(&hs);
+  return rc;
 }

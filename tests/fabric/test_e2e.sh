@@ -15,6 +15,10 @@ B_PID=
 cleanup() { [ -n "$B_PID" ] && kill "$B_PID" 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
 GEOM=(--layers 4 --inner 64 --page-size 16 --timeout-ms 20000)
+# Both nodes hold the same key (test_hostile.sh covers the others).
+unset KVBM_FABRIC_KEY
+head -c 32 /dev/urandom >"$T/key"; chmod 600 "$T/key"
+export KVBM_FABRIC_KEY_FILE="$T/key"
 fail() { echo "FAIL: $*" >&2; for f in "$T"/*.out "$T"/*.err; do echo "== $f" >&2; cat "$f" >&2; done; exit 1; }
 
 # start_b NAME ARGS...: node B in the background, waits for its port

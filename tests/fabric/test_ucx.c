@@ -2,9 +2,11 @@
  * forks; the child is the other node). Covers the handshake and labels,
  * small (eager) and large (rendezvous) pushes, one-sided block writes and
  * reads into the peer's registered memory with completion by notification,
- * refusals before any transfer, a peer that dies, a peer that speaks
- * garbage, and a peer that pushes more than allowed. UCX is kept on shared
- * memory and TCP over the loopback device. */
+ * refusals before any transfer, a peer that dies, hostile peers on the
+ * side channel (garbage, the 0xff hello that made UCX abort, wrong keys,
+ * reflected challenges, tampered hellos, silent and hung-up peers) on
+ * either end, and a peer that pushes more than allowed. UCX is kept on
+ * shared memory and TCP over the loopback device. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -17,6 +19,7 @@
 
 #include "fabric/fabric_impl.h"
 #include "fabric/fabric_util.h"
+#include "fabric/hello.h"
 #include "fabric/sidechan.h"
 
 /* In the child: on failure, exit with the line number (cmocka cannot
@@ -30,10 +33,14 @@
   } while (0)
 
 static const char *g_tls = "shm,self";
+static const char kKey[] = "the shared secret of the fabric tests";
+static const char kOtherKey[] = "a secret that is not the shared one";
 
 static kvbm_fabric_ucx_config config(const char *label) {
   kvbm_fabric_ucx_config c = kvbm_fabric_ucx_config_default();
   c.label = label;
+  c.key = kKey;
+  c.key_len = sizeof kKey - 1;
   c.transports = g_tls;
   c.net_devices = "lo";
   c.timeout_ms = 15000;
@@ -308,38 +315,288 @@ static void test_peer_dies_tcp(void **state) {
   g_tls = "shm,self";
 }
 
-/* A TCP client that is not a fabric: accept says so (KVBM_EPROTO); one that
- * says nothing: accept times out. */
-static void test_bad_peers(void **state) {
+/* ---- hostile peers on the side channel ---- */
+
+/* What the listener's refusal callback heard. */
+typedef struct refusals {
+  int n;
+  int status[64];
+} refusals;
+
+static void on_refused(void *user, const char *peer, int status, const char *why) {
+  refusals *r = user;
+  if (r->n < 64) r->status[r->n] = status;
+  r->n++;
+  if (!peer || !*peer || !why || !*why) fail_msg("refusal without a peer or a reason");
+}
+
+static int count(const refusals *r, int status) {
+  int k = 0;
+  for (int i = 0; i < r->n && i < 64; i++) k += r->status[i] == status;
+  return k;
+}
+
+/* The hello of the old, unauthenticated protocol whose 200-byte "worker
+ * address" of 0xff made UCX assert and abort the receiver. */
+static size_t ff_hello(uint8_t *b) {
+  size_t n = 16 + 4 + 200;
+  uint32_t v[5] = {(uint32_t)n, 0, 1, 4, 200};
+  memcpy(b, v, 4);
+  memcpy(b + 4, "KVFU", 4);
+  memcpy(b + 8, &v[2], 12);
+  memcpy(b + 20, "evil", 4);
+  memset(b + 24, 0xff, 200);
+  return 4 + n;
+}
+
+/* Connects a raw socket to the listener (child side). */
+static int raw(uint16_t port) {
+  int fd;
+  CHECK(kvbm__sc_connect("127.0.0.1", port, 5000, &fd, NULL) == KVBM_OK);
+  return fd;
+}
+
+/* Waits until the listener closed fd (it refused us). */
+static void wait_closed(int fd) {
+  char b[256];
+  while (kvbm__sc_recv_all(fd, b, 1, kvbm__sc_deadline(10000), NULL) == KVBM_OK) {
+  }
+  close(fd);
+}
+
+/* The child: every kind of bad peer, one after another, while one silent
+ * connection stays open; then a good one. */
+static void hostile_child(uint16_t port) {
+  uint8_t b[512], msg[KVBM__HELLO_AUTH_LEN];
+  int silent = raw(port); /* holds a place and says nothing */
+  /* connect and close */
+  close(raw(port));
+  /* the old hello with a 0xff address */
+  int fd = raw(port);
+  CHECK(kvbm__sc_send_all(fd, b, ff_hello(b), kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  wait_closed(fd);
+  /* an HTTP client */
+  fd = raw(port);
+  CHECK(kvbm__sc_send_all(fd, "GET / HTTP/1.0\r\n\r\n" "0123456789abcdefghijklmno", 43, kvbm__sc_deadline(5000),
+                         NULL) == KVBM_OK);
+  wait_closed(fd);
+  /* a valid challenge, then a proof of random bytes */
+  uint8_t key[KVBM__HELLO_KEY], nonce[KVBM__HELLO_NONCE];
+  kvbm__hs hs;
+  fd = raw(port);
+  CHECK(kvbm__hello_nonce(nonce, NULL) == KVBM_OK);
+  CHECK(kvbm__hello_derive(kOtherKey, sizeof kOtherKey - 1, key, NULL) == KVBM_OK);
+  kvbm__hs_init(&hs, key, KVBM__ROLE_CONNECT, nonce);
+  kvbm__hs_challenge(&hs, msg);
+  CHECK(kvbm__sc_send_all(fd, msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  memcpy(msg, "KVFP\x01\x00\x00\x00", 8);
+  CHECK(kvbm__hello_nonce(msg + 8, NULL) == KVBM_OK);
+  CHECK(kvbm__sc_send_all(fd, msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  wait_closed(fd);
+  /* the listener's own challenge sent back to it */
+  fd = raw(port);
+  CHECK(kvbm__sc_recv_all(fd, msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  CHECK(kvbm__sc_send_all(fd, msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  wait_closed(fd);
+  /* a real fabric with a wrong key: both ends see it */
+  kvbm_fabric_ucx_config cc = config("wrong-key");
+  cc.key = kOtherKey;
+  cc.key_len = sizeof kOtherKey - 1;
+  kvbm_fabric *f = NULL;
+  kvbm_error e;
+  CHECK(kvbm_fabric_ucx_connect(&cc, NULL, port, &f, &e) == KVBM_EAUTH && f == NULL);
+  /* the right key, then a hello whose MAC does not cover it: the 0xff
+   * address again, now after a valid proof */
+  fd = raw(port);
+  CHECK(kvbm__hello_derive(kKey, sizeof kKey - 1, key, NULL) == KVBM_OK);
+  kvbm__hs_init(&hs, key, KVBM__ROLE_CONNECT, nonce);
+  kvbm__hs_challenge(&hs, msg);
+  CHECK(kvbm__sc_send_all(fd, msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  CHECK(kvbm__sc_recv_all(fd, msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  CHECK(kvbm__hs_take_challenge(&hs, msg, sizeof msg, NULL) == KVBM_OK);
+  CHECK(kvbm__hs_proof(&hs, msg, NULL) == KVBM_OK);
+  CHECK(kvbm__sc_send_all(fd, msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  CHECK(kvbm__sc_recv_all(fd, msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  CHECK(kvbm__hs_check_proof(&hs, msg, sizeof msg, NULL) == KVBM_OK);
+  size_t n;
+  uint8_t addr[200];
+  memset(addr, 0xff, sizeof addr);
+  CHECK(kvbm__hs_hello_encode(&hs, "tamper", addr, sizeof addr, b, sizeof b, &n, NULL) == KVBM_OK);
+  b[20] ^= 1; /* one bit of the label after the MAC was made */
+  CHECK(kvbm__sc_send_record(fd, b, n, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  wait_closed(fd);
+  /* and a good peer still gets through, while the silent one waits */
+  cc = config("good");
+  CHECK(kvbm_fabric_ucx_connect(&cc, NULL, port, &f, &e) == KVBM_OK);
+  CHECK(strcmp(kvbm_fabric_peer_label(f), "strict") == 0);
+  CHECK(kvbm_fabric_push(f, "ok", 2, NULL, NULL) == KVBM_OK);
+  CHECK(kvbm_fabric_flush(f, 15000, NULL) == KVBM_OK);
+  kvbm_fabric_destroy(f);
+  close(silent);
+  _exit(0);
+}
+
+/* A listener refuses every bad peer, with the right reason, and stays up:
+ * the good peer after them is accepted by the same accept call. Before
+ * authentication these ended accept (and `fabric-node recv`), and the 0xff
+ * hello aborted the process inside UCX. */
+static void test_hostile_peers(void **state) {
   (void)state;
+  refusals r = {0};
   kvbm_fabric_ucx_config c = config("strict");
-  c.timeout_ms = 500;
+  c.on_refused = on_refused;
+  c.on_refused_user = &r;
   kvbm_fabric_listener *l;
   kvbm_error e;
   assert_int_equal(kvbm_fabric_ucx_listen(&c, "127.0.0.1", 0, &l, &e), KVBM_OK);
   uint16_t port = kvbm_fabric_listener_port(l);
-
-  const char *junk[] = {"GET / HTTP/1.0\r\n\r\n", "\x10\x00\x00\x00KVFU\x09\x00\x00\x00xxxxxxxx",
-                        "\x14\x00\x00\x00KVFU\x01\x00\x00\x00\xff\x00\x00\x00\x01\x00\x00\x00" "abcd"};
-  size_t junk_len[] = {18, 20, 24};
-  for (int i = 0; i < 3; i++) {
-    int fd;
-    assert_int_equal(kvbm__sc_connect("127.0.0.1", port, 1000, &fd, NULL), KVBM_OK);
-    assert_int_equal(kvbm__sc_send_all(fd, junk[i], junk_len[i], kvbm__sc_deadline(1000), NULL), KVBM_OK);
-    kvbm_fabric *f = NULL;
-    int rc = kvbm_fabric_ucx_accept(l, &f, &e);
-    if (rc != KVBM_EPROTO) fail_msg("junk %d: %s (%s)", i, kvbm_status_name(rc), e.msg);
-    assert_null(f);
-    close(fd);
+  pid_t pid = fork_child();
+  if (pid == 0) {
+    kvbm_fabric_listener_destroy(l);
+    hostile_child(port);
   }
-  /* silent peer */
+  kvbm_fabric *f = NULL;
+  if (kvbm_fabric_ucx_accept(l, &f, &e) != KVBM_OK) fail_msg("accept: %s", e.msg);
+  assert_string_equal(kvbm_fabric_peer_label(f), "good");
+  kvbm_fabric_handle h;
+  size_t len;
+  char buf[8];
+  assert_int_equal(kvbm_fabric_next(f, 15000, &h, &len, &e), KVBM_OK);
+  assert_int_equal(kvbm_fabric_pull(f, h, buf, sizeof buf, &len, 0, &e), KVBM_OK);
+  assert_memory_equal(buf, "ok", 2);
+  kvbm_fabric_destroy(f);
+  wait_child(pid);
+  /* connect-and-close; 0xff hello and HTTP; random proof, wrong key and
+   * tampered hello; the reflected challenge */
+  if (count(&r, KVBM_ECLOSED) != 1 || count(&r, KVBM_EPROTO) != 3 || count(&r, KVBM_EAUTH) != 3 || r.n != 7) {
+    for (int i = 0; i < r.n && i < 64; i++) print_message("refusal %d: %s\n", i, kvbm_status_name(r.status[i]));
+    fail_msg("%d refusals", r.n);
+  }
+  assert_int_equal(kvbm_fabric_listener_refused(l), 7);
+  kvbm_fabric_listener_destroy(l);
+}
+
+/* A fake listener (child) that answers a connect with `reply` and waits
+ * for the connector to hang up, or (reply NULL) hangs up at once. */
+static void fake_listener(int lfd, const uint8_t *reply, size_t len) {
+  int fd;
+  CHECK(kvbm__sc_accept(lfd, 10000, &fd, NULL) == KVBM_OK);
+  if (!reply) _exit(0);
+  CHECK(kvbm__sc_send_all(fd, reply, len, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+  wait_closed(fd);
+  _exit(0);
+}
+
+/* The handshake is symmetric, so a fake receiver must not hurt the
+ * connecting end either: the 0xff hello, garbage, a hang-up and a listener
+ * with another key each give a clear error, not a crash. */
+static void test_hostile_listeners(void **state) {
+  (void)state;
+  uint8_t hello[512];
+  size_t hn = ff_hello(hello);
+  struct {
+    const uint8_t *reply;
+    size_t len;
+    int want;
+  } cases[] = {{hello, hn, KVBM_EPROTO},
+               {(const uint8_t *)"HTTP/1.0 200 OK\r\n\r\n0123456789abcdefghijklmn", 43, KVBM_EPROTO},
+               {NULL, 0, KVBM_ECLOSED}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int lfd;
+    uint16_t port;
+    assert_int_equal(kvbm__sc_listen("127.0.0.1", 0, &lfd, &port, NULL), KVBM_OK);
+    pid_t pid = fork_child();
+    if (pid == 0) fake_listener(lfd, cases[i].reply, cases[i].len);
+    close(lfd);
+    kvbm_fabric_ucx_config c = config("connector");
+    kvbm_fabric *f = NULL;
+    kvbm_error e;
+    int rc = kvbm_fabric_ucx_connect(&c, "127.0.0.1", port, &f, &e);
+    if (rc != cases[i].want) fail_msg("case %zu: %s (%s)", i, kvbm_status_name(rc), e.msg);
+    assert_null(f);
+    wait_child(pid);
+  }
+  /* a real listener with another key */
+  kvbm_fabric_ucx_config lc = config("other");
+  lc.key = kOtherKey;
+  lc.key_len = sizeof kOtherKey - 1;
+  lc.timeout_ms = 3000;
+  kvbm_fabric_listener *l;
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_ucx_listen(&lc, "127.0.0.1", 0, &l, &e), KVBM_OK);
+  uint16_t port = kvbm_fabric_listener_port(l);
+  pid_t pid = fork_child();
+  if (pid == 0) {
+    kvbm_fabric *f = NULL;
+    CHECK(kvbm_fabric_ucx_accept(l, &f, NULL) == KVBM_ETIMEDOUT && f == NULL);
+    CHECK(kvbm_fabric_listener_refused(l) == 1);
+    kvbm_fabric_listener_destroy(l);
+    _exit(0);
+  }
+  kvbm_fabric_listener_destroy(l);
+  kvbm_fabric_ucx_config c = config("connector");
+  kvbm_fabric *f = NULL;
+  int rc = kvbm_fabric_ucx_connect(&c, "127.0.0.1", port, &f, &e);
+  if (rc != KVBM_EAUTH) fail_msg("wrong key: %s (%s)", kvbm_status_name(rc), e.msg);
+  assert_non_null(strstr(e.msg, "key"));
+  assert_null(f);
+  wait_child(pid);
+}
+
+/* A silent connection is refused after timeout_ms; sixteen of them do not
+ * lock a good peer out (the oldest make room); nobody at all is a
+ * timeout; bad configurations are refused. */
+static void test_silent_peers_and_configs(void **state) {
+  (void)state;
+  refusals r = {0};
+  kvbm_fabric_ucx_config c = config("strict");
+  c.timeout_ms = 300;
+  c.on_refused = on_refused;
+  c.on_refused_user = &r;
+  kvbm_fabric_listener *l;
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_ucx_listen(&c, "127.0.0.1", 0, &l, &e), KVBM_OK);
+  uint16_t port = kvbm_fabric_listener_port(l);
   int fd;
   assert_int_equal(kvbm__sc_connect("127.0.0.1", port, 1000, &fd, NULL), KVBM_OK);
   kvbm_fabric *f = NULL;
-  assert_int_equal(kvbm_fabric_ucx_accept(l, &f, &e), KVBM_ETIMEDOUT);
+  /* accept's wait may end before the silent peer's own deadline; within
+   * two waits it is refused for its silence */
+  for (int i = 0; i < 2 && r.n == 0; i++) assert_int_equal(kvbm_fabric_ucx_accept(l, &f, &e), KVBM_ETIMEDOUT);
+  assert_int_equal(r.n, 1);
+  assert_int_equal(r.status[0], KVBM_ETIMEDOUT);
+  assert_non_null(strstr(e.msg, "1 refused"));
   close(fd);
-  /* nobody at all */
-  assert_int_equal(kvbm_fabric_ucx_accept(l, &f, &e), KVBM_ETIMEDOUT);
+  kvbm_fabric_listener_destroy(l);
+
+  /* twenty silent connections, then a good peer */
+  r.n = 0;
+  c.timeout_ms = 15000;
+  assert_int_equal(kvbm_fabric_ucx_listen(&c, "127.0.0.1", 0, &l, &e), KVBM_OK);
+  port = kvbm_fabric_listener_port(l);
+  pid_t pid = fork_child();
+  if (pid == 0) {
+    kvbm_fabric_listener_destroy(l);
+    int s[20];
+    for (int i = 0; i < 20; i++) {
+      s[i] = raw(port);
+      /* each is taken by the gate before the next (the child reads the
+       * gate's challenge), so arrival order is connection order */
+      uint8_t msg[KVBM__HELLO_AUTH_LEN];
+      CHECK(kvbm__sc_recv_all(s[i], msg, sizeof msg, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
+    }
+    kvbm_fabric_ucx_config cc = config("patient");
+    kvbm_fabric *g = NULL;
+    CHECK(kvbm_fabric_ucx_connect(&cc, NULL, port, &g, NULL) == KVBM_OK);
+    kvbm_fabric_destroy(g);
+    for (int i = 0; i < 20; i++) close(s[i]);
+    _exit(0);
+  }
+  if (kvbm_fabric_ucx_accept(l, &f, &e) != KVBM_OK) fail_msg("accept: %s", e.msg);
+  assert_string_equal(kvbm_fabric_peer_label(f), "patient");
+  kvbm_fabric_destroy(f);
+  wait_child(pid);
+  assert_int_equal(count(&r, KVBM_EAGAIN), 5); /* 21 arrivals, 16 places */
   kvbm_fabric_listener_destroy(l);
 
   /* nobody listening */
@@ -352,6 +609,14 @@ static void test_bad_peers(void **state) {
   bad = c;
   bad.label = "";
   assert_int_equal(kvbm_fabric_ucx_listen(&bad, NULL, 0, &l, &e), KVBM_EINVAL);
+  bad = c;
+  bad.key = NULL;
+  assert_int_equal(kvbm_fabric_ucx_listen(&bad, NULL, 0, &l, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "key"));
+  assert_int_equal(kvbm_fabric_ucx_connect(&bad, "127.0.0.1", 1, &f, &e), KVBM_EINVAL);
+  bad.key = "too short";
+  bad.key_len = 9;
+  assert_int_equal(kvbm_fabric_ucx_connect(&bad, "127.0.0.1", 1, &f, &e), KVBM_EINVAL);
   assert_int_equal(kvbm_fabric_ucx_connect(&c, "127.0.0.1", 0, &f, &e), KVBM_EINVAL);
   assert_int_equal(kvbm_fabric_ucx_connect(&c, "no-such-host.invalid", 5, &f, &e), KVBM_EINVAL);
 }
@@ -404,7 +669,9 @@ int main(void) {
       cmocka_unit_test_teardown(test_tcp_loopback, kill_child),
       cmocka_unit_test_teardown(test_peer_dies, kill_child),
       cmocka_unit_test_teardown(test_peer_dies_tcp, kill_child),
-      cmocka_unit_test_teardown(test_bad_peers, kill_child),
+      cmocka_unit_test_teardown(test_hostile_peers, kill_child),
+      cmocka_unit_test_teardown(test_hostile_listeners, kill_child),
+      cmocka_unit_test_teardown(test_silent_peers_and_configs, kill_child),
       cmocka_unit_test_teardown(test_payload_limit, kill_child),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,8 +2,15 @@
  * cmd_fabric_node.c: `kvbm fabric-node`, one node of a block transfer over
  * the UCX fabric ("onboard from the wire").
  *
- *   kvbm fabric-node recv [--capacity N] [--port N] [--port-file F] [--json]
- *   kvbm fabric-node send --port N [--blocks N] [--mode push|put] [--corrupt K]...
+ *   kvbm fabric-node recv --key-file K [--capacity N] [--port N] [--port-file F] [--json]
+ *   kvbm fabric-node send --key-file K --port N [--blocks N] [--mode push|put] [--corrupt K]...
+ *
+ * Both nodes hold the same secret (--key-file, $KVBM_FABRIC_KEY_FILE or
+ * $KVBM_FABRIC_KEY) and prove it to each other before anything else goes
+ * over the side channel (kvbm/fabric.h). The receiver waits for one sender
+ * that proves it: connections that fail (garbage, a wrong key, hung up,
+ * silent) are refused, reported on stderr, counted ("refused_peers") and
+ * do not end it.
  *
  * The receiver (node B) listens, allocates storage and a block pool of
  * --capacity blocks, registers the storage with the fabric and sends its
@@ -43,8 +50,8 @@ const char kvbm_cmd_fabric_node_help[] =
     "one node of a framed block transfer over UCX (recv: onboard blocks from the wire; send: prefill and push)";
 
 static const char kUsage[] =
-    "usage: kvbm fabric-node recv [--capacity N] [--port N] [--port-file FILE] [--json] [options]\n"
-    "       kvbm fabric-node send --port N [--blocks N] [--corrupt K]... [--json] [options]\n"
+    "usage: kvbm fabric-node recv --key-file FILE [--capacity N] [--port N] [--port-file FILE] [--json] [options]\n"
+    "       kvbm fabric-node send --key-file FILE --port N [--blocks N] [--corrupt K]... [--json] [options]\n"
     "  --capacity N       receiver: blocks of storage and pool (default 64)\n"
     "  --port-file FILE   receiver: write the bound port there once listening\n"
     "  --blocks N         sender: blocks to prefill and send (default 16)\n"
@@ -61,7 +68,8 @@ static const char kUsage[] =
 typedef struct node {
   fab_opts o;
   uint64_t capacity, window;
-  const char *port_file;
+  const char *port_file, *key_file;
+  uint64_t refused; /* receiver: side-channel connections refused */
   bool json;
   uint64_t corrupt[MAX_CORRUPT];
   size_t ncorrupt;
@@ -88,6 +96,9 @@ static int parse(node *n, int argc, char **argv) {
     } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--port-file", &v)) != 0) {
       if (r < 0) return 2;
       n->port_file = v;
+    } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--key-file", &v)) != 0) {
+      if (r < 0) return 2;
+      n->key_file = v;
     } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--mode", &v)) != 0) {
       if (r < 0 || (strcmp(v, "push") != 0 && strcmp(v, "put") != 0)) {
         fprintf(stderr, "kvbm " CMD ": --mode must be push or put\n");
@@ -97,7 +108,7 @@ static int parse(node *n, int argc, char **argv) {
     } else if (strcmp(argv[i], "--json") == 0) {
       n->json = true;
     } else {
-      fprintf(stderr, "kvbm " CMD ": unknown option '%s'\n%s%s", argv[i], kUsage, fab_opts_usage);
+      fprintf(stderr, "kvbm " CMD ": unknown option '%s'\n%s%s%s", argv[i], kUsage, fab_key_usage, fab_opts_usage);
       return 2;
     }
   }
@@ -253,19 +264,27 @@ static void recv_report(const node *n, const recv_state *st, const kvbm_pool *po
   kvbm_pool_stats_get(pool, &ps);
   if (n->json) {
     printf("{\"peer\": \"%s\", \"received\": %" PRIu64 ", \"onboarded\": %" PRIu64 ", \"rejected\": %" PRIu64
-           ", \"dropped\": %" PRIu64 ", \"verified\": %" PRIu64 ", \"registered\": %u, \"rejected_blocks\": [",
+           ", \"dropped\": %" PRIu64 ", \"verified\": %" PRIu64 ", \"registered\": %u, \"refused_peers\": %" PRIu64
+           ", \"rejected_blocks\": [",
            kvbm_fabric_peer_label(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
-           ps.registered);
+           ps.registered, n->refused);
     for (uint64_t i = 0; i < st->rejected && i < MAX_CORRUPT; i++)
       printf("%s{\"hash\": \"%016" PRIx64 "\", \"error\": \"%s\"}", i ? ", " : "", st->rejected_claims[i],
              kvbm_status_name(st->rejected_codes[i]));
     printf("]}\n");
   } else {
     printf("peer: %s\nreceived: %" PRIu64 "\nonboarded: %" PRIu64 "\nrejected: %" PRIu64 "\ndropped: %" PRIu64
-           "\nverified: %" PRIu64 "\nregistered: %u\n",
+           "\nverified: %" PRIu64 "\nregistered: %u\nrefused peers: %" PRIu64 "\n",
            kvbm_fabric_peer_label(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
-           ps.registered);
+           ps.registered, n->refused);
   }
+}
+
+/* A side-channel connection the listener refused: say who and why. */
+static void on_refused(void *user, const char *peer, int status, const char *why) {
+  node *n = user;
+  n->refused++;
+  fprintf(stderr, "kvbm " CMD ": refused a peer from %s: %s: %s\n", peer, kvbm_status_name(status), why);
 }
 
 static int run_recv(node *n) {
@@ -296,6 +315,8 @@ static int run_recv(node *n) {
   }
   kvbm_fabric_ucx_config cfg = fab_ucx_config(o);
   cfg.max_payload = msg_max; /* anything larger is a protocol error */
+  cfg.on_refused = on_refused;
+  cfg.on_refused_user = n;
   if (kvbm_fabric_ucx_listen(&cfg, o->host, (uint16_t)o->port, &l, &e)) {
     fail("listen", &e, 1);
     goto out;
@@ -549,8 +570,13 @@ out:
 }
 
 int kvbm_cmd_fabric_node(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("%s%s%s", kUsage, fab_key_usage, fab_opts_usage);
+      return 0;
+    }
   if (argc < 2 || (strcmp(argv[1], "recv") != 0 && strcmp(argv[1], "send") != 0)) {
-    fprintf(stderr, "%s%s", kUsage, fab_opts_usage);
+    fprintf(stderr, "%s%s%s", kUsage, fab_key_usage, fab_opts_usage);
     return 2;
   }
   bool recv = strcmp(argv[1], "recv") == 0;
@@ -561,5 +587,8 @@ int kvbm_cmd_fabric_node(int argc, char **argv) {
   n.window = 8;
   int rc = parse(&n, argc, argv);
   if (rc) return rc;
-  return recv ? run_recv(&n) : run_send(&n);
+  if (fab_key_load(CMD, &n.o, n.key_file) != 0) return 2;
+  rc = recv ? run_recv(&n) : run_send(&n);
+  fab_key_wipe(&n.o);
+  return rc;
 }

@@ -26,6 +26,9 @@
  * Output: GB/s (10^9 bytes/s) of block bytes for each mode, the reference,
  * and the ratios; --json gives one object.
  *
+ * The two nodes share a fresh random key (drawn before the fork), so the
+ * listening side channel refuses anyone else who connects meanwhile.
+ *
  * Exit: 0 ok, 1 a failure (including a failed verification or a missing
  * ucx_perftest when a reference is needed), 2 bad usage.
  */
@@ -483,6 +486,10 @@ int kvbm_cmd_transfer_bench(int argc, char **argv) {
   b.reference = true;
   b.perftest = "ucx_perftest";
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("%s%s", kUsage, fab_opts_usage);
+      return 0;
+    }
     int r = fab_opts_parse(CMD, &b.o, argc, argv, &i);
     if (r < 0) return 2;
     if (r > 0) continue;
@@ -516,5 +523,8 @@ int kvbm_cmd_transfer_bench(int argc, char **argv) {
     fprintf(stderr, "kvbm " CMD ": the bench moves whole contiguous blocks (no --layer-separate)\n");
     return 2;
   }
-  return run(&b);
+  if (fab_key_random(CMD, &b.o) != 0) return 1;
+  int rc = run(&b);
+  fab_key_wipe(&b.o);
+  return rc;
 }

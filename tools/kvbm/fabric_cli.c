@@ -1,9 +1,14 @@
 /* fabric_cli.c: helpers shared by the fabric commands (see fabric_cli.h). */
 #include "fabric_cli.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -74,9 +79,99 @@ int fab_layout(const fab_opts *o, uint64_t blocks, kvbm_layout *out, kvbm_error 
   return kvbm_layout_init(out, o->kind, &c, err);
 }
 
+const char fab_key_usage[] =
+    "  --key-file FILE    the secret both nodes share (16..4096 bytes, e.g. from\n"
+    "                     `head -c 32 /dev/urandom`); a regular file of yours that\n"
+    "                     no other user can read (chmod 600). Default:\n"
+    "                     $KVBM_FABRIC_KEY_FILE, else the secret in $KVBM_FABRIC_KEY.\n"
+    "                     Each node proves it (keyed BLAKE3) before the other reads\n"
+    "                     anything it sends.\n";
+
+static int key_take(const char *cmd, fab_opts *o, const uint8_t *b, size_t n, const char *from) {
+  if (n < KVBM_FABRIC_SECRET_MIN || n > KVBM_FABRIC_SECRET_MAX) {
+    fprintf(stderr, "kvbm %s: the shared key in %s is %zu bytes; it must be %u..%u\n", cmd, from, n,
+            KVBM_FABRIC_SECRET_MIN, KVBM_FABRIC_SECRET_MAX);
+    return -1;
+  }
+  memcpy(o->key, b, n);
+  o->key_len = n;
+  return 0;
+}
+
+/* Reads a key file with the checks of fab_key_load. */
+static int key_file(const char *cmd, fab_opts *o, const char *path) {
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    fprintf(stderr, "kvbm %s: key file %s: %s\n", cmd, path,
+            errno == ELOOP ? "is a symbolic link (refused)" : strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  const char *bad = NULL;
+  if (fstat(fd, &st) != 0) bad = strerror(errno);
+  else if (!S_ISREG(st.st_mode)) bad = "not a regular file";
+  else if (st.st_uid != geteuid()) bad = "owned by another user";
+  else if (st.st_mode & 077) bad = "other users can read or write it (chmod 600 it)";
+  else if (st.st_size > (off_t)KVBM_FABRIC_SECRET_MAX + 2) bad = "longer than 4096 bytes";
+  uint8_t buf[KVBM_FABRIC_SECRET_MAX + 3];
+  ssize_t n = 0;
+  if (!bad) {
+    size_t got = 0;
+    while (got < sizeof buf && (n = read(fd, buf + got, sizeof buf - got)) > 0) got += (size_t)n;
+    if (n < 0) bad = strerror(errno);
+    n = (ssize_t)got;
+  }
+  close(fd);
+  if (bad) {
+    fprintf(stderr, "kvbm %s: key file %s: %s\n", cmd, path, bad);
+    return -1;
+  }
+  size_t len = (size_t)n;
+  if (len && buf[len - 1] == '\n') len--;
+  if (len && buf[len - 1] == '\r') len--;
+  int rc = key_take(cmd, o, buf, len, path);
+  explicit_bzero(buf, sizeof buf);
+  return rc;
+}
+
+int fab_key_load(const char *cmd, fab_opts *o, const char *path) {
+  if (path) return key_file(cmd, o, path);
+  const char *env = getenv("KVBM_FABRIC_KEY_FILE");
+  if (env && *env) return key_file(cmd, o, env);
+  env = getenv("KVBM_FABRIC_KEY");
+  if (env && *env) return key_take(cmd, o, (const uint8_t *)env, strlen(env), "$KVBM_FABRIC_KEY");
+  fprintf(stderr,
+          "kvbm %s: no shared key: give --key-file FILE (or set KVBM_FABRIC_KEY_FILE or KVBM_FABRIC_KEY);\n"
+          "both nodes need the same one, e.g. head -c 32 /dev/urandom > key && chmod 600 key\n",
+          cmd);
+  return -1;
+}
+
+int fab_key_random(const char *cmd, fab_opts *o) {
+  size_t got = 0;
+  while (got < 32) {
+    ssize_t n = getrandom(o->key + got, 32 - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      fprintf(stderr, "kvbm %s: getrandom: %s\n", cmd, n < 0 ? strerror(errno) : "no bytes");
+      return -1;
+    }
+    got += (size_t)n;
+  }
+  o->key_len = 32;
+  return 0;
+}
+
+void fab_key_wipe(fab_opts *o) {
+  explicit_bzero(o->key, sizeof o->key);
+  o->key_len = 0;
+}
+
 kvbm_fabric_ucx_config fab_ucx_config(const fab_opts *o) {
   kvbm_fabric_ucx_config c = kvbm_fabric_ucx_config_default();
   c.label = o->label;
+  c.key = o->key_len ? o->key : NULL;
+  c.key_len = o->key_len;
   c.timeout_ms = (int)o->timeout_ms;
   c.transports = o->tls ? o->tls : getenv("UCX_TLS") ? NULL : "shm,self,tcp";
   c.net_devices = o->net_devices ? o->net_devices : getenv("UCX_NET_DEVICES") ? NULL : "lo";

@@ -23,6 +23,9 @@ typedef struct fab_opts {
   uint64_t port;
   uint64_t timeout_ms;
   const char *label;
+  /* the shared key (fab_key_load / fab_key_random) */
+  uint8_t key[KVBM_FABRIC_SECRET_MAX];
+  size_t key_len;
 } fab_opts;
 
 void fab_opts_init(fab_opts *o, const char *label);
@@ -42,6 +45,25 @@ int fab_layout(const fab_opts *o, uint64_t blocks, kvbm_layout *out, kvbm_error 
  * UCX_NET_DEVICES from the environment, else shared memory plus TCP on
  * the loopback device. */
 kvbm_fabric_ucx_config fab_ucx_config(const fab_opts *o);
+
+/* The shared key both nodes must hold, from the first of: `path`
+ * (--key-file), the file named by $KVBM_FABRIC_KEY_FILE, the secret in
+ * $KVBM_FABRIC_KEY. A key file must be a regular file of this user that no
+ * other user can read (mode 0600 or stricter), not a symbolic link; one
+ * trailing newline is dropped. The secret is
+ * KVBM_FABRIC_SECRET_MIN..KVBM_FABRIC_SECRET_MAX bytes. Returns 0, or -1
+ * after printing what is wrong (prefixed with "kvbm CMD: "). */
+int fab_key_load(const char *cmd, fab_opts *o, const char *path);
+
+/* A fresh random 32-byte key, for a command whose two ends are its own
+ * processes (transfer-bench). Returns 0 or -1 (message printed). */
+int fab_key_random(const char *cmd, fab_opts *o);
+
+/* Forgets the key. */
+void fab_key_wipe(fab_opts *o);
+
+/* Help text for the key options. */
+extern const char fab_key_usage[];
 
 /* Block contents derived from the block's sequence hash. */
 void fab_fill_pattern(void *buf, uint64_t len, uint64_t seq_hash);
