@@ -68,6 +68,10 @@
 extern "C" {
 #endif
 
+/* Length bounds of kvbm_manager_config.g3_key (a secret of any bytes). */
+#define KVBM_MANAGER_G3_KEY_MIN 16u
+#define KVBM_MANAGER_G3_KEY_MAX 4096u
+
 
 /* When a block that a tier does not hold is copied there on use. */
 typedef enum kvbm_offload_policy {
@@ -100,11 +104,21 @@ typedef struct kvbm_manager_config {
   uint32_t g1_blocks;          /* >= 1 (1024) */
   uint32_t g2_blocks;          /* 0 = no G2 (0) */
   uint64_t g3_blocks;          /* 0 = no G3 (0); at most KVBM_POOL_MAX_BLOCKS */
-  const char *g3_dir;          /* directory of the G3 file (NULL: "/tmp");
-                                  copied at create */
+  const char *g3_dir;          /* directory of the G3 file (NULL: the
+                                  private /tmp/kvbm-<uid>, see kvbm/disk.h
+                                  for the rules); copied at create */
   bool g3_persist;             /* keep the file (kvbm-g3.slots) across runs
                                   and rebuild the index from it (false: a
                                   fresh unlinked file) */
+  const void *g3_key;          /* NULL (default): G3 slots carry XXH3 sums,
+                                  which catch torn writes and bit rot. A
+                                  secret of KVBM_MANAGER_G3_KEY_MIN..MAX
+                                  bytes: keyed-BLAKE3 sums (key derived from
+                                  it; the secret is not kept), which also
+                                  catch slots forged by anyone who can write
+                                  the file but lacks the secret. Costs
+                                  BLAKE3's speed on every G3 write and read. */
+  size_t g3_key_len;
   bool g3_direct;              /* O_DIRECT (true; refused -> buffered) */
   bool g3_uring;               /* io_uring (true; unavailable -> pread/pwrite) */
   uint32_t g3_queue_depth;     /* disk requests in flight (8) */

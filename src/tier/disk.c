@@ -30,8 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "kvbm/blake3.h"
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
@@ -48,7 +51,10 @@ struct kvbm_disk {
   uint32_t depth, inflight;
   kvbm__disk_io **done; /* finished, not yet reaped: a ring of 2 * depth + 2 */
   uint32_t done_head, done_count, done_cap;
-  char path[PATH_MAX];
+  bool keyed;                 /* keyed BLAKE3 sums with key[] (else XXH3) */
+  uint8_t key[KVBM_DISK_KEY_LEN];
+  char dir[PATH_MAX];
+  char path[PATH_MAX + 32];
 };
 
 static void put64(uint8_t *p, uint64_t v) {
@@ -113,6 +119,24 @@ static int sync_iov(int fd, const struct iovec *iov, int cnt, size_t len, uint64
   return 0;
 }
 
+/* A 64-bit sum of bytes: keyed BLAKE3 (a MAC) with a key, else XXH3. */
+static uint64_t sum64(const kvbm_disk *d, const void *p, size_t n) {
+  if (!d->keyed) return XXH3_64bits(p, n);
+  uint8_t out[8];
+  kvbm_blake3_keyed_hash(d->key, p, n, out, sizeof out);
+  return get64(out);
+}
+
+/* Names the key in the superblock without revealing it, so that a file
+ * written under another key (or none) starts cold instead of failing every
+ * slot. 0 without a key. */
+static uint64_t key_id(const kvbm_disk *d) {
+  if (!d->keyed) return 0;
+  static const char tag[] = "kvbm g3 slot key id";
+  uint64_t id = sum64(d, tag, sizeof tag - 1);
+  return id ? id : 1;
+}
+
 static void encode_super(const kvbm_disk *d, uint8_t *sb) {
   memset(sb, 0, KVBM_DISK_ALIGN);
   memcpy(sb, FILE_MAGIC, 8);
@@ -122,47 +146,189 @@ static void encode_super(const kvbm_disk *d, uint8_t *sb) {
   put64(sb + 32, d->data_bytes);
   put64(sb + 40, d->fingerprint);
   put64(sb + 48, XXH3_64bits(sb, 48));
+  put64(sb + 56, key_id(d));
 }
 
-/* Opens the file: the persistent name or a fresh unlinked temporary. */
-static int open_file(kvbm_disk *d, const kvbm__disk_config *cfg, kvbm_error *err) {
-  int flags = O_RDWR | O_CLOEXEC;
-  if (cfg->persist) {
-    if (snprintf(d->path, sizeof d->path, "%s/%s", cfg->dir, KVBM_DISK_FILE_NAME) >=
-        (int)sizeof d->path)
+/* ---- Where the file lives (see "Files and who may touch them" above) ---- */
+
+/* Opens the directory: cfg->dir, or the default private one, created 0700
+ * if missing and never followed through a link. `strict`: nobody else may
+ * add, remove or replace entries in it (owner us, no group/other write);
+ * the default directory must besides be private (0700; ours is tightened). */
+static int open_dir(kvbm_disk *d, const kvbm__disk_config *cfg, int *out, kvbm_error *err) {
+  bool dflt = !cfg->dir, strict = dflt || cfg->persist;
+  if (dflt) {
+    const char *parent = cfg->test_default_parent ? cfg->test_default_parent : KVBM_DISK_DEFAULT_PARENT;
+    if (snprintf(d->dir, sizeof d->dir, "%s/kvbm-%u", parent, (unsigned)geteuid()) >= (int)sizeof d->dir)
       return kvbm_error_set(err, KVBM_EINVAL, "disk: directory path too long");
-    flags |= O_CREAT;
-  } else {
-    char tmpl[PATH_MAX];
-    if (snprintf(tmpl, sizeof tmpl, "%s/kvbm-g3-XXXXXX", cfg->dir) >= (int)sizeof tmpl)
-      return kvbm_error_set(err, KVBM_EINVAL, "disk: directory path too long");
-    int t = mkstemp(tmpl);
-    if (t < 0)
-      return kvbm_error_set(err, KVBM_EIO, "disk: cannot create a file in %s: %s", cfg->dir,
-                            strerror(errno));
-    close(t);
-    memcpy(d->path, tmpl, sizeof tmpl);
+    if (mkdir(d->dir, 0700) != 0 && errno != EEXIST)
+      return kvbm_error_set(err, KVBM_EIO, "disk: cannot create %s: %s", d->dir, strerror(errno));
+  } else if (snprintf(d->dir, sizeof d->dir, "%s", cfg->dir) >= (int)sizeof d->dir) {
+    return kvbm_error_set(err, KVBM_EINVAL, "disk: directory path too long");
   }
-  d->fd = -1;
-  if (cfg->direct) {
-    /* A filesystem without O_DIRECT says EINVAL; test_refuse says it here. */
-    if (cfg->test_refuse & KVBM_DISK_REFUSE_O_DIRECT) errno = EINVAL;
-    else d->fd = open(d->path, flags | O_DIRECT, 0644);
-    d->direct = d->fd >= 0;
+  int fd = open(d->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (dflt ? O_NOFOLLOW : 0));
+  if (fd < 0) {
+    int e = errno;
+    struct stat ls;
+    bool link = dflt && lstat(d->dir, &ls) == 0 && S_ISLNK(ls.st_mode); /* ENOTDIR or ELOOP */
+    return kvbm_error_set(err, KVBM_EIO, "disk: cannot open the directory %s: %s", d->dir,
+                          link ? "it is a symbolic link (refused)" : strerror(e));
   }
-  if (d->fd < 0) d->fd = open(d->path, flags, 0644);
-  int saved = errno;
-  if (!cfg->persist) {
-    unlink(d->path);
-    d->path[0] = 0;
+  struct stat st;
+  const char *bad = NULL;
+  char why[160];
+  if (fstat(fd, &st) != 0) {
+    bad = strerror(errno);
+  } else if (strict && st.st_uid != geteuid()) {
+    snprintf(why, sizeof why, "owned by uid %u, not by this user (uid %u)", (unsigned)st.st_uid,
+             (unsigned)geteuid());
+    bad = why;
+  } else if (dflt && (st.st_mode & 077) && fchmod(fd, 0700) != 0) {
+    bad = "not private (0700) and cannot be made so";
+  } else if (!dflt && strict && (st.st_mode & 022)) {
+    snprintf(why, sizeof why, "writable by other users (mode %04o): a persistent file needs a directory "
+             "only its owner can change", (unsigned)(st.st_mode & 07777));
+    bad = why;
   }
-  if (d->fd < 0)
-    return kvbm_error_set(err, KVBM_EIO, "disk: cannot open %s/%s: %s", cfg->dir,
-                          cfg->persist ? KVBM_DISK_FILE_NAME : "kvbm-g3-*", strerror(saved));
-  if (cfg->persist && flock(d->fd, LOCK_EX | LOCK_NB) != 0)
-    return kvbm_error_set(err, KVBM_EIO, "disk: %s is in use by another process: %s", d->path,
-                          strerror(errno));
+  if (bad) {
+    close(fd);
+    return kvbm_error_set(err, KVBM_EIO, "disk: refusing the directory %s: %s", d->dir, bad);
+  }
+  *out = fd;
   return KVBM_OK;
+}
+
+/* Turns on O_DIRECT for fd when asked and possible (fcntl, so that a
+ * refusal never leaves a half-created file behind). */
+static void try_direct(kvbm_disk *d, const kvbm__disk_config *cfg) {
+  d->direct = false;
+  if (!cfg->direct || (cfg->test_refuse & KVBM_DISK_REFUSE_O_DIRECT)) return;
+  int fl = fcntl(d->fd, F_GETFL);
+  d->direct = fl >= 0 && fcntl(d->fd, F_SETFL, fl | O_DIRECT) == 0;
+}
+
+/* Creates a new file of a fresh random name in dfd, exclusively (O_EXCL:
+ * never an existing file or a link), mode 0600. */
+static int create_excl(int dfd, const char *prefix, char *name, size_t cap, int *out, kvbm_error *err) {
+  for (int tries = 0; tries < 64; tries++) {
+    uint8_t r[6];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+      return kvbm_error_set(err, KVBM_EIO, "disk: getrandom: %s", strerror(errno));
+    snprintf(name, cap, "%s%02x%02x%02x%02x%02x%02x", prefix, r[0], r[1], r[2], r[3], r[4], r[5]);
+    int fd = openat(dfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      *out = fd;
+      return KVBM_OK;
+    }
+    if (errno != EEXIST) return kvbm_error_set(err, KVBM_EIO, "disk: cannot create a file: %s", strerror(errno));
+  }
+  return kvbm_error_set(err, KVBM_EIO, "disk: cannot find a free file name");
+}
+
+/* An existing persistent file is used only if it is a regular file of
+ * ours with no other name; a looser mode (0644 from older versions) is
+ * tightened to 0600. */
+static int check_existing(kvbm_disk *d, kvbm_error *err) {
+  struct stat st;
+  const char *bad = NULL;
+  char why[128];
+  if (fstat(d->fd, &st) != 0) {
+    bad = strerror(errno);
+  } else if (!S_ISREG(st.st_mode)) {
+    bad = "not a regular file";
+  } else if (st.st_uid != geteuid()) {
+    snprintf(why, sizeof why, "owned by uid %u, not by this user (uid %u)", (unsigned)st.st_uid,
+             (unsigned)geteuid());
+    bad = why;
+  } else if (st.st_nlink != 1) {
+    bad = "it has other names (hard links)";
+  } else if ((st.st_mode & 077) && fchmod(d->fd, 0600) != 0) {
+    bad = "readable by other users and cannot be made private";
+  }
+  if (bad) return kvbm_error_set(err, KVBM_EIO, "disk: refusing %s: %s", d->path, bad);
+  return KVBM_OK;
+}
+
+static int lock_file(kvbm_disk *d, kvbm_error *err) {
+  if (flock(d->fd, LOCK_EX | LOCK_NB) != 0)
+    return kvbm_error_set(err, KVBM_EIO, "disk: %s is in use by another process: %s", d->path, strerror(errno));
+  return KVBM_OK;
+}
+
+static int init_file(kvbm_disk *d, kvbm_error *err);
+
+/* Puts the new file `tmp` in place under the persistent name, never over
+ * an existing one (RENAME_NOREPLACE, or link + unlink where the filesystem
+ * lacks it). EEXIST when another process got there first. */
+static int publish(int dfd, const char *tmp) {
+  if (renameat2(dfd, tmp, dfd, KVBM_DISK_FILE_NAME, RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return errno;
+  if (linkat(dfd, tmp, dfd, KVBM_DISK_FILE_NAME, 0) != 0) return errno;
+  unlinkat(dfd, tmp, 0);
+  return 0;
+}
+
+/* The persistent file: the existing one (checked), or a new one created
+ * exclusively under a temporary name, initialised, locked, and only then
+ * renamed into place, so the name never shows a half-made file and is
+ * never opened through a link. */
+static int open_persistent(kvbm_disk *d, const kvbm__disk_config *cfg, int dfd, kvbm_error *err) {
+  if (snprintf(d->path, sizeof d->path, "%s/%s", d->dir, KVBM_DISK_FILE_NAME) >= (int)sizeof d->path)
+    return kvbm_error_set(err, KVBM_EINVAL, "disk: directory path too long");
+  for (int attempt = 0; attempt < 2; attempt++) {
+    d->fd = openat(dfd, KVBM_DISK_FILE_NAME, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (d->fd >= 0) {
+      int rc = check_existing(d, err);
+      if (!rc) rc = lock_file(d, err);
+      if (rc) return rc;
+      try_direct(d, cfg);
+      return init_file(d, err);
+    }
+    if (errno == ELOOP)
+      return kvbm_error_set(err, KVBM_EIO, "disk: refusing %s: it is a symbolic link", d->path);
+    if (errno != ENOENT) return kvbm_error_set(err, KVBM_EIO, "disk: cannot open %s: %s", d->path, strerror(errno));
+    char tmp[64];
+    int rc = create_excl(dfd, "." KVBM_DISK_FILE_NAME ".", tmp, sizeof tmp, &d->fd, err);
+    if (rc) return rc;
+    rc = lock_file(d, err);
+    if (!rc) {
+      try_direct(d, cfg);
+      rc = init_file(d, err);
+    }
+    int e = rc ? 0 : publish(dfd, tmp);
+    if (rc || e) {
+      unlinkat(dfd, tmp, 0);
+      close(d->fd);
+      d->fd = -1;
+    }
+    if (rc) return rc;
+    if (!e) return KVBM_OK;
+    if (e != EEXIST) return kvbm_error_set(err, KVBM_EIO, "disk: cannot name %s: %s", d->path, strerror(e));
+    /* someone created it meanwhile: open theirs (and find it locked) */
+  }
+  return kvbm_error_set(err, KVBM_EIO, "disk: %s keeps changing under us", d->path);
+}
+
+/* Opens the file: the persistent name, or a fresh file unlinked at once. */
+static int open_file(kvbm_disk *d, const kvbm__disk_config *cfg, kvbm_error *err) {
+  int dfd = -1;
+  d->fd = -1;
+  int rc = open_dir(d, cfg, &dfd, err);
+  if (rc) return rc;
+  if (cfg->persist) {
+    rc = open_persistent(d, cfg, dfd, err);
+  } else {
+    char tmp[64];
+    rc = create_excl(dfd, "kvbm-g3-", tmp, sizeof tmp, &d->fd, err);
+    if (!rc) {
+      unlinkat(dfd, tmp, 0);
+      d->path[0] = 0;
+      try_direct(d, cfg);
+      rc = init_file(d, err);
+    }
+  }
+  close(dfd);
+  return rc;
 }
 
 /* Keeps an existing file of the same geometry; otherwise starts it anew. */
@@ -198,7 +364,7 @@ static int init_file(kvbm_disk *d, kvbm_error *err) {
 }
 
 int kvbm__disk_open(const kvbm__disk_config *cfg, kvbm_disk **out, kvbm_error *err) {
-  if (!cfg || !out || !cfg->dir) return kvbm_error_set(err, KVBM_EINVAL, "disk: NULL argument");
+  if (!cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "disk: NULL argument");
   if (cfg->num_slots == 0 || cfg->data_bytes == 0)
     return kvbm_error_set(err, KVBM_EINVAL, "disk: num_slots and data_bytes must be >= 1");
   if (cfg->queue_depth == 0 || cfg->queue_depth > 256)
@@ -219,10 +385,14 @@ int kvbm__disk_open(const kvbm__disk_config *cfg, kvbm_disk **out, kvbm_error *e
   d->fingerprint = cfg->fingerprint;
   d->next_seq = 1;
   d->depth = cfg->queue_depth;
+  if (cfg->checksum_key) {
+    d->keyed = true;
+    memcpy(d->key, cfg->checksum_key, sizeof d->key);
+  }
   int rc = open_file(d, cfg, err);
-  if (!rc) rc = init_file(d, err);
   if (rc) {
     if (d->fd >= 0) close(d->fd);
+    explicit_bzero(d->key, sizeof d->key);
     free(d);
     return rc;
   }
@@ -246,6 +416,7 @@ void kvbm__disk_close(kvbm_disk *d) {
   if (d->uring) io_uring_queue_exit(&d->ring);
   close(d->fd);
   free(d->done);
+  explicit_bzero(d->key, sizeof d->key);
   free(d);
 }
 
@@ -261,7 +432,16 @@ static uint8_t *hdr_of(const kvbm_disk *d, const void *buf, const kvbm__disk_dat
 }
 
 static uint64_t data_sum(const kvbm_disk *d, const void *buf, const kvbm__disk_data *data) {
-  if (!data || !data->iov) return XXH3_64bits(buf, d->data_bytes);
+  if (!data || !data->iov) return sum64(d, buf, d->data_bytes);
+  if (d->keyed) {
+    kvbm_blake3_hasher h;
+    kvbm_blake3_hasher_init_keyed(&h, d->key);
+    for (int i = 0; i < data->iovcnt; i++) kvbm_blake3_hasher_update(&h, data->iov[i].iov_base, data->iov[i].iov_len);
+    uint8_t out[8];
+    kvbm_blake3_hasher_finalize(&h, out, sizeof out);
+    explicit_bzero(&h, sizeof h);
+    return get64(out);
+  }
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
   for (int i = 0; i < data->iovcnt; i++)
@@ -283,7 +463,7 @@ void kvbm__disk_seal(kvbm_disk *d, void *buf, const kvbm__disk_data *data,
   put64(p + 32, d->fingerprint);
   put64(p + 40, d->next_seq++);
   put64(p + 48, data_sum(d, buf, data));
-  put64(p + 56, XXH3_64bits(p, 56));
+  put64(p + 56, sum64(d, p, 56));
   memset(p + KVBM_DISK_HEADER, 0, tail_len(d) - KVBM_DISK_HEADER);
 }
 
@@ -291,7 +471,7 @@ int kvbm__disk_check(const kvbm_disk *d, const void *buf, const kvbm__disk_data 
                     bool check_data, const uint64_t *expect_hash, kvbm_slot_header *h) {
   const uint8_t *p = hdr_of(d, buf, data);
   if (memcmp(p, SLOT_MAGIC, 8) != 0) return KVBM_EMAGIC;
-  if (get64(p + 56) != XXH3_64bits(p, 56)) return KVBM_ECHECKSUM;
+  if (get64(p + 56) != sum64(d, p, 56)) return KVBM_ECHECKSUM;
   if (get64(p + 32) != d->fingerprint || get32(p + 28) != d->data_bytes ||
       (get32(p + 24) & ~1u) != 0)
     return KVBM_EFORMAT;

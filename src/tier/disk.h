@@ -17,15 +17,21 @@
  *    28   4   data length
  *    32   8   layout fingerprint (kvbm_layout_fingerprint)
  *    40   8   write sequence (grows with every write: recency at restart)
- *    48   8   XXH3-64 of the data bytes
- *    56   8   XXH3-64 of bytes 0..56 of the header
+ *    48   8   sum of the data bytes
+ *    56   8   sum of bytes 0..56 of the header
  *
  * all little-endian. A read whose header does not check (magic, header
  * checksum, fingerprint, length, the expected hash) or whose data does not
  * match the data checksum is rejected: the caller gets an error, never the
- * bytes. XXH3 and not BLAKE3: the threat is torn writes and bit rot, not an
- * adversary, and XXH3 runs at memory speed where BLAKE3 would cost a
- * visible share of the disk's bandwidth.
+ * bytes. The sums are XXH3-64 by default: that guards against torn writes
+ * and bit rot, at memory speed. It does not guard against someone who can
+ * write the file: XXH3 has no key, so a forged slot can carry valid sums.
+ * With `checksum_key` the sums are keyed BLAKE3 (a MAC, first 64 bits):
+ * without the key nobody can make a slot that checks, so a forged slot is
+ * a miss like a torn one. It costs BLAKE3's speed (about 2-3 GB/s a core
+ * here) on every write and read. The superblock names the key (a keyed
+ * hash of a fixed string), so a file written under another key, or none,
+ * starts cold.
  *
  * I/O: io_uring with up to `queue_depth` requests in flight; without
  * io_uring (kernel too old, seccomp) plain pread/pwrite. O_DIRECT unless
@@ -35,7 +41,19 @@
  * (flock) by one process at a time, and kept; kvbm__disk_open() on an
  * existing file of the same geometry and fingerprint keeps its slots so
  * kvbm__disk_scan() can rebuild an index. Otherwise the file is a fresh
- * unlinked temporary in `dir`.
+ * temporary in `dir`, unlinked as soon as it is created.
+ *
+ * Files and who may touch them (threat model in docs/areas/tiers.md):
+ * every file is created exclusively (O_EXCL, never through a link) with
+ * mode 0600; a new persistent file is made under a temporary name, set
+ * up, locked, and renamed into place without replacing anything. An
+ * existing persistent file is used only if it is a regular file owned by
+ * this user with a single name (not a link: O_NOFOLLOW); a looser mode is
+ * tightened to 0600. The default directory (dir NULL) is
+ * KVBM_DISK_DEFAULT_PARENT/kvbm-<uid>, created 0700, never followed
+ * through a link, owned by this user (else refused) and kept 0700. A
+ * persistent file in a given `dir` needs a directory owned by this user
+ * that nobody else can write (no group/other write bit).
  *
  * Threads: a kvbm_disk is used by one thread at a time.
  */
@@ -57,11 +75,14 @@ extern "C" {
 #define KVBM_DISK_ALIGN 4096u
 #define KVBM_DISK_HEADER 64u
 #define KVBM_DISK_FILE_NAME "kvbm-g3.slots"
+#define KVBM_DISK_DEFAULT_PARENT "/tmp" /* default dir: /tmp/kvbm-<uid> */
+#define KVBM_DISK_KEY_LEN 32u
 
 typedef struct kvbm_disk kvbm_disk;
 
 typedef struct kvbm__disk_config {
-  const char *dir;        /* directory of the file (required) */
+  const char *dir;        /* directory of the file; NULL: the private
+                             default /tmp/kvbm-<uid> (see above) */
   uint64_t num_slots;     /* >= 1 */
   uint64_t data_bytes;    /* bytes of one block, >= 1 */
   uint64_t fingerprint;   /* layout fingerprint written in every slot */
@@ -69,10 +90,17 @@ typedef struct kvbm__disk_config {
   bool direct;            /* try O_DIRECT */
   bool uring;             /* try io_uring */
   uint32_t queue_depth;   /* 1 .. 256 */
+  const uint8_t *checksum_key; /* NULL: XXH3 sums. Else KVBM_DISK_KEY_LEN
+                                  bytes (copied): keyed-BLAKE3 sums that a
+                                  forger without the key cannot make */
   uint32_t test_refuse;   /* testing only (0 otherwise): KVBM_DISK_REFUSE_*
                              bits make the kernel's answer a refusal, so
                              the fallbacks run where the kernel would not
                              refuse (this one takes O_DIRECT even on tmpfs) */
+  const char *test_default_parent; /* testing only (NULL otherwise): the
+                             default directory's parent instead of
+                             KVBM_DISK_DEFAULT_PARENT, so tests can plant
+                             things there */
 } kvbm__disk_config;
 
 /* kvbm__disk_config.test_refuse bits. */
@@ -80,7 +108,8 @@ typedef struct kvbm__disk_config {
 #define KVBM_DISK_REFUSE_URING 2u    /* io_uring setup fails with ENOSYS */
 
 /* Opens (creates) the file. Failures name the path and errno text:
- * KVBM_EIO (cannot create/open/lock), KVBM_EINVAL (bad config),
+ * KVBM_EIO (cannot create/open/lock; a file or directory refused by the
+ * rules above, with the reason), KVBM_EINVAL (bad config),
  * KVBM_EOVERFLOW (file size overflows). A failed preallocation (disk full,
  * RLIMIT_FSIZE) is not an error: the file then grows as slots are written
  * and writes past the limit fail (kvbm__disk_preallocated() says which).

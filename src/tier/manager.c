@@ -53,6 +53,7 @@
 
 #include "filter.h"
 #include "gpu.h"
+#include "kvbm/blake3.h"
 #include "tier/disk.h"
 #include "tier/testing.h"
 #include "kvbm/sequence.h"
@@ -64,6 +65,7 @@
 enum { ST_READY = 0, ST_PENDING = 1, ST_FAILED = 2, ST_UNCOMPUTED = 3 };
 enum { J_OFFLOAD, J_DISK_WRITE, J_ONBOARD_HOST, J_DISK_READ };
 enum { W_HOST = 0, W_DISK = 1 };
+#define G3_KEY_CONTEXT "kvbm 2025-06 G3 slot checksum key v1"
 #define NONE UINT32_MAX
 
 typedef struct pin {
@@ -114,6 +116,8 @@ struct kvbm_manager {
   kvbm_manager_config cfg;
   kvbm__manager_testing testing; /* test seams (tier/testing.h), zero otherwise */
   char *g3_dir;
+  bool g3_keyed;                  /* G3 slots carry keyed-BLAKE3 sums */
+  uint8_t g3_key[KVBM_DISK_KEY_LEN];
   tier t[KVBM_TIER_COUNT];
   kvbm_disk *disk;
   kvbm_layout slot_layout; /* one FullyContiguous block: the slot data format */
@@ -837,7 +841,8 @@ static void open_g3(kvbm_manager *m) {
                          .fingerprint = kvbm_layout_fingerprint(&m->slot_layout),
                          .persist = m->cfg.g3_persist, .direct = m->cfg.g3_direct,
                          .uring = m->cfg.g3_uring, .queue_depth = m->cfg.g3_queue_depth,
-                         .test_refuse = m->testing.g3_refuse};
+                         .test_refuse = m->testing.g3_refuse,
+                         .checksum_key = m->g3_keyed ? m->g3_key : NULL};
   int rc = kvbm__disk_open(&dc, &m->disk, &e);
   if (!rc) rc = restore_g3(m, &e);
   if (rc) {
@@ -892,6 +897,9 @@ static int check_config(const kvbm_manager_config *c, kvbm_error *err) {
   if (c->g2_blocks > KVBM_POOL_MAX_BLOCKS)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: g2_blocks %u is above %u", c->g2_blocks,
                           KVBM_POOL_MAX_BLOCKS);
+  if (c->g3_key && (c->g3_key_len < KVBM_MANAGER_G3_KEY_MIN || c->g3_key_len > KVBM_MANAGER_G3_KEY_MAX))
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g3_key must be %u..%u bytes, not %zu",
+                          KVBM_MANAGER_G3_KEY_MIN, KVBM_MANAGER_G3_KEY_MAX, c->g3_key_len);
   if (c->g3_blocks > KVBM_POOL_MAX_BLOCKS)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: g3_blocks %llu is above %u",
                           (unsigned long long)c->g3_blocks, KVBM_POOL_MAX_BLOCKS);
@@ -972,12 +980,19 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
   if (!m) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   m->cfg = *cfg;
   if (t) m->testing = *t;
-  m->g3_dir = strdup(cfg->g3_dir ? cfg->g3_dir : "/tmp");
+  m->g3_dir = cfg->g3_dir ? strdup(cfg->g3_dir) : NULL; /* NULL: the disk's private default */
   m->cfg.g3_dir = m->g3_dir;
+  if (cfg->g3_key) {
+    /* the secret is not kept: only the slot key derived from it */
+    kvbm_blake3_derive_key(G3_KEY_CONTEXT, cfg->g3_key, cfg->g3_key_len, m->g3_key, sizeof m->g3_key);
+    m->g3_keyed = true;
+    m->cfg.g3_key = NULL;
+    m->cfg.g3_key_len = 0;
+  }
   m->zero_tokens = calloc(cfg->block_size, sizeof *m->zero_tokens);
   kvbm_layout_config lc = cfg->layout;
   lc.num_blocks = 1;
-  if (!m->g3_dir || !m->zero_tokens) rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  if ((cfg->g3_dir && !m->g3_dir) || !m->zero_tokens) rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   if (!rc) rc = kvbm_layout_init(&m->slot_layout, KVBM_LAYOUT_FULLY_CONTIGUOUS, &lc, err);
   if (!rc) m->block_bytes = lc.num_layers * m->slot_layout.layer_stride;
   if (!rc && !(m->g1_owner = calloc(cfg->g1_blocks, sizeof *m->g1_owner)))
@@ -1045,6 +1060,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
   free(m->zero_tokens);
   free(m->g1_owner);
   free(m->g3_dir);
+  explicit_bzero(m->g3_key, sizeof m->g3_key);
   free(m);
 }
 

@@ -1,6 +1,8 @@
 /* G3 faults and persistence: a flipped byte, a full disk (RLIMIT_FSIZE),
- * an unusable directory, warm restart across processes, and the slot
- * codec on its own. */
+ * an unusable directory, warm restart across processes, the slot codec on
+ * its own; and the persistent file against other users: planted links and
+ * files, modes of files and directories, the private default directory,
+ * forged slots with and without a checksum key. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -10,6 +12,7 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <cmocka.h>
+#include <xxhash.h>
 
 #include "tier/disk.h"
 #include "tier_testutil.h"
@@ -425,12 +428,336 @@ static void test_slot_zero_copy(void **st) {
   tu_rmdir(dir);
 }
 
+
+/* ---- the persistent file against other users ---- */
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+static int file_is(const char *path, const char *text) {
+  char buf[256] = {0};
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  return n == strlen(text) && memcmp(buf, text, n) == 0;
+}
+
+static kvbm__disk_config persist_cfg(const char *dir) {
+  return (kvbm__disk_config){.dir = dir, .num_slots = 4, .data_bytes = 1000, .fingerprint = 7,
+                            .persist = true, .uring = false, .queue_depth = 2};
+}
+
+/* A link planted at the file's name: before, open followed it and
+ * ftruncate/fallocate overwrote the target (a copy of /etc/passwd in the
+ * report), or created it through a dangling link. Now: refused, the
+ * target untouched, nothing created. */
+static void test_planted_link(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("link");
+  char victim[600], name[600], ghost[600];
+  snprintf(victim, sizeof victim, "%s/victim", dir);
+  snprintf(name, sizeof name, "%s/%s", dir, KVBM_DISK_FILE_NAME);
+  snprintf(ghost, sizeof ghost, "%s/ghost", dir);
+  write_file(victim, "root:x:0:0:root:/root:/bin/bash\n");
+  assert_int_equal(symlink(victim, name), 0);
+  kvbm__disk_config dc = persist_cfg(dir);
+  kvbm_disk *d = NULL;
+  kvbm_error e = {0};
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EIO);
+  assert_non_null(strstr(e.msg, "symbolic link"));
+  assert_true(file_is(victim, "root:x:0:0:root:/root:/bin/bash\n"));
+  /* the manager: G3 unavailable, says why, the target still intact */
+  kvbm_manager_config c = tu_config(dir, 8, 0, 16);
+  c.g3_persist = true;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  assert_non_null(strstr(kvbm_manager_g3_error(m), "symbolic link"));
+  kvbm_manager_destroy(m);
+  assert_true(file_is(victim, "root:x:0:0:root:/root:/bin/bash\n"));
+  /* a dangling link: nothing is created at its target */
+  unlink(name);
+  assert_int_equal(symlink(ghost, name), 0);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EIO);
+  assert_int_equal(access(ghost, F_OK), -1);
+  /* a FIFO, a directory, a file with a second name: not ours to use */
+  unlink(name);
+  assert_int_equal(mkfifo(name, 0600), 0);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EIO);
+  assert_non_null(strstr(e.msg, "regular file"));
+  unlink(name);
+  assert_int_equal(mkdir(name, 0700), 0);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EIO);
+  rmdir(name);
+  write_file(victim, "x");
+  assert_int_equal(link(victim, name), 0);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EIO);
+  assert_non_null(strstr(e.msg, "hard links"));
+  assert_true(file_is(victim, "x"));
+  tu_rmdir(dir);
+}
+
+static unsigned mode_of(const char *path) {
+  struct stat sb;
+  if (lstat(path, &sb) != 0) return 0xffff;
+  return (unsigned)(sb.st_mode & 07777);
+}
+
+/* Counts the entries of dir (besides . and ..). */
+static int entries(const char *dir) {
+  char cmd[700];
+  snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) -eq 1", dir);
+  return system(cmd) == 0 ? 1 : 0;
+}
+
+/* Files are created 0600 (before: 0644, world-readable KV of others'
+ * prompts), exclusively and renamed into place (no leftovers); an old
+ * 0644 file is tightened and kept; a persistent file needs a directory
+ * nobody else can write; the default directory is a private one, never
+ * /tmp itself, refused if it is a link. */
+static void test_private_files(void **st) {
+  (void)st;
+  mode_t old_mask = umask(022);
+  char *dir = tu_tmpdir("mode");
+  char name[600];
+  snprintf(name, sizeof name, "%s/%s", dir, KVBM_DISK_FILE_NAME);
+  kvbm__disk_config dc = persist_cfg(dir);
+  kvbm_disk *d;
+  kvbm_error e = {0};
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_OK);
+  assert_string_equal(kvbm__disk_path(d), name);
+  assert_int_equal(mode_of(name), 0600);
+  assert_true(entries(dir)); /* the file alone: the temporary name is gone */
+  uint8_t *buf = kvbm__disk_buffer(d);
+  memset(buf, 3, 1000);
+  kvbm_slot_header h = {.seq_hash = 11};
+  kvbm__disk_seal(d, buf, NULL, &h);
+  kvbm__disk_io io = {.slot = 1, .buf = buf, .write = true};
+  assert_int_equal(kvbm__disk_begin(d, &io), KVBM_OK);
+  kvbm__disk_finish(d);
+  assert_int_equal(io.result, 0);
+  kvbm__disk_close(d);
+  /* a file left 0644 by an older kvbm: tightened, its slots kept */
+  assert_int_equal(chmod(name, 0644), 0);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_OK);
+  assert_true(kvbm__disk_reused(d));
+  assert_int_equal(mode_of(name), 0600);
+  kvbm__disk_close(d);
+  /* a directory others can write: no persistent file there */
+  assert_int_equal(chmod(dir, 0777), 0);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EIO);
+  assert_non_null(strstr(e.msg, "writable by other users"));
+  dc.persist = false; /* an unlinked temporary is fine anywhere */
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_OK);
+  assert_string_equal(kvbm__disk_path(d), "");
+  kvbm__disk_close(d);
+  assert_int_equal(chmod(dir, 0700), 0);
+
+  /* the default directory: <parent>/kvbm-<uid>, made 0700 */
+  char parent[600], def[700], defname[800];
+  snprintf(parent, sizeof parent, "%s/parent", dir);
+  assert_int_equal(mkdir(parent, 0777), 0);
+  assert_int_equal(chmod(parent, 01777), 0); /* like /tmp */
+  snprintf(def, sizeof def, "%s/kvbm-%u", parent, (unsigned)geteuid());
+  snprintf(defname, sizeof defname, "%s/%s", def, KVBM_DISK_FILE_NAME);
+  dc = persist_cfg(NULL);
+  dc.test_default_parent = parent;
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_OK);
+  assert_string_equal(kvbm__disk_path(d), defname);
+  assert_int_equal(mode_of(def), 0700);
+  assert_int_equal(mode_of(defname), 0600);
+  kvbm__disk_close(d);
+  /* ours but opened up: made private again */
+  assert_int_equal(chmod(def, 0755), 0);
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_OK);
+  assert_int_equal(mode_of(def), 0700);
+  kvbm__disk_close(d);
+  /* a link planted at the default directory's name: refused */
+  char elsewhere[700];
+  snprintf(elsewhere, sizeof elsewhere, "%s/elsewhere", dir);
+  assert_int_equal(mkdir(elsewhere, 0700), 0);
+  char cmd[800];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", def);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(symlink(elsewhere, def), 0);
+  dc.persist = false;
+  assert_int_equal(kvbm__disk_open(&dc, &d, &e), KVBM_EIO);
+  assert_non_null(strstr(e.msg, "symbolic link"));
+  free(buf);
+  tu_rmdir(dir);
+  umask(old_mask);
+}
+
+/* Rewrites the slot holding hash h as a forger who can write the file but
+ * has no key would: new data, then both sums recomputed with XXH3. */
+static int forge_slot(const char *dir, uint64_t h, uint64_t slot_size, uint64_t data_bytes) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/%s", dir, KVBM_DISK_FILE_NAME);
+  int fd = open(path, O_RDWR);
+  if (fd < 0) return 0;
+  struct stat sb;
+  fstat(fd, &sb);
+  int done = 0;
+  uint8_t *slot = malloc(slot_size);
+  for (off_t off = KVBM_DISK_ALIGN; !done && off + (off_t)slot_size <= sb.st_size; off += (off_t)slot_size) {
+    if (pread(fd, slot, slot_size, off) != (ssize_t)slot_size) break;
+    uint8_t *p = slot + data_bytes;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | p[8 + i];
+    if (memcmp(p, "KVBMSLT1", 8) || v != h) continue;
+    for (uint64_t i = 0; i < data_bytes; i++) slot[i] ^= 0x5a;
+    uint64_t ds = XXH3_64bits(slot, data_bytes), hs;
+    for (int i = 0; i < 8; i++) p[48 + i] = (uint8_t)(ds >> (8 * i));
+    hs = XXH3_64bits(p, 56);
+    for (int i = 0; i < 8; i++) p[56 + i] = (uint8_t)(hs >> (8 * i));
+    done = pwrite(fd, slot, slot_size, off) == (ssize_t)slot_size;
+  }
+  free(slot);
+  fsync(fd);
+  close(fd);
+  return done;
+}
+
+/* The slot codec against a forger: XXH3 sums (the default) accept a slot
+ * whose sums were recomputed; keyed-BLAKE3 sums do not, nor slots sealed
+ * under another key; a file written under another key starts cold. */
+static void test_keyed_slots(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("keyed");
+  uint8_t k1[KVBM_DISK_KEY_LEN], k2[KVBM_DISK_KEY_LEN];
+  memset(k1, 1, sizeof k1);
+  memset(k2, 2, sizeof k2);
+  kvbm__disk_config dc = {.dir = dir, .num_slots = 4, .data_bytes = 1000, .fingerprint = 7, .queue_depth = 2};
+  for (int keyed = 0; keyed < 2; keyed++) {
+    dc.checksum_key = keyed ? k1 : NULL;
+    kvbm_disk *d;
+    assert_int_equal(kvbm__disk_open(&dc, &d, NULL), KVBM_OK);
+    uint8_t *buf = kvbm__disk_buffer(d);
+    for (int i = 0; i < 1000; i++) buf[i] = (uint8_t)i;
+    kvbm_slot_header h = {.seq_hash = 99};
+    kvbm__disk_seal(d, buf, NULL, &h);
+    uint64_t want = 99;
+    assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, NULL), KVBM_OK);
+    /* forged: other data, XXH3 sums recomputed */
+    buf[10] ^= 0xff;
+    uint8_t *p = buf + 1000;
+    uint64_t ds = XXH3_64bits(buf, 1000), hs;
+    for (int i = 0; i < 8; i++) p[48 + i] = (uint8_t)(ds >> (8 * i));
+    hs = XXH3_64bits(p, 56);
+    for (int i = 0; i < 8; i++) p[56 + i] = (uint8_t)(hs >> (8 * i));
+    int rc = kvbm__disk_check(d, buf, NULL, true, &want, NULL);
+    assert_int_equal(rc, keyed ? KVBM_ECHECKSUM : KVBM_OK);
+    /* a header claiming another hash, its header sum recomputed */
+    kvbm__disk_seal(d, buf, NULL, &h);
+    p[8] ^= 1;
+    hs = XXH3_64bits(p, 56);
+    for (int i = 0; i < 8; i++) p[56 + i] = (uint8_t)(hs >> (8 * i));
+    want = 98;
+    assert_int_equal(kvbm__disk_check(d, buf, NULL, false, &want, NULL), keyed ? KVBM_ECHECKSUM : KVBM_OK);
+    want = 99;
+    if (keyed) {
+      /* sealed under another key */
+      kvbm__disk_config d2c = dc;
+      d2c.checksum_key = k2;
+      kvbm_disk *d2;
+      assert_int_equal(kvbm__disk_open(&d2c, &d2, NULL), KVBM_OK);
+      kvbm__disk_seal(d2, buf, NULL, &h);
+      assert_int_equal(kvbm__disk_check(d2, buf, NULL, true, &want, NULL), KVBM_OK);
+      assert_int_equal(kvbm__disk_check(d, buf, NULL, true, &want, NULL), KVBM_ECHECKSUM);
+      kvbm__disk_close(d2);
+    }
+    free(buf);
+    kvbm__disk_close(d);
+  }
+  /* persistent: the same key reuses the file, another key or none starts it anew */
+  dc.persist = true;
+  dc.checksum_key = k1;
+  kvbm_disk *d;
+  assert_int_equal(kvbm__disk_open(&dc, &d, NULL), KVBM_OK);
+  kvbm__disk_close(d);
+  assert_int_equal(kvbm__disk_open(&dc, &d, NULL), KVBM_OK);
+  assert_true(kvbm__disk_reused(d));
+  kvbm__disk_close(d);
+  dc.checksum_key = k2;
+  assert_int_equal(kvbm__disk_open(&dc, &d, NULL), KVBM_OK);
+  assert_false(kvbm__disk_reused(d));
+  kvbm__disk_close(d);
+  dc.checksum_key = NULL;
+  assert_int_equal(kvbm__disk_open(&dc, &d, NULL), KVBM_OK);
+  assert_false(kvbm__disk_reused(d));
+  kvbm__disk_close(d);
+  tu_rmdir(dir);
+}
+
+/* End to end: a slot forged in the persistent file between two runs. With
+ * XXH3 sums the restart would serve the forger's bytes as a hit; with a
+ * G3 key the slot is skipped at restore and the block recomputed. */
+static void test_forged_slot_restart(void **st) {
+  (void)st;
+  static const char secret[] = "the operator's G3 secret, 16+ bytes";
+  for (int keyed = 0; keyed < 2; keyed++) {
+    char *dir = tu_tmpdir("forge");
+    kvbm_manager_config c = tu_config(dir, 8, 0, 64);
+    c.g3_persist = true;
+    if (keyed) {
+      c.g3_key = secret;
+      c.g3_key_len = sizeof secret - 1;
+    }
+    uint32_t *a = tu_prompt(1000, 17), *b = tu_prompt(5000, 29);
+    kvbm_manager *m;
+    kvbm_mreq *r;
+    assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+    assert_string_equal(kvbm_manager_g3_error(m), "");
+    tu_run(m, a, 17, NULL, &r);
+    uint64_t h1;
+    kvbm_mreq_block_hash(r, 1, &h1);
+    kvbm_mreq_destroy(r);
+    tu_run(m, b, 29, NULL, NULL);
+    uint64_t slot = slot_size_for(m), bytes = kvbm_manager_block_bytes(m);
+    kvbm_manager_destroy(m);
+    assert_true(forge_slot(dir, h1, slot, bytes));
+    assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+    kvbm_tier_stats s3;
+    kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+    kvbm_mreq_info info;
+    size_t got = tu_run(m, a, 17, &info, &r);
+    if (keyed) {
+      assert_int_equal(s3.restored_blocks, 10);
+      assert_int_equal(s3.restore_skipped, 1);
+      assert_int_equal(got, 4); /* block 0 from G3; block 1 is recomputed */
+      assert_int_equal(tu_verify(m, r, 1), 1);
+    } else {
+      /* the weakness a key closes: the forged slot restores and serves */
+      assert_int_equal(s3.restored_blocks, 11);
+      assert_int_equal(got, 16);
+      assert_int_equal(tu_verify(m, r, 4), 3);
+    }
+    kvbm_mreq_destroy(r);
+    kvbm_manager_destroy(m);
+    free(a);
+    free(b);
+    tu_rmdir(dir);
+  }
+  /* a key of a bad length is a config error */
+  kvbm_manager_config c = tu_config("/nonexistent", 8, 0, 64);
+  c.g3_key = "short";
+  c.g3_key_len = 5;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_EINVAL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_flipped_byte_is_a_miss), cmocka_unit_test(test_flipped_header_is_a_miss),
       cmocka_unit_test(test_disk_full),           cmocka_unit_test(test_unusable_dir),
       cmocka_unit_test(test_warm_restart),        cmocka_unit_test(test_slot_codec),
       cmocka_unit_test(test_slot_zero_copy),
+      cmocka_unit_test(test_planted_link),        cmocka_unit_test(test_private_files),
+      cmocka_unit_test(test_keyed_slots),         cmocka_unit_test(test_forged_slot_restart),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
