@@ -4,9 +4,10 @@
  * A small recursive-descent JSON reader that knows one shape: a flat object
  * per line whose four known fields are numbers or an array of numbers, and
  * whose other fields it skips (any JSON value, nested at most 64 deep). It
- * works on the whole buffer line by line and never reads past a line's end,
- * so an unterminated string or array on one line is that line's error, not
- * a runaway scan of the file.
+ * works line by line and never reads past a line's end, so an unterminated
+ * string or array on one line is that line's error, not a runaway scan of
+ * the file. Files are streamed (below): memory is what is kept, never the
+ * file's size, and --limit stops the reading itself.
  *
  * Storage is two growable arrays: the requests, and one pool of hash ids
  * that the requests point into (fixed up once parsing is over, since the
@@ -252,6 +253,30 @@ static int push_request(kvbm_trace *t, const kvbm_trace_request *r, size_t off) 
   return KVBM_OK;
 }
 
+/* One line [p, eol): a request, a blank line, or an error naming it. */
+static int take_line(kvbm_trace *t, cursor *c, const char *p, const char *eol) {
+  c->line++;
+  if ((size_t)(eol - p) > KVBM_TRACE_MAX_LINE)
+    return kvbm_error_set(c->err, KVBM_ETOOLONG, "line %zu: longer than %u bytes", c->line, KVBM_TRACE_MAX_LINE);
+  c->p = p;
+  c->end = eol;
+  skip_ws(c);
+  if (c->p == c->end) return KVBM_OK;
+  if (memchr(p, '\0', (size_t)(eol - p))) return fail(c, KVBM_EFORMAT, "NUL byte in the line");
+  kvbm_trace_request r;
+  memset(&r, 0, sizeof r);
+  size_t off = t->nids;
+  int rc = read_record(c, t, &r);
+  if (rc) return rc;
+  if ((rc = push_request(t, &r, off))) return fail(c, rc, "out of memory");
+  return KVBM_OK;
+}
+
+/* Points every request at its hash ids (the pool no longer moves). */
+static void finish(kvbm_trace *t) {
+  for (size_t i = 0; i < t->count; i++) t->reqs[i].hash_ids = t->ids + t->ids_off[i];
+}
+
 int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out,
                      kvbm_error *err) {
   if ((!buf && len) || !out) return kvbm_error_set(err, KVBM_EINVAL, "trace: NULL argument");
@@ -260,35 +285,106 @@ int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out
   cursor c = {.err = err, .line = 0};
   const char *p = buf, *end = buf + len;
   int rc = KVBM_OK;
-  while (p < end && (!limit || t->count < limit)) {
+  while (!rc && p < end && (!limit || t->count < limit)) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
     const char *eol = nl ? nl : end;
-    c.line++;
-    c.p = p;
-    c.end = eol;
-    skip_ws(&c);
-    if (c.p != c.end) {
-      if (memchr(p, '\0', (size_t)(eol - p))) {
-        rc = fail(&c, KVBM_EFORMAT, "NUL byte in the line");
-        break;
-      }
-      kvbm_trace_request r;
-      memset(&r, 0, sizeof r);
-      size_t off = t->nids;
-      if ((rc = read_record(&c, t, &r))) break;
-      if ((rc = push_request(t, &r, off))) {
-        fail(&c, rc, "out of memory");
-        break;
-      }
-    }
+    rc = take_line(t, &c, p, eol);
     p = nl ? nl + 1 : end;
   }
   if (rc) {
     kvbm_trace_destroy(t);
     return rc;
   }
-  for (size_t i = 0; i < t->count; i++) t->reqs[i].hash_ids = t->ids + t->ids_off[i];
+  finish(t);
   *out = t;
+  return KVBM_OK;
+}
+
+/* ---- Streaming from a file ----
+ *
+ * The file is inflated (or read, if plain) in windows of READ_WINDOW bytes
+ * and cut into lines as it comes; a line is parsed straight from the window
+ * when it lies inside one, and otherwise gathered in a line buffer that
+ * may grow to KVBM_TRACE_MAX_LINE bytes and no further. Reading stops as
+ * soon as `limit` requests are in, so a trace of any size (or a gzip bomb)
+ * costs the window, one line and the requests kept. At the end of the
+ * input zlib must have seen the gzip stream's end: a file cut short, even
+ * at a flush point where everything before it inflates cleanly, is an
+ * error and not a shorter trace. */
+#define READ_WINDOW (1u << 20)
+
+typedef struct reader {
+  kvbm_trace *t;
+  cursor c;
+  char *line; /* a line spanning windows */
+  size_t len, cap;
+} reader;
+
+/* Appends [p, q) to the pending line, within the line limit. */
+static int gather(reader *r, const char *p, const char *q) {
+  size_t n = (size_t)(q - p);
+  if (r->len + n > KVBM_TRACE_MAX_LINE)
+    return kvbm_error_set(r->c.err, KVBM_ETOOLONG, "line %zu: longer than %u bytes", r->c.line + 1,
+                          KVBM_TRACE_MAX_LINE);
+  if (r->len + n > r->cap) {
+    size_t cap = r->cap ? r->cap : 4096;
+    while (cap < r->len + n) cap *= 2;
+    if (cap > KVBM_TRACE_MAX_LINE) cap = KVBM_TRACE_MAX_LINE;
+    char *l = realloc(r->line, cap);
+    if (!l) return kvbm_error_set(r->c.err, KVBM_ENOMEM, "line %zu: out of memory", r->c.line + 1);
+    r->line = l;
+    r->cap = cap;
+  }
+  memcpy(r->line + r->len, p, n);
+  r->len += n;
+  return KVBM_OK;
+}
+
+/* Takes the lines of one window; stops at the limit (*done). */
+static int feed(reader *r, const char *p, const char *end, size_t limit, bool *done) {
+  while (p < end) {
+    if (limit && r->t->count >= limit) {
+      *done = true;
+      return KVBM_OK;
+    }
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    if (!nl) return gather(r, p, end);
+    int rc;
+    if (r->len) { /* the end of a line begun in an earlier window */
+      rc = gather(r, p, nl);
+      if (!rc) rc = take_line(r->t, &r->c, r->line, r->line + r->len);
+      r->len = 0;
+    } else {
+      rc = take_line(r->t, &r->c, p, nl);
+    }
+    if (rc) return rc;
+    p = nl + 1;
+  }
+  *done = limit && r->t->count >= limit;
+  return KVBM_OK;
+}
+
+static int read_all(gzFile f, const char *path, size_t limit, reader *r, char *win, kvbm_error *err) {
+  for (;;) {
+    int n = gzread(f, win, READ_WINDOW);
+    if (n < 0) {
+      int zerr;
+      const char *msg = gzerror(f, &zerr);
+      return kvbm_error_set(err, KVBM_EIO, "trace: reading %s: %s", path, msg);
+    }
+    if (n == 0) break;
+    bool done = false;
+    int rc = feed(r, win, win + n, limit, &done);
+    if (rc || done) return rc;
+  }
+  int zerr = Z_OK;
+  gzerror(f, &zerr);
+  if (zerr == Z_BUF_ERROR) /* input ended inside a gzip stream */
+    return kvbm_error_set(err, KVBM_ETRUNCATED,
+                          "trace: %s is truncated: its gzip stream ends without its end marker (line %zu)", path,
+                          r->c.line + 1);
+  if (r->len && (!limit || r->t->count < limit)) /* a last line without a newline */
+    return take_line(r->t, &r->c, r->line, r->line + r->len);
   return KVBM_OK;
 }
 
@@ -296,38 +392,21 @@ int kvbm_trace_load(const char *path, size_t limit, kvbm_trace **out, kvbm_error
   if (!path || !out) return kvbm_error_set(err, KVBM_EINVAL, "trace: NULL argument");
   gzFile f = gzopen(path, "rb");
   if (!f) return kvbm_error_set(err, KVBM_EIO, "trace: cannot open %s: %s", path, strerror(errno));
-  size_t cap = 1 << 20, len = 0;
-  char *buf = malloc(cap);
-  int rc = KVBM_OK;
-  for (;;) {
-    if (!buf) {
-      rc = kvbm_error_set(err, KVBM_ENOMEM, "trace: out of memory reading %s", path);
-      break;
-    }
-    if (len == cap) {
-      char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-      if (!nb) {
-        rc = kvbm_error_set(err, KVBM_ENOMEM, "trace: out of memory reading %s", path);
-        break;
-      }
-      buf = nb;
-      cap *= 2;
-    }
-    unsigned want = (cap - len) > (1u << 30) ? (1u << 30) : (unsigned)(cap - len);
-    int n = gzread(f, buf + len, want);
-    if (n < 0) {
-      int zerr;
-      const char *msg = gzerror(f, &zerr);
-      rc = kvbm_error_set(err, KVBM_EIO, "trace: reading %s: %s", path, msg);
-      break;
-    }
-    if (n == 0) break;
-    len += (size_t)n;
-  }
+  reader r = {.c = {.err = err, .line = 0}};
+  char *win = malloc(READ_WINDOW);
+  r.t = calloc(1, sizeof *r.t);
+  int rc = win && r.t ? read_all(f, path, limit, &r, win, err)
+                      : kvbm_error_set(err, KVBM_ENOMEM, "trace: out of memory reading %s", path);
   gzclose(f);
-  if (!rc) rc = kvbm_trace_parse(buf, len, limit, out, err);
-  free(buf);
-  return rc;
+  free(win);
+  free(r.line);
+  if (rc) {
+    kvbm_trace_destroy(r.t);
+    return rc;
+  }
+  finish(r.t);
+  *out = r.t;
+  return KVBM_OK;
 }
 
 void kvbm_trace_destroy(kvbm_trace *t) {
@@ -354,6 +433,24 @@ void kvbm_trace_max_lengths(const kvbm_trace *t, size_t n, size_t *max_input,
   }
   *max_input = in;
   *max_output = out;
+}
+
+int kvbm_trace_check_fit(const kvbm_trace *t, size_t n, uint32_t block_size, uint64_t capacity,
+                         kvbm_error *err) {
+  if (!t || block_size == 0) return kvbm_error_set(err, KVBM_EINVAL, "trace: NULL trace or block size 0");
+  if (n > t->count) n = t->count;
+  for (size_t i = 0; i < n; i++) {
+    const kvbm_trace_request *r = &t->reqs[i];
+    uint64_t tokens = (uint64_t)r->input_length + r->output_length;
+    uint64_t blocks = (tokens + block_size - 1) / block_size;
+    if (blocks > capacity)
+      return kvbm_error_set(err, KVBM_ENOSPC,
+                            "replay: request %zu (%u prompt + %u output tokens, %llu blocks) does not fit in the "
+                            "pool of %llu blocks",
+                            i, r->input_length, r->output_length, (unsigned long long)blocks,
+                            (unsigned long long)capacity);
+  }
+  return KVBM_OK;
 }
 
 void kvbm_trace_prompt_tokens(const kvbm_trace_request *req, uint32_t *out) {

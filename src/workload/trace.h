@@ -37,14 +37,25 @@ typedef struct kvbm_trace_request {
 
 typedef struct kvbm_trace kvbm_trace;
 
+/* Longest line accepted (bytes, without the newline): 16 MiB, room for
+ * about two million hash ids. */
+#define KVBM_TRACE_MAX_LINE (16u << 20)
+
 /* Parses `len` bytes of JSON lines, keeping at most `limit` requests (0: all).
  * On success *out must be freed with kvbm_trace_destroy(). On bad input
- * returns KVBM_EFORMAT (or KVBM_ERANGE for out-of-range numbers) with
- * err->msg "line N: ...". */
+ * returns KVBM_EFORMAT (or KVBM_ERANGE for out-of-range numbers,
+ * KVBM_ETOOLONG for a line above KVBM_TRACE_MAX_LINE) with err->msg
+ * "line N: ...". */
 int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out,
                      kvbm_error *err);
 
-/* Reads a trace file, plain or gzip-compressed, then parses it. */
+/* Reads a trace file, plain or gzip-compressed, streaming: line by line as
+ * it is inflated, and reading stops once `limit` requests are in, so the
+ * memory used is the requests kept plus a 1 MiB window and one line (at
+ * most KVBM_TRACE_MAX_LINE), whatever the file's size. Errors: those of
+ * kvbm_trace_parse; KVBM_EIO (cannot open or read; a corrupt gzip
+ * stream); KVBM_ETRUNCATED (the gzip stream ends without its end marker,
+ * e.g. a file cut at a flush point). */
 int kvbm_trace_load(const char *path, size_t limit, kvbm_trace **out, kvbm_error *err);
 
 void kvbm_trace_destroy(kvbm_trace *trace); /* NULL is a no-op */
@@ -58,6 +69,15 @@ const kvbm_trace_request *kvbm_trace_get(const kvbm_trace *trace, size_t i);
  * never empty. */
 void kvbm_trace_max_lengths(const kvbm_trace *trace, size_t n, size_t *max_input,
                             size_t *max_output);
+
+/* Checks, before anything is sized from them, that each of the first n
+ * requests (n capped at the count) fits in a pool of `capacity` blocks of
+ * `block_size` tokens: its prompt and output tokens together need
+ * ceil((input + output) / block_size) blocks at once. KVBM_ENOSPC naming
+ * the first request that cannot fit (a replay would fail there anyway,
+ * after allocating buffers for its prompt); KVBM_EINVAL for block_size 0. */
+int kvbm_trace_check_fit(const kvbm_trace *trace, size_t n, uint32_t block_size, uint64_t capacity,
+                         kvbm_error *err);
 
 /* Writes the request's prompt tokens (input_length of them) to out:
  * token i = hash_ids[i / 512] * 512 + i % 512. */

@@ -47,17 +47,21 @@ static int run_request(kvbm_pool *pool, const kvbm_trace_request *r, size_t idx,
 int kvbm_w1_run(const kvbm_trace *trace, const kvbm_w1_config *opts,
                    kvbm_w1_result *out, kvbm_error *err) {
   if (!trace || !opts || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
+  size_t n = kvbm_trace_count(trace);
+  if (opts->limit && opts->limit < n) n = opts->limit;
+  /* A request that cannot fit is refused before its prompt buffer is
+   * allocated (a 2^31-token prompt would take 8 GiB first). */
+  int rc = kvbm_trace_check_fit(trace, n, opts->block_size, opts->capacity, err);
+  if (rc) return rc;
   kvbm_pool_config pc = kvbm_pool_config_default(opts->capacity, opts->block_size);
   pc.scheme = opts->scheme;
   pc.keep_tokens = false; /* events carry the caller's tokens; nobody reads them back */
   pc.listener = opts->listener;
   pc.listener_user = opts->listener_user;
   kvbm_pool *pool;
-  int rc = kvbm_pool_create(&pc, &pool, err);
+  rc = kvbm_pool_create(&pc, &pool, err);
   if (rc) return rc;
 
-  size_t n = kvbm_trace_count(trace);
-  if (opts->limit && opts->limit < n) n = opts->limit;
   size_t max_in, max_out;
   kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
   uint32_t *prompt = malloc(max_in * sizeof *prompt);

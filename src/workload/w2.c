@@ -169,6 +169,9 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
                           (unsigned long long)o->block_bytes);
   size_t n = kvbm_trace_count(trace);
   if (o->w1.limit && o->w1.limit < n) n = o->w1.limit;
+  /* Refuse what cannot fit in G1 before sizing buffers and queues by it. */
+  int rc = kvbm_trace_check_fit(trace, n, o->w1.block_size, o->w1.capacity, err);
+  if (rc) return rc;
   size_t max_in, max_out;
   kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
   kvbm_manager_config mc = kvbm_manager_config_default();
@@ -192,7 +195,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   uint64_t qcap = 2 * ((max_in + max_out) / (o->w1.block_size ? o->w1.block_size : 1) + 2);
   mc.queue_capacity = qcap > (1u << 24) ? (1u << 24) : (uint32_t)qcap;
   kvbm_manager *m;
-  int rc = kvbm_manager_create(&mc, &m, err);
+  rc = kvbm_manager_create(&mc, &m, err);
   if (rc) return rc;
   kvbm_w2_result res;
   memset(&res, 0, sizeof res);

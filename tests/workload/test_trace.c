@@ -169,11 +169,41 @@ static void mutations_never_break_the_rules(void **state) {
   assert_true(ok > 0 && bad > 0);
 }
 
+
+/* A request fits when its prompt and output need at most the pool's
+ * blocks; the first one that does not is named; a line above the limit is
+ * refused. */
+static void fit_and_line_limit(void **state) {
+  (void)state;
+  kvbm_trace *t = parse_ok(
+      "{\"timestamp\": 0, \"input_length\": 60, \"output_length\": 4, \"hash_ids\": [1]}\n"
+      "{\"timestamp\": 0, \"input_length\": 61, \"output_length\": 4, \"hash_ids\": [1]}\n",
+      0);
+  kvbm_error err = {0};
+  assert_int_equal(kvbm_trace_check_fit(t, 1, 16, 4, &err), KVBM_OK);   /* 64 tokens, 4 blocks */
+  assert_int_equal(kvbm_trace_check_fit(t, 2, 16, 4, &err), KVBM_ENOSPC); /* 65 tokens, 5 blocks */
+  assert_non_null(strstr(err.msg, "request 1 (61 prompt + 4 output tokens, 5 blocks)"));
+  assert_int_equal(kvbm_trace_check_fit(t, 99, 16, 5, &err), KVBM_OK);
+  assert_int_equal(kvbm_trace_check_fit(t, 2, 0, 5, &err), KVBM_EINVAL);
+  kvbm_trace_destroy(t);
+  size_t n = KVBM_TRACE_MAX_LINE + 1;
+  char *big = malloc(n);
+  assert_non_null(big);
+  memset(big, ' ', n);
+  assert_int_equal(kvbm_trace_parse(big, n, 0, &t, &err), KVBM_ETOOLONG);
+  assert_non_null(strstr(err.msg, "line 1: longer than"));
+  assert_int_equal(kvbm_trace_parse(big, n - 1, 0, &t, &err), KVBM_OK); /* blank, at the limit */
+  assert_int_equal(kvbm_trace_count(t), 0);
+  kvbm_trace_destroy(t);
+  free(big);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(parses_fields_and_skips_unknown),
       cmocka_unit_test(bad_input_names_the_line),
       cmocka_unit_test(mutations_never_break_the_rules),
+      cmocka_unit_test(fit_and_line_limit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
