@@ -39,8 +39,8 @@ static void on_signal(int sig) {
   g_stop = 1;
 }
 
-static void usage(void) {
-  fprintf(stderr,
+static void usage_to(FILE *f) {
+  fprintf(f,
           "usage: kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
           "                        [--count N] [--idle-ms MS] [--bind]\n"
           "       kvbm events tail nats://HOST:PORT --subject S [--count N] [--idle-ms MS]\n"
@@ -49,6 +49,8 @@ static void usage(void) {
           "                        [--zmq-topic T]) [--form positional|map] [--dp-rank R]\n"
           "                        [--batch N] [--delay-us US] [--count N] [--idle-ms MS]\n");
 }
+
+static void usage(void) { usage_to(stderr); }
 
 typedef struct args {
   kvbm_subscriber_config sub;
@@ -362,6 +364,11 @@ static int relay(int argc, char **argv) {
 }
 
 int kvbm_cmd_events(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage_to(stdout);
+      return 0;
+    }
   if (argc < 2) {
     usage();
     return 2;

@@ -12,14 +12,7 @@
 
 const char kvbm_cmd_replay_help[] = "replay a request trace through the block manager (W1)";
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: kvbm replay [TRACE] [--block-size 16] [--capacity 16384] [--limit N]\n"
-          "                   [--hash native|dynamo] [--json] [--no-progress]\n"
-          "TRACE is Mooncake JSON lines, plain or .gz; default: the bundled\n"
-          "Mooncake conversation trace (%s).\n",
-          KVBM_DEFAULT_TRACE);
-}
+static void usage(FILE *f) { replay_cli_usage(f); }
 
 int kvbm_cmd_replay(int argc, char **argv) {
   if (replay_w2_wanted(argc, argv)) return replay_w2_main(argc, argv); /* W2: tier flags */

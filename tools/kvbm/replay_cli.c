@@ -46,6 +46,29 @@ int replay_cli_take(int argc, char **argv, int *i, kvbm_w1_config *o, replay_cli
   return 1;
 }
 
+void replay_cli_usage(FILE *f) {
+  fprintf(f,
+          "usage: kvbm replay [TRACE] [--block-size 16] [--capacity 16384] [--limit N]\n"
+          "                   [--hash native|dynamo] [--json] [--no-progress]\n"
+          "                   [--g2-blocks N --g3-blocks N [--g3-dir DIR] [--block-bytes 256]\n"
+          "                    [--g2-policy all|frequency|never] [--g3-policy frequency|all|never]\n"
+          "                    [--g3-buffered] [--g1-memory system|pinned|device]]\n"
+          "TRACE is Mooncake JSON lines, plain or .gz; default: the bundled\n"
+          "Mooncake conversation trace (%s).\n"
+          "W1: the trace through one block pool of --capacity blocks.\n"
+          "W2: any of the tier flags adds a host tier G2 and a disk tier G3 below G1\n"
+          "(--capacity blocks); see docs/areas/tiers.md for the policy.\n"
+          "  --g2-blocks N      G2 (host) blocks\n"
+          "  --g3-blocks N      G3 (disk) blocks\n"
+          "  --g3-dir DIR       G3 directory (default: the private /tmp/kvbm-<uid>)\n"
+          "  --block-bytes N    bytes of KV per block, a multiple of 16 (default 256)\n"
+          "  --g2-policy P      what is copied to G2 (default all)\n"
+          "  --g3-policy P      what is copied to G3 (default frequency)\n"
+          "  --g3-buffered      G3 through the page cache (default O_DIRECT)\n"
+          "  --g1-memory M      G1 in system, pinned or device memory (default system)\n",
+          KVBM_DEFAULT_TRACE);
+}
+
 void replay_cli_progress(void *user, size_t done, size_t total) {
   (void)user;
   int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;

@@ -29,17 +29,7 @@ bool replay_w2_wanted(int argc, char **argv) {
   return false;
 }
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: kvbm replay [TRACE] [--block-size 16] [--capacity 16384] [--limit N]\n"
-          "                   [--hash native|dynamo] [--json] [--no-progress]\n"
-          "                   --g2-blocks N --g3-blocks N [--g3-dir DIR] [--block-bytes 256]\n"
-          "                   [--g2-policy all|frequency|never] [--g3-policy frequency|all|never]\n"
-          "                   [--g3-buffered] [--g1-memory system|pinned|device]\n"
-          "W2: W1 with a host tier G2 and a disk tier G3 below G1 (--capacity blocks);\n"
-          "see docs/areas/tiers.md for the policy. Default trace: %s.\n",
-          KVBM_DEFAULT_TRACE);
-}
+static void usage(FILE *f) { replay_cli_usage(f); }
 
 static bool policy_opt(const char *opt, const char *v, kvbm_offload_policy *p) {
   if (kvbm_offload_policy_parse(v, p)) return true;
