@@ -99,6 +99,27 @@ same "check, changed and missing files" -- -c sums
 same "check, quiet with failures" -- -c --quiet sums
 same_stdin sums_ok -c -
 same "check, missing checkfile" -- -c no_such_sums
+# Lines b3sum refuses, each reported and counted while the other lines are
+# still checked: uppercase hex, a NUL in the name (it would cut the name
+# short, and the file before the NUL would be checked in its place), an
+# empty line, a bad escape, a non-ASCII prefix, U+FFFD in a name, one
+# space, no name. A line that is not UTF-8, or an unreadable checkfile,
+# stops the check there (no later checkfile is read).
+good=$(b3sum f_2049)
+hex=${good:0:64}
+up=$(tr a-f A-F <<<"$hex")
+printf '%s  f_2049\n' "$up" > upper_sums
+same "check: uppercase hex" -- -c upper_sums
+printf '%s  f_2049\0tail\n' "$hex" > nul_sums
+same "check: NUL in a name" -- -c nul_sums
+{ echo "$good"; printf '%s  f_2049\n' "$up"; printf '\n'; printf '\\%s  f_2049\\x\n' "$hex"
+  printf '%s\xc3\xa9 f_2049\n' "${hex:0:63}"; printf '%s  \xef\xbf\xbd\n' "$hex"
+  printf '%s f_2049\n' "$hex"; printf '%s  \n' "$hex"; printf '%s  f_2049\0x\n' "$hex"; echo "$good"; } > mixed_sums
+same "check: malformed lines among good ones" -- -c mixed_sums
+same "check: malformed lines, quiet" -- -c --quiet mixed_sums
+{ echo "$good"; printf '%s  f_2049\xff\n' "$hex"; echo "$good"; } > notutf8_sums
+same "check: a line that is not UTF-8" -- -c notutf8_sums
+same "check: an unreadable checkfile stops the check" -- -c sums_ok no_such_sums sums_ok
 printf 'zz  f_2049\n' > badsums
 rc=0; "$KVBM_BIN" b3sum -c badsums 2>err >/dev/null || rc=$?
 [ "$rc" == 1 ] && grep -q "line 1" err || fail "malformed check line: rc $rc $(cat err)"

@@ -209,98 +209,128 @@ static int sum_one(const opts *o, const char *name, uint8_t *buf) {
   return 0;
 }
 
+/* A lowercase hex digit's value, or -1: b3sum takes lowercase only. */
 static int hexval(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
 }
 
-/* Parses one check line "[\\]<64 hex>  <name>" in place: fills want and
- * points *name at the (unescaped) name. Returns 0 or -1. */
-static int parse_check_line(char *line, uint8_t want[32], char **name) {
-  bool escaped = line[0] == '\\';
-  char *p = line + escaped;
-  for (int i = 0; i < 32; i++) {
-    int hi = hexval(p[2 * i]), lo = hi < 0 ? -1 : hexval(p[2 * i + 1]);
-    if (hi < 0 || lo < 0) return -1;
-    want[i] = (uint8_t)(hi << 4 | lo);
+/* Whether s[0..n) is all valid UTF-8. */
+static bool utf8_valid(const char *s, size_t n) {
+  const unsigned char *u = (const unsigned char *)s;
+  for (size_t i = 0; i < n;) {
+    size_t k = utf8_seq_len(u + i, n - i);
+    if (k == 0) return false;
+    i += k;
   }
-  p += 64;
-  if (p[0] != ' ' || p[1] != ' ' || p[2] == '\0') return -1;
-  p += 2;
-  *name = p;
-  if (escaped) {
-    char *w = p;
-    for (char *r = p; *r; r++) {
-      if (*r == '\\' && r[1] == '\\') {
-        *w++ = '\\';
-        r++;
-      } else if (*r == '\\' && r[1] == 'n') {
-        *w++ = '\n';
-        r++;
-      } else if (*r == '\\') {
-        return -1;
-      } else {
-        *w++ = *r;
-      }
-    }
-    *w = '\0';
-  }
-  return 0;
+  return true;
 }
 
-/* --check: verifies every line of one checkfile. Returns 0 when all named
- * files match, 1 otherwise (also for an unreadable or malformed
- * checkfile, which stops at the bad line). */
+/* Parses one check line (without its newline) as b3sum 1.2 does, in its
+ * order: "[\\]<64 lowercase hex>  <name>", the name unescaped (\\n, \\\\)
+ * when the line starts with a backslash, and then refused if it holds a
+ * NUL (it would cut the name short: another file would be checked) or
+ * U+FFFD (several invalid names map to it). Fills want, *name (in place,
+ * NUL-terminated) and returns NULL, or returns b3sum's message. */
+static const char *parse_check_line(char *line, size_t n, uint8_t want[32], char **name) {
+  if (n == 0) return "Empty line";
+  bool escaped = line[0] == '\\';
+  char *p = line + escaped;
+  n -= escaped;
+  if (n <= 66) return "Short line";
+  for (size_t i = 0; i < 66; i++)
+    if ((unsigned char)p[i] >= 0x80) return "Non-ASCII prefix";
+  if (p[64] != ' ' || p[65] != ' ') return "Invalid space";
+  for (int i = 0; i < 32; i++) {
+    int hi = hexval(p[2 * i]), lo = hexval(p[2 * i + 1]);
+    if (hi < 0 || lo < 0) return "Invalid hex";
+    want[i] = (uint8_t)(hi << 4 | lo);
+  }
+  char *r = p + 66, *end = p + n, *w = r;
+  for (; r < end; r++) {
+    if (escaped && *r == '\\') {
+      if (r + 1 == end || (r[1] != 'n' && r[1] != '\\')) return "Invalid backslash escape";
+      *w++ = r[1] == 'n' ? '\n' : '\\';
+      r++;
+    } else {
+      *w++ = *r;
+    }
+  }
+  size_t len = (size_t)(w - (p + 66));
+  *w = '\0';
+  *name = p + 66;
+  if (memchr(*name, '\0', len)) return "Null character in path";
+  if (memmem(*name, len, "\xef\xbf\xbd", 3)) return "Unicode replacement character in path";
+  return NULL;
+}
+
+/* Checks one line; returns whether it is good. */
+static bool check_line(const opts *o, const char *checkfile, size_t lineno, char *line, size_t n, uint8_t *buf) {
+  /* How b3sum shows the name: the line's own (escaped) text. */
+  char *shown = NULL;
+  if (n > 66 + (line[0] == '\\')) shown = strndup(line, n);
+  uint8_t want[32], got[32];
+  char *name;
+  const char *bad = parse_check_line(line, n, want, &name);
+  if (bad || !shown) {
+    fflush(stdout);
+    fprintf(stderr, "kvbm b3sum: %s: line %zu: %s\n", checkfile, lineno, bad ? bad : "out of memory");
+    free(shown);
+    return false;
+  }
+  kvbm_blake3_hasher h;
+  int e = hash_named(o, name, buf, &h);
+  bool ok = false;
+  if (e == 0) {
+    kvbm_blake3_hasher_finalize(&h, got, sizeof got);
+    ok = memcmp(got, want, sizeof got) == 0;
+  }
+  if (!ok || !o->quiet) {
+    /* the line's text after the hash, with its leading backslash */
+    const char *text = shown + 66 + (shown[0] == '\\');
+    printf("%s%s: ", shown[0] == '\\' ? "\\" : "", text);
+    if (e != 0)
+      printf("FAILED (%s (os error %d))\n", strerror(e), e);
+    else
+      printf(ok ? "OK\n" : "FAILED\n");
+  }
+  free(shown);
+  return ok;
+}
+
+/* --check: verifies every line of one checkfile, as b3sum 1.2 does: a
+ * malformed line is reported and counted as a failure, and the next line
+ * is checked. Returns 0 when every line checked, 1 otherwise, and -1 when
+ * the checkfile cannot be read or is not UTF-8 (b3sum stops there and
+ * checks no further checkfile). */
 static int check_one(const opts *o, const char *checkfile, uint8_t *buf) {
   bool is_stdin = strcmp(checkfile, "-") == 0;
   FILE *f = is_stdin ? stdin : fopen(checkfile, "r");
   if (!f) {
     int e = errno;
     fflush(stdout);
-    fprintf(stderr, "kvbm b3sum: %s: %s (os error %d)\n", checkfile,
-            strerror(e), e);
-    return 1;
+    fprintf(stderr, "kvbm b3sum: %s: %s (os error %d)\n", checkfile, strerror(e), e);
+    return -1;
   }
   char *line = NULL;
   size_t cap = 0;
   ssize_t n;
   int rc = 0;
   for (size_t lineno = 1; (n = getline(&line, &cap, f)) >= 0; lineno++) {
-    if (n > 0 && line[n - 1] == '\n') line[--n] = '\0';
-    /* How b3sum shows the name: the line's own (escaped) form. */
-    const char *shown = line + 66 <= line + n ? line + 66 : "";
-    bool escaped = line[0] == '\\';
-    if (escaped) shown = line + 67 <= line + n ? line + 67 : "";
-    char *shown_copy = strdup(shown);
-    uint8_t want[32], got[32];
-    char *name;
-    if (!shown_copy || parse_check_line(line, want, &name) != 0) {
+    size_t len = (size_t)n;
+    if (len > 0 && line[len - 1] == '\n') len--;
+    if (!utf8_valid(line, len)) {
       fflush(stdout);
-      fprintf(stderr,
-              "kvbm b3sum: %s: line %zu: not \"<64 hex digits>  <name>\"\n",
-              checkfile, lineno);
-      free(shown_copy);
-      rc = 1;
+      fprintf(stderr, "kvbm b3sum: %s: line %zu: stream did not contain valid UTF-8\n", checkfile, lineno);
+      rc = -1;
       break;
     }
-    kvbm_blake3_hasher h;
-    int e = hash_named(o, name, buf, &h);
-    bool ok = false;
-    if (e == 0) {
-      kvbm_blake3_hasher_finalize(&h, got, sizeof got);
-      ok = memcmp(got, want, sizeof got) == 0;
-    }
-    if (!ok) rc = 1;
-    if (!ok || !o->quiet) {
-      printf("%s%s: ", escaped ? "\\" : "", shown_copy);
-      if (e != 0)
-        printf("FAILED (%s (os error %d))\n", strerror(e), e);
-      else
-        printf(ok ? "OK\n" : "FAILED\n");
-    }
-    free(shown_copy);
+    if (!check_line(o, checkfile, lineno, line, len, buf)) rc = 1;
+  }
+  if (rc == 0 && ferror(f)) {
+    fprintf(stderr, "kvbm b3sum: %s: %s\n", checkfile, strerror(errno));
+    rc = -1;
   }
   free(line);
   if (!is_stdin) fclose(f);
@@ -416,8 +446,15 @@ int kvbm_cmd_b3sum(int argc, char **argv) {
     goto out;
   }
   rc = 0;
-  for (size_t i = 0; i < nfiles; i++)
-    rc |= o.check ? check_one(&o, files[i], buf) : sum_one(&o, files[i], buf);
+  for (size_t i = 0; i < nfiles; i++) {
+    if (!o.check) {
+      rc |= sum_one(&o, files[i], buf);
+      continue;
+    }
+    int c = check_one(&o, files[i], buf);
+    rc |= c != 0;
+    if (c < 0) break; /* b3sum gives up on an unreadable checkfile */
+  }
   if (fflush(stdout) != 0 || ferror(stdout)) {
     fprintf(stderr, "kvbm b3sum: writing the output: %s\n", strerror(errno));
     rc = 1;
