@@ -95,6 +95,15 @@ typedef struct kvbm_pool_config {
                                  true); blocks built by append always keep
                                  theirs. Without it block_info.tokens is NULL
                                  for such blocks. */
+  bool fill_only;             /* blocks are only ever filled whole
+                                 (kvbm_block_fill / kvbm_pool_fill_run),
+                                 never built by init/append/commit: the pool
+                                 then keeps no token slots at all (4 *
+                                 block_size bytes a block), and
+                                 kvbm_block_init / kvbm_block_append are
+                                 KVBM_EUNSUPPORTED. Needs keep_tokens false
+                                 (default false). A lower tier's index (G2,
+                                 G3) is such a pool. */
   kvbm_pool_listener listener;/* optional */
   void *listener_user;
 } kvbm_pool_config;
@@ -154,7 +163,8 @@ KVBM_EXTERN int kvbm_pool_match_prefix(kvbm_pool *pool, const uint64_t *hashes, 
                            uint32_t *ids, size_t *matched);
 
 /* RESET -> PARTIAL: starts a block as the successor of `parent` (when
- * has_parent) under salt `salt_hash`. */
+ * has_parent) under salt `salt_hash`. KVBM_EUNSUPPORTED in a fill_only
+ * pool (as is append). */
 KVBM_EXTERN int kvbm_block_init(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
                     uint64_t parent, bool has_parent);
 

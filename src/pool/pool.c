@@ -32,8 +32,10 @@
  *    chained behind the indexed one (dup_next) in registration order.
  *
  * Memory for a pool of N blocks of B tokens: 32 N (records) + 32..64 N
- * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots), and
- * 4 N for the duplicate chains with allow_duplicates.
+ * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots, none
+ * with fill_only: a tier below G1 only ever fills blocks whole and never
+ * reads tokens back), and 4 N for the duplicate chains with
+ * allow_duplicates.
  */
 #include "kvbm/pool.h"
 
@@ -256,6 +258,7 @@ static void notify(kvbm_pool *p, const kvbm_pool_event *ev) {
 }
 
 static inline uint32_t *tokens_of(const kvbm_pool *p, uint32_t id) {
+  if (!p->tokens) return NULL; /* fill_only: no slots */
   return p->tokens + (size_t)id * p->cfg.block_size;
 }
 
@@ -421,6 +424,8 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
     return kvbm_error_set(err, KVBM_EINVAL, "pool: block_size %u is not in [1, 65535]", cfg->block_size);
   if (cfg->scheme != KVBM_HASH_NATIVE && cfg->scheme != KVBM_HASH_DYNAMO)
     return kvbm_error_set(err, KVBM_EINVAL, "pool: unknown hash scheme %d", (int)cfg->scheme);
+  if (cfg->fill_only && cfg->keep_tokens)
+    return kvbm_error_set(err, KVBM_EINVAL, "pool: fill_only keeps no tokens: keep_tokens must be false");
 
   kvbm_pool *p = calloc(1, sizeof *p);
   if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory");
@@ -435,11 +440,11 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   p->blocks = calloc(n, sizeof *p->blocks);
   p->priority = calloc(n, sizeof *p->priority);
   p->salts = calloc(n, sizeof *p->salts);
-  p->tokens = calloc((size_t)n * cfg->block_size, sizeof *p->tokens);
+  if (!cfg->fill_only) p->tokens = calloc((size_t)n * cfg->block_size, sizeof *p->tokens);
   p->free_stack = malloc((size_t)n * sizeof *p->free_stack);
   p->table = aligned_alloc(64, tsize * sizeof *p->table);
   if (cfg->allow_duplicates) p->dup_next = malloc((size_t)n * sizeof *p->dup_next);
-  if (!p->blocks || !p->priority || !p->salts || !p->tokens || !p->free_stack || !p->table ||
+  if (!p->blocks || !p->priority || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !p->table ||
       (cfg->allow_duplicates && !p->dup_next)) {
     kvbm_pool_destroy(p);
     return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory for %u blocks", n);
@@ -530,6 +535,7 @@ int kvbm_pool_match_prefix(kvbm_pool *p, const uint64_t *hashes, size_t n,
 int kvbm_block_init(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                     bool has_parent) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
+  if (p->cfg.fill_only) return KVBM_EUNSUPPORTED; /* no token slots to build a block in */
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
   start_block(p, id, salt_hash, parent, has_parent);
@@ -539,6 +545,7 @@ int kvbm_block_init(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t pare
 
 int kvbm_block_append(kvbm_pool *p, uint32_t id, const uint32_t *tokens, size_t n) {
   if (!valid_id(p, id) || (n && !tokens)) return KVBM_EINVAL;
+  if (p->cfg.fill_only) return KVBM_EUNSUPPORTED;
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_PARTIAL) return KVBM_ESTATE;
   if (n > p->cfg.block_size - b->ntok) return KVBM_EOVERFLOW;

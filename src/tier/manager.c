@@ -758,6 +758,7 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
   kvbm_pool_config pc = kvbm_pool_config_default(nblocks, m->cfg.block_size);
   pc.scheme = m->cfg.scheme;
   pc.keep_tokens = false;
+  pc.fill_only = ti != KVBM_TIER_G1; /* G2 blocks are filled whole by copies, never appended to */
   pc.listener = fn;
   pc.listener_user = m;
   if ((rc = kvbm_pool_create(&pc, &t->pool, err))) return rc;
@@ -869,6 +870,7 @@ static int g3_tier(kvbm_manager *m, kvbm_error *err) {
   kvbm_pool_config pc = kvbm_pool_config_default((uint32_t)n, m->cfg.block_size);
   pc.scheme = m->cfg.scheme;
   pc.keep_tokens = false;
+  pc.fill_only = true; /* the index only names blocks: no token slots (4 B x block_size each) */
   pc.listener = on_g3;
   pc.listener_user = m;
   int rc = kvbm_pool_create(&pc, &t->pool, err);

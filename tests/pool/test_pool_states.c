@@ -532,8 +532,52 @@ static void test_fresh_pool(void **state) {
   kvbm_pool_destroy(p);
 }
 
+
+/* A fill_only pool (a lower tier's index): blocks filled whole register
+ * and dedup as usual and their events carry the caller's tokens, but no
+ * token is kept, and building a block token by token is refused. */
+static void test_fill_only(void **state) {
+  (void)state;
+  static tu_log log;
+  kvbm_pool_config c = kvbm_pool_config_default(4, 4);
+  c.keep_tokens = false;
+  c.fill_only = true;
+  c.listener = tu_listener;
+  c.listener_user = &log;
+  memset(&log, 0, sizeof log);
+  kvbm_pool *p;
+  assert_int_equal(kvbm_pool_create(&c, &p, NULL), KVBM_OK);
+  uint32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, ids[2], got;
+  uint64_t h[2] = {11, 12};
+  assert_int_equal(kvbm_pool_alloc(p, 1, ids), KVBM_OK);
+  assert_int_equal(kvbm_block_init(p, ids[0], 0, 0, false), KVBM_EUNSUPPORTED);
+  assert_int_equal(kvbm_block_append(p, ids[0], tok, 1), KVBM_EUNSUPPORTED);
+  assert_int_equal(kvbm_block_fill(p, ids[0], 0, 0, false, tok, h[0], &got), KVBM_OK);
+  assert_int_equal(got, ids[0]);
+  kvbm_block_info info;
+  assert_int_equal(kvbm_block_info_get(p, got, &info), KVBM_OK);
+  assert_null(info.tokens);
+  assert_int_equal(log.n, 1);
+  assert_int_equal(log.ev[0].num_tokens, 4);
+  assert_memory_equal(log.ev[0].tokens, tok, 4 * sizeof *tok);
+  uint32_t run[2];
+  assert_int_equal(kvbm_pool_fill_run(p, 0, h[0], true, tok + 4, h + 1, 1, run), KVBM_OK);
+  assert_true(kvbm_pool_contains(p, 12));
+  /* a second fill of hash 11 dedups to the first block */
+  assert_int_equal(kvbm_pool_alloc(p, 1, ids + 1), KVBM_OK);
+  assert_int_equal(kvbm_block_fill(p, ids[1], 0, 0, false, tok, h[0], &got), KVBM_OK);
+  assert_int_equal(got, ids[0]);
+  kvbm_pool_destroy(p);
+  /* keeping tokens needs slots */
+  c.keep_tokens = true;
+  kvbm_error err;
+  assert_int_equal(kvbm_pool_create(&c, &p, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "fill_only"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fill_only),
       cmocka_unit_test(test_from_free),
       cmocka_unit_test(test_from_freed),
       cmocka_unit_test(test_from_held),

@@ -4,7 +4,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <sys/resource.h>
 #include <sys/vfs.h>
+#include <sys/wait.h>
 
 #include "tier/disk.h"
 #include "tier/testing.h"
@@ -596,6 +598,62 @@ static void test_env(void **st) {
   }
 }
 
+
+/* Virtual memory of this process now (VmSize, bytes), or 0. */
+static uint64_t vm_size(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  uint64_t kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "VmSize: %lu kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb * 1024;
+}
+
+/* The G2 and G3 indexes keep no token slots (they only ever name blocks
+ * filled whole, and never read tokens back): with 16384-token blocks a
+ * manager of 16384 G2 and 16384 G3 blocks fits in 512 MiB of address
+ * space, where each index alone used to take 1 GiB of slots (4 bytes x
+ * block_size per block; 64 of the 151 heap bytes per G3 block at the
+ * default block size). In a child under RLIMIT_AS; not under sanitizers,
+ * which reserve terabytes of address space. */
+static void test_lower_tiers_keep_no_tokens(void **st) {
+  (void)st;
+#ifdef KVBM_SANITIZED
+  print_message("sanitizer build: the address-space limit is not applied\n");
+  skip();
+#endif
+  char *dir = tu_tmpdir("notok");
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    kvbm_manager_config c = tu_config(dir, 8, 16384, 16384);
+    c.block_size = 16384;
+    c.layout.page_size = 1; /* small blocks of KV: the slots are what is measured */
+    c.g3_direct = false;
+    uint64_t vm = vm_size();
+    struct rlimit rl = {vm + (512u << 20), vm + (512u << 20)};
+    if (!vm || setrlimit(RLIMIT_AS, &rl)) _exit(10);
+    kvbm_manager *m;
+    kvbm_error e = {0};
+    if (kvbm_manager_create(&c, &m, &e)) {
+      fprintf(stderr, "child: create: %s\n", e.msg);
+      _exit(11);
+    }
+    if (strcmp(kvbm_manager_g3_error(m), "")) _exit(12);
+    kvbm_tier_stats s2, s3;
+    kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
+    kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+    kvbm_manager_destroy(m);
+    _exit(s2.present && s3.present ? 0 : 13);
+  }
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  tu_rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip_fc_fc),   cmocka_unit_test(test_roundtrip_ls_ls),
@@ -608,7 +666,7 @@ int main(void) {
       cmocka_unit_test(test_policies_switchable), cmocka_unit_test(test_queue_full_skips),
       cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_uncommitted_blocks),
       cmocka_unit_test(test_config_errors),     cmocka_unit_test(test_cuda_memory),
-      cmocka_unit_test(test_env),
+      cmocka_unit_test(test_env), cmocka_unit_test(test_lower_tiers_keep_no_tokens),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
