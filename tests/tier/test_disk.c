@@ -722,7 +722,7 @@ static void test_forged_slot_restart(void **st) {
     assert_true(forge_slot(dir, h1, slot, bytes));
     assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
     kvbm_tier_stats s3;
-    kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+    kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
     kvbm_mreq_info info;
     size_t got = tu_run(m, a, 17, &info, &r);
     if (keyed) {

@@ -642,8 +642,8 @@ static void test_lower_tiers_keep_no_tokens(void **st) {
     }
     if (strcmp(kvbm_manager_g3_error(m), "")) _exit(12);
     kvbm_tier_stats s2, s3;
-    kvbm_manager_stats(m, KVBM_TIER_G2, &s2);
-    kvbm_manager_stats(m, KVBM_TIER_G3, &s3);
+    kvbm_manager_stats_get(m, KVBM_TIER_G2, &s2);
+    kvbm_manager_stats_get(m, KVBM_TIER_G3, &s3);
     kvbm_manager_destroy(m);
     _exit(s2.present && s3.present ? 0 : 13);
   }
