@@ -399,6 +399,9 @@ int kvbm_w3_run(const kvbm_trace *trace, const kvbm_w3_config *o, kvbm_w3_result
   sim s = {.trace = trace, .o = o};
   s.n = kvbm_trace_count(trace);
   if (o->limit && o->limit < s.n) s.n = o->limit;
+  /* A request no worker can hold is refused before buffers are sized by it. */
+  rc = kvbm_trace_check_fit(trace, s.n, o->block_size, o->capacity, err);
+  if (rc) return rc;
   size_t max_in, max_out;
   kvbm_trace_max_lengths(trace, s.n, &max_in, &max_out);
   s.max_blocks = max_in / (o->block_size ? o->block_size : 1) + 1;

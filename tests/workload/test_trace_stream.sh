@@ -7,7 +7,7 @@
 #    memory first;
 #  - a line longer than 16 MiB is refused without holding more of it;
 #  - a request with input_length 2^31-1 is refused as not fitting the pool
-#    before 8 GiB are allocated for its prompt (W1 and W2);
+#    before 8 GiB are allocated for its prompt (W1, W2 and W3);
 #  - a gzip file cut at a flush point (everything before the cut inflates
 #    cleanly) is an error, not a shorter trace; --limit within the intact
 #    part still reads.
@@ -83,6 +83,8 @@ rc=0; limited 400000 run "$T/huge.jsonl" >/dev/null || rc=$?
   fail "huge prompt, W1: exit $rc"
 rc=0; limited 400000 run "$T/huge.jsonl" --g2-blocks 16 --g3-blocks 0 >/dev/null || rc=$?
 [ "$rc" = 1 ] && grep -q "does not fit in the pool of 16384 blocks" "$T/err" || fail "huge prompt, W2: exit $rc"
+rc=0; limited 400000 "$KVBM_BIN" route-sim "$T/huge.jsonl" --json >/dev/null 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] && grep -q "does not fit in the pool of 16384 blocks" "$T/err" || fail "huge prompt, W3: exit $rc"
 out=$(limited 400000 run "$T/huge.jsonl" --limit 1) || fail "huge prompt after --limit"
 [ "$(jget requests <<<"$out")" = 1 ] || fail "huge prompt after --limit: requests"
 
