@@ -105,8 +105,9 @@ typedef struct kvbm_manager_config {
   uint32_t g2_blocks;          /* 0 = no G2 (0) */
   uint64_t g3_blocks;          /* 0 = no G3 (0); at most KVBM_POOL_MAX_BLOCKS */
   const char *g3_dir;          /* directory of the G3 file (NULL: the
-                                  private /tmp/kvbm-<uid>, see kvbm/disk.h
-                                  for the rules); copied at create */
+                                  private /tmp/kvbm-<uid>; the rules are in
+                                  docs/areas/tiers.md, "Threat model");
+                                  copied at create */
   bool g3_persist;             /* keep the file (kvbm-g3.slots) across runs
                                   and rebuild the index from it (false: a
                                   fresh unlinked file) */
