@@ -1,0 +1,59 @@
+# python: the package kvbm (python/kvbm/) and its C extension kvbm._kvbm,
+# built against Debian's /usr/bin/python3 (python3-dev) with no Python
+# build tools. The build tree gets build/python/kvbm/ (the extension next to
+# copies of the .py, .pyi and py.typed files), so PYTHONPATH=build/python
+# imports it; `cmake --install` puts the same folder in /usr/bin/python3's
+# platlib under CMAKE_INSTALL_PREFIX.
+option(KVBM_PYTHON "Build the Python package (needs python3-dev)" ON)
+if(NOT KVBM_PYTHON)
+  return()
+endif()
+
+set(Python3_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "The Python the package is built for")
+find_package(Python3 REQUIRED COMPONENTS Interpreter Development.Module)
+
+file(GLOB KVBM_PY_C_SRCS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/python/kvbm/*.c)
+Python3_add_library(kvbm_python MODULE WITH_SOABI ${KVBM_PY_C_SRCS})
+set_target_properties(kvbm_python PROPERTIES
+  OUTPUT_NAME _kvbm
+  LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/python/kvbm
+  C_VISIBILITY_PRESET hidden)
+target_compile_definitions(kvbm_python PRIVATE KVBMPY_VERSION="${PROJECT_VERSION}")
+# The public API only: no src/ include path.
+target_include_directories(kvbm_python PRIVATE ${CMAKE_SOURCE_DIR}/include)
+if(TARGET kvbm_shared)
+  target_link_libraries(kvbm_python PRIVATE kvbm_shared)
+else()
+  # The module archives, folded in; their symbols stay private to _kvbm.
+  target_link_libraries(kvbm_python PRIVATE ${KVBM_MODULES} m)
+  target_link_options(kvbm_python PRIVATE -Wl,--exclude-libs,ALL)
+endif()
+
+# The pure-Python files, copied next to the extension on every build.
+file(GLOB KVBM_PY_FILES CONFIGURE_DEPENDS
+  ${CMAKE_SOURCE_DIR}/python/kvbm/*.py ${CMAKE_SOURCE_DIR}/python/kvbm/*.pyi
+  ${CMAKE_SOURCE_DIR}/python/kvbm/py.typed)
+add_custom_target(kvbm_python_files ALL
+  COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/python/kvbm
+  COMMAND ${CMAKE_COMMAND} -E copy_if_different ${KVBM_PY_FILES} ${CMAKE_BINARY_DIR}/python/kvbm/
+  COMMENT "python: copying the kvbm package files"
+  VERBATIM)
+add_dependencies(kvbm_python kvbm_python_files)
+
+# Install into the interpreter's platlib relative to the prefix: Debian's
+# python reads <prefix>/lib/python3.X/dist-packages for /usr/local.
+if(NOT KVBM_PYTHON_INSTALL_DIR)
+  execute_process(
+    COMMAND ${Python3_EXECUTABLE} -c
+      "import sysconfig,sys; p=sysconfig.get_paths()['platlib']; v='%d.%d'%sys.version_info[:2]; print('lib/python%s/dist-packages'%v if p.endswith('dist-packages') else sysconfig.get_path('platlib','posix_prefix',{'base':'','platbase':''}).lstrip('/'))"
+    OUTPUT_VARIABLE kvbm_py_rel OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(KVBM_PYTHON_INSTALL_DIR "${kvbm_py_rel}")
+endif()
+install(TARGETS kvbm_python LIBRARY DESTINATION ${KVBM_PYTHON_INSTALL_DIR}/kvbm)
+install(FILES ${KVBM_PY_FILES} DESTINATION ${KVBM_PYTHON_INSTALL_DIR}/kvbm)
+
+# tests/python/test_pytest.sh runs pytest on the built package; it skips
+# (77) where the extension cannot be loaded (ThreadSanitizer builds).
+if(TEST python_test_pytest)
+  set_tests_properties(python_test_pytest PROPERTIES SKIP_RETURN_CODE 77)
+endif()

@@ -1,0 +1,49 @@
+"""kvbm: a KV-cache block manager for LLM inference (Python binding).
+
+The C library does the work; this package is a thin layer over it:
+
+- hashing: block_hashes, block_hash, salt_hash (native and Dynamo schemes)
+- one tier: Pool and Seq (prefix sharing, copy-on-write fork), run_request
+- nano-vllm shaped classes: kvbm.minivllm.Sequence, BlockManager
+- tiers: Manager and Request (G1/G2/G3, onboarding, offload), block memory as
+  buffers numpy and torch view without a copy
+- events: KvEventPublisher (Dynamo's shape), Subscriber (vLLM's wire)
+- router: Index (overlap scores per worker and tier)
+- transfer: BLAKE3 (blake3, Blake3), MRDN frames (frame_encode, frame_decode)
+
+Errors derive from kvbm.Error, which carries .status, .code and .message.
+Wrong Python types raise TypeError.
+"""
+
+from enum import IntEnum as _IntEnum
+
+from . import _kvbm
+from ._kvbm import *  # noqa: F401,F403  (the extension's names, listed below)
+from ._kvbm import __version__  # noqa: F401
+
+
+class Tier(_IntEnum):
+    """Where a block lives: G1 device (the engine's), G2 host, G3 disk, G4 remote."""
+
+    G1 = 0
+    G2 = 1
+    G3 = 2
+    G4 = 3
+
+
+def frame_decode(buf, *, max_body=None):
+    """frame_decode(buf, *, max_body=64 MiB) -> (Tier, bytes)
+
+    Validates a whole MRDN v1 frame (header, length, BLAKE3 checksum) and
+    returns its tier and a copy of its body. Raises the kvbm.Error subclass
+    of the first check that fails (MagicError, VersionError, PaddingError,
+    TierError, TooLongError, TruncatedError, ChecksumError).
+    """
+    tier, body = (_kvbm.frame_decode(buf) if max_body is None
+                  else _kvbm.frame_decode(buf, max_body=max_body))
+    return Tier(tier), body
+
+
+__all__ = sorted(
+    [n for n in dir(_kvbm) if not n.startswith("_")] + ["Tier", "frame_decode", "__version__"]
+)

@@ -1,0 +1,2 @@
+#include "_kvbm.h"
+int kvbmpy_pool_init(PyObject *m) { (void)m; return 0; }
