@@ -1,2 +1,588 @@
+/*
+ * _kvbm_pool.c: kvbm.Pool (one tier's blocks, kvbm/pool.h) and kvbm.Seq (a
+ * request's block table, kvbm/sequence.h), plus Pool.run_request, W1's
+ * whole request in one call.
+ *
+ * Threads. A kvbm_pool is not thread-safe: one thread drives it. Here that
+ * one thread is whoever holds the GIL: no Pool or Seq call releases it, and
+ * none runs Python code once it has started on the pool (arguments are
+ * converted first, see _kvbm.h), so Python threads sharing a Pool take
+ * turns, call by call. The calls are short: a prefill hashes its prompt at
+ * memory speed and touches each block once.
+ *
+ * Lifetime. A Seq holds a reference to its Pool, so a pool is freed after
+ * its sequences. Pool.close() destroys the live sequences first (releasing
+ * their blocks; their later use raises ClosedError), then the pool.
+ *
+ * Blocks needed. Pool.blocks_needed(tokens) answers, without changing
+ * anything, how many available blocks (free + cached) a prefill of tokens
+ * would take now: the blocks it cannot match, plus the matched ones that
+ * sit in the cache (matching reactivates them, so they stop being
+ * available). This is the dry run kvbm_seq_prefill itself makes, so
+ * prefill succeeds exactly when blocks_needed(tokens) <= available; the
+ * nano-vllm shaped BlockManager's can_allocate is built on it.
+ */
 #include "_kvbm.h"
-int kvbmpy_pool_init(PyObject *m) { (void)m; return 0; }
+
+#include <string.h>
+
+#include "kvbm/pool.h"
+#include "kvbm/sequence.h"
+
+typedef struct SeqObject SeqObject;
+
+typedef struct PoolObject {
+  PyObject_HEAD
+  kvbm_pool *pool;   /* NULL once closed */
+  SeqObject *seqs;   /* live sequences (borrowed; each unlinks itself) */
+  uint32_t num_blocks, block_size;
+  kvbm_hash_scheme scheme;
+} PoolObject;
+
+struct SeqObject {
+  PyObject_HEAD
+  PoolObject *pool;  /* strong */
+  kvbm_seq *s;       /* NULL once destroyed */
+  PyObject *cow;     /* fork's copy-on-write pair (src, dst), or None */
+  uint64_t salt_hash;
+  uint8_t priority;
+  SeqObject *prev, *next;
+};
+
+static PyTypeObject PoolType, SeqType;
+
+static int pool_open(PoolObject *self) {
+  if (!self->pool) {
+    kvbmpy_closed("Pool");
+    return -1;
+  }
+  return 0;
+}
+
+static void seq_link(PoolObject *p, SeqObject *s) {
+  s->pool = (PoolObject *)Py_NewRef(p);
+  s->prev = NULL;
+  s->next = p->seqs;
+  if (p->seqs) p->seqs->prev = s;
+  p->seqs = s;
+}
+
+static void seq_unlink(SeqObject *s) {
+  if (!s->pool) return;
+  if (s->prev) s->prev->next = s->next;
+  else if (s->pool->seqs == s) s->pool->seqs = s->next;
+  if (s->next) s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+}
+
+static SeqObject *seq_alloc(void) {
+  SeqObject *s = PyObject_New(SeqObject, &SeqType);
+  if (!s) return NULL;
+  s->pool = NULL;
+  s->s = NULL;
+  s->cow = Py_NewRef(Py_None);
+  s->salt_hash = 0;
+  s->priority = 0;
+  s->prev = s->next = NULL;
+  return s;
+}
+
+/* --------------------------------------------------------------- Pool */
+
+static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"num_blocks", "block_size", "scheme", "allow_duplicates", NULL};
+  PyObject *nbo, *bso, *so = NULL;
+  int dup = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$Op:Pool", kwlist, &nbo, &bso, &so, &dup))
+    return NULL;
+  uint64_t nb, bs;
+  kvbm_hash_scheme scheme = KVBM_HASH_NATIVE;
+  if (kvbmpy_uint(nbo, "num_blocks", UINT32_MAX, &nb) ||
+      kvbmpy_uint(bso, "block_size", UINT32_MAX, &bs) || (so && kvbmpy_scheme(so, &scheme)))
+    return NULL;
+  PoolObject *self = (PoolObject *)type->tp_alloc(type, 0);
+  if (!self) return NULL;
+  kvbm_pool_config cfg = kvbm_pool_config_default((uint32_t)nb, (uint32_t)bs);
+  cfg.scheme = scheme;
+  cfg.allow_duplicates = dup;
+  cfg.keep_tokens = false; /* nobody reads them back through the binding */
+  kvbm_error err = {0};
+  int rc = kvbm_pool_create(&cfg, &self->pool, &err);
+  if (rc) {
+    Py_DECREF(self);
+    return kvbmpy_raise_kvbm(rc, &err, NULL);
+  }
+  self->num_blocks = (uint32_t)nb;
+  self->block_size = (uint32_t)bs;
+  self->scheme = scheme;
+  return (PyObject *)self;
+}
+
+static PyObject *pool_close(PoolObject *self, PyObject *unused) {
+  (void)unused;
+  if (!self->pool) Py_RETURN_NONE;
+  for (SeqObject *s = self->seqs; s; s = s->next) {
+    kvbm_seq_destroy(s->s);
+    s->s = NULL;
+  }
+  kvbm_pool_destroy(self->pool);
+  self->pool = NULL;
+  Py_RETURN_NONE;
+}
+
+static void pool_dealloc(PoolObject *self) {
+  kvbm_pool_destroy(self->pool); /* no Seq alive: each holds a reference */
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *pool_enter(PyObject *self, PyObject *unused) {
+  (void)unused;
+  return Py_NewRef(self);
+}
+
+static PyObject *pool_exit(PoolObject *self, PyObject *args) {
+  (void)args;
+  return pool_close(self, NULL);
+}
+
+static PyObject *pool_stats(PoolObject *self, PyObject *unused) {
+  (void)unused;
+  if (pool_open(self)) return NULL;
+  kvbm_pool_stats s;
+  kvbm_pool_stats_get(self->pool, &s);
+  PyObject *d = PyDict_New();
+  if (!d) return NULL;
+  if (kvbmpy_dict_u64(d, "num_blocks", s.num_blocks) ||
+      kvbmpy_dict_u64(d, "block_size", s.block_size) || kvbmpy_dict_u64(d, "free", s.free) ||
+      kvbmpy_dict_u64(d, "cached", s.cached) || kvbmpy_dict_u64(d, "active", s.active) ||
+      kvbmpy_dict_u64(d, "registered", s.registered) ||
+      kvbmpy_dict_u64(d, "allocated", s.allocated) || kvbmpy_dict_u64(d, "evicted", s.evicted) ||
+      kvbmpy_dict_u64(d, "dedup", s.dedup) || kvbmpy_dict_u64(d, "match_hits", s.match_hits)) {
+    Py_DECREF(d);
+    return NULL;
+  }
+  return d;
+}
+
+static PyObject *pool_sequence(PoolObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"salt_hash", "priority", NULL};
+  PyObject *so = NULL, *po = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:sequence", kwlist, &so, &po)) return NULL;
+  uint64_t salt = 0, prio = 0;
+  if ((so && kvbmpy_hash(so, "salt_hash", &salt)) || (po && kvbmpy_uint(po, "priority", 255, &prio)))
+    return NULL;
+  SeqObject *s = seq_alloc();
+  if (!s) return NULL;
+  if (pool_open(self)) {
+    Py_DECREF(s);
+    return NULL;
+  }
+  int rc = kvbm_seq_create(self->pool, salt, (uint8_t)prio, &s->s);
+  if (rc) {
+    Py_DECREF(s);
+    return kvbmpy_raise_kvbm(rc, NULL, "Pool.sequence");
+  }
+  s->salt_hash = salt;
+  s->priority = (uint8_t)prio;
+  seq_link(self, s);
+  return (PyObject *)s;
+}
+
+/* Parses (tokens, output, salt_hash) for run_request, positional-fast. */
+static PyObject *pool_run_request(PoolObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames) {
+  PyObject *po = NULL, *oo = NULL, *so = NULL;
+  Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (nargs < 2 || nargs > 3 || (nkw && (nkw != 1 || nargs != 2))) goto usage;
+  po = args[0];
+  oo = args[1];
+  if (nargs == 3) so = args[2];
+  if (nkw) {
+    if (!PyUnicode_Check(PyTuple_GET_ITEM(kwnames, 0)) ||
+        PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "salt_hash"))
+      goto usage;
+    so = args[2];
+  }
+  uint64_t salt = 0;
+  if (so && kvbmpy_hash(so, "salt_hash", &salt)) return NULL;
+  kvbmpy_tokens p, o;
+  int bad = kvbmpy_tokens_get(po, "prompt", &p);
+  if (!bad) bad = kvbmpy_tokens_get(oo, "output", &o);
+  else o.has_view = false, o.owned = NULL;
+  if (bad || pool_open(self)) {
+    kvbmpy_tokens_release(&p);
+    kvbmpy_tokens_release(&o);
+    return NULL;
+  }
+  kvbm_seq *s;
+  size_t matched = 0;
+  int rc = kvbm_seq_create(self->pool, salt, 0, &s);
+  if (!rc) {
+    if (p.n) rc = kvbm_seq_prefill(s, p.data, p.n, &matched);
+    if (!rc) rc = kvbm_seq_append(s, o.data, o.n);
+    kvbm_seq_destroy(s);
+  }
+  size_t np = p.n, no = o.n;
+  kvbmpy_tokens_release(&p);
+  kvbmpy_tokens_release(&o);
+  if (rc == KVBM_ENOSPC)
+    return kvbmpy_raise(rc, "Pool.run_request: %zu prompt + %zu output tokens do not fit in the pool",
+                        np, no);
+  if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Pool.run_request");
+  return PyLong_FromSize_t(matched);
+usage:
+  PyErr_SetString(PyExc_TypeError, "run_request(prompt, output, salt_hash=0)");
+  return NULL;
+}
+
+static PyObject *pool_blocks_needed(PoolObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"tokens", "salt_hash", NULL};
+  PyObject *tok, *so = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:blocks_needed", kwlist, &tok, &so)) return NULL;
+  uint64_t salt = 0;
+  if (so && kvbmpy_hash(so, "salt_hash", &salt)) return NULL;
+  kvbmpy_tokens t;
+  if (kvbmpy_tokens_get(tok, "tokens", &t) || pool_open(self)) {
+    kvbmpy_tokens_release(&t);
+    return NULL;
+  }
+  if (t.n == 0) {
+    kvbmpy_tokens_release(&t);
+    return kvbmpy_raise(KVBM_EINVAL, "Pool.blocks_needed: a prompt has at least one token");
+  }
+  const size_t B = self->block_size, total = t.n / B + (t.n % B != 0), matchable = (t.n - 1) / B;
+  uint64_t *h = PyMem_Malloc((matchable ? matchable : 1) * sizeof *h);
+  if (!h) {
+    kvbmpy_tokens_release(&t);
+    return PyErr_NoMemory();
+  }
+  kvbm_hash_chain(self->scheme, salt, t.data, matchable * B, B, h, matchable);
+  kvbmpy_tokens_release(&t);
+  size_t m = 0, from_cache = 0;
+  bool cached;
+  while (m < matchable && kvbm_pool_peek(self->pool, h[m], NULL, &cached) == KVBM_OK) {
+    from_cache += cached;
+    m++;
+  }
+  PyMem_Free(h);
+  return PyLong_FromSize_t(total - m + from_cache);
+}
+
+static PyObject *pool_contains(PoolObject *self, PyObject *arg) {
+  uint64_t h;
+  if (kvbmpy_hash(arg, "hash", &h) || pool_open(self)) return NULL;
+  return PyBool_FromLong(kvbm_pool_contains(self->pool, h));
+}
+
+static PyObject *pool_block_info(PoolObject *self, PyObject *arg) {
+  uint64_t id;
+  if (kvbmpy_uint(arg, "block", UINT32_MAX, &id) || pool_open(self)) return NULL;
+  if (id >= self->num_blocks)
+    return kvbmpy_raise(KVBM_ERANGE, "Pool.block_info: block %llu, but the pool has %u",
+                        (unsigned long long)id, self->num_blocks);
+  kvbm_block_info bi;
+  int rc = kvbm_block_info_get(self->pool, (uint32_t)id, &bi);
+  if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Pool.block_info");
+  PyObject *d = PyDict_New();
+  if (!d) return NULL;
+  bool full = bi.state == KVBM_BLOCK_COMPLETE || bi.state == KVBM_BLOCK_REGISTERED;
+  if (kvbmpy_dict_obj(d, "state", PyUnicode_FromString(kvbm_block_state_name(bi.state))) ||
+      kvbmpy_dict_u64(d, "refcount", bi.refcount) || kvbmpy_dict_u64(d, "num_tokens", bi.num_tokens) ||
+      kvbmpy_dict_obj(d, "seq_hash", full ? PyLong_FromUnsignedLongLong(bi.seq_hash) : Py_NewRef(Py_None)) ||
+      kvbmpy_dict_obj(d, "parent_hash",
+                      bi.has_parent ? PyLong_FromUnsignedLongLong(bi.parent_hash) : Py_NewRef(Py_None)) ||
+      kvbmpy_dict_u64(d, "salt_hash", bi.salt_hash) || kvbmpy_dict_u64(d, "priority", bi.priority)) {
+    Py_DECREF(d);
+    return NULL;
+  }
+  return d;
+}
+
+static PyObject *pool_clear_cache(PoolObject *self, PyObject *unused) {
+  (void)unused;
+  if (pool_open(self)) return NULL;
+  int rc = kvbm_pool_clear_cache(self->pool);
+  if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Pool.clear_cache");
+  Py_RETURN_NONE;
+}
+
+static PyObject *pool_get_available(PoolObject *self, void *c) {
+  (void)c;
+  if (pool_open(self)) return NULL;
+  return PyLong_FromUnsignedLong(kvbm_pool_available(self->pool));
+}
+
+static PyObject *pool_get_num_blocks(PoolObject *self, void *c) {
+  (void)c;
+  return PyLong_FromUnsignedLong(self->num_blocks);
+}
+
+static PyObject *pool_get_block_size(PoolObject *self, void *c) {
+  (void)c;
+  return PyLong_FromUnsignedLong(self->block_size);
+}
+
+static PyObject *pool_get_scheme(PoolObject *self, void *c) {
+  (void)c;
+  return PyUnicode_FromString(kvbm_hash_scheme_name(self->scheme));
+}
+
+static PyObject *pool_get_closed(PoolObject *self, void *c) {
+  (void)c;
+  return PyBool_FromLong(self->pool == NULL);
+}
+
+static PyMethodDef pool_methods[] = {
+  {"sequence", (PyCFunction)(void (*)(void))pool_sequence, METH_VARARGS | METH_KEYWORDS,
+   "sequence(salt_hash=0, priority=0) -> Seq\n\nA new, empty request on this pool; its blocks are\n"
+   "released at `priority` (0 = evicted first)."},
+  {"run_request", (PyCFunction)(void (*)(void))pool_run_request, METH_FASTCALL | METH_KEYWORDS,
+   "run_request(prompt, output, salt_hash=0) -> int\n\n"
+   "One whole request in one call, as workload W1 runs it: create a sequence,\n"
+   "prefill the prompt (an empty prompt is skipped), append the output tokens,\n"
+   "destroy it (tail first). Returns the prompt tokens that hit the cache.\n"
+   "NoSpaceError when it does not fit (then nothing stays allocated)."},
+  {"blocks_needed", (PyCFunction)(void (*)(void))pool_blocks_needed, METH_VARARGS | METH_KEYWORDS,
+   "blocks_needed(tokens, salt_hash=0) -> int\n\n"
+   "How many available blocks a prefill of tokens would take now (unmatched\n"
+   "blocks plus matched ones sitting in the cache). A prefill succeeds exactly\n"
+   "when this is <= available. Changes nothing."},
+  {"contains", (PyCFunction)pool_contains, METH_O,
+   "contains(hash) -> bool\n\nWhether a sequence hash is registered (matchable)."},
+  {"block_info", (PyCFunction)pool_block_info, METH_O,
+   "block_info(block) -> dict\n\nOne block's state ('reset', 'partial', 'complete',\n"
+   "'registered'), refcount, num_tokens, seq_hash, parent_hash, salt_hash, priority."},
+  {"stats", (PyCFunction)pool_stats, METH_NOARGS,
+   "stats() -> dict\n\nnum_blocks, block_size, free, cached, active, registered, and the\n"
+   "counters allocated, evicted, dedup, match_hits."},
+  {"clear_cache", (PyCFunction)pool_clear_cache, METH_NOARGS,
+   "clear_cache()\n\nDrops every cached (registered, unused) block."},
+  {"close", (PyCFunction)pool_close, METH_NOARGS,
+   "close()\n\nDestroys the live sequences and frees the pool. Idempotent."},
+  {"__enter__", pool_enter, METH_NOARGS, NULL},
+  {"__exit__", (PyCFunction)pool_exit, METH_VARARGS, NULL},
+  {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef pool_getset[] = {
+  {"num_blocks", (getter)pool_get_num_blocks, NULL, "Blocks in the pool.", NULL},
+  {"block_size", (getter)pool_get_block_size, NULL, "Tokens per block.", NULL},
+  {"scheme", (getter)pool_get_scheme, NULL, "The hash scheme ('native' or 'dynamo').", NULL},
+  {"available", (getter)pool_get_available, NULL, "Blocks an allocation could take now: free + cached.", NULL},
+  {"closed", (getter)pool_get_closed, NULL, "Whether close() ran.", NULL},
+  {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PoolType = {
+  PyVarObject_HEAD_INIT(NULL, 0)
+  .tp_name = "kvbm.Pool",
+  .tp_basicsize = sizeof(PoolObject),
+  .tp_dealloc = (destructor)pool_dealloc,
+  .tp_flags = Py_TPFLAGS_DEFAULT,
+  .tp_doc = "Pool(num_blocks, block_size, *, scheme='native', allow_duplicates=False)\n\n"
+            "The blocks of one tier: registered blocks are shared by sequence hash,\n"
+            "released ones stay cached until evicted (lowest priority, then least\n"
+            "recently released). Calls keep the GIL, which makes a Pool safe to share\n"
+            "between Python threads. Use as a context manager or call close().",
+  .tp_methods = pool_methods,
+  .tp_getset = pool_getset,
+  .tp_new = pool_new,
+};
+
+/* ---------------------------------------------------------------- Seq */
+
+static int seq_ready(SeqObject *self) {
+  if (!self->s) {
+    if (self->pool && !self->pool->pool) kvbmpy_raise(KVBM_ECLOSED, "Seq: its Pool is closed");
+    else kvbmpy_raise(KVBM_ECLOSED, "Seq is destroyed");
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *seq_prefill(SeqObject *self, PyObject *arg) {
+  kvbmpy_tokens t;
+  if (kvbmpy_tokens_get(arg, "tokens", &t) || seq_ready(self)) {
+    kvbmpy_tokens_release(&t);
+    return NULL;
+  }
+  size_t matched = 0, n = t.n;
+  int rc = kvbm_seq_prefill(self->s, t.data, t.n, &matched);
+  kvbmpy_tokens_release(&t);
+  if (rc == KVBM_ENOSPC)
+    return kvbmpy_raise(rc, "Seq.prefill: the pool cannot hold %zu tokens (nothing changed)", n);
+  if (rc == KVBM_ESTATE) return kvbmpy_raise(rc, "Seq.prefill: the sequence is not empty");
+  if (rc == KVBM_EINVAL) return kvbmpy_raise(rc, "Seq.prefill: a prompt has at least one token");
+  if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Seq.prefill");
+  return PyLong_FromSize_t(matched);
+}
+
+static PyObject *seq_append(SeqObject *self, PyObject *arg) {
+  kvbmpy_tokens t;
+  if (kvbmpy_tokens_get(arg, "tokens", &t) || seq_ready(self)) {
+    kvbmpy_tokens_release(&t);
+    return NULL;
+  }
+  size_t n = t.n;
+  int rc = kvbm_seq_append(self->s, t.data, t.n);
+  kvbmpy_tokens_release(&t);
+  if (rc == KVBM_ENOSPC)
+    return kvbmpy_raise(rc, "Seq.append: no block for %zu more token(s) (nothing changed)", n);
+  if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Seq.append");
+  Py_RETURN_NONE;
+}
+
+static PyObject *seq_fork(SeqObject *self, PyObject *unused) {
+  (void)unused;
+  SeqObject *c = seq_alloc();
+  if (!c) return NULL;
+  PyObject *cow = PyTuple_New(2);
+  if (!cow || seq_ready(self)) {
+    Py_XDECREF(cow);
+    Py_DECREF(c);
+    return NULL;
+  }
+  uint32_t src, dst;
+  int rc = kvbm_seq_fork(self->s, &c->s, &src, &dst);
+  if (rc) {
+    Py_DECREF(cow);
+    Py_DECREF(c);
+    if (rc == KVBM_ENOSPC) return kvbmpy_raise(rc, "Seq.fork: no block for the copied tail (nothing changed)");
+    return kvbmpy_raise_kvbm(rc, NULL, "Seq.fork");
+  }
+  c->salt_hash = self->salt_hash;
+  c->priority = self->priority;
+  seq_link(self->pool, c);
+  if (src != UINT32_MAX) {
+    PyTuple_SET_ITEM(cow, 0, PyLong_FromUnsignedLong(src));
+    PyTuple_SET_ITEM(cow, 1, PyLong_FromUnsignedLong(dst));
+    Py_SETREF(c->cow, cow);
+  } else {
+    Py_DECREF(cow);
+  }
+  return (PyObject *)c;
+}
+
+static PyObject *seq_block_hash(SeqObject *self, PyObject *arg) {
+  uint64_t k;
+  if (kvbmpy_uint(arg, "k", UINT64_MAX, &k) || seq_ready(self)) return NULL;
+  size_t full = kvbm_seq_num_tokens(self->s) / self->pool->block_size;
+  if (k >= full)
+    return kvbmpy_raise(KVBM_ERANGE, "Seq.block_hash: block %llu, but the sequence has %zu full block(s)",
+                        (unsigned long long)k, full);
+  uint64_t h;
+  int rc = kvbm_seq_block_hash(self->s, (size_t)k, &h);
+  if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Seq.block_hash");
+  return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *seq_destroy(SeqObject *self, PyObject *unused) {
+  (void)unused;
+  if (self->s) {
+    kvbm_seq_destroy(self->s);
+    self->s = NULL;
+  }
+  seq_unlink(self);
+  Py_RETURN_NONE;
+}
+
+static PyObject *seq_exit(SeqObject *self, PyObject *args) {
+  (void)args;
+  return seq_destroy(self, NULL);
+}
+
+static void seq_dealloc(SeqObject *self) {
+  if (self->s) kvbm_seq_destroy(self->s);
+  seq_unlink(self);
+  Py_XDECREF(self->pool);
+  Py_XDECREF(self->cow);
+  PyObject_Free(self);
+}
+
+static PyObject *seq_get_block_table(SeqObject *self, void *c) {
+  (void)c;
+  if (seq_ready(self)) return NULL;
+  const uint32_t *ids;
+  size_t n;
+  kvbm_seq_blocks(self->s, &ids, &n);
+  uint32_t *copy = PyMem_Malloc((n ? n : 1) * sizeof *copy);
+  if (!copy) return PyErr_NoMemory();
+  memcpy(copy, ids, n * sizeof *copy);
+  PyObject *list = kvbmpy_list_u32(copy, n);
+  PyMem_Free(copy);
+  return list;
+}
+
+static PyObject *seq_get_num_tokens(SeqObject *self, void *c) {
+  (void)c;
+  if (seq_ready(self)) return NULL;
+  return PyLong_FromSize_t(kvbm_seq_num_tokens(self->s));
+}
+
+static PyObject *seq_get_cow(SeqObject *self, void *c) {
+  (void)c;
+  return Py_NewRef(self->cow);
+}
+
+static PyObject *seq_get_closed(SeqObject *self, void *c) {
+  (void)c;
+  return PyBool_FromLong(self->s == NULL);
+}
+
+static PyObject *seq_get_salt(SeqObject *self, void *c) {
+  (void)c;
+  return PyLong_FromUnsignedLongLong(self->salt_hash);
+}
+
+static PyMethodDef seq_methods[] = {
+  {"prefill", (PyCFunction)seq_prefill, METH_O,
+   "prefill(tokens) -> int\n\nMatches the longest registered prefix (at most len - 1 tokens, in\n"
+   "whole blocks) and allocates the rest; returns the matched (cached) token count.\n"
+   "NoSpaceError, with nothing changed, when the pool cannot hold it; StateError\n"
+   "on a sequence that is not empty."},
+  {"append", (PyCFunction)seq_append, METH_O,
+   "append(tokens)\n\nAppends decode tokens: a token that opens a block allocates one, a\n"
+   "block that fills is registered. NoSpaceError, with nothing changed, when the\n"
+   "blocks are not available."},
+  {"fork", (PyCFunction)seq_fork, METH_NOARGS,
+   "fork() -> Seq\n\nA new sequence sharing every full block. When this one ends in a\n"
+   "partial block the child gets its own copy of it: child.cow is then (src, dst),\n"
+   "the block whose KV the engine must copy and where; None otherwise."},
+  {"block_hash", (PyCFunction)seq_block_hash, METH_O,
+   "block_hash(k) -> int\n\nThe sequence hash of full block k."},
+  {"destroy", (PyCFunction)seq_destroy, METH_NOARGS,
+   "destroy()\n\nReleases every block, tail first. Idempotent."},
+  {"__enter__", pool_enter, METH_NOARGS, NULL},
+  {"__exit__", (PyCFunction)seq_exit, METH_VARARGS, NULL},
+  {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef seq_getset[] = {
+  {"block_table", (getter)seq_get_block_table, NULL, "Block ids in token order.", NULL},
+  {"num_tokens", (getter)seq_get_num_tokens, NULL, "Tokens in the sequence.", NULL},
+  {"cow", (getter)seq_get_cow, NULL,
+   "For a forked child: (src, dst) blocks to copy (copy-on-write of the tail), or None.", NULL},
+  {"salt_hash", (getter)seq_get_salt, NULL, "The sequence's salt hash.", NULL},
+  {"closed", (getter)seq_get_closed, NULL, "Whether destroy() ran (or the pool closed).", NULL},
+  {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SeqType = {
+  PyVarObject_HEAD_INIT(NULL, 0)
+  .tp_name = "kvbm.Seq",
+  .tp_basicsize = sizeof(SeqObject),
+  .tp_dealloc = (destructor)seq_dealloc,
+  .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+  .tp_doc = "One request's block table in a Pool (from Pool.sequence()): prefill, append,\n"
+            "fork (copy-on-write), destroy (also `with`).",
+  .tp_methods = seq_methods,
+  .tp_getset = seq_getset,
+};
+
+int kvbmpy_pool_init(PyObject *m) {
+  if (PyType_Ready(&SeqType) < 0 || PyType_Ready(&PoolType) < 0) return -1;
+  if (PyModule_AddObjectRef(m, "Pool", (PyObject *)&PoolType) < 0 ||
+      PyModule_AddObjectRef(m, "Seq", (PyObject *)&SeqType) < 0)
+    return -1;
+  return 0;
+}
