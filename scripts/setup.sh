@@ -9,6 +9,7 @@ PKGS=(
   liburing-dev libucx-dev ucx-utils libhiredis-dev redis-server
   libcmocka-dev zlib1g-dev b3sum
   python3 python3-zmq python3-msgpack python3-xxhash
+  python3-dev python3-pytest python3-numpy python3-torch
 )
 
 missing=()

@@ -896,11 +896,14 @@ static PyObject *req_exit(RequestObject *self, PyObject *args) {
 
 static void req_dealloc(RequestObject *self) {
   if (self->r) {
-    kvbm_mreq *r = self->r;
-    self->r = NULL;
+    /* Busy while it runs: a close() on another thread must not free the
+     * manager under this destroy. */
+    self->busy = true;
     Py_BEGIN_ALLOW_THREADS
-    kvbm_mreq_destroy(r);
+    kvbm_mreq_destroy(self->r);
     Py_END_ALLOW_THREADS
+    self->r = NULL;
+    self->busy = false;
   }
   req_unlink(self);
   Py_XDECREF(self->mgr);

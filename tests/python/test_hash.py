@@ -6,6 +6,7 @@ import json
 import shutil
 import struct
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -227,3 +228,25 @@ def test_frame_errors_have_their_own_class():
         kvbm.frame_encode("text", 0)
     with pytest.raises(TypeError):
         kvbm.frame_decode(None)
+
+
+def test_blake3_from_two_threads():
+    h = kvbm.Blake3()
+    big = bytes(8 << 20)
+    errors = []
+
+    def feed():
+        for _ in range(5):
+            try:
+                h.update(big)
+            except kvbm.BusyError:
+                pass
+            except Exception as e:  # pragma: no cover
+                errors.append(e)
+
+    ts = [threading.Thread(target=feed) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors and len(h.digest()) == 32

@@ -309,3 +309,49 @@ def test_one_request_from_two_threads_raises_busy_never_crashes():
     assert r.poll().num_tokens == r.num_tokens
     r.destroy()
     m.close()
+
+
+def test_close_racing_calls_on_other_threads_never_crashes():
+    """close() while other threads prefill, commit and destroy: each call
+    either runs on an open manager or raises ClosedError; close() itself
+    either succeeds or says BusyError (a call was running without the GIL)."""
+    for _ in range(5):
+        m = kvbm.Manager(g1_blocks=64, g2_blocks=64)
+        stop = threading.Event()
+        bad = []
+
+        def worker(seed):
+            i = 0
+            while not stop.is_set():
+                try:
+                    with m.prefill(prompt(seed, 40 + i % 7)) as r:
+                        r.wait()
+                        r.append([1, 2])
+                        r.commit()
+                    m.flush()
+                except (kvbm.ClosedError, kvbm.BusyError, kvbm.NoSpaceError):
+                    pass
+                except Exception as e:  # pragma: no cover
+                    bad.append(e)
+                i += 1
+                if m.closed:
+                    return
+
+        ts = [threading.Thread(target=worker, args=(s,)) for s in range(3)]
+        for t in ts:
+            t.start()
+        closed = False
+        for _ in range(10000):
+            try:
+                m.close()
+                closed = True
+                break
+            except kvbm.BusyError:
+                pass
+        stop.set()
+        for t in ts:
+            t.join()
+        if not closed:
+            m.close()
+        assert not bad, bad
+        assert m.closed
