@@ -19,15 +19,9 @@ set_target_properties(kvbm_python PROPERTIES
   LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/python/kvbm
   C_VISIBILITY_PRESET hidden)
 target_compile_definitions(kvbm_python PRIVATE KVBMPY_VERSION="${PROJECT_VERSION}")
-# The public API only: no src/ include path.
-target_include_directories(kvbm_python PRIVATE ${CMAKE_SOURCE_DIR}/include)
-if(TARGET kvbm_shared)
-  target_link_libraries(kvbm_python PRIVATE kvbm_shared)
-else()
-  # The module archives, folded in; their symbols stay private to _kvbm.
-  target_link_libraries(kvbm_python PRIVATE ${KVBM_MODULES} m)
-  target_link_options(kvbm_python PRIVATE -Wl,--exclude-libs,ALL)
-endif()
+# The public API only (no src/ include path), through libkvbm.so, which
+# exports nothing else.
+target_link_libraries(kvbm_python PRIVATE kvbm_shared)
 
 # The pure-Python files, copied next to the extension on every build.
 file(GLOB KVBM_PY_FILES CONFIGURE_DEPENDS
@@ -47,14 +41,19 @@ if(NOT KVBM_PYTHON_INSTALL_DIR)
     COMMAND ${Python3_EXECUTABLE} -c
       "import sysconfig,sys; p=sysconfig.get_paths()['platlib']; v='%d.%d'%sys.version_info[:2]; print('lib/python%s/dist-packages'%v if p.endswith('dist-packages') else sysconfig.get_path('platlib','posix_prefix',{'base':'','platbase':''}).lstrip('/'))"
     OUTPUT_VARIABLE kvbm_py_rel OUTPUT_STRIP_TRAILING_WHITESPACE)
-  set(KVBM_PYTHON_INSTALL_DIR "${kvbm_py_rel}")
+  set(KVBM_PYTHON_INSTALL_DIR "${kvbm_py_rel}" CACHE STRING
+      "Where the kvbm package is installed, relative to CMAKE_INSTALL_PREFIX")
 endif()
+# Installed, the extension finds libkvbm.so relative to itself, so a prefix
+# can be moved (as kvbm.pc allows).
+file(RELATIVE_PATH kvbm_py_to_lib "/p/${KVBM_PYTHON_INSTALL_DIR}/kvbm" "/p/${CMAKE_INSTALL_LIBDIR}")
+set_target_properties(kvbm_python PROPERTIES INSTALL_RPATH "$ORIGIN/${kvbm_py_to_lib}")
 install(TARGETS kvbm_python LIBRARY DESTINATION ${KVBM_PYTHON_INSTALL_DIR}/kvbm)
 install(FILES ${KVBM_PY_FILES} DESTINATION ${KVBM_PYTHON_INSTALL_DIR}/kvbm)
 
 # tests/python/test_*.sh run pytest and the examples on the built package;
 # they skip (77) where the extension cannot be loaded (ThreadSanitizer).
-foreach(t python_test_pytest python_test_examples)
+foreach(t python_test_pytest python_test_examples python_test_install)
   if(TEST ${t})
     set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
   endif()

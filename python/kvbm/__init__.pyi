@@ -125,10 +125,10 @@ class Seq:
 
 # ---- tiers: Manager and Request ------------------------------------------
 
-class RequestInfo(Tuple[bool, int, Tuple[int, int, int], int]):
+class RequestInfo(Tuple[bool, int, Tuple[int, int, int, int], int]):
     ready: bool                       # every onboarding of the match finished
     matched_tokens: int               # the match now (shortened by failed onboards)
-    hit_blocks: Tuple[int, int, int]  # blocks of the match from G1, G2, G3
+    hit_blocks: Tuple[int, int, int, int]  # blocks of the match from G1, G2, G3, G4
     num_tokens: int
 
 class Manager:
@@ -237,10 +237,11 @@ class Index:
     def apply(self, worker_id: int, events: Union[EventBatch, Sequence[Event]], *,
               dp_rank: Optional[int] = None) -> None: ...
     def overlap(self, tokens: Tokens, salt_hash: Optional[Hash] = None
-                ) -> dict[Tuple[int, int], Tuple[int, int, int]]:
-        """Per worker (worker_id, dp_rank): cached prefix blocks on (device, device+host, any tier)."""
+                ) -> dict[Tuple[int, int], Tuple[int, int, int, int]]:
+        """Per worker (worker_id, dp_rank): cached prefix blocks per tier (G1, G2, G3, G4),
+        each counting the tiers above it."""
     def overlap_hashes(self, block_hashes: Sequence[Hash]
-                       ) -> dict[Tuple[int, int], Tuple[int, int, int]]: ...
+                       ) -> dict[Tuple[int, int], Tuple[int, int, int, int]]: ...
     def workers(self) -> list[Tuple[int, int]]: ...
     def remove_worker(self, worker_id: int, dp_rank: int = 0) -> None: ...
     def stats(self) -> dict[str, int]: ...

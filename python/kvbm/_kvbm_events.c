@@ -277,7 +277,7 @@ static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return NULL;
   uint64_t bs, dp = 0, mb, md;
   const char *ep, *rep, *topic, *nu, *ns, *ze, *zt, *zr, *medium = "GPU";
-  kvbm_publisher_options po = kvbm_publisher_options_default();
+  kvbm_publisher_config po = kvbm_publisher_config_default();
   if (kvbmpy_uint(bso, "kv_block_size", UINT32_MAX, &bs) ||
       (dpo && kvbmpy_uint(dpo, "dp_rank", INT32_MAX, &dp)) || opt_str_arg(epo, "endpoint", &ep) ||
       opt_str_arg(repo, "replay_endpoint", &rep) || opt_str_arg(topo, "topic", &topic) ||
@@ -322,7 +322,7 @@ static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   Py_BEGIN_ALLOW_THREADS
   rc = kvbm_publisher_create(&po, &pub, &err);
   if (!rc && ep) {
-    kvbm_zmq_sink_options zo = kvbm_zmq_sink_options_default(ep);
+    kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default(ep);
     zo.topic = topic;
     zo.replay_endpoint = rep;
     rc = kvbm_publisher_add_zmq(pub, &zo, &err);
@@ -331,7 +331,7 @@ static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   if (!rc && nu) rc = kvbm_publisher_add_nats(pub, nu, ns, &err), nsinks++;
   if (!rc) rc = kvbm_publisher_start(pub, &err);
   if (!rc && ze) {
-    kvbm_subscriber_options so = kvbm_subscriber_options_default(ze);
+    kvbm_subscriber_config so = kvbm_subscriber_config_default(ze);
     so.topic = zt;
     so.replay_endpoint = zr;
     rc = kvbm_relay_create(&so, pub, &relay, &err);
@@ -663,7 +663,7 @@ static PyObject *sub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
       (seqo && seqo != Py_None && kvbmpy_uint(seqo, "start_seq", INT64_MAX, &start)) ||
       (maxo && kvbmpy_uint(maxo, "max_payload", SIZE_MAX, &maxp)))
     return NULL;
-  kvbm_subscriber_options so = kvbm_subscriber_options_default(ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
   so.replay_endpoint = rep;
   so.topic = topic;
   so.bind = bind;

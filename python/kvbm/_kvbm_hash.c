@@ -299,14 +299,14 @@ static PyTypeObject Blake3Type = {
 
 /* ------------------------------------------------------------- frames */
 
-static int frame_tier_arg(PyObject *o, kvbm_frame_tier *out) {
+static int frame_tier_arg(PyObject *o, kvbm_tier *out) {
   uint64_t t;
   if (kvbmpy_uint(o, "tier", UINT64_MAX, &t)) return -1;
-  if (t > KVBM_FRAME_TIER_G4) {
+  if (t > KVBM_TIER_G4) {
     kvbmpy_raise(KVBM_ETIER, "tier %llu: frames carry G1..G4 (0..3)", (unsigned long long)t);
     return -1;
   }
-  *out = (kvbm_frame_tier)t;
+  *out = (kvbm_tier)t;
   return 0;
 }
 
@@ -317,7 +317,7 @@ static PyObject *py_frame_encode(PyObject *mod, PyObject *args, PyObject *kw) {
   PyObject *to;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "y*O:frame_encode", kwlist, &body, &to)) return NULL;
   PyObject *out = NULL;
-  kvbm_frame_tier tier;
+  kvbm_tier tier;
   kvbm_error err = {0};
   size_t total, written;
   int rc;

@@ -73,8 +73,7 @@ static int tier_arg(PyObject *o, int *out) {
   uint64_t t;
   if (kvbmpy_uint(o, "tier", UINT64_MAX, &t)) return -1;
   if (t >= KVBM_TIER_COUNT) {
-    kvbmpy_raise(KVBM_ETIER, "tier %llu: the manager has tiers G1..G3 (0..2)",
-                 (unsigned long long)t);
+    kvbmpy_raise(KVBM_ETIER, "tier %llu: tiers are G1..G4 (0..3)", (unsigned long long)t);
     return -1;
   }
   *out = (int)t;
@@ -331,7 +330,7 @@ static PyObject *mgr_stats(ManagerObject *self, PyObject *arg) {
   int tier;
   if (tier_arg(arg, &tier) || mgr_open(self)) return NULL;
   kvbm_tier_stats s;
-  int rc = kvbm_manager_stats(self->m, (kvbm_tier_id)tier, &s);
+  int rc = kvbm_manager_stats_get(self->m, (kvbm_tier)tier, &s);
   if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Manager.stats");
   PyObject *d = PyDict_New();
   if (!d) return NULL;
@@ -370,10 +369,10 @@ static const char *kind_name(kvbm_layout_kind k) {
 static PyObject *mgr_layout(ManagerObject *self, PyObject *arg) {
   int tier;
   if (tier_arg(arg, &tier) || mgr_open(self)) return NULL;
-  const kvbm_layout *lp = kvbm_manager_layout(self->m, (kvbm_tier_id)tier);
+  const kvbm_layout *lp = kvbm_manager_layout(self->m, (kvbm_tier)tier);
   if (!lp) return kvbmpy_raise(KVBM_ETIER, "Manager.layout: tier G%d is absent", tier + 1);
   kvbm_layout l = *lp; /* snapshot */
-  kvbm_memory_type mem = kvbm_manager_memory(self->m, (kvbm_tier_id)tier);
+  kvbm_memory_type mem = kvbm_manager_memory(self->m, (kvbm_tier)tier);
   PyObject *d = PyDict_New();
   if (!d) return NULL;
   if (kvbmpy_dict_obj(d, "kind", PyUnicode_FromString(kind_name(l.kind))) ||
@@ -409,7 +408,7 @@ static PyObject *memory_view(ManagerObject *self, void *ptr, size_t len) {
 }
 
 static int host_tier(ManagerObject *self, int tier, const char *what) {
-  kvbm_memory_type mem = kvbm_manager_memory(self->m, (kvbm_tier_id)tier);
+  kvbm_memory_type mem = kvbm_manager_memory(self->m, (kvbm_tier)tier);
   if (tier == KVBM_TIER_G3 || mem == 0) {
     kvbmpy_raise(KVBM_ETIER, "%s: tier G%d has no memory to view (G3 is a file; absent tiers none)",
                  what, tier + 1);
@@ -437,7 +436,7 @@ static PyObject *mgr_block_layer(ManagerObject *self, PyObject *args, PyObject *
     return NULL;
   void *ptr;
   size_t size;
-  int rc = kvbm_manager_block_layer(self->m, (kvbm_tier_id)tier, (uint32_t)block, (uint32_t)layer,
+  int rc = kvbm_manager_block_layer(self->m, (kvbm_tier)tier, (uint32_t)block, (uint32_t)layer,
                                     &ptr, &size);
   if (rc == KVBM_ERANGE)
     return kvbmpy_raise(rc, "Manager.block_layer: block %llu layer %llu is outside tier G%d",
@@ -455,7 +454,7 @@ static PyObject *mgr_region(ManagerObject *self, PyObject *args, PyObject *kw) {
   if (tier_arg(to, &tier) || (io && kvbmpy_uint(io, "index", UINT32_MAX, &index)) ||
       mgr_open(self) || host_tier(self, tier, "Manager.region"))
     return NULL;
-  const kvbm_layout *l = kvbm_manager_layout(self->m, (kvbm_tier_id)tier);
+  const kvbm_layout *l = kvbm_manager_layout(self->m, (kvbm_tier)tier);
   if (index >= l->num_regions)
     return kvbmpy_raise(KVBM_ERANGE, "Manager.region: index %llu, but tier G%d has %llu region(s)",
                         (unsigned long long)index, tier + 1, (unsigned long long)l->num_regions);
@@ -463,7 +462,7 @@ static PyObject *mgr_region(ManagerObject *self, PyObject *args, PyObject *kw) {
    * layout's region r is layer r: that block's address is the base. */
   uint32_t layer = l->kind == KVBM_LAYOUT_LAYER_SEPARATE ? (uint32_t)index : 0;
   void *ptr;
-  int rc = kvbm_manager_block_layer(self->m, (kvbm_tier_id)tier, 0, layer, &ptr, NULL);
+  int rc = kvbm_manager_block_layer(self->m, (kvbm_tier)tier, 0, layer, &ptr, NULL);
   if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Manager.region");
   return memory_view(self, ptr, l->region_size);
 }
@@ -477,7 +476,7 @@ static PyObject *mgr_read_layer(ManagerObject *self, PyObject *args, PyObject *k
   if (tier_arg(to, &tier) || kvbmpy_uint(bo, "block", UINT32_MAX, &block) ||
       kvbmpy_uint(lo, "layer", UINT32_MAX, &layer) || mgr_open(self))
     return NULL;
-  const kvbm_layout *l = kvbm_manager_layout(self->m, (kvbm_tier_id)tier);
+  const kvbm_layout *l = kvbm_manager_layout(self->m, (kvbm_tier)tier);
   if (!l || tier == KVBM_TIER_G3)
     return kvbmpy_raise(KVBM_ETIER, "Manager.read_layer: tier G%d has no block memory", tier + 1);
   PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)l->layer_stride);
@@ -490,7 +489,7 @@ static PyObject *mgr_read_layer(ManagerObject *self, PyObject *args, PyObject *k
   int rc;
   self->calls++;
   Py_BEGIN_ALLOW_THREADS
-  rc = kvbm_manager_block_read(self->m, (kvbm_tier_id)tier, (uint32_t)block, (uint32_t)layer,
+  rc = kvbm_manager_block_read(self->m, (kvbm_tier)tier, (uint32_t)block, (uint32_t)layer,
                                PyBytes_AS_STRING(out), (size_t)PyBytes_GET_SIZE(out), &err);
   Py_END_ALLOW_THREADS
   self->calls--;
@@ -517,7 +516,7 @@ static PyObject *mgr_write_layer(ManagerObject *self, PyObject *args, PyObject *
   int rc;
   self->calls++;
   Py_BEGIN_ALLOW_THREADS
-  rc = kvbm_manager_block_write(self->m, (kvbm_tier_id)tier, (uint32_t)block, (uint32_t)layer,
+  rc = kvbm_manager_block_write(self->m, (kvbm_tier)tier, (uint32_t)block, (uint32_t)layer,
                                 data.buf, (size_t)data.len, &err);
   Py_END_ALLOW_THREADS
   self->calls--;
@@ -625,7 +624,7 @@ static PyObject *mgr_get_closed(ManagerObject *self, void *c) {
 static PyObject *mgr_memory(ManagerObject *self, PyObject *arg) {
   int tier;
   if (tier_arg(arg, &tier) || mgr_open(self)) return NULL;
-  kvbm_memory_type mem = kvbm_manager_memory(self->m, (kvbm_tier_id)tier);
+  kvbm_memory_type mem = kvbm_manager_memory(self->m, (kvbm_tier)tier);
   if (!mem) Py_RETURN_NONE;
   return PyUnicode_FromString(kvbm_memory_type_name(mem));
 }
@@ -913,7 +912,7 @@ static void req_dealloc(RequestObject *self) {
 static PyMethodDef req_methods[] = {
   {"poll", (PyCFunction)req_poll, METH_NOARGS,
    "poll() -> RequestInfo\n\nNon-blocking: whether onboarding has finished (ready), the match now\n"
-   "(matched_tokens, shortened by failed onboards), hit_blocks per tier G1..G3 and num_tokens."},
+   "(matched_tokens, shortened by failed onboards), hit_blocks per tier G1..G4 and num_tokens."},
   {"wait", (PyCFunction)(void (*)(void))req_wait, METH_VARARGS | METH_KEYWORDS,
    "wait(timeout=None) -> RequestInfo\n\nBlocks until onboarding has finished (timeout in seconds;\n"
    "None: no limit), then returns poll()'s answer. TimedOutError when time runs out.\n"
@@ -922,7 +921,7 @@ static PyMethodDef req_methods[] = {
    "must_compute(k) -> bool\n\nWhether the engine must write the KV of block k (after the settled\n"
    "match and registered by this request, the partial tail, or a failed onboard)."},
   {"block_source", (PyCFunction)req_block_source, METH_O,
-   "block_source(k) -> int\n\nThe tier (0..2, see kvbm.Tier) the prefill walk found block k in, or -1."},
+   "block_source(k) -> int\n\nThe tier (0..2: G1..G3, see kvbm.Tier) the prefill walk found block k in, or -1."},
   {"block_hash", (PyCFunction)req_block_hash, METH_O,
    "block_hash(k) -> int\n\nThe sequence hash of full block k."},
   {"append", (PyCFunction)req_append, METH_O,
@@ -1001,7 +1000,7 @@ static PyTypeObject MemoryType = {
 static PyStructSequence_Field info_fields[] = {
   {"ready", "every onboarding of the match has finished"},
   {"matched_tokens", "the match now (shortened by failed onboards)"},
-  {"hit_blocks", "blocks of the match from each tier, (G1, G2, G3)"},
+  {"hit_blocks", "blocks of the match from each tier, (G1, G2, G3, G4)"},
   {"num_tokens", "tokens in the request"},
   {NULL, NULL},
 };

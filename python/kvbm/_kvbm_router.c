@@ -168,7 +168,7 @@ out:
   return res;
 }
 
-/* {(worker_id, dp_rank): (device, host, disk)} for the live workers. */
+/* {(worker_id, dp_rank): (G1, G2, G3, G4) prefixes} for the live workers. */
 static PyObject *overlap_dict(IndexObject *self, const uint64_t *h, size_t n) {
   kvbm_overlap ov[KVBM_ROUTER_MAX_WORKERS];
   kvbm_worker_key keys[KVBM_ROUTER_MAX_WORKERS];
@@ -181,7 +181,12 @@ static PyObject *overlap_dict(IndexObject *self, const uint64_t *h, size_t n) {
   for (uint32_t s = 0; s < KVBM_ROUTER_MAX_WORKERS; s++) {
     if (!(live >> s & 1)) continue;
     PyObject *k = Py_BuildValue("(KI)", (unsigned long long)keys[s].worker_id, keys[s].dp_rank);
-    PyObject *v = Py_BuildValue("(III)", ov[s].prefix[0], ov[s].prefix[1], ov[s].prefix[2]);
+    PyObject *v = PyTuple_New(KVBM_TIER_COUNT);
+    for (int t = 0; v && t < KVBM_TIER_COUNT; t++) {
+      PyObject *x = PyLong_FromUnsignedLong(ov[s].prefix[t]);
+      if (!x) Py_CLEAR(v);
+      else PyTuple_SET_ITEM(v, t, x);
+    }
     int rc = k && v ? PyDict_SetItem(d, k, v) : -1;
     Py_XDECREF(k);
     Py_XDECREF(v);
@@ -299,11 +304,12 @@ static PyMethodDef idx_methods[] = {
    "for duplicates and gaps; its dp_rank names the worker unless dp_rank is given)\n"
    "or a list of event dicts ({'type': 'BlockStored', 'block_hashes': [...],\n"
    "'parent_block_hash', 'token_ids', 'block_size', 'medium', ...}). The medium\n"
-   "picks the tier: GPU (or none) device, CPU host, anything else disk."},
+   "picks the tier: GPU (or none) G1, CPU G2, DISK G3, REMOTE G4, others G3."},
   {"overlap", (PyCFunction)(void (*)(void))idx_overlap, METH_VARARGS | METH_KEYWORDS,
-   "overlap(tokens, salt_hash=None) -> dict[(worker_id, dp_rank), (device, host, disk)]\n\n"
+   "overlap(tokens, salt_hash=None) -> dict[(worker_id, dp_rank), (g1, g2, g3, g4)]\n\n"
    "For every known worker, the length in blocks of its longest cached prefix of\n"
-   "the prompt: on device, on device or host, on any tier. The prompt is hashed\n"
+   "the prompt per tier, each counting the tiers above it: on device (G1), on\n"
+   "device or host (G2), also on disk (G3), on any tier (G4). The prompt is hashed\n"
    "with the index's block size and scheme (and salt, unless salt_hash is given)."},
   {"overlap_hashes", (PyCFunction)idx_overlap_hashes, METH_O,
    "overlap_hashes(block_hashes) -> dict\n\noverlap() for hashes already computed."},

@@ -83,4 +83,4 @@ def test_error_hierarchy():
 
 def test_tier_enum():
     assert [int(t) for t in kvbm.Tier] == [0, 1, 2, 3]
-    assert kvbm.Tier.G2 == 1 and kvbm.TIER_COUNT == 3
+    assert kvbm.Tier.G2 == 1 and kvbm.TIER_COUNT == 4

@@ -260,19 +260,22 @@ def test_index_overlap_per_worker_and_tier():
                                       "parent_block_hash": h[1], "token_ids": a[2 * B:6 * B],
                                       "block_size": B, "medium": "CPU"}])
     idx.apply(3, [stored(a[:B], medium="DISK")])
+    idx.apply(4, [stored(a[:2 * B], medium="REMOTE")])
     ov = idx.overlap(np.concatenate([a, [1]]).astype(np.uint32))
-    assert ov == {(1, 0): (4, 4, 4), (2, 0): (2, 6, 6), (3, 0): (0, 0, 1)}
-    assert idx.overlap_hashes(h[:3]) == {(1, 0): (3, 3, 3), (2, 0): (2, 3, 3), (3, 0): (0, 0, 1)}
+    # per tier G1..G4, each prefix counting the tiers above it
+    assert ov == {(1, 0): (4, 4, 4, 4), (2, 0): (2, 6, 6, 6), (3, 0): (0, 0, 1, 1),
+                  (4, 0): (0, 0, 0, 2)}
+    assert idx.overlap_hashes(h[:3])[(2, 0)] == (2, 3, 3, 3)
     idx.apply(1, [{"type": "BlockRemoved", "block_hashes": [h[1]], "medium": "GPU"}])
-    assert idx.overlap(a)[(1, 0)] == (1, 1, 1)
+    assert idx.overlap(a)[(1, 0)] == (1, 1, 1, 1)
     idx.apply(2, [{"type": "AllBlocksCleared"}])
-    assert idx.overlap(a)[(2, 0)] == (0, 0, 0)
-    assert sorted(idx.workers()) == [(1, 0), (2, 0), (3, 0)]
+    assert idx.overlap(a)[(2, 0)] == (0, 0, 0, 0)
+    assert sorted(idx.workers()) == [(1, 0), (2, 0), (3, 0), (4, 0)]
     idx.remove_worker(3)
     with pytest.raises(kvbm.NotFoundError):
         idx.remove_worker(3)
     assert (3, 0) not in idx.overlap(a)
-    assert idx.stats()["workers"] == 2
+    assert idx.stats()["workers"] == 3
 
 
 def test_index_fed_by_a_subscriber_and_dedup_by_seq():
@@ -286,7 +289,7 @@ def test_index_fed_by_a_subscriber_and_dedup_by_seq():
     idx = kvbm.Index(B)
     idx.apply(9, batch)
     idx.apply(9, batch)  # the same seq again: a duplicate, skipped
-    assert idx.overlap(a) == {(9, 1): (5, 5, 5)}
+    assert idx.overlap(a) == {(9, 1): (5, 5, 5, 5)}
     assert idx.stats()["duplicates"] >= 1 and idx.stats()["stored"] == 5
 
 
@@ -296,10 +299,10 @@ def test_index_recompute_in_dynamo_scheme():
     idx = kvbm.Index(B, "dynamo", recompute=True)
     idx.apply(1, [{"type": "BlockStored", "block_hashes": [11, 12, 13, 14], "parent_block_hash": None,
                    "token_ids": a, "block_size": B}])
-    assert idx.overlap(a) == {(1, 0): (4, 4, 4)}
-    assert idx.overlap_hashes(kvbm.block_hashes(a, B, scheme="dynamo")) == {(1, 0): (4, 4, 4)}
+    assert idx.overlap(a) == {(1, 0): (4, 4, 4, 4)}
+    assert idx.overlap_hashes(kvbm.block_hashes(a, B, scheme="dynamo")) == {(1, 0): (4, 4, 4, 4)}
     idx.apply(1, [{"type": "BlockRemoved", "block_hashes": [13]}])
-    assert idx.overlap(a) == {(1, 0): (2, 2, 2)}
+    assert idx.overlap(a) == {(1, 0): (2, 2, 2, 2)}
 
 
 def test_index_hostile_events():

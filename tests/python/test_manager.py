@@ -51,7 +51,7 @@ def test_prefix_hits_in_g1():
         assert run(m, toks).matched_tokens == 0
         info = run(m, toks)
         assert info.matched_tokens == (100 - 1) // B * B
-        assert info.hit_blocks == (6, 0, 0)
+        assert info.hit_blocks == (6, 0, 0, 0)
         assert m.stats(Tier.G1)["hit_blocks"] == 6
 
 
@@ -163,7 +163,10 @@ def test_no_space_changes_nothing():
 
 def test_hostile_arguments():
     m = kvbm.Manager(g1_blocks=8, g2_blocks=4)
-    for bad_tier in (3, 7, 2**70):
+    assert m.stats(Tier.G4)["present"] is False  # the manager has no G4
+    with pytest.raises(kvbm.TierError):
+        m.layout(Tier.G4)
+    for bad_tier in (4, 7, 2**70):
         with pytest.raises(kvbm.TierError if bad_tier < 2**64 else kvbm.InvalidArgumentError):
             m.stats(bad_tier)
     with pytest.raises(kvbm.InvalidArgumentError):
