@@ -5,5 +5,5 @@ set -euo pipefail
 . "$(dirname "$0")/pyenv.sh"
 for ex in "$KVBM_SOURCE_DIR"/examples/python/*.py; do
   echo "== $ex"
-  /usr/bin/python3 "$ex"
+  kvbm_python "$ex"
 done

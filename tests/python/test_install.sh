@@ -24,7 +24,7 @@ readelf -d "$pkg"/_kvbm.*.so | grep -q 'RUNPATH.*\$ORIGIN' || fail "no relative 
 
 export PYTHONPATH="$prefix/$rel"
 cd "$tmp"
-/usr/bin/python3 - "$pkg" "$prefix" <<'PY'
+kvbm_python - "$pkg" "$prefix" <<'PY'
 import os, sys
 import kvbm
 pkg, prefix = sys.argv[1], sys.argv[2]
@@ -37,4 +37,4 @@ s = pool.sequence(); s.prefill(range(40)); t = pool.sequence()
 assert t.prefill(range(40)) == 32
 print("installed kvbm", kvbm.__version__, "from", kvbm.__file__, "with", sorted(libs)[0])
 PY
-/usr/bin/python3 "$KVBM_SOURCE_DIR/examples/python/quickstart.py" >/dev/null
+kvbm_python "$KVBM_SOURCE_DIR/examples/python/quickstart.py" >/dev/null

@@ -5,4 +5,4 @@ set -euo pipefail
 . "$(dirname "$0")/pyenv.sh"
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 cd "$KVBM_SOURCE_DIR/tests/python"
-exec /usr/bin/python3 -m pytest -q -p no:cacheprovider "$@" .
+kvbm_python -m pytest -q -p no:cacheprovider "$@" .
