@@ -149,6 +149,20 @@ static int policy_arg(PyObject *o, const char *what, kvbm_offload_policy *out) {
   return 0;
 }
 
+static int memory_arg(PyObject *o, const char *what, kvbm_memory_type *out) {
+  const char *s;
+  if (!o) return 0;
+  if (kvbmpy_str(o, what, &s)) return -1;
+  if (!strcmp(s, "system")) *out = KVBM_MEMORY_SYSTEM;
+  else if (!strcmp(s, "pinned")) *out = KVBM_MEMORY_PINNED;
+  else if (!strcmp(s, "device")) *out = KVBM_MEMORY_DEVICE;
+  else {
+    kvbmpy_raise(KVBM_EINVAL, "%s: '%.40s' is not 'system', 'pinned' or 'device'", what, s);
+    return -1;
+  }
+  return 0;
+}
+
 static int u32_kw(PyObject *o, const char *what, uint32_t max, uint32_t *out) {
   if (!o) return 0;
   uint64_t v;
@@ -166,15 +180,16 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"block_size", "num_layers", "outer_dim", "inner_dim", "dtype_bytes",
                            "alignment", "layout", "g1_blocks", "g2_blocks", "g3_blocks", "g3_dir",
                            "g3_persist", "g3_direct", "g2_policy", "g3_policy", "freq_threshold",
-                           "scheme", "env", NULL};
+                           "scheme", "env", "g1_memory", "g2_memory", "g1_device", NULL};
   PyObject *bs = NULL, *nl = NULL, *od = NULL, *id = NULL, *db = NULL, *al = NULL, *lay = NULL,
            *g1 = NULL, *g2 = NULL, *g3 = NULL, *g3dir = NULL, *g2p = NULL, *g3p = NULL,
-           *freq = NULL, *scheme = NULL, *env = NULL;
+           *freq = NULL, *scheme = NULL, *env = NULL, *g1m = NULL, *g2m = NULL, *g1d = NULL;
   int persist = 0, direct = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOO:Manager", kwlist, &bs, &nl, &od,
-                                   &id, &db, &al, &lay, &g1, &g2, &g3, &g3dir, &persist, &direct,
-                                   &g2p, &g3p, &freq, &scheme, &env))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOO:Manager", kwlist, &bs, &nl,
+                                   &od, &id, &db, &al, &lay, &g1, &g2, &g3, &g3dir, &persist,
+                                   &direct, &g2p, &g3p, &freq, &scheme, &env, &g1m, &g2m, &g1d))
     return NULL;
+  uint64_t dev = 0;
   kvbm_manager_config cfg = kvbm_manager_config_default();
   kvbm_layout_kind kind = KVBM_LAYOUT_FULLY_CONTIGUOUS;
   const char *dir = NULL;
@@ -191,8 +206,10 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
       (g2p && policy_arg(g2p, "g2_policy", &cfg.g2_policy)) ||
       (g3p && policy_arg(g3p, "g3_policy", &cfg.g3_policy)) ||
       u32_kw(freq, "freq_threshold", UINT32_MAX, &cfg.freq_threshold) ||
-      (scheme && kvbmpy_scheme(scheme, &cfg.scheme)))
+      (scheme && kvbmpy_scheme(scheme, &cfg.scheme)) || memory_arg(g1m, "g1_memory", &cfg.g1_memory) ||
+      memory_arg(g2m, "g2_memory", &cfg.g2_memory) || (g1d && kvbmpy_uint(g1d, "g1_device", INT32_MAX, &dev)))
     return NULL;
+  cfg.g1_device = (int32_t)dev;
   cfg.layout.page_size = cfg.block_size;
   cfg.g1_kind = cfg.g2_kind = kind;
   cfg.g3_dir = dir;
@@ -701,12 +718,16 @@ static PyTypeObject ManagerType = {
             "        alignment=4096, layout='fully_contiguous', g1_blocks=1024, g2_blocks=0,\n"
             "        g3_blocks=0, g3_dir=None, g3_persist=False, g3_direct=True,\n"
             "        g2_policy='all', g3_policy='frequency', freq_threshold=2,\n"
-            "        scheme='native', env=False)\n\n"
+            "        scheme='native', env=False, g1_memory='system', g2_memory='system',\n"
+            "        g1_device=0)\n\n"
             "The tiered KV block manager: G1 (the engine's blocks, host memory here), G2\n"
             "(host), G3 (a file of checksummed slots). A block's KV is num_layers x\n"
             "outer_dim x block_size x inner_dim elements of dtype_bytes. env=True applies\n"
             "Dynamo's DYN_KVBM_* variables from the environment, a dict applies those\n"
-            "given. Thread-safe; long calls release the GIL. Use as a context manager\n"
+            "given. g1_memory 'pinned' or 'device' (G2: 'pinned') need a CUDA build\n"
+            "(else UnsupportedError) and a GPU (else DeviceError); device memory has no\n"
+            "host views (read_layer/write_layer copy). Thread-safe; long calls release the\n"
+            "GIL. Use as a context manager\n"
             "or call close().",
   .tp_methods = mgr_methods,
   .tp_getset = mgr_getset,

@@ -358,3 +358,19 @@ def test_close_racing_calls_on_other_threads_never_crashes():
             m.close()
         assert not bad, bad
         assert m.closed
+
+
+def test_device_memory_is_refused_cleanly_or_copied():
+    """Without CUDA (or a GPU) device and pinned tiers are clean errors; with
+    a GPU, device G1 has no host views but read_layer/write_layer copy."""
+    try:
+        m = kvbm.Manager(g1_blocks=8, g1_memory="device")
+    except (kvbm.UnsupportedError, kvbm.DeviceError) as e:
+        assert e.status in ("KVBM_EUNSUPPORTED", "KVBM_EDEVICE")
+        return
+    with m:
+        assert m.memory(Tier.G1) == "device"
+        with pytest.raises(kvbm.UnsupportedError):
+            m.block_layer(Tier.G1, 0, 0)
+        m.write_layer(Tier.G1, 1, 1, b"\x07" * m.layer_bytes)
+        assert m.read_layer(Tier.G1, 1, 1) == b"\x07" * m.layer_bytes
