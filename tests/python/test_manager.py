@@ -363,6 +363,10 @@ def test_close_racing_calls_on_other_threads_never_crashes():
 def test_device_memory_is_refused_cleanly_or_copied():
     """Without CUDA (or a GPU) device and pinned tiers are clean errors; with
     a GPU, device G1 has no host views but read_layer/write_layer copy."""
+    with pytest.raises(kvbm.InvalidArgumentError):
+        kvbm.Manager(g1_memory="gpu")
+    with pytest.raises(kvbm.InvalidArgumentError):
+        kvbm.Manager(g2_blocks=4, g2_memory="device")
     try:
         m = kvbm.Manager(g1_blocks=8, g1_memory="device")
     except (kvbm.UnsupportedError, kvbm.DeviceError) as e:
