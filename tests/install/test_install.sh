@@ -80,8 +80,8 @@ cflags=$(pkg-config --cflags kvbm) && libs=$(pkg-config --libs kvbm) || fail "pk
 # shellcheck disable=SC2086
 cc -std=c11 -Wall -Wextra -Werror "${san[@]}" "$KVBM_SOURCE_DIR/examples/c/quickstart.c" \
   $cflags $libs -o "$tmp/qs_pc" || fail "pkg-config build"
-ldd "$tmp/qs_pc" | grep -q "libkvbm.so.0 => $libdir" ||
-  LD_LIBRARY_PATH="$libdir" ldd "$tmp/qs_pc" | grep -q "libkvbm.so.0 => $libdir" ||
+ldd "$tmp/qs_pc" | grep "libkvbm.so.0 => $libdir" >/dev/null ||
+  LD_LIBRARY_PATH="$libdir" ldd "$tmp/qs_pc" | grep "libkvbm.so.0 => $libdir" >/dev/null ||
   fail "the pkg-config build does not link the installed libkvbm.so"
 run pkg-config "$tmp/qs_pc"
 

@@ -20,7 +20,7 @@ for f in __init__.py __init__.pyi py.typed minivllm.py; do
   [ -e "$pkg/$f" ] || fail "not installed: $rel/kvbm/$f"
 done
 ls "$pkg"/_kvbm.*.so >/dev/null || fail "the extension was not installed"
-readelf -d "$pkg"/_kvbm.*.so | grep -q 'RUNPATH.*\$ORIGIN' || fail "no relative RUNPATH"
+readelf -d "$pkg"/_kvbm.*.so | grep 'RUNPATH.*\$ORIGIN' >/dev/null || fail "no relative RUNPATH"
 
 export PYTHONPATH="$prefix/$rel"
 cd "$tmp"
