@@ -56,6 +56,7 @@ class ExistsError(Error): ...                       # KVBM_EEXIST
 class ProtocolError(Error): ...                     # KVBM_EPROTO
 class RangeError(Error, IndexError): ...            # KVBM_ERANGE
 class DeviceError(Error): ...                       # KVBM_EDEVICE
+class AuthError(Error): ...                         # KVBM_EAUTH
 
 # ---- hashing, BLAKE3, frames ---------------------------------------------
 
@@ -146,7 +147,8 @@ class Manager:
                  g3_direct: bool = True, g2_policy: str = "all", g3_policy: str = "frequency",
                  freq_threshold: int = 2, scheme: str = "native",
                  env: Union[bool, dict[str, str]] = False, g1_memory: str = "system",
-                 g2_memory: str = "system", g1_device: int = 0) -> None: ...
+                 g2_memory: str = "system", g1_device: int = 0,
+                 g3_key: Optional["_Buffer"] = None) -> None: ...
     def prefill(self, tokens: Tokens, *, salt_hash: Hash = 0, priority: int = 0) -> "Request": ...
     def stats(self, tier: int) -> dict[str, Any]: ...
     def layout(self, tier: int) -> dict[str, Any]: ...

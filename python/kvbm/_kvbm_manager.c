@@ -176,18 +176,21 @@ static int u64_kw(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
   return kvbmpy_uint(o, what, max, out);
 }
 
+static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfg, PyObject *env);
+
 static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"block_size", "num_layers", "outer_dim", "inner_dim", "dtype_bytes",
                            "alignment", "layout", "g1_blocks", "g2_blocks", "g3_blocks", "g3_dir",
                            "g3_persist", "g3_direct", "g2_policy", "g3_policy", "freq_threshold",
-                           "scheme", "env", "g1_memory", "g2_memory", "g1_device", NULL};
+                           "scheme", "env", "g1_memory", "g2_memory", "g1_device", "g3_key", NULL};
   PyObject *bs = NULL, *nl = NULL, *od = NULL, *id = NULL, *db = NULL, *al = NULL, *lay = NULL,
            *g1 = NULL, *g2 = NULL, *g3 = NULL, *g3dir = NULL, *g2p = NULL, *g3p = NULL,
-           *freq = NULL, *scheme = NULL, *env = NULL, *g1m = NULL, *g2m = NULL, *g1d = NULL;
+           *freq = NULL, *scheme = NULL, *env = NULL, *g1m = NULL, *g2m = NULL, *g1d = NULL,
+           *g3k = NULL;
   int persist = 0, direct = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOO:Manager", kwlist, &bs, &nl,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOO:Manager", kwlist, &bs, &nl,
                                    &od, &id, &db, &al, &lay, &g1, &g2, &g3, &g3dir, &persist,
-                                   &direct, &g2p, &g3p, &freq, &scheme, &env, &g1m, &g2m, &g1d))
+                                   &direct, &g2p, &g3p, &freq, &scheme, &env, &g1m, &g2m, &g1d, &g3k))
     return NULL;
   uint64_t dev = 0;
   kvbm_manager_config cfg = kvbm_manager_config_default();
@@ -216,6 +219,25 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   cfg.g3_persist = persist;
   cfg.g3_direct = direct;
 
+  /* The G3 secret is used at create only (kvbm derives its key from it and
+   * keeps nothing): the buffer is held until then. */
+  Py_buffer key = {0};
+  if (g3k && g3k != Py_None) {
+    if (PyObject_GetBuffer(g3k, &key, PyBUF_SIMPLE) < 0) {
+      PyErr_Clear();
+      return PyErr_Format(PyExc_TypeError, "g3_key: expected bytes, got %.100s", Py_TYPE(g3k)->tp_name);
+    }
+    cfg.g3_key = key.buf;
+    cfg.g3_key_len = (size_t)key.len;
+  }
+  PyObject *res = mgr_create(type, &cfg, env);
+  if (key.obj) PyBuffer_Release(&key);
+  return res;
+}
+
+/* Creates the manager from a filled config, env applied last. */
+static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObject *env) {
+  kvbm_manager_config cfg = *cfgp;
   ManagerObject *self = (ManagerObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
   kvbm_error err = {0};
@@ -719,12 +741,14 @@ static PyTypeObject ManagerType = {
             "        g3_blocks=0, g3_dir=None, g3_persist=False, g3_direct=True,\n"
             "        g2_policy='all', g3_policy='frequency', freq_threshold=2,\n"
             "        scheme='native', env=False, g1_memory='system', g2_memory='system',\n"
-            "        g1_device=0)\n\n"
+            "        g1_device=0, g3_key=None)\n\n"
             "The tiered KV block manager: G1 (the engine's blocks, host memory here), G2\n"
             "(host), G3 (a file of checksummed slots). A block's KV is num_layers x\n"
             "outer_dim x block_size x inner_dim elements of dtype_bytes. env=True applies\n"
             "Dynamo's DYN_KVBM_* variables from the environment, a dict applies those\n"
-            "given. g1_memory 'pinned' or 'device' (G2: 'pinned') need a CUDA build\n"
+            "given. g3_key (16..4096 bytes of secret) makes G3 slots carry keyed BLAKE3\n"
+            "sums, which also catch slots forged without the secret.\n"
+            "g1_memory 'pinned' or 'device' (G2: 'pinned') need a CUDA build\n"
             "(else UnsupportedError) and a GPU (else DeviceError); device memory has no\n"
             "host views (read_layer/write_layer copy). Thread-safe; long calls release the\n"
             "GIL. Use as a context manager\n"

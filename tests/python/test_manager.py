@@ -55,10 +55,11 @@ def test_prefix_hits_in_g1():
         assert m.stats(Tier.G1)["hit_blocks"] == 6
 
 
-@pytest.mark.parametrize("layout", ["fully_contiguous", "layer_separate"])
-def test_onboard_from_g2_and_g3_gives_the_bytes_written(tmp_path, layout):
+@pytest.mark.parametrize("layout,key", [("fully_contiguous", None), ("layer_separate", None),
+                                        ("fully_contiguous", b"a shared secret!")])
+def test_onboard_from_g2_and_g3_gives_the_bytes_written(tmp_path, layout, key):
     m = kvbm.Manager(g1_blocks=8, g2_blocks=8, g3_blocks=64, g3_dir=str(tmp_path),
-                     g3_policy="all", layout=layout, num_layers=3, inner_dim=32)
+                     g3_policy="all", layout=layout, num_layers=3, inner_dim=32, g3_key=key)
     first = prompt(1, 6 * B + 1)
     run(m, first)
     m.flush()
@@ -233,7 +234,9 @@ def test_hostile_arguments():
                {"env": {"DYN_KVBM_CPU_CACHE_GB": "lots"}}):
         with pytest.raises(kvbm.InvalidArgumentError):
             kvbm.Manager(**kw)
-    for kw in ({"block_size": "16"}, {"env": 3}, {"g3_dir": 5}, {"env": {"A": 1}}):
+    with pytest.raises(kvbm.InvalidArgumentError):
+        kvbm.Manager(g3_blocks=4, g3_key=b"short")
+    for kw in ({"block_size": "16"}, {"env": 3}, {"g3_dir": 5}, {"env": {"A": 1}}, {"g3_key": "text"}):
         with pytest.raises(TypeError):
             kvbm.Manager(**kw)
     with pytest.raises(TypeError):
