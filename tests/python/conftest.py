@@ -13,7 +13,6 @@ SOURCE = pathlib.Path(os.environ.get("KVBM_SOURCE_DIR", HERE.parent.parent))
 SHARED = pathlib.Path(os.environ.get("KVBM_SHARED_DIR", SOURCE.parent / "shared"))
 BINARY = pathlib.Path(os.environ.get("KVBM_BINARY_DIR", SOURCE / "build"))
 TRACE = SOURCE / "data" / "mooncake_conversation_trace.jsonl.gz"
-UNDER_ASAN = os.environ.get("KVBM_TEST_ASAN") == "1"
 
 
 def load_trace(limit):

@@ -16,7 +16,6 @@ case "$kvbm_sanitize" in
   address)
     kvbm_preload="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
     export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-    export KVBM_TEST_ASAN=1
     ;;
   thread)
     echo "skipped: a ThreadSanitizer extension cannot load into the uninstrumented /usr/bin/python3"
