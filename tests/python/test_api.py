@@ -84,3 +84,16 @@ def test_error_hierarchy():
 def test_tier_enum():
     assert [int(t) for t in kvbm.Tier] == [0, 1, 2, 3]
     assert kvbm.Tier.G2 == 1 and kvbm.TIER_COUNT == 4
+
+
+def test_kvbm_objects_refuse_pickle_and_copy():
+    import copy
+    import pickle
+    pool = kvbm.Pool(4, 16)
+    for obj in (pool, pool.sequence(), kvbm.Manager(g1_blocks=4), kvbm.Index(), kvbm.Blake3()):
+        for f in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError):
+                f(obj)
+    with pytest.raises(TypeError):
+        class Sub(kvbm.Manager):  # noqa: F841 - the types are final
+            pass
