@@ -209,7 +209,17 @@ typedef struct PublisherObject {
   kvbm_relay *relay;    /* relay mode: the source subscription */
   pthread_t relay_thread;
   bool relay_running;
-  atomic_bool relay_stop;
+  /* What the relay thread reads: set before it starts, left alone until
+   * it has been joined (the fields above may be cleared meanwhile). */
+  struct relay_arg {
+    kvbm_relay *relay;
+    atomic_bool stop;
+    /* The relay's subscriber is the thread's: it publishes a copy of its
+     * counters here after every poll, for stats(). */
+    pthread_mutex_t mu;
+    bool mu_ready;
+    kvbm_subscriber_stats snap;
+  } rt;
   bool closing;         /* shutdown began: publishes refused */
   Py_ssize_t calls;     /* publishes/flushes running without the GIL */
   uint32_t block_size;
@@ -221,8 +231,15 @@ typedef struct PublisherObject {
 static PyTypeObject PublisherType, SubscriberType;
 
 static void *relay_main(void *arg) {
-  PublisherObject *self = arg;
-  while (!atomic_load(&self->relay_stop)) kvbm_relay_poll(self->relay, 100, NULL, NULL);
+  struct relay_arg *rt = arg;
+  while (!atomic_load(&rt->stop)) {
+    kvbm_relay_poll(rt->relay, 100, NULL, NULL);
+    kvbm_subscriber_stats st;
+    kvbm_subscriber_stats_get(kvbm_relay_subscriber(rt->relay), &st);
+    pthread_mutex_lock(&rt->mu);
+    rt->snap = st;
+    pthread_mutex_unlock(&rt->mu);
+  }
   return NULL;
 }
 
@@ -254,7 +271,7 @@ static void pub_teardown(PublisherObject *self) {
   self->relay_running = false;
   Py_BEGIN_ALLOW_THREADS
   if (joining) {
-    atomic_store(&self->relay_stop, true);
+    atomic_store(&self->rt.stop, true);
     pthread_join(self->relay_thread, NULL);
   }
   kvbm_relay_destroy(relay);
@@ -305,7 +322,7 @@ static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 
   PublisherObject *self = (PublisherObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
-  atomic_init(&self->relay_stop, false);
+  atomic_init(&self->rt.stop, false);
   self->block_size = (uint32_t)bs;
   self->zmq_sink = SIZE_MAX;
   self->medium = medium ? kvbm_medium_from_name(medium, strlen(medium)) : KVBM_MEDIUM_NONE;
@@ -349,7 +366,10 @@ static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   self->relay = relay;
   self->zmq_sink = zsink;
   if (relay) {
-    if (pthread_create(&self->relay_thread, NULL, relay_main, self)) {
+    self->rt.relay = relay;
+    pthread_mutex_init(&self->rt.mu, NULL);
+    self->rt.mu_ready = true;
+    if (pthread_create(&self->relay_thread, NULL, relay_main, &self->rt)) {
       Py_DECREF(self);
       return kvbmpy_raise(KVBM_ENOMEM, "KvEventPublisher: cannot start the relay thread");
     }
@@ -514,6 +534,7 @@ static PyObject *pub_shutdown(PublisherObject *self, PyObject *unused) {
 
 static void pub_dealloc(PublisherObject *self) {
   if (self->pub) pub_teardown(self);
+  if (self->rt.mu_ready) pthread_mutex_destroy(&self->rt.mu);
   Py_XDECREF(self->medium_name);
   Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -525,7 +546,11 @@ static PyObject *pub_stats(PublisherObject *self, PyObject *unused) {
   kvbm_publisher_stats_get(self->pub, &s);
   kvbm_subscriber_stats rs = {0};
   bool relay = self->relay != NULL;
-  if (relay) kvbm_subscriber_stats_get(kvbm_relay_subscriber(self->relay), &rs);
+  if (relay) {
+    pthread_mutex_lock(&self->rt.mu);
+    rs = self->rt.snap;
+    pthread_mutex_unlock(&self->rt.mu);
+  }
   PyObject *d = PyDict_New();
   if (!d) return NULL;
   if (kvbmpy_dict_u64(d, "accepted", s.accepted) || kvbmpy_dict_u64(d, "dropped", s.dropped) ||
