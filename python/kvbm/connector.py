@@ -1,0 +1,901 @@
+"""kvbm.connector: kvbm's tiered manager behind vLLM's KV-connector interface.
+
+vLLM (v1) lets a *KV connector* load KV from outside the engine's paged cache
+and save KV out of it. Its base class, ``KVConnectorBase_V1``
+(vllm/distributed/kv_transfer/kv_connector/v1/base.py), splits the work in
+two roles: the scheduler's connector decides what to load and save and
+packs it into per-step metadata; each worker's connector carries the
+metadata out around the forward pass. This module implements those methods
+over ``kvbm.Manager`` without importing vLLM, in two classes:
+
+``KvbmCacheManager`` plays vLLM's ``KVCacheManager``: kvbm's manager *owns
+G1*, the engine's paged KV cache. ``get_computed_blocks`` is kvbm's prefill
+(prefix walk over G1, G2 and G3, G1 allocation of the whole prompt,
+onboarding copies queued), ``allocate_slots`` appends decode tokens,
+``free`` destroys the request. The engine's per-layer KV tensors are
+zero-copy torch views of G1 (``g1_kv_caches``), so block ids are G1 block ids
+and nothing is ever copied between "the engine's cache" and "G1".
+
+``KvbmConnector`` is the connector, one object per role as in vLLM:
+
+- scheduler: ``get_num_new_matched_tokens`` reports the part of kvbm's
+  match that is not in G1 yet as *external* tokens, loaded asynchronously
+  (vLLM's WAITING_FOR_REMOTE_KVS): blocks onboarding from G2/G3, and G1
+  blocks another request has registered but not yet written.
+  ``update_state_after_alloc`` records the load, ``build_connector_meta``
+  packs the step's loads and saves, ``request_finished`` ends the request's
+  connector state (frees are never delayed: kvbm's copies pin their own
+  blocks).
+- worker: ``register_kv_caches`` checks that every layer tensor *is* a view
+  of G1 (anything else would silently bypass kvbm); ``start_load_kv``
+  watches the step's loads, ``get_finished`` reports those that have
+  landed (and ``get_block_ids_with_load_errors`` the blocks that did not:
+  a failed G3 read, a request that went away before writing a block);
+  ``save_kv_layer`` checks the layer was written in place;
+  ``wait_for_save`` commits, which is what offloads to G2/G3.
+
+The order of calls is vLLM's (scheduler: get_computed_blocks,
+get_num_new_matched_tokens, allocate_slots, update_state_after_alloc, ...,
+build_connector_meta; worker: bind_connector_metadata, start_load_kv,
+per layer wait_for_layer_load / save_kv_layer, wait_for_save, get_finished,
+get_block_ids_with_load_errors, clear_connector_metadata), and every method
+checks it: a call out of order, on the wrong role, or about a request the
+connector does not know raises a ``kvbm.Error`` subclass naming what was
+wrong (StateError, NotFoundError, InvalidArgumentError; TypeError for wrong
+types). Nothing here is thread-safe: one engine thread drives both roles.
+
+Why "external" includes G1 blocks another request is writing. kvbm
+registers a prompt's blocks at prefill, before their KV exists (state
+UNCOMPUTED), and a later request that matches them must neither write
+them (they are their owner's) nor read them until the owner commits. In
+vLLM the same block would simply not be cached yet. A request whose match
+runs into such blocks therefore waits, exactly like a request whose blocks
+are onboarding, until the owner has committed (or gone away, after which
+the blocks are recomputed). The cache manager keeps that bookkeeping
+(which G1 blocks have a live owner that has not committed them) because
+the Python surface of kvbm_mreq says what a request must compute, not
+whether a block it does not compute is written yet.
+
+Process model. The metadata is plain data (request ids, token counts, G1
+block ids) and pickles, but both roles reach the same ``KvbmCacheManager``:
+kvbm's manager lives in one process, the engine's (vLLM's in-process
+executor). See docs/areas/connector.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+from typing import Any, Iterable, Optional
+
+from . import _kvbm
+from ._kvbm import Error, InvalidArgumentError, NotFoundError, StateError, NoSpaceError
+
+__all__ = [
+    "KVConnectorRole",
+    "KvbmBlocks",
+    "KvbmCacheManager",
+    "KvbmConnector",
+    "KvbmConnectorMetadata",
+    "LoadSpec",
+    "SaveSpec",
+    "g1_kv_caches",
+]
+
+_G1, _G2, _G3 = 0, 1, 2
+
+_STATUS = {
+    InvalidArgumentError: ("KVBM_EINVAL", -1),
+    StateError: ("KVBM_ESTATE", -4),
+    NotFoundError: ("KVBM_ENOTFOUND", -6),
+}
+
+
+def _error(cls, message: str) -> Error:
+    """A kvbm.Error subclass instance carrying .status, .code and .message as
+    the extension's own errors do."""
+    e = cls(message)
+    e.status, e.code = _STATUS[cls]
+    e.message = message
+    return e
+
+
+class KVConnectorRole(enum.IntEnum):
+    """vLLM's KVConnectorRole (same names and values)."""
+
+    SCHEDULER = 0
+    WORKER = 1
+
+
+def _role(role) -> KVConnectorRole:
+    if isinstance(role, KVConnectorRole):
+        return role
+    name = getattr(role, "name", role)  # vLLM's own enum, or a name
+    if isinstance(name, str) and name in KVConnectorRole.__members__:
+        return KVConnectorRole[name]
+    if isinstance(role, int) and not isinstance(role, bool) and role in (0, 1):
+        return KVConnectorRole(role)
+    raise TypeError(f"KvbmConnector: role must be KVConnectorRole.SCHEDULER or WORKER, got {role!r}")
+
+
+class KvbmBlocks:
+    """vLLM's KVCacheBlocks, for one KV-cache group: G1 block ids."""
+
+    __slots__ = ("block_ids",)
+
+    def __init__(self, block_ids: Iterable[int] = ()):
+        self.block_ids = list(block_ids)
+
+    def get_block_ids(self, allow_none: bool = False):
+        if allow_none and not self.block_ids:
+            return None
+        return (list(self.block_ids),)
+
+    def __len__(self) -> int:
+        return len(self.block_ids)
+
+    def __repr__(self) -> str:
+        return f"KvbmBlocks({self.block_ids})"
+
+
+def _block_ids_of(blocks, what: str) -> list[int]:
+    """G1 block ids from a KVCacheBlocks-like object or a sequence of ints."""
+    if hasattr(blocks, "get_block_ids"):
+        groups = blocks.get_block_ids()
+        if groups is None:
+            return []
+        if len(groups) != 1:
+            raise _error(InvalidArgumentError,
+                         f"{what}: {len(groups)} KV-cache groups; kvbm manages one (no hybrid allocator)")
+        blocks = groups[0]
+    if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
+        raise TypeError(f"{what}: blocks must be KVCacheBlocks or a sequence of block ids, "
+                        f"got {type(blocks).__name__}")
+    ids = list(blocks)
+    for b in ids:
+        if isinstance(b, bool) or not isinstance(b, int):
+            raise TypeError(f"{what}: block ids must be ints, got {type(b).__name__}")
+    return ids
+
+
+def _request_id(request, what: str) -> str:
+    rid = getattr(request, "request_id", None)
+    if not isinstance(rid, str):
+        raise TypeError(f"{what}: expected a request with a str request_id, got {type(request).__name__}")
+    return rid
+
+
+def _salt_of(request) -> int:
+    """kvbm's salt hash for what vLLM folds into its block hashes: the
+    request's cache_salt and LoRA adapter name."""
+    parts = []
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        parts.append("lora:" + str(getattr(lora, "lora_name", lora)))
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts.append("salt:" + str(salt))
+    return _kvbm.salt_hash("\0".join(parts)) if parts else 0
+
+
+# Load states of a request (KvbmCacheManager slots; the connector drives them).
+_NO_LOAD, _LOAD_RECORDED, _LOAD_SENT, _LOAD_DONE = 0, 1, 2, 3
+
+
+class _Slot:
+    """One engine request's kvbm request and the connector's state for it."""
+
+    __slots__ = ("rid", "req", "num_tokens", "walk_tokens", "local_tokens", "committed_blocks",
+                 "load", "expected_tokens", "finished")
+
+    def __init__(self, rid: str, req):
+        self.rid = rid
+        self.req = req              # kvbm.Request, or None: no room in G1 at prefill
+        self.num_tokens = 0         # tokens the kvbm request holds (prompt + appended)
+        self.walk_tokens = 0        # kvbm's match (optimistic, before onboarding settles)
+        self.local_tokens = 0       # of which in G1 and written: vLLM's local prefix hit
+        self.committed_blocks = 0   # full blocks committed (offloaded per policy)
+        self.load = _NO_LOAD
+        self.expected_tokens = 0    # local + external, when a load was recorded
+        self.finished = False       # request_finished() was called
+
+
+class KvbmCacheManager:
+    """vLLM's KVCacheManager role over ``kvbm.Manager``: the manager owns G1.
+
+    Methods keep vLLM's names and arguments (``get_computed_blocks``,
+    ``allocate_slots``, ``get_blocks``, ``get_block_ids``, ``free``) where
+    an engine calls them; the rest is what an engine needs because kvbm
+    shares blocks between requests before their KV is written:
+
+    - ``dependencies(request_id)``: live requests whose uncommitted blocks
+      this request uses; schedule it only when empty.
+    - ``skip_write_blocks(request_id, start, end)``: block indices in the
+      token range [start, end) whose KV this request must not write (they
+      are another request's, or already hold the right bytes): map their
+      slots to -1, as vLLM does for padding.
+    - ``commit(request_id, num_computed_tokens)``: the KV of every full
+      block is written (the worker connector calls it in wait_for_save).
+
+    Not thread-safe: one engine thread.
+    """
+
+    def __init__(self, manager, *, priority: int = 0):
+        if not isinstance(manager, _kvbm.Manager):
+            raise TypeError(f"KvbmCacheManager: expected a kvbm.Manager, got {type(manager).__name__}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255:
+            raise _error(InvalidArgumentError,
+                         f"KvbmCacheManager: priority must be an int in 0..255, got {priority!r}")
+        self.manager = manager
+        self.block_size = manager.block_size
+        self.num_gpu_blocks = manager.layout(_G1)["num_blocks"]
+        self._priority = priority
+        self._slots: dict[str, _Slot] = {}
+        # G1 block -> the live request that registered it (or receives it by
+        # onboarding) and has not committed it yet.
+        self._owner: dict[int, str] = {}
+        # G1 blocks whose owner went away uncommitted: registered, no KV.
+        self._failed: set[int] = set()
+
+    # ---- vLLM's KVCacheManager methods ----
+
+    @property
+    def usage(self) -> float:
+        s = self.manager.stats(_G1)
+        return 1.0 - (s["free"] + s["cached"]) / max(1, s["num_blocks"])
+
+    def get_computed_blocks(self, request) -> tuple[KvbmBlocks, int]:
+        """kvbm's prefill of the request's tokens; returns the G1 blocks of
+        its local prefix hit and their token count.
+
+        The whole prompt is allocated here (kvbm allocates and registers at
+        prefill: no lookup can go stale before allocation); G2/G3 hits start
+        onboarding now. No room in G1: returns no hit, and the following
+        allocate_slots returns None (vLLM's "cannot schedule now"). Calling
+        it again for a request that has its kvbm request returns the same
+        answer (vLLM retries requests it could not schedule)."""
+        rid = _request_id(request, "get_computed_blocks")
+        slot = self._slots.get(rid)
+        if slot is None or slot.req is None:
+            tokens = list(getattr(request, "all_token_ids", None) or [])
+            if not tokens:
+                raise _error(InvalidArgumentError,
+                             f"get_computed_blocks: request {rid!r} has no tokens")
+            try:
+                req = self.manager.prefill(tokens, salt_hash=_salt_of(request), priority=self._priority)
+            except NoSpaceError:
+                self._slots[rid] = _Slot(rid, None)
+                return KvbmBlocks(), 0
+            slot = self._admit(rid, req, len(tokens))
+        table = slot.req.block_table
+        return KvbmBlocks(table[: slot.local_tokens // self.block_size]), slot.local_tokens
+
+    def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks=None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       **_ignored) -> Optional[KvbmBlocks]:
+        """Slots for ``num_new_tokens`` more tokens after what the request
+        has computed (plus the hits passed in). For a request just prefilled
+        the prompt's slots exist already; decode tokens are appended to the
+        kvbm request (their blocks registered as they fill). None when G1
+        has no room (nothing changed): vLLM preempts or stops admitting."""
+        rid = _request_id(request, "allocate_slots")
+        slot = self._slots.get(rid)
+        if slot is None:
+            raise _error(NotFoundError,
+                         f"allocate_slots: request {rid!r} has no kvbm request; kvbm allocates at "
+                         "prefill, in get_computed_blocks, which must come first")
+        if slot.req is None:  # get_computed_blocks found no room
+            del self._slots[rid]
+            return None
+        for name, v in (("num_new_tokens", num_new_tokens), ("num_new_computed_tokens", num_new_computed_tokens),
+                        ("num_lookahead_tokens", num_lookahead_tokens),
+                        ("num_external_computed_tokens", num_external_computed_tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise _error(InvalidArgumentError, f"allocate_slots: {name} must be an int >= 0, got {v!r}")
+        hits = num_new_computed_tokens + num_external_computed_tokens
+        if hits and hits > slot.walk_tokens:
+            raise _error(InvalidArgumentError,
+                         f"allocate_slots: request {rid!r}: {hits} hit tokens, but kvbm matched "
+                         f"{slot.walk_tokens}")
+        want = int(getattr(request, "num_computed_tokens", 0)) + hits + num_new_tokens + num_lookahead_tokens
+        before = len(slot.req.block_table)
+        if want > slot.num_tokens:
+            tokens = list(request.all_token_ids)
+            if want > len(tokens):
+                raise _error(InvalidArgumentError,
+                             f"allocate_slots: request {rid!r} asks for {want} slots but has "
+                             f"{len(tokens)} tokens (lookahead slots are not supported)")
+            try:
+                slot.req.append(tokens[slot.num_tokens:want])
+            except NoSpaceError:
+                return None
+            old = slot.num_tokens
+            slot.num_tokens = want
+            self._own_sealed(slot, old, want)
+        return KvbmBlocks(slot.req.block_table[before:])
+
+    def get_blocks(self, request_id: str) -> KvbmBlocks:
+        return KvbmBlocks(self._live(request_id, "get_blocks").req.block_table)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int]]:
+        return (self._live(request_id, "get_block_ids").req.block_table,)
+
+    def free(self, request) -> None:
+        """Destroys the request's kvbm request (waits for its onboards,
+        releases its G1 blocks tail first). Blocks it registered and never
+        committed have no KV: other requests recompute them."""
+        rid = _request_id(request, "free")
+        slot = self._slots.pop(rid, None)
+        if slot is None:
+            raise _error(NotFoundError, f"free: request {rid!r} has no kvbm request")
+        if slot.req is None:
+            return
+        for bid in slot.req.block_table:
+            if self._owner.get(bid) == rid:
+                del self._owner[bid]
+                self._failed.add(bid)
+        slot.req.destroy()
+
+    # ---- what kvbm adds ----
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether free() has something to free for the request."""
+        return request_id in self._slots
+
+    def has_live_request(self, request_id: str) -> bool:
+        """Whether the request holds G1 blocks."""
+        slot = self._slots.get(request_id)
+        return slot is not None and slot.req is not None
+
+    def request(self, request_id: str):
+        """The kvbm.Request behind an engine request (for tests and tools)."""
+        return self._live(request_id, "request").req
+
+    def hit_tokens(self, request_id: str) -> tuple[int, int]:
+        """(local G1 hit, kvbm's whole match) in tokens, as found at prefill."""
+        slot = self._live(request_id, "hit_tokens")
+        return slot.local_tokens, slot.walk_tokens
+
+    def dependencies(self, request_id: str) -> set[str]:
+        """Live requests that registered blocks this request uses and have
+        not written them yet. Reading those blocks now would read garbage."""
+        slot = self._live(request_id, "dependencies")
+        full = slot.num_tokens // self.block_size
+        deps = set()
+        for bid in slot.req.block_table[:full]:
+            owner = self._owner.get(bid)
+            if owner is not None and owner != request_id:
+                deps.add(owner)
+        return deps
+
+    def skip_write_blocks(self, request_id: str, start: int, end: int) -> set[int]:
+        """Block indices covering tokens [start, end) whose KV this request
+        must not write (kvbm's must_compute is false: another request's
+        block, or one that already holds its bytes)."""
+        slot = self._live(request_id, "skip_write_blocks")
+        if not 0 <= start <= end <= slot.num_tokens:
+            raise _error(InvalidArgumentError,
+                         f"skip_write_blocks: tokens [{start}, {end}) outside request "
+                         f"{request_id!r}'s {slot.num_tokens}")
+        bs = self.block_size
+        return {k for k in range(start // bs, -(-end // bs)) if not slot.req.must_compute(k)}
+
+    def commit(self, request_id: str, num_computed_tokens: int) -> bool:
+        """Tells kvbm the KV of the request's full blocks is written, once
+        all of them are (a prefill computed in chunks commits after its last
+        chunk). Offloads to G2/G3 per policy. Returns whether it committed."""
+        slot = self._live(request_id, "commit")
+        full = slot.num_tokens // self.block_size
+        if num_computed_tokens // self.block_size < full or full <= slot.committed_blocks:
+            return False
+        slot.req.commit()
+        slot.committed_blocks = full
+        for bid in slot.req.block_table[:full]:
+            if self._owner.get(bid) == request_id:
+                del self._owner[bid]
+            self._failed.discard(bid)
+        return True
+
+    # ---- internals ----
+
+    def _live(self, request_id, what: str) -> _Slot:
+        if not isinstance(request_id, str):
+            raise TypeError(f"{what}: request_id must be a str, got {type(request_id).__name__}")
+        slot = self._slots.get(request_id)
+        if slot is None or slot.req is None:
+            raise _error(NotFoundError, f"{what}: request {request_id!r} has no kvbm request")
+        return slot
+
+    def _admit(self, rid: str, req, n: int) -> _Slot:
+        """Bookkeeping after a prefill: the local hit (the leading G1 blocks
+        whose KV is written) and the blocks this request now owns."""
+        bs = self.block_size
+        slot = _Slot(rid, req)
+        slot.num_tokens = n
+        table = req.block_table
+        walk = req.matched_tokens // bs
+        src = [req.block_source(k) for k in range(walk)]
+        local = 0
+        while local < walk and src[local] == _G1:
+            bid = table[local]
+            owner = self._owner.get(bid)
+            if (owner is not None and owner != rid) or bid in self._failed:
+                break
+            local += 1
+        for k in range(n // bs):
+            if k < walk and src[k] == _G1:
+                continue  # a G1 hit: its owner, if any, stays its owner
+            bid = table[k]
+            if bid not in self._owner:  # registered or onboarded by this request
+                self._owner[bid] = rid
+                self._failed.discard(bid)
+        slot.walk_tokens, slot.local_tokens = walk * bs, local * bs
+        if local == walk:
+            # Nothing to load or wait for: settle now (an untracked unwritten
+            # block would shorten the match here rather than be read).
+            info = req.poll()
+            if info.ready and info.matched_tokens < slot.walk_tokens:
+                slot.walk_tokens = slot.local_tokens = info.matched_tokens
+        self._slots[rid] = slot
+        return slot
+
+    def _own_sealed(self, slot: _Slot, old: int, new: int) -> None:
+        """Blocks that filled between token counts old and new: the ones the
+        request must write are its own until it commits."""
+        table = slot.req.block_table
+        for k in range(old // self.block_size, new // self.block_size):
+            bid = table[k]
+            if slot.req.must_compute(k) and bid not in self._owner:
+                self._owner[bid] = slot.rid
+                self._failed.discard(bid)
+
+    def _load_finished(self, slot: _Slot) -> Optional[int]:
+        """None while the request's KV is still on its way (a dependency has
+        not committed, or an onboard is in flight); otherwise the settled
+        match in tokens."""
+        if self.dependencies(slot.rid):
+            return None  # do not settle while an owner has not written: the match would end there
+        info = slot.req.poll()
+        return info.matched_tokens if info.ready else None
+
+
+@dataclasses.dataclass
+class LoadSpec:
+    """A request whose KV is being loaded into G1 (asynchronously)."""
+
+    request_id: str
+    local_tokens: int       # already in G1 (vLLM's local hit)
+    expected_tokens: int    # local + external: what the request will have when loaded
+    block_ids: list[int]    # G1 blocks receiving the external tokens
+
+
+@dataclasses.dataclass
+class SaveSpec:
+    """A request that computes KV for tokens [start, end) in this step."""
+
+    request_id: str
+    start: int
+    end: int
+
+
+@dataclasses.dataclass
+class KvbmConnectorMetadata:
+    """Scheduler -> worker, one per step (vLLM's KVConnectorMetadata)."""
+
+    step: int
+    loads: list[LoadSpec] = dataclasses.field(default_factory=list)
+    saves: list[SaveSpec] = dataclasses.field(default_factory=list)
+    finished_req_ids: set[str] = dataclasses.field(default_factory=set)
+
+
+def _g1_regions(manager) -> tuple[dict, list[tuple[int, int]]]:
+    """The G1 layout and (address, size) of each of its host regions."""
+    layout = manager.layout(_G1)
+    regions = []
+    for i in range(layout["num_regions"]):
+        mv = manager.region(_G1, i)
+        try:
+            c = ctypes.c_char.from_buffer(mv)
+            addr = ctypes.addressof(c)
+            del c
+        finally:
+            mv.release()
+        regions.append((addr, layout["region_size"]))
+    return layout, regions
+
+
+def _torch_dtype(torch, dtype_size: int, dtype):
+    if dtype is None:
+        dtype = {4: torch.float32, 8: torch.float64, 2: torch.float16, 1: torch.uint8}.get(dtype_size)
+    if dtype is None or torch.empty((), dtype=dtype).element_size() != dtype_size:
+        raise _error(InvalidArgumentError,
+                     f"g1_kv_caches: dtype {dtype} does not have the manager's {dtype_size}-byte elements")
+    return dtype
+
+
+def g1_kv_caches(manager, layer_names: Iterable[str], *, num_kv_heads: int, dtype=None) -> dict:
+    """Zero-copy torch views of the manager's G1 memory, one per layer:
+    ``{name: tensor[num_blocks, outer_dim, block_size, num_kv_heads, head_size]}``
+    (FlashInfer's paged layout; outer index 0 is K, 1 is V). Writing a view
+    writes G1. The views keep the manager alive and make ``close()`` raise
+    BusyError until they are dropped. ``dtype`` defaults to the float type
+    of the manager's element size (uint8 for 1 byte)."""
+    import torch
+
+    layout, _ = _g1_regions(manager)
+    names = list(layer_names)
+    if len(names) != layout["num_layers"] or len(set(names)) != len(names):
+        raise _error(InvalidArgumentError,
+                     f"g1_kv_caches: {len(names)} layer names for a manager of {layout['num_layers']} layers "
+                     "(names must be distinct)")
+    inner = layout["inner_dim"]
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads <= 0 \
+            or inner % num_kv_heads:
+        raise _error(InvalidArgumentError,
+                     f"g1_kv_caches: num_kv_heads {num_kv_heads!r} does not divide inner_dim {inner}")
+    dtype = _torch_dtype(torch, layout["dtype_size"], dtype)
+    esz = layout["dtype_size"]
+    shape = (layout["num_blocks"], layout["outer_dim"], layout["page_size"], num_kv_heads, inner // num_kv_heads)
+    strides = (layout["block_stride"] // esz, layout["outer_stride"] // esz, inner, inner // num_kv_heads, 1)
+    layer_separate = layout["kind"] == "layer_separate"
+    out = {}
+    flat = None
+    for l, name in enumerate(names):
+        if layer_separate or flat is None:
+            region = manager.region(_G1, l if layer_separate else 0)
+            flat = torch.frombuffer(region, dtype=dtype)
+        offset = 0 if layer_separate else l * layout["layer_stride"] // esz
+        out[name] = flat.as_strided(shape, strides, offset)
+    return out
+
+
+class KvbmConnector:
+    """vLLM's KVConnectorBase_V1 methods over kvbm (see the module notes).
+
+    ``KvbmConnector(role, cache_manager)``: ``role`` is
+    KVConnectorRole.SCHEDULER or WORKER (vLLM's enum works too);
+    ``cache_manager`` the engine's KvbmCacheManager, shared by both roles.
+    """
+
+    def __init__(self, role, cache_manager: KvbmCacheManager):
+        if not isinstance(cache_manager, KvbmCacheManager):
+            raise TypeError(f"KvbmConnector: expected a KvbmCacheManager, got {type(cache_manager).__name__}")
+        self._role = _role(role)
+        self._cache = cache_manager
+        self._closed = False
+        # scheduler side
+        self._recorded: list[str] = []
+        self._step = 0
+        # worker side
+        self._layers: dict[str, tuple[int, tuple, tuple, int]] = {}  # name -> (layer, shape, stride, ptr)
+        self._meta: Optional[KvbmConnectorMetadata] = None
+        self._started = False
+        self._saved: set[str] = set()
+        self._loading: dict[str, LoadSpec] = {}
+        self._load_errors: set[int] = set()
+
+    @property
+    def role(self) -> KVConnectorRole:
+        return self._role
+
+    def _check(self, role: KVConnectorRole, what: str) -> None:
+        if self._closed:
+            raise _error(StateError, f"{what}: the connector is shut down")
+        if self._role != role:
+            raise _error(StateError,
+                         f"{what} is a {role.name.lower()}-side method; this connector's role is "
+                         f"{self._role.name}")
+
+    def _slot(self, request_id: str, what: str) -> _Slot:
+        slot = self._cache._slots.get(request_id)
+        if slot is None:
+            raise _error(NotFoundError,
+                         f"{what}: unknown request {request_id!r} (no kvbm request: the engine's KV "
+                         "cache manager must be this connector's KvbmCacheManager, and "
+                         "get_computed_blocks must come first)")
+        return slot
+
+    # ================= scheduler side =================
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        """Tokens beyond the local G1 hit that kvbm will load: blocks
+        onboarding from G2/G3 and G1 blocks another request is still
+        writing. Always asynchronous (True) when there are any; (0, False)
+        otherwise. Side-effect free; may be called again."""
+        self._check(KVConnectorRole.SCHEDULER, "get_num_new_matched_tokens")
+        rid = _request_id(request, "get_num_new_matched_tokens")
+        if isinstance(num_computed_tokens, bool) or not isinstance(num_computed_tokens, int):
+            raise TypeError("get_num_new_matched_tokens: num_computed_tokens must be an int")
+        slot = self._slot(rid, "get_num_new_matched_tokens")
+        if slot.req is None:
+            return 0, False  # no room in G1: allocate_slots will say so
+        if num_computed_tokens != slot.local_tokens:
+            raise _error(InvalidArgumentError,
+                         f"get_num_new_matched_tokens: request {rid!r}: num_computed_tokens "
+                         f"{num_computed_tokens}, but its local G1 hit is {slot.local_tokens} tokens "
+                         "(pass what get_computed_blocks returned)")
+        if slot.load != _NO_LOAD:
+            return 0, False  # already loaded (or loading): nothing new beyond it
+        ext = slot.walk_tokens - slot.local_tokens
+        return (ext, True) if ext > 0 else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        """Records the load of ``num_external_tokens`` into the request's
+        blocks (kvbm already queued the copies at prefill; the worker watches
+        them from the next step). A call with 0 records nothing (vLLM calls
+        again after the load, and for requests without external tokens)."""
+        self._check(KVConnectorRole.SCHEDULER, "update_state_after_alloc")
+        rid = _request_id(request, "update_state_after_alloc")
+        if isinstance(num_external_tokens, bool) or not isinstance(num_external_tokens, int) \
+                or num_external_tokens < 0:
+            raise _error(InvalidArgumentError,
+                         f"update_state_after_alloc: num_external_tokens must be an int >= 0, "
+                         f"got {num_external_tokens!r}")
+        slot = self._slot(rid, "update_state_after_alloc")
+        ids = _block_ids_of(blocks, "update_state_after_alloc")
+        if slot.req is None:
+            raise _error(StateError,
+                         f"update_state_after_alloc: request {rid!r} got no G1 blocks (allocate_slots "
+                         "returned None)")
+        table = slot.req.block_table
+        if ids != table[: len(ids)]:
+            raise _error(InvalidArgumentError,
+                         f"update_state_after_alloc: request {rid!r}: blocks {ids[:8]}... are not its "
+                         f"kvbm block table {table[:8]}...: allocate through KvbmCacheManager")
+        if num_external_tokens == 0:
+            return
+        ext = slot.walk_tokens - slot.local_tokens
+        if slot.load != _NO_LOAD:
+            raise _error(StateError,
+                         f"update_state_after_alloc: request {rid!r}: its load was recorded already")
+        if num_external_tokens != ext:
+            raise _error(InvalidArgumentError,
+                         f"update_state_after_alloc: request {rid!r}: {num_external_tokens} external "
+                         f"tokens, but get_num_new_matched_tokens reported {ext}")
+        slot.load = _LOAD_RECORDED
+        slot.expected_tokens = slot.local_tokens + ext
+        self._recorded.append(rid)
+
+    def build_connector_meta(self, scheduler_output) -> KvbmConnectorMetadata:
+        """This step's loads (recorded since the last call) and saves (every
+        scheduled request: tokens [num_computed, num_computed + scheduled)).
+        Resets the recorded loads; does not modify scheduler_output."""
+        self._check(KVConnectorRole.SCHEDULER, "build_connector_meta")
+        # Check everything before changing anything: a refused call loses no load.
+        saves = []
+        scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
+        if not isinstance(scheduled, dict):
+            raise TypeError("build_connector_meta: scheduler_output.num_scheduled_tokens must be a dict")
+        computed = {}
+        for nr in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
+            computed[nr.req_id] = nr.num_computed_tokens
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        if cached is not None:
+            computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        for rid, n in scheduled.items():
+            if rid not in computed:
+                raise _error(InvalidArgumentError,
+                             f"build_connector_meta: request {rid!r} is scheduled but in neither "
+                             "scheduled_new_reqs nor scheduled_cached_reqs")
+            slot = self._slot(rid, "build_connector_meta")
+            if slot.req is None:
+                raise _error(StateError, f"build_connector_meta: request {rid!r} has no G1 blocks")
+            if slot.load in (_LOAD_RECORDED, _LOAD_SENT):
+                raise _error(StateError,
+                             f"build_connector_meta: request {rid!r} is scheduled while its KV is still "
+                             "loading (wait for get_finished to report it)")
+            start = computed[rid]
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0 or start + n > slot.num_tokens:
+                raise _error(InvalidArgumentError,
+                             f"build_connector_meta: request {rid!r}: {n!r} tokens after {start}, but "
+                             f"it has slots for {slot.num_tokens}")
+            saves.append(SaveSpec(rid, start, start + n))
+        meta = KvbmConnectorMetadata(step=self._step)
+        bs = self._cache.block_size
+        for rid in self._recorded:
+            slot = self._cache._slots.get(rid)
+            if slot is None or slot.load != _LOAD_RECORDED:
+                continue  # freed before this step (aborted)
+            slot.load = _LOAD_SENT
+            table = slot.req.block_table
+            meta.loads.append(LoadSpec(rid, slot.local_tokens, slot.expected_tokens,
+                                       table[slot.local_tokens // bs: slot.expected_tokens // bs]))
+        self._recorded = []
+        meta.saves = saves
+        meta.finished_req_ids = set(getattr(scheduler_output, "finished_req_ids", ()) or ())
+        self._step += 1
+        return meta
+
+    def request_finished(self, request, block_ids) -> tuple[bool, Optional[dict[str, Any]]]:
+        """Called once when the request finishes, before its blocks are
+        freed. Never delays the free (False): kvbm's offload copies hold
+        their own references to the G1 blocks they read."""
+        self._check(KVConnectorRole.SCHEDULER, "request_finished")
+        rid = _request_id(request, "request_finished")
+        _block_ids_of(block_ids, "request_finished")
+        slot = self._cache._slots.get(rid)
+        if slot is None:
+            return False, None  # never reached kvbm (aborted while waiting): nothing to do
+        if slot.finished:
+            raise _error(StateError, f"request_finished: request {rid!r} finished already")
+        slot.finished = True
+        return False, None
+
+    def update_connector_output(self, connector_output) -> None:
+        """Nothing to do: the worker reports through get_finished."""
+        self._check(KVConnectorRole.SCHEDULER, "update_connector_output")
+
+    def take_events(self):
+        return ()
+
+    # ================= worker side =================
+
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        """The engine's per-layer paged KV tensors, which must be views of
+        the manager's G1 memory (g1_kv_caches makes them): one per kvbm
+        layer, block dimension first with G1's block stride. A tensor
+        anywhere else would bypass kvbm, so it is refused."""
+        self._check(KVConnectorRole.WORKER, "register_kv_caches")
+        if self._layers:
+            raise _error(StateError, "register_kv_caches: KV caches are registered already")
+        if not isinstance(kv_caches, dict) or not kv_caches:
+            raise TypeError("register_kv_caches: expected a non-empty dict of layer name -> tensor")
+        layout, regions = _g1_regions(self._cache.manager)
+        esz = layout["dtype_size"]
+        layers = {}
+        for name, t in kv_caches.items():
+            if not isinstance(name, str) or not all(hasattr(t, a) for a in ("data_ptr", "stride", "shape")):
+                raise TypeError(f"register_kv_caches: {name!r}: expected str -> tensor")
+            ptr = t.data_ptr()
+            where = [(i, ptr - a) for i, (a, size) in enumerate(regions) if a <= ptr < a + size]
+            if not where or t.element_size() != esz:
+                raise _error(InvalidArgumentError,
+                             f"register_kv_caches: layer {name!r} is not a view of kvbm's G1 memory "
+                             "(make the KV caches with kvbm.connector.g1_kv_caches)")
+            region, off = where[0]
+            layer = region if layout["kind"] == "layer_separate" else off // layout["layer_stride"]
+            per_block = 1
+            for d in tuple(t.shape)[1:]:
+                per_block *= d
+            if off % layout["layer_stride"] or tuple(t.shape)[0] != layout["num_blocks"] \
+                    or t.stride(0) * esz != layout["block_stride"] or layer >= layout["num_layers"] \
+                    or per_block * esz != layout["layer_stride"]:
+                raise _error(InvalidArgumentError,
+                             f"register_kv_caches: layer {name!r} views G1 but not as [num_blocks, ...] "
+                             "starting at a layer (block stride, start or block count differ)")
+            if any(v[0] == layer for v in layers.values()):
+                raise _error(InvalidArgumentError,
+                             f"register_kv_caches: layer {name!r} views kvbm layer {layer}, which another "
+                             "name views too")
+            layers[name] = (layer, tuple(t.shape), tuple(t.stride()), ptr)
+        if len(layers) != layout["num_layers"]:
+            raise _error(InvalidArgumentError,
+                         f"register_kv_caches: {len(layers)} layers for a manager of {layout['num_layers']}")
+        self._layers = layers
+
+    def bind_connector_metadata(self, connector_metadata: KvbmConnectorMetadata) -> None:
+        self._check(KVConnectorRole.WORKER, "bind_connector_metadata")
+        if not isinstance(connector_metadata, KvbmConnectorMetadata):
+            raise TypeError(f"bind_connector_metadata: expected KvbmConnectorMetadata, got "
+                            f"{type(connector_metadata).__name__}")
+        if self._meta is not None:
+            raise _error(StateError,
+                         "bind_connector_metadata: metadata of the previous step is still bound "
+                         "(clear_connector_metadata ends a step)")
+        self._meta = connector_metadata
+
+    def clear_connector_metadata(self) -> None:
+        self._check(KVConnectorRole.WORKER, "clear_connector_metadata")
+        self._meta = None
+        self._started = False
+        self._saved = set()
+
+    def has_connector_metadata(self) -> bool:
+        return self._meta is not None
+
+    def _bound(self, what: str) -> KvbmConnectorMetadata:
+        self._check(KVConnectorRole.WORKER, what)
+        if self._meta is None:
+            raise _error(StateError, f"{what}: no connector metadata bound (bind_connector_metadata first)")
+        return self._meta
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        """Takes the step's loads: kvbm started their copies at prefill;
+        from now on get_finished reports each when it has landed."""
+        meta = self._bound("start_load_kv")
+        if not self._layers:
+            raise _error(StateError, "start_load_kv: no KV caches registered (register_kv_caches first)")
+        if self._started:
+            raise _error(StateError, "start_load_kv: called twice in one step")
+        for load in meta.loads:
+            if load.request_id in self._loading:
+                raise _error(StateError, f"start_load_kv: request {load.request_id!r} is loading already")
+            self._loading[load.request_id] = load
+        self._started = True
+
+    def _layer(self, layer_name, what: str):
+        if not self._started:
+            raise _error(StateError, f"{what}: start_load_kv has not run in this step")
+        if layer_name not in self._layers:
+            raise _error(NotFoundError, f"{what}: unknown layer {layer_name!r} (not registered)")
+        return self._layers[layer_name]
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Loads are asynchronous: a request is scheduled only after its
+        load was reported finished, so nothing is waited for; checks that no
+        request of this step is still loading."""
+        meta = self._bound("wait_for_layer_load")
+        self._layer(layer_name, "wait_for_layer_load")
+        for s in meta.saves:
+            if s.request_id in self._loading:
+                raise _error(StateError,
+                             f"wait_for_layer_load: request {s.request_id!r} runs in this step but its "
+                             "KV is still loading")
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        """The engine wrote this layer's KV into its G1 view: nothing to
+        copy. Checks it is the registered view."""
+        self._bound("save_kv_layer")
+        layer, shape, stride, ptr = self._layer(layer_name, "save_kv_layer")
+        if not hasattr(kv_layer, "data_ptr") or kv_layer.data_ptr() != ptr \
+                or tuple(kv_layer.shape) != shape or tuple(kv_layer.stride()) != stride:
+            raise _error(InvalidArgumentError,
+                         f"save_kv_layer: the tensor given for layer {layer_name!r} is not its "
+                         "registered G1 view (kvbm saves in place)")
+        if layer_name in self._saved:
+            raise _error(StateError, f"save_kv_layer: layer {layer_name!r} saved twice in one step")
+        self._saved.add(layer_name)
+
+    def wait_for_save(self) -> None:
+        """Every layer is written: commits each request whose full blocks
+        are all computed now, which registers them as valid in G1 and
+        offloads them to G2/G3 per policy (the copies run on kvbm's
+        workers; nothing waits for them)."""
+        meta = self._bound("wait_for_save")
+        if not self._started:
+            raise _error(StateError, "wait_for_save: start_load_kv has not run in this step")
+        missing = sorted(set(self._layers) - self._saved)
+        if meta.saves and missing:
+            raise _error(StateError, f"wait_for_save: save_kv_layer was not called for {missing}")
+        for s in meta.saves:
+            self._cache.commit(s.request_id, s.end)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        """(finished sending, finished receiving): sending is always None
+        (request_finished never delays a free); receiving lists the requests
+        whose KV has landed in G1. Blocks that did not land (a failed read,
+        or an owner that went away unwritten) are reported by
+        get_block_ids_with_load_errors in the same step."""
+        self._check(KVConnectorRole.WORKER, "get_finished")
+        if not isinstance(finished_req_ids, (set, frozenset, list, tuple)):
+            raise TypeError("get_finished: finished_req_ids must be a set of request ids")
+        done = set()
+        bs = self._cache.block_size
+        for rid, load in list(self._loading.items()):
+            slot = self._cache._slots.get(rid)
+            if slot is None or slot.req is None:  # freed meanwhile
+                del self._loading[rid]
+                continue
+            settled = self._cache._load_finished(slot)
+            if settled is None:
+                continue
+            if settled < load.expected_tokens:
+                self._load_errors.update(slot.req.block_table[settled // bs: load.expected_tokens // bs])
+            slot.load = _LOAD_DONE
+            del self._loading[rid]
+            done.add(rid)
+        return None, (done or None)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        self._check(KVConnectorRole.WORKER, "get_block_ids_with_load_errors")
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        """Ends the connector; later calls raise StateError. The manager's
+        copies are the manager's (flush/close it)."""
+        self._closed = True
+        self._meta = None
+        self._loading.clear()
