@@ -254,22 +254,26 @@ def test_g2_g3_onboarding_after_eviction(harness_factory, tmp_path):
 
 
 def test_loading_requests_share_blocks(harness_factory, tmp_path):
-    """Two requests hit the same G2 prefix in one step: the first onboards
-    it (the G1 targets are its own until it commits), the second waits for
-    the first rather than reading blocks still in flight."""
+    """x and y share a's prefix (in G2) and 8 more tokens S, and are admitted
+    in one step. x onboards a's blocks and registers S's (its own until it
+    commits); y waits for x, not only for the copies: once x has written S,
+    y gets a's blocks and S's as hits. (Settling when the copies land, y's
+    match would end at S, which it would then compute again.)"""
     tok = Tokens(4)
     h = harness_factory(make_manager(tmp_path, g1=24, g2=64, g3=0))
     a = Request("a", tok(28), 4)
     h.run(a)
     h.run(Request("f1", tok(48), 4))
     h.run(Request("f2", tok(48), 4))           # a is out of G1, still in G2
-    x = Request("x", a.prompt_token_ids[:24] + tok(5), 5)
-    y = Request("y", a.prompt_token_ids[:24] + tok(7), 5)
+    shared = tok(8)
+    x = Request("x", a.prompt_token_ids[:24] + shared + tok(5), 5)
+    y = Request("y", a.prompt_token_ids[:24] + shared + tok(7), 5)
     h.run(x, y)
     assert (x.local_hit_tokens, x.external_tokens) == ([0], [24])
-    assert (y.local_hit_tokens, y.external_tokens) == ([0], [24])
+    assert (y.local_hit_tokens, y.external_tokens) == ([0], [32])
     assert h.load_hits["x"] == (0, 6, 0)
-    assert h.load_hits["y"] == (6, 0, 0)       # x's onboarded blocks, once x committed them
+    assert h.load_hits["y"] == (8, 0, 0)       # x's onboarded blocks and S, once x committed them
+    assert (x.failed_load_tokens, y.failed_load_tokens) == (0, 0)
     assert h.stats(Tier.G2)["onboarded_blocks"] == 6
     h.close()
 
@@ -310,6 +314,35 @@ def test_abort_while_loading(harness_factory, tmp_path):
     d = Request("d", a.prompt_token_ids + tok(2), 4)
     h.run(d)
     assert sum(h.load_hits["d"]) == 8
+    h.close()
+
+
+def test_owner_aborted_blocks_are_recomputed(harness_factory, tmp_path):
+    """e and f share a's prefix (in G2) and 8 more tokens S. e, admitted
+    first, onboards a's blocks and registers S's; f waits for e. e is
+    aborted before it computes anything: S's blocks have no KV, f's load
+    reports them as failed (get_block_ids_with_load_errors), the engine
+    truncates f to a's blocks and f computes S itself."""
+    tok = Tokens(7)
+    h = harness_factory(make_manager(tmp_path, g1=24, g2=64))
+    a = Request("a", tok(24), 3)
+    h.run(a)
+    h.run(Request("f1", tok(92), 4))           # 95 tokens: all 24 G1 blocks; a stays in G2
+    shared = tok(8)
+    e = Request("e", a.prompt_token_ids + shared + tok(3), 4)
+    f = Request("f", a.prompt_token_ids + shared + tok(5), 4)
+    h.engine.add_request(e)
+    h.engine.add_request(f)
+    h.engine.step()                            # both admitted, both loading
+    assert (e.external_tokens, f.external_tokens) == ([24], [32])
+    h.engine.scheduler.finish_requests(["e"])
+    h.run()
+    assert f.output_token_ids == h.reference(f.prompt_token_ids, f.max_tokens)
+    assert h.load_hits["f"] == (6, 0, 0)       # a's blocks (onboarded by e); S's failed
+    assert (e.failed_load_tokens, f.failed_load_tokens) == (0, 8)
+    g = Request("g", a.prompt_token_ids + shared + tok(2), 3)
+    h.run(g)
+    assert (g.local_hit_tokens, g.external_tokens) == ([32], [0])   # S as f wrote it
     h.close()
 
 

@@ -161,6 +161,7 @@ class Request:
         self.num_external_computed_tokens = 0
         self.num_preemptions = 0
         self.load_expected_tokens = 0         # local + external while loading
+        self.failed_load_tokens = 0           # of which did not load (recomputed)
         # what the test looks at
         self.local_hit_tokens: list[int] = []  # per admission
         self.external_tokens: list[int] = []
@@ -413,6 +414,7 @@ class Scheduler:
             for k in range(-(-limit // self.block_size)):
                 if table[k] in invalid:
                     req.num_computed_tokens = k * self.block_size
+                    req.failed_load_tokens += limit - req.num_computed_tokens
                     req.num_external_computed_tokens = max(
                         0, req.num_external_computed_tokens - (limit - req.num_computed_tokens))
                     self.failed_recving_kv_req_ids.add(req.request_id)
