@@ -69,8 +69,9 @@ class Tokens:
         return torch.randint(0, VOCAB, (n,), generator=self.g).tolist()
 
 
-def make_manager(tmp_path=None, *, g1, g2=0, g3=0, g2_policy="all", g3_policy="all"):
-    kw = {}
+def make_manager(tmp_path=None, *, g1, g2=0, g3=0, g2_policy="all", g3_policy="all",
+                 layout="fully_contiguous"):
+    kw = {"layout": layout}
     if g3:
         kw["g3_dir"] = str(tmp_path)
     return kvbm.Manager(block_size=BS, num_layers=LAYERS, outer_dim=2, inner_dim=HEADS * HEAD_DIM,
@@ -211,7 +212,8 @@ def test_g1_blocks_another_request_is_writing(harness_factory):
 # ------------------------------------------------------------------ G2, G3
 
 
-def test_g2_g3_onboarding_after_eviction(harness_factory, tmp_path):
+@pytest.mark.parametrize("layout", ["fully_contiguous", "layer_separate"])
+def test_g2_g3_onboarding_after_eviction(harness_factory, tmp_path, layout):
     """G1 of 20 blocks, G2 of 24, G3 of 128, write-through to both. Request
     a (a 32-token prompt: blocks a0..a7) is pushed out of G1 and partly out
     of G2 by a filler; its prefix comes back from G2 and G3, later from G3
@@ -223,8 +225,8 @@ def test_g2_g3_onboarding_after_eviction(harness_factory, tmp_path):
     references and release them on kvbm's worker thread). G2 evicts in
     order of use, which only the engine's calls decide."""
     tok = Tokens(3)
-    m = make_manager(tmp_path, g1=20, g2=24, g3=128)
-    assert m.g3_error == ""
+    m = make_manager(tmp_path, g1=20, g2=24, g3=128, layout=layout)
+    assert m.g3_error == "" and m.layout(Tier.G1)["kind"] == layout
     h = harness_factory(m)
     filler = lambda name: Request(name, tok(76), 5)   # 80 tokens: 20 blocks
     a = Request("a", tok(32), 5)
@@ -527,8 +529,9 @@ def test_worker_side_misuse(model):
     m.close()
 
 
-def test_g1_views_are_zero_copy(model):
-    m = make_manager(g1=8)
+@pytest.mark.parametrize("layout", ["fully_contiguous", "layer_separate"])
+def test_g1_views_are_zero_copy(model, layout):
+    m = make_manager(g1=8, layout=layout)
     caches = g1_kv_caches(m, ["a", "b"], num_kv_heads=HEADS)
     assert caches["a"].shape == (8, 2, BS, HEADS, HEAD_DIM)
     caches["b"][3, 1, 2, 0, 5] = 42.0           # block 3, V, token 2, head 0, dim 5 of layer 1
