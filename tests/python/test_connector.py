@@ -219,25 +219,27 @@ def test_g2_g3_onboarding_after_eviction(harness_factory, tmp_path, layout):
     of G2 by a filler; its prefix comes back from G2 and G3, later from G3
     only.
 
-    Every filler needs all 20 G1 blocks, so no block of an earlier request
-    stays in G1 (which of a request's blocks would stay cached otherwise
-    depends on when its offload copies let go of them: the copies hold G1
-    references and release them on kvbm's worker thread). G2 evicts in
-    order of use, which only the engine's calls decide."""
+    What keeps the counts independent of copy timing: every filler needs
+    all 20 G1 blocks, so no block of an earlier request stays in G1 (which
+    of a request's blocks would stay cached depends on when its offload
+    copies let go of them: they hold G1 references and drop them on kvbm's
+    worker thread); a's blocks are all committed by one commit (its output
+    fills no block), because G2 orders the blocks of different commits by
+    when each commit's copies (G3 writes included) complete, not by use."""
     tok = Tokens(3)
     m = make_manager(tmp_path, g1=20, g2=24, g3=128, layout=layout)
     assert m.g3_error == "" and m.layout(Tier.G1)["kind"] == layout
     h = harness_factory(m)
     filler = lambda name: Request(name, tok(76), 5)   # 80 tokens: 20 blocks
-    a = Request("a", tok(32), 5)
-    h.run(a)                                   # a0..a8 (a8 holds output) in G1, G2, G3
-    h.run(filler("f1"))                        # G1: all f1's. G2: 9 + 20 uses > 24: a0..a4 dropped
+    a = Request("a", tok(32), 4)
+    h.run(a)                                   # a0..a7 in G1, G2, G3
+    h.run(filler("f1"))                        # G1: all f1's. G2: 8 + 20 uses > 24: a0..a3 dropped
 
     c = Request("c", a.prompt_token_ids + tok(6), 5)
     h.run(c)
     assert (c.local_hit_tokens, c.external_tokens) == ([0], [32])
-    assert h.load_hits["c"] == (0, 3, 5)       # a0..a4 from G3, a5..a7 from G2
-    assert (h.checked[Tier.G2], h.checked[Tier.G3]) == (3, 5)
+    assert h.load_hits["c"] == (0, 4, 4)       # a0..a3 from G3, a4..a7 from G2
+    assert (h.checked[Tier.G2], h.checked[Tier.G3]) == (4, 4)
 
     h.run(filler("f2"))                        # 2 x 20 uses: a (and c) leave G2 too
     h.run(filler("f3"))
@@ -245,12 +247,12 @@ def test_g2_g3_onboarding_after_eviction(harness_factory, tmp_path, layout):
     h.run(d)
     assert (d.local_hit_tokens, d.external_tokens) == ([0], [24])
     assert h.load_hits["d"] == (0, 0, 6)
-    assert (h.checked[Tier.G2], h.checked[Tier.G3]) == (3, 11)
+    assert (h.checked[Tier.G2], h.checked[Tier.G3]) == (4, 10)
 
     s2, s3 = h.stats(Tier.G2), h.stats(Tier.G3)
-    assert (s2["hit_blocks"], s2["onboarded_blocks"]) == (3, 3)
-    assert (s3["hit_blocks"], s3["onboarded_blocks"]) == (11, 11)
-    assert s2["onboarded_bytes"] == 3 * m.block_bytes and s3["onboarded_bytes"] == 11 * m.block_bytes
+    assert (s2["hit_blocks"], s2["onboarded_blocks"]) == (4, 4)
+    assert (s3["hit_blocks"], s3["onboarded_blocks"]) == (10, 10)
+    assert s2["onboarded_bytes"] == 4 * m.block_bytes and s3["onboarded_bytes"] == 10 * m.block_bytes
     assert s3["checksum_failures"] == 0 and s3["read_errors"] == 0
     h.close()
 
