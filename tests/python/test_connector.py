@@ -86,8 +86,8 @@ class Harness:
         self.model, self.manager, self.reference = model, manager, reference
         self.recorded = {}                        # sequence hash -> KV bytes of the block
         self.recomputed = 0                       # blocks computed again, same bytes
-        self.checked = {Tier.G1: 0, Tier.G2: 0, Tier.G3: 0}  # hit blocks verified at load, by source
-        self.load_hits = {}                       # request id -> RequestInfo.hit_blocks at load
+        self.checked = {t: 0 for t in Tier}        # hit blocks verified at load, by source tier
+        self.load_hits = {}                       # request id -> RequestInfo.hit_blocks (G1..G4) at load
         self.engine = Engine(model, manager, on_loaded=self._loaded, on_step=self._step, **engine_kw)
         self.kv = self.engine.kv
 
@@ -203,7 +203,7 @@ def test_g1_blocks_another_request_is_writing(harness_factory):
     h.run(e, f)
     assert (e.local_hit_tokens, e.external_tokens) == ([0], [0])
     assert (f.local_hit_tokens, f.external_tokens) == ([0], [16])
-    assert h.load_hits["f"] == (4, 0, 0)       # four G1 blocks, e's
+    assert h.load_hits["f"] == (4, 0, 0, 0)       # four G1 blocks, e's
     assert h.checked[Tier.G1] == 4
     assert h.stats(Tier.G1)["hit_blocks"] == 4
     h.close()
@@ -238,7 +238,7 @@ def test_g2_g3_onboarding_after_eviction(harness_factory, tmp_path, layout):
     c = Request("c", a.prompt_token_ids + tok(6), 5)
     h.run(c)
     assert (c.local_hit_tokens, c.external_tokens) == ([0], [32])
-    assert h.load_hits["c"] == (0, 4, 4)       # a0..a3 from G3, a4..a7 from G2
+    assert h.load_hits["c"] == (0, 4, 4, 0)       # a0..a3 from G3, a4..a7 from G2
     assert (h.checked[Tier.G2], h.checked[Tier.G3]) == (4, 4)
 
     h.run(filler("f2"))                        # 2 x 20 uses: a (and c) leave G2 too
@@ -246,7 +246,7 @@ def test_g2_g3_onboarding_after_eviction(harness_factory, tmp_path, layout):
     d = Request("d", a.prompt_token_ids[:24] + tok(6), 5)
     h.run(d)
     assert (d.local_hit_tokens, d.external_tokens) == ([0], [24])
-    assert h.load_hits["d"] == (0, 0, 6)
+    assert h.load_hits["d"] == (0, 0, 6, 0)
     assert (h.checked[Tier.G2], h.checked[Tier.G3]) == (4, 10)
 
     s2, s3 = h.stats(Tier.G2), h.stats(Tier.G3)
@@ -275,8 +275,8 @@ def test_loading_requests_share_blocks(harness_factory, tmp_path):
     h.run(x, y)
     assert (x.local_hit_tokens, x.external_tokens) == ([0], [24])
     assert (y.local_hit_tokens, y.external_tokens) == ([0], [32])
-    assert h.load_hits["x"] == (0, 6, 0)
-    assert h.load_hits["y"] == (8, 0, 0)       # x's onboarded blocks and S, once x committed them
+    assert h.load_hits["x"] == (0, 6, 0, 0)
+    assert h.load_hits["y"] == (8, 0, 0, 0)       # x's onboarded blocks and S, once x committed them
     assert (x.failed_load_tokens, y.failed_load_tokens) == (0, 0)
     assert h.stats(Tier.G2)["onboarded_blocks"] == 6
     h.close()
@@ -342,7 +342,7 @@ def test_owner_aborted_blocks_are_recomputed(harness_factory, tmp_path):
     h.engine.scheduler.finish_requests(["e"])
     h.run()
     assert f.output_token_ids == h.reference(f.prompt_token_ids, f.max_tokens)
-    assert h.load_hits["f"] == (6, 0, 0)       # a's blocks (onboarded by e); S's failed
+    assert h.load_hits["f"] == (6, 0, 0, 0)       # a's blocks (onboarded by e); S's failed
     assert (e.failed_load_tokens, f.failed_load_tokens) == (0, 8)
     g = Request("g", a.prompt_token_ids + shared + tok(2), 3)
     h.run(g)
