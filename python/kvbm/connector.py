@@ -242,8 +242,9 @@ class KvbmCacheManager:
 
     @property
     def usage(self) -> float:
+        """Share of G1 blocks held by requests (cached blocks count as free)."""
         s = self.manager.stats(_G1)
-        return 1.0 - (s["free"] + s["cached"]) / max(1, s["num_blocks"])
+        return s["active"] / max(1, s["num_blocks"])
 
     def get_computed_blocks(self, request) -> tuple[KvbmBlocks, int]:
         """kvbm's prefill of the request's tokens; returns the G1 blocks of

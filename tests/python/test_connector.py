@@ -19,6 +19,8 @@ the engine steps while loads are in flight, so how many steps a load takes
 may vary and nothing asserts it.
 """
 
+import pickle
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -456,8 +458,11 @@ def test_load_misuse_and_order(model, tmp_path):
     meta = sched.build_connector_meta(_so())
     assert [(l.request_id, l.local_tokens, l.expected_tokens, len(l.block_ids)) for l in meta.loads] == \
         [("b", 0, 12, 3)]
+    assert pickle.loads(pickle.dumps(meta)) == meta     # plain data, as vLLM ships it to workers
     assert sched.build_connector_meta(_so()).loads == []  # reset by the call
+    assert kv.usage == 4 / 12                           # b's four G1 blocks in use
     kv.free(b)
+    assert kv.usage == 0
     m.close()
 
 
