@@ -1,5 +1,5 @@
 """A tiny vLLM-shaped engine over a tiny torch transformer: the test bed of
-kvbm.connector (tests/python/test_connector.py, examples/python/engine_connector.py).
+kvbm.connector (tests/python/test_connector.py).
 
 The model is a decoder-only transformer with random weights (a fixed seed;
 no downloads): token and learned position embeddings, pre-norm attention and
