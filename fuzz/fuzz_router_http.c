@@ -7,10 +7,11 @@
  * Beyond "no crash, no leak, no UB": the head parser never claims a head
  * longer than its input or past its limits, answers NEED_MORE only for
  * input shorter than the limit, and refuses with a 4xx/5xx status and a
- * reason; a parsed head's body length is within max_body. The JSON reader
- * either accepts (arrays within the item limit, owned memory freed) or
- * refuses with a message and owns nothing; each input is also read with
- * its last byte cut.
+ * reason; a parsed head's body length is within max_body; the same bytes
+ * fed in pieces with the scan resumed (`scanned`) get the same answer.
+ * The JSON reader either accepts (arrays within the item limit, owned
+ * memory freed) or refuses with a message and owns nothing; each input is
+ * also read with its last byte cut.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,7 +30,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int status = 0;
   const char *why = NULL;
   const size_t max_head = 512, max_body = 4096;
-  http_result hr = kvbm__http_parse_head(buf, size, max_head, max_body, &r, &status, &why);
+  http_result hr = kvbm__http_parse_head(buf, size, max_head, max_body, NULL, &r, &status, &why);
+  /* the same bytes arriving in pieces, the scan resumed: the same answer */
+  {
+    size_t scanned = 0, step = size % 7 + 1;
+    http_req r2;
+    int st2 = 0;
+    const char *why2 = NULL;
+    http_result h2 = HTTP_NEED_MORE;
+    for (size_t i = step < size ? step : size;; i = i + step < size ? i + step : size) {
+      h2 = kvbm__http_parse_head(buf, i, max_head, max_body, &scanned, &r2, &st2, &why2);
+      if (h2 != HTTP_NEED_MORE || i == size) break;
+      if (scanned > i) abort();
+    }
+    if (h2 != hr) abort();
+    if (hr == HTTP_BAD && st2 != status) abort();
+    if (hr == HTTP_HEAD && (r2.head_len != r.head_len || r2.content_length != r.content_length))
+      abort();
+  }
   if (hr == HTTP_HEAD) {
     if (r.head_len > size || r.head_len > max_head || r.head_len < 4) abort();
     if (r.content_length > max_body) abort();

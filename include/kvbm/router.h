@@ -218,19 +218,47 @@ KVBM_EXTERN uint64_t kvbm_router_rand(uint64_t *state);
 /* For engines that publish no events: every routing decision is recorded
  * in the index as if the chosen worker had stored the request's blocks on
  * device, and forgotten `ttl` seconds later. A writer: serialize it with
- * the index's other writers. Owns nothing of the index. */
+ * the index's other writers. Owns nothing of the index. Memory is bounded:
+ * each worker keeps at most max_blocks_per_worker recorded blocks (copies
+ * counted); a decision that would pass that evicts the worker's oldest
+ * decisions first (counted in the stats), and one longer than the budget
+ * keeps only its first max_blocks_per_worker blocks. */
 typedef struct kvbm_approx kvbm_approx;
 
-KVBM_EXTERN int kvbm_approx_create(kvbm_index *idx, double ttl_s, kvbm_approx **out, kvbm_error *err);
+typedef struct kvbm_approx_config {
+  double ttl_s;                 /* > 0: how long a decision counts (120) */
+  size_t max_blocks_per_worker; /* >= 1: blocks recorded per worker (65536) */
+} kvbm_approx_config;
+
+KVBM_EXTERN kvbm_approx_config kvbm_approx_config_default(void);
+
+/* KVBM_EINVAL (with a message) for a ttl that is not finite and > 0 or a
+ * budget of 0; KVBM_ENOMEM. */
+KVBM_EXTERN int kvbm_approx_create(kvbm_index *idx, const kvbm_approx_config *cfg,
+                                   kvbm_approx **out, kvbm_error *err);
 KVBM_EXTERN void kvbm_approx_destroy(kvbm_approx *ap); /* NULL is a no-op; leaves the index as is */
 
 /* Expires records older than now_s - ttl, then records `hashes` for `slot`
- * at time now_s (any monotonic clock in seconds, non-decreasing). */
+ * at time now_s (any monotonic clock in seconds, non-decreasing), evicting
+ * the slot's oldest records while its budget would be passed. O(n) plus
+ * O(1) per record expired or evicted. */
 KVBM_EXTERN int kvbm_approx_record(kvbm_approx *ap, uint32_t slot, const uint64_t *hashes, size_t n,
                        double now_s, kvbm_error *err);
 /* Expires only. Returns how many records went. */
 KVBM_EXTERN size_t kvbm_approx_expire(kvbm_approx *ap, double now_s);
 KVBM_EXTERN size_t kvbm_approx_pending(const kvbm_approx *ap);
+
+typedef struct kvbm_approx_stats {
+  uint64_t records;           /* decisions held now */
+  uint64_t blocks;            /* blocks they hold (copies counted), all workers */
+  uint64_t max_worker_blocks; /* the most any one worker holds (<= the budget) */
+  uint64_t recorded;          /* decisions recorded since creation */
+  uint64_t expired;           /* records that reached their ttl */
+  uint64_t evicted_records;   /* records evicted early for the budget */
+  uint64_t evicted_blocks;    /* their blocks */
+  uint64_t truncated_blocks;  /* blocks past the budget in one decision, not kept */
+} kvbm_approx_stats;
+KVBM_EXTERN void kvbm_approx_stats_get(const kvbm_approx *ap, kvbm_approx_stats *out);
 
 /* ---------------------------------------------------------------- daemon */
 
@@ -271,14 +299,20 @@ typedef struct kvbm_router_daemon_config {
   size_t num_workers;
   double approx_ttl_s;            /* > 0: approximate mode, decisions expire
                                      after this long */
+  size_t approx_max_blocks;       /* approximate mode: blocks recorded per
+                                     worker, oldest evicted first (65536) */
   double worker_timeout_s;        /* > 0: a source silent this long has its
                                      workers dropped until it speaks again */
   double request_ttl_s;           /* load of a request never reported done
                                      goes after this long (600) */
+  size_t max_active_requests;     /* /route records kept for /done and load;
+                                     beyond, the oldest goes first (1 << 18) */
   size_t max_body;                /* bytes (8 MiB) */
   size_t max_tokens;              /* per query (1 << 20) */
-  size_t max_connections;         /* (256) */
-  double io_timeout_s;            /* a request must arrive within (10) */
+  size_t max_connections;         /* (256); with the descriptors open at
+                                     create it must fit RLIMIT_NOFILE */
+  double io_timeout_s;            /* a request must arrive, and its answer be
+                                     taken by the client, within (10) */
   uint64_t seed;
   /* optional: one line of log (no newline) */
   void (*log)(void *user, const char *line);
@@ -291,7 +325,10 @@ typedef struct kvbm_router_daemon kvbm_router_daemon;
 
 /* Checks the config, binds the port and starts the subscriptions (a ZMQ
  * or NATS endpoint that cannot be reached is an error here: KVBM_EIO).
- * Strings in cfg are copied. Free with kvbm_router_daemon_destroy. */
+ * KVBM_EINVAL (with a message) for a bad config: two sources with one
+ * worker id, an endpoint whose port is not 1..65535, max_connections that
+ * the descriptor limit (RLIMIT_NOFILE) cannot hold beside those already
+ * open. Strings in cfg are copied. Free with kvbm_router_daemon_destroy. */
 KVBM_EXTERN int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_daemon **out,
                            kvbm_error *err);
 /* The port it listens on. */

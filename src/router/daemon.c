@@ -2,17 +2,46 @@
  * daemon.c: the router daemon's HTTP side (see kvbm/router.h).
  *
  * One thread (the caller of kvbm_router_daemon_run) serves every
- * connection with poll(): non-blocking sockets, a buffer per connection
- * bounded by the head and body limits, a deadline per request (slow or
- * stalled clients are answered 408 and closed), a cap on connections
- * (one over it is answered 503 and closed), keep-alive and pipelining
+ * connection with poll(): non-blocking sockets, keep-alive and pipelining
  * (requests are answered in order). The head parser (http.c) and the JSON
  * reader (json.c) are pure codecs; this file is the transport and the
  * handlers. Lookups read the index without a lock; writers (the event
  * sources, approximate-mode records, worker drops) take the daemon's
  * writer lock. Load (active blocks and requests per worker) is the
  * routing thread's own state: a /route adds the request to its worker,
- * /done or request_ttl_s takes it away.
+ * /done, request_ttl_s or the cap on active requests takes it away.
+ *
+ * One thread serves everyone, so no client may hold it or its memory:
+ *  - Turns. A wake-up gives each connection one turn: at most
+ *    TURN_REQUESTS requests answered, and none while OUT_SOFT bytes of its
+ *    answers wait. A connection with complete requests left over keeps
+ *    them for its next turn (poll then does not sleep), so a client that
+ *    pipelines megabytes of requests is served at the same pace as the
+ *    others instead of ahead of them.
+ *  - Linear input. Consumed requests advance an offset; the unconsumed
+ *    tail moves to the front only before a read, and only when no complete
+ *    request is left, so a byte moves at most once. A head's end is
+ *    searched for where the last search stopped, and a head is parsed once
+ *    while its body arrives. (Moving the rest of the buffer after every
+ *    request made 4 MB of pipelined requests cost 16 s.)
+ *  - Bounded buffers. Input is read only up to the request being
+ *    assembled plus READ_AHEAD, and not at all while complete requests or
+ *    answers wait; output stops growing at OUT_SOFT plus one answer.
+ *  - Deadlines both ways. A request must arrive within io_timeout_s of its
+ *    first byte (else 408), an idle connection goes after io_timeout_s, and
+ *    answers queued must be taken by the client within io_timeout_s of
+ *    being queued, else the connection is closed: a client that sends and
+ *    never reads cannot keep its slot.
+ *  - Descriptors. A connection over max_connections is answered 503. At
+ *    the process's descriptor limit accept() fails while the connection
+ *    stays queued, and poll() reports it again at once: a spare descriptor
+ *    (a dup of the listening socket) is given up for a moment to take the
+ *    connection and answer it 503; if even that fails, the listening
+ *    socket rests ACCEPT_PAUSE_MS. max_connections is checked against
+ *    RLIMIT_NOFILE at create.
+ *  - Active requests are at most max_active_requests; the oldest goes
+ *    first when more arrive.
+ * Everything refused, cut, timed out or evicted is counted in GET /health.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,8 +53,10 @@
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,15 +65,29 @@
 #include "router/json.h"
 
 #define MAX_HEAD (16 * 1024)
+#define TURN_REQUESTS 32          /* answered per connection per wake-up */
+#define OUT_SOFT (64 * 1024)      /* no more answers while this much waits */
+#define READ_AHEAD (64 * 1024)    /* input read past the request being assembled */
+#define ACCEPTS_PER_TURN 64
+#define ACCEPT_PAUSE_MS 100       /* the listening socket rests after a failed accept */
+#define POLL_MS 100               /* housekeeping tick */
+#define FD_MARGIN 16              /* descriptors for reconnects, replay sockets, ... */
 
 typedef struct conn {
   int fd;
   char *in;
-  size_t in_len, in_cap;
+  size_t in_off, in_len, in_cap; /* unconsumed input: in[in_off..in_len) */
+  size_t scanned;                /* of the head at in_off (kvbm__http_parse_head) */
+  http_req rq;                   /* that head, once complete */
+  bool have_head;
   char *out;
   size_t out_len, out_off, out_cap;
-  int64_t deadline_ns; /* the request being read must be complete by then */
-  bool closing;        /* close once `out` is written */
+  int64_t deadline_ns;  /* the request being read must be complete by then
+                           (no request: the idle connection goes then) */
+  int64_t wdeadline_ns; /* the output queued must be taken by then */
+  bool closing;         /* close once `out` is written */
+  bool eof;             /* the client will send no more */
+  bool backlog;         /* its turn ended with input left to look at */
   bool sent_continue;
 } conn;
 
@@ -60,6 +105,9 @@ typedef struct http_state {
   size_t nc, cc;
   struct pollfd *pfd;
   size_t cpfd;
+  int64_t now, io_ns;  /* the wake-up's time; io_timeout_s in ns */
+  int spare_fd;        /* given up to answer 503 at the descriptor limit */
+  int64_t accept_at;   /* the listening socket rests until then */
   /* load per slot, valid while owner[slot] is the slot's worker */
   double load_blocks[KVBM_ROUTER_MAX_WORKERS], load_reqs[KVBM_ROUTER_MAX_WORKERS];
   kvbm_worker_key owner[KVBM_ROUTER_MAX_WORKERS];
@@ -69,6 +117,10 @@ typedef struct http_state {
   uint64_t next_id;
   uint64_t rng;
   uint64_t routes, bad, conns;
+  /* what the guards refused, cut or dropped (health_guards) */
+  uint64_t refused_busy, refused_no_fd, accept_pauses, read_timeouts, write_timeouts;
+  uint64_t turns_cut, req_expired, req_evicted;
+  size_t out_peak; /* the most output one connection ever had queued */
   int64_t t0;
 } http_state;
 
@@ -88,6 +140,8 @@ kvbm_router_daemon_config kvbm_router_daemon_config_default(void) {
   c.index = kvbm_index_config_default();
   c.choice = kvbm_choice_config_default();
   c.request_ttl_s = 600;
+  c.max_active_requests = (size_t)1 << 18;
+  c.approx_max_blocks = kvbm_approx_config_default().max_blocks_per_worker;
   c.max_body = (size_t)8 << 20;
   c.max_tokens = (size_t)1 << 20;
   c.max_connections = 256;
@@ -122,13 +176,47 @@ static void load_drop(http_state *h, req_rec *r) {
 }
 
 static void load_expire(http_state *h, int64_t now) {
-  while (h->rh < h->rn && (!h->r[h->rh].live || h->r[h->rh].expires_ns <= now))
+  while (h->rh < h->rn && (!h->r[h->rh].live || h->r[h->rh].expires_ns <= now)) {
+    h->req_expired += h->r[h->rh].live;
     load_drop(h, &h->r[h->rh++]);
+  }
   if (h->rh > 1024 && h->rh * 2 > h->rn) { /* compact */
     memmove(h->r, h->r + h->rh, (h->rn - h->rh) * sizeof *h->r);
     h->rn -= h->rh;
     h->rh = 0;
   }
+}
+
+/* Makes room for one more record: at most `max` are kept (a /route
+ * without /done would otherwise live for the whole ttl: 560 MB at 16.8 k
+ * routes/s). When at least half of those kept are done, they are squeezed
+ * out (O(max) once per max/2 routes); otherwise the oldest goes, counted.
+ * false when memory for the record cannot be had. */
+static bool req_room(http_state *h, size_t max) {
+  if (h->rn - h->rh >= max && h->rlive <= max / 2) {
+    size_t k = 0;
+    for (size_t i = h->rh; i < h->rn; i++)
+      if (h->r[i].live) h->r[k++] = h->r[i];
+    h->rh = 0;
+    h->rn = k;
+  }
+  while (h->rn - h->rh >= max) {
+    h->req_evicted += h->r[h->rh].live;
+    load_drop(h, &h->r[h->rh++]);
+  }
+  if (h->rn < h->rcap) return true;
+  if (h->rh) { /* slide before growing: the array stays within 2 x max */
+    memmove(h->r, h->r + h->rh, (h->rn - h->rh) * sizeof *h->r);
+    h->rn -= h->rh;
+    h->rh = 0;
+    if (h->rn < h->rcap) return true;
+  }
+  size_t nc = h->rcap ? h->rcap * 2 : 1024;
+  req_rec *r = realloc(h->r, nc * sizeof *r);
+  if (!r) return false;
+  h->r = r;
+  h->rcap = nc;
+  return true;
 }
 
 static req_rec *load_find(http_state *h, uint64_t id) {
@@ -143,29 +231,38 @@ static req_rec *load_find(http_state *h, uint64_t id) {
 
 /* ------------------------------------------------------------- replies */
 
-static void reply(conn *c, int status, const char *body, size_t len, bool close, const char *extra) {
-  char head[256];
-  int n = snprintf(head, sizeof head,
-                   "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                   "Connection: %s\r\n%s\r\n",
-                   status, kvbm__http_reason(status), len, close ? "close" : "keep-alive",
-                   extra ? extra : "");
-  size_t need = c->out_len + (size_t)n + len;
+/* Appends to the output; the first bytes queued start the write deadline. */
+static bool out_append(http_state *h, conn *c, const char *a, size_t an, const char *b,
+                       size_t bn) {
+  size_t need = c->out_len + an + bn;
   if (need > c->out_cap) {
     size_t cap = c->out_cap ? c->out_cap : 1024;
     while (cap < need) cap *= 2;
     char *p = realloc(c->out, cap);
     if (!p) {
       c->closing = true;
-      return;
+      return false;
     }
     c->out = p;
     c->out_cap = cap;
   }
-  memcpy(c->out + c->out_len, head, (size_t)n);
-  memcpy(c->out + c->out_len + n, body, len);
+  if (c->out_len == c->out_off) c->wdeadline_ns = h->now + h->io_ns;
+  memcpy(c->out + c->out_len, a, an);
+  if (bn) memcpy(c->out + c->out_len + an, b, bn);
   c->out_len = need;
-  if (close) c->closing = true;
+  if (c->out_len - c->out_off > h->out_peak) h->out_peak = c->out_len - c->out_off;
+  return true;
+}
+
+static void reply(http_state *h, conn *c, int status, const char *body, size_t len, bool close,
+                  const char *extra) {
+  char head[256];
+  int n = snprintf(head, sizeof head,
+                   "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                   "Connection: %s\r\n%s\r\n",
+                   status, kvbm__http_reason(status), len, close ? "close" : "keep-alive",
+                   extra ? extra : "");
+  if (out_append(h, c, head, (size_t)n, body, len) && close) c->closing = true;
 }
 
 static void reply_error(http_state *h, conn *c, int status, const char *msg, bool close,
@@ -175,12 +272,47 @@ static void reply_error(http_state *h, conn *c, int status, const char *msg, boo
   kvbm__rj_string(&b, msg);
   kvbm__rj_printf(&b, ",\"status\":%d}\n", status);
   h->bad++;
-  if (b.oom) reply(c, 500, "{}\n", 3, true, NULL);
-  else reply(c, status, b.p, b.len, close, extra);
+  if (b.oom) reply(h, c, 500, "{}\n", 3, true, NULL);
+  else reply(h, c, status, b.p, b.len, close, extra);
   kvbm__rj_buf_free(&b);
 }
 
 /* ------------------------------------------------------------- handlers */
+
+/* The limits, and what they refused, cut, timed out or evicted: the
+ * "http", "requests" and (approximate mode) "approx" members of /health. */
+static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
+  http_state *h = d->http;
+  size_t in = 0, out = 0;
+  for (size_t i = 0; i < h->nc; i++) {
+    in += h->c[i].in_len - h->c[i].in_off;
+    out += h->c[i].out_len - h->c[i].out_off;
+  }
+  kvbm__rj_printf(b,
+            ",\"http\":{\"connections\":%zu,\"max_connections\":%zu,\"accepted\":%" PRIu64
+            ",\"refused_busy\":%" PRIu64 ",\"refused_no_fd\":%" PRIu64
+            ",\"accept_pauses\":%" PRIu64 ",\"read_timeouts\":%" PRIu64
+            ",\"write_timeouts\":%" PRIu64 ",\"turns_cut\":%" PRIu64
+            ",\"buffered_in\":%zu,\"buffered_out\":%zu,\"out_peak\":%zu,\"out_limit\":%d}",
+            h->nc, d->cfg.max_connections, h->conns, h->refused_busy, h->refused_no_fd,
+            h->accept_pauses, h->read_timeouts, h->write_timeouts, h->turns_cut, in, out,
+            h->out_peak, OUT_SOFT);
+  kvbm__rj_printf(b,
+            ",\"requests\":{\"active\":%zu,\"max\":%zu,\"expired\":%" PRIu64
+            ",\"evicted\":%" PRIu64 "}",
+            h->rlive, d->cfg.max_active_requests, h->req_expired, h->req_evicted);
+  if (d->approx) {
+    kvbm_approx_stats a;
+    kvbm_approx_stats_get(d->approx, &a);
+    kvbm__rj_printf(b,
+              ",\"approx\":{\"records\":%" PRIu64 ",\"blocks\":%" PRIu64
+              ",\"max_blocks_per_worker\":%zu,\"max_worker_blocks\":%" PRIu64
+              ",\"recorded\":%" PRIu64 ",\"expired\":%" PRIu64 ",\"evicted_records\":%" PRIu64
+              ",\"evicted_blocks\":%" PRIu64 ",\"truncated_blocks\":%" PRIu64 "}",
+              a.records, a.blocks, d->cfg.approx_max_blocks, a.max_worker_blocks, a.recorded,
+              a.expired, a.evicted_records, a.evicted_blocks, a.truncated_blocks);
+  }
+}
 
 static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
   http_state *h = d->http;
@@ -205,9 +337,11 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
               atomic_load(&s->batches), atomic_load(&s->errors), atomic_load(&s->lost),
               atomic_load(&s->replayed), atomic_load(&s->dropped) ? "true" : "false");
   }
-  kvbm__rj_printf(&b, "]}\n");
+  kvbm__rj_printf(&b, "]");
+  health_guards(d, &b);
+  kvbm__rj_printf(&b, "}\n");
   if (b.oom) reply_error(h, c, 500, "out of memory", true, NULL);
-  else reply(c, 200, b.p, b.len, close, NULL);
+  else reply(h, c, 200, b.p, b.len, close, NULL);
   kvbm__rj_buf_free(&b);
 }
 
@@ -273,13 +407,8 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
     if (rc) kvbm__rd_log(d, "approximate record: %s", err.msg);
   }
   /* the request's load: its blocks (the prefill it causes and its KV) */
-  if (h->rn == h->rcap) {
-    size_t nc = h->rcap ? h->rcap * 2 : 1024;
-    req_rec *r = realloc(h->r, nc * sizeof *r);
-    if (r) h->r = r, h->rcap = nc;
-  }
   uint64_t id = ++h->next_id;
-  if (h->rn < h->rcap) {
+  if (req_room(h, d->cfg.max_active_requests)) {
     h->r[h->rn++] = (req_rec){.id = id, .slot = ch.slot, .key = key[ch.slot],
                               .blocks = (double)n,
                               .expires_ns = now + (int64_t)(d->cfg.request_ttl_s * 1e9),
@@ -309,7 +438,7 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   }
   kvbm__rj_printf(&b, "]}\n");
   if (b.oom) reply_error(h, c, 500, "out of memory", true, NULL);
-  else reply(c, 200, b.p, b.len, close, NULL);
+  else reply(h, c, 200, b.p, b.len, close, NULL);
   kvbm__rj_buf_free(&b);
   free(owned);
   kvbm__rj_request_free(&q);
@@ -339,7 +468,7 @@ static void handle_done(kvbm_router_daemon *d, conn *c, const char *body, size_t
   }
   load_drop(h, r);
   static const char ok[] = "{\"ok\":true}\n";
-  reply(c, 200, ok, sizeof ok - 1, close, NULL);
+  reply(h, c, 200, ok, sizeof ok - 1, close, NULL);
 }
 
 /* One complete request: head parsed, body (content_length bytes) at body. */
@@ -372,58 +501,74 @@ static void conn_close(http_state *h, size_t i) {
   h->c[i] = h->c[--h->nc];
 }
 
-/* Handles the complete requests at the front of c->in. */
-static void process(kvbm_router_daemon *d, conn *c) {
-  http_state *h = d->http;
-  while (!c->closing && c->in_len) {
-    http_req rq;
-    int status;
-    const char *why;
-    http_result r = kvbm__http_parse_head(c->in, c->in_len, MAX_HEAD, d->cfg.max_body, &rq, &status, &why);
-    if (r == HTTP_NEED_MORE) return;
-    if (r == HTTP_BAD) {
-      reply_error(h, c, status, why, true, NULL);
-      return;
-    }
-    if (!rq.has_length && strcmp(rq.method, "GET") && strcmp(rq.method, "HEAD") &&
-        strcmp(rq.method, "DELETE")) {
-      reply_error(h, c, 411, "a request with a body needs Content-Length", true, NULL);
-      return;
-    }
-    size_t total = rq.head_len + rq.content_length;
-    if (c->in_len < total) {
-      if (rq.expect_continue && !c->sent_continue) {
-        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-        size_t need = c->out_len + sizeof cont - 1;
-        if (need > c->out_cap) {
-          char *p = realloc(c->out, need);
-          if (!p) {
-            c->closing = true;
-            return;
-          }
-          c->out = p;
-          c->out_cap = need;
-        }
-        memcpy(c->out + c->out_len, cont, sizeof cont - 1);
-        c->out_len = need;
-        c->sent_continue = true;
-      }
-      return;
-    }
-    dispatch(d, c, &rq, c->in + rq.head_len);
-    memmove(c->in, c->in + total, c->in_len - total);
-    c->in_len -= total;
-    c->sent_continue = false;
-    c->deadline_ns = kvbm__rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9);
-  }
+static void send_continue(http_state *h, conn *c) {
+  static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+  if (out_append(h, c, cont, sizeof cont - 1, NULL, 0)) c->sent_continue = true;
 }
 
-/* Reads what is there; false when the connection is to go. */
+/* One turn: answers the complete requests at the front of the input, at
+ * most TURN_REQUESTS of them and none once OUT_SOFT bytes of answers
+ * wait; c->backlog says whether input was left unexamined. */
+static void process(kvbm_router_daemon *d, conn *c) {
+  http_state *h = d->http;
+  int answered = 0;
+  c->backlog = false;
+  while (!c->closing && c->in_off < c->in_len) {
+    if (answered == TURN_REQUESTS || c->out_len - c->out_off >= OUT_SOFT) {
+      c->backlog = true;
+      h->turns_cut++;
+      return;
+    }
+    const char *p = c->in + c->in_off;
+    size_t avail = c->in_len - c->in_off;
+    if (!c->have_head) {
+      int status;
+      const char *why;
+      http_result r = kvbm__http_parse_head(p, avail, MAX_HEAD, d->cfg.max_body, &c->scanned, &c->rq,
+                                      &status, &why);
+      if (r == HTTP_NEED_MORE) return;
+      if (r == HTTP_BAD) {
+        reply_error(h, c, status, why, true, NULL);
+        return;
+      }
+      if (!c->rq.has_length && strcmp(c->rq.method, "GET") && strcmp(c->rq.method, "HEAD") &&
+          strcmp(c->rq.method, "DELETE")) {
+        reply_error(h, c, 411, "a request with a body needs Content-Length", true, NULL);
+        return;
+      }
+      c->have_head = true;
+    }
+    size_t total = c->rq.head_len + c->rq.content_length;
+    if (avail < total) {
+      if (c->rq.expect_continue && !c->sent_continue) send_continue(h, c);
+      return;
+    }
+    dispatch(d, c, &c->rq, p + c->rq.head_len);
+    answered++;
+    c->in_off += total;
+    c->have_head = c->sent_continue = false;
+    c->scanned = 0;
+    c->deadline_ns = h->now + h->io_ns;
+  }
+  if (c->in_off == c->in_len) c->in_off = c->in_len = 0;
+}
+
+/* Reads what the request being assembled still needs, and READ_AHEAD
+ * more (pipelined requests), within the one-request limit. Called only
+ * when no complete request is left, so the tail moved to the front is
+ * part of one request and moves once. false when the connection failed. */
 static bool conn_read(kvbm_router_daemon *d, conn *c) {
-  size_t limit = MAX_HEAD + d->cfg.max_body;
-  for (;;) {
+  http_state *h = d->http;
+  size_t limit = MAX_HEAD + d->cfg.max_body; /* process() refuses what is bigger */
+  size_t want = (c->have_head ? c->rq.head_len + c->rq.content_length : 0) + READ_AHEAD;
+  if (want > limit) want = limit;
+  if (c->in_off) {
+    memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+    c->in_len -= c->in_off;
+    c->in_off = 0;
+  }
+  while (c->in_len < want) {
     if (c->in_len == c->in_cap) {
-      if (c->in_cap >= limit) break; /* process() will refuse what is too big */
       size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
       if (cap > limit) cap = limit;
       char *p = realloc(c->in, cap);
@@ -433,24 +578,23 @@ static bool conn_read(kvbm_router_daemon *d, conn *c) {
     }
     ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
     if (n > 0) {
-      if (c->in_len == 0) c->deadline_ns = kvbm__rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9);
+      if (c->in_len == 0) c->deadline_ns = h->now + h->io_ns; /* a request begins */
       c->in_len += (size_t)n;
       continue;
     }
     if (n == 0) { /* the peer is done sending: answer what came, then close */
-      process(d, c);
-      c->closing = true;
-      return c->out_len > 0;
+      c->eof = true;
+      return true;
     }
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
     return false;
   }
-  process(d, c);
   return true;
 }
 
-static bool conn_write(conn *c) {
+/* Writes what it can: -1 when the connection failed, 1 when all is out. */
+static int conn_write(conn *c) {
   while (c->out_off < c->out_len) {
     ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
     if (n > 0) {
@@ -458,43 +602,134 @@ static bool conn_write(conn *c) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-    return false;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    return -1;
   }
   c->out_off = c->out_len = 0;
-  return !c->closing;
+  return 1;
 }
 
-static void accept_all(kvbm_router_daemon *d) {
+/* One connection's share of a wake-up; false when it is to go. */
+static bool conn_turn(kvbm_router_daemon *d, conn *c, short re) {
   http_state *h = d->http;
-  for (;;) {
+  if (re & (POLLERR | POLLNVAL)) return false;
+  if (c->out_len) {
+    if ((re & (POLLOUT | POLLHUP)) && conn_write(c) < 0) return false;
+  } else if (!c->backlog && !c->eof && (re & (POLLIN | POLLHUP))) {
+    if (!conn_read(d, c)) return false;
+  }
+  if (!c->out_len && !c->closing) {
+    if (c->in_len > c->in_off) process(d, c);
+    else c->backlog = false;
+    if (c->eof && !c->backlog) c->closing = true;
+    if (c->out_len && conn_write(c) < 0) return false; /* answer at once */
+  }
+  if (c->out_len) { /* the client must take its answers in time */
+    if (h->now <= c->wdeadline_ns) return true;
+    h->write_timeouts++;
+    return false;
+  }
+  if (c->closing) return false;
+  if (h->now <= c->deadline_ns) return true;
+  if (c->in_len == c->in_off) return false; /* idle keep-alive connection */
+  h->read_timeouts++;
+  reply_error(h, c, 408, "request not complete in time", true, NULL);
+  return conn_write(c) == 0; /* stays only to finish writing the 408 */
+}
+
+static void refuse(int fd, const char *body) {
+  char msg[256];
+  int n = snprintf(msg, sizeof msg,
+                   "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                   strlen(body), body);
+  ssize_t w = send(fd, msg, (size_t)n, MSG_NOSIGNAL);
+  (void)w;
+  close(fd);
+}
+
+/* accept() failed for want of a descriptor: the connection stays queued
+ * and poll() would report it again at once (a spin at 100 % CPU, the
+ * client never answered). Give the spare up to take it and answer 503,
+ * then take the spare back; when that fails too, rest the socket. */
+static void refuse_no_fd(kvbm_router_daemon *d) {
+  http_state *h = d->http;
+  if (h->spare_fd >= 0) {
+    close(h->spare_fd);
+    h->spare_fd = -1;
+  }
+  int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd >= 0) {
+    refuse(fd, "{\"error\":\"out of file descriptors\",\"status\":503}\n");
+    h->refused_no_fd++;
+  }
+  h->spare_fd = fcntl(d->lfd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0 || h->spare_fd < 0) { /* someone else took it: try later */
+    h->accept_at = h->now + (int64_t)ACCEPT_PAUSE_MS * 1000000;
+    h->accept_pauses++;
+  }
+}
+
+static bool conn_add(http_state *h, int fd) {
+  if (h->nc == h->cc) {
+    size_t cc = h->cc ? h->cc * 2 : 16;
+    conn *nc = realloc(h->c, cc * sizeof *nc);
+    if (!nc) return false;
+    h->c = nc;
+    h->cc = cc;
+  }
+  h->c[h->nc++] = (conn){.fd = fd, .deadline_ns = h->now + h->io_ns};
+  h->conns++;
+  return true;
+}
+
+static void accept_some(kvbm_router_daemon *d) {
+  http_state *h = d->http;
+  for (int k = 0; k < ACCEPTS_PER_TURN && h->now >= h->accept_at; k++) {
     int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        refuse_no_fd(d);
+        continue;
+      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK) { /* ENOBUFS, ENOMEM, ...: rest */
+        h->accept_at = h->now + (int64_t)ACCEPT_PAUSE_MS * 1000000;
+        h->accept_pauses++;
+      }
+      return;
+    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (h->nc >= d->cfg.max_connections) {
-      static const char busy[] =
-          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-          "Content-Length: 45\r\nConnection: close\r\n\r\n{\"error\":\"too many connections\",\"status\":503}";
-      ssize_t w = send(fd, busy, sizeof busy - 1, MSG_NOSIGNAL);
-      (void)w;
-      close(fd);
+      refuse(fd, "{\"error\":\"too many connections\",\"status\":503}");
+      h->refused_busy++;
       continue;
     }
-    if (h->nc == h->cc) {
-      size_t cc = h->cc ? h->cc * 2 : 16;
-      conn *nc = realloc(h->c, cc * sizeof *nc);
-      if (!nc) {
-        close(fd);
-        return;
-      }
-      h->c = nc;
-      h->cc = cc;
+    if (!conn_add(h, fd)) {
+      refuse(fd, "{\"error\":\"out of memory\",\"status\":503}");
+      h->refused_busy++;
     }
-    h->c[h->nc++] = (conn){.fd = fd,
-                           .deadline_ns = kvbm__rd_now_ns() + (int64_t)(d->cfg.io_timeout_s * 1e9)};
-    h->conns++;
   }
+}
+
+/* Fills the poll set; returns the timeout: 0 while a connection has work
+ * left from its turn. */
+static int poll_prepare(kvbm_router_daemon *d) {
+  http_state *h = d->http;
+  int timeout = POLL_MS;
+  bool resting = h->now < h->accept_at;
+  h->pfd[0] = (struct pollfd){.fd = resting ? -1 : d->lfd, .events = POLLIN};
+  h->pfd[1] = (struct pollfd){.fd = d->wake[0], .events = POLLIN};
+  if (resting && h->accept_at - h->now < (int64_t)timeout * 1000000)
+    timeout = (int)((h->accept_at - h->now) / 1000000) + 1;
+  for (size_t i = 0; i < h->nc; i++) {
+    conn *c = &h->c[i];
+    short ev = c->out_len ? POLLOUT : c->backlog ? 0 : POLLIN;
+    if (c->backlog && !c->out_len) timeout = 0;
+    h->pfd[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
+  }
+  return timeout;
 }
 
 int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err) {
@@ -508,45 +743,27 @@ int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err) {
       h->pfd = p;
       h->cpfd = n;
     }
-    h->pfd[0] = (struct pollfd){.fd = d->lfd, .events = POLLIN};
-    h->pfd[1] = (struct pollfd){.fd = d->wake[0], .events = POLLIN};
-    for (size_t i = 0; i < h->nc; i++)
-      h->pfd[i + 2] = (struct pollfd){.fd = h->c[i].fd,
-                                      .events = (short)(h->c[i].out_len ? POLLOUT : POLLIN)};
-    int np = poll(h->pfd, n, 100);
+    h->now = kvbm__rd_now_ns();
+    int np = poll(h->pfd, n, poll_prepare(d));
     if (np < 0 && errno != EINTR) {
       rc = kvbm_error_set(err, KVBM_EIO, "router: poll: %s", strerror(errno));
       break;
     }
-    int64_t now = kvbm__rd_now_ns();
+    h->now = kvbm__rd_now_ns();
     /* connections, back to front so removal keeps indices valid */
-    for (size_t i = h->nc; i-- > 0;) {
-      conn *c = &h->c[i];
-      short re = h->pfd[i + 2].revents;
-      bool keep = true;
-      if (re & (POLLERR | POLLNVAL)) keep = false;
-      else if (c->out_len && (re & (POLLOUT | POLLHUP))) keep = conn_write(c);
-      else if (!c->out_len && (re & (POLLIN | POLLHUP))) keep = conn_read(d, c);
-      if (keep && c->out_len && !(re & POLLOUT)) keep = conn_write(c); /* answer at once */
-      if (keep && !c->out_len && c->closing) keep = false;
-      if (keep && !c->out_len && now > c->deadline_ns) {
-        if (c->in_len) reply_error(h, c, 408, "request not complete in time", true, NULL);
-        else keep = false; /* idle keep-alive connection */
-        if (keep) keep = conn_write(c) && c->out_len;
-      }
-      if (!keep) conn_close(h, i);
-    }
-    if (h->pfd[0].revents & POLLIN) accept_all(d);
-    if (h->pfd[1].revents & POLLIN) {
+    for (size_t i = h->nc; i-- > 0;)
+      if (!conn_turn(d, &h->c[i], np > 0 ? h->pfd[i + 2].revents : 0)) conn_close(h, i);
+    if (np > 0 && (h->pfd[0].revents & POLLIN)) accept_some(d);
+    if (np > 0 && (h->pfd[1].revents & POLLIN)) {
       char buf[64];
       ssize_t r = read(d->wake[0], buf, sizeof buf);
       (void)r;
     }
-    load_expire(h, now);
+    load_expire(h, h->now);
     kvbm__rd_sources_tick(d);
     if (d->approx) {
       pthread_mutex_lock(&d->wlock);
-      kvbm_approx_expire(d->approx, (double)now * 1e-9);
+      kvbm_approx_expire(d->approx, (double)h->now * 1e-9);
       pthread_mutex_unlock(&d->wlock);
     }
   }
@@ -562,6 +779,76 @@ void kvbm_router_daemon_stop(kvbm_router_daemon *d) {
 uint16_t kvbm_router_daemon_port(const kvbm_router_daemon *d) { return d->port; }
 
 /* ------------------------------------------------------------- setup */
+
+/* Whether s[0..n) is a port one can connect to: 1..65535 in decimal. */
+static bool port_ok(const char *s, size_t n) {
+  if (n == 0 || n > 5) return false;
+  unsigned v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (unsigned)(s[i] - '0');
+  }
+  return v >= 1 && v <= 65535;
+}
+
+/* The port of "[scheme://][user[:pass]@]host[:port][/...]" (a NATS URL, a
+ * ZMQ tcp:// endpoint, "[::1]" hosts too): true when none is given and
+ * none is required, or it is port_ok. ZMQ does not check (tcp://h:99999
+ * connects nowhere, silently), so it is checked here. */
+static bool url_port_ok(const char *u, size_t n, bool required) {
+  const char *p = memmem(u, n, "://", 3);
+  if (p) n -= (size_t)(p + 3 - u), u = p + 3;
+  const char *slash = memchr(u, '/', n);
+  if (slash) n = (size_t)(slash - u);
+  for (const char *at; (at = memchr(u, '@', n));) n -= (size_t)(at + 1 - u), u = at + 1;
+  for (const char *semi; (semi = memchr(u, ';', n));) /* ZMQ: source;destination */
+    n -= (size_t)(semi + 1 - u), u = semi + 1;
+  const char *colon = NULL;
+  for (size_t i = 0; i < n; i++)
+    if (u[i] == ':') colon = u + i;
+    else if (u[i] == ']') colon = NULL; /* inside an IPv6 literal */
+  if (!colon) return !required;
+  return port_ok(colon + 1, n - (size_t)(colon + 1 - u));
+}
+
+static bool zmq_endpoint_ok(const char *ep) {
+  return strncmp(ep, "tcp://", 6) || url_port_ok(ep, strlen(ep), true);
+}
+
+/* A NATS URL, or several separated by commas. */
+static bool nats_url_ok(const char *url) {
+  for (const char *p = url;;) {
+    const char *comma = strchr(p, ',');
+    size_t n = comma ? (size_t)(comma - p) : strlen(p);
+    if (!url_port_ok(p, n, false)) return false;
+    if (!comma) return true;
+    p = comma + 1;
+  }
+}
+
+static int check_sources(const kvbm_router_daemon_config *c, kvbm_error *err) {
+  for (size_t i = 0; i < c->num_sources; i++) {
+    const kvbm_router_source *s = &c->sources[i];
+    if (!s->endpoint || !*s->endpoint)
+      return kvbm_error_set(err, KVBM_EINVAL, "router: source %zu has no endpoint", i);
+    if (s->kind != KVBM_SOURCE_ZMQ && s->kind != KVBM_SOURCE_NATS)
+      return kvbm_error_set(err, KVBM_EINVAL, "router: source %zu has an unknown kind", i);
+    if (s->kind == KVBM_SOURCE_ZMQ ? !zmq_endpoint_ok(s->endpoint) : !nats_url_ok(s->endpoint))
+      return kvbm_error_set(err, KVBM_EINVAL, "router: worker %" PRIu64 ": '%s' has no valid port "
+                            "(1..65535)", s->worker_id, s->endpoint);
+    if (s->replay_endpoint && !zmq_endpoint_ok(s->replay_endpoint))
+      return kvbm_error_set(err, KVBM_EINVAL, "router: worker %" PRIu64 ": replay endpoint '%s' has "
+                            "no valid port (1..65535)", s->worker_id, s->replay_endpoint);
+    /* one stream per worker id: the index orders a worker's batches by
+     * their sequence, which two publishers would interleave */
+    for (size_t j = 0; j < i; j++)
+      if (c->sources[j].worker_id == s->worker_id)
+        return kvbm_error_set(err, KVBM_EINVAL, "router: worker id %" PRIu64 " is given to two "
+                              "sources (%s and %s); each source is one worker", s->worker_id,
+                              c->sources[j].endpoint, s->endpoint);
+  }
+  return KVBM_OK;
+}
 
 static int check_config(const kvbm_router_daemon_config *c, kvbm_error *err) {
   int rc = kvbm_choice_config_check(&c->choice, err);
@@ -579,17 +866,44 @@ static int check_config(const kvbm_router_daemon_config *c, kvbm_error *err) {
     return kvbm_error_set(err, KVBM_EINVAL,
                           "router: approx ttl, worker timeout (>= 0), request ttl and io timeout "
                           "(> 0) must be finite");
-  if (c->max_body < 64 || c->max_connections < 1 || c->max_tokens < 1)
-    return kvbm_error_set(err, KVBM_EINVAL, "router: max_body >= 64, max_connections and "
-                                            "max_tokens >= 1");
-  for (size_t i = 0; i < c->num_sources; i++) {
-    const kvbm_router_source *s = &c->sources[i];
-    if (!s->endpoint || !*s->endpoint)
-      return kvbm_error_set(err, KVBM_EINVAL, "router: source %zu has no endpoint", i);
-    if (s->kind != KVBM_SOURCE_ZMQ && s->kind != KVBM_SOURCE_NATS)
-      return kvbm_error_set(err, KVBM_EINVAL, "router: source %zu has an unknown kind", i);
+  if (c->max_body < 64 || c->max_connections < 1 || c->max_tokens < 1 ||
+      c->max_active_requests < 1 || c->approx_max_blocks < 1)
+    return kvbm_error_set(err, KVBM_EINVAL, "router: max_body >= 64; max_connections, "
+                                            "max_tokens, max_active_requests and "
+                                            "approx_max_blocks >= 1");
+  return check_sources(c, err);
+}
+
+/* Descriptors open now (/proc/self/fd, else a probe up to `limit`). */
+static size_t open_fds(size_t limit) {
+  size_t n = 0;
+  DIR *dir = opendir("/proc/self/fd");
+  if (dir) {
+    for (struct dirent *e; (e = readdir(dir));)
+      if (e->d_name[0] != '.') n++;
+    closedir(dir);
+    return n ? n - 1 : 0; /* the directory's own */
   }
-  return KVBM_OK;
+  for (size_t fd = 0; fd < limit && fd < 65536; fd++)
+    if (fcntl((int)fd, F_GETFD) >= 0) n++;
+  return n;
+}
+
+/* max_connections must fit the descriptor limit beside what is open (the
+ * listening socket, its spare, the sources' sockets) and a margin for
+ * what the sources open later: else the router would run out mid-flight. */
+static int check_fd_limit(const kvbm_router_daemon *d, kvbm_error *err) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY) return KVBM_OK;
+  size_t open = open_fds((size_t)rl.rlim_cur);
+  size_t margin = FD_MARGIN + 4 * d->nsrc;
+  if (open + margin + d->cfg.max_connections <= (size_t)rl.rlim_cur) return KVBM_OK;
+  return kvbm_error_set(err, KVBM_EINVAL,
+                        "router: max_connections %zu does not fit the descriptor limit "
+                        "(RLIMIT_NOFILE %llu, %zu open, %zu kept for the sources): raise the "
+                        "limit (ulimit -n) or lower max_connections to at most %lld",
+                        d->cfg.max_connections, (unsigned long long)rl.rlim_cur, open, margin,
+                        (long long)rl.rlim_cur - (long long)(open + margin));
 }
 
 static char *dup_str(const char *s, bool *oom) {
@@ -648,19 +962,30 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     rc = kvbm_error_set(err, KVBM_ENOMEM, "router: out of memory");
     goto fail;
   }
+  d->http->spare_fd = -1;
   d->http->rng = cfg->seed ? cfg->seed : 1;
   d->http->t0 = kvbm__rd_now_ns();
+  d->http->io_ns = (int64_t)(cfg->io_timeout_s * 1e9);
   if ((rc = kvbm_index_create(&cfg->index, &d->idx, err))) goto fail;
   for (size_t i = 0; i < cfg->num_workers; i++)
     if ((rc = kvbm_index_add_worker(d->idx, cfg->workers[i], NULL, err))) goto fail;
-  if (cfg->approx_ttl_s > 0 && (rc = kvbm_approx_create(d->idx, cfg->approx_ttl_s, &d->approx, err)))
-    goto fail;
+  if (cfg->approx_ttl_s > 0) {
+    kvbm_approx_config ac = {.ttl_s = cfg->approx_ttl_s,
+                             .max_blocks_per_worker = cfg->approx_max_blocks};
+    if ((rc = kvbm_approx_create(d->idx, &ac, &d->approx, err))) goto fail;
+  }
   if (pipe2(d->wake, O_NONBLOCK | O_CLOEXEC)) {
     rc = kvbm_error_set(err, KVBM_EIO, "router: pipe: %s", strerror(errno));
     goto fail;
   }
   if ((rc = listen_on(d, err))) goto fail;
+  d->http->spare_fd = fcntl(d->lfd, F_DUPFD_CLOEXEC, 0);
+  if (d->http->spare_fd < 0) {
+    rc = kvbm_error_set(err, KVBM_EIO, "router: spare descriptor: %s", strerror(errno));
+    goto fail;
+  }
   if ((rc = kvbm__rd_sources_start(d, err))) goto fail;
+  if ((rc = check_fd_limit(d, err))) goto fail;
   *out = d;
   return KVBM_OK;
 fail:
@@ -676,6 +1001,7 @@ void kvbm_router_daemon_destroy(kvbm_router_daemon *d) {
     free(d->http->c);
     free(d->http->pfd);
     free(d->http->r);
+    if (d->http->spare_fd >= 0) close(d->http->spare_fd);
     free(d->http);
   }
   if (d->lfd >= 0) close(d->lfd);

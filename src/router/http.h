@@ -28,14 +28,17 @@ typedef enum http_result {
   HTTP_BAD = -1,      /* *status and *why say what to answer */
 } http_result;
 
-/* Parses the request head at buf[0..len). Refuses (HTTP_BAD): a head over
+/* Parses the request head at buf[0..len). `scanned` (in/out; NULL to scan
+ * from the start every time) makes repeated calls on a growing buffer
+ * linear: set it to 0 for a new head and pass it back unchanged with the
+ * same bytes and more; bytes it covers are not scanned again. Refuses (HTTP_BAD): a head over
  * max_head bytes (431), a malformed request line or header, bare LF or NUL
  * or other control bytes (400), a path too long (414), a version other
  * than HTTP/1.0 or 1.1 (505), Transfer-Encoding (501: bodies must have a
  * Content-Length), a Content-Length that is not a decimal number, is
  * given twice with different values, or exceeds max_body (413). */
 http_result kvbm__http_parse_head(const char *buf, size_t len, size_t max_head, size_t max_body,
-                            http_req *req, int *status, const char **why);
+                            size_t *scanned, http_req *req, int *status, const char **why);
 
 /* The reason phrase of a status code we send. */
 const char *kvbm__http_reason(int status);

@@ -139,8 +139,15 @@ static void test_approx(void **state) {
   assert_int_equal(kvbm_index_add_worker(idx, k1, &s1, NULL), KVBM_OK);
   kvbm_approx *ap;
   kvbm_error err;
-  assert_int_equal(kvbm_approx_create(idx, 0, &ap, &err), KVBM_EINVAL);
-  assert_int_equal(kvbm_approx_create(idx, 10, &ap, &err), KVBM_OK);
+  kvbm_approx_config ac = kvbm_approx_config_default();
+  ac.ttl_s = 0;
+  assert_int_equal(kvbm_approx_create(idx, &ac, &ap, &err), KVBM_EINVAL);
+  ac.ttl_s = 10;
+  ac.max_blocks_per_worker = 0;
+  assert_int_equal(kvbm_approx_create(idx, &ac, &ap, &err), KVBM_EINVAL);
+  ac = kvbm_approx_config_default();
+  ac.ttl_s = 10;
+  assert_int_equal(kvbm_approx_create(idx, &ac, &ap, &err), KVBM_OK);
   uint64_t h[4] = {11, 12, 13, 14};
   kvbm_overlap ov[MAXW];
   assert_int_equal(kvbm_approx_record(ap, s0, h, 3, 100.0, &err), KVBM_OK);
@@ -176,11 +183,85 @@ static void test_approx(void **state) {
   kvbm_index_destroy(idx);
 }
 
+/* The budget per worker: the oldest decisions of that worker go first (and
+ * are counted), other workers keep theirs, a decision longer than the
+ * budget keeps its prefix, and the index never holds more than the budget
+ * per worker. */
+static void test_approx_budget(void **state) {
+  (void)state;
+  kvbm_index_config ic = kvbm_index_config_default();
+  kvbm_index *idx;
+  assert_int_equal(kvbm_index_create(&ic, &idx, NULL), KVBM_OK);
+  uint32_t s0, s1;
+  assert_int_equal(kvbm_index_add_worker(idx, (kvbm_worker_key){1, 0}, &s0, NULL), KVBM_OK);
+  assert_int_equal(kvbm_index_add_worker(idx, (kvbm_worker_key){2, 0}, &s1, NULL), KVBM_OK);
+  kvbm_approx_config ac = {.ttl_s = 100, .max_blocks_per_worker = 10};
+  kvbm_approx *ap;
+  kvbm_error err;
+  assert_int_equal(kvbm_approx_create(idx, &ac, &ap, &err), KVBM_OK);
+  uint64_t a[4] = {101, 102, 103, 104}, b[4] = {201, 202, 203, 204}, c[4] = {301, 302, 303, 304};
+  kvbm_overlap ov[MAXW];
+  assert_int_equal(kvbm_approx_record(ap, s0, a, 4, 1.0, &err), KVBM_OK);
+  assert_int_equal(kvbm_approx_record(ap, s1, a, 4, 1.5, &err), KVBM_OK);
+  assert_int_equal(kvbm_approx_record(ap, s0, b, 4, 2.0, &err), KVBM_OK);
+  kvbm_approx_stats st;
+  kvbm_approx_stats_get(ap, &st);
+  assert_int_equal(st.evicted_records, 0);
+  assert_int_equal(st.max_worker_blocks, 8);
+  /* 8 + 4 > 10: worker 0's oldest (a) goes, worker 1's a stays */
+  assert_int_equal(kvbm_approx_record(ap, s0, c, 4, 3.0, &err), KVBM_OK);
+  kvbm_index_lookup(idx, a, 4, ov, NULL);
+  assert_int_equal(ov[s0].prefix[0], 0);
+  assert_int_equal(ov[s1].prefix[0], 4);
+  kvbm_index_lookup(idx, b, 4, ov, NULL);
+  assert_int_equal(ov[s0].prefix[0], 4);
+  kvbm_approx_stats_get(ap, &st);
+  assert_int_equal(st.evicted_records, 1);
+  assert_int_equal(st.evicted_blocks, 4);
+  assert_int_equal(st.records, 3);
+  assert_int_equal(st.blocks, 12);
+  assert_int_equal(st.max_worker_blocks, 8);
+  /* one decision of 1000 new blocks: the first 10 kept, everything older
+   * of that worker evicted, the index at the budget */
+  uint64_t big[1000];
+  for (int i = 0; i < 1000; i++) big[i] = 5000 + (uint64_t)i;
+  assert_int_equal(kvbm_approx_record(ap, s0, big, 1000, 4.0, &err), KVBM_OK);
+  kvbm_index_lookup(idx, big, 1000, ov, NULL);
+  assert_int_equal(ov[s0].prefix[0], 10);
+  kvbm_approx_stats_get(ap, &st);
+  assert_int_equal(st.truncated_blocks, 990);
+  assert_int_equal(st.evicted_records, 3);
+  assert_int_equal(st.max_worker_blocks, 10);
+  kvbm_index_stats is;
+  kvbm_index_stats_get(idx, &is);
+  assert_int_equal(is.entries, 10 + 4);
+  /* a flood of distinct decisions: entries stay at the budget */
+  for (int i = 0; i < 5000; i++) {
+    uint64_t h[3] = {100000 + 3 * (uint64_t)i, 100001 + 3 * (uint64_t)i, 100002 + 3 * (uint64_t)i};
+    assert_int_equal(kvbm_approx_record(ap, s0, h, 3, 5.0 + i * 1e-3, &err), KVBM_OK);
+  }
+  kvbm_index_stats_get(idx, &is);
+  assert_true(is.entries <= 10 + 4);
+  kvbm_approx_stats_get(ap, &st);
+  assert_int_equal(st.recorded, 5000 + 5);
+  assert_int_equal(st.records, 3 + 1); /* 3 x 3 blocks for worker 0, a for worker 1 */
+  /* expiry counts too */
+  assert_int_equal(kvbm_approx_expire(ap, 1000), 4);
+  kvbm_approx_stats_get(ap, &st);
+  assert_int_equal(st.expired, 4);
+  assert_int_equal(st.blocks, 0);
+  kvbm_index_stats_get(idx, &is);
+  assert_int_equal(is.entries, 0);
+  kvbm_approx_destroy(ap);
+  kvbm_index_destroy(idx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_score),       cmocka_unit_test(test_lowest_cost),
       cmocka_unit_test(test_ties_random), cmocka_unit_test(test_temperature),
       cmocka_unit_test(test_config_check), cmocka_unit_test(test_approx),
+      cmocka_unit_test(test_approx_budget),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,7 +17,7 @@
 
 static http_result head(const char *s, http_req *r, int *status) {
   const char *why;
-  return kvbm__http_parse_head(s, strlen(s), 4096, 1000, r, status, &why);
+  return kvbm__http_parse_head(s, strlen(s), 4096, 1000, NULL, r, status, &why);
 }
 
 static void test_http_ok(void **state) {
@@ -40,12 +40,55 @@ static void test_http_ok(void **state) {
   assert_true(r.keep_alive);
   assert_int_equal(head("GET / HTTP/1.1\r\nConnection: close\r\n\r\n", &r, &st), HTTP_HEAD);
   assert_false(r.keep_alive);
-  /* byte by byte: NEED_MORE until the last byte */
-  size_t n = strlen(s) - 7;
+  /* byte by byte: NEED_MORE until the last byte, from scratch and resumed */
+  size_t n = strlen(s) - 7, scanned = 0;
   for (size_t i = 0; i < n; i++) {
     const char *why;
-    assert_int_equal(kvbm__http_parse_head(s, i, 4096, 1000, &r, &st, &why), HTTP_NEED_MORE);
+    assert_int_equal(kvbm__http_parse_head(s, i, 4096, 1000, NULL, &r, &st, &why), HTTP_NEED_MORE);
+    assert_int_equal(kvbm__http_parse_head(s, i, 4096, 1000, &scanned, &r, &st, &why), HTTP_NEED_MORE);
+    assert_true(scanned <= i);
   }
+  const char *why;
+  assert_int_equal(kvbm__http_parse_head(s, n, 4096, 1000, &scanned, &r, &st, &why), HTTP_HEAD);
+  assert_int_equal(r.head_len, n);
+  assert_int_equal(r.content_length, 12);
+}
+
+/* A head fed in pieces with `scanned` carried gets the answer it gets whole,
+ * at the first piece that decides it, and the resumed scan never starts
+ * past a byte it has not seen. */
+static void feed(const char *s, size_t step, http_result want, int want_status) {
+  size_t len = strlen(s), scanned = 0;
+  http_req r;
+  int st = 0;
+  const char *why;
+  http_result res = HTTP_NEED_MORE;
+  for (size_t i = step < len ? step : len;; i = i + step < len ? i + step : len) {
+    res = kvbm__http_parse_head(s, i, 4096, 1000, &scanned, &r, &st, &why);
+    if (res != HTTP_NEED_MORE || i == len) break;
+    assert_true(scanned <= i);
+  }
+  if (res != want || (want == HTTP_BAD && st != want_status))
+    fail_msg("fed in steps of %zu (%s): result %d status %d", step, s, res, st);
+}
+
+static void test_http_incremental(void **state) {
+  (void)state;
+  static const struct {
+    const char *s;
+    http_result res;
+    int status;
+  } cases[] = {
+      {"GET /health HTTP/1.1\r\nHost: a\r\n\r\n", HTTP_HEAD, 0},
+      {"GET / HTTP/1.1\nX: y\n\n", HTTP_BAD, 400},
+      {"GET / HTTP/1.1\r\nX: y\rZ\r\n\r\n", HTTP_BAD, 400},
+      {"GET / HTTP/1.1\r\nX: \x01\r\n\r\n", HTTP_BAD, 400},
+      {"GET / HTTP/1.1\r\n\r\r\n", HTTP_BAD, 400},
+      {"GET / HTTP/1.1\r\nX: y\r\n\n", HTTP_BAD, 400},
+      {"POST / HTTP/1.1\r\nContent-Length: 1001\r\n\r\n", HTTP_BAD, 413},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (size_t step = 1; step <= 7; step++) feed(cases[i].s, step, cases[i].res, cases[i].status);
 }
 
 static void test_http_bad(void **state) {
@@ -79,7 +122,7 @@ static void test_http_bad(void **state) {
     http_req r;
     int st = 0;
     const char *why = NULL;
-    http_result res = kvbm__http_parse_head(cases[i].s, strlen(cases[i].s), 4096, 1000, &r, &st, &why);
+    http_result res = kvbm__http_parse_head(cases[i].s, strlen(cases[i].s), 4096, 1000, NULL, &r, &st, &why);
     if (res != HTTP_BAD || st != cases[i].status)
       fail_msg("case %zu (%s): result %d status %d", i, cases[i].s, res, st);
     assert_non_null(why);
@@ -98,7 +141,7 @@ static void test_http_bad(void **state) {
   assert_int_equal(head(big, &r, &st), HTTP_BAD);
   assert_int_equal(st, 414);
   const char *why;
-  assert_int_equal(kvbm__http_parse_head(big, strlen(big), 100, 1000, &r, &st, &why), HTTP_BAD);
+  assert_int_equal(kvbm__http_parse_head(big, strlen(big), 100, 1000, NULL, &r, &st, &why), HTTP_BAD);
   assert_int_equal(st, 431);
   char many[4000] = "GET / HTTP/1.1\r\n";
   for (int i = 0; i < 70; i++) strcat(many, "X: y\r\n");
@@ -218,6 +261,7 @@ static void test_json_writer(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_http_ok),   cmocka_unit_test(test_http_bad),
+      cmocka_unit_test(test_http_incremental),
       cmocka_unit_test(test_json_ok),   cmocka_unit_test(test_json_bad),
       cmocka_unit_test(test_json_writer),
   };

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "cli.h"
 #include "kvbm/router.h"
@@ -24,14 +25,22 @@ static void usage(FILE *f) {
           "                   [--load-weight 1] [--load blocks|requests] [--temperature 0]\n"
           "                   [--worker-timeout SECONDS] [--request-ttl 600] [--seed 1]\n"
           "                   [--io-timeout 10] [--max-connections 256]\n"
+          "                   [--max-active-requests 262144] [--approx-max-blocks 65536]\n"
           "Each --zmq/--nats source is one worker (ID, an unsigned integer; the dp rank\n"
           "comes from its events). @REPLAY_ENDPOINT is the worker's ZMQ replay socket,\n"
           "asked for missing batches. --worker declares workers up front; with\n"
           "--approx-ttl (approximate mode, for engines without events) every routing\n"
-          "decision counts as stored on the chosen worker for that long.\n"
+          "decision counts as stored on the chosen worker for that long, at most\n"
+          "--approx-max-blocks blocks per worker (the oldest decisions go first).\n"
+          "Each source needs its own worker ID. --request-ttl and --max-active-requests\n"
+          "bound the /route records kept for /done (the oldest go first).\n"
+          "--io-timeout: a request must arrive, and its answer be read, within it.\n"
+          "--max-connections must fit the descriptor limit (ulimit -n); the soft limit\n"
+          "is raised toward the hard one when needed.\n"
           "HTTP: POST /route {\"token_ids\": [...]} or {\"block_hashes\": [...]};\n"
           "      POST /done {\"request_id\": N}; GET /health.\n"
-          "--port-file: write the port (useful with --listen 127.0.0.1:0).\n");
+          "--port-file: write the port (useful with --listen 127.0.0.1:0); the router\n"
+          "exits at start when it cannot.\n");
 }
 
 static kvbm_router_daemon *g_daemon; /* for the signal handler only */
@@ -225,6 +234,16 @@ static int parse(int argc, char **argv, args *a) {
       c->max_connections = (size_t)x;
       continue;
     }
+    OPT("--max-active-requests") {
+      if (!cli_parse_u64("router", "--max-active-requests", v, 1, (uint64_t)1 << 32, &x)) return 2;
+      c->max_active_requests = (size_t)x;
+      continue;
+    }
+    OPT("--approx-max-blocks") {
+      if (!cli_parse_u64("router", "--approx-max-blocks", v, 1, (uint64_t)1 << 32, &x)) return 2;
+      c->approx_max_blocks = (size_t)x;
+      continue;
+    }
     OPT("--seed") {
       if (!cli_parse_u64("router", "--seed", v, 0, UINT64_MAX, &x)) return 2;
       c->seed = x;
@@ -247,6 +266,25 @@ static int parse(int argc, char **argv, args *a) {
   return -1;
 }
 
+/* Raises the soft descriptor limit toward the hard one when max_connections
+ * needs more (the daemon checks the limit and refuses what does not fit). */
+static void raise_fd_limit(const kvbm_router_daemon_config *c) {
+  struct rlimit rl;
+  rlim_t want = (rlim_t)c->max_connections + 64 + 4 * (rlim_t)c->num_sources;
+  if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= want) return;
+  rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+  setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+/* Writes the port to `path`; false (after a message) when it cannot. */
+static bool write_port_file(const char *path, unsigned port) {
+  FILE *f = fopen(path, "w");
+  bool ok = f && fprintf(f, "%u\n", port) > 0;
+  if (f && fclose(f)) ok = false;
+  if (!ok) fprintf(stderr, "kvbm router: --port-file %s: %s\n", path, strerror(errno));
+  return ok;
+}
+
 int kvbm_cmd_router(int argc, char **argv) {
   static args a;
   memset(&a, 0, sizeof a);
@@ -259,6 +297,7 @@ int kvbm_cmd_router(int argc, char **argv) {
   if (rc < 0) {
     kvbm_error err = {0};
     kvbm_router_daemon *d;
+    raise_fd_limit(&a.c);
     rc = kvbm_router_daemon_create(&a.c, &d, &err);
     if (rc) {
       fprintf(stderr, "kvbm router: %s\n", err.msg);
@@ -270,20 +309,15 @@ int kvbm_cmd_router(int argc, char **argv) {
       sigaction(SIGINT, &sa, NULL);
       sigaction(SIGTERM, &sa, NULL);
       signal(SIGPIPE, SIG_IGN);
-      fprintf(stderr, "kvbm router: listening on %s:%u, %zu source(s), %zu worker(s) declared%s\n",
-              a.c.host, kvbm_router_daemon_port(d), a.c.num_sources, a.c.num_workers,
-              a.c.approx_ttl_s > 0 ? ", approximate mode" : "");
-      if (a.port_file) {
-        FILE *f = fopen(a.port_file, "w");
-        if (f) {
-          fprintf(f, "%u\n", kvbm_router_daemon_port(d));
-          fclose(f);
-        } else {
-          fprintf(stderr, "kvbm router: --port-file %s: %s\n", a.port_file, strerror(errno));
-        }
+      if (a.port_file && !write_port_file(a.port_file, kvbm_router_daemon_port(d))) {
+        rc = 1; /* whoever waits for the file would wait forever */
+      } else {
+        fprintf(stderr, "kvbm router: listening on %s:%u, %zu source(s), %zu worker(s) declared%s\n",
+                a.c.host, kvbm_router_daemon_port(d), a.c.num_sources, a.c.num_workers,
+                a.c.approx_ttl_s > 0 ? ", approximate mode" : "");
+        rc = kvbm_router_daemon_run(d, &err) ? 1 : 0;
+        if (rc) fprintf(stderr, "kvbm router: %s\n", err.msg);
       }
-      rc = kvbm_router_daemon_run(d, &err) ? 1 : 0;
-      if (rc) fprintf(stderr, "kvbm router: %s\n", err.msg);
       g_daemon = NULL;
       kvbm_router_daemon_destroy(d);
     }
