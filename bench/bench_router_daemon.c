@@ -10,7 +10,9 @@
  *   load:  --connections closed-loop keep-alive clients (one request in
  *          flight each) for --seconds, first GET /health, then POST /route
  *          with --tokens token ids (one of 64 prompts at random per
- *          request). Prints requests/s, p50 and p99 per probe.
+ *          request). Prints requests/s, p50 and p99 per probe, and the
+ *          router's CPU time per answer (user + system, from /proc: less
+ *          sensitive than the rate to what else the machine runs).
  *   soak (--soak): the router in approximate mode, 16 measured /route
  *          clients (never sending /done), three phases of --seconds each:
  *          unloaded; loaded, the measured clients next to hostile ones;
@@ -192,6 +194,20 @@ static long router_rss(const router *r) {
   return kb;
 }
 
+/* CPU seconds the router has used (user + system). */
+static double router_cpu(const router *r) {
+  char path[64], line[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)r->pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  char *p = fgets(line, sizeof line, f) ? strrchr(line, ')') : NULL;
+  fclose(f);
+  unsigned long ut = 0, st = 0;
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+    return 0;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 /* ------------------------------------------------------------- clients */
 
 typedef enum kind { MEASURED, HEALTH, FLOOD, SLOW, HASHES } kind;
@@ -364,6 +380,7 @@ static void on_slow(run *r, client *c, uint32_t ev) {
 
 typedef struct phase_out {
   double rate, p50_ms, p99_ms;
+  double cpu_us; /* router CPU per measured answer (all clients' work included) */
   uint64_t ok, errors;
   long rss_peak_kb, rss_end_kb;
 } phase_out;
@@ -380,6 +397,7 @@ static phase_out phase(run *r, client *cs, size_t n, double warm, double seconds
   r->ok = r->errors = 0;
   double t0 = now_s(), start = t0 + warm, stop = start + seconds, next_rss = t0;
   bool counting = false;
+  double cpu0 = 0;
   struct epoll_event evs[256];
   for (;;) {
     double t = now_s();
@@ -388,6 +406,7 @@ static phase_out phase(run *r, client *cs, size_t n, double warm, double seconds
       counting = true;
       r->l.n = 0;
       r->ok = r->errors = 0;
+      cpu0 = router_cpu(rt);
     }
     if (t >= next_rss) {
       long kb = router_rss(rt);
@@ -407,6 +426,7 @@ static phase_out phase(run *r, client *cs, size_t n, double warm, double seconds
   }
   o.ok = r->ok;
   o.errors = r->errors;
+  if (r->ok) o.cpu_us = (router_cpu(rt) - cpu0) * 1e6 / (double)r->ok;
   o.rate = (double)r->ok / seconds;
   if (r->l.n) {
     qsort(r->l.us, r->l.n, sizeof *r->l.us, cmp_u32);
@@ -490,14 +510,15 @@ static void make_requests(run *r, size_t tokens, buf *prompts, buf *hashes, buf 
 
 static void print_phase(const char *name, const phase_out *o, bool json, bool last) {
   if (json)
-    printf("\"%s\":{\"rate\":%.0f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"ok\":%llu,\"errors\":%llu,"
-           "\"rss_peak_kb\":%ld,\"rss_end_kb\":%ld}%s",
-           name, o->rate, o->p50_ms, o->p99_ms, (unsigned long long)o->ok,
+    printf("\"%s\":{\"rate\":%.0f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"cpu_us\":%.1f,\"ok\":%llu,"
+           "\"errors\":%llu,\"rss_peak_kb\":%ld,\"rss_end_kb\":%ld}%s",
+           name, o->rate, o->p50_ms, o->p99_ms, o->cpu_us, (unsigned long long)o->ok,
            (unsigned long long)o->errors, o->rss_peak_kb, o->rss_end_kb, last ? "" : ",");
   else
-    printf("%-16s %9.0f req/s  p50 %7.3f ms  p99 %7.3f ms  errors %llu  RSS peak %ld KiB, end %ld KiB\n",
-           name, o->rate, o->p50_ms, o->p99_ms, (unsigned long long)o->errors, o->rss_peak_kb,
-           o->rss_end_kb);
+    printf("%-9s %7.0f req/s  p50 %6.3f ms  p99 %7.3f ms  router CPU %5.1f us/answer  errors %llu"
+           "  RSS peak %ld KiB, end %ld KiB\n",
+           name, o->rate, o->p50_ms, o->p99_ms, o->cpu_us, (unsigned long long)o->errors,
+           o->rss_peak_kb, o->rss_end_kb);
 }
 
 static int load(run *r, const router *rt, size_t conns, double seconds, bool json) {

@@ -80,7 +80,8 @@ static int number(rd *r, bool *neg, uint64_t *mag, bool *overflow, bool *is_int)
     return fail(r, KVBM_EFORMAT, "leading zero in a number");
   while (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
     unsigned d = (unsigned)(*r->p++ - '0');
-    if (*mag > (UINT64_MAX - d) / 10) *overflow = true;
+    /* mag * 10 + d <= UINT64_MAX, without a division per digit */
+    if (*mag > UINT64_MAX / 10 || (*mag == UINT64_MAX / 10 && d > UINT64_MAX % 10)) *overflow = true;
     else *mag = *mag * 10 + d;
   }
   if (r->p < r->end && *r->p == '.') {
@@ -163,10 +164,25 @@ static int skip_value(rd *r, int depth) {
  * INT64_MIN is taken as its two's complement). */
 static int uint_value(rd *r, uint64_t max, bool wrap_negative, uint64_t *out) {
   const char *at = r->p;
+  /* the common case first (a /route body is thousands of these): 1 to 19
+   * digits without a leading zero cannot overflow; anything else (signs,
+   * fractions, exponents, longer numbers) takes the general path */
+  if (at < r->end && *at >= '1' && *at <= '9') {
+    const char *q = at, *stop = r->end - at > 19 ? at + 19 : r->end;
+    uint64_t v = 0;
+    while (q < stop && (unsigned char)(*q - '0') < 10) v = v * 10 + (uint64_t)(*q++ - '0');
+    if (q == r->end || ((unsigned char)(*q - '0') >= 10 && *q != '.' && *q != 'e' && *q != 'E')) {
+      if (v > max) return fail(r, KVBM_ERANGE, "integer out of range");
+      r->p = q;
+      *out = v;
+      return KVBM_OK;
+    }
+  }
   bool neg, ovf, isint;
   uint64_t m;
   int rc = number(r, &neg, &m, &ovf, &isint);
   if (rc) return rc;
+  const char *after = r->p;
   r->p = at; /* report errors at the number's start */
   if (!isint) return fail(r, KVBM_EFORMAT, "expected an integer");
   if (ovf) return fail(r, KVBM_ERANGE, "integer out of range");
@@ -176,8 +192,8 @@ static int uint_value(rd *r, uint64_t max, bool wrap_negative, uint64_t *out) {
   } else if (m > max) {
     return fail(r, KVBM_ERANGE, "integer out of range");
   }
-  number(r, &neg, &m, &ovf, &isint); /* move past it again */
-  *out = neg && m ? (uint64_t)0 - m : m;
+  r->p = after;
+  *out = m;
   return KVBM_OK;
 }
 
@@ -314,7 +330,7 @@ void kvbm__rj_printf(rj_buf *b, const char *fmt, ...) {
       b->len += (size_t)n;
       return;
     }
-    size_t nc = b->cap ? b->cap * 2 : 512;
+    size_t nc = b->cap ? b->cap * 2 : 4096; /* a /route or /health answer: one allocation */
     while (nc - b->len <= (size_t)n) nc *= 2;
     char *np = realloc(b->p, nc);
     if (!np) {

@@ -174,6 +174,12 @@ static void test_json_ok(void **state) {
   assert_true(q.hashes[0] == UINT64_MAX && q.hashes[1] == UINT64_MAX);
   assert_true(q.hashes[2] == 0x8000000000000000ull && q.hashes[3] == 0);
   kvbm__rj_request_free(&q);
+  /* 19 digits (the fast path's longest), then 20 (the general path's) */
+  assert_int_equal(parse("{\"block_hashes\":[9999999999999999999,10000000000000000000,1]}", &q),
+                   KVBM_OK);
+  assert_true(q.hashes[0] == 9999999999999999999ull && q.hashes[1] == 10000000000000000000ull);
+  assert_true(q.hashes[2] == 1);
+  kvbm__rj_request_free(&q);
   assert_int_equal(parse("{\"token_ids\":[]}", &q), KVBM_OK);
   assert_true(q.has_tokens);
   assert_int_equal(q.num_tokens, 0);
@@ -195,6 +201,11 @@ static void test_json_bad(void **state) {
       {"{\"token_ids\":[1,]}", KVBM_EFORMAT},
       {"{\"token_ids\":[1.0]}", KVBM_EFORMAT},
       {"{\"token_ids\":[1e2]}", KVBM_EFORMAT},
+      {"{\"token_ids\":[12E2]}", KVBM_EFORMAT},
+      {"{\"token_ids\":[99.5]}", KVBM_EFORMAT},
+      {"{\"token_ids\":[9999999999]}", KVBM_ERANGE},
+      {"{\"block_hashes\":[99999999999999999999]}", KVBM_ERANGE},
+      {"{\"token_ids\":[12x]}", KVBM_EFORMAT},
       {"{\"token_ids\":[-1]}", KVBM_ERANGE},
       {"{\"token_ids\":[4294967296]}", KVBM_ERANGE},
       {"{\"block_hashes\":[18446744073709551616]}", KVBM_ERANGE},
