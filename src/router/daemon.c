@@ -257,15 +257,37 @@ static bool out_append(http_state *h, conn *c, const char *a, size_t an, const c
   return true;
 }
 
+/* Appends s to the head being built at p (bounded by end). */
+static char *put(char *p, const char *end, const char *s) {
+  while (*s && p < end) *p++ = *s++;
+  return p;
+}
+
+/* Appends v in decimal. */
+static char *put_num(char *p, const char *end, size_t v) {
+  char digits[24], *d = digits + sizeof digits;
+  *--d = 0;
+  do *--d = (char)('0' + v % 10);
+  while ((v /= 10) && d > digits);
+  return put(p, end, d);
+}
+
 static void reply(http_state *h, conn *c, int status, const char *body, size_t len, bool close,
                   const char *extra) {
+  /* every answer has one: assembled by hand (snprintf cost as much as
+   * the rest of the transport of a /health answer) */
   char head[256];
-  int n = snprintf(head, sizeof head,
-                   "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                   "Connection: %s\r\n%s\r\n",
-                   status, kvbm__http_reason(status), len, close ? "close" : "keep-alive",
-                   extra ? extra : "");
-  if (out_append(h, c, head, (size_t)n, body, len) && close) c->closing = true;
+  const char *end = head + sizeof head;
+  char *p = put(head, end, "HTTP/1.1 ");
+  p = put_num(p, end, (size_t)status);
+  p = put(p, end, " ");
+  p = put(p, end, kvbm__http_reason(status));
+  p = put(p, end, "\r\nContent-Type: application/json\r\nContent-Length: ");
+  p = put_num(p, end, len);
+  p = put(p, end, close ? "\r\nConnection: close\r\n" : "\r\nConnection: keep-alive\r\n");
+  p = put(p, end, extra ? extra : "");
+  p = put(p, end, "\r\n");
+  if (out_append(h, c, head, (size_t)(p - head), body, len) && close) c->closing = true;
 }
 
 static void reply_error(http_state *h, conn *c, int status, const char *msg, bool close,
@@ -283,7 +305,18 @@ static void reply_error(http_state *h, conn *c, int status, const char *msg, boo
 /* ------------------------------------------------------------- handlers */
 
 /* The limits, and what they refused, cut, timed out or evicted: the
- * "http", "requests" and (approximate mode) "approx" members of /health. */
+ * "http", "requests" and (approximate mode) "approx" members of /health.
+ * Many counters on every /health: appended without a format string. */
+typedef struct counter {
+  const char *key; /* ,"name": */
+  uint64_t v;
+} counter;
+
+static void health_object(rj_buf *b, const char *name, const counter *f, size_t n) {
+  for (size_t i = 0; i < n; i++) kvbm__rj_u64(b, i ? f[i].key : name, f[i].v);
+  kvbm__rj_printf(b, "}");
+}
+
 static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
   http_state *h = d->http;
   size_t in = 0, out = 0;
@@ -291,30 +324,44 @@ static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
     in += h->c[i].in_len - h->c[i].in_off;
     out += h->c[i].out_len - h->c[i].out_off;
   }
-  kvbm__rj_printf(b,
-            ",\"http\":{\"connections\":%zu,\"max_connections\":%zu,\"accepted\":%" PRIu64
-            ",\"refused_busy\":%" PRIu64 ",\"refused_no_fd\":%" PRIu64
-            ",\"accept_pauses\":%" PRIu64 ",\"read_timeouts\":%" PRIu64
-            ",\"write_timeouts\":%" PRIu64 ",\"turns_cut\":%" PRIu64
-            ",\"buffered_in\":%zu,\"buffered_out\":%zu,\"out_peak\":%zu,\"out_limit\":%d}",
-            h->nc, d->cfg.max_connections, h->conns, h->refused_busy, h->refused_no_fd,
-            h->accept_pauses, h->read_timeouts, h->write_timeouts, h->turns_cut, in, out,
-            h->out_peak, OUT_SOFT);
-  kvbm__rj_printf(b,
-            ",\"requests\":{\"active\":%zu,\"max\":%zu,\"expired\":%" PRIu64
-            ",\"evicted\":%" PRIu64 "}",
-            h->rlive, d->cfg.max_active_requests, h->req_expired, h->req_evicted);
-  if (d->approx) {
-    kvbm_approx_stats a;
-    kvbm_approx_stats_get(d->approx, &a);
-    kvbm__rj_printf(b,
-              ",\"approx\":{\"records\":%" PRIu64 ",\"blocks\":%" PRIu64
-              ",\"max_blocks_per_worker\":%zu,\"max_worker_blocks\":%" PRIu64
-              ",\"recorded\":%" PRIu64 ",\"expired\":%" PRIu64 ",\"evicted_records\":%" PRIu64
-              ",\"evicted_blocks\":%" PRIu64 ",\"truncated_blocks\":%" PRIu64 "}",
-              a.records, a.blocks, d->cfg.approx_max_blocks, a.max_worker_blocks, a.recorded,
-              a.expired, a.evicted_records, a.evicted_blocks, a.truncated_blocks);
-  }
+  const counter http[] = {
+      {NULL, h->nc},
+      {",\"max_connections\":", d->cfg.max_connections},
+      {",\"accepted\":", h->conns},
+      {",\"refused_busy\":", h->refused_busy},
+      {",\"refused_no_fd\":", h->refused_no_fd},
+      {",\"accept_pauses\":", h->accept_pauses},
+      {",\"read_timeouts\":", h->read_timeouts},
+      {",\"write_timeouts\":", h->write_timeouts},
+      {",\"turns_cut\":", h->turns_cut},
+      {",\"buffered_in\":", in},
+      {",\"buffered_out\":", out},
+      {",\"out_peak\":", h->out_peak},
+      {",\"out_limit\":", OUT_SOFT},
+  };
+  health_object(b, ",\"http\":{\"connections\":", http, sizeof http / sizeof http[0]);
+  const counter req[] = {
+      {NULL, h->rlive},
+      {",\"max\":", d->cfg.max_active_requests},
+      {",\"expired\":", h->req_expired},
+      {",\"evicted\":", h->req_evicted},
+  };
+  health_object(b, ",\"requests\":{\"active\":", req, sizeof req / sizeof req[0]);
+  if (!d->approx) return;
+  kvbm_approx_stats a;
+  kvbm_approx_stats_get(d->approx, &a);
+  const counter ap[] = {
+      {NULL, a.records},
+      {",\"blocks\":", a.blocks},
+      {",\"max_blocks_per_worker\":", d->cfg.approx_max_blocks},
+      {",\"max_worker_blocks\":", a.max_worker_blocks},
+      {",\"recorded\":", a.recorded},
+      {",\"expired\":", a.expired},
+      {",\"evicted_records\":", a.evicted_records},
+      {",\"evicted_blocks\":", a.evicted_blocks},
+      {",\"truncated_blocks\":", a.truncated_blocks},
+  };
+  health_object(b, ",\"approx\":{\"records\":", ap, sizeof ap / sizeof ap[0]);
 }
 
 static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
@@ -628,6 +675,8 @@ static int conn_write(conn *c) {
 /* One connection's share of a wake-up; false when it is to go. */
 static bool conn_turn(kvbm_router_daemon *d, conn *c, short re) {
   http_state *h = d->http;
+  if (!re && !c->backlog) /* nothing happened to it: only a deadline can have passed */
+    if (h->now <= (c->out_len ? c->wdeadline_ns : c->deadline_ns)) return true;
   if (re & (POLLERR | POLLNVAL)) return false;
   if (c->out_len) {
     if ((re & (POLLOUT | POLLHUP)) && conn_write(c) < 0) return false;

@@ -342,6 +342,34 @@ void kvbm__rj_printf(rj_buf *b, const char *fmt, ...) {
   }
 }
 
+static bool reserve(rj_buf *b, size_t n) {
+  if (b->oom) return false;
+  if (b->cap - b->len > n) return true;
+  size_t nc = b->cap ? b->cap * 2 : 4096;
+  while (nc - b->len <= n) nc *= 2;
+  char *np = realloc(b->p, nc);
+  if (!np) {
+    b->oom = true;
+    return false;
+  }
+  b->p = np;
+  b->cap = nc;
+  return true;
+}
+
+void kvbm__rj_u64(rj_buf *b, const char *text, uint64_t v) {
+  size_t tn = strlen(text);
+  if (!reserve(b, tn + 21)) return;
+  memcpy(b->p + b->len, text, tn);
+  b->len += tn;
+  char digits[20];
+  int k = 0;
+  do digits[k++] = (char)('0' + v % 10);
+  while ((v /= 10));
+  while (k) b->p[b->len++] = digits[--k];
+  b->p[b->len] = 0;
+}
+
 void kvbm__rj_string(rj_buf *b, const char *s) {
   kvbm__rj_printf(b, "\"");
   for (; *s; s++) {

@@ -51,6 +51,9 @@ void kvbm__rj_printf(rj_buf *b, const char *fmt, ...)
     ;
 /* Appends s as a JSON string (quoted, escaped). */
 void kvbm__rj_string(rj_buf *b, const char *s);
+/* Appends `text` verbatim, then v in decimal: kvbm__rj_u64(b, ",\"n\":", 5)
+ * gives ,"n":5. For answers made of many counters: no format parsing. */
+void kvbm__rj_u64(rj_buf *b, const char *text, uint64_t v);
 void kvbm__rj_buf_free(rj_buf *b);
 
 #endif
