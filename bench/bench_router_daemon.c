@@ -13,7 +13,7 @@
  *          request). Prints requests/s, p50 and p99 per probe, and the
  *          router's CPU time per answer (user + system, from /proc: less
  *          sensitive than the rate to what else the machine runs).
- *   soak (--soak): the router in approximate mode, 16 measured /route
+ *   soak (--soak): the router in approximate mode (--io-timeout 2), 16 measured /route
  *          clients (never sending /done), three phases of --seconds each:
  *          unloaded; loaded, the measured clients next to hostile ones;
  *          after, the hostile ones gone. The hostile mix:
@@ -146,9 +146,11 @@ static bool router_start(router *r, const char *kvbm, int workers, bool approx) 
     argv[k++] = "--worker";
     argv[k++] = wid[w];
   }
-  if (approx) {
+  if (approx) { /* the soak: slow clients lose their slots within a phase */
     argv[k++] = "--approx-ttl";
     argv[k++] = "600";
+    argv[k++] = "--io-timeout";
+    argv[k++] = "2";
   }
   argv[k] = NULL;
   r->pid = fork();
