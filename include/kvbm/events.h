@@ -113,6 +113,11 @@ typedef struct kvbm_event_batch {
   uint64_t lost_before;        /* subscriber: batches missing just before
                                 * this one that replay could not recover */
   bool replayed;               /* subscriber: came through the replay socket */
+  bool reset;                  /* subscriber: this batch starts a new stream
+                                * (the engine restarted, or the stream was
+                                * re-synced after a jump; see kvbm_seq_check):
+                                * forget what this source sent before it.
+                                * kvbm_index_apply_batch honours it. */
 } kvbm_event_batch;
 
 /* Writes `ev` as one JSON object (no newline) into buf, NUL-terminated;
@@ -148,6 +153,12 @@ typedef struct kvbm_event_decoder kvbm_event_decoder;
 KVBM_EXTERN int kvbm_event_decoder_create(kvbm_event_decoder **out, kvbm_error *err);
 KVBM_EXTERN void kvbm_event_decoder_destroy(kvbm_event_decoder *dec); /* NULL is a no-op */
 
+/* Bytes the decoder keeps between calls (its arenas). A decode whose
+ * payload needs far less than an arena holds gives the arena back first,
+ * so one oversized message does not pin its memory: arenas above 256 KiB
+ * shrink to what the next payload can need. */
+KVBM_EXTERN size_t kvbm_event_decoder_footprint(const kvbm_event_decoder *dec);
+
 /* Decodes one payload. On success fills *out (its seq set to `seq`); the
  * arrays it points to belong to the decoder and stay valid until its next
  * decode or free. On bad input returns KVBM_EFORMAT (bad msgpack, a wrong
@@ -159,6 +170,91 @@ KVBM_EXTERN void kvbm_event_decoder_destroy(kvbm_event_decoder *dec); /* NULL is
  * multiple of len. */
 KVBM_EXTERN int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
                       uint64_t seq, kvbm_event_batch *out, kvbm_error *err);
+
+/* ------------------------------------------------------- sequence rules */
+
+/* A stream's batch numbers (vLLM's sequence frame, kvbm's Kvbm-Seq header)
+ * are not trusted blindly: an engine that restarts begins again at 0, and
+ * one message with a huge number must not make every later batch look
+ * old. A tracker classifies each number it is shown:
+ *
+ *   NEXT       the batch due: take it.
+ *   GAP        ahead by at most max_gap: [kvbm_seq_next(), seq) are
+ *              missing; replay them if you can, then take this one.
+ *   DUPLICATE  already taken (or given up as lost): skip it.
+ *   RESTART    the stream went back: a new stream starts with this batch
+ *              (forget what the source sent before; take it).
+ *   HOLD       ahead by more than max_gap: not a new high-water mark. Keep
+ *              the batch aside (or drop it); if `confirm` batches in a row
+ *              continue it, the last of them is RESYNC.
+ *   RESYNC     the held batches and this one continue one another: a new
+ *              stream starts at the first held one (forget the old; take
+ *              the held ones, then this one).
+ *
+ * A HOLD followed by anything else makes the held batches void: the call
+ * stores their number in *discard and the caller drops them (they were a
+ * stray number, not the stream).
+ *
+ * `live` says whether the numbers come from the live stream only (a PUB
+ * socket or a NATS subject, which never go back by themselves: any step
+ * back is a restart) or from a mix where repeats are normal (a live stream
+ * and its replays fed to one consumer: only a step back of more than
+ * max_gap is a restart; nearer ones are told by a batch's `reset` flag).
+ *
+ * The tracker is a plain value (no allocation, no locks): one per stream,
+ * used by one thread at a time. */
+typedef struct kvbm_seq_rules {
+  uint64_t max_gap;  /* a jump ahead of at most this many batches is a gap
+                      * (default 100000) */
+  uint32_t confirm;  /* batches in a row past a bigger jump that make it a
+                      * new stream (default 3; 1 = at once) */
+} kvbm_seq_rules;
+
+KVBM_EXTERN kvbm_seq_rules kvbm_seq_rules_default(void);
+
+typedef enum kvbm_seq_verdict {
+  KVBM_SEQ_NEXT = 0,
+  KVBM_SEQ_GAP = 1,
+  KVBM_SEQ_DUPLICATE = 2,
+  KVBM_SEQ_RESTART = 3,
+  KVBM_SEQ_HOLD = 4,
+  KVBM_SEQ_RESYNC = 5,
+} kvbm_seq_verdict;
+
+/* The tracker's state; read it through the functions below. */
+typedef struct kvbm_seq_tracker {
+  kvbm_seq_rules rules;
+  bool started, have_live;
+  uint64_t next;      /* the batch due */
+  uint64_t floor;     /* where the current stream began (for us) */
+  uint64_t live_last; /* the last live number that belonged to the stream */
+  uint32_t held;      /* HOLD batches kept aside */
+  uint64_t held_first, held_next;
+} kvbm_seq_tracker;
+
+/* A tracker that has seen nothing (rules NULL: the defaults). A zero
+ * max_gap or confirm is taken as the default. */
+KVBM_EXTERN void kvbm_seq_init(kvbm_seq_tracker *t, const kvbm_seq_rules *rules);
+
+/* Starts the stream at `first` before any number is seen (a late joiner
+ * that asks for replay from there). */
+KVBM_EXTERN void kvbm_seq_start(kvbm_seq_tracker *t, uint64_t first);
+
+/* Classifies `seq` (see above) and moves the tracker; *discard (not NULL)
+ * receives how many held batches became void. Take NEXT, GAP, RESTART and
+ * RESYNC batches with kvbm_seq_take, in order. */
+KVBM_EXTERN kvbm_seq_verdict kvbm_seq_check(kvbm_seq_tracker *t, uint64_t seq, bool live,
+                                uint32_t *discard);
+
+/* Records that batch `seq` was taken (delivered, applied); returns how many
+ * batches before it were never taken (lost). */
+KVBM_EXTERN uint64_t kvbm_seq_take(kvbm_seq_tracker *t, uint64_t seq);
+
+/* The batch due next (the start of a GAP's missing range); 0 before any. */
+KVBM_EXTERN uint64_t kvbm_seq_next(const kvbm_seq_tracker *t);
+
+/* A verdict's name ("next", "gap", ...). */
+KVBM_EXTERN const char *kvbm_seq_verdict_name(kvbm_seq_verdict v);
 
 /* ------------------------------------------------------------- publisher */
 
@@ -302,8 +398,20 @@ typedef struct kvbm_subscriber_config {
   int64_t start_seq;            /* -1: start at the first batch received;
                                  * >= 0: the first batch wanted (a late
                                  * joiner asks the replay socket at once) */
-  int replay_timeout_ms;        /* wait for one replay reply (default 1000) */
-  size_t max_payload;           /* larger messages are refused (64 MiB) */
+  int replay_timeout_ms;        /* a whole replay (request to end marker)
+                                 * must be over within this; what came by
+                                 * then is used, the rest counted lost
+                                 * (default 2000) */
+  size_t max_payload;           /* larger messages are refused (2 MiB); a
+                                 * live one is cut by libzmq (ZMQ_MAXMSGSIZE)
+                                 * before it is stored, and shows as a gap */
+  size_t max_queue_bytes;       /* the byte budget: the socket queues at most
+                                 * max_queue_bytes / 2 / max_payload messages
+                                 * (>= 1) and the subscriber keeps at most
+                                 * max_queue_bytes / 2 bytes of replayed or
+                                 * held batches; more is dropped and counted
+                                 * (default 64 MiB; >= 2 * max_payload) */
+  kvbm_seq_rules seq;           /* see kvbm_seq_check (zeros: defaults) */
 } kvbm_subscriber_config;
 
 KVBM_EXTERN kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint);
@@ -313,10 +421,16 @@ KVBM_EXTERN int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_
 KVBM_EXTERN void kvbm_subscriber_destroy(kvbm_subscriber *sub); /* NULL is a no-op */
 
 /* Returns the next batch in sequence order. When a live batch's sequence
- * number jumps ahead, the subscriber asks the replay socket for the missing
- * ones and returns them first (replayed = true); what replay cannot give
- * is reported in lost_before. Duplicates (seq below the next expected) are
- * skipped. The batch stays valid until the next call or free.
+ * number jumps ahead (by at most seq.max_gap), the subscriber asks the
+ * replay socket for the missing ones and returns them first (replayed =
+ * true); only replies inside the missing range, in increasing order, are
+ * taken, and what replay cannot give within replay_timeout_ms is reported
+ * in lost_before. Duplicates are skipped. A live number that goes back
+ * starts a new stream (the engine restarted): that batch has reset = true.
+ * A number further ahead than seq.max_gap is held aside, not believed,
+ * until seq.confirm batches in a row continue it (then they come with
+ * reset = true on the first); a stray one is dropped and counted (jumps).
+ * The batch stays valid until the next call or free.
  * Returns KVBM_OK, KVBM_ETIMEDOUT (nothing within timeout_ms; < 0 waits
  * forever), or, for a malformed message (wrong frame count, a sequence
  * frame not 8 bytes, a payload that does not decode, one over
@@ -346,6 +460,16 @@ typedef struct kvbm_subscriber_stats {
   uint64_t bad_seq;         /* sequence frame not 8 bytes */
   uint64_t bad_payload;     /* payload did not decode */
   uint64_t too_large;       /* payload over max_payload */
+  uint64_t resets;          /* new streams: restarts and re-syncs */
+  uint64_t jumps;           /* batches held past a jump and dropped */
+  uint64_t replay_refused;  /* replay replies outside the asked range or
+                             * out of order, ignored */
+  uint64_t overflow;        /* batches dropped for the byte budget */
+  uint64_t reconnects;      /* connections ended (the engine went away, or
+                             * sent a frame over max_payload) and dialled
+                             * again (connect mode) */
+  uint64_t queued_bytes;    /* bytes of batches held now */
+  uint64_t peak_bytes;      /* the most ever held */
 } kvbm_subscriber_stats;
 KVBM_EXTERN void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subscriber_stats *out);
 

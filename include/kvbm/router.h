@@ -80,6 +80,8 @@ typedef struct kvbm_index_config {
                                 grown as needed (16384) */
   kvbm_index_gap_fn on_gap;  /* optional */
   void *gap_user;
+  kvbm_seq_rules seq;        /* how ids are judged (kvbm_seq_check; zeros:
+                                the defaults) */
 } kvbm_index_config;
 
 KVBM_EXTERN kvbm_index_config kvbm_index_config_default(void);
@@ -103,9 +105,14 @@ KVBM_EXTERN int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key worker, u
 KVBM_EXTERN int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key worker);
 
 /* Applies one event of `worker` (added when unknown). `id` orders the
- * worker's input: the first id seen starts the count; an id below the next
- * expected one is a duplicate and skipped (KVBM_OK, counted); one above is a
- * gap (on_gap is called, the event is applied). KVBM_INDEX_NO_ID skips the
+ * worker's input by the sequence rules (kvbm_seq_check, as for input that
+ * mixes live and replayed batches): the first id seen starts the count; an
+ * id a little below the next expected one is a duplicate and skipped
+ * (KVBM_OK, counted); one above by at most seq.max_gap is a gap (on_gap is
+ * called, the event is applied); one further back is a restart (the
+ * worker's blocks are forgotten first, counted in `resets`); one further
+ * ahead is skipped (counted in `jumps`) unless seq.confirm ids in a row
+ * continue it, which counts as a restart. KVBM_INDEX_NO_ID skips the
  * check. Errors (nothing changed): KVBM_EINVAL for an unknown event type,
  * a STORED whose token count is not blocks x block size when recompute
  * needs them, or whose block size differs from the index's in recompute
@@ -117,8 +124,10 @@ KVBM_EXTERN int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64
                      const kvbm_event *ev, kvbm_error *err);
 
 /* Applies a batch: one id check on batch->seq, then every event (worker's
- * dp_rank is taken from the batch when it has one). Stops at the first
- * event in error and returns its status; earlier events stay applied. */
+ * dp_rank is taken from the batch when it has one). A batch with `reset`
+ * (a new stream: kvbm_subscriber) first forgets every rank of worker_id,
+ * blocks and ids (counted in `resets`). Stops at the first event in error
+ * and returns its status; earlier events stay applied. */
 KVBM_EXTERN int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id,
                            const kvbm_event_batch *batch, kvbm_error *err);
 
@@ -158,6 +167,8 @@ typedef struct kvbm_index_stats {
   uint64_t stored, removed, cleared; /* blocks stored/removed, clears */
   uint64_t duplicates;      /* events or batches skipped by id */
   uint64_t gaps;            /* id jumps */
+  uint64_t resets;          /* restarts: batches with reset, ids gone back */
+  uint64_t jumps;           /* ids too far ahead, skipped */
   uint64_t unknown_removed; /* removes of blocks not held */
   uint64_t orphans;         /* recompute: blocks under an unknown parent */
   uint64_t entries;         /* blocks held: distinct hashes per worker, summed */

@@ -326,6 +326,43 @@ void kvbm_event_decoder_destroy(kvbm_event_decoder *dec) {
   free(dec);
 }
 
+size_t kvbm_event_decoder_footprint(const kvbm_event_decoder *d) {
+  if (!d) return 0;
+  return d->ev_cap * sizeof *d->ev + d->off_cap * sizeof *d->off + d->h_cap * sizeof *d->h +
+         d->t_cap * sizeof *d->t + d->s_cap * sizeof *d->s;
+}
+
+/* Arenas up to this size stay between decodes whatever comes next. */
+#define ARENA_KEEP ((size_t)256 << 10)
+
+/* Whether an arena of cap elements of `size` bytes is larger than
+ * ARENA_KEEP and more than four times what a payload of `len` bytes can
+ * need from it (one element per `div` payload bytes at most: an event
+ * takes >= 13 bytes, a hash, a token or a string byte >= 1). Such an arena
+ * is given back before the decode: one oversized message does not pin its
+ * memory, while a stream of similar messages keeps its arenas and
+ * allocates nothing. */
+static bool oversized(size_t cap, size_t size, size_t len, size_t div) {
+  return cap * size > ARENA_KEEP && cap > 4 * (len / div + 64);
+}
+
+#define SHRINK(arr, cap, len, div)                           \
+  do {                                                       \
+    if (oversized((cap), sizeof *(arr), (len), (div))) {     \
+      free(arr);                                             \
+      (arr) = NULL;                                          \
+      (cap) = 0;                                             \
+    }                                                        \
+  } while (0)
+
+static void shrink_all(kvbm_event_decoder *d, size_t len) {
+  SHRINK(d->ev, d->ev_cap, len, 13);
+  SHRINK(d->off, d->off_cap, len, 13);
+  SHRINK(d->h, d->h_cap, len, 1);
+  SHRINK(d->t, d->t_cap, len, 1);
+  SHRINK(d->s, d->s_cap, len, 1);
+}
+
 /* Returns p grown to hold `need` (at least 1) elements of `size` bytes,
  * updating *cap; NULL (p untouched) when memory runs out. */
 static void *reserve(void *p, size_t *cap, size_t need, size_t size) {
@@ -745,6 +782,7 @@ int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
   if (!dec || !out || (!data && len))
     return kvbm_error_set(err, KVBM_EINVAL, "events: decode: NULL argument");
   dec->ev_n = dec->h_n = dec->t_n = dec->s_n = 0;
+  shrink_all(dec, len);
   memset(out, 0, sizeof *out);
   dctx c = {.r = {data, (const uint8_t *)data + len}, .d = dec, .err = err};
   if (len == 0) return kvbm_error_set(err, KVBM_ETRUNCATED, "events: decode: empty payload");

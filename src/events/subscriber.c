@@ -1,65 +1,85 @@
 /*
  * subscriber.c: reads an engine's ZMQ event stream in sequence order,
- * recovering gaps through its replay socket.
+ * recovering gaps through its replay socket, within a byte budget.
  *
- * State: `expected`, the next sequence number wanted. A live message with
- * that number is decoded straight from the ZMQ frame (no copy). A lower one
- * is a duplicate (already delivered, e.g. by replay) and skipped. A higher
- * one is a gap: the subscriber sends the replay ROUTER [ "", expected ] on a
- * DEALER socket (the ROUTER sees [identity, "", expected], as from vLLM's
- * REQ clients) and reads [ "", seq, payload ] replies until the end marker
- * (seq -1); the replies, then the live message, go to a FIFO of copies that
- * later calls return in order. Whatever replay did not cover is reported as
- * `lost_before` on the next batch delivered. A subscriber created with
- * start_seq >= 0 asks for replay before its first live message (a late
- * joiner); messages that arrive meanwhile are sorted out by the same rules.
+ * Order. Every live sequence number goes through the stream's sequence
+ * rules (seq.c, kvbm_seq_check): the batch due is decoded straight from
+ * the ZMQ frame (no copy); a repeat is skipped; a step back is a restarted
+ * engine, delivered at once with reset = true; a step forward within
+ * max_gap is a gap, for which the replay ROUTER is asked (replay.c: only
+ * the missing range, in order, within one deadline and the byte budget)
+ * and the replies, then the live batch, go to a FIFO of copies that later
+ * calls return in order; a bigger step forward is held aside (copies) and
+ * believed only when `confirm` batches in a row continue it. Whatever
+ * replay did not cover is reported as `lost_before` on the next batch
+ * delivered. A subscriber created with start_seq >= 0 asks for replay
+ * before its first live message (a late joiner).
  *
- * A reply that does not come within replay_timeout_ms, or a malformed one,
- * abandons that replay: the DEALER is closed and made anew, so late replies
- * to the abandoned request cannot be mistaken for the next one's.
+ * Memory. libzmq bounds its queue in messages, not bytes, so the budget
+ * is split: the SUB socket may queue max_queue_bytes / 2 / max_payload
+ * messages (ZMQ_RCVHWM) of at most max_payload bytes each (ZMQ_MAXMSGSIZE:
+ * a bigger frame makes libzmq drop the connection before storing it; the
+ * batch then shows as a gap), and the FIFO plus the held batches keep at
+ * most max_queue_bytes / 2. A full SUB queue pushes back on the TCP
+ * connection, so a flood is dropped at the publisher (whose PUB never
+ * blocks) and seen here as gaps, not stored here. Known limit: libzmq
+ * stores a multipart message whole whatever its number of frames, so the
+ * bound assumes the three frames of vLLM's wire.
  *
  * Malformed live messages (frame count, sequence frame size, payload size,
  * payload content) are counted by kind and returned as errors: one call,
  * one message; the stream goes on with the next call.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <zmq.h>
 
+#include "common/clock.h"
+#include "events/replay.h"
 #include "events/sink.h"
-#include "kvbm/events.h"
 #include "events/zframes.h"
+#include "kvbm/events.h"
 
 typedef struct pend {
   uint64_t seq;
   uint8_t *data;
   size_t len;
-  bool replayed;
+  bool replayed, reset;
 } pend;
+
+#define MAX_CONFIRM 64
 
 struct kvbm_subscriber {
   kvbm_subscriber_config o;
   char *endpoint, *replay_endpoint, *topic;
   void *zctx, *sub, *dealer;
+  void *monitor;    /* connect mode: the SUB's disconnect events */
   kvbm_event_decoder *dec;
-  bool joined, have_expected;
-  uint64_t expected;
+  bool joined;
+  kvbm_seq_tracker seq;
   pend *q;          /* FIFO: q[qh..qn) */
-  size_t qh, qn, qcap, qbytes;
+  size_t qh, qn, qcap;
+  pend held[MAX_CONFIRM]; /* batches past a jump, not believed yet */
+  uint32_t nheld;
+  size_t qbytes;    /* bytes in the FIFO and held */
+  size_t budget;    /* ... at most */
   zmq_msg_t cur;    /* the live payload last returned */
   bool cur_open;
   uint8_t *cur_buf; /* or the pending copy last returned */
   kvbm_subscriber_stats st;
 };
 
-#define MAX_PENDING ((size_t)1 << 20)
+#define FIFO_KEEP 1024 /* entries an empty FIFO may keep allocated */
 
 kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint) {
   return (kvbm_subscriber_config){.endpoint = endpoint, .bind = false, .topic = NULL,
                                    .replay_endpoint = NULL, .start_seq = -1,
-                                   .replay_timeout_ms = 1000, .max_payload = (size_t)64 << 20};
+                                   .replay_timeout_ms = 2000, .max_payload = (size_t)2 << 20,
+                                   .max_queue_bytes = (size_t)64 << 20,
+                                   .seq = kvbm_seq_rules_default()};
 }
 
 static char *dup_or_null(const char *s, bool *oom) {
@@ -69,15 +89,25 @@ static char *dup_or_null(const char *s, bool *oom) {
   return d;
 }
 
+static void drop_held(kvbm_subscriber *s) {
+  for (uint32_t i = 0; i < s->nheld; i++) {
+    s->qbytes -= s->held[i].len;
+    free(s->held[i].data);
+  }
+  s->nheld = 0;
+}
+
 void kvbm_subscriber_destroy(kvbm_subscriber *s) {
   if (!s) return;
   int zero = 0;
   if (s->cur_open) zmq_msg_close(&s->cur);
+  if (s->monitor) zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero), zmq_close(s->monitor);
   if (s->sub) zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero), zmq_close(s->sub);
-  if (s->dealer) zmq_setsockopt(s->dealer, ZMQ_LINGER, &zero, sizeof zero), zmq_close(s->dealer);
+  kvbm__replay_close(&s->dealer);
   if (s->zctx) zmq_ctx_term(s->zctx);
   for (size_t i = s->qh; i < s->qn; i++) free(s->q[i].data);
   free(s->q);
+  drop_held(s);
   free(s->cur_buf);
   kvbm_event_decoder_destroy(s->dec);
   free(s->endpoint);
@@ -86,22 +116,75 @@ void kvbm_subscriber_destroy(kvbm_subscriber *s) {
   free(s);
 }
 
-int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber **out,
-                        kvbm_error *err) {
-  if (!opts || !out || !opts->endpoint || !*opts->endpoint)
+static int check_options(const kvbm_subscriber_config *o, kvbm_error *err) {
+  if (!o->endpoint || !*o->endpoint)
     return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: no endpoint");
-  if (opts->start_seq < -1 || opts->replay_timeout_ms < 0 || opts->max_payload == 0)
+  if (o->start_seq < -1 || o->replay_timeout_ms < 0 || o->max_payload == 0)
     return kvbm_error_set(err, KVBM_EINVAL,
                           "events: subscriber: start_seq < -1, negative replay timeout or "
                           "zero max_payload");
+  if (o->max_payload > INT64_MAX || o->max_queue_bytes / 2 < o->max_payload)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "events: subscriber: max_queue_bytes (%zu) must be at least twice "
+                          "max_payload (%zu)",
+                          o->max_queue_bytes, o->max_payload);
+  if (o->seq.confirm > MAX_CONFIRM)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: seq.confirm %u is above %d",
+                          o->seq.confirm, MAX_CONFIRM);
+  return KVBM_OK;
+}
+
+/* The SUB socket's share of the budget: max_queue_bytes / 2 in messages
+ * of at most max_payload bytes (see the top of the file). */
+static void limit_socket(kvbm_subscriber *s) {
+  size_t msgs = s->o.max_queue_bytes / 2 / s->o.max_payload;
+  int hwm = msgs > INT_MAX ? INT_MAX : (int)msgs;
+  int64_t maxmsg = (int64_t)s->o.max_payload;
+  zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+}
+
+/* libzmq ends a connection whose peer breaks the protocol, a frame over
+ * ZMQ_MAXMSGSIZE included, and a connecting socket does not dial again
+ * after that (it does after a network error): one oversized batch would
+ * leave the subscriber deaf to its engine for good. So in connect mode a
+ * monitor reports every disconnect, and the subscriber dials again itself
+ * (redial). */
+static int watch_disconnects(kvbm_subscriber *s) {
+  static const char addr[] = "inproc://kvbm-subscriber-monitor"; /* one per context */
+  if (zmq_socket_monitor(s->sub, addr, ZMQ_EVENT_DISCONNECTED) < 0) return -1;
+  s->monitor = zmq_socket(s->zctx, ZMQ_PAIR);
+  if (!s->monitor || zmq_connect(s->monitor, addr) < 0) return -1;
+  return 0;
+}
+
+/* Reads the monitor's events; a disconnect makes the SUB dial again. */
+static void redial(kvbm_subscriber *s) {
+  for (;;) {
+    zmq_msg_t f[3];
+    int n = ev_zframes_recv(s->monitor, f);
+    if (n == 0) return;
+    for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&f[i]);
+    s->st.reconnects++;
+    zmq_disconnect(s->sub, s->endpoint);
+    zmq_connect(s->sub, s->endpoint);
+  }
+}
+
+int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber **out,
+                        kvbm_error *err) {
+  if (!opts || !out) return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: no options");
+  int rc = check_options(opts, err);
+  if (rc) return rc;
   kvbm_subscriber *s = calloc(1, sizeof *s);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "events: subscriber: out of memory");
   s->o = *opts;
+  s->budget = opts->max_queue_bytes / 2;
+  kvbm_seq_init(&s->seq, &opts->seq);
   bool oom = false;
   s->endpoint = dup_or_null(opts->endpoint, &oom);
   s->replay_endpoint = dup_or_null(opts->replay_endpoint, &oom);
   s->topic = dup_or_null(opts->topic ? opts->topic : "", &oom);
-  int rc;
   if (oom) {
     rc = kvbm_error_set(err, KVBM_ENOMEM, "events: subscriber: out of memory");
     goto fail;
@@ -113,12 +196,16 @@ int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber *
     rc = kvbm_error_set(err, KVBM_EIO, "events: subscriber: zmq: %s", zmq_strerror(errno));
     goto fail;
   }
-  int hwm = 1000000;
-  zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  limit_socket(s);
   zmq_setsockopt(s->sub, ZMQ_SUBSCRIBE, s->topic, strlen(s->topic));
   if ((opts->bind ? zmq_bind(s->sub, s->endpoint) : zmq_connect(s->sub, s->endpoint)) < 0) {
     rc = kvbm_error_set(err, KVBM_EIO, "events: subscriber: %s %s: %s",
                         opts->bind ? "bind" : "connect", s->endpoint, zmq_strerror(errno));
+    goto fail;
+  }
+  if (!opts->bind && watch_disconnects(s)) {
+    rc = kvbm_error_set(err, KVBM_EIO, "events: subscriber: socket monitor: %s",
+                        zmq_strerror(errno));
     goto fail;
   }
   *out = s;
@@ -129,15 +216,34 @@ fail:
 }
 
 void kvbm_subscriber_stats_get(const kvbm_subscriber *s, kvbm_subscriber_stats *out) {
-  if (s && out) *out = s->st;
+  if (!s || !out) return;
+  *out = s->st;
+  out->queued_bytes = s->qbytes;
 }
 
 /* -------------------------------------------------------------- pending */
 
-static int push_pending(kvbm_subscriber *s, uint64_t seq, const void *data, size_t len,
-                        bool replayed) {
-  if (s->qn - s->qh >= MAX_PENDING || s->qbytes + len > 16 * s->o.max_payload)
-    return KVBM_ENOSPC;
+static void count_bytes(kvbm_subscriber *s, size_t len) {
+  s->qbytes += len;
+  if (s->qbytes > s->st.peak_bytes) s->st.peak_bytes = s->qbytes;
+}
+
+/* A copy of a payload, charged to the budget; NULL when it does not fit
+ * (counted: overflow) or memory ran out. */
+static uint8_t *copy_in(kvbm_subscriber *s, const void *data, size_t len) {
+  if (len > s->budget - s->qbytes) {
+    s->st.overflow++;
+    return NULL;
+  }
+  uint8_t *copy = malloc(len ? len : 1);
+  if (!copy) return NULL;
+  if (len) memcpy(copy, data, len);
+  count_bytes(s, len);
+  return copy;
+}
+
+/* Makes room for one more FIFO entry. */
+static int fifo_slot(kvbm_subscriber *s) {
   if (s->qh > 0 && s->qn == s->qcap) { /* slide down before growing */
     memmove(s->q, s->q + s->qh, (s->qn - s->qh) * sizeof *s->q);
     s->qn -= s->qh;
@@ -150,87 +256,56 @@ static int push_pending(kvbm_subscriber *s, uint64_t seq, const void *data, size
     s->q = nq;
     s->qcap = nc;
   }
-  uint8_t *copy = malloc(len ? len : 1);
-  if (!copy) return KVBM_ENOMEM;
-  if (len) memcpy(copy, data, len);
-  s->q[s->qn++] = (pend){seq, copy, len, replayed};
-  s->qbytes += len;
+  return KVBM_OK;
+}
+
+static int push_pending(kvbm_subscriber *s, uint64_t seq, const void *data, size_t len,
+                        bool replayed, bool reset) {
+  if (fifo_slot(s)) return KVBM_ENOMEM;
+  uint8_t *copy = copy_in(s, data, len);
+  if (!copy) return KVBM_ENOSPC;
+  s->q[s->qn++] = (pend){seq, copy, len, replayed, reset};
   return 0;
+}
+
+/* Takes the FIFO's head; false when empty. An empty FIFO that grew large
+ * (a long replay) gives its array back. */
+static bool pop_pending(kvbm_subscriber *s, pend *p) {
+  if (s->qh == s->qn) return false;
+  *p = s->q[s->qh++];
+  s->qbytes -= p->len;
+  if (s->qh == s->qn) {
+    s->qh = s->qn = 0;
+    if (s->qcap > FIFO_KEEP) {
+      free(s->q);
+      s->q = NULL;
+      s->qcap = 0;
+    }
+  }
+  return true;
 }
 
 /* --------------------------------------------------------------- replay */
 
-static void drop_dealer(kvbm_subscriber *s) {
-  if (!s->dealer) return;
-  int zero = 0;
-  zmq_setsockopt(s->dealer, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_close(s->dealer);
-  s->dealer = NULL;
+static int take_reply(void *user, uint64_t seq, const uint8_t *data, size_t len) {
+  return push_pending(user, seq, data, len, true, false) ? 1 : 0;
 }
 
-/* Waits up to timeout_ms for one multipart message and receives it into up
- * to 3 frames; returns the frame count (all of them), or -1 on timeout. */
-static int recv_frames(void *sock, zmq_msg_t f[3], int timeout_ms) {
-  zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
-  if (zmq_poll(&it, 1, timeout_ms) <= 0) return -1;
-  int n = ev_zframes_recv(sock, f);
-  return n ? n : -1;
-}
-
-static void close_frames(zmq_msg_t f[3], int n) {
-  for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&f[i]);
-}
-
-/* Asks for every batch from `start` on and queues the replies. */
-static void replay_from(kvbm_subscriber *s, uint64_t start) {
+/* Asks for batches [from, to) and queues the replies, leaving `reserve`
+ * bytes of the budget free (for the live batch that revealed the gap). */
+static void replay_range(kvbm_subscriber *s, uint64_t from, uint64_t to, size_t reserve) {
   if (!s->replay_endpoint) return;
-  if (!s->dealer) {
-    s->dealer = zmq_socket(s->zctx, ZMQ_DEALER);
-    if (!s->dealer || zmq_connect(s->dealer, s->replay_endpoint) < 0) {
-      drop_dealer(s);
-      s->st.replay_failures++;
-      return;
-    }
-  }
-  uint8_t b[8];
-  ev_put_be64(b, start);
+  size_t room = s->budget - s->qbytes;
+  room = room > reserve ? room - reserve : 0;
+  kvbm__replay_window w;
+  kvbm__replay_window_init(&w, from, to, s->o.replay_timeout_ms, room, s->o.max_payload,
+                           kvbm_clock_ns());
+  kvbm__replay_result r;
   s->st.replay_requests++;
-  if (zmq_send(s->dealer, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(s->dealer, b, 8, 0) < 0) {
-    drop_dealer(s);
-    s->st.replay_failures++;
-    return;
-  }
-  for (;;) {
-    zmq_msg_t f[3];
-    int n = recv_frames(s->dealer, f, s->o.replay_timeout_ms);
-    if (n < 0) { /* timeout */
-      drop_dealer(s);
-      s->st.replay_failures++;
-      return;
-    }
-    bool ok = n == 3 && zmq_msg_size(&f[0]) == 0 && zmq_msg_size(&f[1]) == 8;
-    if (!ok) {
-      close_frames(f, n);
-      drop_dealer(s);
-      s->st.replay_failures++;
-      return;
-    }
-    const uint8_t *sb = zmq_msg_data(&f[1]);
-    uint64_t seq = ev_get_be64(sb);
-    if (seq == UINT64_MAX) { /* end marker: -1 */
-      close_frames(f, n);
-      return;
-    }
-    int rc = 0;
-    if (seq >= start && zmq_msg_size(&f[2]) <= s->o.max_payload)
-      rc = push_pending(s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), true);
-    close_frames(f, n);
-    if (rc) { /* no room: stop here; what is missing shows as lost */
-      drop_dealer(s);
-      s->st.replay_failures++;
-      return;
-    }
-  }
+  kvbm__replay_fetch(s->zctx, &s->dealer, s->replay_endpoint, &w, take_reply, s, &r);
+  s->st.replay_refused += r.refused;
+  if (r.failed) s->st.replay_failures++;
+  if (r.full) s->st.overflow++;
 }
 
 /* ----------------------------------------------------------------- recv */
@@ -243,11 +318,10 @@ static void release_current(kvbm_subscriber *s) {
 }
 
 static int deliver(kvbm_subscriber *s, uint64_t seq, const uint8_t *data, size_t len,
-                   bool replayed, kvbm_event_batch *out, const uint8_t **payload,
+                   bool replayed, bool reset, kvbm_event_batch *out, const uint8_t **payload,
                    size_t *plen, kvbm_error *err) {
-  uint64_t lost = seq > s->expected ? seq - s->expected : 0;
+  uint64_t lost = kvbm_seq_take(&s->seq, seq);
   s->st.lost += lost;
-  s->expected = seq + 1;
   int rc = kvbm_event_decode(s->dec, data, len, seq, out, err);
   if (rc) {
     s->st.malformed++;
@@ -256,6 +330,7 @@ static int deliver(kvbm_subscriber *s, uint64_t seq, const uint8_t *data, size_t
   }
   out->lost_before = lost;
   out->replayed = replayed;
+  out->reset = reset;
   s->st.delivered++;
   s->st.events += out->num_events;
   if (replayed) s->st.replayed++;
@@ -264,108 +339,180 @@ static int deliver(kvbm_subscriber *s, uint64_t seq, const uint8_t *data, size_t
   return KVBM_OK;
 }
 
-static int remaining_ms(const struct timespec *dl, int timeout_ms) {
+static int remaining_ms(uint64_t deadline_ns, int timeout_ms) {
   if (timeout_ms < 0) return -1;
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  long ms = (dl->tv_sec - now.tv_sec) * 1000 + (dl->tv_nsec - now.tv_nsec) / 1000000;
-  return ms > 0 ? (int)ms : 0;
+  uint64_t now = kvbm_clock_ns();
+  if (now >= deadline_ns) return 0;
+  uint64_t ms = (deadline_ns - now) / 1000000u;
+  return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* Waits until deadline for one live multipart message (serving the
+ * monitor meanwhile) and receives it into up to 3 frames; returns the frame
+ * count (all of them), or -1 on timeout or a socket error. */
+static int recv_live(kvbm_subscriber *s, zmq_msg_t f[3], uint64_t deadline, int timeout_ms) {
+  for (;;) {
+    zmq_pollitem_t it[2] = {{.socket = s->sub, .events = ZMQ_POLLIN},
+                            {.socket = s->monitor, .events = ZMQ_POLLIN}};
+    int wait = remaining_ms(deadline, timeout_ms);
+    int r = zmq_poll(it, s->monitor ? 2 : 1, wait);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    if (s->monitor && (it[1].revents & ZMQ_POLLIN)) redial(s);
+    if (it[0].revents & ZMQ_POLLIN) {
+      int n = ev_zframes_recv(s->sub, f);
+      if (n) return n;
+    }
+    if (!wait) return -1;
+  }
+}
+
+static void close_frames(zmq_msg_t f[3], int n) {
+  for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&f[i]);
+}
+
+/* A late joiner asks for everything from start_seq on (as far as a gap may
+ * reach: beyond that the rules would not believe it anyway). */
+static void join(kvbm_subscriber *s) {
+  s->joined = true;
+  if (s->o.start_seq < 0) return;
+  uint64_t from = (uint64_t)s->o.start_seq, span = s->seq.rules.max_gap + 1;
+  kvbm_seq_start(&s->seq, from);
+  replay_range(s, from, from > UINT64_MAX - span ? UINT64_MAX : from + span, 0);
+}
+
+/* Checks a live message's frames; on success *seq is its number and f[2]
+ * the payload (f[0], f[1] closed). Otherwise everything is closed, the
+ * message counted, and the error returned. */
+static int check_frames(kvbm_subscriber *s, zmq_msg_t f[3], int n, uint64_t *seq,
+                        kvbm_error *err) {
+  if (n != 3) {
+    close_frames(f, n);
+    s->st.malformed++;
+    s->st.bad_frames++;
+    return kvbm_error_set(err, KVBM_EFORMAT,
+                          "events: subscriber: message of %d frames, expected 3 (topic, "
+                          "sequence, payload)", n);
+  }
+  s->st.messages++;
+  if (zmq_msg_size(&f[1]) != 8) {
+    size_t got = zmq_msg_size(&f[1]);
+    close_frames(f, n);
+    s->st.malformed++;
+    s->st.bad_seq++;
+    return kvbm_error_set(err, KVBM_EFORMAT,
+                          "events: subscriber: sequence frame of %zu bytes, expected 8", got);
+  }
+  if (zmq_msg_size(&f[2]) > s->o.max_payload) {
+    size_t got = zmq_msg_size(&f[2]);
+    close_frames(f, n);
+    s->st.malformed++;
+    s->st.too_large++;
+    return kvbm_error_set(err, KVBM_ETOOLONG,
+                          "events: subscriber: payload of %zu bytes over the limit %zu", got,
+                          s->o.max_payload);
+  }
+  *seq = ev_get_be64(zmq_msg_data(&f[1]));
+  zmq_msg_close(&f[0]);
+  zmq_msg_close(&f[1]);
+  return KVBM_OK;
+}
+
+/* A batch past a jump: a copy kept aside (when the budget allows; one that
+ * does not fit is simply missing when the jump is confirmed, and counted
+ * lost then). */
+static void hold(kvbm_subscriber *s, uint64_t seq, zmq_msg_t *m) {
+  if (s->nheld >= MAX_CONFIRM) return;
+  uint8_t *copy = copy_in(s, zmq_msg_data(m), zmq_msg_size(m));
+  if (copy) s->held[s->nheld++] = (pend){seq, copy, zmq_msg_size(m), false, false};
+}
+
+/* The held batches and the live one continue one another: a new stream
+ * from the first of them. They go to the FIFO, the first marked reset. */
+static void resync(kvbm_subscriber *s, uint64_t seq, zmq_msg_t *m) {
+  s->st.resets++;
+  bool first = true;
+  for (uint32_t i = 0; i < s->nheld; i++) { /* moved, already charged */
+    pend *h = &s->held[i];
+    if (fifo_slot(s)) {
+      s->qbytes -= h->len;
+      free(h->data);
+      continue;
+    }
+    s->q[s->qn++] = (pend){h->seq, h->data, h->len, false, first};
+    first = false;
+  }
+  s->nheld = 0;
+  if (push_pending(s, seq, zmq_msg_data(m), zmq_msg_size(m), false, first)) s->st.overflow++;
 }
 
 int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batch *out,
                              const uint8_t **payload, size_t *payload_len, kvbm_error *err) {
   if (!s || !out) return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: NULL argument");
   release_current(s);
-  struct timespec dl;
-  clock_gettime(CLOCK_MONOTONIC, &dl);
-  if (timeout_ms > 0) {
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-  }
-  if (!s->joined) {
-    s->joined = true;
-    if (s->o.start_seq >= 0) {
-      s->expected = (uint64_t)s->o.start_seq;
-      s->have_expected = true;
-      replay_from(s, s->expected);
-    }
-  }
+  uint64_t deadline = kvbm_clock_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
+  if (!s->joined) join(s);
   for (;;) {
-    while (s->qh < s->qn) { /* replayed and held batches first, in order */
-      pend p = s->q[s->qh++];
-      s->qbytes -= p.len;
-      if (s->qh == s->qn) s->qh = s->qn = 0;
-      if (s->have_expected && p.seq < s->expected) {
+    pend p;
+    while (pop_pending(s, &p)) { /* replayed and held batches first, in order */
+      if (!p.reset && p.seq < kvbm_seq_next(&s->seq)) {
         s->st.duplicates += !p.replayed;
         free(p.data);
         continue;
       }
-      s->have_expected = true;
       s->cur_buf = p.data;
-      return deliver(s, p.seq, p.data, p.len, p.replayed, out, payload, payload_len, err);
+      return deliver(s, p.seq, p.data, p.len, p.replayed, p.reset, out, payload, payload_len,
+                     err);
     }
     zmq_msg_t f[3];
-    int n = recv_frames(s->sub, f, remaining_ms(&dl, timeout_ms));
+    int n = recv_live(s, f, deadline, timeout_ms);
     if (n < 0) {
       if (errno == ETERM || errno == ENOTSOCK)
         return kvbm_error_set(err, KVBM_EIO, "events: subscriber: socket closed");
       return kvbm_error_set(err, KVBM_ETIMEDOUT, "events: subscriber: nothing within %d ms",
                             timeout_ms);
     }
-    if (n != 3) {
-      close_frames(f, n);
-      s->st.malformed++;
-      s->st.bad_frames++;
-      return kvbm_error_set(err, KVBM_EFORMAT,
-                            "events: subscriber: message of %d frames, expected 3 (topic, "
-                            "sequence, payload)", n);
+    uint64_t seq = 0;
+    int rc = check_frames(s, f, n, &seq, err);
+    if (rc) return rc;
+    uint64_t due = kvbm_seq_next(&s->seq);
+    uint32_t voided;
+    kvbm_seq_verdict v = kvbm_seq_check(&s->seq, seq, true, &voided);
+    if (voided) { /* a stray number, not the stream */
+      s->st.jumps += voided;
+      drop_held(s);
     }
-    s->st.messages++;
-    if (zmq_msg_size(&f[1]) != 8) {
-      size_t got = zmq_msg_size(&f[1]);
-      close_frames(f, n);
-      s->st.malformed++;
-      s->st.bad_seq++;
-      return kvbm_error_set(err, KVBM_EFORMAT,
-                            "events: subscriber: sequence frame of %zu bytes, expected 8", got);
+    switch (v) {
+      case KVBM_SEQ_DUPLICATE:
+        s->st.duplicates++;
+        zmq_msg_close(&f[2]);
+        continue;
+      case KVBM_SEQ_HOLD:
+        hold(s, seq, &f[2]);
+        zmq_msg_close(&f[2]);
+        continue;
+      case KVBM_SEQ_RESYNC:
+        resync(s, seq, &f[2]);
+        zmq_msg_close(&f[2]);
+        continue;
+      case KVBM_SEQ_GAP:
+        s->st.gaps++;
+        if (!s->replay_endpoint) break; /* delivered below, the hole counted lost */
+        replay_range(s, due, seq, zmq_msg_size(&f[2]));
+        if (push_pending(s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), false, false))
+          s->st.replay_failures++; /* cannot hold it: lost with the rest */
+        zmq_msg_close(&f[2]);
+        continue;
+      case KVBM_SEQ_RESTART:
+        s->st.resets++;
+        break;
+      case KVBM_SEQ_NEXT:
+        break;
     }
-    if (zmq_msg_size(&f[2]) > s->o.max_payload) {
-      size_t got = zmq_msg_size(&f[2]);
-      close_frames(f, n);
-      s->st.malformed++;
-      s->st.too_large++;
-      return kvbm_error_set(err, KVBM_ETOOLONG,
-                            "events: subscriber: payload of %zu bytes over the limit %zu", got,
-                            s->o.max_payload);
-    }
-    uint64_t seq = ev_get_be64(zmq_msg_data(&f[1]));
-    zmq_msg_close(&f[0]);
-    zmq_msg_close(&f[1]);
-    if (!s->have_expected) {
-      s->expected = seq;
-      s->have_expected = true;
-    }
-    if (seq < s->expected) {
-      s->st.duplicates++;
-      zmq_msg_close(&f[2]);
-      continue;
-    }
-    if (seq > s->expected && s->replay_endpoint) {
-      s->st.gaps++;
-      replay_from(s, s->expected);
-      int rc = push_pending(s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), false);
-      zmq_msg_close(&f[2]);
-      if (rc) { /* cannot hold it: count it lost with the rest */
-        s->st.replay_failures++;
-      }
-      continue;
-    }
-    if (seq > s->expected) s->st.gaps++;
     s->cur = f[2];
     s->cur_open = true;
-    return deliver(s, seq, zmq_msg_data(&s->cur), zmq_msg_size(&s->cur), false, out, payload,
-                   payload_len, err);
+    return deliver(s, seq, zmq_msg_data(&s->cur), zmq_msg_size(&s->cur), false,
+                   v == KVBM_SEQ_RESTART, out, payload, payload_len, err);
   }
 }
 

@@ -99,14 +99,14 @@ typedef struct worker {
   uint64_t broken;   /* held blocks whose parent is not held (see below) */
   uint64_t offdev;   /* (block, tier) holdings outside the device tier */
   _Atomic int closed;/* broken == 0 && offdev == 0: lookups may bisect */
-  bool live, have_id;
-  uint64_t next_id;
+  bool live;
+  kvbm_seq_tracker seq; /* the order of the worker's ids (see check_id) */
   wmap map;
 } worker;
 
 typedef struct counters {
-  _Atomic uint64_t events, stored, removed, cleared, duplicates, gaps, unknown_removed,
-      orphans, entries, slots;
+  _Atomic uint64_t events, stored, removed, cleared, duplicates, gaps, resets, jumps,
+      unknown_removed, orphans, entries, slots;
 } counters;
 
 struct kvbm_index {
@@ -367,6 +367,8 @@ void kvbm_index_stats_get(const kvbm_index *idx, kvbm_index_stats *o) {
   o->cleared = LD(&c->cleared);
   o->duplicates = LD(&c->duplicates);
   o->gaps = LD(&c->gaps);
+  o->resets = LD(&c->resets);
+  o->jumps = LD(&c->jumps);
   o->unknown_removed = LD(&c->unknown_removed);
   o->orphans = LD(&c->orphans);
   o->entries = LD(&c->entries);
@@ -662,7 +664,8 @@ static void forget_all(kvbm_index *idx, uint32_t wi) {
 
 kvbm_index_config kvbm_index_config_default(void) {
   return (kvbm_index_config){.block_size = 16, .scheme = KVBM_HASH_NATIVE, .salt_hash = 0,
-                             .recompute = false, .expected_blocks = 16384};
+                             .recompute = false, .expected_blocks = 16384,
+                             .seq = kvbm_seq_rules_default()};
 }
 
 int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error *err) {
@@ -735,7 +738,7 @@ int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key key, uint32_t *slot,
   ST(&w->wid, key.worker_id);
   ST(&w->rank, key.dp_rank);
   w->live = true;
-  w->have_id = false;
+  kvbm_seq_init(&w->seq, &idx->cfg.seq);
   atomic_fetch_or_explicit(&idx->live, 1ull << s, memory_order_release);
   if (slot) *slot = s;
   return KVBM_OK;
@@ -751,24 +754,54 @@ int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key key) {
   return KVBM_OK;
 }
 
-/* The id rule; returns false when the input is a duplicate to skip. */
+/* The id rule (the stream's sequence rules, kvbm_seq_check, for input
+ * that may mix live and replayed batches): the id due or a gap (on_gap is
+ * called) is applied; a repeat is skipped; a step back further than the
+ * rules' max_gap, or below where the worker's ids began, is a restarted
+ * engine: the worker's blocks are forgotten and the input applied; an id
+ * too far ahead is not believed (skipped, counted in `jumps`) unless
+ * `confirm` ids in a row continue it, which re-syncs like a restart.
+ * Returns false when the input is to be skipped. */
 static bool check_id(kvbm_index *idx, uint32_t s, uint64_t id) {
   worker *w = &idx->w[s];
   if (id == KVBM_INDEX_NO_ID) return true;
-  if (!w->have_id) {
-    w->have_id = true;
-  } else if (id < w->next_id) {
-    bump(&idx->c.duplicates, 1);
-    return false;
-  } else if (id > w->next_id) {
-    bump(&idx->c.gaps, 1);
-    if (idx->cfg.on_gap) {
-      kvbm_worker_key key = {LD(&w->wid), LD(&w->rank)};
-      idx->cfg.on_gap(idx->cfg.gap_user, key, w->next_id, id);
-    }
+  uint64_t due = kvbm_seq_next(&w->seq);
+  switch (kvbm_seq_check(&w->seq, id, false, NULL)) {
+    case KVBM_SEQ_DUPLICATE:
+      bump(&idx->c.duplicates, 1);
+      return false;
+    case KVBM_SEQ_HOLD:
+      bump(&idx->c.jumps, 1);
+      return false;
+    case KVBM_SEQ_RESTART:
+    case KVBM_SEQ_RESYNC:
+      bump(&idx->c.resets, 1);
+      forget_all(idx, s);
+      break;
+    case KVBM_SEQ_GAP:
+      bump(&idx->c.gaps, 1);
+      if (idx->cfg.on_gap) {
+        kvbm_worker_key key = {LD(&w->wid), LD(&w->rank)};
+        idx->cfg.on_gap(idx->cfg.gap_user, key, due, id);
+      }
+      break;
+    case KVBM_SEQ_NEXT:
+      break;
   }
-  w->next_id = id + 1;
+  kvbm_seq_take(&w->seq, id);
   return true;
+}
+
+/* A batch marked reset (the subscriber saw its engine restart): every rank
+ * of that worker is forgotten, ids included; they come back as they send. */
+static void reset_worker(kvbm_index *idx, uint64_t worker_id) {
+  for (uint32_t s = 0; s < MAXW; s++) {
+    worker *w = &idx->w[s];
+    if (!w->live || LD(&w->wid) != worker_id) continue;
+    kvbm_worker_key key = {worker_id, LD(&w->rank)};
+    kvbm_index_remove_worker(idx, key);
+  }
+  bump(&idx->c.resets, 1);
 }
 
 static int check_event(const kvbm_index *idx, const kvbm_event *ev, kvbm_error *err) {
@@ -898,6 +931,7 @@ int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event
     return kvbm_error_set(err, KVBM_EINVAL, "router index: NULL argument");
   kvbm_worker_key key = {worker_id, b->has_dp_rank ? (uint32_t)b->dp_rank : 0};
   uint32_t s;
+  if (b->reset) reset_worker(idx, worker_id);
   int rc = kvbm_index_add_worker(idx, key, &s, err);
   if (rc) return rc;
   if (!check_id(idx, s, b->seq)) return KVBM_OK;
