@@ -280,7 +280,10 @@ KVBM_EXTERN void kvbm_approx_stats_get(const kvbm_approx *ap, kvbm_approx_stats 
  *                    "workers": [{"worker_id", "dp_rank", "device", "host",
  *                    "disk", "score", "load", "cost"}, ...]}
  *   POST /done   {"request_id": N}  (the request finished: its load goes)
- *   GET  /health -> {"status": "ok", "workers", "entries", "events", ...}
+ *   GET  /health -> {"status": "ok", "workers", "entries", "events", ...,
+ *                    "sources": [{"worker_id", "batches", "lost",
+ *                    "duplicates", "resets", "jumps", ...}]} (see the note
+ *                    docs/areas/router.md for every field)
  * Bad requests get a 4xx status and {"error": "..."}. */
 typedef enum kvbm_source_kind {
   KVBM_SOURCE_ZMQ = 0,  /* a ZMQ PUB endpoint (vLLM's wire) */
@@ -325,6 +328,14 @@ typedef struct kvbm_router_daemon_config {
   double io_timeout_s;            /* a request must arrive, and its answer be
                                      taken by the client, within (10) */
   uint64_t seed;
+  /* event sources (see kvbm_subscriber_config) */
+  size_t queue_bytes;             /* byte budget of each source's queue
+                                     (64 MiB; >= 2 * max_payload) */
+  size_t max_payload;             /* larger batches are refused (2 MiB) */
+  uint32_t max_ranks;             /* dp ranks one source may fill worker
+                                     slots with (8; 1..64): batches of more
+                                     ranks are refused and counted */
+  int replay_timeout_ms;          /* one replay, request to end (2000) */
   /* optional: one line of log (no newline) */
   void (*log)(void *user, const char *line);
   void *log_user;

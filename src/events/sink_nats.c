@@ -5,8 +5,14 @@
  * one decoder serves both transports; the sequence number and topic travel
  * as a NATS header ("Kvbm-Seq"), which NATS has carried since
  * server 2.2. A publish that fails (server gone, the client's buffer full
- * while it reconnects) is counted by the publisher, never retried here:
- * a consumer that needs every batch uses the ZMQ sink's replay.
+ * while it reconnects) is counted by the publisher (sink_errors), never
+ * retried here: a consumer that needs every batch uses the ZMQ sink's
+ * replay. The connection redials for as long as the sink lives (libnats'
+ * default gives up after 60 tries, two minutes, and every publish after
+ * that would fail); while it is down libnats buffers up to its reconnect
+ * buffer (8 MiB) and refuses the rest, which is counted. Batches that were
+ * in flight when the server went away are lost without the publisher
+ * knowing: the subscriber sees them as a gap in Kvbm-Seq.
  *
  * libnats keeps library-wide state of its own (nats_Open on first use);
  * kvbm never calls nats_Close, which would tear it down for every other
@@ -64,7 +70,12 @@ int kvbm__sink_nats_create(const char *url, const char *subject, ev_sink **out, 
     return kvbm_error_set(err, KVBM_ENOMEM, "events: nats sink: out of memory");
   }
   n->base = (ev_sink){.wants_bytes = true, .send = nsink_send, .close = nsink_close};
-  natsStatus s = natsConnection_ConnectTo(&n->nc, url);
+  natsOptions *o = NULL;
+  natsStatus s = natsOptions_Create(&o);
+  if (s == NATS_OK) s = natsOptions_SetURL(o, url);
+  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(o, -1);
+  if (s == NATS_OK) s = natsConnection_Connect(&n->nc, o);
+  natsOptions_Destroy(o);
   if (s != NATS_OK) {
     int rc = kvbm_error_set(err, KVBM_EIO, "events: nats sink: connect %s: %s", url,
                             natsStatus_GetText(s));

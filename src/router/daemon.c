@@ -150,6 +150,11 @@ kvbm_router_daemon_config kvbm_router_daemon_config_default(void) {
   c.max_connections = 256;
   c.io_timeout_s = 10;
   c.seed = 1;
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(NULL);
+  c.queue_bytes = so.max_queue_bytes;
+  c.max_payload = so.max_payload;
+  c.replay_timeout_ms = so.replay_timeout_ms;
+  c.max_ranks = 8;
   return c;
 }
 
@@ -377,16 +382,7 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
             st.workers, st.entries, st.events, st.gaps, st.duplicates, st.unknown_removed,
             st.orphans, h->routes, h->rlive, h->bad, d->approx ? "approximate" : "events",
             (double)(kvbm__rd_now_ns() - h->t0) * 1e-9);
-  for (size_t i = 0; i < d->nsrc; i++) {
-    source *s = &d->src[i];
-    kvbm__rj_printf(&b,
-              "%s{\"worker_id\":%" PRIu64 ",\"kind\":\"%s\",\"batches\":%" PRIu64
-              ",\"errors\":%" PRIu64 ",\"lost\":%" PRIu64 ",\"replayed\":%" PRIu64
-              ",\"dropped\":%s}",
-              i ? "," : "", s->cfg.worker_id, s->cfg.kind == KVBM_SOURCE_ZMQ ? "zmq" : "nats",
-              atomic_load(&s->batches), atomic_load(&s->errors), atomic_load(&s->lost),
-              atomic_load(&s->replayed), atomic_load(&s->dropped) ? "true" : "false");
-  }
+  for (size_t i = 0; i < d->nsrc; i++) kvbm__rd_source_health(d, i, &b);
   kvbm__rj_printf(&b, "]");
   health_guards(d, &b);
   kvbm__rj_printf(&b, "}\n");
@@ -937,6 +933,7 @@ static int check_config(const kvbm_router_daemon_config *c, kvbm_error *err) {
     return kvbm_error_set(err, KVBM_EINVAL, "router: max_body >= 64; max_connections, "
                                             "max_tokens, max_active_requests and "
                                             "approx_max_blocks >= 1");
+  if ((rc = kvbm__rd_sources_check_config(c, err))) return rc;
   return check_sources(c, err);
 }
 

@@ -10,6 +10,17 @@
 #include <stdatomic.h>
 
 #include "kvbm/router.h"
+#include "router/json.h"
+
+#define RD_MAX_HELD 64 /* NATS: batches held past a jump (seq rules' confirm) */
+
+/* What /health shows of a source. Written by the source's thread (ZMQ:
+ * copied from its subscriber's counters after each receive; NATS: counted
+ * by the handler), read by the HTTP thread. */
+typedef struct source_counts {
+  _Atomic uint64_t batches, errors, lost, replayed, duplicates, resets, jumps, replay_failures,
+      replay_refused, overflow, reconnects, ranks_refused;
+} source_counts;
 
 typedef struct source {
   struct kvbm_router_daemon *d;
@@ -20,12 +31,16 @@ typedef struct source {
   natsConnection *nc;     /* NATS */
   natsSubscription *ns;
   kvbm_event_decoder *dec;
-  bool have_expected;     /* NATS: next sequence number wanted */
-  uint64_t expected;
+  kvbm_seq_tracker seq;   /* NATS: the stream's order (handler only) */
+  natsMsg *held[RD_MAX_HELD]; /* NATS: batches past a jump, not believed yet */
+  uint32_t nheld;
+  void *zctx, *dealer;    /* NATS: the replay client */
+  uint32_t ranks[KVBM_ROUTER_MAX_WORKERS]; /* dp ranks admitted (writer lock) */
+  uint32_t nranks;
   _Atomic int64_t last_ns;  /* monotonic time of the last batch */
   _Atomic int dropped;      /* its workers were dropped for silence */
   _Atomic int nats_done;    /* NATS: the handler will not run again */
-  _Atomic uint64_t batches, errors, lost, replayed;
+  source_counts n;
 } source;
 
 struct kvbm_router_daemon {
@@ -55,5 +70,9 @@ int kvbm__rd_sources_start(struct kvbm_router_daemon *d, kvbm_error *err);
 void kvbm__rd_sources_stop(struct kvbm_router_daemon *d);
 /* Drops the workers of sources silent for longer than worker_timeout_s. */
 void kvbm__rd_sources_tick(struct kvbm_router_daemon *d);
+/* Checks the source settings of a daemon config. */
+int kvbm__rd_sources_check_config(const kvbm_router_daemon_config *c, kvbm_error *err);
+/* Appends source i's /health object. */
+void kvbm__rd_source_health(const struct kvbm_router_daemon *d, size_t i, rj_buf *b);
 
 #endif

@@ -2,17 +2,29 @@
  * sources.c: the router daemon's event subscriptions.
  *
  * ZMQ: one thread per worker endpoint runs the events module's subscriber
- * (which already orders batches and recovers gaps through the worker's
- * replay socket) and applies each batch to the index under the writer
- * lock. NATS: the events module has no NATS subscriber, so this file holds
- * a small adapter: libnats delivers each message on its own thread, the
- * payload (the same msgpack as the ZMQ third frame) goes through the
- * events decoder, and the Kvbm-Seq header gives the sequence. A jump in it
- * is a gap: when the source names the worker's ZMQ replay socket, the
- * missing batches are asked for there (the same request the ZMQ
- * subscriber makes: [ "", start_seq ] on a DEALER, replies [ "", seq,
- * payload ] up to seq -1) and applied first; what cannot be recovered is
- * counted and reported by the index's gap hook.
+ * (which orders batches by the stream's sequence rules, recovers gaps
+ * through the worker's replay socket and keeps within its byte budget) and
+ * applies each batch to the index under the writer lock. NATS: the events
+ * module has no NATS subscriber, so this file holds a small adapter:
+ * libnats delivers each message on its own thread, the payload (the same
+ * msgpack as the ZMQ third frame) goes through the events decoder, and the
+ * Kvbm-Seq header gives the sequence, judged by the same rules
+ * (kvbm_seq_check) as the ZMQ subscriber judges its frames. A gap is asked
+ * for at the worker's ZMQ replay socket when the source names one, through
+ * the events module's replay client (only the missing range, one
+ * deadline); whatever is not recovered is counted lost. libnats' queue for
+ * the subscription is bounded by the same byte budget (its drops show as
+ * gaps, and in `overflow`).
+ *
+ * A batch with `reset` (the worker restarted, or its stream re-synced
+ * after a jump) makes the index forget every rank of that worker before it
+ * is applied (kvbm_index_apply_batch), so a restarted engine is heard at
+ * once, from its first batch.
+ *
+ * Each source may fill at most max_ranks worker slots with dp ranks: a
+ * batch of a further rank is refused and counted (ranks_refused), so one
+ * worker sending ranks 0..99 cannot lock the others out of the index's 64
+ * slots.
  *
  * Every source stamps the time of its last batch; the daemon's
  * housekeeping drops the workers of a source silent for longer than
@@ -21,35 +33,80 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <zmq.h>
 
-#include "router/daemon_impl.h"
 #include "common/clock.h"
-
+#include "events/replay.h"
+#include "router/daemon_impl.h"
 
 int64_t kvbm__rd_now_ns(void) { return (int64_t)kvbm_clock_ns(); }
+
+#define ADD(c, v) atomic_fetch_add(&(c), (v))
+
+/* ---------------------------------------------------------------- ranks */
+
+/* Writer lock held. Whether the batch's dp rank may have a worker slot:
+ * known, or a new one within max_ranks. */
+static bool admit_rank(source *s, const kvbm_event_batch *b) {
+  uint32_t rank = b->has_dp_rank ? (uint32_t)b->dp_rank : 0;
+  for (uint32_t i = 0; i < s->nranks; i++)
+    if (s->ranks[i] == rank) return true;
+  if (s->nranks >= s->d->cfg.max_ranks) return false;
+  s->ranks[s->nranks++] = rank;
+  return true;
+}
+
+/* ---------------------------------------------------------------- apply */
 
 static void apply(source *s, const kvbm_event_batch *b) {
   kvbm_router_daemon *d = s->d;
   kvbm_error err = {0};
+  int rc = KVBM_OK;
   pthread_mutex_lock(&d->wlock);
-  int rc = kvbm_index_apply_batch(d->idx, s->cfg.worker_id, b, &err);
+  if (b->reset) s->nranks = 0; /* the index forgets the worker's ranks */
+  bool admitted = admit_rank(s, b);
+  if (admitted) rc = kvbm_index_apply_batch(d->idx, s->cfg.worker_id, b, &err);
   pthread_mutex_unlock(&d->wlock);
   atomic_store(&s->last_ns, kvbm__rd_now_ns());
   if (atomic_exchange(&s->dropped, 0))
     kvbm__rd_log(d, "worker %" PRIu64 ": events again, back in the index", s->cfg.worker_id);
-  atomic_fetch_add(&s->batches, 1);
-  if (b->lost_before) atomic_fetch_add(&s->lost, b->lost_before);
+  ADD(s->n.batches, 1);
+  if (b->reset) {
+    ADD(s->n.resets, 1);
+    kvbm__rd_log(d, "worker %" PRIu64 ": a new stream at batch %" PRIu64 " (restarted): its blocks "
+           "are forgotten", s->cfg.worker_id, b->seq);
+  }
+  if (!admitted) {
+    /* log the first refusal and then every 1024th, not every batch */
+    if (ADD(s->n.ranks_refused, 1) % 1024 == 0)
+      kvbm__rd_log(d, "worker %" PRIu64 ": dp rank %d refused: the source already has %u ranks",
+             s->cfg.worker_id, (int)b->dp_rank, d->cfg.max_ranks);
+  }
   if (rc) {
-    atomic_fetch_add(&s->errors, 1);
+    ADD(s->n.errors, 1);
     kvbm__rd_log(d, "worker %" PRIu64 ": batch %" PRIu64 ": %s", s->cfg.worker_id, b->seq, err.msg);
   }
 }
 
 /* ------------------------------------------------------------------ ZMQ */
+
+/* The subscriber's own counters, for /health (the ZMQ thread only). */
+static void sync_counts(source *s) {
+  kvbm_subscriber_stats st;
+  kvbm_subscriber_stats_get(s->sub, &st);
+  atomic_store(&s->n.lost, st.lost);
+  atomic_store(&s->n.replayed, st.replayed);
+  atomic_store(&s->n.duplicates, st.duplicates);
+  atomic_store(&s->n.jumps, st.jumps);
+  atomic_store(&s->n.replay_failures, st.replay_failures);
+  atomic_store(&s->n.replay_refused, st.replay_refused);
+  atomic_store(&s->n.overflow, st.overflow);
+  atomic_store(&s->n.reconnects, st.reconnects);
+}
 
 static void *zmq_thread(void *arg) {
   source *s = arg;
@@ -57,12 +114,10 @@ static void *zmq_thread(void *arg) {
     kvbm_event_batch b;
     kvbm_error err = {0};
     int rc = kvbm_subscriber_recv(s->sub, 100, &b, &err);
-    if (rc == KVBM_ETIMEDOUT) continue;
-    if (rc == KVBM_OK) {
-      apply(s, &b);
-      continue;
-    }
-    atomic_fetch_add(&s->errors, 1);
+    if (rc == KVBM_OK) apply(s, &b);
+    sync_counts(s);
+    if (rc == KVBM_OK || rc == KVBM_ETIMEDOUT) continue;
+    ADD(s->n.errors, 1);
     kvbm__rd_log(s->d, "worker %" PRIu64 ": %s", s->cfg.worker_id, err.msg);
     if (rc == KVBM_EIO) {
       struct timespec ts = {0, 100 * 1000 * 1000};
@@ -74,97 +129,146 @@ static void *zmq_thread(void *arg) {
 
 /* ----------------------------------------------------------------- NATS */
 
-/* Asks the replay socket for batches [from, to) and applies them in order.
- * Returns how many came. */
-static uint64_t replay(source *s, uint64_t from, uint64_t to) {
-  void *ctx = zmq_ctx_new(), *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
-  uint64_t got = 0;
-  int zero = 0, tmo = 1000;
-  kvbm_event_decoder *dec = NULL;
-  if (!sock || kvbm_event_decoder_create(&dec, NULL)) goto out;
-  zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
-  if (zmq_connect(sock, s->cfg.replay_endpoint)) goto out;
-  uint8_t be[8];
-  for (int i = 0; i < 8; i++) be[i] = (uint8_t)(from >> (56 - 8 * i));
-  if (zmq_send(sock, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(sock, be, 8, 0) < 0) goto out;
-  for (;;) {
-    zmq_msg_t f[3];
-    int n = 0, more = 1;
-    while (more && n < 3) {
-      zmq_msg_init(&f[n]);
-      if (zmq_msg_recv(&f[n], sock, 0) < 0) {
-        zmq_msg_close(&f[n]);
-        break;
-      }
-      more = zmq_msg_more(&f[n]);
-      n++;
-    }
-    bool ok = n == 3 && !more && zmq_msg_size(&f[1]) == 8;
-    uint64_t seq = 0;
-    if (ok) {
-      const uint8_t *q = zmq_msg_data(&f[1]);
-      for (int i = 0; i < 8; i++) seq = seq << 8 | q[i];
-    }
-    bool end = !ok || seq == UINT64_MAX;
-    if (!end && seq >= from && seq < to) {
-      kvbm_event_batch b;
-      if (!kvbm_event_decode(dec, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), seq, &b, NULL)) {
-        apply(s, &b);
-        got++;
-      }
-    }
-    for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
-    if (end) break;
+/* Decodes and applies one batch of the stream (its number taken by the
+ * sequence tracker: the batches it passed over are counted lost). */
+static void apply_payload(source *s, uint64_t seq, const void *data, size_t len, bool replayed,
+                          bool reset) {
+  uint64_t lost = kvbm_seq_take(&s->seq, seq);
+  ADD(s->n.lost, lost);
+  kvbm_event_batch b;
+  kvbm_error err = {0};
+  if (len > s->d->cfg.max_payload) {
+    ADD(s->n.errors, 1);
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": batch %" PRIu64 " of %zu bytes is over the limit %zu",
+           s->cfg.worker_id, seq, len, s->d->cfg.max_payload);
+    return;
   }
-out:
-  kvbm_event_decoder_destroy(dec);
-  if (sock) zmq_close(sock);
-  if (ctx) zmq_ctx_term(ctx);
-  return got;
+  if (kvbm_event_decode(s->dec, data, len, seq, &b, &err)) {
+    ADD(s->n.errors, 1);
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS message: %s", s->cfg.worker_id, err.msg);
+    return;
+  }
+  b.lost_before = lost;
+  b.replayed = replayed;
+  b.reset = reset;
+  apply(s, &b);
+  if (replayed) ADD(s->n.replayed, 1);
+}
+
+static void apply_msg(source *s, uint64_t seq, natsMsg *msg, bool reset) {
+  int len = natsMsg_GetDataLength(msg);
+  apply_payload(s, seq, natsMsg_GetData(msg), len > 0 ? (size_t)len : 0, false, reset);
+  natsMsg_Destroy(msg);
+}
+
+static int take_reply(void *user, uint64_t seq, const uint8_t *data, size_t len) {
+  apply_payload(user, seq, data, len, true, false);
+  return 0;
+}
+
+/* Asks the replay socket for batches [from, to) and applies them in order
+ * (nothing is queued: each reply goes to the index as it comes). */
+static void replay(source *s, uint64_t from, uint64_t to) {
+  if (!s->zctx && !(s->zctx = zmq_ctx_new())) {
+    ADD(s->n.replay_failures, 1);
+    return;
+  }
+  kvbm__replay_window w;
+  kvbm__replay_window_init(&w, from, to, s->d->cfg.replay_timeout_ms, SIZE_MAX,
+                           s->d->cfg.max_payload, kvbm_clock_ns());
+  kvbm__replay_result r;
+  kvbm__replay_fetch(s->zctx, &s->dealer, s->cfg.replay_endpoint, &w, take_reply, s, &r);
+  ADD(s->n.replay_refused, r.refused);
+  if (r.failed) ADD(s->n.replay_failures, 1);
+  kvbm__rd_log(s->d, "worker %" PRIu64 ": gap %" PRIu64 "..%" PRIu64 ", %" PRIu64 " replayed%s%s",
+         s->cfg.worker_id, from, to - 1, r.taken, r.failed ? ": " : "", r.failed ? r.why : "");
+}
+
+static void drop_held(source *s) {
+  for (uint32_t i = 0; i < s->nheld; i++) natsMsg_Destroy(s->held[i]);
+  s->nheld = 0;
+}
+
+static uint64_t held_seq(const natsMsg *m) {
+  const char *hv = NULL;
+  natsMsgHeader_Get((natsMsg *)m, "Kvbm-Seq", &hv);
+  return hv ? strtoull(hv, NULL, 10) : 0;
+}
+
+/* The Kvbm-Seq header; false when absent or not a number. */
+static bool msg_seq(natsMsg *msg, uint64_t *seq) {
+  const char *hv = NULL;
+  if (natsMsgHeader_Get(msg, "Kvbm-Seq", &hv) != NATS_OK || !hv) return false;
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(hv, &end, 10);
+  if (errno || end == hv || *end || *hv == '-') return false;
+  *seq = x;
+  return true;
+}
+
+/* One numbered message, by the stream's rules. */
+static void on_numbered(source *s, natsMsg *msg, uint64_t seq) {
+  uint64_t due = kvbm_seq_next(&s->seq);
+  uint32_t voided;
+  kvbm_seq_verdict v = kvbm_seq_check(&s->seq, seq, true, &voided);
+  if (voided) { /* a stray number, not the stream */
+    ADD(s->n.jumps, voided);
+    drop_held(s);
+  }
+  switch (v) {
+    case KVBM_SEQ_DUPLICATE:
+      ADD(s->n.duplicates, 1);
+      natsMsg_Destroy(msg);
+      return;
+    case KVBM_SEQ_HOLD:
+      if (s->nheld < RD_MAX_HELD) s->held[s->nheld++] = msg;
+      else natsMsg_Destroy(msg);
+      return;
+    case KVBM_SEQ_RESYNC:
+      for (uint32_t i = 0; i < s->nheld; i++) apply_msg(s, held_seq(s->held[i]), s->held[i], i == 0);
+      apply_msg(s, seq, msg, s->nheld == 0);
+      s->nheld = 0;
+      return;
+    case KVBM_SEQ_GAP:
+      if (s->cfg.replay_endpoint) replay(s, due, seq);
+      apply_msg(s, seq, msg, false);
+      return;
+    case KVBM_SEQ_RESTART:
+      apply_msg(s, seq, msg, true);
+      return;
+    case KVBM_SEQ_NEXT:
+      apply_msg(s, seq, msg, false);
+      return;
+  }
 }
 
 /* libnats calls this on the subscription's own thread, one message at a
- * time, so the decoder and `expected` need no lock. */
+ * time, so the decoder, the tracker and the replay client need no lock. */
 static void on_nats(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure) {
   (void)nc;
-  (void)sub;
   source *s = closure;
   if (atomic_load(&s->d->stop)) {
     natsMsg_Destroy(msg);
     return;
   }
-  const char *hv = NULL;
-  uint64_t seq = KVBM_INDEX_NO_ID;
-  if (natsMsgHeader_Get(msg, "Kvbm-Seq", &hv) == NATS_OK && hv) {
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(hv, &end, 10);
-    if (!errno && end != hv && !*end) seq = x;
+  int64_t dropped = 0;
+  if (natsSubscription_GetDropped(sub, &dropped) == NATS_OK && dropped > 0)
+    atomic_store(&s->n.overflow, (uint64_t)dropped);
+  uint64_t seq;
+  if (msg_seq(msg, &seq)) {
+    on_numbered(s, msg, seq);
+    return;
   }
-  if (seq != KVBM_INDEX_NO_ID) {
-    if (s->have_expected && seq < s->expected) { /* already seen (replayed) */
-      natsMsg_Destroy(msg);
-      return;
-    }
-    if (s->have_expected && seq > s->expected && s->cfg.replay_endpoint) {
-      uint64_t got = replay(s, s->expected, seq);
-      atomic_fetch_add(&s->replayed, got);
-      kvbm__rd_log(s->d, "worker %" PRIu64 ": gap %" PRIu64 "..%" PRIu64 ", %" PRIu64 " replayed",
-             s->cfg.worker_id, s->expected, seq - 1, got);
-    }
-    s->have_expected = true;
-    s->expected = seq + 1;
-  }
+  /* no number: applied as it comes, unordered (a sender without Kvbm-Seq) */
+  int len = natsMsg_GetDataLength(msg);
   kvbm_event_batch b;
   kvbm_error err = {0};
-  int len = natsMsg_GetDataLength(msg);
-  if (kvbm_event_decode(s->dec, natsMsg_GetData(msg), len > 0 ? (size_t)len : 0,
-                        seq == KVBM_INDEX_NO_ID ? 0 : seq, &b, &err)) {
-    atomic_fetch_add(&s->errors, 1);
+  if (kvbm_event_decode(s->dec, natsMsg_GetData(msg), len > 0 ? (size_t)len : 0, 0, &b, &err)) {
+    ADD(s->n.errors, 1);
     kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS message: %s", s->cfg.worker_id, err.msg);
   } else {
-    if (seq == KVBM_INDEX_NO_ID) b.seq = KVBM_INDEX_NO_ID;
+    b.seq = KVBM_INDEX_NO_ID;
     apply(s, &b);
   }
   natsMsg_Destroy(msg);
@@ -177,34 +281,71 @@ static void on_nats_complete(void *closure) {
   atomic_store(&s->nats_done, 1);
 }
 
-/* ---------------------------------------------------------------- start */
+static void on_reconnected(natsConnection *nc, void *closure) {
+  (void)nc;
+  source *s = closure;
+  ADD(s->n.reconnects, 1);
+  kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS reconnected (batches sent meanwhile show as lost)",
+         s->cfg.worker_id);
+}
 
-static int start_one(source *s, kvbm_error *err) {
+static int start_nats(source *s, kvbm_error *err) {
   const kvbm_router_source *c = &s->cfg;
-  atomic_store(&s->last_ns, kvbm__rd_now_ns());
-  if (c->kind == KVBM_SOURCE_ZMQ) {
-    kvbm_subscriber_config o = kvbm_subscriber_config_default(c->endpoint);
-    o.replay_endpoint = c->replay_endpoint;
-    o.topic = c->topic;
-    int rc = kvbm_subscriber_create(&o, &s->sub, err);
-    if (rc) return rc;
-    if (pthread_create(&s->th, NULL, zmq_thread, s))
-      return kvbm_error_set(err, KVBM_ENOMEM, "router: cannot start a thread");
-    s->started = true;
-    return KVBM_OK;
-  }
   if (!c->subject || !*c->subject)
     return kvbm_error_set(err, KVBM_EINVAL, "router: NATS source of worker %" PRIu64 " has no subject",
                           c->worker_id);
   int rc = kvbm_event_decoder_create(&s->dec, err);
   if (rc) return rc;
-  natsStatus st = natsConnection_ConnectTo(&s->nc, c->endpoint);
+  kvbm_seq_init(&s->seq, NULL);
+  size_t qb = s->d->cfg.queue_bytes;
+  natsOptions *o = NULL;
+  natsStatus st = natsOptions_Create(&o);
+  if (st == NATS_OK) st = natsOptions_SetURL(o, c->endpoint);
+  if (st == NATS_OK) st = natsOptions_SetReconnectedCB(o, on_reconnected, s);
+  if (st == NATS_OK) st = natsOptions_SetMaxReconnect(o, -1); /* a router outlives outages */
+  if (st == NATS_OK) st = natsConnection_Connect(&s->nc, o);
   if (st == NATS_OK) st = natsConnection_Subscribe(&s->ns, s->nc, c->subject, on_nats, s);
+  if (st == NATS_OK)
+    st = natsSubscription_SetPendingLimits(s->ns, -1, qb > INT_MAX ? INT_MAX : (int)qb);
   if (st == NATS_OK) st = natsSubscription_SetOnCompleteCB(s->ns, on_nats_complete, s);
   if (st == NATS_OK) st = natsConnection_FlushTimeout(s->nc, 2000);
+  natsOptions_Destroy(o);
   if (st != NATS_OK)
     return kvbm_error_set(err, KVBM_EIO, "router: NATS %s subject %s: %s", c->endpoint,
                           c->subject, natsStatus_GetText(st));
+  return KVBM_OK;
+}
+
+/* ---------------------------------------------------------------- start */
+
+static int start_one(source *s, kvbm_error *err) {
+  const kvbm_router_source *c = &s->cfg;
+  atomic_store(&s->last_ns, kvbm__rd_now_ns());
+  if (c->kind == KVBM_SOURCE_NATS) return start_nats(s, err);
+  kvbm_subscriber_config o = kvbm_subscriber_config_default(c->endpoint);
+  o.replay_endpoint = c->replay_endpoint;
+  o.topic = c->topic;
+  o.max_queue_bytes = s->d->cfg.queue_bytes;
+  o.max_payload = s->d->cfg.max_payload;
+  o.replay_timeout_ms = s->d->cfg.replay_timeout_ms;
+  int rc = kvbm_subscriber_create(&o, &s->sub, err);
+  if (rc) return rc;
+  if (pthread_create(&s->th, NULL, zmq_thread, s))
+    return kvbm_error_set(err, KVBM_ENOMEM, "router: cannot start a thread");
+  s->started = true;
+  return KVBM_OK;
+}
+
+int kvbm__rd_sources_check_config(const kvbm_router_daemon_config *c, kvbm_error *err) {
+  if (c->max_ranks < 1 || c->max_ranks > KVBM_ROUTER_MAX_WORKERS)
+    return kvbm_error_set(err, KVBM_EINVAL, "router: max_ranks %u is not in 1..%d", c->max_ranks,
+                          KVBM_ROUTER_MAX_WORKERS);
+  if (c->max_payload == 0 || c->queue_bytes / 2 < c->max_payload)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "router: queue_bytes (%zu) must be at least twice max_payload (%zu)",
+                          c->queue_bytes, c->max_payload);
+  if (c->replay_timeout_ms < 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "router: negative replay timeout");
   return KVBM_OK;
 }
 
@@ -237,6 +378,10 @@ void kvbm__rd_sources_stop(kvbm_router_daemon *d) {
     if (s->nc) natsConnection_Destroy(s->nc);
     s->ns = NULL;
     s->nc = NULL;
+    drop_held(s);
+    kvbm__replay_close(&s->dealer);
+    if (s->zctx) zmq_ctx_term(s->zctx);
+    s->zctx = NULL;
     kvbm_subscriber_destroy(s->sub);
     s->sub = NULL;
     kvbm_event_decoder_destroy(s->dec);
@@ -257,9 +402,30 @@ void kvbm__rd_sources_tick(kvbm_router_daemon *d) {
       if (kvbm_index_slot_worker(d->idx, slot, &k) && k.worker_id == s->cfg.worker_id)
         dropped += kvbm_index_remove_worker(d->idx, k) == KVBM_OK;
     }
+    s->nranks = 0;
     pthread_mutex_unlock(&d->wlock);
     atomic_store(&s->dropped, 1);
     kvbm__rd_log(d, "worker %" PRIu64 ": silent for %.1f s, %d rank(s) dropped", s->cfg.worker_id,
            d->cfg.worker_timeout_s, dropped);
   }
+}
+
+/* --------------------------------------------------------------- health */
+
+void kvbm__rd_source_health(const kvbm_router_daemon *d, size_t i, rj_buf *b) {
+  const source *s = &d->src[i];
+  const source_counts *n = &s->n;
+#define N(f) atomic_load(&((source_counts *)n)->f)
+  kvbm__rj_printf(b,
+            "%s{\"worker_id\":%" PRIu64 ",\"kind\":\"%s\",\"batches\":%" PRIu64
+            ",\"errors\":%" PRIu64 ",\"lost\":%" PRIu64 ",\"replayed\":%" PRIu64
+            ",\"duplicates\":%" PRIu64 ",\"resets\":%" PRIu64 ",\"jumps\":%" PRIu64
+            ",\"replay_failures\":%" PRIu64 ",\"replay_refused\":%" PRIu64
+            ",\"overflow\":%" PRIu64 ",\"reconnects\":%" PRIu64 ",\"ranks_refused\":%" PRIu64
+            ",\"dropped\":%s}",
+            i ? "," : "", s->cfg.worker_id, s->cfg.kind == KVBM_SOURCE_ZMQ ? "zmq" : "nats",
+            N(batches), N(errors), N(lost), N(replayed), N(duplicates), N(resets), N(jumps),
+            N(replay_failures), N(replay_refused), N(overflow), N(reconnects), N(ranks_refused),
+            atomic_load(&((source *)s)->dropped) ? "true" : "false");
+#undef N
 }

@@ -2,8 +2,9 @@
  * cmd_events.c: `kvbm events tail` and `kvbm events relay`.
  *
  *   kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]
- *                    [--count N] [--idle-ms MS] [--bind]
+ *                    [--count N] [--idle-ms MS] [--bind] [--queue-bytes B]
  *   kvbm events tail nats://HOST:PORT --subject S [--count N] [--idle-ms MS]
+ *                    [--queue-bytes B]
  *     prints every event of an engine's ZMQ stream (vLLM, SGLang, kvbm), or
  *     of a kvbm NATS subject, as one JSON line: {"seq", "ts", "dp_rank",
  *     "type", "block_hashes", ...}; malformed messages are reported on
@@ -16,7 +17,10 @@
  *     "publishing on EP [replay EP]" first, useful with a '*' port).
  *
  * Both stop after --count batches, after --idle-ms without a message, or on
- * SIGINT/SIGTERM, and print the subscriber's counters on stderr.
+ * SIGINT/SIGTERM, and print the subscriber's counters on stderr; relay also
+ * prints its publisher's (sends a sink failed, e.g. NATS down, are batches
+ * lost on that sink). --queue-bytes is the subscriber's byte budget
+ * (kvbm_subscriber_config.max_queue_bytes; on NATS, libnats' queue).
  */
 #include <inttypes.h>
 #include <nats/nats.h>
@@ -42,12 +46,14 @@ static void on_signal(int sig) {
 static void usage_to(FILE *f) {
   fprintf(f,
           "usage: kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
-          "                        [--count N] [--idle-ms MS] [--bind]\n"
+          "                        [--count N] [--idle-ms MS] [--bind] [--queue-bytes B]\n"
           "       kvbm events tail nats://HOST:PORT --subject S [--count N] [--idle-ms MS]\n"
+          "                        [--queue-bytes B]\n"
           "       kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
           "                        (--nats URL --subject S | --zmq EP [--zmq-replay EP]\n"
           "                        [--zmq-topic T]) [--form positional|map] [--dp-rank R]\n"
-          "                        [--batch N] [--delay-us US] [--count N] [--idle-ms MS]\n");
+          "                        [--batch N] [--delay-us US] [--count N] [--idle-ms MS]\n"
+          "                        [--queue-bytes B]\n");
 }
 
 static void usage(void) { usage_to(stderr); }
@@ -77,6 +83,10 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
       if (r < 0 || !cli_parse_u64(cmd, "--count", v, 1, UINT64_MAX, &a->count)) return 2;
     } else if (OPT("--idle-ms")) {
       if (r < 0 || !cli_parse_u64(cmd, "--idle-ms", v, 1, INT32_MAX, &a->idle_ms)) return 2;
+    } else if (OPT("--queue-bytes")) {
+      if (r < 0 || !cli_parse_u64(cmd, "--queue-bytes", v, 2, (uint64_t)1 << 40, &u)) return 2;
+      a->sub.max_queue_bytes = (size_t)u;
+      if (a->sub.max_payload > u / 2) a->sub.max_payload = (size_t)(u / 2);
     } else if (!strcmp(argv[i], "--bind")) {
       a->sub.bind = true;
     } else if (relay && OPT("--nats")) { if (r < 0) return 2; a->nats = v; }
@@ -137,9 +147,21 @@ static void print_stats(const char *cmd, const kvbm_subscriber *s) {
   kvbm_subscriber_stats_get(s, &st);
   fprintf(stderr,
           "kvbm %s: %" PRIu64 " batches, %" PRIu64 " events, %" PRIu64 " gaps, %" PRIu64
-          " replayed, %" PRIu64 " lost, %" PRIu64 " duplicates, %" PRIu64 " malformed\n",
-          cmd, st.delivered, st.events, st.gaps, st.replayed, st.lost, st.duplicates,
-          st.malformed);
+          " replayed, %" PRIu64 " lost, %" PRIu64 " duplicates, %" PRIu64 " resets, %" PRIu64
+          " jumps, %" PRIu64 " overflow, %" PRIu64 " malformed\n",
+          cmd, st.delivered, st.events, st.gaps, st.replayed, st.lost, st.duplicates, st.resets,
+          st.jumps, st.overflow, st.malformed);
+}
+
+/* The relay's own losses: batches a sink could not send (NATS down and its
+ * reconnect buffer full, ...) and events its queue dropped. */
+static void print_publisher(const char *cmd, kvbm_publisher *p) {
+  kvbm_publisher_stats ps;
+  kvbm_publisher_stats_get(p, &ps);
+  fprintf(stderr,
+          "kvbm %s: published %" PRIu64 " batches (%" PRIu64 " events), %" PRIu64
+          " failed sends (batches lost on that sink), %" PRIu64 " events dropped\n",
+          cmd, ps.batches, ps.sent_events, ps.sink_errors, ps.dropped);
 }
 
 static void install_signals(void) {
@@ -163,61 +185,93 @@ static bool idle_over(const args *a, double idle_since) {
 }
 
 /* Where tail reads: our ZMQ subscriber, or a NATS subject carrying kvbm's
- * payloads (sequence in the Kvbm-Seq header; no replay on NATS, so a jump
- * is reported as lost). */
+ * payloads (sequence in the Kvbm-Seq header, judged by the stream's rules,
+ * kvbm_seq_check; no replay on NATS, so a gap is reported as lost, and the
+ * batches held past a jump are not printed: once the jump is believed they
+ * count as lost too). libnats' queue is bounded by --queue-bytes; what it
+ * drops shows as gaps and in the summary. */
 typedef struct source {
   kvbm_subscriber *zsub;
   natsConnection *nc;
   natsSubscription *nsub;
   kvbm_event_decoder *dec;
-  bool have_next;
-  uint64_t next_seq, nats_lost, nats_batches, nats_events, nats_bad;
+  kvbm_seq_tracker seq;
+  uint64_t lost, batches, events, bad, duplicates, resets, jumps;
 } source;
 
 static int source_open(source *src, const args *a, kvbm_error *err) {
   if (strncmp(a->sub.endpoint, "nats://", 7))
     return kvbm_subscriber_create(&a->sub, &src->zsub, err);
+  kvbm_seq_init(&src->seq, NULL);
+  size_t qb = a->sub.max_queue_bytes;
   natsStatus st = natsConnection_ConnectTo(&src->nc, a->sub.endpoint);
   if (st == NATS_OK) st = natsConnection_SubscribeSync(&src->nsub, src->nc, a->subject);
+  if (st == NATS_OK)
+    st = natsSubscription_SetPendingLimits(src->nsub, -1, qb > INT32_MAX ? INT32_MAX : (int)qb);
   if (st != NATS_OK)
     return kvbm_error_set(err, KVBM_EIO, "nats %s subject %s: %s", a->sub.endpoint, a->subject,
                           natsStatus_GetText(st));
   return kvbm_event_decoder_create(&src->dec, err);
 }
 
+/* The sequence rules for one NATS message; false when it is not printed. */
+static bool nats_order(source *src, uint64_t seq, bool *reset) {
+  uint32_t voided;
+  kvbm_seq_verdict v = kvbm_seq_check(&src->seq, seq, true, &voided);
+  src->jumps += voided;
+  *reset = v == KVBM_SEQ_RESTART || v == KVBM_SEQ_RESYNC;
+  src->resets += *reset;
+  if (v == KVBM_SEQ_DUPLICATE) src->duplicates++;
+  return v != KVBM_SEQ_DUPLICATE && v != KVBM_SEQ_HOLD;
+}
+
 static int source_next(source *src, int timeout_ms, kvbm_event_batch *b, kvbm_error *err) {
   if (src->zsub) return kvbm_subscriber_recv(src->zsub, timeout_ms, b, err);
-  natsMsg *m = NULL;
-  natsStatus st = natsSubscription_NextMsg(&m, src->nsub, timeout_ms);
-  if (st == NATS_TIMEOUT) return kvbm_error_set(err, KVBM_ETIMEDOUT, "nothing");
-  if (st != NATS_OK) return kvbm_error_set(err, KVBM_EIO, "nats: %s", natsStatus_GetText(st));
-  const char *h = NULL;
-  uint64_t seq = src->next_seq;
-  char *end = NULL;
-  if (natsMsgHeader_Get(m, "Kvbm-Seq", &h) == NATS_OK && h) seq = strtoull(h, &end, 10);
-  int rc = kvbm_event_decode(src->dec, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
-                             seq, b, err);
-  natsMsg_Destroy(m);
-  if (rc) {
-    src->nats_bad++;
-    return rc;
+  for (;;) {
+    natsMsg *m = NULL;
+    natsStatus st = natsSubscription_NextMsg(&m, src->nsub, timeout_ms);
+    if (st == NATS_TIMEOUT) return kvbm_error_set(err, KVBM_ETIMEDOUT, "nothing");
+    if (st == NATS_SLOW_CONSUMER) continue; /* libnats dropped some: they show as a gap */
+    if (st != NATS_OK) return kvbm_error_set(err, KVBM_EIO, "nats: %s", natsStatus_GetText(st));
+    const char *h = NULL;
+    char *end = NULL;
+    uint64_t seq = kvbm_seq_next(&src->seq);
+    bool numbered = natsMsgHeader_Get(m, "Kvbm-Seq", &h) == NATS_OK && h && *h != '-';
+    if (numbered) seq = strtoull(h, &end, 10);
+    bool reset = false;
+    if (numbered && (!end || *end || end == h)) numbered = false;
+    if (numbered && !nats_order(src, seq, &reset)) {
+      natsMsg_Destroy(m);
+      continue;
+    }
+    uint64_t lost = kvbm_seq_take(&src->seq, seq);
+    int rc = kvbm_event_decode(src->dec, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
+                               seq, b, err);
+    natsMsg_Destroy(m);
+    src->lost += lost;
+    if (rc) {
+      src->bad++;
+      return rc;
+    }
+    b->lost_before = lost;
+    b->reset = reset;
+    src->batches++;
+    src->events += b->num_events;
+    return KVBM_OK;
   }
-  if (src->have_next && seq > src->next_seq) b->lost_before = seq - src->next_seq;
-  src->nats_lost += b->lost_before;
-  src->have_next = true;
-  src->next_seq = seq + 1;
-  src->nats_batches++;
-  src->nats_events += b->num_events;
-  return KVBM_OK;
 }
 
 /* Prints the counters (when cmd is not NULL) and frees. */
 static void source_close(source *src, const char *cmd) {
   if (cmd && src->zsub) print_stats(cmd, src->zsub);
-  if (cmd && !src->zsub)
+  if (cmd && !src->zsub) {
+    int64_t dropped = 0;
+    if (src->nsub) natsSubscription_GetDropped(src->nsub, &dropped);
     fprintf(stderr, "kvbm %s: %" PRIu64 " batches, %" PRIu64 " events, %" PRIu64 " lost, %" PRIu64
-            " malformed\n", cmd, src->nats_batches, src->nats_events, src->nats_lost,
-            src->nats_bad);
+            " duplicates, %" PRIu64 " resets, %" PRIu64 " jumps, %" PRId64 " overflow, %" PRIu64
+            " malformed\n", cmd, src->batches, src->events, src->lost, src->duplicates,
+            src->resets, src->jumps, dropped, src->bad);
+  }
   kvbm_subscriber_destroy(src->zsub);
   natsSubscription_Destroy(src->nsub);
   natsConnection_Destroy(src->nc);
@@ -265,6 +319,9 @@ static int tail(int argc, char **argv) {
       continue;
     }
     n++;
+    if (b.reset)
+      fprintf(stderr, "kvbm %s: a new stream begins at %" PRIu64 " (the engine restarted)\n",
+              cmd, b.seq);
     if (b.lost_before)
       fprintf(stderr, "kvbm %s: %" PRIu64 " batches lost before %" PRIu64 "\n", cmd,
               b.lost_before, b.seq);
@@ -359,7 +416,9 @@ static int relay(int argc, char **argv) {
   }
   print_stats(cmd, kvbm_relay_subscriber(r));
   kvbm_relay_destroy(r);
-  kvbm_publisher_destroy(p); /* sends everything accepted */
+  kvbm_publisher_flush(p, 5000, NULL); /* sends everything accepted, then counts */
+  print_publisher(cmd, p);
+  kvbm_publisher_destroy(p);
   return status;
 }
 

@@ -26,6 +26,8 @@ static void usage(FILE *f) {
           "                   [--worker-timeout SECONDS] [--request-ttl 600] [--seed 1]\n"
           "                   [--io-timeout 10] [--max-connections 256]\n"
           "                   [--max-active-requests 262144] [--approx-max-blocks 65536]\n"
+          "                   [--queue-bytes 67108864] [--max-payload 2097152]\n"
+          "                   [--max-ranks 8] [--replay-timeout-ms 2000]\n"
           "Each --zmq/--nats source is one worker (ID, an unsigned integer; the dp rank\n"
           "comes from its events). @REPLAY_ENDPOINT is the worker's ZMQ replay socket,\n"
           "asked for missing batches. --worker declares workers up front; with\n"
@@ -40,7 +42,10 @@ static void usage(FILE *f) {
           "HTTP: POST /route {\"token_ids\": [...]} or {\"block_hashes\": [...]};\n"
           "      POST /done {\"request_id\": N}; GET /health.\n"
           "--port-file: write the port (useful with --listen 127.0.0.1:0); the router\n"
-          "exits at start when it cannot.\n");
+          "exits at start when it cannot.\n"
+          "--queue-bytes: byte budget of each source's queue (>= 2 x --max-payload);\n"
+          "--max-payload: larger batches are refused; --max-ranks: dp ranks one\n"
+          "source may add as workers (more are refused, counted in /health).\n");
 }
 
 static kvbm_router_daemon *g_daemon; /* for the signal handler only */
@@ -247,6 +252,26 @@ static int parse(int argc, char **argv, args *a) {
     OPT("--seed") {
       if (!cli_parse_u64("router", "--seed", v, 0, UINT64_MAX, &x)) return 2;
       c->seed = x;
+      continue;
+    }
+    OPT("--queue-bytes") {
+      if (!cli_parse_u64("router", "--queue-bytes", v, 2, (uint64_t)1 << 40, &x)) return 2;
+      c->queue_bytes = (size_t)x;
+      continue;
+    }
+    OPT("--max-payload") {
+      if (!cli_parse_u64("router", "--max-payload", v, 1, (uint64_t)1 << 31, &x)) return 2;
+      c->max_payload = (size_t)x;
+      continue;
+    }
+    OPT("--max-ranks") {
+      if (!cli_parse_u64("router", "--max-ranks", v, 1, KVBM_ROUTER_MAX_WORKERS, &x)) return 2;
+      c->max_ranks = (uint32_t)x;
+      continue;
+    }
+    OPT("--replay-timeout-ms") {
+      if (!cli_parse_u64("router", "--replay-timeout-ms", v, 1, 600000, &x)) return 2;
+      c->replay_timeout_ms = (int)x;
       continue;
     }
 #undef DBL
