@@ -391,6 +391,48 @@ static void test_encode_rejects(void **s) {
   kvbm_event_encoder_destroy(enc);
 }
 
+/* Encodes one BlockStored of `ntok` tokens; the payload stays in enc. */
+static void one_stored(kvbm_event_encoder *enc, size_t ntok, const uint8_t **data, size_t *len) {
+  uint32_t *tok = calloc(ntok, sizeof *tok);
+  assert_non_null(tok);
+  uint64_t h = 1;
+  kvbm_event ev = {.type = KVBM_EVENT_STORED, .block_hashes = &h, .num_block_hashes = 1,
+                   .token_ids = tok, .num_tokens = ntok, .block_size = (uint32_t)ntok};
+  kvbm_event_batch b = {.events = &ev, .num_events = 1};
+  assert_int_equal(kvbm_event_encode(enc, &b, KVBM_FORM_POSITIONAL, data, len, NULL), KVBM_OK);
+  free(tok);
+}
+
+/* One oversized payload does not pin the decoder's memory: its arenas go
+ * back at the next, small decode; small payloads in a row keep theirs. */
+static void test_decoder_shrinks(void **s) {
+  (void)s;
+  kvbm_event_encoder *enc;
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  const uint8_t *data;
+  size_t len;
+  kvbm_event_batch b;
+  one_stored(enc, 100, &data, &len);
+  assert_int_equal(kvbm_event_decode(dec, data, len, 0, &b, NULL), KVBM_OK);
+  size_t small = kvbm_event_decoder_footprint(dec);
+  one_stored(enc, 2000000, &data, &len); /* 2 M tokens: 8 MB of token arena */
+  assert_int_equal(kvbm_event_decode(dec, data, len, 1, &b, NULL), KVBM_OK);
+  assert_int_equal(b.events[0].num_tokens, 2000000);
+  assert_true(kvbm_event_decoder_footprint(dec) >= 8000000);
+  one_stored(enc, 100, &data, &len);
+  assert_int_equal(kvbm_event_decode(dec, data, len, 2, &b, NULL), KVBM_OK);
+  assert_int_equal(b.events[0].num_tokens, 100);
+  size_t after = kvbm_event_decoder_footprint(dec);
+  assert_true(after <= (size_t)1 << 20);
+  assert_true(after >= small);
+  assert_int_equal(kvbm_event_decode(dec, data, len, 3, &b, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_decoder_footprint(dec), after); /* steady: nothing moves */
+  kvbm_event_decoder_destroy(dec);
+  kvbm_event_encoder_destroy(enc);
+}
+
 static void test_json_and_names(void **s) {
   (void)s;
   uint64_t h[2] = {1, UINT64_MAX};
@@ -421,6 +463,7 @@ int main(void) {
       cmocka_unit_test(test_roundtrip_positional), cmocka_unit_test(test_roundtrip_map),
       cmocka_unit_test(test_wire_variants),       cmocka_unit_test(test_malformed),
       cmocka_unit_test(test_encode_rejects),      cmocka_unit_test(test_json_and_names),
+      cmocka_unit_test(test_decoder_shrinks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

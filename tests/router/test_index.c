@@ -258,6 +258,85 @@ static void test_ids(void **state) {
   kvbm_index_destroy(idx);
 }
 
+/* Ids are not trusted blindly: one id near 2^63 is skipped (not a new
+ * mark: the next real id still applies); an id further back than max_gap
+ * is a restarted engine (its blocks forgotten, the input applied). */
+static void test_ids_hostile(void **state) {
+  (void)state;
+  kvbm_index_config c = kvbm_index_config_default();
+  c.seq.max_gap = 100;
+  kvbm_index *idx;
+  assert_int_equal(kvbm_index_create(&c, &idx, NULL), KVBM_OK);
+  kvbm_worker_key k = {9, 0};
+  kvbm_event e0 = stored(H, 1, NULL, KVBM_MEDIUM_GPU);
+  kvbm_event e1 = stored(H + 1, 1, &H[0], KVBM_MEDIUM_GPU);
+  kvbm_event e2 = stored(H + 2, 1, &H[1], KVBM_MEDIUM_GPU);
+  kvbm_event stray = stored(H + 5, 1, NULL, KVBM_MEDIUM_GPU);
+  assert_int_equal(kvbm_index_apply(idx, k, 0, &e0, NULL), KVBM_OK);
+  assert_int_equal(kvbm_index_apply(idx, k, (uint64_t)1 << 63, &stray, NULL), KVBM_OK);
+  assert_int_equal(kvbm_index_apply(idx, k, 1, &e1, NULL), KVBM_OK);
+  kvbm_overlap ov[MAXW];
+  kvbm_index_lookup(idx, H, 3, ov, NULL);
+  assert_int_equal(ov[0].prefix[0], 2); /* the stray did not hide id 1 */
+  kvbm_index_lookup(idx, H + 5, 1, ov, NULL);
+  assert_int_equal(ov[0].prefix[0], 0); /* nor was it applied */
+  for (uint64_t id = 2; id < 300; id++) /* (repeats of e1's block: duplicates) */
+    assert_int_equal(kvbm_index_apply(idx, k, id, &e1, NULL), KVBM_OK);
+  assert_int_equal(kvbm_index_apply(idx, k, 0, &e2, NULL), KVBM_OK); /* restarted */
+  kvbm_index_lookup(idx, H, 3, ov, NULL);
+  assert_int_equal(ov[0].prefix[0], 0); /* the old blocks are gone */
+  kvbm_index_lookup(idx, H + 2, 1, ov, NULL);
+  assert_int_equal(ov[0].prefix[0], 1); /* the new stream's block is there */
+  assert_int_equal(kvbm_index_apply(idx, k, 1, &e0, NULL), KVBM_OK);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.jumps, 1);
+  assert_int_equal(st.resets, 1);
+  assert_int_equal(st.gaps, 0);
+  kvbm_index_destroy(idx);
+}
+
+/* A batch marked reset (the subscriber saw its engine restart) forgets
+ * every rank of that worker, blocks and ids, before it is applied. */
+static void test_batch_reset(void **state) {
+  (void)state;
+  kvbm_index *idx;
+  kvbm_index_config c = kvbm_index_config_default();
+  assert_int_equal(kvbm_index_create(&c, &idx, NULL), KVBM_OK);
+  kvbm_event e = stored(H, 4, NULL, KVBM_MEDIUM_GPU);
+  kvbm_event e2 = stored(H, 2, NULL, KVBM_MEDIUM_GPU);
+  for (int32_t rank = 0; rank < 2; rank++) {
+    kvbm_event_batch b = {.seq = 40, .dp_rank = rank, .has_dp_rank = true, .events = &e,
+                          .num_events = 1};
+    assert_int_equal(kvbm_index_apply_batch(idx, 5, &b, NULL), KVBM_OK);
+  }
+  kvbm_event_batch other = {.seq = 3, .events = &e, .num_events = 1};
+  assert_int_equal(kvbm_index_apply_batch(idx, 6, &other, NULL), KVBM_OK);
+  assert_int_equal(kvbm_index_workers(idx), 7);
+  kvbm_event_batch r = {.seq = 0, .dp_rank = 0, .has_dp_rank = true, .events = &e2,
+                        .num_events = 1, .reset = true};
+  assert_int_equal(kvbm_index_apply_batch(idx, 5, &r, NULL), KVBM_OK);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.workers, 2); /* worker 5 rank 0 (anew) and worker 6 */
+  assert_int_equal(st.resets, 1);
+  kvbm_worker_key k50 = {5, 0}, k51 = {5, 1}, k6 = {6, 0};
+  uint32_t s50, s6, x;
+  assert_int_equal(kvbm_index_worker_slot(idx, k51, &x), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_index_worker_slot(idx, k50, &s50), KVBM_OK);
+  assert_int_equal(kvbm_index_worker_slot(idx, k6, &s6), KVBM_OK);
+  kvbm_overlap ov[MAXW];
+  kvbm_index_lookup(idx, H, 4, ov, NULL);
+  assert_int_equal(ov[s50].prefix[0], 2);
+  assert_int_equal(ov[s6].prefix[0], 4);
+  kvbm_event_batch next = {.seq = 1, .dp_rank = 0, .has_dp_rank = true, .events = &e,
+                           .num_events = 1};
+  assert_int_equal(kvbm_index_apply_batch(idx, 5, &next, NULL), KVBM_OK); /* ids from 0 */
+  kvbm_index_lookup(idx, H, 4, ov, NULL);
+  assert_int_equal(ov[s50].prefix[0], 4);
+  kvbm_index_destroy(idx);
+}
+
 /* A batch through the vLLM msgpack codec, dp_rank from the batch, seq ids. */
 static void test_batches(void **state) {
   (void)state;
@@ -540,6 +619,7 @@ int main(void) {
       cmocka_unit_test(test_recompute), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_model),    cmocka_unit_test(test_model_device),
       cmocka_unit_test(test_model_tail_first),
+      cmocka_unit_test(test_ids_hostile), cmocka_unit_test(test_batch_reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
