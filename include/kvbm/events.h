@@ -478,7 +478,9 @@ KVBM_EXTERN void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subs
 /* Reads an engine's ZMQ events (vLLM, SGLang, another kvbm) and queues
  * them, in order, on a publisher of yours (its own sinks: NATS, ZMQ, ...),
  * as Dynamo's publisher does with zmq_endpoint. The events get the
- * publisher's ids, batches and dp_rank. */
+ * publisher's ids, batches and dp_rank. An engine restart (a batch with
+ * `reset`) goes out as an AllBlocksCleared before that batch's events,
+ * since the relay's own numbers do not go back. */
 typedef struct kvbm_relay kvbm_relay;
 
 /* `dst` is borrowed: it must be started and outlive the relay. */

@@ -8,6 +8,10 @@
  * Re-encoding instead of forwarding the bytes costs a little and buys one
  * wire form downstream whatever the engine spoke (positional or map, int or
  * bytes hashes), and validation of everything that passes.
+ *
+ * The relay renumbers, so downstream cannot see the engine restart in the
+ * numbers: a batch the subscriber marks `reset` (a new stream) is preceded
+ * by an AllBlocksCleared, which says the same thing in the events.
  */
 #include <stdlib.h>
 
@@ -53,6 +57,10 @@ int kvbm_relay_poll(kvbm_relay *r, int timeout_ms, size_t *batches, kvbm_error *
    * first refusal is what the call reports. */
   int first = KVBM_OK;
   kvbm_error e2;
+  if (b.reset) {
+    kvbm_event clear = {.type = KVBM_EVENT_CLEARED};
+    first = kvbm_publisher_publish(r->dst, &clear, NULL, err);
+  }
   for (size_t i = 0; i < b.num_events; i++) {
     rc = kvbm_publisher_publish(r->dst, &b.events[i], NULL, first ? &e2 : err);
     if (rc && !first) first = rc;

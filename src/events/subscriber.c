@@ -358,11 +358,12 @@ static int recv_live(kvbm_subscriber *s, zmq_msg_t f[3], uint64_t deadline, int 
     int r = zmq_poll(it, s->monitor ? 2 : 1, wait);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return -1;
-    if (s->monitor && (it[1].revents & ZMQ_POLLIN)) redial(s);
     if (it[0].revents & ZMQ_POLLIN) {
       int n = ev_zframes_recv(s->sub, f);
       if (n) return n;
     }
+    /* only once the queue is read: dialling again drops what it holds */
+    if (s->monitor && (it[1].revents & ZMQ_POLLIN)) redial(s);
     if (!wait) return -1;
   }
 }

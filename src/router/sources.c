@@ -368,8 +368,9 @@ void kvbm__rd_sources_stop(kvbm_router_daemon *d) {
     if (s->ns) {
       /* the handler may be running on libnats' thread: wait until libnats
        * says it is done with it (bounded, in case the library misbehaves) */
+      int tries = 500 + d->cfg.replay_timeout_ms / 10; /* a replay may be running */
       if (natsSubscription_Unsubscribe(s->ns) == NATS_OK)
-        for (int i = 0; i < 500 && !atomic_load(&s->nats_done); i++) {
+        for (int i = 0; i < tries && !atomic_load(&s->nats_done); i++) {
           struct timespec ts = {0, 10 * 1000 * 1000};
           nanosleep(&ts, NULL);
         }

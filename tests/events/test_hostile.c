@@ -10,7 +10,8 @@
  *   - a replay server is obeyed only inside the range asked for, only
  *     until one deadline (a server that trickles replies cannot hold the
  *     live stream back), and only within the byte budget (a flood of
- *     replies is cut, not stored).
+ *     replies is cut, not stored);
+ *   - a relay passes an engine restart on as an AllBlocksCleared.
  * Peers are raw ZMQ sockets (an XPUB for the live stream, a ROUTER on its
  * own thread for replay) and, for the flood, a forked process. */
 #include <pthread.h>
@@ -510,6 +511,58 @@ static void test_replay_flood(void **st) {
   rserver_stop(&r);
 }
 
+/* The relay renumbers, so an engine restart would be invisible downstream:
+ * it goes out as an AllBlocksCleared before the new stream's events. */
+typedef struct seen {
+  kvbm_event_type type[16];
+  uint64_t hash[16];
+  size_t n;
+} seen;
+
+static void on_batch(void *user, const kvbm_event_batch *b) {
+  seen *x = user;
+  for (size_t i = 0; i < b->num_events && x->n < 16; i++, x->n++) {
+    x->type[x->n] = b->events[i].type;
+    x->hash[x->n] = b->events[i].num_block_hashes ? b->events[i].block_hashes[0] : 0;
+  }
+}
+
+static void test_relay_restart(void **st) {
+  (void)st;
+  seen got = {0};
+  kvbm_publisher_config po = kvbm_publisher_config_default();
+  po.max_batch_delay_us = 0;
+  kvbm_publisher *pub;
+  assert_int_equal(kvbm_publisher_create(&po, &pub, NULL), KVBM_OK);
+  assert_int_equal(kvbm_publisher_add_callback(pub, on_batch, &got, NULL), KVBM_OK);
+  assert_int_equal(kvbm_publisher_start(pub, NULL), KVBM_OK);
+  peer p;
+  peer_open(&p);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(p.ep);
+  kvbm_relay *r;
+  assert_int_equal(kvbm_relay_create(&so, pub, &r, NULL), KVBM_OK);
+  peer_wait_subscribed(&p);
+  for (uint64_t i = 0; i < 3; i++) send_live(p.pub, i, 10 + i);
+  for (uint64_t i = 0; i < 2; i++) send_live(p.pub, i, 20 + i); /* restarted */
+  for (int n = 0; n < 5;) {
+    size_t nb;
+    kvbm_error err;
+    int rc = kvbm_relay_poll(r, 10000, &nb, &err);
+    if (rc) fail_msg("%s", err.msg);
+    n += (int)nb;
+  }
+  assert_int_equal(kvbm_publisher_flush(pub, 10000, NULL), KVBM_OK);
+  assert_int_equal(got.n, 6);
+  static const uint64_t want[6] = {10, 11, 12, 0, 20, 21};
+  for (size_t i = 0; i < 6; i++) {
+    assert_int_equal(got.type[i], i == 3 ? KVBM_EVENT_CLEARED : KVBM_EVENT_STORED);
+    assert_true(got.hash[i] == want[i]);
+  }
+  kvbm_relay_destroy(r);
+  kvbm_publisher_destroy(pub);
+  peer_close(&p);
+}
+
 static void test_budget_options(void **st) {
   (void)st;
   kvbm_subscriber_config o = kvbm_subscriber_config_default("tcp://127.0.0.1:1");
@@ -534,6 +587,7 @@ int main(void) {
       cmocka_unit_test(test_replay_only_asked_range),
       cmocka_unit_test(test_replay_deadline),
       cmocka_unit_test(test_replay_flood),
+      cmocka_unit_test(test_relay_restart),
       cmocka_unit_test(test_budget_options),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
