@@ -444,7 +444,8 @@ static void resync(kvbm_subscriber *s, uint64_t seq, zmq_msg_t *m) {
     first = false;
   }
   s->nheld = 0;
-  if (push_pending(s, seq, zmq_msg_data(m), zmq_msg_size(m), false, first)) s->st.overflow++;
+  /* no room (counted: overflow): it is missing, and the next batch's gap says so */
+  push_pending(s, seq, zmq_msg_data(m), zmq_msg_size(m), false, first);
 }
 
 int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batch *out,
@@ -500,8 +501,9 @@ int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batc
         s->st.gaps++;
         if (!s->replay_endpoint) break; /* delivered below, the hole counted lost */
         replay_range(s, due, seq, zmq_msg_size(&f[2]));
-        if (push_pending(s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), false, false))
-          s->st.replay_failures++; /* cannot hold it: lost with the rest */
+        /* room was kept for it; should it still not fit (counted: overflow),
+         * it is lost with the rest of the gap */
+        push_pending(s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), false, false);
         zmq_msg_close(&f[2]);
         continue;
       case KVBM_SEQ_RESTART:
