@@ -15,8 +15,10 @@
  * as raw 3-frame ZMQ messages and only received (not decoded) by the child:
  * the transport's bound. The report gives ours / bound.
  *
- *   bench_events [--blocks N] [--k K] [--batch B]
- *   (default: 2,000,000 block events per run; K = 1 and 16; B = 256)
+ *   bench_events [--blocks N] [--k K] [--batch B] [--queue-bytes B]
+ *   (default: 2,000,000 block events per run; K = 1 and 16; B = 256; the
+ *   subscriber's default byte budget. A budget of 2^42 gives its socket a
+ *   queue of a million messages, as before issue 15, to compare.)
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -54,8 +56,9 @@ typedef struct result {
 
 /* Child: our subscriber, decoding every batch, until `blocks` block
  * events have arrived. */
-static void child_decode(const char *ep, unsigned long long blocks, int wfd) {
+static void child_decode(const char *ep, unsigned long long blocks, size_t queue_bytes, int wfd) {
   kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
+  if (queue_bytes) so.max_queue_bytes = queue_bytes;
   kvbm_subscriber *s;
   kvbm_error err;
   if (kvbm_subscriber_create(&so, &s, &err)) {
@@ -136,13 +139,13 @@ static kvbm_event stream_event(const stream *s, unsigned long long i) {
   return ev;
 }
 
-static pid_t spawn(int which, const char *ep, unsigned long long n, int *rfd) {
+static pid_t spawn(int which, const char *ep, unsigned long long n, size_t queue_bytes, int *rfd) {
   int fds[2];
   if (pipe(fds)) return -1;
   pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
-    if (which == 0) child_decode(ep, n, fds[1]);
+    if (which == 0) child_decode(ep, n, queue_bytes, fds[1]);
     else child_raw(ep, n, fds[1]);
   }
   close(fds[1]);
@@ -163,9 +166,9 @@ static int finish(pid_t pid, int rfd, result *r) {
 /* Ours: publish the stream through the batching publisher. Returns block
  * events per second, end to end. */
 static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, unsigned batch,
-                       unsigned long long blocks, result *r) {
+                       unsigned long long blocks, size_t queue_bytes, result *r) {
   int rfd;
-  pid_t pid = spawn(0, conn_ep, blocks, &rfd);
+  pid_t pid = spawn(0, conn_ep, blocks, queue_bytes, &rfd);
   kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = batch;
   kvbm_publisher *p;
@@ -226,7 +229,7 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
     memcpy(pay[b], d, len[b]);
   }
   int rfd;
-  pid_t pid = spawn(1, conn_ep, nbatch, &rfd);
+  pid_t pid = spawn(1, conn_ep, nbatch, 0, &rfd);
   void *ctx = zmq_ctx_new();
   void *pub = zmq_socket(ctx, ZMQ_PUB);
   int zero = 0;
@@ -259,12 +262,15 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
 int main(int argc, char **argv) {
   unsigned long long blocks = 2000000;
   unsigned batch = 256, ks[2] = {1, 16}, nk = 2;
+  size_t queue_bytes = 0; /* the subscriber's default */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--blocks") && i + 1 < argc) blocks = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--k") && i + 1 < argc) ks[0] = (unsigned)atoi(argv[++i]), nk = 1;
     else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--queue-bytes") && i + 1 < argc)
+      queue_bytes = (size_t)strtoull(argv[++i], NULL, 10);
     else {
-      fprintf(stderr, "usage: bench_events [--blocks N] [--k K] [--batch B]\n");
+      fprintf(stderr, "usage: bench_events [--blocks N] [--k K] [--batch B] [--queue-bytes B]\n");
       return 2;
     }
   }
@@ -287,7 +293,7 @@ int main(int argc, char **argv) {
         snprintf(conn_ep, sizeof conn_ep, "%s", bind_ep);
       }
       result ro = {0}, rr = {0};
-      double ours = run_ours(bind_ep, conn_ep, ks[ki], batch, blocks, &ro);
+      double ours = run_ours(bind_ep, conn_ep, ks[ki], batch, blocks, queue_bytes, &ro);
       if (t == 0) { /* a fresh port: the last one may linger in TIME_WAIT */
         int port = free_port();
         snprintf(bind_ep, sizeof bind_ep, "tcp://127.0.0.1:%d", port);
