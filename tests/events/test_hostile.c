@@ -412,7 +412,7 @@ static void test_replay_only_asked_range(void **st) {
   rserver_start(&r);
   peer p;
   peer_open(&p);
-  kvbm_subscriber *s = subscribe(&p, r.ep, 0, 0);
+  kvbm_subscriber *s = subscribe(&p, r.ep, 0, 60000); /* (the deadline is not tested here) */
   send_live(p.pub, 0, 0);
   expect(s, 0, 0, false, false);
   send_live(p.pub, 10, 10);
@@ -479,7 +479,7 @@ static void test_replay_flood(void **st) {
   peer p;
   peer_open(&p);
   size_t budget = (size_t)8 << 20;
-  kvbm_subscriber *s = subscribe(&p, r.ep, budget, 0);
+  kvbm_subscriber *s = subscribe(&p, r.ep, budget, 60000); /* the budget ends it, not time */
   send_live(p.pub, 0, 0);
   expect(s, 0, 0, false, false);
   send_live(p.pub, 2000, 2000);
