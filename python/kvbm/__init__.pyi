@@ -195,6 +195,7 @@ class EventBatch(Tuple[float, Optional[int], int, list[Event]]):
     events: list[Event]
     lost_before: int
     replayed: bool
+    reset: bool
 
 class KvEventPublisher:
     endpoint: Optional[str]
@@ -225,7 +226,8 @@ class Subscriber:
     closed: bool
     def __init__(self, endpoint: str, *, replay_endpoint: Optional[str] = None,
                  topic: Optional[str] = None, bind: bool = False,
-                 start_seq: Optional[int] = None, max_payload: int = ...) -> None: ...
+                 start_seq: Optional[int] = None, max_payload: int = ...,
+                 max_queue_bytes: int = ...) -> None: ...
     def recv(self, timeout: Optional[float] = None) -> Optional[EventBatch]: ...
     def stats(self) -> dict[str, int]: ...
     def close(self) -> None: ...

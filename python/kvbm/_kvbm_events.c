@@ -192,7 +192,8 @@ static PyObject *batch_to_py(const kvbm_event_batch *b) {
   events = NULL;
   PyStructSequence_SetItem(o, 4, PyLong_FromUnsignedLongLong(b->lost_before));
   PyStructSequence_SetItem(o, 5, PyBool_FromLong(b->replayed));
-  for (int i = 0; i < 6; i++)
+  PyStructSequence_SetItem(o, 6, PyBool_FromLong(b->reset));
+  for (int i = 0; i < 7; i++)
     if (!PyStructSequence_GetItem(o, i)) goto fail;
   return o;
 fail:
@@ -675,18 +676,19 @@ typedef struct SubscriberObject {
 
 static PyObject *sub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"endpoint", "replay_endpoint", "topic", "bind", "start_seq",
-                           "max_payload", NULL};
-  PyObject *epo, *repo = NULL, *topo = NULL, *seqo = NULL, *maxo = NULL;
+                           "max_payload", "max_queue_bytes", NULL};
+  PyObject *epo, *repo = NULL, *topo = NULL, *seqo = NULL, *maxo = NULL, *qo = NULL;
   int bind = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOpOO:Subscriber", kwlist, &epo, &repo, &topo, &bind,
-                                   &seqo, &maxo))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOpOOO:Subscriber", kwlist, &epo, &repo, &topo,
+                                   &bind, &seqo, &maxo, &qo))
     return NULL;
   const char *ep, *rep, *topic;
-  uint64_t start = 0, maxp = 0;
+  uint64_t start = 0, maxp = 0, qb = 0;
   if (kvbmpy_str(epo, "endpoint", &ep) || opt_str_arg(repo, "replay_endpoint", &rep) ||
       opt_str_arg(topo, "topic", &topic) ||
       (seqo && seqo != Py_None && kvbmpy_uint(seqo, "start_seq", INT64_MAX, &start)) ||
-      (maxo && kvbmpy_uint(maxo, "max_payload", SIZE_MAX, &maxp)))
+      (maxo && kvbmpy_uint(maxo, "max_payload", SIZE_MAX, &maxp)) ||
+      (qo && kvbmpy_uint(qo, "max_queue_bytes", SIZE_MAX, &qb)))
     return NULL;
   kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
   so.replay_endpoint = rep;
@@ -694,6 +696,9 @@ static PyObject *sub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   so.bind = bind;
   so.start_seq = seqo && seqo != Py_None ? (int64_t)start : -1;
   if (maxo) so.max_payload = (size_t)maxp;
+  if (qo) so.max_queue_bytes = (size_t)qb;
+  else if (maxo && so.max_queue_bytes / 2 < so.max_payload && so.max_payload <= SIZE_MAX / 2)
+    so.max_queue_bytes = 2 * so.max_payload; /* room for what was asked */
   SubscriberObject *self = (SubscriberObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
   kvbm_error err = {0};
@@ -763,7 +768,12 @@ static PyObject *sub_stats(SubscriberObject *self, PyObject *unused) {
       kvbmpy_dict_u64(d, "replay_failures", s.replay_failures) ||
       kvbmpy_dict_u64(d, "malformed", s.malformed) || kvbmpy_dict_u64(d, "bad_frames", s.bad_frames) ||
       kvbmpy_dict_u64(d, "bad_seq", s.bad_seq) || kvbmpy_dict_u64(d, "bad_payload", s.bad_payload) ||
-      kvbmpy_dict_u64(d, "too_large", s.too_large)) {
+      kvbmpy_dict_u64(d, "too_large", s.too_large) || kvbmpy_dict_u64(d, "resets", s.resets) ||
+      kvbmpy_dict_u64(d, "jumps", s.jumps) ||
+      kvbmpy_dict_u64(d, "replay_refused", s.replay_refused) ||
+      kvbmpy_dict_u64(d, "overflow", s.overflow) || kvbmpy_dict_u64(d, "reconnects", s.reconnects) ||
+      kvbmpy_dict_u64(d, "queued_bytes", s.queued_bytes) ||
+      kvbmpy_dict_u64(d, "peak_bytes", s.peak_bytes)) {
     Py_DECREF(d);
     return NULL;
   }
@@ -833,7 +843,7 @@ static PyTypeObject SubscriberType = {
   .tp_dealloc = (destructor)sub_dealloc,
   .tp_flags = Py_TPFLAGS_DEFAULT,
   .tp_doc = "Subscriber(endpoint, *, replay_endpoint=None, topic='', bind=False,\n"
-            "           start_seq=None, max_payload=64 MiB)\n\n"
+            "           start_seq=None, max_payload=2 MiB, max_queue_bytes=64 MiB)\n\n"
             "Reads KV events on vLLM's ZMQ wire (positional or map events, int or bytes\n"
             "hashes) from an engine's PUB socket, recovering gaps through its replay\n"
             "ROUTER. Batches are EventBatch(ts, dp_rank, seq, events), events dicts with\n"
@@ -852,6 +862,7 @@ static PyStructSequence_Field batch_fields[] = {
   {"events", "list of event dicts"},
   {"lost_before", "batches missing just before this one that replay could not recover"},
   {"replayed", "whether it came through the replay socket"},
+  {"reset", "a new stream begins here (the engine restarted): forget what it sent before"},
   {NULL, NULL},
 };
 

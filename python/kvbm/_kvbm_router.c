@@ -134,6 +134,7 @@ static PyObject *idx_apply(IndexObject *self, PyObject *args, PyObject *kw) {
       batch.dp_rank = (int32_t)r;
       batch.has_dp_rank = true;
     }
+    batch.reset = PyStructSequence_GetItem(evo, 6) == Py_True; /* a new stream */
     evo = PyStructSequence_GetItem(evo, 3);
   } else if (PyDict_Check(evo)) {
     return PyErr_Format(PyExc_TypeError, "events: a single dict; pass a list of event dicts");
@@ -301,7 +302,8 @@ static PyMethodDef idx_methods[] = {
   {"apply", (PyCFunction)(void (*)(void))idx_apply, METH_VARARGS | METH_KEYWORDS,
    "apply(worker_id, events, *, dp_rank=None)\n\n"
    "Applies a worker's events: an EventBatch from Subscriber.recv (its seq checks\n"
-   "for duplicates and gaps; its dp_rank names the worker unless dp_rank is given)\n"
+   "for duplicates and gaps; its dp_rank names the worker unless dp_rank is given;\n"
+   "reset, a restarted engine, first forgets every rank of the worker)\n"
    "or a list of event dicts ({'type': 'BlockStored', 'block_hashes': [...],\n"
    "'parent_block_hash', 'token_ids', 'block_size', 'medium', ...}). The medium\n"
    "picks the tier: GPU (or none) G1, CPU G2, DISK G3, REMOTE G4, others G3."},

@@ -295,6 +295,46 @@ def test_index_fed_by_a_subscriber_and_dedup_by_seq():
     assert idx.stats()["duplicates"] >= 1 and idx.stats()["stored"] == 5
 
 
+def test_a_restarted_engine_is_a_new_stream():
+    """An engine numbers batches from 0 again after a restart: the batch
+    says reset, and the index forgets the worker's old blocks."""
+    ctx = zmq.Context.instance()
+    engine = ctx.socket(zmq.PUB)
+    port = engine.bind_to_random_port("tcp://127.0.0.1")
+    sub = kvbm.Subscriber(f"tcp://127.0.0.1:{port}", max_queue_bytes=1 << 22)
+    a, b = np.arange(2 * B, dtype=np.uint32), np.arange(100, 100 + B, dtype=np.uint32)
+    ha, hb = kvbm.block_hashes(a, B), kvbm.block_hashes(b, B)
+
+    def stored(h, toks):
+        return msgpack.packb([1.0, [["BlockStored", h, None, toks.tolist(), B, None, "GPU"]], 0])
+
+    end, seq, first = time.monotonic() + DEADLINE, 0, None
+    while first is None:  # until the subscription reached the engine
+        assert time.monotonic() < end
+        engine.send_multipart([b"", struct.pack(">Q", seq), stored(ha, a)])
+        seq += 1
+        first = sub.recv(timeout=0.05)
+    idx = kvbm.Index(B)
+    idx.apply(4, first)
+    for s in range(first.seq + 1, first.seq + 5):
+        engine.send_multipart([b"", struct.pack(">Q", s), msgpack.packb([1.0, [], 0])])
+    engine.send_multipart([b"", struct.pack(">Q", 0), stored(hb, b)])  # restarted
+    got = []
+    while not got or not got[-1].reset:
+        assert time.monotonic() < end
+        x = sub.recv(timeout=0.5)
+        if x is not None:
+            got.append(x)
+    assert [x.reset for x in got] == [False] * 4 + [True] and got[-1].seq == 0
+    for x in got:
+        idx.apply(4, x)
+    assert idx.overlap(a) == {(4, 0): (0, 0, 0, 0)} and idx.overlap(b)[(4, 0)][0] == 1
+    st = sub.stats()
+    assert st["resets"] == 1 and st["lost"] == 0 and st["overflow"] == 0
+    sub.close()
+    engine.close(0)
+
+
 def test_index_recompute_in_dynamo_scheme():
     """Engines with hashes a router cannot reproduce: recompute keys from tokens."""
     a = np.arange(4 * B, dtype=np.uint32)
