@@ -66,14 +66,21 @@ static void fail(void **dealer, kvbm__replay_result *res, const char *why) {
   res->why = why;
 }
 
-static int send_request(void **dealer, void *zctx, const char *endpoint, uint64_t from) {
-  if (!*dealer) {
-    *dealer = zmq_socket(zctx, ZMQ_DEALER);
-    if (!*dealer) return -1;
-    int zero = 0;
-    zmq_setsockopt(*dealer, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_connect(*dealer, endpoint) < 0) return -1;
+int kvbm__replay_open(void *zctx, void **dealer, const char *endpoint) {
+  if (*dealer) return 0;
+  *dealer = zmq_socket(zctx, ZMQ_DEALER);
+  if (!*dealer) return -1;
+  int zero = 0;
+  zmq_setsockopt(*dealer, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect(*dealer, endpoint) < 0) {
+    kvbm__replay_close(dealer);
+    return -1;
   }
+  return 0;
+}
+
+static int send_request(void **dealer, void *zctx, const char *endpoint, uint64_t from) {
+  if (kvbm__replay_open(zctx, dealer, endpoint)) return -1;
   uint8_t b[8];
   ev_put_be64(b, from);
   if (zmq_send(*dealer, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||

@@ -79,6 +79,12 @@ void kvbm__replay_fetch(void *zctx, void **dealer, const char *endpoint,
                         kvbm__replay_window *w, kvbm__replay_take_fn take, void *user,
                         kvbm__replay_result *res);
 
+/* Makes *dealer (when NULL) and connects it to the replay ROUTER at
+ * `endpoint` ahead of the first fetch (so that its descriptors exist from
+ * the start); 0, or -1 with *dealer NULL. kvbm__replay_fetch does the same
+ * when it finds no DEALER. */
+int kvbm__replay_open(void *zctx, void **dealer, const char *endpoint);
+
 /* Closes a DEALER made by kvbm__replay_fetch (NULL is a no-op). */
 void kvbm__replay_close(void **dealer);
 

@@ -169,10 +169,6 @@ static int take_reply(void *user, uint64_t seq, const uint8_t *data, size_t len)
 /* Asks the replay socket for batches [from, to) and applies them in order
  * (nothing is queued: each reply goes to the index as it comes). */
 static void replay(source *s, uint64_t from, uint64_t to) {
-  if (!s->zctx && !(s->zctx = zmq_ctx_new())) {
-    ADD(s->n.replay_failures, 1);
-    return;
-  }
   kvbm__replay_window w;
   kvbm__replay_window_init(&w, from, to, s->d->cfg.replay_timeout_ms, SIZE_MAX,
                            s->d->cfg.max_payload, kvbm_clock_ns());
@@ -297,6 +293,13 @@ static int start_nats(source *s, kvbm_error *err) {
   int rc = kvbm_event_decoder_create(&s->dec, err);
   if (rc) return rc;
   kvbm_seq_init(&s->seq, NULL);
+  /* the replay client's socket now, so that its descriptors (and its
+   * context's threads') are counted when the daemon checks max_connections
+   * against the descriptor limit */
+  if (c->replay_endpoint && (!(s->zctx = zmq_ctx_new()) ||
+                             kvbm__replay_open(s->zctx, &s->dealer, c->replay_endpoint)))
+    return kvbm_error_set(err, KVBM_EIO, "router: worker %" PRIu64 ": replay socket %s: %s",
+                          c->worker_id, c->replay_endpoint, zmq_strerror(errno));
   size_t qb = s->d->cfg.queue_bytes;
   natsOptions *o = NULL;
   natsStatus st = natsOptions_Create(&o);
