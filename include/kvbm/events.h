@@ -115,7 +115,7 @@ typedef struct kvbm_event_batch {
   bool replayed;               /* subscriber: came through the replay socket */
   bool reset;                  /* subscriber: this batch starts a new stream
                                 * (the engine restarted, or the stream was
-                                * re-synced after a jump; see kvbm_seq_check):
+                                * re-synced after a jump; see kvbm_seqno_check):
                                 * forget what this source sent before it.
                                 * kvbm_index_apply_batch honours it. */
 } kvbm_event_batch;
@@ -179,7 +179,7 @@ KVBM_EXTERN int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, siz
  * old. A tracker classifies each number it is shown:
  *
  *   NEXT       the batch due: take it.
- *   GAP        ahead by at most max_gap: [kvbm_seq_next(), seq) are
+ *   GAP        ahead by at most max_gap: [kvbm_seqno_next(), seq) are
  *              missing; replay them if you can, then take this one.
  *   DUPLICATE  already taken (or given up as lost): skip it.
  *   RESTART    the stream went back: a new stream starts with this batch
@@ -203,58 +203,58 @@ KVBM_EXTERN int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, siz
  *
  * The tracker is a plain value (no allocation, no locks): one per stream,
  * used by one thread at a time. */
-typedef struct kvbm_seq_rules {
+typedef struct kvbm_seqno_rules {
   uint64_t max_gap;  /* a jump ahead of at most this many batches is a gap
                       * (default 100000) */
   uint32_t confirm;  /* batches in a row past a bigger jump that make it a
                       * new stream (default 3; 1 = at once) */
-} kvbm_seq_rules;
+} kvbm_seqno_rules;
 
-KVBM_EXTERN kvbm_seq_rules kvbm_seq_rules_default(void);
+KVBM_EXTERN kvbm_seqno_rules kvbm_seqno_rules_default(void);
 
-typedef enum kvbm_seq_verdict {
-  KVBM_SEQ_NEXT = 0,
-  KVBM_SEQ_GAP = 1,
-  KVBM_SEQ_DUPLICATE = 2,
-  KVBM_SEQ_RESTART = 3,
-  KVBM_SEQ_HOLD = 4,
-  KVBM_SEQ_RESYNC = 5,
-} kvbm_seq_verdict;
+typedef enum kvbm_seqno_verdict {
+  KVBM_SEQNO_NEXT = 0,
+  KVBM_SEQNO_GAP = 1,
+  KVBM_SEQNO_DUPLICATE = 2,
+  KVBM_SEQNO_RESTART = 3,
+  KVBM_SEQNO_HOLD = 4,
+  KVBM_SEQNO_RESYNC = 5,
+} kvbm_seqno_verdict;
 
 /* The tracker's state; read it through the functions below. */
-typedef struct kvbm_seq_tracker {
-  kvbm_seq_rules rules;
+typedef struct kvbm_seqno_tracker {
+  kvbm_seqno_rules rules;
   bool started, have_live;
   uint64_t next;      /* the batch due */
   uint64_t floor;     /* where the current stream began (for us) */
   uint64_t live_last; /* the last live number that belonged to the stream */
   uint32_t held;      /* HOLD batches kept aside */
   uint64_t held_first, held_next;
-} kvbm_seq_tracker;
+} kvbm_seqno_tracker;
 
 /* A tracker that has seen nothing (rules NULL: the defaults). A zero
  * max_gap or confirm is taken as the default. */
-KVBM_EXTERN void kvbm_seq_init(kvbm_seq_tracker *t, const kvbm_seq_rules *rules);
+KVBM_EXTERN void kvbm_seqno_init(kvbm_seqno_tracker *t, const kvbm_seqno_rules *rules);
 
 /* Starts the stream at `first` before any number is seen (a late joiner
  * that asks for replay from there). */
-KVBM_EXTERN void kvbm_seq_start(kvbm_seq_tracker *t, uint64_t first);
+KVBM_EXTERN void kvbm_seqno_start(kvbm_seqno_tracker *t, uint64_t first);
 
 /* Classifies `seq` (see above) and moves the tracker; *discard (not NULL)
  * receives how many held batches became void. Take NEXT, GAP, RESTART and
- * RESYNC batches with kvbm_seq_take, in order. */
-KVBM_EXTERN kvbm_seq_verdict kvbm_seq_check(kvbm_seq_tracker *t, uint64_t seq, bool live,
+ * RESYNC batches with kvbm_seqno_take, in order. */
+KVBM_EXTERN kvbm_seqno_verdict kvbm_seqno_check(kvbm_seqno_tracker *t, uint64_t seq, bool live,
                                 uint32_t *discard);
 
 /* Records that batch `seq` was taken (delivered, applied); returns how many
  * batches before it were never taken (lost). */
-KVBM_EXTERN uint64_t kvbm_seq_take(kvbm_seq_tracker *t, uint64_t seq);
+KVBM_EXTERN uint64_t kvbm_seqno_take(kvbm_seqno_tracker *t, uint64_t seq);
 
 /* The batch due next (the start of a GAP's missing range); 0 before any. */
-KVBM_EXTERN uint64_t kvbm_seq_next(const kvbm_seq_tracker *t);
+KVBM_EXTERN uint64_t kvbm_seqno_next(const kvbm_seqno_tracker *t);
 
 /* A verdict's name ("next", "gap", ...). */
-KVBM_EXTERN const char *kvbm_seq_verdict_name(kvbm_seq_verdict v);
+KVBM_EXTERN const char *kvbm_seqno_verdict_name(kvbm_seqno_verdict v);
 
 /* ------------------------------------------------------------- publisher */
 
@@ -411,7 +411,7 @@ typedef struct kvbm_subscriber_config {
                                  * max_queue_bytes / 2 bytes of replayed or
                                  * held batches; more is dropped and counted
                                  * (default 64 MiB; >= 2 * max_payload) */
-  kvbm_seq_rules seq;           /* see kvbm_seq_check (zeros: defaults) */
+  kvbm_seqno_rules seq;           /* see kvbm_seqno_check (zeros: defaults) */
 } kvbm_subscriber_config;
 
 KVBM_EXTERN kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint);

@@ -80,7 +80,7 @@ typedef struct kvbm_index_config {
                                 grown as needed (16384) */
   kvbm_index_gap_fn on_gap;  /* optional */
   void *gap_user;
-  kvbm_seq_rules seq;        /* how ids are judged (kvbm_seq_check; zeros:
+  kvbm_seqno_rules seq;        /* how ids are judged (kvbm_seqno_check; zeros:
                                 the defaults) */
 } kvbm_index_config;
 
@@ -105,7 +105,7 @@ KVBM_EXTERN int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key worker, u
 KVBM_EXTERN int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key worker);
 
 /* Applies one event of `worker` (added when unknown). `id` orders the
- * worker's input by the sequence rules (kvbm_seq_check, as for input that
+ * worker's input by the sequence rules (kvbm_seqno_check, as for input that
  * mixes live and replayed batches): the first id seen starts the count; an
  * id a little below the next expected one is a duplicate and skipped
  * (KVBM_OK, counted); one above by at most seq.max_gap is a gap (on_gap is

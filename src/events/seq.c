@@ -38,29 +38,29 @@
 #define DEFAULT_MAX_GAP 100000u
 #define DEFAULT_CONFIRM 3u
 
-kvbm_seq_rules kvbm_seq_rules_default(void) {
-  return (kvbm_seq_rules){.max_gap = DEFAULT_MAX_GAP, .confirm = DEFAULT_CONFIRM};
+kvbm_seqno_rules kvbm_seqno_rules_default(void) {
+  return (kvbm_seqno_rules){.max_gap = DEFAULT_MAX_GAP, .confirm = DEFAULT_CONFIRM};
 }
 
-void kvbm_seq_init(kvbm_seq_tracker *t, const kvbm_seq_rules *rules) {
-  *t = (kvbm_seq_tracker){.rules = rules ? *rules : kvbm_seq_rules_default()};
+void kvbm_seqno_init(kvbm_seqno_tracker *t, const kvbm_seqno_rules *rules) {
+  *t = (kvbm_seqno_tracker){.rules = rules ? *rules : kvbm_seqno_rules_default()};
   if (!t->rules.max_gap) t->rules.max_gap = DEFAULT_MAX_GAP;
   if (!t->rules.confirm) t->rules.confirm = DEFAULT_CONFIRM;
 }
 
 /* A new stream whose first batch is `first` (not yet taken). */
-static void begin(kvbm_seq_tracker *t, uint64_t first) {
+static void begin(kvbm_seqno_tracker *t, uint64_t first) {
   t->started = true;
   t->next = t->floor = first;
   t->have_live = false;
   t->held = 0;
 }
 
-void kvbm_seq_start(kvbm_seq_tracker *t, uint64_t first) { begin(t, first); }
+void kvbm_seqno_start(kvbm_seqno_tracker *t, uint64_t first) { begin(t, first); }
 
-uint64_t kvbm_seq_next(const kvbm_seq_tracker *t) { return t->next; }
+uint64_t kvbm_seqno_next(const kvbm_seqno_tracker *t) { return t->next; }
 
-static void saw_live(kvbm_seq_tracker *t, uint64_t seq, bool live) {
+static void saw_live(kvbm_seqno_tracker *t, uint64_t seq, bool live) {
   if (!live) return;
   t->have_live = true;
   t->live_last = seq;
@@ -68,31 +68,31 @@ static void saw_live(kvbm_seq_tracker *t, uint64_t seq, bool live) {
 
 /* A held batch is continued by seq: HOLD again, or RESYNC once enough
  * came in a row. */
-static kvbm_seq_verdict continue_held(kvbm_seq_tracker *t, uint64_t seq, bool live) {
+static kvbm_seqno_verdict continue_held(kvbm_seqno_tracker *t, uint64_t seq, bool live) {
   t->held++;
   t->held_next = seq + 1;
-  if (t->held < t->rules.confirm) return KVBM_SEQ_HOLD;
+  if (t->held < t->rules.confirm) return KVBM_SEQNO_HOLD;
   begin(t, t->held_first);
   saw_live(t, seq, live);
-  return KVBM_SEQ_RESYNC;
+  return KVBM_SEQNO_RESYNC;
 }
 
 /* seq is too far ahead to believe: the first of a new held run. 2^64 - 1
  * is vLLM's replay end marker (-1), never a batch: it is held and can be
  * continued by nothing, so it never becomes a stream position. */
-static kvbm_seq_verdict hold_new(kvbm_seq_tracker *t, uint64_t seq, bool live) {
+static kvbm_seqno_verdict hold_new(kvbm_seqno_tracker *t, uint64_t seq, bool live) {
   t->held = 0;
   t->held_first = seq;
   if (seq == UINT64_MAX) {
     t->held = 1;
     t->held_next = UINT64_MAX;
-    return KVBM_SEQ_HOLD;
+    return KVBM_SEQNO_HOLD;
   }
   return continue_held(t, seq, live);
 }
 
 /* seq is behind the batch due (or repeats the last live one). */
-static kvbm_seq_verdict behind(kvbm_seq_tracker *t, uint64_t seq, bool live) {
+static kvbm_seqno_verdict behind(kvbm_seqno_tracker *t, uint64_t seq, bool live) {
   bool restart;
   if (live)
     restart = (t->have_live && seq < t->live_last) || seq < t->floor;
@@ -100,14 +100,14 @@ static kvbm_seq_verdict behind(kvbm_seq_tracker *t, uint64_t seq, bool live) {
     restart = t->next - seq > t->rules.max_gap;
   if (!restart) {
     saw_live(t, seq, live);
-    return KVBM_SEQ_DUPLICATE;
+    return KVBM_SEQNO_DUPLICATE;
   }
   begin(t, seq);
   saw_live(t, seq, live);
-  return KVBM_SEQ_RESTART;
+  return KVBM_SEQNO_RESTART;
 }
 
-kvbm_seq_verdict kvbm_seq_check(kvbm_seq_tracker *t, uint64_t seq, bool live,
+kvbm_seqno_verdict kvbm_seqno_check(kvbm_seqno_tracker *t, uint64_t seq, bool live,
                                 uint32_t *discard) {
   if (discard) *discard = 0;
   if (t->held) {
@@ -119,36 +119,36 @@ kvbm_seq_verdict kvbm_seq_check(kvbm_seq_tracker *t, uint64_t seq, bool live,
   if (!t->started) {
     begin(t, seq);
     saw_live(t, seq, live);
-    return KVBM_SEQ_NEXT;
+    return KVBM_SEQNO_NEXT;
   }
   if (seq < t->next || (live && t->have_live && seq <= t->live_last))
     return behind(t, seq, live);
   if (seq == t->next) {
     saw_live(t, seq, live);
-    return KVBM_SEQ_NEXT;
+    return KVBM_SEQNO_NEXT;
   }
   if (seq - t->next <= t->rules.max_gap) {
     saw_live(t, seq, live);
-    return KVBM_SEQ_GAP;
+    return KVBM_SEQNO_GAP;
   }
   return hold_new(t, seq, live); /* too far ahead: not believed yet */
 }
 
-uint64_t kvbm_seq_take(kvbm_seq_tracker *t, uint64_t seq) {
+uint64_t kvbm_seqno_take(kvbm_seqno_tracker *t, uint64_t seq) {
   if (!t->started) begin(t, seq);
   uint64_t lost = seq > t->next ? seq - t->next : 0;
   if (seq >= t->next && seq != UINT64_MAX) t->next = seq + 1;
   return lost;
 }
 
-const char *kvbm_seq_verdict_name(kvbm_seq_verdict v) {
+const char *kvbm_seqno_verdict_name(kvbm_seqno_verdict v) {
   switch (v) {
-    case KVBM_SEQ_NEXT: return "next";
-    case KVBM_SEQ_GAP: return "gap";
-    case KVBM_SEQ_DUPLICATE: return "duplicate";
-    case KVBM_SEQ_RESTART: return "restart";
-    case KVBM_SEQ_HOLD: return "hold";
-    case KVBM_SEQ_RESYNC: return "resync";
+    case KVBM_SEQNO_NEXT: return "next";
+    case KVBM_SEQNO_GAP: return "gap";
+    case KVBM_SEQNO_DUPLICATE: return "duplicate";
+    case KVBM_SEQNO_RESTART: return "restart";
+    case KVBM_SEQNO_HOLD: return "hold";
+    case KVBM_SEQNO_RESYNC: return "resync";
   }
   return "?";
 }

@@ -3,7 +3,7 @@
  * recovering gaps through its replay socket, within a byte budget.
  *
  * Order. Every live sequence number goes through the stream's sequence
- * rules (seq.c, kvbm_seq_check): the batch due is decoded straight from
+ * rules (seq.c, kvbm_seqno_check): the batch due is decoded straight from
  * the ZMQ frame (no copy); a repeat is skipped; a step back is a restarted
  * engine, delivered at once with reset = true; a step forward within
  * max_gap is a gap, for which the replay ROUTER is asked (replay.c: only
@@ -59,7 +59,7 @@ struct kvbm_subscriber {
   void *monitor;    /* connect mode: the SUB's disconnect events */
   kvbm_event_decoder *dec;
   bool joined;
-  kvbm_seq_tracker seq;
+  kvbm_seqno_tracker seq;
   pend *q;          /* FIFO: q[qh..qn) */
   size_t qh, qn, qcap;
   pend held[MAX_CONFIRM]; /* batches past a jump, not believed yet */
@@ -79,7 +79,7 @@ kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint) {
                                    .replay_endpoint = NULL, .start_seq = -1,
                                    .replay_timeout_ms = 2000, .max_payload = (size_t)2 << 20,
                                    .max_queue_bytes = (size_t)64 << 20,
-                                   .seq = kvbm_seq_rules_default()};
+                                   .seq = kvbm_seqno_rules_default()};
 }
 
 static char *dup_or_null(const char *s, bool *oom) {
@@ -180,7 +180,7 @@ int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber *
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "events: subscriber: out of memory");
   s->o = *opts;
   s->budget = opts->max_queue_bytes / 2;
-  kvbm_seq_init(&s->seq, &opts->seq);
+  kvbm_seqno_init(&s->seq, &opts->seq);
   bool oom = false;
   s->endpoint = dup_or_null(opts->endpoint, &oom);
   s->replay_endpoint = dup_or_null(opts->replay_endpoint, &oom);
@@ -320,7 +320,7 @@ static void release_current(kvbm_subscriber *s) {
 static int deliver(kvbm_subscriber *s, uint64_t seq, const uint8_t *data, size_t len,
                    bool replayed, bool reset, kvbm_event_batch *out, const uint8_t **payload,
                    size_t *plen, kvbm_error *err) {
-  uint64_t lost = kvbm_seq_take(&s->seq, seq);
+  uint64_t lost = kvbm_seqno_take(&s->seq, seq);
   s->st.lost += lost;
   int rc = kvbm_event_decode(s->dec, data, len, seq, out, err);
   if (rc) {
@@ -378,7 +378,7 @@ static void join(kvbm_subscriber *s) {
   s->joined = true;
   if (s->o.start_seq < 0) return;
   uint64_t from = (uint64_t)s->o.start_seq, span = s->seq.rules.max_gap + 1;
-  kvbm_seq_start(&s->seq, from);
+  kvbm_seqno_start(&s->seq, from);
   replay_range(s, from, from > UINT64_MAX - span ? UINT64_MAX : from + span, 0);
 }
 
@@ -457,7 +457,7 @@ int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batc
   for (;;) {
     pend p;
     while (pop_pending(s, &p)) { /* replayed and held batches first, in order */
-      if (!p.reset && p.seq < kvbm_seq_next(&s->seq)) {
+      if (!p.reset && p.seq < kvbm_seqno_next(&s->seq)) {
         s->st.duplicates += !p.replayed;
         free(p.data);
         continue;
@@ -477,27 +477,27 @@ int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batc
     uint64_t seq = 0;
     int rc = check_frames(s, f, n, &seq, err);
     if (rc) return rc;
-    uint64_t due = kvbm_seq_next(&s->seq);
+    uint64_t due = kvbm_seqno_next(&s->seq);
     uint32_t voided;
-    kvbm_seq_verdict v = kvbm_seq_check(&s->seq, seq, true, &voided);
+    kvbm_seqno_verdict v = kvbm_seqno_check(&s->seq, seq, true, &voided);
     if (voided) { /* a stray number, not the stream */
       s->st.jumps += voided;
       drop_held(s);
     }
     switch (v) {
-      case KVBM_SEQ_DUPLICATE:
+      case KVBM_SEQNO_DUPLICATE:
         s->st.duplicates++;
         zmq_msg_close(&f[2]);
         continue;
-      case KVBM_SEQ_HOLD:
+      case KVBM_SEQNO_HOLD:
         hold(s, seq, &f[2]);
         zmq_msg_close(&f[2]);
         continue;
-      case KVBM_SEQ_RESYNC:
+      case KVBM_SEQNO_RESYNC:
         resync(s, seq, &f[2]);
         zmq_msg_close(&f[2]);
         continue;
-      case KVBM_SEQ_GAP:
+      case KVBM_SEQNO_GAP:
         s->st.gaps++;
         if (!s->replay_endpoint) break; /* delivered below, the hole counted lost */
         replay_range(s, due, seq, zmq_msg_size(&f[2]));
@@ -506,16 +506,16 @@ int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batc
         push_pending(s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), false, false);
         zmq_msg_close(&f[2]);
         continue;
-      case KVBM_SEQ_RESTART:
+      case KVBM_SEQNO_RESTART:
         s->st.resets++;
         break;
-      case KVBM_SEQ_NEXT:
+      case KVBM_SEQNO_NEXT:
         break;
     }
     s->cur = f[2];
     s->cur_open = true;
     return deliver(s, seq, zmq_msg_data(&s->cur), zmq_msg_size(&s->cur), false,
-                   v == KVBM_SEQ_RESTART, out, payload, payload_len, err);
+                   v == KVBM_SEQNO_RESTART, out, payload, payload_len, err);
   }
 }
 

@@ -31,7 +31,7 @@ typedef struct source {
   natsConnection *nc;     /* NATS */
   natsSubscription *ns;
   kvbm_event_decoder *dec;
-  kvbm_seq_tracker seq;   /* NATS: the stream's order (handler only) */
+  kvbm_seqno_tracker seq;   /* NATS: the stream's order (handler only) */
   natsMsg *held[RD_MAX_HELD]; /* NATS: batches past a jump, not believed yet */
   uint32_t nheld;
   void *zctx, *dealer;    /* NATS: the replay client */

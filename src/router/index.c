@@ -100,7 +100,7 @@ typedef struct worker {
   uint64_t offdev;   /* (block, tier) holdings outside the device tier */
   _Atomic int closed;/* broken == 0 && offdev == 0: lookups may bisect */
   bool live;
-  kvbm_seq_tracker seq; /* the order of the worker's ids (see check_id) */
+  kvbm_seqno_tracker seq; /* the order of the worker's ids (see check_id) */
   wmap map;
 } worker;
 
@@ -665,7 +665,7 @@ static void forget_all(kvbm_index *idx, uint32_t wi) {
 kvbm_index_config kvbm_index_config_default(void) {
   return (kvbm_index_config){.block_size = 16, .scheme = KVBM_HASH_NATIVE, .salt_hash = 0,
                              .recompute = false, .expected_blocks = 16384,
-                             .seq = kvbm_seq_rules_default()};
+                             .seq = kvbm_seqno_rules_default()};
 }
 
 int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error *err) {
@@ -738,7 +738,7 @@ int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key key, uint32_t *slot,
   ST(&w->wid, key.worker_id);
   ST(&w->rank, key.dp_rank);
   w->live = true;
-  kvbm_seq_init(&w->seq, &idx->cfg.seq);
+  kvbm_seqno_init(&w->seq, &idx->cfg.seq);
   atomic_fetch_or_explicit(&idx->live, 1ull << s, memory_order_release);
   if (slot) *slot = s;
   return KVBM_OK;
@@ -754,7 +754,7 @@ int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key key) {
   return KVBM_OK;
 }
 
-/* The id rule (the stream's sequence rules, kvbm_seq_check, for input
+/* The id rule (the stream's sequence rules, kvbm_seqno_check, for input
  * that may mix live and replayed batches): the id due or a gap (on_gap is
  * called) is applied; a repeat is skipped; a step back further than the
  * rules' max_gap, or below where the worker's ids began, is a restarted
@@ -765,30 +765,30 @@ int kvbm_index_remove_worker(kvbm_index *idx, kvbm_worker_key key) {
 static bool check_id(kvbm_index *idx, uint32_t s, uint64_t id) {
   worker *w = &idx->w[s];
   if (id == KVBM_INDEX_NO_ID) return true;
-  uint64_t due = kvbm_seq_next(&w->seq);
-  switch (kvbm_seq_check(&w->seq, id, false, NULL)) {
-    case KVBM_SEQ_DUPLICATE:
+  uint64_t due = kvbm_seqno_next(&w->seq);
+  switch (kvbm_seqno_check(&w->seq, id, false, NULL)) {
+    case KVBM_SEQNO_DUPLICATE:
       bump(&idx->c.duplicates, 1);
       return false;
-    case KVBM_SEQ_HOLD:
+    case KVBM_SEQNO_HOLD:
       bump(&idx->c.jumps, 1);
       return false;
-    case KVBM_SEQ_RESTART:
-    case KVBM_SEQ_RESYNC:
+    case KVBM_SEQNO_RESTART:
+    case KVBM_SEQNO_RESYNC:
       bump(&idx->c.resets, 1);
       forget_all(idx, s);
       break;
-    case KVBM_SEQ_GAP:
+    case KVBM_SEQNO_GAP:
       bump(&idx->c.gaps, 1);
       if (idx->cfg.on_gap) {
         kvbm_worker_key key = {LD(&w->wid), LD(&w->rank)};
         idx->cfg.on_gap(idx->cfg.gap_user, key, due, id);
       }
       break;
-    case KVBM_SEQ_NEXT:
+    case KVBM_SEQNO_NEXT:
       break;
   }
-  kvbm_seq_take(&w->seq, id);
+  kvbm_seqno_take(&w->seq, id);
   return true;
 }
 

@@ -9,7 +9,7 @@
  * libnats delivers each message on its own thread, the payload (the same
  * msgpack as the ZMQ third frame) goes through the events decoder, and the
  * Kvbm-Seq header gives the sequence, judged by the same rules
- * (kvbm_seq_check) as the ZMQ subscriber judges its frames. A gap is asked
+ * (kvbm_seqno_check) as the ZMQ subscriber judges its frames. A gap is asked
  * for at the worker's ZMQ replay socket when the source names one, through
  * the events module's replay client (only the missing range, one
  * deadline); whatever is not recovered is counted lost. libnats' queue for
@@ -133,7 +133,7 @@ static void *zmq_thread(void *arg) {
  * sequence tracker: the batches it passed over are counted lost). */
 static void apply_payload(source *s, uint64_t seq, const void *data, size_t len, bool replayed,
                           bool reset) {
-  uint64_t lost = kvbm_seq_take(&s->seq, seq);
+  uint64_t lost = kvbm_seqno_take(&s->seq, seq);
   ADD(s->n.lost, lost);
   kvbm_event_batch b;
   kvbm_error err = {0};
@@ -205,35 +205,35 @@ static bool msg_seq(natsMsg *msg, uint64_t *seq) {
 
 /* One numbered message, by the stream's rules. */
 static void on_numbered(source *s, natsMsg *msg, uint64_t seq) {
-  uint64_t due = kvbm_seq_next(&s->seq);
+  uint64_t due = kvbm_seqno_next(&s->seq);
   uint32_t voided;
-  kvbm_seq_verdict v = kvbm_seq_check(&s->seq, seq, true, &voided);
+  kvbm_seqno_verdict v = kvbm_seqno_check(&s->seq, seq, true, &voided);
   if (voided) { /* a stray number, not the stream */
     ADD(s->n.jumps, voided);
     drop_held(s);
   }
   switch (v) {
-    case KVBM_SEQ_DUPLICATE:
+    case KVBM_SEQNO_DUPLICATE:
       ADD(s->n.duplicates, 1);
       natsMsg_Destroy(msg);
       return;
-    case KVBM_SEQ_HOLD:
+    case KVBM_SEQNO_HOLD:
       if (s->nheld < RD_MAX_HELD) s->held[s->nheld++] = msg;
       else natsMsg_Destroy(msg);
       return;
-    case KVBM_SEQ_RESYNC:
+    case KVBM_SEQNO_RESYNC:
       for (uint32_t i = 0; i < s->nheld; i++) apply_msg(s, held_seq(s->held[i]), s->held[i], i == 0);
       apply_msg(s, seq, msg, s->nheld == 0);
       s->nheld = 0;
       return;
-    case KVBM_SEQ_GAP:
+    case KVBM_SEQNO_GAP:
       if (s->cfg.replay_endpoint) replay(s, due, seq);
       apply_msg(s, seq, msg, false);
       return;
-    case KVBM_SEQ_RESTART:
+    case KVBM_SEQNO_RESTART:
       apply_msg(s, seq, msg, true);
       return;
-    case KVBM_SEQ_NEXT:
+    case KVBM_SEQNO_NEXT:
       apply_msg(s, seq, msg, false);
       return;
   }
@@ -292,7 +292,7 @@ static int start_nats(source *s, kvbm_error *err) {
                           c->worker_id);
   int rc = kvbm_event_decoder_create(&s->dec, err);
   if (rc) return rc;
-  kvbm_seq_init(&s->seq, NULL);
+  kvbm_seqno_init(&s->seq, NULL);
   /* the replay client's socket now, so that its descriptors (and its
    * context's threads') are counted when the daemon checks max_connections
    * against the descriptor limit */

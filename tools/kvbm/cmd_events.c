@@ -186,7 +186,7 @@ static bool idle_over(const args *a, double idle_since) {
 
 /* Where tail reads: our ZMQ subscriber, or a NATS subject carrying kvbm's
  * payloads (sequence in the Kvbm-Seq header, judged by the stream's rules,
- * kvbm_seq_check; no replay on NATS, so a gap is reported as lost, and the
+ * kvbm_seqno_check; no replay on NATS, so a gap is reported as lost, and the
  * batches held past a jump are not printed: once the jump is believed they
  * count as lost too). libnats' queue is bounded by --queue-bytes; what it
  * drops shows as gaps and in the summary. */
@@ -195,14 +195,14 @@ typedef struct source {
   natsConnection *nc;
   natsSubscription *nsub;
   kvbm_event_decoder *dec;
-  kvbm_seq_tracker seq;
+  kvbm_seqno_tracker seq;
   uint64_t lost, batches, events, bad, duplicates, resets, jumps;
 } source;
 
 static int source_open(source *src, const args *a, kvbm_error *err) {
   if (strncmp(a->sub.endpoint, "nats://", 7))
     return kvbm_subscriber_create(&a->sub, &src->zsub, err);
-  kvbm_seq_init(&src->seq, NULL);
+  kvbm_seqno_init(&src->seq, NULL);
   size_t qb = a->sub.max_queue_bytes;
   natsStatus st = natsConnection_ConnectTo(&src->nc, a->sub.endpoint);
   if (st == NATS_OK) st = natsConnection_SubscribeSync(&src->nsub, src->nc, a->subject);
@@ -217,12 +217,12 @@ static int source_open(source *src, const args *a, kvbm_error *err) {
 /* The sequence rules for one NATS message; false when it is not printed. */
 static bool nats_order(source *src, uint64_t seq, bool *reset) {
   uint32_t voided;
-  kvbm_seq_verdict v = kvbm_seq_check(&src->seq, seq, true, &voided);
+  kvbm_seqno_verdict v = kvbm_seqno_check(&src->seq, seq, true, &voided);
   src->jumps += voided;
-  *reset = v == KVBM_SEQ_RESTART || v == KVBM_SEQ_RESYNC;
+  *reset = v == KVBM_SEQNO_RESTART || v == KVBM_SEQNO_RESYNC;
   src->resets += *reset;
-  if (v == KVBM_SEQ_DUPLICATE) src->duplicates++;
-  return v != KVBM_SEQ_DUPLICATE && v != KVBM_SEQ_HOLD;
+  if (v == KVBM_SEQNO_DUPLICATE) src->duplicates++;
+  return v != KVBM_SEQNO_DUPLICATE && v != KVBM_SEQNO_HOLD;
 }
 
 static int source_next(source *src, int timeout_ms, kvbm_event_batch *b, kvbm_error *err) {
@@ -235,7 +235,7 @@ static int source_next(source *src, int timeout_ms, kvbm_event_batch *b, kvbm_er
     if (st != NATS_OK) return kvbm_error_set(err, KVBM_EIO, "nats: %s", natsStatus_GetText(st));
     const char *h = NULL;
     char *end = NULL;
-    uint64_t seq = kvbm_seq_next(&src->seq);
+    uint64_t seq = kvbm_seqno_next(&src->seq);
     bool numbered = natsMsgHeader_Get(m, "Kvbm-Seq", &h) == NATS_OK && h && *h != '-';
     if (numbered) seq = strtoull(h, &end, 10);
     bool reset = false;
@@ -244,7 +244,7 @@ static int source_next(source *src, int timeout_ms, kvbm_event_batch *b, kvbm_er
       natsMsg_Destroy(m);
       continue;
     }
-    uint64_t lost = kvbm_seq_take(&src->seq, seq);
+    uint64_t lost = kvbm_seqno_take(&src->seq, seq);
     int rc = kvbm_event_decode(src->dec, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
                                seq, b, err);
     natsMsg_Destroy(m);
