@@ -28,7 +28,7 @@
  * Keys. A block's key is its 64-bit sequence hash under the volume's
  * namespace (kvbm_volume_config.key_namespace): the backend stores it as
  * "<namespace>/<16 hex digits>" (Redis key, or file name under a folder per
- * namespace). The manager's namespace names the layout fingerprint, the
+ * namespace; with the empty namespace, just the 16 hex digits). The manager's namespace names the layout fingerprint, the
  * hash scheme, the block size and the model id, so two models or two
  * layouts sharing one store never see each other's blocks.
  *
@@ -36,7 +36,8 @@
  * (kvbm/frame.h) in remote volumes, so every block carries its own
  * BLAKE3-128 check and a get never hands the engine bytes it cannot verify.
  * A volume may drop a block at any time (eviction, a restart, a failover):
- * a get then reports KVBM_ENOTFOUND, a miss.
+ * a get then reports KVBM_ENOTFOUND, a miss. A get that does not end
+ * KVBM_OK leaves dst's content unspecified.
  *
  * Threads: every function may be called from any thread. Callbacks run on
  * a volume I/O thread and must not call kvbm_volume_unregister.
@@ -47,6 +48,10 @@
  * (the deadline passed); KVBM_EIO (the store failed or is unreachable);
  * KVBM_ETOOLONG (a value above max_value_bytes); KVBM_ECLOSED (the volume
  * was unregistered before the operation ran).
+ *
+ * Cost: a batch is one queue slot and one wake-up; the backends pipeline a
+ * batch's operations (Redis) or keep them in flight together (disk), so
+ * batching is what buys throughput.
  */
 #ifndef KVBM_VOLUME_H
 #define KVBM_VOLUME_H
@@ -64,7 +69,7 @@ extern "C" {
 typedef struct kvbm_volume kvbm_volume;
 
 typedef enum kvbm_volume_op_kind {
-  KVBM_VOLUME_PUT = 0,    /* store len bytes at src under key (replace) */
+  KVBM_VOLUME_PUT = 0,    /* store len >= 1 bytes at src under key (replace) */
   KVBM_VOLUME_GET = 1,    /* copy the value into dst (cap bytes) */
   KVBM_VOLUME_EXISTS = 2, /* is there a value? (size set when known) */
   KVBM_VOLUME_DELETE = 3, /* remove the value (ENOTFOUND if none) */
@@ -95,7 +100,14 @@ typedef struct kvbm_volume_config kvbm_volume_config;
  * thread's state, setting every op's status, and must return by the
  * deadline (a CLOCK_MONOTONIC time in nanoseconds) with KVBM_ETIMEDOUT for
  * what it could not finish; `close` frees a state. Only `scheme`, `open`,
- * `run` and `close` are required. */
+ * `run` and `close` are required. `open` runs in kvbm_volume_register (its
+ * error fails the registration; cfg->url is the URL as given, user info
+ * included), `run` and `close` on the state's own I/O thread or in
+ * unregister. `run` never sees a put above max_value_bytes (the volume
+ * refuses it). It may report a value that failed the backend's own check
+ * (a torn record, a foreign file) as KVBM_ECHECKSUM: the volume turns that
+ * into KVBM_ENOTFOUND and counts it (stats.corrupt); any status outside the
+ * list at the top of this file becomes KVBM_EIO. */
 typedef struct kvbm_volume_backend {
   const char *scheme;   /* the URL scheme it serves ("myvendor") */
   uint32_t max_threads; /* 0: any number; 1: one I/O thread only */
@@ -104,13 +116,16 @@ typedef struct kvbm_volume_backend {
   void (*close)(void *state);
 } kvbm_volume_backend;
 
+/* Settings; a zero timeout, thread count, queue capacity or value bound
+ * means its default. */
 struct kvbm_volume_config {
   const char *url;           /* the descriptor: scheme://... (required) */
   const char *name;          /* volume id in storage events; NULL: the URL
                                 without user info */
   const char *key_namespace; /* "" by default; [A-Za-z0-9._:-]{0,200} */
-  int timeout_ms;            /* deadline of one batch (1000) */
-  uint32_t threads;          /* I/O threads (1) */
+  int timeout_ms;            /* deadline of one batch, counted from its
+                                submission (1000; 0: the default) */
+  uint32_t threads;          /* I/O threads (1; at most 64) */
   uint32_t queue_capacity;   /* batches waiting; more: KVBM_EAGAIN (256) */
   uint64_t max_value_bytes;  /* largest value put or accepted by get (64 MiB) */
   /* disk:// only: the slot file's geometry, and whether it outlives the
@@ -139,9 +154,10 @@ KVBM_EXTERN int kvbm_volume_register(const kvbm_volume_config *cfg, kvbm_volume 
  * NULL: no-op. */
 KVBM_EXTERN void kvbm_volume_unregister(kvbm_volume *v);
 
-/* Queues a batch of n >= 1 operations; `done` reports it. KVBM_EAGAIN when
- * the queue is full (nothing queued, done not called), KVBM_ECLOSED after
- * unregister began, KVBM_EINVAL for a bad op (kind, NULL buffer). */
+/* Queues a batch of 1 <= n <= 65536 operations; `done` reports it.
+ * KVBM_EAGAIN when the queue is full (nothing queued, done not called),
+ * KVBM_ECLOSED after unregister began, KVBM_EINVAL for a bad op (kind, NULL
+ * buffer, a put of 0 bytes). Never blocks. */
 KVBM_EXTERN int kvbm_volume_submit(kvbm_volume *v, kvbm_volume_op *ops, size_t n,
                                    kvbm_volume_done_cb done, void *user);
 
@@ -162,10 +178,14 @@ KVBM_EXTERN int kvbm_volume_delete(kvbm_volume *v, uint64_t key);
 KVBM_EXTERN const char *kvbm_volume_name(const kvbm_volume *v);
 KVBM_EXTERN const char *kvbm_volume_url(const kvbm_volume *v);
 
+/* Counters since register. hits + misses == gets: a miss is any get that
+ * did not return the value (not found, timed out, failed). */
 typedef struct kvbm_volume_stats {
   uint64_t puts, gets, hits, misses, exists, deletes;
   uint64_t bytes_put, bytes_got;
-  uint64_t timeouts, io_errors, full; /* ops that ended so */
+  uint64_t timeouts, io_errors, full; /* ops that ended so (full: puts) */
+  uint64_t corrupt;                   /* gets whose stored value failed the
+                                         backend's check (also misses) */
   uint64_t rejected;                  /* batches refused: queue full */
   uint64_t reconnects;                /* connections re-established */
   uint64_t queued;                    /* batches waiting now */
