@@ -93,6 +93,7 @@ kvbm_volume_config kvbm_volume_config_default(const char *url) {
 static const kvbm_volume_backend *builtin(kvbm__volume_kind k) {
   switch (k) {
   case KVBM__VOLUME_FILE: return &kvbm__volume_file_backend;
+  case KVBM__VOLUME_DISK: return &kvbm__volume_disk_backend;
   case KVBM__VOLUME_REDIS: return &kvbm__volume_redis_backend;
   default: return NULL;
   }
