@@ -10,9 +10,11 @@
  * reported once, by a callback; kvbm_volume_run() is the synchronous form.
  *
  * Backends, chosen by the URL's scheme:
- *   disk:///DIR        the local slot file (io_uring, O_DIRECT, checksummed
+ *   disk:///DIR[?direct=0|1&uring=0|1&depth=N]
+ *                      the local slot file (io_uring, O_DIRECT, checksummed
  *                      slot headers, warm restart) in DIR; needs the
- *                      config's slots and block_bytes
+ *                      config's slots and block_bytes; one I/O thread, so
+ *                      its batches run in submission order
  *   file:///DIR        one file per block under DIR, written to a temporary
  *                      name and renamed into place: two processes (or two
  *                      machines over NFS/Lustre) pointed at one directory
@@ -114,6 +116,15 @@ typedef struct kvbm_volume_backend {
   int (*open)(const kvbm_volume_config *cfg, void *user, void **state, kvbm_error *err);
   void (*run)(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadline_ns);
   void (*close)(void *state);
+  /* Optional (NULL: kvbm_volume_keys says KVBM_EUNSUPPORTED): calls fn for
+   * every key the state holds, oldest write first, and sets *skipped to
+   * the records found broken when the state was opened. On the I/O
+   * thread. */
+  int (*keys)(void *state, void (*fn)(void *user, uint64_t key, size_t size), void *user,
+              uint64_t *skipped);
+  /* Optional: a short static text saying how the state runs (see
+   * kvbm_volume_mode). */
+  const char *(*describe)(void *state);
 } kvbm_volume_backend;
 
 /* Settings; a zero timeout, thread count, queue capacity or value bound
@@ -173,6 +184,23 @@ KVBM_EXTERN int kvbm_volume_get(kvbm_volume *v, uint64_t key, void *dst, size_t 
                                 size_t *size);
 KVBM_EXTERN int kvbm_volume_exists(kvbm_volume *v, uint64_t key, size_t *size);
 KVBM_EXTERN int kvbm_volume_delete(kvbm_volume *v, uint64_t key);
+
+/* Lists the keys the volume holds, oldest write first, where its backend
+ * keeps an index of its own: disk:// (what a warm restart found, and what
+ * was stored since). *skipped (may be NULL) receives how many stored
+ * records were found broken at register (torn or foreign slots). Runs on
+ * the I/O thread, after the batches submitted before it, and calls fn
+ * there; returns when done. KVBM_EUNSUPPORTED where the store cannot be
+ * listed (file://, redis://: shared and unbounded), KVBM_EAGAIN (queue
+ * full), KVBM_ECLOSED. */
+typedef void (*kvbm_volume_key_cb)(void *user, uint64_t key, size_t size);
+KVBM_EXTERN int kvbm_volume_keys(kvbm_volume *v, kvbm_volume_key_cb fn, void *user,
+                                 uint64_t *skipped, kvbm_error *err);
+
+/* How the backend runs, for logs and reports: disk:// says
+ * "io_uring+O_DIRECT", "pread/pwrite+buffered", ...; "" when the backend
+ * does not say. Static for the volume's life. */
+KVBM_EXTERN const char *kvbm_volume_mode(const kvbm_volume *v);
 
 /* The volume's id and its URL without user info (static for its life). */
 KVBM_EXTERN const char *kvbm_volume_name(const kvbm_volume *v);

@@ -40,6 +40,7 @@
  * one thread at a time).
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,6 +80,9 @@ typedef struct dstate {
   void **bufs;
   pending *pend;
   uint32_t inflight;
+  uint64_t next_seq; /* our write order (keys() lists oldest first) */
+  uint64_t skipped;  /* broken or foreign slots found at open */
+  char mode[40];
 } dstate;
 
 /* ---- the index ---- */
@@ -148,6 +152,7 @@ static void complete(dstate *s, kvbm__disk_io *io) {
       uint64_t old = find(s, op->key);
       si->key = op->key;
       si->len = op->len;
+      si->seq = s->next_seq++;
       map(s, op->key, p->slot);
       if (old != NO_SLOT && old != p->slot) release(s, old);
       op->status = KVBM_OK;
@@ -295,9 +300,10 @@ static void restore(void *user, uint64_t slot, const kvbm_slot_header *h) {
   scan_ctx *c = user;
   dstate *s = c->s;
   if (!h->has_parent || h->parent_hash == 0 || h->parent_hash > s->block_bytes) {
-    c->bad++; /* a slot of another writer (the manager's G3 of old) */
+    c->bad++; /* a slot of another writer */
     return;
   }
+  if (h->write_seq >= s->next_seq) s->next_seq = h->write_seq + 1;
   uint64_t old = find(s, h->seq_hash);
   if (old != NO_SLOT) {
     if (s->slots[old].seq > h->write_seq) return; /* an older copy: stays free */
@@ -312,6 +318,7 @@ static int warm_restart(dstate *s, kvbm_error *err) {
   uint64_t bad = 0;
   int rc = kvbm__disk_scan(s->d, false, restore, &c, &bad, err);
   if (rc) return rc;
+  s->skipped = bad + c.bad;
   /* The free stack: every slot not in use, highest first so slot 0 goes
    * first (sequential on a fresh file). */
   s->nfree = 0;
@@ -360,16 +367,19 @@ static int disk_open(const kvbm_volume_config *cfg, void *user, void **state, kv
   uint64_t tsize = 2;
   while (tsize < 2 * s->nslots) tsize <<= 1;
   s->mask = tsize - 1;
-  s->depth = s->nslots < QUEUE_DEPTH ? (uint32_t)s->nslots : QUEUE_DEPTH;
+  s->depth = ctx->url->disk_depth > 0 ? (uint32_t)ctx->url->disk_depth : QUEUE_DEPTH;
+  if (s->nslots < s->depth) s->depth = (uint32_t)s->nslots;
+  s->next_seq = 1;
   kvbm__disk_config dc = {.dir = ctx->url->path,
                           .num_slots = s->nslots,
                           .data_bytes = s->block_bytes,
                           .fingerprint = XXH3_64bits_withSeed(ctx->ns, strlen(ctx->ns),
                                                               FINGERPRINT_SEED),
                           .persist = cfg->persist,
-                          .direct = true,
-                          .uring = true,
-                          .queue_depth = s->depth};
+                          .direct = ctx->url->disk_direct != 0,
+                          .uring = ctx->url->disk_uring != 0,
+                          .queue_depth = s->depth,
+                          .test_refuse = ctx->url->disk_test_refuse};
   int rc = kvbm__disk_open(&dc, &s->d, err);
   if (rc) {
     s->d = NULL;
@@ -393,9 +403,34 @@ static int disk_open(const kvbm_volume_config *cfg, void *user, void **state, kv
     disk_close(s);
     return rc;
   }
+  snprintf(s->mode, sizeof s->mode, "%s+%s", kvbm__disk_is_uring(s->d) ? "io_uring" : "pread/pwrite",
+           kvbm__disk_is_direct(s->d) ? "O_DIRECT" : "buffered");
   *state = s;
   return KVBM_OK;
 }
+
+static int by_seq(const void *a, const void *b) {
+  uint64_t x = ((const slot_info *)a)->seq, y = ((const slot_info *)b)->seq;
+  return x < y ? -1 : x > y;
+}
+
+static int disk_keys(void *state, void (*fn)(void *, uint64_t, size_t), void *user,
+                     uint64_t *skipped) {
+  dstate *s = state;
+  uint64_t n = s->nslots - s->nfree;
+  slot_info *v = malloc((n ? n : 1) * sizeof *v);
+  if (!v) return KVBM_ENOMEM;
+  uint64_t k = 0;
+  for (uint64_t i = 0; i < s->nslots && k < n; i++)
+    if (s->slots[i].len) v[k++] = s->slots[i];
+  qsort(v, k, sizeof *v, by_seq);
+  for (uint64_t i = 0; i < k; i++) fn(user, v[i].key, (size_t)v[i].len);
+  free(v);
+  *skipped = s->skipped;
+  return KVBM_OK;
+}
+
+static const char *disk_describe(void *state) { return ((dstate *)state)->mode; }
 
 const kvbm_volume_backend kvbm__volume_disk_backend = {
     .scheme = "disk",
@@ -403,4 +438,6 @@ const kvbm_volume_backend kvbm__volume_disk_backend = {
     .open = disk_open,
     .run = disk_run,
     .close = disk_close,
+    .keys = disk_keys,
+    .describe = disk_describe,
 };

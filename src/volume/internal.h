@@ -51,6 +51,10 @@ typedef struct kvbm__volume_url {
   kvbm__volume_host hosts[KVBM__VOLUME_HOSTS_MAX];
   uint32_t nhosts;
   char path[PATH_MAX]; /* file://, disk://: the directory (absolute) */
+  /* disk:// options from the query (?direct=0&uring=0&depth=8): -1 unset */
+  int disk_direct, disk_uring;
+  int disk_depth;
+  uint32_t disk_test_refuse; /* ?test_refuse=direct,uring (tests only) */
   uint32_t db;         /* redis://: the database */
   char display[KVBM__VOLUME_URL_MAX + 1]; /* the URL without user info */
 } kvbm__volume_url;

@@ -17,9 +17,12 @@
  *   host     = name | "[" IPv6 "]"
  *   path     = "/" ...                                          (%XX ok)
  *
- * No query, no fragment, no spaces or control bytes anywhere: a '?' or '#'
- * is refused rather than silently dropped, because it would mean an option
- * the user believes is applied. A userinfo without ':' is a password (the
+ * No fragment, no spaces or control bytes anywhere, and a query only where
+ * its every key is known (disk://): a '?' or '#' is refused rather than
+ * silently dropped, because it would mean an option the user believes is
+ * applied. disk:// takes ?direct=0|1, ?uring=0|1, ?depth=1..256 (requests
+ * in flight) and, for tests, ?test_refuse=direct,uring (the kernel's
+ * refusals, simulated), joined with '&'. A userinfo without ':' is a password (the
  * common Redis habit, "redis://secret@host"). The display form, used for
  * the volume's name and in every message, is the URL without its userinfo,
  * so a password never reaches a log or an event.
@@ -31,6 +34,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "volume/internal.h"
 
@@ -172,6 +176,60 @@ static kvbm__volume_kind kind_of(const char *scheme) {
   return KVBM__VOLUME_OTHER;
 }
 
+/* One "0" or "1". */
+static int flag(const char *v, size_t n) {
+  return n == 1 && (v[0] == '0' || v[0] == '1') ? v[0] - '0' : -1;
+}
+
+/* disk://'s query: "k=v&k=v". */
+static int parse_disk_query(const char *q, size_t n, kvbm__volume_url *u, kvbm_error *err) {
+  const char *s = q, *end = q + n;
+  while (s < end) {
+    const char *amp = memchr(s, '&', (size_t)(end - s));
+    const char *e = amp ? amp : end;
+    const char *eq = memchr(s, '=', (size_t)(e - s));
+    size_t kl = eq ? (size_t)(eq - s) : (size_t)(e - s);
+    const char *v = eq ? eq + 1 : e;
+    size_t vl = (size_t)(e - v);
+    int bad = !eq;
+    if (!bad && kl == 6 && !memcmp(s, "direct", 6)) {
+      bad = (u->disk_direct = flag(v, vl)) < 0;
+    } else if (!bad && kl == 5 && !memcmp(s, "uring", 5)) {
+      bad = (u->disk_uring = flag(v, vl)) < 0;
+    } else if (!bad && kl == 5 && !memcmp(s, "depth", 5)) {
+      int d = 0;
+      bad = vl < 1 || vl > 3;
+      for (size_t i = 0; !bad && i < vl; i++) {
+        bad = !is_digit(v[i]);
+        d = d * 10 + v[i] - '0';
+      }
+      bad = bad || d < 1 || d > 256;
+      u->disk_depth = d;
+    } else if (!bad && kl == 11 && !memcmp(s, "test_refuse", 11)) {
+      for (const char *t = v; !bad && t < e;) {
+        const char *c = memchr(t, ',', (size_t)(e - t));
+        size_t tl = c ? (size_t)(c - t) : (size_t)(e - t);
+        if (tl == 6 && !memcmp(t, "direct", 6)) u->disk_test_refuse |= 1u;
+        else if (tl == 5 && !memcmp(t, "uring", 5)) u->disk_test_refuse |= 2u;
+        else bad = 1;
+        t += tl + (c ? 1 : 0);
+      }
+    } else {
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "volume: disk:// has no option '%.*s' (direct, uring, depth, "
+                            "test_refuse)",
+                            (int)(kl > 32 ? 32 : kl), s);
+    }
+    if (bad)
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "volume: disk:// option '%.*s' has a bad value (direct=0|1, "
+                            "uring=0|1, depth=1..256, test_refuse=direct,uring)",
+                            (int)(e - s > 48 ? 48 : e - s), s);
+    s = e + (amp ? 1 : 0);
+  }
+  return KVBM_OK;
+}
+
 /* Everything after "://" for the built-in schemes. */
 static int parse_rest(const char *auth, size_t alen, const char *path,
                       size_t plen, kvbm__volume_url *u, kvbm_error *err) {
@@ -188,7 +246,16 @@ static int parse_rest(const char *auth, size_t alen, const char *path,
     if (plen == 0)
       return kvbm_error_set(err, KVBM_EINVAL, "volume: %s:// needs a directory: %s:///DIR",
                             u->scheme, u->scheme);
-    return decode("directory", path, plen, u->path, sizeof u->path, err);
+    const char *q = memchr(path, '?', plen);
+    if (q && memchr(q + 1, '?', plen - (size_t)(q + 1 - path)))
+      return kvbm_error_set(err, KVBM_EINVAL, "volume: %s:// URL has two '?'", u->scheme);
+    int rc = decode("directory", path, q ? (size_t)(q - path) : plen, u->path, sizeof u->path,
+                    err);
+    if (!rc && !u->path[0])
+      return kvbm_error_set(err, KVBM_EINVAL, "volume: %s:// needs a directory: %s:///DIR",
+                            u->scheme, u->scheme);
+    if (!rc && q) rc = parse_disk_query(q + 1, plen - (size_t)(q + 1 - path), u, err);
+    return rc;
   }
   int rc = at ? parse_userinfo(auth, (size_t)(at - auth), u, err) : KVBM_OK;
   if (rc) return rc;
@@ -217,6 +284,7 @@ static int parse_rest(const char *auth, size_t alen, const char *path,
 int kvbm__volume_url_parse(const char *url, kvbm__volume_url *u, kvbm_error *err) {
   if (!url || !u) return kvbm_error_set(err, KVBM_EINVAL, "volume: NULL URL");
   memset(u, 0, sizeof *u);
+  u->disk_direct = u->disk_uring = u->disk_depth = -1;
   size_t n = strnlen(url, KVBM__VOLUME_URL_MAX + 1);
   if (n == 0) return kvbm_error_set(err, KVBM_EINVAL, "volume: empty URL");
   if (n > KVBM__VOLUME_URL_MAX)
@@ -229,7 +297,7 @@ int kvbm__volume_url_parse(const char *url, kvbm__volume_url *u, kvbm_error *err
                             "volume: URL has a space, control or non-ASCII byte 0x%02x at "
                             "byte %zu",
                             c, i);
-    if (c == '?' || c == '#')
+    if (c == '#' || (c == '?' && strncasecmp(url, "disk://", 7) != 0))
       return kvbm_error_set(err, KVBM_EINVAL,
                             "volume: URL has a '%c' at byte %zu: queries and fragments are "
                             "not supported",

@@ -40,12 +40,24 @@
 #define BATCH_MAX 65536u
 #define TIMEOUT_MAX_MS (3600 * 1000)
 
+/* A kvbm_volume_keys() call, queued like a batch. */
+typedef struct listing {
+  kvbm_volume_key_cb fn;
+  void *user;
+  uint64_t skipped;
+  int rc;
+  bool done;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+} listing;
+
 typedef struct batch {
   kvbm_volume_op *ops;
   size_t n;
   kvbm_volume_done_cb done;
   void *user;
   uint64_t deadline_ns;
+  listing *list; /* not NULL: a listing, not ops */
 } batch;
 
 typedef struct worker {
@@ -64,6 +76,7 @@ typedef struct counters {
 struct kvbm_volume {
   kvbm_volume_config cfg; /* strings below, owned */
   char *full, *url, *name, *ns; /* the URL as given, without userinfo */
+  char *mode;
   const kvbm_volume_backend *be;
   kvbm__volume_url *parsed;
   kvbm__volume_ctx ctx;
@@ -89,6 +102,8 @@ kvbm_volume_config kvbm_volume_config_default(const char *url) {
       .max_value_bytes = UINT64_C(64) << 20,
   };
 }
+
+static int enqueue(kvbm_volume *v, const batch *b);
 
 static const kvbm_volume_backend *builtin(kvbm__volume_kind k) {
   switch (k) {
@@ -190,6 +205,15 @@ static void execute(kvbm_volume *v, void *state, batch *b, bool closed) {
   b->done(b->user, b->ops, b->n);
 }
 
+static void list_keys(kvbm_volume *v, void *state, listing *l, bool closed) {
+  int rc = closed ? KVBM_ECLOSED : v->be->keys(state, l->fn, l->user, &l->skipped);
+  pthread_mutex_lock(&l->mu);
+  l->rc = rc;
+  l->done = true;
+  pthread_cond_signal(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
 static void *worker_main(void *arg) {
   worker *w = arg;
   kvbm_volume *v = w->v;
@@ -203,7 +227,8 @@ static void *worker_main(void *arg) {
     atomic_store_explicit(&v->queued, v->count, memory_order_relaxed);
     bool closed = v->closing;
     pthread_mutex_unlock(&v->mu);
-    execute(v, w->state, &b, closed);
+    if (b.list) list_keys(v, w->state, b.list, closed);
+    else execute(v, w->state, &b, closed);
     pthread_mutex_lock(&v->mu);
   }
   pthread_mutex_unlock(&v->mu);
@@ -262,6 +287,7 @@ static void free_volume(kvbm_volume *v) {
   free(v->workers);
   free(v->ring);
   free(v->parsed);
+  free(v->mode);
   free(v->full);
   free(v->url);
   free(v->name);
@@ -310,6 +336,9 @@ static int prepare(kvbm_volume *v, const kvbm_volume_config *cfg, kvbm_error *er
       return kvbm_error_set(err, rc < 0 ? rc : KVBM_EIO, "%s", e.msg);
     }
   }
+  const char *mode = v->be->describe ? v->be->describe(v->workers[0].state) : NULL;
+  if (!(v->mode = dup_str(mode ? mode : "")))
+    return kvbm_error_set(err, KVBM_ENOMEM, "volume: out of memory");
   return KVBM_OK;
 }
 
@@ -372,7 +401,38 @@ int kvbm_volume_submit(kvbm_volume *v, kvbm_volume_op *ops, size_t n, kvbm_volum
                        void *user) {
   if (!v || !ops || !done || n == 0 || n > BATCH_MAX) return KVBM_EINVAL;
   if (check_ops(ops, n)) return KVBM_EINVAL;
-  batch b = {ops, n, done, user, kvbm_clock_ns() + (uint64_t)v->cfg.timeout_ms * 1000000u};
+  batch b = {ops, n, done, user, kvbm_clock_ns() + (uint64_t)v->cfg.timeout_ms * 1000000u, NULL};
+  return enqueue(v, &b);
+}
+
+int kvbm_volume_keys(kvbm_volume *v, kvbm_volume_key_cb fn, void *user, uint64_t *skipped,
+                     kvbm_error *err) {
+  if (skipped) *skipped = 0;
+  if (!v || !fn) return kvbm_error_set(err, KVBM_EINVAL, "volume: NULL argument");
+  if (!v->be->keys)
+    return kvbm_error_set(err, KVBM_EUNSUPPORTED, "volume: %s cannot list its keys", v->url);
+  listing l = {.fn = fn, .user = user};
+  pthread_mutex_init(&l.mu, NULL);
+  pthread_cond_init(&l.cv, NULL);
+  batch b = {.list = &l};
+  int rc = enqueue(v, &b);
+  if (rc == KVBM_OK) {
+    pthread_mutex_lock(&l.mu);
+    while (!l.done) pthread_cond_wait(&l.cv, &l.mu);
+    pthread_mutex_unlock(&l.mu);
+    rc = l.rc;
+    if (skipped) *skipped = l.skipped;
+  }
+  pthread_mutex_destroy(&l.mu);
+  pthread_cond_destroy(&l.cv);
+  if (rc) kvbm_error_set(err, rc, "volume: %s: cannot list the keys: %s", v->url, kvbm_strerror(rc));
+  return rc;
+}
+
+const char *kvbm_volume_mode(const kvbm_volume *v) { return v ? v->mode : ""; }
+
+/* Queues a batch or a listing. */
+static int enqueue(kvbm_volume *v, const batch *b) {
   pthread_mutex_lock(&v->mu);
   int rc = KVBM_OK;
   if (v->closing) {
@@ -381,7 +441,7 @@ int kvbm_volume_submit(kvbm_volume *v, kvbm_volume_op *ops, size_t n, kvbm_volum
     rc = KVBM_EAGAIN;
     add(&v->c.rejected, 1);
   } else {
-    v->ring[(v->head + v->count) % v->cap] = b;
+    v->ring[(v->head + v->count) % v->cap] = *b;
     v->count++;
     atomic_store_explicit(&v->queued, v->count, memory_order_relaxed);
     pthread_cond_signal(&v->cv);
