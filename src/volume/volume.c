@@ -110,6 +110,7 @@ static const kvbm_volume_backend *builtin(kvbm__volume_kind k) {
   case KVBM__VOLUME_FILE: return &kvbm__volume_file_backend;
   case KVBM__VOLUME_DISK: return &kvbm__volume_disk_backend;
   case KVBM__VOLUME_REDIS: return &kvbm__volume_redis_backend;
+  case KVBM__VOLUME_CLUSTER: return &kvbm__volume_cluster_backend;
   default: return NULL;
   }
 }

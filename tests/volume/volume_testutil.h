@@ -226,4 +226,132 @@ static inline void vt_redis_destroy(vt_redis *r) {
   r->dir[0] = 0;
 }
 
+/* ---- a Redis Cluster of real servers ---- */
+
+#define VT_CLUSTER_MAX 8
+
+typedef struct vt_cluster {
+  vt_redis node[VT_CLUSTER_MAX];
+  int n;
+} vt_cluster;
+
+static inline void vt_cluster_node_args(vt_redis *r) {
+  const char *a[] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-node-timeout", "1000", "--enable-debug-command", "yes"};
+  r->nextra = 8;
+  for (int i = 0; i < 8; i++) snprintf(r->extra[i], sizeof r->extra[i], "%s", a[i]);
+}
+
+/* Whether the node on port says cluster_state:ok and sees `known` nodes. */
+static inline int vt_cluster_node_ok(int port, int known) {
+  char out[4096];
+  if (VT_CLI(port, out, sizeof out, "CLUSTER", "INFO") != 0) return 0;
+  char want[64];
+  snprintf(want, sizeof want, "cluster_known_nodes:%d", known);
+  return strstr(out, "cluster_state:ok") && strstr(out, want);
+}
+
+/* Waits (up to ~30 s) until every live node is ok and knows every node. */
+static inline int vt_cluster_wait_ok(vt_cluster *c) {
+  for (int t = 0; t < 300; t++) {
+    int ok = 1, live = 0;
+    for (int i = 0; i < c->n; i++) live += c->node[i].pid > 0;
+    for (int i = 0; ok && i < c->n; i++)
+      if (c->node[i].pid > 0) ok = vt_cluster_node_ok(c->node[i].port, c->n);
+    if (ok && live) return 0;
+    usleep(100000);
+  }
+  fprintf(stderr, "the cluster did not become ok\n");
+  return -1;
+}
+
+/* Starts `masters` cluster nodes and joins them with redis-cli --cluster
+ * create (slots split evenly, no replicas). */
+static inline int vt_cluster_start(vt_cluster *c, int masters) {
+  memset(c, 0, sizeof *c);
+  for (int i = 0; i < masters; i++) {
+    vt_cluster_node_args(&c->node[i]);
+    if (vt_redis_start(&c->node[i])) return -1;
+    c->n++;
+  }
+  char addr[VT_CLUSTER_MAX][32];
+  const char *w[VT_CLUSTER_MAX + 8] = {"--cluster", "create"};
+  int k = 2;
+  for (int i = 0; i < masters; i++) {
+    snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", c->node[i].port);
+    w[k++] = addr[i];
+  }
+  w[k++] = "--cluster-replicas";
+  w[k++] = "0";
+  w[k++] = "--cluster-yes";
+  w[k] = NULL;
+  if (vt_cli(c->node[0].port, NULL, 0, w) != 0) {
+    fprintf(stderr, "redis-cli --cluster create failed\n");
+    return -1;
+  }
+  return vt_cluster_wait_ok(c);
+}
+
+/* The node id of the server on port (CLUSTER MYID), in out[41]. */
+static inline int vt_cluster_myid(int port, char *out) {
+  char buf[128];
+  if (VT_CLI(port, buf, sizeof buf, "CLUSTER", "MYID") != 0) return -1;
+  size_t n = strcspn(buf, "\r\n");
+  if (n != 40) return -1;
+  memcpy(out, buf, 40);
+  out[40] = 0;
+  return 0;
+}
+
+/* Adds a replica of node `master`; returns its index, or -1. */
+static inline int vt_cluster_add_replica(vt_cluster *c, int master) {
+  if (c->n == VT_CLUSTER_MAX) return -1;
+  vt_redis *r = &c->node[c->n];
+  vt_cluster_node_args(r);
+  if (vt_redis_start(r)) return -1;
+  char id[41], me[32], to[32];
+  if (vt_cluster_myid(c->node[master].port, id)) return -1;
+  snprintf(me, sizeof me, "127.0.0.1:%d", r->port);
+  snprintf(to, sizeof to, "127.0.0.1:%d", c->node[master].port);
+  if (VT_CLI(r->port, NULL, 0, "--cluster", "add-node", me, to, "--cluster-slave",
+             "--cluster-master-id", id) != 0)
+    return -1;
+  c->n++;
+  return vt_cluster_wait_ok(c) ? -1 : c->n - 1;
+}
+
+/* The port (and node id, when id is not NULL) of the master serving
+ * `slot` as the node on asker_port sees it (CLUSTER NODES), or -1. */
+static inline int vt_cluster_owner(int asker_port, int slot, char *id) {
+  static char out[1 << 16];
+  if (VT_CLI(asker_port, out, sizeof out, "CLUSTER", "NODES") != 0) return -1;
+  char *save = NULL;
+  for (char *line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    char nid[64], addr[128], flags[128], master[64], ping[32], pong[32], epoch[32], link[32];
+    int used = 0;
+    if (sscanf(line, "%63s %127s %127s %63s %31s %31s %31s %31s %n", nid, addr, flags, master,
+               ping, pong, epoch, link, &used) < 8)
+      continue;
+    if (!strstr(flags, "master") || strstr(flags, "fail")) continue;
+    for (char *tok = line + used; *tok;) {
+      char *end;
+      long a = strtol(tok, &end, 10), b = a; /* "a-b" or "a"; "[...]" is a migration */
+      if (end != tok && *end == '-') b = strtol(end + 1, &end, 10);
+      if (end != tok && *tok != '[' && slot >= a && slot <= b) {
+        char *colon = strchr(addr, ':');
+        if (id) snprintf(id, 41, "%.40s", nid);
+        return colon ? atoi(colon + 1) : -1;
+      }
+      while (*tok && *tok != ' ') tok++;
+      while (*tok == ' ') tok++;
+    }
+  }
+  return -1;
+}
+
+static inline void vt_cluster_destroy(vt_cluster *c) {
+  for (int i = 0; i < c->n; i++) vt_redis_destroy(&c->node[i]);
+  c->n = 0;
+}
+
 #endif
