@@ -140,6 +140,8 @@ static void *make_nil(const redisReadTask *t) {
 static const redisReplyObjectFunctions kReplyFns = {
     make_string, make_array, make_integer, make_nil, reply_free};
 
+void kvbm__resp_reply_free(redisReply *r) { reply_free(r); }
+
 redisReader *kvbm__resp_reader(void) {
   redisReader *r = redisReaderCreateWithFunctions((redisReplyObjectFunctions *)&kReplyFns);
   if (r) r->maxbuf = 0; /* keep the buffer: no regrowth per 2 MiB value */
@@ -402,7 +404,7 @@ int kvbm__rconn_exec(kvbm__rconn *c, kvbm__rcmd *cmds, size_t n, uint64_t deadli
       return fail_from(c, cmds, n, ri, KVBM_EIO);
     while (ri < n) {
       bool skip = cmds[ri].asking && !asked; /* ASKING's own +OK */
-      redisReaderSetPrivdata(c->reader, skip ? NULL : &cmds[ri]);
+      c->reader->privdata = skip ? NULL : &cmds[ri]; /* (hiredis's macro casts to int) */
       void *r = NULL;
       if (redisReaderGetReply(c->reader, &r) != REDIS_OK) /* garbage on the wire */
         return fail_from(c, cmds, n, ri, KVBM_EIO);

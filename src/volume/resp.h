@@ -100,5 +100,7 @@ void kvbm__redis_op_result(struct kvbm_volume_op *op, const kvbm__rcmd *c, uint6
  * connection: for parsing canned replies (tests, fuzzing). Free with
  * redisReaderFree. Arrays above 1M elements are refused (OOM error). */
 redisReader *kvbm__resp_reader(void);
+/* Frees a reply made by such a reader (or kvbm__rconn_exec). NULL: no-op. */
+void kvbm__resp_reply_free(redisReply *r);
 
 #endif

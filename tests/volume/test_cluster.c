@@ -338,16 +338,7 @@ static redisReply *parse(const char *wire) {
   return out;
 }
 
-static void free_reply(redisReply *r) {
-  if (!r) return;
-  if (r->type == REDIS_REPLY_ARRAY) {
-    for (size_t i = 0; i < r->elements; i++) free_reply(r->element[i]);
-    free(r->element);
-  } else {
-    free(r->str);
-  }
-  free(r);
-}
+static void free_reply(redisReply *r) { kvbm__resp_reply_free(r); }
 
 static void test_parsers(void **state) {
   (void)state;
