@@ -12,11 +12,13 @@
  * buffers, and lets Redis start on the first command before the last one
  * is sent.
  *
- * Copies. A put's value is written with writev straight from the caller's
+ * Copies. A put's value is sent with sendmsg straight from the caller's
  * buffer (hiredis's command formatter would copy it twice: into the
- * command, then into the output buffer). A get's value is copied once from
- * the reader's buffer into the caller's, by our reply-object functions: a
- * top-level bulk string for a command with a sink is not allocated at all.
+ * command, then into the output buffer). A get's value is read from the
+ * socket into the reader's buffer (with hiredis 0.14, directly: see
+ * read_replies) and copied once from there into the caller's, by our
+ * reply-object functions: a top-level bulk string for a command with a
+ * sink is not allocated at all.
  * Those functions are our own (not hiredis's defaults) for a second
  * reason: hiredis 0.14 aborts the process when an allocation fails, so a
  * hostile "*2147483647" array header would kill the engine; ours refuse
@@ -30,6 +32,8 @@
  * next batch reconnects, after a backoff if connecting failed.
  */
 #include "volume/resp.h"
+
+#include <hiredis/sds.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -204,11 +208,13 @@ kvbm__rconn *kvbm__rconn_new(const char *host, uint16_t port, const kvbm__rauth 
   c->max_value = max_value;
   c->reconnects = reconnects;
   c->backoff_ns = BACKOFF_MIN_NS;
-  c->rbuf = malloc(READ_CHUNK);
+#if HIREDIS_MAJOR != 0
+  c->rbuf = malloc(READ_CHUNK); /* read_replies' staging buffer */
   if (!c->rbuf) {
     free(c);
     return NULL;
   }
+#endif
   return c;
 }
 
@@ -360,6 +366,37 @@ static int write_some(int fd, const kvbm__rcmd *cmds, size_t n, cursor *k) {
   return KVBM_OK;
 }
 
+/* Reads what the socket has into the reply reader. With hiredis 0.14 the
+ * bytes go straight into the reader's buffer (an sds whose length the
+ * reader mirrors in r->len, which redisReaderFeed would copy them into):
+ * a 2 MiB value is then copied once on its way from the socket to the
+ * caller. Other versions go through redisReaderFeed. -1 with errno, 0 at
+ * EOF, or the byte count. */
+static ssize_t read_replies(kvbm__rconn *c, int fd) {
+#if HIREDIS_MAJOR == 0
+  redisReader *r = c->reader;
+  sds b = sdsMakeRoomFor(r->buf, READ_CHUNK);
+  if (!b) {
+    errno = ENOMEM;
+    return -1;
+  }
+  r->buf = b;
+  ssize_t got = read(fd, r->buf + r->len, READ_CHUNK);
+  if (got > 0) {
+    sdsIncrLen(r->buf, (int)got);
+    r->len = sdslen(r->buf);
+  }
+  return got;
+#else
+  ssize_t got = read(fd, c->rbuf, READ_CHUNK);
+  if (got > 0 && redisReaderFeed(c->reader, c->rbuf, (size_t)got) != REDIS_OK) {
+    errno = ENOMEM;
+    return -1;
+  }
+  return got;
+#endif
+}
+
 /* Ends the batch at reply index ri with `why` (the rest: EIO for a
  * reply that was too long, the same status otherwise). */
 static int fail_from(kvbm__rconn *c, kvbm__rcmd *cmds, size_t n, size_t ri, int why) {
@@ -393,15 +430,13 @@ int kvbm__rconn_exec(kvbm__rconn *c, kvbm__rcmd *cmds, size_t n, uint64_t deadli
       writing = settle(cmds, n, &k);
     }
     if (!(p.revents & (POLLIN | POLLERR | POLLHUP))) continue;
-    ssize_t got = read(fd, c->rbuf, READ_CHUNK);
+    ssize_t got = read_replies(c, fd);
     if (got == 0) return fail_from(c, cmds, n, ri, KVBM_EIO); /* closed by the server */
     if (got < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
       return fail_from(c, cmds, n, ri, KVBM_EIO);
     }
     fed += (uint64_t)got;
-    if (redisReaderFeed(c->reader, c->rbuf, (size_t)got) != REDIS_OK)
-      return fail_from(c, cmds, n, ri, KVBM_EIO);
     while (ri < n) {
       bool skip = cmds[ri].asking && !asked; /* ASKING's own +OK */
       c->reader->privdata = skip ? NULL : &cmds[ri]; /* (hiredis's macro casts to int) */
