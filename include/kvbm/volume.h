@@ -144,6 +144,13 @@ struct kvbm_volume_config {
   uint64_t slots;
   uint64_t block_bytes;
   bool persist;
+  /* disk:// only: NULL (default), slots carry XXH3 sums (torn writes, bit
+   * rot); or a secret of 16..4096 bytes (read at register, not kept) from
+   * which the slots' keyed-BLAKE3 sums are derived, so a slot forged by
+   * someone who can write the file but lacks the secret is a miss. Costs
+   * BLAKE3's speed on every write and read. */
+  const void *disk_key;
+  size_t disk_key_len;
   /* A caller's backend for url's scheme (NULL: the built-in one). */
   const kvbm_volume_backend *backend;
   void *backend_user;

@@ -38,6 +38,11 @@
  * namespace (or block size) starts the file empty. Without `persist` the
  * file is an unlinked temporary. One I/O thread (the slot file is used by
  * one thread at a time).
+ *
+ * Sums: XXH3 by default; with the config's disk_key, keyed BLAKE3 (the
+ * volume derives a key from the secret and forgets the secret), so a slot
+ * forged by someone who can write the file is a miss; a file written
+ * under another key, or none, starts empty (disk.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -49,6 +54,9 @@
 #include "common/clock.h"
 #include "volume/disk.h"
 #include "volume/internal.h"
+
+_Static_assert(sizeof(((kvbm__volume_ctx *)0)->disk_key) == KVBM_DISK_KEY_LEN,
+               "the derived disk key is the slot file's key length");
 
 #define QUEUE_DEPTH 16u
 #define NO_SLOT UINT64_MAX
@@ -379,6 +387,7 @@ static int disk_open(const kvbm_volume_config *cfg, void *user, void **state, kv
                           .direct = ctx->url->disk_direct != 0,
                           .uring = ctx->url->disk_uring != 0,
                           .queue_depth = s->depth,
+                          .checksum_key = ctx->disk_keyed ? ctx->disk_key : NULL,
                           .test_refuse = ctx->url->disk_test_refuse};
   int rc = kvbm__disk_open(&dc, &s->d, err);
   if (rc) {

@@ -84,7 +84,12 @@ typedef struct kvbm__volume_ctx {
   const char *ns;                /* never NULL */
   uint64_t max_value_bytes;
   atomic_uint_fast64_t reconnects; /* connections re-established */
+  bool disk_keyed;                 /* disk://: keyed sums, with this key */
+  uint8_t disk_key[32];
 } kvbm__volume_ctx;
+
+#define KVBM__VOLUME_DISK_KEY_MIN 16u
+#define KVBM__VOLUME_DISK_KEY_MAX 4096u
 
 /* A backend reports a value that failed its own check (a torn slot, a
  * non-regular file, a key of the wrong type) with this status; the core

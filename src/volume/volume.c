@@ -33,12 +33,14 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "kvbm/blake3.h"
 #include "volume/internal.h"
 
 #define THREADS_MAX 64u
 #define QUEUE_MAX (1u << 20)
 #define BATCH_MAX 65536u
 #define TIMEOUT_MAX_MS (3600 * 1000)
+#define DISK_KEY_CONTEXT "kvbm 2025-06 disk:// volume slot checksum key v1"
 
 /* A kvbm_volume_keys() call, queued like a batch. */
 typedef struct listing {
@@ -253,6 +255,10 @@ static int check_config(kvbm_volume_config *c, const kvbm_volume_config *in, kvb
   if (c->queue_capacity > QUEUE_MAX)
     return kvbm_error_set(err, KVBM_EINVAL, "volume: queue_capacity %u is not in 1..%u",
                           c->queue_capacity, QUEUE_MAX);
+  if (c->disk_key && (c->disk_key_len < KVBM__VOLUME_DISK_KEY_MIN ||
+                      c->disk_key_len > KVBM__VOLUME_DISK_KEY_MAX))
+    return kvbm_error_set(err, KVBM_EINVAL, "volume: disk_key must be %u..%u bytes, not %zu",
+                          KVBM__VOLUME_DISK_KEY_MIN, KVBM__VOLUME_DISK_KEY_MAX, c->disk_key_len);
   if (c->max_value_bytes > (UINT64_C(1) << 40))
     return kvbm_error_set(err, KVBM_EINVAL, "volume: max_value_bytes %llu is above 1 TiB",
                           (unsigned long long)c->max_value_bytes);
@@ -293,6 +299,7 @@ static void free_volume(kvbm_volume *v) {
   free(v->url);
   free(v->name);
   free(v->ns);
+  explicit_bzero(v->ctx.disk_key, sizeof v->ctx.disk_key);
   pthread_mutex_destroy(&v->mu);
   pthread_cond_destroy(&v->cv);
   free(v);
@@ -326,6 +333,13 @@ static int prepare(kvbm_volume *v, const kvbm_volume_config *cfg, kvbm_error *er
   v->ctx.cfg = &v->cfg;
   v->ctx.ns = v->ns;
   v->ctx.max_value_bytes = v->cfg.max_value_bytes;
+  if (v->cfg.disk_key) { /* the secret is not kept: only the key derived from it */
+    kvbm_blake3_derive_key(DISK_KEY_CONTEXT, v->cfg.disk_key, v->cfg.disk_key_len, v->ctx.disk_key,
+                           sizeof v->ctx.disk_key);
+    v->ctx.disk_keyed = true;
+  }
+  v->cfg.disk_key = NULL;
+  v->cfg.disk_key_len = 0;
   void *user = v->cfg.backend ? v->cfg.backend_user : &v->ctx;
   for (uint32_t i = 0; i < v->nworkers; i++) {
     kvbm_error e;
