@@ -28,7 +28,9 @@ static void check_url(const char *s) {
   switch (u.kind) {
   case KVBM__VOLUME_FILE:
   case KVBM__VOLUME_DISK:
-    if (u.nhosts != 0 || u.path[0] == 0) abort();
+    if (u.nhosts != 0 || (u.path[0] == 0 && u.kind == KVBM__VOLUME_FILE) ||
+        (u.path[0] != 0 && u.path[0] != '/'))
+      abort();
     break;
   case KVBM__VOLUME_REDIS:
   case KVBM__VOLUME_CLUSTER:

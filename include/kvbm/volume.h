@@ -12,7 +12,8 @@
  * Backends, chosen by the URL's scheme:
  *   disk:///DIR[?direct=0|1&uring=0|1&depth=N]
  *                      the local slot file (io_uring, O_DIRECT, checksummed
- *                      slot headers, warm restart) in DIR; needs the
+ *                      slot headers, warm restart) in DIR (a bare disk://
+ *                      is the private /tmp/kvbm-<uid>); needs the
  *                      config's slots and block_bytes; one I/O thread, so
  *                      its batches run in submission order
  *   file:///DIR        one file per block under DIR, written to a temporary

@@ -378,7 +378,7 @@ static int disk_open(const kvbm_volume_config *cfg, void *user, void **state, kv
   s->depth = ctx->url->disk_depth > 0 ? (uint32_t)ctx->url->disk_depth : QUEUE_DEPTH;
   if (s->nslots < s->depth) s->depth = (uint32_t)s->nslots;
   s->next_seq = 1;
-  kvbm__disk_config dc = {.dir = ctx->url->path,
+  kvbm__disk_config dc = {.dir = ctx->url->path[0] ? ctx->url->path : NULL, /* NULL: private default */
                           .num_slots = s->nslots,
                           .data_bytes = s->block_bytes,
                           .fingerprint = XXH3_64bits_withSeed(ctx->ns, strlen(ctx->ns),

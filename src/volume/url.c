@@ -27,7 +27,8 @@
  * the volume's name and in every message, is the URL without its userinfo,
  * so a password never reaches a log or an event.
  *
- * Per scheme: file:// and disk:// take no host and an absolute path;
+ * Per scheme: file:// and disk:// take no host and an absolute path (a
+ * bare "disk://" is the slot file's private default directory);
  * redis:// one host, an optional "/DB" (decimal); redis+cluster:// one to
  * 16 seeds and no database but 0 (Redis Cluster has only database 0). Any
  * other scheme is checked for syntax only and left to the caller's backend.
@@ -243,6 +244,7 @@ static int parse_rest(const char *auth, size_t alen, const char *path,
       return kvbm_error_set(err, KVBM_EINVAL,
                             "volume: %s:// takes no host ('%.*s'): write %s:///DIR", u->scheme,
                             (int)(alen > 64 ? 64 : alen), auth, u->scheme);
+    if (plen == 0 && u->kind == KVBM__VOLUME_DISK) return KVBM_OK; /* the private default */
     if (plen == 0)
       return kvbm_error_set(err, KVBM_EINVAL, "volume: %s:// needs a directory: %s:///DIR",
                             u->scheme, u->scheme);

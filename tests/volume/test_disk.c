@@ -392,6 +392,14 @@ static void test_refusals(void **state) {
   assert_int_equal(open_disk(dir, "", 4, 0, false, &v, &e), KVBM_EINVAL);
   assert_int_equal(open_disk(dir, "", 4, 128u << 20, false, &v, &e), KVBM_EINVAL);
   assert_non_null(strstr(e.msg, "above max_value_bytes"));
+  /* a bare disk:// is the slot file's private default directory */
+  kvbm_volume_config c = kvbm_volume_config_default("disk://");
+  c.slots = 2;
+  c.block_bytes = 4096;
+  assert_int_equal(kvbm_volume_register(&c, &v, &e), KVBM_OK);
+  assert_int_equal(kvbm_volume_put(v, 1, "x", 1), KVBM_OK);
+  assert_int_equal(kvbm_volume_exists(v, 1, NULL), KVBM_OK);
+  kvbm_volume_unregister(v);
   char missing[600];
   snprintf(missing, sizeof missing, "%s/no/such", dir);
   assert_int_equal(open_disk(missing, "", 4, 4096, false, &v, &e), KVBM_EIO);

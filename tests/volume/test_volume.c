@@ -245,7 +245,6 @@ static void test_url_hostile(void **state) {
   expect_bad_url("redis+cluster://a:1,", "empty host");
   expect_bad_url("file://", "needs a directory");
   expect_bad_url("file://host/dir", "takes no host");
-  expect_bad_url("disk://", "needs a directory");
   expect_bad_url("disk://h:1/d", "takes no host");
   expect_bad_url("file:///a%2", "bad %-escape");
   expect_bad_url("file:///a%00b", "NUL byte");
@@ -317,6 +316,8 @@ static void test_url_good(void **state) {
   assert_int_equal(kvbm__volume_url_parse("file:///tmp/a%20b/", &u, &e), KVBM_OK);
   assert_int_equal(u.kind, KVBM__VOLUME_FILE);
   assert_string_equal(u.path, "/tmp/a b/");
+  assert_int_equal(kvbm__volume_url_parse("disk://", &u, &e), KVBM_OK); /* private default */
+  assert_string_equal(u.path, "");
   assert_int_equal(kvbm__volume_url_parse("disk:///var/kvbm", &u, &e), KVBM_OK);
   assert_int_equal(u.kind, KVBM__VOLUME_DISK);
   assert_string_equal(u.path, "/var/kvbm");
