@@ -352,7 +352,7 @@ static void test_slow(void **state) {
   char out[8];
   /* gets answer at once until the sleep begins; the first that does not
    * must give up at its deadline */
-  while (vt_now() - t0 < 4.0) {
+  while (vt_now() - t0 < 15.0) { /* redis-cli may start late on a loaded machine */
     double t = vt_now();
     rc = kvbm_volume_get(v, 1, out, sizeof out, NULL);
     took = vt_now() - t;
