@@ -54,6 +54,10 @@
 #define BACKOFF_MIN_NS (20u * 1000000u)
 #define BACKOFF_MAX_NS (1000u * 1000000u)
 #define IOV_BATCH 64
+/* Reply bytes a pipeline keeps outstanding: two 2 MiB gets in flight keep
+ * the server busy while we read, without making it buffer (and us wait
+ * behind) every reply of a big batch at once. */
+#define REPLY_WINDOW (4u << 20)
 
 struct kvbm__rconn {
   char host[256];
@@ -397,6 +401,10 @@ static ssize_t read_replies(kvbm__rconn *c, int fd) {
 #endif
 }
 
+/* Reply bytes a command may bring back: its sink's room (a get), else
+ * little. */
+static uint64_t expected(const kvbm__rcmd *c) { return c->sink ? c->sink_cap : 0; }
+
 /* Ends the batch at reply index ri with `why` (the rest: EIO for a
  * reply that was too long, the same status otherwise). */
 static int fail_from(kvbm__rconn *c, kvbm__rcmd *cmds, size_t n, size_t ri, int why) {
@@ -415,7 +423,13 @@ int kvbm__rconn_exec(kvbm__rconn *c, kvbm__rcmd *cmds, size_t n, uint64_t deadli
   cursor k = {0, 0, 0};
   size_t ri = 0;
   bool asked = false; /* the current command's ASKING reply is in */
-  bool writing = settle(cmds, n, &k);
+  /* The window: cmds[ri, wend) may be on the wire, their expected replies
+   * (a get's room) adding up to REPLY_WINDOW at most, one at least. */
+  size_t wend = 0;
+  uint64_t wsum = 0;
+  while (wend < n && (wend == 0 || wsum + expected(&cmds[wend]) <= REPLY_WINDOW))
+    wsum += expected(&cmds[wend++]);
+  bool writing = settle(cmds, wend, &k);
   uint64_t fed = 0; /* bytes that belong to the reply being read, or later ones */
   while (ri < n) {
     uint64_t now = kvbm_clock_ns();
@@ -426,8 +440,8 @@ int kvbm__rconn_exec(kvbm__rconn *c, kvbm__rcmd *cmds, size_t n, uint64_t deadli
     if (pr < 0 && errno != EINTR) return fail_from(c, cmds, n, ri, KVBM_EIO);
     if (pr <= 0) continue;
     if (writing && (p.revents & (POLLOUT | POLLERR | POLLHUP))) {
-      if (write_some(fd, cmds, n, &k)) return fail_from(c, cmds, n, ri, KVBM_EIO);
-      writing = settle(cmds, n, &k);
+      if (write_some(fd, cmds, wend, &k)) return fail_from(c, cmds, n, ri, KVBM_EIO);
+      writing = settle(cmds, wend, &k);
     }
     if (!(p.revents & (POLLIN | POLLERR | POLLHUP))) continue;
     ssize_t got = read_replies(c, fd);
@@ -452,10 +466,14 @@ int kvbm__rconn_exec(kvbm__rconn *c, kvbm__rcmd *cmds, size_t n, uint64_t deadli
       }
       cmds[ri].reply = r;
       cmds[ri].result = KVBM_OK;
+      wsum -= expected(&cmds[ri]);
       ri++;
       asked = false;
       fed = c->reader->len - c->reader->pos;
     }
+    while (wend < n && (wend == ri || wsum + expected(&cmds[wend]) <= REPLY_WINDOW))
+      wsum += expected(&cmds[wend++]);
+    writing = settle(cmds, wend, &k);
     /* Counting bytes, not the reader's buffer, also bounds a reply of many
      * small parts (parsed into objects as they come). */
     if (ri < n && fed > c->max_value + REPLY_SLACK)
