@@ -85,7 +85,7 @@ int main(void) {
   /* A damaged value is a miss, counted as corrupt. */
   CHECK(myvendor_store_damage(store, 103));
   size_t size;
-  CHECK(kvbm_volume_get(v, 103, back[0], BLOCK, &size) == KVBM_ENOTFOUND);
+  CHECK(kvbm_volume_get(v, 103, back[0], BLOCK, &size) == KVBM_ECHECKSUM);
   CHECK(kvbm_volume_get(v, 104, back[0], BLOCK, &size) == KVBM_OK && size == BLOCK);
 
   kvbm_volume_stats s;

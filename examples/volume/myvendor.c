@@ -10,7 +10,7 @@
  *   run    executes a batch: every op gets a status; it stops at the
  *          deadline (KVBM_ETIMEDOUT for the rest); a value whose checksum
  *          no longer matches is reported KVBM_ECHECKSUM, which kvbm counts
- *          as corrupt and turns into a miss
+ *          as corrupt (a miss, never the bytes)
  *   close  frees a state (not the store: the caller owns it)
  *
  *   cc -c myvendor.c $(pkg-config --cflags kvbm)

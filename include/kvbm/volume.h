@@ -31,9 +31,10 @@
  * Keys. A block's key is its 64-bit sequence hash under the volume's
  * namespace (kvbm_volume_config.key_namespace): the backend stores it as
  * "<namespace>/<16 hex digits>" (Redis key, or file name under a folder per
- * namespace; with the empty namespace, just the 16 hex digits). The manager's namespace names the layout fingerprint, the
- * hash scheme, the block size and the model id, so two models or two
- * layouts sharing one store never see each other's blocks.
+ * namespace; with the empty namespace, just the 16 hex digits). The
+ * manager's namespace names the layout fingerprint, the hash scheme, the
+ * block size and the model id, so two models or two layouts sharing one
+ * store never see each other's blocks.
  *
  * Values are opaque bytes to a volume; the manager stores MRDN v1 frames
  * (kvbm/frame.h) in remote volumes, so every block carries its own
@@ -46,7 +47,9 @@
  * a volume I/O thread and must not call kvbm_volume_unregister.
  *
  * Errors per operation (kvbm_volume_op.status): KVBM_OK; KVBM_ENOTFOUND (no
- * such key: get, exists, delete); KVBM_ENOSPC (a full store refused a put,
+ * such key: get, exists, delete); KVBM_ECHECKSUM (get: a stored value
+ * failed the backend's own check, e.g. a torn slot or a foreign file; a
+ * miss, counted in stats.corrupt); KVBM_ENOSPC (a full store refused a put,
  * or a get's buffer is too small: size says what it needs); KVBM_ETIMEDOUT
  * (the deadline passed); KVBM_EIO (the store failed or is unreachable);
  * KVBM_ETOOLONG (a value above max_value_bytes); KVBM_ECLOSED (the volume
@@ -108,9 +111,10 @@ typedef struct kvbm_volume_config kvbm_volume_config;
  * included), `run` and `close` on the state's own I/O thread or in
  * unregister. `run` never sees a put above max_value_bytes (the volume
  * refuses it). It may report a value that failed the backend's own check
- * (a torn record, a foreign file) as KVBM_ECHECKSUM: the volume turns that
- * into KVBM_ENOTFOUND and counts it (stats.corrupt); any status outside the
- * list at the top of this file becomes KVBM_EIO. */
+ * (a torn record, a foreign file) as KVBM_ECHECKSUM: the volume counts it
+ * (stats.corrupt) and reports it as such for a get, as KVBM_ENOTFOUND for
+ * exists or delete; any status outside the list at the top of this file
+ * becomes KVBM_EIO. */
 typedef struct kvbm_volume_backend {
   const char *scheme;   /* the URL scheme it serves ("myvendor") */
   uint32_t max_threads; /* 0: any number; 1: one I/O thread only */
@@ -220,8 +224,9 @@ typedef struct kvbm_volume_stats {
   uint64_t puts, gets, hits, misses, exists, deletes;
   uint64_t bytes_put, bytes_got;
   uint64_t timeouts, io_errors, full; /* ops that ended so (full: puts) */
-  uint64_t corrupt;                   /* gets whose stored value failed the
-                                         backend's check (also misses) */
+  uint64_t corrupt;                   /* ops that met a stored value failing
+                                         the backend's check (the gets among
+                                         them: KVBM_ECHECKSUM, misses) */
   uint64_t rejected;                  /* batches refused: queue full */
   uint64_t reconnects;                /* connections re-established */
   uint64_t queued;                    /* batches waiting now */

@@ -93,7 +93,8 @@ typedef struct kvbm__volume_ctx {
 
 /* A backend reports a value that failed its own check (a torn slot, a
  * non-regular file, a key of the wrong type) with this status; the core
- * turns it into KVBM_ENOTFOUND, a miss, and counts it in `corrupt`. */
+ * counts it in `corrupt` and keeps it for a get (a miss the tier above
+ * counts apart from a missing block), KVBM_ENOTFOUND otherwise. */
 #define KVBM__VOLUME_CORRUPT KVBM_ECHECKSUM
 
 extern const kvbm_volume_backend kvbm__volume_file_backend;

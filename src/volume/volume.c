@@ -20,7 +20,8 @@
  * puts above max_value_bytes (KVBM_ETOOLONG, never handed to a backend),
  * statuses outside the contract (become KVBM_EIO, so a vendor's mistake
  * cannot leak a code the tier above does not expect) and a backend's
- * "corrupt" report (KVBM_ECHECKSUM: a miss, counted apart). Counters are
+ * "corrupt" report (KVBM_ECHECKSUM: for a get a miss of its own kind,
+ * counted apart; for exists or delete simply absent). Counters are
  * relaxed atomics, updated once per op after the backend ran.
  *
  * Unregister: the ring is closed to submitters, the threads drain what is
@@ -130,7 +131,7 @@ static void add(atomic_uint_fast64_t *a, uint64_t v) {
 
 static bool contract_status(int s) {
   switch (s) {
-  case KVBM_OK: case KVBM_ENOTFOUND: case KVBM_ENOSPC: case KVBM_ETIMEDOUT:
+  case KVBM_OK: case KVBM_ENOTFOUND: case KVBM_ECHECKSUM: case KVBM_ENOSPC: case KVBM_ETIMEDOUT:
   case KVBM_EIO: case KVBM_ETOOLONG: case KVBM_ECLOSED:
     return true;
   default:
@@ -140,9 +141,9 @@ static bool contract_status(int s) {
 
 /* One op's status made contractual, then counted. */
 static void account(kvbm_volume *v, kvbm_volume_op *op) {
-  if (op->status == KVBM__VOLUME_CORRUPT) {
+  if (op->status == KVBM__VOLUME_CORRUPT) { /* a get says so; the others: absent */
     add(&v->c.corrupt, 1);
-    op->status = KVBM_ENOTFOUND;
+    if (op->kind != KVBM_VOLUME_GET) op->status = KVBM_ENOTFOUND;
   }
   if (!contract_status(op->status)) op->status = KVBM_EIO;
   if (op->kind == KVBM_VOLUME_GET && op->status == KVBM_OK && op->size > op->cap)

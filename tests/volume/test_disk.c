@@ -184,7 +184,7 @@ static void test_corruption(void **state) {
   for (uint64_t k = 1; k <= 3; k++) {
     memset(out, 0, block);
     int rc = kvbm_volume_get(v, k, out, block, NULL);
-    assert_int_equal(rc, k == 3 ? KVBM_OK : KVBM_ENOTFOUND);
+    assert_int_equal(rc, k == 3 ? KVBM_OK : KVBM_ECHECKSUM);
   }
   assert_int_equal(kvbm_volume_exists(v, 1, NULL), KVBM_ENOTFOUND); /* dropped */
   kvbm_volume_stats s;

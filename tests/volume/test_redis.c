@@ -398,7 +398,7 @@ static void test_garbage(void **state) {
   assert_int_equal(sz, sizeof big - 1);
   assert_int_equal(kvbm_volume_get(v, 1, out, sizeof out, &sz), KVBM_OK);
   assert_int_equal(VT_CLI(r.port, cli, sizeof cli, "RPUSH", "g/0000000000000003", "a"), 0);
-  assert_int_equal(kvbm_volume_get(v, 3, out, sizeof out, &sz), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_volume_get(v, 3, out, sizeof out, &sz), KVBM_ECHECKSUM);
   kvbm_volume_stats s;
   kvbm_volume_stats_get(v, &s);
   assert_int_equal(s.corrupt, 1);

@@ -450,8 +450,9 @@ static void test_bad_batches(void **state) {
   mem_free(m);
 }
 
-/* Round trips through the core, the ETOOLONG guard, statuses outside the
- * contract and the counters. */
+/* Round trips through the core, the ETOOLONG guard, a backend's corrupt
+ * report (KVBM_ECHECKSUM for a get, absent for exists), statuses outside
+ * the contract and the counters. */
 static void test_statuses_and_stats(void **state) {
   (void)state;
   mem_shared *m = mem_new();
@@ -492,7 +493,8 @@ static void test_statuses_and_stats(void **state) {
 
   /* corrupt -> a counted miss; a code outside the contract -> EIO */
   m->force_status = KVBM_ECHECKSUM;
-  assert_int_equal(kvbm_volume_get(v, 7, out, sizeof out, &sz), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_volume_get(v, 7, out, sizeof out, &sz), KVBM_ECHECKSUM);
+  assert_int_equal(kvbm_volume_exists(v, 7, &sz), KVBM_ENOTFOUND); /* not a get: absent */
   m->force_status = KVBM_EPROTO;
   assert_int_equal(kvbm_volume_get(v, 7, out, sizeof out, &sz), KVBM_EIO);
   m->force_status = 5; /* positive */
@@ -511,9 +513,9 @@ static void test_statuses_and_stats(void **state) {
   assert_int_equal(s.misses, 5);
   assert_int_equal(s.hits + s.misses, s.gets);
   assert_int_equal(s.bytes_got, 1100);
-  assert_int_equal(s.exists, 2);
+  assert_int_equal(s.exists, 3);
   assert_int_equal(s.deletes, 2);
-  assert_int_equal(s.corrupt, 1);
+  assert_int_equal(s.corrupt, 2);
   assert_int_equal(s.io_errors, 3);
   assert_int_equal(s.timeouts, 0);
   assert_int_equal(s.rejected, 0);
