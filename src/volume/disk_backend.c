@@ -26,9 +26,12 @@
  *           restart a deleted block may come back: harmless for blocks
  *           named by their content hash).
  *
- * A batch keeps up to QUEUE_DEPTH requests in flight; an op on a key that
- * has a request in flight first waits for every one in flight, so the
- * batch's ops take effect in order. Data moves without a copy when the
+ * Up to QUEUE_DEPTH requests are in flight; an op on a key that has a
+ * request in flight first waits for every one in flight, so ops take
+ * effect in order. The core streams batches through this backend
+ * (kvbm__volume_disk_stream): the next batch's transfers start while the
+ * previous batch's last ones are in flight, so the disk does not idle at
+ * the tail of each batch; batches still complete one by one, in order. Data moves without a copy when the
  * caller's buffer is page aligned and the value is the whole block (and the
  * block a multiple of 4096); otherwise through an aligned bounce buffer.
  *
@@ -70,6 +73,7 @@ typedef struct slot_info {
 
 typedef struct pending {
   kvbm_volume_op *op; /* NULL: this io is free */
+  size_t *left;       /* its batch's count of ops not finished */
   uint64_t slot;
   bool bounce;
   struct iovec piece; /* the caller's buffer, when no bounce */
@@ -183,6 +187,7 @@ static void complete(dstate *s, kvbm__disk_io *io) {
     }
   }
   p->op = NULL;
+  (*p->left)--;
   s->inflight--;
 }
 
@@ -209,12 +214,13 @@ static bool in_flight(const dstate *s, uint64_t key) {
   return false;
 }
 
-static void start(dstate *s, kvbm_volume_op *op, uint64_t slot) {
+static void start(dstate *s, kvbm_volume_op *op, uint64_t slot, size_t *left) {
   uint32_t i = take_io(s);
   kvbm__disk_io *io = &s->ios[i];
   pending *p = &s->pend[i];
   bool put = op->kind == KVBM_VOLUME_PUT;
   p->op = op;
+  p->left = left;
   p->slot = slot;
   p->bounce = !zero_copy(s, op);
   io->slot = slot;
@@ -248,15 +254,21 @@ static uint64_t put_slot(dstate *s, uint64_t key) {
   return find(s, key);
 }
 
-static void disk_run(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadline_ns) {
+/* Starts a batch's ops in order, after everything started before (the
+ * streaming core calls this for the next batch while the previous one's
+ * last transfers are in flight). Ops finished here, and later by
+ * complete(), decrement *left. */
+static void disk_issue(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadline_ns,
+                       size_t *left) {
   dstate *s = state;
   for (size_t i = 0; i < n; i++) {
     kvbm_volume_op *op = &ops[i];
     if (kvbm_clock_ns() >= deadline_ns) {
       op->status = KVBM_ETIMEDOUT;
+      (*left)--;
       continue;
     }
-    if (in_flight(s, op->key)) drain(s); /* the batch's order holds per key */
+    if (in_flight(s, op->key)) drain(s); /* ops on one key take effect in order */
     uint64_t slot = find(s, op->key);
     switch (op->kind) {
     case KVBM_VOLUME_PUT:
@@ -269,8 +281,8 @@ static void disk_run(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadli
         op->status = KVBM_ENOSPC;
         break;
       }
-      start(s, op, slot);
-      break;
+      start(s, op, slot, left);
+      continue;
     case KVBM_VOLUME_GET:
       if (slot == NO_SLOT) {
         op->status = KVBM_ENOTFOUND;
@@ -279,7 +291,10 @@ static void disk_run(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadli
       op->size = s->slots[slot].len;
       if (op->size > s->max_value) op->status = KVBM_ETOOLONG;
       else if (op->size > op->cap) op->status = KVBM_ENOSPC;
-      else start(s, op, slot);
+      else {
+        start(s, op, slot, left);
+        continue;
+      }
       break;
     case KVBM_VOLUME_EXISTS:
       op->status = slot == NO_SLOT ? KVBM_ENOTFOUND : KVBM_OK;
@@ -293,9 +308,25 @@ static void disk_run(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadli
       }
       break;
     }
+    (*left)--; /* finished without a transfer */
   }
-  drain(s);
 }
+
+/* Finishes one transfer in flight (waiting for it); false when none is. */
+static bool disk_reap(void *state) {
+  dstate *s = state;
+  if (!s->inflight) return false;
+  reap_one(s);
+  return true;
+}
+
+static void disk_run(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadline_ns) {
+  size_t left = n;
+  disk_issue(state, ops, n, deadline_ns, &left);
+  drain(state);
+}
+
+const kvbm__volume_stream kvbm__volume_disk_stream = {disk_issue, disk_reap};
 
 /* ---- warm restart ---- */
 

@@ -97,6 +97,20 @@ typedef struct kvbm__volume_ctx {
  * counts apart from a missing block), KVBM_ENOTFOUND otherwise. */
 #define KVBM__VOLUME_CORRUPT KVBM_ECHECKSUM
 
+/* A built-in backend that streams (one I/O thread): the core hands it the
+ * next batch while the previous one's transfers are still in flight, and
+ * completes batches in order as their ops finish. */
+typedef struct kvbm__volume_stream {
+  /* Starts ops[0..n) in order after everything started before (reaping
+   * older transfers when it needs room); each op finished, here or by a
+   * later reap, decrements *left, which must stay valid until then. */
+  void (*issue)(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadline_ns, size_t *left);
+  /* Waits for one transfer in flight and finishes it; false if none is. */
+  bool (*reap)(void *state);
+} kvbm__volume_stream;
+
+extern const kvbm__volume_stream kvbm__volume_disk_stream;
+
 extern const kvbm_volume_backend kvbm__volume_file_backend;
 extern const kvbm_volume_backend kvbm__volume_disk_backend;
 extern const kvbm_volume_backend kvbm__volume_redis_backend;

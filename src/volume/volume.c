@@ -24,6 +24,10 @@
  * counted apart; for exists or delete simply absent). Counters are
  * relaxed atomics, updated once per op after the backend ran.
  *
+ * A built-in backend with one I/O thread may stream (disk://): its thread
+ * hands it the next queued batch while the previous one's transfers are
+ * in flight, and reports batches in order as their ops finish.
+ *
  * Unregister: the ring is closed to submitters, the threads drain what is
  * queued with KVBM_ECLOSED (callbacks still run on an I/O thread, as the
  * contract says), finish the batch they hold, and exit; then the states are
@@ -81,6 +85,7 @@ struct kvbm_volume {
   char *full, *url, *name, *ns; /* the URL as given, without userinfo */
   char *mode;
   const kvbm_volume_backend *be;
+  const kvbm__volume_stream *stream; /* a built-in that streams, or NULL */
   kvbm__volume_url *parsed;
   kvbm__volume_ctx ctx;
   uint32_t nworkers;
@@ -175,38 +180,68 @@ static void account(kvbm_volume *v, kvbm_volume_op *op) {
   if (op->status == KVBM_EIO) add(&v->c.io_errors, 1);
 }
 
-/* Runs a batch on one thread's state: the ops the core refuses get their
- * status here, the others go to the backend in runs of consecutive ops. */
-static void execute(kvbm_volume *v, void *state, batch *b, bool closed) {
+/* Where a batch's runnable ops go: the backend's synchronous run, or a
+ * streaming backend's issue (left: the batch's ops not finished yet). */
+typedef struct runner {
+  kvbm_volume *v;
+  void *state;
+  size_t *left; /* NULL: run */
+} runner;
+
+static void finished(runner *r, size_t n) {
+  if (r->left) *r->left -= n;
+}
+
+/* Hands a batch to the backend in runs of consecutive ops; the ops the
+ * core refuses itself (closed, past the deadline, a put above
+ * max_value_bytes) get their status here. */
+static void dispatch(runner *r, batch *b, bool closed) {
+  kvbm_volume *v = r->v;
   for (size_t i = 0; i < b->n; i++) {
     b->ops[i].status = KVBM_EIO; /* a backend that forgets an op fails it */
     b->ops[i].size = 0;
   }
   if (closed || kvbm_clock_ns() >= b->deadline_ns) {
     for (size_t i = 0; i < b->n; i++) b->ops[i].status = closed ? KVBM_ECLOSED : KVBM_ETIMEDOUT;
-  } else {
-    size_t i = 0;
-    while (i < b->n) {
-      kvbm_volume_op *op = &b->ops[i];
-      if (op->kind == KVBM_VOLUME_PUT && op->len > v->cfg.max_value_bytes) {
-        op->status = KVBM_ETOOLONG;
-        i++;
-        continue;
-      }
-      size_t j = i + 1;
-      while (j < b->n && !(b->ops[j].kind == KVBM_VOLUME_PUT &&
-                           b->ops[j].len > v->cfg.max_value_bytes))
-        j++;
-      if (kvbm_clock_ns() >= b->deadline_ns) {
-        for (size_t k = i; k < j; k++) b->ops[k].status = KVBM_ETIMEDOUT;
-      } else {
-        v->be->run(state, op, j - i, b->deadline_ns);
-      }
-      i = j;
-    }
+    finished(r, b->n);
+    return;
   }
+  size_t i = 0;
+  while (i < b->n) {
+    kvbm_volume_op *op = &b->ops[i];
+    if (op->kind == KVBM_VOLUME_PUT && op->len > v->cfg.max_value_bytes) {
+      op->status = KVBM_ETOOLONG;
+      finished(r, 1);
+      i++;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < b->n && !(b->ops[j].kind == KVBM_VOLUME_PUT &&
+                         b->ops[j].len > v->cfg.max_value_bytes))
+      j++;
+    if (kvbm_clock_ns() >= b->deadline_ns) {
+      for (size_t k = i; k < j; k++) b->ops[k].status = KVBM_ETIMEDOUT;
+      finished(r, j - i);
+    } else if (r->left) {
+      v->stream->issue(r->state, op, j - i, b->deadline_ns, r->left);
+    } else {
+      v->be->run(r->state, op, j - i, b->deadline_ns);
+    }
+    i = j;
+  }
+}
+
+/* Counts a finished batch and reports it. */
+static void finish(kvbm_volume *v, batch *b) {
   for (size_t i = 0; i < b->n; i++) account(v, &b->ops[i]);
   b->done(b->user, b->ops, b->n);
+}
+
+/* Runs a batch on one thread's state, then reports it. */
+static void execute(kvbm_volume *v, void *state, batch *b, bool closed) {
+  runner r = {v, state, NULL};
+  dispatch(&r, b, closed);
+  finish(v, b);
 }
 
 static void list_keys(kvbm_volume *v, void *state, listing *l, bool closed) {
@@ -218,18 +253,93 @@ static void list_keys(kvbm_volume *v, void *state, listing *l, bool closed) {
   pthread_mutex_unlock(&l->mu);
 }
 
+/* Takes the next queued batch (lock held); *closed: unregister began. */
+static batch pop(kvbm_volume *v, bool *closed) {
+  batch b = v->ring[v->head];
+  v->head = (v->head + 1) % v->cap;
+  v->count--;
+  atomic_store_explicit(&v->queued, v->count, memory_order_relaxed);
+  *closed = v->closing;
+  return b;
+}
+
+/* Batches started on a streaming backend and not yet reported, oldest
+ * first. */
+#define ACTIVE_MAX 64u
+typedef struct active {
+  batch b;
+  size_t left; /* ops not finished */
+} active;
+
+typedef struct actives {
+  active a[ACTIVE_MAX];
+  uint32_t head, count;
+} actives;
+
+/* Reports the oldest batches whose ops are all finished, in order. */
+static void flush(kvbm_volume *v, actives *q) {
+  while (q->count && q->a[q->head].left == 0) {
+    finish(v, &q->a[q->head].b);
+    q->head = (q->head + 1) % ACTIVE_MAX;
+    q->count--;
+  }
+}
+
+/* The I/O thread of a streaming backend: it starts the next queued batch
+ * as soon as there is one (the backend reaps older transfers to make
+ * room), and otherwise waits for the transfers in flight, so the device
+ * never idles at the tail of a batch while another is queued. Batches are
+ * reported in submission order once each of their ops has finished. */
+static void stream_main(worker *w) {
+  kvbm_volume *v = w->v;
+  actives q = {.head = 0, .count = 0};
+  pthread_mutex_lock(&v->mu);
+  for (;;) {
+    if (v->count && q.count < ACTIVE_MAX) {
+      bool closed;
+      batch b = pop(v, &closed);
+      pthread_mutex_unlock(&v->mu);
+      if (b.list) { /* a listing sees every earlier batch done */
+        while (v->stream->reap(w->state)) {
+        }
+        flush(v, &q);
+        list_keys(v, w->state, b.list, closed);
+      } else {
+        active *a = &q.a[(q.head + q.count++) % ACTIVE_MAX];
+        a->b = b;
+        a->left = b.n;
+        runner r = {v, w->state, &a->left};
+        dispatch(&r, &a->b, closed);
+      }
+    } else if (q.count) {
+      pthread_mutex_unlock(&v->mu);
+      if (!v->stream->reap(w->state)) /* nothing in flight: what is left never started */
+        for (uint32_t i = 0; i < q.count; i++) q.a[(q.head + i) % ACTIVE_MAX].left = 0;
+    } else if (v->closing) {
+      break;
+    } else {
+      pthread_cond_wait(&v->cv, &v->mu);
+      continue;
+    }
+    flush(v, &q);
+    pthread_mutex_lock(&v->mu);
+  }
+  pthread_mutex_unlock(&v->mu);
+}
+
 static void *worker_main(void *arg) {
   worker *w = arg;
   kvbm_volume *v = w->v;
+  if (v->stream) {
+    stream_main(w);
+    return NULL;
+  }
   pthread_mutex_lock(&v->mu);
   for (;;) {
     while (!v->count && !v->closing) pthread_cond_wait(&v->cv, &v->mu);
     if (!v->count) break; /* closing and drained */
-    batch b = v->ring[v->head];
-    v->head = (v->head + 1) % v->cap;
-    v->count--;
-    atomic_store_explicit(&v->queued, v->count, memory_order_relaxed);
-    bool closed = v->closing;
+    bool closed;
+    batch b = pop(v, &closed);
     pthread_mutex_unlock(&v->mu);
     if (b.list) list_keys(v, w->state, b.list, closed);
     else execute(v, w->state, &b, closed);
@@ -279,6 +389,7 @@ static int pick_backend(kvbm_volume *v, kvbm_error *err) {
                             be->scheme, v->parsed->scheme);
   } else {
     be = builtin(v->parsed->kind);
+    v->stream = v->parsed->kind == KVBM__VOLUME_DISK ? &kvbm__volume_disk_stream : NULL;
     if (!be)
       return kvbm_error_set(err, KVBM_EUNSUPPORTED,
                             "volume: no backend for '%s://' (built in: disk, file, redis, "
