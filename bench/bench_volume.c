@@ -28,8 +28,14 @@
  *
  * usage: bench_volume [--blocks N (64)] [--reps R (5)] [--block-mib M (2)]
  *                     [--batch B (8)] [--inflight Q (2)] [--threads T (1)]
- *                     [--redis URL] [--dir DIR (/tmp)] [--only redis|file]
- *                     [--json]
+ *                     [--redis URL] [--dir DIR (/tmp)]
+ *                     [--only redis|file|disk] [--json]
+ *
+ * --only disk (not in the default run; it needs a disk, not tmpfs): the
+ * disk:// volume (G3's slot file, O_DIRECT through io_uring) against plain
+ * O_DIRECT sequential pwrite/pread of the same 2 MiB blocks to a
+ * preallocated file in the same directory, one request at a time; both
+ * sides overwrite data written in the warm-up.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -203,6 +209,26 @@ static double files_pass(const char *dir, const opts *o, uint8_t **blocks, uint8
   return now() - t0;
 }
 
+/* ---- the disk bound: O_DIRECT sequential pwrite/pread ---- */
+
+typedef struct raw_disk {
+  int fd;
+} raw_disk;
+
+static double disk_pass(void *ctx, const opts *o, uint8_t **blocks, uint8_t **outs, bool put) {
+  raw_disk *r = ctx;
+  double t0 = now();
+  for (int i = 0; i < o->blocks; i++) {
+    off_t off = (off_t)i * (off_t)o->block;
+    ssize_t n = put ? pwrite(r->fd, blocks[i], o->block, off) : pread(r->fd, outs[i], o->block, off);
+    if (n != (ssize_t)o->block) {
+      fprintf(stderr, "bench_volume: raw %s: %s\n", put ? "pwrite" : "pread", strerror(errno));
+      exit(1);
+    }
+  }
+  return now() - t0;
+}
+
 /* ---- a Redis for the bench ---- */
 
 static int free_port(void) {
@@ -319,6 +345,8 @@ static void measure(result *res, kvbm_volume *v, bound_fn bound, bound_fn piped,
 
 static kvbm_volume *open_volume(const char *url, const opts *o, const char *ns) {
   kvbm_volume_config c = kvbm_volume_config_default(url);
+  c.slots = (uint64_t)o->blocks; /* disk:// */
+  c.block_bytes = o->block;
   c.key_namespace = ns;
   c.threads = (uint32_t)o->threads;
   c.timeout_ms = 60000;
@@ -344,7 +372,7 @@ static void report(const result *r, const opts *o, bool last) {
            r->pratio[1], last ? "" : ",");
     return;
   }
-  const char *what[2] = {"G2 -> G4 put", "G4 -> G2 get"};
+  const char *what[2] = {"put (from G2)", "get (into G2)"};
   for (int d = 0; d < 2; d++) {
     printf("%-7s %-13s %7.3f GB/s  bound %7.3f GB/s  ratio %.3f (min %.3f, max %.3f)\n", r->name,
            what[d], r->gbs[d], r->bound[d], r->ratio[d], r->lo[d], r->hi[d]);
@@ -396,11 +424,12 @@ int main(int argc, char **argv) {
     }
     memset(outs[i], 0, o.block);
   }
-  result res[2];
+  result res[3];
   int nres = 0;
   if (o.json) printf("{\n");
   else
-    printf("W4 G2<->G4: %d blocks of %zu MiB, %d reps, batch %d, %d in flight, %d I/O thread(s)\n",
+    printf("W4 G2 <-> volume: %d blocks of %zu MiB, %d reps, batch %d, %d in flight, %d I/O "
+           "thread(s)\n",
            o.blocks, o.block >> 20, o.reps, o.batch, o.inflight, o.threads);
 
   if (!o.only || !strcmp(o.only, "redis")) {
@@ -457,6 +486,32 @@ int main(int argc, char **argv) {
     res[nres] = (result){.name = "file"};
     measure(&res[nres++], v, file_bound, NULL, bdir, &o, blocks, outs);
     kvbm_volume_unregister(v);
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+    if (system(cmd)) {
+    }
+  }
+  if (o.only && !strcmp(o.only, "disk")) {
+    char base[4096], raw[4200], url[4300];
+    snprintf(base, sizeof base, "%s/bench-volume-disk-XXXXXX", o.dir);
+    if (!mkdtemp(base)) {
+      fprintf(stderr, "bench_volume: cannot make a directory in %s\n", o.dir);
+      return 1;
+    }
+    snprintf(raw, sizeof raw, "%s/raw", base);
+    raw_disk rd = {open(raw, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600)};
+    if (rd.fd < 0 || fallocate(rd.fd, 0, 0, (off_t)o.blocks * (off_t)o.block) != 0) {
+      fprintf(stderr, "bench_volume: %s: O_DIRECT file: %s (tmpfs? use --dir on a disk)\n", raw,
+              strerror(errno));
+      return 1;
+    }
+    snprintf(url, sizeof url, "disk://%s", base);
+    kvbm_volume *v = open_volume(url, &o, "w4");
+    if (!o.json) printf("disk mode: %s\n", kvbm_volume_mode(v));
+    res[nres] = (result){.name = "disk"};
+    measure(&res[nres++], v, disk_pass, NULL, &rd, &o, blocks, outs);
+    kvbm_volume_unregister(v);
+    close(rd.fd);
     char cmd[4400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
     if (system(cmd)) {
