@@ -10,7 +10,7 @@
  *       The engine writes and reads KV through kvbm_manager_block_layer()
  *       (an address in the tier's memory) or kvbm_manager_block_write/read().
  *   G2  host memory (kvbm/storage.h: system heap, or pinned in a CUDA build).
- *   G3  a preallocated file of checksummed slots (src/tier/disk.h).
+ *   G3  a preallocated file of checksummed slots (src/volume/disk.h).
  *
  * Requests (kvbm_mreq) are the tiered form of kvbm/sequence.h:
  *

@@ -54,7 +54,7 @@
 #include "filter.h"
 #include "gpu.h"
 #include "kvbm/blake3.h"
-#include "tier/disk.h"
+#include "volume/disk.h"
 #include "tier/testing.h"
 #include "kvbm/sequence.h"
 #include "kvbm/storage.h"

@@ -22,7 +22,7 @@ typedef struct kvbm__manager_testing {
    * error would. */
   bool g1_emulate;
   uint32_t g1_fail_copy;
-  /* kvbm__disk_config.test_refuse (tier/disk.h): pretend O_DIRECT or
+  /* kvbm__disk_config.test_refuse (volume/disk.h): pretend O_DIRECT or
    * io_uring is refused. */
   uint32_t g3_refuse;
 } kvbm__manager_testing;

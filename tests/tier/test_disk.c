@@ -14,7 +14,7 @@
 #include <cmocka.h>
 #include <xxhash.h>
 
-#include "tier/disk.h"
+#include "volume/disk.h"
 #include "tier_testutil.h"
 
 /* Flips byte `at` (from the slot's start: data, then the header at

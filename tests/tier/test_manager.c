@@ -8,7 +8,7 @@
 #include <sys/vfs.h>
 #include <sys/wait.h>
 
-#include "tier/disk.h"
+#include "volume/disk.h"
 #include "tier/testing.h"
 #include "kvbm/storage.h"
 #include "tier_testutil.h"

@@ -1,5 +1,5 @@
 /*
- * tier/disk.h: the G3 disk tier's file of checksummed slots.
+ * volume/disk.h: the file of checksummed slots under the G3 tier (disk://).
  *
  * One file, preallocated with fallocate, of a 4096-byte superblock followed
  * by `num_slots` slots of `slot_size` bytes (a multiple of 4096, so every

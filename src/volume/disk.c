@@ -1,5 +1,5 @@
 /*
- * disk.c: the G3 slot file (see tier/disk.h).
+ * disk.c: the G3 slot file (see volume/disk.h).
  *
  * Design: one file, fixed geometry, slots addressed by index, so the index
  * of what is stored lives in memory (the manager's G3 pool) and the file
@@ -20,7 +20,7 @@
  * size. Finished requests are handed back one at a time (kvbm__disk_reap) so
  * the caller can check one slot while the next ones are still in flight.
  */
-#include "tier/disk.h"
+#include "volume/disk.h"
 
 #include <errno.h>
 #include <fcntl.h>
