@@ -1,0 +1,197 @@
+/*
+ * config.c: the manager's configuration (see kvbm/manager.h).
+ *
+ * Three sources meet here. The defaults (kvbm_manager_config_default) are
+ * Dynamo's KVBM shape scaled to a test machine: write-through G2, G3
+ * behind the frequency filter. The environment (kvbm_manager_config_env)
+ * is a compatibility layer: Dynamo's DYN_KVBM_* names where Dynamo has a
+ * setting, applied over whatever the caller set, all or nothing, so a bad
+ * value never leaves a half-applied config. Validation
+ * (kvbm__manager_check_config) runs at create and names the first bad
+ * field; nothing past it has to re-check a range.
+ *
+ * Nothing here holds state: every function works on the caller's struct.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "tier/internal.h"
+
+const char *kvbm_offload_policy_name(int p) {
+  static const char *const n[] = {"never", "all", "frequency"};
+  return p >= 0 && p <= 2 ? n[p] : "?";
+}
+
+bool kvbm_offload_policy_parse(const char *s, kvbm_offload_policy *out) {
+  for (int p = 0; p <= 2 && s; p++)
+    if (!strcmp(s, kvbm_offload_policy_name(p))) {
+      *out = (kvbm_offload_policy)p;
+      return true;
+    }
+  return false;
+}
+
+kvbm_manager_config kvbm_manager_config_default(void) {
+  kvbm_manager_config c;
+  memset(&c, 0, sizeof c);
+  c.block_size = 16;
+  c.scheme = KVBM_HASH_NATIVE;
+  c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 2, .outer_dim = 1,
+                                  .page_size = 16, .inner_dim = 64, .dtype_size = 2,
+                                  .alignment = 4096};
+  c.g1_kind = c.g2_kind = KVBM_LAYOUT_FULLY_CONTIGUOUS;
+  c.g1_memory = c.g2_memory = KVBM_MEMORY_SYSTEM;
+  c.g1_blocks = 1024;
+  c.g3_direct = true;
+  c.g3_uring = true;
+  c.g3_queue_depth = 8;
+  c.g2_policy = KVBM_OFFLOAD_ALL;
+  c.g3_policy = KVBM_OFFLOAD_FREQUENCY;
+  c.freq_threshold = 2;
+  c.freq_decay_uses = 65536;
+  c.freq_max_entries = 1u << 20;
+  c.queue_capacity = 4096;
+  c.batch_max = 64;
+  c.drain_on_destroy = true;
+  return c;
+}
+
+/* ---- environment ---- */
+
+static const char *env_get(const char *const *env, const char *name) {
+  if (!env) return getenv(name);
+  size_t n = strlen(name);
+  for (; *env; env++)
+    if (!strncmp(*env, name, n) && (*env)[n] == '=') return *env + n + 1;
+  return NULL;
+}
+
+static int env_blocks(const char *name, const char *v, uint64_t max, uint64_t *out,
+                      kvbm_error *err) {
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (!*v || *end || errno || v[0] == '-' || x > max)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: %s='%s' is not a block count in 0..%llu",
+                          name, v, (unsigned long long)max);
+  *out = x;
+  return KVBM_OK;
+}
+
+static int env_gib(const char *name, const char *v, uint64_t block_bytes, uint64_t max,
+                   uint64_t *out, kvbm_error *err) {
+  char *end;
+  errno = 0;
+  double g = strtod(v, &end);
+  if (!*v || *end || errno || !(g >= 0) || g > 1e9)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: %s='%s' is not a size in GiB", name, v);
+  double blocks = g * 1073741824.0 / (double)block_bytes;
+  if (blocks > (double)max)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: %s='%s' is more than %llu blocks", name, v,
+                          (unsigned long long)max);
+  *out = (uint64_t)blocks;
+  return KVBM_OK;
+}
+
+int kvbm_manager_config_env(kvbm_manager_config *cfg, const char *const *env, kvbm_error *err) {
+  if (!cfg) return kvbm_error_set(err, KVBM_EINVAL, "manager: NULL config");
+  kvbm_layout lay;
+  kvbm_layout_config lc = cfg->layout;
+  lc.num_blocks = 1;
+  int rc = kvbm_layout_init(&lay, KVBM_LAYOUT_FULLY_CONTIGUOUS, &lc, err);
+  if (rc) return rc;
+  uint64_t bb = lay.config.num_layers * lay.layer_stride;
+  kvbm_manager_config c = *cfg;
+  uint64_t x;
+  const char *v;
+  if ((v = env_get(env, "DYN_KVBM_CPU_CACHE_GB"))) {
+    if ((rc = env_gib("DYN_KVBM_CPU_CACHE_GB", v, bb, KVBM_POOL_MAX_BLOCKS, &x, err))) return rc;
+    c.g2_blocks = (uint32_t)x;
+  }
+  if ((v = env_get(env, "DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS"))) {
+    if ((rc = env_blocks("DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS", v, KVBM_POOL_MAX_BLOCKS, &x,
+                         err)))
+      return rc;
+    c.g2_blocks = (uint32_t)x;
+  }
+  if ((v = env_get(env, "DYN_KVBM_DISK_CACHE_GB"))) {
+    if ((rc = env_gib("DYN_KVBM_DISK_CACHE_GB", v, bb, KVBM_POOL_MAX_BLOCKS, &x, err))) return rc;
+    c.g3_blocks = x;
+  }
+  if ((v = env_get(env, "DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS"))) {
+    if ((rc = env_blocks("DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS", v, KVBM_POOL_MAX_BLOCKS, &x,
+                         err)))
+      return rc;
+    c.g3_blocks = x;
+  }
+  if ((v = env_get(env, "DYN_KVBM_DISK_CACHE_DIR"))) {
+    if (!*v) return kvbm_error_set(err, KVBM_EINVAL, "manager: DYN_KVBM_DISK_CACHE_DIR is empty");
+    c.g3_dir = v;
+  }
+  if ((v = env_get(env, "DYN_KVBM_DISK_DISABLE_O_DIRECT"))) {
+    if (!strcasecmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
+        !strcasecmp(v, "on"))
+      c.g3_direct = false;
+    else if (!strcasecmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
+             !strcasecmp(v, "off") || !*v)
+      c.g3_direct = true;
+    else
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "manager: DYN_KVBM_DISK_DISABLE_O_DIRECT='%s' is not a boolean", v);
+  }
+  *cfg = c;
+  return KVBM_OK;
+}
+
+/* ---- validation ---- */
+
+int kvbm__manager_check_config(const kvbm_manager_config *c, kvbm_error *err) {
+  if (c->block_size == 0 || c->block_size > KVBM_POOL_MAX_BLOCK_SIZE)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: block_size %u is not in 1..%u",
+                          c->block_size, KVBM_POOL_MAX_BLOCK_SIZE);
+  if (c->g1_blocks == 0 || c->g1_blocks > KVBM_POOL_MAX_BLOCKS)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g1_blocks %u is not in 1..%u", c->g1_blocks,
+                          KVBM_POOL_MAX_BLOCKS);
+  if (c->g2_blocks > KVBM_POOL_MAX_BLOCKS)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g2_blocks %u is above %u", c->g2_blocks,
+                          KVBM_POOL_MAX_BLOCKS);
+  if (c->g3_key && (c->g3_key_len < KVBM_MANAGER_G3_KEY_MIN || c->g3_key_len > KVBM_MANAGER_G3_KEY_MAX))
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g3_key must be %u..%u bytes, not %zu",
+                          KVBM_MANAGER_G3_KEY_MIN, KVBM_MANAGER_G3_KEY_MAX, c->g3_key_len);
+  if (c->g3_blocks > KVBM_POOL_MAX_BLOCKS)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g3_blocks %llu is above %u",
+                          (unsigned long long)c->g3_blocks, KVBM_POOL_MAX_BLOCKS);
+  if (c->g1_memory != KVBM_MEMORY_SYSTEM && c->g1_memory != KVBM_MEMORY_PINNED &&
+      c->g1_memory != KVBM_MEMORY_DEVICE)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g1_memory %d is not system, pinned or device",
+                          (int)c->g1_memory);
+  if (c->g2_memory != KVBM_MEMORY_SYSTEM && c->g2_memory != KVBM_MEMORY_PINNED)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g2_memory %d is not system or pinned",
+                          (int)c->g2_memory);
+  if (c->g1_memory == KVBM_MEMORY_DEVICE && c->g1_device < 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g1_device %d is negative", (int)c->g1_device);
+  for (int k = 0; k < 2; k++) {
+    int kind = k ? c->g2_kind : c->g1_kind;
+    if (kind != KVBM_LAYOUT_FULLY_CONTIGUOUS && kind != KVBM_LAYOUT_LAYER_SEPARATE)
+      return kvbm_error_set(err, KVBM_EINVAL, "manager: %s layout kind %d is unknown",
+                            k ? "g2" : "g1", kind);
+  }
+  if ((unsigned)c->g2_policy > KVBM_OFFLOAD_FREQUENCY || (unsigned)c->g3_policy > KVBM_OFFLOAD_FREQUENCY)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: unknown offload policy");
+  if (c->freq_threshold == 0 || c->freq_decay_uses == 0 || c->freq_max_entries == 0 ||
+      c->freq_max_entries > (1u << 28))
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "manager: freq_threshold, freq_decay_uses must be >= 1 and "
+                          "freq_max_entries in 1..2^28");
+  if (c->queue_capacity == 0 || c->queue_capacity > (1u << 24))
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: queue_capacity %u is not in 1..2^24",
+                          c->queue_capacity);
+  if (c->batch_max == 0 || c->batch_max > 256)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: batch_max %u is not in 1..256", c->batch_max);
+  if (c->g3_queue_depth == 0 || c->g3_queue_depth > 128)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g3_queue_depth %u is not in 1..128",
+                          c->g3_queue_depth);
+  return KVBM_OK;
+}

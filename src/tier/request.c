@@ -1,0 +1,438 @@
+/*
+ * request.c: the engine's calls (see kvbm/manager.h, "Requests").
+ *
+ * Prefill hashes the prompt's full blocks and walks them: block k comes
+ * from the fastest tier that holds it with its bytes in place, and the
+ * walk stops at the first block held nowhere. G1 hits are pinned first (so
+ * that no allocation evicts them), each block found below G1 gets a new G1
+ * block registered at once in state PENDING and an onboard job, and the
+ * rest of the prompt is allocated as kvbm_seq_prefill does. Everything is
+ * decided under the lock in the engine's call; the workers only move bytes.
+ *
+ * The match a request reports settles when its onboards are done: it ends
+ * before the first block whose bytes did not arrive (FAILED) or that
+ * another request registered and has not computed yet (UNCOMPUTED). The
+ * engine never waits for another request (that could deadlock an engine
+ * that commits it later on the same thread), only for copies, which always
+ * finish.
+ *
+ * Commit is where the offload policy runs (use_block): each full block is
+ * used once, in order; a lower tier that holds it is refreshed, otherwise
+ * its policy decides on a copy, which allocates (evicting LRU) and
+ * registers the target at once and queues one job per block (G1 -> G2,
+ * forwarded to G3; or G1/G2 -> G3). A queue without room or a tier without
+ * an evictable block skips the copy and counts it: commit never waits.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tier/internal.h"
+
+static int keep_tokens(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
+  if (n > SIZE_MAX / 4 - r->ntok) return KVBM_EOVERFLOW;
+  if (r->ntok + n > r->tcap) {
+    size_t cap = r->tcap ? r->tcap : 64;
+    while (cap < r->ntok + n) cap *= 2;
+    uint32_t *t = realloc(r->tokens, cap * sizeof *t);
+    if (!t) return KVBM_ENOMEM;
+    r->tokens = t;
+    r->tcap = cap;
+  }
+  if (n) memcpy(r->tokens + r->ntok, tokens, n * sizeof *tokens);
+  r->ntok += n;
+  return KVBM_OK;
+}
+
+/* Whether tier ti (G2, G3) holds hash h with its bytes in place. */
+static bool tier_has(const kvbm_manager *m, int ti, uint64_t h) {
+  const kvbm__tier *t = &m->t[ti];
+  uint32_t id;
+  if (!t->present || (ti == KVBM_TIER_G3 && !m->disk)) return false;
+  return kvbm_pool_peek(t->pool, h, &id, NULL) == KVBM_OK && t->state[id] == KVBM__READY;
+}
+
+/* The walk: per block the fastest tier that holds it, up to the first
+ * block held nowhere, or the first onboard that has no room in its queue.
+ * Returns the length; src[k] the tier; *onboards the blocks below G1;
+ * *g1_cached the G1 hits now sitting in the cache. */
+static size_t walk(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *src,
+                   size_t *onboards, size_t *g1_cached) {
+  uint32_t room[2] = {kvbm__q_free(&m->q[KVBM__W_HOST]), kvbm__q_free(&m->q[KVBM__W_DISK])};
+  size_t k = 0;
+  *onboards = *g1_cached = 0;
+  for (; k < n; k++) {
+    bool cached;
+    if (kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, hashes[k], NULL, &cached) == KVBM_OK) {
+      src[k] = KVBM_TIER_G1;
+      *g1_cached += cached;
+      continue;
+    }
+    int ti = tier_has(m, KVBM_TIER_G2, hashes[k]) ? KVBM_TIER_G2
+             : tier_has(m, KVBM_TIER_G3, hashes[k]) ? KVBM_TIER_G3 : -1;
+    if (ti < 0) break;
+    int w = ti == KVBM_TIER_G2 ? KVBM__W_HOST : KVBM__W_DISK;
+    if (!room[w]) {
+      m->t[ti].st.onboard_failures++;
+      break;
+    }
+    room[w]--;
+    src[k] = (uint8_t)ti;
+    (*onboards)++;
+  }
+  return k;
+}
+
+/* Allocates, registers and queues the onboards of the walk (capacity was
+ * checked). G1 hits are pinned first so that no allocation evicts them. */
+static void start_onboards(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t n,
+                           uint32_t *pins) {
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  const size_t B = m->cfg.block_size;
+  for (size_t k = 0; k < n; k++)
+    if (r->src[k] == KVBM_TIER_G1) KVBM__MUST(kvbm_pool_match(g1->pool, hashes[k], &pins[k]));
+  for (size_t k = 0; k < n; k++) {
+    if (r->src[k] == KVBM_TIER_G1) continue;
+    kvbm__tier *t = &m->t[r->src[k]];
+    uint32_t id, got, sid;
+    KVBM__MUST(kvbm_pool_alloc(g1->pool, 1, &id));
+    KVBM__MUST(kvbm_block_fill(g1->pool, id, r->salt, k ? hashes[k - 1] : 0, k > 0,
+                               r->tokens + k * B, hashes[k], &got));
+    pins[k] = got;
+    g1->state[got] = KVBM__PENDING;
+    KVBM__MUST(kvbm_block_retain(g1->pool, got)); /* the job's reference */
+    KVBM__MUST(kvbm_pool_match(t->pool, hashes[k], &sid));
+    t->st.hit_blocks++;
+    kvbm__job j = {.kind = r->src[k] == KVBM_TIER_G2 ? KVBM__J_ONBOARD_HOST : KVBM__J_DISK_READ,
+                   .prio = r->prio, .g1 = got, .hash = hashes[k]};
+    bool queued;
+    if (r->src[k] == KVBM_TIER_G2) {
+      j.g2 = sid;
+      queued = kvbm__q_push(&m->q[KVBM__W_HOST], &j);
+    } else {
+      j.g3 = sid;
+      j.slot = m->slot_of[sid];
+      queued = kvbm__q_push(&m->q[KVBM__W_DISK], &j);
+    }
+    assert(queued && "the walk counted the queue's room");
+    (void)queued;
+  }
+}
+
+int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+                         const uint32_t *tokens, size_t n, kvbm_mreq **out,
+                         size_t *matched_tokens, kvbm_error *err) {
+  if (!m || !tokens || !out || n == 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: prefill needs a manager, tokens (n >= 1) and out");
+  const size_t B = m->cfg.block_size, K = (n - 1) / B, total = n / B + (n % B != 0);
+  kvbm_mreq *r = calloc(1, sizeof *r);
+  uint64_t *hashes = malloc((K ? K : 1) * sizeof *hashes);
+  uint32_t *pins = malloc((K ? K : 1) * sizeof *pins);
+  int rc = r && hashes && pins ? KVBM_OK : KVBM_ENOMEM;
+  if (!rc) {
+    r->m = m;
+    r->salt = salt_hash;
+    r->prio = priority;
+    r->settled = SIZE_MAX;
+    r->src = malloc(K ? K : 1);
+    rc = r->src ? keep_tokens(r, tokens, n) : KVBM_ENOMEM;
+  }
+  if (!rc) rc = kvbm_seq_create(m->t[KVBM_TIER_G1].pool, salt_hash, priority, &r->seq);
+  if (rc) {
+    free(hashes);
+    free(pins);
+    kvbm_mreq_destroy(r);
+    return kvbm_error_set(err, rc, "manager: prefill: %s", kvbm_strerror(rc));
+  }
+  for (size_t k = 0; k < K; k++)
+    hashes[k] = kvbm_hash_next(m->cfg.scheme, salt_hash, k ? hashes[k - 1] : 0, k > 0,
+                               tokens + k * B, B);
+
+  pthread_mutex_lock(&m->mu);
+  r->serial = m->cur_serial = ++m->next_serial;
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  size_t onboards, g1_cached;
+  size_t w = walk(m, hashes, K, r->src, &onboards, &g1_cached);
+  /* Everything past the walk gets new blocks; onboards take theirs first.
+   * Too little room: forget the lower tiers (W1's own check follows). */
+  if (onboards && total - w + onboards > (size_t)kvbm_pool_available(g1->pool) - g1_cached) {
+    size_t g1_prefix = 0;
+    while (g1_prefix < w && r->src[g1_prefix] == KVBM_TIER_G1) g1_prefix++;
+    w = g1_prefix;
+    onboards = 0;
+  }
+  if (onboards) start_onboards(m, r, hashes, w, pins);
+  size_t matched = 0;
+  rc = kvbm_seq_prefill(r->seq, tokens, n, &matched);
+  if (onboards) {
+    /* The sequence holds its own references now. */
+    for (size_t k = 0; k < w; k++) KVBM__MUST(kvbm_block_release(g1->pool, pins[k], priority));
+    kvbm__workers_kick(m);
+  }
+  if (!rc) {
+    r->walk = matched / B;
+    g1->st.hit_blocks += r->walk - onboards;
+  }
+  pthread_mutex_unlock(&m->mu);
+  free(hashes);
+  free(pins);
+  if (rc) {
+    kvbm_mreq_destroy(r);
+    if (rc == KVBM_ENOSPC)
+      return kvbm_error_set(err, rc, "manager: a prompt of %zu tokens does not fit in G1", n);
+    return kvbm_error_set(err, rc, "manager: prefill: %s", kvbm_strerror(rc));
+  }
+  if (matched_tokens) *matched_tokens = matched;
+  *out = r;
+  return KVBM_OK;
+}
+
+/* Lock held. Scans the match: returns false while a block is still being
+ * onboarded; otherwise sets r->settled to the blocks before the first one
+ * whose bytes were lost. */
+static bool settle(kvbm_mreq *r) {
+  if (r->settled != SIZE_MAX) return true;
+  const uint32_t *ids;
+  size_t n;
+  kvbm_seq_blocks(r->seq, &ids, &n);
+  const uint8_t *st = r->m->t[KVBM_TIER_G1].state;
+  size_t first_bad = r->walk;
+  for (size_t k = 0; k < r->walk; k++) {
+    if (st[ids[k]] == KVBM__PENDING) return false;
+    /* Lost bytes, or another request's block whose KV is not written yet:
+     * the match ends there (waiting for another request could deadlock an
+     * engine that commits it later on the same thread). */
+    if ((st[ids[k]] == KVBM__FAILED || st[ids[k]] == KVBM__UNCOMPUTED) && first_bad == r->walk)
+      first_bad = k;
+  }
+  r->settled = first_bad;
+  return true;
+}
+
+static void fill_info(const kvbm_mreq *r, bool ready, kvbm_mreq_info *out) {
+  memset(out, 0, sizeof *out);
+  out->ready = ready;
+  size_t m = ready ? r->settled : r->walk;
+  out->matched_tokens = m * r->m->cfg.block_size;
+  for (size_t k = 0; k < m; k++) out->hit_blocks[r->src[k]]++;
+  out->num_tokens = kvbm_seq_num_tokens(r->seq);
+}
+
+void kvbm_mreq_poll(kvbm_mreq *r, kvbm_mreq_info *out) {
+  if (!r || !out) return;
+  pthread_mutex_lock(&r->m->mu);
+  fill_info(r, settle(r), out);
+  pthread_mutex_unlock(&r->m->mu);
+}
+
+int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
+  if (!r) return KVBM_EINVAL;
+  kvbm_manager *m = r->m;
+  struct timespec dl;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  if (timeout_ms > 0) {
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+      dl.tv_sec++;
+      dl.tv_nsec -= 1000000000L;
+    }
+  }
+  int rc = KVBM_OK;
+  pthread_mutex_lock(&m->mu);
+  while (!settle(r)) {
+    if (timeout_ms < 0) {
+      pthread_cond_wait(&m->done_cv, &m->mu);
+    } else if (timeout_ms == 0 || pthread_cond_timedwait(&m->done_cv, &m->mu, &dl) == ETIMEDOUT) {
+      if (!settle(r)) rc = KVBM_ETIMEDOUT;
+      break;
+    }
+  }
+  if (out) fill_info(r, rc == KVBM_OK, out);
+  pthread_mutex_unlock(&m->mu);
+  return rc;
+}
+
+int kvbm_mreq_block_source(const kvbm_mreq *r, size_t k) {
+  return r && k < r->walk ? r->src[k] : -1;
+}
+
+bool kvbm_mreq_must_compute(kvbm_mreq *r, size_t k) {
+  if (!r) return false;
+  kvbm_manager *m = r->m;
+  pthread_mutex_lock(&m->mu);
+  const uint32_t *ids;
+  size_t nb;
+  kvbm_seq_blocks(r->seq, &ids, &nb);
+  size_t matched = settle(r) ? r->settled : r->walk;
+  bool must = false;
+  if (k < nb && k >= matched) {
+    uint8_t st = m->t[KVBM_TIER_G1].state[ids[k]];
+    must = k >= kvbm_seq_num_tokens(r->seq) / m->cfg.block_size || st == KVBM__FAILED ||
+           (st == KVBM__UNCOMPUTED && m->g1_owner[ids[k]] == r->serial);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return must;
+}
+
+int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
+  if (!r || (n && !tokens)) return KVBM_EINVAL;
+  size_t before = r->ntok;
+  int rc = keep_tokens(r, tokens, n);
+  if (rc) return rc;
+  pthread_mutex_lock(&r->m->mu);
+  r->m->cur_serial = r->serial;
+  rc = kvbm_seq_append(r->seq, tokens, n);
+  pthread_mutex_unlock(&r->m->mu);
+  if (rc) r->ntok = before;
+  return rc;
+}
+
+/* One use of full block k (G1 block g1) by a commit: refresh or copy in G2
+ * and G3 per policy. Lock held. */
+static void use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, uint32_t g1id,
+                      uint64_t h, uint64_t parent, bool has_parent) {
+  const uint32_t *tok = r->tokens + k * m->cfg.block_size;
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  if (g1->state[g1id] != KVBM__READY) return; /* another request's, not written yet */
+  kvbm__job j = {.kind = KVBM__J_OFFLOAD, .prio = r->prio, .g1 = g1id, .g2 = KVBM__NONE,
+                 .g3 = KVBM__NONE, .hash = h, .parent = parent, .has_parent = has_parent, .b = b};
+  bool g2_write = false, g2_ready = false, g3_write = false;
+  for (int ti = KVBM_TIER_G2; ti <= KVBM_TIER_G3; ti++) {
+    kvbm__tier *t = &m->t[ti];
+    if (!t->pool) continue; /* not configured */
+    bool want = t->policy == KVBM_OFFLOAD_ALL;
+    if (t->filter_on) want = kvbm__freq_filter_use(&t->filter, h);
+    if (ti == KVBM_TIER_G3 && !m->disk) {
+      if (want) t->st.skipped_unavailable++;
+      continue;
+    }
+    uint32_t id;
+    bool present = kvbm_pool_peek(t->pool, h, &id, NULL) == KVBM_OK;
+    if (present && t->state[id] != KVBM__FAILED) {
+      KVBM__MUST(kvbm_pool_match(t->pool, h, &id)); /* refresh: re-released in use order */
+      kvbm__batch_pin(b, (uint8_t)ti, id);
+      if (ti == KVBM_TIER_G2) g2_ready = t->state[id] == KVBM__READY, j.g2 = id;
+      continue;
+    }
+    if (!want && !present) {
+      t->st.filtered++;
+      continue;
+    }
+    int w = ti == KVBM_TIER_G2 ? KVBM__W_HOST : KVBM__W_DISK;
+    /* Room for the job: the G3 copy of a block that goes to G2 in the same
+     * job is checked when the host worker forwards it. */
+    if (!(ti == KVBM_TIER_G3 && g2_write) && !kvbm__q_free(&m->q[w])) {
+      t->st.skipped_queue++;
+      continue;
+    }
+    if (present) {
+      KVBM__MUST(kvbm_pool_match(t->pool, h, &id)); /* FAILED: rewrite in place */
+    } else {
+      uint32_t got;
+      if (kvbm_pool_alloc(t->pool, 1, &id) != KVBM_OK) {
+        t->st.skipped_space++;
+        continue;
+      }
+      KVBM__MUST(kvbm_block_fill(t->pool, id, r->salt, parent, has_parent, tok, h, &got));
+      assert(got == id && "not registered: no dedup");
+    }
+    t->state[id] = KVBM__PENDING;
+    kvbm__batch_pin(b, (uint8_t)ti, id);
+    if (ti == KVBM_TIER_G2) {
+      g2_write = true;
+      j.g2 = id;
+    } else {
+      g3_write = true;
+      j.g3 = id;
+      j.slot = m->slot_of[id];
+    }
+  }
+  bool queued = true;
+  if (g2_write) {
+    j.g3_write = g3_write;
+    KVBM__MUST(kvbm_block_retain(g1->pool, g1id));
+    b->pending++;
+    queued = kvbm__q_push(&m->q[KVBM__W_HOST], &j);
+  } else if (g3_write) {
+    j.kind = KVBM__J_DISK_WRITE;
+    j.src_tier = g2_ready ? KVBM_TIER_G2 : KVBM_TIER_G1;
+    if (!g2_ready) KVBM__MUST(kvbm_block_retain(g1->pool, g1id));
+    b->pending++;
+    queued = kvbm__q_push(&m->q[KVBM__W_DISK], &j);
+  }
+  assert(queued && "room checked above");
+  (void)queued;
+}
+
+int kvbm_mreq_commit(kvbm_mreq *r) {
+  if (!r) return KVBM_EINVAL;
+  kvbm_mreq_wait(r, -1, NULL);
+  kvbm_manager *m = r->m;
+  const size_t B = m->cfg.block_size;
+  const uint32_t *ids;
+  size_t nb;
+  size_t nfull = kvbm_seq_num_tokens(r->seq) / B, todo = nfull - r->committed;
+  kvbm__batch *b = calloc(1, sizeof *b);
+  if (b) b->pins = malloc((2 * todo + 1) * sizeof *b->pins);
+  if (!b || !b->pins) {
+    free(b);
+    return KVBM_ENOMEM;
+  }
+  b->cap = (uint32_t)(2 * todo + 1);
+  pthread_mutex_lock(&m->mu);
+  kvbm_seq_blocks(r->seq, &ids, &nb);
+  uint64_t parent = 0;
+  if (r->committed) KVBM__MUST(kvbm_seq_block_hash(r->seq, r->committed - 1, &parent));
+  for (size_t k = r->committed; k < nfull; k++) {
+    uint64_t h;
+    KVBM__MUST(kvbm_seq_block_hash(r->seq, k, &h));
+    uint8_t *st = &m->t[KVBM_TIER_G1].state[ids[k]];
+    /* Computed now: the blocks this request registered, and those whose
+     * onboard failed (the engine recomputed them). */
+    if ((*st == KVBM__UNCOMPUTED && m->g1_owner[ids[k]] == r->serial) ||
+        (k >= r->settled && *st == KVBM__FAILED))
+      *st = KVBM__READY;
+    use_block(m, r, b, k, ids[k], h, parent, k > 0);
+    parent = h;
+  }
+  r->committed = nfull;
+  if (b->pending == 0) {
+    kvbm__batch_done(m, b);
+  } else {
+    kvbm__workers_kick(m);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return KVBM_OK;
+}
+
+void kvbm_mreq_blocks(const kvbm_mreq *r, const uint32_t **ids, size_t *n) {
+  kvbm_seq_blocks(r->seq, ids, n);
+}
+
+int kvbm_mreq_block_hash(const kvbm_mreq *r, size_t k, uint64_t *hash) {
+  if (!r) return KVBM_EINVAL;
+  return kvbm_seq_block_hash(r->seq, k, hash);
+}
+
+void kvbm_mreq_destroy(kvbm_mreq *r) {
+  if (!r) return;
+  if (r->seq) {
+    kvbm_mreq_wait(r, -1, NULL);
+    pthread_mutex_lock(&r->m->mu);
+    /* Blocks it registered but never committed have no KV: whoever
+     * matched them must not wait for them, nor use them. */
+    const uint32_t *ids;
+    size_t nb;
+    kvbm_seq_blocks(r->seq, &ids, &nb);
+    uint8_t *st = r->m->t[KVBM_TIER_G1].state;
+    for (size_t k = 0; k < nb; k++)
+      if (st[ids[k]] == KVBM__UNCOMPUTED && r->m->g1_owner[ids[k]] == r->serial) st[ids[k]] = KVBM__FAILED;
+    kvbm_seq_destroy(r->seq);
+    pthread_mutex_unlock(&r->m->mu);
+  }
+  free(r->tokens);
+  free(r->src);
+  free(r);
+}
