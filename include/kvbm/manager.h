@@ -132,7 +132,9 @@ typedef struct kvbm_manager_config {
   uint32_t batch_max;          /* jobs a worker takes at once (64) */
   bool drain_on_destroy;       /* destroy finishes queued copies (true) or
                                   cancels them */
-  /* Optional pool listeners, one per tier (BlockStored/Removed per tier). */
+  /* Optional pool listeners, one per tier (BlockStored/Removed per tier).
+   * G1's STORED events name the request that registered the block
+   * (kvbm_pool_event.context is its kvbm_mreq *); other tiers' carry NULL. */
   kvbm_pool_listener listener[KVBM_TIER_COUNT];
   void *listener_user[KVBM_TIER_COUNT];
 } kvbm_manager_config;

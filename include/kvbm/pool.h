@@ -77,6 +77,9 @@ typedef struct kvbm_pool_event {
   uint64_t salt_hash;         /* STORED */
   const uint32_t *tokens;     /* STORED: the block's tokens, valid during the call */
   uint32_t num_tokens;        /* STORED: == block_size */
+  void *context;              /* STORED: the context of the registering call
+                                 (the *_ctx functions, or a sequence's, see
+                                 kvbm_seq_set_context); NULL otherwise */
 } kvbm_pool_event;
 
 /* Must not call back into the pool. */
@@ -179,6 +182,21 @@ KVBM_EXTERN int kvbm_block_commit(kvbm_pool *pool, uint32_t id);
  * `id` itself, or (dedup) the block already registered under the same hash,
  * with `id` returned to the free list and a reference taken on *out_id. */
 KVBM_EXTERN int kvbm_block_register(kvbm_pool *pool, uint32_t id, uint32_t *out_id);
+
+/* The registering calls with a context: the listener's STORED event for
+ * the block carries `context` (kvbm_pool_event.context), so it learns who
+ * registered the block from the call itself (a request, a tier...), not
+ * from state the caller set aside. Otherwise as kvbm_block_register,
+ * kvbm_block_fill and kvbm_pool_fill_run (which pass NULL). */
+KVBM_EXTERN int kvbm_block_register_ctx(kvbm_pool *pool, uint32_t id, void *context,
+                                        uint32_t *out_id);
+KVBM_EXTERN int kvbm_block_fill_ctx(kvbm_pool *pool, uint32_t id, uint64_t salt_hash,
+                                    uint64_t parent, bool has_parent, const uint32_t *tokens,
+                                    uint64_t seq_hash, void *context, uint32_t *out_id);
+KVBM_EXTERN int kvbm_pool_fill_run_ctx(kvbm_pool *pool, uint64_t salt_hash, uint64_t parent,
+                                       bool has_parent, const uint32_t *tokens,
+                                       const uint64_t *hashes, size_t n, void *context,
+                                       uint32_t *ids);
 
 /* init + append + commit + register in one call, for a block whose tokens
  * and sequence hash the caller already has (the hot path of prefill). The

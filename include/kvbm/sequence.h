@@ -54,6 +54,38 @@ KVBM_EXTERN void kvbm_seq_destroy(kvbm_seq *seq);
 KVBM_EXTERN int kvbm_seq_prefill(kvbm_seq *seq, const uint32_t *tokens, size_t n,
                      size_t *matched_tokens);
 
+/* What a caller that has already looked the prompt up hands to
+ * kvbm_seq_prefill_plan, so that nothing is hashed or matched twice (the
+ * tiered manager hashes the prompt once and walks G1..G4 itself). */
+typedef struct kvbm_seq_plan {
+  /* Sequence hashes of the prompt's n / block_size full blocks, chained
+   * with the pool's scheme from the sequence's salt (kvbm_hash_next).
+   * Trusted: a wrong hash registers wrong content. Copied. */
+  const uint64_t *hashes;
+  /* Blocks the caller holds for the prefix hashes[0..nheld): registered
+   * under those hashes, one reference each. On success the references
+   * pass to the sequence (the caller must not release them); on failure
+   * the caller keeps them. */
+  const uint32_t *held;
+  size_t nheld; /* at most (n - 1) / block_size */
+} kvbm_seq_plan;
+
+/* kvbm_seq_prefill without hashing: the match starts with the plan's held
+ * blocks and continues with registered blocks after them (as in
+ * kvbm_seq_prefill, at most (n - 1) / block_size blocks in all); the rest
+ * is allocated. *matched_tokens counts the held blocks too. The all-or-
+ * nothing rule is kvbm_seq_prefill's, the held blocks needing no room.
+ * KVBM_EINVAL for a NULL plan, NULL hashes (with a full block), NULL held
+ * (with nheld > 0) or nheld above the limit. Cost: O(blocks), no hashing. */
+KVBM_EXTERN int kvbm_seq_prefill_plan(kvbm_seq *seq, const uint32_t *tokens, size_t n,
+                                      const kvbm_seq_plan *plan, size_t *matched_tokens);
+
+/* Every block the sequence registers from now on (prefill, append) is
+ * reported to the pool's listener with this context
+ * (kvbm_pool_event.context): the listener learns which request registered
+ * a block from the registering call. A fork inherits it. NULL: none. */
+KVBM_EXTERN void kvbm_seq_set_context(kvbm_seq *seq, void *context);
+
 /* Appends `n` tokens (decode). KVBM_ENOSPC, with no change, when the blocks
  * they need are not available. */
 KVBM_EXTERN int kvbm_seq_append(kvbm_seq *seq, const uint32_t *tokens, size_t n);

@@ -343,8 +343,9 @@ static void acquire(kvbm_pool *p, uint32_t id) {
 }
 
 /* COMPLETE -> REGISTERED, or dedup onto the registered block (see
- * kvbm_block_register). `tokens` are the block's tokens, for the event. */
-HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
+ * kvbm_block_register). `tokens` are the block's tokens and `context` the
+ * registering call's, both for the event. */
+HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void *context) {
   blk *b = &p->blocks[id];
   uint32_t existing = reg_find(p, b->seq_hash);
   if (existing != NIL) {
@@ -374,6 +375,7 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens) {
         .salt_hash = salt_of(p, id),
         .tokens = tokens,
         .num_tokens = b->ntok,
+        .context = context,
     };
     notify(p, &ev);
   }
@@ -564,17 +566,22 @@ int kvbm_block_commit(kvbm_pool *p, uint32_t id) {
   return KVBM_OK;
 }
 
-int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
+int kvbm_block_register_ctx(kvbm_pool *p, uint32_t id, void *context, uint32_t *out_id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   if (p->blocks[id].state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
-  uint32_t got = do_register(p, id, tokens_of(p, id));
+  uint32_t got = do_register(p, id, tokens_of(p, id), context);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
 
+int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
+  return kvbm_block_register_ctx(p, id, NULL, out_id);
+}
+
 /* start + tokens + hash + register, checks done by the caller. */
 HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
-                         bool has_parent, const uint32_t *tokens, uint64_t seq_hash) {
+                         bool has_parent, const uint32_t *tokens, uint64_t seq_hash,
+                         void *context) {
   blk *b = &p->blocks[id];
   start_block(p, id, salt_hash, parent, has_parent);
   if (p->cfg.keep_tokens) {
@@ -584,23 +591,36 @@ HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t pa
   b->ntok = (uint16_t)p->cfg.block_size;
   b->seq_hash = seq_hash;
   b->state = KVBM_BLOCK_COMPLETE;
-  return do_register(p, id, tokens);
+  return do_register(p, id, tokens, context);
+}
+
+int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
+                        bool has_parent, const uint32_t *tokens, uint64_t seq_hash,
+                        void *context, uint32_t *out_id) {
+  if (!tokens || !valid_id(p, id)) return KVBM_EINVAL;
+  blk *b = &p->blocks[id];
+  if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
+  uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash, context);
+  if (out_id) *out_id = got;
+  return KVBM_OK;
 }
 
 int kvbm_block_fill(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                     bool has_parent, const uint32_t *tokens, uint64_t seq_hash,
                     uint32_t *out_id) {
-  if (!tokens || !valid_id(p, id)) return KVBM_EINVAL;
-  blk *b = &p->blocks[id];
-  if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
-  uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash);
-  if (out_id) *out_id = got;
-  return KVBM_OK;
+  return kvbm_block_fill_ctx(p, id, salt_hash, parent, has_parent, tokens, seq_hash, NULL,
+                             out_id);
 }
 
 int kvbm_pool_fill_run(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
                        const uint32_t *tokens, const uint64_t *hashes, size_t n,
                        uint32_t *ids) {
+  return kvbm_pool_fill_run_ctx(p, salt_hash, parent, has_parent, tokens, hashes, n, NULL, ids);
+}
+
+int kvbm_pool_fill_run_ctx(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
+                           const uint32_t *tokens, const uint64_t *hashes, size_t n,
+                           void *context, uint32_t *ids) {
   if (n && (!tokens || !hashes || !ids)) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const size_t bs = p->cfg.block_size;
@@ -609,7 +629,7 @@ int kvbm_pool_fill_run(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool h
     if (k + 4 < n) reg_prefetch(p, hashes[k + 4]);
     uint32_t id = take_block(p);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k]);
+                      tokens + k * bs, hashes[k], context);
   }
   return KVBM_OK;
 }

@@ -10,6 +10,13 @@
  * allocation. The real pass allocates and registers block by block, in
  * order, which is exactly W1's sequential rule (an allocation may evict a
  * block that a later register would have deduplicated onto).
+ *
+ * A caller that has already hashed the prompt and taken the blocks of its
+ * prefix (the tiered manager, which walks G1..G4 itself) hands both over
+ * through kvbm_seq_prefill_plan: the same path from the first block the
+ * caller does not hold, with nothing hashed or matched twice. Every block
+ * the sequence registers carries its context (kvbm_seq_set_context) to the
+ * pool's listener, through the registering call.
  */
 #include "kvbm/sequence.h"
 
@@ -22,6 +29,7 @@ struct kvbm_seq {
   uint32_t block_size;
   kvbm_hash_scheme scheme;
   uint8_t priority;
+  void *context;    /* passed to every registering pool call */
   uint32_t *ids;    /* block table */
   uint64_t *hashes; /* sequence hashes of the full blocks */
   size_t nblocks;
@@ -84,22 +92,20 @@ static int open_block(kvbm_seq *s) {
   return KVBM_OK;
 }
 
-int kvbm_seq_prefill(kvbm_seq *s, const uint32_t *tokens, size_t n, size_t *matched_tokens) {
-  if (!s || !tokens || n == 0) return KVBM_EINVAL;
-  if (s->ntok) return KVBM_ESTATE;
+void kvbm_seq_set_context(kvbm_seq *s, void *context) {
+  if (s) s->context = context;
+}
+
+/* The prefill once s->hashes holds the prompt's full blocks' hashes and
+ * held[0..nheld) the blocks (with a reference each) of its first nheld. */
+static int prefill_hashed(kvbm_seq *s, const uint32_t *tokens, size_t n, const uint32_t *held,
+                          size_t nheld, size_t *matched_tokens) {
   const size_t B = s->block_size;
   const size_t nfull = n / B, total = div_up(n, B), matchable = (n - 1) / B;
-  int rc = reserve(s, total);
-  if (rc) return rc;
-
-  uint64_t parent = 0;
-  for (size_t k = 0; k < nfull; k++) {
-    parent = kvbm_hash_next(s->scheme, s->salt_hash, parent, k > 0, tokens + k * B, B);
-    s->hashes[k] = parent;
-  }
+  int rc;
 
   /* Dry run: nothing changes until we know everything fits. */
-  size_t m = 0, from_cache = 0;
+  size_t m = nheld, from_cache = 0;
   bool cached;
   while (m < matchable && kvbm_pool_peek(s->pool, s->hashes[m], NULL, &cached) == KVBM_OK) {
     from_cache += cached;
@@ -107,10 +113,12 @@ int kvbm_seq_prefill(kvbm_seq *s, const uint32_t *tokens, size_t n, size_t *matc
   }
   if (total - m > (size_t)kvbm_pool_available(s->pool) - from_cache) return KVBM_ENOSPC;
 
-  for (size_t k = 0; k < m; k++) kvbm_pool_match(s->pool, s->hashes[k], &s->ids[k]);
+  if (nheld) memcpy(s->ids, held, nheld * sizeof *held);
+  for (size_t k = nheld; k < m; k++) kvbm_pool_match(s->pool, s->hashes[k], &s->ids[k]);
   if (nfull > m) {
-    rc = kvbm_pool_fill_run(s->pool, s->salt_hash, m ? s->hashes[m - 1] : 0, m > 0,
-                            tokens + m * B, s->hashes + m, nfull - m, s->ids + m);
+    rc = kvbm_pool_fill_run_ctx(s->pool, s->salt_hash, m ? s->hashes[m - 1] : 0, m > 0,
+                                tokens + m * B, s->hashes + m, nfull - m, s->context,
+                                s->ids + m);
     if (rc) return rc; /* cannot happen: checked above */
   }
   s->nblocks = nfull;
@@ -125,6 +133,33 @@ int kvbm_seq_prefill(kvbm_seq *s, const uint32_t *tokens, size_t n, size_t *matc
   return KVBM_OK;
 }
 
+int kvbm_seq_prefill(kvbm_seq *s, const uint32_t *tokens, size_t n, size_t *matched_tokens) {
+  if (!s || !tokens || n == 0) return KVBM_EINVAL;
+  if (s->ntok) return KVBM_ESTATE;
+  const size_t B = s->block_size, nfull = n / B;
+  int rc = reserve(s, div_up(n, B));
+  if (rc) return rc;
+  uint64_t parent = 0;
+  for (size_t k = 0; k < nfull; k++) {
+    parent = kvbm_hash_next(s->scheme, s->salt_hash, parent, k > 0, tokens + k * B, B);
+    s->hashes[k] = parent;
+  }
+  return prefill_hashed(s, tokens, n, NULL, 0, matched_tokens);
+}
+
+int kvbm_seq_prefill_plan(kvbm_seq *s, const uint32_t *tokens, size_t n,
+                          const kvbm_seq_plan *plan, size_t *matched_tokens) {
+  if (!s || !tokens || n == 0 || !plan) return KVBM_EINVAL;
+  if (s->ntok) return KVBM_ESTATE;
+  const size_t B = s->block_size, nfull = n / B;
+  if ((nfull && !plan->hashes) || plan->nheld > (n - 1) / B || (plan->nheld && !plan->held))
+    return KVBM_EINVAL;
+  int rc = reserve(s, div_up(n, B));
+  if (rc) return rc;
+  if (nfull) memcpy(s->hashes, plan->hashes, nfull * sizeof *s->hashes);
+  return prefill_hashed(s, tokens, n, plan->held, plan->nheld, matched_tokens);
+}
+
 /* Commits and registers the full tail block, adopting a dedup target. */
 static int seal_tail(kvbm_seq *s) {
   size_t k = s->nblocks - 1;
@@ -134,7 +169,7 @@ static int seal_tail(kvbm_seq *s) {
   kvbm_block_info info;
   kvbm_block_info_get(s->pool, id, &info);
   s->hashes[k] = info.seq_hash;
-  return kvbm_block_register(s->pool, id, &s->ids[k]);
+  return kvbm_block_register_ctx(s->pool, id, s->context, &s->ids[k]);
 }
 
 int kvbm_seq_append(kvbm_seq *s, const uint32_t *tokens, size_t n) {
@@ -164,6 +199,7 @@ int kvbm_seq_fork(kvbm_seq *s, kvbm_seq **child, uint32_t *cow_src, uint32_t *co
   kvbm_seq *c;
   int rc = kvbm_seq_create(s->pool, s->salt_hash, s->priority, &c);
   if (rc) return rc;
+  c->context = s->context;
   if ((rc = reserve(c, s->nblocks))) {
     kvbm_seq_destroy(c);
     return rc;

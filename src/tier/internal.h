@@ -112,7 +112,7 @@ struct kvbm_manager {
   uint64_t *slot_of, *block_of;
   uint64_t block_bytes;
   uint64_t *g1_owner; /* serial of the request that registered each G1 block */
-  uint64_t cur_serial, next_serial; /* serial of the request calling the pool now */
+  uint64_t next_serial;
   uint32_t *zero_tokens;
   char g3_err[KVBM_ERROR_MSG_MAX];
   char g3_mode[64];

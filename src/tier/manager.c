@@ -58,7 +58,8 @@ static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) 
     /* Registered before its KV exists: not a hit for anyone until its
      * request commits (an onboard turns it PENDING right after). */
     m->t[tier].state[ev->block_id] = KVBM__UNCOMPUTED;
-    m->g1_owner[ev->block_id] = m->cur_serial;
+    const kvbm_mreq *r = ev->context; /* the registering request (NULL: none) */
+    m->g1_owner[ev->block_id] = r ? r->serial : 0;
   }
   if (m->cfg.listener[tier]) m->cfg.listener[tier](m->cfg.listener_user[tier], ev);
 }

@@ -84,40 +84,83 @@ static size_t walk(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *s
   return k;
 }
 
-/* Allocates, registers and queues the onboards of the walk (capacity was
- * checked). G1 hits are pinned first so that no allocation evicts them. */
-static void start_onboards(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t n,
-                           uint32_t *pins) {
+/* Takes the walk's blocks in G1 (capacity was checked): the G1 hits are
+ * pinned first, so that no allocation evicts them, then every block found
+ * below G1 gets a new G1 block, registered at once for this request and
+ * PENDING, and its source block is pinned (sid[k]). pins[k] receives the
+ * G1 block of each walked block, with a reference the sequence adopts. */
+static void take_walk(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t n,
+                      uint32_t *pins, uint32_t *sid) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
   const size_t B = m->cfg.block_size;
   for (size_t k = 0; k < n; k++)
     if (r->src[k] == KVBM_TIER_G1) KVBM__MUST(kvbm_pool_match(g1->pool, hashes[k], &pins[k]));
   for (size_t k = 0; k < n; k++) {
     if (r->src[k] == KVBM_TIER_G1) continue;
-    kvbm__tier *t = &m->t[r->src[k]];
-    uint32_t id, got, sid;
+    uint32_t id, got;
     KVBM__MUST(kvbm_pool_alloc(g1->pool, 1, &id));
-    KVBM__MUST(kvbm_block_fill(g1->pool, id, r->salt, k ? hashes[k - 1] : 0, k > 0,
-                               r->tokens + k * B, hashes[k], &got));
+    KVBM__MUST(kvbm_block_fill_ctx(g1->pool, id, r->salt, k ? hashes[k - 1] : 0, k > 0,
+                                   r->tokens + k * B, hashes[k], r, &got));
+    assert(got == id && "the walk found it nowhere in G1");
     pins[k] = got;
     g1->state[got] = KVBM__PENDING;
-    KVBM__MUST(kvbm_block_retain(g1->pool, got)); /* the job's reference */
-    KVBM__MUST(kvbm_pool_match(t->pool, hashes[k], &sid));
-    t->st.hit_blocks++;
+    KVBM__MUST(kvbm_pool_match(m->t[r->src[k]].pool, hashes[k], &sid[k]));
+  }
+}
+
+/* Queues the onboard jobs of the walk (the walk counted the queues' room). */
+static void queue_onboards(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t n,
+                           const uint32_t *pins, const uint32_t *sid) {
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  for (size_t k = 0; k < n; k++) {
+    if (r->src[k] == KVBM_TIER_G1) continue;
+    KVBM__MUST(kvbm_block_retain(g1->pool, pins[k])); /* the job's reference */
+    m->t[r->src[k]].st.hit_blocks++;
     kvbm__job j = {.kind = r->src[k] == KVBM_TIER_G2 ? KVBM__J_ONBOARD_HOST : KVBM__J_DISK_READ,
-                   .prio = r->prio, .g1 = got, .hash = hashes[k]};
+                   .prio = r->prio, .g1 = pins[k], .hash = hashes[k]};
     bool queued;
     if (r->src[k] == KVBM_TIER_G2) {
-      j.g2 = sid;
+      j.g2 = sid[k];
       queued = kvbm__q_push(&m->q[KVBM__W_HOST], &j);
     } else {
-      j.g3 = sid;
-      j.slot = m->slot_of[sid];
+      j.g3 = sid[k];
+      j.slot = m->slot_of[sid[k]];
       queued = kvbm__q_push(&m->q[KVBM__W_DISK], &j);
     }
     assert(queued && "the walk counted the queue's room");
     (void)queued;
   }
+  kvbm__workers_kick(m);
+}
+
+/* Undoes take_walk (only if the sequence refused the plan, which the
+ * capacity check rules out): the new G1 blocks have no bytes coming. */
+static void drop_walk(kvbm_manager *m, kvbm_mreq *r, size_t n, const uint32_t *pins,
+                      const uint32_t *sid) {
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  for (size_t k = n; k-- > 0;) {
+    if (r->src[k] != KVBM_TIER_G1) {
+      g1->state[pins[k]] = KVBM__FAILED;
+      KVBM__MUST(kvbm_block_release(m->t[r->src[k]].pool, sid[k], 0));
+    }
+    KVBM__MUST(kvbm_block_release(g1->pool, pins[k], r->prio));
+  }
+}
+
+/* The W1 room check on the walk's first w blocks: G1 must hold the rest
+ * of the prompt (total - w new blocks) plus the onboards' new blocks, from
+ * what is free or cached, less the cached hits the prefill takes. */
+static bool walk_fits(kvbm_manager *m, const kvbm_mreq *r, const uint64_t *hashes, size_t w,
+                      size_t total) {
+  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
+  size_t onboards = 0, g1_cached = 0;
+  for (size_t k = 0; k < w; k++) {
+    bool cached = false;
+    if (r->src[k] != KVBM_TIER_G1) onboards++;
+    else if (kvbm_pool_peek(g1, hashes[k], NULL, &cached) == KVBM_OK)
+      g1_cached += cached;
+  }
+  return total - w + onboards <= (size_t)kvbm_pool_available(g1) - g1_cached;
 }
 
 int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
@@ -125,11 +168,13 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
                          size_t *matched_tokens, kvbm_error *err) {
   if (!m || !tokens || !out || n == 0)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: prefill needs a manager, tokens (n >= 1) and out");
-  const size_t B = m->cfg.block_size, K = (n - 1) / B, total = n / B + (n % B != 0);
+  const size_t B = m->cfg.block_size, K = (n - 1) / B, nfull = n / B;
+  const size_t total = nfull + (n % B != 0);
   kvbm_mreq *r = calloc(1, sizeof *r);
-  uint64_t *hashes = malloc((K ? K : 1) * sizeof *hashes);
+  uint64_t *hashes = malloc((nfull ? nfull : 1) * sizeof *hashes);
   uint32_t *pins = malloc((K ? K : 1) * sizeof *pins);
-  int rc = r && hashes && pins ? KVBM_OK : KVBM_ENOMEM;
+  uint32_t *sid = malloc((K ? K : 1) * sizeof *sid);
+  int rc = r && hashes && pins && sid ? KVBM_OK : KVBM_ENOMEM;
   if (!rc) {
     r->m = m;
     r->salt = salt_hash;
@@ -139,44 +184,49 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
     rc = r->src ? keep_tokens(r, tokens, n) : KVBM_ENOMEM;
   }
   if (!rc) rc = kvbm_seq_create(m->t[KVBM_TIER_G1].pool, salt_hash, priority, &r->seq);
-  if (rc) {
-    free(hashes);
-    free(pins);
-    kvbm_mreq_destroy(r);
-    return kvbm_error_set(err, rc, "manager: prefill: %s", kvbm_strerror(rc));
-  }
-  for (size_t k = 0; k < K; k++)
+  if (!rc) kvbm_seq_set_context(r->seq, r); /* the pool events name the registering request */
+  /* The prompt is hashed once, here; the sequence takes the hashes. */
+  for (size_t k = 0; !rc && k < nfull; k++)
     hashes[k] = kvbm_hash_next(m->cfg.scheme, salt_hash, k ? hashes[k - 1] : 0, k > 0,
                                tokens + k * B, B);
 
-  pthread_mutex_lock(&m->mu);
-  r->serial = m->cur_serial = ++m->next_serial;
-  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
-  size_t onboards, g1_cached;
-  size_t w = walk(m, hashes, K, r->src, &onboards, &g1_cached);
-  /* Everything past the walk gets new blocks; onboards take theirs first.
-   * Too little room: forget the lower tiers (W1's own check follows). */
-  if (onboards && total - w + onboards > (size_t)kvbm_pool_available(g1->pool) - g1_cached) {
-    size_t g1_prefix = 0;
-    while (g1_prefix < w && r->src[g1_prefix] == KVBM_TIER_G1) g1_prefix++;
-    w = g1_prefix;
-    onboards = 0;
-  }
-  if (onboards) start_onboards(m, r, hashes, w, pins);
-  size_t matched = 0;
-  rc = kvbm_seq_prefill(r->seq, tokens, n, &matched);
-  if (onboards) {
-    /* The sequence holds its own references now. */
-    for (size_t k = 0; k < w; k++) KVBM__MUST(kvbm_block_release(g1->pool, pins[k], priority));
-    kvbm__workers_kick(m);
-  }
+  size_t matched = 0, onboards = 0;
   if (!rc) {
-    r->walk = matched / B;
-    g1->st.hit_blocks += r->walk - onboards;
+    pthread_mutex_lock(&m->mu);
+    r->serial = ++m->next_serial;
+    kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+    size_t g1_cached;
+    size_t w = walk(m, hashes, K, r->src, &onboards, &g1_cached);
+    /* Everything past the walk gets new blocks; onboards take theirs
+     * first. Too little room: forget the lower tiers, keep the G1 prefix,
+     * and apply W1's own check to that. */
+    if (onboards && !walk_fits(m, r, hashes, w, total)) {
+      size_t g1_prefix = 0;
+      while (g1_prefix < w && r->src[g1_prefix] == KVBM_TIER_G1) g1_prefix++;
+      w = g1_prefix;
+      onboards = 0;
+    }
+    if (!walk_fits(m, r, hashes, w, total)) rc = KVBM_ENOSPC; /* nothing changed */
+    if (!rc) {
+      take_walk(m, r, hashes, w, pins, sid);
+      kvbm_seq_plan plan = {.hashes = hashes, .held = pins, .nheld = w};
+      rc = kvbm_seq_prefill_plan(r->seq, tokens, n, &plan, &matched);
+      assert(rc == KVBM_OK && "walk_fits checked the room");
+      if (rc) drop_walk(m, r, w, pins, sid);
+    }
+    if (!rc) {
+      if (onboards) queue_onboards(m, r, hashes, w, pins, sid);
+      /* Blocks the sequence matched past the walk (none, as the walk
+       * stops at a block G1 does not hold) would be G1 hits. */
+      r->walk = matched / B;
+      for (size_t k = w; k < r->walk; k++) r->src[k] = KVBM_TIER_G1;
+      g1->st.hit_blocks += r->walk - onboards;
+    }
+    pthread_mutex_unlock(&m->mu);
   }
-  pthread_mutex_unlock(&m->mu);
   free(hashes);
   free(pins);
+  free(sid);
   if (rc) {
     kvbm_mreq_destroy(r);
     if (rc == KVBM_ENOSPC)
@@ -282,7 +332,6 @@ int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   int rc = keep_tokens(r, tokens, n);
   if (rc) return rc;
   pthread_mutex_lock(&r->m->mu);
-  r->m->cur_serial = r->serial;
   rc = kvbm_seq_append(r->seq, tokens, n);
   pthread_mutex_unlock(&r->m->mu);
   if (rc) r->ntok = before;

@@ -319,6 +319,199 @@ static void bad_calls(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* A plan with the caller's hashes (and, in pool B, a prefix the caller
+ * matched itself) gives exactly what kvbm_seq_prefill gives: the same
+ * matches, block tables and pool counts, over prompts that share
+ * prefixes, in a pool small enough to evict. */
+static void prefill_plan_equals_prefill(void **state) {
+  (void)state;
+  kvbm_pool *pa = mkpool(12), *pb = mkpool(12);
+  kvbm_seq *keep_a = NULL, *keep_b = NULL;
+  uint32_t seed = 7;
+  for (int round = 0; round < 200; round++) {
+    seed = seed * 1103515245u + 12345u;
+    size_t n = 1 + (seed >> 8) % 14;
+    uint32_t t[16];
+    for (size_t i = 0; i < n; i++) t[i] = (i < 6 ? (seed >> 20) % 3 : (uint32_t)round) * 100 + (uint32_t)i;
+    uint64_t h[4];
+    kvbm_hash_chain(KVBM_HASH_NATIVE, 0, t, n, B, h, n / B);
+    kvbm_seq *a, *b;
+    assert_int_equal(kvbm_seq_create(pa, 0, 0, &a), KVBM_OK);
+    assert_int_equal(kvbm_seq_create(pb, 0, 0, &b), KVBM_OK);
+    size_t ma = 99, mb = 99;
+    int ra = kvbm_seq_prefill(a, t, n, &ma);
+    /* The caller holds what it finds of the prefix (every other round). */
+    uint32_t held[4];
+    size_t nheld = 0;
+    while (round % 2 && nheld < (n - 1) / B && kvbm_pool_match(pb, h[nheld], &held[nheld]) == KVBM_OK)
+      nheld++;
+    kvbm_seq_plan plan = {.hashes = h, .held = held, .nheld = nheld};
+    int rb = kvbm_seq_prefill_plan(b, t, n, &plan, &mb);
+    assert_int_equal(ra, rb);
+    if (rb) /* ENOSPC: the caller keeps its references */
+      for (size_t k = nheld; k-- > 0;) assert_int_equal(kvbm_block_release(pb, held[k], 0), KVBM_OK);
+    if (!ra) {
+      assert_int_equal(ma, mb);
+      const uint32_t *ia, *ib;
+      size_t na, nb;
+      kvbm_seq_blocks(a, &ia, &na);
+      kvbm_seq_blocks(b, &ib, &nb);
+      assert_int_equal(na, nb);
+      assert_memory_equal(ia, ib, na * sizeof *ia);
+      for (size_t k = 0; k < n / B; k++) {
+        uint64_t x;
+        assert_int_equal(kvbm_seq_block_hash(b, k, &x), KVBM_OK);
+        assert_true(x == h[k]);
+      }
+    }
+    kvbm_pool_stats sa = stats(pa), sb = stats(pb);
+    assert_int_equal(sa.free, sb.free);
+    assert_int_equal(sa.cached, sb.cached);
+    assert_int_equal(sa.active, sb.active);
+    assert_int_equal(sa.evicted, sb.evicted);
+    /* Every third pair stays alive one round more: active blocks too. */
+    kvbm_seq_destroy(keep_a);
+    kvbm_seq_destroy(keep_b);
+    keep_a = keep_b = NULL;
+    if (round % 3 == 0) {
+      keep_a = a;
+      keep_b = b;
+    } else {
+      kvbm_seq_destroy(a);
+      kvbm_seq_destroy(b);
+    }
+  }
+  kvbm_seq_destroy(keep_a);
+  kvbm_seq_destroy(keep_b);
+  kvbm_pool_destroy(pa);
+  kvbm_pool_destroy(pb);
+}
+
+/* Held blocks pass to the sequence (no reference taken twice), and a plan
+ * that does not fit changes nothing: the caller still holds its blocks. */
+static void prefill_plan_adopts_held_blocks(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(4);
+  uint32_t t[9];
+  toks(t, 9, 500);
+  kvbm_seq *a, *b, *c;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill(a, t, 9, NULL), KVBM_OK); /* 3 blocks */
+  const uint32_t *ia;
+  size_t na;
+  kvbm_seq_blocks(a, &ia, &na);
+  uint64_t h[2];
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, t, 9, B, h, 2);
+  uint32_t held[2];
+  assert_int_equal(kvbm_pool_match(p, h[0], &held[0]), KVBM_OK);
+  assert_int_equal(kvbm_pool_match(p, h[1], &held[1]), KVBM_OK);
+  assert_int_equal(refs(p, ia[0]), 2);
+  /* b needs one new block (the tail): only one is free. */
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &b), KVBM_OK);
+  kvbm_seq_plan plan = {.hashes = h, .held = held, .nheld = 2};
+  size_t m = 0;
+  assert_int_equal(kvbm_seq_prefill_plan(b, t, 9, &plan, &m), KVBM_OK);
+  assert_int_equal(m, 8);
+  assert_int_equal(refs(p, ia[0]), 2); /* a's and b's: the caller's passed on */
+  assert_int_equal(refs(p, ia[1]), 2);
+  /* c holds the same two, but there is no block left for its tail. */
+  assert_int_equal(kvbm_pool_match(p, h[0], &held[0]), KVBM_OK);
+  assert_int_equal(kvbm_pool_match(p, h[1], &held[1]), KVBM_OK);
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &c), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill_plan(c, t, 9, &plan, &m), KVBM_ENOSPC);
+  assert_int_equal(refs(p, ia[0]), 3); /* still the caller's */
+  assert_int_equal(kvbm_seq_num_tokens(c), 0);
+  assert_int_equal(kvbm_block_release(p, held[1], 0), KVBM_OK);
+  assert_int_equal(kvbm_block_release(p, held[0], 0), KVBM_OK);
+  kvbm_seq_destroy(c);
+  kvbm_seq_destroy(b);
+  kvbm_seq_destroy(a);
+  assert_int_equal(stats(p).active, 0);
+  kvbm_pool_destroy(p);
+}
+
+static void prefill_plan_bad_calls(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(8);
+  uint32_t t[9];
+  toks(t, 9, 1);
+  uint64_t h[2];
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, t, 9, B, h, 2);
+  uint32_t held[3] = {0, 0, 0};
+  kvbm_seq *a;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  kvbm_seq_plan ok = {.hashes = h};
+  assert_int_equal(kvbm_seq_prefill_plan(a, t, 9, NULL, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm_seq_prefill_plan(NULL, t, 9, &ok, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm_seq_prefill_plan(a, t, 0, &ok, NULL), KVBM_EINVAL);
+  kvbm_seq_plan no_hashes = {0};
+  assert_int_equal(kvbm_seq_prefill_plan(a, t, 9, &no_hashes, NULL), KVBM_EINVAL);
+  kvbm_seq_plan too_many = {.hashes = h, .held = held, .nheld = 3}; /* limit (9-1)/4 = 2 */
+  assert_int_equal(kvbm_seq_prefill_plan(a, t, 9, &too_many, NULL), KVBM_EINVAL);
+  kvbm_seq_plan no_held = {.hashes = h, .nheld = 1};
+  assert_int_equal(kvbm_seq_prefill_plan(a, t, 9, &no_held, NULL), KVBM_EINVAL);
+  /* A prompt with no full block needs no hashes. */
+  assert_int_equal(kvbm_seq_prefill_plan(a, t, 3, &no_hashes, NULL), KVBM_OK);
+  assert_int_equal(kvbm_seq_prefill_plan(a, t, 9, &ok, NULL), KVBM_ESTATE);
+  kvbm_seq_destroy(a);
+  kvbm_pool_destroy(p);
+}
+
+typedef struct ctx_log {
+  int stored;
+  void *ctx[16];
+} ctx_log;
+
+static void log_ctx(void *user, const kvbm_pool_event *ev) {
+  ctx_log *l = user;
+  if (ev->kind == KVBM_POOL_STORED && l->stored < 16) l->ctx[l->stored++] = ev->context;
+}
+
+/* The listener learns the registering sequence's context from each
+ * registration: prefill (both forms), append, a fork's append; the plain
+ * pool calls carry none. */
+static void context_reaches_the_listener(void **state) {
+  (void)state;
+  ctx_log log = {0};
+  kvbm_pool_config pc = kvbm_pool_config_default(16, B);
+  pc.listener = log_ctx;
+  pc.listener_user = &log;
+  kvbm_pool *p;
+  assert_int_equal(kvbm_pool_create(&pc, &p, NULL), KVBM_OK);
+  int who_a, who_b;
+  uint32_t t[8], u[8];
+  toks(t, 8, 10);
+  toks(u, 8, 900);
+  kvbm_seq *a, *b, *c;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &a), KVBM_OK);
+  kvbm_seq_set_context(a, &who_a);
+  assert_int_equal(kvbm_seq_prefill(a, t, 5, NULL), KVBM_OK);   /* 1 stored */
+  assert_int_equal(kvbm_seq_append(a, t + 5, 3), KVBM_OK);      /* 1 stored */
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &b), KVBM_OK);
+  kvbm_seq_set_context(b, &who_b);
+  uint64_t h[2];
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, u, 6, B, h, 1);
+  kvbm_seq_plan plan = {.hashes = h};
+  assert_int_equal(kvbm_seq_prefill_plan(b, u, 6, &plan, NULL), KVBM_OK); /* 1 stored */
+  assert_int_equal(kvbm_seq_fork(b, &c, NULL, NULL), KVBM_OK);
+  assert_int_equal(kvbm_seq_append(c, u + 6, 2), KVBM_OK);      /* 1 stored, b's context */
+  uint32_t id, got;
+  assert_int_equal(kvbm_pool_alloc(p, 1, &id), KVBM_OK);
+  uint32_t w[B] = {77, 78, 79, 80};
+  assert_int_equal(kvbm_block_fill(p, id, 0, 0, false, w, 12345, &got), KVBM_OK);
+  assert_int_equal(log.stored, 5);
+  assert_ptr_equal(log.ctx[0], &who_a);
+  assert_ptr_equal(log.ctx[1], &who_a);
+  assert_ptr_equal(log.ctx[2], &who_b);
+  assert_ptr_equal(log.ctx[3], &who_b);
+  assert_null(log.ctx[4]);
+  assert_int_equal(kvbm_block_release(p, got, 0), KVBM_OK);
+  kvbm_seq_destroy(c);
+  kvbm_seq_destroy(b);
+  kvbm_seq_destroy(a);
+  kvbm_pool_destroy(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(prefill_then_share),
@@ -330,6 +523,10 @@ int main(void) {
       cmocka_unit_test(destroy_releases_tail_first),
       cmocka_unit_test(salts_do_not_share),
       cmocka_unit_test(bad_calls),
+      cmocka_unit_test(prefill_plan_equals_prefill),
+      cmocka_unit_test(prefill_plan_adopts_held_blocks),
+      cmocka_unit_test(prefill_plan_bad_calls),
+      cmocka_unit_test(context_reaches_the_listener),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -513,6 +513,62 @@ static void test_uncommitted_blocks(void **st) {
   free(b);
 }
 
+typedef struct g1_log {
+  size_t n;
+  const void *ctx[64];
+  uint64_t hash[64];
+} g1_log;
+
+static void on_g1_stored(void *user, const kvbm_pool_event *ev) {
+  g1_log *l = user;
+  if (ev->kind != KVBM_POOL_STORED || l->n == 64) return;
+  l->ctx[l->n] = ev->context;
+  l->hash[l->n++] = ev->seq_hash;
+}
+
+/* G1's listener learns from each registration which request made it:
+ * a prefill's new blocks, an append's full block, and the blocks a prefill
+ * onboards from G2 all name their request. */
+static void test_listener_names_the_request(void **st) {
+  (void)st;
+  g1_log log = {0};
+  kvbm_manager_config c = tu_config("/tmp", 8, 32, 0);
+  c.listener[KVBM_TIER_G1] = on_g1_stored;
+  c.listener_user[KVBM_TIER_G1] = &log;
+  kvbm_manager *m;
+  assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
+  uint32_t *a = tu_prompt(100, 9), *b = tu_prompt(5000, 9);
+  kvbm_mreq *r1, *r2, *r3;
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 9, &r1, NULL, NULL), KVBM_OK);
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, b, 9, &r2, NULL, NULL), KVBM_OK);
+  uint32_t more[3] = {1, 2, 3};
+  assert_int_equal(kvbm_mreq_append(r1, more, 3), KVBM_OK); /* fills block 2 */
+  assert_int_equal(log.n, 5);
+  for (size_t i = 0; i < 5; i++) assert_ptr_equal(log.ctx[i], i == 2 || i == 3 ? (void *)r2 : (void *)r1);
+  tu_compute(m, r1, 0);
+  tu_compute(m, r2, 0);
+  assert_int_equal(kvbm_mreq_commit(r1), KVBM_OK);
+  assert_int_equal(kvbm_mreq_commit(r2), KVBM_OK);
+  kvbm_manager_flush(m);
+  kvbm_mreq_destroy(r1);
+  kvbm_mreq_destroy(r2);
+  /* Push a's blocks out of G1 (8 blocks), then onboard them from G2. */
+  uint32_t *f = tu_prompt(90000, 29);
+  assert_int_equal(tu_run(m, f, 29, NULL, NULL), 0);
+  size_t before = log.n;
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, a, 9, &r3, NULL, NULL), KVBM_OK);
+  kvbm_mreq_info info;
+  assert_int_equal(kvbm_mreq_wait(r3, -1, &info), KVBM_OK);
+  assert_int_equal(info.hit_blocks[KVBM_TIER_G2], 2);
+  assert_true(log.n > before);
+  for (size_t i = before; i < log.n; i++) assert_ptr_equal(log.ctx[i], r3);
+  kvbm_mreq_destroy(r3);
+  kvbm_manager_destroy(m);
+  free(a);
+  free(b);
+  free(f);
+}
+
 static void test_config_errors(void **st) {
   (void)st;
   kvbm_manager *m = NULL;
@@ -667,6 +723,7 @@ int main(void) {
       cmocka_unit_test(test_destroy_with_queued_copies), cmocka_unit_test(test_uncommitted_blocks),
       cmocka_unit_test(test_config_errors),     cmocka_unit_test(test_cuda_memory),
       cmocka_unit_test(test_env), cmocka_unit_test(test_lower_tiers_keep_no_tokens),
+      cmocka_unit_test(test_listener_names_the_request),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
