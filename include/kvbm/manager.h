@@ -63,6 +63,7 @@
 #include "kvbm/pool.h"
 #include "kvbm/status.h"
 #include "kvbm/tier.h"
+#include "kvbm/volume.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -137,18 +138,56 @@ typedef struct kvbm_manager_config {
    * (kvbm_pool_event.context is its kvbm_mreq *); other tiers' carry NULL. */
   kvbm_pool_listener listener[KVBM_TIER_COUNT];
   void *listener_user[KVBM_TIER_COUNT];
+
+  /* ---- volume tiers (kvbm/volume.h): G3 and G4 keep their bytes in a
+   * volume chosen by URL; strings are copied at create. ---- */
+  const char *g3_url;          /* G3's store (NULL: disk://<g3_dir>, the
+                                  slot file; g3_persist, g3_direct, g3_uring
+                                  and g3_queue_depth apply to it) */
+  const char *g4_url;          /* G4: a store shared with other engines
+                                  (redis://, redis+cluster://, file://, a
+                                  vendor's scheme); NULL: no G4 */
+  uint32_t g4_blocks;          /* G4's index: the blocks this manager knows
+                                  the store holds, LRU (100000, Dynamo's
+                                  DYN_KVBM_OBJECT_NUM_BLOCKS default);
+                                  forgetting one does not delete it */
+  kvbm_offload_policy g4_policy; /* ALL */
+  uint32_t g4_queue_depth;     /* G4 operations in flight (16) */
+  int32_t g4_timeout_ms;       /* deadline of one G4 put or get batch (2000) */
+  int32_t g4_lookup_timeout_ms;/* longest a prefill waits for its G4 lookup
+                                  (20; 0: no lookups, G4 serves only what
+                                  this manager stored) */
+  uint32_t g4_lookup_max;      /* blocks one lookup asks about (512) */
+  const char *model_id;        /* in the volume keys' namespace, with the
+                                  layout fingerprint, hash scheme and block
+                                  size: [A-Za-z0-9._-]{1,64} (NULL: "default") */
+  /* A vendor's backend for g3_url's or g4_url's scheme (kvbm/volume.h;
+   * NULL: the built-in backends). Pointed to: it must outlive the manager. */
+  const kvbm_volume_backend *g3_backend, *g4_backend;
+  void *g3_backend_user, *g4_backend_user;
 } kvbm_manager_config;
 
 /* The defaults above. */
 KVBM_EXTERN kvbm_manager_config kvbm_manager_config_default(void);
 
-/* Applies Dynamo's environment names to *cfg (see docs/areas/tiers.md):
+/* Applies the environment to *cfg (see docs/areas/tiers.md): Dynamo's
+ * names where Dynamo has the setting,
  *   DYN_KVBM_CPU_CACHE_GB                   G2 size in GiB (decimal allowed)
  *   DYN_KVBM_CPU_CACHE_OVERRIDE_NUM_BLOCKS  G2 blocks (wins over _GB)
  *   DYN_KVBM_DISK_CACHE_GB                  G3 size in GiB
  *   DYN_KVBM_DISK_CACHE_OVERRIDE_NUM_BLOCKS G3 blocks (wins over _GB)
  *   DYN_KVBM_DISK_CACHE_DIR                 G3 directory
  *   DYN_KVBM_DISK_DISABLE_O_DIRECT          true/1/yes: buffered disk I/O
+ *   DYN_KVBM_DISABLE_DISK_OFFLOAD_FILTER    true: G3 policy "all"
+ *   DYN_KVBM_TRANSFER_BATCH_SIZE            batch_max
+ *   DYN_KVBM_OBJECT_ENABLED                 false/0: no G4 even with a URL
+ *   DYN_KVBM_OBJECT_NUM_BLOCKS              g4_blocks
+ * and kvbm's own otherwise,
+ *   KVBM_G3_URL, KVBM_G4_URL                g3_url, g4_url
+ *   KVBM_G2_POLICY, KVBM_G3_POLICY, KVBM_G4_POLICY   never/all/frequency
+ *   KVBM_G4_QUEUE_DEPTH, KVBM_G4_TIMEOUT_MS, KVBM_G4_LOOKUP_TIMEOUT_MS,
+ *   KVBM_G4_LOOKUP_MAX                      the G4 fields of the same names
+ *   KVBM_MODEL_ID                           model_id
  * GiB sizes count whole blocks of the config's layout. `env` is an
  * environ-style NULL-terminated "NAME=value" array, or NULL for the
  * process environment. Strings are pointed to, not copied: they must
@@ -178,6 +217,16 @@ KVBM_EXTERN void kvbm_manager_flush(kvbm_manager *m);
 /* Why G3 is unavailable ("" when it is available or not configured). The
  * string lives as long as the manager. */
 KVBM_EXTERN const char *kvbm_manager_g3_error(const kvbm_manager *m);
+
+/* The same for any tier: why it is configured but unavailable (a volume
+ * that could not be registered, a slot file that could not be opened),
+ * "" otherwise. Lives as long as the manager. */
+KVBM_EXTERN const char *kvbm_manager_tier_error(const kvbm_manager *m, kvbm_tier tier);
+
+/* How a tier's bytes move: "io_uring+O_DIRECT" (G3's slot file), the
+ * volume's URL without user info ("redis://127.0.0.1:6379"), "memory";
+ * "" for an absent tier. Lives as long as the manager. */
+KVBM_EXTERN const char *kvbm_manager_tier_mode(const kvbm_manager *m, kvbm_tier tier);
 
 /* The layout of a tier's blocks (G3: the layout blocks are gathered from);
  * NULL for an absent tier. */
@@ -234,6 +283,19 @@ typedef struct kvbm_tier_stats {
   uint64_t restored_blocks;   /* G3: slots indexed at a warm restart */
   uint64_t restore_skipped;   /* G3: torn or corrupt slots skipped then */
   double busy_seconds;        /* time the worker spent copying into/out of it */
+  /* Volume tiers. A value that cannot be used is a counted miss, never
+   * bytes: onboard_failures counts each, and one of these says why. */
+  uint64_t missing;           /* gets of indexed blocks the store no longer
+                                 held (evicted, restarted, failed over) */
+  uint64_t foreign;           /* values of another namespace, key, layout
+                                 or size (checksum_failures: a bad check) */
+  uint64_t lookups;           /* G4: lookups sent (one per prefill that
+                                 reached past G3) */
+  uint64_t lookup_blocks;     /* blocks they asked about */
+  uint64_t lookup_found;      /* blocks the store held */
+  uint64_t lookup_timeouts;   /* lookups past g4_lookup_timeout_ms: the
+                                 prefill went on without them */
+  uint64_t lookup_errors;     /* lookups the store failed (down, full queue) */
 } kvbm_tier_stats;
 KVBM_EXTERN int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier tier, kvbm_tier_stats *out);
 

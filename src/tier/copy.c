@@ -108,3 +108,8 @@ int kvbm__block_pieces(const kvbm__tier *t, uint32_t b, struct iovec *iov, int m
     iov[l] = (struct iovec){kvbm__layer_ptr(t, b, (uint64_t)l), (size_t)L->layer_stride};
   return n;
 }
+
+uint8_t *kvbm__block_contiguous(const kvbm__tier *t, uint32_t b) {
+  if (t->device || t->layout.kind != KVBM_LAYOUT_FULLY_CONTIGUOUS) return NULL;
+  return kvbm__layer_ptr(t, b, 0);
+}

@@ -4,10 +4,16 @@
  * The manager is split by concern:
  *   config.c   the config: defaults, environment names, validation
  *   copy.c     moving one block's bytes between tiers' memories (host, CUDA)
- *   workers.c  the job queues and the worker threads that run copies
+ *   store.c    a volume tier's values: framing, checks, the G4 lookup
+ *   workers.c  the job queues and the worker threads that move bytes
  *   request.c  the engine's calls: prefill (the walk), wait, commit (the
  *              offload policy), destroy
  *   manager.c  create/destroy, the tiers' set-up, pool events, accessors
+ *
+ * One tier type. Every tier is a pool (index, LRU, references) plus a byte
+ * of state per block, over a store: G1 and G2 over memory (a layout in a
+ * storage), G3 and G4 over a kvbm_volume (kvbm/volume.h). The manager's
+ * code knows stores by kind only: a new backend is a URL.
  *
  * Everything here is guarded by the manager lock (kvbm_manager.mu) unless
  * a comment says otherwise.
@@ -25,10 +31,11 @@
 #include "kvbm/manager.h"
 #include "kvbm/sequence.h"
 #include "kvbm/storage.h"
-#include "volume/disk.h"
+#include "kvbm/volume.h"
 #include "tier/filter.h"
 #include "tier/gpu.h"
 #include "tier/testing.h"
+#include "volume/disk.h"
 
 /* A call whose failure the manager has ruled out beforehand (room was
  * checked, the block is pinned, ...): its result is asserted in debug
@@ -36,21 +43,28 @@
 #ifdef NDEBUG
 #define KVBM__MUST(call) ((void)(call))
 #else
-#define KVBM__MUST(call)                                        \
-  do {                                                          \
-    int kvbm__must_rc = (call);                                 \
-    assert(kvbm__must_rc == KVBM_OK && "ruled out: " #call);    \
-    (void)kvbm__must_rc;                                        \
+#define KVBM__MUST(call)                                     \
+  do {                                                       \
+    int kvbm__must_rc = (call);                              \
+    assert(kvbm__must_rc == KVBM_OK && "ruled out: " #call); \
+    (void)kvbm__must_rc;                                     \
   } while (0)
 #endif
 
 /* Per-block byte states. UNCOMPUTED (G1 only): registered by a request
  * whose engine has not committed its KV yet. */
 enum { KVBM__READY = 0, KVBM__PENDING = 1, KVBM__FAILED = 2, KVBM__UNCOMPUTED = 3 };
-/* Job kinds. */
-enum { KVBM__J_OFFLOAD, KVBM__J_DISK_WRITE, KVBM__J_ONBOARD_HOST, KVBM__J_DISK_READ };
-/* Workers. */
-enum { KVBM__W_HOST = 0, KVBM__W_DISK = 1, KVBM__NWORKERS = 2 };
+
+/* Job kinds. Every job belongs to the worker of the tier below G1 that it
+ * moves bytes into or out of (kvbm__job.tier). */
+enum {
+  KVBM__J_DOWN, /* G1 -> G2 (host worker), then forwarded to the volume tiers in fwd */
+  KVBM__J_UP,   /* G2 -> G1 (host worker) */
+  KVBM__J_PUT,  /* G1 or G2 -> a volume tier */
+  KVBM__J_GET,  /* a volume tier -> G1 */
+  KVBM__J_DEL,  /* drop an evicted block's value from an exclusive volume */
+};
+
 #define KVBM__NONE UINT32_MAX
 
 typedef struct kvbm__pin {
@@ -68,13 +82,15 @@ typedef struct kvbm__batch {
 
 typedef struct kvbm__job {
   uint8_t kind;
-  uint8_t src_tier; /* J_DISK_WRITE: G1 or G2 */
+  uint8_t tier;     /* the tier below G1 whose worker runs it */
+  uint8_t src;      /* J_PUT: where the bytes come from (G1 or G2) */
+  uint8_t fwd;      /* J_DOWN: bit ti set: then J_PUT into tier ti from G2 */
   uint8_t prio;     /* G1 release priority */
-  bool g3_write;    /* J_OFFLOAD: forward to G3 after the G2 copy */
   bool has_parent;
-  int result;       /* set by the worker: 0 or a kvbm_status */
-  uint32_t g1, g2, g3;
-  uint64_t slot;    /* G3 file slot */
+  int result;       /* set by the worker: KVBM_OK or why not */
+  uint32_t id[KVBM_TIER_COUNT]; /* the job's block in each tier it touches
+                                   (KVBM__NONE: none; a J_GET found by a G4
+                                   lookup has no index entry yet) */
   uint64_t hash, parent;
   kvbm__batch *b;
 } kvbm__job;
@@ -85,52 +101,90 @@ typedef struct kvbm__jqueue {
   uint32_t cap, head, count;
 } kvbm__jqueue;
 
+typedef enum kvbm__store_kind {
+  KVBM__STORE_MEMORY = 0, /* G1, G2: a layout in a kvbm_storage */
+  KVBM__STORE_SLOTS,      /* G3's slot file driven directly (until disk://) */
+  KVBM__STORE_VOLUME,     /* G3, G4: a kvbm_volume */
+} kvbm__store_kind;
+
+typedef struct kvbm__vworker kvbm__vworker; /* workers.c */
+
 typedef struct kvbm__tier {
-  bool present;
+  kvbm_tier id;
+  bool present;          /* configured: it has a pool */
+  bool usable;           /* its store is open (false: skipped, counted) */
+  kvbm__store_kind store;
   kvbm_pool *pool;
-  kvbm_layout layout;
-  kvbm_storage *storage; /* G1, G2 */
-  kvbm_memory_type memory;
-  bool device;           /* bytes not addressable by the host (DEVICE) */
-  uint8_t **region;      /* region bases (G1, G2) */
   uint8_t *state;        /* KVBM__READY ... per block */
   kvbm_offload_policy policy;
   bool filter_on;
   kvbm_freq_filter filter;
   kvbm_tier_stats st;
+  char err[KVBM_ERROR_MSG_MAX]; /* why it is not usable */
+  char mode[64];         /* how its bytes move ("io_uring+O_DIRECT", "redis", ...) */
+
+  /* KVBM__STORE_MEMORY */
+  kvbm_layout layout;
+  kvbm_storage *storage;
+  kvbm_memory_type memory;
+  bool device;           /* bytes not addressable by the host (DEVICE) */
+  uint8_t **region;      /* region bases */
+
+  /* KVBM__STORE_VOLUME */
+  kvbm_volume *vol;
+  kvbm_volume *lookup_vol; /* shared tiers: the same store, for lookups
+                              only, so they never queue behind bulk data */
+  bool framed;           /* values are MRDN frames (store.c); false: the
+                            bare block bytes, checked by the volume itself
+                            (the disk:// slot file) */
+  bool shared;           /* other engines write it too (G4): blocks the
+                            index does not know are looked up in the store,
+                            and an evicted index entry keeps its value */
+  uint32_t depth;        /* operations in flight */
+
+  /* Its worker: one per tier below G1. */
+  kvbm__jqueue q;
+  kvbm__jqueue dq;       /* exclusive volumes: deletions of evicted blocks'
+                            values (apart, so they never take a copy's room) */
+  pthread_cond_t work_cv;
+  uint32_t busy;         /* jobs taken and not finished */
+  pthread_t th;
+  bool running;
+  kvbm_gpu_stream *gs;   /* device G1: the worker's CUDA stream */
+  kvbm__vworker *vw;     /* volume tiers: in-flight operations */
 } kvbm__tier;
 
 struct kvbm_manager {
   kvbm_manager_config cfg;
   kvbm__manager_testing testing; /* test seams (tier/testing.h), zero otherwise */
-  char *g3_dir;            /* NULL: the disk's private default */
-  bool g3_keyed;           /* G3 slots carry keyed-BLAKE3 sums */
+  char *g3_dir, *g3_url, *g4_url, *model_id; /* owned copies (g3_dir NULL: the
+                                                disk's private default) */
+  bool g3_keyed;          /* G3 slots carry keyed-BLAKE3 sums */
   uint8_t g3_key[KVBM_DISK_KEY_LEN];
+  char ns[224];           /* key namespace of the volume tiers */
+  uint8_t ns_digest[16];  /* BLAKE3-128 of ns, in every frame's body header */
   kvbm__tier t[KVBM_TIER_COUNT];
-  kvbm_disk *disk;
-  kvbm_layout slot_layout; /* one FullyContiguous block: the slot data format */
-  uint64_t *slot_of, *block_of;
   uint64_t block_bytes;
-  uint64_t *g1_owner; /* serial of the request that registered each G1 block */
+  uint64_t fingerprint;   /* of one FullyContiguous block: the value format */
+  kvbm_layout slot_layout; /* one FullyContiguous block */
+  uint64_t *g1_owner;     /* serial of the request that registered each G1 block */
   uint64_t next_serial;
-  uint32_t *zero_tokens;
-  char g3_err[KVBM_ERROR_MSG_MAX];
-  char g3_mode[64];
+  uint32_t *zero_tokens;  /* tokens of index entries that came from a store */
   pthread_mutex_t mu;
-  pthread_cond_t work_cv[KVBM__NWORKERS], done_cv;
-  kvbm__jqueue q[KVBM__NWORKERS];
-  uint32_t busy[KVBM__NWORKERS];
+  bool mu_ready;
+  pthread_cond_t done_cv;
   bool stop, cancel;
-  bool host_running; /* the host worker may still forward jobs to the disk queue */
-  pthread_t th[KVBM__NWORKERS];
-  int nthreads;
-  void **bounce; /* disk worker's slot buffers */
-  uint32_t nbounce;
-  kvbm_gpu_stream *gs[KVBM__NWORKERS]; /* device G1: one CUDA stream per worker */
-  bool emu;                            /* device G1 emulated in host memory (tests) */
+  bool host_running;      /* the host worker may still forward jobs */
+  bool emu;               /* device G1 emulated in host memory (tests) */
   _Atomic uint64_t emu_copies;
-  kvbm__disk_io *ios;                        /* one per buffer */
-  struct iovec (*pieces)[KVBM_DISK_MAX_IOV]; /* zero-copy data pieces, one set per buffer */
+
+  /* KVBM__STORE_SLOTS (G3's slot file driven directly) */
+  kvbm_disk *disk;
+  uint64_t *slot_of, *block_of;
+  void **bounce;          /* the disk worker's slot buffers */
+  uint32_t nbounce;
+  kvbm__disk_io *ios;
+  struct iovec (*pieces)[KVBM_DISK_MAX_IOV];
 };
 
 struct kvbm_mreq {
@@ -164,9 +218,46 @@ int kvbm__copy_block_gpu(kvbm_gpu_stream *s, const kvbm__tier *dst, uint32_t db,
                          const kvbm__tier *src, uint32_t sb);
 int kvbm__gather_gpu(kvbm_gpu_stream *s, uint8_t *out, const kvbm__tier *src, uint32_t b);
 int kvbm__scatter_gpu(kvbm_gpu_stream *s, kvbm__tier *dst, uint32_t b, const uint8_t *in);
-/* The pieces of block b of a host tier (one for FullyContiguous, one per
+/* The pieces of block b of a memory tier (one for FullyContiguous, one per
  * layer for LayerSeparate) into iov[0..max); 0 when they do not fit. */
 int kvbm__block_pieces(const kvbm__tier *t, uint32_t b, struct iovec *iov, int max);
+/* The block's bytes as one contiguous host piece, or NULL (LayerSeparate,
+ * device memory). */
+uint8_t *kvbm__block_contiguous(const kvbm__tier *t, uint32_t b);
+
+/* ---- store.c: values in volume tiers (no lock) ---- */
+
+/* Bytes of one value: the framed form (frame header + body header + block)
+ * or the bare block. */
+size_t kvbm__value_len(const kvbm_manager *m, const kvbm__tier *t);
+/* Offset of the block's bytes inside a value. */
+size_t kvbm__value_data_off(const kvbm__tier *t);
+/* Seals a framed value whose block bytes are already at buf +
+ * kvbm__value_data_off(): writes the body header (namespace, key, parent,
+ * layout) and the frame header (BLAKE3-128 of the body). */
+void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, uint64_t key,
+                      uint64_t parent, bool has_parent);
+/* Checks a framed value of `size` bytes read for `key`: KVBM_OK, or
+ * KVBM_ETRUNCATED / KVBM_ETOOLONG (its size), KVBM_ECHECKSUM (the frame's
+ * BLAKE3 or header), KVBM_EFORMAT (another namespace, key, layout or
+ * block size). The block's bytes are then at kvbm__value_data_off(). */
+int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, const uint8_t *buf,
+                      size_t size, uint64_t key);
+/* The namespace of the volume tiers' keys (m->ns, m->ns_digest), from the
+ * layout fingerprint, hash scheme, block size and model id. */
+int kvbm__namespace_init(kvbm_manager *m, kvbm_error *err);
+
+/* What a G4 lookup learned: found[i] for hashes[base + i], i < n. */
+typedef struct kvbm__lookup {
+  size_t base, n;
+  bool *found;
+} kvbm__lookup;
+/* Asks the shared tier t whether it holds hashes[0..n), waiting at most
+ * lookup_timeout_ms (called WITHOUT the lock). found[i] is set for each
+ * held one; a lookup that times out or fails finds nothing. Returns
+ * KVBM_OK, KVBM_ETIMEDOUT or the store's error (counted by the caller). */
+int kvbm__lookup_run(kvbm_manager *m, kvbm__tier *t, const uint64_t *hashes, size_t n,
+                     bool *found);
 
 /* ---- workers.c ---- */
 
@@ -178,10 +269,11 @@ void kvbm__batch_pin(kvbm__batch *b, uint8_t tier, uint32_t id);
 void kvbm__batch_done(kvbm_manager *m, kvbm__batch *b);
 /* Wakes the workers after jobs were queued. */
 void kvbm__workers_kick(kvbm_manager *m);
-/* Creates the queues and starts a worker per present tier below G1
- * (lock and condition variables included). */
+/* Creates the lock, the queues and a worker per usable tier below G1. */
 int kvbm__workers_start(kvbm_manager *m, kvbm_error *err);
 /* Drains or cancels (per drain_on_destroy) and joins the workers. */
 void kvbm__workers_stop(kvbm_manager *m);
+/* Queues the deletion of an evicted block's value (exclusive volumes). */
+void kvbm__queue_delete(kvbm_manager *m, kvbm__tier *t, uint64_t hash);
 
 #endif /* KVBM_TIER_INTERNAL_H */

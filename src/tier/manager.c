@@ -21,14 +21,19 @@
  * so recency in G2/G3 is the order of use, not of copy completion. An
  * onboard pins its source and its G1 destination until it lands.
  *
- * Set-up, here: G1 and G2 are host (or device) memory in a kvbm_layout of
- * the tier's kind, large ones advised huge; G3 is a pool over the slot
- * file, whose slots are a permutation of the pool's block ids (a warm
- * restart indexes the file's valid slots, oldest first). A G3 that cannot
- * be opened does not fail create: the manager serves without it and says
- * why. The pools report to on_pool_event first (a removed block's bytes
- * are gone; a block registered in G1 has no KV until its request commits),
- * then to the caller's listener.
+ * Set-up, here: every tier is one kvbm__tier, a pool over a store. G1 and
+ * G2 are host (or device) memory in a kvbm_layout of the tier's kind,
+ * large ones advised huge. G3 and G4 are volumes registered from a URL
+ * (kvbm/volume.h): G3's by default the local slot file in g3_dir, G4's
+ * whatever g4_url names, shared with other engines. A volume tier that
+ * cannot be opened does not fail create: the manager serves without it,
+ * counts what it skips and says why (kvbm_manager_tier_error). G3 without
+ * a URL still drives its slot file directly (KVBM__STORE_SLOTS), whose
+ * slots are a permutation of the pool's block ids (a warm restart indexes
+ * the file's valid slots, oldest first). The pools report to
+ * on_pool_event first (a removed block's bytes are gone; a block
+ * registered in G1 has no KV until its request commits; an exclusive
+ * volume drops an evicted block's value), then to the caller's listener.
  *
  * Device G1 (a CUDA build, g1_memory DEVICE): the same jobs, but every
  * copy that touches G1 is a cudaMemcpyAsync on the worker's own stream
@@ -40,6 +45,8 @@
  * engine threads it would become the bottleneck long before the copies do.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +60,13 @@
 /* The pools report to us first: an evicted block's bytes are gone, so a
  * FAILED mark must not outlive it; then the user's listener. */
 static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) {
-  if (ev->kind == KVBM_POOL_REMOVED) m->t[tier].state[ev->block_id] = KVBM__READY;
+  kvbm__tier *t = &m->t[tier];
+  if (ev->kind == KVBM_POOL_REMOVED) {
+    t->state[ev->block_id] = KVBM__READY;
+    /* The index is the store's eviction too, unless others share it. */
+    if (t->store == KVBM__STORE_VOLUME && !t->shared && t->usable)
+      kvbm__queue_delete(m, t, ev->seq_hash);
+  }
   if (ev->kind == KVBM_POOL_STORED && tier == KVBM_TIER_G1) {
     /* Registered before its KV exists: not a hit for anyone until its
      * request commits (an onboard turns it PENDING right after). */
@@ -66,6 +79,8 @@ static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) 
 static void on_g1(void *u, const kvbm_pool_event *ev) { on_pool_event(u, KVBM_TIER_G1, ev); }
 static void on_g2(void *u, const kvbm_pool_event *ev) { on_pool_event(u, KVBM_TIER_G2, ev); }
 static void on_g3(void *u, const kvbm_pool_event *ev) { on_pool_event(u, KVBM_TIER_G3, ev); }
+static void on_g4(void *u, const kvbm_pool_event *ev) { on_pool_event(u, KVBM_TIER_G4, ev); }
+static const kvbm_pool_listener on_tier[KVBM_TIER_COUNT] = {on_g1, on_g2, on_g3, on_g4};
 
 /* ---- create / destroy ---- */
 
@@ -86,8 +101,23 @@ static void advise_huge(void *p, uint64_t len) {
   memset(p, 0, (size_t)len);
 }
 
+/* The tier's index: a pool of n blocks reporting to on_pool_event, and a
+ * state byte per block. */
+static int tier_pool(kvbm_manager *m, kvbm__tier *t, uint64_t n, kvbm_error *err) {
+  if (!(t->state = calloc(n, 1))) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  kvbm_pool_config pc = kvbm_pool_config_default((uint32_t)n, m->cfg.block_size);
+  pc.scheme = m->cfg.scheme;
+  pc.keep_tokens = false;
+  pc.fill_only = t->id != KVBM_TIER_G1; /* below G1 blocks are filled whole, never appended to */
+  pc.listener = on_tier[t->id];
+  pc.listener_user = m;
+  int rc = kvbm_pool_create(&pc, &t->pool, err);
+  if (!rc) t->present = true;
+  return rc;
+}
+
 static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind kind,
-                     kvbm_memory_type memory, kvbm_pool_listener fn, kvbm_error *err) {
+                     kvbm_memory_type memory, kvbm_error *err) {
   kvbm__tier *t = &m->t[ti];
   kvbm_layout_config lc = m->cfg.layout;
   lc.num_blocks = nblocks;
@@ -111,28 +141,15 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
     advise_huge(kvbm_storage_region_base(t->storage, r), t->layout.region_size);
   t->memory = memory;
   t->device = memory == KVBM_MEMORY_DEVICE;
-  /* Device G1: each worker gets a stream (events: one per job of a batch). */
   if (t->device) m->emu = emu;
-  for (int w = 0; t->device && w < 2; w++) {
-    uint32_t nev = w == KVBM__W_HOST ? m->cfg.batch_max : 0;
-    rc = emu ? kvbm__gpu_stream_emulated(nev, &m->emu_copies, m->testing.g1_fail_copy, &m->gs[w],
-                                        err)
-             : kvbm__gpu_stream_create(m->cfg.g1_device, nev, &m->gs[w], err);
-    if (rc) return rc;
-  }
   t->region = calloc(t->layout.num_regions, sizeof *t->region);
-  t->state = calloc(nblocks, 1);
-  if (!t->region || !t->state) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  if (!t->region) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   for (uint64_t r = 0; r < t->layout.num_regions; r++)
     t->region[r] = kvbm_storage_region_base(t->storage, r);
-  kvbm_pool_config pc = kvbm_pool_config_default(nblocks, m->cfg.block_size);
-  pc.scheme = m->cfg.scheme;
-  pc.keep_tokens = false;
-  pc.fill_only = ti != KVBM_TIER_G1; /* G2 blocks are filled whole by copies, never appended to */
-  pc.listener = fn;
-  pc.listener_user = m;
-  if ((rc = kvbm_pool_create(&pc, &t->pool, err))) return rc;
-  t->present = true;
+  t->store = KVBM__STORE_MEMORY;
+  snprintf(t->mode, sizeof t->mode, "memory");
+  if ((rc = tier_pool(m, t, nblocks, err))) return rc;
+  t->usable = true;
   return KVBM_OK;
 }
 
@@ -204,12 +221,12 @@ static int restore_g3(kvbm_manager *m, kvbm_error *err) {
   return rc;
 }
 
-static void open_g3(kvbm_manager *m) {
+static void open_slots(kvbm_manager *m) {
   kvbm__tier *t = &m->t[KVBM_TIER_G3];
   kvbm_error e = {0};
   kvbm__disk_config dc = {.dir = m->g3_dir, .num_slots = m->cfg.g3_blocks,
                          .data_bytes = m->block_bytes,
-                         .fingerprint = kvbm_layout_fingerprint(&m->slot_layout),
+                         .fingerprint = m->fingerprint,
                          .persist = m->cfg.g3_persist, .direct = m->cfg.g3_direct,
                          .uring = m->cfg.g3_uring, .queue_depth = m->cfg.g3_queue_depth,
                          .test_refuse = m->testing.g3_refuse,
@@ -217,46 +234,178 @@ static void open_g3(kvbm_manager *m) {
   int rc = kvbm__disk_open(&dc, &m->disk, &e);
   if (!rc) rc = restore_g3(m, &e);
   if (rc) {
-    snprintf(m->g3_err, sizeof m->g3_err, "%s", e.msg);
+    snprintf(t->err, sizeof t->err, "%s", e.msg);
     kvbm__disk_close(m->disk);
     m->disk = NULL;
-    t->present = false;
     return;
   }
-  snprintf(m->g3_mode, sizeof m->g3_mode, "%s+%s",
+  t->usable = true;
+  snprintf(t->mode, sizeof t->mode, "%s+%s",
            kvbm__disk_is_uring(m->disk) ? "io_uring" : "pread/pwrite",
            kvbm__disk_is_direct(m->disk) ? "O_DIRECT" : "buffered");
 }
 
-static int g3_tier(kvbm_manager *m, kvbm_error *err) {
+/* G3 over its slot file, driven directly (no g3_url). */
+static int slot_tier(kvbm_manager *m, kvbm_error *err) {
   kvbm__tier *t = &m->t[KVBM_TIER_G3];
   uint64_t n = m->cfg.g3_blocks;
-  t->state = calloc(n, 1);
+  t->store = KVBM__STORE_SLOTS;
   m->slot_of = malloc(n * sizeof *m->slot_of);
   m->block_of = malloc(n * sizeof *m->block_of);
-  if (!t->state || !m->slot_of || !m->block_of)
+  if (!m->slot_of || !m->block_of)
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   for (uint64_t i = 0; i < n; i++) m->slot_of[i] = m->block_of[i] = i;
-  kvbm_pool_config pc = kvbm_pool_config_default((uint32_t)n, m->cfg.block_size);
-  pc.scheme = m->cfg.scheme;
-  pc.keep_tokens = false;
-  pc.fill_only = true; /* the index only names blocks: no token slots (4 B x block_size each) */
-  pc.listener = on_g3;
-  pc.listener_user = m;
-  int rc = kvbm_pool_create(&pc, &t->pool, err);
+  int rc = tier_pool(m, t, n, err);
   if (rc) return rc;
-  t->present = true;
   m->nbounce = m->cfg.g3_queue_depth + 1; /* in flight + one being finished */
   m->bounce = calloc(m->nbounce, sizeof *m->bounce);
   m->ios = calloc(m->nbounce, sizeof *m->ios);
   m->pieces = calloc(m->nbounce, sizeof *m->pieces);
   if (!m->bounce || !m->ios || !m->pieces)
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  open_g3(m);
+  open_slots(m);
   for (uint32_t i = 0; m->disk && i < m->nbounce; i++)
     if (!(m->bounce[i] = kvbm__disk_buffer(m->disk)))
       return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   return KVBM_OK;
+}
+
+/* A volume tier: its index, then its store, registered from url. A URL
+ * the volume refuses as malformed or of an unknown scheme is the caller's
+ * mistake (create fails, naming the field); a store that cannot be opened
+ * leaves the tier configured but unusable (create goes on, err says why). */
+static int volume_tier(kvbm_manager *m, kvbm_tier ti, const char *field, const char *url,
+                       uint64_t nblocks, kvbm_error *err) {
+  kvbm__tier *t = &m->t[ti];
+  t->store = KVBM__STORE_VOLUME;
+  t->shared = ti == KVBM_TIER_G4;
+  t->framed = strncmp(url, "disk:", 5) != 0; /* the slot file checks its own */
+  t->depth = ti == KVBM_TIER_G4 ? m->cfg.g4_queue_depth : m->cfg.g3_queue_depth;
+  int rc = tier_pool(m, t, nblocks, err);
+  if (rc) return rc;
+  if (kvbm__value_len(m, t) > (size_t)1 << 30)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: a block of %llu bytes is too large for %s",
+                          (unsigned long long)m->block_bytes, field);
+  kvbm_volume_config vc = kvbm_volume_config_default(url);
+  vc.key_namespace = m->ns;
+  vc.timeout_ms = ti == KVBM_TIER_G4 ? m->cfg.g4_timeout_ms : 30000;
+  /* Enough threads for the operations in flight to overlap in the store
+   * (each thread has its own connection or file state). */
+  vc.threads = t->depth < 8 ? t->depth : 8;
+  vc.queue_capacity = t->depth + 16;
+  vc.max_value_bytes = kvbm__value_len(m, t);
+  vc.slots = nblocks;
+  vc.block_bytes = m->block_bytes;
+  vc.persist = m->cfg.g3_persist;
+  vc.backend = ti == KVBM_TIER_G4 ? m->cfg.g4_backend : m->cfg.g3_backend;
+  vc.backend_user = ti == KVBM_TIER_G4 ? m->cfg.g4_backend_user : m->cfg.g3_backend_user;
+  kvbm_error e = {0};
+  rc = kvbm_volume_register(&vc, &t->vol, &e);
+  if (rc == KVBM_EINVAL || rc == KVBM_EUNSUPPORTED)
+    return kvbm_error_set(err, rc, "manager: %s: %s", field, e.msg);
+  if (rc) {
+    snprintf(t->err, sizeof t->err, "%s", e.msg);
+    return KVBM_OK;
+  }
+  t->usable = true;
+  snprintf(t->mode, sizeof t->mode, "%s", kvbm_volume_url(t->vol));
+  if (t->shared && m->cfg.g4_lookup_timeout_ms > 0) {
+    /* Lookups have their own connection and their deadline: a lookup the
+     * prefill gave up on expires in the volume instead of piling up. */
+    vc.threads = 1;
+    vc.timeout_ms = m->cfg.g4_lookup_timeout_ms;
+    vc.queue_capacity = 64;
+    if (kvbm_volume_register(&vc, &t->lookup_vol, &e)) t->lookup_vol = NULL; /* no lookups */
+  }
+  return KVBM_OK;
+}
+
+static int filters(kvbm_manager *m, kvbm_error *err) {
+  const kvbm_manager_config *c = &m->cfg;
+  m->t[KVBM_TIER_G2].policy = c->g2_policy;
+  m->t[KVBM_TIER_G3].policy = c->g3_policy;
+  m->t[KVBM_TIER_G4].policy = c->g4_policy;
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
+    kvbm__tier *t = &m->t[ti];
+    if (t->policy != KVBM_OFFLOAD_FREQUENCY) continue;
+    int rc = kvbm__freq_filter_init(&t->filter, c->freq_threshold, c->freq_decay_uses,
+                                    c->freq_max_entries);
+    if (rc) return kvbm_error_set(err, rc, "manager: cannot create the frequency filter");
+    t->filter_on = true;
+  }
+  return KVBM_OK;
+}
+
+/* Device G1: every worker that copies into or out of G1 gets its own
+ * stream (the host worker with an event per job of a batch). */
+static int gpu_streams(kvbm_manager *m, kvbm_error *err) {
+  if (!m->t[KVBM_TIER_G1].device) return KVBM_OK;
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
+    kvbm__tier *t = &m->t[ti];
+    if (!t->present || !t->usable) continue;
+    uint32_t nev = ti == KVBM_TIER_G2 ? m->cfg.batch_max : 0;
+    int rc = m->emu ? kvbm__gpu_stream_emulated(nev, &m->emu_copies, m->testing.g1_fail_copy,
+                                                &t->gs, err)
+                    : kvbm__gpu_stream_create(m->cfg.g1_device, nev, &t->gs, err);
+    if (rc) return rc;
+  }
+  return KVBM_OK;
+}
+
+static char *dup_opt(const char *s, bool *oom) {
+  if (!s) return NULL;
+  char *d = strdup(s);
+  if (!d) *oom = true;
+  return d;
+}
+
+/* The config's strings become the manager's own; the block format. */
+static int own_config(kvbm_manager *m, const kvbm_manager_config *cfg, kvbm_error *err) {
+  bool oom = false;
+  m->cfg = *cfg;
+  m->g3_dir = dup_opt(cfg->g3_dir, &oom); /* NULL: the disk's private default */
+  m->g3_url = dup_opt(cfg->g3_url, &oom);
+  m->g4_url = dup_opt(cfg->g4_url, &oom);
+  m->model_id = dup_opt(cfg->model_id, &oom);
+  m->cfg.g3_dir = m->g3_dir;
+  m->cfg.g3_url = m->g3_url;
+  m->cfg.g4_url = m->g4_url;
+  m->cfg.model_id = m->model_id;
+  if (cfg->g3_key) {
+    /* the secret is not kept: only the slot key derived from it */
+    kvbm_blake3_derive_key(G3_KEY_CONTEXT, cfg->g3_key, cfg->g3_key_len, m->g3_key,
+                           sizeof m->g3_key);
+    m->g3_keyed = true;
+    m->cfg.g3_key = NULL;
+    m->cfg.g3_key_len = 0;
+  }
+  m->zero_tokens = calloc(cfg->block_size, sizeof *m->zero_tokens);
+  m->g1_owner = calloc(cfg->g1_blocks, sizeof *m->g1_owner);
+  if (oom || !m->zero_tokens || !m->g1_owner)
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  kvbm_layout_config lc = cfg->layout;
+  lc.num_blocks = 1;
+  int rc = kvbm_layout_init(&m->slot_layout, KVBM_LAYOUT_FULLY_CONTIGUOUS, &lc, err);
+  if (rc) return rc;
+  m->block_bytes = lc.num_layers * m->slot_layout.layer_stride;
+  m->fingerprint = kvbm_layout_fingerprint(&m->slot_layout);
+  return kvbm__namespace_init(m, err);
+}
+
+static int tiers(kvbm_manager *m, kvbm_error *err) {
+  const kvbm_manager_config *c = &m->cfg;
+  for (int ti = 0; ti < KVBM_TIER_COUNT; ti++) m->t[ti].id = (kvbm_tier)ti;
+  int rc = host_tier(m, KVBM_TIER_G1, c->g1_blocks, c->g1_kind, c->g1_memory, err);
+  if (!rc && c->g2_blocks)
+    rc = host_tier(m, KVBM_TIER_G2, c->g2_blocks, c->g2_kind, c->g2_memory, err);
+  if (!rc) rc = filters(m, err);
+  if (!rc && c->g3_blocks && c->g3_url)
+    rc = volume_tier(m, KVBM_TIER_G3, "g3_url", c->g3_url, c->g3_blocks, err);
+  else if (!rc && c->g3_blocks)
+    rc = slot_tier(m, err);
+  if (!rc && c->g4_url) rc = volume_tier(m, KVBM_TIER_G4, "g4_url", c->g4_url, c->g4_blocks, err);
+  if (!rc) rc = gpu_streams(m, err);
+  return rc;
 }
 
 int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out, kvbm_error *err) {
@@ -270,40 +419,16 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
   if (rc) return rc;
   kvbm_manager *m = calloc(1, sizeof *m);
   if (!m) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  m->cfg = *cfg;
   if (t) m->testing = *t;
-  m->g3_dir = cfg->g3_dir ? strdup(cfg->g3_dir) : NULL; /* NULL: the disk's private default */
-  m->cfg.g3_dir = m->g3_dir;
-  if (cfg->g3_key) {
-    /* the secret is not kept: only the slot key derived from it */
-    kvbm_blake3_derive_key(G3_KEY_CONTEXT, cfg->g3_key, cfg->g3_key_len, m->g3_key, sizeof m->g3_key);
-    m->g3_keyed = true;
-    m->cfg.g3_key = NULL;
-    m->cfg.g3_key_len = 0;
-  }
-  m->zero_tokens = calloc(cfg->block_size, sizeof *m->zero_tokens);
-  kvbm_layout_config lc = cfg->layout;
-  lc.num_blocks = 1;
-  if ((cfg->g3_dir && !m->g3_dir) || !m->zero_tokens) rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  if (!rc) rc = kvbm_layout_init(&m->slot_layout, KVBM_LAYOUT_FULLY_CONTIGUOUS, &lc, err);
-  if (!rc) m->block_bytes = lc.num_layers * m->slot_layout.layer_stride;
-  if (!rc && !(m->g1_owner = calloc(cfg->g1_blocks, sizeof *m->g1_owner)))
-    rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  if (!rc)
-    rc = host_tier(m, KVBM_TIER_G1, cfg->g1_blocks, cfg->g1_kind, cfg->g1_memory, on_g1, err);
-  if (!rc && cfg->g2_blocks)
-    rc = host_tier(m, KVBM_TIER_G2, cfg->g2_blocks, cfg->g2_kind, cfg->g2_memory, on_g2, err);
-  m->t[KVBM_TIER_G2].policy = cfg->g2_policy;
-  m->t[KVBM_TIER_G3].policy = cfg->g3_policy;
-  for (int ti = 1; !rc && ti < 3; ti++) {
-    kvbm__tier *t = &m->t[ti];
-    if (t->policy != KVBM_OFFLOAD_FREQUENCY) continue;
-    rc = kvbm__freq_filter_init(&t->filter, cfg->freq_threshold, cfg->freq_decay_uses,
-                               cfg->freq_max_entries);
-    if (rc) rc = kvbm_error_set(err, rc, "manager: cannot create the frequency filter");
-    else t->filter_on = true;
-  }
-  if (!rc && cfg->g3_blocks) rc = g3_tier(m, err);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&m->mu, NULL);
+  pthread_cond_init(&m->done_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  m->mu_ready = true;
+  rc = own_config(m, cfg, err);
+  if (!rc) rc = tiers(m, err);
   if (!rc) rc = kvbm__workers_start(m, err);
   if (rc) {
     kvbm_manager_destroy(m);
@@ -316,9 +441,12 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
 void kvbm_manager_destroy(kvbm_manager *m) {
   if (!m) return;
   kvbm__workers_stop(m);
-  for (int w = 0; w < KVBM__NWORKERS; w++) kvbm__gpu_stream_destroy(m->gs[w]);
   for (int ti = 0; ti < KVBM_TIER_COUNT; ti++) {
     kvbm__tier *t = &m->t[ti];
+    /* Every operation has completed: the workers waited for them. */
+    kvbm_volume_unregister(t->lookup_vol);
+    kvbm_volume_unregister(t->vol);
+    kvbm__gpu_stream_destroy(t->gs);
     kvbm_pool_destroy(t->pool);
     kvbm_storage_release(t->storage);
     free(t->region);
@@ -336,17 +464,40 @@ void kvbm_manager_destroy(kvbm_manager *m) {
   free(m->g1_owner);
   free(m->g3_dir);
   explicit_bzero(m->g3_key, sizeof m->g3_key);
+  free(m->g3_url);
+  free(m->g4_url);
+  free(m->model_id);
+  if (m->mu_ready) {
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->done_cv);
+  }
   free(m);
 }
 
-const char *kvbm_manager_g3_error(const kvbm_manager *m) { return m ? m->g3_err : ""; }
-const char *kvbm_manager_g3_mode(const kvbm_manager *m) { return m ? m->g3_mode : ""; }
+static bool tier_ok(const kvbm_manager *m, kvbm_tier ti) {
+  return m && ti >= 0 && ti < KVBM_TIER_COUNT;
+}
+
+const char *kvbm_manager_tier_error(const kvbm_manager *m, kvbm_tier ti) {
+  return tier_ok(m, ti) ? m->t[ti].err : "";
+}
+
+const char *kvbm_manager_tier_mode(const kvbm_manager *m, kvbm_tier ti) {
+  return tier_ok(m, ti) && m->t[ti].present && m->t[ti].usable ? m->t[ti].mode : "";
+}
+
+const char *kvbm_manager_g3_error(const kvbm_manager *m) {
+  return kvbm_manager_tier_error(m, KVBM_TIER_G3);
+}
+const char *kvbm_manager_g3_mode(const kvbm_manager *m) {
+  return kvbm_manager_tier_mode(m, KVBM_TIER_G3);
+}
 uint64_t kvbm_manager_block_bytes(const kvbm_manager *m) { return m ? m->block_bytes : 0; }
 
 const kvbm_layout *kvbm_manager_layout(const kvbm_manager *m, kvbm_tier ti) {
-  if (!m || ti < 0 || ti >= KVBM_TIER_COUNT) return NULL;
-  if (ti == KVBM_TIER_G3) return m->disk ? &m->slot_layout : NULL;
-  return m->t[ti].present ? &m->t[ti].layout : NULL;
+  if (!tier_ok(m, ti) || !m->t[ti].present || !m->t[ti].usable) return NULL;
+  if (m->t[ti].store != KVBM__STORE_MEMORY) return &m->slot_layout;
+  return &m->t[ti].layout;
 }
 
 int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier ti, uint32_t block,
@@ -354,7 +505,7 @@ int kvbm_manager_block_layer(const kvbm_manager *m, kvbm_tier ti, uint32_t block
   if (!m || !ptr) return KVBM_EINVAL;
   if (ti != KVBM_TIER_G1 && ti != KVBM_TIER_G2) return KVBM_ETIER;
   const kvbm__tier *t = &m->t[ti];
-  if (!t->present) return KVBM_ETIER;
+  if (!t->present || t->store != KVBM__STORE_MEMORY) return KVBM_ETIER;
   if (block >= t->layout.config.num_blocks || layer >= t->layout.config.num_layers)
     return KVBM_ERANGE;
   *ptr = kvbm__layer_ptr(t, block, layer);
@@ -390,9 +541,9 @@ int kvbm_manager_block_read(const kvbm_manager *m, kvbm_tier tier, uint32_t bloc
 }
 
 kvbm_memory_type kvbm_manager_memory(const kvbm_manager *m, kvbm_tier ti) {
-  if (!m || ti < 0 || ti >= KVBM_TIER_COUNT) return (kvbm_memory_type)0;
-  if (ti == KVBM_TIER_G3) return m->disk ? KVBM_MEMORY_DISK : (kvbm_memory_type)0;
-  return m->t[ti].present ? m->t[ti].memory : (kvbm_memory_type)0;
+  if (!tier_ok(m, ti) || !m->t[ti].present || !m->t[ti].usable) return (kvbm_memory_type)0;
+  if (m->t[ti].store != KVBM__STORE_MEMORY) return KVBM_MEMORY_DISK;
+  return m->t[ti].memory;
 }
 
 int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier ti, kvbm_tier_stats *out) {
@@ -400,7 +551,7 @@ int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier ti, kvbm_tier_stats *out) 
   pthread_mutex_lock(&m->mu);
   kvbm__tier *t = &m->t[ti];
   *out = t->st;
-  out->present = t->present && (ti != KVBM_TIER_G3 || m->disk);
+  out->present = t->present && t->usable;
   if (t->pool) {
     kvbm_pool_stats ps;
     kvbm_pool_stats_get(t->pool, &ps);

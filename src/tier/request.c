@@ -45,50 +45,87 @@ static int keep_tokens(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   return KVBM_OK;
 }
 
-/* Whether tier ti (G2, G3) holds hash h with its bytes in place. */
+/* Whether tier ti (below G1) holds hash h with its bytes in place. */
 static bool tier_has(const kvbm_manager *m, int ti, uint64_t h) {
   const kvbm__tier *t = &m->t[ti];
   uint32_t id;
-  if (!t->present || (ti == KVBM_TIER_G3 && !m->disk)) return false;
+  if (!t->present || !t->usable) return false;
   return kvbm_pool_peek(t->pool, h, &id, NULL) == KVBM_OK && t->state[id] == KVBM__READY;
 }
 
-/* The walk: per block the fastest tier that holds it, up to the first
- * block held nowhere, or the first onboard that has no room in its queue.
- * Returns the length; src[k] the tier; *onboards the blocks below G1;
- * *g1_cached the G1 hits now sitting in the cache. */
+/* The walk: per block the fastest tier that holds it (G1, G2, G3, then G4
+ * by its index or, for blocks past lk->base, by what the lookup found), up
+ * to the first block held nowhere, or the first onboard that has no room
+ * in its queue (*full set). Returns the length; src[k] the tier;
+ * *onboards the blocks below G1. */
 static size_t walk(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *src,
-                   size_t *onboards, size_t *g1_cached) {
-  uint32_t room[2] = {kvbm__q_free(&m->q[KVBM__W_HOST]), kvbm__q_free(&m->q[KVBM__W_DISK])};
+                   const kvbm__lookup *lk, size_t *onboards, bool *full) {
+  uint32_t room[KVBM_TIER_COUNT] = {0};
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) room[ti] = kvbm__q_free(&m->t[ti].q);
   size_t k = 0;
-  *onboards = *g1_cached = 0;
+  *onboards = 0;
+  *full = false;
   for (; k < n; k++) {
-    bool cached;
-    if (kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, hashes[k], NULL, &cached) == KVBM_OK) {
+    if (kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, hashes[k], NULL, NULL) == KVBM_OK) {
       src[k] = KVBM_TIER_G1;
-      *g1_cached += cached;
       continue;
     }
-    int ti = tier_has(m, KVBM_TIER_G2, hashes[k]) ? KVBM_TIER_G2
-             : tier_has(m, KVBM_TIER_G3, hashes[k]) ? KVBM_TIER_G3 : -1;
-    if (ti < 0) break;
-    int w = ti == KVBM_TIER_G2 ? KVBM__W_HOST : KVBM__W_DISK;
-    if (!room[w]) {
+    int ti = KVBM_TIER_G2;
+    while (ti < KVBM_TIER_COUNT && !tier_has(m, ti, hashes[k])) ti++;
+    if (ti == KVBM_TIER_COUNT && lk && k >= lk->base && k < lk->base + lk->n &&
+        lk->found[k - lk->base])
+      ti = KVBM_TIER_G4;
+    if (ti == KVBM_TIER_COUNT) break;
+    if (!room[ti]) {
       m->t[ti].st.onboard_failures++;
+      *full = true;
       break;
     }
-    room[w]--;
+    room[ti]--;
     src[k] = (uint8_t)ti;
     (*onboards)++;
   }
   return k;
 }
 
+/* The walk of a prefill, with G4's lookup when the first walk ends before
+ * the last matchable block: the lock is dropped while the store answers
+ * (at most g4_lookup_timeout_ms), then the walk is taken again with the
+ * answers, since other threads may have changed the tiers meanwhile.
+ * Lock held on entry and exit. */
+static size_t walk_all(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *src,
+                       size_t *onboards) {
+  bool full;
+  size_t w = walk(m, hashes, n, src, NULL, onboards, &full);
+  kvbm__tier *g4 = &m->t[KVBM_TIER_G4];
+  if (w == n || full || !g4->present || !g4->usable || !g4->lookup_vol) return w;
+  size_t ask = n - w < m->cfg.g4_lookup_max ? n - w : m->cfg.g4_lookup_max;
+  bool *found = malloc(ask * sizeof *found);
+  if (!found) return w;
+  pthread_mutex_unlock(&m->mu);
+  int rc = kvbm__lookup_run(m, g4, hashes + w, ask, found);
+  pthread_mutex_lock(&m->mu);
+  size_t nfound = 0;
+  for (size_t i = 0; i < ask; i++) nfound += found[i];
+  g4->st.lookups++;
+  g4->st.lookup_blocks += ask;
+  g4->st.lookup_found += nfound;
+  if (rc == KVBM_ETIMEDOUT) g4->st.lookup_timeouts++;
+  else if (rc) g4->st.lookup_errors++;
+  if (nfound) {
+    kvbm__lookup lk = {.base = w, .n = ask, .found = found};
+    w = walk(m, hashes, n, src, &lk, onboards, &full);
+  }
+  free(found);
+  return w;
+}
+
 /* Takes the walk's blocks in G1 (capacity was checked): the G1 hits are
  * pinned first, so that no allocation evicts them, then every block found
  * below G1 gets a new G1 block, registered at once for this request and
- * PENDING, and its source block is pinned (sid[k]). pins[k] receives the
- * G1 block of each walked block, with a reference the sequence adopts. */
+ * PENDING, and its source is pinned (sid[k]; KVBM__NONE for a block a G4
+ * lookup found, which the G4 index does not hold yet). pins[k] receives
+ * the G1 block of each walked block, with a reference the sequence adopts. */
 static void take_walk(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t n,
                       uint32_t *pins, uint32_t *sid) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
@@ -104,7 +141,9 @@ static void take_walk(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, siz
     assert(got == id && "the walk found it nowhere in G1");
     pins[k] = got;
     g1->state[got] = KVBM__PENDING;
-    KVBM__MUST(kvbm_pool_match(m->t[r->src[k]].pool, hashes[k], &sid[k]));
+    sid[k] = KVBM__NONE;
+    if (tier_has(m, r->src[k], hashes[k]))
+      KVBM__MUST(kvbm_pool_match(m->t[r->src[k]].pool, hashes[k], &sid[k]));
   }
 }
 
@@ -114,19 +153,16 @@ static void queue_onboards(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
   for (size_t k = 0; k < n; k++) {
     if (r->src[k] == KVBM_TIER_G1) continue;
+    kvbm__tier *t = &m->t[r->src[k]];
     KVBM__MUST(kvbm_block_retain(g1->pool, pins[k])); /* the job's reference */
-    m->t[r->src[k]].st.hit_blocks++;
-    kvbm__job j = {.kind = r->src[k] == KVBM_TIER_G2 ? KVBM__J_ONBOARD_HOST : KVBM__J_DISK_READ,
-                   .prio = r->prio, .g1 = pins[k], .hash = hashes[k]};
-    bool queued;
-    if (r->src[k] == KVBM_TIER_G2) {
-      j.g2 = sid[k];
-      queued = kvbm__q_push(&m->q[KVBM__W_HOST], &j);
-    } else {
-      j.g3 = sid[k];
-      j.slot = m->slot_of[sid[k]];
-      queued = kvbm__q_push(&m->q[KVBM__W_DISK], &j);
-    }
+    t->st.hit_blocks++;
+    kvbm__job j = {.kind = t->id == KVBM_TIER_G2 ? KVBM__J_UP : KVBM__J_GET,
+                   .tier = (uint8_t)t->id, .prio = r->prio, .hash = hashes[k],
+                   .parent = k ? hashes[k - 1] : 0, .has_parent = k > 0};
+    for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
+    j.id[KVBM_TIER_G1] = pins[k];
+    j.id[t->id] = sid[k];
+    bool queued = kvbm__q_push(&t->q, &j);
     assert(queued && "the walk counted the queue's room");
     (void)queued;
   }
@@ -141,7 +177,7 @@ static void drop_walk(kvbm_manager *m, kvbm_mreq *r, size_t n, const uint32_t *p
   for (size_t k = n; k-- > 0;) {
     if (r->src[k] != KVBM_TIER_G1) {
       g1->state[pins[k]] = KVBM__FAILED;
-      KVBM__MUST(kvbm_block_release(m->t[r->src[k]].pool, sid[k], 0));
+      if (sid[k] != KVBM__NONE) KVBM__MUST(kvbm_block_release(m->t[r->src[k]].pool, sid[k], 0));
     }
     KVBM__MUST(kvbm_block_release(g1->pool, pins[k], r->prio));
   }
@@ -195,8 +231,7 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
     pthread_mutex_lock(&m->mu);
     r->serial = ++m->next_serial;
     kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
-    size_t g1_cached;
-    size_t w = walk(m, hashes, K, r->src, &onboards, &g1_cached);
+    size_t w = walk_all(m, hashes, K, r->src, &onboards);
     /* Everything past the walk gets new blocks; onboards take theirs
      * first. Too little room: forget the lower tiers, keep the G1 prefix,
      * and apply W1's own check to that. */
@@ -338,78 +373,100 @@ int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   return rc;
 }
 
-/* One use of full block k (G1 block g1) by a commit: refresh or copy in G2
- * and G3 per policy. Lock held. */
+/* The policy's part of one use: in tier t, refresh the block if held,
+ * else decide on a copy and, if so, take and register its target block
+ * (PENDING) at once. Returns the target's id when a copy is due,
+ * KVBM__NONE otherwise; *held is the block refreshed (KVBM__NONE: none). `forwarded`: the copy will reach t through G2 (its queue
+ * room is checked at the forward). Lock held. */
+static uint32_t use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b,
+                            const uint32_t *tok, uint64_t h, uint64_t parent, bool has_parent,
+                            bool forwarded, uint32_t *held) {
+  bool want = t->policy == KVBM_OFFLOAD_ALL;
+  if (t->filter_on) want = kvbm__freq_filter_use(&t->filter, h);
+  *held = KVBM__NONE;
+  if (!t->usable) {
+    if (want) t->st.skipped_unavailable++;
+    return KVBM__NONE;
+  }
+  uint32_t id;
+  bool present = kvbm_pool_peek(t->pool, h, &id, NULL) == KVBM_OK;
+  if (present && t->state[id] != KVBM__FAILED) {
+    KVBM__MUST(kvbm_pool_match(t->pool, h, &id)); /* refresh: re-released in use order */
+    kvbm__batch_pin(b, (uint8_t)t->id, id);
+    *held = id;
+    return KVBM__NONE;
+  }
+  if (!want && !present) {
+    t->st.filtered++;
+    return KVBM__NONE;
+  }
+  if (!forwarded && !kvbm__q_free(&t->q)) {
+    t->st.skipped_queue++;
+    return KVBM__NONE;
+  }
+  if (present) {
+    KVBM__MUST(kvbm_pool_match(t->pool, h, &id)); /* FAILED: rewrite in place */
+  } else {
+    uint32_t got;
+    if (kvbm_pool_alloc(t->pool, 1, &id) != KVBM_OK) {
+      t->st.skipped_space++;
+      return KVBM__NONE;
+    }
+    KVBM__MUST(kvbm_block_fill(t->pool, id, r->salt, parent, has_parent, tok, h, &got));
+    assert(got == id && "not registered: no dedup");
+  }
+  t->state[id] = KVBM__PENDING;
+  kvbm__batch_pin(b, (uint8_t)t->id, id);
+  return id;
+}
+
+/* One use of full block k (G1 block g1id) by a commit: refresh or copy in
+ * G2, G3 and G4 per policy. A copy into G2 is one host job that forwards
+ * to the volume tiers once G2 has the bytes; without one, each volume
+ * tier gets its own put, from G2 when G2 holds the block, else from G1.
+ * Lock held. */
 static void use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, uint32_t g1id,
                       uint64_t h, uint64_t parent, bool has_parent) {
   const uint32_t *tok = r->tokens + k * m->cfg.block_size;
-  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
   if (g1->state[g1id] != KVBM__READY) return; /* another request's, not written yet */
-  kvbm__job j = {.kind = KVBM__J_OFFLOAD, .prio = r->prio, .g1 = g1id, .g2 = KVBM__NONE,
-                 .g3 = KVBM__NONE, .hash = h, .parent = parent, .has_parent = has_parent, .b = b};
-  bool g2_write = false, g2_ready = false, g3_write = false;
-  for (int ti = KVBM_TIER_G2; ti <= KVBM_TIER_G3; ti++) {
+  kvbm__job j = {.kind = KVBM__J_DOWN, .tier = KVBM_TIER_G2, .prio = r->prio, .hash = h,
+                 .parent = parent, .has_parent = has_parent, .b = b};
+  for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
+  j.id[KVBM_TIER_G1] = g1id;
+  bool g2_write = false, g2_ready = false;
+  uint32_t held;
+  uint8_t puts = 0;
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
     kvbm__tier *t = &m->t[ti];
-    if (!t->pool) continue; /* not configured */
-    bool want = t->policy == KVBM_OFFLOAD_ALL;
-    if (t->filter_on) want = kvbm__freq_filter_use(&t->filter, h);
-    if (ti == KVBM_TIER_G3 && !m->disk) {
-      if (want) t->st.skipped_unavailable++;
-      continue;
+    if (!t->present) continue;
+    uint32_t id = use_in_tier(t, r, b, tok, h, parent, has_parent,
+                              ti != KVBM_TIER_G2 && g2_write, &held);
+    if (ti == KVBM_TIER_G2 && held != KVBM__NONE && g2->state[held] == KVBM__READY) {
+      g2_ready = true; /* the volume tiers' puts read G2 */
+      j.id[KVBM_TIER_G2] = held;
     }
-    uint32_t id;
-    bool present = kvbm_pool_peek(t->pool, h, &id, NULL) == KVBM_OK;
-    if (present && t->state[id] != KVBM__FAILED) {
-      KVBM__MUST(kvbm_pool_match(t->pool, h, &id)); /* refresh: re-released in use order */
-      kvbm__batch_pin(b, (uint8_t)ti, id);
-      if (ti == KVBM_TIER_G2) g2_ready = t->state[id] == KVBM__READY, j.g2 = id;
-      continue;
-    }
-    if (!want && !present) {
-      t->st.filtered++;
-      continue;
-    }
-    int w = ti == KVBM_TIER_G2 ? KVBM__W_HOST : KVBM__W_DISK;
-    /* Room for the job: the G3 copy of a block that goes to G2 in the same
-     * job is checked when the host worker forwards it. */
-    if (!(ti == KVBM_TIER_G3 && g2_write) && !kvbm__q_free(&m->q[w])) {
-      t->st.skipped_queue++;
-      continue;
-    }
-    if (present) {
-      KVBM__MUST(kvbm_pool_match(t->pool, h, &id)); /* FAILED: rewrite in place */
-    } else {
-      uint32_t got;
-      if (kvbm_pool_alloc(t->pool, 1, &id) != KVBM_OK) {
-        t->st.skipped_space++;
-        continue;
-      }
-      KVBM__MUST(kvbm_block_fill(t->pool, id, r->salt, parent, has_parent, tok, h, &got));
-      assert(got == id && "not registered: no dedup");
-    }
-    t->state[id] = KVBM__PENDING;
-    kvbm__batch_pin(b, (uint8_t)ti, id);
-    if (ti == KVBM_TIER_G2) {
-      g2_write = true;
-      j.g2 = id;
-    } else {
-      g3_write = true;
-      j.g3 = id;
-      j.slot = m->slot_of[id];
-    }
+    if (id == KVBM__NONE) continue;
+    j.id[ti] = id;
+    if (ti == KVBM_TIER_G2) g2_write = true;
+    else puts |= (uint8_t)(1u << ti);
   }
   bool queued = true;
   if (g2_write) {
-    j.g3_write = g3_write;
+    j.fwd = puts;
     KVBM__MUST(kvbm_block_retain(g1->pool, g1id));
     b->pending++;
-    queued = kvbm__q_push(&m->q[KVBM__W_HOST], &j);
-  } else if (g3_write) {
-    j.kind = KVBM__J_DISK_WRITE;
-    j.src_tier = g2_ready ? KVBM_TIER_G2 : KVBM_TIER_G1;
+    queued = kvbm__q_push(&g2->q, &j);
+  }
+  for (int ti = KVBM_TIER_G3; !g2_write && ti < KVBM_TIER_COUNT; ti++) {
+    if (!(puts & (1u << ti))) continue;
+    kvbm__job p = j;
+    p.kind = KVBM__J_PUT;
+    p.tier = (uint8_t)ti;
+    p.src = g2_ready ? KVBM_TIER_G2 : KVBM_TIER_G1;
     if (!g2_ready) KVBM__MUST(kvbm_block_retain(g1->pool, g1id));
     b->pending++;
-    queued = kvbm__q_push(&m->q[KVBM__W_DISK], &j);
+    queued = queued && kvbm__q_push(&m->t[ti].q, &p);
   }
   assert(queued && "room checked above");
   (void)queued;
@@ -424,12 +481,13 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
   size_t nb;
   size_t nfull = kvbm_seq_num_tokens(r->seq) / B, todo = nfull - r->committed;
   kvbm__batch *b = calloc(1, sizeof *b);
-  if (b) b->pins = malloc((2 * todo + 1) * sizeof *b->pins);
+  /* Pins: one per tier below G1 and block at most. */
+  if (b) b->pins = malloc(((KVBM_TIER_COUNT - 1) * todo + 1) * sizeof *b->pins);
   if (!b || !b->pins) {
     free(b);
     return KVBM_ENOMEM;
   }
-  b->cap = (uint32_t)(2 * todo + 1);
+  b->cap = (uint32_t)((KVBM_TIER_COUNT - 1) * todo + 1);
   pthread_mutex_lock(&m->mu);
   kvbm_seq_blocks(r->seq, &ids, &nb);
   uint64_t parent = 0;

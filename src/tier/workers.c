@@ -1,28 +1,38 @@
 /*
  * workers.c: the job queues and the threads that move bytes.
  *
- * Two workers, each with a fixed ring of jobs (queue_capacity): the host
- * worker copies between G1 and G2 memory, the disk worker reads and writes
- * G3 slots. The engine's calls decide and index every copy under the lock
- * and push a job; a worker takes jobs, runs them outside the lock, and
- * finishes them under it (byte states, counters, pool references). A full
- * ring is never waited on: the caller skips and counts instead.
+ * Every tier below G1 has one worker and one fixed ring of jobs
+ * (queue_capacity): G2's copies between G1 and G2 memory, G3's and G4's
+ * puts and gets on their volumes. The engine's calls decide and index
+ * every copy under the lock and push a job; a worker takes jobs, moves the
+ * bytes outside the lock, and finishes the jobs under it (byte states,
+ * counters, pool references). A full ring is never waited on: the caller
+ * skips and counts instead.
  *
- * The host worker takes up to batch_max jobs at once. On device G1 it
+ * The host worker (G2) takes up to batch_max jobs at once. On device G1 it
  * queues the whole batch as CUDA copies with an event after each job, then
  * waits for the events in order, so each job gets its own result. An
- * offload that also goes to G3 is forwarded to the disk queue from the
- * host worker once its G2 copy is done (the G3 write then reads G2).
+ * offload that also goes to G3 or G4 is forwarded to their queues once its
+ * G2 copy is done (their put then reads G2).
  *
- * The disk worker streams: it keeps up to g3_queue_depth slot transfers in
- * flight, finishes them one at a time as they complete (checking a read
- * while the next ones are still on their way) and refills from its queue,
- * so the disk never idles between batches. Slots (a staging buffer plus an
- * io) are its unit: a job holds one from its start until it is finished.
+ * A volume worker (G3, G4) keeps up to `depth` operations in flight: it
+ * takes jobs while it has free slots, prepares them (a framed value is
+ * gathered and sealed in the slot's buffer; a bare block moves straight
+ * between tier memory and the volume when it is one host piece), submits
+ * them to the volume as one batch, and goes on taking work while the
+ * volume runs it. The volume's completion (on one of its I/O threads)
+ * only hands the batch back under the lock; the worker checks what was
+ * read (frame, namespace, key, layout) and copies it into G1 on its own
+ * thread, so a slow check never holds a volume thread or the lock.
+ *
+ * G3 over its slot file directly (KVBM__STORE_SLOTS, the path before the
+ * disk:// volume) streams the same way through io_uring: up to
+ * g3_queue_depth slot transfers in flight, each checked as it completes.
  *
  * Shutdown: stop is set under the lock; with drain_on_destroy the workers
  * empty their queues first, otherwise every job taken is finished as not
- * run (its target FAILED, an onboard's match shortened).
+ * run (its target FAILED, an onboard's match shortened). Volume workers
+ * wait for their operations in flight either way.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -67,102 +77,163 @@ static void batch_job_done(kvbm_manager *m, kvbm__batch *b) {
 }
 
 void kvbm__workers_kick(kvbm_manager *m) {
-  pthread_cond_signal(&m->work_cv[KVBM__W_HOST]);
-  pthread_cond_signal(&m->work_cv[KVBM__W_DISK]);
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++)
+    if (m->t[ti].running) pthread_cond_signal(&m->t[ti].work_cv);
+}
+
+void kvbm__queue_delete(kvbm_manager *m, kvbm__tier *t, uint64_t hash) {
+  kvbm__job j = {.kind = KVBM__J_DEL, .tier = (uint8_t)t->id, .hash = hash};
+  for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
+  /* Best effort: a value left behind is overwritten by the next put of
+   * its key, or dropped by the store. */
+  if (t->running && t->dq.ring && kvbm__q_push(&t->dq, &j)) pthread_cond_signal(&t->work_cv);
+  (void)m;
 }
 
 /* ---- finishing jobs (lock held) ---- */
 
+/* A put into volume (or slot) tier t is over. */
+static void put_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
+  bool ok = ran && j->result == KVBM_OK;
+  t->state[j->id[t->id]] = ok ? KVBM__READY : KVBM__FAILED;
+  if (ok) {
+    t->st.offloaded_blocks++;
+    t->st.offloaded_bytes += m->block_bytes;
+  } else if (ran && j->result == KVBM_EDEVICE) {
+    t->st.copy_errors++; /* staging out of device G1 failed */
+  } else if (ran) {
+    t->st.skipped_io++; /* the store refused or failed it */
+  }
+  if (j->src == KVBM_TIER_G1)
+    KVBM__MUST(kvbm_block_release(m->t[KVBM_TIER_G1].pool, j->id[KVBM_TIER_G1], j->prio));
+  batch_job_done(m, j->b);
+}
+
+/* A block a G4 lookup found and a get brought in: the index learns it. */
+static void index_found(kvbm_manager *m, kvbm__tier *t, const kvbm__job *j) {
+  uint32_t id, got;
+  if (kvbm_pool_peek(t->pool, j->hash, &id, NULL) == KVBM_OK) {
+    if (t->state[id] == KVBM__FAILED) t->state[id] = KVBM__READY; /* healed */
+    return;
+  }
+  if (kvbm_pool_alloc(t->pool, 1, &id) != KVBM_OK) return; /* all pinned: stay unindexed */
+  KVBM__MUST(kvbm_block_fill(t->pool, id, 0, j->parent, j->has_parent, m->zero_tokens, j->hash,
+                             &got));
+  assert(got == id && "peeked: not registered");
+  t->state[got] = KVBM__READY;
+  KVBM__MUST(kvbm_block_release(t->pool, got, 0));
+}
+
+/* Counts why a get from tier t failed. */
+static void count_get_failure(kvbm__tier *t, int result) {
+  t->st.onboard_failures++;
+  switch (result) {
+  case KVBM_EDEVICE: t->st.copy_errors++; break;  /* the value was good */
+  case KVBM_ENOTFOUND: t->st.missing++; break;
+  case KVBM_ECHECKSUM: t->st.checksum_failures++; break;
+  case KVBM_EFORMAT:
+  case KVBM_ETRUNCATED:
+  case KVBM_ETOOLONG: t->st.foreign++; break;
+  default: t->st.read_errors++; break;              /* EIO, ETIMEDOUT, ECLOSED */
+  }
+}
+
+/* A get from volume (or slot) tier t into G1 is over. */
+static void get_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  bool ok = ran && j->result == KVBM_OK;
+  uint32_t sid = j->id[t->id];
+  g1->state[j->id[KVBM_TIER_G1]] = ok ? KVBM__READY : KVBM__FAILED;
+  if (ok) {
+    t->st.onboarded_blocks++;
+    t->st.onboarded_bytes += m->block_bytes;
+    if (sid == KVBM__NONE) index_found(m, t, j);
+  } else if (ran) {
+    count_get_failure(t, j->result);
+    /* The store cannot serve this hash now: not a hit again until it is
+     * rewritten (or, in a shared tier, found by a lookup). */
+    if (sid != KVBM__NONE && j->result != KVBM_EDEVICE) t->state[sid] = KVBM__FAILED;
+  } else {
+    t->st.onboard_failures++;
+  }
+  if (sid != KVBM__NONE) KVBM__MUST(kvbm_block_release(t->pool, sid, 0));
+  KVBM__MUST(kvbm_block_release(g1->pool, j->id[KVBM_TIER_G1], j->prio));
+}
+
+static void job_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
+  if (j->kind == KVBM__J_PUT) put_done(m, t, j, ran);
+  else if (j->kind == KVBM__J_GET) get_done(m, t, j, ran);
+}
+
+/* ---- the host worker (G2) ---- */
+
+/* Hands a finished G1 -> G2 copy on to the volume tiers that take the
+ * block from G2. Returns how many jobs now carry the commit's batch. */
+static uint32_t forward_down(kvbm_manager *m, const kvbm__job *j, bool ok) {
+  uint32_t carried = 0;
+  for (int ti = KVBM_TIER_G3; ti < KVBM_TIER_COUNT; ti++) {
+    if (!(j->fwd & (1u << ti))) continue;
+    kvbm__tier *t = &m->t[ti];
+    kvbm__job d = *j;
+    d.kind = KVBM__J_PUT;
+    d.tier = (uint8_t)ti;
+    d.src = KVBM_TIER_G2;
+    d.result = KVBM_OK;
+    if (ok && kvbm__q_push(&t->q, &d)) {
+      pthread_cond_signal(&t->work_cv);
+      carried++;
+      continue;
+    }
+    t->state[j->id[ti]] = KVBM__FAILED;
+    if (ok) t->st.skipped_queue++;
+  }
+  return carried;
+}
+
 static void host_done(kvbm_manager *m, kvbm__job *j, bool ran) {
-  kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2], *g3 = &m->t[KVBM_TIER_G3];
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
   bool ok = ran && j->result == KVBM_OK; /* only CUDA copies can fail */
   if (ran && !ok) g2->st.copy_errors++;
-  if (j->kind == KVBM__J_OFFLOAD) {
-    g2->state[j->g2] = ok ? KVBM__READY : KVBM__FAILED;
+  if (j->kind == KVBM__J_DOWN) {
+    g2->state[j->id[KVBM_TIER_G2]] = ok ? KVBM__READY : KVBM__FAILED;
     if (ok) {
       g2->st.offloaded_blocks++;
       g2->st.offloaded_bytes += m->block_bytes;
     }
-    KVBM__MUST(kvbm_block_release(g1->pool, j->g1, j->prio));
-    if (j->g3_write) {
-      kvbm__job d = *j;
-      d.kind = KVBM__J_DISK_WRITE;
-      d.src_tier = KVBM_TIER_G2;
-      d.result = KVBM_OK;
-      if (ok && kvbm__q_push(&m->q[KVBM__W_DISK], &d)) {
-        pthread_cond_signal(&m->work_cv[KVBM__W_DISK]);
-        return; /* the disk job carries the batch on */
-      }
-      g3->state[j->g3] = KVBM__FAILED;
-      if (ok) g3->st.skipped_queue++;
-    }
-    batch_job_done(m, j->b);
-  } else { /* J_ONBOARD_HOST */
-    g1->state[j->g1] = ok ? KVBM__READY : KVBM__FAILED;
+    KVBM__MUST(kvbm_block_release(g1->pool, j->id[KVBM_TIER_G1], j->prio));
+    uint32_t carried = forward_down(m, j, ok);
+    if (carried) j->b->pending += carried - 1; /* the puts carry the batch on */
+    else batch_job_done(m, j->b);
+  } else { /* J_UP */
+    g1->state[j->id[KVBM_TIER_G1]] = ok ? KVBM__READY : KVBM__FAILED;
     if (ok) {
       g2->st.onboarded_blocks++;
       g2->st.onboarded_bytes += m->block_bytes;
     } else {
       g2->st.onboard_failures++;
     }
-    KVBM__MUST(kvbm_block_release(g2->pool, j->g2, 0));
-    KVBM__MUST(kvbm_block_release(g1->pool, j->g1, j->prio));
+    KVBM__MUST(kvbm_block_release(g2->pool, j->id[KVBM_TIER_G2], 0));
+    KVBM__MUST(kvbm_block_release(g1->pool, j->id[KVBM_TIER_G1], j->prio));
   }
 }
-
-static void disk_done(kvbm_manager *m, kvbm__job *j, bool ran) {
-  kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g3 = &m->t[KVBM_TIER_G3];
-  bool ok = ran && j->result == KVBM_OK;
-  if (j->kind == KVBM__J_DISK_WRITE) {
-    g3->state[j->g3] = ok ? KVBM__READY : KVBM__FAILED;
-    if (ok) {
-      g3->st.offloaded_blocks++;
-      g3->st.offloaded_bytes += m->block_bytes;
-    } else if (ran && j->result == KVBM_EDEVICE) {
-      g3->st.copy_errors++; /* staging out of device G1 failed */
-    } else if (ran) {
-      g3->st.skipped_io++;
-    }
-    if (j->src_tier == KVBM_TIER_G1) KVBM__MUST(kvbm_block_release(g1->pool, j->g1, j->prio));
-    batch_job_done(m, j->b);
-  } else { /* J_DISK_READ */
-    g1->state[j->g1] = ok ? KVBM__READY : KVBM__FAILED;
-    if (ok) {
-      g3->st.onboarded_blocks++;
-      g3->st.onboarded_bytes += m->block_bytes;
-    } else {
-      g3->st.onboard_failures++;
-      if (ran && j->result == KVBM_EDEVICE) {
-        g3->st.copy_errors++; /* the slot was good; the copy into G1 failed */
-      } else if (ran) {
-        /* The slot cannot serve this hash: never a hit again until rewritten. */
-        g3->state[j->g3] = KVBM__FAILED;
-        if (j->result == KVBM_EIO) g3->st.read_errors++;
-        else g3->st.checksum_failures++;
-      }
-    }
-    KVBM__MUST(kvbm_block_release(g3->pool, j->g3, 0));
-    KVBM__MUST(kvbm_block_release(g1->pool, j->g1, j->prio));
-  }
-}
-
-/* ---- the host worker ---- */
 
 static void host_run(kvbm_manager *m, kvbm__job *j) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
-  if (j->kind == KVBM__J_OFFLOAD) kvbm__copy_block(g2, j->g2, g1, j->g1);
-  else kvbm__copy_block(g1, j->g1, g2, j->g2);
+  uint32_t b1 = j->id[KVBM_TIER_G1], b2 = j->id[KVBM_TIER_G2];
+  if (j->kind == KVBM__J_DOWN) kvbm__copy_block(g2, b2, g1, b1);
+  else kvbm__copy_block(g1, b1, g2, b2);
 }
 
 /* Device G1: queue every job's copies with an event after each, then wait
  * for the events in order, so each job gets its own result. */
 static void host_run_gpu(kvbm_manager *m, kvbm__job *jobs, uint32_t n) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
-  kvbm_gpu_stream *s = m->gs[KVBM__W_HOST];
+  kvbm_gpu_stream *s = g2->gs;
   for (uint32_t i = 0; i < n; i++) {
     kvbm__job *j = &jobs[i];
-    j->result = j->kind == KVBM__J_OFFLOAD ? kvbm__copy_block_gpu(s, g2, j->g2, g1, j->g1)
-                                           : kvbm__copy_block_gpu(s, g1, j->g1, g2, j->g2);
+    uint32_t b1 = j->id[KVBM_TIER_G1], b2 = j->id[KVBM_TIER_G2];
+    j->result = j->kind == KVBM__J_DOWN ? kvbm__copy_block_gpu(s, g2, b2, g1, b1)
+                                        : kvbm__copy_block_gpu(s, g1, b1, g2, b2);
     if (!j->result) j->result = kvbm__gpu_mark(s, i);
   }
   for (uint32_t i = 0; i < n; i++)
@@ -170,12 +241,13 @@ static void host_run_gpu(kvbm_manager *m, kvbm__job *jobs, uint32_t n) {
 }
 
 static void host_worker(kvbm_manager *m) {
-  kvbm__jqueue *q = &m->q[KVBM__W_HOST];
+  kvbm__tier *g2 = &m->t[KVBM_TIER_G2];
+  kvbm__jqueue *q = &g2->q;
   uint32_t max = m->cfg.batch_max;
   kvbm__job *jobs = malloc(max * sizeof *jobs);
   pthread_mutex_lock(&m->mu);
   for (;;) {
-    while (!q->count && !m->stop) pthread_cond_wait(&m->work_cv[KVBM__W_HOST], &m->mu);
+    while (!q->count && !m->stop) pthread_cond_wait(&g2->work_cv, &m->mu);
     if (!q->count) break;
     uint32_t n = 0;
     /* Without scratch memory the worker still drains, one job at a time. */
@@ -184,28 +256,279 @@ static void host_worker(kvbm_manager *m) {
     uint32_t lim = jobs ? max : 1;
     while (q->count && n < lim) take[n++] = q_pop(q);
     bool run = !m->cancel;
-    m->busy[KVBM__W_HOST] += n;
+    g2->busy += n;
     pthread_mutex_unlock(&m->mu);
     double t0 = kvbm_clock_seconds();
-    if (run && m->gs[KVBM__W_HOST])
+    if (run && g2->gs)
       host_run_gpu(m, take, n);
     else if (run)
       for (uint32_t i = 0; i < n; i++) host_run(m, &take[i]);
     double dt = kvbm_clock_seconds() - t0;
     pthread_mutex_lock(&m->mu);
-    m->t[KVBM_TIER_G2].st.busy_seconds += dt;
+    g2->st.busy_seconds += dt;
     for (uint32_t i = 0; i < n; i++) host_done(m, &take[i], run);
-    m->busy[KVBM__W_HOST] -= n;
+    g2->busy -= n;
     pthread_cond_broadcast(&m->done_cv);
   }
-  /* Nothing more can be forwarded: let the disk worker finish. */
+  /* Nothing more can be forwarded: let the volume workers finish. */
   m->host_running = false;
-  pthread_cond_broadcast(&m->work_cv[KVBM__W_DISK]);
+  kvbm__workers_kick(m);
   pthread_mutex_unlock(&m->mu);
   free(jobs);
 }
 
-/* ---- the disk worker ---- */
+/* ---- a volume worker (G3, G4) ---- */
+
+typedef struct vslot {
+  kvbm__job job;
+  uint8_t *buf;  /* staging: a framed value, or a bare block that is not
+                    one host piece (allocated on first use) */
+  bool ran;      /* false: cancelled, finished without running */
+} vslot;
+
+/* One submitted batch: its operations, contiguous as the volume wants
+ * them, and the slot each belongs to. */
+typedef struct vbatch {
+  struct vbatch *next;
+  kvbm_manager *m;
+  kvbm__tier *t;
+  uint32_t n;
+  uint32_t *slot;
+  kvbm_volume_op ops[];
+} vbatch;
+
+struct kvbm__vworker {
+  uint32_t nslots, nfree;
+  uint32_t *freel;
+  vslot *slots;
+  size_t buflen;
+  vbatch *done_head, *done_tail; /* completed by the volume, not finished */
+  uint32_t inflight;             /* operations submitted and not finished */
+  double busy_since;             /* when inflight last became non-zero */
+};
+
+/* The volume's completion (an I/O thread): hand the batch back. */
+static void vbatch_complete(void *user, kvbm_volume_op *ops, size_t n) {
+  (void)ops;
+  (void)n;
+  vbatch *vb = user;
+  kvbm_manager *m = vb->m;
+  kvbm__vworker *vw = vb->t->vw;
+  pthread_mutex_lock(&m->mu);
+  vb->next = NULL;
+  if (vw->done_tail) vw->done_tail->next = vb;
+  else vw->done_head = vb;
+  vw->done_tail = vb;
+  pthread_cond_signal(&vb->t->work_cv);
+  pthread_mutex_unlock(&m->mu);
+}
+
+static uint8_t *slot_buf(const kvbm__vworker *vw, vslot *s) {
+  if (!s->buf) s->buf = aligned_alloc(4096, (vw->buflen + 4095) / 4096 * 4096);
+  return s->buf;
+}
+
+/* Fills op for a put: the block's bytes from G1 or G2, framed or bare.
+ * Returns KVBM_OK, or why the job fails before reaching the store. */
+static int prepare_put(kvbm_manager *m, kvbm__tier *t, vslot *s, kvbm_volume_op *op) {
+  kvbm__job *j = &s->job;
+  const kvbm__tier *src = &m->t[j->src];
+  uint32_t b = j->id[j->src];
+  *op = (kvbm_volume_op){.kind = KVBM_VOLUME_PUT, .key = j->hash};
+  uint8_t *p = t->framed ? NULL : kvbm__block_contiguous(src, b);
+  if (p) { /* zero copy: the volume reads tier memory, pinned by the job */
+    op->src = p;
+    op->len = (size_t)m->block_bytes;
+    return KVBM_OK;
+  }
+  uint8_t *buf = slot_buf(t->vw, s);
+  if (!buf) return KVBM_ENOMEM;
+  uint8_t *data = buf + kvbm__value_data_off(t);
+  if (src->device) {
+    if (kvbm__gather_gpu(t->gs, data, src, b) != KVBM_OK) return KVBM_EDEVICE;
+  } else {
+    kvbm__gather(data, src, b);
+  }
+  if (t->framed) kvbm__value_seal(m, t, buf, j->hash, j->parent, j->has_parent);
+  op->src = buf;
+  op->len = kvbm__value_len(m, t);
+  return KVBM_OK;
+}
+
+/* Fills op for a get: straight into the G1 block when it is a bare block
+ * and one host piece, else into the slot's buffer. */
+static int prepare_get(kvbm_manager *m, kvbm__tier *t, vslot *s, kvbm_volume_op *op) {
+  const kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  *op = (kvbm_volume_op){.kind = KVBM_VOLUME_GET, .key = s->job.hash};
+  uint8_t *p = t->framed ? NULL : kvbm__block_contiguous(g1, s->job.id[KVBM_TIER_G1]);
+  if (!p && !(p = slot_buf(t->vw, s))) return KVBM_ENOMEM;
+  op->dst = p;
+  op->cap = p == s->buf ? kvbm__value_len(m, t) : (size_t)m->block_bytes;
+  return KVBM_OK;
+}
+
+/* After the store answered a get: check what came and copy it into G1. */
+static int finish_get(kvbm_manager *m, kvbm__tier *t, vslot *s, const kvbm_volume_op *op) {
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  uint32_t b = s->job.id[KVBM_TIER_G1];
+  if (op->status == KVBM_ENOSPC) return KVBM_ETOOLONG; /* more than a value of ours */
+  if (op->status != KVBM_OK) return op->status;
+  if (t->framed) {
+    int rc = kvbm__value_check(m, t, s->buf, op->size, s->job.hash);
+    if (rc) return rc;
+  } else if (op->size != m->block_bytes) {
+    return op->size < m->block_bytes ? KVBM_ETRUNCATED : KVBM_ETOOLONG;
+  }
+  if (op->dst != s->buf) return KVBM_OK; /* landed in G1 */
+  const uint8_t *data = s->buf + kvbm__value_data_off(t);
+  if (g1->device) return kvbm__scatter_gpu(t->gs, g1, b, data);
+  kvbm__scatter(g1, b, data);
+  return KVBM_OK;
+}
+
+static void vw_free(kvbm__vworker *vw) {
+  if (!vw) return;
+  for (uint32_t i = 0; vw->slots && i < vw->nslots; i++) free(vw->slots[i].buf);
+  free(vw->slots);
+  free(vw->freel);
+  free(vw);
+}
+
+static kvbm__vworker *vw_new(kvbm_manager *m, kvbm__tier *t) {
+  kvbm__vworker *vw = calloc(1, sizeof *vw);
+  if (!vw) return NULL;
+  vw->nslots = vw->nfree = t->depth;
+  vw->buflen = kvbm__value_len(m, t);
+  vw->slots = calloc(t->depth, sizeof *vw->slots);
+  vw->freel = calloc(t->depth, sizeof *vw->freel);
+  if (!vw->slots || !vw->freel) {
+    vw_free(vw);
+    return NULL;
+  }
+  for (uint32_t i = 0; i < t->depth; i++) vw->freel[i] = i;
+  return vw;
+}
+
+/* Lock held. Finishes the batches the volume handed back: checks and
+ * copies outside the lock, then the jobs' bookkeeping under it. */
+static void vw_finish(kvbm_manager *m, kvbm__tier *t) {
+  kvbm__vworker *vw = t->vw;
+  vbatch *list = vw->done_head;
+  vw->done_head = vw->done_tail = NULL;
+  pthread_mutex_unlock(&m->mu);
+  for (vbatch *vb = list; vb; vb = vb->next)
+    for (uint32_t i = 0; i < vb->n; i++) {
+      vslot *s = &vw->slots[vb->slot[i]];
+      if (s->job.kind == KVBM__J_GET) s->job.result = finish_get(m, t, s, &vb->ops[i]);
+      else s->job.result = vb->ops[i].status;
+    }
+  pthread_mutex_lock(&m->mu);
+  while (list) {
+    vbatch *vb = list;
+    list = vb->next;
+    for (uint32_t i = 0; i < vb->n; i++) {
+      job_done(m, t, &vw->slots[vb->slot[i]].job, true);
+      vw->freel[vw->nfree++] = vb->slot[i];
+    }
+    vw->inflight -= vb->n;
+    t->busy -= vb->n;
+    free(vb);
+  }
+  if (!vw->inflight) t->st.busy_seconds += kvbm_clock_seconds() - vw->busy_since;
+  pthread_cond_broadcast(&m->done_cv);
+}
+
+/* Lock held. Finishes jobs that never reached the store (cancelled,
+ * refused before or at submission) and frees their slots. */
+static void vw_fail(kvbm_manager *m, kvbm__tier *t, const uint32_t *slots, uint32_t n) {
+  kvbm__vworker *vw = t->vw;
+  for (uint32_t i = 0; i < n; i++) {
+    vslot *s = &vw->slots[slots[i]];
+    job_done(m, t, &s->job, s->ran);
+    vw->freel[vw->nfree++] = slots[i];
+  }
+  vw->inflight -= n;
+  t->busy -= n;
+  if (n && !vw->inflight) t->st.busy_seconds += kvbm_clock_seconds() - vw->busy_since;
+  if (n) pthread_cond_broadcast(&m->done_cv);
+}
+
+/* Lock held. Takes jobs (as many as there are free slots, batch_max at
+ * most) and submits them as one batch, preparing them outside the lock. */
+static void vw_start(kvbm_manager *m, kvbm__tier *t) {
+  kvbm__vworker *vw = t->vw;
+  /* Deletions first: a put of the same key queued later must land after. */
+  uint32_t queued = t->q.count + t->dq.count;
+  uint32_t n = vw->nfree < queued ? vw->nfree : queued;
+  if (n > m->cfg.batch_max) n = m->cfg.batch_max;
+  vbatch *vb = malloc(sizeof *vb + n * sizeof vb->ops[0] + 2 * n * sizeof(uint32_t));
+  if (!vb) { /* no memory for a batch: fail one job, keep draining */
+    kvbm__job j = q_pop(t->dq.count ? &t->dq : &t->q);
+    j.result = KVBM_ENOMEM;
+    job_done(m, t, &j, true);
+    pthread_cond_broadcast(&m->done_cv);
+    return;
+  }
+  vb->m = m;
+  vb->t = t;
+  vb->slot = (uint32_t *)(vb->ops + n);
+  uint32_t *taken = vb->slot + n, nfail = 0, nops = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t sl = vw->freel[--vw->nfree];
+    vw->slots[sl].job = q_pop(t->dq.count ? &t->dq : &t->q);
+    vw->slots[sl].ran = !m->cancel;
+    taken[i] = sl;
+  }
+  t->busy += n;
+  if (!vw->inflight) vw->busy_since = kvbm_clock_seconds();
+  vw->inflight += n;
+  pthread_mutex_unlock(&m->mu);
+  for (uint32_t i = 0; i < n; i++) {
+    vslot *s = &vw->slots[taken[i]];
+    int rc = KVBM_OK;
+    kvbm_volume_op op = {.kind = KVBM_VOLUME_DELETE, .key = s->job.hash};
+    if (s->ran && s->job.kind == KVBM__J_PUT) rc = prepare_put(m, t, s, &op);
+    else if (s->ran && s->job.kind == KVBM__J_GET) rc = prepare_get(m, t, s, &op);
+    s->job.result = rc;
+    if (s->ran && !rc) {
+      vb->ops[nops] = op;
+      vb->slot[nops++] = taken[i];
+    } else {
+      taken[nfail++] = taken[i]; /* nfail <= i: compacts in place */
+    }
+  }
+  vb->n = nops;
+  int rc = nops ? kvbm_volume_submit(t->vol, vb->ops, nops, vbatch_complete, vb) : KVBM_OK;
+  pthread_mutex_lock(&m->mu);
+  if (rc) { /* the volume refused the batch: its jobs fail as I/O errors */
+    for (uint32_t i = 0; i < nops; i++) {
+      vw->slots[vb->slot[i]].job.result = rc == KVBM_EAGAIN ? KVBM_EIO : rc;
+      taken[nfail++] = vb->slot[i];
+    }
+  }
+  vw_fail(m, t, taken, nfail);
+  if (rc || !nops) free(vb);
+}
+
+static void volume_worker(kvbm_manager *m, kvbm__tier *t) {
+  kvbm__vworker *vw = t->vw;
+  pthread_mutex_lock(&m->mu);
+  for (;;) {
+    if (vw->done_head) {
+      vw_finish(m, t);
+      continue;
+    }
+    if (vw->nfree && (t->q.count || t->dq.count)) {
+      vw_start(m, t);
+      continue;
+    }
+    if (m->stop && !t->q.count && !t->dq.count && !vw->inflight && !m->host_running) break;
+    pthread_cond_wait(&t->work_cv, &m->mu);
+  }
+  pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- G3 over its slot file directly (KVBM__STORE_SLOTS) ---- */
 
 /* Block b of tier t as zero-copy slot data, or 0 pieces when some piece is
  * not page-aligned or the memory is a device's (then the slot is staged). */
@@ -220,19 +543,20 @@ static int data_pieces(const kvbm_manager *m, const kvbm__tier *t, uint32_t b, s
  * tier's memory, or from the staged copy), a read targets G1 directly when
  * it can. */
 static void disk_start(kvbm_manager *m, kvbm__job *j, uint32_t i) {
+  kvbm__tier *g3 = &m->t[KVBM_TIER_G3];
   kvbm__disk_io *io = &m->ios[i];
   uint8_t *buf = m->bounce[i];
-  bool write = j->kind == KVBM__J_DISK_WRITE;
-  const kvbm__tier *t = &m->t[write ? j->src_tier : KVBM_TIER_G1];
-  uint32_t b = write && j->src_tier == KVBM_TIER_G2 ? j->g2 : j->g1;
+  bool write = j->kind == KVBM__J_PUT;
+  const kvbm__tier *t = &m->t[write ? j->src : KVBM_TIER_G1];
+  uint32_t b = j->id[write ? j->src : KVBM_TIER_G1];
   int n = data_pieces(m, t, b, m->pieces[i]);
-  io->slot = j->slot;
+  io->slot = m->slot_of[j->id[KVBM_TIER_G3]];
   io->buf = buf;
   io->write = write;
   io->user = j;
   io->data = (kvbm__disk_data){n ? m->pieces[i] : NULL, n};
   if (write) {
-    if (!n && t->device && kvbm__gather_gpu(m->gs[KVBM__W_DISK], buf, t, b) != KVBM_OK) {
+    if (!n && t->device && kvbm__gather_gpu(g3->gs, buf, t, b) != KVBM_OK) {
       j->result = KVBM_EDEVICE;
       io->user = NULL; /* finished: failed */
       return;
@@ -260,13 +584,18 @@ static void disk_end(kvbm_manager *m, kvbm__disk_io *io) {
   if (kvbm__disk_check(m->disk, io->buf, &io->data, true, &j->hash, NULL) != KVBM_OK)
     j->result = KVBM_ECHECKSUM;
   else if (!io->data.iov && g1->device)
-    j->result = kvbm__scatter_gpu(m->gs[KVBM__W_DISK], g1, j->g1, io->buf);
+    j->result = kvbm__scatter_gpu(m->t[KVBM_TIER_G3].gs, g1, j->id[KVBM_TIER_G1], io->buf);
   else if (!io->data.iov)
-    kvbm__scatter(g1, j->g1, io->buf);
+    kvbm__scatter(g1, j->id[KVBM_TIER_G1], io->buf);
 }
 
-static void disk_worker(kvbm_manager *m) {
-  kvbm__jqueue *q = &m->q[KVBM__W_DISK];
+/* The slot worker streams: it keeps up to g3_queue_depth transfers in
+ * flight, finishes them one at a time as they complete (checking a read
+ * while the next ones are still on their way) and refills from its queue,
+ * so the disk never idles between batches. */
+static void slot_worker(kvbm_manager *m) {
+  kvbm__tier *g3 = &m->t[KVBM_TIER_G3];
+  kvbm__jqueue *q = &g3->q;
   uint32_t ns = m->nbounce, nfree = ns, depth = m->cfg.g3_queue_depth;
   kvbm__job *jobs = calloc(ns, sizeof *jobs);
   uint32_t *freel = calloc(ns, sizeof *freel), *took = calloc(ns, sizeof *took);
@@ -286,21 +615,22 @@ static void disk_worker(kvbm_manager *m) {
       }
     else if (q->count) { /* no scratch memory: cancel what is queued */
       kvbm__job j = q_pop(q);
-      disk_done(m, &j, false);
+      job_done(m, g3, &j, false);
       pthread_cond_broadcast(&m->done_cv);
       continue;
     }
     if (!nt && nfree == ns) {
       if (m->stop && !q->count && !m->host_running) break;
-      pthread_cond_wait(&m->work_cv[KVBM__W_DISK], &m->mu);
+      pthread_cond_wait(&g3->work_cv, &m->mu);
       continue;
     }
-    m->busy[KVBM__W_DISK] += nt;
+    g3->busy += nt;
     pthread_mutex_unlock(&m->mu);
     double t0 = kvbm_clock_seconds();
     uint32_t nready = 0;
     for (uint32_t i = 0; i < nt; i++) {
       uint32_t sl = took[i];
+      if (ran[sl] && jobs[sl].kind == KVBM__J_DEL) ran[sl] = false; /* slots are reused, not deleted */
       if (ran[sl]) disk_start(m, &jobs[sl], sl);
       if (!ran[sl] || !m->ios[sl].user) ready[nready++] = sl; /* cancelled or refused */
     }
@@ -313,12 +643,12 @@ static void disk_worker(kvbm_manager *m) {
     }
     double dt = kvbm_clock_seconds() - t0;
     pthread_mutex_lock(&m->mu);
-    m->t[KVBM_TIER_G3].st.busy_seconds += dt;
+    g3->st.busy_seconds += dt;
     for (uint32_t i = 0; i < nready; i++) {
       uint32_t sl = ready[i];
-      disk_done(m, &jobs[sl], ran[sl]);
+      job_done(m, g3, &jobs[sl], ran[sl]);
       freel[nfree++] = sl;
-      m->busy[KVBM__W_DISK]--;
+      g3->busy--;
     }
     pthread_cond_broadcast(&m->done_cv);
   }
@@ -334,75 +664,86 @@ static void disk_worker(kvbm_manager *m) {
 
 typedef struct worker_arg {
   kvbm_manager *m;
-  int w;
+  kvbm__tier *t;
 } worker_arg;
 
 static void *worker_main(void *arg) {
   kvbm_manager *m = ((worker_arg *)arg)->m;
-  int w = ((worker_arg *)arg)->w;
+  kvbm__tier *t = ((worker_arg *)arg)->t;
   free(arg);
   /* CUDA's current device is per thread; a failed bind fails each copy. */
-  if (m->gs[w]) (void)kvbm__gpu_bind(m->gs[w]);
-  if (w == KVBM__W_DISK) disk_worker(m);
-  else host_worker(m);
+  if (t->gs) (void)kvbm__gpu_bind(t->gs);
+  if (t->store == KVBM__STORE_MEMORY) host_worker(m);
+  else if (t->store == KVBM__STORE_SLOTS) slot_worker(m);
+  else volume_worker(m, t);
   return NULL;
 }
 
 int kvbm__workers_start(kvbm_manager *m, kvbm_error *err) {
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_mutex_init(&m->mu, NULL);
-  pthread_cond_init(&m->done_cv, &ca);
-  for (int w = 0; w < KVBM__NWORKERS; w++) pthread_cond_init(&m->work_cv[w], NULL);
-  pthread_condattr_destroy(&ca);
-  for (int w = 0; w < KVBM__NWORKERS; w++) {
-    m->q[w].cap = m->cfg.queue_capacity;
-    if (!(m->q[w].ring = malloc(m->q[w].cap * sizeof *m->q[w].ring)))
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
+    kvbm__tier *t = &m->t[ti];
+    if (!t->present || !t->usable) continue;
+    t->q.cap = m->cfg.queue_capacity;
+    if (!(t->q.ring = malloc(t->q.cap * sizeof *t->q.ring)))
       return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  }
-  for (int w = 0; w < KVBM__NWORKERS; w++) {
-    if (w == KVBM__W_HOST && !m->t[KVBM_TIER_G2].present) continue;
-    if (w == KVBM__W_DISK && !m->disk) continue;
+    if (t->store == KVBM__STORE_VOLUME && !t->shared) {
+      t->dq.cap = m->cfg.queue_capacity;
+      if (!(t->dq.ring = malloc(t->dq.cap * sizeof *t->dq.ring)))
+        return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+    }
+    if (t->store == KVBM__STORE_VOLUME && !(t->vw = vw_new(m, t)))
+      return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+    pthread_cond_init(&t->work_cv, NULL);
     worker_arg *a = malloc(sizeof *a);
     if (!a) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-    *a = (worker_arg){m, w};
-    if (w == KVBM__W_HOST) m->host_running = true;
-    if (pthread_create(&m->th[m->nthreads], NULL, worker_main, a)) {
-      if (w == KVBM__W_HOST) m->host_running = false;
+    *a = (worker_arg){m, t};
+    if (ti == KVBM_TIER_G2) m->host_running = true;
+    t->running = true;
+    if (pthread_create(&t->th, NULL, worker_main, a)) {
+      if (ti == KVBM_TIER_G2) m->host_running = false;
+      t->running = false;
+      pthread_cond_destroy(&t->work_cv);
       free(a);
       return kvbm_error_set(err, KVBM_ENOMEM, "manager: cannot start a worker thread");
     }
-    m->nthreads++;
   }
   return KVBM_OK;
 }
 
 void kvbm__workers_stop(kvbm_manager *m) {
-  if (m->nthreads) {
-    pthread_mutex_lock(&m->mu);
-    m->stop = true;
-    m->cancel = !m->cfg.drain_on_destroy;
-    for (int w = 0; w < KVBM__NWORKERS; w++) pthread_cond_broadcast(&m->work_cv[w]);
-    pthread_mutex_unlock(&m->mu);
-    for (int i = 0; i < m->nthreads; i++) pthread_join(m->th[i], NULL);
-    m->nthreads = 0;
+  if (!m->mu_ready) return;
+  pthread_mutex_lock(&m->mu);
+  m->stop = true;
+  m->cancel = !m->cfg.drain_on_destroy;
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++)
+    if (m->t[ti].running) pthread_cond_broadcast(&m->t[ti].work_cv);
+  pthread_mutex_unlock(&m->mu);
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
+    kvbm__tier *t = &m->t[ti];
+    if (!t->running) continue;
+    pthread_join(t->th, NULL);
+    t->running = false;
+    pthread_cond_destroy(&t->work_cv);
   }
-  if (m->q[0].ring || m->q[1].ring) {
-    pthread_mutex_destroy(&m->mu);
-    pthread_cond_destroy(&m->done_cv);
-    for (int w = 0; w < KVBM__NWORKERS; w++) pthread_cond_destroy(&m->work_cv[w]);
-  }
-  for (int w = 0; w < KVBM__NWORKERS; w++) {
-    free(m->q[w].ring);
-    m->q[w].ring = NULL;
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
+    kvbm__tier *t = &m->t[ti];
+    free(t->q.ring);
+    free(t->dq.ring);
+    t->q.ring = t->dq.ring = NULL;
+    vw_free(t->vw);
+    t->vw = NULL;
   }
 }
 
 void kvbm_manager_flush(kvbm_manager *m) {
-  if (!m || !m->nthreads) return;
+  if (!m || !m->mu_ready) return;
   pthread_mutex_lock(&m->mu);
-  while (m->q[0].count || m->q[1].count || m->busy[0] || m->busy[1])
+  for (;;) {
+    bool idle = true;
+    for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++)
+      if (m->t[ti].q.count || m->t[ti].dq.count || m->t[ti].busy) idle = false;
+    if (idle) break;
     pthread_cond_wait(&m->done_cv, &m->mu);
+  }
   pthread_mutex_unlock(&m->mu);
 }

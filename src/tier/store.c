@@ -1,0 +1,208 @@
+/*
+ * store.c: what a volume tier keeps under a key, and the G4 lookup.
+ *
+ * Values. A remote volume hands back whatever is stored under a key, and
+ * anyone may have stored it: another engine with another model or layout,
+ * an older kvbm, a torn write, a person with redis-cli. So a value in a
+ * framed tier (G4, and G3 over any URL but disk://) is an MRDN v1 frame
+ * (kvbm/frame.h) whose body opens with its own 64-byte header:
+ *
+ *   off size  field (little-endian)
+ *     0   8   magic "KVBMBLK1"
+ *     8  16   BLAKE3-128 of the namespace string (below)
+ *    24   8   key: the block's sequence hash
+ *    32   8   parent hash
+ *    40   8   layout fingerprint (one FullyContiguous block)
+ *    48   4   flags (bit 0: has parent)
+ *    52   4   block size in tokens
+ *    56   8   data length
+ *
+ * then the block's bytes (FullyContiguous order, whatever the tiers'
+ * layouts). The frame's BLAKE3-128 covers the body header and the data, so
+ * a value that passes the frame check and carries our namespace, the
+ * key it was read under, our layout and our length is this block's KV;
+ * anything else is a counted miss (store.c never hands bytes on that it
+ * could not check). The frame's tier byte is written (the tier's id) but
+ * not relied on: its meaning is another issue's to change.
+ *
+ * The disk:// slot file is not framed: its slots carry their own XXH3
+ * header (volume/disk.h) and are checked by the volume, which keeps G3's
+ * zero-copy path (the block's bytes straight between tier memory and the
+ * disk) and spends no BLAKE3 on a local disk's bandwidth.
+ *
+ * Namespace. Keys are "<namespace>/<sequence hash>": the namespace names
+ * the format version, the model id, the layout fingerprint, the hash
+ * scheme and the block size, so two models or two layouts sharing one
+ * Redis address different keys, and the body header checks it again.
+ *
+ * Lookup. A shared tier (G4) may hold blocks this manager never stored, so
+ * a prefill whose walk ends before G4 asks the store about the rest of the
+ * prompt with one EXISTS batch (pipelined by the Redis backends) and waits
+ * for it at most g4_lookup_timeout_ms. A lookup that is late is abandoned,
+ * not cancelled: its batch completes later and frees itself. The engine
+ * never waits on the store longer than that deadline.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvbm/blake3.h"
+#include "kvbm/frame.h"
+#include "tier/internal.h"
+
+#define BODY_HDR 64u
+static const char BODY_MAGIC[8] = {'K', 'V', 'B', 'M', 'B', 'L', 'K', '1'};
+
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+size_t kvbm__value_data_off(const kvbm__tier *t) {
+  return t->framed ? KVBM_FRAME_HEADER_LEN + BODY_HDR : 0;
+}
+
+size_t kvbm__value_len(const kvbm_manager *m, const kvbm__tier *t) {
+  return kvbm__value_data_off(t) + (size_t)m->block_bytes;
+}
+
+void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, uint64_t key,
+                      uint64_t parent, bool has_parent) {
+  uint8_t *h = buf + KVBM_FRAME_HEADER_LEN;
+  memcpy(h, BODY_MAGIC, 8);
+  memcpy(h + 8, m->ns_digest, 16);
+  put64(h + 24, key);
+  put64(h + 32, parent);
+  put64(h + 40, m->fingerprint);
+  put32(h + 48, has_parent ? 1u : 0u);
+  put32(h + 52, m->cfg.block_size);
+  put64(h + 56, m->block_bytes);
+  size_t body = BODY_HDR + (size_t)m->block_bytes, len;
+  /* Cannot fail: the body sits at buf + 32 in a buffer of exactly its size
+   * and block_bytes is far below the frame's u32 limit (checked at create). */
+  KVBM__MUST(kvbm_frame_encode(t->id, h, body, buf, kvbm__value_len(m, t), &len, NULL));
+}
+
+int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, const uint8_t *buf,
+                      size_t size, uint64_t key) {
+  (void)t;
+  size_t want = KVBM_FRAME_HEADER_LEN + BODY_HDR + (size_t)m->block_bytes;
+  if (size < want) return KVBM_ETRUNCATED;
+  if (size > want) return KVBM_ETOOLONG;
+  kvbm_frame_header fh;
+  const uint8_t *body;
+  if (kvbm_frame_decode(buf, size, (uint32_t)(want - KVBM_FRAME_HEADER_LEN), &fh, &body, NULL))
+    return KVBM_ECHECKSUM;
+  /* The frame checks: everything below was written by a kvbm that sealed
+   * it, so a mismatch is another namespace's or key's value, not damage. */
+  if (memcmp(body, BODY_MAGIC, 8) || memcmp(body + 8, m->ns_digest, 16) || get64(body + 24) != key ||
+      get64(body + 40) != m->fingerprint || get32(body + 52) != m->cfg.block_size ||
+      get64(body + 56) != m->block_bytes || (get32(body + 48) & ~1u))
+    return KVBM_EFORMAT;
+  return KVBM_OK;
+}
+
+int kvbm__namespace_init(kvbm_manager *m, kvbm_error *err) {
+  const char *model = m->model_id ? m->model_id : "default";
+  int n = snprintf(m->ns, sizeof m->ns, "kvbm1.%s.%016llx.%s.b%u", model,
+                   (unsigned long long)m->fingerprint, kvbm_hash_scheme_name(m->cfg.scheme),
+                   m->cfg.block_size);
+  if (n < 0 || (size_t)n >= sizeof m->ns)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: the key namespace is too long");
+  return kvbm_blake3_hash(m->ns, (size_t)n, m->ns_digest, sizeof m->ns_digest);
+}
+
+/* ---- the G4 lookup ---- */
+
+/* One lookup in flight. Owned by the prefill until it gives up; then by
+ * the volume's completion, which frees it. */
+typedef struct lookup {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done, abandoned;
+  size_t n;
+  kvbm_volume_op ops[];
+} lookup;
+
+static void lookup_free(lookup *l) {
+  pthread_mutex_destroy(&l->mu);
+  pthread_cond_destroy(&l->cv);
+  free(l);
+}
+
+static void lookup_done(void *user, kvbm_volume_op *ops, size_t n) {
+  (void)ops;
+  (void)n;
+  lookup *l = user;
+  pthread_mutex_lock(&l->mu);
+  bool orphan = l->abandoned;
+  l->done = true;
+  pthread_cond_signal(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+  if (orphan) lookup_free(l);
+}
+
+static struct timespec deadline_in(int ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+int kvbm__lookup_run(kvbm_manager *m, kvbm__tier *t, const uint64_t *hashes, size_t n,
+                     bool *found) {
+  memset(found, 0, n * sizeof *found);
+  lookup *l = calloc(1, sizeof *l + n * sizeof l->ops[0]);
+  if (!l) return KVBM_ENOMEM;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  l->n = n;
+  for (size_t i = 0; i < n; i++)
+    l->ops[i] = (kvbm_volume_op){.kind = KVBM_VOLUME_EXISTS, .key = hashes[i]};
+  int rc = kvbm_volume_submit(t->lookup_vol, l->ops, n, lookup_done, l);
+  if (rc) {
+    lookup_free(l);
+    return rc;
+  }
+  struct timespec dl = deadline_in(m->cfg.g4_lookup_timeout_ms);
+  pthread_mutex_lock(&l->mu);
+  while (!l->done && pthread_cond_timedwait(&l->cv, &l->mu, &dl) == 0) {
+  }
+  if (!l->done) {
+    l->abandoned = true; /* its completion frees it */
+    pthread_mutex_unlock(&l->mu);
+    return KVBM_ETIMEDOUT;
+  }
+  pthread_mutex_unlock(&l->mu);
+  rc = KVBM_OK;
+  for (size_t i = 0; i < n; i++) {
+    found[i] = l->ops[i].status == KVBM_OK;
+    int s = l->ops[i].status;
+    if (s != KVBM_OK && s != KVBM_ENOTFOUND && rc == KVBM_OK) rc = s;
+  }
+  lookup_free(l);
+  return rc;
+}
