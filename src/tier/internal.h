@@ -141,6 +141,8 @@ typedef struct kvbm__tier {
                             index does not know are looked up in the store,
                             and an evicted index entry keeps its value */
   uint32_t depth;        /* operations in flight */
+  uint32_t batch_ops;    /* operations per batch: depth spread over the
+                            volume's threads, so batches run side by side */
 
   /* Its worker: one per tier below G1. */
   kvbm__jqueue q;

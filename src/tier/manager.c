@@ -292,6 +292,7 @@ static int volume_tier(kvbm_manager *m, kvbm_tier ti, const char *field, const c
   /* Enough threads for the operations in flight to overlap in the store
    * (each thread has its own connection or file state). */
   vc.threads = t->depth < 8 ? t->depth : 8;
+  t->batch_ops = (t->depth + vc.threads - 1) / vc.threads;
   vc.queue_capacity = t->depth + 16;
   vc.max_value_bytes = kvbm__value_len(m, t);
   vc.slots = nblocks;

@@ -460,6 +460,7 @@ static void vw_start(kvbm_manager *m, kvbm__tier *t) {
   /* Deletions first: a put of the same key queued later must land after. */
   uint32_t queued = t->q.count + t->dq.count;
   uint32_t n = vw->nfree < queued ? vw->nfree : queued;
+  if (n > t->batch_ops) n = t->batch_ops;
   if (n > m->cfg.batch_max) n = m->cfg.batch_max;
   vbatch *vb = malloc(sizeof *vb + n * sizeof vb->ops[0] + 2 * n * sizeof(uint32_t));
   if (!vb) { /* no memory for a batch: fail one job, keep draining */

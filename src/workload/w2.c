@@ -28,6 +28,8 @@ kvbm_w2_config kvbm_w2_config_default(void) {
   o.block_bytes = 256;
   o.g2_policy = KVBM_OFFLOAD_ALL;
   o.g3_policy = KVBM_OFFLOAD_FREQUENCY;
+  o.g4_policy = KVBM_OFFLOAD_ALL;
+  o.g4_lookup_timeout_ms = 1000;
   return o;
 }
 
@@ -174,7 +176,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   if (rc) return rc;
   size_t max_in, max_out;
   kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
-  kvbm_manager_config mc = kvbm_manager_config_default();
+  kvbm_manager_config mc = o->base ? *o->base : kvbm_manager_config_default();
   mc.block_size = o->w1.block_size;
   mc.scheme = o->w1.scheme;
   mc.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = 2, .outer_dim = 1,
@@ -190,6 +192,11 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   if (mc.g1_memory == KVBM_MEMORY_DEVICE) mc.g2_memory = KVBM_MEMORY_PINNED;
   mc.g2_policy = o->g2_policy;
   mc.g3_policy = o->g3_policy;
+  mc.g4_url = o->g4_url;
+  if (o->g4_blocks) mc.g4_blocks = o->g4_blocks;
+  mc.g4_policy = o->g4_policy;
+  mc.g4_lookup_timeout_ms = o->g4_lookup_timeout_ms;
+  mc.model_id = o->model_id;
   /* Room for every copy of the largest request: nothing skipped for lack
    * of queue room, so the counts are those of the policy alone. */
   uint64_t qcap = 2 * ((max_in + max_out) / (o->w1.block_size ? o->w1.block_size : 1) + 2);
@@ -221,6 +228,13 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
       x->onboarded_blocks = s.onboarded_blocks;
       x->onboarded_bytes = s.onboarded_bytes;
       x->skipped = s.skipped_queue + s.skipped_space + s.skipped_io + s.skipped_unavailable;
+      x->onboard_failures = s.onboard_failures;
+      x->missing = s.missing;
+      x->foreign = s.foreign;
+      x->lookups = s.lookups;
+      x->lookup_found = s.lookup_found;
+      x->lookup_timeouts = s.lookup_timeouts;
+      x->lookup_errors = s.lookup_errors;
       x->checksum_failures = s.checksum_failures;
       x->evictions = s.evictions;
       x->busy_seconds = s.busy_seconds;
@@ -228,6 +242,8 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
     }
     strncpy(res.g3_mode, kvbm_manager_g3_mode(m), sizeof res.g3_mode - 1);
     strncpy(res.g3_error, kvbm_manager_g3_error(m), sizeof res.g3_error - 1);
+    strncpy(res.g4_mode, kvbm_manager_tier_mode(m, KVBM_TIER_G4), sizeof res.g4_mode - 1);
+    strncpy(res.g4_error, kvbm_manager_tier_error(m, KVBM_TIER_G4), sizeof res.g4_error - 1);
     *out = res;
   }
   free(c.prompt);

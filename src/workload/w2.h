@@ -4,8 +4,8 @@
  *
  * Policy (docs/areas/tiers.md has the full text). Per request, in file
  * order: prefill through the manager (the walk takes each matchable prompt
- * block from the fastest tier holding it, G1 then G2 then G3, and onboards
- * the lower-tier ones into new G1 blocks); wait for the onboards; check
+ * block from the fastest tier holding it, G1 then G2 then G3 then G4, and
+ * onboards the lower-tier ones into new G1 blocks); wait for the onboards; check
  * every onboarded block's bytes against the pattern derived from its
  * sequence hash (a block that fails, and all after it, count as misses and
  * are recomputed); write the pattern into every block the request must
@@ -38,6 +38,16 @@ typedef struct kvbm_w2_config {
                                  then pinned). See kvbm_manager_config. */
   uint64_t block_bytes;     /* bytes per block, a multiple of 16 (256) */
   kvbm_offload_policy g2_policy, g3_policy; /* all, frequency */
+  const char *g4_url;       /* G4's store (NULL: no G4), shared with other runs */
+  uint32_t g4_blocks;       /* G4's index (0: the manager's default) */
+  kvbm_offload_policy g4_policy; /* all */
+  int32_t g4_lookup_timeout_ms;  /* 1000: the replay counts hits, it does
+                                    not race the store (a late lookup would
+                                    make the counts depend on timing) */
+  const char *model_id;     /* namespace of G4's keys (NULL: the default) */
+  /* The manager's settings W2 does not set itself (queue depths,
+   * timeouts, ...), e.g. from kvbm_manager_config_env; NULL: defaults. */
+  const kvbm_manager_config *base;
 } kvbm_w2_config;
 
 typedef struct kvbm_w2_tier {
@@ -45,6 +55,9 @@ typedef struct kvbm_w2_tier {
   uint64_t offloaded_blocks, offloaded_bytes;
   uint64_t onboarded_blocks, onboarded_bytes;
   uint64_t skipped;            /* offloads skipped, every reason */
+  uint64_t onboard_failures;   /* onboards that failed (the match shortened) */
+  uint64_t missing, foreign;   /* why, for volume tiers (see kvbm_tier_stats) */
+  uint64_t lookups, lookup_found, lookup_timeouts, lookup_errors; /* G4 */
   uint64_t checksum_failures;
   uint64_t evictions;
   double busy_seconds;         /* worker time copying into or out of it */
@@ -56,6 +69,8 @@ typedef struct kvbm_w2_result {
   uint64_t verify_failures;    /* onboarded blocks whose bytes were wrong */
   char g3_mode[64];            /* "io_uring+O_DIRECT", ... or "" */
   char g3_error[KVBM_ERROR_MSG_MAX]; /* why G3 was unavailable, or "" */
+  char g4_mode[64];            /* G4's store (its URL without user info) or "" */
+  char g4_error[KVBM_ERROR_MSG_MAX]; /* why G4 was unavailable, or "" */
 } kvbm_w2_result;
 
 kvbm_w2_config kvbm_w2_config_default(void);

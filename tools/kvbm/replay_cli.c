@@ -52,12 +52,16 @@ void replay_cli_usage(FILE *f) {
           "                   [--hash native|dynamo] [--json] [--no-progress]\n"
           "                   [--g2-blocks N --g3-blocks N [--g3-dir DIR] [--block-bytes 256]\n"
           "                    [--g2-policy all|frequency|never] [--g3-policy frequency|all|never]\n"
-          "                    [--g3-buffered] [--g1-memory system|pinned|device]]\n"
+          "                    [--g3-buffered] [--g1-memory system|pinned|device]\n"
+          "                    [--g4 URL] [--g4-blocks N] [--g4-policy P] [--g4-lookup-ms MS]\n"
+          "                    [--model-id ID]]\n"
           "TRACE is Mooncake JSON lines, plain or .gz; default: the bundled\n"
           "Mooncake conversation trace (%s).\n"
           "W1: the trace through one block pool of --capacity blocks.\n"
-          "W2: any of the tier flags adds a host tier G2 and a disk tier G3 below G1\n"
-          "(--capacity blocks); see docs/areas/tiers.md for the policy.\n"
+          "W2: any of the tier flags adds a host tier G2, a disk tier G3 and a store G4\n"
+          "shared with other runs below G1 (--capacity blocks); see docs/areas/tiers.md\n"
+          "for the policy. The environment gives W2's defaults (DYN_KVBM_CPU_CACHE_GB,\n"
+          "DYN_KVBM_DISK_CACHE_GB, KVBM_G4_URL, ...: kvbm_manager_config_env); flags win.\n"
           "  --g2-blocks N      G2 (host) blocks\n"
           "  --g3-blocks N      G3 (disk) blocks\n"
           "  --g3-dir DIR       G3 directory (default: the private /tmp/kvbm-<uid>)\n"
@@ -65,7 +69,12 @@ void replay_cli_usage(FILE *f) {
           "  --g2-policy P      what is copied to G2 (default all)\n"
           "  --g3-policy P      what is copied to G3 (default frequency)\n"
           "  --g3-buffered      G3 through the page cache (default O_DIRECT)\n"
-          "  --g1-memory M      G1 in system, pinned or device memory (default system)\n",
+          "  --g1-memory M      G1 in system, pinned or device memory (default system)\n"
+          "  --g4 URL           G4's store: redis://H:P, redis+cluster://H:P[,H:P], file:///DIR\n"
+          "  --g4-blocks N      G4's index of the store's blocks (default 100000)\n"
+          "  --g4-policy P      what is copied to G4 (default all)\n"
+          "  --g4-lookup-ms MS  longest a prefill waits for its G4 lookup (default 1000)\n"
+          "  --model-id ID      the model part of G4's key namespace (default \"default\")\n",
           KVBM_DEFAULT_TRACE);
 }
 

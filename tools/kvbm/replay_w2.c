@@ -1,12 +1,16 @@
 /*
- * replay_w2.c: `kvbm replay --g2-blocks N --g3-blocks N ...`, workload W2
- * (the tiered manager's replay, src/tier/replay_w2.c). Any tier flag
- * selects W2; without one, cmd_replay.c runs W1 unchanged. W1's flags keep
- * their meaning (--capacity is G1's size) and --json keeps W1's keys.
+ * replay_w2.c: `kvbm replay --g2-blocks N --g3-blocks N --g4 URL ...`,
+ * workload W2 (the tiered manager's replay, src/workload/w2.c). Any tier
+ * flag, or an environment that configures a tier below G1 (Dynamo's
+ * DYN_KVBM_* names, kvbm's KVBM_* ones: kvbm_manager_config_env), selects
+ * W2; without either, cmd_replay.c runs W1 unchanged. The environment
+ * gives the defaults and the flags override it. W1's flags keep their
+ * meaning (--capacity is G1's size) and --json keeps W1's keys.
  */
 #include "replay_w2.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -14,11 +18,13 @@
 #include "replay_cli.h"
 #include "workload/w2.h"
 
-/* W2 runs G1..G3 (the manager has no G4 yet). */
-#define W2_TIERS (KVBM_TIER_G3 + 1)
+/* W2 reports every tier, G1..G4. */
+#define W2_TIERS KVBM_TIER_COUNT
 
-static const char *const w2_flags[] = {"--g2-blocks", "--g3-blocks", "--g3-dir", "--block-bytes",
-                                       "--g2-policy", "--g3-policy", "--g3-buffered", "--g1-memory"};
+static const char *const w2_flags[] = {
+    "--g2-blocks", "--g3-blocks", "--g3-dir",    "--block-bytes", "--g2-policy",  "--g3-policy",
+    "--g3-buffered", "--g1-memory", "--g4",      "--g4-blocks",   "--g4-policy",  "--model-id",
+    "--g4-lookup-ms"};
 
 bool replay_w2_wanted(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
@@ -26,7 +32,11 @@ bool replay_w2_wanted(int argc, char **argv) {
       size_t n = strlen(w2_flags[f]);
       if (!strncmp(argv[i], w2_flags[f], n) && (argv[i][n] == 0 || argv[i][n] == '=')) return true;
     }
-  return false;
+  /* The environment configures a tier below G1 (or says something wrong,
+   * which W2 reports). */
+  kvbm_manager_config c = kvbm_manager_config_default();
+  if (kvbm_manager_config_env(&c, NULL, NULL)) return true;
+  return c.g2_blocks || c.g3_blocks || c.g4_url;
 }
 
 static void usage(FILE *f) { replay_cli_usage(f); }
@@ -39,6 +49,12 @@ static bool policy_opt(const char *opt, const char *v, kvbm_offload_policy *p) {
 
 static double gbps(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e9 : 0; }
 
+static uint64_t skipped_total(const kvbm_w2_result *r) {
+  uint64_t n = 0;
+  for (int t = 0; t < W2_TIERS; t++) n += r->tiers[t].skipped;
+  return n;
+}
+
 static void print_json(const char *trace, const kvbm_w2_config *o,
                        const kvbm_w2_result *r) {
   double tps = r->w1.seconds > 0 ? (double)r->w1.prompt_tokens / r->w1.seconds : 0;
@@ -47,25 +63,32 @@ static void print_json(const char *trace, const kvbm_w2_config *o,
          "\"hash\":\"%s\",\"requests\":%llu,\"prompt_tokens\":%llu,\"hit_tokens\":%llu,"
          "\"hit_rate\":%.6f,\"blocks_allocated\":%llu,\"seconds\":%.6f,"
          "\"prompt_tokens_per_s\":%.0f,\"g2_blocks\":%u,\"g3_blocks\":%llu,\"block_bytes\":%llu,"
-         "\"g2_policy\":\"%s\",\"g3_policy\":\"%s\",\"g3_mode\":\"%s\",\"tiers\":{",
+         "\"g2_policy\":\"%s\",\"g3_policy\":\"%s\",\"g3_mode\":\"%s\",\"g4_url\":\"%s\","
+         "\"g4_blocks\":%u,\"g4_policy\":\"%s\",\"skipped_offloads\":%llu,\"tiers\":{",
          trace, o->w1.block_size, o->w1.capacity, kvbm_hash_scheme_name(o->w1.scheme),
          (unsigned long long)r->w1.requests, (unsigned long long)r->w1.prompt_tokens,
          (unsigned long long)r->w1.hit_tokens, rate, (unsigned long long)r->w1.blocks_allocated,
          r->w1.seconds, tps, o->g2_blocks, (unsigned long long)o->g3_blocks,
          (unsigned long long)o->block_bytes, kvbm_offload_policy_name(o->g2_policy),
-         kvbm_offload_policy_name(o->g3_policy), r->g3_mode);
+         kvbm_offload_policy_name(o->g3_policy), r->g3_mode, r->g4_mode, o->g4_url ? o->g4_blocks : 0,
+         kvbm_offload_policy_name(o->g4_policy), (unsigned long long)skipped_total(r));
   static const char *const key[KVBM_TIER_COUNT] = {"g1", "g2", "g3", "g4"};
   for (int t = 0; t < W2_TIERS; t++) {
     const kvbm_w2_tier *x = &r->tiers[t];
     printf("%s\"%s\":{\"hit_tokens\":%llu,\"offloaded_blocks\":%llu,\"offloaded_bytes\":%llu,"
            "\"onboarded_blocks\":%llu,\"onboarded_bytes\":%llu,\"skipped_offloads\":%llu,"
-           "\"checksum_failures\":%llu,\"evictions\":%llu,\"copy_seconds\":%.6f,"
+           "\"checksum_failures\":%llu,\"onboard_failures\":%llu,\"missing\":%llu,"
+           "\"foreign\":%llu,\"lookups\":%llu,\"lookup_found\":%llu,\"lookup_timeouts\":%llu,"
+           "\"lookup_errors\":%llu,\"evictions\":%llu,\"copy_seconds\":%.6f,"
            "\"copy_gb_per_s\":%.3f}",
            t ? "," : "", key[t], (unsigned long long)x->hit_tokens,
            (unsigned long long)x->offloaded_blocks, (unsigned long long)x->offloaded_bytes,
            (unsigned long long)x->onboarded_blocks, (unsigned long long)x->onboarded_bytes,
            (unsigned long long)x->skipped, (unsigned long long)x->checksum_failures,
-           (unsigned long long)x->evictions, x->busy_seconds,
+           (unsigned long long)x->onboard_failures, (unsigned long long)x->missing,
+           (unsigned long long)x->foreign, (unsigned long long)x->lookups,
+           (unsigned long long)x->lookup_found, (unsigned long long)x->lookup_timeouts,
+           (unsigned long long)x->lookup_errors, (unsigned long long)x->evictions, x->busy_seconds,
            gbps(x->offloaded_bytes + x->onboarded_bytes, x->busy_seconds));
   }
   printf("},\"verify_failures\":%llu}\n", (unsigned long long)r->verify_failures);
@@ -78,30 +101,70 @@ static void print_text(const char *trace, const kvbm_w2_config *o,
   printf("  block size %u tokens, %llu bytes; G1 %u, G2 %u, G3 %llu blocks; %s hashes\n",
          o->w1.block_size, (unsigned long long)o->block_bytes, o->w1.capacity, o->g2_blocks,
          (unsigned long long)o->g3_blocks, kvbm_hash_scheme_name(o->w1.scheme));
-  printf("  policies          G2 %s, G3 %s; G3 I/O %s\n", kvbm_offload_policy_name(o->g2_policy),
-         kvbm_offload_policy_name(o->g3_policy), r->g3_mode[0] ? r->g3_mode : "-");
+  printf("  policies          G2 %s, G3 %s, G4 %s; G3 I/O %s\n",
+         kvbm_offload_policy_name(o->g2_policy), kvbm_offload_policy_name(o->g3_policy),
+         kvbm_offload_policy_name(o->g4_policy), r->g3_mode[0] ? r->g3_mode : "-");
+  if (o->g4_url)
+    printf("  G4                %s, index of %u blocks\n", r->g4_mode[0] ? r->g4_mode : "-",
+           o->g4_blocks);
   if (r->g3_error[0]) printf("  G3 unavailable    %s\n", r->g3_error);
+  if (r->g4_error[0]) printf("  G4 unavailable    %s\n", r->g4_error);
   printf("  requests          %llu\n", (unsigned long long)r->w1.requests);
   printf("  prompt tokens     %llu\n", (unsigned long long)r->w1.prompt_tokens);
   printf("  hit tokens        %llu (%.2f%% of prompt tokens)\n",
          (unsigned long long)r->w1.hit_tokens, 100 * rate);
   for (int t = 0; t < W2_TIERS; t++) {
     const kvbm_w2_tier *x = &r->tiers[t];
+    if (t == KVBM_TIER_G4 && !o->g4_url) continue;
     printf("    %s              %llu hit tokens, %llu offloaded, %llu onboarded, %llu skipped,"
            " %llu evicted",
            kvbm_tier_name(t), (unsigned long long)x->hit_tokens,
            (unsigned long long)x->offloaded_blocks, (unsigned long long)x->onboarded_blocks,
            (unsigned long long)x->skipped, (unsigned long long)x->evictions);
     if (t) printf(", copies %.2f GB/s", gbps(x->offloaded_bytes + x->onboarded_bytes, x->busy_seconds));
+    if (x->onboard_failures)
+      printf(", %llu failed onboards (%llu missing, %llu foreign, %llu bad checksums)",
+             (unsigned long long)x->onboard_failures, (unsigned long long)x->missing,
+             (unsigned long long)x->foreign, (unsigned long long)x->checksum_failures);
+    if (x->lookups)
+      printf(", %llu lookups found %llu blocks (%llu late, %llu failed)",
+             (unsigned long long)x->lookups, (unsigned long long)x->lookup_found,
+             (unsigned long long)x->lookup_timeouts, (unsigned long long)x->lookup_errors);
     printf("\n");
   }
+  printf("  skipped copies    %llu\n", (unsigned long long)skipped_total(r));
   printf("  verify failures   %llu\n", (unsigned long long)r->verify_failures);
   printf("  blocks allocated  %llu\n", (unsigned long long)r->w1.blocks_allocated);
   printf("  time              %.3f s\n", r->w1.seconds);
 }
 
+/* The environment's settings are W2's defaults (flags override them). */
+static bool from_env(kvbm_w2_config *o, kvbm_manager_config *base) {
+  *base = kvbm_manager_config_default();
+  kvbm_error err = {0};
+  if (kvbm_manager_config_env(base, NULL, &err)) {
+    fprintf(stderr, "kvbm replay: %s\n", err.msg);
+    return false;
+  }
+  o->base = base;
+  o->g2_blocks = base->g2_blocks;
+  o->g3_blocks = base->g3_blocks;
+  o->g3_dir = base->g3_dir;
+  o->g3_direct = base->g3_direct;
+  o->g2_policy = base->g2_policy;
+  o->g3_policy = base->g3_policy;
+  o->g4_url = base->g4_url;
+  o->g4_blocks = base->g4_blocks;
+  o->g4_policy = base->g4_policy;
+  o->model_id = base->model_id;
+  if (getenv("KVBM_G4_LOOKUP_TIMEOUT_MS")) o->g4_lookup_timeout_ms = base->g4_lookup_timeout_ms;
+  return true;
+}
+
 int replay_w2_main(int argc, char **argv) {
   kvbm_w2_config o = kvbm_w2_config_default();
+  kvbm_manager_config base;
+  if (!from_env(&o, &base)) return 2;
   replay_cli c;
   replay_cli_init(&c);
   const char *v;
@@ -145,6 +208,20 @@ int replay_w2_main(int argc, char **argv) {
       if (r < 0 || !policy_opt("--g2-policy", v, &o.g2_policy)) return 2;
     } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g3-policy", &v))) {
       if (r < 0 || !policy_opt("--g3-policy", v, &o.g3_policy)) return 2;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g4-policy", &v))) {
+      if (r < 0 || !policy_opt("--g4-policy", v, &o.g4_policy)) return 2;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g4-blocks", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--g4-blocks", v, 1, KVBM_POOL_MAX_BLOCKS, &x)) return 2;
+      o.g4_blocks = (uint32_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g4-lookup-ms", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--g4-lookup-ms", v, 0, 3600000, &x)) return 2;
+      o.g4_lookup_timeout_ms = (int32_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g4", &v))) {
+      if (r < 0) return 2;
+      o.g4_url = v;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--model-id", &v))) {
+      if (r < 0) return 2;
+      o.model_id = v;
     } else {
       fprintf(stderr, "kvbm replay: unknown option '%s'\n", argv[i]);
       usage(stderr);
