@@ -35,7 +35,7 @@
 #include "tier/filter.h"
 #include "tier/gpu.h"
 #include "tier/testing.h"
-#include "volume/disk.h"
+#include "volume/disk.h" /* KVBM_DISK_REFUSE_*: the test seam */
 
 /* A call whose failure the manager has ruled out beforehand (room was
  * checked, the block is pinned, ...): its result is asserted in debug
@@ -103,7 +103,6 @@ typedef struct kvbm__jqueue {
 
 typedef enum kvbm__store_kind {
   KVBM__STORE_MEMORY = 0, /* G1, G2: a layout in a kvbm_storage */
-  KVBM__STORE_SLOTS,      /* G3's slot file driven directly (until disk://) */
   KVBM__STORE_VOLUME,     /* G3, G4: a kvbm_volume */
 } kvbm__store_kind;
 
@@ -161,8 +160,6 @@ struct kvbm_manager {
   kvbm__manager_testing testing; /* test seams (tier/testing.h), zero otherwise */
   char *g3_dir, *g3_url, *g4_url, *model_id; /* owned copies (g3_dir NULL: the
                                                 disk's private default) */
-  bool g3_keyed;          /* G3 slots carry keyed-BLAKE3 sums */
-  uint8_t g3_key[KVBM_DISK_KEY_LEN];
   char ns[224];           /* key namespace of the volume tiers */
   uint8_t ns_digest[16];  /* BLAKE3-128 of ns, in every frame's body header */
   kvbm__tier t[KVBM_TIER_COUNT];
@@ -180,13 +177,6 @@ struct kvbm_manager {
   bool emu;               /* device G1 emulated in host memory (tests) */
   _Atomic uint64_t emu_copies;
 
-  /* KVBM__STORE_SLOTS (G3's slot file driven directly) */
-  kvbm_disk *disk;
-  uint64_t *slot_of, *block_of;
-  void **bounce;          /* the disk worker's slot buffers */
-  uint32_t nbounce;
-  kvbm__disk_io *ios;
-  struct iovec (*pieces)[KVBM_DISK_MAX_IOV];
 };
 
 struct kvbm_mreq {

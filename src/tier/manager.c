@@ -27,10 +27,11 @@
  * (kvbm/volume.h): G3's by default the local slot file in g3_dir, G4's
  * whatever g4_url names, shared with other engines. A volume tier that
  * cannot be opened does not fail create: the manager serves without it,
- * counts what it skips and says why (kvbm_manager_tier_error). G3 without
- * a URL still drives its slot file directly (KVBM__STORE_SLOTS), whose
- * slots are a permutation of the pool's block ids (a warm restart indexes
- * the file's valid slots, oldest first). The pools report to
+ * counts what it skips and says why (kvbm_manager_tier_error). G3's slot
+ * file is the disk:// volume built from g3_dir and the g3_* settings; the
+ * G3 pool has exactly its slot count, so a slot is free for every put once
+ * the evicted block's value is deleted (a warm restart indexes the keys
+ * the file kept, oldest first). The pools report to
  * on_pool_event first (a removed block's bytes are gone; a block
  * registered in G1 has no KV until its request commits; an exclusive
  * volume drops an evicted block's value), then to the caller's listener.
@@ -51,11 +52,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
-#include "kvbm/blake3.h"
 #include "tier/internal.h"
-
-#define G3_KEY_CONTEXT "kvbm 2025-06 G3 slot checksum key v1"
 
 /* The pools report to us first: an evicted block's bytes are gone, so a
  * FAILED mark must not outlive it; then the user's listener. */
@@ -153,120 +152,75 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
   return KVBM_OK;
 }
 
-typedef struct restore_ent {
-  uint64_t slot;
-  kvbm_slot_header h;
-} restore_ent;
+/* ---- G3's warm restart ---- */
 
-typedef struct restore_list {
-  restore_ent *v;
-  size_t n, cap;
-  bool oom;
-} restore_list;
+typedef struct restore_ctx {
+  kvbm_manager *m;
+  kvbm__tier *t;
+} restore_ctx;
 
-static void restore_collect(void *user, uint64_t slot, const kvbm_slot_header *h) {
-  restore_list *l = user;
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 64;
-    restore_ent *v = realloc(l->v, cap * sizeof *v);
-    if (!v) {
-      l->oom = true;
-      return;
-    }
-    l->v = v;
-    l->cap = cap;
+/* One key the slot file holds, oldest first: indexed READY, so the LRU
+ * order is the write order. (The file keeps no parent hash: restored
+ * blocks report none, and zero tokens, in their BlockStored events.) */
+static void restore_key(void *user, uint64_t key, size_t size) {
+  restore_ctx *c = user;
+  kvbm__tier *t = c->t;
+  uint32_t id, got;
+  if (size != c->m->block_bytes || kvbm_pool_contains(t->pool, key)) return;
+  if (kvbm_pool_alloc(t->pool, 1, &id)) return;
+  KVBM__MUST(kvbm_block_fill(t->pool, id, 0, 0, false, c->m->zero_tokens, key, &got));
+  t->state[got] = KVBM__READY;
+  t->st.restored_blocks++;
+  KVBM__MUST(kvbm_block_release(t->pool, got, 0));
+}
+
+/* Warm restart: index what the slot file kept (disk:// lists its keys;
+ * other stores cannot be listed and start cold). */
+static void restore(kvbm_manager *m, kvbm__tier *t) {
+  restore_ctx c = {m, t};
+  uint64_t skipped = 0;
+  if (kvbm_volume_keys(t->vol, restore_key, &c, &skipped, NULL) == KVBM_OK)
+    t->st.restore_skipped = skipped;
+}
+
+/* G3's default store: the slot file in g3_dir as a disk:// volume, with
+ * the config's I/O settings in its query (none when all are defaults). The
+ * path is made absolute and percent-encoded (a URL takes no spaces, '?' or
+ * '%' as they are); without g3_dir it is empty: the volume's private
+ * default directory, as the slot file's own. */
+static int disk_url(const kvbm_manager *m, char **out, kvbm_error *err) {
+  char *abs = m->g3_dir ? realpath(m->g3_dir, NULL) : NULL;
+  char cwd[4096];
+  const char *dir = abs ? abs : m->g3_dir ? m->g3_dir : "";
+  if (!abs && dir[0] && dir[0] != '/' && getcwd(cwd, sizeof cwd)) { /* missing: register says why */
+    size_t n = strlen(cwd) + strlen(dir) + 2;
+    if ((abs = malloc(n))) snprintf(abs, n, "%s/%s", cwd, dir);
+    dir = abs ? abs : dir;
   }
-  l->v[l->n++] = (restore_ent){slot, *h};
-}
-
-static int by_write_seq(const void *a, const void *b) {
-  uint64_t x = ((const restore_ent *)a)->h.write_seq, y = ((const restore_ent *)b)->h.write_seq;
-  return x < y ? -1 : x > y;
-}
-
-/* Maps G3 pool block b to file slot s (a swap keeps both maps permutations). */
-static void assign_slot(kvbm_manager *m, uint32_t b, uint64_t s) {
-  uint64_t s0 = m->slot_of[b], b0 = m->block_of[s];
-  m->slot_of[b] = s;
-  m->block_of[s] = b;
-  m->slot_of[b0] = s0;
-  m->block_of[s0] = b0;
-}
-
-/* Warm restart: index every valid slot, oldest first so that the LRU order
- * is the write order. */
-static int restore_g3(kvbm_manager *m, kvbm_error *err) {
-  kvbm__tier *t = &m->t[KVBM_TIER_G3];
-  restore_list l = {0};
-  uint64_t bad = 0;
-  int rc = kvbm__disk_scan(m->disk, true, restore_collect, &l, &bad, err);
-  if (!rc && l.oom) rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  if (!rc) {
-    if (l.n) qsort(l.v, l.n, sizeof *l.v, by_write_seq);
-    for (size_t i = 0; i < l.n; i++) {
-      uint32_t id, got;
-      if (kvbm_pool_alloc(t->pool, 1, &id)) break;
-      kvbm_block_fill(t->pool, id, 0, l.v[i].h.parent_hash, l.v[i].h.has_parent, m->zero_tokens,
-                      l.v[i].h.seq_hash, &got);
-      if (got == id) {
-        assign_slot(m, id, l.v[i].slot);
-        t->state[id] = KVBM__READY;
-        t->st.restored_blocks++;
-      }
-      kvbm_block_release(t->pool, got, 0);
-    }
-    t->st.restore_skipped = bad;
-  }
-  free(l.v);
-  return rc;
-}
-
-static void open_slots(kvbm_manager *m) {
-  kvbm__tier *t = &m->t[KVBM_TIER_G3];
-  kvbm_error e = {0};
-  kvbm__disk_config dc = {.dir = m->g3_dir, .num_slots = m->cfg.g3_blocks,
-                         .data_bytes = m->block_bytes,
-                         .fingerprint = m->fingerprint,
-                         .persist = m->cfg.g3_persist, .direct = m->cfg.g3_direct,
-                         .uring = m->cfg.g3_uring, .queue_depth = m->cfg.g3_queue_depth,
-                         .test_refuse = m->testing.g3_refuse,
-                         .checksum_key = m->g3_keyed ? m->g3_key : NULL};
-  int rc = kvbm__disk_open(&dc, &m->disk, &e);
-  if (!rc) rc = restore_g3(m, &e);
-  if (rc) {
-    snprintf(t->err, sizeof t->err, "%s", e.msg);
-    kvbm__disk_close(m->disk);
-    m->disk = NULL;
-    return;
-  }
-  t->usable = true;
-  snprintf(t->mode, sizeof t->mode, "%s+%s",
-           kvbm__disk_is_uring(m->disk) ? "io_uring" : "pread/pwrite",
-           kvbm__disk_is_direct(m->disk) ? "O_DIRECT" : "buffered");
-}
-
-/* G3 over its slot file, driven directly (no g3_url). */
-static int slot_tier(kvbm_manager *m, kvbm_error *err) {
-  kvbm__tier *t = &m->t[KVBM_TIER_G3];
-  uint64_t n = m->cfg.g3_blocks;
-  t->store = KVBM__STORE_SLOTS;
-  m->slot_of = malloc(n * sizeof *m->slot_of);
-  m->block_of = malloc(n * sizeof *m->block_of);
-  if (!m->slot_of || !m->block_of)
+  size_t cap = 3 * strlen(dir) + 128;
+  char *u = malloc(cap);
+  if (!u) {
+    free(abs);
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  for (uint64_t i = 0; i < n; i++) m->slot_of[i] = m->block_of[i] = i;
-  int rc = tier_pool(m, t, n, err);
-  if (rc) return rc;
-  m->nbounce = m->cfg.g3_queue_depth + 1; /* in flight + one being finished */
-  m->bounce = calloc(m->nbounce, sizeof *m->bounce);
-  m->ios = calloc(m->nbounce, sizeof *m->ios);
-  m->pieces = calloc(m->nbounce, sizeof *m->pieces);
-  if (!m->bounce || !m->ios || !m->pieces)
-    return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  open_slots(m);
-  for (uint32_t i = 0; m->disk && i < m->nbounce; i++)
-    if (!(m->bounce[i] = kvbm__disk_buffer(m->disk)))
-      return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  }
+  size_t k = (size_t)snprintf(u, cap, "disk://");
+  for (const char *p = dir; *p; p++) {
+    unsigned char ch = (unsigned char)*p;
+    bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                 (ch >= '0' && ch <= '9') || strchr("/._-~", ch);
+    k += (size_t)snprintf(u + k, cap - k, plain ? "%c" : "%%%02X", ch);
+  }
+  uint32_t refuse = m->testing.g3_refuse;
+  bool defaults = m->cfg.g3_direct && m->cfg.g3_uring && m->cfg.g3_queue_depth == 8 && !refuse;
+  if (!defaults)
+    snprintf(u + k, cap - k, "?direct=%d&uring=%d&depth=%u%s%s%s", m->cfg.g3_direct,
+           m->cfg.g3_uring, m->cfg.g3_queue_depth, refuse ? "&test_refuse=" : "",
+           refuse & KVBM_DISK_REFUSE_O_DIRECT ? "direct" : "",
+           refuse == (KVBM_DISK_REFUSE_O_DIRECT | KVBM_DISK_REFUSE_URING)
+               ? ",uring"
+               : refuse == KVBM_DISK_REFUSE_URING ? "uring" : "");
+  free(abs);
+  *out = u;
   return KVBM_OK;
 }
 
@@ -293,12 +247,29 @@ static int volume_tier(kvbm_manager *m, kvbm_tier ti, const char *field, const c
    * (each thread has its own connection or file state). */
   vc.threads = t->depth < 8 ? t->depth : 8;
   t->batch_ops = (t->depth + vc.threads - 1) / vc.threads;
+  if (!t->framed) {
+    /* The slot file: one I/O thread keeps g3_queue_depth transfers in
+     * flight within a batch and runs batches in order, so batches are
+     * large and two are queued, and the disk idles only at a batch's
+     * tail. (Staging memory is bounded: at most 2 x 64 MiB of blocks.) */
+    uint64_t fit = ((uint64_t)64 << 20) / kvbm__value_len(m, t);
+    uint32_t per = 4 * m->cfg.g3_queue_depth;
+    if (per > fit) per = fit > m->cfg.g3_queue_depth ? (uint32_t)fit : m->cfg.g3_queue_depth;
+    if (per > m->cfg.batch_max) per = m->cfg.batch_max;
+    vc.threads = 1;
+    t->batch_ops = per;
+    t->depth = 2 * per;
+  }
   vc.queue_capacity = t->depth + 16;
   vc.max_value_bytes = kvbm__value_len(m, t);
   vc.slots = nblocks;
   vc.block_bytes = m->block_bytes;
   vc.persist = m->cfg.g3_persist;
   vc.backend = ti == KVBM_TIER_G4 ? m->cfg.g4_backend : m->cfg.g3_backend;
+  if (ti == KVBM_TIER_G3) { /* the secret is read here and kept by no one */
+    vc.disk_key = m->cfg.g3_key;
+    vc.disk_key_len = m->cfg.g3_key_len;
+  }
   vc.backend_user = ti == KVBM_TIER_G4 ? m->cfg.g4_backend_user : m->cfg.g3_backend_user;
   kvbm_error e = {0};
   rc = kvbm_volume_register(&vc, &t->vol, &e);
@@ -309,7 +280,9 @@ static int volume_tier(kvbm_manager *m, kvbm_tier ti, const char *field, const c
     return KVBM_OK;
   }
   t->usable = true;
-  snprintf(t->mode, sizeof t->mode, "%s", kvbm_volume_url(t->vol));
+  const char *mode = kvbm_volume_mode(t->vol);
+  snprintf(t->mode, sizeof t->mode, "%s", mode[0] ? mode : kvbm_volume_url(t->vol));
+  if (!t->shared && m->cfg.g3_persist) restore(m, t);
   if (t->shared && m->cfg.g4_lookup_timeout_ms > 0) {
     /* Lookups have their own connection and their deadline: a lookup the
      * prefill gave up on expires in the volume instead of piling up. */
@@ -364,7 +337,7 @@ static char *dup_opt(const char *s, bool *oom) {
 static int own_config(kvbm_manager *m, const kvbm_manager_config *cfg, kvbm_error *err) {
   bool oom = false;
   m->cfg = *cfg;
-  m->g3_dir = dup_opt(cfg->g3_dir, &oom); /* NULL: the disk's private default */
+  m->g3_dir = dup_opt(cfg->g3_dir ? cfg->g3_dir : "/tmp", &oom);
   m->g3_url = dup_opt(cfg->g3_url, &oom);
   m->g4_url = dup_opt(cfg->g4_url, &oom);
   m->model_id = dup_opt(cfg->model_id, &oom);
@@ -372,14 +345,6 @@ static int own_config(kvbm_manager *m, const kvbm_manager_config *cfg, kvbm_erro
   m->cfg.g3_url = m->g3_url;
   m->cfg.g4_url = m->g4_url;
   m->cfg.model_id = m->model_id;
-  if (cfg->g3_key) {
-    /* the secret is not kept: only the slot key derived from it */
-    kvbm_blake3_derive_key(G3_KEY_CONTEXT, cfg->g3_key, cfg->g3_key_len, m->g3_key,
-                           sizeof m->g3_key);
-    m->g3_keyed = true;
-    m->cfg.g3_key = NULL;
-    m->cfg.g3_key_len = 0;
-  }
   m->zero_tokens = calloc(cfg->block_size, sizeof *m->zero_tokens);
   m->g1_owner = calloc(cfg->g1_blocks, sizeof *m->g1_owner);
   if (oom || !m->zero_tokens || !m->g1_owner)
@@ -400,10 +365,14 @@ static int tiers(kvbm_manager *m, kvbm_error *err) {
   if (!rc && c->g2_blocks)
     rc = host_tier(m, KVBM_TIER_G2, c->g2_blocks, c->g2_kind, c->g2_memory, err);
   if (!rc) rc = filters(m, err);
-  if (!rc && c->g3_blocks && c->g3_url)
+  if (!rc && c->g3_blocks && c->g3_url) {
     rc = volume_tier(m, KVBM_TIER_G3, "g3_url", c->g3_url, c->g3_blocks, err);
-  else if (!rc && c->g3_blocks)
-    rc = slot_tier(m, err);
+  } else if (!rc && c->g3_blocks) {
+    char *url = NULL;
+    rc = disk_url(m, &url, err);
+    if (!rc) rc = volume_tier(m, KVBM_TIER_G3, "g3_dir", url, c->g3_blocks, err);
+    free(url);
+  }
   if (!rc && c->g4_url) rc = volume_tier(m, KVBM_TIER_G4, "g4_url", c->g4_url, c->g4_blocks, err);
   if (!rc) rc = gpu_streams(m, err);
   return rc;
@@ -430,6 +399,8 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
   m->mu_ready = true;
   rc = own_config(m, cfg, err);
   if (!rc) rc = tiers(m, err);
+  m->cfg.g3_key = NULL; /* the volume derived its key; the secret is not kept */
+  m->cfg.g3_key_len = 0;
   if (!rc) rc = kvbm__workers_start(m, err);
   if (rc) {
     kvbm_manager_destroy(m);
@@ -454,17 +425,9 @@ void kvbm_manager_destroy(kvbm_manager *m) {
     free(t->state);
     if (t->filter_on) kvbm__freq_filter_destroy(&t->filter);
   }
-  for (uint32_t i = 0; m->bounce && i < m->nbounce; i++) free(m->bounce[i]);
-  free(m->bounce);
-  free(m->ios);
-  free(m->pieces);
-  kvbm__disk_close(m->disk);
-  free(m->slot_of);
-  free(m->block_of);
   free(m->zero_tokens);
   free(m->g1_owner);
   free(m->g3_dir);
-  explicit_bzero(m->g3_key, sizeof m->g3_key);
   free(m->g3_url);
   free(m->g4_url);
   free(m->model_id);

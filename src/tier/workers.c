@@ -25,9 +25,11 @@
  * read (frame, namespace, key, layout) and copies it into G1 on its own
  * thread, so a slow check never holds a volume thread or the lock.
  *
- * G3 over its slot file directly (KVBM__STORE_SLOTS, the path before the
- * disk:// volume) streams the same way through io_uring: up to
- * g3_queue_depth slot transfers in flight, each checked as it completes.
+ * G3's slot file (disk://) streams inside the volume: its one I/O thread
+ * keeps g3_queue_depth transfers in flight and checks each read as it
+ * completes; the worker keeps two large batches queued, so the disk idles
+ * only at a batch's tail, and the bytes go straight between tier memory
+ * and the disk when the block is one aligned host piece.
  *
  * Shutdown: stop is set under the lock; with drain_on_destroy the workers
  * empty their queues first, otherwise every job taken is finished as not
@@ -529,138 +531,6 @@ static void volume_worker(kvbm_manager *m, kvbm__tier *t) {
   pthread_mutex_unlock(&m->mu);
 }
 
-/* ---- G3 over its slot file directly (KVBM__STORE_SLOTS) ---- */
-
-/* Block b of tier t as zero-copy slot data, or 0 pieces when some piece is
- * not page-aligned or the memory is a device's (then the slot is staged). */
-static int data_pieces(const kvbm_manager *m, const kvbm__tier *t, uint32_t b, struct iovec *iov) {
-  int n = kvbm__block_pieces(t, b, iov, KVBM_DISK_MAX_IOV);
-  for (int i = 0; i < n; i++)
-    if (t->device || !kvbm__disk_direct_ok(m->disk, iov[i].iov_base, iov[i].iov_len)) return 0;
-  return n;
-}
-
-/* Prepares and starts job i: a write is sealed (its checksum taken from the
- * tier's memory, or from the staged copy), a read targets G1 directly when
- * it can. */
-static void disk_start(kvbm_manager *m, kvbm__job *j, uint32_t i) {
-  kvbm__tier *g3 = &m->t[KVBM_TIER_G3];
-  kvbm__disk_io *io = &m->ios[i];
-  uint8_t *buf = m->bounce[i];
-  bool write = j->kind == KVBM__J_PUT;
-  const kvbm__tier *t = &m->t[write ? j->src : KVBM_TIER_G1];
-  uint32_t b = j->id[write ? j->src : KVBM_TIER_G1];
-  int n = data_pieces(m, t, b, m->pieces[i]);
-  io->slot = m->slot_of[j->id[KVBM_TIER_G3]];
-  io->buf = buf;
-  io->write = write;
-  io->user = j;
-  io->data = (kvbm__disk_data){n ? m->pieces[i] : NULL, n};
-  if (write) {
-    if (!n && t->device && kvbm__gather_gpu(g3->gs, buf, t, b) != KVBM_OK) {
-      j->result = KVBM_EDEVICE;
-      io->user = NULL; /* finished: failed */
-      return;
-    }
-    if (!n && !t->device) kvbm__gather(buf, t, b);
-    kvbm_slot_header h = {.seq_hash = j->hash, .parent_hash = j->parent,
-                          .has_parent = j->has_parent};
-    kvbm__disk_seal(m->disk, buf, &io->data, &h);
-  }
-  j->result = KVBM_EIO;
-  if (kvbm__disk_begin(m->disk, io) != KVBM_OK) io->user = NULL;
-}
-
-/* A finished transfer: a read is checked (header, hash, data checksum)
- * where it landed, then copied out of the staging buffer if it was staged. */
-static void disk_end(kvbm_manager *m, kvbm__disk_io *io) {
-  kvbm__job *j = io->user;
-  if (io->result != 0) {
-    j->result = KVBM_EIO;
-    return;
-  }
-  j->result = KVBM_OK;
-  if (io->write) return;
-  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
-  if (kvbm__disk_check(m->disk, io->buf, &io->data, true, &j->hash, NULL) != KVBM_OK)
-    j->result = KVBM_ECHECKSUM;
-  else if (!io->data.iov && g1->device)
-    j->result = kvbm__scatter_gpu(m->t[KVBM_TIER_G3].gs, g1, j->id[KVBM_TIER_G1], io->buf);
-  else if (!io->data.iov)
-    kvbm__scatter(g1, j->id[KVBM_TIER_G1], io->buf);
-}
-
-/* The slot worker streams: it keeps up to g3_queue_depth transfers in
- * flight, finishes them one at a time as they complete (checking a read
- * while the next ones are still on their way) and refills from its queue,
- * so the disk never idles between batches. */
-static void slot_worker(kvbm_manager *m) {
-  kvbm__tier *g3 = &m->t[KVBM_TIER_G3];
-  kvbm__jqueue *q = &g3->q;
-  uint32_t ns = m->nbounce, nfree = ns, depth = m->cfg.g3_queue_depth;
-  kvbm__job *jobs = calloc(ns, sizeof *jobs);
-  uint32_t *freel = calloc(ns, sizeof *freel), *took = calloc(ns, sizeof *took);
-  bool *ran = calloc(ns, sizeof *ran);
-  uint32_t *ready = calloc(ns, sizeof *ready);
-  bool ok = jobs && freel && took && ran && ready;
-  for (uint32_t i = 0; ok && i < ns; i++) freel[i] = i;
-  pthread_mutex_lock(&m->mu);
-  for (;;) {
-    uint32_t nt = 0;
-    if (ok)
-      while (nfree && q->count && kvbm__disk_pending(m->disk) + nt < depth) {
-        uint32_t sl = freel[--nfree];
-        jobs[sl] = q_pop(q);
-        ran[sl] = !m->cancel;
-        took[nt++] = sl;
-      }
-    else if (q->count) { /* no scratch memory: cancel what is queued */
-      kvbm__job j = q_pop(q);
-      job_done(m, g3, &j, false);
-      pthread_cond_broadcast(&m->done_cv);
-      continue;
-    }
-    if (!nt && nfree == ns) {
-      if (m->stop && !q->count && !m->host_running) break;
-      pthread_cond_wait(&g3->work_cv, &m->mu);
-      continue;
-    }
-    g3->busy += nt;
-    pthread_mutex_unlock(&m->mu);
-    double t0 = kvbm_clock_seconds();
-    uint32_t nready = 0;
-    for (uint32_t i = 0; i < nt; i++) {
-      uint32_t sl = took[i];
-      if (ran[sl] && jobs[sl].kind == KVBM__J_DEL) ran[sl] = false; /* slots are reused, not deleted */
-      if (ran[sl]) disk_start(m, &jobs[sl], sl);
-      if (!ran[sl] || !m->ios[sl].user) ready[nready++] = sl; /* cancelled or refused */
-    }
-    if (!nready) {
-      kvbm__disk_io *io = kvbm__disk_reap(m->disk);
-      if (io) {
-        disk_end(m, io);
-        ready[nready++] = (uint32_t)(io - m->ios);
-      }
-    }
-    double dt = kvbm_clock_seconds() - t0;
-    pthread_mutex_lock(&m->mu);
-    g3->st.busy_seconds += dt;
-    for (uint32_t i = 0; i < nready; i++) {
-      uint32_t sl = ready[i];
-      job_done(m, g3, &jobs[sl], ran[sl]);
-      freel[nfree++] = sl;
-      g3->busy--;
-    }
-    pthread_cond_broadcast(&m->done_cv);
-  }
-  pthread_mutex_unlock(&m->mu);
-  free(jobs);
-  free(freel);
-  free(took);
-  free(ran);
-  free(ready);
-}
-
 /* ---- start, stop, flush ---- */
 
 typedef struct worker_arg {
@@ -675,7 +545,6 @@ static void *worker_main(void *arg) {
   /* CUDA's current device is per thread; a failed bind fails each copy. */
   if (t->gs) (void)kvbm__gpu_bind(t->gs);
   if (t->store == KVBM__STORE_MEMORY) host_worker(m);
-  else if (t->store == KVBM__STORE_SLOTS) slot_worker(m);
   else volume_worker(m, t);
   return NULL;
 }

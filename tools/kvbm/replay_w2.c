@@ -246,10 +246,12 @@ int replay_w2_main(int argc, char **argv) {
   kvbm_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);
-    if (rc == KVBM_EDEVICE || rc == KVBM_EUNSUPPORTED)
+    bool gpu = o.g1_memory != KVBM_MEMORY_SYSTEM && (rc == KVBM_EDEVICE || rc == KVBM_EUNSUPPORTED);
+    if (gpu)
       fprintf(stderr, "kvbm replay: --g1-memory %s needs a CUDA build and a GPU\n",
               kvbm_memory_type_name(o.g1_memory));
-    return rc == KVBM_EINVAL ? 2 : 1;
+    /* A bad setting (a malformed or unknown G3/G4 URL too) is a usage error. */
+    return rc == KVBM_EINVAL || (rc == KVBM_EUNSUPPORTED && !gpu) ? 2 : 1;
   }
   if (json) print_json(trace_path, &o, &res);
   else print_text(trace_path, &o, &res);
