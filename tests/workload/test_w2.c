@@ -127,6 +127,45 @@ static void test_monotone_in_every_tier(void **st) {
   tu_rmdir(dir);
 }
 
+/* Adding G4 (a fresh file:// store) never lowers the hits, every G4
+ * onboard verifies, and a second run on the same store gains G4 hits from
+ * what the first stored (first 100 requests). */
+static void test_g4_never_fewer_hits(void **st) {
+  (void)st;
+  kvbm_trace *t = load(100);
+  uint32_t c2s[] = {0, 16384};
+  for (int i = 0; i < 2; i++) {
+    char *dir = tu_tmpdir("w2g4"), url[600];
+    snprintf(url, sizeof url, "file://%s", dir);
+    kvbm_w2_config o = kvbm_w2_config_default();
+    o.w1.capacity = 8192;
+    o.g2_blocks = c2s[i];
+    o.block_bytes = 32;
+    kvbm_w2_result none, first, second;
+    kvbm_error e = {0};
+    if (kvbm_w2_run(t, &o, &none, &e)) fail_msg("%s", e.msg);
+    o.g4_url = url;
+    if (kvbm_w2_run(t, &o, &first, &e)) fail_msg("%s", e.msg);
+    if (kvbm_w2_run(t, &o, &second, &e)) fail_msg("%s", e.msg);
+    const kvbm_w2_tier *g1 = &first.tiers[KVBM_TIER_G4], *g2 = &second.tiers[KVBM_TIER_G4];
+    print_message("C2 %u: hits %llu without G4, %llu (G4 %llu) first, %llu (G4 %llu) second\n",
+                  c2s[i], (unsigned long long)none.w1.hit_tokens,
+                  (unsigned long long)first.w1.hit_tokens, (unsigned long long)g1->hit_tokens,
+                  (unsigned long long)second.w1.hit_tokens, (unsigned long long)g2->hit_tokens);
+    assert_true(first.w1.hit_tokens >= none.w1.hit_tokens);
+    assert_true(second.w1.hit_tokens >= first.w1.hit_tokens);
+    assert_true(g2->hit_tokens > g1->hit_tokens);
+    for (const kvbm_w2_result *r = &first; r; r = r == &first ? &second : NULL) {
+      assert_int_equal(r->verify_failures, 0);
+      const kvbm_w2_tier *x = &r->tiers[KVBM_TIER_G4];
+      assert_int_equal(x->onboard_failures + x->checksum_failures + x->foreign + x->skipped, 0);
+      assert_int_equal(x->onboarded_blocks * 16, x->hit_tokens);
+    }
+    tu_rmdir(dir);
+  }
+  kvbm_trace_destroy(t);
+}
+
 static void test_bad_options(void **st) {
   (void)st;
   kvbm_trace *t = load(10);
@@ -148,6 +187,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_equals_w1_without_lower_tiers),
       cmocka_unit_test(test_monotone_in_every_tier),
+      cmocka_unit_test(test_g4_never_fewer_hits),
       cmocka_unit_test(test_bad_options),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
