@@ -1,8 +1,9 @@
 /*
- * kvbm/manager.h: the tiered block manager (G1 device, G2 host, G3 disk).
+ * kvbm/manager.h: the tiered block manager (G1 device, G2 host, G3 disk,
+ * G4 a store shared with other engines).
  *
- * A manager owns one block pool (kvbm/pool.h) per tier, each with its own
- * layout and storage:
+ * A manager owns one block pool (kvbm/pool.h) per tier, the tier's index,
+ * over the tier's store:
  *
  *   G1  the engine's pool: host memory standing in for the GPU (default), or,
  *       in a CUDA build, device memory (g1_memory KVBM_MEMORY_DEVICE; copies
@@ -10,20 +11,30 @@
  *       The engine writes and reads KV through kvbm_manager_block_layer()
  *       (an address in the tier's memory) or kvbm_manager_block_write/read().
  *   G2  host memory (kvbm/storage.h: system heap, or pinned in a CUDA build).
- *   G3  a preallocated file of checksummed slots (src/volume/disk.h).
+ *   G3  a volume (kvbm/volume.h): by default the local file of checksummed
+ *       slots in g3_dir (disk://), or any URL (g3_url).
+ *   G4  a volume shared with other engines (g4_url: redis://,
+ *       redis+cluster://, file://, a vendor's): what one engine stores,
+ *       another serves. Values are MRDN frames (kvbm/frame.h) checked in
+ *       full before use; keys carry a namespace (layout fingerprint, hash
+ *       scheme, block size, model id). G4's pool is this manager's index of
+ *       what the store holds; blocks it does not know are looked up in the
+ *       store by the prefill, one batch under g4_lookup_timeout_ms.
  *
  * Requests (kvbm_mreq) are the tiered form of kvbm/sequence.h:
  *
  *   1. kvbm_manager_prefill(): hashes the prompt's full blocks and walks them
  *      in order; block k is a hit in the fastest tier that holds it (G1, else
- *      G2, else G3) and the walk stops at the first block held nowhere (at
- *      most floor((L - 1) / block_size) blocks, as in W1). Blocks found
+ *      G2, else G3, else G4) and the walk stops at the first block held
+ *      nowhere (at most floor((L - 1) / block_size) blocks, as in W1). The
+ *      prompt is hashed once: the sequence takes the manager's hashes and
+ *      walk (kvbm_seq_prefill_plan). Blocks found
  *      below G1 get newly allocated G1 blocks, registered at once, and
  *      onboarding copies are queued; the rest of the prompt is allocated as
  *      in kvbm_seq_prefill.
  *   2. kvbm_mreq_poll() / kvbm_mreq_wait(): onboarding done? A failed onboard
- *      (I/O error, header or checksum mismatch, queue full) shortens the
- *      match to the blocks before the first failure: the engine computes
+ *      (I/O error, header or checksum mismatch, a value missing, foreign or
+ *      truncated, queue full) shortens the match to the blocks before the first failure: the engine computes
  *      the rest, it never gets wrong bytes. A G1 block that another request
  *      registered but has not committed yet also ends the match (waiting
  *      for another request could deadlock an engine).
@@ -33,18 +44,21 @@
  *   4. kvbm_mreq_destroy() releases the request's G1 blocks, tail first.
  *
  * Offload policy (per target tier, see kvbm_offload_policy): on commit every
- * full block of the request is *used* once, in order. For each of G2 and G3:
+ * full block of the request is *used* once, in order. For each of G2, G3, G4:
  * a block already held (or being written) there is refreshed (its recency
  * is that of this use) and not copied again; otherwise the tier's policy
- * decides whether it is copied there. G2 copies come from G1; G3 copies come
- * from G2 when G2 holds (or is receiving) the block, from G1 otherwise. A
- * full tier evicts its least recently used cached block (the pool's rule).
+ * decides whether it is copied there. G2 copies come from G1; G3 and G4
+ * copies come from G2 when G2 holds (or is receiving) the block, from G1
+ * otherwise. A full tier evicts its least recently used cached block (the
+ * pool's rule; G4's eviction forgets, it does not delete).
  *
- * Copies run on two worker threads (host copies, disk I/O), taken from
- * bounded queues in batches. An offload that finds its queue full (or its
- * tier without a free block, or the disk failing) is skipped and counted;
+ * Copies run on one worker thread per tier below G1 (host copies; volume
+ * puts and gets), taken from bounded queues in batches. An offload that
+ * finds its queue full (or its tier without a free block, or the store
+ * failing) is skipped and counted;
  * no engine call ever waits for a copy (except kvbm_mreq_wait, and
- * kvbm_manager_flush, which exist to wait).
+ * kvbm_manager_flush, which exist to wait), and a prefill waits for a G4
+ * lookup at most g4_lookup_timeout_ms.
  *
  * Threads: every function may be called from any thread at once (one
  * manager lock guards the pools; copies run outside it). A kvbm_mreq is
@@ -199,11 +213,15 @@ KVBM_EXTERN int kvbm_manager_config_env(kvbm_manager_config *cfg, const char *co
 typedef struct kvbm_manager kvbm_manager;
 typedef struct kvbm_mreq kvbm_mreq;
 
-/* Creates the pools, storages, the G3 file and the worker threads. A G3
- * that cannot be opened (unwritable directory, ...) does not fail create:
- * the manager serves with G3 unavailable, counts every G3 offload as
- * skipped and reports why in kvbm_manager_g3_error(). Bad config:
- * KVBM_EINVAL naming the field. Free with kvbm_manager_destroy(). */
+/* Creates the pools, storages, volumes and the worker threads. A G3 or G4
+ * whose store cannot be opened (unwritable directory, ...) does not fail
+ * create: the manager serves with that tier unavailable, counts every
+ * offload to it as skipped and reports why in kvbm_manager_tier_error().
+ * (A Redis that is down is not "cannot be opened": it is reconnected to
+ * later, and meanwhile its operations fail and are counted.) Bad config:
+ * KVBM_EINVAL naming the field; a malformed G3/G4 URL KVBM_EINVAL, an
+ * unknown scheme without a backend KVBM_EUNSUPPORTED, both naming the
+ * field. Free with kvbm_manager_destroy(). */
 KVBM_EXTERN int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out,
                         kvbm_error *err);
 
@@ -273,11 +291,14 @@ typedef struct kvbm_tier_stats {
   uint64_t filtered;          /* uses the policy did not copy here */
   uint64_t skipped_queue;     /* offloads skipped: queue full */
   uint64_t skipped_space;     /* offloads skipped: no evictable block */
-  uint64_t skipped_io;        /* offloads skipped: write error (G3) */
-  uint64_t skipped_unavailable; /* offloads skipped: tier unavailable (G3) */
+  uint64_t skipped_io;        /* offloads skipped: the store refused or
+                                 failed the put (G3, G4) */
+  uint64_t skipped_unavailable; /* offloads skipped: store not open (G3, G4) */
   uint64_t onboard_failures;  /* onboards that failed (any reason) */
-  uint64_t checksum_failures; /* G3 reads whose header or checksum mismatched */
-  uint64_t read_errors;       /* G3 reads that failed or came back short */
+  uint64_t checksum_failures; /* reads whose value failed its check (slot
+                                 header or checksum, frame BLAKE3) */
+  uint64_t read_errors;       /* reads that failed or timed out (store down,
+                                 slow, I/O error) */
   uint64_t copy_errors;       /* CUDA copies into (offload) or out of
                                  (onboard) this tier that failed */
   uint64_t restored_blocks;   /* G3: slots indexed at a warm restart */
@@ -335,7 +356,7 @@ KVBM_EXTERN int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out
  * out of range. Settles the match first if it can (see kvbm_mreq_poll). */
 KVBM_EXTERN bool kvbm_mreq_must_compute(kvbm_mreq *r, size_t k);
 
-/* The tier the walk found block k in (KVBM_TIER_G1..G3), or -1 for a block
+/* The tier the walk found block k in (KVBM_TIER_G1..G4), or -1 for a block
  * past the walk. */
 KVBM_EXTERN int kvbm_mreq_block_source(const kvbm_mreq *r, size_t k);
 
