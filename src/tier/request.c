@@ -1,13 +1,20 @@
 /*
  * request.c: the engine's calls (see kvbm/manager.h, "Requests").
  *
- * Prefill hashes the prompt's full blocks and walks them: block k comes
- * from the fastest tier that holds it with its bytes in place, and the
- * walk stops at the first block held nowhere. G1 hits are pinned first (so
- * that no allocation evicts them), each block found below G1 gets a new G1
- * block registered at once in state PENDING and an onboard job, and the
- * rest of the prompt is allocated as kvbm_seq_prefill does. Everything is
- * decided under the lock in the engine's call; the workers only move bytes.
+ * Prefill hashes the prompt's full blocks once and walks them: block k
+ * comes from the fastest tier that holds it with its bytes in place (G1,
+ * G2, G3, then G4 by its index), and the walk stops at the first block
+ * held nowhere. When it stops short and G4 is there, the store is asked
+ * about the rest of the prompt (one lookup batch, the lock dropped, at most
+ * g4_lookup_timeout_ms) and the walk is taken again with the answers: the
+ * engine never waits on a store longer than that. G1 hits are pinned first
+ * (so that no allocation evicts them), each block found below G1 gets a new
+ * G1 block registered at once in state PENDING and an onboard job, and the
+ * sequence takes the hashes and those blocks (kvbm_seq_prefill_plan) to
+ * allocate the rest as kvbm_seq_prefill does, without hashing or walking
+ * G1 again. Room is checked before anything is touched, so a prompt that
+ * does not fit changes nothing. Everything is decided under the lock in the
+ * engine's call; the workers only move bytes.
  *
  * The match a request reports settles when its onboards are done: it ends
  * before the first block whose bytes did not arrive (FAILED) or that
@@ -20,8 +27,9 @@
  * used once, in order; a lower tier that holds it is refreshed, otherwise
  * its policy decides on a copy, which allocates (evicting LRU) and
  * registers the target at once and queues one job per block (G1 -> G2,
- * forwarded to G3; or G1/G2 -> G3). A queue without room or a tier without
- * an evictable block skips the copy and counts it: commit never waits.
+ * forwarded to G3 and G4 once G2 has it; or puts from G1/G2 into G3 and
+ * G4). A queue without room or a tier without an evictable block skips the
+ * copy and counts it: commit never waits.
  */
 #include <errno.h>
 #include <stdlib.h>
