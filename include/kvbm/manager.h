@@ -113,7 +113,8 @@ typedef struct kvbm_manager_config {
    * (else create fails with KVBM_EUNSUPPORTED) and a GPU (else
    * KVBM_EDEVICE). With DEVICE G1, G1<->G2 copies are cudaMemcpyAsync on
    * the host worker's stream (pinned G2 makes them truly asynchronous) and
-   * G1<->G3 goes through the disk worker's staging buffers and its stream. */
+   * G1<->G3/G4 goes through the volume workers' staging buffers and their
+   * streams. */
   kvbm_memory_type g1_memory, g2_memory;
   int32_t g1_device;           /* CUDA ordinal of DEVICE G1 (0) */
   uint32_t g1_blocks;          /* >= 1 (1024) */
