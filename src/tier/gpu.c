@@ -1,9 +1,10 @@
 /*
  * gpu.c: CUDA copies for the tier manager when G1 is device memory.
  *
- * Design. Each worker (host copies G1<->G2, disk I/O G1<->G3) owns one
- * non-blocking stream, so its copies never serialise behind the engine's
- * work on the legacy default stream, plus one event per job slot. A batch
+ * Design. Each worker (host copies G1<->G2, volume puts and gets
+ * G1<->G3/G4) owns one non-blocking stream, so its copies never serialise
+ * behind the engine's work on the legacy default stream, plus one event per
+ * job slot. A batch
  * of jobs is queued as cudaMemcpyAsync calls with an event recorded after
  * each job; the worker then waits for the events in order
  * (cudaEventSynchronize), so a failure is charged to the job whose copies
@@ -27,8 +28,8 @@
  * the manager's device path (batches, events, staging, failure handling)
  * run on machines without a GPU, CI included.
  *
- * Trade-off: pageable host memory (system G2, the disk bounce buffers) is
- * accepted: CUDA stages it and the copy is then synchronous to the host;
+ * Trade-off: pageable host memory (system G2, the volume workers' staging
+ * buffers) is accepted: CUDA stages it and the copy is then synchronous to the host;
  * pinned G2 (g2_memory PINNED) is what makes G1<->G2 truly asynchronous.
  */
 #include "gpu.h"
