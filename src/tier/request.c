@@ -65,17 +65,20 @@ static bool tier_has(const kvbm_manager *m, int ti, uint64_t h) {
  * by its index or, for blocks past lk->base, by what the lookup found), up
  * to the first block held nowhere, or the first onboard that has no room
  * in its queue (*full set). Returns the length; src[k] the tier;
- * *onboards the blocks below G1. */
+ * *onboards the blocks below G1; *g1_cached the G1 hits sitting in the
+ * cache (taking them uses up room the rest of the prompt might need). */
 static size_t walk(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *src,
-                   const kvbm__lookup *lk, size_t *onboards, bool *full) {
+                   const kvbm__lookup *lk, size_t *onboards, size_t *g1_cached, bool *full) {
   uint32_t room[KVBM_TIER_COUNT] = {0};
   for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) room[ti] = kvbm__q_free(&m->t[ti].q);
   size_t k = 0;
-  *onboards = 0;
+  *onboards = *g1_cached = 0;
   *full = false;
   for (; k < n; k++) {
-    if (kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, hashes[k], NULL, NULL) == KVBM_OK) {
+    bool cached;
+    if (kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, hashes[k], NULL, &cached) == KVBM_OK) {
       src[k] = KVBM_TIER_G1;
+      *g1_cached += cached;
       continue;
     }
     int ti = KVBM_TIER_G2;
@@ -102,9 +105,9 @@ static size_t walk(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *s
  * answers, since other threads may have changed the tiers meanwhile.
  * Lock held on entry and exit. */
 static size_t walk_all(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *src,
-                       size_t *onboards) {
+                       size_t *onboards, size_t *g1_cached) {
   bool full;
-  size_t w = walk(m, hashes, n, src, NULL, onboards, &full);
+  size_t w = walk(m, hashes, n, src, NULL, onboards, g1_cached, &full);
   kvbm__tier *g4 = &m->t[KVBM_TIER_G4];
   if (w == n || full || !g4->present || !g4->usable || !g4->lookup_vol) return w;
   size_t ask = n - w < m->cfg.g4_lookup_max ? n - w : m->cfg.g4_lookup_max;
@@ -122,7 +125,7 @@ static size_t walk_all(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_
   else if (rc) g4->st.lookup_errors++;
   if (nfound) {
     kvbm__lookup lk = {.base = w, .n = ask, .found = found};
-    w = walk(m, hashes, n, src, &lk, onboards, &full);
+    w = walk(m, hashes, n, src, &lk, onboards, g1_cached, &full);
   }
   free(found);
   return w;
@@ -191,20 +194,25 @@ static void drop_walk(kvbm_manager *m, kvbm_mreq *r, size_t n, const uint32_t *p
   }
 }
 
-/* The W1 room check on the walk's first w blocks: G1 must hold the rest
- * of the prompt (total - w new blocks) plus the onboards' new blocks, from
- * what is free or cached, less the cached hits the prefill takes. */
-static bool walk_fits(kvbm_manager *m, const kvbm_mreq *r, const uint64_t *hashes, size_t w,
+/* The W1 room check on a walk of w blocks: G1 must hold the rest of the
+ * prompt (total - w new blocks) plus the onboards' new blocks, from what is
+ * free or cached, less the cached hits the prefill takes. */
+static bool walk_fits(kvbm_manager *m, size_t w, size_t onboards, size_t g1_cached,
                       size_t total) {
-  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
-  size_t onboards = 0, g1_cached = 0;
-  for (size_t k = 0; k < w; k++) {
+  return total - w + onboards <= (size_t)kvbm_pool_available(m->t[KVBM_TIER_G1].pool) - g1_cached;
+}
+
+/* The G1 prefix of a walk (the lower tiers forgotten), and its cached hits. */
+static size_t g1_prefix(kvbm_manager *m, const kvbm_mreq *r, const uint64_t *hashes, size_t w,
+                        size_t *g1_cached) {
+  size_t k = 0;
+  *g1_cached = 0;
+  for (; k < w && r->src[k] == KVBM_TIER_G1; k++) {
     bool cached = false;
-    if (r->src[k] != KVBM_TIER_G1) onboards++;
-    else if (kvbm_pool_peek(g1, hashes[k], NULL, &cached) == KVBM_OK)
-      g1_cached += cached;
+    KVBM__MUST(kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, hashes[k], NULL, &cached));
+    *g1_cached += cached;
   }
-  return total - w + onboards <= (size_t)kvbm_pool_available(g1) - g1_cached;
+  return k;
 }
 
 int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
@@ -239,17 +247,16 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
     pthread_mutex_lock(&m->mu);
     r->serial = ++m->next_serial;
     kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
-    size_t w = walk_all(m, hashes, K, r->src, &onboards);
+    size_t g1_cached;
+    size_t w = walk_all(m, hashes, K, r->src, &onboards, &g1_cached);
     /* Everything past the walk gets new blocks; onboards take theirs
      * first. Too little room: forget the lower tiers, keep the G1 prefix,
      * and apply W1's own check to that. */
-    if (onboards && !walk_fits(m, r, hashes, w, total)) {
-      size_t g1_prefix = 0;
-      while (g1_prefix < w && r->src[g1_prefix] == KVBM_TIER_G1) g1_prefix++;
-      w = g1_prefix;
+    if (onboards && !walk_fits(m, w, onboards, g1_cached, total)) {
+      w = g1_prefix(m, r, hashes, w, &g1_cached);
       onboards = 0;
     }
-    if (!walk_fits(m, r, hashes, w, total)) rc = KVBM_ENOSPC; /* nothing changed */
+    if (!walk_fits(m, w, onboards, g1_cached, total)) rc = KVBM_ENOSPC; /* nothing changed */
     if (!rc) {
       take_walk(m, r, hashes, w, pins, sid);
       kvbm_seq_plan plan = {.hashes = hashes, .held = pins, .nheld = w};
