@@ -249,9 +249,10 @@ static int volume_tier(kvbm_manager *m, kvbm_tier ti, const char *field, const c
   t->batch_ops = (t->depth + vc.threads - 1) / vc.threads;
   if (!t->framed) {
     /* The slot file: one I/O thread keeps g3_queue_depth transfers in
-     * flight within a batch and runs batches in order, so batches are
-     * large and two are queued, and the disk idles only at a batch's
-     * tail. (Staging memory is bounded: at most 2 x 64 MiB of blocks.) */
+     * flight and runs batches in order, starting the next queued one
+     * while the last transfers of the previous are in flight; so batches
+     * are large and two are queued, and the disk never waits for us.
+     * (Staging memory is bounded: at most 2 x 64 MiB of blocks.) */
     uint64_t fit = ((uint64_t)64 << 20) / kvbm__value_len(m, t);
     uint32_t per = 4 * m->cfg.g3_queue_depth;
     if (per > fit) per = fit > m->cfg.g3_queue_depth ? (uint32_t)fit : m->cfg.g3_queue_depth;

@@ -26,10 +26,11 @@
  * thread, so a slow check never holds a volume thread or the lock.
  *
  * G3's slot file (disk://) streams inside the volume: its one I/O thread
- * keeps g3_queue_depth transfers in flight and checks each read as it
- * completes; the worker keeps two large batches queued, so the disk idles
- * only at a batch's tail, and the bytes go straight between tier memory
- * and the disk when the block is one aligned host piece.
+ * keeps g3_queue_depth transfers in flight, checks each read as it
+ * completes and starts the next queued batch before the previous one has
+ * drained; the worker keeps two large batches queued, so the disk never
+ * waits for it, and the bytes go straight between tier memory and the disk
+ * when the block is one aligned host piece.
  *
  * Shutdown: stop is set under the lock; with drain_on_destroy the workers
  * empty their queues first, otherwise every job taken is finished as not
