@@ -272,9 +272,12 @@ static int take_line(kvbm_trace *t, cursor *c, const char *p, const char *eol) {
   return KVBM_OK;
 }
 
-/* Points every request at its hash ids (the pool no longer moves). */
+/* Points every request at its hash ids (the pool no longer moves). A
+ * trace whose requests have no hash ids at all has no pool (ids NULL):
+ * those requests get NULL, never NULL + 0. */
 static void finish(kvbm_trace *t) {
-  for (size_t i = 0; i < t->count; i++) t->reqs[i].hash_ids = t->ids + t->ids_off[i];
+  for (size_t i = 0; i < t->count; i++)
+    t->reqs[i].hash_ids = t->ids ? t->ids + t->ids_off[i] : NULL;
 }
 
 int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out,
