@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kvbm/events.h"
+#include "kvbm/event_codec.h"
 
 const char *kvbm_event_type_name(kvbm_event_type t) {
   switch (t) {

@@ -13,8 +13,8 @@
  * Every function returns 0 or a negative kvbm_status and advances the
  * cursor only on success.
  */
-#ifndef KVBM_EVENTS_MPREAD_H
-#define KVBM_EVENTS_MPREAD_H
+#ifndef KVBM_EVENT_CODEC_MPREAD_H
+#define KVBM_EVENT_CODEC_MPREAD_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,8 @@
 /*
- * fuzz_decode.c: libFuzzer target for the event payload decoder (built and
- * run for a bounded time by scripts/ci.d/events_fuzz.sh, with ASan+UBSan).
+ * fuzz_event_decode.c: libFuzzer target for the KV event payload decoder
+ * (kvbm/event_codec.h), run by scripts/ci.d/fuzz.sh with ASan+UBSan.
+ * fuzz-modules: common event_codec
+ * fuzz-libs: msgpackc
  *
  * Properties: decoding any bytes returns a status and never reads outside
  * the input; a payload that decodes re-encodes in both forms, and those
@@ -11,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvbm/events.h"
+#include "kvbm/event_codec.h"
 
 static void check_same(const kvbm_event_batch *a, const kvbm_event_batch *b) {
   if (a->num_events != b->num_events || a->has_dp_rank != b->has_dp_rank ||

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvbm/events.h"
+#include "kvbm/event_codec.h"
 
 static void assert_event_eq(const kvbm_event *a, const kvbm_event *b) {
   assert_int_equal(a->type, b->type);

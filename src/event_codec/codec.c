@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "events/mpread.h"
-#include "kvbm/events.h"
+#include "event_codec/mpread.h"
+#include "kvbm/event_codec.h"
 
 /* ------------------------------------------------------------- encoding */
 
