@@ -5,9 +5,12 @@
  * fuzz-libs: msgpackc
  *
  * Properties: decoding any bytes returns a status and never reads outside
- * the input; a payload that decodes re-encodes in both forms, and those
- * decode to the same events (types, hashes, parents, tokens, block size,
- * LoRA id and name, medium, group); every decoded event prints as JSON.
+ * the input; a payload that decodes re-encodes in both forms (as signed
+ * hashes too, when the events allow the positional form), and those decode
+ * to the same events (every field kvbm reads, and in the map form every
+ * field it carries: salt, token pairs, extra_keys, kind, window, locality,
+ * ownership, extras, byte for byte) with nothing skipped; every decoded
+ * event prints as JSON; a failed decode has a message.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,8 +18,16 @@
 
 #include "kvbm/event_codec.h"
 
-static void check_same(const kvbm_event_batch *a, const kvbm_event_batch *b) {
-  if (a->num_events != b->num_events || a->has_dp_rank != b->has_dp_rank ||
+static bool same_str(const char *a, const char *b) {
+  return (!a && !b) || (a && b && !strcmp(a, b));
+}
+
+static bool same_bytes(const uint8_t *a, size_t al, const uint8_t *b, size_t bl) {
+  return al == bl && (!al || !memcmp(a, b, al));
+}
+
+static void check_same(const kvbm_event_batch *a, const kvbm_event_batch *b, bool all) {
+  if (a->num_events != b->num_events || a->has_dp_rank != b->has_dp_rank || b->skipped ||
       (a->has_dp_rank && a->dp_rank != b->dp_rank) || memcmp(&a->ts, &b->ts, sizeof a->ts))
     abort();
   for (size_t i = 0; i < a->num_events; i++) {
@@ -26,36 +37,53 @@ static void check_same(const kvbm_event_batch *a, const kvbm_event_batch *b) {
         (x->has_parent && x->parent_hash != y->parent_hash) || x->block_size != y->block_size ||
         x->has_lora_id != y->has_lora_id || (x->has_lora_id && x->lora_id != y->lora_id) ||
         x->medium != y->medium || x->has_group_idx != y->has_group_idx ||
-        (x->has_group_idx && x->group_idx != y->group_idx) || !x->lora_name != !y->lora_name)
+        (x->has_group_idx && x->group_idx != y->group_idx) || !same_str(x->lora_name, y->lora_name) ||
+        !same_str(x->medium_name, y->medium_name) || !same_str(x->cache_salt, y->cache_salt) ||
+        x->token_pairs != y->token_pairs ||
+        !same_str(x->kv_cache_spec_kind, y->kv_cache_spec_kind) ||
+        x->has_sliding_window != y->has_sliding_window ||
+        (x->has_sliding_window && x->sliding_window != y->sliding_window) ||
+        !same_bytes(x->extra_keys, x->extra_keys_len, y->extra_keys, y->extra_keys_len))
       abort();
     if (x->num_block_hashes &&
         memcmp(x->block_hashes, y->block_hashes, 8 * x->num_block_hashes))
       abort();
     if (x->num_tokens && memcmp(x->token_ids, y->token_ids, 4 * x->num_tokens)) abort();
-    if (x->lora_name && strcmp(x->lora_name, y->lora_name)) abort();
-    if (x->medium == KVBM_MEDIUM_OTHER && strcmp(x->medium_name, y->medium_name)) abort();
+    if (all && (!same_str(x->locality, y->locality) || !same_str(x->ownership, y->ownership) ||
+                x->num_extras != y->num_extras ||
+                !same_bytes(x->extras, x->extras_len, y->extras, y->extras_len)))
+      abort();
   }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   kvbm_event_decoder *d1, *d2;
-  kvbm_event_encoder *enc;
-  if (kvbm_event_decoder_create(&d1, NULL) || kvbm_event_decoder_create(&d2, NULL) ||
-      kvbm_event_encoder_create(&enc, NULL))
-    abort();
+  if (kvbm_event_decoder_create(&d1, NULL) || kvbm_event_decoder_create(&d2, NULL)) abort();
   kvbm_event_batch b;
   kvbm_error err;
   int rc = kvbm_event_decode(d1, data, size, 1, &b, &err);
   if (rc == KVBM_OK) {
     char json[256];
     for (size_t i = 0; i < b.num_events; i++) kvbm_event_to_json(&b.events[i], json, sizeof json);
-    for (int form = 0; form < 2; form++) {
+    if (b.skipped && !kvbm_event_decoder_skip_reason(d1)[0]) abort();
+    for (int v = 0; v < 4; v++) {
+      kvbm_event_encoder_config ec = {.form = (kvbm_event_form)(v & 1), .signed_hashes = v >> 1};
+      bool fits = true; /* the positional form holds a LoRA name or a salt, not both */
+      for (size_t i = 0; i < b.num_events; i++)
+        if (kvbm_event_check(&b.events[i], &ec, NULL)) fits = false;
+      if (!fits && ec.form == KVBM_FORM_MAP) abort(); /* the map form holds anything decoded */
+      if (!fits) continue;
+      kvbm_event_encoder *enc;
+      if (kvbm_event_encoder_create(&ec, &enc, NULL)) abort();
       const uint8_t *p;
       size_t n;
-      if (kvbm_event_encode(enc, &b, (kvbm_event_form)form, &p, &n, &err)) abort();
+      if (kvbm_event_encode(enc, &b, &p, &n, &err)) abort();
       kvbm_event_batch b2;
       if (kvbm_event_decode(d2, p, n, 1, &b2, &err)) abort();
-      check_same(&b, &b2);
+      /* the positional form has no place for locality, ownership, and
+       * extras but a salt's */
+      check_same(&b, &b2, ec.form == KVBM_FORM_MAP);
+      kvbm_event_encoder_destroy(enc);
     }
   } else if (rc != KVBM_EFORMAT && rc != KVBM_ETRUNCATED && rc != KVBM_ETOOLONG &&
              rc != KVBM_ENOMEM) {
@@ -63,7 +91,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else if (err.code != rc || !err.msg[0]) {
     abort();
   }
-  kvbm_event_encoder_destroy(enc);
   kvbm_event_decoder_destroy(d1);
   kvbm_event_decoder_destroy(d2);
   return 0;

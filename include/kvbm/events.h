@@ -124,7 +124,8 @@ typedef enum kvbm_overflow {
 } kvbm_overflow;
 
 typedef struct kvbm_publisher_config {
-  int32_t dp_rank;              /* stamped on every batch */
+  int32_t dp_rank;              /* stamped on every batch (but those of
+                                 * kvbm_publisher_publish_batch) */
   size_t max_batch_events;      /* a batch is sent when it holds this many
                                  * events (>= 1; default 256) */
   uint32_t max_batch_delay_us;  /* ... or when its oldest event has waited
@@ -134,10 +135,12 @@ typedef struct kvbm_publisher_config {
   size_t queue_bytes;           /* bound in bytes of hashes + tokens +
                                  * names (default 64 MiB) */
   kvbm_overflow overflow;       /* what publish does when the queue is full */
-  kvbm_event_form form;         /* wire form for the byte sinks */
+  kvbm_event_form form;         /* wire form for the byte sinks (map) */
+  bool signed_hashes;           /* hashes as int64 (kvbm_event_encoder_config) */
 } kvbm_publisher_config;
 
-/* The defaults above; dp_rank 0, block on overflow, positional form. */
+/* The defaults above; dp_rank 0, block on overflow, map form, unsigned
+ * hashes. */
 KVBM_EXTERN kvbm_publisher_config kvbm_publisher_config_default(void);
 
 /* Receives every batch, in order, on the publisher's thread. The batch and
@@ -196,15 +199,26 @@ KVBM_EXTERN int kvbm_publisher_zmq_endpoint(const kvbm_publisher *pub, size_t si
 /* Starts the publisher thread. */
 KVBM_EXTERN int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err);
 
-/* Queues one event (copying its arrays and strings) and, when event_id is
- * not NULL, stores the id it was given. Ids are given on acceptance, so
- * dropped events use none. Thread-safe. Returns KVBM_ESTATE before start,
- * KVBM_ECLOSED once shutdown began, KVBM_EAGAIN when dropped (overflow
- * DROP), KVBM_EINVAL for a bad event (unknown type, STORED without blocks
- * or block size, OTHER medium without a name), KVBM_ETOOLONG for an event
- * larger than queue_bytes. */
+/* Queues one event (copying its arrays, names and carried bytes; what its
+ * type does not carry is dropped) and, when event_id is not NULL, stores
+ * the id it was given. Ids are given on acceptance, so dropped events use
+ * none. Thread-safe. Returns KVBM_ESTATE before start, KVBM_ECLOSED once
+ * shutdown began, KVBM_EAGAIN when dropped (overflow DROP), KVBM_EINVAL
+ * for a bad event (a STORED without blocks or block size, a REMOVED
+ * without blocks, anything kvbm_event_check refuses in the publisher's
+ * form), KVBM_ETOOLONG for an event larger than queue_bytes. */
 KVBM_EXTERN int kvbm_publisher_publish(kvbm_publisher *pub, const kvbm_event *ev,
                            uint64_t *event_id, kvbm_error *err);
+
+/* Queues the events of a batch that comes from elsewhere (an engine's, in
+ * a relay) as kvbm_publisher_publish does each, keeping the batch's
+ * dp_rank: its events leave in batches of that rank (the publisher's own
+ * when the batch has none). An event the publisher refuses is skipped and
+ * the others queued; the first refusal's status is returned (err says
+ * which), KVBM_OK when every event went; *queued (may be NULL) counts the
+ * queued ones. KVBM_ECLOSED / KVBM_ESTATE stop at once. Thread-safe. */
+KVBM_EXTERN int kvbm_publisher_publish_batch(kvbm_publisher *pub, const kvbm_event_batch *batch,
+                                             size_t *queued, kvbm_error *err);
 
 /* Dynamo KvEventPublisher-style helpers over kvbm_publisher_publish.
  * parent_hash and lora_id may be NULL (absent). */
@@ -335,9 +349,11 @@ KVBM_EXTERN void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subs
 /* Reads an engine's ZMQ events (vLLM, SGLang, another kvbm) and queues
  * them, in order, on a publisher of yours (its own sinks: NATS, ZMQ, ...),
  * as Dynamo's publisher does with zmq_endpoint. The events get the
- * publisher's ids, batches and dp_rank. An engine restart (a batch with
- * `reset`) goes out as an AllBlocksCleared before that batch's events,
- * since the relay's own numbers do not go back. */
+ * publisher's ids and batches, and keep the engine's dp_rank and every
+ * field they came with (see kvbm_event: what kvbm does not use is carried
+ * through; write the map form, the default, to keep all of it). An engine
+ * restart (a batch with `reset`) goes out as an AllBlocksCleared before
+ * that batch's events, since the relay's own numbers do not go back. */
 typedef struct kvbm_relay kvbm_relay;
 
 /* `dst` is borrowed: it must be started and outlive the relay. */
@@ -354,6 +370,16 @@ KVBM_EXTERN int kvbm_relay_poll(kvbm_relay *relay, int timeout_ms, size_t *batch
 
 /* The relay's subscriber, for its statistics. */
 KVBM_EXTERN const kvbm_subscriber *kvbm_relay_subscriber(const kvbm_relay *relay);
+
+typedef struct kvbm_relay_stats {
+  uint64_t batches;  /* engine batches relayed */
+  uint64_t events;   /* events queued on the publisher */
+  uint64_t skipped;  /* events the decoder left out (unknown tag, a field
+                      * of the wrong type: kvbm_event_batch.skipped) */
+  uint64_t refused;  /* decoded events the publisher refused */
+} kvbm_relay_stats;
+/* Counters of the relay's own thread; call from it. */
+KVBM_EXTERN void kvbm_relay_stats_get(const kvbm_relay *relay, kvbm_relay_stats *out);
 
 /* ------------------------------------------------------------- pool link */
 

@@ -1,20 +1,33 @@
 /*
- * codec.c: KV event batches to and from vLLM's msgpack payload.
+ * codec.c: KV event batches to and from the engines' msgpack payload.
  *
- * The codec knows bytes only; sockets live in the sink and subscriber
- * files. Encoding uses msgpack-c's packer into a reusable sbuffer. Decoding
+ * The codec knows bytes only; sockets live in the events module. Encoding
+ * uses msgpack-c's packer into a reusable sbuffer, with the bulk arrays
+ * (hashes, tokens) and the hot scalars written straight into it. Decoding
  * uses the bounds-checked reader of mpread.h (see there why not msgpack-c)
- * and writes into arenas the decoder keeps between calls: one array of
- * events, one of hashes, one of tokens and one of strings. While a payload
- * is read the events record offsets into the arenas (which may move as they
- * grow); the pointers are set once at the end. In steady state a decode
- * allocates nothing.
+ * and writes into arenas the decoder keeps between calls: events, hashes,
+ * tokens, strings (with extra_keys' raw bytes) and the raw bytes of the
+ * fields kvbm does not name. While a payload is read the events record
+ * offsets into the arenas (which may move as they grow); the pointers are
+ * set once at the end. In steady state a decode allocates nothing.
  *
  * Forms: a batch is [ts, events, dp_rank?] or a map with those names; an
- * event is a tagged array (positional, vLLM's array_like) or a map with a
- * "type" key. Positional fields are read by position up to the last one
+ * event is a tagged array (positional, msgspec's array_like) or a map with
+ * a "type" key. Positional fields are read by position up to the last one
  * kvbm knows and the rest skipped, as msgspec does for newer senders; map
- * keys kvbm does not know are skipped.
+ * keys kvbm does not name are kept, as bytes, for whoever relays the event.
+ *
+ * Why an event that fails does not fail its batch: a batch is one step of
+ * an engine, and its sequence number is used up whatever it holds. Dynamo
+ * already sees tags it does not know ("Ignored"), and the engines keep
+ * adding fields; refusing the batch for one odd event would lose every
+ * other store and remove in it for good. So an event is read in place; if
+ * it is wrong (a tag kvbm does not know, a field of the wrong type, a
+ * required field missing), the reader goes back to the event's first byte,
+ * skips the value whole (which checks it is well-formed msgpack), rolls
+ * the arenas back and counts it. Only msgpack that is not well-formed, or a
+ * batch of the wrong shape, costs the payload: then the event boundaries
+ * themselves are unknown. The rewind costs nothing on the good path.
  */
 #include <limits.h>
 #include <msgpack.h>
@@ -24,16 +37,132 @@
 #include "event_codec/mpread.h"
 #include "kvbm/event_codec.h"
 
+/* Field ids shared by both forms and by kvbm_event_check. */
+enum {
+  F_HASHES, F_PARENT, F_TOKENS, F_BSIZE, F_LORA, F_MEDIUM, F_LNAME, F_EKEYS, F_GROUP,
+  F_KIND, F_SWIN, F_LOCALITY, F_OWNERSHIP, F_SALT,
+  F_NAMED,            /* fields above have a name in the map form */
+  F_SLOT7 = F_NAMED,  /* positional index 7: lora_name or SGLang's metadata map */
+  F_EXTRA,            /* a key kvbm does not name: kept as bytes */
+  F_SKIP,             /* a positional field past the known ones */
+};
+static const char *const kFieldName[] = {
+    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+    "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window", "locality", "ownership", "cache_salt",
+    "lora_name or metadata", "extra field", "field"};
+
+/* The field a map key names (F_EXTRA for one kvbm does not name), by
+ * length first: this runs for every key of every event. */
+static int key_field(const uint8_t *k, size_t n) {
+#define K(str, f) \
+  if (n == sizeof(str) - 1 && !memcmp(k, str, n)) return f
+  switch (n) {
+    case 6: K("medium", F_MEDIUM); break;
+    case 7: K("lora_id", F_LORA); break;
+    case 8: K("locality", F_LOCALITY); break;
+    case 9:
+      K("token_ids", F_TOKENS);
+      K("lora_name", F_LNAME);
+      K("group_idx", F_GROUP);
+      K("ownership", F_OWNERSHIP);
+      break;
+    case 10:
+      K("block_size", F_BSIZE);
+      K("extra_keys", F_EKEYS);
+      K("cache_salt", F_SALT);
+      break;
+    case 12: K("block_hashes", F_HASHES); break;
+    case 17: K("parent_block_hash", F_PARENT); break;
+    case 18: K("kv_cache_spec_kind", F_KIND); break;
+    case 28: K("kv_cache_spec_sliding_window", F_SWIN); break;
+  }
+#undef K
+  return F_EXTRA;
+}
+
+/* ------------------------------------------------------------- checking */
+
+static bool names_medium(const char *name, kvbm_medium m) {
+  return kvbm_medium_from_name(name, strlen(name)) == m;
+}
+
+/* Whether [p, p+len) is exactly `values` msgpack values, or, with
+ * `keyed`, that many pairs of a string key kvbm does not name and a value. */
+static bool raw_ok(const uint8_t *p, size_t len, uint32_t values, bool keyed) {
+  mpr r = {p, p + len};
+  for (uint32_t i = 0; i < values; i++) {
+    if (keyed) {
+      const uint8_t *k;
+      size_t kl;
+      if (mpr_peek(&r) != MPR_STR || mpr_bytes(&r, false, &k, &kl)) return false;
+      if ((kl == 4 && !memcmp(k, "type", 4)) || key_field(k, kl) != F_EXTRA) return false;
+    }
+    if (mpr_skip(&r)) return false;
+  }
+  return r.p == r.end;
+}
+
+kvbm_event_encoder_config kvbm_event_encoder_config_default(void) {
+  return (kvbm_event_encoder_config){.form = KVBM_FORM_MAP, .signed_hashes = false};
+}
+
+int kvbm_event_check(const kvbm_event *ev, const kvbm_event_encoder_config *cfg,
+                     kvbm_error *err) {
+  kvbm_event_encoder_config c = cfg ? *cfg : kvbm_event_encoder_config_default();
+  if (!ev) return kvbm_error_set(err, KVBM_EINVAL, "events: NULL event");
+  const char *t = kvbm_event_type_name(ev->type);
+  if (ev->type != KVBM_EVENT_STORED && ev->type != KVBM_EVENT_REMOVED &&
+      ev->type != KVBM_EVENT_CLEARED)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: event has unknown type %d", (int)ev->type);
+  if (ev->type == KVBM_EVENT_CLEARED) return KVBM_OK;
+  if ((unsigned)ev->medium > KVBM_MEDIUM_OTHER)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: unknown medium %d", t, (int)ev->medium);
+  if (ev->medium == KVBM_MEDIUM_OTHER && !ev->medium_name)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: medium OTHER without a name", t);
+  if (ev->medium_name && !names_medium(ev->medium_name, ev->medium))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: medium_name \"%.40s\" does not name medium %d",
+                          t, ev->medium_name, (int)ev->medium);
+  if (ev->num_block_hashes > UINT32_MAX || ev->num_tokens > UINT32_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: more than 2^32 elements", t);
+  if ((ev->num_block_hashes && !ev->block_hashes) ||
+      (ev->type == KVBM_EVENT_STORED && ev->num_tokens && !ev->token_ids))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: NULL array with a count", t);
+  if (ev->num_extras || ev->extras_len) {
+    if (!ev->extras || !raw_ok(ev->extras, ev->extras_len, ev->num_extras, true))
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "events: %s: extras are not %u pairs of a key kvbm does not name "
+                            "and a value", t, ev->num_extras);
+  }
+  if (ev->type != KVBM_EVENT_STORED) return KVBM_OK;
+  if (ev->token_pairs && ev->num_tokens == 1)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: token pairs need 2 tokens or none", t);
+  if (ev->extra_keys && !raw_ok(ev->extra_keys, ev->extra_keys_len, 1, false))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: extra_keys is not one msgpack value", t);
+  if (c.form == KVBM_FORM_POSITIONAL && ev->lora_name && ev->cache_salt)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "events: %s: the positional form holds a lora_name or a cache_salt "
+                          "at index 7, not both (use the map form)", t);
+  return KVBM_OK;
+}
+
 /* ------------------------------------------------------------- encoding */
 
 struct kvbm_event_encoder {
   msgpack_sbuffer sb;
   msgpack_packer pk;
+  kvbm_event_encoder_config cfg;
 };
 
-int kvbm_event_encoder_create(kvbm_event_encoder **out, kvbm_error *err) {
+int kvbm_event_encoder_create(const kvbm_event_encoder_config *cfg, kvbm_event_encoder **out,
+                              kvbm_error *err) {
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: encoder: NULL out");
+  kvbm_event_encoder_config c = cfg ? *cfg : kvbm_event_encoder_config_default();
+  if (c.form != KVBM_FORM_POSITIONAL && c.form != KVBM_FORM_MAP)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: encoder: unknown form %d", (int)c.form);
   kvbm_event_encoder *e = calloc(1, sizeof *e);
   if (!e) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for an encoder");
+  e->cfg = c;
   msgpack_sbuffer_init(&e->sb);
   msgpack_packer_init(&e->pk, &e->sb, msgpack_sbuffer_write);
   *out = e;
@@ -44,11 +173,6 @@ void kvbm_event_encoder_destroy(kvbm_event_encoder *enc) {
   if (!enc) return;
   msgpack_sbuffer_destroy(&enc->sb);
   free(enc);
-}
-
-static int pack_str(msgpack_packer *pk, const char *s) {
-  size_t n = strlen(s);
-  return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, s, n);
 }
 
 /* Bulk arrays (hashes, tokens) are most of a payload, and msgpack-c packs
@@ -63,17 +187,15 @@ static inline uint8_t *sb_reserve(msgpack_sbuffer *sb, size_t need) {
 }
 
 static uint8_t *sb_grow(msgpack_sbuffer *sb, size_t need) {
-  {
-    size_t na = sb->alloc ? sb->alloc : 8192;
-    while (na - sb->size < need) {
-      if (na > SIZE_MAX / 2) return NULL;
-      na *= 2;
-    }
-    char *nd = realloc(sb->data, na);
-    if (!nd) return NULL;
-    sb->data = nd;
-    sb->alloc = na;
+  size_t na = sb->alloc ? sb->alloc : 8192;
+  while (na - sb->size < need) {
+    if (na > SIZE_MAX / 2) return NULL;
+    na *= 2;
   }
+  char *nd = realloc(sb->data, na);
+  if (!nd) return NULL;
+  sb->data = nd;
+  sb->alloc = na;
   return (uint8_t *)sb->data + sb->size;
 }
 
@@ -105,6 +227,19 @@ static inline uint8_t *put_uint(uint8_t *p, uint64_t v) {
   return put_be(p, v, 8);
 }
 
+/* A hash: unsigned, or (signed_hashes) the int64 with the same bits: a
+ * hash >= 2^63 becomes a negative int64 (0xd3), the others are the same
+ * non-negative integer either way. */
+static inline uint8_t *put_hash(uint8_t *p, uint64_t v, bool sgn) {
+  if (!sgn || !(v >> 63)) return put_uint(p, v);
+  int64_t x = (int64_t)v; /* negative: the shortest signed encoding */
+  if (x >= -32) { *p++ = (uint8_t)x; return p; }
+  if (x >= INT8_MIN) { *p++ = 0xd0; return put_be(p, v, 1); }
+  if (x >= INT16_MIN) { *p++ = 0xd1; return put_be(p, v, 2); }
+  if (x >= INT32_MIN) { *p++ = 0xd2; return put_be(p, v, 4); }
+  *p++ = 0xd3;
+  return put_be(p, v, 8);
+}
 
 /* A short string known at compile time (tags, keys): one fixstr. */
 static int put_lit(msgpack_packer *pk, const char *str, size_t n) {
@@ -136,6 +271,14 @@ static int put_u(msgpack_packer *pk, uint64_t v) {
   return 0;
 }
 
+static int put_h(msgpack_packer *pk, uint64_t v, bool sgn) {
+  msgpack_sbuffer *sb = pk->data;
+  uint8_t *p = sb_reserve(sb, 9), *p0 = p;
+  if (!p) return -1;
+  sb->size += (size_t)(put_hash(p, v, sgn) - p0);
+  return 0;
+}
+
 static int put_hdr(msgpack_packer *pk, size_t n) { /* n < 16 */
   msgpack_sbuffer *sb = pk->data;
   uint8_t *p = sb_reserve(sb, 1);
@@ -147,33 +290,54 @@ static int put_hdr(msgpack_packer *pk, size_t n) { /* n < 16 */
 
 static int put_str(msgpack_packer *pk, const char *str) {
   size_t n = strlen(str);
-  if (n >= 32) return pack_str(pk, str);
-  return put_lit(pk, str, n);
+  if (n < 32) return put_lit(pk, str, n);
+  return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, str, n);
+}
+
+static int put_opt_str(msgpack_packer *pk, const char *s) { return s ? put_str(pk, s) : put_nil(pk); }
+
+/* Bytes that already are msgpack (extra_keys, extras): copied as they are. */
+static int put_raw(msgpack_packer *pk, const uint8_t *p, size_t n) {
+  msgpack_sbuffer *sb = pk->data;
+  uint8_t *d = sb_reserve(sb, n);
+  if (!d) return -1;
+  if (n) memcpy(d, p, n);
+  sb->size += n;
+  return 0;
 }
 
 static int pack_medium(msgpack_packer *pk, const kvbm_event *ev) {
-  if (ev->medium == KVBM_MEDIUM_NONE) return put_nil(pk);
-  const char *name = ev->medium == KVBM_MEDIUM_OTHER ? ev->medium_name
-                                                      : kvbm_medium_name(ev->medium);
-  return put_str(pk, name);
+  if (ev->medium_name) return put_str(pk, ev->medium_name);
+  const char *name = kvbm_medium_name(ev->medium);
+  return name ? put_str(pk, name) : put_nil(pk);
 }
 
-static int pack_hashes(msgpack_packer *pk, const uint64_t *h, size_t n) {
+static int pack_hashes(msgpack_packer *pk, const uint64_t *h, size_t n, bool sgn) {
   msgpack_sbuffer *sb = pk->data;
   uint8_t *p = sb_reserve(sb, 5 + 9 * n), *p0 = p;
   if (!p) return -1;
   p = put_array_header(p, n);
-  for (size_t i = 0; i < n; i++) p = put_uint(p, h[i]);
+  for (size_t i = 0; i < n; i++) p = put_hash(p, h[i], sgn);
   sb->size += (size_t)(p - p0);
   return 0;
 }
 
-static int pack_tokens(msgpack_packer *pk, const uint32_t *t, size_t n) {
+/* Flat token ids, or (token_pairs) the n-1 pairs [t_i, t_i+1] they chain. */
+static int pack_tokens(msgpack_packer *pk, const uint32_t *t, size_t n, bool pairs) {
   msgpack_sbuffer *sb = pk->data;
-  uint8_t *p = sb_reserve(sb, 5 + 5 * n), *p0 = p;
+  size_t items = pairs && n ? n - 1 : n;
+  uint8_t *p = sb_reserve(sb, 5 + (pairs ? 11 : 5) * items), *p0 = p;
   if (!p) return -1;
-  p = put_array_header(p, n);
-  for (size_t i = 0; i < n; i++) p = put_uint(p, t[i]);
+  p = put_array_header(p, items);
+  for (size_t i = 0; i < items; i++) {
+    if (pairs) {
+      *p++ = 0x92;
+      p = put_uint(p, t[i]);
+      p = put_uint(p, t[i + 1]);
+    } else {
+      p = put_uint(p, t[i]);
+    }
+  }
   sb->size += (size_t)(p - p0);
   return 0;
 }
@@ -182,93 +346,108 @@ static int pack_opt_i64(msgpack_packer *pk, bool has, int64_t v) {
   return has ? msgpack_pack_int64(pk, v) : put_nil(pk);
 }
 
-static int pack_stored(msgpack_packer *pk, const kvbm_event *ev, kvbm_event_form form) {
+/* The optional keys of the map form that `ev` has, after the required ones. */
+static size_t map_optionals(const kvbm_event *ev) {
+  size_t n = ev->num_extras + !!ev->locality + !!ev->ownership + ev->has_group_idx;
+  if (ev->type == KVBM_EVENT_STORED)
+    n += !!ev->extra_keys + !!ev->kv_cache_spec_kind + ev->has_sliding_window + !!ev->cache_salt;
+  return n;
+}
+
+static int pack_map_optionals(msgpack_packer *pk, const kvbm_event *ev) {
   int rc = 0;
-  if (form == KVBM_FORM_POSITIONAL) {
-    /* vLLM's field order; extra_keys (kept nil) sits before group_idx. */
-    rc |= put_hdr(pk, ev->has_group_idx ? 10 : 8);
-    rc |= LIT(pk, "BlockStored");
-    rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
-    rc |= ev->has_parent ? put_u(pk, ev->parent_hash) : put_nil(pk);
-    rc |= pack_tokens(pk, ev->token_ids, ev->num_tokens);
-    rc |= put_u(pk, ev->block_size);
-    rc |= pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
-    rc |= pack_medium(pk, ev);
-    rc |= ev->lora_name ? put_str(pk, ev->lora_name) : put_nil(pk);
-    if (ev->has_group_idx) {
-      rc |= put_nil(pk);
-      rc |= msgpack_pack_int64(pk, ev->group_idx);
-    }
-    return rc;
-  }
-  rc |= msgpack_pack_map(pk, ev->has_group_idx ? 9 : 8);
-  rc |= LIT(pk, "type") | LIT(pk, "BlockStored");
-  rc |= LIT(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
-  rc |= LIT(pk, "parent_block_hash");
-  rc |= ev->has_parent ? put_u(pk, ev->parent_hash) : put_nil(pk);
-  rc |= LIT(pk, "token_ids") | pack_tokens(pk, ev->token_ids, ev->num_tokens);
-  rc |= LIT(pk, "block_size") | put_u(pk, ev->block_size);
-  rc |= LIT(pk, "lora_id") | pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
-  rc |= LIT(pk, "medium") | pack_medium(pk, ev);
-  rc |= LIT(pk, "lora_name");
-  rc |= ev->lora_name ? put_str(pk, ev->lora_name) : put_nil(pk);
+  bool st = ev->type == KVBM_EVENT_STORED;
+  if (st && ev->extra_keys)
+    rc |= LIT(pk, "extra_keys") | put_raw(pk, ev->extra_keys, ev->extra_keys_len);
   if (ev->has_group_idx) rc |= LIT(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
+  if (st && ev->kv_cache_spec_kind)
+    rc |= LIT(pk, "kv_cache_spec_kind") | put_str(pk, ev->kv_cache_spec_kind);
+  if (st && ev->has_sliding_window)
+    rc |= LIT(pk, "kv_cache_spec_sliding_window") | msgpack_pack_int64(pk, ev->sliding_window);
+  if (ev->locality) rc |= LIT(pk, "locality") | put_str(pk, ev->locality);
+  if (ev->ownership) rc |= LIT(pk, "ownership") | put_str(pk, ev->ownership);
+  if (st && ev->cache_salt) rc |= LIT(pk, "cache_salt") | put_str(pk, ev->cache_salt);
+  if (ev->num_extras) rc |= put_raw(pk, ev->extras, ev->extras_len);
   return rc;
 }
 
-static int pack_removed(msgpack_packer *pk, const kvbm_event *ev, kvbm_event_form form) {
+static int pack_stored(const kvbm_event_encoder *enc, msgpack_packer *pk, const kvbm_event *ev) {
+  bool sgn = enc->cfg.signed_hashes;
   int rc = 0;
-  if (form == KVBM_FORM_POSITIONAL) {
+  if (enc->cfg.form == KVBM_FORM_POSITIONAL) {
+    /* vLLM's order; index 7 is vLLM's lora_name or SGLang's metadata map
+     * (the salt, and the fields kvbm does not name, as SGLang sends
+     * them); the tail stops after its last present field, nil before. */
+    size_t last = 7;
+    if (ev->extra_keys) last = 8;
+    if (ev->has_group_idx) last = 9;
+    if (ev->kv_cache_spec_kind) last = 10;
+    if (ev->has_sliding_window) last = 11;
+    rc |= put_hdr(pk, last + 1);
+    rc |= LIT(pk, "BlockStored");
+    rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes, sgn);
+    rc |= ev->has_parent ? put_h(pk, ev->parent_hash, sgn) : put_nil(pk);
+    rc |= pack_tokens(pk, ev->token_ids, ev->num_tokens, ev->token_pairs);
+    rc |= put_u(pk, ev->block_size);
+    rc |= pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
+    rc |= pack_medium(pk, ev);
+    if (ev->lora_name || !ev->cache_salt) {
+      rc |= put_opt_str(pk, ev->lora_name);
+    } else {
+      rc |= msgpack_pack_map(pk, 1 + ev->num_extras);
+      rc |= LIT(pk, "cache_salt") | put_str(pk, ev->cache_salt);
+      if (ev->num_extras) rc |= put_raw(pk, ev->extras, ev->extras_len);
+    }
+    if (last >= 8) rc |= ev->extra_keys ? put_raw(pk, ev->extra_keys, ev->extra_keys_len) : put_nil(pk);
+    if (last >= 9) rc |= pack_opt_i64(pk, ev->has_group_idx, ev->group_idx);
+    if (last >= 10) rc |= put_opt_str(pk, ev->kv_cache_spec_kind);
+    if (last >= 11) rc |= msgpack_pack_int64(pk, ev->sliding_window);
+    return rc;
+  }
+  rc |= msgpack_pack_map(pk, 8 + map_optionals(ev));
+  rc |= LIT(pk, "type") | LIT(pk, "BlockStored");
+  rc |= LIT(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes, sgn);
+  rc |= LIT(pk, "parent_block_hash");
+  rc |= ev->has_parent ? put_h(pk, ev->parent_hash, sgn) : put_nil(pk);
+  rc |= LIT(pk, "token_ids") | pack_tokens(pk, ev->token_ids, ev->num_tokens, ev->token_pairs);
+  rc |= LIT(pk, "block_size") | put_u(pk, ev->block_size);
+  rc |= LIT(pk, "lora_id") | pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
+  rc |= LIT(pk, "medium") | pack_medium(pk, ev);
+  rc |= LIT(pk, "lora_name") | put_opt_str(pk, ev->lora_name);
+  return rc | pack_map_optionals(pk, ev);
+}
+
+static int pack_removed(const kvbm_event_encoder *enc, msgpack_packer *pk, const kvbm_event *ev) {
+  bool sgn = enc->cfg.signed_hashes;
+  int rc = 0;
+  if (enc->cfg.form == KVBM_FORM_POSITIONAL) {
     rc |= put_hdr(pk, ev->has_group_idx ? 4 : 3);
     rc |= LIT(pk, "BlockRemoved");
-    rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
+    rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes, sgn);
     rc |= pack_medium(pk, ev);
     if (ev->has_group_idx) rc |= msgpack_pack_int64(pk, ev->group_idx);
     return rc;
   }
-  rc |= msgpack_pack_map(pk, ev->has_group_idx ? 4 : 3);
+  rc |= msgpack_pack_map(pk, 3 + map_optionals(ev));
   rc |= LIT(pk, "type") | LIT(pk, "BlockRemoved");
-  rc |= LIT(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes);
+  rc |= LIT(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes, sgn);
   rc |= LIT(pk, "medium") | pack_medium(pk, ev);
-  if (ev->has_group_idx) rc |= LIT(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
-  return rc;
+  return rc | pack_map_optionals(pk, ev);
 }
 
-static int pack_cleared(msgpack_packer *pk, kvbm_event_form form) {
-  if (form == KVBM_FORM_POSITIONAL)
-    return put_hdr(pk, 1) | LIT(pk, "AllBlocksCleared");
+static int pack_cleared(const kvbm_event_encoder *enc, msgpack_packer *pk) {
+  if (enc->cfg.form == KVBM_FORM_POSITIONAL) return put_hdr(pk, 1) | LIT(pk, "AllBlocksCleared");
   return msgpack_pack_map(pk, 1) | LIT(pk, "type") | LIT(pk, "AllBlocksCleared");
 }
 
-static int check_event(const kvbm_event *ev, size_t i, kvbm_error *err) {
-  if (ev->type != KVBM_EVENT_STORED && ev->type != KVBM_EVENT_REMOVED &&
-      ev->type != KVBM_EVENT_CLEARED)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu has unknown type %d", i,
-                          (int)ev->type);
-  if (ev->type == KVBM_EVENT_CLEARED) return KVBM_OK;
-  if (ev->medium == KVBM_MEDIUM_OTHER && !ev->medium_name)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu: medium OTHER without a name", i);
-  if ((unsigned)ev->medium > KVBM_MEDIUM_OTHER)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu: unknown medium %d", i,
-                          (int)ev->medium);
-  if (ev->num_block_hashes > UINT32_MAX || ev->num_tokens > UINT32_MAX)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu: more than 2^32 elements", i);
-  if ((ev->num_block_hashes && !ev->block_hashes) || (ev->num_tokens && !ev->token_ids))
-    return kvbm_error_set(err, KVBM_EINVAL, "events: event %zu: NULL array with a count", i);
-  return KVBM_OK;
-}
-
 int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
-                      kvbm_event_form form, const uint8_t **data, size_t *len,
-                      kvbm_error *err) {
+                      const uint8_t **data, size_t *len, kvbm_error *err) {
   if (!enc || !batch || !data || !len || (batch->num_events && !batch->events))
     return kvbm_error_set(err, KVBM_EINVAL, "events: encode: NULL argument");
-  if (form != KVBM_FORM_POSITIONAL && form != KVBM_FORM_MAP)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: encode: unknown form %d", (int)form);
   if (batch->num_events > UINT32_MAX)
     return kvbm_error_set(err, KVBM_EINVAL, "events: encode: more than 2^32 events");
   for (size_t i = 0; i < batch->num_events; i++) {
-    int rc = check_event(&batch->events[i], i, err);
+    int rc = kvbm_event_check(&batch->events[i], &enc->cfg, err);
     if (rc) return rc;
   }
   msgpack_sbuffer_clear(&enc->sb);
@@ -279,9 +458,9 @@ int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
   for (size_t i = 0; i < batch->num_events && !rc; i++) {
     const kvbm_event *ev = &batch->events[i];
     switch (ev->type) {
-      case KVBM_EVENT_STORED: rc = pack_stored(pk, ev, form); break;
-      case KVBM_EVENT_REMOVED: rc = pack_removed(pk, ev, form); break;
-      case KVBM_EVENT_CLEARED: rc = pack_cleared(pk, form); break;
+      case KVBM_EVENT_STORED: rc = pack_stored(enc, pk, ev); break;
+      case KVBM_EVENT_REMOVED: rc = pack_removed(enc, pk, ev); break;
+      case KVBM_EVENT_CLEARED: rc = pack_cleared(enc, pk); break;
     }
   }
   if (batch->has_dp_rank) rc |= msgpack_pack_int32(pk, batch->dp_rank);
@@ -293,9 +472,14 @@ int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
 
 /* ------------------------------------------------------------- decoding */
 
+/* Where an event's variable parts sit in the arenas while a payload is
+ * read (the arenas may move); SIZE_MAX = none. */
 typedef struct ev_off {
-  size_t h, t, mname, lname; /* arena offsets; SIZE_MAX = none */
+  size_t h, t, mname, lname, salt, kind, loc, own, ekeys, extras;
 } ev_off;
+
+static const ev_off kNoOff = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX,
+                              SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
 
 struct kvbm_event_decoder {
   kvbm_event *ev;
@@ -305,11 +489,16 @@ struct kvbm_event_decoder {
   size_t h_n, h_cap;
   uint32_t *t;
   size_t t_n, t_cap;
-  char *s;
+  char *s; /* names (NUL-terminated) and extra_keys' bytes */
   size_t s_n, s_cap;
+  uint8_t *x; /* the fields kvbm does not name: contiguous per event */
+  size_t x_n, x_cap;
+  kvbm_error ev_err;      /* the event being read: its failure */
+  char skip_reason[KVBM_ERROR_MSG_MAX];
 };
 
 int kvbm_event_decoder_create(kvbm_event_decoder **out, kvbm_error *err) {
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: decoder: NULL out");
   kvbm_event_decoder *d = calloc(1, sizeof *d);
   if (!d) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for a decoder");
   *out = d;
@@ -323,13 +512,14 @@ void kvbm_event_decoder_destroy(kvbm_event_decoder *dec) {
   free(dec->h);
   free(dec->t);
   free(dec->s);
+  free(dec->x);
   free(dec);
 }
 
 size_t kvbm_event_decoder_footprint(const kvbm_event_decoder *d) {
   if (!d) return 0;
   return d->ev_cap * sizeof *d->ev + d->off_cap * sizeof *d->off + d->h_cap * sizeof *d->h +
-         d->t_cap * sizeof *d->t + d->s_cap * sizeof *d->s;
+         d->t_cap * sizeof *d->t + d->s_cap * sizeof *d->s + d->x_cap * sizeof *d->x;
 }
 
 /* Arenas up to this size stay between decodes whatever comes next. */
@@ -337,7 +527,7 @@ size_t kvbm_event_decoder_footprint(const kvbm_event_decoder *d) {
 
 /* Whether an arena of cap elements of `size` bytes is larger than
  * ARENA_KEEP and more than four times what a payload of `len` bytes can
- * need from it (one element per `div` payload bytes at most: an event
+ * need from it (one element per `div` payload bytes at most: an event kept
  * takes >= 13 bytes, a hash, a token or a string byte >= 1). Such an arena
  * is given back before the decode: one oversized message does not pin its
  * memory, while a stream of similar messages keeps its arenas and
@@ -361,6 +551,11 @@ static void shrink_all(kvbm_event_decoder *d, size_t len) {
   SHRINK(d->h, d->h_cap, len, 1);
   SHRINK(d->t, d->t_cap, len, 1);
   SHRINK(d->s, d->s_cap, len, 1);
+  SHRINK(d->x, d->x_cap, len, 1);
+}
+
+const char *kvbm_event_decoder_skip_reason(const kvbm_event_decoder *dec) {
+  return dec ? dec->skip_reason : "";
 }
 
 /* Returns p grown to hold `need` (at least 1) elements of `size` bytes,
@@ -389,8 +584,8 @@ static void *reserve(void *p, size_t *cap, size_t need, size_t size) {
 typedef struct dctx {
   mpr r;
   kvbm_event_decoder *d;
-  kvbm_error *err;
-  size_t idx;        /* event index */
+  kvbm_error *err;   /* the caller's, or the decoder's ev_err inside an event */
+  size_t idx;        /* event index on the wire */
   const char *field; /* field being read */
 } dctx;
 
@@ -455,36 +650,68 @@ static int read_hashes(dctx *c, size_t *off, size_t *count) {
   return 0;
 }
 
-static int read_tokens(dctx *c, size_t *off, size_t *count) {
+/* A token id that is not one of the common encodings. */
+static int read_token_slow(dctx *c, uint32_t *out) {
+  uint64_t u;
+  bool neg;
+  if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "a token id (integer)");
+  int rc = mpr_int(&c->r, &u, &neg);
+  if (rc) return fail(c, rc, "bad integer");
+  if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "token id outside 0..2^32-1");
+  *out = (uint32_t)u;
+  return 0;
+}
+
+/* The common encodings of a token id, inline: fixint, uint8/16/32. */
+static inline int read_token(dctx *c, uint32_t *out) {
+  const uint8_t *p = c->r.p;
+  size_t left = (size_t)(c->r.end - p);
+  if (left >= 1 && *p <= 0x7f) { *out = *p; c->r.p = p + 1; return 0; }
+  if (left >= 5 && *p == 0xce) {
+    *out = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
+    c->r.p = p + 5;
+    return 0;
+  }
+  if (left >= 3 && *p == 0xcd) { *out = (uint32_t)p[1] << 8 | p[2]; c->r.p = p + 3; return 0; }
+  if (left >= 2 && *p == 0xcc) { *out = p[1]; c->r.p = p + 2; return 0; }
+  return read_token_slow(c, out);
+}
+
+/* SGLang's bigram tokens: n pairs [t_i, t_i+1] that must chain, kept as
+ * the n+1 tokens t_0..t_n (Dynamo's reading of them). */
+static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t two, a, b;
+    int rc = mpr_array(&c->r, &two);
+    if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "a token pair [t, t+1]") : fail(c, rc, "");
+    if (two != 2) return fail(c, KVBM_EFORMAT, "a token pair has other than 2 ids");
+    if ((rc = read_token(c, &a)) || (rc = read_token(c, &b))) return rc;
+    if (i == 0) out[0] = a;
+    else if (out[i] != a) return fail(c, KVBM_EFORMAT, "token pairs do not chain");
+    out[i + 1] = b;
+  }
+  return 0;
+}
+
+static int read_tokens(dctx *c, kvbm_event *ev, size_t *off) {
   uint32_t n;
   int rc = mpr_array(&c->r, &n);
   if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "an array of token ids") : fail(c, rc, "");
   kvbm_event_decoder *d = c->d;
-  RESERVE(d->t, d->t_cap, d->t_n + n);
+  bool pairs = n && mpr_peek(&c->r) == MPR_ARRAY;
+  RESERVE(d->t, d->t_cap, d->t_n + n + pairs);
   *off = d->t_n;
   uint32_t *out = d->t + d->t_n;
-  for (uint32_t i = 0; i < n; i++) {
-    /* The common encodings of a token id, inline: fixint, uint8/16/32. */
-    const uint8_t *p = c->r.p;
-    size_t left = (size_t)(c->r.end - p);
-    if (left >= 1 && *p <= 0x7f) { out[i] = *p; c->r.p = p + 1; continue; }
-    if (left >= 5 && *p == 0xce) {
-      out[i] = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
-      c->r.p = p + 5;
-      continue;
-    }
-    if (left >= 3 && *p == 0xcd) { out[i] = (uint32_t)p[1] << 8 | p[2]; c->r.p = p + 3; continue; }
-    if (left >= 2 && *p == 0xcc) { out[i] = p[1]; c->r.p = p + 2; continue; }
-    uint64_t u;
-    bool neg;
-    if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "a token id (integer)");
-    rc = mpr_int(&c->r, &u, &neg);
-    if (rc) return fail(c, rc, "bad integer");
-    if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "token id outside 0..2^32-1");
-    out[i] = (uint32_t)u;
+  if (pairs) {
+    if ((rc = read_token_pairs(c, n, out))) return rc;
+    n++;
+  } else {
+    for (uint32_t i = 0; i < n; i++)
+      if ((rc = read_token(c, &out[i]))) return rc;
   }
   d->t_n += n;
-  *count = n;
+  ev->num_tokens = n;
+  ev->token_pairs = pairs;
   return 0;
 }
 
@@ -513,6 +740,17 @@ static int read_opt_i64(dctx *c, int64_t *out, bool *has) {
   return 0;
 }
 
+/* Copies n bytes into the string arena (NUL-terminated); *off its place. */
+static int put_s(dctx *c, const uint8_t *b, size_t n, size_t *off) {
+  kvbm_event_decoder *d = c->d;
+  RESERVE(d->s, d->s_cap, d->s_n + n + 1);
+  if (n) memcpy(d->s + d->s_n, b, n);
+  d->s[d->s_n + n] = '\0';
+  *off = d->s_n;
+  d->s_n += n + 1;
+  return 0;
+}
+
 /* nil -> SIZE_MAX; a str is copied into the string arena, NUL-terminated. */
 static int read_opt_str(dctx *c, size_t *off, const uint8_t **raw, size_t *rawlen) {
   if (mpr_nil(&c->r)) { *off = SIZE_MAX; return 0; }
@@ -524,13 +762,33 @@ static int read_opt_str(dctx *c, size_t *off, const uint8_t **raw, size_t *rawle
   /* Names reach C callers as NUL-terminated strings: an inner NUL would
    * silently cut them. */
   if (n && memchr(b, 0, n)) return fail(c, KVBM_EFORMAT, "string contains a NUL byte");
-  kvbm_event_decoder *d = c->d;
-  RESERVE(d->s, d->s_cap, d->s_n + n + 1);
-  memcpy(d->s + d->s_n, b, n);
-  d->s[d->s_n + n] = '\0';
-  *off = d->s_n;
-  d->s_n += n + 1;
   if (raw) { *raw = b; *rawlen = n; }
+  return put_s(c, b, n, off);
+}
+
+/* One msgpack value kept as its bytes (extra_keys); nil is absent. */
+static int read_raw(dctx *c, size_t *off, size_t *len) {
+  if (mpr_nil(&c->r)) { *off = SIZE_MAX; *len = 0; return 0; }
+  const uint8_t *p = c->r.p;
+  int rc = mpr_skip(&c->r);
+  if (rc) return fail(c, rc, "malformed value");
+  *len = (size_t)(c->r.p - p);
+  return put_s(c, p, *len, off);
+}
+
+/* Appends the key/value pair that started at `from` (the reader is past
+ * the key) to the event's extras. */
+static int keep_extra(dctx *c, const uint8_t *from, kvbm_event *ev, ev_off *o) {
+  int rc = mpr_skip(&c->r);
+  if (rc) return fail(c, rc, "malformed value");
+  size_t n = (size_t)(c->r.p - from);
+  kvbm_event_decoder *d = c->d;
+  RESERVE(d->x, d->x_cap, d->x_n + n);
+  memcpy(d->x + d->x_n, from, n);
+  if (o->extras == SIZE_MAX) o->extras = d->x_n;
+  d->x_n += n;
+  ev->extras_len += n;
+  ev->num_extras++;
   return 0;
 }
 
@@ -548,6 +806,58 @@ static int read_medium(dctx *c, kvbm_event *ev, ev_off *o) {
   ev->medium = o->mname == SIZE_MAX ? KVBM_MEDIUM_NONE
                                     : kvbm_medium_from_name((const char *)raw, n);
   return 0;
+}
+
+/* A string key (map events, SGLang's metadata); *from is where it began. */
+static int read_key(dctx *c, const uint8_t **from, const uint8_t **k, size_t *kl) {
+  *from = c->r.p;
+  if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string key");
+  int rc = mpr_bytes(&c->r, false, k, kl);
+  return rc ? fail(c, rc, "bad key") : 0;
+}
+
+/* Positional index 7: vLLM's lora_name (string or nil), or SGLang's
+ * BlockStoredMetadata map: its cache_salt, and any other key (session_id)
+ * kept with the extras. */
+static int read_slot7(dctx *c, kvbm_event *ev, ev_off *o) {
+  if (mpr_peek(&c->r) != MPR_MAP) return read_opt_str(c, &o->lname, NULL, NULL);
+  uint32_t n;
+  int rc = mpr_map(&c->r, &n);
+  if (rc) return fail(c, rc, "bad map");
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *from, *k;
+    size_t kl;
+    if ((rc = read_key(c, &from, &k, &kl))) return rc;
+    if (kl == 10 && !memcmp(k, "cache_salt", 10)) rc = read_opt_str(c, &o->salt, NULL, NULL);
+    else rc = keep_extra(c, from, ev, o);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int read_field(dctx *c, int f, kvbm_event *ev, ev_off *o) {
+  c->field = kFieldName[f];
+  switch (f) {
+    case F_HASHES: return read_hashes(c, &o->h, &ev->num_block_hashes);
+    case F_PARENT: return read_parent(c, ev);
+    case F_TOKENS: return read_tokens(c, ev, &o->t);
+    case F_BSIZE: return read_u32(c, &ev->block_size);
+    case F_LORA: return read_opt_i64(c, &ev->lora_id, &ev->has_lora_id);
+    case F_MEDIUM: return read_medium(c, ev, o);
+    case F_LNAME: return read_opt_str(c, &o->lname, NULL, NULL);
+    case F_EKEYS: return read_raw(c, &o->ekeys, &ev->extra_keys_len);
+    case F_GROUP: return read_opt_i64(c, &ev->group_idx, &ev->has_group_idx);
+    case F_KIND: return read_opt_str(c, &o->kind, NULL, NULL);
+    case F_SWIN: return read_opt_i64(c, &ev->sliding_window, &ev->has_sliding_window);
+    case F_LOCALITY: return read_opt_str(c, &o->loc, NULL, NULL);
+    case F_OWNERSHIP: return read_opt_str(c, &o->own, NULL, NULL);
+    case F_SALT: return read_opt_str(c, &o->salt, NULL, NULL);
+    case F_SLOT7: return read_slot7(c, ev, o);
+    default: {
+      int rc = mpr_skip(&c->r);
+      return rc ? fail(c, rc, "malformed value") : 0;
+    }
+  }
 }
 
 static int tag_type(const uint8_t *s, size_t n, kvbm_event_type *t) {
@@ -572,33 +882,9 @@ static int read_tag(dctx *c, kvbm_event *ev) {
   return 0;
 }
 
-/* Field ids shared by both forms. */
-enum { F_HASHES, F_PARENT, F_TOKENS, F_BSIZE, F_LORA, F_MEDIUM, F_LNAME, F_EXTRA, F_GROUP, F_SKIP };
-static const char *const kFieldName[] = {"block_hashes", "parent_block_hash", "token_ids",
-                                         "block_size", "lora_id", "medium", "lora_name",
-                                         "extra_keys", "group_idx", "?"};
-
-static int read_field(dctx *c, int f, kvbm_event *ev, ev_off *o) {
-  c->field = kFieldName[f];
-  switch (f) {
-    case F_HASHES: return read_hashes(c, &o->h, &ev->num_block_hashes);
-    case F_PARENT: return read_parent(c, ev);
-    case F_TOKENS: return read_tokens(c, &o->t, &ev->num_tokens);
-    case F_BSIZE: return read_u32(c, &ev->block_size);
-    case F_LORA: return read_opt_i64(c, &ev->lora_id, &ev->has_lora_id);
-    case F_MEDIUM: return read_medium(c, ev, o);
-    case F_LNAME: return read_opt_str(c, &o->lname, NULL, NULL);
-    case F_GROUP: return read_opt_i64(c, &ev->group_idx, &ev->has_group_idx);
-    default: {
-      int rc = mpr_skip(&c->r);
-      return rc ? fail(c, rc, "malformed value") : 0;
-    }
-  }
-}
-
-/* Positional field order after the tag, by event type. */
-static const int kStoredOrder[] = {F_HASHES, F_PARENT, F_TOKENS, F_BSIZE, F_LORA,
-                                   F_MEDIUM, F_LNAME, F_EXTRA, F_GROUP};
+/* Positional field order after the tag, by event type (see the header). */
+static const int kStoredOrder[] = {F_HASHES, F_PARENT, F_TOKENS, F_BSIZE, F_LORA, F_MEDIUM,
+                                   F_SLOT7, F_EKEYS, F_GROUP, F_KIND, F_SWIN};
 static const int kRemovedOrder[] = {F_HASHES, F_MEDIUM, F_GROUP};
 
 static int read_positional(dctx *c, kvbm_event *ev, ev_off *o) {
@@ -610,7 +896,7 @@ static int read_positional(dctx *c, kvbm_event *ev, ev_off *o) {
   if (rc) return rc;
   const int *order = NULL;
   size_t known = 0, required = 0;
-  if (ev->type == KVBM_EVENT_STORED) { order = kStoredOrder; known = 9; required = 4; }
+  if (ev->type == KVBM_EVENT_STORED) { order = kStoredOrder; known = 11; required = 4; }
   if (ev->type == KVBM_EVENT_REMOVED) { order = kRemovedOrder; known = 3; required = 1; }
   if (n - 1 < required) {
     char msg[96];
@@ -625,15 +911,6 @@ static int read_positional(dctx *c, kvbm_event *ev, ev_off *o) {
   return 0;
 }
 
-static int key_field(const uint8_t *k, size_t n) {
-  for (int f = 0; f < F_SKIP; f++) {
-    if (f == F_EXTRA) continue;
-    size_t l = strlen(kFieldName[f]);
-    if (l == n && !memcmp(k, kFieldName[f], n)) return f;
-  }
-  return F_SKIP;
-}
-
 static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t n;
   int rc = mpr_map(&c->r, &n);
@@ -641,12 +918,10 @@ static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   bool have_type = false;
   unsigned seen = 0;
   for (uint32_t i = 0; i < n; i++) {
-    const uint8_t *k;
+    const uint8_t *from, *k;
     size_t kl;
     c->field = "key";
-    if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string key");
-    rc = mpr_bytes(&c->r, false, &k, &kl);
-    if (rc) return fail(c, rc, "bad key");
+    if ((rc = read_key(c, &from, &k, &kl))) return rc;
     if (kl == 4 && !memcmp(k, "type", 4)) {
       c->field = "type";
       rc = read_tag(c, ev);
@@ -654,17 +929,16 @@ static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
     } else {
       int f = key_field(k, kl);
       seen |= 1u << f;
-      rc = read_field(c, f, ev, o);
+      rc = f == F_EXTRA ? keep_extra(c, from, ev, o) : read_field(c, f, ev, o);
     }
     if (rc) return rc;
   }
   c->field = NULL;
   if (!have_type) return fail(c, KVBM_EFORMAT, "event map has no \"type\"");
   unsigned need = 0;
-  if (ev->type == KVBM_EVENT_STORED)
-    need = 1u << F_HASHES | 1u << F_PARENT | 1u << F_TOKENS | 1u << F_BSIZE;
+  if (ev->type == KVBM_EVENT_STORED) need = 1u << F_HASHES | 1u << F_TOKENS | 1u << F_BSIZE;
   if (ev->type == KVBM_EVENT_REMOVED) need = 1u << F_HASHES;
-  for (int f = 0; f < F_SKIP; f++) {
+  for (int f = 0; f < F_NAMED; f++) {
     if ((need >> f & 1) && !(seen >> f & 1)) {
       c->field = kvbm_event_type_name(ev->type);
       char msg[80];
@@ -675,33 +949,69 @@ static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   return 0;
 }
 
-static int read_events(dctx *c) {
+/* What an event of its type does not carry is dropped (the map form
+ * could name any key on any event), so that a decoded event is what
+ * encoding it writes. */
+static void keep_own_fields(kvbm_event *ev, ev_off *o) {
+  if (ev->type == KVBM_EVENT_STORED) return;
+  if (ev->type == KVBM_EVENT_CLEARED) {
+    *ev = (kvbm_event){.type = KVBM_EVENT_CLEARED};
+    *o = kNoOff;
+    return;
+  }
+  kvbm_event r = {.type = ev->type, .num_block_hashes = ev->num_block_hashes,
+                  .medium = ev->medium, .group_idx = ev->group_idx,
+                  .has_group_idx = ev->has_group_idx, .extras_len = ev->extras_len,
+                  .num_extras = ev->num_extras};
+  *ev = r;
+  o->t = o->lname = o->salt = o->kind = o->ekeys = SIZE_MAX;
+}
+
+static int read_event(dctx *c, kvbm_event *ev, ev_off *o) {
+  c->field = "event";
+  mpr_kind k = mpr_peek(&c->r);
+  int rc;
+  if (k == MPR_ARRAY) rc = read_positional(c, ev, o);
+  else if (k == MPR_MAP) rc = read_map_event(c, ev, o);
+  else return fail_type(c, "an event (array or map)");
+  if (!rc) keep_own_fields(ev, o);
+  return rc;
+}
+
+/* Reads the events array. A failed event is skipped whole when it is
+ * well-formed msgpack (see the top of this file); otherwise its error is
+ * the payload's. */
+static int read_events(dctx *c, kvbm_event_batch *out) {
   uint32_t n;
   int rc = mpr_array(&c->r, &n);
-  if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "the events array") : fail(c, rc, "");
+  if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "the events array") : fail(c, rc, "the events array");
   kvbm_event_decoder *d = c->d;
-  /* The smallest event, ["BlockStored"] as a fixarray, takes 13 bytes:
-   * refusing counts above that bound keeps the arenas within ~10x len. */
-  if (n > mpr_left(&c->r) / 13) {
-    char msg[96];
-    snprintf(msg, sizeof msg, "%u events declared in %zu bytes", n, mpr_left(&c->r));
-    return fail(c, KVBM_ETRUNCATED, msg);
-  }
-  RESERVE(d->ev, d->ev_cap, n);
-  RESERVE(d->off, d->off_cap, n);
+  kvbm_error *caller = c->err;
+  size_t kept = 0;
   for (uint32_t i = 0; i < n; i++) {
-    kvbm_event *ev = &d->ev[i];
-    ev_off *o = &d->off[i];
+    RESERVE(d->ev, d->ev_cap, kept + 1);
+    RESERVE(d->off, d->off_cap, kept + 1);
+    kvbm_event *ev = &d->ev[kept];
+    ev_off *o = &d->off[kept];
     memset(ev, 0, sizeof *ev);
-    *o = (ev_off){SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+    *o = kNoOff;
     c->idx = i;
-    c->field = "event";
-    mpr_kind k = mpr_peek(&c->r);
-    if (k == MPR_ARRAY) rc = read_positional(c, ev, o);
-    else if (k == MPR_MAP) rc = read_map_event(c, ev, o);
-    else rc = fail_type(c, "an event (array or map)");
-    if (rc) return rc;
-    d->ev_n = i + 1;
+    const uint8_t *start = c->r.p;
+    size_t h0 = d->h_n, t0 = d->t_n, s0 = d->s_n, x0 = d->x_n;
+    c->err = &d->ev_err;
+    rc = read_event(c, ev, o);
+    c->err = caller;
+    if (rc == 0) {
+      d->ev_n = ++kept;
+      continue;
+    }
+    c->r.p = start;
+    if (rc == KVBM_ENOMEM || mpr_skip(&c->r)) { /* the payload's error */
+      if (caller) *caller = d->ev_err;
+      return rc;
+    }
+    d->h_n = h0, d->t_n = t0, d->s_n = s0, d->x_n = x0;
+    if (!out->skipped++) snprintf(d->skip_reason, sizeof d->skip_reason, "%s", d->ev_err.msg);
   }
   c->field = NULL;
   return 0;
@@ -709,14 +1019,22 @@ static int read_events(dctx *c) {
 
 /* Turns the arena offsets into pointers, now that the arenas stopped moving. */
 static void fix_pointers(kvbm_event_decoder *d) {
+#define STR(off) ((off) == SIZE_MAX ? NULL : d->s + (off))
   for (size_t i = 0; i < d->ev_n; i++) {
     kvbm_event *ev = &d->ev[i];
     const ev_off *o = &d->off[i];
     ev->block_hashes = ev->num_block_hashes ? d->h + o->h : NULL;
     ev->token_ids = ev->num_tokens ? d->t + o->t : NULL;
-    ev->medium_name = o->mname == SIZE_MAX ? NULL : d->s + o->mname;
-    ev->lora_name = o->lname == SIZE_MAX ? NULL : d->s + o->lname;
+    ev->medium_name = STR(o->mname);
+    ev->lora_name = STR(o->lname);
+    ev->cache_salt = STR(o->salt);
+    ev->kv_cache_spec_kind = STR(o->kind);
+    ev->locality = STR(o->loc);
+    ev->ownership = STR(o->own);
+    ev->extra_keys = (const uint8_t *)STR(o->ekeys);
+    ev->extras = o->extras == SIZE_MAX ? NULL : d->x + o->extras;
   }
+#undef STR
 }
 
 static int read_dp_rank(dctx *c, kvbm_event_batch *out) {
@@ -748,7 +1066,7 @@ static int read_batch(dctx *c, kvbm_event_batch *out) {
     rc = mpr_array(&c->r, &n);
     if (rc) return fail(c, rc, "bad batch array");
     if (n < 2) return fail(c, KVBM_EFORMAT, "batch array has fewer than 2 elements [ts, events]");
-    if ((rc = read_ts(c, &out->ts)) || (rc = read_events(c))) return rc;
+    if ((rc = read_ts(c, &out->ts)) || (rc = read_events(c, out))) return rc;
     if (n >= 3 && (rc = read_dp_rank(c, out))) return rc;
     for (uint32_t i = 3; i < n; i++)
       if ((rc = mpr_skip(&c->r))) return fail(c, rc, "malformed trailing batch field");
@@ -765,8 +1083,13 @@ static int read_batch(dctx *c, kvbm_event_batch *out) {
       if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string key in the batch map");
       if ((rc = mpr_bytes(&c->r, false, &key, &kl))) return fail(c, rc, "bad key");
       if (kl == 2 && !memcmp(key, "ts", 2)) { rc = read_ts(c, &out->ts); have_ts = true; }
-      else if (kl == 6 && !memcmp(key, "events", 6)) { rc = read_events(c); have_events = true; }
-      else if (kl == 18 && !memcmp(key, "data_parallel_rank", 18)) rc = read_dp_rank(c, out);
+      else if (kl == 6 && !memcmp(key, "events", 6)) {
+        /* a repeated "events" key replaces the earlier events */
+        c->d->ev_n = 0;
+        out->skipped = 0;
+        rc = read_events(c, out);
+        have_events = true;
+      } else if (kl == 18 && !memcmp(key, "data_parallel_rank", 18)) rc = read_dp_rank(c, out);
       else if ((rc = mpr_skip(&c->r))) rc = fail(c, rc, "malformed batch field");
       if (rc) return rc;
     }
@@ -781,7 +1104,8 @@ int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
                       uint64_t seq, kvbm_event_batch *out, kvbm_error *err) {
   if (!dec || !out || (!data && len))
     return kvbm_error_set(err, KVBM_EINVAL, "events: decode: NULL argument");
-  dec->ev_n = dec->h_n = dec->t_n = dec->s_n = 0;
+  dec->ev_n = dec->h_n = dec->t_n = dec->s_n = dec->x_n = 0;
+  dec->skip_reason[0] = '\0';
   shrink_all(dec, len);
   memset(out, 0, sizeof *out);
   dctx c = {.r = {data, (const uint8_t *)data + len}, .d = dec, .err = err};
@@ -789,11 +1113,15 @@ int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
   int rc = read_batch(&c, out);
   if (rc) {
     dec->ev_n = 0;
+    out->skipped = 0;
     return rc;
   }
-  if (c.r.p != c.r.end)
+  if (c.r.p != c.r.end) {
+    dec->ev_n = 0;
+    out->skipped = 0;
     return kvbm_error_set(err, KVBM_ETOOLONG, "events: decode: %zu bytes after the batch",
                           mpr_left(&c.r));
+  }
   fix_pointers(dec);
   out->seq = seq;
   out->events = dec->ev_n ? dec->ev : NULL;

@@ -41,11 +41,40 @@
 
 #define MAX_SINKS 8
 
+/* An event's variable-length parts besides hashes and tokens: its names
+ * and the msgpack bytes it carries. They are copied into the queue's byte
+ * arena and pointed at again when the batch leaves. */
+enum { V_MNAME, V_LNAME, V_SALT, V_KIND, V_LOC, V_OWN, V_EKEYS, V_EXTRAS, NVAR };
+
+/* The pointer fields of `ev` for each part. */
+static const void **var_field(kvbm_event *ev, int v) {
+  switch (v) {
+    case V_MNAME: return (const void **)&ev->medium_name;
+    case V_LNAME: return (const void **)&ev->lora_name;
+    case V_SALT: return (const void **)&ev->cache_salt;
+    case V_KIND: return (const void **)&ev->kv_cache_spec_kind;
+    case V_LOC: return (const void **)&ev->locality;
+    case V_OWN: return (const void **)&ev->ownership;
+    case V_EKEYS: return (const void **)&ev->extra_keys;
+    default: return (const void **)&ev->extras;
+  }
+}
+
+/* The bytes of part v (a name with its NUL); 0 when absent. */
+static size_t var_len(const kvbm_event *ev, int v) {
+  const void *p = *var_field((kvbm_event *)ev, v);
+  if (!p) return 0;
+  if (v == V_EKEYS) return ev->extra_keys_len;
+  if (v == V_EXTRAS) return ev->extras_len;
+  return strlen(p) + 1;
+}
+
 /* One queued event: scalars, and where its arrays sit in the arenas. */
 typedef struct qev {
   kvbm_event ev;           /* pointers unset while queued */
   size_t h_off, t_off;     /* into h, t */
-  size_t mname_off, lname_off; /* into s; SIZE_MAX = none */
+  size_t v_off[NVAR];      /* into s; SIZE_MAX = none */
+  int32_t dp_rank;         /* the batch it leaves in carries this rank */
 } qev;
 
 typedef struct evq {
@@ -99,7 +128,8 @@ kvbm_publisher_config kvbm_publisher_config_default(void) {
                                   .queue_events = 65536,
                                   .queue_bytes = (size_t)64 << 20,
                                   .overflow = KVBM_OVERFLOW_BLOCK,
-                                  .form = KVBM_FORM_POSITIONAL};
+                                  .form = KVBM_FORM_MAP,
+                                  .signed_hashes = false};
 }
 
 kvbm_zmq_sink_config kvbm_zmq_sink_config_default(const char *endpoint) {
@@ -135,7 +165,8 @@ int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **ou
     free(p);
     return kvbm_error_set(err, KVBM_EIO, "events: publisher: eventfd: %s", strerror(errno));
   }
-  int rc = kvbm_event_encoder_create(&p->enc, err);
+  kvbm_event_encoder_config ec = {.form = o.form, .signed_hashes = o.signed_hashes};
+  int rc = kvbm_event_encoder_create(&ec, &p->enc, err);
   if (rc) {
     close(p->efd);
     free(p);
@@ -214,8 +245,10 @@ static void wake(kvbm_publisher *p) { /* with p->mu held */
   (void)w; /* a full eventfd counter still wakes the thread */
 }
 
-static size_t event_bytes(const kvbm_event *ev, size_t mlen, size_t llen) {
-  return ev->num_block_hashes * 8 + ev->num_tokens * 4 + mlen + llen;
+static size_t event_bytes(const kvbm_event *ev) {
+  size_t n = ev->num_block_hashes * 8 + ev->num_tokens * 4;
+  for (int v = 0; v < NVAR; v++) n += var_len(ev, v);
+  return n;
 }
 
 static void *grow(void *ptr, size_t *cap, size_t need, size_t size) {
@@ -231,8 +264,7 @@ static void *grow(void *ptr, size_t *cap, size_t need, size_t size) {
 }
 
 /* Appends a copy of ev to q (lock held). */
-static int q_append(evq *q, const kvbm_event *ev, const char *mname, size_t mlen,
-                    size_t llen) {
+static int q_append(evq *q, const kvbm_event *ev, int32_t dp_rank) {
   qev *e = grow(q->ev, &q->cap, q->n + 1, sizeof *q->ev);
   if (!e) return KVBM_ENOMEM;
   q->ev = e;
@@ -242,35 +274,59 @@ static int q_append(evq *q, const kvbm_event *ev, const char *mname, size_t mlen
   uint32_t *t = grow(q->t, &q->capt, q->nt + ev->num_tokens + 1, sizeof *q->t);
   if (!t) return KVBM_ENOMEM;
   q->t = t;
-  size_t sneed = (mname ? mlen + 1 : 0) + (ev->lora_name ? llen + 1 : 0);
-  char *s = grow(q->s, &q->caps, q->ns + sneed + 1, 1);
+  size_t vlen[NVAR], sneed = 1;
+  for (int v = 0; v < NVAR; v++) sneed += vlen[v] = var_len(ev, v);
+  char *s = grow(q->s, &q->caps, q->ns + sneed, 1);
   if (!s) return KVBM_ENOMEM;
   q->s = s;
   qev *x = &q->ev[q->n];
   x->ev = *ev;
+  x->dp_rank = dp_rank;
   x->h_off = q->nh;
   x->t_off = q->nt;
   if (ev->num_block_hashes) memcpy(q->h + q->nh, ev->block_hashes, ev->num_block_hashes * 8);
   if (ev->num_tokens) memcpy(q->t + q->nt, ev->token_ids, ev->num_tokens * 4);
   q->nh += ev->num_block_hashes;
   q->nt += ev->num_tokens;
-  x->mname_off = x->lname_off = SIZE_MAX;
-  if (mname) {
-    memcpy(q->s + q->ns, mname, mlen + 1);
-    x->mname_off = q->ns;
-    q->ns += mlen + 1;
+  for (int v = 0; v < NVAR; v++) {
+    x->v_off[v] = SIZE_MAX;
+    if (!vlen[v]) continue;
+    memcpy(q->s + q->ns, *var_field((kvbm_event *)ev, v), vlen[v]);
+    x->v_off[v] = q->ns;
+    q->ns += vlen[v];
   }
-  if (ev->lora_name) {
-    memcpy(q->s + q->ns, ev->lora_name, llen + 1);
-    x->lname_off = q->ns;
-    q->ns += llen + 1;
-  }
-  q->bytes += event_bytes(ev, mname ? mlen : 0, ev->lora_name ? llen : 0);
+  q->bytes += event_bytes(ev);
   q->n++;
   return KVBM_OK;
 }
 
-static int check_publish(const kvbm_event *ev, kvbm_error *err) {
+/* Points a queued event's arrays and parts at q's arenas again. */
+static void q_event(const evq *q, const qev *x, kvbm_event *e) {
+  *e = x->ev;
+  e->block_hashes = e->num_block_hashes ? q->h + x->h_off : NULL;
+  e->token_ids = e->num_tokens ? q->t + x->t_off : NULL;
+  for (int v = 0; v < NVAR; v++)
+    *var_field(e, v) = x->v_off[v] != SIZE_MAX ? q->s + x->v_off[v] : NULL;
+}
+
+/* What of `ev` goes on the wire for its type (a clear carries nothing, a
+ * remove no tokens, names or salt), as the codec reads it back. */
+static kvbm_event own_fields(const kvbm_event *ev) {
+  kvbm_event e = *ev;
+  if (e.type == KVBM_EVENT_CLEARED) return (kvbm_event){.type = KVBM_EVENT_CLEARED};
+  if (e.type == KVBM_EVENT_REMOVED) {
+    e.has_parent = e.has_lora_id = e.token_pairs = e.has_sliding_window = false;
+    e.token_ids = NULL;
+    e.num_tokens = 0;
+    e.block_size = 0;
+    e.lora_name = e.cache_salt = e.kv_cache_spec_kind = NULL;
+    e.extra_keys = NULL;
+    e.extra_keys_len = 0;
+  }
+  return e;
+}
+
+static int check_publish(const kvbm_publisher *p, const kvbm_event *ev, kvbm_error *err) {
   switch (ev->type) {
     case KVBM_EVENT_STORED:
       if (ev->num_block_hashes == 0 || ev->block_size == 0)
@@ -286,34 +342,18 @@ static int check_publish(const kvbm_event *ev, kvbm_error *err) {
       return kvbm_error_set(err, KVBM_EINVAL, "events: publish: unknown event type %d",
                             (int)ev->type);
   }
-  if ((ev->num_block_hashes && !ev->block_hashes) || (ev->num_tokens && !ev->token_ids))
-    return kvbm_error_set(err, KVBM_EINVAL, "events: publish: NULL array with a count");
-  if ((unsigned)ev->medium > KVBM_MEDIUM_OTHER)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: publish: unknown medium %d", (int)ev->medium);
-  if (ev->medium == KVBM_MEDIUM_OTHER && !ev->medium_name)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: publish: medium OTHER needs medium_name");
-  return KVBM_OK;
+  /* what the encoder would refuse is refused here, where the caller sees
+   * it, and never fails a whole batch on the thread */
+  kvbm_event_encoder_config ec = {.form = p->o.form, .signed_hashes = p->o.signed_hashes};
+  return kvbm_event_check(ev, &ec, err);
 }
 
-int kvbm_publisher_publish(kvbm_publisher *p, const kvbm_event *ev0, uint64_t *event_id,
-                           kvbm_error *err) {
-  if (!p || !ev0) return kvbm_error_set(err, KVBM_EINVAL, "events: publish: NULL argument");
-  int rc = check_publish(ev0, err);
+static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_rank,
+                          uint64_t *event_id, kvbm_error *err) {
+  int rc = check_publish(p, ev0, err);
   if (rc) return rc;
-  kvbm_event ev = *ev0;
-  if (ev.type == KVBM_EVENT_CLEARED) { /* nothing of a clear goes on the wire */
-    ev = (kvbm_event){.type = KVBM_EVENT_CLEARED};
-  }
-  const char *mname = ev.type != KVBM_EVENT_CLEARED && ev.medium == KVBM_MEDIUM_OTHER
-                          ? ev.medium_name : NULL;
-  size_t mlen = mname ? strlen(mname) : 0;
-  size_t llen = ev.type == KVBM_EVENT_STORED && ev.lora_name ? strlen(ev.lora_name) : 0;
-  if (ev.type != KVBM_EVENT_STORED) {
-    ev.lora_name = NULL;
-    ev.token_ids = NULL;
-    ev.num_tokens = 0;
-  }
-  size_t need = event_bytes(&ev, mlen, llen);
+  kvbm_event ev = own_fields(ev0);
+  size_t need = event_bytes(&ev);
   if (need > p->o.queue_bytes)
     return kvbm_error_set(err, KVBM_ETOOLONG,
                           "events: publish: an event of %zu bytes exceeds queue_bytes %zu", need,
@@ -346,7 +386,7 @@ int kvbm_publisher_publish(kvbm_publisher *p, const kvbm_event *ev0, uint64_t *e
   evq *q = p->fill;
   if (q->n == 0) q->first_ns = kvbm_clock_ns();
   ev.event_id = p->st.accepted + 1;
-  rc = q_append(q, &ev, mname, mlen, llen);
+  rc = q_append(q, &ev, dp_rank);
   if (rc) {
     pthread_mutex_unlock(&p->mu);
     return kvbm_error_set(err, rc, "events: publish: out of memory");
@@ -356,6 +396,29 @@ int kvbm_publisher_publish(kvbm_publisher *p, const kvbm_event *ev0, uint64_t *e
   if (q->n == 1 || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0) wake(p);
   pthread_mutex_unlock(&p->mu);
   return KVBM_OK;
+}
+
+int kvbm_publisher_publish(kvbm_publisher *p, const kvbm_event *ev, uint64_t *event_id,
+                           kvbm_error *err) {
+  if (!p || !ev) return kvbm_error_set(err, KVBM_EINVAL, "events: publish: NULL argument");
+  return publish_ranked(p, ev, p->o.dp_rank, event_id, err);
+}
+
+int kvbm_publisher_publish_batch(kvbm_publisher *p, const kvbm_event_batch *b, size_t *queued,
+                                 kvbm_error *err) {
+  if (queued) *queued = 0;
+  if (!p || !b || (b->num_events && !b->events))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: publish_batch: NULL argument");
+  int32_t rank = b->has_dp_rank ? b->dp_rank : p->o.dp_rank;
+  int first = KVBM_OK;
+  kvbm_error e2;
+  for (size_t i = 0; i < b->num_events; i++) {
+    int rc = publish_ranked(p, &b->events[i], rank, NULL, first ? &e2 : err);
+    if (rc == KVBM_ECLOSED || rc == KVBM_ESTATE) return rc; /* nothing more will go */
+    if (rc && !first) first = rc;
+    if (!rc && queued) (*queued)++;
+  }
+  return first;
 }
 
 int kvbm_publisher_publish_stored(kvbm_publisher *pub, const uint64_t *block_hashes,
@@ -392,33 +455,39 @@ int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id, kvbm
 
 static void q_clear(evq *q) { q->n = q->nh = q->nt = q->ns = q->bytes = 0; }
 
+/* How many events from `off` leave in one batch: up to max_batch_events
+ * of one dp_rank (a relay keeps each engine batch's rank). */
+static size_t batch_len(const kvbm_publisher *p, const evq *q, size_t off) {
+  size_t n = q->n - off < p->o.max_batch_events ? q->n - off : p->o.max_batch_events;
+  for (size_t k = 1; k < n; k++)
+    if (q->ev[off + k].dp_rank != q->ev[off].dp_rank) return k;
+  return n;
+}
+
 /* Sends the drained events as batches (no lock held). */
 static void emit(kvbm_publisher *p, evq *q, uint64_t *seq, uint64_t *sink_errors) {
   kvbm_event *evs = grow(p->scratch, &p->scratch_cap, q->n, sizeof *p->scratch);
   if (!evs) { /* cannot even list them: count each batch lost at every sink */
-    *sink_errors += p->nsinks * ((q->n + p->o.max_batch_events - 1) / p->o.max_batch_events);
-    *seq += (q->n + p->o.max_batch_events - 1) / p->o.max_batch_events;
+    for (size_t off = 0; off < q->n; off += batch_len(p, q, off)) {
+      *sink_errors += p->nsinks;
+      (*seq)++;
+    }
     return;
   }
   p->scratch = evs;
   for (size_t i = 0; i < q->n; i++) {
-    const qev *x = &q->ev[i];
-    kvbm_event *e = &evs[i];
-    *e = x->ev;
-    e->block_hashes = e->num_block_hashes ? q->h + x->h_off : NULL;
-    e->token_ids = e->num_tokens ? q->t + x->t_off : NULL;
-    e->medium_name = x->mname_off != SIZE_MAX ? q->s + x->mname_off : kvbm_medium_name(e->medium);
-    e->lora_name = x->lname_off != SIZE_MAX ? q->s + x->lname_off : NULL;
+    q_event(q, &q->ev[i], &evs[i]);
+    if (!evs[i].medium_name) evs[i].medium_name = kvbm_medium_name(evs[i].medium);
   }
   bool bytes = false;
   for (size_t s = 0; s < p->nsinks; s++) bytes |= p->sinks[s]->wants_bytes;
-  for (size_t off = 0; off < q->n; off += p->o.max_batch_events) {
-    size_t n = q->n - off < p->o.max_batch_events ? q->n - off : p->o.max_batch_events;
-    kvbm_event_batch b = {.seq = (*seq)++, .ts = wall_now(), .dp_rank = p->o.dp_rank,
+  for (size_t off = 0, n; off < q->n; off += n) {
+    n = batch_len(p, q, off);
+    kvbm_event_batch b = {.seq = (*seq)++, .ts = wall_now(), .dp_rank = q->ev[off].dp_rank,
                           .has_dp_rank = true, .events = evs + off, .num_events = n};
     const uint8_t *data = NULL;
     size_t len = 0;
-    bool encoded = !bytes || kvbm_event_encode(p->enc, &b, p->o.form, &data, &len, NULL) == 0;
+    bool encoded = !bytes || kvbm_event_encode(p->enc, &b, &data, &len, NULL) == 0;
     for (size_t s = 0; s < p->nsinks; s++) {
       ev_sink *k = p->sinks[s];
       if (k->wants_bytes && !encoded) { (*sink_errors)++; continue; }
@@ -443,14 +512,9 @@ static int due(kvbm_publisher *p, uint64_t now) {
  * for its own trigger. Lock held. On ENOMEM everything stays in `from`. */
 static void move_tail(evq *from, size_t keep, evq *to) {
   for (size_t i = keep; i < from->n; i++) {
-    const qev *x = &from->ev[i];
-    kvbm_event e = x->ev;
-    e.block_hashes = from->h + x->h_off;
-    e.token_ids = from->t + x->t_off;
-    e.lora_name = x->lname_off != SIZE_MAX ? from->s + x->lname_off : NULL;
-    const char *mname = x->mname_off != SIZE_MAX ? from->s + x->mname_off : NULL;
-    if (q_append(to, &e, mname, mname ? strlen(mname) : 0,
-                 e.lora_name ? strlen(e.lora_name) : 0)) {
+    kvbm_event e;
+    q_event(from, &from->ev[i], &e);
+    if (q_append(to, &e, from->ev[i].dp_rank)) {
       q_clear(to);
       return;
     }

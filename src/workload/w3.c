@@ -153,7 +153,7 @@ static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *inde
                         .events = wr->ev, .num_events = c->nr};
   const uint8_t *data;
   size_t len;
-  int rc = kvbm_event_encode(wr->enc, &b, KVBM_FORM_POSITIONAL, &data, &len, err);
+  int rc = kvbm_event_encode(wr->enc, &b, &data, &len, err);
   kvbm_event_batch d;
   if (!rc) rc = kvbm_event_decode(wr->dec, data, len, b.seq, &d, err);
   if (!rc && tap->tap_batch) tap->tap_batch(tap->tap_user, w, &d);
@@ -339,7 +339,10 @@ static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
     ic.scheme = o->recompute ? o->index_scheme : o->scheme;
     ic.expected_blocks = o->capacity;
     if ((rc = kvbm_index_create(&ic, &s->idx, err))) return rc;
-    if ((rc = kvbm_event_encoder_create(&s->wr.enc, err))) return rc;
+    /* vLLM's positional form, as the figures in docs/areas/router.md were
+     * taken with */
+    kvbm_event_encoder_config ec = {.form = KVBM_FORM_POSITIONAL};
+    if ((rc = kvbm_event_encoder_create(&ec, &s->wr.enc, err))) return rc;
     if ((rc = kvbm_event_decoder_create(&s->wr.dec, err))) return rc;
   }
   for (uint32_t w = 0; w < o->workers; w++) {

@@ -1,5 +1,8 @@
-/* test_codec.c: the event codec: round trips in both forms, the wire
- * variants other senders use, and malformed payloads of every kind. */
+/* test_codec.c: the event codec: round trips in both forms (and with
+ * signed hashes), the shapes today's and older engines send (vLLM's tagged
+ * maps, SGLang's salted positional BlockStored, token pairs, the media
+ * names), one bad event costing only itself, and malformed payloads of
+ * every kind. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,13 +37,55 @@ static void assert_event_eq(const kvbm_event *a, const kvbm_event *b) {
   if (a->has_group_idx) assert_int_equal(a->group_idx, b->group_idx);
 }
 
+static void assert_str_same(const char *a, const char *b) {
+  if (!a || !b) {
+    assert_true(!a && !b);
+    return;
+  }
+  assert_string_equal(a, b);
+}
+
+static void assert_bytes_same(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
+  assert_int_equal(alen, blen);
+  assert_true(!a == !b);
+  if (alen) assert_memory_equal(a, b, alen);
+}
+
+/* What the codec carries beyond kvbm's own fields; `positional` leaves
+ * out what that form has no place for (locality, ownership, and the
+ * extras unless a salt's metadata map holds them). */
+static void assert_carried_eq(const kvbm_event *a, const kvbm_event *b, bool positional) {
+  if (a->type == KVBM_EVENT_CLEARED) return;
+  if (a->type == KVBM_EVENT_STORED) {
+    assert_str_same(a->cache_salt, b->cache_salt);
+    assert_int_equal(a->token_pairs, b->token_pairs);
+    assert_str_same(a->kv_cache_spec_kind, b->kv_cache_spec_kind);
+    assert_int_equal(a->has_sliding_window, b->has_sliding_window);
+    if (a->has_sliding_window) assert_int_equal(a->sliding_window, b->sliding_window);
+    assert_bytes_same(a->extra_keys, a->extra_keys_len, b->extra_keys, b->extra_keys_len);
+  }
+  if (positional) return;
+  assert_str_same(a->locality, b->locality);
+  assert_str_same(a->ownership, b->ownership);
+  assert_int_equal(a->num_extras, b->num_extras);
+  assert_bytes_same(a->extras, a->extras_len, b->extras, b->extras_len);
+}
+
 static const uint64_t kH[] = {0, 1, 127, 128, 0xffffffffull, 0x8000000000000000ull,
                               0xffffffffffffffffull};
 static const uint32_t kTok[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 0xffffffffu, 7,
                                 8, 9, 10, 11};
 
+/* msgpack of extra_keys [["mm", 3], nil] and of an extra "session_id":
+ * "s-1", "remaining_copy_counts": [0] */
+static const uint8_t kEkeys[] = {0x92, 0x92, 0xa2, 'm', 'm', 0x03, 0xc0};
+static const uint8_t kExtras[] = {0xaa, 's', 'e', 's', 's', 'i', 'o', 'n', '_', 'i', 'd',
+                                  0xa3, 's', '-', '1', 0xb5, 'r', 'e', 'm', 'a', 'i', 'n',
+                                  'i', 'n', 'g', '_', 'c', 'o', 'p', 'y', '_', 'c', 'o',
+                                  'u', 'n', 't', 's', 0x91, 0x00};
+
 static size_t sample_events(kvbm_event *ev) {
-  memset(ev, 0, 5 * sizeof *ev);
+  memset(ev, 0, 7 * sizeof *ev);
   ev[0] = (kvbm_event){.type = KVBM_EVENT_STORED, .block_hashes = kH, .num_block_hashes = 7,
                        .parent_hash = 0xdeadbeefcafef00dull, .has_parent = true,
                        .token_ids = kTok, .num_tokens = 14, .block_size = 2,
@@ -56,33 +101,67 @@ static size_t sample_events(kvbm_event *ev) {
   ev[3] = (kvbm_event){.type = KVBM_EVENT_REMOVED, .block_hashes = kH + 5,
                        .num_block_hashes = 2, .group_idx = 1, .has_group_idx = true};
   ev[4] = (kvbm_event){.type = KVBM_EVENT_CLEARED};
-  return 5;
+  /* today's vLLM: extra_keys, a group's kind and window, locality and
+   * ownership; SGLang: a salt, token pairs, a session id */
+  ev[5] = (kvbm_event){.type = KVBM_EVENT_STORED, .block_hashes = kH + 4, .num_block_hashes = 2,
+                       .token_ids = kTok, .num_tokens = 4, .block_size = 2,
+                       .medium = KVBM_MEDIUM_DISK, .medium_name = "STORAGE",
+                       .lora_name = "l", .extra_keys = kEkeys,
+                       .extra_keys_len = sizeof kEkeys, .group_idx = 1, .has_group_idx = true,
+                       .kv_cache_spec_kind = "sliding_window", .sliding_window = 4096,
+                       .has_sliding_window = true, .locality = "LOCAL", .ownership = "kvcr"};
+  ev[6] = (kvbm_event){.type = KVBM_EVENT_STORED, .block_hashes = kH, .num_block_hashes = 2,
+                       .token_ids = kTok + 6, .num_tokens = 5, .block_size = 2,
+                       .has_parent = true, .parent_hash = 77, .medium = KVBM_MEDIUM_CPU,
+                       .medium_name = "CPU_PINNED", .cache_salt = "tenant-a",
+                       .token_pairs = true, .extras = kExtras, .extras_len = sizeof kExtras,
+                       .num_extras = 2};
+  return 7;
 }
 
-static void roundtrip(kvbm_event_form form) {
-  kvbm_event ev[5];
+static void roundtrip(kvbm_event_form form, bool sgn) {
+  kvbm_event ev[7];
   size_t n = sample_events(ev);
   kvbm_event_batch b = {.ts = 1712345678.25, .dp_rank = 3, .has_dp_rank = true,
                         .events = ev, .num_events = n};
+  kvbm_event_encoder_config ec = {.form = form, .signed_hashes = sgn};
   kvbm_event_encoder *enc;
   kvbm_event_decoder *dec;
-  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_encoder_create(&ec, &enc, NULL), KVBM_OK);
   assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
   const uint8_t *data;
   size_t len;
   kvbm_error err;
-  assert_int_equal(kvbm_event_encode(enc, &b, form, &data, &len, &err), KVBM_OK);
+  int rc = kvbm_event_encode(enc, &b, &data, &len, &err);
+  if (rc) fail_msg("%s", err.msg);
+  /* hash 2^63 is 0xcf 80 00.. unsigned, 0xd3 80 00.. (int64 min) signed */
+  static const uint8_t u63[] = {0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0};
+  static const uint8_t s63[] = {0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0};
+  bool found_u = false, found_s = false;
+  for (size_t i = 0; i + 9 <= len; i++) {
+    found_u |= !memcmp(data + i, u63, 9);
+    found_s |= !memcmp(data + i, s63, 9);
+  }
+  assert_true(sgn ? found_s && !found_u : found_u && !found_s);
   kvbm_event_batch out;
   assert_int_equal(kvbm_event_decode(dec, data, len, 42, &out, &err), KVBM_OK);
   assert_int_equal(out.seq, 42);
+  assert_int_equal(out.skipped, 0);
   assert_true(out.ts == b.ts);
   assert_true(out.has_dp_rank);
   assert_int_equal(out.dp_rank, 3);
   assert_int_equal(out.num_events, n);
-  for (size_t i = 0; i < n; i++) assert_event_eq(&out.events[i], &ev[i]);
+  for (size_t i = 0; i < n; i++) {
+    assert_event_eq(&out.events[i], &ev[i]);
+    /* the wire text of the medium comes back as it went */
+    if (ev[i].medium_name) assert_string_equal(out.events[i].medium_name, ev[i].medium_name);
+    bool pos = form == KVBM_FORM_POSITIONAL;
+    assert_carried_eq(&out.events[i], &ev[i], pos && !ev[i].cache_salt);
+    if (pos && !ev[i].cache_salt) assert_int_equal(out.events[i].num_extras, 0);
+  }
   /* Without dp_rank the array has two elements. */
   b.has_dp_rank = false;
-  assert_int_equal(kvbm_event_encode(enc, &b, form, &data, &len, &err), KVBM_OK);
+  assert_int_equal(kvbm_event_encode(enc, &b, &data, &len, &err), KVBM_OK);
   assert_int_equal(data[0], 0x92);
   assert_int_equal(kvbm_event_decode(dec, data, len, 0, &out, &err), KVBM_OK);
   assert_false(out.has_dp_rank);
@@ -90,8 +169,42 @@ static void roundtrip(kvbm_event_form form) {
   kvbm_event_decoder_destroy(dec);
 }
 
-static void test_roundtrip_positional(void **s) { (void)s; roundtrip(KVBM_FORM_POSITIONAL); }
-static void test_roundtrip_map(void **s) { (void)s; roundtrip(KVBM_FORM_MAP); }
+static void test_roundtrip_positional(void **s) { (void)s; roundtrip(KVBM_FORM_POSITIONAL, false); }
+static void test_roundtrip_map(void **s) { (void)s; roundtrip(KVBM_FORM_MAP, false); }
+static void test_roundtrip_signed(void **s) {
+  (void)s;
+  roundtrip(KVBM_FORM_MAP, true);
+  roundtrip(KVBM_FORM_POSITIONAL, true);
+}
+
+/* The default encoder writes tagged maps in an array batch, as vLLM does
+ * since PR #42892: [ts, [{"type": ...}], dp_rank]. */
+static void test_default_form_is_map(void **s) {
+  (void)s;
+  kvbm_event_encoder_config dc = kvbm_event_encoder_config_default();
+  assert_int_equal(dc.form, KVBM_FORM_MAP);
+  assert_false(dc.signed_hashes);
+  kvbm_event_encoder *enc;
+  assert_int_equal(kvbm_event_encoder_create(NULL, &enc, NULL), KVBM_OK);
+  uint64_t h = 5;
+  kvbm_event ev = {.type = KVBM_EVENT_REMOVED, .block_hashes = &h, .num_block_hashes = 1,
+                   .medium = KVBM_MEDIUM_GPU};
+  kvbm_event_batch b = {.ts = 1.0, .dp_rank = 0, .has_dp_rank = true, .events = &ev,
+                        .num_events = 1};
+  const uint8_t *data;
+  size_t len;
+  assert_int_equal(kvbm_event_encode(enc, &b, &data, &len, NULL), KVBM_OK);
+  /* 0x93 [ts float64 (9 bytes), 0x91 [ 0x83 {"type": "BlockRemoved", ... */
+  assert_int_equal(data[0], 0x93);
+  assert_int_equal(data[10], 0x91);
+  assert_int_equal(data[11], 0x83);
+  assert_int_equal(data[12], 0xa4);
+  assert_memory_equal(data + 13, "type", 4);
+  kvbm_event_encoder_destroy(enc);
+  kvbm_event_encoder_config bad = {.form = (kvbm_event_form)7};
+  kvbm_error err;
+  assert_int_equal(kvbm_event_encoder_create(&bad, &enc, &err), KVBM_EINVAL);
+}
 
 /* Packs with msgpack-c, as another sender would. */
 typedef struct pk {
@@ -145,12 +258,12 @@ static void test_wire_variants(void **s) {
   msgpack_pack_nil(&k.p);     /* lora_id */
   pk_str(&k, "cpu");          /* medium, lower case */
   msgpack_pack_nil(&k.p);     /* lora_name */
-  msgpack_pack_array(&k.p, 1);/* extra_keys: skipped */
+  msgpack_pack_array(&k.p, 1);/* extra_keys: kept as bytes */
   msgpack_pack_nil(&k.p);
   msgpack_pack_int(&k.p, 2);  /* group_idx */
-  pk_str(&k, "kind");         /* kv_cache_spec_kind etc.: skipped */
-  msgpack_pack_int(&k.p, 0);
-  msgpack_pack_map(&k.p, 1);
+  pk_str(&k, "kind");         /* kv_cache_spec_kind */
+  msgpack_pack_int(&k.p, 0);  /* kv_cache_spec_sliding_window */
+  msgpack_pack_map(&k.p, 1);  /* past the known fields: skipped */
   msgpack_pack_int(&k.p, 1);
   msgpack_pack_int(&k.p, 2);
   /* old 5-field BlockStored (no medium) */
@@ -200,6 +313,11 @@ static void test_wire_variants(void **s) {
   assert_false(e->has_lora_id);
   assert_null(e->lora_name);
   assert_true(e->has_group_idx && e->group_idx == 2);
+  assert_int_equal(e->extra_keys_len, 2);
+  assert_memory_equal(e->extra_keys, "\x91\xc0", 2);
+  assert_string_equal(e->kv_cache_spec_kind, "kind");
+  assert_true(e->has_sliding_window && e->sliding_window == 0);
+  assert_int_equal(e->num_extras, 0);
   e = &b.events[1];
   assert_int_equal(e->type, KVBM_EVENT_STORED);
   assert_int_equal(e->block_size, 16);
@@ -209,6 +327,11 @@ static void test_wire_variants(void **s) {
   e = &b.events[2];
   assert_int_equal(e->type, KVBM_EVENT_REMOVED);
   assert_true(e->block_hashes[0] == UINT64_MAX);
+  /* the unknown key is kept, as its bytes, for a relay */
+  assert_int_equal(e->num_extras, 1);
+  assert_int_equal(e->extras_len, 1 + 8 + 1 + 1 + 9 + 2);
+  assert_int_equal(e->extras[0], 0xa8);
+  assert_memory_equal(e->extras + 1, "whatever", 8);
   assert_int_equal(b.events[3].type, KVBM_EVENT_CLEARED);
   msgpack_sbuffer_destroy(&k.sb);
   kvbm_event_decoder_destroy(dec);
@@ -232,8 +355,8 @@ static void test_malformed(void **s) {
   /* absurd lengths: arrays, maps, strings, bins that claim 4 billion */
   const uint8_t huge_arr[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
   expect_bad(dec, huge_arr, sizeof huge_arr, KVBM_ETRUNCATED, "ends early");
-  const uint8_t huge_events[] = {0x92, 0x00, 0xdc, 0x00, 0x05, 0xc0, 0xc0, 0xc0, 0xc0, 0xc0};
-  expect_bad(dec, huge_events, sizeof huge_events, KVBM_ETRUNCATED, "events declared");
+  const uint8_t huge_events[] = {0x92, 0x00, 0xdd, 0x10, 0x00, 0x00, 0x00, 0xc0, 0xc0};
+  expect_bad(dec, huge_events, sizeof huge_events, KVBM_ETRUNCATED, "events array");
   const uint8_t huge_map[] = {0xdf, 0xff, 0xff, 0xff, 0xff, 0x00};
   expect_bad(dec, huge_map, sizeof huge_map, KVBM_ETRUNCATED, NULL);
   const uint8_t huge_str[] = {0x92, 0x00, 0x91, 0x91, 0xdb, 0xff, 0xff, 0xff, 0xff, 'B'};
@@ -255,71 +378,15 @@ static void test_malformed(void **s) {
   const uint8_t short_batch[] = {0x91, 0x00};
   expect_bad(dec, short_batch, sizeof short_batch, KVBM_EFORMAT, "fewer than 2");
 
-  pk k;
-  /* wrong types: a string where the hashes go */
-  pk_init(&k);
-  msgpack_pack_array(&k.p, 2);
-  msgpack_pack_double(&k.p, 1.0);
-  msgpack_pack_array(&k.p, 1);
-  msgpack_pack_array(&k.p, 5);
-  pk_str(&k, "BlockStored");
-  pk_str(&k, "not hashes");
-  msgpack_pack_nil(&k.p);
-  msgpack_pack_array(&k.p, 0);
-  msgpack_pack_int(&k.p, 16);
-  expect_bad(dec, k.sb.data, k.sb.size, KVBM_EFORMAT, "block_hashes");
-  msgpack_sbuffer_destroy(&k.sb);
-  /* a token id beyond 32 bits, then a negative one, then a float */
-  for (int variant = 0; variant < 3; variant++) {
-    pk_init(&k);
-    msgpack_pack_array(&k.p, 2);
-    msgpack_pack_double(&k.p, 1.0);
-    msgpack_pack_array(&k.p, 1);
-    msgpack_pack_array(&k.p, 5);
-    pk_str(&k, "BlockStored");
-    msgpack_pack_array(&k.p, 0);
-    msgpack_pack_nil(&k.p);
-    msgpack_pack_array(&k.p, 1);
-    if (variant == 0) msgpack_pack_uint64(&k.p, 1ull << 32);
-    else if (variant == 1) msgpack_pack_int(&k.p, -3);
-    else msgpack_pack_double(&k.p, 2.0);
-    msgpack_pack_int(&k.p, 16);
-    expect_bad(dec, k.sb.data, k.sb.size, KVBM_EFORMAT, "token");
-    msgpack_sbuffer_destroy(&k.sb);
-  }
-  /* missing required fields: positional and map */
-  pk_init(&k);
-  msgpack_pack_array(&k.p, 2);
-  msgpack_pack_double(&k.p, 1.0);
-  msgpack_pack_array(&k.p, 1);
-  msgpack_pack_array(&k.p, 2);
-  pk_str(&k, "BlockStored");
-  msgpack_pack_array(&k.p, 0);
-  expect_bad(dec, k.sb.data, k.sb.size, KVBM_EFORMAT, "at least 4");
-  msgpack_sbuffer_destroy(&k.sb);
-  pk_init(&k);
-  msgpack_pack_array(&k.p, 2);
-  msgpack_pack_double(&k.p, 1.0);
-  msgpack_pack_array(&k.p, 1);
-  msgpack_pack_map(&k.p, 1);
-  pk_str(&k, "block_hashes");
-  msgpack_pack_array(&k.p, 0);
-  expect_bad(dec, k.sb.data, k.sb.size, KVBM_EFORMAT, "no \"type\"");
-  msgpack_sbuffer_destroy(&k.sb);
-  pk_init(&k);
-  msgpack_pack_array(&k.p, 2);
-  msgpack_pack_double(&k.p, 1.0);
-  msgpack_pack_array(&k.p, 1);
-  msgpack_pack_map(&k.p, 1);
-  pk_str(&k, "type");
-  pk_str(&k, "BlockRemoved");
-  expect_bad(dec, k.sb.data, k.sb.size, KVBM_EFORMAT, "block_hashes");
-  msgpack_sbuffer_destroy(&k.sb);
-  /* an event that is a number; a string hash; dp_rank a string */
-  const uint8_t ev_num[] = "\x92\x00\x91\xaeNotAnEventAbcd";
-  expect_bad(dec, ev_num, sizeof ev_num - 1, KVBM_EFORMAT, "event 0");
+  /* an event that is not well-formed msgpack costs the payload: its
+   * end is unknown */
+  const uint8_t bad_event[] = {0x92, 0x00, 0x92, 0x91, 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c',
+                               'k', 's', 'C', 'l', 'e', 'a', 'r', 'e', 'd', 0x92, 0xc1, 0x00};
+  expect_bad(dec, bad_event, sizeof bad_event, KVBM_EFORMAT, "event 1");
   const uint8_t dp_str[] = {0x93, 0x00, 0x90, 0xa1, 'x'};
   expect_bad(dec, dp_str, sizeof dp_str, KVBM_EFORMAT, "dp_rank");
+  const uint8_t ts_str[] = {0x92, 0xa1, 'x', 0x90};
+  expect_bad(dec, ts_str, sizeof ts_str, KVBM_EFORMAT, "timestamp");
   /* deep nesting in a skipped field does not recurse */
   size_t deep = 100000;
   uint8_t *d = malloc(deep + 32);
@@ -337,15 +404,16 @@ static void test_malformed(void **s) {
   assert_int_equal(kvbm_event_decode(dec, d, n, 0, &b, NULL), KVBM_OK);
   assert_int_equal(b.num_events, 1);
   /* every truncation of a good payload fails cleanly */
-  kvbm_event ev[5];
+  kvbm_event ev[7];
   size_t ne = sample_events(ev);
   kvbm_event_batch gb = {.ts = 1.0, .events = ev, .num_events = ne, .has_dp_rank = true};
-  kvbm_event_encoder *enc;
-  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
   for (int form = 0; form < 2; form++) {
+    kvbm_event_encoder_config ec = {.form = (kvbm_event_form)form};
+    kvbm_event_encoder *enc;
+    assert_int_equal(kvbm_event_encoder_create(&ec, &enc, NULL), KVBM_OK);
     const uint8_t *data;
     size_t len;
-    assert_int_equal(kvbm_event_encode(enc, &gb, (kvbm_event_form)form, &data, &len, NULL), 0);
+    assert_int_equal(kvbm_event_encode(enc, &gb, &data, &len, NULL), 0);
     uint8_t *copy = malloc(len);
     memcpy(copy, data, len);
     for (size_t cut = 0; cut < len; cut++) {
@@ -368,27 +436,325 @@ static void test_malformed(void **s) {
       copy[pos] = saved;
     }
     free(copy);
+    kvbm_event_encoder_destroy(enc);
   }
-  kvbm_event_encoder_destroy(enc);
   free(d);
   kvbm_event_decoder_destroy(dec);
 }
 
-static void test_encode_rejects(void **s) {
-  (void)s;
-  kvbm_event_encoder *enc;
-  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
-  kvbm_event ev = {.type = (kvbm_event_type)9};
-  kvbm_event_batch b = {.events = &ev, .num_events = 1};
+static void expect_reject(kvbm_event_encoder *enc, const kvbm_event *ev, const char *needle) {
+  kvbm_event_batch b = {.events = ev, .num_events = 1};
   const uint8_t *data;
   size_t len;
-  kvbm_error err;
-  assert_int_equal(kvbm_event_encode(enc, &b, KVBM_FORM_MAP, &data, &len, &err), KVBM_EINVAL);
-  assert_non_null(strstr(err.msg, "unknown type"));
+  kvbm_error err = {0};
+  assert_int_equal(kvbm_event_encode(enc, &b, &data, &len, &err), KVBM_EINVAL);
+  if (!strstr(err.msg, needle)) fail_msg("message \"%s\" lacks \"%s\"", err.msg, needle);
+}
+
+static void test_encode_rejects(void **s) {
+  (void)s;
+  kvbm_event_encoder *enc, *penc;
+  assert_int_equal(kvbm_event_encoder_create(NULL, &enc, NULL), KVBM_OK);
+  kvbm_event_encoder_config pc = {.form = KVBM_FORM_POSITIONAL};
+  assert_int_equal(kvbm_event_encoder_create(&pc, &penc, NULL), KVBM_OK);
+  uint64_t h = 1;
+  uint32_t t[2] = {1, 2};
+  kvbm_event ev = {.type = (kvbm_event_type)9};
+  expect_reject(enc, &ev, "unknown type");
   ev = (kvbm_event){.type = KVBM_EVENT_REMOVED, .medium = KVBM_MEDIUM_OTHER};
-  assert_int_equal(kvbm_event_encode(enc, &b, KVBM_FORM_MAP, &data, &len, &err), KVBM_EINVAL);
-  assert_non_null(strstr(err.msg, "medium"));
+  expect_reject(enc, &ev, "medium");
+  ev = (kvbm_event){.type = KVBM_EVENT_REMOVED, .block_hashes = &h, .num_block_hashes = 1,
+                    .medium = KVBM_MEDIUM_GPU, .medium_name = "DISK"};
+  expect_reject(enc, &ev, "does not name");
+  kvbm_event st = {.type = KVBM_EVENT_STORED, .block_hashes = &h, .num_block_hashes = 1,
+                   .token_ids = t, .num_tokens = 1, .block_size = 1, .token_pairs = true};
+  expect_reject(enc, &st, "pairs");
+  st.token_pairs = false;
+  st.lora_name = "l";
+  st.cache_salt = "s";
+  expect_reject(penc, &st, "not both");
+  assert_int_equal(kvbm_event_check(&st, NULL, NULL), KVBM_OK); /* the map form has both */
+  st.cache_salt = NULL;
+  static const uint8_t two[] = {0x01, 0x02};
+  st.extra_keys = two;
+  st.extra_keys_len = 2;
+  expect_reject(enc, &st, "extra_keys");
+  st.extra_keys_len = 1;
+  assert_int_equal(kvbm_event_check(&st, NULL, NULL), KVBM_OK);
+  static const uint8_t named[] = {0xa6, 'm', 'e', 'd', 'i', 'u', 'm', 0xc0};
+  st.extras = named;
+  st.extras_len = sizeof named;
+  st.num_extras = 1;
+  expect_reject(enc, &st, "extras");
+  static const uint8_t intkey[] = {0x01, 0xc0};
+  st.extras = intkey;
+  st.extras_len = sizeof intkey;
+  expect_reject(enc, &st, "extras");
+  static const uint8_t ok[] = {0xa1, 'z', 0xc0};
+  st.extras = ok;
+  st.extras_len = sizeof ok;
+  assert_int_equal(kvbm_event_check(&st, NULL, NULL), KVBM_OK);
+  st.num_extras = 2;
+  expect_reject(enc, &st, "extras");
   kvbm_event_encoder_destroy(enc);
+  kvbm_event_encoder_destroy(penc);
+}
+
+/* Decodes one batch of the events packed by `fill`; checks the skipped
+ * count and, when skip_needle is set, the first skip's reason. */
+typedef void (*fill_fn)(pk *k);
+static kvbm_event_batch decode_events(kvbm_event_decoder *dec, pk *k, uint32_t nev, fill_fn fill,
+                                      size_t want_skipped, const char *skip_needle) {
+  pk_init(k);
+  msgpack_pack_array(&k->p, 3);
+  msgpack_pack_double(&k->p, 2.5);
+  msgpack_pack_array(&k->p, nev);
+  fill(k);
+  msgpack_pack_int(&k->p, 5);
+  kvbm_event_batch b;
+  kvbm_error err;
+  int rc = kvbm_event_decode(dec, k->sb.data, k->sb.size, 3, &b, &err);
+  if (rc) fail_msg("%s", err.msg);
+  assert_int_equal(b.skipped, want_skipped);
+  if (skip_needle && !strstr(kvbm_event_decoder_skip_reason(dec), skip_needle))
+    fail_msg("skip reason \"%s\" lacks \"%s\"", kvbm_event_decoder_skip_reason(dec), skip_needle);
+  if (!want_skipped) assert_string_equal(kvbm_event_decoder_skip_reason(dec), "");
+  return b;
+}
+
+static void pack_sglang_stored(pk *k, uint64_t h, const char *medium, const char *salt,
+                               const char *session) {
+  msgpack_pack_array(&k->p, salt ? 8 : 7);
+  pk_str(k, "BlockStored");
+  msgpack_pack_array(&k->p, 1);
+  msgpack_pack_uint64(&k->p, h);
+  msgpack_pack_nil(&k->p);
+  msgpack_pack_array(&k->p, 2);
+  msgpack_pack_int(&k->p, 11);
+  msgpack_pack_int(&k->p, 12);
+  msgpack_pack_int(&k->p, 2);
+  msgpack_pack_nil(&k->p);
+  pk_str(k, medium);
+  if (!salt) return;
+  msgpack_pack_map(&k->p, session ? 2 : 1);
+  pk_str(k, "cache_salt");
+  pk_str(k, salt);
+  if (session) {
+    pk_str(k, "session_id");
+    pk_str(k, session);
+  }
+}
+
+static void fill_sglang(pk *k) {
+  pack_sglang_stored(k, 1, "GPU", NULL, NULL);            /* unsalted: 7 long */
+  pack_sglang_stored(k, 2, "CPU_PINNED", "tenant-a", NULL); /* BlockStoredWithMetadata */
+  pack_sglang_stored(k, 3, "GPU", "tenant-b", "sess-9");   /* + session_id (#37482) */
+  msgpack_pack_array(&k->p, 3);                            /* BlockRemoved with a medium */
+  pk_str(k, "BlockRemoved");
+  msgpack_pack_array(&k->p, 1);
+  msgpack_pack_uint64(&k->p, 2);
+  pk_str(k, "CPU_PINNED");
+}
+
+/* SGLang's salted BlockStored: a map at positional index 7 holds the salt
+ * (where vLLM has lora_name). It decodes, the salt is carried, and the
+ * batch and its sequence number are not lost. */
+static void test_sglang_salted_positional(void **s) {
+  (void)s;
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  pk k;
+  kvbm_event_batch b = decode_events(dec, &k, 4, fill_sglang, 0, NULL);
+  assert_int_equal(b.num_events, 4);
+  assert_true(b.has_dp_rank && b.dp_rank == 5);
+  assert_null(b.events[0].cache_salt);
+  assert_null(b.events[0].lora_name);
+  assert_string_equal(b.events[1].cache_salt, "tenant-a");
+  assert_null(b.events[1].lora_name);
+  assert_int_equal(b.events[1].num_extras, 0);
+  assert_int_equal(b.events[1].medium, KVBM_MEDIUM_CPU);
+  assert_int_equal(kvbm_medium_tier(b.events[1].medium), KVBM_TIER_G2);
+  assert_string_equal(b.events[2].cache_salt, "tenant-b");
+  assert_int_equal(b.events[2].num_extras, 1); /* session_id, kept */
+  assert_int_equal(b.events[3].type, KVBM_EVENT_REMOVED);
+  assert_int_equal(kvbm_medium_tier(b.events[3].medium), KVBM_TIER_G2);
+  /* and back: the positional form writes the metadata map at index 7 again,
+   * the map form a "cache_salt" key; both read back the same */
+  for (int form = 0; form < 2; form++) {
+    kvbm_event_encoder_config ec = {.form = (kvbm_event_form)form};
+    kvbm_event_encoder *enc;
+    assert_int_equal(kvbm_event_encoder_create(&ec, &enc, NULL), KVBM_OK);
+    const uint8_t *data;
+    size_t len;
+    assert_int_equal(kvbm_event_encode(enc, &b, &data, &len, NULL), KVBM_OK);
+    uint8_t *copy = malloc(len);
+    memcpy(copy, data, len);
+    kvbm_event_decoder *d2;
+    assert_int_equal(kvbm_event_decoder_create(&d2, NULL), KVBM_OK);
+    kvbm_event_batch b2;
+    assert_int_equal(kvbm_event_decode(d2, copy, len, 0, &b2, NULL), KVBM_OK);
+    assert_int_equal(b2.num_events, 4);
+    for (size_t i = 0; i < 4; i++) {
+      assert_event_eq(&b2.events[i], &b.events[i]);
+      assert_carried_eq(&b2.events[i], &b.events[i], false);
+    }
+    kvbm_event_decoder_destroy(d2);
+    kvbm_event_encoder_destroy(enc);
+    free(copy);
+  }
+  msgpack_sbuffer_destroy(&k.sb);
+  kvbm_event_decoder_destroy(dec);
+}
+
+static void pack_good_removed(pk *k, uint64_t h) {
+  msgpack_pack_map(&k->p, 3);
+  pk_str(k, "type");
+  pk_str(k, "BlockRemoved");
+  pk_str(k, "block_hashes");
+  msgpack_pack_array(&k->p, 1);
+  msgpack_pack_uint64(&k->p, h);
+  pk_str(k, "medium");
+  pk_str(k, "GPU");
+}
+
+static void fill_mixed(pk *k) {
+  pack_good_removed(k, 100);
+  msgpack_pack_map(&k->p, 1); /* Dynamo's "Ignored" */
+  pk_str(k, "type");
+  pk_str(k, "Ignored");
+  msgpack_pack_array(&k->p, 5); /* hashes of the wrong type */
+  pk_str(k, "BlockStored");
+  pk_str(k, "not hashes");
+  msgpack_pack_nil(&k->p);
+  msgpack_pack_array(&k->p, 0);
+  msgpack_pack_int(&k->p, 16);
+  pack_good_removed(k, 101);
+  msgpack_pack_map(&k->p, 3); /* a token id that is a float */
+  pk_str(k, "type");
+  pk_str(k, "BlockStored");
+  pk_str(k, "block_hashes");
+  msgpack_pack_array(&k->p, 0);
+  pk_str(k, "token_ids");
+  msgpack_pack_array(&k->p, 1);
+  msgpack_pack_double(&k->p, 2.0);
+  msgpack_pack_int(&k->p, 42); /* not an event at all */
+  msgpack_pack_array(&k->p, 1); /* an unknown positional tag */
+  pk_str(k, "BlockMoved");
+  msgpack_pack_map(&k->p, 2); /* a required field missing */
+  pk_str(k, "type");
+  pk_str(k, "BlockStored");
+  pk_str(k, "block_hashes");
+  msgpack_pack_array(&k->p, 0);
+  msgpack_pack_array(&k->p, 6); /* token ids beyond 32 bits, negative */
+  pk_str(k, "BlockStored");
+  msgpack_pack_array(&k->p, 0);
+  msgpack_pack_nil(&k->p);
+  msgpack_pack_array(&k->p, 2);
+  msgpack_pack_uint64(&k->p, 1ull << 32);
+  msgpack_pack_int(&k->p, -3);
+  msgpack_pack_int(&k->p, 16);
+  msgpack_pack_nil(&k->p);
+  msgpack_pack_array(&k->p, 3); /* a name with a NUL byte */
+  pk_str(k, "BlockRemoved");
+  msgpack_pack_array(&k->p, 0);
+  msgpack_pack_str(&k->p, 3);
+  msgpack_pack_str_body(&k->p, "G\0U", 3);
+  pack_good_removed(k, 102);
+}
+
+/* One bad event never costs the batch: unknown tags, fields of the wrong
+ * type, missing fields, are skipped and counted; the rest is applied. */
+static void test_bad_event_skipped(void **s) {
+  (void)s;
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  pk k;
+  kvbm_event_batch b = decode_events(dec, &k, 11, fill_mixed, 8, "unknown event tag \"Ignored\"");
+  assert_int_equal(b.num_events, 3);
+  for (size_t i = 0; i < 3; i++) {
+    assert_int_equal(b.events[i].type, KVBM_EVENT_REMOVED);
+    assert_int_equal(b.events[i].num_block_hashes, 1);
+    assert_true(b.events[i].block_hashes[0] == 100 + i);
+  }
+  assert_int_equal(b.seq, 3);
+  msgpack_sbuffer_destroy(&k.sb);
+  kvbm_event_decoder_destroy(dec);
+}
+
+static void fill_pairs(pk *k) {
+  for (int v = 0; v < 2; v++) {
+    msgpack_pack_map(&k->p, 4);
+    pk_str(k, "type");
+    pk_str(k, "BlockStored");
+    pk_str(k, "block_hashes");
+    msgpack_pack_array(&k->p, 1);
+    msgpack_pack_uint64(&k->p, 9);
+    pk_str(k, "block_size");
+    msgpack_pack_int(&k->p, 3);
+    pk_str(k, "token_ids"); /* [[1,2],[2,3],[3,4]]; the second does not chain */
+    msgpack_pack_array(&k->p, 3);
+    for (int i = 0; i < 3; i++) {
+      msgpack_pack_array(&k->p, 2);
+      msgpack_pack_int(&k->p, 1 + i);
+      msgpack_pack_int(&k->p, 2 + i + (v && i == 1));
+    }
+  }
+}
+
+/* SGLang with EAGLE sends token ids as pairs [t_i, t_i+1]: kept as the
+ * sequence they chain, and written back as pairs. */
+static void test_token_pairs(void **s) {
+  (void)s;
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  pk k;
+  kvbm_event_batch b = decode_events(dec, &k, 2, fill_pairs, 1, "do not chain");
+  assert_int_equal(b.num_events, 1);
+  const kvbm_event *e = &b.events[0];
+  assert_true(e->token_pairs);
+  assert_int_equal(e->num_tokens, 4);
+  for (uint32_t i = 0; i < 4; i++) assert_int_equal(e->token_ids[i], i + 1);
+  assert_false(e->has_parent); /* parent_block_hash may be left out of a map */
+  kvbm_event_encoder *enc;
+  assert_int_equal(kvbm_event_encoder_create(NULL, &enc, NULL), KVBM_OK);
+  const uint8_t *data;
+  size_t len;
+  kvbm_event_batch one = {.ts = 1, .events = e, .num_events = 1};
+  assert_int_equal(kvbm_event_encode(enc, &one, &data, &len, NULL), KVBM_OK);
+  static const uint8_t pairs[] = {0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0x93,
+                                  0x92, 1, 2, 0x92, 2, 3, 0x92, 3, 4};
+  bool found = false;
+  for (size_t i = 0; i + sizeof pairs <= len; i++) found |= !memcmp(data + i, pairs, sizeof pairs);
+  assert_true(found);
+  kvbm_event_encoder_destroy(enc);
+  msgpack_sbuffer_destroy(&k.sb);
+  kvbm_event_decoder_destroy(dec);
+}
+
+static void test_media(void **s) {
+  (void)s;
+  static const struct {
+    const char *name;
+    kvbm_medium m;
+    kvbm_tier t;
+  } cases[] = {
+      {"GPU", KVBM_MEDIUM_GPU, KVBM_TIER_G1},        {"gpu", KVBM_MEDIUM_GPU, KVBM_TIER_G1},
+      {"DEVICE", KVBM_MEDIUM_GPU, KVBM_TIER_G1},     {"", KVBM_MEDIUM_NONE, KVBM_TIER_G1},
+      {"CPU", KVBM_MEDIUM_CPU, KVBM_TIER_G2},        {"CPU_PINNED", KVBM_MEDIUM_CPU, KVBM_TIER_G2},
+      {"CPU_TIER1", KVBM_MEDIUM_CPU, KVBM_TIER_G2},  {"CPU_TIER2", KVBM_MEDIUM_CPU, KVBM_TIER_G2},
+      {"DISK", KVBM_MEDIUM_DISK, KVBM_TIER_G3},      {"STORAGE", KVBM_MEDIUM_DISK, KVBM_TIER_G3},
+      {"FS", KVBM_MEDIUM_DISK, KVBM_TIER_G3},        {"NVME", KVBM_MEDIUM_DISK, KVBM_TIER_G3},
+      {"OBJ", KVBM_MEDIUM_REMOTE, KVBM_TIER_G4},     {"EXTERNAL", KVBM_MEDIUM_REMOTE, KVBM_TIER_G4},
+      {"NETWORK", KVBM_MEDIUM_REMOTE, KVBM_TIER_G4}, {"SHARED", KVBM_MEDIUM_REMOTE, KVBM_TIER_G4},
+      {"REMOTE", KVBM_MEDIUM_REMOTE, KVBM_TIER_G4},  {"HBM3", KVBM_MEDIUM_OTHER, KVBM_TIER_G3},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    kvbm_medium m = kvbm_medium_from_name(cases[i].name, strlen(cases[i].name));
+    if (m != cases[i].m) fail_msg("%s: medium %d, want %d", cases[i].name, (int)m, (int)cases[i].m);
+    assert_int_equal(kvbm_medium_tier(m), cases[i].t);
+  }
+  assert_int_equal(kvbm_medium_from_name(NULL, 0), KVBM_MEDIUM_OTHER);
+  assert_int_equal(kvbm_medium_tier(KVBM_MEDIUM_NONE), KVBM_TIER_G1);
 }
 
 /* Encodes one BlockStored of `ntok` tokens; the payload stays in enc. */
@@ -399,7 +765,7 @@ static void one_stored(kvbm_event_encoder *enc, size_t ntok, const uint8_t **dat
   kvbm_event ev = {.type = KVBM_EVENT_STORED, .block_hashes = &h, .num_block_hashes = 1,
                    .token_ids = tok, .num_tokens = ntok, .block_size = (uint32_t)ntok};
   kvbm_event_batch b = {.events = &ev, .num_events = 1};
-  assert_int_equal(kvbm_event_encode(enc, &b, KVBM_FORM_POSITIONAL, data, len, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_encode(enc, &b, data, len, NULL), KVBM_OK);
   free(tok);
 }
 
@@ -409,7 +775,8 @@ static void test_decoder_shrinks(void **s) {
   (void)s;
   kvbm_event_encoder *enc;
   kvbm_event_decoder *dec;
-  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
+  kvbm_event_encoder_config ec = {.form = KVBM_FORM_POSITIONAL};
+  assert_int_equal(kvbm_event_encoder_create(&ec, &enc, NULL), KVBM_OK);
   assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
   const uint8_t *data;
   size_t len;
@@ -440,7 +807,7 @@ static void test_json_and_names(void **s) {
   kvbm_event ev = {.type = KVBM_EVENT_STORED, .event_id = 9, .block_hashes = h,
                    .num_block_hashes = 2, .token_ids = t, .num_tokens = 2, .block_size = 2,
                    .medium = KVBM_MEDIUM_REMOTE, .lora_name = "a\"b"};
-  char buf[512];
+  char buf[1024];
   size_t need = kvbm_event_to_json(&ev, buf, sizeof buf);
   assert_true(need < sizeof buf);
   assert_string_equal(buf,
@@ -451,6 +818,33 @@ static void test_json_and_names(void **s) {
   char small[10];
   assert_int_equal(kvbm_event_to_json(&ev, small, sizeof small), need);
   assert_int_equal(strlen(small), 9);
+  /* what the codec carries, extra_keys and extras as JSON */
+  ev.event_id = 0;
+  ev.lora_name = NULL;
+  ev.medium_name = "OBJ";
+  ev.cache_salt = "s";
+  ev.token_pairs = true;
+  ev.extra_keys = kEkeys;
+  ev.extra_keys_len = sizeof kEkeys;
+  ev.kv_cache_spec_kind = "full_attention";
+  ev.has_sliding_window = true;
+  ev.sliding_window = -1;
+  ev.locality = "REMOTE";
+  ev.ownership = "kvcr";
+  ev.extras = kExtras;
+  ev.extras_len = sizeof kExtras;
+  ev.num_extras = 2;
+  need = kvbm_event_to_json(&ev, buf, sizeof buf);
+  assert_true(need < sizeof buf);
+  assert_string_equal(buf,
+                      "{\"type\":\"BlockStored\",\"block_hashes\":[1,18446744073709551615],"
+                      "\"parent_block_hash\":null,\"token_ids\":[5,6],\"block_size\":2,"
+                      "\"lora_id\":null,\"medium\":\"OBJ\",\"lora_name\":null,"
+                      "\"token_pairs\":true,\"cache_salt\":\"s\",\"extra_keys\":[[\"mm\",3],"
+                      "null],\"kv_cache_spec_kind\":\"full_attention\","
+                      "\"kv_cache_spec_sliding_window\":-1,\"locality\":\"REMOTE\","
+                      "\"ownership\":\"kvcr\",\"extras\":{\"session_id\":\"s-1\","
+                      "\"remaining_copy_counts\":[0]}}");
   assert_int_equal(kvbm_medium_from_name("remote", 6), KVBM_MEDIUM_REMOTE);
   assert_int_equal(kvbm_medium_from_name("GPUX", 4), KVBM_MEDIUM_OTHER);
   assert_string_equal(kvbm_medium_name(KVBM_MEDIUM_DISK), "DISK");
@@ -460,9 +854,18 @@ static void test_json_and_names(void **s) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_roundtrip_positional), cmocka_unit_test(test_roundtrip_map),
-      cmocka_unit_test(test_wire_variants),       cmocka_unit_test(test_malformed),
-      cmocka_unit_test(test_encode_rejects),      cmocka_unit_test(test_json_and_names),
+      cmocka_unit_test(test_roundtrip_positional),
+      cmocka_unit_test(test_roundtrip_map),
+      cmocka_unit_test(test_roundtrip_signed),
+      cmocka_unit_test(test_default_form_is_map),
+      cmocka_unit_test(test_wire_variants),
+      cmocka_unit_test(test_sglang_salted_positional),
+      cmocka_unit_test(test_bad_event_skipped),
+      cmocka_unit_test(test_token_pairs),
+      cmocka_unit_test(test_media),
+      cmocka_unit_test(test_malformed),
+      cmocka_unit_test(test_encode_rejects),
+      cmocka_unit_test(test_json_and_names),
       cmocka_unit_test(test_decoder_shrinks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# test_cli.sh: `kvbm events tail` and `kvbm events relay` against a Python
-# vLLM engine (tests/events/vllm_peer.py): tail prints exactly what the
+# test_cli.sh: `kvbm events tail` and `kvbm events relay` against Python
+# engines (tests/events/engine_peer.py): tail prints exactly what the
 # engine sent (the engine checks, field by field), across batches it did
 # not send live (recovered by replay); relay republishes the stream on our
-# own ZMQ endpoint, and tail on that endpoint shows the same events;
-# usage errors exit 2.
+# own ZMQ endpoint and nothing is lost on the way: tail on that endpoint
+# shows the same events with every field the engine sent (SGLang's salt and
+# session id, token pairs, vLLM's extra_keys, kind, window, locality,
+# ownership, unknown fields) and the engine's dp_rank; with
+# --form positional --signed-hashes, Dynamo's shapes; usage errors exit 2.
 set -euo pipefail
 KVBM=${KVBM_BIN:?}
-PEER="$KVBM_SOURCE_DIR/tests/events/vllm_peer.py"
+PEER="$KVBM_SOURCE_DIR/tests/events/engine_peer.py"
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -31,8 +34,8 @@ set +e
 [ $? -eq 2 ] || fail "relay --form xml"
 set -e
 
-# tail: the engine in the positional form, bytes hashes, 3 and 9 not sent live
-coproc ENGINE { exec /usr/bin/python3 "$PEER" engine positional bytes 25 3,9 -; }
+# tail: vLLM's positional form, bytes hashes, 3 and 9 not sent live
+coproc ENGINE { exec /usr/bin/python3 "$PEER" engine vllm-v0.2x bytes 25 3,9 -; }
 pids+=("$ENGINE_PID")
 read -r ep rep <&"${ENGINE[0]}"
 "$KVBM" events tail "$ep" --replay "$rep" --from 0 --count 25 --idle-ms 20000 \
@@ -49,24 +52,35 @@ read -r verdict <&"${ENGINE[0]}"
 [ "$verdict" = OK ] || fail "engine says tail output differs"
 wait "$ENGINE_PID" || true
 
-# relay: engine (map form, int hashes) -> relay -> our ZMQ -> tail
-coproc ENGINE2 { exec /usr/bin/python3 "$PEER" engine map int 30 5 -; }
-pids+=("$ENGINE2_PID")
-read -r ep rep <&"${ENGINE2[0]}"
-"$KVBM" events relay "$ep" --replay "$rep" --from 0 --zmq 'tcp://127.0.0.1:*' \
-  --zmq-replay 'tcp://127.0.0.1:*' --form positional --batch 7 --delay-us 0 \
-  --idle-ms 3000 >"$tmp/relay.out" 2>"$tmp/relay.err" &
-relay_pid=$!
-pids+=("$relay_pid")
-for _ in $(seq 50); do [ -s "$tmp/relay.out" ] && break; sleep 0.1; done
-read -r _ _ out_ep _ out_rep <"$tmp/relay.out"
-[ -n "$out_rep" ] || fail "relay did not say where it publishes: $(cat "$tmp/relay.out" "$tmp/relay.err")"
-echo go >&"${ENGINE2[1]}"
-"$KVBM" events tail "$out_ep" --replay "$out_rep" --from 0 --idle-ms 1500 \
-  >"$tmp/relayed.jsonl" 2>"$tmp/relayed.err" || fail "tail of relay: $(cat "$tmp/relayed.err")"
-echo "checkev $tmp/relayed.jsonl" >&"${ENGINE2[1]}"
-read -r verdict <&"${ENGINE2[0]}"
-[ "$verdict" = OK ] || fail "engine says the relayed events differ"
-wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
-grep -q "30 batches" "$tmp/relay.err" || fail "relay summary: $(cat "$tmp/relay.err")"
+# relay: engine -> relay (FORM) -> our ZMQ -> tail; the engine checks every
+# field and the dp_rank (2, the engine's: not the relay's 0)
+relay_check() { # PROFILE NBATCHES SKIP RELAY_OPTIONS...
+  local profile=$1 n=$2 skip=$3
+  shift 3
+  coproc ENGINE2 { exec /usr/bin/python3 "$PEER" engine "$profile" int "$n" "$skip" -; }
+  local engine_pid=$ENGINE2_PID
+  pids+=("$engine_pid")
+  read -r ep rep <&"${ENGINE2[0]}"
+  "$KVBM" events relay "$ep" --replay "$rep" --from 0 --zmq 'tcp://127.0.0.1:*' \
+    --zmq-replay 'tcp://127.0.0.1:*' --batch 7 --delay-us 0 --idle-ms 3000 "$@" \
+    >"$tmp/relay.out" 2>"$tmp/relay.err" &
+  relay_pid=$!
+  pids+=("$relay_pid")
+  for _ in $(seq 50); do [ -s "$tmp/relay.out" ] && break; sleep 0.1; done
+  read -r _ _ out_ep _ out_rep <"$tmp/relay.out"
+  [ -n "$out_rep" ] || fail "relay did not say where it publishes: $(cat "$tmp/relay.out" "$tmp/relay.err")"
+  echo go >&"${ENGINE2[1]}"
+  "$KVBM" events tail "$out_ep" --replay "$out_rep" --from 0 --idle-ms 1500 \
+    >"$tmp/relayed.jsonl" 2>"$tmp/relayed.err" || fail "tail of relay: $(cat "$tmp/relayed.err")"
+  echo "checkev $tmp/relayed.jsonl" >&"${ENGINE2[1]}"
+  read -r verdict <&"${ENGINE2[0]}"
+  [ "$verdict" = OK ] || fail "$profile: engine says the relayed events differ"
+  wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
+  grep -q "$n batches" "$tmp/relay.err" || fail "relay summary: $(cat "$tmp/relay.err")"
+  wait "$engine_pid" || true
+}
+relay_check sglang-positional 30 5
+relay_check vllm 30 5,6
+relay_check dynamo 20 - --form positional --signed-hashes
+grep -qE " [1-9][0-9]* skipped \(not decodable\)" "$tmp/relay.err" || fail "relay did not report Dynamo's bad events: $(cat "$tmp/relay.err")"
 echo "events CLI: ok"

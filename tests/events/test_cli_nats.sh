@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# test_cli_nats.sh: a Python vLLM engine -> `kvbm events relay --nats` -> a
+# test_cli_nats.sh: a Python SGLang engine -> `kvbm events relay --nats` -> a
 # real nats-server (free loopback port, stopped at the end) -> `kvbm events
 # tail nats://... --subject`: tail shows exactly the engine's events (the
 # engine checks them field by field), including batches the engine did not
 # send live (the relay got them by replay).
 set -euo pipefail
 KVBM=${KVBM_BIN:?}
-PEER="$KVBM_SOURCE_DIR/tests/events/vllm_peer.py"
+PEER="$KVBM_SOURCE_DIR/tests/events/engine_peer.py"
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -26,7 +26,7 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 
-coproc ENGINE { exec /usr/bin/python3 "$PEER" engine positional int 20 4 -; }
+coproc ENGINE { exec /usr/bin/python3 "$PEER" engine sglang-positional int 20 4 -; }
 pids+=("$ENGINE_PID")
 read -r ep rep <&"${ENGINE[0]}"
 "$KVBM" events tail "$url" --subject kvbm.events.w0 --idle-ms 2500 \

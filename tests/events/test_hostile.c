@@ -49,9 +49,10 @@ static uint8_t *payload(uint64_t tag, size_t ntok, size_t *len) {
                    .medium = KVBM_MEDIUM_GPU};
   kvbm_event_batch b = {.ts = 1.0, .events = &ev, .num_events = 1};
   kvbm_event_encoder *enc;
-  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
+  kvbm_event_encoder_config ec = {.form = KVBM_FORM_POSITIONAL};
+  assert_int_equal(kvbm_event_encoder_create(&ec, &enc, NULL), KVBM_OK);
   const uint8_t *data;
-  assert_int_equal(kvbm_event_encode(enc, &b, KVBM_FORM_POSITIONAL, &data, len, NULL), KVBM_OK);
+  assert_int_equal(kvbm_event_encode(enc, &b, &data, len, NULL), KVBM_OK);
   uint8_t *out = malloc(*len);
   assert_non_null(out);
   memcpy(out, data, *len);

@@ -1,12 +1,14 @@
 /* test_publisher.c: the batching publisher through its callback sink:
  * ids, order, batching by count and by time, flush, both overflow
- * policies, shutdown that sends everything accepted, bad calls. */
+ * policies, shutdown that sends everything accepted, batches from
+ * elsewhere keeping their dp_rank and every carried field, bad calls. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -291,7 +293,10 @@ static void test_bad_calls(void **st) {
   ev = (kvbm_event){.type = KVBM_EVENT_REMOVED, .block_hashes = h, .num_block_hashes = 1,
                     .medium = KVBM_MEDIUM_OTHER};
   assert_int_equal(kvbm_publisher_publish(p, &ev, NULL, &err), KVBM_EINVAL);
-  ev.medium_name = "NVME";
+  ev.medium_name = "NVME"; /* a disk name: not OTHER */
+  assert_int_equal(kvbm_publisher_publish(p, &ev, NULL, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "does not name"));
+  ev.medium_name = "HBM3e";
   uint64_t id;
   assert_int_equal(kvbm_publisher_publish(p, &ev, &id, &err), KVBM_OK);
   assert_int_equal(id, 1);
@@ -303,6 +308,113 @@ static void test_bad_calls(void **st) {
   pthread_mutex_destroy(&s.mu);
 }
 
+/* What the relay callback saw: every event copied out, with its batch's
+ * rank. */
+typedef struct relayed {
+  pthread_mutex_t mu;
+  int32_t rank[16];
+  size_t nbatch[16], batches;
+  kvbm_event ev[32];
+  int32_t ev_rank[32];
+  size_t n;
+  char text[32][64]; /* each event's cache_salt, lora_name... joined */
+  uint8_t raw[32][64];
+} relayed;
+
+static void on_relayed(void *user, const kvbm_event_batch *b) {
+  relayed *r = user;
+  pthread_mutex_lock(&r->mu);
+  if (r->batches < 16) {
+    r->rank[r->batches] = b->has_dp_rank ? b->dp_rank : -99;
+    r->nbatch[r->batches] = b->num_events;
+  }
+  r->batches++;
+  for (size_t i = 0; i < b->num_events && r->n < 32; i++, r->n++) {
+    const kvbm_event *e = &b->events[i];
+    r->ev[r->n] = *e;
+    r->ev_rank[r->n] = b->dp_rank;
+    snprintf(r->text[r->n], sizeof r->text[r->n], "%s|%s|%s|%s|%s|%s|%d",
+             e->medium_name ? e->medium_name : "-", e->lora_name ? e->lora_name : "-",
+             e->cache_salt ? e->cache_salt : "-",
+             e->kv_cache_spec_kind ? e->kv_cache_spec_kind : "-",
+             e->locality ? e->locality : "-", e->ownership ? e->ownership : "-",
+             (int)e->token_pairs);
+    size_t k = 0;
+    if (e->extra_keys && e->extra_keys_len < 32) {
+      memcpy(r->raw[r->n], e->extra_keys, e->extra_keys_len);
+      k = e->extra_keys_len;
+    }
+    if (e->extras && k + e->extras_len <= 64) memcpy(r->raw[r->n] + k, e->extras, e->extras_len);
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* kvbm_publisher_publish_batch (the relay's path): the engine's dp_rank is
+ * kept (a batch leaves with one rank: ranks are not mixed), a batch
+ * without one gets the publisher's; every carried field arrives as it was
+ * given; a refused event is skipped, the rest queued. */
+static void test_publish_batch_keeps_rank_and_fields(void **st) {
+  (void)st;
+  relayed r;
+  memset(&r, 0, sizeof r);
+  pthread_mutex_init(&r.mu, NULL);
+  kvbm_publisher_config o = kvbm_publisher_config_default();
+  o.dp_rank = 7;
+  o.max_batch_events = 64;
+  o.max_batch_delay_us = 60u * 1000 * 1000;
+  kvbm_publisher *p;
+  kvbm_error err;
+  assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_add_callback(p, on_relayed, &r, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_start(p, &err), KVBM_OK);
+  static const uint8_t ekeys[] = {0x91, 0x91, 0xa4, 's', 'a', 'l', 't'};
+  static const uint8_t extras[] = {0xaa, 's', 'e', 's', 's', 'i', 'o', 'n', '_', 'i', 'd', 0x01};
+  uint64_t h[2] = {11, 12};
+  uint32_t tok[3] = {1, 2, 3};
+  kvbm_event a[3] = {
+      {.type = KVBM_EVENT_STORED, .block_hashes = h, .num_block_hashes = 1, .token_ids = tok,
+       .num_tokens = 3, .block_size = 2, .token_pairs = true, .medium = KVBM_MEDIUM_CPU,
+       .medium_name = "CPU_PINNED", .cache_salt = "tenant-a", .extras = extras,
+       .extras_len = sizeof extras, .num_extras = 1},
+      {.type = KVBM_EVENT_STORED, .block_hashes = h + 1, .num_block_hashes = 1},  /* refused */
+      {.type = KVBM_EVENT_STORED, .block_hashes = h + 1, .num_block_hashes = 1, .block_size = 2,
+       .medium = KVBM_MEDIUM_DISK, .medium_name = "STORAGE", .lora_name = "lo",
+       .kv_cache_spec_kind = "full_attention", .locality = "LOCAL", .ownership = "kvcr",
+       .extra_keys = ekeys, .extra_keys_len = sizeof ekeys},
+  };
+  kvbm_event_batch b1 = {.dp_rank = 3, .has_dp_rank = true, .events = a, .num_events = 3};
+  size_t queued = 0;
+  assert_int_equal(kvbm_publisher_publish_batch(p, &b1, &queued, &err), KVBM_EINVAL);
+  assert_int_equal(queued, 2);
+  kvbm_event c = {.type = KVBM_EVENT_CLEARED};
+  kvbm_event_batch b2 = {.has_dp_rank = false, .events = &c, .num_events = 1};
+  assert_int_equal(kvbm_publisher_publish_batch(p, &b2, &queued, &err), KVBM_OK);
+  assert_int_equal(queued, 1);
+  kvbm_event_batch b3 = {.dp_rank = 5, .has_dp_rank = true, .events = &c, .num_events = 1};
+  assert_int_equal(kvbm_publisher_publish_batch(p, &b3, &queued, &err), KVBM_OK);
+  assert_int_equal(kvbm_publisher_flush(p, 5000, &err), KVBM_OK);
+  pthread_mutex_lock(&r.mu);
+  /* one flush, three ranks: three batches, never mixed */
+  assert_int_equal(r.batches, 3);
+  assert_int_equal(r.rank[0], 3);
+  assert_int_equal(r.nbatch[0], 2);
+  assert_int_equal(r.rank[1], 7);
+  assert_int_equal(r.rank[2], 5);
+  assert_int_equal(r.n, 4);
+  assert_string_equal(r.text[0], "CPU_PINNED|-|tenant-a|-|-|-|1");
+  assert_int_equal(r.ev[0].num_tokens, 3);
+  assert_int_equal(r.ev[0].num_extras, 1);
+  assert_int_equal(r.ev[0].extras_len, sizeof extras);
+  assert_memory_equal(r.raw[0], extras, sizeof extras);
+  assert_string_equal(r.text[1], "STORAGE|lo|-|full_attention|LOCAL|kvcr|0");
+  assert_int_equal(r.ev[1].extra_keys_len, sizeof ekeys);
+  assert_memory_equal(r.raw[1], ekeys, sizeof ekeys);
+  assert_int_equal(r.ev[2].type, KVBM_EVENT_CLEARED);
+  pthread_mutex_unlock(&r.mu);
+  kvbm_publisher_destroy(p);
+  pthread_mutex_destroy(&r.mu);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batch_by_count_and_flush),
@@ -310,6 +422,7 @@ int main(void) {
       cmocka_unit_test(test_shutdown_loses_nothing),
       cmocka_unit_test(test_overflow_drop),
       cmocka_unit_test(test_bad_calls),
+      cmocka_unit_test(test_publish_batch_keeps_rank_and_fields),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

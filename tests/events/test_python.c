@@ -1,12 +1,18 @@
-/* test_python.c: wire compatibility with an independent peer
- * (tests/events/vllm_peer.py, python3-zmq + python3-msgpack):
- *  - a Python "vLLM engine" publishes in the positional and the map form,
- *    hashes as ints (some negative) and as 32-byte bytes, batches as arrays
- *    and as maps, and drops some batches on the live socket; our subscriber
- *    must recover them through the engine's replay socket and decode
- *    exactly what was sent (the engine compares, field by field);
- *  - our publisher's batches, decoded by a Python subscriber, must match
- *    field by field what our publisher says it sent. */
+/* test_python.c: wire compatibility with independent peers
+ * (tests/events/engine_peer.py, python3-zmq + python3-msgpack, shapes
+ * written from the engines' sources):
+ *  - Python engines publish each engine's shapes, today's and older ones:
+ *    vLLM v0.8 ([ts, events], 5-field events), v0.10 (medium, LoRA name,
+ *    dp rank), v0.2x (extra_keys, group, kind, window; bytes hashes), today
+ *    (tagged maps, locality, ownership, fields kvbm does not know), SGLang
+ *    positional (salt map at index 7, session id, CPU_PINNED, token pairs)
+ *    and maps, and Dynamo (signed hashes, "Ignored" and other bad events);
+ *    some batches are withheld from the live socket. Our subscriber must
+ *    recover them by replay, decode exactly what was sent (the engine
+ *    compares, field by field) and skip exactly the bad events;
+ *  - our publisher's batches, read by a Python subscriber that checks what
+ *    a typed vLLM consumer needs (map and positional, unsigned and signed
+ *    hashes), must match field by field what our publisher says it sent. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,7 +28,7 @@
 
 #include "kvbm/events.h"
 
-#define PEER KVBM_SOURCE_DIR "/tests/events/vllm_peer.py"
+#define PEER KVBM_SOURCE_DIR "/tests/events/engine_peer.py"
 
 typedef struct child {
   pid_t pid;
@@ -74,10 +80,10 @@ static void write_event_line(FILE *f, const kvbm_event_batch *b, const kvbm_even
 
 /* ------------------------------------------------- engine -> kvbm */
 
-static void from_engine(const char *form, const char *hashes, const char *batch_form) {
+static void from_engine(const char *profile, const char *hashes, const char *batch_form) {
   alarm(120);
   const int nbatches = 40;
-  char *argv[] = {"/usr/bin/python3", PEER, "engine", (char *)form, (char *)hashes, "40",
+  char *argv[] = {"/usr/bin/python3", PEER, "engine", (char *)profile, (char *)hashes, "40",
                   "3,4,17", (char *)batch_form, NULL};
   child c;
   spawn(&c, argv);
@@ -100,11 +106,13 @@ static void from_engine(const char *form, const char *hashes, const char *batch_
   int fd = mkstemp(path);
   assert_true(fd >= 0);
   FILE *f = fdopen(fd, "w");
+  size_t skipped = 0;
   for (int i = 0; i < nbatches; i++) {
     int rc = kvbm_subscriber_recv(sub, 10000, &b, &err);
-    if (rc) fail_msg("batch %d: %s", i, err.msg);
+    if (rc) fail_msg("%s batch %d: %s", profile, i, err.msg);
     assert_int_equal(b.seq, (uint64_t)i);
     assert_int_equal(b.lost_before, 0);
+    skipped += b.skipped;
     for (size_t e = 0; e < b.num_events; e++) write_event_line(f, &b, &b.events[e]);
   }
   fclose(f);
@@ -115,23 +123,33 @@ static void from_engine(const char *form, const char *hashes, const char *batch_
   assert_true(st.replayed >= 3);
   assert_int_equal(st.lost, 0);
   assert_int_equal(st.malformed, 0);
+  fprintf(c.in, "skipped\n");
+  fflush(c.in);
+  read_line(&c, line, sizeof line);
+  assert_int_equal(skipped, strtoul(line, NULL, 10)); /* the bad events, no more */
+  if (!strcmp(profile, "dynamo")) assert_true(skipped > 0);
   fprintf(c.in, "check %s\n", path);
   fflush(c.in);
   read_line(&c, line, sizeof line);
-  assert_string_equal(line, "OK");
+  if (strcmp(line, "OK")) fail_msg("%s/%s: the engine says kvbm decoded other events", profile, hashes);
   assert_int_equal(finish(&c), 0);
   unlink(path);
   kvbm_subscriber_destroy(sub);
   alarm(0);
 }
 
-static void test_engine_positional_int(void **s) { (void)s; from_engine("positional", "int", "-"); }
-static void test_engine_positional_bytes(void **s) { (void)s; from_engine("positional", "bytes", "-"); }
-static void test_engine_map_int(void **s) { (void)s; from_engine("map", "int", "-"); }
-static void test_engine_map_bytes_batch_map(void **s) {
+static void test_vllm_v08(void **s) { (void)s; from_engine("vllm-v0.8", "int", "-"); }
+static void test_vllm_v010_int(void **s) { (void)s; from_engine("vllm-v0.10", "int", "-"); }
+static void test_vllm_v010_bytes(void **s) { (void)s; from_engine("vllm-v0.10", "bytes", "-"); }
+static void test_vllm_v02x_positional(void **s) { (void)s; from_engine("vllm-v0.2x", "bytes", "-"); }
+static void test_vllm_map(void **s) { (void)s; from_engine("vllm", "int", "-"); }
+static void test_vllm_map_bytes_batch_map(void **s) {
   (void)s;
-  from_engine("map", "bytes", "batch-map");
+  from_engine("vllm", "bytes", "batch-map");
 }
+static void test_sglang_positional(void **s) { (void)s; from_engine("sglang-positional", "int", "-"); }
+static void test_sglang_map(void **s) { (void)s; from_engine("sglang", "int", "-"); }
+static void test_dynamo_signed_ignored(void **s) { (void)s; from_engine("dynamo", "int", "-"); }
 
 /* ------------------------------------------------- kvbm -> python */
 
@@ -141,7 +159,7 @@ static void record(void *user, const kvbm_event_batch *b) {
   fflush(f);
 }
 
-static void to_python(kvbm_event_form form) {
+static void to_python(kvbm_event_form form, bool sgn) {
   alarm(120);
   char path[] = "/tmp/kvbm_events_sent_XXXXXX";
   int fd = mkstemp(path);
@@ -151,6 +169,7 @@ static void to_python(kvbm_event_form form) {
   o.max_batch_events = 5;
   o.max_batch_delay_us = 60u * 1000 * 1000; /* only count and flush send */
   o.form = form;
+  o.signed_hashes = sgn;
   o.dp_rank = 4;
   kvbm_publisher *p;
   kvbm_error err;
@@ -166,7 +185,9 @@ static void to_python(kvbm_event_form form) {
   const int nbatches = 20;
   char nb[16];
   snprintf(nb, sizeof nb, "%d", nbatches);
-  char *argv[] = {"/usr/bin/python3", PEER, "subscribe", ep, rep, nb, path, NULL};
+  char *argv[] = {"/usr/bin/python3", PEER, "subscribe", ep, rep, nb, path,
+                  form == KVBM_FORM_MAP ? "map" : "positional", sgn ? "signed" : "unsigned",
+                  NULL};
   child c;
   spawn(&c, argv);
   char line[256];
@@ -174,6 +195,10 @@ static void to_python(kvbm_event_form form) {
   assert_string_equal(line, "ready");
   uint64_t x = 0x9e3779b97f4a7c15ull;
   static const char *const other[] = {"NVME_tier", NULL};
+  static const char *const names[] = {NULL, "GPU", "CPU_PINNED", "STORAGE", "OBJ", NULL};
+  static const uint8_t ekeys[] = {0x92, 0x92, 0xa2, 'm', 'm', 0x05, 0xc0};
+  static const uint8_t extras[] = {0xaa, 's', 'e', 's', 's', 'i', 'o', 'n', '_', 'i', 'd',
+                                   0xc4, 0x02, 0xbe, 0xef};
   for (int bi = 0; bi < nbatches; bi++) {
     for (int k = 0; k < 5; k++) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -185,8 +210,15 @@ static void to_python(kvbm_event_form form) {
         ev.block_hashes = h;
         ev.num_block_hashes = 1 + (size_t)(k % 3);
         ev.medium = (kvbm_medium)((bi + k) % 6);
-        ev.medium_name = ev.medium == KVBM_MEDIUM_OTHER ? other[0] : NULL;
+        ev.medium_name = ev.medium == KVBM_MEDIUM_OTHER ? other[0] : bi % 2 ? names[ev.medium] : NULL;
         if (k == 2) ev.group_idx = bi, ev.has_group_idx = true;
+        if (form == KVBM_FORM_MAP && k == 3) {
+          ev.locality = "REMOTE";
+          ev.ownership = "kvcr";
+          ev.extras = extras;
+          ev.extras_len = sizeof extras;
+          ev.num_extras = 1;
+        }
       }
       if (ev.type == KVBM_EVENT_STORED) {
         ev.block_size = 16;
@@ -197,6 +229,15 @@ static void to_python(kvbm_event_form form) {
         ev.has_lora_id = bi % 2;
         ev.lora_id = -bi;
         ev.lora_name = k == 1 ? "lora-\"q\"" : NULL;
+        if (k == 0) ev.cache_salt = "tenant-\u00e9"; /* SGLang's salt (UTF-8) */
+        if (k == 4 && bi % 3 == 0) ev.token_pairs = true;
+        if (k == 4) {
+          ev.extra_keys = ekeys;
+          ev.extra_keys_len = sizeof ekeys;
+          ev.kv_cache_spec_kind = "sliding_window";
+          ev.sliding_window = 128;
+          ev.has_sliding_window = true;
+        }
       }
       assert_int_equal(kvbm_publisher_publish(p, &ev, NULL, &err), KVBM_OK);
     }
@@ -214,8 +255,16 @@ static void to_python(kvbm_event_form form) {
   alarm(0);
 }
 
-static void test_publisher_positional_to_python(void **s) { (void)s; to_python(KVBM_FORM_POSITIONAL); }
-static void test_publisher_map_to_python(void **s) { (void)s; to_python(KVBM_FORM_MAP); }
+static void test_publisher_positional_to_python(void **s) {
+  (void)s;
+  to_python(KVBM_FORM_POSITIONAL, false);
+}
+static void test_publisher_map_to_python(void **s) { (void)s; to_python(KVBM_FORM_MAP, false); }
+static void test_publisher_signed_to_python(void **s) {
+  (void)s;
+  to_python(KVBM_FORM_MAP, true);
+  to_python(KVBM_FORM_POSITIONAL, true);
+}
 
 int main(void) {
   if (access("/usr/bin/python3", X_OK)) {
@@ -223,12 +272,18 @@ int main(void) {
     return 1;
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_engine_positional_int),
-      cmocka_unit_test(test_engine_positional_bytes),
-      cmocka_unit_test(test_engine_map_int),
-      cmocka_unit_test(test_engine_map_bytes_batch_map),
+      cmocka_unit_test(test_vllm_v08),
+      cmocka_unit_test(test_vllm_v010_int),
+      cmocka_unit_test(test_vllm_v010_bytes),
+      cmocka_unit_test(test_vllm_v02x_positional),
+      cmocka_unit_test(test_vllm_map),
+      cmocka_unit_test(test_vllm_map_bytes_batch_map),
+      cmocka_unit_test(test_sglang_positional),
+      cmocka_unit_test(test_sglang_map),
+      cmocka_unit_test(test_dynamo_signed_ignored),
       cmocka_unit_test(test_publisher_positional_to_python),
       cmocka_unit_test(test_publisher_map_to_python),
+      cmocka_unit_test(test_publisher_signed_to_python),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -346,9 +346,7 @@ static void test_batches(void **state) {
   c.gap_user = &g;
   kvbm_index *idx;
   assert_int_equal(kvbm_index_create(&c, &idx, NULL), KVBM_OK);
-  kvbm_event_encoder *enc;
   kvbm_event_decoder *dec;
-  assert_int_equal(kvbm_event_encoder_create(&enc, NULL), KVBM_OK);
   assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
   kvbm_event evs[2] = {stored(H, 4, NULL, KVBM_MEDIUM_GPU), removed(H + 3, 1, KVBM_MEDIUM_GPU)};
   for (int form = 0; form < 2; form++) {
@@ -356,10 +354,14 @@ static void test_batches(void **state) {
                           .events = evs, .num_events = 2};
     const uint8_t *data;
     size_t len;
-    assert_int_equal(kvbm_event_encode(enc, &b, (kvbm_event_form)form, &data, &len, NULL), 0);
+    kvbm_event_encoder_config ec = {.form = (kvbm_event_form)form};
+    kvbm_event_encoder *enc;
+    assert_int_equal(kvbm_event_encoder_create(&ec, &enc, NULL), KVBM_OK);
+    assert_int_equal(kvbm_event_encode(enc, &b, &data, &len, NULL), 0);
     kvbm_event_batch d;
     assert_int_equal(kvbm_event_decode(dec, data, len, (uint64_t)form * 4, &d, NULL), 0);
     assert_int_equal(kvbm_index_apply_batch(idx, 77, &d, NULL), KVBM_OK);
+    kvbm_event_encoder_destroy(enc);
   }
   assert_int_equal(g.n, 1); /* seq 0 then 4 */
   assert_true(g.expected == 1 && g.got == 4);
@@ -369,7 +371,6 @@ static void test_batches(void **state) {
   kvbm_overlap ov[MAXW];
   kvbm_index_lookup(idx, H, 5, ov, NULL);
   assert_int_equal(ov[s].prefix[0], 3);
-  kvbm_event_encoder_destroy(enc);
   kvbm_event_decoder_destroy(dec);
   kvbm_index_destroy(idx);
 }

@@ -11,10 +11,13 @@
  *     stderr and skipped.
  *   kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]
  *                    (--nats URL --subject S | --zmq EP [--zmq-replay EP]
- *                    [--zmq-topic T]) [--form positional|map] [--dp-rank R]
- *                    [--batch N] [--delay-us US] [--count N] [--idle-ms MS]
+ *                    [--zmq-topic T]) [--form map|positional] [--signed-hashes]
+ *                    [--dp-rank R] [--batch N] [--delay-us US] [--count N]
+ *                    [--idle-ms MS]
  *     republishes the stream on NATS or on our own ZMQ endpoint (printing
- *     "publishing on EP [replay EP]" first, useful with a '*' port).
+ *     "publishing on EP [replay EP]" first, useful with a '*' port),
+ *     keeping the engine's dp_rank (--dp-rank is for batches without one)
+ *     and every field of its events.
  *
  * Both stop after --count batches, after --idle-ms without a message, or on
  * SIGINT/SIGTERM, and print the subscriber's counters on stderr; relay also
@@ -51,9 +54,9 @@ static void usage_to(FILE *f) {
           "                        [--queue-bytes B]\n"
           "       kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
           "                        (--nats URL --subject S | --zmq EP [--zmq-replay EP]\n"
-          "                        [--zmq-topic T]) [--form positional|map] [--dp-rank R]\n"
-          "                        [--batch N] [--delay-us US] [--count N] [--idle-ms MS]\n"
-          "                        [--queue-bytes B]\n");
+          "                        [--zmq-topic T]) [--form map|positional] [--signed-hashes]\n"
+          "                        [--dp-rank R] [--batch N] [--delay-us US] [--count N]\n"
+          "                        [--idle-ms MS] [--queue-bytes B]\n");
 }
 
 static void usage(void) { usage_to(stderr); }
@@ -89,6 +92,8 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
       if (a->sub.max_payload > u / 2) a->sub.max_payload = (size_t)(u / 2);
     } else if (!strcmp(argv[i], "--bind")) {
       a->sub.bind = true;
+    } else if (relay && !strcmp(argv[i], "--signed-hashes")) {
+      a->pub.signed_hashes = true;
     } else if (relay && OPT("--nats")) { if (r < 0) return 2; a->nats = v; }
     else if (OPT("--subject")) { if (r < 0) return 2; a->subject = v; }
     else if (relay && OPT("--zmq")) { if (r < 0) return 2; a->zmq = v; }
@@ -322,6 +327,8 @@ static int tail(int argc, char **argv) {
     if (b.reset)
       fprintf(stderr, "kvbm %s: a new stream begins at %" PRIu64 " (the engine restarted)\n",
               cmd, b.seq);
+    if (b.skipped)
+      fprintf(stderr, "kvbm %s: batch %" PRIu64 ": %zu events skipped\n", cmd, b.seq, b.skipped);
     if (b.lost_before)
       fprintf(stderr, "kvbm %s: %" PRIu64 " batches lost before %" PRIu64 "\n", cmd,
               b.lost_before, b.seq);
@@ -415,6 +422,10 @@ static int relay(int argc, char **argv) {
     if (rc) fprintf(stderr, "kvbm %s: skipped: %s\n", cmd, err.msg);
   }
   print_stats(cmd, kvbm_relay_subscriber(r));
+  kvbm_relay_stats rs;
+  kvbm_relay_stats_get(r, &rs);
+  fprintf(stderr, "kvbm %s: %" PRIu64 " events relayed, %" PRIu64 " skipped (not decodable), %" PRIu64
+          " refused by the publisher\n", cmd, rs.events, rs.skipped, rs.refused);
   kvbm_relay_destroy(r);
   kvbm_publisher_flush(p, 5000, NULL); /* sends everything accepted, then counts */
   print_publisher(cmd, p);
