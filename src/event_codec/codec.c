@@ -175,17 +175,12 @@ void kvbm_event_encoder_destroy(kvbm_event_encoder *enc) {
   free(enc);
 }
 
-/* Bulk arrays (hashes, tokens) are most of a payload, and msgpack-c packs
- * them one write callback per element; these write the same bytes (the
- * shortest encoding of each integer) straight into the sbuffer after one
- * capacity check. The sbuffer's fields are public msgpack-c API. */
-static uint8_t *sb_grow(msgpack_sbuffer *sb, size_t need);
-
-static inline uint8_t *sb_reserve(msgpack_sbuffer *sb, size_t need) {
-  if (sb->alloc - sb->size >= need) return (uint8_t *)sb->data + sb->size;
-  return sb_grow(sb, need);
-}
-
+/* Events are written straight into the sbuffer (its fields are public
+ * msgpack-c API): one capacity check per event, for a bound on its size,
+ * then plain stores. msgpack-c's packer makes one write callback per
+ * value, which for the tagged maps (a dozen keys and values per event)
+ * was most of the cost. The bytes are the shortest encoding of each value,
+ * as msgpack-c (and msgspec) write them. */
 static uint8_t *sb_grow(msgpack_sbuffer *sb, size_t need) {
   size_t na = sb->alloc ? sb->alloc : 8192;
   while (na - sb->size < need) {
@@ -199,15 +194,21 @@ static uint8_t *sb_grow(msgpack_sbuffer *sb, size_t need) {
   return (uint8_t *)sb->data + sb->size;
 }
 
+static inline uint8_t *sb_reserve(msgpack_sbuffer *sb, size_t need) {
+  if (sb->alloc - sb->size >= need) return (uint8_t *)sb->data + sb->size;
+  return sb_grow(sb, need);
+}
+
 static inline uint8_t *put_be(uint8_t *p, uint64_t v, int n) {
   for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
   return p + n;
 }
 
-static inline uint8_t *put_array_header(uint8_t *p, size_t n) {
-  if (n < 16) { *p++ = (uint8_t)(0x90 | n); return p; }
-  if (n < 65536) { *p++ = 0xdc; return put_be(p, n, 2); }
-  *p++ = 0xdd;
+/* Array (map = false) or map header. */
+static inline uint8_t *put_hdr(uint8_t *p, size_t n, bool map) {
+  if (n < 16) { *p++ = (uint8_t)((map ? 0x80 : 0x90) | n); return p; }
+  if (n < 65536) { *p++ = map ? 0xde : 0xdc; return put_be(p, n, 2); }
+  *p++ = map ? 0xdf : 0xdd;
   return put_be(p, n, 4);
 }
 
@@ -227,12 +228,11 @@ static inline uint8_t *put_uint(uint8_t *p, uint64_t v) {
   return put_be(p, v, 8);
 }
 
-/* A hash: unsigned, or (signed_hashes) the int64 with the same bits: a
- * hash >= 2^63 becomes a negative int64 (0xd3), the others are the same
- * non-negative integer either way. */
-static inline uint8_t *put_hash(uint8_t *p, uint64_t v, bool sgn) {
-  if (!sgn || !(v >> 63)) return put_uint(p, v);
-  int64_t x = (int64_t)v; /* negative: the shortest signed encoding */
+/* A signed integer: non-negative ones as put_uint, negative ones in the
+ * shortest signed form. */
+static inline uint8_t *put_int(uint8_t *p, int64_t x) {
+  uint64_t v = (uint64_t)x;
+  if (x >= 0) return put_uint(p, v);
   if (x >= -32) { *p++ = (uint8_t)x; return p; }
   if (x >= INT8_MIN) { *p++ = 0xd0; return put_be(p, v, 1); }
   if (x >= INT16_MIN) { *p++ = 0xd1; return put_be(p, v, 2); }
@@ -241,109 +241,79 @@ static inline uint8_t *put_hash(uint8_t *p, uint64_t v, bool sgn) {
   return put_be(p, v, 8);
 }
 
-/* A short string known at compile time (tags, keys): one fixstr. */
-static int put_lit(msgpack_packer *pk, const char *str, size_t n) {
-  msgpack_sbuffer *sb = pk->data;
-  uint8_t *p = sb_reserve(sb, 1 + n);
-  if (!p) return -1;
-  *p = (uint8_t)(0xa0 | n); /* every literal here is under 32 bytes */
-  memcpy(p + 1, str, n);
-  sb->size += 1 + n;
-  return 0;
-}
-#define LIT(pk, s) put_lit((pk), (s), sizeof(s) - 1)
-
-/* Small scalars on the hot path, written the same way. */
-static int put_nil(msgpack_packer *pk) {
-  msgpack_sbuffer *sb = pk->data;
-  uint8_t *p = sb_reserve(sb, 1);
-  if (!p) return -1;
-  *p = 0xc0;
-  sb->size++;
-  return 0;
+/* A hash: unsigned, or (signed_hashes) the int64 with the same bits: a
+ * hash >= 2^63 becomes a negative int64, the others are the same
+ * non-negative integer either way. */
+static inline uint8_t *put_hash(uint8_t *p, uint64_t v, bool sgn) {
+  return sgn ? put_int(p, (int64_t)v) : put_uint(p, v);
 }
 
-static int put_u(msgpack_packer *pk, uint64_t v) {
-  msgpack_sbuffer *sb = pk->data;
-  uint8_t *p = sb_reserve(sb, 9), *p0 = p;
-  if (!p) return -1;
-  sb->size += (size_t)(put_uint(p, v) - p0);
-  return 0;
+static inline uint8_t *put_nil(uint8_t *p) {
+  *p++ = 0xc0;
+  return p;
 }
 
-static int put_h(msgpack_packer *pk, uint64_t v, bool sgn) {
-  msgpack_sbuffer *sb = pk->data;
-  uint8_t *p = sb_reserve(sb, 9), *p0 = p;
-  if (!p) return -1;
-  sb->size += (size_t)(put_hash(p, v, sgn) - p0);
-  return 0;
+static inline uint8_t *put_strn(uint8_t *p, const char *s, size_t n) {
+  if (n < 32) *p++ = (uint8_t)(0xa0 | n);
+  else if (n < 256) { *p++ = 0xd9; *p++ = (uint8_t)n; }
+  else if (n < 65536) { *p++ = 0xda; p = put_be(p, n, 2); }
+  else { *p++ = 0xdb; p = put_be(p, n, 4); }
+  memcpy(p, s, n);
+  return p + n;
 }
 
-static int put_hdr(msgpack_packer *pk, size_t n) { /* n < 16 */
-  msgpack_sbuffer *sb = pk->data;
-  uint8_t *p = sb_reserve(sb, 1);
-  if (!p) return -1;
-  *p = (uint8_t)(0x90 | n);
-  sb->size++;
-  return 0;
+static inline uint8_t *put_opt_str(uint8_t *p, const char *s) {
+  return s ? put_strn(p, s, strlen(s)) : put_nil(p);
 }
 
-static int put_str(msgpack_packer *pk, const char *str) {
-  size_t n = strlen(str);
-  if (n < 32) return put_lit(pk, str, n);
-  return msgpack_pack_str(pk, n) | msgpack_pack_str_body(pk, str, n);
+/* A key or tag known at compile time (all under 32 bytes): a fixstr. */
+#define LIT(p, s) put_strn((p), (s), sizeof(s) - 1)
+
+static inline uint8_t *put_opt_i64(uint8_t *p, bool has, int64_t v) {
+  return has ? put_int(p, v) : put_nil(p);
 }
 
-static int put_opt_str(msgpack_packer *pk, const char *s) { return s ? put_str(pk, s) : put_nil(pk); }
-
-/* Bytes that already are msgpack (extra_keys, extras): copied as they are. */
-static int put_raw(msgpack_packer *pk, const uint8_t *p, size_t n) {
-  msgpack_sbuffer *sb = pk->data;
-  uint8_t *d = sb_reserve(sb, n);
-  if (!d) return -1;
-  if (n) memcpy(d, p, n);
-  sb->size += n;
-  return 0;
+static inline uint8_t *put_raw(uint8_t *p, const uint8_t *raw, size_t n) {
+  if (n) memcpy(p, raw, n);
+  return p + n;
 }
 
-static int pack_medium(msgpack_packer *pk, const kvbm_event *ev) {
-  if (ev->medium_name) return put_str(pk, ev->medium_name);
-  const char *name = kvbm_medium_name(ev->medium);
-  return name ? put_str(pk, name) : put_nil(pk);
+static uint8_t *put_medium(uint8_t *p, const kvbm_event *ev) {
+  const char *name = ev->medium_name ? ev->medium_name : kvbm_medium_name(ev->medium);
+  return put_opt_str(p, name);
 }
 
-static int pack_hashes(msgpack_packer *pk, const uint64_t *h, size_t n, bool sgn) {
-  msgpack_sbuffer *sb = pk->data;
-  uint8_t *p = sb_reserve(sb, 5 + 9 * n), *p0 = p;
-  if (!p) return -1;
-  p = put_array_header(p, n);
+static uint8_t *put_hashes(uint8_t *p, const uint64_t *h, size_t n, bool sgn) {
+  p = put_hdr(p, n, false);
   for (size_t i = 0; i < n; i++) p = put_hash(p, h[i], sgn);
-  sb->size += (size_t)(p - p0);
-  return 0;
+  return p;
 }
 
 /* Flat token ids, or (token_pairs) the n-1 pairs [t_i, t_i+1] they chain. */
-static int pack_tokens(msgpack_packer *pk, const uint32_t *t, size_t n, bool pairs) {
-  msgpack_sbuffer *sb = pk->data;
-  size_t items = pairs && n ? n - 1 : n;
-  uint8_t *p = sb_reserve(sb, 5 + (pairs ? 11 : 5) * items), *p0 = p;
-  if (!p) return -1;
-  p = put_array_header(p, items);
-  for (size_t i = 0; i < items; i++) {
-    if (pairs) {
-      *p++ = 0x92;
-      p = put_uint(p, t[i]);
-      p = put_uint(p, t[i + 1]);
-    } else {
-      p = put_uint(p, t[i]);
-    }
+static uint8_t *put_tokens(uint8_t *p, const uint32_t *t, size_t n, bool pairs) {
+  if (!pairs) {
+    p = put_hdr(p, n, false);
+    for (size_t i = 0; i < n; i++) p = put_uint(p, t[i]);
+    return p;
   }
-  sb->size += (size_t)(p - p0);
-  return 0;
+  size_t items = n ? n - 1 : 0;
+  p = put_hdr(p, items, false);
+  for (size_t i = 0; i < items; i++) {
+    *p++ = 0x92;
+    p = put_uint(p, t[i]);
+    p = put_uint(p, t[i + 1]);
+  }
+  return p;
 }
 
-static int pack_opt_i64(msgpack_packer *pk, bool has, int64_t v) {
-  return has ? msgpack_pack_int64(pk, v) : put_nil(pk);
+static size_t str_bound(const char *s) { return s ? strlen(s) + 5 : 1; }
+
+/* Bytes event `ev` can take at most, keys and headers included. */
+static size_t event_bound(const kvbm_event *ev) {
+  size_t n = 400 + 9 * ev->num_block_hashes + (ev->token_pairs ? 11 : 5) * ev->num_tokens;
+  n += str_bound(ev->medium_name) + str_bound(ev->lora_name) + str_bound(ev->cache_salt) +
+       str_bound(ev->kv_cache_spec_kind) + str_bound(ev->locality) + str_bound(ev->ownership);
+  return n + ev->extra_keys_len + ev->extras_len;
 }
 
 /* The optional keys of the map form that `ev` has, after the required ones. */
@@ -354,27 +324,24 @@ static size_t map_optionals(const kvbm_event *ev) {
   return n;
 }
 
-static int pack_map_optionals(msgpack_packer *pk, const kvbm_event *ev) {
-  int rc = 0;
+/* Written only when present (vLLM's omit_defaults); the extras last. */
+static uint8_t *put_map_optionals(uint8_t *p, const kvbm_event *ev) {
   bool st = ev->type == KVBM_EVENT_STORED;
-  if (st && ev->extra_keys)
-    rc |= LIT(pk, "extra_keys") | put_raw(pk, ev->extra_keys, ev->extra_keys_len);
-  if (ev->has_group_idx) rc |= LIT(pk, "group_idx") | msgpack_pack_int64(pk, ev->group_idx);
+  if (st && ev->extra_keys) p = put_raw(LIT(p, "extra_keys"), ev->extra_keys, ev->extra_keys_len);
+  if (ev->has_group_idx) p = put_int(LIT(p, "group_idx"), ev->group_idx);
   if (st && ev->kv_cache_spec_kind)
-    rc |= LIT(pk, "kv_cache_spec_kind") | put_str(pk, ev->kv_cache_spec_kind);
+    p = put_opt_str(LIT(p, "kv_cache_spec_kind"), ev->kv_cache_spec_kind);
   if (st && ev->has_sliding_window)
-    rc |= LIT(pk, "kv_cache_spec_sliding_window") | msgpack_pack_int64(pk, ev->sliding_window);
-  if (ev->locality) rc |= LIT(pk, "locality") | put_str(pk, ev->locality);
-  if (ev->ownership) rc |= LIT(pk, "ownership") | put_str(pk, ev->ownership);
-  if (st && ev->cache_salt) rc |= LIT(pk, "cache_salt") | put_str(pk, ev->cache_salt);
-  if (ev->num_extras) rc |= put_raw(pk, ev->extras, ev->extras_len);
-  return rc;
+    p = put_int(LIT(p, "kv_cache_spec_sliding_window"), ev->sliding_window);
+  if (ev->locality) p = put_opt_str(LIT(p, "locality"), ev->locality);
+  if (ev->ownership) p = put_opt_str(LIT(p, "ownership"), ev->ownership);
+  if (st && ev->cache_salt) p = put_opt_str(LIT(p, "cache_salt"), ev->cache_salt);
+  if (ev->num_extras) p = put_raw(p, ev->extras, ev->extras_len);
+  return p;
 }
 
-static int pack_stored(const kvbm_event_encoder *enc, msgpack_packer *pk, const kvbm_event *ev) {
-  bool sgn = enc->cfg.signed_hashes;
-  int rc = 0;
-  if (enc->cfg.form == KVBM_FORM_POSITIONAL) {
+static uint8_t *put_stored(uint8_t *p, const kvbm_event *ev, kvbm_event_form form, bool sgn) {
+  if (form == KVBM_FORM_POSITIONAL) {
     /* vLLM's order; index 7 is vLLM's lora_name or SGLang's metadata map
      * (the salt, and the fields kvbm does not name, as SGLang sends
      * them); the tail stops after its last present field, nil before. */
@@ -383,61 +350,73 @@ static int pack_stored(const kvbm_event_encoder *enc, msgpack_packer *pk, const 
     if (ev->has_group_idx) last = 9;
     if (ev->kv_cache_spec_kind) last = 10;
     if (ev->has_sliding_window) last = 11;
-    rc |= put_hdr(pk, last + 1);
-    rc |= LIT(pk, "BlockStored");
-    rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes, sgn);
-    rc |= ev->has_parent ? put_h(pk, ev->parent_hash, sgn) : put_nil(pk);
-    rc |= pack_tokens(pk, ev->token_ids, ev->num_tokens, ev->token_pairs);
-    rc |= put_u(pk, ev->block_size);
-    rc |= pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
-    rc |= pack_medium(pk, ev);
+    p = put_hdr(p, last + 1, false);
+    p = LIT(p, "BlockStored");
+    p = put_hashes(p, ev->block_hashes, ev->num_block_hashes, sgn);
+    p = ev->has_parent ? put_hash(p, ev->parent_hash, sgn) : put_nil(p);
+    p = put_tokens(p, ev->token_ids, ev->num_tokens, ev->token_pairs);
+    p = put_uint(p, ev->block_size);
+    p = put_opt_i64(p, ev->has_lora_id, ev->lora_id);
+    p = put_medium(p, ev);
     if (ev->lora_name || !ev->cache_salt) {
-      rc |= put_opt_str(pk, ev->lora_name);
+      p = put_opt_str(p, ev->lora_name);
     } else {
-      rc |= msgpack_pack_map(pk, 1 + ev->num_extras);
-      rc |= LIT(pk, "cache_salt") | put_str(pk, ev->cache_salt);
-      if (ev->num_extras) rc |= put_raw(pk, ev->extras, ev->extras_len);
+      p = put_hdr(p, 1 + ev->num_extras, true);
+      p = put_opt_str(LIT(p, "cache_salt"), ev->cache_salt);
+      p = put_raw(p, ev->extras, ev->extras_len);
     }
-    if (last >= 8) rc |= ev->extra_keys ? put_raw(pk, ev->extra_keys, ev->extra_keys_len) : put_nil(pk);
-    if (last >= 9) rc |= pack_opt_i64(pk, ev->has_group_idx, ev->group_idx);
-    if (last >= 10) rc |= put_opt_str(pk, ev->kv_cache_spec_kind);
-    if (last >= 11) rc |= msgpack_pack_int64(pk, ev->sliding_window);
-    return rc;
+    if (last >= 8) p = ev->extra_keys ? put_raw(p, ev->extra_keys, ev->extra_keys_len) : put_nil(p);
+    if (last >= 9) p = put_opt_i64(p, ev->has_group_idx, ev->group_idx);
+    if (last >= 10) p = put_opt_str(p, ev->kv_cache_spec_kind);
+    if (last >= 11) p = put_int(p, ev->sliding_window);
+    return p;
   }
-  rc |= msgpack_pack_map(pk, 8 + map_optionals(ev));
-  rc |= LIT(pk, "type") | LIT(pk, "BlockStored");
-  rc |= LIT(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes, sgn);
-  rc |= LIT(pk, "parent_block_hash");
-  rc |= ev->has_parent ? put_h(pk, ev->parent_hash, sgn) : put_nil(pk);
-  rc |= LIT(pk, "token_ids") | pack_tokens(pk, ev->token_ids, ev->num_tokens, ev->token_pairs);
-  rc |= LIT(pk, "block_size") | put_u(pk, ev->block_size);
-  rc |= LIT(pk, "lora_id") | pack_opt_i64(pk, ev->has_lora_id, ev->lora_id);
-  rc |= LIT(pk, "medium") | pack_medium(pk, ev);
-  rc |= LIT(pk, "lora_name") | put_opt_str(pk, ev->lora_name);
-  return rc | pack_map_optionals(pk, ev);
+  p = put_hdr(p, 8 + map_optionals(ev), true);
+  p = LIT(LIT(p, "type"), "BlockStored");
+  p = put_hashes(LIT(p, "block_hashes"), ev->block_hashes, ev->num_block_hashes, sgn);
+  p = LIT(p, "parent_block_hash");
+  p = ev->has_parent ? put_hash(p, ev->parent_hash, sgn) : put_nil(p);
+  p = put_tokens(LIT(p, "token_ids"), ev->token_ids, ev->num_tokens, ev->token_pairs);
+  p = put_uint(LIT(p, "block_size"), ev->block_size);
+  p = put_opt_i64(LIT(p, "lora_id"), ev->has_lora_id, ev->lora_id);
+  p = put_medium(LIT(p, "medium"), ev);
+  p = put_opt_str(LIT(p, "lora_name"), ev->lora_name);
+  return put_map_optionals(p, ev);
 }
 
-static int pack_removed(const kvbm_event_encoder *enc, msgpack_packer *pk, const kvbm_event *ev) {
+static uint8_t *put_removed(uint8_t *p, const kvbm_event *ev, kvbm_event_form form, bool sgn) {
+  if (form == KVBM_FORM_POSITIONAL) {
+    p = put_hdr(p, ev->has_group_idx ? 4 : 3, false);
+    p = LIT(p, "BlockRemoved");
+    p = put_hashes(p, ev->block_hashes, ev->num_block_hashes, sgn);
+    p = put_medium(p, ev);
+    if (ev->has_group_idx) p = put_int(p, ev->group_idx);
+    return p;
+  }
+  p = put_hdr(p, 3 + map_optionals(ev), true);
+  p = LIT(LIT(p, "type"), "BlockRemoved");
+  p = put_hashes(LIT(p, "block_hashes"), ev->block_hashes, ev->num_block_hashes, sgn);
+  p = put_medium(LIT(p, "medium"), ev);
+  return put_map_optionals(p, ev);
+}
+
+static uint8_t *put_cleared(uint8_t *p, kvbm_event_form form) {
+  if (form == KVBM_FORM_POSITIONAL) return LIT(put_hdr(p, 1, false), "AllBlocksCleared");
+  return LIT(LIT(put_hdr(p, 1, true), "type"), "AllBlocksCleared");
+}
+
+static int pack_event(kvbm_event_encoder *enc, const kvbm_event *ev) {
+  msgpack_sbuffer *sb = &enc->sb;
+  uint8_t *p = sb_reserve(sb, event_bound(ev)), *p0 = p;
+  if (!p) return -1;
   bool sgn = enc->cfg.signed_hashes;
-  int rc = 0;
-  if (enc->cfg.form == KVBM_FORM_POSITIONAL) {
-    rc |= put_hdr(pk, ev->has_group_idx ? 4 : 3);
-    rc |= LIT(pk, "BlockRemoved");
-    rc |= pack_hashes(pk, ev->block_hashes, ev->num_block_hashes, sgn);
-    rc |= pack_medium(pk, ev);
-    if (ev->has_group_idx) rc |= msgpack_pack_int64(pk, ev->group_idx);
-    return rc;
+  switch (ev->type) {
+    case KVBM_EVENT_STORED: p = put_stored(p, ev, enc->cfg.form, sgn); break;
+    case KVBM_EVENT_REMOVED: p = put_removed(p, ev, enc->cfg.form, sgn); break;
+    case KVBM_EVENT_CLEARED: p = put_cleared(p, enc->cfg.form); break;
   }
-  rc |= msgpack_pack_map(pk, 3 + map_optionals(ev));
-  rc |= LIT(pk, "type") | LIT(pk, "BlockRemoved");
-  rc |= LIT(pk, "block_hashes") | pack_hashes(pk, ev->block_hashes, ev->num_block_hashes, sgn);
-  rc |= LIT(pk, "medium") | pack_medium(pk, ev);
-  return rc | pack_map_optionals(pk, ev);
-}
-
-static int pack_cleared(const kvbm_event_encoder *enc, msgpack_packer *pk) {
-  if (enc->cfg.form == KVBM_FORM_POSITIONAL) return put_hdr(pk, 1) | LIT(pk, "AllBlocksCleared");
-  return msgpack_pack_map(pk, 1) | LIT(pk, "type") | LIT(pk, "AllBlocksCleared");
+  sb->size += (size_t)(p - p0);
+  return 0;
 }
 
 int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
@@ -455,14 +434,7 @@ int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
   int rc = msgpack_pack_array(pk, batch->has_dp_rank ? 3 : 2);
   rc |= msgpack_pack_double(pk, batch->ts);
   rc |= msgpack_pack_array(pk, batch->num_events);
-  for (size_t i = 0; i < batch->num_events && !rc; i++) {
-    const kvbm_event *ev = &batch->events[i];
-    switch (ev->type) {
-      case KVBM_EVENT_STORED: rc = pack_stored(enc, pk, ev); break;
-      case KVBM_EVENT_REMOVED: rc = pack_removed(enc, pk, ev); break;
-      case KVBM_EVENT_CLEARED: rc = pack_cleared(enc, pk); break;
-    }
-  }
+  for (size_t i = 0; i < batch->num_events && !rc; i++) rc = pack_event(enc, &batch->events[i]);
   if (batch->has_dp_rank) rc |= msgpack_pack_int32(pk, batch->dp_rank);
   if (rc) return kvbm_error_set(err, KVBM_ENOMEM, "events: encode: out of memory");
   *data = (const uint8_t *)enc->sb.data;
@@ -740,6 +712,25 @@ static int read_opt_i64(dctx *c, int64_t *out, bool *has) {
   return 0;
 }
 
+/* A string (a key, a tag, a name; `want` says which for the message);
+ * *from is where it began. These are short: a fixstr is read inline. */
+static inline int read_str(dctx *c, const char *want, const uint8_t **from,
+                           const uint8_t **k, size_t *kl) {
+  const uint8_t *p = c->r.p;
+  *from = p;
+  *k = NULL;
+  *kl = 0;
+  if (p < c->r.end && (*p & 0xe0) == 0xa0 && (size_t)(c->r.end - p) > (size_t)(*p & 0x1f)) {
+    *kl = *p & 0x1f;
+    *k = p + 1;
+    c->r.p = p + 1 + *kl;
+    return 0;
+  }
+  if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, want);
+  int rc = mpr_bytes(&c->r, false, k, kl);
+  return rc ? fail(c, rc, "bad string") : 0;
+}
+
 /* Copies n bytes into the string arena (NUL-terminated); *off its place. */
 static int put_s(dctx *c, const uint8_t *b, size_t n, size_t *off) {
   kvbm_event_decoder *d = c->d;
@@ -756,12 +747,18 @@ static int read_opt_str(dctx *c, size_t *off, const uint8_t **raw, size_t *rawle
   if (mpr_nil(&c->r)) { *off = SIZE_MAX; return 0; }
   const uint8_t *b;
   size_t n;
-  if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string or nil");
-  int rc = mpr_bytes(&c->r, false, &b, &n);
-  if (rc) return fail(c, rc, "bad string");
+  const uint8_t *from;
+  int rc = read_str(c, "a string or nil", &from, &b, &n);
+  if (rc) return rc;
   /* Names reach C callers as NUL-terminated strings: an inner NUL would
-   * silently cut them. */
-  if (n && memchr(b, 0, n)) return fail(c, KVBM_EFORMAT, "string contains a NUL byte");
+   * silently cut them. (Names are short: a loop beats a call.) */
+  bool nul = false;
+  if (n < 16) {
+    for (size_t i = 0; i < n; i++) nul |= b[i] == 0;
+  } else {
+    nul = memchr(b, 0, n) != NULL;
+  }
+  if (nul) return fail(c, KVBM_EFORMAT, "string contains a NUL byte");
   if (raw) { *raw = b; *rawlen = n; }
   return put_s(c, b, n, off);
 }
@@ -808,14 +805,6 @@ static int read_medium(dctx *c, kvbm_event *ev, ev_off *o) {
   return 0;
 }
 
-/* A string key (map events, SGLang's metadata); *from is where it began. */
-static int read_key(dctx *c, const uint8_t **from, const uint8_t **k, size_t *kl) {
-  *from = c->r.p;
-  if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string key");
-  int rc = mpr_bytes(&c->r, false, k, kl);
-  return rc ? fail(c, rc, "bad key") : 0;
-}
-
 /* Positional index 7: vLLM's lora_name (string or nil), or SGLang's
  * BlockStoredMetadata map: its cache_salt, and any other key (session_id)
  * kept with the extras. */
@@ -825,9 +814,9 @@ static int read_slot7(dctx *c, kvbm_event *ev, ev_off *o) {
   int rc = mpr_map(&c->r, &n);
   if (rc) return fail(c, rc, "bad map");
   for (uint32_t i = 0; i < n; i++) {
-    const uint8_t *from, *k;
-    size_t kl;
-    if ((rc = read_key(c, &from, &k, &kl))) return rc;
+    const uint8_t *from, *k = NULL;
+    size_t kl = 0;
+    if ((rc = read_str(c, "a string key", &from, &k, &kl))) return rc;
     if (kl == 10 && !memcmp(k, "cache_salt", 10)) rc = read_opt_str(c, &o->salt, NULL, NULL);
     else rc = keep_extra(c, from, ev, o);
     if (rc) return rc;
@@ -869,11 +858,10 @@ static int tag_type(const uint8_t *s, size_t n, kvbm_event_type *t) {
 }
 
 static int read_tag(dctx *c, kvbm_event *ev) {
-  const uint8_t *s;
+  const uint8_t *s, *from;
   size_t n;
-  if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "the event tag (a string)");
-  int rc = mpr_bytes(&c->r, false, &s, &n);
-  if (rc) return fail(c, rc, "bad string");
+  int rc = read_str(c, "the event tag (a string)", &from, &s, &n);
+  if (rc) return rc;
   if (tag_type(s, n, &ev->type)) {
     char msg[120];
     snprintf(msg, sizeof msg, "unknown event tag \"%.*s\"", (int)(n > 40 ? 40 : n), (const char *)s);
@@ -918,10 +906,10 @@ static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   bool have_type = false;
   unsigned seen = 0;
   for (uint32_t i = 0; i < n; i++) {
-    const uint8_t *from, *k;
-    size_t kl;
+    const uint8_t *from, *k = NULL;
+    size_t kl = 0;
     c->field = "key";
-    if ((rc = read_key(c, &from, &k, &kl))) return rc;
+    if ((rc = read_str(c, "a string key", &from, &k, &kl))) return rc;
     if (kl == 4 && !memcmp(k, "type", 4)) {
       c->field = "type";
       rc = read_tag(c, ev);
@@ -938,7 +926,7 @@ static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   unsigned need = 0;
   if (ev->type == KVBM_EVENT_STORED) need = 1u << F_HASHES | 1u << F_TOKENS | 1u << F_BSIZE;
   if (ev->type == KVBM_EVENT_REMOVED) need = 1u << F_HASHES;
-  for (int f = 0; f < F_NAMED; f++) {
+  for (int f = 0; (need & ~seen) && f < F_NAMED; f++) {
     if ((need >> f & 1) && !(seen >> f & 1)) {
       c->field = kvbm_event_type_name(ev->type);
       char msg[80];
@@ -959,11 +947,9 @@ static void keep_own_fields(kvbm_event *ev, ev_off *o) {
     *o = kNoOff;
     return;
   }
-  kvbm_event r = {.type = ev->type, .num_block_hashes = ev->num_block_hashes,
-                  .medium = ev->medium, .group_idx = ev->group_idx,
-                  .has_group_idx = ev->has_group_idx, .extras_len = ev->extras_len,
-                  .num_extras = ev->num_extras};
-  *ev = r;
+  ev->has_parent = ev->has_lora_id = ev->token_pairs = ev->has_sliding_window = false;
+  ev->num_tokens = ev->extra_keys_len = 0;
+  ev->block_size = 0;
   o->t = o->lname = o->salt = o->kind = o->ekeys = SIZE_MAX;
 }
 
@@ -989,8 +975,8 @@ static int read_events(dctx *c, kvbm_event_batch *out) {
   kvbm_error *caller = c->err;
   size_t kept = 0;
   for (uint32_t i = 0; i < n; i++) {
-    RESERVE(d->ev, d->ev_cap, kept + 1);
-    RESERVE(d->off, d->off_cap, kept + 1);
+    if (kept >= d->ev_cap) RESERVE(d->ev, d->ev_cap, kept + 1);
+    if (kept >= d->off_cap) RESERVE(d->off, d->off_cap, kept + 1);
     kvbm_event *ev = &d->ev[kept];
     ev_off *o = &d->off[kept];
     memset(ev, 0, sizeof *ev);
