@@ -155,6 +155,31 @@ KVBM_EXTERN void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes
 KVBM_EXTERN size_t kvbm_index_hash_tokens(const kvbm_index *idx, const uint32_t *tokens, size_t n,
                               uint64_t *out, size_t max_out);
 
+/* Namespaces. A block stored with a cache salt (SGLang's cache_salt) or a
+ * LoRA name belongs to that tenant's namespace, and only lookups in the
+ * same namespace see it: tenants never match each other's blocks. A
+ * BlockStored with neither continues its parent's namespace when the
+ * parent is a namespaced block the worker holds; removes find a block in
+ * whichever namespace it was stored. 0 is the default namespace (no salt,
+ * no LoRA name), whose keys are the hashes themselves.
+ *
+ * The namespace of (cache_salt, lora_name); NULL and "" are absent; 0 when
+ * both are. Pure, any thread. */
+KVBM_EXTERN uint64_t kvbm_index_namespace(const char *cache_salt, const char *lora_name);
+
+/* The keys to look up for a request's engine block hashes h[0..n) in
+ * namespace ns (keys may be hashes: in place is fine). With recompute the
+ * index's keys are its own hashes (kvbm_index_hash_tokens_ns), copied as
+ * they are. */
+KVBM_EXTERN void kvbm_index_keys(const kvbm_index *idx, uint64_t ns, const uint64_t *hashes,
+                                 size_t n, uint64_t *keys);
+
+/* kvbm_index_hash_tokens in namespace ns: the keys a request of that
+ * tenant looks up (ns 0: the same as kvbm_index_hash_tokens). */
+KVBM_EXTERN size_t kvbm_index_hash_tokens_ns(const kvbm_index *idx, uint64_t ns,
+                                             const uint32_t *tokens, size_t n, uint64_t *out,
+                                             size_t max_out);
+
 /* Slot of a worker; KVBM_ENOTFOUND when unknown. */
 KVBM_EXTERN int kvbm_index_worker_slot(const kvbm_index *idx, kvbm_worker_key worker, uint32_t *slot);
 /* Worker of a live slot; false when the slot is free. */

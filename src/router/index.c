@@ -45,6 +45,27 @@
  * kvbm_index_destroy (sizes double, so they cost less than the live one),
  * so there is no reclamation to race with.
  *
+ * Namespaces. Tenants must never match each other's blocks: a block stored
+ * with a cache_salt (SGLang) or a LoRA name belongs to the namespace
+ * kvbm_index_namespace(salt, lora_name), and only lookups in that
+ * namespace see it. The tables are keyed by chained hashes, so a namespace
+ * needs no table of its own: it is mixed into the key. With the engine's
+ * hashes as keys, a block of namespace ns is kept under fmix64(h ^ ns)
+ * (murmur3's finalizer: a bijection, so keys of one namespace stay as
+ * distinct as the hashes, and the default namespace 0 keeps h itself, at
+ * no cost). A BlockRemoved names no namespace, so a namespaced block's
+ * engine hash is remembered in the worker's map (engine hash -> key, as in
+ * recompute mode) and removes go through it; the namespace itself is not
+ * stored: fmix64 is invertible, ns = fmix64^-1(key) ^ h. A BlockStored
+ * without salt or LoRA name under a namespaced parent continues the
+ * parent's namespace (SGLang may salt only where a sequence starts). In
+ * recompute mode the namespace is the chain's root: a block without a
+ * parent chains from ns, so everything under it differs. Lookups turn a
+ * request's hashes into its namespace's keys (kvbm_index_keys,
+ * kvbm_index_hash_tokens_ns). A separate table per namespace was the
+ * alternative; it would multiply tables (and the lookup's probes) by the
+ * tenants a worker serves, where the mix costs one multiply per key.
+ *
  * Every shared field is a C11 atomic; the protocol uses acquire loads and
  * release stores only, no fences (plain moves on x86-64, ldar/stlr on
  * arm64), so ThreadSanitizer understands it and the compiler cannot tear
@@ -102,6 +123,7 @@ typedef struct worker {
   bool live;
   kvbm_seqno_tracker seq; /* the order of the worker's ids (see check_id) */
   wmap map;
+  uint64_t nmapped;  /* namespaced blocks in map (engine hashes as keys) */
 } worker;
 
 typedef struct counters {
@@ -118,6 +140,29 @@ struct kvbm_index {
 };
 
 /* ------------------------------------------------------------ helpers */
+
+/* murmur3's 64-bit finalizer and its inverse (multiplicative inverses of
+ * its constants mod 2^64; x ^= x >> 33 is its own inverse). */
+static inline uint64_t fmix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ull;
+  k ^= k >> 33;
+  return k;
+}
+
+static inline uint64_t fmix64_inv(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0x9cb4b2f8129337dbull;
+  k ^= k >> 33;
+  k *= 0x4f74430c22a54005ull;
+  k ^= k >> 33;
+  return k;
+}
+
+/* The index key of engine hash h in namespace ns (see the top). */
+static inline uint64_t ns_key(uint64_t h, uint64_t ns) { return ns ? fmix64(h ^ ns) : h; }
 
 #define LD(p) atomic_load_explicit((p), memory_order_relaxed)
 #define ST(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
@@ -337,6 +382,53 @@ size_t kvbm_index_hash_tokens(const kvbm_index *idx, const uint32_t *tokens, siz
                               uint64_t *out, size_t max_out) {
   return kvbm_hash_chain(idx->cfg.scheme, idx->cfg.salt_hash, tokens, n, idx->cfg.block_size,
                          out, max_out);
+}
+
+uint64_t kvbm_index_namespace(const char *cache_salt, const char *lora_name) {
+  size_t sl = cache_salt ? strlen(cache_salt) : 0, ll = lora_name ? strlen(lora_name) : 0;
+  if (!sl && !ll) return 0;
+  /* "s" salt NUL "l" lora: neither part can pass for the other */
+  char stack[256];
+  size_t n = sl + ll + 3;
+  char *b = n <= sizeof stack ? stack : malloc(n);
+  uint64_t ns;
+  if (b) {
+    b[0] = 's';
+    if (sl) memcpy(b + 1, cache_salt, sl);
+    b[1 + sl] = '\0';
+    b[2 + sl] = 'l';
+    if (ll) memcpy(b + 3 + sl, lora_name, ll);
+    ns = kvbm_hash_salt(b, n);
+    if (b != stack) free(b);
+  } else { /* no memory for a long name: the parts' hashes, combined */
+    ns = fmix64(kvbm_hash_salt(cache_salt ? cache_salt : "", sl) * 31 +
+                kvbm_hash_salt(lora_name ? lora_name : "", ll));
+  }
+  return ns ? ns : 1;
+}
+
+void kvbm_index_keys(const kvbm_index *idx, uint64_t ns, const uint64_t *hashes, size_t n,
+                     uint64_t *keys) {
+  for (size_t i = 0; i < n; i++) keys[i] = idx->cfg.recompute ? hashes[i] : ns_key(hashes[i], ns);
+}
+
+size_t kvbm_index_hash_tokens_ns(const kvbm_index *idx, uint64_t ns, const uint32_t *tokens,
+                                 size_t n, uint64_t *out, size_t max_out) {
+  size_t k = 0, bs = idx->cfg.block_size;
+  if (!idx->cfg.recompute) {
+    k = kvbm_index_hash_tokens(idx, tokens, n, out, max_out);
+    kvbm_index_keys(idx, ns, out, k, out);
+    return k;
+  }
+  uint64_t parent = ns; /* recompute: the namespace is the chain's root */
+  bool has_parent = ns != 0;
+  for (; k < n / bs && k < max_out; k++) {
+    out[k] = kvbm_hash_next(idx->cfg.scheme, idx->cfg.salt_hash, parent, has_parent,
+                            tokens + k * bs, bs);
+    parent = out[k];
+    has_parent = true;
+  }
+  return k;
 }
 
 uint64_t kvbm_index_workers(const kvbm_index *idx) { return LDA(&idx->live); }
@@ -586,30 +678,64 @@ static bool tab_release(kvbm_index *idx, uint32_t wi, uint64_t h, int tier) {
  * table's bit says "at least one copy" and the map holds only the extra
  * copies of duplicated blocks (rare), so the common event costs one probe
  * of the worker's table (and one of its parent's, usually just touched).
+ * Namespaced blocks are the exception: their key is not their engine
+ * hash, so, as in recompute mode, the map holds every copy of them
+ * (entries marked MAPPED), and `nmapped` counts them so that a worker
+ * without any pays nothing for the check.
  */
-static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
-                uint64_t parent, bool has_parent) {
+#define MAPPED 2u /* wentry.used of a namespaced block (not recompute) */
+
+static inline bool no_copies(const wentry *we) {
+  return !(we->cnt[0] | we->cnt[1] | we->cnt[2] | we->cnt[3]);
+}
+
+/* The map holds every copy: the table's bit is set with the first. */
+static int hold_mapped(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
+                       uint64_t parent, bool has_parent, bool mark) {
   bool added, was_set;
-  int rc;
-  if (!idx->cfg.recompute) {
-    if ((rc = tab_hold(idx, w, e, tier, parent, has_parent, &was_set))) return rc;
-    if (was_set) {
-      wentry *we = kvbm__wmap_upsert(&idx->w[w].map, e, e, &added);
-      if (!we) return KVBM_ENOMEM;
-      we->cnt[tier]++;
-    }
-    bump(&idx->c.stored, 1);
-    return KVBM_OK;
-  }
   wentry *we = kvbm__wmap_upsert(&idx->w[w].map, e, r, &added);
   if (!we) return KVBM_ENOMEM;
+  if (added && mark) {
+    we->used = MAPPED;
+    idx->w[w].nmapped++;
+  }
   if (we->cnt[tier]++ == 0) {
-    rc = tab_hold(idx, w, we->rhash, tier, parent, has_parent, &was_set);
+    int rc = tab_hold(idx, w, we->rhash, tier, parent, has_parent, &was_set);
     if (rc) {
       we->cnt[tier]--;
-      if (added) kvbm__wmap_erase(&idx->w[w].map, we);
+      if (added) {
+        if (mark) idx->w[w].nmapped--;
+        kvbm__wmap_erase(&idx->w[w].map, we);
+      }
       return rc;
     }
+  }
+  bump(&idx->c.stored, 1);
+  return KVBM_OK;
+}
+
+/* The mapped entry of engine hash e (a namespaced block), or NULL. */
+static inline wentry *mapped_entry(kvbm_index *idx, uint32_t w, uint64_t e) {
+  if (!idx->w[w].nmapped) return NULL;
+  wentry *we = kvbm__wmap_find(&idx->w[w].map, e);
+  return we && we->used == MAPPED ? we : NULL;
+}
+
+/* Stores a copy of engine hash e under index key r (r == e but for
+ * recompute mode and namespaced blocks: `mapped`). */
+static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
+                uint64_t parent, bool has_parent, bool mapped) {
+  bool added, was_set;
+  int rc;
+  if (idx->cfg.recompute) return hold_mapped(idx, w, tier, e, r, parent, has_parent, false);
+  wentry *me = mapped_entry(idx, w, e);
+  if (mapped || me) /* an engine hash already known keeps its first key */
+    return hold_mapped(idx, w, tier, e, me ? me->rhash : r, parent, has_parent, true);
+  if ((rc = tab_hold(idx, w, e, tier, parent, has_parent, &was_set))) return rc;
+  if (was_set) {
+    wentry *we = kvbm__wmap_upsert(&idx->w[w].map, e, e, &added);
+    if (!we) return KVBM_ENOMEM;
+    we->cnt[tier]++;
   }
   bump(&idx->c.stored, 1);
   return KVBM_OK;
@@ -618,10 +744,10 @@ static int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
 static void unhold(kvbm_index *idx, uint32_t w, int tier, uint64_t e) {
   wmap *m = &idx->w[w].map;
   wentry *we = kvbm__wmap_find(m, e);
-  if (!idx->cfg.recompute) {
+  if (!idx->cfg.recompute && !(we && we->used == MAPPED)) {
     if (we && we->cnt[tier]) { /* an extra copy goes, the bit stays */
       we->cnt[tier]--;
-      if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) kvbm__wmap_erase(m, we);
+      if (no_copies(we)) kvbm__wmap_erase(m, we);
     } else if (!tab_release(idx, w, e, tier)) {
       bump(&idx->c.unknown_removed, 1);
       return;
@@ -634,7 +760,10 @@ static void unhold(kvbm_index *idx, uint32_t w, int tier, uint64_t e) {
     return;
   }
   if (--we->cnt[tier] == 0) tab_release(idx, w, we->rhash, tier);
-  if (!(we->cnt[0] | we->cnt[1] | we->cnt[2])) kvbm__wmap_erase(m, we);
+  if (no_copies(we)) {
+    if (we->used == MAPPED) idx->w[w].nmapped--;
+    kvbm__wmap_erase(m, we);
+  }
   bump(&idx->c.removed, 1);
 }
 
@@ -658,6 +787,7 @@ static void forget_all(kvbm_index *idx, uint32_t wi) {
   w->broken = w->offdev = 0;
   publish_closed(w);
   kvbm__wmap_clear(&w->map);
+  w->nmapped = 0;
 }
 
 /* ------------------------------------------------------------ public */
@@ -824,12 +954,14 @@ static int check_event(const kvbm_index *idx, const kvbm_event *ev, kvbm_error *
     return kvbm_error_set(err, KVBM_EINVAL,
                           "router index: BlockStored has block size %u, the index %u",
                           ev->block_size, bs);
-  if (ev->num_tokens != ev->num_block_hashes * (size_t)bs || (ev->num_tokens && !ev->token_ids))
+  /* token pairs (SGLang's EAGLE bigrams) carry one token past the blocks;
+   * each block is hashed from its own tokens */
+  size_t want = ev->num_block_hashes * (size_t)bs + (ev->token_pairs ? 1 : 0);
+  if (ev->num_tokens != want || (ev->num_tokens && !ev->token_ids))
     return kvbm_error_set(err, KVBM_EINVAL,
                           "router index: BlockStored of %zu blocks carries %zu tokens, not %zu "
                           "(recompute needs every block's tokens)",
-                          ev->num_block_hashes, ev->num_tokens,
-                          ev->num_block_hashes * (size_t)bs);
+                          ev->num_block_hashes, ev->num_tokens, want);
   return KVBM_OK;
 }
 
@@ -856,14 +988,25 @@ static inline void prefetch_event(const kvbm_index *idx, uint32_t w, const kvbm_
   for (size_t i = 0; i < n; i++) prefetch_key(idx, w, ev->block_hashes[i]);
 }
 
+/* The namespace of a BlockStored: its salt's and LoRA name's, or (with
+ * neither) its parent's when the parent is a namespaced block. */
+static uint64_t stored_ns(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
+  if (ev->cache_salt || ev->lora_name) return kvbm_index_namespace(ev->cache_salt, ev->lora_name);
+  const wentry *pe = ev->has_parent ? mapped_entry(idx, s, ev->parent_hash) : NULL;
+  return pe ? fmix64_inv(pe->rhash) ^ pe->ehash : 0;
+}
+
 static int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
   int tier = kvbm_medium_tier(ev->medium);
   if (!idx->cfg.recompute) {
+    uint64_t ns = stored_ns(idx, s, ev);
     for (size_t i = 0; i < ev->num_block_hashes; i++) {
-      if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, s, ev->block_hashes[i + EV_AHEAD]);
+      if (i + EV_AHEAD < ev->num_block_hashes)
+        prefetch_key(idx, s, ns_key(ev->block_hashes[i + EV_AHEAD], ns));
       uint64_t h = ev->block_hashes[i];
       bool hp = i > 0 || ev->has_parent;
-      int rc = hold(idx, s, tier, h, h, i ? ev->block_hashes[i - 1] : ev->parent_hash, hp);
+      uint64_t parent = ns_key(i ? ev->block_hashes[i - 1] : ev->parent_hash, ns);
+      int rc = hold(idx, s, tier, h, ns_key(h, ns), parent, hp, ns != 0);
       if (rc) return rc;
     }
     return KVBM_OK;
@@ -877,12 +1020,16 @@ static int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
       return KVBM_OK;
     }
     parent = pe->rhash;
+  } else {
+    /* a sequence's first block chains from its namespace (none: 0) */
+    parent = kvbm_index_namespace(ev->cache_salt, ev->lora_name);
+    has_parent = parent != 0;
   }
   uint32_t bs = idx->cfg.block_size;
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
     uint64_t r = kvbm_hash_next(idx->cfg.scheme, idx->cfg.salt_hash, parent, has_parent,
                                 ev->token_ids + i * bs, bs);
-    int rc = hold(idx, s, tier, ev->block_hashes[i], r, parent, has_parent);
+    int rc = hold(idx, s, tier, ev->block_hashes[i], r, parent, has_parent, true);
     if (rc) return rc;
     /* an engine hash already known keeps its first key; chain from it */
     parent = kvbm__wmap_find(&idx->w[s].map, ev->block_hashes[i])->rhash;
@@ -949,7 +1096,7 @@ int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
   if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes))
     return KVBM_EINVAL;
   for (size_t i = 0; i < n; i++) {
-    int rc = hold(idx, slot, tier, hashes[i], hashes[i], i ? hashes[i - 1] : 0, i > 0);
+    int rc = hold(idx, slot, tier, hashes[i], hashes[i], i ? hashes[i - 1] : 0, i > 0, false);
     if (rc) return rc;
   }
   return KVBM_OK;

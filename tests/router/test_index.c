@@ -3,11 +3,12 @@
  *
  * Hand-made cases (prefixes per worker and tier, removes, duplicates,
  * clears, worker add/drop, ids with gaps and duplicates, recompute mode in
- * both hash schemes, batches through the vLLM codec, bad events), then a
- * randomized model test: thousands of random stores, removes, clears and
- * worker drops on several workers and tiers over chains that share
- * prefixes, with every lookup compared to a plain reference model (counts
- * per worker, tier and hash), through table growth and many deletions.
+ * both hash schemes, batches through the vLLM codec, bad events, tenants'
+ * namespaces), then a randomized model test: thousands of random stores,
+ * removes, clears and worker drops on several workers and tiers over
+ * chains that share prefixes, with every lookup compared to a plain
+ * reference model (counts per worker, tier and hash), through table growth
+ * and many deletions; once more with the workers split among tenants.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -488,11 +489,20 @@ static uint32_t hid(uint32_t c, uint32_t k) {
 /* Hash values clustered in the table: few high bits differ. */
 static uint64_t hval(uint32_t id) { return 0x5bd1e995ull * (id + 1) + ((uint64_t)id << 48); }
 
-static void model_check(const model *m, kvbm_index *idx, const uint32_t *slot) {
+/* Tenants: with `tenants` > 1, worker w stores everything under tenant
+ * w % tenants (0: no salt, the default namespace; others a cache salt or a
+ * LoRA name), and a lookup in tenant q's namespace must see the blocks of
+ * tenant q's workers only. */
+static const char *const kSalt[] = {NULL, "tenant-a", NULL};
+static const char *const kLora[] = {NULL, NULL, "lora-b"};
+
+static void model_check(const model *m, kvbm_index *idx, const uint32_t *slot, int tenants) {
   for (uint32_t c = 0; c < NCHAIN; c++) {
-    uint64_t h[CLEN];
-    for (uint32_t k = 0; k < CLEN; k++) h[k] = hval(hid(c, k));
+    uint64_t e[CLEN], h[CLEN];
+    for (uint32_t k = 0; k < CLEN; k++) e[k] = hval(hid(c, k));
     uint32_t n = 1 + rnd(CLEN);
+    int q = (int)rnd((uint32_t)tenants);
+    kvbm_index_keys(idx, kvbm_index_namespace(kSalt[q], kLora[q]), e, CLEN, h);
     kvbm_overlap ov[MAXW];
     uint64_t live;
     kvbm_index_lookup(idx, h, n, ov, &live);
@@ -501,15 +511,15 @@ static void model_check(const model *m, kvbm_index *idx, const uint32_t *slot) {
       assert_true(live >> slot[w] & 1);
       for (int t = 0; t < 3; t++) {
         uint32_t p = 0;
-        while (p < n) {
+        while (w % tenants == q && p < n) {
           bool held = false;
           for (int u = 0; u <= t; u++) held |= m->cnt[w][u][hid(c, p)] > 0;
           if (!held) break;
           p++;
         }
         if (ov[slot[w]].prefix[t] != p)
-          fail_msg("chain %u len %u worker %d tier %d: index %u, model %u", c, n, w, t,
-                   ov[slot[w]].prefix[t], p);
+          fail_msg("chain %u len %u worker %d tier %d tenant %d: index %u, model %u", c, n, w, t,
+                   q, ov[slot[w]].prefix[t], p);
       }
     }
   }
@@ -518,7 +528,7 @@ static void model_check(const model *m, kvbm_index *idx, const uint32_t *slot) {
 /* tiers: 3 = all tiers at random, 1 = device only (lookups may bisect);
  * tail_first: removes take the last held block of a chain run (engines
  * evict tail first), keeping tables closed most of the time. */
-static void run_model(int tiers, bool tail_first) {
+static void run_model(int tiers, bool tail_first, int tenants) {
   static model m;
   uint64_t closed_seen = 0;
   memset(&m, 0, sizeof m);
@@ -543,6 +553,8 @@ static void run_model(int tiers, bool tail_first) {
       }
       uint64_t par = a ? hval(hid(c, a - 1)) : 0;
       kvbm_event ev = stored(h, n, a ? &par : NULL, med[t]);
+      ev.cache_salt = kSalt[w % tenants];
+      ev.lora_name = kLora[w % tenants];
       assert_int_equal(kvbm_index_apply(idx, key, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
     } else if (op < 97) { /* remove some, held or not */
       uint32_t n = 1 + rnd(4);
@@ -566,7 +578,7 @@ static void run_model(int tiers, bool tail_first) {
       m.live[w] = false;
     }
     if (step % 97 == 0) {
-      model_check(&m, idx, slot);
+      model_check(&m, idx, slot, tenants);
       kvbm_index_stats st;
       kvbm_index_stats_get(idx, &st);
       closed_seen += st.closed_workers;
@@ -574,7 +586,7 @@ static void run_model(int tiers, bool tail_first) {
   }
   if (tiers == 1 && tail_first) assert_true(closed_seen > 0); /* the bisect path ran */
   if (tiers == 3 && !tail_first) (void)closed_seen;
-  model_check(&m, idx, slot);
+  model_check(&m, idx, slot, tenants);
   /* entries: the distinct hashes each worker holds, summed */
   uint64_t distinct = 0;
   for (uint32_t id = 0; id < NH; id++)
@@ -601,15 +613,163 @@ static void run_model(int tiers, bool tail_first) {
 
 static void test_model(void **state) {
   (void)state;
-  run_model(3, false);
+  run_model(3, false, 1);
 }
 static void test_model_device(void **state) {
   (void)state;
-  run_model(1, false);
+  run_model(1, false, 1);
 }
 static void test_model_tail_first(void **state) {
   (void)state;
-  run_model(1, true);
+  run_model(1, true, 1);
+}
+static void test_model_tenants(void **state) {
+  (void)state;
+  run_model(3, false, 3);
+  run_model(1, true, 3);
+}
+
+static kvbm_event salted(kvbm_event e, const char *salt, const char *lora) {
+  e.cache_salt = salt;
+  e.lora_name = lora;
+  return e;
+}
+
+/* Expect worker `wid`'s device prefix of engine hashes h[0..n) looked up
+ * in the namespace of (salt, lora). */
+static void expect_ns(kvbm_index *idx, const char *salt, const char *lora, const uint64_t *h,
+                      size_t n, uint64_t wid, uint32_t dev) {
+  uint64_t k[8];
+  kvbm_index_keys(idx, kvbm_index_namespace(salt, lora), h, n, k);
+  kvbm_overlap ov[MAXW];
+  kvbm_index_lookup(idx, k, n, ov, NULL);
+  uint32_t s = slot_of(idx, wid);
+  if (ov[s].prefix[0] != dev)
+    fail_msg("worker %llu, salt %s lora %s: device prefix %u, expected %u",
+             (unsigned long long)wid, salt ? salt : "-", lora ? lora : "-", ov[s].prefix[0], dev);
+}
+
+/* Tenants never match each other's blocks: the same engine hashes stored
+ * with a salt, a LoRA name, both, or neither are four namespaces; removes
+ * (which carry neither) find a namespaced block; a child stored without
+ * the salt continues its parent's namespace. */
+static void test_namespaces(void **state) {
+  (void)state;
+  assert_int_equal(kvbm_index_namespace(NULL, NULL), 0);
+  assert_int_equal(kvbm_index_namespace("", ""), 0);
+  assert_true(kvbm_index_namespace("a", NULL) != 0);
+  assert_true(kvbm_index_namespace("a", NULL) != kvbm_index_namespace(NULL, "a"));
+  assert_true(kvbm_index_namespace("a", "b") != kvbm_index_namespace("ab", NULL));
+  assert_true(kvbm_index_namespace("a", "b") == kvbm_index_namespace("a", "b"));
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  apply(idx, 1, salted(stored(H, 4, NULL, KVBM_MEDIUM_GPU), "tenant-a", NULL));
+  apply(idx, 2, stored(H, 4, NULL, KVBM_MEDIUM_GPU));
+  apply(idx, 3, salted(stored(H, 4, NULL, KVBM_MEDIUM_GPU), NULL, "lora-x"));
+  apply(idx, 4, salted(stored(H, 4, NULL, KVBM_MEDIUM_GPU), "tenant-a", "lora-x"));
+  static const char *const salts[] = {"tenant-a", NULL, NULL, "tenant-a"};
+  static const char *const loras[] = {NULL, NULL, "lora-x", "lora-x"};
+  for (int q = 0; q < 4; q++)
+    for (int w = 1; w <= 4; w++) expect_ns(idx, salts[q], loras[q], H, 5, (uint64_t)w, q + 1 == w ? 4 : 0);
+  expect_ns(idx, "tenant-b", NULL, H, 5, 1, 0); /* another salt: nothing */
+  /* the default namespace is the engine's hashes themselves */
+  expect_prefix(idx, H, 5, 2, 4, 4, 4);
+  expect_prefix(idx, H, 5, 1, 0, 0, 0);
+  /* a remove names no salt: it finds the namespaced block */
+  apply(idx, 1, removed(H + 2, 1, KVBM_MEDIUM_GPU));
+  expect_ns(idx, "tenant-a", NULL, H, 5, 1, 2);
+  /* a child stored without the salt continues its parent's namespace */
+  apply(idx, 1, stored(H + 2, 3, &H[1], KVBM_MEDIUM_GPU));
+  expect_ns(idx, "tenant-a", NULL, H, 6, 1, 5);
+  expect_prefix(idx, H, 6, 1, 0, 0, 0);
+  /* and is removed from it; duplicates count per namespace too */
+  apply(idx, 1, salted(stored(H, 1, NULL, KVBM_MEDIUM_GPU), "tenant-a", NULL));
+  apply(idx, 1, removed(H, 1, KVBM_MEDIUM_GPU));
+  expect_ns(idx, "tenant-a", NULL, H, 6, 1, 5); /* one copy left */
+  apply(idx, 1, removed(H, 1, KVBM_MEDIUM_GPU));
+  expect_ns(idx, "tenant-a", NULL, H, 6, 1, 0);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.unknown_removed, 0);
+  /* a clear forgets the namespaced blocks too */
+  kvbm_event clr = {.type = KVBM_EVENT_CLEARED};
+  apply(idx, 4, clr);
+  expect_ns(idx, "tenant-a", "lora-x", H, 5, 4, 0);
+  apply(idx, 4, removed(H, 1, KVBM_MEDIUM_GPU));
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.unknown_removed, 1);
+  kvbm_index_destroy(idx);
+}
+
+/* Recompute mode: the namespace is the root of the chain, so the same
+ * tokens under two salts give two chains; kvbm_index_hash_tokens_ns gives
+ * the keys a request of that tenant looks up. */
+static void test_namespaces_recompute(void **state) {
+  (void)state;
+  for (int scheme = 0; scheme < 2; scheme++) {
+    kvbm_index *idx = mk(true, (kvbm_hash_scheme)scheme, 4, 16);
+    uint32_t tok[12];
+    for (int i = 0; i < 12; i++) tok[i] = (uint32_t)(1000 + i);
+    kvbm_event a = stored(H, 3, NULL, KVBM_MEDIUM_GPU), b = stored(H + 3, 3, NULL, KVBM_MEDIUM_GPU);
+    a.token_ids = b.token_ids = tok;
+    a.num_tokens = b.num_tokens = 12;
+    a.block_size = b.block_size = 4;
+    apply(idx, 1, salted(a, "tenant-a", NULL));
+    apply(idx, 2, b);
+    uint64_t ka[3], k0[3], kplain[3];
+    assert_int_equal(kvbm_index_hash_tokens_ns(idx, kvbm_index_namespace("tenant-a", NULL), tok,
+                                               12, ka, 3), 3);
+    assert_int_equal(kvbm_index_hash_tokens_ns(idx, 0, tok, 12, k0, 3), 3);
+    assert_int_equal(kvbm_index_hash_tokens(idx, tok, 12, kplain, 3), 3);
+    assert_memory_equal(k0, kplain, sizeof k0); /* namespace 0 is the plain chain */
+    kvbm_overlap ov[MAXW];
+    kvbm_index_lookup(idx, ka, 3, ov, NULL);
+    assert_int_equal(ov[slot_of(idx, 1)].prefix[0], 3);
+    assert_int_equal(ov[slot_of(idx, 2)].prefix[0], 0);
+    kvbm_index_lookup(idx, k0, 3, ov, NULL);
+    assert_int_equal(ov[slot_of(idx, 1)].prefix[0], 0);
+    assert_int_equal(ov[slot_of(idx, 2)].prefix[0], 3);
+    /* keys of index keys are themselves in recompute mode */
+    uint64_t same[3];
+    kvbm_index_keys(idx, 12345, ka, 3, same);
+    assert_memory_equal(same, ka, sizeof ka);
+    /* a remove (no salt) of the salted worker's engine hash */
+    apply(idx, 1, removed(H + 2, 1, KVBM_MEDIUM_GPU));
+    kvbm_index_lookup(idx, ka, 3, ov, NULL);
+    assert_int_equal(ov[slot_of(idx, 1)].prefix[0], 2);
+    /* SGLang's token pairs: blocks x size + 1 tokens, the blocks' own first */
+    kvbm_event p = stored(H + 6, 2, NULL, KVBM_MEDIUM_GPU);
+    p.token_ids = tok;
+    p.num_tokens = 9;
+    p.block_size = 4;
+    p.token_pairs = true;
+    apply(idx, 3, p);
+    kvbm_index_lookup(idx, k0, 3, ov, NULL);
+    assert_int_equal(ov[slot_of(idx, 3)].prefix[0], 2);
+    kvbm_index_destroy(idx);
+  }
+}
+
+/* Copies of a block on the remote tier (G4) count like the others: stored
+ * three times, removed twice, it is still held. */
+static void test_remote_copies(void **state) {
+  (void)state;
+  for (int rc = 0; rc < 2; rc++) {
+    kvbm_index *idx = mk(rc, KVBM_HASH_NATIVE, 1, 16);
+    uint32_t tok[1] = {7};
+    kvbm_event ev = stored(H, 1, NULL, KVBM_MEDIUM_REMOTE);
+    ev.token_ids = tok;
+    ev.num_tokens = 1;
+    ev.block_size = 1;
+    for (int i = 0; i < 3; i++) apply(idx, 1, ev);
+    for (int i = 0; i < 2; i++) apply(idx, 1, removed(H, 1, KVBM_MEDIUM_REMOTE));
+    uint64_t k[1];
+    if (rc) kvbm_index_hash_tokens(idx, tok, 1, k, 1);
+    else k[0] = H[0];
+    expect_prefix4(idx, k, 1, 1, 0, 0, 0, 1);
+    apply(idx, 1, removed(H, 1, KVBM_MEDIUM_REMOTE));
+    expect_prefix4(idx, k, 1, 1, 0, 0, 0, 0);
+    kvbm_index_destroy(idx);
+  }
 }
 
 int main(void) {
@@ -621,6 +781,8 @@ int main(void) {
       cmocka_unit_test(test_model),    cmocka_unit_test(test_model_device),
       cmocka_unit_test(test_model_tail_first),
       cmocka_unit_test(test_ids_hostile), cmocka_unit_test(test_batch_reset),
+      cmocka_unit_test(test_namespaces), cmocka_unit_test(test_namespaces_recompute),
+      cmocka_unit_test(test_model_tenants), cmocka_unit_test(test_remote_copies),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
