@@ -187,6 +187,33 @@ KVBM_EXTERN bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kv
 /* Mask of live slots. */
 KVBM_EXTERN uint64_t kvbm_index_workers(const kvbm_index *idx);
 
+/* --- snapshots (writer side: not while events are applied; lookups may
+ * run meanwhile) --- */
+
+/* The index as bytes: every worker's blocks, its map and where its input
+ * stood (the next id due). Canonical: two indexes holding the same blocks
+ * with the same ids give the same bytes. *out is malloc'd, the caller
+ * frees it with free(). O(blocks log blocks). KVBM_ENOMEM. */
+KVBM_EXTERN int kvbm_index_snapshot(const kvbm_index *idx, uint8_t **out, size_t *len,
+                                    kvbm_error *err);
+
+/* Loads a snapshot into an index with no workers, created with the same
+ * block size, scheme, salt and recompute setting; afterwards events apply
+ * as they would have to the index that was snapshotted (ids below a
+ * worker's next are duplicates). Errors, the index left empty: KVBM_ESTATE
+ * (the index has workers), KVBM_EMAGIC, KVBM_EVERSION, KVBM_ECHECKSUM,
+ * KVBM_ETRUNCATED, KVBM_ETOOLONG, KVBM_EFORMAT (a count beyond the bytes,
+ * a value out of range, a worker or entry twice), KVBM_EINVAL (another
+ * configuration), KVBM_ENOMEM. */
+KVBM_EXTERN int kvbm_index_restore(kvbm_index *idx, const void *data, size_t len,
+                                   kvbm_error *err);
+
+/* kvbm_index_snapshot into a file, atomically (a synced temporary file
+ * renamed over `path`), and kvbm_index_restore from one (KVBM_ENOTFOUND
+ * when there is none, KVBM_EIO). */
+KVBM_EXTERN int kvbm_index_save(const kvbm_index *idx, const char *path, kvbm_error *err);
+KVBM_EXTERN int kvbm_index_load(kvbm_index *idx, const char *path, kvbm_error *err);
+
 typedef struct kvbm_index_stats {
   uint64_t events;          /* events applied */
   uint64_t stored, removed, cleared; /* blocks stored/removed, clears */

@@ -71,10 +71,15 @@
  * arm64), so ThreadSanitizer understands it and the compiler cannot tear
  * or cache them.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "kvbm/router.h"
 #include "router/wmap.h"
@@ -1108,4 +1113,349 @@ int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
     return KVBM_EINVAL;
   for (size_t i = 0; i < n; i++) unhold(idx, slot, tier, hashes[i]);
   return KVBM_OK;
+}
+
+/* ------------------------------------------------------------ snapshots */
+
+/*
+ * A snapshot is the index as bytes: what each worker holds, its map, and
+ * where its input stood, so that a router that restarts loads it and
+ * applies only the input after it. The bytes are canonical: workers in
+ * (worker id, rank) order, blocks and map entries sorted by key, no ghost
+ * entries (restoring re-creates them), so two indexes that hold the same
+ * blocks have byte-equal snapshots: replicas and a restarted router can
+ * be compared byte for byte.
+ *
+ *   header   "KVBMIDX\1", u32 version 1, u32 flags (1 = recompute),
+ *            u32 block size, u32 scheme, u64 salt hash, u32 workers, u32 0
+ *   worker   u64 id, u32 rank, u32 flags (1 = has an id), u64 next id,
+ *            u64 blocks, u64 map entries
+ *   block    u64 key, u64 parent, u8 tiers (1..15), u8 has parent, 6 x 0
+ *   entry    u64 engine hash, u64 key, u32 copies[4], u32 kind, u32 0
+ *   trailer  u64 XXH3 (kvbm_hash_salt) of everything before
+ *
+ * Little-endian, fixed sizes. Restoring checks the sum, every count
+ * against the bytes left before it sizes anything, and every value's
+ * range: a hostile file is an error, never a crash or a wrong index.
+ */
+#define SNAP_MAGIC "KVBMIDX\1"
+#define SNAP_HEADER 40
+#define SNAP_WORKER 40
+#define SNAP_BLOCK 24
+#define SNAP_ENTRY 40
+
+typedef struct sbuf {
+  uint8_t *p;
+  size_t n, cap;
+  bool oom;
+} sbuf;
+
+static uint8_t *sb_take(sbuf *b, size_t n) {
+  if (b->oom) return NULL;
+  if (b->cap - b->n < n) {
+    size_t nc = b->cap ? b->cap : 4096;
+    while (nc - b->n < n) {
+      if (nc > SIZE_MAX / 2) { b->oom = true; return NULL; }
+      nc *= 2;
+    }
+    uint8_t *np = realloc(b->p, nc);
+    if (!np) { b->oom = true; return NULL; }
+    b->p = np;
+    b->cap = nc;
+  }
+  uint8_t *r = b->p + b->n;
+  b->n += n;
+  return r;
+}
+
+static void le_put(uint8_t *p, uint64_t v, int n) {
+  for (int i = 0; i < n; i++, v >>= 8) p[i] = (uint8_t)v;
+}
+
+static uint64_t le_get(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+typedef struct snap_block {
+  uint64_t key, parent;
+  uint8_t tiers, has_parent;
+} snap_block;
+
+static int cmp_block(const void *a, const void *b) {
+  uint64_t x = ((const snap_block *)a)->key, y = ((const snap_block *)b)->key;
+  return (x > y) - (x < y);
+}
+
+static int cmp_entry(const void *a, const void *b) {
+  uint64_t x = ((const wentry *)a)->ehash, y = ((const wentry *)b)->ehash;
+  return (x > y) - (x < y);
+}
+
+static int cmp_slot(const void *a, const void *b, void *arg) {
+  const kvbm_index *idx = arg;
+  const worker *x = &idx->w[*(const uint32_t *)a], *y = &idx->w[*(const uint32_t *)b];
+  uint64_t xi = LD(&((worker *)x)->wid), yi = LD(&((worker *)y)->wid);
+  if (xi != yi) return (xi > yi) - (xi < yi);
+  uint32_t xr = LD(&((worker *)x)->rank), yr = LD(&((worker *)y)->rank);
+  return (xr > yr) - (xr < yr);
+}
+
+/* One worker: its header, sorted blocks, sorted map entries. */
+static int snap_worker(const kvbm_index *idx, uint32_t s, sbuf *b) {
+  worker *w = (worker *)&idx->w[s];
+  wtab *t = LD(&w->tab);
+  snap_block *blk = malloc((w->entries ? w->entries : 1) * sizeof *blk);
+  wentry *ent = malloc((w->map.n ? w->map.n : 1) * sizeof *ent);
+  if (!blk || !ent) {
+    free(blk);
+    free(ent);
+    return KVBM_ENOMEM;
+  }
+  size_t nb = 0, ne = 0;
+  for (size_t i = 0; i < t->cap && nb < w->entries; i++) {
+    slot *sl = &t->s[i];
+    unsigned tiers = slot_tiers(sl);
+    if (!slot_used(sl) || !tiers) continue; /* ghosts come back by themselves */
+    blk[nb++] = (snap_block){LD(&sl->key), sl->w.parent, (uint8_t)tiers,
+                             (uint8_t)(sl->w.has_parent != 0)};
+  }
+  for (size_t i = 0; i < w->map.cap; i++)
+    if (w->map.e[i].used) ent[ne++] = w->map.e[i];
+  qsort(blk, nb, sizeof *blk, cmp_block);
+  qsort(ent, ne, sizeof *ent, cmp_entry);
+  uint8_t *h = sb_take(b, SNAP_WORKER);
+  if (h) {
+    le_put(h, LD(&w->wid), 8);
+    le_put(h + 8, LD(&w->rank), 4);
+    le_put(h + 12, w->have_id ? 1 : 0, 4);
+    le_put(h + 16, w->next_id, 8);
+    le_put(h + 24, nb, 8);
+    le_put(h + 32, ne, 8);
+  }
+  for (size_t i = 0; i < nb; i++) {
+    uint8_t *p = sb_take(b, SNAP_BLOCK);
+    if (!p) break;
+    memset(p, 0, SNAP_BLOCK);
+    le_put(p, blk[i].key, 8);
+    le_put(p + 8, blk[i].parent, 8);
+    p[16] = blk[i].tiers;
+    p[17] = blk[i].has_parent;
+  }
+  for (size_t i = 0; i < ne; i++) {
+    uint8_t *p = sb_take(b, SNAP_ENTRY);
+    if (!p) break;
+    le_put(p, ent[i].ehash, 8);
+    le_put(p + 8, ent[i].rhash, 8);
+    for (int k = 0; k < T; k++) le_put(p + 16 + 4 * k, ent[i].cnt[k], 4);
+    le_put(p + 32, ent[i].used, 4);
+    le_put(p + 36, 0, 4);
+  }
+  free(blk);
+  free(ent);
+  return b->oom ? KVBM_ENOMEM : KVBM_OK;
+}
+
+int kvbm_index_snapshot(const kvbm_index *idx, uint8_t **out, size_t *len, kvbm_error *err) {
+  if (!idx || !out || !len) return kvbm_error_set(err, KVBM_EINVAL, "router index: snapshot: NULL argument");
+  uint32_t slots[MAXW], nw = 0;
+  uint64_t live = kvbm_index_workers(idx);
+  for (uint32_t s = 0; s < MAXW; s++)
+    if (live >> s & 1) slots[nw++] = s;
+  qsort_r(slots, nw, sizeof *slots, cmp_slot, (void *)idx);
+  sbuf b = {0};
+  uint8_t *h = sb_take(&b, SNAP_HEADER);
+  if (h) {
+    memcpy(h, SNAP_MAGIC, 8);
+    le_put(h + 8, 1, 4);
+    le_put(h + 12, idx->cfg.recompute ? 1 : 0, 4);
+    le_put(h + 16, idx->cfg.block_size, 4);
+    le_put(h + 20, (uint64_t)idx->cfg.scheme, 4);
+    le_put(h + 24, idx->cfg.salt_hash, 8);
+    le_put(h + 32, nw, 4);
+    le_put(h + 36, 0, 4);
+  }
+  int rc = KVBM_OK;
+  for (uint32_t i = 0; i < nw && !rc; i++) rc = snap_worker(idx, slots[i], &b);
+  uint8_t *sum = rc ? NULL : sb_take(&b, 8);
+  if (rc || !sum) {
+    free(b.p);
+    return kvbm_error_set(err, KVBM_ENOMEM, "router index: snapshot: out of memory");
+  }
+  le_put(sum, kvbm_hash_salt(b.p, b.n - 8), 8);
+  *out = b.p;
+  *len = b.n;
+  return KVBM_OK;
+}
+
+/* Restores one worker from [p, end); *p moves past it. */
+static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *end,
+                          kvbm_error *err) {
+  const uint8_t *p = *pp;
+  if ((size_t)(end - p) < SNAP_WORKER)
+    return kvbm_error_set(err, KVBM_ETRUNCATED, "router index: snapshot ends inside a worker");
+  kvbm_worker_key key = {le_get(p, 8), (uint32_t)le_get(p + 8, 4)};
+  uint32_t flags = (uint32_t)le_get(p + 12, 4);
+  uint64_t next = le_get(p + 16, 8), nb = le_get(p + 24, 8), ne = le_get(p + 32, 8);
+  p += SNAP_WORKER;
+  size_t left = (size_t)(end - p);
+  if (flags > 1 || nb > left / SNAP_BLOCK || ne > (left - nb * SNAP_BLOCK) / SNAP_ENTRY)
+    return kvbm_error_set(err, KVBM_EFORMAT,
+                          "router index: snapshot: worker %llu/%u declares %llu blocks and "
+                          "%llu entries in %zu bytes (flags %u)", (unsigned long long)key.worker_id,
+                          key.dp_rank, (unsigned long long)nb, (unsigned long long)ne, left, flags);
+  if (!kvbm_index_worker_slot(idx, key, NULL))
+    return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: worker %llu/%u twice",
+                          (unsigned long long)key.worker_id, key.dp_rank);
+  uint32_t s;
+  int rc = kvbm_index_add_worker(idx, key, &s, err);
+  if (rc) return rc;
+  worker *w = &idx->w[s];
+  w->have_id = flags & 1;
+  w->next_id = next;
+  for (uint64_t i = 0; i < nb; i++, p += SNAP_BLOCK) {
+    uint64_t k = le_get(p, 8), parent = le_get(p + 8, 8);
+    unsigned tiers = p[16], hp = p[17];
+    if (!tiers || tiers > TIERS_MASK || hp > 1)
+      return kvbm_error_set(err, KVBM_EFORMAT,
+                            "router index: snapshot: block %llu has tiers %u, parent flag %u",
+                            (unsigned long long)k, tiers, hp);
+    for (int t = 0; t < T; t++) {
+      bool was;
+      if ((tiers >> t & 1) && tab_hold(idx, s, k, t, parent, hp, &was))
+        return kvbm_error_set(err, KVBM_ENOMEM, "router index: snapshot: out of memory");
+    }
+  }
+  for (uint64_t i = 0; i < ne; i++, p += SNAP_ENTRY) {
+    uint32_t kind = (uint32_t)le_get(p + 32, 4);
+    if (kind != 1 && kind != MAPPED)
+      return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: map entry of kind %u",
+                            kind);
+    bool added;
+    wentry *we = kvbm__wmap_upsert(&w->map, le_get(p, 8), le_get(p + 8, 8), &added);
+    if (!we) return kvbm_error_set(err, KVBM_ENOMEM, "router index: snapshot: out of memory");
+    if (!added)
+      return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: map entry twice");
+    for (int t = 0; t < T; t++) we->cnt[t] = (uint32_t)le_get(p + 16 + 4 * t, 4);
+    we->used = kind;
+    if (kind == MAPPED) w->nmapped++;
+  }
+  *pp = p;
+  return KVBM_OK;
+}
+
+int kvbm_index_restore(kvbm_index *idx, const void *data, size_t len, kvbm_error *err) {
+  if (!idx || (!data && len))
+    return kvbm_error_set(err, KVBM_EINVAL, "router index: restore: NULL argument");
+  if (kvbm_index_workers(idx))
+    return kvbm_error_set(err, KVBM_ESTATE, "router index: restore into an index that has workers");
+  const uint8_t *p = data, *end = p + len;
+  if (len < SNAP_HEADER + 8)
+    return kvbm_error_set(err, KVBM_ETRUNCATED, "router index: snapshot of %zu bytes", len);
+  if (memcmp(p, SNAP_MAGIC, 8))
+    return kvbm_error_set(err, KVBM_EMAGIC, "router index: not a snapshot (bad magic)");
+  if (le_get(p + 8, 4) != 1)
+    return kvbm_error_set(err, KVBM_EVERSION, "router index: snapshot version %u",
+                          (unsigned)le_get(p + 8, 4));
+  if (le_get(end - 8, 8) != kvbm_hash_salt(p, len - 8))
+    return kvbm_error_set(err, KVBM_ECHECKSUM, "router index: snapshot checksum mismatch");
+  const kvbm_index_config *c = &idx->cfg;
+  if (le_get(p + 12, 4) != (c->recompute ? 1u : 0u) || le_get(p + 16, 4) != c->block_size ||
+      le_get(p + 20, 4) != (uint64_t)c->scheme || le_get(p + 24, 8) != c->salt_hash)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "router index: the snapshot was taken with recompute %u, block size "
+                          "%u, scheme %u, salt %llx; this index has %u, %u, %u, %llx",
+                          (unsigned)le_get(p + 12, 4), (unsigned)le_get(p + 16, 4),
+                          (unsigned)le_get(p + 20, 4), (unsigned long long)le_get(p + 24, 8),
+                          c->recompute ? 1u : 0u, c->block_size, (unsigned)c->scheme,
+                          (unsigned long long)c->salt_hash);
+  uint64_t nw = le_get(p + 32, 4);
+  if (nw > MAXW)
+    return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot of %llu workers (at most %d)",
+                          (unsigned long long)nw, MAXW);
+  p += SNAP_HEADER;
+  end -= 8;
+  int rc = KVBM_OK;
+  for (uint64_t i = 0; i < nw && !rc; i++) rc = restore_worker(idx, &p, end, err);
+  if (!rc && p != end)
+    rc = kvbm_error_set(err, KVBM_ETOOLONG, "router index: %zu bytes after the snapshot's workers",
+                        (size_t)(end - p));
+  if (rc) { /* nothing half-restored stays */
+    for (uint32_t s = 0; s < MAXW; s++) {
+      kvbm_worker_key k;
+      if (kvbm_index_slot_worker(idx, s, &k)) kvbm_index_remove_worker(idx, k);
+    }
+  }
+  return rc;
+}
+
+int kvbm_index_save(const kvbm_index *idx, const char *path, kvbm_error *err) {
+  if (!path) return kvbm_error_set(err, KVBM_EINVAL, "router index: save: NULL path");
+  uint8_t *buf;
+  size_t len;
+  int rc = kvbm_index_snapshot(idx, &buf, &len, err);
+  if (rc) return rc;
+  /* a new file beside the old, synced, then renamed over it: a crash
+   * leaves the old snapshot or the new one, never half of one */
+  size_t pl = strlen(path);
+  char *tmp = malloc(pl + 16);
+  if (!tmp) {
+    free(buf);
+    return kvbm_error_set(err, KVBM_ENOMEM, "router index: save: out of memory");
+  }
+  snprintf(tmp, pl + 16, "%s.tmp.XXXXXX", path);
+  int fd = mkstemp(tmp);
+  rc = KVBM_OK;
+  if (fd < 0) {
+    rc = kvbm_error_set(err, KVBM_EIO, "router index: save %s: %s", tmp, strerror(errno));
+  } else {
+    size_t off = 0;
+    while (off < len && !rc) {
+      ssize_t wr = write(fd, buf + off, len - off);
+      if (wr < 0 && errno == EINTR) continue;
+      if (wr <= 0) rc = kvbm_error_set(err, KVBM_EIO, "router index: save %s: %s", tmp, strerror(errno));
+      else off += (size_t)wr;
+    }
+    if (!rc && fsync(fd))
+      rc = kvbm_error_set(err, KVBM_EIO, "router index: save %s: fsync: %s", tmp, strerror(errno));
+    if (close(fd) && !rc)
+      rc = kvbm_error_set(err, KVBM_EIO, "router index: save %s: close: %s", tmp, strerror(errno));
+    if (!rc && rename(tmp, path))
+      rc = kvbm_error_set(err, KVBM_EIO, "router index: save %s: %s", path, strerror(errno));
+    if (rc) unlink(tmp);
+  }
+  free(tmp);
+  free(buf);
+  return rc;
+}
+
+int kvbm_index_load(kvbm_index *idx, const char *path, kvbm_error *err) {
+  if (!path) return kvbm_error_set(err, KVBM_EINVAL, "router index: load: NULL path");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return kvbm_error_set(err, errno == ENOENT ? KVBM_ENOTFOUND : KVBM_EIO,
+                          "router index: load %s: %s", path, strerror(errno));
+  struct stat st;
+  int rc = KVBM_OK;
+  uint8_t *buf = NULL;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    rc = kvbm_error_set(err, KVBM_EIO, "router index: load %s: not a regular file", path);
+  } else if ((uint64_t)st.st_size > ((uint64_t)1 << 40)) {
+    rc = kvbm_error_set(err, KVBM_ETOOLONG, "router index: load %s: %lld bytes", path,
+                        (long long)st.st_size);
+  } else if (!(buf = malloc(st.st_size ? (size_t)st.st_size : 1))) {
+    rc = kvbm_error_set(err, KVBM_ENOMEM, "router index: load %s: out of memory", path);
+  }
+  size_t len = 0;
+  while (!rc && len < (size_t)st.st_size) {
+    ssize_t r = read(fd, buf + len, (size_t)st.st_size - len);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) rc = kvbm_error_set(err, KVBM_EIO, "router index: load %s: short read", path);
+    else len += (size_t)r;
+  }
+  close(fd);
+  if (!rc) rc = kvbm_index_restore(idx, buf, len, err);
+  free(buf);
+  return rc;
 }

@@ -15,8 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kvbm/router.h"
 
@@ -772,6 +774,206 @@ static void test_remote_copies(void **state) {
   }
 }
 
+/* Snapshots: a copy restored from one holds the same blocks (its own
+ * snapshot is byte-equal, every lookup agrees), takes later events like
+ * the original and skips ids already applied; hostile snapshots are
+ * refused and leave the index empty. */
+static kvbm_index *busy_index(bool recompute) {
+  kvbm_index *idx = mk(recompute, KVBM_HASH_NATIVE, 1, 8);
+  uint32_t tok[8];
+  for (int i = 0; i < 8; i++) tok[i] = (uint32_t)(50 + i);
+  kvbm_error err;
+  for (uint64_t w = 1; w <= 4; w++) {
+    kvbm_event ev[3] = {stored(H, 5, NULL, KVBM_MEDIUM_GPU),
+                        stored(H + 5, 2, &H[4], w % 2 ? KVBM_MEDIUM_CPU : KVBM_MEDIUM_REMOTE),
+                        removed(H + 2, 1, KVBM_MEDIUM_GPU)}; /* a broken chain: a ghost */
+    for (int i = 0; i < 3; i++) {
+      ev[i].token_ids = tok + (ev[i].has_parent ? 5 : 0);
+      ev[i].num_tokens = ev[i].num_block_hashes;
+      ev[i].block_size = 1;
+      if (w == 3) ev[i].cache_salt = "tenant-a";
+    }
+    kvbm_event_batch b = {.seq = 10 * w, .dp_rank = (int32_t)(w % 2), .has_dp_rank = true,
+                          .events = ev, .num_events = 3};
+    assert_int_equal(kvbm_index_apply_batch(idx, w, &b, &err), KVBM_OK);
+    b.num_events = 1; /* a duplicate block: stored twice */
+    b.seq++;
+    assert_int_equal(kvbm_index_apply_batch(idx, w, &b, &err), KVBM_OK);
+  }
+  return idx;
+}
+
+static void same_lookups(kvbm_index *a, kvbm_index *b) {
+  for (size_t off = 0; off < 8; off++)
+    for (int q = 0; q < 2; q++) {
+      uint64_t k[8];
+      kvbm_index_keys(a, kvbm_index_namespace(q ? "tenant-a" : NULL, NULL), H + off, 8 - off, k);
+      kvbm_overlap oa[MAXW], ob[MAXW];
+      uint64_t la, lb;
+      kvbm_index_lookup(a, k, 8 - off, oa, &la);
+      kvbm_index_lookup(b, k, 8 - off, ob, &lb);
+      assert_int_equal(__builtin_popcountll(la), __builtin_popcountll(lb));
+      for (uint32_t s = 0; s < MAXW; s++) {
+        kvbm_worker_key wk;
+        if (!kvbm_index_slot_worker(a, s, &wk)) continue;
+        uint32_t t;
+        assert_int_equal(kvbm_index_worker_slot(b, wk, &t), KVBM_OK);
+        assert_memory_equal(&oa[s], &ob[t], sizeof oa[s]);
+      }
+    }
+}
+
+static void test_snapshot(void **state) {
+  (void)state;
+  for (int rc = 0; rc < 2; rc++) {
+    kvbm_index *a = busy_index(rc);
+    uint8_t *sa, *sb;
+    size_t la, lb;
+    kvbm_error err;
+    assert_int_equal(kvbm_index_snapshot(a, &sa, &la, &err), KVBM_OK);
+    kvbm_index *b = mk(rc, KVBM_HASH_NATIVE, 1, 2); /* smaller: tables grow on restore */
+    if (kvbm_index_restore(b, sa, la, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(kvbm_index_restore(b, sa, la, &err), KVBM_ESTATE);
+    assert_int_equal(kvbm_index_snapshot(b, &sb, &lb, &err), KVBM_OK);
+    assert_int_equal(la, lb);
+    assert_memory_equal(sa, sb, la); /* the same index, byte for byte */
+    free(sb);
+    same_lookups(a, b);
+    kvbm_index_stats st1, st2;
+    kvbm_index_stats_get(a, &st1);
+    kvbm_index_stats_get(b, &st2);
+    assert_int_equal(st1.entries, st2.entries);
+    assert_int_equal(st1.closed_workers, st2.closed_workers);
+    /* later input applies alike; input the snapshot already had is skipped */
+    kvbm_event rm = removed(H, 2, KVBM_MEDIUM_GPU);
+    kvbm_event_batch late = {.seq = 12, .dp_rank = 1, .has_dp_rank = true, .events = &rm,
+                             .num_events = 1};
+    kvbm_event_batch old = {.seq = 30, .dp_rank = 1, .has_dp_rank = true, .events = &rm,
+                            .num_events = 1};
+    for (int i = 0; i < 2; i++) {
+      kvbm_index *x = i ? b : a;
+      assert_int_equal(kvbm_index_apply_batch(x, 1, &late, &err), KVBM_OK);
+      uint64_t dups = 0;
+      kvbm_index_stats_get(x, &st1);
+      dups = st1.duplicates;
+      assert_int_equal(kvbm_index_apply_batch(x, 3, &old, &err), KVBM_OK);
+      kvbm_index_stats_get(x, &st1);
+      assert_int_equal(st1.duplicates, dups + 1);
+    }
+    same_lookups(a, b);
+    assert_int_equal(kvbm_index_snapshot(a, &sa, &la, &err), KVBM_OK);
+    assert_int_equal(kvbm_index_snapshot(b, &sb, &lb, &err), KVBM_OK);
+    assert_true(la == lb && !memcmp(sa, sb, la));
+    free(sb);
+    /* a file round trip */
+    char dir[] = "/tmp/kvbm_snap_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/index", dir);
+    kvbm_index *c = mk(rc, KVBM_HASH_NATIVE, 1, 8);
+    assert_int_equal(kvbm_index_load(c, path, &err), KVBM_ENOTFOUND);
+    assert_int_equal(kvbm_index_save(a, path, &err), KVBM_OK);
+    assert_int_equal(kvbm_index_load(c, path, &err), KVBM_OK);
+    assert_int_equal(kvbm_index_snapshot(c, &sb, &lb, &err), KVBM_OK);
+    assert_true(la == lb && !memcmp(sa, sb, la));
+    free(sb);
+    unlink(path);
+    rmdir(dir);
+    /* another configuration is refused */
+    kvbm_index *d = mk(!rc, KVBM_HASH_NATIVE, 1, 8);
+    assert_int_equal(kvbm_index_restore(d, sa, la, &err), KVBM_EINVAL);
+    assert_non_null(strstr(err.msg, "block size"));
+    free(sa);
+    kvbm_index_destroy(a);
+    kvbm_index_destroy(b);
+    kvbm_index_destroy(c);
+    kvbm_index_destroy(d);
+  }
+}
+
+static void seal(uint8_t *p, size_t len) { /* a valid checksum over a forged body */
+  uint64_t h = kvbm_hash_salt(p, len - 8);
+  for (int i = 0; i < 8; i++) p[len - 8 + i] = (uint8_t)(h >> (8 * i));
+}
+
+static void expect_refused(const uint8_t *p, size_t len, int want) {
+  kvbm_index *x = mk(false, KVBM_HASH_NATIVE, 1, 8);
+  kvbm_error err = {0};
+  int rc = kvbm_index_restore(x, p, len, &err);
+  if (want && rc != want) fail_msg("got %s (%s), want %s", kvbm_status_name(rc), err.msg, kvbm_status_name(want));
+  assert_true(rc != KVBM_OK);
+  assert_true(err.msg[0] != '\0');
+  assert_int_equal(kvbm_index_workers(x), 0); /* nothing half-restored */
+  kvbm_index_destroy(x);
+}
+
+static void test_snapshot_hostile(void **state) {
+  (void)state;
+  kvbm_index *a = busy_index(false);
+  uint8_t *s;
+  size_t n;
+  assert_int_equal(kvbm_index_snapshot(a, &s, &n, NULL), KVBM_OK);
+  kvbm_index_destroy(a);
+  /* every truncation, every corrupted byte: an error (the sum) */
+  for (size_t cut = 0; cut < n; cut++) {
+    uint8_t *t = malloc(cut ? cut : 1);
+    memcpy(t, s, cut);
+    expect_refused(t, cut, 0);
+    free(t);
+  }
+  uint8_t *c = malloc(n);
+  for (size_t i = 0; i < n; i += 3) {
+    memcpy(c, s, n);
+    c[i] ^= 0x5a;
+    expect_refused(c, n, 0);
+  }
+  /* forged bodies with a valid sum: every value is still checked */
+  memcpy(c, s, n);
+  c[0] = 'X';
+  expect_refused(c, n, KVBM_EMAGIC);
+  memcpy(c, s, n);
+  c[8] = 2;
+  seal(c, n);
+  expect_refused(c, n, KVBM_EVERSION);
+  memcpy(c, s, n);
+  c[32] = 65; /* 65 workers */
+  seal(c, n);
+  expect_refused(c, n, KVBM_EFORMAT);
+  memcpy(c, s, n);
+  for (int i = 0; i < 8; i++) c[40 + 24 + i] = 0xff; /* worker 0 declares 2^64-1 blocks */
+  seal(c, n);
+  expect_refused(c, n, KVBM_EFORMAT);
+  memcpy(c, s, n);
+  c[40 + 40 + 16] = 0; /* worker 0's first block on no tier */
+  seal(c, n);
+  expect_refused(c, n, KVBM_EFORMAT);
+  memcpy(c, s, n);
+  c[40 + 40 + 16] = 0x30; /* beyond the 4 tier bits */
+  seal(c, n);
+  expect_refused(c, n, KVBM_EFORMAT);
+  memcpy(c, s, n);
+  c[32] = 3; /* one worker fewer: bytes left over */
+  seal(c, n);
+  expect_refused(c, n, KVBM_ETOOLONG);
+  memcpy(c, s, n);
+  c[32] = 5; /* one more than there is */
+  seal(c, n);
+  expect_refused(c, n, KVBM_ETRUNCATED);
+  /* the same worker twice: the first worker's bytes where the second's are */
+  uint8_t *dup = malloc(2 * n);
+  size_t w0 = 40 + 40 + 24 * (size_t)(s[40 + 24] | s[40 + 25] << 8) +
+              40 * (size_t)(s[40 + 32] | s[40 + 33] << 8);
+  memcpy(dup, s, w0);
+  memcpy(dup + w0, s + 40, w0 - 40);
+  memcpy(dup + 2 * w0 - 40, s + w0, n - w0);
+  dup[32] = 5;
+  seal(dup, n + w0 - 40);
+  expect_refused(dup, n + w0 - 40, KVBM_EFORMAT);
+  free(dup);
+  free(c);
+  free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
@@ -783,6 +985,7 @@ int main(void) {
       cmocka_unit_test(test_ids_hostile), cmocka_unit_test(test_batch_reset),
       cmocka_unit_test(test_namespaces), cmocka_unit_test(test_namespaces_recompute),
       cmocka_unit_test(test_model_tenants), cmocka_unit_test(test_remote_copies),
+      cmocka_unit_test(test_snapshot),   cmocka_unit_test(test_snapshot_hostile),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
