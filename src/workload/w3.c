@@ -14,6 +14,14 @@
  * same lookup is also made against the pools themselves and every worker
  * whose prefix differs counts as an index mismatch.
  *
+ * Warm restart (restart_at): the kv-aware run also feeds every batch to a
+ * second index that never stops. Before request N the router's index is
+ * saved (kvbm_index_save/_snapshot), destroyed, and a new one is loaded
+ * from the snapshot; each worker's last batch is then delivered again, as
+ * a redelivering transport would, and must be skipped by its id. The run
+ * goes on with the loaded index (every lookup still checked against the
+ * caches), and at the end both indexes' snapshots must be byte-equal.
+ *
  * The four policies run one after the other on fresh caches. The kv-aware
  * and ideal runs use the same cost function, load model and generator
  * seed, so an exact index makes them choose identically.
@@ -122,6 +130,11 @@ typedef struct wire {
   kvbm_event *ev;
   size_t cev;
   uint64_t events, bytes;
+  /* warm restart: the index that never stops, each worker's last payload */
+  kvbm_index *twin;
+  uint8_t **last;
+  size_t *last_len, *last_cap;
+  uint64_t *last_seq;
 } wire;
 
 /* Sends worker w's captured events to the index through the codec. */
@@ -160,6 +173,16 @@ static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *inde
   double t0 = kvbm_clock_seconds();
   if (!rc) rc = kvbm_index_apply_batch(idx, w, &d, err);
   *index_s += kvbm_clock_seconds() - t0;
+  if (!rc && wr->twin) {
+    rc = kvbm_index_apply_batch(wr->twin, w, &d, err);
+    if (!rc && !reserve((void **)&wr->last[w], &wr->last_cap[w], len, 1))
+      rc = kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
+    if (!rc) {
+      memcpy(wr->last[w], data, len);
+      wr->last_len[w] = len;
+      wr->last_seq[w] = b.seq;
+    }
+  }
   wr->events += c->nr;
   wr->bytes += len;
   c->nr = c->nh = c->nt = 0;
@@ -312,6 +335,12 @@ static void sim_free(sim *s) {
   free(s->pool);
   free(s->cap);
   kvbm_index_destroy(s->idx);
+  kvbm_index_destroy(s->wr.twin);
+  for (uint32_t w = 0; s->wr.last && w < s->o->workers; w++) free(s->wr.last[w]);
+  free(s->wr.last);
+  free(s->wr.last_len);
+  free(s->wr.last_cap);
+  free(s->wr.last_seq);
   kvbm_event_encoder_destroy(s->wr.enc);
   kvbm_event_decoder_destroy(s->wr.dec);
   free(s->wr.ev);
@@ -339,6 +368,15 @@ static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
     ic.scheme = o->recompute ? o->index_scheme : o->scheme;
     ic.expected_blocks = o->capacity;
     if ((rc = kvbm_index_create(&ic, &s->idx, err))) return rc;
+    if (o->restart_at) {
+      s->wr.last = calloc(o->workers, sizeof *s->wr.last);
+      s->wr.last_len = calloc(o->workers, sizeof *s->wr.last_len);
+      s->wr.last_cap = calloc(o->workers, sizeof *s->wr.last_cap);
+      s->wr.last_seq = calloc(o->workers, sizeof *s->wr.last_seq);
+      if (!s->wr.last || !s->wr.last_len || !s->wr.last_cap || !s->wr.last_seq)
+        return kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
+      if ((rc = kvbm_index_create(&ic, &s->wr.twin, err))) return rc;
+    }
     /* vLLM's positional form, as the figures in docs/areas/router.md were
      * taken with */
     kvbm_event_encoder_config ec = {.form = KVBM_FORM_POSITIONAL};
@@ -356,16 +394,61 @@ static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
       pc.listener_user = &s->cap[w];
       kvbm_worker_key key = {w, 0};
       if ((rc = kvbm_index_add_worker(s->idx, key, NULL, err))) return rc;
+      if (s->wr.twin && (rc = kvbm_index_add_worker(s->wr.twin, key, NULL, err))) return rc;
     }
     if ((rc = kvbm_pool_create(&pc, &s->pool[w], err))) return rc;
   }
   return KVBM_OK;
 }
 
+/* The router restarts warm (see the top): save, drop, load, redeliver. */
+static int restart(sim *s, kvbm_error *err) {
+  const kvbm_w3_config *o = s->o;
+  kvbm_index_config ic = *kvbm_index_config_get(s->idx);
+  uint8_t *snap = NULL;
+  size_t len = 0;
+  int rc = o->snapshot_path ? kvbm_index_save(s->idx, o->snapshot_path, err)
+                            : kvbm_index_snapshot(s->idx, &snap, &len, err);
+  kvbm_index_destroy(s->idx);
+  s->idx = NULL;
+  if (!rc) rc = kvbm_index_create(&ic, &s->idx, err);
+  if (!rc) rc = o->snapshot_path ? kvbm_index_load(s->idx, o->snapshot_path, err)
+                                 : kvbm_index_restore(s->idx, snap, len, err);
+  free(snap);
+  s->res->restarted = true;
+  for (uint32_t w = 0; w < o->workers && !rc; w++) {
+    if (!s->wr.last_len[w]) continue;
+    kvbm_event_batch d;
+    rc = kvbm_event_decode(s->wr.dec, s->wr.last[w], s->wr.last_len[w], s->wr.last_seq[w], &d, err);
+    if (!rc) rc = kvbm_index_apply_batch(s->idx, w, &d, err);
+    s->res->redelivered++;
+  }
+  kvbm_index_stats st;
+  kvbm_index_stats_get(s->idx, &st);
+  s->res->redelivered_skipped = st.duplicates;
+  return rc;
+}
+
+/* The restarted index against the one that never stopped. */
+static int compare_twin(sim *s, kvbm_error *err) {
+  uint8_t *a = NULL, *b = NULL;
+  size_t la = 0, lb = 0;
+  int rc = kvbm_index_snapshot(s->idx, &a, &la, err);
+  if (!rc) rc = kvbm_index_snapshot(s->wr.twin, &b, &lb, err);
+  if (!rc) {
+    s->res->restart_equal = la == lb && !memcmp(a, b, la);
+    s->res->snapshot_bytes = lb;
+  }
+  free(a);
+  free(b);
+  return rc;
+}
+
 static int run_policy(sim *s, enum policy p, kvbm_w3_policy *pol, kvbm_error *err) {
   int rc = sim_setup(s, p, err);
   double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < s->n && !rc; i++) {
+    if (p == P_KV && s->o->restart_at && i == s->o->restart_at && (rc = restart(s, err))) break;
     const kvbm_trace_request *r = kvbm_trace_get(s->trace, i);
     kvbm_trace_prompt_tokens(r, s->prompt);
     uint32_t w;
@@ -380,6 +463,7 @@ static int run_policy(sim *s, enum policy p, kvbm_w3_policy *pol, kvbm_error *er
       s->o->progress(s->o->progress_user, (size_t)p * s->n + i + 1, 4 * s->n);
   }
   pol->seconds = kvbm_clock_seconds() - t0;
+  if (!rc && p == P_KV && s->res->restarted) rc = compare_twin(s, err);
   if (p == P_KV) {
     s->res->events = s->wr.events;
     s->res->event_bytes = s->wr.bytes;

@@ -32,6 +32,15 @@ typedef struct kvbm_w3_config {
                               long after its arrival, in trace time (0: no
                               load) */
   uint64_t seed;           /* for random routing and tie breaks */
+  size_t restart_at;       /* kv-aware run: before request N (> 0), the
+                              router restarts warm: its index is saved,
+                              dropped and loaded back, each worker's last
+                              batch is delivered again (it must be skipped
+                              as already applied), and at the end the index
+                              is compared with one that never stopped
+                              (0: no restart) */
+  const char *snapshot_path; /* the restart's snapshot goes through this
+                                file (NULL: memory) */
   /* optional: called every few hundred requests and at the end */
   void (*progress)(void *user, size_t done, size_t total);
   void *progress_user;
@@ -60,6 +69,13 @@ typedef struct kvbm_w3_result {
   uint64_t event_bytes;      /* their msgpack size */
   double index_seconds;      /* time in the index: applying events, lookups */
   double wire_seconds;       /* capture, encode, decode and apply */
+  /* with restart_at: */
+  bool restarted;
+  bool restart_equal;        /* the restarted index's snapshot is
+                                byte-equal to the never-stopped one's */
+  uint64_t snapshot_bytes;   /* the restart's snapshot */
+  uint64_t redelivered;      /* batches delivered again after the restart */
+  uint64_t redelivered_skipped; /* of them, skipped as already applied */
 } kvbm_w3_result;
 
 /* Runs W3: `workers` W1 caches, each publishing its pool's events through

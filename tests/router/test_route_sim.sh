@@ -2,6 +2,9 @@
 # kvbm route-sim (W3): the event-fed index agrees with the caches on every
 # lookup (index_mismatches 0) and the kv-aware router then chooses exactly as
 # the ideal one; with one worker every policy is W1 and equals kvbm replay;
+# a router restarted warm mid-trace (its index saved to a file, dropped,
+# loaded, each worker's last batch delivered again) routes exactly as one
+# that never stopped and ends with a byte-equal index, in both key modes;
 # bad options are refused with exit 2 and a message.
 set -euo pipefail
 : "${KVBM_BIN:?}"
@@ -56,6 +59,28 @@ for k in ("kv_aware", "random", "round_robin", "ideal"):
 assert r["index_mismatches"] == 0
 PYEOF
 
+# warm restart mid-trace: same choices, same final index as the unstopped
+for mode in "" "--recompute dynamo"; do
+  # shellcheck disable=SC2086
+  "$KVBM_BIN" route-sim --limit $N --json --no-progress $mode > "$tmp/f0.json"
+  # shellcheck disable=SC2086
+  "$KVBM_BIN" route-sim --limit $N --json --no-progress $mode --restart-at $((N / 2)) \
+    --snapshot "$tmp/index.snap" > "$tmp/f1.json"
+  check "$tmp/f1.json"
+  [ -s "$tmp/index.snap" ] || { echo "no snapshot file"; exit 1; }
+  "$PY" - "$tmp/f0.json" "$tmp/f1.json" <<'PYEOF'
+import json, sys
+a = json.load(open(sys.argv[1])); b = json.load(open(sys.argv[2]))
+rs = b["restart"]
+assert rs["equal_to_unstopped"] is True, rs
+assert rs["redelivered"] > 0 and rs["redelivered_skipped"] == rs["redelivered"], rs
+assert rs["snapshot_bytes"] > 0, rs
+assert "restart" not in a
+assert a["kv_aware"]["hit_tokens"] == b["kv_aware"]["hit_tokens"], (a["kv_aware"], b["kv_aware"])
+assert a["events"] == b["events"], (a["events"], b["events"])
+PYEOF
+done
+
 # text output names every policy
 "$KVBM_BIN" route-sim --limit 50 --no-progress > "$tmp/t.txt"
 for w in kv-aware random round-robin ideal mismatches; do grep -q "$w" "$tmp/t.txt"; done
@@ -77,6 +102,7 @@ expect2 --recompute nope
 expect2 --load tokens
 expect2 --temperature -1
 expect2 --frobnicate
+expect2 --restart-at 0
 expect2 "$tmp/does-not-exist.jsonl"
 echo '{"timestamp": 0, "input_length": 5}' > "$tmp/bad.jsonl"
 expect2 "$tmp/bad.jsonl"

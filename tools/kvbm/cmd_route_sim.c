@@ -18,7 +18,7 @@ static void usage(FILE *f) {
           "                      [--limit N] [--hash native|dynamo] [--recompute native|dynamo]\n"
           "                      [--active-ms 10000] [--load blocks|requests] [--load-weight 1]\n"
           "                      [--prefill-weight 1] [--temperature 0] [--seed 1]\n"
-          "                      [--json] [--no-progress]\n"
+          "                      [--restart-at N [--snapshot FILE]] [--json] [--no-progress]\n"
           "Every worker is a W1 cache of --capacity blocks publishing KV events; the\n"
           "router sees only those events (through the vLLM msgpack codec). Prints hit\n"
           "tokens for kv-aware, random, round-robin and the ideal router that reads the\n"
@@ -28,6 +28,10 @@ static void usage(FILE *f) {
           "--active-ms T: load model; a request counts as active on its worker for T ms\n"
           "of trace time (default 10000; 0: no load term, every request then goes\n"
           "where its longest prefix is, which piles the trace onto one worker).\n"
+          "--restart-at N: the router restarts warm before request N: its index is\n"
+          "saved (to --snapshot FILE, or in memory), dropped and loaded back, each\n"
+          "worker's last batch comes again (and must be skipped); at the end the index\n"
+          "must equal, byte for byte, one that never stopped (exit 1 otherwise).\n"
           "TRACE: Mooncake JSON lines, plain or .gz; default %s\n",
           KVBM_DEFAULT_TRACE);
 }
@@ -77,6 +81,12 @@ static int parse(int argc, char **argv, kvbm_w3_config *o, const char **trace, b
     U64("--block-size", 1, KVBM_POOL_MAX_BLOCK_SIZE, o->block_size)
     U64("--limit", 0, SIZE_MAX, o->limit)
     U64("--seed", 0, UINT64_MAX, o->seed)
+    U64("--restart-at", 1, SIZE_MAX, o->restart_at)
+    if ((r = cli_opt_value("route-sim", argc, argv, &i, "--snapshot", &v))) {
+      if (r < 0) return 2;
+      o->snapshot_path = v;
+      continue;
+    }
     DBL("--active-ms", 0, 1e12, o->active_ms)
     DBL("--load-weight", 0, 1e12, o->choice.load_weight)
     DBL("--prefill-weight", 0, 1e12, o->choice.prefill_weight)
@@ -157,6 +167,8 @@ int kvbm_cmd_route_sim(int argc, char **argv) {
     return rc == KVBM_EINVAL ? 2 : 1;
   }
   double ops = r.index_seconds > 0 ? (double)(r.events + r.lookups) / r.index_seconds : 0;
+  /* an inexact index, or a restarted one that differs, is a failure */
+  int status = r.index_mismatches || (r.restarted && !r.restart_equal) ? 1 : 0;
   if (json) {
     printf("{\"workload\":\"W3\",\"trace\":\"%s\",\"workers\":%u,\"capacity\":%u,"
            "\"block_size\":%u,\"hash\":\"%s\",\"index_keys\":\"%s\",\"active_ms\":%g,"
@@ -169,11 +181,18 @@ int kvbm_cmd_route_sim(int argc, char **argv) {
     policy_json("round_robin", &r.round_robin, true);
     policy_json("ideal", &r.ideal, true);
     printf("\"index_mismatches\":%llu,\"lookups\":%llu,\"events\":%llu,\"event_bytes\":%llu,"
-           "\"index_seconds\":%.6f,\"index_ops_per_s\":%.0f}\n",
+           "\"index_seconds\":%.6f,\"index_ops_per_s\":%.0f",
            (unsigned long long)r.index_mismatches, (unsigned long long)r.lookups,
            (unsigned long long)r.events, (unsigned long long)r.event_bytes, r.index_seconds,
            ops);
-    return r.index_mismatches ? 1 : 0; /* an inexact index is a failure */
+    if (r.restarted)
+      printf(",\"restart\":{\"at\":%zu,\"snapshot_bytes\":%llu,\"redelivered\":%llu,"
+             "\"redelivered_skipped\":%llu,\"equal_to_unstopped\":%s}",
+             o.restart_at, (unsigned long long)r.snapshot_bytes,
+             (unsigned long long)r.redelivered, (unsigned long long)r.redelivered_skipped,
+             r.restart_equal ? "true" : "false");
+    printf("}\n");
+    return status;
   }
   printf("W3 routing simulation of %s\n", trace_path);
   printf("  %u workers x %u blocks of %u tokens, %s hashes, index keyed by %s%s\n", o.workers,
@@ -192,5 +211,10 @@ int kvbm_cmd_route_sim(int argc, char **argv) {
          (unsigned long long)r.lookups, (unsigned long long)r.index_mismatches);
   printf("  index time %.3f s: %.1f M events+lookups/s (lookups include long prefixes)\n",
          r.index_seconds, ops / 1e6);
-  return r.index_mismatches ? 1 : 0;
+  if (r.restarted)
+    printf("  warm restart before request %zu: snapshot %.1f MB, %llu of %llu redelivered "
+           "batches skipped, final index %s the never-stopped one\n",
+           o.restart_at, (double)r.snapshot_bytes / 1e6, (unsigned long long)r.redelivered_skipped,
+           (unsigned long long)r.redelivered, r.restart_equal ? "equal to" : "DIFFERENT from");
+  return status;
 }
