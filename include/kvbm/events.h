@@ -187,6 +187,40 @@ KVBM_EXTERN int kvbm_publisher_add_zmq(kvbm_publisher *pub, const kvbm_zmq_sink_
 KVBM_EXTERN int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url,
                             const char *subject, kvbm_error *err);
 
+/* JetStream: the batches go into a stream, which keeps them (on the
+ * server's disk by default) within its limits, so that readers that were
+ * away, or start later, read them all (kvbm_js_consumer below): a router
+ * restarts or runs replicas without asking any engine to replay. */
+typedef struct kvbm_jetstream_config {
+  const char *url;             /* nats://host:port (required) */
+  const char *stream;          /* the stream's name (required; no dots,
+                                * spaces or wildcards) */
+  const char *subject;         /* where this publisher's batches go
+                                * (required; no wildcard), e.g. kv.w7 */
+  const char *stream_subjects; /* the subjects of a stream this sink adds,
+                                * e.g. kv.> for every worker's (NULL:
+                                * subject) */
+  bool create;                 /* add the stream when missing (true) */
+  bool memory;                 /* an added stream lives in memory, not on
+                                * disk (false) */
+  uint64_t max_msgs, max_bytes, max_age_s; /* an added stream's limits
+                                * (0: none); the oldest batches go first */
+  int max_pending;             /* publishes awaiting the server's ack (4096) */
+  int linger_ms;               /* on shutdown, how long they may take (2000) */
+} kvbm_jetstream_config;
+
+KVBM_EXTERN kvbm_jetstream_config kvbm_jetstream_config_default(const char *url,
+                                                                const char *stream,
+                                                                const char *subject);
+
+/* Connects now, finds the stream (or adds it: `create`), and publishes
+ * every payload on `subject` with the "Kvbm-Seq" header, asynchronously:
+ * a batch the server refuses or never acknowledges is counted in
+ * sink_errors. KVBM_EINVAL (names), KVBM_EIO (server, JetStream off),
+ * KVBM_ENOTFOUND (no stream, create false). */
+KVBM_EXTERN int kvbm_publisher_add_jetstream(kvbm_publisher *pub,
+                                             const kvbm_jetstream_config *cfg, kvbm_error *err);
+
 /* The endpoint a ZMQ sink actually bound (e.g. the port picked for a
  * wildcard port, "tcp://127.0.0.1:*"); `sink_index` is the sink's position
  * among all sinks in the order they were added (callbacks and NATS count
@@ -343,6 +377,73 @@ typedef struct kvbm_subscriber_stats {
   uint64_t peak_bytes;      /* the most ever held */
 } kvbm_subscriber_stats;
 KVBM_EXTERN void kvbm_subscriber_stats_get(const kvbm_subscriber *sub, kvbm_subscriber_stats *out);
+
+/* ---------------------------------------------------- JetStream consumer */
+
+/* Reads kvbm's batches from a JetStream stream through a durable consumer:
+ * the server keeps its position under its name, so a reader that stops
+ * goes on where it stood when it starts again, and readers with other
+ * names each read the whole stream. Acks are cumulative (AckAll): ack what
+ * you will not need again (a router: what its last snapshot holds); at
+ * open, messages delivered but never acked come again, at once and in
+ * order. Not thread-safe: one thread per consumer. */
+typedef struct kvbm_js_consumer kvbm_js_consumer;
+
+typedef struct kvbm_js_consumer_config {
+  const char *url;          /* nats://host:port (required) */
+  const char *stream;       /* the stream (required) */
+  const char *durable;      /* the consumer's name (required) */
+  const char *filter;       /* subjects to read (NULL: the whole stream) */
+  uint64_t resume_after;    /* 0: where the consumer stands (the stream's
+                             * start for a new one); N: from stream
+                             * position N + 1 (what a snapshot recorded) */
+  int fetch;                /* messages asked per pull (256) */
+  int64_t ack_wait_ms;      /* unacked this long: delivered again (60000) */
+  size_t max_payload;       /* larger messages are refused (64 MiB) */
+} kvbm_js_consumer_config;
+
+KVBM_EXTERN kvbm_js_consumer_config kvbm_js_consumer_config_default(const char *url,
+                                                                    const char *stream,
+                                                                    const char *durable);
+
+/* Connects, finds or adds the consumer and puts it where it should read
+ * (see above). KVBM_EINVAL, KVBM_EIO (server, stream missing). */
+KVBM_EXTERN int kvbm_js_consumer_create(const kvbm_js_consumer_config *cfg,
+                                        kvbm_js_consumer **out, kvbm_error *err);
+/* Leaves the consumer on the server (unacked messages stay unacked). */
+KVBM_EXTERN void kvbm_js_consumer_destroy(kvbm_js_consumer *c); /* NULL is a no-op */
+
+typedef struct kvbm_js_msg {
+  uint64_t stream_seq;      /* the message's position in the stream */
+  const char *subject;      /* valid until the next recv or free */
+  bool redelivered;         /* the server delivered it before */
+} kvbm_js_msg;
+
+/* The next batch in stream order, its seq from the Kvbm-Seq header; *msg
+ * (may be NULL) says where it sat. KVBM_ETIMEDOUT when nothing came within
+ * timeout_ms (< 0: wait); a message without a valid Kvbm-Seq, over
+ * max_payload or that does not decode is an error (err says which; *msg
+ * is filled), counted, and the next call goes on; KVBM_EIO. The batch
+ * stays valid until the next call or free. */
+KVBM_EXTERN int kvbm_js_consumer_recv(kvbm_js_consumer *c, int timeout_ms,
+                                      kvbm_event_batch *out, kvbm_js_msg *msg,
+                                      kvbm_error *err);
+
+/* Acks every message returned so far (synchronously: the server has it
+ * when this returns). KVBM_EIO. */
+KVBM_EXTERN int kvbm_js_consumer_ack(kvbm_js_consumer *c, kvbm_error *err);
+
+typedef struct kvbm_js_consumer_stats {
+  uint64_t messages;        /* messages taken from the stream */
+  uint64_t delivered;       /* batches returned */
+  uint64_t events;          /* events in them */
+  uint64_t redelivered;     /* messages the server had delivered before */
+  uint64_t malformed;       /* messages refused (header, size, payload) */
+  uint64_t acks;            /* acks sent */
+  uint64_t rebinds;         /* times the consumer was re-bound at open */
+} kvbm_js_consumer_stats;
+KVBM_EXTERN void kvbm_js_consumer_stats_get(const kvbm_js_consumer *c,
+                                            kvbm_js_consumer_stats *out);
 
 /* ----------------------------------------------------------------- relay */
 

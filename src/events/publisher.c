@@ -224,6 +224,14 @@ int kvbm_publisher_add_nats(kvbm_publisher *pub, const char *url, const char *su
   return add_sink(pub, s);
 }
 
+int kvbm_publisher_add_jetstream(kvbm_publisher *pub, const kvbm_jetstream_config *cfg,
+                                 kvbm_error *err) {
+  int rc = sink_slot_check(pub, err);
+  ev_sink *s;
+  if (rc || (rc = kvbm__sink_jetstream_create(cfg, &s, err))) return rc;
+  return add_sink(pub, s);
+}
+
 int kvbm_publisher_zmq_endpoint(const kvbm_publisher *pub, size_t sink_index, bool replay,
                                 char *buf, size_t cap) {
   if (!pub || !buf || cap == 0) return KVBM_EINVAL;

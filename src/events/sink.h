@@ -40,6 +40,7 @@ struct ev_sink {
 int kvbm__sink_callback_create(kvbm_batch_callback fn, void *user, ev_sink **out, kvbm_error *err);
 int kvbm__sink_zmq_create(void *zctx, const kvbm_zmq_sink_config *o, ev_sink **out, kvbm_error *err);
 int kvbm__sink_nats_create(const char *url, const char *subject, ev_sink **out, kvbm_error *err);
+int kvbm__sink_jetstream_create(const kvbm_jetstream_config *c, ev_sink **out, kvbm_error *err);
 
 /* 8-byte big-endian sequence frames. */
 static inline void ev_put_be64(uint8_t *p, uint64_t v) {
