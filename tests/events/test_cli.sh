@@ -61,22 +61,28 @@ relay_check() { # PROFILE NBATCHES SKIP RELAY_OPTIONS...
   local engine_pid=$ENGINE2_PID
   pids+=("$engine_pid")
   read -r ep rep <&"${ENGINE2[0]}"
+  # the relay stops after the engine's n batches (--idle-ms: only a guard)
   "$KVBM" events relay "$ep" --replay "$rep" --from 0 --zmq 'tcp://127.0.0.1:*' \
-    --zmq-replay 'tcp://127.0.0.1:*' --batch 7 --delay-us 0 --idle-ms 3000 "$@" \
+    --zmq-replay 'tcp://127.0.0.1:*' --batch 7 --delay-us 0 --count "$n" --idle-ms 30000 "$@" \
     >"$tmp/relay.out" 2>"$tmp/relay.err" &
   relay_pid=$!
   pids+=("$relay_pid")
-  for _ in $(seq 50); do [ -s "$tmp/relay.out" ] && break; sleep 0.1; done
+  for _ in $(seq 100); do [ -s "$tmp/relay.out" ] && break; sleep 0.1; done
   read -r _ _ out_ep _ out_rep <"$tmp/relay.out"
   [ -n "$out_rep" ] || fail "relay did not say where it publishes: $(cat "$tmp/relay.out" "$tmp/relay.err")"
+  # tail subscribes before the engine starts; it stops 4 s after the last batch
+  "$KVBM" events tail "$out_ep" --replay "$out_rep" --from 0 --idle-ms 4000 \
+    >"$tmp/relayed.jsonl" 2>"$tmp/relayed.err" &
+  local tail_pid=$!
+  pids+=("$tail_pid")
+  sleep 0.5
   echo go >&"${ENGINE2[1]}"
-  "$KVBM" events tail "$out_ep" --replay "$out_rep" --from 0 --idle-ms 1500 \
-    >"$tmp/relayed.jsonl" 2>"$tmp/relayed.err" || fail "tail of relay: $(cat "$tmp/relayed.err")"
+  wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
+  grep -q "$n batches" "$tmp/relay.err" || fail "relay summary: $(cat "$tmp/relay.err")"
+  wait "$tail_pid" || fail "tail of relay: $(cat "$tmp/relayed.err")"
   echo "checkev $tmp/relayed.jsonl" >&"${ENGINE2[1]}"
   read -r verdict <&"${ENGINE2[0]}"
   [ "$verdict" = OK ] || fail "$profile: engine says the relayed events differ"
-  wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
-  grep -q "$n batches" "$tmp/relay.err" || fail "relay summary: $(cat "$tmp/relay.err")"
   wait "$engine_pid" || true
 }
 relay_check sglang-positional 30 5
