@@ -861,6 +861,7 @@ static void test_snapshot(void **state) {
       assert_int_equal(st1.duplicates, dups + 1);
     }
     same_lookups(a, b);
+    free(sa);
     assert_int_equal(kvbm_index_snapshot(a, &sa, &la, &err), KVBM_OK);
     assert_int_equal(kvbm_index_snapshot(b, &sb, &lb, &err), KVBM_OK);
     assert_true(la == lb && !memcmp(sa, sb, la));
