@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "event_codec/internal.h"
 #include "event_codec/mpread.h"
 #include "kvbm/event_codec.h"
 
@@ -200,6 +201,11 @@ static inline uint8_t *sb_reserve(msgpack_sbuffer *sb, size_t need) {
 }
 
 static inline uint8_t *put_be(uint8_t *p, uint64_t v, int n) {
+  if (n == 8) { /* hashes: a byte swap and one store */
+    v = __builtin_bswap64(v);
+    memcpy(p, &v, 8);
+    return p + 8;
+  }
   for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
   return p + n;
 }
@@ -419,13 +425,13 @@ static int pack_event(kvbm_event_encoder *enc, const kvbm_event *ev) {
   return 0;
 }
 
-int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
-                      const uint8_t **data, size_t *len, kvbm_error *err) {
+static int encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch, const uint8_t **data,
+                  size_t *len, bool check, kvbm_error *err) {
   if (!enc || !batch || !data || !len || (batch->num_events && !batch->events))
     return kvbm_error_set(err, KVBM_EINVAL, "events: encode: NULL argument");
   if (batch->num_events > UINT32_MAX)
     return kvbm_error_set(err, KVBM_EINVAL, "events: encode: more than 2^32 events");
-  for (size_t i = 0; i < batch->num_events; i++) {
+  for (size_t i = 0; check && i < batch->num_events; i++) {
     int rc = kvbm_event_check(&batch->events[i], &enc->cfg, err);
     if (rc) return rc;
   }
@@ -440,6 +446,16 @@ int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
   *data = (const uint8_t *)enc->sb.data;
   *len = enc->sb.size;
   return KVBM_OK;
+}
+
+int kvbm_event_encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
+                      const uint8_t **data, size_t *len, kvbm_error *err) {
+  return encode(enc, batch, data, len, true, err);
+}
+
+int kvbm__event_encode_checked(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
+                               const uint8_t **data, size_t *len, kvbm_error *err) {
+  return encode(enc, batch, data, len, false, err);
 }
 
 /* ------------------------------------------------------------- decoding */

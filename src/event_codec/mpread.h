@@ -37,6 +37,11 @@ typedef enum mpr_kind {
 static inline size_t mpr_left(const mpr *r) { return (size_t)(r->end - r->p); }
 
 static inline uint64_t mpr_be(const uint8_t *p, int n) {
+  if (n == 8) { /* hashes: one load and a byte swap, not eight shifts */
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return __builtin_bswap64(v);
+  }
   uint64_t v = 0;
   for (int i = 0; i < n; i++) v = v << 8 | p[i];
   return v;
