@@ -13,7 +13,10 @@
  *
  * Reference in the same run: the same payloads, encoded beforehand, sent
  * as raw 3-frame ZMQ messages and only received (not decoded) by the child:
- * the transport's bound. The report gives ours / bound.
+ * the transport's bound. The report gives ours / bound, and the CPU time
+ * each side spent per block event (publisher process: producer and
+ * publisher thread; subscriber process), which a loaded machine disturbs
+ * far less than the rate.
  *
  *   bench_events [--blocks N] [--k K] [--batch B] [--form map|positional]
  *                [--queue-bytes B]
@@ -28,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -55,7 +59,15 @@ static int free_port(void) {
 typedef struct result {
   double t_end;
   unsigned long long blocks, batches, lost, malformed;
+  double cpu_s; /* the child's user + system time */
 } result;
+
+static double cpu_seconds(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+         (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
 
 /* Child: our subscriber, decoding every batch, until `blocks` block
  * events have arrived. */
@@ -71,6 +83,7 @@ static void child_decode(const char *ep, unsigned long long blocks, size_t queue
   usleep(300000);
   if (write(wfd, "R", 1) != 1) _exit(1);
   result r = {0};
+  double c0 = cpu_seconds();
   while (r.blocks < blocks) {
     kvbm_event_batch b;
     int rc = kvbm_subscriber_recv(s, 10000, &b, &err);
@@ -80,6 +93,7 @@ static void child_decode(const char *ep, unsigned long long blocks, size_t queue
     for (size_t i = 0; i < b.num_events; i++) r.blocks += b.events[i].num_block_hashes;
   }
   r.t_end = now();
+  r.cpu_s = cpu_seconds() - c0;
   kvbm_subscriber_stats st;
   kvbm_subscriber_stats_get(s, &st);
   r.lost = st.lost;
@@ -170,6 +184,8 @@ static int finish(pid_t pid, int rfd, result *r) {
  * events per second, end to end. */
 static kvbm_event_form g_form = KVBM_FORM_MAP;
 
+static double g_pub_cpu; /* the last run_ours's publisher CPU seconds */
+
 static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, unsigned batch,
                        unsigned long long blocks, size_t queue_bytes, result *r) {
   int rfd;
@@ -191,7 +207,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   stream s = {k, calloc(64 * (size_t)k, 8), calloc(16 * (size_t)k, 4)};
   for (unsigned j = 0; j < 16 * k; j++) s.tokens[j] = j * 7919u;
   unsigned long long nev = blocks / k;
-  double t0 = now();
+  double t0 = now(), c0 = cpu_seconds();
   for (unsigned long long i = 0; i < nev; i++) {
     kvbm_event ev = stream_event(&s, i);
     if (kvbm_publisher_publish(p, &ev, NULL, &err)) {
@@ -200,6 +216,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
     }
   }
   kvbm_publisher_flush(p, -1, NULL);
+  g_pub_cpu = cpu_seconds() - c0;
   int ok = finish(pid, rfd, r);
   kvbm_publisher_destroy(p);
   free(s.hashes);
@@ -288,8 +305,8 @@ int main(int argc, char **argv) {
   printf("bench_events: W3-style event stream (BlockStored of K blocks x 16 tokens, then "
          "BlockRemoved of them), %llu block events per run, batches of %u events, %s form\n",
          blocks, batch, g_form == KVBM_FORM_MAP ? "map" : "positional");
-  printf("%-4s %3s %16s %16s %7s  %s\n", "wire", "K", "ours blk/s", "raw zmq blk/s", "ratio",
-         "checks");
+  printf("%-4s %3s %16s %16s %7s %9s %9s  %s\n", "wire", "K", "ours blk/s", "raw zmq blk/s",
+         "ratio", "pub ns/b", "sub ns/b", "checks");
   int fails = 0;
   for (unsigned ki = 0; ki < nk; ki++) {
     for (int t = 0; t < 2; t++) {
@@ -316,8 +333,10 @@ int main(int argc, char **argv) {
         fails++;
         continue;
       }
-      printf("%-4s %3u %16.0f %16.0f %7.2f  %llu batches decoded, lost %llu, malformed %llu%s\n",
-             t ? "ipc" : "tcp", ks[ki], ours, raw, ours / raw, ro.batches, ro.lost, ro.malformed,
+      printf("%-4s %3u %16.0f %16.0f %7.2f %9.0f %9.0f  %llu batches decoded, lost %llu, "
+             "malformed %llu%s\n",
+             t ? "ipc" : "tcp", ks[ki], ours, raw, ours / raw, g_pub_cpu * 1e9 / (double)blocks,
+             ro.cpu_s * 1e9 / (double)blocks, ro.batches, ro.lost, ro.malformed,
              ours >= 2e6 ? "" : "  (below the 2M/s target)");
     }
   }

@@ -110,40 +110,38 @@ kvbm_event_encoder_config kvbm_event_encoder_config_default(void) {
 
 int kvbm_event_check(const kvbm_event *ev, const kvbm_event_encoder_config *cfg,
                      kvbm_error *err) {
-  kvbm_event_encoder_config c = cfg ? *cfg : kvbm_event_encoder_config_default();
   if (!ev) return kvbm_error_set(err, KVBM_EINVAL, "events: NULL event");
-  const char *t = kvbm_event_type_name(ev->type);
-  if (ev->type != KVBM_EVENT_STORED && ev->type != KVBM_EVENT_REMOVED &&
-      ev->type != KVBM_EVENT_CLEARED)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: event has unknown type %d", (int)ev->type);
   if (ev->type == KVBM_EVENT_CLEARED) return KVBM_OK;
+  if (ev->type != KVBM_EVENT_STORED && ev->type != KVBM_EVENT_REMOVED)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: event has unknown type %d", (int)ev->type);
+#define T_ kvbm_event_type_name(ev->type)
   if ((unsigned)ev->medium > KVBM_MEDIUM_OTHER)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: unknown medium %d", t, (int)ev->medium);
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: unknown medium %d", T_, (int)ev->medium);
   if (ev->medium == KVBM_MEDIUM_OTHER && !ev->medium_name)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: medium OTHER without a name", t);
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: medium OTHER without a name", T_);
   if (ev->medium_name && !names_medium(ev->medium_name, ev->medium))
     return kvbm_error_set(err, KVBM_EINVAL, "events: %s: medium_name \"%.40s\" does not name medium %d",
-                          t, ev->medium_name, (int)ev->medium);
-  if (ev->num_block_hashes > UINT32_MAX || ev->num_tokens > UINT32_MAX)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: more than 2^32 elements", t);
+                          T_, ev->medium_name, (int)ev->medium);
+  if ((ev->num_block_hashes | ev->num_tokens) > UINT32_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: more than 2^32 elements", T_);
   if ((ev->num_block_hashes && !ev->block_hashes) ||
       (ev->type == KVBM_EVENT_STORED && ev->num_tokens && !ev->token_ids))
-    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: NULL array with a count", t);
-  if (ev->num_extras || ev->extras_len) {
-    if (!ev->extras || !raw_ok(ev->extras, ev->extras_len, ev->num_extras, true))
-      return kvbm_error_set(err, KVBM_EINVAL,
-                            "events: %s: extras are not %u pairs of a key kvbm does not name "
-                            "and a value", t, ev->num_extras);
-  }
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: NULL array with a count", T_);
+  if ((ev->num_extras || ev->extras_len) &&
+      (!ev->extras || !raw_ok(ev->extras, ev->extras_len, ev->num_extras, true)))
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "events: %s: extras are not %u pairs of a key kvbm does not name "
+                          "and a value", T_, ev->num_extras);
   if (ev->type != KVBM_EVENT_STORED) return KVBM_OK;
   if (ev->token_pairs && ev->num_tokens == 1)
-    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: token pairs need 2 tokens or none", t);
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: token pairs need 2 tokens or none", T_);
   if (ev->extra_keys && !raw_ok(ev->extra_keys, ev->extra_keys_len, 1, false))
-    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: extra_keys is not one msgpack value", t);
-  if (c.form == KVBM_FORM_POSITIONAL && ev->lora_name && ev->cache_salt)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: %s: extra_keys is not one msgpack value", T_);
+  if (ev->lora_name && ev->cache_salt && (cfg ? cfg->form : KVBM_FORM_MAP) == KVBM_FORM_POSITIONAL)
     return kvbm_error_set(err, KVBM_EINVAL,
                           "events: %s: the positional form holds a lora_name or a cache_salt "
-                          "at index 7, not both (use the map form)", t);
+                          "at index 7, not both (use the map form)", T_);
+#undef T_
   return KVBM_OK;
 }
 

@@ -72,11 +72,19 @@ static size_t var_len(const kvbm_event *ev, int v) {
 
 /* One queued event: scalars, and where its arrays sit in the arenas. */
 typedef struct qev {
-  kvbm_event ev;           /* pointers unset while queued */
+  kvbm_event ev;           /* its parts' pointers NULL while queued */
   size_t h_off, t_off;     /* into h, t */
-  size_t v_off[NVAR];      /* into s; SIZE_MAX = none */
+  size_t v_off[NVAR];      /* into s, for the parts in `vars` */
   int32_t dp_rank;         /* the batch it leaves in carries this rank */
+  uint8_t vars;            /* bit v: part v present (most events: none) */
 } qev;
+
+/* An event's variable parts, measured once (outside the lock). */
+typedef struct vsize {
+  size_t len[NVAR];
+  size_t total;            /* hashes + tokens + parts: the byte bound's measure */
+  uint8_t vars;
+} vsize;
 
 typedef struct evq {
   qev *ev;
@@ -254,10 +262,20 @@ static void wake(kvbm_publisher *p) { /* with p->mu held */
   (void)w; /* a full eventfd counter still wakes the thread */
 }
 
-static size_t event_bytes(const kvbm_event *ev) {
-  size_t n = ev->num_block_hashes * 8 + ev->num_tokens * 4;
-  for (int v = 0; v < NVAR; v++) n += var_len(ev, v);
-  return n;
+/* Fills z (its len[] only when some part is present). */
+static void measure(const kvbm_event *ev, vsize *z) {
+  z->total = ev->num_block_hashes * 8 + ev->num_tokens * 4;
+  z->vars = 0;
+  /* the common event (the pool link's, an engine's plain store) has none */
+  if (!((uintptr_t)ev->medium_name | (uintptr_t)ev->lora_name | (uintptr_t)ev->cache_salt |
+        (uintptr_t)ev->kv_cache_spec_kind | (uintptr_t)ev->locality |
+        (uintptr_t)ev->ownership | (uintptr_t)ev->extra_keys | (uintptr_t)ev->extras))
+    return;
+  for (int v = 0; v < NVAR; v++) {
+    z->len[v] = var_len(ev, v);
+    z->total += z->len[v];
+    if (z->len[v]) z->vars |= (uint8_t)(1u << v);
+  }
 }
 
 static void *grow(void *ptr, size_t *cap, size_t need, size_t size) {
@@ -272,8 +290,8 @@ static void *grow(void *ptr, size_t *cap, size_t need, size_t size) {
   return np;
 }
 
-/* Appends a copy of ev to q (lock held). */
-static int q_append(evq *q, const kvbm_event *ev, int32_t dp_rank) {
+/* Appends a copy of ev, measured as z, to q (lock held). */
+static int q_append(evq *q, const kvbm_event *ev, const vsize *z, int32_t dp_rank) {
   qev *e = grow(q->ev, &q->cap, q->n + 1, sizeof *q->ev);
   if (!e) return KVBM_ENOMEM;
   q->ev = e;
@@ -283,28 +301,33 @@ static int q_append(evq *q, const kvbm_event *ev, int32_t dp_rank) {
   uint32_t *t = grow(q->t, &q->capt, q->nt + ev->num_tokens + 1, sizeof *q->t);
   if (!t) return KVBM_ENOMEM;
   q->t = t;
-  size_t vlen[NVAR], sneed = 1;
-  for (int v = 0; v < NVAR; v++) sneed += vlen[v] = var_len(ev, v);
-  char *s = grow(q->s, &q->caps, q->ns + sneed, 1);
-  if (!s) return KVBM_ENOMEM;
-  q->s = s;
   qev *x = &q->ev[q->n];
   x->ev = *ev;
   x->dp_rank = dp_rank;
+  x->vars = z->vars;
   x->h_off = q->nh;
   x->t_off = q->nt;
   if (ev->num_block_hashes) memcpy(q->h + q->nh, ev->block_hashes, ev->num_block_hashes * 8);
   if (ev->num_tokens) memcpy(q->t + q->nt, ev->token_ids, ev->num_tokens * 4);
   q->nh += ev->num_block_hashes;
   q->nt += ev->num_tokens;
-  for (int v = 0; v < NVAR; v++) {
-    x->v_off[v] = SIZE_MAX;
-    if (!vlen[v]) continue;
-    memcpy(q->s + q->ns, *var_field((kvbm_event *)ev, v), vlen[v]);
-    x->v_off[v] = q->ns;
-    q->ns += vlen[v];
+  if (z->vars) {
+    size_t sneed = 1;
+    for (int v = 0; v < NVAR; v++) sneed += z->len[v];
+    char *s = grow(q->s, &q->caps, q->ns + sneed, 1);
+    if (!s) return KVBM_ENOMEM;
+    q->s = s;
+    for (int v = 0; v < NVAR; v++) {
+      const void **f = var_field(&x->ev, v);
+      if (z->len[v]) {
+        memcpy(q->s + q->ns, *f, z->len[v]);
+        x->v_off[v] = q->ns;
+        q->ns += z->len[v];
+      }
+      *f = NULL; /* the caller's memory: not to be read once queued */
+    }
   }
-  q->bytes += event_bytes(ev);
+  q->bytes += z->total;
   q->n++;
   return KVBM_OK;
 }
@@ -314,8 +337,8 @@ static void q_event(const evq *q, const qev *x, kvbm_event *e) {
   *e = x->ev;
   e->block_hashes = e->num_block_hashes ? q->h + x->h_off : NULL;
   e->token_ids = e->num_tokens ? q->t + x->t_off : NULL;
-  for (int v = 0; v < NVAR; v++)
-    *var_field(e, v) = x->v_off[v] != SIZE_MAX ? q->s + x->v_off[v] : NULL;
+  for (int v = 0; x->vars >> v; v++)
+    if (x->vars >> v & 1) *var_field(e, v) = q->s + x->v_off[v];
 }
 
 /* What of `ev` goes on the wire for its type (a clear carries nothing, a
@@ -361,8 +384,16 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
                           uint64_t *event_id, kvbm_error *err) {
   int rc = check_publish(p, ev0, err);
   if (rc) return rc;
-  kvbm_event ev = own_fields(ev0);
-  size_t need = event_bytes(&ev);
+  /* a store goes as it is; what a remove or clear does not carry is dropped */
+  kvbm_event stripped;
+  const kvbm_event *evp = ev0;
+  if (ev0->type != KVBM_EVENT_STORED) {
+    stripped = own_fields(ev0);
+    evp = &stripped;
+  }
+  vsize z;
+  measure(evp, &z);
+  size_t need = z.total;
   if (need > p->o.queue_bytes)
     return kvbm_error_set(err, KVBM_ETOOLONG,
                           "events: publish: an event of %zu bytes exceeds queue_bytes %zu", need,
@@ -394,14 +425,15 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
   }
   evq *q = p->fill;
   if (q->n == 0) q->first_ns = kvbm_clock_ns();
-  ev.event_id = p->st.accepted + 1;
-  rc = q_append(q, &ev, dp_rank);
+  uint64_t id = p->st.accepted + 1;
+  rc = q_append(q, evp, &z, dp_rank);
+  if (!rc) q->ev[q->n - 1].ev.event_id = id;
   if (rc) {
     pthread_mutex_unlock(&p->mu);
     return kvbm_error_set(err, rc, "events: publish: out of memory");
   }
   p->st.accepted++;
-  if (event_id) *event_id = ev.event_id;
+  if (event_id) *event_id = id;
   if (q->n == 1 || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0) wake(p);
   pthread_mutex_unlock(&p->mu);
   return KVBM_OK;
@@ -524,7 +556,9 @@ static void move_tail(evq *from, size_t keep, evq *to) {
   for (size_t i = keep; i < from->n; i++) {
     kvbm_event e;
     q_event(from, &from->ev[i], &e);
-    if (q_append(to, &e, from->ev[i].dp_rank)) {
+    vsize z;
+    measure(&e, &z);
+    if (q_append(to, &e, &z, from->ev[i].dp_rank)) {
       q_clear(to);
       return;
     }
