@@ -1128,8 +1128,10 @@ int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
  *
  *   header   "KVBMIDX\1", u32 version 1, u32 flags (1 = recompute),
  *            u32 block size, u32 scheme, u64 salt hash, u32 workers, u32 0
- *   worker   u64 id, u32 rank, u32 flags (1 = has an id), u64 next id,
- *            u64 blocks, u64 map entries
+ *   worker   u64 id, u32 rank, u32 flags (1 = its ids started, 2 = it saw
+ *            a live one), and its sequence tracker (kvbm_seqno_tracker): u64
+ *            next, floor, last live, first held, next held, u32 held, u32
+ *            0; then u64 blocks, u64 map entries
  *   block    u64 key, u64 parent, u8 tiers (1..15), u8 has parent, 6 x 0
  *   entry    u64 engine hash, u64 key, u32 copies[4], u32 kind, u32 0
  *   trailer  u64 XXH3 (kvbm_hash_salt) of everything before
@@ -1140,7 +1142,7 @@ int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
  */
 #define SNAP_MAGIC "KVBMIDX\1"
 #define SNAP_HEADER 40
-#define SNAP_WORKER 40
+#define SNAP_WORKER 80
 #define SNAP_BLOCK 24
 #define SNAP_ENTRY 40
 
@@ -1227,12 +1229,19 @@ static int snap_worker(const kvbm_index *idx, uint32_t s, sbuf *b) {
   qsort(ent, ne, sizeof *ent, cmp_entry);
   uint8_t *h = sb_take(b, SNAP_WORKER);
   if (h) {
+    const kvbm_seqno_tracker *q = &w->seq;
     le_put(h, LD(&w->wid), 8);
     le_put(h + 8, LD(&w->rank), 4);
-    le_put(h + 12, w->have_id ? 1 : 0, 4);
-    le_put(h + 16, w->next_id, 8);
-    le_put(h + 24, nb, 8);
-    le_put(h + 32, ne, 8);
+    le_put(h + 12, (q->started ? 1u : 0u) | (q->have_live ? 2u : 0u), 4);
+    le_put(h + 16, q->next, 8);
+    le_put(h + 24, q->floor, 8);
+    le_put(h + 32, q->live_last, 8);
+    le_put(h + 40, q->held_first, 8);
+    le_put(h + 48, q->held_next, 8);
+    le_put(h + 56, q->held, 4);
+    le_put(h + 60, 0, 4);
+    le_put(h + 64, nb, 8);
+    le_put(h + 72, ne, 8);
   }
   for (size_t i = 0; i < nb; i++) {
     uint8_t *p = sb_take(b, SNAP_BLOCK);
@@ -1296,11 +1305,13 @@ static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *en
   if ((size_t)(end - p) < SNAP_WORKER)
     return kvbm_error_set(err, KVBM_ETRUNCATED, "router index: snapshot ends inside a worker");
   kvbm_worker_key key = {le_get(p, 8), (uint32_t)le_get(p + 8, 4)};
-  uint32_t flags = (uint32_t)le_get(p + 12, 4);
-  uint64_t next = le_get(p + 16, 8), nb = le_get(p + 24, 8), ne = le_get(p + 32, 8);
+  uint32_t flags = (uint32_t)le_get(p + 12, 4), held = (uint32_t)le_get(p + 56, 4);
+  uint64_t nb = le_get(p + 64, 8), ne = le_get(p + 72, 8);
+  const uint8_t *tr = p;
   p += SNAP_WORKER;
   size_t left = (size_t)(end - p);
-  if (flags > 1 || nb > left / SNAP_BLOCK || ne > (left - nb * SNAP_BLOCK) / SNAP_ENTRY)
+  if (flags > 3 || le_get(tr + 60, 4) || nb > left / SNAP_BLOCK ||
+      ne > (left - nb * SNAP_BLOCK) / SNAP_ENTRY)
     return kvbm_error_set(err, KVBM_EFORMAT,
                           "router index: snapshot: worker %llu/%u declares %llu blocks and "
                           "%llu entries in %zu bytes (flags %u)", (unsigned long long)key.worker_id,
@@ -1312,8 +1323,15 @@ static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *en
   int rc = kvbm_index_add_worker(idx, key, &s, err);
   if (rc) return rc;
   worker *w = &idx->w[s];
-  w->have_id = flags & 1;
-  w->next_id = next;
+  /* the rules are this index's; the state the snapshot's */
+  w->seq.started = flags & 1;
+  w->seq.have_live = flags >> 1 & 1;
+  w->seq.next = le_get(tr + 16, 8);
+  w->seq.floor = le_get(tr + 24, 8);
+  w->seq.live_last = le_get(tr + 32, 8);
+  w->seq.held_first = le_get(tr + 40, 8);
+  w->seq.held_next = le_get(tr + 48, 8);
+  w->seq.held = held;
   for (uint64_t i = 0; i < nb; i++, p += SNAP_BLOCK) {
     uint64_t k = le_get(p, 8), parent = le_get(p + 8, 8);
     unsigned tiers = p[16], hp = p[17];

@@ -908,6 +908,10 @@ static void expect_refused(const uint8_t *p, size_t len, int want) {
   kvbm_index_destroy(x);
 }
 
+/* The layout's offsets (index.c): the header, a worker's record. */
+#define WK 40
+#define WL 80
+
 static void test_snapshot_hostile(void **state) {
   (void)state;
   kvbm_index *a = busy_index(false);
@@ -941,15 +945,15 @@ static void test_snapshot_hostile(void **state) {
   seal(c, n);
   expect_refused(c, n, KVBM_EFORMAT);
   memcpy(c, s, n);
-  for (int i = 0; i < 8; i++) c[40 + 24 + i] = 0xff; /* worker 0 declares 2^64-1 blocks */
+  for (int i = 0; i < 8; i++) c[WK + 64 + i] = 0xff; /* worker 0 declares 2^64-1 blocks */
   seal(c, n);
   expect_refused(c, n, KVBM_EFORMAT);
   memcpy(c, s, n);
-  c[40 + 40 + 16] = 0; /* worker 0's first block on no tier */
+  c[WK + WL + 16] = 0; /* worker 0's first block on no tier */
   seal(c, n);
   expect_refused(c, n, KVBM_EFORMAT);
   memcpy(c, s, n);
-  c[40 + 40 + 16] = 0x30; /* beyond the 4 tier bits */
+  c[WK + WL + 16] = 0x30; /* beyond the 4 tier bits */
   seal(c, n);
   expect_refused(c, n, KVBM_EFORMAT);
   memcpy(c, s, n);
@@ -962,14 +966,19 @@ static void test_snapshot_hostile(void **state) {
   expect_refused(c, n, KVBM_ETRUNCATED);
   /* the same worker twice: the first worker's bytes where the second's are */
   uint8_t *dup = malloc(2 * n);
-  size_t w0 = 40 + 40 + 24 * (size_t)(s[40 + 24] | s[40 + 25] << 8) +
-              40 * (size_t)(s[40 + 32] | s[40 + 33] << 8);
+  size_t w0 = WK + WL + 24 * (size_t)(s[WK + 64] | s[WK + 65] << 8) +
+              40 * (size_t)(s[WK + 72] | s[WK + 73] << 8);
   memcpy(dup, s, w0);
-  memcpy(dup + w0, s + 40, w0 - 40);
-  memcpy(dup + 2 * w0 - 40, s + w0, n - w0);
+  memcpy(dup + w0, s + WK, w0 - WK);
+  memcpy(dup + 2 * w0 - WK, s + w0, n - w0);
   dup[32] = 5;
-  seal(dup, n + w0 - 40);
-  expect_refused(dup, n + w0 - 40, KVBM_EFORMAT);
+  seal(dup, n + w0 - WK);
+  expect_refused(dup, n + w0 - WK, KVBM_EFORMAT);
+  /* a worker's flags beyond its two bits */
+  memcpy(c, s, n);
+  c[WK + 12] = 4;
+  seal(c, n);
+  expect_refused(c, n, KVBM_EFORMAT);
   free(dup);
   free(c);
   free(s);
