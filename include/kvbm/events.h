@@ -9,8 +9,11 @@
  *   ZMQ PUB, one message per batch, three frames:
  *     topic | sequence number (8 bytes, big-endian) | msgpack payload
  *   Replay: a ROUTER socket; a request [identity, "", start_seq (8 bytes
- *     big-endian)] is answered with [identity, "", seq, payload] for every
- *     buffered batch with seq >= start_seq, then [identity, "", -1, ""].
+ *     big-endian)] is answered with [identity, "", topic, seq, payload] for
+ *     every buffered batch with seq >= start_seq, then [identity, "", "",
+ *     -1, ""] (vLLM since PR #45177; before it, and SGLang: without the
+ *     topic frame). kvbm's subscriber reads both shapes; kvbm's sink writes
+ *     the new one, the old by option.
  */
 #ifndef KVBM_EVENTS_H
 #define KVBM_EVENTS_H
@@ -164,6 +167,11 @@ typedef struct kvbm_zmq_sink_config {
   int hwm;                       /* PUB send high-water mark (default 100000) */
   int linger_ms;                 /* on shutdown, how long queued messages
                                   * may take to leave (default 2000) */
+  bool replay_legacy;            /* replay replies [id, "", seq, payload] and
+                                  * [id, "", -1, ""] as before vLLM PR
+                                  * #45177 (false: with the topic, [id, "",
+                                  * topic, seq, payload], end [id, "", "",
+                                  * -1, ""], as vLLM today) */
 } kvbm_zmq_sink_config;
 
 KVBM_EXTERN kvbm_zmq_sink_config kvbm_zmq_sink_config_default(const char *endpoint);
@@ -360,6 +368,8 @@ typedef struct kvbm_subscriber_stats {
   uint64_t replayed;        /* batches recovered by replay */
   uint64_t lost;            /* batches neither received nor replayed */
   uint64_t replay_failures; /* replay timeouts or malformed replies */
+  uint64_t replay_topic;    /* replies in vLLM's shape with the topic
+                             * (the others: the shape before it) */
   uint64_t malformed;       /* messages skipped, of all kinds below */
   uint64_t bad_frames;      /* wrong number of frames */
   uint64_t bad_seq;         /* sequence frame not 8 bytes */

@@ -1,5 +1,5 @@
 /*
- * replay.c: the client side of vLLM's replay protocol (see replay.h).
+ * replay.c: vLLM's replay protocol, both sides (see replay.h).
  *
  * A client asks a replay ROUTER for the batches it missed and reads the
  * replies until the end marker. Everything about a reply is the server's
@@ -17,6 +17,7 @@
  * answers to the next one.
  */
 #include <errno.h>
+#include <string.h>
 #include <zmq.h>
 
 #include "common/clock.h"
@@ -90,8 +91,8 @@ static int send_request(void **dealer, void *zctx, const char *endpoint, uint64_
 }
 
 /* Waits for one reply within the window's time; returns its frame count
- * (f[0..min(n,3)) to close), 0 when the time ran out, -1 on a socket error. */
-static int next_reply(void *dealer, const kvbm__replay_window *w, zmq_msg_t f[3]) {
+ * (f[0..min(n,4)) to close), 0 when the time ran out, -1 on a socket error. */
+static int next_reply(void *dealer, const kvbm__replay_window *w, zmq_msg_t f[4]) {
   for (;;) {
     int wait = kvbm__replay_wait_ms(w, kvbm_clock_ns());
     zmq_pollitem_t it = {.socket = dealer, .events = ZMQ_POLLIN};
@@ -99,10 +100,28 @@ static int next_reply(void *dealer, const kvbm__replay_window *w, zmq_msg_t f[3]
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return -1;
     if (r == 0) return 0;
-    int n = ev_zframes_recv(dealer, f);
+    int n = ev_zframes_recv_n(dealer, f, 4);
     if (n > 0) return n;
     if (!wait) return 0;
   }
+}
+
+/* A reply's parts: [ "", seq, payload ] or [ "", topic, seq, payload ]. */
+typedef struct reply_parts {
+  zmq_msg_t *topic, *seq, *payload; /* topic NULL in the old shape */
+} reply_parts;
+
+static bool parse_reply(zmq_msg_t *f, int n, reply_parts *p) {
+  if (n < 3 || n > 4 || zmq_msg_size(&f[0]) != 0) return false;
+  *p = (reply_parts){n == 4 ? &f[1] : NULL, &f[n - 2], &f[n - 1]};
+  return zmq_msg_size(p->seq) == 8;
+}
+
+/* Whether a reply's topic is inside the subscription (prefix w->topic). */
+static bool topic_ok(const kvbm__replay_window *w, zmq_msg_t *topic) {
+  if (!topic || !w->topic || !*w->topic) return true;
+  size_t pl = strlen(w->topic);
+  return zmq_msg_size(topic) >= pl && !memcmp(zmq_msg_data(topic), w->topic, pl);
 }
 
 void kvbm__replay_fetch(void *zctx, void **dealer, const char *endpoint,
@@ -114,29 +133,33 @@ void kvbm__replay_fetch(void *zctx, void **dealer, const char *endpoint,
     return;
   }
   for (;;) {
-    zmq_msg_t f[3];
+    zmq_msg_t f[4];
     int n = next_reply(*dealer, w, f);
     if (n <= 0) {
       fail(dealer, res, n ? "socket error" : "deadline passed");
       return;
     }
-    bool shaped = n == 3 && zmq_msg_size(&f[0]) == 0 && zmq_msg_size(&f[1]) == 8;
-    if (!shaped) {
-      for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&f[i]);
+    reply_parts rp;
+    if (!parse_reply(f, n, &rp)) {
+      for (int i = 0; i < n && i < 4; i++) zmq_msg_close(&f[i]);
       fail(dealer, res, "malformed reply");
       return;
     }
-    uint64_t seq = ev_get_be64(zmq_msg_data(&f[1]));
-    size_t len = zmq_msg_size(&f[2]);
-    kvbm__replay_verdict v = kvbm__replay_check(w, seq, len, kvbm_clock_ns());
+    uint64_t seq = ev_get_be64(zmq_msg_data(rp.seq));
+    size_t len = zmq_msg_size(rp.payload);
+    res->with_topic += rp.topic && seq != UINT64_MAX;
+    /* a batch of another topic is not ours (the end marker's is empty) */
+    kvbm__replay_verdict v = seq != UINT64_MAX && !topic_ok(w, rp.topic)
+                                 ? KVBM__REPLAY_SKIP
+                                 : kvbm__replay_check(w, seq, len, kvbm_clock_ns());
     int stop = 0;
     if (v == KVBM__REPLAY_TAKE) {
-      stop = take(user, seq, zmq_msg_data(&f[2]), len);
+      stop = take(user, seq, zmq_msg_data(rp.payload), len);
       if (!stop) res->taken++;
     } else if (v == KVBM__REPLAY_SKIP || v == KVBM__REPLAY_TOO_LARGE) {
       res->refused++;
     }
-    for (int i = 0; i < 3; i++) zmq_msg_close(&f[i]);
+    for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
     if (v == KVBM__REPLAY_END) return;
     if (v == KVBM__REPLAY_LATE) {
       fail(dealer, res, "deadline passed");
@@ -148,4 +171,29 @@ void kvbm__replay_fetch(void *zctx, void **dealer, const char *endpoint,
       return;
     }
   }
+}
+
+/* ------------------------------------------------------------- server */
+
+bool kvbm__replay_request(zmq_msg_t *f, int n, uint64_t *start) {
+  if (n != 3 || zmq_msg_size(&f[1]) != 0 || zmq_msg_size(&f[2]) != 8) return false;
+  *start = ev_get_be64(zmq_msg_data(&f[2]));
+  return true;
+}
+
+int kvbm__replay_reply(void *router, zmq_msg_t *id, const char *topic, size_t topic_len,
+                       bool legacy, uint64_t seq, const void *data, size_t len) {
+  uint8_t seqb[8];
+  ev_put_be64(seqb, seq);
+  if (zmq_send(router, zmq_msg_data(id), zmq_msg_size(id), ZMQ_SNDMORE) < 0 ||
+      zmq_send(router, "", 0, ZMQ_SNDMORE) < 0 ||
+      (!legacy && zmq_send(router, topic ? topic : "", topic_len, ZMQ_SNDMORE) < 0) ||
+      zmq_send(router, seqb, 8, ZMQ_SNDMORE) < 0 || zmq_send(router, data, len, 0) < 0)
+    return -1;
+  return 0;
+}
+
+int kvbm__replay_end(void *router, zmq_msg_t *id, bool legacy) {
+  /* vLLM's marker: an empty topic (new shape), -1, an empty payload */
+  return kvbm__replay_reply(router, id, "", 0, legacy, UINT64_MAX, "", 0);
 }

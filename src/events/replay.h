@@ -1,11 +1,18 @@
 /*
- * events/replay.h: the client side of vLLM's replay protocol, and the rules
- * for what a client takes from a replay server (private to src/; the ZMQ
- * subscriber and the router's NATS adapter use it).
+ * events/replay.h: vLLM's replay protocol, written once: the client side
+ * and the rules for what a client takes from a replay server (the ZMQ
+ * subscriber and the router's sources use it), and the server side's
+ * frames (the ZMQ sink's replay ROUTER). Private to src/.
  *
  * Protocol: a DEALER sends [ "", start_seq (8 bytes big-endian) ]; the
- * server's ROUTER answers [ "", seq, payload ] for every batch it keeps
- * from start_seq on, then [ "", -1, "" ].
+ * server's ROUTER answers, for every batch it keeps from start_seq on,
+ *   [ "", topic, seq, payload ]   (vLLM since PR #45177: the live
+ *                                  message's topic, so a consumer knows
+ *                                  whose batch it is), then
+ *   [ "", "", -1, "" ];
+ * or, before that PR (vLLM, SGLang), [ "", seq, payload ] then
+ * [ "", -1, "" ]. Clients read both; kvbm's server writes the new shape,
+ * the old one by option.
  *
  * Rules (kvbm__replay_check, one function so that they travel together):
  *   - only replies inside the range asked for, [from, to), are taken, in
@@ -22,6 +29,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <zmq.h>
 
 typedef struct kvbm__replay_window {
   uint64_t from, to;      /* replies taken: from <= seq < to */
@@ -31,6 +39,9 @@ typedef struct kvbm__replay_window {
   size_t bytes;           /* payload bytes taken so far */
   size_t max_bytes;       /* ... at most */
   size_t max_payload;     /* one payload at most */
+  const char *topic;      /* replies in the new shape must have a topic
+                           * that starts with this (the live subscription's
+                           * prefix); NULL or "": any */
 } kvbm__replay_window;
 
 typedef enum kvbm__replay_verdict {
@@ -58,7 +69,9 @@ int kvbm__replay_wait_ms(const kvbm__replay_window *w, uint64_t now_ns);
 /* What one replay did. */
 typedef struct kvbm__replay_result {
   uint64_t taken;         /* replies handed to `take` */
-  uint64_t refused;       /* replies skipped by the rules (range, order, size) */
+  uint64_t refused;       /* replies skipped by the rules (range, order,
+                           * size, a topic outside the subscription) */
+  uint64_t with_topic;    /* replies in the new shape (with a topic) */
   bool failed;            /* no end marker: deadline, bad reply, full, or a
                            * socket error (the DEALER was dropped) */
   bool full;              /* stopped because the byte budget was spent */
@@ -87,5 +100,20 @@ int kvbm__replay_open(void *zctx, void **dealer, const char *endpoint);
 
 /* Closes a DEALER made by kvbm__replay_fetch (NULL is a no-op). */
 void kvbm__replay_close(void **dealer);
+
+/* --- the server side (a ROUTER) --- */
+
+/* Whether frames f[0 .. n) read from a ROUTER are a request [identity, "",
+ * start_seq]; *start the sequence number asked from. */
+bool kvbm__replay_request(zmq_msg_t *f, int n, uint64_t *start);
+
+/* Sends one batch to the client `id` (the request's first frame): the new
+ * shape with `topic`, or (legacy) the old one. -1 when the send fails (the
+ * client went away, or stalls past the socket's send timeout). */
+int kvbm__replay_reply(void *router, zmq_msg_t *id, const char *topic, size_t topic_len,
+                       bool legacy, uint64_t seq, const void *data, size_t len);
+
+/* Sends the end marker in the same shape. */
+int kvbm__replay_end(void *router, zmq_msg_t *id, bool legacy);
 
 #endif

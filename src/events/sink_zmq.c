@@ -8,7 +8,9 @@
  * replay socket exists. The sink keeps the last `replay_batches` payloads
  * (copies, in a ring whose slots reuse their buffers) and answers a request
  * [identity, "", start_seq] with every kept batch from start_seq on, then
- * the end marker (sequence -1, empty payload), as vLLM's publisher does.
+ * the end marker (sequence -1, empty payload), as vLLM's publisher does:
+ * in the shape with the topic (vLLM PR #45177) or, by option, the one
+ * before it (events/replay.h writes both).
  *
  * The ROUTER has no send high-water mark (a reply is at most the ring, which
  * is bounded anyway) and is "mandatory", so a reply to a client that went
@@ -20,6 +22,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "events/replay.h"
 #include "events/sink.h"
 #include "events/zframes.h"
 
@@ -37,6 +40,7 @@ typedef struct zsink {
   slot *ring;
   size_t ring_cap, ring_head, ring_n; /* oldest at ring_head */
   int linger_ms;
+  bool legacy; /* replay replies without the topic frame */
   char ep[256], rep[256];
 } zsink;
 
@@ -86,38 +90,25 @@ static int zsink_send(ev_sink *base, const kvbm_event_batch *b, const uint8_t *p
   return rc;
 }
 
-static int reply(zsink *z, const zmq_msg_t *id, const uint8_t seqb[8], const uint8_t *data,
-                 size_t len) {
-  if (zmq_send(z->router, zmq_msg_data((zmq_msg_t *)id), zmq_msg_size(id), ZMQ_SNDMORE) < 0 ||
-      zmq_send(z->router, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(z->router, seqb, 8, ZMQ_SNDMORE) < 0 ||
-      zmq_send(z->router, data, len, 0) < 0)
-    return -1;
-  return 0;
-}
-
 static void zsink_service(ev_sink *base, ev_service_counts *counts) {
   zsink *z = (zsink *)base;
   for (;;) {
     zmq_msg_t f[3];
     int n = ev_zframes_recv(z->router, f);
     if (n == 0) return;
-    bool ok = n == 3 && zmq_msg_size(&f[1]) == 0 && zmq_msg_size(&f[2]) == 8;
-    if (!ok) {
+    uint64_t start;
+    if (!kvbm__replay_request(f, n, &start)) {
       counts->replay_bad++;
     } else {
       counts->replay_requests++;
-      uint64_t start = ev_get_be64(zmq_msg_data(&f[2]));
       bool gone = false;
       for (size_t k = 0; k < z->ring_n && !gone; k++) {
         const slot *s = &z->ring[(z->ring_head + k) % z->ring_cap];
         if (s->seq < start) continue;
-        uint8_t seqb[8];
-        ev_put_be64(seqb, s->seq);
-        gone = reply(z, &f[0], seqb, s->data ? s->data : (const uint8_t *)"", s->len) < 0;
+        gone = kvbm__replay_reply(z->router, &f[0], z->topic, z->topic_len, z->legacy, s->seq,
+                                  s->data ? s->data : (const uint8_t *)"", s->len) < 0;
       }
-      uint8_t endb[8];
-      memset(endb, 0xff, 8); /* -1 */
-      if (!gone) reply(z, &f[0], endb, (const uint8_t *)"", 0);
+      if (!gone) kvbm__replay_end(z->router, &f[0], z->legacy);
     }
     for (int i = 0; i < n && i < 3; i++) zmq_msg_close(&f[i]);
   }
@@ -164,6 +155,7 @@ int kvbm__sink_zmq_create(void *zctx, const kvbm_zmq_sink_config *o, ev_sink **o
   z->base = (ev_sink){.wants_bytes = true, .send = zsink_send, .service = zsink_service,
                       .endpoint = zsink_endpoint, .close = zsink_close};
   z->linger_ms = o->linger_ms;
+  z->legacy = o->replay_legacy;
   const char *topic = o->topic ? o->topic : "";
   z->topic_len = strlen(topic);
   z->topic = strdup(topic);

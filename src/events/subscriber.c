@@ -300,10 +300,12 @@ static void replay_range(kvbm_subscriber *s, uint64_t from, uint64_t to, size_t 
   kvbm__replay_window w;
   kvbm__replay_window_init(&w, from, to, s->o.replay_timeout_ms, room, s->o.max_payload,
                            kvbm_clock_ns());
+  w.topic = s->topic; /* a reply with a topic must be one we subscribe to */
   kvbm__replay_result r;
   s->st.replay_requests++;
   kvbm__replay_fetch(s->zctx, &s->dealer, s->replay_endpoint, &w, take_reply, s, &r);
   s->st.replay_refused += r.refused;
+  s->st.replay_topic += r.with_topic;
   if (r.failed) s->st.replay_failures++;
   if (r.full) s->st.overflow++;
 }

@@ -32,8 +32,10 @@ sources (read, not copied):
          "Ignored".
 
 Replay (vLLM's ROUTER): a request [identity, "", start_seq] is answered
-with [identity, "", seq, payload] per kept batch and [identity, "", -1, ""]
-at the end (the shape before vLLM PR #45177).
+with [identity, "", topic, seq, payload] per kept batch and [identity, "",
+"", -1, ""] at the end (vLLM since PR #45177: the "vllm" profile), or
+[identity, "", seq, payload] and [identity, "", -1, ""] (older vLLM and
+SGLang: every other profile).
 
   engine PROFILE HASHES NBATCHES SKIP [batch-map]
         plays an engine: binds a PUB and a replay ROUTER on loopback, prints
@@ -366,16 +368,19 @@ def engine(args):
     poller.register(router, zmq.POLLIN)
     poller.register(sys.stdin, zmq.POLLIN)
 
+    with_topic = profile == "vllm"  # vLLM PR #45177
+
     def serve_replay():
         frames = router.recv_multipart()
         if len(frames) != 3:
             return
         ident, _, start = frames
         start = int.from_bytes(start, "big")
+        topic = [b"kv"] if with_topic else []
         for seq, payload in buffer:
             if seq >= start:
-                router.send_multipart([ident, b"", seq.to_bytes(8, "big"), payload])
-        router.send_multipart([ident, b"", END_SEQ, b""])
+                router.send_multipart([ident, b""] + topic + [seq.to_bytes(8, "big"), payload])
+        router.send_multipart([ident, b""] + ([b""] if with_topic else []) + [END_SEQ, b""])
 
     published = False
     while True:
@@ -466,6 +471,7 @@ def check_schema(payload, form, signed):
 def subscribe(args):
     ep, rep, n, expected, form = args[0], args[1], int(args[2]), args[3], args[4]
     signed = len(args) > 5 and args[5] == "signed"
+    topic_want = args[6].encode() if len(args) > 6 else b""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -488,7 +494,10 @@ def subscribe(args):
                 req.connect(rep)
                 req.send_multipart([b"", missing[0].to_bytes(8, "big")])
                 while req.poll(2000):
-                    frames = req.recv_multipart()
+                    frames = req.recv_multipart()  # ["", seq, payload] or ["", topic, seq, payload]
+                    if len(frames) == 4 and frames[2] != END_SEQ and frames[1] != topic_want:
+                        print(f"replay reply with topic {frames[1]!r}", file=sys.stderr)
+                        return 1
                     seqb, payload = frames[-2], frames[-1]
                     if seqb == END_SEQ:
                         break

@@ -26,6 +26,8 @@ static void wait_subscribed(void *xpub) {
   while (buf[0] != 1);
 }
 
+static bool g_legacy; /* start_pub's replay answers in the shape before vLLM #45177 */
+
 static kvbm_publisher *start_pub(const char *ep, const char *rep, size_t replay_batches,
                                  char *pub_ep, char *rep_ep, kvbm_event_form form) {
   kvbm_publisher_config o = kvbm_publisher_config_default();
@@ -39,6 +41,7 @@ static kvbm_publisher *start_pub(const char *ep, const char *rep, size_t replay_
   zo.replay_endpoint = rep;
   zo.replay_batches = replay_batches;
   zo.topic = "kv@w1";
+  zo.replay_legacy = g_legacy;
   if (kvbm_publisher_add_zmq(p, &zo, &err)) fail_msg("%s", err.msg);
   assert_int_equal(kvbm_publisher_zmq_endpoint(p, 0, false, pub_ep, 256), KVBM_OK);
   if (rep) assert_int_equal(kvbm_publisher_zmq_endpoint(p, 0, true, rep_ep, 256), KVBM_OK);
@@ -98,6 +101,8 @@ static void late_joiner(const char *ep, const char *rep, kvbm_event_form form) {
   assert_int_equal(st.replayed, 30);
   assert_int_equal(st.lost, 0);
   assert_int_equal(st.replay_requests, 1);
+  /* both reply shapes read: with the topic (default), without (legacy) */
+  assert_int_equal(st.replay_topic, g_legacy ? 0 : 30);
   kvbm_publisher_stats ps;
   kvbm_publisher_stats_get(p, &ps);
   assert_int_equal(ps.replay_requests, 1);
@@ -116,6 +121,9 @@ static void test_late_joiner_ipc(void **st) {
   snprintf(ep, sizeof ep, "ipc:///tmp/kvbm-ev-%d.pub", (int)getpid());
   snprintf(rep, sizeof rep, "ipc:///tmp/kvbm-ev-%d.rep", (int)getpid());
   late_joiner(ep, rep, KVBM_FORM_MAP);
+  g_legacy = true; /* a server that answers as vLLM did before #45177 */
+  late_joiner(ep, rep, KVBM_FORM_MAP);
+  g_legacy = false;
 }
 
 /* A lossy link: a proxy forwards our publisher's messages to the
@@ -294,9 +302,11 @@ static void test_malformed_messages(void **st) {
   zmq_ctx_term(ctx);
 }
 
-/* Bad replay requests are ignored and counted; a good one still works. */
-static void test_bad_replay_requests(void **st) {
-  (void)st;
+/* Bad replay requests are ignored and counted; a good one still works,
+ * answered with the topic (vLLM today: [id, "", topic, seq, payload], end
+ * [id, "", "", -1, ""]) or, legacy, without it. */
+static void bad_replay_requests(bool legacy) {
+  g_legacy = legacy;
   char pub_ep[256], rep_ep[256];
   kvbm_publisher *p = start_pub("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 100, pub_ep, rep_ep,
                                 KVBM_FORM_POSITIONAL);
@@ -317,10 +327,19 @@ static void test_bad_replay_requests(void **st) {
   zmq_setsockopt(d, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
   uint8_t buf[4096];
   assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 0); /* delimiter */
+  if (!legacy) {
+    assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 5); /* the topic */
+    assert_memory_equal(buf, "kv@w1", 5);
+  }
   assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 8);
   assert_memory_equal(buf, one, 8);
   assert_true(zmq_recv(d, buf, sizeof buf, 0) > 0);      /* payload of batch 1 */
+  int more = 0;
+  size_t ml = sizeof more;
+  zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ml);
+  assert_int_equal(more, 0);
   assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 0);
+  if (!legacy) assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 0); /* empty topic */
   assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 8);
   const uint8_t end[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
   assert_memory_equal(buf, end, 8);
@@ -334,6 +353,13 @@ static void test_bad_replay_requests(void **st) {
   zmq_close(d);
   zmq_ctx_term(ctx);
   kvbm_publisher_destroy(p);
+  g_legacy = false;
+}
+
+static void test_bad_replay_requests(void **st) {
+  (void)st;
+  bad_replay_requests(false);
+  bad_replay_requests(true);
 }
 
 /* Relay: engine (a kvbm publisher, map form) -> relay -> our endpoint

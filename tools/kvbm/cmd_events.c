@@ -11,7 +11,8 @@
  *     stderr and skipped.
  *   kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]
  *                    (--nats URL --subject S | --zmq EP [--zmq-replay EP]
- *                    [--zmq-topic T]) [--form map|positional] [--signed-hashes]
+ *                    [--zmq-topic T] [--zmq-replay-legacy])
+ *                    [--form map|positional] [--signed-hashes]
  *                    [--dp-rank R] [--batch N] [--delay-us US] [--count N]
  *                    [--idle-ms MS]
  *     republishes the stream on NATS or on our own ZMQ endpoint (printing
@@ -54,7 +55,8 @@ static void usage_to(FILE *f) {
           "                        [--queue-bytes B]\n"
           "       kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
           "                        (--nats URL --subject S | --zmq EP [--zmq-replay EP]\n"
-          "                        [--zmq-topic T]) [--form map|positional] [--signed-hashes]\n"
+          "                        [--zmq-topic T] [--zmq-replay-legacy])\n"
+          "                        [--form map|positional] [--signed-hashes]\n"
           "                        [--dp-rank R] [--batch N] [--delay-us US] [--count N]\n"
           "                        [--idle-ms MS] [--queue-bytes B]\n");
 }
@@ -65,6 +67,7 @@ typedef struct args {
   kvbm_subscriber_config sub;
   uint64_t count, idle_ms;
   const char *nats, *subject, *zmq, *zmq_replay, *zmq_topic;
+  bool zmq_replay_legacy;
   kvbm_publisher_config pub;
 } args;
 
@@ -99,6 +102,7 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
     else if (relay && OPT("--zmq")) { if (r < 0) return 2; a->zmq = v; }
     else if (relay && OPT("--zmq-replay")) { if (r < 0) return 2; a->zmq_replay = v; }
     else if (relay && OPT("--zmq-topic")) { if (r < 0) return 2; a->zmq_topic = v; }
+    else if (relay && !strcmp(argv[i], "--zmq-replay-legacy")) a->zmq_replay_legacy = true;
     else if (relay && OPT("--form")) {
       if (r < 0) return 2;
       if (!strcmp(v, "positional")) a->pub.form = KVBM_FORM_POSITIONAL;
@@ -377,6 +381,7 @@ static int relay(int argc, char **argv) {
     kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default(a.zmq);
     zo.replay_endpoint = a.zmq_replay;
     zo.topic = a.zmq_topic;
+    zo.replay_legacy = a.zmq_replay_legacy;
     rc = kvbm_publisher_add_zmq(p, &zo, &err);
   }
   if (rc || (rc = kvbm_publisher_start(p, &err))) {
