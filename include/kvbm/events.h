@@ -407,6 +407,9 @@ typedef struct kvbm_js_consumer_config {
   uint64_t resume_after;    /* 0: where the consumer stands (the stream's
                              * start for a new one); N: from stream
                              * position N + 1 (what a snapshot recorded) */
+  bool from_start;          /* (resume_after 0) from the stream's first
+                             * message, wherever the consumer stood (a
+                             * reader whose state starts empty) */
   int fetch;                /* messages asked per pull (256) */
   int64_t ack_wait_ms;      /* unacked this long: delivered again (60000) */
   size_t max_payload;       /* larger messages are refused (64 MiB) */

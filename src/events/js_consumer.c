@@ -15,7 +15,8 @@
  * finds messages delivered but not acked, it is re-bound (deleted and added
  * again under the same name) at its ack floor + 1: they come again at once
  * and in stream order. resume_after re-binds it at a given stream position
- * (the one a snapshot recorded). Without a consumer of that name, one is
+ * (the one a snapshot recorded), from_start at the stream's start (a reader
+ * whose state starts empty). Without a consumer of that name, one is
  * added that reads the stream from its start.
  *
  * Messages carry the batch's sequence number in the "Kvbm-Seq" header, as
@@ -111,6 +112,8 @@ static int bind(kvbm_js_consumer *c, kvbm_error *err) {
   uint64_t start = 0;
   if (c->o.resume_after) {
     start = c->o.resume_after + 1;
+  } else if (c->o.from_start) {
+    start = 1;
   } else if (exists && ci->NumAckPending > 0) {
     /* delivered, never acked: again, now, in order. A consumer added at a
      * start position reports a floor of 0 until its first ack: its floor

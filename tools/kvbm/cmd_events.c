@@ -54,7 +54,8 @@ static void usage_to(FILE *f) {
           "       kvbm events tail nats://HOST:PORT --subject S [--count N] [--idle-ms MS]\n"
           "                        [--queue-bytes B]\n"
           "       kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
-          "                        (--nats URL --subject S | --zmq EP [--zmq-replay EP]\n"
+          "                        (--nats URL --subject S | --jetstream URL --stream N\n"
+          "                        --subject S [--stream-subjects 'kv.>'] | --zmq EP [--zmq-replay EP]\n"
           "                        [--zmq-topic T] [--zmq-replay-legacy])\n"
           "                        [--form map|positional] [--signed-hashes]\n"
           "                        [--dp-rank R] [--batch N] [--delay-us US] [--count N]\n"
@@ -66,7 +67,7 @@ static void usage(void) { usage_to(stderr); }
 typedef struct args {
   kvbm_subscriber_config sub;
   uint64_t count, idle_ms;
-  const char *nats, *subject, *zmq, *zmq_replay, *zmq_topic;
+  const char *nats, *jetstream, *stream, *stream_subjects, *subject, *zmq, *zmq_replay, *zmq_topic;
   bool zmq_replay_legacy;
   kvbm_publisher_config pub;
 } args;
@@ -98,6 +99,9 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
     } else if (relay && !strcmp(argv[i], "--signed-hashes")) {
       a->pub.signed_hashes = true;
     } else if (relay && OPT("--nats")) { if (r < 0) return 2; a->nats = v; }
+    else if (relay && OPT("--jetstream")) { if (r < 0) return 2; a->jetstream = v; }
+    else if (relay && OPT("--stream")) { if (r < 0) return 2; a->stream = v; }
+    else if (relay && OPT("--stream-subjects")) { if (r < 0) return 2; a->stream_subjects = v; }
     else if (OPT("--subject")) { if (r < 0) return 2; a->subject = v; }
     else if (relay && OPT("--zmq")) { if (r < 0) return 2; a->zmq = v; }
     else if (relay && OPT("--zmq-replay")) { if (r < 0) return 2; a->zmq_replay = v; }
@@ -140,12 +144,16 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
     fprintf(stderr, "kvbm %s: a nats:// endpoint needs --subject\n", cmd);
     return 2;
   }
-  if (relay && !!a->nats == !!a->zmq) {
-    fprintf(stderr, "kvbm %s: give one of --nats URL or --zmq EP\n", cmd);
+  if (relay && !!a->nats + !!a->jetstream + !!a->zmq != 1) {
+    fprintf(stderr, "kvbm %s: give one of --nats URL, --jetstream URL or --zmq EP\n", cmd);
     return 2;
   }
-  if (relay && a->nats && !a->subject) {
-    fprintf(stderr, "kvbm %s: --nats needs --subject\n", cmd);
+  if (relay && (a->nats || a->jetstream) && !a->subject) {
+    fprintf(stderr, "kvbm %s: --nats and --jetstream need --subject\n", cmd);
+    return 2;
+  }
+  if (relay && !!a->jetstream != !!a->stream) {
+    fprintf(stderr, "kvbm %s: --stream goes with --jetstream (and it needs one)\n", cmd);
     return 2;
   }
   return 0;
@@ -377,6 +385,10 @@ static int relay(int argc, char **argv) {
   }
   if (a.nats) {
     rc = kvbm_publisher_add_nats(p, a.nats, a.subject, &err);
+  } else if (a.jetstream) {
+    kvbm_jetstream_config jo = kvbm_jetstream_config_default(a.jetstream, a.stream, a.subject);
+    jo.stream_subjects = a.stream_subjects;
+    rc = kvbm_publisher_add_jetstream(p, &jo, &err);
   } else {
     kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default(a.zmq);
     zo.replay_endpoint = a.zmq_replay;
@@ -396,6 +408,8 @@ static int relay(int argc, char **argv) {
     if (kvbm_publisher_zmq_endpoint(p, 0, true, rep, sizeof rep) == KVBM_OK)
       printf(" replay %s", rep);
     printf("\n");
+  } else if (a.jetstream) {
+    printf("publishing on %s stream %s subject %s\n", a.jetstream, a.stream, a.subject);
   } else {
     printf("publishing on %s subject %s\n", a.nats, a.subject);
   }
