@@ -186,6 +186,10 @@ KVBM_EXTERN int kvbm_index_worker_slot(const kvbm_index *idx, kvbm_worker_key wo
 KVBM_EXTERN bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kvbm_worker_key *out);
 /* Mask of live slots. */
 KVBM_EXTERN uint64_t kvbm_index_workers(const kvbm_index *idx);
+/* The id of the batch a worker's input expects next (writer side);
+ * KVBM_ENOTFOUND when the worker is unknown or has seen no numbered batch.
+ * A restored router asks an engine's replay socket for batches from here. */
+KVBM_EXTERN int kvbm_index_next_id(const kvbm_index *idx, kvbm_worker_key worker, uint64_t *next);
 
 /* --- snapshots (writer side: not while events are applied; lookups may
  * run meanwhile) --- */
@@ -332,15 +336,28 @@ KVBM_EXTERN void kvbm_approx_stats_get(const kvbm_approx *ap, kvbm_approx_stats 
  *                    "workers": [{"worker_id", "dp_rank", "device", "host",
  *                    "disk", "score", "load", "cost"}, ...]}
  *   POST /done   {"request_id": N}  (the request finished: its load goes)
- *   GET  /health -> {"status": "ok", "workers", "entries", "events", ...,
- *                    "sources": [{"worker_id", "batches", "lost",
+ *   GET  /health -> {"status": "ok" or "degraded", "workers", "entries",
+ *                    "events", ..., "degraded_workers": [...], "sources":
+ *                    [{"worker_id", "batches", "lost", "degraded",
  *                    "duplicates", "resets", "jumps", ...}]} (see the note
  *                    docs/areas/router.md for every field)
+ * A worker whose stream lost batches that replay could not give back is
+ * DEGRADED (its index is known to be incomplete) until its engine starts a
+ * new stream or clears its cache: /route marks it in its answer and routes
+ * to it as approximate mode does (the decision is recorded in the index).
+ * /route takes optional "cache_salt" and "lora_name" (strings): the
+ * request's namespace (kvbm_index_namespace). 
  * Bad requests get a 4xx status and {"error": "..."}. */
 typedef enum kvbm_source_kind {
   KVBM_SOURCE_ZMQ = 0,  /* a ZMQ PUB endpoint (vLLM's wire) */
   KVBM_SOURCE_NATS = 1, /* a NATS subject (kvbm's NATS sink: payload as the
                            ZMQ third frame, sequence in header Kvbm-Seq) */
+  KVBM_SOURCE_JETSTREAM = 2, /* a subject of a JetStream stream (kvbm's
+                           JetStream sink), read with a durable consumer
+                           named "<durable>-<worker id>": the server keeps
+                           where the router stands, so a restarted router
+                           (or a replica) reads on without any replay
+                           request to the engine */
 } kvbm_source_kind;
 
 typedef struct kvbm_router_source {
@@ -349,8 +366,10 @@ typedef struct kvbm_router_source {
   const char *endpoint;        /* ZMQ endpoint, or NATS server URL */
   const char *replay_endpoint; /* the worker's ZMQ ROUTER replay socket (both
                                   kinds; optional): gaps are asked for there */
-  const char *subject;         /* NATS subject */
+  const char *subject;         /* NATS subject; JetStream: the worker's
+                                  subject in the stream */
   const char *topic;           /* ZMQ topic prefix (NULL: all) */
+  const char *stream;          /* JetStream stream */
 } kvbm_router_source;
 
 typedef struct kvbm_router_daemon_config {
@@ -388,6 +407,18 @@ typedef struct kvbm_router_daemon_config {
                                      slots with (8; 1..64): batches of more
                                      ranks are refused and counted */
   int replay_timeout_ms;          /* one replay, request to end (2000) */
+  const char *durable;            /* JetStream sources' consumer names:
+                                     "<durable>-<worker id>" ("kvbm-router");
+                                     replicas take different ones */
+  /* warm restart */
+  const char *snapshot_path;      /* NULL: none. At create, when the file
+                                     exists: the index is loaded from it,
+                                     JetStream sources read on from the
+                                     positions it holds, ZMQ sources ask
+                                     their replay socket for what came after
+                                     it; the file is written again every
+                                     snapshot_every_s and at destroy */
+  double snapshot_every_s;        /* (30; 0: only at destroy) */
   /* optional: one line of log (no newline) */
   void (*log)(void *user, const char *line);
   void *log_user;

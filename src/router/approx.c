@@ -80,6 +80,29 @@ void kvbm_approx_destroy(kvbm_approx *a) {
 
 size_t kvbm_approx_pending(const kvbm_approx *a) { return a->records; }
 
+/* A snapshot holds the engines' blocks only: the records' copies are taken
+ * out of the index while it is written (writer lock held throughout), then
+ * put back. Without this a restored router would keep decisions that no
+ * record removes any more. */
+void kvbm__approx_withdraw(kvbm_approx *a) {
+  for (uint32_t s = 0; a && s < KVBM_ROUTER_MAX_WORKERS; s++)
+    for (size_t i = 0; i < a->r[s].n; i++) {
+      const rec *x = &a->r[s].q[(a->r[s].head + i) % a->r[s].cap];
+      kvbm_index_remove(a->idx, s, KVBM_TIER_G1, x->hashes, x->n);
+    }
+}
+
+void kvbm__approx_return(kvbm_approx *a) {
+  for (uint32_t s = 0; a && s < KVBM_ROUTER_MAX_WORKERS; s++)
+    for (size_t i = 0; i < a->r[s].n; i++) {
+      const rec *x = &a->r[s].q[(a->r[s].head + i) % a->r[s].cap];
+      /* the slot was live when they were taken out and nothing ran since:
+       * storing them again can only fail for memory, and then the record
+       * removes what it finds when it expires, as ever */
+      kvbm_index_store(a->idx, s, KVBM_TIER_G1, x->hashes, x->n);
+    }
+}
+
 void kvbm_approx_stats_get(const kvbm_approx *a, kvbm_approx_stats *out) {
   memset(out, 0, sizeof *out);
   out->records = a->records;

@@ -119,7 +119,7 @@ typedef struct http_state {
   size_t rh, rn, rcap, rlive;
   uint64_t next_id;
   uint64_t rng;
-  uint64_t routes, bad, conns;
+  uint64_t routes, bad, conns, degraded_routes;
   /* what the guards refused, cut or dropped (health_guards) */
   uint64_t refused_busy, refused_no_fd, accept_pauses, read_timeouts, write_timeouts;
   uint64_t turns_cut, req_expired, req_evicted;
@@ -155,6 +155,8 @@ kvbm_router_daemon_config kvbm_router_daemon_config_default(void) {
   c.max_payload = so.max_payload;
   c.replay_timeout_ms = so.replay_timeout_ms;
   c.max_ranks = 8;
+  c.durable = "kvbm-router";
+  c.snapshot_every_s = 30;
   return c;
 }
 
@@ -373,15 +375,27 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
   http_state *h = d->http;
   kvbm_index_stats st;
   kvbm_index_stats_get(d->idx, &st);
+  bool degraded = false;
+  for (size_t i = 0; i < d->nsrc; i++) degraded |= atomic_load(&d->src[i].degraded);
   rj_buf b = {0};
   kvbm__rj_printf(&b,
-            "{\"status\":\"ok\",\"workers\":%u,\"entries\":%" PRIu64 ",\"events\":%" PRIu64
+            "{\"status\":\"%s\",\"workers\":%u,\"entries\":%" PRIu64 ",\"events\":%" PRIu64
             ",\"gaps\":%" PRIu64 ",\"duplicates\":%" PRIu64 ",\"unknown_removed\":%" PRIu64
             ",\"orphans\":%" PRIu64 ",\"routes\":%" PRIu64 ",\"active_requests\":%zu"
-            ",\"bad_requests\":%" PRIu64 ",\"mode\":\"%s\",\"uptime_s\":%.3f,\"sources\":[",
-            st.workers, st.entries, st.events, st.gaps, st.duplicates, st.unknown_removed,
-            st.orphans, h->routes, h->rlive, h->bad, d->approx ? "approximate" : "events",
-            (double)(kvbm__rd_now_ns() - h->t0) * 1e-9);
+            ",\"bad_requests\":%" PRIu64 ",\"mode\":\"%s\",\"uptime_s\":%.3f"
+            ",\"snapshots\":%" PRIu64 ",\"snapshot_failures\":%" PRIu64
+            ",\"degraded_routes\":%" PRIu64 ",\"degraded_workers\":[",
+            degraded ? "degraded" : "ok", st.workers, st.entries, st.events, st.gaps,
+            st.duplicates, st.unknown_removed, st.orphans, h->routes, h->rlive, h->bad,
+            d->approx ? "approximate" : "events", (double)(kvbm__rd_now_ns() - h->t0) * 1e-9,
+            atomic_load(&d->snapshots), atomic_load(&d->snapshot_failures), h->degraded_routes);
+  bool first = true;
+  for (size_t i = 0; i < d->nsrc; i++)
+    if (atomic_load(&d->src[i].degraded)) {
+      kvbm__rj_u64(&b, first ? "" : ",", d->src[i].cfg.worker_id);
+      first = false;
+    }
+  kvbm__rj_printf(&b, "],\"sources\":[");
   for (size_t i = 0; i < d->nsrc; i++) kvbm__rd_source_health(d, i, &b);
   kvbm__rj_printf(&b, "]");
   health_guards(d, &b);
@@ -408,6 +422,8 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
     kvbm__rj_request_free(&q);
     return;
   }
+  /* the tenant's namespace: its keys (hashes given are mixed in place) */
+  uint64_t ns = kvbm_index_namespace(q.cache_salt, q.lora_name);
   const uint64_t *keys = q.hashes;
   size_t n = q.num_hashes;
   uint64_t *owned = NULL;
@@ -419,8 +435,10 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
       kvbm__rj_request_free(&q);
       return;
     }
-    n = kvbm_index_hash_tokens(d->idx, q.tokens, q.num_tokens, owned, cap);
+    n = kvbm_index_hash_tokens_ns(d->idx, ns, q.tokens, q.num_tokens, owned, cap);
     keys = owned;
+  } else if (ns) {
+    kvbm_index_keys(d->idx, ns, q.hashes, n, q.hashes);
   }
   int64_t now = kvbm__rd_now_ns();
   load_expire(h, now);
@@ -446,9 +464,14 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
     kvbm__rj_request_free(&q);
     return;
   }
-  if (d->approx) {
+  /* a degraded worker's index is incomplete: the decision is recorded as
+   * approximate mode records every one */
+  bool chosen_degraded = kvbm__rd_worker_degraded(d, key[ch.slot].worker_id);
+  kvbm_approx *ap = d->approx ? d->approx : chosen_degraded ? d->degraded_ap : NULL;
+  if (chosen_degraded) h->degraded_routes++;
+  if (ap) {
     pthread_mutex_lock(&d->wlock);
-    rc = kvbm_approx_record(d->approx, ch.slot, keys, n, (double)now * 1e-9, &err);
+    rc = kvbm_approx_record(ap, ch.slot, keys, n, (double)now * 1e-9, &err);
     pthread_mutex_unlock(&d->wlock);
     if (rc) kvbm__rd_log(d, "approximate record: %s", err.msg);
   }
@@ -467,8 +490,9 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   rj_buf b = {0};
   kvbm__rj_printf(&b,
             "{\"worker_id\":%" PRIu64 ",\"dp_rank\":%u,\"request_id\":%" PRIu64
-            ",\"blocks\":%zu,\"cost\":%.6g,\"ties\":%u,\"workers\":[",
-            key[ch.slot].worker_id, key[ch.slot].dp_rank, id, n, ch.cost, ch.ties);
+            ",\"blocks\":%zu,\"cost\":%.6g,\"ties\":%u,\"approximate\":%s,\"workers\":[",
+            key[ch.slot].worker_id, key[ch.slot].dp_rank, id, n, ch.cost, ch.ties,
+            d->approx || chosen_degraded ? "true" : "false");
   bool first = true;
   for (uint32_t s = 0; s < KVBM_ROUTER_MAX_WORKERS; s++) {
     if (!(live >> s & 1)) continue;
@@ -477,9 +501,10 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
                   d->cfg.choice.load_weight * load[s];
     kvbm__rj_printf(&b,
               "%s{\"worker_id\":%" PRIu64 ",\"dp_rank\":%u,\"device\":%u,\"host\":%u,"
-              "\"disk\":%u,\"remote\":%u,\"score\":%.6g,\"load\":%.6g,\"cost\":%.6g}",
+              "\"disk\":%u,\"remote\":%u,\"score\":%.6g,\"load\":%.6g,\"cost\":%.6g%s}",
               first ? "" : ",", key[s].worker_id, key[s].dp_rank, ov[s].prefix[0],
-              ov[s].prefix[1], ov[s].prefix[2], ov[s].prefix[3], score, load[s], cost);
+              ov[s].prefix[1], ov[s].prefix[2], ov[s].prefix[3], score, load[s], cost,
+              kvbm__rd_worker_degraded(d, key[s].worker_id) ? ",\"degraded\":true" : "");
     first = false;
   }
   kvbm__rj_printf(&b, "]}\n");
@@ -823,9 +848,10 @@ int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err) {
     }
     load_expire(h, h->now);
     kvbm__rd_sources_tick(d);
-    if (d->approx) {
+    kvbm_approx *ap = d->approx ? d->approx : d->degraded_ap;
+    if (ap && kvbm_approx_pending(ap)) {
       pthread_mutex_lock(&d->wlock);
-      kvbm_approx_expire(d->approx, (double)h->now * 1e-9);
+      kvbm_approx_expire(ap, (double)h->now * 1e-9);
       pthread_mutex_unlock(&d->wlock);
     }
   }
@@ -893,8 +919,15 @@ static int check_sources(const kvbm_router_daemon_config *c, kvbm_error *err) {
     const kvbm_router_source *s = &c->sources[i];
     if (!s->endpoint || !*s->endpoint)
       return kvbm_error_set(err, KVBM_EINVAL, "router: source %zu has no endpoint", i);
-    if (s->kind != KVBM_SOURCE_ZMQ && s->kind != KVBM_SOURCE_NATS)
+    if (s->kind != KVBM_SOURCE_ZMQ && s->kind != KVBM_SOURCE_NATS &&
+        s->kind != KVBM_SOURCE_JETSTREAM)
       return kvbm_error_set(err, KVBM_EINVAL, "router: source %zu has an unknown kind", i);
+    if (s->kind == KVBM_SOURCE_JETSTREAM &&
+        (!s->stream || !*s->stream || strpbrk(s->stream, " \t\r\n.*>") || !s->subject ||
+         !*s->subject))
+      return kvbm_error_set(err, KVBM_EINVAL, "router: worker %" PRIu64 ": a JetStream source "
+                            "needs a stream (no spaces, dots or wildcards) and a subject",
+                            s->worker_id);
     if (s->kind == KVBM_SOURCE_ZMQ ? !zmq_endpoint_ok(s->endpoint) : !nats_url_ok(s->endpoint))
       return kvbm_error_set(err, KVBM_EINVAL, "router: worker %" PRIu64 ": '%s' has no valid port "
                             "(1..65535)", s->worker_id, s->endpoint);
@@ -933,6 +966,10 @@ static int check_config(const kvbm_router_daemon_config *c, kvbm_error *err) {
     return kvbm_error_set(err, KVBM_EINVAL, "router: max_body >= 64; max_connections, "
                                             "max_tokens, max_active_requests and "
                                             "approx_max_blocks >= 1");
+  if (!isfinite(c->snapshot_every_s) || c->snapshot_every_s < 0 || c->snapshot_every_s > 1e6 ||
+      (c->snapshot_path && !*c->snapshot_path))
+    return kvbm_error_set(err, KVBM_EINVAL, "router: snapshot_every_s must be in 0..1e6 and "
+                                            "snapshot_path, when given, not empty");
   if ((rc = kvbm__rd_sources_check_config(c, err))) return rc;
   return check_sources(c, err);
 }
@@ -1014,13 +1051,18 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     d->scfg[i].replay_endpoint = dup_str(cfg->sources[i].replay_endpoint, &oom);
     d->scfg[i].subject = dup_str(cfg->sources[i].subject, &oom);
     d->scfg[i].topic = dup_str(cfg->sources[i].topic, &oom);
+    d->scfg[i].stream = dup_str(cfg->sources[i].stream, &oom);
   }
+  d->cfg.durable = d->durable = dup_str(cfg->durable, &oom);
+  d->cfg.snapshot_path = d->snapshot_path = dup_str(cfg->snapshot_path, &oom);
   d->nsrc = cfg->num_sources;
   if (!oom && cfg->num_workers) memcpy(d->workers, cfg->workers, cfg->num_workers * sizeof *d->workers);
   d->cfg.host = d->host;
   d->cfg.sources = d->scfg;
   d->cfg.workers = d->workers;
   pthread_mutex_init(&d->wlock, NULL);
+  pthread_mutex_init(&d->snap_mu, NULL);
+  pthread_cond_init(&d->snap_cv, NULL);
   if (oom) {
     rc = kvbm_error_set(err, KVBM_ENOMEM, "router: out of memory");
     goto fail;
@@ -1036,6 +1078,11 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     kvbm_approx_config ac = {.ttl_s = cfg->approx_ttl_s,
                              .max_blocks_per_worker = cfg->approx_max_blocks};
     if ((rc = kvbm_approx_create(d->idx, &ac, &d->approx, err))) goto fail;
+  } else {
+    /* routing to a degraded worker is recorded as approximate mode does */
+    kvbm_approx_config ac = kvbm_approx_config_default();
+    ac.max_blocks_per_worker = cfg->approx_max_blocks;
+    if ((rc = kvbm_approx_create(d->idx, &ac, &d->degraded_ap, err))) goto fail;
   }
   if (pipe2(d->wake, O_NONBLOCK | O_CLOEXEC)) {
     rc = kvbm_error_set(err, KVBM_EIO, "router: pipe: %s", strerror(errno));
@@ -1047,8 +1094,12 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     rc = kvbm_error_set(err, KVBM_EIO, "router: spare descriptor: %s", strerror(errno));
     goto fail;
   }
+  for (size_t i = 0; i < d->nsrc; i++) d->src[i].d = d, d->src[i].cfg = d->scfg[i];
+  if ((rc = kvbm__rd_snapshot_load(d, err))) goto fail;
   if ((rc = kvbm__rd_sources_start(d, err))) goto fail;
   if ((rc = check_fd_limit(d, err))) goto fail;
+  if ((rc = kvbm__rd_snapshot_start(d, err))) goto fail;
+  d->snap_armed = true;
   *out = d;
   return KVBM_OK;
 fail:
@@ -1058,7 +1109,9 @@ fail:
 
 void kvbm_router_daemon_destroy(kvbm_router_daemon *d) {
   if (!d) return;
-  if (d->src) kvbm__rd_sources_stop(d);
+  if (d->src) kvbm__rd_sources_halt(d); /* the index stops changing */
+  kvbm__rd_snapshot_stop(d);             /* the last snapshot */
+  if (d->src) kvbm__rd_sources_stop(d);  /* JetStream sources ack it */
   if (d->http) {
     while (d->http->nc) conn_close(d->http, 0);
     free(d->http->c);
@@ -1071,17 +1124,23 @@ void kvbm_router_daemon_destroy(kvbm_router_daemon *d) {
   for (int i = 0; i < 2; i++)
     if (d->wake[i] >= 0) close(d->wake[i]);
   kvbm_approx_destroy(d->approx);
+  kvbm_approx_destroy(d->degraded_ap);
   kvbm_index_destroy(d->idx);
   for (size_t i = 0; d->scfg && i < d->nsrc; i++) {
     free((char *)d->scfg[i].endpoint);
     free((char *)d->scfg[i].replay_endpoint);
     free((char *)d->scfg[i].subject);
     free((char *)d->scfg[i].topic);
+    free((char *)d->scfg[i].stream);
   }
+  free(d->durable);
+  free(d->snapshot_path);
   free(d->scfg);
   free(d->src);
   free(d->workers);
   free(d->host);
   pthread_mutex_destroy(&d->wlock);
+  pthread_mutex_destroy(&d->snap_mu);
+  pthread_cond_destroy(&d->snap_cv);
   free(d);
 }

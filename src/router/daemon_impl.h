@@ -20,6 +20,7 @@
 typedef struct source_counts {
   _Atomic uint64_t batches, errors, lost, replayed, duplicates, resets, jumps, replay_failures,
       replay_refused, overflow, reconnects, ranks_refused;
+  _Atomic uint64_t js_pos, js_redelivered, js_malformed, js_acks, js_rebinds; /* JetStream */
 } source_counts;
 
 typedef struct source {
@@ -40,12 +41,20 @@ typedef struct source {
   _Atomic int64_t last_ns;  /* monotonic time of the last batch */
   _Atomic int dropped;      /* its workers were dropped for silence */
   _Atomic int nats_done;    /* NATS: the handler will not run again */
+  kvbm_js_consumer *js;     /* JetStream */
+  uint64_t js_pos;          /* JetStream: the stream position of the last
+                             * batch applied (writer lock) */
+  uint64_t resume_after;    /* from a snapshot: JetStream position, or (ZMQ)
+                             * the next batch due + 1 (0: none) */
+  uint64_t acked_gen;       /* JetStream: d->snapshots at the last ack */
+  _Atomic int degraded;     /* batches lost that replay did not give back,
+                             * since the worker's last new stream or clear */
   source_counts n;
 } source;
 
 struct kvbm_router_daemon {
   kvbm_router_daemon_config cfg; /* strings below are ours */
-  char *host;
+  char *host, *durable, *snapshot_path;
   kvbm_router_source *scfg;
   kvbm_worker_key *workers;
   kvbm_index *idx;
@@ -58,6 +67,15 @@ struct kvbm_router_daemon {
   _Atomic int stop;
   _Atomic uint64_t gaps;
   struct http_state *http;
+  /* warm restart (snapshot.c) */
+  pthread_t snap_th;
+  bool snap_started;
+  pthread_mutex_t snap_mu;   /* the snapshot thread's sleep, and one write at a time */
+  pthread_cond_t snap_cv;
+  bool snap_stop;
+  _Atomic uint64_t snapshots, snapshot_failures;
+  kvbm_approx *degraded_ap;  /* decisions for degraded workers (approximate) */
+  bool snap_armed;           /* create succeeded: stopping writes a last snapshot */
 };
 
 int64_t kvbm__rd_now_ns(void);
@@ -67,6 +85,10 @@ void kvbm__rd_log(struct kvbm_router_daemon *d, const char *fmt, ...)
 #endif
     ;
 int kvbm__rd_sources_start(struct kvbm_router_daemon *d, kvbm_error *err);
+/* Stops the sources' threads (the index no longer changes); then stop
+ * frees them (after the last snapshot, whose position JetStream sources
+ * ack). stop halts first when halt was not called. */
+void kvbm__rd_sources_halt(struct kvbm_router_daemon *d);
 void kvbm__rd_sources_stop(struct kvbm_router_daemon *d);
 /* Drops the workers of sources silent for longer than worker_timeout_s. */
 void kvbm__rd_sources_tick(struct kvbm_router_daemon *d);
@@ -74,5 +96,20 @@ void kvbm__rd_sources_tick(struct kvbm_router_daemon *d);
 int kvbm__rd_sources_check_config(const kvbm_router_daemon_config *c, kvbm_error *err);
 /* Appends source i's /health object. */
 void kvbm__rd_source_health(const struct kvbm_router_daemon *d, size_t i, rj_buf *b);
+/* Whether worker_id's source is degraded (any thread). */
+bool kvbm__rd_worker_degraded(const struct kvbm_router_daemon *d, uint64_t worker_id);
+
+/* approx.c: the records' blocks out of the index and back (writer lock). */
+void kvbm__approx_withdraw(kvbm_approx *a);
+void kvbm__approx_return(kvbm_approx *a);
+
+/* snapshot.c: loads cfg.snapshot_path (when it exists) into the index and
+ * the sources' resume positions, before the sources start. */
+int kvbm__rd_snapshot_load(struct kvbm_router_daemon *d, kvbm_error *err);
+/* Writes the snapshot now (any thread but a source's). */
+int kvbm__rd_snapshot_save(struct kvbm_router_daemon *d, kvbm_error *err);
+/* The thread that writes it every snapshot_every_s; stop writes a last one. */
+int kvbm__rd_snapshot_start(struct kvbm_router_daemon *d, kvbm_error *err);
+void kvbm__rd_snapshot_stop(struct kvbm_router_daemon *d);
 
 #endif

@@ -438,6 +438,15 @@ size_t kvbm_index_hash_tokens_ns(const kvbm_index *idx, uint64_t ns, const uint3
 
 uint64_t kvbm_index_workers(const kvbm_index *idx) { return LDA(&idx->live); }
 
+int kvbm_index_next_id(const kvbm_index *idx, kvbm_worker_key key, uint64_t *next) {
+  uint32_t slot;
+  if (kvbm_index_worker_slot(idx, key, &slot)) return KVBM_ENOTFOUND;
+  const worker *w = &idx->w[slot];
+  if (!w->seq.started) return KVBM_ENOTFOUND;
+  *next = kvbm_seqno_next(&w->seq);
+  return KVBM_OK;
+}
+
 bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kvbm_worker_key *out) {
   if (slot >= MAXW || !(kvbm_index_workers(idx) >> slot & 1)) return false;
   out->worker_id = LD(&idx->w[slot].wid);

@@ -244,6 +244,71 @@ static int uint_array(rd *r, uint64_t max, bool wrap, size_t elem, void **out, s
   return KVBM_OK;
 }
 
+static int hexval(char c) {
+  return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10;
+}
+
+/* A string value or null into a malloc'd, decoded, NUL-terminated copy
+ * (NULL for null). Escapes are decoded (\uXXXX to UTF-8, surrogate pairs
+ * joined); a NUL, a lone surrogate or more than RJ_MAX_STRING bytes is
+ * refused. */
+#define RJ_MAX_STRING 4096
+static int string_value(rd *r, char **out) {
+  *out = NULL;
+  if (lit(r, "null")) return KVBM_OK;
+  const char *at = r->p, *s;
+  size_t n;
+  int rc = string(r, &s, &n);
+  if (rc) return rc;
+  if (n > RJ_MAX_STRING) {
+    r->p = at;
+    return fail(r, KVBM_ETOOLONG, "string longer than 4096 bytes");
+  }
+  char *d = malloc(n + 1), *q = d;
+  if (!d) return fail(r, KVBM_ENOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] != '\\') {
+      *q++ = s[i];
+      continue;
+    }
+    char e = s[++i]; /* string() checked every escape */
+    if (e != 'u') {
+      *q++ = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r'
+             : e == 't' ? '\t' : e;
+      continue;
+    }
+    uint32_t cp = 0;
+    for (int k = 1; k <= 4; k++) cp = cp << 4 | (uint32_t)hexval(s[i + k]);
+    i += 4;
+    if (cp >= 0xD800 && cp < 0xDC00 && i + 2 < n && s[i + 1] == '\\' &&
+        s[i + 2] == 'u') {
+      uint32_t lo = 0;
+      for (int k = 3; k <= 6; k++) lo = lo << 4 | (uint32_t)hexval(s[i + k]);
+      if (lo >= 0xDC00 && lo < 0xE000) {
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        i += 6;
+      }
+    }
+    if (cp == 0 || (cp >= 0xD800 && cp < 0xE000)) {
+      free(d);
+      r->p = at;
+      return fail(r, KVBM_EFORMAT, cp ? "lone surrogate in a string" : "NUL in a string");
+    }
+    /* UTF-8: at most 4 bytes for 6 escaped characters, so q never passes d + n */
+    if (cp < 0x80) *q++ = (char)cp;
+    else if (cp < 0x800) *q++ = (char)(0xC0 | cp >> 6), *q++ = (char)(0x80 | (cp & 0x3F));
+    else if (cp < 0x10000)
+      *q++ = (char)(0xE0 | cp >> 12), *q++ = (char)(0x80 | (cp >> 6 & 0x3F)),
+      *q++ = (char)(0x80 | (cp & 0x3F));
+    else
+      *q++ = (char)(0xF0 | cp >> 18), *q++ = (char)(0x80 | (cp >> 12 & 0x3F)),
+      *q++ = (char)(0x80 | (cp >> 6 & 0x3F)), *q++ = (char)(0x80 | (cp & 0x3F));
+  }
+  *q = 0;
+  *out = d;
+  return KVBM_OK;
+}
+
 static bool key_is(const char *s, size_t n, const char *k) {
   return strlen(k) == n && !memcmp(s, k, n);
 }
@@ -283,6 +348,10 @@ int kvbm__rj_parse_request(const char *buf, size_t len, size_t max_items, rj_req
         if (out->has_request_id) rc = fail(&r, KVBM_EFORMAT, "request_id given twice");
         else rc = uint_value(&r, UINT64_MAX, false, &out->request_id);
         out->has_request_id = !rc;
+      } else if (key_is(k, kn, "cache_salt") || key_is(k, kn, "lora_name")) {
+        char **f = k[0] == 'c' ? &out->cache_salt : &out->lora_name;
+        if (*f) rc = fail(&r, KVBM_EFORMAT, "cache_salt or lora_name given twice");
+        else rc = string_value(&r, f);
       } else {
         rc = skip_value(&r, 1);
       }
@@ -311,6 +380,8 @@ int kvbm__rj_parse_request(const char *buf, size_t len, size_t max_items, rj_req
 void kvbm__rj_request_free(rj_request *q) {
   free(q->tokens);
   free(q->hashes);
+  free(q->cache_salt);
+  free(q->lora_name);
   memset(q, 0, sizeof *q);
 }
 

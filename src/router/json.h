@@ -15,7 +15,8 @@
 
 /* A routing request: {"token_ids": [u32, ...]} or {"block_hashes": [u64,
  * ...]} (exactly one), optional "request_id" (u64); /done's body is
- * {"request_id": u64}. Unknown keys are skipped (any JSON value, nested at
+ * {"request_id": u64}. Optional "cache_salt" and "lora_name" (strings or
+ * null; at most 4096 bytes, no NUL) name the request's namespace. Unknown keys are skipped (any JSON value, nested at
  * most RJ_MAX_DEPTH deep). Hashes may be given as negative integers (read
  * as their 64-bit two's complement, as Python's signed hashes print). */
 typedef struct rj_request {
@@ -27,6 +28,9 @@ typedef struct rj_request {
   bool has_hashes;
   uint64_t request_id;
   bool has_request_id;
+  char *cache_salt;   /* malloc'd, NUL-terminated, escapes decoded; NULL
+                       * when absent or null */
+  char *lora_name;    /* the same */
 } rj_request;
 
 /* Parses `len` bytes (the whole body: one object, whitespace around it).

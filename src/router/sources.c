@@ -21,6 +21,27 @@
  * is applied (kvbm_index_apply_batch), so a restarted engine is heard at
  * once, from its first batch.
  *
+ * JetStream: one thread per worker reads the worker's subject of a stream
+ * through a durable consumer (kvbm_js_consumer, named "<durable>-<worker
+ * id>"). The stream is the log: a router that restarts, or a replica,
+ * reads it again from a position instead of asking the engine. Which
+ * position: the one its snapshot recorded (snapshot.c), else the stream's
+ * start (an empty index needs the whole log). The consumer is acked up to
+ * what the source had read when a snapshot was written, so the server's
+ * view of the consumer (its ack floor, pending count) follows the router.
+ * The Kvbm-Seq numbers go through the same sequence rules, with confirm 1
+ * (a log has no stray numbers: a jump past max_gap is a new stream at
+ * once); a gap in the log (the stream's limits dropped messages, or the
+ * publisher's writes were refused) is asked for at the replay socket when
+ * the source names one.
+ *
+ * DEGRADED: a worker whose stream lost batches that replay did not give
+ * back is known to be incomplete in the index (blocks it stored may be
+ * missing; blocks it removed may still be there). It is marked from the
+ * first such batch until its engine starts a new stream (reset) or clears
+ * its cache (AllBlocksCleared), after which the index is whole again;
+ * /health lists it and /route routes it as approximate mode would.
+ *
  * Each source may fill at most max_ranks worker slots with dp ranks: a
  * batch of a further rank is refused and counted (ranks_refused), so one
  * worker sending ranks 0..99 cannot lock the others out of the index's 64
@@ -62,7 +83,29 @@ static bool admit_rank(source *s, const kvbm_event_batch *b) {
 
 /* ---------------------------------------------------------------- apply */
 
-static void apply(source *s, const kvbm_event_batch *b) {
+static bool has_clear(const kvbm_event_batch *b) {
+  for (size_t i = 0; i < b->num_events; i++)
+    if (b->events[i].type == KVBM_EVENT_CLEARED) return true;
+  return false;
+}
+
+/* Marks or clears the worker's DEGRADED state by what this batch says. */
+static void judge(source *s, const kvbm_event_batch *b) {
+  bool was = atomic_load(&s->degraded);
+  bool now = (was || b->lost_before) && !b->reset && !has_clear(b);
+  if (now == was) return;
+  atomic_store(&s->degraded, now);
+  if (now)
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": DEGRADED: %" PRIu64 " batch(es) before %" PRIu64
+                 " lost and not replayed; routed approximately until it restarts or clears "
+                 "its cache", s->cfg.worker_id, b->lost_before, b->seq);
+  else
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": whole again at batch %" PRIu64 " (a new stream or a "
+                 "cleared cache)", s->cfg.worker_id, b->seq);
+}
+
+/* js_pos: the JetStream position of the batch (0: not JetStream). */
+static void apply_at(source *s, const kvbm_event_batch *b, uint64_t js_pos) {
   kvbm_router_daemon *d = s->d;
   kvbm_error err = {0};
   int rc = KVBM_OK;
@@ -70,6 +113,8 @@ static void apply(source *s, const kvbm_event_batch *b) {
   if (b->reset) s->nranks = 0; /* the index forgets the worker's ranks */
   bool admitted = admit_rank(s, b);
   if (admitted) rc = kvbm_index_apply_batch(d->idx, s->cfg.worker_id, b, &err);
+  if (js_pos) s->js_pos = js_pos, atomic_store(&s->n.js_pos, js_pos);
+  judge(s, b);
   pthread_mutex_unlock(&d->wlock);
   atomic_store(&s->last_ns, kvbm__rd_now_ns());
   if (atomic_exchange(&s->dropped, 0))
@@ -90,6 +135,14 @@ static void apply(source *s, const kvbm_event_batch *b) {
     ADD(s->n.errors, 1);
     kvbm__rd_log(d, "worker %" PRIu64 ": batch %" PRIu64 ": %s", s->cfg.worker_id, b->seq, err.msg);
   }
+}
+
+static void apply(source *s, const kvbm_event_batch *b) { apply_at(s, b, 0); }
+
+bool kvbm__rd_worker_degraded(const kvbm_router_daemon *d, uint64_t worker_id) {
+  for (size_t i = 0; i < d->nsrc; i++)
+    if (d->src[i].cfg.worker_id == worker_id) return atomic_load(&d->src[i].degraded);
+  return false;
 }
 
 /* ------------------------------------------------------------------ ZMQ */
@@ -319,13 +372,145 @@ static int start_nats(source *s, kvbm_error *err) {
   return KVBM_OK;
 }
 
+/* ------------------------------------------------------------ JetStream */
+
+/* Acks what the consumer returned so far when a snapshot was written since
+ * the last ack (the source's thread, or after it stopped). */
+static void js_ack(source *s) {
+  uint64_t gen = atomic_load(&s->d->snapshots);
+  if (gen == s->acked_gen) return;
+  kvbm_error err = {0};
+  if (kvbm_js_consumer_ack(s->js, &err)) {
+    ADD(s->n.errors, 1);
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": %s", s->cfg.worker_id, err.msg);
+    return;
+  }
+  s->acked_gen = gen;
+}
+
+static void js_sync_counts(source *s) {
+  kvbm_js_consumer_stats st;
+  kvbm_js_consumer_stats_get(s->js, &st);
+  atomic_store(&s->n.js_redelivered, st.redelivered);
+  atomic_store(&s->n.js_malformed, st.malformed);
+  atomic_store(&s->n.js_acks, st.acks);
+  atomic_store(&s->n.js_rebinds, st.rebinds);
+}
+
+static void js_take(source *s, const kvbm_event_batch *b0, uint64_t pos, bool reset) {
+  kvbm_event_batch b = *b0;
+  b.lost_before = kvbm_seqno_take(&s->seq, b.seq);
+  b.reset = reset;
+  ADD(s->n.lost, b.lost_before);
+  apply_at(s, &b, pos);
+}
+
+/* Only the position moves (a batch not applied: a duplicate, a stray). */
+static void js_passed(source *s, uint64_t pos) {
+  if (!pos) return;
+  pthread_mutex_lock(&s->d->wlock);
+  s->js_pos = pos;
+  atomic_store(&s->n.js_pos, pos);
+  pthread_mutex_unlock(&s->d->wlock);
+}
+
+static void js_batch(source *s, const kvbm_event_batch *b, uint64_t pos) {
+  uint64_t due = kvbm_seqno_next(&s->seq);
+  uint32_t voided = 0;
+  kvbm_seqno_verdict v = kvbm_seqno_check(&s->seq, b->seq, true, &voided);
+  ADD(s->n.jumps, voided);
+  switch (v) {
+    case KVBM_SEQNO_DUPLICATE:
+      ADD(s->n.duplicates, 1);
+      js_passed(s, pos);
+      return;
+    case KVBM_SEQNO_HOLD: /* the end marker's number, or a jump not yet believed */
+      ADD(s->n.jumps, 1);
+      js_passed(s, pos);
+      return;
+    case KVBM_SEQNO_GAP:
+      if (s->cfg.replay_endpoint) replay(s, due, b->seq);
+      js_take(s, b, pos, false);
+      return;
+    case KVBM_SEQNO_RESTART:
+    case KVBM_SEQNO_RESYNC:
+      js_take(s, b, pos, true);
+      return;
+    case KVBM_SEQNO_NEXT:
+      js_take(s, b, pos, false);
+      return;
+  }
+}
+
+static void *js_thread(void *arg) {
+  source *s = arg;
+  while (!atomic_load(&s->d->stop)) {
+    kvbm_event_batch b;
+    kvbm_js_msg m = {0};
+    kvbm_error err = {0};
+    int rc = kvbm_js_consumer_recv(s->js, 100, &b, &m, &err);
+    if (rc == KVBM_OK) js_batch(s, &b, m.stream_seq);
+    js_ack(s);
+    js_sync_counts(s);
+    if (rc == KVBM_OK || rc == KVBM_ETIMEDOUT) continue;
+    ADD(s->n.errors, 1);
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": %s", s->cfg.worker_id, err.msg);
+    if (rc == KVBM_EIO) {
+      struct timespec ts = {0, 100 * 1000 * 1000};
+      nanosleep(&ts, NULL); /* the server is away: libnats reconnects */
+    } else {
+      js_passed(s, m.stream_seq); /* a bad message: its place is taken */
+    }
+  }
+  return NULL;
+}
+
+static int start_jetstream(source *s, kvbm_error *err) {
+  const kvbm_router_source *c = &s->cfg;
+  if (!c->subject || !*c->subject || !c->stream || !*c->stream)
+    return kvbm_error_set(err, KVBM_EINVAL, "router: JetStream source of worker %" PRIu64
+                          " needs a stream and a subject", c->worker_id);
+  int rc = kvbm_event_decoder_create(&s->dec, err); /* for replies of the replay socket */
+  if (rc) return rc;
+  kvbm_seqno_rules rules = kvbm_seqno_rules_default();
+  rules.confirm = 1;
+  kvbm_seqno_init(&s->seq, &rules);
+  if (c->replay_endpoint && (!(s->zctx = zmq_ctx_new()) ||
+                             kvbm__replay_open(s->zctx, &s->dealer, c->replay_endpoint)))
+    return kvbm_error_set(err, KVBM_EIO, "router: worker %" PRIu64 ": replay socket %s: %s",
+                          c->worker_id, c->replay_endpoint, zmq_strerror(errno));
+  char name[256];
+  snprintf(name, sizeof name, "%s-%" PRIu64, s->d->cfg.durable, c->worker_id);
+  kvbm_js_consumer_config o = kvbm_js_consumer_config_default(c->endpoint, c->stream, name);
+  o.filter = c->subject;
+  o.max_payload = s->d->cfg.max_payload;
+  /* where the index stands: the snapshot's position, else the log's start */
+  if (s->resume_after) o.resume_after = s->resume_after;
+  else o.from_start = true;
+  rc = kvbm_js_consumer_create(&o, &s->js, err);
+  if (rc) return rc;
+  js_sync_counts(s);
+  s->acked_gen = atomic_load(&s->d->snapshots);
+  if (pthread_create(&s->th, NULL, js_thread, s))
+    return kvbm_error_set(err, KVBM_ENOMEM, "router: cannot start a thread");
+  s->started = true;
+  kvbm__rd_log(s->d, "worker %" PRIu64 ": JetStream %s subject %s, consumer %s, reading from %s",
+               c->worker_id, c->stream, c->subject, name,
+               s->resume_after ? "the snapshot's position on" : "the stream's start");
+  return KVBM_OK;
+}
+
 /* ---------------------------------------------------------------- start */
 
 static int start_one(source *s, kvbm_error *err) {
   const kvbm_router_source *c = &s->cfg;
   atomic_store(&s->last_ns, kvbm__rd_now_ns());
   if (c->kind == KVBM_SOURCE_NATS) return start_nats(s, err);
+  if (c->kind == KVBM_SOURCE_JETSTREAM) return start_jetstream(s, err);
   kvbm_subscriber_config o = kvbm_subscriber_config_default(c->endpoint);
+  /* from a snapshot: the batches after it, asked of the replay socket */
+  if (s->resume_after && s->resume_after - 1 <= (uint64_t)INT64_MAX)
+    o.start_seq = (int64_t)(s->resume_after - 1);
   o.replay_endpoint = c->replay_endpoint;
   o.topic = c->topic;
   o.max_queue_bytes = s->d->cfg.queue_bytes;
@@ -349,6 +534,12 @@ int kvbm__rd_sources_check_config(const kvbm_router_daemon_config *c, kvbm_error
                           c->queue_bytes, c->max_payload);
   if (c->replay_timeout_ms < 0)
     return kvbm_error_set(err, KVBM_EINVAL, "router: negative replay timeout");
+  for (size_t i = 0; i < c->num_sources; i++)
+    if (c->sources[i].kind == KVBM_SOURCE_JETSTREAM &&
+        (!c->durable || !*c->durable || strlen(c->durable) > 200 ||
+         strpbrk(c->durable, " \t\r\n.*>")))
+      return kvbm_error_set(err, KVBM_EINVAL, "router: JetStream sources need a durable name "
+                            "(at most 200 bytes; no spaces, dots or wildcards)");
   return KVBM_OK;
 }
 
@@ -362,7 +553,7 @@ int kvbm__rd_sources_start(kvbm_router_daemon *d, kvbm_error *err) {
   return KVBM_OK;
 }
 
-void kvbm__rd_sources_stop(kvbm_router_daemon *d) {
+void kvbm__rd_sources_halt(kvbm_router_daemon *d) {
   atomic_store(&d->stop, 1);
   for (size_t i = 0; i < d->nsrc; i++) {
     source *s = &d->src[i];
@@ -378,7 +569,18 @@ void kvbm__rd_sources_stop(kvbm_router_daemon *d) {
           nanosleep(&ts, NULL);
         }
       natsSubscription_Destroy(s->ns);
+      s->ns = NULL;
     }
+  }
+}
+
+void kvbm__rd_sources_stop(kvbm_router_daemon *d) {
+  kvbm__rd_sources_halt(d);
+  for (size_t i = 0; i < d->nsrc; i++) {
+    source *s = &d->src[i];
+    if (s->js) js_ack(s); /* the last snapshot's */
+    kvbm_js_consumer_destroy(s->js);
+    s->js = NULL;
     if (s->nc) natsConnection_Destroy(s->nc);
     s->ns = NULL;
     s->nc = NULL;
@@ -407,6 +609,7 @@ void kvbm__rd_sources_tick(kvbm_router_daemon *d) {
         dropped += kvbm_index_remove_worker(d->idx, k) == KVBM_OK;
     }
     s->nranks = 0;
+    atomic_store(&s->degraded, 0); /* nothing of it is left to be wrong */
     pthread_mutex_unlock(&d->wlock);
     atomic_store(&s->dropped, 1);
     kvbm__rd_log(d, "worker %" PRIu64 ": silent for %.1f s, %d rank(s) dropped", s->cfg.worker_id,
@@ -426,10 +629,18 @@ void kvbm__rd_source_health(const kvbm_router_daemon *d, size_t i, rj_buf *b) {
             ",\"duplicates\":%" PRIu64 ",\"resets\":%" PRIu64 ",\"jumps\":%" PRIu64
             ",\"replay_failures\":%" PRIu64 ",\"replay_refused\":%" PRIu64
             ",\"overflow\":%" PRIu64 ",\"reconnects\":%" PRIu64 ",\"ranks_refused\":%" PRIu64
-            ",\"dropped\":%s}",
-            i ? "," : "", s->cfg.worker_id, s->cfg.kind == KVBM_SOURCE_ZMQ ? "zmq" : "nats",
+            ",\"dropped\":%s,\"degraded\":%s",
+            i ? "," : "", s->cfg.worker_id,
+            s->cfg.kind == KVBM_SOURCE_ZMQ ? "zmq" : s->cfg.kind == KVBM_SOURCE_NATS ? "nats"
+                                                                         : "jetstream",
             N(batches), N(errors), N(lost), N(replayed), N(duplicates), N(resets), N(jumps),
             N(replay_failures), N(replay_refused), N(overflow), N(reconnects), N(ranks_refused),
-            atomic_load(&((source *)s)->dropped) ? "true" : "false");
+            atomic_load(&((source *)s)->dropped) ? "true" : "false",
+            atomic_load(&((source *)s)->degraded) ? "true" : "false");
+  if (s->cfg.kind == KVBM_SOURCE_JETSTREAM)
+    kvbm__rj_printf(b, ",\"stream\":{\"position\":%" PRIu64 ",\"redelivered\":%" PRIu64
+                    ",\"malformed\":%" PRIu64 ",\"acks\":%" PRIu64 ",\"rebinds\":%" PRIu64 "}",
+                    N(js_pos), N(js_redelivered), N(js_malformed), N(js_acks), N(js_rebinds));
+  kvbm__rj_printf(b, "}");
 #undef N
 }

@@ -186,6 +186,18 @@ static void test_json_ok(void **state) {
   kvbm__rj_request_free(&q);
   assert_int_equal(parse("{}", &q), KVBM_OK);
   assert_false(q.has_tokens || q.has_hashes || q.has_request_id);
+  assert_null(q.cache_salt);
+  /* a tenant's namespace: strings decoded (escapes, UTF-8 from \\u, a
+   * surrogate pair), null is absent */
+  assert_int_equal(parse("{\"cache_salt\":\"a\\\"b\\\\c\\n\\u0041\\u00e9\\u20ac\\ud83d\\ude00/\\/\","
+                         "\"lora_name\":null,\"token_ids\":[1]}", &q),
+                   KVBM_OK);
+  assert_string_equal(q.cache_salt, "a\"b\\c\nA\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80//");
+  assert_null(q.lora_name);
+  kvbm__rj_request_free(&q);
+  assert_int_equal(parse("{\"lora_name\":\"\"}", &q), KVBM_OK);
+  assert_string_equal(q.lora_name, "");
+  kvbm__rj_request_free(&q);
 }
 
 static void test_json_bad(void **state) {
@@ -226,6 +238,13 @@ static void test_json_bad(void **state) {
       {"{\"a\":-}", KVBM_EFORMAT},
       {"{\"a\":1.}", KVBM_EFORMAT},
       {"{\"a\":1e}", KVBM_EFORMAT},
+      {"{\"cache_salt\":1}", KVBM_EFORMAT},
+      {"{\"cache_salt\":[\"a\"]}", KVBM_EFORMAT},
+      {"{\"lora_name\":\"a\",\"lora_name\":\"b\"}", KVBM_EFORMAT},
+      {"{\"cache_salt\":\"\\u0000\"}", KVBM_EFORMAT},
+      {"{\"cache_salt\":\"\\ud800\"}", KVBM_EFORMAT},
+      {"{\"cache_salt\":\"\\ude00x\"}", KVBM_EFORMAT},
+      {"{\"cache_salt\":\"\\ud800\\u0041\"}", KVBM_EFORMAT},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     rj_request q;
@@ -236,7 +255,17 @@ static void test_json_bad(void **state) {
     assert_true(strlen(err.msg) > 0);
     assert_null(q.tokens);
     assert_null(q.hashes);
+    assert_null(q.cache_salt);
+    assert_null(q.lora_name);
   }
+  /* a string over 4096 bytes */
+  char *longs = malloc(4200);
+  strcpy(longs, "{\"cache_salt\":\"");
+  memset(longs + strlen(longs), 'x', 4097);
+  strcpy(longs + 15 + 4097, "\"}");
+  rj_request q0;
+  assert_int_equal(parse(longs, &q0), KVBM_ETOOLONG);
+  free(longs);
   /* nesting: 31 levels inside the top object are fine, 40 are not */
   char deep[200] = "{\"a\":";
   for (int i = 0; i < 40; i++) strcat(deep, "[");

@@ -19,6 +19,9 @@ static void usage(FILE *f) {
           "usage: kvbm router [--listen 127.0.0.1:8090] [--port-file PATH]\n"
           "                   [--zmq ID=ENDPOINT[@REPLAY_ENDPOINT]]...\n"
           "                   [--nats ID=URL/SUBJECT[@REPLAY_ENDPOINT]]...\n"
+          "                   [--jetstream ID=URL/STREAM/SUBJECT[@REPLAY_ENDPOINT]]...\n"
+          "                   [--durable kvbm-router] [--snapshot FILE]\n"
+          "                   [--snapshot-every 30]\n"
           "                   [--worker ID[:RANK]]... [--approx-ttl SECONDS]\n"
           "                   [--block-size 16] [--hash native|dynamo] [--recompute]\n"
           "                   [--tier-weights 1,0.75,0.25] [--prefill-weight 1]\n"
@@ -28,6 +31,11 @@ static void usage(FILE *f) {
           "                   [--max-active-requests 262144] [--approx-max-blocks 65536]\n"
           "                   [--queue-bytes 67108864] [--max-payload 2097152]\n"
           "                   [--max-ranks 8] [--replay-timeout-ms 2000]\n"
+          "--jetstream reads the worker's subject of a JetStream stream with the durable\n"
+          "consumer '<durable>-<ID>' (replicas: one --durable each). --snapshot: the\n"
+          "index is loaded from FILE at start (then only later events are applied:\n"
+          "JetStream from the position it holds, ZMQ asks the replay socket) and\n"
+          "written every --snapshot-every seconds (0: only at exit) and at exit.\n"
           "Each --zmq/--nats source is one worker (ID, an unsigned integer; the dp rank\n"
           "comes from its events). @REPLAY_ENDPOINT is the worker's ZMQ replay socket,\n"
           "asked for missing batches. --worker declares workers up front; with\n"
@@ -113,16 +121,26 @@ static bool add_source(args *a, kvbm_source_kind kind, const char *opt, const ch
   kvbm_router_source *s = &a->src[a->c.num_sources];
   *s = (kvbm_router_source){.kind = kind, .worker_id = id, .endpoint = ep,
                             .replay_endpoint = replay};
-  if (kind == KVBM_SOURCE_NATS) {
-    /* URL/SUBJECT: the subject follows the first '/' after "scheme://host" */
+  if (kind == KVBM_SOURCE_NATS || kind == KVBM_SOURCE_JETSTREAM) {
+    /* URL/SUBJECT: the subject follows the first '/' after "scheme://host";
+     * JetStream: URL/STREAM/SUBJECT */
     const char *p = strstr(ep, "://");
-    const char *slash = strchr(p ? p + 3 : ep, '/');
-    if (!slash || !slash[1]) {
-      fprintf(stderr, "kvbm router: %s: '%s' is not ID=nats://HOST:PORT/SUBJECT\n", opt, v);
+    char *slash = strchr(p ? p + 3 : ep, '/');
+    char *slash2 = kind == KVBM_SOURCE_JETSTREAM && slash ? strchr(slash + 1, '/') : NULL;
+    if (!slash || !slash[1] || (kind == KVBM_SOURCE_JETSTREAM && (!slash2 || slash2 == slash + 1 ||
+                                                               !slash2[1]))) {
+      fprintf(stderr, "kvbm router: %s: '%s' is not ID=nats://HOST:PORT/%s\n", opt, v,
+              kind == KVBM_SOURCE_NATS ? "SUBJECT" : "STREAM/SUBJECT");
       return false;
     }
-    s->subject = slash + 1;
-    *(char *)slash = 0; /* ep is ours: cut the URL there */
+    if (slash2) {
+      s->stream = slash + 1;
+      s->subject = slash2 + 1;
+      *slash2 = 0;
+    } else {
+      s->subject = slash + 1;
+    }
+    *slash = 0; /* ep is ours: cut the URL there */
   }
   a->c.num_sources++;
   return true;
@@ -176,6 +194,12 @@ static int parse(int argc, char **argv, args *a) {
     OPT("--port-file") { a->port_file = v; continue; }
     OPT("--zmq") { if (!add_source(a, KVBM_SOURCE_ZMQ, "--zmq", v)) return 2; continue; }
     OPT("--nats") { if (!add_source(a, KVBM_SOURCE_NATS, "--nats", v)) return 2; continue; }
+    OPT("--jetstream") {
+      if (!add_source(a, KVBM_SOURCE_JETSTREAM, "--jetstream", v)) return 2;
+      continue;
+    }
+    OPT("--durable") { c->durable = v; continue; }
+    OPT("--snapshot") { c->snapshot_path = v; continue; }
     OPT("--worker") {
       char num[32];
       const char *colon = strchr(v, ':');
@@ -234,6 +258,7 @@ static int parse(int argc, char **argv, args *a) {
     DBL("--worker-timeout", 0, 1e9, c->worker_timeout_s)
     DBL("--request-ttl", 0.001, 1e9, c->request_ttl_s)
     DBL("--io-timeout", 0.001, 1e6, c->io_timeout_s)
+    DBL("--snapshot-every", 0, 1e6, c->snapshot_every_s)
     OPT("--max-connections") {
       if (!cli_parse_u64("router", "--max-connections", v, 1, 100000, &x)) return 2;
       c->max_connections = (size_t)x;
@@ -281,7 +306,7 @@ static int parse(int argc, char **argv, args *a) {
     return 2;
   }
   if (!c->num_sources && !c->num_workers) {
-    fprintf(stderr, "kvbm router: give at least one --zmq, --nats or --worker\n");
+    fprintf(stderr, "kvbm router: give at least one --zmq, --nats, --jetstream or --worker\n");
     return 2;
   }
   if (c->approx_ttl_s > 0 && !c->num_workers) {
