@@ -128,6 +128,8 @@ typedef struct rserver {
   char ep[256];
   rmode mode;
   const uint64_t *script; /* SCRIPT: the replies, in this order */
+  const char *const *topics; /* SCRIPT: each reply's topic frame (NULL: the
+                              * shape before vLLM #45177, no topic frame) */
   size_t nscript;
   size_t flood_n, flood_tokens; /* FLOOD: replies from the start asked */
   _Atomic int stop;
@@ -136,14 +138,20 @@ typedef struct rserver {
   pthread_t th;
 } rserver;
 
-static void reply(rserver *r, zmq_msg_t *id, uint64_t seq, const uint8_t *p, size_t len) {
+static void reply_topic(rserver *r, zmq_msg_t *id, const char *topic, uint64_t seq,
+                        const uint8_t *p, size_t len) {
   uint8_t sb[8];
   be64(sb, seq);
   zmq_send(r->router, zmq_msg_data(id), zmq_msg_size(id), ZMQ_SNDMORE);
   zmq_send(r->router, "", 0, ZMQ_SNDMORE);
+  if (topic) zmq_send(r->router, topic, strlen(topic), ZMQ_SNDMORE);
   zmq_send(r->router, sb, 8, ZMQ_SNDMORE);
   zmq_send(r->router, p, len, 0);
   atomic_fetch_add(&r->sent, 1);
+}
+
+static void reply(rserver *r, zmq_msg_t *id, uint64_t seq, const uint8_t *p, size_t len) {
+  reply_topic(r, id, NULL, seq, p, len);
 }
 
 static void *rserver_main(void *arg) {
@@ -163,7 +171,7 @@ static void *rserver_main(void *arg) {
     if (r->mode == SCRIPT) {
       for (size_t i = 0; i < r->nscript; i++) {
         uint8_t *p = payload(r->script[i] + 1000, 1, &len); /* tag = seq + 1000 */
-        reply(r, &f[0], r->script[i], p, len);
+        reply_topic(r, &f[0], r->topics ? r->topics[i] : NULL, r->script[i], p, len);
         free(p);
       }
     } else if (r->mode == TRICKLE) { /* one valid reply at a time, never the end */
@@ -434,6 +442,51 @@ static void test_replay_only_asked_range(void **st) {
   rserver_stop(&r);
 }
 
+/* Replies with the topic (vLLM #45177) are taken only inside the
+ * subscription (a topic prefix, as a SUB socket filters): a reply of
+ * another worker's topic, or an empty one, is refused and its batch lost;
+ * a reply in the shape before (no topic frame) is taken as it always was. */
+static void test_replay_topic(void **st) {
+  (void)st;
+  static const uint64_t script[] = {1, 2, 3, 4, 5};
+  static const char *const topics[] = {"kv@w1", "kv@w2", "", NULL, "kv@w1@model"};
+  rserver r = {.mode = SCRIPT, .script = script, .topics = topics, .nscript = 5};
+  rserver_start(&r);
+  peer p;
+  peer_open(&p);
+  kvbm_subscriber_config o = kvbm_subscriber_config_default(p.ep);
+  o.replay_endpoint = r.ep;
+  o.topic = "kv@w1";
+  o.replay_timeout_ms = 60000;
+  kvbm_subscriber *s;
+  kvbm_error err;
+  if (kvbm_subscriber_create(&o, &s, &err)) fail_msg("%s", err.msg);
+  peer_wait_subscribed(&p);
+  for (uint64_t seq = 0; seq <= 6; seq += 6) { /* 0, then 6: the gap [1, 6) */
+    size_t len;
+    uint8_t *pl = payload(seq, 1, &len), sb[8];
+    be64(sb, seq);
+    assert_true(zmq_send(p.pub, "kv@w1", 5, ZMQ_SNDMORE) >= 0);
+    assert_true(zmq_send(p.pub, sb, 8, ZMQ_SNDMORE) >= 0);
+    assert_true(zmq_send(p.pub, pl, len, 0) >= 0);
+    free(pl);
+    if (!seq) expect(s, 0, 0, false, false);
+  }
+  expect(s, 1, 1001, false, true);
+  expect(s, 4, 1004, false, true);
+  expect(s, 5, 1005, false, true);
+  expect(s, 6, 6, false, false);
+  kvbm_subscriber_stats ss;
+  kvbm_subscriber_stats_get(s, &ss);
+  assert_int_equal(ss.replayed, 3);
+  assert_int_equal(ss.lost, 2); /* 2 (kv@w2) and 3 (no topic) */
+  assert_int_equal(ss.replay_refused, 2);
+  assert_int_equal(ss.replay_topic, 4);
+  kvbm_subscriber_destroy(s);
+  peer_close(&p);
+  rserver_stop(&r);
+}
+
 /* A server that trickles valid replies (every 200 ms, forever) holds the
  * live stream back no longer than the replay deadline (1 s). The old
  * subscriber waited per reply and never came back: the alarm ends it. */
@@ -587,6 +640,7 @@ int main(void) {
       cmocka_unit_test(test_confirmed_jump),
       cmocka_unit_test(test_replay_only_asked_range),
       cmocka_unit_test(test_replay_deadline),
+      cmocka_unit_test(test_replay_topic),
       cmocka_unit_test(test_replay_flood),
       cmocka_unit_test(test_relay_restart),
       cmocka_unit_test(test_budget_options),
