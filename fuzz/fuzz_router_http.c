@@ -10,7 +10,8 @@
  * reason; a parsed head's body length is within max_body; the same bytes
  * fed in pieces with the scan resumed (`scanned`) get the same answer.
  * The JSON reader either accepts (arrays within the item limit, owned
- * memory freed) or refuses with a message and owns nothing; each input is
+ * memory freed; cache_salt and lora_name decoded, no longer than their raw
+ * bytes) or refuses with a message and owns nothing; each input is
  * also read with its last byte cut.
  */
 #include <stdint.h>
@@ -66,9 +67,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (q.num_tokens > 64 || q.num_hashes > 64) abort();
     if (q.has_tokens && !q.tokens) abort();
     if (q.has_hashes && !q.hashes) abort();
+    /* decoded strings never grow past their raw bytes */
+    if (q.cache_salt && strlen(q.cache_salt) > size) abort();
+    if (q.lora_name && strlen(q.lora_name) > size) abort();
     kvbm__rj_request_free(&q);
   } else {
-    if (!err.msg[0] || q.tokens || q.hashes) abort();
+    if (!err.msg[0] || q.tokens || q.hashes || q.cache_salt || q.lora_name) abort();
   }
   if (size) {
     rc = kvbm__rj_parse_request(buf, size - 1, 64, &q, &err);
