@@ -70,8 +70,11 @@ relay_check() { # PROFILE NBATCHES SKIP RELAY_OPTIONS...
   for _ in $(seq 100); do [ -s "$tmp/relay.out" ] && break; sleep 0.1; done
   read -r _ _ out_ep _ out_rep <"$tmp/relay.out"
   [ -n "$out_rep" ] || fail "relay did not say where it publishes: $(cat "$tmp/relay.out" "$tmp/relay.err")"
-  # tail subscribes before the engine starts; it stops 4 s after the last batch
-  "$KVBM" events tail "$out_ep" --replay "$out_rep" --from 0 --idle-ms 4000 \
+  # tail subscribes before the engine starts; once the relay has published
+  # everything, tail is stopped when it has printed every relayed event (it
+  # writes a batch's lines at once), not after an idle window: a loaded
+  # machine can take longer than any window to deliver the first batch
+  "$KVBM" events tail "$out_ep" --replay "$out_rep" --from 0 --idle-ms 120000 \
     >"$tmp/relayed.jsonl" 2>"$tmp/relayed.err" &
   local tail_pid=$!
   pids+=("$tail_pid")
@@ -79,6 +82,15 @@ relay_check() { # PROFILE NBATCHES SKIP RELAY_OPTIONS...
   echo go >&"${ENGINE2[1]}"
   wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
   grep -q "$n batches" "$tmp/relay.err" || fail "relay summary: $(cat "$tmp/relay.err")"
+  local events
+  events=$(sed -n 's/.*published [0-9]* batches (\([0-9]*\) events).*/\1/p' "$tmp/relay.err")
+  [ -n "$events" ] || fail "relay summary without its event count: $(cat "$tmp/relay.err")"
+  for _ in $(seq 600); do
+    [ "$(wc -l <"$tmp/relayed.jsonl")" -ge "$events" ] && break
+    kill -0 "$tail_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -TERM "$tail_pid" 2>/dev/null || true
   wait "$tail_pid" || fail "tail of relay: $(cat "$tmp/relayed.err")"
   echo "checkev $tmp/relayed.jsonl" >&"${ENGINE2[1]}"
   read -r verdict <&"${ENGINE2[0]}"

@@ -29,18 +29,28 @@ done
 coproc ENGINE { exec /usr/bin/python3 "$PEER" engine sglang-positional int 20 4 -; }
 pids+=("$ENGINE_PID")
 read -r ep rep <&"${ENGINE[0]}"
-"$KVBM" events tail "$url" --subject kvbm.events.w0 --idle-ms 2500 \
+"$KVBM" events tail "$url" --subject kvbm.events.w0 --idle-ms 120000 \
   >"$tmp/tail.jsonl" 2>"$tmp/tail.err" &
 tail_pid=$!
 pids+=("$tail_pid")
 "$KVBM" events relay "$ep" --replay "$rep" --from 0 --nats "$url" --subject kvbm.events.w0 \
-  --form map --batch 5 --delay-us 0 --idle-ms 2000 >"$tmp/relay.out" 2>"$tmp/relay.err" &
+  --form map --batch 5 --delay-us 0 --count 20 --idle-ms 30000 >"$tmp/relay.out" 2>"$tmp/relay.err" &
 relay_pid=$!
 pids+=("$relay_pid")
 sleep 0.7
 echo go >&"${ENGINE[1]}"
 wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
 grep -q "20 batches" "$tmp/relay.err" || fail "relay summary: $(cat "$tmp/relay.err")"
+# tail stops once it printed every relayed event (not after an idle window,
+# which a loaded machine can outlast before the first batch)
+events=$(sed -n 's/.*published [0-9]* batches (\([0-9]*\) events).*/\1/p' "$tmp/relay.err")
+[ -n "$events" ] || fail "relay summary without its event count: $(cat "$tmp/relay.err")"
+for _ in $(seq 600); do
+  [ "$(wc -l <"$tmp/tail.jsonl")" -ge "$events" ] && break
+  kill -0 "$tail_pid" 2>/dev/null || break
+  sleep 0.1
+done
+kill -TERM "$tail_pid" 2>/dev/null || true
 wait "$tail_pid" || fail "tail exited $? ($(cat "$tmp/tail.err"))"
 grep -q " 0 lost," "$tmp/tail.err" && grep -q " 0 malformed" "$tmp/tail.err" ||
   fail "tail summary: $(cat "$tmp/tail.err")"
