@@ -1,7 +1,8 @@
 /*
  * kvbm/events.h: the KV event plane: a batching publisher (ZMQ PUB with a
- * replay ROUTER, NATS), a subscriber (ordering, gaps, replay), a relay, and
- * the glue from a block pool. The events themselves and their wire codec
+ * replay ROUTER, NATS, JetStream), a subscriber (ZMQ or NATS: ordering,
+ * gaps, replay), a JetStream consumer, a relay, and the glue from a block
+ * pool. The events themselves and their wire codec
  * are in kvbm/event_codec.h (included).
  *
  * The transport is vLLM's (vllm/distributed/kv_events.py):
@@ -14,6 +15,12 @@
  *     -1, ""] (vLLM since PR #45177; before it, and SGLang: without the
  *     topic frame). kvbm's subscriber reads both shapes; kvbm's sink writes
  *     the new one, the old by option.
+ *
+ *   NATS: one message per batch on a subject, the msgpack payload as its
+ *     body and the sequence number as a header "Kvbm-Seq: <decimal>"
+ *     (kvbm's NATS and JetStream sinks). No replay on NATS itself: a
+ *     subscriber asks the engine's ZMQ replay ROUTER, which numbers the
+ *     batches alike when one publisher has both sinks.
  */
 #ifndef KVBM_EVENTS_H
 #define KVBM_EVENTS_H
@@ -300,13 +307,26 @@ KVBM_EXTERN void kvbm_publisher_destroy(kvbm_publisher *pub);
 
 /* ------------------------------------------------------------ subscriber */
 
+/* One engine's stream, read in order by one thread. The transport follows
+ * the endpoint: tcp://, ipc://, ... is the engine's ZMQ PUB; nats://HOST:
+ * PORT (or tls://, or a comma-separated list of servers) is a NATS server,
+ * and `subject` the engine's subject. Both go through the same sequence
+ * rules, replay, byte budget and counters; only where a live message comes
+ * from differs. Not thread-safe: one thread per subscriber (libnats' own
+ * thread only fills its queue; nothing of the subscriber runs on it). */
 typedef struct kvbm_subscriber kvbm_subscriber;
 
 typedef struct kvbm_subscriber_config {
-  const char *endpoint;         /* the engine's PUB endpoint (required) */
+  const char *endpoint;         /* the engine's PUB endpoint, or a NATS
+                                 * server's URL (required) */
+  const char *subject;          /* NATS: the engine's subject (required
+                                 * there, refused with ZMQ; no wildcard:
+                                 * one subscriber reads one stream) */
   bool bind;                    /* bind instead of connect (for engines
-                                 * whose PUB connects) */
-  const char *topic;            /* subscription prefix; NULL = "" (all) */
+                                 * whose PUB connects; ZMQ only) */
+  const char *topic;            /* ZMQ: subscription prefix; NULL = "" (all).
+                                 * Both: a replay reply with a topic must
+                                 * start with it */
   const char *replay_endpoint;  /* the engine's ROUTER; NULL = no recovery */
   int64_t start_seq;            /* -1: start at the first batch received;
                                  * >= 0: the first batch wanted (a late
@@ -320,15 +340,24 @@ typedef struct kvbm_subscriber_config {
                                  * before it is stored, and shows as a gap */
   size_t max_queue_bytes;       /* the byte budget: the socket queues at most
                                  * max_queue_bytes / 2 / max_payload messages
-                                 * (>= 1) and the subscriber keeps at most
-                                 * max_queue_bytes / 2 bytes of replayed or
-                                 * held batches; more is dropped and counted
+                                 * (>= 1; NATS: libnats' queue at most
+                                 * max_queue_bytes / 2 bytes) and the
+                                 * subscriber keeps at most max_queue_bytes
+                                 * / 2 bytes of replayed or held batches;
+                                 * more is dropped and counted in overflow
                                  * (default 64 MiB; >= 2 * max_payload) */
   kvbm_seqno_rules seq;           /* see kvbm_seqno_check (zeros: defaults) */
 } kvbm_subscriber_config;
 
 KVBM_EXTERN kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint);
 
+/* Opens the socket (ZMQ: connect or bind; the replay DEALER on first use)
+ * or the NATS connection and subscription (and the replay DEALER at once).
+ * A NATS subscriber's subscription is on the server when this returns, and
+ * its connection redials for as long as it lives. KVBM_EINVAL for bad
+ * options (err names which), KVBM_EIO when the endpoint is refused or the
+ * NATS server does not answer, KVBM_ENOMEM. The config's strings are
+ * copied. */
 KVBM_EXTERN int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber **out,
                         kvbm_error *err);
 KVBM_EXTERN void kvbm_subscriber_destroy(kvbm_subscriber *sub); /* NULL is a no-op */
@@ -346,10 +375,13 @@ KVBM_EXTERN void kvbm_subscriber_destroy(kvbm_subscriber *sub); /* NULL is a no-
  * The batch stays valid until the next call or free.
  * Returns KVBM_OK, KVBM_ETIMEDOUT (nothing within timeout_ms; < 0 waits
  * forever), or, for a malformed message (wrong frame count, a sequence
- * frame not 8 bytes, a payload that does not decode, one over
- * max_payload), its error with err saying what was wrong: the message is
- * counted and skipped, and the next call goes on. KVBM_EIO when the socket
- * fails. */
+ * frame not 8 bytes, a NATS message without a decimal Kvbm-Seq header, a
+ * payload that does not decode, one over max_payload), its error with err
+ * saying what was wrong: the message is counted and skipped, and the next
+ * call goes on. KVBM_EIO when the socket fails (NATS: the connection is
+ * closed for good). Cost: a batch in order is decoded from the transport's
+ * buffer, no copy; a gap's replay blocks this call up to
+ * replay_timeout_ms. */
 KVBM_EXTERN int kvbm_subscriber_recv(kvbm_subscriber *sub, int timeout_ms, kvbm_event_batch *out,
                          kvbm_error *err);
 
@@ -372,17 +404,20 @@ typedef struct kvbm_subscriber_stats {
                              * (the others: the shape before it) */
   uint64_t malformed;       /* messages skipped, of all kinds below */
   uint64_t bad_frames;      /* wrong number of frames */
-  uint64_t bad_seq;         /* sequence frame not 8 bytes */
+  uint64_t bad_seq;         /* sequence frame not 8 bytes (NATS: Kvbm-Seq
+                             * header missing or not a number) */
   uint64_t bad_payload;     /* payload did not decode */
   uint64_t too_large;       /* payload over max_payload */
   uint64_t resets;          /* new streams: restarts and re-syncs */
   uint64_t jumps;           /* batches held past a jump and dropped */
   uint64_t replay_refused;  /* replay replies outside the asked range or
                              * out of order, ignored */
-  uint64_t overflow;        /* batches dropped for the byte budget */
+  uint64_t overflow;        /* batches dropped for the byte budget
+                             * (NATS: libnats' drops included) */
   uint64_t reconnects;      /* connections ended (the engine went away, or
                              * sent a frame over max_payload) and dialled
-                             * again (connect mode) */
+                             * again (connect mode; NATS: libnats'
+                             * reconnections to the server) */
   uint64_t queued_bytes;    /* bytes of batches held now */
   uint64_t peak_bytes;      /* the most ever held */
 } kvbm_subscriber_stats;

@@ -24,12 +24,12 @@
  * returned as an error, counted, and its place in the stream is still
  * taken (the next ack covers it).
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <nats/nats.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "events/nats_in.h"
 #include "kvbm/events.h"
 
 struct kvbm_js_consumer {
@@ -224,14 +224,8 @@ int kvbm_js_consumer_recv(kvbm_js_consumer *c, int timeout_ms, kvbm_event_batch 
   }
   c->st.redelivered += redelivered;
   if (info) *info = (kvbm_js_msg){sseq, natsMsg_GetSubject(m), redelivered};
-  const char *h = NULL;
-  char *end = NULL;
   uint64_t seq = 0;
-  if (natsMsgHeader_Get(m, "Kvbm-Seq", &h) == NATS_OK && h && *h) {
-    errno = 0;
-    seq = strtoull(h, &end, 10);
-  }
-  if (!h || !*h || !end || *end || errno || *h == '-') {
+  if (!kvbm__nats_seq(m, &seq)) {
     c->st.malformed++;
     return kvbm_error_set(err, KVBM_EFORMAT,
                           "events: jetstream consumer: message %" PRIu64 " (%s) has no valid "

@@ -1,10 +1,16 @@
 /*
- * subscriber.c: reads an engine's ZMQ event stream in sequence order,
- * recovering gaps through its replay socket, within a byte budget.
+ * subscriber.c: reads an engine's event stream in sequence order,
+ * recovering gaps through its replay socket, within a byte budget. The
+ * stream comes over ZMQ (vLLM's three frames) or over NATS (one subject of
+ * kvbm's NATS sink: the payload as the body, the number in the Kvbm-Seq
+ * header; nats_in.c). Everything past reading one live message is the
+ * same for both: the rules, replay (asked of the engine's ZMQ replay
+ * ROUTER either way: a kvbm publisher with a NATS and a ZMQ sink numbers
+ * both alike), the FIFO and the budget, the counters.
  *
  * Order. Every live sequence number goes through the stream's sequence
  * rules (seq.c, kvbm_seqno_check): the batch due is decoded straight from
- * the ZMQ frame (no copy); a repeat is skipped; a step back is a restarted
+ * the ZMQ frame or NATS message (no copy); a repeat is skipped; a step back is a restarted
  * engine, delivered at once with reset = true; a step forward within
  * max_gap is a gap, for which the replay ROUTER is asked (replay.c: only
  * the missing range, in order, within one deadline and the byte budget)
@@ -24,11 +30,13 @@
  * connection, so a flood is dropped at the publisher (whose PUB never
  * blocks) and seen here as gaps, not stored here. Known limit: libzmq
  * stores a multipart message whole whatever its number of frames, so the
- * bound assumes the three frames of vLLM's wire.
+ * bound assumes the three frames of vLLM's wire. Over NATS, libnats' queue
+ * is bounded in bytes directly (max_queue_bytes / 2); what it drops is
+ * counted in overflow and seen as a gap.
  *
- * Malformed live messages (frame count, sequence frame size, payload size,
- * payload content) are counted by kind and returned as errors: one call,
- * one message; the stream goes on with the next call.
+ * Malformed live messages (frame count, sequence frame or Kvbm-Seq header,
+ * payload size, payload content) are counted by kind and returned as
+ * errors: one call, one message; the stream goes on with the next call.
  */
 #include <errno.h>
 #include <limits.h>
@@ -38,6 +46,7 @@
 #include <zmq.h>
 
 #include "common/clock.h"
+#include "events/nats_in.h"
 #include "events/replay.h"
 #include "events/sink.h"
 #include "events/zframes.h"
@@ -54,8 +63,11 @@ typedef struct pend {
 
 struct kvbm_subscriber {
   kvbm_subscriber_config o;
-  char *endpoint, *replay_endpoint, *topic;
-  void *zctx, *sub, *dealer;
+  char *endpoint, *replay_endpoint, *topic, *subject;
+  void *zctx, *sub, *dealer;  /* zctx: NATS too, when it has a replay socket */
+  bool nats;        /* the NATS transport (endpoint nats://...) */
+  kvbm__nats_in nin;
+  uint64_t nats_dropped; /* libnats' drops, part of st.overflow */
   void *monitor;    /* connect mode: the SUB's disconnect events */
   kvbm_event_decoder *dec;
   bool joined;
@@ -66,7 +78,7 @@ struct kvbm_subscriber {
   uint32_t nheld;
   size_t qbytes;    /* bytes in the FIFO and held */
   size_t budget;    /* ... at most */
-  zmq_msg_t cur;    /* the live payload last returned */
+  zmq_msg_t cur;    /* the live payload last returned (or nin.cur) */
   bool cur_open;
   uint8_t *cur_buf; /* or the pending copy last returned */
   kvbm_subscriber_stats st;
@@ -75,7 +87,8 @@ struct kvbm_subscriber {
 #define FIFO_KEEP 1024 /* entries an empty FIFO may keep allocated */
 
 kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint) {
-  return (kvbm_subscriber_config){.endpoint = endpoint, .bind = false, .topic = NULL,
+  return (kvbm_subscriber_config){.endpoint = endpoint, .subject = NULL, .bind = false,
+                                   .topic = NULL,
                                    .replay_endpoint = NULL, .start_seq = -1,
                                    .replay_timeout_ms = 2000, .max_payload = (size_t)2 << 20,
                                    .max_queue_bytes = (size_t)64 << 20,
@@ -103,6 +116,7 @@ void kvbm_subscriber_destroy(kvbm_subscriber *s) {
   if (s->cur_open) zmq_msg_close(&s->cur);
   if (s->monitor) zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero), zmq_close(s->monitor);
   if (s->sub) zmq_setsockopt(s->sub, ZMQ_LINGER, &zero, sizeof zero), zmq_close(s->sub);
+  if (s->nats) kvbm__nats_in_close(&s->nin);
   kvbm__replay_close(&s->dealer);
   if (s->zctx) zmq_ctx_term(s->zctx);
   for (size_t i = s->qh; i < s->qn; i++) free(s->q[i].data);
@@ -113,6 +127,7 @@ void kvbm_subscriber_destroy(kvbm_subscriber *s) {
   free(s->endpoint);
   free(s->replay_endpoint);
   free(s->topic);
+  free(s->subject);
   free(s);
 }
 
@@ -131,7 +146,15 @@ static int check_options(const kvbm_subscriber_config *o, kvbm_error *err) {
   if (o->seq.confirm > MAX_CONFIRM)
     return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: seq.confirm %u is above %d",
                           o->seq.confirm, MAX_CONFIRM);
-  return KVBM_OK;
+  if (!kvbm__nats_in_is_url(o->endpoint)) {
+    if (o->subject)
+      return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: a subject goes with a "
+                            "nats:// endpoint, not %s", o->endpoint);
+    return KVBM_OK;
+  }
+  if (o->bind)
+    return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: bind is for ZMQ endpoints");
+  return kvbm__nats_in_check_subject(o->subject, err);
 }
 
 /* The SUB socket's share of the budget: max_queue_bytes / 2 in messages
@@ -171,6 +194,17 @@ static void redial(kvbm_subscriber *s) {
   }
 }
 
+/* NATS: the subscription, and the replay client's socket at once (so that
+ * its descriptors exist from the start, as the ZMQ transport's do). */
+static int open_nats(kvbm_subscriber *s, kvbm_error *err) {
+  s->nats = true;
+  if (s->replay_endpoint && (!(s->zctx = zmq_ctx_new()) ||
+                             kvbm__replay_open(s->zctx, &s->dealer, s->replay_endpoint)))
+    return kvbm_error_set(err, KVBM_EIO, "events: subscriber: replay socket %s: %s",
+                          s->replay_endpoint, zmq_strerror(errno));
+  return kvbm__nats_in_open(&s->nin, s->endpoint, s->subject, s->o.max_queue_bytes / 2, err);
+}
+
 int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber **out,
                         kvbm_error *err) {
   if (!opts || !out) return kvbm_error_set(err, KVBM_EINVAL, "events: subscriber: no options");
@@ -185,11 +219,17 @@ int kvbm_subscriber_create(const kvbm_subscriber_config *opts, kvbm_subscriber *
   s->endpoint = dup_or_null(opts->endpoint, &oom);
   s->replay_endpoint = dup_or_null(opts->replay_endpoint, &oom);
   s->topic = dup_or_null(opts->topic ? opts->topic : "", &oom);
+  s->subject = dup_or_null(opts->subject, &oom);
   if (oom) {
     rc = kvbm_error_set(err, KVBM_ENOMEM, "events: subscriber: out of memory");
     goto fail;
   }
   if ((rc = kvbm_event_decoder_create(&s->dec, err))) goto fail;
+  if (kvbm__nats_in_is_url(s->endpoint)) {
+    if ((rc = open_nats(s, err))) goto fail;
+    *out = s;
+    return KVBM_OK;
+  }
   s->zctx = zmq_ctx_new();
   s->sub = s->zctx ? zmq_socket(s->zctx, ZMQ_SUB) : NULL;
   if (!s->sub) {
@@ -312,9 +352,15 @@ static void replay_range(kvbm_subscriber *s, uint64_t from, uint64_t to, size_t 
 
 /* ----------------------------------------------------------------- recv */
 
-static void release_current(kvbm_subscriber *s) {
+/* The live message last read (ZMQ payload frame or NATS message). */
+static void release_live(kvbm_subscriber *s) {
   if (s->cur_open) zmq_msg_close(&s->cur);
   s->cur_open = false;
+  if (s->nats) kvbm__nats_in_release(&s->nin);
+}
+
+static void release_current(kvbm_subscriber *s) {
+  release_live(s);
   free(s->cur_buf);
   s->cur_buf = NULL;
 }
@@ -424,15 +470,15 @@ static int check_frames(kvbm_subscriber *s, zmq_msg_t f[3], int n, uint64_t *seq
 /* A batch past a jump: a copy kept aside (when the budget allows; one that
  * does not fit is simply missing when the jump is confirmed, and counted
  * lost then). */
-static void hold(kvbm_subscriber *s, uint64_t seq, zmq_msg_t *m) {
+static void hold(kvbm_subscriber *s, uint64_t seq, const uint8_t *data, size_t len) {
   if (s->nheld >= MAX_CONFIRM) return;
-  uint8_t *copy = copy_in(s, zmq_msg_data(m), zmq_msg_size(m));
-  if (copy) s->held[s->nheld++] = (pend){seq, copy, zmq_msg_size(m), false, false};
+  uint8_t *copy = copy_in(s, data, len);
+  if (copy) s->held[s->nheld++] = (pend){seq, copy, len, false, false};
 }
 
 /* The held batches and the live one continue one another: a new stream
  * from the first of them. They go to the FIFO, the first marked reset. */
-static void resync(kvbm_subscriber *s, uint64_t seq, zmq_msg_t *m) {
+static void resync(kvbm_subscriber *s, uint64_t seq, const uint8_t *data, size_t len) {
   s->st.resets++;
   bool first = true;
   for (uint32_t i = 0; i < s->nheld; i++) { /* moved, already charged */
@@ -447,7 +493,74 @@ static void resync(kvbm_subscriber *s, uint64_t seq, zmq_msg_t *m) {
   }
   s->nheld = 0;
   /* no room (counted: overflow): it is missing, and the next batch's gap says so */
-  push_pending(s, seq, zmq_msg_data(m), zmq_msg_size(m), false, first);
+  push_pending(s, seq, data, len, false, first);
+}
+
+/* One live message, read by its transport and checked: its number and
+ * payload (valid until release_live). */
+typedef struct live {
+  uint64_t seq;
+  const uint8_t *data;
+  size_t len;
+} live;
+
+static int zmq_live(kvbm_subscriber *s, uint64_t deadline, int timeout_ms, live *m,
+                    kvbm_error *err) {
+  zmq_msg_t f[3];
+  int n = recv_live(s, f, deadline, timeout_ms);
+  if (n < 0) {
+    if (errno == ETERM || errno == ENOTSOCK)
+      return kvbm_error_set(err, KVBM_EIO, "events: subscriber: socket closed");
+    return kvbm_error_set(err, KVBM_ETIMEDOUT, "events: subscriber: nothing within %d ms",
+                          timeout_ms);
+  }
+  int rc = check_frames(s, f, n, &m->seq, err);
+  if (rc) return rc;
+  s->cur = f[2];
+  s->cur_open = true;
+  m->data = zmq_msg_data(&s->cur);
+  m->len = zmq_msg_size(&s->cur);
+  return KVBM_OK;
+}
+
+/* libnats' own counts: its drops are overflow, its reconnections ours. */
+static void nats_counts(kvbm_subscriber *s) {
+  uint64_t dropped = s->nats_dropped, reconnects = s->st.reconnects;
+  kvbm__nats_in_counts(&s->nin, &dropped, &reconnects);
+  if (dropped > s->nats_dropped) s->st.overflow += dropped - s->nats_dropped;
+  s->nats_dropped = dropped;
+  s->st.reconnects = reconnects;
+}
+
+static int nats_live(kvbm_subscriber *s, uint64_t deadline, int timeout_ms, live *m,
+                     kvbm_error *err) {
+  int rc;
+  for (;;) { /* < 0 waits forever: in slices, since libnats takes a finite wait */
+    int wait = remaining_ms(deadline, timeout_ms);
+    rc = kvbm__nats_in_next(&s->nin, wait < 0 ? 1000 : wait, err);
+    nats_counts(s);
+    if (rc != KVBM_ETIMEDOUT || wait >= 0) break;
+  }
+  if (rc) return rc;
+  natsMsg *msg = s->nin.cur;
+  s->st.messages++;
+  if (!kvbm__nats_seq(msg, &m->seq)) {
+    s->st.malformed++;
+    s->st.bad_seq++;
+    return kvbm_error_set(err, KVBM_EFORMAT, "events: subscriber: NATS message on %s without "
+                          "a valid Kvbm-Seq header", natsMsg_GetSubject(msg));
+  }
+  int len = natsMsg_GetDataLength(msg);
+  m->len = len > 0 ? (size_t)len : 0;
+  if (m->len > s->o.max_payload) {
+    s->st.malformed++;
+    s->st.too_large++;
+    return kvbm_error_set(err, KVBM_ETOOLONG,
+                          "events: subscriber: payload of %zu bytes over the limit %zu", m->len,
+                          s->o.max_payload);
+  }
+  m->data = (const uint8_t *)natsMsg_GetData(msg);
+  return KVBM_OK;
 }
 
 int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batch *out,
@@ -468,20 +581,13 @@ int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batc
       return deliver(s, p.seq, p.data, p.len, p.replayed, p.reset, out, payload, payload_len,
                      err);
     }
-    zmq_msg_t f[3];
-    int n = recv_live(s, f, deadline, timeout_ms);
-    if (n < 0) {
-      if (errno == ETERM || errno == ENOTSOCK)
-        return kvbm_error_set(err, KVBM_EIO, "events: subscriber: socket closed");
-      return kvbm_error_set(err, KVBM_ETIMEDOUT, "events: subscriber: nothing within %d ms",
-                            timeout_ms);
-    }
-    uint64_t seq = 0;
-    int rc = check_frames(s, f, n, &seq, err);
-    if (rc) return rc;
+    live m;
+    int rc = s->nats ? nats_live(s, deadline, timeout_ms, &m, err)
+                     : zmq_live(s, deadline, timeout_ms, &m, err);
+    if (rc) return rc; /* a bad message stays current until the next call */
     uint64_t due = kvbm_seqno_next(&s->seq);
     uint32_t voided;
-    kvbm_seqno_verdict v = kvbm_seqno_check(&s->seq, seq, true, &voided);
+    kvbm_seqno_verdict v = kvbm_seqno_check(&s->seq, m.seq, true, &voided);
     if (voided) { /* a stray number, not the stream */
       s->st.jumps += voided;
       drop_held(s);
@@ -489,24 +595,24 @@ int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batc
     switch (v) {
       case KVBM_SEQNO_DUPLICATE:
         s->st.duplicates++;
-        zmq_msg_close(&f[2]);
+        release_live(s);
         continue;
       case KVBM_SEQNO_HOLD:
-        hold(s, seq, &f[2]);
-        zmq_msg_close(&f[2]);
+        hold(s, m.seq, m.data, m.len);
+        release_live(s);
         continue;
       case KVBM_SEQNO_RESYNC:
-        resync(s, seq, &f[2]);
-        zmq_msg_close(&f[2]);
+        resync(s, m.seq, m.data, m.len);
+        release_live(s);
         continue;
       case KVBM_SEQNO_GAP:
         s->st.gaps++;
         if (!s->replay_endpoint) break; /* delivered below, the hole counted lost */
-        replay_range(s, due, seq, zmq_msg_size(&f[2]));
+        replay_range(s, due, m.seq, m.len);
         /* room was kept for it; should it still not fit (counted: overflow),
          * it is lost with the rest of the gap */
-        push_pending(s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), false, false);
-        zmq_msg_close(&f[2]);
+        push_pending(s, m.seq, m.data, m.len, false, false);
+        release_live(s);
         continue;
       case KVBM_SEQNO_RESTART:
         s->st.resets++;
@@ -514,10 +620,8 @@ int kvbm_subscriber_recv_raw(kvbm_subscriber *s, int timeout_ms, kvbm_event_batc
       case KVBM_SEQNO_NEXT:
         break;
     }
-    s->cur = f[2];
-    s->cur_open = true;
-    return deliver(s, seq, zmq_msg_data(&s->cur), zmq_msg_size(&s->cur), false,
-                   v == KVBM_SEQNO_RESTART, out, payload, payload_len, err);
+    return deliver(s, m.seq, m.data, m.len, false, v == KVBM_SEQNO_RESTART, out, payload,
+                   payload_len, err);
   }
 }
 
