@@ -3,12 +3,13 @@
  *
  *   kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]
  *                    [--count N] [--idle-ms MS] [--bind] [--queue-bytes B]
- *   kvbm events tail nats://HOST:PORT --subject S [--count N] [--idle-ms MS]
- *                    [--queue-bytes B]
+ *   kvbm events tail nats://HOST:PORT --subject S [--replay EP] [--from SEQ]
+ *                    [--count N] [--idle-ms MS] [--queue-bytes B]
  *     prints every event of an engine's ZMQ stream (vLLM, SGLang, kvbm), or
  *     of a kvbm NATS subject, as one JSON line: {"seq", "ts", "dp_rank",
  *     "type", "block_hashes", ...}; malformed messages are reported on
- *     stderr and skipped.
+ *     stderr and skipped. Both read through the events module's subscriber
+ *     (kvbm_subscriber: the same order, replay and budget on either).
  *   kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]
  *                    (--nats URL --subject S | --zmq EP [--zmq-replay EP]
  *                    [--zmq-topic T] [--zmq-replay-legacy])
@@ -24,10 +25,9 @@
  * SIGINT/SIGTERM, and print the subscriber's counters on stderr; relay also
  * prints its publisher's (sends a sink failed, e.g. NATS down, are batches
  * lost on that sink). --queue-bytes is the subscriber's byte budget
- * (kvbm_subscriber_config.max_queue_bytes; on NATS, libnats' queue).
+ * (kvbm_subscriber_config.max_queue_bytes).
  */
 #include <inttypes.h>
-#include <nats/nats.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,8 +51,8 @@ static void usage_to(FILE *f) {
   fprintf(f,
           "usage: kvbm events tail ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
           "                        [--count N] [--idle-ms MS] [--bind] [--queue-bytes B]\n"
-          "       kvbm events tail nats://HOST:PORT --subject S [--count N] [--idle-ms MS]\n"
-          "                        [--queue-bytes B]\n"
+          "       kvbm events tail nats://HOST:PORT --subject S [--replay EP] [--from SEQ]\n"
+          "                        [--count N] [--idle-ms MS] [--queue-bytes B]\n"
           "       kvbm events relay ENDPOINT [--replay EP] [--topic T] [--from SEQ]\n"
           "                        (--nats URL --subject S | --jetstream URL --stream N\n"
           "                        --subject S [--stream-subjects 'kv.>'] | --zmq EP [--zmq-replay EP]\n"
@@ -144,6 +144,7 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
     fprintf(stderr, "kvbm %s: a nats:// endpoint needs --subject\n", cmd);
     return 2;
   }
+  if (!relay) a->sub.subject = a->subject; /* tail: the subject read */
   if (relay && !!a->nats + !!a->jetstream + !!a->zmq != 1) {
     fprintf(stderr, "kvbm %s: give one of --nats URL, --jetstream URL or --zmq EP\n", cmd);
     return 2;
@@ -201,100 +202,6 @@ static bool idle_over(const args *a, double idle_since) {
   return a->idle_ms && (cli_now() - idle_since) * 1000.0 >= (double)a->idle_ms;
 }
 
-/* Where tail reads: our ZMQ subscriber, or a NATS subject carrying kvbm's
- * payloads (sequence in the Kvbm-Seq header, judged by the stream's rules,
- * kvbm_seqno_check; no replay on NATS, so a gap is reported as lost, and the
- * batches held past a jump are not printed: once the jump is believed they
- * count as lost too). libnats' queue is bounded by --queue-bytes; what it
- * drops shows as gaps and in the summary. */
-typedef struct source {
-  kvbm_subscriber *zsub;
-  natsConnection *nc;
-  natsSubscription *nsub;
-  kvbm_event_decoder *dec;
-  kvbm_seqno_tracker seq;
-  uint64_t lost, batches, events, bad, duplicates, resets, jumps;
-} source;
-
-static int source_open(source *src, const args *a, kvbm_error *err) {
-  if (strncmp(a->sub.endpoint, "nats://", 7))
-    return kvbm_subscriber_create(&a->sub, &src->zsub, err);
-  kvbm_seqno_init(&src->seq, NULL);
-  size_t qb = a->sub.max_queue_bytes;
-  natsStatus st = natsConnection_ConnectTo(&src->nc, a->sub.endpoint);
-  if (st == NATS_OK) st = natsConnection_SubscribeSync(&src->nsub, src->nc, a->subject);
-  if (st == NATS_OK)
-    st = natsSubscription_SetPendingLimits(src->nsub, -1, qb > INT32_MAX ? INT32_MAX : (int)qb);
-  if (st != NATS_OK)
-    return kvbm_error_set(err, KVBM_EIO, "nats %s subject %s: %s", a->sub.endpoint, a->subject,
-                          natsStatus_GetText(st));
-  return kvbm_event_decoder_create(&src->dec, err);
-}
-
-/* The sequence rules for one NATS message; false when it is not printed. */
-static bool nats_order(source *src, uint64_t seq, bool *reset) {
-  uint32_t voided;
-  kvbm_seqno_verdict v = kvbm_seqno_check(&src->seq, seq, true, &voided);
-  src->jumps += voided;
-  *reset = v == KVBM_SEQNO_RESTART || v == KVBM_SEQNO_RESYNC;
-  src->resets += *reset;
-  if (v == KVBM_SEQNO_DUPLICATE) src->duplicates++;
-  return v != KVBM_SEQNO_DUPLICATE && v != KVBM_SEQNO_HOLD;
-}
-
-static int source_next(source *src, int timeout_ms, kvbm_event_batch *b, kvbm_error *err) {
-  if (src->zsub) return kvbm_subscriber_recv(src->zsub, timeout_ms, b, err);
-  for (;;) {
-    natsMsg *m = NULL;
-    natsStatus st = natsSubscription_NextMsg(&m, src->nsub, timeout_ms);
-    if (st == NATS_TIMEOUT) return kvbm_error_set(err, KVBM_ETIMEDOUT, "nothing");
-    if (st == NATS_SLOW_CONSUMER) continue; /* libnats dropped some: they show as a gap */
-    if (st != NATS_OK) return kvbm_error_set(err, KVBM_EIO, "nats: %s", natsStatus_GetText(st));
-    const char *h = NULL;
-    char *end = NULL;
-    uint64_t seq = kvbm_seqno_next(&src->seq);
-    bool numbered = natsMsgHeader_Get(m, "Kvbm-Seq", &h) == NATS_OK && h && *h != '-';
-    if (numbered) seq = strtoull(h, &end, 10);
-    bool reset = false;
-    if (numbered && (!end || *end || end == h)) numbered = false;
-    if (numbered && !nats_order(src, seq, &reset)) {
-      natsMsg_Destroy(m);
-      continue;
-    }
-    uint64_t lost = kvbm_seqno_take(&src->seq, seq);
-    int rc = kvbm_event_decode(src->dec, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m),
-                               seq, b, err);
-    natsMsg_Destroy(m);
-    src->lost += lost;
-    if (rc) {
-      src->bad++;
-      return rc;
-    }
-    b->lost_before = lost;
-    b->reset = reset;
-    src->batches++;
-    src->events += b->num_events;
-    return KVBM_OK;
-  }
-}
-
-/* Prints the counters (when cmd is not NULL) and frees. */
-static void source_close(source *src, const char *cmd) {
-  if (cmd && src->zsub) print_stats(cmd, src->zsub);
-  if (cmd && !src->zsub) {
-    int64_t dropped = 0;
-    if (src->nsub) natsSubscription_GetDropped(src->nsub, &dropped);
-    fprintf(stderr, "kvbm %s: %" PRIu64 " batches, %" PRIu64 " events, %" PRIu64 " lost, %" PRIu64
-            " duplicates, %" PRIu64 " resets, %" PRIu64 " jumps, %" PRId64 " overflow, %" PRIu64
-            " malformed\n", cmd, src->batches, src->events, src->lost, src->duplicates,
-            src->resets, src->jumps, dropped, src->bad);
-  }
-  kvbm_subscriber_destroy(src->zsub);
-  natsSubscription_Destroy(src->nsub);
-  natsConnection_Destroy(src->nc);
-  kvbm_event_decoder_destroy(src->dec);
-}
-
 static int tail(int argc, char **argv) {
   const char *cmd = "events tail";
   args a = {0};
@@ -303,14 +210,13 @@ static int tail(int argc, char **argv) {
     usage();
     return rc;
   }
-  source src = {0};
+  kvbm_subscriber *sub;
   kvbm_error err;
-  if ((rc = source_open(&src, &a, &err))) {
+  if ((rc = kvbm_subscriber_create(&a.sub, &sub, &err))) {
     fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
-    source_close(&src, NULL);
     /* a ZMQ endpoint that zmq refuses is bad input; a NATS server that
      * does not answer is a failure at run time */
-    return strncmp(a.sub.endpoint, "nats://", 7) ? 2 : 1;
+    return rc == KVBM_EIO && !strncmp(a.sub.endpoint, "nats://", 7) ? 1 : 2;
   }
   install_signals();
   size_t cap = 1 << 16;
@@ -320,7 +226,7 @@ static int tail(int argc, char **argv) {
   double idle_since = cli_now();
   while (!g_stop && (!a.count || n < a.count) && buf) {
     kvbm_event_batch b;
-    rc = source_next(&src, slice_ms(&a, idle_since), &b, &err);
+    rc = kvbm_subscriber_recv(sub, slice_ms(&a, idle_since), &b, &err);
     if (rc == KVBM_ETIMEDOUT) {
       if (idle_over(&a, idle_since)) break;
       continue;
@@ -365,7 +271,8 @@ static int tail(int argc, char **argv) {
     status = 1;
   }
   free(buf);
-  source_close(&src, cmd);
+  print_stats(cmd, sub);
+  kvbm_subscriber_destroy(sub);
   return status;
 }
 
