@@ -5,18 +5,15 @@
 #ifndef KVBM_ROUTER_DAEMON_IMPL_H
 #define KVBM_ROUTER_DAEMON_IMPL_H
 
-#include <nats/nats.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
 #include "kvbm/router.h"
 #include "router/json.h"
 
-#define RD_MAX_HELD 64 /* NATS: batches held past a jump (seq rules' confirm) */
-
-/* What /health shows of a source. Written by the source's thread (ZMQ:
- * copied from its subscriber's counters after each receive; NATS: counted
- * by the handler), read by the HTTP thread. */
+/* What /health shows of a source. Written by the source's thread (ZMQ,
+ * NATS: copied from its subscriber's counters after each receive;
+ * JetStream: counted there), read by the HTTP thread. */
 typedef struct source_counts {
   _Atomic uint64_t batches, errors, lost, replayed, duplicates, resets, jumps, replay_failures,
       replay_refused, overflow, reconnects, ranks_refused;
@@ -26,21 +23,16 @@ typedef struct source_counts {
 typedef struct source {
   struct kvbm_router_daemon *d;
   kvbm_router_source cfg; /* strings owned */
-  kvbm_subscriber *sub;   /* ZMQ */
+  kvbm_subscriber *sub;   /* ZMQ, NATS */
   pthread_t th;
   bool started;
-  natsConnection *nc;     /* NATS */
-  natsSubscription *ns;
-  kvbm_event_decoder *dec;
-  kvbm_seqno_tracker seq;   /* NATS: the stream's order (handler only) */
-  natsMsg *held[RD_MAX_HELD]; /* NATS: batches past a jump, not believed yet */
-  uint32_t nheld;
-  void *zctx, *dealer;    /* NATS: the replay client */
+  kvbm_event_decoder *dec;  /* JetStream: for replies of the replay socket */
+  kvbm_seqno_tracker seq;   /* JetStream: the stream's order */
+  void *zctx, *dealer;      /* JetStream: the replay client */
   uint32_t ranks[KVBM_ROUTER_MAX_WORKERS]; /* dp ranks admitted (writer lock) */
   uint32_t nranks;
   _Atomic int64_t last_ns;  /* monotonic time of the last batch */
   _Atomic int dropped;      /* its workers were dropped for silence */
-  _Atomic int nats_done;    /* NATS: the handler will not run again */
   kvbm_js_consumer *js;     /* JetStream */
   uint64_t js_pos;          /* JetStream: the stream position of the last
                              * batch applied (writer lock) */

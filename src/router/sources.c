@@ -1,20 +1,14 @@
 /*
  * sources.c: the router daemon's event subscriptions.
  *
- * ZMQ: one thread per worker endpoint runs the events module's subscriber
- * (which orders batches by the stream's sequence rules, recovers gaps
- * through the worker's replay socket and keeps within its byte budget) and
- * applies each batch to the index under the writer lock. NATS: the events
- * module has no NATS subscriber, so this file holds a small adapter:
- * libnats delivers each message on its own thread, the payload (the same
- * msgpack as the ZMQ third frame) goes through the events decoder, and the
- * Kvbm-Seq header gives the sequence, judged by the same rules
- * (kvbm_seqno_check) as the ZMQ subscriber judges its frames. A gap is asked
- * for at the worker's ZMQ replay socket when the source names one, through
- * the events module's replay client (only the missing range, one
- * deadline); whatever is not recovered is counted lost. libnats' queue for
- * the subscription is bounded by the same byte budget (its drops show as
- * gaps, and in `overflow`).
+ * ZMQ and NATS: one thread per worker runs the events module's subscriber
+ * (kvbm_subscriber: the worker's PUB endpoint, or its NATS subject with the
+ * Kvbm-Seq header), which orders batches by the stream's sequence rules,
+ * recovers gaps through the worker's ZMQ replay socket when the source
+ * names one, keeps within its byte budget (NATS: libnats' queue, its drops
+ * counted in `overflow`) and counts what it lost; this file only applies
+ * each batch to the index under the writer lock and copies the
+ * subscriber's counters for /health.
  *
  * A batch with `reset` (the worker restarted, or its stream re-synced
  * after a jump) makes the index forget every rank of that worker before it
@@ -145,9 +139,9 @@ bool kvbm__rd_worker_degraded(const kvbm_router_daemon *d, uint64_t worker_id) {
   return false;
 }
 
-/* ------------------------------------------------------------------ ZMQ */
+/* ------------------------------------------------------------ ZMQ, NATS */
 
-/* The subscriber's own counters, for /health (the ZMQ thread only). */
+/* The subscriber's own counters, for /health (the source's thread only). */
 static void sync_counts(source *s) {
   kvbm_subscriber_stats st;
   kvbm_subscriber_stats_get(s->sub, &st);
@@ -158,10 +152,13 @@ static void sync_counts(source *s) {
   atomic_store(&s->n.replay_failures, st.replay_failures);
   atomic_store(&s->n.replay_refused, st.replay_refused);
   atomic_store(&s->n.overflow, st.overflow);
-  atomic_store(&s->n.reconnects, st.reconnects);
+  uint64_t was = atomic_exchange(&s->n.reconnects, st.reconnects);
+  if (s->cfg.kind == KVBM_SOURCE_NATS && st.reconnects > was)
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS reconnected (batches sent meanwhile show as "
+                 "lost)", s->cfg.worker_id);
 }
 
-static void *zmq_thread(void *arg) {
+static void *sub_thread(void *arg) {
   source *s = arg;
   while (!atomic_load(&s->d->stop)) {
     kvbm_event_batch b;
@@ -180,12 +177,12 @@ static void *zmq_thread(void *arg) {
   return NULL;
 }
 
-/* ----------------------------------------------------------------- NATS */
+/* ------------------------------------------------------ replay (JetStream) */
 
-/* Decodes and applies one batch of the stream (its number taken by the
- * sequence tracker: the batches it passed over are counted lost). */
-static void apply_payload(source *s, uint64_t seq, const void *data, size_t len, bool replayed,
-                          bool reset) {
+/* Decodes and applies one replayed batch of a JetStream source's stream
+ * (its number taken by the sequence tracker: the batches it passed over
+ * are counted lost). */
+static void apply_payload(source *s, uint64_t seq, const void *data, size_t len) {
   uint64_t lost = kvbm_seqno_take(&s->seq, seq);
   ADD(s->n.lost, lost);
   kvbm_event_batch b;
@@ -198,24 +195,17 @@ static void apply_payload(source *s, uint64_t seq, const void *data, size_t len,
   }
   if (kvbm_event_decode(s->dec, data, len, seq, &b, &err)) {
     ADD(s->n.errors, 1);
-    kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS message: %s", s->cfg.worker_id, err.msg);
+    kvbm__rd_log(s->d, "worker %" PRIu64 ": replayed batch: %s", s->cfg.worker_id, err.msg);
     return;
   }
   b.lost_before = lost;
-  b.replayed = replayed;
-  b.reset = reset;
+  b.replayed = true;
   apply(s, &b);
-  if (replayed) ADD(s->n.replayed, 1);
-}
-
-static void apply_msg(source *s, uint64_t seq, natsMsg *msg, bool reset) {
-  int len = natsMsg_GetDataLength(msg);
-  apply_payload(s, seq, natsMsg_GetData(msg), len > 0 ? (size_t)len : 0, false, reset);
-  natsMsg_Destroy(msg);
+  ADD(s->n.replayed, 1);
 }
 
 static int take_reply(void *user, uint64_t seq, const uint8_t *data, size_t len) {
-  apply_payload(user, seq, data, len, true, false);
+  apply_payload(user, seq, data, len);
   return 0;
 }
 
@@ -231,145 +221,6 @@ static void replay(source *s, uint64_t from, uint64_t to) {
   if (r.failed) ADD(s->n.replay_failures, 1);
   kvbm__rd_log(s->d, "worker %" PRIu64 ": gap %" PRIu64 "..%" PRIu64 ", %" PRIu64 " replayed%s%s",
          s->cfg.worker_id, from, to - 1, r.taken, r.failed ? ": " : "", r.failed ? r.why : "");
-}
-
-static void drop_held(source *s) {
-  for (uint32_t i = 0; i < s->nheld; i++) natsMsg_Destroy(s->held[i]);
-  s->nheld = 0;
-}
-
-static uint64_t held_seq(const natsMsg *m) {
-  const char *hv = NULL;
-  natsMsgHeader_Get((natsMsg *)m, "Kvbm-Seq", &hv);
-  return hv ? strtoull(hv, NULL, 10) : 0;
-}
-
-/* The Kvbm-Seq header; false when absent or not a number. */
-static bool msg_seq(natsMsg *msg, uint64_t *seq) {
-  const char *hv = NULL;
-  if (natsMsgHeader_Get(msg, "Kvbm-Seq", &hv) != NATS_OK || !hv) return false;
-  char *end;
-  errno = 0;
-  unsigned long long x = strtoull(hv, &end, 10);
-  if (errno || end == hv || *end || *hv == '-') return false;
-  *seq = x;
-  return true;
-}
-
-/* One numbered message, by the stream's rules. */
-static void on_numbered(source *s, natsMsg *msg, uint64_t seq) {
-  uint64_t due = kvbm_seqno_next(&s->seq);
-  uint32_t voided;
-  kvbm_seqno_verdict v = kvbm_seqno_check(&s->seq, seq, true, &voided);
-  if (voided) { /* a stray number, not the stream */
-    ADD(s->n.jumps, voided);
-    drop_held(s);
-  }
-  switch (v) {
-    case KVBM_SEQNO_DUPLICATE:
-      ADD(s->n.duplicates, 1);
-      natsMsg_Destroy(msg);
-      return;
-    case KVBM_SEQNO_HOLD:
-      if (s->nheld < RD_MAX_HELD) s->held[s->nheld++] = msg;
-      else natsMsg_Destroy(msg);
-      return;
-    case KVBM_SEQNO_RESYNC:
-      for (uint32_t i = 0; i < s->nheld; i++) apply_msg(s, held_seq(s->held[i]), s->held[i], i == 0);
-      apply_msg(s, seq, msg, s->nheld == 0);
-      s->nheld = 0;
-      return;
-    case KVBM_SEQNO_GAP:
-      if (s->cfg.replay_endpoint) replay(s, due, seq);
-      apply_msg(s, seq, msg, false);
-      return;
-    case KVBM_SEQNO_RESTART:
-      apply_msg(s, seq, msg, true);
-      return;
-    case KVBM_SEQNO_NEXT:
-      apply_msg(s, seq, msg, false);
-      return;
-  }
-}
-
-/* libnats calls this on the subscription's own thread, one message at a
- * time, so the decoder, the tracker and the replay client need no lock. */
-static void on_nats(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure) {
-  (void)nc;
-  source *s = closure;
-  if (atomic_load(&s->d->stop)) {
-    natsMsg_Destroy(msg);
-    return;
-  }
-  int64_t dropped = 0;
-  if (natsSubscription_GetDropped(sub, &dropped) == NATS_OK && dropped > 0)
-    atomic_store(&s->n.overflow, (uint64_t)dropped);
-  uint64_t seq;
-  if (msg_seq(msg, &seq)) {
-    on_numbered(s, msg, seq);
-    return;
-  }
-  /* no number: applied as it comes, unordered (a sender without Kvbm-Seq) */
-  int len = natsMsg_GetDataLength(msg);
-  kvbm_event_batch b;
-  kvbm_error err = {0};
-  if (kvbm_event_decode(s->dec, natsMsg_GetData(msg), len > 0 ? (size_t)len : 0, 0, &b, &err)) {
-    ADD(s->n.errors, 1);
-    kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS message: %s", s->cfg.worker_id, err.msg);
-  } else {
-    b.seq = KVBM_INDEX_NO_ID;
-    apply(s, &b);
-  }
-  natsMsg_Destroy(msg);
-}
-
-/* libnats calls this once the closed subscription's handler has returned
- * for the last time: only then may the source's memory go. */
-static void on_nats_complete(void *closure) {
-  source *s = closure;
-  atomic_store(&s->nats_done, 1);
-}
-
-static void on_reconnected(natsConnection *nc, void *closure) {
-  (void)nc;
-  source *s = closure;
-  ADD(s->n.reconnects, 1);
-  kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS reconnected (batches sent meanwhile show as lost)",
-         s->cfg.worker_id);
-}
-
-static int start_nats(source *s, kvbm_error *err) {
-  const kvbm_router_source *c = &s->cfg;
-  if (!c->subject || !*c->subject)
-    return kvbm_error_set(err, KVBM_EINVAL, "router: NATS source of worker %" PRIu64 " has no subject",
-                          c->worker_id);
-  int rc = kvbm_event_decoder_create(&s->dec, err);
-  if (rc) return rc;
-  kvbm_seqno_init(&s->seq, NULL);
-  /* the replay client's socket now, so that its descriptors (and its
-   * context's threads') are counted when the daemon checks max_connections
-   * against the descriptor limit */
-  if (c->replay_endpoint && (!(s->zctx = zmq_ctx_new()) ||
-                             kvbm__replay_open(s->zctx, &s->dealer, c->replay_endpoint)))
-    return kvbm_error_set(err, KVBM_EIO, "router: worker %" PRIu64 ": replay socket %s: %s",
-                          c->worker_id, c->replay_endpoint, zmq_strerror(errno));
-  size_t qb = s->d->cfg.queue_bytes;
-  natsOptions *o = NULL;
-  natsStatus st = natsOptions_Create(&o);
-  if (st == NATS_OK) st = natsOptions_SetURL(o, c->endpoint);
-  if (st == NATS_OK) st = natsOptions_SetReconnectedCB(o, on_reconnected, s);
-  if (st == NATS_OK) st = natsOptions_SetMaxReconnect(o, -1); /* a router outlives outages */
-  if (st == NATS_OK) st = natsConnection_Connect(&s->nc, o);
-  if (st == NATS_OK) st = natsConnection_Subscribe(&s->ns, s->nc, c->subject, on_nats, s);
-  if (st == NATS_OK)
-    st = natsSubscription_SetPendingLimits(s->ns, -1, qb > INT_MAX ? INT_MAX : (int)qb);
-  if (st == NATS_OK) st = natsSubscription_SetOnCompleteCB(s->ns, on_nats_complete, s);
-  if (st == NATS_OK) st = natsConnection_FlushTimeout(s->nc, 2000);
-  natsOptions_Destroy(o);
-  if (st != NATS_OK)
-    return kvbm_error_set(err, KVBM_EIO, "router: NATS %s subject %s: %s", c->endpoint,
-                          c->subject, natsStatus_GetText(st));
-  return KVBM_OK;
 }
 
 /* ------------------------------------------------------------ JetStream */
@@ -505,9 +356,12 @@ static int start_jetstream(source *s, kvbm_error *err) {
 static int start_one(source *s, kvbm_error *err) {
   const kvbm_router_source *c = &s->cfg;
   atomic_store(&s->last_ns, kvbm__rd_now_ns());
-  if (c->kind == KVBM_SOURCE_NATS) return start_nats(s, err);
   if (c->kind == KVBM_SOURCE_JETSTREAM) return start_jetstream(s, err);
+  if (c->kind == KVBM_SOURCE_NATS && (!c->subject || !*c->subject))
+    return kvbm_error_set(err, KVBM_EINVAL, "router: NATS source of worker %" PRIu64 " has no subject",
+                          c->worker_id);
   kvbm_subscriber_config o = kvbm_subscriber_config_default(c->endpoint);
+  if (c->kind == KVBM_SOURCE_NATS) o.subject = c->subject;
   /* from a snapshot: the batches after it, asked of the replay socket */
   if (s->resume_after && s->resume_after - 1 <= (uint64_t)INT64_MAX)
     o.start_seq = (int64_t)(s->resume_after - 1);
@@ -518,7 +372,7 @@ static int start_one(source *s, kvbm_error *err) {
   o.replay_timeout_ms = s->d->cfg.replay_timeout_ms;
   int rc = kvbm_subscriber_create(&o, &s->sub, err);
   if (rc) return rc;
-  if (pthread_create(&s->th, NULL, zmq_thread, s))
+  if (pthread_create(&s->th, NULL, sub_thread, s))
     return kvbm_error_set(err, KVBM_ENOMEM, "router: cannot start a thread");
   s->started = true;
   return KVBM_OK;
@@ -559,18 +413,6 @@ void kvbm__rd_sources_halt(kvbm_router_daemon *d) {
     source *s = &d->src[i];
     if (s->started) pthread_join(s->th, NULL);
     s->started = false;
-    if (s->ns) {
-      /* the handler may be running on libnats' thread: wait until libnats
-       * says it is done with it (bounded, in case the library misbehaves) */
-      int tries = 500 + d->cfg.replay_timeout_ms / 10; /* a replay may be running */
-      if (natsSubscription_Unsubscribe(s->ns) == NATS_OK)
-        for (int i = 0; i < tries && !atomic_load(&s->nats_done); i++) {
-          struct timespec ts = {0, 10 * 1000 * 1000};
-          nanosleep(&ts, NULL);
-        }
-      natsSubscription_Destroy(s->ns);
-      s->ns = NULL;
-    }
   }
 }
 
@@ -581,10 +423,6 @@ void kvbm__rd_sources_stop(kvbm_router_daemon *d) {
     if (s->js) js_ack(s); /* the last snapshot's */
     kvbm_js_consumer_destroy(s->js);
     s->js = NULL;
-    if (s->nc) natsConnection_Destroy(s->nc);
-    s->ns = NULL;
-    s->nc = NULL;
-    drop_held(s);
     kvbm__replay_close(&s->dealer);
     if (s->zctx) zmq_ctx_term(s->zctx);
     s->zctx = NULL;
