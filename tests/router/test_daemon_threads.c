@@ -1,7 +1,8 @@
 /* test_daemon_threads.c: the router daemon's threads together, in-process
  * (so that ThreadSanitizer sees them; the `kvbm` binary links UCX, which
- * TSan cannot run): a ZMQ source (kvbm's publisher with a replay socket)
- * and a JetStream source (nats-server -js, when installed) applying
+ * TSan cannot run): a ZMQ source (kvbm's publisher with a replay socket),
+ * a JetStream source and a NATS source (nats-server -js, when installed)
+ * applying
  * batches, the snapshot thread writing every 20 ms, and HTTP clients
  * routing (with and without a cache salt) and reading /health, all at
  * once. Then the daemon is destroyed (the last snapshot), created again
@@ -191,7 +192,7 @@ static void test_threads(void **state) {
   kvbm_publisher_config po = kvbm_publisher_config_default();
   po.max_batch_events = 8;
   po.max_batch_delay_us = 0;
-  kvbm_publisher *pz, *pj = NULL;
+  kvbm_publisher *pz, *pj = NULL, *pn = NULL;
   assert_int_equal(kvbm_publisher_create(&po, &pz, &err), KVBM_OK);
   kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default("tcp://127.0.0.1:*");
   zo.replay_endpoint = "tcp://127.0.0.1:*";
@@ -205,17 +206,22 @@ static void test_threads(void **state) {
     kvbm_jetstream_config jc = kvbm_jetstream_config_default(url, "KVT", "kv.2");
     if (kvbm_publisher_add_jetstream(pj, &jc, &err)) fail_msg("%s", err.msg);
     assert_int_equal(kvbm_publisher_start(pj, &err), KVBM_OK);
+    assert_int_equal(kvbm_publisher_create(&po, &pn, &err), KVBM_OK);
+    if (kvbm_publisher_add_nats(pn, url, "kv.3", &err)) fail_msg("%s", err.msg);
+    assert_int_equal(kvbm_publisher_start(pn, &err), KVBM_OK);
   }
-  kvbm_router_source src[2] = {
+  kvbm_router_source src[3] = {
       {.kind = KVBM_SOURCE_ZMQ, .worker_id = 1, .endpoint = ep, .replay_endpoint = rep},
       {.kind = KVBM_SOURCE_JETSTREAM, .worker_id = 2, .endpoint = url, .stream = "KVT",
        .subject = "kv.2"},
+      {.kind = KVBM_SOURCE_NATS, .worker_id = 3, .endpoint = url, .subject = "kv.3",
+       .replay_endpoint = NULL},
   };
   char snap[128];
   snprintf(snap, sizeof snap, "%s/router.snap", dir);
   kvbm_router_daemon_config c = kvbm_router_daemon_config_default();
   c.sources = src;
-  c.num_sources = js ? 2 : 1;
+  c.num_sources = js ? 3 : 1;
   c.snapshot_path = snap;
   c.snapshot_every_s = 0.02;
   c.choice.load_weight = 0;
@@ -233,7 +239,8 @@ static void test_threads(void **state) {
   }
   publish(pz, 0, PROMPTS / 2);
   if (pj) publish(pj, PROMPTS / 2, PROMPTS);
-  uint64_t want = (uint64_t)(js ? PROMPTS : PROMPTS / 2) * BLOCKS;
+  if (pn) publish(pn, 1000, 1000 + PROMPTS / 2); /* subscribed once the daemon is made */
+  uint64_t want = (uint64_t)(js ? PROMPTS + PROMPTS / 2 : PROMPTS / 2) * BLOCKS;
   wait_entries(want);
   atomic_store(&clients_stop, 1);
   for (int i = 0; i < 2; i++) pthread_join(cl[i], NULL);
@@ -252,7 +259,8 @@ static void test_threads(void **state) {
   for (intptr_t i = 0; i < 2; i++) assert_int_equal(pthread_create(&cl[i], NULL, client, (void *)i), 0);
   publish(pz, PROMPTS, PROMPTS + 20);
   if (pj) publish(pj, PROMPTS + 20, PROMPTS + 40);
-  wait_entries(want + (js ? 40 : 20) * BLOCKS);
+  if (pn) publish(pn, 2000, 2020);
+  wait_entries(want + (js ? 60 : 20) * BLOCKS);
   atomic_store(&clients_stop, 1);
   for (int i = 0; i < 2; i++) pthread_join(cl[i], NULL);
   assert_int_equal(health_u64("degraded_routes"), 0);
@@ -260,6 +268,7 @@ static void test_threads(void **state) {
 
   kvbm_publisher_destroy(pz);
   kvbm_publisher_destroy(pj);
+  kvbm_publisher_destroy(pn);
   if (server_pid > 0) {
     kill(server_pid, SIGTERM);
     waitpid(server_pid, NULL, 0);
