@@ -1,7 +1,7 @@
 /*
  * seq.c: the sequence rules of an event stream (see kvbm/events.h,
  * "sequence rules"). Pure bookkeeping: no sockets, no allocation, so the
- * ZMQ subscriber, the router's NATS adapter, `kvbm events tail` and the
+ * subscriber (ZMQ and NATS), the router's JetStream source and the
  * router's index all judge numbers the same way.
  *
  * Why these rules. vLLM numbers batches 0, 1, 2, ... per process and starts
