@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "router/http.h"
+#include "common/http.h"
 #include "router/json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -61,7 +61,7 @@
 #include <unistd.h>
 
 #include "router/daemon_impl.h"
-#include "router/http.h"
+#include "common/http.h"
 #include "router/json.h"
 
 #define MAX_HEAD (16 * 1024)

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "router/http.h"
+#include "common/http.h"
 #include "router/json.h"
 
 static http_result head(const char *s, http_req *r, int *status) {

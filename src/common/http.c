@@ -15,7 +15,7 @@
  * parsed once when it is complete. Rescanning from the start on every
  * call would make a trickled 16 KiB head cost 16 K x 16 KiB byte checks.
  */
-#include "router/http.h"
+#include "common/http.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -1,9 +1,10 @@
 /*
- * http.h: an HTTP/1.1 request-head parser for the router daemon. A codec
+ * http.h: an HTTP/1.1 request-head parser for the library's HTTP servers
+ * (the router daemon, the metrics endpoint). A codec
  * only: it reads bytes and knows nothing of sockets.
  */
-#ifndef KVBM_ROUTER_HTTP_H
-#define KVBM_ROUTER_HTTP_H
+#ifndef KVBM_COMMON_HTTP_H
+#define KVBM_COMMON_HTTP_H
 
 #include <stdbool.h>
 #include <stddef.h>
