@@ -1,0 +1,7 @@
+# metrics: the registry and the endpoint (include/kvbm/metrics.h,
+# src/metrics/). Their threaded tests also run under ThreadSanitizer.
+foreach(t metrics_test_metrics metrics_test_server)
+  if(TEST ${t})
+    set_tests_properties(${t} PROPERTIES LABELS "metrics;tsan")
+  endif()
+endforeach()

@@ -1,0 +1,317 @@
+/*
+ * test_server.c: the metrics endpoint (kvbm_metrics_server_*) over real
+ * loopback sockets: what a scraper gets, what a hostile or slow client
+ * gets, the connection limit, and the environment switch.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvbm/metrics.h"
+
+static void collect(void *user, kvbm_metrics_writer *w) {
+  kvbm_metrics_counter(w, "t_hits_total", "hits", NULL, 0, *(uint64_t *)user);
+}
+
+typedef struct fixture {
+  kvbm_metrics *reg;
+  kvbm_metrics_server *srv;
+  uint64_t hits;
+  uint16_t port;
+} fixture;
+
+static fixture *start(uint32_t max_conn, double timeout) {
+  fixture *f = calloc(1, sizeof *f);
+  f->hits = 42;
+  assert_int_equal(kvbm_metrics_create(&f->reg, NULL), KVBM_OK);
+  assert_int_equal(kvbm_metrics_register(f->reg, collect, &f->hits, NULL, 0, NULL, NULL), KVBM_OK);
+  kvbm_metrics_server_config c = kvbm_metrics_server_config_default();
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.max_connections = max_conn;
+  c.io_timeout_s = timeout;
+  kvbm_error err = {0};
+  assert_int_equal(kvbm_metrics_server_start(f->reg, &c, &f->srv, &err), KVBM_OK);
+  f->port = kvbm_metrics_server_port(f->srv);
+  assert_true(f->port != 0);
+  return f;
+}
+
+static void stop(fixture *f) {
+  kvbm_metrics_server_stop(f->srv);
+  kvbm_metrics_destroy(f->reg);
+  free(f);
+}
+
+static int dial(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  struct timeval tv = {.tv_sec = 20};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+static void send_all(int fd, const char *s) {
+  size_t n = strlen(s);
+  assert_int_equal(send(fd, s, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Reads one answer: head and Content-Length bytes of body (none for
+ * HEAD). Returns the status, fills head/body (NUL-terminated). */
+static int read_answer(int fd, bool head_req, char *head, size_t hcap, char *body, size_t bcap) {
+  static char buf[1 << 16];
+  static size_t have = 0;
+  static int owner = -1;
+  if (owner != fd) have = 0, owner = fd;
+  char *end;
+  while (!(end = memmem(buf, have, "\r\n\r\n", 4))) {
+    ssize_t n = recv(fd, buf + have, sizeof buf - have, 0);
+    if (n <= 0) return n == 0 ? 0 : -1;
+    have += (size_t)n;
+  }
+  size_t hl = (size_t)(end + 4 - buf);
+  assert_true(hl < hcap);
+  memcpy(head, buf, hl);
+  head[hl] = 0;
+  const char *cl = strcasestr(head, "Content-Length: ");
+  assert_non_null(cl);
+  size_t blen = strtoul(cl + 16, NULL, 10), want = head_req ? 0 : blen;
+  while (have < hl + want) {
+    ssize_t n = recv(fd, buf + have, sizeof buf - have, 0);
+    assert_true(n > 0);
+    have += (size_t)n;
+  }
+  assert_true(want < bcap);
+  memcpy(body, buf + hl, want);
+  body[want] = 0;
+  memmove(buf, buf + hl + want, have - hl - want);
+  have -= hl + want;
+  return atoi(head + 9);
+}
+
+/* The peer closed the connection (reads 0 bytes) */
+static bool closed(int fd) {
+  char c;
+  return recv(fd, &c, 1, 0) == 0;
+}
+
+static char head[4096], body[1 << 16];
+
+static void test_scrape(void **state) {
+  (void)state;
+  fixture *f = start(4, 10);
+  int fd = dial(f->port);
+  /* keep-alive, and two requests pipelined in one write */
+  send_all(fd, "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n"
+               "GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(head, "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+  assert_non_null(strstr(head, "Connection: keep-alive"));
+  assert_non_null(strstr(body, "# TYPE t_hits_total counter\nt_hits_total 42\n"));
+  f->hits = 43; /* read at the next render */
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  /* the server's own counters are on the page */
+  assert_non_null(strstr(body, "kvbm_metrics_http_responses_total{code=\"200\"}"));
+  assert_non_null(strstr(body, "kvbm_metrics_render_seconds_count"));
+  /* HEAD: the length of the page, no body */
+  send_all(fd, "HEAD /metrics HTTP/1.1\r\n\r\n");
+  assert_int_equal(read_answer(fd, true, head, sizeof head, body, sizeof body), 200);
+  /* other paths and methods */
+  send_all(fd, "GET /health HTTP/1.1\r\n\r\n");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 404);
+  send_all(fd, "DELETE /metrics HTTP/1.1\r\n\r\n");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 405);
+  assert_non_null(strstr(head, "Allow: GET, HEAD\r\n"));
+  /* the connection is still good; the page counts what it answered */
+  send_all(fd, "GET /metrics HTTP/1.1\r\n\r\n");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(body, "t_hits_total 43\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_responses_total{code=\"200\"} 3\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_responses_total{code=\"404\"} 1\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_responses_total{code=\"405\"} 1\n"));
+  /* HTTP/1.0 without keep-alive: answered, then closed */
+  send_all(fd, "GET /metrics HTTP/1.0\r\n\r\n");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(head, "Connection: close"));
+  assert_true(closed(fd));
+  close(fd);
+  stop(f);
+}
+
+static void expect_refusal(uint16_t port, const char *req, int status) {
+  int fd = dial(port);
+  send_all(fd, req);
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), status);
+  assert_non_null(strstr(head, "Connection: close"));
+  assert_true(closed(fd));
+  close(fd);
+}
+
+static void test_hostile_requests(void **state) {
+  (void)state;
+  fixture *f = start(4, 10);
+  expect_refusal(f->port, "GET /metrics HTTP/1.1\nHost: x\n\n", 400);        /* bare LF */
+  expect_refusal(f->port, "GET /metrics HTTP/2.0\r\n\r\n", 505);
+  expect_refusal(f->port, "GET metrics HTTP/1.1\r\n\r\n", 400);
+  expect_refusal(f->port, "POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 413);
+  expect_refusal(f->port, "GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 501);
+  expect_refusal(f->port, "GET /metrics HTTP/1.1\r\nX: \x01\r\n\r\n", 400);
+  /* a head over 8 KiB */
+  char big[10000];
+  int n = snprintf(big, sizeof big, "GET /metrics HTTP/1.1\r\nX: ");
+  memset(big + n, 'a', sizeof big - (size_t)n - 1);
+  big[sizeof big - 1] = 0;
+  int fd = dial(f->port);
+  send(fd, big, strlen(big), MSG_NOSIGNAL);
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 431);
+  close(fd);
+  /* the server still serves */
+  fd = dial(f->port);
+  send_all(fd, "GET /metrics HTTP/1.1\r\n\r\n");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  close(fd);
+  stop(f);
+}
+
+static void test_limits(void **state) {
+  (void)state;
+  fixture *f = start(2, 0.3);
+  /* two connections held open (each sends half a request); the third is
+   * answered 503 */
+  int a = dial(f->port), b = dial(f->port);
+  send_all(a, "GET /metr");
+  send_all(b, "GET /metr");
+  /* the server took both (a request to a fresh connection proves the
+   * accept loop ran past them) */
+  int c = dial(f->port);
+  assert_int_equal(read_answer(c, false, head, sizeof head, body, sizeof body), 503);
+  close(c);
+  /* a and b never finish: 408 after io_timeout_s, then closed */
+  assert_int_equal(read_answer(a, false, head, sizeof head, body, sizeof body), 408);
+  assert_true(closed(a));
+  assert_int_equal(read_answer(b, false, head, sizeof head, body, sizeof body), 408);
+  close(a);
+  close(b);
+  /* an idle keep-alive connection goes too, without an answer */
+  int d = dial(f->port);
+  assert_true(closed(d));
+  close(d);
+  int e = dial(f->port);
+  send_all(e, "GET /metrics HTTP/1.1\r\n\r\n");
+  assert_int_equal(read_answer(e, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(body, "kvbm_metrics_http_connections_total{result=\"refused\"} 1\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_responses_total{code=\"408\"} 2\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_timeouts_total 3\n"));
+  close(e);
+  stop(f);
+}
+
+static void test_config(void **state) {
+  (void)state;
+  kvbm_metrics_server_config c = kvbm_metrics_server_config_default();
+  assert_false(c.enabled);
+  assert_int_equal(c.port, 6880);
+  assert_string_equal(c.host, "0.0.0.0");
+  kvbm_error err = {0};
+  const char *on[] = {"DYN_KVBM_METRICS=true", "DYN_KVBM_METRICS_PORT=7001",
+                      "KVBM_METRICS_HOST=127.0.0.1", NULL};
+  assert_int_equal(kvbm_metrics_server_config_env(&c, on, &err), KVBM_OK);
+  assert_true(c.enabled);
+  assert_int_equal(c.port, 7001);
+  assert_string_equal(c.host, "127.0.0.1");
+  const char *off[] = {"DYN_KVBM_METRICS=0", NULL};
+  assert_int_equal(kvbm_metrics_server_config_env(&c, off, &err), KVBM_OK);
+  assert_false(c.enabled);
+  const char *bad1[] = {"DYN_KVBM_METRICS=maybe", NULL};
+  const char *bad2[] = {"DYN_KVBM_METRICS_PORT=65536", NULL};
+  const char *bad3[] = {"DYN_KVBM_METRICS_PORT=80x", NULL};
+  const char *bad4[] = {"KVBM_METRICS_HOST=localhost", NULL};
+  const char *bad5[] = {"DYN_KVBM_METRICS_PORT=", NULL};
+  c = kvbm_metrics_server_config_default();
+  assert_int_equal(kvbm_metrics_server_config_env(&c, bad1, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "DYN_KVBM_METRICS"));
+  assert_int_equal(kvbm_metrics_server_config_env(&c, bad2, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "DYN_KVBM_METRICS_PORT"));
+  assert_int_equal(kvbm_metrics_server_config_env(&c, bad3, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_metrics_server_config_env(&c, bad4, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "KVBM_METRICS_HOST"));
+  assert_int_equal(kvbm_metrics_server_config_env(&c, bad5, &err), KVBM_EINVAL);
+  assert_int_equal(c.port, 6880); /* unchanged on refusal */
+  /* bad configs and a port in use */
+  kvbm_metrics *r;
+  kvbm_metrics_create(&r, NULL);
+  kvbm_metrics_server *s = NULL, *s2 = NULL;
+  c.host = "not-an-address";
+  assert_int_equal(kvbm_metrics_server_start(r, &c, &s, &err), KVBM_EINVAL);
+  c = kvbm_metrics_server_config_default();
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.max_connections = 0;
+  assert_int_equal(kvbm_metrics_server_start(r, &c, &s, &err), KVBM_EINVAL);
+  c.max_connections = 4;
+  assert_int_equal(kvbm_metrics_server_start(r, &c, &s, &err), KVBM_OK);
+  c.port = kvbm_metrics_server_port(s);
+  assert_int_equal(kvbm_metrics_server_start(r, &c, &s2, &err), KVBM_EIO);
+  assert_non_null(strstr(err.msg, "cannot listen on 127.0.0.1"));
+  kvbm_metrics_server_stop(s);
+  kvbm_metrics_destroy(r);
+}
+
+/* Renders from other threads while the server serves (TSan runs this). */
+static void *scraper(void *p) {
+  fixture *f = p;
+  for (int i = 0; i < 20; i++) {
+    int fd = dial(f->port);
+    send_all(fd, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
+    char h[4096], *b = malloc(1 << 16);
+    size_t have = 0;
+    ssize_t n;
+    while ((n = recv(fd, b + have, (1 << 16) - 1 - have, 0)) > 0) have += (size_t)n;
+    b[have] = 0;
+    (void)h;
+    assert_non_null(strstr(b, "200 OK"));
+    free(b);
+    close(fd);
+  }
+  return NULL;
+}
+
+static void test_concurrent(void **state) {
+  (void)state;
+  fixture *f = start(8, 10);
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, scraper, f);
+  for (int i = 0; i < 20; i++) {
+    char *t;
+    assert_int_equal(kvbm_metrics_render(f->reg, &t, NULL, NULL), KVBM_OK);
+    kvbm_metrics_text_free(t);
+  }
+  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+  stop(f);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_scrape),
+      cmocka_unit_test(test_hostile_requests),
+      cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_config),
+      cmocka_unit_test(test_concurrent),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
