@@ -74,6 +74,7 @@
 
 #include "kvbm/hash.h"
 #include "kvbm/layout.h"
+#include "kvbm/metrics.h"
 #include "kvbm/pool.h"
 #include "kvbm/status.h"
 #include "kvbm/tier.h"
@@ -180,6 +181,13 @@ typedef struct kvbm_manager_config {
    * NULL: the built-in backends). Pointed to: it must outlive the manager. */
   const kvbm_volume_backend *g3_backend, *g4_backend;
   void *g3_backend_user, *g4_backend_user;
+  /* The metrics endpoint (kvbm/metrics.h): with metrics.enabled, create
+   * starts an HTTP server on metrics.host:metrics.port serving GET
+   * /metrics from a registry of the manager's own (its collector
+   * registered; kvbm_manager_metrics() gives it to the engine for more).
+   * Off by default; kvbm_manager_config_env switches it on as Dynamo does
+   * (DYN_KVBM_METRICS=true, DYN_KVBM_METRICS_PORT, default 6880). */
+  kvbm_metrics_server_config metrics;
 } kvbm_manager_config;
 
 /* The defaults above. */
@@ -197,12 +205,15 @@ KVBM_EXTERN kvbm_manager_config kvbm_manager_config_default(void);
  *   DYN_KVBM_TRANSFER_BATCH_SIZE            batch_max
  *   DYN_KVBM_OBJECT_ENABLED                 false/0: no G4 even with a URL
  *   DYN_KVBM_OBJECT_NUM_BLOCKS              g4_blocks
+ *   DYN_KVBM_METRICS, DYN_KVBM_METRICS_PORT metrics.enabled, metrics.port
+ *                                           (kvbm_metrics_server_config_env)
  * and kvbm's own otherwise,
  *   KVBM_G3_URL, KVBM_G4_URL                g3_url, g4_url
  *   KVBM_G2_POLICY, KVBM_G3_POLICY, KVBM_G4_POLICY   never/all/frequency
  *   KVBM_G4_QUEUE_DEPTH, KVBM_G4_TIMEOUT_MS, KVBM_G4_LOOKUP_TIMEOUT_MS,
  *   KVBM_G4_LOOKUP_MAX                      the G4 fields of the same names
  *   KVBM_MODEL_ID                           model_id
+ *   KVBM_METRICS_HOST                       metrics.host
  * GiB sizes count whole blocks of the config's layout. `env` is an
  * environ-style NULL-terminated "NAME=value" array, or NULL for the
  * process environment. Strings are pointed to, not copied: they must
@@ -222,13 +233,26 @@ typedef struct kvbm_mreq kvbm_mreq;
  * later, and meanwhile its operations fail and are counted.) Bad config:
  * KVBM_EINVAL naming the field; a malformed G3/G4 URL KVBM_EINVAL, an
  * unknown scheme without a backend KVBM_EUNSUPPORTED, both naming the
- * field. Free with kvbm_manager_destroy(). */
+ * field. With metrics.enabled, create also starts the metrics endpoint
+ * (a port that cannot be bound fails create with KVBM_EIO naming it).
+ * Free with kvbm_manager_destroy(). */
 KVBM_EXTERN int kvbm_manager_create(const kvbm_manager_config *cfg, kvbm_manager **out,
                         kvbm_error *err);
 
 /* Stops the workers (draining or cancelling queued copies per the config),
  * then frees everything. Requests must be destroyed first. NULL: no-op. */
 KVBM_EXTERN void kvbm_manager_destroy(kvbm_manager *m);
+
+/* The manager's metrics registry when its endpoint runs (config
+ * metrics.enabled), NULL otherwise: register more collectors there (a
+ * publisher's, the engine's own) to serve them on the same page; they must
+ * be unregistered before the manager is destroyed. Lives as long as the
+ * manager. */
+KVBM_EXTERN kvbm_metrics *kvbm_manager_metrics(kvbm_manager *m);
+
+/* The port the metrics endpoint listens on (the one picked for port 0),
+ * 0 when it does not run. */
+KVBM_EXTERN uint16_t kvbm_manager_metrics_port(const kvbm_manager *m);
 
 /* Waits until every queued copy has finished. */
 KVBM_EXTERN void kvbm_manager_flush(kvbm_manager *m);

@@ -189,6 +189,59 @@ KVBM_EXTERN int kvbm_metrics_gauge(kvbm_metrics_writer *w, const char *name, con
                                    const kvbm_metric_label *labels, size_t num_labels,
                                    double value);
 
+/* ------------------------------------------- the components' collectors */
+
+/* Each component's counters as metrics, for kvbm_metrics_register (the
+ * *_collect functions: `user` is the component) or for a collector of
+ * yours (the *_write functions, which write a snapshot you took). The
+ * families each writes are listed in docs/areas/observability.md. They
+ * are declared here, in one place, and defined in their components'
+ * modules.
+ *
+ * A collect function takes its component's lock (if it has one) for the
+ * time of a copy of its counters, and writes after releasing it. The
+ * component must outlive its registration: unregister before destroying
+ * it. Components driven by one thread without a lock of their own (a
+ * pool, a subscriber) have only a write function: take the snapshot
+ * where you drive them and hand it over. */
+struct kvbm_pool_stats;
+struct kvbm_subscriber_stats;
+typedef struct kvbm_manager kvbm_manager;
+typedef struct kvbm_publisher kvbm_publisher;
+typedef struct kvbm_volume kvbm_volume;
+typedef struct kvbm_index kvbm_index;
+
+/* The tiered manager (kvbm/manager.h), user = kvbm_manager *: Dynamo's
+ * kvbm_* names (offload/onboard blocks per direction, matched tokens, hit
+ * rates) and kvbm's own (requested and hit tokens per tier, bytes, skipped
+ * copies by cause, verify failures, occupancy, copy-time histograms). */
+KVBM_EXTERN void kvbm_manager_metrics_collect(void *manager, kvbm_metrics_writer *w);
+
+/* A publisher (kvbm/events.h), user = kvbm_publisher *: events accepted,
+ * published, dropped; batches; sink errors; replay requests. */
+KVBM_EXTERN void kvbm_publisher_metrics_collect(void *publisher, kvbm_metrics_writer *w);
+
+/* A subscriber's counters (kvbm_subscriber_stats_get): batches, events,
+ * gaps, replays, lost and malformed messages, the bytes it holds. */
+KVBM_EXTERN void kvbm_subscriber_metrics_write(kvbm_metrics_writer *w,
+                                               const struct kvbm_subscriber_stats *s,
+                                               const kvbm_metric_label *labels, size_t num_labels);
+
+/* A pool's counters (kvbm_pool_stats_get): occupancy by state, blocks
+ * allocated, evicted, deduplicated and matched. */
+KVBM_EXTERN void kvbm_pool_metrics_write(kvbm_metrics_writer *w, const struct kvbm_pool_stats *s,
+                                         const kvbm_metric_label *labels, size_t num_labels);
+
+/* A volume (kvbm/volume.h), user = kvbm_volume *: operations, hits and
+ * misses, bytes, timeouts and errors, queue; labelled with its name. */
+KVBM_EXTERN void kvbm_volume_metrics_collect(void *volume, kvbm_metrics_writer *w);
+
+/* A router index (kvbm/router.h), user = kvbm_index *: Dynamo's
+ * dynamo_kvindexer_workers and kv_cache_events_applied, and the index's
+ * own counters. Its counters are read without the writer's lock (see
+ * kvbm_index_stats_get). */
+KVBM_EXTERN void kvbm_index_metrics_collect(void *index, kvbm_metrics_writer *w);
+
 /* --------------------------------------------------------------- server */
 
 /* The HTTP endpoint: one thread of its own serving GET /metrics (HEAD

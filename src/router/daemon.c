@@ -42,6 +42,15 @@
  *  - Active requests are at most max_active_requests; the oldest goes
  *    first when more arrive.
  * Everything refused, cut, timed out or evicted is counted in GET /health.
+ *
+ * GET /metrics serves the same counters and more in Prometheus' text
+ * format, from a registry of the daemon's own (the index's collector, the
+ * daemon's, the sources'), rendered on this thread like every other
+ * answer: the daemon's counters are this thread's own variables, the
+ * index's and the sources' are atomics. Dynamo's names where Dynamo has
+ * the metric (dynamo_kvindexer_* for the HTTP side, the
+ * dynamo_router_overhead_*_ms histograms of the routing phases), kvbm's
+ * otherwise; docs/areas/observability.md lists them.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -60,8 +69,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "router/daemon_impl.h"
+#include "common/clock.h"
 #include "common/http.h"
+#include "kvbm/metrics.h"
+#include "router/daemon_impl.h"
 #include "router/json.h"
 
 #define MAX_HEAD (16 * 1024)
@@ -94,6 +105,12 @@ typedef struct conn {
   bool sent_continue;
 } conn;
 
+/* Endpoints and methods, as /metrics counts them. */
+enum { EP_ROUTE, EP_DONE, EP_HEALTH, EP_METRICS, EP_UNKNOWN, EP_COUNT };
+static const char *const ep_name[EP_COUNT] = {"/route", "/done", "/health", "/metrics", "unknown"};
+enum { METHOD_GET, METHOD_POST, METHOD_OTHER, METHOD_COUNT };
+static const char *const method_name[METHOD_COUNT] = {"GET", "POST", "other"};
+
 typedef struct req_rec {
   uint64_t id;
   int64_t expires_ns;
@@ -125,6 +142,12 @@ typedef struct http_state {
   uint64_t turns_cut, req_expired, req_evicted;
   size_t out_peak; /* the most output one connection ever had queued */
   int64_t t0;
+  /* /metrics: answers by endpoint, handler time, the phases of /route */
+  int ep;                                   /* the endpoint being answered */
+  uint64_t ep_requests[EP_COUNT][METHOD_COUNT];
+  uint64_t ep_errors[EP_COUNT][2];          /* 4xx, 5xx */
+  kvbm_histogram ep_seconds[EP_COUNT];
+  kvbm_histogram ov_hash_ms, ov_find_ms, ov_sched_ms, ov_total_ms, hit_rate;
 } http_state;
 
 void kvbm__rd_log(kvbm_router_daemon *d, const char *fmt, ...) {
@@ -279,8 +302,8 @@ static char *put_num(char *p, const char *end, size_t v) {
   return put(p, end, d);
 }
 
-static void reply(http_state *h, conn *c, int status, const char *body, size_t len, bool close,
-                  const char *extra) {
+static void reply_ct(http_state *h, conn *c, int status, const char *ctype, const char *body,
+                     size_t len, bool close, const char *extra) {
   /* every answer has one: assembled by hand (snprintf cost as much as
    * the rest of the transport of a /health answer) */
   char head[256];
@@ -289,12 +312,19 @@ static void reply(http_state *h, conn *c, int status, const char *body, size_t l
   p = put_num(p, end, (size_t)status);
   p = put(p, end, " ");
   p = put(p, end, kvbm__http_reason(status));
-  p = put(p, end, "\r\nContent-Type: application/json\r\nContent-Length: ");
+  p = put(p, end, "\r\nContent-Type: ");
+  p = put(p, end, ctype);
+  p = put(p, end, "\r\nContent-Length: ");
   p = put_num(p, end, len);
   p = put(p, end, close ? "\r\nConnection: close\r\n" : "\r\nConnection: keep-alive\r\n");
   p = put(p, end, extra ? extra : "");
   p = put(p, end, "\r\n");
   if (out_append(h, c, head, (size_t)(p - head), body, len) && close) c->closing = true;
+}
+
+static void reply(http_state *h, conn *c, int status, const char *body, size_t len, bool close,
+                  const char *extra) {
+  reply_ct(h, c, status, "application/json", body, len, close, extra);
 }
 
 static void reply_error(http_state *h, conn *c, int status, const char *msg, bool close,
@@ -304,6 +334,7 @@ static void reply_error(http_state *h, conn *c, int status, const char *msg, boo
   kvbm__rj_string(&b, msg);
   kvbm__rj_printf(&b, ",\"status\":%d}\n", status);
   h->bad++;
+  if (status >= 400) h->ep_errors[h->ep][status >= 500]++;
   if (b.oom) reply(h, c, 500, "{}\n", 3, true, NULL);
   else reply(h, c, status, b.p, b.len, close, extra);
   kvbm__rj_buf_free(&b);
@@ -371,6 +402,125 @@ static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
   health_object(b, ",\"approx\":{\"records\":", ap, sizeof ap / sizeof ap[0]);
 }
 
+/* ------------------------------------------------------------- metrics */
+
+/* The daemon's own metrics (the index's and the sources' are collectors
+ * of their own in the same registry). Called on the HTTP thread, by
+ * handle_metrics: the http_state fields are this thread's. */
+static void collect_daemon(void *user, kvbm_metrics_writer *w) {
+  kvbm_router_daemon *d = user;
+  http_state *h = d->http;
+  kvbm_metrics_gauge(w, "dynamo_kvindexer_models", "Indexes the router serves (one)", NULL, 0, 1);
+  kvbm_metrics_family(w, "dynamo_kvindexer_requests_total", KVBM_METRIC_COUNTER,
+                      "HTTP requests answered, by endpoint and method");
+  for (int e = 0; e < EP_COUNT; e++)
+    for (int m = 0; m < METHOD_COUNT; m++) {
+      if (!h->ep_requests[e][m] && (e == EP_UNKNOWN || m == METHOD_OTHER)) continue;
+      kvbm_metric_label l[2] = {{"endpoint", ep_name[e]}, {"method", method_name[m]}};
+      kvbm_metrics_value_u64(w, l, 2, h->ep_requests[e][m]);
+    }
+  kvbm_metrics_family(w, "dynamo_kvindexer_errors_total", KVBM_METRIC_COUNTER,
+                      "HTTP error answers (4xx/5xx), by endpoint (unknown: refused before a "
+                      "path was read)");
+  for (int e = 0; e < EP_COUNT; e++)
+    for (int k = 0; k < 2; k++) {
+      kvbm_metric_label l[2] = {{"endpoint", ep_name[e]}, {"status_class", k ? "5xx" : "4xx"}};
+      kvbm_metrics_value_u64(w, l, 2, h->ep_errors[e][k]);
+    }
+  kvbm_metrics_family(w, "dynamo_kvindexer_request_duration_seconds", KVBM_METRIC_HISTOGRAM,
+                      "HTTP request latency: from a complete request to its answer queued");
+  for (int e = 0; e < EP_COUNT; e++) {
+    if (e == EP_UNKNOWN && !h->ep_seconds[e].count) continue;
+    kvbm_metrics_histogram_value(w, &(kvbm_metric_label){"endpoint", ep_name[e]}, 1,
+                                 &h->ep_seconds[e]);
+  }
+  uint64_t silent = 0;
+  for (size_t i = 0; i < d->nsrc; i++) silent += atomic_load(&d->src[i].dropped) != 0;
+  kvbm_metrics_family(w, "dynamo_kvindexer_listeners", KVBM_METRIC_GAUGE,
+                      "Event sources by status: active, or silent (past worker_timeout_s, "
+                      "its workers out of the index)");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"status", "active"}, 1, d->nsrc - silent);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"status", "silent"}, 1, silent);
+  const struct {
+    const char *name, *help;
+    const kvbm_histogram *hist;
+  } ov[] = {
+      {"dynamo_router_overhead_block_hashing_ms", "Time spent computing block hashes in "
+       "milliseconds (0 for a query by hashes)", &h->ov_hash_ms},
+      {"dynamo_router_overhead_indexer_find_matches_ms", "Time spent in the index lookup in "
+       "milliseconds", &h->ov_find_ms},
+      {"dynamo_router_overhead_scheduling_ms", "Time spent in worker selection (load, cost) in "
+       "milliseconds", &h->ov_sched_ms},
+      {"dynamo_router_overhead_total_ms", "Total routing overhead per request in milliseconds "
+       "(parse to answer queued)", &h->ov_total_ms},
+      {"dynamo_component_router_kv_hit_rate", "Per routed request: the chosen worker's weighted "
+       "overlap over the request's blocks", &h->hit_rate},
+  };
+  for (size_t i = 0; i < sizeof ov / sizeof *ov; i++) {
+    kvbm_metrics_family(w, ov[i].name, KVBM_METRIC_HISTOGRAM, ov[i].help);
+    kvbm_metrics_histogram_value(w, NULL, 0, ov[i].hist);
+  }
+  size_t in = 0, out = 0;
+  for (size_t i = 0; i < h->nc; i++) {
+    in += h->c[i].in_len - h->c[i].in_off;
+    out += h->c[i].out_len - h->c[i].out_off;
+  }
+  const struct {
+    const char *name, *help;
+    uint64_t v;
+  } c[] = {
+      {"kvbm_router_routes_total", "Requests routed (POST /route answered 200)", h->routes},
+      {"kvbm_router_bad_requests_total", "Requests answered with an error", h->bad},
+      {"kvbm_router_requests_expired_total", "Active requests whose load went after request_ttl_s",
+       h->req_expired},
+      {"kvbm_router_requests_evicted_total", "Active requests dropped for max_active_requests",
+       h->req_evicted},
+      {"kvbm_router_http_accepted_total", "Connections accepted", h->conns},
+      {"kvbm_router_http_accept_pauses_total", "Times accepting rested (no descriptors)",
+       h->accept_pauses},
+      {"kvbm_router_http_turns_cut_total", "Connection turns cut short for fairness", h->turns_cut},
+      {"kvbm_router_gaps_total", "Jumps in workers' event ids seen by the index", atomic_load(&d->gaps)},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof *c; i++)
+    kvbm_metrics_counter(w, c[i].name, c[i].help, NULL, 0, c[i].v);
+  kvbm_metrics_family(w, "kvbm_router_http_refused_total", KVBM_METRIC_COUNTER,
+                      "Connections answered 503 and closed, by reason");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "busy"}, 1, h->refused_busy);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "no_fd"}, 1, h->refused_no_fd);
+  kvbm_metrics_family(w, "kvbm_router_http_timeouts_total", KVBM_METRIC_COUNTER,
+                      "Connections closed for a deadline: a request not complete in time "
+                      "(read) or answers not taken in time (write)");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"direction", "read"}, 1, h->read_timeouts);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"direction", "write"}, 1, h->write_timeouts);
+  kvbm_metrics_gauge(w, "kvbm_router_active_requests", "Routed requests not reported done yet",
+                     NULL, 0, (double)h->rlive);
+  kvbm_metrics_gauge(w, "kvbm_router_http_connections", "Open HTTP connections", NULL, 0,
+                     (double)h->nc);
+  kvbm_metrics_gauge(w, "kvbm_router_http_buffered_bytes", "Bytes buffered by connections",
+                     &(kvbm_metric_label){"direction", "in"}, 1, (double)in);
+  kvbm_metrics_gauge(w, "kvbm_router_http_buffered_bytes", NULL,
+                     &(kvbm_metric_label){"direction", "out"}, 1, (double)out);
+  kvbm_metrics_gauge(w, "kvbm_router_uptime_seconds", "Seconds since the router started", NULL, 0,
+                     (double)(kvbm__rd_now_ns() - h->t0) * 1e-9);
+  kvbm_metrics_gauge(w, "kvbm_router_approximate", "1 in approximate mode (no events)", NULL, 0,
+                     d->approx ? 1 : 0);
+  if (d->approx) {
+    kvbm_approx_stats a;
+    kvbm_approx_stats_get(d->approx, &a);
+    kvbm_metrics_gauge(w, "kvbm_router_approx_records", "Routing decisions held", NULL, 0,
+                       (double)a.records);
+    kvbm_metrics_gauge(w, "kvbm_router_approx_blocks", "Blocks the decisions hold", NULL, 0,
+                       (double)a.blocks);
+    kvbm_metrics_counter(w, "kvbm_router_approx_recorded_total", "Decisions recorded", NULL, 0,
+                         a.recorded);
+    kvbm_metrics_counter(w, "kvbm_router_approx_expired_total", "Decisions that reached their ttl",
+                         NULL, 0, a.expired);
+    kvbm_metrics_counter(w, "kvbm_router_approx_evicted_total", "Decisions evicted for the budget",
+                         NULL, 0, a.evicted_records);
+  }
+  kvbm__rd_sources_metrics(d, w);
+}
+
 static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
   http_state *h = d->http;
   kvbm_index_stats st;
@@ -408,6 +558,7 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
 static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_t len,
                          bool close) {
   http_state *h = d->http;
+  uint64_t t0 = kvbm_clock_ns();
   rj_request q;
   kvbm_error err = {0};
   int rc = kvbm__rj_parse_request(body, len, d->cfg.max_tokens, &q, &err);
@@ -440,11 +591,13 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   } else if (ns) {
     kvbm_index_keys(d->idx, ns, q.hashes, n, q.hashes);
   }
+  uint64_t t1 = kvbm_clock_ns();
   int64_t now = kvbm__rd_now_ns();
   load_expire(h, now);
   kvbm_overlap ov[KVBM_ROUTER_MAX_WORKERS];
   uint64_t live;
   kvbm_index_lookup(d->idx, keys, n, ov, &live);
+  uint64_t t2 = kvbm_clock_ns();
   kvbm_worker_key key[KVBM_ROUTER_MAX_WORKERS];
   double load[KVBM_ROUTER_MAX_WORKERS] = {0};
   for (uint32_t s = 0; s < KVBM_ROUTER_MAX_WORKERS; s++) {
@@ -458,6 +611,7 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   }
   kvbm_choice ch;
   rc = kvbm_choose(&d->cfg.choice, n, ov, load, live, &h->rng, &ch);
+  uint64_t t3 = kvbm_clock_ns();
   if (rc) {
     reply_error(h, c, 503, "no workers known yet (no events received)", close, NULL);
     free(owned);
@@ -513,6 +667,15 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   kvbm__rj_buf_free(&b);
   free(owned);
   kvbm__rj_request_free(&q);
+  /* the phases, as Dynamo's router times them: hashing the tokens (0 for
+   * a query by hashes), the index lookup, the choice (load and cost), and
+   * the whole handler (parse to answer queued) */
+  uint64_t t4 = kvbm_clock_ns();
+  kvbm_histogram_observe(&h->ov_hash_ms, (double)(t1 - t0) * 1e-6);
+  kvbm_histogram_observe(&h->ov_find_ms, (double)(t2 - t1) * 1e-6);
+  kvbm_histogram_observe(&h->ov_sched_ms, (double)(t3 - t2) * 1e-6);
+  kvbm_histogram_observe(&h->ov_total_ms, (double)(t4 - t0) * 1e-6);
+  if (n) kvbm_histogram_observe(&h->hit_rate, kvbm_overlap_score(&d->cfg.choice, &ov[ch.slot]) / (double)n);
 }
 
 static void handle_done(kvbm_router_daemon *d, conn *c, const char *body, size_t len,
@@ -542,14 +705,35 @@ static void handle_done(kvbm_router_daemon *d, conn *c, const char *body, size_t
   reply(h, c, 200, ok, sizeof ok - 1, close, NULL);
 }
 
+static void handle_metrics(kvbm_router_daemon *d, conn *c, bool close) {
+  char *text = NULL;
+  size_t len = 0;
+  if (kvbm_metrics_render(d->metrics, &text, &len, NULL)) {
+    reply_error(d->http, c, 500, "out of memory", true, NULL);
+    return;
+  }
+  reply_ct(d->http, c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, close, NULL);
+  kvbm_metrics_text_free(text);
+}
+
 /* One complete request: head parsed, body (content_length bytes) at body. */
 static void dispatch(kvbm_router_daemon *d, conn *c, const http_req *rq, const char *body) {
   http_state *h = d->http;
   bool close = !rq->keep_alive;
   bool post = !strcmp(rq->method, "POST"), get = !strcmp(rq->method, "GET");
+  h->ep = !strcmp(rq->path, "/route")     ? EP_ROUTE
+          : !strcmp(rq->path, "/done")    ? EP_DONE
+          : !strcmp(rq->path, "/health")  ? EP_HEALTH
+          : !strcmp(rq->path, "/metrics") ? EP_METRICS
+                                          : EP_UNKNOWN;
+  h->ep_requests[h->ep][get ? METHOD_GET : post ? METHOD_POST : METHOD_OTHER]++;
+  uint64_t t0 = kvbm_clock_ns();
   if (!strcmp(rq->path, "/health")) {
     if (get) handle_health(d, c, close);
     else reply_error(h, c, 405, "use GET for /health", close, "Allow: GET\r\n");
+  } else if (!strcmp(rq->path, "/metrics")) {
+    if (get) handle_metrics(d, c, close);
+    else reply_error(h, c, 405, "use GET for /metrics", close, "Allow: GET\r\n");
   } else if (!strcmp(rq->path, "/route") || !strcmp(rq->path, "/done")) {
     if (!post) {
       reply_error(h, c, 405, "use POST with a JSON body", close, "Allow: POST\r\n");
@@ -559,8 +743,11 @@ static void dispatch(kvbm_router_daemon *d, conn *c, const http_req *rq, const c
       handle_done(d, c, body, rq->content_length, close);
     }
   } else {
-    reply_error(h, c, 404, "unknown path (try POST /route, POST /done, GET /health)", close, NULL);
+    reply_error(h, c, 404, "unknown path (try POST /route, POST /done, GET /health, GET /metrics)",
+                close, NULL);
   }
+  kvbm_histogram_observe(&h->ep_seconds[h->ep], (double)(kvbm_clock_ns() - t0) * 1e-9);
+  h->ep = EP_UNKNOWN;
 }
 
 /* ------------------------------------------------------------- I/O */
@@ -1071,7 +1258,22 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
   d->http->rng = cfg->seed ? cfg->seed : 1;
   d->http->t0 = kvbm__rd_now_ns();
   d->http->io_ns = (int64_t)(cfg->io_timeout_s * 1e9);
+  d->http->ep = EP_UNKNOWN;
+  /* latency 0.1 ms .. ~1.7 s; routing phases 0.1 us .. ~0.8 s (Dynamo's
+   * overhead buckets, longer); hit rate in tenths */
+  for (int e = 0; e < EP_COUNT; e++)
+    kvbm_histogram_init_exponential(&d->http->ep_seconds[e], 1e-4, 2, 15, NULL);
+  kvbm_histogram *ov[] = {&d->http->ov_hash_ms, &d->http->ov_find_ms, &d->http->ov_sched_ms,
+                          &d->http->ov_total_ms};
+  for (size_t i = 0; i < sizeof ov / sizeof *ov; i++)
+    kvbm_histogram_init_exponential(ov[i], 1e-4, 2, 24, NULL);
+  kvbm_histogram_init(&d->http->hit_rate,
+                      (double[]){0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1}, 11, NULL);
   if ((rc = kvbm_index_create(&cfg->index, &d->idx, err))) goto fail;
+  if ((rc = kvbm_metrics_create(&d->metrics, err)) ||
+      (rc = kvbm_metrics_register(d->metrics, kvbm_index_metrics_collect, d->idx, NULL, 0, NULL, err)) ||
+      (rc = kvbm_metrics_register(d->metrics, collect_daemon, d, NULL, 0, NULL, err)))
+    goto fail;
   for (size_t i = 0; i < cfg->num_workers; i++)
     if ((rc = kvbm_index_add_worker(d->idx, cfg->workers[i], NULL, err))) goto fail;
   if (cfg->approx_ttl_s > 0) {
@@ -1123,6 +1325,7 @@ void kvbm_router_daemon_destroy(kvbm_router_daemon *d) {
   if (d->lfd >= 0) close(d->lfd);
   for (int i = 0; i < 2; i++)
     if (d->wake[i] >= 0) close(d->wake[i]);
+  kvbm_metrics_destroy(d->metrics);
   kvbm_approx_destroy(d->approx);
   kvbm_approx_destroy(d->degraded_ap);
   kvbm_index_destroy(d->idx);

@@ -11,12 +11,13 @@
 #include "kvbm/router.h"
 #include "router/json.h"
 
-/* What /health shows of a source. Written by the source's thread (ZMQ,
- * NATS: copied from its subscriber's counters after each receive;
- * JetStream: counted there), read by the HTTP thread. */
+/* What /health and /metrics show of a source. Written by the source's
+ * thread (ZMQ, NATS: copied from its subscriber's counters after each
+ * receive; JetStream: counted there), read by the HTTP thread. */
 typedef struct source_counts {
   _Atomic uint64_t batches, errors, lost, replayed, duplicates, resets, jumps, replay_failures,
-      replay_refused, overflow, reconnects, ranks_refused;
+      replay_refused, overflow, reconnects, ranks_refused, gaps, replay_requests, messages,
+      malformed;
   _Atomic uint64_t js_pos, js_redelivered, js_malformed, js_acks, js_rebinds; /* JetStream */
 } source_counts;
 
@@ -68,6 +69,7 @@ struct kvbm_router_daemon {
   _Atomic uint64_t snapshots, snapshot_failures;
   kvbm_approx *degraded_ap;  /* decisions for degraded workers (approximate) */
   bool snap_armed;           /* create succeeded: stopping writes a last snapshot */
+  struct kvbm_metrics *metrics; /* GET /metrics (rendered on the HTTP thread) */
 };
 
 int64_t kvbm__rd_now_ns(void);
@@ -103,5 +105,8 @@ int kvbm__rd_snapshot_save(struct kvbm_router_daemon *d, kvbm_error *err);
 /* The thread that writes it every snapshot_every_s; stop writes a last one. */
 int kvbm__rd_snapshot_start(struct kvbm_router_daemon *d, kvbm_error *err);
 void kvbm__rd_snapshot_stop(struct kvbm_router_daemon *d);
+/* Writes every source's counters as metrics, labelled by worker_id. */
+struct kvbm_metrics_writer;
+void kvbm__rd_sources_metrics(const struct kvbm_router_daemon *d, struct kvbm_metrics_writer *w);
 
 #endif

@@ -49,6 +49,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -56,6 +58,7 @@
 
 #include "common/clock.h"
 #include "events/replay.h"
+#include "kvbm/metrics.h"
 #include "router/daemon_impl.h"
 
 int64_t kvbm__rd_now_ns(void) { return (int64_t)kvbm_clock_ns(); }
@@ -156,6 +159,10 @@ static void sync_counts(source *s) {
   if (s->cfg.kind == KVBM_SOURCE_NATS && st.reconnects > was)
     kvbm__rd_log(s->d, "worker %" PRIu64 ": NATS reconnected (batches sent meanwhile show as "
                  "lost)", s->cfg.worker_id);
+  atomic_store(&s->n.gaps, st.gaps);
+  atomic_store(&s->n.replay_requests, st.replay_requests);
+  atomic_store(&s->n.messages, st.messages);
+  atomic_store(&s->n.malformed, st.malformed);
 }
 
 static void *sub_thread(void *arg) {
@@ -189,12 +196,14 @@ static void apply_payload(source *s, uint64_t seq, const void *data, size_t len)
   kvbm_error err = {0};
   if (len > s->d->cfg.max_payload) {
     ADD(s->n.errors, 1);
+    ADD(s->n.malformed, 1);
     kvbm__rd_log(s->d, "worker %" PRIu64 ": batch %" PRIu64 " of %zu bytes is over the limit %zu",
            s->cfg.worker_id, seq, len, s->d->cfg.max_payload);
     return;
   }
   if (kvbm_event_decode(s->dec, data, len, seq, &b, &err)) {
     ADD(s->n.errors, 1);
+    ADD(s->n.malformed, 1);
     kvbm__rd_log(s->d, "worker %" PRIu64 ": replayed batch: %s", s->cfg.worker_id, err.msg);
     return;
   }
@@ -481,4 +490,56 @@ void kvbm__rd_source_health(const kvbm_router_daemon *d, size_t i, rj_buf *b) {
                     N(js_pos), N(js_redelivered), N(js_malformed), N(js_acks), N(js_rebinds));
   kvbm__rj_printf(b, "}");
 #undef N
+}
+
+/* -------------------------------------------------------------- metrics */
+
+void kvbm__rd_sources_metrics(const kvbm_router_daemon *d, kvbm_metrics_writer *w) {
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } f[] = {
+#define F(name, help, field) {name, help, offsetof(source_counts, field)}
+      F("kvbm_router_source_messages_total", "Messages the worker's stream delivered (live)",
+        messages),
+      F("kvbm_router_source_batches_total", "Batches applied to the index", batches),
+      F("kvbm_router_source_errors_total", "Batches or messages that failed (decode, apply, socket)",
+        errors),
+      F("kvbm_router_source_malformed_total", "Messages skipped as malformed", malformed),
+      F("kvbm_router_source_gaps_total", "Jumps in the worker's sequence numbers", gaps),
+      F("kvbm_router_source_replay_requests_total", "Replays asked of the worker's replay socket",
+        replay_requests),
+      F("kvbm_router_source_replayed_batches_total", "Batches recovered by replay", replayed),
+      F("kvbm_router_source_lost_batches_total", "Batches neither received nor replayed", lost),
+      F("kvbm_router_source_replay_failures_total", "Replays that timed out or failed",
+        replay_failures),
+      F("kvbm_router_source_replay_refused_total", "Replay replies outside the asked range",
+        replay_refused),
+      F("kvbm_router_source_duplicates_total", "Batches skipped as already applied", duplicates),
+      F("kvbm_router_source_resets_total", "New streams: the worker restarted", resets),
+      F("kvbm_router_source_jumps_total", "Batches far ahead, held and dropped", jumps),
+      F("kvbm_router_source_overflow_total", "Batches dropped for the byte budget", overflow),
+      F("kvbm_router_source_reconnects_total", "Connections to the worker dialled again",
+        reconnects),
+      F("kvbm_router_source_ranks_refused_total", "Batches of dp ranks over max_ranks, refused",
+        ranks_refused),
+#undef F
+  };
+  char id[24];
+  kvbm_metric_label l = {"worker_id", id};
+  for (size_t k = 0; k < sizeof f / sizeof *f; k++) {
+    kvbm_metrics_family(w, f[k].name, KVBM_METRIC_COUNTER, f[k].help);
+    for (size_t i = 0; i < d->nsrc; i++) {
+      snprintf(id, sizeof id, "%" PRIu64, d->src[i].cfg.worker_id);
+      _Atomic uint64_t *v = (_Atomic uint64_t *)((char *)&d->src[i].n + f[k].off);
+      kvbm_metrics_value_u64(w, &l, 1, atomic_load(v));
+    }
+  }
+  kvbm_metrics_family(w, "kvbm_router_source_silent", KVBM_METRIC_GAUGE,
+                      "1 while the worker's stream is silent past worker_timeout_s and its "
+                      "blocks are out of the index");
+  for (size_t i = 0; i < d->nsrc; i++) {
+    snprintf(id, sizeof id, "%" PRIu64, d->src[i].cfg.worker_id);
+    kvbm_metrics_value(w, &l, 1, atomic_load(&((source *)&d->src[i])->dropped) ? 1 : 0);
+  }
 }

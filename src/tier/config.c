@@ -64,6 +64,7 @@ kvbm_manager_config kvbm_manager_config_default(void) {
   c.g4_timeout_ms = 2000;
   c.g4_lookup_timeout_ms = 20;
   c.g4_lookup_max = 512;
+  c.metrics = kvbm_metrics_server_config_default();
   return c;
 }
 
@@ -244,7 +245,9 @@ int kvbm_manager_config_env(kvbm_manager_config *cfg, const char *const *env, kv
   if (rc) return rc;
   uint64_t bb = lay.config.num_layers * lay.layer_stride;
   kvbm_manager_config c = *cfg;
-  if ((rc = env_dynamo_tiers(&c, env, bb, err)) || (rc = env_g4(&c, env, err))) return rc;
+  if ((rc = env_dynamo_tiers(&c, env, bb, err)) || (rc = env_g4(&c, env, err)) ||
+      (rc = kvbm_metrics_server_config_env(&c.metrics, env, err)))
+    return rc;
   *cfg = c;
   return KVBM_OK;
 }

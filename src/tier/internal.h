@@ -34,6 +34,7 @@
 #include "kvbm/volume.h"
 #include "tier/filter.h"
 #include "tier/gpu.h"
+#include "tier/metrics.h"
 #include "tier/testing.h"
 #include "volume/disk.h" /* KVBM_DISK_REFUSE_*: the test seam */
 
@@ -176,6 +177,8 @@ struct kvbm_manager {
   bool host_running;      /* the host worker may still forward jobs */
   bool emu;               /* device G1 emulated in host memory (tests) */
   _Atomic uint64_t emu_copies;
+  kvbm__tier_metrics tm;  /* what only metrics read (tier/metrics.h) */
+  kvbm__manager_endpoint mx; /* the metrics endpoint, when configured */
 
 };
 

@@ -402,7 +402,10 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
   if (!rc) rc = tiers(m, err);
   m->cfg.g3_key = NULL; /* the volume derived its key; the secret is not kept */
   m->cfg.g3_key_len = 0;
+  if (!rc && kvbm__tier_metrics_init(&m->tm))
+    rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   if (!rc) rc = kvbm__workers_start(m, err);
+  if (!rc) rc = kvbm__manager_endpoint_start(m, &cfg->metrics, &m->mx, err);
   if (rc) {
     kvbm_manager_destroy(m);
     return rc;
@@ -413,6 +416,7 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
 
 void kvbm_manager_destroy(kvbm_manager *m) {
   if (!m) return;
+  kvbm__manager_endpoint_stop(&m->mx); /* no scrape reads the manager from here on */
   kvbm__workers_stop(m);
   for (int ti = 0; ti < KVBM_TIER_COUNT; ti++) {
     kvbm__tier *t = &m->t[ti];
@@ -432,6 +436,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
   free(m->g3_url);
   free(m->g4_url);
   free(m->model_id);
+  kvbm__tier_metrics_free(&m->tm);
   if (m->mu_ready) {
     pthread_mutex_destroy(&m->mu);
     pthread_cond_destroy(&m->done_cv);
@@ -511,9 +516,8 @@ kvbm_memory_type kvbm_manager_memory(const kvbm_manager *m, kvbm_tier ti) {
   return m->t[ti].memory;
 }
 
-int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier ti, kvbm_tier_stats *out) {
-  if (!m || !out || ti < 0 || ti >= KVBM_TIER_COUNT) return KVBM_EINVAL;
-  pthread_mutex_lock(&m->mu);
+/* Lock held. */
+static void stats_locked(kvbm_manager *m, kvbm_tier ti, kvbm_tier_stats *out) {
   kvbm__tier *t = &m->t[ti];
   *out = t->st;
   out->present = t->present && t->usable;
@@ -527,7 +531,38 @@ int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier ti, kvbm_tier_stats *out) 
     out->evictions = ps.evicted;
     out->allocated = ps.allocated;
   }
+}
+
+int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier ti, kvbm_tier_stats *out) {
+  if (!m || !out || ti < 0 || ti >= KVBM_TIER_COUNT) return KVBM_EINVAL;
+  pthread_mutex_lock(&m->mu);
+  stats_locked(m, ti, out);
   pthread_mutex_unlock(&m->mu);
   return KVBM_OK;
+}
+
+/* All the counters of kvbm_manager_metrics_collect, in one hold of the
+ * lock (tier/metrics.h); the volumes' counters are atomics, read after. */
+int kvbm__manager_snapshot(kvbm_manager *m, kvbm__manager_snap *out) {
+  if (!m || !out) return KVBM_EINVAL;
+  pthread_mutex_lock(&m->mu);
+  for (int t = 0; t < KVBM_TIER_COUNT; t++) stats_locked(m, t, &out->tier[t]);
+  out->block_size = m->cfg.block_size;
+  out->block_bytes = m->block_bytes;
+  out->tm = m->tm.s;
+  pthread_mutex_unlock(&m->mu);
+  for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+    const kvbm__tier *x = &m->t[t]; /* vol, mode: set at create, fixed after */
+    out->has_volume[t] = x->vol != NULL;
+    if (x->vol) kvbm_volume_stats_get(x->vol, &out->volume[t]);
+    snprintf(out->mode[t], sizeof out->mode[t], "%s", kvbm_manager_tier_mode(m, t));
+  }
+  return KVBM_OK;
+}
+
+kvbm_metrics *kvbm_manager_metrics(kvbm_manager *m) { return m ? m->mx.reg : NULL; }
+
+uint16_t kvbm_manager_metrics_port(const kvbm_manager *m) {
+  return m ? kvbm_metrics_server_port(m->mx.srv) : 0;
 }
 

@@ -271,6 +271,7 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
       r->walk = matched / B;
       for (size_t k = w; k < r->walk; k++) r->src[k] = KVBM_TIER_G1;
       g1->st.hit_blocks += r->walk - onboards;
+      kvbm__tier_metrics_prefill(&m->tm, n, (uint32_t)B, r->src, r->walk, K);
     }
     pthread_mutex_unlock(&m->mu);
   }

@@ -102,6 +102,7 @@ static void put_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
   if (ok) {
     t->st.offloaded_blocks++;
     t->st.offloaded_bytes += m->block_bytes;
+    kvbm__tier_metrics_count(&m->tm, j->src, t->id, 1, m->block_bytes);
   } else if (ran && j->result == KVBM_EDEVICE) {
     t->st.copy_errors++; /* staging out of device G1 failed */
   } else if (ran) {
@@ -150,6 +151,7 @@ static void get_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
   if (ok) {
     t->st.onboarded_blocks++;
     t->st.onboarded_bytes += m->block_bytes;
+    kvbm__tier_metrics_count(&m->tm, t->id, KVBM_TIER_G1, 1, m->block_bytes);
     if (sid == KVBM__NONE) index_found(m, t, j);
   } else if (ran) {
     count_get_failure(t, j->result);
@@ -202,6 +204,7 @@ static void host_done(kvbm_manager *m, kvbm__job *j, bool ran) {
     if (ok) {
       g2->st.offloaded_blocks++;
       g2->st.offloaded_bytes += m->block_bytes;
+      kvbm__tier_metrics_count(&m->tm, KVBM_TIER_G1, KVBM_TIER_G2, 1, m->block_bytes);
     }
     KVBM__MUST(kvbm_block_release(g1->pool, j->id[KVBM_TIER_G1], j->prio));
     uint32_t carried = forward_down(m, j, ok);
@@ -212,6 +215,7 @@ static void host_done(kvbm_manager *m, kvbm__job *j, bool ran) {
     if (ok) {
       g2->st.onboarded_blocks++;
       g2->st.onboarded_bytes += m->block_bytes;
+      kvbm__tier_metrics_count(&m->tm, KVBM_TIER_G2, KVBM_TIER_G1, 1, m->block_bytes);
     } else {
       g2->st.onboard_failures++;
     }
@@ -262,13 +266,35 @@ static void host_worker(kvbm_manager *m) {
     g2->busy += n;
     pthread_mutex_unlock(&m->mu);
     double t0 = kvbm_clock_seconds();
-    if (run && g2->gs)
+    /* time per direction (down G1 -> G2, up G2 -> G1) for the metrics: a
+     * batch of one direction (the usual case) is timed whole; a mixed one
+     * job by job, or, on a device (one stream), shared out */
+    double dir_s[2] = {0, 0};
+    uint32_t dir_n[2] = {0, 0};
+    for (uint32_t i = 0; i < n; i++) dir_n[take[i].kind != KVBM__J_DOWN]++;
+    bool mixed = dir_n[0] && dir_n[1];
+    if (run && g2->gs) {
       host_run_gpu(m, take, n);
-    else if (run)
+    } else if (run && mixed) {
+      for (uint32_t i = 0; i < n; i++) {
+        double tj = kvbm_clock_seconds();
+        host_run(m, &take[i]);
+        dir_s[take[i].kind != KVBM__J_DOWN] += kvbm_clock_seconds() - tj;
+      }
+    } else if (run) {
       for (uint32_t i = 0; i < n; i++) host_run(m, &take[i]);
+    }
     double dt = kvbm_clock_seconds() - t0;
+    if (!mixed) dir_s[dir_n[1] != 0] = dt;
+    else if (run && g2->gs)
+      for (int k = 0; k < 2; k++) dir_s[k] = dt * dir_n[k] / n;
     pthread_mutex_lock(&m->mu);
     g2->st.busy_seconds += dt;
+    for (int k = 0; run && k < 2; k++)
+      if (dir_n[k])
+        kvbm__tier_metrics_transfer(&m->tm, k ? KVBM_TIER_G2 : KVBM_TIER_G1,
+                                    k ? KVBM_TIER_G1 : KVBM_TIER_G2,
+                                    (uint64_t)dir_n[k] * m->block_bytes, dir_s[k]);
     for (uint32_t i = 0; i < n; i++) host_done(m, &take[i], run);
     g2->busy -= n;
     pthread_cond_broadcast(&m->done_cv);
@@ -295,6 +321,7 @@ typedef struct vbatch {
   struct vbatch *next;
   kvbm_manager *m;
   kvbm__tier *t;
+  double t_submit; /* for the metrics: the batch's time in the store */
   uint32_t n;
   uint32_t *slot;
   kvbm_volume_op ops[];
@@ -412,6 +439,28 @@ static kvbm__vworker *vw_new(kvbm_manager *m, kvbm__tier *t) {
   return vw;
 }
 
+/* Lock held. One store batch's transfers for the metrics: per direction
+ * present (a put from G1 or G2, a get to G1), the bytes of the operations
+ * that succeeded and the batch's time from submission to completion. */
+static void batch_transfers(kvbm_manager *m, kvbm__tier *t, const vbatch *vb, double seconds) {
+  uint64_t bytes[KVBM_TIER_COUNT] = {0}, got = 0;
+  bool put[KVBM_TIER_COUNT] = {false}, get = false;
+  for (uint32_t i = 0; i < vb->n; i++) {
+    const kvbm__job *j = &t->vw->slots[vb->slot[i]].job;
+    if (j->result != KVBM_OK) continue;
+    if (j->kind == KVBM__J_PUT && j->src < KVBM_TIER_COUNT) {
+      put[j->src] = true;
+      bytes[j->src] += m->block_bytes;
+    } else if (j->kind == KVBM__J_GET) {
+      get = true;
+      got += m->block_bytes;
+    }
+  }
+  for (int s = 0; s < KVBM_TIER_COUNT; s++)
+    if (put[s]) kvbm__tier_metrics_transfer(&m->tm, s, t->id, bytes[s], seconds);
+  if (get) kvbm__tier_metrics_transfer(&m->tm, t->id, KVBM_TIER_G1, got, seconds);
+}
+
 /* Lock held. Finishes the batches the volume handed back: checks and
  * copies outside the lock, then the jobs' bookkeeping under it. */
 static void vw_finish(kvbm_manager *m, kvbm__tier *t) {
@@ -425,10 +474,12 @@ static void vw_finish(kvbm_manager *m, kvbm__tier *t) {
       if (s->job.kind == KVBM__J_GET) s->job.result = finish_get(m, t, s, &vb->ops[i]);
       else s->job.result = vb->ops[i].status;
     }
+  double now = kvbm_clock_seconds();
   pthread_mutex_lock(&m->mu);
   while (list) {
     vbatch *vb = list;
     list = vb->next;
+    batch_transfers(m, t, vb, now - vb->t_submit);
     for (uint32_t i = 0; i < vb->n; i++) {
       job_done(m, t, &vw->slots[vb->slot[i]].job, true);
       vw->freel[vw->nfree++] = vb->slot[i];
@@ -502,6 +553,7 @@ static void vw_start(kvbm_manager *m, kvbm__tier *t) {
     }
   }
   vb->n = nops;
+  vb->t_submit = kvbm_clock_seconds();
   int rc = nops ? kvbm_volume_submit(t->vol, vb->ops, nops, vbatch_complete, vb) : KVBM_OK;
   pthread_mutex_lock(&m->mu);
   if (rc) { /* the volume refused the batch: its jobs fail as I/O errors */

@@ -73,6 +73,7 @@ int kvbm_w1_run(const kvbm_trace *trace, const kvbm_w1_config *opts,
   for (size_t i = 0; i < n && !rc; i++) {
     rc = run_request(pool, kvbm_trace_get(trace, i), i, prompt, output, &res, err);
     res.requests += !rc;
+    if (opts->on_request && !rc) opts->on_request(opts->request_user, i + 1, n, &res, pool);
     if (opts->progress && (i % 256 == 255)) opts->progress(opts->progress_user, i + 1, n);
   }
   res.seconds = kvbm_clock_seconds() - t0;

@@ -22,6 +22,8 @@
 extern "C" {
 #endif
 
+struct kvbm_w1_result;
+
 typedef struct kvbm_w1_config {
   uint32_t block_size;          /* tokens per block (16) */
   uint32_t capacity;            /* blocks in the pool (16384) */
@@ -35,6 +37,12 @@ typedef struct kvbm_w1_config {
   /* optional: called once at the end with the pool, before it is destroyed */
   void (*on_finish)(void *user, const kvbm_pool *pool);
   void *finish_user;
+  /* optional: called after every request on the replay's thread, with the
+   * counts so far and the pool (kvbm replay --metrics-port and --plot
+   * snapshot it there: the pool has no lock of its own) */
+  void (*on_request)(void *user, size_t done, size_t total, const struct kvbm_w1_result *so_far,
+                     const kvbm_pool *pool);
+  void *request_user;
 } kvbm_w1_config;
 
 typedef struct kvbm_w1_result {

@@ -197,6 +197,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   mc.g4_policy = o->g4_policy;
   mc.g4_lookup_timeout_ms = o->g4_lookup_timeout_ms;
   mc.model_id = o->model_id;
+  if (o->metrics) mc.metrics = *o->metrics;
   /* Room for every copy of the largest request: nothing skipped for lack
    * of queue room, so the counts are those of the policy alone. */
   uint64_t qcap = 2 * ((max_in + max_out) / (o->w1.block_size ? o->w1.block_size : 1) + 2);
@@ -210,10 +211,13 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   c.prompt = malloc(max_in * sizeof *c.prompt);
   c.output = malloc(max_out * sizeof *c.output);
   if (!c.prompt || !c.output) rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");
+  bool observed = !rc && o->on_start;
+  if (observed) o->on_start(o->observer_user, m);
   double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < n && !rc; i++) {
     rc = run_request(&c, kvbm_trace_get(trace, i), i, err);
     res.w1.requests += !rc;
+    if (!rc && o->on_request) o->on_request(o->observer_user, i + 1, n, &res, m);
     if (o->w1.progress && (i % 256 == 255)) o->w1.progress(o->w1.progress_user, i + 1, n);
   }
   res.w1.seconds = kvbm_clock_seconds() - t0;
@@ -246,6 +250,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
     strncpy(res.g4_error, kvbm_manager_tier_error(m, KVBM_TIER_G4), sizeof res.g4_error - 1);
     *out = res;
   }
+  if (observed && o->on_finish) o->on_finish(o->observer_user, m, rc ? NULL : &res);
   free(c.prompt);
   free(c.output);
   kvbm_manager_destroy(m);

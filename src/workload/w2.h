@@ -26,6 +26,8 @@
 extern "C" {
 #endif
 
+struct kvbm_w2_result;
+
 typedef struct kvbm_w2_config {
   kvbm_w1_config w1;      /* block size, capacity (= C1), limit, hashes,
                                progress (listener and on_finish unused) */
@@ -48,6 +50,20 @@ typedef struct kvbm_w2_config {
   /* The manager's settings W2 does not set itself (queue depths,
    * timeouts, ...), e.g. from kvbm_manager_config_env; NULL: defaults. */
   const kvbm_manager_config *base;
+  /* Optional observers, on the replay's thread (kvbm replay --metrics-port
+   * and --plot): the manager once it exists, before the first request;
+   * after every request, the counts so far (hit tokens per tier, verify
+   * failures; the copy counters are filled at the end); and once before
+   * the manager is destroyed, with the final result (NULL when the run
+   * failed). */
+  void (*on_start)(void *user, kvbm_manager *m);
+  void (*on_request)(void *user, size_t done, size_t total, const struct kvbm_w2_result *so_far,
+                     kvbm_manager *m);
+  void (*on_finish)(void *user, kvbm_manager *m, const struct kvbm_w2_result *res);
+  void *observer_user;
+  /* The manager's metrics endpoint (kvbm_manager_config.metrics); NULL:
+   * none. */
+  const kvbm_metrics_server_config *metrics;
 } kvbm_w2_config;
 
 typedef struct kvbm_w2_tier {

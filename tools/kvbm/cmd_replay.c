@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "replay_cli.h"
 #include "workload/w1.h"
+#include "replay_obs.h"
 #include "replay_w2.h"
 
 const char kvbm_cmd_replay_help[] = "replay a request trace through the block manager (W1)";
@@ -19,12 +20,15 @@ int kvbm_cmd_replay(int argc, char **argv) {
   kvbm_w1_config o = kvbm_w1_config_default();
   replay_cli c;
   replay_cli_init(&c);
+  replay_obs_opts oo;
+  if (!replay_obs_opts_init(&oo)) return 2;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
     }
     int r = replay_cli_take(argc, argv, &i, &o, &c);
+    if (r == 0) r = replay_obs_take(argc, argv, &i, &oo);
     if (r < 0) return 2;
     if (r == 0) {
       fprintf(stderr, "kvbm replay: unknown option '%s'\n", argv[i]);
@@ -44,11 +48,20 @@ int kvbm_cmd_replay(int argc, char **argv) {
   }
   double load_s = cli_now() - t0;
   if (c.progress && !json) o.progress = replay_cli_progress;
+  oo.trace = trace_path;
+  replay_obs *obs;
+  if (!replay_obs_create(&oo, false, &obs)) {
+    replay_obs_destroy(obs);
+    kvbm_trace_destroy(trace);
+    return 1;
+  }
+  replay_obs_w1(obs, &o);
   kvbm_w1_result res;
   int rc = kvbm_w1_run(trace, &o, &res, &err);
   kvbm_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);
+    replay_obs_destroy(obs);
     return 1;
   }
   double tps = res.seconds > 0 ? (double)res.prompt_tokens / res.seconds : 0;
@@ -74,5 +87,9 @@ int kvbm_cmd_replay(int argc, char **argv) {
     printf("  time              %.3f s (trace load %.3f s)\n", res.seconds, load_s);
     printf("  throughput        %.1f M prompt tokens/s\n", tps / 1e6);
   }
-  return 0;
+  fflush(stdout);
+  replay_obs_w1_done(obs, &res);
+  bool ok = replay_obs_ok(obs);
+  replay_obs_destroy(obs);
+  return ok ? 0 : 1;
 }

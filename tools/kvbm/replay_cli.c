@@ -55,6 +55,8 @@ void replay_cli_usage(FILE *f) {
           "                    [--g3-buffered] [--g1-memory system|pinned|device]\n"
           "                    [--g4 URL] [--g4-blocks N] [--g4-policy P] [--g4-lookup-ms MS]\n"
           "                    [--model-id ID]]\n"
+          "                   [--metrics-port N [--metrics-host 0.0.0.0]\n"
+          "                    [--metrics-port-file PATH] [--hold]] [--plot FILE.svg]\n"
           "TRACE is Mooncake JSON lines, plain or .gz; default: the bundled\n"
           "Mooncake conversation trace (%s).\n"
           "W1: the trace through one block pool of --capacity blocks.\n"
@@ -74,7 +76,15 @@ void replay_cli_usage(FILE *f) {
           "  --g4-blocks N      G4's index of the store's blocks (default 100000)\n"
           "  --g4-policy P      what is copied to G4 (default all)\n"
           "  --g4-lookup-ms MS  longest a prefill waits for its G4 lookup (default 1000)\n"
-          "  --model-id ID      the model part of G4's key namespace (default \"default\")\n",
+          "  --model-id ID      the model part of G4's key namespace (default \"default\")\n"
+          "Watching a run:\n"
+          "  --metrics-port N   serve GET /metrics (Prometheus) on port N (0: any free\n"
+          "                     port) while the replay runs; also switched on by\n"
+          "                     DYN_KVBM_METRICS=true (port DYN_KVBM_METRICS_PORT, 6880)\n"
+          "  --metrics-host H   the address to listen on (default 0.0.0.0)\n"
+          "  --metrics-port-file PATH  write the port there once it listens\n"
+          "  --hold             after the summary, keep serving until SIGINT/SIGTERM\n"
+          "  --plot FILE.svg    draw hit rate and tier occupancy over the replay\n",
           KVBM_DEFAULT_TRACE);
 }
 

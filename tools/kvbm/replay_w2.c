@@ -16,6 +16,7 @@
 
 #include "cli.h"
 #include "replay_cli.h"
+#include "replay_obs.h"
 #include "workload/w2.h"
 
 /* W2 reports every tier, G1..G4. */
@@ -161,12 +162,29 @@ static bool from_env(kvbm_w2_config *o, kvbm_manager_config *base) {
   return true;
 }
 
+typedef struct print_ctx {
+  const char *trace;
+  const kvbm_w2_config *o;
+  bool json;
+} print_ctx;
+
+/* The summary, from inside the run when an observer holds the manager
+ * (its endpoint then still serves the same numbers). */
+static void print_summary(void *user, const kvbm_w2_result *res) {
+  const print_ctx *p = user;
+  if (p->json) print_json(p->trace, p->o, res);
+  else print_text(p->trace, p->o, res);
+  fflush(stdout);
+}
+
 int replay_w2_main(int argc, char **argv) {
   kvbm_w2_config o = kvbm_w2_config_default();
   kvbm_manager_config base;
   if (!from_env(&o, &base)) return 2;
   replay_cli c;
   replay_cli_init(&c);
+  replay_obs_opts oo;
+  if (!replay_obs_opts_init(&oo)) return 2;
   const char *v;
   uint64_t x;
   for (int i = 1; i < argc; i++) {
@@ -174,7 +192,8 @@ int replay_w2_main(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if ((r = replay_cli_take(argc, argv, &i, &o.w1, &c))) {
+    } else if ((r = replay_cli_take(argc, argv, &i, &o.w1, &c)) ||
+               (r = replay_obs_take(argc, argv, &i, &oo))) {
       if (r < 0) return 2;
     } else if (!strcmp(argv[i], "--g3-buffered")) {
       o.g3_direct = false;
@@ -241,9 +260,20 @@ int replay_w2_main(int argc, char **argv) {
     return 2;
   }
   if (c.progress && !json) o.w1.progress = replay_cli_progress;
+  oo.trace = trace_path;
+  replay_obs *obs;
+  if (!replay_obs_create(&oo, true, &obs)) {
+    replay_obs_destroy(obs);
+    kvbm_trace_destroy(trace);
+    return 1;
+  }
+  print_ctx pc = {trace_path, &o, json};
+  replay_obs_w2(obs, &o, print_summary, &pc);
   kvbm_w2_result res;
   int rc = kvbm_w2_run(trace, &o, &res, &err);
   kvbm_trace_destroy(trace);
+  bool obs_ok = replay_obs_ok(obs);
+  replay_obs_destroy(obs);
   if (rc) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);
     bool gpu = o.g1_memory != KVBM_MEMORY_SYSTEM && (rc == KVBM_EDEVICE || rc == KVBM_EUNSUPPORTED);
@@ -253,7 +283,6 @@ int replay_w2_main(int argc, char **argv) {
     /* A bad setting (a malformed or unknown G3/G4 URL too) is a usage error. */
     return rc == KVBM_EINVAL || (rc == KVBM_EUNSUPPORTED && !gpu) ? 2 : 1;
   }
-  if (json) print_json(trace_path, &o, &res);
-  else print_text(trace_path, &o, &res);
-  return 0;
+  if (!obs) print_summary(&pc, &res); /* else printed inside the run */
+  return obs_ok ? 0 : 1;
 }
