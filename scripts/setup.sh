@@ -10,6 +10,7 @@ PKGS=(
   libcmocka-dev zlib1g-dev b3sum
   python3 python3-zmq python3-msgpack python3-xxhash
   python3-dev python3-pytest python3-numpy python3-torch
+  prometheus
 )
 
 missing=()
