@@ -1,6 +1,6 @@
 /*
  * fuzz_trace.c: libFuzzer target for the Mooncake trace reader.
- * fuzz-modules: common hash pool sequence workload/trace.c workload/w1.c
+ * fuzz-modules: common metrics hash pool sequence workload/trace.c workload/w1.c
  * fuzz-libs: z xxhash
  *
  * Beyond "no crash, no leak, no UB": an accepted trace obeys the format's
