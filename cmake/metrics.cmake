@@ -5,3 +5,7 @@ foreach(t metrics_test_metrics metrics_test_server)
     set_tests_properties(${t} PROPERTIES LABELS "metrics;tsan")
   endif()
 endforeach()
+# The manager's metrics, scraped while requests run.
+if(TEST tier_test_metrics)
+  set_tests_properties(tier_test_metrics PROPERTIES LABELS "tier;metrics;tsan")
+endif()
