@@ -148,7 +148,14 @@ class Manager:
                  freq_threshold: int = 2, scheme: str = "native",
                  env: Union[bool, dict[str, str]] = False, g1_memory: str = "system",
                  g2_memory: str = "system", g1_device: int = 0,
-                 g3_key: Optional["_Buffer"] = None) -> None: ...
+                 g3_key: Optional["_Buffer"] = None, metrics: Optional[bool] = None,
+                 metrics_port: Optional[int] = None,
+                 metrics_host: Optional[str] = None) -> None:
+        """metrics=True serves GET /metrics (Prometheus) on metrics_host:metrics_port
+        (0.0.0.0:6880 by default); with env, DYN_KVBM_METRICS=true does the same."""
+    metrics_port: Optional[int]
+    def metrics_text(self) -> str:
+        """The manager's metrics in Prometheus' text format (what GET /metrics serves)."""
     def prefill(self, tokens: Tokens, *, salt_hash: Hash = 0, priority: int = 0) -> "Request": ...
     def stats(self, tier: int) -> dict[str, Any]: ...
     def layout(self, tier: int) -> dict[str, Any]: ...

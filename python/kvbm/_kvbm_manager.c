@@ -176,22 +176,26 @@ static int u64_kw(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
   return kvbmpy_uint(o, what, max, out);
 }
 
-static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfg, PyObject *env);
+static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfg, PyObject *env,
+                            int metrics, int port, const char *host);
 
 static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"block_size", "num_layers", "outer_dim", "inner_dim", "dtype_bytes",
                            "alignment", "layout", "g1_blocks", "g2_blocks", "g3_blocks", "g3_dir",
                            "g3_persist", "g3_direct", "g2_policy", "g3_policy", "freq_threshold",
-                           "scheme", "env", "g1_memory", "g2_memory", "g1_device", "g3_key", NULL};
+                           "scheme", "env", "g1_memory", "g2_memory", "g1_device", "g3_key",
+                           "metrics", "metrics_port", "metrics_host", NULL};
   PyObject *bs = NULL, *nl = NULL, *od = NULL, *id = NULL, *db = NULL, *al = NULL, *lay = NULL,
            *g1 = NULL, *g2 = NULL, *g3 = NULL, *g3dir = NULL, *g2p = NULL, *g3p = NULL,
            *freq = NULL, *scheme = NULL, *env = NULL, *g1m = NULL, *g2m = NULL, *g1d = NULL,
-           *g3k = NULL;
-  int persist = 0, direct = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOO:Manager", kwlist, &bs, &nl,
-                                   &od, &id, &db, &al, &lay, &g1, &g2, &g3, &g3dir, &persist,
-                                   &direct, &g2p, &g3p, &freq, &scheme, &env, &g1m, &g2m, &g1d, &g3k))
+           *g3k = NULL, *mon = NULL, *mport = NULL, *mhost = NULL;
+  int persist = 0, direct = 1, metrics = -1;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOOOOO:Manager", kwlist, &bs,
+                                   &nl, &od, &id, &db, &al, &lay, &g1, &g2, &g3, &g3dir, &persist,
+                                   &direct, &g2p, &g3p, &freq, &scheme, &env, &g1m, &g2m, &g1d, &g3k,
+                                   &mon, &mport, &mhost))
     return NULL;
+  if (mon && mon != Py_None && (metrics = PyObject_IsTrue(mon)) < 0) return NULL;
   uint64_t dev = 0;
   kvbm_manager_config cfg = kvbm_manager_config_default();
   kvbm_layout_kind kind = KVBM_LAYOUT_FULLY_CONTIGUOUS;
@@ -213,6 +217,16 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
       memory_arg(g2m, "g2_memory", &cfg.g2_memory) || (g1d && kvbmpy_uint(g1d, "g1_device", INT32_MAX, &dev)))
     return NULL;
   cfg.g1_device = (int32_t)dev;
+  /* the metrics endpoint: metrics=True/False (absent: the environment's
+   * word when env is given, else off), its port and address */
+  uint64_t port = 0;
+  const char *host = NULL;
+  if ((mport && mport != Py_None && kvbmpy_uint(mport, "metrics_port", 65535, &port)) ||
+      (mhost && mhost != Py_None && kvbmpy_str(mhost, "metrics_host", &host)))
+    return NULL;
+  if (metrics >= 0) cfg.metrics.enabled = metrics;
+  if (mport && mport != Py_None) cfg.metrics.port = (uint16_t)port;
+  if (host) cfg.metrics.host = host;
   cfg.layout.page_size = cfg.block_size;
   cfg.g1_kind = cfg.g2_kind = kind;
   cfg.g3_dir = dir;
@@ -230,13 +244,16 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     cfg.g3_key = key.buf;
     cfg.g3_key_len = (size_t)key.len;
   }
-  PyObject *res = mgr_create(type, &cfg, env);
+  PyObject *res = mgr_create(type, &cfg, env, metrics, mport && mport != Py_None ? (int)port : -1,
+                             host);
   if (key.obj) PyBuffer_Release(&key);
   return res;
 }
 
-/* Creates the manager from a filled config, env applied last. */
-static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObject *env) {
+/* Creates the manager from a filled config, env applied last; the metrics
+ * keywords given explicitly (metrics >= 0, port >= 0, host) win over it. */
+static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObject *env,
+                            int metrics, int port, const char *host) {
   kvbm_manager_config cfg = *cfgp;
   ManagerObject *self = (ManagerObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
@@ -285,6 +302,9 @@ static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObj
   } else {
     rc = env == Py_True ? kvbm_manager_config_env(&cfg, NULL, &err) : KVBM_OK;
   }
+  if (metrics >= 0) cfg.metrics.enabled = metrics;
+  if (port >= 0) cfg.metrics.port = (uint16_t)port;
+  if (host) cfg.metrics.host = host;
   kvbm_manager *m = NULL;
   if (!rc) {
     Py_BEGIN_ALLOW_THREADS
@@ -668,7 +688,47 @@ static PyObject *mgr_memory(ManagerObject *self, PyObject *arg) {
   return PyUnicode_FromString(kvbm_memory_type_name(mem));
 }
 
+static PyObject *mgr_get_metrics_port(ManagerObject *self, void *c) {
+  (void)c;
+  if (mgr_open(self)) return NULL;
+  uint16_t port = kvbm_manager_metrics_port(self->m);
+  if (!port) Py_RETURN_NONE;
+  return PyLong_FromLong(port);
+}
+
+/* The page the endpoint serves (the manager's registry when it runs, else
+ * a registry of this call's with the manager's collector alone). */
+static PyObject *mgr_metrics_text(ManagerObject *self, PyObject *unused) {
+  (void)unused;
+  if (mgr_open(self)) return NULL;
+  kvbm_error err = {0};
+  kvbm_metrics *own = NULL, *reg = kvbm_manager_metrics(self->m);
+  int rc = KVBM_OK;
+  if (!reg) {
+    rc = kvbm_metrics_create(&own, &err);
+    if (!rc) rc = kvbm_metrics_register(own, kvbm_manager_metrics_collect, self->m, NULL, 0, NULL, &err);
+    reg = own;
+  }
+  char *text = NULL;
+  size_t len = 0;
+  self->calls++;
+  if (!rc) {
+    Py_BEGIN_ALLOW_THREADS
+    rc = kvbm_metrics_render(reg, &text, &len, &err);
+    Py_END_ALLOW_THREADS
+  }
+  self->calls--;
+  kvbm_metrics_destroy(own);
+  if (rc) return kvbmpy_raise_kvbm(rc, &err, "Manager.metrics_text");
+  PyObject *s = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+  kvbm_metrics_text_free(text);
+  return s;
+}
+
 static PyMethodDef mgr_methods[] = {
+  {"metrics_text", (PyCFunction)mgr_metrics_text, METH_NOARGS,
+   "metrics_text() -> str\n\nThe manager's metrics in Prometheus' text format (what GET\n"
+   "/metrics serves when the endpoint runs). Releases the GIL."},
   {"prefill", (PyCFunction)(void (*)(void))mgr_prefill, METH_VARARGS | METH_KEYWORDS,
    "prefill(tokens, *, salt_hash=0, priority=0) -> Request\n\n"
    "Hashes the prompt's full blocks, matches them across G1, G2, G3 (at most\n"
@@ -727,6 +787,8 @@ static PyGetSetDef mgr_getset[] = {
   {"g3_error", (getter)mgr_get_g3_error, NULL,
    "Why G3 is unavailable ('' when it is available or not configured).", NULL},
   {"closed", (getter)mgr_get_closed, NULL, "Whether close() ran.", NULL},
+  {"metrics_port", (getter)mgr_get_metrics_port, NULL,
+   "The port of the metrics endpoint (GET /metrics), None when it does not run.", NULL},
   {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -741,13 +803,17 @@ static PyTypeObject ManagerType = {
             "        g3_blocks=0, g3_dir=None, g3_persist=False, g3_direct=True,\n"
             "        g2_policy='all', g3_policy='frequency', freq_threshold=2,\n"
             "        scheme='native', env=False, g1_memory='system', g2_memory='system',\n"
-            "        g1_device=0, g3_key=None)\n\n"
+            "        g1_device=0, g3_key=None, metrics=None, metrics_port=None,\n"
+            "        metrics_host=None)\n\n"
             "The tiered KV block manager: G1 (the engine's blocks, host memory here), G2\n"
             "(host), G3 (a file of checksummed slots). A block's KV is num_layers x\n"
             "outer_dim x block_size x inner_dim elements of dtype_bytes. env=True applies\n"
             "Dynamo's DYN_KVBM_* variables from the environment, a dict applies those\n"
             "given. g3_key (16..4096 bytes of secret) makes G3 slots carry keyed BLAKE3\n"
             "sums, which also catch slots forged without the secret.\n"
+            "metrics=True serves the manager's counters in Prometheus' format on\n"
+            "metrics_host:metrics_port (0.0.0.0:6880 by default; port 0 picks one, see\n"
+            "metrics_port); with env, DYN_KVBM_METRICS=true does the same.\n"
             "g1_memory 'pinned' or 'device' (G2: 'pinned') need a CUDA build\n"
             "(else UnsupportedError) and a GPU (else DeviceError); device memory has no\n"
             "host views (read_layer/write_layer copy). Thread-safe; long calls release the\n"
