@@ -22,6 +22,7 @@ for Dynamo's names, kept for compatibility).
 """
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,6 +38,9 @@ import msgpack
 import zmq
 
 KVBM = os.environ["KVBM_BIN"]
+SRC = os.environ["KVBM_SOURCE_DIR"]
+DOC = os.path.join(SRC, "docs", "areas", "observability.md")
+DASH = os.path.join(SRC, "docs", "grafana", "kvbm.json")
 TIMEOUT = 60.0
 BS = 4
 DYNAMO_NAMES = ("dynamo_", "kvbm_offload_blocks_", "kvbm_onboard_blocks_", "kvbm_matched_tokens",
@@ -354,9 +358,27 @@ def main():
         agree(prom, "kvbm_router_source_replayed_batches_total" + jw, 1, "worker 7 replayed")
         agree(prom, 'dynamo_kvindexer_listeners{job="kvbm_router",status="active"}', 1, "active sources")
 
-        # ---- both pages parse as Prometheus reads them
-        promtool(get("http://127.0.0.1:%d/metrics" % mport)[1], "the replay's page")
-        promtool(get("http://127.0.0.1:%d/metrics" % rport)[1], "the router's page")
+        # ---- both pages parse as Prometheus reads them, and every family on
+        # them is in docs/areas/observability.md's table
+        documented = set(re.findall(r"^\| `([a-zA-Z_:][a-zA-Z0-9_:]*)` \|", open(DOC).read(), re.M))
+        for port, what in ((mport, "the replay's page"), (rport, "the router's page")):
+            page = get("http://127.0.0.1:%d/metrics" % port)[1]
+            promtool(page, what)
+            for fam in re.findall(r"^# TYPE (\S+) ", page.decode(), re.M):
+                check(fam in documented, "%s: %s is not in %s" % (what, fam, DOC))
+        # ---- the Grafana dashboard's queries are PromQL Prometheus accepts,
+        # over documented metrics
+        dash = json.load(open(DASH))
+        exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+        check(len(exprs) >= 20, "the dashboard has %d queries" % len(exprs))
+        for e in exprs:
+            q = e.replace("$__rate_interval", "1m").replace("$job", ".*").replace("$instance", ".*")
+            st, body = get(prom.base + "/api/v1/query?" + urllib.parse.urlencode({"query": q}))
+            check(st == 200 and json.loads(body)["status"] == "success", "dashboard query %s: %s" % (q, body))
+            for name in re.findall(r"\b((?:kvbm|dynamo)_[a-z0-9_]+)", q):
+                base = re.sub(r"_(bucket|sum|count)$", "", name)
+                check(name in documented or base in documented,
+                      "the dashboard uses %s, not in the table" % name)
         agree(prom, 'sum(kvbm_metrics_errors_total)', 0, "no sample refused by the renderer")
 
         # ---- clean exits

@@ -4,7 +4,7 @@
 # by Dynamo's DYN_KVBM_METRICS; --plot draws hit rate and occupancy whose
 # last points are the summary's numbers; bad settings are refused.
 set -euo pipefail
-: "${KVBM_BIN:?}"
+: "${KVBM_BIN:?}" "${KVBM_SOURCE_DIR:?}"
 exec /usr/bin/python3 - "$KVBM_BIN" <<'PY'
 import json, os, re, signal, socket, subprocess, sys, tempfile, time, urllib.request
 import xml.etree.ElementTree as ET
@@ -87,6 +87,9 @@ assert value(page, "kvbm_replay_prompt_tokens_total") == s["prompt_tokens"]
 assert value(page, "kvbm_replay_hit_tokens_total") == s["hit_tokens"]
 assert value(page, 'kvbm_pool_allocated_blocks_total{tier="G1"}') == s["blocks_allocated"]
 assert value(page, 'kvbm_pool_capacity_blocks{tier="G1"}') == s["capacity"]
+doc = open(os.path.join(os.environ["KVBM_SOURCE_DIR"], "docs/areas/observability.md")).read()
+for fam in re.findall(r"^# TYPE (\S+) ", page, re.M):
+    assert "| `%s` |" % fam in doc, fam + " is not in docs/areas/observability.md"
 stop(p)
 plot_check(os.path.join(tmp, "w1.svg"), s, ["G1"])
 
