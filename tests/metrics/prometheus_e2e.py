@@ -132,21 +132,42 @@ def start_router(tmp, engine):
     return p, int(wait_file(pf, p, "router"))
 
 
-def drive_router(engine, port):
+def start_relay(tmp, engine):
+    """kvbm events relay from the engine to a ZMQ endpoint of its own,
+    serving its counters."""
+    pf = os.path.join(tmp, "relay.port")
+    err = open(os.path.join(tmp, "relay.err"), "w+")
+    p = subprocess.Popen([KVBM, "events", "relay", "tcp://127.0.0.1:%d" % engine.pub_port,
+                          "--replay", "tcp://127.0.0.1:%d" % engine.rep_port,
+                          "--zmq", "tcp://127.0.0.1:*", "--metrics-port", "0",
+                          "--metrics-host", "127.0.0.1", "--metrics-port-file", pf],
+                         stdout=subprocess.DEVNULL, stderr=err)
+    procs.append(p)
+    return p, int(wait_file(pf, p, "relay")), err
+
+
+def page_value(port, series):
+    page = get("http://127.0.0.1:%d/metrics" % port)[1].decode()
+    m = re.search(r"^%s (\S+)$" % re.escape(series), page, re.M)
+    return float(m.group(1)) if m else None
+
+
+def drive_router(engine, port, relay_port):
     """Events with a gap filled by replay, routes, bad requests. Returns
     the number of routes answered 200 and of bad requests sent."""
     base = "http://127.0.0.1:%d" % port
-    # the subscription needs a moment: publish until the router has a batch
+    # the subscriptions need a moment: publish until the router and the
+    # relay have a batch
     t0 = time.time()
     while True:
         engine.publish([stored([1000 + engine.seq], None, 1)])
         time.sleep(0.1)
         h = json.loads(get(base + "/health")[1])
-        if h["events"] > 0:
+        if h["events"] > 0 and (page_value(relay_port, "kvbm_subscriber_batches_total") or 0) > 0:
             base_batches = h["sources"][0]["batches"]
             break
         if time.time() - t0 > TIMEOUT:
-            raise SystemExit("router never applied an event")
+            raise SystemExit("router or relay never took an event")
     chain = [11, 12, 13, 14, 15, 16]
     engine.publish([stored(chain[:2], None, 100)])
     engine.publish([stored(chain[2:4], chain[1], 108)], live=False)  # held back: a gap
@@ -159,7 +180,8 @@ def drive_router(engine, port):
         src = h["sources"][0]
         # the four batches above, the held-back one through replay (earlier
         # ones may have gone before the subscription took: ZMQ's slow joiner)
-        if src["batches"] >= base_batches + 4 and src["replayed"] >= 1:
+        if (src["batches"] >= base_batches + 4 and src["replayed"] >= 1 and
+                (page_value(relay_port, "kvbm_subscriber_replayed_batches_total") or 0) >= 1):
             break
         if time.time() - t0 > TIMEOUT:
             raise SystemExit("router did not catch up: %r" % h)
@@ -273,12 +295,14 @@ def main():
     try:
         engine = Engine(ctx)
         router, rport = start_router(tmp, engine)
-        routes, bad = drive_router(engine, rport)
+        relay, lport, relay_err = start_relay(tmp, engine)
+        routes, bad = drive_router(engine, rport, lport)
         replay, mport, summary = start_replay(tmp)
-        prom_p, pport = start_prometheus(tmp, {"kvbm_replay": mport, "kvbm_router": rport})
+        prom_p, pport = start_prometheus(tmp, {"kvbm_replay": mport, "kvbm_router": rport,
+                                               "kvbm_relay": lport})
         prom = Prom(pport)
-        prom.wait_scrapes("kvbm_replay", 2)
-        prom.wait_scrapes("kvbm_router", 2)
+        for job in ("kvbm_replay", "kvbm_router", "kvbm_relay"):
+            prom.wait_scrapes(job, 2)
 
         # ---- the replay: the library's counters against the replay's summary
         s, t = summary, summary["tiers"]
@@ -358,11 +382,33 @@ def main():
         agree(prom, "kvbm_router_source_replayed_batches_total" + jw, 1, "worker 7 replayed")
         agree(prom, 'dynamo_kvindexer_listeners{job="kvbm_router",status="active"}', 1, "active sources")
 
-        # ---- both pages parse as Prometheus reads them, and every family on
-        # them is in docs/areas/observability.md's table
+        relay_page = get("http://127.0.0.1:%d/metrics" % lport)[1]
+        # ---- the relay: its counters against what it prints when it stops
+        # (after Prometheus has the final values: the engine is quiet)
+        relay.send_signal(signal.SIGTERM)
+        check(relay.wait(timeout=20) == 0, "relay exited %r" % relay.returncode)
+        relay_err.seek(0)
+        text = relay_err.read()
+        m = re.search(r"(\d+) batches, (\d+) events, (\d+) gaps, (\d+) replayed, (\d+) lost, "
+                      r"(\d+) duplicates", text)
+        check(m is not None, "relay's counters: %r" % text)
+        if m:
+            jr = '{job="kvbm_relay"}'
+            for i, metric in enumerate(("batches", "events", "gaps", "replayed_batches",
+                                        "lost_batches", "duplicate_batches")):
+                agree(prom, "kvbm_subscriber_%s_total%s" % (metric, jr), int(m.group(i + 1)),
+                      "relay " + metric)
+            check(int(m.group(3)) >= 1 and int(m.group(4)) >= 1, "the relay saw the gap: " + text)
+        agree(prom, 'kvbm_events_accepted_total{job="kvbm_relay"}', prom.value(
+            'kvbm_subscriber_events_total{job="kvbm_relay"}'), "relay: every event received was queued")
+
+        # ---- every page parses as Prometheus reads it, and every family on
+        # it is in docs/areas/observability.md's table
         documented = set(re.findall(r"^\| `([a-zA-Z_:][a-zA-Z0-9_:]*)` \|", open(DOC).read(), re.M))
-        for port, what in ((mport, "the replay's page"), (rport, "the router's page")):
-            page = get("http://127.0.0.1:%d/metrics" % port)[1]
+        pages = [(get("http://127.0.0.1:%d/metrics" % mport)[1], "the replay's page"),
+                 (get("http://127.0.0.1:%d/metrics" % rport)[1], "the router's page"),
+                 (relay_page, "the relay's page")]
+        for page, what in pages:
             promtool(page, what)
             for fam in re.findall(r"^# TYPE (\S+) ", page.decode(), re.M):
                 check(fam in documented, "%s: %s is not in %s" % (what, fam, DOC))

@@ -16,6 +16,7 @@
  *                    [--form map|positional] [--signed-hashes]
  *                    [--dp-rank R] [--batch N] [--delay-us US] [--count N]
  *                    [--idle-ms MS]
+ *                    [--metrics-port N [--metrics-host H] [--metrics-port-file P]]
  *     republishes the stream on NATS or on our own ZMQ endpoint (printing
  *     "publishing on EP [replay EP]" first, useful with a '*' port),
  *     keeping the engine's dp_rank (--dp-rank is for batches without one)
@@ -26,6 +27,11 @@
  * prints its publisher's (sends a sink failed, e.g. NATS down, are batches
  * lost on that sink). --queue-bytes is the subscriber's byte budget
  * (kvbm_subscriber_config.max_queue_bytes).
+ *
+ * relay --metrics-port N (or DYN_KVBM_METRICS=true) serves its counters on
+ * GET /metrics while it runs: the publisher's (its collector) and the
+ * subscriber's, copied after every poll under a mutex (the subscriber is
+ * driven by this thread alone and has no lock of its own).
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -33,8 +39,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "cli.h"
 #include "kvbm/events.h"
+#include "kvbm/metrics.h"
+#include "metrics_cli.h"
 
 const char kvbm_cmd_events_help[] =
     "KV events: `events tail ENDPOINT` prints them as JSON lines, `events relay` "
@@ -59,7 +69,8 @@ static void usage_to(FILE *f) {
           "                        [--zmq-topic T] [--zmq-replay-legacy])\n"
           "                        [--form map|positional] [--signed-hashes]\n"
           "                        [--dp-rank R] [--batch N] [--delay-us US] [--count N]\n"
-          "                        [--idle-ms MS] [--queue-bytes B]\n");
+          "                        [--idle-ms MS] [--queue-bytes B] [--metrics-port N\n"
+          "                        [--metrics-host H] [--metrics-port-file PATH]]\n");
 }
 
 static void usage(void) { usage_to(stderr); }
@@ -70,6 +81,7 @@ typedef struct args {
   const char *nats, *jetstream, *stream, *stream_subjects, *subject, *zmq, *zmq_replay, *zmq_topic;
   bool zmq_replay_legacy;
   kvbm_publisher_config pub;
+  metrics_cli metrics; /* relay: the endpoint */
 } args;
 
 /* Parses the options shared by both subcommands and relay's own. */
@@ -98,6 +110,8 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
       a->sub.bind = true;
     } else if (relay && !strcmp(argv[i], "--signed-hashes")) {
       a->pub.signed_hashes = true;
+    } else if (relay && (r = metrics_cli_take(cmd, argc, argv, &i, &a->metrics))) {
+      if (r < 0) return 2;
     } else if (relay && OPT("--nats")) { if (r < 0) return 2; a->nats = v; }
     else if (relay && OPT("--jetstream")) { if (r < 0) return 2; a->jetstream = v; }
     else if (relay && OPT("--stream")) { if (r < 0) return 2; a->stream = v; }
@@ -276,9 +290,32 @@ static int tail(int argc, char **argv) {
   return status;
 }
 
+/* The relay's page: the subscriber's counters as of the last poll. */
+typedef struct relay_view {
+  pthread_mutex_t mu;
+  kvbm_subscriber_stats sub;
+} relay_view;
+
+static void relay_collect(void *user, kvbm_metrics_writer *w) {
+  relay_view *v = user;
+  pthread_mutex_lock(&v->mu);
+  kvbm_subscriber_stats s = v->sub;
+  pthread_mutex_unlock(&v->mu);
+  kvbm_subscriber_metrics_write(w, &s, NULL, 0);
+}
+
+static void relay_view_take(relay_view *v, const kvbm_relay *r) {
+  kvbm_subscriber_stats s;
+  kvbm_subscriber_stats_get(kvbm_relay_subscriber(r), &s);
+  pthread_mutex_lock(&v->mu);
+  v->sub = s;
+  pthread_mutex_unlock(&v->mu);
+}
+
 static int relay(int argc, char **argv) {
   const char *cmd = "events relay";
   args a = {0};
+  if (!metrics_cli_init(&a.metrics, cmd)) return 2;
   int rc = parse(cmd, argc, argv, true, &a);
   if (rc) {
     usage();
@@ -327,6 +364,24 @@ static int relay(int argc, char **argv) {
     kvbm_publisher_destroy(p);
     return 2;
   }
+  relay_view view = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  kvbm_metrics *reg = NULL;
+  kvbm_metrics_server *srv = NULL;
+  if (a.metrics.cfg.enabled) {
+    err = (kvbm_error){0};
+    if (kvbm_metrics_create(&reg, &err) ||
+        kvbm_metrics_register(reg, kvbm_publisher_metrics_collect, p, NULL, 0, NULL, &err) ||
+        kvbm_metrics_register(reg, relay_collect, &view, NULL, 0, NULL, &err) ||
+        kvbm_metrics_server_start(reg, &a.metrics.cfg, &srv, &err) ||
+        !metrics_cli_announce(&a.metrics, cmd, kvbm_metrics_server_port(srv))) {
+      if (err.msg[0]) fprintf(stderr, "kvbm %s: %s\n", cmd, err.msg);
+      kvbm_metrics_server_stop(srv);
+      kvbm_metrics_destroy(reg);
+      kvbm_relay_destroy(r);
+      kvbm_publisher_destroy(p);
+      return 1;
+    }
+  }
   install_signals();
   uint64_t n = 0;
   int status = 0;
@@ -335,6 +390,7 @@ static int relay(int argc, char **argv) {
     size_t nb = 0;
     rc = kvbm_relay_poll(r, slice_ms(&a, idle_since), &nb, &err);
     n += nb;
+    if (srv) relay_view_take(&view, r);
     if (rc == KVBM_ETIMEDOUT) {
       if (idle_over(&a, idle_since)) break;
       continue;
@@ -352,6 +408,9 @@ static int relay(int argc, char **argv) {
   kvbm_relay_stats_get(r, &rs);
   fprintf(stderr, "kvbm %s: %" PRIu64 " events relayed, %" PRIu64 " skipped (not decodable), %" PRIu64
           " refused by the publisher\n", cmd, rs.events, rs.skipped, rs.refused);
+  /* the endpoint goes first: its collectors read the relay and the publisher */
+  kvbm_metrics_server_stop(srv);
+  kvbm_metrics_destroy(reg);
   kvbm_relay_destroy(r);
   kvbm_publisher_flush(p, 5000, NULL); /* sends everything accepted, then counts */
   print_publisher(cmd, p);

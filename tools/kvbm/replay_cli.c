@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "metrics_cli.h"
 
 void replay_cli_init(replay_cli *c) {
   c->trace = NULL;
@@ -77,15 +78,12 @@ void replay_cli_usage(FILE *f) {
           "  --g4-policy P      what is copied to G4 (default all)\n"
           "  --g4-lookup-ms MS  longest a prefill waits for its G4 lookup (default 1000)\n"
           "  --model-id ID      the model part of G4's key namespace (default \"default\")\n"
-          "Watching a run:\n"
-          "  --metrics-port N   serve GET /metrics (Prometheus) on port N (0: any free\n"
-          "                     port) while the replay runs; also switched on by\n"
-          "                     DYN_KVBM_METRICS=true (port DYN_KVBM_METRICS_PORT, 6880)\n"
-          "  --metrics-host H   the address to listen on (default 0.0.0.0)\n"
-          "  --metrics-port-file PATH  write the port there once it listens\n"
-          "  --hold             after the summary, keep serving until SIGINT/SIGTERM\n"
-          "  --plot FILE.svg    draw hit rate and tier occupancy over the replay\n",
+          "Watching a run:\n",
           KVBM_DEFAULT_TRACE);
+  metrics_cli_usage(f);
+  fprintf(f,
+          "  --hold             after the summary, keep serving until SIGINT/SIGTERM\n"
+          "  --plot FILE.svg    draw hit rate and tier occupancy over the replay\n");
 }
 
 void replay_cli_progress(void *user, size_t done, size_t total) {

@@ -65,31 +65,16 @@ struct replay_obs {
 
 bool replay_obs_opts_init(replay_obs_opts *o) {
   memset(o, 0, sizeof *o);
-  o->metrics = kvbm_metrics_server_config_default();
-  kvbm_error err = {0};
-  if (kvbm_metrics_server_config_env(&o->metrics, NULL, &err)) {
-    fprintf(stderr, "kvbm replay: %s\n", err.msg);
-    return false;
-  }
-  return true;
+  return metrics_cli_init(&o->m, "replay");
 }
 
 int replay_obs_take(int argc, char **argv, int *i, replay_obs_opts *o) {
   const char *v;
-  uint64_t x;
   int r;
   if (!strcmp(argv[*i], "--hold")) {
     o->hold = true;
-  } else if ((r = cli_opt_value("replay", argc, argv, i, "--metrics-port", &v))) {
-    if (r < 0 || !cli_parse_u64("replay", "--metrics-port", v, 0, 65535, &x)) return -1;
-    o->metrics.port = (uint16_t)x;
-    o->metrics.enabled = true;
-  } else if ((r = cli_opt_value("replay", argc, argv, i, "--metrics-host", &v))) {
-    if (r < 0) return -1;
-    o->metrics.host = v; /* checked when the endpoint starts */
-  } else if ((r = cli_opt_value("replay", argc, argv, i, "--metrics-port-file", &v))) {
-    if (r < 0) return -1;
-    o->port_file = v;
+  } else if ((r = metrics_cli_take("replay", argc, argv, i, &o->m))) {
+    return r;
   } else if ((r = cli_opt_value("replay", argc, argv, i, "--plot", &v))) {
     if (r < 0) return -1;
     o->plot = v;
@@ -140,22 +125,12 @@ static void collect(void *user, kvbm_metrics_writer *w) {
 /* ----------------------------------------------------------------- setup */
 
 static bool write_port(replay_obs *obs, uint16_t port) {
-  const char *host = obs->o.metrics.host ? obs->o.metrics.host : "0.0.0.0";
-  fprintf(stderr, "kvbm replay: metrics on http://%s:%u/metrics\n", host, port);
-  if (!obs->o.port_file) return true;
-  char tmp[4096];
-  snprintf(tmp, sizeof tmp, "%s.tmp", obs->o.port_file);
-  FILE *f = fopen(tmp, "w");
-  if (!f || fprintf(f, "%u\n", port) < 0 || fclose(f) || rename(tmp, obs->o.port_file)) {
-    fprintf(stderr, "kvbm replay: --metrics-port-file %s: %s\n", obs->o.port_file, strerror(errno));
-    return false;
-  }
-  return true;
+  return metrics_cli_announce(&obs->o.m, "replay", port);
 }
 
 bool replay_obs_create(const replay_obs_opts *o, bool w2, replay_obs **out) {
   *out = NULL;
-  if (!o->metrics.enabled && !o->plot) {
+  if (!o->m.cfg.enabled && !o->plot) {
     if (o->hold) fprintf(stderr, "kvbm replay: --hold without a metrics endpoint does nothing\n");
     return true;
   }
@@ -165,7 +140,7 @@ bool replay_obs_create(const replay_obs_opts *o, bool w2, replay_obs **out) {
   obs->w2 = w2;
   obs->ok = true;
   pthread_mutex_init(&obs->mu, NULL);
-  if (o->hold && o->metrics.enabled) {
+  if (o->hold && o->m.cfg.enabled) {
     /* before any thread starts: they all inherit the mask */
     sigset_t set;
     sigemptyset(&set);
@@ -174,11 +149,11 @@ bool replay_obs_create(const replay_obs_opts *o, bool w2, replay_obs **out) {
     pthread_sigmask(SIG_BLOCK, &set, NULL);
   }
   *out = obs;
-  if (w2 || !o->metrics.enabled) return true;
+  if (w2 || !o->m.cfg.enabled) return true;
   kvbm_error err = {0};
   if (kvbm_metrics_create(&obs->reg, &err) ||
       kvbm_metrics_register(obs->reg, collect, obs, NULL, 0, &obs->collector, &err) ||
-      kvbm_metrics_server_start(obs->reg, &o->metrics, &obs->srv, &err)) {
+      kvbm_metrics_server_start(obs->reg, &o->m.cfg, &obs->srv, &err)) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);
     return false;
   }
@@ -325,7 +300,7 @@ static bool write_plot(replay_obs *obs, size_t total, const char *what) {
 /* ------------------------------------------------------------------ hold */
 
 static void hold(replay_obs *obs) {
-  if (!obs->o.hold || !obs->o.metrics.enabled) return;
+  if (!obs->o.hold || !obs->o.m.cfg.enabled) return;
   fflush(stdout);
   fprintf(stderr, "kvbm replay: holding the metrics endpoint until SIGINT or SIGTERM\n");
   sigset_t set;
@@ -435,7 +410,7 @@ void replay_obs_w2(replay_obs *obs, kvbm_w2_config *cfg,
   cfg->on_request = w2_request;
   cfg->on_finish = w2_finish;
   cfg->observer_user = obs;
-  if (obs->o.metrics.enabled) cfg->metrics = &obs->o.metrics;
+  if (obs->o.m.cfg.enabled) cfg->metrics = &obs->o.m.cfg;
   obs->print = print;
   obs->print_ctx = ctx;
 }

@@ -17,12 +17,12 @@
 #include <stdbool.h>
 
 #include "kvbm/metrics.h"
+#include "metrics_cli.h"
 #include "workload/w1.h"
 #include "workload/w2.h"
 
 typedef struct replay_obs_opts {
-  kvbm_metrics_server_config metrics; /* enabled by --metrics-port or the environment */
-  const char *port_file;              /* --metrics-port-file: the bound port is written there */
+  metrics_cli m;                      /* the endpoint (metrics_cli.h) */
   const char *plot;                   /* --plot FILE.svg */
   bool hold;                          /* --hold: keep serving after the summary until
                                          SIGINT or SIGTERM */
@@ -33,9 +33,8 @@ typedef struct replay_obs_opts {
  * printing what is wrong. */
 bool replay_obs_opts_init(replay_obs_opts *o);
 
-/* Takes argv[*i] when it is one of --metrics-port, --metrics-host,
- * --metrics-port-file, --hold, --plot: 1 taken, 0 not ours, -1 after a
- * message. */
+/* Takes argv[*i] when it is one of the metrics_cli options, --hold or
+ * --plot: 1 taken, 0 not ours, -1 after a message. */
 int replay_obs_take(int argc, char **argv, int *i, replay_obs_opts *o);
 
 typedef struct replay_obs replay_obs;
