@@ -11,6 +11,11 @@
 #include "kvbm/router.h"
 #include "router/json.h"
 
+/* What became of an event (kvbm_router_daemon.applied): applied; skipped
+ * as already applied (its batch's id); the one the index refused; after a
+ * refused one in its batch, not applied; its dp rank refused. */
+enum { RD_OK, RD_DUPLICATE, RD_ERROR, RD_NOT_APPLIED, RD_RANK_REFUSED, RD_OUTCOMES };
+
 /* What /health and /metrics show of a source. Written by the source's
  * thread (ZMQ, NATS: copied from its subscriber's counters after each
  * receive; JetStream: counted there), read by the HTTP thread. */
@@ -59,6 +64,9 @@ struct kvbm_router_daemon {
   uint16_t port;
   _Atomic int stop;
   _Atomic uint64_t gaps;
+  /* events by type (stored, removed, cleared) and outcome (see
+   * kvbm__rd_sources_metrics): Dynamo's kv_cache_events_applied */
+  _Atomic uint64_t applied[3][RD_OUTCOMES];
   struct http_state *http;
   /* warm restart (snapshot.c) */
   pthread_t snap_th;

@@ -101,17 +101,41 @@ static void judge(source *s, const kvbm_event_batch *b) {
                  "cleared cache)", s->cfg.worker_id, b->seq);
 }
 
+/* Counts what became of each event of a batch, for Dynamo's
+ * kv_cache_events_applied: the index's own counters, read before and after
+ * the batch under the writer lock (only the writer moves them), say how
+ * many were applied and whether the batch was skipped as a duplicate. */
+static void count_outcomes(kvbm_router_daemon *d, const kvbm_event_batch *b, bool admitted,
+                           const kvbm_index_stats *before, const kvbm_index_stats *after) {
+  uint64_t applied = after->events - before->events;
+  bool dup = after->duplicates != before->duplicates;
+  for (size_t i = 0; i < b->num_events; i++) {
+    int type = b->events[i].type - KVBM_EVENT_STORED;
+    if (type < 0 || type > 2) continue;
+    int out = !admitted       ? RD_RANK_REFUSED
+              : i < applied   ? RD_OK
+              : dup           ? RD_DUPLICATE
+              : i == applied  ? RD_ERROR
+                              : RD_NOT_APPLIED;
+    atomic_fetch_add(&d->applied[type][out], 1);
+  }
+}
+
 /* js_pos: the JetStream position of the batch (0: not JetStream). */
 static void apply_at(source *s, const kvbm_event_batch *b, uint64_t js_pos) {
   kvbm_router_daemon *d = s->d;
   kvbm_error err = {0};
   int rc = KVBM_OK;
+  kvbm_index_stats before, after;
   pthread_mutex_lock(&d->wlock);
   if (b->reset) s->nranks = 0; /* the index forgets the worker's ranks */
   bool admitted = admit_rank(s, b);
+  kvbm_index_stats_get(d->idx, &before);
   if (admitted) rc = kvbm_index_apply_batch(d->idx, s->cfg.worker_id, b, &err);
   if (js_pos) s->js_pos = js_pos, atomic_store(&s->n.js_pos, js_pos);
   judge(s, b);
+  kvbm_index_stats_get(d->idx, &after);
+  count_outcomes(d, b, admitted, &before, &after);
   pthread_mutex_unlock(&d->wlock);
   atomic_store(&s->last_ns, kvbm__rd_now_ns());
   if (atomic_exchange(&s->dropped, 0))
@@ -525,6 +549,18 @@ void kvbm__rd_sources_metrics(const kvbm_router_daemon *d, kvbm_metrics_writer *
         ranks_refused),
 #undef F
   };
+  static const char *const type_name[3] = {"stored", "removed", "cleared"};
+  static const char *const out_name[RD_OUTCOMES] = {"ok", "duplicate", "error", "not_applied",
+                                                    "rank_refused"};
+  kvbm_metrics_family(w, "dynamo_component_kv_cache_events_applied", KVBM_METRIC_COUNTER,
+                      "KV events by type and what became of them: ok (applied), duplicate "
+                      "(skipped by id), error (the index refused it), not_applied (after a "
+                      "refused one in its batch), rank_refused (over max_ranks)");
+  for (int t = 0; t < 3; t++)
+    for (int o = 0; o < RD_OUTCOMES; o++) {
+      kvbm_metric_label tl[2] = {{"event_type", type_name[t]}, {"status", out_name[o]}};
+      kvbm_metrics_value_u64(w, tl, 2, atomic_load(&((kvbm_router_daemon *)d)->applied[t][o]));
+    }
   char id[24];
   kvbm_metric_label l = {"worker_id", id};
   for (size_t k = 0; k < sizeof f / sizeof *f; k++) {

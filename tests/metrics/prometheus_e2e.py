@@ -363,6 +363,10 @@ def main():
         agree(prom, "dynamo_kvindexer_workers" + j, h["workers"], "workers")
         agree(prom, "kvbm_index_events_applied_total" + j, h["events"], "events applied")
         agree(prom, "kvbm_index_entries" + j, h["entries"], "index entries")
+        agree(prom, 'sum(dynamo_component_kv_cache_events_applied{job="kvbm_router",status="ok"})',
+              h["events"], "Dynamo's events applied")
+        agree(prom, 'dynamo_component_kv_cache_events_applied{job="kvbm_router",event_type="removed",'
+                    'status="ok"}', 2, "remove events applied")
         agree(prom, "kvbm_index_unknown_removed_total" + j, h["unknown_removed"], "unknown removes")
         agree(prom, "kvbm_router_routes_total" + j, h["routes"], "routes")
         agree(prom, "kvbm_router_routes_total" + j, routes, "routes sent")
