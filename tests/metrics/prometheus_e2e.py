@@ -199,18 +199,17 @@ def drive_router(engine, port, relay_port):
     return routes, bad
 
 
-def start_replay(tmp):
-    pf = os.path.join(tmp, "replay.port")
-    out = open(os.path.join(tmp, "replay.json"), "w")
-    err = open(os.path.join(tmp, "replay.err"), "w")
-    p = subprocess.Popen([KVBM, "replay", "--limit", "1500", "--capacity", "8192", "--g2-blocks", "65536",
-                          "--g3-blocks", "16384", "--g3-dir", tmp, "--g3-policy", "frequency",
-                          "--json", "--no-progress", "--metrics-port", "0", "--metrics-host",
+def start_replay(tmp, name, args):
+    pf = os.path.join(tmp, name + ".port")
+    out = open(os.path.join(tmp, name + ".json"), "w")
+    err = open(os.path.join(tmp, name + ".err"), "w")
+    p = subprocess.Popen([KVBM, "replay"] + args +
+                         ["--json", "--no-progress", "--metrics-port", "0", "--metrics-host",
                           "127.0.0.1", "--metrics-port-file", pf, "--hold"],
                          stdout=out, stderr=err)
     procs.append(p)
-    port = int(wait_file(pf, p, "replay"))
-    summary = wait_file(os.path.join(tmp, "replay.json"), p, "replay's summary")
+    port = int(wait_file(pf, p, name))
+    summary = wait_file(os.path.join(tmp, name + ".json"), p, name + "'s summary")
     return p, port, json.loads(summary)
 
 
@@ -297,11 +296,19 @@ def main():
         router, rport = start_router(tmp, engine)
         relay, lport, relay_err = start_relay(tmp, engine)
         routes, bad = drive_router(engine, rport, lport)
-        replay, mport, summary = start_replay(tmp)
-        prom_p, pport = start_prometheus(tmp, {"kvbm_replay": mport, "kvbm_router": rport,
-                                               "kvbm_relay": lport})
+        # G1, G2 and the disk; then G1, G2 and a file:// G4 with bigger blocks
+        # (fewer files)
+        replay, mport, summary = start_replay(tmp, "replay", [
+            "--limit", "1500", "--capacity", "8192", "--g2-blocks", "65536", "--g3-blocks",
+            "16384", "--g3-dir", tmp, "--g3-policy", "frequency"])
+        os.mkdir(os.path.join(tmp, "g4"))
+        replay4, m4port, summary4 = start_replay(tmp, "replay4", [
+            "--limit", "300", "--block-size", "256", "--capacity", "1024", "--g2-blocks", "512",
+            "--g4", "file://" + os.path.join(tmp, "g4")])
+        prom_p, pport = start_prometheus(tmp, {"kvbm_replay": mport, "kvbm_replay_g4": m4port,
+                                               "kvbm_router": rport, "kvbm_relay": lport})
         prom = Prom(pport)
-        for job in ("kvbm_replay", "kvbm_router", "kvbm_relay"):
+        for job in ("kvbm_replay", "kvbm_replay_g4", "kvbm_router", "kvbm_relay"):
             prom.wait_scrapes(job, 2)
 
         # ---- the replay: the library's counters against the replay's summary
@@ -339,11 +346,17 @@ def main():
         agree(prom, "kvbm_onboard_blocks_d2d" + j, t["g3"]["onboarded_blocks"], "Dynamo's onboard d2d")
         agree(prom, 'kvbm_offload_blocks_h2d{job="kvbm_replay"} + kvbm_offload_blocks_d2d{job="kvbm_replay"}',
               t["g3"]["offloaded_blocks"], "Dynamo's h2d + d2d")
-        # every G3 read is one transfer in the histogram
-        agree(prom, 'kvbm_copy_seconds_count{job="kvbm_replay",src="G3",dst="G1"}',
-              t["g3"]["onboarded_blocks"], "G3 -> G1 transfers")
+        # every G3 read is in one transfer (a store batch) of the histograms
         agree(prom, 'kvbm_copy_transfer_bytes_sum{job="kvbm_replay",src="G3",dst="G1"}',
               t["g3"]["onboarded_bytes"], "G3 -> G1 bytes in the histogram")
+        agree(prom, 'kvbm_copy_transfer_bytes_sum{job="kvbm_replay",src="G1",dst="G2"}',
+              t["g2"]["offloaded_bytes"], "G1 -> G2 bytes in the histogram")
+        n = prom.value('kvbm_copy_seconds_count{job="kvbm_replay",src="G3",dst="G1"}')
+        check(n is not None and 1 <= n <= t["g3"]["onboarded_blocks"], "G3 -> G1 transfers: %r" % n)
+        agree(prom, 'kvbm_volume_bytes_total{job="kvbm_replay",tier="G3",op="get"}',
+              t["g3"]["onboarded_bytes"], "G3's volume returned the onboarded bytes")
+        agree(prom, 'kvbm_tier_info{job="kvbm_replay",tier="G3",mode="%s"}' % s["g3_mode"], 1,
+              "G3's mode")
         agree(prom, 'kvbm_tier_allocated_blocks_total{job="kvbm_replay",tier="G1"}',
               s["blocks_allocated"], "G1 blocks allocated")
         agree(prom, "kvbm_replay_verify_failures_total" + j, s["verify_failures"], "verify failures")
@@ -353,6 +366,31 @@ def main():
         for name in ("host", "disk"):
             rate = prom.value('kvbm_%s_cache_hit_rate{job="kvbm_replay"}' % name)
             check(rate is not None and 0 < rate <= 1, "%s cache hit rate %r" % (name, rate))
+
+        # ---- G4: Dynamo's object-store names and the lookups
+        g4 = summary4["tiers"]["g4"]
+        j = '{job="kvbm_replay_g4"}'
+        jt = '{job="kvbm_replay_g4",tier="G4"}'
+        check(g4["hit_tokens"] > 0 and g4["onboarded_blocks"] > 0 and g4["lookups"] > 0,
+              "the G4 replay exercised G4: %r" % g4)
+        agree(prom, "kvbm_hit_tokens_total" + jt, g4["hit_tokens"], "G4 hit tokens")
+        agree(prom, "kvbm_offload_blocks_d2o" + j, g4["offloaded_blocks"], "Dynamo's d2o")
+        agree(prom, "kvbm_onboard_blocks_o2d" + j, g4["onboarded_blocks"], "Dynamo's o2d")
+        agree(prom, "kvbm_offload_bytes_object" + j, g4["offloaded_bytes"], "Dynamo's object bytes out")
+        agree(prom, "kvbm_onboard_bytes_object" + j, g4["onboarded_bytes"], "Dynamo's object bytes in")
+        agree(prom, "kvbm_lookups_total" + jt, g4["lookups"], "G4 lookups")
+        agree(prom, 'kvbm_lookup_blocks_total{job="kvbm_replay_g4",tier="G4",result="found"}',
+              g4["lookup_found"], "G4 lookup blocks found")
+        agree(prom, 'sum(kvbm_lookup_failures_total{job="kvbm_replay_g4"})',
+              g4["lookup_timeouts"] + g4["lookup_errors"], "G4 lookup failures")
+        agree(prom, "kvbm_onboard_missing_total" + jt, g4["missing"], "G4 missing")
+        agree(prom, 'kvbm_volume_ops_total{job="kvbm_replay_g4",tier="G4",op="put"}',
+              g4["offloaded_blocks"] + g4["skipped_offloads"] - prom.value(
+                  'sum(kvbm_offload_skipped_total{job="kvbm_replay_g4",tier="G4",'
+                  'cause=~"queue|space|unavailable"})'), "G4's volume puts")
+        agree(prom, "kvbm_requested_tokens_total" + j, summary4["prompt_tokens"], "G4 replay tokens")
+        rate = prom.value("kvbm_object_cache_hit_rate" + j)
+        check(rate is not None and 0 < rate <= 1, "object cache hit rate %r" % rate)
 
         # ---- the router: its counters against its own /health
         st, body = get("http://127.0.0.1:%d/health" % rport)
@@ -410,6 +448,7 @@ def main():
         # it is in docs/areas/observability.md's table
         documented = set(re.findall(r"^\| `([a-zA-Z_:][a-zA-Z0-9_:]*)` \|", open(DOC).read(), re.M))
         pages = [(get("http://127.0.0.1:%d/metrics" % mport)[1], "the replay's page"),
+                 (get("http://127.0.0.1:%d/metrics" % m4port)[1], "the G4 replay's page"),
                  (get("http://127.0.0.1:%d/metrics" % rport)[1], "the router's page"),
                  (relay_page, "the relay's page")]
         for page, what in pages:
@@ -432,7 +471,7 @@ def main():
         agree(prom, 'sum(kvbm_metrics_errors_total)', 0, "no sample refused by the renderer")
 
         # ---- clean exits
-        for p in (replay, router):
+        for p in (replay, replay4, router):
             p.send_signal(signal.SIGTERM)
             rc = p.wait(timeout=20)
             check(rc == 0, "%s exited %d" % (p.args[1], rc))
