@@ -186,6 +186,13 @@ KVBM_EXTERN int kvbm_index_worker_slot(const kvbm_index *idx, kvbm_worker_key wo
 KVBM_EXTERN bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kvbm_worker_key *out);
 /* Mask of live slots. */
 KVBM_EXTERN uint64_t kvbm_index_workers(const kvbm_index *idx);
+/* The index's size for the worker of a live slot: out[t] is the number of
+ * distinct keys it holds in tier t (a block held in G1 and G2 counts in
+ * both; copies of one hash count once). Any thread, O(KVBM_TIER_COUNT),
+ * no lock: numbers a moment stale while the writer applies events.
+ * KVBM_ENOTFOUND when the slot is free (out untouched). */
+KVBM_EXTERN int kvbm_index_worker_blocks(const kvbm_index *idx, uint32_t slot,
+                                         uint64_t out[KVBM_TIER_COUNT]);
 /* The id of the batch a worker's input expects next (writer side);
  * KVBM_ENOTFOUND when the worker is unknown or has seen no numbered batch.
  * A restored router asks an engine's replay socket for batches from here. */

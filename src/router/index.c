@@ -129,6 +129,9 @@ typedef struct worker {
   kvbm_seqno_tracker seq; /* the order of the worker's ids (see check_id) */
   wmap map;
   uint64_t nmapped;  /* namespaced blocks in map (engine hashes as keys) */
+  _Atomic uint64_t held[KVBM_TIER_COUNT]; /* keys with the tier's bit set:
+                                           * written by the writer, read by
+                                           * kvbm_index_worker_blocks */
 } worker;
 
 typedef struct counters {
@@ -454,6 +457,14 @@ bool kvbm_index_slot_worker(const kvbm_index *idx, uint32_t slot, kvbm_worker_ke
   return true;
 }
 
+int kvbm_index_worker_blocks(const kvbm_index *idx, uint32_t slot,
+                             uint64_t out[KVBM_TIER_COUNT]) {
+  if (!idx || !out || slot >= MAXW || !(kvbm_index_workers(idx) >> slot & 1))
+    return KVBM_ENOTFOUND;
+  for (int k = 0; k < KVBM_TIER_COUNT; k++) out[k] = LD(&idx->w[slot].held[k]);
+  return KVBM_OK;
+}
+
 int kvbm_index_worker_slot(const kvbm_index *idx, kvbm_worker_key key, uint32_t *slot) {
   uint64_t live = kvbm_index_workers(idx);
   for (uint32_t s = 0; s < MAXW; s++)
@@ -631,6 +642,7 @@ static int tab_hold(kvbm_index *idx, uint32_t wi, uint64_t h, int tier, uint64_t
   unsigned m = found ? slot_tiers(s) : 0;
   *was_set = m >> tier & 1;
   if (*was_set) return KVBM_OK;
+  bump(&w->held[tier], 1);
   if (tier != KVBM_TIER_G1) w->offdev++;
   if (m) { /* held already, in another tier: only the bit changes */
     slot_write(s, h, OCC | m | 1u << tier);
@@ -664,6 +676,7 @@ static bool tab_release(kvbm_index *idx, uint32_t wi, uint64_t h, int tier) {
   if (!found) return false;
   unsigned m = slot_tiers(s);
   if (!(m >> tier & 1)) return false;
+  bump(&w->held[tier], (uint64_t)-1);
   if (tier != KVBM_TIER_G1) w->offdev--;
   m &= ~(1u << tier);
   if (m) {
@@ -799,6 +812,7 @@ static void forget_all(kvbm_index *idx, uint32_t wi) {
   bump(&idx->c.entries, (uint64_t)-held);
   w->entries = 0;
   w->broken = w->offdev = 0;
+  for (int k = 0; k < KVBM_TIER_COUNT; k++) ST(&w->held[k], 0);
   publish_closed(w);
   kvbm__wmap_clear(&w->map);
   w->nmapped = 0;

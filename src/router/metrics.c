@@ -5,10 +5,36 @@
  * without the writer's help, so the collector may run on any thread while
  * events are applied (numbers a moment stale, never torn). Dynamo's
  * standalone indexer calls its worker count dynamo_kvindexer_workers; the
- * rest are kvbm_index_*.
+ * rest are kvbm_index_*. kvbm_index_worker_blocks is the index's size per
+ * worker and tier (Dynamo counts only a total).
  */
+#include <inttypes.h>
+#include <stdio.h>
+
 #include "kvbm/metrics.h"
 #include "kvbm/router.h"
+#include "kvbm/tier.h"
+
+/* The index's size per worker (id and dp rank) and tier: one series per
+ * live worker and tier, so a worker that leaves takes its series along. */
+static void worker_blocks(const kvbm_index *idx, kvbm_metrics_writer *w) {
+  kvbm_metrics_family(w, "kvbm_index_worker_blocks", KVBM_METRIC_GAUGE,
+                      "Blocks the index holds for a worker (id, dp rank), by tier");
+  char id[24], rank[16];
+  for (uint32_t slot = 0; slot < KVBM_ROUTER_MAX_WORKERS; slot++) {
+    kvbm_worker_key k;
+    uint64_t n[KVBM_TIER_COUNT];
+    if (!kvbm_index_slot_worker(idx, slot, &k) || kvbm_index_worker_blocks(idx, slot, n))
+      continue;
+    snprintf(id, sizeof id, "%" PRIu64, k.worker_id);
+    snprintf(rank, sizeof rank, "%" PRIu32, k.dp_rank);
+    for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+      kvbm_metric_label l[3] = {{"worker_id", id}, {"dp_rank", rank},
+                                {"tier", kvbm_tier_name(t)}};
+      kvbm_metrics_value_u64(w, l, 3, n[t]);
+    }
+  }
+}
 
 void kvbm_index_metrics_collect(void *user, kvbm_metrics_writer *w) {
   kvbm_index_stats s;
@@ -43,4 +69,5 @@ void kvbm_index_metrics_collect(void *user, kvbm_metrics_writer *w) {
                      (double)s.table_slots);
   kvbm_metrics_gauge(w, "kvbm_index_closed_workers", "Workers whose lookups bisect", NULL, 0,
                      s.closed_workers);
+  worker_blocks(user, w);
 }

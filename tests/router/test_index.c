@@ -13,6 +13,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
@@ -138,6 +139,16 @@ static void test_tiers(void **state) {
   /* no medium = device */
   apply(idx, 7, stored(H + 1, 1, &H[0], KVBM_MEDIUM_NONE));
   expect_prefix4(idx, H, 8, 7, 2, 3, 5, 6);
+  /* the index's size per tier: G1 {0,1}, G2 {1,2}, G3 {3,4}, G4 {5} */
+  uint32_t slot;
+  uint64_t n[KVBM_TIER_COUNT];
+  assert_int_equal(kvbm_index_worker_slot(idx, (kvbm_worker_key){7, 0}, &slot), KVBM_OK);
+  assert_int_equal(kvbm_index_worker_blocks(idx, slot, n), KVBM_OK);
+  assert_int_equal(n[KVBM_TIER_G1], 2);
+  assert_int_equal(n[KVBM_TIER_G2], 2);
+  assert_int_equal(n[KVBM_TIER_G3], 2);
+  assert_int_equal(n[KVBM_TIER_G4], 1);
+  assert_int_equal(kvbm_index_worker_blocks(idx, slot + 1, n), KVBM_ENOTFOUND);
   assert_int_equal(kvbm_medium_tier(KVBM_MEDIUM_OTHER), KVBM_TIER_G3);
   assert_int_equal(kvbm_medium_tier(KVBM_MEDIUM_REMOTE), KVBM_TIER_G4);
   kvbm_index_destroy(idx);
@@ -527,6 +538,23 @@ static void model_check(const model *m, kvbm_index *idx, const uint32_t *slot, i
   }
 }
 
+/* kvbm_index_worker_blocks: each live worker's distinct held ids per tier,
+ * as the model counts them; a free slot answers ENOTFOUND. */
+static void model_check_sizes(const model *m, kvbm_index *idx, const uint32_t *slot) {
+  for (int w = 0; w < NW; w++) {
+    uint64_t got[KVBM_TIER_COUNT] = {0};
+    if (!m->live[w]) continue;
+    assert_int_equal(kvbm_index_worker_blocks(idx, slot[w], got), KVBM_OK);
+    for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+      uint64_t want = 0;
+      for (uint32_t id = 0; t < 3 && id < NH; id++) want += m->cnt[w][t][id] > 0;
+      if (got[t] != want)
+        fail_msg("worker %d tier %d: index says %" PRIu64 " blocks, model %" PRIu64, w, t,
+                 got[t], want);
+    }
+  }
+}
+
 /* tiers: 3 = all tiers at random, 1 = device only (lookups may bisect);
  * tail_first: removes take the last held block of a chain run (engines
  * evict tail first), keeping tables closed most of the time. */
@@ -581,6 +609,7 @@ static void run_model(int tiers, bool tail_first, int tenants) {
     }
     if (step % 97 == 0) {
       model_check(&m, idx, slot, tenants);
+      model_check_sizes(&m, idx, slot);
       kvbm_index_stats st;
       kvbm_index_stats_get(idx, &st);
       closed_seen += st.closed_workers;
@@ -589,6 +618,7 @@ static void run_model(int tiers, bool tail_first, int tenants) {
   if (tiers == 1 && tail_first) assert_true(closed_seen > 0); /* the bisect path ran */
   if (tiers == 3 && !tail_first) (void)closed_seen;
   model_check(&m, idx, slot, tenants);
+  model_check_sizes(&m, idx, slot);
   /* entries: the distinct hashes each worker holds, summed */
   uint64_t distinct = 0;
   for (uint32_t id = 0; id < NH; id++)
@@ -610,6 +640,8 @@ static void run_model(int tiers, bool tail_first, int tenants) {
   kvbm_index_stats_get(idx, &st);
   assert_int_equal(st.entries, 0);
   assert_int_equal(st.workers, 0);
+  uint64_t none[KVBM_TIER_COUNT];
+  assert_int_equal(kvbm_index_worker_blocks(idx, slot[0], none), KVBM_ENOTFOUND);
   kvbm_index_destroy(idx);
 }
 
@@ -844,6 +876,16 @@ static void test_snapshot(void **state) {
     kvbm_index_stats_get(b, &st2);
     assert_int_equal(st1.entries, st2.entries);
     assert_int_equal(st1.closed_workers, st2.closed_workers);
+    for (uint32_t s = 0; s < MAXW; s++) { /* every worker's size, tier by tier */
+      kvbm_worker_key wk;
+      uint32_t t;
+      uint64_t na[KVBM_TIER_COUNT], nb[KVBM_TIER_COUNT];
+      if (!kvbm_index_slot_worker(a, s, &wk)) continue;
+      assert_int_equal(kvbm_index_worker_slot(b, wk, &t), KVBM_OK);
+      assert_int_equal(kvbm_index_worker_blocks(a, s, na), KVBM_OK);
+      assert_int_equal(kvbm_index_worker_blocks(b, t, nb), KVBM_OK);
+      assert_memory_equal(na, nb, sizeof na);
+    }
     /* later input applies alike; input the snapshot already had is skipped */
     kvbm_event rm = removed(H, 2, KVBM_MEDIUM_GPU);
     kvbm_event_batch late = {.seq = 12, .dp_rank = 1, .has_dp_rank = true, .events = &rm,
