@@ -504,20 +504,42 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
                      (double)(kvbm__rd_now_ns() - h->t0) * 1e-9);
   kvbm_metrics_gauge(w, "kvbm_router_approximate", "1 in approximate mode (no events)", NULL, 0,
                      d->approx ? 1 : 0);
-  if (d->approx) {
+  /* the decisions recorded: every route in approximate mode, else the
+   * routes to DEGRADED workers (kvbm_router_degraded_routes_total) */
+  kvbm_approx *ap = d->approx ? d->approx : d->degraded_ap;
+  if (ap) {
     kvbm_approx_stats a;
-    kvbm_approx_stats_get(d->approx, &a);
-    kvbm_metrics_gauge(w, "kvbm_router_approx_records", "Routing decisions held", NULL, 0,
-                       (double)a.records);
+    kvbm_approx_stats_get(ap, &a);
+    kvbm_metrics_gauge(w, "kvbm_router_approx_records", "Routing decisions held (approximate "
+                       "mode, or routes to DEGRADED workers)", NULL, 0, (double)a.records);
     kvbm_metrics_gauge(w, "kvbm_router_approx_blocks", "Blocks the decisions hold", NULL, 0,
                        (double)a.blocks);
-    kvbm_metrics_counter(w, "kvbm_router_approx_recorded_total", "Decisions recorded", NULL, 0,
-                         a.recorded);
-    kvbm_metrics_counter(w, "kvbm_router_approx_expired_total", "Decisions that reached their ttl",
-                         NULL, 0, a.expired);
-    kvbm_metrics_counter(w, "kvbm_router_approx_evicted_total", "Decisions evicted for the budget",
-                         NULL, 0, a.evicted_records);
+    kvbm_metrics_gauge(w, "kvbm_router_approx_max_worker_blocks", "The most blocks one worker's "
+                       "decisions hold (at most the budget)", NULL, 0, (double)a.max_worker_blocks);
+    const struct {
+      const char *name, *help;
+      uint64_t v;
+    } ac[] = {
+        {"kvbm_router_approx_recorded_total", "Decisions recorded", a.recorded},
+        {"kvbm_router_approx_expired_total", "Decisions that reached their ttl", a.expired},
+        {"kvbm_router_approx_evicted_total", "Decisions evicted for the budget", a.evicted_records},
+        {"kvbm_router_approx_evicted_blocks_total", "Blocks of the decisions evicted",
+         a.evicted_blocks},
+        {"kvbm_router_approx_truncated_blocks_total", "Blocks past the budget in one decision, "
+         "not kept", a.truncated_blocks},
+    };
+    for (size_t i = 0; i < sizeof ac / sizeof *ac; i++)
+      kvbm_metrics_counter(w, ac[i].name, ac[i].help, NULL, 0, ac[i].v);
   }
+  kvbm_metrics_counter(w, "kvbm_router_degraded_routes_total", "Requests routed to a DEGRADED "
+                       "worker (recorded as approximate mode records them)", NULL, 0,
+                       h->degraded_routes);
+  /* warm restart: snapshots written (--snapshot), by result */
+  kvbm_metrics_family(w, "kvbm_router_snapshots_total", KVBM_METRIC_COUNTER,
+                      "Snapshots of the index written (--snapshot), by result: ok, failed");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"result", "ok"}, 1, atomic_load(&d->snapshots));
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"result", "failed"}, 1,
+                         atomic_load(&d->snapshot_failures));
   kvbm__rd_sources_metrics(d, w);
 }
 

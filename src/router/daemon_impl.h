@@ -22,7 +22,7 @@ enum { RD_OK, RD_DUPLICATE, RD_ERROR, RD_NOT_APPLIED, RD_RANK_REFUSED, RD_OUTCOM
 typedef struct source_counts {
   _Atomic uint64_t batches, errors, lost, replayed, duplicates, resets, jumps, replay_failures,
       replay_refused, overflow, reconnects, ranks_refused, gaps, replay_requests, messages,
-      malformed;
+      malformed, skipped_events;
   _Atomic uint64_t js_pos, js_redelivered, js_malformed, js_acks, js_rebinds; /* JetStream */
 } source_counts;
 

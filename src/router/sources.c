@@ -141,6 +141,7 @@ static void apply_at(source *s, const kvbm_event_batch *b, uint64_t js_pos) {
   if (atomic_exchange(&s->dropped, 0))
     kvbm__rd_log(d, "worker %" PRIu64 ": events again, back in the index", s->cfg.worker_id);
   ADD(s->n.batches, 1);
+  if (b->skipped) ADD(s->n.skipped_events, b->skipped); /* the decoder left them out */
   if (b->reset) {
     ADD(s->n.resets, 1);
     kvbm__rd_log(d, "worker %" PRIu64 ": a new stream at batch %" PRIu64 " (restarted): its blocks "
@@ -500,13 +501,13 @@ void kvbm__rd_source_health(const kvbm_router_daemon *d, size_t i, rj_buf *b) {
             ",\"duplicates\":%" PRIu64 ",\"resets\":%" PRIu64 ",\"jumps\":%" PRIu64
             ",\"replay_failures\":%" PRIu64 ",\"replay_refused\":%" PRIu64
             ",\"overflow\":%" PRIu64 ",\"reconnects\":%" PRIu64 ",\"ranks_refused\":%" PRIu64
-            ",\"dropped\":%s,\"degraded\":%s",
+            ",\"skipped_events\":%" PRIu64 ",\"dropped\":%s,\"degraded\":%s",
             i ? "," : "", s->cfg.worker_id,
             s->cfg.kind == KVBM_SOURCE_ZMQ ? "zmq" : s->cfg.kind == KVBM_SOURCE_NATS ? "nats"
                                                                          : "jetstream",
             N(batches), N(errors), N(lost), N(replayed), N(duplicates), N(resets), N(jumps),
             N(replay_failures), N(replay_refused), N(overflow), N(reconnects), N(ranks_refused),
-            atomic_load(&((source *)s)->dropped) ? "true" : "false",
+            N(skipped_events), atomic_load(&((source *)s)->dropped) ? "true" : "false",
             atomic_load(&((source *)s)->degraded) ? "true" : "false");
   if (s->cfg.kind == KVBM_SOURCE_JETSTREAM)
     kvbm__rj_printf(b, ",\"stream\":{\"position\":%" PRIu64 ",\"redelivered\":%" PRIu64
@@ -547,6 +548,22 @@ void kvbm__rd_sources_metrics(const kvbm_router_daemon *d, kvbm_metrics_writer *
         reconnects),
       F("kvbm_router_source_ranks_refused_total", "Batches of dp ranks over max_ranks, refused",
         ranks_refused),
+      F("kvbm_router_source_skipped_events_total", "Events the decoder left out of the worker's "
+        "batches (an unknown tag, a field of the wrong type or missing); the rest applied",
+        skipped_events),
+  };
+  /* JetStream sources only: what their durable consumer did */
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } js[] = {
+      F("kvbm_router_source_stream_redelivered_total", "JetStream: messages the server had "
+        "delivered before (not acked when the router stopped)", js_redelivered),
+      F("kvbm_router_source_stream_malformed_total", "JetStream: messages refused (header, size, "
+        "payload)", js_malformed),
+      F("kvbm_router_source_stream_acks_total", "JetStream: acks sent (one per snapshot)", js_acks),
+      F("kvbm_router_source_stream_rebinds_total", "JetStream: times the durable consumer was "
+        "re-bound at a snapshot's position", js_rebinds),
 #undef F
   };
   static const char *const type_name[3] = {"stored", "removed", "cleared"};
@@ -571,6 +588,40 @@ void kvbm__rd_sources_metrics(const kvbm_router_daemon *d, kvbm_metrics_writer *
       kvbm_metrics_value_u64(w, &l, 1, atomic_load(v));
     }
   }
+  bool any_js = false;
+  for (size_t i = 0; i < d->nsrc; i++) any_js |= d->src[i].cfg.kind == KVBM_SOURCE_JETSTREAM;
+  for (size_t k = 0; any_js && k < sizeof js / sizeof *js; k++) {
+    kvbm_metrics_family(w, js[k].name, KVBM_METRIC_COUNTER, js[k].help);
+    for (size_t i = 0; i < d->nsrc; i++) {
+      if (d->src[i].cfg.kind != KVBM_SOURCE_JETSTREAM) continue;
+      snprintf(id, sizeof id, "%" PRIu64, d->src[i].cfg.worker_id);
+      _Atomic uint64_t *v = (_Atomic uint64_t *)((char *)&d->src[i].n + js[k].off);
+      kvbm_metrics_value_u64(w, &l, 1, atomic_load(v));
+    }
+  }
+  if (any_js) {
+    kvbm_metrics_family(w, "kvbm_router_source_stream_position", KVBM_METRIC_GAUGE,
+                        "JetStream: the stream sequence of the last message applied");
+    for (size_t i = 0; i < d->nsrc; i++) {
+      if (d->src[i].cfg.kind != KVBM_SOURCE_JETSTREAM) continue;
+      snprintf(id, sizeof id, "%" PRIu64, d->src[i].cfg.worker_id);
+      kvbm_metrics_value_u64(w, &l, 1, atomic_load(&((source *)&d->src[i])->n.js_pos));
+    }
+  }
+  /* DEGRADED: batches were lost and not replayed; routed approximately
+   * until the worker's stream restarts or its cache is cleared */
+  kvbm_metrics_family(w, "kvbm_router_source_degraded", KVBM_METRIC_GAUGE,
+                      "1 while the worker is DEGRADED: batches lost and not replayed, its part "
+                      "of the index incomplete, until a new stream or AllBlocksCleared");
+  uint64_t ndeg = 0;
+  for (size_t i = 0; i < d->nsrc; i++) {
+    snprintf(id, sizeof id, "%" PRIu64, d->src[i].cfg.worker_id);
+    bool deg = atomic_load(&((source *)&d->src[i])->degraded);
+    ndeg += deg;
+    kvbm_metrics_value(w, &l, 1, deg ? 1 : 0);
+  }
+  kvbm_metrics_gauge(w, "kvbm_router_degraded_workers", "Workers DEGRADED now", NULL, 0,
+                     (double)ndeg);
   kvbm_metrics_family(w, "kvbm_router_source_silent", KVBM_METRIC_GAUGE,
                       "1 while the worker's stream is silent past worker_timeout_s and its "
                       "blocks are out of the index");

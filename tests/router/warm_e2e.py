@@ -23,6 +23,7 @@ DEGRADED workers and tenants' namespaces (run by test_warm.sh).
               stream holds); both routers then answer every prompt as the
               workers' events say, and their last snapshots are byte-equal.
 """
+import http.client
 import json
 import os
 import random
@@ -41,6 +42,22 @@ from daemon_e2e import (KVBM, TIMEOUT, NatsWorker, Router, Worker,  # noqa: E402
 BS = 4
 BLOCKS = 6  # blocks per prompt
 COMMON = ["--hash", "dynamo", "--block-size", str(BS), "--load-weight", "0"]
+
+
+def page(router):
+    """GET /metrics as {series: value} (series as written: name{labels})."""
+    c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=10)
+    c.request("GET", "/metrics")
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    assert r.status == 200, (r.status, text)
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            out[series] = float(value)
+    return out
 
 
 def route(router, **body):
@@ -153,8 +170,18 @@ def test_degraded(ctx):
     try:
         warm_up(r, [a, b])
         assert health(r)["status"] == "ok"
+        m = page(r)
+        assert m['kvbm_router_source_degraded{worker_id="3"}'] == 0, m
+        assert m["kvbm_router_degraded_workers"] == 0, m
+        # an event the decoder does not know is skipped, the rest applied
         toks = prompt_tokens(2)
         h = dynamo_hashes(toks)
+        b.publish([b.event("Ignored"), b.event("BlockRemoved", [12345]), b.event("Ignored")])
+        wait_for(lambda: source(health(r), 4)["skipped_events"] == 2, "worker 4's skipped events",
+                 [b])
+        m = page(r)
+        assert m['kvbm_router_source_skipped_events_total{worker_id="4"}'] == 2, m
+        assert m['kvbm_router_source_skipped_events_total{worker_id="3"}'] == 0, m
         a.publish([a.event("BlockStored", h[:3], None, toks[:3 * BS])])
         a.publish([a.event("BlockRemoved", h[:1])], live=False)  # never arrives
         a.publish([])
@@ -162,6 +189,14 @@ def test_degraded(ctx):
         hl = health(r)
         assert hl["status"] == "degraded" and source(hl, 3)["degraded"] is True, hl
         assert source(hl, 4)["degraded"] is False and source(hl, 3)["lost"] >= 1, hl
+        m = page(r)
+        assert m['kvbm_router_source_degraded{worker_id="3"}'] == 1, m
+        assert m['kvbm_router_source_degraded{worker_id="4"}'] == 0, m
+        assert m["kvbm_router_degraded_workers"] == 1, m
+        assert m['kvbm_router_source_lost_batches_total{worker_id="3"}'] == source(hl, 3)["lost"]
+        # the index's size for worker 3: its three blocks, on the device
+        g = 'kvbm_index_worker_blocks{dp_rank="0",tier="%s",worker_id="3"}'  # labels sorted
+        assert m[g % "G1"] == 3 and m[g % "G2"] == 0, m
         # routed to it: marked, and recorded as approximate mode does
         x, ws = route(r, token_ids=toks)
         assert x["worker_id"] == 3 and x["approximate"] is True and ws[3].get("degraded"), x
@@ -170,6 +205,10 @@ def test_degraded(ctx):
         x, ws = route(r, token_ids=toks)
         assert ws[3]["device"] == BLOCKS, ("the decision was not recorded", x)
         assert health(r)["degraded_routes"] == 2
+        m = page(r)
+        assert m["kvbm_router_degraded_routes_total"] == 2, m
+        assert m["kvbm_router_approx_recorded_total"] == 2, m
+        assert m["kvbm_router_approximate"] == 0, m
         # worker 4: the replay socket no longer holds the missing batch
         b.publish([b.event("BlockStored", h[:2], None, toks[:2 * BS])])
         s = b.publish([b.event("BlockStored", h[2:4], h[1], toks[2 * BS:4 * BS])], live=False)
@@ -185,6 +224,9 @@ def test_degraded(ctx):
         wait_for(lambda: health(r)["degraded_workers"] == [], "both whole again", [b])
         hl = health(r)
         assert hl["status"] == "ok", hl
+        m = page(r)
+        assert m["kvbm_router_degraded_workers"] == 0, m
+        assert m['kvbm_router_source_degraded{worker_id="4"}'] == 0, m
         x, ws = route(r, token_ids=prompt_tokens(9))
         assert x["approximate"] is False and "degraded" not in ws[3], x
         assert r.stop() == 0
@@ -319,6 +361,25 @@ def test_jetstream(ctx, tmp):
         for r in (ra, rb):
             wait_for(lambda: matches(r, model, wids, range(0, 70)), "phase 3")
         time.sleep(0.3)
+        # the stream's counters and the snapshots on A's page, as /health says
+        # (A started again moments ago: its first snapshot and acks come)
+        wait_for(lambda: page(ra)['kvbm_router_snapshots_total{result="ok"}'] >= 1 and all(
+            page(ra)['kvbm_router_source_stream_acks_total{worker_id="%d"}' % w] >= 1
+            for w in wids), "A's snapshot and acks on its page")
+        ha, m = health(ra), page(ra)
+        assert m['kvbm_router_snapshots_total{result="ok"}'] >= ha["snapshots"] >= 1, ha
+        assert m['kvbm_router_snapshots_total{result="failed"}'] == ha["snapshot_failures"] == 0
+        for wid in wids:
+            st = source(ha, wid)["stream"]
+            j = '{worker_id="%d"}' % wid
+            pos = m["kvbm_router_source_stream_position" + j]
+            assert pos == st["position"] > 0, (pos, st)
+            for k in ("redelivered", "acks", "rebinds", "malformed"):
+                v = m["kvbm_router_source_stream_%s_total%s" % (k, j)]
+                assert v >= st[k], (k, v, st)
+            assert m["kvbm_router_source_stream_rebinds_total" + j] == 1  # at its restart
+        hb, mb = health(rb), page(rb)
+        assert mb['kvbm_router_snapshots_total{result="ok"}'] == hb["snapshots"] == 0, hb
         assert ra.stop() == 0 and rb.stop() == 0
         a, b = open(snap_a, "rb").read(), open(snap_b, "rb").read()
         print("jetstream: A applied %d events after its restart, B %d; positions %s; "
