@@ -202,10 +202,12 @@ KVBM_EXTERN int kvbm_metrics_gauge(kvbm_metrics_writer *w, const char *name, con
  * time of a copy of its counters, and writes after releasing it. The
  * component must outlive its registration: unregister before destroying
  * it. Components driven by one thread without a lock of their own (a
- * pool, a subscriber) have only a write function: take the snapshot
+ * pool, a subscriber, a relay, a JetStream consumer) have only a write function: take the snapshot
  * where you drive them and hand it over. */
 struct kvbm_pool_stats;
 struct kvbm_subscriber_stats;
+struct kvbm_relay_stats;
+struct kvbm_js_consumer_stats;
 typedef struct kvbm_manager kvbm_manager;
 typedef struct kvbm_publisher kvbm_publisher;
 typedef struct kvbm_volume kvbm_volume;
@@ -227,6 +229,22 @@ KVBM_EXTERN void kvbm_subscriber_metrics_write(kvbm_metrics_writer *w,
                                                const struct kvbm_subscriber_stats *s,
                                                const kvbm_metric_label *labels, size_t num_labels);
 
+/* A relay's counters (kvbm_relay_stats_get): engine batches relayed,
+ * events queued on its publisher, events its decoder skipped (an unknown
+ * tag, a field of the wrong type: kvbm_event_batch.skipped) and decoded
+ * events its publisher refused. Its subscriber's are
+ * kvbm_subscriber_metrics_write's (kvbm_relay_subscriber). */
+KVBM_EXTERN void kvbm_relay_metrics_write(kvbm_metrics_writer *w, const struct kvbm_relay_stats *s,
+                                          const kvbm_metric_label *labels, size_t num_labels);
+
+/* A JetStream consumer's counters (kvbm_js_consumer_stats_get): messages
+ * taken, batches and events returned, messages redelivered and refused,
+ * acks, re-binds. */
+KVBM_EXTERN void kvbm_js_consumer_metrics_write(kvbm_metrics_writer *w,
+                                                const struct kvbm_js_consumer_stats *s,
+                                                const kvbm_metric_label *labels,
+                                                size_t num_labels);
+
 /* A pool's counters (kvbm_pool_stats_get): occupancy by state, blocks
  * allocated, evicted, deduplicated and matched. */
 KVBM_EXTERN void kvbm_pool_metrics_write(kvbm_metrics_writer *w, const struct kvbm_pool_stats *s,
@@ -237,8 +255,8 @@ KVBM_EXTERN void kvbm_pool_metrics_write(kvbm_metrics_writer *w, const struct kv
 KVBM_EXTERN void kvbm_volume_metrics_collect(void *volume, kvbm_metrics_writer *w);
 
 /* A router index (kvbm/router.h), user = kvbm_index *: Dynamo's
- * dynamo_kvindexer_workers and kv_cache_events_applied, and the index's
- * own counters. Its counters are read without the writer's lock (see
+ * dynamo_kvindexer_workers, the index's own counters and its size per
+ * worker and tier (kvbm_index_worker_blocks). Its counters are read without the writer's lock (see
  * kvbm_index_stats_get). */
 KVBM_EXTERN void kvbm_index_metrics_collect(void *index, kvbm_metrics_writer *w);
 

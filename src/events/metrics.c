@@ -9,8 +9,12 @@
  *
  * Names: kvbm_events_* for what a publisher does with events (accepted,
  * published, dropped), kvbm_subscriber_* for what a reader of a stream
- * sees (batches, gaps, replays, lost and malformed messages). Counters
- * end in _total; the two byte gauges say bytes.
+ * sees (batches, gaps, replays, lost and malformed messages),
+ * kvbm_relay_* for what a relay passed on, skipped and had refused, and
+ * kvbm_js_consumer_* for a JetStream reader (like a subscriber's, with
+ * redeliveries and acks instead of replays). A relay and a JetStream
+ * consumer are driven by one thread, as a subscriber is: their writers
+ * take a snapshot. Counters end in _total; the two byte gauges say bytes.
  */
 #include "kvbm/events.h"
 #include "kvbm/metrics.h"
@@ -88,4 +92,38 @@ void kvbm_subscriber_metrics_write(kvbm_metrics_writer *w, const struct kvbm_sub
                      l, nl, (double)s->queued_bytes);
   kvbm_metrics_gauge(w, "kvbm_subscriber_peak_queued_bytes", "The most bytes it ever held", l, nl,
                      (double)s->peak_bytes);
+}
+
+void kvbm_relay_metrics_write(kvbm_metrics_writer *w, const struct kvbm_relay_stats *s,
+                              const kvbm_metric_label *l, size_t nl) {
+  if (!w || !s) return;
+  const item it[] = {
+      {"kvbm_relay_batches_total", "Engine batches the relay took and passed on", s->batches},
+      {"kvbm_relay_events_total", "KV events the relay queued on its publisher", s->events},
+      {"kvbm_relay_skipped_events_total", "KV events the relay's decoder left out of a batch "
+       "(an unknown tag, a field of the wrong type or missing)", s->skipped},
+      {"kvbm_relay_refused_events_total", "Decoded KV events the relay's publisher refused",
+       s->refused},
+  };
+  counters(w, it, sizeof it / sizeof *it, l, nl);
+}
+
+void kvbm_js_consumer_metrics_write(kvbm_metrics_writer *w,
+                                    const struct kvbm_js_consumer_stats *s,
+                                    const kvbm_metric_label *l, size_t nl) {
+  if (!w || !s) return;
+  const item it[] = {
+      {"kvbm_js_consumer_messages_total", "Messages taken from the JetStream stream",
+       s->messages},
+      {"kvbm_js_consumer_batches_total", "Batches returned", s->delivered},
+      {"kvbm_js_consumer_events_total", "KV events in them", s->events},
+      {"kvbm_js_consumer_redelivered_total", "Messages the server had delivered before "
+       "(not acked)", s->redelivered},
+      {"kvbm_js_consumer_malformed_total", "Messages refused (header, size, payload)",
+       s->malformed},
+      {"kvbm_js_consumer_acks_total", "Acks sent", s->acks},
+      {"kvbm_js_consumer_rebinds_total", "Times the durable consumer was re-bound at open",
+       s->rebinds},
+  };
+  counters(w, it, sizeof it / sizeof *it, l, nl);
 }

@@ -1,7 +1,8 @@
 /*
  * test_metrics.c: the event plane's collectors (kvbm/metrics.h): a
  * publisher's counters on the page equal its stats after real publishing,
- * a subscriber's snapshot is written with its labels, and every family is
+ * a subscriber's, a relay's and a JetStream consumer's snapshots are
+ * written with their labels, and every family is
  * in docs/areas/observability.md.
  */
 #include <setjmp.h>
@@ -89,10 +90,49 @@ static void test_subscriber(void **st) {
   kvbm_metrics_destroy(r);
 }
 
+static void relay_collect(void *user, kvbm_metrics_writer *w) {
+  kvbm_relay_metrics_write(w, user, (kvbm_metric_label[]){{"engine", "e1"}}, 1);
+}
+
+static void js_collect(void *user, kvbm_metrics_writer *w) {
+  kvbm_js_consumer_metrics_write(w, user, NULL, 0);
+}
+
+/* The relay's and a JetStream consumer's snapshots, written as given (the
+ * relay's counters from real traffic: tests/events/test_cli.sh and the
+ * Prometheus proof; the consumer's: tests/events/test_jetstream.c). */
+static void test_relay_and_js(void **st) {
+  (void)st;
+  kvbm_relay_stats rs = {.batches = 5, .events = 40, .skipped = 3, .refused = 2};
+  kvbm_js_consumer_stats js = {.messages = 9, .delivered = 8, .events = 70, .redelivered = 1,
+                               .malformed = 1, .acks = 4, .rebinds = 1};
+  kvbm_metrics *r;
+  assert_int_equal(kvbm_metrics_create(&r, NULL), KVBM_OK);
+  assert_int_equal(kvbm_metrics_register(r, relay_collect, &rs, NULL, 0, NULL, NULL), KVBM_OK);
+  assert_int_equal(kvbm_metrics_register(r, js_collect, &js, NULL, 0, NULL, NULL), KVBM_OK);
+  char *t = page_render(r);
+  assert_true(page_value(t, "kvbm_relay_batches_total{engine=\"e1\"}") == 5);
+  assert_true(page_value(t, "kvbm_relay_events_total{engine=\"e1\"}") == 40);
+  assert_true(page_value(t, "kvbm_relay_skipped_events_total{engine=\"e1\"}") == 3);
+  assert_true(page_value(t, "kvbm_relay_refused_events_total{engine=\"e1\"}") == 2);
+  assert_true(page_value(t, "kvbm_js_consumer_messages_total") == 9);
+  assert_true(page_value(t, "kvbm_js_consumer_batches_total") == 8);
+  assert_true(page_value(t, "kvbm_js_consumer_events_total") == 70);
+  assert_true(page_value(t, "kvbm_js_consumer_redelivered_total") == 1);
+  assert_true(page_value(t, "kvbm_js_consumer_acks_total") == 4);
+  assert_true(page_value(t, "kvbm_js_consumer_rebinds_total") == 1);
+  assert_true(page_value(t, "kvbm_metrics_errors_total") == 0);
+  char missing[256];
+  if (page_undocumented(t, missing, sizeof missing)) fail_msg("%s is not documented", missing);
+  kvbm_metrics_text_free(t);
+  kvbm_metrics_destroy(r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_publisher),
       cmocka_unit_test(test_subscriber),
+      cmocka_unit_test(test_relay_and_js),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

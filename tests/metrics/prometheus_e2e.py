@@ -172,7 +172,8 @@ def drive_router(engine, port, relay_port):
     engine.publish([stored(chain[:2], None, 100)])
     engine.publish([stored(chain[2:4], chain[1], 108)], live=False)  # held back: a gap
     engine.publish([stored(chain[4:], chain[3], 116), ["BlockRemoved", [999999], "GPU"]])
-    engine.publish([["BlockRemoved", chain[5:], "GPU"]])
+    # Dynamo's "Ignored": skipped by the decoder and counted, the rest applied
+    engine.publish([["BlockRemoved", chain[5:], "GPU"], ["Ignored"]])
     t0 = time.time()
     while True:
         engine.serve_replay()
@@ -423,6 +424,13 @@ def main():
         agree(prom, "kvbm_router_source_gaps_total" + jw, 1, "worker 7 gaps")
         agree(prom, "kvbm_router_source_replayed_batches_total" + jw, 1, "worker 7 replayed")
         agree(prom, 'dynamo_kvindexer_listeners{job="kvbm_router",status="active"}', 1, "active sources")
+        agree(prom, "kvbm_router_source_skipped_events_total" + jw, src["skipped_events"],
+              "worker 7 skipped events")
+        agree(prom, "kvbm_router_source_skipped_events_total" + jw, 1, "the Ignored event skipped")
+        agree(prom, "kvbm_router_degraded_workers" + j, len(h["degraded_workers"]), "degraded workers")
+        agree(prom, "kvbm_router_source_degraded" + jw, 0, "worker 7 whole")
+        agree(prom, 'sum(kvbm_index_worker_blocks{job="kvbm_router"})', h["entries"],
+              "the index's size per worker and tier, summed (device only: the entries)")
 
         relay_page = get("http://127.0.0.1:%d/metrics" % lport)[1]
         # ---- the relay: its counters against what it prints when it stops
@@ -441,6 +449,13 @@ def main():
                 agree(prom, "kvbm_subscriber_%s_total%s" % (metric, jr), int(m.group(i + 1)),
                       "relay " + metric)
             check(int(m.group(3)) >= 1 and int(m.group(4)) >= 1, "the relay saw the gap: " + text)
+        m = re.search(r"(\d+) events relayed, (\d+) skipped \(not decodable\), (\d+) refused", text)
+        check(m is not None, "relay's own counters: %r" % text)
+        if m:
+            for i, metric in enumerate(("events", "skipped_events", "refused_events")):
+                agree(prom, 'kvbm_relay_%s_total{job="kvbm_relay"}' % metric, int(m.group(i + 1)),
+                      "relay " + metric)
+            check(int(m.group(2)) == 1, "the relay skipped the Ignored event: " + text)
         agree(prom, 'kvbm_events_accepted_total{job="kvbm_relay"}', prom.value(
             'kvbm_subscriber_events_total{job="kvbm_relay"}'), "relay: every event received was queued")
 

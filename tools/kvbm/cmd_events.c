@@ -29,9 +29,9 @@
  * (kvbm_subscriber_config.max_queue_bytes).
  *
  * relay --metrics-port N (or DYN_KVBM_METRICS=true) serves its counters on
- * GET /metrics while it runs: the publisher's (its collector) and the
- * subscriber's, copied after every poll under a mutex (the subscriber is
- * driven by this thread alone and has no lock of its own).
+ * GET /metrics while it runs: the publisher's (its collector), and the
+ * relay's own and its subscriber's, copied after every poll under a mutex
+ * (both are driven by this thread alone and have no lock of their own).
  */
 #include <inttypes.h>
 #include <signal.h>
@@ -290,25 +290,32 @@ static int tail(int argc, char **argv) {
   return status;
 }
 
-/* The relay's page: the subscriber's counters as of the last poll. */
+/* The relay's page: its subscriber's counters and its own (batches,
+ * events, skipped and refused events) as of the last poll. */
 typedef struct relay_view {
   pthread_mutex_t mu;
   kvbm_subscriber_stats sub;
+  kvbm_relay_stats relay;
 } relay_view;
 
 static void relay_collect(void *user, kvbm_metrics_writer *w) {
   relay_view *v = user;
   pthread_mutex_lock(&v->mu);
   kvbm_subscriber_stats s = v->sub;
+  kvbm_relay_stats rs = v->relay;
   pthread_mutex_unlock(&v->mu);
   kvbm_subscriber_metrics_write(w, &s, NULL, 0);
+  kvbm_relay_metrics_write(w, &rs, NULL, 0);
 }
 
 static void relay_view_take(relay_view *v, const kvbm_relay *r) {
   kvbm_subscriber_stats s;
+  kvbm_relay_stats rs;
   kvbm_subscriber_stats_get(kvbm_relay_subscriber(r), &s);
+  kvbm_relay_stats_get(r, &rs);
   pthread_mutex_lock(&v->mu);
   v->sub = s;
+  v->relay = rs;
   pthread_mutex_unlock(&v->mu);
 }
 
