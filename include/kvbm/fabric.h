@@ -206,6 +206,22 @@ KVBM_EXTERN int kvbm_fabric_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf
  * ends. KVBM_ETIMEDOUT, or the first error of an operation that failed. */
 KVBM_EXTERN int kvbm_fabric_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err);
 
+/* What one end did, since it was made. Accesses are counted when posted
+ * (kvbm_fabric_flush says when they completed); a block of a layer-separate
+ * set is one access per layer. Failures are operations the transport
+ * failed (KVBM_EIO, KVBM_ECLOSED), not refused arguments or timeouts. */
+typedef struct kvbm_fabric_stats {
+  uint64_t pushes, push_bytes;   /* payloads sent (kvbm_fabric_push) */
+  uint64_t pulls, pull_bytes;    /* payloads taken (kvbm_fabric_pull) */
+  uint64_t writes, write_bytes;  /* one-sided writes into the peer's blocks */
+  uint64_t reads, read_bytes;    /* one-sided reads of them */
+  uint64_t failures;
+} kvbm_fabric_stats;
+
+/* Copies the counters: any thread (they are atomics, read a moment stale
+ * while the end works); f must stay alive meanwhile. NULL f: zeros. */
+KVBM_EXTERN void kvbm_fabric_stats_get(const kvbm_fabric *f, kvbm_fabric_stats *out);
+
 /* ---- Block sets: one-sided access to the peer's blocks ---- */
 
 /* A local layout's memory, registered with the fabric. */

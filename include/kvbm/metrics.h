@@ -245,6 +245,12 @@ KVBM_EXTERN void kvbm_js_consumer_metrics_write(kvbm_metrics_writer *w,
                                                 const kvbm_metric_label *labels,
                                                 size_t num_labels);
 
+/* A fabric end (kvbm/fabric.h), user = kvbm_fabric *: operations and
+ * bytes by kind (push, pull, write, read) and transport failures. Its
+ * counters are atomics: any thread, no lock (see kvbm_fabric_stats_get).
+ * Unregister before kvbm_fabric_destroy. */
+KVBM_EXTERN void kvbm_fabric_metrics_collect(void *fabric, kvbm_metrics_writer *w);
+
 /* A pool's counters (kvbm_pool_stats_get): occupancy by state, blocks
  * allocated, evicted, deduplicated and matched. */
 KVBM_EXTERN void kvbm_pool_metrics_write(kvbm_metrics_writer *w, const struct kvbm_pool_stats *s,

@@ -25,6 +25,40 @@ void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const 
   f->fatal = 0;
   f->fatal_msg[0] = '\0';
   f->local_sets = NULL;
+  atomic_init(&f->pushes, 0);
+  atomic_init(&f->push_bytes, 0);
+  atomic_init(&f->pulls, 0);
+  atomic_init(&f->pull_bytes, 0);
+  atomic_init(&f->writes, 0);
+  atomic_init(&f->write_bytes, 0);
+  atomic_init(&f->reads, 0);
+  atomic_init(&f->read_bytes, 0);
+  atomic_init(&f->failures, 0);
+}
+
+/* One thread writes an end's counters: a relaxed load and store is enough. */
+static void count(_Atomic uint64_t *c, uint64_t by) {
+  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + by,
+                        memory_order_relaxed);
+}
+
+/* A transport failure (not a refusal of the arguments, a timeout or a
+ * buffer too small): the connection or the peer went wrong. */
+static void count_failure(kvbm_fabric *f, int rc) {
+  if (rc == KVBM_EIO || rc == KVBM_ECLOSED) count(&f->failures, 1);
+}
+
+void kvbm_fabric_stats_get(const kvbm_fabric *f, kvbm_fabric_stats *out) {
+  if (!out) return;
+  *out = (kvbm_fabric_stats){0};
+  if (!f) return;
+  kvbm_fabric *m = (kvbm_fabric *)f; /* atomic loads of a const object */
+#define R(x) atomic_load_explicit(&m->x, memory_order_relaxed)
+  *out = (kvbm_fabric_stats){.pushes = R(pushes), .push_bytes = R(push_bytes), .pulls = R(pulls),
+                             .pull_bytes = R(pull_bytes), .writes = R(writes),
+                             .write_bytes = R(write_bytes), .reads = R(reads),
+                             .read_bytes = R(read_bytes), .failures = R(failures)};
+#undef R
 }
 
 int kvbm__fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code, const char *fmt, ...) {
@@ -74,7 +108,12 @@ int kvbm_fabric_push(kvbm_fabric *f, const void *data, size_t len, kvbm_fabric_h
   if (rc) return rc;
   uint64_t id = f->next_push_id;
   rc = f->vt->push(f, data, len, id, err);
-  if (rc) return rc;
+  if (rc) {
+    count_failure(f, rc);
+    return rc;
+  }
+  count(&f->pushes, 1);
+  count(&f->push_bytes, len);
   f->next_push_id++;
   if (out) out->id = id;
   return KVBM_OK;
@@ -92,7 +131,16 @@ int kvbm_fabric_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap
   NEED(f);
   if (!buf && cap) return kvbm_error_set(err, KVBM_EINVAL, "fabric: pull: NULL buffer of %zu bytes", cap);
   if (h.id == 0) return kvbm_error_set(err, KVBM_ENOTFOUND, "fabric: pull: handle 0 names no payload");
-  return f->vt->pull(f, h, buf, cap, len, timeout_ms, err);
+  size_t n = len ? *len : 0; /* what the transport leaves unwritten stays as it was */
+  int rc = f->vt->pull(f, h, buf, cap, &n, timeout_ms, err);
+  if (len) *len = n;
+  if (rc) {
+    count_failure(f, rc);
+    return rc;
+  }
+  count(&f->pulls, 1);
+  count(&f->pull_bytes, n);
+  return KVBM_OK;
 }
 
 int kvbm_fabric_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
@@ -297,7 +345,14 @@ static int rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, bool write, uint64_t 
   uint64_t addr;
   rc = remote_range(rs, region, offset, len, &addr, err);
   if (rc || len == 0) return rc;
-  return f->vt->rma(f, write, rs->regions[region].rkey, addr, local, len, local_reg(f, local, len), err);
+  rc = f->vt->rma(f, write, rs->regions[region].rkey, addr, local, len, local_reg(f, local, len), err);
+  if (rc) {
+    count_failure(f, rc);
+    return rc;
+  }
+  count(write ? &f->writes : &f->reads, 1);
+  count(write ? &f->write_bytes : &f->read_bytes, len);
+  return KVBM_OK;
 }
 
 int kvbm_fabric_write(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t region, uint64_t offset,

@@ -11,6 +11,7 @@
 #ifndef KVBM_FABRIC_IMPL_H
 #define KVBM_FABRIC_IMPL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "kvbm/fabric.h"
@@ -84,6 +85,10 @@ struct kvbm_fabric {
   int fatal;                  /* sticky error, 0 while healthy */
   char fatal_msg[KVBM_ERROR_MSG_MAX];
   kvbm_fabric_local_set *local_sets; /* to find a local registration */
+  /* kvbm_fabric_stats: written by the end's one thread, read by any
+   * (a metrics collector), so atomics read and written relaxed */
+  _Atomic uint64_t pushes, push_bytes, pulls, pull_bytes, writes, write_bytes, reads, read_bytes,
+      failures;
 };
 
 /* Initialises the common part (labels already validated). */

@@ -10,6 +10,8 @@
 
 #include "fabric/fabric_impl.h"
 #include "fabric/fabric_util.h"
+#include "kvbm/metrics.h"
+#include "metrics/page_testutil.h"
 
 static void pair(kvbm_fabric **a, kvbm_fabric **b) {
   assert_int_equal(kvbm_fabric_inproc_pair("node-a", "node-b", a, b, NULL), KVBM_OK);
@@ -88,6 +90,18 @@ static void test_push_pull(void **state) {
   kvbm_fabric_handle zero = {0};
   assert_int_equal(kvbm_fabric_pull(b, zero, out, sizeof out, &len, 0, &e), KVBM_ENOTFOUND);
   assert_int_equal(kvbm_fabric_flush(a, 0, NULL), KVBM_OK);
+  /* counted: what moved; not the refusals, the buffer too small, the
+   * timeouts */
+  kvbm_fabric_stats sa, sb;
+  kvbm_fabric_stats_get(a, &sa);
+  kvbm_fabric_stats_get(b, &sb);
+  assert_int_equal(sa.pushes, 3);
+  assert_int_equal(sa.push_bytes, 5 + sizeof big);
+  assert_int_equal(sa.pulls, 0);
+  assert_int_equal(sb.pulls, 3);
+  assert_int_equal(sb.pull_bytes, 5 + sizeof big);
+  assert_int_equal(sb.pushes, 0);
+  assert_int_equal(sa.failures + sb.failures, 0);
 
   /* bad arguments */
   assert_int_equal(kvbm_fabric_push(NULL, "x", 1, &h, &e), KVBM_EINVAL);
@@ -106,6 +120,12 @@ static void test_push_pull(void **state) {
   assert_int_equal(kvbm_fabric_next(a, 100, &got, &len, &e), KVBM_ECLOSED);
   got.id = 99;
   assert_int_equal(kvbm_fabric_pull(a, got, out, sizeof out, &len, 100, &e), KVBM_ECLOSED);
+  /* the push and the pull the closed peer failed */
+  kvbm_fabric_stats_get(a, &sa);
+  assert_int_equal(sa.failures, 2);
+  assert_int_equal(sa.pushes, 3);
+  assert_int_equal(sa.pulls, 1);
+  assert_int_equal(sa.pull_bytes, 4);
   kvbm_fabric_destroy(a);
   kvbm_fabric_destroy(NULL);
 }
@@ -196,6 +216,31 @@ static void blocks_roundtrip(kvbm_layout_kind kind) {
     assert_int_equal(kvbm_fabric_flush(a, 1000, NULL), KVBM_OK);
     assert_memory_equal(back, src, bb);
   }
+  /* the writer's counters and its page: one access per block and layer */
+  uint64_t nl = kind == KVBM_LAYOUT_FULLY_CONTIGUOUS ? 1 : rd->layout.config.num_layers;
+  kvbm_fabric_stats st;
+  kvbm_fabric_stats_get(a, &st);
+  assert_int_equal(st.writes, 6 * nl);
+  assert_int_equal(st.write_bytes, 6 * bb);
+  assert_int_equal(st.reads, 6 * nl);
+  assert_int_equal(st.read_bytes, 6 * bb);
+  kvbm_metrics *reg;
+  assert_int_equal(kvbm_metrics_create(&reg, NULL), KVBM_OK);
+  assert_int_equal(kvbm_metrics_register(reg, kvbm_fabric_metrics_collect, a,
+                                         (kvbm_metric_label[]){{"peer", "node-b"}}, 1, NULL, NULL),
+                   KVBM_OK);
+  char *page = page_render(reg);
+  assert_non_null(page);
+  assert_true(page_value(page, "kvbm_fabric_ops_total{op=\"write\",peer=\"node-b\"}") ==
+              (double)(6 * nl));
+  assert_true(page_value(page, "kvbm_fabric_bytes_total{op=\"read\",peer=\"node-b\"}") ==
+              (double)(6 * bb));
+  assert_true(page_value(page, "kvbm_fabric_ops_total{op=\"push\",peer=\"node-b\"}") == 0);
+  assert_true(page_value(page, "kvbm_fabric_failures_total{peer=\"node-b\"}") == 0);
+  char missing[256];
+  if (page_undocumented(page, missing, sizeof missing)) fail_msg("%s is not documented", missing);
+  kvbm_metrics_text_free(page);
+  kvbm_metrics_destroy(reg);
   /* refusals: block id, buffer size, region/offset ranges */
   assert_int_equal(kvbm_fabric_write_block(a, rs, 6, src, bb, &e), KVBM_ERANGE);
   assert_non_null(strstr(e.msg, "block 6"));
@@ -204,6 +249,9 @@ static void blocks_roundtrip(kvbm_layout_kind kind) {
   uint64_t rsz = rd->layout.region_size;
   assert_int_equal(kvbm_fabric_write(a, rs, 0, rsz - 4, src, 5, &e), KVBM_ERANGE);
   assert_int_equal(kvbm_fabric_write(a, rs, 0, rsz - 4, src, 4, &e), KVBM_OK);
+  kvbm_fabric_stats_get(a, &st);
+  assert_int_equal(st.writes, 6 * nl + 1); /* the refusals above were not counted */
+  assert_int_equal(st.write_bytes, 6 * bb + 4);
   assert_int_equal(kvbm_fabric_write(a, rs, 0, UINT64_MAX, src, 2, &e), KVBM_ERANGE);
   assert_int_equal(kvbm_fabric_read(a, rs, rd->num_regions, 0, back, 1, &e), KVBM_ERANGE);
   /* a remote set can only be used on the fabric that imported it */
