@@ -276,6 +276,7 @@ static void js_ack(source *s) {
 static void js_sync_counts(source *s) {
   kvbm_js_consumer_stats st;
   kvbm_js_consumer_stats_get(s->js, &st);
+  atomic_store(&s->n.messages, st.messages);
   atomic_store(&s->n.js_redelivered, st.redelivered);
   atomic_store(&s->n.js_malformed, st.malformed);
   atomic_store(&s->n.js_acks, st.acks);

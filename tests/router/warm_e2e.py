@@ -378,6 +378,7 @@ def test_jetstream(ctx, tmp):
                 v = m["kvbm_router_source_stream_%s_total%s" % (k, j)]
                 assert v >= st[k], (k, v, st)
             assert m["kvbm_router_source_stream_rebinds_total" + j] == 1  # at its restart
+            assert m["kvbm_router_source_messages_total" + j] >= 1, m  # since its restart
         hb, mb = health(rb), page(rb)
         assert mb['kvbm_router_snapshots_total{result="ok"}'] == hb["snapshots"] == 0, hb
         assert ra.stop() == 0 and rb.stop() == 0
