@@ -123,6 +123,90 @@ KVBM_EXTERN int kvbm_storage_decode(kvbm_storage_decoder *dec, const void *data,
  * the length it needs, like snprintf. Metadata is written as a JSON object. */
 KVBM_EXTERN size_t kvbm_storage_event_to_json(const kvbm_storage_event *ev, char *buf, size_t cap);
 
+/* ------------------------------------------------------------- publisher */
+
+/* A publisher of storage events: events are queued by publish (any
+ * thread, never blocking by default), batched on the publisher's own
+ * thread and sent to every sink: by period (a batch leaves when its oldest
+ * event has waited period_ms; the seed's "every ~10 s") or by size (when
+ * it holds max_batch_events), on flush and on destroy. Each batch carries
+ * the next sequence number (0, 1, 2, ... per publisher) on the transport:
+ * ZMQ sinks are the events module's (PUB + replay ROUTER), NATS sinks add
+ * the Kvbm-Seq header, so kvbm_subscriber (raw) and the sequence rules
+ * detect and recover gaps as for KV events. Event ids are given when an
+ * event is accepted, so the ids that reach sinks are dense. */
+typedef struct kvbm_storage_publisher kvbm_storage_publisher;
+
+typedef struct kvbm_storage_publisher_config {
+  const char *source;        /* written into every batch (copied); NULL: "" */
+  uint32_t period_ms;        /* oldest event's wait before its batch leaves (10000; >= 1) */
+  size_t max_batch_events;   /* a batch leaves when it holds this many (4096; >= 1) */
+  size_t queue_events;       /* events waiting at most (65536; >= max_batch_events) */
+  kvbm_overflow overflow;    /* DROP (default): publish returns KVBM_EAGAIN and
+                              * counts it, so a manager never waits under its
+                              * lock; BLOCK: publish waits for room */
+} kvbm_storage_publisher_config;
+
+KVBM_EXTERN kvbm_storage_publisher_config kvbm_storage_publisher_config_default(void);
+
+/* Receives every batch (decoded form and its payload) on the publisher's
+ * thread, valid during the call only; must not call back into it. */
+typedef void (*kvbm_storage_batch_callback)(void *user, const kvbm_storage_batch *b,
+                                            const uint8_t *payload, size_t len);
+
+/* Creates a publisher with no sinks and no thread. KVBM_EINVAL for
+ * inconsistent settings. Free with kvbm_storage_publisher_destroy. */
+KVBM_EXTERN int kvbm_storage_publisher_create(const kvbm_storage_publisher_config *cfg,
+                                              kvbm_storage_publisher **out, kvbm_error *err);
+
+/* Sinks, before start (KVBM_ESTATE after); at most 8. Same contracts as
+ * the KV publisher's kvbm_publisher_add_zmq / _add_nats. */
+KVBM_EXTERN int kvbm_storage_publisher_add_zmq(kvbm_storage_publisher *pub,
+                                               const kvbm_zmq_sink_config *zc, kvbm_error *err);
+KVBM_EXTERN int kvbm_storage_publisher_add_nats(kvbm_storage_publisher *pub, const char *url,
+                                                const char *subject, kvbm_error *err);
+KVBM_EXTERN int kvbm_storage_publisher_add_callback(kvbm_storage_publisher *pub,
+                                                    kvbm_storage_batch_callback fn, void *user,
+                                                    kvbm_error *err);
+/* The endpoint a ZMQ sink bound (its PUB, or its replay ROUTER), e.g. the
+ * port picked for "tcp://127.0.0.1:*". KVBM_ENOTFOUND when there is none. */
+KVBM_EXTERN int kvbm_storage_publisher_zmq_endpoint(const kvbm_storage_publisher *pub,
+                                                    size_t sink_index, bool replay, char *buf,
+                                                    size_t cap);
+
+/* Starts the thread. */
+KVBM_EXTERN int kvbm_storage_publisher_start(kvbm_storage_publisher *pub, kvbm_error *err);
+
+/* Queues one event (copied; event_id and, when absent, the tier metadata
+ * filled in). *event_id (may be NULL) gets its id. KVBM_EINVAL names a
+ * field the wire cannot carry (kvbm_storage_encode's rules); KVBM_EAGAIN
+ * when the queue is full under DROP (counted); KVBM_ECLOSED after destroy
+ * began; KVBM_ESTATE before start. Cost: a copy of the event under one
+ * mutex. */
+KVBM_EXTERN int kvbm_storage_publish(kvbm_storage_publisher *pub, const kvbm_storage_event *ev,
+                                     uint64_t *event_id, kvbm_error *err);
+
+/* Sends what is queued now, without waiting for the period, and waits up
+ * to timeout_ms (< 0: forever) until it has left. KVBM_ETIMEDOUT. */
+KVBM_EXTERN int kvbm_storage_publisher_flush(kvbm_storage_publisher *pub, int timeout_ms,
+                                             kvbm_error *err);
+
+typedef struct kvbm_storage_publisher_stats {
+  uint64_t published;      /* events accepted (the last id given) */
+  uint64_t dropped;        /* refused for a full queue */
+  uint64_t batches;        /* batches sent */
+  uint64_t sink_errors;    /* sends a sink refused (batches lost on it) */
+  uint64_t queued;         /* events waiting now */
+  uint64_t replay_requests, replay_bad;
+} kvbm_storage_publisher_stats;
+
+KVBM_EXTERN void kvbm_storage_publisher_stats_get(kvbm_storage_publisher *pub,
+                                                  kvbm_storage_publisher_stats *out);
+
+/* Refuses new events, sends every accepted one, lets the sinks linger,
+ * joins the thread and frees. NULL is a no-op. */
+KVBM_EXTERN void kvbm_storage_publisher_destroy(kvbm_storage_publisher *pub);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,9 +11,8 @@
  * function shared by both directions, so what the encoder writes is
  * exactly what the decoder accepts.
  *
- * Encoding writes msgpack by hand into a growing buffer: the format is
- * seven fields an event, all integers and two strings, and a writer of a
- * dozen lines is easier to check than msgpack-c's packer callbacks.
+ * Encoding writes msgpack by hand (mpwrite.h) into a growing buffer: the
+ * format is seven fields an event, integers and two strings.
  */
 #include "kvbm/storage_events.h"
 
@@ -24,6 +23,8 @@
 #include <string.h>
 
 #include "events/mpread.h"
+#include "events/mpwrite.h"
+#include "events/storage_internal.h"
 
 #define META_MAX_KEY 64
 #define META_MAX_STR 256
@@ -80,81 +81,7 @@ static int meta_parse(mpr *r, int *tier, const char **why) {
 
 /* ---- encoder ---- */
 
-typedef struct wbuf {
-  uint8_t **buf;
-  size_t *len, *cap;
-  bool oom;
-} wbuf;
-
-static uint8_t *w_room(wbuf *w, size_t n) {
-  if (w->oom) return NULL;
-  if (*w->len + n > *w->cap) {
-    size_t nc = *w->cap ? *w->cap : 256;
-    while (nc < *w->len + n) nc *= 2;
-    uint8_t *b = realloc(*w->buf, nc);
-    if (!b) {
-      w->oom = true;
-      return NULL;
-    }
-    *w->buf = b;
-    *w->cap = nc;
-  }
-  uint8_t *p = *w->buf + *w->len;
-  *w->len += n;
-  return p;
-}
-
-static void w_be(uint8_t *p, uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
-}
-
-static void w_uint(wbuf *w, uint64_t v) {
-  uint8_t *p;
-  if (v <= 0x7f) {
-    if ((p = w_room(w, 1))) p[0] = (uint8_t)v;
-  } else if (v <= 0xff) {
-    if ((p = w_room(w, 2))) p[0] = 0xcc, p[1] = (uint8_t)v;
-  } else if (v <= 0xffff) {
-    if ((p = w_room(w, 3))) p[0] = 0xcd, w_be(p + 1, v, 2);
-  } else if (v <= 0xffffffffu) {
-    if ((p = w_room(w, 5))) p[0] = 0xce, w_be(p + 1, v, 4);
-  } else if ((p = w_room(w, 9))) {
-    p[0] = 0xcf, w_be(p + 1, v, 8);
-  }
-}
-
-static void w_str(wbuf *w, const void *s, size_t n) {
-  uint8_t *p;
-  if (n <= 31) {
-    if ((p = w_room(w, 1 + n))) p[0] = (uint8_t)(0xa0 | n), memcpy(p + 1, s, n);
-  } else if (n <= 0xff) {
-    if ((p = w_room(w, 2 + n))) p[0] = 0xd9, p[1] = (uint8_t)n, memcpy(p + 2, s, n);
-  } else if (n <= 0xffff) {
-    if ((p = w_room(w, 3 + n))) p[0] = 0xda, w_be(p + 1, n, 2), memcpy(p + 3, s, n);
-  } else if ((p = w_room(w, 5 + n))) {
-    p[0] = 0xdb, w_be(p + 1, n, 4), memcpy(p + 5, s, n);
-  }
-}
-
-static void w_array(wbuf *w, uint32_t n) {
-  uint8_t *p;
-  if (n <= 15) {
-    if ((p = w_room(w, 1))) p[0] = (uint8_t)(0x90 | n);
-  } else if (n <= 0xffff) {
-    if ((p = w_room(w, 3))) p[0] = 0xdc, w_be(p + 1, n, 2);
-  } else if ((p = w_room(w, 5))) {
-    p[0] = 0xdd, w_be(p + 1, n, 4);
-  }
-}
-
-static void w_double(wbuf *w, double d) {
-  uint8_t *p = w_room(w, 9);
-  uint64_t bits;
-  memcpy(&bits, &d, 8);
-  if (p) p[0] = 0xcb, w_be(p + 1, bits, 8);
-}
-
-static int check_event(const kvbm_storage_event *e, size_t i, kvbm_error *err) {
+int kvbm__storage_check(const kvbm_storage_event *e, size_t i, kvbm_error *err) {
   if (e->type != KVBM_STORAGE_STORE && e->type != KVBM_STORAGE_REMOVE)
     return kvbm_error_set(err, KVBM_EINVAL, "storage event %zu: type %d is not Store or Remove", i,
                           (int)e->type);
@@ -184,38 +111,35 @@ int kvbm_storage_encode(const kvbm_storage_batch *b, uint8_t **buf, size_t *len,
   if (b->num_events > UINT32_MAX)
     return kvbm_error_set(err, KVBM_EINVAL, "storage events: too many events in one batch");
   for (size_t i = 0; i < b->num_events; i++) {
-    int rc = check_event(&b->events[i], i, err);
+    int rc = kvbm__storage_check(&b->events[i], i, err);
     if (rc) return rc;
   }
   size_t start = *len;
-  wbuf w = {buf, len, cap, false};
-  w_array(&w, 3);
-  w_double(&w, b->ts);
-  w_array(&w, (uint32_t)b->num_events);
+  mpw w = {buf, len, cap, false};
+  mpw_array(&w, 3);
+  mpw_double(&w, b->ts);
+  mpw_array(&w, (uint32_t)b->num_events);
   for (size_t i = 0; i < b->num_events; i++) {
     const kvbm_storage_event *e = &b->events[i];
     const char *tag = kvbm_storage_event_type_name(e->type);
-    w_array(&w, 7);
-    w_str(&w, tag, strlen(tag));
-    w_uint(&w, e->event_id);
-    w_uint(&w, e->sequence_hash);
-    w_uint(&w, e->prefix_hash);
-    w_uint(&w, e->block_size);
-    w_str(&w, e->location, e->location_len);
+    mpw_array(&w, 7);
+    mpw_str(&w, tag, strlen(tag));
+    mpw_uint(&w, e->event_id);
+    mpw_uint(&w, e->sequence_hash);
+    mpw_uint(&w, e->prefix_hash);
+    mpw_uint(&w, e->block_size);
+    mpw_str(&w, e->location, e->location_len);
     if (e->extra_metadata) {
-      uint8_t *p = w_room(&w, e->extra_metadata_len);
-      if (p) memcpy(p, e->extra_metadata, e->extra_metadata_len);
+      mpw_raw(&w, e->extra_metadata, e->extra_metadata_len);
     } else if (e->tier >= 0) {
-      uint8_t *p = w_room(&w, 1);
-      if (p) p[0] = 0x81; /* {"tier": "Gn"} */
-      w_str(&w, "tier", 4);
-      w_str(&w, kvbm_tier_name(e->tier), 2);
+      mpw_raw(&w, "\x81", 1); /* {"tier": "Gn"} */
+      mpw_str(&w, "tier", 4);
+      mpw_str(&w, kvbm_tier_name(e->tier), 2);
     } else {
-      uint8_t *p = w_room(&w, 1);
-      if (p) p[0] = 0xc0;
+      mpw_nil(&w);
     }
   }
-  w_str(&w, b->source ? b->source : "", b->source ? b->source_len : 0);
+  mpw_str(&w, b->source ? b->source : "", b->source ? b->source_len : 0);
   if (w.oom) {
     *len = start;
     return kvbm_error_set(err, KVBM_ENOMEM, "storage events: out of memory");
@@ -318,8 +242,10 @@ int kvbm_storage_decode(kvbm_storage_decoder *d, const void *data, size_t len, u
   if (mpr_array(&r, &n)) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch is not an array");
   if (n < 2) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch has %u fields, not [ts, events, source]", n);
   if (mpr_double(&r, &out->ts)) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: ts is not a number");
-  if (mpr_array(&r, &count))
-    return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: events is not an array (or is truncated)");
+  int ac = mpr_array(&r, &count);
+  if (ac == KVBM_ETRUNCATED)
+    return kvbm_error_set(err, ac, "storage batch: the events array claims more than the bytes left");
+  if (ac) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: events is not an array");
   /* Each event takes at least 8 bytes; the count is bounded by the input. */
   if ((size_t)count > mpr_left(&r) / 8)
     return kvbm_error_set(err, KVBM_ETRUNCATED, "storage batch: %u events cannot fit in %zu bytes",
