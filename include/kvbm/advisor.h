@@ -172,6 +172,60 @@ typedef struct kvbm_advisor_stats {
 
 KVBM_EXTERN void kvbm_advisor_stats_get(const kvbm_advisor *a, kvbm_advisor_stats *out);
 
+/* --------------------------------------------------------- hints on the wire */
+
+/* Hints leave the advisor on a NATS subject (and over HTTP as JSON) naming
+ * volumes by id. One msgpack message per derivation, with the sequence in
+ * the NATS header Kvbm-Seq like KV and storage events:
+ *   [ts, [hint, ...], source]
+ *   hint = [kind ("Promote" | "Demote" | "Drop" | "Compact"), sequence_hash,
+ *           prefix_hash, from_location, to_location | nil, uses, idle_ms,
+ *           live_blocks, high_water, ...]
+ * (docs/areas/advisor.md). Strings are borrowed as in storage events. */
+typedef struct kvbm_wire_hint {
+  kvbm_hint_kind kind;
+  uint64_t sequence_hash, prefix_hash;
+  const char *from; /* volume id (not NUL-terminated when decoded) */
+  size_t from_len;
+  const char *to;   /* NULL when none (DROP, COMPACT) */
+  size_t to_len;
+  uint64_t uses, idle_ms, live_blocks, high_water;
+} kvbm_wire_hint;
+
+typedef struct kvbm_hint_batch {
+  uint64_t seq;
+  double ts;
+  const char *source;
+  size_t source_len;
+  const kvbm_wire_hint *hints;
+  size_t num_hints;
+} kvbm_hint_batch;
+
+/* A derived hint with its volumes named (pointers into the advisor, valid
+ * while it lives). KVBM_ENOTFOUND for a volume index it does not know. */
+KVBM_EXTERN int kvbm_advisor_hint_wire(const kvbm_advisor *a, const kvbm_hint *h,
+                                       kvbm_wire_hint *out);
+
+/* Appends a batch's msgpack to *buf (as kvbm_storage_encode). KVBM_EINVAL
+ * for a kind outside the enum or a volume id that is empty, too long or has
+ * control bytes; KVBM_ENOMEM. */
+KVBM_EXTERN int kvbm_hints_encode(const kvbm_hint_batch *b, uint8_t **buf, size_t *len,
+                                  size_t *cap, kvbm_error *err);
+
+typedef struct kvbm_hint_decoder kvbm_hint_decoder;
+KVBM_EXTERN int kvbm_hint_decoder_create(kvbm_hint_decoder **out, kvbm_error *err);
+KVBM_EXTERN void kvbm_hint_decoder_destroy(kvbm_hint_decoder *d); /* NULL is a no-op */
+
+/* Decodes one message, bounds-checked like kvbm_storage_decode: counts
+ * checked against the bytes left, unknown kinds, missing or mistyped
+ * fields, bad volume ids and trailing bytes refused with a message naming
+ * the hint and field; fields after the ninth skipped. */
+KVBM_EXTERN int kvbm_hint_decode(kvbm_hint_decoder *d, const void *data, size_t len, uint64_t seq,
+                                 kvbm_hint_batch *out, kvbm_error *err);
+
+/* One hint as a JSON object; returns the length needed, like snprintf. */
+KVBM_EXTERN size_t kvbm_wire_hint_to_json(const kvbm_wire_hint *h, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif
