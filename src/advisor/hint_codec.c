@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "events/mpread.h"
+#include "event_codec/mpread.h"
 #include "events/mpwrite.h"
 #include "kvbm/advisor.h"
 
