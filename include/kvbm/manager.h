@@ -153,6 +153,23 @@ typedef struct kvbm_manager_config {
    * (kvbm_pool_event.context is its kvbm_mreq *); other tiers' carry NULL. */
   kvbm_pool_listener listener[KVBM_TIER_COUNT];
   void *listener_user[KVBM_TIER_COUNT];
+  /* Optional: storage events (kvbm/storage_events.h, the seed's StoreEvent
+   * and RemoveEvent) for the volumes this manager writes, G2, G3 and G4:
+   * a Store when a block is registered in the volume (its copy queued), a
+   * Remove when it leaves it (evicted, dropped, cleared). Published under
+   * the manager lock, so give a publisher with overflow DROP (the default):
+   * a full queue counts a drop in the publisher's stats, never a wait.
+   * Not owned; it must be started and outlive the manager. Fields:
+   *   storage_location  G3, G4: kvbm_volume_name of the tier's volume;
+   *                     G2: g2_volume_name
+   *   prefix_hash       the sequence hash of the first block of the request
+   *                     whose commit stored the block (its prefix family);
+   *                     0 for blocks indexed without a request (a G4 lookup,
+   *                     a warm restart's keys)
+   *   block_size        the block's bytes (one FullyContiguous block)
+   *   extra_metadata    {"tier": "G2" | "G3" | "G4"} */
+  struct kvbm_storage_publisher *storage_events;
+  const char *g2_volume_name;  /* G2's storage_location ("g2"; copied) */
 
   /* ---- volume tiers (kvbm/volume.h): G3 and G4 keep their bytes in a
    * volume chosen by URL; strings are copied at create. ---- */

@@ -158,6 +158,9 @@ typedef struct kvbm__tier {
 struct kvbm_manager {
   kvbm_manager_config cfg;
   kvbm__manager_testing testing; /* test seams (tier/testing.h), zero otherwise */
+  char *g2_name;          /* G2's storage_location (owned) */
+  uint64_t ev_prefix;     /* storage events: the prefix_hash of the commit
+                             registering blocks now (0: none) */
   char *g3_dir, *g3_url, *g4_url, *model_id; /* owned copies (g3_dir NULL: the
                                                 disk's private default) */
   char ns[224];           /* key namespace of the volume tiers */
