@@ -26,7 +26,7 @@
  * Which volume is fast or slow comes from the events' "tier" metadata or
  * from kvbm_advisor_volume_tier(); a volume of unknown tier gets no hints.
  *
- * Memory is bounded: at most max_blocks entries (40 bytes each, in a table
+ * Memory is bounded: at most max_blocks entries (56 bytes each, in a table
  * that grows as needed), max_prefixes prefix families, max_volumes
  * volumes, 64 event sources. A full index forgets the least recently used
  * of a sample of entries (blocks nobody holds go first) and counts it;
@@ -117,6 +117,8 @@ typedef struct kvbm_hint {
   uint64_t idle_ms;        /* since its last use (0 while in G1) */
   uint64_t live_blocks;    /* COMPACT: blocks held now */
   uint64_t high_water;     /* COMPACT: the most it held */
+  uint64_t ns;             /* the block's namespace (kvbm_index_namespace of
+                              its cache_salt and LoRA name; 0: none) */
 } kvbm_hint;
 
 /* Derives up to cap hints at now_ms, most valuable first within each kind
@@ -150,8 +152,10 @@ typedef struct kvbm_advisor_prefix_info {
   uint32_t blocks[KVBM_ADVISOR_MAX_VOLUMES]; /* indexed blocks per volume */
 } kvbm_advisor_prefix_info;
 
-/* KVBM_ENOTFOUND when the family is not tracked. */
-KVBM_EXTERN int kvbm_advisor_prefix_get(const kvbm_advisor *a, uint64_t prefix_hash,
+/* The family prefix_hash in namespace ns (kvbm_index_namespace of a
+ * cache_salt and LoRA name; 0: none). KVBM_ENOTFOUND when it is not
+ * tracked. */
+KVBM_EXTERN int kvbm_advisor_prefix_get(const kvbm_advisor *a, uint64_t prefix_hash, uint64_t ns,
                                         uint64_t now_ms, kvbm_advisor_prefix_info *out);
 
 typedef struct kvbm_advisor_stats {
@@ -190,6 +194,7 @@ typedef struct kvbm_wire_hint {
   const char *to;   /* NULL when none (DROP, COMPACT) */
   size_t to_len;
   uint64_t uses, idle_ms, live_blocks, high_water;
+  uint64_t ns;      /* namespace (10th field; 0 when absent) */
 } kvbm_wire_hint;
 
 typedef struct kvbm_hint_batch {

@@ -27,10 +27,13 @@
  * scan of millions of entries allocates only the caller's cap.
  */
 #include "kvbm/advisor.h"
+#include "kvbm/router.h" /* kvbm_index_namespace: the router's namespaces */
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "event_codec/mpread.h"
 
 #define SAMPLE 16
 #define TICK_MS 10 /* entry times: 10 ms ticks, 32 bits (497 days) */
@@ -43,6 +46,8 @@ typedef struct ent {
   uint64_t prefix;
   uint32_t last_use, stored;
   uint32_t hinted, bytes;
+  uint64_t ns;      /* its namespace (cache_salt, LoRA name; 0: none) */
+  uint64_t fam;     /* its family's key: prefix in namespace ns */
 } ent;
 
 typedef struct fam {
@@ -128,12 +133,69 @@ static size_t home(uint64_t key, size_t mask) {
 
 /* ---- the block table ---- */
 
-static size_t ent_find(const kvbm_advisor *a, uint64_t h) {
+/* Entries are keyed by (hash, namespace) and placed by hash alone: the
+ * same hash in several namespaces shares a probe run, which is what lets a
+ * GPU removal (vLLM's BlockRemoved names no namespace) find its block. */
+static size_t ent_find(const kvbm_advisor *a, uint64_t h, uint64_t ns) {
   if (!a->e) return SIZE_MAX;
   for (size_t i = home(h, a->emask);; i = (i + 1) & a->emask) {
     if (!a->e[i].used) return SIZE_MAX;
-    if (a->e[i].hash == h) return i;
+    if (a->e[i].hash == h && a->e[i].ns == ns) return i;
   }
+}
+
+/* The entry of h in any namespace, one held in G1 first (a GPU removal). */
+static size_t ent_find_g1(const kvbm_advisor *a, uint64_t h) {
+  size_t any = SIZE_MAX;
+  if (!a->e) return SIZE_MAX;
+  for (size_t i = home(h, a->emask);; i = (i + 1) & a->emask) {
+    if (!a->e[i].used) return any;
+    if (a->e[i].hash != h) continue;
+    if (a->e[i].g1) return i;
+    if (any == SIZE_MAX) any = i;
+  }
+}
+
+/* A family's key: the prefix hash mixed with the namespace (murmur3's
+ * finalizer, as the router mixes its keys), so two tenants' families with
+ * the same first block stay apart. */
+static uint64_t fam_key(uint64_t prefix, uint64_t ns) {
+  if (!prefix || !ns) return prefix;
+  uint64_t k = prefix ^ ns;
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ull;
+  k ^= k >> 33;
+  return k ? k : 1;
+}
+
+/* The namespace a storage event names in its extra_metadata: string
+ * entries "cache_salt" and "lora_name" (what the KV events carry), 0 when
+ * neither is there. The codec checked the map already; anything odd here
+ * reads as no namespace. */
+static uint64_t meta_ns(const kvbm_storage_event *e) {
+  if (!e->extra_metadata || !e->extra_metadata_len) return 0;
+  mpr r = {e->extra_metadata, e->extra_metadata + e->extra_metadata_len};
+  uint32_t n;
+  char salt[KVBM_STORAGE_MAX_LOCATION + 1] = "", lora[KVBM_STORAGE_MAX_LOCATION + 1] = "";
+  if (mpr_map(&r, &n)) return 0;
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *k, *v;
+    size_t kn, vn;
+    if (mpr_bytes(&r, false, &k, &kn)) return 0;
+    char *dst = kn == 10 && !memcmp(k, "cache_salt", 10) ? salt
+              : kn == 9 && !memcmp(k, "lora_name", 9)   ? lora
+                                                        : NULL;
+    if (dst && !mpr_bytes(&r, false, &v, &vn)) {
+      if (vn > KVBM_STORAGE_MAX_LOCATION || memchr(v, 0, vn)) return 0;
+      memcpy(dst, v, vn);
+      dst[vn] = 0;
+    } else if (mpr_skip(&r)) {
+      return 0;
+    }
+  }
+  return kvbm_index_namespace(salt[0] ? salt : NULL, lora[0] ? lora : NULL);
 }
 
 static int ent_grow(kvbm_advisor *a) {
@@ -162,9 +224,9 @@ static void ent_set_vol(kvbm_advisor *a, ent *x, size_t v, bool on) {
   if (on) a->v[v].indexed++;
   else if (a->v[v].indexed) a->v[v].indexed--;
   size_t fi;
-  if (x->prefix && a->f) {
-    for (fi = home(x->prefix, a->fmask); a->f[fi].used; fi = (fi + 1) & a->fmask)
-      if (a->f[fi].key == x->prefix) {
+  if (x->fam && a->f) {
+    for (fi = home(x->fam, a->fmask); a->f[fi].used; fi = (fi + 1) & a->fmask)
+      if (a->f[fi].key == x->fam) {
         uint32_t *b = &a->f[fi].blocks[v];
         if (on) (*b)++;
         else if (*b) (*b)--;
@@ -215,8 +277,8 @@ static void ent_forget(kvbm_advisor *a) {
 }
 
 /* The entry of h, created if absent (NULL only on ENOMEM). */
-static ent *ent_get(kvbm_advisor *a, uint64_t h, bool *created) {
-  size_t i = ent_find(a, h);
+static ent *ent_get(kvbm_advisor *a, uint64_t h, uint64_t ns, bool *created) {
+  size_t i = ent_find(a, h, ns);
   *created = false;
   if (i != SIZE_MAX) return &a->e[i];
   if (a->en >= a->cfg.max_blocks) ent_forget(a);
@@ -227,6 +289,7 @@ static ent *ent_get(kvbm_advisor *a, uint64_t h, bool *created) {
   ent *x = &a->e[i];
   memset(x, 0, sizeof *x);
   x->hash = h;
+  x->ns = ns;
   x->used = 1;
   x->last_use = tick(a, a->last_ms);
   a->en++;
@@ -421,18 +484,19 @@ static void on_store(kvbm_advisor *a, size_t v, const kvbm_storage_event *e, uin
   vol *vo = &a->v[v];
   vo->stores++;
   bool created;
-  ent *x = ent_get(a, e->sequence_hash, &created);
+  uint64_t ns = meta_ns(e), fk = fam_key(e->prefix_hash, ns);
+  ent *x = ent_get(a, e->sequence_hash, ns, &created);
   bool was = x && (x->vmask & (1u << v));
   if (!was) {
     vo->live_blocks++;
     vo->live_bytes += e->block_size;
     if (vo->live_blocks > vo->high_water) vo->high_water = vo->live_blocks;
   }
-  if (e->prefix_hash && !fam_get(a, e->prefix_hash)) {
+  if (fk && !fam_get(a, fk)) {
     /* out of memory: the family is simply not tracked */
   }
   if (!x) return;
-  if (!x->prefix) x->prefix = e->prefix_hash;
+  if (!x->prefix) x->prefix = e->prefix_hash, x->fam = fk;
   x->stored = tick(a, now);
   x->bytes = e->block_size > UINT32_MAX ? UINT32_MAX : (uint32_t)e->block_size;
   if (created) x->last_use = x->stored;
@@ -442,7 +506,7 @@ static void on_store(kvbm_advisor *a, size_t v, const kvbm_storage_event *e, uin
 static void on_remove(kvbm_advisor *a, size_t v, const kvbm_storage_event *e, uint64_t now) {
   vol *vo = &a->v[v];
   vo->removes++;
-  size_t i = ent_find(a, e->sequence_hash);
+  size_t i = ent_find(a, e->sequence_hash, meta_ns(e));
   ent *x = i == SIZE_MAX ? NULL : &a->e[i];
   if (!x || !(x->vmask & (1u << v))) {
     a->st.unknown_removes++;
@@ -480,20 +544,20 @@ int kvbm_advisor_storage(kvbm_advisor *a, const kvbm_storage_batch *b, uint64_t 
   return KVBM_OK;
 }
 
-static void gpu_store(kvbm_advisor *a, uint64_t h, uint64_t now) {
+static void gpu_store(kvbm_advisor *a, uint64_t h, uint64_t ns, uint64_t now) {
   bool created;
-  ent *x = ent_get(a, h, &created);
+  ent *x = ent_get(a, h, ns, &created);
   a->st.uses++;
   if (!x) return;
   if (x->vmask) a->st.onboard_uses++;
   if (x->uses < UINT16_MAX) x->uses++;
   if (x->g1 < UINT8_MAX) x->g1++;
   x->last_use = tick(a, now);
-  fam_touch(a, x->prefix, now);
+  fam_touch(a, x->fam, now);
 }
 
 static void gpu_remove(kvbm_advisor *a, uint64_t h, uint64_t now) {
-  size_t i = ent_find(a, h);
+  size_t i = ent_find_g1(a, h);
   if (i == SIZE_MAX) return;
   if (a->e[i].g1) a->e[i].g1--;
   a->e[i].last_use = tick(a, now);
@@ -515,8 +579,19 @@ int kvbm_advisor_kv(kvbm_advisor *a, const kvbm_event_batch *b, uint64_t now_ms)
       continue;
     }
     if (!ev->block_hashes) continue;
+    /* The namespace: the event's salt and LoRA name, else its parent's
+     * (SGLang may salt only where a sequence starts), as the router does. */
+    uint64_t ns = 0;
+    if (ev->type == KVBM_EVENT_STORED) {
+      if (ev->cache_salt || ev->lora_name) {
+        ns = kvbm_index_namespace(ev->cache_salt, ev->lora_name);
+      } else if (ev->has_parent) {
+        size_t pi = ent_find_g1(a, ev->parent_hash);
+        if (pi != SIZE_MAX) ns = a->e[pi].ns;
+      }
+    }
     for (size_t k = 0; k < ev->num_block_hashes; k++) {
-      if (ev->type == KVBM_EVENT_STORED) gpu_store(a, ev->block_hashes[k], now);
+      if (ev->type == KVBM_EVENT_STORED) gpu_store(a, ev->block_hashes[k], ns, now);
       else if (ev->type == KVBM_EVENT_REMOVED) gpu_remove(a, ev->block_hashes[k], now);
     }
   }
@@ -593,6 +668,7 @@ static void scan(kvbm_advisor *a, uint64_t now, heap *down, heap *up) {
     cand c = {.slot = i};
     c.h.sequence_hash = x->hash;
     c.h.prefix_hash = x->prefix;
+    c.h.ns = x->ns;
     c.h.uses = x->uses;
     c.h.idle_ms = (uint64_t)idle;
     if (x->vmask & fast) {
@@ -611,10 +687,10 @@ static void scan(kvbm_advisor *a, uint64_t now, heap *down, heap *up) {
         continue;
       }
       heap_offer(down, &c);
-    } else if (dest >= 0 && x->prefix) {
+    } else if (dest >= 0 && x->fam) {
       const fam *f = NULL;
-      for (size_t k = home(x->prefix, a->fmask); a->f && a->f[k].used; k = (k + 1) & a->fmask)
-        if (a->f[k].key == x->prefix) {
+      for (size_t k = home(x->fam, a->fmask); a->f && a->f[k].used; k = (k + 1) & a->fmask)
+        if (a->f[k].key == x->fam) {
           f = &a->f[k];
           break;
         }
@@ -686,9 +762,10 @@ int kvbm_advisor_volume_get(const kvbm_advisor *a, size_t i, kvbm_advisor_volume
   return KVBM_OK;
 }
 
-int kvbm_advisor_prefix_get(const kvbm_advisor *a, uint64_t p, uint64_t now_ms,
+int kvbm_advisor_prefix_get(const kvbm_advisor *a, uint64_t p, uint64_t ns, uint64_t now_ms,
                             kvbm_advisor_prefix_info *out) {
   if (!a || !out || !a->f) return KVBM_ENOTFOUND;
+  p = fam_key(p, ns);
   for (size_t i = home(p, a->fmask); a->f[i].used; i = (i + 1) & a->fmask) {
     const fam *f = &a->f[i];
     if (f->key != p) continue;

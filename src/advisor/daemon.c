@@ -422,7 +422,7 @@ static int h_prefix(adaemon *d, const char *query, jb *j) {
     return 400;
   }
   kvbm_advisor_prefix_info info;
-  if (kvbm_advisor_prefix_get(d->a, p, now_ms(), &info)) {
+  if (kvbm_advisor_prefix_get(d->a, p, 0, now_ms(), &info)) {
     jp(j, "{\"error\":\"prefix not tracked\",\"status\":404}");
     return 404;
   }

@@ -42,6 +42,7 @@ int kvbm_advisor_hint_wire(const kvbm_advisor *a, const kvbm_hint *h, kvbm_wire_
   out->idle_ms = h->idle_ms;
   out->live_blocks = h->live_blocks;
   out->high_water = h->high_water;
+  out->ns = h->ns;
   return KVBM_OK;
 }
 
@@ -67,7 +68,7 @@ int kvbm_hints_encode(const kvbm_hint_batch *b, uint8_t **buf, size_t *len, size
   for (size_t i = 0; i < b->num_hints; i++) {
     const kvbm_wire_hint *h = &b->hints[i];
     const char *tag = kvbm_hint_kind_name(h->kind);
-    mpw_array(&w, 9);
+    mpw_array(&w, 10);
     mpw_str(&w, tag, strlen(tag));
     mpw_uint(&w, h->sequence_hash);
     mpw_uint(&w, h->prefix_hash);
@@ -78,6 +79,7 @@ int kvbm_hints_encode(const kvbm_hint_batch *b, uint8_t **buf, size_t *len, size
     mpw_uint(&w, h->idle_ms);
     mpw_uint(&w, h->live_blocks);
     mpw_uint(&w, h->high_water);
+    mpw_uint(&w, h->ns);
   }
   mpw_str(&w, b->source ? b->source : "", b->source ? b->source_len : 0);
   if (w.oom) {
@@ -148,7 +150,8 @@ static int decode_hint(mpr *r, kvbm_wire_hint *h, size_t i, kvbm_error *err) {
       (rc = u64(r, &h->live_blocks, i, "live_blocks", err)) ||
       (rc = u64(r, &h->high_water, i, "high_water", err)))
     return rc;
-  for (uint32_t k = 9; k < n; k++)
+  if (n > 9 && (rc = u64(r, &h->ns, i, "namespace", err))) return rc;
+  for (uint32_t k = 10; k < n; k++)
     if (mpr_skip(r)) return kvbm_error_set(err, KVBM_ETRUNCATED, "hint %zu: extra field truncated", i);
   return KVBM_OK;
 }
@@ -240,9 +243,10 @@ size_t kvbm_wire_hint_to_json(const kvbm_wire_hint *h, char *buf, size_t cap) {
     for (const char *m = "null"; *m; m++, k++)
       if (k + 1 < cap) buf[k] = *m;
   }
-  char tail[160];
+  char tail[256];
   int tn = snprintf(tail, sizeof tail, ",\"uses\":%" PRIu64 ",\"idle_ms\":%" PRIu64 ",\"live_blocks\":%" PRIu64
-                    ",\"high_water\":%" PRIu64 "}", h->uses, h->idle_ms, h->live_blocks, h->high_water);
+                    ",\"high_water\":%" PRIu64 ",\"namespace\":%" PRIu64 "}", h->uses, h->idle_ms, h->live_blocks,
+                    h->high_water, h->ns);
   for (int i = 0; i < tn; i++, k++)
     if (k + 1 < cap) buf[k] = tail[i];
   if (cap) buf[k < cap ? k : cap - 1] = 0;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kvbm/advisor.h"
+#include "kvbm/router.h"
 
 static void store(kvbm_advisor *a, const char *vol, int tier, uint64_t h, uint64_t prefix,
                   bool remove, uint64_t id, uint64_t now) {
@@ -168,10 +169,69 @@ static void test_promote(void **state) {
   assert_int_equal(x->to_volume, vol_index(a, "host"));
   assert_null(find(h, n, Q, KVBM_HINT_PROMOTE));
   kvbm_advisor_prefix_info pi;
-  assert_int_equal(kvbm_advisor_prefix_get(a, F, 12100, &pi), KVBM_OK);
+  assert_int_equal(kvbm_advisor_prefix_get(a, F, 0, 12100, &pi), KVBM_OK);
   assert_int_equal(pi.blocks[vol_index(a, "disk")], 2);
   assert_true(pi.score > 2.9 && pi.score <= 3.0);
-  assert_int_equal(kvbm_advisor_prefix_get(a, 424242, 12100, &pi), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_advisor_prefix_get(a, 424242, 0, 12100, &pi), KVBM_ENOTFOUND);
+  kvbm_advisor_destroy(a);
+}
+
+/* Namespaces (issue 11's cache_salt / LoRA name): tenants a and b hold
+ * the same hashes on disk (their storage events say so in extra_metadata);
+ * only a's family is used, through KV events salted "a". Only a's block is
+ * promoted, and the hint names a's namespace; b's family stays cold. */
+static void store_ns(kvbm_advisor *a, const char *vol, uint64_t h, uint64_t prefix, char salt,
+                     uint64_t id, uint64_t now) {
+  uint8_t meta[] = {0x81, 0xaa, 'c', 'a', 'c', 'h', 'e', '_', 's', 'a', 'l', 't', 0xa1, (uint8_t)salt};
+  kvbm_storage_event e = {.type = KVBM_STORAGE_STORE, .event_id = id, .sequence_hash = h,
+                          .prefix_hash = prefix, .block_size = 4096, .location = vol,
+                          .location_len = strlen(vol), .extra_metadata = meta,
+                          .extra_metadata_len = sizeof meta, .tier = -1};
+  kvbm_storage_batch b = {.source = "m", .source_len = 1, .events = &e, .num_events = 1};
+  assert_int_equal(kvbm_advisor_storage(a, &b, now), KVBM_OK);
+}
+
+static void gpu_salted(kvbm_advisor *a, uint64_t h, const char *salt, uint64_t now) {
+  kvbm_event e = {.type = KVBM_EVENT_STORED, .block_hashes = &h, .num_block_hashes = 1,
+                  .medium = KVBM_MEDIUM_GPU, .cache_salt = salt};
+  kvbm_event_batch b = {.events = &e, .num_events = 1};
+  assert_int_equal(kvbm_advisor_kv(a, &b, now), KVBM_OK);
+}
+
+static void test_namespaces(void **state) {
+  (void)state;
+  uint64_t id;
+  kvbm_advisor *a = setup(&id);
+  store(a, "host", KVBM_TIER_G2, 500, 0, false, id++, 10000);
+  uint64_t F = 9000, P = 9001;
+  for (char t = 'a'; t <= 'b'; t++) {
+    store_ns(a, "disk", F, F, t, id++, 10000);
+    store_ns(a, "disk", P, F, t, id++, 10000);
+  }
+  gpu_salted(a, F, "a", 11000);
+  gpu_salted(a, F, "a", 12000);
+  gpu_salted(a, F, "a", 12050);
+  kvbm_hint h[64];
+  size_t n;
+  assert_int_equal(kvbm_advisor_hints(a, 12100, h, 64, &n), KVBM_OK);
+  uint64_t nsa = kvbm_index_namespace("a", NULL), nsb = kvbm_index_namespace("b", NULL);
+  assert_true(nsa != 0 && nsa != nsb);
+  size_t promoted = 0;
+  for (size_t i = 0; i < n; i++)
+    if (h[i].kind == KVBM_HINT_PROMOTE && h[i].sequence_hash == P) {
+      promoted++;
+      assert_int_equal(h[i].ns, nsa);
+    }
+  assert_int_equal(promoted, 1);
+  kvbm_advisor_prefix_info pa, pb;
+  assert_int_equal(kvbm_advisor_prefix_get(a, F, nsa, 12100, &pa), KVBM_OK);
+  assert_int_equal(kvbm_advisor_prefix_get(a, F, nsb, 12100, &pb), KVBM_OK);
+  assert_true(pa.score > 2.9);
+  assert_true(pb.score < 0.5);
+  assert_int_equal(pa.blocks[vol_index(a, "disk")], 2);
+  assert_int_equal(pb.blocks[vol_index(a, "disk")], 2);
+  /* The default namespace never saw F. */
+  assert_int_equal(kvbm_advisor_prefix_get(a, F, 0, 12100, &pa), KVBM_ENOTFOUND);
   kvbm_advisor_destroy(a);
 }
 
@@ -310,6 +370,7 @@ static void test_hint_codec(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_demote_drop_keep), cmocka_unit_test(test_promote),
+      cmocka_unit_test(test_namespaces),
       cmocka_unit_test(test_compact),          cmocka_unit_test(test_bounds),
       cmocka_unit_test(test_hint_codec),
   };
