@@ -65,8 +65,8 @@
  * the engine's path never waits on a storage provider. */
 static void storage_event(kvbm_manager *m, const kvbm__tier *t, const kvbm_pool_event *ev) {
   if (ev->kind == KVBM_POOL_CLEARED) return;
-  const char *loc = t->store == KVBM__STORE_VOLUME && t->vol ? kvbm_volume_name(t->vol)
-                                                              : m->g2_name;
+  const char *loc = kvbm_manager_volume_id(m, t->id);
+  if (!loc) return;
   kvbm_storage_event se = {
       .type = ev->kind == KVBM_POOL_STORED ? KVBM_STORAGE_STORE : KVBM_STORAGE_REMOVE,
       .sequence_hash = ev->seq_hash,
