@@ -231,6 +231,55 @@ KVBM_EXTERN int kvbm_hint_decode(kvbm_hint_decoder *d, const void *data, size_t 
 /* One hint as a JSON object; returns the length needed, like snprintf. */
 KVBM_EXTERN size_t kvbm_wire_hint_to_json(const kvbm_wire_hint *h, char *buf, size_t cap);
 
+/* ------------------------------------------------------- hints applied */
+
+/* A manager's side of the hints: applies the hints of a batch that name
+ * this manager's volumes (kvbm_manager_volume_id; a hint about another
+ * engine's volume is counted and left alone) through kvbm_manager_hint,
+ * and, when given a NATS subject, receives the advisor's batches on its own
+ * thread: the engine's threads never see them. PROMOTE and DEMOTE need
+ * both volumes to be this manager's; DROP its `from`; COMPACT is for the
+ * storage provider and counted as ignored. */
+typedef struct kvbm_hint_applier kvbm_hint_applier;
+
+struct kvbm_manager;
+
+typedef struct kvbm_hint_applier_config {
+  const char *nats_url;    /* NULL: no subscription (apply batches by hand) */
+  const char *subject;     /* the advisor's --hints-nats subject */
+  int max_pending_bytes;   /* libnats' pending limit; what it drops is
+                              counted (16 MiB) */
+} kvbm_hint_applier_config;
+
+KVBM_EXTERN kvbm_hint_applier_config kvbm_hint_applier_config_default(void);
+
+typedef struct kvbm_hint_applier_stats {
+  uint64_t batches, hints;   /* received (or given to _apply) */
+  uint64_t bad_batches;      /* payloads that did not decode */
+  uint64_t foreign;          /* hints about volumes this manager lacks */
+  uint64_t ignored;          /* COMPACT */
+  uint64_t applied;          /* kvbm_manager_hint returned KVBM_OK */
+  uint64_t not_applied;      /* it returned anything else (its stats say why) */
+  uint64_t lost;             /* batches missing by Kvbm-Seq (what libnats'
+                                pending limit drops shows up here) */
+} kvbm_hint_applier_stats;
+
+/* Creates the applier for manager m (which must outlive it); with a NATS
+ * URL, connects, subscribes and starts its thread. KVBM_EINVAL, KVBM_EIO
+ * naming the URL, KVBM_ENOMEM. */
+KVBM_EXTERN int kvbm_hint_applier_create(const kvbm_hint_applier_config *cfg,
+                                         struct kvbm_manager *m, kvbm_hint_applier **out,
+                                         kvbm_error *err);
+
+/* Applies one decoded batch now, on the caller's thread (not the
+ * engine's!). Thread-safe with the applier's own thread. */
+KVBM_EXTERN void kvbm_hint_applier_apply(kvbm_hint_applier *ap, const kvbm_hint_batch *b);
+
+KVBM_EXTERN void kvbm_hint_applier_stats_get(kvbm_hint_applier *ap, kvbm_hint_applier_stats *out);
+
+/* Stops the thread, closes the subscription, frees. NULL is a no-op. */
+KVBM_EXTERN void kvbm_hint_applier_destroy(kvbm_hint_applier *ap);
+
 #ifdef __cplusplus
 }
 #endif
