@@ -400,35 +400,45 @@ static int h_volumes(adaemon *d, jb *j) {
   return 200;
 }
 
-/* hash=N (decimal or 0x-hex), nothing else. */
-static bool parse_hash(const char *q, uint64_t *out) {
-  if (strncmp(q, "hash=", 5)) return false;
-  const char *v = q + 5;
+/* One number, decimal or 0x-hex, ending at `stop` or the string's end. */
+static bool parse_u64(const char *v, char stop, uint64_t *out, const char **rest) {
   int base = 10;
   if (v[0] == '0' && (v[1] == 'x' || v[1] == 'X')) base = 16, v += 2;
   if (!*v || *v == '-' || *v == '+' || *v == ' ') return false;
   char *end;
   errno = 0;
   unsigned long long x = strtoull(v, &end, base);
-  if (errno || *end) return false;
+  if (errno || end == v || (*end && *end != stop)) return false;
   *out = x;
+  *rest = end;
   return true;
 }
 
+/* hash=N[&namespace=N], nothing else (namespace: kvbm_index_namespace of
+ * the tenant's cache_salt and LoRA name; 0 or absent: the default). */
+static bool parse_hash(const char *q, uint64_t *out, uint64_t *ns) {
+  const char *rest;
+  *ns = 0;
+  if (strncmp(q, "hash=", 5) || !parse_u64(q + 5, '&', out, &rest)) return false;
+  if (!*rest) return true;
+  if (strncmp(rest, "&namespace=", 11)) return false;
+  return parse_u64(rest + 11, '\0', ns, &rest) && !*rest;
+}
+
 static int h_prefix(adaemon *d, const char *query, jb *j) {
-  uint64_t p;
-  if (!parse_hash(query, &p)) {
-    jp(j, "{\"error\":\"the query must be hash=N (decimal or 0x-hex, 64 bits)\",\"status\":400}");
+  uint64_t p, ns;
+  if (!parse_hash(query, &p, &ns)) {
+    jp(j, "{\"error\":\"the query must be hash=N[&namespace=N] (decimal or 0x-hex, 64 bits)\",\"status\":400}");
     return 400;
   }
   kvbm_advisor_prefix_info info;
-  if (kvbm_advisor_prefix_get(d->a, p, 0, now_ms(), &info)) {
+  if (kvbm_advisor_prefix_get(d->a, p, ns, now_ms(), &info)) {
     jp(j, "{\"error\":\"prefix not tracked\",\"status\":404}");
     return 404;
   }
-  jp(j, "{\"prefix_hash\":%" PRIu64 ",\"score\":%.4f,\"idle_ms\":%" PRIu64 ",\"events\":%" PRIu64
+  jp(j, "{\"prefix_hash\":%" PRIu64 ",\"namespace\":%" PRIu64 ",\"score\":%.4f,\"idle_ms\":%" PRIu64 ",\"events\":%" PRIu64
         ",\"volumes\":{",
-     p, info.score, now_ms() > info.last_ms ? now_ms() - info.last_ms : 0, info.events);
+     p, ns, info.score, now_ms() > info.last_ms ? now_ms() - info.last_ms : 0, info.events);
   bool first = true;
   for (size_t i = 0; i < kvbm_advisor_volume_count(d->a); i++) {
     if (!info.blocks[i]) continue;
@@ -519,7 +529,7 @@ static int answer(adaemon *d, const http_req *req, jb *jj) {
   }
   if (!strcmp(req->path, "/volumes")) return h_volumes(d, &j);
   if (!strcmp(req->path, "/health")) return h_health(d, &j);
-  jp(&j, "{\"error\":\"no such path (GET /hints, /volumes, /prefix?hash=N, /health)\",\"status\":404}");
+  jp(&j, "{\"error\":\"no such path (GET /hints, /volumes, /prefix?hash=N[&namespace=N], /health)\",\"status\":404}");
   return 404;
 }
 

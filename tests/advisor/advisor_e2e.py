@@ -368,7 +368,11 @@ def main():
         st_, pre = adv.get("/prefix?hash=0x%x" % F)
         assert st_ == 200 and pre["prefix_hash"] == F, pre
         assert adv.get("/prefix?hash=123456")[0] == 404
-        for q in ("hash=abc", "hash=", "hash=-1", "x=1", "hash=18446744073709551616", "hash=1&x=2"):
+        st_, pre = adv.get("/prefix?hash=%d&namespace=0" % F)
+        assert st_ == 200 and pre["namespace"] == 0 and pre["volumes"] == {"disk": 2}, pre
+        assert adv.get("/prefix?hash=%d&namespace=77" % F)[0] == 404  # another tenant's family
+        for q in ("hash=abc", "hash=", "hash=-1", "x=1", "hash=18446744073709551616", "hash=1&x=2",
+                  "hash=1&namespace=", "hash=1&namespace=x", "hash=1&namespace=1&x=2", "hash=1&"):
             st_, e = adv.get("/prefix?" + q)
             assert st_ == 400 and "error" in e, (q, st_, e)
 
