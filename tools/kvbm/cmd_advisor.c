@@ -29,7 +29,7 @@ static void usage(FILE *f) {
           "and KV events (vLLM's wire, both forms) over ZMQ (with replay of gaps) and\n"
           "NATS (Kvbm-Seq), keeps an index of the blocks each volume holds, and derives\n"
           "hints every --hint-period-ms: published on --hints-nats (msgpack, Kvbm-Seq) and\n"
-          "served over HTTP: GET /hints, /volumes, /prefix?hash=N, /health.\n"
+          "served over HTTP: GET /hints, /volumes, /prefix?hash=N[&namespace=N], /health.\n"
           "--volume declares a volume's tier (the events' \"tier\" metadata also does).\n");
 }
 
