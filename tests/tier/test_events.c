@@ -88,8 +88,8 @@ static void test_events_per_tier(void **st) {
   tu_rmdir(dir);
 }
 
-/* Storage events: the manager sends a Store per block it registers in G2
- * and G3 and a Remove per block leaving them, each naming its volume, with
+/* Storage events: the manager sends a Store per block it registers in G2,
+ * G3 and G4 (file://) and a Remove per block leaving them, each naming its volume, with
  * the request's first block as prefix_hash and the block's bytes. Checked
  * on the wire form (each batch decoded again). */
 typedef struct sseen {
@@ -98,7 +98,8 @@ typedef struct sseen {
   size_t store[KVBM_TIER_COUNT], remove[KVBM_TIER_COUNT], bad;
   uint64_t g2_prefix[16], g3_prefix[16], g3_hash[16], bytes;
   size_t ng2, ng3;
-  char g3_loc[KVBM_STORAGE_MAX_LOCATION + 1];
+  char g3_loc[KVBM_STORAGE_MAX_LOCATION + 1], g4_loc[KVBM_STORAGE_MAX_LOCATION + 1];
+  uint64_t g4_prefix0;
 } sseen;
 
 static void on_storage(void *user, const kvbm_storage_batch *b0, const uint8_t *payload,
@@ -128,6 +129,10 @@ static void on_storage(void *user, const kvbm_storage_batch *b0, const uint8_t *
     if (e->tier == KVBM_TIER_G2) {
       if (e->location_len != 7 || memcmp(e->location, "host-g2", 7)) s->bad++;
       if (s->ng2 < 16) s->g2_prefix[s->ng2++] = e->prefix_hash;
+    } else if (e->tier == KVBM_TIER_G4) {
+      if (!s->g4_loc[0]) s->g4_prefix0 = e->prefix_hash;
+      memcpy(s->g4_loc, e->location, e->location_len);
+      s->g4_loc[e->location_len] = 0;
     } else if (e->tier == KVBM_TIER_G3 && s->ng3 < 16) {
       memcpy(s->g3_loc, e->location, e->location_len);
       s->g3_loc[e->location_len] = 0;
@@ -149,8 +154,11 @@ static void test_storage_events(void **st) {
   assert_int_equal(kvbm_storage_publisher_create(&pc, &pub, NULL), KVBM_OK);
   assert_int_equal(kvbm_storage_publisher_add_callback(pub, on_storage, &s, NULL), KVBM_OK);
   assert_int_equal(kvbm_storage_publisher_start(pub, NULL), KVBM_OK);
-  char *dir = tu_tmpdir("sevents");
+  char *dir = tu_tmpdir("sevents"), *dir4 = tu_tmpdir("sevents-g4");
+  char url4[600];
+  snprintf(url4, sizeof url4, "file://%s", dir4);
   kvbm_manager_config c = tu_config(dir, 8, 8, 64);
+  c.g4_url = url4;
   c.storage_events = pub;
   c.g2_volume_name = "host-g2";
   kvbm_manager *m;
@@ -172,6 +180,11 @@ static void test_storage_events(void **st) {
   assert_int_equal(s.store[KVBM_TIER_G1], 0);
   assert_int_equal(s.store[KVBM_TIER_G2], 4 + 7);
   assert_int_equal(s.store[KVBM_TIER_G3], 4 + 7);
+  assert_int_equal(s.store[KVBM_TIER_G4], 4 + 7);
+  assert_int_equal(s.remove[KVBM_TIER_G4], 0);
+  assert_int_equal(s.g4_prefix0, ha[0]);
+  assert_true(strlen(s.g4_loc) > 0);
+  assert_string_not_equal(s.g4_loc, s.g3_loc);
   assert_int_equal(s.remove[KVBM_TIER_G2], 3); /* B's 7 blocks push 3 of A's out of 8 */
   assert_int_equal(s.remove[KVBM_TIER_G3], 0);
   assert_int_equal(s.bytes, 3 * 2 * 4 * 8 * 2); /* layers x outer x page x inner x dtype */
@@ -189,7 +202,7 @@ static void test_storage_events(void **st) {
   pthread_mutex_unlock(&s.mu);
   kvbm_storage_publisher_stats ps;
   kvbm_storage_publisher_stats_get(pub, &ps);
-  assert_int_equal(ps.published, 4 + 7 + 4 + 7 + 3);
+  assert_int_equal(ps.published, 3 * (4 + 7) + 3);
   assert_int_equal(ps.dropped, 0);
   kvbm_storage_publisher_destroy(pub);
   kvbm_storage_decoder_destroy(s.dec);
@@ -197,6 +210,7 @@ static void test_storage_events(void **st) {
   free(a);
   free(b);
   tu_rmdir(dir);
+  tu_rmdir(dir4);
 }
 
 int main(void) {
