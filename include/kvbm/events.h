@@ -347,6 +347,11 @@ typedef struct kvbm_subscriber_config {
                                  * more is dropped and counted in overflow
                                  * (default 64 MiB; >= 2 * max_payload) */
   kvbm_seqno_rules seq;           /* see kvbm_seqno_check (zeros: defaults) */
+  bool raw;                     /* payloads are not KV events: delivered
+                                 * undecoded (recv_raw gives them; the batch
+                                 * carries seq, lost_before, replayed, reset
+                                 * and no events), for other messages on the
+                                 * same transport (storage events) */
 } kvbm_subscriber_config;
 
 KVBM_EXTERN kvbm_subscriber_config kvbm_subscriber_config_default(const char *endpoint);

@@ -154,6 +154,23 @@ typedef struct kvbm_manager_config {
    * (kvbm_pool_event.context is its kvbm_mreq *); other tiers' carry NULL. */
   kvbm_pool_listener listener[KVBM_TIER_COUNT];
   void *listener_user[KVBM_TIER_COUNT];
+  /* Optional: storage events (kvbm/storage_events.h, the seed's StoreEvent
+   * and RemoveEvent) for the volumes this manager writes, G2, G3 and G4:
+   * a Store when a block is registered in the volume (its copy queued), a
+   * Remove when it leaves it (evicted, dropped, cleared). Published under
+   * the manager lock, so give a publisher with overflow DROP (the default):
+   * a full queue counts a drop in the publisher's stats, never a wait.
+   * Not owned; it must be started and outlive the manager. Fields:
+   *   storage_location  G3, G4: kvbm_volume_name of the tier's volume;
+   *                     G2: g2_volume_name
+   *   prefix_hash       the sequence hash of the first block of the request
+   *                     whose commit stored the block (its prefix family);
+   *                     0 for blocks indexed without a request (a G4 lookup,
+   *                     a warm restart's keys)
+   *   block_size        the block's bytes (one FullyContiguous block)
+   *   extra_metadata    {"tier": "G2" | "G3" | "G4"} */
+  struct kvbm_storage_publisher *storage_events;
+  const char *g2_volume_name;  /* G2's storage_location ("g2"; copied) */
 
   /* ---- volume tiers (kvbm/volume.h): G3 and G4 keep their bytes in a
    * volume chosen by URL; strings are copied at create. ---- */
@@ -344,6 +361,57 @@ typedef struct kvbm_tier_stats {
   uint64_t lookup_errors;     /* lookups the store failed (down, full queue) */
 } kvbm_tier_stats;
 KVBM_EXTERN int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier tier, kvbm_tier_stats *out);
+
+/* ---- storage hints (kvbm/advisor.h; the seed's "non-intrusive" storage
+ * provider). A storage advisor watches the manager's storage events and
+ * suggests moves; these apply one, off the engine's path: they take the
+ * manager lock only to queue a copy (never wait for bytes), and the copy
+ * runs on the tier's worker like an offload. Call them from any thread
+ * but the engine's (kvbm_hint_applier, kvbm/advisor.h, does so on its own
+ * thread for hints received over NATS). ---- */
+
+/* The kinds, numbered as kvbm_hint_kind. */
+typedef enum kvbm_manager_hint_kind {
+  KVBM_MANAGER_HINT_PROMOTE = 1, /* from G3/G4 into G2: an asynchronous onboard */
+  KVBM_MANAGER_HINT_DEMOTE = 2,  /* from G2 into G3/G4, then out of G2 (a move) */
+  KVBM_MANAGER_HINT_DROP = 3,    /* out of `from` now (cached blocks only) */
+} kvbm_manager_hint_kind;
+
+typedef struct kvbm_manager_hint_stats {
+  uint64_t received;      /* calls */
+  uint64_t promoted;      /* promotions whose copy into G2 finished */
+  uint64_t demoted;       /* demotions whose copy finished (and left G2) */
+  uint64_t dropped;       /* blocks dropped (drops, and demotions to a tier
+                             that already held the block) */
+  uint64_t queued;        /* copies queued (promoted + demoted + failed
+                             + in flight) */
+  uint64_t failed;        /* copies that failed */
+  uint64_t already;       /* nothing to do: the block is where it should be */
+  uint64_t missing;       /* the block is not (readably) in `from` */
+  uint64_t busy;          /* in use, a full queue, or no evictable block:
+                             the hint is not applied (hints are advice) */
+  uint64_t refused;       /* a kind or tier pair that makes no sense here */
+} kvbm_manager_hint_stats;
+
+/* Applies one hint about block sequence_hash. `from` and `to` are this
+ * manager's tiers (kvbm_manager_volume_id maps a hint's volume ids to
+ * them); `to` is ignored for DROP. Returns KVBM_OK when a copy was queued
+ * or a block dropped; KVBM_EEXIST when nothing needs doing; KVBM_ENOTFOUND
+ * when `from` does not hold the block ready; KVBM_EAGAIN when it is in use
+ * or there is no room now; KVBM_EINVAL/KVBM_ETIER for a pair that makes
+ * no sense (PROMOTE: from G3/G4 to G2; DEMOTE: from G2 to G3/G4; a tier
+ * not configured, or a device G2). Each outcome is counted. Cost: a few
+ * index lookups under the manager lock. */
+KVBM_EXTERN int kvbm_manager_hint(kvbm_manager *m, kvbm_manager_hint_kind kind,
+                                  uint64_t sequence_hash, kvbm_tier from, kvbm_tier to);
+
+KVBM_EXTERN void kvbm_manager_hint_stats_get(kvbm_manager *m, kvbm_manager_hint_stats *out);
+
+/* The volume id this manager's storage events give tier t (the
+ * storage_location: kvbm_volume_name of G3/G4's volume, G2's
+ * g2_volume_name), or NULL when t is G1, absent or not open. Valid while
+ * the manager lives. */
+KVBM_EXTERN const char *kvbm_manager_volume_id(const kvbm_manager *m, kvbm_tier t);
 
 /* G3 I/O mode in use: "io_uring+O_DIRECT", "pread/pwrite+O_DIRECT",
  * "io_uring+buffered", ...; "" without G3. Lives as long as the manager. */

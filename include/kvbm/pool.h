@@ -242,6 +242,13 @@ KVBM_EXTERN int kvbm_block_retain(kvbm_pool *pool, uint32_t id);
  * does not forget the registered blocks still in use. */
 KVBM_EXTERN int kvbm_pool_clear_cache(kvbm_pool *pool);
 
+/* Drops the cached block registered under seq_hash now, as an eviction
+ * would (listeners get its REMOVED; it goes back to the free list): a
+ * storage advisor's drop or demotion. KVBM_ENOTFOUND when nothing is
+ * registered under it, KVBM_ESTATE when the block is in use (refcount >
+ * 0: it stays). Cost: one registry lookup. */
+KVBM_EXTERN int kvbm_pool_evict(kvbm_pool *pool, uint64_t seq_hash);
+
 /* Block inspection (for tests and tools). */
 typedef struct kvbm_block_info {
   kvbm_block_state state;

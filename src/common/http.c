@@ -82,13 +82,20 @@ static http_result request_line(const char *p, size_t n, http_req *req, int *sta
   if (plen == 0 || i >= n) return bad(status, why, 400, "malformed request line (target)");
   if (p[b] != '/') return bad(status, why, 400, "request target must be an absolute path");
   const char *q = memchr(p + b, '?', plen);
-  if (q) plen = (size_t)(q - (p + b));
-  if (plen >= sizeof req->path) return bad(status, why, 414, "request target too long");
-  for (size_t k = 0; k < plen; k++)
+  size_t qlen = 0;
+  if (q) {
+    qlen = plen - (size_t)(q - (p + b)) - 1;
+    plen = (size_t)(q - (p + b));
+  }
+  if (plen >= sizeof req->path || qlen >= sizeof req->query)
+    return bad(status, why, 414, "request target too long");
+  for (size_t k = 0; k < plen + (q ? qlen + 1 : 0); k++)
     if ((unsigned char)p[b + k] <= 0x20 || (unsigned char)p[b + k] >= 0x7f)
       return bad(status, why, 400, "bad character in the request target");
   memcpy(req->path, p + b, plen);
   req->path[plen] = 0;
+  if (q) memcpy(req->query, q + 1, qlen);
+  req->query[qlen] = 0;
   i++;
   if (n - i != 8 || memcmp(p + i, "HTTP/", 5) || p[i + 6] != '.')
     return bad(status, why, 400, "malformed request line (version)");

@@ -15,6 +15,7 @@
 typedef struct http_req {
   char method[16];
   char path[HTTP_MAX_PATH]; /* without the query string */
+  char query[HTTP_MAX_PATH];/* after '?', without it ("" when none) */
   int minor;                /* HTTP/1.<minor>: 0 or 1 */
   size_t content_length;
   bool has_length;
@@ -34,7 +35,7 @@ typedef enum http_result {
  * linear: set it to 0 for a new head and pass it back unchanged with the
  * same bytes and more; bytes it covers are not scanned again. Refuses (HTTP_BAD): a head over
  * max_head bytes (431), a malformed request line or header, bare LF or NUL
- * or other control bytes (400), a path too long (414), a version other
+ * or other control bytes (400), a path or a query too long (414), a version other
  * than HTTP/1.0 or 1.1 (505), Transfer-Encoding (501: bodies must have a
  * Content-Length), a Content-Length that is not a decimal number, is
  * given twice with different values, or exceeds max_body (413). */

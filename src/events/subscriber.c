@@ -370,7 +370,9 @@ static int deliver(kvbm_subscriber *s, uint64_t seq, const uint8_t *data, size_t
                    size_t *plen, kvbm_error *err) {
   uint64_t lost = kvbm_seqno_take(&s->seq, seq);
   s->st.lost += lost;
-  int rc = kvbm_event_decode(s->dec, data, len, seq, out, err);
+  int rc = KVBM_OK;
+  if (s->o.raw) memset(out, 0, sizeof *out), out->seq = seq;
+  else rc = kvbm_event_decode(s->dec, data, len, seq, out, err);
   if (rc) {
     s->st.malformed++;
     s->st.bad_payload++;

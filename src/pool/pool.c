@@ -731,6 +731,20 @@ int kvbm_pool_clear_cache(kvbm_pool *p) {
   return KVBM_OK;
 }
 
+int kvbm_pool_evict(kvbm_pool *p, uint64_t seq_hash) {
+  if (!p) return KVBM_EINVAL;
+  uint32_t id = reg_find(p, seq_hash);
+  if (id == NIL) return KVBM_ENOTFOUND;
+  if (!(p->blocks[id].flags & F_CACHED)) return KVBM_ESTATE;
+  kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = seq_hash};
+  cache_unlink(p, id);
+  unregister(p, id);
+  p->evicted++;
+  free_push(p, id);
+  notify(p, &ev);
+  return KVBM_OK;
+}
+
 int kvbm_block_info_get(const kvbm_pool *p, uint32_t id, kvbm_block_info *out) {
   if (!valid_id(p, id) || !out) return KVBM_EINVAL;
   const blk *b = &p->blocks[id];

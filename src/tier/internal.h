@@ -87,6 +87,9 @@ typedef struct kvbm__job {
   uint8_t src;      /* J_PUT: where the bytes come from (G1 or G2) */
   uint8_t fwd;      /* J_DOWN: bit ti set: then J_PUT into tier ti from G2 */
   uint8_t prio;     /* G1 release priority */
+  uint8_t dst;      /* J_GET: the tier it lands in (G1; G2 for a promotion) */
+  bool hint;        /* a storage hint's copy (hints.c): no batch, nobody
+                       waits; its blocks are released when it is over */
   bool has_parent;
   int result;       /* set by the worker: KVBM_OK or why not */
   uint32_t id[KVBM_TIER_COUNT]; /* the job's block in each tier it touches
@@ -159,6 +162,9 @@ typedef struct kvbm__tier {
 struct kvbm_manager {
   kvbm_manager_config cfg;
   kvbm__manager_testing testing; /* test seams (tier/testing.h), zero otherwise */
+  char *g2_name;          /* G2's storage_location (owned) */
+  uint64_t ev_prefix;     /* storage events: the prefix_hash of the commit
+                             registering blocks now (0: none) */
   char *g3_dir, *g3_url, *g4_url, *model_id; /* owned copies (g3_dir NULL: the
                                                 disk's private default) */
   char ns[224];           /* key namespace of the volume tiers */
@@ -176,6 +182,7 @@ struct kvbm_manager {
   bool stop, cancel;
   bool host_running;      /* the host worker may still forward jobs */
   bool emu;               /* device G1 emulated in host memory (tests) */
+  kvbm_manager_hint_stats hst; /* storage hints applied (hints.c) */
   _Atomic uint64_t emu_copies;
   kvbm__tier_metrics tm;  /* what only metrics read (tier/metrics.h) */
   kvbm__manager_endpoint mx; /* the metrics endpoint, when configured */
@@ -257,6 +264,9 @@ int kvbm__lookup_run(kvbm_manager *m, kvbm__tier *t, const uint64_t *hashes, siz
 /* ---- workers.c ---- */
 
 bool kvbm__q_push(kvbm__jqueue *q, const kvbm__job *j);
+/* ---- hints.c: a storage hint's copy is over (lock held) ---- */
+void kvbm__hint_put_done(kvbm_manager *m, kvbm__tier *t, const kvbm__job *j, bool ok);
+void kvbm__hint_get_done(kvbm_manager *m, kvbm__tier *t, const kvbm__job *j, bool ok);
 uint32_t kvbm__q_free(const kvbm__jqueue *q);
 /* Pins a target block in the commit's batch (room reserved by the commit). */
 void kvbm__batch_pin(kvbm__batch *b, uint8_t tier, uint32_t id);

@@ -54,7 +54,30 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "kvbm/storage_events.h"
 #include "tier/internal.h"
+
+/* The seed's storage events for a volume tier's pool event (the
+ * config's storage_events). A Store's prefix_hash is the family of the
+ * commit registering it (m->ev_prefix, set around use_block); a CLEARED
+ * pool says nothing per block, so nothing is sent for it: the advisor
+ * ages such blocks out. A full publisher queue drops (counted there):
+ * the engine's path never waits on a storage provider. */
+static void storage_event(kvbm_manager *m, const kvbm__tier *t, const kvbm_pool_event *ev) {
+  if (ev->kind == KVBM_POOL_CLEARED) return;
+  const char *loc = kvbm_manager_volume_id(m, t->id);
+  if (!loc) return;
+  kvbm_storage_event se = {
+      .type = ev->kind == KVBM_POOL_STORED ? KVBM_STORAGE_STORE : KVBM_STORAGE_REMOVE,
+      .sequence_hash = ev->seq_hash,
+      .prefix_hash = ev->kind == KVBM_POOL_STORED ? m->ev_prefix : 0,
+      .block_size = m->block_bytes,
+      .location = loc,
+      .location_len = strlen(loc),
+      .tier = (int)t->id,
+  };
+  (void)kvbm_storage_publish(m->cfg.storage_events, &se, NULL, NULL);
+}
 
 /* The pools report to us first: an evicted block's bytes are gone, so a
  * FAILED mark must not outlive it; then the user's listener. */
@@ -73,6 +96,7 @@ static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) 
     const kvbm_mreq *r = ev->context; /* the registering request (NULL: none) */
     m->g1_owner[ev->block_id] = r ? r->serial : 0;
   }
+  if (m->cfg.storage_events && tier != KVBM_TIER_G1) storage_event(m, t, ev);
   if (m->cfg.listener[tier]) m->cfg.listener[tier](m->cfg.listener_user[tier], ev);
 }
 static void on_g1(void *u, const kvbm_pool_event *ev) { on_pool_event(u, KVBM_TIER_G1, ev); }
@@ -342,6 +366,8 @@ static int own_config(kvbm_manager *m, const kvbm_manager_config *cfg, kvbm_erro
   m->g3_url = dup_opt(cfg->g3_url, &oom);
   m->g4_url = dup_opt(cfg->g4_url, &oom);
   m->model_id = dup_opt(cfg->model_id, &oom);
+  m->g2_name = dup_opt(cfg->g2_volume_name ? cfg->g2_volume_name : "g2", &oom);
+  m->cfg.g2_volume_name = m->g2_name;
   m->cfg.g3_dir = m->g3_dir;
   m->cfg.g3_url = m->g3_url;
   m->cfg.g4_url = m->g4_url;
@@ -437,6 +463,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
   free(m->g4_url);
   free(m->model_id);
   kvbm__tier_metrics_free(&m->tm);
+  free(m->g2_name);
   if (m->mu_ready) {
     pthread_mutex_destroy(&m->mu);
     pthread_cond_destroy(&m->done_cv);

@@ -508,6 +508,9 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
   kvbm_seq_blocks(r->seq, &ids, &nb);
   uint64_t parent = 0;
   if (r->committed) KVBM__MUST(kvbm_seq_block_hash(r->seq, r->committed - 1, &parent));
+  /* The storage events' prefix_hash: this request's first block. */
+  m->ev_prefix = 0;
+  if (nfull) KVBM__MUST(kvbm_seq_block_hash(r->seq, 0, &m->ev_prefix));
   for (size_t k = r->committed; k < nfull; k++) {
     uint64_t h;
     KVBM__MUST(kvbm_seq_block_hash(r->seq, k, &h));
@@ -520,6 +523,7 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
     use_block(m, r, b, k, ids[k], h, parent, k > 0);
     parent = h;
   }
+  m->ev_prefix = 0;
   r->committed = nfull;
   if (b->pending == 0) {
     kvbm__batch_done(m, b);

@@ -110,6 +110,7 @@ static void put_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
   }
   if (j->src == KVBM_TIER_G1)
     KVBM__MUST(kvbm_block_release(m->t[KVBM_TIER_G1].pool, j->id[KVBM_TIER_G1], j->prio));
+  if (j->hint) kvbm__hint_put_done(m, t, j, ok);
   batch_job_done(m, j->b);
 }
 
@@ -147,6 +148,10 @@ static void get_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
   bool ok = ran && j->result == KVBM_OK;
   uint32_t sid = j->id[t->id];
+  if (j->hint) { /* a promotion into G2 */
+    kvbm__hint_get_done(m, t, j, ok);
+    return;
+  }
   g1->state[j->id[KVBM_TIER_G1]] = ok ? KVBM__READY : KVBM__FAILED;
   if (ok) {
     t->st.onboarded_blocks++;
@@ -385,22 +390,24 @@ static int prepare_put(kvbm_manager *m, kvbm__tier *t, vslot *s, kvbm_volume_op 
   return KVBM_OK;
 }
 
-/* Fills op for a get: straight into the G1 block when it is a bare block
- * and one host piece, else into the slot's buffer. */
+/* Fills op for a get: straight into the destination block (G1, or G2
+ * for a promotion) when it is a bare block and one host piece, else into
+ * the slot's buffer. */
 static int prepare_get(kvbm_manager *m, kvbm__tier *t, vslot *s, kvbm_volume_op *op) {
-  const kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  const kvbm__tier *g1 = &m->t[s->job.dst];
   *op = (kvbm_volume_op){.kind = KVBM_VOLUME_GET, .key = s->job.hash};
-  uint8_t *p = t->framed ? NULL : kvbm__block_contiguous(g1, s->job.id[KVBM_TIER_G1]);
+  uint8_t *p = t->framed ? NULL : kvbm__block_contiguous(g1, s->job.id[s->job.dst]);
   if (!p && !(p = slot_buf(t->vw, s))) return KVBM_ENOMEM;
   op->dst = p;
   op->cap = p == s->buf ? kvbm__value_len(m, t) : (size_t)m->block_bytes;
   return KVBM_OK;
 }
 
-/* After the store answered a get: check what came and copy it into G1. */
+/* After the store answered a get: check what came and copy it into G1
+ * (or G2, a promotion: host memory, hints.c refuses a device G2). */
 static int finish_get(kvbm_manager *m, kvbm__tier *t, vslot *s, const kvbm_volume_op *op) {
-  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
-  uint32_t b = s->job.id[KVBM_TIER_G1];
+  kvbm__tier *g1 = &m->t[s->job.dst];
+  uint32_t b = s->job.id[s->job.dst];
   if (op->status == KVBM_ENOSPC) return KVBM_ETOOLONG; /* more than a value of ours */
   if (op->status != KVBM_OK) return op->status;
   if (t->framed) {

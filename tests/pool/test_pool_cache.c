@@ -578,6 +578,39 @@ static void test_shared_release(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* kvbm_pool_evict: one cached block out now (REMOVED, back to free), a
+ * block in use stays (ESTATE), an unknown hash is ENOTFOUND; the others in
+ * the cache keep their order. */
+static void test_evict_one(void **state) {
+  (void)state;
+  tu_log log;
+  kvbm_pool *p = tu_pool(6, BS, KVBM_HASH_NATIVE, false, &log);
+  uint64_t h[3];
+  uint32_t c[3];
+  for (int i = 0; i < 3; i++) c[i] = tu_register_new(p, BS, 0, 0, false, (uint32_t)i, &h[i]);
+  for (int i = 0; i < 2; i++) assert_int_equal(kvbm_block_release(p, c[i], 0), KVBM_OK);
+  size_t nev = log.n;
+  kvbm_pool_stats st0 = tu_stats(p);
+  assert_int_equal(kvbm_pool_evict(p, h[2]), KVBM_ESTATE); /* in use */
+  assert_int_equal(kvbm_pool_evict(p, h[0] ^ 1), KVBM_ENOTFOUND);
+  assert_int_equal(log.n, nev);
+  assert_int_equal(kvbm_pool_evict(p, h[1]), KVBM_OK);
+  assert_int_equal(log.n, nev + 1);
+  assert_int_equal(log.ev[nev].kind, KVBM_POOL_REMOVED);
+  assert_int_equal(log.ev[nev].block_id, c[1]);
+  assert_true(log.ev[nev].seq_hash == h[1]);
+  kvbm_pool_stats st = tu_stats(p);
+  assert_int_equal(st.cached, st0.cached - 1);
+  assert_int_equal(st.free, st0.free + 1);
+  assert_int_equal(st.registered, st0.registered - 1);
+  assert_false(kvbm_pool_contains(p, h[1]));
+  assert_true(kvbm_pool_contains(p, h[0]));
+  assert_int_equal(tu_state(p, c[1]), KVBM_BLOCK_RESET);
+  assert_int_equal(kvbm_pool_evict(p, h[1]), KVBM_ENOTFOUND);
+  tu_assert_stats_sane(p);
+  kvbm_pool_destroy(p);
+}
+
 static void test_clear_cache(void **state) {
   (void)state;
   tu_log log;
@@ -942,7 +975,7 @@ int main(void) {
       cmocka_unit_test(test_tail_first),
       cmocka_unit_test(test_match_reactivates),
       cmocka_unit_test(test_shared_release),
-      cmocka_unit_test(test_clear_cache),
+      cmocka_unit_test(test_evict_one), cmocka_unit_test(test_clear_cache),
       cmocka_unit_test(test_fill_run),
       cmocka_unit_test(test_fill_run_evicts_before_lookup),
       cmocka_unit_test(test_keep_tokens_off),

@@ -1,0 +1,627 @@
+/*
+ * daemon.c: `kvbm advisor` (see advisor/daemon.h, docs/areas/advisor.md).
+ *
+ * Design. Two threads. The sources' thread reads every source in turns
+ * (at most SOURCE_TURN messages each, a short sleep when none had any):
+ * a replay of a gap waits for the publisher's ROUTER for up to its
+ * deadline, and that wait must not stall the HTTP API. The main thread
+ * serves HTTP and derives hints on a timer. The advisor (not thread-safe)
+ * and the sources' counters live under one mutex, taken per message
+ * applied and per answer; decoding and socket reads happen outside it.
+ *
+ * Sources reuse the events module: a ZMQ source is a kvbm_subscriber (its
+ * sequence rules, replay of gaps, byte budget), in raw mode for storage
+ * events (decoded here by kvbm_storage_decode) and normal mode for KV
+ * events (both of vLLM's forms). A NATS source is a synchronous libnats
+ * subscription with a bounded pending queue (what libnats drops is counted
+ * as overflow), its Kvbm-Seq header judged by kvbm_seqno_check: NATS has
+ * no replay, so a gap is counted lost. Malformed messages are counted per
+ * source and skipped; the advisor itself counts what it refuses.
+ *
+ * Hints are derived every hint_period_ms (not on GET: deriving marks the
+ * hinted blocks, and a GET must not change what the next one says); the
+ * last derivation is kept as the JSON of GET /hints and published, as
+ * msgpack with its sequence in Kvbm-Seq, on the hints subject.
+ */
+#include "advisor/daemon.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <nats/nats.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "advisor/httpd.h"
+#include "common/clock.h"
+#include "kvbm/events.h"
+#include "kvbm/storage_events.h"
+
+#define SOURCE_TURN 64
+
+typedef struct counts {
+  uint64_t batches, events, errors, lost, duplicates, resets, jumps, overflow;
+} counts;
+
+typedef struct asrc {
+  kvbm__asrc_config cfg;
+  kvbm_subscriber *sub;
+  natsConnection *nc;
+  natsSubscription *ns;
+  kvbm_seqno_tracker seq;
+  kvbm_event_decoder *kdec;
+  kvbm_storage_decoder *sdec;
+  counts n;
+  uint64_t replayed, reconnects;
+  char last_error[KVBM_ERROR_MSG_MAX];
+} asrc;
+
+typedef struct adaemon {
+  const kvbm__advisor_daemon_config *cfg;
+  pthread_mutex_t mu; /* the advisor and the sources' counters */
+  volatile sig_atomic_t *stop;
+  kvbm_advisor *a;
+  asrc src[KVBM__ADVISOR_MAX_SOURCES];
+  size_t ns;
+  kvbm__httpd *http;
+  natsConnection *hnc;
+  kvbm_hint *hints;
+  kvbm_wire_hint *wire;
+  char *hints_json;
+  size_t hints_len, hints_cap;
+  uint64_t derivations, hint_errors, hints_sent;
+  uint8_t *payload;
+  size_t plen, pcap;
+  uint64_t started_ms;
+} adaemon;
+
+kvbm__advisor_daemon_config kvbm__advisor_daemon_config_default(void) {
+  kvbm__advisor_daemon_config c;
+  memset(&c, 0, sizeof c);
+  c.advisor = kvbm_advisor_config_default();
+  c.listen = "127.0.0.1:8091";
+  c.hint_period_ms = 10000;
+  c.max_hints = 4096;
+  c.max_connections = 64;
+  c.io_timeout_ms = 10000;
+  c.queue_bytes = (size_t)16 << 20;
+  c.max_payload = (size_t)2 << 20;
+  return c;
+}
+
+static uint64_t now_ms(void) { return kvbm_clock_ns() / 1000000u; }
+
+static const char *kind_name(kvbm__asrc_kind k) {
+  static const char *const n[] = {"storage-zmq", "storage-nats", "kv-zmq", "kv-nats"};
+  return (unsigned)k < 4 ? n[k] : "?";
+}
+
+/* ---- JSON into a growing buffer ---- */
+
+typedef struct jb {
+  char **b;
+  size_t *len, *cap;
+} jb;
+
+static void jp(jb *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void jp(jb *j, const char *fmt, ...) {
+  for (;;) {
+    size_t room = *j->cap - *j->len;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(*j->b ? *j->b + *j->len : NULL, *j->b ? room : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < room && *j->b) {
+      *j->len += (size_t)n;
+      return;
+    }
+    size_t nc = *j->cap ? *j->cap : 4096;
+    while (nc - *j->len <= (size_t)n) nc *= 2;
+    char *x = realloc(*j->b, nc);
+    if (!x) return;
+    *j->b = x;
+    *j->cap = nc;
+  }
+}
+
+static void jstr(jb *j, const char *s, size_t n) {
+  jp(j, "\"");
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c == '"' || c == '\\') jp(j, "\\%c", c);
+    else if (c < 0x20 || c == 0x7f) jp(j, "\\u%04x", c);
+    else jp(j, "%c", c);
+  }
+  jp(j, "\"");
+}
+
+/* ---- sources ---- */
+
+/* Lock held. */
+static void note_error(asrc *s, const kvbm_error *e) {
+  s->n.errors++;
+  snprintf(s->last_error, sizeof s->last_error, "%s", e->msg);
+}
+
+static void note_error_locked(adaemon *d, asrc *s, const kvbm_error *e) {
+  pthread_mutex_lock(&d->mu);
+  note_error(s, e);
+  pthread_mutex_unlock(&d->mu);
+}
+
+/* Decodes outside the lock, applies under it. */
+static void apply_payload(adaemon *d, asrc *s, const uint8_t *data, size_t len, uint64_t seq) {
+  kvbm_error err = {0};
+  if (s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ || s->cfg.kind == KVBM__ASRC_STORAGE_NATS) {
+    kvbm_storage_batch b;
+    if (kvbm_storage_decode(s->sdec, data, len, seq, &b, &err)) {
+      note_error_locked(d, s, &err);
+      return;
+    }
+    pthread_mutex_lock(&d->mu);
+    s->n.batches++;
+    s->n.events += b.num_events;
+    kvbm_advisor_storage(d->a, &b, now_ms());
+    pthread_mutex_unlock(&d->mu);
+  } else {
+    kvbm_event_batch b;
+    if (kvbm_event_decode(s->kdec, data, len, seq, &b, &err)) {
+      note_error_locked(d, s, &err);
+      return;
+    }
+    pthread_mutex_lock(&d->mu);
+    s->n.batches++;
+    s->n.events += b.num_events;
+    kvbm_advisor_kv(d->a, &b, now_ms());
+    pthread_mutex_unlock(&d->mu);
+  }
+}
+
+/* One ZMQ message; false when there was none. */
+static bool zmq_turn(adaemon *d, asrc *s) {
+  kvbm_event_batch b;
+  const uint8_t *p = NULL;
+  size_t len = 0;
+  kvbm_error err = {0};
+  int rc = kvbm_subscriber_recv_raw(s->sub, 0, &b, &p, &len, &err);
+  if (rc == KVBM_ETIMEDOUT) return false;
+  if (rc) {
+    note_error_locked(d, s, &err); /* counted and skipped by the subscriber too */
+    return rc != KVBM_EIO;
+  }
+  if (s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ) {
+    apply_payload(d, s, p, len, b.seq);
+  } else {
+    pthread_mutex_lock(&d->mu);
+    s->n.batches++;
+    s->n.events += b.num_events;
+    kvbm_advisor_kv(d->a, &b, now_ms());
+    pthread_mutex_unlock(&d->mu);
+  }
+  return true;
+}
+
+static bool msg_seq(natsMsg *m, uint64_t *seq) {
+  const char *v = NULL;
+  if (natsMsgHeader_Get(m, "Kvbm-Seq", &v) != NATS_OK || !v || !*v) return false;
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno || *end || *v == '-' || *v == '+') return false;
+  *seq = x;
+  return true;
+}
+
+/* One NATS message; false when there was none. */
+static bool nats_turn(adaemon *d, asrc *s) {
+  natsMsg *m = NULL;
+  if (natsSubscription_NextMsg(&m, s->ns, 0) != NATS_OK || !m) return false;
+  int len = natsMsg_GetDataLength(m);
+  const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
+  uint64_t seq = 0;
+  bool take = true;
+  pthread_mutex_lock(&d->mu);
+  if (len < 0 || (size_t)len > d->cfg->max_payload) {
+    s->n.errors++;
+    snprintf(s->last_error, sizeof s->last_error, "message of %d bytes over max_payload", len);
+    take = false;
+  } else if (msg_seq(m, &seq)) {
+    uint32_t voided = 0;
+    kvbm_seqno_verdict v = kvbm_seqno_check(&s->seq, seq, true, &voided);
+    s->n.jumps += voided;
+    if (v == KVBM_SEQNO_DUPLICATE) s->n.duplicates++, take = false;
+    else if (v == KVBM_SEQNO_HOLD) s->n.jumps++, take = false; /* a stray number: not believed */
+    else {
+      if (v == KVBM_SEQNO_RESTART || v == KVBM_SEQNO_RESYNC) s->n.resets++;
+      s->n.lost += kvbm_seqno_take(&s->seq, seq);
+    }
+  }
+  pthread_mutex_unlock(&d->mu);
+  if (take) apply_payload(d, s, data, (size_t)len, seq);
+  natsMsg_Destroy(m);
+  return true;
+}
+
+static bool source_turn(adaemon *d, asrc *s) {
+  bool any = false;
+  for (int k = 0; k < SOURCE_TURN; k++) {
+    bool got = s->sub ? zmq_turn(d, s) : s->ns ? nats_turn(d, s) : false;
+    if (!got) break;
+    any = true;
+  }
+  counts sub = {0};
+  bool have = false;
+  if (s->ns) {
+    int64_t dropped = 0;
+    if (natsSubscription_GetDropped(s->ns, &dropped) == NATS_OK && dropped >= 0)
+      sub.overflow = (uint64_t)dropped, have = true;
+  }
+  kvbm_subscriber_stats ss;
+  if (s->sub) kvbm_subscriber_stats_get(s->sub, &ss);
+  pthread_mutex_lock(&d->mu);
+  if (have) s->n.overflow = sub.overflow;
+  if (s->sub) { /* the subscriber's own counts, copied where /health reads them */
+    s->n.lost = ss.lost;
+    s->n.duplicates = ss.duplicates;
+    s->n.resets = ss.resets;
+    s->n.jumps = ss.jumps;
+    s->n.overflow = ss.overflow;
+    s->replayed = ss.replayed;
+    s->reconnects = ss.reconnects;
+  }
+  pthread_mutex_unlock(&d->mu);
+  return any;
+}
+
+/* The sources' thread. */
+static void *sources_main(void *arg) {
+  adaemon *d = arg;
+  while (!*d->stop) {
+    bool busy = false;
+    for (size_t i = 0; i < d->ns; i++) busy |= source_turn(d, &d->src[i]);
+    if (!busy) usleep(2000);
+  }
+  return NULL;
+}
+
+static int nats_connect(const char *url, natsConnection **nc, kvbm_error *err) {
+  natsOptions *o = NULL;
+  natsStatus st = natsOptions_Create(&o);
+  if (st == NATS_OK) st = natsOptions_SetURL(o, url);
+  if (st == NATS_OK) st = natsOptions_SetMaxReconnect(o, -1); /* a daemon outlives outages */
+  if (st == NATS_OK) st = natsConnection_Connect(nc, o);
+  natsOptions_Destroy(o);
+  if (st != NATS_OK)
+    return kvbm_error_set(err, KVBM_EIO, "advisor: NATS %s: %s", url, natsStatus_GetText(st));
+  return KVBM_OK;
+}
+
+static int source_open(adaemon *d, asrc *s, kvbm_error *err) {
+  const kvbm__advisor_daemon_config *c = d->cfg;
+  bool storage = s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ || s->cfg.kind == KVBM__ASRC_STORAGE_NATS;
+  int rc = storage ? kvbm_storage_decoder_create(&s->sdec, err) : kvbm_event_decoder_create(&s->kdec, err);
+  if (rc) return rc;
+  if (s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ || s->cfg.kind == KVBM__ASRC_KV_ZMQ) {
+    kvbm_subscriber_config sc = kvbm_subscriber_config_default(s->cfg.endpoint);
+    sc.replay_endpoint = s->cfg.replay;
+    sc.raw = storage;
+    sc.max_payload = c->max_payload;
+    sc.max_queue_bytes = c->queue_bytes < 2 * c->max_payload ? 2 * c->max_payload : c->queue_bytes;
+    return kvbm_subscriber_create(&sc, &s->sub, err);
+  }
+  if (!s->cfg.subject || !*s->cfg.subject)
+    return kvbm_error_set(err, KVBM_EINVAL, "advisor: NATS source %s has no subject", s->cfg.name);
+  if ((rc = nats_connect(s->cfg.endpoint, &s->nc, err))) return rc;
+  natsStatus st = natsConnection_SubscribeSync(&s->ns, s->nc, s->cfg.subject);
+  size_t qb = c->queue_bytes > INT32_MAX ? INT32_MAX : c->queue_bytes;
+  if (st == NATS_OK) st = natsSubscription_SetPendingLimits(s->ns, -1, (int)qb);
+  if (st == NATS_OK) st = natsConnection_FlushTimeout(s->nc, 2000);
+  if (st != NATS_OK)
+    return kvbm_error_set(err, KVBM_EIO, "advisor: NATS subscription %s: %s", s->cfg.subject,
+                          natsStatus_GetText(st));
+  kvbm_seqno_init(&s->seq, NULL);
+  return KVBM_OK;
+}
+
+static void source_close(asrc *s) {
+  kvbm_subscriber_destroy(s->sub);
+  if (s->ns) {
+    natsSubscription_Unsubscribe(s->ns);
+    natsSubscription_Destroy(s->ns);
+  }
+  if (s->nc) natsConnection_Destroy(s->nc);
+  kvbm_event_decoder_destroy(s->kdec);
+  kvbm_storage_decoder_destroy(s->sdec);
+}
+
+/* ---- hints ---- */
+
+static void derive(adaemon *d) {
+  size_t n = 0;
+  kvbm_advisor_hints(d->a, now_ms(), d->hints, d->cfg->max_hints, &n);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (kvbm_advisor_hint_wire(d->a, &d->hints[i], &d->wire[k]) == KVBM_OK) k++;
+  d->derivations++;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  double wall = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  d->hints_len = 0;
+  jb j = {&d->hints_json, &d->hints_len, &d->hints_cap};
+  jp(&j, "{\"ts\":%.3f,\"seq\":%" PRIu64 ",\"count\":%zu,\"hints\":[", wall, d->derivations - 1, k);
+  char one[1024];
+  for (size_t i = 0; i < k; i++) {
+    size_t need = kvbm_wire_hint_to_json(&d->wire[i], one, sizeof one);
+    if (need >= sizeof one) continue;
+    jp(&j, "%s%s", i ? "," : "", one);
+  }
+  jp(&j, "]}");
+  if (!d->hnc) return;
+  kvbm_hint_batch hb = {.seq = d->derivations - 1, .ts = wall, .source = "kvbm-advisor",
+                        .source_len = 12, .hints = d->wire, .num_hints = k};
+  d->plen = 0;
+  natsMsg *m = NULL;
+  char seq[24];
+  snprintf(seq, sizeof seq, "%" PRIu64, hb.seq);
+  natsStatus st = NATS_ERR;
+  if (kvbm_hints_encode(&hb, &d->payload, &d->plen, &d->pcap, NULL) == KVBM_OK && d->plen <= INT32_MAX) {
+    st = natsMsg_Create(&m, d->cfg->hints_subject, NULL, (const char *)d->payload, (int)d->plen);
+    if (st == NATS_OK) st = natsMsgHeader_Set(m, "Kvbm-Seq", seq);
+    if (st == NATS_OK) st = natsConnection_PublishMsg(d->hnc, m);
+    natsMsg_Destroy(m);
+  }
+  if (st == NATS_OK) d->hints_sent++;
+  else d->hint_errors++;
+}
+
+/* ---- HTTP handlers ---- */
+
+static int h_volumes(adaemon *d, jb *j) {
+  jp(j, "{\"volumes\":[");
+  for (size_t i = 0; i < kvbm_advisor_volume_count(d->a); i++) {
+    kvbm_advisor_volume_info v;
+    kvbm_advisor_volume_get(d->a, i, &v);
+    jp(j, "%s{\"name\":", i ? "," : "");
+    jstr(j, v.name, strlen(v.name));
+    jp(j, ",\"tier\":");
+    if (v.tier >= 0) jp(j, "\"%s\"", kvbm_tier_name(v.tier));
+    else jp(j, "null");
+    jp(j, ",\"live_blocks\":%" PRIu64 ",\"live_bytes\":%" PRIu64 ",\"stores\":%" PRIu64
+          ",\"removes\":%" PRIu64 ",\"high_water\":%" PRIu64 ",\"indexed\":%" PRIu64
+          ",\"eviction_age_ms\":%.0f}",
+       v.live_blocks, v.live_bytes, v.stores, v.removes, v.high_water, v.indexed, v.eviction_age_ms);
+  }
+  jp(j, "]}");
+  return 200;
+}
+
+/* One number, decimal or 0x-hex, ending at `stop` or the string's end. */
+static bool parse_u64(const char *v, char stop, uint64_t *out, const char **rest) {
+  int base = 10;
+  if (v[0] == '0' && (v[1] == 'x' || v[1] == 'X')) base = 16, v += 2;
+  if (!*v || *v == '-' || *v == '+' || *v == ' ') return false;
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, base);
+  if (errno || end == v || (*end && *end != stop)) return false;
+  *out = x;
+  *rest = end;
+  return true;
+}
+
+/* hash=N[&namespace=N], nothing else (namespace: kvbm_index_namespace of
+ * the tenant's cache_salt and LoRA name; 0 or absent: the default). */
+static bool parse_hash(const char *q, uint64_t *out, uint64_t *ns) {
+  const char *rest;
+  *ns = 0;
+  if (strncmp(q, "hash=", 5) || !parse_u64(q + 5, '&', out, &rest)) return false;
+  if (!*rest) return true;
+  if (strncmp(rest, "&namespace=", 11)) return false;
+  return parse_u64(rest + 11, '\0', ns, &rest) && !*rest;
+}
+
+static int h_prefix(adaemon *d, const char *query, jb *j) {
+  uint64_t p, ns;
+  if (!parse_hash(query, &p, &ns)) {
+    jp(j, "{\"error\":\"the query must be hash=N[&namespace=N] (decimal or 0x-hex, 64 bits)\",\"status\":400}");
+    return 400;
+  }
+  kvbm_advisor_prefix_info info;
+  if (kvbm_advisor_prefix_get(d->a, p, ns, now_ms(), &info)) {
+    jp(j, "{\"error\":\"prefix not tracked\",\"status\":404}");
+    return 404;
+  }
+  jp(j, "{\"prefix_hash\":%" PRIu64 ",\"namespace\":%" PRIu64 ",\"score\":%.4f,\"idle_ms\":%" PRIu64 ",\"events\":%" PRIu64
+        ",\"volumes\":{",
+     p, ns, info.score, now_ms() > info.last_ms ? now_ms() - info.last_ms : 0, info.events);
+  bool first = true;
+  for (size_t i = 0; i < kvbm_advisor_volume_count(d->a); i++) {
+    if (!info.blocks[i]) continue;
+    kvbm_advisor_volume_info v;
+    kvbm_advisor_volume_get(d->a, i, &v);
+    jp(j, "%s", first ? "" : ",");
+    jstr(j, v.name, strlen(v.name));
+    jp(j, ":%u", info.blocks[i]);
+    first = false;
+  }
+  jp(j, "}}");
+  return 200;
+}
+
+static int h_health(adaemon *d, jb *j) {
+  kvbm_advisor_stats st;
+  kvbm_advisor_stats_get(d->a, &st);
+  jp(j, "{\"status\":\"ok\",\"uptime_s\":%.1f,\"advisor\":{\"storage_events\":%" PRIu64
+        ",\"kv_events\":%" PRIu64 ",\"kv_other_media\":%" PRIu64 ",\"uses\":%" PRIu64
+        ",\"onboard_uses\":%" PRIu64 ",\"refused_volume\":%" PRIu64 ",\"refused_source\":%" PRIu64
+        ",\"lost_events\":%" PRIu64 ",\"source_restarts\":%" PRIu64 ",\"unknown_removes\":%" PRIu64
+        ",\"forgotten_blocks\":%" PRIu64 ",\"forgotten_held\":%" PRIu64
+        ",\"forgotten_prefixes\":%" PRIu64 ",\"entries\":%" PRIu64 ",\"max_blocks\":%zu"
+        ",\"prefixes\":%" PRIu64 ",\"memory_bytes\":%" PRIu64 ",\"hints\":{\"promote\":%" PRIu64
+        ",\"demote\":%" PRIu64 ",\"drop\":%" PRIu64 ",\"compact\":%" PRIu64 "}},",
+     (double)(now_ms() - d->started_ms) / 1000, st.storage_events, st.kv_events, st.kv_other_media,
+     st.uses, st.onboard_uses, st.refused_volume, st.refused_source, st.lost_events,
+     st.source_restarts, st.unknown_removes, st.forgotten_blocks, st.forgotten_held,
+     st.forgotten_prefixes, st.entries, d->cfg->advisor.max_blocks, st.prefixes, st.memory_bytes,
+     st.hints[KVBM_HINT_PROMOTE], st.hints[KVBM_HINT_DEMOTE], st.hints[KVBM_HINT_DROP],
+     st.hints[KVBM_HINT_COMPACT]);
+  jp(j, "\"derivations\":%" PRIu64 ",\"hints_published\":%" PRIu64 ",\"hint_publish_errors\":%" PRIu64
+        ",\"sources\":[",
+     d->derivations, d->hints_sent, d->hint_errors);
+  for (size_t i = 0; i < d->ns; i++) {
+    asrc *s = &d->src[i];
+    counts n = s->n;
+    if (s->sub) {
+      jp(j, "%s{\"replayed\":%" PRIu64 ",\"reconnects\":%" PRIu64 ",", i ? "," : "", s->replayed,
+         s->reconnects);
+    } else {
+      jp(j, "%s{", i ? "," : "");
+    }
+    jp(j, "\"name\":");
+    jstr(j, s->cfg.name ? s->cfg.name : "", s->cfg.name ? strlen(s->cfg.name) : 0);
+    jp(j, ",\"kind\":\"%s\",\"batches\":%" PRIu64 ",\"events\":%" PRIu64 ",\"errors\":%" PRIu64
+          ",\"lost\":%" PRIu64 ",\"duplicates\":%" PRIu64 ",\"resets\":%" PRIu64 ",\"jumps\":%" PRIu64
+          ",\"overflow\":%" PRIu64 ",\"last_error\":",
+       kind_name(s->cfg.kind), n.batches, n.events, n.errors, n.lost, n.duplicates, n.resets,
+       n.jumps, n.overflow);
+    jstr(j, s->last_error, strlen(s->last_error));
+    jp(j, "}");
+  }
+  kvbm__httpd_stats hs;
+  kvbm__httpd_stats_get(d->http, &hs);
+  jp(j, "],\"http\":{\"connections\":%" PRIu64 ",\"max_connections\":%u,\"accepted\":%" PRIu64
+        ",\"refused_busy\":%" PRIu64 ",\"accept_pauses\":%" PRIu64 ",\"requests\":%" PRIu64
+        ",\"answered\":%" PRIu64 ",\"bad_requests\":%" PRIu64 ",\"read_timeouts\":%" PRIu64
+        ",\"write_timeouts\":%" PRIu64 ",\"turns_cut\":%" PRIu64 ",\"out_peak\":%" PRIu64 "}}",
+     hs.connections, d->cfg->max_connections, hs.accepted, hs.refused_busy, hs.accept_pauses,
+     hs.requests, hs.answered, hs.bad_requests, hs.read_timeouts, hs.write_timeouts,
+     hs.turns_cut, hs.out_peak);
+  return 200;
+}
+
+static int answer(adaemon *d, const http_req *req, jb *jj);
+
+static int handle(void *user, const http_req *req, char **body, size_t *len, size_t *cap) {
+  adaemon *d = user;
+  jb j = {body, len, cap};
+  pthread_mutex_lock(&d->mu);
+  int st = answer(d, req, &j);
+  pthread_mutex_unlock(&d->mu);
+  return st;
+}
+
+static int answer(adaemon *d, const http_req *req, jb *jj) {
+  jb j = *jj;
+  if (!strcmp(req->path, "/prefix")) return h_prefix(d, req->query, &j);
+  if (req->query[0]) {
+    jp(&j, "{\"error\":\"%s takes no query\",\"status\":400}", req->path[1] ? req->path + 1 : "/");
+    return 400;
+  }
+  if (!strcmp(req->path, "/hints")) {
+    if (d->hints_json) jp(&j, "%.*s", (int)d->hints_len, d->hints_json);
+    else jp(&j, "{\"ts\":null,\"seq\":null,\"count\":0,\"hints\":[]}");
+    return 200;
+  }
+  if (!strcmp(req->path, "/volumes")) return h_volumes(d, &j);
+  if (!strcmp(req->path, "/health")) return h_health(d, &j);
+  jp(&j, "{\"error\":\"no such path (GET /hints, /volumes, /prefix?hash=N[&namespace=N], /health)\",\"status\":404}");
+  return 404;
+}
+
+/* ---- run ---- */
+
+static int write_port_file(const char *path, int port, kvbm_error *err) {
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+    return kvbm_error_set(err, KVBM_EINVAL, "advisor: --port-file path too long");
+  FILE *f = fopen(tmp, "w");
+  if (!f) return kvbm_error_set(err, KVBM_EIO, "advisor: cannot write %s: %s", tmp, strerror(errno));
+  fprintf(f, "%d\n", port);
+  if (fclose(f) || rename(tmp, path))
+    return kvbm_error_set(err, KVBM_EIO, "advisor: cannot write %s: %s", path, strerror(errno));
+  return KVBM_OK;
+}
+
+static void teardown(adaemon *d) {
+  for (size_t i = 0; i < d->ns; i++) source_close(&d->src[i]);
+  kvbm__httpd_destroy(d->http);
+  if (d->hnc) {
+    natsConnection_FlushTimeout(d->hnc, 1000);
+    natsConnection_Destroy(d->hnc);
+  }
+  kvbm_advisor_destroy(d->a);
+  free(d->hints);
+  free(d->wire);
+  free(d->hints_json);
+  free(d->payload);
+}
+
+int kvbm__advisor_daemon_run(const kvbm__advisor_daemon_config *cfg, volatile sig_atomic_t *stop,
+                             kvbm_error *err) {
+  if (!cfg || !stop) return kvbm_error_set(err, KVBM_EINVAL, "advisor: NULL argument");
+  if (cfg->nsources > KVBM__ADVISOR_MAX_SOURCES || !cfg->hint_period_ms || !cfg->max_hints ||
+      cfg->max_hints > (1u << 20))
+    return kvbm_error_set(err, KVBM_EINVAL, "advisor: bad settings (sources, hint period, max hints)");
+  adaemon *d = calloc(1, sizeof *d);
+  if (!d) return kvbm_error_set(err, KVBM_ENOMEM, "advisor: out of memory");
+  d->cfg = cfg;
+  d->stop = stop;
+  pthread_mutex_init(&d->mu, NULL);
+  d->started_ms = now_ms();
+  int rc = kvbm_advisor_create(&cfg->advisor, &d->a, err);
+  for (size_t i = 0; !rc && i < cfg->nvolumes; i++)
+    rc = kvbm_advisor_volume_tier(d->a, cfg->volume_names[i], cfg->volume_tiers[i], err);
+  if (!rc) {
+    d->hints = malloc(cfg->max_hints * sizeof *d->hints);
+    d->wire = malloc(cfg->max_hints * sizeof *d->wire);
+    if (!d->hints || !d->wire) rc = kvbm_error_set(err, KVBM_ENOMEM, "advisor: out of memory");
+  }
+  for (size_t i = 0; !rc && i < cfg->nsources; i++) {
+    d->src[i].cfg = cfg->sources[i];
+    d->ns = i + 1;
+    rc = source_open(d, &d->src[i], err);
+  }
+  if (!rc && cfg->hints_url) {
+    if (!cfg->hints_subject || !*cfg->hints_subject)
+      rc = kvbm_error_set(err, KVBM_EINVAL, "advisor: hints need a NATS subject");
+    else
+      rc = nats_connect(cfg->hints_url, &d->hnc, err);
+  }
+  kvbm__httpd_config hc = {.listen = cfg->listen, .max_connections = cfg->max_connections,
+                           .io_timeout_ms = cfg->io_timeout_ms};
+  if (!rc) rc = kvbm__httpd_create(&hc, handle, d, &d->http, err);
+  if (!rc && cfg->port_file) rc = write_port_file(cfg->port_file, kvbm__httpd_port(d->http), err);
+  pthread_t th;
+  bool started = false;
+  if (!rc) {
+    if (pthread_create(&th, NULL, sources_main, d))
+      rc = kvbm_error_set(err, KVBM_ENOMEM, "advisor: cannot start the sources' thread");
+    else
+      started = true;
+  }
+  uint64_t next_hints = now_ms() + cfg->hint_period_ms;
+  while (!rc && !*stop) {
+    uint64_t now = now_ms();
+    if (now >= next_hints) {
+      pthread_mutex_lock(&d->mu);
+      derive(d);
+      pthread_mutex_unlock(&d->mu);
+      next_hints = now + cfg->hint_period_ms;
+    }
+    kvbm__httpd_poll(d->http, 10);
+  }
+  if (started) {
+    *stop = 1; /* (an error above: the thread stops too) */
+    pthread_join(th, NULL);
+  }
+  teardown(d);
+  pthread_mutex_destroy(&d->mu);
+  free(d);
+  return rc;
+}
+

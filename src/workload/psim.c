@@ -1,0 +1,770 @@
+/*
+ * psim.c: the policy simulator (see workload/psim.h).
+ *
+ * Design. A trace is turned once into a stream: per request the dense ids
+ * of its full blocks (prompt and output, hashed exactly as the manager
+ * hashes them, so equal ids are equal chained hashes), how many of them
+ * the prefill may match, and how many blocks the request occupies in G1.
+ * Interning hashes as ids lets every policy index arrays; the stream also
+ * keeps each id's 64-bit hash for the frequency filter, which is the
+ * manager's own code (tier/filter.c) fed the same hashes in the same order.
+ *
+ * A run then replays the manager's decisions request by request, in the
+ * order kvbm_manager_prefill / commit / destroy make them (tier/manager.c):
+ *
+ *   walk   block k < K from the fastest tier holding it (G1, G2, G3), up
+ *          to the first held nowhere; if G1 cannot take the onboards plus
+ *          the rest of the prompt, only the G1 prefix counts.
+ *   G1     the hits are taken out of the cache, then every onboard and
+ *          every other block is allocated in order (free blocks first,
+ *          then an eviction), each full block registered or, when its
+ *          hash is cached, deduplicated onto the cached block.
+ *   commit every full block is used once in G2 then in G3.
+ *   free   the request's blocks join G1's cache tail first.
+ *
+ * G1 is modelled as W1's pool: a count of free blocks, a state per id
+ * (absent, held by the running request, cached) and the cached ids in a
+ * psim_cache whose evict() chooses the victim. Nothing is pinned in G1's
+ * cache: the running request's blocks are simply not in it.
+ *
+ * Clairvoyance. A block's next use is the next request that may match it
+ * (a position below that request's K), with its position: key = request <<
+ * 32 | position, so among blocks next used by one request the deeper one
+ * is the later, and Belady evicts a prefix from its tail. Uses at
+ * positions a prefill never matches (the last prompt block, outputs) do
+ * not count: they cannot be hits.
+ */
+#include "workload/psim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "kvbm/advisor.h"
+#include "tier/filter.h"
+
+/* ---- names and presets ---- */
+
+static const char *const kAdmit[KVBM_PSIM_ADMIT_COUNT] = {"all", "frequency", "never",
+                                                          "clairvoyant", "reused", "victim"};
+
+const char *kvbm_psim_admit_name(int a) {
+  return a >= 0 && a < KVBM_PSIM_ADMIT_COUNT ? kAdmit[a] : "?";
+}
+
+bool kvbm_psim_admit_parse(const char *s, kvbm_psim_admit *out) {
+  for (int a = 0; s && a < KVBM_PSIM_ADMIT_COUNT; a++)
+    if (!strcmp(s, kAdmit[a])) {
+      *out = (kvbm_psim_admit)a;
+      return true;
+    }
+  return false;
+}
+
+kvbm_psim_config kvbm_psim_config_default(void) {
+  kvbm_psim_config c;
+  memset(&c, 0, sizeof c);
+  c.tier[0] = (kvbm_psim_tier_config){16384, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_ALL, false};
+  c.tier[1] = (kvbm_psim_tier_config){65536, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_ALL, false};
+  c.tier[2] = (kvbm_psim_tier_config){262144, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_FREQUENCY, false};
+  c.freq_threshold = 2;
+  c.freq_decay_uses = 65536;
+  c.freq_max_entries = 1u << 20;
+  c.victim_min_uses = 2;
+  c.advisor_period_ms = 10000;
+  c.advisor_promote_min_uses = 2;
+  c.advisor_demote_min_uses = 2;
+  c.advisor_demote_fraction = 0.7;
+  return c;
+}
+
+const char *const kvbm_psim_preset_names[] = {"today",   "lru-tail", "arc",    "s3fifo", "wtinylfu",
+                                              "victim",  "advisor",  "belady", NULL};
+
+static void set_lower(kvbm_psim_config *c, psim_evict e2, kvbm_psim_admit a2, psim_evict e3,
+                      kvbm_psim_admit a3, bool tail_first) {
+  c->tier[1].evict = e2;
+  c->tier[1].admit = a2;
+  c->tier[2].evict = e3;
+  c->tier[2].admit = a3;
+  c->tier[1].tail_first = c->tier[2].tail_first = tail_first;
+}
+
+bool kvbm_psim_preset(const char *name, kvbm_psim_config *c) {
+  if (!name || !c) return false;
+  const kvbm_psim_admit ALL = KVBM_PSIM_ADMIT_ALL, FREQ = KVBM_PSIM_ADMIT_FREQUENCY;
+  if (!strcmp(name, "today")) {
+    set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, FREQ, false);
+  } else if (!strcmp(name, "lru-tail")) {
+    set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, FREQ, true);
+  } else if (!strcmp(name, "arc")) {
+    set_lower(c, PSIM_EVICT_ARC, ALL, PSIM_EVICT_ARC, FREQ, true);
+  } else if (!strcmp(name, "s3fifo")) {
+    set_lower(c, PSIM_EVICT_S3FIFO, ALL, PSIM_EVICT_S3FIFO, FREQ, true);
+  } else if (!strcmp(name, "wtinylfu")) {
+    set_lower(c, PSIM_EVICT_WTINYLFU, ALL, PSIM_EVICT_LRU, FREQ, true);
+  } else if (!strcmp(name, "victim")) {
+    set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_VICTIM, true);
+  } else if (!strcmp(name, "advisor")) {
+    set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, FREQ, true);
+  } else if (!strcmp(name, "belady")) {
+    set_lower(c, PSIM_EVICT_BELADY, KVBM_PSIM_ADMIT_CLAIRVOYANT, PSIM_EVICT_BELADY,
+              KVBM_PSIM_ADMIT_CLAIRVOYANT, true);
+  } else {
+    return false;
+  }
+  c->tier[0].evict = strcmp(name, "belady") ? PSIM_EVICT_LRU : PSIM_EVICT_BELADY;
+  c->advisor = !strcmp(name, "advisor");
+  return true;
+}
+
+/* ---- the stream ---- */
+
+typedef struct sreq {
+  uint64_t off;        /* first id in ids[] */
+  uint32_t nfull;      /* full blocks (prompt and output) */
+  uint32_t nblocks;    /* blocks held in G1 (the partial tail included) */
+  uint32_t matchable;  /* K: blocks the prefill may match */
+  uint32_t prefill;    /* blocks the prefill allocates at most (ceil(n / B)) */
+  uint32_t prompt;     /* input_length */
+  double ts_ms;
+} sreq;
+
+struct kvbm_psim_stream {
+  uint32_t block_size;
+  size_t nreq;
+  sreq *req;
+  uint32_t *ids;   /* per block position */
+  uint64_t *next;  /* per block position: next use key, or NULL */
+  uint64_t *hash;  /* per id */
+  uint32_t universe;
+  uint64_t max_blocks;
+};
+
+typedef struct intern {
+  uint32_t *slot; /* id + 1, 0 = empty */
+  uint64_t mask;
+  uint64_t *hash;
+  uint32_t n, cap;
+} intern;
+
+static uint64_t imix(uint64_t h) { return (h ^ (h >> 29)) * 0xBF58476D1CE4E5B9ull; }
+
+static int intern_grow(intern *t) {
+  uint64_t size = (t->mask + 1) * 2;
+  uint32_t *ns = calloc(size, sizeof *ns);
+  if (!ns) return KVBM_ENOMEM;
+  for (uint32_t id = 0; id < t->n; id++) {
+    uint64_t j = imix(t->hash[id]) & (size - 1);
+    while (ns[j]) j = (j + 1) & (size - 1);
+    ns[j] = id + 1;
+  }
+  free(t->slot);
+  t->slot = ns;
+  t->mask = size - 1;
+  return KVBM_OK;
+}
+
+/* The id of hash h, a new one if unseen; UINT32_MAX on ENOMEM. */
+static uint32_t intern_id(intern *t, uint64_t h) {
+  uint64_t j = imix(h) & t->mask;
+  for (; t->slot[j]; j = (j + 1) & t->mask)
+    if (t->hash[t->slot[j] - 1] == h) return t->slot[j] - 1;
+  if (t->n == UINT32_MAX - 1) return UINT32_MAX;
+  if (t->n == t->cap) {
+    uint32_t nc = t->cap * 2;
+    uint64_t *nh = realloc(t->hash, (size_t)nc * sizeof *nh);
+    if (!nh) return UINT32_MAX;
+    t->hash = nh;
+    t->cap = nc;
+  }
+  t->hash[t->n] = h;
+  t->slot[j] = t->n + 1;
+  uint32_t id = t->n++;
+  if ((uint64_t)t->n * 2 > t->mask && intern_grow(t)) return UINT32_MAX;
+  return id;
+}
+
+/* Per request: its shape, then its blocks' ids. tok has room for the
+ * request's tokens. */
+static int stream_request(kvbm_psim_stream *s, intern *t, const kvbm_trace_request *q, size_t i,
+                          kvbm_hash_scheme scheme, uint32_t *tok, uint64_t *pos, size_t *pos_cap,
+                          kvbm_error *err) {
+  const uint32_t B = s->block_size;
+  uint64_t L = q->input_length, M = q->output_length, T = L + M;
+  sreq *r = &s->req[i];
+  memset(r, 0, sizeof *r);
+  r->off = *pos;
+  r->prompt = q->input_length;
+  r->ts_ms = q->timestamp_ms;
+  if (T == 0) return KVBM_OK;
+  uint64_t n = L ? L : 1; /* an empty prompt: the first output token opens it (W2) */
+  uint64_t nblocks = T / B + (T % B != 0);
+  if (nblocks > (1u << 24))
+    return kvbm_error_set(err, KVBM_ENOSPC, "policy-sim: request %zu has %llu blocks (at most 2^24)",
+                          i, (unsigned long long)nblocks);
+  r->nfull = (uint32_t)(T / B);
+  r->nblocks = (uint32_t)nblocks;
+  r->matchable = (uint32_t)((n - 1) / B);
+  r->prefill = (uint32_t)(n / B + (n % B != 0));
+  if (*pos + r->nfull > *pos_cap) {
+    size_t nc = *pos_cap ? *pos_cap : 1u << 20;
+    while (nc < *pos + r->nfull) nc *= 2;
+    uint32_t *ni = realloc(s->ids, nc * sizeof *ni);
+    if (!ni) return kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory");
+    s->ids = ni;
+    *pos_cap = nc;
+  }
+  kvbm_trace_prompt_tokens(q, tok);
+  kvbm_trace_output_tokens(q, i, tok + L);
+  uint64_t parent = 0;
+  for (uint32_t k = 0; k < r->nfull; k++) {
+    parent = kvbm_hash_next(scheme, 0, parent, k > 0, tok + (size_t)k * B, B);
+    uint32_t id = intern_id(t, parent);
+    if (id == UINT32_MAX) return kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory");
+    s->ids[*pos + k] = id;
+  }
+  *pos += r->nfull;
+  if (r->nblocks > s->max_blocks) s->max_blocks = r->nblocks;
+  return KVBM_OK;
+}
+
+/* Each position's next use: scanned backwards, remembering per id the
+ * nearest later request that may match it. */
+static int stream_next_uses(kvbm_psim_stream *s, uint64_t npos) {
+  s->next = malloc((npos ? npos : 1) * sizeof *s->next);
+  uint64_t *last = malloc((size_t)(s->universe ? s->universe : 1) * sizeof *last);
+  if (!s->next || !last) {
+    free(last);
+    return KVBM_ENOMEM;
+  }
+  memset(last, 0xff, (size_t)s->universe * sizeof *last);
+  for (size_t i = s->nreq; i-- > 0;) {
+    const sreq *r = &s->req[i];
+    for (uint32_t k = 0; k < r->nfull; k++) s->next[r->off + k] = last[s->ids[r->off + k]];
+    for (uint32_t k = 0; k < r->matchable; k++)
+      last[s->ids[r->off + k]] = (uint64_t)i << 32 | k;
+  }
+  free(last);
+  return KVBM_OK;
+}
+
+int kvbm_psim_stream_build(const kvbm_trace *trace, size_t limit, uint32_t block_size,
+                           kvbm_hash_scheme scheme, bool next_use, kvbm_psim_stream **out,
+                           kvbm_error *err) {
+  if (!trace || !out) return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: NULL argument");
+  if (block_size == 0 || block_size > (1u << 16))
+    return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: block size %u is not in 1..65536",
+                          block_size);
+  size_t n = kvbm_trace_count(trace);
+  if (limit && limit < n) n = limit;
+  size_t max_in, max_out;
+  kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
+  kvbm_psim_stream *s = calloc(1, sizeof *s);
+  intern t = {0};
+  uint32_t *tok = malloc((max_in + max_out) * sizeof *tok);
+  if (s) {
+    s->block_size = block_size;
+    s->nreq = n;
+    s->req = malloc((n ? n : 1) * sizeof *s->req);
+  }
+  t.cap = 1u << 16;
+  t.hash = malloc(t.cap * sizeof *t.hash);
+  t.mask = (1u << 17) - 1;
+  t.slot = calloc(t.mask + 1, sizeof *t.slot);
+  int rc = s && s->req && tok && t.hash && t.slot
+               ? KVBM_OK
+               : kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory");
+  uint64_t pos = 0;
+  size_t pos_cap = 0;
+  for (size_t i = 0; i < n && !rc; i++)
+    rc = stream_request(s, &t, kvbm_trace_get(trace, i), i, scheme, tok, &pos, &pos_cap, err);
+  free(tok);
+  free(t.slot);
+  if (!rc) {
+    s->hash = t.hash;
+    s->universe = t.n;
+    t.hash = NULL;
+    if (next_use && stream_next_uses(s, pos))
+      rc = kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory (next uses)");
+  }
+  free(t.hash);
+  if (rc) {
+    kvbm_psim_stream_destroy(s);
+    return rc;
+  }
+  *out = s;
+  return KVBM_OK;
+}
+
+void kvbm_psim_stream_destroy(kvbm_psim_stream *s) {
+  if (!s) return;
+  free(s->req);
+  free(s->ids);
+  free(s->next);
+  free(s->hash);
+  free(s);
+}
+
+size_t kvbm_psim_stream_requests(const kvbm_psim_stream *s) { return s ? s->nreq : 0; }
+uint32_t kvbm_psim_stream_universe(const kvbm_psim_stream *s) { return s ? s->universe : 0; }
+uint64_t kvbm_psim_stream_max_blocks(const kvbm_psim_stream *s) { return s ? s->max_blocks : 0; }
+bool kvbm_psim_stream_has_next_use(const kvbm_psim_stream *s) { return s && s->next; }
+
+/* ---- a run ---- */
+
+enum { G1_ABSENT = 0, G1_HELD, G1_CACHED };
+
+/* The advisor-guided policy: what the manager would publish, batched as
+ * its publishers batch it, and the hints applied as it would apply them. */
+typedef struct adv {
+  kvbm_advisor *a;
+  uint32_t *by_hash; /* hash -> id + 1 (open addressing over the stream's hashes) */
+  uint64_t mask;
+  kvbm_storage_event *st; /* storage events of the current period */
+  size_t nst, stcap;
+  kvbm_event *kv;         /* KV events of the current request */
+  uint64_t *kvh;
+  size_t nkv, kvcap;
+  double next_ms;         /* end of the current period (trace time) */
+  uint64_t prefix;        /* the running request's prefix hash */
+  kvbm_hint *hints;
+  size_t hcap;
+  bool oom;
+} adv;
+
+typedef struct run {
+  const kvbm_psim_stream *s;
+  const kvbm_psim_config *cfg;
+  kvbm_psim_result *res;
+  psim_cache *c[KVBM_PSIM_TIERS]; /* G1: its cached blocks; G2, G3: residents */
+  kvbm_freq_filter filter[KVBM_PSIM_TIERS];
+  bool filter_on[KVBM_PSIM_TIERS];
+  uint8_t *g1;       /* per id: G1_* */
+  uint8_t *uses;     /* per id: commits that used it (saturating) */
+  uint64_t g1_free;  /* G1 blocks holding nothing */
+  uint8_t *src;      /* walk: tier of each matched block */
+  adv ad;
+} run;
+
+static uint64_t key_at(const run *r, uint64_t pos) {
+  return r->s->next ? r->s->next[pos] : PSIM_KEY_NEVER;
+}
+
+/* ---- advisor glue ---- */
+
+static const char *const kVolName[KVBM_PSIM_TIERS] = {"g1", "g2", "g3"};
+
+static void adv_storage(run *r, int t, kvbm_storage_event_type type, uint32_t id, uint64_t prefix) {
+  adv *d = &r->ad;
+  if (!d->a || d->oom) return;
+  if (d->nst == d->stcap) {
+    size_t nc = d->stcap ? 2 * d->stcap : 4096;
+    kvbm_storage_event *e = realloc(d->st, nc * sizeof *e);
+    if (!e) {
+      d->oom = true;
+      return;
+    }
+    d->st = e;
+    d->stcap = nc;
+  }
+  d->st[d->nst++] = (kvbm_storage_event){.type = type, .event_id = 0,
+                                         .sequence_hash = r->s->hash[id], .prefix_hash = prefix,
+                                         .block_size = 256, .location = kVolName[t],
+                                         .location_len = 2, .tier = t};
+}
+
+static void adv_kv(run *r, kvbm_event_type type, uint32_t id) {
+  adv *d = &r->ad;
+  if (!d->a || d->oom) return;
+  if (d->nkv == d->kvcap) {
+    size_t nc = d->kvcap ? 2 * d->kvcap : 4096;
+    uint64_t *h = realloc(d->kvh, nc * sizeof *h);
+    kvbm_event *e = h ? realloc(d->kv, nc * sizeof *e) : NULL;
+    if (h) d->kvh = h;
+    if (!e) {
+      d->oom = true;
+      return;
+    }
+    d->kv = e;
+    d->kvcap = nc;
+  }
+  d->kvh[d->nkv] = r->s->hash[id];
+  d->kv[d->nkv] = (kvbm_event){.type = type, .num_block_hashes = 1, .medium = KVBM_MEDIUM_GPU};
+  d->nkv++;
+}
+
+/* One G1 block for the request: a free one, else an eviction. */
+static void g1_take(run *r) {
+  r->res->g1_allocated++;
+  if (r->g1_free) {
+    r->g1_free--;
+    return;
+  }
+  uint32_t v = psim_cache_evict(r->c[0]);
+  if (v != PSIM_NONE) {
+    r->g1[v] = G1_ABSENT;
+    r->res->tier[0].evictions++;
+    adv_kv(r, KVBM_EVENT_REMOVED, v);
+  }
+}
+
+/* Registers a freshly taken block as id, or deduplicates onto the cached
+ * block of the same hash (the taken block goes back to the free list). */
+static void g1_register(run *r, uint32_t id) {
+  if (r->g1[id] == G1_CACHED) {
+    r->g1_free++;
+    psim_cache_remove(r->c[0], id);
+  } else {
+    adv_kv(r, KVBM_EVENT_STORED, id);
+  }
+  r->g1[id] = G1_HELD;
+}
+
+/* A G1 hit: the running request holds the block now. */
+static void g1_acquire(run *r, uint32_t id) {
+  if (r->g1[id] == G1_CACHED) psim_cache_remove(r->c[0], id);
+  r->g1[id] = G1_HELD;
+}
+
+/* The prefill's walk; returns the blocks matched and fills r->src. */
+static uint32_t walk(run *r, const sreq *q, const uint32_t *ids) {
+  uint32_t w = 0, onboards = 0, g1_cached = 0;
+  for (; w < q->matchable; w++) {
+    uint32_t id = ids[w];
+    if (r->g1[id] != G1_ABSENT) {
+      r->src[w] = 0;
+      g1_cached += r->g1[id] == G1_CACHED;
+    } else if (r->c[1] && psim_cache_has(r->c[1], id)) {
+      r->src[w] = 1;
+      onboards++;
+    } else if (r->c[2] && psim_cache_has(r->c[2], id)) {
+      r->src[w] = 2;
+      onboards++;
+    } else {
+      break;
+    }
+  }
+  uint64_t avail = r->g1_free + psim_cache_size(r->c[0]);
+  if (onboards && (uint64_t)q->prefill - w + onboards > avail - g1_cached) {
+    uint32_t g1_prefix = 0;
+    while (g1_prefix < w && r->src[g1_prefix] == 0) g1_prefix++;
+    w = g1_prefix;
+  }
+  return w;
+}
+
+/* Writes a block leaving G2 into G3 (victim admission). */
+static void demote(run *r, uint32_t id) {
+  kvbm_psim_tier_result *tr = &r->res->tier[2];
+  if (psim_cache_has(r->c[2], id)) return;
+  uint32_t ev;
+  if (!psim_cache_insert(r->c[2], id, PSIM_KEY_NEVER, &ev)) {
+    tr->skipped_space++;
+    return;
+  }
+  tr->written_blocks++;
+  r->res->tier[1].demoted++;
+  adv_storage(r, 2, KVBM_STORAGE_STORE, id, r->ad.prefix);
+  if (ev != PSIM_NONE) {
+    tr->evictions++;
+    adv_storage(r, 2, KVBM_STORAGE_REMOVE, ev, 0);
+  }
+}
+
+/* A commit's use of block id in tier t (G2 or G3). */
+static void use(run *r, int t, uint32_t id, uint64_t key) {
+  kvbm_psim_tier_result *tr = &r->res->tier[t];
+  psim_cache *c = r->c[t];
+  bool want = r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_ALL;
+  if (r->filter_on[t]) want = kvbm__freq_filter_use(&r->filter[t], r->s->hash[id]);
+  if (psim_cache_has(c, id)) {
+    psim_cache_access(c, id, key);
+    return;
+  }
+  if (r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_CLAIRVOYANT)
+    want = key != PSIM_KEY_NEVER &&
+           (psim_cache_size(c) < psim_cache_capacity(c) || key < psim_cache_victim_key(c));
+  if (r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_REUSED) want = key != PSIM_KEY_NEVER;
+  if (!want) {
+    tr->filtered++;
+    return;
+  }
+  uint32_t ev;
+  if (!psim_cache_insert(c, id, key, &ev)) {
+    tr->skipped_space++;
+    return;
+  }
+  tr->written_blocks++;
+  adv_storage(r, t, KVBM_STORAGE_STORE, id, r->ad.prefix);
+  if (ev == PSIM_NONE) return;
+  tr->evictions++;
+  adv_storage(r, t, KVBM_STORAGE_REMOVE, ev, 0);
+  if (t == 1 && r->c[2] && r->cfg->tier[2].admit == KVBM_PSIM_ADMIT_VICTIM &&
+      r->uses[ev] >= r->cfg->victim_min_uses)
+    demote(r, ev);
+}
+
+/* ---- advisor periods ---- */
+
+static uint32_t id_of(const run *r, uint64_t h) {
+  const adv *d = &r->ad;
+  for (uint64_t j = (h * 0x9E3779B97F4A7C15ull >> 17) & d->mask; d->by_hash[j]; j = (j + 1) & d->mask)
+    if (r->s->hash[d->by_hash[j] - 1] == h) return d->by_hash[j] - 1;
+  return PSIM_NONE;
+}
+
+/* Writes id into tier t outside a commit (a hint), with its events. */
+static bool hint_write(run *r, int t, uint32_t id, uint64_t prefix) {
+  uint32_t ev;
+  if (!psim_cache_insert(r->c[t], id, PSIM_KEY_NEVER, &ev)) {
+    r->res->tier[t].skipped_space++;
+    return false;
+  }
+  r->res->tier[t].written_blocks++;
+  adv_storage(r, t, KVBM_STORAGE_STORE, id, prefix);
+  if (ev != PSIM_NONE) {
+    r->res->tier[t].evictions++;
+    adv_storage(r, t, KVBM_STORAGE_REMOVE, ev, 0);
+  }
+  return true;
+}
+
+/* Applies one hint as the manager would: promote copies G3 -> G2, demote
+ * moves G2 -> G3, drop removes from G2. */
+static void apply_hint(run *r, const kvbm_hint *h) {
+  if (h->kind == KVBM_HINT_COMPACT) return; /* no bytes here: nothing moves */
+  uint32_t id = id_of(r, h->sequence_hash);
+  psim_cache *g2 = r->c[1], *g3 = r->c[2];
+  if (id == PSIM_NONE || !g2) return;
+  if (h->kind == KVBM_HINT_PROMOTE) {
+    if (g3 && psim_cache_has(g3, id) && !psim_cache_has(g2, id) && hint_write(r, 1, id, h->prefix_hash))
+      r->res->tier[1].promoted++;
+    return;
+  }
+  if (!psim_cache_has(g2, id)) return;
+  if (h->kind == KVBM_HINT_DEMOTE && g3 && !psim_cache_has(g3, id) && !hint_write(r, 2, id, h->prefix_hash))
+    return; /* no room below: keep it */
+  psim_cache_remove(g2, id);
+  adv_storage(r, 1, KVBM_STORAGE_REMOVE, id, 0);
+  if (h->kind == KVBM_HINT_DEMOTE) r->res->tier[1].demoted++;
+  else r->res->tier[1].dropped++;
+}
+
+/* The KV events of one request reach the advisor at once (the KV
+ * publisher's batches leave within a millisecond). */
+static void adv_flush_kv(run *r, uint64_t now) {
+  adv *d = &r->ad;
+  for (size_t k = 0; k < d->nkv; k++) d->kv[k].block_hashes = &d->kvh[k];
+  kvbm_event_batch b = {.events = d->kv, .num_events = d->nkv};
+  kvbm_advisor_kv(d->a, &b, now);
+  r->res->advisor_events += d->nkv;
+  d->nkv = 0;
+}
+
+/* A period ends: its storage batch reaches the advisor, whose hints the
+ * manager applies before the next request. */
+static void adv_period(run *r, uint64_t now) {
+  adv *d = &r->ad;
+  kvbm_storage_batch b = {.events = d->st, .num_events = d->nst};
+  kvbm_advisor_storage(d->a, &b, now);
+  r->res->advisor_events += d->nst;
+  d->nst = 0;
+  size_t n = 0;
+  kvbm_advisor_hints(d->a, now, d->hints, d->hcap, &n);
+  r->res->advisor_hints += n;
+  for (int t = 1; t < KVBM_PSIM_TIERS; t++)
+    if (r->c[t]) psim_cache_begin(r->c[t], false);
+  for (size_t k = 0; k < n; k++) apply_hint(r, &d->hints[k]);
+}
+
+static int adv_init(run *r, kvbm_error *err) {
+  adv *d = &r->ad;
+  const kvbm_psim_config *c = r->cfg;
+  kvbm_advisor_config ac = kvbm_advisor_config_default();
+  ac.max_blocks = 4u << 20;
+  ac.demote_min_uses = c->advisor_demote_min_uses;
+  ac.demote_fraction = c->advisor_demote_fraction;
+  ac.promote_min_score = c->advisor_promote_min_uses;
+  int rc = kvbm_advisor_create(&ac, &d->a, err);
+  if (rc) return rc;
+  kvbm_advisor_volume_tier(d->a, "g2", KVBM_TIER_G2, NULL);
+  kvbm_advisor_volume_tier(d->a, "g3", KVBM_TIER_G3, NULL);
+  uint64_t size = 16;
+  while (size < 2ull * r->s->universe) size *= 2;
+  d->mask = size - 1;
+  d->by_hash = calloc(size, sizeof *d->by_hash);
+  d->hcap = 1u << 16;
+  d->hints = malloc(d->hcap * sizeof *d->hints);
+  if (!d->by_hash || !d->hints) return kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory");
+  for (uint32_t id = 0; id < r->s->universe; id++) {
+    uint64_t j = (r->s->hash[id] * 0x9E3779B97F4A7C15ull >> 17) & d->mask;
+    while (d->by_hash[j]) j = (j + 1) & d->mask;
+    d->by_hash[j] = id + 1;
+  }
+  d->next_ms = (r->s->nreq ? r->s->req[0].ts_ms : 0) + c->advisor_period_ms;
+  return KVBM_OK;
+}
+
+static void adv_free(adv *d) {
+  kvbm_advisor_destroy(d->a);
+  free(d->by_hash);
+  free(d->st);
+  free(d->kv);
+  free(d->kvh);
+  free(d->hints);
+}
+
+static int one_request(run *r, size_t i) {
+  const kvbm_psim_stream *s = r->s;
+  const sreq *q = &s->req[i];
+  const uint32_t *ids = s->ids + q->off;
+  const uint32_t B = s->block_size;
+  if (!q->nblocks) return KVBM_OK;
+  uint32_t w = walk(r, q, ids);
+  for (uint32_t k = 0; k < w; k++) {
+    r->res->tier[r->src[k]].hit_tokens += B;
+    if (r->src[k] == 0) g1_acquire(r, ids[k]); /* taken out of the cache first */
+  }
+  /* An onboard reads its source: the manager releases the source block
+   * when the copy lands, in queue order, which makes it the newest there
+   * before the commit writes anything (what the commit evicts depends on
+   * it). */
+  for (int t = 1; t < KVBM_PSIM_TIERS; t++)
+    if (r->c[t]) psim_cache_begin(r->c[t], false);
+  for (uint32_t k = 0; k < w; k++)
+    if (r->src[k] != 0) {
+      psim_cache_access(r->c[r->src[k]], ids[k], key_at(r, q->off + k));
+      g1_take(r);
+      g1_register(r, ids[k]);
+    }
+  for (uint32_t k = w; k < q->nblocks; k++) {
+    g1_take(r);
+    if (k < q->nfull) g1_register(r, ids[k]);
+  }
+  /* Commit: every full block used once, G2 then G3. */
+  /* prefix_hash: the first block the request added (past its match). */
+  r->ad.prefix = q->nfull ? s->hash[ids[w < q->nfull ? w : q->nfull - 1]] : 0;
+  for (int t = 1; t < KVBM_PSIM_TIERS; t++)
+    if (r->c[t]) psim_cache_begin(r->c[t], r->cfg->tier[t].tail_first);
+  for (uint32_t k = 0; k < q->nfull; k++) {
+    uint64_t key = key_at(r, q->off + k);
+    if (r->uses[ids[k]] < UINT8_MAX) r->uses[ids[k]]++;
+    for (int t = 1; t < KVBM_PSIM_TIERS; t++)
+      if (r->c[t]) use(r, t, ids[k], key);
+  }
+  /* Free, tail first. */
+  for (uint32_t k = q->nblocks; k-- > 0;) {
+    if (k >= q->nfull) {
+      r->g1_free++;
+      continue;
+    }
+    r->g1[ids[k]] = G1_CACHED;
+    psim_cache_insert(r->c[0], ids[k], key_at(r, q->off + k), NULL);
+  }
+  r->res->prompt_tokens += q->prompt;
+  r->res->hit_tokens += (uint64_t)w * B;
+  return KVBM_OK;
+}
+
+static int check_config(const kvbm_psim_stream *s, const kvbm_psim_config *c, kvbm_error *err) {
+  const kvbm_psim_tier_config *g1 = &c->tier[0];
+  if (g1->capacity == 0 || g1->capacity > (1u << 30))
+    return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G1 needs 1..2^30 blocks");
+  if (g1->evict != PSIM_EVICT_LRU && g1->evict != PSIM_EVICT_BELADY)
+    return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G1 evicts by lru or belady, not %s",
+                          psim_evict_name(g1->evict));
+  for (int t = 0; t < KVBM_PSIM_TIERS; t++) {
+    const kvbm_psim_tier_config *x = &c->tier[t];
+    if (x->capacity > (1u << 30))
+      return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G%d capacity above 2^30 blocks", t + 1);
+    if ((unsigned)x->evict >= PSIM_EVICT_COUNT || (unsigned)x->admit >= KVBM_PSIM_ADMIT_COUNT)
+      return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G%d: unknown policy", t + 1);
+    bool clair = x->evict == PSIM_EVICT_BELADY ||
+                 (t && (x->admit == KVBM_PSIM_ADMIT_CLAIRVOYANT || x->admit == KVBM_PSIM_ADMIT_REUSED));
+    if (clair && !s->next)
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "policy-sim: G%d's %s policy needs a stream built with next uses",
+                            t + 1, x->evict == PSIM_EVICT_BELADY ? "belady" : "clairvoyant");
+    if (x->admit == KVBM_PSIM_ADMIT_VICTIM && t != 2)
+      return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: victim admission is for G3 only");
+    if (x->admit == KVBM_PSIM_ADMIT_VICTIM && x->evict == PSIM_EVICT_BELADY)
+      return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G3: victim admission has no next uses for belady");
+    if (t && x->admit == KVBM_PSIM_ADMIT_CLAIRVOYANT && x->evict != PSIM_EVICT_BELADY && x->capacity)
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "policy-sim: G%d: clairvoyant admission needs belady eviction", t + 1);
+  }
+  return KVBM_OK;
+}
+
+static void run_free(run *r) {
+  for (int t = 0; t < KVBM_PSIM_TIERS; t++) {
+    psim_cache_destroy(r->c[t]);
+    if (r->filter_on[t]) kvbm__freq_filter_destroy(&r->filter[t]);
+  }
+  adv_free(&r->ad);
+  free(r->g1);
+  free(r->uses);
+  free(r->src);
+}
+
+static int run_init(run *r, const kvbm_psim_stream *s, const kvbm_psim_config *cfg,
+                    kvbm_psim_result *res, kvbm_error *err) {
+  memset(r, 0, sizeof *r);
+  r->s = s;
+  r->cfg = cfg;
+  r->res = res;
+  uint32_t U = s->universe ? s->universe : 1;
+  r->g1 = calloc(U, 1);
+  r->uses = calloc(U, 1);
+  r->src = malloc(s->max_blocks ? s->max_blocks : 1);
+  r->g1_free = cfg->tier[0].capacity;
+  int rc = r->g1 && r->uses && r->src ? KVBM_OK : KVBM_ENOMEM;
+  for (int t = 0; t < KVBM_PSIM_TIERS && !rc; t++) {
+    if (!cfg->tier[t].capacity) continue;
+    rc = psim_cache_create(cfg->tier[t].evict, (uint32_t)cfg->tier[t].capacity, U, &r->c[t]);
+    if (!rc && t && cfg->tier[t].admit == KVBM_PSIM_ADMIT_FREQUENCY) {
+      rc = kvbm__freq_filter_init(&r->filter[t], cfg->freq_threshold, cfg->freq_decay_uses,
+                                  cfg->freq_max_entries);
+      r->filter_on[t] = rc == KVBM_OK;
+      if (rc == KVBM_EINVAL)
+        return kvbm_error_set(err, rc, "policy-sim: frequency filter settings out of range");
+    }
+  }
+  if (rc) return kvbm_error_set(err, rc, "policy-sim: %s", kvbm_strerror(rc));
+  return cfg->advisor ? adv_init(r, err) : KVBM_OK;
+}
+
+int kvbm_psim_run(const kvbm_psim_stream *s, const kvbm_psim_config *cfg, kvbm_psim_result *out,
+                  kvbm_error *err) {
+  if (!s || !cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: NULL argument");
+  int rc = check_config(s, cfg, err);
+  if (rc) return rc;
+  if (s->max_blocks > cfg->tier[0].capacity)
+    return kvbm_error_set(err, KVBM_ENOSPC,
+                          "policy-sim: a request of %llu blocks does not fit in G1 (%llu blocks)",
+                          (unsigned long long)s->max_blocks,
+                          (unsigned long long)cfg->tier[0].capacity);
+  kvbm_psim_result res;
+  memset(&res, 0, sizeof res);
+  run r;
+  rc = run_init(&r, s, cfg, &res, err);
+  size_t n = s->nreq;
+  if (cfg->limit && cfg->limit < n) n = cfg->limit;
+  double t0 = kvbm_clock_seconds();
+  for (size_t i = 0; i < n && !rc; i++) {
+    double ts = s->req[i].ts_ms;
+    while (r.ad.a && ts >= r.ad.next_ms) {
+      adv_period(&r, (uint64_t)r.ad.next_ms);
+      r.ad.next_ms += cfg->advisor_period_ms;
+    }
+    rc = one_request(&r, i);
+    if (r.ad.a) adv_flush_kv(&r, (uint64_t)(ts > 0 ? ts : 0));
+    res.requests++;
+  }
+  if (!rc && r.ad.oom) rc = kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory (advisor)");
+  res.seconds = kvbm_clock_seconds() - t0;
+  run_free(&r);
+  if (!rc) *out = res;
+  return rc;
+}

@@ -1,0 +1,692 @@
+/*
+ * psim_cache.c: the policy simulator's eviction policies (see
+ * workload/psim_cache.h).
+ *
+ * Design. Every policy keeps its residents in slots (at most capacity of
+ * them, ARC twice as many for its ghosts) and finds an id's slot through
+ * one array indexed by id, so a lookup is one load. Queues are doubly
+ * linked lists threaded through the slots (prev/next arrays), head = the
+ * oldest end. One list library serves them all; it knows the two ways a
+ * slot joins a list: placed by a commit (honouring tail_first, see below)
+ * or moved inside the policy (always at the young end).
+ *
+ * tail_first. During a commit a list remembers the oldest slot the commit
+ * placed in it (`seg`); the next placement goes just before it, so the
+ * commit's blocks end up youngest-first from the request's head: the deepest
+ * block is evicted first, as the G1 pool does. When `seg` leaves the list
+ * the mark moves to its younger neighbour, still inside the commit's run.
+ *
+ * Pins are a stamp per slot: the commit counter when it was last touched.
+ * `npinned` counts pinned residents, so "everything is pinned" is one
+ * comparison and no policy scans a full cache to find out.
+ *
+ * The policies follow their papers on unit-size objects:
+ * - LRU: one list.
+ * - ARC (Megiddo & Modha, FAST'03): T1/T2 resident, B1/B2 ghosts, target p
+ *   adapted on ghost hits; REPLACE skips pinned slots from the old end.
+ * - S3-FIFO (Yang et al., SOSP'23): small FIFO of 10%, main FIFO with a
+ *   2-bit clock, ghost ids as many as the main queue (an insertion clock
+ *   per id instead of a ring: in the ghost iff inserted into it within the
+ *   last |M| ghost insertions). A small-queue object accessed since it came
+ *   (or pinned) moves to main; else it leaves and becomes a ghost.
+ * - W-TinyLFU (Einziger et al., Caffeine): 1% window LRU, main segmented
+ *   LRU (20% probation, 80% protected), admission from the window into a
+ *   full main only if the count-min sketch (4 rows of 4-bit counters,
+ *   halved every 10 x capacity increments) rates it above the main victim.
+ * - Belady: a max-heap of next-use keys with lazy deletion (a version per
+ *   slot); pinned tops are set aside while the victim is found.
+ */
+#include "workload/psim_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvbm/status.h"
+
+enum { L_A = 0, L_B, L_C, L_D, NLISTS }; /* policy-specific meaning */
+
+typedef struct plist {
+  uint32_t head, tail, n; /* head: oldest */
+  uint32_t seg, seg_stamp; /* oldest slot this commit placed (tail_first) */
+} plist;
+
+typedef struct hent {
+  uint64_t key;
+  uint32_t slot, ver;
+} hent;
+
+struct psim_cache {
+  psim_evict kind;
+  uint32_t cap, universe, n, nslots;
+  uint32_t *pos;   /* per id: slot or PSIM_NONE */
+  uint32_t *sid;   /* per slot: id */
+  uint32_t *prev, *next, *stamp;
+  uint8_t *where;  /* per slot: list */
+  uint8_t *freq;   /* per slot: S3-FIFO clock bits */
+  uint32_t *free_slots, nfree;
+  uint32_t cur, npinned;
+  bool tail_first;
+  plist l[NLISTS];
+  /* ARC */
+  double p;
+  /* S3-FIFO */
+  uint32_t cap_s, cap_m, *gtime, gclock;
+  /* W-TinyLFU */
+  uint32_t cap_w, cap_main, cap_prot;
+  uint8_t *sketch;
+  uint32_t smask;
+  uint64_t sinc, ssample;
+  /* Belady */
+  uint64_t *skey;
+  uint32_t *sver;
+  hent *heap, *aside;
+  uint32_t hn, hcap, naside, aside_cap;
+};
+
+static const char *const kNames[PSIM_EVICT_COUNT] = {"lru", "arc", "s3fifo", "wtinylfu", "belady"};
+
+const char *psim_evict_name(int kind) {
+  return kind >= 0 && kind < PSIM_EVICT_COUNT ? kNames[kind] : "?";
+}
+
+bool psim_evict_parse(const char *s, psim_evict *out) {
+  for (int k = 0; s && k < PSIM_EVICT_COUNT; k++)
+    if (!strcmp(s, kNames[k])) {
+      *out = (psim_evict)k;
+      return true;
+    }
+  return false;
+}
+
+/* ---- lists ---- */
+
+static void list_init(plist *l) {
+  l->head = l->tail = l->seg = PSIM_NONE;
+  l->n = l->seg_stamp = 0;
+}
+
+static void unlink_slot(psim_cache *c, plist *l, uint32_t s) {
+  uint32_t p = c->prev[s], n = c->next[s];
+  if (p != PSIM_NONE) c->next[p] = n;
+  else l->head = n;
+  if (n != PSIM_NONE) c->prev[n] = p;
+  else l->tail = p;
+  if (l->seg == s) l->seg = n; /* the commit's run keeps its oldest member */
+  l->n--;
+}
+
+/* Appends at the young end (moves inside a policy). */
+static void push_young(psim_cache *c, plist *l, uint8_t which, uint32_t s) {
+  c->prev[s] = l->tail;
+  c->next[s] = PSIM_NONE;
+  if (l->tail != PSIM_NONE) c->next[l->tail] = s;
+  else l->head = s;
+  l->tail = s;
+  l->n++;
+  c->where[s] = which;
+}
+
+/* Places a slot for the commit: young end, or before the commit's oldest
+ * placement when tail_first. */
+static void place(psim_cache *c, uint8_t which, uint32_t s) {
+  plist *l = &c->l[which];
+  bool run = c->tail_first && c->cur && l->seg_stamp == c->cur && l->seg != PSIM_NONE;
+  if (!run) {
+    push_young(c, l, which, s);
+  } else {
+    uint32_t at = l->seg, p = c->prev[at];
+    c->prev[s] = p;
+    c->next[s] = at;
+    c->prev[at] = s;
+    if (p != PSIM_NONE) c->next[p] = s;
+    else l->head = s;
+    l->n++;
+    c->where[s] = which;
+  }
+  if (c->tail_first && c->cur) {
+    l->seg = s;
+    l->seg_stamp = c->cur;
+  }
+}
+
+/* ---- slots and pins ---- */
+
+static bool pinned(const psim_cache *c, uint32_t s) { return c->cur && c->stamp[s] == c->cur; }
+
+static void pin(psim_cache *c, uint32_t s) {
+  if (!c->cur || c->stamp[s] == c->cur) return;
+  c->stamp[s] = c->cur;
+  c->npinned++;
+}
+
+static uint32_t slot_alloc(psim_cache *c, uint32_t id) {
+  uint32_t s = c->free_slots[--c->nfree];
+  c->sid[s] = id;
+  c->pos[id] = s;
+  c->stamp[s] = 0;
+  c->freq[s] = 0;
+  return s;
+}
+
+static void slot_free(psim_cache *c, uint32_t s) {
+  c->pos[c->sid[s]] = PSIM_NONE;
+  c->sid[s] = PSIM_NONE;
+  if (c->sver) c->sver[s]++;
+  c->free_slots[c->nfree++] = s;
+}
+
+/* A resident leaves the cache (its list unlinked by the caller or here). */
+static uint32_t drop_resident(psim_cache *c, uint32_t s, bool unlink) {
+  uint32_t id = c->sid[s];
+  if (unlink) unlink_slot(c, &c->l[c->where[s]], s);
+  if (pinned(c, s)) c->npinned--;
+  c->stamp[s] = 0;
+  c->n--;
+  slot_free(c, s);
+  return id;
+}
+
+/* The oldest unpinned slot of a list, or PSIM_NONE. Pinned slots sit at
+ * the young end, so this is almost always the head. */
+static uint32_t oldest_unpinned(const psim_cache *c, const plist *l) {
+  for (uint32_t s = l->head; s != PSIM_NONE; s = c->next[s])
+    if (!pinned(c, s)) return s;
+  return PSIM_NONE;
+}
+
+/* ---- Belady's heap ---- */
+
+static bool heap_reserve(hent **a, uint32_t *cap, uint32_t need) {
+  if (need <= *cap) return true;
+  uint32_t nc = *cap ? *cap : 1024;
+  while (nc < need) nc *= 2;
+  hent *x = realloc(*a, (size_t)nc * sizeof *x);
+  if (!x) return false;
+  *a = x;
+  *cap = nc;
+  return true;
+}
+
+static void heap_up(hent *h, uint32_t i) {
+  hent e = h[i];
+  while (i) {
+    uint32_t p = (i - 1) / 2;
+    if (h[p].key >= e.key) break;
+    h[i] = h[p];
+    i = p;
+  }
+  h[i] = e;
+}
+
+static void heap_down(hent *h, uint32_t n, uint32_t i) {
+  hent e = h[i];
+  for (;;) {
+    uint32_t l = 2 * i + 1, b = i;
+    hent best = e;
+    if (l < n && h[l].key > best.key) b = l, best = h[l];
+    if (l + 1 < n && h[l + 1].key > best.key) b = l + 1;
+    if (b == i) break;
+    h[i] = h[b];
+    i = b;
+  }
+  h[i] = e;
+}
+
+static bool heap_valid(const psim_cache *c, const hent *e) {
+  return c->sid[e->slot] != PSIM_NONE && c->sver[e->slot] == e->ver;
+}
+
+/* Rebuilds the heap from the residents when stale entries pile up. */
+static void heap_compact(psim_cache *c) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < c->hn; i++)
+    if (heap_valid(c, &c->heap[i])) c->heap[n++] = c->heap[i];
+  c->hn = n;
+  for (uint32_t i = n / 2; i-- > 0;) heap_down(c->heap, n, i);
+}
+
+/* The heap never grows past its allocation: stale entries are compacted
+ * away first, and live ones are at most one per slot. */
+static void heap_push(psim_cache *c, uint32_t s) {
+  if (c->hn >= c->hcap) heap_compact(c);
+  c->heap[c->hn] = (hent){c->skey[s], s, c->sver[s]};
+  heap_up(c->heap, c->hn++);
+}
+
+static hent heap_pop(psim_cache *c) {
+  hent top = c->heap[0];
+  c->heap[0] = c->heap[--c->hn];
+  if (c->hn) heap_down(c->heap, c->hn, 0);
+  return top;
+}
+
+/* The unpinned resident with the furthest next use (PSIM_NONE if none);
+ * stays in the heap unless take. */
+static uint32_t belady_top(psim_cache *c, bool take) {
+  uint32_t found = PSIM_NONE;
+  c->naside = 0;
+  while (c->hn) {
+    hent e = heap_pop(c);
+    if (!heap_valid(c, &e)) continue;
+    if (pinned(c, e.slot)) { /* live and pinned: at most one per slot */
+      c->aside[c->naside++] = e;
+      continue;
+    }
+    found = e.slot;
+    if (!take) c->aside[c->naside++] = e;
+    break;
+  }
+  for (uint32_t i = 0; i < c->naside; i++) {
+    c->heap[c->hn] = c->aside[i];
+    heap_up(c->heap, c->hn++);
+  }
+  return found;
+}
+
+/* ---- W-TinyLFU's sketch ---- */
+
+static uint32_t sk_index(const psim_cache *c, uint32_t id, unsigned row) {
+  uint64_t x = ((uint64_t)id + 1) * 0x9E3779B97F4A7C15ull + row * 0xC2B2AE3D27D4EB4Full;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return (uint32_t)x & c->smask;
+}
+
+static void sk_inc(psim_cache *c, uint32_t id) {
+  for (unsigned r = 0; r < 4; r++) {
+    uint8_t *v = &c->sketch[(size_t)r * (c->smask + 1) + sk_index(c, id, r)];
+    if (*v < 15) (*v)++;
+  }
+  if (++c->sinc >= c->ssample) {
+    size_t total = (size_t)4 * (c->smask + 1);
+    for (size_t i = 0; i < total; i++) c->sketch[i] >>= 1;
+    c->sinc /= 2;
+  }
+}
+
+static uint8_t sk_est(const psim_cache *c, uint32_t id) {
+  uint8_t m = 15;
+  for (unsigned r = 0; r < 4; r++) {
+    uint8_t v = c->sketch[(size_t)r * (c->smask + 1) + sk_index(c, id, r)];
+    if (v < m) m = v;
+  }
+  return m;
+}
+
+/* ---- create / destroy ---- */
+
+int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psim_cache **out) {
+  if (!out || kind < 0 || kind >= PSIM_EVICT_COUNT || universe == 0) return KVBM_EINVAL;
+  if (capacity > (1u << 30)) return KVBM_EINVAL;
+  psim_cache *c = calloc(1, sizeof *c);
+  if (!c) return KVBM_ENOMEM;
+  c->kind = kind;
+  c->cap = capacity;
+  c->universe = universe;
+  /* ARC keeps its ghosts in slots; W-TinyLFU holds the newcomer before the
+   * window gives up its candidate. */
+  c->nslots = kind == PSIM_EVICT_ARC ? 2 * capacity
+              : kind == PSIM_EVICT_WTINYLFU && capacity ? capacity + 1 : capacity;
+  uint32_t ns = c->nslots ? c->nslots : 1;
+  c->pos = malloc((size_t)universe * sizeof *c->pos);
+  c->sid = malloc((size_t)ns * sizeof *c->sid);
+  c->prev = malloc((size_t)ns * sizeof *c->prev);
+  c->next = malloc((size_t)ns * sizeof *c->next);
+  c->stamp = calloc(ns, sizeof *c->stamp);
+  c->where = calloc(ns, 1);
+  c->freq = calloc(ns, 1);
+  c->free_slots = malloc((size_t)ns * sizeof *c->free_slots);
+  bool ok = c->pos && c->sid && c->prev && c->next && c->stamp && c->where && c->freq &&
+            c->free_slots;
+  if (ok && kind == PSIM_EVICT_S3FIFO) {
+    c->cap_s = capacity / 10 ? capacity / 10 : 1;
+    c->cap_m = capacity > c->cap_s ? capacity - c->cap_s : 1;
+    ok = (c->gtime = calloc(universe, sizeof *c->gtime)) != NULL;
+  }
+  if (ok && kind == PSIM_EVICT_WTINYLFU) {
+    c->cap_w = capacity / 100 ? capacity / 100 : 1;
+    c->cap_main = capacity > c->cap_w ? capacity - c->cap_w : 0;
+    c->cap_prot = c->cap_main / 10 * 8;
+    uint32_t w = 16;
+    while (w < capacity && w < (1u << 28)) w *= 2;
+    c->smask = w - 1;
+    c->ssample = 10ull * (capacity ? capacity : 1);
+    ok = (c->sketch = calloc((size_t)4 * w, 1)) != NULL;
+  }
+  if (ok && kind == PSIM_EVICT_BELADY) {
+    c->skey = calloc(ns, sizeof *c->skey);
+    c->sver = calloc(ns, sizeof *c->sver);
+    /* Live entries are one per slot; twice that plus slack leaves room for
+     * stale ones between compactions. */
+    ok = c->skey && c->sver && heap_reserve(&c->heap, &c->hcap, 2 * ns + 1024) &&
+         heap_reserve(&c->aside, &c->aside_cap, ns + 1);
+  }
+  if (!ok) {
+    psim_cache_destroy(c);
+    return KVBM_ENOMEM;
+  }
+  memset(c->pos, 0xff, (size_t)universe * sizeof *c->pos);
+  memset(c->sid, 0xff, (size_t)ns * sizeof *c->sid);
+  for (uint32_t i = 0; i < c->nslots; i++) c->free_slots[i] = c->nslots - 1 - i;
+  c->nfree = c->nslots;
+  for (int i = 0; i < NLISTS; i++) list_init(&c->l[i]);
+  c->p = 0;
+  *out = c;
+  return KVBM_OK;
+}
+
+void psim_cache_destroy(psim_cache *c) {
+  if (!c) return;
+  free(c->pos);
+  free(c->sid);
+  free(c->prev);
+  free(c->next);
+  free(c->stamp);
+  free(c->where);
+  free(c->freq);
+  free(c->free_slots);
+  free(c->gtime);
+  free(c->sketch);
+  free(c->skey);
+  free(c->sver);
+  free(c->heap);
+  free(c->aside);
+  free(c);
+}
+
+bool psim_cache_has(const psim_cache *c, uint32_t id) {
+  if (id >= c->universe) return false;
+  uint32_t s = c->pos[id];
+  return s != PSIM_NONE && (c->kind != PSIM_EVICT_ARC || c->where[s] <= L_B);
+}
+
+uint32_t psim_cache_size(const psim_cache *c) { return c->n; }
+uint32_t psim_cache_capacity(const psim_cache *c) { return c->cap; }
+
+void psim_cache_begin(psim_cache *c, bool tail_first) {
+  if (++c->cur == 0) { /* wrapped: clear the stamps so no slot looks pinned */
+    memset(c->stamp, 0, (size_t)(c->nslots ? c->nslots : 1) * sizeof *c->stamp);
+    c->cur = 1;
+  }
+  c->npinned = 0;
+  c->tail_first = tail_first;
+}
+
+/* ---- LRU ---- */
+
+static uint32_t lru_evict(psim_cache *c) {
+  if (c->npinned >= c->n) return PSIM_NONE;
+  uint32_t s = oldest_unpinned(c, &c->l[L_A]);
+  return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, true);
+}
+
+/* ---- S3-FIFO: L_A small, L_B main ---- */
+
+static bool ghost_has(const psim_cache *c, uint32_t id) {
+  return c->gtime[id] && c->gclock - c->gtime[id] < c->cap_m;
+}
+
+static uint32_t s3_evict(psim_cache *c) {
+  if (c->npinned >= c->n) return PSIM_NONE;
+  plist *S = &c->l[L_A], *M = &c->l[L_B];
+  for (uint64_t guard = 8ull * c->n + 16; guard--;) {
+    if (S->n && (S->n >= c->cap_s || !M->n)) {
+      uint32_t t = S->head;
+      unlink_slot(c, S, t);
+      if (c->freq[t] || pinned(c, t)) {
+        c->freq[t] = 0;
+        push_young(c, M, L_B, t);
+        continue;
+      }
+      uint32_t id = c->sid[t];
+      c->gtime[id] = ++c->gclock;
+      return drop_resident(c, t, false);
+    }
+    uint32_t t = M->head;
+    if (t == PSIM_NONE) break;
+    if (c->freq[t] || pinned(c, t)) {
+      if (c->freq[t]) c->freq[t]--;
+      unlink_slot(c, M, t);
+      push_young(c, M, L_B, t);
+      continue;
+    }
+    return drop_resident(c, t, true);
+  }
+  return PSIM_NONE;
+}
+
+/* ---- ARC: L_A T1, L_B T2, L_C B1, L_D B2 ---- */
+
+/* Moves a resident to its ghost list (B1 from T1, B2 from T2). */
+static uint32_t arc_to_ghost(psim_cache *c, uint32_t s) {
+  uint8_t from = c->where[s];
+  unlink_slot(c, &c->l[from], s);
+  if (pinned(c, s)) c->npinned--;
+  c->stamp[s] = 0;
+  c->n--;
+  push_young(c, &c->l[from == L_A ? L_C : L_D], from == L_A ? L_C : L_D, s);
+  return c->sid[s];
+}
+
+static void arc_drop_ghost(psim_cache *c, uint8_t which) {
+  uint32_t s = c->l[which].head;
+  if (s == PSIM_NONE) return;
+  unlink_slot(c, &c->l[which], s);
+  slot_free(c, s);
+}
+
+static uint32_t arc_replace(psim_cache *c, bool in_b2) {
+  if (c->npinned >= c->n) return PSIM_NONE;
+  plist *T1 = &c->l[L_A], *T2 = &c->l[L_B];
+  bool from_t1 = T1->n >= 1 && ((double)T1->n > c->p || (in_b2 && (double)T1->n == c->p));
+  uint32_t s = oldest_unpinned(c, from_t1 ? T1 : T2);
+  if (s == PSIM_NONE) s = oldest_unpinned(c, from_t1 ? T2 : T1);
+  return s == PSIM_NONE ? PSIM_NONE : arc_to_ghost(c, s);
+}
+
+static bool arc_insert(psim_cache *c, uint32_t id, uint32_t *evicted) {
+  plist *T1 = &c->l[L_A], *T2 = &c->l[L_B], *B1 = &c->l[L_C], *B2 = &c->l[L_D];
+  uint32_t s = c->pos[id];
+  bool full = c->n >= c->cap;
+  if (full && c->npinned >= c->n) return false;
+  if (s != PSIM_NONE) { /* a ghost hit: adapt, make room, back to T2 */
+    bool b2 = c->where[s] == L_D;
+    double d = b2 ? (B1->n > B2->n ? (double)B1->n / B2->n : 1.0)
+                  : (B2->n > B1->n ? (double)B2->n / B1->n : 1.0);
+    c->p = b2 ? (c->p - d < 0 ? 0 : c->p - d) : (c->p + d > c->cap ? c->cap : c->p + d);
+    if (full && (*evicted = arc_replace(c, b2)) == PSIM_NONE) return false;
+    unlink_slot(c, &c->l[c->where[s]], s);
+    c->stamp[s] = 0;
+    place(c, L_B, s);
+  } else {
+    if (T1->n + B1->n >= c->cap) {
+      if (T1->n < c->cap) {
+        arc_drop_ghost(c, L_C);
+        if (full && (*evicted = arc_replace(c, false)) == PSIM_NONE) return false;
+      } else {
+        uint32_t v = oldest_unpinned(c, T1);
+        if (v == PSIM_NONE) return false;
+        *evicted = drop_resident(c, v, true);
+      }
+    } else if (T1->n + T2->n + B1->n + B2->n >= c->cap) {
+      if (T1->n + T2->n + B1->n + B2->n >= 2 * c->cap) arc_drop_ghost(c, L_D);
+      if (full && (*evicted = arc_replace(c, false)) == PSIM_NONE) return false;
+    }
+    if (!c->nfree) arc_drop_ghost(c, B2->n ? L_D : L_C);
+    s = slot_alloc(c, id);
+    place(c, L_A, s);
+  }
+  c->n++;
+  pin(c, s);
+  return true;
+}
+
+/* ---- W-TinyLFU: L_A window, L_B probation, L_C protected ---- */
+
+static uint32_t tlfu_main_victim(const psim_cache *c) {
+  uint32_t s = oldest_unpinned(c, &c->l[L_B]);
+  return s != PSIM_NONE ? s : oldest_unpinned(c, &c->l[L_C]);
+}
+
+static bool tlfu_insert(psim_cache *c, uint32_t id, uint32_t *evicted) {
+  if (c->n >= c->cap && c->npinned >= c->n) return false;
+  sk_inc(c, id);
+  uint32_t s = slot_alloc(c, id);
+  place(c, L_A, s);
+  c->n++;
+  pin(c, s);
+  plist *W = &c->l[L_A], *P = &c->l[L_B];
+  while (W->n > c->cap_w) {
+    uint32_t cand = W->head;
+    unlink_slot(c, W, cand);
+    if (c->n <= c->cap) { /* room in main */
+      push_young(c, P, L_B, cand);
+      continue;
+    }
+    uint32_t mv = tlfu_main_victim(c);
+    if (pinned(c, cand) && mv == PSIM_NONE) { /* find room anywhere else */
+      push_young(c, P, L_B, cand);
+      mv = oldest_unpinned(c, W);
+      if (mv == PSIM_NONE) mv = tlfu_main_victim(c);
+      if (mv != PSIM_NONE) *evicted = drop_resident(c, mv, true);
+      break;
+    }
+    if (!pinned(c, cand) && (mv == PSIM_NONE || sk_est(c, c->sid[cand]) <= sk_est(c, c->sid[mv]))) {
+      *evicted = drop_resident(c, cand, false);
+    } else {
+      *evicted = drop_resident(c, mv, true);
+      push_young(c, P, L_B, cand);
+    }
+  }
+  if (c->n > c->cap) { /* the window had room but main was over: evict from main */
+    uint32_t mv = tlfu_main_victim(c);
+    if (mv == PSIM_NONE) mv = oldest_unpinned(c, W);
+    if (mv != PSIM_NONE) *evicted = drop_resident(c, mv, true);
+  }
+  return true;
+}
+
+static void tlfu_access(psim_cache *c, uint32_t s) {
+  sk_inc(c, c->sid[s]);
+  uint8_t w = c->where[s];
+  unlink_slot(c, &c->l[w], s);
+  if (w == L_A) {
+    place(c, L_A, s);
+    return;
+  }
+  place(c, L_C, s);
+  plist *R = &c->l[L_C];
+  if (R->n > c->cap_prot) {
+    uint32_t d = R->head;
+    unlink_slot(c, R, d);
+    push_young(c, &c->l[L_B], L_B, d);
+  }
+}
+
+static uint32_t tlfu_evict(psim_cache *c) {
+  if (c->npinned >= c->n) return PSIM_NONE;
+  uint32_t s = tlfu_main_victim(c);
+  if (s == PSIM_NONE) s = oldest_unpinned(c, &c->l[L_A]);
+  return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, true);
+}
+
+/* ---- the interface ---- */
+
+void psim_cache_access(psim_cache *c, uint32_t id, uint64_t key) {
+  if (!psim_cache_has(c, id)) return;
+  uint32_t s = c->pos[id];
+  switch (c->kind) {
+    case PSIM_EVICT_LRU:
+      unlink_slot(c, &c->l[L_A], s);
+      place(c, L_A, s);
+      break;
+    case PSIM_EVICT_ARC:
+      unlink_slot(c, &c->l[c->where[s]], s);
+      place(c, L_B, s);
+      break;
+    case PSIM_EVICT_S3FIFO:
+      if (c->freq[s] < 3) c->freq[s]++;
+      break;
+    case PSIM_EVICT_WTINYLFU:
+      tlfu_access(c, s);
+      break;
+    case PSIM_EVICT_BELADY:
+      c->skey[s] = key;
+      c->sver[s]++;
+      heap_push(c, s);
+      break;
+    default:
+      break;
+  }
+  pin(c, s);
+}
+
+bool psim_cache_insert(psim_cache *c, uint32_t id, uint64_t key, uint32_t *evicted) {
+  uint32_t ev = PSIM_NONE;
+  if (evicted) *evicted = PSIM_NONE;
+  if (id >= c->universe || c->cap == 0 || psim_cache_has(c, id)) return false;
+  bool ok = true;
+  switch (c->kind) {
+    case PSIM_EVICT_ARC:
+      ok = arc_insert(c, id, &ev);
+      break;
+    case PSIM_EVICT_WTINYLFU:
+      ok = tlfu_insert(c, id, &ev);
+      break;
+    default: {
+      if (c->n >= c->cap) {
+        ev = c->kind == PSIM_EVICT_LRU      ? lru_evict(c)
+             : c->kind == PSIM_EVICT_S3FIFO ? s3_evict(c)
+                                            : psim_cache_evict(c);
+        if (ev == PSIM_NONE) return false;
+      }
+      uint32_t s = slot_alloc(c, id);
+      c->n++;
+      if (c->kind == PSIM_EVICT_BELADY) {
+        c->skey[s] = key;
+        c->sver[s]++;
+        heap_push(c, s);
+      } else if (c->kind == PSIM_EVICT_S3FIFO && ghost_has(c, id)) {
+        c->gtime[id] = 0;
+        place(c, L_B, s);
+      } else {
+        place(c, L_A, s);
+      }
+      pin(c, s);
+    }
+  }
+  if (evicted) *evicted = ev;
+  return ok;
+}
+
+void psim_cache_remove(psim_cache *c, uint32_t id) {
+  if (!psim_cache_has(c, id)) return;
+  uint32_t s = c->pos[id];
+  drop_resident(c, s, c->kind != PSIM_EVICT_BELADY);
+}
+
+uint32_t psim_cache_evict(psim_cache *c) {
+  switch (c->kind) {
+    case PSIM_EVICT_LRU:
+      return lru_evict(c);
+    case PSIM_EVICT_S3FIFO:
+      return s3_evict(c);
+    case PSIM_EVICT_ARC:
+      return arc_replace(c, false);
+    case PSIM_EVICT_WTINYLFU:
+      return tlfu_evict(c);
+    case PSIM_EVICT_BELADY: {
+      uint32_t s = belady_top(c, true);
+      return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, false);
+    }
+    default:
+      return PSIM_NONE;
+  }
+}
+
+uint64_t psim_cache_victim_key(psim_cache *c) {
+  if (c->kind != PSIM_EVICT_BELADY) return 0;
+  uint32_t s = belady_top(c, false);
+  return s == PSIM_NONE ? PSIM_KEY_NEVER : c->skey[s];
+}

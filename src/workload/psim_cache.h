@@ -1,0 +1,88 @@
+/*
+ * workload/psim_cache.h: the eviction policies of the policy simulator
+ * (workload/psim.h), each a set of resident block ids with a capacity.
+ *
+ * Ids are dense (0 .. universe - 1, given at creation): the simulator
+ * interns every block hash of a trace once, so a policy indexes plain
+ * arrays instead of hashing. A cache holds no bytes, only which ids are
+ * resident and the policy's bookkeeping.
+ *
+ * Pins. The manager pins the blocks one commit touches until the commit's
+ * copies are done, so a commit never evicts what it just wrote or
+ * refreshed. Here psim_cache_begin() opens a commit: every id accessed or
+ * inserted until the next begin is pinned, and an insert that finds only
+ * pinned residents fails (the manager's skipped_space).
+ *
+ * Order within a commit. The manager releases a commit's pins in use
+ * order, so in its LRU the request's first block is the oldest of the
+ * commit and leaves first ("head_first"), which cuts a prefix at its root.
+ * With tail_first the commit's blocks are placed the other way round: the
+ * deepest block is the oldest and the first block the newest, as the G1
+ * pool releases a request (tail first). Every queue-based policy here
+ * honours the flag for the blocks it places during a commit.
+ *
+ * Not thread-safe: one simulator drives its caches. Memory: 4 bytes per id
+ * of the universe plus a few words per slot (ARC keeps 2 x capacity slots
+ * for its ghosts, S3-FIFO a ring of ghost ids as large as its main queue).
+ */
+#ifndef KVBM_WORKLOAD_PSIM_CACHE_H
+#define KVBM_WORKLOAD_PSIM_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define PSIM_NONE UINT32_MAX
+#define PSIM_KEY_NEVER UINT64_MAX /* Belady: no further use */
+
+typedef enum psim_evict {
+  PSIM_EVICT_LRU = 0,  /* least recently used (the pool's rule) */
+  PSIM_EVICT_ARC,      /* adaptive replacement (Megiddo & Modha) */
+  PSIM_EVICT_S3FIFO,   /* small FIFO + main FIFO with 2-bit clock + ghost (Yang et al.) */
+  PSIM_EVICT_WTINYLFU, /* window LRU + segmented LRU behind a TinyLFU filter (Caffeine) */
+  PSIM_EVICT_BELADY,   /* clairvoyant: evict the furthest next use (keys from the caller) */
+  PSIM_EVICT_COUNT
+} psim_evict;
+
+/* "lru", "arc", "s3fifo", "wtinylfu", "belady"; "?" otherwise. */
+const char *psim_evict_name(int kind);
+/* The inverse; false for anything else (NULL included). */
+bool psim_evict_parse(const char *s, psim_evict *out);
+
+typedef struct psim_cache psim_cache;
+
+/* A cache of `capacity` ids out of `universe`. KVBM_EINVAL for a bad kind
+ * or a zero universe, KVBM_ENOMEM. capacity 0 is an empty cache whose
+ * inserts all fail. */
+int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psim_cache **out);
+void psim_cache_destroy(psim_cache *c); /* NULL is a no-op */
+
+bool psim_cache_has(const psim_cache *c, uint32_t id);
+uint32_t psim_cache_size(const psim_cache *c);
+uint32_t psim_cache_capacity(const psim_cache *c);
+
+/* Opens a commit: earlier pins end; tail_first orders what it places. */
+void psim_cache_begin(psim_cache *c, bool tail_first);
+
+/* A use of a resident id: refreshed per policy and pinned. `key` is the
+ * id's next use (Belady; ignored by the others). */
+void psim_cache_access(psim_cache *c, uint32_t id, uint64_t key);
+
+/* Inserts an absent id, pinned, evicting per policy when full. Returns
+ * false (nothing changed) when every resident is pinned. *evicted is the
+ * resident that left (PSIM_NONE if none); W-TinyLFU may evict the id that
+ * was inserted earlier in the window rather than a main-queue one, and
+ * never the id being inserted. */
+bool psim_cache_insert(psim_cache *c, uint32_t id, uint64_t key, uint32_t *evicted);
+
+/* Removes a resident id (absent: no-op); ghosts of ARC/S3-FIFO are kept. */
+void psim_cache_remove(psim_cache *c, uint32_t id);
+
+/* Evicts one unpinned resident per policy and returns it (PSIM_NONE when
+ * there is none). Used where the caller, not an insert, needs room (G1). */
+uint32_t psim_cache_evict(psim_cache *c);
+
+/* Belady only: the key of the resident the next eviction would take
+ * (PSIM_KEY_NEVER as well when none); other kinds return 0. */
+uint64_t psim_cache_victim_key(psim_cache *c);
+
+#endif

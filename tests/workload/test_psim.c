@@ -1,0 +1,350 @@
+/*
+ * test_psim.c: the policy simulator's eviction policies on hand-made
+ * sequences (order, tail first, pins, scan resistance, ghosts), Belady
+ * never beaten by an online policy on random sequences, and whole runs on
+ * generated traces: no lower tiers equals W1, the bound is never beaten,
+ * with unbounded tiers every policy that writes everything gets every
+ * reuse, and the advisor-guided policy moves blocks through hints.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "workload/psim.h"
+#include "workload/psim_cache.h"
+#include "workload/trace.h"
+#include "workload/tracegen.h"
+#include "workload/w1.h"
+
+static psim_cache *make(psim_evict k, uint32_t cap) {
+  psim_cache *c = NULL;
+  assert_int_equal(psim_cache_create(k, cap, 1000, &c), KVBM_OK);
+  return c;
+}
+
+static void test_lru_order(void **state) {
+  (void)state;
+  for (int tail = 0; tail < 2; tail++) {
+    psim_cache *c = make(PSIM_EVICT_LRU, 4);
+    psim_cache_begin(c, tail);
+    for (uint32_t id = 1; id <= 4; id++) assert_true(psim_cache_insert(c, id, 0, NULL));
+    psim_cache_begin(c, false);
+    uint32_t ev;
+    assert_true(psim_cache_insert(c, 5, 0, &ev));
+    /* Head first (the manager): the request's first block goes first;
+     * tail first: its deepest block. */
+    assert_int_equal(ev, tail ? 4 : 1);
+    /* A refreshed block becomes the newest. */
+    psim_cache_begin(c, false);
+    psim_cache_access(c, tail ? 3 : 2, 0);
+    assert_true(psim_cache_insert(c, 6, 0, &ev));
+    assert_int_equal(ev, tail ? 2 : 3);
+    psim_cache_destroy(c);
+  }
+}
+
+static void test_pins(void **state) {
+  (void)state;
+  for (psim_evict k = 0; k < PSIM_EVICT_COUNT; k++) {
+    psim_cache *c = make(k, 2);
+    psim_cache_begin(c, false);
+    assert_true(psim_cache_insert(c, 1, 10, NULL));
+    assert_true(psim_cache_insert(c, 2, 20, NULL));
+    uint32_t ev = 7;
+    assert_false(psim_cache_insert(c, 3, 5, &ev)); /* everything pinned by this commit */
+    assert_int_equal(ev, PSIM_NONE);
+    assert_int_equal(psim_cache_size(c), 2);
+    assert_int_equal(psim_cache_evict(c), PSIM_NONE);
+    psim_cache_begin(c, false);
+    assert_true(psim_cache_insert(c, 3, 5, &ev));
+    assert_true(ev == 1 || ev == 2);
+    assert_false(psim_cache_has(c, ev));
+    assert_true(psim_cache_has(c, 3));
+    assert_false(psim_cache_insert(c, 3, 5, NULL)); /* present: not inserted twice */
+    psim_cache_destroy(c);
+  }
+  psim_cache *z = make(PSIM_EVICT_LRU, 0);
+  assert_false(psim_cache_insert(z, 1, 0, NULL));
+  psim_cache_destroy(z);
+  psim_cache *bad;
+  assert_int_equal(psim_cache_create(PSIM_EVICT_COUNT, 4, 10, &bad), KVBM_EINVAL);
+  assert_int_equal(psim_cache_create(PSIM_EVICT_LRU, 4, 0, &bad), KVBM_EINVAL);
+}
+
+/* A few hot ids used again and again, then a long scan of one-time ids:
+ * the frequency-aware policies keep the hot ids, LRU does not. */
+static void test_scan_resistance(void **state) {
+  (void)state;
+  psim_evict kinds[] = {PSIM_EVICT_S3FIFO, PSIM_EVICT_ARC, PSIM_EVICT_WTINYLFU, PSIM_EVICT_LRU};
+  for (size_t i = 0; i < 4; i++) {
+    psim_cache *c = make(kinds[i], 100);
+    for (int round = 0; round < 4; round++)
+      for (uint32_t id = 0; id < 5; id++) {
+        psim_cache_begin(c, false);
+        if (psim_cache_has(c, id)) psim_cache_access(c, id, 0);
+        else psim_cache_insert(c, id, 0, NULL);
+      }
+    for (uint32_t id = 100; id < 700; id++) {
+      psim_cache_begin(c, false);
+      psim_cache_insert(c, id, 0, NULL);
+    }
+    int kept = 0;
+    for (uint32_t id = 0; id < 5; id++) kept += psim_cache_has(c, id);
+    if (kinds[i] == PSIM_EVICT_LRU) assert_int_equal(kept, 0);
+    else assert_int_equal(kept, 5);
+    assert_true(psim_cache_size(c) <= 100);
+    psim_cache_destroy(c);
+  }
+}
+
+/* S3-FIFO: an id evicted from the small queue comes back into the main
+ * queue (the ghost remembers it). */
+static void test_s3fifo_ghost(void **state) {
+  (void)state;
+  psim_cache *c = make(PSIM_EVICT_S3FIFO, 10);
+  for (uint32_t id = 0; id < 11; id++) {
+    psim_cache_begin(c, false);
+    psim_cache_insert(c, id, 0, NULL);
+  }
+  assert_false(psim_cache_has(c, 0)); /* one-hit, left through the small queue */
+  psim_cache_begin(c, false);
+  psim_cache_insert(c, 0, 0, NULL);
+  /* Now in main: a scan through the small queue does not push it out. */
+  for (uint32_t id = 20; id < 40; id++) {
+    psim_cache_begin(c, false);
+    psim_cache_insert(c, id, 0, NULL);
+  }
+  assert_true(psim_cache_has(c, 0));
+  psim_cache_destroy(c);
+}
+
+static uint64_t rnd(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+/* Demand caching (every miss inserted): Belady's hits are the most any
+ * policy gets, on random skewed sequences and several capacities. */
+static void test_belady_optimal(void **state) {
+  (void)state;
+  uint64_t seed = 12345;
+  for (int trial = 0; trial < 20; trial++) {
+    enum { N = 3000, IDS = 80 };
+    static uint32_t seq[N];
+    static uint64_t next[N];
+    for (int i = 0; i < N; i++) { /* skewed: small ids more often */
+      uint64_t r = rnd(&seed);
+      seq[i] = (uint32_t)((r % IDS) * (r % IDS) / IDS);
+    }
+    for (int i = N; i-- > 0;) {
+      next[i] = PSIM_KEY_NEVER;
+      for (int j = i + 1; j < N; j++)
+        if (seq[j] == seq[i]) {
+          next[i] = (uint64_t)j;
+          break;
+        }
+    }
+    uint32_t cap = 4 + (uint32_t)(trial % 5) * 6;
+    long hits[PSIM_EVICT_COUNT];
+    for (psim_evict k = 0; k < PSIM_EVICT_COUNT; k++) {
+      psim_cache *c = make(k, cap);
+      hits[k] = 0;
+      for (int i = 0; i < N; i++) {
+        psim_cache_begin(c, false);
+        if (psim_cache_has(c, seq[i])) {
+          hits[k]++;
+          psim_cache_access(c, seq[i], next[i]);
+        } else {
+          assert_true(psim_cache_insert(c, seq[i], next[i], NULL));
+        }
+        assert_true(psim_cache_size(c) <= cap);
+      }
+      psim_cache_destroy(c);
+    }
+    for (psim_evict k = 0; k < PSIM_EVICT_COUNT; k++) {
+      if (hits[k] > hits[PSIM_EVICT_BELADY])
+        fail_msg("trial %d cap %u: %s %ld hits beat belady %ld", trial, cap, psim_evict_name(k),
+                 hits[k], hits[PSIM_EVICT_BELADY]);
+    }
+    assert_true(hits[PSIM_EVICT_BELADY] > hits[PSIM_EVICT_LRU]);
+  }
+}
+
+/* ---- whole runs on a generated trace ---- */
+
+static kvbm_trace *gen_trace(kvbm_tracegen_config g) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  assert_non_null(f);
+  kvbm_error err = {0};
+  assert_int_equal(kvbm_tracegen_write(&g, f, NULL, &err), KVBM_OK);
+  fclose(f);
+  kvbm_trace *t = NULL;
+  assert_int_equal(kvbm_trace_parse(buf, len, 0, &t, &err), KVBM_OK);
+  free(buf);
+  return t;
+}
+
+static kvbm_tracegen_config small_chat(void) {
+  kvbm_tracegen_config g = kvbm_tracegen_chat();
+  g.requests = 600;
+  g.session_rate = 4;
+  g.think_s = 20;
+  g.user_tokens = 600;
+  g.max_context = 8192;
+  return g;
+}
+
+static void test_no_lower_tiers_is_w1(void **state) {
+  (void)state;
+  kvbm_trace *t = gen_trace(small_chat());
+  kvbm_error err = {0};
+  kvbm_psim_stream *s;
+  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, false, &s, &err), KVBM_OK);
+  for (uint32_t cap = 4096; cap <= 16384; cap *= 2) {
+    kvbm_w1_config w = kvbm_w1_config_default();
+    w.capacity = cap;
+    kvbm_w1_result want;
+    assert_int_equal(kvbm_w1_run(t, &w, &want, &err), KVBM_OK);
+    kvbm_psim_config c = kvbm_psim_config_default();
+    c.tier[0].capacity = cap;
+    c.tier[1].capacity = c.tier[2].capacity = 0;
+    kvbm_psim_result got;
+    assert_int_equal(kvbm_psim_run(s, &c, &got, &err), KVBM_OK);
+    assert_int_equal(got.requests, want.requests);
+    assert_int_equal(got.prompt_tokens, want.prompt_tokens);
+    assert_int_equal(got.hit_tokens, want.hit_tokens);
+    assert_int_equal(got.g1_allocated, want.blocks_allocated);
+    assert_true(got.hit_tokens > 0);
+  }
+  kvbm_psim_stream_destroy(s);
+  kvbm_trace_destroy(t);
+}
+
+static void test_bound_and_presets(void **state) {
+  (void)state;
+  kvbm_trace *t = gen_trace(small_chat());
+  kvbm_error err = {0};
+  kvbm_psim_stream *s;
+  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, true, &s, &err), KVBM_OK);
+  uint64_t caps[][3] = {{4096, 2048, 4096}, {4096, 8192, 16384}, {8192, 0, 30000}};
+  for (size_t k = 0; k < 3; k++) {
+    kvbm_psim_result res[16];
+    int nres = 0, bound = -1;
+    for (int i = 0; kvbm_psim_preset_names[i]; i++) {
+      kvbm_psim_config c = kvbm_psim_config_default();
+      for (int tt = 0; tt < 3; tt++) c.tier[tt].capacity = caps[k][tt];
+      assert_true(kvbm_psim_preset(kvbm_psim_preset_names[i], &c));
+      int rc = kvbm_psim_run(s, &c, &res[nres], &err);
+      if (rc) fail_msg("%s: %s", kvbm_psim_preset_names[i], err.msg);
+      if (!strcmp(kvbm_psim_preset_names[i], "belady")) bound = nres;
+      uint64_t sum = 0;
+      for (int tt = 0; tt < 3; tt++) sum += res[nres].tier[tt].hit_tokens;
+      assert_int_equal(sum, res[nres].hit_tokens);
+      nres++;
+    }
+    assert_true(bound >= 0);
+    for (int i = 0; i < nres; i++)
+      if (res[i].hit_tokens > res[bound].hit_tokens)
+        fail_msg("%s beats the bound at G2 %llu G3 %llu: %llu > %llu", kvbm_psim_preset_names[i],
+                 (unsigned long long)caps[k][1], (unsigned long long)caps[k][2],
+                 (unsigned long long)res[i].hit_tokens, (unsigned long long)res[bound].hit_tokens);
+  }
+  /* Unbounded: write-through LRU keeps everything, and so does the bound:
+   * both get every reuse there is. */
+  kvbm_psim_config all = kvbm_psim_config_default(), bel = all;
+  kvbm_psim_preset("today", &all);
+  kvbm_psim_preset("belady", &bel);
+  all.tier[1].capacity = bel.tier[1].capacity = 1u << 22;
+  kvbm_psim_result ra, rb;
+  assert_int_equal(kvbm_psim_run(s, &all, &ra, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &bel, &rb, &err), KVBM_OK);
+  assert_int_equal(ra.hit_tokens, rb.hit_tokens);
+  assert_int_equal(ra.tier[1].evictions, 0);
+  kvbm_psim_stream_destroy(s);
+  kvbm_trace_destroy(t);
+}
+
+/* The advisor-guided policy: the advisor sees the run's events and its
+ * demotions write G3; with a G3 that takes nothing at commit, every G3
+ * block came through a hint. */
+static void test_advisor_guided(void **state) {
+  (void)state;
+  kvbm_tracegen_config g = small_chat();
+  g.requests = 1500;
+  kvbm_trace *t = gen_trace(g);
+  kvbm_error err = {0};
+  kvbm_psim_stream *s;
+  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, false, &s, &err), KVBM_OK);
+  kvbm_psim_config c = kvbm_psim_config_default();
+  assert_true(kvbm_psim_preset("advisor", &c));
+  c.tier[0].capacity = 2048;
+  c.tier[1].capacity = 4096;
+  c.tier[2].admit = KVBM_PSIM_ADMIT_NEVER;
+  c.advisor_period_ms = 2000;
+  kvbm_psim_result r;
+  assert_int_equal(kvbm_psim_run(s, &c, &r, &err), KVBM_OK);
+  assert_true(r.advisor_events > 0);
+  assert_true(r.advisor_hints > 0);
+  assert_true(r.tier[1].demoted > 0);
+  assert_true(r.tier[2].written_blocks > 0);
+  assert_true(r.tier[2].written_blocks <= r.tier[1].demoted);
+  assert_true(r.tier[2].hit_tokens > 0);
+  /* The same without the advisor: G3 stays empty. */
+  c.advisor = false;
+  kvbm_psim_result r0;
+  assert_int_equal(kvbm_psim_run(s, &c, &r0, &err), KVBM_OK);
+  assert_int_equal(r0.tier[2].written_blocks, 0);
+  assert_true(r.hit_tokens > r0.hit_tokens);
+  kvbm_psim_stream_destroy(s);
+  kvbm_trace_destroy(t);
+}
+
+static void test_bad_configs(void **state) {
+  (void)state;
+  kvbm_trace *t = gen_trace(small_chat());
+  kvbm_error err = {0};
+  kvbm_psim_stream *s;
+  assert_int_equal(kvbm_psim_stream_build(t, 50, 0, KVBM_HASH_NATIVE, false, &s, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_psim_stream_build(t, 50, 16, KVBM_HASH_NATIVE, false, &s, &err), KVBM_OK);
+  kvbm_psim_result r;
+  kvbm_psim_config c = kvbm_psim_config_default();
+  assert_true(kvbm_psim_preset("belady", &c));
+  assert_int_equal(kvbm_psim_run(s, &c, &r, &err), KVBM_EINVAL); /* no next uses */
+  assert_non_null(strstr(err.msg, "next uses"));
+  c = kvbm_psim_config_default();
+  c.tier[0].evict = PSIM_EVICT_ARC;
+  assert_int_equal(kvbm_psim_run(s, &c, &r, &err), KVBM_EINVAL);
+  c = kvbm_psim_config_default();
+  c.tier[0].capacity = 0;
+  assert_int_equal(kvbm_psim_run(s, &c, &r, &err), KVBM_EINVAL);
+  c = kvbm_psim_config_default();
+  c.tier[0].capacity = 8;
+  assert_int_equal(kvbm_psim_run(s, &c, &r, &err), KVBM_ENOSPC);
+  c = kvbm_psim_config_default();
+  c.tier[1].admit = KVBM_PSIM_ADMIT_VICTIM;
+  assert_int_equal(kvbm_psim_run(s, &c, &r, &err), KVBM_EINVAL);
+  kvbm_psim_config p;
+  assert_false(kvbm_psim_preset("nope", &p));
+  kvbm_psim_stream_destroy(s);
+  kvbm_trace_destroy(t);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_lru_order),          cmocka_unit_test(test_pins),
+      cmocka_unit_test(test_scan_resistance),    cmocka_unit_test(test_s3fifo_ghost),
+      cmocka_unit_test(test_belady_optimal),     cmocka_unit_test(test_no_lower_tiers_is_w1),
+      cmocka_unit_test(test_bound_and_presets),  cmocka_unit_test(test_advisor_guided),
+      cmocka_unit_test(test_bad_configs),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
