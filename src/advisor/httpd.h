@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "kvbm/status.h"
-#include "router/http.h"
+#include "common/http.h"
 
 typedef struct kvbm__httpd kvbm__httpd;
 
