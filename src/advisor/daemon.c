@@ -5,9 +5,15 @@
  * (at most SOURCE_TURN messages each, a short sleep when none had any):
  * a replay of a gap waits for the publisher's ROUTER for up to its
  * deadline, and that wait must not stall the HTTP API. The main thread
- * serves HTTP and derives hints on a timer. The advisor (not thread-safe)
- * and the sources' counters live under one mutex, taken per message
- * applied and per answer; decoding and socket reads happen outside it.
+ * derives hints on a timer. HTTP is the metrics endpoint's server
+ * (metrics/server.h) on a thread of its own: GET /metrics from a registry
+ * with the daemon's collector, and the advisor's API (/hints, /volumes,
+ * /prefix, /health) as its extra routes, so the advisor has the same
+ * hardened server as every other kvbm endpoint and /metrics on its own
+ * port, as the router does. The advisor (not thread-safe) and the sources'
+ * counters live under one mutex, taken per message applied, per answer and
+ * per scrape (for a copy of the counters); decoding and socket reads
+ * happen outside it.
  *
  * Sources reuse the events module: a ZMQ source is a kvbm_subscriber (its
  * sequence rules, replay of gaps, byte budget), in raw mode for storage
@@ -25,20 +31,23 @@
  */
 #include "advisor/daemon.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <nats/nats.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "advisor/httpd.h"
 #include "common/clock.h"
 #include "kvbm/events.h"
+#include "kvbm/metrics.h"
+#include "metrics/server.h"
 #include "kvbm/storage_events.h"
 
 #define SOURCE_TURN 64
@@ -67,7 +76,8 @@ typedef struct adaemon {
   kvbm_advisor *a;
   asrc src[KVBM__ADVISOR_MAX_SOURCES];
   size_t ns;
-  kvbm__httpd *http;
+  kvbm_metrics *reg;
+  kvbm_metrics_server *http;
   natsConnection *hnc;
   kvbm_hint *hints;
   kvbm_wire_hint *wire;
@@ -453,7 +463,7 @@ static int h_prefix(adaemon *d, const char *query, jb *j) {
   return 200;
 }
 
-static int h_health(adaemon *d, jb *j) {
+static int h_health(adaemon *d, kvbm_metrics_server *srv, jb *j) {
   kvbm_advisor_stats st;
   kvbm_advisor_stats_get(d->a, &st);
   jp(j, "{\"status\":\"ok\",\"uptime_s\":%.1f,\"advisor\":{\"storage_events\":%" PRIu64
@@ -492,30 +502,31 @@ static int h_health(adaemon *d, jb *j) {
     jstr(j, s->last_error, strlen(s->last_error));
     jp(j, "}");
   }
-  kvbm__httpd_stats hs;
-  kvbm__httpd_stats_get(d->http, &hs);
+  kvbm__metrics_server_stats hs;
+  kvbm__metrics_server_stats_get(srv, &hs);
   jp(j, "],\"http\":{\"connections\":%" PRIu64 ",\"max_connections\":%u,\"accepted\":%" PRIu64
         ",\"refused_busy\":%" PRIu64 ",\"accept_pauses\":%" PRIu64 ",\"requests\":%" PRIu64
         ",\"answered\":%" PRIu64 ",\"bad_requests\":%" PRIu64 ",\"read_timeouts\":%" PRIu64
-        ",\"write_timeouts\":%" PRIu64 ",\"turns_cut\":%" PRIu64 ",\"out_peak\":%" PRIu64 "}}",
+        ",\"write_timeouts\":%" PRIu64 "}}",
      hs.connections, d->cfg->max_connections, hs.accepted, hs.refused_busy, hs.accept_pauses,
-     hs.requests, hs.answered, hs.bad_requests, hs.read_timeouts, hs.write_timeouts,
-     hs.turns_cut, hs.out_peak);
+     hs.requests, hs.answered, hs.bad_requests, hs.read_timeouts, hs.write_timeouts);
   return 200;
 }
 
-static int answer(adaemon *d, const http_req *req, jb *jj);
+static int answer(adaemon *d, kvbm_metrics_server *srv, const http_req *req, jb *jj);
 
-static int handle(void *user, const http_req *req, char **body, size_t *len, size_t *cap) {
+/* The server's routes (every path but /metrics), on its thread. */
+static int handle(void *user, kvbm_metrics_server *srv, const http_req *req, char **body,
+                  size_t *len, size_t *cap) {
   adaemon *d = user;
   jb j = {body, len, cap};
   pthread_mutex_lock(&d->mu);
-  int st = answer(d, req, &j);
+  int st = answer(d, srv, req, &j);
   pthread_mutex_unlock(&d->mu);
   return st;
 }
 
-static int answer(adaemon *d, const http_req *req, jb *jj) {
+static int answer(adaemon *d, kvbm_metrics_server *srv, const http_req *req, jb *jj) {
   jb j = *jj;
   if (!strcmp(req->path, "/prefix")) return h_prefix(d, req->query, &j);
   if (req->query[0]) {
@@ -528,9 +539,215 @@ static int answer(adaemon *d, const http_req *req, jb *jj) {
     return 200;
   }
   if (!strcmp(req->path, "/volumes")) return h_volumes(d, &j);
-  if (!strcmp(req->path, "/health")) return h_health(d, &j);
-  jp(&j, "{\"error\":\"no such path (GET /hints, /volumes, /prefix?hash=N[&namespace=N], /health)\",\"status\":404}");
+  if (!strcmp(req->path, "/health")) return h_health(d, srv, &j);
+  jp(&j, "{\"error\":\"no such path (GET /hints, /volumes, /prefix?hash=N[&namespace=N], /health, /metrics)\",\"status\":404}");
   return 404;
+}
+
+/* ---- metrics ---- */
+
+/* A copy of every counter /health shows, taken under the lock. */
+typedef struct snap {
+  kvbm_advisor_stats st;
+  size_t nvol;
+  kvbm_advisor_volume_info vol[KVBM_ADVISOR_MAX_VOLUMES];
+  counts n[KVBM__ADVISOR_MAX_SOURCES];
+  uint64_t replayed[KVBM__ADVISOR_MAX_SOURCES], reconnects[KVBM__ADVISOR_MAX_SOURCES];
+  uint64_t derivations, hints_sent, hint_errors;
+} snap;
+
+static void metric_per_source(kvbm_metrics_writer *w, const adaemon *d, const char *name,
+                              const char *help, const uint64_t *v, size_t stride, bool zmq_only) {
+  kvbm_metrics_family(w, name, KVBM_METRIC_COUNTER, help);
+  for (size_t i = 0; i < d->ns; i++) {
+    if (zmq_only && !d->src[i].sub) continue;
+    kvbm_metric_label l[2] = {{"source", d->src[i].cfg.name ? d->src[i].cfg.name : ""},
+                              {"kind", kind_name(d->src[i].cfg.kind)}};
+    kvbm_metrics_value_u64(w, l, 2, v[i * stride]);
+  }
+}
+
+/* The daemon's collector (the server's own kvbm_metrics_http_* come from
+ * the server): the advisor's counters, per volume and per source. The
+ * names are in docs/areas/observability.md. On the server's thread. */
+static void collect(void *user, kvbm_metrics_writer *w) {
+  adaemon *d = user;
+  snap *s = malloc(sizeof *s);
+  if (!s) return;
+  pthread_mutex_lock(&d->mu);
+  kvbm_advisor_stats_get(d->a, &s->st);
+  s->nvol = kvbm_advisor_volume_count(d->a);
+  if (s->nvol > KVBM_ADVISOR_MAX_VOLUMES) s->nvol = KVBM_ADVISOR_MAX_VOLUMES;
+  for (size_t i = 0; i < s->nvol; i++) kvbm_advisor_volume_get(d->a, i, &s->vol[i]);
+  for (size_t i = 0; i < d->ns; i++) {
+    s->n[i] = d->src[i].n;
+    s->replayed[i] = d->src[i].replayed;
+    s->reconnects[i] = d->src[i].reconnects;
+  }
+  s->derivations = d->derivations;
+  s->hints_sent = d->hints_sent;
+  s->hint_errors = d->hint_errors;
+  pthread_mutex_unlock(&d->mu);
+  const kvbm_advisor_stats *st = &s->st;
+
+  kvbm_metrics_family(w, "kvbm_advisor_events_total", KVBM_METRIC_COUNTER,
+                      "Events the advisor applied, by kind (storage: store/remove of a volume; "
+                      "kv: the engines' KV events)");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"kind", "storage"}, 1, st->storage_events);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"kind", "kv"}, 1, st->kv_events);
+  kvbm_metrics_family(w, "kvbm_advisor_refused_total", KVBM_METRIC_COUNTER,
+                      "What the advisor refused for its bounds: events of volumes over "
+                      "max_volumes (volume), batches of sources over the bound (source)");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "volume"}, 1, st->refused_volume);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "source"}, 1, st->refused_source);
+  kvbm_metrics_family(w, "kvbm_advisor_forgotten_total", KVBM_METRIC_COUNTER,
+                      "Index entries dropped under the memory bound (max_blocks): blocks, "
+                      "blocks a volume still held, prefixes");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"what", "blocks"}, 1, st->forgotten_blocks);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"what", "held"}, 1, st->forgotten_held);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"what", "prefixes"}, 1, st->forgotten_prefixes);
+  kvbm_metrics_family(w, "kvbm_advisor_hints_total", KVBM_METRIC_COUNTER,
+                      "Hints derived, by kind");
+  for (int k = KVBM_HINT_PROMOTE; k <= KVBM_HINT_COMPACT; k++) {
+    char kind[16];
+    const char *kn = kvbm_hint_kind_name(k);
+    size_t i = 0;
+    for (; kn[i] && i + 1 < sizeof kind; i++) kind[i] = (char)(kn[i] | 0x20); /* lower case */
+    kind[i] = 0;
+    kvbm_metrics_value_u64(w, &(kvbm_metric_label){"kind", kind}, 1, st->hints[k]);
+  }
+  const struct {
+    const char *name, *help;
+    uint64_t v;
+  } c[] = {
+      {"kvbm_advisor_kv_other_media_total", "KV events of media other than GPU (not uses)",
+       st->kv_other_media},
+      {"kvbm_advisor_uses_total", "Uses seen: stores on GPU", st->uses},
+      {"kvbm_advisor_onboard_uses_total", "Uses of blocks a volume held (onboards)",
+       st->onboard_uses},
+      {"kvbm_advisor_lost_events_total", "Events lost: jumps in a source's event ids",
+       st->lost_events},
+      {"kvbm_advisor_source_restarts_total", "Times a source's event ids went back",
+       st->source_restarts},
+      {"kvbm_advisor_unknown_removes_total", "Removes of blocks the index did not know",
+       st->unknown_removes},
+      {"kvbm_advisor_derivations_total", "Hint derivations (every hint_period_ms)", s->derivations},
+      {"kvbm_advisor_hint_batches_published_total", "Derivations published on the hints subject",
+       s->hints_sent},
+      {"kvbm_advisor_hint_publish_errors_total", "Derivations the hints subject refused",
+       s->hint_errors},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof *c; i++)
+    kvbm_metrics_counter(w, c[i].name, c[i].help, NULL, 0, c[i].v);
+  kvbm_metrics_gauge(w, "kvbm_advisor_index_entries", "Blocks the index holds (at most "
+                     "kvbm_advisor_index_max_entries)", NULL, 0, (double)st->entries);
+  kvbm_metrics_gauge(w, "kvbm_advisor_index_max_entries", "The index's bound (max_blocks)", NULL,
+                     0, (double)d->cfg->advisor.max_blocks);
+  kvbm_metrics_gauge(w, "kvbm_advisor_index_prefixes", "Prefixes the index tracks", NULL, 0,
+                     (double)st->prefixes);
+  kvbm_metrics_gauge(w, "kvbm_advisor_memory_bytes", "Bytes of the index's tables", NULL, 0,
+                     (double)st->memory_bytes);
+  kvbm_metrics_gauge(w, "kvbm_advisor_uptime_seconds", "Seconds since the advisor started", NULL,
+                     0, (double)(now_ms() - d->started_ms) / 1000);
+
+  /* per volume */
+  const struct {
+    const char *name, *help;
+    kvbm_metric_type type;
+    size_t off;
+    bool dbl;
+  } v[] = {
+      {"kvbm_advisor_volume_blocks", "Blocks a volume holds (its stores less its removes)",
+       KVBM_METRIC_GAUGE, offsetof(kvbm_advisor_volume_info, live_blocks), false},
+      {"kvbm_advisor_volume_bytes", "Bytes of the blocks a volume holds", KVBM_METRIC_GAUGE,
+       offsetof(kvbm_advisor_volume_info, live_bytes), false},
+      {"kvbm_advisor_volume_indexed_blocks", "Blocks of a volume the index knows (at most "
+       "kvbm_advisor_volume_blocks)", KVBM_METRIC_GAUGE, offsetof(kvbm_advisor_volume_info, indexed),
+       false},
+      {"kvbm_advisor_volume_high_water_blocks", "The most blocks a volume has held",
+       KVBM_METRIC_GAUGE, offsetof(kvbm_advisor_volume_info, high_water), false},
+      {"kvbm_advisor_volume_stores_total", "Store events of a volume", KVBM_METRIC_COUNTER,
+       offsetof(kvbm_advisor_volume_info, stores), false},
+      {"kvbm_advisor_volume_removes_total", "Remove events of a volume", KVBM_METRIC_COUNTER,
+       offsetof(kvbm_advisor_volume_info, removes), false},
+      {"kvbm_advisor_volume_eviction_age_seconds", "Idle time of the blocks a volume removes "
+       "(0: none yet)", KVBM_METRIC_GAUGE, offsetof(kvbm_advisor_volume_info, eviction_age_ms), true},
+  };
+  for (size_t k = 0; k < sizeof v / sizeof *v; k++) {
+    kvbm_metrics_family(w, v[k].name, v[k].type, v[k].help);
+    for (size_t i = 0; i < s->nvol; i++) {
+      const kvbm_advisor_volume_info *vi = &s->vol[i];
+      kvbm_metric_label l[2] = {{"volume", vi->name ? vi->name : ""},
+                                {"tier", vi->tier >= 0 ? kvbm_tier_name(vi->tier) : "none"}};
+      const char *p = (const char *)vi + v[k].off;
+      if (v[k].dbl) {
+        double x;
+        memcpy(&x, p, sizeof x);
+        kvbm_metrics_value(w, l, 2, x / 1000);
+      } else {
+        uint64_t x;
+        memcpy(&x, p, sizeof x);
+        kvbm_metrics_value_u64(w, l, 2, x);
+      }
+    }
+  }
+
+  /* per source */
+  size_t stride = sizeof(counts) / sizeof(uint64_t);
+  const struct {
+    const char *name, *help;
+    size_t off;
+  } sc[] = {
+      {"kvbm_advisor_source_batches_total", "Batches a source delivered and the advisor applied",
+       offsetof(counts, batches)},
+      {"kvbm_advisor_source_events_total", "Events in those batches", offsetof(counts, events)},
+      {"kvbm_advisor_source_errors_total", "A source's messages refused (malformed, over "
+       "max_payload, transport errors)", offsetof(counts, errors)},
+      {"kvbm_advisor_source_lost_total", "Batches a source lost (gaps not replayed)",
+       offsetof(counts, lost)},
+      {"kvbm_advisor_source_duplicates_total", "Batches a source delivered twice (dropped)",
+       offsetof(counts, duplicates)},
+      {"kvbm_advisor_source_resets_total", "Times a source's sequence restarted",
+       offsetof(counts, resets)},
+      {"kvbm_advisor_source_jumps_total", "Sequence numbers not believed (stray jumps)",
+       offsetof(counts, jumps)},
+      {"kvbm_advisor_source_overflow_total", "Messages dropped for the source's byte budget "
+       "(queue_bytes)", offsetof(counts, overflow)},
+  };
+  for (size_t k = 0; k < sizeof sc / sizeof *sc; k++)
+    metric_per_source(w, d, sc[k].name, sc[k].help,
+                      (const uint64_t *)((const char *)s->n + sc[k].off), stride, false);
+  metric_per_source(w, d, "kvbm_advisor_source_replayed_total",
+                    "Batches of a gap a ZMQ source had replayed", s->replayed, 1, true);
+  metric_per_source(w, d, "kvbm_advisor_source_reconnects_total",
+                    "Times a ZMQ source reconnected", s->reconnects, 1, true);
+  free(s);
+}
+
+static int http_start(adaemon *d, kvbm_error *err) {
+  const kvbm__advisor_daemon_config *cfg = d->cfg;
+  char host[INET_ADDRSTRLEN];
+  const char *colon = cfg->listen ? strrchr(cfg->listen, ':') : NULL;
+  if (!colon || (size_t)(colon - cfg->listen) >= sizeof host)
+    return kvbm_error_set(err, KVBM_EINVAL, "advisor http: --listen '%s' is not HOST:PORT",
+                          cfg->listen ? cfg->listen : "");
+  memcpy(host, cfg->listen, (size_t)(colon - cfg->listen));
+  host[colon - cfg->listen] = 0;
+  char *end;
+  long port = strtol(colon + 1, &end, 10);
+  if (!colon[1] || *end || port < 0 || port > 65535)
+    return kvbm_error_set(err, KVBM_EINVAL, "advisor http: port '%s' is not in 0..65535", colon + 1);
+  kvbm_metrics_server_config mc = kvbm_metrics_server_config_default();
+  mc.host = host; /* copied by the server */
+  mc.port = (uint16_t)port;
+  mc.max_connections = cfg->max_connections;
+  mc.io_timeout_s = (double)cfg->io_timeout_ms / 1000;
+  kvbm__metrics_routes routes = {.fn = handle, .user = d, .content_type = "application/json",
+                                 .json_errors = true};
+  int rc = kvbm_metrics_create(&d->reg, err);
+  if (!rc) rc = kvbm_metrics_register(d->reg, collect, d, NULL, 0, NULL, err);
+  if (!rc) rc = kvbm__metrics_server_start_routes(d->reg, &mc, &routes, &d->http, err);
+  return rc;
 }
 
 /* ---- run ---- */
@@ -548,8 +765,9 @@ static int write_port_file(const char *path, int port, kvbm_error *err) {
 }
 
 static void teardown(adaemon *d) {
+  kvbm_metrics_server_stop(d->http); /* first: its routes and collector read the advisor */
+  kvbm_metrics_destroy(d->reg);
   for (size_t i = 0; i < d->ns; i++) source_close(&d->src[i]);
-  kvbm__httpd_destroy(d->http);
   if (d->hnc) {
     natsConnection_FlushTimeout(d->hnc, 1000);
     natsConnection_Destroy(d->hnc);
@@ -592,10 +810,8 @@ int kvbm__advisor_daemon_run(const kvbm__advisor_daemon_config *cfg, volatile si
     else
       rc = nats_connect(cfg->hints_url, &d->hnc, err);
   }
-  kvbm__httpd_config hc = {.listen = cfg->listen, .max_connections = cfg->max_connections,
-                           .io_timeout_ms = cfg->io_timeout_ms};
-  if (!rc) rc = kvbm__httpd_create(&hc, handle, d, &d->http, err);
-  if (!rc && cfg->port_file) rc = write_port_file(cfg->port_file, kvbm__httpd_port(d->http), err);
+  if (!rc) rc = http_start(d, err);
+  if (!rc && cfg->port_file) rc = write_port_file(cfg->port_file, kvbm_metrics_server_port(d->http), err);
   pthread_t th;
   bool started = false;
   if (!rc) {
@@ -613,7 +829,7 @@ int kvbm__advisor_daemon_run(const kvbm__advisor_daemon_config *cfg, volatile si
       pthread_mutex_unlock(&d->mu);
       next_hints = now + cfg->hint_period_ms;
     }
-    kvbm__httpd_poll(d->http, 10);
+    usleep(10000); /* the timer's resolution; HTTP and the sources have threads of their own */
   }
   if (started) {
     *stop = 1; /* (an error above: the thread stops too) */

@@ -2,11 +2,13 @@
  * daemon.h (private): `kvbm advisor`, the storage advisor as a process
  * (docs/areas/advisor.md): storage events and KV events in over ZMQ and
  * NATS, the index and hints of kvbm/advisor.h, hints out on a NATS subject
- * and over HTTP (GET /hints, /volumes, /prefix?hash=N, /health).
+ * and over HTTP (GET /hints, /volumes, /prefix?hash=N, /health, and its
+ * counters in Prometheus' format at /metrics).
  *
- * One thread does everything, in turns: each source gives at most a few
- * dozen messages a turn, hints are derived every hint_period_ms, the HTTP
- * server gets its turn (httpd.h). Memory is bounded by the advisor's own
+ * Three threads: the sources' (each source gives at most a few dozen
+ * messages a turn), the HTTP server's (the metrics endpoint's server with
+ * the advisor's routes, metrics/server.h), and the caller's, which derives
+ * hints every hint_period_ms. Memory is bounded by the advisor's own
  * bounds, each source's byte budget (queue_bytes: the ZMQ subscriber's, or
  * libnats' pending limit for a NATS subscription) and the HTTP limits.
  */

@@ -24,6 +24,11 @@
  * component's lock for the time of a copy of its counters; the page is
  * written to the socket after every lock is released.
  *
+ * A daemon with a small GET API of its own (`kvbm advisor`) serves it from
+ * this server too (metrics/server.h): its routes answer every path but
+ * /metrics on the same thread, under the same limits, so there is one
+ * hardened HTTP server to keep rather than two.
+ *
  * The server counts what it does (answers by status code, connections,
  * render time) in the registry it serves, through a collector of its own
  * registered at start and removed at stop; those counters are atomics (a
@@ -48,6 +53,7 @@
 #include "common/clock.h"
 #include "common/http.h"
 #include "metrics/internal.h"
+#include "metrics/server.h"
 
 #define MAX_HEAD 8192
 #define ACCEPT_PAUSE_MS 100
@@ -81,7 +87,11 @@ struct kvbm_metrics_server {
   _Atomic int stop;
   /* counters (any thread reads them through the collector) */
   _Atomic uint64_t answers[NCODES + 1]; /* the last: other codes */
-  _Atomic uint64_t accepted, refused, timeouts, accept_pauses;
+  _Atomic uint64_t accepted, refused, read_timeouts, write_timeouts, accept_pauses;
+  _Atomic uint64_t requests, open, answered, bad;
+  kvbm__metrics_routes routes;
+  char *body; /* the routes' answers (the server thread's) */
+  size_t body_cap;
   pthread_mutex_t hmu;
   kvbm_histogram render_s;
   /* the server thread's own */
@@ -147,6 +157,7 @@ static void count_answer(kvbm_metrics_server *s, int code) {
   size_t i = 0;
   while (i < NCODES && codes[i] != code) i++;
   atomic_fetch_add(&s->answers[i], 1);
+  atomic_fetch_add(code < 400 ? &s->answered : &s->bad, 1);
 }
 
 static void collect(void *user, kvbm_metrics_writer *w) {
@@ -168,7 +179,8 @@ static void collect(void *user, kvbm_metrics_writer *w) {
   kvbm_metrics_value_u64(w, &(kvbm_metric_label){"result", "refused"}, 1, atomic_load(&s->refused));
   kvbm_metrics_counter(w, "kvbm_metrics_http_timeouts_total",
                        "Metrics endpoint connections closed because a request or the taking "
-                       "of an answer passed io_timeout_s", NULL, 0, atomic_load(&s->timeouts));
+                       "of an answer passed io_timeout_s", NULL, 0,
+                       atomic_load(&s->read_timeouts) + atomic_load(&s->write_timeouts));
   kvbm_metrics_counter(w, "kvbm_metrics_http_accept_pauses_total",
                        "Times the metrics endpoint stopped accepting for a moment (no "
                        "descriptors or memory)", NULL, 0, atomic_load(&s->accept_pauses));
@@ -187,6 +199,7 @@ static void conn_close(kvbm_metrics_server *s, size_t i) {
   close(s->c[i].fd);
   free(s->c[i].out);
   s->c[i] = s->c[--s->nc];
+  atomic_store(&s->open, s->nc);
 }
 
 /* Queues an answer: the head, and the body unless head_only (a HEAD
@@ -213,12 +226,34 @@ static bool answer(kvbm_metrics_server *s, mconn *c, int code, const char *ctype
   return true;
 }
 
+/* An answer of the server's own (an error, mostly): plain text, or the
+ * routes' JSON form {"error":"...","status":N}. */
 static bool answer_text(kvbm_metrics_server *s, mconn *c, int code, const char *msg,
                         const char *extra, bool close_after) {
-  char body[300];
-  int n = snprintf(body, sizeof body, "%s\n", msg);
+  char body[320];
+  int n;
+  if (s->routes.json_errors) {
+    char safe[256];
+    size_t k = 0;
+    for (const char *p = msg ? msg : ""; *p && k + 1 < sizeof safe; p++)
+      if (*p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) safe[k++] = *p;
+    safe[k] = 0;
+    n = snprintf(body, sizeof body, "{\"error\":\"%s\",\"status\":%d}", safe, code);
+    return answer(s, c, code, "application/json", extra, body, (size_t)n, false, close_after);
+  }
+  n = snprintf(body, sizeof body, "%s\n", msg);
   return answer(s, c, code, "text/plain; charset=utf-8", extra, body, (size_t)n, false,
                 close_after);
+}
+
+/* A path of the routes' (GET or HEAD). */
+static bool serve_route(kvbm_metrics_server *s, mconn *c, const http_req *rq, bool head_only,
+                        bool close_after) {
+  size_t len = 0;
+  int code = s->routes.fn(s->routes.user, s, rq, &s->body, &len, &s->body_cap);
+  if (code < 100 || code > 599) code = 500;
+  return answer(s, c, code, s->routes.content_type ? s->routes.content_type : "application/json",
+                NULL, s->body ? s->body : "", s->body ? len : 0, head_only, close_after);
 }
 
 static bool serve_page(kvbm_metrics_server *s, mconn *c, bool head_only, bool close_after) {
@@ -254,12 +289,18 @@ static bool handle(kvbm_metrics_server *s, mconn *c, int64_t now) {
   c->in_len -= rq.head_len;
   c->scanned = 0;
   c->deadline_ns = now + s->io_ns;
-  bool close_after = !rq.keep_alive || c->eof;
+  atomic_fetch_add(&s->requests, 1);
+  /* after the client's FIN, requests it pipelined before it are still
+   * answered; the last one closes */
+  bool close_after = !rq.keep_alive || (c->eof && !c->in_len);
   bool get = !strcmp(rq.method, "GET"), head = !strcmp(rq.method, "HEAD");
-  if (strcmp(rq.path, "/metrics"))
+  bool metrics = !strcmp(rq.path, "/metrics");
+  if (!metrics && !s->routes.fn)
     return answer_text(s, c, 404, "not found: the metrics are at /metrics", NULL, close_after);
   if (!get && !head)
-    return answer_text(s, c, 405, "use GET /metrics", "Allow: GET, HEAD\r\n", close_after);
+    return answer_text(s, c, 405, metrics ? "use GET /metrics" : "only GET and HEAD are served",
+                       "Allow: GET, HEAD\r\n", close_after);
+  if (!metrics) return serve_route(s, c, &rq, head, close_after);
   return serve_page(s, c, head, close_after);
 }
 
@@ -321,19 +362,29 @@ static bool conn_turn(kvbm_metrics_server *s, mconn *c, short re, int64_t now) {
   if (!c->out && !c->in_len && c->eof) return false;
 deadline:
   if (now <= c->deadline_ns) return true;
-  atomic_fetch_add(&s->timeouts, 1);
-  if (c->out || !c->in_len) return false; /* an answer not taken, or idle */
+  if (c->out) { /* an answer not taken */
+    atomic_fetch_add(&s->write_timeouts, 1);
+    return false;
+  }
+  atomic_fetch_add(&s->read_timeouts, 1); /* a request late, or an idle connection */
+  if (!c->in_len) return false;
   /* a request that did not arrive in time: say so if the socket takes it */
   answer_text(s, c, 408, "request not complete in time", NULL, true);
   conn_write(c);
   return false;
 }
 
-static void refuse(int fd) {
+static void refuse(kvbm_metrics_server *s, int fd) {
   static const char busy[] =
       "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
       "Content-Length: 20\r\nConnection: close\r\n\r\ntoo many connections";
-  ssize_t w = send(fd, busy, sizeof busy - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  static const char busy_json[] =
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+      "Content-Length: 44\r\nConnection: close\r\n\r\n"
+      "{\"error\":\"too many connections\",\"status\":503}";
+  const char *m = s->routes.json_errors ? busy_json : busy;
+  size_t n = s->routes.json_errors ? sizeof busy_json - 1 : sizeof busy - 1;
+  ssize_t w = send(fd, m, n, MSG_NOSIGNAL | MSG_DONTWAIT);
   (void)w;
   close(fd);
 }
@@ -350,7 +401,7 @@ static void accept_some(kvbm_metrics_server *s, int64_t now) {
       return;
     }
     if (s->nc >= s->cfg.max_connections) {
-      refuse(fd);
+      refuse(s, fd);
       atomic_fetch_add(&s->refused, 1);
       count_answer(s, 503);
       continue;
@@ -365,6 +416,7 @@ static void accept_some(kvbm_metrics_server *s, int64_t now) {
     c->close_after = c->eof = false;
     c->deadline_ns = now + s->io_ns;
     atomic_fetch_add(&s->accepted, 1);
+    atomic_store(&s->open, s->nc);
   }
 }
 
@@ -412,11 +464,18 @@ static void server_free(kvbm_metrics_server *s) {
   for (int i = 0; i < 2; i++)
     if (s->wake[i] >= 0) close(s->wake[i]);
   pthread_mutex_destroy(&s->hmu);
+  free(s->body);
   free(s);
 }
 
 int kvbm_metrics_server_start(kvbm_metrics *reg, const kvbm_metrics_server_config *cfg,
                               kvbm_metrics_server **out, kvbm_error *err) {
+  return kvbm__metrics_server_start_routes(reg, cfg, NULL, out, err);
+}
+
+int kvbm__metrics_server_start_routes(kvbm_metrics *reg, const kvbm_metrics_server_config *cfg,
+                                      const kvbm__metrics_routes *routes,
+                                      kvbm_metrics_server **out, kvbm_error *err) {
   if (!reg || !cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "metrics: NULL argument");
   const char *host = cfg->host ? cfg->host : "0.0.0.0";
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(cfg->port)};
@@ -431,6 +490,7 @@ int kvbm_metrics_server_start(kvbm_metrics *reg, const kvbm_metrics_server_confi
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "metrics: out of memory");
   s->reg = reg;
   s->cfg = *cfg;
+  if (routes) s->routes = *routes;
   snprintf(s->host, sizeof s->host, "%s", host);
   s->cfg.host = s->host;
   s->lfd = s->wake[0] = s->wake[1] = -1;
@@ -474,6 +534,21 @@ fail:
 }
 
 uint16_t kvbm_metrics_server_port(const kvbm_metrics_server *s) { return s ? s->port : 0; }
+
+void kvbm__metrics_server_stats_get(const kvbm_metrics_server *s, kvbm__metrics_server_stats *out) {
+  if (!s || !out) return;
+  kvbm_metrics_server *m = (kvbm_metrics_server *)s; /* atomics: loads only */
+  memset(out, 0, sizeof *out);
+  out->connections = atomic_load(&m->open);
+  out->accepted = atomic_load(&m->accepted);
+  out->refused_busy = atomic_load(&m->refused);
+  out->accept_pauses = atomic_load(&m->accept_pauses);
+  out->requests = atomic_load(&m->requests);
+  out->read_timeouts = atomic_load(&m->read_timeouts);
+  out->write_timeouts = atomic_load(&m->write_timeouts);
+  out->answered = atomic_load(&m->answered);
+  out->bad_requests = atomic_load(&m->bad);
+}
 
 void kvbm_metrics_server_stop(kvbm_metrics_server *s) {
   if (!s) return;

@@ -483,6 +483,8 @@ def main():
         hh = health()["http"]
         assert hh["refused_busy"] >= 1 and hh["read_timeouts"] >= 1 and hh["bad_requests"] >= len(bad), hh
 
+        check_metrics(adv)
+
         adv.p.send_signal(signal.SIGTERM)
         rc = adv.p.wait(timeout=20)
         assert rc == 0, (rc, adv.logtext())
@@ -494,6 +496,108 @@ def main():
             adv.p.wait()
         nats.terminate()
         nats.wait()
+
+
+def parse_page(text):
+    """Prometheus text 0.0.4 -> ({(name, sorted labels): value}, {family: type}),
+    checking that every sample's family was announced with HELP and TYPE first."""
+    samples, types, helps = {}, {}, set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            helps.add(line.split(" ")[2])
+            continue
+        if line.startswith("# TYPE "):
+            _, _, fam, typ = line.split(" ")
+            assert fam in helps and fam not in types, line
+            types[fam] = typ
+            continue
+        assert line and not line.startswith("#"), line
+        if "{" in line:
+            name, rest = line.split("{", 1)
+            lab, value = rest.rsplit("} ", 1)
+            labels = tuple(sorted((k, v.strip('"')) for k, v in
+                                  (kv.split("=", 1) for kv in lab.split('",') if kv)))
+            labels = tuple((k, v.rstrip('"')) for k, v in labels)
+        else:
+            name, value = line.split(" ")
+            labels = ()
+        base = name
+        for suf in ("_bucket", "_sum", "_count"):
+            if name.endswith(suf) and name[: -len(suf)] in types:
+                base = name[: -len(suf)]
+        assert base in types, "sample before its TYPE: " + line
+        key = (name, labels)
+        assert key not in samples, "series twice: " + line
+        samples[key] = float(value)
+    return samples, types
+
+
+def check_metrics(adv):
+    """GET /metrics on the advisor's own port: every counter /health shows,
+    each between the /health read before the scrape and the one after."""
+    st, h0 = adv.get("/health")
+    c = http.client.HTTPConnection("127.0.0.1", adv.port, timeout=20)
+    c.request("GET", "/metrics")
+    r = c.getresponse()
+    text = r.read().decode()
+    ctype = r.getheader("Content-Type")
+    c.close()
+    assert r.status == 200 and ctype.startswith("text/plain; version=0.0.4"), (r.status, ctype)
+    st, h1 = adv.get("/health")
+    m, types = parse_page(text)
+
+    def between(name, labels, path):
+        def at(h):
+            for k in path:
+                h = h[k]
+            return h
+        key = (name, tuple(sorted(labels.items())))
+        assert key in m, ("missing", key)
+        lo, hi = at(h0), at(h1)
+        assert lo <= m[key] <= hi, (key, lo, m[key], hi)
+
+    a = ["advisor"]
+    between("kvbm_advisor_events_total", {"kind": "storage"}, a + ["storage_events"])
+    between("kvbm_advisor_events_total", {"kind": "kv"}, a + ["kv_events"])
+    between("kvbm_advisor_refused_total", {"reason": "volume"}, a + ["refused_volume"])
+    between("kvbm_advisor_refused_total", {"reason": "source"}, a + ["refused_source"])
+    for what, field in (("blocks", "forgotten_blocks"), ("held", "forgotten_held"),
+                        ("prefixes", "forgotten_prefixes")):
+        between("kvbm_advisor_forgotten_total", {"what": what}, a + [field])
+    for kind in ("promote", "demote", "drop", "compact"):
+        between("kvbm_advisor_hints_total", {"kind": kind}, a + ["hints", kind])
+    for name, field in (("kvbm_advisor_kv_other_media_total", "kv_other_media"),
+                        ("kvbm_advisor_uses_total", "uses"),
+                        ("kvbm_advisor_onboard_uses_total", "onboard_uses"),
+                        ("kvbm_advisor_lost_events_total", "lost_events"),
+                        ("kvbm_advisor_source_restarts_total", "source_restarts"),
+                        ("kvbm_advisor_unknown_removes_total", "unknown_removes")):
+        between(name, {}, a + [field])
+    between("kvbm_advisor_derivations_total", {}, ["derivations"])
+    between("kvbm_advisor_hint_batches_published_total", {}, ["hints_published"])
+    between("kvbm_advisor_hint_publish_errors_total", {}, ["hint_publish_errors"])
+    assert m[("kvbm_advisor_index_max_entries", ())] == h1["advisor"]["max_blocks"] == 4096
+    assert m[("kvbm_advisor_index_entries", ())] <= 4096
+    assert h1["advisor"]["forgotten_blocks"] >= 30000 - 4096  # the flood's bound, seen on both
+    for i, s in enumerate(h1["sources"]):
+        lab = {"source": s["name"], "kind": s["kind"]}
+        for f in ("batches", "events", "errors", "lost", "duplicates", "resets", "jumps",
+                  "overflow") + (("replayed", "reconnects") if "replayed" in s else ()):
+            between("kvbm_advisor_source_%s_total" % f, lab, ["sources", i, f])
+    st, vols = adv.get("/volumes")
+    for v in vols["volumes"]:
+        lab = (("tier", v["tier"] or "none"), ("volume", v["name"]))
+        assert m[("kvbm_advisor_volume_stores_total", lab)] <= v["stores"], v
+        assert m[("kvbm_advisor_volume_high_water_blocks", lab)] <= v["high_water"], v
+    # the server's own: the hostile requests above, by code, and the busy refusal
+    hp = ["http"]
+    codes = {k[1][0][1]: val for k, val in m.items() if k[0] == "kvbm_metrics_http_responses_total"}
+    for code in ("400", "404", "405", "408", "413", "414", "431", "501", "503", "505"):
+        assert codes.get(code, 0) >= 1, (code, codes)
+    assert sum(val for k, val in codes.items() if int(k) >= 400) <= h1["http"]["bad_requests"]
+    between("kvbm_metrics_http_connections_total", {"result": "refused"}, hp + ["refused_busy"])
+    assert types["kvbm_advisor_volume_blocks"] == "gauge"
+    assert types["kvbm_advisor_events_total"] == "counter"
 
 
 def sn_next_skip(nc):

@@ -199,7 +199,7 @@ static int run(int argc, char **argv, strpool *pool) {
     U64("--promote-window-ms", 1, 1ull << 40, c.advisor.promote_window_ms)
     U64("--compact-min-blocks", 0, UINT64_MAX, c.advisor.compact_min_blocks)
     U64("--rehint-ms", 0, 1ull << 40, c.advisor.rehint_ms)
-    U64("--max-connections", 1, 65536, c.max_connections)
+    U64("--max-connections", 1, 4096, c.max_connections)
     U64("--io-timeout-ms", 1, 3600000, c.io_timeout_ms)
     U64("--queue-bytes", 4096, 1ull << 34, c.queue_bytes)
     U64("--max-payload", 1024, 1u << 30, c.max_payload)
