@@ -380,7 +380,7 @@ static void refuse(kvbm_metrics_server *s, int fd) {
       "Content-Length: 20\r\nConnection: close\r\n\r\ntoo many connections";
   static const char busy_json[] =
       "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-      "Content-Length: 44\r\nConnection: close\r\n\r\n"
+      "Content-Length: 45\r\nConnection: close\r\n\r\n"
       "{\"error\":\"too many connections\",\"status\":503}";
   const char *m = s->routes.json_errors ? busy_json : busy;
   size_t n = s->routes.json_errors ? sizeof busy_json - 1 : sizeof busy - 1;

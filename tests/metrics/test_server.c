@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "kvbm/metrics.h"
+#include "metrics/server.h"
 
 static void collect(void *user, kvbm_metrics_writer *w) {
   kvbm_metrics_counter(w, "t_hits_total", "hits", NULL, 0, *(uint64_t *)user);
@@ -305,6 +306,88 @@ static void test_concurrent(void **state) {
   stop(f);
 }
 
+/* Requests pipelined and then the client's FIN, all in one go: each is
+ * answered, the last with Connection: close (the server closed after the
+ * first when it saw the FIN with them). */
+static void test_pipelined_then_fin(void **state) {
+  (void)state;
+  fixture *f = start(4, 10);
+  int fd = dial(f->port);
+  send_all(fd, "GET /metrics HTTP/1.1\r\n\r\nHEAD /metrics HTTP/1.1\r\n\r\n"
+               "GET /metrics HTTP/1.1\r\n\r\n");
+  shutdown(fd, SHUT_WR);
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(body, "\nt_hits_total 42\n"));
+  assert_int_equal(read_answer(fd, true, head, sizeof head, body, sizeof body), 200);
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(head, "Connection: close"));
+  assert_true(closed(fd));
+  close(fd);
+  stop(f);
+}
+
+/* A daemon's own GET routes on the same server (metrics/server.h). */
+static int route(void *user, kvbm_metrics_server *s, const http_req *req, char **b, size_t *len,
+                 size_t *cap) {
+  (void)s;
+  int *calls = user;
+  (*calls)++;
+  if (!*b) {
+    *b = malloc(256);
+    *cap = 256;
+  }
+  *len = (size_t)snprintf(*b, *cap, "{\"path\":\"%s\",\"query\":\"%s\"}", req->path, req->query);
+  return strcmp(req->path, "/missing") ? 200 : 404;
+}
+
+static void test_routes(void **state) {
+  (void)state;
+  fixture *f = calloc(1, sizeof *f);
+  f->hits = 42;
+  int calls = 0;
+  assert_int_equal(kvbm_metrics_create(&f->reg, NULL), KVBM_OK);
+  assert_int_equal(kvbm_metrics_register(f->reg, collect, &f->hits, NULL, 0, NULL, NULL), KVBM_OK);
+  kvbm_metrics_server_config c = kvbm_metrics_server_config_default();
+  c.host = "127.0.0.1";
+  c.port = 0;
+  c.max_connections = 1;
+  kvbm__metrics_routes r = {.fn = route, .user = &calls, .content_type = "application/json",
+                            .json_errors = true};
+  assert_int_equal(kvbm__metrics_server_start_routes(f->reg, &c, &r, &f->srv, NULL), KVBM_OK);
+  f->port = kvbm_metrics_server_port(f->srv);
+  int fd = dial(f->port);
+  send_all(fd, "GET /hints?x=1 HTTP/1.1\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n"
+               "GET /missing HTTP/1.1\r\n\r\nPOST /hints HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(head, "Content-Type: application/json\r\n"));
+  assert_string_equal(body, "{\"path\":\"/hints\",\"query\":\"x=1\"}");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(head, "version=0.0.4"));
+  assert_non_null(strstr(body, "\nt_hits_total 42\n"));
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 404);
+  assert_string_equal(body, "{\"path\":\"/missing\",\"query\":\"\"}");
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 405);
+  assert_non_null(strstr(body, "\"status\":405}"));
+  assert_int_equal(calls, 2); /* not for /metrics, not for the POST */
+  int busy = dial(f->port);   /* max_connections 1: JSON 503 */
+  assert_int_equal(read_answer(busy, false, head, sizeof head, body, sizeof body), 503);
+  assert_string_equal(body, "{\"error\":\"too many connections\",\"status\":503}");
+  close(busy);
+  send_all(fd, "GET /hints HTTP/1.1\nHost: x\n\n"); /* bare LF: 400, JSON, closed */
+  assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 400);
+  assert_non_null(strstr(body, "\"status\":400}"));
+  assert_true(closed(fd));
+  close(fd);
+  kvbm__metrics_server_stats st;
+  kvbm__metrics_server_stats_get(f->srv, &st);
+  assert_int_equal(st.requests, 4); /* the bad head is no request */
+  assert_int_equal(st.answered, 2);
+  assert_int_equal(st.bad_requests, 4); /* 404, 405, 503, 400 */
+  assert_int_equal(st.refused_busy, 1);
+  assert_int_equal(st.accepted, 1);
+  stop(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_scrape),
@@ -312,6 +395,8 @@ int main(void) {
       cmocka_unit_test(test_limits),
       cmocka_unit_test(test_config),
       cmocka_unit_test(test_concurrent),
+      cmocka_unit_test(test_pipelined_then_fin),
+      cmocka_unit_test(test_routes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,13 +23,14 @@ static void usage(FILE *f) {
           "         [--max-prefixes 65536] [--demote-min-uses 2] [--demote-fraction 0.7]\n"
           "         [--promote-min-score 2] [--promote-window-ms 60000] [--no-drop]\n"
           "         [--compact-ratio 0.5] [--compact-min-blocks 1024] [--rehint-ms 30000]\n"
-          "         [--max-connections 64] [--io-timeout-ms 10000] [--queue-bytes 16777216]\n"
+          "         [--max-connections 64 (<= 4096)] [--io-timeout-ms 10000] [--queue-bytes 16777216]\n"
           "         [--max-payload 2097152]\n"
           "Subscribes to storage events (StoreEvent/RemoveEvent of the manager's volumes)\n"
           "and KV events (vLLM's wire, both forms) over ZMQ (with replay of gaps) and\n"
           "NATS (Kvbm-Seq), keeps an index of the blocks each volume holds, and derives\n"
           "hints every --hint-period-ms: published on --hints-nats (msgpack, Kvbm-Seq) and\n"
-          "served over HTTP: GET /hints, /volumes, /prefix?hash=N[&namespace=N], /health.\n"
+          "served over HTTP: GET /hints, /volumes, /prefix?hash=N[&namespace=N], /health,\n"
+          "and the counters in Prometheus' format at GET /metrics (same port).\n"
           "--volume declares a volume's tier (the events' \"tier\" metadata also does).\n");
 }
 
