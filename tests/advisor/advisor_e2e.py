@@ -597,6 +597,9 @@ def check_metrics(adv):
     assert sum(val for k, val in codes.items() if int(k) >= 400) <= h1["http"]["bad_requests"]
     between("kvbm_metrics_http_connections_total", {"result": "refused"}, hp + ["refused_busy"])
     assert types["kvbm_advisor_volume_blocks"] == "gauge"
+    doc = open(os.path.join(os.environ["KVBM_SOURCE_DIR"], "docs/areas/observability.md")).read()
+    for fam in types:
+        assert "| `%s` |" % fam in doc, fam + " is not in docs/areas/observability.md's table"
     assert types["kvbm_advisor_events_total"] == "counter"
 
 
