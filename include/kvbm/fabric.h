@@ -49,6 +49,7 @@
 #include "kvbm/layout.h"
 #include "kvbm/status.h"
 #include "kvbm/storage.h"
+#include "kvbm/tier.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -310,25 +311,32 @@ KVBM_EXTERN int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
 /* ---- Block messages: one KV block on the wire, ready to onboard ---- */
 
 /* What a receiver needs to place a block and register it in its pool: the
- * block's identity (sequence hash, parent, salt, tokens) and its bytes as an
- * MRDN v1 frame (frame.h), so that the bytes are checked (BLAKE3) before
- * they are used. Little-endian:
+ * block's identity (sequence hash, parent, salt, tokens), the kvbm storage
+ * tier it is meant for, and its bytes as an MRDN v1 frame (frame.h), so
+ * that the bytes are checked (BLAKE3) before they are used. The frame's
+ * byte 12 is ADR-0006's phase label (kvbm_frame_phase); kvbm's storage
+ * tier is not in the frame but in this envelope. Little-endian:
  *   0   4  magic "KVBB"
- *   4   4  version (1)
+ *   4   4  version (2; version 1 had no tier byte and wrote the storage
+ *          tier into the frame's phase byte: refused, KVBM_EVERSION)
  *   8   8  sequence hash
  *   16  8  parent hash (meaningful when flags bit 0 is set)
  *   24  8  salt hash
  *   32  4  flags: bit 0 has_parent; bit 1 placed; other bits zero
- *   36  4  n = number of tokens
- *   40  4n tokens (u32 each)
+ *   36  1  storage tier (kvbm_tier, 0..3): placed, the receiver's tier whose
+ *          exported block set holds block_id; not placed, the tier the
+ *          sender asks the receiver to keep the block in
+ *   37  3  reserved, zero
+ *   40  4  n = number of tokens
+ *   44  4n tokens (u32 each)
  *   then, not placed: the MRDN v1 frame (32-byte header, then the bytes);
  *         placed:     u64 block id, then the MRDN v1 header alone: the bytes
  *                     were already written (one-sided) into that block of
  *                     the receiver's block set, where it verifies them.
  * nothing after that. */
 #define KVBM_BLOCK_MSG_MAGIC "KVBB"
-#define KVBM_BLOCK_MSG_VERSION 1u
-#define KVBM_BLOCK_MSG_FIXED 40u
+#define KVBM_BLOCK_MSG_VERSION 2u
+#define KVBM_BLOCK_MSG_FIXED 44u
 
 typedef struct kvbm_block_msg {
   uint64_t seq_hash;
@@ -338,7 +346,8 @@ typedef struct kvbm_block_msg {
   uint32_t num_tokens;
   const uint32_t *tokens;  /* encode: num_tokens tokens. decode: the
                               caller's array, filled */
-  kvbm_tier tier;    /* the frame's tier */
+  kvbm_tier tier;          /* the storage tier (envelope byte 36, above) */
+  kvbm_frame_phase phase;  /* the frame's phase label (ADR-0006) */
   const uint8_t *body;     /* encode: the block bytes (hashed; copied unless
                               placed). decode: points into the input buffer
                               (no copy); NULL when placed */
@@ -356,14 +365,17 @@ KVBM_EXTERN size_t kvbm_block_msg_placed_size(uint32_t num_tokens);
 
 /* Encodes m into out[0..cap) (hashing the body with BLAKE3 for the frame);
  * *len gets the size. KVBM_ENOSPC if cap is too small; KVBM_EINVAL for
- * NULL pointers; KVBM_ETIER; KVBM_ETOOLONG for a body above 4 GiB. */
+ * NULL pointers; KVBM_ETIER for a storage tier outside G1..G4;
+ * KVBM_EPHASE for a phase outside kvbm_frame_phase; KVBM_ETOOLONG for a
+ * body above 4 GiB. */
 KVBM_EXTERN int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap,
                           size_t *len, kvbm_error *err);
 
 /* Decodes buf[0..len): the envelope (KVBM_EMAGIC, KVBM_EVERSION,
- * KVBM_EPADDING for unknown flags, KVBM_ETRUNCATED, KVBM_ETOOLONG for more
- * than max_tokens tokens), then the frame with every error of
- * kvbm_frame_decode() (KVBM_ECHECKSUM when the bytes were changed on the
+ * KVBM_EPADDING for unknown flags or reserved bytes, KVBM_ETIER for a
+ * storage tier above G4, KVBM_ETRUNCATED, KVBM_ETOOLONG for more than
+ * max_tokens tokens), then the frame with every error of
+ * kvbm_frame_decode() (KVBM_EPHASE, KVBM_ECHECKSUM when the bytes were changed on the
  * way; a body above max_body is KVBM_ETOOLONG). Not placed: the body is
  * verified here, m->body points into buf. Placed: only the header is
  * checked (its fields and max_body); the caller verifies the block's bytes

@@ -196,6 +196,9 @@ static void onboard(recv_ctx *c, const uint8_t *buf, size_t len) {
   if (rc == KVBM_OK && (m.num_tokens != c->o->page || m.body_len != c->bb))
     rc = kvbm_error_set(&e, KVBM_EFORMAT, "block of %u tokens and %zu bytes, expected %" PRIu64 " and %" PRIu64,
                         m.num_tokens, m.body_len, c->o->page, c->bb);
+  if (rc == KVBM_OK && m.placed && m.tier != KVBM_TIER_G2)
+    rc = kvbm_error_set(&e, KVBM_EPROTO, "placed block names tier %s; this receiver exports G2",
+                        kvbm_tier_name(m.tier));
   if (rc == KVBM_OK && m.placed &&
       (m.block_id >= c->lay.config.num_blocks || !c->st.granted[m.block_id]))
     rc = kvbm_error_set(&e, KVBM_EPROTO, "block %" PRIu64 " was not granted", m.block_id);
@@ -424,7 +427,8 @@ typedef struct send_ctx {
 static kvbm_block_msg block_msg(const send_ctx *c, uint64_t b, const uint8_t *body) {
   kvbm_block_msg m = {.seq_hash = c->hashes[b], .parent_hash = b ? c->hashes[b - 1] : 0, .has_parent = b > 0,
                       .salt_hash = 0, .num_tokens = (uint32_t)c->o->page, .tokens = c->tokens + b * c->o->page,
-                      .tier = KVBM_TIER_G2, .body = body, .body_len = c->bb};
+                      .tier = KVBM_TIER_G2, .phase = KVBM_PHASE_OUTPUT_CRITICAL, .body = body,
+                      .body_len = c->bb};
   return m;
 }
 

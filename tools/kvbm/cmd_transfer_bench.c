@@ -311,7 +311,7 @@ static int send_batches(sender *sd, uint64_t nbatches, bool check, double *secs,
        * the cache, so hashing it does not read it from memory again (the
        * header only has to be ready for the notification). */
       if (kvbm_fabric_write_block(sd->f, sd->rs, slot, blk, sd->bb, e)) return 1;
-      if (check && kvbm_frame_encode_header(KVBM_TIER_G2, blk, sd->bb, ne.frame, e)) return 1;
+      if (check && kvbm_frame_encode_header(KVBM_PHASE_THINK_COMPLETE, blk, sd->bb, ne.frame, e)) return 1;
       memcpy(note + sizeof nh + i * sizeof ne, &ne, sizeof ne);
     }
     if (kvbm_fabric_flush(sd->f, (int)b->o.timeout_ms, e)) return 1;
