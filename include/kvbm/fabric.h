@@ -7,7 +7,9 @@
  *   push / next / pull   two-sided messages: the sender pushes a payload and
  *                        gets a handle; the receiver learns of it (next) and
  *                        pulls it by handle into a buffer of its choice.
- *   label                each end has a name, and learns the peer's.
+ *   label                the transport's label for reports ("nixl-synth"
+ *                        for the synthetic in-process fabric, "ucx").
+ *   name                 each end has a node name, and learns the peer's.
  *   register / export /  one-sided block access: a node registers the memory
  *   import / read /      of a layout (kvbm_layout_desc), exports a
  *   write                descriptor, the peer imports it and then reads or
@@ -64,18 +66,19 @@ typedef struct kvbm_fabric_handle {
   uint64_t id;
 } kvbm_fabric_handle;
 
-/* Longest label (bytes, without the NUL). Labels are printable ASCII. */
-#define KVBM_FABRIC_LABEL_MAX 63
+/* Longest node name (bytes, without the NUL). Names are printable ASCII. */
+#define KVBM_FABRIC_NAME_MAX 63
 
 /* ---- In-process fabric ---- */
 
-/* Creates two connected ends named label_a and label_b (NULL: "inproc-a",
- * "inproc-b"). A push on one is pulled on the other; a block set registered
+/* Creates two connected ends named name_a and name_b (NULL: "inproc-a",
+ * "inproc-b"). Its label is "nixl-synth" (ADR-0006: a synthetic fabric
+ * says so; its figures are memcpy under a lock, not a transport's). A push on one is pulled on the other; a block set registered
  * on one can be imported by the other. Each end is owned by the caller:
  * kvbm_fabric_destroy() both (in any order; once one end is destroyed the
- * other's pushes fail with KVBM_ECLOSED). Errors: KVBM_EINVAL (bad label),
+ * other's pushes fail with KVBM_ECLOSED). Errors: KVBM_EINVAL (bad name),
  * KVBM_ENOMEM. */
-KVBM_EXTERN int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b,
+KVBM_EXTERN int kvbm_fabric_inproc_pair(const char *name_a, const char *name_b,
                             kvbm_fabric **a, kvbm_fabric **b, kvbm_error *err);
 
 /* ---- UCX fabric ---- */
@@ -95,7 +98,10 @@ KVBM_EXTERN int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b
 typedef void (*kvbm_fabric_refused_fn)(void *user, const char *peer, int status, const char *why);
 
 typedef struct kvbm_fabric_ucx_config {
-  const char *label;       /* this end's name; NULL: "ucx" */
+  const char *name;        /* this end's node name, told to the peer in
+                              the hello; NULL: "ucx". (The fabric's
+                              label, kvbm_fabric_label(), is always
+                              "ucx".) */
   const void *key;         /* the shared key (required; see above). Both
                               ends prove it (challenge and keyed-BLAKE3
                               response, both ways) before either reads a
@@ -139,7 +145,7 @@ KVBM_EXTERN uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l);
 KVBM_EXTERN uint64_t kvbm_fabric_listener_refused(const kvbm_fabric_listener *l);
 
 /* Waits up to cfg.timeout_ms for a peer that proves the shared key, swaps
- * worker addresses and labels with it and returns a connected fabric (*out,
+ * worker addresses and node names with it and returns a connected fabric (*out,
  * owned by the caller). Connections that fail on the way (closed, silent
  * past cfg.timeout_ms, not a kvbm fabric, a wrong key, a hello or wire-up
  * that fails) are closed, counted, reported to cfg.on_refused, and the
@@ -171,13 +177,19 @@ KVBM_EXTERN int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
  * no-op. */
 KVBM_EXTERN void kvbm_fabric_destroy(kvbm_fabric *f);
 
-/* "inproc" or "ucx". */
+/* "inproc" or "ucx": which implementation. */
 KVBM_EXTERN const char *kvbm_fabric_kind(const kvbm_fabric *f);
 
-/* This end's label, and the peer's (as the peer announced it). Valid for the
- * fabric's lifetime. */
+/* The fabric's label (ADR-0006's label()), what a report names the
+ * transport by: "nixl-synth" for the in-process fabric (synthetic: its
+ * figures are not a transport's), "ucx" for the UCX fabric. A static
+ * string; "" for NULL. */
 KVBM_EXTERN const char *kvbm_fabric_label(const kvbm_fabric *f);
-KVBM_EXTERN const char *kvbm_fabric_peer_label(const kvbm_fabric *f);
+
+/* This end's node name, and the peer's (as the peer announced it). Valid
+ * for the fabric's lifetime. */
+KVBM_EXTERN const char *kvbm_fabric_name(const kvbm_fabric *f);
+KVBM_EXTERN const char *kvbm_fabric_peer_name(const kvbm_fabric *f);
 
 /* Sends `len` bytes (0 allowed) to the peer; *out (may be NULL) gets the
  * handle. Ownership: `data` must stay valid and unchanged until

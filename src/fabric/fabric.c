@@ -17,10 +17,10 @@
 
 #include "fabric/fabric_impl.h"
 
-void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const char *label) {
+void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const char *name) {
   f->vt = vt;
-  snprintf(f->label, sizeof f->label, "%s", label);
-  f->peer_label[0] = '\0';
+  snprintf(f->name, sizeof f->name, "%s", name);
+  f->peer_name[0] = '\0';
   f->next_push_id = 1;
   f->fatal = 0;
   f->fatal_msg[0] = '\0';
@@ -77,15 +77,15 @@ int kvbm__fabric_check(const kvbm_fabric *f, kvbm_error *err) {
   return kvbm_error_set(err, f->fatal, "%s", f->fatal_msg);
 }
 
-int kvbm__fabric_label_check(const char *label, kvbm_error *err) {
-  if (!label) return KVBM_OK;
-  size_t n = strlen(label);
-  if (n == 0 || n > KVBM_FABRIC_LABEL_MAX)
-    return kvbm_error_set(err, KVBM_EINVAL, "fabric: label must be 1..%d bytes, not %zu",
-                          KVBM_FABRIC_LABEL_MAX, n);
+int kvbm__fabric_name_check(const char *name, kvbm_error *err) {
+  if (!name) return KVBM_OK;
+  size_t n = strlen(name);
+  if (n == 0 || n > KVBM_FABRIC_NAME_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: a node name must be 1..%d bytes, not %zu",
+                          KVBM_FABRIC_NAME_MAX, n);
   for (size_t i = 0; i < n; i++)
-    if (!isprint((unsigned char)label[i]) || (unsigned char)label[i] > 126)
-      return kvbm_error_set(err, KVBM_EINVAL, "fabric: label has a non-printable byte at %zu", i);
+    if (!isprint((unsigned char)name[i]) || (unsigned char)name[i] > 126)
+      return kvbm_error_set(err, KVBM_EINVAL, "fabric: the node name has a non-printable byte at %zu", i);
   return KVBM_OK;
 }
 
@@ -97,8 +97,9 @@ void kvbm_fabric_destroy(kvbm_fabric *f) {
 }
 
 const char *kvbm_fabric_kind(const kvbm_fabric *f) { return f ? f->vt->kind : "?"; }
-const char *kvbm_fabric_label(const kvbm_fabric *f) { return f ? f->label : ""; }
-const char *kvbm_fabric_peer_label(const kvbm_fabric *f) { return f ? f->peer_label : ""; }
+const char *kvbm_fabric_label(const kvbm_fabric *f) { return f ? f->vt->label : ""; }
+const char *kvbm_fabric_name(const kvbm_fabric *f) { return f ? f->name : ""; }
+const char *kvbm_fabric_peer_name(const kvbm_fabric *f) { return f ? f->peer_name : ""; }
 
 int kvbm_fabric_push(kvbm_fabric *f, const void *data, size_t len, kvbm_fabric_handle *out,
                      kvbm_error *err) {

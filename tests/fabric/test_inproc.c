@@ -17,27 +17,33 @@ static void pair(kvbm_fabric **a, kvbm_fabric **b) {
   assert_int_equal(kvbm_fabric_inproc_pair("node-a", "node-b", a, b, NULL), KVBM_OK);
 }
 
-static void test_labels(void **state) {
+/* The label is the transport's (ADR-0006: a synthetic fabric says
+ * "nixl-synth"), whatever the ends are named; names are the nodes'. */
+static void test_labels_and_names(void **state) {
   (void)state;
   kvbm_fabric *a, *b;
   pair(&a, &b);
   assert_string_equal(kvbm_fabric_kind(a), "inproc");
-  assert_string_equal(kvbm_fabric_label(a), "node-a");
-  assert_string_equal(kvbm_fabric_peer_label(a), "node-b");
-  assert_string_equal(kvbm_fabric_label(b), "node-b");
-  assert_string_equal(kvbm_fabric_peer_label(b), "node-a");
+  assert_string_equal(kvbm_fabric_label(a), "nixl-synth");
+  assert_string_equal(kvbm_fabric_label(b), "nixl-synth");
+  assert_string_equal(kvbm_fabric_name(a), "node-a");
+  assert_string_equal(kvbm_fabric_peer_name(a), "node-b");
+  assert_string_equal(kvbm_fabric_name(b), "node-b");
+  assert_string_equal(kvbm_fabric_peer_name(b), "node-a");
   kvbm_fabric_destroy(a);
   kvbm_fabric_destroy(b);
+  assert_string_equal(kvbm_fabric_label(NULL), "");
 
   assert_int_equal(kvbm_fabric_inproc_pair(NULL, NULL, &a, &b, NULL), KVBM_OK);
-  assert_string_equal(kvbm_fabric_label(a), "inproc-a");
+  assert_string_equal(kvbm_fabric_name(a), "inproc-a");
+  assert_string_equal(kvbm_fabric_label(a), "nixl-synth");
   kvbm_fabric_destroy(b);
   kvbm_fabric_destroy(a);
 
   kvbm_error e;
   assert_int_equal(kvbm_fabric_inproc_pair("", "x", &a, &b, &e), KVBM_EINVAL);
-  assert_int_equal(kvbm_fabric_inproc_pair("bad\nlabel", "x", &a, &b, &e), KVBM_EINVAL);
-  assert_non_null(strstr(e.msg, "label"));
+  assert_int_equal(kvbm_fabric_inproc_pair("bad\nname", "x", &a, &b, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "node name"));
   char longl[80];
   memset(longl, 'x', sizeof longl - 1);
   longl[79] = 0;
@@ -491,7 +497,7 @@ static void test_fabric_storage(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_labels),
+      cmocka_unit_test(test_labels_and_names),
       cmocka_unit_test(test_push_pull),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_blocks_contiguous),

@@ -269,7 +269,7 @@ static void recv_report(const node *n, const recv_state *st, const kvbm_pool *po
     printf("{\"peer\": \"%s\", \"received\": %" PRIu64 ", \"onboarded\": %" PRIu64 ", \"rejected\": %" PRIu64
            ", \"dropped\": %" PRIu64 ", \"verified\": %" PRIu64 ", \"registered\": %u, \"refused_peers\": %" PRIu64
            ", \"rejected_blocks\": [",
-           kvbm_fabric_peer_label(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
+           kvbm_fabric_peer_name(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
            ps.registered, n->refused);
     for (uint64_t i = 0; i < st->rejected && i < MAX_CORRUPT; i++)
       printf("%s{\"hash\": \"%016" PRIx64 "\", \"error\": \"%s\"}", i ? ", " : "", st->rejected_claims[i],
@@ -278,7 +278,7 @@ static void recv_report(const node *n, const recv_state *st, const kvbm_pool *po
   } else {
     printf("peer: %s\nreceived: %" PRIu64 "\nonboarded: %" PRIu64 "\nrejected: %" PRIu64 "\ndropped: %" PRIu64
            "\nverified: %" PRIu64 "\nregistered: %u\nrefused peers: %" PRIu64 "\n",
-           kvbm_fabric_peer_label(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
+           kvbm_fabric_peer_name(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
            ps.registered, n->refused);
   }
 }
@@ -553,12 +553,12 @@ static int run_send(node *n) {
   if (n->json) {
     printf("{\"peer\": \"%s\", \"mode\": \"%s\", \"sent\": %" PRIu64 ", \"corrupted\": %" PRIu64
            ", \"block_bytes\": %" PRIu64 ", \"corrupted_blocks\": [",
-           kvbm_fabric_peer_label(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
+           kvbm_fabric_peer_name(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
     for (uint64_t i = 0; i < c.corrupted; i++) printf("%s\"%016" PRIx64 "\"", i ? ", " : "", c.corrupted_hash[i]);
     printf("]}\n");
   } else {
     printf("peer: %s\nmode: %s\nsent: %" PRIu64 "\ncorrupted: %" PRIu64 "\nblock_bytes: %" PRIu64 "\n",
-           kvbm_fabric_peer_label(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
+           kvbm_fabric_peer_name(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
   }
   code = 0;
 out:

@@ -205,7 +205,7 @@ static int receiver(const bench *b, uint16_t port) {
   uint8_t *note = malloc(note_max);
   int code = 1;
   kvbm_fabric_ucx_config cfg = fab_ucx_config(o);
-  cfg.label = "bench-b";
+  cfg.name = "bench-b";
   /* The slots live in memory the fabric allocated: what a receiving node
    * should use (see kvbm_fabric_storage_create). */
   if (!note || kvbm_fabric_ucx_connect(&cfg, "127.0.0.1", port, &f, &e) ||
@@ -369,7 +369,7 @@ static int run(bench *b) {
   }
   sd.bb = kvbm_fabric_block_bytes(&sd.lay);
   kvbm_fabric_ucx_config cfg = fab_ucx_config(o);
-  cfg.label = "bench-a";
+  cfg.name = "bench-a";
 
   /* One reference run first, to fail early when the tool is missing. */
   double refs[MAX_ROUNDS], plains[MAX_ROUNDS], checks[MAX_ROUNDS];
