@@ -97,6 +97,15 @@ KVBM_EXTERN int kvbm_frame_encode_header(kvbm_frame_phase phase, const void *bod
                              uint8_t header[KVBM_FRAME_HEADER_LEN],
                              kvbm_error *err);
 
+/* Writes the header for a body of `body_len` bytes whose checksum (the
+ * first 16 bytes of its plain BLAKE3 hash) the caller computed, e.g. on
+ * several threads with a kvbm_blake3_pool, or once for a block that does
+ * not change. Hashes nothing. Errors as kvbm_frame_encode_header. */
+KVBM_EXTERN int kvbm_frame_encode_header_sum(kvbm_frame_phase phase, size_t body_len,
+                                             const uint8_t sum[KVBM_FRAME_CHECKSUM_LEN],
+                                             uint8_t header[KVBM_FRAME_HEADER_LEN],
+                                             kvbm_error *err);
+
 /* Writes a whole frame into the caller's buffer `out` of `cap` bytes and
  * sets *out_len to its size. With out == NULL it only sets *out_len (size
  * query). KVBM_ENOSPC (and *out_len set) if cap is too small. The body may
@@ -119,6 +128,14 @@ KVBM_EXTERN int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t ma
  * KVBM_ETRUNCATED, longer: KVBM_ETOOLONG), then its hash. */
 KVBM_EXTERN int kvbm_frame_verify_body(const kvbm_frame_header *hdr, const void *body,
                            size_t body_len, kvbm_error *err);
+
+/* kvbm_frame_verify_body for a caller that hashed the body itself (its
+ * `body_len` bytes hash to `sum`, the first 16 bytes of their plain
+ * BLAKE3): the length check, then the checksum, same statuses and
+ * messages. */
+KVBM_EXTERN int kvbm_frame_check_sum(const kvbm_frame_header *hdr, size_t body_len,
+                                     const uint8_t sum[KVBM_FRAME_CHECKSUM_LEN],
+                                     kvbm_error *err);
 
 /* Both steps on a whole frame in memory: `len` must be exactly the frame
  * (trailing bytes are a body longer than declared). On success *body

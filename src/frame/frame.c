@@ -79,13 +79,11 @@ int kvbm_frame_encoded_len(size_t body_len, size_t *out, kvbm_error *err) {
   return KVBM_OK;
 }
 
-int kvbm_frame_encode_header(kvbm_frame_phase phase, const void *body,
-                             size_t body_len,
-                             uint8_t header[KVBM_FRAME_HEADER_LEN],
-                             kvbm_error *err) {
+/* Every field but the checksum, after checking the arguments. */
+static int write_header(kvbm_frame_phase phase, size_t body_len,
+                        uint8_t header[KVBM_FRAME_HEADER_LEN],
+                        kvbm_error *err) {
   size_t total;
-  if (!header || (!body && body_len > 0))
-    return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or body");
   if (!phase_valid((int)phase))
     return kvbm_error_set(err, KVBM_EPHASE,
                           "frame: unknown phase %d (ThinkComplete 0, "
@@ -98,7 +96,31 @@ int kvbm_frame_encode_header(kvbm_frame_phase phase, const void *body,
   put32(header + OFF_LEN, (uint32_t)body_len);
   header[OFF_PHASE] = (uint8_t)phase;
   memset(header + OFF_PAD, 0, 3);
+  return KVBM_OK;
+}
+
+int kvbm_frame_encode_header(kvbm_frame_phase phase, const void *body,
+                             size_t body_len,
+                             uint8_t header[KVBM_FRAME_HEADER_LEN],
+                             kvbm_error *err) {
+  if (!header || (!body && body_len > 0))
+    return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or body");
+  /* Arguments first: a frame that cannot be written is not hashed. */
+  int rc = write_header(phase, body_len, header, err);
+  if (rc) return rc;
   body_checksum(body, body_len, header + OFF_SUM);
+  return KVBM_OK;
+}
+
+int kvbm_frame_encode_header_sum(kvbm_frame_phase phase, size_t body_len,
+                                 const uint8_t sum[KVBM_FRAME_CHECKSUM_LEN],
+                                 uint8_t header[KVBM_FRAME_HEADER_LEN],
+                                 kvbm_error *err) {
+  if (!header || !sum)
+    return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or checksum");
+  int rc = write_header(phase, body_len, header, err);
+  if (rc) return rc;
+  memcpy(header + OFF_SUM, sum, KVBM_FRAME_CHECKSUM_LEN);
   return KVBM_OK;
 }
 
@@ -202,6 +224,15 @@ int kvbm_frame_verify_body(const kvbm_frame_header *hdr, const void *body,
   uint8_t sum[KVBM_FRAME_CHECKSUM_LEN];
   body_checksum(body, body_len, sum);
   return check_sum(hdr, sum, err);
+}
+
+int kvbm_frame_check_sum(const kvbm_frame_header *hdr, size_t body_len,
+                         const uint8_t sum[KVBM_FRAME_CHECKSUM_LEN],
+                         kvbm_error *err) {
+  if (!hdr || !sum)
+    return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or checksum");
+  int rc = check_len(hdr, body_len, err);
+  return rc ? rc : check_sum(hdr, sum, err);
 }
 
 int kvbm_frame_decode(const void *buf, size_t len, uint32_t max_body,

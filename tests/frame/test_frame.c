@@ -386,6 +386,35 @@ static void test_frames_built_with_b3sum(void **state) {
   free(f);
 }
 
+/* A checksum computed elsewhere (a pool's threads) makes the same header,
+ * and checks a body the same way, as the frame's own hashing. */
+static void test_precomputed_checksums(void **state) {
+  (void)state;
+  uint8_t *body = make_body(3 << 20, 23);
+  kvbm_blake3_pool *p;
+  assert_int_equal(kvbm_blake3_pool_create(2, 0, &p, NULL), 0);
+  uint8_t sum[16], a[32], b[32];
+  assert_int_equal(kvbm_blake3_pool_hash(p, body, 3 << 20, sum, 16, NULL), 0);
+  assert_int_equal(kvbm_frame_encode_header(KVBM_PHASE_OUTPUT_CRITICAL, body, 3 << 20, a, NULL), 0);
+  assert_int_equal(kvbm_frame_encode_header_sum(KVBM_PHASE_OUTPUT_CRITICAL, 3 << 20, sum, b, NULL), 0);
+  assert_memory_equal(a, b, 32);
+  kvbm_frame_header hdr;
+  kvbm_error err;
+  assert_int_equal(kvbm_frame_parse_header(a, 32, 4 << 20, &hdr, &err), 0);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, 3 << 20, sum, &err), 0);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, (3 << 20) - 1, sum, &err), KVBM_ETRUNCATED);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, (3 << 20) + 1, sum, &err), KVBM_ETOOLONG);
+  body[12345] ^= 1;
+  assert_int_equal(kvbm_blake3_pool_hash(p, body, 3 << 20, sum, 16, NULL), 0);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, 3 << 20, sum, &err), KVBM_ECHECKSUM);
+  assert_non_null(strstr(err.msg, "checksum mismatch"));
+  assert_int_equal(kvbm_frame_encode_header_sum((kvbm_frame_phase)3, 1, sum, b, &err), KVBM_EPHASE);
+  assert_int_equal(kvbm_frame_encode_header_sum(KVBM_PHASE_THINK_ACTIVE, 1, NULL, b, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, 1, NULL, &err), KVBM_EINVAL);
+  kvbm_blake3_pool_destroy(p);
+  free(body);
+}
+
 static void test_null_arguments(void **state) {
   (void)state;
   kvbm_frame_header hdr;
@@ -413,6 +442,7 @@ int main(void) {
       cmocka_unit_test(test_single_byte_corruption),
       cmocka_unit_test(test_streaming),
       cmocka_unit_test(test_frames_built_with_b3sum),
+      cmocka_unit_test(test_precomputed_checksums),
       cmocka_unit_test(test_null_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
