@@ -310,6 +310,42 @@ KVBM_EXTERN int kvbm_fabric_read_block(kvbm_fabric *f, kvbm_fabric_remote_set *r
                            uint64_t block, void *dst, size_t len,
                            kvbm_error *err);
 
+/* ---- Bridging layouts ----
+ *
+ * Two nodes may lay the same blocks out differently: FullyContiguous on
+ * one and LayerSeparate on the other, another alignment (so another block
+ * stride), another number of blocks. One layer of one block is contiguous
+ * in both kinds ([outer_dim][page_size * inner_dim] elements,
+ * layer_stride bytes), so a block moves between any two such layouts
+ * layer by layer: gathered from one, scattered into the other. What must
+ * agree is the shape of a block: layers, outer_dim, page_size, inner_dim,
+ * dtype_size. */
+
+/* KVBM_OK if blocks of `ours` can be bridged to blocks of `theirs` (the
+ * shape agrees; kind, alignment and num_blocks may differ); otherwise
+ * KVBM_EUNSUPPORTED with a message naming the first field that differs and
+ * both values ("layout mismatch: dtype_size 2 here, 4 at the peer").
+ * KVBM_EINVAL for NULL. */
+KVBM_EXTERN int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs,
+                                          kvbm_error *err);
+
+/* kvbm_fabric_write_block / read_block from / into a block of any local
+ * layout: layers[l] is this node's layer l of the block (num_layers
+ * pointers, each layer_bytes long: the peer's layer_stride), wherever the
+ * local layout keeps it. Each layer goes to (comes from) the peer's block
+ * layer l in the peer's own layout. Every range is checked before the
+ * first byte moves (KVBM_ERANGE); num_layers or layer_bytes that do not
+ * match the peer's set: KVBM_EINVAL naming both. Asynchronous like
+ * write_block: complete at kvbm_fabric_flush(). */
+KVBM_EXTERN int kvbm_fabric_write_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                                               uint64_t block, const void *const *layers,
+                                               uint64_t num_layers, uint64_t layer_bytes,
+                                               kvbm_error *err);
+KVBM_EXTERN int kvbm_fabric_read_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                                              uint64_t block, void *const *layers,
+                                              uint64_t num_layers, uint64_t layer_bytes,
+                                              kvbm_error *err);
+
 /* The general form: `len` bytes at byte `offset` of region `region` of the
  * peer's set. KVBM_ERANGE when [offset, offset+len) is not inside the
  * region's registered extent or region is out of range. */
@@ -339,8 +375,12 @@ KVBM_EXTERN int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
  *          exported block set holds block_id; not placed, the tier the
  *          sender asks the receiver to keep the block in
  *   37  3  reserved, zero
- *   40  4  n = number of tokens
- *   44  4n tokens (u32 each)
+ *   40  8  layout id: the block_set_id of the receiver's export that the
+ *          sender laid the bytes out for (placed: wrote them into). A
+ *          receiver refuses an id that is not its current export's (a
+ *          stale layout)
+ *   48  4  n = number of tokens
+ *   52  4n tokens (u32 each)
  *   then, not placed: the MRDN v1 frame (32-byte header, then the bytes);
  *         placed:     u64 block id, then the MRDN v1 header alone: the bytes
  *                     were already written (one-sided) into that block of
@@ -348,7 +388,7 @@ KVBM_EXTERN int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
  * nothing after that. */
 #define KVBM_BLOCK_MSG_MAGIC "KVBB"
 #define KVBM_BLOCK_MSG_VERSION 2u
-#define KVBM_BLOCK_MSG_FIXED 44u
+#define KVBM_BLOCK_MSG_FIXED 52u
 
 typedef struct kvbm_block_msg {
   uint64_t seq_hash;
@@ -359,6 +399,7 @@ typedef struct kvbm_block_msg {
   const uint32_t *tokens;  /* encode: num_tokens tokens. decode: the
                               caller's array, filled */
   kvbm_tier tier;          /* the storage tier (envelope byte 36, above) */
+  uint64_t layout_id;      /* the receiver's export it was laid out for */
   kvbm_frame_phase phase;  /* the frame's phase label (ADR-0006) */
   const uint8_t *body;     /* encode: the block bytes (hashed; copied unless
                               placed). decode: points into the input buffer

@@ -70,7 +70,8 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
   put32(out + 32, (m->has_parent ? 1u : 0u) | (m->placed ? 2u : 0u));
   out[36] = (uint8_t)m->tier;
   memset(out + 37, 0, 3);
-  put32(out + 40, m->num_tokens);
+  put64(out + 40, m->layout_id);
+  put32(out + 48, m->num_tokens);
   for (uint32_t i = 0; i < m->num_tokens; i++) put32(out + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i, m->tokens[i]);
   *len = KVBM_BLOCK_MSG_FIXED + tok + flen;
   return KVBM_OK;
@@ -97,7 +98,7 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
                           buf[38], buf[39]);
   if (buf[36] >= KVBM_TIER_COUNT)
     return kvbm_error_set(err, KVBM_ETIER, "block message: storage tier %u is not G1..G4 (0..3)", buf[36]);
-  uint32_t n = get32(buf + 40);
+  uint32_t n = get32(buf + 48);
   if (n > max_tokens)
     return kvbm_error_set(err, KVBM_ETOOLONG, "block message: %u tokens (limit %u)", n, max_tokens);
   if ((len - KVBM_BLOCK_MSG_FIXED) / 4 < n)
@@ -128,6 +129,7 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
   m->num_tokens = n;
   m->tokens = tokens;
   m->tier = (kvbm_tier)buf[36];
+  m->layout_id = get64(buf + 40);
   m->phase = hdr.phase;
   m->body = body;
   m->body_len = hdr.body_len;

@@ -399,6 +399,71 @@ static int block_rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, bool write, uin
   return KVBM_OK;
 }
 
+/* The bridge: per layer, from wherever the local layout keeps it to the
+ * peer's (block, layer) slice, all ranges checked first. */
+static int layers_rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, bool write, uint64_t block,
+                      void *const *layers, uint64_t num_layers, uint64_t layer_bytes, kvbm_error *err) {
+  NEED(f);
+  if (!rs || !layers) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL remote set or layers");
+  const kvbm_layout *lay = &rs->desc.layout;
+  if (block >= lay->config.num_blocks)
+    return kvbm_error_set(err, KVBM_ERANGE, "fabric: block %llu out of range (set has %llu blocks)",
+                          (unsigned long long)block, (unsigned long long)lay->config.num_blocks);
+  if (num_layers != lay->config.num_layers || layer_bytes != lay->layer_stride)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "fabric: %llu layers of %llu bytes given, the peer's blocks have %llu of %llu",
+                          (unsigned long long)num_layers, (unsigned long long)layer_bytes,
+                          (unsigned long long)lay->config.num_layers, (unsigned long long)lay->layer_stride);
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint64_t l = 0; l < num_layers; l++) {
+      kvbm_slice s;
+      int rc = kvbm_layout_block_layer(lay, block, l, &s, err);
+      if (rc) return rc;
+      if (pass == 0) {
+        uint64_t addr;
+        if (!layers[l]) return kvbm_error_set(err, KVBM_EINVAL, "fabric: layer %llu is NULL", (unsigned long long)l);
+        rc = remote_range(rs, s.region, s.offset, s.size, &addr, err);
+      } else {
+        rc = rma(f, rs, write, s.region, s.offset, layers[l], s.size, err);
+      }
+      if (rc) return rc;
+    }
+  }
+  return KVBM_OK;
+}
+
+int kvbm_fabric_write_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block,
+                                   const void *const *layers, uint64_t num_layers, uint64_t layer_bytes,
+                                   kvbm_error *err) {
+  return layers_rma(f, rs, true, block, (void *const *)(uintptr_t)layers, num_layers, layer_bytes, err);
+}
+
+int kvbm_fabric_read_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block,
+                                  void *const *layers, uint64_t num_layers, uint64_t layer_bytes,
+                                  kvbm_error *err) {
+  return layers_rma(f, rs, false, block, layers, num_layers, layer_bytes, err);
+}
+
+int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs, kvbm_error *err) {
+  if (!ours || !theirs) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL layout");
+  const kvbm_layout_config *a = &ours->config, *b = &theirs->config;
+  const struct {
+    const char *name;
+    uint64_t here, there;
+  } fields[] = {
+      {"num_layers", a->num_layers, b->num_layers}, {"outer_dim", a->outer_dim, b->outer_dim},
+      {"page_size", a->page_size, b->page_size},    {"inner_dim", a->inner_dim, b->inner_dim},
+      {"dtype_size", a->dtype_size, b->dtype_size},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    if (fields[i].here != fields[i].there)
+      return kvbm_error_set(err, KVBM_EUNSUPPORTED,
+                            "layout mismatch: %s %llu here, %llu at the peer (kind, alignment and block count "
+                            "may differ; the block's shape may not)",
+                            fields[i].name, (unsigned long long)fields[i].here, (unsigned long long)fields[i].there);
+  return KVBM_OK;
+}
+
 int kvbm_fabric_write_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block, const void *src,
                             size_t len, kvbm_error *err) {
   return block_rma(f, rs, true, block, (void *)(uintptr_t)src, len, err);

@@ -21,7 +21,7 @@ static size_t encode(uint8_t *out, size_t cap) {
   for (uint32_t i = 0; i < NT; i++) g_tokens[i] = 1000 + i;
   kvbm_block_msg m = {.seq_hash = 0x1122334455667788ull, .parent_hash = 42, .salt_hash = 7, .has_parent = 1,
                       .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_TIER_G2,
-                      .phase = KVBM_PHASE_OUTPUT_CRITICAL, .body = g_body, .body_len = BODY};
+                      .layout_id = 0xA1B2C3D4E5F60718ull, .phase = KVBM_PHASE_OUTPUT_CRITICAL, .body = g_body, .body_len = BODY};
   size_t len = 0;
   assert_int_equal(kvbm_block_msg_encode(&m, out, cap, &len, NULL), KVBM_OK);
   assert_int_equal(len, kvbm_block_msg_size(NT, BODY));
@@ -44,8 +44,10 @@ static void test_roundtrip(void **state) {
   assert_memory_equal(m.tokens, g_tokens, sizeof g_tokens);
   assert_int_equal(m.tier, KVBM_TIER_G2);
   assert_int_equal(m.phase, KVBM_PHASE_OUTPUT_CRITICAL);
+  assert_int_equal(m.layout_id, 0xA1B2C3D4E5F60718ull);
+  assert_int_equal(buf[40], 0x18); /* little-endian at byte 40 */
   assert_int_equal(buf[36], KVBM_TIER_G2);                        /* the tier, in the envelope */
-  assert_int_equal(buf[44 + 4 * NT + 12], KVBM_PHASE_OUTPUT_CRITICAL); /* the phase, in the frame */
+  assert_int_equal(buf[52 + 4 * NT + 12], KVBM_PHASE_OUTPUT_CRITICAL); /* the phase, in the frame */
   assert_int_equal(m.body_len, BODY);
   assert_ptr_equal(m.body, buf + len - BODY);
   assert_memory_equal(m.body, g_body, BODY);
@@ -97,11 +99,11 @@ static void test_corruption(void **state) {
       {0, 'X', KVBM_EMAGIC},   {4, 1, KVBM_EVERSION}, {4, 3, KVBM_EVERSION}, {32, 4, KVBM_EPADDING},
       {36, 4, KVBM_ETIER},     {36, 0xFF, KVBM_ETIER}, /* storage tier above G4 */
       {37, 1, KVBM_EPADDING},  {39, 0x80, KVBM_EPADDING},
-      {40, 200, KVBM_ETOOLONG}, /* 200 tokens > limit */
-      {44 + 4 * NT, 'X', KVBM_EMAGIC},   /* the frame's magic */
-      {44 + 4 * NT + 4, 3, KVBM_EVERSION}, {44 + 4 * NT + 12, 3, KVBM_EPHASE},
-      {44 + 4 * NT + 12, 9, KVBM_EPHASE},  /* what a v1 sender wrote for G4 was 3 */
-      {44 + 4 * NT + 13, 1, KVBM_EPADDING}, {44 + 4 * NT + 20, 0xAA, KVBM_ECHECKSUM},
+      {48, 200, KVBM_ETOOLONG}, /* 200 tokens > limit */
+      {52 + 4 * NT, 'X', KVBM_EMAGIC},   /* the frame's magic */
+      {52 + 4 * NT + 4, 3, KVBM_EVERSION}, {52 + 4 * NT + 12, 3, KVBM_EPHASE},
+      {52 + 4 * NT + 12, 9, KVBM_EPHASE},  /* what a v1 sender wrote for G4 was 3 */
+      {52 + 4 * NT + 13, 1, KVBM_EPADDING}, {52 + 4 * NT + 20, 0xAA, KVBM_ECHECKSUM},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     memcpy(copy, buf, len);
@@ -125,7 +127,7 @@ static void test_placed(void **state) {
   size_t len;
   assert_int_equal(kvbm_block_msg_encode(&m, buf, sizeof buf, &len, NULL), KVBM_OK);
   assert_int_equal(len, kvbm_block_msg_placed_size(NT));
-  assert_int_equal(len, 44 + 4 * NT + 8 + 32);
+  assert_int_equal(len, 52 + 4 * NT + 8 + 32);
   uint32_t toks[NT];
   kvbm_block_msg d;
   kvbm_error e;
