@@ -233,6 +233,12 @@ KVBM_EXTERN int kvbm_block_release(kvbm_pool *pool, uint32_t id, uint8_t priorit
  * in release order are untouched. */
 KVBM_EXTERN int kvbm_pool_release_run(kvbm_pool *pool, const uint32_t *ids, size_t n, uint8_t priority);
 
+/* A cached block (registered, nobody holding it) becomes the first to be
+ * evicted: priority 0, ahead of every other cached block (known cold, e.g.
+ * reasoning that has ended). KVBM_ESTATE if it is held or not registered,
+ * KVBM_EINVAL for a bad id. O(1). */
+KVBM_EXTERN int kvbm_block_demote(kvbm_pool *pool, uint32_t id);
+
 /* Takes one more reference on a held or registered block (for fork). */
 KVBM_EXTERN int kvbm_block_retain(kvbm_pool *pool, uint32_t id);
 

@@ -656,6 +656,26 @@ HOT int release_one(kvbm_pool *p, uint32_t id, uint8_t priority) {
   return KVBM_OK;
 }
 
+int kvbm_block_demote(kvbm_pool *p, uint32_t id) {
+  if (!valid_id(p, id)) return KVBM_EINVAL;
+  blk *b = &p->blocks[id];
+  if (!(b->flags & F_CACHED)) return KVBM_ESTATE;
+  cache_unlink(p, id);
+  /* At the head of priority 0's list: the oldest of the lowest. */
+  p->priority[id] = 0;
+  b->prev = NIL;
+  b->next = p->head[0];
+  if (p->head[0] != NIL)
+    p->blocks[p->head[0]].prev = id;
+  else
+    p->tail[0] = id;
+  p->head[0] = id;
+  p->nonempty[0] |= 1ull;
+  b->flags |= F_CACHED;
+  p->cached++;
+  return KVBM_OK;
+}
+
 int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
   return release_one(p, id, priority);
 }

@@ -9,7 +9,8 @@
  *   table's end) stay findable through every deletion.
  * - inactive pool: free blocks before any eviction; lowest priority first,
  *   then least recently released; tail-first release evicts the tail first;
- *   a match takes a block out of the cache; all-or-nothing alloc; clear.
+ *   a match takes a block out of the cache; all-or-nothing alloc; clear;
+ *   a demoted block is the first evicted.
  * - prefill: fill_run == alloc + fill per block (parents chained, dedup,
  *   ENOSPC without change, evicting for block k before looking up k + 1);
  *   keep_tokens off; peek takes no reference.
@@ -438,6 +439,35 @@ static void test_eviction_order(void **state) {
   /* A batch alloc evicts in the same order as single ones. */
   kvbm_pool_destroy(p);
   free(log);
+}
+
+/* A demoted cached block is evicted first, ahead of every priority and
+ * release order; demoting another after it puts that one first; a held
+ * block cannot be demoted. */
+static void test_demote(void **state) {
+  (void)state;
+  enum { N = 6 };
+  kvbm_pool *p = tu_pool(N, BS, KVBM_HASH_NATIVE, false, NULL);
+  uint32_t c[N];
+  uint64_t h[N];
+  for (int i = 0; i < N; i++) c[i] = tu_register_new(p, BS, 0, 0, false, (uint32_t)i + 500, &h[i]);
+  assert_int_equal(kvbm_block_demote(p, c[0]), KVBM_ESTATE); /* held */
+  for (int i = 0; i < N; i++) assert_int_equal(kvbm_block_release(p, c[i], i == 5 ? 0 : 9), KVBM_OK);
+  /* without demotion c[5] (priority 0) would go first, then c[0] */
+  assert_int_equal(kvbm_block_demote(p, c[3]), KVBM_OK);
+  assert_int_equal(kvbm_block_demote(p, c[4]), KVBM_OK);
+  kvbm_block_info bi;
+  assert_int_equal(kvbm_block_info_get(p, c[4], &bi), KVBM_OK);
+  assert_int_equal(bi.priority, 0);
+  assert_int_equal(tu_alloc1(p), c[4]);
+  assert_int_equal(tu_alloc1(p), c[3]);
+  assert_int_equal(tu_alloc1(p), c[5]);
+  assert_int_equal(tu_alloc1(p), c[0]);
+  assert_false(kvbm_pool_contains(p, h[3]));
+  assert_true(kvbm_pool_contains(p, h[1]));
+  assert_int_equal(kvbm_block_demote(p, c[3]), KVBM_ESTATE); /* evicted: held by us, not registered */
+  assert_int_equal(kvbm_block_demote(p, N), KVBM_EINVAL);
+  kvbm_pool_destroy(p);
 }
 
 /* A batch allocation evicts in the same order, and reports each REMOVED. */
@@ -928,6 +958,7 @@ static void test_listener_counts(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_register_then_match),
+      cmocka_unit_test(test_demote),
       cmocka_unit_test(test_dedup_active),
       cmocka_unit_test(test_dedup_cached),
       cmocka_unit_test(test_dedup_shared_duplicate),
