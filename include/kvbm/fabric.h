@@ -286,6 +286,12 @@ KVBM_EXTERN void kvbm_fabric_local_set_release(kvbm_fabric_local_set *ls);
 KVBM_EXTERN int kvbm_fabric_import(kvbm_fabric *f, const uint8_t *buf, size_t len,
                        kvbm_fabric_remote_set **out, kvbm_error *err);
 
+/* The layout inside an exported set, without importing it (no access is
+ * prepared, nothing is kept): to check a peer's blocks before taking its
+ * memory. The envelope's and the layout decoder's errors. */
+KVBM_EXTERN int kvbm_fabric_export_layout(const uint8_t *buf, size_t len, kvbm_layout *out,
+                                          kvbm_error *err);
+
 /* The imported layout (region_base are the peer's addresses). */
 KVBM_EXTERN const kvbm_layout_desc *kvbm_fabric_remote_desc(const kvbm_fabric_remote_set *rs);
 
@@ -402,8 +408,10 @@ typedef struct kvbm_block_msg {
   uint64_t layout_id;      /* the receiver's export it was laid out for */
   kvbm_frame_phase phase;  /* the frame's phase label (ADR-0006) */
   const uint8_t *body;     /* encode: the block bytes (hashed; copied unless
-                              placed). decode: points into the input buffer
-                              (no copy); NULL when placed */
+                              placed; placed and NULL: frame.checksum is
+                              their checksum, computed by the caller).
+                              decode: points into the input buffer (no
+                              copy); NULL when placed */
   size_t body_len;
   int placed;              /* the bytes travel separately, to block_id */
   uint64_t block_id;       /* placed: the receiver's block holding them */

@@ -40,7 +40,7 @@ size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len) {
 }
 
 int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, size_t *len, kvbm_error *err) {
-  if (!m || !out || !len || (!m->tokens && m->num_tokens) || (!m->body && m->body_len))
+  if (!m || !out || !len || (!m->tokens && m->num_tokens) || (!m->body && m->body_len && !m->placed))
     return kvbm_error_set(err, KVBM_EINVAL, "block message: NULL argument");
   size_t need = m->placed ? kvbm_block_msg_placed_size(m->num_tokens) : kvbm_block_msg_size(m->num_tokens, m->body_len);
   if (need == 0 || m->body_len > UINT32_MAX)
@@ -56,7 +56,10 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
   if (m->placed) {
     put64(frame, m->block_id);
     frame += 8;
-    rc = kvbm_frame_encode_header(m->phase, m->body, m->body_len, frame, err);
+    /* The bytes went ahead: hash them here, or take the checksum the
+     * caller computed (body NULL). */
+    rc = m->body ? kvbm_frame_encode_header(m->phase, m->body, m->body_len, frame, err)
+                 : kvbm_frame_encode_header_sum(m->phase, m->body_len, m->frame.checksum, frame, err);
     flen += 8;
   } else {
     rc = kvbm_frame_encode(m->phase, m->body, m->body_len, frame, cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);

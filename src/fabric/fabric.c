@@ -444,6 +444,18 @@ int kvbm_fabric_read_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs, ui
   return layers_rma(f, rs, false, block, layers, num_layers, layer_bytes, err);
 }
 
+int kvbm_fabric_export_layout(const uint8_t *buf, size_t len, kvbm_layout *out, kvbm_error *err) {
+  if (!buf || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL export or layout");
+  kvbm_layout_desc d;
+  kvbm_fabric_wire_region *regions = NULL;
+  int rc = kvbm__fabric_wire_decode(buf, len, &d, &regions, err);
+  if (rc) return rc;
+  *out = d.layout;
+  kvbm_layout_desc_release(&d);
+  free(regions);
+  return KVBM_OK;
+}
+
 int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs, kvbm_error *err) {
   if (!ours || !theirs) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL layout");
   const kvbm_layout_config *a = &ours->config, *b = &theirs->config;

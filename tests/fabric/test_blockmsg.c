@@ -154,6 +154,21 @@ static void test_placed(void **state) {
   buf[len] = 0;
   assert_int_equal(kvbm_block_msg_decode(buf, len + 1, NT, BODY, toks, &d, &e), KVBM_ETOOLONG);
   assert_int_equal(kvbm_block_msg_encode(&m, buf, len - 1, &len, &e), KVBM_ENOSPC);
+
+  /* placed, the checksum computed by the caller (body NULL): the same bytes */
+  g_body[BODY / 3] ^= 0x40; /* back to what the first message framed */
+  uint8_t again[512];
+  size_t len2;
+  kvbm_block_msg pre = m;
+  pre.body = NULL;
+  kvbm_blake3_hash(g_body, BODY, pre.frame.checksum, 16);
+  assert_int_equal(kvbm_block_msg_encode(&pre, again, sizeof again, &len2, &e), KVBM_OK);
+  assert_int_equal(kvbm_block_msg_encode(&m, buf, sizeof buf, &len, &e), KVBM_OK);
+  assert_int_equal(len2, len);
+  assert_memory_equal(again, buf, len);
+  /* not placed, a body is still required */
+  pre.placed = 0;
+  assert_int_equal(kvbm_block_msg_encode(&pre, again, sizeof again, &len2, &e), KVBM_EINVAL);
 }
 
 int main(void) {

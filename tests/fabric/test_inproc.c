@@ -324,6 +324,11 @@ static void test_layout_bridge(void **state) {
     uint8_t *wire;
     size_t wlen;
     assert_int_equal(kvbm_fabric_export(ls, &wire, &wlen, NULL), KVBM_OK);
+    /* the export's layout, read without importing it */
+    kvbm_layout peek;
+    assert_int_equal(kvbm_fabric_export_layout(wire, wlen, &peek, NULL), KVBM_OK);
+    assert_memory_equal(&peek, &tb.desc.layout, sizeof peek);
+    assert_int_equal(kvbm_fabric_export_layout(wire, wlen - 1, &peek, NULL), KVBM_ETRUNCATED);
     kvbm_fabric_remote_set *rs;
     assert_int_equal(kvbm_fabric_import(a, wire, wlen, &rs, NULL), KVBM_OK);
     uint64_t ls_bytes = la.layer_stride;
