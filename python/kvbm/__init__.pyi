@@ -63,6 +63,7 @@ class RangeError(Error, IndexError): ...            # KVBM_ERANGE
 class DeviceError(Error): ...                       # KVBM_EDEVICE
 class AuthError(Error): ...                         # KVBM_EAUTH
 class PhaseError(Error, ValueError): ...            # KVBM_EPHASE
+class DisaggregationUnavailableError(Error): ...    # KVBM_EDISAGG
 
 # ---- hashing, BLAKE3, frames ---------------------------------------------
 

@@ -94,6 +94,8 @@ static const errclass ERRCLASSES[] = {
   {KVBM_EAUTH, "AuthError", -1, NULL, "A peer failed to prove the shared key (KVBM_EAUTH)."},
   {KVBM_EPHASE, "PhaseError", -1, &PyExc_ValueError,
    "Unknown phase label: a frame's byte 12 is 0..2 (KVBM_EPHASE)."},
+  {KVBM_EDISAGG, "DisaggregationUnavailableError", -1, NULL,
+   "Disaggregation unavailable: the manager has no fabric attached (KVBM_EDISAGG)."},
   {KVBMPY_BUSY, "BusyError", 3, NULL,
    "The object is in use by another thread (a call that released the GIL is still\n"
    "running on it). Carries status KVBM_ESTATE."},

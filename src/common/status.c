@@ -39,6 +39,7 @@ static const struct {
     {"KVBM_EDEVICE", "no such device"},
     {"KVBM_EAUTH", "authentication failed"},
     {"KVBM_EPHASE", "unknown phase label"},
+    {"KVBM_EDISAGG", "disaggregation unavailable"},
 };
 
 #define NSTATUS (sizeof kStatus / sizeof kStatus[0])

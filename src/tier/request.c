@@ -30,6 +30,16 @@
  * forwarded to G3 and G4 once G2 has it; or puts from G1/G2 into G3 and
  * G4). A queue without room or a tier without an evictable block skips the
  * copy and counts it: commit never waits.
+ *
+ * Phases (ADR-0006): every full block gets a label when it fills (the
+ * prompt at prefill, generated tokens at append): THINK_ACTIVE while the
+ * engine says the request reasons, OUTPUT_CRITICAL otherwise. ExitThink
+ * turns the reasoning's labels into THINK_COMPLETE, asks disagg.c to push
+ * them to peer 0 once offload_threshold_blocks of them are committed (at
+ * ExitThink or a later commit), and destroy demotes them in G1 (first in
+ * line for eviction). With output_pull, a prefill whose walk stops at a
+ * block that a peer acknowledged asks that peer for the blocks from there
+ * and walks again once they came (or pull_timeout_ms passed).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -50,6 +60,22 @@ static int keep_tokens(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   }
   if (n) memcpy(r->tokens + r->ntok, tokens, n * sizeof *tokens);
   r->ntok += n;
+  return KVBM_OK;
+}
+
+/* Labels the full blocks not labelled yet with the current fill phase. */
+static int label_full(kvbm_mreq *r) {
+  size_t nfull = r->ntok / r->m->cfg.block_size;
+  if (nfull > r->phase_cap) {
+    size_t cap = r->phase_cap ? r->phase_cap : 64;
+    while (cap < nfull) cap *= 2;
+    uint8_t *p = realloc(r->phase, cap);
+    if (!p) return KVBM_ENOMEM;
+    r->phase = p;
+    r->phase_cap = cap;
+  }
+  for (size_t k = r->labeled; k < nfull; k++) r->phase[k] = r->fill;
+  if (nfull > r->labeled) r->labeled = nfull;
   return KVBM_OK;
 }
 
@@ -249,6 +275,18 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
     kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
     size_t g1_cached;
     size_t w = walk_all(m, hashes, K, r->src, &onboards, &g1_cached);
+    uint32_t peer;
+    if (m->cfg.output_pull && w < K && kvbm__disagg_remote(m, hashes[w], &peer)) {
+      /* OutputCritical pull: the blocks from the first one held only at a
+       * peer, asked back from it; the walk is taken again once they came
+       * (the lock is dropped meanwhile, as for a G4 lookup). */
+      size_t run = 1;
+      while (w + run < K && kvbm__disagg_remote(m, hashes[w + run], NULL)) run++;
+      pthread_mutex_unlock(&m->mu);
+      size_t got = kvbm__disagg_pull(m, peer, hashes + w, run);
+      pthread_mutex_lock(&m->mu);
+      if (got) w = walk_all(m, hashes, K, r->src, &onboards, &g1_cached);
+    }
     /* Everything past the walk gets new blocks; onboards take theirs
      * first. Too little room: forget the lower tiers, keep the G1 prefix,
      * and apply W1's own check to that. */
@@ -283,6 +321,11 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
     if (rc == KVBM_ENOSPC)
       return kvbm_error_set(err, rc, "manager: a prompt of %zu tokens does not fit in G1", n);
     return kvbm_error_set(err, rc, "manager: prefill: %s", kvbm_strerror(rc));
+  }
+  r->fill = KVBM_PHASE_OUTPUT_CRITICAL; /* the prompt: needed at every step */
+  if (label_full(r)) {
+    kvbm_mreq_destroy(r);
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: prefill: out of memory");
   }
   if (matched_tokens) *matched_tokens = matched;
   *out = r;
@@ -386,7 +429,7 @@ int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   rc = kvbm_seq_append(r->seq, tokens, n);
   pthread_mutex_unlock(&r->m->mu);
   if (rc) r->ntok = before;
-  return rc;
+  return rc ? rc : label_full(r);
 }
 
 /* The policy's part of one use: in tier t, refresh the block if held,
@@ -447,7 +490,8 @@ static void use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, u
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
   if (g1->state[g1id] != KVBM__READY) return; /* another request's, not written yet */
   kvbm__job j = {.kind = KVBM__J_DOWN, .tier = KVBM_TIER_G2, .prio = r->prio, .hash = h,
-                 .parent = parent, .has_parent = has_parent, .b = b};
+                 .parent = parent, .has_parent = has_parent, .b = b,
+                 .phase = k < r->labeled ? r->phase[k] : KVBM_PHASE_OUTPUT_CRITICAL};
   for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
   j.id[KVBM_TIER_G1] = g1id;
   bool g2_write = false, g2_ready = false;
@@ -527,6 +571,37 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
     kvbm__workers_kick(m);
   }
   pthread_mutex_unlock(&m->mu);
+  /* ExitThink's push waits for enough committed THINK_COMPLETE blocks. */
+  if (r->exit_pending) kvbm__disagg_exit_think(r);
+  return KVBM_OK;
+}
+
+int kvbm_mreq_set_phase(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err) {
+  if (!r) return kvbm_error_set(err, KVBM_EINVAL, "manager: set_phase: NULL request");
+  if (phase != KVBM_REQUEST_REASONING && phase != KVBM_REQUEST_EXIT_THINK && phase != KVBM_REQUEST_OUTPUT)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: set_phase: %d is not a request phase (1..3)", (int)phase);
+  if (phase == KVBM_REQUEST_REASONING && r->stage >= KVBM_REQUEST_EXIT_THINK)
+    return kvbm_error_set(err, KVBM_ESTATE, "manager: set_phase: reasoning again after ExitThink");
+  /* Blocks that filled before this call keep the phase they filled in. */
+  int rc = label_full(r);
+  if (rc) return kvbm_error_set(err, rc, "manager: set_phase: out of memory");
+  if (phase == KVBM_REQUEST_EXIT_THINK && r->stage == KVBM_REQUEST_REASONING) {
+    for (size_t k = 0; k < r->labeled; k++)
+      if (r->phase[k] == KVBM_PHASE_THINK_ACTIVE) r->phase[k] = KVBM_PHASE_THINK_COMPLETE;
+    r->exit_pending = r->m->cfg.offload_threshold_blocks > 0;
+  }
+  r->fill = phase == KVBM_REQUEST_REASONING ? KVBM_PHASE_THINK_ACTIVE : KVBM_PHASE_OUTPUT_CRITICAL;
+  r->stage = (uint8_t)phase;
+  if (r->exit_pending) kvbm__disagg_exit_think(r);
+  return KVBM_OK;
+}
+
+int kvbm_mreq_block_phase(const kvbm_mreq *r, size_t k, kvbm_frame_phase *out) {
+  if (!r || !out) return KVBM_EINVAL;
+  size_t nfull = r->ntok / r->m->cfg.block_size;
+  if (k >= nfull) return KVBM_ERANGE;
+  /* a block filled since the last label (none: append labels) */
+  *out = k < r->labeled ? (kvbm_frame_phase)r->phase[k] : (kvbm_frame_phase)r->fill;
   return KVBM_OK;
 }
 
@@ -552,9 +627,25 @@ void kvbm_mreq_destroy(kvbm_mreq *r) {
     uint8_t *st = r->m->t[KVBM_TIER_G1].state;
     for (size_t k = 0; k < nb; k++)
       if (st[ids[k]] == KVBM__UNCOMPUTED && r->m->g1_owner[ids[k]] == r->serial) st[ids[k]] = KVBM__FAILED;
+    /* Reasoning that has ended is known cold: once released, its blocks
+     * are the first G1 evicts (those another request still holds are
+     * not released, and keep their place). */
+    uint32_t *cold = NULL;
+    size_t ncold = 0;
+    for (size_t k = 0; k < r->labeled && k < nb; k++)
+      if (r->phase[k] == KVBM_PHASE_THINK_COMPLETE) ncold++;
+    if (ncold && (cold = malloc(ncold * sizeof *cold))) {
+      ncold = 0;
+      for (size_t k = 0; k < r->labeled && k < nb; k++)
+        if (r->phase[k] == KVBM_PHASE_THINK_COMPLETE) cold[ncold++] = ids[k];
+    }
     kvbm_seq_destroy(r->seq);
+    /* Tail first, so that the oldest reasoning ends up first in line. */
+    for (size_t i = cold ? ncold : 0; i-- > 0;) (void)kvbm_block_demote(r->m->t[KVBM_TIER_G1].pool, cold[i]);
+    free(cold);
     pthread_mutex_unlock(&r->m->mu);
   }
+  free(r->phase);
   free(r->tokens);
   free(r->src);
   free(r);
