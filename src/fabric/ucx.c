@@ -51,6 +51,7 @@
  * set with ucp_config_modify() on this context only: the environment is
  * never changed.
  */
+#include <stdatomic.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +59,9 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 #include <ucp/api/ucp.h>
 
 #include "fabric/auth.h"
@@ -590,11 +594,49 @@ static void ux_key_detach(kvbm_fabric *f, void *rkey) {
   ucp_rkey_destroy(rkey);
 }
 
+/* A copy with non-temporal stores when both ends are 16-byte aligned and
+ * the copy is large (the destination is not read for ownership and does
+ * not evict the cache), memcpy otherwise. Ends with a store fence: the
+ * bytes are visible to the peer before any later message about them. */
+static void copy_out(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= 65536 && ((uintptr_t)dst | (uintptr_t)src) % 16 == 0) {
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      __m128i a = _mm_load_si128((const __m128i *)(s + i)), b = _mm_load_si128((const __m128i *)(s + i + 16));
+      __m128i c = _mm_load_si128((const __m128i *)(s + i + 32)), e = _mm_load_si128((const __m128i *)(s + i + 48));
+      _mm_stream_si128((__m128i *)(d + i), a);
+      _mm_stream_si128((__m128i *)(d + i + 16), b);
+      _mm_stream_si128((__m128i *)(d + i + 32), c);
+      _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    memcpy(d + i, s + i, n - i);
+    _mm_sfence();
+    return;
+  }
+#endif
+  memcpy(dst, src, n);
+  atomic_thread_fence(memory_order_release);
+}
+
 static int ux_rma(kvbm_fabric *f, bool write, void *rkey, uint64_t raddr, void *local, size_t len, void *lreg,
                   kvbm_error *err) {
   ucx_fabric *u = U(f);
   if (u->peer_closed)
     return kvbm_error_set(err, KVBM_ECLOSED, "fabric: peer '%s' is closed", f->peer_name);
+  /* The peer's memory mapped here (UCX's shared-memory transports): the
+   * access is a copy by this thread, complete when it returns, with no
+   * UCX request at all. Otherwise a put or get. */
+  void *mapped;
+  if (ucp_rkey_ptr(rkey, raddr, &mapped) == UCS_OK) {
+    if (write)
+      copy_out(mapped, local, len);
+    else
+      memcpy(local, mapped, len);
+    return KVBM_OK;
+  }
   ucp_request_param_t p = {0};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = op_done;
