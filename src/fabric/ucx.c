@@ -51,7 +51,6 @@
  * set with ucp_config_modify() on this context only: the environment is
  * never changed.
  */
-#include <stdatomic.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -596,8 +595,10 @@ static void ux_key_detach(kvbm_fabric *f, void *rkey) {
 
 /* A copy with non-temporal stores when both ends are 16-byte aligned and
  * the copy is large (the destination is not read for ownership and does
- * not evict the cache), memcpy otherwise. Ends with a store fence: the
- * bytes are visible to the peer before any later message about them. */
+ * not evict the cache), memcpy otherwise. The non-temporal stores end
+ * with a store fence (they are weakly ordered); regular stores need none
+ * here: the later message about the bytes goes through UCX, whose
+ * shared-memory FIFO fences before it publishes an element. */
 static void copy_out(void *dst, const void *src, size_t n) {
 #if defined(__x86_64__)
   if (n >= 65536 && ((uintptr_t)dst | (uintptr_t)src) % 16 == 0) {
@@ -618,7 +619,6 @@ static void copy_out(void *dst, const void *src, size_t n) {
   }
 #endif
   memcpy(dst, src, n);
-  atomic_thread_fence(memory_order_release);
 }
 
 static int ux_rma(kvbm_fabric *f, bool write, void *rkey, uint64_t raddr, void *local, size_t len, void *lreg,
