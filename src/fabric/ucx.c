@@ -33,6 +33,12 @@
  * layer has already range-checked; completion is by kvbm_fabric_flush(),
  * which waits for every request and then flushes the endpoint (remote
  * completion), after which the writer notifies the target with a push.
+ * When ucp_rkey_ptr maps the peer's region here (UCX's shared-memory
+ * transports, into memory UCX allocated), a read or write is instead a
+ * copy by the calling thread, done when it returns: UCX's put would do the
+ * same copy with glibc's memcpy, and large writes go faster with
+ * non-temporal stores (see copy_out). Host memory only: the generic layer
+ * refuses DEVICE memory before a region gets here.
  *
  * Progress. UCX makes progress only inside ucp_worker_progress(), which
  * every waiting call runs in a loop. The loop spins while there is work and
