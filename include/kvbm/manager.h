@@ -196,14 +196,32 @@ typedef struct kvbm_manager_config {
                                   ThinkComplete blocks to peer 0 in one batch
                                   once at least this many are ready
                                   (committed) (8; 0: never) */
-  bool output_pull;            /* a prefill whose walk stops at a block
-                                  held at a peer and nowhere here pulls it
-                                  (and the blocks after it) back from the
-                                  peer instead of leaving it to be
-                                  recomputed (false: the ADR defers this
-                                  policy) */
+  bool output_pull;            /* the OutputCritical pull (false: the ADR
+                                  defers this policy). Only for a prefill
+                                  of a request in the output phase
+                                  (kvbm_manager_prefill, or
+                                  kvbm_manager_prefill_phase with OUTPUT;
+                                  never REASONING), with a peer attached:
+                                  1. room: when G1 has fewer free blocks
+                                  than the prefill will take (the rest of
+                                  the prompt and its onboards, pulled
+                                  blocks included), cached G1 copies of
+                                  blocks a peer acknowledged holding are
+                                  dropped, in eviction order (ThinkComplete
+                                  ones first: demoted), until enough are
+                                  free or none is left; blocks held only
+                                  here, and the prefill's own hits, are not
+                                  touched (peer stats: dropped_for_room);
+                                  2. pull: if the walk stops at a block
+                                  held nowhere here but acknowledged by a
+                                  peer, that block and the peer-held ones
+                                  after it are asked back (pulls_asked,
+                                  pulled_blocks) and the walk is taken
+                                  again; the prefill's G1 hits are pinned
+                                  meanwhile, so the landing evicts none.
+                                  Appends (decode) never pull. */
   int32_t pull_timeout_ms;     /* longest such a prefill waits for the
-                                  pulled blocks (200) */
+                                  pulled blocks, the lock dropped (200) */
 } kvbm_manager_config;
 
 /* The defaults above. */
@@ -487,6 +505,8 @@ typedef struct kvbm_peer_stats {
   uint64_t grants_given, grants_received;
   uint64_t exit_think_batches, exit_think_blocks; /* ExitThink offloads */
   uint64_t pulls_asked, pulled_blocks;            /* OutputCritical pulls */
+  uint64_t dropped_for_room; /* G1 copies of blocks this peer holds that
+                                an OutputCritical prefill dropped for room */
   char last_refusal[KVBM_ERROR_MSG_MAX];          /* why the last refused block was */
 } kvbm_peer_stats;
 
@@ -566,6 +586,19 @@ typedef enum kvbm_request_phase {
  * EXIT_THINK (one reasoning span per request). EXIT_THINK's push, if due,
  * happens here: its errors are counted in the peer's stats, not returned. */
 KVBM_EXTERN int kvbm_mreq_set_phase(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err);
+
+/* kvbm_manager_prefill for a request whose phase the engine knows at the
+ * start: KVBM_REQUEST_REASONING (what fills after the prompt is
+ * ThinkActive, and the prefill is not an OutputCritical allocation: it
+ * never pulls nor drops anything for room, see output_pull),
+ * KVBM_REQUEST_OUTPUT, or 0 (not said: kvbm_manager_prefill, treated as
+ * output). The prompt's own blocks are labelled OUTPUT_CRITICAL either
+ * way. Another phase: KVBM_EINVAL, nothing created. Otherwise as
+ * kvbm_manager_prefill (same errors, threads and cost). */
+KVBM_EXTERN int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+                                           kvbm_request_phase phase, const uint32_t *tokens,
+                                           size_t n, kvbm_mreq **out, size_t *matched_tokens,
+                                           kvbm_error *err);
 
 /* The label of full block k (KVBM_ERANGE past the full blocks). */
 KVBM_EXTERN int kvbm_mreq_block_phase(const kvbm_mreq *r, size_t k, kvbm_frame_phase *out);

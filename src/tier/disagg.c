@@ -1211,3 +1211,32 @@ size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes,
   pthread_mutex_unlock(&p->mu);
   return got;
 }
+
+/* kvbm_pool_evict_where's choice: a block some peer acknowledged (counted
+ * to the first such peer). Under m->mu, so the lock order holds. */
+static bool held_by_peer(void *user, uint32_t id, uint64_t h) {
+  kvbm_manager *m = user;
+  bool found = false;
+  (void)id;
+  pthread_mutex_lock(&m->peers_mu);
+  for (uint32_t i = 0; !found && i < m->npeers; i++) {
+    kvbm__peer *p = m->peers[i];
+    pthread_mutex_lock(&p->mu);
+    if (!p->detached && remote_has(p, h)) {
+      found = true;
+      p->st.dropped_for_room++;
+    }
+    pthread_mutex_unlock(&p->mu);
+  }
+  pthread_mutex_unlock(&m->peers_mu);
+  return found;
+}
+
+size_t kvbm__disagg_make_room(kvbm_manager *m, size_t need) {
+  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
+  kvbm_pool_stats s;
+  kvbm_pool_stats_get(g1, &s);
+  if (s.free >= need || peer_count(m) == 0) return 0;
+  size_t want = need - s.free;
+  return kvbm_pool_evict_where(g1, want > UINT32_MAX ? UINT32_MAX : (uint32_t)want, held_by_peer, m);
+}

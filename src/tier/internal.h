@@ -302,5 +302,10 @@ bool kvbm__disagg_remote(kvbm_manager *m, uint64_t h, uint32_t *peer);
 /* Asks `peer` for hashes[0..n) back and waits (at most pull_timeout_ms)
  * until they are ingested here; returns how many were. Without the lock. */
 size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes, size_t n);
+/* The OutputCritical pull's room: while G1 has fewer than `need` free
+ * blocks, drops cached G1 blocks that a peer acknowledged holding, in
+ * eviction order (ThinkComplete ones lead: they were demoted). Returns how
+ * many were dropped. Lock held. */
+size_t kvbm__disagg_make_room(kvbm_manager *m, size_t need);
 
 #endif /* KVBM_TIER_INTERNAL_H */

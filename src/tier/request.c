@@ -241,11 +241,58 @@ static size_t g1_prefix(kvbm_manager *m, const kvbm_mreq *r, const uint64_t *has
   return k;
 }
 
+/* The OutputCritical pull (output_pull, a request in the output phase;
+ * the policy is kvbm/manager.h's, at output_pull). When G1 has fewer free
+ * blocks than the prefill will take (the rest of the prompt and the
+ * onboards; pulled blocks are among them), cached G1 copies of blocks a
+ * peer acknowledged are dropped first, ThinkComplete ones leading; then
+ * the blocks from the first one held only at a peer are asked back from
+ * it, the lock dropped while it answers (as for a G4 lookup). The walk's
+ * G1 hits are pinned meanwhile, so that neither the room made nor the
+ * blocks landing evict them, and the walk is taken again. Lock held. */
+static size_t output_pull(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t K,
+                          size_t total, size_t w, size_t *onboards, size_t *g1_cached) {
+  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
+  uint32_t peer = 0;
+  size_t run = 0;
+  if (w < K && kvbm__disagg_remote(m, hashes[w], &peer)) {
+    run = 1;
+    while (w + run < K && kvbm__disagg_remote(m, hashes[w + run], NULL)) run++;
+  }
+  kvbm_pool_stats s;
+  kvbm_pool_stats_get(g1, &s);
+  const size_t need = total - w + *onboards;
+  if (run == 0 && s.free >= need) return w;
+  uint32_t *held = malloc((w ? w : 1) * sizeof *held);
+  if (!held) return w;
+  size_t nheld = 0;
+  for (size_t k = 0; k < w; k++)
+    if (r->src[k] == KVBM_TIER_G1) KVBM__MUST(kvbm_pool_match(g1, hashes[k], &held[nheld++]));
+  kvbm__disagg_make_room(m, need);
+  if (run) {
+    pthread_mutex_unlock(&m->mu);
+    (void)kvbm__disagg_pull(m, peer, hashes + w, run);
+    pthread_mutex_lock(&m->mu);
+  }
+  for (size_t i = nheld; i-- > 0;) KVBM__MUST(kvbm_block_release(g1, held[i], r->prio));
+  free(held);
+  return walk_all(m, hashes, K, r->src, onboards, g1_cached);
+}
+
 int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
                          const uint32_t *tokens, size_t n, kvbm_mreq **out,
                          size_t *matched_tokens, kvbm_error *err) {
+  return kvbm_manager_prefill_phase(m, salt_hash, priority, 0, tokens, n, out, matched_tokens, err);
+}
+
+int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+                               kvbm_request_phase phase, const uint32_t *tokens, size_t n,
+                               kvbm_mreq **out, size_t *matched_tokens, kvbm_error *err) {
   if (!m || !tokens || !out || n == 0)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: prefill needs a manager, tokens (n >= 1) and out");
+  if (phase != 0 && phase != KVBM_REQUEST_REASONING && phase != KVBM_REQUEST_OUTPUT)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: prefill: %d is not a starting phase (reasoning 1, output 3)",
+                          (int)phase);
   const size_t B = m->cfg.block_size, K = (n - 1) / B, nfull = n / B;
   const size_t total = nfull + (n % B != 0);
   kvbm_mreq *r = calloc(1, sizeof *r);
@@ -255,6 +302,7 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
   int rc = r && hashes && pins && sid ? KVBM_OK : KVBM_ENOMEM;
   if (!rc) {
     r->m = m;
+    r->stage = (uint8_t)phase; /* read by the pull; labels come after */
     r->salt = salt_hash;
     r->prio = priority;
     r->settled = SIZE_MAX;
@@ -275,18 +323,9 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
     kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
     size_t g1_cached;
     size_t w = walk_all(m, hashes, K, r->src, &onboards, &g1_cached);
-    uint32_t peer;
-    if (m->cfg.output_pull && w < K && kvbm__disagg_remote(m, hashes[w], &peer)) {
-      /* OutputCritical pull: the blocks from the first one held only at a
-       * peer, asked back from it; the walk is taken again once they came
-       * (the lock is dropped meanwhile, as for a G4 lookup). */
-      size_t run = 1;
-      while (w + run < K && kvbm__disagg_remote(m, hashes[w + run], NULL)) run++;
-      pthread_mutex_unlock(&m->mu);
-      size_t got = kvbm__disagg_pull(m, peer, hashes + w, run);
-      pthread_mutex_lock(&m->mu);
-      if (got) w = walk_all(m, hashes, K, r->src, &onboards, &g1_cached);
-    }
+    /* An OutputCritical allocation: a request in the output phase. */
+    if (m->cfg.output_pull && r->stage != KVBM_REQUEST_REASONING)
+      w = output_pull(m, r, hashes, K, total, w, &onboards, &g1_cached);
     /* Everything past the walk gets new blocks; onboards take theirs
      * first. Too little room: forget the lower tiers, keep the G1 prefix,
      * and apply W1's own check to that. */
@@ -327,6 +366,8 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
     kvbm_mreq_destroy(r);
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: prefill: out of memory");
   }
+  /* A request that starts reasoning: what fills next is ThinkActive. */
+  if (phase == KVBM_REQUEST_REASONING) r->fill = KVBM_PHASE_THINK_ACTIVE;
   if (matched_tokens) *matched_tokens = matched;
   *out = r;
   return KVBM_OK;
