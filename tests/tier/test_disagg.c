@@ -557,12 +557,175 @@ static void test_output_pull(void **state) {
   pull_case(true);
 }
 
+/* One request's life at priority `prio` (tu_run's is 0). */
+static void run_prio(kvbm_manager *m, const uint32_t *tok, size_t n, uint8_t prio) {
+  kvbm_mreq *r;
+  kvbm_mreq_info info;
+  assert_int_equal(kvbm_manager_prefill(m, 0, prio, tok, n, &r, NULL, NULL), KVBM_OK);
+  kvbm_mreq_wait(r, -1, &info);
+  tu_compute(m, r, info.matched_tokens / 4);
+  assert_int_equal(kvbm_mreq_commit(r), KVBM_OK);
+  kvbm_mreq_destroy(r);
+}
+
+/* Offloads h[0..n) to peer 0, tail first: each offload re-releases its
+ * block, so the head ends up the most recently used, as a request's
+ * release leaves it. */
+static void offload_all(kvbm_manager *m, const uint64_t *h, size_t n) {
+  for (size_t k = n; k-- > 0;)
+    assert_int_equal(kvbm_manager_offload_block(m, 0, h[k], KVBM_PHASE_OUTPUT_CRITICAL, NULL), KVBM_OK);
+  assert_int_equal(kvbm_manager_peer_flush(m, 0, 5000, NULL), KVBM_OK);
+}
+
+static bool held_in_g1(kvbm_manager *m, uint64_t h) {
+  kvbm_block_location loc;
+  assert_int_equal(kvbm_manager_block_location(m, h, &loc), KVBM_OK);
+  return loc.held && !loc.remote && loc.tier == KVBM_TIER_G1;
+}
+
+enum { PULL_OFF, PULL_REASONING, PULL_OUTPUT };
+
+/* G1 (16 blocks) with no free block, built so that eviction order is
+ *   TC (2 ThinkComplete, demoted, at the peer), Q0 Q1 (the prompt's
+ *   head, at the peer), X (7, here only), R0 R1 (a prompt, here only)
+ *   | P (3, priority 9, at the peer),
+ * and Q2..Q5 held only at the peer. A prefill of Q (7 blocks) then needs
+ * 5 blocks. With the pull, for an output-phase request: TC and P are
+ * dropped for room (5), Q0 Q1 kept (pinned hits), Q2..Q5 pulled into the
+ * free blocks, X and R untouched. The old pull (no room made, hits not
+ * pinned) let the landing evict TC, Q1, Q0: the walk then matched nothing;
+ * without room but with pins it evicts X. A reasoning request, or
+ * output_pull off: no pull, no drop, the match stops at Q2. */
+static void room_case(int mode) {
+  kvbm_manager_config c = tu_config(NULL, 16, 0, 0);
+  c.output_pull = mode != PULL_OFF;
+  c.pull_timeout_ms = 5000;
+  c.offload_threshold_blocks = 2;
+  kvbm_manager *a = NULL;
+  assert_int_equal(kvbm_manager_create(&c, &a, NULL), KVBM_OK);
+  pair p = {.a = a, .b = make(64, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0)};
+  pair_attach(&p, NULL, NULL);
+  assert_int_equal(p.rc_a, KVBM_OK);
+  assert_int_equal(p.rc_b, KVBM_OK);
+  uint32_t *rt = tu_prompt(5000, 16), *pt = tu_prompt(6000, 12), *qt = tu_prompt(7000, 25),
+           *xt = tu_prompt(8000, 28);
+  uint64_t rh[4], ph[3], qh[6], xh[7];
+  hashes_of(rt, 16, rh);
+  hashes_of(pt, 12, ph);
+  hashes_of(qt, 25, qh);
+  hashes_of(xt, 28, xh);
+  /* R reasons over 2 blocks after a 2-block prompt: ExitThink pushes the
+   * 2 ThinkComplete blocks; R stays alive (its blocks active) for now. */
+  kvbm_mreq *r = reasoning_request(p.a, rt, 8, 8, 0);
+  assert_int_equal(kvbm_manager_peer_flush(p.a, 0, 5000, NULL), KVBM_OK);
+  kvbm_peer_stats st;
+  kvbm_manager_peer_stats_get(p.a, 0, &st);
+  assert_int_equal(st.exit_think_blocks, 2);
+  run_prio(p.a, pt, 12, 9);
+  offload_all(p.a, ph, 3);
+  run_prio(p.a, pt, 12, 9); /* an offload re-releases at priority 0 */
+  assert_int_equal(tu_run(p.a, qt, 25, NULL, NULL), 0);
+  offload_all(p.a, qh, 6);
+  assert_int_equal(tu_run(p.a, xt, 28, NULL, NULL), 0); /* evicts Q5..Q2 */
+  kvbm_mreq_destroy(r);                                  /* TC demoted */
+  kvbm_tier_stats s;
+  assert_int_equal(kvbm_manager_stats_get(p.a, KVBM_TIER_G1, &s), KVBM_OK);
+  assert_int_equal(s.free, 0);
+  for (int k = 0; k < 2; k++) assert_true(held_in_g1(p.a, qh[k]));
+  for (int k = 2; k < 6; k++) assert_false(held_in_g1(p.a, qh[k]));
+  for (int k = 2; k < 4; k++) assert_true(held_in_g1(p.a, rh[k]));
+
+  /* counts from here on (X's prefill made room too: Q5..Q2) */
+  kvbm_manager_peer_stats_get(p.a, 0, &st);
+  const kvbm_peer_stats before = st;
+  kvbm_mreq *q;
+  kvbm_mreq_info info;
+  kvbm_request_phase phase = mode == PULL_REASONING ? KVBM_REQUEST_REASONING : KVBM_REQUEST_OUTPUT;
+  assert_int_equal(kvbm_manager_prefill_phase(p.a, 0, 0, phase, qt, 25, &q, NULL, NULL), KVBM_OK);
+  kvbm_mreq_wait(q, -1, &info);
+  size_t matched = info.matched_tokens / 4, good = tu_verify(p.a, q, matched);
+  kvbm_manager_peer_stats_get(p.a, 0, &st);
+  if (mode == PULL_OUTPUT) {
+    assert_int_equal(matched, 6);
+    assert_int_equal(good, 6); /* every byte right */
+    assert_int_equal(st.pulls_asked - before.pulls_asked, 1);
+    assert_int_equal(st.pulled_blocks - before.pulled_blocks, 4);
+    assert_int_equal(st.dropped_for_room - before.dropped_for_room, 5);
+    for (int k = 2; k < 4; k++) assert_false(held_in_g1(p.a, rh[k])); /* ThinkComplete: dropped */
+    for (int k = 0; k < 3; k++) assert_false(held_in_g1(p.a, ph[k]));
+    kvbm_block_location loc;
+    kvbm_manager_block_location(p.a, rh[2], &loc);
+    assert_true(loc.remote); /* can be pulled back later */
+  } else {
+    assert_int_equal(matched, 2); /* Q0 Q1; Q2.. to be computed */
+    assert_int_equal(good, 2);
+    assert_int_equal(st.pulls_asked - before.pulls_asked, 0);
+    assert_int_equal(st.pulled_blocks - before.pulled_blocks, 0);
+    assert_int_equal(st.dropped_for_room - before.dropped_for_room, 0);
+    for (int k = 0; k < 3; k++) assert_true(held_in_g1(p.a, ph[k])); /* priority 9: not evicted */
+  }
+  /* blocks held only here are never dropped for room */
+  if (mode == PULL_OUTPUT) {
+    for (int k = 0; k < 7; k++) assert_true(held_in_g1(p.a, xh[k]));
+    for (int k = 0; k < 2; k++) assert_true(held_in_g1(p.a, rh[k]));
+  }
+  kvbm_mreq_destroy(q);
+  free(rt);
+  free(pt);
+  free(qt);
+  free(xt);
+  pair_free(&p);
+}
+
+static void test_pull_off(void **state) {
+  (void)state;
+  room_case(PULL_OFF);
+}
+static void test_pull_reasoning_never(void **state) {
+  (void)state;
+  room_case(PULL_REASONING);
+}
+static void test_pull_room_from_peer_copies(void **state) {
+  (void)state;
+  room_case(PULL_OUTPUT);
+}
+
+/* G1 with free blocks: nothing is dropped, even with blocks a peer holds
+ * cached here; the pull still brings back what the walk needs. */
+static void test_pull_no_room_needed(void **state) {
+  (void)state;
+  kvbm_manager_config c = tu_config(NULL, 32, 0, 0);
+  c.output_pull = true;
+  c.pull_timeout_ms = 5000;
+  c.offload_threshold_blocks = 0;
+  kvbm_manager *a = NULL;
+  assert_int_equal(kvbm_manager_create(&c, &a, NULL), KVBM_OK);
+  pair p = {.a = a, .b = make(64, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0)};
+  pair_attach(&p, NULL, NULL);
+  assert_int_equal(p.rc_a, KVBM_OK);
+  uint32_t *pt = tu_prompt(6000, 12), *qt = tu_prompt(9000, 9);
+  uint64_t ph[3];
+  hashes_of(pt, 12, ph);
+  assert_int_equal(tu_run(p.a, pt, 12, NULL, NULL), 0);
+  offload_all(p.a, ph, 3);
+  assert_int_equal(tu_run(p.a, qt, 9, NULL, NULL), 0);
+  kvbm_peer_stats st;
+  kvbm_manager_peer_stats_get(p.a, 0, &st);
+  assert_int_equal(st.dropped_for_room, 0);
+  for (int k = 0; k < 3; k++) assert_true(held_in_g1(p.a, ph[k]));
+  free(pt);
+  free(qt);
+  pair_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_fabric_defaults), cmocka_unit_test(test_phase_labels),
       cmocka_unit_test(test_exit_think_batch),   cmocka_unit_test(test_offload_push),
       cmocka_unit_test(test_offload_put),        cmocka_unit_test(test_shape_mismatch_refused),
       cmocka_unit_test(test_hostile_peer),       cmocka_unit_test(test_output_pull),
+      cmocka_unit_test(test_pull_off),           cmocka_unit_test(test_pull_reasoning_never),
+      cmocka_unit_test(test_pull_room_from_peer_copies), cmocka_unit_test(test_pull_no_room_needed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
