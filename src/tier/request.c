@@ -37,9 +37,13 @@
  * turns the reasoning's labels into THINK_COMPLETE, asks disagg.c to push
  * them to peer 0 once offload_threshold_blocks of them are committed (at
  * ExitThink or a later commit), and destroy demotes them in G1 (first in
- * line for eviction). With output_pull, a prefill whose walk stops at a
- * block that a peer acknowledged asks that peer for the blocks from there
- * and walks again once they came (or pull_timeout_ms passed).
+ * line for eviction). With output_pull, the prefill of a request in the
+ * output phase (not one that starts reasoning) first makes room in G1
+ * when it has too few free blocks, by dropping cached copies of blocks a
+ * peer acknowledged (in eviction order: ThinkComplete first), then, if its
+ * walk stops at a block that a peer acknowledged, asks that peer for the
+ * blocks from there and walks again once they came (or pull_timeout_ms
+ * passed); its G1 hits are pinned meanwhile (output_pull()).
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -15,7 +15,10 @@
  * a block it was not granted, a wrong length, a bad checksum, a stale
  * layout, a hash that does not follow from its tokens: each refused with
  * its reason, and the decode cache untouched. OutputCritical pull: off,
- * the evicted blocks are recomputed; on, they come back from the peer.
+ * the evicted blocks are recomputed; on, they come back from the peer;
+ * with G1 full, an output-phase prefill drops peer-held copies
+ * (ThinkComplete first, never blocks held only here nor its own hits)
+ * and pulls its blocks back, while a reasoning-phase one does neither.
  */
 #include <pthread.h>
 #include <setjmp.h>
