@@ -3,3 +3,8 @@
 if(TEST blake3_test_threads)
   set_tests_properties(blake3_test_threads PROPERTIES LABELS "blake3;tsan")
 endif()
+# The pool test hashes from several threads on the pool's workers: also
+# under ThreadSanitizer.
+if(TEST blake3_test_pool)
+  set_tests_properties(blake3_test_pool PROPERTIES LABELS "blake3;tsan")
+endif()

@@ -1,7 +1,21 @@
 # tier.cmake (memory tiers area): the threaded tier tests also run under
-# ThreadSanitizer.
+# ThreadSanitizer. The tier links the fabric (peers), so UCX's memory hooks
+# (libucm patches mmap/madvise) are in every tier test and fault under
+# TSan's own interceptors (a thread's exit calls madvise); no test here
+# uses them, so they are switched off, as for the fabric's in-process test.
 foreach(t tier_test_threads tier_test_manager tier_test_events tier_test_g4 tier_test_hints)
   if(TEST ${t})
-    set_tests_properties(${t} PROPERTIES LABELS "tier;tsan")
+    set_tests_properties(${t} PROPERTIES LABELS "tier;tsan" ENVIRONMENT "UCX_MEM_MMAP_HOOK_MODE=none")
   endif()
 endforeach()
+# Peers: the in-process test drives two managers' link threads (also under
+# ThreadSanitizer, with UCX's memory hooks off as for the fabric's
+# in-process test); the UCX test forks the decode worker.
+if(TEST tier_test_disagg)
+  set_tests_properties(tier_test_disagg PROPERTIES
+    LABELS "tier;tsan"
+    ENVIRONMENT "UCX_MEM_MMAP_HOOK_MODE=none")
+endif()
+if(TEST tier_test_disagg_ucx)
+  set_tests_properties(tier_test_disagg_ucx PROPERTIES TIMEOUT 300)
+endif()

@@ -81,11 +81,11 @@ static void listener_reads(const uint8_t *ch, size_t chn, const uint8_t *pr, siz
   }
   /* accepted: the key holder's hello, byte for byte, address inside it */
   CHECK(h.addr >= he && h.addr + h.addr_len <= he + hen && h.addr_len > 0);
-  size_t llen = strlen(h.label);
-  CHECK(llen >= 1 && llen <= KVBM_FABRIC_LABEL_MAX);
+  size_t llen = strlen(h.name);
+  CHECK(llen >= 1 && llen <= KVBM_FABRIC_NAME_MAX);
   uint8_t *again = malloc(hen);
   size_t n = 0;
-  CHECK(again && kvbm__hs_hello_encode(&c, h.label, h.addr, h.addr_len, again, hen, &n, NULL) == KVBM_OK);
+  CHECK(again && kvbm__hs_hello_encode(&c, h.name, h.addr, h.addr_len, again, hen, &n, NULL) == KVBM_OK);
   CHECK(n == hen && memcmp(again, he, n) == 0);
   free(again);
   kvbm__hs_wipe(&c);
@@ -95,7 +95,7 @@ static void listener_reads(const uint8_t *ch, size_t chn, const uint8_t *pr, siz
 static uint32_t rd16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
 
 /* A genuine connector's challenge, proof and hello, in one buffer. */
-static size_t transcript(const uint8_t nonce[KVBM__HELLO_NONCE], const char *label, const uint8_t *addr,
+static size_t transcript(const uint8_t nonce[KVBM__HELLO_NONCE], const char *name, const uint8_t *addr,
                          size_t alen, uint8_t *out, size_t cap) {
   uint8_t key[KVBM__HELLO_KEY];
   CHECK(kvbm__hello_derive(kSecret, sizeof kSecret - 1, key, NULL) == KVBM_OK);
@@ -108,7 +108,7 @@ static size_t transcript(const uint8_t nonce[KVBM__HELLO_NONCE], const char *lab
   if (kvbm__hs_take_challenge(&c, lch, sizeof lch, NULL) != KVBM_OK) return 0; /* our own nonce */
   CHECK(kvbm__hs_proof(&c, out + KVBM__HELLO_AUTH_LEN, NULL) == KVBM_OK);
   size_t n = 0;
-  CHECK(kvbm__hs_hello_encode(&c, label, addr, alen, out + 2 * KVBM__HELLO_AUTH_LEN,
+  CHECK(kvbm__hs_hello_encode(&c, name, addr, alen, out + 2 * KVBM__HELLO_AUTH_LEN,
                               cap - 2 * KVBM__HELLO_AUTH_LEN, &n, NULL) == KVBM_OK);
   return 2 * KVBM__HELLO_AUTH_LEN + n;
 }

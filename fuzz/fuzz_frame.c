@@ -9,7 +9,10 @@
  *     the same bytes;
  *   - the streaming path (header, then the body in pieces whose sizes come
  *     from the input) gives the same verdict as the one-shot decoder;
- *   - a declared length above the limit is refused from the header alone.
+ *   - a declared length above the limit is refused from the header alone;
+ *   - an accepted frame's phase is one of the ADR's three labels, and any
+ *     other byte 12 is refused as KVBM_EPHASE (unless an earlier field
+ *     already failed).
  * Half the time the input's body is wrapped in a freshly encoded valid
  * header with a few bytes mutated, so the fuzzer reaches the checksum and
  * length checks instead of dying at the magic.
@@ -30,7 +33,7 @@
 static int known_status(int rc) {
   switch (rc) {
     case KVBM_OK: case KVBM_ETRUNCATED: case KVBM_EMAGIC: case KVBM_EVERSION:
-    case KVBM_EPADDING: case KVBM_ETIER: case KVBM_ETOOLONG:
+    case KVBM_EPADDING: case KVBM_EPHASE: case KVBM_ETOOLONG:
     case KVBM_ECHECKSUM:
       return 1;
   }
@@ -68,18 +71,23 @@ static void check(const uint8_t *f, size_t len, uint32_t seed) {
   } else {
     CHECK(body == f + 32 && hdr.body_len == len - 32);
     CHECK(hdr.body_len <= MAX_BODY);
+    CHECK((unsigned)hdr.phase < KVBM_FRAME_PHASE_COUNT && f[12] == (uint8_t)hdr.phase);
     uint8_t *again = malloc(len);
     CHECK(again != NULL);
     size_t n = 0;
-    CHECK(kvbm_frame_encode(hdr.tier, body, hdr.body_len, again, len, &n,
+    CHECK(kvbm_frame_encode(hdr.phase, body, hdr.body_len, again, len, &n,
                             NULL) == KVBM_OK);
     CHECK(n == len && memcmp(again, f, len) == 0);
     free(again);
   }
   CHECK(decode_in_pieces(f, len, seed) == rc);
+  /* A bad phase byte behind a good magic, version and padding is EPHASE. */
+  if (len >= 32 && f[12] >= KVBM_FRAME_PHASE_COUNT && rc != KVBM_ETRUNCATED &&
+      rc != KVBM_EMAGIC && rc != KVBM_EVERSION && rc != KVBM_EPADDING)
+    CHECK(rc == KVBM_EPHASE);
   /* A limit below the declared length: refused by the header check. */
   if (len >= 32 && rc != KVBM_ETRUNCATED && rc != KVBM_EMAGIC &&
-      rc != KVBM_EVERSION && rc != KVBM_EPADDING && rc != KVBM_ETIER) {
+      rc != KVBM_EVERSION && rc != KVBM_EPADDING && rc != KVBM_EPHASE) {
     uint32_t declared = (uint32_t)f[8] | (uint32_t)f[9] << 8 |
                         (uint32_t)f[10] << 16 | (uint32_t)f[11] << 24;
     if (declared > 0)
@@ -90,15 +98,15 @@ static void check(const uint8_t *f, size_t len, uint32_t seed) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size > 0 && (data[0] & 1) && size >= 4) {
-    /* data[1..3]: tier, mutation position, mutation xor; rest: body. */
+    /* data[1..3]: phase, mutation position, mutation xor; rest: body. */
     const uint8_t *body = data + 4;
     size_t blen = size - 4;
     size_t len = 0;
-    CHECK(kvbm_frame_encode((kvbm_tier)(data[1] & 3), body, blen, NULL, 0,
+    CHECK(kvbm_frame_encode((kvbm_frame_phase)(data[1] % KVBM_FRAME_PHASE_COUNT), body, blen, NULL, 0,
                             &len, NULL) == KVBM_OK);
     uint8_t *f = malloc(len + 1);
     CHECK(f != NULL);
-    CHECK(kvbm_frame_encode((kvbm_tier)(data[1] & 3), body, blen, f, len,
+    CHECK(kvbm_frame_encode((kvbm_frame_phase)(data[1] % KVBM_FRAME_PHASE_COUNT), body, blen, f, len,
                             &len, NULL) == KVBM_OK);
     check(f, len, data[0]); /* valid as encoded */
     f[data[2] % len] ^= data[3];

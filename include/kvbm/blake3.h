@@ -121,6 +121,77 @@ KVBM_EXTERN int kvbm_blake3_keyed_hash(const uint8_t key[KVBM_BLAKE3_KEY_LEN],
 KVBM_EXTERN int kvbm_blake3_derive_key(const char *context, const void *material,
                            size_t len, uint8_t *out, size_t out_len);
 
+/* ---- Hashing on several threads: a pool ----
+ *
+ * BLAKE3's tree lets one input be hashed in pieces on several threads: an
+ * input cut into pieces of `piece_len` bytes (a power of two) gets one
+ * chaining value per piece, computed anywhere, and the tree above them is
+ * rebuilt from those values; the result is the plain hash
+ * (kvbm_blake3_hash) of the input, bit for bit. A pool runs the pieces of
+ * submitted jobs on its worker threads; the thread that waits for a
+ * submission helps with the pieces still queued instead of sleeping, so a
+ * pool of 0 workers hashes everything in kvbm_blake3_pool_wait (on the
+ * caller's thread) and a caller can overlap hashing with other work by
+ * submitting first and waiting later.
+ *
+ * Threads: submit and wait may be called from several threads at once;
+ * each ticket is waited for once, by anyone. Plain hash mode only. */
+typedef struct kvbm_blake3_pool kvbm_blake3_pool;
+
+/* One input to hash: `len` bytes at `in` (left untouched, and readable
+ * until the wait returns); `out_len` (1..64) bytes of its hash go to `out`
+ * by the time its submission's wait returns. */
+typedef struct kvbm_blake3_job {
+  const void *in;
+  size_t len;
+  uint8_t *out;
+  size_t out_len;
+} kvbm_blake3_job;
+
+/* Pieces of 256 KiB: small enough that a 2 MiB block spreads over 8
+ * threads, large enough that a piece is many kernel calls. */
+#define KVBM_BLAKE3_POOL_PIECE_DEFAULT (256u << 10)
+#define KVBM_BLAKE3_POOL_MAX_THREADS 256u
+
+/* Starts `threads` worker threads (0..256; 0: every piece runs in the
+ * waiting thread) that hash pieces of `piece_len` bytes (0: the default;
+ * else a power of two, 1 KiB .. 1 GiB). *out is owned by the caller:
+ * kvbm_blake3_pool_destroy(). KVBM_EINVAL, KVBM_ENOMEM, KVBM_EIO (a thread
+ * would not start). */
+KVBM_EXTERN int kvbm_blake3_pool_create(unsigned threads, size_t piece_len,
+                                        kvbm_blake3_pool **out,
+                                        kvbm_error *err);
+
+/* Queues `n` jobs (n >= 1; copied, the inputs are not) and returns at once
+ * with *ticket naming them. Memory: one allocation of about 64 bytes per
+ * job plus 32 per piece, freed by the wait. KVBM_EINVAL (NULL, n == 0, an
+ * out_len outside 1..64), KVBM_ENOMEM. */
+KVBM_EXTERN int kvbm_blake3_pool_submit(kvbm_blake3_pool *p,
+                                        const kvbm_blake3_job *jobs, size_t n,
+                                        uint64_t *ticket, kvbm_error *err);
+
+/* Waits until every job of `ticket` has its hash in its `out`, running
+ * queued pieces (of any submission) on this thread meanwhile; then forgets
+ * the ticket. KVBM_ENOTFOUND for a ticket not outstanding (already waited
+ * for, or never issued). */
+KVBM_EXTERN int kvbm_blake3_pool_wait(kvbm_blake3_pool *p, uint64_t ticket,
+                                      kvbm_error *err);
+
+/* Submit and wait for one input: its `out_len` bytes of hash in `out`. */
+KVBM_EXTERN int kvbm_blake3_pool_hash(kvbm_blake3_pool *p, const void *in,
+                                      size_t len, uint8_t *out, size_t out_len,
+                                      kvbm_error *err);
+
+/* Worker threads and piece size, as created. */
+KVBM_EXTERN unsigned kvbm_blake3_pool_threads(const kvbm_blake3_pool *p);
+KVBM_EXTERN size_t kvbm_blake3_pool_piece_len(const kvbm_blake3_pool *p);
+
+/* Waits for the workers to finish the pieces they are running, stops and
+ * joins them, and frees the pool with every submission not yet waited for
+ * (their outputs are then undefined). No call may be in progress on it.
+ * NULL: no-op. */
+KVBM_EXTERN void kvbm_blake3_pool_destroy(kvbm_blake3_pool *p);
+
 #ifdef __cplusplus
 }
 #endif

@@ -7,7 +7,9 @@
  *   push / next / pull   two-sided messages: the sender pushes a payload and
  *                        gets a handle; the receiver learns of it (next) and
  *                        pulls it by handle into a buffer of its choice.
- *   label                each end has a name, and learns the peer's.
+ *   label                the transport's label for reports ("nixl-synth"
+ *                        for the synthetic in-process fabric, "ucx").
+ *   name                 each end has a node name, and learns the peer's.
  *   register / export /  one-sided block access: a node registers the memory
  *   import / read /      of a layout (kvbm_layout_desc), exports a
  *   write                descriptor, the peer imports it and then reads or
@@ -49,6 +51,7 @@
 #include "kvbm/layout.h"
 #include "kvbm/status.h"
 #include "kvbm/storage.h"
+#include "kvbm/tier.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,18 +66,19 @@ typedef struct kvbm_fabric_handle {
   uint64_t id;
 } kvbm_fabric_handle;
 
-/* Longest label (bytes, without the NUL). Labels are printable ASCII. */
-#define KVBM_FABRIC_LABEL_MAX 63
+/* Longest node name (bytes, without the NUL). Names are printable ASCII. */
+#define KVBM_FABRIC_NAME_MAX 63
 
 /* ---- In-process fabric ---- */
 
-/* Creates two connected ends named label_a and label_b (NULL: "inproc-a",
- * "inproc-b"). A push on one is pulled on the other; a block set registered
+/* Creates two connected ends named name_a and name_b (NULL: "inproc-a",
+ * "inproc-b"). Its label is "nixl-synth" (ADR-0006: a synthetic fabric
+ * says so; its figures are memcpy under a lock, not a transport's). A push on one is pulled on the other; a block set registered
  * on one can be imported by the other. Each end is owned by the caller:
  * kvbm_fabric_destroy() both (in any order; once one end is destroyed the
- * other's pushes fail with KVBM_ECLOSED). Errors: KVBM_EINVAL (bad label),
+ * other's pushes fail with KVBM_ECLOSED). Errors: KVBM_EINVAL (bad name),
  * KVBM_ENOMEM. */
-KVBM_EXTERN int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b,
+KVBM_EXTERN int kvbm_fabric_inproc_pair(const char *name_a, const char *name_b,
                             kvbm_fabric **a, kvbm_fabric **b, kvbm_error *err);
 
 /* ---- UCX fabric ---- */
@@ -94,7 +98,10 @@ KVBM_EXTERN int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b
 typedef void (*kvbm_fabric_refused_fn)(void *user, const char *peer, int status, const char *why);
 
 typedef struct kvbm_fabric_ucx_config {
-  const char *label;       /* this end's name; NULL: "ucx" */
+  const char *name;        /* this end's node name, told to the peer in
+                              the hello; NULL: "ucx". (The fabric's
+                              label, kvbm_fabric_label(), is always
+                              "ucx".) */
   const void *key;         /* the shared key (required; see above). Both
                               ends prove it (challenge and keyed-BLAKE3
                               response, both ways) before either reads a
@@ -138,7 +145,7 @@ KVBM_EXTERN uint16_t kvbm_fabric_listener_port(const kvbm_fabric_listener *l);
 KVBM_EXTERN uint64_t kvbm_fabric_listener_refused(const kvbm_fabric_listener *l);
 
 /* Waits up to cfg.timeout_ms for a peer that proves the shared key, swaps
- * worker addresses and labels with it and returns a connected fabric (*out,
+ * worker addresses and node names with it and returns a connected fabric (*out,
  * owned by the caller). Connections that fail on the way (closed, silent
  * past cfg.timeout_ms, not a kvbm fabric, a wrong key, a hello or wire-up
  * that fails) are closed, counted, reported to cfg.on_refused, and the
@@ -170,13 +177,19 @@ KVBM_EXTERN int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
  * no-op. */
 KVBM_EXTERN void kvbm_fabric_destroy(kvbm_fabric *f);
 
-/* "inproc" or "ucx". */
+/* "inproc" or "ucx": which implementation. */
 KVBM_EXTERN const char *kvbm_fabric_kind(const kvbm_fabric *f);
 
-/* This end's label, and the peer's (as the peer announced it). Valid for the
- * fabric's lifetime. */
+/* The fabric's label (ADR-0006's label()), what a report names the
+ * transport by: "nixl-synth" for the in-process fabric (synthetic: its
+ * figures are not a transport's), "ucx" for the UCX fabric. A static
+ * string; "" for NULL. */
 KVBM_EXTERN const char *kvbm_fabric_label(const kvbm_fabric *f);
-KVBM_EXTERN const char *kvbm_fabric_peer_label(const kvbm_fabric *f);
+
+/* This end's node name, and the peer's (as the peer announced it). Valid
+ * for the fabric's lifetime. */
+KVBM_EXTERN const char *kvbm_fabric_name(const kvbm_fabric *f);
+KVBM_EXTERN const char *kvbm_fabric_peer_name(const kvbm_fabric *f);
 
 /* Sends `len` bytes (0 allowed) to the peer; *out (may be NULL) gets the
  * handle. Ownership: `data` must stay valid and unchanged until
@@ -273,6 +286,12 @@ KVBM_EXTERN void kvbm_fabric_local_set_release(kvbm_fabric_local_set *ls);
 KVBM_EXTERN int kvbm_fabric_import(kvbm_fabric *f, const uint8_t *buf, size_t len,
                        kvbm_fabric_remote_set **out, kvbm_error *err);
 
+/* The layout inside an exported set, without importing it (no access is
+ * prepared, nothing is kept): to check a peer's blocks before taking its
+ * memory. The envelope's and the layout decoder's errors. */
+KVBM_EXTERN int kvbm_fabric_export_layout(const uint8_t *buf, size_t len, kvbm_layout *out,
+                                          kvbm_error *err);
+
 /* The imported layout (region_base are the peer's addresses). */
 KVBM_EXTERN const kvbm_layout_desc *kvbm_fabric_remote_desc(const kvbm_fabric_remote_set *rs);
 
@@ -297,6 +316,42 @@ KVBM_EXTERN int kvbm_fabric_read_block(kvbm_fabric *f, kvbm_fabric_remote_set *r
                            uint64_t block, void *dst, size_t len,
                            kvbm_error *err);
 
+/* ---- Bridging layouts ----
+ *
+ * Two nodes may lay the same blocks out differently: FullyContiguous on
+ * one and LayerSeparate on the other, another alignment (so another block
+ * stride), another number of blocks. One layer of one block is contiguous
+ * in both kinds ([outer_dim][page_size * inner_dim] elements,
+ * layer_stride bytes), so a block moves between any two such layouts
+ * layer by layer: gathered from one, scattered into the other. What must
+ * agree is the shape of a block: layers, outer_dim, page_size, inner_dim,
+ * dtype_size. */
+
+/* KVBM_OK if blocks of `ours` can be bridged to blocks of `theirs` (the
+ * shape agrees; kind, alignment and num_blocks may differ); otherwise
+ * KVBM_EUNSUPPORTED with a message naming the first field that differs and
+ * both values ("layout mismatch: dtype_size 2 here, 4 at the peer").
+ * KVBM_EINVAL for NULL. */
+KVBM_EXTERN int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs,
+                                          kvbm_error *err);
+
+/* kvbm_fabric_write_block / read_block from / into a block of any local
+ * layout: layers[l] is this node's layer l of the block (num_layers
+ * pointers, each layer_bytes long: the peer's layer_stride), wherever the
+ * local layout keeps it. Each layer goes to (comes from) the peer's block
+ * layer l in the peer's own layout. Every range is checked before the
+ * first byte moves (KVBM_ERANGE); num_layers or layer_bytes that do not
+ * match the peer's set: KVBM_EINVAL naming both. Asynchronous like
+ * write_block: complete at kvbm_fabric_flush(). */
+KVBM_EXTERN int kvbm_fabric_write_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                                               uint64_t block, const void *const *layers,
+                                               uint64_t num_layers, uint64_t layer_bytes,
+                                               kvbm_error *err);
+KVBM_EXTERN int kvbm_fabric_read_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                                              uint64_t block, void *const *layers,
+                                              uint64_t num_layers, uint64_t layer_bytes,
+                                              kvbm_error *err);
+
 /* The general form: `len` bytes at byte `offset` of region `region` of the
  * peer's set. KVBM_ERANGE when [offset, offset+len) is not inside the
  * region's registered extent or region is out of range. */
@@ -310,25 +365,36 @@ KVBM_EXTERN int kvbm_fabric_read(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
 /* ---- Block messages: one KV block on the wire, ready to onboard ---- */
 
 /* What a receiver needs to place a block and register it in its pool: the
- * block's identity (sequence hash, parent, salt, tokens) and its bytes as an
- * MRDN v1 frame (frame.h), so that the bytes are checked (BLAKE3) before
- * they are used. Little-endian:
+ * block's identity (sequence hash, parent, salt, tokens), the kvbm storage
+ * tier it is meant for, and its bytes as an MRDN v1 frame (frame.h), so
+ * that the bytes are checked (BLAKE3) before they are used. The frame's
+ * byte 12 is ADR-0006's phase label (kvbm_frame_phase); kvbm's storage
+ * tier is not in the frame but in this envelope. Little-endian:
  *   0   4  magic "KVBB"
- *   4   4  version (1)
+ *   4   4  version (2; version 1 had no tier byte and wrote the storage
+ *          tier into the frame's phase byte: refused, KVBM_EVERSION)
  *   8   8  sequence hash
  *   16  8  parent hash (meaningful when flags bit 0 is set)
  *   24  8  salt hash
  *   32  4  flags: bit 0 has_parent; bit 1 placed; other bits zero
- *   36  4  n = number of tokens
- *   40  4n tokens (u32 each)
+ *   36  1  storage tier (kvbm_tier, 0..3): placed, the receiver's tier whose
+ *          exported block set holds block_id; not placed, the tier the
+ *          sender asks the receiver to keep the block in
+ *   37  3  reserved, zero
+ *   40  8  layout id: the block_set_id of the receiver's export that the
+ *          sender laid the bytes out for (placed: wrote them into). A
+ *          receiver refuses an id that is not its current export's (a
+ *          stale layout)
+ *   48  4  n = number of tokens
+ *   52  4n tokens (u32 each)
  *   then, not placed: the MRDN v1 frame (32-byte header, then the bytes);
  *         placed:     u64 block id, then the MRDN v1 header alone: the bytes
  *                     were already written (one-sided) into that block of
  *                     the receiver's block set, where it verifies them.
  * nothing after that. */
 #define KVBM_BLOCK_MSG_MAGIC "KVBB"
-#define KVBM_BLOCK_MSG_VERSION 1u
-#define KVBM_BLOCK_MSG_FIXED 40u
+#define KVBM_BLOCK_MSG_VERSION 2u
+#define KVBM_BLOCK_MSG_FIXED 52u
 
 typedef struct kvbm_block_msg {
   uint64_t seq_hash;
@@ -338,10 +404,14 @@ typedef struct kvbm_block_msg {
   uint32_t num_tokens;
   const uint32_t *tokens;  /* encode: num_tokens tokens. decode: the
                               caller's array, filled */
-  kvbm_tier tier;    /* the frame's tier */
+  kvbm_tier tier;          /* the storage tier (envelope byte 36, above) */
+  uint64_t layout_id;      /* the receiver's export it was laid out for */
+  kvbm_frame_phase phase;  /* the frame's phase label (ADR-0006) */
   const uint8_t *body;     /* encode: the block bytes (hashed; copied unless
-                              placed). decode: points into the input buffer
-                              (no copy); NULL when placed */
+                              placed; placed and NULL: frame.checksum is
+                              their checksum, computed by the caller).
+                              decode: points into the input buffer (no
+                              copy); NULL when placed */
   size_t body_len;
   int placed;              /* the bytes travel separately, to block_id */
   uint64_t block_id;       /* placed: the receiver's block holding them */
@@ -356,14 +426,17 @@ KVBM_EXTERN size_t kvbm_block_msg_placed_size(uint32_t num_tokens);
 
 /* Encodes m into out[0..cap) (hashing the body with BLAKE3 for the frame);
  * *len gets the size. KVBM_ENOSPC if cap is too small; KVBM_EINVAL for
- * NULL pointers; KVBM_ETIER; KVBM_ETOOLONG for a body above 4 GiB. */
+ * NULL pointers; KVBM_ETIER for a storage tier outside G1..G4;
+ * KVBM_EPHASE for a phase outside kvbm_frame_phase; KVBM_ETOOLONG for a
+ * body above 4 GiB. */
 KVBM_EXTERN int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap,
                           size_t *len, kvbm_error *err);
 
 /* Decodes buf[0..len): the envelope (KVBM_EMAGIC, KVBM_EVERSION,
- * KVBM_EPADDING for unknown flags, KVBM_ETRUNCATED, KVBM_ETOOLONG for more
- * than max_tokens tokens), then the frame with every error of
- * kvbm_frame_decode() (KVBM_ECHECKSUM when the bytes were changed on the
+ * KVBM_EPADDING for unknown flags or reserved bytes, KVBM_ETIER for a
+ * storage tier above G4, KVBM_ETRUNCATED, KVBM_ETOOLONG for more than
+ * max_tokens tokens), then the frame with every error of
+ * kvbm_frame_decode() (KVBM_EPHASE, KVBM_ECHECKSUM when the bytes were changed on the
  * way; a body above max_body is KVBM_ETOOLONG). Not placed: the body is
  * verified here, m->body points into buf. Placed: only the header is
  * checked (its fields and max_body); the caller verifies the block's bytes

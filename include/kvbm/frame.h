@@ -7,9 +7,16 @@
  *   offset  0  4 bytes  magic 'M','R','D','N'
  *   offset  4  u32      version, 1
  *   offset  8  u32      body length in bytes
- *   offset 12  u8       tier (kvbm_tier)
+ *   offset 12  u8       phase label (kvbm_frame_phase)
  *   offset 13  3 bytes  padding, zero
  *   offset 16  16 bytes the first 16 bytes of BLAKE3(body) (plain hash)
+ *
+ * The byte at offset 12 is the producer's phase label of ADR-0006
+ * (ThinkComplete = 0, ThinkActive = 1, OutputCritical = 2): how urgently
+ * the receiver will need the block, not where kvbm stores it. kvbm's own
+ * storage tier (G1..G4, kvbm/tier.h) is not in the header; a message that
+ * needs it carries it outside the 32 bytes (the fabric's block message
+ * does, kvbm/fabric.h).
  *
  * The codec knows nothing of transports. Decoding never allocates: bodies
  * are returned as pointers into the caller's buffer, and the streaming
@@ -22,12 +29,12 @@
  *   KVBM_EMAGIC      the first 4 bytes are not "MRDN"
  *   KVBM_EVERSION    a version other than 1
  *   KVBM_EPADDING    nonzero padding bytes
- *   KVBM_ETIER       a tier byte outside kvbm_tier
+ *   KVBM_EPHASE      a phase byte outside kvbm_frame_phase (3..255)
  *   KVBM_ETOOLONG    a body longer than declared, or a declared length
  *                    above the caller's limit
  *   KVBM_ECHECKSUM   the body does not hash to the header's checksum
  * Checks run in that order of the header's fields (magic, version,
- * padding, tier, length limit), then the body's length, then its hash.
+ * padding, phase, length limit), then the body's length, then its hash.
  */
 #ifndef KVBM_FRAME_H
 #define KVBM_FRAME_H
@@ -37,7 +44,6 @@
 
 #include "kvbm/blake3.h"
 #include "kvbm/status.h"
-#include "kvbm/tier.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,11 +56,29 @@ extern "C" {
 #define KVBM_FRAME_DEFAULT_MAX_BODY (64u << 20)
 
 
+/* The phase labels of ADR-0006, numbered in the ADR's order. A producer
+ * labels each block with the phase of the request that filled it:
+ *   THINK_COMPLETE  reasoning that has ended (ExitThink): cold, the first
+ *                   to offload and to demote;
+ *   THINK_ACTIVE    reasoning still going on;
+ *   OUTPUT_CRITICAL output tokens: needed for every next step. */
+typedef enum kvbm_frame_phase {
+  KVBM_PHASE_THINK_COMPLETE = 0,
+  KVBM_PHASE_THINK_ACTIVE = 1,
+  KVBM_PHASE_OUTPUT_CRITICAL = 2,
+} kvbm_frame_phase;
+
+#define KVBM_FRAME_PHASE_COUNT 3
+
+/* "ThinkComplete", "ThinkActive", "OutputCritical" (the ADR's names), or
+ * "?" for any other value. Static strings; never NULL. */
+KVBM_EXTERN const char *kvbm_frame_phase_name(int phase);
+
 /* A decoded (and validated) header. */
 typedef struct kvbm_frame_header {
   uint32_t version;
   uint32_t body_len;
-  kvbm_tier tier;
+  kvbm_frame_phase phase;
   uint8_t checksum[KVBM_FRAME_CHECKSUM_LEN];
 } kvbm_frame_header;
 
@@ -66,19 +90,28 @@ KVBM_EXTERN int kvbm_frame_encoded_len(size_t body_len, size_t *out, kvbm_error 
 
 /* Writes the 32-byte header for `body` (hashing it) into `header`, for
  * senders that keep the body where it is and send two pieces.
- * KVBM_ETIER for a tier outside the enum, KVBM_ETOOLONG as above,
+ * KVBM_EPHASE for a phase outside the enum, KVBM_ETOOLONG as above,
  * KVBM_EINVAL for NULL pointers (body may be NULL when body_len is 0). */
-KVBM_EXTERN int kvbm_frame_encode_header(kvbm_tier tier, const void *body,
+KVBM_EXTERN int kvbm_frame_encode_header(kvbm_frame_phase phase, const void *body,
                              size_t body_len,
                              uint8_t header[KVBM_FRAME_HEADER_LEN],
                              kvbm_error *err);
+
+/* Writes the header for a body of `body_len` bytes whose checksum (the
+ * first 16 bytes of its plain BLAKE3 hash) the caller computed, e.g. on
+ * several threads with a kvbm_blake3_pool, or once for a block that does
+ * not change. Hashes nothing. Errors as kvbm_frame_encode_header. */
+KVBM_EXTERN int kvbm_frame_encode_header_sum(kvbm_frame_phase phase, size_t body_len,
+                                             const uint8_t sum[KVBM_FRAME_CHECKSUM_LEN],
+                                             uint8_t header[KVBM_FRAME_HEADER_LEN],
+                                             kvbm_error *err);
 
 /* Writes a whole frame into the caller's buffer `out` of `cap` bytes and
  * sets *out_len to its size. With out == NULL it only sets *out_len (size
  * query). KVBM_ENOSPC (and *out_len set) if cap is too small. The body may
  * already sit at out + 32 (then it is not moved) or anywhere else,
  * overlapping or not. Allocates nothing. */
-KVBM_EXTERN int kvbm_frame_encode(kvbm_tier tier, const void *body, size_t body_len,
+KVBM_EXTERN int kvbm_frame_encode(kvbm_frame_phase phase, const void *body, size_t body_len,
                       void *out, size_t cap, size_t *out_len,
                       kvbm_error *err);
 
@@ -95,6 +128,14 @@ KVBM_EXTERN int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t ma
  * KVBM_ETRUNCATED, longer: KVBM_ETOOLONG), then its hash. */
 KVBM_EXTERN int kvbm_frame_verify_body(const kvbm_frame_header *hdr, const void *body,
                            size_t body_len, kvbm_error *err);
+
+/* kvbm_frame_verify_body for a caller that hashed the body itself (its
+ * `body_len` bytes hash to `sum`, the first 16 bytes of their plain
+ * BLAKE3): the length check, then the checksum, same statuses and
+ * messages. */
+KVBM_EXTERN int kvbm_frame_check_sum(const kvbm_frame_header *hdr, size_t body_len,
+                                     const uint8_t sum[KVBM_FRAME_CHECKSUM_LEN],
+                                     kvbm_error *err);
 
 /* Both steps on a whole frame in memory: `len` must be exactly the frame
  * (trailing bytes are a body longer than declared). On success *body

@@ -72,6 +72,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvbm/fabric.h"
+#include "kvbm/frame.h"
 #include "kvbm/hash.h"
 #include "kvbm/layout.h"
 #include "kvbm/metrics.h"
@@ -205,6 +207,38 @@ typedef struct kvbm_manager_config {
    * Off by default; kvbm_manager_config_env switches it on as Dynamo does
    * (DYN_KVBM_METRICS=true, DYN_KVBM_METRICS_PORT, default 6880). */
   kvbm_metrics_server_config metrics;
+
+  /* ---- disaggregation (ADR-0006; "Peers" below) ---- */
+  uint32_t offload_threshold_blocks; /* ExitThink pushes a request's
+                                  ThinkComplete blocks to peer 0 in one batch
+                                  once at least this many are ready
+                                  (committed) (8; 0: never) */
+  bool output_pull;            /* the OutputCritical pull (false: the ADR
+                                  defers this policy). Only for a prefill
+                                  of a request in the output phase
+                                  (kvbm_manager_prefill, or
+                                  kvbm_manager_prefill_phase with OUTPUT;
+                                  never REASONING), with a peer attached:
+                                  1. room: when G1 has fewer free blocks
+                                  than the prefill will take (the rest of
+                                  the prompt and its onboards, pulled
+                                  blocks included), cached G1 copies of
+                                  blocks a peer acknowledged holding are
+                                  dropped, in eviction order (ThinkComplete
+                                  ones first: demoted), until enough are
+                                  free or none is left; blocks held only
+                                  here, and the prefill's own hits, are not
+                                  touched (peer stats: dropped_for_room);
+                                  2. pull: if the walk stops at a block
+                                  held nowhere here but acknowledged by a
+                                  peer, that block and the peer-held ones
+                                  after it are asked back (pulls_asked,
+                                  pulled_blocks) and the walk is taken
+                                  again; the prefill's G1 hits are pinned
+                                  meanwhile, so the landing evicts none.
+                                  Appends (decode) never pull. */
+  int32_t pull_timeout_ms;     /* longest such a prefill waits for the
+                                  pulled blocks, the lock dropped (200) */
 } kvbm_manager_config;
 
 /* The defaults above. */
@@ -417,6 +451,135 @@ KVBM_EXTERN const char *kvbm_manager_volume_id(const kvbm_manager *m, kvbm_tier 
  * "io_uring+buffered", ...; "" without G3. Lives as long as the manager. */
 KVBM_EXTERN const char *kvbm_manager_g3_mode(const kvbm_manager *m);
 
+/* ---- peers: disaggregated prefill and decode (ADR-0006) ----
+ *
+ * A manager can be attached to peers, each over a kvbm_fabric (kvbm/
+ * fabric.h: UCX between processes, or the in-process pair). Blocks move
+ * between the two managers' tiers: offload sends a block to a peer, the
+ * peer ingests it (verifies it and registers it in its G1 or G2, where its
+ * prefill of the same prompt then finds it), and block_location tells
+ * where a block is. Without a peer, offload and ingest return
+ * KVBM_EDISAGG ("disaggregation unavailable") and block_location says
+ * local, the ADR's defaults.
+ *
+ * Attaching exchanges hellos: each side offers a landing zone of
+ * landing_blocks blocks (fabric memory in its ingest tier's layout, apart
+ * from its cache) and its layout; a peer whose blocks have another shape
+ * is refused, naming the field (kvbm_fabric_layout_bridge: kind,
+ * alignment and block count may differ, blocks are moved layer by layer).
+ * Each side then runs a link thread that serves the peer's messages
+ * (blocks, grant requests, acknowledgements, pulls). Two ways to send,
+ * per side:
+ *   PUSH  each block is one pushed message: identity plus an MRDN v1 frame
+ *         of its bytes;
+ *   PUT   the sender asks for landing blocks, writes each block one-sided
+ *         into a granted one (layer by layer, bridging the layouts),
+ *         flushes, then pushes the block's identity and frame header; the
+ *         receiver verifies the bytes where they landed.
+ * The receiver refuses, and acknowledges with the reason, a block it did
+ * not grant, one of the wrong length or token count, one whose bytes fail
+ * their BLAKE3, one laid out for another (stale) landing zone, one whose
+ * sequence hash does not follow from its tokens: nothing of it reaches the
+ * cache (a landing block goes back to the free list; a pushed block is
+ * verified before any cache block is taken). The peer is otherwise
+ * trusted: it proved the fabric's shared key.
+ *
+ * Threads: as the rest of the manager. The fabric belongs to the caller,
+ * who keeps it until kvbm_manager_detach (or destroy) returns; the manager
+ * serialises its own use of it. */
+
+#define KVBM_MANAGER_MAX_PEERS 8
+
+typedef enum kvbm_disagg_mode {
+  KVBM_DISAGG_PUSH = 0,
+  KVBM_DISAGG_PUT = 1,
+} kvbm_disagg_mode;
+
+typedef struct kvbm_peer_config {
+  kvbm_disagg_mode mode;   /* how this side sends (PUSH) */
+  uint32_t landing_blocks; /* blocks this side offers the peer's one-sided
+                              writes (16; at least 1) */
+  kvbm_tier ingest_tier;   /* where received blocks are registered: G1
+                              (default) or G2 */
+  int32_t timeout_ms;      /* attach, grants, flushes (10000) */
+  uint32_t remote_index_blocks; /* blocks remembered as held by the peer,
+                              for block_location and pulls (65536) */
+} kvbm_peer_config;
+
+KVBM_EXTERN kvbm_peer_config kvbm_peer_config_default(void);
+
+/* Attaches the manager to the peer at the other end of `f` (the peer's
+ * manager attaches to its end at about the same time: attach waits up to
+ * timeout_ms for its hello). *peer gets the peer's index (0, 1, ...).
+ * KVBM_EUNSUPPORTED: the peer's blocks have another shape (the message
+ * names the field), or this side's ingest tier is absent;
+ * KVBM_ETIMEDOUT: no hello; KVBM_EPROTO: a malformed hello; KVBM_ENOSPC:
+ * KVBM_MANAGER_MAX_PEERS already; the fabric's own errors. */
+KVBM_EXTERN int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config *cfg,
+                                    uint32_t *peer, kvbm_error *err);
+
+/* Stops serving the peer and forgets it (its index is not reused). The
+ * caller may then destroy the fabric. kvbm_manager_destroy detaches every
+ * peer. KVBM_ENOTFOUND for an unknown index. */
+KVBM_EXTERN int kvbm_manager_detach(kvbm_manager *m, uint32_t peer, kvbm_error *err);
+
+/* Sends the block registered under seq_hash (held in G1 or G2 with its
+ * bytes in place) to the peer, labelled `phase`, the peer's way (PUSH or
+ * PUT). Returns once the bytes are on the way (the peer's acknowledgement
+ * comes later: kvbm_manager_peer_flush). KVBM_EDISAGG without a peer;
+ * KVBM_ENOTFOUND: the block is not held here; KVBM_ENOSPC: the peer
+ * granted no landing block; KVBM_ECLOSED: the peer is gone. */
+KVBM_EXTERN int kvbm_manager_offload_block(kvbm_manager *m, uint32_t peer, uint64_t seq_hash,
+                                           kvbm_frame_phase phase, kvbm_error *err);
+
+/* Verifies and registers a block message (kvbm/fabric.h) that peer `peer`
+ * sent: what the link thread does with every one it receives, open to an
+ * engine that carries block messages itself. On KVBM_OK the block is in
+ * the ingest tier (or was already there); otherwise the status says why
+ * it was refused (KVBM_ECHECKSUM, KVBM_EFORMAT for a wrong length or
+ * token count, KVBM_EPROTO for a block not granted, a stale layout or a
+ * hash that does not follow from the tokens, the decoder's errors) and
+ * the cache is untouched. KVBM_EDISAGG without a peer. */
+KVBM_EXTERN int kvbm_manager_ingest_block(kvbm_manager *m, uint32_t peer, const uint8_t *msg,
+                                          size_t len, kvbm_error *err);
+
+/* Where a block is. */
+typedef struct kvbm_block_location {
+  bool remote;     /* false: local (the ADR's default) */
+  bool held;       /* local: some tier here holds it (tier says which) */
+  kvbm_tier tier;  /* local and held: the fastest tier holding it */
+  uint32_t peer;   /* remote: the peer that acknowledged it */
+} kvbm_block_location;
+
+/* Local when a tier here holds the block (or when no peer is attached),
+ * else remote when a peer acknowledged it, else local and not held. */
+KVBM_EXTERN int kvbm_manager_block_location(kvbm_manager *m, uint64_t seq_hash,
+                                            kvbm_block_location *out);
+
+/* Waits until every block sent to the peer has been acknowledged (or
+ * timeout_ms, < 0 forever). KVBM_ETIMEDOUT, KVBM_ECLOSED, KVBM_EDISAGG. */
+KVBM_EXTERN int kvbm_manager_peer_flush(kvbm_manager *m, uint32_t peer, int timeout_ms,
+                                        kvbm_error *err);
+
+typedef struct kvbm_peer_stats {
+  bool attached, closed;   /* closed: the link ended (peer gone, protocol) */
+  kvbm_disagg_mode mode;
+  uint64_t sent_blocks, sent_bytes;   /* offloads sent */
+  uint64_t acked_blocks;              /* ... that the peer ingested */
+  uint64_t peer_refused;              /* ... that the peer refused */
+  uint64_t received, ingested;        /* block messages from the peer */
+  uint64_t refused_checksum, refused_length, refused_not_granted,
+           refused_stale_layout, refused_hash, refused_other;
+  uint64_t grants_given, grants_received;
+  uint64_t exit_think_batches, exit_think_blocks; /* ExitThink offloads */
+  uint64_t pulls_asked, pulled_blocks;            /* OutputCritical pulls */
+  uint64_t dropped_for_room; /* G1 copies of blocks this peer holds that
+                                an OutputCritical prefill dropped for room */
+  char last_refusal[KVBM_ERROR_MSG_MAX];          /* why the last refused block was */
+} kvbm_peer_stats;
+
+KVBM_EXTERN int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats *out);
+
 /* ---- requests ---- */
 
 /* Creates a request and prefills it with a prompt of n >= 1 tokens (see
@@ -469,6 +632,44 @@ KVBM_EXTERN void kvbm_mreq_blocks(const kvbm_mreq *r, const uint32_t **ids, size
 
 /* Sequence hash of full block k. */
 KVBM_EXTERN int kvbm_mreq_block_hash(const kvbm_mreq *r, size_t k, uint64_t *hash);
+
+/* ---- phases (ADR-0006) ----
+ * The engine tells a request its phase. Each full block is labelled with
+ * the phase in force when it filled: THINK_ACTIVE while reasoning,
+ * OUTPUT_CRITICAL otherwise (the prompt and the output: KV needed at every
+ * next step). At EXIT_THINK the request's THINK_ACTIVE blocks become
+ * THINK_COMPLETE: known cold. They are the first candidates for demotion
+ * here (released first in line for eviction from G1 when the request
+ * ends) and, with a peer attached and offload_threshold_blocks > 0, they
+ * are pushed to peer 0 in one batch once that many are ready (at
+ * EXIT_THINK, or at a later commit). Labels travel in the frames' phase
+ * byte. */
+typedef enum kvbm_request_phase {
+  KVBM_REQUEST_REASONING = 1,  /* reasoning starts */
+  KVBM_REQUEST_EXIT_THINK = 2, /* reasoning ends (ExitThink) */
+  KVBM_REQUEST_OUTPUT = 3,     /* output */
+} kvbm_request_phase;
+
+/* KVBM_EINVAL for another value; KVBM_ESTATE for REASONING after
+ * EXIT_THINK (one reasoning span per request). EXIT_THINK's push, if due,
+ * happens here: its errors are counted in the peer's stats, not returned. */
+KVBM_EXTERN int kvbm_mreq_set_phase(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err);
+
+/* kvbm_manager_prefill for a request whose phase the engine knows at the
+ * start: KVBM_REQUEST_REASONING (what fills after the prompt is
+ * ThinkActive, and the prefill is not an OutputCritical allocation: it
+ * never pulls nor drops anything for room, see output_pull),
+ * KVBM_REQUEST_OUTPUT, or 0 (not said: kvbm_manager_prefill, treated as
+ * output). The prompt's own blocks are labelled OUTPUT_CRITICAL either
+ * way. Another phase: KVBM_EINVAL, nothing created. Otherwise as
+ * kvbm_manager_prefill (same errors, threads and cost). */
+KVBM_EXTERN int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+                                           kvbm_request_phase phase, const uint32_t *tokens,
+                                           size_t n, kvbm_mreq **out, size_t *matched_tokens,
+                                           kvbm_error *err);
+
+/* The label of full block k (KVBM_ERANGE past the full blocks). */
+KVBM_EXTERN int kvbm_mreq_block_phase(const kvbm_mreq *r, size_t k, kvbm_frame_phase *out);
 
 /* Waits for the request's onboarding, releases its G1 blocks (tail first)
  * and frees it. Queued offloads of its blocks keep their own references.

@@ -233,6 +233,22 @@ KVBM_EXTERN int kvbm_block_release(kvbm_pool *pool, uint32_t id, uint8_t priorit
  * in release order are untouched. */
 KVBM_EXTERN int kvbm_pool_release_run(kvbm_pool *pool, const uint32_t *ids, size_t n, uint8_t priority);
 
+/* A cached block (registered, nobody holding it) becomes the first to be
+ * evicted: priority 0, ahead of every other cached block (known cold, e.g.
+ * reasoning that has ended). KVBM_ESTATE if it is held or not registered,
+ * KVBM_EINVAL for a bad id. O(1). */
+KVBM_EXTERN int kvbm_block_demote(kvbm_pool *pool, uint32_t id);
+
+/* Drops up to `max` cached blocks that pred(user, id, seq_hash) picks,
+ * visiting the cache in eviction order (lowest priority first, oldest
+ * first within a priority: demoted blocks lead). Each dropped block goes
+ * back to the free list, unregistered, with a REMOVED event, and counts in
+ * `evicted`. Returns how many were dropped (0 for a NULL pool or pred).
+ * pred must not call the pool. Cost: O(cached) calls of pred at most. */
+KVBM_EXTERN uint32_t kvbm_pool_evict_where(kvbm_pool *pool, uint32_t max,
+                                           bool (*pred)(void *user, uint32_t id, uint64_t seq_hash),
+                                           void *user);
+
 /* Takes one more reference on a held or registered block (for fork). */
 KVBM_EXTERN int kvbm_block_retain(kvbm_pool *pool, uint32_t id);
 

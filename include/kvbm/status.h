@@ -44,6 +44,8 @@ typedef enum kvbm_status {
   KVBM_ERANGE = -22,      /* an access outside a region */
   KVBM_EDEVICE = -23,     /* no device (e.g. no GPU) */
   KVBM_EAUTH = -24,       /* a peer failed to prove the shared key */
+  KVBM_EPHASE = -25,      /* unknown phase label (a frame's byte 12) */
+  KVBM_EDISAGG = -26,     /* disaggregation unavailable: no fabric attached */
 } kvbm_status;
 
 /* A short static description of a status code (never NULL). */

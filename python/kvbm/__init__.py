@@ -31,19 +31,32 @@ class Tier(_IntEnum):
     G4 = 3
 
 
+class Phase(_IntEnum):
+    """A frame's phase label (ADR-0006): how soon the receiver needs the block.
+
+    THINK_COMPLETE: reasoning that has ended (cold); THINK_ACTIVE: reasoning
+    still going on; OUTPUT_CRITICAL: output, needed at every next step.
+    """
+
+    THINK_COMPLETE = 0
+    THINK_ACTIVE = 1
+    OUTPUT_CRITICAL = 2
+
+
 def frame_decode(buf, *, max_body=None):
-    """frame_decode(buf, *, max_body=64 MiB) -> (Tier, bytes)
+    """frame_decode(buf, *, max_body=64 MiB) -> (Phase, bytes)
 
     Validates a whole MRDN v1 frame (header, length, BLAKE3 checksum) and
-    returns its tier and a copy of its body. Raises the kvbm.Error subclass
-    of the first check that fails (MagicError, VersionError, PaddingError,
-    TierError, TooLongError, TruncatedError, ChecksumError).
+    returns its phase label and a copy of its body. Raises the kvbm.Error
+    subclass of the first check that fails (MagicError, VersionError,
+    PaddingError, PhaseError, TooLongError, TruncatedError, ChecksumError).
     """
-    tier, body = (_kvbm.frame_decode(buf) if max_body is None
-                  else _kvbm.frame_decode(buf, max_body=max_body))
-    return Tier(tier), body
+    phase, body = (_kvbm.frame_decode(buf) if max_body is None
+                   else _kvbm.frame_decode(buf, max_body=max_body))
+    return Phase(phase), body
 
 
 __all__ = sorted(
-    [n for n in dir(_kvbm) if not n.startswith("_")] + ["Tier", "frame_decode", "__version__"]
+    [n for n in dir(_kvbm) if not n.startswith("_")]
+    + ["Tier", "Phase", "frame_decode", "__version__"]
 )

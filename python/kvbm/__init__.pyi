@@ -22,6 +22,11 @@ class Tier(IntEnum):
     G3 = 2
     G4 = 3
 
+class Phase(IntEnum):
+    THINK_COMPLETE = 0
+    THINK_ACTIVE = 1
+    OUTPUT_CRITICAL = 2
+
 def status_name(code: int) -> str: ...
 
 # ---- errors ---------------------------------------------------------------
@@ -57,6 +62,8 @@ class ProtocolError(Error): ...                     # KVBM_EPROTO
 class RangeError(Error, IndexError): ...            # KVBM_ERANGE
 class DeviceError(Error): ...                       # KVBM_EDEVICE
 class AuthError(Error): ...                         # KVBM_EAUTH
+class PhaseError(Error, ValueError): ...            # KVBM_EPHASE
+class DisaggregationUnavailableError(Error): ...    # KVBM_EDISAGG
 
 # ---- hashing, BLAKE3, frames ---------------------------------------------
 
@@ -81,9 +88,9 @@ class Blake3:
     def copy(self) -> "Blake3": ...
     def reset(self) -> None: ...
 
-def frame_encode(body: "_Buffer", tier: int) -> bytes:
-    """An MRDN v1 frame (32-byte header with BLAKE3-128 of the body, then the body)."""
-def frame_decode(buf: "_Buffer", *, max_body: Optional[int] = None) -> Tuple[Tier, bytes]:
+def frame_encode(body: "_Buffer", phase: int) -> bytes:
+    """An MRDN v1 frame (32-byte header with the phase label and BLAKE3-128 of the body, then the body)."""
+def frame_decode(buf: "_Buffer", *, max_body: Optional[int] = None) -> Tuple[Phase, bytes]:
     """Validates a whole frame; raises the Error subclass of the first failed check."""
 
 # ---- one tier: Pool and Seq ----------------------------------------------

@@ -92,6 +92,10 @@ static const errclass ERRCLASSES[] = {
    "An index or access outside a region (KVBM_ERANGE)."},
   {KVBM_EDEVICE, "DeviceError", -1, NULL, "No device, or a device call failed (KVBM_EDEVICE)."},
   {KVBM_EAUTH, "AuthError", -1, NULL, "A peer failed to prove the shared key (KVBM_EAUTH)."},
+  {KVBM_EPHASE, "PhaseError", -1, &PyExc_ValueError,
+   "Unknown phase label: a frame's byte 12 is 0..2 (KVBM_EPHASE)."},
+  {KVBM_EDISAGG, "DisaggregationUnavailableError", -1, NULL,
+   "Disaggregation unavailable: the manager has no fabric attached (KVBM_EDISAGG)."},
   {KVBMPY_BUSY, "BusyError", 3, NULL,
    "The object is in use by another thread (a call that released the GIL is still\n"
    "running on it). Carries status KVBM_ESTATE."},

@@ -299,29 +299,31 @@ static PyTypeObject Blake3Type = {
 
 /* ------------------------------------------------------------- frames */
 
-static int frame_tier_arg(PyObject *o, kvbm_tier *out) {
+static int frame_phase_arg(PyObject *o, kvbm_frame_phase *out) {
   uint64_t t;
-  if (kvbmpy_uint(o, "tier", UINT64_MAX, &t)) return -1;
-  if (t > KVBM_TIER_G4) {
-    kvbmpy_raise(KVBM_ETIER, "tier %llu: frames carry G1..G4 (0..3)", (unsigned long long)t);
+  if (kvbmpy_uint(o, "phase", UINT64_MAX, &t)) return -1;
+  if (t >= KVBM_FRAME_PHASE_COUNT) {
+    kvbmpy_raise(KVBM_EPHASE,
+                 "phase %llu: frames carry ThinkComplete 0, ThinkActive 1, OutputCritical 2",
+                 (unsigned long long)t);
     return -1;
   }
-  *out = (kvbm_tier)t;
+  *out = (kvbm_frame_phase)t;
   return 0;
 }
 
 static PyObject *py_frame_encode(PyObject *mod, PyObject *args, PyObject *kw) {
   (void)mod;
-  static char *kwlist[] = {"body", "tier", NULL};
+  static char *kwlist[] = {"body", "phase", NULL};
   Py_buffer body;
   PyObject *to;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "y*O:frame_encode", kwlist, &body, &to)) return NULL;
   PyObject *out = NULL;
-  kvbm_tier tier;
+  kvbm_frame_phase phase;
   kvbm_error err = {0};
   size_t total, written;
   int rc;
-  if (frame_tier_arg(to, &tier)) goto done;
+  if (frame_phase_arg(to, &phase)) goto done;
   if ((rc = kvbm_frame_encoded_len((size_t)body.len, &total, &err))) {
     kvbmpy_raise_kvbm(rc, &err, NULL);
     goto done;
@@ -329,7 +331,7 @@ static PyObject *py_frame_encode(PyObject *mod, PyObject *args, PyObject *kw) {
   if (!(out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total))) goto done;
   char *dst = PyBytes_AS_STRING(out);
   Py_BEGIN_ALLOW_THREADS
-  rc = kvbm_frame_encode(tier, body.buf, (size_t)body.len, dst, total, &written, &err);
+  rc = kvbm_frame_encode(phase, body.buf, (size_t)body.len, dst, total, &written, &err);
   Py_END_ALLOW_THREADS
   if (rc) {
     Py_CLEAR(out);
@@ -360,7 +362,7 @@ static PyObject *py_frame_decode(PyObject *mod, PyObject *args, PyObject *kw) {
     kvbmpy_raise_kvbm(rc, &err, NULL);
     goto done;
   }
-  res = Py_BuildValue("(iy#)", (int)hdr.tier, (const char *)body, (Py_ssize_t)hdr.body_len);
+  res = Py_BuildValue("(iy#)", (int)hdr.phase, (const char *)body, (Py_ssize_t)hdr.body_len);
 done:
   PyBuffer_Release(&buf);
   return res;
@@ -386,13 +388,14 @@ static PyMethodDef hash_methods[] = {
    "The BLAKE3 hash of data (keyed with a 32-byte key when given), `length`\n"
    "bytes of output. Large inputs release the GIL."},
   {"frame_encode", (PyCFunction)(void (*)(void))py_frame_encode, METH_VARARGS | METH_KEYWORDS,
-   "frame_encode(body, tier) -> bytes\n\n"
-   "An MRDN v1 frame: the 32-byte header (magic, version, length, tier,\n"
-   "BLAKE3-128 of the body) followed by the body. tier: 0..3 (kvbm.Tier)."},
+   "frame_encode(body, phase) -> bytes\n\n"
+   "An MRDN v1 frame: the 32-byte header (magic, version, length, phase label,\n"
+   "BLAKE3-128 of the body) followed by the body. phase: ADR-0006's label,\n"
+   "0..2 (kvbm.Phase: THINK_COMPLETE, THINK_ACTIVE, OUTPUT_CRITICAL)."},
   {"frame_decode", (PyCFunction)(void (*)(void))py_frame_decode, METH_VARARGS | METH_KEYWORDS,
    "frame_decode(buf, *, max_body=64 MiB) -> (int, bytes)\n\n"
-   "Validates a whole frame and returns (tier, body). kvbm.frame_decode wraps\n"
-   "the tier in kvbm.Tier."},
+   "Validates a whole frame and returns (phase, body). kvbm.frame_decode wraps\n"
+   "the phase in kvbm.Phase."},
   {NULL, NULL, 0, NULL},
 };
 

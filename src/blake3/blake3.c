@@ -357,6 +357,138 @@ static void batch(kvbm_blake3_hasher *h, const uint8_t *in, size_t n) {
   chunk_reset(h, first + n);
 }
 
+/* ---- subtrees, for hashing one input on several threads ----
+ *
+ * BLAKE3's tree makes the chaining value of a subtree a function of its
+ * bytes and its position (the counter of its first chunk) alone. An input
+ * cut into pieces of P bytes (P a power of two, >= one chunk) has a tree
+ * whose every split above P bytes falls on a piece boundary: the left
+ * subtree of n bytes is the largest power-of-two number of chunks below n
+ * bytes, a multiple of P once n > P. So the pieces' chaining values can be
+ * computed apart (kvbm__b3_piece_cv, on any thread) and the tree above them
+ * rebuilt from those values alone (kvbm__b3_root_from_pieces), giving the
+ * same hash as one hasher would. Plain hash mode only (what frames use). */
+
+/* The chaining value of the complete subtree of `nchunks` whole chunks (a
+ * power of two) at chunk `offset` (a multiple of nchunks): the chunks by
+ * the widest kernel, then the levels above by the same kernel. Never the
+ * root. */
+static void complete_cv(kvbm_blake3_impl impl, const uint8_t *in,
+                        uint64_t nchunks, uint64_t offset, uint8_t cv[32]) {
+  if (nchunks > B3_MAX_BATCH) {
+    uint8_t pair[64];
+    uint64_t half = nchunks / 2;
+    complete_cv(impl, in, half, offset, pair);
+    complete_cv(impl, in + half * B3_CHUNK_LEN, half, offset + half,
+                pair + 32);
+    uint32_t st[16];
+    compress(impl, b3_iv, pair, B3_BLOCK_LEN, 0, B3_PARENT, st);
+    b3_store_cv(cv, st);
+    return;
+  }
+  uint8_t rows[2][B3_MAX_BATCH * 32];
+  b3_many_args a = {in, B3_CHUNK_LEN, B3_CHUNK_BLOCKS, b3_iv, offset, 1,
+                    0, B3_CHUNK_START, B3_CHUNK_END};
+  many(impl, a, (size_t)nchunks, rows[0]);
+  size_t m = (size_t)nchunks;
+  int cur = 0;
+  while (m > 1) {
+    b3_many_args p = {rows[cur], 64, 1, b3_iv, 0, 0, B3_PARENT, 0, 0};
+    many(impl, p, m / 2, rows[cur ^ 1]);
+    cur ^= 1;
+    m /= 2;
+  }
+  memcpy(cv, rows[cur], 32);
+}
+
+/* Chunks in the left subtree of a `len`-byte subtree (len > one chunk):
+ * the largest power of two that leaves at least one byte on the right. */
+static uint64_t left_chunks(uint64_t len) {
+  uint64_t n = (len - 1) / B3_CHUNK_LEN, p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+/* The chaining value of any subtree that is not the root: `len` (>= 1)
+ * bytes at chunk `offset`, either complete and aligned or the input's
+ * rightmost subtree of its level. */
+static void subtree_cv(kvbm_blake3_impl impl, const uint8_t *in, uint64_t len,
+                       uint64_t offset, uint8_t cv[32]) {
+  uint64_t chunks = len / B3_CHUNK_LEN;
+  if (len % B3_CHUNK_LEN == 0 && chunks > 0 && (chunks & (chunks - 1)) == 0) {
+    complete_cv(impl, in, chunks, offset, cv);
+    return;
+  }
+  if (len <= B3_CHUNK_LEN) {
+    kvbm_blake3_hasher h;
+    kvbm_blake3_hasher_init(&h);
+    h.impl = (uint8_t)impl;
+    chunk_reset(&h, offset);
+    chunk_update(&h, in, (size_t)len);
+    node c = chunk_node(&h);
+    node_cv(&c, cv);
+    return;
+  }
+  uint64_t left = left_chunks(len);
+  uint8_t pair[64];
+  complete_cv(impl, in, left, offset, pair);
+  subtree_cv(impl, in + left * B3_CHUNK_LEN, len - left * B3_CHUNK_LEN,
+             offset + left, pair + 32);
+  uint32_t st[16];
+  compress(impl, b3_iv, pair, B3_BLOCK_LEN, 0, B3_PARENT, st);
+  b3_store_cv(cv, st);
+}
+
+int kvbm__b3_piece_cv(const void *input, size_t len, size_t piece,
+                      size_t index, uint8_t cv[32]) {
+  if (!input || !cv || piece < B3_CHUNK_LEN || (piece & (piece - 1)) ||
+      len <= piece || index >= (len + piece - 1) / piece)
+    return KVBM_EINVAL;
+  size_t start = index * piece;
+  size_t n = len - start < piece ? len - start : piece;
+  subtree_cv(kvbm_blake3_impl_best(), (const uint8_t *)input + start, n,
+             start / B3_CHUNK_LEN, cv);
+  return KVBM_OK;
+}
+
+/* The chaining value of pieces [lo, hi), which cover `len` bytes. */
+static void pieces_cv(const uint8_t (*cvs)[32], size_t lo, size_t hi,
+                      uint64_t len, size_t piece, uint8_t cv[32]) {
+  if (hi - lo == 1) {
+    memcpy(cv, cvs[lo], 32);
+    return;
+  }
+  size_t lp = (size_t)(left_chunks(len) * B3_CHUNK_LEN / piece);
+  uint8_t pair[64];
+  pieces_cv(cvs, lo, lo + lp, (uint64_t)lp * piece, piece, pair);
+  pieces_cv(cvs, lo + lp, hi, len - (uint64_t)lp * piece, piece, pair + 32);
+  uint32_t st[16];
+  compress(kvbm_blake3_impl_best(), b3_iv, pair, B3_BLOCK_LEN, 0, B3_PARENT,
+           st);
+  b3_store_cv(cv, st);
+}
+
+int kvbm__b3_root_from_pieces(const uint8_t (*cvs)[32], size_t len,
+                              size_t piece, uint8_t *out, size_t out_len) {
+  if (!cvs || (!out && out_len > 0) || piece < B3_CHUNK_LEN ||
+      (piece & (piece - 1)) || len <= piece)
+    return KVBM_EINVAL;
+  size_t n = (len + piece - 1) / piece;
+  size_t lp = (size_t)(left_chunks(len) * B3_CHUNK_LEN / piece);
+  uint8_t pair[64];
+  pieces_cv(cvs, 0, lp, (uint64_t)lp * piece, piece, pair);
+  pieces_cv(cvs, lp, n, len - (uint64_t)lp * piece, piece, pair + 32);
+  node root;
+  memcpy(root.cv, b3_iv, sizeof root.cv);
+  memcpy(root.block, pair, 64);
+  root.block_len = B3_BLOCK_LEN;
+  root.counter = 0;
+  root.flags = B3_PARENT;
+  root.impl = kvbm_blake3_impl_best();
+  root_output(&root, 0, out, out_len);
+  return KVBM_OK;
+}
+
 /* ---- public API ---- */
 
 static void init_common(kvbm_blake3_hasher *h, const uint32_t key[8],

@@ -82,6 +82,18 @@ void kvbm__b3_many_avx2(const b3_many_args *a, uint8_t *out);    /* 8 inputs */
 void kvbm__b3_many_avx512(const b3_many_args *a, uint8_t *out);  /* 16 inputs */
 #endif
 
+/* Hashing one input in pieces (blake3.c; the pool's building blocks).
+ * Plain hash mode. `piece` is a power of two >= 1024 and the input is
+ * longer than one piece (else it is one plain hash). kvbm__b3_piece_cv
+ * gives piece `index`'s chaining value (bytes [index*piece, ...) of the
+ * input), on any thread; kvbm__b3_root_from_pieces rebuilds the tree above
+ * the pieces' values (cvs[i] for piece i) and writes out_len bytes of the
+ * input's hash. KVBM_EINVAL for arguments outside those rules. */
+int kvbm__b3_piece_cv(const void *input, size_t len, size_t piece,
+                      size_t index, uint8_t cv[32]);
+int kvbm__b3_root_from_pieces(const uint8_t (*cvs)[32], size_t len,
+                              size_t piece, uint8_t *out, size_t out_len);
+
 /* Fixed-count loops over lanes and words in the kernels must be fully
  * unrolled so that vectors stay in registers; -O2 alone does not. */
 #define B3_UNROLL _Pragma("GCC unroll 16")

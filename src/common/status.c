@@ -38,6 +38,8 @@ static const struct {
     {"KVBM_ERANGE", "out of range"},
     {"KVBM_EDEVICE", "no such device"},
     {"KVBM_EAUTH", "authentication failed"},
+    {"KVBM_EPHASE", "unknown phase label"},
+    {"KVBM_EDISAGG", "disaggregation unavailable"},
 };
 
 #define NSTATUS (sizeof kStatus / sizeof kStatus[0])

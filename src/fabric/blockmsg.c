@@ -5,7 +5,10 @@
  * an MRDN v1 frame so that the one definition of "checked payload" (the
  * frame module, BLAKE3-128 of the body) guards them; the envelope around it
  * carries what the frame does not: the block's identity, so that the
- * receiver can register what it onboards. A "placed" message carries the
+ * receiver can register what it onboards, and kvbm's storage tier. The
+ * frame's own byte 12 is ADR-0006's phase label; kvbm used to write its
+ * storage tier there (envelope version 1), so the tier moved here and the
+ * version went to 2: an old message is refused rather than misread. A "placed" message carries the
  * frame header alone: the bytes went ahead by a one-sided write into the
  * receiver's block, where the receiver verifies them against the header. Decoding copies the tokens into
  * the caller's array (they may sit unaligned in the buffer) and leaves the
@@ -37,11 +40,13 @@ size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len) {
 }
 
 int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, size_t *len, kvbm_error *err) {
-  if (!m || !out || !len || (!m->tokens && m->num_tokens) || (!m->body && m->body_len))
+  if (!m || !out || !len || (!m->tokens && m->num_tokens) || (!m->body && m->body_len && !m->placed))
     return kvbm_error_set(err, KVBM_EINVAL, "block message: NULL argument");
   size_t need = m->placed ? kvbm_block_msg_placed_size(m->num_tokens) : kvbm_block_msg_size(m->num_tokens, m->body_len);
   if (need == 0 || m->body_len > UINT32_MAX)
     return kvbm_error_set(err, KVBM_ETOOLONG, "block message: body of %zu bytes", m->body_len);
+  if ((unsigned)m->tier >= KVBM_TIER_COUNT)
+    return kvbm_error_set(err, KVBM_ETIER, "block message: storage tier %d is not G1..G4", (int)m->tier);
   if (cap < need)
     return kvbm_error_set(err, KVBM_ENOSPC, "block message: needs %zu bytes, buffer %zu", need, cap);
   size_t tok = (size_t)m->num_tokens * 4;
@@ -51,10 +56,13 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
   if (m->placed) {
     put64(frame, m->block_id);
     frame += 8;
-    rc = kvbm_frame_encode_header(m->tier, m->body, m->body_len, frame, err);
+    /* The bytes went ahead: hash them here, or take the checksum the
+     * caller computed (body NULL). */
+    rc = m->body ? kvbm_frame_encode_header(m->phase, m->body, m->body_len, frame, err)
+                 : kvbm_frame_encode_header_sum(m->phase, m->body_len, m->frame.checksum, frame, err);
     flen += 8;
   } else {
-    rc = kvbm_frame_encode(m->tier, m->body, m->body_len, frame, cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);
+    rc = kvbm_frame_encode(m->phase, m->body, m->body_len, frame, cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);
   }
   if (rc) return rc;
   memcpy(out, KVBM_BLOCK_MSG_MAGIC, 4);
@@ -63,7 +71,10 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
   put64(out + 16, m->has_parent ? m->parent_hash : 0);
   put64(out + 24, m->salt_hash);
   put32(out + 32, (m->has_parent ? 1u : 0u) | (m->placed ? 2u : 0u));
-  put32(out + 36, m->num_tokens);
+  out[36] = (uint8_t)m->tier;
+  memset(out + 37, 0, 3);
+  put64(out + 40, m->layout_id);
+  put32(out + 48, m->num_tokens);
   for (uint32_t i = 0; i < m->num_tokens; i++) put32(out + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i, m->tokens[i]);
   *len = KVBM_BLOCK_MSG_FIXED + tok + flen;
   return KVBM_OK;
@@ -78,11 +89,19 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
                           buf ? len : 0, KVBM_BLOCK_MSG_FIXED);
   if (memcmp(buf, KVBM_BLOCK_MSG_MAGIC, 4) != 0)
     return kvbm_error_set(err, KVBM_EMAGIC, "block message: wrong magic");
+  if (get32(buf + 4) == 1)
+    return kvbm_error_set(err, KVBM_EVERSION,
+                          "block message: version 1 (its frame's phase byte held a storage tier); this build reads 2");
   if (get32(buf + 4) != KVBM_BLOCK_MSG_VERSION)
     return kvbm_error_set(err, KVBM_EVERSION, "block message: unknown version %u", get32(buf + 4));
   uint32_t flags = get32(buf + 32);
   if (flags & ~3u) return kvbm_error_set(err, KVBM_EPADDING, "block message: unknown flags 0x%x", flags);
-  uint32_t n = get32(buf + 36);
+  if (buf[37] | buf[38] | buf[39])
+    return kvbm_error_set(err, KVBM_EPADDING, "block message: nonzero reserved bytes %02x %02x %02x", buf[37],
+                          buf[38], buf[39]);
+  if (buf[36] >= KVBM_TIER_COUNT)
+    return kvbm_error_set(err, KVBM_ETIER, "block message: storage tier %u is not G1..G4 (0..3)", buf[36]);
+  uint32_t n = get32(buf + 48);
   if (n > max_tokens)
     return kvbm_error_set(err, KVBM_ETOOLONG, "block message: %u tokens (limit %u)", n, max_tokens);
   if ((len - KVBM_BLOCK_MSG_FIXED) / 4 < n)
@@ -112,7 +131,9 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
   m->has_parent = flags & 1u;
   m->num_tokens = n;
   m->tokens = tokens;
-  m->tier = hdr.tier;
+  m->tier = (kvbm_tier)buf[36];
+  m->layout_id = get64(buf + 40);
+  m->phase = hdr.phase;
   m->body = body;
   m->body_len = hdr.body_len;
   m->placed = (flags & 2u) != 0;

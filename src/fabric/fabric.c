@@ -17,10 +17,10 @@
 
 #include "fabric/fabric_impl.h"
 
-void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const char *label) {
+void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const char *name) {
   f->vt = vt;
-  snprintf(f->label, sizeof f->label, "%s", label);
-  f->peer_label[0] = '\0';
+  snprintf(f->name, sizeof f->name, "%s", name);
+  f->peer_name[0] = '\0';
   f->next_push_id = 1;
   f->fatal = 0;
   f->fatal_msg[0] = '\0';
@@ -77,15 +77,15 @@ int kvbm__fabric_check(const kvbm_fabric *f, kvbm_error *err) {
   return kvbm_error_set(err, f->fatal, "%s", f->fatal_msg);
 }
 
-int kvbm__fabric_label_check(const char *label, kvbm_error *err) {
-  if (!label) return KVBM_OK;
-  size_t n = strlen(label);
-  if (n == 0 || n > KVBM_FABRIC_LABEL_MAX)
-    return kvbm_error_set(err, KVBM_EINVAL, "fabric: label must be 1..%d bytes, not %zu",
-                          KVBM_FABRIC_LABEL_MAX, n);
+int kvbm__fabric_name_check(const char *name, kvbm_error *err) {
+  if (!name) return KVBM_OK;
+  size_t n = strlen(name);
+  if (n == 0 || n > KVBM_FABRIC_NAME_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: a node name must be 1..%d bytes, not %zu",
+                          KVBM_FABRIC_NAME_MAX, n);
   for (size_t i = 0; i < n; i++)
-    if (!isprint((unsigned char)label[i]) || (unsigned char)label[i] > 126)
-      return kvbm_error_set(err, KVBM_EINVAL, "fabric: label has a non-printable byte at %zu", i);
+    if (!isprint((unsigned char)name[i]) || (unsigned char)name[i] > 126)
+      return kvbm_error_set(err, KVBM_EINVAL, "fabric: the node name has a non-printable byte at %zu", i);
   return KVBM_OK;
 }
 
@@ -97,8 +97,9 @@ void kvbm_fabric_destroy(kvbm_fabric *f) {
 }
 
 const char *kvbm_fabric_kind(const kvbm_fabric *f) { return f ? f->vt->kind : "?"; }
-const char *kvbm_fabric_label(const kvbm_fabric *f) { return f ? f->label : ""; }
-const char *kvbm_fabric_peer_label(const kvbm_fabric *f) { return f ? f->peer_label : ""; }
+const char *kvbm_fabric_label(const kvbm_fabric *f) { return f ? f->vt->label : ""; }
+const char *kvbm_fabric_name(const kvbm_fabric *f) { return f ? f->name : ""; }
+const char *kvbm_fabric_peer_name(const kvbm_fabric *f) { return f ? f->peer_name : ""; }
 
 int kvbm_fabric_push(kvbm_fabric *f, const void *data, size_t len, kvbm_fabric_handle *out,
                      kvbm_error *err) {
@@ -395,6 +396,83 @@ static int block_rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, bool write, uin
       if (rc) return rc;
     }
   }
+  return KVBM_OK;
+}
+
+/* The bridge: per layer, from wherever the local layout keeps it to the
+ * peer's (block, layer) slice, all ranges checked first. */
+static int layers_rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, bool write, uint64_t block,
+                      void *const *layers, uint64_t num_layers, uint64_t layer_bytes, kvbm_error *err) {
+  NEED(f);
+  if (!rs || !layers) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL remote set or layers");
+  const kvbm_layout *lay = &rs->desc.layout;
+  if (block >= lay->config.num_blocks)
+    return kvbm_error_set(err, KVBM_ERANGE, "fabric: block %llu out of range (set has %llu blocks)",
+                          (unsigned long long)block, (unsigned long long)lay->config.num_blocks);
+  if (num_layers != lay->config.num_layers || layer_bytes != lay->layer_stride)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "fabric: %llu layers of %llu bytes given, the peer's blocks have %llu of %llu",
+                          (unsigned long long)num_layers, (unsigned long long)layer_bytes,
+                          (unsigned long long)lay->config.num_layers, (unsigned long long)lay->layer_stride);
+  for (int pass = 0; pass < 2; pass++) {
+    for (uint64_t l = 0; l < num_layers; l++) {
+      kvbm_slice s;
+      int rc = kvbm_layout_block_layer(lay, block, l, &s, err);
+      if (rc) return rc;
+      if (pass == 0) {
+        uint64_t addr;
+        if (!layers[l]) return kvbm_error_set(err, KVBM_EINVAL, "fabric: layer %llu is NULL", (unsigned long long)l);
+        rc = remote_range(rs, s.region, s.offset, s.size, &addr, err);
+      } else {
+        rc = rma(f, rs, write, s.region, s.offset, layers[l], s.size, err);
+      }
+      if (rc) return rc;
+    }
+  }
+  return KVBM_OK;
+}
+
+int kvbm_fabric_write_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block,
+                                   const void *const *layers, uint64_t num_layers, uint64_t layer_bytes,
+                                   kvbm_error *err) {
+  return layers_rma(f, rs, true, block, (void *const *)(uintptr_t)layers, num_layers, layer_bytes, err);
+}
+
+int kvbm_fabric_read_block_layers(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block,
+                                  void *const *layers, uint64_t num_layers, uint64_t layer_bytes,
+                                  kvbm_error *err) {
+  return layers_rma(f, rs, false, block, layers, num_layers, layer_bytes, err);
+}
+
+int kvbm_fabric_export_layout(const uint8_t *buf, size_t len, kvbm_layout *out, kvbm_error *err) {
+  if (!buf || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL export or layout");
+  kvbm_layout_desc d;
+  kvbm_fabric_wire_region *regions = NULL;
+  int rc = kvbm__fabric_wire_decode(buf, len, &d, &regions, err);
+  if (rc) return rc;
+  *out = d.layout;
+  kvbm_layout_desc_release(&d);
+  free(regions);
+  return KVBM_OK;
+}
+
+int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs, kvbm_error *err) {
+  if (!ours || !theirs) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL layout");
+  const kvbm_layout_config *a = &ours->config, *b = &theirs->config;
+  const struct {
+    const char *name;
+    uint64_t here, there;
+  } fields[] = {
+      {"num_layers", a->num_layers, b->num_layers}, {"outer_dim", a->outer_dim, b->outer_dim},
+      {"page_size", a->page_size, b->page_size},    {"inner_dim", a->inner_dim, b->inner_dim},
+      {"dtype_size", a->dtype_size, b->dtype_size},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    if (fields[i].here != fields[i].there)
+      return kvbm_error_set(err, KVBM_EUNSUPPORTED,
+                            "layout mismatch: %s %llu here, %llu at the peer (kind, alignment and block count "
+                            "may differ; the block's shape may not)",
+                            fields[i].name, (unsigned long long)fields[i].here, (unsigned long long)fields[i].there);
   return KVBM_OK;
 }
 

@@ -4,7 +4,7 @@
  * (inproc.c, ucx.c).
  *
  * The generic layer owns everything that does not depend on the transport:
- * argument checks, labels, handle ids, the sticky fatal error, block set
+ * argument checks, names, handle ids, the sticky fatal error, block set
  * bookkeeping and every range check. An implementation only moves bytes
  * and manages its keys, so a range check cannot be forgotten by one of them.
  */
@@ -17,7 +17,10 @@
 #include "kvbm/fabric.h"
 
 typedef struct kvbm_fabric_vtable {
-  const char *kind;
+  const char *kind;  /* "inproc", "ucx" */
+  const char *label; /* the transport's label for reports (ADR-0006):
+                        "nixl-synth" for the synthetic in-process fabric,
+                        "ucx" */
   /* Sends a payload under handle id `id` (assigned by the generic layer). */
   int (*push)(kvbm_fabric *f, const void *data, size_t len, uint64_t id,
               kvbm_error *err);
@@ -79,8 +82,8 @@ struct kvbm_fabric_remote_set {
 /* Every implementation's struct starts with this. */
 struct kvbm_fabric {
   const kvbm_fabric_vtable *vt;
-  char label[KVBM_FABRIC_LABEL_MAX + 1];
-  char peer_label[KVBM_FABRIC_LABEL_MAX + 1];
+  char name[KVBM_FABRIC_NAME_MAX + 1];      /* this end's node name */
+  char peer_name[KVBM_FABRIC_NAME_MAX + 1]; /* the peer's, as it announced it */
   uint64_t next_push_id;
   int fatal;                  /* sticky error, 0 while healthy */
   char fatal_msg[KVBM_ERROR_MSG_MAX];
@@ -91,9 +94,9 @@ struct kvbm_fabric {
       failures;
 };
 
-/* Initialises the common part (labels already validated). */
+/* Initialises the common part (name already validated). */
 void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt,
-                           const char *label);
+                           const char *name);
 
 /* Records a fatal error once (later calls keep the first) and returns it
  * through err. */
@@ -107,9 +110,9 @@ int kvbm__fabric_set_fatal(kvbm_fabric *f, kvbm_error *err, int code,
 /* KVBM_OK if healthy, else the fatal error (copied to err). */
 int kvbm__fabric_check(const kvbm_fabric *f, kvbm_error *err);
 
-/* Checks a label: NULL is allowed (caller picks a default), otherwise 1..63
- * printable ASCII bytes. */
-int kvbm__fabric_label_check(const char *label, kvbm_error *err);
+/* Checks a node name: NULL is allowed (caller picks a default), otherwise
+ * 1..63 printable ASCII bytes. */
+int kvbm__fabric_name_check(const char *name, kvbm_error *err);
 
 /* ---- The export envelope (wire.c): a codec, no transport inside ---- */
 

@@ -165,9 +165,9 @@ int kvbm__hs_check_proof(kvbm__hs *hs, const uint8_t *in, size_t len, kvbm_error
   return KVBM_OK;
 }
 
-size_t kvbm__hello_size(size_t label_len, size_t addr_len) {
-  if (label_len > KVBM_FABRIC_LABEL_MAX || addr_len > KVBM__HELLO_MAX) return 0;
-  size_t n = KVBM__HELLO_FIXED + label_len + addr_len + KVBM__HELLO_MAC;
+size_t kvbm__hello_size(size_t name_len, size_t addr_len) {
+  if (name_len > KVBM_FABRIC_NAME_MAX || addr_len > KVBM__HELLO_MAX) return 0;
+  size_t n = KVBM__HELLO_FIXED + name_len + addr_len + KVBM__HELLO_MAC;
   return n > KVBM__HELLO_MAX ? 0 : n;
 }
 
@@ -190,18 +190,18 @@ static bool printable(const char *s, size_t n) {
   return true;
 }
 
-int kvbm__hs_hello_encode(const kvbm__hs *hs, const char *label, const void *addr, size_t addr_len,
+int kvbm__hs_hello_encode(const kvbm__hs *hs, const char *name, const void *addr, size_t addr_len,
                           uint8_t *out, size_t cap, size_t *len, kvbm_error *err) {
   if (!hs->have_peer_nonce)
     return kvbm_error_set(err, KVBM_ESTATE, "fabric: handshake: hello before the peer's challenge");
-  size_t llen = label ? strlen(label) : 0;
-  if (!label || llen == 0 || !printable(label, llen))
-    return kvbm_error_set(err, KVBM_EINVAL, "fabric: handshake: the label must be printable ASCII");
+  size_t llen = name ? strlen(name) : 0;
+  if (!name || llen == 0 || !printable(name, llen))
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: handshake: the node name must be printable ASCII");
   if (!addr || addr_len == 0)
     return kvbm_error_set(err, KVBM_EINVAL, "fabric: handshake: empty worker address");
   size_t n = kvbm__hello_size(llen, addr_len);
   if (n == 0)
-    return kvbm_error_set(err, KVBM_EINVAL, "fabric: handshake: label of %zu or address of %zu bytes too long",
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: handshake: node name of %zu or address of %zu bytes too long",
                           llen, addr_len);
   if (!out || cap < n)
     return kvbm_error_set(err, KVBM_ENOSPC, "fabric: handshake: a hello of %zu bytes, room for %zu", n, cap);
@@ -209,7 +209,7 @@ int kvbm__hs_hello_encode(const kvbm__hs *hs, const char *label, const void *add
   put32(out + 4, HELLO_VERSION);
   put32(out + 8, (uint32_t)llen);
   put32(out + 12, (uint32_t)addr_len);
-  memcpy(out + KVBM__HELLO_FIXED, label, llen);
+  memcpy(out + KVBM__HELLO_FIXED, name, llen);
   memcpy(out + KVBM__HELLO_FIXED + llen, addr, addr_len);
   kvbm__hs_hello_seal(hs, out, n);
   *len = n;
@@ -243,13 +243,13 @@ int kvbm__hs_hello_decode(const kvbm__hs *hs, const uint8_t *in, size_t len, kvb
     return kvbm_error_set(err, KVBM_ETOOLONG, "fabric: handshake: hello has bytes after its fields");
   if (llen + alen > body)
     return kvbm_error_set(err, KVBM_ETRUNCATED, "fabric: handshake: hello shorter than its fields");
-  const char *label = (const char *)in + KVBM__HELLO_FIXED;
-  if (llen == 0 || llen > KVBM_FABRIC_LABEL_MAX || !printable(label, (size_t)llen))
-    return kvbm_error_set(err, KVBM_EFORMAT, "fabric: handshake: the peer's label is not 1..%d printable bytes",
-                          KVBM_FABRIC_LABEL_MAX);
+  const char *name = (const char *)in + KVBM__HELLO_FIXED;
+  if (llen == 0 || llen > KVBM_FABRIC_NAME_MAX || !printable(name, (size_t)llen))
+    return kvbm_error_set(err, KVBM_EFORMAT, "fabric: handshake: the peer's node name is not 1..%d printable bytes",
+                          KVBM_FABRIC_NAME_MAX);
   if (alen == 0) return kvbm_error_set(err, KVBM_EFORMAT, "fabric: handshake: empty worker address");
-  memcpy(out->label, label, (size_t)llen);
-  out->label[llen] = '\0';
+  memcpy(out->name, name, (size_t)llen);
+  out->name[llen] = '\0';
   out->addr = in + KVBM__HELLO_FIXED + llen;
   out->addr_len = (size_t)alen;
   return KVBM_OK;

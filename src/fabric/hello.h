@@ -7,8 +7,8 @@
  *
  *   challenge  40 bytes  "KVFC", u32 version 1, 32-byte nonce (getrandom)
  *   proof      40 bytes  "KVFP", u32 version 1, 32-byte MAC
- *   hello      record    "KVFU", u32 version 2, u32 label length L,
- *                        u32 address length A, L label bytes, A address
+ *   hello      record    "KVFU", u32 version 2, u32 name length L,
+ *                        u32 address length A, L name bytes, A address
  *                        bytes, 32-byte MAC
  *
  * all integers little-endian. K is the 32-byte key derived from the shared
@@ -44,7 +44,7 @@
 #define KVBM__HELLO_NONCE 32u
 #define KVBM__HELLO_MAC 32u
 #define KVBM__HELLO_AUTH_LEN 40u /* a challenge or a proof */
-#define KVBM__HELLO_FIXED 16u    /* a hello's fields before the label */
+#define KVBM__HELLO_FIXED 16u    /* a hello's fields before the name */
 /* Largest hello record we accept (UCX worker addresses are a few hundred
  * bytes to a few KiB, one entry per device). */
 #define KVBM__HELLO_MAX (64u << 10)
@@ -63,7 +63,7 @@ typedef struct kvbm__hs {
 
 /* A decoded hello; addr points into the decoded buffer. */
 typedef struct kvbm__hello {
-  char label[KVBM_FABRIC_LABEL_MAX + 1];
+  char name[KVBM_FABRIC_NAME_MAX + 1];
   const uint8_t *addr;
   size_t addr_len;
 } kvbm__hello;
@@ -101,14 +101,14 @@ int kvbm__hs_proof(const kvbm__hs *hs, uint8_t out[KVBM__HELLO_AUTH_LEN], kvbm_e
  * authenticated on success. */
 int kvbm__hs_check_proof(kvbm__hs *hs, const uint8_t *in, size_t len, kvbm_error *err);
 
-/* Bytes of a hello with this label and address (0 if they are too long). */
-size_t kvbm__hello_size(size_t label_len, size_t addr_len);
+/* Bytes of a hello with this name and address (0 if they are too long). */
+size_t kvbm__hello_size(size_t name_len, size_t addr_len);
 
-/* Encodes this end's hello (label printable ASCII, at most
- * KVBM_FABRIC_LABEL_MAX bytes; address 1..KVBM__HELLO_MAX bytes) into
+/* Encodes this end's hello (name printable ASCII, at most
+ * KVBM_FABRIC_NAME_MAX bytes; address 1..KVBM__HELLO_MAX bytes) into
  * out[0..cap); *len gets its size. KVBM_ESTATE before the peer's challenge,
- * KVBM_EINVAL for a bad label or address, KVBM_ENOSPC if cap is short. */
-int kvbm__hs_hello_encode(const kvbm__hs *hs, const char *label, const void *addr, size_t addr_len,
+ * KVBM_EINVAL for a bad name or address, KVBM_ENOSPC if cap is short. */
+int kvbm__hs_hello_encode(const kvbm__hs *hs, const char *name, const void *addr, size_t addr_len,
                           uint8_t *out, size_t cap, size_t *len, kvbm_error *err);
 
 /* Writes the MAC of this end's hello buf[0 .. len - 32) into its last 32
@@ -119,7 +119,7 @@ void kvbm__hs_hello_seal(const kvbm__hs *hs, uint8_t *buf, size_t len);
 /* Decodes the peer's hello: KVBM_ESTATE unless the peer is authenticated;
  * then the MAC (KVBM_EAUTH), then magic, version and lengths (KVBM_EMAGIC,
  * KVBM_EVERSION, KVBM_ETRUNCATED, KVBM_ETOOLONG, KVBM_EFORMAT for an empty
- * address or a label that is not printable). */
+ * address or a name that is not printable). */
 int kvbm__hs_hello_decode(const kvbm__hs *hs, const uint8_t *in, size_t len, kvbm__hello *out,
                           kvbm_error *err);
 

@@ -99,7 +99,7 @@ static int ip_push(kvbm_fabric *f, const void *data, size_t len, uint64_t id, kv
   if (!c->open[peer]) {
     pthread_mutex_unlock(&c->mu);
     free(p);
-    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: push: peer '%s' is closed", f->peer_label);
+    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: push: peer '%s' is closed", f->peer_name);
   }
   payload **pp = &c->inbox[peer];
   while (*pp) pp = &(*pp)->next;
@@ -126,7 +126,7 @@ static int ip_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t
       }
     if (!c->open[1 - ip->side]) {
       pthread_mutex_unlock(&c->mu);
-      return kvbm_error_set(err, KVBM_ECLOSED, "fabric: next: peer '%s' closed, nothing left", f->peer_label);
+      return kvbm_error_set(err, KVBM_ECLOSED, "fabric: next: peer '%s' closed, nothing left", f->peer_name);
     }
     if (!wait_until(c, timeout_ms, &dl)) {
       pthread_mutex_unlock(&c->mu);
@@ -168,7 +168,7 @@ static int ip_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, 
     if (!c->open[peer]) {
       pthread_mutex_unlock(&c->mu);
       return kvbm_error_set(err, KVBM_ECLOSED, "fabric: pull: peer '%s' closed before sending payload %llu",
-                            f->peer_label, (unsigned long long)h.id);
+                            f->peer_name, (unsigned long long)h.id);
     }
     if (!wait_until(c, timeout_ms, &dl)) {
       pthread_mutex_unlock(&c->mu);
@@ -321,6 +321,9 @@ static void ip_destroy(kvbm_fabric *f) {
 
 static const kvbm_fabric_vtable ip_vtable = {
     .kind = "inproc",
+    /* ADR-0006: a synthetic fabric says so, so that nobody takes its
+     * figures (memcpy under a lock) for a real transport's. */
+    .label = "nixl-synth",
     .push = ip_push,
     .next = ip_next,
     .pull = ip_pull,
@@ -335,11 +338,11 @@ static const kvbm_fabric_vtable ip_vtable = {
     .destroy = ip_destroy,
 };
 
-int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b, kvbm_fabric **a, kvbm_fabric **b,
+int kvbm_fabric_inproc_pair(const char *name_a, const char *name_b, kvbm_fabric **a, kvbm_fabric **b,
                             kvbm_error *err) {
   if (!a || !b) return kvbm_error_set(err, KVBM_EINVAL, "fabric: inproc_pair: NULL out");
-  int rc = kvbm__fabric_label_check(label_a, err);
-  if (!rc) rc = kvbm__fabric_label_check(label_b, err);
+  int rc = kvbm__fabric_name_check(name_a, err);
+  if (!rc) rc = kvbm__fabric_name_check(name_b, err);
   if (rc) return rc;
   core *c = calloc(1, sizeof *c);
   inproc *x = calloc(1, sizeof *x), *y = calloc(1, sizeof *y);
@@ -357,11 +360,11 @@ int kvbm_fabric_inproc_pair(const char *label_a, const char *label_b, kvbm_fabri
   pthread_mutex_init(&c->mu, NULL);
   c->refs = 2;
   c->open[0] = c->open[1] = true;
-  const char *la = label_a ? label_a : "inproc-a", *lb = label_b ? label_b : "inproc-b";
-  kvbm__fabric_base_init(&x->base, &ip_vtable, la);
-  kvbm__fabric_base_init(&y->base, &ip_vtable, lb);
-  strcpy(x->base.peer_label, y->base.label);
-  strcpy(y->base.peer_label, x->base.label);
+  const char *na = name_a ? name_a : "inproc-a", *nb = name_b ? name_b : "inproc-b";
+  kvbm__fabric_base_init(&x->base, &ip_vtable, na);
+  kvbm__fabric_base_init(&y->base, &ip_vtable, nb);
+  strcpy(x->base.peer_name, y->base.name);
+  strcpy(y->base.peer_name, x->base.name);
   x->c = y->c = c;
   x->side = 0;
   y->side = 1;

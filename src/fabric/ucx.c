@@ -5,7 +5,7 @@
  * hold the shared key (auth.c: challenge and keyed-BLAKE3 response, both
  * ways, before anything else is read; a listener authenticates up to 16
  * connections at once and refuses the failures without ending). Only then
- * is a UCX context created and a hello sent each way: label and UCX worker
+ * is a UCX context created and a hello sent each way: node name and UCX worker
  * address under a MAC of this handshake (hello.c), checked before any field
  * of it is read, so no byte from an unauthenticated peer ever reaches UCX's
  * address unpacker (which trusts its input: a hello of 0xff bytes made it
@@ -33,6 +33,12 @@
  * layer has already range-checked; completion is by kvbm_fabric_flush(),
  * which waits for every request and then flushes the endpoint (remote
  * completion), after which the writer notifies the target with a push.
+ * When ucp_rkey_ptr maps the peer's region here (UCX's shared-memory
+ * transports, into memory UCX allocated), a read or write is instead a
+ * copy by the calling thread, done when it returns: UCX's put would do the
+ * same copy with glibc's memcpy, and large writes go faster with
+ * non-temporal stores (see copy_out). Host memory only: the generic layer
+ * refuses DEVICE memory before a region gets here.
  *
  * Progress. UCX makes progress only inside ucp_worker_progress(), which
  * every waiting call runs in a loop. The loop spins while there is work and
@@ -58,6 +64,9 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 #include <ucp/api/ucp.h>
 
 #include "fabric/auth.h"
@@ -119,13 +128,13 @@ struct kvbm_fabric_listener {
   uint16_t port;
   kvbm__gate *gate; /* authenticates connections; holds the derived key */
   kvbm_fabric_ucx_config cfg;
-  char label[KVBM_FABRIC_LABEL_MAX + 1];
+  char name[KVBM_FABRIC_NAME_MAX + 1];
   char *transports, *net_devices;
 };
 
 kvbm_fabric_ucx_config kvbm_fabric_ucx_config_default(void) {
   return (kvbm_fabric_ucx_config){
-      .label = NULL, .timeout_ms = 10000, .max_payload = 1ull << 30, .max_pending = 65536};
+      .name = NULL, .timeout_ms = 10000, .max_payload = 1ull << 30, .max_pending = 65536};
 }
 
 static int ucs_fail(kvbm_error *err, const char *what, ucs_status_t st) {
@@ -248,7 +257,7 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status) {
   ucx_fabric *u = arg;
   u->peer_closed = true;
   kvbm__fabric_set_fatal(&u->base, NULL, KVBM_ECLOSED, "fabric: ucx: connection to '%s' lost: %s",
-                        u->base.peer_label, ucs_status_string(status));
+                        u->base.peer_name, ucs_status_string(status));
 }
 
 /* ---- vtable ---- */
@@ -270,7 +279,7 @@ static int ux_push(kvbm_fabric *f, const void *data, size_t len, uint64_t id, kv
   ucx_fabric *u = U(f);
   watch_socket(u);
   if (u->peer_closed)
-    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: push: peer '%s' is closed", f->peer_label);
+    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: push: peer '%s' is closed", f->peer_name);
   if (len > u->max_payload)
     return kvbm_error_set(err, KVBM_ETOOLONG, "fabric: push: %zu bytes above the limit of %llu", len,
                           (unsigned long long)u->max_payload);
@@ -311,7 +320,7 @@ static int ux_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t
     int rc = kvbm__fabric_check(f, err);
     if (rc) return rc;
     if (u->peer_closed)
-      return kvbm_error_set(err, KVBM_ECLOSED, "fabric: next: peer '%s' closed, nothing left", f->peer_label);
+      return kvbm_error_set(err, KVBM_ECLOSED, "fabric: next: peer '%s' closed, nothing left", f->peer_name);
     if (timeout_ms == 0 || timed_out_every(&tick, deadline)) {
       ucp_worker_progress(u->worker);
       if (u->tail && !u->tail->announced) continue;
@@ -401,7 +410,7 @@ static int ux_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, 
     if (rc) return rc;
     if (u->peer_closed)
       return kvbm_error_set(err, KVBM_ECLOSED, "fabric: pull: peer '%s' closed before sending payload %llu",
-                            f->peer_label, (unsigned long long)h.id);
+                            f->peer_name, (unsigned long long)h.id);
     if (timeout_ms == 0 || timed_out_every(&tick, deadline)) {
       if (ucp_worker_progress(u->worker)) continue;
       return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: pull: payload %llu not there within %d ms",
@@ -435,7 +444,7 @@ static int wait_check(ucx_fabric *u, unsigned *tick, int64_t deadline, int timeo
   int rc = kvbm__fabric_check(&u->base, err);
   if (rc) return rc;
   if (u->peer_gone)
-    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: %s: peer '%s' is gone", what, u->base.peer_label);
+    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: %s: peer '%s' is gone", what, u->base.peer_name);
   if (timed_out_every(tick, deadline))
     return kvbm_error_set(err, KVBM_ETIMEDOUT, "fabric: %s: not complete after %d ms", what, timeout_ms);
   return KVBM_OK;
@@ -590,11 +599,50 @@ static void ux_key_detach(kvbm_fabric *f, void *rkey) {
   ucp_rkey_destroy(rkey);
 }
 
+/* A copy with non-temporal stores when both ends are 16-byte aligned and
+ * the copy is large (the destination is not read for ownership and does
+ * not evict the cache), memcpy otherwise. The non-temporal stores end
+ * with a store fence (they are weakly ordered); regular stores need none
+ * here: the later message about the bytes goes through UCX, whose
+ * shared-memory FIFO fences before it publishes an element. */
+static void copy_out(void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= 65536 && ((uintptr_t)dst | (uintptr_t)src) % 16 == 0) {
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      __m128i a = _mm_load_si128((const __m128i *)(s + i)), b = _mm_load_si128((const __m128i *)(s + i + 16));
+      __m128i c = _mm_load_si128((const __m128i *)(s + i + 32)), e = _mm_load_si128((const __m128i *)(s + i + 48));
+      _mm_stream_si128((__m128i *)(d + i), a);
+      _mm_stream_si128((__m128i *)(d + i + 16), b);
+      _mm_stream_si128((__m128i *)(d + i + 32), c);
+      _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    memcpy(d + i, s + i, n - i);
+    _mm_sfence();
+    return;
+  }
+#endif
+  memcpy(dst, src, n);
+}
+
 static int ux_rma(kvbm_fabric *f, bool write, void *rkey, uint64_t raddr, void *local, size_t len, void *lreg,
                   kvbm_error *err) {
   ucx_fabric *u = U(f);
   if (u->peer_closed)
-    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: peer '%s' is closed", f->peer_label);
+    return kvbm_error_set(err, KVBM_ECLOSED, "fabric: peer '%s' is closed", f->peer_name);
+  /* The peer's memory mapped here (UCX's shared-memory transports): the
+   * access is a copy by this thread, complete when it returns, with no
+   * UCX request at all. Otherwise a put or get. */
+  void *mapped;
+  if (ucp_rkey_ptr(rkey, raddr, &mapped) == UCS_OK) {
+    if (write)
+      copy_out(mapped, local, len);
+    else
+      memcpy(local, mapped, len);
+    return KVBM_OK;
+  }
   ucp_request_param_t p = {0};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.send = op_done;
@@ -697,6 +745,7 @@ static void ux_destroy(kvbm_fabric *f) {
 
 static const kvbm_fabric_vtable ux_vtable = {
     .kind = "ucx",
+    .label = "ucx",
     .push = ux_push,
     .next = ux_next,
     .pull = ux_pull,
@@ -754,16 +803,16 @@ static int create_context(ucx_fabric *u, const char *transports, const char *net
   return KVBM_OK;
 }
 
-/* Sends this end's hello: label and worker address, MAC'd for this
+/* Sends this end's hello: node name and worker address, MAC'd for this
  * handshake (hello.h). */
 static int send_hello(ucx_fabric *u, const kvbm__hs *hs, int64_t deadline, kvbm_error *err) {
   ucp_address_t *addr;
   size_t alen;
   ucs_status_t st = ucp_worker_get_address(u->worker, &addr, &alen);
   if (st != UCS_OK) return ucs_fail(err, "ucp_worker_get_address", st);
-  size_t n = kvbm__hello_size(strlen(u->base.label), alen);
+  size_t n = kvbm__hello_size(strlen(u->base.name), alen);
   uint8_t *b = n ? malloc(n) : NULL;
-  int rc = b ? kvbm__hs_hello_encode(hs, u->base.label, addr, alen, b, n, &n, err)
+  int rc = b ? kvbm__hs_hello_encode(hs, u->base.name, addr, alen, b, n, &n, err)
              : kvbm_error_set(err, n ? KVBM_ENOMEM : KVBM_EOVERFLOW, "fabric: ucx: hello of a %zu-byte address", alen);
   ucp_worker_release_address(u->worker, addr);
   if (!rc) rc = kvbm__sc_send_record(u->sock, b, n, deadline, err);
@@ -785,7 +834,7 @@ static int recv_hello(ucx_fabric *u, const kvbm__hs *hs, int64_t deadline, kvbm_
     rc = KVBM_EPROTO;
   }
   if (!rc) {
-    memcpy(u->base.peer_label, h.label, sizeof h.label);
+    memcpy(u->base.peer_name, h.name, sizeof h.name);
     ucp_ep_params_t ep = {0};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -831,7 +880,7 @@ static int handshake(ucx_fabric *u, const kvbm__hs *hs, kvbm_error *err) {
 /* A fabric on a side channel whose peer proved the key (hs): UCX context,
  * hello both ways, endpoint, ready. *ours tells a failure on this side
  * (UCX would not start, memory) from one of the peer's. */
-static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *label, int sock, const kvbm__hs *hs,
+static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *name, int sock, const kvbm__hs *hs,
                       kvbm_fabric **out, bool *ours, kvbm_error *err) {
   *ours = true;
   ucx_fabric *u = calloc(1, sizeof *u);
@@ -839,7 +888,7 @@ static int new_fabric(const kvbm_fabric_ucx_config *cfg, const char *label, int 
     close(sock);
     return kvbm_error_set(err, KVBM_ENOMEM, "fabric: ucx: out of memory");
   }
-  kvbm__fabric_base_init(&u->base, &ux_vtable, label ? label : "ucx");
+  kvbm__fabric_base_init(&u->base, &ux_vtable, name ? name : "ucx");
   u->sock = sock;
   u->timeout_ms = cfg->timeout_ms;
   u->max_payload = cfg->max_payload;
@@ -882,7 +931,7 @@ static int check_cfg(const kvbm_fabric_ucx_config *cfg, uint8_t key[KVBM__HELLO_
                           "before they exchange anything");
   int rc = kvbm__hello_derive(cfg->key, cfg->key_len, key, err);
   if (rc) return rc;
-  return kvbm__fabric_label_check(cfg->label, err);
+  return kvbm__fabric_name_check(cfg->name, err);
 }
 
 int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host, uint16_t port,
@@ -900,10 +949,10 @@ int kvbm_fabric_ucx_listen(const kvbm_fabric_ucx_config *cfg, const char *host, 
   l->cfg = *cfg;
   l->cfg.key = NULL; /* the caller's; we keep the derived key in the gate */
   l->cfg.key_len = 0;
-  snprintf(l->label, sizeof l->label, "%s", cfg->label ? cfg->label : "ucx");
+  snprintf(l->name, sizeof l->name, "%s", cfg->name ? cfg->name : "ucx");
   l->transports = cfg->transports ? strdup(cfg->transports) : NULL;
   l->net_devices = cfg->net_devices ? strdup(cfg->net_devices) : NULL;
-  l->cfg.label = l->label;
+  l->cfg.name = l->name;
   l->cfg.transports = l->transports;
   l->cfg.net_devices = l->net_devices;
   if ((cfg->transports && !l->transports) || (cfg->net_devices && !l->net_devices))
@@ -939,7 +988,7 @@ int kvbm_fabric_ucx_accept(kvbm_fabric_listener *l, kvbm_fabric **out, kvbm_erro
     if (rc) return rc;
     kvbm_error e = {0};
     bool ours;
-    rc = new_fabric(&l->cfg, l->label, sock, &hs, out, &ours, &e);
+    rc = new_fabric(&l->cfg, l->name, sock, &hs, out, &ours, &e);
     kvbm__hs_wipe(&hs);
     if (rc == KVBM_OK) return KVBM_OK;
     if (ours) return kvbm_error_set(err, rc, "%s", e.msg);
@@ -972,7 +1021,7 @@ int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg, const char *host,
     return rc;
   }
   bool ours;
-  rc = new_fabric(cfg, cfg->label, sock, &hs, out, &ours, err);
+  rc = new_fabric(cfg, cfg->name, sock, &hs, out, &ours, err);
   kvbm__hs_wipe(&hs);
   return rc;
 }

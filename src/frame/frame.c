@@ -12,6 +12,12 @@
  * hasher picks its SIMD path, so verifying a large body runs at hashing
  * speed.
  *
+ * The header's byte 12 is ADR-0006's phase label, checked against the
+ * three labels the ADR defines and refused with its own status
+ * (KVBM_EPHASE) otherwise: a producer written to the ADR and kvbm read the
+ * byte the same way. Until issue 12 kvbm wrote its storage tier (G1..G4)
+ * there, which an ADR reader would have taken for a phase.
+ *
  * Trade-off: checks stop at the first problem, in header field order. A
  * frame with two problems reports the first one only; that keeps each
  * status meaning one precise thing.
@@ -25,7 +31,7 @@ static const uint8_t kMagic[4] = {'M', 'R', 'D', 'N'};
 #define OFF_MAGIC 0
 #define OFF_VERSION 4
 #define OFF_LEN 8
-#define OFF_TIER 12
+#define OFF_PHASE 12
 #define OFF_PAD 13
 #define OFF_SUM 16
 
@@ -41,8 +47,15 @@ static void put32(uint8_t *p, uint32_t v) {
   p[3] = (uint8_t)(v >> 24);
 }
 
-static int tier_valid(int tier) {
-  return tier >= KVBM_TIER_G1 && tier <= KVBM_TIER_G4;
+static const char *const kPhaseName[KVBM_FRAME_PHASE_COUNT] = {
+    "ThinkComplete", "ThinkActive", "OutputCritical"};
+
+static int phase_valid(int phase) {
+  return phase >= 0 && phase < KVBM_FRAME_PHASE_COUNT;
+}
+
+const char *kvbm_frame_phase_name(int phase) {
+  return phase_valid(phase) ? kPhaseName[phase] : "?";
 }
 
 static void body_checksum(const void *body, size_t len,
@@ -66,28 +79,52 @@ int kvbm_frame_encoded_len(size_t body_len, size_t *out, kvbm_error *err) {
   return KVBM_OK;
 }
 
-int kvbm_frame_encode_header(kvbm_tier tier, const void *body,
-                             size_t body_len,
-                             uint8_t header[KVBM_FRAME_HEADER_LEN],
-                             kvbm_error *err) {
+/* Every field but the checksum, after checking the arguments. */
+static int write_header(kvbm_frame_phase phase, size_t body_len,
+                        uint8_t header[KVBM_FRAME_HEADER_LEN],
+                        kvbm_error *err) {
   size_t total;
-  if (!header || (!body && body_len > 0))
-    return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or body");
-  if (!tier_valid((int)tier))
-    return kvbm_error_set(err, KVBM_ETIER, "frame: unknown tier %d",
-                          (int)tier);
+  if (!phase_valid((int)phase))
+    return kvbm_error_set(err, KVBM_EPHASE,
+                          "frame: unknown phase %d (ThinkComplete 0, "
+                          "ThinkActive 1, OutputCritical 2)",
+                          (int)phase);
   int rc = kvbm_frame_encoded_len(body_len, &total, err);
   if (rc) return rc;
   memcpy(header + OFF_MAGIC, kMagic, 4);
   put32(header + OFF_VERSION, KVBM_FRAME_VERSION);
   put32(header + OFF_LEN, (uint32_t)body_len);
-  header[OFF_TIER] = (uint8_t)tier;
+  header[OFF_PHASE] = (uint8_t)phase;
   memset(header + OFF_PAD, 0, 3);
+  return KVBM_OK;
+}
+
+int kvbm_frame_encode_header(kvbm_frame_phase phase, const void *body,
+                             size_t body_len,
+                             uint8_t header[KVBM_FRAME_HEADER_LEN],
+                             kvbm_error *err) {
+  if (!header || (!body && body_len > 0))
+    return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or body");
+  /* Arguments first: a frame that cannot be written is not hashed. */
+  int rc = write_header(phase, body_len, header, err);
+  if (rc) return rc;
   body_checksum(body, body_len, header + OFF_SUM);
   return KVBM_OK;
 }
 
-int kvbm_frame_encode(kvbm_tier tier, const void *body, size_t body_len,
+int kvbm_frame_encode_header_sum(kvbm_frame_phase phase, size_t body_len,
+                                 const uint8_t sum[KVBM_FRAME_CHECKSUM_LEN],
+                                 uint8_t header[KVBM_FRAME_HEADER_LEN],
+                                 kvbm_error *err) {
+  if (!header || !sum)
+    return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or checksum");
+  int rc = write_header(phase, body_len, header, err);
+  if (rc) return rc;
+  memcpy(header + OFF_SUM, sum, KVBM_FRAME_CHECKSUM_LEN);
+  return KVBM_OK;
+}
+
+int kvbm_frame_encode(kvbm_frame_phase phase, const void *body, size_t body_len,
                       void *out, size_t cap, size_t *out_len,
                       kvbm_error *err) {
   size_t total = 0;
@@ -107,7 +144,7 @@ int kvbm_frame_encode(kvbm_tier tier, const void *body, size_t body_len,
    * inside the first 32 bytes of `out`. */
   if (body_len > 0 && (const uint8_t *)body != o + KVBM_FRAME_HEADER_LEN)
     memmove(o + KVBM_FRAME_HEADER_LEN, body, body_len);
-  return kvbm_frame_encode_header(tier, o + KVBM_FRAME_HEADER_LEN, body_len,
+  return kvbm_frame_encode_header(phase, o + KVBM_FRAME_HEADER_LEN, body_len,
                                   o, err);
 }
 
@@ -135,9 +172,11 @@ int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
     return kvbm_error_set(err, KVBM_EPADDING,
                           "frame: nonzero padding bytes %02x %02x %02x",
                           p[OFF_PAD], p[OFF_PAD + 1], p[OFF_PAD + 2]);
-  if (!tier_valid(p[OFF_TIER]))
-    return kvbm_error_set(err, KVBM_ETIER, "frame: unknown tier %u",
-                          p[OFF_TIER]);
+  if (!phase_valid(p[OFF_PHASE]))
+    return kvbm_error_set(err, KVBM_EPHASE,
+                          "frame: unknown phase %u (ThinkComplete 0, "
+                          "ThinkActive 1, OutputCritical 2)",
+                          p[OFF_PHASE]);
   uint32_t body_len = get32(p + OFF_LEN);
   if (body_len > max_body)
     return kvbm_error_set(err, KVBM_ETOOLONG,
@@ -145,7 +184,7 @@ int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
                           body_len, max_body);
   hdr->version = version;
   hdr->body_len = body_len;
-  hdr->tier = (kvbm_tier)p[OFF_TIER];
+  hdr->phase = (kvbm_frame_phase)p[OFF_PHASE];
   memcpy(hdr->checksum, p + OFF_SUM, KVBM_FRAME_CHECKSUM_LEN);
   return KVBM_OK;
 }
@@ -185,6 +224,15 @@ int kvbm_frame_verify_body(const kvbm_frame_header *hdr, const void *body,
   uint8_t sum[KVBM_FRAME_CHECKSUM_LEN];
   body_checksum(body, body_len, sum);
   return check_sum(hdr, sum, err);
+}
+
+int kvbm_frame_check_sum(const kvbm_frame_header *hdr, size_t body_len,
+                         const uint8_t sum[KVBM_FRAME_CHECKSUM_LEN],
+                         kvbm_error *err) {
+  if (!hdr || !sum)
+    return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or checksum");
+  int rc = check_len(hdr, body_len, err);
+  return rc ? rc : check_sum(hdr, sum, err);
 }
 
 int kvbm_frame_decode(const void *buf, size_t len, uint32_t max_body,

@@ -656,6 +656,54 @@ HOT int release_one(kvbm_pool *p, uint32_t id, uint8_t priority) {
   return KVBM_OK;
 }
 
+int kvbm_block_demote(kvbm_pool *p, uint32_t id) {
+  if (!valid_id(p, id)) return KVBM_EINVAL;
+  blk *b = &p->blocks[id];
+  if (!(b->flags & F_CACHED)) return KVBM_ESTATE;
+  cache_unlink(p, id);
+  /* At the head of priority 0's list: the oldest of the lowest. */
+  p->priority[id] = 0;
+  b->prev = NIL;
+  b->next = p->head[0];
+  if (p->head[0] != NIL)
+    p->blocks[p->head[0]].prev = id;
+  else
+    p->tail[0] = id;
+  p->head[0] = id;
+  p->nonempty[0] |= 1ull;
+  b->flags |= F_CACHED;
+  p->cached++;
+  return KVBM_OK;
+}
+
+/* Walks the cache in eviction order (the lists from the lowest priority
+ * up, each from its head) and drops the blocks pred picks, as
+ * evict_oldest drops its victim. The next block is read before pred runs,
+ * since a dropped block's links are reset. */
+uint32_t kvbm_pool_evict_where(kvbm_pool *p, uint32_t max,
+                               bool (*pred)(void *user, uint32_t id, uint64_t seq_hash), void *user) {
+  uint32_t n = 0;
+  if (!p || !pred) return 0;
+  for (unsigned pr = 0; pr < NPRIO && n < max; pr++) {
+    if (!(p->nonempty[pr / 64] & (1ull << (pr % 64)))) continue;
+    for (uint32_t id = p->head[pr], next; id != NIL && n < max; id = next) {
+      next = p->blocks[id].next;
+      uint64_t hash = p->blocks[id].seq_hash;
+      if (!pred(user, id, hash)) continue;
+      cache_unlink(p, id);
+      unregister(p, id);
+      p->evicted++;
+      free_push(p, id);
+      n++;
+      if (p->cfg.listener) {
+        kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash};
+        notify(p, &ev);
+      }
+    }
+  }
+  return n;
+}
+
 int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
   return release_one(p, id, priority);
 }

@@ -65,6 +65,9 @@ kvbm_manager_config kvbm_manager_config_default(void) {
   c.g4_lookup_timeout_ms = 20;
   c.g4_lookup_max = 512;
   c.metrics = kvbm_metrics_server_config_default();
+  c.offload_threshold_blocks = 8;
+  c.output_pull = false;
+  c.pull_timeout_ms = 200;
   return c;
 }
 
@@ -293,6 +296,8 @@ static int check_g4(const kvbm_manager_config *c, kvbm_error *err) {
 }
 
 int kvbm__manager_check_config(const kvbm_manager_config *c, kvbm_error *err) {
+  if (c->pull_timeout_ms < 0 || c->pull_timeout_ms > 600000)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: pull_timeout_ms %d is not in 0..600000", c->pull_timeout_ms);
   if (c->block_size == 0 || c->block_size > KVBM_POOL_MAX_BLOCK_SIZE)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: block_size %u is not in 1..%u",
                           c->block_size, KVBM_POOL_MAX_BLOCK_SIZE);

@@ -9,6 +9,8 @@
  *   request.c  the engine's calls: prefill (the walk), wait, commit (the
  *              offload policy), destroy
  *   manager.c  create/destroy, the tiers' set-up, pool events, accessors
+ *   disagg.c   peers over a fabric: offload, ingest, block location, the
+ *              link threads, ExitThink's batch and OutputCritical pulls
  *
  * One tier type. Every tier is a pool (index, LRU, references) plus a byte
  * of state per block, over a store: G1 and G2 over memory (a layout in a
@@ -90,6 +92,8 @@ typedef struct kvbm__job {
   uint8_t dst;      /* J_GET: the tier it lands in (G1; G2 for a promotion) */
   bool hint;        /* a storage hint's copy (hints.c): no batch, nobody
                        waits; its blocks are released when it is over */
+  uint8_t phase;    /* the block's phase label (kvbm_frame_phase), for
+                       framed values */
   bool has_parent;
   int result;       /* set by the worker: KVBM_OK or why not */
   uint32_t id[KVBM_TIER_COUNT]; /* the job's block in each tier it touches
@@ -111,6 +115,7 @@ typedef enum kvbm__store_kind {
 } kvbm__store_kind;
 
 typedef struct kvbm__vworker kvbm__vworker; /* workers.c */
+typedef struct kvbm__peer kvbm__peer;       /* disagg.c */
 
 typedef struct kvbm__tier {
   kvbm_tier id;
@@ -187,6 +192,14 @@ struct kvbm_manager {
   kvbm__tier_metrics tm;  /* what only metrics read (tier/metrics.h) */
   kvbm__manager_endpoint mx; /* the metrics endpoint, when configured */
 
+  /* Peers (disagg.c). The array is guarded by peers_mu (a leaf lock: taken
+   * without m->mu held, or inside it but never the other way round); each
+   * peer has its own locks. */
+  pthread_mutex_t peers_mu;
+  kvbm__peer *peers[KVBM_MANAGER_MAX_PEERS];
+  uint32_t npeers;
+  _Atomic uint64_t offloads; /* offloaded blocks, for the corruption seam */
+
 };
 
 struct kvbm_mreq {
@@ -201,6 +214,12 @@ struct kvbm_mreq {
   size_t walk;      /* blocks the walk matched */
   size_t settled;   /* blocks of the match after onboarding (SIZE_MAX: not yet) */
   size_t committed; /* full blocks committed */
+  /* Phases (ADR-0006): a label per full block (kvbm_frame_phase). */
+  uint8_t *phase;
+  size_t labeled, phase_cap;
+  uint8_t fill;     /* the label blocks filled now get */
+  uint8_t stage;    /* 0 none yet, else the last kvbm_request_phase */
+  bool exit_pending;/* ExitThink's push still due (threshold not reached) */
 };
 
 /* ---- config.c ---- */
@@ -238,7 +257,7 @@ size_t kvbm__value_data_off(const kvbm__tier *t);
  * kvbm__value_data_off(): writes the body header (namespace, key, parent,
  * layout) and the frame header (BLAKE3-128 of the body). */
 void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, uint64_t key,
-                      uint64_t parent, bool has_parent);
+                      uint64_t parent, bool has_parent, kvbm_frame_phase phase);
 /* Checks a framed value of `size` bytes read for `key`: KVBM_OK, or
  * KVBM_ETRUNCATED / KVBM_ETOOLONG (its size), KVBM_ECHECKSUM (the frame's
  * BLAKE3 or header), KVBM_EFORMAT (another namespace, key, layout or
@@ -280,5 +299,23 @@ int kvbm__workers_start(kvbm_manager *m, kvbm_error *err);
 void kvbm__workers_stop(kvbm_manager *m);
 /* Queues the deletion of an evicted block's value (exclusive volumes). */
 void kvbm__queue_delete(kvbm_manager *m, kvbm__tier *t, uint64_t hash);
+
+/* ---- disagg.c ---- */
+
+/* Detaches every peer (before the tiers go). */
+void kvbm__disagg_stop(kvbm_manager *m);
+/* ExitThink's push of r's ready THINK_COMPLETE blocks to peer 0, when at
+ * least offload_threshold_blocks are ready. Called without the lock. */
+void kvbm__disagg_exit_think(kvbm_mreq *r);
+/* Whether a peer acknowledged hash h (*peer: which). Any lock. */
+bool kvbm__disagg_remote(kvbm_manager *m, uint64_t h, uint32_t *peer);
+/* Asks `peer` for hashes[0..n) back and waits (at most pull_timeout_ms)
+ * until they are ingested here; returns how many were. Without the lock. */
+size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes, size_t n);
+/* The OutputCritical pull's room: while G1 has fewer than `need` free
+ * blocks, drops cached G1 blocks that a peer acknowledged holding, in
+ * eviction order (ThinkComplete ones lead: they were demoted). Returns how
+ * many were dropped. Lock held. */
+size_t kvbm__disagg_make_room(kvbm_manager *m, size_t need);
 
 #endif /* KVBM_TIER_INTERNAL_H */

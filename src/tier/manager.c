@@ -130,7 +130,9 @@ static int tier_pool(kvbm_manager *m, kvbm__tier *t, uint64_t n, kvbm_error *err
   if (!(t->state = calloc(n, 1))) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   kvbm_pool_config pc = kvbm_pool_config_default((uint32_t)n, m->cfg.block_size);
   pc.scheme = m->cfg.scheme;
-  pc.keep_tokens = false;
+  /* G1 keeps its blocks' tokens: a block offloaded to a peer carries them,
+   * and the peer checks its sequence hash against them. */
+  pc.keep_tokens = t->id == KVBM_TIER_G1;
   pc.fill_only = t->id != KVBM_TIER_G1; /* below G1 blocks are filled whole, never appended to */
   pc.listener = on_tier[t->id];
   pc.listener_user = m;
@@ -421,6 +423,7 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_mutex_init(&m->mu, NULL);
+  pthread_mutex_init(&m->peers_mu, NULL);
   pthread_cond_init(&m->done_cv, &ca);
   pthread_condattr_destroy(&ca);
   m->mu_ready = true;
@@ -443,6 +446,8 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
 void kvbm_manager_destroy(kvbm_manager *m) {
   if (!m) return;
   kvbm__manager_endpoint_stop(&m->mx); /* no scrape reads the manager from here on */
+  /* The peers' link threads use the tiers: they stop first. */
+  if (m->mu_ready) kvbm__disagg_stop(m);
   kvbm__workers_stop(m);
   for (int ti = 0; ti < KVBM_TIER_COUNT; ti++) {
     kvbm__tier *t = &m->t[ti];
@@ -465,6 +470,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
   kvbm__tier_metrics_free(&m->tm);
   free(m->g2_name);
   if (m->mu_ready) {
+    pthread_mutex_destroy(&m->peers_mu);
     pthread_mutex_destroy(&m->mu);
     pthread_cond_destroy(&m->done_cv);
   }

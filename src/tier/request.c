@@ -30,6 +30,20 @@
  * forwarded to G3 and G4 once G2 has it; or puts from G1/G2 into G3 and
  * G4). A queue without room or a tier without an evictable block skips the
  * copy and counts it: commit never waits.
+ *
+ * Phases (ADR-0006): every full block gets a label when it fills (the
+ * prompt at prefill, generated tokens at append): THINK_ACTIVE while the
+ * engine says the request reasons, OUTPUT_CRITICAL otherwise. ExitThink
+ * turns the reasoning's labels into THINK_COMPLETE, asks disagg.c to push
+ * them to peer 0 once offload_threshold_blocks of them are committed (at
+ * ExitThink or a later commit), and destroy demotes them in G1 (first in
+ * line for eviction). With output_pull, the prefill of a request in the
+ * output phase (not one that starts reasoning) first makes room in G1
+ * when it has too few free blocks, by dropping cached copies of blocks a
+ * peer acknowledged (in eviction order: ThinkComplete first), then, if its
+ * walk stops at a block that a peer acknowledged, asks that peer for the
+ * blocks from there and walks again once they came (or pull_timeout_ms
+ * passed); its G1 hits are pinned meanwhile (output_pull()).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -50,6 +64,22 @@ static int keep_tokens(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   }
   if (n) memcpy(r->tokens + r->ntok, tokens, n * sizeof *tokens);
   r->ntok += n;
+  return KVBM_OK;
+}
+
+/* Labels the full blocks not labelled yet with the current fill phase. */
+static int label_full(kvbm_mreq *r) {
+  size_t nfull = r->ntok / r->m->cfg.block_size;
+  if (nfull > r->phase_cap) {
+    size_t cap = r->phase_cap ? r->phase_cap : 64;
+    while (cap < nfull) cap *= 2;
+    uint8_t *p = realloc(r->phase, cap);
+    if (!p) return KVBM_ENOMEM;
+    r->phase = p;
+    r->phase_cap = cap;
+  }
+  for (size_t k = r->labeled; k < nfull; k++) r->phase[k] = r->fill;
+  if (nfull > r->labeled) r->labeled = nfull;
   return KVBM_OK;
 }
 
@@ -215,11 +245,58 @@ static size_t g1_prefix(kvbm_manager *m, const kvbm_mreq *r, const uint64_t *has
   return k;
 }
 
+/* The OutputCritical pull (output_pull, a request in the output phase;
+ * the policy is kvbm/manager.h's, at output_pull). When G1 has fewer free
+ * blocks than the prefill will take (the rest of the prompt and the
+ * onboards; pulled blocks are among them), cached G1 copies of blocks a
+ * peer acknowledged are dropped first, ThinkComplete ones leading; then
+ * the blocks from the first one held only at a peer are asked back from
+ * it, the lock dropped while it answers (as for a G4 lookup). The walk's
+ * G1 hits are pinned meanwhile, so that neither the room made nor the
+ * blocks landing evict them, and the walk is taken again. Lock held. */
+static size_t output_pull(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t K,
+                          size_t total, size_t w, size_t *onboards, size_t *g1_cached) {
+  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
+  uint32_t peer = 0;
+  size_t run = 0;
+  if (w < K && kvbm__disagg_remote(m, hashes[w], &peer)) {
+    run = 1;
+    while (w + run < K && kvbm__disagg_remote(m, hashes[w + run], NULL)) run++;
+  }
+  kvbm_pool_stats s;
+  kvbm_pool_stats_get(g1, &s);
+  const size_t need = total - w + *onboards;
+  if (run == 0 && s.free >= need) return w;
+  uint32_t *held = malloc((w ? w : 1) * sizeof *held);
+  if (!held) return w;
+  size_t nheld = 0;
+  for (size_t k = 0; k < w; k++)
+    if (r->src[k] == KVBM_TIER_G1) KVBM__MUST(kvbm_pool_match(g1, hashes[k], &held[nheld++]));
+  kvbm__disagg_make_room(m, need);
+  if (run) {
+    pthread_mutex_unlock(&m->mu);
+    (void)kvbm__disagg_pull(m, peer, hashes + w, run);
+    pthread_mutex_lock(&m->mu);
+  }
+  for (size_t i = nheld; i-- > 0;) KVBM__MUST(kvbm_block_release(g1, held[i], r->prio));
+  free(held);
+  return walk_all(m, hashes, K, r->src, onboards, g1_cached);
+}
+
 int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
                          const uint32_t *tokens, size_t n, kvbm_mreq **out,
                          size_t *matched_tokens, kvbm_error *err) {
+  return kvbm_manager_prefill_phase(m, salt_hash, priority, 0, tokens, n, out, matched_tokens, err);
+}
+
+int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+                               kvbm_request_phase phase, const uint32_t *tokens, size_t n,
+                               kvbm_mreq **out, size_t *matched_tokens, kvbm_error *err) {
   if (!m || !tokens || !out || n == 0)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: prefill needs a manager, tokens (n >= 1) and out");
+  if (phase != 0 && phase != KVBM_REQUEST_REASONING && phase != KVBM_REQUEST_OUTPUT)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: prefill: %d is not a starting phase (reasoning 1, output 3)",
+                          (int)phase);
   const size_t B = m->cfg.block_size, K = (n - 1) / B, nfull = n / B;
   const size_t total = nfull + (n % B != 0);
   kvbm_mreq *r = calloc(1, sizeof *r);
@@ -229,6 +306,7 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
   int rc = r && hashes && pins && sid ? KVBM_OK : KVBM_ENOMEM;
   if (!rc) {
     r->m = m;
+    r->stage = (uint8_t)phase; /* read by the pull; labels come after */
     r->salt = salt_hash;
     r->prio = priority;
     r->settled = SIZE_MAX;
@@ -249,6 +327,9 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
     kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
     size_t g1_cached;
     size_t w = walk_all(m, hashes, K, r->src, &onboards, &g1_cached);
+    /* An OutputCritical allocation: a request in the output phase. */
+    if (m->cfg.output_pull && r->stage != KVBM_REQUEST_REASONING)
+      w = output_pull(m, r, hashes, K, total, w, &onboards, &g1_cached);
     /* Everything past the walk gets new blocks; onboards take theirs
      * first. Too little room: forget the lower tiers, keep the G1 prefix,
      * and apply W1's own check to that. */
@@ -284,6 +365,13 @@ int kvbm_manager_prefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
       return kvbm_error_set(err, rc, "manager: a prompt of %zu tokens does not fit in G1", n);
     return kvbm_error_set(err, rc, "manager: prefill: %s", kvbm_strerror(rc));
   }
+  r->fill = KVBM_PHASE_OUTPUT_CRITICAL; /* the prompt: needed at every step */
+  if (label_full(r)) {
+    kvbm_mreq_destroy(r);
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: prefill: out of memory");
+  }
+  /* A request that starts reasoning: what fills next is ThinkActive. */
+  if (phase == KVBM_REQUEST_REASONING) r->fill = KVBM_PHASE_THINK_ACTIVE;
   if (matched_tokens) *matched_tokens = matched;
   *out = r;
   return KVBM_OK;
@@ -386,7 +474,7 @@ int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   rc = kvbm_seq_append(r->seq, tokens, n);
   pthread_mutex_unlock(&r->m->mu);
   if (rc) r->ntok = before;
-  return rc;
+  return rc ? rc : label_full(r);
 }
 
 /* The policy's part of one use: in tier t, refresh the block if held,
@@ -447,7 +535,8 @@ static void use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, u
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
   if (g1->state[g1id] != KVBM__READY) return; /* another request's, not written yet */
   kvbm__job j = {.kind = KVBM__J_DOWN, .tier = KVBM_TIER_G2, .prio = r->prio, .hash = h,
-                 .parent = parent, .has_parent = has_parent, .b = b};
+                 .parent = parent, .has_parent = has_parent, .b = b,
+                 .phase = k < r->labeled ? r->phase[k] : KVBM_PHASE_OUTPUT_CRITICAL};
   for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
   j.id[KVBM_TIER_G1] = g1id;
   bool g2_write = false, g2_ready = false;
@@ -531,6 +620,37 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
     kvbm__workers_kick(m);
   }
   pthread_mutex_unlock(&m->mu);
+  /* ExitThink's push waits for enough committed THINK_COMPLETE blocks. */
+  if (r->exit_pending) kvbm__disagg_exit_think(r);
+  return KVBM_OK;
+}
+
+int kvbm_mreq_set_phase(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err) {
+  if (!r) return kvbm_error_set(err, KVBM_EINVAL, "manager: set_phase: NULL request");
+  if (phase != KVBM_REQUEST_REASONING && phase != KVBM_REQUEST_EXIT_THINK && phase != KVBM_REQUEST_OUTPUT)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: set_phase: %d is not a request phase (1..3)", (int)phase);
+  if (phase == KVBM_REQUEST_REASONING && r->stage >= KVBM_REQUEST_EXIT_THINK)
+    return kvbm_error_set(err, KVBM_ESTATE, "manager: set_phase: reasoning again after ExitThink");
+  /* Blocks that filled before this call keep the phase they filled in. */
+  int rc = label_full(r);
+  if (rc) return kvbm_error_set(err, rc, "manager: set_phase: out of memory");
+  if (phase == KVBM_REQUEST_EXIT_THINK && r->stage == KVBM_REQUEST_REASONING) {
+    for (size_t k = 0; k < r->labeled; k++)
+      if (r->phase[k] == KVBM_PHASE_THINK_ACTIVE) r->phase[k] = KVBM_PHASE_THINK_COMPLETE;
+    r->exit_pending = r->m->cfg.offload_threshold_blocks > 0;
+  }
+  r->fill = phase == KVBM_REQUEST_REASONING ? KVBM_PHASE_THINK_ACTIVE : KVBM_PHASE_OUTPUT_CRITICAL;
+  r->stage = (uint8_t)phase;
+  if (r->exit_pending) kvbm__disagg_exit_think(r);
+  return KVBM_OK;
+}
+
+int kvbm_mreq_block_phase(const kvbm_mreq *r, size_t k, kvbm_frame_phase *out) {
+  if (!r || !out) return KVBM_EINVAL;
+  size_t nfull = r->ntok / r->m->cfg.block_size;
+  if (k >= nfull) return KVBM_ERANGE;
+  /* a block filled since the last label (none: append labels) */
+  *out = k < r->labeled ? (kvbm_frame_phase)r->phase[k] : (kvbm_frame_phase)r->fill;
   return KVBM_OK;
 }
 
@@ -556,9 +676,25 @@ void kvbm_mreq_destroy(kvbm_mreq *r) {
     uint8_t *st = r->m->t[KVBM_TIER_G1].state;
     for (size_t k = 0; k < nb; k++)
       if (st[ids[k]] == KVBM__UNCOMPUTED && r->m->g1_owner[ids[k]] == r->serial) st[ids[k]] = KVBM__FAILED;
+    /* Reasoning that has ended is known cold: once released, its blocks
+     * are the first G1 evicts (those another request still holds are
+     * not released, and keep their place). */
+    uint32_t *cold = NULL;
+    size_t ncold = 0;
+    for (size_t k = 0; k < r->labeled && k < nb; k++)
+      if (r->phase[k] == KVBM_PHASE_THINK_COMPLETE) ncold++;
+    if (ncold && (cold = malloc(ncold * sizeof *cold))) {
+      ncold = 0;
+      for (size_t k = 0; k < r->labeled && k < nb; k++)
+        if (r->phase[k] == KVBM_PHASE_THINK_COMPLETE) cold[ncold++] = ids[k];
+    }
     kvbm_seq_destroy(r->seq);
+    /* Tail first, so that the oldest reasoning ends up first in line. */
+    for (size_t i = cold ? ncold : 0; i-- > 0;) (void)kvbm_block_demote(r->m->t[KVBM_TIER_G1].pool, cold[i]);
+    free(cold);
     pthread_mutex_unlock(&r->m->mu);
   }
+  free(r->phase);
   free(r->tokens);
   free(r->src);
   free(r);

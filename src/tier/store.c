@@ -22,8 +22,9 @@
  * a value that passes the frame check and carries our namespace, the
  * key it was read under, our layout and our length is this block's KV;
  * anything else is a counted miss (store.c never hands bytes on that it
- * could not check). The frame's tier byte is written (the tier's id) but
- * not relied on: its meaning is another issue's to change.
+ * could not check). The frame's phase byte (ADR-0006) is the block's label
+ * from the request that committed it (kvbm_mreq_set_phase): informative,
+ * not relied on here.
  *
  * The disk:// slot file is not framed: its slots carry their own XXH3
  * header (volume/disk.h) and are checked by the volume, which keeps G3's
@@ -81,7 +82,7 @@ size_t kvbm__value_len(const kvbm_manager *m, const kvbm__tier *t) {
 }
 
 void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, uint64_t key,
-                      uint64_t parent, bool has_parent) {
+                      uint64_t parent, bool has_parent, kvbm_frame_phase phase) {
   uint8_t *h = buf + KVBM_FRAME_HEADER_LEN;
   memcpy(h, BODY_MAGIC, 8);
   memcpy(h + 8, m->ns_digest, 16);
@@ -94,7 +95,7 @@ void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, 
   size_t body = BODY_HDR + (size_t)m->block_bytes, len;
   /* Cannot fail: the body sits at buf + 32 in a buffer of exactly its size
    * and block_bytes is far below the frame's u32 limit (checked at create). */
-  KVBM__MUST(kvbm_frame_encode(t->id, h, body, buf, kvbm__value_len(m, t), &len, NULL));
+  KVBM__MUST(kvbm_frame_encode(phase, h, body, buf, kvbm__value_len(m, t), &len, NULL));
 }
 
 int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, const uint8_t *buf,

@@ -25,6 +25,11 @@ typedef struct kvbm__manager_testing {
   /* kvbm__disk_config.test_refuse (volume/disk.h): pretend O_DIRECT or
    * io_uring is refused. */
   uint32_t g3_refuse;
+  /* A bad link: bit i set corrupts the (i+1)-th block this manager
+   * offloads to a peer (over all peers), one byte flipped in flight after
+   * its frame was made (push: in the message; put: written over the
+   * landing block after the block). */
+  uint64_t corrupt_offloads;
 } kvbm__manager_testing;
 
 /* kvbm_manager_create with test seams on (t may be NULL: none). */

@@ -384,7 +384,7 @@ static int prepare_put(kvbm_manager *m, kvbm__tier *t, vslot *s, kvbm_volume_op 
   } else {
     kvbm__gather(data, src, b);
   }
-  if (t->framed) kvbm__value_seal(m, t, buf, j->hash, j->parent, j->has_parent);
+  if (t->framed) kvbm__value_seal(m, t, buf, j->hash, j->parent, j->has_parent, (kvbm_frame_phase)j->phase);
   op->src = buf;
   op->len = kvbm__value_len(m, t);
   return KVBM_OK;

@@ -11,14 +11,14 @@
 
 static void every_code_has_a_distinct_name_and_text(void **state) {
   (void)state;
-  for (int c = 0; c >= KVBM_EAUTH; c--) {
+  for (int c = 0; c >= KVBM_EDISAGG; c--) {
     assert_string_not_equal(kvbm_strerror(c), "unknown status");
-    for (int d = c - 1; d >= KVBM_EAUTH; d--) {
+    for (int d = c - 1; d >= KVBM_EDISAGG; d--) {
       assert_string_not_equal(kvbm_status_name(c), kvbm_status_name(d));
       assert_string_not_equal(kvbm_strerror(c), kvbm_strerror(d));
     }
   }
-  assert_string_equal(kvbm_strerror(KVBM_EAUTH - 1), "unknown status");
+  assert_string_equal(kvbm_strerror(KVBM_EDISAGG - 1), "unknown status");
   assert_string_equal(kvbm_strerror(7), "unknown status");
   assert_string_equal(kvbm_status_name(KVBM_EINVAL), "KVBM_EINVAL");
 }

@@ -20,8 +20,8 @@ static size_t encode(uint8_t *out, size_t cap) {
   test_pattern(g_body, BODY, 3);
   for (uint32_t i = 0; i < NT; i++) g_tokens[i] = 1000 + i;
   kvbm_block_msg m = {.seq_hash = 0x1122334455667788ull, .parent_hash = 42, .salt_hash = 7, .has_parent = 1,
-                      .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_TIER_G2, .body = g_body,
-                      .body_len = BODY};
+                      .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_TIER_G2,
+                      .layout_id = 0xA1B2C3D4E5F60718ull, .phase = KVBM_PHASE_OUTPUT_CRITICAL, .body = g_body, .body_len = BODY};
   size_t len = 0;
   assert_int_equal(kvbm_block_msg_encode(&m, out, cap, &len, NULL), KVBM_OK);
   assert_int_equal(len, kvbm_block_msg_size(NT, BODY));
@@ -43,6 +43,11 @@ static void test_roundtrip(void **state) {
   assert_int_equal(m.num_tokens, NT);
   assert_memory_equal(m.tokens, g_tokens, sizeof g_tokens);
   assert_int_equal(m.tier, KVBM_TIER_G2);
+  assert_int_equal(m.phase, KVBM_PHASE_OUTPUT_CRITICAL);
+  assert_int_equal(m.layout_id, 0xA1B2C3D4E5F60718ull);
+  assert_int_equal(buf[40], 0x18); /* little-endian at byte 40 */
+  assert_int_equal(buf[36], KVBM_TIER_G2);                        /* the tier, in the envelope */
+  assert_int_equal(buf[52 + 4 * NT + 12], KVBM_PHASE_OUTPUT_CRITICAL); /* the phase, in the frame */
   assert_int_equal(m.body_len, BODY);
   assert_ptr_equal(m.body, buf + len - BODY);
   assert_memory_equal(m.body, g_body, BODY);
@@ -55,8 +60,13 @@ static void test_roundtrip(void **state) {
   assert_int_equal(kvbm_block_msg_encode(&bad, buf, sizeof buf, &out, &e), KVBM_EINVAL);
   kvbm_block_msg ok = {.tier = KVBM_TIER_G1, .body = g_body, .body_len = BODY};
   assert_int_equal(kvbm_block_msg_encode(&ok, buf, 100, &out, &e), KVBM_ENOSPC);
-  ok.tier = (kvbm_tier)9;
+  ok.tier = (kvbm_tier)4;
   assert_int_equal(kvbm_block_msg_encode(&ok, buf, sizeof buf, &out, &e), KVBM_ETIER);
+  ok.tier = KVBM_TIER_G4;
+  ok.phase = (kvbm_frame_phase)3;
+  assert_int_equal(kvbm_block_msg_encode(&ok, buf, sizeof buf, &out, &e), KVBM_EPHASE);
+  ok.phase = KVBM_PHASE_THINK_COMPLETE;
+  assert_int_equal(kvbm_block_msg_encode(&ok, buf, sizeof buf, &out, &e), KVBM_OK);
 }
 
 static void test_corruption(void **state) {
@@ -86,11 +96,14 @@ static void test_corruption(void **state) {
     uint8_t val;
     int want;
   } cases[] = {
-      {0, 'X', KVBM_EMAGIC},   {4, 2, KVBM_EVERSION},  {32, 4, KVBM_EPADDING},
-      {36, 200, KVBM_ETOOLONG}, /* 200 tokens > limit */
-      {40 + 4 * NT, 'X', KVBM_EMAGIC},   /* the frame's magic */
-      {40 + 4 * NT + 4, 3, KVBM_EVERSION}, {40 + 4 * NT + 12, 9, KVBM_ETIER},
-      {40 + 4 * NT + 13, 1, KVBM_EPADDING}, {40 + 4 * NT + 20, 0xAA, KVBM_ECHECKSUM},
+      {0, 'X', KVBM_EMAGIC},   {4, 1, KVBM_EVERSION}, {4, 3, KVBM_EVERSION}, {32, 4, KVBM_EPADDING},
+      {36, 4, KVBM_ETIER},     {36, 0xFF, KVBM_ETIER}, /* storage tier above G4 */
+      {37, 1, KVBM_EPADDING},  {39, 0x80, KVBM_EPADDING},
+      {48, 200, KVBM_ETOOLONG}, /* 200 tokens > limit */
+      {52 + 4 * NT, 'X', KVBM_EMAGIC},   /* the frame's magic */
+      {52 + 4 * NT + 4, 3, KVBM_EVERSION}, {52 + 4 * NT + 12, 3, KVBM_EPHASE},
+      {52 + 4 * NT + 12, 9, KVBM_EPHASE},  /* what a v1 sender wrote for G4 was 3 */
+      {52 + 4 * NT + 13, 1, KVBM_EPADDING}, {52 + 4 * NT + 20, 0xAA, KVBM_ECHECKSUM},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     memcpy(copy, buf, len);
@@ -108,19 +121,21 @@ static void test_placed(void **state) {
   (void)state;
   test_pattern(g_body, BODY, 9);
   for (uint32_t i = 0; i < NT; i++) g_tokens[i] = 7 * i;
-  kvbm_block_msg m = {.seq_hash = 99, .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_TIER_G4,
-                      .body = g_body, .body_len = BODY, .placed = 1, .block_id = 12345};
+  kvbm_block_msg m = {.seq_hash = 99, .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_TIER_G1,
+                      .phase = KVBM_PHASE_THINK_ACTIVE, .body = g_body, .body_len = BODY, .placed = 1, .block_id = 12345};
   uint8_t buf[512];
   size_t len;
   assert_int_equal(kvbm_block_msg_encode(&m, buf, sizeof buf, &len, NULL), KVBM_OK);
   assert_int_equal(len, kvbm_block_msg_placed_size(NT));
-  assert_int_equal(len, 40 + 4 * NT + 8 + 32);
+  assert_int_equal(len, 52 + 4 * NT + 8 + 32);
   uint32_t toks[NT];
   kvbm_block_msg d;
   kvbm_error e;
   assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY, toks, &d, &e), KVBM_OK);
   assert_true(d.placed);
   assert_int_equal(d.block_id, 12345);
+  assert_int_equal(d.tier, KVBM_TIER_G1);
+  assert_int_equal(d.phase, KVBM_PHASE_THINK_ACTIVE);
   assert_null(d.body);
   assert_int_equal(d.body_len, BODY);
   assert_int_equal(d.seq_hash, 99);
@@ -139,6 +154,21 @@ static void test_placed(void **state) {
   buf[len] = 0;
   assert_int_equal(kvbm_block_msg_decode(buf, len + 1, NT, BODY, toks, &d, &e), KVBM_ETOOLONG);
   assert_int_equal(kvbm_block_msg_encode(&m, buf, len - 1, &len, &e), KVBM_ENOSPC);
+
+  /* placed, the checksum computed by the caller (body NULL): the same bytes */
+  g_body[BODY / 3] ^= 0x40; /* back to what the first message framed */
+  uint8_t again[512];
+  size_t len2;
+  kvbm_block_msg pre = m;
+  pre.body = NULL;
+  kvbm_blake3_hash(g_body, BODY, pre.frame.checksum, 16);
+  assert_int_equal(kvbm_block_msg_encode(&pre, again, sizeof again, &len2, &e), KVBM_OK);
+  assert_int_equal(kvbm_block_msg_encode(&m, buf, sizeof buf, &len, &e), KVBM_OK);
+  assert_int_equal(len2, len);
+  assert_memory_equal(again, buf, len);
+  /* not placed, a body is still required */
+  pre.placed = 0;
+  assert_int_equal(kvbm_block_msg_encode(&pre, again, sizeof again, &len2, &e), KVBM_EINVAL);
 }
 
 int main(void) {

@@ -89,13 +89,21 @@ start_b tcp "${GEOM[@]}" --layer-separate --capacity 16 --tls tcp,self --net-dev
 wait_b; [ "$RC" = 0 ] || fail "tcp: node B exit $RC"
 [ "$(jget "$T/tcp.b.out" "d['verified']")" = 16 ] || fail "tcp: verified"
 
+# 3b. layouts that differ in kind are bridged: a LayerSeparate sender puts
+# into a FullyContiguous receiver, layer by layer
+start_b bridge "${GEOM[@]}" --capacity 16 --tls shm,self
+"$KVBM_BIN" fabric-node send --port "$(cat "$T/port")" "${GEOM[@]}" --layer-separate --blocks 12 --mode put \
+  --tls shm,self --json >"$T/bridge.a.out" 2>"$T/bridge.a.err" || fail "bridge: node A failed"
+wait_b; [ "$RC" = 0 ] || fail "bridge: node B exit $RC"
+[ "$(jget "$T/bridge.b.out" "d['verified']")" = 12 ] || fail "bridge: verified"
+
 # 4. a sender whose blocks do not match the receiver's layout is refused
 start_b mismatch "${GEOM[@]}" --capacity 8 --tls shm,self
 rc=0
 "$KVBM_BIN" fabric-node send --port "$(cat "$T/port")" --layers 8 --inner 64 --page-size 16 --blocks 4 \
   --tls shm,self >"$T/mismatch.a.out" 2>"$T/mismatch.a.err" || rc=$?
 [ "$rc" = 2 ] || fail "mismatch: node A exit $rc"
-grep -q "peer's blocks are 4 layers" "$T/mismatch.a.err" || fail "mismatch: message"
+grep -q "layout mismatch: num_layers 8 here, 4 at the peer" "$T/mismatch.a.err" || fail "mismatch: message"
 wait_b; [ "$RC" = 0 ] || fail "mismatch: node B exit $RC"
 [ "$(jget "$T/mismatch.b.out" "d['received']")" = 0 ] || fail "mismatch: B received blocks"
 

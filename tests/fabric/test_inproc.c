@@ -17,27 +17,33 @@ static void pair(kvbm_fabric **a, kvbm_fabric **b) {
   assert_int_equal(kvbm_fabric_inproc_pair("node-a", "node-b", a, b, NULL), KVBM_OK);
 }
 
-static void test_labels(void **state) {
+/* The label is the transport's (ADR-0006: a synthetic fabric says
+ * "nixl-synth"), whatever the ends are named; names are the nodes'. */
+static void test_labels_and_names(void **state) {
   (void)state;
   kvbm_fabric *a, *b;
   pair(&a, &b);
   assert_string_equal(kvbm_fabric_kind(a), "inproc");
-  assert_string_equal(kvbm_fabric_label(a), "node-a");
-  assert_string_equal(kvbm_fabric_peer_label(a), "node-b");
-  assert_string_equal(kvbm_fabric_label(b), "node-b");
-  assert_string_equal(kvbm_fabric_peer_label(b), "node-a");
+  assert_string_equal(kvbm_fabric_label(a), "nixl-synth");
+  assert_string_equal(kvbm_fabric_label(b), "nixl-synth");
+  assert_string_equal(kvbm_fabric_name(a), "node-a");
+  assert_string_equal(kvbm_fabric_peer_name(a), "node-b");
+  assert_string_equal(kvbm_fabric_name(b), "node-b");
+  assert_string_equal(kvbm_fabric_peer_name(b), "node-a");
   kvbm_fabric_destroy(a);
   kvbm_fabric_destroy(b);
+  assert_string_equal(kvbm_fabric_label(NULL), "");
 
   assert_int_equal(kvbm_fabric_inproc_pair(NULL, NULL, &a, &b, NULL), KVBM_OK);
-  assert_string_equal(kvbm_fabric_label(a), "inproc-a");
+  assert_string_equal(kvbm_fabric_name(a), "inproc-a");
+  assert_string_equal(kvbm_fabric_label(a), "nixl-synth");
   kvbm_fabric_destroy(b);
   kvbm_fabric_destroy(a);
 
   kvbm_error e;
   assert_int_equal(kvbm_fabric_inproc_pair("", "x", &a, &b, &e), KVBM_EINVAL);
-  assert_int_equal(kvbm_fabric_inproc_pair("bad\nlabel", "x", &a, &b, &e), KVBM_EINVAL);
-  assert_non_null(strstr(e.msg, "label"));
+  assert_int_equal(kvbm_fabric_inproc_pair("bad\nname", "x", &a, &b, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "node name"));
   char longl[80];
   memset(longl, 'x', sizeof longl - 1);
   longl[79] = 0;
@@ -274,6 +280,125 @@ static void blocks_roundtrip(kvbm_layout_kind kind) {
   kvbm_fabric_destroy(b);
 }
 
+/* A layout of the test shape with another kind, alignment and size. */
+static kvbm_layout shaped(kvbm_layout_kind kind, uint64_t blocks, uint64_t alignment) {
+  kvbm_layout_config c = {.num_blocks = blocks, .num_layers = 3, .outer_dim = 2, .page_size = 4,
+                          .inner_dim = 8, .dtype_size = 2, .alignment = alignment};
+  kvbm_layout l;
+  assert_int_equal(kvbm_layout_init(&l, kind, &c, NULL), KVBM_OK);
+  return l;
+}
+
+/* Per-layer pointers of block b of `l` laid out in `regions`. */
+static void layer_ptrs(const kvbm_layout *l, void *const *regions, uint64_t b, void **out) {
+  for (uint64_t layer = 0; layer < l->config.num_layers; layer++) {
+    kvbm_slice s;
+    assert_int_equal(kvbm_layout_block_layer(l, b, layer, &s, NULL), KVBM_OK);
+    out[layer] = (char *)regions[s.region] + s.offset;
+  }
+}
+
+/* Blocks cross layouts that differ in kind, alignment and block count,
+ * both ways (FullyContiguous -> LayerSeparate and back), gathered and
+ * scattered layer by layer; shapes that differ are refused by name. */
+static void test_layout_bridge(void **state) {
+  (void)state;
+  kvbm_fabric *a, *b;
+  pair(&a, &b);
+  for (int dir = 0; dir < 2; dir++) {
+    kvbm_layout_kind mine = dir ? KVBM_LAYOUT_LAYER_SEPARATE : KVBM_LAYOUT_FULLY_CONTIGUOUS;
+    kvbm_layout_kind theirs = dir ? KVBM_LAYOUT_FULLY_CONTIGUOUS : KVBM_LAYOUT_LAYER_SEPARATE;
+    /* A's local blocks: 4 of them, alignment 256 */
+    kvbm_layout la = shaped(mine, 4, 256);
+    void *regions[3] = {0};
+    for (uint64_t r = 0; r < la.num_regions; r++) {
+      assert_int_equal(posix_memalign(&regions[r], 256, la.region_size), 0);
+      test_pattern(regions[r], la.region_size, 7 + r);
+    }
+    /* B's: 6 blocks, alignment 64 (test_set's) */
+    test_set tb;
+    assert_int_equal(test_set_make(&tb, theirs, 6, 3, 77), KVBM_OK);
+    assert_int_equal(kvbm_fabric_layout_bridge(&la, &tb.desc.layout, NULL), KVBM_OK);
+    kvbm_fabric_local_set *ls;
+    assert_int_equal(kvbm_fabric_register(b, &tb.desc, &ls, NULL), KVBM_OK);
+    uint8_t *wire;
+    size_t wlen;
+    assert_int_equal(kvbm_fabric_export(ls, &wire, &wlen, NULL), KVBM_OK);
+    /* the export's layout, read without importing it */
+    kvbm_layout peek;
+    assert_int_equal(kvbm_fabric_export_layout(wire, wlen, &peek, NULL), KVBM_OK);
+    assert_memory_equal(&peek, &tb.desc.layout, sizeof peek);
+    assert_int_equal(kvbm_fabric_export_layout(wire, wlen - 1, &peek, NULL), KVBM_ETRUNCATED);
+    kvbm_fabric_remote_set *rs;
+    assert_int_equal(kvbm_fabric_import(a, wire, wlen, &rs, NULL), KVBM_OK);
+    uint64_t ls_bytes = la.layer_stride;
+    void *ptrs[3];
+    /* A's block 2 -> B's block 5, A's block 1 -> B's block 0 */
+    layer_ptrs(&la, regions, 2, ptrs);
+    assert_int_equal(kvbm_fabric_write_block_layers(a, rs, 5, (const void *const *)ptrs, 3, ls_bytes, NULL), KVBM_OK);
+    layer_ptrs(&la, regions, 1, ptrs);
+    assert_int_equal(kvbm_fabric_write_block_layers(a, rs, 0, (const void *const *)ptrs, 3, ls_bytes, NULL), KVBM_OK);
+    assert_int_equal(kvbm_fabric_flush(a, 1000, NULL), KVBM_OK);
+    size_t bb = 3 * ls_bytes;
+    unsigned char *want = malloc(bb), *got = malloc(bb);
+    for (int k = 0; k < 2; k++) {
+      uint64_t from = k ? 1 : 2, to = k ? 0 : 5;
+      layer_ptrs(&la, regions, from, ptrs);
+      for (int l = 0; l < 3; l++) memcpy(want + l * ls_bytes, ptrs[l], ls_bytes);
+      test_set_block(&tb, to, got);
+      assert_memory_equal(got, want, bb);
+    }
+    /* read back B's block 5 into A's block 3 (scatter into A's layout) */
+    layer_ptrs(&la, regions, 3, ptrs);
+    assert_int_equal(kvbm_fabric_read_block_layers(a, rs, 5, ptrs, 3, ls_bytes, NULL), KVBM_OK);
+    assert_int_equal(kvbm_fabric_flush(a, 1000, NULL), KVBM_OK);
+    layer_ptrs(&la, regions, 2, ptrs);
+    for (int l = 0; l < 3; l++) memcpy(want + l * ls_bytes, ptrs[l], ls_bytes);
+    layer_ptrs(&la, regions, 3, ptrs);
+    for (int l = 0; l < 3; l++) assert_memory_equal(ptrs[l], want + l * ls_bytes, ls_bytes);
+    /* refusals, before any byte moves */
+    kvbm_error e;
+    assert_int_equal(kvbm_fabric_write_block_layers(a, rs, 6, (const void *const *)ptrs, 3, ls_bytes, &e),
+                     KVBM_ERANGE);
+    assert_int_equal(kvbm_fabric_write_block_layers(a, rs, 0, (const void *const *)ptrs, 2, ls_bytes, &e),
+                     KVBM_EINVAL);
+    assert_non_null(strstr(e.msg, "2 layers"));
+    assert_int_equal(kvbm_fabric_write_block_layers(a, rs, 0, (const void *const *)ptrs, 3, ls_bytes + 2, &e),
+                     KVBM_EINVAL);
+    ptrs[1] = NULL;
+    assert_int_equal(kvbm_fabric_write_block_layers(a, rs, 0, (const void *const *)ptrs, 3, ls_bytes, &e),
+                     KVBM_EINVAL);
+    kvbm_fabric_remote_set_release(rs);
+    kvbm_fabric_local_set_release(ls);
+    free(wire);
+    free(want);
+    free(got);
+    test_set_free(&tb);
+    for (uint64_t r = 0; r < la.num_regions; r++) free(regions[r]);
+  }
+  /* shapes that cannot be bridged, each named */
+  static const struct {
+    const char *field;
+    uint64_t layers, outer, page, inner, dtype;
+  } bad[] = {{"num_layers 3 here, 4", 4, 2, 4, 8, 2}, {"outer_dim 2 here, 1", 3, 1, 4, 8, 2},
+             {"page_size 4 here, 16", 3, 2, 16, 8, 2}, {"inner_dim 8 here, 16", 3, 2, 4, 16, 2},
+             {"dtype_size 2 here, 4", 3, 2, 4, 8, 4}};
+  kvbm_layout ours = shaped(KVBM_LAYOUT_FULLY_CONTIGUOUS, 4, 64);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    kvbm_layout_config c = {.num_blocks = 4, .num_layers = bad[i].layers, .outer_dim = bad[i].outer,
+                            .page_size = bad[i].page, .inner_dim = bad[i].inner, .dtype_size = bad[i].dtype,
+                            .alignment = 64};
+    kvbm_layout t;
+    assert_int_equal(kvbm_layout_init(&t, KVBM_LAYOUT_LAYER_SEPARATE, &c, NULL), KVBM_OK);
+    kvbm_error e;
+    assert_int_equal(kvbm_fabric_layout_bridge(&ours, &t, &e), KVBM_EUNSUPPORTED);
+    if (!strstr(e.msg, bad[i].field)) fail_msg("'%s' does not name '%s'", e.msg, bad[i].field);
+  }
+  assert_int_equal(kvbm_fabric_layout_bridge(&ours, NULL, NULL), KVBM_EINVAL);
+  kvbm_fabric_destroy(a);
+  kvbm_fabric_destroy(b);
+}
+
 static void test_blocks_contiguous(void **state) {
   (void)state;
   blocks_roundtrip(KVBM_LAYOUT_FULLY_CONTIGUOUS);
@@ -491,10 +616,11 @@ static void test_fabric_storage(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_labels),
+      cmocka_unit_test(test_labels_and_names),
       cmocka_unit_test(test_push_pull),
       cmocka_unit_test(test_threads),
       cmocka_unit_test(test_blocks_contiguous),
+      cmocka_unit_test(test_layout_bridge),
       cmocka_unit_test(test_blocks_layer_separate),
       cmocka_unit_test(test_import_outside_extent),
       cmocka_unit_test(test_import_malformed),

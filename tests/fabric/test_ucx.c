@@ -1,5 +1,5 @@
 /* test_ucx.c: the UCX fabric between two processes on loopback (the test
- * forks; the child is the other node). Covers the handshake and labels,
+ * forks; the child is the other node). Covers the handshake, labels and names,
  * small (eager) and large (rendezvous) pushes, one-sided block writes and
  * reads into the peer's registered memory with completion by notification,
  * refusals before any transfer, a peer that dies, hostile peers on the
@@ -36,9 +36,9 @@ static const char *g_tls = "shm,self";
 static const char kKey[] = "the shared secret of the fabric tests";
 static const char kOtherKey[] = "a secret that is not the shared one";
 
-static kvbm_fabric_ucx_config config(const char *label) {
+static kvbm_fabric_ucx_config config(const char *name) {
   kvbm_fabric_ucx_config c = kvbm_fabric_ucx_config_default();
-  c.label = label;
+  c.name = name;
   c.key = kKey;
   c.key_len = sizeof kKey - 1;
   c.transports = g_tls;
@@ -87,8 +87,9 @@ static void child_main(uint16_t port) {
   kvbm_fabric *f;
   kvbm_error e;
   CHECK(kvbm_fabric_ucx_connect(&c, "127.0.0.1", port, &f, &e) == KVBM_OK);
-  CHECK(strcmp(kvbm_fabric_peer_label(f), "node-b") == 0);
+  CHECK(strcmp(kvbm_fabric_peer_name(f), "node-b") == 0);
   CHECK(strcmp(kvbm_fabric_kind(f), "ucx") == 0);
+  CHECK(strcmp(kvbm_fabric_label(f), "ucx") == 0);
 
   /* two pushes: small and large; flush waits for the peer to pull both */
   unsigned char *big = malloc(BIG);
@@ -165,8 +166,9 @@ static void run_main(kvbm_layout_kind kind, bool fabric_storage) {
   kvbm_fabric *f;
   if (kvbm_fabric_ucx_accept(l, &f, &e) != KVBM_OK) fail_msg("accept: %s", e.msg);
   kvbm_fabric_listener_destroy(l);
-  assert_string_equal(kvbm_fabric_peer_label(f), "node-a");
-  assert_string_equal(kvbm_fabric_label(f), "node-b");
+  assert_string_equal(kvbm_fabric_peer_name(f), "node-a");
+  assert_string_equal(kvbm_fabric_name(f), "node-b");
+  assert_string_equal(kvbm_fabric_label(f), "ucx");
 
   kvbm_fabric_handle h;
   size_t len;
@@ -422,13 +424,13 @@ static void hostile_child(uint16_t port) {
   uint8_t addr[200];
   memset(addr, 0xff, sizeof addr);
   CHECK(kvbm__hs_hello_encode(&hs, "tamper", addr, sizeof addr, b, sizeof b, &n, NULL) == KVBM_OK);
-  b[20] ^= 1; /* one bit of the label after the MAC was made */
+  b[20] ^= 1; /* one bit of the node name after the MAC was made */
   CHECK(kvbm__sc_send_record(fd, b, n, kvbm__sc_deadline(5000), NULL) == KVBM_OK);
   wait_closed(fd);
   /* and a good peer still gets through, while the silent one waits */
   cc = config("good");
   CHECK(kvbm_fabric_ucx_connect(&cc, NULL, port, &f, &e) == KVBM_OK);
-  CHECK(strcmp(kvbm_fabric_peer_label(f), "strict") == 0);
+  CHECK(strcmp(kvbm_fabric_peer_name(f), "strict") == 0);
   CHECK(kvbm_fabric_push(f, "ok", 2, NULL, NULL) == KVBM_OK);
   CHECK(kvbm_fabric_flush(f, 15000, NULL) == KVBM_OK);
   kvbm_fabric_destroy(f);
@@ -457,7 +459,7 @@ static void test_hostile_peers(void **state) {
   }
   kvbm_fabric *f = NULL;
   if (kvbm_fabric_ucx_accept(l, &f, &e) != KVBM_OK) fail_msg("accept: %s", e.msg);
-  assert_string_equal(kvbm_fabric_peer_label(f), "good");
+  assert_string_equal(kvbm_fabric_peer_name(f), "good");
   kvbm_fabric_handle h;
   size_t len;
   char buf[8];
@@ -593,7 +595,7 @@ static void test_silent_peers_and_configs(void **state) {
     _exit(0);
   }
   if (kvbm_fabric_ucx_accept(l, &f, &e) != KVBM_OK) fail_msg("accept: %s", e.msg);
-  assert_string_equal(kvbm_fabric_peer_label(f), "patient");
+  assert_string_equal(kvbm_fabric_peer_name(f), "patient");
   kvbm_fabric_destroy(f);
   wait_child(pid);
   assert_int_equal(count(&r, KVBM_EAGAIN), 5); /* 21 arrivals, 16 places */
@@ -607,7 +609,7 @@ static void test_silent_peers_and_configs(void **state) {
   bad.timeout_ms = 0;
   assert_int_equal(kvbm_fabric_ucx_connect(&bad, "127.0.0.1", 1, &f, &e), KVBM_EINVAL);
   bad = c;
-  bad.label = "";
+  bad.name = "";
   assert_int_equal(kvbm_fabric_ucx_listen(&bad, NULL, 0, &l, &e), KVBM_EINVAL);
   bad = c;
   bad.key = NULL;

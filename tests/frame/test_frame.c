@@ -26,19 +26,19 @@ static uint8_t *make_body(size_t n, uint32_t seed) {
 }
 
 /* A whole frame for `body`, malloc'ed. */
-static uint8_t *make_frame(kvbm_tier tier, const uint8_t *body,
+static uint8_t *make_frame(kvbm_frame_phase phase, const uint8_t *body,
                            size_t n, size_t *len) {
-  assert_int_equal(kvbm_frame_encode(tier, body, n, NULL, 0, len, NULL), 0);
+  assert_int_equal(kvbm_frame_encode(phase, body, n, NULL, 0, len, NULL), 0);
   uint8_t *f = malloc(*len);
   assert_non_null(f);
   size_t got = 0;
-  assert_int_equal(kvbm_frame_encode(tier, body, n, f, *len, &got, NULL), 0);
+  assert_int_equal(kvbm_frame_encode(phase, body, n, f, *len, &got, NULL), 0);
   assert_int_equal(got, *len);
   return f;
 }
 
-/* The header of an empty body, tier G2, byte for byte: the checksum is the
- * first half of BLAKE3("") from the official vectors. */
+/* The header of an empty body, phase ThinkActive (1), byte for byte: the
+ * checksum is the first half of BLAKE3("") from the official vectors. */
 static void test_exact_header_bytes(void **state) {
   (void)state;
   static const uint8_t want[32] = {
@@ -47,22 +47,27 @@ static void test_exact_header_bytes(void **state) {
       0xa1, 0xa6, 0xa0, 0x40, 0x4d, 0xea, 0x36, 0xdc, 0xc9, 0x49};
   uint8_t hdr[32];
   assert_int_equal(
-      kvbm_frame_encode_header(KVBM_TIER_G2, NULL, 0, hdr, NULL), 0);
+      kvbm_frame_encode_header(KVBM_PHASE_THINK_ACTIVE, NULL, 0, hdr, NULL), 0);
   assert_memory_equal(hdr, want, 32);
 
-  /* Length and tier fields are little-endian at their offsets. */
+  /* Length and phase fields are little-endian at their offsets; the
+   * phases are numbered in the ADR's order. */
   uint8_t *body = make_body(0x010203, 7);
   assert_int_equal(
-      kvbm_frame_encode_header(KVBM_TIER_G4, body, 0x010203, hdr, NULL),
+      kvbm_frame_encode_header(KVBM_PHASE_OUTPUT_CRITICAL, body, 0x010203, hdr, NULL),
       0);
   assert_int_equal(hdr[8], 0x03);
   assert_int_equal(hdr[9], 0x02);
   assert_int_equal(hdr[10], 0x01);
   assert_int_equal(hdr[11], 0x00);
-  assert_int_equal(hdr[12], 3);
+  assert_int_equal(hdr[12], 2);
   uint8_t sum[32];
   kvbm_blake3_hash(body, 0x010203, sum, 32);
   assert_memory_equal(hdr + 16, sum, 16);
+  assert_int_equal(kvbm_frame_encode_header(KVBM_PHASE_THINK_COMPLETE, body, 1, hdr, NULL), 0);
+  assert_int_equal(hdr[12], 0);
+  assert_int_equal(kvbm_frame_encode_header(KVBM_PHASE_THINK_ACTIVE, body, 1, hdr, NULL), 0);
+  assert_int_equal(hdr[12], 1);
   free(body);
 }
 
@@ -71,10 +76,10 @@ static void test_round_trips(void **state) {
   static const size_t sizes[] = {0, 1, 31, 32, 33, 1000, 1024, 65536,
                                  (1u << 20) + 7};
   for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-    for (int tier = KVBM_TIER_G1; tier <= KVBM_TIER_G4; tier++) {
-      uint8_t *body = make_body(sizes[s], (uint32_t)(s * 4 + (size_t)tier));
+    for (int phase = 0; phase < KVBM_FRAME_PHASE_COUNT; phase++) {
+      uint8_t *body = make_body(sizes[s], (uint32_t)(s * 4 + (size_t)phase));
       size_t len;
-      uint8_t *f = make_frame((kvbm_tier)tier, body, sizes[s], &len);
+      uint8_t *f = make_frame((kvbm_frame_phase)phase, body, sizes[s], &len);
       assert_int_equal(len, 32 + sizes[s]);
       kvbm_frame_header hdr;
       const uint8_t *out = NULL;
@@ -85,14 +90,17 @@ static void test_round_trips(void **state) {
       assert_ptr_equal(out, f + 32);
       assert_int_equal(hdr.body_len, sizes[s]);
       assert_int_equal(hdr.version, 1);
-      assert_int_equal(hdr.tier, tier);
+      assert_int_equal(hdr.phase, phase);
       assert_memory_equal(out, body, sizes[s]);
       free(f);
       free(body);
     }
   }
-  assert_string_equal(kvbm_tier_name(KVBM_TIER_G3), "G3");
-  assert_string_equal(kvbm_tier_name(9), "?");
+  assert_string_equal(kvbm_frame_phase_name(KVBM_PHASE_THINK_COMPLETE), "ThinkComplete");
+  assert_string_equal(kvbm_frame_phase_name(KVBM_PHASE_THINK_ACTIVE), "ThinkActive");
+  assert_string_equal(kvbm_frame_phase_name(KVBM_PHASE_OUTPUT_CRITICAL), "OutputCritical");
+  assert_string_equal(kvbm_frame_phase_name(3), "?");
+  assert_string_equal(kvbm_frame_phase_name(-1), "?");
 }
 
 /* Size query, short buffer, body already in place, body overlapping the
@@ -102,13 +110,13 @@ static void test_encode_buffers(void **state) {
   uint8_t *body = make_body(100, 3), want[132], buf[200];
   size_t len = 0;
   assert_int_equal(
-      kvbm_frame_encode(KVBM_TIER_G1, body, 100, NULL, 0, &len, NULL), 0);
+      kvbm_frame_encode(KVBM_PHASE_THINK_COMPLETE, body, 100, NULL, 0, &len, NULL), 0);
   assert_int_equal(len, 132);
   assert_int_equal(
-      kvbm_frame_encode(KVBM_TIER_G1, body, 100, want, 132, &len, NULL),
+      kvbm_frame_encode(KVBM_PHASE_THINK_COMPLETE, body, 100, want, 132, &len, NULL),
       0);
   kvbm_error err;
-  assert_int_equal(kvbm_frame_encode(KVBM_TIER_G1, body, 100, buf, 131,
+  assert_int_equal(kvbm_frame_encode(KVBM_PHASE_THINK_COMPLETE, body, 100, buf, 131,
                                      &len, &err),
                    KVBM_ENOSPC);
   assert_int_equal(len, 132);
@@ -116,13 +124,13 @@ static void test_encode_buffers(void **state) {
 
   memcpy(buf + 32, body, 100); /* in place */
   assert_int_equal(
-      kvbm_frame_encode(KVBM_TIER_G1, buf + 32, 100, buf, 200, &len, NULL),
+      kvbm_frame_encode(KVBM_PHASE_THINK_COMPLETE, buf + 32, 100, buf, 200, &len, NULL),
       0);
   assert_memory_equal(buf, want, 132);
 
   memcpy(buf + 5, body, 100); /* overlapping the header */
   assert_int_equal(
-      kvbm_frame_encode(KVBM_TIER_G1, buf + 5, 100, buf, 200, &len, NULL),
+      kvbm_frame_encode(KVBM_PHASE_THINK_COMPLETE, buf + 5, 100, buf, 200, &len, NULL),
       0);
   assert_memory_equal(buf, want, 132);
   free(body);
@@ -134,10 +142,13 @@ static void test_encode_errors(void **state) {
   size_t len;
   kvbm_error err;
   assert_int_equal(
-      kvbm_frame_encode_header((kvbm_tier)4, "x", 1, hdr, &err),
-      KVBM_ETIER);
-  assert_non_null(strstr(err.msg, "tier 4"));
-  assert_int_equal(kvbm_frame_encode_header(KVBM_TIER_G1, NULL, 5, hdr,
+      kvbm_frame_encode_header((kvbm_frame_phase)3, "x", 1, hdr, &err),
+      KVBM_EPHASE);
+  assert_non_null(strstr(err.msg, "phase 3"));
+  assert_int_equal(
+      kvbm_frame_encode_header((kvbm_frame_phase)-1, "x", 1, hdr, &err),
+      KVBM_EPHASE);
+  assert_int_equal(kvbm_frame_encode_header(KVBM_PHASE_THINK_COMPLETE, NULL, 5, hdr,
                                             &err),
                    KVBM_EINVAL);
   if (sizeof(size_t) > 4) {
@@ -148,7 +159,7 @@ static void test_encode_errors(void **state) {
   }
   assert_int_equal(kvbm_frame_encoded_len(UINT32_MAX, &len, NULL), 0);
   assert_int_equal(
-      kvbm_frame_encode(KVBM_TIER_G1, "x", 1, NULL, 0, NULL, &err),
+      kvbm_frame_encode(KVBM_PHASE_THINK_COMPLETE, "x", 1, NULL, 0, NULL, &err),
       KVBM_EINVAL);
 }
 
@@ -173,7 +184,7 @@ static void test_every_decode_error(void **state) {
   (void)state;
   uint8_t *body = make_body(500, 11);
   size_t len;
-  uint8_t *good = make_frame(KVBM_TIER_G3, body, 500, &len);
+  uint8_t *good = make_frame(KVBM_PHASE_OUTPUT_CRITICAL, body, 500, &len);
   uint8_t *f = malloc(len + 1);
   assert_non_null(f);
   const uint32_t max = KVBM_FRAME_DEFAULT_MAX_BODY;
@@ -200,11 +211,14 @@ static void test_every_decode_error(void **state) {
     f[i] = 1;
     expect(f, len, max, KVBM_EPADDING, "padding");
   }
-  static const uint8_t tiers[] = {4, 5, 0x80, 0xFF};
-  for (size_t i = 0; i < 4; i++) {
+  /* Every byte other than the ADR's three labels; 3 is what kvbm wrote
+   * for G4 before the byte was the phase. */
+  for (int v = KVBM_FRAME_PHASE_COUNT; v < 256; v++) {
     memcpy(f, good, len);
-    f[12] = tiers[i];
-    expect(f, len, max, KVBM_ETIER, "tier");
+    f[12] = (uint8_t)v;
+    char words[32];
+    snprintf(words, sizeof words, "unknown phase %d", v);
+    expect(f, len, max, KVBM_EPHASE, words);
   }
   /* Body shorter than declared: one byte short, and header only. */
   expect(good, len - 1, max, KVBM_ETRUNCATED, "body truncated");
@@ -226,11 +240,20 @@ static void test_every_decode_error(void **state) {
   f[31] ^= 0x80;
   expect(f, len, max, KVBM_ECHECKSUM, "checksum mismatch");
 
-  /* Checks run in header order: bad version and bad tier -> version. */
+  /* Checks run in header order: bad version and bad phase -> version;
+   * bad padding and bad phase -> padding; bad phase and a length above
+   * the limit -> phase. */
   memcpy(f, good, len);
   f[4] = 9;
   f[12] = 9;
   expect(f, len, max, KVBM_EVERSION, "version");
+  memcpy(f, good, len);
+  f[13] = 1;
+  f[12] = 7;
+  expect(f, len, max, KVBM_EPADDING, "padding");
+  memcpy(f, good, len);
+  f[12] = 7;
+  expect(f, len, 10, KVBM_EPHASE, "phase");
   /* The good frame still decodes (the helper did not damage it). */
   expect(good, len, max, KVBM_OK, "");
   free(f);
@@ -238,13 +261,13 @@ static void test_every_decode_error(void **state) {
   free(body);
 }
 
-/* Any single changed byte is caught, except the tier byte turned into
- * another valid tier (the tier is not covered by the checksum). */
+/* Any single changed byte is caught, except the phase byte turned into
+ * another valid phase (the label is not covered by the checksum). */
 static void test_single_byte_corruption(void **state) {
   (void)state;
   uint8_t *body = make_body(3000, 5);
   size_t len;
-  uint8_t *good = make_frame(KVBM_TIER_G1, body, 3000, &len);
+  uint8_t *good = make_frame(KVBM_PHASE_THINK_COMPLETE, body, 3000, &len);
   uint8_t *f = malloc(len);
   assert_non_null(f);
   uint32_t seed = 99;
@@ -258,7 +281,7 @@ static void test_single_byte_corruption(void **state) {
     const uint8_t *out;
     int rc = kvbm_frame_decode(f, len, KVBM_FRAME_DEFAULT_MAX_BODY, &hdr, &out,
                                NULL);
-    if (at == 12 && f[12] <= KVBM_TIER_G4) {
+    if (at == 12 && f[12] < KVBM_FRAME_PHASE_COUNT) {
       assert_int_equal(rc, KVBM_OK);
     } else if (rc == KVBM_OK) {
       fail_msg("byte %zu ^ %02x not caught", at, delta);
@@ -274,7 +297,7 @@ static void test_streaming(void **state) {
   (void)state;
   uint8_t *body = make_body(100000, 17);
   size_t len;
-  uint8_t *f = make_frame(KVBM_TIER_G4, body, 100000, &len);
+  uint8_t *f = make_frame(KVBM_PHASE_THINK_ACTIVE, body, 100000, &len);
   kvbm_frame_header hdr;
   kvbm_error err;
   /* The header alone is enough to learn (and bound) the body length. */
@@ -340,21 +363,56 @@ static void test_frames_built_with_b3sum(void **state) {
   kvbm_frame_header hdr;
   const uint8_t *body;
   kvbm_error err;
-  uint8_t *f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/small_g2", &len);
+  uint8_t *f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/small_think_active", &len);
   assert_int_equal(kvbm_frame_decode(f, len, 1000, &hdr, &body, &err), 0);
-  assert_int_equal(hdr.tier, KVBM_TIER_G2);
+  assert_int_equal(hdr.phase, KVBM_PHASE_THINK_ACTIVE);
   assert_int_equal(hdr.body_len, 14);
   assert_memory_equal(body, "hello kv block", 14);
   free(f);
-  f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/chunk_g4", &len);
+  f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/chunk_output_critical", &len);
   assert_int_equal(kvbm_frame_decode(f, len, 1 << 20, &hdr, &body, &err), 0);
-  assert_int_equal(hdr.tier, KVBM_TIER_G4);
+  assert_int_equal(hdr.phase, KVBM_PHASE_OUTPUT_CRITICAL);
   assert_int_equal(hdr.body_len, 1500);
   free(f);
-  f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/empty_g1", &len);
+  f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/empty_think_complete", &len);
   assert_int_equal(kvbm_frame_decode(f, len, 0, &hdr, &body, &err), 0);
+  assert_int_equal(hdr.phase, KVBM_PHASE_THINK_COMPLETE);
   assert_int_equal(hdr.body_len, 0);
   free(f);
+  /* A frame of the old kvbm, G4 in the phase byte: refused, not misread. */
+  f = read_all(KVBM_SOURCE_DIR "/fuzz/corpus/frame/old_tier_g4", &len);
+  assert_int_equal(kvbm_frame_decode(f, len, 1 << 20, &hdr, &body, &err), KVBM_EPHASE);
+  assert_non_null(strstr(err.msg, "unknown phase 3"));
+  free(f);
+}
+
+/* A checksum computed elsewhere (a pool's threads) makes the same header,
+ * and checks a body the same way, as the frame's own hashing. */
+static void test_precomputed_checksums(void **state) {
+  (void)state;
+  uint8_t *body = make_body(3 << 20, 23);
+  kvbm_blake3_pool *p;
+  assert_int_equal(kvbm_blake3_pool_create(2, 0, &p, NULL), 0);
+  uint8_t sum[16], a[32], b[32];
+  assert_int_equal(kvbm_blake3_pool_hash(p, body, 3 << 20, sum, 16, NULL), 0);
+  assert_int_equal(kvbm_frame_encode_header(KVBM_PHASE_OUTPUT_CRITICAL, body, 3 << 20, a, NULL), 0);
+  assert_int_equal(kvbm_frame_encode_header_sum(KVBM_PHASE_OUTPUT_CRITICAL, 3 << 20, sum, b, NULL), 0);
+  assert_memory_equal(a, b, 32);
+  kvbm_frame_header hdr;
+  kvbm_error err;
+  assert_int_equal(kvbm_frame_parse_header(a, 32, 4 << 20, &hdr, &err), 0);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, 3 << 20, sum, &err), 0);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, (3 << 20) - 1, sum, &err), KVBM_ETRUNCATED);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, (3 << 20) + 1, sum, &err), KVBM_ETOOLONG);
+  body[12345] ^= 1;
+  assert_int_equal(kvbm_blake3_pool_hash(p, body, 3 << 20, sum, 16, NULL), 0);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, 3 << 20, sum, &err), KVBM_ECHECKSUM);
+  assert_non_null(strstr(err.msg, "checksum mismatch"));
+  assert_int_equal(kvbm_frame_encode_header_sum((kvbm_frame_phase)3, 1, sum, b, &err), KVBM_EPHASE);
+  assert_int_equal(kvbm_frame_encode_header_sum(KVBM_PHASE_THINK_ACTIVE, 1, NULL, b, &err), KVBM_EINVAL);
+  assert_int_equal(kvbm_frame_check_sum(&hdr, 1, NULL, &err), KVBM_EINVAL);
+  kvbm_blake3_pool_destroy(p);
+  free(body);
 }
 
 static void test_null_arguments(void **state) {
@@ -384,6 +442,7 @@ int main(void) {
       cmocka_unit_test(test_single_byte_corruption),
       cmocka_unit_test(test_streaming),
       cmocka_unit_test(test_frames_built_with_b3sum),
+      cmocka_unit_test(test_precomputed_checksums),
       cmocka_unit_test(test_null_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,7 +9,8 @@
  *   table's end) stay findable through every deletion.
  * - inactive pool: free blocks before any eviction; lowest priority first,
  *   then least recently released; tail-first release evicts the tail first;
- *   a match takes a block out of the cache; all-or-nothing alloc; clear.
+ *   a match takes a block out of the cache; all-or-nothing alloc; clear;
+ *   a demoted block is the first evicted.
  * - prefill: fill_run == alloc + fill per block (parents chained, dedup,
  *   ENOSPC without change, evicting for block k before looking up k + 1);
  *   keep_tokens off; peek takes no reference.
@@ -438,6 +439,77 @@ static void test_eviction_order(void **state) {
   /* A batch alloc evicts in the same order as single ones. */
   kvbm_pool_destroy(p);
   free(log);
+}
+
+/* evict_where: in eviction order, only the picked blocks, at most max,
+ * each freed and unregistered; held blocks are never offered. */
+typedef struct pick {
+  uint64_t want[2];
+  uint32_t seen[8];
+  int nseen;
+} pick;
+static bool pick_some(void *user, uint32_t id, uint64_t h) {
+  pick *k = user;
+  k->seen[k->nseen++] = id;
+  return h == k->want[0] || h == k->want[1];
+}
+static void test_evict_where(void **state) {
+  (void)state;
+  enum { N = 6 };
+  kvbm_pool *p = tu_pool(N, BS, KVBM_HASH_NATIVE, false, NULL);
+  uint32_t c[N];
+  uint64_t h[N];
+  for (int i = 0; i < N; i++) c[i] = tu_register_new(p, BS, 0, 0, false, (uint32_t)i + 700, &h[i]);
+  /* c[0] held; cached order: c[5] (priority 0), c[1], c[2], c[3], c[4] (9) */
+  for (int i = 1; i < N; i++) assert_int_equal(kvbm_block_release(p, c[i], i == 5 ? 0 : 9), KVBM_OK);
+  pick k = {.want = {h[2], h[4]}};
+  assert_int_equal(kvbm_pool_evict_where(p, 1, pick_some, &k), 1); /* max 1: c[2] only */
+  assert_int_equal(k.nseen, 3);
+  assert_int_equal(k.seen[0], c[5]);
+  assert_int_equal(k.seen[1], c[1]);
+  assert_false(kvbm_pool_contains(p, h[2]));
+  assert_true(kvbm_pool_contains(p, h[4]));
+  k.nseen = 0;
+  assert_int_equal(kvbm_pool_evict_where(p, 10, pick_some, &k), 1); /* c[4] */
+  assert_int_equal(k.nseen, 4); /* c[5], c[1], c[3], c[4]: never c[0] (held) */
+  assert_false(kvbm_pool_contains(p, h[4]));
+  kvbm_pool_stats s = tu_stats(p);
+  assert_int_equal(s.free, 2);
+  assert_int_equal(s.cached, 3);
+  assert_int_equal(s.evicted, 2);
+  assert_int_equal(kvbm_pool_evict_where(NULL, 1, pick_some, &k), 0);
+  assert_int_equal(kvbm_pool_evict_where(p, 1, NULL, &k), 0);
+  assert_int_equal(kvbm_block_release(p, c[0], 0), KVBM_OK);
+  kvbm_pool_destroy(p);
+}
+
+/* A demoted cached block is evicted first, ahead of every priority and
+ * release order; demoting another after it puts that one first; a held
+ * block cannot be demoted. */
+static void test_demote(void **state) {
+  (void)state;
+  enum { N = 6 };
+  kvbm_pool *p = tu_pool(N, BS, KVBM_HASH_NATIVE, false, NULL);
+  uint32_t c[N];
+  uint64_t h[N];
+  for (int i = 0; i < N; i++) c[i] = tu_register_new(p, BS, 0, 0, false, (uint32_t)i + 500, &h[i]);
+  assert_int_equal(kvbm_block_demote(p, c[0]), KVBM_ESTATE); /* held */
+  for (int i = 0; i < N; i++) assert_int_equal(kvbm_block_release(p, c[i], i == 5 ? 0 : 9), KVBM_OK);
+  /* without demotion c[5] (priority 0) would go first, then c[0] */
+  assert_int_equal(kvbm_block_demote(p, c[3]), KVBM_OK);
+  assert_int_equal(kvbm_block_demote(p, c[4]), KVBM_OK);
+  kvbm_block_info bi;
+  assert_int_equal(kvbm_block_info_get(p, c[4], &bi), KVBM_OK);
+  assert_int_equal(bi.priority, 0);
+  assert_int_equal(tu_alloc1(p), c[4]);
+  assert_int_equal(tu_alloc1(p), c[3]);
+  assert_int_equal(tu_alloc1(p), c[5]);
+  assert_int_equal(tu_alloc1(p), c[0]);
+  assert_false(kvbm_pool_contains(p, h[3]));
+  assert_true(kvbm_pool_contains(p, h[1]));
+  assert_int_equal(kvbm_block_demote(p, c[3]), KVBM_ESTATE); /* evicted: held by us, not registered */
+  assert_int_equal(kvbm_block_demote(p, N), KVBM_EINVAL);
+  kvbm_pool_destroy(p);
 }
 
 /* A batch allocation evicts in the same order, and reports each REMOVED. */
@@ -961,6 +1033,7 @@ static void test_listener_counts(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_register_then_match),
+      cmocka_unit_test(test_demote),
       cmocka_unit_test(test_dedup_active),
       cmocka_unit_test(test_dedup_cached),
       cmocka_unit_test(test_dedup_shared_duplicate),
@@ -980,6 +1053,7 @@ int main(void) {
       cmocka_unit_test(test_fill_run_evicts_before_lookup),
       cmocka_unit_test(test_keep_tokens_off),
       cmocka_unit_test(test_peek),
+      cmocka_unit_test(test_evict_where),
       cmocka_unit_test(test_listener_sequence),
       cmocka_unit_test(test_listener_counts),
   };

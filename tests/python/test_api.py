@@ -38,7 +38,7 @@ def test_stubs_cover_every_public_name_and_member():
     for name in public():
         assert name in stubs, f"kvbm.{name} is missing from __init__.pyi"
         obj = getattr(kvbm, name)
-        if inspect.isclass(obj) and not issubclass(obj, BaseException) and name != "Tier":
+        if inspect.isclass(obj) and not issubclass(obj, BaseException) and name not in ("Tier", "Phase"):
             members = {m for m in dir(obj) if not m.startswith("_")}
             if issubclass(obj, tuple):  # struct sequences: the named fields
                 members -= {"count", "index", "n_fields", "n_sequence_fields", "n_unnamed_fields"}
@@ -84,6 +84,12 @@ def test_error_hierarchy():
 def test_tier_enum():
     assert [int(t) for t in kvbm.Tier] == [0, 1, 2, 3]
     assert kvbm.Tier.G2 == 1 and kvbm.TIER_COUNT == 4
+
+
+def test_phase_enum():
+    assert [(p.name, int(p)) for p in kvbm.Phase] == [
+        ("THINK_COMPLETE", 0), ("THINK_ACTIVE", 1), ("OUTPUT_CRITICAL", 2)]
+    assert issubclass(kvbm.PhaseError, ValueError) and kvbm.PhaseError is not kvbm.TierError
 
 
 def test_kvbm_objects_refuse_pickle_and_copy():

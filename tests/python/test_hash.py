@@ -177,15 +177,15 @@ def test_blake3_hostile():
 
 # ------------------------------------------------------------------ frames
 
-def test_frames_round_trip_every_tier():
-    for tier in kvbm.Tier:
+def test_frames_round_trip_every_phase():
+    for phase in kvbm.Phase:
         for body in (b"", b"x", bytes(range(256)) * 300):
-            f = kvbm.frame_encode(body, tier)
+            f = kvbm.frame_encode(body, phase)
             assert len(f) == 32 + len(body) and f[:4] == b"MRDN"
-            assert struct.unpack_from("<IIB", f, 4) == (1, len(body), int(tier))
+            assert struct.unpack_from("<IIB", f, 4) == (1, len(body), int(phase))
             assert f[16:32] == kvbm.blake3(body)[:16]
-            t, b = kvbm.frame_decode(f)
-            assert t is tier and b == body
+            p, b = kvbm.frame_decode(f)
+            assert p is phase and b == body
     assert kvbm.frame_decode(bytearray(kvbm.frame_encode(b"ab", 1)))[1] == b"ab"
 
 
@@ -196,13 +196,14 @@ def corrupt(f, off, value):
 
 
 def test_frame_errors_have_their_own_class():
-    f = kvbm.frame_encode(b"hello world", kvbm.Tier.G2)
+    f = kvbm.frame_encode(b"hello world", kvbm.Phase.THINK_ACTIVE)
     cases = [
         (f[:10], kvbm.TruncatedError, "KVBM_ETRUNCATED"),
         (corrupt(f, 0, ord("X")), kvbm.MagicError, "KVBM_EMAGIC"),
         (corrupt(f, 4, 2), kvbm.VersionError, "KVBM_EVERSION"),
         (corrupt(f, 13, 1), kvbm.PaddingError, "KVBM_EPADDING"),
-        (corrupt(f, 12, 9), kvbm.TierError, "KVBM_ETIER"),
+        (corrupt(f, 12, 3), kvbm.PhaseError, "KVBM_EPHASE"),
+        (corrupt(f, 12, 255), kvbm.PhaseError, "KVBM_EPHASE"),
         (f + b"!", kvbm.TooLongError, "KVBM_ETOOLONG"),
         (f[:-1], kvbm.TruncatedError, "KVBM_ETRUNCATED"),
         (corrupt(f, 40, ord("H")), kvbm.ChecksumError, "KVBM_ECHECKSUM"),
@@ -220,8 +221,8 @@ def test_frame_errors_have_their_own_class():
         kvbm.frame_decode(f, max_body=4)
     with pytest.raises(kvbm.InvalidArgumentError):
         kvbm.frame_decode(f, max_body=-1)
-    with pytest.raises(kvbm.TierError):
-        kvbm.frame_encode(b"x", 4)
+    with pytest.raises(kvbm.PhaseError):
+        kvbm.frame_encode(b"x", 3)
     with pytest.raises(kvbm.InvalidArgumentError):
         kvbm.frame_encode(b"x", -1)
     with pytest.raises(TypeError):

@@ -161,6 +161,10 @@ typedef struct recv_ctx {
   recv_state st;
 } recv_ctx;
 
+/* The block_set_id of the receiver's export: what a sender's messages
+ * must name as their layout. */
+#define RECV_SET_ID 1
+
 static void reject(recv_ctx *c, const uint8_t *buf, size_t len, int rc, const kvbm_error *e) {
   /* The identity it claims, for the report only: nothing of it is kept. */
   uint64_t claim = 0;
@@ -196,6 +200,12 @@ static void onboard(recv_ctx *c, const uint8_t *buf, size_t len) {
   if (rc == KVBM_OK && (m.num_tokens != c->o->page || m.body_len != c->bb))
     rc = kvbm_error_set(&e, KVBM_EFORMAT, "block of %u tokens and %zu bytes, expected %" PRIu64 " and %" PRIu64,
                         m.num_tokens, m.body_len, c->o->page, c->bb);
+  if (rc == KVBM_OK && m.layout_id != RECV_SET_ID)
+    rc = kvbm_error_set(&e, KVBM_EPROTO, "stale layout: laid out for block set %" PRIu64 ", this receiver exports %d",
+                        m.layout_id, RECV_SET_ID);
+  if (rc == KVBM_OK && m.placed && m.tier != KVBM_TIER_G2)
+    rc = kvbm_error_set(&e, KVBM_EPROTO, "placed block names tier %s; this receiver exports G2",
+                        kvbm_tier_name(m.tier));
   if (rc == KVBM_OK && m.placed &&
       (m.block_id >= c->lay.config.num_blocks || !c->st.granted[m.block_id]))
     rc = kvbm_error_set(&e, KVBM_EPROTO, "block %" PRIu64 " was not granted", m.block_id);
@@ -266,7 +276,7 @@ static void recv_report(const node *n, const recv_state *st, const kvbm_pool *po
     printf("{\"peer\": \"%s\", \"received\": %" PRIu64 ", \"onboarded\": %" PRIu64 ", \"rejected\": %" PRIu64
            ", \"dropped\": %" PRIu64 ", \"verified\": %" PRIu64 ", \"registered\": %u, \"refused_peers\": %" PRIu64
            ", \"rejected_blocks\": [",
-           kvbm_fabric_peer_label(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
+           kvbm_fabric_peer_name(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
            ps.registered, n->refused);
     for (uint64_t i = 0; i < st->rejected && i < MAX_CORRUPT; i++)
       printf("%s{\"hash\": \"%016" PRIx64 "\", \"error\": \"%s\"}", i ? ", " : "", st->rejected_claims[i],
@@ -275,7 +285,7 @@ static void recv_report(const node *n, const recv_state *st, const kvbm_pool *po
   } else {
     printf("peer: %s\nreceived: %" PRIu64 "\nonboarded: %" PRIu64 "\nrejected: %" PRIu64 "\ndropped: %" PRIu64
            "\nverified: %" PRIu64 "\nregistered: %u\nrefused peers: %" PRIu64 "\n",
-           kvbm_fabric_peer_label(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
+           kvbm_fabric_peer_name(f), st->received, st->onboarded, st->rejected, st->dropped, st->verified,
            ps.registered, n->refused);
   }
 }
@@ -335,7 +345,7 @@ static int run_recv(node *n) {
   /* Blocks live in fabric-allocated storage (the fast target of one-sided
    * writes); tell the sender what they look like and where they are. */
   size_t wlen;
-  if (kvbm_fabric_storage_create(c.f, &c.lay, &c.s, &e) || kvbm_storage_describe(c.s, &c.lay, 1, &desc, &e) ||
+  if (kvbm_fabric_storage_create(c.f, &c.lay, &c.s, &e) || kvbm_storage_describe(c.s, &c.lay, RECV_SET_ID, &desc, &e) ||
       kvbm_fabric_register(c.f, &desc, &ls, &e) || kvbm_fabric_export(ls, &wire, &wlen, &e) ||
       kvbm_fabric_push(c.f, wire, wlen, NULL, &e)) {
     fail("export", &e, 1);
@@ -386,17 +396,14 @@ static bool is_corrupt(const node *n, uint64_t b) {
   return false;
 }
 
-/* The peer's layout must hold our blocks: same block bytes and tokens. */
+/* The peer's layout must hold our blocks: the same shape (its kind and
+ * alignment may differ: blocks are moved layer by layer). */
 static int check_peer(const kvbm_fabric_remote_set *rs, const kvbm_layout *ours, uint64_t blocks) {
   const kvbm_layout_desc *d = kvbm_fabric_remote_desc(rs);
-  const kvbm_layout_config *a = &d->layout.config, *b = &ours->config;
-  if (a->num_layers != b->num_layers || a->page_size != b->page_size || a->inner_dim * a->outer_dim !=
-      b->inner_dim * b->outer_dim || a->dtype_size != b->dtype_size) {
-    fprintf(stderr,
-            "kvbm " CMD ": the peer's blocks are %" PRIu64 " layers x %" PRIu64 " tokens x %" PRIu64 " x %" PRIu64
-            " bytes, ours %" PRIu64 " x %" PRIu64 " x %" PRIu64 " x %" PRIu64 "\n",
-            a->num_layers, a->page_size, a->inner_dim * a->outer_dim, a->dtype_size, b->num_layers, b->page_size,
-            b->inner_dim * b->outer_dim, b->dtype_size);
+  const kvbm_layout_config *a = &d->layout.config;
+  kvbm_error e = {0};
+  if (kvbm_fabric_layout_bridge(ours, &d->layout, &e) != KVBM_OK) {
+    fprintf(stderr, "kvbm " CMD ": %s\n", e.msg);
     return 2;
   }
   if (a->num_blocks < blocks) {
@@ -424,7 +431,9 @@ typedef struct send_ctx {
 static kvbm_block_msg block_msg(const send_ctx *c, uint64_t b, const uint8_t *body) {
   kvbm_block_msg m = {.seq_hash = c->hashes[b], .parent_hash = b ? c->hashes[b - 1] : 0, .has_parent = b > 0,
                       .salt_hash = 0, .num_tokens = (uint32_t)c->o->page, .tokens = c->tokens + b * c->o->page,
-                      .tier = KVBM_TIER_G2, .body = body, .body_len = c->bb};
+                      .tier = KVBM_TIER_G2, .layout_id = kvbm_fabric_remote_desc(c->rs)->block_set_id,
+                      .phase = KVBM_PHASE_OUTPUT_CRITICAL, .body = body,
+                      .body_len = c->bb};
   return m;
 }
 
@@ -549,12 +558,12 @@ static int run_send(node *n) {
   if (n->json) {
     printf("{\"peer\": \"%s\", \"mode\": \"%s\", \"sent\": %" PRIu64 ", \"corrupted\": %" PRIu64
            ", \"block_bytes\": %" PRIu64 ", \"corrupted_blocks\": [",
-           kvbm_fabric_peer_label(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
+           kvbm_fabric_peer_name(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
     for (uint64_t i = 0; i < c.corrupted; i++) printf("%s\"%016" PRIx64 "\"", i ? ", " : "", c.corrupted_hash[i]);
     printf("]}\n");
   } else {
     printf("peer: %s\nmode: %s\nsent: %" PRIu64 "\ncorrupted: %" PRIu64 "\nblock_bytes: %" PRIu64 "\n",
-           kvbm_fabric_peer_label(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
+           kvbm_fabric_peer_name(c.f), n->placed ? "put" : "push", c.nb, c.corrupted, c.bb);
   }
   code = 0;
 out:

@@ -23,9 +23,9 @@ const char fab_opts_usage[] =
     "  --host H           side-channel address (default 127.0.0.1)\n"
     "  --port N           side-channel TCP port (0: any free port when listening)\n"
     "  --timeout-ms N     connect and wait limit (default 30000)\n"
-    "  --label NAME       this node's fabric label\n";
+    "  --name NAME        this node's name, told to the peer\n";
 
-void fab_opts_init(fab_opts *o, const char *label) {
+void fab_opts_init(fab_opts *o, const char *name) {
   memset(o, 0, sizeof *o);
   o->blocks = 64;
   o->layers = 32;
@@ -35,7 +35,7 @@ void fab_opts_init(fab_opts *o, const char *label) {
   o->kind = KVBM_LAYOUT_FULLY_CONTIGUOUS;
   o->host = "127.0.0.1";
   o->timeout_ms = 30000;
-  o->label = label;
+  o->name = name;
 }
 
 int fab_opts_parse(const char *cmd, fab_opts *o, int argc, char **argv, int *i) {
@@ -57,7 +57,7 @@ int fab_opts_parse(const char *cmd, fab_opts *o, int argc, char **argv, int *i) 
   struct {
     const char *name;
     const char **dst;
-  } strs[] = {{"--tls", &o->tls}, {"--net-devices", &o->net_devices}, {"--host", &o->host}, {"--label", &o->label}};
+  } strs[] = {{"--tls", &o->tls}, {"--net-devices", &o->net_devices}, {"--host", &o->host}, {"--name", &o->name}};
   for (size_t k = 0; k < sizeof strs / sizeof strs[0]; k++) {
     r = cli_opt_value(cmd, argc, argv, i, strs[k].name, &v);
     if (r < 0) return -1;
@@ -169,7 +169,7 @@ void fab_key_wipe(fab_opts *o) {
 
 kvbm_fabric_ucx_config fab_ucx_config(const fab_opts *o) {
   kvbm_fabric_ucx_config c = kvbm_fabric_ucx_config_default();
-  c.label = o->label;
+  c.name = o->name;
   c.key = o->key_len ? o->key : NULL;
   c.key_len = o->key_len;
   c.timeout_ms = (int)o->timeout_ms;

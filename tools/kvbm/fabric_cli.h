@@ -22,13 +22,13 @@ typedef struct fab_opts {
   const char *host;
   uint64_t port;
   uint64_t timeout_ms;
-  const char *label;
+  const char *name; /* this node's name (the fabric's label is the transport's) */
   /* the shared key (fab_key_load / fab_key_random) */
   uint8_t key[KVBM_FABRIC_SECRET_MAX];
   size_t key_len;
 } fab_opts;
 
-void fab_opts_init(fab_opts *o, const char *label);
+void fab_opts_init(fab_opts *o, const char *name);
 
 /* Tries argv[*i] as one of the shared options: 1 consumed, 0 not ours,
  * -1 bad value (message printed). */

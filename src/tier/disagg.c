@@ -1,0 +1,1242 @@
+/*
+ * disagg.c: the manager's peers (see kvbm/manager.h, "Peers"): blocks
+ * moved between two managers over a kvbm_fabric, as ADR-0006 asks of
+ * disaggregated prefill and decode.
+ *
+ * Design. A peer is one fabric connection to another manager. Attaching
+ * exchanges hellos (a landing zone's export and the sending mode), then a
+ * link thread serves what the peer sends: block messages (verified and
+ * registered by kvbm_manager_ingest_block, then acknowledged with the
+ * outcome), grant requests (landing blocks handed out for the peer's
+ * one-sided writes), grants, acknowledgements and pulls. The engine's
+ * threads send: offloads, ExitThink's batch, pull requests.
+ *
+ * The landing zone is memory the fabric allocated for the peer's one-sided
+ * writes, apart from the cache: a peer holding the fabric's rkey can write
+ * anywhere in what it was given, so it is given no cache block. A placed
+ * block is verified where it landed, then copied into a block of the
+ * ingest tier; a pushed one is verified in the message. Either way the
+ * tier's block is taken only after every check has passed, and registered
+ * only once its bytes are in: a refused block never touches the cache.
+ *
+ * Wire (this file's own messages; block messages are kvbm/fabric.h's),
+ * little-endian, each one push:
+ *   "KVPH" u32 version 1, u32 mode, u32 landing tier, u32 0,
+ *          u64 n, n bytes: the landing zone's export (kvbm_fabric_export)
+ *   "KVRQ" u32 n                     grant me n landing blocks
+ *   "KVGR" u32 n, n x u32 block ids  granted (n may be fewer, 0: no room)
+ *   "KVAC" i32 status, u64 hash      a block message's outcome
+ *   "KVPL" u32 n, n x u64 hashes     send these blocks back (a pull)
+ *   "KVPM" u64 hash                  a pulled block not held here
+ *
+ * Locks. The fabric is used by one thread at a time (fmu, held for single
+ * fabric calls only: waits loop with short timeouts, so that both ends'
+ * link threads keep serving while an engine thread waits, and two
+ * managers flushing towards each other cannot deadlock). A peer's state
+ * has its own leaf lock (mu). Order: m->mu, then peers_mu, then a peer's
+ * mu; fmu is never held with any of them. Pushed buffers must live until
+ * a flush (the UCX fabric reads them while the peer pulls): they wait in
+ * an outbox that every successful flush empties.
+ *
+ * Lifetime: a detached peer stays allocated (stopped, its fabric
+ * resources released) until the manager is destroyed, so a pointer taken
+ * earlier never dangles.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <sys/random.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvbm/blake3.h"
+#include "kvbm/fabric.h"
+#include "kvbm/frame.h"
+#include "kvbm/hash.h"
+#include "tier/internal.h"
+
+#define PROTO_VERSION 1u
+#define HELLO_FIXED 32u
+#define HELLO_MAX (16u << 20)
+#define POLL_MS 5 /* a link thread's wait for the next message */
+
+enum { SLOT_FREE = 0, SLOT_GRANTED = 1, SLOT_BUSY = 2 };
+
+typedef struct outbox_item {
+  struct outbox_item *next;
+  size_t len;
+  uint8_t data[];
+} outbox_item;
+
+struct kvbm__peer {
+  kvbm_manager *m;
+  uint32_t index;
+  kvbm_fabric *f;
+  kvbm_peer_config cfg;
+  pthread_mutex_t fmu; /* the fabric: one thread at a time */
+  pthread_mutex_t mu;  /* everything below that the link thread changes */
+  pthread_cond_t cv;   /* grants, acknowledgements, ingests, the end */
+  pthread_t th;
+  bool running;
+  _Atomic bool stop;
+  bool closed;   /* the link ended (peer gone, protocol error, detached) */
+  bool detached;
+
+  /* our landing zone, in the ingest tier's layout */
+  kvbm_layout land_layout;
+  kvbm_storage *land;
+  kvbm_fabric_local_set *land_ls;
+  uint64_t land_id;
+  uint8_t *slot; /* SLOT_* per landing block */
+
+  /* the peer's */
+  kvbm_fabric_remote_set *rs;
+  uint64_t peer_land_id;
+  kvbm_tier peer_land_tier;
+
+  /* grants the peer gave us (put mode), not used yet */
+  uint32_t *grants;
+  uint32_t ngrants;
+  uint64_t grant_replies;
+
+  uint64_t sent, answered; /* block messages sent / acknowledged */
+  uint64_t handled;        /* block messages and pull misses received */
+
+  /* hashes the peer acknowledged: open addressing, FIFO eviction */
+  uint64_t *rkeys;
+  uint8_t *rused; /* 0 empty, 1 used, 2 deleted */
+  uint64_t *rfifo;
+  uint32_t rcap, rcount, rhead;
+
+  outbox_item *outbox; /* pushed, waiting for a flush; under fmu */
+  uint8_t *rbuf;       /* the link thread's receive buffer */
+  size_t msg_max;
+  kvbm_peer_stats st;
+};
+
+/* ---- little-endian helpers ---- */
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* An absolute CLOCK_REALTIME deadline for pthread_cond_timedwait. */
+static struct timespec deadline_in(int ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += ms / 1000;
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+/* ---- the peers array ---- */
+
+static kvbm__peer *peer_get(kvbm_manager *m, uint32_t index) {
+  pthread_mutex_lock(&m->peers_mu);
+  kvbm__peer *p = index < m->npeers ? m->peers[index] : NULL;
+  pthread_mutex_unlock(&m->peers_mu);
+  return p;
+}
+
+static uint32_t peer_count(kvbm_manager *m) {
+  pthread_mutex_lock(&m->peers_mu);
+  uint32_t n = m->npeers;
+  pthread_mutex_unlock(&m->peers_mu);
+  return n;
+}
+
+/* ---- the remote index (under p->mu) ---- */
+
+static uint32_t rslot(const kvbm__peer *p, uint64_t h) {
+  return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 32) & (p->rcap - 1);
+}
+
+static bool remote_has(const kvbm__peer *p, uint64_t h) {
+  for (uint32_t i = rslot(p, h), n = 0; n < p->rcap; i = (i + 1) & (p->rcap - 1), n++) {
+    if (p->rused[i] == 0) return false;
+    if (p->rused[i] == 1 && p->rkeys[i] == h) return true;
+  }
+  return false;
+}
+
+static void remote_del(kvbm__peer *p, uint64_t h) {
+  for (uint32_t i = rslot(p, h), n = 0; n < p->rcap; i = (i + 1) & (p->rcap - 1), n++) {
+    if (p->rused[i] == 0) return;
+    if (p->rused[i] == 1 && p->rkeys[i] == h) {
+      p->rused[i] = 2;
+      return;
+    }
+  }
+}
+
+/* Remembers h; the oldest entry goes when remote_index_blocks are held.
+ * Deleted slots are reclaimed by rebuilding when they pile up. */
+static void remote_add(kvbm__peer *p, uint64_t h) {
+  if (remote_has(p, h)) return;
+  uint32_t limit = p->cfg.remote_index_blocks;
+  if (p->rcount == limit) {
+    uint32_t oldest = (p->rhead + limit - p->rcount) % limit;
+    remote_del(p, p->rfifo[oldest]);
+    p->rcount--;
+  }
+  uint32_t used = 0;
+  for (uint32_t i = 0; i < p->rcap; i++) used += p->rused[i] != 0;
+  if (used + 1 > p->rcap * 3 / 4) { /* tombstones: rebuild from the fifo */
+    memset(p->rused, 0, p->rcap);
+    for (uint32_t k = 0; k < p->rcount; k++) {
+      uint64_t v = p->rfifo[(p->rhead + limit - p->rcount + k) % limit];
+      uint32_t i = rslot(p, v);
+      while (p->rused[i]) i = (i + 1) & (p->rcap - 1);
+      p->rused[i] = 1;
+      p->rkeys[i] = v;
+    }
+  }
+  uint32_t i = rslot(p, h);
+  while (p->rused[i] == 1) i = (i + 1) & (p->rcap - 1);
+  p->rused[i] = 1;
+  p->rkeys[i] = h;
+  p->rfifo[p->rhead] = h;
+  p->rhead = (p->rhead + 1) % limit;
+  p->rcount++;
+}
+
+/* ---- sending (fmu for single calls) ---- */
+
+static void outbox_free(kvbm__peer *p) {
+  while (p->outbox) {
+    outbox_item *o = p->outbox;
+    p->outbox = o->next;
+    free(o);
+  }
+}
+
+/* Pushes a copy of data[0..len) (kept until a flush). fmu taken here. */
+static int send_copy(kvbm__peer *p, const void *data, size_t len, kvbm_error *err) {
+  outbox_item *o = malloc(sizeof *o + len);
+  if (!o) return kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  memcpy(o->data, data, len);
+  o->len = len;
+  pthread_mutex_lock(&p->fmu);
+  int rc = kvbm_fabric_push(p->f, o->data, len, NULL, err);
+  if (rc) {
+    free(o);
+  } else {
+    o->next = p->outbox;
+    p->outbox = o;
+  }
+  pthread_mutex_unlock(&p->fmu);
+  return rc;
+}
+
+/* Flushes in short slices, so that the link threads at both ends keep
+ * serving meanwhile; an empty outbox and done one-sided writes on OK. */
+static int flush_loop(kvbm__peer *p, int timeout_ms, kvbm_error *err) {
+  int64_t end = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
+  for (;;) {
+    pthread_mutex_lock(&p->fmu);
+    int rc = kvbm_fabric_flush(p->f, 2, err);
+    if (rc == KVBM_OK) outbox_free(p);
+    pthread_mutex_unlock(&p->fmu);
+    if (rc != KVBM_ETIMEDOUT) return rc;
+    if (now_ms() >= end) return kvbm_error_set(err, KVBM_ETIMEDOUT, "peer %u: flush timed out", p->index);
+    usleep(200);
+  }
+}
+
+static int send_ack(kvbm__peer *p, int status, uint64_t hash) {
+  uint8_t b[16];
+  memcpy(b, "KVAC", 4);
+  put32(b + 4, (uint32_t)status);
+  put64(b + 8, hash);
+  return send_copy(p, b, sizeof b, NULL);
+}
+
+/* ---- ingest: checks, then the tier ---- */
+
+/* Copies the block's layers into tier block `id` (any memory: host
+ * directly, device through block_write). layers[l]: layer l's bytes. */
+static int fill_layers(kvbm_manager *m, kvbm_tier ti, uint32_t id, const uint8_t *const *layers,
+                       kvbm_error *err) {
+  const kvbm__tier *t = &m->t[ti];
+  for (uint64_t l = 0; l < t->layout.config.num_layers; l++) {
+    int rc = kvbm_manager_block_write(m, ti, id, (uint32_t)l, layers[l], t->layout.layer_stride, err);
+    if (rc) return rc;
+  }
+  return KVBM_OK;
+}
+
+/* The message's block, all checks passed: into a block of tier ti taken
+ * only now, registered under its identity once its bytes are in. */
+static int place(kvbm__peer *p, kvbm_tier ti, const kvbm_block_msg *msg, const uint8_t *const *layers,
+                 kvbm_error *err) {
+  kvbm_manager *m = p->m;
+  kvbm__tier *t = &m->t[ti];
+  uint32_t id, got;
+  pthread_mutex_lock(&m->mu);
+  if (kvbm_pool_peek(t->pool, msg->seq_hash, &id, NULL) == KVBM_OK && t->state[id] == KVBM__READY) {
+    pthread_mutex_unlock(&m->mu);
+    return KVBM_OK; /* already here */
+  }
+  int rc = kvbm_pool_alloc(t->pool, 1, &id);
+  pthread_mutex_unlock(&m->mu);
+  if (rc) return kvbm_error_set(err, KVBM_ENOSPC, "peer %u: %s has no block to spare", p->index, kvbm_tier_name(ti));
+  rc = fill_layers(m, ti, id, layers, err);
+  pthread_mutex_lock(&m->mu);
+  if (rc == KVBM_OK)
+    rc = kvbm_block_fill(t->pool, id, msg->salt_hash, msg->parent_hash, msg->has_parent,
+                         msg->num_tokens ? msg->tokens : m->zero_tokens, msg->seq_hash, &got);
+  if (rc) {
+    KVBM__MUST(kvbm_block_release(t->pool, id, 0));
+  } else {
+    if (got == id) t->state[id] = KVBM__READY;
+    KVBM__MUST(kvbm_block_release(t->pool, got, 0));
+    /* Known cold: the first candidate for demotion. */
+    if (msg->phase == KVBM_PHASE_THINK_COMPLETE) (void)kvbm_block_demote(t->pool, got);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return rc;
+}
+
+/* Streams the frame verifier over a landing block's layers. */
+static int verify_landed(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t **layers, kvbm_error *err) {
+  kvbm_frame_verifier v;
+  int rc = kvbm_frame_verifier_init(&v, &msg->frame, err);
+  for (uint64_t l = 0; rc == KVBM_OK && l < p->land_layout.config.num_layers; l++) {
+    void *ptr;
+    size_t size;
+    rc = kvbm_storage_block_layer_ptr(p->land, &p->land_layout, msg->block_id, l, &ptr, &size, err);
+    if (rc == KVBM_OK) {
+      layers[l] = ptr;
+      rc = kvbm_frame_verifier_update(&v, ptr, size, err);
+    }
+  }
+  return rc ? rc : kvbm_frame_verifier_finish(&v, err);
+}
+
+/* Every check of one block message, in order, then place(). *reason is
+ * the stats counter the refusal goes to. */
+static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **reason, kvbm_error *err) {
+  kvbm_manager *m = p->m;
+  const uint32_t B = m->cfg.block_size;
+  uint32_t *tokens = malloc(B * sizeof *tokens);
+  const uint8_t **layers = malloc(p->land_layout.config.num_layers * sizeof *layers);
+  kvbm_block_msg msg;
+  int rc = tokens && layers ? KVBM_OK : kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  *reason = &p->st.refused_other;
+  if (!rc) {
+    rc = kvbm_block_msg_decode(buf, len, B, (uint32_t)m->block_bytes, tokens, &msg, err);
+    if (rc == KVBM_ECHECKSUM) *reason = &p->st.refused_checksum;
+    if (rc == KVBM_ETOOLONG || rc == KVBM_ETRUNCATED) *reason = &p->st.refused_length;
+  }
+  if (!rc && msg.layout_id != p->land_id) {
+    *reason = &p->st.refused_stale_layout;
+    rc = kvbm_error_set(err, KVBM_EPROTO, "stale layout: the block was laid out for block set %016llx, "
+                        "this manager's landing zone is %016llx",
+                        (unsigned long long)msg.layout_id, (unsigned long long)p->land_id);
+  }
+  /* A placed block's landing block is taken first, so that every later
+   * refusal gives it back. */
+  bool slot_taken = false;
+  if (!rc && msg.placed) {
+    pthread_mutex_lock(&p->mu);
+    if (msg.block_id < p->cfg.landing_blocks && p->slot[msg.block_id] == SLOT_GRANTED) {
+      p->slot[msg.block_id] = SLOT_BUSY;
+      slot_taken = true;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (!slot_taken) {
+      *reason = &p->st.refused_not_granted;
+      rc = kvbm_error_set(err, KVBM_EPROTO, "block %llu of the landing zone was not granted",
+                          (unsigned long long)msg.block_id);
+    }
+  }
+  if (!rc && (msg.body_len != m->block_bytes || (msg.num_tokens != 0 && msg.num_tokens != B))) {
+    *reason = &p->st.refused_length;
+    rc = kvbm_error_set(err, KVBM_EFORMAT, "wrong length: a block of %zu bytes and %u tokens, blocks here are "
+                        "%llu bytes and %u tokens",
+                        msg.body_len, msg.num_tokens, (unsigned long long)m->block_bytes, B);
+  }
+  if (!rc && msg.num_tokens &&
+      kvbm_hash_next(m->cfg.scheme, msg.salt_hash, msg.parent_hash, msg.has_parent, tokens, B) != msg.seq_hash) {
+    *reason = &p->st.refused_hash;
+    rc = kvbm_error_set(err, KVBM_EPROTO, "sequence hash %016llx does not follow from the block's tokens",
+                        (unsigned long long)msg.seq_hash);
+  }
+  if (!rc && msg.placed) {
+    if (msg.tier != p->cfg.ingest_tier) {
+      rc = kvbm_error_set(err, KVBM_EPROTO, "a placed block names tier %s, the landing zone is %s's",
+                          kvbm_tier_name(msg.tier), kvbm_tier_name(p->cfg.ingest_tier));
+    } else {
+      rc = verify_landed(p, &msg, layers, err);
+      if (rc == KVBM_ECHECKSUM) *reason = &p->st.refused_checksum;
+    }
+  } else if (!rc) {
+    for (uint64_t l = 0; l < p->land_layout.config.num_layers; l++)
+      layers[l] = msg.body + l * p->land_layout.layer_stride;
+  }
+  if (!rc) rc = place(p, p->cfg.ingest_tier, &msg, layers, err);
+  if (slot_taken) {
+    pthread_mutex_lock(&p->mu);
+    p->slot[msg.block_id] = SLOT_FREE;
+    pthread_mutex_unlock(&p->mu);
+  }
+  free(tokens);
+  free(layers);
+  return rc;
+}
+
+int kvbm_manager_ingest_block(kvbm_manager *m, uint32_t peer, const uint8_t *msg, size_t len, kvbm_error *err) {
+  if (!m || (!msg && len)) return kvbm_error_set(err, KVBM_EINVAL, "manager: ingest: NULL argument");
+  if (peer_count(m) == 0)
+    return kvbm_error_set(err, KVBM_EDISAGG, "manager: disaggregation unavailable: no fabric attached");
+  kvbm__peer *p = peer_get(m, peer);
+  if (!p) return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: no peer %u", peer);
+  uint64_t *reason;
+  kvbm_error e = {0};
+  int rc = ingest_msg(p, msg, len, &reason, &e);
+  pthread_mutex_lock(&p->mu);
+  p->st.received++;
+  if (rc == KVBM_OK) {
+    p->st.ingested++;
+  } else {
+    (*reason)++;
+    snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "%.40s: %.200s", kvbm_status_name(rc), e.msg);
+  }
+  p->handled++;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  if (rc) return kvbm_error_set(err, rc, "%s", e.msg);
+  return KVBM_OK;
+}
+
+/* ---- sending blocks ---- */
+
+/* One block to send: pinned in its tier until sent. */
+typedef struct src_block {
+  kvbm_tier tier;
+  uint32_t id;
+  uint64_t hash, parent, salt;
+  bool has_parent;
+  const uint32_t *tokens; /* NULL: unknown here (sent without) */
+  kvbm_frame_phase phase;
+} src_block;
+
+/* Whether this offload is one the corruption seam spoils. */
+static bool corrupt_this(kvbm_manager *m) {
+  uint64_t n = atomic_fetch_add(&m->offloads, 1);
+  return n < 64 && (m->testing.corrupt_offloads >> n & 1);
+}
+
+/* The layers of block b for a one-sided write: host tiers in place, a
+ * device tier through `stage` (block_bytes). */
+static int source_layers(kvbm_manager *m, const src_block *b, uint8_t *stage, const void **layers,
+                         kvbm_error *err) {
+  const kvbm__tier *t = &m->t[b->tier];
+  for (uint64_t l = 0; l < t->layout.config.num_layers; l++) {
+    if (!t->device) {
+      layers[l] = kvbm__layer_ptr(t, b->id, l);
+      continue;
+    }
+    uint8_t *dst = stage + l * t->layout.layer_stride;
+    int rc = kvbm_manager_block_read(m, b->tier, b->id, (uint32_t)l, dst, t->layout.layer_stride, err);
+    if (rc) return rc;
+    layers[l] = dst;
+  }
+  return KVBM_OK;
+}
+
+/* The block's BLAKE3-128 over its layers in order (its canonical bytes). */
+static void hash_layers(const kvbm__tier *t, const void *const *layers, uint8_t sum[16]) {
+  kvbm_blake3_hasher h;
+  kvbm_blake3_hasher_init(&h);
+  for (uint64_t l = 0; l < t->layout.config.num_layers; l++)
+    kvbm_blake3_hasher_update(&h, layers[l], t->layout.layer_stride);
+  kvbm_blake3_hasher_finalize(&h, sum, 16);
+}
+
+static kvbm_block_msg msg_of(const kvbm__peer *p, const src_block *b, uint32_t ntok) {
+  kvbm_block_msg msg = {.seq_hash = b->hash, .parent_hash = b->parent, .salt_hash = b->salt,
+                        .has_parent = b->has_parent, .num_tokens = b->tokens ? ntok : 0,
+                        .tokens = b->tokens, .tier = p->peer_land_tier, .layout_id = p->peer_land_id,
+                        .phase = b->phase, .body_len = (size_t)p->m->block_bytes};
+  return msg;
+}
+
+/* PUSH: each block gathered into its message (framed), pushed. */
+static int push_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_error *err) {
+  kvbm_manager *m = p->m;
+  const uint32_t B = m->cfg.block_size;
+  size_t cap = kvbm_block_msg_size(B, m->block_bytes);
+  uint8_t *body = malloc(m->block_bytes), *msgbuf = malloc(cap);
+  int rc = body && msgbuf ? KVBM_OK : kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  for (size_t i = 0; !rc && i < n; i++) {
+    const src_block *b = &blocks[i];
+    const kvbm__tier *t = &m->t[b->tier];
+    for (uint64_t l = 0; !rc && l < t->layout.config.num_layers; l++)
+      rc = kvbm_manager_block_read(m, b->tier, b->id, (uint32_t)l, body + l * t->layout.layer_stride,
+                                   t->layout.layer_stride, err);
+    kvbm_block_msg msg = msg_of(p, b, B);
+    msg.body = body;
+    size_t len = 0;
+    if (!rc) rc = kvbm_block_msg_encode(&msg, msgbuf, cap, &len, err);
+    if (!rc && corrupt_this(m)) msgbuf[len - 1] ^= 0x5A; /* the seam: a bad link */
+    if (!rc) rc = send_copy(p, msgbuf, len, err);
+    if (!rc) {
+      pthread_mutex_lock(&p->mu);
+      p->sent++;
+      p->st.sent_blocks++;
+      p->st.sent_bytes += m->block_bytes;
+      pthread_mutex_unlock(&p->mu);
+    }
+  }
+  free(body);
+  free(msgbuf);
+  return rc;
+}
+
+/* PUT: landing blocks granted by the peer, up to n (asked for when we
+ * hold too few); *got of them in ids. */
+static int take_grants(kvbm__peer *p, uint32_t n, uint32_t *ids, uint32_t *got, kvbm_error *err) {
+  pthread_mutex_lock(&p->mu);
+  uint64_t replies = p->grant_replies;
+  uint32_t have = p->ngrants;
+  pthread_mutex_unlock(&p->mu);
+  if (have < n) {
+    uint8_t req[8];
+    memcpy(req, "KVRQ", 4);
+    put32(req + 4, n - have);
+    int rc = send_copy(p, req, sizeof req, err);
+    if (rc) return rc;
+    struct timespec dl = deadline_in(p->cfg.timeout_ms);
+    pthread_mutex_lock(&p->mu);
+    while (p->grant_replies == replies && !p->closed)
+      if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) break;
+    pthread_mutex_unlock(&p->mu);
+  }
+  pthread_mutex_lock(&p->mu);
+  uint32_t k = p->ngrants < n ? p->ngrants : n;
+  for (uint32_t i = 0; i < k; i++) ids[i] = p->grants[--p->ngrants];
+  bool closed = p->closed;
+  pthread_mutex_unlock(&p->mu);
+  *got = k;
+  if (k == 0)
+    return closed ? kvbm_error_set(err, KVBM_ECLOSED, "peer %u: the link is closed", p->index)
+                  : kvbm_error_set(err, KVBM_ENOSPC, "peer %u granted no landing block", p->index);
+  return KVBM_OK;
+}
+
+/* PUT: written one-sided into granted landing blocks, layer by layer
+ * (bridging the layouts), flushed, then announced by placed messages. */
+static int put_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_error *err) {
+  kvbm_manager *m = p->m;
+  const uint32_t B = m->cfg.block_size;
+  const kvbm__tier *t0 = &m->t[blocks[0].tier];
+  const uint64_t nl = t0->layout.config.num_layers, ls = t0->layout.layer_stride;
+  uint32_t *slots = malloc(n * sizeof *slots);
+  uint8_t (*sums)[16] = malloc(n * 16);
+  uint8_t *stage = malloc(n * m->block_bytes), *spoil = malloc(n);
+  const void **layers = malloc(nl * sizeof *layers);
+  size_t cap = kvbm_block_msg_placed_size(B), done = 0;
+  uint8_t *msgbuf = malloc(cap);
+  int rc = slots && sums && stage && spoil && layers && msgbuf ? KVBM_OK
+                                                              : kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  while (!rc && done < n) {
+    uint32_t got = 0;
+    rc = take_grants(p, (uint32_t)(n - done), slots + done, &got, err);
+    for (size_t i = done; !rc && i < done + got; i++) {
+      const src_block *b = &blocks[i];
+      rc = source_layers(m, b, stage + i * m->block_bytes, layers, err);
+      if (!rc) hash_layers(&m->t[b->tier], layers, sums[i]);
+      if (!rc) {
+        pthread_mutex_lock(&p->fmu);
+        rc = kvbm_fabric_write_block_layers(p->f, p->rs, slots[i], layers, nl, ls, err);
+        if (!rc && corrupt_this(m)) { /* the seam: one byte changed after the frame */
+          spoil[i] = ((const uint8_t *)layers[0])[0] ^ 0x5A;
+          kvbm_slice s;
+          rc = kvbm_layout_block_layer(&kvbm_fabric_remote_desc(p->rs)->layout, slots[i], 0, &s, err);
+          if (!rc) rc = kvbm_fabric_write(p->f, p->rs, s.region, s.offset, &spoil[i], 1, err);
+        }
+        pthread_mutex_unlock(&p->fmu);
+      }
+    }
+    if (!rc) rc = flush_loop(p, p->cfg.timeout_ms, err);
+    for (size_t i = done; !rc && i < done + got; i++) {
+      kvbm_block_msg msg = msg_of(p, &blocks[i], B);
+      msg.placed = 1;
+      msg.block_id = slots[i];
+      memcpy(msg.frame.checksum, sums[i], 16); /* hashed above, from the source */
+      size_t len = 0;
+      rc = kvbm_block_msg_encode(&msg, msgbuf, cap, &len, err);
+      if (!rc) rc = send_copy(p, msgbuf, len, err);
+      if (!rc) {
+        pthread_mutex_lock(&p->mu);
+        p->sent++;
+        p->st.sent_blocks++;
+        p->st.sent_bytes += m->block_bytes;
+        pthread_mutex_unlock(&p->mu);
+      }
+    }
+    done += got;
+  }
+  free(slots);
+  free(sums);
+  free(stage);
+  free(spoil);
+  free(layers);
+  free(msgbuf);
+  return rc;
+}
+
+static int send_blocks(kvbm__peer *p, const src_block *blocks, size_t n, bool force_push, kvbm_error *err) {
+  if (n == 0) return KVBM_OK;
+  pthread_mutex_lock(&p->mu);
+  bool closed = p->closed;
+  pthread_mutex_unlock(&p->mu);
+  if (closed) return kvbm_error_set(err, KVBM_ECLOSED, "peer %u: the link is closed", p->index);
+  if (force_push || p->cfg.mode == KVBM_DISAGG_PUSH) return push_blocks(p, blocks, n, err);
+  return put_blocks(p, blocks, n, err);
+}
+
+/* Pins the block registered under h in G1 or G2 (bytes in place) and
+ * describes it. Lock held. */
+static bool pin_block(kvbm_manager *m, uint64_t h, src_block *b) {
+  for (int ti = KVBM_TIER_G1; ti <= KVBM_TIER_G2; ti++) {
+    kvbm__tier *t = &m->t[ti];
+    uint32_t id;
+    if (!t->present || !t->usable || kvbm_pool_peek(t->pool, h, &id, NULL) != KVBM_OK ||
+        t->state[id] != KVBM__READY)
+      continue;
+    KVBM__MUST(kvbm_pool_match(t->pool, h, &id));
+    kvbm_block_info bi;
+    KVBM__MUST(kvbm_block_info_get(t->pool, id, &bi));
+    *b = (src_block){.tier = (kvbm_tier)ti, .id = id, .hash = h, .parent = bi.parent_hash, .salt = bi.salt_hash,
+                     .has_parent = bi.has_parent, .tokens = bi.tokens};
+    return true;
+  }
+  return false;
+}
+
+static void unpin(kvbm_manager *m, const src_block *b, size_t n) {
+  pthread_mutex_lock(&m->mu);
+  for (size_t i = 0; i < n; i++) KVBM__MUST(kvbm_block_release(m->t[b[i].tier].pool, b[i].id, 0));
+  pthread_mutex_unlock(&m->mu);
+}
+
+int kvbm_manager_offload_block(kvbm_manager *m, uint32_t peer, uint64_t seq_hash, kvbm_frame_phase phase,
+                               kvbm_error *err) {
+  if (!m) return kvbm_error_set(err, KVBM_EINVAL, "manager: offload: NULL manager");
+  if ((unsigned)phase >= KVBM_FRAME_PHASE_COUNT)
+    return kvbm_error_set(err, KVBM_EPHASE, "manager: offload: unknown phase %d", (int)phase);
+  if (peer_count(m) == 0)
+    return kvbm_error_set(err, KVBM_EDISAGG, "manager: disaggregation unavailable: no fabric attached");
+  kvbm__peer *p = peer_get(m, peer);
+  if (!p || p->detached) return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: no peer %u", peer);
+  src_block b;
+  uint32_t *tok = malloc(m->cfg.block_size * sizeof *tok);
+  if (!tok) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  pthread_mutex_lock(&m->mu);
+  bool held = pin_block(m, seq_hash, &b);
+  if (held && b.tokens) {
+    memcpy(tok, b.tokens, m->cfg.block_size * sizeof *tok); /* valid while the lock is held */
+    b.tokens = tok;
+  }
+  pthread_mutex_unlock(&m->mu);
+  if (!held) {
+    free(tok);
+    return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: offload: block %016llx is not held in G1 or G2",
+                          (unsigned long long)seq_hash);
+  }
+  b.phase = phase;
+  int rc = send_blocks(p, &b, 1, false, err);
+  unpin(m, &b, 1);
+  free(tok);
+  return rc;
+}
+
+/* ---- ExitThink ---- */
+
+void kvbm__disagg_exit_think(kvbm_mreq *r) {
+  kvbm_manager *m = r->m;
+  if (!r->exit_pending || m->cfg.offload_threshold_blocks == 0) return;
+  kvbm__peer *p = peer_get(m, 0);
+  if (!p || p->detached) return;
+  const size_t B = m->cfg.block_size;
+  src_block *blocks = malloc((r->labeled ? r->labeled : 1) * sizeof *blocks);
+  if (!blocks) return;
+  size_t n = 0;
+  pthread_mutex_lock(&m->mu);
+  const uint32_t *ids;
+  size_t nb;
+  kvbm_seq_blocks(r->seq, &ids, &nb);
+  const uint8_t *st = m->t[KVBM_TIER_G1].state;
+  size_t ready = 0;
+  for (size_t k = 0; k < r->labeled && k < nb; k++)
+    ready += r->phase[k] == KVBM_PHASE_THINK_COMPLETE && st[ids[k]] == KVBM__READY;
+  if (ready >= m->cfg.offload_threshold_blocks) {
+    for (size_t k = 0; k < r->labeled && k < nb; k++) {
+      if (r->phase[k] != KVBM_PHASE_THINK_COMPLETE || st[ids[k]] != KVBM__READY) continue;
+      KVBM__MUST(kvbm_block_retain(m->t[KVBM_TIER_G1].pool, ids[k]));
+      uint64_t h, parent = 0;
+      KVBM__MUST(kvbm_seq_block_hash(r->seq, k, &h));
+      if (k) KVBM__MUST(kvbm_seq_block_hash(r->seq, k - 1, &parent));
+      blocks[n++] = (src_block){.tier = KVBM_TIER_G1, .id = ids[k], .hash = h, .parent = parent, .salt = r->salt,
+                                .has_parent = k > 0, .tokens = r->tokens + k * B,
+                                .phase = KVBM_PHASE_THINK_COMPLETE};
+    }
+    r->exit_pending = false;
+  }
+  pthread_mutex_unlock(&m->mu);
+  if (n) {
+    kvbm_error e = {0};
+    int rc = send_blocks(p, blocks, n, false, &e);
+    pthread_mutex_lock(&p->mu);
+    p->st.exit_think_batches++;
+    if (rc == KVBM_OK) {
+      p->st.exit_think_blocks += n;
+    } else {
+      snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "ExitThink offload: %.40s: %.180s", kvbm_status_name(rc),
+               e.msg);
+    }
+    pthread_mutex_unlock(&p->mu);
+    unpin(m, blocks, n);
+  }
+  free(blocks);
+}
+
+/* ---- the link thread ---- */
+
+static void link_close(kvbm__peer *p, const char *why) {
+  pthread_mutex_lock(&p->mu);
+  if (!p->closed && why) snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "link closed: %.200s", why);
+  p->closed = true;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void serve_grant_request(kvbm__peer *p, const uint8_t *buf, size_t len) {
+  if (len != 8) return;
+  uint32_t want = get32(buf + 4), n = 0;
+  uint32_t cap = p->cfg.landing_blocks;
+  uint8_t *rep = malloc(8 + 4 * (size_t)cap);
+  if (!rep) return;
+  pthread_mutex_lock(&p->mu);
+  for (uint32_t s = 0; s < cap && n < want; s++)
+    if (p->slot[s] == SLOT_FREE) {
+      p->slot[s] = SLOT_GRANTED;
+      put32(rep + 8 + 4 * n++, s);
+    }
+  p->st.grants_given += n;
+  pthread_mutex_unlock(&p->mu);
+  memcpy(rep, "KVGR", 4);
+  put32(rep + 4, n);
+  (void)send_copy(p, rep, 8 + 4 * (size_t)n, NULL);
+  free(rep);
+}
+
+static void take_grant_reply(kvbm__peer *p, const uint8_t *buf, size_t len) {
+  if (len < 8) return;
+  uint32_t n = get32(buf + 4);
+  const kvbm_layout *pl = &kvbm_fabric_remote_desc(p->rs)->layout;
+  if ((len - 8) / 4 < n) return;
+  pthread_mutex_lock(&p->mu);
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t s = get32(buf + 8 + 4 * (size_t)i);
+    if (s < pl->config.num_blocks && p->ngrants < pl->config.num_blocks) p->grants[p->ngrants++] = s;
+  }
+  p->st.grants_received += n;
+  p->grant_replies++;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void take_ack(kvbm__peer *p, const uint8_t *buf, size_t len) {
+  if (len != 16) return;
+  int status = (int)get32(buf + 4);
+  uint64_t h = get64(buf + 8);
+  pthread_mutex_lock(&p->mu);
+  p->answered++;
+  if (status == KVBM_OK) {
+    p->st.acked_blocks++;
+    remote_add(p, h);
+  } else {
+    p->st.peer_refused++;
+  }
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* A pull: the blocks asked for, pushed back (or "not held"). */
+static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
+  if (len < 8) return;
+  uint32_t n = get32(buf + 4);
+  if ((len - 8) / 8 < n) return;
+  kvbm_manager *m = p->m;
+  uint32_t *tok = malloc(m->cfg.block_size * sizeof *tok);
+  if (!tok) return;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t h = get64(buf + 8 + 8 * (size_t)i);
+    src_block b;
+    pthread_mutex_lock(&m->mu);
+    bool held = pin_block(m, h, &b);
+    if (held && b.tokens) {
+      memcpy(tok, b.tokens, m->cfg.block_size * sizeof *tok);
+      b.tokens = tok;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (!held) {
+      uint8_t miss[12];
+      memcpy(miss, "KVPM", 4);
+      put64(miss + 4, h);
+      (void)send_copy(p, miss, sizeof miss, NULL);
+      continue;
+    }
+    b.phase = KVBM_PHASE_OUTPUT_CRITICAL; /* pulled back for output */
+    (void)send_blocks(p, &b, 1, true, NULL);
+    unpin(m, &b, 1);
+  }
+  free(tok);
+}
+
+static void handle(kvbm__peer *p, const uint8_t *buf, size_t len) {
+  if (len >= 4 && memcmp(buf, KVBM_BLOCK_MSG_MAGIC, 4) == 0) {
+    kvbm_error e = {0};
+    int rc = kvbm_manager_ingest_block(p->m, p->index, buf, len, &e);
+    uint64_t h = len >= 16 ? get64(buf + 8) : 0;
+    (void)send_ack(p, rc, h);
+  } else if (len >= 4 && memcmp(buf, "KVRQ", 4) == 0) {
+    serve_grant_request(p, buf, len);
+  } else if (len >= 4 && memcmp(buf, "KVGR", 4) == 0) {
+    take_grant_reply(p, buf, len);
+  } else if (len >= 4 && memcmp(buf, "KVAC", 4) == 0) {
+    take_ack(p, buf, len);
+  } else if (len >= 4 && memcmp(buf, "KVPL", 4) == 0) {
+    serve_pull(p, buf, len);
+  } else if (len == 12 && memcmp(buf, "KVPM", 4) == 0) {
+    pthread_mutex_lock(&p->mu);
+    p->handled++;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+  } else {
+    pthread_mutex_lock(&p->mu);
+    p->st.refused_other++;
+    snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "an unknown message of %zu bytes", len);
+    pthread_mutex_unlock(&p->mu);
+  }
+}
+
+static void *link_main(void *arg) {
+  kvbm__peer *p = arg;
+  unsigned idle = 0;
+  while (!atomic_load(&p->stop)) {
+    kvbm_fabric_handle h;
+    size_t len = 0;
+    kvbm_error e = {0};
+    pthread_mutex_lock(&p->fmu);
+    int rc = kvbm_fabric_next(p->f, POLL_MS, &h, &len, &e);
+    bool too_long = rc == KVBM_OK && len > p->msg_max;
+    if (rc == KVBM_OK && !too_long) rc = kvbm_fabric_pull(p->f, h, p->rbuf, p->msg_max, &len, p->cfg.timeout_ms, &e);
+    /* Now and then, while idle: a flush without waiting frees the outbox. */
+    if (rc == KVBM_ETIMEDOUT && p->outbox && ++idle % 8 == 0 && kvbm_fabric_flush(p->f, 0, NULL) == KVBM_OK)
+      outbox_free(p);
+    pthread_mutex_unlock(&p->fmu);
+    if (too_long) {
+      char why[96];
+      snprintf(why, sizeof why, "a message of %zu bytes, above %zu", len, p->msg_max);
+      pthread_mutex_lock(&p->mu);
+      p->st.refused_other++;
+      pthread_mutex_unlock(&p->mu);
+      link_close(p, why);
+      break;
+    }
+    if (rc == KVBM_ETIMEDOUT) continue;
+    if (rc) {
+      link_close(p, e.msg);
+      break;
+    }
+    handle(p, p->rbuf, len);
+  }
+  return NULL;
+}
+
+/* ---- attach / detach ---- */
+
+kvbm_peer_config kvbm_peer_config_default(void) {
+  kvbm_peer_config c = {.mode = KVBM_DISAGG_PUSH, .landing_blocks = 16, .ingest_tier = KVBM_TIER_G1,
+                        .timeout_ms = 10000, .remote_index_blocks = 65536};
+  return c;
+}
+
+static void peer_release_fabric(kvbm__peer *p) {
+  if (p->f) {
+    (void)flush_loop(p, p->cfg.timeout_ms > 1000 ? 1000 : p->cfg.timeout_ms, NULL);
+    outbox_free(p); /* what the peer never pulled: the fabric is going */
+  }
+  kvbm_fabric_remote_set_release(p->rs);
+  kvbm_fabric_local_set_release(p->land_ls);
+  kvbm_storage_release(p->land);
+  p->rs = NULL;
+  p->land_ls = NULL;
+  p->land = NULL;
+  p->f = NULL;
+}
+
+static void peer_free(kvbm__peer *p) {
+  if (!p) return;
+  pthread_mutex_destroy(&p->fmu);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->cv);
+  free(p->slot);
+  free(p->grants);
+  free(p->rkeys);
+  free(p->rused);
+  free(p->rfifo);
+  free(p->rbuf);
+  free(p);
+}
+
+/* Our hello: the landing zone's export and how we send. */
+static int send_hello(kvbm__peer *p, kvbm_error *err) {
+  uint8_t *wire = NULL;
+  size_t wlen = 0;
+  int rc = kvbm_fabric_export(p->land_ls, &wire, &wlen, err);
+  if (rc) return rc;
+  uint8_t *h = malloc(HELLO_FIXED + wlen);
+  if (!h) {
+    free(wire);
+    return kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  }
+  memcpy(h, "KVPH", 4);
+  put32(h + 4, PROTO_VERSION);
+  put32(h + 8, (uint32_t)p->cfg.mode);
+  put32(h + 12, (uint32_t)p->cfg.ingest_tier);
+  put32(h + 16, 0);
+  put32(h + 20, 0);
+  put64(h + 24, wlen);
+  memcpy(h + HELLO_FIXED, wire, wlen);
+  rc = send_copy(p, h, HELLO_FIXED + wlen, err);
+  free(h);
+  free(wire);
+  return rc;
+}
+
+/* The peer's hello: its landing zone imported, its blocks' shape checked. */
+static int take_hello(kvbm__peer *p, kvbm_error *err) {
+  kvbm_fabric_handle h;
+  size_t len = 0;
+  pthread_mutex_lock(&p->fmu);
+  int rc = kvbm_fabric_next(p->f, p->cfg.timeout_ms, &h, &len, err);
+  uint8_t *buf = NULL;
+  if (!rc && (len < HELLO_FIXED || len > HELLO_MAX))
+    rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a first message of %zu bytes is not a hello", len);
+  if (!rc && !(buf = malloc(len))) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  if (!rc) rc = kvbm_fabric_pull(p->f, h, buf, len, &len, p->cfg.timeout_ms, err);
+  if (!rc && (memcmp(buf, "KVPH", 4) != 0 || get32(buf + 4) != PROTO_VERSION || get32(buf + 16) != 0 ||
+              get32(buf + 20) != 0 || get64(buf + 24) != len - HELLO_FIXED || get32(buf + 8) > KVBM_DISAGG_PUT ||
+              get32(buf + 12) > KVBM_TIER_G2))
+    rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a malformed hello (not a kvbm manager of this version)");
+  /* The shape first: a peer whose blocks cannot be bridged is refused
+   * before its memory is imported. */
+  kvbm_layout theirs;
+  if (!rc) rc = kvbm_fabric_export_layout(buf + HELLO_FIXED, len - HELLO_FIXED, &theirs, err);
+  if (!rc) rc = kvbm_fabric_layout_bridge(&p->m->t[KVBM_TIER_G1].layout, &theirs, err);
+  if (!rc) rc = kvbm_fabric_import(p->f, buf + HELLO_FIXED, len - HELLO_FIXED, &p->rs, err);
+  pthread_mutex_unlock(&p->fmu);
+  if (!rc) {
+    const kvbm_layout_desc *d = kvbm_fabric_remote_desc(p->rs);
+    p->peer_land_id = d->block_set_id;
+    p->peer_land_tier = (kvbm_tier)get32(buf + 12);
+    p->grants = malloc(d->layout.config.num_blocks * sizeof *p->grants);
+    if (!rc && !p->grants) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  }
+  free(buf);
+  return rc;
+}
+
+int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config *cfg, uint32_t *peer,
+                        kvbm_error *err) {
+  if (!m || !f || !peer) return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: NULL argument");
+  kvbm_peer_config c = cfg ? *cfg : kvbm_peer_config_default();
+  if (c.mode != KVBM_DISAGG_PUSH && c.mode != KVBM_DISAGG_PUT)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: mode %d is neither PUSH nor PUT", (int)c.mode);
+  if (c.landing_blocks == 0 || c.landing_blocks > (1u << 20))
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: landing_blocks %u (1 .. 2^20)", c.landing_blocks);
+  if (c.remote_index_blocks == 0 || c.remote_index_blocks > (1u << 26))
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: remote_index_blocks %u (1 .. 2^26)",
+                          c.remote_index_blocks);
+  if (c.timeout_ms <= 0) return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: timeout_ms must be > 0");
+  if ((c.ingest_tier != KVBM_TIER_G1 && c.ingest_tier != KVBM_TIER_G2) || !m->t[c.ingest_tier].present ||
+      !m->t[c.ingest_tier].usable)
+    return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: attach: the ingest tier %s is absent (G1 or G2)",
+                          kvbm_tier_name(c.ingest_tier));
+  pthread_mutex_lock(&m->peers_mu);
+  uint32_t index = m->npeers;
+  pthread_mutex_unlock(&m->peers_mu);
+  if (index >= KVBM_MANAGER_MAX_PEERS)
+    return kvbm_error_set(err, KVBM_ENOSPC, "manager: attach: %d peers already", KVBM_MANAGER_MAX_PEERS);
+
+  kvbm__peer *p = calloc(1, sizeof *p);
+  if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  p->m = m;
+  p->f = f;
+  p->cfg = c;
+  p->index = index;
+  pthread_mutex_init(&p->fmu, NULL);
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_cond_init(&p->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  p->rcap = 1;
+  while (p->rcap < c.remote_index_blocks * 2) p->rcap *= 2;
+  p->msg_max = kvbm_block_msg_size(m->cfg.block_size, m->block_bytes);
+  if (p->msg_max < 8 + 8 * 4096) p->msg_max = 8 + 8 * 4096; /* pulls of up to 4096 hashes */
+  p->slot = calloc(c.landing_blocks, 1);
+  p->rkeys = calloc(p->rcap, sizeof *p->rkeys);
+  p->rused = calloc(p->rcap, 1);
+  p->rfifo = calloc(c.remote_index_blocks, sizeof *p->rfifo);
+  p->rbuf = malloc(p->msg_max);
+  int rc = p->slot && p->rkeys && p->rused && p->rfifo && p->rbuf
+               ? KVBM_OK
+               : kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  /* The landing zone: the ingest tier's layout, in memory the fabric
+   * allocated (the fastest for the peer's writes), apart from the cache.
+   * Its block set id is random: a message laid out for an older zone
+   * (another attach) names another id. */
+  kvbm_layout_config lc = m->t[c.ingest_tier].layout.config;
+  lc.num_blocks = c.landing_blocks;
+  if (lc.alignment > 4096) lc.alignment = 4096;
+  kvbm_layout_desc desc = {0};
+  if (!rc) rc = kvbm_layout_init(&p->land_layout, m->t[c.ingest_tier].layout.kind, &lc, err);
+  if (!rc) rc = kvbm_fabric_storage_create(f, &p->land_layout, &p->land, err);
+  if (!rc) {
+    uint8_t rnd[8] = {0};
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) put64(rnd, (uint64_t)now_ms() * 0x9E3779B97F4A7C15ull);
+    p->land_id = get64(rnd) | 1; /* never 0 */
+    rc = kvbm_storage_describe(p->land, &p->land_layout, p->land_id, &desc, err);
+  }
+  if (!rc) rc = kvbm_fabric_register(f, &desc, &p->land_ls, err);
+  kvbm_layout_desc_release(&desc);
+  if (!rc) rc = send_hello(p, err);
+  if (!rc) rc = take_hello(p, err);
+  if (!rc) {
+    p->st.attached = true;
+    p->st.mode = c.mode;
+    if (pthread_create(&p->th, NULL, link_main, p) != 0)
+      rc = kvbm_error_set(err, KVBM_EIO, "manager: attach: the link thread would not start");
+    else
+      p->running = true;
+  }
+  if (rc) {
+    peer_release_fabric(p);
+    peer_free(p);
+    return rc;
+  }
+  pthread_mutex_lock(&m->peers_mu);
+  m->peers[index] = p;
+  m->npeers = index + 1;
+  pthread_mutex_unlock(&m->peers_mu);
+  *peer = index;
+  return KVBM_OK;
+}
+
+static void peer_stop(kvbm__peer *p) {
+  if (p->detached) return;
+  atomic_store(&p->stop, true);
+  if (p->running) pthread_join(p->th, NULL);
+  p->running = false;
+  link_close(p, NULL);
+  peer_release_fabric(p);
+  p->detached = true;
+  p->st.attached = false;
+}
+
+int kvbm_manager_detach(kvbm_manager *m, uint32_t peer, kvbm_error *err) {
+  if (!m) return kvbm_error_set(err, KVBM_EINVAL, "manager: detach: NULL manager");
+  kvbm__peer *p = peer_get(m, peer);
+  if (!p || p->detached) return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: no peer %u", peer);
+  peer_stop(p);
+  return KVBM_OK;
+}
+
+void kvbm__disagg_stop(kvbm_manager *m) {
+  for (uint32_t i = 0; i < m->npeers; i++) {
+    peer_stop(m->peers[i]);
+    peer_free(m->peers[i]);
+    m->peers[i] = NULL;
+  }
+  m->npeers = 0;
+}
+
+/* ---- location, flush, stats, pulls ---- */
+
+bool kvbm__disagg_remote(kvbm_manager *m, uint64_t h, uint32_t *peer) {
+  bool found = false;
+  pthread_mutex_lock(&m->peers_mu);
+  for (uint32_t i = 0; !found && i < m->npeers; i++) {
+    kvbm__peer *p = m->peers[i];
+    pthread_mutex_lock(&p->mu);
+    if (!p->detached && remote_has(p, h)) {
+      found = true;
+      if (peer) *peer = i;
+    }
+    pthread_mutex_unlock(&p->mu);
+  }
+  pthread_mutex_unlock(&m->peers_mu);
+  return found;
+}
+
+int kvbm_manager_block_location(kvbm_manager *m, uint64_t seq_hash, kvbm_block_location *out) {
+  if (!m || !out) return KVBM_EINVAL;
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&m->mu);
+  for (int ti = KVBM_TIER_G1; ti < KVBM_TIER_COUNT && !out->held; ti++) {
+    const kvbm__tier *t = &m->t[ti];
+    uint32_t id;
+    if (t->present && t->usable && kvbm_pool_peek(t->pool, seq_hash, &id, NULL) == KVBM_OK &&
+        t->state[id] == KVBM__READY) {
+      out->held = true;
+      out->tier = (kvbm_tier)ti;
+    }
+  }
+  pthread_mutex_unlock(&m->mu);
+  if (!out->held && kvbm__disagg_remote(m, seq_hash, &out->peer)) out->remote = true;
+  return KVBM_OK;
+}
+
+int kvbm_manager_peer_flush(kvbm_manager *m, uint32_t peer, int timeout_ms, kvbm_error *err) {
+  if (!m) return kvbm_error_set(err, KVBM_EINVAL, "manager: peer_flush: NULL manager");
+  if (peer_count(m) == 0)
+    return kvbm_error_set(err, KVBM_EDISAGG, "manager: disaggregation unavailable: no fabric attached");
+  kvbm__peer *p = peer_get(m, peer);
+  if (!p || p->detached) return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: no peer %u", peer);
+  int64_t end = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
+  int rc = flush_loop(p, timeout_ms, err);
+  if (rc) return rc;
+  pthread_mutex_lock(&p->mu);
+  while (p->answered < p->sent && !p->closed) {
+    int64_t left = end == INT64_MAX ? 1000 : end - now_ms();
+    if (left <= 0) break;
+    struct timespec dl = deadline_in(left > 1000 ? 1000 : (int)left);
+    pthread_cond_timedwait(&p->cv, &p->mu, &dl);
+  }
+  bool done = p->answered >= p->sent, closed = p->closed;
+  uint64_t missing = p->sent - p->answered;
+  pthread_mutex_unlock(&p->mu);
+  if (done) return KVBM_OK;
+  if (closed) return kvbm_error_set(err, KVBM_ECLOSED, "peer %u: the link closed with %llu blocks unanswered",
+                                    peer, (unsigned long long)missing);
+  return kvbm_error_set(err, KVBM_ETIMEDOUT, "peer %u: %llu blocks not acknowledged in time", peer,
+                        (unsigned long long)missing);
+}
+
+int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats *out) {
+  if (!m || !out) return KVBM_EINVAL;
+  kvbm__peer *p = peer_get(m, peer);
+  if (!p) return KVBM_ENOTFOUND;
+  pthread_mutex_lock(&p->mu);
+  *out = p->st;
+  out->closed = p->closed;
+  pthread_mutex_unlock(&p->mu);
+  return KVBM_OK;
+}
+
+/* Whether every hash is held here (G1 or G2, bytes in place). */
+static bool all_here(kvbm_manager *m, const uint64_t *hashes, size_t n) {
+  pthread_mutex_lock(&m->mu);
+  bool all = true;
+  for (size_t i = 0; all && i < n; i++) {
+    bool one = false;
+    for (int ti = KVBM_TIER_G1; !one && ti <= KVBM_TIER_G2; ti++) {
+      const kvbm__tier *t = &m->t[ti];
+      uint32_t id;
+      one = t->present && kvbm_pool_peek(t->pool, hashes[i], &id, NULL) == KVBM_OK && t->state[id] == KVBM__READY;
+    }
+    all = one;
+  }
+  pthread_mutex_unlock(&m->mu);
+  return all;
+}
+
+size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes, size_t n) {
+  kvbm__peer *p = peer_get(m, peer);
+  if (!p || p->detached || n == 0) return 0;
+  if (n > 4096) n = 4096;
+  uint8_t *req = malloc(8 + 8 * n);
+  if (!req) return 0;
+  memcpy(req, "KVPL", 4);
+  put32(req + 4, (uint32_t)n);
+  for (size_t i = 0; i < n; i++) put64(req + 8 + 8 * i, hashes[i]);
+  pthread_mutex_lock(&p->mu);
+  uint64_t start = p->handled;
+  p->st.pulls_asked++;
+  pthread_mutex_unlock(&p->mu);
+  int rc = send_copy(p, req, 8 + 8 * n, NULL);
+  free(req);
+  if (rc) return 0;
+  int64_t end = now_ms() + (m->cfg.pull_timeout_ms > 0 ? m->cfg.pull_timeout_ms : 0);
+  for (;;) {
+    if (all_here(m, hashes, n)) break;
+    pthread_mutex_lock(&p->mu);
+    bool answered = p->handled - start >= n || p->closed;
+    int64_t left = end - now_ms();
+    if (!answered && left > 0) {
+      struct timespec dl = deadline_in(left > 20 ? 20 : (int)left);
+      pthread_cond_timedwait(&p->cv, &p->mu, &dl);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (answered || left <= 0) break;
+  }
+  size_t got = 0;
+  for (size_t i = 0; i < n; i++) got += all_here(m, hashes + i, 1);
+  pthread_mutex_lock(&p->mu);
+  p->st.pulled_blocks += got;
+  pthread_mutex_unlock(&p->mu);
+  return got;
+}
+
+/* kvbm_pool_evict_where's choice: a block some peer acknowledged (counted
+ * to the first such peer). Under m->mu, so the lock order holds. */
+static bool held_by_peer(void *user, uint32_t id, uint64_t h) {
+  kvbm_manager *m = user;
+  bool found = false;
+  (void)id;
+  pthread_mutex_lock(&m->peers_mu);
+  for (uint32_t i = 0; !found && i < m->npeers; i++) {
+    kvbm__peer *p = m->peers[i];
+    pthread_mutex_lock(&p->mu);
+    if (!p->detached && remote_has(p, h)) {
+      found = true;
+      p->st.dropped_for_room++;
+    }
+    pthread_mutex_unlock(&p->mu);
+  }
+  pthread_mutex_unlock(&m->peers_mu);
+  return found;
+}
+
+size_t kvbm__disagg_make_room(kvbm_manager *m, size_t need) {
+  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
+  kvbm_pool_stats s;
+  kvbm_pool_stats_get(g1, &s);
+  if (s.free >= need || peer_count(m) == 0) return 0;
+  size_t want = need - s.free;
+  return kvbm_pool_evict_where(g1, want > UINT32_MAX ? UINT32_MAX : (uint32_t)want, held_by_peer, m);
+}
