@@ -7,7 +7,8 @@
  * replay socket, a gap without one counted lost, a restart (a step back is
  * a new stream), bad messages of each kind counted and skipped without
  * losing the ones after them, libnats' drops past the byte budget counted
- * as overflow and as lost numbers, and the options refused. */
+ * as overflow and as lost numbers, raw mode (bodies undecoded, the same
+ * rules and replay), and the options refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -479,6 +480,75 @@ static void test_budget(void **state) {
   kvbm_subscriber_destroy(s);
 }
 
+/* Raw mode (payloads that are not KV events, as the advisor's storage
+ * sources read): the bodies come undecoded with their numbers, the
+ * sequence rules and replay work as in normal mode, and what raw mode
+ * cannot judge (the header, the size) is still refused. */
+static void raw_expect(kvbm_subscriber *s, uint64_t seq, const void *data, size_t len,
+                       bool replayed, uint64_t lost_before) {
+  kvbm_event_batch b;
+  const uint8_t *p = NULL;
+  size_t plen = 0;
+  kvbm_error err;
+  int rc = kvbm_subscriber_recv_raw(s, 10000, &b, &p, &plen, &err);
+  if (rc) fail_msg("raw batch %llu: %s", (unsigned long long)seq, err.msg);
+  assert_int_equal(b.seq, seq);
+  assert_int_equal(b.num_events, 0);
+  assert_int_equal(b.replayed, replayed);
+  assert_int_equal(b.lost_before, lost_before);
+  assert_int_equal(plen, len);
+  assert_memory_equal(p, data, len);
+}
+
+static void test_raw(void **state) {
+  (void)state;
+  const char *subj = new_subject();
+  rserver r = {0};
+  rserver_start(&r, 2, 4); /* keeps 2 and 3 */
+  kvbm_subscriber_config o = kvbm_subscriber_config_default(url);
+  o.raw = true;
+  o.max_payload = 4096;
+  o.max_queue_bytes = 1 << 20;
+  kvbm_subscriber *s = subscribe(subj, r.ep, &o);
+  static const char b0[] = "\xc1 not msgpack", b1[] = "\x93\x01\x02", b4[] = "storage 4";
+  pub_raw(subj, "0", b0, sizeof b0);
+  pub_raw(subj, "1", b1, sizeof b1);
+  pub_raw(subj, "4", b4, sizeof b4); /* 2 and 3 from the replay socket */
+  pub_raw(subj, "4", b4, sizeof b4); /* a repeat */
+  pub_raw(subj, NULL, b4, sizeof b4); /* no Kvbm-Seq */
+  static uint8_t big[5000];
+  pub_raw(subj, "5", big, sizeof big); /* over max_payload */
+  pub_raw(subj, "8", b0, sizeof b0);   /* 5..7 lost: nothing to replay */
+  flush();
+  raw_expect(s, 0, b0, sizeof b0, false, 0);
+  raw_expect(s, 1, b1, sizeof b1, false, 0);
+  for (uint64_t k = 2; k < 4; k++) {
+    size_t len;
+    uint8_t *p = payload(k + 1000, 0, &len); /* the replay server's, undecoded */
+    raw_expect(s, k, p, len, true, 0);
+    free(p);
+  }
+  raw_expect(s, 4, b4, sizeof b4, false, 0);
+  kvbm_event_batch b;
+  const uint8_t *p;
+  size_t plen;
+  kvbm_error err = {0};
+  assert_int_equal(kvbm_subscriber_recv_raw(s, 10000, &b, &p, &plen, &err), KVBM_EFORMAT);
+  assert_int_equal(kvbm_subscriber_recv_raw(s, 10000, &b, &p, &plen, &err), KVBM_ETOOLONG);
+  raw_expect(s, 8, b0, sizeof b0, false, 3);
+  kvbm_subscriber_stats st = stats(s);
+  assert_int_equal(st.delivered, 6);
+  assert_int_equal(st.events, 0);
+  assert_int_equal(st.replayed, 2);
+  assert_int_equal(st.duplicates, 1);
+  assert_int_equal(st.bad_seq, 1);
+  assert_int_equal(st.too_large, 1);
+  assert_int_equal(st.bad_payload, 0);
+  assert_int_equal(st.lost, 3);
+  kvbm_subscriber_destroy(s);
+  rserver_stop(&r);
+}
+
 static void refused(const char *endpoint, const char *subject, bool bind, int want) {
   kvbm_subscriber_config o = kvbm_subscriber_config_default(endpoint);
   o.subject = subject;
@@ -517,7 +587,7 @@ int main(void) {
       cmocka_unit_test(test_gap_partly_replayed), cmocka_unit_test(test_gap_lost),
       cmocka_unit_test(test_restart),    cmocka_unit_test(test_stray),
       cmocka_unit_test(test_malformed),  cmocka_unit_test(test_budget),
-      cmocka_unit_test(test_options),
+      cmocka_unit_test(test_raw),        cmocka_unit_test(test_options),
   };
   return cmocka_run_group_tests(tests, start_server, stop_server);
 }
