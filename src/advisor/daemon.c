@@ -15,14 +15,17 @@
  * per scrape (for a copy of the counters); decoding and socket reads
  * happen outside it.
  *
- * Sources reuse the events module: a ZMQ source is a kvbm_subscriber (its
- * sequence rules, replay of gaps, byte budget), in raw mode for storage
- * events (decoded here by kvbm_storage_decode) and normal mode for KV
- * events (both of vLLM's forms). A NATS source is a synchronous libnats
- * subscription with a bounded pending queue (what libnats drops is counted
- * as overflow), its Kvbm-Seq header judged by kvbm_seqno_check: NATS has
- * no replay, so a gap is counted lost. Malformed messages are counted per
- * source and skipped; the advisor itself counts what it refuses.
+ * Every source is the events module's kvbm_subscriber, whatever its
+ * transport (a ZMQ PUB endpoint, or a NATS subject with the Kvbm-Seq
+ * header): the subscriber keeps the sequence rules, asks the replay
+ * ROUTER for a gap when the source names one (else counts it lost), keeps
+ * the byte budget (NATS: libnats' queue, its drops counted as overflow)
+ * and redials. Storage events come in raw mode (decoded here by
+ * kvbm_storage_decode), KV events in normal mode (both of vLLM's forms).
+ * So a source here is only "receive a batch, apply it to the advisor",
+ * and its counters are the subscriber's, copied for /health and /metrics
+ * after each turn. Malformed messages are counted per source and
+ * skipped; the advisor itself counts what it refuses.
  *
  * Hints are derived every hint_period_ms (not on GET: deriving marks the
  * hinted blocks, and a GET must not change what the next one says); the
@@ -59,11 +62,7 @@ typedef struct counts {
 typedef struct asrc {
   kvbm__asrc_config cfg;
   kvbm_subscriber *sub;
-  natsConnection *nc;
-  natsSubscription *ns;
-  kvbm_seqno_tracker seq;
-  kvbm_event_decoder *kdec;
-  kvbm_storage_decoder *sdec;
+  kvbm_storage_decoder *sdec; /* storage sources: the subscriber gives the raw payload */
   counts n;
   uint64_t replayed, reconnects;
   char last_error[KVBM_ERROR_MSG_MAX];
@@ -164,36 +163,18 @@ static void note_error_locked(adaemon *d, asrc *s, const kvbm_error *e) {
   pthread_mutex_unlock(&d->mu);
 }
 
-/* Decodes outside the lock, applies under it. */
-static void apply_payload(adaemon *d, asrc *s, const uint8_t *data, size_t len, uint64_t seq) {
-  kvbm_error err = {0};
-  if (s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ || s->cfg.kind == KVBM__ASRC_STORAGE_NATS) {
-    kvbm_storage_batch b;
-    if (kvbm_storage_decode(s->sdec, data, len, seq, &b, &err)) {
-      note_error_locked(d, s, &err);
-      return;
-    }
-    pthread_mutex_lock(&d->mu);
-    s->n.batches++;
-    s->n.events += b.num_events;
-    kvbm_advisor_storage(d->a, &b, now_ms());
-    pthread_mutex_unlock(&d->mu);
-  } else {
-    kvbm_event_batch b;
-    if (kvbm_event_decode(s->kdec, data, len, seq, &b, &err)) {
-      note_error_locked(d, s, &err);
-      return;
-    }
-    pthread_mutex_lock(&d->mu);
-    s->n.batches++;
-    s->n.events += b.num_events;
-    kvbm_advisor_kv(d->a, &b, now_ms());
-    pthread_mutex_unlock(&d->mu);
-  }
+static bool is_storage(const asrc *s) {
+  return s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ || s->cfg.kind == KVBM__ASRC_STORAGE_NATS;
 }
 
-/* One ZMQ message; false when there was none. */
-static bool zmq_turn(adaemon *d, asrc *s) {
+static bool is_nats(const asrc *s) {
+  return s->cfg.kind == KVBM__ASRC_STORAGE_NATS || s->cfg.kind == KVBM__ASRC_KV_NATS;
+}
+
+/* One batch from the subscriber; false when there was none (or the
+ * transport failed for good: the next turn tries again). A storage
+ * payload is decoded outside the lock; applying is under it. */
+static bool source_recv(adaemon *d, asrc *s) {
   kvbm_event_batch b;
   const uint8_t *p = NULL;
   size_t len = 0;
@@ -204,8 +185,17 @@ static bool zmq_turn(adaemon *d, asrc *s) {
     note_error_locked(d, s, &err); /* counted and skipped by the subscriber too */
     return rc != KVBM_EIO;
   }
-  if (s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ) {
-    apply_payload(d, s, p, len, b.seq);
+  if (is_storage(s)) {
+    kvbm_storage_batch sb;
+    if (kvbm_storage_decode(s->sdec, p, len, b.seq, &sb, &err)) {
+      note_error_locked(d, s, &err);
+      return true;
+    }
+    pthread_mutex_lock(&d->mu);
+    s->n.batches++;
+    s->n.events += sb.num_events;
+    kvbm_advisor_storage(d->a, &sb, now_ms());
+    pthread_mutex_unlock(&d->mu);
   } else {
     pthread_mutex_lock(&d->mu);
     s->n.batches++;
@@ -216,74 +206,19 @@ static bool zmq_turn(adaemon *d, asrc *s) {
   return true;
 }
 
-static bool msg_seq(natsMsg *m, uint64_t *seq) {
-  const char *v = NULL;
-  if (natsMsgHeader_Get(m, "Kvbm-Seq", &v) != NATS_OK || !v || !*v) return false;
-  char *end;
-  errno = 0;
-  unsigned long long x = strtoull(v, &end, 10);
-  if (errno || *end || *v == '-' || *v == '+') return false;
-  *seq = x;
-  return true;
-}
-
-/* One NATS message; false when there was none. */
-static bool nats_turn(adaemon *d, asrc *s) {
-  natsMsg *m = NULL;
-  if (natsSubscription_NextMsg(&m, s->ns, 0) != NATS_OK || !m) return false;
-  int len = natsMsg_GetDataLength(m);
-  const uint8_t *data = (const uint8_t *)natsMsg_GetData(m);
-  uint64_t seq = 0;
-  bool take = true;
-  pthread_mutex_lock(&d->mu);
-  if (len < 0 || (size_t)len > d->cfg->max_payload) {
-    s->n.errors++;
-    snprintf(s->last_error, sizeof s->last_error, "message of %d bytes over max_payload", len);
-    take = false;
-  } else if (msg_seq(m, &seq)) {
-    uint32_t voided = 0;
-    kvbm_seqno_verdict v = kvbm_seqno_check(&s->seq, seq, true, &voided);
-    s->n.jumps += voided;
-    if (v == KVBM_SEQNO_DUPLICATE) s->n.duplicates++, take = false;
-    else if (v == KVBM_SEQNO_HOLD) s->n.jumps++, take = false; /* a stray number: not believed */
-    else {
-      if (v == KVBM_SEQNO_RESTART || v == KVBM_SEQNO_RESYNC) s->n.resets++;
-      s->n.lost += kvbm_seqno_take(&s->seq, seq);
-    }
-  }
-  pthread_mutex_unlock(&d->mu);
-  if (take) apply_payload(d, s, data, (size_t)len, seq);
-  natsMsg_Destroy(m);
-  return true;
-}
-
 static bool source_turn(adaemon *d, asrc *s) {
   bool any = false;
-  for (int k = 0; k < SOURCE_TURN; k++) {
-    bool got = s->sub ? zmq_turn(d, s) : s->ns ? nats_turn(d, s) : false;
-    if (!got) break;
-    any = true;
-  }
-  counts sub = {0};
-  bool have = false;
-  if (s->ns) {
-    int64_t dropped = 0;
-    if (natsSubscription_GetDropped(s->ns, &dropped) == NATS_OK && dropped >= 0)
-      sub.overflow = (uint64_t)dropped, have = true;
-  }
+  for (int k = 0; k < SOURCE_TURN && source_recv(d, s); k++) any = true;
   kvbm_subscriber_stats ss;
-  if (s->sub) kvbm_subscriber_stats_get(s->sub, &ss);
-  pthread_mutex_lock(&d->mu);
-  if (have) s->n.overflow = sub.overflow;
-  if (s->sub) { /* the subscriber's own counts, copied where /health reads them */
-    s->n.lost = ss.lost;
-    s->n.duplicates = ss.duplicates;
-    s->n.resets = ss.resets;
-    s->n.jumps = ss.jumps;
-    s->n.overflow = ss.overflow;
-    s->replayed = ss.replayed;
-    s->reconnects = ss.reconnects;
-  }
+  kvbm_subscriber_stats_get(s->sub, &ss);
+  pthread_mutex_lock(&d->mu); /* the subscriber's own counts, copied where /health reads them */
+  s->n.lost = ss.lost;
+  s->n.duplicates = ss.duplicates;
+  s->n.resets = ss.resets;
+  s->n.jumps = ss.jumps;
+  s->n.overflow = ss.overflow;
+  s->replayed = ss.replayed;
+  s->reconnects = ss.reconnects;
   pthread_mutex_unlock(&d->mu);
   return any;
 }
@@ -299,7 +234,8 @@ static void *sources_main(void *arg) {
   return NULL;
 }
 
-static int nats_connect(const char *url, natsConnection **nc, kvbm_error *err) {
+/* The hints' connection (publishing only: sources are subscribers). */
+static int hints_connect(const char *url, natsConnection **nc, kvbm_error *err) {
   natsOptions *o = NULL;
   natsStatus st = natsOptions_Create(&o);
   if (st == NATS_OK) st = natsOptions_SetURL(o, url);
@@ -311,41 +247,28 @@ static int nats_connect(const char *url, natsConnection **nc, kvbm_error *err) {
   return KVBM_OK;
 }
 
+/* A ZMQ endpoint, or a NATS URL and subject: the subscriber tells them
+ * apart (and refuses a NATS source without a subject). */
 static int source_open(adaemon *d, asrc *s, kvbm_error *err) {
   const kvbm__advisor_daemon_config *c = d->cfg;
-  bool storage = s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ || s->cfg.kind == KVBM__ASRC_STORAGE_NATS;
-  int rc = storage ? kvbm_storage_decoder_create(&s->sdec, err) : kvbm_event_decoder_create(&s->kdec, err);
-  if (rc) return rc;
-  if (s->cfg.kind == KVBM__ASRC_STORAGE_ZMQ || s->cfg.kind == KVBM__ASRC_KV_ZMQ) {
-    kvbm_subscriber_config sc = kvbm_subscriber_config_default(s->cfg.endpoint);
-    sc.replay_endpoint = s->cfg.replay;
-    sc.raw = storage;
-    sc.max_payload = c->max_payload;
-    sc.max_queue_bytes = c->queue_bytes < 2 * c->max_payload ? 2 * c->max_payload : c->queue_bytes;
-    return kvbm_subscriber_create(&sc, &s->sub, err);
+  if (is_storage(s)) {
+    int rc = kvbm_storage_decoder_create(&s->sdec, err);
+    if (rc) return rc;
   }
-  if (!s->cfg.subject || !*s->cfg.subject)
-    return kvbm_error_set(err, KVBM_EINVAL, "advisor: NATS source %s has no subject", s->cfg.name);
-  if ((rc = nats_connect(s->cfg.endpoint, &s->nc, err))) return rc;
-  natsStatus st = natsConnection_SubscribeSync(&s->ns, s->nc, s->cfg.subject);
-  size_t qb = c->queue_bytes > INT32_MAX ? INT32_MAX : c->queue_bytes;
-  if (st == NATS_OK) st = natsSubscription_SetPendingLimits(s->ns, -1, (int)qb);
-  if (st == NATS_OK) st = natsConnection_FlushTimeout(s->nc, 2000);
-  if (st != NATS_OK)
-    return kvbm_error_set(err, KVBM_EIO, "advisor: NATS subscription %s: %s", s->cfg.subject,
-                          natsStatus_GetText(st));
-  kvbm_seqno_init(&s->seq, NULL);
-  return KVBM_OK;
+  if (is_nats(s) && (!s->cfg.subject || !*s->cfg.subject))
+    return kvbm_error_set(err, KVBM_EINVAL, "advisor: NATS source %s has no subject",
+                          s->cfg.name ? s->cfg.name : "");
+  kvbm_subscriber_config sc = kvbm_subscriber_config_default(s->cfg.endpoint);
+  sc.subject = is_nats(s) ? s->cfg.subject : NULL;
+  sc.replay_endpoint = s->cfg.replay;
+  sc.raw = is_storage(s);
+  sc.max_payload = c->max_payload;
+  sc.max_queue_bytes = c->queue_bytes < 2 * c->max_payload ? 2 * c->max_payload : c->queue_bytes;
+  return kvbm_subscriber_create(&sc, &s->sub, err);
 }
 
 static void source_close(asrc *s) {
   kvbm_subscriber_destroy(s->sub);
-  if (s->ns) {
-    natsSubscription_Unsubscribe(s->ns);
-    natsSubscription_Destroy(s->ns);
-  }
-  if (s->nc) natsConnection_Destroy(s->nc);
-  kvbm_event_decoder_destroy(s->kdec);
   kvbm_storage_decoder_destroy(s->sdec);
 }
 
@@ -486,13 +409,8 @@ static int h_health(adaemon *d, kvbm_metrics_server *srv, jb *j) {
   for (size_t i = 0; i < d->ns; i++) {
     asrc *s = &d->src[i];
     counts n = s->n;
-    if (s->sub) {
-      jp(j, "%s{\"replayed\":%" PRIu64 ",\"reconnects\":%" PRIu64 ",", i ? "," : "", s->replayed,
-         s->reconnects);
-    } else {
-      jp(j, "%s{", i ? "," : "");
-    }
-    jp(j, "\"name\":");
+    jp(j, "%s{\"replayed\":%" PRIu64 ",\"reconnects\":%" PRIu64 ",\"name\":", i ? "," : "",
+       s->replayed, s->reconnects);
     jstr(j, s->cfg.name ? s->cfg.name : "", s->cfg.name ? strlen(s->cfg.name) : 0);
     jp(j, ",\"kind\":\"%s\",\"batches\":%" PRIu64 ",\"events\":%" PRIu64 ",\"errors\":%" PRIu64
           ",\"lost\":%" PRIu64 ",\"duplicates\":%" PRIu64 ",\"resets\":%" PRIu64 ",\"jumps\":%" PRIu64
@@ -557,10 +475,9 @@ typedef struct snap {
 } snap;
 
 static void metric_per_source(kvbm_metrics_writer *w, const adaemon *d, const char *name,
-                              const char *help, const uint64_t *v, size_t stride, bool zmq_only) {
+                              const char *help, const uint64_t *v, size_t stride) {
   kvbm_metrics_family(w, name, KVBM_METRIC_COUNTER, help);
   for (size_t i = 0; i < d->ns; i++) {
-    if (zmq_only && !d->src[i].sub) continue;
     kvbm_metric_label l[2] = {{"source", d->src[i].cfg.name ? d->src[i].cfg.name : ""},
                               {"kind", kind_name(d->src[i].cfg.kind)}};
     kvbm_metrics_value_u64(w, l, 2, v[i * stride]);
@@ -716,11 +633,12 @@ static void collect(void *user, kvbm_metrics_writer *w) {
   };
   for (size_t k = 0; k < sizeof sc / sizeof *sc; k++)
     metric_per_source(w, d, sc[k].name, sc[k].help,
-                      (const uint64_t *)((const char *)s->n + sc[k].off), stride, false);
+                      (const uint64_t *)((const char *)s->n + sc[k].off), stride);
   metric_per_source(w, d, "kvbm_advisor_source_replayed_total",
-                    "Batches of a gap a ZMQ source had replayed", s->replayed, 1, true);
+                    "Batches of a gap a source had replayed by its replay endpoint", s->replayed, 1);
   metric_per_source(w, d, "kvbm_advisor_source_reconnects_total",
-                    "Times a ZMQ source reconnected", s->reconnects, 1, true);
+                    "Times a source reconnected (ZMQ: redialled the engine; NATS: libnats "
+                    "reconnected to the server)", s->reconnects, 1);
   free(s);
 }
 
@@ -808,7 +726,7 @@ int kvbm__advisor_daemon_run(const kvbm__advisor_daemon_config *cfg, volatile si
     if (!cfg->hints_subject || !*cfg->hints_subject)
       rc = kvbm_error_set(err, KVBM_EINVAL, "advisor: hints need a NATS subject");
     else
-      rc = nats_connect(cfg->hints_url, &d->hnc, err);
+      rc = hints_connect(cfg->hints_url, &d->hnc, err);
   }
   if (!rc) rc = http_start(d, err);
   if (!rc && cfg->port_file) rc = write_port_file(cfg->port_file, kvbm_metrics_server_port(d->http), err);

@@ -9,8 +9,8 @@
  * messages a turn), the HTTP server's (the metrics endpoint's server with
  * the advisor's routes, metrics/server.h), and the caller's, which derives
  * hints every hint_period_ms. Memory is bounded by the advisor's own
- * bounds, each source's byte budget (queue_bytes: the ZMQ subscriber's, or
- * libnats' pending limit for a NATS subscription) and the HTTP limits.
+ * bounds, each source's byte budget (queue_bytes: its kvbm_subscriber's,
+ * over ZMQ or NATS alike) and the HTTP limits.
  */
 #ifndef KVBM_ADVISOR_DAEMON_H
 #define KVBM_ADVISOR_DAEMON_H
@@ -34,8 +34,9 @@ typedef struct kvbm__asrc_config {
   kvbm__asrc_kind kind;
   const char *name;      /* shown in /health */
   const char *endpoint;  /* ZMQ PUB endpoint, or NATS URL */
-  const char *replay;    /* ZMQ replay ROUTER (NULL: none) */
-  const char *subject;   /* NATS subject */
+  const char *replay;    /* the engine's replay ROUTER, for either transport
+                          * (NULL: none; a gap is counted lost) */
+  const char *subject;   /* NATS subject (NATS kinds only) */
 } kvbm__asrc_config;
 
 typedef struct kvbm__advisor_daemon_config {
