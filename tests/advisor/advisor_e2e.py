@@ -258,7 +258,8 @@ def main():
         ctx = zmq.Context()
         szmq = ZmqPub(ctx)
         w0, w1 = ZmqPub(ctx), ZmqPub(ctx)
-        pubs = [szmq, w0, w1]
+        w3 = ZmqPub(ctx)  # its replay ROUTER only: w3's live batches go over NATS
+        pubs = [szmq, w0, w1, w3]
         nc = Nats(nats_port)
         hints_sub = Nats(nats_port)
         hints_sub.subscribe("kvbm.hints")
@@ -269,6 +270,7 @@ def main():
             "--kv-zmq", "w0=tcp://127.0.0.1:%d" % w0.port,
             "--kv-zmq", "w1=tcp://127.0.0.1:%d" % w1.port,
             "--kv-nats", "w2=" + url + "/kvbm.kv.w2",
+            "--kv-nats", "w3=%s/kvbm.kv.w3@tcp://127.0.0.1:%d" % (url, w3.rep_port),
             "--volume", "disk=G3", "--hints-nats", url + "/kvbm.hints",
             "--hint-period-ms", "200", "--rehint-ms", "0", "--demote-fraction", "0.7",
             "--compact-min-blocks", "100", "--max-blocks", "4096", "--max-connections", "8",
@@ -296,13 +298,20 @@ def main():
         def src(h, name):
             return [s for s in h["sources"] if s["name"].startswith(name)][0]
 
+        def w3send(payload, live=True):
+            """Numbered as one publisher with a NATS and a ZMQ sink: live on NATS,
+            kept for w3's replay ROUTER either way."""
+            seq = w3.send(payload, live=False)
+            if live:
+                nc.publish("kvbm.kv.w3", payload, seq=seq)
+
         st = Storage(szmq.send, "manager-zmq")
         sn = Storage(lambda payload, live=True: nc.publish("kvbm.storage", payload), "manager-nats")
 
         # --- warm up: ZMQ subscriptions drop what is sent before they connect
         def seen_all():
             h = health()
-            return all(src(h, n)["batches"] > 0 for n in ("tcp", "w0", "w1", "w2", "nats"))
+            return all(src(h, n)["batches"] > 0 for n in ("tcp", "w0", "w1", "w2", "w3", "nats"))
         t0 = time.time()
         while not seen_all():
             st.batch([("Store", 777001, 777001, "warm", None)])
@@ -310,6 +319,7 @@ def main():
             w0.send(kv_payload("positional", []))
             w1.send(kv_payload("map", []))
             nc.publish("kvbm.kv.w2", kv_payload("positional", []))
+            w3send(kv_payload("map", []))
             pump()
             assert time.time() - t0 < TIMEOUT, "the advisor never saw the publishers"
             time.sleep(0.1)
@@ -397,6 +407,17 @@ def main():
         h = health()
         assert src(h, "tcp")["lost"] == 0 and src(h, "tcp")["replayed"] >= 1, src(h, "tcp")
         assert h["advisor"]["onboard_uses"] >= 0 and h["advisor"]["lost_events"] == 0, h["advisor"]
+
+        # --- a NATS source with a replay ROUTER: a batch that never came on
+        # NATS is replayed, not lost
+        w3_events = src(h, "w3")["events"]
+        before = w3.replay_requests
+        w3send(kv_payload("map", [("S", [880001, 880002, 880003])]), live=False)
+        w3send(kv_payload("map", [("S", [880004])]))
+        w3h = wait_for(lambda: (lambda s: s if s["events"] >= w3_events + 2 else None)(src(health(), "w3")),
+                       "w3's gap replayed")
+        assert w3.replay_requests > before
+        assert w3h["replayed"] == 1 and w3h["lost"] == 0 and w3h["events"] == w3_events + 2, w3h
 
         # --- hints on NATS: msgpack [ts, [hint...], source], Kvbm-Seq rising
         def nats_hints():

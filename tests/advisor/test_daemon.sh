@@ -22,6 +22,7 @@ refused 2 "not NAME=G2|G3|G4" --volume disk=G1
 refused 2 "not NAME=G2|G3|G4" --volume =G3
 refused 2 "is not nats://HOST:PORT/SUBJECT" --storage-nats nats://127.0.0.1:4222
 refused 2 "port is not in 1..65535" --storage-zmq tcp://127.0.0.1:99999
+refused 2 "port is not in 1..65535" --kv-nats w=nats://127.0.0.1:4222/s@tcp://127.0.0.1:99999
 refused 2 "is not NAME=" --kv-zmq tcp://127.0.0.1:5555
 refused 2 "--hint-period-ms" --hint-period-ms 0
 refused 2 "--demote-fraction" --demote-fraction 1

@@ -16,8 +16,8 @@ const char kvbm_cmd_advisor_help[] =
 static void usage(FILE *f) {
   fprintf(f,
           "usage: kvbm advisor [--listen 127.0.0.1:8091] [--port-file FILE]\n"
-          "         [--storage-zmq EP[@REPLAY]]... [--storage-nats URL/SUBJECT]...\n"
-          "         [--kv-zmq NAME=EP[@REPLAY]]... [--kv-nats NAME=URL/SUBJECT]...\n"
+          "         [--storage-zmq EP[@REPLAY]]... [--storage-nats URL/SUBJECT[@REPLAY]]...\n"
+          "         [--kv-zmq NAME=EP[@REPLAY]]... [--kv-nats NAME=URL/SUBJECT[@REPLAY]]...\n"
           "         [--volume NAME=G2|G3|G4]... [--hints-nats URL/SUBJECT]\n"
           "         [--hint-period-ms 10000] [--max-hints 4096] [--max-blocks 1048576]\n"
           "         [--max-prefixes 65536] [--demote-min-uses 2] [--demote-fraction 0.7]\n"
@@ -26,8 +26,8 @@ static void usage(FILE *f) {
           "         [--max-connections 64 (<= 4096)] [--io-timeout-ms 10000] [--queue-bytes 16777216]\n"
           "         [--max-payload 2097152]\n"
           "Subscribes to storage events (StoreEvent/RemoveEvent of the manager's volumes)\n"
-          "and KV events (vLLM's wire, both forms) over ZMQ (with replay of gaps) and\n"
-          "NATS (Kvbm-Seq), keeps an index of the blocks each volume holds, and derives\n"
+          "and KV events (vLLM's wire, both forms) over ZMQ and NATS (Kvbm-Seq), gaps\n"
+          "replayed by the engine's ZMQ replay ROUTER (@REPLAY) if given, and keeps an index of the blocks each volume holds, and derives\n"
           "hints every --hint-period-ms: published on --hints-nats (msgpack, Kvbm-Seq) and\n"
           "served over HTTP: GET /hints, /volumes, /prefix?hash=N[&namespace=N], /health,\n"
           "and the counters in Prometheus' format at GET /metrics (same port).\n"
@@ -36,7 +36,7 @@ static void usage(FILE *f) {
 
 /* The strings the options make (freed at exit, whatever the path). */
 typedef struct strpool {
-  char *s[4 * KVBM__ADVISOR_MAX_SOURCES + KVBM_ADVISOR_MAX_VOLUMES + 8];
+  char *s[5 * KVBM__ADVISOR_MAX_SOURCES + KVBM_ADVISOR_MAX_VOLUMES + 8]; /* a source: up to 5 */
   size_t n;
 } strpool;
 
@@ -58,6 +58,16 @@ static bool split_nats(strpool *p, const char *v, char **url, char **subject) {
   *url = keep(p, strndup(v, (size_t)(slash - v)));
   *subject = keep(p, strdup(slash + 1));
   return *url && *subject;
+}
+
+/* "...@tcp://..." (or ipc://, inproc://): the replay ROUTER after the
+ * last '@' that starts one (an '@' of user@host stays in the URL). */
+static void split_replay(strpool *p, const char *v, const char **main, const char **replay) {
+  const char *at = strrchr(v, '@');
+  if (at && strncmp(at, "@tcp://", 7) && strncmp(at, "@ipc://", 7) && strncmp(at, "@inproc://", 10))
+    at = NULL;
+  *main = keep(p, at ? strndup(v, (size_t)(at - v)) : strdup(v));
+  *replay = at ? keep(p, strdup(at + 1)) : NULL;
 }
 
 /* A tcp:// endpoint's port must be 1..65535 (ZMQ itself takes 99999). */
@@ -100,9 +110,16 @@ static int add_source(strpool *pool, kvbm__advisor_daemon_config *c, kvbm__asrc_
     s->name = keep(pool, strdup(v));
   }
   if (kind == KVBM__ASRC_STORAGE_NATS || kind == KVBM__ASRC_KV_NATS) {
+    const char *main;
     char *url, *subject;
-    if (!split_nats(pool, rest, &url, &subject) || strncmp(url, "nats://", 7) || !tcp_port_ok(url + 1)) {
-      fprintf(stderr, "kvbm advisor: %s: '%s' is not nats://HOST:PORT/SUBJECT\n", opt, rest);
+    split_replay(pool, rest, &main, &s->replay);
+    if (!main || !split_nats(pool, main, &url, &subject) || strncmp(url, "nats://", 7) ||
+        !tcp_port_ok(url + 1)) {
+      fprintf(stderr, "kvbm advisor: %s: '%s' is not nats://HOST:PORT/SUBJECT[@REPLAY]\n", opt, rest);
+      return 2;
+    }
+    if (s->replay && !tcp_port_ok(s->replay)) {
+      fprintf(stderr, "kvbm advisor: %s: '%s': a tcp:// port is not in 1..65535\n", opt, rest);
       return 2;
     }
     s->endpoint = url;
