@@ -70,6 +70,9 @@ kvbm_psim_config kvbm_psim_config_default(void) {
   c.freq_threshold = 2;
   c.freq_decay_uses = 65536;
   c.freq_max_entries = 1u << 20;
+  c.g2_freq_threshold = 3;
+  c.g2_freq_decay_uses = 1u << 26;
+  c.g2_freq_max_entries = 1u << 22;
   c.victim_min_uses = 2;
   c.advisor_period_ms = 10000;
   c.advisor_promote_min_uses = 2;
@@ -78,8 +81,9 @@ kvbm_psim_config kvbm_psim_config_default(void) {
   return c;
 }
 
-const char *const kvbm_psim_preset_names[] = {"today",   "lru-tail", "arc",    "s3fifo", "wtinylfu",
-                                              "victim",  "advisor",  "belady", NULL};
+const char *const kvbm_psim_preset_names[] = {"today",  "lru-tail", "arc",     "s3fifo",
+                                              "wtinylfu", "victim", "g2-freq", "advisor",
+                                              "belady", NULL};
 
 static void set_lower(kvbm_psim_config *c, psim_evict e2, kvbm_psim_admit a2, psim_evict e3,
                       kvbm_psim_admit a3, bool tail_first) {
@@ -105,6 +109,8 @@ bool kvbm_psim_preset(const char *name, kvbm_psim_config *c) {
     set_lower(c, PSIM_EVICT_WTINYLFU, ALL, PSIM_EVICT_LRU, FREQ, true);
   } else if (!strcmp(name, "victim")) {
     set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_VICTIM, true);
+  } else if (!strcmp(name, "g2-freq")) {
+    set_lower(c, PSIM_EVICT_LRU, FREQ, PSIM_EVICT_LRU, FREQ, true);
   } else if (!strcmp(name, "advisor")) {
     set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, FREQ, true);
   } else if (!strcmp(name, "belady")) {
@@ -724,8 +730,10 @@ static int run_init(run *r, const kvbm_psim_stream *s, const kvbm_psim_config *c
     if (!cfg->tier[t].capacity) continue;
     rc = psim_cache_create(cfg->tier[t].evict, (uint32_t)cfg->tier[t].capacity, U, &r->c[t]);
     if (!rc && t && cfg->tier[t].admit == KVBM_PSIM_ADMIT_FREQUENCY) {
-      rc = kvbm__freq_filter_init(&r->filter[t], cfg->freq_threshold, cfg->freq_decay_uses,
-                                  cfg->freq_max_entries);
+      rc = t == 1 ? kvbm__freq_filter_init(&r->filter[t], cfg->g2_freq_threshold,
+                                           cfg->g2_freq_decay_uses, cfg->g2_freq_max_entries)
+                  : kvbm__freq_filter_init(&r->filter[t], cfg->freq_threshold,
+                                           cfg->freq_decay_uses, cfg->freq_max_entries);
       r->filter_on[t] = rc == KVBM_OK;
       if (rc == KVBM_EINVAL)
         return kvbm_error_set(err, rc, "policy-sim: frequency filter settings out of range");

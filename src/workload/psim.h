@@ -73,8 +73,11 @@ typedef struct kvbm_psim_tier_config {
 
 typedef struct kvbm_psim_config {
   kvbm_psim_tier_config tier[KVBM_PSIM_TIERS];
-  /* Dynamo's frequency filter (the manager's defaults: 2, 65536, 2^20). */
+  /* Dynamo's frequency filter (the manager's defaults: 2, 65536, 2^20), G3's. */
   uint32_t freq_threshold, freq_decay_uses, freq_max_entries;
+  /* G2's frequency filter, its own (3, 2^26, 2^22): G2 admission wants a
+   * memory longer than G3's, whose fast decay is what keeps its writes low. */
+  uint32_t g2_freq_threshold, g2_freq_decay_uses, g2_freq_max_entries;
   /* victim admission: uses (commits) a block needs to be demoted (2). */
   uint32_t victim_min_uses;
   /* The advisor (off unless advisor is true). */
@@ -87,7 +90,8 @@ typedef struct kvbm_psim_config {
 } kvbm_psim_config;
 
 /* G1 16384 LRU; G2 65536 LRU write-through; G3 262144 LRU frequency;
- * head first; filter 2/65536/2^20; advisor off (period 10 s). */
+ * head first; filter 2/65536/2^20 (G2's, when asked for: 3/2^26/2^22);
+ * advisor off (period 10 s). */
 kvbm_psim_config kvbm_psim_config_default(void);
 
 /* Named configurations for the CLI and the curves (capacities untouched):
@@ -97,6 +101,8 @@ kvbm_psim_config kvbm_psim_config_default(void);
  *   s3fifo    G2 s3fifo+all, G3 s3fifo+frequency, tail first
  *   wtinylfu  G2 wtinylfu+all, G3 lru+frequency, tail first
  *   victim    G2 lru+all, G3 lru+victim (what G2 evicts after 2 uses), tail first
+ *   g2-freq   G2 lru+frequency (its own filter: a block's 3rd use, long memory),
+ *             G3 lru+frequency as today, tail first
  *   advisor   G2 lru+all, G3 lru+frequency, tail first, advisor on
  *   belady    every tier belady, G2/G3 clairvoyant admission (the bound)
  * Returns false for an unknown name (config untouched). */

@@ -273,6 +273,42 @@ static void test_bound_and_presets(void **state) {
   kvbm_trace_destroy(t);
 }
 
+/* G2's frequency filter has its own settings: threshold 1 admits every
+ * use (write-through's writes), a higher one admits fewer, and G3's filter
+ * (today's settings) is untouched by G2's: same G3 writes as today. */
+static void test_g2_filter(void **state) {
+  (void)state;
+  kvbm_trace *t = gen_trace(small_chat());
+  kvbm_error err = {0};
+  kvbm_psim_stream *s;
+  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, false, &s, &err), KVBM_OK);
+  kvbm_psim_config today = kvbm_psim_config_default(), f1, f2, f3;
+  today.tier[1].capacity = 2048;
+  today.tier[2].capacity = 4096;
+  assert_true(kvbm_psim_preset("lru-tail", &today));
+  f1 = f2 = f3 = today;
+  assert_true(kvbm_psim_preset("g2-freq", &f3));
+  assert_int_equal(f3.tier[1].admit, KVBM_PSIM_ADMIT_FREQUENCY);
+  f1.tier[1].admit = f2.tier[1].admit = KVBM_PSIM_ADMIT_FREQUENCY;
+  f1.g2_freq_threshold = 1;
+  f2.g2_freq_threshold = 2;
+  kvbm_psim_result rt, r1, r2, r3;
+  assert_int_equal(kvbm_psim_run(s, &today, &rt, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &f1, &r1, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &f2, &r2, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &f3, &r3, &err), KVBM_OK);
+  assert_int_equal(r1.tier[1].written_blocks, rt.tier[1].written_blocks);
+  assert_int_equal(r1.hit_tokens, rt.hit_tokens);
+  assert_true(r2.tier[1].written_blocks < r1.tier[1].written_blocks);
+  assert_true(r3.tier[1].written_blocks < r2.tier[1].written_blocks);
+  assert_true(r3.tier[1].filtered > 0);
+  assert_int_equal(r1.tier[2].written_blocks, rt.tier[2].written_blocks);
+  assert_int_equal(r2.tier[2].written_blocks, rt.tier[2].written_blocks);
+  assert_int_equal(r3.tier[2].written_blocks, rt.tier[2].written_blocks);
+  kvbm_psim_stream_destroy(s);
+  kvbm_trace_destroy(t);
+}
+
 /* The advisor-guided policy: the advisor sees the run's events and its
  * demotions write G3; with a G3 that takes nothing at commit, every G3
  * block came through a hint. */
@@ -344,7 +380,7 @@ int main(void) {
       cmocka_unit_test(test_scan_resistance),    cmocka_unit_test(test_s3fifo_ghost),
       cmocka_unit_test(test_belady_optimal),     cmocka_unit_test(test_no_lower_tiers_is_w1),
       cmocka_unit_test(test_bound_and_presets),  cmocka_unit_test(test_advisor_guided),
-      cmocka_unit_test(test_bad_configs),
+      cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_g2_filter),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

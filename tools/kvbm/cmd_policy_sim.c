@@ -25,12 +25,14 @@ static void usage(FILE *f) {
           "                       [--block-size 16] [--hash native|dynamo] [--limit N]\n"
           "                       [--freq-threshold 2] [--freq-decay-uses 65536]\n"
           "                       [--victim-min-uses 2] [--advisor-period-ms 10000]\n"
+          "                       [--g2-freq-threshold 3] [--g2-freq-decay-uses 67108864]\n"
+          "                       [--g2-freq-max-entries 4194304]\n"
           "                       [--advisor-demote-min-uses 2] [--advisor-demote-fraction 0.7]\n"
           "                       [--sweep F[,F...]] [--svg FILE] [--title TEXT] [--json]\n"
           "Replays W2 (docs/areas/policies.md) with block identities only and reports,\n"
           "per policy and tier, hit tokens and blocks written.\n"
           "  --policy   presets, run in order (default: all of them):\n"
-          "             today lru-tail arc s3fifo wtinylfu victim advisor belady\n"
+          "             today lru-tail arc s3fifo wtinylfu victim g2-freq advisor belady\n"
           "  --g1/2/3   a custom policy, run after the presets (named 'custom'):\n"
           "             EVICT lru|arc|s3fifo|wtinylfu|belady (G1: lru|belady),\n"
           "             ADMIT all|frequency|never|clairvoyant|reused|victim; tail: a\n"
@@ -141,6 +143,9 @@ static int parse(int argc, char **argv, opts *o) {
     U64("--freq-decay-uses", 1, UINT32_MAX, o->base.freq_decay_uses)
     U64("--advisor-period-ms", 1, 86400000, o->base.advisor_period_ms)
     U64("--victim-min-uses", 1, 255, o->base.victim_min_uses)
+    U64("--g2-freq-threshold", 1, UINT32_MAX, o->base.g2_freq_threshold)
+    U64("--g2-freq-decay-uses", 1, UINT32_MAX, o->base.g2_freq_decay_uses)
+    U64("--g2-freq-max-entries", 1, 1u << 26, o->base.g2_freq_max_entries)
     U64("--advisor-demote-min-uses", 1, 65535, o->base.advisor_demote_min_uses)
     if ((r = cli_opt_value("policy-sim", argc, argv, &i, "--advisor-demote-fraction", &v))) {
       double d;
@@ -334,6 +339,9 @@ int kvbm_cmd_policy_sim(int argc, char **argv) {
     runs[nruns].cfg.freq_decay_uses = o.base.freq_decay_uses;
     runs[nruns].cfg.advisor_period_ms = o.base.advisor_period_ms;
     runs[nruns].cfg.victim_min_uses = o.base.victim_min_uses;
+    runs[nruns].cfg.g2_freq_threshold = o.base.g2_freq_threshold;
+    runs[nruns].cfg.g2_freq_decay_uses = o.base.g2_freq_decay_uses;
+    runs[nruns].cfg.g2_freq_max_entries = o.base.g2_freq_max_entries;
     runs[nruns].cfg.advisor_demote_min_uses = o.base.advisor_demote_min_uses;
     runs[nruns].cfg.advisor_demote_fraction = o.base.advisor_demote_fraction;
     nruns++;
