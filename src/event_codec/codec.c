@@ -832,6 +832,11 @@ static int read_slot7(dctx *c, kvbm_event *ev, ev_off *o) {
     size_t kl = 0;
     if ((rc = read_str(c, "a string key", &from, &k, &kl))) return rc;
     if (kl == 10 && !memcmp(k, "cache_salt", 10)) rc = read_opt_str(c, &o->salt, NULL, NULL);
+    /* A key the map form names itself ("block_size", "type", ...) cannot be
+     * carried: written back as an extra it would make a map with the key
+     * twice. No engine sends one; the event is skipped (found by fuzz). */
+    else if ((kl == 4 && !memcmp(k, "type", 4)) || key_field(k, kl) != F_EXTRA)
+      rc = fail(c, KVBM_EFORMAT, "the metadata map has a key that names an event field");
     else rc = keep_extra(c, from, ev, o);
     if (rc) return rc;
   }

@@ -681,6 +681,37 @@ static void test_bad_event_skipped(void **s) {
   kvbm_event_decoder_destroy(dec);
 }
 
+/* Found by fuzz_event_decode: SGLang's positional metadata map (index 7)
+ * with a key the map form names itself ("block_size"). Kept as an extra it
+ * made an event that the map form could not write (the key twice); the
+ * event is skipped and the rest of the batch kept. */
+static void test_metadata_key_names_a_field(void **s) {
+  (void)s;
+  static const uint8_t in[] = {
+      0x93, 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, 0x92,
+      0x98, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd',
+      0x92, 0x01, 0x02, 0xc0, 0x92, 0x92, 0x01, 0x02, 0x92, 0x02, 0x03, 0x01, 0xc0,
+      0xaa, 'C', 'P', 'U', '_', 'P', 'I', 'N', 'N', 'E', 'D',
+      0x82, 0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0xa3, 't', '-', 'a',
+      0xaa, 's', 'e', 's', 's', 'i', 'o', 'n', '_', 'i', 'd', 0xa1, 's',
+      0x93, 0xac, 'B', 'l', 'o', 'c', 'k', 'R', 'e', 'm', 'o', 'v', 'e', 'd', 0x91, 0x01,
+      0xa3, 'C', 'P', 'U', 0x00};
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  kvbm_event_batch b;
+  kvbm_error err;
+  assert_int_equal(kvbm_event_decode(dec, in, sizeof in, 1, &b, &err), KVBM_OK);
+  assert_int_equal(b.skipped, 1);
+  assert_non_null(strstr(kvbm_event_decoder_skip_reason(dec), "names an event field"));
+  assert_int_equal(b.num_events, 1);
+  assert_int_equal(b.events[0].type, KVBM_EVENT_REMOVED);
+  for (int form = 0; form < 2; form++) {
+    kvbm_event_encoder_config ec = {.form = (kvbm_event_form)form};
+    assert_int_equal(kvbm_event_check(&b.events[0], &ec, NULL), KVBM_OK);
+  }
+  kvbm_event_decoder_destroy(dec);
+}
+
 static void fill_pairs(pk *k) {
   for (int v = 0; v < 2; v++) {
     msgpack_pack_map(&k->p, 4);
@@ -861,6 +892,7 @@ int main(void) {
       cmocka_unit_test(test_wire_variants),
       cmocka_unit_test(test_sglang_salted_positional),
       cmocka_unit_test(test_bad_event_skipped),
+      cmocka_unit_test(test_metadata_key_names_a_field),
       cmocka_unit_test(test_token_pairs),
       cmocka_unit_test(test_media),
       cmocka_unit_test(test_malformed),
