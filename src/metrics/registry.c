@@ -36,6 +36,8 @@
 
 #include "metrics/internal.h"
 
+#define KVBM__METRICS_ERRORS "kvbm_metrics_errors_total"
+
 typedef struct collector {
   uint64_t id;
   kvbm_metrics_collect_fn fn;
@@ -160,6 +162,10 @@ int kvbm_metrics_family(kvbm_metrics_writer *w, const char *name, kvbm_metric_ty
     return refuse(w, "metrics: '%.64s' is not a metric name", name ? name : "(null)");
   if (type != KVBM_METRIC_COUNTER && type != KVBM_METRIC_GAUGE && type != KVBM_METRIC_HISTOGRAM)
     return refuse(w, "metrics: %s: unknown type %d", name, (int)type);
+  /* The registry writes its own error counter after every collector; a
+   * collector's family of that name would take its place on the page. */
+  if (w->col && !strcmp(name, KVBM__METRICS_ERRORS))
+    return refuse(w, "metrics: %s is the registry's own family", name);
   if ((w->nfam + 1) * 2 > w->ftab_cap && !ftab_grow(w)) {
     w->oom = true;
     return KVBM_ENOMEM;
@@ -572,7 +578,7 @@ int kvbm_metrics_render(kvbm_metrics *r, char **text, size_t *len, kvbm_error *e
   w.col = NULL;
   r->errors += w.errors;
   memcpy(r->last_error, w.first_error, sizeof r->last_error);
-  kvbm_metrics_counter(&w, "kvbm_metrics_errors_total",
+  kvbm_metrics_counter(&w, KVBM__METRICS_ERRORS,
                        "Samples the metrics renderer refused (bad names or labels, type "
                        "conflicts, duplicate series), since the registry was created",
                        NULL, 0, r->errors);

@@ -320,6 +320,29 @@ static void test_hostile(void **state) {
   kvbm_metrics_destroy(r);
 }
 
+/* Found by fuzz_metrics: a collector writing the registry's own family
+ * took its place on the page (its HELP, its value). It is refused. */
+static void reserved_collect(void *user, kvbm_metrics_writer *w) {
+  (void)user;
+  kvbm_metrics_counter(w, "kvbm_metrics_errors_total", "mine", NULL, 0, 777);
+}
+
+static void test_reserved_family(void **state) {
+  (void)state;
+  kvbm_metrics *r;
+  assert_int_equal(kvbm_metrics_create(&r, NULL), KVBM_OK);
+  assert_int_equal(kvbm_metrics_register(r, reserved_collect, NULL, NULL, 0, NULL, NULL), KVBM_OK);
+  char *t = render(r);
+  assert_null(strstr(t, "777"));
+  assert_null(strstr(t, "mine"));
+  assert_true(value_of(t, "kvbm_metrics_errors_total") == 1);
+  char why[256];
+  kvbm_metrics_last_error(r, why, sizeof why);
+  assert_non_null(strstr(why, "registry's own"));
+  kvbm_metrics_text_free(t);
+  kvbm_metrics_destroy(r);
+}
+
 static void test_register_refusals(void **state) {
   (void)state;
   kvbm_metrics *r;
@@ -459,6 +482,7 @@ int main(void) {
       cmocka_unit_test(test_page_basic),
       cmocka_unit_test(test_merge_and_constant_labels),
       cmocka_unit_test(test_hostile),
+      cmocka_unit_test(test_reserved_family),
       cmocka_unit_test(test_register_refusals),
       cmocka_unit_test(test_histogram_init),
       cmocka_unit_test(test_unregister_waits_for_render),
