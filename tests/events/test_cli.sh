@@ -21,6 +21,19 @@ trap cleanup EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# Waits until a TCP connection to or from 127.0.0.1:PORT is established
+# (/proc/net/tcp, state 01): a subscriber that has connected to a PUB.
+wait_connected() { # PORT
+  local hex
+  hex=$(printf '%04X' "$1")
+  for _ in $(seq 600); do
+    awk -v p=":$hex" 'NR > 1 && $4 == "01" && (substr($2, length($2) - 4) == p ||
+      substr($3, length($3) - 4) == p) { found = 1 } END { exit !found }' /proc/net/tcp && return 0
+    sleep 0.1
+  done
+  fail "nothing connected to port $1 in 60 s"
+}
+
 # usage errors
 set +e
 "$KVBM" events >/dev/null 2>&1; [ $? -eq 2 ] || fail "no subcommand should exit 2"
@@ -78,6 +91,10 @@ relay_check() { # PROFILE NBATCHES SKIP RELAY_OPTIONS...
     >"$tmp/relayed.jsonl" 2>"$tmp/relayed.err" &
   local tail_pid=$!
   pids+=("$tail_pid")
+  # the relay exits after its n batches, and its replay socket with it: tail
+  # must have subscribed before the engine starts (a loaded ASan run took
+  # longer than any fixed pause to start tail, which then saw nothing)
+  wait_connected "${out_ep##*:}"
   sleep 0.5
   echo go >&"${ENGINE2[1]}"
   wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
