@@ -12,11 +12,8 @@
  * another engine's volumes are left alone; a batch that does not decode
  * and a Kvbm-Seq gap are counted.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,9 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <nats/nats.h>
@@ -36,53 +30,18 @@
 #include "kvbm/manager.h"
 #include "kvbm/storage_events.h"
 #include "../tier/tier_testutil.h"
+#include "common/nats_testutil.h"
 
-#define NATS_SERVER "/usr/sbin/nats-server"
-
-static pid_t server_pid;
-static char url[64];
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  socklen_t l = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+static nt_server srv;
 
 static int start_server(void **state) {
   (void)state;
-  int port = free_port();
-  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
-  server_pid = fork();
-  if (server_pid == 0) {
-    char p[16];
-    snprintf(p, sizeof p, "%d", port);
-    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    execl(NATS_SERVER, NATS_SERVER, "-a", "127.0.0.1", "-p", p, (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 200; i++) {
-    natsConnection *nc;
-    if (natsConnection_ConnectTo(&nc, url) == NATS_OK) {
-      natsConnection_Destroy(nc);
-      return 0;
-    }
-    usleep(50000);
-  }
-  fprintf(stderr, "nats-server did not start on %s\n", url);
-  return -1;
+  return nt_start(&srv, false);
 }
 
 static int stop_server(void **state) {
   (void)state;
-  if (server_pid > 0) {
-    kill(server_pid, SIGTERM);
-    waitpid(server_pid, NULL, 0);
-  }
+  nt_stop(&srv);
   nats_Close();
   return 0;
 }
@@ -160,7 +119,7 @@ static void test_loop(void **state) {
   assert_int_equal(kvbm_manager_create(&c, &m, NULL), KVBM_OK);
 
   kvbm_hint_applier_config hc = kvbm_hint_applier_config_default();
-  hc.nats_url = url;
+  hc.nats_url = srv.url;
   hc.subject = "kvbm.hints";
   kvbm_hint_applier *ap;
   kvbm_error err = {0};
@@ -209,7 +168,7 @@ static void test_loop(void **state) {
   nw++;
 
   natsConnection *nc;
-  assert_int_equal(natsConnection_ConnectTo(&nc, url), NATS_OK);
+  assert_int_equal(natsConnection_ConnectTo(&nc, srv.url), NATS_OK);
   uint8_t *buf = NULL;
   size_t len = 0, cap = 0;
   kvbm_hint_batch hb = {.ts = 6.0, .source = "kvbm-advisor", .source_len = 12, .hints = w,
@@ -275,11 +234,11 @@ static void test_refusals(void **state) {
   kvbm_hint_applier *ap = NULL;
   kvbm_error err = {0};
   kvbm_hint_applier_config hc = kvbm_hint_applier_config_default();
-  hc.nats_url = url;
+  hc.nats_url = srv.url;
   assert_int_equal(kvbm_hint_applier_create(&hc, m, &ap, &err), KVBM_EINVAL);
   assert_non_null(strstr(err.msg, "subject"));
   char bad[64];
-  snprintf(bad, sizeof bad, "nats://127.0.0.1:%d", free_port());
+  snprintf(bad, sizeof bad, "nats://127.0.0.1:%d", nt_free_port());
   hc.nats_url = bad;
   hc.subject = "x";
   assert_int_equal(kvbm_hint_applier_create(&hc, m, &ap, &err), KVBM_EIO);

@@ -18,88 +18,25 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <arpa/inet.h>
 #include <nats/nats.h>
-#include <netinet/in.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kvbm/events.h"
+#include "common/nats_testutil.h"
 
-#define NATS_SERVER "/usr/sbin/nats-server"
-
-static pid_t server_pid;
-static int port;
-static char url[64];
-static char store[] = "/tmp/kvbm_js_XXXXXX";
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  socklen_t l = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-static int launch(void) {
-  server_pid = fork();
-  if (server_pid == 0) {
-    char p[16];
-    snprintf(p, sizeof p, "%d", port);
-    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    execl(NATS_SERVER, NATS_SERVER, "-js", "-sd", store, "-a", "127.0.0.1", "-p", p,
-          (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 200; i++) {
-    natsConnection *nc;
-    if (natsConnection_ConnectTo(&nc, url) == NATS_OK) {
-      jsCtx *js = NULL;
-      jsAccountInfo *ai = NULL;
-      bool ok = natsConnection_JetStream(&js, nc, NULL) == NATS_OK &&
-                js_GetAccountInfo(&ai, js, NULL, NULL) == NATS_OK;
-      jsAccountInfo_Destroy(ai);
-      jsCtx_Destroy(js);
-      natsConnection_Destroy(nc);
-      if (ok) return 0;
-    }
-    usleep(50000);
-  }
-  fprintf(stderr, "nats-server -js did not start on %s\n", url);
-  return -1;
-}
-
-static void halt(void) {
-  if (server_pid > 0) {
-    kill(server_pid, SIGTERM);
-    waitpid(server_pid, NULL, 0);
-    server_pid = 0;
-  }
-}
+static nt_server srv;
 
 static int start_server(void **state) {
   (void)state;
-  if (!mkdtemp(store)) return -1;
-  port = free_port();
-  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
-  return launch();
+  return nt_start(&srv, true);
 }
 
 static int stop_server(void **state) {
   (void)state;
-  halt();
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", store);
-  if (system(cmd)) fprintf(stderr, "could not remove %s\n", store);
+  nt_stop(&srv);
   nats_Close();
   return 0;
 }
@@ -113,7 +50,7 @@ static kvbm_publisher *js_publisher(const char *stream, const char *subject) {
   kvbm_publisher *p;
   kvbm_error err;
   assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
-  kvbm_jetstream_config jc = kvbm_jetstream_config_default(url, stream, subject);
+  kvbm_jetstream_config jc = kvbm_jetstream_config_default(srv.url, stream, subject);
   jc.stream_subjects = "kv.>";
   if (kvbm_publisher_add_jetstream(p, &jc, &err)) fail_msg("%s", err.msg);
   assert_int_equal(kvbm_publisher_start(p, &err), KVBM_OK);
@@ -128,7 +65,7 @@ static void publish_range(kvbm_publisher *p, uint64_t from, uint64_t to) {
 }
 
 static kvbm_js_consumer *consumer(const char *name, uint64_t resume_after) {
-  kvbm_js_consumer_config c = kvbm_js_consumer_config_default(url, "KV", name);
+  kvbm_js_consumer_config c = kvbm_js_consumer_config_default(srv.url, "KV", name);
   c.resume_after = resume_after;
   c.fetch = 7; /* several pulls per test */
   kvbm_js_consumer *jc;
@@ -204,8 +141,8 @@ static void test_durable_resume_and_replicas(void **state) {
   kvbm_js_consumer_destroy(r2);
   /* the stream outlives the server: restart it, read it again */
   kvbm_publisher_destroy(p);
-  halt();
-  assert_int_equal(launch(), 0);
+  nt_kill(&srv);
+  assert_int_equal(nt_launch(&srv), 0);
   kvbm_js_consumer *r3 = consumer("router-c", 0);
   expect_batches(r3, 1000, 0, 100);
   kvbm_js_consumer_destroy(r3);
@@ -216,7 +153,7 @@ static void test_bad_messages_and_calls(void **state) {
   kvbm_publisher *p = js_publisher("KV", "kv.w1"); /* the stream exists: used as it is */
   natsConnection *nc;
   jsCtx *js;
-  assert_int_equal(natsConnection_ConnectTo(&nc, url), NATS_OK);
+  assert_int_equal(natsConnection_ConnectTo(&nc, srv.url), NATS_OK);
   assert_int_equal(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
   jsPubAck *pa = NULL;
   natsMsg *m;
@@ -237,7 +174,7 @@ static void test_bad_messages_and_calls(void **state) {
   natsMsg_Destroy(m);
   jsCtx_Destroy(js);
   natsConnection_Destroy(nc);
-  kvbm_js_consumer_config c = kvbm_js_consumer_config_default(url, "KV", "odd");
+  kvbm_js_consumer_config c = kvbm_js_consumer_config_default(srv.url, "KV", "odd");
   c.filter = "kv.w9";
   kvbm_js_consumer *jc;
   kvbm_error err;
@@ -256,18 +193,18 @@ static void test_bad_messages_and_calls(void **state) {
   assert_int_equal(kvbm_js_consumer_ack(jc, &err), KVBM_OK);
   kvbm_js_consumer_destroy(jc);
   /* bad configurations */
-  c = kvbm_js_consumer_config_default(url, "KV", "a.b");
+  c = kvbm_js_consumer_config_default(srv.url, "KV", "a.b");
   assert_int_equal(kvbm_js_consumer_create(&c, &jc, &err), KVBM_EINVAL);
-  c = kvbm_js_consumer_config_default(url, "NOPE", "x");
+  c = kvbm_js_consumer_config_default(srv.url, "NOPE", "x");
   assert_int_equal(kvbm_js_consumer_create(&c, &jc, &err), KVBM_EIO);
-  c = kvbm_js_consumer_config_default(url, NULL, "x");
+  c = kvbm_js_consumer_config_default(srv.url, NULL, "x");
   assert_int_equal(kvbm_js_consumer_create(&c, &jc, &err), KVBM_EINVAL);
   kvbm_publisher *q;
   kvbm_publisher_config o = kvbm_publisher_config_default();
   assert_int_equal(kvbm_publisher_create(&o, &q, &err), KVBM_OK);
-  kvbm_jetstream_config jcfg = kvbm_jetstream_config_default(url, "KV", "kv.*");
+  kvbm_jetstream_config jcfg = kvbm_jetstream_config_default(srv.url, "KV", "kv.*");
   assert_int_equal(kvbm_publisher_add_jetstream(q, &jcfg, &err), KVBM_EINVAL);
-  jcfg = kvbm_jetstream_config_default(url, "OTHER", "other.x");
+  jcfg = kvbm_jetstream_config_default(srv.url, "OTHER", "other.x");
   jcfg.create = false;
   assert_int_equal(kvbm_publisher_add_jetstream(q, &jcfg, &err), KVBM_ENOTFOUND);
   jcfg = kvbm_jetstream_config_default("nats://127.0.0.1:1", "KV", "kv.w1");
@@ -277,8 +214,8 @@ static void test_bad_messages_and_calls(void **state) {
 }
 
 int main(void) {
-  if (access(NATS_SERVER, X_OK)) {
-    fprintf(stderr, "no %s\n", NATS_SERVER);
+  if (!nt_installed()) {
+    fprintf(stderr, "no %s\n", NT_SERVER);
     return 1;
   }
   const struct CMUnitTest tests[] = {

@@ -7,69 +7,25 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <arpa/inet.h>
 #include <nats/nats.h>
-#include <netinet/in.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kvbm/events.h"
+#include "common/nats_testutil.h"
 
-#define NATS_SERVER "/usr/sbin/nats-server"
-
-static pid_t server_pid;
-static char url[64];
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  socklen_t l = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+static nt_server srv;
 
 static int start_server(void **state) {
   (void)state;
-  int port = free_port();
-  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
-  server_pid = fork();
-  if (server_pid == 0) {
-    char p[16];
-    snprintf(p, sizeof p, "%d", port);
-    /* no inherited output pipe (ctest would wait for it) and no orphan
-     * server if this test dies before its teardown */
-    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    execl(NATS_SERVER, NATS_SERVER, "-a", "127.0.0.1", "-p", p, (char *)NULL);
-    _exit(127);
-  }
-  /* wait until it accepts connections */
-  for (int i = 0; i < 100; i++) {
-    natsConnection *nc;
-    if (natsConnection_ConnectTo(&nc, url) == NATS_OK) {
-      natsConnection_Destroy(nc);
-      return 0;
-    }
-    usleep(50000);
-  }
-  fprintf(stderr, "nats-server did not start on %s\n", url);
-  return -1;
+  return nt_start(&srv, false);
 }
 
 static int stop_server(void **state) {
   (void)state;
-  if (server_pid > 0) {
-    kill(server_pid, SIGTERM);
-    waitpid(server_pid, NULL, 0);
-  }
+  nt_stop(&srv);
   nats_Close();
   return 0;
 }
@@ -133,7 +89,7 @@ static kvbm_publisher *nats_publisher(kvbm_event_form form) {
   kvbm_publisher *p;
   kvbm_error err;
   assert_int_equal(kvbm_publisher_create(&o, &p, &err), KVBM_OK);
-  if (kvbm_publisher_add_nats(p, url, "kvbm.events.w0", &err)) fail_msg("%s", err.msg);
+  if (kvbm_publisher_add_nats(p, srv.url, "kvbm.events.w0", &err)) fail_msg("%s", err.msg);
   assert_int_equal(kvbm_publisher_start(p, &err), KVBM_OK);
   return p;
 }
@@ -142,7 +98,7 @@ static void test_nats_roundtrip(void **state) {
   (void)state;
   natsConnection *nc;
   natsSubscription *sub;
-  assert_int_equal(natsConnection_ConnectTo(&nc, url), NATS_OK);
+  assert_int_equal(natsConnection_ConnectTo(&nc, srv.url), NATS_OK);
   assert_int_equal(natsConnection_SubscribeSync(&sub, nc, "kvbm.events.*"), NATS_OK);
   assert_int_equal(natsConnection_Flush(nc), NATS_OK);
   for (int form = 0; form < 2; form++) {
@@ -160,7 +116,7 @@ static void test_relay_to_nats(void **state) {
   (void)state;
   natsConnection *nc;
   natsSubscription *sub;
-  assert_int_equal(natsConnection_ConnectTo(&nc, url), NATS_OK);
+  assert_int_equal(natsConnection_ConnectTo(&nc, srv.url), NATS_OK);
   assert_int_equal(natsConnection_SubscribeSync(&sub, nc, "kvbm.events.w0"), NATS_OK);
   assert_int_equal(natsConnection_Flush(nc), NATS_OK);
   kvbm_publisher_config o = kvbm_publisher_config_default();
@@ -206,15 +162,15 @@ static void test_nats_unreachable(void **state) {
   kvbm_error err;
   assert_int_equal(kvbm_publisher_create(NULL, &p, &err), KVBM_OK);
   char bad[64];
-  snprintf(bad, sizeof bad, "nats://127.0.0.1:%d", free_port());
+  snprintf(bad, sizeof bad, "nats://127.0.0.1:%d", nt_free_port());
   assert_int_equal(kvbm_publisher_add_nats(p, bad, "x", &err), KVBM_EIO);
   assert_non_null(strstr(err.msg, bad));
   kvbm_publisher_destroy(p);
 }
 
 int main(void) {
-  if (access(NATS_SERVER, X_OK)) {
-    fprintf(stderr, "no %s\n", NATS_SERVER);
+  if (!nt_installed()) {
+    fprintf(stderr, "no %s\n", NT_SERVER);
     return 1;
   }
   const struct CMUnitTest tests[] = {

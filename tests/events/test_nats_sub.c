@@ -14,68 +14,35 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <arpa/inet.h>
 #include <nats/nats.h>
-#include <netinet/in.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "kvbm/events.h"
+#include "common/nats_testutil.h"
 
-#define NATS_SERVER "/usr/sbin/nats-server"
-
-static pid_t server_pid;
-static char url[64];
+static nt_server srv;
 static natsConnection *pub_nc;
 static int subject_n; /* a fresh subject per test */
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  socklen_t l = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 static int start_server(void **state) {
   (void)state;
-  int port = free_port();
-  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
-  server_pid = fork();
-  if (server_pid == 0) {
-    char p[16];
-    snprintf(p, sizeof p, "%d", port);
-    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    execl(NATS_SERVER, NATS_SERVER, "-a", "127.0.0.1", "-p", p, (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 200; i++) {
-    if (natsConnection_ConnectTo(&pub_nc, url) == NATS_OK) return 0;
-    usleep(50000);
-  }
-  fprintf(stderr, "nats-server did not start on %s\n", url);
+  if (nt_start(&srv, false)) return -1;
+  if (natsConnection_ConnectTo(&pub_nc, srv.url) == NATS_OK) return 0;
+  fprintf(stderr, "could not connect to %s\n", srv.url);
+  nt_stop(&srv);
   return -1;
 }
 
 static int stop_server(void **state) {
   (void)state;
   natsConnection_Destroy(pub_nc);
-  if (server_pid > 0) {
-    kill(server_pid, SIGTERM);
-    waitpid(server_pid, NULL, 0);
-  }
+  nt_stop(&srv);
   nats_Close();
   return 0;
 }
@@ -203,8 +170,8 @@ static void rserver_stop(rserver *r) {
 
 static kvbm_subscriber *subscribe(const char *subject, const char *replay,
                                   kvbm_subscriber_config *o_in) {
-  kvbm_subscriber_config o = o_in ? *o_in : kvbm_subscriber_config_default(url);
-  o.endpoint = url;
+  kvbm_subscriber_config o = o_in ? *o_in : kvbm_subscriber_config_default(srv.url);
+  o.endpoint = srv.url;
   o.subject = subject;
   o.replay_endpoint = replay;
   kvbm_subscriber *s;
@@ -395,7 +362,7 @@ static void test_stray(void **state) {
 static void test_malformed(void **state) {
   (void)state;
   const char *subj = new_subject();
-  kvbm_subscriber_config o = kvbm_subscriber_config_default(url);
+  kvbm_subscriber_config o = kvbm_subscriber_config_default(srv.url);
   o.max_payload = 4096;
   o.max_queue_bytes = 1 << 20;
   kvbm_subscriber *s = subscribe(subj, NULL, &o);
@@ -443,7 +410,7 @@ static void test_malformed(void **state) {
 static void test_budget(void **state) {
   (void)state;
   const char *subj = new_subject();
-  kvbm_subscriber_config o = kvbm_subscriber_config_default(url);
+  kvbm_subscriber_config o = kvbm_subscriber_config_default(srv.url);
   o.max_payload = 4096;
   o.max_queue_bytes = 2 * 4096; /* libnats keeps 4096 bytes */
   kvbm_subscriber *s = subscribe(subj, NULL, &o);
@@ -505,7 +472,7 @@ static void test_raw(void **state) {
   const char *subj = new_subject();
   rserver r = {0};
   rserver_start(&r, 2, 4); /* keeps 2 and 3 */
-  kvbm_subscriber_config o = kvbm_subscriber_config_default(url);
+  kvbm_subscriber_config o = kvbm_subscriber_config_default(srv.url);
   o.raw = true;
   o.max_payload = 4096;
   o.max_queue_bytes = 1 << 20;
@@ -564,12 +531,12 @@ static void refused(const char *endpoint, const char *subject, bool bind, int wa
 
 static void test_options(void **state) {
   (void)state;
-  refused(url, NULL, false, KVBM_EINVAL);            /* no subject */
-  refused(url, "", false, KVBM_EINVAL);
-  refused(url, "kv.*", false, KVBM_EINVAL);          /* wildcards */
-  refused(url, "kv.>", false, KVBM_EINVAL);
-  refused(url, "kv w", false, KVBM_EINVAL);
-  refused(url, "kv.w", true, KVBM_EINVAL);           /* bind is ZMQ's */
+  refused(srv.url, NULL, false, KVBM_EINVAL);        /* no subject */
+  refused(srv.url, "", false, KVBM_EINVAL);
+  refused(srv.url, "kv.*", false, KVBM_EINVAL);      /* wildcards */
+  refused(srv.url, "kv.>", false, KVBM_EINVAL);
+  refused(srv.url, "kv w", false, KVBM_EINVAL);
+  refused(srv.url, "kv.w", true, KVBM_EINVAL);       /* bind is ZMQ's */
   refused("tcp://127.0.0.1:5555", "kv.w", false, KVBM_EINVAL); /* subject without NATS */
   refused("nats://127.0.0.1:1", "kv.w", false, KVBM_EIO); /* nobody there */
   /* a subject with '*' inside a token is a literal one */
@@ -578,7 +545,7 @@ static void test_options(void **state) {
 }
 
 int main(void) {
-  if (access(NATS_SERVER, X_OK)) {
+  if (!nt_installed()) {
     printf("nats-server not installed: skipped\n");
     return 0;
   }

@@ -12,23 +12,16 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <arpa/inet.h>
 #include <nats/nats.h>
-#include <netinet/in.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kvbm/storage_events.h"
-
-#define NATS_SERVER "/usr/sbin/nats-server"
+#include "common/nats_testutil.h"
 
 static const uint8_t kMeta[] = {0x82, 0xa4, 't', 'i', 'e', 'r', 0xa2, 'G', '3',
                                 0xa4, 'z', 'o', 'n', 'e', 0x07};
@@ -438,34 +431,14 @@ static void test_zmq_replay(void **state) {
 
 /* ---- NATS ---- */
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  socklen_t l = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 static void test_nats(void **state) {
   (void)state;
-  if (access(NATS_SERVER, X_OK)) skip();
-  int port = free_port();
-  char url[64];
-  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
-  pid_t pid = fork();
-  if (pid == 0) {
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    execl(NATS_SERVER, NATS_SERVER, "-a", "127.0.0.1", "-p", ps, (char *)NULL);
-    _exit(127);
-  }
+  if (!nt_installed()) skip();
+  nt_server srv;
+  assert_int_equal(nt_start(&srv, false), 0);
+  const char *url = srv.url;
   natsConnection *nc = NULL;
-  for (int i = 0; i < 300 && natsConnection_ConnectTo(&nc, url) != NATS_OK; i++) usleep(50000);
-  assert_non_null(nc);
+  assert_int_equal(natsConnection_ConnectTo(&nc, url), NATS_OK);
   natsSubscription *ns;
   assert_int_equal(natsConnection_SubscribeSync(&ns, nc, "kvbm.storage"), NATS_OK);
   assert_int_equal(natsConnection_FlushTimeout(nc, 5000), NATS_OK);
@@ -501,8 +474,7 @@ static void test_nats(void **state) {
   kvbm_storage_publisher_destroy(p);
   natsSubscription_Destroy(ns);
   natsConnection_Destroy(nc);
-  kill(pid, SIGTERM);
-  waitpid(pid, NULL, 0);
+  nt_stop(&srv);
   nats_Close();
 }
 

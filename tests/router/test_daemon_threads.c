@@ -16,68 +16,30 @@
 #include <nats/nats.h>
 #include <netinet/in.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kvbm/events.h"
 #include "kvbm/router.h"
+#include "common/nats_testutil.h"
 
-#define NATS_SERVER "/usr/sbin/nats-server"
 #define PROMPTS 200
 #define BLOCKS 4
 
-static pid_t server_pid;
-static char url[64];
+static nt_server srv;
 static char dir[] = "/tmp/kvbm_rdt_XXXXXX";
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  bind(fd, (struct sockaddr *)&a, sizeof a);
-  socklen_t l = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &l);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
+/* nats-server -js when installed (the JetStream and NATS sources), else
+ * none (the ZMQ source alone). */
 static bool start_js(void) {
-  if (access(NATS_SERVER, X_OK)) return false;
-  int port = free_port();
-  snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
-  server_pid = fork();
-  if (server_pid == 0) {
-    char p[16], sd[64];
-    snprintf(p, sizeof p, "%d", port);
-    snprintf(sd, sizeof sd, "%s/js", dir);
-    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    execl(NATS_SERVER, NATS_SERVER, "-js", "-sd", sd, "-a", "127.0.0.1", "-p", p, (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 200; i++) {
-    natsConnection *nc;
-    if (natsConnection_ConnectTo(&nc, url) == NATS_OK) {
-      jsCtx *js = NULL;
-      jsAccountInfo *ai = NULL;
-      bool ok = natsConnection_JetStream(&js, nc, NULL) == NATS_OK &&
-                js_GetAccountInfo(&ai, js, NULL, NULL) == NATS_OK;
-      jsAccountInfo_Destroy(ai);
-      jsCtx_Destroy(js);
-      natsConnection_Destroy(nc);
-      if (ok) return true;
-    }
-    usleep(50000);
-  }
-  fail_msg("nats-server -js did not start on %s", url);
-  return false;
+  if (!nt_installed()) return false;
+  if (nt_start(&srv, true)) fail_msg("nats-server -js did not start");
+  return true;
 }
 
 /* ------------------------------------------------------------- HTTP */
@@ -203,18 +165,18 @@ static void test_threads(void **state) {
   kvbm_publisher_zmq_endpoint(pz, 0, true, rep, sizeof rep);
   if (js) {
     assert_int_equal(kvbm_publisher_create(&po, &pj, &err), KVBM_OK);
-    kvbm_jetstream_config jc = kvbm_jetstream_config_default(url, "KVT", "kv.2");
+    kvbm_jetstream_config jc = kvbm_jetstream_config_default(srv.url, "KVT", "kv.2");
     if (kvbm_publisher_add_jetstream(pj, &jc, &err)) fail_msg("%s", err.msg);
     assert_int_equal(kvbm_publisher_start(pj, &err), KVBM_OK);
     assert_int_equal(kvbm_publisher_create(&po, &pn, &err), KVBM_OK);
-    if (kvbm_publisher_add_nats(pn, url, "kv.3", &err)) fail_msg("%s", err.msg);
+    if (kvbm_publisher_add_nats(pn, srv.url, "kv.3", &err)) fail_msg("%s", err.msg);
     assert_int_equal(kvbm_publisher_start(pn, &err), KVBM_OK);
   }
   kvbm_router_source src[3] = {
       {.kind = KVBM_SOURCE_ZMQ, .worker_id = 1, .endpoint = ep, .replay_endpoint = rep},
-      {.kind = KVBM_SOURCE_JETSTREAM, .worker_id = 2, .endpoint = url, .stream = "KVT",
+      {.kind = KVBM_SOURCE_JETSTREAM, .worker_id = 2, .endpoint = srv.url, .stream = "KVT",
        .subject = "kv.2"},
-      {.kind = KVBM_SOURCE_NATS, .worker_id = 3, .endpoint = url, .subject = "kv.3",
+      {.kind = KVBM_SOURCE_NATS, .worker_id = 3, .endpoint = srv.url, .subject = "kv.3",
        .replay_endpoint = NULL},
   };
   char snap[128];
@@ -269,10 +231,7 @@ static void test_threads(void **state) {
   kvbm_publisher_destroy(pz);
   kvbm_publisher_destroy(pj);
   kvbm_publisher_destroy(pn);
-  if (server_pid > 0) {
-    kill(server_pid, SIGTERM);
-    waitpid(server_pid, NULL, 0);
-  }
+  nt_stop(&srv);
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
