@@ -403,12 +403,11 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
   return rc;
 }
 
-int kvbm_manager_ingest_block(kvbm_manager *m, uint32_t peer, const uint8_t *msg, size_t len, kvbm_error *err) {
-  if (!m || (!msg && len)) return kvbm_error_set(err, KVBM_EINVAL, "manager: ingest: NULL argument");
-  if (peer_count(m) == 0)
-    return kvbm_error_set(err, KVBM_EDISAGG, "manager: disaggregation unavailable: no fabric attached");
-  kvbm__peer *p = peer_get(m, peer);
-  if (!p) return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: no peer %u", peer);
+/* One block message from peer p: ingested or refused, and counted. The
+ * link thread calls it with its own peer: that peer is published in
+ * m->peers only after its thread started (attach), so a lookup by index
+ * could miss it while the first messages arrive. */
+static int peer_ingest(kvbm__peer *p, const uint8_t *msg, size_t len, kvbm_error *err) {
   uint64_t *reason;
   kvbm_error e = {0};
   int rc = ingest_msg(p, msg, len, &reason, &e);
@@ -425,6 +424,15 @@ int kvbm_manager_ingest_block(kvbm_manager *m, uint32_t peer, const uint8_t *msg
   pthread_mutex_unlock(&p->mu);
   if (rc) return kvbm_error_set(err, rc, "%s", e.msg);
   return KVBM_OK;
+}
+
+int kvbm_manager_ingest_block(kvbm_manager *m, uint32_t peer, const uint8_t *msg, size_t len, kvbm_error *err) {
+  if (!m || (!msg && len)) return kvbm_error_set(err, KVBM_EINVAL, "manager: ingest: NULL argument");
+  if (peer_count(m) == 0)
+    return kvbm_error_set(err, KVBM_EDISAGG, "manager: disaggregation unavailable: no fabric attached");
+  kvbm__peer *p = peer_get(m, peer);
+  if (!p) return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: no peer %u", peer);
+  return peer_ingest(p, msg, len, err);
 }
 
 /* ---- sending blocks ---- */
@@ -818,7 +826,7 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
 static void handle(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len >= 4 && memcmp(buf, KVBM_BLOCK_MSG_MAGIC, 4) == 0) {
     kvbm_error e = {0};
-    int rc = kvbm_manager_ingest_block(p->m, p->index, buf, len, &e);
+    int rc = peer_ingest(p, buf, len, &e);
     uint64_t h = len >= 16 ? get64(buf + 8) : 0;
     (void)send_ack(p, rc, h);
   } else if (len >= 4 && memcmp(buf, "KVRQ", 4) == 0) {
