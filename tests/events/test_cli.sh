@@ -70,6 +70,11 @@ wait "$ENGINE_PID" || true
 relay_check() { # PROFILE NBATCHES SKIP RELAY_OPTIONS...
   local profile=$1 n=$2 skip=$3
   shift 3
+  # The files of the check before must go first: the relay below is started
+  # in the background, and the loop that waits for its endpoint could read
+  # the last relay's (gone) before the new one truncates the file; tail then
+  # subscribed to a dead port and saw nothing.
+  rm -f "$tmp/relay.out" "$tmp/relay.err" "$tmp/relayed.jsonl" "$tmp/relayed.err"
   coproc ENGINE2 { exec /usr/bin/python3 "$PEER" engine "$profile" int "$n" "$skip" -; }
   local engine_pid=$ENGINE2_PID
   pids+=("$engine_pid")
