@@ -17,17 +17,8 @@
 #include <string.h>
 
 #include "kvbm/fabric.h"
+#include "common/bytes.h"
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 size_t kvbm_block_msg_placed_size(uint32_t num_tokens) {
   return KVBM_BLOCK_MSG_FIXED + (size_t)num_tokens * 4 + 8 + KVBM_FRAME_HEADER_LEN;
@@ -54,7 +45,7 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
   size_t flen = KVBM_FRAME_HEADER_LEN;
   int rc;
   if (m->placed) {
-    put64(frame, m->block_id);
+    kvbm__put_le64(frame, m->block_id);
     frame += 8;
     /* The bytes went ahead: hash them here, or take the checksum the
      * caller computed (body NULL). */
@@ -66,16 +57,16 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
   }
   if (rc) return rc;
   memcpy(out, KVBM_BLOCK_MSG_MAGIC, 4);
-  put32(out + 4, KVBM_BLOCK_MSG_VERSION);
-  put64(out + 8, m->seq_hash);
-  put64(out + 16, m->has_parent ? m->parent_hash : 0);
-  put64(out + 24, m->salt_hash);
-  put32(out + 32, (m->has_parent ? 1u : 0u) | (m->placed ? 2u : 0u));
+  kvbm__put_le32(out + 4, KVBM_BLOCK_MSG_VERSION);
+  kvbm__put_le64(out + 8, m->seq_hash);
+  kvbm__put_le64(out + 16, m->has_parent ? m->parent_hash : 0);
+  kvbm__put_le64(out + 24, m->salt_hash);
+  kvbm__put_le32(out + 32, (m->has_parent ? 1u : 0u) | (m->placed ? 2u : 0u));
   out[36] = (uint8_t)m->tier;
   memset(out + 37, 0, 3);
-  put64(out + 40, m->layout_id);
-  put32(out + 48, m->num_tokens);
-  for (uint32_t i = 0; i < m->num_tokens; i++) put32(out + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i, m->tokens[i]);
+  kvbm__put_le64(out + 40, m->layout_id);
+  kvbm__put_le32(out + 48, m->num_tokens);
+  for (uint32_t i = 0; i < m->num_tokens; i++) kvbm__put_le32(out + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i, m->tokens[i]);
   *len = KVBM_BLOCK_MSG_FIXED + tok + flen;
   return KVBM_OK;
 }
@@ -89,19 +80,19 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
                           buf ? len : 0, KVBM_BLOCK_MSG_FIXED);
   if (memcmp(buf, KVBM_BLOCK_MSG_MAGIC, 4) != 0)
     return kvbm_error_set(err, KVBM_EMAGIC, "block message: wrong magic");
-  if (get32(buf + 4) == 1)
+  if (kvbm__get_le32(buf + 4) == 1)
     return kvbm_error_set(err, KVBM_EVERSION,
                           "block message: version 1 (its frame's phase byte held a storage tier); this build reads 2");
-  if (get32(buf + 4) != KVBM_BLOCK_MSG_VERSION)
-    return kvbm_error_set(err, KVBM_EVERSION, "block message: unknown version %u", get32(buf + 4));
-  uint32_t flags = get32(buf + 32);
+  if (kvbm__get_le32(buf + 4) != KVBM_BLOCK_MSG_VERSION)
+    return kvbm_error_set(err, KVBM_EVERSION, "block message: unknown version %u", kvbm__get_le32(buf + 4));
+  uint32_t flags = kvbm__get_le32(buf + 32);
   if (flags & ~3u) return kvbm_error_set(err, KVBM_EPADDING, "block message: unknown flags 0x%x", flags);
   if (buf[37] | buf[38] | buf[39])
     return kvbm_error_set(err, KVBM_EPADDING, "block message: nonzero reserved bytes %02x %02x %02x", buf[37],
                           buf[38], buf[39]);
   if (buf[36] >= KVBM_TIER_COUNT)
     return kvbm_error_set(err, KVBM_ETIER, "block message: storage tier %u is not G1..G4 (0..3)", buf[36]);
-  uint32_t n = get32(buf + 48);
+  uint32_t n = kvbm__get_le32(buf + 48);
   if (n > max_tokens)
     return kvbm_error_set(err, KVBM_ETOOLONG, "block message: %u tokens (limit %u)", n, max_tokens);
   if ((len - KVBM_BLOCK_MSG_FIXED) / 4 < n)
@@ -118,21 +109,21 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
     if (len - off > 8 + KVBM_FRAME_HEADER_LEN)
       return kvbm_error_set(err, KVBM_ETOOLONG, "block message: %zu bytes after a placed header",
                             len - off - 8 - KVBM_FRAME_HEADER_LEN);
-    block_id = get64(buf + off);
+    block_id = kvbm__get_le64(buf + off);
     rc = kvbm_frame_parse_header(buf + off + 8, KVBM_FRAME_HEADER_LEN, max_body, &hdr, err);
   } else {
     rc = kvbm_frame_decode(buf + off, len - off, max_body, &hdr, &body, err);
   }
   if (rc) return rc;
-  for (uint32_t i = 0; i < n; i++) tokens[i] = get32(buf + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i);
-  m->seq_hash = get64(buf + 8);
-  m->parent_hash = get64(buf + 16);
-  m->salt_hash = get64(buf + 24);
+  for (uint32_t i = 0; i < n; i++) tokens[i] = kvbm__get_le32(buf + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i);
+  m->seq_hash = kvbm__get_le64(buf + 8);
+  m->parent_hash = kvbm__get_le64(buf + 16);
+  m->salt_hash = kvbm__get_le64(buf + 24);
   m->has_parent = flags & 1u;
   m->num_tokens = n;
   m->tokens = tokens;
   m->tier = (kvbm_tier)buf[36];
-  m->layout_id = get64(buf + 40);
+  m->layout_id = kvbm__get_le64(buf + 40);
   m->phase = hdr.phase;
   m->body = body;
   m->body_len = hdr.body_len;

@@ -27,23 +27,8 @@
 #include <string.h>
 
 #include "fabric/fabric_impl.h"
+#include "common/bytes.h"
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
 
 int kvbm__fabric_wire_encode(const kvbm_layout_desc *desc,
                             const kvbm_fabric_wire_region *regions,
@@ -61,9 +46,9 @@ int kvbm__fabric_wire_encode(const kvbm_layout_desc *desc,
   uint8_t *b = calloc(1, total);
   if (!b) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: export: out of memory");
   memcpy(b, KVBM_FABRIC_WIRE_MAGIC, 4);
-  put32(b + 4, KVBM_FABRIC_WIRE_VERSION);
-  put32(b + 8, (uint32_t)desc->num_regions);
-  put64(b + 16, lay);
+  kvbm__put_le32(b + 4, KVBM_FABRIC_WIRE_VERSION);
+  kvbm__put_le32(b + 8, (uint32_t)desc->num_regions);
+  kvbm__put_le64(b + 16, lay);
   size_t wrote = 0;
   int rc = kvbm_layout_desc_encode(desc, b + KVBM_FABRIC_WIRE_HEADER, lay, &wrote, err);
   if (rc) {
@@ -72,9 +57,9 @@ int kvbm__fabric_wire_encode(const kvbm_layout_desc *desc,
   }
   uint8_t *p = b + KVBM_FABRIC_WIRE_HEADER + lay;
   for (uint64_t r = 0; r < desc->num_regions; r++) {
-    put64(p, regions[r].base);
-    put64(p + 8, regions[r].len);
-    put32(p + 16, regions[r].key_len);
+    kvbm__put_le64(p, regions[r].base);
+    kvbm__put_le64(p + 8, regions[r].len);
+    kvbm__put_le32(p + 16, regions[r].key_len);
     if (regions[r].key_len) memcpy(p + KVBM_FABRIC_WIRE_REGION, regions[r].key, regions[r].key_len);
     p += KVBM_FABRIC_WIRE_REGION + regions[r].key_len;
   }
@@ -107,12 +92,12 @@ int kvbm__fabric_wire_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *d
                           buf ? len : 0, KVBM_FABRIC_WIRE_HEADER);
   if (memcmp(buf, KVBM_FABRIC_WIRE_MAGIC, 4) != 0)
     return kvbm_error_set(err, KVBM_EMAGIC, "fabric: import: wrong magic (not an exported block set)");
-  if (get32(buf + 4) != KVBM_FABRIC_WIRE_VERSION)
-    return kvbm_error_set(err, KVBM_EVERSION, "fabric: import: unknown version %u", get32(buf + 4));
-  if (get32(buf + 12) != 0)
+  if (kvbm__get_le32(buf + 4) != KVBM_FABRIC_WIRE_VERSION)
+    return kvbm_error_set(err, KVBM_EVERSION, "fabric: import: unknown version %u", kvbm__get_le32(buf + 4));
+  if (kvbm__get_le32(buf + 12) != 0)
     return kvbm_error_set(err, KVBM_EPADDING, "fabric: import: reserved header bytes are not zero");
-  uint32_t nreg = get32(buf + 8);
-  uint64_t lay = get64(buf + 16);
+  uint32_t nreg = kvbm__get_le32(buf + 8);
+  uint64_t lay = kvbm__get_le64(buf + 16);
   if (lay > len - KVBM_FABRIC_WIRE_HEADER)
     return kvbm_error_set(err, KVBM_ETRUNCATED, "fabric: import: layout of %llu bytes, only %zu present",
                           (unsigned long long)lay, len - KVBM_FABRIC_WIRE_HEADER);
@@ -134,10 +119,10 @@ int kvbm__fabric_wire_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *d
       rc = kvbm_error_set(err, KVBM_ETRUNCATED, "fabric: import: region %u entry truncated", r);
       break;
     }
-    w[r].base = get64(buf + off);
-    w[r].len = get64(buf + off + 8);
-    w[r].key_len = get32(buf + off + 16);
-    if (get32(buf + off + 20) != 0) {
+    w[r].base = kvbm__get_le64(buf + off);
+    w[r].len = kvbm__get_le64(buf + off + 8);
+    w[r].key_len = kvbm__get_le32(buf + off + 16);
+    if (kvbm__get_le32(buf + off + 20) != 0) {
       rc = kvbm_error_set(err, KVBM_EPADDING, "fabric: import: reserved bytes of region %u not zero", r);
       break;
     }

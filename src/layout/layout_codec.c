@@ -40,30 +40,10 @@
 #include <string.h>
 
 #include "kvbm/layout.h"
+#include "common/bytes.h"
 
 #define HDR KVBM_LAYOUT_WIRE_HEADER
 
-static void put16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
-}
 
 /* Everything in the header except the region addresses: ranges, config,
  * and that the redundant fields agree with the config. */
@@ -155,17 +135,17 @@ int kvbm_layout_desc_encode(const kvbm_layout_desc *d, uint8_t *buf, size_t cap,
   const kvbm_layout *l = &d->layout;
   memset(buf, 0, HDR);
   memcpy(buf, KVBM_LAYOUT_WIRE_MAGIC, 4);
-  put16(buf + 4, KVBM_LAYOUT_WIRE_VERSION);
-  put32(buf + 8, (uint32_t)l->kind);
-  put32(buf + 12, (uint32_t)d->memory);
-  put32(buf + 16, (uint32_t)d->device_id);
-  put64(buf + 24, d->block_set_id);
+  kvbm__put_le16(buf + 4, KVBM_LAYOUT_WIRE_VERSION);
+  kvbm__put_le32(buf + 8, (uint32_t)l->kind);
+  kvbm__put_le32(buf + 12, (uint32_t)d->memory);
+  kvbm__put_le32(buf + 16, (uint32_t)d->device_id);
+  kvbm__put_le64(buf + 24, d->block_set_id);
   const uint64_t f[] = {l->config.num_blocks, l->config.num_layers, l->config.outer_dim,
                         l->config.page_size,  l->config.inner_dim,  l->config.dtype_size,
                         l->config.alignment,  l->outer_stride,      l->layer_stride,
                         l->block_stride,      l->region_size,       d->num_regions};
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) put64(buf + 32 + 8 * i, f[i]);
-  for (uint64_t r = 0; r < d->num_regions; r++) put64(buf + HDR + 8 * r, d->region_base[r]);
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kvbm__put_le64(buf + 32 + 8 * i, f[i]);
+  for (uint64_t r = 0; r < d->num_regions; r++) kvbm__put_le64(buf + HDR + 8 * r, d->region_base[r]);
   if (out_len) *out_len = need;
   return KVBM_OK;
 }
@@ -182,19 +162,19 @@ int kvbm_layout_desc_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *ou
   if (len < 6)
     return kvbm_error_set(err, KVBM_ETRUNCATED, "layout desc: %zu bytes, shorter than the header",
                           len);
-  uint16_t version = get16(buf + 4);
+  uint16_t version = kvbm__get_le16(buf + 4);
   if (version != KVBM_LAYOUT_WIRE_VERSION)
     return kvbm_error_set(err, KVBM_EVERSION, "layout desc: unknown version %u (want %u)",
                           (unsigned)version, KVBM_LAYOUT_WIRE_VERSION);
   if (len < HDR)
     return kvbm_error_set(err, KVBM_ETRUNCATED,
                           "layout desc: %zu bytes, shorter than the %u-byte header", len, HDR);
-  if (get16(buf + 6) != 0 || get32(buf + 20) != 0)
+  if (kvbm__get_le16(buf + 6) != 0 || kvbm__get_le32(buf + 20) != 0)
     return kvbm_error_set(err, KVBM_EPADDING, "layout desc: reserved header bytes are not zero");
 
   kvbm_layout_desc d;
   memset(&d, 0, sizeof d);
-  uint32_t kind = get32(buf + 8), memory = get32(buf + 12);
+  uint32_t kind = kvbm__get_le32(buf + 8), memory = kvbm__get_le32(buf + 12);
   /* Range-check before storing into the enum-typed fields, so that no
    * out-of-range value is ever held in an enum. */
   if (kind != KVBM_LAYOUT_FULLY_CONTIGUOUS && kind != KVBM_LAYOUT_LAYER_SEPARATE)
@@ -203,15 +183,15 @@ int kvbm_layout_desc_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *ou
     return kvbm_error_set(err, KVBM_ERANGE, "layout desc: unknown memory type %u", memory);
   d.layout.kind = (kvbm_layout_kind)kind;
   d.memory = (kvbm_memory_type)memory;
-  d.device_id = (int32_t)get32(buf + 16);
-  d.block_set_id = get64(buf + 24);
+  d.device_id = (int32_t)kvbm__get_le32(buf + 16);
+  d.block_set_id = kvbm__get_le64(buf + 24);
   uint64_t *const f[] = {&d.layout.config.num_blocks, &d.layout.config.num_layers,
                          &d.layout.config.outer_dim,  &d.layout.config.page_size,
                          &d.layout.config.inner_dim,  &d.layout.config.dtype_size,
                          &d.layout.config.alignment,  &d.layout.outer_stride,
                          &d.layout.layer_stride,      &d.layout.block_stride,
                          &d.layout.region_size,       &d.num_regions};
-  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) *f[i] = get64(buf + 32 + 8 * i);
+  for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) *f[i] = kvbm__get_le64(buf + 32 + 8 * i);
   d.layout.num_regions = d.num_regions;
 
   int rc = check_header(&d, err);
@@ -226,13 +206,13 @@ int kvbm_layout_desc_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *ou
     return kvbm_error_set(err, KVBM_ETOOLONG, "layout desc: %zu bytes after the end (%zu)",
                           len - need, need);
   for (uint64_t r = 0; r < d.num_regions; r++)
-    if ((rc = check_base(&d, r, get64(buf + HDR + 8 * r), err))) return rc;
+    if ((rc = check_base(&d, r, kvbm__get_le64(buf + HDR + 8 * r), err))) return rc;
 
   d.region_base = malloc(8 * (size_t)d.num_regions);
   if (!d.region_base)
     return kvbm_error_set(err, KVBM_ENOMEM, "layout desc: cannot allocate %llu region addresses",
                           (unsigned long long)d.num_regions);
-  for (uint64_t r = 0; r < d.num_regions; r++) d.region_base[r] = get64(buf + HDR + 8 * r);
+  for (uint64_t r = 0; r < d.num_regions; r++) d.region_base[r] = kvbm__get_le64(buf + HDR + 8 * r);
   *out = d;
   return KVBM_OK;
 }

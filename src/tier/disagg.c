@@ -55,6 +55,7 @@
 #include "kvbm/frame.h"
 #include "kvbm/hash.h"
 #include "tier/internal.h"
+#include "common/bytes.h"
 
 #define PROTO_VERSION 1u
 #define HELLO_FIXED 32u
@@ -117,16 +118,6 @@ struct kvbm__peer {
 
 /* ---- little-endian helpers ---- */
 
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
 
 static int64_t now_ms(void) {
   struct timespec ts;
@@ -264,8 +255,8 @@ static int flush_loop(kvbm__peer *p, int timeout_ms, kvbm_error *err) {
 static int send_ack(kvbm__peer *p, int status, uint64_t hash) {
   uint8_t b[16];
   memcpy(b, "KVAC", 4);
-  put32(b + 4, (uint32_t)status);
-  put64(b + 8, hash);
+  kvbm__put_le32(b + 4, (uint32_t)status);
+  kvbm__put_le64(b + 8, hash);
   return send_copy(p, b, sizeof b, NULL);
 }
 
@@ -530,7 +521,7 @@ static int take_grants(kvbm__peer *p, uint32_t n, uint32_t *ids, uint32_t *got, 
   if (have < n) {
     uint8_t req[8];
     memcpy(req, "KVRQ", 4);
-    put32(req + 4, n - have);
+    kvbm__put_le32(req + 4, n - have);
     int rc = send_copy(p, req, sizeof req, err);
     if (rc) return rc;
     struct timespec dl = deadline_in(p->cfg.timeout_ms);
@@ -741,7 +732,7 @@ static void link_close(kvbm__peer *p, const char *why) {
 
 static void serve_grant_request(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len != 8) return;
-  uint32_t want = get32(buf + 4), n = 0;
+  uint32_t want = kvbm__get_le32(buf + 4), n = 0;
   uint32_t cap = p->cfg.landing_blocks;
   uint8_t *rep = malloc(8 + 4 * (size_t)cap);
   if (!rep) return;
@@ -749,24 +740,24 @@ static void serve_grant_request(kvbm__peer *p, const uint8_t *buf, size_t len) {
   for (uint32_t s = 0; s < cap && n < want; s++)
     if (p->slot[s] == SLOT_FREE) {
       p->slot[s] = SLOT_GRANTED;
-      put32(rep + 8 + 4 * n++, s);
+      kvbm__put_le32(rep + 8 + 4 * n++, s);
     }
   p->st.grants_given += n;
   pthread_mutex_unlock(&p->mu);
   memcpy(rep, "KVGR", 4);
-  put32(rep + 4, n);
+  kvbm__put_le32(rep + 4, n);
   (void)send_copy(p, rep, 8 + 4 * (size_t)n, NULL);
   free(rep);
 }
 
 static void take_grant_reply(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len < 8) return;
-  uint32_t n = get32(buf + 4);
+  uint32_t n = kvbm__get_le32(buf + 4);
   const kvbm_layout *pl = &kvbm_fabric_remote_desc(p->rs)->layout;
   if ((len - 8) / 4 < n) return;
   pthread_mutex_lock(&p->mu);
   for (uint32_t i = 0; i < n; i++) {
-    uint32_t s = get32(buf + 8 + 4 * (size_t)i);
+    uint32_t s = kvbm__get_le32(buf + 8 + 4 * (size_t)i);
     if (s < pl->config.num_blocks && p->ngrants < pl->config.num_blocks) p->grants[p->ngrants++] = s;
   }
   p->st.grants_received += n;
@@ -777,8 +768,8 @@ static void take_grant_reply(kvbm__peer *p, const uint8_t *buf, size_t len) {
 
 static void take_ack(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len != 16) return;
-  int status = (int)get32(buf + 4);
-  uint64_t h = get64(buf + 8);
+  int status = (int)kvbm__get_le32(buf + 4);
+  uint64_t h = kvbm__get_le64(buf + 8);
   pthread_mutex_lock(&p->mu);
   p->answered++;
   if (status == KVBM_OK) {
@@ -794,13 +785,13 @@ static void take_ack(kvbm__peer *p, const uint8_t *buf, size_t len) {
 /* A pull: the blocks asked for, pushed back (or "not held"). */
 static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len < 8) return;
-  uint32_t n = get32(buf + 4);
+  uint32_t n = kvbm__get_le32(buf + 4);
   if ((len - 8) / 8 < n) return;
   kvbm_manager *m = p->m;
   uint32_t *tok = malloc(m->cfg.block_size * sizeof *tok);
   if (!tok) return;
   for (uint32_t i = 0; i < n; i++) {
-    uint64_t h = get64(buf + 8 + 8 * (size_t)i);
+    uint64_t h = kvbm__get_le64(buf + 8 + 8 * (size_t)i);
     src_block b;
     pthread_mutex_lock(&m->mu);
     bool held = pin_block(m, h, &b);
@@ -812,7 +803,7 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
     if (!held) {
       uint8_t miss[12];
       memcpy(miss, "KVPM", 4);
-      put64(miss + 4, h);
+      kvbm__put_le64(miss + 4, h);
       (void)send_copy(p, miss, sizeof miss, NULL);
       continue;
     }
@@ -827,7 +818,7 @@ static void handle(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len >= 4 && memcmp(buf, KVBM_BLOCK_MSG_MAGIC, 4) == 0) {
     kvbm_error e = {0};
     int rc = peer_ingest(p, buf, len, &e);
-    uint64_t h = len >= 16 ? get64(buf + 8) : 0;
+    uint64_t h = len >= 16 ? kvbm__get_le64(buf + 8) : 0;
     (void)send_ack(p, rc, h);
   } else if (len >= 4 && memcmp(buf, "KVRQ", 4) == 0) {
     serve_grant_request(p, buf, len);
@@ -932,12 +923,12 @@ static int send_hello(kvbm__peer *p, kvbm_error *err) {
     return kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   }
   memcpy(h, "KVPH", 4);
-  put32(h + 4, PROTO_VERSION);
-  put32(h + 8, (uint32_t)p->cfg.mode);
-  put32(h + 12, (uint32_t)p->cfg.ingest_tier);
-  put32(h + 16, 0);
-  put32(h + 20, 0);
-  put64(h + 24, wlen);
+  kvbm__put_le32(h + 4, PROTO_VERSION);
+  kvbm__put_le32(h + 8, (uint32_t)p->cfg.mode);
+  kvbm__put_le32(h + 12, (uint32_t)p->cfg.ingest_tier);
+  kvbm__put_le32(h + 16, 0);
+  kvbm__put_le32(h + 20, 0);
+  kvbm__put_le64(h + 24, wlen);
   memcpy(h + HELLO_FIXED, wire, wlen);
   rc = send_copy(p, h, HELLO_FIXED + wlen, err);
   free(h);
@@ -956,9 +947,9 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
     rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a first message of %zu bytes is not a hello", len);
   if (!rc && !(buf = malloc(len))) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   if (!rc) rc = kvbm_fabric_pull(p->f, h, buf, len, &len, p->cfg.timeout_ms, err);
-  if (!rc && (memcmp(buf, "KVPH", 4) != 0 || get32(buf + 4) != PROTO_VERSION || get32(buf + 16) != 0 ||
-              get32(buf + 20) != 0 || get64(buf + 24) != len - HELLO_FIXED || get32(buf + 8) > KVBM_DISAGG_PUT ||
-              get32(buf + 12) > KVBM_TIER_G2))
+  if (!rc && (memcmp(buf, "KVPH", 4) != 0 || kvbm__get_le32(buf + 4) != PROTO_VERSION || kvbm__get_le32(buf + 16) != 0 ||
+              kvbm__get_le32(buf + 20) != 0 || kvbm__get_le64(buf + 24) != len - HELLO_FIXED || kvbm__get_le32(buf + 8) > KVBM_DISAGG_PUT ||
+              kvbm__get_le32(buf + 12) > KVBM_TIER_G2))
     rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a malformed hello (not a kvbm manager of this version)");
   /* The shape first: a peer whose blocks cannot be bridged is refused
    * before its memory is imported. */
@@ -970,7 +961,7 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
   if (!rc) {
     const kvbm_layout_desc *d = kvbm_fabric_remote_desc(p->rs);
     p->peer_land_id = d->block_set_id;
-    p->peer_land_tier = (kvbm_tier)get32(buf + 12);
+    p->peer_land_tier = (kvbm_tier)kvbm__get_le32(buf + 12);
     p->grants = malloc(d->layout.config.num_blocks * sizeof *p->grants);
     if (!rc && !p->grants) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   }
@@ -1036,8 +1027,8 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   if (!rc) rc = kvbm_fabric_storage_create(f, &p->land_layout, &p->land, err);
   if (!rc) {
     uint8_t rnd[8] = {0};
-    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) put64(rnd, (uint64_t)now_ms() * 0x9E3779B97F4A7C15ull);
-    p->land_id = get64(rnd) | 1; /* never 0 */
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) kvbm__put_le64(rnd, (uint64_t)now_ms() * 0x9E3779B97F4A7C15ull);
+    p->land_id = kvbm__get_le64(rnd) | 1; /* never 0 */
     rc = kvbm_storage_describe(p->land, &p->land_layout, p->land_id, &desc, err);
   }
   if (!rc) rc = kvbm_fabric_register(f, &desc, &p->land_ls, err);
@@ -1190,8 +1181,8 @@ size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes,
   uint8_t *req = malloc(8 + 8 * n);
   if (!req) return 0;
   memcpy(req, "KVPL", 4);
-  put32(req + 4, (uint32_t)n);
-  for (size_t i = 0; i < n; i++) put64(req + 8 + 8 * i, hashes[i]);
+  kvbm__put_le32(req + 4, (uint32_t)n);
+  for (size_t i = 0; i < n; i++) kvbm__put_le64(req + 8 + 8 * i, hashes[i]);
   pthread_mutex_lock(&p->mu);
   uint64_t start = p->handled;
   p->st.pulls_asked++;

@@ -52,26 +52,11 @@
 #include "kvbm/blake3.h"
 #include "kvbm/frame.h"
 #include "tier/internal.h"
+#include "common/bytes.h"
 
 #define BODY_HDR 64u
 static const char BODY_MAGIC[8] = {'K', 'V', 'B', 'M', 'B', 'L', 'K', '1'};
 
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
 
 size_t kvbm__value_data_off(const kvbm__tier *t) {
   return t->framed ? KVBM_FRAME_HEADER_LEN + BODY_HDR : 0;
@@ -86,12 +71,12 @@ void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, 
   uint8_t *h = buf + KVBM_FRAME_HEADER_LEN;
   memcpy(h, BODY_MAGIC, 8);
   memcpy(h + 8, m->ns_digest, 16);
-  put64(h + 24, key);
-  put64(h + 32, parent);
-  put64(h + 40, m->fingerprint);
-  put32(h + 48, has_parent ? 1u : 0u);
-  put32(h + 52, m->cfg.block_size);
-  put64(h + 56, m->block_bytes);
+  kvbm__put_le64(h + 24, key);
+  kvbm__put_le64(h + 32, parent);
+  kvbm__put_le64(h + 40, m->fingerprint);
+  kvbm__put_le32(h + 48, has_parent ? 1u : 0u);
+  kvbm__put_le32(h + 52, m->cfg.block_size);
+  kvbm__put_le64(h + 56, m->block_bytes);
   size_t body = BODY_HDR + (size_t)m->block_bytes, len;
   /* Cannot fail: the body sits at buf + 32 in a buffer of exactly its size
    * and block_bytes is far below the frame's u32 limit (checked at create). */
@@ -110,9 +95,9 @@ int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, const uint8_t 
     return KVBM_ECHECKSUM;
   /* The frame checks: everything below was written by a kvbm that sealed
    * it, so a mismatch is another namespace's or key's value, not damage. */
-  if (memcmp(body, BODY_MAGIC, 8) || memcmp(body + 8, m->ns_digest, 16) || get64(body + 24) != key ||
-      get64(body + 40) != m->fingerprint || get32(body + 52) != m->cfg.block_size ||
-      get64(body + 56) != m->block_bytes || (get32(body + 48) & ~1u))
+  if (memcmp(body, BODY_MAGIC, 8) || memcmp(body + 8, m->ns_digest, 16) || kvbm__get_le64(body + 24) != key ||
+      kvbm__get_le64(body + 40) != m->fingerprint || kvbm__get_le32(body + 52) != m->cfg.block_size ||
+      kvbm__get_le64(body + 56) != m->block_bytes || (kvbm__get_le32(body + 48) & ~1u))
     return KVBM_EFORMAT;
   return KVBM_OK;
 }

@@ -37,6 +37,7 @@
 #include "kvbm/blake3.h"
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
+#include "common/bytes.h"
 
 #define SLOT_MAGIC "KVBMSLT1"
 #define FILE_MAGIC "KVBMG3F1"
@@ -57,22 +58,6 @@ struct kvbm_disk {
   char path[PATH_MAX + 32];
 };
 
-static void put64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
 
 uint64_t kvbm__disk_slot_size(const kvbm_disk *d) { return d->slot_size; }
 uint64_t kvbm__disk_num_slots(const kvbm_disk *d) { return d->num_slots; }
@@ -124,7 +109,7 @@ static uint64_t sum64(const kvbm_disk *d, const void *p, size_t n) {
   if (!d->keyed) return XXH3_64bits(p, n);
   uint8_t out[8];
   kvbm_blake3_keyed_hash(d->key, p, n, out, sizeof out);
-  return get64(out);
+  return kvbm__get_le64(out);
 }
 
 /* Names the key in the superblock without revealing it, so that a file
@@ -140,13 +125,13 @@ static uint64_t key_id(const kvbm_disk *d) {
 static void encode_super(const kvbm_disk *d, uint8_t *sb) {
   memset(sb, 0, KVBM_DISK_ALIGN);
   memcpy(sb, FILE_MAGIC, 8);
-  put32(sb + 8, FILE_VERSION);
-  put64(sb + 16, d->slot_size);
-  put64(sb + 24, d->num_slots);
-  put64(sb + 32, d->data_bytes);
-  put64(sb + 40, d->fingerprint);
-  put64(sb + 48, XXH3_64bits(sb, 48));
-  put64(sb + 56, key_id(d));
+  kvbm__put_le32(sb + 8, FILE_VERSION);
+  kvbm__put_le64(sb + 16, d->slot_size);
+  kvbm__put_le64(sb + 24, d->num_slots);
+  kvbm__put_le64(sb + 32, d->data_bytes);
+  kvbm__put_le64(sb + 40, d->fingerprint);
+  kvbm__put_le64(sb + 48, XXH3_64bits(sb, 48));
+  kvbm__put_le64(sb + 56, key_id(d));
 }
 
 /* ---- Where the file lives (see "Files and who may touch them" above) ---- */
@@ -440,7 +425,7 @@ static uint64_t data_sum(const kvbm_disk *d, const void *buf, const kvbm__disk_d
     uint8_t out[8];
     kvbm_blake3_hasher_finalize(&h, out, sizeof out);
     explicit_bzero(&h, sizeof h);
-    return get64(out);
+    return kvbm__get_le64(out);
   }
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
@@ -456,14 +441,14 @@ void kvbm__disk_seal(kvbm_disk *d, void *buf, const kvbm__disk_data *data,
                     const kvbm_slot_header *h) {
   uint8_t *p = hdr_of(d, buf, data);
   memcpy(p, SLOT_MAGIC, 8);
-  put64(p + 8, h->seq_hash);
-  put64(p + 16, h->has_parent ? h->parent_hash : 0);
-  put32(p + 24, h->has_parent ? 1u : 0u);
-  put32(p + 28, (uint32_t)d->data_bytes);
-  put64(p + 32, d->fingerprint);
-  put64(p + 40, d->next_seq++);
-  put64(p + 48, data_sum(d, buf, data));
-  put64(p + 56, sum64(d, p, 56));
+  kvbm__put_le64(p + 8, h->seq_hash);
+  kvbm__put_le64(p + 16, h->has_parent ? h->parent_hash : 0);
+  kvbm__put_le32(p + 24, h->has_parent ? 1u : 0u);
+  kvbm__put_le32(p + 28, (uint32_t)d->data_bytes);
+  kvbm__put_le64(p + 32, d->fingerprint);
+  kvbm__put_le64(p + 40, d->next_seq++);
+  kvbm__put_le64(p + 48, data_sum(d, buf, data));
+  kvbm__put_le64(p + 56, sum64(d, p, 56));
   memset(p + KVBM_DISK_HEADER, 0, tail_len(d) - KVBM_DISK_HEADER);
 }
 
@@ -471,17 +456,17 @@ int kvbm__disk_check(const kvbm_disk *d, const void *buf, const kvbm__disk_data 
                     bool check_data, const uint64_t *expect_hash, kvbm_slot_header *h) {
   const uint8_t *p = hdr_of(d, buf, data);
   if (memcmp(p, SLOT_MAGIC, 8) != 0) return KVBM_EMAGIC;
-  if (get64(p + 56) != sum64(d, p, 56)) return KVBM_ECHECKSUM;
-  if (get64(p + 32) != d->fingerprint || get32(p + 28) != d->data_bytes ||
-      (get32(p + 24) & ~1u) != 0)
+  if (kvbm__get_le64(p + 56) != sum64(d, p, 56)) return KVBM_ECHECKSUM;
+  if (kvbm__get_le64(p + 32) != d->fingerprint || kvbm__get_le32(p + 28) != d->data_bytes ||
+      (kvbm__get_le32(p + 24) & ~1u) != 0)
     return KVBM_EFORMAT;
-  if (expect_hash && get64(p + 8) != *expect_hash) return KVBM_ENOTFOUND;
-  if (check_data && get64(p + 48) != data_sum(d, buf, data)) return KVBM_ECHECKSUM;
+  if (expect_hash && kvbm__get_le64(p + 8) != *expect_hash) return KVBM_ENOTFOUND;
+  if (check_data && kvbm__get_le64(p + 48) != data_sum(d, buf, data)) return KVBM_ECHECKSUM;
   if (h) {
-    h->seq_hash = get64(p + 8);
-    h->parent_hash = get64(p + 16);
-    h->has_parent = get32(p + 24) & 1u;
-    h->write_seq = get64(p + 40);
+    h->seq_hash = kvbm__get_le64(p + 8);
+    h->parent_hash = kvbm__get_le64(p + 16);
+    h->has_parent = kvbm__get_le32(p + 24) & 1u;
+    h->write_seq = kvbm__get_le64(p + 40);
   }
   return KVBM_OK;
 }
