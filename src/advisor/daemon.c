@@ -171,6 +171,19 @@ static bool is_nats(const asrc *s) {
   return s->cfg.kind == KVBM__ASRC_STORAGE_NATS || s->cfg.kind == KVBM__ASRC_KV_NATS;
 }
 
+/* The subscriber's own counts, copied where /health reads them. Called
+ * under d->mu with each batch's counts, so a reader never sees a batch
+ * applied without the replay or loss that brought it. */
+static void copy_stats_locked(asrc *s, const kvbm_subscriber_stats *ss) {
+  s->n.lost = ss->lost;
+  s->n.duplicates = ss->duplicates;
+  s->n.resets = ss->resets;
+  s->n.jumps = ss->jumps;
+  s->n.overflow = ss->overflow;
+  s->replayed = ss->replayed;
+  s->reconnects = ss->reconnects;
+}
+
 /* One batch from the subscriber; false when there was none (or the
  * transport failed for good: the next turn tries again). A storage
  * payload is decoded outside the lock; applying is under it. */
@@ -185,6 +198,8 @@ static bool source_recv(adaemon *d, asrc *s) {
     note_error_locked(d, s, &err); /* counted and skipped by the subscriber too */
     return rc != KVBM_EIO;
   }
+  kvbm_subscriber_stats ss;
+  kvbm_subscriber_stats_get(s->sub, &ss);
   if (is_storage(s)) {
     kvbm_storage_batch sb;
     if (kvbm_storage_decode(s->sdec, p, len, b.seq, &sb, &err)) {
@@ -192,12 +207,14 @@ static bool source_recv(adaemon *d, asrc *s) {
       return true;
     }
     pthread_mutex_lock(&d->mu);
+    copy_stats_locked(s, &ss);
     s->n.batches++;
     s->n.events += sb.num_events;
     kvbm_advisor_storage(d->a, &sb, now_ms());
     pthread_mutex_unlock(&d->mu);
   } else {
     pthread_mutex_lock(&d->mu);
+    copy_stats_locked(s, &ss);
     s->n.batches++;
     s->n.events += b.num_events;
     kvbm_advisor_kv(d->a, &b, now_ms());
@@ -209,16 +226,10 @@ static bool source_recv(adaemon *d, asrc *s) {
 static bool source_turn(adaemon *d, asrc *s) {
   bool any = false;
   for (int k = 0; k < SOURCE_TURN && source_recv(d, s); k++) any = true;
-  kvbm_subscriber_stats ss;
+  kvbm_subscriber_stats ss; /* reconnects and losses seen with no batch */
   kvbm_subscriber_stats_get(s->sub, &ss);
-  pthread_mutex_lock(&d->mu); /* the subscriber's own counts, copied where /health reads them */
-  s->n.lost = ss.lost;
-  s->n.duplicates = ss.duplicates;
-  s->n.resets = ss.resets;
-  s->n.jumps = ss.jumps;
-  s->n.overflow = ss.overflow;
-  s->replayed = ss.replayed;
-  s->reconnects = ss.reconnects;
+  pthread_mutex_lock(&d->mu);
+  copy_stats_locked(s, &ss);
   pthread_mutex_unlock(&d->mu);
   return any;
 }
