@@ -196,8 +196,8 @@ static void *sub_thread(void *arg) {
     kvbm_event_batch b;
     kvbm_error err = {0};
     int rc = kvbm_subscriber_recv(s->sub, 100, &b, &err);
+    sync_counts(s); /* before the batch shows: a reader sees its replay counted with it */
     if (rc == KVBM_OK) apply(s, &b);
-    sync_counts(s);
     if (rc == KVBM_OK || rc == KVBM_ETIMEDOUT) continue;
     ADD(s->n.errors, 1);
     kvbm__rd_log(s->d, "worker %" PRIu64 ": %s", s->cfg.worker_id, err.msg);
