@@ -121,6 +121,19 @@ static void count_outcomes(kvbm_router_daemon *d, const kvbm_event_batch *b, boo
   }
 }
 
+/* The source's counts for one batch. Bumped under wlock, before the
+ * index is unlocked: whoever sees the batch in the index (a /route, an
+ * overlap) sees it counted too. Returns whether this refusal is the
+ * first or a 1024th (to be logged). */
+static bool count_batch_locked(source *s, const kvbm_event_batch *b, bool admitted, int rc) {
+  ADD(s->n.batches, 1);
+  if (b->skipped) ADD(s->n.skipped_events, b->skipped); /* the decoder left them out */
+  if (b->reset) ADD(s->n.resets, 1);
+  if (rc) ADD(s->n.errors, 1);
+  /* log the first refusal and then every 1024th, not every batch */
+  return !admitted && ADD(s->n.ranks_refused, 1) % 1024 == 0;
+}
+
 /* js_pos: the JetStream position of the batch (0: not JetStream). */
 static void apply_at(source *s, const kvbm_event_batch *b, uint64_t js_pos) {
   kvbm_router_daemon *d = s->d;
@@ -136,27 +149,18 @@ static void apply_at(source *s, const kvbm_event_batch *b, uint64_t js_pos) {
   judge(s, b);
   kvbm_index_stats_get(d->idx, &after);
   count_outcomes(d, b, admitted, &before, &after);
+  bool log_refusal = count_batch_locked(s, b, admitted, rc);
   pthread_mutex_unlock(&d->wlock);
   atomic_store(&s->last_ns, kvbm__rd_now_ns());
   if (atomic_exchange(&s->dropped, 0))
     kvbm__rd_log(d, "worker %" PRIu64 ": events again, back in the index", s->cfg.worker_id);
-  ADD(s->n.batches, 1);
-  if (b->skipped) ADD(s->n.skipped_events, b->skipped); /* the decoder left them out */
-  if (b->reset) {
-    ADD(s->n.resets, 1);
+  if (b->reset)
     kvbm__rd_log(d, "worker %" PRIu64 ": a new stream at batch %" PRIu64 " (restarted): its blocks "
            "are forgotten", s->cfg.worker_id, b->seq);
-  }
-  if (!admitted) {
-    /* log the first refusal and then every 1024th, not every batch */
-    if (ADD(s->n.ranks_refused, 1) % 1024 == 0)
-      kvbm__rd_log(d, "worker %" PRIu64 ": dp rank %d refused: the source already has %u ranks",
-             s->cfg.worker_id, (int)b->dp_rank, d->cfg.max_ranks);
-  }
-  if (rc) {
-    ADD(s->n.errors, 1);
-    kvbm__rd_log(d, "worker %" PRIu64 ": batch %" PRIu64 ": %s", s->cfg.worker_id, b->seq, err.msg);
-  }
+  if (log_refusal)
+    kvbm__rd_log(d, "worker %" PRIu64 ": dp rank %d refused: the source already has %u ranks",
+           s->cfg.worker_id, (int)b->dp_rank, d->cfg.max_ranks);
+  if (rc) kvbm__rd_log(d, "worker %" PRIu64 ": batch %" PRIu64 ": %s", s->cfg.worker_id, b->seq, err.msg);
 }
 
 static void apply(source *s, const kvbm_event_batch *b) { apply_at(s, b, 0); }
@@ -234,8 +238,8 @@ static void apply_payload(source *s, uint64_t seq, const void *data, size_t len)
   }
   b.lost_before = lost;
   b.replayed = true;
+  ADD(s->n.replayed, 1); /* counted before the batch shows in the index */
   apply(s, &b);
-  ADD(s->n.replayed, 1);
 }
 
 static int take_reply(void *user, uint64_t seq, const uint8_t *data, size_t len) {

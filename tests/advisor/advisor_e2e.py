@@ -323,6 +323,12 @@ def main():
             pump()
             assert time.time() - t0 < TIMEOUT, "the advisor never saw the publishers"
             time.sleep(0.1)
+        # a marker behind the warm-up batches on each storage source (each
+        # source's stream is in order): once both show, no warm store is late
+        st.batch([("Store", 777003, 777003, "mark", None)])
+        sn.batch([("Store", 777004, 777003, "mark", None)])
+        wait_for(lambda: {v["name"]: v for v in adv.get("/volumes")[1]["volumes"]}
+                 .get("mark", {}).get("stores") == 2, "the warm-up's marker")
         base = {v["name"]: v for v in adv.get("/volumes")[1]["volumes"]}
         warm_stores = base["warm"]["stores"]
 
@@ -341,9 +347,13 @@ def main():
 
         # --- A (used twice), B (used once) go cold in host; C stays in G1
         A, B, C = 1, 2, 3
+        # C's G1 hold first, and seen, before C is stored in host: a hold that
+        # came later than a hint derivation would let C be hinted meanwhile
+        w2_events = src(health(), "w2")["events"]
+        nc.publish("kvbm.kv.w2", kv_payload("positional", [("S", [C])]))
+        wait_for(lambda: src(health(), "w2")["events"] >= w2_events + 1, "C held in G1")
         st.batch([("Store", h, 50, "host", "G2") for h in (A, B, C)])
         w1.send(kv_payload("map", [("S", [A]), ("R", [A]), ("S", [A, B]), ("R", [A, B])]))
-        nc.publish("kvbm.kv.w2", kv_payload("positional", [("S", [C])]))
 
         def cold_hints():
             _, h = adv.get("/hints")

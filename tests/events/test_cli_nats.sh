@@ -18,7 +18,8 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-/usr/sbin/nats-server -a 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+mport=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+/usr/sbin/nats-server -a 127.0.0.1 -p "$port" -m "$mport" >/dev/null 2>&1 &
 pids+=($!)
 url="nats://127.0.0.1:$port"
 for _ in $(seq 50); do
@@ -37,7 +38,23 @@ pids+=("$tail_pid")
   --form map --batch 5 --delay-us 0 --count 20 --idle-ms 30000 >"$tmp/relay.out" 2>"$tmp/relay.err" &
 relay_pid=$!
 pids+=("$relay_pid")
-sleep 0.7
+# tail has no replay: the engine starts once nats-server holds tail's
+# subscription (its monitor lists it)
+/usr/bin/python3 - "$mport" <<'PY' || fail "tail never subscribed to kvbm.events.w0"
+import json, sys, time, urllib.request
+url = "http://127.0.0.1:%s/subsz?subs=1" % sys.argv[1]
+t0 = time.time()
+while time.time() - t0 < 30:
+    try:
+        subs = json.load(urllib.request.urlopen(url, timeout=2)).get("subscriptions_list") or []
+        if any(x.get("subject") == "kvbm.events.w0" for x in subs):
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.05)
+sys.exit(1)
+PY
+sleep 0.3 # the relay's ZMQ subscription (it replays from 0 besides)
 echo go >&"${ENGINE[1]}"
 wait "$relay_pid" || fail "relay exited $? ($(cat "$tmp/relay.err"))"
 grep -q "20 batches" "$tmp/relay.err" || fail "relay summary: $(cat "$tmp/relay.err")"

@@ -129,13 +129,17 @@ static void test_batch_by_time(void **st) {
   o.max_batch_events = 1000;
   o.max_batch_delay_us = 20000;
   kvbm_publisher *p = make(&s, o);
-  struct timespec t0, t1;
+  struct timespec t0, t1, tp;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (uint64_t i = 1; i <= 3; i++) assert_int_equal(stored(p, i, NULL), KVBM_OK);
+  clock_gettime(CLOCK_MONOTONIC, &tp);
   for (int t = 0; t < 5000 && get(&s, &s.events) < 3; t++) usleep(1000);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   assert_int_equal(get(&s, &s.events), 3);
-  assert_int_equal(get(&s, &s.batches), 1); /* together, and not before the delay: */
+  double publishing = (double)(tp.tv_sec - t0.tv_sec) + (double)(tp.tv_nsec - t0.tv_nsec) * 1e-9;
+  /* together (unless publishing three alone took a delay: a machine this
+   * slow proves nothing about batching), and not before the delay: */
+  if (publishing < 0.015) assert_int_equal(get(&s, &s.batches), 1);
   double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
   assert_true(waited >= 0.019);
   kvbm_publisher_destroy(p);
