@@ -667,7 +667,7 @@ static inline int read_token(dctx *c, uint32_t *out) {
  * the n+1 tokens t_0..t_n (Dynamo's reading of them). */
 static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
   for (uint32_t i = 0; i < n; i++) {
-    uint32_t two, a, b;
+    uint32_t two, a = 0, b = 0; /* set by read_token; 0 keeps every compiler sure of it */
     int rc = mpr_array(&c->r, &two);
     if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "a token pair [t, t+1]") : fail(c, rc, "");
     if (two != 2) return fail(c, KVBM_EFORMAT, "a token pair has other than 2 ids");
