@@ -36,6 +36,7 @@
  */
 #include "workload/psim.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -350,11 +351,45 @@ typedef struct run {
   uint8_t *uses;     /* per id: commits that used it (saturating) */
   uint64_t g1_free;  /* G1 blocks holding nothing */
   uint8_t *src;      /* walk: tier of each matched block */
+  size_t cur;        /* the request being replayed */
   adv ad;
 } run;
 
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 32);
+}
+
+/* A standard normal drawn from a seed (Box-Muller on two hashes of it):
+ * the same seed gives the same draw in every run. */
+static double normal_of(uint64_t seed) {
+  uint64_t x = mix64(seed * 0x9E3779B97F4A7C15ull + 1), y = mix64(x ^ 0xD6E8FEB86659FD93ull);
+  double u1 = (double)((x >> 11) + 1) * (1.0 / 9007199254740993.0);
+  double u2 = (double)(y >> 11) * (1.0 / 9007199254740992.0);
+  return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* --eta-noise: the next use n of a key seen at request c becomes
+ * c + (n - c) * exp(sigma * z), one z per (n, c), so every block of the
+ * chain that request n will match moves together (noise per block would
+ * break chains, which measures something else: a chain cut in the middle
+ * loses its tail). The position stays in the low bits. */
+static uint64_t noisy_key(const run *r, uint64_t k) {
+  uint64_t n = k >> 32, c = r->cur;
+  double gap = (double)(n > c ? n - c : 1);
+  double g = gap * exp(r->cfg->eta_noise * normal_of(n * 1000003u + c));
+  if (!(g < 4e9)) g = 4e9; /* also catches an overflow to infinity */
+  uint64_t q = c + (uint64_t)g;
+  if (q >= 0xffffffffull) q = 0xfffffffeull;
+  return q << 32 | (k & 0xffffffffu);
+}
+
 static uint64_t key_at(const run *r, uint64_t pos) {
-  return r->s->next ? r->s->next[pos] : PSIM_KEY_NEVER;
+  uint64_t k = r->s->next ? r->s->next[pos] : PSIM_KEY_NEVER;
+  return k == PSIM_KEY_NEVER || r->cfg->eta_noise == 0 ? k : noisy_key(r, k);
 }
 
 /* ---- advisor glue ---- */
@@ -626,6 +661,7 @@ static int one_request(run *r, size_t i) {
   const sreq *q = &s->req[i];
   const uint32_t *ids = s->ids + q->off;
   const uint32_t B = s->block_size;
+  r->cur = i;
   if (!q->nblocks) return KVBM_OK;
   uint32_t w = walk(r, q, ids);
   for (uint32_t k = 0; k < w; k++) {
@@ -675,6 +711,9 @@ static int one_request(run *r, size_t i) {
 
 static int check_config(const kvbm_psim_stream *s, const kvbm_psim_config *c, kvbm_error *err) {
   const kvbm_psim_tier_config *g1 = &c->tier[0];
+  if (!(c->eta_noise >= 0 && c->eta_noise <= 64)) /* NaN fails both */
+    return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: eta noise %g is not in 0..64",
+                          c->eta_noise);
   if (g1->capacity == 0 || g1->capacity > (1u << 30))
     return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G1 needs 1..2^30 blocks");
   if (g1->evict != PSIM_EVICT_LRU && g1->evict != PSIM_EVICT_BELADY)

@@ -86,6 +86,14 @@ typedef struct kvbm_psim_config {
   uint32_t advisor_promote_min_uses; /* see kvbm_advisor_config */
   uint32_t advisor_demote_min_uses;
   double advisor_demote_fraction;
+  /* Analysis only: noise on the clairvoyant next-use keys (belady eviction
+   * and clairvoyant admission, every tier). 0 (the default): the exact
+   * bound. sigma > 0: a block next used by request n, seen at request c,
+   * gets the key of request c + (n - c) * exp(sigma * z), z ~ N(0, 1)
+   * drawn from a hash of (n, c): one draw per request's chain, the same in
+   * every run. Blocks never used again keep PSIM_KEY_NEVER (which blocks
+   * return stays exact; only when they return is blurred). 0..64. */
+  double eta_noise;
   size_t limit; /* first N requests of the stream (0: all) */
 } kvbm_psim_config;
 

@@ -344,6 +344,68 @@ static void test_advisor_guided(void **state) {
   kvbm_trace_destroy(t);
 }
 
+/* --eta-noise blurs the bound's next uses, per request: 0 is the bound
+ * itself (the default), a positive sigma is deterministic, changes the
+ * decisions and never gains on the bound here; out-of-range values are
+ * refused by name. */
+static void test_eta_noise(void **state) {
+  (void)state;
+  kvbm_tracegen_config g = small_chat();
+  g.requests = 1500;
+  kvbm_trace *t = gen_trace(g);
+  kvbm_error err = {0};
+  kvbm_psim_stream *s;
+  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, true, &s, &err), KVBM_OK);
+  kvbm_psim_config exact = kvbm_psim_config_default();
+  assert_true(kvbm_psim_preset("today", &exact));
+  exact.tier[0].capacity = 2048;
+  exact.tier[1].capacity = 2048;
+  exact.tier[2].capacity = 4096;
+  exact.tier[1].evict = PSIM_EVICT_BELADY;
+  exact.tier[1].admit = KVBM_PSIM_ADMIT_CLAIRVOYANT;
+  exact.tier[1].tail_first = true;
+  assert_true(exact.eta_noise == 0);
+  kvbm_psim_config zero = exact, noisy = exact, bound = exact;
+  zero.eta_noise = 0.0;
+  noisy.eta_noise = 1.0;
+  kvbm_psim_result re, rz, rn, rn2;
+  assert_int_equal(kvbm_psim_run(s, &exact, &re, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &zero, &rz, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &noisy, &rn, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &noisy, &rn2, &err), KVBM_OK);
+  assert_int_equal(rz.hit_tokens, re.hit_tokens);
+  assert_int_equal(rz.tier[1].written_blocks, re.tier[1].written_blocks);
+  assert_true(re.tier[1].hit_tokens > 0);
+  assert_int_equal(rn.hit_tokens, rn2.hit_tokens); /* deterministic */
+  assert_int_equal(rn.tier[1].written_blocks, rn2.tier[1].written_blocks);
+  assert_int_equal(rn.tier[1].evictions, rn2.tier[1].evictions);
+  assert_true(rn.hit_tokens <= re.hit_tokens);
+  assert_true(rn.hit_tokens != re.hit_tokens || rn.tier[1].written_blocks != re.tier[1].written_blocks);
+  /* G3 is today's: the noise on G2 does not reach its writes' rule. */
+  assert_int_equal(rn.tier[2].written_blocks, re.tier[2].written_blocks);
+  /* The whole bound (every tier belady) with noise stays below it. */
+  assert_true(kvbm_psim_preset("belady", &bound));
+  bound.tier[0].capacity = 2048;
+  bound.tier[1].capacity = 2048;
+  bound.tier[2].capacity = 4096;
+  kvbm_psim_config nb = bound;
+  nb.eta_noise = 2.0;
+  kvbm_psim_result rb, rnb;
+  assert_int_equal(kvbm_psim_run(s, &bound, &rb, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &nb, &rnb, &err), KVBM_OK);
+  assert_true(rnb.hit_tokens < rb.hit_tokens);
+  const double bad[] = {-1.0, 64.5, 1e300 * 1e300, 0.0 / 0.0};
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    kvbm_psim_config c = exact;
+    c.eta_noise = bad[k];
+    err.msg[0] = 0;
+    assert_int_equal(kvbm_psim_run(s, &c, &rn, &err), KVBM_EINVAL);
+    assert_non_null(strstr(err.msg, "eta noise"));
+  }
+  kvbm_psim_stream_destroy(s);
+  kvbm_trace_destroy(t);
+}
+
 static void test_bad_configs(void **state) {
   (void)state;
   kvbm_trace *t = gen_trace(small_chat());
@@ -381,6 +443,7 @@ int main(void) {
       cmocka_unit_test(test_belady_optimal),     cmocka_unit_test(test_no_lower_tiers_is_w1),
       cmocka_unit_test(test_bound_and_presets),  cmocka_unit_test(test_advisor_guided),
       cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_g2_filter),
+      cmocka_unit_test(test_eta_noise),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

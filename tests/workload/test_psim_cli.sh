@@ -146,6 +146,10 @@ expect 2 "--g2-blocks" --g2-blocks x
 expect 2 "unknown option" --bogus
 expect 2 "victim admission is for G3 only" --limit 10 --g2 lru:victim
 expect 1 "does not fit in G1" --limit 50 --g1-blocks 100
+expect 2 "--eta-noise: 65 is out of range" --eta-noise 65
+expect 2 "--eta-noise: -0.5 is out of range" --eta-noise -0.5
+expect 2 "--eta-noise: 'nan' is not a number" --eta-noise nan
+expect 2 "--eta-noise: 'inf' is not a number" --eta-noise inf
 expect 2 "more than one trace" a b
 expect 1 "cannot create" --limit 10 --policy today --svg /nonexistent/dir/x.svg
 

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
           "                       [--g2-freq-threshold 3] [--g2-freq-decay-uses 67108864]\n"
           "                       [--g2-freq-max-entries 4194304]\n"
           "                       [--advisor-demote-min-uses 2] [--advisor-demote-fraction 0.7]\n"
+          "                       [--eta-noise SIGMA]\n"
           "                       [--sweep F[,F...]] [--svg FILE] [--title TEXT] [--json]\n"
           "Replays W2 (docs/areas/policies.md) with block identities only and reports,\n"
           "per policy and tier, hit tokens and blocks written.\n"
@@ -38,6 +39,10 @@ static void usage(FILE *f) {
           "             ADMIT all|frequency|never|clairvoyant|reused|victim; tail: a\n"
           "             commit's deepest block is the first to go (default head, the\n"
           "             manager's order); reused is an oracle (analysis only)\n"
+          "  --eta-noise  analysis only: blur the clairvoyant next uses (belady,\n"
+          "             clairvoyant) by a factor exp(SIGMA * z), z ~ N(0,1), one draw per\n"
+          "             request's chain, deterministic; which blocks return stays exact\n"
+          "             (0..64, default 0: the exact bound)\n"
           "  --sweep    capacity factors applied to G2 and G3 (G1 stays): one run per\n"
           "             policy and factor; --svg writes hit rate against G2+G3 blocks\n"
           "TRACE: Mooncake JSON lines, plain or .gz; default %s\n",
@@ -152,6 +157,12 @@ static int parse(int argc, char **argv, opts *o) {
       if (r < 0 || !cli_parse_double("policy-sim", "--advisor-demote-fraction", v, 0.001, 0.999, &d))
         return 2;
       o->base.advisor_demote_fraction = d;
+      continue;
+    }
+    if ((r = cli_opt_value("policy-sim", argc, argv, &i, "--eta-noise", &v))) {
+      double d;
+      if (r < 0 || !cli_parse_double("policy-sim", "--eta-noise", v, 0, 64, &d)) return 2;
+      o->base.eta_noise = d;
       continue;
     }
     if ((r = cli_opt_value("policy-sim", argc, argv, &i, "--hash", &v))) {
@@ -344,6 +355,7 @@ int kvbm_cmd_policy_sim(int argc, char **argv) {
     runs[nruns].cfg.g2_freq_max_entries = o.base.g2_freq_max_entries;
     runs[nruns].cfg.advisor_demote_min_uses = o.base.advisor_demote_min_uses;
     runs[nruns].cfg.advisor_demote_fraction = o.base.advisor_demote_fraction;
+    runs[nruns].cfg.eta_noise = o.base.eta_noise;
     nruns++;
   }
   for (int i = 0; i < nruns; i++)
