@@ -32,7 +32,20 @@
  * 32 | position, so among blocks next used by one request the deeper one
  * is the later, and Belady evicts a prefix from its tail. Uses at
  * positions a prefill never matches (the last prompt block, outputs) do
- * not count: they cannot be hits.
+ * not count: they cannot be hits. --eta-noise blurs these keys (analysis
+ * of how exact the "when" must be).
+ *
+ * Online TTL (evict ttl). Without next uses, a ttl tier keys a request's
+ * blocks by an expiry the simulator makes when the request runs (its
+ * time + a TTL) with a rank in front (none, a random one per request, or
+ * one minus the return rate of its turn class) and its depth behind:
+ * psim_cache takes overdue blocks first, then the highest key. "sticky"
+ * admission is Belady's rule on those keys (write only into room or over
+ * a victim that would go later), so a full cache with nothing overdue
+ * holds what it has: a fill-and-hold TTL cache. Turns are learned online:
+ * a request continues the one that last committed the deepest block it
+ * shares (at least 1024 tokens), and per turn class the simulator counts
+ * requests and those that were continued.
  */
 #include "workload/psim.h"
 
@@ -46,8 +59,8 @@
 
 /* ---- names and presets ---- */
 
-static const char *const kAdmit[KVBM_PSIM_ADMIT_COUNT] = {"all", "frequency", "never",
-                                                          "clairvoyant", "reused", "victim"};
+static const char *const kAdmit[KVBM_PSIM_ADMIT_COUNT] = {
+    "all", "frequency", "never", "clairvoyant", "reused", "victim", "sticky", "turn"};
 
 const char *kvbm_psim_admit_name(int a) {
   return a >= 0 && a < KVBM_PSIM_ADMIT_COUNT ? kAdmit[a] : "?";
@@ -57,6 +70,21 @@ bool kvbm_psim_admit_parse(const char *s, kvbm_psim_admit *out) {
   for (int a = 0; s && a < KVBM_PSIM_ADMIT_COUNT; a++)
     if (!strcmp(s, kAdmit[a])) {
       *out = (kvbm_psim_admit)a;
+      return true;
+    }
+  return false;
+}
+
+static const char *const kRank[KVBM_PSIM_RANK_COUNT] = {"none", "random", "turn"};
+
+const char *kvbm_psim_rank_name(int k) {
+  return k >= 0 && k < KVBM_PSIM_RANK_COUNT ? kRank[k] : "?";
+}
+
+bool kvbm_psim_rank_parse(const char *s, kvbm_psim_rank *out) {
+  for (int k = 0; s && k < KVBM_PSIM_RANK_COUNT; k++)
+    if (!strcmp(s, kRank[k])) {
+      *out = (kvbm_psim_rank)k;
       return true;
     }
   return false;
@@ -79,6 +107,7 @@ kvbm_psim_config kvbm_psim_config_default(void) {
   c.advisor_promote_min_uses = 2;
   c.advisor_demote_min_uses = 2;
   c.advisor_demote_fraction = 0.7;
+  c.ttl_s = 120;
   return c;
 }
 
@@ -340,6 +369,9 @@ typedef struct adv {
   bool oom;
 } adv;
 
+#define TURN_CLASSES 8      /* turns 0..6, and 7 and later */
+#define TURN_MIN_TOKENS 1024 /* a continuation shares at least this prefix */
+
 typedef struct run {
   const kvbm_psim_stream *s;
   const kvbm_psim_config *cfg;
@@ -352,6 +384,15 @@ typedef struct run {
   uint64_t g1_free;  /* G1 blocks holding nothing */
   uint8_t *src;      /* walk: tier of each matched block */
   size_t cur;        /* the request being replayed */
+  uint64_t okey;     /* its blocks' key in the ttl tiers, depth 0 (psim_cache.h) */
+  bool admit_req;    /* turn admission: the request's class returns often enough */
+  /* Turns, learned online (turn admission): a request continues the last
+   * request that committed the deepest block of its prompt, if that
+   * shares at least TURN_MIN_TOKENS with it. */
+  uint32_t *owner;   /* per id: the last request that committed it (UINT32_MAX: none) */
+  uint8_t *turn;     /* per request: 0 opens a session, then +1 per continuation */
+  uint8_t *returned; /* per request: a later request continued it */
+  uint64_t cls_n[TURN_CLASSES], cls_ret[TURN_CLASSES];
   adv ad;
 } run;
 
@@ -390,6 +431,61 @@ static uint64_t noisy_key(const run *r, uint64_t k) {
 static uint64_t key_at(const run *r, uint64_t pos) {
   uint64_t k = r->s->next ? r->s->next[pos] : PSIM_KEY_NEVER;
   return k == PSIM_KEY_NEVER || r->cfg->eta_noise == 0 ? k : noisy_key(r, k);
+}
+
+/* The key a tier gets for the block at pos of the current request: its
+ * own online expiry for a ttl tier, the next use otherwise. */
+static uint64_t tier_key(const run *r, int t, uint64_t pos, uint32_t depth) {
+  if (r->cfg->tier[t].evict != PSIM_EVICT_TTL) return key_at(r, pos);
+  return r->okey | (depth < PSIM_TTL_DEPTH_MAX ? depth : PSIM_TTL_DEPTH_MAX);
+}
+
+/* Turn admission's bookkeeping for request i, before its commit: its
+ * parent (the request that last committed the deepest of its blocks,
+ * when that prefix is long enough) has returned; i's turn is the
+ * parent's + 1. Then whether i's class returns at least as often as all
+ * requests do (both with one return in two requests as a prior). */
+static void turn_learn(run *r, size_t i, const sreq *q, const uint32_t *ids) {
+  uint32_t min_blocks = TURN_MIN_TOKENS / r->s->block_size;
+  uint32_t p = UINT32_MAX;
+  for (uint32_t k = q->nfull; k-- > 0 && k + 1 >= min_blocks && k + 1 > 0;)
+    if ((p = r->owner[ids[k]]) != UINT32_MAX) break;
+  uint32_t turn = 0;
+  if (p != UINT32_MAX) {
+    turn = r->turn[p] < UINT8_MAX ? r->turn[p] + 1u : UINT8_MAX;
+    if (!r->returned[p]) {
+      r->returned[p] = 1;
+      r->cls_ret[r->turn[p] < TURN_CLASSES ? r->turn[p] : TURN_CLASSES - 1]++;
+    }
+  }
+  r->turn[i] = (uint8_t)turn;
+  uint32_t c = turn < TURN_CLASSES ? turn : TURN_CLASSES - 1;
+  uint64_t n = 0, ret = 0;
+  for (int k = 0; k < TURN_CLASSES; k++) n += r->cls_n[k], ret += r->cls_ret[k];
+  /* (ret_c + 1) / (n_c + 2) >= (ret + 1) / (n + 2), in integers */
+  r->admit_req = (r->cls_ret[c] + 1) * (n + 2) >= (ret + 1) * (r->cls_n[c] + 2);
+  r->cls_n[c]++;
+  for (uint32_t k = 0; k < q->nfull; k++) r->owner[ids[k]] = (uint32_t)i;
+}
+
+/* The ttl tiers' key for request i's blocks (depth 0): its rank and
+ * expiry in ms (49 days fit), packed as PSIM_TTL_KEY. */
+static void ttl_key(run *r, size_t i, const sreq *q) {
+  const kvbm_psim_config *c = r->cfg;
+  double now = q->ts_ms > 0 ? floor(q->ts_ms) : 0;
+  double ttl = c->ttl_s * 1000 * (c->ttl_sigma ? exp(c->ttl_sigma * normal_of(i)) : 1);
+  double at = ceil(now + ttl);
+  uint64_t expiry = at < PSIM_TTL_EXPIRY_MAX ? (uint64_t)at : PSIM_TTL_EXPIRY_MAX, rank = 0;
+  if (c->ttl_rank == KVBM_PSIM_RANK_RANDOM) {
+    rank = mix64(i + 1) % (PSIM_TTL_RANK_MAX + 1);
+  } else if (c->ttl_rank == KVBM_PSIM_RANK_TURN && r->turn) {
+    uint32_t k = r->turn[i] < TURN_CLASSES ? r->turn[i] : TURN_CLASSES - 1;
+    double rate = (double)(r->cls_ret[k] + 1) / (double)(r->cls_n[k] + 2);
+    rank = (uint64_t)((1 - rate) * PSIM_TTL_RANK_MAX);
+  }
+  r->okey = PSIM_TTL_KEY(rank, expiry, 0);
+  for (int t = 1; t < KVBM_PSIM_TIERS; t++)
+    if (r->c[t]) psim_cache_set_now(r->c[t], (uint64_t)now);
 }
 
 /* ---- advisor glue ---- */
@@ -513,9 +609,11 @@ static void demote(run *r, uint32_t id) {
   }
 }
 
-/* A commit's use of block id in tier t (G2 or G3). */
-static void use(run *r, int t, uint32_t id, uint64_t key) {
+/* A commit's use of the block at depth k of the request (position pos of
+ * the stream) in tier t (G2 or G3). */
+static void use(run *r, int t, uint32_t id, uint64_t pos, uint32_t k) {
   kvbm_psim_tier_result *tr = &r->res->tier[t];
+  uint64_t next = key_at(r, pos), key = tier_key(r, t, pos, k);
   psim_cache *c = r->c[t];
   bool want = r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_ALL;
   if (r->filter_on[t]) want = kvbm__freq_filter_use(&r->filter[t], r->s->hash[id]);
@@ -523,10 +621,11 @@ static void use(run *r, int t, uint32_t id, uint64_t key) {
     psim_cache_access(c, id, key);
     return;
   }
-  if (r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_CLAIRVOYANT)
-    want = key != PSIM_KEY_NEVER &&
+  kvbm_psim_admit a = r->cfg->tier[t].admit;
+  if (a == KVBM_PSIM_ADMIT_CLAIRVOYANT || a == KVBM_PSIM_ADMIT_STICKY || a == KVBM_PSIM_ADMIT_TURN)
+    want = key != PSIM_KEY_NEVER && (a != KVBM_PSIM_ADMIT_TURN || r->admit_req) &&
            (psim_cache_size(c) < psim_cache_capacity(c) || key < psim_cache_victim_key(c));
-  if (r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_REUSED) want = key != PSIM_KEY_NEVER;
+  if (r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_REUSED) want = next != PSIM_KEY_NEVER;
   if (!want) {
     tr->filtered++;
     return;
@@ -663,6 +762,8 @@ static int one_request(run *r, size_t i) {
   const uint32_t B = s->block_size;
   r->cur = i;
   if (!q->nblocks) return KVBM_OK;
+  if (r->owner) turn_learn(r, i, q, ids);
+  ttl_key(r, i, q);
   uint32_t w = walk(r, q, ids);
   for (uint32_t k = 0; k < w; k++) {
     r->res->tier[r->src[k]].hit_tokens += B;
@@ -676,7 +777,7 @@ static int one_request(run *r, size_t i) {
     if (r->c[t]) psim_cache_begin(r->c[t], false);
   for (uint32_t k = 0; k < w; k++)
     if (r->src[k] != 0) {
-      psim_cache_access(r->c[r->src[k]], ids[k], key_at(r, q->off + k));
+      psim_cache_access(r->c[r->src[k]], ids[k], tier_key(r, r->src[k], q->off + k, k));
       g1_take(r);
       g1_register(r, ids[k]);
     }
@@ -690,10 +791,9 @@ static int one_request(run *r, size_t i) {
   for (int t = 1; t < KVBM_PSIM_TIERS; t++)
     if (r->c[t]) psim_cache_begin(r->c[t], r->cfg->tier[t].tail_first);
   for (uint32_t k = 0; k < q->nfull; k++) {
-    uint64_t key = key_at(r, q->off + k);
     if (r->uses[ids[k]] < UINT8_MAX) r->uses[ids[k]]++;
     for (int t = 1; t < KVBM_PSIM_TIERS; t++)
-      if (r->c[t]) use(r, t, ids[k], key);
+      if (r->c[t]) use(r, t, ids[k], q->off + k, k);
   }
   /* Free, tail first. */
   for (uint32_t k = q->nblocks; k-- > 0;) {
@@ -714,6 +814,12 @@ static int check_config(const kvbm_psim_stream *s, const kvbm_psim_config *c, kv
   if (!(c->eta_noise >= 0 && c->eta_noise <= 64)) /* NaN fails both */
     return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: eta noise %g is not in 0..64",
                           c->eta_noise);
+  if ((unsigned)c->ttl_rank >= KVBM_PSIM_RANK_COUNT)
+    return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: unknown ttl rank");
+  if (!(c->ttl_s > 0 && c->ttl_s <= 1e6) || !(c->ttl_sigma >= 0 && c->ttl_sigma <= 16))
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "policy-sim: ttl %g s / sigma %g not in (0, 1e6] / [0, 16]", c->ttl_s,
+                          c->ttl_sigma);
   if (g1->capacity == 0 || g1->capacity > (1u << 30))
     return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G1 needs 1..2^30 blocks");
   if (g1->evict != PSIM_EVICT_LRU && g1->evict != PSIM_EVICT_BELADY)
@@ -731,6 +837,10 @@ static int check_config(const kvbm_psim_stream *s, const kvbm_psim_config *c, kv
       return kvbm_error_set(err, KVBM_EINVAL,
                             "policy-sim: G%d's %s policy needs a stream built with next uses",
                             t + 1, x->evict == PSIM_EVICT_BELADY ? "belady" : "clairvoyant");
+    bool online = x->admit == KVBM_PSIM_ADMIT_STICKY || x->admit == KVBM_PSIM_ADMIT_TURN;
+    if (online && (t == 0 || x->evict != PSIM_EVICT_TTL))
+      return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G%d: %s admission needs ttl eviction",
+                            t + 1, kvbm_psim_admit_name(x->admit));
     if (x->admit == KVBM_PSIM_ADMIT_VICTIM && t != 2)
       return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: victim admission is for G3 only");
     if (x->admit == KVBM_PSIM_ADMIT_VICTIM && x->evict == PSIM_EVICT_BELADY)
@@ -751,6 +861,9 @@ static void run_free(run *r) {
   free(r->g1);
   free(r->uses);
   free(r->src);
+  free(r->owner);
+  free(r->turn);
+  free(r->returned);
 }
 
 static int run_init(run *r, const kvbm_psim_stream *s, const kvbm_psim_config *cfg,
@@ -765,6 +878,16 @@ static int run_init(run *r, const kvbm_psim_stream *s, const kvbm_psim_config *c
   r->src = malloc(s->max_blocks ? s->max_blocks : 1);
   r->g1_free = cfg->tier[0].capacity;
   int rc = r->g1 && r->uses && r->src ? KVBM_OK : KVBM_ENOMEM;
+  bool turns = false;
+  for (int t = 1; t < KVBM_PSIM_TIERS; t++) turns |= cfg->tier[t].admit == KVBM_PSIM_ADMIT_TURN;
+  turns |= cfg->ttl_rank == KVBM_PSIM_RANK_TURN;
+  if (!rc && turns) {
+    r->owner = malloc((size_t)U * sizeof *r->owner);
+    r->turn = malloc(s->nreq ? s->nreq : 1);
+    r->returned = calloc(s->nreq ? s->nreq : 1, 1);
+    if (!r->owner || !r->turn || !r->returned) rc = KVBM_ENOMEM;
+    else memset(r->owner, 0xff, (size_t)U * sizeof *r->owner);
+  }
   for (int t = 0; t < KVBM_PSIM_TIERS && !rc; t++) {
     if (!cfg->tier[t].capacity) continue;
     rc = psim_cache_create(cfg->tier[t].evict, (uint32_t)cfg->tier[t].capacity, U, &r->c[t]);

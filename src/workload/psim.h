@@ -57,12 +57,26 @@ typedef enum kvbm_psim_admit {
   KVBM_PSIM_ADMIT_CLAIRVOYANT, /* used again before the block the write would evict (the bound) */
   KVBM_PSIM_ADMIT_REUSED,      /* used again at all (an oracle of reuse, not of timing: analysis) */
   KVBM_PSIM_ADMIT_VICTIM,      /* G3: a block G2 evicts, if used at least victim_min_uses times */
+  KVBM_PSIM_ADMIT_STICKY,      /* ttl: room, an overdue victim, or an expiry before the victim's */
+  KVBM_PSIM_ADMIT_TURN,        /* ttl: sticky, for requests whose turn class returns as often as all */
   KVBM_PSIM_ADMIT_COUNT
 } kvbm_psim_admit;
 
-/* "all", "frequency", "never", "clairvoyant", "reused", "victim"; "?" otherwise. */
+/* "all", "frequency", "never", "clairvoyant", "reused", "victim", "sticky",
+ * "turn"; "?" otherwise. */
 const char *kvbm_psim_admit_name(int a);
 bool kvbm_psim_admit_parse(const char *s, kvbm_psim_admit *out);
+
+typedef enum kvbm_psim_rank {
+  KVBM_PSIM_RANK_NONE = 0, /* all equal: the furthest expiry goes (a TTL cache) */
+  KVBM_PSIM_RANK_RANDOM,   /* a hash of the request's index: some requests stay, others go */
+  KVBM_PSIM_RANK_TURN,     /* the online return rate of the request's turn class: the lowest goes */
+  KVBM_PSIM_RANK_COUNT
+} kvbm_psim_rank;
+
+/* "none", "random", "turn"; "?" otherwise. */
+const char *kvbm_psim_rank_name(int k);
+bool kvbm_psim_rank_parse(const char *s, kvbm_psim_rank *out);
 
 typedef struct kvbm_psim_tier_config {
   uint64_t capacity;     /* blocks (0: the tier is absent; G1 needs >= 1) */
@@ -94,6 +108,14 @@ typedef struct kvbm_psim_config {
    * every run. Blocks never used again keep PSIM_KEY_NEVER (which blocks
    * return stays exact; only when they return is blurred). 0..64. */
   double eta_noise;
+  /* Online TTL eviction (evict ttl, G2/G3): a commit gives its blocks the
+   * expiry request time + ttl_s * exp(ttl_sigma * z) (whole seconds), z ~
+   * N(0, 1) drawn from a hash of the request's index (one per request,
+   * deterministic); a use refreshes it. ttl_sigma 0: one TTL for all
+   * (120 s, 0). Among blocks not overdue the highest rank goes first, then
+   * the furthest expiry; the rank of a request's blocks: */
+  double ttl_s, ttl_sigma;
+  kvbm_psim_rank ttl_rank;
   size_t limit; /* first N requests of the stream (0: all) */
 } kvbm_psim_config;
 

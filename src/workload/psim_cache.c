@@ -35,6 +35,13 @@
  *   halved every 10 x capacity increments) rates it above the main victim.
  * - Belady: a max-heap of next-use keys with lazy deletion (a version per
  *   slot); pinned tops are set aside while the victim is found.
+ * - TTL: Belady's machinery on keys made online by the caller (rank,
+ *   expiry, depth: PSIM_TTL_KEY), plus a second heap on the expiries
+ *   reversed: an overdue resident (expiry at or before `now`) goes first,
+ *   the earliest expired of them; with none overdue, the highest rank,
+ *   then the furthest expiry, then the deepest block goes, as Belady would
+ *   take the furthest next use. An expiry is a prediction of the next use
+ *   with a deadline: one that passed without a use is worth nothing.
  */
 #include "workload/psim_cache.h"
 
@@ -54,6 +61,11 @@ typedef struct hent {
   uint64_t key;
   uint32_t slot, ver;
 } hent;
+
+typedef struct pheap {
+  hent *a;
+  uint32_t n, cap;
+} pheap;
 
 struct psim_cache {
   psim_evict kind;
@@ -76,14 +88,18 @@ struct psim_cache {
   uint8_t *sketch;
   uint32_t smask;
   uint64_t sinc, ssample;
-  /* Belady */
+  /* Belady, TTL */
   uint64_t *skey;
   uint32_t *sver;
-  hent *heap, *aside;
-  uint32_t hn, hcap, naside, aside_cap;
+  pheap far;     /* max-heap of keys: the furthest next use / expiry on top */
+  pheap soon;    /* TTL: max-heap of ~key, the earliest expiry on top */
+  hent *aside;
+  uint32_t naside, aside_cap;
+  uint64_t now;  /* TTL: keys at or below it are overdue */
 };
 
-static const char *const kNames[PSIM_EVICT_COUNT] = {"lru", "arc", "s3fifo", "wtinylfu", "belady"};
+static const char *const kNames[PSIM_EVICT_COUNT] = {"lru",      "arc",    "s3fifo",
+                                                      "wtinylfu", "belady", "ttl"};
 
 const char *psim_evict_name(int kind) {
   return kind >= 0 && kind < PSIM_EVICT_COUNT ? kNames[kind] : "?";
@@ -236,37 +252,49 @@ static bool heap_valid(const psim_cache *c, const hent *e) {
   return c->sid[e->slot] != PSIM_NONE && c->sver[e->slot] == e->ver;
 }
 
-/* Rebuilds the heap from the residents when stale entries pile up. */
-static void heap_compact(psim_cache *c) {
+/* Rebuilds a heap from its live entries when stale ones pile up. */
+static void heap_compact(psim_cache *c, pheap *h) {
   uint32_t n = 0;
-  for (uint32_t i = 0; i < c->hn; i++)
-    if (heap_valid(c, &c->heap[i])) c->heap[n++] = c->heap[i];
-  c->hn = n;
-  for (uint32_t i = n / 2; i-- > 0;) heap_down(c->heap, n, i);
+  for (uint32_t i = 0; i < h->n; i++)
+    if (heap_valid(c, &h->a[i])) h->a[n++] = h->a[i];
+  h->n = n;
+  for (uint32_t i = n / 2; i-- > 0;) heap_down(h->a, n, i);
 }
 
-/* The heap never grows past its allocation: stale entries are compacted
+/* A heap never grows past its allocation: stale entries are compacted
  * away first, and live ones are at most one per slot. */
-static void heap_push(psim_cache *c, uint32_t s) {
-  if (c->hn >= c->hcap) heap_compact(c);
-  c->heap[c->hn] = (hent){c->skey[s], s, c->sver[s]};
-  heap_up(c->heap, c->hn++);
+static void heap_push(psim_cache *c, pheap *h, uint64_t key, uint32_t s) {
+  if (h->n >= h->cap) heap_compact(c, h);
+  h->a[h->n] = (hent){key, s, c->sver[s]};
+  heap_up(h->a, h->n++);
 }
 
-static hent heap_pop(psim_cache *c) {
-  hent top = c->heap[0];
-  c->heap[0] = c->heap[--c->hn];
-  if (c->hn) heap_down(c->heap, c->hn, 0);
+static hent heap_pop(pheap *h) {
+  hent top = h->a[0];
+  h->a[0] = h->a[--h->n];
+  if (h->n) heap_down(h->a, h->n, 0);
   return top;
 }
 
-/* The unpinned resident with the furthest next use (PSIM_NONE if none);
+/* A slot's key changed (or it arrived): a fresh entry in each heap, the
+ * old ones stale by version. */
+static void keyed(psim_cache *c, uint32_t s, uint64_t key) {
+  c->skey[s] = key;
+  c->sver[s]++;
+  heap_push(c, &c->far, key, s);
+  if (c->kind == PSIM_EVICT_TTL) { /* the earliest expiry on top, then the deepest */
+    uint64_t order = PSIM_TTL_EXPIRY(key) << 16 | (PSIM_TTL_DEPTH_MAX - (key & PSIM_TTL_DEPTH_MAX));
+    heap_push(c, &c->soon, ~order, s);
+  }
+}
+
+/* The unpinned resident on top of heap h (PSIM_NONE if none); its entry
  * stays in the heap unless take. */
-static uint32_t belady_top(psim_cache *c, bool take) {
+static uint32_t heap_top(psim_cache *c, pheap *h, bool take) {
   uint32_t found = PSIM_NONE;
   c->naside = 0;
-  while (c->hn) {
-    hent e = heap_pop(c);
+  while (h->n) {
+    hent e = heap_pop(h);
     if (!heap_valid(c, &e)) continue;
     if (pinned(c, e.slot)) { /* live and pinned: at most one per slot */
       c->aside[c->naside++] = e;
@@ -277,10 +305,18 @@ static uint32_t belady_top(psim_cache *c, bool take) {
     break;
   }
   for (uint32_t i = 0; i < c->naside; i++) {
-    c->heap[c->hn] = c->aside[i];
-    heap_up(c->heap, c->hn++);
+    h->a[h->n] = c->aside[i];
+    heap_up(h->a, h->n++);
   }
   return found;
+}
+
+/* TTL's victim: an overdue resident (the earliest expiry) if any, else
+ * the furthest expiry, as Belady's furthest next use. */
+static uint32_t ttl_victim(psim_cache *c, bool *overdue) {
+  uint32_t s = heap_top(c, &c->soon, false);
+  *overdue = s != PSIM_NONE && PSIM_TTL_EXPIRY(c->skey[s]) <= c->now;
+  return *overdue ? s : heap_top(c, &c->far, false);
 }
 
 /* ---- W-TinyLFU's sketch ---- */
@@ -354,13 +390,14 @@ int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psi
     c->ssample = 10ull * (capacity ? capacity : 1);
     ok = (c->sketch = calloc((size_t)4 * w, 1)) != NULL;
   }
-  if (ok && kind == PSIM_EVICT_BELADY) {
+  if (ok && (kind == PSIM_EVICT_BELADY || kind == PSIM_EVICT_TTL)) {
     c->skey = calloc(ns, sizeof *c->skey);
     c->sver = calloc(ns, sizeof *c->sver);
     /* Live entries are one per slot; twice that plus slack leaves room for
      * stale ones between compactions. */
-    ok = c->skey && c->sver && heap_reserve(&c->heap, &c->hcap, 2 * ns + 1024) &&
-         heap_reserve(&c->aside, &c->aside_cap, ns + 1);
+    ok = c->skey && c->sver && heap_reserve(&c->far.a, &c->far.cap, 2 * ns + 1024) &&
+         heap_reserve(&c->aside, &c->aside_cap, ns + 1) &&
+         (kind != PSIM_EVICT_TTL || heap_reserve(&c->soon.a, &c->soon.cap, 2 * ns + 1024));
   }
   if (!ok) {
     psim_cache_destroy(c);
@@ -390,7 +427,8 @@ void psim_cache_destroy(psim_cache *c) {
   free(c->sketch);
   free(c->skey);
   free(c->sver);
-  free(c->heap);
+  free(c->far.a);
+  free(c->soon.a);
   free(c->aside);
   free(c);
 }
@@ -612,9 +650,8 @@ void psim_cache_access(psim_cache *c, uint32_t id, uint64_t key) {
       tlfu_access(c, s);
       break;
     case PSIM_EVICT_BELADY:
-      c->skey[s] = key;
-      c->sver[s]++;
-      heap_push(c, s);
+    case PSIM_EVICT_TTL:
+      keyed(c, s, key);
       break;
     default:
       break;
@@ -643,10 +680,8 @@ bool psim_cache_insert(psim_cache *c, uint32_t id, uint64_t key, uint32_t *evict
       }
       uint32_t s = slot_alloc(c, id);
       c->n++;
-      if (c->kind == PSIM_EVICT_BELADY) {
-        c->skey[s] = key;
-        c->sver[s]++;
-        heap_push(c, s);
+      if (c->kind == PSIM_EVICT_BELADY || c->kind == PSIM_EVICT_TTL) {
+        keyed(c, s, key);
       } else if (c->kind == PSIM_EVICT_S3FIFO && ghost_has(c, id)) {
         c->gtime[id] = 0;
         place(c, L_B, s);
@@ -663,7 +698,7 @@ bool psim_cache_insert(psim_cache *c, uint32_t id, uint64_t key, uint32_t *evict
 void psim_cache_remove(psim_cache *c, uint32_t id) {
   if (!psim_cache_has(c, id)) return;
   uint32_t s = c->pos[id];
-  drop_resident(c, s, c->kind != PSIM_EVICT_BELADY);
+  drop_resident(c, s, c->kind != PSIM_EVICT_BELADY && c->kind != PSIM_EVICT_TTL);
 }
 
 uint32_t psim_cache_evict(psim_cache *c) {
@@ -677,8 +712,13 @@ uint32_t psim_cache_evict(psim_cache *c) {
     case PSIM_EVICT_WTINYLFU:
       return tlfu_evict(c);
     case PSIM_EVICT_BELADY: {
-      uint32_t s = belady_top(c, true);
+      uint32_t s = heap_top(c, &c->far, true);
       return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, false);
+    }
+    case PSIM_EVICT_TTL: {
+      bool overdue;
+      uint32_t s = ttl_victim(c, &overdue);
+      return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, false); /* its entries go stale */
     }
     default:
       return PSIM_NONE;
@@ -686,7 +726,14 @@ uint32_t psim_cache_evict(psim_cache *c) {
 }
 
 uint64_t psim_cache_victim_key(psim_cache *c) {
+  if (c->kind == PSIM_EVICT_TTL) {
+    bool overdue;
+    uint32_t s = ttl_victim(c, &overdue);
+    return s == PSIM_NONE || overdue ? PSIM_KEY_NEVER : c->skey[s];
+  }
   if (c->kind != PSIM_EVICT_BELADY) return 0;
-  uint32_t s = belady_top(c, false);
+  uint32_t s = heap_top(c, &c->far, false);
   return s == PSIM_NONE ? PSIM_KEY_NEVER : c->skey[s];
 }
+
+void psim_cache_set_now(psim_cache *c, uint64_t now) { c->now = now; }

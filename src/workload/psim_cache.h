@@ -40,10 +40,11 @@ typedef enum psim_evict {
   PSIM_EVICT_S3FIFO,   /* small FIFO + main FIFO with 2-bit clock + ghost (Yang et al.) */
   PSIM_EVICT_WTINYLFU, /* window LRU + segmented LRU behind a TinyLFU filter (Caffeine) */
   PSIM_EVICT_BELADY,   /* clairvoyant: evict the furthest next use (keys from the caller) */
+  PSIM_EVICT_TTL,      /* online: keys PSIM_TTL_KEY; overdue first, then the highest key */
   PSIM_EVICT_COUNT
 } psim_evict;
 
-/* "lru", "arc", "s3fifo", "wtinylfu", "belady"; "?" otherwise. */
+/* "lru", "arc", "s3fifo", "wtinylfu", "belady", "ttl"; "?" otherwise. */
 const char *psim_evict_name(int kind);
 /* The inverse; false for anything else (NULL included). */
 bool psim_evict_parse(const char *s, psim_evict *out);
@@ -81,8 +82,24 @@ void psim_cache_remove(psim_cache *c, uint32_t id);
  * there is none). Used where the caller, not an insert, needs room (G1). */
 uint32_t psim_cache_evict(psim_cache *c);
 
-/* Belady only: the key of the resident the next eviction would take
- * (PSIM_KEY_NEVER as well when none); other kinds return 0. */
+/* Belady and TTL: the key of the resident the next eviction would take
+ * (PSIM_KEY_NEVER when none, and for TTL when it is overdue: an insert
+ * then costs nothing); other kinds return 0. */
 uint64_t psim_cache_victim_key(psim_cache *c);
+
+/* TTL's keys: rank (16 bits: the highest goes first among residents not
+ * overdue), expiry (32 bits, in the unit of psim_cache_set_now), depth in
+ * the request (16 bits, clamped: among equals the deepest goes first, so
+ * a chain loses its tail, not its middle). */
+#define PSIM_TTL_RANK_MAX 0xFFFFu
+#define PSIM_TTL_EXPIRY_MAX 0xFFFFFFFFu
+#define PSIM_TTL_DEPTH_MAX 0xFFFFu
+#define PSIM_TTL_KEY(rank, expiry, depth) \
+  ((uint64_t)(rank) << 48 | (uint64_t)(expiry) << 16 | (uint64_t)(depth))
+#define PSIM_TTL_EXPIRY(key) ((key) >> 16 & PSIM_TTL_EXPIRY_MAX)
+
+/* TTL: the current time in the unit of the keys' expiries; residents
+ * whose expiry is at or below it are overdue. Other kinds ignore it. */
+void psim_cache_set_now(psim_cache *c, uint64_t now);
 
 #endif

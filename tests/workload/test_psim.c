@@ -344,6 +344,108 @@ static void test_advisor_guided(void **state) {
   kvbm_trace_destroy(t);
 }
 
+/* TTL: an overdue resident goes first (the earliest expiry, then the
+ * deepest), else the highest rank, then the furthest expiry, then the
+ * deepest; the victim's key says "free" when it is overdue. */
+static void test_ttl_cache(void **state) {
+  (void)state;
+  psim_cache *c = make(PSIM_EVICT_TTL, 4);
+  psim_cache_set_now(c, 0);
+  psim_cache_begin(c, false);
+  assert_true(psim_cache_insert(c, 1, PSIM_TTL_KEY(0, 100, 0), NULL));
+  assert_true(psim_cache_insert(c, 2, PSIM_TTL_KEY(0, 100, 1), NULL));
+  assert_true(psim_cache_insert(c, 3, PSIM_TTL_KEY(0, 300, 0), NULL));
+  assert_true(psim_cache_insert(c, 4, PSIM_TTL_KEY(0, 200, 0), NULL));
+  psim_cache_begin(c, false);
+  /* Nothing overdue: the furthest expiry is the victim. */
+  assert_int_equal(psim_cache_victim_key(c), PSIM_TTL_KEY(0, 300, 0));
+  psim_cache_set_now(c, 150);
+  assert_int_equal(psim_cache_victim_key(c), PSIM_KEY_NEVER); /* 1 and 2 are overdue */
+  uint32_t ev;
+  assert_true(psim_cache_insert(c, 5, PSIM_TTL_KEY(0, 400, 0), &ev));
+  assert_int_equal(ev, 2); /* the deeper of the two */
+  psim_cache_begin(c, false);
+  assert_int_equal(psim_cache_evict(c), 1);
+  /* A refreshed key counts, not the old one: 3 now expires first. */
+  psim_cache_access(c, 4, PSIM_TTL_KEY(0, 500, 0));
+  psim_cache_begin(c, false);
+  psim_cache_set_now(c, 350);
+  assert_int_equal(psim_cache_evict(c), 3);
+  /* None overdue: a higher rank goes before a later expiry. */
+  psim_cache_set_now(c, 0);
+  assert_true(psim_cache_insert(c, 6, PSIM_TTL_KEY(7, 10, 0), NULL));
+  psim_cache_begin(c, false);
+  assert_int_equal(psim_cache_evict(c), 6);
+  assert_int_equal(psim_cache_evict(c), 4); /* expiry 500 */
+  assert_int_equal(psim_cache_evict(c), 5);
+  assert_int_equal(psim_cache_evict(c), PSIM_NONE);
+  psim_cache_destroy(c);
+}
+
+/* The online TTL policies in whole runs: deterministic; sticky admission
+ * writes less to G2 than write-through and leaves G3 (today's filter)
+ * alone; a TTL shorter than the gap between requests makes every
+ * resident overdue at each request, which is LRU (tail first); sticky,
+ * turn and the ranks are refused on anything but ttl. */
+static void test_ttl_runs(void **state) {
+  (void)state;
+  kvbm_tracegen_config g = small_chat();
+  g.requests = 1500;
+  kvbm_trace *t = gen_trace(g);
+  kvbm_error err = {0};
+  kvbm_psim_stream *s;
+  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, false, &s, &err), KVBM_OK);
+  kvbm_psim_config lru = kvbm_psim_config_default();
+  assert_true(kvbm_psim_preset("lru-tail", &lru));
+  lru.tier[0].capacity = 2048;
+  lru.tier[1].capacity = 2048;
+  lru.tier[2].capacity = 4096;
+  kvbm_psim_config ttl_all = lru, sticky = lru, turn = lru;
+  ttl_all.tier[1].evict = sticky.tier[1].evict = turn.tier[1].evict = PSIM_EVICT_TTL;
+  ttl_all.ttl_s = 0.001;
+  sticky.tier[1].admit = KVBM_PSIM_ADMIT_STICKY;
+  sticky.ttl_s = 60;
+  turn.tier[1].admit = KVBM_PSIM_ADMIT_TURN;
+  turn.ttl_s = 60;
+  turn.ttl_rank = KVBM_PSIM_RANK_TURN;
+  kvbm_psim_result rl, ra, rs, rs2, rt, rt2;
+  assert_int_equal(kvbm_psim_run(s, &lru, &rl, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &ttl_all, &ra, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &sticky, &rs, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &sticky, &rs2, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &turn, &rt, &err), KVBM_OK);
+  assert_int_equal(kvbm_psim_run(s, &turn, &rt2, &err), KVBM_OK);
+  assert_true(rl.tier[1].hit_tokens > 0);
+  assert_int_equal(ra.hit_tokens, rl.hit_tokens);
+  assert_int_equal(ra.tier[1].hit_tokens, rl.tier[1].hit_tokens);
+  assert_int_equal(ra.tier[1].written_blocks, rl.tier[1].written_blocks);
+  assert_int_equal(rs.hit_tokens, rs2.hit_tokens);
+  assert_int_equal(rs.tier[1].written_blocks, rs2.tier[1].written_blocks);
+  assert_int_equal(rt.hit_tokens, rt2.hit_tokens);
+  assert_int_equal(rt.tier[1].written_blocks, rt2.tier[1].written_blocks);
+  assert_true(rs.tier[1].written_blocks < rl.tier[1].written_blocks);
+  assert_true(rs.tier[1].filtered > 0);
+  assert_true(rs.tier[1].hit_tokens > 0);
+  assert_true(rt.tier[1].hit_tokens > 0);
+  assert_int_equal(rs.tier[2].written_blocks, rl.tier[2].written_blocks);
+  assert_int_equal(rt.tier[2].written_blocks, rl.tier[2].written_blocks);
+  kvbm_psim_config bad = sticky;
+  bad.tier[1].evict = PSIM_EVICT_LRU;
+  assert_int_equal(kvbm_psim_run(s, &bad, &rs, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "needs ttl eviction"));
+  bad = sticky;
+  bad.ttl_s = 0;
+  assert_int_equal(kvbm_psim_run(s, &bad, &rs, &err), KVBM_EINVAL);
+  bad = sticky;
+  bad.ttl_sigma = 0.0 / 0.0;
+  assert_int_equal(kvbm_psim_run(s, &bad, &rs, &err), KVBM_EINVAL);
+  bad = sticky;
+  bad.ttl_rank = KVBM_PSIM_RANK_COUNT;
+  assert_int_equal(kvbm_psim_run(s, &bad, &rs, &err), KVBM_EINVAL);
+  kvbm_psim_stream_destroy(s);
+  kvbm_trace_destroy(t);
+}
+
 /* --eta-noise blurs the bound's next uses, per request: 0 is the bound
  * itself (the default), a positive sigma is deterministic, changes the
  * decisions and never gains on the bound here; out-of-range values are
@@ -443,7 +545,8 @@ int main(void) {
       cmocka_unit_test(test_belady_optimal),     cmocka_unit_test(test_no_lower_tiers_is_w1),
       cmocka_unit_test(test_bound_and_presets),  cmocka_unit_test(test_advisor_guided),
       cmocka_unit_test(test_bad_configs),        cmocka_unit_test(test_g2_filter),
-      cmocka_unit_test(test_eta_noise),
+      cmocka_unit_test(test_eta_noise),          cmocka_unit_test(test_ttl_cache),
+      cmocka_unit_test(test_ttl_runs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

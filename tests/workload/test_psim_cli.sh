@@ -150,6 +150,11 @@ expect 2 "--eta-noise: 65 is out of range" --eta-noise 65
 expect 2 "--eta-noise: -0.5 is out of range" --eta-noise -0.5
 expect 2 "--eta-noise: 'nan' is not a number" --eta-noise nan
 expect 2 "--eta-noise: 'inf' is not a number" --eta-noise inf
+expect 2 "--ttl-s: 0 is out of range" --ttl-s 0
+expect 2 "--ttl-sigma: 17 is out of range" --ttl-sigma 17
+expect 2 "--ttl-rank: 'oldest' is not none, random or turn" --ttl-rank oldest
+expect 2 "G2: sticky admission needs ttl eviction" --limit 10 --g2 lru:sticky
+expect 2 "G2: turn admission needs ttl eviction" --limit 10 --g2 belady:turn
 expect 2 "more than one trace" a b
 expect 1 "cannot create" --limit 10 --policy today --svg /nonexistent/dir/x.svg
 

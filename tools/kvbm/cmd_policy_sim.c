@@ -28,17 +28,26 @@ static void usage(FILE *f) {
           "                       [--g2-freq-threshold 3] [--g2-freq-decay-uses 67108864]\n"
           "                       [--g2-freq-max-entries 4194304]\n"
           "                       [--advisor-demote-min-uses 2] [--advisor-demote-fraction 0.7]\n"
-          "                       [--eta-noise SIGMA]\n"
+          "                       [--eta-noise SIGMA] [--ttl-s 120] [--ttl-sigma 0]\n"
+          "                       [--ttl-rank none|random|turn]\n"
           "                       [--sweep F[,F...]] [--svg FILE] [--title TEXT] [--json]\n"
           "Replays W2 (docs/areas/policies.md) with block identities only and reports,\n"
           "per policy and tier, hit tokens and blocks written.\n"
           "  --policy   presets, run in order (default: all of them):\n"
           "             today lru-tail arc s3fifo wtinylfu victim g2-freq advisor belady\n"
           "  --g1/2/3   a custom policy, run after the presets (named 'custom'):\n"
-          "             EVICT lru|arc|s3fifo|wtinylfu|belady (G1: lru|belady),\n"
-          "             ADMIT all|frequency|never|clairvoyant|reused|victim; tail: a\n"
-          "             commit's deepest block is the first to go (default head, the\n"
-          "             manager's order); reused is an oracle (analysis only)\n"
+          "             EVICT lru|arc|s3fifo|wtinylfu|belady|ttl (G1: lru|belady),\n"
+          "             ADMIT all|frequency|never|clairvoyant|reused|victim|sticky|turn;\n"
+          "             tail: a commit's deepest block is the first to go (default head,\n"
+          "             the manager's order); reused is an oracle (analysis only)\n"
+          "  ttl        online: a commit's blocks expire --ttl-s * exp(--ttl-sigma * z)\n"
+          "             later (z ~ N(0,1) per request); overdue first, then the furthest\n"
+          "             expiry; sticky admits when that frees room or expires sooner\n"
+          "             than the victim, turn as sticky for requests whose turn class\n"
+          "             (learned online) returns at least as often as all requests;\n"
+          "             --ttl-rank orders what is not overdue: none (the furthest\n"
+          "             expiry), random (per request), turn (the turn class with the\n"
+          "             lowest online return rate goes first)\n"
           "  --eta-noise  analysis only: blur the clairvoyant next uses (belady,\n"
           "             clairvoyant) by a factor exp(SIGMA * z), z ~ N(0,1), one draw per\n"
           "             request's chain, deterministic; which blocks return stays exact\n"
@@ -163,6 +172,26 @@ static int parse(int argc, char **argv, opts *o) {
       double d;
       if (r < 0 || !cli_parse_double("policy-sim", "--eta-noise", v, 0, 64, &d)) return 2;
       o->base.eta_noise = d;
+      continue;
+    }
+    if ((r = cli_opt_value("policy-sim", argc, argv, &i, "--ttl-s", &v))) {
+      double d;
+      if (r < 0 || !cli_parse_double("policy-sim", "--ttl-s", v, 0.001, 1e6, &d)) return 2;
+      o->base.ttl_s = d;
+      continue;
+    }
+    if ((r = cli_opt_value("policy-sim", argc, argv, &i, "--ttl-sigma", &v))) {
+      double d;
+      if (r < 0 || !cli_parse_double("policy-sim", "--ttl-sigma", v, 0, 16, &d)) return 2;
+      o->base.ttl_sigma = d;
+      continue;
+    }
+    if ((r = cli_opt_value("policy-sim", argc, argv, &i, "--ttl-rank", &v))) {
+      if (r < 0 || !kvbm_psim_rank_parse(v, &o->base.ttl_rank)) {
+        fprintf(stderr, "kvbm policy-sim: --ttl-rank: '%s' is not none, random or turn\n",
+                r < 0 ? "" : v);
+        return 2;
+      }
       continue;
     }
     if ((r = cli_opt_value("policy-sim", argc, argv, &i, "--hash", &v))) {
@@ -356,6 +385,9 @@ int kvbm_cmd_policy_sim(int argc, char **argv) {
     runs[nruns].cfg.advisor_demote_min_uses = o.base.advisor_demote_min_uses;
     runs[nruns].cfg.advisor_demote_fraction = o.base.advisor_demote_fraction;
     runs[nruns].cfg.eta_noise = o.base.eta_noise;
+    runs[nruns].cfg.ttl_s = o.base.ttl_s;
+    runs[nruns].cfg.ttl_sigma = o.base.ttl_sigma;
+    runs[nruns].cfg.ttl_rank = o.base.ttl_rank;
     nruns++;
   }
   for (int i = 0; i < nruns; i++)
