@@ -96,6 +96,10 @@ struct psim_cache {
   hent *aside;
   uint32_t naside, aside_cap;
   uint64_t now;  /* TTL: keys at or below it are overdue */
+  /* Slots keyed during the open commit: pinned until the next begin, so
+   * they join the heaps then, not now (on top they would be set aside at
+   * every victim search: quadratic in a commit's blocks). */
+  uint32_t *dslot, *dstamp, nd;
 };
 
 static const char *const kNames[PSIM_EVICT_COUNT] = {"lru",      "arc",    "s3fifo",
@@ -276,16 +280,37 @@ static hent heap_pop(pheap *h) {
   return top;
 }
 
-/* A slot's key changed (or it arrived): a fresh entry in each heap, the
- * old ones stale by version. */
-static void keyed(psim_cache *c, uint32_t s, uint64_t key) {
-  c->skey[s] = key;
-  c->sver[s]++;
+/* A slot's fresh entry in each heap, the old ones stale by version. */
+static void heap_enter(psim_cache *c, uint32_t s) {
+  uint64_t key = c->skey[s];
   heap_push(c, &c->far, key, s);
   if (c->kind == PSIM_EVICT_TTL) { /* the earliest expiry on top, then the deepest */
     uint64_t order = PSIM_TTL_EXPIRY(key) << 16 | (PSIM_TTL_DEPTH_MAX - (key & PSIM_TTL_DEPTH_MAX));
     heap_push(c, &c->soon, ~order, s);
   }
+}
+
+/* A slot's key changed (or it arrived). Inside a commit the caller pins
+ * it, so it enters the heaps at the next begin (psim_cache_begin); the
+ * heaps' old entries are stale by version at once. */
+static void keyed(psim_cache *c, uint32_t s, uint64_t key) {
+  c->skey[s] = key;
+  c->sver[s]++;
+  if (!c->cur) {
+    heap_enter(c, s);
+  } else if (c->dstamp[s] != c->cur) {
+    c->dstamp[s] = c->cur;
+    c->dslot[c->nd++] = s;
+  }
+}
+
+/* The commit is over: its slots enter the heaps (those still resident,
+ * with their latest key; a slot freed and taken again meanwhile holds its
+ * new block's key). */
+static void heap_enter_deferred(psim_cache *c) {
+  for (uint32_t i = 0; i < c->nd; i++)
+    if (c->sid[c->dslot[i]] != PSIM_NONE) heap_enter(c, c->dslot[i]);
+  c->nd = 0;
 }
 
 /* The unpinned resident on top of heap h (PSIM_NONE if none); its entry
@@ -393,9 +418,11 @@ int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psi
   if (ok && (kind == PSIM_EVICT_BELADY || kind == PSIM_EVICT_TTL)) {
     c->skey = calloc(ns, sizeof *c->skey);
     c->sver = calloc(ns, sizeof *c->sver);
+    c->dslot = calloc(ns, sizeof *c->dslot);
+    c->dstamp = calloc(ns, sizeof *c->dstamp);
     /* Live entries are one per slot; twice that plus slack leaves room for
      * stale ones between compactions. */
-    ok = c->skey && c->sver && heap_reserve(&c->far.a, &c->far.cap, 2 * ns + 1024) &&
+    ok = c->skey && c->sver && c->dslot && c->dstamp && heap_reserve(&c->far.a, &c->far.cap, 2 * ns + 1024) &&
          heap_reserve(&c->aside, &c->aside_cap, ns + 1) &&
          (kind != PSIM_EVICT_TTL || heap_reserve(&c->soon.a, &c->soon.cap, 2 * ns + 1024));
   }
@@ -427,6 +454,8 @@ void psim_cache_destroy(psim_cache *c) {
   free(c->sketch);
   free(c->skey);
   free(c->sver);
+  free(c->dslot);
+  free(c->dstamp);
   free(c->far.a);
   free(c->soon.a);
   free(c->aside);
@@ -443,8 +472,10 @@ uint32_t psim_cache_size(const psim_cache *c) { return c->n; }
 uint32_t psim_cache_capacity(const psim_cache *c) { return c->cap; }
 
 void psim_cache_begin(psim_cache *c, bool tail_first) {
+  if (c->dslot) heap_enter_deferred(c);
   if (++c->cur == 0) { /* wrapped: clear the stamps so no slot looks pinned */
     memset(c->stamp, 0, (size_t)(c->nslots ? c->nslots : 1) * sizeof *c->stamp);
+    if (c->dstamp) memset(c->dstamp, 0, (size_t)(c->nslots ? c->nslots : 1) * sizeof *c->dstamp);
     c->cur = 1;
   }
   c->npinned = 0;
