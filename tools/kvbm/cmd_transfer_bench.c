@@ -518,7 +518,7 @@ static double loadavg(void) {
 }
 
 static void json_spread(const char *name, spread s) {
-  printf("\"%s\": {\"gbps\": %.3f, \"min_gbps\": %.3f, \"max_gbps\": %.3f", name, s.med, s.min, s.max);
+  printf("\"%s\": {\"gbps\": %.4g, \"min_gbps\": %.4g, \"max_gbps\": %.4g", name, s.med, s.min, s.max);
 }
 
 static int run(bench *b) {
@@ -638,17 +638,17 @@ static int run(bench *b) {
     json_spread("blake3_pool", ph);
     printf(", \"threads\": %" PRIu64 "}, ", b->hash_threads + 1);
     json_spread("plain", pl);
-    printf(", \"memcpy_ratio\": %.3f, \"min_memcpy_ratio\": %.3f, \"max_memcpy_ratio\": %.3f", rc.med, rc.min,
+    printf(", \"memcpy_ratio\": %.4g, \"min_memcpy_ratio\": %.4g, \"max_memcpy_ratio\": %.4g", rc.med, rc.min,
            rc.max);
     if (ref.med > 0)
-      printf(", \"reference_gbps\": %.3f, \"ratio\": %.3f, \"min_ratio\": %.3f, \"max_ratio\": %.3f", ref.med, rr.med,
+      printf(", \"reference_gbps\": %.4g, \"ratio\": %.4g, \"min_ratio\": %.4g, \"max_ratio\": %.4g", ref.med, rr.med,
              rr.min, rr.max);
     printf("}, ");
     json_spread("checked", ck);
-    printf(", \"plain_ratio\": %.3f, \"min_plain_ratio\": %.3f, \"max_plain_ratio\": %.3f"
-           ", \"cpu_bound_plain_ratio\": %.3f",
+    printf(", \"plain_ratio\": %.4g, \"min_plain_ratio\": %.4g, \"max_plain_ratio\": %.4g"
+           ", \"cpu_bound_plain_ratio\": %.4g",
            rk.med, rk.min, rk.max, bd.med);
-    if (ref.med > 0) printf(", \"reference_gbps\": %.3f, \"ratio\": %.3f", ref.med, ck.med / ref.med);
+    if (ref.med > 0) printf(", \"reference_gbps\": %.4g, \"ratio\": %.4g", ref.med, ck.med / ref.med);
     printf("}}\n");
   } else {
     printf("workload: W4 remote over %s, %" PRIu64 " blocks of %" PRIu64 " bytes, batches of %" PRIu64 ", %" PRIu64
