@@ -203,6 +203,25 @@ static kvbm_tracegen_config small_chat(void) {
   return g;
 }
 
+/* The 1500-request chat trace's stream (with next uses or not), for the
+ * whole-run tests; *t is the caller's to destroy after the stream. */
+static kvbm_psim_stream *chat1500_stream(bool next_uses, kvbm_trace **t) {
+  kvbm_tracegen_config g = small_chat();
+  g.requests = 1500;
+  *t = gen_trace(g);
+  kvbm_error err = {0};
+  kvbm_psim_stream *s = NULL;
+  assert_int_equal(kvbm_psim_stream_build(*t, 0, 16, KVBM_HASH_NATIVE, next_uses, &s, &err), KVBM_OK);
+  return s;
+}
+
+/* Capacities the 1500-request trace overflows at every tier. */
+static void small_capacities(kvbm_psim_config *c) {
+  c->tier[0].capacity = 2048;
+  c->tier[1].capacity = 2048;
+  c->tier[2].capacity = 4096;
+}
+
 static void test_no_lower_tiers_is_w1(void **state) {
   (void)state;
   kvbm_trace *t = gen_trace(small_chat());
@@ -314,12 +333,9 @@ static void test_g2_filter(void **state) {
  * block came through a hint. */
 static void test_advisor_guided(void **state) {
   (void)state;
-  kvbm_tracegen_config g = small_chat();
-  g.requests = 1500;
-  kvbm_trace *t = gen_trace(g);
+  kvbm_trace *t;
+  kvbm_psim_stream *s = chat1500_stream(false, &t);
   kvbm_error err = {0};
-  kvbm_psim_stream *s;
-  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, false, &s, &err), KVBM_OK);
   kvbm_psim_config c = kvbm_psim_config_default();
   assert_true(kvbm_psim_preset("advisor", &c));
   c.tier[0].capacity = 2048;
@@ -389,17 +405,12 @@ static void test_ttl_cache(void **state) {
  * turn and the ranks are refused on anything but ttl. */
 static void test_ttl_runs(void **state) {
   (void)state;
-  kvbm_tracegen_config g = small_chat();
-  g.requests = 1500;
-  kvbm_trace *t = gen_trace(g);
+  kvbm_trace *t;
+  kvbm_psim_stream *s = chat1500_stream(false, &t);
   kvbm_error err = {0};
-  kvbm_psim_stream *s;
-  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, false, &s, &err), KVBM_OK);
   kvbm_psim_config lru = kvbm_psim_config_default();
   assert_true(kvbm_psim_preset("lru-tail", &lru));
-  lru.tier[0].capacity = 2048;
-  lru.tier[1].capacity = 2048;
-  lru.tier[2].capacity = 4096;
+  small_capacities(&lru);
   kvbm_psim_config ttl_all = lru, sticky = lru, turn = lru;
   ttl_all.tier[1].evict = sticky.tier[1].evict = turn.tier[1].evict = PSIM_EVICT_TTL;
   ttl_all.ttl_s = 0.001;
@@ -452,17 +463,12 @@ static void test_ttl_runs(void **state) {
  * refused by name. */
 static void test_eta_noise(void **state) {
   (void)state;
-  kvbm_tracegen_config g = small_chat();
-  g.requests = 1500;
-  kvbm_trace *t = gen_trace(g);
+  kvbm_trace *t;
+  kvbm_psim_stream *s = chat1500_stream(true, &t);
   kvbm_error err = {0};
-  kvbm_psim_stream *s;
-  assert_int_equal(kvbm_psim_stream_build(t, 0, 16, KVBM_HASH_NATIVE, true, &s, &err), KVBM_OK);
   kvbm_psim_config exact = kvbm_psim_config_default();
   assert_true(kvbm_psim_preset("today", &exact));
-  exact.tier[0].capacity = 2048;
-  exact.tier[1].capacity = 2048;
-  exact.tier[2].capacity = 4096;
+  small_capacities(&exact);
   exact.tier[1].evict = PSIM_EVICT_BELADY;
   exact.tier[1].admit = KVBM_PSIM_ADMIT_CLAIRVOYANT;
   exact.tier[1].tail_first = true;
