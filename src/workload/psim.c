@@ -448,7 +448,7 @@ static uint64_t tier_key(const run *r, int t, uint64_t pos, uint32_t depth) {
 static void turn_learn(run *r, size_t i, const sreq *q, const uint32_t *ids) {
   uint32_t min_blocks = TURN_MIN_TOKENS / r->s->block_size;
   uint32_t p = UINT32_MAX;
-  for (uint32_t k = q->nfull; k-- > 0 && k + 1 >= min_blocks && k + 1 > 0;)
+  for (uint32_t k = q->nfull; k-- > 0 && k + 1 >= min_blocks;)
     if ((p = r->owner[ids[k]]) != UINT32_MAX) break;
   uint32_t turn = 0;
   if (p != UINT32_MAX) {
@@ -613,7 +613,7 @@ static void demote(run *r, uint32_t id) {
  * the stream) in tier t (G2 or G3). */
 static void use(run *r, int t, uint32_t id, uint64_t pos, uint32_t k) {
   kvbm_psim_tier_result *tr = &r->res->tier[t];
-  uint64_t next = key_at(r, pos), key = tier_key(r, t, pos, k);
+  uint64_t key = tier_key(r, t, pos, k);
   psim_cache *c = r->c[t];
   bool want = r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_ALL;
   if (r->filter_on[t]) want = kvbm__freq_filter_use(&r->filter[t], r->s->hash[id]);
@@ -625,7 +625,8 @@ static void use(run *r, int t, uint32_t id, uint64_t pos, uint32_t k) {
   if (a == KVBM_PSIM_ADMIT_CLAIRVOYANT || a == KVBM_PSIM_ADMIT_STICKY || a == KVBM_PSIM_ADMIT_TURN)
     want = key != PSIM_KEY_NEVER && (a != KVBM_PSIM_ADMIT_TURN || r->admit_req) &&
            (psim_cache_size(c) < psim_cache_capacity(c) || key < psim_cache_victim_key(c));
-  if (r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_REUSED) want = next != PSIM_KEY_NEVER;
+  if (a == KVBM_PSIM_ADMIT_REUSED) /* noise never turns a next use into none: the raw key */
+    want = r->s->next && r->s->next[pos] != PSIM_KEY_NEVER;
   if (!want) {
     tr->filtered++;
     return;

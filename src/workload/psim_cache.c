@@ -280,6 +280,11 @@ static hent heap_pop(pheap *h) {
   return top;
 }
 
+/* The kinds keyed by the caller and kept in heaps. */
+static bool keyed_kind(psim_evict kind) {
+  return kind == PSIM_EVICT_BELADY || kind == PSIM_EVICT_TTL;
+}
+
 /* A slot's fresh entry in each heap, the old ones stale by version. */
 static void heap_enter(psim_cache *c, uint32_t s) {
   uint64_t key = c->skey[s];
@@ -415,14 +420,15 @@ int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psi
     c->ssample = 10ull * (capacity ? capacity : 1);
     ok = (c->sketch = calloc((size_t)4 * w, 1)) != NULL;
   }
-  if (ok && (kind == PSIM_EVICT_BELADY || kind == PSIM_EVICT_TTL)) {
+  if (ok && keyed_kind(kind)) {
     c->skey = calloc(ns, sizeof *c->skey);
     c->sver = calloc(ns, sizeof *c->sver);
     c->dslot = calloc(ns, sizeof *c->dslot);
     c->dstamp = calloc(ns, sizeof *c->dstamp);
     /* Live entries are one per slot; twice that plus slack leaves room for
      * stale ones between compactions. */
-    ok = c->skey && c->sver && c->dslot && c->dstamp && heap_reserve(&c->far.a, &c->far.cap, 2 * ns + 1024) &&
+    ok = c->skey && c->sver && c->dslot && c->dstamp &&
+         heap_reserve(&c->far.a, &c->far.cap, 2 * ns + 1024) &&
          heap_reserve(&c->aside, &c->aside_cap, ns + 1) &&
          (kind != PSIM_EVICT_TTL || heap_reserve(&c->soon.a, &c->soon.cap, 2 * ns + 1024));
   }
@@ -711,7 +717,7 @@ bool psim_cache_insert(psim_cache *c, uint32_t id, uint64_t key, uint32_t *evict
       }
       uint32_t s = slot_alloc(c, id);
       c->n++;
-      if (c->kind == PSIM_EVICT_BELADY || c->kind == PSIM_EVICT_TTL) {
+      if (keyed_kind(c->kind)) {
         keyed(c, s, key);
       } else if (c->kind == PSIM_EVICT_S3FIFO && ghost_has(c, id)) {
         c->gtime[id] = 0;
@@ -729,7 +735,7 @@ bool psim_cache_insert(psim_cache *c, uint32_t id, uint64_t key, uint32_t *evict
 void psim_cache_remove(psim_cache *c, uint32_t id) {
   if (!psim_cache_has(c, id)) return;
   uint32_t s = c->pos[id];
-  drop_resident(c, s, c->kind != PSIM_EVICT_BELADY && c->kind != PSIM_EVICT_TTL);
+  drop_resident(c, s, !keyed_kind(c->kind));
 }
 
 uint32_t psim_cache_evict(psim_cache *c) {
