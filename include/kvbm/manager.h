@@ -188,11 +188,19 @@ typedef struct kvbm_manager_config {
                                   forgetting one does not delete it */
   kvbm_offload_policy g4_policy; /* ALL */
   uint32_t g4_queue_depth;     /* G4 operations in flight (16) */
-  int32_t g4_timeout_ms;       /* deadline of one G4 put or get batch (2000) */
+  int32_t g4_timeout_ms;       /* deadline of one G4 put batch, and of a
+                                  prefill's G4 onboards all together (2000):
+                                  the match ends at the first block that
+                                  failed or is still out then; later ones
+                                  are abandoned (stats: abandoned) */
   int32_t g4_lookup_timeout_ms;/* longest a prefill waits for its G4 lookup
                                   (20; 0: no lookups, G4 serves only what
                                   this manager stored) */
   uint32_t g4_lookup_max;      /* blocks one lookup asks about (512) */
+  int32_t g4_backoff_ms;       /* a G4 that failed 8 reads in a row (down,
+                                  late, errors, values not ours) is left
+                                  alone this long (1000), doubling up to
+                                  32x while it goes on failing; 0: never */
   const char *model_id;        /* in the volume keys' namespace, with the
                                   layout fingerprint, hash scheme and block
                                   size: [A-Za-z0-9._-]{1,64} (NULL: "default") */
@@ -262,7 +270,7 @@ KVBM_EXTERN kvbm_manager_config kvbm_manager_config_default(void);
  *   KVBM_G3_URL, KVBM_G4_URL                g3_url, g4_url
  *   KVBM_G2_POLICY, KVBM_G3_POLICY, KVBM_G4_POLICY   never/all/frequency
  *   KVBM_G4_QUEUE_DEPTH, KVBM_G4_TIMEOUT_MS, KVBM_G4_LOOKUP_TIMEOUT_MS,
- *   KVBM_G4_LOOKUP_MAX                      the G4 fields of the same names
+ *   KVBM_G4_LOOKUP_MAX, KVBM_G4_BACKOFF_MS  the G4 fields of the same names
  *   KVBM_MODEL_ID                           model_id
  *   KVBM_METRICS_HOST                       metrics.host
  * GiB sizes count whole blocks of the config's layout. `env` is an
@@ -393,6 +401,14 @@ typedef struct kvbm_tier_stats {
   uint64_t lookup_timeouts;   /* lookups past g4_lookup_timeout_ms: the
                                  prefill went on without them */
   uint64_t lookup_errors;     /* lookups the store failed (down, full queue) */
+  uint64_t abandoned;         /* onboards given up: past the prefill's
+                                 deadline (g4_timeout_ms), or after an
+                                 earlier block of the match failed; never
+                                 copied into G1 (not in onboard_failures) */
+  uint64_t backoffs;          /* G4: times the store was left alone
+                                 (g4_backoff_ms) */
+  uint64_t backoff_skips;     /* G4: lookups, hits and puts skipped while
+                                 it was */
 } kvbm_tier_stats;
 KVBM_EXTERN int kvbm_manager_stats_get(kvbm_manager *m, kvbm_tier tier, kvbm_tier_stats *out);
 

@@ -64,6 +64,7 @@ kvbm_manager_config kvbm_manager_config_default(void) {
   c.g4_timeout_ms = 2000;
   c.g4_lookup_timeout_ms = 20;
   c.g4_lookup_max = 512;
+  c.g4_backoff_ms = 1000;
   c.metrics = kvbm_metrics_server_config_default();
   c.offload_threshold_blocks = 8;
   c.output_pull = false;
@@ -223,6 +224,8 @@ static int env_g4(kvbm_manager_config *c, const char *const *env, kvbm_error *er
   if (set) c->g4_lookup_timeout_ms = (int32_t)x;
   if ((rc = env_uint(env, "KVBM_G4_LOOKUP_MAX", 1, 65536, &set, &x, err))) return rc;
   if (set) c->g4_lookup_max = (uint32_t)x;
+  if ((rc = env_uint(env, "KVBM_G4_BACKOFF_MS", 0, 3600000, &set, &x, err))) return rc;
+  if (set) c->g4_backoff_ms = (int32_t)x;
   if ((v = env_get(env, "KVBM_MODEL_ID"))) {
     if (!*v) return kvbm_error_set(err, KVBM_EINVAL, "manager: KVBM_MODEL_ID is empty");
     c->model_id = v;
@@ -287,6 +290,9 @@ static int check_g4(const kvbm_manager_config *c, kvbm_error *err) {
   if (c->g4_lookup_max == 0 || c->g4_lookup_max > 65536)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: g4_lookup_max %u is not in 1..65536",
                           c->g4_lookup_max);
+  if (c->g4_backoff_ms < 0 || c->g4_backoff_ms > 3600000)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g4_backoff_ms %d is not in 0..3600000",
+                          (int)c->g4_backoff_ms);
   if (c->model_id && !model_id_ok(c->model_id))
     return kvbm_error_set(err, KVBM_EINVAL,
                           "manager: model_id '%.64s' is not 1..64 of [A-Za-z0-9._-]", c->model_id);

@@ -55,8 +55,12 @@
 #endif
 
 /* Per-block byte states. UNCOMPUTED (G1 only): registered by a request
- * whose engine has not committed its KV yet. */
-enum { KVBM__READY = 0, KVBM__PENDING = 1, KVBM__FAILED = 2, KVBM__UNCOMPUTED = 3 };
+ * whose engine has not committed its KV yet. LANDING (G1 only): an
+ * onboard's checked bytes are being copied in, outside the lock; unlike a
+ * PENDING block it can no longer be abandoned (request.c, settle), since
+ * the copy cannot be called back and always finishes quickly. */
+enum { KVBM__READY = 0, KVBM__PENDING = 1, KVBM__FAILED = 2, KVBM__UNCOMPUTED = 3,
+       KVBM__LANDING = 4 };
 
 /* Job kinds. Every job belongs to the worker of the tier below G1 that it
  * moves bytes into or out of (kvbm__job.tier). */
@@ -162,6 +166,15 @@ typedef struct kvbm__tier {
   bool running;
   kvbm_gpu_stream *gs;   /* device G1: the worker's CUDA stream */
   kvbm__vworker *vw;     /* volume tiers: in-flight operations */
+
+  /* Back-off of a shared store that keeps failing (G4; store.c). Reads
+   * (lookups and gets) that fail in a row count up; at
+   * KVBM__BACKOFF_FAILS the tier is left alone until backoff_until_ns,
+   * g4_backoff_ms doubling while it goes on failing, back to the start on
+   * the first good read. */
+  uint32_t fail_run;     /* reads failed in a row */
+  uint32_t backoff_level;/* back-offs in a row (the doubling) */
+  uint64_t backoff_until_ns; /* CLOCK_MONOTONIC; 0: not backed off */
 } kvbm__tier;
 
 struct kvbm_manager {
@@ -213,6 +226,9 @@ struct kvbm_mreq {
   uint8_t *src;     /* tier of each walked block */
   size_t walk;      /* blocks the walk matched */
   size_t settled;   /* blocks of the match after onboarding (SIZE_MAX: not yet) */
+  uint64_t deadline_ns; /* CLOCK_MONOTONIC: onboards from a store that may be
+                           abandoned (store.c, kvbm__abandonable) are given
+                           up past this, one deadline for the whole prefill */
   size_t committed; /* full blocks committed */
   /* Phases (ADR-0006): a label per full block (kvbm_frame_phase). */
   uint8_t *phase;
@@ -279,6 +295,22 @@ typedef struct kvbm__lookup {
  * KVBM_OK, KVBM_ETIMEDOUT or the store's error (counted by the caller). */
 int kvbm__lookup_run(kvbm_manager *m, kvbm__tier *t, const uint64_t *hashes, size_t n,
                      bool *found);
+
+/* The shared store's back-off (lock held). Reads that fail in a row before
+ * the store is left alone: one planted value is a counted miss, not a
+ * reason to stop reading a store. */
+#define KVBM__BACKOFF_FAILS 8
+/* Whether tier t is backed off now (only a shared tier ever is; the
+ * clock is read only while a pause is set). */
+bool kvbm__backed_off(const kvbm__tier *t);
+/* A read of t (a lookup, a get) is over: `failed` says the store failed
+ * it (down, late, an error, a value that is not ours), not that the key
+ * was absent. Counts toward or resets the back-off. */
+void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed);
+/* Whether an onboard from tier t may be abandoned while it is in flight:
+ * its bytes land in a staging buffer first (a framed value), so a late
+ * answer can be dropped without touching G1. */
+bool kvbm__abandonable(const kvbm__tier *t);
 
 /* ---- workers.c ---- */
 

@@ -137,6 +137,7 @@ GETTER(g_allocated, t->allocated)
 GETTER(g_restored, t->restored_blocks)
 GETTER(g_restore_skipped, t->restore_skipped)
 GETTER(g_missing, t->missing)
+GETTER(g_abandoned, t->abandoned)
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0; }
 
@@ -318,6 +319,20 @@ static void volumes(lw *c) {
   per_tier(c, "kvbm_onboard_missing_total",
            "Gets of indexed blocks the store no longer held (evicted, restarted, failed over)",
            true, g_missing);
+  per_tier(c, "kvbm_onboard_abandoned_total",
+           "Onboards given up past their prefill's deadline (g4_timeout_ms) or after an "
+           "earlier block of the match failed; never copied into G1",
+           true, g_abandoned);
+  if (s->tier[KVBM_TIER_G4].num_blocks) {
+    const kvbm_tier_stats *g4 = &s->tier[KVBM_TIER_G4];
+    kvbm_metric_label l = {"tier", "G4"};
+    kvbm_metrics_counter(w, "kvbm_store_backoffs_total",
+                         "Times the shared store was left alone after failing reads in a row "
+                         "(g4_backoff_ms)", &l, 1, g4->backoffs);
+    kvbm_metrics_counter(w, "kvbm_store_backoff_skips_total",
+                         "Lookups, hits and puts skipped while the shared store was left alone",
+                         &l, 1, g4->backoff_skips);
+  }
   /* the stores' own counters, by the tier they serve */
   for (int t = 1; t < KVBM_TIER_COUNT; t++)
     if (s->has_volume[t])

@@ -50,6 +50,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "tier/internal.h"
 
 static int keep_tokens(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
@@ -104,6 +105,10 @@ static size_t walk(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *s
   size_t k = 0;
   *onboards = *g1_cached = 0;
   *full = false;
+  /* A store left alone (back-off) serves no hits, not even indexed ones:
+   * their gets would wait on it as the lookups did. */
+  kvbm__tier *g4 = &m->t[KVBM_TIER_G4];
+  int last = g4->present && kvbm__backed_off(g4) ? KVBM_TIER_G4 : KVBM_TIER_COUNT;
   for (; k < n; k++) {
     bool cached;
     if (kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, hashes[k], NULL, &cached) == KVBM_OK) {
@@ -112,11 +117,14 @@ static size_t walk(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_t *s
       continue;
     }
     int ti = KVBM_TIER_G2;
-    while (ti < KVBM_TIER_COUNT && !tier_has(m, ti, hashes[k])) ti++;
-    if (ti == KVBM_TIER_COUNT && lk && k >= lk->base && k < lk->base + lk->n &&
+    while (ti < last && !tier_has(m, ti, hashes[k])) ti++;
+    if (ti == last && last == KVBM_TIER_COUNT && lk && k >= lk->base && k < lk->base + lk->n &&
         lk->found[k - lk->base])
       ti = KVBM_TIER_G4;
-    if (ti == KVBM_TIER_COUNT) break;
+    if (ti == last) {
+      if (last == KVBM_TIER_G4 && tier_has(m, KVBM_TIER_G4, hashes[k])) g4->st.backoff_skips++;
+      break;
+    }
     if (!room[ti]) {
       m->t[ti].st.onboard_failures++;
       *full = true;
@@ -140,6 +148,10 @@ static size_t walk_all(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_
   size_t w = walk(m, hashes, n, src, NULL, onboards, g1_cached, &full);
   kvbm__tier *g4 = &m->t[KVBM_TIER_G4];
   if (w == n || full || !g4->present || !g4->usable || !g4->lookup_vol) return w;
+  if (kvbm__backed_off(g4)) {
+    g4->st.backoff_skips++;
+    return w;
+  }
   size_t ask = n - w < m->cfg.g4_lookup_max ? n - w : m->cfg.g4_lookup_max;
   bool *found = malloc(ask * sizeof *found);
   if (!found) return w;
@@ -153,6 +165,7 @@ static size_t walk_all(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_
   g4->st.lookup_found += nfound;
   if (rc == KVBM_ETIMEDOUT) g4->st.lookup_timeouts++;
   else if (rc) g4->st.lookup_errors++;
+  kvbm__read_result(m, g4, rc != KVBM_OK && rc != KVBM_ENOMEM);
   if (nfound) {
     kvbm__lookup lk = {.base = w, .n = ask, .found = found};
     w = walk(m, hashes, n, src, &lk, onboards, g1_cached, &full);
@@ -310,6 +323,7 @@ int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t prio
     r->salt = salt_hash;
     r->prio = priority;
     r->settled = SIZE_MAX;
+    r->deadline_ns = kvbm_clock_ns() + (uint64_t)m->cfg.g4_timeout_ms * 1000000u;
     r->src = malloc(K ? K : 1);
     rc = r->src ? keep_tokens(r, tokens, n) : KVBM_ENOMEM;
   }
@@ -377,25 +391,60 @@ int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t prio
   return KVBM_OK;
 }
 
-/* Lock held. Scans the match: returns false while a block is still being
- * onboarded; otherwise sets r->settled to the blocks before the first one
- * whose bytes were lost. */
+/* Lock held. Gives up block k's onboard: no bytes will reach it, the
+ * engine computes it (must_compute), and its job, queued or in flight,
+ * finds it no longer PENDING and drops what it brings (workers.c). */
+static void abandon(kvbm_mreq *r, size_t k, uint32_t g1id) {
+  r->m->t[KVBM_TIER_G1].state[g1id] = KVBM__FAILED;
+  r->m->t[r->src[k]].st.abandoned++;
+}
+
+/* Lock held. Scans the match: returns false while it may still grow;
+ * otherwise sets r->settled to the blocks before the first one whose bytes
+ * were lost, or that another request registered and has not computed yet
+ * (waiting for another request could deadlock an engine that commits it
+ * later on the same thread).
+ *
+ * One deadline for the whole prefill (store.c): the match ends at the
+ * first block that failed, or that is still out from an abandonable store
+ * at r->deadline_ns, and every abandonable onboard behind that point is
+ * given up at once, so neither later batches nor a trickling store can
+ * hold the engine. Onboards that cannot be abandoned (G2, the disk://
+ * slot file, a copy LANDING) are waited for: they end by themselves. */
 static bool settle(kvbm_mreq *r) {
   if (r->settled != SIZE_MAX) return true;
+  kvbm_manager *m = r->m;
   const uint32_t *ids;
   size_t n;
   kvbm_seq_blocks(r->seq, &ids, &n);
-  const uint8_t *st = r->m->t[KVBM_TIER_G1].state;
-  size_t first_bad = r->walk;
+  uint8_t *st = m->t[KVBM_TIER_G1].state;
+  bool late = false, clock_read = false;
+  size_t cut = r->walk;
+  bool waiting = false;
   for (size_t k = 0; k < r->walk; k++) {
-    if (st[ids[k]] == KVBM__PENDING) return false;
-    /* Lost bytes, or another request's block whose KV is not written yet:
-     * the match ends there (waiting for another request could deadlock an
-     * engine that commits it later on the same thread). */
-    if ((st[ids[k]] == KVBM__FAILED || st[ids[k]] == KVBM__UNCOMPUTED) && first_bad == r->walk)
-      first_bad = k;
+    uint8_t s = st[ids[k]];
+    if (s == KVBM__PENDING && cut == r->walk && kvbm__abandonable(&m->t[r->src[k]])) {
+      if (!clock_read) { /* read once, and only when it can matter */
+        late = kvbm_clock_ns() >= r->deadline_ns;
+        clock_read = true;
+      }
+      if (late) {
+        abandon(r, k, ids[k]);
+        s = KVBM__FAILED;
+      }
+    }
+    if ((s == KVBM__FAILED || s == KVBM__UNCOMPUTED) && cut == r->walk) {
+      cut = k;
+      continue;
+    }
+    if (s == KVBM__PENDING && cut < k && kvbm__abandonable(&m->t[r->src[k]])) {
+      abandon(r, k, ids[k]); /* past the cut: nothing it brings is used */
+      continue;
+    }
+    if (s == KVBM__PENDING || s == KVBM__LANDING) waiting = true;
   }
-  r->settled = first_bad;
+  if (waiting) return false;
+  r->settled = cut;
   return true;
 }
 
@@ -415,25 +464,32 @@ void kvbm_mreq_poll(kvbm_mreq *r, kvbm_mreq_info *out) {
   pthread_mutex_unlock(&r->m->mu);
 }
 
+static struct timespec ts_of_ns(uint64_t ns) {
+  return (struct timespec){.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
+}
+
 int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
   if (!r) return KVBM_EINVAL;
   kvbm_manager *m = r->m;
-  struct timespec dl;
-  clock_gettime(CLOCK_MONOTONIC, &dl);
-  if (timeout_ms > 0) {
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-      dl.tv_sec++;
-      dl.tv_nsec -= 1000000000L;
-    }
-  }
+  uint64_t dl = timeout_ms > 0 ? kvbm_clock_ns() + (uint64_t)timeout_ms * 1000000u : 0;
   int rc = KVBM_OK;
   pthread_mutex_lock(&m->mu);
   while (!settle(r)) {
-    if (timeout_ms < 0) {
+    if (timeout_ms == 0) {
+      rc = KVBM_ETIMEDOUT;
+      break;
+    }
+    /* Wake at the prefill's own deadline too: settle() then gives up what
+     * a store still owes, however long the caller is prepared to wait. */
+    uint64_t now = kvbm_clock_ns(), wake = dl;
+    if (r->deadline_ns > now && (!wake || r->deadline_ns < wake)) wake = r->deadline_ns;
+    if (!wake) {
       pthread_cond_wait(&m->done_cv, &m->mu);
-    } else if (timeout_ms == 0 || pthread_cond_timedwait(&m->done_cv, &m->mu, &dl) == ETIMEDOUT) {
+      continue;
+    }
+    struct timespec ts = ts_of_ns(wake);
+    if (pthread_cond_timedwait(&m->done_cv, &m->mu, &ts) == ETIMEDOUT && dl &&
+        kvbm_clock_ns() >= dl) {
       if (!settle(r)) rc = KVBM_ETIMEDOUT;
       break;
     }
@@ -502,6 +558,10 @@ static uint32_t use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b,
   }
   if (!want && !present) {
     t->st.filtered++;
+    return KVBM__NONE;
+  }
+  if (t->shared && kvbm__backed_off(t)) { /* left alone for now (store.c) */
+    t->st.backoff_skips++;
     return KVBM__NONE;
   }
   if (!forwarded && !kvbm__q_free(&t->q)) {

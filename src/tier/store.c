@@ -42,6 +42,29 @@
  * for it at most g4_lookup_timeout_ms. A lookup that is late is abandoned,
  * not cancelled: its batch completes later and frees itself. The engine
  * never waits on the store longer than that deadline.
+ *
+ * One deadline per prefill. The gets that bring a prefill's blocks from a
+ * framed store go out in several batches (g4_queue_depth in flight), and
+ * a store that says "exists" and then trickles its values would make the
+ * engine wait a batch deadline per batch (a 422-block prompt once waited
+ * 55 s). So a prefill has one deadline, g4_timeout_ms from its start
+ * (kvbm_mreq.deadline_ns), and request.c's settle() ends the match at the
+ * first block that failed or is still out at that deadline; every onboard
+ * of that request still queued or in flight past that point is abandoned
+ * (counted): a queued one is never sent, an answer that comes later is
+ * dropped in the worker's staging buffer and never reaches G1. Only
+ * framed tiers' gets are abandonable (kvbm__abandonable): their bytes
+ * land in a buffer before a check, while a bare tier's (the disk:// slot
+ * file) are read straight into G1 by the volume, which cannot be called
+ * back; those are bounded by their own volume's deadline.
+ *
+ * Back-off. A shared store that keeps failing reads (KVBM__BACKOFF_FAILS
+ * lookups or gets in a row: down, late, erroring, or answering with values
+ * that are not ours) is left alone for g4_backoff_ms, doubling up to 32
+ * times that while it goes on failing after each pause: no lookups, no G4
+ * hits and no puts meanwhile (backoffs, backoff_skips), so the requests
+ * after the one that paid the deadline do not pay it again. The first
+ * good read after a pause starts the count afresh.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -53,6 +76,7 @@
 #include "kvbm/frame.h"
 #include "tier/internal.h"
 #include "common/bytes.h"
+#include "common/clock.h"
 
 #define BODY_HDR 64u
 static const char BODY_MAGIC[8] = {'K', 'V', 'B', 'M', 'B', 'L', 'K', '1'};
@@ -110,6 +134,32 @@ int kvbm__namespace_init(kvbm_manager *m, kvbm_error *err) {
   if (n < 0 || (size_t)n >= sizeof m->ns)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: the key namespace is too long");
   return kvbm_blake3_hash(m->ns, (size_t)n, m->ns_digest, sizeof m->ns_digest);
+}
+
+/* ---- back-off and abandonment ---- */
+
+bool kvbm__abandonable(const kvbm__tier *t) { return t->store == KVBM__STORE_VOLUME && t->framed; }
+
+bool kvbm__backed_off(const kvbm__tier *t) {
+  return t->backoff_until_ns && kvbm_clock_ns() < t->backoff_until_ns;
+}
+
+void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed) {
+  if (!t->shared || m->cfg.g4_backoff_ms <= 0) return;
+  if (!failed) {
+    t->fail_run = 0;
+    t->backoff_level = 0;
+    return;
+  }
+  /* Reads still coming back from before the pause began do not extend it. */
+  if (kvbm__backed_off(t)) return;
+  if (++t->fail_run < KVBM__BACKOFF_FAILS) return;
+  uint32_t shift = t->backoff_level < 5 ? t->backoff_level : 5;
+  t->backoff_until_ns = kvbm_clock_ns() + ((uint64_t)m->cfg.g4_backoff_ms << shift) * 1000000u;
+  t->backoff_level++;
+  /* After the pause one more failure is enough to pause again (doubled). */
+  t->fail_run = KVBM__BACKOFF_FAILS - 1;
+  t->st.backoffs++;
 }
 
 /* ---- the G4 lookup ---- */

@@ -143,6 +143,33 @@ static void count_get_failure(kvbm__tier *t, int result) {
   }
 }
 
+/* Whether a get's result says the store failed (down, late, an error, a
+ * value that is not ours), as opposed to the key being absent. */
+static bool store_failed(int result) {
+  return result != KVBM_OK && result != KVBM_ENOTFOUND && result != KVBM_EDEVICE &&
+         result != KVBM_ENOMEM;
+}
+
+/* A get whose request gave it up (request.c, settle): what it brought was
+ * dropped before G1; only its references go, and a store that failed it
+ * still counts toward the back-off. */
+static void get_abandoned(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
+  uint32_t sid = j->id[t->id];
+  if (ran && store_failed(j->result)) {
+    kvbm__read_result(m, t, true);
+    if (sid != KVBM__NONE) t->state[sid] = KVBM__FAILED;
+  }
+  if (sid != KVBM__NONE) KVBM__MUST(kvbm_block_release(t->pool, sid, 0));
+  KVBM__MUST(kvbm_block_release(m->t[KVBM_TIER_G1].pool, j->id[KVBM_TIER_G1], j->prio));
+}
+
+/* Lock held. Whether get job j was given up by its request: its G1 block
+ * is no longer waiting for bytes (PENDING, or LANDING once taken). */
+static bool get_given_up(const kvbm_manager *m, const kvbm__job *j) {
+  uint8_t s = m->t[KVBM_TIER_G1].state[j->id[KVBM_TIER_G1]];
+  return !j->hint && s != KVBM__PENDING && s != KVBM__LANDING;
+}
+
 /* A get from volume (or slot) tier t into G1 is over. */
 static void get_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
@@ -152,6 +179,11 @@ static void get_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
     kvbm__hint_get_done(m, t, j, ok);
     return;
   }
+  if (get_given_up(m, j)) {
+    get_abandoned(m, t, j, ran);
+    return;
+  }
+  if (ran) kvbm__read_result(m, t, store_failed(j->result));
   g1->state[j->id[KVBM_TIER_G1]] = ok ? KVBM__READY : KVBM__FAILED;
   if (ok) {
     t->st.onboarded_blocks++;
@@ -318,6 +350,7 @@ typedef struct vslot {
   uint8_t *buf;  /* staging: a framed value, or a bare block that is not
                     one host piece (allocated on first use) */
   bool ran;      /* false: cancelled, finished without running */
+  bool drop;     /* a get given up while in flight: its answer is dropped */
 } vslot;
 
 /* One submitted batch: its operations, contiguous as the volume wants
@@ -474,11 +507,23 @@ static void vw_finish(kvbm_manager *m, kvbm__tier *t) {
   kvbm__vworker *vw = t->vw;
   vbatch *list = vw->done_head;
   vw->done_head = vw->done_tail = NULL;
+  /* Before the lock goes: a get whose request still waits is LANDING from
+   * now on (its request can no longer give it up), one given up already
+   * is dropped here, so nothing reaches a G1 block its engine now writes. */
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  for (vbatch *vb = list; vb; vb = vb->next)
+    for (uint32_t i = 0; i < vb->n; i++) {
+      vslot *s = &vw->slots[vb->slot[i]];
+      s->drop = false;
+      if (s->job.kind != KVBM__J_GET || s->job.hint) continue;
+      if (get_given_up(m, &s->job)) s->drop = true;
+      else g1->state[s->job.id[KVBM_TIER_G1]] = KVBM__LANDING;
+    }
   pthread_mutex_unlock(&m->mu);
   for (vbatch *vb = list; vb; vb = vb->next)
     for (uint32_t i = 0; i < vb->n; i++) {
       vslot *s = &vw->slots[vb->slot[i]];
-      if (s->job.kind == KVBM__J_GET) s->job.result = finish_get(m, t, s, &vb->ops[i]);
+      if (s->job.kind == KVBM__J_GET && !s->drop) s->job.result = finish_get(m, t, s, &vb->ops[i]);
       else s->job.result = vb->ops[i].status;
     }
   double now = kvbm_clock_seconds();
@@ -537,8 +582,10 @@ static void vw_start(kvbm_manager *m, kvbm__tier *t) {
   uint32_t *taken = vb->slot + n, nfail = 0, nops = 0;
   for (uint32_t i = 0; i < n; i++) {
     uint32_t sl = vw->freel[--vw->nfree];
-    vw->slots[sl].job = q_pop(t->dq.count ? &t->dq : &t->q);
-    vw->slots[sl].ran = !m->cancel;
+    vslot *s = &vw->slots[sl];
+    s->job = q_pop(t->dq.count ? &t->dq : &t->q);
+    /* A get its request gave up is never sent (counted when given up). */
+    s->ran = !m->cancel && !(s->job.kind == KVBM__J_GET && get_given_up(m, &s->job));
     taken[i] = sl;
   }
   t->busy += n;
