@@ -40,7 +40,9 @@
  *    socket rests ACCEPT_PAUSE_MS. max_connections is checked against
  *    RLIMIT_NOFILE at create.
  *  - Active requests are at most max_active_requests; the oldest goes
- *    first when more arrive.
+ *    first when more arrive. The table (reqtab.c) is a ring: a /route
+ *    costs the same with the table full as with it empty (before, a full
+ *    table moved every record on each /route: issue 24).
  * Everything refused, cut, timed out or evicted is counted in GET /health.
  *
  * GET /metrics serves the same counters and more in Prometheus' text
@@ -74,6 +76,7 @@
 #include "kvbm/metrics.h"
 #include "router/daemon_impl.h"
 #include "router/json.h"
+#include "router/reqtab.h"
 
 #define MAX_HEAD (16 * 1024)
 #define TURN_REQUESTS 8           /* answered per connection per wake-up */
@@ -111,15 +114,6 @@ static const char *const ep_name[EP_COUNT] = {"/route", "/done", "/health", "/me
 enum { METHOD_GET, METHOD_POST, METHOD_OTHER, METHOD_COUNT };
 static const char *const method_name[METHOD_COUNT] = {"GET", "POST", "other"};
 
-typedef struct req_rec {
-  uint64_t id;
-  int64_t expires_ns;
-  uint32_t slot;
-  kvbm_worker_key key;
-  double blocks;
-  bool live;
-} req_rec;
-
 typedef struct http_state {
   conn *c;
   size_t nc, cc;
@@ -132,14 +126,13 @@ typedef struct http_state {
   double load_blocks[KVBM_ROUTER_MAX_WORKERS], load_reqs[KVBM_ROUTER_MAX_WORKERS];
   kvbm_worker_key owner[KVBM_ROUTER_MAX_WORKERS];
   bool owned[KVBM_ROUTER_MAX_WORKERS];
-  req_rec *r; /* in id order (ids only grow) */
-  size_t rh, rn, rcap, rlive;
+  kvbm__reqtab rt; /* active requests (reqtab.c) */
   uint64_t next_id;
   uint64_t rng;
   uint64_t routes, bad, conns, degraded_routes;
   /* what the guards refused, cut or dropped (health_guards) */
   uint64_t refused_busy, refused_no_fd, accept_pauses, read_timeouts, write_timeouts;
-  uint64_t turns_cut, req_expired, req_evicted;
+  uint64_t turns_cut;
   size_t out_peak; /* the most output one connection ever had queued */
   int64_t t0;
   /* /metrics: answers by endpoint, handler time, the phases of /route */
@@ -194,10 +187,10 @@ static void load_sync(http_state *h, uint32_t slot, const kvbm_worker_key *k) {
   }
 }
 
-static void load_drop(http_state *h, req_rec *r) {
-  if (!r->live) return;
-  r->live = false;
-  h->rlive--;
+/* The request table lets a live request go (/done, ttl or the cap): its
+ * load goes with it while its slot still holds its worker. */
+static void load_drop(void *user, const kvbm__req_rec *r) {
+  http_state *h = user;
   uint32_t s = r->slot;
   if (h->owned[s] && h->owner[s].worker_id == r->key.worker_id &&
       h->owner[s].dp_rank == r->key.dp_rank) {
@@ -206,60 +199,6 @@ static void load_drop(http_state *h, req_rec *r) {
     if (h->load_blocks[s] < 0) h->load_blocks[s] = 0;
     if (h->load_reqs[s] < 0) h->load_reqs[s] = 0;
   }
-}
-
-static void load_expire(http_state *h, int64_t now) {
-  while (h->rh < h->rn && (!h->r[h->rh].live || h->r[h->rh].expires_ns <= now)) {
-    h->req_expired += h->r[h->rh].live;
-    load_drop(h, &h->r[h->rh++]);
-  }
-  if (h->rh > 1024 && h->rh * 2 > h->rn) { /* compact */
-    memmove(h->r, h->r + h->rh, (h->rn - h->rh) * sizeof *h->r);
-    h->rn -= h->rh;
-    h->rh = 0;
-  }
-}
-
-/* Makes room for one more record: at most `max` are kept (a /route
- * without /done would otherwise live for the whole ttl: 560 MB at 16.8 k
- * routes/s). When at least half of those kept are done, they are squeezed
- * out (O(max) once per max/2 routes); otherwise the oldest goes, counted.
- * false when memory for the record cannot be had. */
-static bool req_room(http_state *h, size_t max) {
-  if (h->rn - h->rh >= max && h->rlive <= max / 2) {
-    size_t k = 0;
-    for (size_t i = h->rh; i < h->rn; i++)
-      if (h->r[i].live) h->r[k++] = h->r[i];
-    h->rh = 0;
-    h->rn = k;
-  }
-  while (h->rn - h->rh >= max) {
-    h->req_evicted += h->r[h->rh].live;
-    load_drop(h, &h->r[h->rh++]);
-  }
-  if (h->rn < h->rcap) return true;
-  if (h->rh) { /* slide before growing: the array stays within 2 x max */
-    memmove(h->r, h->r + h->rh, (h->rn - h->rh) * sizeof *h->r);
-    h->rn -= h->rh;
-    h->rh = 0;
-    if (h->rn < h->rcap) return true;
-  }
-  size_t nc = h->rcap ? h->rcap * 2 : 1024;
-  req_rec *r = realloc(h->r, nc * sizeof *r);
-  if (!r) return false;
-  h->r = r;
-  h->rcap = nc;
-  return true;
-}
-
-static req_rec *load_find(http_state *h, uint64_t id) {
-  size_t lo = h->rh, hi = h->rn;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (h->r[mid].id < id) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo < h->rn && h->r[lo].id == id && h->r[lo].live ? &h->r[lo] : NULL;
 }
 
 /* ------------------------------------------------------------- replies */
@@ -379,10 +318,10 @@ static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
   };
   health_object(b, ",\"http\":{\"connections\":", http, sizeof http / sizeof http[0]);
   const counter req[] = {
-      {NULL, h->rlive},
+      {NULL, h->rt.live},
       {",\"max\":", d->cfg.max_active_requests},
-      {",\"expired\":", h->req_expired},
-      {",\"evicted\":", h->req_evicted},
+      {",\"expired\":", h->rt.expired},
+      {",\"evicted\":", h->rt.evicted},
   };
   health_object(b, ",\"requests\":{\"active\":", req, sizeof req / sizeof req[0]);
   if (!d->approx) return;
@@ -472,9 +411,9 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
       {"kvbm_router_routes_total", "Requests routed (POST /route answered 200)", h->routes},
       {"kvbm_router_bad_requests_total", "Requests answered with an error", h->bad},
       {"kvbm_router_requests_expired_total", "Active requests whose load went after request_ttl_s",
-       h->req_expired},
+       h->rt.expired},
       {"kvbm_router_requests_evicted_total", "Active requests dropped for max_active_requests",
-       h->req_evicted},
+       h->rt.evicted},
       {"kvbm_router_http_accepted_total", "Connections accepted", h->conns},
       {"kvbm_router_http_accept_pauses_total", "Times accepting rested (no descriptors)",
        h->accept_pauses},
@@ -493,7 +432,7 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
   kvbm_metrics_value_u64(w, &(kvbm_metric_label){"direction", "read"}, 1, h->read_timeouts);
   kvbm_metrics_value_u64(w, &(kvbm_metric_label){"direction", "write"}, 1, h->write_timeouts);
   kvbm_metrics_gauge(w, "kvbm_router_active_requests", "Routed requests not reported done yet",
-                     NULL, 0, (double)h->rlive);
+                     NULL, 0, (double)h->rt.live);
   kvbm_metrics_gauge(w, "kvbm_router_http_connections", "Open HTTP connections", NULL, 0,
                      (double)h->nc);
   kvbm_metrics_gauge(w, "kvbm_router_http_buffered_bytes", "Bytes buffered by connections",
@@ -558,7 +497,7 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
             ",\"snapshots\":%" PRIu64 ",\"snapshot_failures\":%" PRIu64
             ",\"degraded_routes\":%" PRIu64 ",\"degraded_workers\":[",
             degraded ? "degraded" : "ok", st.workers, st.entries, st.events, st.gaps,
-            st.duplicates, st.unknown_removed, st.orphans, h->routes, h->rlive, h->bad,
+            st.duplicates, st.unknown_removed, st.orphans, h->routes, h->rt.live, h->bad,
             d->approx ? "approximate" : "events", (double)(kvbm__rd_now_ns() - h->t0) * 1e-9,
             atomic_load(&d->snapshots), atomic_load(&d->snapshot_failures), h->degraded_routes);
   bool first = true;
@@ -615,7 +554,7 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   }
   uint64_t t1 = kvbm_clock_ns();
   int64_t now = kvbm__rd_now_ns();
-  load_expire(h, now);
+  kvbm__reqtab_expire(&h->rt, now);
   kvbm_overlap ov[KVBM_ROUTER_MAX_WORKERS];
   uint64_t live;
   kvbm_index_lookup(d->idx, keys, n, ov, &live);
@@ -653,14 +592,11 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   }
   /* the request's load: its blocks (the prefill it causes and its KV) */
   uint64_t id = ++h->next_id;
-  if (req_room(h, d->cfg.max_active_requests)) {
-    h->r[h->rn++] = (req_rec){.id = id, .slot = ch.slot, .key = key[ch.slot],
-                              .blocks = (double)n,
-                              .expires_ns = now + (int64_t)(d->cfg.request_ttl_s * 1e9),
-                              .live = true};
+  kvbm__req_rec rec = {.id = id, .slot = ch.slot, .key = key[ch.slot], .blocks = (double)n,
+                       .expires_ns = now + (int64_t)(d->cfg.request_ttl_s * 1e9)};
+  if (!kvbm__reqtab_add(&h->rt, &rec)) { /* out of memory: routed, but no load kept */
     h->load_blocks[ch.slot] += (double)n;
     h->load_reqs[ch.slot] += 1;
-    h->rlive++;
   }
   h->routes++;
   rj_buf b = {0};
@@ -717,12 +653,10 @@ static void handle_done(kvbm_router_daemon *d, conn *c, const char *body, size_t
     reply_error(h, c, 400, "give request_id (only)", close, NULL);
     return;
   }
-  req_rec *r = load_find(h, id);
-  if (!r) {
+  if (!kvbm__reqtab_done(&h->rt, id)) {
     reply_error(h, c, 404, "no such active request_id", close, NULL);
     return;
   }
-  load_drop(h, r);
   static const char ok[] = "{\"ok\":true}\n";
   reply(h, c, 200, ok, sizeof ok - 1, close, NULL);
 }
@@ -1055,7 +989,7 @@ int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err) {
       ssize_t r = read(d->wake[0], buf, sizeof buf);
       (void)r;
     }
-    load_expire(h, h->now);
+    kvbm__reqtab_expire(&h->rt, h->now);
     kvbm__rd_sources_tick(d);
     kvbm_approx *ap = d->approx ? d->approx : d->degraded_ap;
     if (ap && kvbm_approx_pending(ap)) {
@@ -1277,6 +1211,8 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     goto fail;
   }
   d->http->spare_fd = -1;
+  if ((rc = kvbm__reqtab_init(&d->http->rt, cfg->max_active_requests, load_drop, d->http, err)))
+    goto fail;
   d->http->rng = cfg->seed ? cfg->seed : 1;
   d->http->t0 = kvbm__rd_now_ns();
   d->http->io_ns = (int64_t)(cfg->io_timeout_s * 1e9);
@@ -1340,7 +1276,7 @@ void kvbm_router_daemon_destroy(kvbm_router_daemon *d) {
     while (d->http->nc) conn_close(d->http, 0);
     free(d->http->c);
     free(d->http->pfd);
-    free(d->http->r);
+    kvbm__reqtab_free(&d->http->rt);
     if (d->http->spare_fd >= 0) close(d->http->spare_fd);
     free(d->http);
   }
