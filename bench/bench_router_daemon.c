@@ -27,6 +27,17 @@
  *          rate and p99 while loaded and after, the router's RSS peak
  *          (sampled every 50 ms) and RSS after; and the router's /health
  *          counters at the end.
+ *   table (--table): the request table full against empty (issue 24).
+ *          For the cap --cap (262144, the default) and 4 x it: one router
+ *          whose table is filled first (exactly cap tiny /route requests,
+ *          pipelined, never /done, so every later /route evicts the
+ *          oldest), and an empty one (a fresh router each round, so its
+ *          table holds one round's routes at most). --rounds (3)
+ *          alternating rounds (empty then full, then full then empty, ...)
+ *          of --seconds (2 here) with --connections measured /route
+ *          clients that never send /done. Prints each round's rates, the
+ *          ratio full / empty (target >= 0.9) as median and min..max, and
+ *          the tables' active counts read from /health after each round.
  *
  * The generator shares the machine with the router (2 shared cores here):
  * compare builds in the same run conditions, and read ratios, not
@@ -37,6 +48,7 @@
  * usage: bench_router_daemon [--kvbm PATH] [--seconds 5] [--connections 50]
  *                            [--tokens 1024] [--workers 8] [--soak]
  *                            [--mix flood,slow,hashes] [--json]
+ *                            [--table [--cap 262144] [--rounds 3]]
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -124,13 +136,15 @@ typedef struct router {
   char dir[64];
 } router;
 
-static bool router_start(router *r, const char *kvbm, int workers, bool approx) {
+/* max_active: --max-active-requests (0: the router's default). */
+static bool router_start(router *r, const char *kvbm, int workers, bool approx, size_t max_active) {
   snprintf(r->dir, sizeof r->dir, "/tmp/kvbm-bench-XXXXXX");
   if (!mkdtemp(r->dir)) return false;
   char pf[128], log[128];
   snprintf(pf, sizeof pf, "%s/port", r->dir);
   snprintf(log, sizeof log, "%s/log", r->dir);
-  char *argv[16 + 2 * 64];
+  char *argv[18 + 2 * 64];
+  char cap[32];
   int k = 0;
   static char wid[64][8];
   argv[k++] = (char *)kvbm;
@@ -151,6 +165,11 @@ static bool router_start(router *r, const char *kvbm, int workers, bool approx) 
     argv[k++] = "600";
     argv[k++] = "--io-timeout";
     argv[k++] = "2";
+  }
+  if (max_active) {
+    snprintf(cap, sizeof cap, "%zu", max_active);
+    argv[k++] = "--max-active-requests";
+    argv[k++] = cap;
   }
   argv[k] = NULL;
   r->pid = fork();
@@ -593,12 +612,235 @@ static int soak(run *r, const router *rt, double seconds, const char *mix, bool 
   return 0;
 }
 
+/* ------------------------------------------------------------- table */
+
+/* "active" of /health's "requests" object, -1 when unreadable. */
+static long long health_active(int port) {
+  char *h = get_health(port);
+  char *p = h ? strstr(h, "\"requests\":{\"active\":") : NULL;
+  long long v = p ? strtoll(p + 21, NULL, 10) : -1;
+  free(h);
+  return v;
+}
+
+/* Sends `count` tiny /route requests (one block hash each, never /done)
+ * over FILLERS pipelining connections, each at most WINDOW requests ahead
+ * of its answers; true when every one was answered 200. */
+static bool fill(int port, uint64_t count) {
+  enum { FILLERS = 4, WINDOW = 512, CHUNK = WINDOW / 2 };
+  buf body = {0}, one, chunk = {0};
+  buf_printf(&body, "{\"block_hashes\":[1]}");
+  one = post("/route", &body);
+  for (int i = 0; i < CHUNK; i++) buf_add(&chunk, one.p, one.len);
+  struct {
+    int fd;
+    uint64_t quota, sent, got;
+    size_t chunk_len, chunk_off; /* bytes of the chunk being sent */
+    buf in;
+  } f[FILLERS] = {0};
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  bool ok = ep >= 0;
+  for (int i = 0; ok && i < FILLERS; i++) {
+    f[i].quota = count / FILLERS + (i < (int)(count % FILLERS));
+    f[i].fd = dial(port, 0);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.u32 = (uint32_t)i};
+    ok = f[i].fd >= 0 && !epoll_ctl(ep, EPOLL_CTL_ADD, f[i].fd, &ev);
+  }
+  uint64_t got = 0;
+  double deadline = now_s() + 300;
+  while (ok && got < count) {
+    if (now_s() > deadline) {
+      fprintf(stderr, "bench_router_daemon: filling the table took over 300 s\n");
+      ok = false;
+      break;
+    }
+    struct epoll_event evs[FILLERS];
+    int k = epoll_wait(ep, evs, FILLERS, 100);
+    for (int e = 0; ok && e < k; e++) {
+      int i = (int)evs[e].data.u32;
+      if (evs[e].events & (EPOLLERR | EPOLLHUP)) {
+        ok = false;
+        break;
+      }
+      if (evs[e].events & EPOLLIN) {
+        char tmp[65536];
+        ssize_t n = recv(f[i].fd, tmp, sizeof tmp, 0);
+        if (n == 0 || (n < 0 && errno != EAGAIN)) {
+          ok = false;
+          break;
+        }
+        if (n > 0) buf_add(&f[i].in, tmp, (size_t)n);
+        size_t off = 0, len;
+        int status = 0;
+        for (;;) {
+          buf rest = {.p = f[i].in.p + off, .len = f[i].in.len - off};
+          if (!rest.len || !(len = response_len(&rest, &status))) break;
+          if (status != 200) ok = false;
+          off += len;
+          f[i].got++;
+          got++;
+        }
+        memmove(f[i].in.p, f[i].in.p + off, f[i].in.len - off);
+        f[i].in.len -= off;
+      }
+      /* a new chunk when half the window is answered */
+      if (!f[i].chunk_len && f[i].sent < f[i].quota && f[i].sent - f[i].got <= CHUNK) {
+        uint64_t m = f[i].quota - f[i].sent < CHUNK ? f[i].quota - f[i].sent : CHUNK;
+        f[i].chunk_len = (size_t)m * one.len;
+        f[i].chunk_off = 0;
+        f[i].sent += m;
+      }
+      if (f[i].chunk_len) {
+        ssize_t n = send(f[i].fd, chunk.p + f[i].chunk_off, f[i].chunk_len - f[i].chunk_off,
+                         MSG_NOSIGNAL);
+        if (n < 0 && errno != EAGAIN) ok = false;
+        if (n > 0) f[i].chunk_off += (size_t)n;
+        if (f[i].chunk_off == f[i].chunk_len) f[i].chunk_len = 0;
+      }
+      struct epoll_event ev = {.events = EPOLLIN | (f[i].chunk_len ? EPOLLOUT : 0u),
+                               .data.u32 = (uint32_t)i};
+      /* nothing to send and the window not half answered: wait for answers */
+      if (!f[i].chunk_len && f[i].sent < f[i].quota && f[i].sent - f[i].got <= CHUNK)
+        ev.events |= EPOLLOUT;
+      epoll_ctl(ep, EPOLL_CTL_MOD, f[i].fd, &ev);
+    }
+  }
+  for (int i = 0; i < FILLERS; i++) {
+    if (f[i].fd >= 0) close(f[i].fd);
+    free(f[i].in.p);
+  }
+  if (ep >= 0) close(ep);
+  free(body.p);
+  free(one.p);
+  free(chunk.p);
+  return ok;
+}
+
+typedef struct table_round {
+  phase_out empty, full;
+  long long empty_active, full_active;
+} table_round;
+
+/* Measured /route clients (never /done) on router `rt` for one round. */
+static bool table_phase(run *r, const router *rt, size_t conns, double seconds, phase_out *o,
+                        long long *active) {
+  client *cs = calloc(conns, sizeof *cs);
+  if (!cs) return false;
+  r->port = rt->port;
+  for (size_t i = 0; i < conns; i++) {
+    cs[i] = (client){.k = MEASURED, .fd = -1};
+    if (!client_open(r, &cs[i])) {
+      close_clients(r, cs, i);
+      free(cs);
+      return false;
+    }
+  }
+  *o = phase(r, cs, conns, 0.5, seconds, rt);
+  close_clients(r, cs, conns);
+  free(cs);
+  *active = health_active(rt->port);
+  return true;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One cap: fill a router's table, then alternate rounds against fresh
+ * empty routers. */
+static int table_cap(run *r, const char *kvbm, int workers, size_t conns, double seconds,
+                     int rounds, size_t cap, bool json, bool last) {
+  router full;
+  if (!router_start(&full, kvbm, workers, false, cap)) return 1;
+  double t = now_s();
+  bool ok = fill(full.port, cap);
+  double fill_s = now_s() - t;
+  long long filled = health_active(full.port);
+  if (!ok || filled != (long long)cap) {
+    fprintf(stderr, "bench_router_daemon: filling %zu records failed (active %lld)\n", cap, filled);
+    router_stop(&full);
+    return 1;
+  }
+  table_round *rd = calloc((size_t)rounds, sizeof *rd);
+  double *ratio = calloc((size_t)rounds, sizeof *ratio), *er = calloc((size_t)rounds, sizeof *er),
+         *fr = calloc((size_t)rounds, sizeof *fr);
+  for (int i = 0; ok && i < rounds; i++) {
+    router empty;
+    if (!router_start(&empty, kvbm, workers, false, cap)) {
+      ok = false;
+      break;
+    }
+    if (i % 2 == 0)
+      ok = table_phase(r, &empty, conns, seconds, &rd[i].empty, &rd[i].empty_active) &&
+           table_phase(r, &full, conns, seconds, &rd[i].full, &rd[i].full_active);
+    else
+      ok = table_phase(r, &full, conns, seconds, &rd[i].full, &rd[i].full_active) &&
+           table_phase(r, &empty, conns, seconds, &rd[i].empty, &rd[i].empty_active);
+    router_stop(&empty);
+    er[i] = rd[i].empty.rate;
+    fr[i] = rd[i].full.rate;
+    ratio[i] = rd[i].empty.rate > 0 ? rd[i].full.rate / rd[i].empty.rate : 0;
+  }
+  router_stop(&full);
+  if (ok) {
+    double lo = ratio[0], hi = ratio[0];
+    for (int i = 1; i < rounds; i++) {
+      if (ratio[i] < lo) lo = ratio[i];
+      if (ratio[i] > hi) hi = ratio[i];
+    }
+    if (json) {
+      printf("{\"cap\":%zu,\"fill_s\":%.2f,\"rounds\":[", cap, fill_s);
+      for (int i = 0; i < rounds; i++)
+        printf("%s{\"empty\":{\"rate\":%.0f,\"p99_ms\":%.3f,\"active\":%lld},"
+               "\"full\":{\"rate\":%.0f,\"p99_ms\":%.3f,\"active\":%lld},\"ratio\":%.3f}",
+               i ? "," : "", rd[i].empty.rate, rd[i].empty.p99_ms, rd[i].empty_active,
+               rd[i].full.rate, rd[i].full.p99_ms, rd[i].full_active, ratio[i]);
+    } else {
+      printf("cap %zu (filled in %.1f s)\n", cap, fill_s);
+      for (int i = 0; i < rounds; i++)
+        printf("  round %d  empty %7.0f req/s p99 %7.3f ms (active %lld)   full %7.0f req/s p99 "
+               "%7.3f ms (active %lld)   full/empty %.3f\n",
+               i + 1, rd[i].empty.rate, rd[i].empty.p99_ms, rd[i].empty_active, rd[i].full.rate,
+               rd[i].full.p99_ms, rd[i].full_active, ratio[i]);
+    }
+    double rm = median(ratio, rounds), em = median(er, rounds), fm = median(fr, rounds);
+    if (json)
+      printf("],\"median\":{\"empty\":%.0f,\"full\":%.0f,\"ratio\":%.3f},\"ratio_min\":%.3f,"
+             "\"ratio_max\":%.3f}%s\n",
+             em, fm, rm, lo, hi, last ? "" : ",");
+    else
+      printf("  median   empty %7.0f req/s   full %7.0f req/s   full/empty %.3f (min %.3f, max "
+             "%.3f; target >= 0.9)\n",
+             em, fm, rm, lo, hi);
+  }
+  free(rd);
+  free(ratio);
+  free(er);
+  free(fr);
+  return ok ? 0 : 1;
+}
+
+static int table(run *r, const char *kvbm, int workers, size_t conns, double seconds, int rounds,
+                 size_t cap, bool json) {
+  if (json) printf("{\"connections\":%zu,\"seconds\":%.1f,\"caps\":[", conns, seconds);
+  int rc = table_cap(r, kvbm, workers, conns, seconds, rounds, cap, json, false);
+  if (!rc) rc = table_cap(r, kvbm, workers, conns, seconds, rounds, 4 * cap, json, true);
+  if (json) printf("]}\n");
+  return rc;
+}
+
 int main(int argc, char **argv) {
   char kvbm[PATH_MAX];
-  double seconds = 5;
-  size_t conns = 50, tokens = 1024;
-  int workers = 8;
-  bool do_soak = false, json = false;
+  double seconds = 0; /* 5, or 2 for --table */
+  size_t conns = 50, tokens = 1024, cap = (size_t)1 << 18;
+  int workers = 8, rounds = 3;
+  bool do_soak = false, do_table = false, json = false;
   const char *mix = "flood,slow,hashes";
   ssize_t m = readlink("/proc/self/exe", kvbm, sizeof kvbm - 8);
   if (m < 0) m = 0;
@@ -613,12 +855,21 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--soak")) do_soak = true;
     else if (!strcmp(argv[i], "--mix") && i + 1 < argc) mix = argv[++i];
     else if (!strcmp(argv[i], "--json")) json = true;
+    else if (!strcmp(argv[i], "--table")) do_table = true;
+    else if (!strcmp(argv[i], "--cap") && i + 1 < argc) cap = strtoul(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: bench_router_daemon [--kvbm PATH] [--seconds 5] [--connections 50]\n"
                       "                           [--tokens 1024] [--workers 8] [--soak]\n"
-                      "                           [--mix flood,slow,hashes] [--json]\n");
+                      "                           [--mix flood,slow,hashes] [--json]\n"
+                      "                           [--table [--cap 262144] [--rounds 3]]\n");
       return 2;
     }
+  }
+  if (!seconds) seconds = do_table ? 2 : 5;
+  if (do_table && (cap < 1 || cap > ((size_t)1 << 30) || rounds < 1 || rounds > 99)) {
+    fprintf(stderr, "bench_router_daemon: bad --cap (1..2^30) or --rounds (1..99)\n");
+    return 2;
   }
   if (!(seconds > 0) || conns < 1 || conns > 200 || tokens < 16 || workers < 1 || workers > 64) {
     fprintf(stderr, "bench_router_daemon: bad --seconds, --connections (1..200), --tokens (>= 16) "
@@ -630,12 +881,17 @@ int main(int argc, char **argv) {
   buf health = {0}, flood = {0}, slow = {0};
   run r = {.rng = 0x9e3779b97f4a7c15ull};
   make_requests(&r, tokens, prompts, hashes, &health, &flood, &slow);
-  router rt;
-  if (!router_start(&rt, kvbm, workers, do_soak)) return 1;
-  r.port = rt.port;
   r.ep = epoll_create1(EPOLL_CLOEXEC);
-  int rc = do_soak ? soak(&r, &rt, seconds, mix, json) : load(&r, &rt, conns, seconds, json);
-  router_stop(&rt);
+  int rc;
+  if (do_table) {
+    rc = table(&r, kvbm, workers, conns, seconds, rounds, cap, json);
+  } else {
+    router rt;
+    if (!router_start(&rt, kvbm, workers, do_soak, 0)) return 1;
+    r.port = rt.port;
+    rc = do_soak ? soak(&r, &rt, seconds, mix, json) : load(&r, &rt, conns, seconds, json);
+    router_stop(&rt);
+  }
   close(r.ep);
   for (int i = 0; i < PROMPTS; i++) free(prompts[i].p);
   for (int i = 0; i < HASH_BODIES; i++) free(hashes[i].p);
