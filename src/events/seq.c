@@ -16,6 +16,24 @@
  *     only legitimate repeats are live batches that a replay already
  *     delivered; those lie between where the stream began for us (`floor`)
  *     and the batch due, and after the last live number.
+ *   - A live number equal to the last live one is a restart when that
+ *     batch is all the stream has given us (the stream began there and
+ *     nothing after it was taken), a repeat otherwise. This is the engine
+ *     whose previous stream ended at batch 0 and which restarts at 0: the
+ *     number alone cannot tell that from batch 0 sent twice, and there is
+ *     no stream id on vLLM's wire. Calling it a restart is right either
+ *     way: if it was a repeat, the consumer forgets a stream of that one
+ *     batch and takes the same batch again (the same state); calling a
+ *     restart a repeat dropped the new stream's first batch and left the
+ *     consumer believing the dead engine's blocks. Further into a stream
+ *     the two readings differ: a restarted engine comes back below the
+ *     last number (0, 1, ...), so a repeat there is a redelivery (NATS,
+ *     JetStream), and a restart would make the consumer forget the whole
+ *     stream. Not used to decide: the ZMQ connection (a reconnect is as
+ *     often a network blip, with the numbers going on), the payload's
+ *     timestamp (the tracker sees numbers only, and a duplicate is skipped
+ *     before it is decoded), or seq 0 always starting a stream (a late
+ *     joiner that replayed from 0 sees the live 0 again as a repeat).
  *   - A step forward of at most max_gap is a gap: the batches between are
  *     missing, to be replayed or counted lost.
  *   - A bigger step forward is not believed at once. It may be a stray
@@ -95,7 +113,8 @@ static kvbm_seqno_verdict hold_new(kvbm_seqno_tracker *t, uint64_t seq, bool liv
 static kvbm_seqno_verdict behind(kvbm_seqno_tracker *t, uint64_t seq, bool live) {
   bool restart;
   if (live)
-    restart = (t->have_live && seq < t->live_last) || seq < t->floor;
+    restart = (t->have_live && seq < t->live_last) || seq < t->floor ||
+              (t->have_live && seq == t->live_last && seq == t->floor && t->next == seq + 1);
   else
     restart = t->next - seq > t->rules.max_gap;
   if (!restart) {

@@ -4,7 +4,7 @@
  *     publisher (the subscriber's memory is bounded by its byte budget) and
  *     what was dropped is counted;
  *   - an engine that restarts (numbers from 0 again) is heard at once, its
- *     first batch marked reset;
+ *     first batch marked reset, even when its previous stream ended at 0;
  *   - one batch numbered 2^63 does not make the real stream look old;
  *   - a real jump (a long outage) is believed once confirmed;
  *   - a replay server is obeyed only inside the range asked for, only
@@ -367,6 +367,51 @@ static void test_restart_is_a_new_stream(void **st) {
   peer_close(&p);
 }
 
+/* An engine that restarts after publishing only batch 0 starts again at
+ * 0: the new stream's batch 0 is delivered (reset), not dropped as a
+ * repeat of the old 0. The engine is a real PUB that goes away and comes
+ * back on the same port; the subscriber dials it again by itself. */
+static void test_restart_after_batch_zero(void **st) {
+  (void)st;
+  peer p;
+  peer_open(&p);
+  kvbm_subscriber *s = subscribe(&p, NULL, 0, 0);
+  send_live(p.pub, 0, 7);
+  expect(s, 0, 7, false, false);
+  char ep[256];
+  memcpy(ep, p.ep, sizeof ep);
+  peer_close(&p); /* the engine dies ... */
+  p.ctx = zmq_ctx_new();
+  p.pub = zmq_socket(p.ctx, ZMQ_XPUB);
+  int one = 1;
+  zmq_setsockopt(p.pub, ZMQ_XPUB_VERBOSE, &one, sizeof one);
+  bool bound = false;
+  for (int t = 0; t < 200 && !bound; t++) { /* ... and comes back on its port */
+    bound = zmq_bind(p.pub, ep) == 0;
+    if (!bound) usleep(50 * 1000);
+  }
+  assert_true(bound);
+  for (int t = 0;; t++) { /* the subscriber dials again while it waits */
+    kvbm_event_batch b;
+    assert_int_equal(kvbm_subscriber_recv(s, 50, &b, NULL), KVBM_ETIMEDOUT);
+    uint8_t buf[64];
+    int n = zmq_recv(p.pub, buf, sizeof buf, ZMQ_DONTWAIT);
+    if (n >= 1 && buf[0] == 1) break;
+    assert_true(t < 400);
+  }
+  send_live(p.pub, 0, 8); /* the new stream's first batch */
+  send_live(p.pub, 1, 9);
+  expect(s, 0, 8, true, false);
+  expect(s, 1, 9, false, false);
+  kvbm_subscriber_stats ss;
+  kvbm_subscriber_stats_get(s, &ss);
+  assert_int_equal(ss.resets, 1);
+  assert_int_equal(ss.duplicates, 0);
+  assert_int_equal(ss.lost, 0);
+  kvbm_subscriber_destroy(s);
+  peer_close(&p);
+}
+
 /* One batch numbered 2^63 is not a new high-water mark: the stream goes
  * on, the stray is dropped and counted. */
 static void test_stray_number(void **st) {
@@ -636,6 +681,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_flood_memory),
       cmocka_unit_test(test_restart_is_a_new_stream),
+      cmocka_unit_test(test_restart_after_batch_zero),
       cmocka_unit_test(test_stray_number),
       cmocka_unit_test(test_confirmed_jump),
       cmocka_unit_test(test_replay_only_asked_range),

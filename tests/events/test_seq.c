@@ -1,5 +1,6 @@
 /* test_seq.c: the stream's sequence rules (kvbm_seqno_check) and the replay
- * client's rules (kvbm__replay_check), as pure functions: restarts, gaps,
+ * client's rules (kvbm__replay_check), as pure functions: restarts (one
+ * after a stream of the single batch 0, which repeats its number), gaps,
  * repeats after a replay, numbers too far ahead held until confirmed or
  * voided, vLLM's end marker never a position; replies only in the range
  * asked for, in order, within the deadline and the byte budget. */
@@ -54,6 +55,42 @@ static void test_restart(void **st) {
   /* the same far from 0 */
   for (uint64_t s = 2; s < 5000; s++) feed(&t, s, KVBM_SEQNO_NEXT);
   assert_int_equal(feed(&t, 3, KVBM_SEQNO_RESTART), 0);
+}
+
+/* An engine whose stream ended at batch 0 restarts and sends batch 0 again:
+ * a new stream, delivered (the old rule dropped it as a repeat of 0, so a
+ * consumer kept the dead engine's blocks and missed the new first batch).
+ * A repeat further into a stream is still a repeat. */
+static void test_restart_after_one_batch(void **st) {
+  (void)st;
+  kvbm_seqno_tracker t;
+  kvbm_seqno_init(&t, NULL);
+  feed(&t, 0, KVBM_SEQNO_NEXT);
+  feed(&t, 0, KVBM_SEQNO_RESTART); /* restarted before its second batch */
+  feed(&t, 0, KVBM_SEQNO_RESTART); /* and once more */
+  feed(&t, 1, KVBM_SEQNO_NEXT);
+  feed(&t, 1, KVBM_SEQNO_DUPLICATE); /* the stream holds 0 and 1: a repeat */
+  feed(&t, 0, KVBM_SEQNO_RESTART);
+  assert_int_equal(kvbm_seqno_next(&t), 1);
+  /* a reader that joined mid-stream (its first batch 57) alike */
+  kvbm_seqno_init(&t, NULL);
+  feed(&t, 57, KVBM_SEQNO_NEXT);
+  feed(&t, 57, KVBM_SEQNO_RESTART);
+  feed(&t, 58, KVBM_SEQNO_NEXT);
+  feed(&t, 58, KVBM_SEQNO_DUPLICATE);
+  /* a late joiner that replayed 0..4: the live 0 is a repeat of the
+   * replay (not a new stream), and then 0 again is the restart */
+  kvbm_seqno_init(&t, NULL);
+  kvbm_seqno_start(&t, 0);
+  for (uint64_t s = 0; s < 5; s++) assert_int_equal(kvbm_seqno_take(&t, s), 0);
+  feed(&t, 0, KVBM_SEQNO_DUPLICATE);
+  feed(&t, 5, KVBM_SEQNO_NEXT);
+  feed(&t, 0, KVBM_SEQNO_RESTART);
+  /* input mixing live and replayed batches keeps its rule: a repeat */
+  kvbm_seqno_init(&t, NULL);
+  assert_int_equal(chk(&t, 0, false, NULL), KVBM_SEQNO_NEXT);
+  kvbm_seqno_take(&t, 0);
+  assert_int_equal(chk(&t, 0, false, NULL), KVBM_SEQNO_DUPLICATE);
 }
 
 /* Live batches that a replay already delivered are repeats, not restarts. */
@@ -167,6 +204,7 @@ static void test_replay_rules(void **st) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_in_order_and_gaps), cmocka_unit_test(test_restart),
+      cmocka_unit_test(test_restart_after_one_batch),
       cmocka_unit_test(test_live_after_replay), cmocka_unit_test(test_stray_number),
       cmocka_unit_test(test_confirmed_jump),    cmocka_unit_test(test_mixed_input),
       cmocka_unit_test(test_replay_rules),
