@@ -335,9 +335,12 @@ typedef struct kvbm_subscriber_config {
                                  * must be over within this; what came by
                                  * then is used, the rest counted lost
                                  * (default 2000) */
-  size_t max_payload;           /* larger messages are refused (2 MiB); a
-                                 * live one is cut by libzmq (ZMQ_MAXMSGSIZE)
-                                 * before it is stored, and shows as a gap */
+  size_t max_payload;           /* larger messages are refused (2 MiB):
+                                 * counted (too_large) and returned as
+                                 * KVBM_ETOOLONG, the connection kept. ZMQ:
+                                 * a frame over twice this (at most
+                                 * max_queue_bytes / 2) is cut by libzmq
+                                 * unread and shows as a reconnect only */
   size_t max_queue_bytes;       /* the byte budget: the socket queues at most
                                  * max_queue_bytes / 2 / max_payload messages
                                  * (>= 1; NATS: libnats' queue at most
@@ -412,7 +415,7 @@ typedef struct kvbm_subscriber_stats {
   uint64_t bad_seq;         /* sequence frame not 8 bytes (NATS: Kvbm-Seq
                              * header missing or not a number) */
   uint64_t bad_payload;     /* payload did not decode */
-  uint64_t too_large;       /* payload over max_payload */
+  uint64_t too_large;       /* payload over max_payload, refused */
   uint64_t resets;          /* new streams: restarts and re-syncs */
   uint64_t jumps;           /* batches held past a jump and dropped */
   uint64_t replay_refused;  /* replay replies outside the asked range or
@@ -420,7 +423,8 @@ typedef struct kvbm_subscriber_stats {
   uint64_t overflow;        /* batches dropped for the byte budget
                              * (NATS: libnats' drops included) */
   uint64_t reconnects;      /* connections ended (the engine went away, or
-                             * sent a frame over max_payload) and dialled
+                             * sent a frame over twice max_payload, which
+                             * libzmq cuts unread) and dialled
                              * again (connect mode; NATS: libnats'
                              * reconnections to the server) */
   uint64_t queued_bytes;    /* bytes of batches held now */

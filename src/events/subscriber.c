@@ -22,11 +22,26 @@
  * before its first live message (a late joiner).
  *
  * Memory. libzmq bounds its queue in messages, not bytes, so the budget
- * is split: the SUB socket may queue max_queue_bytes / 2 / max_payload
- * messages (ZMQ_RCVHWM) of at most max_payload bytes each (ZMQ_MAXMSGSIZE:
- * a bigger frame makes libzmq drop the connection before storing it; the
- * batch then shows as a gap), and the FIFO plus the held batches keep at
- * most max_queue_bytes / 2. A full SUB queue pushes back on the TCP
+ * is split: the SUB socket may queue max_queue_bytes / 2 / ceiling
+ * messages (ZMQ_RCVHWM) of at most `ceiling` bytes a frame
+ * (ZMQ_MAXMSGSIZE), and the FIFO plus the held batches keep at most
+ * max_queue_bytes / 2.
+ *
+ * Oversized frames. max_payload is enforced here, not by libzmq: libzmq
+ * ends the connection at a frame over ZMQ_MAXMSGSIZE before reading it,
+ * and its monitor reports that exactly as it reports a peer that went
+ * away (ZMQ_EVENT_DISCONNECTED, no reason: libzmq 4.3's
+ * stream_engine_base error()), so a limit left to libzmq showed only as
+ * a reconnect. So libzmq's ceiling is twice max_payload (at most the
+ * socket's half of the budget) and the queue holds half as many
+ * messages, which keeps the byte bound; a payload over max_payload that
+ * libzmq lets through is refused here, counted (too_large, as NATS's
+ * are) and returned as KVBM_ETOOLONG, and the connection stays up: the
+ * next batch comes as usual (its number shows the refused one as a gap).
+ * Known limit: a frame over the ceiling is still cut by libzmq, unread,
+ * and counts as a reconnect only (see redial).
+ *
+ * A full SUB queue pushes back on the TCP
  * connection, so a flood is dropped at the publisher (whose PUB never
  * blocks) and seen here as gaps, not stored here. Known limit: libzmq
  * stores a multipart message whole whatever its number of frames, so the
@@ -158,19 +173,25 @@ static int check_options(const kvbm_subscriber_config *o, kvbm_error *err) {
 }
 
 /* The SUB socket's share of the budget: max_queue_bytes / 2 in messages
- * of at most max_payload bytes (see the top of the file). */
+ * of at most `ceiling` bytes, twice max_payload where the share allows,
+ * so that frames a little over max_payload reach check_frames and are
+ * counted (see the top of the file). check_options made share >=
+ * max_payload, so the ceiling is at least max_payload and the queue at
+ * least one message. */
 static void limit_socket(kvbm_subscriber *s) {
-  size_t msgs = s->o.max_queue_bytes / 2 / s->o.max_payload;
+  size_t share = s->o.max_queue_bytes / 2, maxp = s->o.max_payload;
+  size_t ceiling = share - maxp >= maxp ? 2 * maxp : share;
+  size_t msgs = share / ceiling;
   int hwm = msgs > INT_MAX ? INT_MAX : (int)msgs;
-  int64_t maxmsg = (int64_t)s->o.max_payload;
+  int64_t maxmsg = ceiling > INT64_MAX ? INT64_MAX : (int64_t)ceiling;
   zmq_setsockopt(s->sub, ZMQ_RCVHWM, &hwm, sizeof hwm);
   zmq_setsockopt(s->sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
 }
 
 /* libzmq ends a connection whose peer breaks the protocol, a frame over
- * ZMQ_MAXMSGSIZE included, and a connecting socket does not dial again
- * after that (it does after a network error): one oversized batch would
- * leave the subscriber deaf to its engine for good. So in connect mode a
+ * ZMQ_MAXMSGSIZE (the ceiling) included, and a connecting socket does not
+ * dial again after that (it does after a network error): one huge batch
+ * would leave the subscriber deaf to its engine for good. So in connect mode a
  * monitor reports every disconnect, and the subscriber dials again itself
  * (redial). */
 static int watch_disconnects(kvbm_subscriber *s) {

@@ -1,7 +1,8 @@
 /* test_zmq.c: our publisher and subscriber over ZMQ on loopback: a late
  * joiner and a subscriber behind a lossy link recover every batch through
  * the replay socket; malformed messages of each kind are counted, reported
- * and skipped; malformed replay requests do not disturb the publisher; ipc
+ * and skipped; a batch over max_payload is refused and counted with the
+ * connection kept; malformed replay requests do not disturb the publisher; ipc
  * works; the relay republishes an engine's stream on our own endpoint. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -237,7 +238,7 @@ static void test_malformed_messages(void **st) {
                 seq2[8] = {0, 0, 0, 0, 0, 0, 0, 2}, seq3[8] = {0, 0, 0, 0, 0, 0, 0, 3};
   const uint8_t good[] = {0x93, 0x00, 0x91, 0x91, 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k',
                           's', 'C', 'l', 'e', 'a', 'r', 'e', 'd', 0x05};
-  static uint8_t big[2000];
+  static uint8_t big[2001];
   struct {
     int n;
     const void *d[4];
@@ -264,9 +265,11 @@ static void test_malformed_messages(void **st) {
     if (!strstr(err.msg, cases[i].needle))
       fail_msg("case %zu: \"%s\" lacks \"%s\"", i, err.msg, cases[i].needle);
   }
-  /* a payload over max_payload never reaches the subscriber's memory:
-   * libzmq drops the connection at its header (ZMQ_MAXMSGSIZE), the
-   * subscriber reconnects and subscribes again */
+  /* a payload over twice max_payload (libzmq's ceiling) never reaches
+   * the subscriber's memory: libzmq drops the connection at its header
+   * (ZMQ_MAXMSGSIZE), the subscriber reconnects and subscribes again
+   * (test_oversized_refused: one under the ceiling is refused and counted,
+   * the connection kept) */
   const void *bd[3] = {"", seq3, big};
   size_t bl[3] = {0, 8, sizeof big};
   send_frames(pub, 3, bd, bl);
@@ -300,6 +303,60 @@ static void test_malformed_messages(void **st) {
   kvbm_subscriber_destroy(s);
   zmq_close(pub);
   zmq_ctx_term(ctx);
+}
+
+/* A real publisher sends a batch over the subscriber's max_payload: it is
+ * refused with its reason (too_large, KVBM_ETOOLONG naming the sizes), the
+ * connection stays up, and the next batch arrives, the refused one counted
+ * lost before it. (On the code before, libzmq cut the connection at the
+ * frame: a reconnect, no refusal counted.) */
+static void test_oversized_refused(void **st) {
+  (void)st;
+  char pub_ep[256], rep_ep[256];
+  kvbm_publisher *p = start_pub("tcp://127.0.0.1:*", NULL, 0, pub_ep, rep_ep, KVBM_FORM_MAP);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(pub_ep);
+  so.max_payload = 1000;
+  so.max_queue_bytes = 64000;
+  kvbm_subscriber *s;
+  assert_int_equal(kvbm_subscriber_create(&so, &s, NULL), KVBM_OK);
+  /* until the subscription is in place, batches are dropped at the PUB */
+  kvbm_event_batch b;
+  kvbm_error err = {0};
+  uint64_t n = 0;
+  for (;; n++) {
+    assert_true(n < 500);
+    publish_batch(p, n);
+    if (kvbm_subscriber_recv(s, 100, &b, &err) == KVBM_OK) break;
+  }
+  n++;
+  /* one BlockStored of 300 five-byte tokens: about 1.6 KB */
+  uint32_t tok[300];
+  for (size_t i = 0; i < 300; i++) tok[i] = 100000 + (uint32_t)i;
+  uint64_t h = 99;
+  assert_int_equal(kvbm_publisher_publish_stored(p, &h, 1, NULL, tok, 300, 300, NULL,
+                                                 KVBM_MEDIUM_GPU, NULL, NULL),
+                   KVBM_OK);
+  assert_int_equal(kvbm_publisher_flush(p, 5000, NULL), KVBM_OK); /* batch n */
+  publish_batch(p, n + 1);
+  int rc;
+  do /* what the warm-up left on the way, then the big batch */
+    rc = kvbm_subscriber_recv(s, 5000, &b, &err);
+  while (rc == KVBM_OK && b.seq < n);
+  if (rc != KVBM_ETOOLONG) fail_msg("got %s (%s)", kvbm_status_name(rc), err.msg);
+  assert_non_null(strstr(err.msg, "over the limit 1000"));
+  assert_int_equal(kvbm_subscriber_recv(s, 5000, &b, &err), KVBM_OK);
+  assert_int_equal(b.seq, n + 1);
+  assert_int_equal(b.lost_before, 1);
+  assert_int_equal(b.num_events, 4);
+  assert_true(b.events[0].block_hashes[0] == 4 * (n + 1));
+  kvbm_subscriber_stats sst;
+  kvbm_subscriber_stats_get(s, &sst);
+  assert_int_equal(sst.too_large, 1);
+  assert_int_equal(sst.malformed, 1);
+  assert_int_equal(sst.reconnects, 0);
+  assert_int_equal(sst.lost, 1);
+  kvbm_subscriber_destroy(s);
+  kvbm_publisher_destroy(p);
 }
 
 /* Bad replay requests are ignored and counted; a good one still works,
@@ -436,6 +493,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_late_joiner_tcp),      cmocka_unit_test(test_late_joiner_ipc),
       cmocka_unit_test(test_lossy_link_replay),    cmocka_unit_test(test_malformed_messages),
+      cmocka_unit_test(test_oversized_refused),
       cmocka_unit_test(test_bad_replay_requests),  cmocka_unit_test(test_relay_to_zmq),
       cmocka_unit_test(test_subscriber_bad_options),
   };
