@@ -20,6 +20,13 @@
  * thread (a plain pthread that only calls kvbm_relay_poll, never Python),
  * then destroys the publisher, which sends everything accepted.
  *
+ * Final counts. What a user reads after shutdown() (or a Subscriber's
+ * close()) is the final count: how many events went out, how many were
+ * dropped. So the counters are copied as the object closes (the
+ * publisher's after a flush, so that they include the last batches; the
+ * relay's subscriber's once its thread is joined) and stats() returns
+ * that copy from then on instead of raising ClosedError.
+ *
  * A Subscriber is one socket, used by one thread: recv() waits with the GIL
  * released and marks the object busy until the batch it got has been
  * turned into Python objects (the batch's memory is the subscriber's, valid
@@ -222,6 +229,10 @@ typedef struct PublisherObject {
     kvbm_subscriber_stats snap;
   } rt;
   bool closing;         /* shutdown began: publishes refused */
+  bool final_ready;     /* shutdown ended: stats() returns the copies below */
+  kvbm_publisher_stats final;
+  kvbm_subscriber_stats final_relay; /* relay mode (had_relay) */
+  bool had_relay;
   Py_ssize_t calls;     /* publishes/flushes running without the GIL */
   uint32_t block_size;
   kvbm_medium medium;
@@ -262,11 +273,16 @@ static int opt_str_arg(PyObject *o, const char *what, const char **out) {
   return kvbmpy_str(o, what, out);
 }
 
-/* Stops the relay and destroys the publisher, GIL released. */
+/* Stops the relay and destroys the publisher, GIL released, keeping the
+ * final counts (see the top of the file): the relay's once its thread is
+ * joined, the publisher's after a flush (what destroy would send is sent
+ * first, so the copy counts it). */
 static void pub_teardown(PublisherObject *self) {
   kvbm_publisher *pub = self->pub;
   kvbm_relay *relay = self->relay;
   bool joining = self->relay_running;
+  kvbm_publisher_stats fin = {0};
+  kvbm_subscriber_stats fin_relay = {0};
   self->pub = NULL;
   self->relay = NULL;
   self->relay_running = false;
@@ -275,9 +291,17 @@ static void pub_teardown(PublisherObject *self) {
     atomic_store(&self->rt.stop, true);
     pthread_join(self->relay_thread, NULL);
   }
+  if (relay) kvbm_subscriber_stats_get(kvbm_relay_subscriber(relay), &fin_relay);
   kvbm_relay_destroy(relay);
+  if (pub) {
+    kvbm_publisher_flush(pub, -1, NULL); /* no new events: the queue only drains */
+    kvbm_publisher_stats_get(pub, &fin);
+  }
   kvbm_publisher_destroy(pub);
   Py_END_ALLOW_THREADS
+  self->final = fin;
+  self->final_relay = fin_relay;
+  self->final_ready = true;
 }
 
 static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -375,6 +399,7 @@ static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
       return kvbmpy_raise(KVBM_ENOMEM, "KvEventPublisher: cannot start the relay thread");
     }
     self->relay_running = true;
+    self->had_relay = true;
   }
   return (PyObject *)self;
 }
@@ -542,15 +567,21 @@ static void pub_dealloc(PublisherObject *self) {
 
 static PyObject *pub_stats(PublisherObject *self, PyObject *unused) {
   (void)unused;
-  if (pub_open(self)) return NULL;
   kvbm_publisher_stats s;
-  kvbm_publisher_stats_get(self->pub, &s);
   kvbm_subscriber_stats rs = {0};
-  bool relay = self->relay != NULL;
-  if (relay) {
-    pthread_mutex_lock(&self->rt.mu);
-    rs = self->rt.snap;
-    pthread_mutex_unlock(&self->rt.mu);
+  bool relay = self->had_relay;
+  if (self->final_ready) { /* shut down: the final counts */
+    s = self->final;
+    rs = self->final_relay;
+  } else {
+    if (!self->pub) /* a shutdown on another thread has not ended yet */
+      return kvbmpy_raise(KVBM_ECLOSED, "KvEventPublisher is shutting down");
+    kvbm_publisher_stats_get(self->pub, &s);
+    if (relay) {
+      pthread_mutex_lock(&self->rt.mu);
+      rs = self->rt.snap;
+      pthread_mutex_unlock(&self->rt.mu);
+    }
   }
   PyObject *d = PyDict_New();
   if (!d) return NULL;
@@ -624,10 +655,11 @@ static PyMethodDef pub_methods[] = {
   {"stats", (PyCFunction)pub_stats, METH_NOARGS,
    "stats() -> dict\n\naccepted, dropped, sent_events, batches, sink_errors, replay_requests,\n"
    "replay_bad, blocked; in relay mode also relay_messages, relay_delivered,\n"
-   "relay_malformed, relay_lost."},
+   "relay_malformed, relay_lost. After shutdown(): the final counts (every accepted\n"
+   "event sent)."},
   {"shutdown", (PyCFunction)pub_shutdown, METH_NOARGS,
    "shutdown()\n\nStops the relay, sends every accepted event, closes the sinks. Idempotent;\n"
-   "later publishes raise ClosedError. Releases the GIL."},
+   "later publishes raise ClosedError; stats() keeps the final counts. Releases the GIL."},
   {"__enter__", any_enter, METH_NOARGS, NULL},
   {"__exit__", (PyCFunction)pub_exit, METH_VARARGS, NULL},
   {NULL, NULL, 0, NULL},
@@ -672,6 +704,7 @@ typedef struct SubscriberObject {
   PyObject_HEAD
   kvbm_subscriber *sub;  /* NULL once closed */
   bool busy;
+  kvbm_subscriber_stats final; /* the counts at close(), for stats() after it */
 } SubscriberObject;
 
 static PyObject *sub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -756,9 +789,9 @@ static PyObject *sub_recv(SubscriberObject *self, PyObject *args, PyObject *kw) 
 
 static PyObject *sub_stats(SubscriberObject *self, PyObject *unused) {
   (void)unused;
-  if (sub_ready(self)) return NULL;
-  kvbm_subscriber_stats s;
-  kvbm_subscriber_stats_get(self->sub, &s);
+  if (self->busy) return kvbmpy_busy("Subscriber");
+  kvbm_subscriber_stats s = self->final; /* closed: the final counts */
+  if (self->sub) kvbm_subscriber_stats_get(self->sub, &s);
   PyObject *d = PyDict_New();
   if (!d) return NULL;
   if (kvbmpy_dict_u64(d, "messages", s.messages) || kvbmpy_dict_u64(d, "delivered", s.delivered) ||
@@ -786,6 +819,7 @@ static PyObject *sub_close(SubscriberObject *self, PyObject *unused) {
   kvbm_subscriber *s = self->sub;
   self->sub = NULL;
   if (s) {
+    kvbm_subscriber_stats_get(s, &self->final);
     Py_BEGIN_ALLOW_THREADS
     kvbm_subscriber_destroy(s);
     Py_END_ALLOW_THREADS
@@ -823,7 +857,8 @@ static PyMethodDef sub_methods[] = {
    "call goes on. Releases the GIL."},
   {"stats", (PyCFunction)sub_stats, METH_NOARGS,
    "stats() -> dict\n\nmessages, delivered, events, duplicates, gaps, replay_requests, replayed,\n"
-   "lost, replay_failures, malformed, bad_frames, bad_seq, bad_payload, too_large."},
+   "lost, replay_failures, malformed, bad_frames, bad_seq, bad_payload, too_large, ...\n"
+   "After close(): the counts at close."},
   {"close", (PyCFunction)sub_close, METH_NOARGS, "close()\n\nCloses the sockets. Idempotent."},
   {"__enter__", any_enter, METH_NOARGS, NULL},
   {"__exit__", (PyCFunction)sub_exit, METH_VARARGS, NULL},

@@ -118,6 +118,53 @@ def test_relay_mode_republishes_an_engines_events():
         assert e["token_ids"] == sent[h][3] and e["block_size"] == B and e["medium"] == "GPU"
 
 
+def test_stats_after_shutdown_and_close_are_the_final_counts():
+    """What a user reads after shutdown() / close() is the final count: stats()
+    returns it (it raised ClosedError before issue 24). Events still queued
+    at shutdown are sent by it, and counted."""
+    pub = publisher(max_batch_delay_us=60 * 1000 * 1000, max_batch_events=1000)
+    for i in range(300):  # one batch, left queued: the delay is a minute
+        pub.publish_removed([i])
+    sub = late_subscriber(pub)
+    pub.shutdown()
+    st = pub.stats()
+    assert st["accepted"] == 300 and st["sent_events"] == 300 and st["batches"] == 1
+    assert st["dropped"] == 0 and pub.closed
+    assert pub.stats() == st
+    sub.close()
+    assert sub.closed and sub.stats()["delivered"] == 0
+
+    # a subscriber's counts at close(), the same dict as before it
+    with publisher() as pub2:
+        for i in range(3):
+            pub2.publish_removed([i])
+            pub2.flush()
+        sub = late_subscriber(pub2)
+        recv_events(sub, 3)
+        before = sub.stats()
+        sub.close()
+        assert sub.stats() == before and before["delivered"] == 3 and before["replayed"] == 3
+
+
+def test_relay_stats_after_shutdown_keep_the_relay_counts():
+    ctx = zmq.Context.instance()
+    engine = ctx.socket(zmq.PUB)
+    port = engine.bind_to_random_port("tcp://127.0.0.1")
+    relay = publisher(zmq_endpoint=f"tcp://127.0.0.1:{port}")
+    seq, end = 0, time.monotonic() + DEADLINE
+    while relay.stats()["relay_delivered"] < 1:  # the engine repeats until the relay hears it
+        assert time.monotonic() < end, "nothing was relayed"
+        engine.send_multipart([b"", struct.pack(">Q", seq),
+                               msgpack.packb([time.time(), [["AllBlocksCleared"]], 0])])
+        seq += 1
+        time.sleep(0.01)
+    relay.shutdown()
+    engine.close(0)
+    st = relay.stats()
+    assert st["relay_delivered"] >= 1 and st["relay_messages"] >= st["relay_delivered"]
+    assert st["accepted"] >= st["relay_delivered"] and st["sent_events"] == st["accepted"]
+
+
 def test_subscriber_busy_from_two_threads_and_recv_releases_the_gil():
     with publisher() as pub, late_subscriber(pub) as sub:
         result = {}
@@ -218,8 +265,7 @@ def test_publisher_hostile_arguments():
     assert pub.closed
     with pytest.raises(kvbm.ClosedError):
         pub.publish_removed([1])
-    with pytest.raises(kvbm.ClosedError):
-        pub.stats()
+    assert pub.stats()["sent_events"] == pub.stats()["accepted"]  # the final counts
     with pytest.raises(kvbm.Error):
         kvbm.Subscriber("not an endpoint")
     with pytest.raises(TypeError):
