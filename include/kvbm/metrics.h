@@ -274,10 +274,13 @@ KVBM_EXTERN void kvbm_index_metrics_collect(void *index, kvbm_metrics_writer *w)
  * snapshot). Requests are parsed by the library's strict HTTP head parser
  * (the router's); a bad head gets its 4xx and the connection is closed, a
  * request with a body 413, another path 404, another method 405. Bounded:
- * at most max_connections at once (more are answered 503), a request head
- * of at most 8 KiB, io_timeout_s for a request to arrive and for its
- * answer to be taken. Its own counters (kvbm_metrics_http_*) are in the
- * registry it serves while it runs. */
+ * at most max_connections at once and max_per_peer from one client address;
+ * a new connection that would pass either bound takes the slot of an idle
+ * connection (no request begun, no answer queued: the one idle longest, of
+ * its own address when it is its address's bound) and is answered 503 only
+ * when none is idle; a request head of at most 8 KiB, io_timeout_s for a
+ * request to arrive and for its answer to be taken. Its own counters
+ * (kvbm_metrics_http_*) are in the registry it serves while it runs. */
 typedef struct kvbm_metrics_server_config {
   bool enabled;             /* for the callers that start a server by config
                                (kvbm_manager_config.metrics, kvbm replay):
@@ -286,7 +289,10 @@ typedef struct kvbm_metrics_server_config {
   const char *host;         /* IPv4 address to listen on: "0.0.0.0" (every
                                interface, as Dynamo does); copied */
   uint16_t port;            /* 6880 (Dynamo's default); 0: any free port */
-  uint32_t max_connections; /* >= 1 (16) */
+  uint32_t max_connections; /* 1..4096 (16) */
+  uint32_t max_per_peer;    /* connections from one IPv4 address, >= 1 (8);
+                               loopback is an address like any other; above
+                               max_connections: max_connections */
   double io_timeout_s;      /* > 0 (10) */
 } kvbm_metrics_server_config;
 

@@ -17,9 +17,29 @@
  *   - deadlines both ways: a request must be complete within io_timeout_s
  *     of its first byte, an answer taken within io_timeout_s, and an idle
  *     keep-alive connection goes after io_timeout_s;
- *   - a connection beyond max_connections is answered 503 and closed; when
- *     accept() fails for want of descriptors the listening socket rests
- *     for ACCEPT_PAUSE_MS instead of spinning.
+ *   - admission (admit() and make_room(), below): at most max_connections
+ *     connections, and at most max_per_peer from one IPv4 address. Sockets
+ *     that were opened and left idle must not lock real clients out for
+ *     io_timeout_s (64 of them once shut the advisor for 10 s), so a
+ *     newcomer that would pass a bound takes the slot of an idle
+ *     connection: one with no request begun and no answer queued, the one
+ *     idle longest. When the newcomer's address is at its bound, that is
+ *     one of the address's own idle connections (it only ever competes
+ *     with itself: a client that leaks connections keeps being served, and
+ *     one that floods from one address only closes its own); otherwise,
+ *     with the table full, any address's. Only when there is no idle
+ *     connection to close is the newcomer answered 503 and closed (counted
+ *     apart: "refused" for the table, "refused_peer" for the address). A
+ *     connection with a request begun (slowloris) is never closed for a
+ *     newcomer: the per-address bound is what stops one address from
+ *     holding the table that way until io_timeout_s. Closing an idle
+ *     keep-alive connection is what HTTP/1.1 allows at any time (a client
+ *     retries its next request on a new one), and before closing we look
+ *     once more (MSG_PEEK) in case a request arrived since the poll. Both
+ *     need one pass over the table per new connection (O(max_connections),
+ *     4096 at most, no allocation); when accept() fails for want of
+ *     descriptors the listening socket rests for ACCEPT_PAUSE_MS instead of
+ *     spinning.
  * A render takes the registry's lock and, through the collectors, each
  * component's lock for the time of a copy of its counters; the page is
  * written to the socket after every lock is released.
@@ -70,6 +90,9 @@ typedef struct mconn {
   char *out;
   size_t out_len, out_off;
   int64_t deadline_ns; /* request complete / answer taken / idle by then */
+  int64_t idle_ns;     /* when it last became idle (accepted, answer taken) */
+  uint32_t peer;       /* the client's IPv4 address, network order */
+  bool pending;        /* bytes seen waiting (MSG_PEEK) and not read yet */
   bool close_after;    /* close once the answer is out */
   bool eof;
 } mconn;
@@ -88,6 +111,7 @@ struct kvbm_metrics_server {
   /* counters (any thread reads them through the collector) */
   _Atomic uint64_t answers[NCODES + 1]; /* the last: other codes */
   _Atomic uint64_t accepted, refused, read_timeouts, write_timeouts, accept_pauses;
+  _Atomic uint64_t refused_peer, idle_closed_full, idle_closed_peer;
   _Atomic uint64_t requests, open, answered, bad;
   kvbm__metrics_routes routes;
   char *body; /* the routes' answers (the server thread's) */
@@ -107,6 +131,7 @@ kvbm_metrics_server_config kvbm_metrics_server_config_default(void) {
                                       .host = "0.0.0.0",
                                       .port = 6880,
                                       .max_connections = 16,
+                                      .max_per_peer = 8,
                                       .io_timeout_s = 10};
 }
 
@@ -173,10 +198,21 @@ static void collect(void *user, kvbm_metrics_writer *w) {
     kvbm_metrics_value_u64(w, &(kvbm_metric_label){"code", code}, 1, n);
   }
   kvbm_metrics_family(w, "kvbm_metrics_http_connections_total", KVBM_METRIC_COUNTER,
-                      "Connections to the metrics endpoint: accepted, or refused (over "
-                      "max_connections, answered 503)");
+                      "Connections to the metrics endpoint: accepted, or answered 503 and "
+                      "closed with no idle connection to close for them (refused: over "
+                      "max_connections; refused_peer: over max_per_peer from their address)");
   kvbm_metrics_value_u64(w, &(kvbm_metric_label){"result", "accepted"}, 1, atomic_load(&s->accepted));
   kvbm_metrics_value_u64(w, &(kvbm_metric_label){"result", "refused"}, 1, atomic_load(&s->refused));
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"result", "refused_peer"}, 1,
+                         atomic_load(&s->refused_peer));
+  kvbm_metrics_family(w, "kvbm_metrics_http_idle_closed_total", KVBM_METRIC_COUNTER,
+                      "Idle metrics endpoint connections closed to admit a new one (full: the "
+                      "table was full; peer: the newcomer's address was at max_per_peer, one "
+                      "of its own)");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "full"}, 1,
+                         atomic_load(&s->idle_closed_full));
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "peer"}, 1,
+                         atomic_load(&s->idle_closed_peer));
   kvbm_metrics_counter(w, "kvbm_metrics_http_timeouts_total",
                        "Metrics endpoint connections closed because a request or the taking "
                        "of an answer passed io_timeout_s", NULL, 0,
@@ -332,7 +368,9 @@ static bool conn_turn(kvbm_metrics_server *s, mconn *c, short re, int64_t now) {
     if (w == 0) goto deadline;
     if (c->close_after) return false;
     c->deadline_ns = now + s->io_ns;
+    c->idle_ns = now;
   } else if (re & (POLLIN | POLLHUP)) {
+    c->pending = false; /* whatever waited is read now */
     for (;;) {
       if (c->in_len == MAX_HEAD) break; /* the parser answers 431 */
       ssize_t n = recv(c->fd, c->in + c->in_len, MAX_HEAD - c->in_len, 0);
@@ -358,6 +396,7 @@ static bool conn_turn(kvbm_metrics_server *s, mconn *c, short re, int64_t now) {
     if (w < 0) return false;
     if (w == 0) break;
     if (c->close_after) return false;
+    c->idle_ns = now;
   }
   if (!c->out && !c->in_len && c->eof) return false;
 deadline:
@@ -374,24 +413,104 @@ deadline:
   return false;
 }
 
-static void refuse(kvbm_metrics_server *s, int fd) {
-  static const char busy[] =
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-      "Content-Length: 20\r\nConnection: close\r\n\r\ntoo many connections";
-  static const char busy_json[] =
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-      "Content-Length: 45\r\nConnection: close\r\n\r\n"
-      "{\"error\":\"too many connections\",\"status\":503}";
-  const char *m = s->routes.json_errors ? busy_json : busy;
-  size_t n = s->routes.json_errors ? sizeof busy_json - 1 : sizeof busy - 1;
-  ssize_t w = send(fd, m, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+/* Answers 503 on a connection that gets no slot, and closes it. The
+ * answer is sent without waiting (a fresh socket's buffer takes it). */
+static void refuse(kvbm_metrics_server *s, int fd, const char *why) {
+  char m[320];
+  int n;
+  if (s->routes.json_errors)
+    n = snprintf(m, sizeof m,
+                 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\nConnection: close\r\n\r\n{\"error\":\"%s\",\"status\":503}",
+                 strlen(why) + 25, why);
+  else
+    n = snprintf(m, sizeof m,
+                 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                 "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                 strlen(why), why);
+  ssize_t w = send(fd, m, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
   (void)w;
   close(fd);
+  count_answer(s, 503);
+}
+
+/* Idle: nothing of a request read (none begun), no answer queued, and no
+ * bytes seen waiting unread. A connection just accepted is idle. */
+static bool conn_idle(const mconn *c) { return !c->in_len && !c->out && !c->pending; }
+
+typedef enum admit_kind {
+  ADMIT,            /* room: take a free slot */
+  ADMIT_CLOSE_PEER, /* the address is at max_per_peer: close *victim, its own */
+  ADMIT_CLOSE_FULL, /* the table is full: close *victim, any address's */
+  REFUSE_PEER,      /* the address is at max_per_peer, none of its idle: 503 */
+  REFUSE_FULL,      /* the table is full, none idle: 503 */
+} admit_kind;
+
+/* The admission rule for a new connection from `peer` (the essay above),
+ * over the table c[0..nc): at most max_conn in all, at most max_per_peer
+ * (>= 1) from one address. Reads only, one pass; *victim is the idle
+ * connection idle longest (of `peer`'s own for ADMIT_CLOSE_PEER). */
+static admit_kind admit(const mconn *c, size_t nc, size_t max_conn, size_t max_per_peer,
+                        uint32_t peer, size_t *victim) {
+  size_t mine = 0, old_mine = SIZE_MAX, old_any = SIZE_MAX;
+  for (size_t i = 0; i < nc; i++) {
+    bool idle = conn_idle(&c[i]);
+    if (idle && (old_any == SIZE_MAX || c[i].idle_ns < c[old_any].idle_ns)) old_any = i;
+    if (c[i].peer != peer) continue;
+    mine++;
+    if (idle && (old_mine == SIZE_MAX || c[i].idle_ns < c[old_mine].idle_ns)) old_mine = i;
+  }
+  if (mine >= max_per_peer) {
+    if (old_mine == SIZE_MAX) return REFUSE_PEER;
+    *victim = old_mine;
+    return ADMIT_CLOSE_PEER;
+  }
+  if (nc < max_conn) return ADMIT;
+  if (old_any == SIZE_MAX) return REFUSE_FULL;
+  *victim = old_any;
+  return ADMIT_CLOSE_FULL;
+}
+
+/* Still idle at the last moment: a request may have come since the poll
+ * (bytes waiting: then it is not idle). A peer that left (0) or a dead
+ * socket may go. */
+static bool still_idle(const mconn *c) {
+  char b;
+  ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n <= 0;
+}
+
+/* Makes room for a new connection from `peer` as admit() says, closing
+ * the idle connection it names; false: the newcomer is to be refused
+ * (503). Each count is kept here. A victim found busy at the last look is
+ * marked pending and the rule asked again, a few times at most. */
+static bool make_room(kvbm_metrics_server *s, uint32_t peer, const char **why) {
+  size_t per_peer = s->cfg.max_per_peer;
+  admit_kind k = REFUSE_FULL;
+  for (int tries = 0; tries < 8; tries++) {
+    size_t v = 0;
+    k = admit(s->c, s->nc, s->cfg.max_connections, per_peer, peer, &v);
+    if (k == ADMIT) return true;
+    if (k == REFUSE_PEER || k == REFUSE_FULL) break;
+    if (!still_idle(&s->c[v])) {
+      s->c[v].pending = true;
+      continue;
+    }
+    conn_close(s, v);
+    atomic_fetch_add(k == ADMIT_CLOSE_PEER ? &s->idle_closed_peer : &s->idle_closed_full, 1);
+    return true;
+  }
+  bool peer_bound = k == REFUSE_PEER || k == ADMIT_CLOSE_PEER;
+  atomic_fetch_add(peer_bound ? &s->refused_peer : &s->refused, 1);
+  *why = peer_bound ? "too many connections from your address" : "too many connections";
+  return false;
 }
 
 static void accept_some(kvbm_metrics_server *s, int64_t now) {
   for (int k = 0; k < 64; k++) {
-    int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    struct sockaddr_in pa = {0};
+    socklen_t pl = sizeof pa;
+    int fd = accept4(s->lfd, (struct sockaddr *)&pa, &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) { /* EMFILE, ENOBUFS, ...: rest */
@@ -400,10 +519,10 @@ static void accept_some(kvbm_metrics_server *s, int64_t now) {
       }
       return;
     }
-    if (s->nc >= s->cfg.max_connections) {
-      refuse(s, fd);
-      atomic_fetch_add(&s->refused, 1);
-      count_answer(s, 503);
+    uint32_t peer = pa.sin_addr.s_addr; /* the listener is IPv4 */
+    const char *why = NULL;
+    if (!make_room(s, peer, &why)) {
+      refuse(s, fd, why);
       continue;
     }
     int one = 1;
@@ -413,8 +532,10 @@ static void accept_some(kvbm_metrics_server *s, int64_t now) {
     c->in_len = c->scanned = 0;
     c->out = NULL;
     c->out_len = c->out_off = 0;
-    c->close_after = c->eof = false;
+    c->close_after = c->eof = c->pending = false;
     c->deadline_ns = now + s->io_ns;
+    c->idle_ns = now;
+    c->peer = peer;
     atomic_fetch_add(&s->accepted, 1);
     atomic_store(&s->open, s->nc);
   }
@@ -484,6 +605,8 @@ int kvbm__metrics_server_start_routes(kvbm_metrics *reg, const kvbm_metrics_serv
   if (cfg->max_connections < 1 || cfg->max_connections > 4096)
     return kvbm_error_set(err, KVBM_EINVAL, "metrics: max_connections %u (1..4096)",
                           cfg->max_connections);
+  if (cfg->max_per_peer < 1)
+    return kvbm_error_set(err, KVBM_EINVAL, "metrics: max_per_peer 0 (>= 1)");
   if (!(cfg->io_timeout_s > 0) || cfg->io_timeout_s > 86400)
     return kvbm_error_set(err, KVBM_EINVAL, "metrics: io_timeout_s must be in (0, 86400]");
   kvbm_metrics_server *s = calloc(1, sizeof *s);
@@ -542,6 +665,9 @@ void kvbm__metrics_server_stats_get(const kvbm_metrics_server *s, kvbm__metrics_
   out->connections = atomic_load(&m->open);
   out->accepted = atomic_load(&m->accepted);
   out->refused_busy = atomic_load(&m->refused);
+  out->refused_peer = atomic_load(&m->refused_peer);
+  out->idle_closed_full = atomic_load(&m->idle_closed_full);
+  out->idle_closed_peer = atomic_load(&m->idle_closed_peer);
   out->accept_pauses = atomic_load(&m->accept_pauses);
   out->requests = atomic_load(&m->requests);
   out->read_timeouts = atomic_load(&m->read_timeouts);

@@ -34,7 +34,13 @@ typedef struct kvbm__metrics_routes {
 /* The server's counters, as its collector writes them. */
 typedef struct kvbm__metrics_server_stats {
   uint64_t connections;            /* open now */
-  uint64_t accepted, refused_busy; /* connections; over max_connections (503) */
+  uint64_t accepted, refused_busy; /* connections; over max_connections, none
+                                      idle (503) */
+  uint64_t refused_peer;           /* over max_per_peer, none of its idle (503) */
+  uint64_t idle_closed_full;       /* idle connections closed for a newcomer:
+                                      the table was full (any address's) */
+  uint64_t idle_closed_peer;       /* ... its address was at max_per_peer
+                                      (its own) */
   uint64_t accept_pauses;
   uint64_t requests;               /* heads parsed */
   uint64_t answered, bad_requests; /* answers < 400, >= 400 (503s included) */

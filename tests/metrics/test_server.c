@@ -1,7 +1,8 @@
 /*
  * test_server.c: the metrics endpoint (kvbm_metrics_server_*) over real
  * loopback sockets: what a scraper gets, what a hostile or slow client
- * gets, the connection limit, and the environment switch.
+ * gets, the connection limits (idle connections closed first, the
+ * per-address bound), and the environment switch.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -36,7 +37,7 @@ typedef struct fixture {
   uint16_t port;
 } fixture;
 
-static fixture *start(uint32_t max_conn, double timeout) {
+static fixture *start_peer(uint32_t max_conn, uint32_t max_per_peer, double timeout) {
   fixture *f = calloc(1, sizeof *f);
   f->hits = 42;
   assert_int_equal(kvbm_metrics_create(&f->reg, NULL), KVBM_OK);
@@ -45,6 +46,7 @@ static fixture *start(uint32_t max_conn, double timeout) {
   c.host = "127.0.0.1";
   c.port = 0;
   c.max_connections = max_conn;
+  c.max_per_peer = max_per_peer;
   c.io_timeout_s = timeout;
   kvbm_error err = {0};
   assert_int_equal(kvbm_metrics_server_start(f->reg, &c, &f->srv, &err), KVBM_OK);
@@ -53,14 +55,27 @@ static fixture *start(uint32_t max_conn, double timeout) {
   return f;
 }
 
+/* max_per_peer above the table: every test socket comes from 127.0.0.1,
+ * and only the table's bound is at play. */
+static fixture *start(uint32_t max_conn, double timeout) {
+  return start_peer(max_conn, 4096, timeout);
+}
+
 static void stop(fixture *f) {
   kvbm_metrics_server_stop(f->srv);
   kvbm_metrics_destroy(f->reg);
   free(f);
 }
 
-static int dial(uint16_t port) {
+/* A connection from `from` (any 127.x.y.z is this host's loopback, so
+ * each is another client address to the server). */
+static int dial_from(uint16_t port, const char *from) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (from) {
+    struct sockaddr_in b = {.sin_family = AF_INET};
+    inet_pton(AF_INET, from, &b.sin_addr);
+    assert_int_equal(bind(fd, (struct sockaddr *)&b, sizeof b), 0);
+  }
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
   inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
   assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
@@ -68,6 +83,8 @@ static int dial(uint16_t port) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   return fd;
 }
+
+static int dial(uint16_t port) { return dial_from(port, NULL); }
 
 static void send_all(int fd, const char *s) {
   size_t n = strlen(s);
@@ -229,6 +246,8 @@ static void test_config(void **state) {
   assert_false(c.enabled);
   assert_int_equal(c.port, 6880);
   assert_string_equal(c.host, "0.0.0.0");
+  assert_int_equal(c.max_connections, 16);
+  assert_int_equal(c.max_per_peer, 8);
   kvbm_error err = {0};
   const char *on[] = {"DYN_KVBM_METRICS=true", "DYN_KVBM_METRICS_PORT=7001",
                       "KVBM_METRICS_HOST=127.0.0.1", NULL};
@@ -266,6 +285,10 @@ static void test_config(void **state) {
   c.max_connections = 0;
   assert_int_equal(kvbm_metrics_server_start(r, &c, &s, &err), KVBM_EINVAL);
   c.max_connections = 4;
+  c.max_per_peer = 0;
+  assert_int_equal(kvbm_metrics_server_start(r, &c, &s, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "max_per_peer"));
+  c.max_per_peer = 8; /* above max_connections: allowed */
   assert_int_equal(kvbm_metrics_server_start(r, &c, &s, &err), KVBM_OK);
   c.port = kvbm_metrics_server_port(s);
   assert_int_equal(kvbm_metrics_server_start(r, &c, &s2, &err), KVBM_EIO);
@@ -326,6 +349,137 @@ static void test_pipelined_then_fin(void **state) {
   stop(f);
 }
 
+/* Waits (20 s at most) until the server holds n connections: those
+ * dialled are accepted, in the order dialled. */
+static void wait_open(fixture *f, uint64_t n) {
+  kvbm__metrics_server_stats st;
+  for (int i = 0; i < 20000; i++) {
+    kvbm__metrics_server_stats_get(f->srv, &st);
+    if (st.connections == n) return;
+    usleep(1000);
+  }
+  fail_msg("the server holds %llu connections, not %llu", (unsigned long long)st.connections,
+           (unsigned long long)n);
+}
+
+#define GET_METRICS "GET /metrics HTTP/1.1\r\n\r\n"
+
+static int get(int fd) {
+  send_all(fd, GET_METRICS);
+  return read_answer(fd, false, head, sizeof head, body, sizeof body);
+}
+
+/* Issue 24: sockets opened and left idle filled the table, and every other
+ * client was answered 503 until io_timeout_s (60 here: waiting them out is
+ * no way to pass). Now a newcomer takes the slot of the connection idle
+ * longest, which is not the oldest one. */
+static void test_idle_sockets_do_not_lock_out(void **state) {
+  (void)state;
+  fixture *f = start(16, 60);
+  int idle[16];
+  for (int i = 0; i < 16; i++) idle[i] = dial(f->port);
+  wait_open(f, 16);
+  assert_int_equal(get(idle[0]), 200); /* idle[0]: now the most recently idle */
+  int fd = dial(f->port);
+  assert_int_equal(get(fd), 200);
+  assert_non_null(strstr(body, "kvbm_metrics_http_idle_closed_total{reason=\"full\"} 1\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_connections_total{result=\"refused\"} 0\n"));
+  assert_true(closed(idle[1])); /* idle longest: accepted first of those never asked */
+  assert_int_equal(get(idle[0]), 200);
+  for (int i = 2; i < 16; i++) { /* the others are still open: each is answered */
+    assert_int_equal(get(idle[i]), 200);
+    close(idle[i]);
+  }
+  close(idle[0]);
+  close(idle[1]);
+  close(fd);
+  stop(f);
+}
+
+/* A connection with a request begun is never closed for a newcomer; with
+ * none idle the newcomer is answered 503. */
+static void test_idle_closed_first(void **state) {
+  (void)state;
+  fixture *f = start(4, 60);
+  int a = dial(f->port), b = dial(f->port);
+  send_all(a, "GET /metr");
+  send_all(b, "GET /metr");
+  int i1 = dial(f->port), i2 = dial(f->port);
+  wait_open(f, 4);
+  assert_int_equal(get(i2), 200);
+  int n1 = dial(f->port); /* i1 is idle longest */
+  assert_int_equal(get(n1), 200);
+  assert_true(closed(i1));
+  int n2 = dial(f->port); /* then i2 (n1 was answered after it) */
+  assert_int_equal(get(n2), 200);
+  assert_true(closed(i2));
+  send_all(n1, "GET /me");
+  send_all(n2, "GET /me");
+  int r = dial(f->port); /* none idle now */
+  assert_int_equal(read_answer(r, false, head, sizeof head, body, sizeof body), 503);
+  assert_string_equal(body, "too many connections");
+  assert_true(closed(r));
+  close(r);
+  /* the connections with a request begun were kept: they are answered */
+  send_all(n2, "trics HTTP/1.1\r\n\r\n");
+  assert_int_equal(read_answer(n2, false, head, sizeof head, body, sizeof body), 200);
+  send_all(a, "ics HTTP/1.1\r\n\r\n");
+  assert_int_equal(read_answer(a, false, head, sizeof head, body, sizeof body), 200);
+  assert_non_null(strstr(body, "kvbm_metrics_http_idle_closed_total{reason=\"full\"} 2\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_idle_closed_total{reason=\"peer\"} 0\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_connections_total{result=\"refused\"} 1\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_responses_total{code=\"503\"} 1\n"));
+  close(a);
+  close(b);
+  close(i1);
+  close(i2);
+  close(n1);
+  close(n2);
+  stop(f);
+}
+
+/* max_per_peer: one address cannot hold more; over its bound it is its own
+ * idle connection that goes, or, none idle, the newcomer gets a 503, while
+ * other addresses are served. Each 127.x.y.z is another client address. */
+static void test_per_peer_limit(void **state) {
+  (void)state;
+  fixture *f = start_peer(8, 2, 60);
+  int a = dial_from(f->port, "127.0.0.2"), b = dial_from(f->port, "127.0.0.2");
+  send_all(a, "GET /metr");
+  send_all(b, "GET /metr");
+  int c = dial_from(f->port, "127.0.0.2"); /* .2 at its bound, none idle: 503 */
+  assert_int_equal(read_answer(c, false, head, sizeof head, body, sizeof body), 503);
+  assert_string_equal(body, "too many connections from your address");
+  assert_true(closed(c));
+  close(c);
+  int d = dial_from(f->port, "127.0.0.3"); /* another address: served */
+  assert_int_equal(get(d), 200);
+  int e = dial_from(f->port, "127.0.0.4"), g = dial_from(f->port, "127.0.0.4");
+  wait_open(f, 5);
+  assert_int_equal(get(g), 200);
+  int h = dial_from(f->port, "127.0.0.4"); /* .4 at its bound: its idle longest (e) goes */
+  assert_int_equal(get(h), 200);
+  assert_true(closed(e));
+  assert_int_equal(get(g), 200);
+  assert_int_equal(get(d), 200); /* the table had room: no other address's closed */
+  assert_non_null(strstr(body, "kvbm_metrics_http_connections_total{result=\"refused_peer\"} 1\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_connections_total{result=\"refused\"} 0\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_idle_closed_total{reason=\"peer\"} 1\n"));
+  assert_non_null(strstr(body, "kvbm_metrics_http_idle_closed_total{reason=\"full\"} 0\n"));
+  kvbm__metrics_server_stats st;
+  kvbm__metrics_server_stats_get(f->srv, &st);
+  assert_int_equal(st.refused_peer, 1);
+  assert_int_equal(st.idle_closed_peer, 1);
+  assert_int_equal(st.refused_busy, 0);
+  close(a);
+  close(b);
+  close(d);
+  close(e);
+  close(g);
+  close(h);
+  stop(f);
+}
+
 /* A daemon's own GET routes on the same server (metrics/server.h). */
 static int route(void *user, kvbm_metrics_server *s, const http_req *req, char **b, size_t *len,
                  size_t *cap) {
@@ -369,11 +523,14 @@ static void test_routes(void **state) {
   assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 405);
   assert_non_null(strstr(body, "\"status\":405}"));
   assert_int_equal(calls, 2); /* not for /metrics, not for the POST */
-  int busy = dial(f->port);   /* max_connections 1: JSON 503 */
+  /* max_connections 1 and fd has a request begun (so it is not idle, and
+   * not closed for the newcomer): JSON 503 */
+  send_all(fd, "GET /hin");
+  int busy = dial(f->port);
   assert_int_equal(read_answer(busy, false, head, sizeof head, body, sizeof body), 503);
   assert_string_equal(body, "{\"error\":\"too many connections\",\"status\":503}");
   close(busy);
-  send_all(fd, "GET /hints HTTP/1.1\nHost: x\n\n"); /* bare LF: 400, JSON, closed */
+  send_all(fd, "ts HTTP/1.1\nHost: x\n\n"); /* bare LF: 400, JSON, closed */
   assert_int_equal(read_answer(fd, false, head, sizeof head, body, sizeof body), 400);
   assert_non_null(strstr(body, "\"status\":400}"));
   assert_true(closed(fd));
@@ -397,6 +554,9 @@ int main(void) {
       cmocka_unit_test(test_concurrent),
       cmocka_unit_test(test_pipelined_then_fin),
       cmocka_unit_test(test_routes),
+      cmocka_unit_test(test_idle_sockets_do_not_lock_out),
+      cmocka_unit_test(test_idle_closed_first),
+      cmocka_unit_test(test_per_peer_limit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
