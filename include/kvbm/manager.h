@@ -583,6 +583,11 @@ typedef struct kvbm_peer_stats {
   uint64_t sent_blocks, sent_bytes;   /* offloads sent */
   uint64_t acked_blocks;              /* ... that the peer ingested */
   uint64_t peer_refused;              /* ... that the peer refused */
+  uint64_t acks_unexpected;  /* acknowledgements refused: for no block sent
+                                and awaited (never sent, answered already,
+                                or forgotten); nothing else changed */
+  uint64_t acks_forgotten;   /* sent blocks no longer awaited: more than
+                                remote_index_blocks hashes were awaited */
   uint64_t received, ingested;        /* block messages from the peer */
   uint64_t refused_checksum, refused_length, refused_not_granted,
            refused_stale_layout, refused_hash, refused_other;

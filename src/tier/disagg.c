@@ -55,6 +55,7 @@
 #include "kvbm/frame.h"
 #include "kvbm/hash.h"
 #include "tier/internal.h"
+#include "tier/hindex.h"
 #include "common/bytes.h"
 
 #define PROTO_VERSION 1u
@@ -101,14 +102,14 @@ struct kvbm__peer {
   uint32_t ngrants;
   uint64_t grant_replies;
 
-  uint64_t sent, answered; /* block messages sent / acknowledged */
-  uint64_t handled;        /* block messages and pull misses received */
+  uint64_t awaiting; /* block messages sent and not yet acknowledged */
+  uint64_t handled;  /* block messages and pull misses received */
 
-  /* hashes the peer acknowledged: open addressing, FIFO eviction */
-  uint64_t *rkeys;
-  uint8_t *rused; /* 0 empty, 1 used, 2 deleted */
-  uint64_t *rfifo;
-  uint32_t rcap, rcount, rhead;
+  /* hindex.h, both bounded by remote_index_blocks: the hashes the peer
+   * acknowledged (block_location's "remote", the blocks a pull may drop
+   * here), and those sent and awaiting its acknowledgement (count: sends
+   * in flight), the only acknowledgements take_ack accepts */
+  kvbm__hindex remote, pending;
 
   outbox_item *outbox; /* pushed, waiting for a flush; under fmu */
   uint8_t *rbuf;       /* the link thread's receive buffer */
@@ -154,59 +155,41 @@ static uint32_t peer_count(kvbm_manager *m) {
   return n;
 }
 
-/* ---- the remote index (under p->mu) ---- */
+/* ---- the remote index and the awaited acknowledgements (under p->mu) ---- */
 
-static uint32_t rslot(const kvbm__peer *p, uint64_t h) {
-  return (uint32_t)((h * 0x9E3779B97F4A7C15ull) >> 32) & (p->rcap - 1);
-}
+static bool remote_has(kvbm__peer *p, uint64_t h) { return kvbm__hindex_count(&p->remote, h) > 0; }
 
-static bool remote_has(const kvbm__peer *p, uint64_t h) {
-  for (uint32_t i = rslot(p, h), n = 0; n < p->rcap; i = (i + 1) & (p->rcap - 1), n++) {
-    if (p->rused[i] == 0) return false;
-    if (p->rused[i] == 1 && p->rkeys[i] == h) return true;
-  }
-  return false;
-}
-
-static void remote_del(kvbm__peer *p, uint64_t h) {
-  for (uint32_t i = rslot(p, h), n = 0; n < p->rcap; i = (i + 1) & (p->rcap - 1), n++) {
-    if (p->rused[i] == 0) return;
-    if (p->rused[i] == 1 && p->rkeys[i] == h) {
-      p->rused[i] = 2;
-      return;
-    }
-  }
-}
-
-/* Remembers h; the oldest entry goes when remote_index_blocks are held.
- * Deleted slots are reclaimed by rebuilding when they pile up. */
+/* Remembers h as held by the peer; the oldest goes when
+ * remote_index_blocks are held. O(1) (hindex.h). */
 static void remote_add(kvbm__peer *p, uint64_t h) {
-  if (remote_has(p, h)) return;
-  uint32_t limit = p->cfg.remote_index_blocks;
-  if (p->rcount == limit) {
-    uint32_t oldest = (p->rhead + limit - p->rcount) % limit;
-    remote_del(p, p->rfifo[oldest]);
-    p->rcount--;
-  }
-  uint32_t used = 0;
-  for (uint32_t i = 0; i < p->rcap; i++) used += p->rused[i] != 0;
-  if (used + 1 > p->rcap * 3 / 4) { /* tombstones: rebuild from the fifo */
-    memset(p->rused, 0, p->rcap);
-    for (uint32_t k = 0; k < p->rcount; k++) {
-      uint64_t v = p->rfifo[(p->rhead + limit - p->rcount + k) % limit];
-      uint32_t i = rslot(p, v);
-      while (p->rused[i]) i = (i + 1) & (p->rcap - 1);
-      p->rused[i] = 1;
-      p->rkeys[i] = v;
-    }
-  }
-  uint32_t i = rslot(p, h);
-  while (p->rused[i] == 1) i = (i + 1) & (p->rcap - 1);
-  p->rused[i] = 1;
-  p->rkeys[i] = h;
-  p->rfifo[p->rhead] = h;
-  p->rhead = (p->rhead + 1) % limit;
-  p->rcount++;
+  if (!remote_has(p, h)) kvbm__hindex_add(&p->remote, h, NULL, NULL);
+}
+
+/* A block message for h is about to be pushed: its acknowledgement is
+ * awaited from now on (before the push, or the peer's answer could come
+ * first and be refused). Beyond remote_index_blocks distinct hashes
+ * awaited, the oldest is forgotten: counted in acks_forgotten, no longer
+ * waited for by peer_flush, and its acknowledgement, should it come, is
+ * refused as unexpected, so the block is not remembered as remote. That
+ * errs on the safe side: a block wrongly thought local is at worst sent
+ * or computed again; one wrongly thought remote is dropped here for a
+ * copy that may not exist. */
+static void await_ack(kvbm__peer *p, uint64_t h) {
+  uint32_t gone;
+  pthread_mutex_lock(&p->mu);
+  kvbm__hindex_add(&p->pending, h, &gone, NULL);
+  p->awaiting = p->awaiting + 1 - gone;
+  p->st.acks_forgotten += gone;
+  if (gone) pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* The push for h failed: no acknowledgement is coming for it. */
+static void await_cancel(kvbm__peer *p, uint64_t h) {
+  pthread_mutex_lock(&p->mu);
+  if (kvbm__hindex_take(&p->pending, h)) p->awaiting--;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
 }
 
 /* ---- sending (fmu for single calls) ---- */
@@ -497,10 +480,13 @@ static int push_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_er
     size_t len = 0;
     if (!rc) rc = kvbm_block_msg_encode(&msg, msgbuf, cap, &len, err);
     if (!rc && corrupt_this(m)) msgbuf[len - 1] ^= 0x5A; /* the seam: a bad link */
-    if (!rc) rc = send_copy(p, msgbuf, len, err);
+    if (!rc) {
+      await_ack(p, b->hash);
+      rc = send_copy(p, msgbuf, len, err);
+      if (rc) await_cancel(p, b->hash);
+    }
     if (!rc) {
       pthread_mutex_lock(&p->mu);
-      p->sent++;
       p->st.sent_blocks++;
       p->st.sent_bytes += m->block_bytes;
       pthread_mutex_unlock(&p->mu);
@@ -584,10 +570,13 @@ static int put_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_err
       memcpy(msg.frame.checksum, sums[i], 16); /* hashed above, from the source */
       size_t len = 0;
       rc = kvbm_block_msg_encode(&msg, msgbuf, cap, &len, err);
-      if (!rc) rc = send_copy(p, msgbuf, len, err);
+      if (!rc) {
+        await_ack(p, blocks[i].hash);
+        rc = send_copy(p, msgbuf, len, err);
+        if (rc) await_cancel(p, blocks[i].hash);
+      }
       if (!rc) {
         pthread_mutex_lock(&p->mu);
-        p->sent++;
         p->st.sent_blocks++;
         p->st.sent_bytes += m->block_bytes;
         pthread_mutex_unlock(&p->mu);
@@ -766,12 +755,24 @@ static void take_grant_reply(kvbm__peer *p, const uint8_t *buf, size_t len) {
   pthread_mutex_unlock(&p->mu);
 }
 
+/* An acknowledgement counts only for a block sent to this peer and still
+ * awaited (one per send): anything else (a hash never sent, one already
+ * answered, one forgotten beyond the bound, see await_ack) is counted in
+ * acks_unexpected and changes nothing else. Believing it would let the
+ * peer make block_location say "remote" for a block it never received,
+ * and an output-phase prefill then drop the only copy to make room, or
+ * end a peer_flush before the blocks it waits for were answered. */
 static void take_ack(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len != 16) return;
   int status = (int)kvbm__get_le32(buf + 4);
   uint64_t h = kvbm__get_le64(buf + 8);
   pthread_mutex_lock(&p->mu);
-  p->answered++;
+  if (!kvbm__hindex_take(&p->pending, h)) {
+    p->st.acks_unexpected++;
+    pthread_mutex_unlock(&p->mu);
+    return;
+  }
+  p->awaiting--;
   if (status == KVBM_OK) {
     p->st.acked_blocks++;
     remote_add(p, h);
@@ -904,9 +905,8 @@ static void peer_free(kvbm__peer *p) {
   pthread_cond_destroy(&p->cv);
   free(p->slot);
   free(p->grants);
-  free(p->rkeys);
-  free(p->rused);
-  free(p->rfifo);
+  kvbm__hindex_free(&p->remote);
+  kvbm__hindex_free(&p->pending);
   free(p->rbuf);
   free(p);
 }
@@ -1003,18 +1003,21 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   pthread_condattr_init(&ca);
   pthread_cond_init(&p->cv, &ca);
   pthread_condattr_destroy(&ca);
-  p->rcap = 1;
-  while (p->rcap < c.remote_index_blocks * 2) p->rcap *= 2;
   p->msg_max = kvbm_block_msg_size(m->cfg.block_size, m->block_bytes);
   if (p->msg_max < 8 + 8 * 4096) p->msg_max = 8 + 8 * 4096; /* pulls of up to 4096 hashes */
   p->slot = calloc(c.landing_blocks, 1);
-  p->rkeys = calloc(p->rcap, sizeof *p->rkeys);
-  p->rused = calloc(p->rcap, 1);
-  p->rfifo = calloc(c.remote_index_blocks, sizeof *p->rfifo);
   p->rbuf = malloc(p->msg_max);
-  int rc = p->slot && p->rkeys && p->rused && p->rfifo && p->rbuf
-               ? KVBM_OK
-               : kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  /* the indexes' slot functions: random, so that a client cannot choose
+   * prompts whose hashes pile up in one probe run (hindex.h) */
+  uint64_t seed[2] = {0, 0};
+  if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
+    seed[0] = (uint64_t)now_ms() ^ (uint64_t)(uintptr_t)p;
+    seed[1] = seed[0] * 0x9E3779B97F4A7C15ull;
+  }
+  int rc = p->slot && p->rbuf ? KVBM_OK : KVBM_ENOMEM;
+  if (!rc) rc = kvbm__hindex_init(&p->remote, c.remote_index_blocks, seed[0]);
+  if (!rc) rc = kvbm__hindex_init(&p->pending, c.remote_index_blocks, seed[1]);
+  if (rc) rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   /* The landing zone: the ingest tier's layout, in memory the fabric
    * allocated (the fastest for the peer's writes), apart from the cache.
    * Its block set id is random: a message laid out for an older zone
@@ -1130,14 +1133,14 @@ int kvbm_manager_peer_flush(kvbm_manager *m, uint32_t peer, int timeout_ms, kvbm
   int rc = flush_loop(p, timeout_ms, err);
   if (rc) return rc;
   pthread_mutex_lock(&p->mu);
-  while (p->answered < p->sent && !p->closed) {
+  while (p->awaiting > 0 && !p->closed) {
     int64_t left = end == INT64_MAX ? 1000 : end - now_ms();
     if (left <= 0) break;
     struct timespec dl = deadline_in(left > 1000 ? 1000 : (int)left);
     pthread_cond_timedwait(&p->cv, &p->mu, &dl);
   }
-  bool done = p->answered >= p->sent, closed = p->closed;
-  uint64_t missing = p->sent - p->answered;
+  bool done = p->awaiting == 0, closed = p->closed;
+  uint64_t missing = p->awaiting;
   pthread_mutex_unlock(&p->mu);
   if (done) return KVBM_OK;
   if (closed) return kvbm_error_set(err, KVBM_ECLOSED, "peer %u: the link closed with %llu blocks unanswered",
@@ -1153,6 +1156,16 @@ int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats 
   pthread_mutex_lock(&p->mu);
   *out = p->st;
   out->closed = p->closed;
+  pthread_mutex_unlock(&p->mu);
+  return KVBM_OK;
+}
+
+int kvbm__peer_index_probes(kvbm_manager *m, uint32_t peer, uint64_t *probes) {
+  kvbm__peer *p = m ? peer_get(m, peer) : NULL;
+  if (!probes) return KVBM_EINVAL;
+  if (!p) return KVBM_ENOTFOUND;
+  pthread_mutex_lock(&p->mu);
+  *probes = p->remote.probes + p->pending.probes;
   pthread_mutex_unlock(&p->mu);
   return KVBM_OK;
 }

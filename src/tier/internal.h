@@ -87,6 +87,17 @@ typedef struct kvbm__batch {
   kvbm__pin *pins;
 } kvbm__batch;
 
+/* What a prefill's onboards from abandonable tiers share (store.c, "One
+ * deadline per prefill"): where its match is known to end, and its
+ * deadline. Held by the request and by each such job; freed by the last
+ * (lock held). */
+typedef struct kvbm__onboards {
+  uint32_t refs;
+  size_t cut;           /* the first block known lost (SIZE_MAX: none yet):
+                           an onboard past it is of no use */
+  uint64_t deadline_ns; /* CLOCK_MONOTONIC: past it, none is of use */
+} kvbm__onboards;
+
 typedef struct kvbm__job {
   uint8_t kind;
   uint8_t tier;     /* the tier below G1 whose worker runs it */
@@ -105,6 +116,9 @@ typedef struct kvbm__job {
                                    lookup has no index entry yet) */
   uint64_t hash, parent;
   kvbm__batch *b;
+  kvbm__onboards *og; /* J_GET of a prefill from an abandonable tier: its
+                         request's (a reference); NULL otherwise */
+  uint32_t k;         /* J_GET: the block's place in its prompt */
 } kvbm__job;
 
 /* A fixed ring: a full ring skips an offload rather than waiting. */
@@ -229,6 +243,7 @@ struct kvbm_mreq {
   uint64_t deadline_ns; /* CLOCK_MONOTONIC: onboards from a store that may be
                            abandoned (store.c, kvbm__abandonable) are given
                            up past this, one deadline for the whole prefill */
+  kvbm__onboards *og;   /* shared with those onboards' jobs (NULL: none) */
   size_t committed; /* full blocks committed */
   /* Phases (ADR-0006): a label per full block (kvbm_frame_phase). */
   uint8_t *phase;
@@ -311,6 +326,13 @@ void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed);
  * its bytes land in a staging buffer first (a framed value), so a late
  * answer can be dropped without touching G1. */
 bool kvbm__abandonable(const kvbm__tier *t);
+/* Lock held. Drops one reference to og (NULL: nothing). */
+void kvbm__onboards_release(kvbm__onboards *og);
+/* Lock held. Whether get job j (into G1) is of no use any more: its
+ * request gave it up, or its match ends before it, or its prefill's
+ * deadline passed. A block still waiting for it is marked FAILED and
+ * counted abandoned here; the caller then drops what the job brings. */
+bool kvbm__onboard_given_up(kvbm_manager *m, kvbm__tier *t, const kvbm__job *j);
 
 /* ---- workers.c ---- */
 

@@ -205,6 +205,12 @@ static void take_walk(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, siz
 static void queue_onboards(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t n,
                            const uint32_t *pins, const uint32_t *sid) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  /* The onboards from stores that may be given up share one record (no
+   * memory for it: they are simply waited for, as G2's are). */
+  for (size_t k = 0; k < n && !r->og; k++)
+    if (r->src[k] != KVBM_TIER_G1 && kvbm__abandonable(&m->t[r->src[k]]) &&
+        (r->og = malloc(sizeof *r->og)))
+      *r->og = (kvbm__onboards){.refs = 1, .cut = SIZE_MAX, .deadline_ns = r->deadline_ns};
   for (size_t k = 0; k < n; k++) {
     if (r->src[k] == KVBM_TIER_G1) continue;
     kvbm__tier *t = &m->t[r->src[k]];
@@ -216,6 +222,11 @@ static void queue_onboards(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes
     for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
     j.id[KVBM_TIER_G1] = pins[k];
     j.id[t->id] = sid[k];
+    j.k = (uint32_t)k;
+    if (r->og && kvbm__abandonable(t)) {
+      j.og = r->og;
+      r->og->refs++;
+    }
     bool queued = kvbm__q_push(&t->q, &j);
     assert(queued && "the walk counted the queue's room");
     (void)queued;
@@ -423,7 +434,8 @@ static bool settle(kvbm_mreq *r) {
   bool waiting = false;
   for (size_t k = 0; k < r->walk; k++) {
     uint8_t s = st[ids[k]];
-    if (s == KVBM__PENDING && cut == r->walk && kvbm__abandonable(&m->t[r->src[k]])) {
+    bool may_go = r->og && kvbm__abandonable(&m->t[r->src[k]]);
+    if (s == KVBM__PENDING && cut == r->walk && may_go) {
       if (!clock_read) { /* read once, and only when it can matter */
         late = kvbm_clock_ns() >= r->deadline_ns;
         clock_read = true;
@@ -437,12 +449,15 @@ static bool settle(kvbm_mreq *r) {
       cut = k;
       continue;
     }
-    if (s == KVBM__PENDING && cut < k && kvbm__abandonable(&m->t[r->src[k]])) {
+    if (s == KVBM__PENDING && cut < k && may_go) {
       abandon(r, k, ids[k]); /* past the cut: nothing it brings is used */
       continue;
     }
     if (s == KVBM__PENDING || s == KVBM__LANDING) waiting = true;
   }
+  /* Where the match ends is known as soon as it is cut: the jobs behind
+   * are not sent, and what they bring is dropped (workers.c). */
+  if (r->og && cut < r->og->cut) r->og->cut = cut;
   if (waiting) return false;
   r->settled = cut;
   return true;
@@ -752,6 +767,8 @@ void kvbm_mreq_destroy(kvbm_mreq *r) {
     /* Tail first, so that the oldest reasoning ends up first in line. */
     for (size_t i = cold ? ncold : 0; i-- > 0;) (void)kvbm_block_demote(r->m->t[KVBM_TIER_G1].pool, cold[i]);
     free(cold);
+    kvbm__onboards_release(r->og);
+    r->og = NULL;
     pthread_mutex_unlock(&r->m->mu);
   }
   free(r->phase);

@@ -140,6 +140,21 @@ int kvbm__namespace_init(kvbm_manager *m, kvbm_error *err) {
 
 bool kvbm__abandonable(const kvbm__tier *t) { return t->store == KVBM__STORE_VOLUME && t->framed; }
 
+void kvbm__onboards_release(kvbm__onboards *og) {
+  if (og && --og->refs == 0) free(og);
+}
+
+bool kvbm__onboard_given_up(kvbm_manager *m, kvbm__tier *t, const kvbm__job *j) {
+  if (j->hint || j->kind != KVBM__J_GET) return false;
+  uint8_t *st = &m->t[KVBM_TIER_G1].state[j->id[KVBM_TIER_G1]];
+  if (*st != KVBM__PENDING && *st != KVBM__LANDING) return true; /* its request gave it up */
+  if (*st == KVBM__LANDING || !j->og) return false; /* its bytes are on their way in */
+  if (j->k <= j->og->cut && kvbm_clock_ns() < j->og->deadline_ns) return false;
+  *st = KVBM__FAILED;
+  t->st.abandoned++;
+  return true;
+}
+
 bool kvbm__backed_off(const kvbm__tier *t) {
   return t->backoff_until_ns && kvbm_clock_ns() < t->backoff_until_ns;
 }

@@ -36,4 +36,9 @@ typedef struct kvbm__manager_testing {
 int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__manager_testing *t,
                                  kvbm_manager **out, kvbm_error *err);
 
+/* Slots examined so far by peer `peer`'s two hash indexes (tier/hindex.h:
+ * the blocks it acknowledged, those awaiting its acknowledgement), to
+ * check that an acknowledgement costs O(1) probes. KVBM_ENOTFOUND. */
+int kvbm__peer_index_probes(kvbm_manager *m, uint32_t peer, uint64_t *probes);
+
 #endif /* KVBM_TIER_TESTING_H */

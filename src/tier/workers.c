@@ -32,6 +32,14 @@
  * waits for it, and the bytes go straight between tier memory and the disk
  * when the block is one aligned host piece.
  *
+ * Onboards that are of no use any more (store.c, "One deadline per
+ * prefill"): a get whose request gave it up, whose match already ended
+ * before it, or whose prefill's deadline passed is not sent when taken,
+ * and what it brings back is dropped when its batch is handed back. The
+ * check is made under the lock just before the copy into G1 starts, and
+ * from then on the block is LANDING: its request can no longer give it up,
+ * so nothing reaches a block the engine is writing.
+ *
  * Shutdown: stop is set under the lock; with drain_on_destroy the workers
  * empty their queues first, otherwise every job taken is finished as not
  * run (its target FAILED, an onboard's match shortened). Volume workers
@@ -150,9 +158,9 @@ static bool store_failed(int result) {
          result != KVBM_ENOMEM;
 }
 
-/* A get whose request gave it up (request.c, settle): what it brought was
- * dropped before G1; only its references go, and a store that failed it
- * still counts toward the back-off. */
+/* A get that was of no use any more (kvbm__onboard_given_up): what it
+ * brought was dropped before G1; only its references go, and a store that
+ * failed it still counts toward the back-off. */
 static void get_abandoned(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
   uint32_t sid = j->id[t->id];
   if (ran && store_failed(j->result)) {
@@ -161,13 +169,7 @@ static void get_abandoned(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran
   }
   if (sid != KVBM__NONE) KVBM__MUST(kvbm_block_release(t->pool, sid, 0));
   KVBM__MUST(kvbm_block_release(m->t[KVBM_TIER_G1].pool, j->id[KVBM_TIER_G1], j->prio));
-}
-
-/* Lock held. Whether get job j was given up by its request: its G1 block
- * is no longer waiting for bytes (PENDING, or LANDING once taken). */
-static bool get_given_up(const kvbm_manager *m, const kvbm__job *j) {
-  uint8_t s = m->t[KVBM_TIER_G1].state[j->id[KVBM_TIER_G1]];
-  return !j->hint && s != KVBM__PENDING && s != KVBM__LANDING;
+  kvbm__onboards_release(j->og);
 }
 
 /* A get from volume (or slot) tier t into G1 is over. */
@@ -179,12 +181,16 @@ static void get_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
     kvbm__hint_get_done(m, t, j, ok);
     return;
   }
-  if (get_given_up(m, j)) {
+  if (kvbm__onboard_given_up(m, t, j)) {
     get_abandoned(m, t, j, ran);
     return;
   }
   if (ran) kvbm__read_result(m, t, store_failed(j->result));
   g1->state[j->id[KVBM_TIER_G1]] = ok ? KVBM__READY : KVBM__FAILED;
+  /* The match ends here at the latest: the prefill's later onboards from
+   * this store are not sent, and those in flight are dropped. */
+  if (!ok && j->og && j->k < j->og->cut) j->og->cut = j->k;
+  kvbm__onboards_release(j->og);
   if (ok) {
     t->st.onboarded_blocks++;
     t->st.onboarded_bytes += m->block_bytes;
@@ -516,7 +522,7 @@ static void vw_finish(kvbm_manager *m, kvbm__tier *t) {
       vslot *s = &vw->slots[vb->slot[i]];
       s->drop = false;
       if (s->job.kind != KVBM__J_GET || s->job.hint) continue;
-      if (get_given_up(m, &s->job)) s->drop = true;
+      if (kvbm__onboard_given_up(m, t, &s->job)) s->drop = true;
       else g1->state[s->job.id[KVBM_TIER_G1]] = KVBM__LANDING;
     }
   pthread_mutex_unlock(&m->mu);
@@ -585,7 +591,7 @@ static void vw_start(kvbm_manager *m, kvbm__tier *t) {
     vslot *s = &vw->slots[sl];
     s->job = q_pop(t->dq.count ? &t->dq : &t->q);
     /* A get its request gave up is never sent (counted when given up). */
-    s->ran = !m->cancel && !(s->job.kind == KVBM__J_GET && get_given_up(m, &s->job));
+    s->ran = !m->cancel && !kvbm__onboard_given_up(m, t, &s->job);
     taken[i] = sl;
   }
   t->busy += n;
