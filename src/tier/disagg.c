@@ -38,6 +38,20 @@
  * a flush (the UCX fabric reads them while the peer pulls): they wait in
  * an outbox that every successful flush empties.
  *
+ * Acknowledgements. A peer is trusted with the fabric's key, not with
+ * our bookkeeping: an acknowledgement counts only for a block message we
+ * sent it and still await (the pending index, one count per send, taken
+ * before the push so that a fast answer cannot beat it). Anything else is
+ * counted (acks_unexpected) and changes nothing: a forged "ingested" must
+ * not make block_location say remote, nor let an output-phase prefill
+ * drop the only copy to make room, nor end a peer_flush early. The pending
+ * index is bounded like the remote index (remote_index_blocks hashes);
+ * beyond, the oldest send is forgotten (acks_forgotten): its answer is
+ * then unexpected, which errs towards "local", and an honest batch that
+ * large would have pushed the same blocks out of the remote index anyway.
+ * Both indexes are tier/hindex.h's: O(1) per acknowledgement, lookup and
+ * eviction, whatever their fill.
+ *
  * Lifetime: a detached peer stays allocated (stopped, its fabric
  * resources released) until the manager is destroyed, so a pointer taken
  * earlier never dangles.
