@@ -198,9 +198,11 @@ typedef struct kvbm_manager_config {
                                   this manager stored) */
   uint32_t g4_lookup_max;      /* blocks one lookup asks about (512) */
   int32_t g4_backoff_ms;       /* a G4 that failed 8 reads in a row (down,
-                                  late, errors, values not ours) is left
-                                  alone this long (1000), doubling up to
-                                  32x while it goes on failing; 0: never */
+                                  late, errors, values not ours), or made a
+                                  prefill wait its whole deadline, is left
+                                  alone this long (1000): no lookups, hits
+                                  or puts; doubling up to 32x while it goes
+                                  on failing; 0: never */
   const char *model_id;        /* in the volume keys' namespace, with the
                                   layout fingerprint, hash scheme and block
                                   size: [A-Za-z0-9._-]{1,64} (NULL: "default") */

@@ -322,6 +322,10 @@ bool kvbm__backed_off(const kvbm__tier *t);
  * it (down, late, an error, a value that is not ours), not that the key
  * was absent. Counts toward or resets the back-off. */
 void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed);
+/* A prefill reached its deadline with reads from t still out: the engine
+ * paid a whole deadline, so the next requests should not (a back-off at
+ * once, as if the whole run of failures had been seen). */
+void kvbm__read_late(kvbm_manager *m, kvbm__tier *t);
 /* Whether an onboard from tier t may be abandoned while it is in flight:
  * its bytes land in a staging buffer first (a framed value), so a late
  * answer can be dropped without touching G1. */

@@ -443,6 +443,7 @@ static bool settle(kvbm_mreq *r) {
       if (late) {
         abandon(r, k, ids[k]);
         s = KVBM__FAILED;
+        kvbm__read_late(m, &m->t[r->src[k]]);
       }
     }
     if ((s == KVBM__FAILED || s == KVBM__UNCOMPUTED) && cut == r->walk) {

@@ -60,7 +60,8 @@
  *
  * Back-off. A shared store that keeps failing reads (KVBM__BACKOFF_FAILS
  * lookups or gets in a row: down, late, erroring, or answering with values
- * that are not ours) is left alone for g4_backoff_ms, doubling up to 32
+ * that are not ours), or that made a prefill wait its whole deadline, is
+ * left alone for g4_backoff_ms, doubling up to 32
  * times that while it goes on failing after each pause: no lookups, no G4
  * hits and no puts meanwhile (backoffs, backoff_skips), so the requests
  * after the one that paid the deadline do not pay it again. The first
@@ -175,6 +176,11 @@ void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed) {
   /* After the pause one more failure is enough to pause again (doubled). */
   t->fail_run = KVBM__BACKOFF_FAILS - 1;
   t->st.backoffs++;
+}
+
+void kvbm__read_late(kvbm_manager *m, kvbm__tier *t) {
+  if (t->fail_run < KVBM__BACKOFF_FAILS - 1) t->fail_run = KVBM__BACKOFF_FAILS - 1;
+  kvbm__read_result(m, t, true);
 }
 
 /* ---- the G4 lookup ---- */
