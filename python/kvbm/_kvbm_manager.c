@@ -45,6 +45,10 @@ typedef struct ManagerObject {
   Py_ssize_t calls;     /* calls running with the GIL released */
   RequestObject *reqs;  /* live requests (borrowed; each unlinks itself) */
   uint32_t block_size;
+  /* The counters as close() left them (read after the last request and
+   * the queues were done), what stats() answers once closed. */
+  kvbm_tier_stats final_st[KVBM_TIER_COUNT];
+  bool final_ok;
 } ManagerObject;
 
 struct RequestObject {
@@ -325,10 +329,17 @@ static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObj
 static void mgr_teardown(ManagerObject *self, kvbm_mreq **reqs, size_t n) {
   kvbm_manager *m = self->m;
   self->m = NULL;
+  kvbm_tier_stats st[KVBM_TIER_COUNT];
+  bool ok = true;
   Py_BEGIN_ALLOW_THREADS
   for (size_t i = 0; i < n; i++) kvbm_mreq_destroy(reqs[i]);
+  kvbm_manager_flush(m); /* the copies still queued are counted */
+  for (int t = 0; t < KVBM_TIER_COUNT; t++)
+    if (kvbm_manager_stats_get(m, (kvbm_tier)t, &st[t])) ok = false;
   kvbm_manager_destroy(m);
   Py_END_ALLOW_THREADS
+  memcpy(self->final_st, st, sizeof st); /* with the GIL: stats() reads them */
+  self->final_ok = ok;
 }
 
 static PyObject *mgr_close(ManagerObject *self, PyObject *unused) {
@@ -387,10 +398,15 @@ static PyObject *mgr_flush(ManagerObject *self, PyObject *unused) {
 
 static PyObject *mgr_stats(ManagerObject *self, PyObject *arg) {
   int tier;
-  if (tier_arg(arg, &tier) || mgr_open(self)) return NULL;
+  if (tier_arg(arg, &tier)) return NULL;
   kvbm_tier_stats s;
-  int rc = kvbm_manager_stats_get(self->m, (kvbm_tier)tier, &s);
-  if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Manager.stats");
+  if (!self->m && self->final_ok) { /* closed: the final counts */
+    s = self->final_st[tier];
+  } else {
+    if (mgr_open(self)) return NULL;
+    int rc = kvbm_manager_stats_get(self->m, (kvbm_tier)tier, &s);
+    if (rc) return kvbmpy_raise_kvbm(rc, NULL, "Manager.stats");
+  }
   PyObject *d = PyDict_New();
   if (!d) return NULL;
   if (kvbmpy_dict_obj(d, "present", PyBool_FromLong(s.present)) ||
@@ -414,6 +430,15 @@ static PyObject *mgr_stats(ManagerObject *self, PyObject *arg) {
       kvbmpy_dict_u64(d, "copy_errors", s.copy_errors) ||
       kvbmpy_dict_u64(d, "restored_blocks", s.restored_blocks) ||
       kvbmpy_dict_u64(d, "restore_skipped", s.restore_skipped) ||
+      kvbmpy_dict_u64(d, "missing", s.missing) || kvbmpy_dict_u64(d, "foreign", s.foreign) ||
+      kvbmpy_dict_u64(d, "lookups", s.lookups) ||
+      kvbmpy_dict_u64(d, "lookup_blocks", s.lookup_blocks) ||
+      kvbmpy_dict_u64(d, "lookup_found", s.lookup_found) ||
+      kvbmpy_dict_u64(d, "lookup_timeouts", s.lookup_timeouts) ||
+      kvbmpy_dict_u64(d, "lookup_errors", s.lookup_errors) ||
+      kvbmpy_dict_u64(d, "abandoned", s.abandoned) ||
+      kvbmpy_dict_u64(d, "backoffs", s.backoffs) ||
+      kvbmpy_dict_u64(d, "backoff_skips", s.backoff_skips) ||
       kvbmpy_dict_obj(d, "busy_seconds", PyFloat_FromDouble(s.busy_seconds))) {
     Py_DECREF(d);
     return NULL;
@@ -739,7 +764,9 @@ static PyMethodDef mgr_methods[] = {
    "stats(tier) -> dict\n\nThe tier's counters (kvbm_tier_stats): present, num_blocks, free,\n"
    "cached, active, allocated, evictions, hit_blocks, offloaded_blocks/bytes,\n"
    "onboarded_blocks/bytes, filtered, skipped_*, onboard_failures, checksum_failures,\n"
-   "read_errors, copy_errors, restored_blocks, restore_skipped, busy_seconds."},
+   "read_errors, copy_errors, restored_blocks, restore_skipped, missing, foreign,\n"
+   "lookups, lookup_blocks, lookup_found, lookup_timeouts, lookup_errors, abandoned,\n"
+   "backoffs, backoff_skips, busy_seconds. After close(), the final counts."},
   {"layout", (PyCFunction)mgr_layout, METH_O,
    "layout(tier) -> dict\n\nThe tier's layout: kind, memory, the layout config (num_blocks,\n"
    "num_layers, outer_dim, page_size, inner_dim, dtype_size, alignment) and the strides\n"

@@ -143,10 +143,26 @@ def test_close_destroys_live_requests_and_refuses_views():
     m.close()
     assert m.closed and r.closed
     for call in (r.poll, r.commit, lambda: r.append([1]), lambda: m.prefill([1]), m.flush,
-                 lambda: m.stats(0), lambda: m.block_layer(0, 0, 0)):
+                 lambda: m.block_layer(0, 0, 0)):
         with pytest.raises(kvbm.ClosedError):
             call()
     r.destroy()
+
+
+def test_stats_after_close_are_the_final_counts():
+    """The counts a user reads after close() are the last ones (issue 24):
+    the G2 copies still queued at close are counted, not an error."""
+    m = kvbm.Manager(g1_blocks=64, g2_blocks=64)
+    info = run(m, prompt(3, 100))
+    assert info.matched_tokens == 0
+    before = m.stats(Tier.G1)
+    m.close()
+    after = m.stats(Tier.G1)
+    assert after["hit_blocks"] == before["hit_blocks"] and after["allocated"] == before["allocated"]
+    assert m.stats(Tier.G2)["offloaded_blocks"] == 100 // B  # every full block reached G2
+    assert "abandoned" in after and "backoffs" in m.stats(Tier.G4)
+    with pytest.raises(kvbm.Error):  # a tier that does not exist, closed or not
+        m.stats(7)
 
 
 def test_no_space_changes_nothing():
