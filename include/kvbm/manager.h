@@ -521,7 +521,11 @@ typedef struct kvbm_peer_config {
                               (default) or G2 */
   int32_t timeout_ms;      /* attach, grants, flushes (10000) */
   uint32_t remote_index_blocks; /* blocks remembered as held by the peer,
-                              for block_location and pulls (65536) */
+                              for block_location and pulls (65536); also
+                              the most blocks sent and awaiting the peer's
+                              answer: past it the oldest wait is dropped
+                              (acks_forgotten) and its late answer refused
+                              (acks_unexpected), never believed */
 } kvbm_peer_config;
 
 KVBM_EXTERN kvbm_peer_config kvbm_peer_config_default(void);
