@@ -24,7 +24,10 @@
  *   redis+cluster://HOST:PORT[,HOST:PORT...]
  *                      Redis Cluster: the slot map is read from the seeds,
  *                      MOVED and ASK are followed, the map is refreshed when
- *                      the cluster changes
+ *                      the cluster changes (at most once per
+ *                      cluster_refresh_ms for the volume); a slot whose
+ *                      redirections go in circles fails at once until the
+ *                      next refresh
  * or any backend the caller passes in the config (kvbm_volume_backend):
  * see examples/volume/ for a vendor backend in a few dozen lines.
  *
@@ -159,6 +162,11 @@ struct kvbm_volume_config {
   /* A caller's backend for url's scheme (NULL: the built-in one). */
   const kvbm_volume_backend *backend;
   void *backend_user;
+  /* redis+cluster:// only: the least time between two reads of the slot
+   * map (CLUSTER SLOTS), shared by the volume's I/O threads (100 ms; 0:
+   * the default; at most 3600000). A batch that needs a fresh map sooner
+   * uses the one it has, or the one another thread just read. */
+  uint32_t cluster_refresh_ms;
 };
 
 /* The defaults above for `url` (pointed to, not copied). */
@@ -230,6 +238,14 @@ typedef struct kvbm_volume_stats {
   uint64_t rejected;                  /* batches refused: queue full */
   uint64_t reconnects;                /* connections re-established */
   uint64_t queued;                    /* batches waiting now */
+  /* redis+cluster:// only (0 elsewhere): slot maps read (CLUSTER SLOTS
+   * asked, whatever the answer); refreshes a batch wanted but the rate
+   * limit (cluster_refresh_ms) refused, so it used the map it had; ops
+   * failed fast because their slot's redirections go in circles (MOVED
+   * back and forth, or an owner that redirects its own slot; the slot is
+   * refused until the next refresh) or past 5 hops; slot maps refused as
+   * malformed (ranges out of 0..16383, overlapping, more than 16384). */
+  uint64_t slot_refreshes, slot_refreshes_limited, redirect_loops, slot_maps_refused;
 } kvbm_volume_stats;
 
 KVBM_EXTERN void kvbm_volume_stats_get(const kvbm_volume *v, kvbm_volume_stats *out);

@@ -36,8 +36,10 @@ typedef struct kvbm__slot_range {
 /* Parses a CLUSTER SLOTS reply into out[0 .. *n) (cap entries), resolving
  * an empty host to `asked_host`. Entries whose master has no usable
  * endpoint ("?", a NULL host, port 0) are left out (those slots stay
- * unknown). KVBM_EPROTO names what is malformed; never reads outside the
- * reply. */
+ * unknown). KVBM_EPROTO names what is malformed (an entry's shape, a
+ * range outside 0..16383, two entries claiming one slot, more than 16384
+ * entries or than cap); never reads outside the reply. One pass, no
+ * allocation. */
 int kvbm__cluster_parse_slots(const redisReply *r, const char *asked_host, kvbm__slot_range *out,
                               size_t cap, size_t *n, kvbm_error *err);
 

@@ -10,6 +10,12 @@
  * fields with their length bounded. The CRC is bitwise rather than table
  * driven: a key is ~80 bytes and one CRC per operation costs nothing next
  * to the round trip, and there is no table to get wrong.
+ *
+ * A slot map is refused whole (KVBM_EPROTO, naming the entry) when an
+ * entry is malformed, when two entries claim one slot, or when it has
+ * more entries than there are slots: a node that sends such a map is
+ * broken or hostile, and half of its map is no better than none. The
+ * overlap check is one bit per slot, so a 16384-entry map costs one pass.
  */
 #include "volume/cluster.h"
 
@@ -44,6 +50,11 @@ int kvbm__cluster_parse_slots(const redisReply *r, const char *asked_host, kvbm_
   *n = 0;
   if (!r || r->type != REDIS_REPLY_ARRAY)
     return kvbm_error_set(err, KVBM_EPROTO, "volume: CLUSTER SLOTS did not answer an array");
+  if (r->elements > KVBM__CLUSTER_SLOTS)
+    return kvbm_error_set(err, KVBM_EPROTO,
+                          "volume: CLUSTER SLOTS has %zu entries, more than the %u slots",
+                          r->elements, KVBM__CLUSTER_SLOTS);
+  uint64_t seen[KVBM__CLUSTER_SLOTS / 64] = {0}; /* slots some entry claimed */
   for (size_t i = 0; i < r->elements; i++) {
     const redisReply *e = r->element[i];
     if (!e || e->type != REDIS_REPLY_ARRAY || e->elements < 3)
@@ -53,6 +64,18 @@ int kvbm__cluster_parse_slots(const redisReply *r, const char *asked_host, kvbm_
         !is_int(e->element[1], e->element[0]->integer, KVBM__CLUSTER_SLOTS - 1))
       return kvbm_error_set(err, KVBM_EPROTO, "volume: CLUSTER SLOTS entry %zu has a bad range",
                             i);
+    /* Each slot once: ranges never overlap in a sound map, and accepting
+     * one that does would let its order pick the owner. Entries claim
+     * disjoint slots, so this loop runs at most 16384 times a reply. */
+    for (long long slot = e->element[0]->integer; slot <= e->element[1]->integer; slot++) {
+      uint64_t bit = UINT64_C(1) << (slot & 63);
+      if (seen[slot >> 6] & bit)
+        return kvbm_error_set(err, KVBM_EPROTO,
+                              "volume: CLUSTER SLOTS entry %zu (slots %lld..%lld) overlaps an "
+                              "earlier entry at slot %lld",
+                              i, e->element[0]->integer, e->element[1]->integer, slot);
+      seen[slot >> 6] |= bit;
+    }
     const redisReply *m = e->element[2];
     if (!m || m->type != REDIS_REPLY_ARRAY || m->elements < 2)
       return kvbm_error_set(err, KVBM_EPROTO,

@@ -84,6 +84,11 @@ typedef struct kvbm__volume_ctx {
   const char *ns;                /* never NULL */
   uint64_t max_value_bytes;
   atomic_uint_fast64_t reconnects; /* connections re-established */
+  /* redis+cluster:// (cluster.c): the state its I/O threads share (made
+   * by the first open, freed by the last close, both on the registering
+   * thread) and its counters (kvbm_volume_stats) */
+  void *cluster;
+  atomic_uint_fast64_t slot_refreshes, slot_refreshes_limited, redirect_loops, slot_maps_refused;
   bool disk_keyed;                 /* disk://: keyed sums, with this key */
   uint8_t disk_key[32];
 } kvbm__volume_ctx;

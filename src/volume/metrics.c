@@ -65,6 +65,22 @@ void kvbm__volume_metrics_write(kvbm_metrics_writer *w, const kvbm_volume_stats 
                        s->reconnects);
   kvbm_metrics_gauge(w, "kvbm_volume_queued_batches", "Batches waiting in the volume's queue", l,
                      nl, (double)s->queued);
+  /* redis+cluster:// only (0 elsewhere) */
+  kvbm_metrics_counter(w, "kvbm_volume_slot_refreshes_total",
+                       "Redis Cluster slot maps read (CLUSTER SLOTS asked)", l, nl,
+                       s->slot_refreshes);
+  kvbm_metrics_counter(w, "kvbm_volume_slot_refreshes_limited_total",
+                       "Slot map refreshes a batch wanted but did not send (rate limit, or "
+                       "another thread's read in flight)",
+                       l, nl, s->slot_refreshes_limited);
+  kvbm_metrics_counter(w, "kvbm_volume_redirect_loops_total",
+                       "Operations failed at once because their slot's MOVED/ASK redirections "
+                       "go in circles",
+                       l, nl, s->redirect_loops);
+  kvbm_metrics_counter(w, "kvbm_volume_slot_maps_refused_total",
+                       "Slot maps refused as malformed (out of range, overlapping, too many "
+                       "entries)",
+                       l, nl, s->slot_maps_refused);
 }
 
 void kvbm_volume_metrics_collect(void *user, kvbm_metrics_writer *w) {

@@ -672,4 +672,8 @@ void kvbm_volume_stats_get(const kvbm_volume *v, kvbm_volume_stats *out) {
   out->rejected = get(&v->c.rejected);
   out->reconnects = get(&v->ctx.reconnects);
   out->queued = get(&v->queued);
+  out->slot_refreshes = get(&v->ctx.slot_refreshes);
+  out->slot_refreshes_limited = get(&v->ctx.slot_refreshes_limited);
+  out->redirect_loops = get(&v->ctx.redirect_loops);
+  out->slot_maps_refused = get(&v->ctx.slot_maps_refused);
 }

@@ -7,7 +7,15 @@
  * moved and for a new key), a replica promoted by CLUSTER FAILOVER, and a
  * master killed (misses, then hits once a replica took over and the map
  * was refreshed). Also the slot-map and redirection parsers on hostile
- * replies. */
+ * replies, and hostile nodes (fake_cluster.h, a RESP thread on loopback:
+ * a real Redis never misbehaves so): MOVED in a loop, a map that points in
+ * circles, an owner that redirects its own slot, a 16384-entry map with
+ * holes, an overlapping map, a slow looping node, and many I/O threads
+ * sharing one rate-limited refresh. Those assert on counts (CLUSTER SLOTS
+ * as the fake node saw them, data commands, the volume's counters) and on
+ * statuses; wall time only against a bound a slow machine meets (3x the
+ * deadline), and the refresh bound grows with the time the test took, so
+ * a slow machine loosens it rather than failing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +24,7 @@
 #include "volume/cluster.h"
 #include "volume/internal.h"
 #include "volume/resp.h"
+#include "fake_cluster.h"
 #include "volume_testutil.h"
 
 static vt_cluster g_cluster;
@@ -370,6 +379,10 @@ static void test_parsers(void **state) {
       {W("*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\nh\r\n:70000\r\n"), "bad port"},
       {W("*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n:1\r\n:1\r\n"), "bad host"},
       {W("*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$3\r\na\0b\r\n:1\r\n"), "bad host"},
+      {W("*2\r\n*3\r\n:0\r\n:10\r\n*2\r\n$1\r\nh\r\n:1\r\n"
+         "*3\r\n:10\r\n:20\r\n*2\r\n$1\r\nh\r\n:2\r\n"), "overlaps"},
+      {W("*2\r\n*3\r\n:5\r\n:5\r\n*2\r\n$1\r\nh\r\n:1\r\n"
+         "*3\r\n:0\r\n:9\r\n*2\r\n$1\r\n?\r\n:0\r\n"), "overlaps"},
   };
 #undef W
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -409,12 +422,309 @@ static void test_parsers(void **state) {
       fail_msg("accepted '%s'", badr[i]);
 }
 
+/* ---- hostile nodes ---- */
+
+static kvbm_volume *hostile_volume(int port, int timeout_ms, uint32_t refresh_ms, uint32_t threads) {
+  char url[128];
+  snprintf(url, sizeof url, "redis+cluster://127.0.0.1:%d", port);
+  kvbm_volume_config c = kvbm_volume_config_default(url);
+  c.key_namespace = "hostile";
+  c.timeout_ms = timeout_ms;
+  c.cluster_refresh_ms = refresh_ms;
+  c.threads = threads;
+  kvbm_volume *v = NULL;
+  kvbm_error e;
+  if (kvbm_volume_register(&c, &v, &e)) fail_msg("register %s: %s", url, e.msg);
+  return v;
+}
+
+/* The most CLUSTER SLOTS a rate-limited client may send in `secs`: one
+ * at the start, one per interval after it, and one for slack. */
+static unsigned refresh_bound(double secs, uint32_t refresh_ms) {
+  return 2u + (unsigned)(secs * 1000.0 / refresh_ms);
+}
+
+static unsigned asked(fc_node *a, fc_node *b) {
+  return atomic_load(&a->slots_asked) + (b ? atomic_load(&b->slots_asked) : 0);
+}
+
+static unsigned data(fc_node *a, fc_node *b) {
+  return atomic_load(&a->data_cmds) + (b ? atomic_load(&b->data_cmds) : 0);
+}
+
+/* MOVED in a loop, three shapes: A's map says A and A sends to B, which
+ * sends back; A's map says B and B and A send each other's way; A owns
+ * every slot and redirects each to itself. Every put fails fast (EIO, a
+ * redirect loop counted), within its deadline, and the map is read a
+ * bounded number of times: today's code read it up to 7 times a batch. */
+static void test_moved_loop(void **state) {
+  (void)state;
+  enum { K = 120, TIMEOUT = 500 };
+  const uint32_t refresh_ms = 200;
+  for (int shape = 0; shape < 3; shape++) {
+    fc_node a = {0}, b = {0};
+    assert_int_equal(fc_bind(&a), 0);
+    assert_int_equal(fc_bind(&b), 0);
+    if (shape == 0) a.moved_port = b.port, b.moved_port = a.port;
+    if (shape == 1) a.map_port = b.port, a.moved_port = b.port, b.moved_port = a.port;
+    if (shape == 2) a.moved_port = a.port, b.moved_port = a.port;
+    assert_int_equal(fc_start(&a), 0);
+    assert_int_equal(fc_start(&b), 0);
+    kvbm_volume *v = hostile_volume(a.port, TIMEOUT, refresh_ms, 1);
+    uint8_t val[64] = {1};
+    double t0 = vt_now(), worst = 0;
+    /* one key again and again: once its slot is known to loop, a put costs
+     * no round trip until the next refresh */
+    for (int i = 0; i < K; i++) {
+      double s0 = vt_now();
+      int rc = kvbm_volume_put(v, 7, val, sizeof val);
+      if (rc != KVBM_EIO) fail_msg("shape %d put %d: %s", shape, i, kvbm_status_name(rc));
+      if (vt_now() - s0 > worst) worst = vt_now() - s0;
+    }
+    double t1 = vt_now();
+    unsigned refreshes_same = asked(&a, &b), data_same = data(&a, &b);
+    /* a different key every time */
+    for (int i = 0; i < K; i++) {
+      double s0 = vt_now();
+      int rc = kvbm_volume_put(v, 1000 + (uint64_t)i, val, sizeof val);
+      if (rc != KVBM_EIO) fail_msg("shape %d key %d: %s", shape, i, kvbm_status_name(rc));
+      if (vt_now() - s0 > worst) worst = vt_now() - s0;
+    }
+    double t2 = vt_now();
+    kvbm_volume_stats s;
+    kvbm_volume_stats_get(v, &s);
+    kvbm_volume_unregister(v);
+    fc_stop(&a);
+    fc_stop(&b);
+    if (refreshes_same > refresh_bound(t1 - t0, refresh_ms))
+      fail_msg("shape %d: %u CLUSTER SLOTS for %d puts in %.2f s", shape, refreshes_same, K,
+               t1 - t0);
+    /* each refresh lets the slot be tried once more: at most 3 hops */
+    if (data_same > 3 * refreshes_same + 3)
+      fail_msg("shape %d: %u data commands for %d puts of one looping slot (%u refreshes)",
+               shape, data_same, K, refreshes_same);
+    unsigned all = asked(&a, &b);
+    if (all > refresh_bound(t2 - t0, refresh_ms))
+      fail_msg("shape %d: %u CLUSTER SLOTS for %d puts in %.2f s", shape, all, 2 * K, t2 - t0);
+    assert_int_equal(s.slot_refreshes, all);
+    assert_true(s.slot_refreshes_limited > 0);
+    assert_int_equal(s.redirect_loops, 2 * K);
+    assert_int_equal(s.io_errors, 2 * K);
+    if (worst > 3.0 * TIMEOUT / 1000) fail_msg("shape %d: a put took %.2f s", shape, worst);
+  }
+}
+
+/* A looping node that is also slow (150 ms a reply) and a batch of 32
+ * puts under a 400 ms deadline: every op ends EIO or ETIMEDOUT, the batch
+ * returns by its deadline (3x for a slow machine), and the late ops are
+ * counted as timeouts. */
+static void test_slow_loop_deadline(void **state) {
+  (void)state;
+  enum { N = 32, TIMEOUT = 400 };
+  fc_node a = {0}, b = {0};
+  assert_int_equal(fc_bind(&a), 0);
+  assert_int_equal(fc_bind(&b), 0);
+  a.moved_port = b.port, b.moved_port = a.port;
+  a.delay_ms = b.delay_ms = 150;
+  assert_int_equal(fc_start(&a), 0);
+  assert_int_equal(fc_start(&b), 0);
+  kvbm_volume *v = hostile_volume(a.port, TIMEOUT, 50, 1);
+  uint8_t val[64] = {2};
+  uint64_t timeouts = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    kvbm_volume_op ops[N];
+    for (int i = 0; i < N; i++)
+      ops[i] = (kvbm_volume_op){.kind = KVBM_VOLUME_PUT, .key = (uint64_t)(rep * N + i),
+                                .src = val, .len = sizeof val};
+    double t0 = vt_now();
+    assert_int_equal(kvbm_volume_run(v, ops, N, NULL), KVBM_OK);
+    double dt = vt_now() - t0;
+    if (dt > 3.0 * TIMEOUT / 1000) fail_msg("rep %d: the batch took %.2f s", rep, dt);
+    for (int i = 0; i < N; i++) {
+      if (ops[i].status != KVBM_EIO && ops[i].status != KVBM_ETIMEDOUT)
+        fail_msg("rep %d op %d: %s", rep, i, kvbm_status_name(ops[i].status));
+      timeouts += ops[i].status == KVBM_ETIMEDOUT;
+    }
+  }
+  kvbm_volume_stats s;
+  kvbm_volume_stats_get(v, &s);
+  assert_int_equal(s.timeouts, timeouts);
+  assert_int_equal(s.timeouts + s.io_errors, 3 * N);
+  kvbm_volume_unregister(v);
+  fc_stop(&a);
+  fc_stop(&b);
+}
+
+typedef struct counted {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int left;
+  int bad;
+} counted;
+
+static void count_done(void *user, kvbm_volume_op *ops, size_t n) {
+  counted *c = user;
+  pthread_mutex_lock(&c->mu);
+  for (size_t i = 0; i < n; i++) c->bad += ops[i].status != KVBM_EIO && ops[i].status != KVBM_ETIMEDOUT;
+  c->left--;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Four I/O threads and many batches at once on a looping node: the
+ * threads share one map and one rate limit, so the map is read about once
+ * per interval for the whole volume (today: every thread, several times a
+ * batch). */
+static void test_shared_refresh(void **state) {
+  (void)state;
+  enum { B = 64, N = 16, ROUNDS = 6 };
+  const uint32_t refresh_ms = 1000;
+  fc_node a = {0}, b = {0};
+  assert_int_equal(fc_bind(&a), 0);
+  assert_int_equal(fc_bind(&b), 0);
+  a.moved_port = b.port, b.moved_port = a.port;
+  assert_int_equal(fc_start(&a), 0);
+  assert_int_equal(fc_start(&b), 0);
+  kvbm_volume *v = hostile_volume(a.port, 2000, refresh_ms, 4);
+  static kvbm_volume_op ops[B][N];
+  uint8_t val[64] = {3};
+  counted c = {.left = 0};
+  pthread_mutex_init(&c.mu, NULL);
+  pthread_cond_init(&c.cv, NULL);
+  double t0 = vt_now();
+  for (int r = 0; r < ROUNDS; r++) {
+    c.left = B;
+    for (int i = 0; i < B; i++) {
+      for (int j = 0; j < N; j++)
+        ops[i][j] = (kvbm_volume_op){.kind = KVBM_VOLUME_PUT, .key = (uint64_t)(i * N + j),
+                                     .src = val, .len = sizeof val};
+      assert_int_equal(kvbm_volume_submit(v, ops[i], N, count_done, &c), KVBM_OK);
+    }
+    pthread_mutex_lock(&c.mu);
+    while (c.left) pthread_cond_wait(&c.cv, &c.mu);
+    pthread_mutex_unlock(&c.mu);
+  }
+  double dt = vt_now() - t0;
+  kvbm_volume_stats s;
+  kvbm_volume_stats_get(v, &s);
+  kvbm_volume_unregister(v);
+  fc_stop(&a);
+  fc_stop(&b);
+  assert_int_equal(c.bad, 0);
+  unsigned n = asked(&a, &b);
+  if (n > refresh_bound(dt, refresh_ms))
+    fail_msg("%u CLUSTER SLOTS for %d batches on 4 threads in %.2f s", n, B * ROUNDS, dt);
+  assert_int_equal(s.slot_refreshes, n);
+  pthread_mutex_destroy(&c.mu);
+  pthread_cond_destroy(&c.cv);
+}
+
+/* A 16384-entry map, every odd slot without an endpoint: ops in even
+ * slots are served, ops in odd slots miss at once, and the map is read a
+ * bounded number of times (today: once per batch that touches a hole).
+ * The same map without holes is read once. */
+static void test_huge_map(void **state) {
+  (void)state;
+  enum { K = 150, N = 8, TIMEOUT = 1000 };
+  const uint32_t refresh_ms = 200;
+  for (int holes = 1; holes >= 0; holes--) {
+    fc_node a = {0};
+    assert_int_equal(fc_bind(&a), 0);
+    a.map = holes ? FC_MAP_HOLES : FC_MAP_SINGLES;
+    assert_int_equal(fc_start(&a), 0);
+    kvbm_volume *v = hostile_volume(a.port, TIMEOUT, refresh_ms, 1);
+    uint8_t val[64] = {4};
+    double t0 = vt_now(), worst = 0;
+    int served = 0, holed = 0;
+    for (int k = 0; k < K; k++) {
+      kvbm_volume_op ops[N];
+      for (int i = 0; i < N; i++)
+        ops[i] = (kvbm_volume_op){.kind = KVBM_VOLUME_PUT, .key = (uint64_t)(k * N + i),
+                                  .src = val, .len = sizeof val};
+      double s0 = vt_now();
+      assert_int_equal(kvbm_volume_run(v, ops, N, NULL), KVBM_OK);
+      if (vt_now() - s0 > worst) worst = vt_now() - s0;
+      for (int i = 0; i < N; i++) {
+        int odd = slot_of("hostile", ops[i].key) & 1;
+        int want = odd && holes ? KVBM_EIO : KVBM_OK;
+        if (ops[i].status != want)
+          fail_msg("holes %d batch %d op %d (slot %d): %s", holes, k, i,
+                   slot_of("hostile", ops[i].key), kvbm_status_name(ops[i].status));
+        if (want) holed++;
+        else served++;
+      }
+    }
+    double dt = vt_now() - t0;
+    kvbm_volume_stats s;
+    kvbm_volume_stats_get(v, &s);
+    kvbm_volume_unregister(v);
+    fc_stop(&a);
+    assert_true(served > 0);
+    assert_true(holes ? holed > 0 : holed == 0);
+    unsigned n = asked(&a, NULL);
+    if (n > (holes ? refresh_bound(dt, refresh_ms) : 1u))
+      fail_msg("holes %d: %u CLUSTER SLOTS for %d batches in %.2f s", holes, n, K, dt);
+    assert_int_equal(s.slot_refreshes, n);
+    assert_int_equal(s.slot_maps_refused, 0);
+    if (worst > 3.0 * TIMEOUT / 1000) fail_msg("holes %d: a batch took %.2f s", holes, worst);
+  }
+}
+
+/* A map whose ranges overlap (every slot to A, then 100..200 to B as
+ * well) is refused: no op goes anywhere, each fails at once, the refusal
+ * is counted, and the map is asked for a bounded number of times. */
+static void test_overlapping_map(void **state) {
+  (void)state;
+  enum { K = 60 };
+  const uint32_t refresh_ms = 200;
+  fc_node a = {0}, b = {0};
+  assert_int_equal(fc_bind(&a), 0);
+  assert_int_equal(fc_bind(&b), 0);
+  a.map = FC_MAP_OVERLAP;
+  a.map_port = b.port; /* 0..16383 to B, then 100..200 to A */
+  assert_int_equal(fc_start(&a), 0);
+  assert_int_equal(fc_start(&b), 0);
+  kvbm_volume *v = hostile_volume(a.port, 1000, refresh_ms, 1);
+  uint8_t val[64] = {5};
+  double t0 = vt_now();
+  for (int k = 0; k < K; k++) {
+    int rc = kvbm_volume_put(v, (uint64_t)k, val, sizeof val);
+    if (rc != KVBM_EIO) fail_msg("put %d: %s", k, kvbm_status_name(rc));
+  }
+  double dt = vt_now() - t0;
+  kvbm_volume_stats s;
+  kvbm_volume_stats_get(v, &s);
+  kvbm_volume_unregister(v);
+  fc_stop(&a);
+  fc_stop(&b);
+  assert_int_equal(data(&a, &b), 0);
+  unsigned n = asked(&a, &b);
+  if (n > refresh_bound(dt, refresh_ms)) fail_msg("%u CLUSTER SLOTS for %d puts in %.2f s", n, K, dt);
+  assert_true(n >= 1);
+  assert_int_equal(s.slot_maps_refused, n);
+}
+
+/* cluster_refresh_ms out of range is refused by name. */
+static void test_refresh_setting(void **state) {
+  (void)state;
+  kvbm_volume_config c = kvbm_volume_config_default("redis+cluster://127.0.0.1:1");
+  c.cluster_refresh_ms = 3600001;
+  kvbm_volume *v = NULL;
+  kvbm_error e;
+  assert_int_equal(kvbm_volume_register(&c, &v, &e), KVBM_EINVAL);
+  assert_null(v);
+  assert_non_null(strstr(e.msg, "cluster_refresh_ms"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parsers),       cmocka_unit_test(test_keyslot),
       cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_two_processes),
       cmocka_unit_test(test_moved),         cmocka_unit_test(test_ask),
       cmocka_unit_test(test_failover),
+      cmocka_unit_test(test_moved_loop),    cmocka_unit_test(test_slow_loop_deadline),
+      cmocka_unit_test(test_shared_refresh), cmocka_unit_test(test_huge_map),
+      cmocka_unit_test(test_overlapping_map), cmocka_unit_test(test_refresh_setting),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
