@@ -333,7 +333,7 @@ static bool sync_map(cstate *s, bool want, bool *limited, uint64_t deadline_ns, 
       }
       sh->reading = false;
       pthread_cond_broadcast(&sh->cv);
-      s->stale = false; /* read, or tried: the next try waits for the interval */
+      s->stale = r != KVBM_OK; /* a failed read is tried again, after the interval */
       if (r == KVBM_ETIMEDOUT) *rc = r;
     } else if (!waited) {
       *limited = true;
