@@ -9,7 +9,7 @@ add_test(NAME volume_example_demo COMMAND volume_example_demo)
 # (not under TSan: libkvbm.so pulls in UCX, whose libucm madvise hook
 # crashes TSan at thread start; the core's threads are covered by test_volume)
 set_tests_properties(volume_example_demo PROPERTIES LABELS volume)
-foreach(t volume_test_volume volume_test_disk)
+foreach(t volume_test_volume volume_test_disk volume_test_cluster)
   if(TEST ${t})
     set_tests_properties(${t} PROPERTIES LABELS "volume;tsan")
   endif()
