@@ -402,7 +402,18 @@ typedef struct kvbm_router_daemon_config {
   size_t max_body;                /* bytes (8 MiB) */
   size_t max_tokens;              /* per query (1 << 20) */
   size_t max_connections;         /* (256); with the descriptors open at
-                                     create it must fit RLIMIT_NOFILE */
+                                     create it must fit RLIMIT_NOFILE. A
+                                     newcomer past it takes the slot of the
+                                     connection idle longest; 503 only when
+                                     none is idle */
+  size_t max_per_peer;            /* connections from one client address
+                                     (64; >= 1): past it the address's own
+                                     idle connection goes, 503 when none is
+                                     idle. A quarter of the default table:
+                                     four busy frontends (or proxies) fit
+                                     whatever one does; raise it with
+                                     max_connections when every client
+                                     comes through one address */
   double io_timeout_s;            /* a request must arrive, and its answer be
                                      taken by the client, within (10) */
   uint64_t seed;

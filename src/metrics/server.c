@@ -17,29 +17,19 @@
  *   - deadlines both ways: a request must be complete within io_timeout_s
  *     of its first byte, an answer taken within io_timeout_s, and an idle
  *     keep-alive connection goes after io_timeout_s;
- *   - admission (admit() and make_room(), below): at most max_connections
- *     connections, and at most max_per_peer from one IPv4 address. Sockets
- *     that were opened and left idle must not lock real clients out for
- *     io_timeout_s (64 of them once shut the advisor for 10 s), so a
- *     newcomer that would pass a bound takes the slot of an idle
- *     connection: one with no request begun and no answer queued, the one
- *     idle longest. When the newcomer's address is at its bound, that is
- *     one of the address's own idle connections (it only ever competes
- *     with itself: a client that leaks connections keeps being served, and
- *     one that floods from one address only closes its own); otherwise,
- *     with the table full, any address's. Only when there is no idle
- *     connection to close is the newcomer answered 503 and closed (counted
- *     apart: "refused" for the table, "refused_peer" for the address). A
- *     connection with a request begun (slowloris) is never closed for a
- *     newcomer: the per-address bound is what stops one address from
- *     holding the table that way until io_timeout_s. Closing an idle
- *     keep-alive connection is what HTTP/1.1 allows at any time (a client
- *     retries its next request on a new one), and before closing we look
- *     once more (MSG_PEEK) in case a request arrived since the poll. Both
- *     need one pass over the table per new connection (O(max_connections),
- *     4096 at most, no allocation); when accept() fails for want of
- *     descriptors the listening socket rests for ACCEPT_PAUSE_MS instead of
- *     spinning.
+ *   - admission: at most max_connections connections, and at most
+ *     max_per_peer from one IPv4 address, by the rule the router daemon
+ *     uses too (common/admit.c says why): a newcomer that would pass a
+ *     bound takes the slot of an idle connection (no request begun, no
+ *     answer queued, the one idle longest; its address's own when the
+ *     address is at its bound), and is answered 503 only when there is
+ *     none (counted apart: "refused" for the table, "refused_peer" for
+ *     the address). Sockets opened and left idle must not lock real
+ *     clients out for io_timeout_s (64 of them once shut the advisor for
+ *     10 s). make_room() below applies it: one pass over the table per
+ *     new connection (O(max_connections), 4096 at most, no allocation);
+ *     when accept() fails for want of descriptors the listening socket
+ *     rests for ACCEPT_PAUSE_MS instead of spinning.
  * A render takes the registry's lock and, through the collectors, each
  * component's lock for the time of a copy of its counters; the page is
  * written to the socket after every lock is released.
@@ -70,6 +60,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/admit.h"
 #include "common/clock.h"
 #include "common/http.h"
 #include "metrics/internal.h"
@@ -438,71 +429,42 @@ static void refuse(kvbm_metrics_server *s, int fd, const char *why) {
  * bytes seen waiting unread. A connection just accepted is idle. */
 static bool conn_idle(const mconn *c) { return !c->in_len && !c->out && !c->pending; }
 
-typedef enum admit_kind {
-  ADMIT,            /* room: take a free slot */
-  ADMIT_CLOSE_PEER, /* the address is at max_per_peer: close *victim, its own */
-  ADMIT_CLOSE_FULL, /* the table is full: close *victim, any address's */
-  REFUSE_PEER,      /* the address is at max_per_peer, none of its idle: 503 */
-  REFUSE_FULL,      /* the table is full, none idle: 503 */
-} admit_kind;
-
-/* The admission rule for a new connection from `peer` (the essay above),
- * over the table c[0..nc): at most max_conn in all, at most max_per_peer
- * (>= 1) from one address. Reads only, one pass; *victim is the idle
- * connection idle longest (of `peer`'s own for ADMIT_CLOSE_PEER). */
-static admit_kind admit(const mconn *c, size_t nc, size_t max_conn, size_t max_per_peer,
-                        uint32_t peer, size_t *victim) {
-  size_t mine = 0, old_mine = SIZE_MAX, old_any = SIZE_MAX;
-  for (size_t i = 0; i < nc; i++) {
-    bool idle = conn_idle(&c[i]);
-    if (idle && (old_any == SIZE_MAX || c[i].idle_ns < c[old_any].idle_ns)) old_any = i;
-    if (c[i].peer != peer) continue;
-    mine++;
-    if (idle && (old_mine == SIZE_MAX || c[i].idle_ns < c[old_mine].idle_ns)) old_mine = i;
-  }
-  if (mine >= max_per_peer) {
-    if (old_mine == SIZE_MAX) return REFUSE_PEER;
-    *victim = old_mine;
-    return ADMIT_CLOSE_PEER;
-  }
-  if (nc < max_conn) return ADMIT;
-  if (old_any == SIZE_MAX) return REFUSE_FULL;
-  *victim = old_any;
-  return ADMIT_CLOSE_FULL;
+/* The table as the admission rule (common/admit.c) reads it. */
+static void admit_get(const void *table, size_t i, kvbm__admit_conn *out) {
+  const mconn *c = &((const mconn *)table)[i];
+  *out = (kvbm__admit_conn){.fd = c->fd, .peer = c->peer, .idle = conn_idle(c),
+                            .idle_ns = c->idle_ns};
 }
 
-/* Still idle at the last moment: a request may have come since the poll
- * (bytes waiting: then it is not idle). A peer that left (0) or a dead
- * socket may go. */
-static bool still_idle(const mconn *c) {
-  char b;
-  ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n <= 0;
-}
+/* A connection the rule picked had a request waiting: not idle until read. */
+static void admit_busy(void *table, size_t i) { ((mconn *)table)[i].pending = true; }
 
-/* Makes room for a new connection from `peer` as admit() says, closing
- * the idle connection it names; false: the newcomer is to be refused
- * (503). Each count is kept here. A victim found busy at the last look is
- * marked pending and the rule asked again, a few times at most. */
+/* Makes room for a new connection from `peer` by the shared rule (the
+ * essay above, common/admit.c), closing the idle connection it names;
+ * false: the newcomer is to be refused (503). Each count is kept here. */
 static bool make_room(kvbm_metrics_server *s, uint32_t peer, const char **why) {
-  size_t per_peer = s->cfg.max_per_peer;
-  admit_kind k = REFUSE_FULL;
-  for (int tries = 0; tries < 8; tries++) {
-    size_t v = 0;
-    k = admit(s->c, s->nc, s->cfg.max_connections, per_peer, peer, &v);
-    if (k == ADMIT) return true;
-    if (k == REFUSE_PEER || k == REFUSE_FULL) break;
-    if (!still_idle(&s->c[v])) {
-      s->c[v].pending = true;
-      continue;
-    }
-    conn_close(s, v);
-    atomic_fetch_add(k == ADMIT_CLOSE_PEER ? &s->idle_closed_peer : &s->idle_closed_full, 1);
+  kvbm__admit_table t = {.table = s->c, .n = s->nc, .max_conn = s->cfg.max_connections,
+                         .max_per_peer = s->cfg.max_per_peer, .get = admit_get,
+                         .busy = admit_busy};
+  size_t v = 0;
+  kvbm__admit_kind k = kvbm__admit_make_room(&t, peer, &v);
+  switch (k) {
+  case KVBM__ADMIT_ROOM:
     return true;
+  case KVBM__ADMIT_CLOSE_PEER:
+  case KVBM__ADMIT_CLOSE_FULL:
+    conn_close(s, v);
+    atomic_fetch_add(k == KVBM__ADMIT_CLOSE_PEER ? &s->idle_closed_peer : &s->idle_closed_full, 1);
+    return true;
+  case KVBM__ADMIT_REFUSE_PEER:
+    atomic_fetch_add(&s->refused_peer, 1);
+    *why = "too many connections from your address";
+    return false;
+  case KVBM__ADMIT_REFUSE_FULL:
+    break;
   }
-  bool peer_bound = k == REFUSE_PEER || k == ADMIT_CLOSE_PEER;
-  atomic_fetch_add(peer_bound ? &s->refused_peer : &s->refused, 1);
-  *why = peer_bound ? "too many connections from your address" : "too many connections";
+  atomic_fetch_add(&s->refused, 1);
+  *why = "too many connections";
   return false;
 }
 
@@ -519,7 +481,7 @@ static void accept_some(kvbm_metrics_server *s, int64_t now) {
       }
       return;
     }
-    uint32_t peer = pa.sin_addr.s_addr; /* the listener is IPv4 */
+    uint32_t peer = kvbm__admit_peer_key((struct sockaddr *)&pa, pl); /* IPv4: the address */
     const char *why = NULL;
     if (!make_room(s, peer, &why)) {
       refuse(s, fd, why);

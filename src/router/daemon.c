@@ -32,12 +32,21 @@
  *    answers queued must be taken by the client within io_timeout_s of
  *    being queued, else the connection is closed: a client that sends and
  *    never reads cannot keep its slot.
- *  - Descriptors. A connection over max_connections is answered 503. At
- *    the process's descriptor limit accept() fails while the connection
- *    stays queued, and poll() reports it again at once: a spare descriptor
- *    (a dup of the listening socket) is given up for a moment to take the
- *    connection and answer it 503; if even that fails, the listening
- *    socket rests ACCEPT_PAUSE_MS. max_connections is checked against
+ *  - Admission. At most max_connections connections, at most
+ *    max_per_peer from one client address, by the rule the metrics
+ *    endpoint uses too (common/admit.c says why): a newcomer that would
+ *    pass a bound takes the slot of the connection idle longest (its
+ *    address's own when the address is at its bound), and is answered
+ *    503 only when none is idle. Idle (conn_idle) is strict because of
+ *    pipelining: no unconsumed input, no head parsed, nothing queued to
+ *    send, no bytes seen waiting; idle since it was accepted or its
+ *    output was last all taken. Before, 256 sockets opened and left idle
+ *    locked every client out for io_timeout_s (issue 24).
+ *  - Descriptors. At the process's descriptor limit accept() fails while
+ *    the connection stays queued, and poll() reports it again at once: a
+ *    spare descriptor (a dup of the listening socket) is given up for a
+ *    moment to take the connection and answer it 503; if even that fails,
+ *    the listening socket rests ACCEPT_PAUSE_MS. max_connections is checked against
  *    RLIMIT_NOFILE at create.
  *  - Active requests are at most max_active_requests; the oldest goes
  *    first when more arrive. The table (reqtab.c) is a ring: a /route
@@ -71,6 +80,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/admit.h"
 #include "common/clock.h"
 #include "common/http.h"
 #include "kvbm/metrics.h"
@@ -106,6 +116,10 @@ typedef struct conn {
   bool backlog;         /* its turn ended with input left to look at */
   size_t credit;        /* request bytes it may have answered (turns) */
   bool sent_continue;
+  bool pending;         /* bytes seen waiting (MSG_PEEK) and not read yet */
+  uint32_t peer;        /* its client's key (kvbm__admit_peer_key) */
+  int64_t idle_ns;      /* when it was accepted or last had all its output
+                           taken: for an idle one, since when it is idle */
 } conn;
 
 /* Endpoints and methods, as /metrics counts them. */
@@ -132,6 +146,7 @@ typedef struct http_state {
   uint64_t routes, bad, conns, degraded_routes;
   /* what the guards refused, cut or dropped (health_guards) */
   uint64_t refused_busy, refused_no_fd, accept_pauses, read_timeouts, write_timeouts;
+  uint64_t refused_peer, idle_closed_full, idle_closed_peer; /* admission (admit.c) */
   uint64_t turns_cut;
   size_t out_peak; /* the most output one connection ever had queued */
   int64_t t0;
@@ -164,6 +179,7 @@ kvbm_router_daemon_config kvbm_router_daemon_config_default(void) {
   c.max_body = (size_t)8 << 20;
   c.max_tokens = (size_t)1 << 20;
   c.max_connections = 256;
+  c.max_per_peer = 64;
   c.io_timeout_s = 10;
   c.seed = 1;
   kvbm_subscriber_config so = kvbm_subscriber_config_default(NULL);
@@ -305,7 +321,11 @@ static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
       {NULL, h->nc},
       {",\"max_connections\":", d->cfg.max_connections},
       {",\"accepted\":", h->conns},
+      {",\"max_per_peer\":", d->cfg.max_per_peer},
       {",\"refused_busy\":", h->refused_busy},
+      {",\"refused_peer\":", h->refused_peer},
+      {",\"idle_closed_full\":", h->idle_closed_full},
+      {",\"idle_closed_peer\":", h->idle_closed_peer},
       {",\"refused_no_fd\":", h->refused_no_fd},
       {",\"accept_pauses\":", h->accept_pauses},
       {",\"read_timeouts\":", h->read_timeouts},
@@ -423,9 +443,17 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
   for (size_t i = 0; i < sizeof c / sizeof *c; i++)
     kvbm_metrics_counter(w, c[i].name, c[i].help, NULL, 0, c[i].v);
   kvbm_metrics_family(w, "kvbm_router_http_refused_total", KVBM_METRIC_COUNTER,
-                      "Connections answered 503 and closed, by reason");
+                      "Connections answered 503 and closed, by reason (busy: over "
+                      "max_connections with none idle; peer: over max_per_peer from their "
+                      "address with none of its own idle; no_fd: out of descriptors)");
   kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "busy"}, 1, h->refused_busy);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "peer"}, 1, h->refused_peer);
   kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "no_fd"}, 1, h->refused_no_fd);
+  kvbm_metrics_family(w, "kvbm_router_http_idle_closed_total", KVBM_METRIC_COUNTER,
+                      "Idle connections closed to admit a new one (full: the table was full; "
+                      "peer: the newcomer's address was at max_per_peer, one of its own)");
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "full"}, 1, h->idle_closed_full);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "peer"}, 1, h->idle_closed_peer);
   kvbm_metrics_family(w, "kvbm_router_http_timeouts_total", KVBM_METRIC_COUNTER,
                       "Connections closed for a deadline: a request not complete in time "
                       "(read) or answers not taken in time (write)");
@@ -789,6 +817,7 @@ static bool conn_read(kvbm_router_daemon *d, conn *c) {
   size_t limit = MAX_HEAD + d->cfg.max_body; /* process() refuses what is bigger */
   size_t want = (c->have_head ? c->rq.head_len + c->rq.content_length : 0) + READ_AHEAD;
   if (want > limit) want = limit;
+  c->pending = false; /* whatever waited is read now */
   if (c->in_off) {
     memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
     c->in_len -= c->in_off;
@@ -820,8 +849,9 @@ static bool conn_read(kvbm_router_daemon *d, conn *c) {
   return true;
 }
 
-/* Writes what it can: -1 when the connection failed, 1 when all is out. */
-static int conn_write(conn *c) {
+/* Writes what it can: -1 when the connection failed, 1 when all is out
+ * (the time is kept: with no request begun, it is idle from then on). */
+static int conn_write(http_state *h, conn *c) {
   while (c->out_off < c->out_len) {
     ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
     if (n > 0) {
@@ -833,6 +863,7 @@ static int conn_write(conn *c) {
     return -1;
   }
   c->out_off = c->out_len = 0;
+  c->idle_ns = h->now;
   return 1;
 }
 
@@ -843,7 +874,7 @@ static bool conn_turn(kvbm_router_daemon *d, conn *c, short re) {
     if (h->now <= (c->out_len ? c->wdeadline_ns : c->deadline_ns)) return true;
   if (re & (POLLERR | POLLNVAL)) return false;
   if (c->out_len) {
-    if ((re & (POLLOUT | POLLHUP)) && conn_write(c) < 0) return false;
+    if ((re & (POLLOUT | POLLHUP)) && conn_write(h, c) < 0) return false;
   } else if (!c->backlog && !c->eof && (re & (POLLIN | POLLHUP))) {
     if (!conn_read(d, c)) return false;
   }
@@ -851,7 +882,7 @@ static bool conn_turn(kvbm_router_daemon *d, conn *c, short re) {
     if (c->in_len > c->in_off) process(d, c);
     else c->backlog = false;
     if (c->eof && !c->backlog) c->closing = true;
-    if (c->out_len && conn_write(c) < 0) return false; /* answer at once */
+    if (c->out_len && conn_write(h, c) < 0) return false; /* answer at once */
   }
   if (c->out_len) { /* the client must take its answers in time */
     if (h->now <= c->wdeadline_ns) return true;
@@ -863,7 +894,7 @@ static bool conn_turn(kvbm_router_daemon *d, conn *c, short re) {
   if (c->in_len == c->in_off) return false; /* idle keep-alive connection */
   h->read_timeouts++;
   reply_error(h, c, 408, "request not complete in time", true, NULL);
-  return conn_write(c) == 0; /* stays only to finish writing the 408 */
+  return conn_write(h, c) == 0; /* stays only to finish writing the 408 */
 }
 
 static void refuse(int fd, const char *body) {
@@ -899,7 +930,56 @@ static void refuse_no_fd(kvbm_router_daemon *d) {
   }
 }
 
-static bool conn_add(http_state *h, int fd) {
+/* Idle, for the admission rule: nothing of a request is here (no
+ * unconsumed input, no head parsed, no bytes seen waiting unread) and
+ * nothing is queued to send. With pipelining, a connection whose answers
+ * are out but whose next request is half read is busy; one that was
+ * answered and sent nothing since is idle (since idle_ns). */
+static bool conn_idle(const conn *c) {
+  return c->in_off == c->in_len && !c->have_head && !c->out_len && !c->closing && !c->pending;
+}
+
+/* The table as the admission rule (common/admit.c) reads it. */
+static void admit_get(const void *table, size_t i, kvbm__admit_conn *out) {
+  const conn *c = &((const conn *)table)[i];
+  *out = (kvbm__admit_conn){.fd = c->fd, .peer = c->peer, .idle = conn_idle(c),
+                            .idle_ns = c->idle_ns};
+}
+
+/* A connection the rule picked had a request waiting: not idle until read. */
+static void admit_busy(void *table, size_t i) { ((conn *)table)[i].pending = true; }
+
+/* Makes room for a new connection from `peer` by the shared rule, closing
+ * the idle connection it names; false (after counting it): the newcomer
+ * is to be answered 503 with *why. */
+static bool make_room(kvbm_router_daemon *d, uint32_t peer, const char **why) {
+  http_state *h = d->http;
+  kvbm__admit_table t = {.table = h->c, .n = h->nc, .max_conn = d->cfg.max_connections,
+                         .max_per_peer = d->cfg.max_per_peer, .get = admit_get,
+                         .busy = admit_busy};
+  size_t v = 0;
+  kvbm__admit_kind k = kvbm__admit_make_room(&t, peer, &v);
+  switch (k) {
+  case KVBM__ADMIT_ROOM:
+    return true;
+  case KVBM__ADMIT_CLOSE_PEER:
+  case KVBM__ADMIT_CLOSE_FULL:
+    conn_close(h, v);
+    ++*(k == KVBM__ADMIT_CLOSE_PEER ? &h->idle_closed_peer : &h->idle_closed_full);
+    return true;
+  case KVBM__ADMIT_REFUSE_PEER:
+    h->refused_peer++;
+    *why = "{\"error\":\"too many connections from your address\",\"status\":503}";
+    return false;
+  case KVBM__ADMIT_REFUSE_FULL:
+    break;
+  }
+  h->refused_busy++;
+  *why = "{\"error\":\"too many connections\",\"status\":503}";
+  return false;
+}
+
+static bool conn_add(http_state *h, int fd, uint32_t peer) {
   if (h->nc == h->cc) {
     size_t cc = h->cc ? h->cc * 2 : 16;
     conn *nc = realloc(h->c, cc * sizeof *nc);
@@ -907,7 +987,8 @@ static bool conn_add(http_state *h, int fd) {
     h->c = nc;
     h->cc = cc;
   }
-  h->c[h->nc++] = (conn){.fd = fd, .deadline_ns = h->now + h->io_ns};
+  h->c[h->nc++] = (conn){.fd = fd, .deadline_ns = h->now + h->io_ns, .peer = peer,
+                         .idle_ns = h->now};
   h->conns++;
   return true;
 }
@@ -915,7 +996,9 @@ static bool conn_add(http_state *h, int fd) {
 static void accept_some(kvbm_router_daemon *d) {
   http_state *h = d->http;
   for (int k = 0; k < ACCEPTS_PER_TURN && h->now >= h->accept_at; k++) {
-    int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    struct sockaddr_storage pa;
+    socklen_t pl = sizeof pa;
+    int fd = accept4(d->lfd, (struct sockaddr *)&pa, &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE) {
@@ -931,12 +1014,13 @@ static void accept_some(kvbm_router_daemon *d) {
     int one = 1, sndbuf = SNDBUF;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-    if (h->nc >= d->cfg.max_connections) {
-      refuse(fd, "{\"error\":\"too many connections\",\"status\":503}");
-      h->refused_busy++;
+    uint32_t peer = kvbm__admit_peer_key((struct sockaddr *)&pa, pl);
+    const char *why = NULL;
+    if (!make_room(d, peer, &why)) {
+      refuse(fd, why);
       continue;
     }
-    if (!conn_add(h, fd)) {
+    if (!conn_add(h, fd, peer)) {
       refuse(fd, "{\"error\":\"out of memory\",\"status\":503}");
       h->refused_busy++;
     }
@@ -1104,6 +1188,9 @@ static int check_config(const kvbm_router_daemon_config *c, kvbm_error *err) {
     return kvbm_error_set(err, KVBM_EINVAL,
                           "router: approx ttl, worker timeout (>= 0), request ttl and io timeout "
                           "(> 0) must be finite");
+  if (c->max_per_peer < 1)
+    return kvbm_error_set(err, KVBM_EINVAL, "router: max_per_peer 0 (>= 1: connections from "
+                                            "one client address)");
   if (c->max_body < 64 || c->max_connections < 1 || c->max_tokens < 1 ||
       c->max_active_requests < 1 || c->approx_max_blocks < 1)
     return kvbm_error_set(err, KVBM_EINVAL, "router: max_body >= 64; max_connections, "

@@ -23,6 +23,16 @@ counts and order, never on how fast the machine is:
 - active requests: at most --max-active-requests /route records; the
   oldest go first and are counted, records already done are squeezed out
   before any live one is evicted.
+- idle sockets (issue 24): --max-connections sockets opened and left idle
+  (fresh, or kept alive after an answer) do not lock a new client out: it
+  gets 200 at once, the connection idle longest is the one closed (and
+  only it); sockets with half-sent requests are never closed for it, so
+  with the table full of those the newcomer gets 503.
+- per peer: at --max-per-peer from one address (127.0.0.2, .3, .4 are
+  this host's loopback too, so several clients) a newcomer from it closes
+  that address's own oldest idle connection, not an older one of another
+  address; an address whose connections all have requests begun gets 503
+  though the table has room.
 """
 import fcntl
 import http.client
@@ -332,6 +342,149 @@ def check_descriptors():
             s.close()
 
 
+def dial(port, src=None):
+    """A connection to the router, from the loopback address src."""
+    s = socket.socket()
+    if src:
+        s.bind((src, 0))
+    s.settimeout(TIMEOUT)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def closed_by_peer(s):
+    """Waits (TIMEOUT at most) for the router to close s: True when it did."""
+    s.settimeout(TIMEOUT)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def still_open(s):
+    """s is open and the router sent nothing on it."""
+    s.setblocking(False)
+    try:
+        s.recv(1)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        s.settimeout(TIMEOUT)
+
+
+HALF = b"POST /route HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"  # a request begun
+
+
+def check_idle():
+    slots = 16
+    # --io-timeout 60: before, the newcomer was refused for all of it
+    router = Router(["--worker", "1", "--max-connections", str(slots), "--io-timeout", "60"])
+    held = []
+    try:
+        # half the table opened and left idle, the other half answered once
+        # and kept alive (idle again once the answer is taken); the backlog
+        # is accepted in order, so the fresh ones are in the table before
+        # the first answer comes back
+        for _ in range(slots // 2):
+            held.append(dial(router.port))
+        for _ in range(slots // 2):
+            s = dial(router.port)
+            held.append(s)
+            s.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            assert read_response(s)[0] == 200
+        st, r = router.request("POST", "/route", {"block_hashes": [1, 2, 3]})
+        assert st == 200, (st, r)  # before: 503 "too many connections"
+        # the one closed for it is the one idle longest: the first opened
+        assert closed_by_peer(held[0]), "the connection idle longest was not closed"
+        for s in held[1:]:
+            assert still_open(s), "a connection not idle longest was closed"
+        h = router.health()["http"]
+        assert h["idle_closed_full"] >= 1 and h["refused_busy"] == 0, h
+        for s in held:
+            s.close()
+        held = []
+        # the table full of requests begun: never closed for a newcomer
+        for _ in range(slots):
+            s = dial(router.port)
+            held.append(s)
+            s.sendall(HALF)
+        s = dial(router.port)
+        s.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        st, body, _ = read_response(s)
+        assert st == 503 and b"too many connections" in body, (st, body)
+        s.close()
+        for s in held:
+            s.close()
+        held = []
+
+        def refused_counted():
+            try:
+                st, h = router.request("GET", "/health")
+            except (ConnectionError, http.client.HTTPException, socket.timeout):
+                return None
+            return h if st == 200 else None
+
+        h = wait_for(refused_counted, "a slot once the half-sent requests were closed")["http"]
+        assert h["refused_busy"] >= 1 and h["refused_peer"] == 0, h
+        router.stop()
+    except Exception:
+        sys.stderr.write("router log:\n" + router.logtext())
+        router.p.kill()
+        raise
+    finally:
+        for s in held:
+            s.close()
+
+
+def check_per_peer():
+    router = Router(["--worker", "1", "--max-connections", "16", "--max-per-peer", "4",
+                     "--io-timeout", "60"])
+    held = []
+    try:
+        other = dial(router.port, "127.0.0.3")  # idle longest of all
+        held.append(other)
+        mine = [dial(router.port, "127.0.0.2") for _ in range(4)]
+        held += mine
+        s = dial(router.port, "127.0.0.2")  # the fifth from 127.0.0.2
+        held.append(s)
+        s.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        st, body, _ = read_response(s)
+        assert st == 200, (st, body)  # before the rule: served too, but...
+        assert json.loads(body)["http"]["idle_closed_peer"] == 1, body
+        # ...its own oldest goes, not the other address's older one
+        assert closed_by_peer(mine[0]), "127.0.0.2's oldest idle connection was not closed"
+        assert still_open(other), "another address's connection was closed"
+        for c in mine[1:]:
+            assert still_open(c), "more than one connection was closed"
+        # an address whose connections all have requests begun: 503, though
+        # the table has room (9 of 16 open)
+        busy = [dial(router.port, "127.0.0.4") for _ in range(4)]
+        held += busy
+        for c in busy:
+            c.sendall(HALF)
+        s = dial(router.port, "127.0.0.4")
+        held.append(s)
+        s.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+        st, body, _ = read_response(s)
+        assert st == 503 and b"from your address" in body, (st, body)
+        h = router.health()["http"]  # from 127.0.0.1: its own bound
+        assert h["refused_peer"] == 1 and h["refused_busy"] == 0, h
+        assert h["max_per_peer"] == 4, h
+        router.stop()
+    except Exception:
+        sys.stderr.write("router log:\n" + router.logtext())
+        router.p.kill()
+        raise
+    finally:
+        for s in held:
+            s.close()
+
+
 def check_active_requests():
     router = Router(["--worker", "1", "--max-active-requests", "10"])
     try:
@@ -361,7 +514,8 @@ def main():
     only = sys.argv[1:]
     for name, fn in [("pipeline", check_pipeline), ("slow_readers", check_slow_readers),
                      ("approx", check_approx), ("descriptors", check_descriptors),
-                     ("active_requests", check_active_requests)]:
+                     ("active_requests", check_active_requests), ("idle", check_idle),
+                     ("per_peer", check_per_peer)]:
         if only and name not in only:
             continue
         fn()

@@ -3,7 +3,8 @@
 # start here (duplicate worker ids, bad ports, an unwritable --port-file,
 # --max-connections over the descriptor limit), then the live checks of
 # tests/router/guards_e2e.py (pipelining, slow readers, approximate-mode
-# budget, descriptor exhaustion, active-request cap).
+# budget, descriptor exhaustion, active-request cap, idle sockets and the
+# per-address bound).
 set -euo pipefail
 : "${KVBM_BIN:?}" "${KVBM_SOURCE_DIR:?}"
 tmp=$(mktemp -d)
@@ -33,6 +34,7 @@ refused 2 "no valid port" --zmq 1=tcp://127.0.0.1:5557@tcp://127.0.0.1:70000
 refused 2 "no valid port" --nats 1=nats://127.0.0.1:0/kv
 refused 2 "no valid port" --nats "1=nats://127.0.0.1:4222,nats://127.0.0.1:x/kv"
 refused 2 "out of range" --worker 1 --listen 127.0.0.1:65536
+refused 2 "max-per-peer" --worker 1 --max-per-peer 0
 refused 1 "port-file" --worker 1 --port-file "$tmp/no/such/dir/port"
 refused 1 "port-file" --worker 1 --port-file "$tmp"
 # --max-connections against the descriptor limit (ulimit -n sets soft and hard)

@@ -27,7 +27,7 @@ static void usage(FILE *f) {
           "                   [--tier-weights 1,0.75,0.25] [--prefill-weight 1]\n"
           "                   [--load-weight 1] [--load blocks|requests] [--temperature 0]\n"
           "                   [--worker-timeout SECONDS] [--request-ttl 600] [--seed 1]\n"
-          "                   [--io-timeout 10] [--max-connections 256]\n"
+          "                   [--io-timeout 10] [--max-connections 256] [--max-per-peer 64]\n"
           "                   [--max-active-requests 262144] [--approx-max-blocks 65536]\n"
           "                   [--queue-bytes 67108864] [--max-payload 2097152]\n"
           "                   [--max-ranks 8] [--replay-timeout-ms 2000]\n"
@@ -46,7 +46,9 @@ static void usage(FILE *f) {
           "bound the /route records kept for /done (the oldest go first).\n"
           "--io-timeout: a request must arrive, and its answer be read, within it.\n"
           "--max-connections must fit the descriptor limit (ulimit -n); the soft limit\n"
-          "is raised toward the hard one when needed.\n"
+          "is raised toward the hard one when needed. A new connection past it, or past\n"
+          "--max-per-peer from one client address, takes the slot of the connection idle\n"
+          "longest (its address's own at --max-per-peer); 503 only when none is idle.\n"
           "HTTP: POST /route {\"token_ids\": [...]} or {\"block_hashes\": [...]};\n"
           "      POST /done {\"request_id\": N}; GET /health.\n"
           "--port-file: write the port (useful with --listen 127.0.0.1:0); the router\n"
@@ -262,6 +264,11 @@ static int parse(int argc, char **argv, args *a) {
     OPT("--max-connections") {
       if (!cli_parse_u64("router", "--max-connections", v, 1, 100000, &x)) return 2;
       c->max_connections = (size_t)x;
+      continue;
+    }
+    OPT("--max-per-peer") {
+      if (!cli_parse_u64("router", "--max-per-peer", v, 1, 100000, &x)) return 2;
+      c->max_per_peer = (size_t)x;
       continue;
     }
     OPT("--max-active-requests") {
