@@ -407,13 +407,16 @@ typedef struct kvbm_router_daemon_config {
                                      connection idle longest; 503 only when
                                      none is idle */
   size_t max_per_peer;            /* connections from one client address
-                                     (64; >= 1): past it the address's own
-                                     idle connection goes, 503 when none is
-                                     idle. A quarter of the default table:
-                                     four busy frontends (or proxies) fit
-                                     whatever one does; raise it with
-                                     max_connections when every client
-                                     comes through one address */
+                                     (256, the default table: no bound of
+                                     its own; >= 1): past it the address's
+                                     own idle connection goes, 503 when
+                                     none is idle. Not lower by default:
+                                     a router's clients are a few
+                                     frontends, often one proxy or
+                                     everything on 127.0.0.1, and a bound
+                                     below the table would cut what they
+                                     may have in flight. Lower it where
+                                     clients are many and not trusted */
   double io_timeout_s;            /* a request must arrive, and its answer be
                                      taken by the client, within (10) */
   uint64_t seed;

@@ -179,7 +179,7 @@ kvbm_router_daemon_config kvbm_router_daemon_config_default(void) {
   c.max_body = (size_t)8 << 20;
   c.max_tokens = (size_t)1 << 20;
   c.max_connections = 256;
-  c.max_per_peer = 64;
+  c.max_per_peer = 256; /* = max_connections: off unless lowered (router.h) */
   c.io_timeout_s = 10;
   c.seed = 1;
   kvbm_subscriber_config so = kvbm_subscriber_config_default(NULL);

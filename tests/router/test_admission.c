@@ -132,7 +132,7 @@ static void idle_table_admits_a_newcomer(void **state) {
   assert_int_equal(answer(n, body, sizeof body), 200);
   assert_non_null(strstr(body, "\"idle_closed_full\":1,"));
   assert_non_null(strstr(body, "\"refused_busy\":0,"));
-  assert_non_null(strstr(body, "\"max_per_peer\":64,")); /* the default */
+  assert_non_null(strstr(body, "\"max_per_peer\":256,")); /* the default */
   assert_true(closed_by_daemon(fd[0])); /* idle longest: the first */
   for (int i = 0; i < SLOTS; i++) close(fd[i]);
   close(n);
@@ -171,7 +171,7 @@ static void pipelined_half_request_is_not_idle(void **state) {
 static void max_per_peer_is_checked(void **state) {
   (void)state;
   kvbm_router_daemon_config c = kvbm_router_daemon_config_default();
-  assert_int_equal(c.max_per_peer, 64);
+  assert_int_equal(c.max_per_peer, 256);
   kvbm_worker_key w = {.worker_id = 1};
   c.port = 0;
   c.workers = &w;

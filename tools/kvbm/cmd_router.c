@@ -27,7 +27,7 @@ static void usage(FILE *f) {
           "                   [--tier-weights 1,0.75,0.25] [--prefill-weight 1]\n"
           "                   [--load-weight 1] [--load blocks|requests] [--temperature 0]\n"
           "                   [--worker-timeout SECONDS] [--request-ttl 600] [--seed 1]\n"
-          "                   [--io-timeout 10] [--max-connections 256] [--max-per-peer 64]\n"
+          "                   [--io-timeout 10] [--max-connections 256] [--max-per-peer 256]\n"
           "                   [--max-active-requests 262144] [--approx-max-blocks 65536]\n"
           "                   [--queue-bytes 67108864] [--max-payload 2097152]\n"
           "                   [--max-ranks 8] [--replay-timeout-ms 2000]\n"
