@@ -37,6 +37,8 @@ typedef struct PoolObject {
   SeqObject *seqs;   /* live sequences (borrowed; each unlinks itself) */
   uint32_t num_blocks, block_size;
   kvbm_hash_scheme scheme;
+  kvbm_pool_stats final_st; /* as close() left it: what stats() answers then */
+  bool final_ok;
 } PoolObject;
 
 struct SeqObject {
@@ -125,6 +127,8 @@ static PyObject *pool_close(PoolObject *self, PyObject *unused) {
     kvbm_seq_destroy(s->s);
     s->s = NULL;
   }
+  kvbm_pool_stats_get(self->pool, &self->final_st); /* the sequences' releases counted */
+  self->final_ok = true;
   kvbm_pool_destroy(self->pool);
   self->pool = NULL;
   Py_RETURN_NONE;
@@ -147,9 +151,13 @@ static PyObject *pool_exit(PoolObject *self, PyObject *args) {
 
 static PyObject *pool_stats(PoolObject *self, PyObject *unused) {
   (void)unused;
-  if (pool_open(self)) return NULL;
   kvbm_pool_stats s;
-  kvbm_pool_stats_get(self->pool, &s);
+  if (!self->pool && self->final_ok) { /* closed: the final counts */
+    s = self->final_st;
+  } else {
+    if (pool_open(self)) return NULL;
+    kvbm_pool_stats_get(self->pool, &s);
+  }
   PyObject *d = PyDict_New();
   if (!d) return NULL;
   if (kvbmpy_dict_u64(d, "num_blocks", s.num_blocks) ||

@@ -24,6 +24,8 @@
 typedef struct IndexObject {
   PyObject_HEAD
   kvbm_index *idx;  /* NULL once closed */
+  kvbm_index_stats final_st; /* as close() left it: what stats() answers then */
+  bool final_ok;
 } IndexObject;
 
 static PyTypeObject IndexType;
@@ -73,6 +75,10 @@ static void idx_dealloc(IndexObject *self) {
 
 static PyObject *idx_close(IndexObject *self, PyObject *unused) {
   (void)unused;
+  if (self->idx) {
+    kvbm_index_stats_get(self->idx, &self->final_st);
+    self->final_ok = true;
+  }
   kvbm_index_destroy(self->idx);
   self->idx = NULL;
   Py_RETURN_NONE;
@@ -271,9 +277,13 @@ static PyObject *idx_remove_worker(IndexObject *self, PyObject *args, PyObject *
 
 static PyObject *idx_stats(IndexObject *self, PyObject *unused) {
   (void)unused;
-  if (idx_open(self)) return NULL;
   kvbm_index_stats s;
-  kvbm_index_stats_get(self->idx, &s);
+  if (!self->idx && self->final_ok) { /* closed: the final counts */
+    s = self->final_st;
+  } else {
+    if (idx_open(self)) return NULL;
+    kvbm_index_stats_get(self->idx, &s);
+  }
   PyObject *d = PyDict_New();
   if (!d) return NULL;
   if (kvbmpy_dict_u64(d, "events", s.events) || kvbmpy_dict_u64(d, "stored", s.stored) ||

@@ -145,10 +145,36 @@ def test_close_destroys_live_sequences():
     pool.close()
     assert pool.closed and s.closed
     for call in (lambda: s.append([1]), s.fork, lambda: s.block_table, lambda: pool.sequence(),
-                 pool.stats, lambda: pool.run_request([1], [2]), lambda: pool.available):
+                 lambda: pool.run_request([1], [2]), lambda: pool.available):
         with pytest.raises(kvbm.ClosedError):
             call()
     s.destroy()
+
+
+def test_stats_after_close_are_the_final_counts():
+    """What a user reads after close() is the last count, with the live
+    sequences' blocks released by the close (issue 24), not an error."""
+    pool = kvbm.Pool(8, B)
+    s = pool.sequence()
+    s.prefill(toks(0, 3 * B + 1))
+    assert pool.stats()["active"] == 4
+    pool.close()
+    st = pool.stats()
+    assert st["active"] == 0 and st["cached"] == 3 and st["allocated"] == 4
+    assert pool.stats() == st
+
+
+def test_index_stats_after_close_are_the_final_counts():
+    idx = kvbm.Index(B)
+    a = toks(0, 4 * B)
+    idx.apply(1, [{"type": "BlockStored", "block_hashes": kvbm.block_hashes(a, B),
+                   "parent_block_hash": None, "token_ids": a, "block_size": B}])
+    before = idx.stats()
+    assert before["stored"] == 4 and before["workers"] == 1
+    idx.close()
+    assert idx.stats() == before
+    with pytest.raises(kvbm.ClosedError):
+        idx.overlap(a)
 
 
 def test_a_sequence_keeps_its_pool_alive():
