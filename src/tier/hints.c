@@ -132,7 +132,9 @@ static int demote(kvbm_manager *m, uint64_t h, kvbm_tier to) {
 }
 
 static bool volume_tier(const kvbm_manager *m, kvbm_tier t) {
-  return t >= KVBM_TIER_G3 && t < KVBM_TIER_COUNT && m->t[t].present && m->t[t].usable;
+  /* A store left alone (back-off, store.c) takes no hint's copy either. */
+  return t >= KVBM_TIER_G3 && t < KVBM_TIER_COUNT && m->t[t].present && m->t[t].usable &&
+         !kvbm__backed_off(&m->t[t]);
 }
 
 int kvbm_manager_hint(kvbm_manager *m, kvbm_manager_hint_kind kind, uint64_t h, kvbm_tier from,

@@ -96,6 +96,8 @@ typedef struct kvbm__onboards {
   size_t cut;           /* the first block known lost (SIZE_MAX: none yet):
                            an onboard past it is of no use */
   uint64_t deadline_ns; /* CLOCK_MONOTONIC: past it, none is of use */
+  uint32_t sent;        /* gets sent to the store (a late one is its fault) */
+  bool late;            /* the deadline was reported to the back-off */
 } kvbm__onboards;
 
 typedef struct kvbm__job {
@@ -326,6 +328,11 @@ void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed);
  * paid a whole deadline, so the next requests should not (a back-off at
  * once, as if the whole run of failures had been seen). */
 void kvbm__read_late(kvbm_manager *m, kvbm__tier *t);
+/* Lock held. og's deadline passed with onboards from t still out: reports
+ * it to t's back-off once per prefill (whichever side saw it first, the
+ * worker or the engine's wait), and only if a get of it was sent: a get
+ * still queued says nothing of the store. */
+void kvbm__onboards_late(kvbm_manager *m, kvbm__tier *t, kvbm__onboards *og);
 /* Whether an onboard from tier t may be abandoned while it is in flight:
  * its bytes land in a staging buffer first (a framed value), so a late
  * answer can be dropped without touching G1. */

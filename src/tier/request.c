@@ -205,6 +205,9 @@ static void take_walk(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, siz
 static void queue_onboards(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t n,
                            const uint32_t *pins, const uint32_t *sid) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  /* The deadline counts from here: the lookup and a peer pull before had
+   * deadlines of their own, and are not the gets' store's to answer for. */
+  r->deadline_ns = kvbm_clock_ns() + (uint64_t)m->cfg.g4_timeout_ms * 1000000u;
   /* The onboards from stores that may be given up share one record (no
    * memory for it: they are simply waited for, as G2's are). */
   for (size_t k = 0; k < n && !r->og; k++)
@@ -334,7 +337,7 @@ int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t prio
     r->salt = salt_hash;
     r->prio = priority;
     r->settled = SIZE_MAX;
-    r->deadline_ns = kvbm_clock_ns() + (uint64_t)m->cfg.g4_timeout_ms * 1000000u;
+    r->deadline_ns = UINT64_MAX; /* set when its onboards are queued */
     r->src = malloc(K ? K : 1);
     rc = r->src ? keep_tokens(r, tokens, n) : KVBM_ENOMEM;
   }
@@ -443,7 +446,7 @@ static bool settle(kvbm_mreq *r) {
       if (late) {
         abandon(r, k, ids[k]);
         s = KVBM__FAILED;
-        kvbm__read_late(m, &m->t[r->src[k]]);
+        kvbm__onboards_late(m, &m->t[r->src[k]], r->og);
       }
     }
     if ((s == KVBM__FAILED || s == KVBM__UNCOMPUTED) && cut == r->walk) {
@@ -498,7 +501,7 @@ int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
     /* Wake at the prefill's own deadline too: settle() then gives up what
      * a store still owes, however long the caller is prepared to wait. */
     uint64_t now = kvbm_clock_ns(), wake = dl;
-    if (r->deadline_ns > now && (!wake || r->deadline_ns < wake)) wake = r->deadline_ns;
+    if (r->og && r->deadline_ns > now && (!wake || r->deadline_ns < wake)) wake = r->deadline_ns;
     if (!wake) {
       pthread_cond_wait(&m->done_cv, &m->mu);
       continue;

@@ -150,7 +150,10 @@ bool kvbm__onboard_given_up(kvbm_manager *m, kvbm__tier *t, const kvbm__job *j) 
   uint8_t *st = &m->t[KVBM_TIER_G1].state[j->id[KVBM_TIER_G1]];
   if (*st != KVBM__PENDING && *st != KVBM__LANDING) return true; /* its request gave it up */
   if (*st == KVBM__LANDING || !j->og) return false; /* its bytes are on their way in */
-  if (j->k <= j->og->cut && kvbm_clock_ns() < j->og->deadline_ns) return false;
+  if (j->k <= j->og->cut) {
+    if (kvbm_clock_ns() < j->og->deadline_ns) return false;
+    kvbm__onboards_late(m, t, j->og); /* late: in its prompt's match, past the deadline */
+  }
   *st = KVBM__FAILED;
   t->st.abandoned++;
   return true;
@@ -181,6 +184,12 @@ void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed) {
 void kvbm__read_late(kvbm_manager *m, kvbm__tier *t) {
   if (t->fail_run < KVBM__BACKOFF_FAILS - 1) t->fail_run = KVBM__BACKOFF_FAILS - 1;
   kvbm__read_result(m, t, true);
+}
+
+void kvbm__onboards_late(kvbm_manager *m, kvbm__tier *t, kvbm__onboards *og) {
+  if (!og || og->late || !og->sent) return;
+  og->late = true;
+  kvbm__read_late(m, t);
 }
 
 /* ---- the G4 lookup ---- */

@@ -185,7 +185,9 @@ static void get_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
     get_abandoned(m, t, j, ran);
     return;
   }
-  if (ran) kvbm__read_result(m, t, store_failed(j->result));
+  /* (no memory, a CUDA copy: nothing the store did, either way) */
+  if (ran && j->result != KVBM_ENOMEM && j->result != KVBM_EDEVICE)
+    kvbm__read_result(m, t, store_failed(j->result));
   g1->state[j->id[KVBM_TIER_G1]] = ok ? KVBM__READY : KVBM__FAILED;
   /* The match ends here at the latest: the prefill's later onboards from
    * this store are not sent, and those in flight are dropped. */
@@ -493,7 +495,7 @@ static void batch_transfers(kvbm_manager *m, kvbm__tier *t, const vbatch *vb, do
   bool put[KVBM_TIER_COUNT] = {false}, get = false;
   for (uint32_t i = 0; i < vb->n; i++) {
     const kvbm__job *j = &t->vw->slots[vb->slot[i]].job;
-    if (j->result != KVBM_OK) continue;
+    if (j->result != KVBM_OK || t->vw->slots[vb->slot[i]].drop) continue; /* dropped: not moved */
     if (j->kind == KVBM__J_PUT && j->src < KVBM_TIER_COUNT) {
       put[j->src] = true;
       bytes[j->src] += m->block_bytes;
@@ -517,6 +519,14 @@ static void vw_finish(kvbm_manager *m, kvbm__tier *t) {
    * now on (its request can no longer give it up), one given up already
    * is dropped here, so nothing reaches a G1 block its engine now writes. */
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  /* First where each prefill's match now ends (gets the store failed), so
+   * that an answer behind a failure handed back with it is dropped too. */
+  for (vbatch *vb = list; vb; vb = vb->next)
+    for (uint32_t i = 0; i < vb->n; i++) {
+      const kvbm__job *j = &vw->slots[vb->slot[i]].job;
+      if (j->kind == KVBM__J_GET && j->og && vb->ops[i].status != KVBM_OK && j->k < j->og->cut)
+        j->og->cut = j->k;
+    }
   for (vbatch *vb = list; vb; vb = vb->next)
     for (uint32_t i = 0; i < vb->n; i++) {
       vslot *s = &vw->slots[vb->slot[i]];
@@ -592,6 +602,7 @@ static void vw_start(kvbm_manager *m, kvbm__tier *t) {
     s->job = q_pop(t->dq.count ? &t->dq : &t->q);
     /* A get its request gave up is never sent (counted when given up). */
     s->ran = !m->cancel && !kvbm__onboard_given_up(m, t, &s->job);
+    if (s->ran && s->job.kind == KVBM__J_GET && s->job.og) s->job.og->sent++;
     taken[i] = sl;
   }
   t->busy += n;

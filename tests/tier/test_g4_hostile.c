@@ -250,17 +250,48 @@ static void test_late_answers_dropped(void **st) {
   free(p);
 }
 
-/* A store that keeps failing is left alone: after the failing prefill, the
- * next asks it nothing (no lookup, no GET, no SET); once the pause is over
- * and the store is good again, it serves. */
+/* A slow store (every answer 300 ms late, one GET at a time, a 500 ms
+ * deadline) and an engine that does not wait but polls later: the worker
+ * is the one that finds the prefill past its deadline, and the store is
+ * backed off all the same (the engine's poll then finds nothing PENDING). */
+static void test_late_seen_by_worker(void **st) {
+  (void)st;
+  fake f;
+  assert_int_equal(fake_start(&f, GOOD), 0);
+  uint32_t *p = tu_prompt(60000, 10 * 4 + 1);
+  store(&f, p, 10 * 4 + 1, false);
+  fake_set(&f, GOOD, 300, NULL);
+  kvbm_manager *m = mgr(&f, 500, 1, 5000);
+  run x = {0};
+  assert_int_equal(kvbm_manager_prefill(m, 0, 0, p, 10 * 4 + 1, &x.r, NULL, NULL), KVBM_OK);
+  usleep(1500 * 1000); /* the engine busy elsewhere: not a wait for a condition */
+  kvbm_mreq_poll(x.r, &x.info);
+  assert_true(x.info.ready);
+  assert_true(x.info.matched_tokens < 10 * 4);
+  assert_int_equal(tu_verify(m, x.r, x.info.matched_tokens / 4), x.info.matched_tokens / 4);
+  finish(m, &x, 10);
+  kvbm_tier_stats s = g4(m);
+  assert_true(s.abandoned >= 1);
+  assert_int_equal(s.backoffs, 1);
+  accounted(m);
+  kvbm_manager_destroy(m);
+  fake_stop(&f);
+  free(p);
+}
+
+/* A store that made a prefill wait its whole deadline is left alone: the
+ * next prefill asks it nothing (no lookup, no GET, no SET); once the pause
+ * is over and the store is good again, it serves. (A stalled store, not an
+ * erring one: how many errors come back before the first one cuts the
+ * match depends on the worker's timing, the deadline does not.) */
 static void test_backoff(void **st) {
   (void)st;
   fake f;
   assert_int_equal(fake_start(&f, GOOD), 0);
   uint32_t *good = tu_prompt(20000, 8 * 4 + 1);
   store(&f, good, 8 * 4 + 1, false);
-  fake_set(&f, ERROR, 0, NULL);
-  kvbm_manager *m = mgr(&f, 2000, 16, 3000);
+  fake_set(&f, STALL, 0, NULL);
+  kvbm_manager *m = mgr(&f, 400, 16, 5000);
   uint32_t *p = tu_prompt(30000, NB * 4 + 1);
   run x = prefill(m, p, NB * 4 + 1);
   finish(m, &x, NB);
@@ -277,7 +308,7 @@ static void test_backoff(void **st) {
   assert_true(s.backoff_skips > s0.backoff_skips);   /* counted */
   assert_int_equal(fake_count(&f, &f.cmds), cmds);   /* nothing at all: no puts either */
   assert_int_equal(s.backoffs, 1);
-  /* Good again: once the pause (3 s) is over (a lookup goes out again),
+  /* Good again: once the pause (5 s) is over (a lookup goes out again),
    * the stored prompt is a verified hit. */
   fake_set(&f, GOOD, 0, NULL);
   uint32_t base = 50000;
@@ -308,6 +339,7 @@ int main(void) {
       cmocka_unit_test(test_errors_and_garbage),
       cmocka_unit_test(test_good_prefix_then_late),
       cmocka_unit_test(test_late_answers_dropped),
+      cmocka_unit_test(test_late_seen_by_worker),
       cmocka_unit_test(test_backoff),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
