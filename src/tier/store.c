@@ -47,7 +47,8 @@
  * framed store go out in several batches (g4_queue_depth in flight), and
  * a store that says "exists" and then trickles its values would make the
  * engine wait a batch deadline per batch (a 422-block prompt once waited
- * 55 s). So a prefill has one deadline, g4_timeout_ms from its start
+ * 55 s). So a prefill has one deadline, g4_timeout_ms from when its onboards are
+ * queued (its lookup and a peer pull before have deadlines of their own)
  * (kvbm_mreq.deadline_ns), and request.c's settle() ends the match at the
  * first block that failed or is still out at that deadline; every onboard
  * of that request still queued or in flight past that point is abandoned
