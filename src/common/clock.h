@@ -18,4 +18,31 @@ static inline uint64_t kvbm_clock_ns(void) {
 /* Seconds on CLOCK_MONOTONIC. */
 static inline double kvbm_clock_seconds(void) { return (double)kvbm_clock_ns() * 1e-9; }
 
+/* Deadlines for pthread_cond_timedwait, written once (they were written
+ * again in seven files). `clk` is the clock the condition variable waits
+ * on: CLOCK_MONOTONIC where it was created with pthread_condattr_setclock,
+ * CLOCK_REALTIME (the default) otherwise. */
+
+/* A time on CLOCK_MONOTONIC in nanoseconds (kvbm_clock_ns()'s scale) as
+ * a timespec. */
+static inline struct timespec kvbm__timespec_of_ns(uint64_t ns) {
+  return (struct timespec){.tv_sec = (time_t)(ns / 1000000000u),
+                           .tv_nsec = (long)(ns % 1000000000u)};
+}
+
+/* `ns` nanoseconds from now on clock `clk`. */
+static inline struct timespec kvbm__deadline_after_ns(clockid_t clk, uint64_t ns) {
+  struct timespec ts;
+  clock_gettime(clk, &ts);
+  uint64_t nsec = (uint64_t)ts.tv_nsec + ns % 1000000000u;
+  ts.tv_sec += (time_t)(ns / 1000000000u + nsec / 1000000000u);
+  ts.tv_nsec = (long)(nsec % 1000000000u);
+  return ts;
+}
+
+/* `ms` milliseconds from now on clock `clk` (ms <= 0: now). */
+static inline struct timespec kvbm__deadline_after_ms(clockid_t clk, int64_t ms) {
+  return kvbm__deadline_after_ns(clk, ms > 0 ? (uint64_t)ms * 1000000u : 0);
+}
+
 #endif

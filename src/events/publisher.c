@@ -641,13 +641,7 @@ int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err) {
 
 int kvbm_publisher_flush(kvbm_publisher *p, int timeout_ms, kvbm_error *err) {
   if (!p) return kvbm_error_set(err, KVBM_EINVAL, "events: flush: NULL");
-  struct timespec dl;
-  clock_gettime(CLOCK_MONOTONIC, &dl);
-  if (timeout_ms >= 0) {
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-  }
+  struct timespec dl = kvbm__deadline_after_ms(CLOCK_MONOTONIC, timeout_ms);
   pthread_mutex_lock(&p->mu);
   if (!p->started) {
     pthread_mutex_unlock(&p->mu);

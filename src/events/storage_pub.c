@@ -237,12 +237,7 @@ static void *thread_main(void *arg) {
       if (!done && !p->polls) { /* nothing to serve: sleep until due */
         uint64_t until = p->qn ? p->oldest_ns + (uint64_t)p->cfg.period_ms * 1000000u
                                : now + (uint64_t)SERVICE_MS * 1000000u * 20;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t wait = until > now ? until - now : 0;
-        ts.tv_sec += (time_t)(wait / 1000000000u);
-        ts.tv_nsec += (long)(wait % 1000000000u);
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        struct timespec ts = kvbm__deadline_after_ns(CLOCK_MONOTONIC, until > now ? until - now : 0);
         pthread_cond_timedwait(&p->cv, &p->mu, &ts);
       }
       pthread_mutex_unlock(&p->mu);
@@ -321,13 +316,7 @@ int kvbm_storage_publish(kvbm_storage_publisher *p, const kvbm_storage_event *ev
 int kvbm_storage_publisher_flush(kvbm_storage_publisher *p, int timeout_ms, kvbm_error *err) {
   if (!p) return kvbm_error_set(err, KVBM_EINVAL, "storage publisher: NULL publisher");
   if (!p->started) return kvbm_error_set(err, KVBM_ESTATE, "storage publisher: not started");
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  if (timeout_ms > 0) {
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-  }
+  struct timespec dl = kvbm__deadline_after_ms(CLOCK_REALTIME, timeout_ms);
   int rc = KVBM_OK;
   pthread_mutex_lock(&p->mu);
   uint64_t want = p->next_id - 1;

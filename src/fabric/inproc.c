@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "fabric/fabric_impl.h"
 
 typedef struct payload {
@@ -60,18 +61,6 @@ typedef struct inproc_rkey {
 
 static inproc *IP(kvbm_fabric *f) { return (inproc *)f; }
 
-/* Deadline for pthread_cond_timedwait on CLOCK_MONOTONIC. */
-static struct timespec deadline_ts(int timeout_ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  ts.tv_sec += timeout_ms / 1000;
-  ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  return ts;
-}
 
 /* Waits on the core's condition; false once the deadline passed. */
 static bool wait_until(core *c, int timeout_ms, const struct timespec *dl) {
@@ -113,7 +102,7 @@ static int ip_push(kvbm_fabric *f, const void *data, size_t len, uint64_t id, kv
 static int ip_next(kvbm_fabric *f, int timeout_ms, kvbm_fabric_handle *h, size_t *len, kvbm_error *err) {
   inproc *ip = IP(f);
   core *c = ip->c;
-  struct timespec dl = deadline_ts(timeout_ms > 0 ? timeout_ms : 0);
+  struct timespec dl = kvbm__deadline_after_ms(CLOCK_MONOTONIC, timeout_ms);
   pthread_mutex_lock(&c->mu);
   for (;;) {
     for (payload *p = c->inbox[ip->side]; p; p = p->next)
@@ -140,7 +129,7 @@ static int ip_pull(kvbm_fabric *f, kvbm_fabric_handle h, void *buf, size_t cap, 
   inproc *ip = IP(f);
   core *c = ip->c;
   int peer = 1 - ip->side;
-  struct timespec dl = deadline_ts(timeout_ms > 0 ? timeout_ms : 0);
+  struct timespec dl = kvbm__deadline_after_ms(CLOCK_MONOTONIC, timeout_ms);
   pthread_mutex_lock(&c->mu);
   for (;;) {
     payload **pp = &c->inbox[ip->side];

@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "router/daemon_impl.h"
 
 #define MAGIC "KVBMRTR\1"
@@ -218,12 +219,9 @@ static void *snap_main(void *arg) {
   kvbm_router_daemon *d = arg;
   pthread_mutex_lock(&d->snap_mu);
   while (!d->snap_stop) {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    double s = d->cfg.snapshot_every_s;
-    dl.tv_sec += (time_t)s;
-    dl.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
-    if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+    /* snapshot_every_s <= 1e6 (checked at create): well within u64 ns */
+    struct timespec dl =
+        kvbm__deadline_after_ns(CLOCK_MONOTONIC, (uint64_t)(d->cfg.snapshot_every_s * 1e9));
     while (!d->snap_stop && pthread_cond_timedwait(&d->snap_cv, &d->snap_mu, &dl) != ETIMEDOUT) {
     }
     if (d->snap_stop) break;

@@ -64,6 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "kvbm/blake3.h"
 #include "kvbm/fabric.h"
 #include "kvbm/frame.h"
@@ -140,18 +141,6 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* An absolute CLOCK_REALTIME deadline for pthread_cond_timedwait. */
-static struct timespec deadline_in(int ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_sec += ms / 1000;
-  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  return ts;
-}
 
 /* ---- the peers array ---- */
 
@@ -524,7 +513,7 @@ static int take_grants(kvbm__peer *p, uint32_t n, uint32_t *ids, uint32_t *got, 
     kvbm__put_le32(req + 4, n - have);
     int rc = send_copy(p, req, sizeof req, err);
     if (rc) return rc;
-    struct timespec dl = deadline_in(p->cfg.timeout_ms);
+    struct timespec dl = kvbm__deadline_after_ms(CLOCK_REALTIME, p->cfg.timeout_ms);
     pthread_mutex_lock(&p->mu);
     while (p->grant_replies == replies && !p->closed)
       if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) break;
@@ -1150,7 +1139,7 @@ int kvbm_manager_peer_flush(kvbm_manager *m, uint32_t peer, int timeout_ms, kvbm
   while (p->awaiting > 0 && !p->closed) {
     int64_t left = end == INT64_MAX ? 1000 : end - now_ms();
     if (left <= 0) break;
-    struct timespec dl = deadline_in(left > 1000 ? 1000 : (int)left);
+    struct timespec dl = kvbm__deadline_after_ms(CLOCK_REALTIME, left > 1000 ? 1000 : left);
     pthread_cond_timedwait(&p->cv, &p->mu, &dl);
   }
   bool done = p->awaiting == 0, closed = p->closed;
@@ -1224,7 +1213,7 @@ size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes,
     bool answered = p->handled - start >= n || p->closed;
     int64_t left = end - now_ms();
     if (!answered && left > 0) {
-      struct timespec dl = deadline_in(left > 20 ? 20 : (int)left);
+      struct timespec dl = kvbm__deadline_after_ms(CLOCK_REALTIME, left > 20 ? 20 : left);
       pthread_cond_timedwait(&p->cv, &p->mu, &dl);
     }
     pthread_mutex_unlock(&p->mu);

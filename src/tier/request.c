@@ -483,10 +483,6 @@ void kvbm_mreq_poll(kvbm_mreq *r, kvbm_mreq_info *out) {
   pthread_mutex_unlock(&r->m->mu);
 }
 
-static struct timespec ts_of_ns(uint64_t ns) {
-  return (struct timespec){.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
-}
-
 int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
   if (!r) return KVBM_EINVAL;
   kvbm_manager *m = r->m;
@@ -506,7 +502,7 @@ int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
       pthread_cond_wait(&m->done_cv, &m->mu);
       continue;
     }
-    struct timespec ts = ts_of_ns(wake);
+    struct timespec ts = kvbm__timespec_of_ns(wake);
     if (pthread_cond_timedwait(&m->done_cv, &m->mu, &ts) == ETIMEDOUT && dl &&
         kvbm_clock_ns() >= dl) {
       if (!settle(r)) rc = KVBM_ETIMEDOUT;

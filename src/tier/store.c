@@ -223,17 +223,6 @@ static void lookup_done(void *user, kvbm_volume_op *ops, size_t n) {
   if (orphan) lookup_free(l);
 }
 
-static struct timespec deadline_in(int ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  ts.tv_sec += ms / 1000;
-  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  return ts;
-}
 
 int kvbm__lookup_run(kvbm_manager *m, kvbm__tier *t, const uint64_t *hashes, size_t n,
                      bool *found) {
@@ -254,7 +243,7 @@ int kvbm__lookup_run(kvbm_manager *m, kvbm__tier *t, const uint64_t *hashes, siz
     lookup_free(l);
     return rc;
   }
-  struct timespec dl = deadline_in(m->cfg.g4_lookup_timeout_ms);
+  struct timespec dl = kvbm__deadline_after_ms(CLOCK_MONOTONIC, m->cfg.g4_lookup_timeout_ms);
   pthread_mutex_lock(&l->mu);
   while (!l->done && pthread_cond_timedwait(&l->cv, &l->mu, &dl) == 0) {
   }
