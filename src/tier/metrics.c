@@ -99,7 +99,6 @@ void kvbm__tier_metrics_transfer(kvbm__tier_metrics *tm, int src, int dst, uint6
 
 /* ------------------------------------------------------------- collector */
 
-static const char *const tier_label[KVBM_TIER_COUNT] = {"G1", "G2", "G3", "G4"};
 
 typedef struct lw {
   kvbm_metrics_writer *w;
@@ -112,7 +111,7 @@ static void per_tier(lw *c, const char *name, const char *help, bool below_g1,
   kvbm_metrics_family(c->w, name, KVBM_METRIC_COUNTER, help);
   for (int t = below_g1 ? 1 : 0; t < KVBM_TIER_COUNT; t++) {
     if (!c->s->tier[t].present && !c->s->tier[t].num_blocks) continue;
-    kvbm_metrics_value_u64(c->w, &(kvbm_metric_label){"tier", tier_label[t]}, 1,
+    kvbm_metrics_value_u64(c->w, &(kvbm_metric_label){"tier", kvbm_tier_name(t)}, 1,
                            get(&c->s->tier[t], c->s));
   }
 }
@@ -232,8 +231,8 @@ static void copies(lw *c) {
       int a = pairs[p][0], b = pairs[p][1];
       if (!s->tier[a].num_blocks || !s->tier[b].num_blocks) continue;
       kvbm_metric_label l[3] = {{"op", b == 0 ? "onboard" : "offload"},
-                                {"src", tier_label[a]},
-                                {"dst", tier_label[b]}};
+                                {"src", kvbm_tier_name(a)},
+                                {"dst", kvbm_tier_name(b)}};
       if (f == 0) kvbm_metrics_value_u64(w, l, 3, s->tm.copy_blocks[a][b]);
       else if (f == 1) kvbm_metrics_value_u64(w, l, 3, s->tm.copy_bytes[a][b]);
       else if (f == 2) kvbm_metrics_histogram_value(w, l, 3, &s->tm.copy_seconds_h[a][b]);
@@ -244,7 +243,7 @@ static void copies(lw *c) {
                       "Time the tier's worker spent copying into or out of it");
   for (int t = 1; t < KVBM_TIER_COUNT; t++)
     if (s->tier[t].num_blocks)
-      kvbm_metrics_value(w, &(kvbm_metric_label){"tier", tier_label[t]}, 1,
+      kvbm_metrics_value(w, &(kvbm_metric_label){"tier", kvbm_tier_name(t)}, 1,
                          s->tier[t].busy_seconds);
 }
 
@@ -264,7 +263,7 @@ static void failures(lw *c) {
     } k[] = {{"queue", x->skipped_queue}, {"space", x->skipped_space}, {"io", x->skipped_io},
              {"unavailable", x->skipped_unavailable}};
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
-      kvbm_metric_label l[2] = {{"tier", tier_label[t]}, {"cause", k[i].cause}};
+      kvbm_metric_label l[2] = {{"tier", kvbm_tier_name(t)}, {"cause", k[i].cause}};
       kvbm_metrics_value_u64(w, l, 2, k[i].v);
     }
   }
@@ -281,7 +280,7 @@ static void failures(lw *c) {
                       "out or came back short)");
   for (int t = 1; t < KVBM_TIER_COUNT; t++) {
     if (!s->tier[t].num_blocks) continue;
-    kvbm_metric_label l[2] = {{"tier", tier_label[t]}, {"cause", "checksum"}};
+    kvbm_metric_label l[2] = {{"tier", kvbm_tier_name(t)}, {"cause", "checksum"}};
     kvbm_metrics_value_u64(w, l, 2, s->tier[t].checksum_failures);
     l[1].value = "foreign";
     kvbm_metrics_value_u64(w, l, 2, s->tier[t].foreign);
@@ -336,13 +335,13 @@ static void volumes(lw *c) {
   /* the stores' own counters, by the tier they serve */
   for (int t = 1; t < KVBM_TIER_COUNT; t++)
     if (s->has_volume[t])
-      kvbm__volume_metrics_write(w, &s->volume[t], &(kvbm_metric_label){"tier", tier_label[t]}, 1);
+      kvbm__volume_metrics_write(w, &s->volume[t], &(kvbm_metric_label){"tier", kvbm_tier_name(t)}, 1);
   kvbm_metrics_family(w, "kvbm_tier_info", KVBM_METRIC_GAUGE,
                       "1 for each configured tier, labelled with how its bytes move (memory, "
                       "io_uring+O_DIRECT, a store's URL without user info)");
   for (int t = 0; t < KVBM_TIER_COUNT; t++) {
     if (!s->tier[t].num_blocks) continue;
-    kvbm_metric_label l[2] = {{"tier", tier_label[t]}, {"mode", s->mode[t]}};
+    kvbm_metric_label l[2] = {{"tier", kvbm_tier_name(t)}, {"mode", s->mode[t]}};
     kvbm_metrics_value(w, l, 2, 1);
   }
 }
@@ -361,7 +360,7 @@ static void occupancy(lw *c) {
     } k[] = {{"free", s->tier[t].free}, {"cached", s->tier[t].cached},
              {"active", s->tier[t].active}};
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
-      kvbm_metric_label l[2] = {{"tier", tier_label[t]}, {"state", k[i].state}};
+      kvbm_metric_label l[2] = {{"tier", kvbm_tier_name(t)}, {"state", k[i].state}};
       kvbm_metrics_value_u64(w, l, 2, k[i].v);
     }
   }
@@ -374,7 +373,7 @@ static void occupancy(lw *c) {
   for (int t = 0; t < KVBM_TIER_COUNT; t++) {
     const kvbm_tier_stats *x = &s->tier[t];
     if (!x->num_blocks && !x->present) continue;
-    kvbm_metric_label l = {"tier", tier_label[t]};
+    kvbm_metric_label l = {"tier", kvbm_tier_name(t)};
     kvbm_metrics_family(w, "kvbm_tier_capacity_blocks", KVBM_METRIC_GAUGE, NULL);
     kvbm_metrics_value_u64(w, &l, 1, x->num_blocks);
     kvbm_metrics_family(w, "kvbm_tier_occupancy_ratio", KVBM_METRIC_GAUGE, NULL);

@@ -109,12 +109,11 @@ static void collect(void *user, kvbm_metrics_writer *w) {
                        "Prompt tokens the replay was handed from the cache and verified", NULL, 0,
                        w1.hit_tokens);
   if (obs->w2) {
-    static const char *const tl[KVBM_TIER_COUNT] = {"G1", "G2", "G3", "G4"};
     kvbm_metrics_family(w, "kvbm_replay_tier_hit_tokens_total", KVBM_METRIC_COUNTER,
                         "Verified hit tokens by the tier that held them (the replay's count)");
     for (int t = 0; t < KVBM_TIER_COUNT; t++)
       if (obs->present >> t & 1)
-        kvbm_metrics_value_u64(w, &(kvbm_metric_label){"tier", tl[t]}, 1, hit[t]);
+        kvbm_metrics_value_u64(w, &(kvbm_metric_label){"tier", kvbm_tier_name(t)}, 1, hit[t]);
     kvbm_metrics_counter(w, "kvbm_replay_verify_failures_total",
                          "Onboarded blocks whose bytes the replay found wrong", NULL, 0, verify);
   } else if (done) {
@@ -280,12 +279,11 @@ static bool write_plot(replay_obs *obs, size_t total, const char *what) {
   legend(f, x0 + w + 12, y1 + 10, "#08519c", NULL, "so far");
   legend(f, x0 + w + 12, y1 + 30, "#9ecae1", NULL, "per interval");
   panel(f, x0, y2, w, h2, total, "Tier occupancy ((cached + active) / capacity)");
-  static const char *const tl[KVBM_TIER_COUNT] = {"G1", "G2", "G3", "G4"};
   int row = 0;
   for (int t = 0; t < KVBM_TIER_COUNT; t++) {
     if (!(obs->present >> t & 1)) continue;
     line(f, obs, x0, y2, w, h2, total, t, colour[t], 2, t == 3 ? "6,3" : NULL);
-    legend(f, x0 + w + 12, y2 + 10 + 20 * row++, colour[t], t == 3 ? "6,3" : NULL, tl[t]);
+    legend(f, x0 + w + 12, y2 + 10 + 20 * row++, colour[t], t == 3 ? "6,3" : NULL, kvbm_tier_name(t));
   }
   fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"12\">requests "
              "replayed</text>\n</svg>\n", x0 + w / 2, y2 + h2 + 36);
