@@ -63,6 +63,7 @@
 #include "common/admit.h"
 #include "common/clock.h"
 #include "common/http.h"
+#include "common/sendbuf.h"
 #include "metrics/internal.h"
 #include "metrics/server.h"
 
@@ -333,16 +334,8 @@ static bool handle(kvbm_metrics_server *s, mconn *c, int64_t now) {
 
 /* Writes what the socket takes: -1 failed, 0 more to write, 1 all out. */
 static int conn_write(mconn *c) {
-  while (c->out_off < c->out_len) {
-    ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
-    if (n > 0) {
-      c->out_off += (size_t)n;
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    return -1;
-  }
+  int w = kvbm__send_pending(c->fd, c->out, c->out_len, &c->out_off);
+  if (w <= 0) return w;
   free(c->out);
   c->out = NULL;
   c->out_len = c->out_off = 0;

@@ -83,6 +83,7 @@
 #include "common/admit.h"
 #include "common/clock.h"
 #include "common/http.h"
+#include "common/sendbuf.h"
 #include "kvbm/metrics.h"
 #include "router/daemon_impl.h"
 #include "router/json.h"
@@ -852,16 +853,8 @@ static bool conn_read(kvbm_router_daemon *d, conn *c) {
 /* Writes what it can: -1 when the connection failed, 1 when all is out
  * (the time is kept: with no request begun, it is idle from then on). */
 static int conn_write(http_state *h, conn *c) {
-  while (c->out_off < c->out_len) {
-    ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
-    if (n > 0) {
-      c->out_off += (size_t)n;
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    return -1;
-  }
+  int w = kvbm__send_pending(c->fd, c->out, c->out_len, &c->out_off);
+  if (w <= 0) return w;
   c->out_off = c->out_len = 0;
   c->idle_ns = h->now;
   return 1;
