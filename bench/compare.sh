@@ -104,7 +104,7 @@ def figures(text):
 side = {}
 for s in "ab":
     per = [figures(open(f"{runs}/{s}.{r}").read()) for r in range(1, rounds + 1)]
-    keys = set(per[0]).intersection(*per[1:]) if per else set()
+    keys = [k for k in per[0] if all(k in p for p in per[1:])]  # in the output's order
     side[s] = {k: [p[k] for p in per] for k in keys}
 names = [k for k in side["a"] if k in side["b"]]
 if not names:
