@@ -242,10 +242,9 @@ struct kvbm_mreq {
   uint8_t *src;     /* tier of each walked block */
   size_t walk;      /* blocks the walk matched */
   size_t settled;   /* blocks of the match after onboarding (SIZE_MAX: not yet) */
-  uint64_t deadline_ns; /* CLOCK_MONOTONIC: onboards from a store that may be
-                           abandoned (store.c, kvbm__abandonable) are given
-                           up past this, one deadline for the whole prefill */
-  kvbm__onboards *og;   /* shared with those onboards' jobs (NULL: none) */
+  kvbm__onboards *og;   /* its onboards from stores that may be abandoned
+                           (store.c, kvbm__abandonable): their cut and their
+                           one deadline, shared with their jobs (NULL: none) */
   size_t committed; /* full blocks committed */
   /* Phases (ADR-0006): a label per full block (kvbm_frame_phase). */
   uint8_t *phase;
@@ -324,10 +323,6 @@ bool kvbm__backed_off(const kvbm__tier *t);
  * it (down, late, an error, a value that is not ours), not that the key
  * was absent. Counts toward or resets the back-off. */
 void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed);
-/* A prefill reached its deadline with reads from t still out: the engine
- * paid a whole deadline, so the next requests should not (a back-off at
- * once, as if the whole run of failures had been seen). */
-void kvbm__read_late(kvbm_manager *m, kvbm__tier *t);
 /* Lock held. og's deadline passed with onboards from t still out: reports
  * it to t's back-off once per prefill (whichever side saw it first, the
  * worker or the engine's wait), and only if a get of it was sent: a get

@@ -205,15 +205,16 @@ static void take_walk(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, siz
 static void queue_onboards(kvbm_manager *m, kvbm_mreq *r, const uint64_t *hashes, size_t n,
                            const uint32_t *pins, const uint32_t *sid) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
-  /* The deadline counts from here: the lookup and a peer pull before had
-   * deadlines of their own, and are not the gets' store's to answer for. */
-  r->deadline_ns = kvbm_clock_ns() + (uint64_t)m->cfg.g4_timeout_ms * 1000000u;
   /* The onboards from stores that may be given up share one record (no
-   * memory for it: they are simply waited for, as G2's are). */
-  for (size_t k = 0; k < n && !r->og; k++)
-    if (r->src[k] != KVBM_TIER_G1 && kvbm__abandonable(&m->t[r->src[k]]) &&
-        (r->og = malloc(sizeof *r->og)))
-      *r->og = (kvbm__onboards){.refs = 1, .cut = SIZE_MAX, .deadline_ns = r->deadline_ns};
+   * memory for it: they are simply waited for, as G2's are). Its deadline
+   * counts from here: the lookup and a peer pull before had deadlines of
+   * their own, and are not the gets' store's to answer for. */
+  bool any = false;
+  for (size_t k = 0; k < n && !any; k++)
+    any = r->src[k] != KVBM_TIER_G1 && kvbm__abandonable(&m->t[r->src[k]]);
+  if (any && (r->og = malloc(sizeof *r->og)))
+    *r->og = (kvbm__onboards){.refs = 1, .cut = SIZE_MAX,
+                              .deadline_ns = kvbm_clock_ns() + (uint64_t)m->cfg.g4_timeout_ms * 1000000u};
   for (size_t k = 0; k < n; k++) {
     if (r->src[k] == KVBM_TIER_G1) continue;
     kvbm__tier *t = &m->t[r->src[k]];
@@ -337,7 +338,6 @@ int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t prio
     r->salt = salt_hash;
     r->prio = priority;
     r->settled = SIZE_MAX;
-    r->deadline_ns = UINT64_MAX; /* set when its onboards are queued */
     r->src = malloc(K ? K : 1);
     rc = r->src ? keep_tokens(r, tokens, n) : KVBM_ENOMEM;
   }
@@ -421,7 +421,7 @@ static void abandon(kvbm_mreq *r, size_t k, uint32_t g1id) {
  *
  * One deadline for the whole prefill (store.c): the match ends at the
  * first block that failed, or that is still out from an abandonable store
- * at r->deadline_ns, and every abandonable onboard behind that point is
+ * at r->og->deadline_ns, and every abandonable onboard behind that point is
  * given up at once, so neither later batches nor a trickling store can
  * hold the engine. Onboards that cannot be abandoned (G2, the disk://
  * slot file, a copy LANDING) are waited for: they end by themselves. */
@@ -440,7 +440,7 @@ static bool settle(kvbm_mreq *r) {
     bool may_go = r->og && kvbm__abandonable(&m->t[r->src[k]]);
     if (s == KVBM__PENDING && cut == r->walk && may_go) {
       if (!clock_read) { /* read once, and only when it can matter */
-        late = kvbm_clock_ns() >= r->deadline_ns;
+        late = kvbm_clock_ns() >= r->og->deadline_ns; /* may_go: og is there */
         clock_read = true;
       }
       if (late) {
@@ -497,7 +497,8 @@ int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
     /* Wake at the prefill's own deadline too: settle() then gives up what
      * a store still owes, however long the caller is prepared to wait. */
     uint64_t now = kvbm_clock_ns(), wake = dl;
-    if (r->og && r->deadline_ns > now && (!wake || r->deadline_ns < wake)) wake = r->deadline_ns;
+    uint64_t own = r->og ? r->og->deadline_ns : 0;
+    if (own > now && (!wake || own < wake)) wake = own;
     if (!wake) {
       pthread_cond_wait(&m->done_cv, &m->mu);
       continue;

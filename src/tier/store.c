@@ -49,7 +49,7 @@
  * engine wait a batch deadline per batch (a 422-block prompt once waited
  * 55 s). So a prefill has one deadline, g4_timeout_ms from when its onboards are
  * queued (its lookup and a peer pull before have deadlines of their own)
- * (kvbm_mreq.deadline_ns), and request.c's settle() ends the match at the
+ * (kvbm__onboards.deadline_ns), and request.c's settle() ends the match at the
  * first block that failed or is still out at that deadline; every onboard
  * of that request still queued or in flight past that point is abandoned
  * (counted): a queued one is never sent, an answer that comes later is
@@ -182,15 +182,13 @@ void kvbm__read_result(kvbm_manager *m, kvbm__tier *t, bool failed) {
   t->st.backoffs++;
 }
 
-void kvbm__read_late(kvbm_manager *m, kvbm__tier *t) {
-  if (t->fail_run < KVBM__BACKOFF_FAILS - 1) t->fail_run = KVBM__BACKOFF_FAILS - 1;
-  kvbm__read_result(m, t, true);
-}
-
 void kvbm__onboards_late(kvbm_manager *m, kvbm__tier *t, kvbm__onboards *og) {
   if (!og || og->late || !og->sent) return;
   og->late = true;
-  kvbm__read_late(m, t);
+  /* The engine paid a whole deadline: the next requests should not, so a
+   * back-off at once, as if the whole run of failures had been seen. */
+  if (t->fail_run < KVBM__BACKOFF_FAILS - 1) t->fail_run = KVBM__BACKOFF_FAILS - 1;
+  kvbm__read_result(m, t, true);
 }
 
 /* ---- the G4 lookup ---- */

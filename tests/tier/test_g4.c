@@ -43,19 +43,12 @@ static kvbm_manager *g4_manager(const char *url, const char *model) {
   c.g4_url = url;
   c.model_id = model;
   c.g4_lookup_timeout_ms = 5000; /* a loaded machine must not turn hits into misses */
-  kvbm_manager *m = NULL;
-  kvbm_error e = {0};
-  int rc = kvbm_manager_create(&c, &m, &e);
-  if (rc) fprintf(stderr, "create: %s\n", e.msg);
-  assert_int_equal(rc, KVBM_OK);
+  kvbm_manager *m = tu_create(&c);
+  assert_non_null(m);
   return m;
 }
 
-static kvbm_tier_stats g4_stats(kvbm_manager *m) {
-  kvbm_tier_stats s;
-  assert_int_equal(kvbm_manager_stats_get(m, KVBM_TIER_G4, &s), KVBM_OK);
-  return s;
-}
+static kvbm_tier_stats g4_stats(kvbm_manager *m) { return tu_stats(m, KVBM_TIER_G4); }
 
 /* Prefills p (n tokens), waits, returns the settled match in blocks and
  * the G4 share of it; keeps the request in *keep (or destroys it). */

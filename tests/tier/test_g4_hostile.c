@@ -54,19 +54,12 @@ static kvbm_manager *mgr(fake *f, int timeout_ms, uint32_t depth, int backoff_ms
   c.g4_lookup_timeout_ms = 5000; /* the lookup is answered at once */
   c.g4_queue_depth = depth;
   c.g4_backoff_ms = backoff_ms;
-  kvbm_manager *m = NULL;
-  kvbm_error e = {0};
-  int rc = kvbm_manager_create(&c, &m, &e);
-  if (rc) fprintf(stderr, "create: %s\n", e.msg);
-  assert_int_equal(rc, KVBM_OK);
+  kvbm_manager *m = tu_create(&c);
+  assert_non_null(m);
   return m;
 }
 
-static kvbm_tier_stats g4(kvbm_manager *m) {
-  kvbm_tier_stats s;
-  assert_int_equal(kvbm_manager_stats_get(m, KVBM_TIER_G4, &s), KVBM_OK);
-  return s;
-}
+static kvbm_tier_stats g4(kvbm_manager *m) { return tu_stats(m, KVBM_TIER_G4); }
 
 /* Stores the blocks of p (n tokens) in the fake through a fresh manager;
  * with `other`, the KV written is not the one tu_compute writes (so bytes

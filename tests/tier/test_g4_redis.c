@@ -33,19 +33,12 @@ static kvbm_manager *mgr(const char *url, int lookup_ms) {
   c.g4_url = url;
   c.g4_lookup_timeout_ms = lookup_ms;
   c.g4_timeout_ms = 1000;
-  kvbm_manager *m = NULL;
-  kvbm_error e = {0};
-  int rc = kvbm_manager_create(&c, &m, &e);
-  if (rc) fprintf(stderr, "create: %s\n", e.msg);
-  assert_int_equal(rc, KVBM_OK);
+  kvbm_manager *m = tu_create(&c);
+  assert_non_null(m);
   return m;
 }
 
-static kvbm_tier_stats g4(kvbm_manager *m) {
-  kvbm_tier_stats s;
-  assert_int_equal(kvbm_manager_stats_get(m, KVBM_TIER_G4, &s), KVBM_OK);
-  return s;
-}
+static kvbm_tier_stats g4(kvbm_manager *m) { return tu_stats(m, KVBM_TIER_G4); }
 
 /* Prefill, wait, verify every matched byte; the G4 share of the match. */
 static size_t g4_hits(kvbm_manager *m, const uint32_t *p, size_t n, size_t *matched) {

@@ -107,6 +107,29 @@ static inline kvbm_manager_config tu_config(const char *dir, uint32_t g1, uint32
   return c;
 }
 
+/* kvbm_manager_create, printing why it failed (the tests then assert
+ * non-NULL). */
+static inline kvbm_manager *tu_create(const kvbm_manager_config *c) {
+  kvbm_manager *m = NULL;
+  kvbm_error e = {0};
+  if (kvbm_manager_create(c, &m, &e)) {
+    fprintf(stderr, "create: %s\n", e.msg);
+    return NULL;
+  }
+  return m;
+}
+
+/* Tier ti's counters; a refusal (no manager, no such tier) fails the test
+ * at once. */
+static inline kvbm_tier_stats tu_stats(kvbm_manager *m, kvbm_tier ti) {
+  kvbm_tier_stats s;
+  if (kvbm_manager_stats_get(m, ti, &s)) {
+    fprintf(stderr, "kvbm_manager_stats_get(%d) failed\n", (int)ti);
+    abort();
+  }
+  return s;
+}
+
 /* A fresh directory under the build tree. */
 static inline char *tu_tmpdir(const char *tag) {
   char *p = malloc(512);
