@@ -269,12 +269,17 @@ if [ "$MODE" = dry ]; then
   exit $FAILED
 fi
 
-step gpu-tests 300 "$OUT/tests.log" gpu_tests
-for b in "$BUILD"/bench_gpu_*; do [ -x "$b" ] && run_bench "$(basename "$b")"; done
-if [ "$WITH_PY" = 1 ]; then
+# KVBM_GPU_STEPS narrows the device run to some of: tests bench python
+# manycore (default: all of them).
+want() { case " ${KVBM_GPU_STEPS:-tests bench python manycore} " in *" $1 "*) return 0 ;; esac; return 1; }
+want tests && step gpu-tests 300 "$OUT/tests.log" gpu_tests
+if want bench; then
+  for b in "$BUILD"/bench_gpu_*; do [ -x "$b" ] && run_bench "$(basename "$b")"; done
+fi
+if want python && [ "$WITH_PY" = 1 ]; then
   step python-cuda 180 "$OUT/python.log" env PYTHONPATH="$BUILD/python" KVBM_REQUIRE_GPU=1 \
     "$PY" "$ROOT/tests/python/test_tiny_engine_cuda.py"
 fi
-manycore
+want manycore && manycore
 write_summary
 exit $FAILED
