@@ -22,7 +22,7 @@
  * until it is told. The writer calls kvbm_fabric_flush() and then pushes a
  * message naming the blocks; the target acts on the message only.
  *
- * Two implementations:
+ * Three implementations:
  *   in-process  kvbm_fabric_inproc_pair(): two ends in one process (tests,
  *               single-node setups). Thread-safe between the two ends.
  *   UCX         kvbm_fabric_ucx_listen()/accept()/connect(): a real UCX ucp
@@ -33,6 +33,15 @@
  *               memory registered with ucp_mem_map. Which UCX transports
  *               carry it (shared memory, TCP, RDMA) is UCX's choice, limited
  *               by kvbm_fabric_ucx_config.transports / net_devices.
+ *   CUDA IPC    kvbm_fabric_cudaipc_listen()/accept()/connect(): two
+ *               processes on one node (prefill and decode on two GPUs of a
+ *               host, or on one). The same TCP side channel, shared-key
+ *               proof and MAC'd hello as UCX; pushes travel on that socket;
+ *               block sets live in DEVICE memory, exported as
+ *               cudaIpcMemHandle_t and opened by the importer, whose reads
+ *               and writes are cudaMemcpyAsync on its own stream (device to
+ *               device; a host buffer works too). Host memory is refused
+ *               (KVBM_EUNSUPPORTED): UCX is the fabric for it.
  *
  * Threads: the two ends of an in-process pair may be used from two threads;
  * one end itself (and every UCX fabric) from one thread at a time.
@@ -168,6 +177,81 @@ KVBM_EXTERN int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
                             const char *host, uint16_t port,
                             kvbm_fabric **out, kvbm_error *err);
 
+/* ---- CUDA IPC fabric ---- */
+
+/* A CUDA IPC end. Needs a CUDA build and a device: otherwise accept and
+ * connect return KVBM_EUNSUPPORTED (no CUDA runtime in this build) or
+ * KVBM_EDEVICE (no device, or cfg.device past the last one). */
+typedef struct kvbm_fabric_cudaipc_config {
+  const char *name;        /* node name told to the peer; NULL: "cudaipc".
+                              The label (kvbm_fabric_label) is "cuda-ipc" */
+  const void *key;         /* the shared key, as kvbm_fabric_ucx_config's:
+                              required, proved both ways before anything
+                              else is read; not kept */
+  size_t key_len;
+  int device;              /* the CUDA ordinal this end copies on (its
+                              stream's device; the peer's memory is mapped
+                              here with peer access enabled as needed);
+                              default 0. Registered memory may be on any
+                              device of the node */
+  int timeout_ms;          /* side channel, handshake and close; default 10000 */
+  uint64_t max_payload;    /* largest push accepted from the peer (larger: a
+                              protocol error); default 1 GiB */
+  uint64_t max_pending;    /* payloads waiting to be pulled; default 65536 */
+  kvbm_fabric_refused_fn on_refused; /* listener: optional */
+  void *on_refused_user;
+} kvbm_fabric_cudaipc_config;
+
+/* The defaults above. */
+KVBM_EXTERN kvbm_fabric_cudaipc_config kvbm_fabric_cudaipc_config_default(void);
+
+typedef struct kvbm_fabric_cudaipc_listener kvbm_fabric_cudaipc_listener;
+
+/* Listens on host:port (host NULL: "127.0.0.1"; port 0: any free port).
+ * Touches no CUDA (a process may listen, then fork, then use CUDA). The
+ * config is copied (the key as the derived MAC key). *out is owned by the
+ * caller: kvbm_fabric_cudaipc_listener_destroy(). KVBM_EINVAL (no key, a
+ * bad length, a bad name, timeout_ms <= 0, device < 0), KVBM_EEXIST (port
+ * in use), KVBM_EIO. (Works in a build without CUDA too; accept then
+ * says KVBM_EUNSUPPORTED.) */
+KVBM_EXTERN int kvbm_fabric_cudaipc_listen(const kvbm_fabric_cudaipc_config *cfg, const char *host,
+                                           uint16_t port, kvbm_fabric_cudaipc_listener **out,
+                                           kvbm_error *err);
+
+KVBM_EXTERN uint16_t kvbm_fabric_cudaipc_listener_port(const kvbm_fabric_cudaipc_listener *l);
+KVBM_EXTERN uint64_t kvbm_fabric_cudaipc_listener_refused(const kvbm_fabric_cudaipc_listener *l);
+
+/* As kvbm_fabric_ucx_accept: checks the device first (KVBM_EDEVICE), then
+ * waits up to cfg.timeout_ms for a peer that proves the key and is a CUDA
+ * IPC end on this host; peers that fail are refused, counted and reported
+ * and the wait goes on. KVBM_ETIMEDOUT, KVBM_EIO (CUDA failed here: the
+ * message names the call and CUDA's reason), KVBM_ENOMEM. */
+KVBM_EXTERN int kvbm_fabric_cudaipc_accept(kvbm_fabric_cudaipc_listener *l, kvbm_fabric **out,
+                                           kvbm_error *err);
+
+KVBM_EXTERN void kvbm_fabric_cudaipc_listener_destroy(kvbm_fabric_cudaipc_listener *l);
+
+/* As kvbm_fabric_ucx_connect. KVBM_EAUTH (the listener lacks the key),
+ * KVBM_EPROTO (not a CUDA IPC end), KVBM_EUNSUPPORTED (the peer is on
+ * another host), KVBM_EDEVICE, KVBM_ETIMEDOUT, KVBM_ECLOSED, KVBM_EIO,
+ * KVBM_EINVAL.
+ *
+ * Block sets on a CUDA IPC fabric: kvbm_fabric_register() takes DEVICE
+ * memory only (a region may sit anywhere inside a cudaMalloc allocation:
+ * the allocation's handle and the region's offset in it are exported);
+ * memory CUDA will not export (host, managed, cudaMallocAsync pools) is
+ * refused naming CUDA's reason. kvbm_fabric_import() checks the peer's key
+ * (KVBM_EPROTO: not a CUDA IPC key; KVBM_ERANGE: the region outside the
+ * allocation, as claimed or as actually mapped) before any copy.
+ * kvbm_fabric_storage_create() is KVBM_EUNSUPPORTED (use
+ * kvbm_storage_create(KVBM_MEMORY_DEVICE, ...)). Reads and writes are
+ * asynchronous on this end's stream; kvbm_fabric_flush() waits for them
+ * (and reports a failed copy as a sticky KVBM_EIO). A remote set's release
+ * waits for this end's copies, then closes the handle. Not thread-safe:
+ * one thread per end. */
+KVBM_EXTERN int kvbm_fabric_cudaipc_connect(const kvbm_fabric_cudaipc_config *cfg, const char *host,
+                                            uint16_t port, kvbm_fabric **out, kvbm_error *err);
+
 /* ---- Every fabric ---- */
 
 /* Closes the connection and frees the end. UCX: first tells the peer and
@@ -177,7 +261,7 @@ KVBM_EXTERN int kvbm_fabric_ucx_connect(const kvbm_fabric_ucx_config *cfg,
  * no-op. */
 KVBM_EXTERN void kvbm_fabric_destroy(kvbm_fabric *f);
 
-/* "inproc" or "ucx": which implementation. */
+/* "inproc", "ucx" or "cudaipc": which implementation. */
 KVBM_EXTERN const char *kvbm_fabric_kind(const kvbm_fabric *f);
 
 /* The fabric's label (ADR-0006's label()), what a report names the

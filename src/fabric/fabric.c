@@ -151,10 +151,12 @@ int kvbm_fabric_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
 
 /* ---- Block sets ---- */
 
-static int memory_reachable(kvbm_memory_type m, const char *what, kvbm_error *err) {
-  if (m == KVBM_MEMORY_SYSTEM || m == KVBM_MEMORY_PINNED) return KVBM_OK;
-  return kvbm_error_set(err, KVBM_EUNSUPPORTED, "fabric: %s: %s memory is not reachable by this fabric",
-                        what, kvbm_memory_type_name(m));
+static int memory_reachable(const kvbm_fabric *f, kvbm_memory_type m, const char *what, kvbm_error *err) {
+  if (f->vt->device_memory ? m == KVBM_MEMORY_DEVICE : (m == KVBM_MEMORY_SYSTEM || m == KVBM_MEMORY_PINNED))
+    return KVBM_OK;
+  return kvbm_error_set(err, KVBM_EUNSUPPORTED, "fabric: %s: %s memory is not reachable by the %s fabric (it "
+                        "reaches %s memory)", what, kvbm_memory_type_name(m), f->vt->kind,
+                        f->vt->device_memory ? "device" : "system and pinned");
 }
 
 static void local_set_free(kvbm_fabric_local_set *ls) {
@@ -175,7 +177,7 @@ int kvbm_fabric_register(kvbm_fabric *f, const kvbm_layout_desc *desc, kvbm_fabr
   if (!desc || !out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: register: NULL argument");
   int rc = kvbm__fabric_check(f, err);
   if (rc) return rc;
-  rc = memory_reachable(desc->memory, "register", err);
+  rc = memory_reachable(f, desc->memory, "register", err);
   if (rc) return rc;
   if (desc->num_regions != desc->layout.num_regions || desc->num_regions == 0 || !desc->region_base)
     return kvbm_error_set(err, KVBM_EINVAL, "fabric: register: desc has %llu regions, its layout %llu",
@@ -273,7 +275,7 @@ int kvbm_fabric_import(kvbm_fabric *f, const uint8_t *buf, size_t len, kvbm_fabr
     free(rs);
     return rc;
   }
-  rc = memory_reachable(rs->desc.memory, "import", err);
+  rc = memory_reachable(f, rs->desc.memory, "import", err);
   if (rc == KVBM_OK) {
     rs->regions = calloc(rs->desc.num_regions, sizeof *rs->regions);
     if (!rs->regions) rc = kvbm_error_set(err, KVBM_ENOMEM, "fabric: import: out of memory");

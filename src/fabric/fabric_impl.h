@@ -21,6 +21,9 @@ typedef struct kvbm_fabric_vtable {
   const char *label; /* the transport's label for reports (ADR-0006):
                         "nixl-synth" for the synthetic in-process fabric,
                         "ucx" */
+  /* Which memory a block set may live in: false, host memory (SYSTEM and
+   * PINNED: in-process, UCX); true, DEVICE memory only (CUDA IPC). */
+  bool device_memory;
   /* Sends a payload under handle id `id` (assigned by the generic layer). */
   int (*push)(kvbm_fabric *f, const void *data, size_t len, uint64_t id,
               kvbm_error *err);
