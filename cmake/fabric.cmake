@@ -12,3 +12,11 @@ if(TARGET fabric_test_ucx)
   # Forks and runs two UCX workers per test; a generous limit for loaded CI.
   set_tests_properties(fabric_test_ucx PROPERTIES TIMEOUT 300)
 endif()
+if(TARGET fabric_test_gpu_cudaipc)
+  # Two processes on one GPU (label gpu from gpu.cmake): about 5 s on an
+  # H100; every wait inside has its own 15 s timeout.
+  set_tests_properties(fabric_test_gpu_cudaipc PROPERTIES TIMEOUT 120)
+endif()
+if(TARGET fabric_test_cudaipc_wire)
+  set_tests_properties(fabric_test_cudaipc_wire PROPERTIES TIMEOUT 60)
+endif()
