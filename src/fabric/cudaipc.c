@@ -170,8 +170,10 @@ void kvbm__cipc_addr_self(kvbm__cipc_addr *a) {
 
 #ifdef KVBM_HAVE_CUDA
 typedef CUresult (*range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
+typedef CUresult (*attr_fn)(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
 #else
 typedef void (*range_fn)(void);
+typedef void (*attr_fn)(void);
 #endif
 
 typedef struct rx_msg {
@@ -214,6 +216,7 @@ typedef struct ipc_fabric {
   int sock;
   void *stream; /* cudaStream_t */
   range_fn get_range;
+  attr_fn get_attr; /* cuPointerGetAttribute: asked when get_range cannot answer */
   /* receive */
   uint8_t rx_hdr[FR_HDR_MAX];
   size_t rx_hdr_got, rx_hdr_need;
@@ -276,6 +279,11 @@ static int cuda_setup(ipc_fabric *u, uint8_t uuid[16], kvbm_error *err) {
                             : kvbm_error_set(err, KVBM_EIO, "fabric: cudaipc: the driver has no cuMemGetAddressRange");
     else
       u->get_range = (range_fn)fn;
+    fn = NULL;
+    if (!rc && cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault, &q) ==
+                   cudaSuccess && q == cudaDriverEntryPointSuccess)
+      u->get_attr = (attr_fn)fn;
+    (void)cudaGetLastError();
   }
   if (!rc) {
     struct cudaDeviceProp p;
@@ -287,6 +295,22 @@ static int cuda_setup(ipc_fabric *u, uint8_t uuid[16], kvbm_error *err) {
   }
   dev_leave(u, prev);
   return rc;
+}
+
+/* The allocation holding ptr (its base and size): cuMemGetAddressRange,
+ * or the pointer's range attributes where that cannot answer. The CUresult
+ * of the first call when neither can. */
+static CUresult alloc_range(const ipc_fabric *u, const void *ptr, CUdeviceptr *base, size_t *size) {
+  CUresult cr = u->get_range(base, size, (CUdeviceptr)(uintptr_t)ptr);
+  if (cr == CUDA_SUCCESS || !u->get_attr) return cr;
+  CUdeviceptr b = 0;
+  size_t n = 0;
+  if (u->get_attr(&b, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS ||
+      u->get_attr(&n, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS || n == 0)
+    return cr;
+  *base = b;
+  *size = n;
+  return CUDA_SUCCESS;
 }
 
 static void cuda_teardown(ipc_fabric *u) {
@@ -652,7 +676,7 @@ static int ci_mem_register(kvbm_fabric *f, void *base, uint64_t len, void **reg,
                         base, a.type == cudaMemoryTypeHost ? "pinned host" : a.type == cudaMemoryTypeManaged
                                                                                   ? "managed" : "unregistered host");
   } else {
-    CUresult cr = u->get_range(&abase, &asize, (CUdeviceptr)(uintptr_t)base);
+    CUresult cr = alloc_range(u, base, &abase, &asize);
     if (cr != CUDA_SUCCESS)
       rc = kvbm_error_set(err, KVBM_EUNSUPPORTED, "fabric: cudaipc: register: cuMemGetAddressRange(%p) failed (%d)",
                           base, (int)cr);
@@ -732,7 +756,7 @@ static int ci_key_attach(kvbm_fabric *f, uint64_t base, uint64_t len, const uint
     } else {
       CUdeviceptr mb = 0;
       size_t ms = 0;
-      CUresult cr = u->get_range(&mb, &ms, (CUdeviceptr)(uintptr_t)m->ptr);
+      CUresult cr = alloc_range(u, m->ptr, &mb, &ms);
       if (cr != CUDA_SUCCESS || mb != (CUdeviceptr)(uintptr_t)m->ptr)
         rc = kvbm_error_set(err, KVBM_EIO, "fabric: cudaipc: import: cuMemGetAddressRange of the mapping failed (%d)",
                             (int)cr);

@@ -376,7 +376,12 @@ static void test_two_processes(void **state) {
   CU(cudaFreeHost(pinned));
 
   /* ONE allocation, four regions at an offset inside it */
-  size_t head = 4096;
+  /* some room ahead of the first region, chosen so that the allocation is
+   * a whole number of 2 MiB pages: no rounding of its size can hide the
+   * region pushed past its end below */
+  size_t body = 4 * lay.region_size, page = 2u << 20;
+  size_t head = (body + page - 1) / page * page - body;
+  if (head < 4096) head += page;
   uint8_t *dev;
   CU(cudaMalloc((void **)&dev, head + 4 * lay.region_size));
   for (int r = 0; r < 4; r++) pb[r] = (uint64_t)(uintptr_t)(dev + head + r * lay.region_size);
