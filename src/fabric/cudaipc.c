@@ -201,6 +201,17 @@ typedef struct ipc_map {
   unsigned refs;
 } ipc_map;
 
+/* An allocation this end exported: its handle, asked of CUDA once and
+ * shared by every registered region inside it (the importer then sees one
+ * handle per allocation, whatever CUDA would answer a second time). */
+typedef struct ipc_export {
+  struct ipc_export *next;
+  uint64_t base;
+  size_t size;
+  uint8_t handle[KVBM__CIPC_HANDLE];
+  unsigned refs;
+} ipc_export;
+
 /* key_attach's result: a peer extent and where its bytes are here. */
 typedef struct ipc_rkey {
   ipc_map *map;
@@ -230,6 +241,7 @@ typedef struct ipc_fabric {
   bool peer_closed, peer_gone;
   uint64_t posted; /* copies posted since the last completed flush */
   ipc_map *maps;
+  ipc_export *exports;
 } ipc_fabric;
 
 static ipc_fabric *C(kvbm_fabric *f) { return (ipc_fabric *)f; }
@@ -653,6 +665,18 @@ static int ci_flush(kvbm_fabric *f, int timeout_ms, kvbm_error *err) {
   }
 }
 
+/* A registration ends: its allocation's entry goes with the last region
+ * in it (an IPC handle itself needs no release at the exporter). */
+static void ci_mem_deregister(kvbm_fabric *f, void *reg) {
+  ipc_fabric *u = C(f);
+  ipc_export *x = reg;
+  if (!x || --x->refs > 0) return;
+  ipc_export **pp = &u->exports;
+  while (*pp && *pp != x) pp = &(*pp)->next;
+  if (*pp) *pp = x->next;
+  free(x);
+}
+
 static int ci_mem_register(kvbm_fabric *f, void *base, uint64_t len, void **reg, uint8_t **key, size_t *key_len,
                            kvbm_error *err) {
   ipc_fabric *u = C(f);
@@ -685,24 +709,42 @@ static int ci_mem_register(kvbm_fabric *f, void *base, uint64_t len, void **reg,
                           "fabric: cudaipc: register: region [%p, +%llu) reaches past its allocation of %zu bytes",
                           base, (unsigned long long)len, asize);
   }
+  ipc_export *x = NULL;
   if (!rc) {
-    cudaIpcMemHandle_t h;
-    e = cudaIpcGetMemHandle(&h, (void *)(uintptr_t)abase);
-    if (e != cudaSuccess)
-      rc = cuda_fail(err, KVBM_EUNSUPPORTED, "register: cudaIpcGetMemHandle (memory from cudaMallocAsync pools or "
-                     "cuMemCreate has no legacy IPC handle)", e);
-    else {
-      memcpy(k.handle, &h, KVBM__CIPC_HANDLE);
-      k.offset = (uint64_t)(uintptr_t)base - abase;
-      k.alloc_size = asize;
+    for (x = u->exports; x && !(x->base == abase && x->size == asize); x = x->next) {
+    }
+    if (!x) {
+      cudaIpcMemHandle_t h;
+      e = cudaIpcGetMemHandle(&h, (void *)(uintptr_t)abase);
+      if (e != cudaSuccess)
+        rc = cuda_fail(err, KVBM_EUNSUPPORTED, "register: cudaIpcGetMemHandle (memory from cudaMallocAsync pools or "
+                       "cuMemCreate has no legacy IPC handle)", e);
+      else if (!(x = calloc(1, sizeof *x)))
+        rc = kvbm_error_set(err, KVBM_ENOMEM, "fabric: cudaipc: register: out of memory");
+      else {
+        x->base = abase;
+        x->size = asize;
+        memcpy(x->handle, &h, KVBM__CIPC_HANDLE);
+        x->next = u->exports;
+        u->exports = x;
+      }
     }
   }
   dev_leave(u, prev);
   if (rc) return rc;
   *key = malloc(KVBM__CIPC_KEY_LEN);
-  if (!*key) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: cudaipc: register: out of memory");
+  if (!*key) {
+    x->refs++;
+    ci_mem_deregister(f, x); /* drops the entry unless another region uses it */
+    return kvbm_error_set(err, KVBM_ENOMEM, "fabric: cudaipc: register: out of memory");
+  }
+  memcpy(k.handle, x->handle, KVBM__CIPC_HANDLE);
+  k.offset = (uint64_t)(uintptr_t)base - abase;
+  k.alloc_size = asize;
   kvbm__cipc_key_encode(&k, *key);
   *key_len = KVBM__CIPC_KEY_LEN;
+  x->refs++;
+  *reg = x;
   return KVBM_OK;
 #else
   (void)base, (void)len, (void)key, (void)key_len;
@@ -710,10 +752,6 @@ static int ci_mem_register(kvbm_fabric *f, void *base, uint64_t len, void **reg,
 #endif
 }
 
-static void ci_mem_deregister(kvbm_fabric *f, void *reg) {
-  (void)f;
-  (void)reg; /* nothing to undo: an IPC handle needs no release at the exporter */
-}
 
 static int ci_mem_alloc(kvbm_fabric *f, uint64_t len, void **addr, void **alloc, kvbm_error *err) {
   (void)f, (void)len, (void)addr, (void)alloc;
@@ -904,6 +942,10 @@ static void ci_destroy(kvbm_fabric *f) {
   cuda_teardown(u);
 #endif
   rx_clear(u);
+  for (ipc_export *x = u->exports, *n; x; x = n) { /* sets not released: a caller's bug */
+    n = x->next;
+    free(x);
+  }
   if (u->sock >= 0) close(u->sock);
   free(u);
 }
