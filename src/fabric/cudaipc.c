@@ -795,16 +795,18 @@ static int ci_key_attach(kvbm_fabric *f, uint64_t base, uint64_t len, const uint
       CUdeviceptr mb = 0;
       size_t ms = 0;
       CUresult cr = alloc_range(u, m->ptr, &mb, &ms);
-      if (cr != CUDA_SUCCESS || mb != (CUdeviceptr)(uintptr_t)m->ptr)
-        rc = kvbm_error_set(err, KVBM_EIO, "fabric: cudaipc: import: cuMemGetAddressRange of the mapping failed (%d)",
-                            (int)cr);
+      CUdeviceptr p = (CUdeviceptr)(uintptr_t)m->ptr;
+      if (cr != CUDA_SUCCESS || p < mb || p - mb >= ms)
+        rc = kvbm_error_set(err, KVBM_EIO,
+                            "fabric: cudaipc: import: the driver cannot say how large the mapping at %p is "
+                            "(cuMemGetAddressRange: %d)", m->ptr, (int)cr);
       if (rc) {
         cudaIpcCloseMemHandle(m->ptr);
         free(m);
         m = NULL;
       } else {
         memcpy(m->handle, k.handle, KVBM__CIPC_HANDLE);
-        m->size = ms;
+        m->size = ms - (size_t)(p - mb); /* usable from the pointer CUDA gave */
         m->next = u->maps;
         u->maps = m;
       }
