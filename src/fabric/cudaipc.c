@@ -886,6 +886,7 @@ static int ci_rma(kvbm_fabric *f, bool write, void *rkey, uint64_t raddr, void *
   if (!rk || raddr < rk->peer_base || raddr - rk->peer_base > rk->len || len > rk->len - (raddr - rk->peer_base))
     return kvbm_error_set(err, KVBM_ERANGE, "fabric: cudaipc: [0x%llx, +%zu) outside the imported extent",
                           (unsigned long long)raddr, len);
+  if (!u->has_device) return no_device(u, "read/write", err);
 #ifdef KVBM_HAVE_CUDA
   uint8_t *remote = rk->local + (raddr - rk->peer_base);
   int prev, rc = dev_enter(u, &prev, err);

@@ -9,7 +9,8 @@
  * flush waiting for the pulls, host memory refused at register and import,
  * hostile keys refused at import before CUDA is reached, and a hostile
  * peer's frames (unknown type, oversized push, an ack for nothing, a
- * hang-up) ending in sticky errors, never a crash or a hang. The device
+ * hang-up) ending in sticky errors, never a crash or a hang; and two ends
+ * pushing 16 MiB at each other before either pulls (no deadlock). The device
  * path itself is tests/fabric/test_gpu_cudaipc.c. */
 #include <pthread.h>
 #include <setjmp.h>
@@ -461,11 +462,71 @@ static void test_hostile_frames(void **state) {
   }
 }
 
+/* Both ends push 16 MiB at each other before either pulls (more than the
+ * socket buffers hold): each push is queued and every wait pumps both
+ * ways, so neither blocks on a full buffer while the other does too. */
+#define CROSS (16u << 20)
+
+static int cross_side(kvbm_fabric *f, uint8_t seed, char *msg, size_t cap) {
+  kvbm_error e = {0};
+  uint8_t *out = malloc(CROSS), *in = malloc(CROSS);
+  for (size_t i = 0; i < CROSS; i++) out[i] = (uint8_t)(i * 13 + seed);
+  kvbm_fabric_handle h;
+  size_t len = 0;
+  int rc = kvbm_fabric_push(f, out, CROSS, &h, &e);
+  if (!rc) rc = kvbm_fabric_next(f, 10000, &h, &len, &e);
+  if (!rc) rc = kvbm_fabric_pull(f, h, in, CROSS, &len, 10000, &e);
+  if (!rc) rc = kvbm_fabric_flush(f, 10000, &e);
+  uint8_t other = seed == 1 ? 2 : 1;
+  for (size_t i = 0; !rc && i < CROSS; i++)
+    if (in[i] != (uint8_t)(i * 13 + other)) rc = -990;
+  snprintf(msg, cap, "%s", e.msg);
+  free(out);
+  free(in);
+  return rc;
+}
+
+static void *cross_peer(void *arg) {
+  peer_args *a = arg;
+  kvbm_fabric_cudaipc_config c = config("decode");
+  kvbm_fabric *f = NULL;
+  kvbm_error e = {0};
+  a->rc = kvbm__fabric_cudaipc_connect_nodev(&c, "127.0.0.1", a->port, &f, &e);
+  if (a->rc) {
+    snprintf(a->msg, sizeof a->msg, "connect: %s", e.msg);
+    return NULL;
+  }
+  a->rc = cross_side(f, 2, a->msg, sizeof a->msg);
+  kvbm_fabric_destroy(f);
+  return NULL;
+}
+
+static void test_crossing_pushes(void **state) {
+  (void)state;
+  kvbm_fabric_cudaipc_config c = config("prefill");
+  kvbm_fabric_cudaipc_listener *l;
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_cudaipc_listen(&c, NULL, 0, &l, &e), KVBM_OK);
+  peer_args a = {.port = kvbm_fabric_cudaipc_listener_port(l)};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, cross_peer, &a), 0);
+  kvbm_fabric *f = NULL;
+  assert_int_equal(kvbm__fabric_cudaipc_accept_nodev(l, &f, &e), KVBM_OK);
+  char msg[KVBM_ERROR_MSG_MAX];
+  int rc = cross_side(f, 1, msg, sizeof msg);
+  kvbm_fabric_destroy(f);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  if (rc) fail_msg("listener side: %d %s", rc, msg);
+  if (a.rc) fail_msg("peer side: %d %s", a.rc, a.msg);
+  kvbm_fabric_cudaipc_listener_destroy(l);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config),         cmocka_unit_test(test_no_device),
       cmocka_unit_test(test_key_codec),      cmocka_unit_test(test_addr_codec),
       cmocka_unit_test(test_connection),     cmocka_unit_test(test_hostile_frames),
+      cmocka_unit_test(test_crossing_pushes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
