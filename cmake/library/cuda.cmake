@@ -59,6 +59,13 @@ if(KVBM_HAVE_CUDA_KERNELS)
   target_sources(kvbm_cuda PRIVATE ${KVBM_CUDA_KERNEL_SRCS})
   target_compile_definitions(kvbm_cuda PRIVATE KVBM_HAVE_CUDA_KERNELS=1)
   set_target_properties(kvbm_cuda PROPERTIES CUDA_ARCHITECTURES "${KVBM_CUDA_ARCHITECTURES}")
+  # The modules made before CUDA was enabled (those above that link
+  # kvbm_cuda: fabric, tier, advisor, workload) inherit its CUDA objects and
+  # so a CUDA link step, which needs the architectures too; targets made
+  # after this point take them from CMAKE_CUDA_ARCHITECTURES.
+  foreach(m ${KVBM_MODULES})
+    set_target_properties(${m} PROPERTIES CUDA_ARCHITECTURES "${KVBM_CUDA_ARCHITECTURES}")
+  endforeach()
   target_compile_options(kvbm_cuda PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fvisibility=hidden,-Wall,-Wextra -lineinfo>)
   message(STATUS "kvbm: nvcc found: CUDA kernels built for ${KVBM_CUDA_ARCHITECTURES}")

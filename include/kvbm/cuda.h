@@ -35,7 +35,164 @@ extern "C" {
  * kvbm's CUDA kernels (nvcc was found), else 0. Any thread. */
 KVBM_EXTERN int kvbm_cuda_available(int *devices, int *kernels, kvbm_error *err);
 
-/* ---- the copy engine (src/cuda/copy.c) ---- */
+/* ---- the copy engine (src/cuda/copy.c) ----
+ *
+ * A copier moves KV blocks between two storages (kvbm/storage.h) described
+ * by layouts (kvbm/layout.h): device G1 to pinned host G2 (offload), pinned
+ * G2 to device G1 (onboard), or device to device, on CUDA streams of its
+ * own (non-blocking: one for each direction, so that an offload and an
+ * onboard share the PCIe link's two directions). One call queues a whole
+ * batch of (src block, dst block) pairs, every layer of each: layer 0 of
+ * every block first, then layer 1, ..., with one CUDA event recorded after
+ * each layer. The engine's stream can then wait for layer L on the GPU
+ * (kvbm_cuda_job_wait_layer, vLLM's wait_for_layer_load) while layers
+ * L+1.. are still on the link; the CPU never blocks unless it asks to.
+ *
+ * How the bytes move is the copier's method (docs/areas/gpu.md):
+ *   MEMCPY  one cudaMemcpyAsync per contiguous piece (adjacent pieces
+ *           merged: consecutive ids in both src and dst, where both
+ *           layouts hold them back to back).
+ *   BATCH   cudaMemcpyBatchAsync (CUDA 12.8+) per layer: one call for all
+ *           the pieces of a layer.
+ *   KERNEL  kvbm's gather/scatter kernel, one launch per layer (or per 160
+ *           pieces of 64 KiB): each thread block copies a piece with
+ *           16-byte loads, reading or writing pinned host memory over the
+ *           link through its mapped device address.
+ *   AUTO    pieces of at least `small_bytes` by MEMCPY (the DMA engines are
+ *           at their best there), smaller ones by `small_method` (KERNEL
+ *           when the build has kernels, else BATCH), in one call per layer.
+ * A method the build or the runtime lacks is KVBM_EUNSUPPORTED at
+ * kvbm_cuda_copier_create(), never a silent fallback.
+ */
+
+typedef enum kvbm_cuda_copy_method {
+  KVBM_CUDA_COPY_AUTO = 0,
+  KVBM_CUDA_COPY_MEMCPY = 1,
+  KVBM_CUDA_COPY_BATCH = 2,
+  KVBM_CUDA_COPY_KERNEL = 3,
+} kvbm_cuda_copy_method;
+
+/* Options of kvbm_cuda_copier_create(); NULL means the defaults. */
+typedef struct kvbm_cuda_copier_config {
+  kvbm_cuda_copy_method method;       /* AUTO */
+  kvbm_cuda_copy_method small_method; /* AUTO's method for small pieces:
+                                         AUTO = KERNEL if built, else BATCH
+                                         if the runtime has it, else MEMCPY */
+  uint64_t small_bytes;               /* AUTO: pieces below this are small;
+                                         default 256 KiB */
+  uint32_t kernel_threads;            /* threads per block of the kernel:
+                                         a multiple of 32 in 64..1024;
+                                         default 512 */
+} kvbm_cuda_copier_config;
+
+KVBM_EXTERN kvbm_cuda_copier_config kvbm_cuda_copier_config_default(void);
+
+/* Which way a transfer goes; it fixes the memory types it accepts. */
+typedef enum kvbm_cuda_direction {
+  KVBM_CUDA_OFFLOAD = 1, /* DEVICE -> PINNED (G1 -> G2) */
+  KVBM_CUDA_ONBOARD = 2, /* PINNED -> DEVICE (G2 -> G1) */
+  KVBM_CUDA_D2D = 3,     /* DEVICE -> DEVICE, the same device */
+} kvbm_cuda_direction;
+
+/* Flags of a transfer. */
+#define KVBM_CUDA_BLOCKWISE 1u /* move each block's layers together where
+                                  both layouts hold them back to back
+                                  (FullyContiguous to FullyContiguous):
+                                  fewer, larger copies; every layer's event
+                                  then completes with the whole batch.
+                                  For offloads, where nobody waits on a
+                                  layer. Ignored for other layouts. */
+
+/* One batch: pairs (src_blocks[i] -> dst_blocks[i]), i < num_blocks, every
+ * layer of each. The arrays and layouts are read during
+ * kvbm_cuda_copy_start() only; the storages must stay alive until the job
+ * has completed (kvbm_cuda_job_release() waits for it). */
+typedef struct kvbm_cuda_transfer {
+  const kvbm_storage *src;
+  const kvbm_layout *src_layout;
+  const kvbm_storage *dst;
+  const kvbm_layout *dst_layout;
+  kvbm_cuda_direction direction;
+  const uint64_t *src_blocks;
+  const uint64_t *dst_blocks;
+  size_t num_blocks; /* 1 .. KVBM_CUDA_MAX_BATCH */
+  uint32_t flags;    /* KVBM_CUDA_BLOCKWISE or 0 */
+} kvbm_cuda_transfer;
+
+#define KVBM_CUDA_MAX_BATCH (1u << 20)
+
+typedef struct kvbm_cuda_copier kvbm_cuda_copier;
+typedef struct kvbm_cuda_job kvbm_cuda_job;
+
+/* Checks `t` as kvbm_cuda_copy_start() does, without a device or a copier:
+ * each layout fits its storage; both layouts have the same num_layers,
+ * outer_dim and layer bytes (page_size * inner_dim * dtype_size; the kinds
+ * may differ); memory types match the direction (host memory must be
+ * PINNED); DEVICE storages are on `device`; every id is below its layout's
+ * num_blocks (KVBM_ERANGE naming the pair); no dst id appears twice (the
+ * copies of a batch are unordered), and a D2D within one storage reads no
+ * block it writes (KVBM_EINVAL). Pure; any thread; O(n log n). */
+KVBM_EXTERN int kvbm_cuda_transfer_check(const kvbm_cuda_transfer *t, int32_t device,
+                                         kvbm_error *err);
+
+/* Creates a copier on CUDA device `device`: two non-blocking streams and a
+ * pool of events. KVBM_EUNSUPPORTED without the CUDA runtime at build time,
+ * or for a method this build or runtime lacks (KERNEL without nvcc, BATCH
+ * before CUDA 12.8); KVBM_EDEVICE when there is no such device; KVBM_EINVAL
+ * for a bad config. The current device of the calling thread is left as it
+ * was. On success *out is the caller's: kvbm_cuda_copier_destroy() it.
+ * A copier may be used from several threads at once (a mutex guards its
+ * queueing); a job is used by one thread at a time. */
+KVBM_EXTERN int kvbm_cuda_copier_create(int32_t device, const kvbm_cuda_copier_config *cfg,
+                                        kvbm_cuda_copier **out, kvbm_error *err);
+
+/* Waits for everything queued on the copier's streams, then frees it. Jobs
+ * still held must have been released first (KVBM_ESTATE otherwise, and
+ * nothing is freed). NULL: KVBM_OK. */
+KVBM_EXTERN int kvbm_cuda_copier_destroy(kvbm_cuda_copier *c, kvbm_error *err);
+
+/* Validates `t` (kvbm_cuda_transfer_check) and queues it, layer by layer,
+ * on the copier's stream for its direction: nothing is queued when the
+ * check fails. The copier's stream first waits for work already on the
+ * caller's `after_stream` (a cudaStream_t; NULL: none), so that an offload
+ * may follow the kernel that wrote the blocks. On success *out is a job the
+ * caller releases. A CUDA error while queueing is KVBM_EDEVICE with CUDA's
+ * message; layers queued before it still complete and the job is released
+ * internally after waiting for them. Cost: O(n log n) planning on the CPU
+ * plus, per layer, one call (BATCH, KERNEL) or one per piece (MEMCPY). */
+KVBM_EXTERN int kvbm_cuda_copy_start(kvbm_cuda_copier *c, const kvbm_cuda_transfer *t,
+                                     void *after_stream, kvbm_cuda_job **out,
+                                     kvbm_error *err);
+
+/* The number of layers of the job, and the number of copy calls it queued
+ * (cudaMemcpyAsync, batch calls, kernel launches; for benchmarks). */
+KVBM_EXTERN int kvbm_cuda_job_info(const kvbm_cuda_job *j, uint64_t *num_layers,
+                                   uint64_t *num_calls, uint64_t *num_pieces);
+
+/* Makes `engine_stream` (a cudaStream_t; NULL: the legacy default stream)
+ * wait on the GPU until layer `layer` of the job has arrived; the CPU does
+ * not block. Layers complete in order, so waiting for the last layer waits
+ * for the job. KVBM_ERANGE for a layer past the job's; KVBM_EDEVICE with
+ * CUDA's message if cudaStreamWaitEvent fails. */
+KVBM_EXTERN int kvbm_cuda_job_wait_layer(kvbm_cuda_job *j, uint64_t layer,
+                                         void *engine_stream, kvbm_error *err);
+
+/* Blocks the calling thread until layer `layer` (or the whole job) has
+ * arrived. KVBM_EDEVICE if a copy failed (CUDA's message). */
+KVBM_EXTERN int kvbm_cuda_job_sync_layer(kvbm_cuda_job *j, uint64_t layer, kvbm_error *err);
+KVBM_EXTERN int kvbm_cuda_job_sync(kvbm_cuda_job *j, kvbm_error *err);
+
+/* KVBM_OK when every layer has arrived, KVBM_EAGAIN while copies are
+ * pending, KVBM_EDEVICE if a copy failed. Never blocks. */
+KVBM_EXTERN int kvbm_cuda_job_query(kvbm_cuda_job *j, kvbm_error *err);
+
+/* Waits for the job's copies (so that the caller may free the storages
+ * next), returns its events to the copier's pool and frees it. NULL: no-op.
+ * Returns the wait's status (KVBM_EDEVICE if a copy failed). */
+KVBM_EXTERN int kvbm_cuda_job_release(kvbm_cuda_job *j, kvbm_error *err);
+
+/* "auto", "memcpy", "batch", "kernel" ("?" otherwise). */
+KVBM_EXTERN const char *kvbm_cuda_copy_method_name(int method);
 
 /* ---- integrity on the device (src/cuda/checksum.c) ---- */
 
