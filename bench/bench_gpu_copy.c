@@ -10,7 +10,7 @@
  * through a random permutation of ids, as ONE job per method: offload
  * (D2H) and onboard (H2D), layer by layer (the onboard an engine waits on
  * layer by layer), plus FullyContiguous offloads with KVBM_CUDA_BLOCKWISE
- * (whole 2 MiB blocks). Timed on the host from kvbm_cuda_copy_start to the
+ * (whole 2 MiB blocks) by memcpy and by auto. Timed on the host from kvbm_cuda_copy_start to the
  * job's sync (planning included).
  *
  * Part 2, small pieces: blocks of 32 layers of 16 KiB (2 x 16 x 256 x 2
@@ -230,52 +230,62 @@ typedef struct row {
 static row rows[64];
 static int nrows;
 
-/* Runs one setup: for both directions, every method (and blockwise for
- * FC offloads), `rounds` rounds, bound before and after. */
+/* Variant v of a row: the methods, then (FullyContiguous offloads)
+ * memcpy and auto with whole blocks. Returns the transfer's flags. */
+static int variant(int v, int *m) {
+  if (v < NM) return *m = v, 0;
+  *m = v == NM ? 0 : NM - 1;
+  return KVBM_CUDA_BLOCKWISE;
+}
+
+/* Runs one setup: for both directions, every variant, `rounds` rounds, bound before and after. */
 static void measure(setup *s, const char *part, kvbm_cuda_copier **cp, int rounds,
                     double *best_ratio, const char **best_what) {
   const kvbm_cuda_direction dirs[2] = {KVBM_CUDA_OFFLOAD, KVBM_CUDA_ONBOARD};
   double bytes = (double)s->n * (double)s->l.config.num_layers * (double)s->l.layer_stride;
   for (int di = 0; di < 2; di++) {
-    int nvar = NM + (di == 0 && s->l.kind == KVBM_LAYOUT_FULLY_CONTIGUOUS);
-    double gb[NM + 1][32], ra[NM + 1][32], bg[32];
-    uint64_t calls[NM + 1] = {0};
+    int nvar = NM + 2 * (di == 0 && s->l.kind == KVBM_LAYOUT_FULLY_CONTIGUOUS);
+    double gb[NM + 2][32], ra[NM + 2][32], bg[32];
+    uint64_t calls[NM + 2] = {0};
     for (int v = 0; v < nvar; v++) {
-      int m = v < NM ? v : NM - 1; /* blockwise runs with auto */
+      int m, fl = variant(v, &m);
       if (!cp[m]) continue;
-      kvbm_cuda_transfer t = transfer(s, dirs[di], v == NM ? KVBM_CUDA_BLOCKWISE : 0);
+      kvbm_cuda_transfer t = transfer(s, dirs[di], (uint32_t)fl);
       char what[128];
       snprintf(what, sizeof what, "%s %s %s %s%s", part, kvbm_layout_kind_name(s->l.kind),
                di ? "onboard" : "offload", kvbm_cuda_copy_method_name(methods[m]),
-               v == NM ? "+blockwise" : "");
+               fl ? "+blockwise" : "");
       verify(cp[m], s, &t, what);
     }
     for (int r = 0; r < rounds; r++) {
       double b0 = bound(s, dirs[di]);
-      double tm[NM + 1];
+      double tm[NM + 2];
       for (int v = 0; v < nvar; v++) {
-        int m = v < NM ? v : NM - 1;
+        int m, fl = variant(v, &m);
         if (!cp[m]) continue;
-        kvbm_cuda_transfer t = transfer(s, dirs[di], v == NM ? KVBM_CUDA_BLOCKWISE : 0);
+        kvbm_cuda_transfer t = transfer(s, dirs[di], (uint32_t)fl);
         tm[v] = run_job(cp[m], &t, &calls[v]);
       }
       double b1 = bound(s, dirs[di]), bt = (b0 + b1) / 2;
       bg[r] = bytes / bt / 1e9;
       for (int v = 0; v < nvar; v++) {
-        if (!cp[v < NM ? v : NM - 1]) continue;
+        int m;
+        (void)variant(v, &m);
+        if (!cp[m]) continue;
         gb[v][r] = bytes / tm[v] / 1e9;
         ra[v][r] = bt / tm[v];
       }
     }
     stat3 bs = stats(bg, rounds);
     for (int v = 0; v < nvar; v++) {
-      int m = v < NM ? v : NM - 1;
+      int m, fl = variant(v, &m);
       if (!cp[m] || nrows == 64) continue;
       row *w = &rows[nrows++];
       w->part = part;
       w->layout = kvbm_layout_kind_name(s->l.kind);
       w->dir = di ? "onboard" : "offload";
-      w->method = v == NM ? "auto+blockwise" : kvbm_cuda_copy_method_name(methods[m]);
+      w->method = !fl ? kvbm_cuda_copy_method_name(methods[m])
+                  : m == 0 ? "memcpy+blockwise" : "auto+blockwise";
       w->gbps = stats(gb[v], rounds);
       w->ratio = stats(ra[v], rounds);
       w->bound_gbps = bs;

@@ -54,13 +54,18 @@ KVBM_EXTERN int kvbm_cuda_available(int *devices, int *kernels, kvbm_error *err)
  *           layouts hold them back to back).
  *   BATCH   cudaMemcpyBatchAsync (CUDA 12.8+) per layer: one call for all
  *           the pieces of a layer.
- *   KERNEL  kvbm's gather/scatter kernel, one launch per layer (or per 160
+ *   KERNEL  kvbm's gather/scatter kernel, one launch per layer (or per 1280
  *           pieces of 64 KiB): each thread block copies a piece with
  *           16-byte loads, reading or writing pinned host memory over the
  *           link through its mapped device address.
- *   AUTO    pieces of at least `small_bytes` by MEMCPY (the DMA engines are
- *           at their best there), smaller ones by `small_method` (KERNEL
- *           when the build has kernels, else BATCH), in one call per layer.
+ *   AUTO    pieces below `small_bytes` (64 KiB) by `small_method` (KERNEL
+ *           when the build has kernels), the others by `large_method`
+ *           (BATCH when the runtime has it), in one call per layer each.
+ *           Measured on an H100 (PCIe 5 x16, docs/areas/gpu.md): 16 KiB
+ *           pieces move at 0.88-0.92 of one large cudaMemcpyAsync by the
+ *           kernel, 0.52-0.72 by BATCH, 0.10-0.12 by MEMCPY; 64 KiB pieces
+ *           at 0.91-0.98 by BATCH, 0.91-0.94 by the kernel, 0.28-0.32 by
+ *           MEMCPY.
  * A method the build or the runtime lacks is KVBM_EUNSUPPORTED at
  * kvbm_cuda_copier_create(), never a silent fallback.
  */
@@ -78,8 +83,11 @@ typedef struct kvbm_cuda_copier_config {
   kvbm_cuda_copy_method small_method; /* AUTO's method for small pieces:
                                          AUTO = KERNEL if built, else BATCH
                                          if the runtime has it, else MEMCPY */
+  kvbm_cuda_copy_method large_method; /* AUTO's method for the others:
+                                         AUTO = BATCH if the runtime has it,
+                                         else MEMCPY */
   uint64_t small_bytes;               /* AUTO: pieces below this are small;
-                                         default 256 KiB */
+                                         default 64 KiB */
   uint32_t kernel_threads;            /* threads per block of the kernel:
                                          a multiple of 32 in 64..1024;
                                          default 512 */

@@ -20,8 +20,10 @@
  * the driver in one call; kvbm's own kernel (copy_kernels.cu) moves them in
  * one launch with SM loads and stores over the link. Which is faster
  * depends on the machine, so every method stays selectable and
- * bench/bench_gpu_copy measures each; AUTO sends pieces of at least
- * small_bytes to cudaMemcpyAsync and the rest to the small method.
+ * bench/bench_gpu_copy measures each. On an H100 the kernel is best for
+ * 16 KiB pieces and the batched copy for 64 KiB and up, while one
+ * cudaMemcpyAsync per 64 KiB piece reaches a third of the link: AUTO sends
+ * pieces below small_bytes to the small method, the rest to the large.
  *
  * Trade-offs: the planner stores every piece (40 bytes each) rather than
  * streaming them, which costs memory proportional to blocks x layers but
@@ -44,7 +46,8 @@ kvbm_cuda_copier_config kvbm_cuda_copier_config_default(void) {
   memset(&c, 0, sizeof c);
   c.method = KVBM_CUDA_COPY_AUTO;
   c.small_method = KVBM_CUDA_COPY_AUTO;
-  c.small_bytes = 256u << 10;
+  c.large_method = KVBM_CUDA_COPY_AUTO;
+  c.small_bytes = 64u << 10;
   c.kernel_threads = 512;
   return c;
 }
@@ -128,7 +131,7 @@ int kvbm_cuda_transfer_check(const kvbm_cuda_transfer *t, int32_t device, kvbm_e
 struct kvbm_cuda_copier {
   int32_t device;
   kvbm_cuda_copier_config cfg;
-  kvbm_cuda_copy_method small; /* AUTO's small method, resolved */
+  kvbm_cuda_copy_method small, large; /* AUTO's methods, resolved */
   cudaStream_t stream[NSTREAMS]; /* 0: offload, 1: onboard and D2D */
   pthread_mutex_t mu;            /* guards the pool, the live count, queueing */
   cudaEvent_t *pool;
@@ -202,6 +205,9 @@ static int check_config(const kvbm_cuda_copier_config *cfg, kvbm_error *err) {
   if ((unsigned)cfg->small_method > KVBM_CUDA_COPY_KERNEL)
     return kvbm_error_set(err, KVBM_EINVAL, "cuda copy: unknown small_method %d",
                           (int)cfg->small_method);
+  if ((unsigned)cfg->large_method > KVBM_CUDA_COPY_KERNEL)
+    return kvbm_error_set(err, KVBM_EINVAL, "cuda copy: unknown large_method %d",
+                          (int)cfg->large_method);
   if (cfg->kernel_threads < 64 || cfg->kernel_threads > 1024 || cfg->kernel_threads % 32)
     return kvbm_error_set(err, KVBM_EINVAL,
                           "cuda copy: kernel_threads %u (a multiple of 32 in 64..1024)",
@@ -232,12 +238,16 @@ int kvbm_cuda_copier_create(int32_t device, const kvbm_cuda_copier_config *cfg,
     small = have_kernels() ? KVBM_CUDA_COPY_KERNEL
             : have_batch() ? KVBM_CUDA_COPY_BATCH
                            : KVBM_CUDA_COPY_MEMCPY;
+  kvbm_cuda_copy_method large = c.large_method;
+  if (large == KVBM_CUDA_COPY_AUTO) large = have_batch() ? KVBM_CUDA_COPY_BATCH : KVBM_CUDA_COPY_MEMCPY;
   if (c.method == KVBM_CUDA_COPY_AUTO && (rc = method_ok(small, "small_method", err))) return rc;
+  if (c.method == KVBM_CUDA_COPY_AUTO && (rc = method_ok(large, "large_method", err))) return rc;
   kvbm_cuda_copier *cp = calloc(1, sizeof *cp);
   if (!cp) return kvbm_error_set(err, KVBM_ENOMEM, "cuda copy: no memory for a copier");
   cp->device = device;
   cp->cfg = c;
   cp->small = small;
+  cp->large = large;
   if (pthread_mutex_init(&cp->mu, NULL)) {
     free(cp);
     return kvbm_error_set(err, KVBM_ENOMEM, "cuda copy: pthread_mutex_init failed");
@@ -436,7 +446,7 @@ static int queue_step(queue *q, const kvbm__piece *pc, size_t a, size_t b, kvbm_
   for (size_t i = a; i < b && !rc; i++) {
     kvbm_cuda_copy_method m = c->cfg.method;
     if (m == KVBM_CUDA_COPY_AUTO)
-      m = pc[i].size >= c->cfg.small_bytes ? KVBM_CUDA_COPY_MEMCPY : c->small;
+      m = pc[i].size >= c->cfg.small_bytes ? c->large : c->small;
     if (m == KVBM_CUDA_COPY_MEMCPY) rc = memcpy_one(q, &pc[i], err);
     else if (m == KVBM_CUDA_COPY_BATCH) rc = batch_add(q, &pc[i], err);
     else rc = kernel_add(q, &pc[i], err);
@@ -468,10 +478,11 @@ int kvbm_cuda_copy_start(kvbm_cuda_copier *c, const kvbm_cuda_transfer *t, void 
                         (t->flags & KVBM_CUDA_BLOCKWISE) != 0, &plan, err);
   if (rc) return rc;
   uint64_t sreg = t->src_layout->num_regions, dreg = t->dst_layout->num_regions;
+  int is_auto = c->cfg.method == KVBM_CUDA_COPY_AUTO;
   int uses_kernel = c->cfg.method == KVBM_CUDA_COPY_KERNEL ||
-                    (c->cfg.method == KVBM_CUDA_COPY_AUTO && c->small == KVBM_CUDA_COPY_KERNEL);
+                    (is_auto && (c->small == KVBM_CUDA_COPY_KERNEL || c->large == KVBM_CUDA_COPY_KERNEL));
   int uses_batch = c->cfg.method == KVBM_CUDA_COPY_BATCH ||
-                   (c->cfg.method == KVBM_CUDA_COPY_AUTO && c->small == KVBM_CUDA_COPY_BATCH);
+                   (is_auto && (c->small == KVBM_CUDA_COPY_BATCH || c->large == KVBM_CUDA_COPY_BATCH));
   queue q;
   memset(&q, 0, sizeof q);
   q.c = c;

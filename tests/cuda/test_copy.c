@@ -372,6 +372,9 @@ static void test_no_device_calls(void **state) {
     assert_non_null(strstr(e.msg, "kernel_threads"));
     cfg = kvbm_cuda_copier_config_default(), cfg.method = 7;
     assert_int_equal(kvbm_cuda_copier_create(0, &cfg, &c, &e), KVBM_EINVAL);
+    cfg = kvbm_cuda_copier_config_default(), cfg.large_method = -1;
+    assert_int_equal(kvbm_cuda_copier_create(0, &cfg, &c, &e), KVBM_EINVAL);
+    assert_non_null(strstr(e.msg, "large_method"));
     cfg = kvbm_cuda_copier_config_default();
     assert_int_equal(kvbm_cuda_copier_create(-1, &cfg, &c, &e), KVBM_EDEVICE);
   }
@@ -449,6 +452,7 @@ static void side_compare(const side *x, const char *what) {
 static kvbm_cuda_copier *copier_for(kvbm_cuda_copy_method m) {
   kvbm_cuda_copier_config cfg = kvbm_cuda_copier_config_default();
   cfg.method = m;
+  if (m == KVBM_CUDA_COPY_AUTO) cfg.small_bytes = 2048; /* both sides of the split in the cases */
   kvbm_cuda_copier *c = NULL;
   kvbm_error ke = {0};
   int rc = kvbm_cuda_copier_create(0, &cfg, &c, &ke);
@@ -531,6 +535,10 @@ static void test_gpu_methods(void **state) {
     gpu_case(c, mn, KVBM_CUDA_OFFLOAD, &b2, &b1, 400, 0, 0);
     gpu_case(c, mn, KVBM_CUDA_ONBOARD, &b1, &b1, 400, 1, 0);
     gpu_case(c, mn, KVBM_CUDA_OFFLOAD, &b1, &b1, 500, 1, 0);
+    /* more pieces in a layer than one kernel launch takes (1280) */
+    kvbm_layout b3 = mk(KVBM_LAYOUT_LAYER_SEPARATE, 2048, 2, 2, 16, 256, 2, 256);
+    gpu_case(c, mn, KVBM_CUDA_ONBOARD, &b3, &b3, 1500, 0, 0);
+    gpu_case(c, mn, KVBM_CUDA_OFFLOAD, &b3, &b3, 1500, 0, 0);
     KOK(kvbm_cuda_copier_destroy(c, &ke_));
   }
 }
