@@ -28,6 +28,18 @@
  * the manager's device path (batches, events, staging, failure handling)
  * run on machines without a GPU, CI included.
  *
+ * Batching (issue 21): a LayerSeparate block is num_layers copies of one
+ * layer each (32 of 64 KiB for W4), and one cudaMemcpyAsync per 64 KiB
+ * piece reaches a third of the PCIe link (docs/areas/gpu.md). So where the
+ * runtime and driver have cudaMemcpyBatchAsync (12.8+), kvbm__gpu_copy()
+ * only collects a job's copies, and the mark (or wait, or sync) that
+ * closes the job hands them to the driver in one batched call, before the
+ * job's event. Pageable host memory (a system G2, staging buffers) keeps
+ * one cudaMemcpyAsync per piece (the batch's pageable semantics are not
+ * the ones this file relies on); a failed batch fails only its job, as a
+ * failed copy did. After any error the collected copies are dropped, so a
+ * failed job's copies never run with the next job's.
+ *
  * Trade-off: pageable host memory (system G2, the volume workers' staging
  * buffers) is accepted: CUDA stages it and the copy is then synchronous to the host;
  * pinned G2 (g2_memory PINNED) is what makes G1<->G2 truly asynchronous.
@@ -63,6 +75,11 @@ struct kvbm_gpu_stream {
 #ifdef KVBM_HAVE_CUDA
   cudaStream_t stream;
   cudaEvent_t *ev;
+  bool batch; /* cudaMemcpyBatchAsync available: copies are collected */
+  void **bd;  /* the collected copies of the open job */
+  const void **bs;
+  size_t *bz;
+  size_t bn, bcap;
 #endif
 };
 
@@ -134,7 +151,64 @@ void kvbm__gpu_stream_destroy(kvbm_gpu_stream *s) {
     if (s->ev[i]) cudaEventDestroy(s->ev[i]);
   if (s->stream) cudaStreamDestroy(s->stream);
   free(s->ev);
+  free(s->bd);
+  free(s->bs);
+  free(s->bz);
   free(s);
+}
+
+static bool have_batch(void) {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+  int rt = 0, drv = 0;
+  if (cudaRuntimeGetVersion(&rt) != cudaSuccess || cudaDriverGetVersion(&drv) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return rt >= 12080 && drv >= 12080;
+#else
+  return false;
+#endif
+}
+
+static bool pageable(const void *p) {
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true; /* unknown: the safe path */
+  }
+  return a.type == cudaMemoryTypeUnregistered;
+}
+
+/* Queues the collected copies: one batched call (at most 4096 a call), or
+ * one cudaMemcpyAsync each where a side is pageable host memory or there
+ * is only one. The list is empty afterwards, whatever the result. */
+static int flush(kvbm_gpu_stream *s) {
+  size_t n = s->bn;
+  s->bn = 0;
+  if (!n) return KVBM_OK;
+  cudaError_t e = cudaSuccess;
+  if (n == 1 || pageable(s->bd[0]) || pageable(s->bs[0])) {
+    for (size_t i = 0; e == cudaSuccess && i < n; i++)
+      e = cudaMemcpyAsync(s->bd[i], s->bs[i], s->bz[i], cudaMemcpyDefault, s->stream);
+    return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaMemcpyAsync", e);
+  }
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12080
+  struct cudaMemcpyAttributes attr;
+  memset(&attr, 0, sizeof attr);
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  for (size_t i = 0; e == cudaSuccess && i < n; i += 4096) {
+    size_t k = n - i < 4096 ? n - i : 4096, idx = 0;
+#if CUDART_VERSION >= 13000
+    e = cudaMemcpyBatchAsync(s->bd + i, (const void *const *)(s->bs + i), s->bz + i, k, &attr,
+                             &idx, 1, s->stream);
+#else
+    size_t failed = 0;
+    e = cudaMemcpyBatchAsync(s->bd + i, (void **)(s->bs + i), s->bz + i, k, &attr, &idx, 1,
+                             &failed, s->stream);
+#endif
+  }
+#endif
+  return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaMemcpyBatchAsync", e);
 }
 
 int kvbm__gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **out,
@@ -163,6 +237,7 @@ int kvbm__gpu_stream_create(int32_t device, uint32_t nevents, kvbm_gpu_stream **
     kvbm__gpu_stream_destroy(s);
     return fail(err, "cannot create a CUDA stream", e);
   }
+  s->batch = have_batch();
   *out = s;
   return KVBM_OK;
 }
@@ -175,6 +250,24 @@ int kvbm__gpu_bind(kvbm_gpu_stream *s) {
 
 int kvbm__gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
   if (s->emu) return emu_copy_push(s, dst, src, n);
+  if (s->batch) {
+    if (s->bn == s->bcap) {
+      size_t cap = s->bcap ? 2 * s->bcap : 64;
+      void **d = realloc(s->bd, cap * sizeof *d);
+      if (d) s->bd = d;
+      const void **p = d ? realloc(s->bs, cap * sizeof *p) : NULL;
+      if (p) s->bs = p;
+      size_t *z = p ? realloc(s->bz, cap * sizeof *z) : NULL;
+      if (z) s->bz = z, s->bcap = cap;
+    }
+    if (s->bn < s->bcap) {
+      s->bd[s->bn] = dst, s->bs[s->bn] = src, s->bz[s->bn] = n;
+      s->bn++;
+      return KVBM_OK;
+    }
+    int rc = flush(s); /* no memory to collect: queue what we have */
+    if (rc) return rc;
+  }
   cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s->stream);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaMemcpyAsync", e);
 }
@@ -185,6 +278,8 @@ int kvbm__gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
     s->pos[i] = s->nq;
     return KVBM_OK;
   }
+  int rc = flush(s);
+  if (rc) return rc;
   cudaError_t e = cudaEventRecord(s->ev[i], s->stream);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaEventRecord", e);
 }
@@ -192,12 +287,15 @@ int kvbm__gpu_mark(kvbm_gpu_stream *s, uint32_t i) {
 int kvbm__gpu_wait(kvbm_gpu_stream *s, uint32_t i) {
   if (i >= s->nevents) return KVBM_EINVAL;
   if (s->emu) return emu_run(s, s->pos[i]);
+  s->bn = 0; /* copies after the last mark belong to no job: dropped */
   cudaError_t e = cudaEventSynchronize(s->ev[i]);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaEventSynchronize", e);
 }
 
 int kvbm__gpu_sync(kvbm_gpu_stream *s) {
   if (s->emu) return emu_run(s, s->nq);
+  int rc = flush(s);
+  if (rc) return rc;
   cudaError_t e = cudaStreamSynchronize(s->stream);
   return e == cudaSuccess ? KVBM_OK : fail(NULL, "cudaStreamSynchronize", e);
 }
