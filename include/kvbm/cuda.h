@@ -123,7 +123,8 @@ typedef struct kvbm_cuda_transfer {
   kvbm_cuda_direction direction;
   const uint64_t *src_blocks;
   const uint64_t *dst_blocks;
-  size_t num_blocks; /* 1 .. KVBM_CUDA_MAX_BATCH */
+  size_t num_blocks; /* 1 .. KVBM_CUDA_MAX_BATCH, and num_blocks x
+                        num_layers at most 2^26 */
   uint32_t flags;    /* KVBM_CUDA_BLOCKWISE or 0 */
 } kvbm_cuda_transfer;
 
@@ -203,6 +204,68 @@ KVBM_EXTERN int kvbm_cuda_job_release(kvbm_cuda_job *j, kvbm_error *err);
 KVBM_EXTERN const char *kvbm_cuda_copy_method_name(int method);
 
 /* ---- integrity on the device (src/cuda/checksum.c) ---- */
+/*
+ * BLAKE3 (plain hash, kvbm/blake3.h) of blocks in device memory, computed
+ * on the device: the same digest kvbm keeps for a block on the host (the
+ * fabric's and the frames' BLAKE3-128 are its first 16 bytes), so a block
+ * onboarded into G1 can be checked where it landed, against the digest
+ * recorded when it was stored, without copying it back. Each block is one
+ * contiguous range [ptrs[i], ptrs[i] + lens[i]) of device memory (a
+ * FullyContiguous block; a LayerSeparate block is one range per layer and
+ * hashes differently). The kernels are kvbm's own (src/cuda/
+ * checksum_kernels.cu): one thread per 1 KiB chunk, the tree reduced in
+ * shared memory.
+ *
+ * Both calls validate everything before touching the device, in this
+ * order: KVBM_EINVAL for NULL arrays, n == 0 or n above
+ * KVBM_CUDA_DIGEST_MAX_BATCH, a negative device, a NULL pointer with a
+ * length, a digest_len outside 1..32; KVBM_ETOOLONG for a length above
+ * KVBM_CUDA_DIGEST_MAX_LEN (the message names the block). Then
+ * KVBM_EUNSUPPORTED without the CUDA runtime or without the kernels (no
+ * nvcc at build time), KVBM_EDEVICE without device `device`, KVBM_EINVAL
+ * for a pointer that is not device memory of `device` (host memory,
+ * pinned or not, managed memory, another device: asked of
+ * cudaPointerGetAttributes). That a range lies inside its allocation is
+ * the caller's promise: CUDA's runtime cannot tell. A CUDA failure while
+ * running is KVBM_EDEVICE with the call and CUDA's message.
+ *
+ * Streams: the work runs on `stream` (a cudaStream_t; NULL: the legacy
+ * default stream), so it follows whatever the caller queued there before
+ * (the onboard copy that wrote the blocks); the call returns when the
+ * digests are on the host (it synchronizes that stream). The current
+ * device of the calling thread is left as it was. Any thread; calls on
+ * distinct streams may run at once. Memory: 64 bytes a block plus 32 per
+ * 256 KiB of input, on the device (stream-ordered allocation) and the
+ * host, for the call's duration. Cost: one cudaPointerGetAttributes per
+ * block on the CPU, then the kernels at several hundred GB/s.
+ */
+#define KVBM_CUDA_DIGEST_MAX_LEN (256ull << 20) /* bytes in one block */
+#define KVBM_CUDA_DIGEST_MAX_BATCH (1u << 20)   /* blocks in one call */
+
+/* The 32-byte BLAKE3 digest of each block: out[i] = BLAKE3(ptrs[i],
+ * lens[i]) for i < n (out is host memory the caller owns). Lengths may be
+ * anything from 0 to KVBM_CUDA_DIGEST_MAX_LEN; unaligned pointers work
+ * (16-byte aligned ones are faster). On a failure after the arguments
+ * were accepted out is zeroed; refused arguments leave it untouched. */
+KVBM_EXTERN int kvbm_cuda_digest_blocks(int32_t device, void *stream, const void *const *ptrs,
+                                        const uint64_t *lens, uint32_t n, uint8_t (*out)[32],
+                                        kvbm_error *err);
+
+/* Checks each block against its expected digest: `expected` holds n
+ * digests of `digest_len` bytes back to back (32: the whole BLAKE3 digest;
+ * 16: the BLAKE3-128 kvbm's frames and fabric keep; any 1..32 compares
+ * that prefix). KVBM_OK when every block matches; KVBM_ECHECKSUM when one
+ * or more do not: *bad_index (may be NULL) is the first that does not,
+ * *bad_count (may be NULL) how many; the message names the first. Both are
+ * set to 0 on KVBM_OK and left as they were on other errors. A mismatch
+ * means the block's bytes on the device are not the bytes that were
+ * stored: the caller must not use them (drop the block, fetch it again). */
+KVBM_EXTERN int kvbm_cuda_verify_blocks(int32_t device, void *stream, const void *const *ptrs,
+                                        const uint64_t *lens, uint32_t n,
+                                        const uint8_t *expected, uint32_t digest_len,
+                                        uint32_t *bad_index, uint32_t *bad_count,
+                                        kvbm_error *err);
+
 
 #ifdef __cplusplus
 }

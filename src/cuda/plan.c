@@ -79,6 +79,13 @@ int kvbm__plan_check_ids(const kvbm_layout *src, const kvbm_layout *dst, const u
                           (unsigned)KVBM_CUDA_MAX_BATCH);
   if (!src_ids || !dst_ids)
     return kvbm_error_set(err, KVBM_EINVAL, "cuda copy: block id array is NULL");
+  /* The plan stores up to n * num_layers pieces of 40 bytes: bounded so
+   * that a hostile batch cannot ask for terabytes (split it instead). */
+  if ((uint64_t)n * src->config.num_layers > KVBM__PLAN_MAX_PIECES)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "cuda copy: %zu blocks x %llu layers is more than %llu pieces "
+                          "(split the batch)", n, (unsigned long long)src->config.num_layers,
+                          (unsigned long long)KVBM__PLAN_MAX_PIECES);
   for (size_t i = 0; i < n; i++) {
     if (src_ids[i] >= src->config.num_blocks)
       return kvbm_error_set(err, KVBM_ERANGE,

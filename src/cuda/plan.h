@@ -38,7 +38,11 @@ typedef struct kvbm__plan {
  * the mismatch. */
 int kvbm__plan_check_layouts(const kvbm_layout *src, const kvbm_layout *dst, kvbm_error *err);
 
-/* The id checks: n in 1..KVBM_CUDA_MAX_BATCH, arrays non-NULL, each id
+/* At most this many (block, layer) pieces in one plan (40 bytes each). */
+#define KVBM__PLAN_MAX_PIECES (1ull << 26)
+
+/* The id checks: n in 1..KVBM_CUDA_MAX_BATCH, n * num_layers at most
+ * KVBM__PLAN_MAX_PIECES, arrays non-NULL, each id
  * below its layout's num_blocks (KVBM_ERANGE naming pair i), no dst id
  * twice, and when `same_storage` no id both read and written
  * (KVBM_EINVAL). O(n log n); allocates scratch (KVBM_ENOMEM). */

@@ -325,6 +325,16 @@ static void test_check_refusals(void **state) {
   assert_int_equal(check(&t, 0, "at most"), KVBM_EINVAL);
   t = ok, t.src_blocks = NULL;
   assert_int_equal(check(&t, 0, "NULL"), KVBM_EINVAL);
+  /* a batch whose plan would be too large: 2^20 blocks x 65536 layers,
+   * refused before any id is read or anything allocated */
+  {
+    kvbm_layout_config hc = {1u << 20, 65536, 1, 1, 1, 1, 1};
+    kvbm_layout huge;
+    kvbm_error he = {0};
+    assert_int_equal(kvbm_layout_init(&huge, KVBM_LAYOUT_FULLY_CONTIGUOUS, &hc, &he), KVBM_OK);
+    assert_int_equal(kvbm__plan_check_ids(&huge, &huge, s, d, (size_t)1 << 20, 0, &he), KVBM_EINVAL);
+    assert_non_null(strstr(he.msg, "split the batch"));
+  }
   /* one storage: disjoint ids are fine, overlapping ones are not */
   kvbm_cuda_transfer same = {&dev->base, &fc, &dev->base, &fc, KVBM_CUDA_D2D, s, d, 3, 0};
   assert_int_equal(check(&same, 0, NULL), KVBM_OK);
