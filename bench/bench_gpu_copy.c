@@ -297,8 +297,8 @@ static void measure(setup *s, const char *part, kvbm_cuda_copier **cp, int round
              part, w->layout, w->dir, w->method, w->gbps.med, w->gbps.min, w->gbps.max,
              w->ratio.med, w->ratio.min, w->ratio.max, bs.med, pps, (unsigned long long)w->calls);
       fflush(stdout);
-      int k = di; /* best per direction */
-      if (w->ratio.med > best_ratio[k]) {
+      int k = di; /* best per direction; whole blocks are not small pieces */
+      if (w->ratio.med > best_ratio[k] && !(fl && strcmp(part, "W4") != 0)) {
         best_ratio[k] = w->ratio.med;
         best_what[k] = w->method;
       }
