@@ -234,7 +234,7 @@ KVBM_EXTERN const char *kvbm_cuda_copy_method_name(int method);
  * (the onboard copy that wrote the blocks); the call returns when the
  * digests are on the host (it synchronizes that stream). The current
  * device of the calling thread is left as it was. Any thread; calls on
- * distinct streams may run at once. Memory: 64 bytes a block plus 32 per
+ * distinct streams may run at once. Memory: 64 bytes a block plus 36 per
  * 256 KiB of input, on the device (stream-ordered allocation) and the
  * host, for the call's duration. Cost: one cudaPointerGetAttributes per
  * block on the CPU, then the kernels at several hundred GB/s.

@@ -1,0 +1,248 @@
+/*
+ * checksum.c: integrity on the device -- BLAKE3 of blocks in device memory
+ * (kvbm_cuda_digest_blocks), and the check of those blocks against the
+ * digests kvbm recorded when it stored them (kvbm_cuda_verify_blocks).
+ *
+ * What: a block onboarded from G2/G3/G4 into device G1 arrives with the
+ * digest kvbm keeps for it: BLAKE3 of its bytes (the fabric's and the
+ * frames' BLAKE3-128 are its first 16 bytes). Checking it on the host
+ * would mean copying 2 MiB back over PCIe for every block; checking it on
+ * the device reads it at HBM speed where it already is, and only 32 bytes
+ * a block come back. The kernels (checksum_kernels.cu) compute exactly
+ * BLAKE3, from the code of blake3_hd.h that tests/cuda/test_blake3_hd.c
+ * runs on the host against the official vectors.
+ *
+ * Why BLAKE3 and not a cheaper sum: the device must reproduce the digest
+ * already stored, or every store would need a second, GPU-only checksum
+ * computed at offload (another pass over the bytes, another field in every
+ * frame). BLAKE3 is a tree of independent 1 KiB chunks, so it parallelizes
+ * on a GPU as well as a CRC would, and it catches any corruption, not only
+ * the patterns a CRC is built for. bench/bench_gpu_checksum.c measures
+ * what it costs next to the onboard it checks.
+ *
+ * How a call goes: every argument is validated on the CPU first (nothing
+ * touches CUDA for a bad call, so the refusals are the same in every build
+ * and testable without a device); then each pointer is asked of
+ * cudaPointerGetAttributes (device memory of this device only: a host
+ * pointer would be read over PCIe, or fault); then one stream-ordered
+ * allocation holds the block table, the digests and the groups' chaining
+ * values; the table goes up, two kernels run, the digests come down, the
+ * allocation is freed in stream order, and the stream is synchronized.
+ *
+ * Trade-offs: the call is synchronous (it returns the digests), which is
+ * what a caller deciding whether to use a block needs; an engine that
+ * wants to overlap the check with compute runs it on a stream of its own.
+ * One cudaPointerGetAttributes per block costs about a microsecond each:
+ * small next to the 2 MiB it guards, and the price of refusing host
+ * pointers with an error rather than a fault. The per-call allocation is
+ * cudaMallocAsync (pooled by the driver, no device-wide synchronization);
+ * cudaMalloc where the device has no memory pools.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvbm/cuda.h"
+#include "cuda/blake3_hd.h"
+
+#ifdef KVBM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* The checks that need no device. */
+static int check_args(int32_t device, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+                      const void *out, kvbm_error *err) {
+  if (!ptrs || !lens) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s is NULL", ptrs ? "lens" : "ptrs");
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: the output array is NULL");
+  if (n == 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: no blocks (n == 0)");
+  if (n > KVBM_CUDA_DIGEST_MAX_BATCH)
+    return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %u blocks, more than %u in one call", n,
+                          KVBM_CUDA_DIGEST_MAX_BATCH);
+  if (device < 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: device %d is negative", (int)device);
+  for (uint32_t i = 0; i < n; i++) {
+    if (lens[i] > KVBM_CUDA_DIGEST_MAX_LEN)
+      return kvbm_error_set(err, KVBM_ETOOLONG, "cuda digest: block %u is %llu bytes, more than %llu", i,
+                            (unsigned long long)lens[i], (unsigned long long)KVBM_CUDA_DIGEST_MAX_LEN);
+    if (!ptrs[i] && lens[i] > 0)
+      return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u has %llu bytes at NULL", i,
+                            (unsigned long long)lens[i]);
+  }
+  return KVBM_OK;
+}
+
+#if defined(KVBM_HAVE_CUDA) && defined(KVBM_HAVE_CUDA_KERNELS)
+
+static int cuda_fail(kvbm_error *err, const char *call, cudaError_t e) {
+  (void)cudaGetLastError();
+  return kvbm_error_set(err, KVBM_EDEVICE, "cuda digest: %s: %s", call, cudaGetErrorString(e));
+}
+
+static const char *memory_name(enum cudaMemoryType t) {
+  switch (t) {
+    case cudaMemoryTypeUnregistered: return "unregistered host";
+    case cudaMemoryTypeHost: return "pinned host";
+    case cudaMemoryTypeDevice: return "device";
+    case cudaMemoryTypeManaged: return "managed";
+    default: return "unknown";
+  }
+}
+
+/* Device memory of `device`, each one (blocks of length 0 are not read). */
+static int check_pointers(int32_t device, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+                          kvbm_error *err) {
+  for (uint32_t i = 0; i < n; i++) {
+    if (lens[i] == 0) continue;
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    cudaError_t e = cudaPointerGetAttributes(&a, ptrs[i]);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u at %p: cudaPointerGetAttributes: %s", i,
+                            ptrs[i], cudaGetErrorString(e));
+    }
+    if (a.type != cudaMemoryTypeDevice)
+      return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u at %p is %s memory; device memory needed",
+                            i, ptrs[i], memory_name(a.type));
+    if (a.device != device)
+      return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u at %p is on device %d, not %d", i, ptrs[i],
+                            a.device, (int)device);
+  }
+  return KVBM_OK;
+}
+
+static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+               uint8_t (*out)[32], kvbm_error *err) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return kvbm_error_set(err, KVBM_EDEVICE, "cuda digest: no CUDA device (%s)", cudaGetErrorString(e));
+  }
+  if (device >= count)
+    return kvbm_error_set(err, KVBM_EDEVICE, "cuda digest: no CUDA device %d (%d present)", (int)device, count);
+  int prev = -1;
+  if (cudaGetDevice(&prev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    prev = -1;
+  }
+  e = cudaSetDevice(device);
+  if (e != cudaSuccess) return cuda_fail(err, "cudaSetDevice", e);
+
+  int rc = check_pointers(device, ptrs, lens, n, err);
+  uint64_t groups = 0, max_groups = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t g = kvbm_hd_groups(lens[i]);
+    groups += g;
+    if (g > max_groups) max_groups = g;
+  }
+  /* Device: [table: n x 32][owners: groups x 4, to 32][digests: n x 32]
+   * [group values: groups x 32]; the first two come from one host buffer
+   * in one copy. */
+  const size_t tab_bytes = (size_t)n * sizeof(kvbm__dblock), own_bytes = ((size_t)groups * 4 + 31) / 32 * 32;
+  uint8_t *host = NULL, *dmem = NULL;
+  int pooled = 0;
+  if (!rc) {
+    host = malloc(tab_bytes + own_bytes);
+    if (!host) rc = kvbm_error_set(err, KVBM_ENOMEM, "cuda digest: no memory for a table of %u blocks", n);
+  }
+  if (!rc) {
+    kvbm__dblock *tab = (kvbm__dblock *)(void *)host;
+    uint32_t *own = (uint32_t *)(void *)(host + tab_bytes);
+    uint64_t g0 = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      uint64_t g = kvbm_hd_groups(lens[i]);
+      tab[i] = (kvbm__dblock){.ptr = (uint64_t)(uintptr_t)ptrs[i], .len = lens[i], .group0 = g0, .groups = g};
+      for (uint64_t k = 0; k < g; k++) own[g0 + k] = i;
+      g0 += g;
+    }
+    size_t bytes = tab_bytes + own_bytes + (size_t)n * 32 + (size_t)groups * 32;
+    int pools = 0;
+    if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      pools = 0;
+    }
+    e = pools ? cudaMallocAsync((void **)&dmem, bytes, s) : cudaMalloc((void **)&dmem, bytes);
+    if (e != cudaSuccess) {
+      dmem = NULL;
+      rc = cuda_fail(err, pools ? "cudaMallocAsync" : "cudaMalloc", e);
+    }
+    pooled = pools;
+  }
+  /* (offsets taken only from a real allocation) */
+  uint8_t *dtab = dmem, *down = dmem ? dmem + tab_bytes : NULL, *ddig = dmem ? down + own_bytes : NULL,
+          *dscr = dmem ? ddig + (size_t)n * 32 : NULL;
+  if (!rc && (e = cudaMemcpyAsync(dtab, host, tab_bytes + own_bytes, cudaMemcpyHostToDevice, s)) != cudaSuccess)
+    rc = cuda_fail(err, "cudaMemcpyAsync (block table to the device)", e);
+  if (!rc && (e = (cudaError_t)kvbm__digest_launch((const kvbm__dblock *)(void *)dtab, (const uint32_t *)(void *)down,
+                                                   n, groups, (uint32_t)max_groups, dscr, ddig, s)) != cudaSuccess)
+    rc = cuda_fail(err, "launch of the BLAKE3 kernels", e);
+  if (!rc && (e = cudaMemcpyAsync(out, ddig, (size_t)n * 32, cudaMemcpyDeviceToHost, s)) != cudaSuccess)
+    rc = cuda_fail(err, "cudaMemcpyAsync (digests to the host)", e);
+  if (dmem) {
+    e = pooled ? cudaFreeAsync(dmem, s) : cudaSuccess;
+    if (e != cudaSuccess && !rc) rc = cuda_fail(err, "cudaFreeAsync", e);
+  }
+  /* Wait even after a failure: the table and out must outlive the copies. */
+  e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess && !rc) rc = cuda_fail(err, "cudaStreamSynchronize (the BLAKE3 kernels)", e);
+  if (dmem && !pooled) {
+    e = cudaFree(dmem);
+    if (e != cudaSuccess && !rc) rc = cuda_fail(err, "cudaFree", e);
+  }
+  free(host);
+  if (prev >= 0) (void)cudaSetDevice(prev);
+  return rc;
+}
+
+#endif
+
+static int digest(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+                  uint8_t (*out)[32], kvbm_error *err) {
+  int rc = check_args(device, ptrs, lens, n, out, err);
+  if (rc) return rc;
+#if !defined(KVBM_HAVE_CUDA)
+  (void)stream;
+  rc = kvbm_error_set(err, KVBM_EUNSUPPORTED, "cuda digest: this build has no CUDA runtime");
+#elif !defined(KVBM_HAVE_CUDA_KERNELS)
+  (void)stream;
+  rc = kvbm_error_set(err, KVBM_EUNSUPPORTED, "cuda digest: this build has no CUDA kernels (no nvcc, or a sanitizer build)");
+#else
+  rc = run(device, (cudaStream_t)stream, ptrs, lens, n, out, err);
+#endif
+  if (rc) memset(out, 0, (size_t)n * 32); /* arguments accepted: n entries are the caller's */
+  return rc;
+}
+
+int kvbm_cuda_digest_blocks(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+                            uint8_t (*out)[32], kvbm_error *err) {
+  return digest(device, stream, ptrs, lens, n, out, err);
+}
+
+int kvbm_cuda_verify_blocks(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+                            const uint8_t *expected, uint32_t digest_len, uint32_t *bad_index, uint32_t *bad_count,
+                            kvbm_error *err) {
+  if (!expected) return kvbm_error_set(err, KVBM_EINVAL, "cuda verify: expected is NULL");
+  if (digest_len < 1 || digest_len > 32)
+    return kvbm_error_set(err, KVBM_EINVAL, "cuda verify: digest_len %u is outside 1..32", digest_len);
+  /* out == expected stands in for the output array in the NULL check. */
+  int rc = check_args(device, ptrs, lens, n, expected, err);
+  if (rc) return rc;
+  uint8_t(*got)[32] = malloc((size_t)n * 32);
+  if (!got) return kvbm_error_set(err, KVBM_ENOMEM, "cuda verify: no memory for %u digests", n);
+  rc = digest(device, stream, ptrs, lens, n, got, err);
+  if (!rc) {
+    uint32_t first = 0, bad = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      if (memcmp(got[i], expected + (size_t)i * digest_len, digest_len) != 0) {
+        if (bad == 0) first = i;
+        bad++;
+      }
+    }
+    if (bad_index) *bad_index = first;
+    if (bad_count) *bad_count = bad;
+    if (bad)
+      rc = kvbm_error_set(err, KVBM_ECHECKSUM,
+                          "cuda verify: block %u (of %u) does not match its digest (%u blocks bad)", first, n, bad);
+  }
+  free(got);
+  return rc;
+}
