@@ -237,6 +237,13 @@ typedef struct kvbm__dblock {
 int kvbm__digest_launch(const kvbm__dblock *d, const uint32_t *owner, uint32_t n, uint64_t groups,
                         uint32_t max_groups, uint8_t *scratch, uint8_t *out, void *stream);
 
+/* kvbm_cuda_digest_blocks, plus `reps` more launches of the kernels alone
+ * timed with CUDA events: their mean in *kernel_ms (for
+ * bench_gpu_checksum; checksum.c). Same errors; KVBM_EINVAL for reps < 1. */
+struct kvbm_error;
+int kvbm__cuda_digest_timed(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens,
+                            uint32_t n, uint8_t (*out)[32], int reps, float *kernel_ms, struct kvbm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

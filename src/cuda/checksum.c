@@ -109,8 +109,12 @@ static int check_pointers(int32_t device, const void *const *ptrs, const uint64_
   return KVBM_OK;
 }
 
+/* The whole call on the device. reps > 0 (benchmarks only) also launches
+ * the kernels `reps` more times between two events and puts their mean
+ * time in *kernel_ms: the kernels alone, without the checks, the
+ * allocation and the copies of the table and the digests. */
 static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const uint64_t *lens, uint32_t n,
-               uint8_t (*out)[32], kvbm_error *err) {
+               uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
@@ -175,6 +179,23 @@ static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const ui
   if (!rc && (e = (cudaError_t)kvbm__digest_launch((const kvbm__dblock *)(void *)dtab, (const uint32_t *)(void *)down,
                                                    n, groups, (uint32_t)max_groups, dscr, ddig, s)) != cudaSuccess)
     rc = cuda_fail(err, "launch of the BLAKE3 kernels", e);
+  if (!rc && reps > 0) {
+    cudaEvent_t ev[2] = {NULL, NULL};
+    if ((e = cudaEventCreate(&ev[0])) != cudaSuccess || (e = cudaEventCreate(&ev[1])) != cudaSuccess)
+      rc = cuda_fail(err, "cudaEventCreate", e);
+    if (!rc && (e = cudaEventRecord(ev[0], s)) != cudaSuccess) rc = cuda_fail(err, "cudaEventRecord", e);
+    for (int r = 0; !rc && r < reps; r++)
+      if ((e = (cudaError_t)kvbm__digest_launch((const kvbm__dblock *)(void *)dtab, (const uint32_t *)(void *)down, n,
+                                                groups, (uint32_t)max_groups, dscr, ddig, s)) != cudaSuccess)
+        rc = cuda_fail(err, "launch of the BLAKE3 kernels", e);
+    if (!rc && (e = cudaEventRecord(ev[1], s)) != cudaSuccess) rc = cuda_fail(err, "cudaEventRecord", e);
+    if (!rc && (e = cudaEventSynchronize(ev[1])) != cudaSuccess) rc = cuda_fail(err, "cudaEventSynchronize", e);
+    float ms = 0;
+    if (!rc && (e = cudaEventElapsedTime(&ms, ev[0], ev[1])) != cudaSuccess) rc = cuda_fail(err, "cudaEventElapsedTime", e);
+    if (!rc) *kernel_ms = ms / (float)reps;
+    for (int k = 0; k < 2; k++)
+      if (ev[k]) (void)cudaEventDestroy(ev[k]);
+  }
   if (!rc && (e = cudaMemcpyAsync(out, ddig, (size_t)n * 32, cudaMemcpyDeviceToHost, s)) != cudaSuccess)
     rc = cuda_fail(err, "cudaMemcpyAsync (digests to the host)", e);
   if (dmem) {
@@ -196,17 +217,17 @@ static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const ui
 #endif
 
 static int digest(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
-                  uint8_t (*out)[32], kvbm_error *err) {
+                  uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
   int rc = check_args(device, ptrs, lens, n, out, err);
   if (rc) return rc;
 #if !defined(KVBM_HAVE_CUDA)
-  (void)stream;
+  (void)stream, (void)reps, (void)kernel_ms;
   rc = kvbm_error_set(err, KVBM_EUNSUPPORTED, "cuda digest: this build has no CUDA runtime");
 #elif !defined(KVBM_HAVE_CUDA_KERNELS)
-  (void)stream;
+  (void)stream, (void)reps, (void)kernel_ms;
   rc = kvbm_error_set(err, KVBM_EUNSUPPORTED, "cuda digest: this build has no CUDA kernels (no nvcc, or a sanitizer build)");
 #else
-  rc = run(device, (cudaStream_t)stream, ptrs, lens, n, out, err);
+  rc = run(device, (cudaStream_t)stream, ptrs, lens, n, out, reps, kernel_ms, err);
 #endif
   if (rc) memset(out, 0, (size_t)n * 32); /* arguments accepted: n entries are the caller's */
   return rc;
@@ -214,7 +235,13 @@ static int digest(int32_t device, void *stream, const void *const *ptrs, const u
 
 int kvbm_cuda_digest_blocks(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
                             uint8_t (*out)[32], kvbm_error *err) {
-  return digest(device, stream, ptrs, lens, n, out, err);
+  return digest(device, stream, ptrs, lens, n, out, 0, NULL, err);
+}
+
+int kvbm__cuda_digest_timed(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+                            uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
+  if (reps < 1 || !kernel_ms) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: reps < 1 or kernel_ms NULL");
+  return digest(device, stream, ptrs, lens, n, out, reps, kernel_ms, err);
 }
 
 int kvbm_cuda_verify_blocks(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
@@ -228,7 +255,7 @@ int kvbm_cuda_verify_blocks(int32_t device, void *stream, const void *const *ptr
   if (rc) return rc;
   uint8_t(*got)[32] = malloc((size_t)n * 32);
   if (!got) return kvbm_error_set(err, KVBM_ENOMEM, "cuda verify: no memory for %u digests", n);
-  rc = digest(device, stream, ptrs, lens, n, got, err);
+  rc = digest(device, stream, ptrs, lens, n, got, 0, NULL, err);
   if (!rc) {
     uint32_t first = 0, bad = 0;
     for (uint32_t i = 0; i < n; i++) {
