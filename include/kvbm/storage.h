@@ -13,6 +13,10 @@
  *   s->base.vt = &my_vtable;
  *
  * Callers use only the kvbm_storage_*() functions below, never the vtable.
+ *
+ * Memory kvbm allocates (kvbm_storage_create) is kvbm's to free; memory an
+ * engine already owns (its paged KV tensors on the device, its host
+ * buffers) is adopted (kvbm_storage_adopt): used in place, never freed.
  * A storage is not thread-safe to release while in use; reading its
  * properties and region addresses is safe from any thread.
  */
@@ -74,10 +78,53 @@ KVBM_EXTERN int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *
                         const kvbm_storage_config *opts, kvbm_storage **out,
                         kvbm_error *err);
 
+/* Wraps memory the caller allocated and owns (an engine's own KV cache:
+ * its paged device tensors, or host buffers) as a storage for `layout`,
+ * without copying or touching it: num_bases base pointers, one per layout
+ * region (layout->num_regions), each the start of region_size bytes of
+ * `memory`:
+ *   KVBM_MEMORY_SYSTEM  host memory (any allocator).
+ *   KVBM_MEMORY_PINNED  page-locked host memory (cudaHostAlloc,
+ *                       cudaHostRegister, torch pin_memory()).
+ *   KVBM_MEMORY_DEVICE  device memory of CUDA ordinal device_id (cudaMalloc,
+ *                       a torch CUDA tensor's data_ptr()).
+ * device_id is used for DEVICE only (>= 0); the storage reports -1 for the
+ * others. The bases array is copied; the layout is not kept.
+ *
+ * Ownership: the storage never frees, writes or zeroes the memory.
+ * kvbm_storage_release() frees only kvbm's wrapper. The caller keeps every
+ * region alive and in place until the storage and every manager (or other
+ * user) it was given to are released; the caller must not hand the same
+ * memory to two storages that are written at once.
+ *
+ * Errors (nothing is left allocated): KVBM_EINVAL for a NULL out, layout or
+ * bases, an invalid layout, num_bases != the layout's region count, a NULL
+ * base, a base not aligned to the layout's alignment, a region that would
+ * wrap the address space, another memory type, a negative device id for
+ * DEVICE; in a CUDA build also (cudaPointerGetAttributes on the first and
+ * last byte of every region) DEVICE memory that is not device memory of
+ * device_id, PINNED memory that is not page-locked host memory, SYSTEM
+ * memory that is device or managed memory (checked only when a device
+ * answers). KVBM_EDEVICE for DEVICE/PINNED when CUDA finds no (such)
+ * device; KVBM_EUNSUPPORTED for DEVICE/PINNED in a build without CUDA;
+ * KVBM_ENOMEM. Every message names the region at fault.
+ *
+ * Threads: any thread; the storage is used as any other (properties from
+ * any thread). Cost: one small allocation and, in a CUDA build, two
+ * cudaPointerGetAttributes per region (one cudaGetDeviceCount for SYSTEM). */
+KVBM_EXTERN int kvbm_storage_adopt(kvbm_memory_type memory, int32_t device_id,
+                                   const kvbm_layout *layout, void *const *bases,
+                                   uint64_t num_bases, kvbm_storage **out, kvbm_error *err);
+
+/* Whether `s` was made by kvbm_storage_adopt() (its memory is not kvbm's).
+ * NULL: 0. */
+KVBM_EXTERN int kvbm_storage_is_adopted(const kvbm_storage *s);
+
 /* Whether this build has CUDA (pinned and device storage compiled in). */
 KVBM_EXTERN int kvbm_storage_have_cuda(void);
 
-/* Frees the storage and all its regions. NULL: no-op. */
+/* Frees the storage and all its regions (an adopted storage: only kvbm's
+ * wrapper, never the caller's memory). NULL: no-op. */
 KVBM_EXTERN void kvbm_storage_release(kvbm_storage *s);
 
 KVBM_EXTERN const char *kvbm_storage_name(const kvbm_storage *s);

@@ -23,7 +23,7 @@
 /* Rejects a layout whose derived fields were not made by kvbm_layout_init()
  * for its config (a hand-filled or corrupted struct), since every offset
  * below trusts them. */
-static int check_layout_value(const kvbm_layout *l, kvbm_error *err) {
+int kvbm__storage_check_layout_value(const kvbm_layout *l, kvbm_error *err) {
   if (!l) return kvbm_error_set(err, KVBM_EINVAL, "storage: layout is NULL");
   kvbm_layout want;
   int rc = kvbm_layout_init(&want, l->kind, &l->config, err);
@@ -46,7 +46,7 @@ int kvbm_storage_create(kvbm_memory_type memory, const kvbm_layout *layout,
                         kvbm_error *err) {
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "storage: out is NULL");
   *out = NULL;
-  int rc = check_layout_value(layout, err);
+  int rc = kvbm__storage_check_layout_value(layout, err);
   if (rc) return rc;
   kvbm_storage_config o = opts ? *opts : kvbm_storage_config_default();
   if (o.alignment == 0) o.alignment = layout->config.alignment;
@@ -113,7 +113,7 @@ static int check_fit(const kvbm_storage *s, const kvbm_layout *l, kvbm_error *er
 }
 
 int kvbm_storage_check_layout(const kvbm_storage *s, const kvbm_layout *l, kvbm_error *err) {
-  int rc = check_layout_value(l, err);
+  int rc = kvbm__storage_check_layout_value(l, err);
   if (rc || (rc = check_fit(s, l, err))) return rc;
   for (uint64_t r = 0; r < l->num_regions; r++) {
     uintptr_t base = (uintptr_t)s->vt->region_base(s, r);

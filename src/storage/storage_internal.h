@@ -17,6 +17,13 @@ int kvbm__device_storage_create(const kvbm_layout *layout,
                                kvbm_storage **out, kvbm_error *err);
 int kvbm__storage_cuda_compiled(void);
 
+/* KVBM_OK if `l` is non-NULL and its derived fields are what
+ * kvbm_layout_init() makes of its config (storage.c); KVBM_EINVAL else. */
+int kvbm__storage_check_layout_value(const kvbm_layout *l, kvbm_error *err);
+
+/* Whether `s` was made by kvbm_storage_adopt() (adopt.c). */
+int kvbm__storage_is_adopted(const kvbm_storage *s);
+
 /* The shape shared by system, pinned and device storage: an array of
  * separately allocated regions. Each kind supplies its vtable (with its own
  * release) and uses the accessors below for the rest. */
