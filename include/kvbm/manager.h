@@ -120,6 +120,23 @@ typedef struct kvbm_manager_config {
    * streams. */
   kvbm_memory_type g1_memory, g2_memory;
   int32_t g1_device;           /* CUDA ordinal of DEVICE G1 (0) */
+  /* Engine-owned G1 (and G2): a storage over memory the engine allocated
+   * (kvbm_storage_adopt in kvbm/storage.h: its paged KV tensors on the
+   * device, or host buffers), used as the tier's bytes in place instead of
+   * memory kvbm allocates. Borrowed: the manager never releases it nor
+   * frees, zeroes or writes its memory except through the engine's and
+   * the copies' blocks; it must outlive the manager (release it after
+   * kvbm_manager_destroy). Its layout must be the tier's: g1_kind (g2_kind)
+   * over `layout` with g1_blocks (g2_blocks) blocks, same region count, each
+   * region at least the layout's size, bases aligned (else KVBM_EINVAL
+   * naming the field). The tier's memory and device are the storage's:
+   * g1_memory and g1_device (g2_memory) are replaced by them, so an adopted
+   * DEVICE G1 takes exactly the device path above (CUDA streams, synchronous
+   * cudaMemcpy for block_write/read). G1 may be SYSTEM, PINNED or DEVICE,
+   * G2 SYSTEM or PINNED; g2_storage needs g2_blocks >= 1; the two must
+   * differ; a storage without addresses is refused. NULL (default): kvbm
+   * allocates the tier. */
+  struct kvbm_storage *g1_storage, *g2_storage;
   uint32_t g1_blocks;          /* >= 1 (1024) */
   uint32_t g2_blocks;          /* 0 = no G2 (0) */
   uint64_t g3_blocks;          /* 0 = no G3 (0); at most KVBM_POOL_MAX_BLOCKS */

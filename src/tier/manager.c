@@ -42,6 +42,18 @@
  * copy_errors counts it, as any lost copy. The tests run this path without
  * a GPU through gpu.c's emulated streams (kvbm__manager_testing.g1_emulate).
  *
+ * Engine-owned G1 (g1_storage, and g2_storage): the engine's own KV
+ * memory, adopted (kvbm_storage_adopt), is the tier's bytes in place. The
+ * tier is set up as if kvbm had allocated it, with the storage's memory
+ * type and device in the config, so adopted device memory takes exactly
+ * the path of kvbm's own device G1 (streams, copy_now) and nothing
+ * downstream needs to know; the only differences are that it is not
+ * zeroed or advised (the engine's bytes are not ours to touch; the pool
+ * starts empty, so their contents mean nothing to kvbm) and that destroy
+ * does not release it. Its layout is checked against the tier's with
+ * kvbm_storage_check_layout, so an engine tensor too small or misaligned
+ * is refused at create, not found by a copy.
+ *
  * Trade-off: one lock for everything is simple and correct; with many
  * engine threads it would become the bottleneck long before the copies do.
  */
@@ -141,12 +153,30 @@ static int tier_pool(kvbm_manager *m, kvbm__tier *t, uint64_t n, kvbm_error *err
   return rc;
 }
 
+/* An engine-owned tier's storage (g1_storage, g2_storage): it must have
+ * addresses and hold the tier's layout. Its memory type was put in the
+ * config by adopt_config. */
+static int adopted_tier(kvbm__tier *t, kvbm_storage *st, kvbm_error *err) {
+  const char *field = t->id == KVBM_TIER_G1 ? "g1_storage" : "g2_storage";
+  kvbm_error e = {0};
+  if (kvbm_storage_check_layout(st, &t->layout, &e))
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: %s does not hold %s's layout: %s", field,
+                          kvbm_tier_name(t->id), e.msg);
+  for (uint64_t r = 0; r < t->layout.num_regions; r++)
+    if (!kvbm_storage_region_base(st, r))
+      return kvbm_error_set(err, KVBM_EINVAL, "manager: %s (%s storage) has no addresses",
+                            field, kvbm_storage_name(st));
+  t->storage = st;
+  return KVBM_OK;
+}
+
 static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind kind,
                      kvbm_memory_type memory, kvbm_error *err) {
   kvbm__tier *t = &m->t[ti];
   kvbm_layout_config lc = m->cfg.layout;
   lc.num_blocks = nblocks;
   int rc = kvbm_layout_init(&t->layout, kind, &lc, err);
+  kvbm_storage *adopted = ti == KVBM_TIER_G1 ? m->cfg.g1_storage : m->cfg.g2_storage;
   bool emu = memory == KVBM_MEMORY_DEVICE && ti == KVBM_TIER_G1 && m->testing.g1_emulate;
   if (!rc && memory != KVBM_MEMORY_SYSTEM && !emu && !kvbm__gpu_compiled())
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: %s memory for %s needs a CUDA build",
@@ -160,7 +190,13 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
     so.zero = 0;
     so.alignment = t->layout.config.alignment > HUGE_PAGE ? 0 : HUGE_PAGE;
   }
-  if (!rc) rc = kvbm_storage_create(alloc, &t->layout, &so, &t->storage, err);
+  if (adopted) {
+    emu = false; /* the engine's memory is what it says it is */
+    huge = false;
+    if (!rc) rc = adopted_tier(t, adopted, err);
+  } else if (!rc) {
+    rc = kvbm_storage_create(alloc, &t->layout, &so, &t->storage, err);
+  }
   if (rc) return rc;
   for (uint64_t r = 0; huge && r < t->layout.num_regions; r++)
     advise_huge(kvbm_storage_region_base(t->storage, r), t->layout.region_size);
@@ -360,10 +396,41 @@ static char *dup_opt(const char *s, bool *oom) {
   return d;
 }
 
+/* Engine-owned tiers: the storage's memory and device become the tier's
+ * config, so the rest of the manager sees an ordinary tier of that memory. */
+static int adopt_config(kvbm_manager *m, kvbm_error *err) {
+  kvbm_manager_config *c = &m->cfg;
+  if (c->g1_storage && c->g1_storage == c->g2_storage)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g1_storage and g2_storage are the same storage");
+  if (c->g2_storage && !c->g2_blocks)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g2_storage given but g2_blocks is 0");
+  if (c->g1_storage) {
+    kvbm_memory_type mt = kvbm_storage_memory_type(c->g1_storage);
+    if (mt != KVBM_MEMORY_SYSTEM && mt != KVBM_MEMORY_PINNED && mt != KVBM_MEMORY_DEVICE)
+      return kvbm_error_set(err, KVBM_EINVAL, "manager: g1_storage is %s memory, not system, pinned or device",
+                            kvbm_memory_type_name(mt));
+    c->g1_memory = mt;
+    if (mt == KVBM_MEMORY_DEVICE) c->g1_device = kvbm_storage_device_id(c->g1_storage);
+  }
+  if (c->g2_storage) {
+    kvbm_memory_type mt = kvbm_storage_memory_type(c->g2_storage);
+    if (mt != KVBM_MEMORY_SYSTEM && mt != KVBM_MEMORY_PINNED)
+      return kvbm_error_set(err, KVBM_EINVAL, "manager: g2_storage is %s memory, not system or pinned",
+                            kvbm_memory_type_name(mt));
+    c->g2_memory = mt;
+  }
+  return KVBM_OK;
+}
+
 /* The config's strings become the manager's own; the block format. */
 static int own_config(kvbm_manager *m, const kvbm_manager_config *cfg, kvbm_error *err) {
   bool oom = false;
   m->cfg = *cfg;
+  int arc = adopt_config(m, err);
+  if (arc) {
+    m->cfg.g1_storage = m->cfg.g2_storage = NULL; /* destroy must not take them for ours */
+    return arc;
+  }
   m->g3_dir = dup_opt(cfg->g3_dir ? cfg->g3_dir : "/tmp", &oom);
   m->g3_url = dup_opt(cfg->g3_url, &oom);
   m->g4_url = dup_opt(cfg->g4_url, &oom);
@@ -456,7 +523,9 @@ void kvbm_manager_destroy(kvbm_manager *m) {
     kvbm_volume_unregister(t->vol);
     kvbm__gpu_stream_destroy(t->gs);
     kvbm_pool_destroy(t->pool);
-    kvbm_storage_release(t->storage);
+    /* An engine-owned tier's storage is the engine's to release. */
+    if (t->storage != m->cfg.g1_storage && t->storage != m->cfg.g2_storage)
+      kvbm_storage_release(t->storage);
     free(t->region);
     free(t->state);
     if (t->filter_on) kvbm__freq_filter_destroy(&t->filter);
