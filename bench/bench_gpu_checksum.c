@@ -9,13 +9,17 @@
  *   onboard   the host-to-device copy of every block from pinned memory,
  *             one cudaMemcpyAsync per block on a non-blocking stream, host
  *             clock from the first call to the stream's synchronization:
- *             what the check rides on.
+ *             what the check rides on. Measured first and again just
+ *             before onb+ver; the round's figure is the mean of the two.
  *   d2d       one cudaMemcpyAsync device-to-device of the same bytes
  *             (CUDA events): the memory bandwidth bound of reading them.
  *   kernel    the BLAKE3 kernels alone over every block (CUDA events, mean
  *             of 3 launches; kvbm__cuda_digest_timed).
  *   digest    kvbm_cuda_digest_blocks, host clock: pointer checks,
  *             allocation, table, kernels, digests back.
+ *   spans     kvbm_cuda_digest_spans over the same bytes seen as a
+ *             LayerSeparate cache (32 layer regions; block b's layer l at
+ *             region l + b x 64 KiB: 32 spans a block), host clock.
  *   onb+ver   the onboard and then kvbm_cuda_verify_blocks on the same
  *             stream (no host wait between), host clock.
  *   host      kvbm_blake3_hash of one 2 MiB block on one CPU thread
@@ -105,8 +109,10 @@ static stat3 stats(const double *in, int n) {
 #define BLOCK (2ull << 20)
 #define MAXR 32
 
-enum { ONBOARD, D2D, KERNEL, DIGEST, ONBVER, HOST, NF };
-static const char *fig_name[NF] = {"onboard", "d2d", "kernel", "digest", "onb+ver", "host"};
+enum { ONBOARD, D2D, KERNEL, DIGEST, SPANS, ONBVER, HOST, NF };
+static const char *fig_name[NF] = {"onboard", "d2d", "kernel", "digest", "spans", "onb+ver", "host"};
+#define LAYERS 32
+#define LAYER (BLOCK / LAYERS)
 
 static void onboard(uint8_t *d, const uint8_t *h, uint64_t n, cudaStream_t s) {
   for (uint64_t i = 0; i < n; i++) CK(cudaMemcpyAsync(d + i * BLOCK, h + i * BLOCK, BLOCK, cudaMemcpyHostToDevice, s));
@@ -188,6 +194,22 @@ int main(int argc, char **argv) {
   if (kvbm_cuda_verify_blocks(device, s, ptrs, lens, (uint32_t)blocks, want, 32, &bi, &bc, &e) != KVBM_ECHECKSUM ||
       bi != victim || bc != 1)
     DIE("a flipped bit in block %llu was not reported (index %u, count %u)", (unsigned long long)victim, bi, bc);
+  /* The same bytes as LayerSeparate blocks: 32 spans each. */
+  kvbm_cuda_span *sp = malloc(blocks * LAYERS * sizeof *sp);
+  uint32_t *counts = malloc(blocks * sizeof *counts);
+  uint8_t *cat = malloc(BLOCK), sd[8][32], sw[32];
+  if (!sp || !counts || !cat) DIE("out of memory");
+  for (uint64_t b = 0; b < blocks; b++) {
+    counts[b] = LAYERS;
+    for (uint64_t l = 0; l < LAYERS; l++)
+      sp[b * LAYERS + l] = (kvbm_cuda_span){d + l * blocks * LAYER + b * LAYER, LAYER};
+  }
+  if (kvbm_cuda_digest_spans(device, s, sp, counts, 8, sd, &e)) DIE("spans: %s", e.msg);
+  for (uint64_t b = 0; b < 8; b++) {
+    for (uint64_t l = 0; l < LAYERS; l++) memcpy(cat + l * LAYER, h + l * blocks * LAYER + b * LAYER, LAYER);
+    if (kvbm_blake3_hash(cat, BLOCK, sw, 32) || memcmp(sw, sd[b], 32))
+      DIE("LayerSeparate block %llu: span digest differs from kvbm_blake3", (unsigned long long)b);
+  }
   printf("checked: %llu device digests equal kvbm_blake3 (host, 1 thread: %.2f GB/s over all); a flipped bit is "
          "caught\n",
          (unsigned long long)blocks, (double)total / th / 1e9);
@@ -218,6 +240,15 @@ int main(int argc, char **argv) {
     t[DIGEST][r] = now() - t0;
     for (uint64_t i = 0; i < blocks; i++)
       if (memcmp(dig[i], want + 32 * i, 32)) DIE("round %d block %llu: digest differs", r, (unsigned long long)i);
+
+    t0 = now();
+    if (kvbm_cuda_digest_spans(device, s, sp, counts, (uint32_t)blocks, dig, &e)) DIE("spans: %s", e.msg);
+    t[SPANS][r] = now() - t0;
+
+    t0 = now(); /* the onboard again, next to onb+ver: the mean of both is the round's onboard */
+    onboard(d, h, blocks, s);
+    CK(cudaStreamSynchronize(s));
+    t[ONBOARD][r] = (t[ONBOARD][r] + now() - t0) / 2;
 
     t0 = now();
     onboard(d, h, blocks, s);
@@ -280,7 +311,7 @@ int main(int argc, char **argv) {
   CK(cudaFree(d));
   CK(cudaFree(d2));
   CK(cudaFreeHost(h));
-  free(ptrs), free(lens), free(dig), free(want);
+  free(ptrs), free(lens), free(dig), free(want), free(sp), free(counts), free(cat);
   return 0;
 }
 

@@ -217,16 +217,42 @@ KVBM_HD_FN void kvbm_hd_store_cv(const uint32_t cv[8], uint8_t out[32]) {
 
 /* ---- what checksum.c and checksum_kernels.cu share ---- */
 
-/* One input of a launch: device address, length, and where its group
- * chaining values go in the scratch array (index of its first group). */
+/* One input of a launch: its spans (sp[span0 .. span0 + nspans), each
+ * but the last a whole number of chunks), total length, and where its
+ * group chaining values go in the scratch array (index of its first
+ * group). */
 typedef struct kvbm__dblock {
-  uint64_t ptr;
   uint64_t len;
   uint64_t group0;
   uint64_t groups;
+  uint32_t span0;
+  uint32_t nspans;
 } kvbm__dblock;
 
-/* Queues the digest of d[0..n) (a device array) on `stream` (a
+/* One span: device address, length, offset in its input. */
+typedef struct kvbm__dspan {
+  uint64_t ptr;
+  uint64_t len;
+  uint64_t off;
+  uint64_t pad;
+} kvbm__dspan;
+
+/* Where byte `off` of an input made of spans sp[0..n) lies (n >= 1; the
+ * last span whose offset is at most off, so empty spans are passed over):
+ * the whole chunk starting there is in that span when every span but the
+ * last is a whole number of chunks. A binary search: log2(n) reads of a
+ * table the cache holds. */
+KVBM_HD_FN const uint8_t *kvbm_hd_span_ptr(const kvbm__dspan *sp, uint32_t n, uint64_t off) {
+  uint32_t lo = 0, hi = n - 1;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo + 1) / 2;
+    if (sp[mid].off <= off) lo = mid;
+    else hi = mid - 1;
+  }
+  return (const uint8_t *)(uintptr_t)(sp[lo].ptr + (off - sp[lo].off));
+}
+
+/* Queues the digest of d[0..n) (a device array; spans in sp) on `stream` (a
  * cudaStream_t): 32 bytes per input to out (device, n x 32), using scratch
  * (device, 32 bytes per group of all inputs). owner (device, `groups`
  * entries: the sum of d[].groups) names the input of each group, so that
@@ -234,8 +260,8 @@ typedef struct kvbm__dblock {
  * the mix of sizes. max_groups is the largest d[].groups. Returns the
  * cudaError_t of the launches (0 = cudaSuccess). Defined only when the
  * kernels are built. */
-int kvbm__digest_launch(const kvbm__dblock *d, const uint32_t *owner, uint32_t n, uint64_t groups,
-                        uint32_t max_groups, uint8_t *scratch, uint8_t *out, void *stream);
+int kvbm__digest_launch(const kvbm__dblock *d, const kvbm__dspan *sp, const uint32_t *owner, uint32_t n,
+                        uint64_t groups, uint32_t max_groups, uint8_t *scratch, uint8_t *out, void *stream);
 
 /* kvbm_cuda_digest_blocks, plus `reps` more launches of the kernels alone
  * timed with CUDA events: their mean in *kernel_ms (for

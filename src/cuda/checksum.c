@@ -22,22 +22,33 @@
  *
  * How a call goes: every argument is validated on the CPU first (nothing
  * touches CUDA for a bad call, so the refusals are the same in every build
- * and testable without a device); then each pointer is asked of
- * cudaPointerGetAttributes (device memory of this device only: a host
- * pointer would be read over PCIe, or fault); then one stream-ordered
- * allocation holds the block table, the digests and the groups' chaining
- * values; the table goes up, two kernels run, the digests come down, the
- * allocation is freed in stream order, and the stream is synchronized.
+ * and testable without a device); then each pointer is asked of CUDA:
+ * device memory of this device (a host pointer would be read over PCIe,
+ * or fault), and the range inside one allocation (cuMemGetAddressRange,
+ * reached through cudaGetDriverEntryPointByVersion so that kvbm does not
+ * link libcuda); then one stream-ordered allocation holds the block and
+ * span tables, the digests and the groups' chaining values; the tables go
+ * up in one copy, two kernels run, the digests come down, the allocation
+ * is freed in stream order, and the stream is synchronized.
+ *
+ * Blocks may be given as one range each (kvbm_cuda_digest_blocks: a
+ * FullyContiguous block) or as spans (kvbm_cuda_digest_spans: a
+ * LayerSeparate block, one range per layer, hashed as its layers in
+ * order). The pointer form is the span form with one span a block; every
+ * span but a block's last is a whole number of 1 KiB chunks, so a kernel
+ * thread finds its chunk with one binary search of its block's spans.
  *
  * Trade-offs: the call is synchronous (it returns the digests), which is
  * what a caller deciding whether to use a block needs; an engine that
  * wants to overlap the check with compute runs it on a stream of its own.
- * One cudaPointerGetAttributes per block costs about a microsecond each:
- * small next to the 2 MiB it guards, and the price of refusing host
- * pointers with an error rather than a fault. The per-call allocation is
+ * The pointer checks cost two CUDA calls per allocation, remembered for
+ * the call (64 allocations; a KV cache is a few regions), so thousands of
+ * layer spans cost no more than one block: on an H100 the W4 call runs at
+ * 1.4 TB/s against the kernels' 1.57 TB/s. The per-call allocation is
  * cudaMallocAsync (pooled by the driver, no device-wide synchronization);
  * cudaMalloc where the device has no memory pools.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,7 +59,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-/* The checks that need no device. */
+/* The checks that need no device, of the pointer form. */
 static int check_args(int32_t device, const void *const *ptrs, const uint64_t *lens, uint32_t n,
                       const void *out, kvbm_error *err) {
   if (!ptrs || !lens) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s is NULL", ptrs ? "lens" : "ptrs");
@@ -69,6 +80,49 @@ static int check_args(int32_t device, const void *const *ptrs, const uint64_t *l
   return KVBM_OK;
 }
 
+/* The same for the span form; *total_spans is the sum of counts. */
+static int check_spans(int32_t device, const kvbm_cuda_span *spans, const uint32_t *counts, uint32_t n,
+                       const void *out, uint64_t *total_spans, kvbm_error *err) {
+  if (!spans || !counts)
+    return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s is NULL", spans ? "counts" : "spans");
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: the output array is NULL");
+  if (n == 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: no blocks (n == 0)");
+  if (n > KVBM_CUDA_DIGEST_MAX_BATCH)
+    return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %u blocks, more than %u in one call", n,
+                          KVBM_CUDA_DIGEST_MAX_BATCH);
+  if (device < 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: device %d is negative", (int)device);
+  /* The counts first, so that no span past the limit is read. */
+  uint64_t k = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (counts[i] == 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u has no spans", i);
+    k += counts[i];
+    if (k > KVBM_CUDA_DIGEST_MAX_SPANS)
+      return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: more than %u spans in one call (block %u)",
+                            KVBM_CUDA_DIGEST_MAX_SPANS, i);
+  }
+  k = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t len = 0;
+    for (uint32_t j = 0; j < counts[i]; j++, k++) {
+      const kvbm_cuda_span *sp = &spans[k];
+      if (sp->len > KVBM_CUDA_DIGEST_MAX_LEN - len)
+        return kvbm_error_set(err, KVBM_ETOOLONG, "cuda digest: block %u is more than %llu bytes (at span %u)", i,
+                              (unsigned long long)KVBM_CUDA_DIGEST_MAX_LEN, j);
+      if (!sp->ptr && sp->len > 0)
+        return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u span %u has %llu bytes at NULL", i, j,
+                              (unsigned long long)sp->len);
+      if (j + 1 < counts[i] && sp->len % KVBM_HD_CHUNK_LEN != 0)
+        return kvbm_error_set(err, KVBM_EINVAL,
+                              "cuda digest: block %u span %u is %llu bytes; every span but a block's last must be "
+                              "a multiple of 1024",
+                              i, j, (unsigned long long)sp->len);
+      len += sp->len;
+    }
+  }
+  *total_spans = k;
+  return KVBM_OK;
+}
+
 #if defined(KVBM_HAVE_CUDA) && defined(KVBM_HAVE_CUDA_KERNELS)
 
 static int cuda_fail(kvbm_error *err, const char *call, cudaError_t e) {
@@ -86,25 +140,90 @@ static const char *memory_name(enum cudaMemoryType t) {
   }
 }
 
-/* Device memory of `device`, each one (blocks of length 0 are not read). */
-static int check_pointers(int32_t device, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+/* cuMemGetAddressRange, reached through the runtime (so that kvbm needs
+ * no link to libcuda): an allocation's base and size. CUdeviceptr is an
+ * unsigned 64-bit integer and CUresult an enum (0: success). */
+typedef int (*range_fn)(unsigned long long *base, size_t *size, unsigned long long ptr);
+
+static range_fn get_range_fn(void) {
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 3020, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return (range_fn)fn;
+#else
+  return NULL;
+#endif
+}
+
+/* Allocations already checked in this call (device memory of `device`). */
+#define KVBM__RANGES 64
+typedef struct ranges {
+  uint64_t base[KVBM__RANGES], end[KVBM__RANGES];
+  unsigned n, next, last;
+} ranges;
+
+static int known(ranges *r, uint64_t p, uint64_t len) {
+  if (r->n && p >= r->base[r->last] && len <= r->end[r->last] - p && p < r->end[r->last]) return 1;
+  for (unsigned i = 0; i < r->n; i++)
+    if (p >= r->base[i] && p < r->end[i] && len <= r->end[i] - p) return r->last = i, 1;
+  return 0;
+}
+
+/* Device memory of `device`, each span (empty ones are not read), and
+ * where the runtime offers cuMemGetAddressRange, inside one allocation
+ * (KVBM_ERANGE otherwise): the kernels then never read past what the
+ * caller owns. Spans in an allocation already checked in this call cost
+ * no CUDA call (a LayerSeparate cache is a few allocations for thousands
+ * of spans). counts NULL: one span a block (the pointer form, whose
+ * messages name blocks). */
+static int check_pointers(int32_t device, const kvbm_cuda_span *spans, const uint32_t *counts, uint32_t n,
                           kvbm_error *err) {
+  range_fn range = get_range_fn();
+  ranges r;
+  r.n = r.next = r.last = 0;
+  uint64_t k = 0;
   for (uint32_t i = 0; i < n; i++) {
-    if (lens[i] == 0) continue;
-    struct cudaPointerAttributes a;
-    memset(&a, 0, sizeof a);
-    cudaError_t e = cudaPointerGetAttributes(&a, ptrs[i]);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u at %p: cudaPointerGetAttributes: %s", i,
-                            ptrs[i], cudaGetErrorString(e));
+    uint32_t c = counts ? counts[i] : 1;
+    for (uint32_t j = 0; j < c; j++, k++) {
+      const kvbm_cuda_span *sp = &spans[k];
+      const uint64_t p = (uint64_t)(uintptr_t)sp->ptr;
+      if (sp->len == 0 || (range && known(&r, p, sp->len))) continue;
+      char what[48];
+      if (counts) snprintf(what, sizeof what, "block %u span %u", i, j);
+      else snprintf(what, sizeof what, "block %u", i);
+      struct cudaPointerAttributes a;
+      memset(&a, 0, sizeof a);
+      cudaError_t e = cudaPointerGetAttributes(&a, sp->ptr);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s at %p: cudaPointerGetAttributes: %s", what,
+                              sp->ptr, cudaGetErrorString(e));
+      }
+      if (a.type != cudaMemoryTypeDevice)
+        return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s at %p is %s memory; device memory needed", what,
+                              sp->ptr, memory_name(a.type));
+      if (a.device != device)
+        return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s at %p is on device %d, not %d", what, sp->ptr,
+                              a.device, (int)device);
+      if (!range) continue;
+      unsigned long long base = 0;
+      size_t size = 0;
+      if (range(&base, &size, p) != 0) /* device memory CUDA cannot size: as without the entry point */
+        continue;
+      if (p < base || sp->len > base + size - p)
+        return kvbm_error_set(err, KVBM_ERANGE,
+                              "cuda digest: %s: %llu bytes at %p run past the end of its allocation (%llu bytes at "
+                              "0x%llx)",
+                              what, (unsigned long long)sp->len, sp->ptr, (unsigned long long)size, base);
+      r.base[r.next] = base, r.end[r.next] = base + size, r.last = r.next;
+      r.next = (r.next + 1) % KVBM__RANGES;
+      if (r.n < KVBM__RANGES) r.n++;
     }
-    if (a.type != cudaMemoryTypeDevice)
-      return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u at %p is %s memory; device memory needed",
-                            i, ptrs[i], memory_name(a.type));
-    if (a.device != device)
-      return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: block %u at %p is on device %d, not %d", i, ptrs[i],
-                            a.device, (int)device);
   }
   return KVBM_OK;
 }
@@ -113,8 +232,8 @@ static int check_pointers(int32_t device, const void *const *ptrs, const uint64_
  * the kernels `reps` more times between two events and puts their mean
  * time in *kernel_ms: the kernels alone, without the checks, the
  * allocation and the copies of the table and the digests. */
-static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const uint64_t *lens, uint32_t n,
-               uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
+static int run(int32_t device, cudaStream_t s, const kvbm_cuda_span *spans, const uint32_t *counts, uint32_t n,
+               uint64_t nspans, uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
@@ -131,17 +250,20 @@ static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const ui
   e = cudaSetDevice(device);
   if (e != cudaSuccess) return cuda_fail(err, "cudaSetDevice", e);
 
-  int rc = check_pointers(device, ptrs, lens, n, err);
+  int rc = check_pointers(device, spans, counts, n, err);
   uint64_t groups = 0, max_groups = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    uint64_t g = kvbm_hd_groups(lens[i]);
+  for (uint64_t i = 0, k = 0; i < n; i++) {
+    uint64_t len = 0;
+    for (uint32_t j = 0, c = counts ? counts[i] : 1; j < c; j++) len += spans[k++].len;
+    uint64_t g = kvbm_hd_groups(len);
     groups += g;
     if (g > max_groups) max_groups = g;
   }
-  /* Device: [table: n x 32][owners: groups x 4, to 32][digests: n x 32]
-   * [group values: groups x 32]; the first two come from one host buffer
-   * in one copy. */
-  const size_t tab_bytes = (size_t)n * sizeof(kvbm__dblock), own_bytes = ((size_t)groups * 4 + 31) / 32 * 32;
+  /* Device: [blocks: n x 32][spans: nspans x 32][owners: groups x 4, to
+   * 32][digests: n x 32][group values: groups x 32]; the first three come
+   * from one host buffer in one copy. */
+  const size_t tab_bytes = (size_t)n * sizeof(kvbm__dblock) + (size_t)nspans * sizeof(kvbm__dspan),
+               own_bytes = ((size_t)groups * 4 + 31) / 32 * 32;
   uint8_t *host = NULL, *dmem = NULL;
   int pooled = 0;
   if (!rc) {
@@ -150,12 +272,19 @@ static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const ui
   }
   if (!rc) {
     kvbm__dblock *tab = (kvbm__dblock *)(void *)host;
+    kvbm__dspan *sp = (kvbm__dspan *)(void *)(host + (size_t)n * sizeof(kvbm__dblock));
     uint32_t *own = (uint32_t *)(void *)(host + tab_bytes);
-    uint64_t g0 = 0;
+    uint64_t g0 = 0, k = 0;
     for (uint32_t i = 0; i < n; i++) {
-      uint64_t g = kvbm_hd_groups(lens[i]);
-      tab[i] = (kvbm__dblock){.ptr = (uint64_t)(uintptr_t)ptrs[i], .len = lens[i], .group0 = g0, .groups = g};
-      for (uint64_t k = 0; k < g; k++) own[g0 + k] = i;
+      uint32_t c = counts ? counts[i] : 1;
+      uint64_t len = 0, k0 = k;
+      for (uint32_t j = 0; j < c; j++, k++) {
+        sp[k] = (kvbm__dspan){.ptr = (uint64_t)(uintptr_t)spans[k].ptr, .len = spans[k].len, .off = len};
+        len += spans[k].len;
+      }
+      uint64_t g = kvbm_hd_groups(len);
+      tab[i] = (kvbm__dblock){.len = len, .group0 = g0, .groups = g, .span0 = k0, .nspans = c};
+      for (uint64_t q = 0; q < g; q++) own[g0 + q] = i;
       g0 += g;
     }
     size_t bytes = tab_bytes + own_bytes + (size_t)n * 32 + (size_t)groups * 32;
@@ -172,12 +301,13 @@ static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const ui
     pooled = pools;
   }
   /* (offsets taken only from a real allocation) */
-  uint8_t *dtab = dmem, *down = dmem ? dmem + tab_bytes : NULL, *ddig = dmem ? down + own_bytes : NULL,
+  uint8_t *dtab = dmem, *dspn = dmem ? dmem + (size_t)n * sizeof(kvbm__dblock) : NULL,
+          *down = dmem ? dmem + tab_bytes : NULL, *ddig = dmem ? down + own_bytes : NULL,
           *dscr = dmem ? ddig + (size_t)n * 32 : NULL;
   if (!rc && (e = cudaMemcpyAsync(dtab, host, tab_bytes + own_bytes, cudaMemcpyHostToDevice, s)) != cudaSuccess)
     rc = cuda_fail(err, "cudaMemcpyAsync (block table to the device)", e);
-  if (!rc && (e = (cudaError_t)kvbm__digest_launch((const kvbm__dblock *)(void *)dtab, (const uint32_t *)(void *)down,
-                                                   n, groups, (uint32_t)max_groups, dscr, ddig, s)) != cudaSuccess)
+  if (!rc && (e = (cudaError_t)kvbm__digest_launch((const kvbm__dblock *)(void *)dtab, (const kvbm__dspan *)(void *)dspn,
+                                                   (const uint32_t *)(void *)down, n, groups, (uint32_t)max_groups, dscr, ddig, s)) != cudaSuccess)
     rc = cuda_fail(err, "launch of the BLAKE3 kernels", e);
   if (!rc && reps > 0) {
     cudaEvent_t ev[2] = {NULL, NULL};
@@ -185,8 +315,8 @@ static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const ui
       rc = cuda_fail(err, "cudaEventCreate", e);
     if (!rc && (e = cudaEventRecord(ev[0], s)) != cudaSuccess) rc = cuda_fail(err, "cudaEventRecord", e);
     for (int r = 0; !rc && r < reps; r++)
-      if ((e = (cudaError_t)kvbm__digest_launch((const kvbm__dblock *)(void *)dtab, (const uint32_t *)(void *)down, n,
-                                                groups, (uint32_t)max_groups, dscr, ddig, s)) != cudaSuccess)
+      if ((e = (cudaError_t)kvbm__digest_launch((const kvbm__dblock *)(void *)dtab, (const kvbm__dspan *)(void *)dspn,
+                                                (const uint32_t *)(void *)down, n, groups, (uint32_t)max_groups, dscr, ddig, s)) != cudaSuccess)
         rc = cuda_fail(err, "launch of the BLAKE3 kernels", e);
     if (!rc && (e = cudaEventRecord(ev[1], s)) != cudaSuccess) rc = cuda_fail(err, "cudaEventRecord", e);
     if (!rc && (e = cudaEventSynchronize(ev[1])) != cudaSuccess) rc = cuda_fail(err, "cudaEventSynchronize", e);
@@ -216,60 +346,106 @@ static int run(int32_t device, cudaStream_t s, const void *const *ptrs, const ui
 
 #endif
 
-static int digest(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
-                  uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
-  int rc = check_args(device, ptrs, lens, n, out, err);
-  if (rc) return rc;
+/* Spans already checked (check_spans or check_args); counts NULL: one
+ * span a block. */
+static int digest(int32_t device, void *stream, const kvbm_cuda_span *spans, const uint32_t *counts, uint32_t n,
+                  uint64_t nspans, uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
+  int rc;
 #if !defined(KVBM_HAVE_CUDA)
-  (void)stream, (void)reps, (void)kernel_ms;
+  (void)device, (void)stream, (void)spans, (void)counts, (void)nspans, (void)reps, (void)kernel_ms;
   rc = kvbm_error_set(err, KVBM_EUNSUPPORTED, "cuda digest: this build has no CUDA runtime");
 #elif !defined(KVBM_HAVE_CUDA_KERNELS)
-  (void)stream, (void)reps, (void)kernel_ms;
+  (void)device, (void)stream, (void)spans, (void)counts, (void)nspans, (void)reps, (void)kernel_ms;
   rc = kvbm_error_set(err, KVBM_EUNSUPPORTED, "cuda digest: this build has no CUDA kernels (no nvcc, or a sanitizer build)");
 #else
-  rc = run(device, (cudaStream_t)stream, ptrs, lens, n, out, reps, kernel_ms, err);
+  rc = run(device, (cudaStream_t)stream, spans, counts, n, nspans, out, reps, kernel_ms, err);
 #endif
   if (rc) memset(out, 0, (size_t)n * 32); /* arguments accepted: n entries are the caller's */
   return rc;
 }
 
+/* The pointer form as spans, one a block. */
+static int digest_ptrs(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+                       uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
+  int rc = check_args(device, ptrs, lens, n, out, err);
+  if (rc) return rc;
+  kvbm_cuda_span *sp = malloc((size_t)n * sizeof *sp);
+  if (!sp) return kvbm_error_set(err, KVBM_ENOMEM, "cuda digest: no memory for %u blocks", n);
+  for (uint32_t i = 0; i < n; i++) sp[i] = (kvbm_cuda_span){.ptr = ptrs[i], .len = lens[i]};
+  rc = digest(device, stream, sp, NULL, n, n, out, reps, kernel_ms, err);
+  free(sp);
+  return rc;
+}
+
 int kvbm_cuda_digest_blocks(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
                             uint8_t (*out)[32], kvbm_error *err) {
-  return digest(device, stream, ptrs, lens, n, out, 0, NULL, err);
+  return digest_ptrs(device, stream, ptrs, lens, n, out, 0, NULL, err);
+}
+
+int kvbm_cuda_digest_spans(int32_t device, void *stream, const kvbm_cuda_span *spans, const uint32_t *counts,
+                           uint32_t n, uint8_t (*out)[32], kvbm_error *err) {
+  uint64_t nspans = 0;
+  int rc = check_spans(device, spans, counts, n, out, &nspans, err);
+  return rc ? rc : digest(device, stream, spans, counts, n, nspans, out, 0, NULL, err);
 }
 
 int kvbm__cuda_digest_timed(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
                             uint8_t (*out)[32], int reps, float *kernel_ms, kvbm_error *err) {
   if (reps < 1 || !kernel_ms) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: reps < 1 or kernel_ms NULL");
-  return digest(device, stream, ptrs, lens, n, out, reps, kernel_ms, err);
+  return digest_ptrs(device, stream, ptrs, lens, n, out, reps, kernel_ms, err);
+}
+
+/* Compares got[i] with expected's i-th digest_len bytes. */
+static int compare(const uint8_t (*got)[32], uint32_t n, const uint8_t *expected, uint32_t digest_len,
+                   uint32_t *bad_index, uint32_t *bad_count, kvbm_error *err) {
+  uint32_t first = 0, bad = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (memcmp(got[i], expected + (size_t)i * digest_len, digest_len) != 0) {
+      if (bad == 0) first = i;
+      bad++;
+    }
+  }
+  if (bad_index) *bad_index = first;
+  if (bad_count) *bad_count = bad;
+  if (bad)
+    return kvbm_error_set(err, KVBM_ECHECKSUM, "cuda verify: block %u (of %u) does not match its digest (%u blocks bad)",
+                          first, n, bad);
+  return KVBM_OK;
+}
+
+static int check_expected(const uint8_t *expected, uint32_t digest_len, kvbm_error *err) {
+  if (!expected) return kvbm_error_set(err, KVBM_EINVAL, "cuda verify: expected is NULL");
+  if (digest_len < 1 || digest_len > 32)
+    return kvbm_error_set(err, KVBM_EINVAL, "cuda verify: digest_len %u is outside 1..32", digest_len);
+  return KVBM_OK;
 }
 
 int kvbm_cuda_verify_blocks(int32_t device, void *stream, const void *const *ptrs, const uint64_t *lens, uint32_t n,
                             const uint8_t *expected, uint32_t digest_len, uint32_t *bad_index, uint32_t *bad_count,
                             kvbm_error *err) {
-  if (!expected) return kvbm_error_set(err, KVBM_EINVAL, "cuda verify: expected is NULL");
-  if (digest_len < 1 || digest_len > 32)
-    return kvbm_error_set(err, KVBM_EINVAL, "cuda verify: digest_len %u is outside 1..32", digest_len);
-  /* out == expected stands in for the output array in the NULL check. */
-  int rc = check_args(device, ptrs, lens, n, expected, err);
+  int rc = check_expected(expected, digest_len, err);
+  /* expected stands in for the output array in the NULL check. */
+  if (!rc) rc = check_args(device, ptrs, lens, n, expected, err);
   if (rc) return rc;
   uint8_t(*got)[32] = malloc((size_t)n * 32);
   if (!got) return kvbm_error_set(err, KVBM_ENOMEM, "cuda verify: no memory for %u digests", n);
-  rc = digest(device, stream, ptrs, lens, n, got, 0, NULL, err);
-  if (!rc) {
-    uint32_t first = 0, bad = 0;
-    for (uint32_t i = 0; i < n; i++) {
-      if (memcmp(got[i], expected + (size_t)i * digest_len, digest_len) != 0) {
-        if (bad == 0) first = i;
-        bad++;
-      }
-    }
-    if (bad_index) *bad_index = first;
-    if (bad_count) *bad_count = bad;
-    if (bad)
-      rc = kvbm_error_set(err, KVBM_ECHECKSUM,
-                          "cuda verify: block %u (of %u) does not match its digest (%u blocks bad)", first, n, bad);
-  }
+  rc = digest_ptrs(device, stream, ptrs, lens, n, got, 0, NULL, err);
+  if (!rc) rc = compare((const uint8_t(*)[32])got, n, expected, digest_len, bad_index, bad_count, err);
+  free(got);
+  return rc;
+}
+
+int kvbm_cuda_verify_spans(int32_t device, void *stream, const kvbm_cuda_span *spans, const uint32_t *counts,
+                           uint32_t n, const uint8_t *expected, uint32_t digest_len, uint32_t *bad_index,
+                           uint32_t *bad_count, kvbm_error *err) {
+  uint64_t nspans = 0;
+  int rc = check_expected(expected, digest_len, err);
+  if (!rc) rc = check_spans(device, spans, counts, n, expected, &nspans, err);
+  if (rc) return rc;
+  uint8_t(*got)[32] = malloc((size_t)n * 32);
+  if (!got) return kvbm_error_set(err, KVBM_ENOMEM, "cuda verify: no memory for %u digests", n);
+  rc = digest(device, stream, spans, counts, n, nspans, got, 0, NULL, err);
+  if (!rc) rc = compare((const uint8_t(*)[32])got, n, expected, digest_len, bad_index, bad_count, err);
   free(got);
   return rc;
 }

@@ -1,6 +1,7 @@
 /*
  * test_gpu_checksum.c: integrity on the device (kvbm_cuda_digest_blocks,
- * kvbm_cuda_verify_blocks; src/cuda/checksum.c and its kernels).
+ * kvbm_cuda_verify_blocks, and their span forms; src/cuda/checksum.c and
+ * its kernels).
  *
  * On the CPU, in every build: every refusal of bad arguments, with its
  * status and a message naming what is wrong, before anything touches
@@ -18,7 +19,13 @@
  * block is reported bad with its index, the others not; two bad blocks
  * are counted; a stream-ordered check (copy and check queued on one
  * stream with no sync between) sees the new bytes; host memory (plain and
- * pinned) and a device index past the last are refused.
+ * pinned), a device index past the last and a range running past its
+ * allocation (KVBM_ERANGE) are refused. Spans (kvbm_cuda_digest_spans):
+ * every refusal on the CPU (counts checked before any span is read); on
+ * the device, LayerSeparate blocks (32 layer regions) hash as kvbm_blake3
+ * of their layers in order and as the same bytes laid out contiguously, a
+ * flipped bit in a layer names its block, odd and empty spans at odd
+ * addresses, a host span refused by name.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -101,6 +108,55 @@ static void test_refusals(void **state) {
   assert_int_equal(bc, 88);
   /* a NULL err is allowed */
   assert_int_equal(kvbm_cuda_digest_blocks(0, NULL, NULL, lens, 2, out, NULL), KVBM_EINVAL);
+}
+
+static void test_span_refusals(void **state) {
+  (void)state;
+  uint8_t host[4096];
+  kvbm_cuda_span sp[3] = {{host, 1024}, {host, 2048}, {host, 5}};
+  uint32_t counts[2] = {2, 1};
+  uint8_t out[2][32], exp[64] = {0};
+  kvbm_error e;
+  memset(out, 0x5a, sizeof out);
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, NULL, counts, 2, out, &e), KVBM_EINVAL);
+  expect_msg(&e, "spans is NULL");
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, NULL, 2, out, &e), KVBM_EINVAL);
+  expect_msg(&e, "counts is NULL");
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, counts, 2, NULL, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, counts, 0, out, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_cuda_digest_spans(-2, NULL, sp, counts, 2, out, &e), KVBM_EINVAL);
+  counts[1] = 0;
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, counts, 2, out, &e), KVBM_EINVAL);
+  expect_msg(&e, "block 1 has no spans");
+  counts[1] = 1;
+  sp[0].len = 1000;
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, counts, 2, out, &e), KVBM_EINVAL);
+  expect_msg(&e, "block 0 span 0 is 1000 bytes; every span but a block's last must be a multiple of 1024");
+  sp[0].len = 1024;
+  sp[1].ptr = NULL;
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, counts, 2, out, &e), KVBM_EINVAL);
+  expect_msg(&e, "block 0 span 1 has 2048 bytes at NULL");
+  sp[1].ptr = host;
+  sp[1].len = KVBM_CUDA_DIGEST_MAX_LEN; /* 1024 + this: one byte too many */
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, counts, 2, out, &e), KVBM_ETOOLONG);
+  expect_msg(&e, "block 0 is more than 268435456 bytes (at span 1)");
+  sp[1].len = 2048;
+  uint32_t huge[2] = {KVBM_CUDA_DIGEST_MAX_SPANS, 1}; /* refused before any span is read */
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, huge, 2, out, &e), KVBM_EINVAL);
+  expect_msg(&e, "spans in one call");
+  for (size_t i = 0; i < sizeof out; i++) assert_int_equal(((uint8_t *)out)[i], 0x5a);
+  uint32_t bi = 7;
+  assert_int_equal(kvbm_cuda_verify_spans(0, NULL, sp, counts, 2, NULL, 32, &bi, NULL, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_cuda_verify_spans(0, NULL, sp, counts, 2, exp, 40, &bi, NULL, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_cuda_verify_spans(0, NULL, sp, NULL, 2, exp, 32, &bi, NULL, &e), KVBM_EINVAL);
+  assert_int_equal(bi, 7);
+  /* accepted arguments: the build's or machine's answer, out zeroed */
+  int kernels = 0, avail = kvbm_cuda_available(NULL, &kernels, NULL);
+  if (avail != KVBM_OK || !kernels) {
+    assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, counts, 2, out, &e),
+                     avail == KVBM_EUNSUPPORTED || !kernels ? KVBM_EUNSUPPORTED : KVBM_EDEVICE);
+    for (size_t i = 0; i < sizeof out; i++) assert_int_equal(((uint8_t *)out)[i], 0);
+  }
 }
 
 /* A good call where there is no device or no kernel says so, out zeroed. */
@@ -348,8 +404,98 @@ static void test_gpu_refusals(void **state) {
   uint8_t want[32];
   host_digest(NULL, 0, want);
   assert_memory_equal(out[1], want, 32);
+  /* a range past the end of its allocation (8 MiB: no rounding up) */
+  uint8_t *big = NULL;
+  CK(cudaMalloc((void **)&big, 8u << 20));
+  int rtv = 0;
+  CK(cudaRuntimeGetVersion(&rtv));
+  const void *bp[1] = {big + (8u << 20) - 100};
+  uint64_t bl[1] = {100};
+  if (kvbm_cuda_digest_blocks(0, NULL, bp, bl, 1, out, &e)) fail_msg("last 100 bytes: %s", e.msg);
+  bl[0] = 101;
+  int rc = kvbm_cuda_digest_blocks(0, NULL, bp, bl, 1, out, &e);
+  if (rtv >= 12050) {
+    assert_int_equal(rc, KVBM_ERANGE);
+    expect_msg(&e, "block 0: 101 bytes at");
+    expect_msg(&e, "run past the end of its allocation (8388608 bytes at");
+    kvbm_cuda_span sp[3] = {{big, 1024}, {d, 1024}, {big + 4096, (8u << 20)}};
+    uint32_t c3 = 3;
+    assert_int_equal(kvbm_cuda_digest_spans(0, NULL, sp, &c3, 1, out, &e), KVBM_ERANGE);
+    expect_msg(&e, "block 0 span 2: 8388608 bytes at");
+  }
+  CK(cudaFree(big));
   CK(cudaFree(d));
   CK(cudaFreeHost(pinned));
+}
+
+/* LayerSeparate blocks: 32 layer regions, block b's layer l at region l
+ * + b x 64 KiB. The span digest equals kvbm_blake3 of the layers in order
+ * and the contiguous digest of the same bytes; a flipped bit in one layer
+ * is found with its block's index; odd spans; a host span is refused. */
+static void test_gpu_spans(void **state) {
+  (void)state;
+  enum { NB = 12, NL = 32 };
+  const uint64_t L = 64u << 10, B = NL * L;
+  uint8_t *h = malloc(NB * B), *dl = NULL, *dc = NULL; /* h: block-major (canonical) */
+  assert_non_null(h);
+  fill_random(h, NB * B);
+  CK(cudaMalloc((void **)&dl, NB * B)); /* layer-major, as LayerSeparate */
+  CK(cudaMalloc((void **)&dc, NB * B)); /* block-major, as FullyContiguous */
+  CK(cudaMemcpy(dc, h, NB * B, cudaMemcpyHostToDevice));
+  for (int b = 0; b < NB; b++)
+    for (int l = 0; l < NL; l++)
+      CK(cudaMemcpy(dl + (uint64_t)l * NB * L + b * L, h + b * B + l * L, L, cudaMemcpyHostToDevice));
+  kvbm_cuda_span sp[NB * NL];
+  uint32_t counts[NB];
+  const void *ptrs[NB];
+  uint64_t lens[NB];
+  uint8_t want[NB * 32], got[NB][32], cont[NB][32];
+  for (int b = 0; b < NB; b++) {
+    counts[b] = NL, ptrs[b] = dc + b * B, lens[b] = B;
+    for (int l = 0; l < NL; l++) sp[b * NL + l] = (kvbm_cuda_span){dl + (uint64_t)l * NB * L + b * L, L};
+    host_digest(h + b * B, B, want + 32 * b);
+  }
+  kvbm_error e;
+  memset(got, 0xa5, sizeof got);
+  if (kvbm_cuda_digest_spans(0, NULL, sp, counts, NB, got, &e)) fail_msg("spans: %s", e.msg);
+  if (kvbm_cuda_digest_blocks(0, NULL, ptrs, lens, NB, cont, &e)) fail_msg("blocks: %s", e.msg);
+  for (int b = 0; b < NB; b++) {
+    if (memcmp(got[b], want + 32 * b, 32)) fail_msg("block %d: span digest differs from kvbm_blake3", b);
+    assert_memory_equal(cont[b], got[b], 32);
+  }
+  uint32_t bi = 99, bc = 99;
+  if (kvbm_cuda_verify_spans(0, NULL, sp, counts, NB, want, 32, &bi, &bc, &e)) fail_msg("verify: %s", e.msg);
+  assert_int_equal(bc, 0);
+  for (int k = 0; k < 6; k++) {
+    uint32_t b = (uint32_t)(rnd() % NB), l = (uint32_t)(rnd() % NL);
+    uint64_t at = (uint64_t)l * NB * L + b * L + rnd() % L;
+    flip_bit(dl, at, (unsigned)(rnd() % 8));
+    assert_int_equal(kvbm_cuda_verify_spans(0, NULL, sp, counts, NB, want, 32, &bi, &bc, &e), KVBM_ECHECKSUM);
+    assert_int_equal(bi, b);
+    assert_int_equal(bc, 1);
+    CK(cudaMemcpy(dl + at - at % L, h + b * B + l * L, L, cudaMemcpyHostToDevice)); /* restored */
+  }
+  /* odd spans of one block: 1 KiB, empty, 3 KiB, 5 bytes, at odd places */
+  kvbm_cuda_span odd[4] = {{dc + 7, 1024}, {NULL, 0}, {dl + 4099, 3072}, {dc + 100003, 5}};
+  uint8_t cat[1024 + 3072 + 5], one[1][32], w1[32];
+  uint8_t *tmp = malloc(4096);
+  assert_non_null(tmp);
+  memcpy(cat, h + 7, 1024);
+  CK(cudaMemcpy(tmp, dl + 4099, 3072, cudaMemcpyDeviceToHost));
+  memcpy(cat + 1024, tmp, 3072);
+  memcpy(cat + 4096, h + 100003, 5);
+  uint32_t c4 = 4;
+  if (kvbm_cuda_digest_spans(0, NULL, odd, &c4, 1, one, &e)) fail_msg("odd spans: %s", e.msg);
+  host_digest(cat, sizeof cat, w1);
+  assert_memory_equal(one[0], w1, 32);
+  /* a host span is refused, named */
+  odd[1] = (kvbm_cuda_span){tmp, 1024};
+  assert_int_equal(kvbm_cuda_digest_spans(0, NULL, odd, &c4, 1, one, &e), KVBM_EINVAL);
+  expect_msg(&e, "block 0 span 1 at");
+  free(tmp);
+  CK(cudaFree(dl));
+  CK(cudaFree(dc));
+  free(h);
 }
 
 #endif
@@ -358,6 +504,7 @@ int main(void) {
   const struct CMUnitTest cpu[] = {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_without_device),
+      cmocka_unit_test(test_span_refusals),
   };
   if (cmocka_run_group_tests_name("cpu", cpu, NULL, NULL)) return 1;
   kvbm_test_gpu_or_skip();
@@ -372,7 +519,7 @@ int main(void) {
   const struct CMUnitTest gpu[] = {
       cmocka_unit_test(test_gpu_refusals),     cmocka_unit_test(test_gpu_sizes),
       cmocka_unit_test(test_gpu_mixed_batch),  cmocka_unit_test(test_gpu_flipped_bit),
-      cmocka_unit_test(test_gpu_stream_order),
+      cmocka_unit_test(test_gpu_stream_order), cmocka_unit_test(test_gpu_spans),
   };
   return cmocka_run_group_tests_name("gpu", gpu, NULL, NULL) ? 1 : 0;
 #else
