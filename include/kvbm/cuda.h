@@ -211,8 +211,8 @@ KVBM_EXTERN const char *kvbm_cuda_copy_method_name(int method);
  * onboarded into G1 can be checked where it landed, against the digest
  * recorded when it was stored, without copying it back. Each block is one
  * contiguous range [ptrs[i], ptrs[i] + lens[i]) of device memory (a
- * FullyContiguous block; a LayerSeparate block is one range per layer and
- * hashes differently). The kernels are kvbm's own (src/cuda/
+ * FullyContiguous block; a LayerSeparate block, one range per layer, goes
+ * to the span form below). The kernels are kvbm's own (src/cuda/
  * checksum_kernels.cu): one thread per 1 KiB chunk, the tree reduced in
  * shared memory.
  *
