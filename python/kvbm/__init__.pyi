@@ -157,9 +157,17 @@ class Manager:
                  g2_memory: str = "system", g1_device: int = 0,
                  g3_key: Optional["_Buffer"] = None, metrics: Optional[bool] = None,
                  metrics_port: Optional[int] = None,
-                 metrics_host: Optional[str] = None) -> None:
+                 metrics_host: Optional[str] = None,
+                 g1_ptr: Union[None, int, Sequence[int]] = None,
+                 g1_owner: Optional[object] = None) -> None:
         """metrics=True serves GET /metrics (Prometheus) on metrics_host:metrics_port
-        (0.0.0.0:6880 by default); with env, DYN_KVBM_METRICS=true does the same."""
+        (0.0.0.0:6880 by default); with env, DYN_KVBM_METRICS=true does the same.
+        g1_ptr: engine-owned G1, adopted in place (kvbm never frees it): the
+        address of each region of G1's layout (one int for fully_contiguous,
+        one per layer for layer_separate; e.g. tensor.data_ptr()) in memory of
+        type g1_memory on g1_device. g1_owner (e.g. the tensor) is referenced
+        until close(); a host owner exporting its buffer must contain every
+        region."""
     metrics_port: Optional[int]
     def metrics_text(self) -> str:
         """The manager's metrics in Prometheus' text format (what GET /metrics serves)."""

@@ -28,6 +28,14 @@
  * releasebuffer, which is what close() checks. A tier in device memory has
  * no host address: views are refused (UnsupportedError) and
  * read_layer/write_layer copy instead.
+ *
+ * Engine-owned G1. Manager(g1_ptr=..., g1_memory=..., g1_device=...,
+ * g1_owner=...) adopts memory the caller allocated (kvbm_storage_adopt: a
+ * torch tensor's data_ptr(), on the device or the host) as G1, one address
+ * per region of G1's layout. The manager holds a reference to g1_owner
+ * (the tensor) until close(), so the memory cannot be freed under kvbm by
+ * Python's refcounting; the adopted storage is released after the C manager
+ * is destroyed, and never frees the memory.
  */
 #include "_kvbm.h"
 
@@ -35,6 +43,7 @@
 
 #include "kvbm/layout.h"
 #include "kvbm/manager.h"
+#include "kvbm/storage.h"
 
 typedef struct RequestObject RequestObject;
 
@@ -49,6 +58,8 @@ typedef struct ManagerObject {
    * the queues were done), what stats() answers once closed. */
   kvbm_tier_stats final_st[KVBM_TIER_COUNT];
   bool final_ok;
+  kvbm_storage *g1_storage; /* adopted G1 (g1_ptr), released after the manager */
+  PyObject *g1_owner;       /* what keeps its memory alive (strong), or NULL */
 } ManagerObject;
 
 struct RequestObject {
@@ -180,24 +191,85 @@ static int u64_kw(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
   return kvbmpy_uint(o, what, max, out);
 }
 
+/* The regions of an engine-owned G1: g1_ptr is one int (a single region)
+ * or a sequence of ints, each an address in [1, 2**64). */
+typedef struct adopt_arg {
+  void **ptrs; /* PyMem_Malloc'd; NULL: no adoption */
+  size_t n;
+  PyObject *owner; /* borrowed */
+} adopt_arg;
+
+static int adopt_parse(PyObject *o, PyObject *owner, adopt_arg *a) {
+  memset(a, 0, sizeof *a);
+  if (!o || o == Py_None) {
+    if (owner && owner != Py_None) {
+      PyErr_SetString(PyExc_TypeError, "g1_owner: given without g1_ptr");
+      return -1;
+    }
+    return 0;
+  }
+  PyObject *seq = NULL;
+  Py_ssize_t n = 1;
+  if (!PyIndex_Check(o)) {
+    if (PyUnicode_Check(o) || PyBytes_Check(o) || PyByteArray_Check(o) ||
+        !(seq = PySequence_Fast(o, "g1_ptr: expected an int or a sequence of ints"))) {
+      if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "g1_ptr: expected an int or a sequence of ints, got %.100s",
+                     Py_TYPE(o)->tp_name);
+      }
+      Py_XDECREF(seq);
+      return -1;
+    }
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || (uint64_t)n > KVBM_LAYOUT_MAX_LAYERS) {
+      Py_DECREF(seq);
+      kvbmpy_raise(KVBM_EINVAL, "g1_ptr: %zd addresses; one per G1 region (1..%u) is needed", n,
+                   KVBM_LAYOUT_MAX_LAYERS);
+      return -1;
+    }
+  }
+  if (!(a->ptrs = PyMem_Calloc((size_t)n, sizeof *a->ptrs))) {
+    Py_XDECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    uint64_t v;
+    char what[48];
+    snprintf(what, sizeof what, seq ? "g1_ptr[%zd]" : "g1_ptr", i);
+    if (kvbmpy_uint(seq ? PySequence_Fast_GET_ITEM(seq, i) : o, what, UINTPTR_MAX, &v)) {
+      Py_XDECREF(seq);
+      PyMem_Free(a->ptrs);
+      a->ptrs = NULL;
+      return -1;
+    }
+    a->ptrs[i] = (void *)(uintptr_t)v;
+  }
+  Py_XDECREF(seq);
+  a->n = (size_t)n;
+  a->owner = owner && owner != Py_None ? owner : NULL;
+  return 0;
+}
+
 static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfg, PyObject *env,
-                            int metrics, int port, const char *host);
+                            int metrics, int port, const char *host, adopt_arg *adopt);
 
 static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"block_size", "num_layers", "outer_dim", "inner_dim", "dtype_bytes",
                            "alignment", "layout", "g1_blocks", "g2_blocks", "g3_blocks", "g3_dir",
                            "g3_persist", "g3_direct", "g2_policy", "g3_policy", "freq_threshold",
                            "scheme", "env", "g1_memory", "g2_memory", "g1_device", "g3_key",
-                           "metrics", "metrics_port", "metrics_host", NULL};
+                           "metrics", "metrics_port", "metrics_host", "g1_ptr", "g1_owner", NULL};
   PyObject *bs = NULL, *nl = NULL, *od = NULL, *id = NULL, *db = NULL, *al = NULL, *lay = NULL,
            *g1 = NULL, *g2 = NULL, *g3 = NULL, *g3dir = NULL, *g2p = NULL, *g3p = NULL,
            *freq = NULL, *scheme = NULL, *env = NULL, *g1m = NULL, *g2m = NULL, *g1d = NULL,
-           *g3k = NULL, *mon = NULL, *mport = NULL, *mhost = NULL;
+           *g3k = NULL, *mon = NULL, *mport = NULL, *mhost = NULL, *g1p = NULL, *g1o = NULL;
   int persist = 0, direct = 1, metrics = -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOOOOO:Manager", kwlist, &bs,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOOOOOOO:Manager", kwlist, &bs,
                                    &nl, &od, &id, &db, &al, &lay, &g1, &g2, &g3, &g3dir, &persist,
                                    &direct, &g2p, &g3p, &freq, &scheme, &env, &g1m, &g2m, &g1d, &g3k,
-                                   &mon, &mport, &mhost))
+                                   &mon, &mport, &mhost, &g1p, &g1o))
     return NULL;
   if (mon && mon != Py_None && (metrics = PyObject_IsTrue(mon)) < 0) return NULL;
   uint64_t dev = 0;
@@ -248,8 +320,12 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     cfg.g3_key = key.buf;
     cfg.g3_key_len = (size_t)key.len;
   }
-  PyObject *res = mgr_create(type, &cfg, env, metrics, mport && mport != Py_None ? (int)port : -1,
-                             host);
+  adopt_arg adopt;
+  PyObject *res = NULL;
+  if (!adopt_parse(g1p, g1o, &adopt))
+    res = mgr_create(type, &cfg, env, metrics, mport && mport != Py_None ? (int)port : -1, host,
+                     &adopt);
+  PyMem_Free(adopt.ptrs);
   if (key.obj) PyBuffer_Release(&key);
   return res;
 }
@@ -257,7 +333,7 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 /* Creates the manager from a filled config, env applied last; the metrics
  * keywords given explicitly (metrics >= 0, port >= 0, host) win over it. */
 static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObject *env,
-                            int metrics, int port, const char *host) {
+                            int metrics, int port, const char *host, adopt_arg *adopt) {
   kvbm_manager_config cfg = *cfgp;
   ManagerObject *self = (ManagerObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
@@ -309,6 +385,46 @@ static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObj
   if (metrics >= 0) cfg.metrics.enabled = metrics;
   if (port >= 0) cfg.metrics.port = (uint16_t)port;
   if (host) cfg.metrics.host = host;
+  /* Engine-owned G1: its storage over the caller's addresses, in G1's
+   * layout as the manager will make it (the config is final here). */
+  kvbm_storage *g1s = NULL;
+  if (!rc && adopt->ptrs) {
+    kvbm_layout l;
+    kvbm_layout_config lc = cfg.layout;
+    lc.num_blocks = cfg.g1_blocks;
+    rc = kvbm_layout_init(&l, cfg.g1_kind, &lc, &err);
+    if (!rc && adopt->owner && cfg.g1_memory != KVBM_MEMORY_DEVICE &&
+        PyObject_CheckBuffer(adopt->owner)) {
+      /* A host owner that exports its bytes (numpy, bytearray): every
+       * region must lie inside them, or kvbm would write past its end. */
+      Py_buffer v;
+      if (PyObject_GetBuffer(adopt->owner, &v, PyBUF_SIMPLE) < 0) {
+        Py_XDECREF(keep);
+        Py_DECREF(self);
+        return NULL;
+      }
+      uintptr_t lo = (uintptr_t)v.buf, hi = lo + (uintptr_t)v.len;
+      for (size_t i = 0; !rc && i < adopt->n; i++) {
+        uintptr_t p = (uintptr_t)adopt->ptrs[i];
+        if (p < lo || p > hi || hi - p < l.region_size)
+          rc = kvbm_error_set(&err, KVBM_EINVAL,
+                              "g1_ptr: region %zu (%llu bytes at %#llx) is not inside g1_owner's "
+                              "%zd bytes at %#llx",
+                              i, (unsigned long long)l.region_size, (unsigned long long)p,
+                              v.len, (unsigned long long)lo);
+      }
+      PyBuffer_Release(&v);
+    }
+    if (!rc) {
+      rc = kvbm_storage_adopt(cfg.g1_memory, cfg.g1_device, &l, adopt->ptrs, adopt->n, &g1s, &err);
+      if (rc) { /* say which argument the storage's message is about */
+        char msg[sizeof err.msg];
+        memcpy(msg, err.msg, sizeof msg);
+        kvbm_error_set(&err, rc, "g1_ptr: %.200s", msg);
+      }
+    }
+    cfg.g1_storage = g1s;
+  }
   kvbm_manager *m = NULL;
   if (!rc) {
     Py_BEGIN_ALLOW_THREADS
@@ -317,10 +433,13 @@ static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObj
   }
   Py_XDECREF(keep);
   if (rc) {
+    kvbm_storage_release(g1s); /* the wrapper only: the memory is the caller's */
     Py_DECREF(self);
     return kvbmpy_raise_kvbm(rc, &err, NULL);
   }
   self->m = m;
+  self->g1_storage = g1s;
+  self->g1_owner = adopt->owner ? Py_NewRef(adopt->owner) : NULL;
   self->block_size = cfg.block_size;
   return (PyObject *)self;
 }
@@ -340,6 +459,11 @@ static void mgr_teardown(ManagerObject *self, kvbm_mreq **reqs, size_t n) {
   Py_END_ALLOW_THREADS
   memcpy(self->final_st, st, sizeof st); /* with the GIL: stats() reads them */
   self->final_ok = ok;
+  /* The manager is gone: the adopted wrapper goes, then the owner may
+   * free the memory. */
+  kvbm_storage_release(self->g1_storage);
+  self->g1_storage = NULL;
+  Py_CLEAR(self->g1_owner);
 }
 
 static PyObject *mgr_close(ManagerObject *self, PyObject *unused) {
@@ -831,7 +955,7 @@ static PyTypeObject ManagerType = {
             "        g2_policy='all', g3_policy='frequency', freq_threshold=2,\n"
             "        scheme='native', env=False, g1_memory='system', g2_memory='system',\n"
             "        g1_device=0, g3_key=None, metrics=None, metrics_port=None,\n"
-            "        metrics_host=None)\n\n"
+            "        metrics_host=None, g1_ptr=None, g1_owner=None)\n\n"
             "The tiered KV block manager: G1 (the engine's blocks, host memory here), G2\n"
             "(host), G3 (a file of checksummed slots). A block's KV is num_layers x\n"
             "outer_dim x block_size x inner_dim elements of dtype_bytes. env=True applies\n"
@@ -843,7 +967,11 @@ static PyTypeObject ManagerType = {
             "metrics_port); with env, DYN_KVBM_METRICS=true does the same.\n"
             "g1_memory 'pinned' or 'device' (G2: 'pinned') need a CUDA build\n"
             "(else UnsupportedError) and a GPU (else DeviceError); device memory has no\n"
-            "host views (read_layer/write_layer copy). Thread-safe; long calls release the\n"
+            "host views (read_layer/write_layer copy).\n"
+            "g1_ptr adopts memory the caller owns as G1 (an int, or one int per region of\n"
+            "G1's layout: e.g. a torch tensor's data_ptr()), of type g1_memory on g1_device;\n"
+            "kvbm never frees it; g1_owner (e.g. the tensor) is kept referenced until\n"
+            "close(). Thread-safe; long calls release the\n"
             "GIL. Use as a context manager\n"
             "or call close().",
   .tp_methods = mgr_methods,
