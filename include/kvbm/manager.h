@@ -10,6 +10,9 @@
  *       to and from it run on a CUDA stream per worker) or pinned memory.
  *       The engine writes and reads KV through kvbm_manager_block_layer()
  *       (an address in the tier's memory) or kvbm_manager_block_write/read().
+ *       Or engine-owned: the engine's own KV tensors (device or host),
+ *       adopted with kvbm_storage_adopt() and given as g1_storage; kvbm
+ *       never frees them.
  *   G2  host memory (kvbm/storage.h: system heap, or pinned in a CUDA build).
  *   G3  a volume (kvbm/volume.h): by default the local file of checksummed
  *       slots in g3_dir (disk://), or any URL (g3_url).
