@@ -34,7 +34,7 @@
 #
 # Output (in $OUT, default ./gpu-check-out; at most 8 files come back from
 # the device): summary.json (each step's status and seconds, every
-# benchmark's JSON), env.txt, build.log, tests.log, bench.log, python.log,
+# benchmark's JSON), env.txt, build.log, tests.log, bench.log,
 # manycore.log. Each step has a time limit and a failed step does not stop
 # the next one; the exit status is 0 only if every step passed. The whole
 # run is meant to take under 8 minutes on 16 cores.
@@ -229,7 +229,7 @@ manycore() {
   if [ -s "$tb" ]; then cat "$tb" >>"$OUT/manycore.log"; BENCH_JSON="${BENCH_JSON:+$BENCH_JSON,}\"transfer-bench\":$(tail -1 "$tb")"; fi
   rm -f "$tb"
   local r
-  for r in 1 4 8 15; do
+  for r in ${KVBM_GPU_ROUTER_THREADS:-1 4 8 $((JOBS - 1))}; do
     step "bench_router-threads-$r" 90 "$OUT/manycore.log" "$BUILD/bench_router" --repeat 1 --threads $r
   done
 }
@@ -269,16 +269,14 @@ if [ "$MODE" = dry ]; then
   exit $FAILED
 fi
 
-# KVBM_GPU_STEPS narrows the device run to some of: tests bench python
-# manycore (default: all of them).
-want() { case " ${KVBM_GPU_STEPS:-tests bench python manycore} " in *" $1 "*) return 0 ;; esac; return 1; }
+# KVBM_GPU_STEPS narrows the device run to some of: tests bench manycore
+# (default: all of them). The tiny torch engine on CUDA is one of the GPU
+# tests (python_test_gpu_tiny_engine, run with $KVBM_PYTHON: the Python the
+# extension was built for).
+want() { case " ${KVBM_GPU_STEPS:-tests bench manycore} " in *" $1 "*) return 0 ;; esac; return 1; }
 want tests && step gpu-tests 300 "$OUT/tests.log" gpu_tests
 if want bench; then
   for b in "$BUILD"/bench_gpu_*; do [ -x "$b" ] && run_bench "$(basename "$b")"; done
-fi
-if want python && [ "$WITH_PY" = 1 ]; then
-  step python-cuda 180 "$OUT/python.log" env PYTHONPATH="$BUILD/python" KVBM_REQUIRE_GPU=1 \
-    "$PY" "$ROOT/tests/python/test_tiny_engine_cuda.py"
 fi
 want manycore && manycore
 write_summary
