@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_blake3.c: single-thread BLAKE3 throughput on 16 KiB and 1 MiB
  * inputs (the payload check of workload W4, data movement), as a ratio to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_events.c: block events per second through the batching publisher
  * over ZMQ on loopback (tcp and ipc), decoded by our subscriber in another

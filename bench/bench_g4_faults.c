@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_g4_faults.c: what a faulty or hostile G4 store costs the writes
  * that go to it (issue 24), each fault as a row against a healthy

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_g4_prefill.c: how long a prefill waits on a G4 that does not
  * deliver, against the same prefill on a healthy G4, in the same run.

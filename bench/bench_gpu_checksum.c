@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_gpu_checksum.c: what the integrity check on the device costs
  * (kvbm_cuda_digest_blocks / kvbm_cuda_verify_blocks, kvbm/cuda.h).

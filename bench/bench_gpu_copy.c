@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_gpu_copy.c: the copy engine (kvbm/cuda.h) between device G1 and
  * pinned host G2, against cudaMemcpyAsync of the same bytes between the

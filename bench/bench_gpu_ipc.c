@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_gpu_ipc.c: workload W4 (../shared/WORKLOADS.md, data movement)
  * over the CUDA IPC fabric: two processes on one GPU, the decode node

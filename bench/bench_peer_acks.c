@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_peer_acks.c: how fast a manager takes its peer's acknowledgements
  * with its remote index full (issue 24: every acknowledgement used to scan

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """W1 (../shared/WORKLOADS.md) driven through the Python binding, as a ratio
 to the same replay in C, measured in one run.
 

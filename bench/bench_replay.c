@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_replay.c: workload W1 on the full bundled trace (block size 16,
  * capacity 16384, native hashes unless --hash dynamo), against its bound.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_router.c: the router's index on workload W3 (8 workers, capacity
  * 16384, block size 16, load model 10 s, the bundled trace by default).

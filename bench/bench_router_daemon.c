@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_router_daemon.c: `kvbm router` over HTTP, measured from outside:
  * request rate and latency under load, and a bounded soak of hostile

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_tiers.c: workload W4 (../shared/WORKLOADS.md), data movement
  * between the manager's tiers, against bounds measured in the same run.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_volume.c: workload W4 (../shared/WORKLOADS.md) for the storage
  * interface, G2 <-> G4: 2 MiB blocks from host memory into a volume and

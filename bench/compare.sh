@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/compare.sh: two commits side by side, in one run.
 #
 #   bench/compare.sh [--rounds N (5)] OLD NEW BENCH [ARGS...]

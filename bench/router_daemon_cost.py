@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """What one answer of `kvbm router` costs, measured so that the machine's
 other load moves it little: N requests sent one at a time over 50 keep-alive
 connections (8 declared workers, block size 16), and either

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # advisor: the hint applier's test runs a NATS thread beside the manager's
 # workers and the publishers' threads: ThreadSanitizer too.
 foreach(t advisor_test_applier)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # blake3: the threaded test also runs under ThreadSanitizer (it proves the
 # module shares no mutable state between hashers).
 if(TEST blake3_test_threads)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # events: threaded tests also run under ThreadSanitizer (suppressions for
 # the uninstrumented libzmq and libnats: scripts/tsan.supp).
 foreach(t events_test_publisher events_test_python events_test_zmq events_test_nats

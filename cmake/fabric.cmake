@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Fabric (src/fabric): extra test settings.
 if(TARGET fabric_test_inproc)
   # The in-process fabric test drives the two ends from two threads: run it

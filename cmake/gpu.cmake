@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # gpu.cmake: the tests and benchmarks that need a GPU.
 #
 # A test is a GPU test when it lives in tests/cuda/ or its file is named

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # metrics: the registry and the endpoint (include/kvbm/metrics.h,
 # src/metrics/). Their threaded tests also run under ThreadSanitizer.
 foreach(t metrics_test_metrics metrics_test_server)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # python: the package kvbm (python/kvbm/) and its C extension kvbm._kvbm,
 # built against Debian's /usr/bin/python3 (python3-dev) with no Python
 # build tools. The build tree gets build/python/kvbm/ (the extension next to

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # router: the KV-aware router (include/kvbm/router.h, src/router/).
 # Tests that read and write the index from several threads also run under
 # ThreadSanitizer.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # tier.cmake (memory tiers area): the threaded tier tests also run under
 # ThreadSanitizer. The tier links the fabric (peers), so UCX's memory hooks
 # (libucm patches mmap/madvise) are in every tier test and fault under

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # volume.cmake (storage interface area): the vendor example of
 # examples/volume/ is built with nothing but the public headers (include/,
 # no src/) against libkvbm.so and run as a test; the threaded volume tests

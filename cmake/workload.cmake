@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # workload: W1 with the events module on runs under ThreadSanitizer too (the
 # publisher's thread). It links the tier, hence UCX: its memory hooks off
 # under TSan (cmake/tier.cmake says why).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_blake3.c: libFuzzer target, differential test of BLAKE3 paths.
  * fuzz-modules: common blake3

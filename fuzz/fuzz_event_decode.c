@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_event_decode.c: libFuzzer target for the KV event payload decoder
  * (kvbm/event_codec.h), run by scripts/ci.d/fuzz.sh with ASan+UBSan.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_fabric.c: libFuzzer target for what the fabric parses from a peer:
  * the export envelope (kvbm_fabric_import) and block messages.

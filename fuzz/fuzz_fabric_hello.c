@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_fabric_hello.c: libFuzzer target for the UCX fabric's handshake
  * codec (src/fabric/hello.c): what a listener reads from a stranger.

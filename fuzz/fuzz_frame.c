@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_frame.c: libFuzzer target for the MRDN v1 frame decoder.
  * fuzz-modules: common blake3 frame

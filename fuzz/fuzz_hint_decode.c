@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_hint_decode.c: libFuzzer target for the advisor's hints decoder
  * (kvbm_hint_decode, docs/areas/advisor.md).

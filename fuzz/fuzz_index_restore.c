@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_index_restore.c: libFuzzer target for the router index's snapshot
  * reader (kvbm_index_restore), run by scripts/ci.d/fuzz.sh.

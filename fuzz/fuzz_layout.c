@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_layout.c: libFuzzer target for the serialized layout decoder.
  * fuzz-modules: common layout

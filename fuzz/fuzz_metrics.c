@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_metrics.c: libFuzzer target for the metrics writer and renderer
  * (kvbm/metrics.h): collectors that write whatever the input says.

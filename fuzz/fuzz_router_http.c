@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_router_http.c: libFuzzer target for the router daemon's codecs: the
  * HTTP/1.1 request-head parser and the JSON body reader.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_storage_decode.c: libFuzzer target for the storage events' decoder
  * (kvbm_storage_decode, docs/areas/storage-events.md).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_trace.c: libFuzzer target for the Mooncake trace reader.
  * fuzz-modules: common metrics hash pool sequence workload/trace.c workload/w1.c

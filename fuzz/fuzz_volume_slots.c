@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_volume_slots.c: libFuzzer target for the Redis Cluster client's
  * reply handling: the reply reader of src/volume/resp.c (our object

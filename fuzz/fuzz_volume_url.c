@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_volume_url.c: libFuzzer target for the volume descriptor parser and
  * the key-namespace rules (src/volume/url.c).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The project's two commands (see README):
 #   scripts/dev.sh run    install what is missing, build, install kvbm (library,
 #                         headers, pkg-config and CMake files, the kvbm command,

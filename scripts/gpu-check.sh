@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # gpu-check.sh: every GPU check of kvbm, in one command, on a bare machine
 # with a GPU, CUDA and nothing of ours installed.
 #
@@ -46,7 +47,7 @@ case "${1:-}" in
   --prepare) MODE=prepare ;;
   --dry-run) MODE=dry ;;
   "") ;;
-  -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+  -h|--help) sed -n '3,25p' "$0"; exit 0 ;;
   *) echo "usage: scripts/gpu-check.sh [--prepare | --dry-run]" >&2; exit 2 ;;
 esac
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian packages kvbm needs, and only those that are missing.
 # Idempotent; runs as root (or through sudo when not root); non-interactive.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """trace_sessions.py: how a Mooncake-format trace's conversations return.
 
     /usr/bin/python3 scripts/trace_sessions.py [TRACE] [--json]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gpu_testutil.h: how a GPU test (label gpu, see cmake/gpu.cmake) decides
  * whether it can run.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cuda.cmake: the optional CUDA parts of the library.
 #
 # Two levels, each found on its own:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # library.cmake: libkvbm.so and libkvbm.a, and what `cmake --install` puts
 # where.
 #

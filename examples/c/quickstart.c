@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * quickstart.c: the README's C example, whole. An engine keeps a pool of KV
  * blocks; two requests with the same prompt share its full blocks.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvbm.connector in vLLM's order of calls, one request at a time.
 
 Request "a" is computed (its KV written straight into kvbm's G1 through a

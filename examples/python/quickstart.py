@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """kvbm from Python in a minute: a prefix cache over tiers, KV memory viewed
 by numpy without a copy, and the blocks a second request gets back."""
 import numpy as np

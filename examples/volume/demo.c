@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * demo.c: kvbm storing blocks in a vendor's backend (myvendor.c). Registers
  * a volume on "myvendor://demo" with two I/O threads, stores and reads back

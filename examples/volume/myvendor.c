@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * myvendor.c: a storage vendor's backend for kvbm, written against
  * <kvbm/volume.h> alone. "myvendor://NAME" is an in-memory store of a

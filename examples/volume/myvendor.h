@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * myvendor.h: an example storage backend for kvbm (see myvendor.c): an
  * in-memory store of at most `capacity` values, served to kvbm volumes

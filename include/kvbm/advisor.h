@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/advisor.h: the storage advisor's core: an index of the blocks each
  * volume holds, fed by storage events (kvbm/storage_events.h) and KV

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/blake3.h: the BLAKE3 hash function (hash, keyed hash, derive key,
  * extended output of any length).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/cuda.h: kvbm on a GPU -- the copy engine between device G1 and host
  * G2, and the integrity check of blocks on the device.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/event_codec.h: KV events (BlockStored / BlockRemoved /
  * AllBlocksCleared) and their wire codec: bytes in, events out, and back.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/events.h: the KV event plane: a batching publisher (ZMQ PUB with a
  * replay ROUTER, NATS, JetStream), a subscriber (ZMQ or NATS: ordering,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/fabric.h: moving payloads and KV blocks between two nodes.
  *

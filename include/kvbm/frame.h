@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/frame.h: MRDN v1 frames, the envelope of a block payload on the
  * wire (ADR-0006, disaggregated KV transfer).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/hash.h: chained 64-bit block hashes over u32 token ids.
  *

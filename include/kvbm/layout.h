@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/layout.h: where each piece of a KV block lives, and the serialized
  * form a node sends to its peers.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/manager.h: the tiered block manager (G1 device, G2 host, G3 disk,
  * G4 a store shared with other engines).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/metrics.h: the library's counters in Prometheus' text exposition
  * format (version 0.0.4), and an optional HTTP endpoint that serves them.

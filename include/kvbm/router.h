@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/router.h: the KV-aware router. An index of which worker holds which
  * blocks, fed by KV events alone; overlap scores; a cost-based choice of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/sequence.h: the engine-facing API, one request's block table.
  *

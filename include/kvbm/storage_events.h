@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/storage_events.h: storage events, the KVBM seed's StoreEvent and
  * RemoveEvent: what a block manager tells a storage provider about the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/tier.h: the tiers of the memory hierarchy, one vocabulary for all of
  * kvbm.

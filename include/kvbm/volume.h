@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvbm/volume.h: the storage interface. A volume is a store of blocks by
  * key; the G3 and G4 tiers of the manager keep their bytes in volumes, and a

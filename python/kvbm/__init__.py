@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvbm: a KV-cache block manager for LLM inference (Python binding).
 
 The C library does the work; this package is a thin layer over it:

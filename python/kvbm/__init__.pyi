@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Type stubs of the kvbm package (the C extension kvbm._kvbm and its Python layer).
 
 Tokens: every `tokens`-like argument takes a 1-dimensional buffer of uint32

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * _kvbm.c: the CPython extension kvbm._kvbm, written over kvbm's public C
  * API only (include/kvbm/ headers). This file holds the module itself, the

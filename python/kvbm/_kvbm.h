@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * _kvbm.h: what the files of the CPython extension kvbm._kvbm share
  * (private to the extension; the library's public headers are the only kvbm

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * _kvbm_events.c: kvbm.KvEventPublisher and kvbm.Subscriber over the event
  * plane of kvbm/events.h (vLLM's ZMQ wire, kvbm's NATS sink), and the event

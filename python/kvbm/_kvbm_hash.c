@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * _kvbm_hash.c: the byte-level functions of the binding: chained block
  * hashes (kvbm/hash.h), BLAKE3 (kvbm/blake3.h) and MRDN v1 frames

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * _kvbm_manager.c: kvbm.Manager (the tiered block manager, kvbm/manager.h)
  * and kvbm.Request (one request's blocks, a kvbm_mreq).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * _kvbm_pool.c: kvbm.Pool (one tier's blocks, kvbm/pool.h) and kvbm.Seq (a
  * request's block table, kvbm/sequence.h), plus Pool.run_request, W1's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * _kvbm_router.c: kvbm.Index, the router's index of which worker holds
  * which blocks (kvbm/router.h), fed by KV events as Subscriber.recv gives

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvbm.connector: kvbm's tiered manager behind vLLM's KV-connector interface.
 
 vLLM (v1) lets a *KV connector* load KV from outside the engine's paged cache

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """nano-vllm / minivllm shaped Sequence and BlockManager over kvbm.
 
 An engine written against nano-vllm's scheduler (``Sequence``,

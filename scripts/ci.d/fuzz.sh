@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # fuzz.sh: build every libFuzzer target fuzz/fuzz_<x>.c with clang
 # (-fsanitize=fuzzer,address,undefined) and run each for a bounded time.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The device check's dry run (issue 21): scripts/gpu-check.sh fetches the
 # Debian packages it would carry to a GPU machine, builds kvbm against them
 # alone, lists the GPU tests and checks that every GPU benchmark parses its

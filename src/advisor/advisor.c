@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * advisor.c: the storage advisor's index and hints (see kvbm/advisor.h).
  *

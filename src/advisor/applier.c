@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * applier.c: the manager's side of the storage hints (kvbm_hint_applier,
  * kvbm/advisor.h).

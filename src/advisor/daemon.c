@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * daemon.c: `kvbm advisor` (see advisor/daemon.h, docs/areas/advisor.md).
  *

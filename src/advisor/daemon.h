@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * daemon.h (private): `kvbm advisor`, the storage advisor as a process
  * (docs/areas/advisor.md): storage events and KV events in over ZMQ and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hint_codec.c: the advisor's hints on the wire (see kvbm/advisor.h and
  * docs/areas/advisor.md): msgpack written with the events module's small

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3.c: the BLAKE3 hasher: chunking, the tree, modes, extended output,
  * and the choice of compression path.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3_avx2.c: the 8-wide many kernel (AVX2, 256-bit vectors).
  *

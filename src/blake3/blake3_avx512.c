@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3_avx512.c: the 16-wide many kernel (AVX-512F, 512-bit vectors).
  *

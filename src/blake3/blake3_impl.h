@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3_impl.h: what the BLAKE3 hasher shares with its compression paths.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3_pool.c: hashing inputs on several threads (kvbm_blake3_pool).
  *

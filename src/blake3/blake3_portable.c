@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3_portable.c: the BLAKE3 compression function in plain C.
  *

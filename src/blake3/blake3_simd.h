@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3_simd.h: the body shared by the SIMD kernels, as a template.
  *

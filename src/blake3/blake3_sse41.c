@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3_sse41.c: the 4-wide many kernel (SSE4.1, 128-bit vectors).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admit.c: the admission rule of the library's HTTP servers (admit.h has
  * the contract). The metrics endpoint (which also serves the advisor's

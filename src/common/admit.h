@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admit.h: who gets a connection slot, for the library's HTTP servers
  * (the metrics endpoint with the advisor's API, and the router daemon):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bytes.h: little-endian integers in byte buffers (private).
  *

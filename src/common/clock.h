@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * common/clock.h: the monotonic clock the library's modules time things
  * with (private to src/). Header-only: every user is a hot or a leaf path.

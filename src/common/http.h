@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http.h: an HTTP/1.1 request-head parser for the library's HTTP servers
  * (the router daemon, the metrics endpoint). A codec

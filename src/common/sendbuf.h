@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * common/sendbuf.h: sending a queued answer on a non-blocking socket, the
  * loop both HTTP servers (the router's, src/router/daemon.c, and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * version.c: the version of the library that is loaded (kvbm/version.h).
  *

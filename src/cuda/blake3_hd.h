@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blake3_hd.h (private): BLAKE3 written once for the host and the device.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * checksum.c: integrity on the device -- BLAKE3 of blocks in device memory
  * (kvbm_cuda_digest_blocks), and the check of those blocks against the

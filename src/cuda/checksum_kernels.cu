@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * checksum_kernels.cu: BLAKE3 of a batch of blocks in device memory, on
  * the device (the integrity check of kvbm/cuda.h; driven by checksum.c).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * copy.c: the copy engine between device G1 and pinned host G2.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * copy_kernels.cu: the copy engine's gather/scatter kernel.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * internal.h (private): what copy.c (C) and copy_kernels.cu (CUDA) share.
  *

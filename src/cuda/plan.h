@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * plan.h (private): the copy engine's piece planner -- which byte ranges a
  * batch of (src block, dst block) pairs moves, merged where they are back

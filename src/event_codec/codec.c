@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * codec.c: KV event batches to and from the engines' msgpack payload.
  *

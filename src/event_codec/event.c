@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * event.c: names of event types and media, and events as JSON.
  *

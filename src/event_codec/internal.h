@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * event_codec/internal.h: what the events module uses of the codec beyond
  * its public header (private to the library).

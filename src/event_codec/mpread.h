@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mpread.h: a bounds-checked msgpack reader over a byte range (private).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * js_consumer.c: reading kvbm's batches from a JetStream stream with a
  * durable consumer (libnats pull subscription).

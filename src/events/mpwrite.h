@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mpwrite.h: a small msgpack writer into a growing buffer (private;
  * header-only). The counterpart of mpread.h for the formats kvbm defines

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nats_in.c: the subscriber's NATS transport: one subject of kvbm's NATS
  * sink, read as a pull stream.

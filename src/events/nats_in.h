@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * events/nats_in.h: the subscriber's NATS transport (nats_in.c): one
  * subject of kvbm's NATS sink read as a pull stream, and the Kvbm-Seq

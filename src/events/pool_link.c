@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pool_link.c: a block pool's listener feeding a publisher.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * relay.c: an engine's ZMQ events, re-published through a kvbm publisher.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay.c: vLLM's replay protocol, both sides (see replay.h).
  *

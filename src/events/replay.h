@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * events/replay.h: vLLM's replay protocol, written once: the client side
  * and the rules for what a client takes from a replay server (the ZMQ

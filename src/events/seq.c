@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * seq.c: the sequence rules of an event stream (see kvbm/events.h,
  * "sequence rules"). Pure bookkeeping: no sockets, no allocation, so the

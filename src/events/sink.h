@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sink.h: where the publisher's batches go (private to the events module).
  *

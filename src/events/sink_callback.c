@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sink_callback.c: the in-process sink: the batch itself, no bytes.
  *

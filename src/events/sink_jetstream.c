@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sink_jetstream.c: batches into a NATS JetStream stream (libnats).
  *

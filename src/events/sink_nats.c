@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sink_nats.c: batches to a NATS subject (libnats).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sink_zmq.c: the ZMQ PUB sink in vLLM's wire format, with its replay
  * ROUTER.

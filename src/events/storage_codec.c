@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * storage_codec.c: the storage events' msgpack codec (see
  * kvbm/storage_events.h; the wire specification is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * storage_internal.h: what the storage events' codec shares with their
  * publisher (private to the events module).

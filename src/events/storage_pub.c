@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * storage_pub.c: the storage events' publisher (see kvbm/storage_events.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * subscriber.c: reads an engine's event stream in sequence order,
  * recovering gaps through its replay socket, within a byte budget. The

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zframes.h: reading one ZMQ multipart message into a few frames, the
  * shape of everything the events module receives (vLLM's topic | seq |

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * auth.c: the side channel's authentication, on sockets (see auth.h; the
  * message formats and MACs are hello.c's).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * auth.h (private): proving the shared key over the side channel, before
  * anything else happens on it (the codec is hello.h; this is the sockets).

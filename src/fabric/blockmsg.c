@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * blockmsg.c: the block message codec (format in kvbm/fabric.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cudaipc.c: the fabric between two processes of one node over CUDA IPC.
  *

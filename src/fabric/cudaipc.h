@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cudaipc.h (private): the pieces of the CUDA IPC fabric (cudaipc.c) that
  * need no device, exposed so that tests/fabric/test_cudaipc_wire.c can

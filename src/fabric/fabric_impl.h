@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fabric_impl.h (private): the vtable behind kvbm_fabric, and the structs
  * shared by the generic layer (fabric.c) and the implementations

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fstorage.c: storage (kvbm/storage.h) whose regions the fabric allocates.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hello.c: the handshake codec of the UCX fabric (see hello.h for the wire
  * format and what each MAC covers).

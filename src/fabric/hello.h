@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hello.h (private): the codec of the UCX fabric's handshake, no sockets.
  *

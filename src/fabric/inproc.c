@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * inproc.c: the in-process fabric, two ends of a pair in one process.
  *

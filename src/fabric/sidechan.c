@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sidechan.c: the TCP side channel used to bootstrap the UCX fabric.
  *

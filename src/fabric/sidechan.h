@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sidechan.h (private): the TCP side channel of the UCX fabric.
  *

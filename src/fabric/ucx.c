@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ucx.c: the fabric over UCX (ucp), one connection per fabric.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * wire.c: the envelope a node sends so that its peer can import a block set.
  *

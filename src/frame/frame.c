@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * frame.c: the MRDN v1 frame codec (format in kvbm/frame.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hash.c: the chained block hashes of kvbm/hash.h, on libxxhash's XXH3.
  *

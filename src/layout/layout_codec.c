@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * layout_codec.c: the serialized layout (version 1), bytes <-> kvbm_layout_desc.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * histogram.c: Prometheus-style histograms as plain values (see
  * kvbm/metrics.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics/internal.h: what the metrics module's files share (private to
  * src/metrics/): a growable text buffer and the exposition format's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * server.c: the metrics endpoint, GET /metrics on a thread of its own
  * (see kvbm/metrics.h).

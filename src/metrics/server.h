@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics/server.h (private): the metrics endpoint as a daemon's whole
  * HTTP side. A daemon with a small GET API of its own (`kvbm advisor`)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * text.c: the lexical side of Prometheus' text exposition format 0.0.4,
  * and the buffer the page is assembled in.

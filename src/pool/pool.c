@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pool.c: the block pool (see kvbm/pool.h for the state machine).
  *

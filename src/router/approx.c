@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * approx.c: approximate routing for engines that publish no events.
  *

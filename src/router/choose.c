@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * choose.c: from overlaps and load to one worker (see kvbm/router.h).
  *

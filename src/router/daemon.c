@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * daemon.c: the router daemon's HTTP side (see kvbm/router.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * daemon_impl.h: what the router daemon's parts share (daemon.c: HTTP and
  * routing; sources.c: event subscriptions).

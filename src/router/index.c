@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * index.c: the router's prefix index (see kvbm/router.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * json.h: the router daemon's request bodies (a strict, bounded JSON
  * reader) and a small JSON writer. A codec only: bytes in, values out.

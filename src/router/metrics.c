@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.c: the router index's counters as metrics (kvbm/metrics.h).
  *

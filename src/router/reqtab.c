@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * reqtab.c: the router daemon's active requests (see reqtab.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * reqtab.h: the router daemon's table of active requests (private; see
  * reqtab.c for the design). One /route adds a record, /done, request_ttl_s

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * wmap.c: one worker's blocks as the writer sees them (see wmap.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * wmap.h: the writer's private map of one worker's blocks (engine hash ->
  * index key and a count per tier). Open addressing, linear probing,

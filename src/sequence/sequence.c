@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sequence.c: a request's block table over a pool (see kvbm/sequence.h).
  *

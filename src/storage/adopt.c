@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * adopt.c: storage over memory kvbm did not allocate (kvbm_storage_adopt).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cuda.c: pinned host (cudaHostAlloc) and device (cudaMalloc) storage.
  *

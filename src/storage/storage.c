@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * storage.c: the storage interface (dispatch through the vtable), slice
  * addresses through layout + storage, and describing a storage for peers.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* storage_internal.h: constructors of the storage kinds this module owns,
  * dispatched by kvbm_storage_create(). `opts` is never NULL here and its
  * alignment is already resolved (a power of two >= the layout's). */

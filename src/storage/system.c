@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * system.c: system (host heap) storage, and the region-array shape that
  * pinned and device storage share.

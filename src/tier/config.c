@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config.c: the manager's configuration (see kvbm/manager.h).
  *

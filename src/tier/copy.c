@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * copy.c: moving one block's bytes between the manager's tiers.
  *

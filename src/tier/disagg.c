@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * disagg.c: the manager's peers (see kvbm/manager.h, "Peers"): blocks
  * moved between two managers over a kvbm_fabric, as ADR-0006 asks of

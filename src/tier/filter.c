@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * filter.c: the frequency filter (see filter.h). Memory: two tables (one
  * spare for rehashing) of 12 bytes x twice max_entries, allocated once; a decay pass is O(table) and happens at most

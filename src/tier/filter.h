@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * filter.h (private): the frequency filter that decides which blocks earn a
  * copy in a tier (Dynamo's FrequencyFilter, made deterministic).

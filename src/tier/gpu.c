@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gpu.c: CUDA copies for the tier manager when G1 is device memory.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gpu.h (private): the CUDA copies of the tier manager, when G1 is device
  * memory (see gpu.c). Every function exists in every build; without CUDA

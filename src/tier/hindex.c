@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hindex.c: a bounded, age-ordered set of block hashes with counts (see
  * hindex.h for what it is for and why every operation is O(1)).

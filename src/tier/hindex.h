@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hindex.h (private): a bounded set of 64-bit block hashes, each with a
  * count, that forgets its oldest key when full. The peers (disagg.c) keep

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hints.c: storage hints applied (kvbm_manager_hint, kvbm/manager.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tier/internal.h (private): what the manager's files share.
  *

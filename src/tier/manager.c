@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * manager.c: the tiered block manager's set-up and accessors (see
  * kvbm/manager.h; the other concerns live in config.c, copy.c, workers.c

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.c: the tiered manager as metrics (kvbm_manager_metrics_collect,
  * kvbm/metrics.h), and the counters only metrics read (tier/metrics.h).

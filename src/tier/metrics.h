@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tier/metrics.h (private): the manager's counters that only its metrics
  * read (kvbm_manager_metrics_collect, tier/metrics.c), kept apart from the

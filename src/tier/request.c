@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * request.c: the engine's calls (see kvbm/manager.h, "Requests").
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store.c: what a volume tier keeps under a key, and the G4 lookup.
  *

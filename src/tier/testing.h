@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tier/testing.h: test seams of the tiered manager. Not installed, not
  * exported from libkvbm.so: only the tier module's own tests reach them,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workers.c: the job queues and the threads that move bytes.
  *

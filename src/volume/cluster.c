@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cluster.c: the redis+cluster://HOST:PORT[,HOST:PORT...] backend, a small
  * Redis Cluster client over hiredis (connections and pipelines: resp.c;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * volume/cluster.h: the Redis Cluster protocol's pure parts (private to
  * src/volume/): key slots, the CLUSTER SLOTS reply, MOVED/ASK

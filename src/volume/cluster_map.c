@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cluster_map.c: key slots, slot-map replies and redirections of the Redis
  * Cluster protocol (see volume/cluster.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * disk.c: the G3 slot file (see volume/disk.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * volume/disk.h: the file of checksummed slots under the G3 tier (disk://).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * disk_backend.c: the disk:///DIR backend, a volume over the slot file of
  * disk.c (io_uring, O_DIRECT, checksummed slot headers, warm restart).

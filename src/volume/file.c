@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * file.c: the file:///DIR backend, one file per block, for directories
  * that several processes or machines share (a local disk, NFS, Lustre).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * volume/internal.h: what the volume module's files share (private to
  * src/volume/): the parsed descriptor, the key and namespace rules, and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.c: a volume's counters as metrics (kvbm/metrics.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * volume/metrics.h (private): a volume's counters written with the labels
  * the caller names it by (kvbm_volume_metrics_collect: `volume` = its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * redis.c: the redis://[user:password@]HOST[:PORT][/DB] backend, one Redis
  * value per block, over hiredis (the connection and the pipeline are in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * resp.c: one Redis connection under a deadline (see volume/resp.h).
  *

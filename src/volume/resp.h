@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * volume/resp.h: one Redis connection driven under a deadline, with
  * pipelined commands (private to src/volume/; used by redis.c and

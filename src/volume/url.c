@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * url.c: the volume descriptor (a URL) and the key rules.
  *

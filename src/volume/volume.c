@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * volume.c: the storage interface's core (kvbm/volume.h): registration,
  * the batch queue, the I/O threads, deadlines, completions and counters.

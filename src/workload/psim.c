@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * psim.c: the policy simulator (see workload/psim.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workload/psim.h: the policy simulator behind `kvbm policy-sim`: workload
  * W2 (../shared/WORKLOADS.md) with block identities and tiers only, no

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * psim_cache.c: the policy simulator's eviction policies (see
  * workload/psim_cache.h).

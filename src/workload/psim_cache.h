@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workload/psim_cache.h: the eviction policies of the policy simulator
  * (workload/psim.h), each a set of resident block ids with a capacity.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * svg.c: the SVG line-chart writer (see workload/svg.h).
  *

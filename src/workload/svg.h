@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workload/svg.h: a small SVG line-chart writer (the policy simulator's
  * capacity curves), with no dependency beyond stdio.

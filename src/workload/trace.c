@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * trace.c: the Mooncake JSON-lines trace reader (see workload/trace.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workload/trace.h: request traces in Mooncake's JSON-lines format, and the
  * tokens they stand for (../shared/WORKLOADS.md, "Turning a trace into

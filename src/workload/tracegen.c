@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tracegen.c: the synthetic trace generator (see workload/tracegen.h).
  *

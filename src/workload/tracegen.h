@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workload/tracegen.h: synthetic request traces in Mooncake's format
  * (workload/trace.h) from a small, documented model of multi-round chat

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * w1.c: workload W1 through the sequence API (see workload/w1.h).
  *

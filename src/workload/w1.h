@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workload/w1.h: workload W1 (../shared/WORKLOADS.md), sequential replay of
  * a trace through one pool, the way an engine would drive kvbm.

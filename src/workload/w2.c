@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * w2.c: workload W2 (see workload/w2.h).
  *

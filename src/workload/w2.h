@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workload/w2.h: workload W2 (../shared/WORKLOADS.md), W1's sequential
  * replay through the tiered manager, with real bytes.

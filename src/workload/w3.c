@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * w3.c: workload W3 (../shared/WORKLOADS.md) in one process.
  *

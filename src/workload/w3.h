@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * workload/w3.h: workload W3 (../shared/WORKLOADS.md), KV-aware routing.
  *

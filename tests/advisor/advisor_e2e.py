@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end test of `kvbm advisor` (run by test_daemon.sh).
 
 A real nats-server and Python publishers written from the wire

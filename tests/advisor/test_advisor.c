@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_advisor.c: the advisor's index and hints on event sequences whose
  * right answer is known: a cold block used twice is demoted, a cold block

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_applier.c: the loop the seed describes, with a known answer. A
  * manager (G1 8, G2 8, G3 64 blocks) publishes its KV events and its

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvbm advisor end to end (tests/advisor/advisor_e2e.py): a real
 # nats-server, storage and KV publishers over ZMQ and NATS written from the
 # wire specifications, hints checked on a trace whose right answer is

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # test_b3sum.sh: `kvbm b3sum` prints what Debian's b3sum prints.
 #
 # Random files of odd sizes (around chunk and batch edges, and several

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_blake3.c: BLAKE3 against the official test vectors, on every
  * compression path this CPU has, plus incremental input, extended output

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_pool.c: hashing one input in pieces on several threads.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_threads.c: hashers on several threads at once, each on its own
  * path and input, give the single-threaded results: the module keeps no

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nats_testutil.h: a real nats-server for the tests that need one.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_admit.c: the admission rule the HTTP servers share
  * (common/admit.h), on a table of its own: which connection a newcomer

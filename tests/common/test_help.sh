@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Every subcommand `kvbm --help` lists answers `kvbm CMD --help` with its
 # usage on stdout and exit 0 (`events` and `transfer-bench` used to call
 # --help an unknown option and exit 2); `kvbm replay --help` lists the

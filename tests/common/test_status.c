@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_status.c: status names, texts and error reports. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_blake3_hd.c: the BLAKE3 code the device runs (src/cuda/blake3_hd.h),
  * run here on the host, where CI has no nvcc and no GPU.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_copy.c: the copy engine (kvbm/cuda.h, src/cuda/copy.c, plan.c).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_device.c: kvbm_cuda_available() tells the truth about the build and
  * the machine: it agrees with the CUDA runtime's own count, reports the

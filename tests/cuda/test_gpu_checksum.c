@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_gpu_checksum.c: integrity on the device (kvbm_cuda_digest_blocks,
  * kvbm_cuda_verify_blocks, and their span forms; src/cuda/checksum.c and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_codec.c: the event codec: round trips in both forms (and with
  * signed hashes), the shapes today's and older engines send (vLLM's tagged
  * maps, SGLang's salted positional BlockStored, token pairs, the media

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The engines' side of kvbm's event tests, with python3-zmq and
 python3-msgpack only. Every shape below is written from the engines' own
 sources (read, not copied):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_cli.sh: `kvbm events tail` and `kvbm events relay` against Python
 # engines (tests/events/engine_peer.py): tail prints exactly what the
 # engine sent (the engine checks, field by field), across batches it did

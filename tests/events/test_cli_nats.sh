@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_cli_nats.sh: a Python SGLang engine -> `kvbm events relay --nats` -> a
 # real nats-server (free loopback port, stopped at the end) -> `kvbm events
 # tail nats://... --subject`: tail shows exactly the engine's events (the

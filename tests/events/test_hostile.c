@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_hostile.c: the subscriber against peers that misbehave, each case a
  * finding of the hardening issue:
  *   - a flood from a publisher the reader cannot keep up with stays at the

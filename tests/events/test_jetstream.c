@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_jetstream.c: the durable event plane against a real nats-server
  * with JetStream (started here on a free loopback port with its store in
  * a fresh directory, stopped at the end):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_metrics.c: the event plane's collectors (kvbm/metrics.h): a
  * publisher's counters on the page equal its stats after real publishing,

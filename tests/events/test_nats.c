@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_nats.c: batches through a real nats-server (started here on a free
  * loopback port, stopped at the end): a NATS subscriber receives every
  * batch, with its sequence header, and the payload decodes to exactly what

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_nats_sub.c: kvbm_subscriber on NATS, against a real nats-server
  * (started here on a free loopback port, stopped at the end). The test
  * publishes kvbm's NATS messages by hand (the payload as the body, the

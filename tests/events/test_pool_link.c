@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_pool_link.c: a block pool's events reach a publisher in the pool's
  * order with the pool's content (hash, parent, tokens, block size, the
  * link's medium), and refusals are counted on the link. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_publisher.c: the batching publisher through its callback sink:
  * ids, order, batching by count and by time, flush, both overflow
  * policies, shutdown that sends everything accepted, batches from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_python.c: wire compatibility with independent peers
  * (tests/events/engine_peer.py, python3-zmq + python3-msgpack, shapes
  * written from the engines' sources):

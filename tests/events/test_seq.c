@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_seq.c: the stream's sequence rules (kvbm_seqno_check) and the replay
  * client's rules (kvbm__replay_check), as pure functions: restarts (one
  * after a stream of the single batch 0, which repeats its number), gaps,

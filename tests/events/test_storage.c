@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_storage.c: storage events (kvbm/storage_events.h). The codec round
  * trips and refuses every malformed kind (truncation at every byte, every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_zmq.c: our publisher and subscriber over ZMQ on loopback: a late
  * joiner and a subscriber behind a lossy link recover every batch through
  * the replay socket; malformed messages of each kind are counted, reported

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fabric_util.h: layouts and memory for the fabric tests. */
 #ifndef KVBM_TESTS_FABRIC_UTIL_H
 #define KVBM_TESTS_FABRIC_UTIL_H

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """fake_peer.py: hostile peers for the fabric's TCP side channel.
 
 Each mode plays one kind of bad peer against `kvbm fabric-node`:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvbm transfer-bench runs end to end on a small configuration: both modes
 # move every block (the checked mode verifies each one, or the command
 # fails), with 0 and 2 hash threads; the JSON names the fabric ("ucx"),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_blockmsg.c: the block message codec: round trip, a flipped byte
  * anywhere in the body caught by the frame's BLAKE3, every truncation and
  * every malformed envelope refused with its own error. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_cudaipc_wire.c: the CUDA IPC fabric's refusals that need no GPU.
  *
  * Runs on any machine (CI has neither a GPU nor the toolkit): the config

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # End to end over UCX on loopback, two processes: node A (kvbm fabric-node
 # send) prefills blocks and sends them framed, either pushed whole or
 # written one-sided into blocks node B granted and announced by their frame

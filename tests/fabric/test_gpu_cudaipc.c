@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_gpu_cudaipc.c: the CUDA IPC fabric between two processes on one GPU.
  *
  * The parent is the prefill node: it listens, forks the decode node, and

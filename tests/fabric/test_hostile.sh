@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Hostile peers against `kvbm fabric-node` (fake_peer.py plays them):
 #  - a receiver takes, one after another, a peer that hangs up, the old
 #    hello with a 0xff worker address (it made UCX abort the receiver), 4 KiB

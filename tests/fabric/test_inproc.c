@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_inproc.c: the fabric interface over the in-process fabric: push /
  * next / pull, labels, block set export/import, one-sided block access and
  * every refusal (ranges, stale registrations, malformed envelopes). */

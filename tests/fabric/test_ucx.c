@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_ucx.c: the UCX fabric between two processes on loopback (the test
  * forks; the child is the other node). Covers the handshake, labels and names,
  * small (eager) and large (rendezvous) pushes, one-sided block writes and

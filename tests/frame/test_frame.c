@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_frame.c: MRDN v1 frames: exact header bytes, round trips, every
  * decoder error with its own status and message, the streaming path, and

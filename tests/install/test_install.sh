@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_install.sh: kvbm as an engine builder picks it up. Installs the
 # build into a fresh prefix (cmake --install), then, out of tree:
 #   - every installed header compiles on its own, as C11 and as C++, and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_cli.sh: `kvbm layout` sizes a layout, and encodes / decodes the
 # serialized form with the decoder's errors reaching the operator.
 set -euo pipefail

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_codec.c: the serialized layout, round trips and every malformed-input
  * class with its own error.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_layout.c: layout configs, strides, slice offsets, fingerprints.
  *
  * Offsets are checked against an independent walk (a cursor that lays the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers for tests that read a rendered metrics page: a series' value,
  * and the check that every family on it is in the table of
  * docs/areas/observability.md. */

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Proof with the real thing (run by test_prometheus.sh).
 
 Starts two kvbm processes and Debian's `prometheus` server on loopback,

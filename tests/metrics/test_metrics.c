@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_metrics.c: the registry, the writer and the page (kvbm/metrics.h).
  *

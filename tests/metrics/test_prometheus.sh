@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The proof with the real thing: Debian's prometheus scrapes `kvbm replay`
 # (tiers, the manager's own endpoint) and `kvbm router` on loopback, and
 # the values it stores agree with each process's own JSON

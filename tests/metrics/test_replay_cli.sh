@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvbm replay's metrics endpoint and picture: W1 serves its own endpoint
 # (the replay's counters and the pool's), switched on by --metrics-port or
 # by Dynamo's DYN_KVBM_METRICS; --plot draws hit rate and occupancy whose

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_server.c: the metrics endpoint (kvbm_metrics_server_*) over real
  * loopback sockets: what a scraper gets, what a hostile or slow client

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pool_testutil.h: helpers shared by the block pool tests.
  *

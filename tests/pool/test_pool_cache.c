@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_pool_cache.c: the registry, dedup, the inactive pool and the listener.
  *

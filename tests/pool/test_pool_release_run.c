@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_pool_release_run.c: releasing a block table in one call, tail first. */
 #include <setjmp.h>
 #include <stdarg.h>

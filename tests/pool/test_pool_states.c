@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_pool_states.c: the block state machine, one transition at a time.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared helpers of the Python package's tests: where things are, the
 trace, and workload W1's tokens (../shared/WORKLOADS.md)."""
 import gzip

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the Python test scripts: `kvbm_python ARGS...` runs
 # /usr/bin/python3 on the build tree's package (build/python/kvbm).
 #

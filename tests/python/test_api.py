@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package's surface: what it exports, the type stubs, the docstrings
 help() shows, and the error hierarchy."""
 import ast

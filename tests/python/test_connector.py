@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvbm.connector end to end: a tiny torch transformer with a paged KV cache
 in kvbm's G1, driven by a vLLM-shaped engine loop (tests/python/tiny_engine.py)
 that calls the connector in vLLM's order.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """KvEventPublisher (Dynamo's shape), Subscriber and the router's Index.
 
 ZMQ PUB/SUB drops what is sent before a subscriber has joined, so no test

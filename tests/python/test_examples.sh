@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs every Python example (examples/python/*.py) against the build tree's
 # package: the README's quick start must keep working.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The tiny torch engine on CUDA with kvbm's device G1 adopted from the
 # engine's own KV tensor (tests/python/test_tiny_engine_cuda.py, run as a
 # script). Label gpu (cmake/gpu.cmake: the name has _test_gpu_): skips (77)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hashing, BLAKE3 and MRDN frames through the binding, checked against
 independent implementations (python3-xxhash, the BLAKE3 test vectors,
 Debian's b3sum) and against the frame format's own rules."""

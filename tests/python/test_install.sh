@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Python package as `cmake --install` lays it out: installed into a
 # fresh prefix, /usr/bin/python3 imports kvbm from <prefix>'s platlib (not
 # from the build tree), the extension finds the prefix's libkvbm.so through

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvbm.Manager and kvbm.Request: the tiered manager through the binding.
 
 An "engine" here writes, into every block it must compute, bytes derived

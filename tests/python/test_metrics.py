@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvbm.Manager's metrics endpoint: switched on by keyword or, as Dynamo
 does, by DYN_KVBM_METRICS through env; scraped over HTTP like Prometheus."""
 import re

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvbm.minivllm: nano-vllm shaped Sequence and BlockManager over kvbm.Pool."""
 import json
 import pickle

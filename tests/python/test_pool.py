@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvbm.Pool and kvbm.Seq: one tier's blocks through the binding."""
 import json
 import subprocess

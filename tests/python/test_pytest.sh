@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Python package's tests (tests/python/test_*.py, pytest) against the
 # build tree's package; see pyenv.sh for the sanitizer builds.
 set -euo pipefail

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tiny torch engine of tiny_engine.py on CUDA, its paged KV cache a CUDA
 tensor the engine allocated and kvbm adopted as device G1 (Manager(g1_ptr=
 tensor.data_ptr(), g1_memory='device')), with pinned G2 kvbm allocates.

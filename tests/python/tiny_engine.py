@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A tiny vLLM-shaped engine over a tiny torch transformer: the test bed of
 kvbm.connector (tests/python/test_connector.py).
 

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end test of `kvbm router` (run by test_daemon.sh).
 
 Two fake vLLM workers publish KV events over ZMQ in vLLM's wire format

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The router daemon under hostile load (run by test_guards.sh).
 
 Each check plays one finding of issue 15 and asserts what must hold, on

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end test of `kvbm router`'s event sources against hostile or
 unlucky workers (run by test_sources.sh). Each check is a finding of the
 hardening issue; the fake workers are daemon_e2e.py's (vLLM's wire over ZMQ,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_admission.c: who gets a connection slot on the router daemon
  * (issue 24), in-process over loopback sockets: a table full of idle

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_choice.c: the cost function, tie breaks, temperature, load and the
  * approximate mode.

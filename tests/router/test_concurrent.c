@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_concurrent.c: lookups on several threads while one writer applies
  * events (also run under ThreadSanitizer: label tsan).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvbm router end to end: fake vLLM workers over ZMQ (and one through
 # kvbm events relay and a real nats-server), routing queries and hostile
 # HTTP input from Python (tests/router/daemon_e2e.py).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_daemon_threads.c: the router daemon's threads together, in-process
  * (so that ThreadSanitizer sees them; the `kvbm` binary links UCX, which
  * TSan cannot run): a ZMQ source (kvbm's publisher with a replay socket),

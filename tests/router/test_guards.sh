@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvbm router under hostile load and bad settings (issue 15): refusals at
 # start here (duplicate worker ids, bad ports, an unwritable --port-file,
 # --max-connections over the descriptor limit), then the live checks of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_http_json.c: the daemon's codecs alone: request heads (every refusal
  * with its status, incremental arrival byte by byte) and request bodies

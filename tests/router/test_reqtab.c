@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_reqtab.c: the router daemon's table of active requests
  * (src/router/reqtab.c): at most max records, the oldest goes first

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvbm route-sim (W3): the event-fed index agrees with the caches on every
 # lookup (index_mismatches 0) and the kv-aware router then chooses exactly as
 # the ideal one; with one worker every policy is W1 and equals kvbm replay;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvbm router's event sources against hostile or unlucky workers: restarts,
 # stray sequence numbers (ZMQ and NATS), a dp rank flood, replay servers
 # that answer out of range or trickle, --worker-timeout with a restart, and

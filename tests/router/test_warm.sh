@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvbm router: tenants' namespaces in /route, DEGRADED workers, a warm
 # restart from a snapshot over ZMQ, and JetStream sources (two routers, one
 # restarted mid-stream; nats-server -js, when installed)

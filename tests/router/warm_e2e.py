@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end test of `kvbm router`'s warm restart, JetStream sources,
 DEGRADED workers and tenants' namespaces (run by test_warm.sh).
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_sequence.c: the engine-facing sequence API over a pool.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_adopt.c: kvbm_storage_adopt() over host memory the test owns: the
  * storage addresses exactly the caller's bytes, every refusal names its
  * reason, and release leaves the memory alive and untouched. Device and

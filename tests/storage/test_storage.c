@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_storage.c: system storage through layouts; CUDA kinds report what
  * this machine has; describing a storage for a peer. */
 #include <setjmp.h>

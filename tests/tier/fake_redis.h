@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fake_redis.h: a hostile Redis for the G4 tests and the G4 fault bench
  * (bench/bench_g4_prefill.c): a thread speaking RESP on loopback that keeps

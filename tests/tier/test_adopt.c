@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_adopt.c: engine-owned G1 and G2 (kvbm_manager_config.g1_storage,
  * g2_storage) over host memory the test allocates: the manager uses the
  * engine's bytes in place (never zeroing them at create), offloads them to

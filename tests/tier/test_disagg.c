@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_disagg.c: the manager's peers (kvbm/manager.h, "Peers" and
  * "phases"), two managers in one process over the in-process fabric.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_disagg_ucx.c: prefill on one process, decode on another, over the
  * UCX fabric on loopback (issue 12's end-to-end test).

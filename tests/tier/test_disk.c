@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* G3 faults and persistence: a flipped byte, a full disk (RLIMIT_FSIZE),
  * an unusable directory, warm restart across processes, the slot codec on
  * its own; and the persistent file against other users: planted links and

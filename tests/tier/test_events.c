@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tier events: each tier's pool reports through kvbm_pool_link to one
  * publisher with its medium (G1 GPU, G2 CPU, G3 DISK), as the router and
  * the storage advisor expect them. */

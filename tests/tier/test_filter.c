@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The frequency filter: a block earns its copy on its second use; counts
  * decay (halve) every decay_uses uses and when the table is full. */
 #include <setjmp.h>

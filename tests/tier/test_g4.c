@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_g4.c: the volume tiers (G3 over any URL, G4 shared) through the
  * manager, with stores that need no server: file:// directories and small

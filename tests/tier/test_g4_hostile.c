@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_g4_hostile.c: a G4 store that says "exists" and then does not
  * deliver. The store is a fake Redis written here (a thread speaking RESP

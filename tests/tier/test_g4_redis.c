@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_g4_redis.c: G4 over real redis-server processes that the tests
  * start, stop, kill, fill, slow down and fail over (helpers shared with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_gpu_adopt.c: engine-owned device G1. The test plays the engine: it
  * cudaMallocs its paged KV cache (one region per layer, LayerSeparate, as

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_hindex.c: the peers' bounded hash index (src/tier/hindex.h).
  *

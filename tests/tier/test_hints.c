@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Storage hints applied by the manager (kvbm_manager_hint): a promotion
  * brings blocks that left G2 back from G3 (the next prefill finds them in
  * G2, bytes intact, none from G3); a demotion moves a G2 block into G3 and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tiered manager: bytes through G1 -> G2 -> G3 -> G1 for both layouts,
  * policies, queue-full skips, config and environment checks. */
 #include <setjmp.h>

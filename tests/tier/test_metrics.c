@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_metrics.c: the tiered manager's metrics (kvbm_manager_metrics_collect)
  * served by the manager's own endpoint (kvbm_manager_config.metrics),

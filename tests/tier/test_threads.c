@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Several engine threads drive one manager at once (run under TSan too):
  * prompts share prefixes, G1 is small so blocks move through G2 and G3 all
  * the time; every matched block's bytes must be right. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by the tier tests: a config over a temporary directory,
  * hash-derived block contents, and one request's full life. */
 #ifndef KVBM_TIER_TESTUTIL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fake_cluster.h: a fake Redis Cluster node on loopback for hostile-node
  * tests and benchmarks (tests/volume/test_cluster.c,
  * bench/bench_g4_faults.c). Header-only, one thread per node.

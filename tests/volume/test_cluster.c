@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_cluster.c: the redis+cluster:// backend against a real three-master
  * Redis Cluster (redis-server --cluster-enabled yes x3, joined by
  * redis-cli --cluster create --cluster-replicas 0), started here on free

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_disk.c: the disk:///DIR backend over the slot file. Round trips
  * with and without bounce buffers, a full store (KVBM_ENOSPC, delete makes
  * room, a stored key is still rewritten), values above the block, batches

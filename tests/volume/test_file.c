@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_file.c: the file:///DIR backend. Round trips and the on-disk layout
  * (DIR/<namespace>/<hex>, 0600, no temporaries left), namespaces kept
  * apart, two processes sharing one directory, concurrent writers of one key

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_metrics.c: a volume's collector (kvbm_volume_metrics_collect): the
  * page's operations, hits, misses and bytes equal the volume's stats after

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_redis.c: the redis:// backend against real redis-server processes
  * started here (free loopback ports, temporary dirs, --save ''), and
  * against a fake server that speaks garbage. Round trips and the key

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_volume.c: the storage interface's core, against a backend written
  * here (a gated in-memory store): hostile descriptors and namespaces, bad
  * settings and batches, the queue bound, deadlines counted from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by the volume tests: value patterns keyed by (key,
  * version), temporary directories, free loopback ports, and redis-server
  * processes started, stopped and restarted by the tests themselves. */

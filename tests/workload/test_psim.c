@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_psim.c: the policy simulator's eviction policies on hand-made
  * sequences (order, tail first, pins, scan resistance, ghosts), Belady

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `kvbm policy-sim`: its "today" configuration reproduces the manager's W2
 # (`kvbm replay --g2-blocks ... --g3-blocks ...`, real copies through G2
 # and the G3 file) exactly: hit tokens per tier, blocks written per tier,

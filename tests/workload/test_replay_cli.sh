@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `kvbm replay` rejects bad traces and options with an error naming the
 # problem (exit 2), and fails cleanly when a request does not fit (exit 1).
 set -uo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # W1 counts of `kvbm replay` equal the oracle ../shared/tools/ref_replay.py
 # exactly, on the first 500 requests, at two capacities and two block sizes,
 # for both hash schemes; and the bundled trace is the shared one.

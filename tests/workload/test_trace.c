@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_trace.c: the trace reader and the tokens a trace stands for.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/trace_sessions.py: sessions, turns and gaps on a trace whose
 # answer is known by hand; hostile traces and arguments refused by name.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The trace reader streams, under a memory limit (ulimit -v) that reading
 # a whole file would break:
 #  - a gzip bomb (a 256 KB file that inflates to 256 MiB of blank lines

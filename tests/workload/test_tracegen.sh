@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `kvbm trace-gen`: deterministic per seed; every line is a request the
 # trace reader takes (kvbm replay runs it); the model's properties hold in
 # the output: sessions whose prompts extend the previous turn's prompt and

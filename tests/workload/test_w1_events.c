@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_w1.c: W1 (the bundled trace, 200 requests, B 16, C 8192 so blocks
  * get evicted) replayed with events on: the pool's listener feeds a
  * publisher over ZMQ (ipc, with replay); our subscriber, applying the

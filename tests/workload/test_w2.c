@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* W2 on the first requests of the Mooncake trace: without G2 and G3 every
  * count equals W1's; hits never drop when a tier grows; every onboarded
  * block verifies. */

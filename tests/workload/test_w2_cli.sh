@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `kvbm replay` with tier flags runs W2: with G2 = G3 = 0 its W1 keys equal
 # W1's own output; --json has the tiers and verify_failures; bad tier flags
 # are named (exit 2); W1's output is unchanged without tier flags.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # W2 with G4, across processes: two `kvbm replay` runs against one Redis
 # (a redis-server this test starts on a free loopback port) and against one
 # shared directory (file://). The second run serves from G4 the blocks the

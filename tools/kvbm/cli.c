@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cli.c: argument helpers shared by the subcommands (see cli.h). */
 #include "cli.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_advisor.c: `kvbm advisor`, the storage advisor daemon
  * (advisor/daemon.h, docs/areas/advisor.md).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_b3sum.c: `kvbm b3sum [options] [FILE]...`, BLAKE3 sums printed the
  * way Debian's b3sum prints them, so operators can compare the two.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_events.c: `kvbm events tail` and `kvbm events relay`.
  *

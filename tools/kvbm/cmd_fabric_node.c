@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_fabric_node.c: `kvbm fabric-node`, one node of a block transfer over
  * the UCX fabric ("onboard from the wire").

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_layout.c: `kvbm layout`, a layout's strides and sizes, and the
  * serialized form a node sends its peers (encode to a file, decode a file).

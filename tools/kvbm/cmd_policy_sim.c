@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_policy_sim.c: `kvbm policy-sim`, eviction and admission policies per
  * tier measured on W2 (workload/psim.h), against the clairvoyant bound,

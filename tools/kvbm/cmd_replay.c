@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_replay.c: `kvbm replay`, workload W1 on a trace (the bundled Mooncake
  * conversation trace by default).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_route_sim.c: `kvbm route-sim`, workload W3 (KV-aware routing over N
  * W1 caches) on a trace, the bundled Mooncake conversation trace by default.

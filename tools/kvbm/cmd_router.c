@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_router.c: `kvbm router`, the KV-aware router daemon: subscribes to
  * workers' KV events (ZMQ, NATS) and answers routing queries over HTTP.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_trace_gen.c: `kvbm trace-gen`, synthetic Mooncake-format traces of
  * multi-round chat and agent sessions (workload/tracegen.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_transfer_bench.c: `kvbm transfer-bench`, W4 remote: how fast KV
  * blocks move between two nodes over the UCX fabric, as ratios to two

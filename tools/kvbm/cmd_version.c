@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cmd_version.c: `kvbm version` prints the version and the build's options. */
 #include <stdio.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fabric_cli.c: helpers shared by the fabric commands (see fabric_cli.h). */
 #include "fabric_cli.h"
 

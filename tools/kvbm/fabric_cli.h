@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fabric_cli.h: what `kvbm fabric-node` and `kvbm transfer-bench` share:
  * block geometry options, UCX transport options, the deterministic block

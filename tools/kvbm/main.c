@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c: the `kvbm` command, a dispatcher over its subcommands.
  *

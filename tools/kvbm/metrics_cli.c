@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metrics_cli.c: the metrics endpoint options (see metrics_cli.h). */
 #include "metrics_cli.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics_cli.h: the metrics endpoint options the long-running kvbm
  * commands share (`kvbm replay`, `kvbm events relay`):

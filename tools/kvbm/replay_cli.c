@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* replay_cli.c: the argument handling W1 and W2 share (see replay_cli.h). */
 #include "replay_cli.h"
 

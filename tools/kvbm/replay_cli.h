@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* replay_cli.h: what `kvbm replay` shares between W1 (cmd_replay.c) and W2
  * (replay_w2.c): the trace argument, W1's flags and the progress bar. */
 #ifndef KVBM_TOOL_REPLAY_CLI_H

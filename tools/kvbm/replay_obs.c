@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay_obs.c: the metrics endpoint and the picture of `kvbm replay` (see
  * replay_obs.h).

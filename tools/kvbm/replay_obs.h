@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay_obs.h: what `kvbm replay` shows while and after it runs, besides
  * its summary: the metrics endpoint (--metrics-port, or Dynamo's

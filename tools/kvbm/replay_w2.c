@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay_w2.c: `kvbm replay --g2-blocks N --g3-blocks N --g4 URL ...`,
  * workload W2 (the tiered manager's replay, src/workload/w2.c). Any tier

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* replay_w2.h: `kvbm replay` with tier flags runs W2 (tools/kvbm/replay_w2.c). */
 #ifndef KVBM_TOOL_REPLAY_W2_H
 #define KVBM_TOOL_REPLAY_W2_H
