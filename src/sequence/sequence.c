@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
+
 struct kvbm_seq {
   kvbm_pool *pool;
   uint64_t salt_hash;
@@ -40,21 +42,19 @@ struct kvbm_seq {
 
 static size_t div_up(size_t a, size_t b) { return a / b + (a % b != 0); }
 
+/* Blocks a sequence may have: past this, KVBM_EOVERFLOW (the bound the
+ * hand-written growth had: the hashes' bytes stay under SIZE_MAX / 2). */
+#define MAX_BLOCKS (SIZE_MAX / 2 / sizeof(uint64_t))
+
+/* The block table and the hashes share one capacity: each grows from a
+ * copy of it, and the rule gives both the same new one. A failure leaves
+ * s->cap at the old value, which both arrays still hold. */
 static int reserve(kvbm_seq *s, size_t nblocks) {
-  if (nblocks <= s->cap) return KVBM_OK;
-  size_t cap = s->cap ? s->cap : 8;
-  while (cap < nblocks) {
-    if (cap > SIZE_MAX / 2 / sizeof(uint64_t)) return KVBM_EOVERFLOW;
-    cap *= 2;
-  }
-  uint32_t *ids = realloc(s->ids, cap * sizeof *ids);
-  if (!ids) return KVBM_ENOMEM;
-  s->ids = ids;
-  uint64_t *h = realloc(s->hashes, cap * sizeof *h);
-  if (!h) return KVBM_ENOMEM;
-  s->hashes = h;
-  s->cap = cap;
-  return KVBM_OK;
+  size_t ci = s->cap, ch = s->cap;
+  int rc = kvbm__vec_reserve_of(&s->ids, &ci, nblocks, 8, MAX_BLOCKS);
+  if (rc == KVBM_OK) rc = kvbm__vec_reserve_of(&s->hashes, &ch, nblocks, 8, MAX_BLOCKS);
+  if (rc == KVBM_OK) s->cap = ci;
+  return rc;
 }
 
 int kvbm_seq_create(kvbm_pool *pool, uint64_t salt_hash, uint8_t priority, kvbm_seq **out) {
