@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
 #include "metrics/internal.h"
 
 #define KVBM__METRICS_ERRORS "kvbm_metrics_errors_total"
@@ -180,15 +181,9 @@ int kvbm_metrics_family(kvbm_metrics_writer *w, const char *name, kvbm_metric_ty
     w->cur = i;
     return KVBM_OK;
   }
-  if (w->nfam == w->capfam) {
-    size_t cap = w->capfam ? w->capfam * 2 : 32;
-    family *f = realloc(w->fam, cap * sizeof *f);
-    if (!f) {
-      w->oom = true;
-      return KVBM_ENOMEM;
-    }
-    w->fam = f;
-    w->capfam = cap;
+  if (kvbm__vec_reserve_of(&w->fam, &w->capfam, w->nfam + 1, 32, KVBM__VEC_NO_LIMIT)) {
+    w->oom = true;
+    return KVBM_ENOMEM;
   }
   family *f = &w->fam[w->nfam];
   *f = (family){.type = type, .name = strdup(name)};
@@ -500,16 +495,10 @@ int kvbm_metrics_register(kvbm_metrics *r, kvbm_metrics_collect_fn fn, void *use
     }
   }
   pthread_mutex_lock(&r->mu);
-  if (r->n == r->cap) {
-    size_t cap = r->cap ? r->cap * 2 : 8;
-    collector *p = realloc(r->c, cap * sizeof *p);
-    if (!p) {
-      pthread_mutex_unlock(&r->mu);
-      collector_free(&c);
-      return kvbm_error_set(err, KVBM_ENOMEM, "metrics: out of memory");
-    }
-    r->c = p;
-    r->cap = cap;
+  if (kvbm__vec_reserve_of(&r->c, &r->cap, r->n + 1, 8, KVBM__VEC_NO_LIMIT)) {
+    pthread_mutex_unlock(&r->mu);
+    collector_free(&c);
+    return kvbm_error_set(err, KVBM_ENOMEM, "metrics: out of memory");
   }
   c.id = r->next_id++;
   r->c[r->n++] = c;

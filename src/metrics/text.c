@@ -26,24 +26,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
 #include "metrics/internal.h"
 
+/* Room for `more` bytes after len; a page past SIZE_MAX / 2 bytes, or a
+ * failed allocation, marks the buffer out of memory for good. */
 static bool grow(kvbm__mbuf *b, size_t more) {
   if (b->oom) return false;
-  if (more <= b->cap - b->len) return true;
-  if (more > SIZE_MAX / 2 - b->len) {
+  if (more > SIZE_MAX / 2 - b->len ||
+      kvbm__vec_reserve_of(&b->p, &b->cap, b->len + more, 256, KVBM__VEC_NO_LIMIT)) {
     b->oom = true;
     return false;
   }
-  size_t cap = b->cap ? b->cap : 256;
-  while (cap - b->len < more + 1) cap *= 2;
-  char *p = realloc(b->p, cap);
-  if (!p) {
-    b->oom = true;
-    return false;
-  }
-  b->p = p;
-  b->cap = cap;
   return true;
 }
 
