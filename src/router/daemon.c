@@ -85,6 +85,7 @@
 #include "common/clock.h"
 #include "common/http.h"
 #include "common/sendbuf.h"
+#include "common/vec.h"
 #include "kvbm/metrics.h"
 #include "router/daemon_impl.h"
 #include "router/json.h"
@@ -225,16 +226,9 @@ static void load_drop(void *user, const kvbm__req_rec *r) {
 static bool out_append(http_state *h, conn *c, const char *a, size_t an, const char *b,
                        size_t bn) {
   size_t need = c->out_len + an + bn;
-  if (need > c->out_cap) {
-    size_t cap = c->out_cap ? c->out_cap : 1024;
-    while (cap < need) cap *= 2;
-    char *p = realloc(c->out, cap);
-    if (!p) {
-      c->closing = true;
-      return false;
-    }
-    c->out = p;
-    c->out_cap = cap;
+  if (kvbm__vec_reserve_of(&c->out, &c->out_cap, need, 1024, KVBM__VEC_NO_LIMIT)) {
+    c->closing = true;
+    return false;
   }
   if (c->out_len == c->out_off) c->wdeadline_ns = h->now + h->io_ns;
   memcpy(c->out + c->out_len, a, an);
@@ -826,14 +820,11 @@ static bool conn_read(kvbm_router_daemon *d, conn *c) {
     c->in_off = 0;
   }
   while (c->in_len < want) {
-    if (c->in_len == c->in_cap) {
-      size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
-      if (cap > limit) cap = limit;
-      char *p = realloc(c->in, cap);
-      if (!p) return false;
-      c->in = p;
-      c->in_cap = cap;
-    }
+    /* in_len < want <= limit: growth (doubling from 4 KiB) stops at the
+     * limit, never past it. */
+    if (c->in_len == c->in_cap &&
+        kvbm__vec_reserve_of(&c->in, &c->in_cap, c->in_len + 1, 4096, limit))
+      return false;
     ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
     if (n > 0) {
       if (c->in_len == 0) c->deadline_ns = h->now + h->io_ns; /* a request begins */
@@ -974,13 +965,7 @@ static bool make_room(kvbm_router_daemon *d, uint32_t peer, const char **why) {
 }
 
 static bool conn_add(http_state *h, int fd, uint32_t peer) {
-  if (h->nc == h->cc) {
-    size_t cc = h->cc ? h->cc * 2 : 16;
-    conn *nc = realloc(h->c, cc * sizeof *nc);
-    if (!nc) return false;
-    h->c = nc;
-    h->cc = cc;
-  }
+  if (kvbm__vec_reserve_of(&h->c, &h->cc, h->nc + 1, 16, KVBM__VEC_NO_LIMIT)) return false;
   h->c[h->nc++] = (conn){.fd = fd, .deadline_ns = h->now + h->io_ns, .peer = peer,
                          .idle_ns = h->now};
   h->conns++;
@@ -1045,12 +1030,8 @@ int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err) {
   int rc = KVBM_OK;
   while (!atomic_load(&d->stop)) {
     size_t n = h->nc + 2;
-    if (n > h->cpfd) {
-      struct pollfd *p = realloc(h->pfd, n * sizeof *p);
-      if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "router: out of memory");
-      h->pfd = p;
-      h->cpfd = n;
-    }
+    if (kvbm__vec_reserve_of(&h->pfd, &h->cpfd, n, 16, KVBM__VEC_NO_LIMIT))
+      return kvbm_error_set(err, KVBM_ENOMEM, "router: out of memory");
     h->now = kvbm__rd_now_ns();
     int np = poll(h->pfd, n, poll_prepare(d));
     if (np < 0 && errno != EINTR) {

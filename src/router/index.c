@@ -82,6 +82,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/vec.h"
 #include "kvbm/router.h"
 #include "router/wmap.h"
 
@@ -1178,16 +1179,10 @@ typedef struct sbuf {
 
 static uint8_t *sb_take(sbuf *b, size_t n) {
   if (b->oom) return NULL;
-  if (b->cap - b->n < n) {
-    size_t nc = b->cap ? b->cap : 4096;
-    while (nc - b->n < n) {
-      if (nc > SIZE_MAX / 2) { b->oom = true; return NULL; }
-      nc *= 2;
-    }
-    uint8_t *np = realloc(b->p, nc);
-    if (!np) { b->oom = true; return NULL; }
-    b->p = np;
-    b->cap = nc;
+  if (n > SIZE_MAX / 2 - b->n ||
+      kvbm__vec_reserve_of(&b->p, &b->cap, b->n + n, 4096, KVBM__VEC_NO_LIMIT)) {
+    b->oom = true;
+    return NULL;
   }
   uint8_t *r = b->p + b->n;
   b->n += n;

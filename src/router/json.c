@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
+
 typedef struct rd {
   const char *p, *end, *start;
   kvbm_error *err;
@@ -215,13 +217,9 @@ static int uint_array(rd *r, uint64_t max, bool wrap, size_t elem, void **out, s
     uint64_t v;
     int rc = uint_value(r, max, wrap, &v);
     if (!rc && len == r->max_items) rc = fail(r, KVBM_ETOOLONG, "array longer than allowed");
-    if (!rc && len == cap) {
-      size_t nc = cap ? cap * 2 : 256;
-      if (nc > r->max_items) nc = r->max_items;
-      uint8_t *na = realloc(a, nc * elem);
-      if (!na) rc = fail(r, KVBM_ENOMEM, "out of memory");
-      else a = na, cap = nc;
-    }
+    /* len < max_items here: growth stops at max_items, never past it. */
+    if (!rc && kvbm__vec_reserve(&a, &cap, len + 1, elem, 256, r->max_items))
+      rc = fail(r, KVBM_ENOMEM, "out of memory");
     if (rc) {
       free(a);
       return rc;
@@ -402,30 +400,21 @@ void kvbm__rj_printf(rj_buf *b, const char *fmt, ...) {
       b->len += (size_t)n;
       return;
     }
-    size_t nc = b->cap ? b->cap * 2 : 4096; /* a /route or /health answer: one allocation */
-    while (nc - b->len <= (size_t)n) nc *= 2;
-    char *np = realloc(b->p, nc);
-    if (!np) {
+    /* n bytes and the NUL; a /route or /health answer: one allocation. */
+    if (kvbm__vec_reserve_of(&b->p, &b->cap, b->len + (size_t)n + 1, 4096, KVBM__VEC_NO_LIMIT)) {
       b->oom = true;
       return;
     }
-    b->p = np;
-    b->cap = nc;
   }
 }
 
 static bool reserve(rj_buf *b, size_t n) {
   if (b->oom) return false;
-  if (b->cap - b->len > n) return true;
-  size_t nc = b->cap ? b->cap * 2 : 4096;
-  while (nc - b->len <= n) nc *= 2;
-  char *np = realloc(b->p, nc);
-  if (!np) {
+  /* n bytes and room for a NUL after them. */
+  if (kvbm__vec_reserve_of(&b->p, &b->cap, b->len + n + 1, 4096, KVBM__VEC_NO_LIMIT)) {
     b->oom = true;
     return false;
   }
-  b->p = np;
-  b->cap = nc;
   return true;
 }
 
