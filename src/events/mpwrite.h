@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
+
 typedef struct mpw {
   uint8_t **buf;
   size_t *len, *cap;
@@ -24,16 +26,9 @@ typedef struct mpw {
 
 static inline uint8_t *mpw_room(mpw *w, size_t n) {
   if (w->oom) return NULL;
-  if (*w->len + n > *w->cap) {
-    size_t nc = *w->cap ? *w->cap : 256;
-    while (nc < *w->len + n) nc *= 2;
-    uint8_t *b = (uint8_t *)realloc(*w->buf, nc);
-    if (!b) {
-      w->oom = true;
-      return NULL;
-    }
-    *w->buf = b;
-    *w->cap = nc;
+  if (kvbm__vec_reserve_of(w->buf, w->cap, *w->len + n, 256, KVBM__VEC_NO_LIMIT)) {
+    w->oom = true;
+    return NULL;
   }
   uint8_t *p = *w->buf + *w->len;
   *w->len += n;

@@ -40,6 +40,7 @@
 #include "events/sink.h"
 #include "kvbm/events.h"
 #include "common/clock.h"
+#include "common/vec.h"
 
 #define MAX_SINKS 8
 
@@ -279,29 +280,15 @@ static void measure(const kvbm_event *ev, vsize *z) {
   }
 }
 
-static void *grow(void *ptr, size_t *cap, size_t need, size_t size) {
-  if (ptr && need <= *cap) return ptr;
-  size_t nc = *cap ? *cap : 64;
-  while (nc < need) {
-    if (nc > SIZE_MAX / 2 / size) return NULL;
-    nc *= 2;
-  }
-  void *np = realloc(ptr, nc * size);
-  if (np) *cap = nc;
-  return np;
-}
-
 /* Appends a copy of ev, measured as z, to q (lock held). */
 static int q_append(evq *q, const kvbm_event *ev, const vsize *z, int32_t dp_rank) {
-  qev *e = grow(q->ev, &q->cap, q->n + 1, sizeof *q->ev);
-  if (!e) return KVBM_ENOMEM;
-  q->ev = e;
-  uint64_t *h = grow(q->h, &q->caph, q->nh + ev->num_block_hashes + 1, sizeof *q->h);
-  if (!h) return KVBM_ENOMEM;
-  q->h = h;
-  uint32_t *t = grow(q->t, &q->capt, q->nt + ev->num_tokens + 1, sizeof *q->t);
-  if (!t) return KVBM_ENOMEM;
-  q->t = t;
+  /* The arenas grow from 64 elements, doubling; any failure (memory, or
+   * a size past the address space) is KVBM_ENOMEM, the queue unchanged. */
+  if (kvbm__vec_reserve_of(&q->ev, &q->cap, q->n + 1, 64, KVBM__VEC_NO_LIMIT) ||
+      kvbm__vec_reserve_of(&q->h, &q->caph, q->nh + ev->num_block_hashes + 1, 64,
+                           KVBM__VEC_NO_LIMIT) ||
+      kvbm__vec_reserve_of(&q->t, &q->capt, q->nt + ev->num_tokens + 1, 64, KVBM__VEC_NO_LIMIT))
+    return KVBM_ENOMEM;
   qev *x = &q->ev[q->n];
   x->ev = *ev;
   x->dp_rank = dp_rank;
@@ -315,9 +302,8 @@ static int q_append(evq *q, const kvbm_event *ev, const vsize *z, int32_t dp_ran
   if (z->vars) {
     size_t sneed = 1;
     for (int v = 0; v < NVAR; v++) sneed += z->len[v];
-    char *s = grow(q->s, &q->caps, q->ns + sneed, 1);
-    if (!s) return KVBM_ENOMEM;
-    q->s = s;
+    if (kvbm__vec_reserve_of(&q->s, &q->caps, q->ns + sneed, 64, KVBM__VEC_NO_LIMIT))
+      return KVBM_ENOMEM;
     for (int v = 0; v < NVAR; v++) {
       const void **f = var_field(&x->ev, v);
       if (z->len[v]) {
@@ -508,15 +494,15 @@ static size_t batch_len(const kvbm_publisher *p, const evq *q, size_t off) {
 
 /* Sends the drained events as batches (no lock held). */
 static void emit(kvbm_publisher *p, evq *q, uint64_t *seq, uint64_t *sink_errors) {
-  kvbm_event *evs = grow(p->scratch, &p->scratch_cap, q->n, sizeof *p->scratch);
-  if (!evs) { /* cannot even list them: count each batch lost at every sink */
+  if (kvbm__vec_reserve_of(&p->scratch, &p->scratch_cap, q->n, 64, KVBM__VEC_NO_LIMIT)) {
+    /* cannot even list them: count each batch lost at every sink */
     for (size_t off = 0; off < q->n; off += batch_len(p, q, off)) {
       *sink_errors += p->nsinks;
       (*seq)++;
     }
     return;
   }
-  p->scratch = evs;
+  kvbm_event *evs = p->scratch;
   for (size_t i = 0; i < q->n; i++) {
     q_event(q, &q->ev[i], &evs[i]);
     if (!evs[i].medium_name) evs[i].medium_name = kvbm_medium_name(evs[i].medium);

@@ -62,6 +62,7 @@
 #include <zmq.h>
 
 #include "common/clock.h"
+#include "common/vec.h"
 #include "events/nats_in.h"
 #include "events/replay.h"
 #include "events/sink.h"
@@ -311,13 +312,7 @@ static int fifo_slot(kvbm_subscriber *s) {
     s->qn -= s->qh;
     s->qh = 0;
   }
-  if (s->qn == s->qcap) {
-    size_t nc = s->qcap ? s->qcap * 2 : 64;
-    pend *nq = realloc(s->q, nc * sizeof *nq);
-    if (!nq) return KVBM_ENOMEM;
-    s->q = nq;
-    s->qcap = nc;
-  }
+  if (kvbm__vec_reserve_of(&s->q, &s->qcap, s->qn + 1, 64, KVBM__VEC_NO_LIMIT)) return KVBM_ENOMEM;
   return KVBM_OK;
 }
 
