@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
 #include "event_codec/internal.h"
 #include "event_codec/mpread.h"
 #include "kvbm/event_codec.h"
@@ -182,15 +183,9 @@ void kvbm_event_encoder_destroy(kvbm_event_encoder *enc) {
  * was most of the cost. The bytes are the shortest encoding of each value,
  * as msgpack-c (and msgspec) write them. */
 static uint8_t *sb_grow(msgpack_sbuffer *sb, size_t need) {
-  size_t na = sb->alloc ? sb->alloc : 8192;
-  while (na - sb->size < need) {
-    if (na > SIZE_MAX / 2) return NULL;
-    na *= 2;
-  }
-  char *nd = realloc(sb->data, na);
-  if (!nd) return NULL;
-  sb->data = nd;
-  sb->alloc = na;
+  if (need > SIZE_MAX / 2 - sb->size ||
+      kvbm__vec_reserve_of(&sb->data, &sb->alloc, sb->size + need, 8192, KVBM__VEC_NO_LIMIT))
+    return NULL;
   return (uint8_t *)sb->data + sb->size;
 }
 
@@ -545,26 +540,14 @@ const char *kvbm_event_decoder_skip_reason(const kvbm_event_decoder *dec) {
   return dec ? dec->skip_reason : "";
 }
 
-/* Returns p grown to hold `need` (at least 1) elements of `size` bytes,
- * updating *cap; NULL (p untouched) when memory runs out. */
-static void *reserve(void *p, size_t *cap, size_t need, size_t size) {
-  if (need == 0) need = 1;
-  if (p && need <= *cap) return p;
-  size_t nc = *cap ? *cap : 64;
-  while (nc < need) {
-    if (nc > SIZE_MAX / 2 / size) return NULL;
-    nc *= 2;
-  }
-  void *np = realloc(p, nc * size);
-  if (np) *cap = nc;
-  return np;
-}
-
-#define RESERVE(arr, cap, need)                                   \
-  do {                                                            \
-    void *np_ = reserve((arr), &(cap), (need), sizeof *(arr));    \
-    if (!np_) return fail(c, KVBM_ENOMEM, "");                   \
-    (arr) = np_;                                                  \
+/* Grows arr (a T *, its capacity `cap`) to hold `need` elements, at least
+ * 1 so that a decoded array is never NULL, doubling from 64; any failure (the old array kept) is
+ * KVBM_ENOMEM to the caller. */
+#define RESERVE(arr, cap, need)                                                        \
+  do {                                                                                 \
+    size_t need_ = (need);                                                             \
+    if (kvbm__vec_reserve_of(&(arr), &(cap), need_ ? need_ : 1, 64, KVBM__VEC_NO_LIMIT)) \
+      return fail(c, KVBM_ENOMEM, "");                                                 \
   } while (0)
 
 /* Decoding context: the reader, the decoder, where we are (for messages). */
