@@ -67,6 +67,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/vec.h"
 #include "volume/cluster.h"
 #include "volume/internal.h"
 #include "volume/resp.h"
@@ -378,16 +379,16 @@ static bool visited(const pend_op *p, int node) {
   return false;
 }
 
+/* The three per-op arrays share one capacity: each grows from a copy of
+ * it (the rule gives all three the same new one); s->cap moves only when
+ * all three hold n. */
 static bool reserve(cstate *s, size_t n) {
-  if (n <= s->cap) return true;
-  pend_op *p = realloc(s->pend, n * sizeof *p);
-  if (p) s->pend = p;
-  kvbm__rcmd *c = realloc(s->cmds, n * sizeof *c);
-  if (c) s->cmds = c;
-  size_t *w = realloc(s->which, n * sizeof *w);
-  if (w) s->which = w;
-  if (!p || !c || !w) return false;
-  s->cap = n;
+  size_t cp = s->cap, cc = s->cap, cw = s->cap;
+  if (kvbm__vec_reserve_of(&s->pend, &cp, n, 16, KVBM__VEC_NO_LIMIT) ||
+      kvbm__vec_reserve_of(&s->cmds, &cc, n, 16, KVBM__VEC_NO_LIMIT) ||
+      kvbm__vec_reserve_of(&s->which, &cw, n, 16, KVBM__VEC_NO_LIMIT))
+    return false;
+  s->cap = cp;
   return true;
 }
 

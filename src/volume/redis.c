@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
 #include "volume/internal.h"
 #include "volume/resp.h"
 
@@ -138,12 +139,7 @@ static void redis_close(void *state) {
 }
 
 static bool reserve(rstate *s, size_t n) {
-  if (n <= s->cap) return true;
-  kvbm__rcmd *c = realloc(s->cmds, n * sizeof *c);
-  if (!c) return false;
-  s->cmds = c;
-  s->cap = n;
-  return true;
+  return kvbm__vec_reserve_of(&s->cmds, &s->cap, n, 16, KVBM__VEC_NO_LIMIT) == KVBM_OK;
 }
 
 static void redis_run(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadline_ns) {
