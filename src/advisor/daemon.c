@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/vec.h"
 #include "kvbm/events.h"
 #include "kvbm/metrics.h"
 #include "metrics/server.h"
@@ -130,12 +131,9 @@ static void jp(jb *j, const char *fmt, ...) {
       *j->len += (size_t)n;
       return;
     }
-    size_t nc = *j->cap ? *j->cap : 4096;
-    while (nc - *j->len <= (size_t)n) nc *= 2;
-    char *x = realloc(*j->b, nc);
-    if (!x) return;
-    *j->b = x;
-    *j->cap = nc;
+    /* n bytes and vsnprintf's NUL; out of memory: the text is cut. */
+    if (kvbm__vec_reserve_of(j->b, j->cap, *j->len + (size_t)n + 1, 4096, KVBM__VEC_NO_LIMIT))
+      return;
   }
 }
 
