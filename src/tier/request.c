@@ -52,18 +52,13 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/vec.h"
 #include "tier/internal.h"
 
 static int keep_tokens(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   if (n > SIZE_MAX / 4 - r->ntok) return KVBM_EOVERFLOW;
-  if (r->ntok + n > r->tcap) {
-    size_t cap = r->tcap ? r->tcap : 64;
-    while (cap < r->ntok + n) cap *= 2;
-    uint32_t *t = realloc(r->tokens, cap * sizeof *t);
-    if (!t) return KVBM_ENOMEM;
-    r->tokens = t;
-    r->tcap = cap;
-  }
+  if (kvbm__vec_reserve_of(&r->tokens, &r->tcap, r->ntok + n, 64, KVBM__VEC_NO_LIMIT))
+    return KVBM_ENOMEM;
   if (n) memcpy(r->tokens + r->ntok, tokens, n * sizeof *tokens);
   r->ntok += n;
   return KVBM_OK;
@@ -72,14 +67,8 @@ static int keep_tokens(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
 /* Labels the full blocks not labelled yet with the current fill phase. */
 static int label_full(kvbm_mreq *r) {
   size_t nfull = r->ntok / r->m->cfg.block_size;
-  if (nfull > r->phase_cap) {
-    size_t cap = r->phase_cap ? r->phase_cap : 64;
-    while (cap < nfull) cap *= 2;
-    uint8_t *p = realloc(r->phase, cap);
-    if (!p) return KVBM_ENOMEM;
-    r->phase = p;
-    r->phase_cap = cap;
-  }
+  if (kvbm__vec_reserve_of(&r->phase, &r->phase_cap, nfull, 64, KVBM__VEC_NO_LIMIT))
+    return KVBM_ENOMEM;
   for (size_t k = r->labeled; k < nfull; k++) r->phase[k] = r->fill;
   if (nfull > r->labeled) r->labeled = nfull;
   return KVBM_OK;
