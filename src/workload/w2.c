@@ -86,7 +86,17 @@ typedef struct run_ctx {
   uint32_t B;
   uint32_t *prompt, *output;
   kvbm_w2_result *res;
+  void (*on_call)(void *, kvbm_w2_call, double); /* the config's, or NULL */
+  void *user;
 } run_ctx;
+
+/* Timing of the engine-facing calls for on_call: the clock is read only
+ * when someone observes, so a plain replay pays nothing. */
+static uint64_t call_start(const run_ctx *c) { return c->on_call ? kvbm_clock_ns() : 0; }
+
+static void call_end(const run_ctx *c, kvbm_w2_call call, uint64_t t0) {
+  if (c->on_call) c->on_call(c->user, call, (double)(kvbm_clock_ns() - t0) * 1e-9);
+}
 
 /* Computes the blocks [from, full) the request must write (and those
  * below `settled` that the replay refused). */
@@ -120,13 +130,21 @@ static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm
     return KVBM_OK;
   }
   kvbm_mreq *r;
+  uint64_t t0 = call_start(c);
   int rc = kvbm_manager_prefill(c->m, 0, 0, tok, n, &r, NULL, NULL);
+  call_end(c, KVBM_W2_CALL_PREFILL, t0);
   if (rc == KVBM_ENOSPC)
     return kvbm_error_set(err, rc, "replay: request %zu (%u prompt + %u output tokens) does not fit in the pool",
                           idx, q->input_length, q->output_length);
   if (rc) return kvbm_error_set(err, rc, "replay: request %zu: %s", idx, kvbm_strerror(rc));
   kvbm_mreq_info info;
-  kvbm_mreq_wait(r, -1, &info);
+  t0 = call_start(c);
+  rc = kvbm_mreq_wait(r, -1, &info); /* no deadline: only an error can end it early */
+  call_end(c, KVBM_W2_CALL_WAIT, t0);
+  if (rc) {
+    kvbm_mreq_destroy(r);
+    return kvbm_error_set(err, rc, "replay: request %zu: wait: %s", idx, kvbm_strerror(rc));
+  }
   size_t settled = info.matched_tokens / c->B, matched = settled;
   const uint32_t *ids;
   size_t nb;
@@ -148,12 +166,22 @@ static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm
   if (q->output_length > out_from) {
     if (tok != c->output) kvbm_trace_output_tokens(q, idx, c->output);
     size_t before = info.num_tokens / c->B;
+    t0 = call_start(c);
     rc = kvbm_mreq_append(r, c->output + out_from, q->output_length - out_from);
+    call_end(c, KVBM_W2_CALL_APPEND, t0);
     if (!rc) compute(c, r, before, 0);
   }
-  if (!rc) rc = kvbm_mreq_commit(r);
+  if (!rc) {
+    t0 = call_start(c);
+    rc = kvbm_mreq_commit(r);
+    call_end(c, KVBM_W2_CALL_COMMIT, t0);
+  }
+  t0 = call_start(c);
   kvbm_manager_flush(c->m);
+  call_end(c, KVBM_W2_CALL_FLUSH, t0);
+  t0 = call_start(c);
   kvbm_mreq_destroy(r);
+  call_end(c, KVBM_W2_CALL_DESTROY, t0);
   if (rc == KVBM_ENOSPC)
     return kvbm_error_set(err, rc, "replay: request %zu (%u prompt + %u output tokens) does not fit in the pool",
                           idx, q->input_length, q->output_length);
@@ -208,7 +236,8 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   if (rc) return rc;
   kvbm_w2_result res;
   memset(&res, 0, sizeof res);
-  run_ctx c = {.m = m, .B = o->w1.block_size, .res = &res};
+  run_ctx c = {.m = m, .B = o->w1.block_size, .res = &res, .on_call = o->on_call,
+               .user = o->observer_user};
   c.prompt = malloc(max_in * sizeof *c.prompt);
   c.output = malloc(max_out * sizeof *c.output);
   if (!c.prompt || !c.output) rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");

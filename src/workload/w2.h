@@ -29,6 +29,18 @@ extern "C" {
 
 struct kvbm_w2_result;
 
+/* The calls W2 makes for each request, in order, as an engine would
+ * (kvbm_manager.h), plus W2's own flush, which an engine does not make. */
+typedef enum kvbm_w2_call {
+  KVBM_W2_CALL_PREFILL = 0, /* kvbm_manager_prefill */
+  KVBM_W2_CALL_WAIT,        /* kvbm_mreq_wait for the prefill's onboards */
+  KVBM_W2_CALL_APPEND,      /* kvbm_mreq_append of the output tokens */
+  KVBM_W2_CALL_COMMIT,      /* kvbm_mreq_commit */
+  KVBM_W2_CALL_FLUSH,       /* kvbm_manager_flush: W2's, not an engine's */
+  KVBM_W2_CALL_DESTROY,     /* kvbm_mreq_destroy */
+  KVBM_W2_CALL_COUNT
+} kvbm_w2_call;
+
 typedef struct kvbm_w2_config {
   kvbm_w1_config w1;      /* block size, capacity (= C1), limit, hashes,
                                progress (listener and on_finish unused) */
@@ -62,6 +74,11 @@ typedef struct kvbm_w2_config {
                      kvbm_manager *m);
   void (*on_finish)(void *user, kvbm_manager *m, const struct kvbm_w2_result *res);
   void *observer_user;
+  /* Optional, on the replay's thread (bench_engine_latency): how long each
+   * of the calls above took, in seconds on CLOCK_MONOTONIC, once it has
+   * returned. The clock is read only when this is set; the observer's own
+   * time is outside every measured call. */
+  void (*on_call)(void *user, kvbm_w2_call call, double seconds);
   /* The manager's metrics endpoint (kvbm_manager_config.metrics); NULL:
    * none. */
   const kvbm_metrics_server_config *metrics;

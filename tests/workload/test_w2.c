@@ -167,6 +167,57 @@ static void test_g4_never_fewer_hits(void **st) {
   kvbm_trace_destroy(t);
 }
 
+/* on_call (bench_engine_latency's hook): each call the driver makes for a
+ * request is reported once, in order, with a duration, and the counts do
+ * not change for being observed. */
+typedef struct calls_seen {
+  size_t n[KVBM_W2_CALL_COUNT];
+  int last;       /* the previous call, -1 before the first */
+  bool in_order;  /* PREFILL, WAIT, [APPEND], [COMMIT], FLUSH, DESTROY */
+  bool bad_time;
+} calls_seen;
+
+static void count_call(void *user, kvbm_w2_call call, double seconds) {
+  calls_seen *c = user;
+  c->n[call]++;
+  if (!(seconds >= 0 && seconds < 60)) c->bad_time = true;
+  bool ok = call == KVBM_W2_CALL_PREFILL ? (c->last == -1 || c->last == KVBM_W2_CALL_DESTROY)
+                                         : (int)call > c->last;
+  if (!ok) c->in_order = false;
+  c->last = call;
+}
+
+static void test_on_call_reports_every_call(void **st) {
+  (void)st;
+  kvbm_trace *t = load(200);
+  kvbm_w2_config o = kvbm_w2_config_default();
+  o.block_bytes = 32;
+  kvbm_w2_result plain, seen;
+  assert_int_equal(kvbm_w2_run(t, &o, &plain, NULL), KVBM_OK);
+  calls_seen c = {.last = -1, .in_order = true};
+  o.on_call = count_call;
+  o.observer_user = &c;
+  assert_int_equal(kvbm_w2_run(t, &o, &seen, NULL), KVBM_OK);
+  assert_true(c.in_order);
+  assert_false(c.bad_time);
+  assert_int_equal(seen.w1.hit_tokens, plain.w1.hit_tokens);
+  assert_int_equal(seen.w1.blocks_allocated, plain.w1.blocks_allocated);
+  size_t with_tokens = 0, with_output = 0;
+  for (size_t i = 0; i < kvbm_trace_count(t); i++) {
+    const kvbm_trace_request *q = kvbm_trace_get(t, i);
+    with_tokens += q->input_length || q->output_length;
+    with_output += q->input_length ? q->output_length > 0 : q->output_length > 1;
+  }
+  assert_true(with_tokens > 0);
+  assert_int_equal(c.n[KVBM_W2_CALL_PREFILL], with_tokens);
+  assert_int_equal(c.n[KVBM_W2_CALL_WAIT], with_tokens);
+  assert_int_equal(c.n[KVBM_W2_CALL_APPEND], with_output);
+  assert_int_equal(c.n[KVBM_W2_CALL_COMMIT], with_tokens);
+  assert_int_equal(c.n[KVBM_W2_CALL_FLUSH], with_tokens);
+  assert_int_equal(c.n[KVBM_W2_CALL_DESTROY], with_tokens);
+  kvbm_trace_destroy(t);
+}
+
 static void test_bad_options(void **st) {
   (void)st;
   kvbm_trace *t = load(10);
@@ -189,6 +240,7 @@ int main(void) {
       cmocka_unit_test(test_equals_w1_without_lower_tiers),
       cmocka_unit_test(test_monotone_in_every_tier),
       cmocka_unit_test(test_g4_never_fewer_hits),
+      cmocka_unit_test(test_on_call_reports_every_call),
       cmocka_unit_test(test_bad_options),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
