@@ -55,6 +55,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/vec.h"
 #include "kvbm/advisor.h"
 #include "tier/filter.h"
 
@@ -244,14 +245,8 @@ static int stream_request(kvbm_psim_stream *s, intern *t, const kvbm_trace_reque
   r->nblocks = (uint32_t)nblocks;
   r->matchable = (uint32_t)((n - 1) / B);
   r->prefill = (uint32_t)(n / B + (n % B != 0));
-  if (*pos + r->nfull > *pos_cap) {
-    size_t nc = *pos_cap ? *pos_cap : 1u << 20;
-    while (nc < *pos + r->nfull) nc *= 2;
-    uint32_t *ni = realloc(s->ids, nc * sizeof *ni);
-    if (!ni) return kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory");
-    s->ids = ni;
-    *pos_cap = nc;
-  }
+  if (kvbm__vec_reserve_of(&s->ids, pos_cap, *pos + r->nfull, 1u << 20, KVBM__VEC_NO_LIMIT))
+    return kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory");
   kvbm_trace_prompt_tokens(q, tok);
   kvbm_trace_output_tokens(q, i, tok + L);
   uint64_t parent = 0;
@@ -496,15 +491,9 @@ static const char *const kVolName[KVBM_PSIM_TIERS] = {"g1", "g2", "g3"};
 static void adv_storage(run *r, int t, kvbm_storage_event_type type, uint32_t id, uint64_t prefix) {
   adv *d = &r->ad;
   if (!d->a || d->oom) return;
-  if (d->nst == d->stcap) {
-    size_t nc = d->stcap ? 2 * d->stcap : 4096;
-    kvbm_storage_event *e = realloc(d->st, nc * sizeof *e);
-    if (!e) {
-      d->oom = true;
-      return;
-    }
-    d->st = e;
-    d->stcap = nc;
+  if (kvbm__vec_reserve_of(&d->st, &d->stcap, d->nst + 1, 4096, KVBM__VEC_NO_LIMIT)) {
+    d->oom = true;
+    return;
   }
   d->st[d->nst++] = (kvbm_storage_event){.type = type, .event_id = 0,
                                          .sequence_hash = r->s->hash[id], .prefix_hash = prefix,
@@ -515,18 +504,15 @@ static void adv_storage(run *r, int t, kvbm_storage_event_type type, uint32_t id
 static void adv_kv(run *r, kvbm_event_type type, uint32_t id) {
   adv *d = &r->ad;
   if (!d->a || d->oom) return;
-  if (d->nkv == d->kvcap) {
-    size_t nc = d->kvcap ? 2 * d->kvcap : 4096;
-    uint64_t *h = realloc(d->kvh, nc * sizeof *h);
-    kvbm_event *e = h ? realloc(d->kv, nc * sizeof *e) : NULL;
-    if (h) d->kvh = h;
-    if (!e) {
-      d->oom = true;
-      return;
-    }
-    d->kv = e;
-    d->kvcap = nc;
+  /* The hashes and the events share one capacity: each grows from a copy
+   * of it (to the same new one); kvcap moves when both hold it. */
+  size_t ch = d->kvcap, ce = d->kvcap;
+  if (kvbm__vec_reserve_of(&d->kvh, &ch, d->nkv + 1, 4096, KVBM__VEC_NO_LIMIT) ||
+      kvbm__vec_reserve_of(&d->kv, &ce, d->nkv + 1, 4096, KVBM__VEC_NO_LIMIT)) {
+    d->oom = true;
+    return;
   }
+  d->kvcap = ch;
   d->kvh[d->nkv] = r->s->hash[id];
   d->kv[d->nkv] = (kvbm_event){.type = type, .num_block_hashes = 1, .medium = KVBM_MEDIUM_GPU};
   d->nkv++;

@@ -23,6 +23,8 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "common/vec.h"
+
 struct kvbm_trace {
   kvbm_trace_request *reqs;
   size_t count, cap;
@@ -161,13 +163,8 @@ static int skip_value(cursor *c, int depth) {
 }
 
 static int push_id(kvbm_trace *t, uint32_t id) {
-  if (t->nids == t->ids_cap) {
-    size_t cap = t->ids_cap ? t->ids_cap * 2 : 4096;
-    uint32_t *p = realloc(t->ids, cap * sizeof *p);
-    if (!p) return KVBM_ENOMEM;
-    t->ids = p;
-    t->ids_cap = cap;
-  }
+  if (kvbm__vec_reserve_of(&t->ids, &t->ids_cap, t->nids + 1, 4096, KVBM__VEC_NO_LIMIT))
+    return KVBM_ENOMEM;
   t->ids[t->nids++] = id;
   return KVBM_OK;
 }
@@ -239,16 +236,13 @@ static int read_record(cursor *c, kvbm_trace *t, kvbm_trace_request *r) {
 }
 
 static int push_request(kvbm_trace *t, const kvbm_trace_request *r, size_t off) {
-  if (t->count == t->cap) {
-    size_t cap = t->cap ? t->cap * 2 : 1024;
-    kvbm_trace_request *p = realloc(t->reqs, cap * sizeof *p);
-    if (!p) return KVBM_ENOMEM;
-    t->reqs = p;
-    size_t *o = realloc(t->ids_off, cap * sizeof *o);
-    if (!o) return KVBM_ENOMEM;
-    t->ids_off = o;
-    t->cap = cap;
-  }
+  /* The requests and their offsets share one capacity: each grows from a
+   * copy of it (to the same new one); t->cap moves when both hold it. */
+  size_t cr = t->cap, co = t->cap;
+  if (kvbm__vec_reserve_of(&t->reqs, &cr, t->count + 1, 1024, KVBM__VEC_NO_LIMIT) ||
+      kvbm__vec_reserve_of(&t->ids_off, &co, t->count + 1, 1024, KVBM__VEC_NO_LIMIT))
+    return KVBM_ENOMEM;
+  t->cap = cr;
   t->reqs[t->count] = *r;
   t->ids_off[t->count++] = off;
   return KVBM_OK;
@@ -330,15 +324,9 @@ static int gather(reader *r, const char *p, const char *q) {
   if (r->len + n > KVBM_TRACE_MAX_LINE)
     return kvbm_error_set(r->c.err, KVBM_ETOOLONG, "line %zu: longer than %u bytes", r->c.line + 1,
                           KVBM_TRACE_MAX_LINE);
-  if (r->len + n > r->cap) {
-    size_t cap = r->cap ? r->cap : 4096;
-    while (cap < r->len + n) cap *= 2;
-    if (cap > KVBM_TRACE_MAX_LINE) cap = KVBM_TRACE_MAX_LINE;
-    char *l = realloc(r->line, cap);
-    if (!l) return kvbm_error_set(r->c.err, KVBM_ENOMEM, "line %zu: out of memory", r->c.line + 1);
-    r->line = l;
-    r->cap = cap;
-  }
+  /* Growth (doubling from 4 KiB) stops at the line limit checked above. */
+  if (kvbm__vec_reserve_of(&r->line, &r->cap, r->len + n, 4096, KVBM_TRACE_MAX_LINE))
+    return kvbm_error_set(r->c.err, KVBM_ENOMEM, "line %zu: out of memory", r->c.line + 1);
   memcpy(r->line + r->len, p, n);
   r->len += n;
   return KVBM_OK;

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
 #include "workload/trace.h"
 
 typedef struct rng {
@@ -105,13 +106,8 @@ static int check(const kvbm_tracegen_config *c, kvbm_error *err) {
 }
 
 static bool heap_push(gen *g, session *s) {
-  if (g->nheap == g->heap_cap) {
-    size_t nc = g->heap_cap ? 2 * g->heap_cap : 64;
-    session **h = realloc(g->heap, nc * sizeof *h);
-    if (!h) return false;
-    g->heap = h;
-    g->heap_cap = nc;
-  }
+  if (kvbm__vec_reserve_of(&g->heap, &g->heap_cap, g->nheap + 1, 64, KVBM__VEC_NO_LIMIT))
+    return false;
   size_t i = g->nheap++;
   while (i && g->heap[(i - 1) / 2]->next_ms > s->next_ms) {
     g->heap[i] = g->heap[(i - 1) / 2];

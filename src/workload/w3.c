@@ -40,6 +40,7 @@
 #include "workload/w3.h"
 #include "kvbm/sequence.h"
 #include "common/clock.h"
+#include "common/vec.h"
 
 kvbm_w3_config kvbm_w3_config_default(void) {
   kvbm_w3_config o = {0};
@@ -77,23 +78,17 @@ typedef struct capture {
   uint64_t seq; /* next batch sequence number */
 } capture;
 
-static bool reserve(void **p, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return true;
-  size_t c = *cap ? *cap : 64;
-  while (c < need) c *= 2;
-  void *q = realloc(*p, c * elem);
-  if (!q) return false;
-  *p = q;
-  *cap = c;
-  return true;
-}
+/* Room for `need` elements in the array at pp (a T **): from 64, doubling;
+ * false when memory runs out, the old array kept. */
+#define RESERVE(pp, cap, need) \
+  (kvbm__vec_reserve_of((pp), (cap), (need), 64, KVBM__VEC_NO_LIMIT) == KVBM_OK)
 
 static void on_pool_event(void *user, const kvbm_pool_event *ev) {
   capture *c = user;
   if (c->oom) return;
-  if (!reserve((void **)&c->h, &c->ch, c->nh + 1, sizeof *c->h) ||
-      !reserve((void **)&c->r, &c->cr, c->nr + 1, sizeof *c->r) ||
-      !reserve((void **)&c->t, &c->ct, c->nt + c->block_size, sizeof *c->t)) {
+  if (!RESERVE(&c->h, &c->ch, c->nh + 1) ||
+      !RESERVE(&c->r, &c->cr, c->nr + 1) ||
+      !RESERVE(&c->t, &c->ct, c->nt + c->block_size)) {
     c->oom = true;
     return;
   }
@@ -143,7 +138,7 @@ static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *inde
                  const kvbm_w3_config *tap, kvbm_error *err) {
   if (c->oom) return kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
   if (!c->nr) return KVBM_OK;
-  if (!reserve((void **)&wr->ev, &wr->cev, c->nr, sizeof *wr->ev))
+  if (!RESERVE(&wr->ev, &wr->cev, c->nr))
     return kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
   for (size_t i = 0; i < c->nr; i++) {
     const rec *r = &c->r[i];
@@ -176,7 +171,7 @@ static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *inde
   *index_s += kvbm_clock_seconds() - t0;
   if (!rc && wr->twin) {
     rc = kvbm_index_apply_batch(wr->twin, w, &d, err);
-    if (!rc && !reserve((void **)&wr->last[w], &wr->last_cap[w], len, 1))
+    if (!rc && !RESERVE(&wr->last[w], &wr->last_cap[w], len))
       rc = kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
     if (!rc) {
       memcpy(wr->last[w], data, len);
@@ -235,7 +230,7 @@ static void expire_load(sim *s, double t_ms) {
 }
 
 static int add_load(sim *s, uint32_t w, double t_ms, double blocks) {
-  if (!reserve((void **)&s->act, &s->cact, s->nact + 1, sizeof *s->act)) return KVBM_ENOMEM;
+  if (!RESERVE(&s->act, &s->cact, s->nact + 1)) return KVBM_ENOMEM;
   s->act[s->nact++] = (active){.end_ms = t_ms + s->o->active_ms, .w = w, .blocks = blocks};
   s->load[w] += blocks;
   return KVBM_OK;
