@@ -48,6 +48,7 @@
 
 #include "cuda/blake3_hd.h"
 #include "kvbm/blake3.h"
+#include "bench_util.h"
 #include "kvbm/cuda.h"
 
 #ifdef KVBM_HAVE_CUDA
@@ -62,50 +63,19 @@ static void usage(FILE *o) {
           "  device-to-device copy and the pinned host-to-device onboard of the same bytes.\n");
 }
 
-#define DIE(...)                             \
-  do {                                       \
-    fprintf(stderr, "bench_gpu_checksum: "); \
-    fprintf(stderr, __VA_ARGS__);            \
-    fprintf(stderr, "\n");                   \
-    exit(1);                                 \
-  } while (0)
+#define DIE(...) kvbm_bench_die("bench_gpu_checksum", __VA_ARGS__)
 
 #ifdef KVBM_HAVE_CUDA
 
-#define CK(call)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e_ = (call);                                                                      \
-    if (e_ != cudaSuccess) DIE("%s (line %d): %s", #call, __LINE__, cudaGetErrorString(e_));      \
-  } while (0)
+#define CK(call) kvbm_bench_cuda_check("bench_gpu_checksum", (call), #call, __LINE__)
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#define now kvbm_bench_now
 
 static uint64_t rng = 0x452821e638d01377ull;
-static uint64_t rnd(void) {
-  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-  return rng;
-}
+static uint64_t rnd(void) { return kvbm_bench_xorshift(&rng); }
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-typedef struct stat3 {
-  double med, min, max;
-} stat3;
-
-static stat3 stats(const double *in, int n) {
-  double v[64];
-  memcpy(v, in, (size_t)n * sizeof *v);
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  stat3 s = {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v[0], v[n - 1]};
-  return s;
-}
+typedef kvbm_bench_spread stat3;
+#define stats kvbm_bench_spread_of
 
 #define BLOCK (2ull << 20)
 #define MAXR 32
@@ -280,15 +250,15 @@ int main(int argc, char **argv) {
   printf("figure    GB/s median (min-max) over %d rounds (same %.2f GiB each)\n", rounds,
          (double)total / (1u << 30));
   for (int f = 0; f < NF; f++)
-    printf("%-9s %9.1f (%.1f-%.1f)\n", fig_name[f], gb[f].med, gb[f].min, gb[f].max);
+    printf("%-9s %9.1f (%.1f-%.1f)\n", fig_name[f], gb[f].median, gb[f].min, gb[f].max);
   printf("(d2d counts bytes copied: each read and written once)\n");
-  printf("kernel / d2d copy (bandwidth bound): %.3f (%.3f-%.3f)\n", r_bound.med, r_bound.min, r_bound.max);
-  printf("digest call time / onboard time: %.3f (%.3f-%.3f)\n", r_alone.med, r_alone.min, r_alone.max);
-  printf("device kernel speed-up over 1 host thread: %.0fx (%.0f-%.0f)\n", r_host.med, r_host.min, r_host.max);
+  printf("kernel / d2d copy (bandwidth bound): %.3f (%.3f-%.3f)\n", r_bound.median, r_bound.min, r_bound.max);
+  printf("digest call time / onboard time: %.3f (%.3f-%.3f)\n", r_alone.median, r_alone.min, r_alone.max);
+  printf("device kernel speed-up over 1 host thread: %.0fx (%.0f-%.0f)\n", r_host.median, r_host.min, r_host.max);
   double elapsed = now() - t_start;
   printf("bench_gpu_checksum: %s: W4 BLAKE3 on the device %.1f GB/s (kernel, %.2f of a D2D copy); checking an "
          "onboarded block adds %.1f%% (%.1f-%.1f) to the onboard; %.1f s\n",
-         prop.name, gb[KERNEL].med, r_bound.med, 100 * r_adds.med, 100 * r_adds.min, 100 * r_adds.max, elapsed);
+         prop.name, gb[KERNEL].median, r_bound.median, 100 * r_adds.median, 100 * r_adds.min, 100 * r_adds.max, elapsed);
   if (json) {
     FILE *o = fopen(json, "w");
     if (!o) DIE("cannot write %s: %s", json, strerror(errno));
@@ -296,14 +266,14 @@ int main(int argc, char **argv) {
                "\"driver\": %d, \"blocks\": %llu, \"block_bytes\": %llu, \"rounds\": %d, \"gbps\": {",
             prop.name, rt, drv, (unsigned long long)blocks, (unsigned long long)BLOCK, rounds);
     for (int f = 0; f < NF; f++)
-      fprintf(o, "%s\"%s\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}", f ? ", " : "", fig_name[f], gb[f].med,
+      fprintf(o, "%s\"%s\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}", f ? ", " : "", fig_name[f], gb[f].median,
               gb[f].min, gb[f].max);
     fprintf(o, "}, \"kernel_over_d2d\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}, "
                "\"digest_over_onboard\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}, "
                "\"verify_adds_to_onboard\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}, "
                "\"kernel_over_host_thread\": {\"median\": %.2f, \"min\": %.2f, \"max\": %.2f}, \"seconds\": %.2f}\n",
-            r_bound.med, r_bound.min, r_bound.max, r_alone.med, r_alone.min, r_alone.max, r_adds.med, r_adds.min,
-            r_adds.max, r_host.med, r_host.min, r_host.max, elapsed);
+            r_bound.median, r_bound.min, r_bound.max, r_alone.median, r_alone.min, r_alone.max, r_adds.median, r_adds.min,
+            r_adds.max, r_host.median, r_host.min, r_host.max, elapsed);
     fclose(o);
   }
   CK(cudaEventDestroy(ev[0]));

@@ -42,6 +42,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kvbm/cuda.h"
 #include "kvbm/layout.h"
 #include "kvbm/storage.h"
@@ -59,48 +60,19 @@ static void usage(FILE *o) {
           "  against cudaMemcpyAsync of the same bytes between the same buffers.\n");
 }
 
-#define DIE(...)                       \
-  do {                                 \
-    fprintf(stderr, "bench_gpu_copy: "); \
-    fprintf(stderr, __VA_ARGS__);      \
-    fprintf(stderr, "\n");             \
-    exit(1);                           \
-  } while (0)
+#define DIE(...) kvbm_bench_die("bench_gpu_copy", __VA_ARGS__)
 
 #ifdef KVBM_HAVE_CUDA
 
-#define CK(call)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) DIE("%s (line %d): %s", #call, __LINE__, cudaGetErrorString(e_)); \
-  } while (0)
+#define CK(call) kvbm_bench_cuda_check("bench_gpu_copy", (call), #call, __LINE__)
 
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#define now kvbm_bench_now
 
 static uint64_t rng = 0x243f6a8885a308d3ull;
-static uint64_t rnd(void) {
-  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-  return rng;
-}
+static uint64_t rnd(void) { return kvbm_bench_xorshift(&rng); }
 
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-typedef struct stat3 {
-  double med, min, max;
-} stat3;
-
-static stat3 stats(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_d);
-  stat3 s = {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v[0], v[n - 1]};
-  return s;
-}
+typedef kvbm_bench_spread stat3;
+#define stats kvbm_bench_spread_of
 
 #define NM 4
 static const kvbm_cuda_copy_method methods[NM] = {KVBM_CUDA_COPY_MEMCPY, KVBM_CUDA_COPY_BATCH,
@@ -292,15 +264,15 @@ static void measure(setup *s, const char *part, kvbm_cuda_copier **cp, int round
       w->bound_gbps = bs;
       w->calls = calls[v];
       w->piece_bytes = s->l.layer_stride;
-      double pps = w->gbps.med * 1e9 / (double)s->l.layer_stride;
+      double pps = w->gbps.median * 1e9 / (double)s->l.layer_stride;
       printf("%-5s %-16s %-7s %-15s %7.2f GB/s (%6.2f-%6.2f) ratio %5.3f (%5.3f-%5.3f) "
              "bound %6.2f GB/s  %9.0f pieces/s  calls %llu\n",
-             part, w->layout, w->dir, w->method, w->gbps.med, w->gbps.min, w->gbps.max,
-             w->ratio.med, w->ratio.min, w->ratio.max, bs.med, pps, (unsigned long long)w->calls);
+             part, w->layout, w->dir, w->method, w->gbps.median, w->gbps.min, w->gbps.max,
+             w->ratio.median, w->ratio.min, w->ratio.max, bs.median, pps, (unsigned long long)w->calls);
       fflush(stdout);
       int k = di; /* best per direction; whole blocks are not small pieces */
-      if (w->ratio.med > best_ratio[k] && !(fl && strcmp(part, "W4") != 0)) {
-        best_ratio[k] = w->ratio.med;
+      if (w->ratio.median > best_ratio[k] && !(fl && strcmp(part, "W4") != 0)) {
+        best_ratio[k] = w->ratio.median;
         best_what[k] = w->method;
       }
     }
@@ -414,10 +386,10 @@ int main(int argc, char **argv) {
                  "\"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f, \"bound_gbps\": %.4f, "
                  "\"pieces_per_s\": %.1f, \"bound_pieces_per_s\": %.1f, \"calls\": %llu}",
               i ? ", " : "", w->part, w->layout, w->dir, w->method,
-              (unsigned long long)w->piece_bytes, w->gbps.med, w->gbps.min, w->gbps.max,
-              w->ratio.med, w->ratio.min, w->ratio.max, w->bound_gbps.med,
-              w->gbps.med * 1e9 / (double)w->piece_bytes,
-              w->bound_gbps.med * 1e9 / (double)w->piece_bytes, (unsigned long long)w->calls);
+              (unsigned long long)w->piece_bytes, w->gbps.median, w->gbps.min, w->gbps.max,
+              w->ratio.median, w->ratio.min, w->ratio.max, w->bound_gbps.median,
+              w->gbps.median * 1e9 / (double)w->piece_bytes,
+              w->bound_gbps.median * 1e9 / (double)w->piece_bytes, (unsigned long long)w->calls);
     }
     fprintf(o, "], \"best\": {\"w4_offload\": %.4f, \"w4_onboard\": %.4f, \"small_offload\": %.4f, "
                "\"small_onboard\": %.4f}, \"seconds\": %.2f}\n",

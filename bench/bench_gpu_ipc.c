@@ -48,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "kvbm/fabric.h"
 #include "kvbm/layout.h"
 
@@ -68,29 +69,9 @@ static void usage(FILE *o) {
 
 static const char kKey[] = "bench_gpu_ipc: a key both processes hold";
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-typedef struct spread {
-  double median, min, max;
-} spread;
-
-static spread spread_of(const double *v, int n) {
-  double *s = malloc((size_t)n * sizeof *s);
-  memcpy(s, v, (size_t)n * sizeof *s);
-  qsort(s, (size_t)n, sizeof *s, cmp_d);
-  spread r = {n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2, s[0], s[n - 1]};
-  free(s);
-  return r;
-}
+#define now kvbm_bench_now
+typedef kvbm_bench_spread spread;
+#define spread_of kvbm_bench_spread_of
 
 static uint64_t splitmix(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
