@@ -60,16 +60,23 @@
 #include <cuda_runtime_api.h>
 #endif
 
-/* The checks that need no device, of the pointer form. */
-static int check_args(int32_t device, const void *const *ptrs, const uint64_t *lens, uint32_t n,
-                      const void *out, kvbm_error *err) {
-  if (!ptrs || !lens) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s is NULL", ptrs ? "lens" : "ptrs");
+/* What both forms check first: an output, a batch size, a device. */
+static int check_batch(int32_t device, uint32_t n, const void *out, kvbm_error *err) {
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: the output array is NULL");
   if (n == 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: no blocks (n == 0)");
   if (n > KVBM_CUDA_DIGEST_MAX_BATCH)
     return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %u blocks, more than %u in one call", n,
                           KVBM_CUDA_DIGEST_MAX_BATCH);
   if (device < 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: device %d is negative", (int)device);
+  return KVBM_OK;
+}
+
+/* The checks that need no device, of the pointer form. */
+static int check_args(int32_t device, const void *const *ptrs, const uint64_t *lens, uint32_t n,
+                      const void *out, kvbm_error *err) {
+  if (!ptrs || !lens) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s is NULL", ptrs ? "lens" : "ptrs");
+  int rc = check_batch(device, n, out, err);
+  if (rc) return rc;
   for (uint32_t i = 0; i < n; i++) {
     if (lens[i] > KVBM_CUDA_DIGEST_MAX_LEN)
       return kvbm_error_set(err, KVBM_ETOOLONG, "cuda digest: block %u is %llu bytes, more than %llu", i,
@@ -86,12 +93,8 @@ static int check_spans(int32_t device, const kvbm_cuda_span *spans, const uint32
                        const void *out, uint64_t *total_spans, kvbm_error *err) {
   if (!spans || !counts)
     return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %s is NULL", spans ? "counts" : "spans");
-  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: the output array is NULL");
-  if (n == 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: no blocks (n == 0)");
-  if (n > KVBM_CUDA_DIGEST_MAX_BATCH)
-    return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: %u blocks, more than %u in one call", n,
-                          KVBM_CUDA_DIGEST_MAX_BATCH);
-  if (device < 0) return kvbm_error_set(err, KVBM_EINVAL, "cuda digest: device %d is negative", (int)device);
+  int rc = check_batch(device, n, out, err);
+  if (rc) return rc;
   /* The counts first, so that no span past the limit is read. */
   uint64_t k = 0;
   for (uint32_t i = 0; i < n; i++) {
