@@ -4,7 +4,7 @@
  * API only (include/kvbm/ headers). This file holds the module itself, the
  * kvbm.Error hierarchy and the argument converters every part uses; the
  * parts live one per file (_kvbm_hash.c, _kvbm_pool.c, _kvbm_manager.c,
- * _kvbm_events.c, _kvbm_router.c) and each adds its types and functions to
+ * _kvbm_events.c, _kvbm_router.c, _kvbm_volume.c) and each adds its types and functions to
  * the module at import.
  *
  * Errors. Every kvbm status has one exception class, all deriving from
@@ -564,7 +564,8 @@ PyMODINIT_FUNC PyInit__kvbm(void) {
   if (!m) return NULL;
   if (PyModule_AddStringConstant(m, "__version__", KVBMPY_VERSION) < 0 ||
       kvbmpy_errors_init(m) < 0 || kvbmpy_hash_init(m) < 0 || kvbmpy_pool_init(m) < 0 ||
-      kvbmpy_manager_init(m) < 0 || kvbmpy_events_init(m) < 0 || kvbmpy_router_init(m) < 0) {
+      kvbmpy_manager_init(m) < 0 || kvbmpy_events_init(m) < 0 || kvbmpy_router_init(m) < 0 ||
+      kvbmpy_volume_init(m) < 0) {
     Py_DECREF(m);
     return NULL;
   }
