@@ -10,6 +10,8 @@ The C library does the work; this package is a thin layer over it:
   buffers numpy and torch view without a copy
 - events: KvEventPublisher (Dynamo's shape), Subscriber (vLLM's wire)
 - router: Index (overlap scores per worker and tier)
+- volumes: Volume (disk://, file://, redis://, redis+cluster:// stores by key);
+  kvbm.sglang, an SGLang HiCache storage backend over them
 - transfer: BLAKE3 (blake3, Blake3), MRDN frames (frame_encode, frame_decode)
 
 Errors derive from kvbm.Error, which carries .status, .code and .message.

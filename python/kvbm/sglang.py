@@ -59,6 +59,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
@@ -226,7 +227,9 @@ class KvbmHiCacheStorage(HiCacheStorage):
     ``storage_config.extra_config`` carries SGLang's keys (backend_name,
     module_path, class_name, interface_v1) and kvbm's:
 
-    - ``kvbm_url`` (required): the volume's URL.
+    - ``kvbm_url`` (required): the volume's URL; ``{tp_rank}``, ``{pp_rank}``
+      and ``{dp_rank}`` in it are replaced by this rank's (a disk:// slot
+      file belongs to one process: give each rank its own folder).
     - ``kvbm_namespace``: the volume's key namespace (default "sglang").
     - ``kvbm_timeout_ms``, ``kvbm_threads``, ``kvbm_max_value_bytes``: the
       Volume's settings of those names.
@@ -244,6 +247,8 @@ class KvbmHiCacheStorage(HiCacheStorage):
         if not isinstance(url, str) or not url:
             raise kvbm.InvalidArgumentError(
                 "extra_config: 'kvbm_url' (the volume's URL, e.g. file:///mnt/kv) is required")
+        for field in ("tp_rank", "pp_rank", "dp_rank"):  # a folder per rank for disk://
+            url = url.replace("{%s}" % field, str(getattr(storage_config, field, 0)))
         if storage_config.should_split_heads:
             raise kvbm.UnsupportedError(
                 "storage_config.should_split_heads: tp_lcm_size head splitting is not supported")
@@ -287,6 +292,9 @@ class KvbmHiCacheStorage(HiCacheStorage):
             if e.get("kvbm_" + k) is not None:
                 opts[k] = int(e["kvbm_" + k])
         if self.url.startswith("disk:"):
+            path = self.url[len("disk://"):].split("?")[0]
+            if path:  # like HiCacheFile, the backend makes its folder
+                os.makedirs(path, exist_ok=True)
             opts.update(slots=int(e.get("kvbm_disk_slots", 4096)), block_bytes=block_bytes,
                         persist=bool(e.get("kvbm_disk_persist", False)))
             opts.setdefault("max_value_bytes", max(block_bytes, 64 << 20))
