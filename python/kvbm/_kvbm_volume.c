@@ -41,9 +41,10 @@
  *
  * Threads. The C volume may be used from any thread, so several Python
  * threads may run batches on one Volume at once (an engine's prefetch and
- * backup threads do). `calls` counts the batches in flight; close() first
- * refuses new calls, then waits (GIL released) until they have returned,
- * then unregisters the volume. stats() after close() returns the counters
+ * backup threads do). `calls` counts the calls in progress (from the check
+ * that the volume is open to the last use of it, chunks of a framed batch
+ * included); close() first refuses new calls, then waits (GIL released)
+ * until those have returned, then unregisters the volume. stats() after close() returns the counters
  * as close() left them.
  */
 #include "_kvbm.h"
@@ -66,7 +67,7 @@
 typedef struct VolumeObject {
   PyObject_HEAD
   kvbm_volume *v;            /* NULL once closed */
-  unsigned calls;            /* batches in flight (GIL released) */
+  unsigned calls;            /* calls in progress (call_begin..call_end) */
   bool closing;
   uint64_t max_value;        /* the volume's max_value_bytes */
   int timeout_ms;
@@ -93,13 +94,25 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
+/* Enters a call on an open volume: counted in `calls` until call_end, so
+ * that close() (which may run whenever a call releases the GIL: between
+ * the chunks of a framed batch, say) waits for it. -1: ClosedError set. */
+static int call_begin(VolumeObject *self) {
+  if (vol_open(self)) return -1;
+  self->calls++;
+  return 0;
+}
+
+static void call_end(VolumeObject *self) {
+  self->calls--;
+}
+
 /* Runs a batch with the GIL released; retries a full queue until the
- * volume's timeout. Call with self open; `calls` keeps close() away. */
+ * volume's timeout. Only inside call_begin/call_end. */
 static int run_batch(VolumeObject *self, kvbm_volume_op *ops, size_t n, kvbm_error *err) {
   int rc;
   kvbm_volume *v = self->v;
   int waited = 0;
-  self->calls++;
   Py_BEGIN_ALLOW_THREADS
   for (;;) {
     rc = kvbm_volume_run(v, ops, n, err);
@@ -108,7 +121,6 @@ static int run_batch(VolumeObject *self, kvbm_volume_op *ops, size_t n, kvbm_err
     waited++;
   }
   Py_END_ALLOW_THREADS
-  self->calls--;
   return rc;
 }
 
@@ -443,6 +455,7 @@ static PyObject *vol_put(VolumeObject *self, PyObject *args, PyObject *kw) {
   views vw = {0};
   kvbm_volume_op *ops = NULL;
   PyObject *res = NULL;
+  bool counted = false;
   if (get_keys(ko, &keys, &n) || get_checks(co, framed, n, &checks) ||
       views_get(vo, "values", n, false, &vw))
     goto out;
@@ -464,7 +477,8 @@ static PyObject *vol_put(VolumeObject *self, PyObject *args, PyObject *kw) {
     PyErr_NoMemory();
     goto out;
   }
-  if (vol_open(self)) goto out;
+  if (call_begin(self)) goto out;
+  counted = true;
   if (n == 0) {
     res = PyList_New(0);
     goto out;
@@ -496,6 +510,7 @@ static PyObject *vol_put(VolumeObject *self, PyObject *args, PyObject *kw) {
   if (rc) kvbmpy_raise_kvbm(rc, &err, "Volume.put");
   else res = status_list(ops, n, false);
 out:
+  if (counted) call_end(self);
   views_release(&vw);
   PyMem_Free(ops);
   PyMem_Free(keys);
@@ -514,6 +529,7 @@ static PyObject *vol_get_into(VolumeObject *self, PyObject *args, PyObject *kw) 
   views vw = {0};
   kvbm_volume_op *ops = NULL;
   PyObject *res = NULL;
+  bool counted = false;
   if (get_keys(ko, &keys, &n) || get_checks(co, framed, n, &checks) ||
       views_get(bo, "buffers", n, true, &vw))
     goto out;
@@ -522,7 +538,8 @@ static PyObject *vol_get_into(VolumeObject *self, PyObject *args, PyObject *kw) 
     PyErr_NoMemory();
     goto out;
   }
-  if (vol_open(self)) goto out;
+  if (call_begin(self)) goto out;
+  counted = true;
   if (n == 0) {
     res = PyList_New(0);
     goto out;
@@ -566,6 +583,7 @@ static PyObject *vol_get_into(VolumeObject *self, PyObject *args, PyObject *kw) 
   if (rc) kvbmpy_raise_kvbm(rc, &err, "Volume.get_into");
   else res = status_list(ops, n, true);
 out:
+  if (counted) call_end(self);
   views_release(&vw);
   PyMem_Free(ops);
   PyMem_Free(keys);
@@ -592,11 +610,13 @@ static PyObject *vol_get(VolumeObject *self, PyObject *args, PyObject *kw) {
   size_t *idx = PyMem_Calloc(n ? n : 1, sizeof *idx); /* op -> key of this round */
   PyObject **vals = PyMem_Calloc(n ? n : 1, sizeof *vals);
   PyObject *res = NULL;
+  bool counted = false;
   if (!ops || !idx || !vals) {
     PyErr_NoMemory();
     goto out;
   }
-  if (vol_open(self)) goto out;
+  if (call_begin(self)) goto out;
+  counted = true;
   if (hint > self->max_value) hint = self->max_value;
   size_t m = n; /* ops of this round */
   for (size_t i = 0; i < n; i++) {
@@ -608,7 +628,6 @@ static PyObject *vol_get(VolumeObject *self, PyObject *args, PyObject *kw) {
   }
   for (int round = 0; round < 2 && m; round++) {
     kvbm_error err = {0};
-    if (vol_open(self)) goto out;
     int rc = run_batch(self, ops, m, &err);
     if (rc) {
       kvbmpy_raise_kvbm(rc, &err, "Volume.get");
@@ -639,6 +658,7 @@ static PyObject *vol_get(VolumeObject *self, PyObject *args, PyObject *kw) {
     vals[i] = NULL;
   }
 out:
+  if (counted) call_end(self);
   for (size_t i = 0; vals && i < n; i++) Py_XDECREF(vals[i]);
   PyMem_Free(vals);
   PyMem_Free(idx);
@@ -654,11 +674,13 @@ static PyObject *bool_batch(VolumeObject *self, PyObject *ko, kvbm_volume_op_kin
   if (get_keys(ko, &keys, &n)) return NULL;
   kvbm_volume_op *ops = PyMem_Calloc(n ? n : 1, sizeof *ops);
   PyObject *res = NULL;
+  bool counted = false;
   if (!ops) {
     PyErr_NoMemory();
     goto out;
   }
-  if (vol_open(self)) goto out;
+  if (call_begin(self)) goto out;
+  counted = true;
   if (n == 0) {
     res = PyList_New(0);
     goto out;
@@ -674,6 +696,7 @@ static PyObject *bool_batch(VolumeObject *self, PyObject *ko, kvbm_volume_op_kin
   for (size_t i = 0; res && i < n; i++)
     PyList_SET_ITEM(res, (Py_ssize_t)i, PyBool_FromLong(ops[i].status == KVBM_OK));
 out:
+  if (counted) call_end(self);
   PyMem_Free(ops);
   PyMem_Free(keys);
   return res;
@@ -740,7 +763,7 @@ static PyMemberDef vol_members[] = {
 
 static PyGetSetDef vol_getset[] = {
   {"closed", (getter)get_closed, NULL, "Whether close() has run.", NULL},
-  {"calls", (getter)get_calls, NULL, "Batches running now (on any thread).", NULL},
+  {"calls", (getter)get_calls, NULL, "Calls in progress now (on any thread).", NULL},
   {NULL, NULL, NULL, NULL, NULL},
 };
 

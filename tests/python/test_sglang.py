@@ -477,3 +477,46 @@ def test_clear_deletes_what_this_backend_stored(tmp_path):
     assert b.batch_exists(keys) == 6
     b.clear()
     assert b.batch_exists(keys) == 0
+
+
+def test_prefetch_and_backup_threads_share_one_backend(redis):
+    """SGLang calls one backend from its backup and prefetch threads at
+    once: both run their batches concurrently (the GIL released in C) and
+    every page read back equals the writer's."""
+    url = f"redis://127.0.0.1:{redis.port}"
+    p = pool("page_first", seed=7, pages=64)
+    b = backend(url, p)
+    prompts = [list(range(10000 * k, 10000 * k + 32)) for k in range(8)]  # 8 pages each
+    slots = [p.alloc(32) for _ in prompts]
+    errors, loaded = [], []
+
+    def backup():
+        try:
+            for toks, idx in zip(prompts, slots):
+                assert all(b.batch_set_v1(S.page_hashes(toks, 4), idx))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    def prefetch():
+        try:
+            for _ in range(40):
+                for toks in prompts:
+                    keys = S.page_hashes(toks, 4)
+                    n = b.batch_exists(keys)
+                    if n:
+                        ok = b.batch_get_v1(keys[:n], torch.arange(32 * 8, 32 * 8 + 4 * n))
+                        loaded.append(sum(ok))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=backup), threading.Thread(target=prefetch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    keys = S.page_hashes(prompts[-1], 4)
+    assert b.batch_get_v1(keys, torch.arange(32 * 8, 32 * 8 + 32)) == [True] * 8
+    for i in range(8):
+        assert pages_equal(p, slots[-1][4 * i].item(), p, 32 * 8 + 4 * i)
+    assert b.counters()["verify_failures"] == 0
