@@ -1,0 +1,1144 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvbm.vllm: kvbm's tiers as a vLLM ``OffloadingSpec``, in vLLM's process model.
+
+Stock vLLM loads offloading back ends by name, with no patch to the engine:
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {
+                               "spec_name": "KvbmOffloadingSpec",
+                               "spec_module_path": "kvbm.vllm", ...}}'
+
+vLLM's block manager keeps the GPU cache (G1). Its ``OffloadingConnector``
+asks the spec for two things, in two kinds of process:
+
+- the scheduler (EngineCore) calls ``get_manager()`` once and drives the
+  ``OffloadingManager`` (lookup, prepare_load, touch, complete_load,
+  prepare_store, complete_store, take_events). Here that is
+  ``KvbmOffloadingManager``: the index of what G2 (host), G3 (disk) and G4
+  (a shared kvbm volume: ``file://``, ``redis://``, ...) hold, by block hash.
+  It never holds KV bytes; it decides where each block goes (slots, tiers,
+  eviction, admission) and hands the workers plain, picklable
+  ``KvbmLoadStoreSpec`` objects saying so.
+- each worker (one process per TP rank) calls ``get_handlers(kv_caches)``
+  and drives the handler's ``transfer_async`` / ``get_finished`` / ``wait``.
+  Here ``KvbmOffloadingHandler`` holds that rank's bytes: a host tensor
+  for its G2 slots, its G3 volume, and the shared G4 volume; it copies
+  between vLLM's paged KV tensors (vLLM's block ids, FlashAttention's
+  layout ``[2, num_blocks, block_size, num_kv_heads, head_size]`` per
+  layer, K at 0 and V at 1) and those stores.
+
+Ranks agree on what exists only through the scheduler's specs: each rank
+stores its own heads of the same blocks into the same slots, and a load is
+done when every rank reported it (vLLM counts the ranks' completions).
+
+TP-portable blocks. What a rank stores carries its KV heads plus a layout
+descriptor (``KvLayout``: model fingerprint, dtype id, kv heads, head dim,
+block size, layers, tp rank, tp size). G2 and G3 are private to one
+deployment and hold a rank's head range per block. G4 is shared between
+deployments of any TP size, so it holds **one value per (block, KV head)**
+(key: BLAKE3 of the block key and the head number), each an MRDN frame
+(BLAKE3-checked) whose body starts with a header naming the block, the head
+and the layout; the deployment's descriptor sits under one well-known key
+of the namespace. A TP=2 writer's blocks are then read by a TP=1 reader
+(all heads: both writers' halves) and by a TP=4 reader (exactly its one
+head), and a reader whose layout cannot be bridged (another model
+fingerprint, dtype, head dim, block size, layer count, or a TP size that
+does not divide the heads) is refused with ``LayoutError`` naming the field.
+
+Checks. Every load is staged and verified (frame checksum, header naming
+the expected block, head and layout) before a byte reaches the engine's
+tensors; a load that fails any check writes nothing and reports
+``success=False`` (vLLM recomputes). Hostile calls (unknown block ids,
+tensors of the wrong shape or dtype, specs of the wrong kind) raise
+``kvbm.Error`` subclasses naming what was wrong.
+
+Each class subclasses vLLM's own base class when ``vllm`` is importable and
+a local stand-in with the same method names and signatures otherwise, so
+the module runs (and is tested) without vLLM. Interfaces as read from
+vLLM's source: docs/areas/engines.md, section "vLLM".
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import ctypes
+import ctypes.util
+import dataclasses
+import json
+import struct
+import threading
+from abc import ABC, abstractmethod
+from typing import Any, Iterable, Iterator, Optional
+
+from . import _kvbm
+from ._kvbm import (ChecksumError, Error, InvalidArgumentError, IoError, NotFoundError,
+                    RangeError, StateError, UnsupportedError)
+
+__all__ = [
+    "HAVE_VLLM", "KvLayout", "KvbmLoadStoreSpec", "KvbmOffloadingHandler",
+    "KvbmOffloadingManager", "KvbmOffloadingSpec", "LayoutError", "TransferFailedError",
+    "block_key", "slice_key",
+]
+
+# ---------------------------------------------------------------- vLLM or stand-ins
+
+
+def _import_vllm():
+    """vLLM's classes where vLLM is installed (both module layouts seen in
+    its history), else None."""
+    try:
+        try:
+            from vllm.v1.kv_offload.abstract import (LoadStoreSpec, OffloadingEvent,
+                                                     OffloadingManager, PrepareStoreOutput)
+        except ImportError:
+            from vllm.v1.kv_offload.base import (LoadStoreSpec, OffloadingEvent,  # type: ignore
+                                                 OffloadingManager, PrepareStoreOutput)
+        from vllm.v1.kv_offload.mediums import GPULoadStoreSpec
+        from vllm.v1.kv_offload.spec import OffloadingSpec
+        from vllm.v1.kv_offload.worker.worker import OffloadingHandler
+        try:
+            from vllm.v1.kv_offload.worker.worker import TransferResult
+        except ImportError:
+            TransferResult = None
+        return (LoadStoreSpec, OffloadingEvent, OffloadingManager, PrepareStoreOutput,
+                GPULoadStoreSpec, OffloadingSpec, OffloadingHandler, TransferResult)
+    except Exception:  # not installed, or an incompatible version
+        return None
+
+
+_VLLM = _import_vllm()
+HAVE_VLLM = _VLLM is not None
+
+if HAVE_VLLM:
+    (LoadStoreSpec, OffloadingEvent, OffloadingManager, PrepareStoreOutput,
+     GPULoadStoreSpec, OffloadingSpec, OffloadingHandler, _VllmTransferResult) = _VLLM
+else:
+    class LoadStoreSpec(ABC):  # type: ignore[no-redef]
+        """Stand-in for vllm.v1.kv_offload.abstract.LoadStoreSpec."""
+
+        @staticmethod
+        @abstractmethod
+        def medium() -> str: ...
+
+    @dataclasses.dataclass
+    class PrepareStoreOutput:  # type: ignore[no-redef]
+        block_hashes_to_store: list
+        store_spec: LoadStoreSpec
+        block_hashes_evicted: list
+
+    @dataclasses.dataclass
+    class OffloadingEvent:  # type: ignore[no-redef]
+        block_hashes: list
+        block_size: int
+        medium: str
+        removed: bool
+
+    class OffloadingManager(ABC):  # type: ignore[no-redef]
+        """Stand-in for vLLM's OffloadingManager (scheduler side)."""
+
+        @abstractmethod
+        def lookup(self, block_hashes: Iterable) -> int: ...
+
+        @abstractmethod
+        def prepare_load(self, block_hashes: Iterable) -> LoadStoreSpec: ...
+
+        def touch(self, block_hashes: Iterable) -> None:
+            return None
+
+        def complete_load(self, block_hashes: Iterable) -> None:
+            return None
+
+        @abstractmethod
+        def prepare_store(self, block_hashes: Iterable) -> Optional[PrepareStoreOutput]: ...
+
+        def complete_store(self, block_hashes: Iterable, success: bool = True) -> None:
+            return None
+
+        def take_events(self) -> Iterable[OffloadingEvent]:
+            return ()
+
+    class GPULoadStoreSpec(LoadStoreSpec):  # type: ignore[no-redef]
+        """Stand-in for vllm.v1.kv_offload.mediums.GPULoadStoreSpec."""
+
+        def __init__(self, block_ids):
+            self.block_ids = [int(b) for b in block_ids]
+
+        @staticmethod
+        def medium() -> str:
+            return "GPU"
+
+        def __repr__(self) -> str:
+            return f"GPULoadStoreSpec({self.block_ids})"
+
+    class OffloadingSpec(ABC):  # type: ignore[no-redef]
+        """Stand-in for vllm.v1.kv_offload.spec.OffloadingSpec."""
+
+        def __init__(self, vllm_config, kv_cache_config=None):
+            self.vllm_config = vllm_config
+            self.kv_cache_config = kv_cache_config
+            self.extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
+            self.gpu_block_size = vllm_config.cache_config.block_size
+            self.offloaded_block_size = int(self.extra_config.get("block_size",
+                                                                  self.gpu_block_size))
+
+        @abstractmethod
+        def get_manager(self) -> OffloadingManager: ...
+
+        @abstractmethod
+        def get_handlers(self, kv_caches, attn_backends=None) -> Iterator: ...
+
+    class OffloadingHandler(ABC):  # type: ignore[no-redef]
+        """Stand-in for vllm.v1.kv_offload.worker.worker.OffloadingHandler."""
+
+        @abstractmethod
+        def transfer_async(self, job_id: int, spec) -> bool: ...
+
+        @abstractmethod
+        def get_finished(self) -> list: ...
+
+        @abstractmethod
+        def wait(self, job_ids: set) -> None: ...
+
+    _VllmTransferResult = None
+
+
+@dataclasses.dataclass
+class _TransferResult:
+    """vLLM's TransferResult (job id, success; size in bytes, seconds)."""
+
+    job_id: int
+    success: bool
+    transfer_size: Optional[int] = None
+    transfer_time: Optional[float] = None
+    transfer_type: Optional[tuple] = None
+
+
+TransferResult = _VllmTransferResult or _TransferResult
+
+# ---------------------------------------------------------------- errors
+
+_STATUS = {
+    InvalidArgumentError: ("KVBM_EINVAL", -1),
+    StateError: ("KVBM_ESTATE", -4),
+    NotFoundError: ("KVBM_ENOTFOUND", -6),
+    ChecksumError: ("KVBM_ECHECKSUM", -11),
+    IoError: ("KVBM_EIO", -12),
+    UnsupportedError: ("KVBM_EUNSUPPORTED", -14),
+    RangeError: ("KVBM_ERANGE", -22),
+}
+
+
+class LayoutError(InvalidArgumentError):
+    """Two KV layouts that cannot be bridged; ``.field`` names the one that differs."""
+
+
+class TransferFailedError(IoError):
+    """A transfer (or the worker doing it) failed; nothing it touched is to be trusted."""
+
+
+def _error(cls, message: str, **attrs) -> Error:
+    base = next(b for b in cls.__mro__ if b in _STATUS)
+    e = cls(message)
+    e.status, e.code = _STATUS[base]
+    e.message = message
+    for k, v in attrs.items():
+        setattr(e, k, v)
+    return e
+
+
+# ---------------------------------------------------------------- layout and keys
+
+_DTYPE_IDS = {"float32": 1, "float16": 2, "bfloat16": 3, "float8_e4m3fn": 4,
+              "float8_e5m2": 5, "int8": 6, "uint8": 7, "float64": 8}
+_MASK64 = (1 << 64) - 1
+
+
+def _dtype_name(dtype) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPE_IDS:
+        raise _error(LayoutError, f"kvbm.vllm: dtype {dtype!r} is not one of {sorted(_DTYPE_IDS)}",
+                     field="dtype")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class KvLayout:
+    """What one rank's stored KV is: the model, the element type, the
+    geometry, and which heads (``tp_rank`` of ``tp_size``) it holds."""
+
+    model_fingerprint: str
+    dtype: str
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    num_layers: int
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        for f in ("num_kv_heads", "head_dim", "block_size", "num_layers", "tp_size"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise _error(LayoutError, f"kvbm.vllm: {f} must be an int >= 1, got {v!r}", field=f)
+        if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
+            raise _error(LayoutError, f"kvbm.vllm: tp_rank {self.tp_rank!r} is not in "
+                         f"0..{self.tp_size - 1}", field="tp_rank")
+        if not self.model_fingerprint or not isinstance(self.model_fingerprint, str):
+            raise _error(LayoutError, "kvbm.vllm: model_fingerprint must be a non-empty str",
+                         field="model_fingerprint")
+        if self.num_kv_heads % self.tp_size:
+            raise _error(LayoutError, f"kvbm.vllm: num_kv_heads {self.num_kv_heads} is not "
+                         f"divisible by tp_size {self.tp_size}", field="num_kv_heads")
+
+    @property
+    def dtype_id(self) -> int:
+        return _DTYPE_IDS[self.dtype]
+
+    @property
+    def local_heads(self) -> int:
+        return self.num_kv_heads // self.tp_size
+
+    @property
+    def heads(self) -> range:
+        """The KV heads this rank holds."""
+        return range(self.tp_rank * self.local_heads, (self.tp_rank + 1) * self.local_heads)
+
+    @property
+    def fingerprint64(self) -> int:
+        return int.from_bytes(_kvbm.blake3(self.model_fingerprint.encode(), length=8), "little")
+
+    def for_rank(self, tp_rank: int, tp_size: Optional[int] = None) -> "KvLayout":
+        return dataclasses.replace(self, tp_rank=tp_rank,
+                                   tp_size=self.tp_size if tp_size is None else tp_size)
+
+    def to_bytes(self) -> bytes:
+        d = dataclasses.asdict(self)
+        d["dtype_id"] = self.dtype_id
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "KvLayout":
+        try:
+            d = json.loads(bytes(data).decode())
+            d.pop("dtype_id", None)
+            return cls(**d)
+        except (ValueError, TypeError) as e:
+            raise _error(LayoutError, f"kvbm.vllm: stored layout descriptor is malformed ({e})",
+                         field="descriptor") from None
+
+    def check_bridge(self, stored: "KvLayout") -> None:
+        """Can this rank read blocks written under ``stored``? Heads are
+        stored one by one, so any TP sizes bridge if both divide the heads;
+        everything else must be equal. Raises LayoutError naming the field."""
+        for f in ("model_fingerprint", "dtype", "num_kv_heads", "head_dim", "block_size",
+                  "num_layers"):
+            mine, theirs = getattr(self, f), getattr(stored, f)
+            if mine != theirs:
+                raise _error(LayoutError, f"kvbm.vllm: {f} differs: this engine has {mine!r}, "
+                             f"the store holds {theirs!r}", field=f)
+
+
+def block_key(block_hash) -> int:
+    """The 64-bit key of a vLLM block hash: ``bytes`` (vLLM's BlockHash) are
+    hashed with BLAKE3; ints (kvbm's hashes, old vLLM's ``hash_value``) are
+    taken as they are, modulo 2**64."""
+    if isinstance(block_hash, (bytes, bytearray, memoryview)):
+        return int.from_bytes(_kvbm.blake3(bytes(block_hash), length=8), "little")
+    value = getattr(block_hash, "hash_value", block_hash)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value & _MASK64
+    raise TypeError(f"kvbm.vllm: a block hash must be bytes or int, got {type(block_hash).__name__}")
+
+
+def slice_key(key: int, head: int) -> int:
+    """G4 key of one KV head of one block."""
+    return int.from_bytes(_kvbm.blake3(b"kvbm.vllm/head" + struct.pack("<QI", key, head),
+                                       length=8), "little")
+
+
+DESCRIPTOR_KEY = int.from_bytes(_kvbm.blake3(b"kvbm.vllm/layout", length=8), "little")
+
+# A stored slice: header, then [layers, 2, block_size, heads, head_dim] elements.
+_SLICE_MAGIC = b"KVBMVL1\0"
+_SLICE_HDR = struct.Struct("<8sQQIIIIII")  # magic, fp64, key, dtype, head_dim, bs, layers, head0, nheads
+
+
+def _slice_header(layout: KvLayout, key: int, head0: int, nheads: int) -> bytes:
+    return _SLICE_HDR.pack(_SLICE_MAGIC, layout.fingerprint64, key, layout.dtype_id,
+                           layout.head_dim, layout.block_size, layout.num_layers, head0, nheads)
+
+
+# ---------------------------------------------------------------- volumes (ctypes over libkvbm)
+
+class _VolumeConfig(ctypes.Structure):
+    _fields_ = [("url", ctypes.c_char_p), ("name", ctypes.c_char_p),
+                ("key_namespace", ctypes.c_char_p), ("timeout_ms", ctypes.c_int),
+                ("threads", ctypes.c_uint32), ("queue_capacity", ctypes.c_uint32),
+                ("max_value_bytes", ctypes.c_uint64), ("slots", ctypes.c_uint64),
+                ("block_bytes", ctypes.c_uint64), ("persist", ctypes.c_bool),
+                ("disk_key", ctypes.c_void_p), ("disk_key_len", ctypes.c_size_t),
+                ("backend", ctypes.c_void_p), ("backend_user", ctypes.c_void_p),
+                ("cluster_refresh_ms", ctypes.c_uint32)]
+
+
+class _VolumeOp(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("key", ctypes.c_uint64), ("src", ctypes.c_void_p),
+                ("len", ctypes.c_size_t), ("dst", ctypes.c_void_p), ("cap", ctypes.c_size_t),
+                ("size", ctypes.c_size_t), ("status", ctypes.c_int)]
+
+
+class _KvbmError(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 256)]
+
+
+_PUT, _GET, _EXISTS = 0, 1, 2
+_lib_lock = threading.Lock()
+_lib_handle: list = []
+
+
+def _lib():
+    """libkvbm.so, the one the extension loaded (kvbm/volume.h)."""
+    with _lib_lock:
+        if not _lib_handle:
+            path = None
+            try:
+                with open("/proc/self/maps") as f:
+                    for line in f:
+                        if "libkvbm.so" in line:
+                            path = line.split()[-1]
+                            break
+            except OSError:
+                pass
+            lib = ctypes.CDLL(path or ctypes.util.find_library("kvbm") or "libkvbm.so")
+            lib.kvbm_volume_config_default.restype = _VolumeConfig
+            lib.kvbm_volume_config_default.argtypes = [ctypes.c_char_p]
+            lib.kvbm_volume_register.argtypes = [ctypes.POINTER(_VolumeConfig),
+                                                 ctypes.POINTER(ctypes.c_void_p),
+                                                 ctypes.POINTER(_KvbmError)]
+            lib.kvbm_volume_unregister.argtypes = [ctypes.c_void_p]
+            lib.kvbm_volume_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_VolumeOp),
+                                            ctypes.c_size_t, ctypes.POINTER(_KvbmError)]
+            _lib_handle.append(lib)
+        return _lib_handle[0]
+
+
+class Volume:
+    """A kvbm volume (kvbm/volume.h) by URL: batched put, get and exists."""
+
+    def __init__(self, url: str, namespace: str = "", *, timeout_ms: int = 10000):
+        lib = _lib()
+        self._url, self._ns = url.encode(), namespace.encode()
+        cfg = lib.kvbm_volume_config_default(self._url)
+        cfg.key_namespace = self._ns
+        cfg.timeout_ms = timeout_ms
+        err, handle = _KvbmError(), ctypes.c_void_p()
+        rc = lib.kvbm_volume_register(ctypes.byref(cfg), ctypes.byref(handle), ctypes.byref(err))
+        if rc != 0:
+            raise _error(InvalidArgumentError if rc == -1 else UnsupportedError if rc == -14
+                         else IoError, f"kvbm.vllm: volume {url!r}: {err.msg.decode()}")
+        self._v, self.url, self.namespace = handle, url, namespace
+
+    def _run(self, ops) -> None:
+        if not self._v:
+            raise _error(StateError, f"kvbm.vllm: volume {self.url!r} is closed")
+        err = _KvbmError()
+        rc = _lib().kvbm_volume_run(self._v, ops, len(ops), ctypes.byref(err))
+        if rc != 0:
+            raise _error(IoError, f"kvbm.vllm: volume {self.url!r}: {err.msg.decode()} ({rc})")
+
+    def put_many(self, items: list) -> list[int]:
+        """[(key, bytes)] -> per item status (0 stored)."""
+        if not items:
+            return []
+        ops = (_VolumeOp * len(items))()
+        bufs = []
+        for op, (key, data) in zip(ops, items):
+            buf = ctypes.create_string_buffer(bytes(data), len(data))
+            bufs.append(buf)
+            op.kind, op.key, op.src, op.len = _PUT, key, ctypes.addressof(buf), len(data)
+        self._run(ops)
+        return [op.status for op in ops]
+
+    def get_many(self, keys: list, cap: int) -> list:
+        """Per key the value's bytes, or None (missing, failed, too large)."""
+        if not keys:
+            return []
+        ops = (_VolumeOp * len(keys))()
+        buf = ctypes.create_string_buffer(cap * len(keys))
+        base = ctypes.addressof(buf)
+        for i, (op, key) in enumerate(zip(ops, keys)):
+            op.kind, op.key, op.dst, op.cap = _GET, key, base + i * cap, cap
+        self._run(ops)
+        raw = buf.raw
+        return [raw[i * cap:i * cap + op.size] if op.status == 0 else None
+                for i, op in enumerate(ops)]
+
+    def exists_many(self, keys: list) -> list[bool]:
+        if not keys:
+            return []
+        ops = (_VolumeOp * len(keys))()
+        for op, key in zip(ops, keys):
+            op.kind, op.key = _EXISTS, key
+        self._run(ops)
+        return [op.status == 0 for op in ops]
+
+    def close(self) -> None:
+        if self._v:
+            _lib().kvbm_volume_unregister(self._v)
+            self._v = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _check_descriptor(vol: Volume, layout: KvLayout, *, write: bool) -> None:
+    """Refuses a G4 whose stored layout cannot be bridged; stores ours
+    under the well-known key when the namespace has none yet."""
+    got = vol.get_many([DESCRIPTOR_KEY], 64 * 1024)[0]
+    if got is None:
+        if write:
+            vol.put_many([(DESCRIPTOR_KEY, _kvbm.frame_encode(layout.to_bytes(), 0))])
+        return
+    try:
+        _, body = _kvbm.frame_decode(got)
+    except Error as e:
+        raise _error(LayoutError, f"kvbm.vllm: the layout descriptor in {vol.url!r} fails its "
+                     f"check ({e})", field="descriptor") from None
+    layout.check_bridge(KvLayout.from_bytes(body))
+
+
+# ---------------------------------------------------------------- the spec the workers get
+
+G2, G3, G4 = 1, 2, 3
+MEDIUM = {G2: "CPU", G3: "DISK", G4: "KVBM_G4"}
+
+
+class KvbmLoadStoreSpec(LoadStoreSpec):
+    """Where blocks are (a load) or go (a store) in kvbm's tiers; plain
+    lists, so it pickles. ``keys[i]`` is block i's 64-bit key; a store
+    names its G2 slot, its G3 slot (-1: not admitted) and whether it goes to
+    G4; a load names one source tier per block and its slot (-1 for G4)."""
+
+    def __init__(self, kind: str, keys, *, g2_slots=(), g3_slots=(), g4=(), tiers=(), slots=()):
+        self.kind = kind
+        self.keys = [int(k) for k in keys]
+        self.g2_slots = [int(s) for s in g2_slots]
+        self.g3_slots = [int(s) for s in g3_slots]
+        self.g4 = [bool(x) for x in g4]
+        self.tiers = [int(t) for t in tiers]
+        self.slots = [int(s) for s in slots]
+
+    @staticmethod
+    def medium() -> str:
+        return "KVBM"
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"KvbmLoadStoreSpec({self.kind}, {len(self.keys)} blocks)"
+
+
+# ---------------------------------------------------------------- scheduler side
+
+
+class _Tier:
+    """One bounded tier's index: key -> slot, LRU order, pins, pending stores."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.free = list(range(capacity - 1, -1, -1))
+        self.done: "collections.OrderedDict[int, int]" = collections.OrderedDict()
+        self.pending: dict[int, int] = {}
+        self.pins: collections.Counter = collections.Counter()
+
+    def has(self, key: int) -> bool:
+        return key in self.done
+
+    def room(self, need: int, protect: set) -> int:
+        return len(self.free) + sum(1 for k in self.done if not self.pins[k] and k not in protect)
+
+    def take(self, protect: set) -> tuple[int, Optional[int]]:
+        """A free slot, evicting the least recently used unpinned block if
+        needed: (slot, evicted key or None)."""
+        if self.free:
+            return self.free.pop(), None
+        for k in self.done:
+            if not self.pins[k] and k not in protect:
+                return self.done.pop(k), k
+        raise _error(StateError, "kvbm.vllm: no evictable slot (checked by room())")
+
+
+class KvbmOffloadingManager(OffloadingManager):
+    """The scheduler's index of kvbm's G2/G3/G4 (no KV bytes here).
+
+    Policies (kvbm's, docs/areas/tiers.md): G2 takes every stored block and
+    evicts the least recently used unpinned one; G3 admits a block on
+    ``g3_policy="all"`` or, with ``"frequency"``, once it was looked up or
+    stored ``freq_threshold`` times, and evicts LRU; G4 takes every block
+    (a shared store that may drop blocks on its own: a load that misses
+    fails and vLLM recomputes). Loads read the fastest tier holding a block.
+    Blocks being loaded are pinned until ``complete_load``; stored blocks
+    become loadable at ``complete_store``.
+
+    ``events_endpoint``: also publish every stored/removed event on kvbm's
+    own KV-event publisher (ZMQ PUB, vLLM's wire; hashes are ``block_key``s).
+    """
+
+    def __init__(self, layout: KvLayout, *, g2_blocks: int, g3_blocks: int = 0,
+                 g3_policy: str = "all", freq_threshold: int = 2,
+                 g4_url: Optional[str] = None, g4_namespace: str = "kvbm-vllm",
+                 events_endpoint: Optional[str] = None,
+                 events_replay_endpoint: Optional[str] = None):
+        if not isinstance(layout, KvLayout):
+            raise TypeError("KvbmOffloadingManager: layout must be a KvLayout")
+        if g2_blocks < 1 or g3_blocks < 0:
+            raise _error(InvalidArgumentError, f"KvbmOffloadingManager: g2_blocks {g2_blocks} "
+                         f"must be >= 1 and g3_blocks {g3_blocks} >= 0")
+        if g3_policy not in ("all", "frequency"):
+            raise _error(InvalidArgumentError,
+                         f"KvbmOffloadingManager: g3_policy {g3_policy!r} is not 'all' or 'frequency'")
+        self.layout = layout
+        self.block_size = layout.block_size
+        self._g2, self._g3 = _Tier(g2_blocks), _Tier(g3_blocks)
+        self._g3_policy, self._freq_threshold = g3_policy, freq_threshold
+        self._freq: collections.Counter = collections.Counter()
+        self._g4: Optional[Volume] = None
+        self._g4_known: set = set()
+        self._g4_pending: set = set()
+        if g4_url:
+            self._g4 = Volume(g4_url, g4_namespace)
+            _check_descriptor(self._g4, layout, write=False)
+        self._hash_of: dict[int, Any] = {}
+        self._events: list = []
+        self._publisher = None
+        if events_endpoint:
+            self._publisher = _kvbm.KvEventPublisher(layout.block_size, endpoint=events_endpoint,
+                                                     replay_endpoint=events_replay_endpoint)
+        self.stats = {"lookups": 0, "hit_blocks": [0, 0, 0, 0], "stored_blocks": [0, 0, 0, 0],
+                      "evicted_blocks": [0, 0, 0, 0], "store_refused": 0}
+
+    # -- helpers
+    def _keys(self, block_hashes) -> list[int]:
+        keys = []
+        for h in block_hashes:
+            k = block_key(h)
+            self._hash_of.setdefault(k, h)
+            keys.append(k)
+        return keys
+
+    def _in_g4(self, keys: list[int]) -> list[bool]:
+        """Complete in G4 = every KV head of the block is there (checked in
+        one batch for the keys not known yet)."""
+        if self._g4 is None:
+            return [False] * len(keys)
+        unknown = [k for k in keys if k not in self._g4_known]
+        if unknown:
+            heads = self.layout.num_kv_heads
+            found = self._g4.exists_many([slice_key(k, h) for k in unknown for h in range(heads)])
+            for i, k in enumerate(unknown):
+                if all(found[i * heads:(i + 1) * heads]):
+                    self._g4_known.add(k)
+        return [k in self._g4_known for k in keys]
+
+    def _event(self, keys: list[int], tier: int, removed: bool) -> None:
+        if not keys:
+            return
+        self._events.append(OffloadingEvent(block_hashes=[self._hash_of.get(k, k) for k in keys],
+                                            block_size=self.block_size, medium=MEDIUM[tier],
+                                            removed=removed))
+        if self._publisher is not None:
+            if removed:
+                self._publisher.publish_removed(keys, medium=MEDIUM[tier])
+            else:  # the manager sees hashes, not tokens: token ids are zeros
+                n = len(keys)
+                self._publisher.publish_stored([0] * (n * self.block_size), [self.block_size] * n,
+                                               keys, medium=MEDIUM[tier])
+
+    def key_of(self, block_hash) -> int:
+        return block_key(block_hash)
+
+    # -- OffloadingManager
+    def lookup(self, block_hashes: Iterable) -> int:
+        self.stats["lookups"] += 1
+        keys = self._keys(block_hashes)
+        n = 0
+        while n < len(keys) and (self._g2.has(keys[n]) or self._g3.has(keys[n])):
+            n += 1
+        if n < len(keys) and self._g4 is not None:
+            for present in self._in_g4(keys[n:]):
+                if not present:
+                    break
+                n += 1
+        return n
+
+    def prepare_load(self, block_hashes: Iterable) -> KvbmLoadStoreSpec:
+        keys = self._keys(block_hashes)
+        tiers, slots = [], []
+        for k in keys:
+            if self._g2.has(k):
+                tiers.append(G2), slots.append(self._g2.done[k])
+            elif self._g3.has(k):
+                tiers.append(G3), slots.append(self._g3.done[k])
+            elif k in self._g4_known:
+                tiers.append(G4), slots.append(-1)
+            else:
+                raise _error(NotFoundError, f"kvbm.vllm: prepare_load: block {k:#018x} is not "
+                             "offloaded (lookup did not count it)")
+        for k, t in zip(keys, tiers):
+            if t == G2:
+                self._g2.pins[k] += 1
+            elif t == G3:
+                self._g3.pins[k] += 1
+            self.stats["hit_blocks"][t] += 1
+        return KvbmLoadStoreSpec("load", keys, tiers=tiers, slots=slots)
+
+    def touch(self, block_hashes: Iterable) -> None:
+        for k in self._keys(block_hashes):
+            self._freq[k] += 1
+            for tier in (self._g2, self._g3):
+                if k in tier.done:
+                    tier.done.move_to_end(k)
+
+    def complete_load(self, block_hashes: Iterable) -> None:
+        for k in self._keys(block_hashes):
+            for tier in (self._g2, self._g3):
+                if tier.pins[k] > 0:
+                    tier.pins[k] -= 1
+                    break
+
+    def prepare_store(self, block_hashes: Iterable) -> Optional[PrepareStoreOutput]:
+        keys = self._keys(block_hashes)
+        new = [k for k in dict.fromkeys(keys) if not self._g2.has(k) and k not in self._g2.pending]
+        protect = set(keys)
+        if self._g2.room(len(new), protect) < len(new):
+            self.stats["store_refused"] += 1
+            return None
+        g2_slots, evicted = [], []
+        for k in new:
+            slot, gone = self._g2.take(protect)
+            if gone is not None:
+                evicted.append(gone)
+            self._g2.pending[k] = slot
+            g2_slots.append(slot)
+        self._event(evicted, G2, removed=True)
+        self.stats["evicted_blocks"][G2] += len(evicted)
+        g3_slots, g3_evicted = [], []
+        for k in new:
+            admit = (self._g3.capacity > 0 and not self._g3.has(k) and k not in self._g3.pending
+                     and (self._g3_policy == "all" or self._freq[k] + 1 >= self._freq_threshold)
+                     and self._g3.room(1, protect) >= 1)
+            if admit:
+                slot, gone = self._g3.take(protect)
+                if gone is not None:
+                    g3_evicted.append(gone)
+                self._g3.pending[k] = slot
+            g3_slots.append(self._g3.pending[k] if admit else -1)
+        self._event(g3_evicted, G3, removed=True)
+        self.stats["evicted_blocks"][G3] += len(g3_evicted)
+        g4 = [self._g4 is not None and k not in self._g4_known for k in new]
+        self._g4_pending.update(k for k, w in zip(new, g4) if w)
+        spec = KvbmLoadStoreSpec("store", new, g2_slots=g2_slots, g3_slots=g3_slots, g4=g4)
+        return PrepareStoreOutput(block_hashes_to_store=[self._hash_of[k] for k in new],
+                                  store_spec=spec,
+                                  block_hashes_evicted=[self._hash_of.get(k, k) for k in evicted])
+
+    def complete_store(self, block_hashes: Iterable, success: bool = True) -> None:
+        keys = self._keys(block_hashes)
+        stored = {G2: [], G3: [], G4: []}
+        for k in keys:
+            for tier_id, tier in ((G2, self._g2), (G3, self._g3)):
+                slot = tier.pending.pop(k, None)
+                if slot is None:
+                    continue
+                if success:
+                    tier.done[k] = slot
+                    stored[tier_id].append(k)
+                else:
+                    tier.free.append(slot)
+            if k in self._g4_pending:
+                self._g4_pending.discard(k)
+                if success:
+                    self._g4_known.add(k)
+                    stored[G4].append(k)
+        for tier_id, ks in stored.items():
+            self.stats["stored_blocks"][tier_id] += len(ks)
+            self._event(ks, tier_id, removed=False)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        events, self._events = self._events, []
+        yield from events
+
+    def flush_events(self, timeout: Optional[float] = None) -> None:
+        if self._publisher is not None:
+            self._publisher.flush(timeout)
+
+    def close(self) -> None:
+        if self._publisher is not None:
+            self._publisher.shutdown()
+            self._publisher = None
+        if self._g4 is not None:
+            self._g4.close()
+
+
+# ---------------------------------------------------------------- worker side
+
+
+def _torch():
+    import torch  # imported lazily: the scheduler side does not need torch
+    return torch
+
+
+class KvbmOffloadingHandler(OffloadingHandler):
+    """One TP rank's bytes and copies: vLLM's paged KV tensors <-> kvbm.
+
+    ``kv_caches``: {layer name: tensor [2, num_blocks, block_size,
+    local_kv_heads, head_dim]} (FlashAttention's layout; ``kv_layout=
+    "flashinfer"`` takes [num_blocks, 2, ...]), layers in model order.
+    Transfers run on one thread per handler, in submission order; results
+    come back through ``get_finished``."""
+
+    def __init__(self, kv_caches, layout: KvLayout, *, g2_blocks: int, g3_blocks: int = 0,
+                 g3_url: Optional[str] = None, g4_url: Optional[str] = None,
+                 g4_namespace: str = "kvbm-vllm", kv_layout: str = "flash_attn"):
+        torch = _torch()
+        if kv_layout not in ("flash_attn", "flashinfer"):
+            raise _error(InvalidArgumentError, f"kvbm.vllm: kv_layout {kv_layout!r} is not "
+                         "'flash_attn' or 'flashinfer'")
+        if isinstance(kv_caches, dict):
+            names, tensors = list(kv_caches), list(kv_caches.values())
+        else:
+            tensors = list(kv_caches)
+            names = [f"layer{i}" for i in range(len(tensors))]
+        self.layout = layout
+        if len(tensors) != layout.num_layers:
+            raise _error(InvalidArgumentError, f"kvbm.vllm: {len(tensors)} KV tensors, the layout "
+                         f"has num_layers {layout.num_layers}")
+        self._kv = [t if kv_layout == "flash_attn" else t.transpose(0, 1) for t in tensors]
+        self.num_blocks = self._kv[0].shape[1] if self._kv[0].dim() == 5 else -1
+        want_dtype = getattr(torch, layout.dtype)
+        for name, t in zip(names, self._kv):
+            want = (2, self.num_blocks, layout.block_size, layout.local_heads, layout.head_dim)
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != want_dtype:
+                raise _error(InvalidArgumentError, f"kvbm.vllm: KV tensor {name!r} is "
+                             f"{tuple(getattr(t, 'shape', ()))} {getattr(t, 'dtype', type(t))}; "
+                             f"rank {layout.tp_rank} of {layout.tp_size} wants {want} {want_dtype} "
+                             f"({kv_layout} layout)")
+        if self.num_blocks < 1:
+            raise _error(InvalidArgumentError, "kvbm.vllm: KV tensors hold no blocks")
+        self.device = self._kv[0].device
+        self._slot_shape = (layout.num_layers, 2, layout.block_size, layout.local_heads,
+                            layout.head_dim)
+        pin = self.device.type == "cuda"
+        self.g2 = torch.empty((g2_blocks,) + self._slot_shape, dtype=want_dtype, pin_memory=pin)
+        self._esize = self.g2.element_size()
+        self._rank_bytes = self.g2[0].numel() * self._esize
+        self._head_bytes = self._rank_bytes // layout.local_heads
+        self.g3 = Volume(g3_url, f"rank{layout.tp_rank}-of-{layout.tp_size}") if g3_blocks and g3_url else None
+        self.g3_blocks = g3_blocks if self.g3 is not None else 0
+        self.g4 = None
+        if g4_url:
+            self.g4 = Volume(g4_url, g4_namespace)
+            _check_descriptor(self.g4, layout, write=layout.tp_rank == 0)
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvbm-vllm")
+        self._lock = threading.Lock()
+        self._jobs: dict[int, concurrent.futures.Future] = {}
+        self._finished: list = []
+        self.stats = {"loads": 0, "stores": 0, "failed": 0, "bytes_loaded": 0, "bytes_stored": 0,
+                      "g4_slices_read": 0, "rejected_slices": 0}
+
+    # -- checks done before anything is queued
+    def _check(self, job_id, spec) -> tuple[str, KvbmLoadStoreSpec, list[int]]:
+        if not isinstance(job_id, int) or isinstance(job_id, bool):
+            raise TypeError(f"kvbm.vllm: job_id must be an int, got {type(job_id).__name__}")
+        with self._lock:
+            if job_id in self._jobs:
+                raise _error(StateError, f"kvbm.vllm: job {job_id} is already running")
+        try:
+            src, dst = spec
+        except (TypeError, ValueError):
+            raise TypeError("kvbm.vllm: a transfer spec is a (src, dst) pair") from None
+        if src.medium() == "GPU" and isinstance(dst, KvbmLoadStoreSpec) and dst.kind == "store":
+            gpu, kv, direction = src, dst, "store"
+        elif dst.medium() == "GPU" and isinstance(src, KvbmLoadStoreSpec) and src.kind == "load":
+            gpu, kv, direction = dst, src, "load"
+        else:
+            raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: no transfer from "
+                         f"{src!r} to {dst!r} (GPU->KVBM store or KVBM->GPU load)")
+        ids = [int(b) for b in gpu.block_ids]
+        if len(ids) != len(kv.keys):
+            raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: {len(ids)} GPU blocks "
+                         f"for {len(kv.keys)} kvbm blocks")
+        for b in ids:
+            if not 0 <= b < self.num_blocks:
+                raise _error(RangeError, f"kvbm.vllm: job {job_id}: GPU block id {b} is not in "
+                             f"0..{self.num_blocks - 1}")
+        if direction == "store":
+            lens = (len(kv.g2_slots), len(kv.g3_slots), len(kv.g4))
+            if lens != (len(ids),) * 3:
+                raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: store spec lists "
+                             f"of lengths {lens} for {len(ids)} blocks")
+            self._check_slots(job_id, kv.g2_slots, self.g2.shape[0], "G2", allow_none=False)
+            self._check_slots(job_id, kv.g3_slots, self.g3_blocks, "G3", allow_none=True)
+            if any(kv.g4) and self.g4 is None:
+                raise _error(StateError, f"kvbm.vllm: job {job_id}: G4 store but no G4 volume")
+        else:
+            if (len(kv.tiers), len(kv.slots)) != (len(ids), len(ids)):
+                raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: load spec lists "
+                             f"do not match its {len(ids)} blocks")
+            for t, s in zip(kv.tiers, kv.slots):
+                if t == G2:
+                    self._check_slots(job_id, [s], self.g2.shape[0], "G2", allow_none=False)
+                elif t == G3:
+                    self._check_slots(job_id, [s], self.g3_blocks, "G3", allow_none=False)
+                elif t != G4 or self.g4 is None:
+                    raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: tier {t} has "
+                                 "no store on this worker")
+        return direction, kv, ids
+
+    @staticmethod
+    def _check_slots(job_id, slots, n, tier, *, allow_none):
+        for s in slots:
+            if not (0 <= s < n or (allow_none and s == -1)):
+                raise _error(RangeError, f"kvbm.vllm: job {job_id}: {tier} slot {s} is not in "
+                             f"0..{n - 1}")
+
+    # -- OffloadingHandler
+    def transfer_async(self, job_id: int, spec) -> bool:
+        direction, kv, ids = self._check(job_id, spec)
+        run = self._store if direction == "store" else self._load
+        with self._lock:
+            self._jobs[job_id] = self._pool.submit(self._run, job_id, direction, run, kv, ids)
+        return True
+
+    def _run(self, job_id, direction, run, kv, ids) -> None:
+        import time
+        t0 = time.monotonic()
+        try:
+            nbytes = run(kv, ids)
+            ok = True
+        except Exception as e:  # reported as a failed job, never as bytes
+            self.last_error = e
+            nbytes, ok = None, False
+            self.stats["failed"] += 1
+        with self._lock:
+            self._finished.append(TransferResult(
+                job_id=job_id, success=ok, transfer_size=nbytes,
+                transfer_time=time.monotonic() - t0,
+                transfer_type=("GPU", "KVBM") if direction == "store" else ("KVBM", "GPU")))
+
+    def get_finished(self) -> list:
+        with self._lock:
+            out, self._finished = self._finished, []
+            for r in out:
+                self._jobs.pop(r.job_id, None)
+        return out
+
+    def wait(self, job_ids) -> None:
+        with self._lock:
+            futs = [self._jobs[j] for j in job_ids if j in self._jobs]
+        concurrent.futures.wait(futs)
+
+    # -- the copies
+    def _gather(self, ids: list[int]):
+        """[n, layers, 2, block_size, local_heads, head_dim] host copy of GPU blocks."""
+        torch = _torch()
+        idx = torch.tensor(ids, dtype=torch.long, device=self.device)
+        out = torch.stack([t.index_select(1, idx) for t in self._kv], dim=0)  # L, 2, n, ...
+        return out.permute(2, 0, 1, 3, 4, 5).contiguous().to("cpu")
+
+    def _store(self, kv: KvbmLoadStoreSpec, ids: list[int]) -> int:
+        torch = _torch()
+        data = self._gather(ids)
+        self.g2[torch.tensor(kv.g2_slots, dtype=torch.long)] = data
+        lay = self.layout
+        g3_items, g4_items = [], []
+        for i, key in enumerate(kv.keys):
+            if kv.g3_slots[i] >= 0:
+                body = (_slice_header(lay, key, lay.heads.start, lay.local_heads)
+                        + _tensor_bytes(data[i]))
+                g3_items.append((kv.g3_slots[i], _kvbm.frame_encode(body, 0)))
+            if kv.g4[i]:
+                for j, head in enumerate(lay.heads):
+                    body = _slice_header(lay, key, head, 1) + _tensor_bytes(data[i][..., j, :])
+                    g4_items.append((slice_key(key, head), _kvbm.frame_encode(body, 0)))
+        for vol, items, tier in ((self.g3, g3_items, "G3"), (self.g4, g4_items, "G4")):
+            if items:
+                bad = [s for s in vol.put_many(items) if s != 0]
+                if bad:
+                    raise _error(IoError, f"kvbm.vllm: {len(bad)} {tier} puts failed "
+                                 f"(first status {bad[0]})")
+        self.stats["stores"] += 1
+        self.stats["bytes_stored"] += len(ids) * self._rank_bytes
+        return len(ids) * self._rank_bytes
+
+    def _verified(self, raw, key: int, head0: int, nheads: int, nbytes: int) -> bytes:
+        """The payload of a stored slice, or ChecksumError: a frame whose
+        BLAKE3 fails, or a header naming another block, head or layout."""
+        if raw is None:
+            raise _error(NotFoundError, f"kvbm.vllm: block {key:#018x} heads {head0}+{nheads} "
+                         "is not in the store")
+        try:
+            _, body = _kvbm.frame_decode(raw)
+        except Error as e:
+            self.stats["rejected_slices"] += 1
+            raise _error(ChecksumError, f"kvbm.vllm: block {key:#018x}: {e}") from None
+        want = _slice_header(self.layout, key, head0, nheads)
+        if body[:_SLICE_HDR.size] != want or len(body) != _SLICE_HDR.size + nbytes:
+            self.stats["rejected_slices"] += 1
+            raise _error(ChecksumError, f"kvbm.vllm: block {key:#018x} heads {head0}+{nheads}: "
+                         "stored header or size does not match (another block or layout)")
+        return body[_SLICE_HDR.size:]
+
+    def _load(self, kv: KvbmLoadStoreSpec, ids: list[int]) -> int:
+        torch = _torch()
+        lay = self.layout
+        stage = torch.empty((len(ids),) + self._slot_shape, dtype=self.g2.dtype)
+        g3_want = [(i, s) for i, (t, s) in enumerate(zip(kv.tiers, kv.slots)) if t == G3]
+        g4_want = [i for i, t in enumerate(kv.tiers) if t == G4]
+        for i, (t, s) in enumerate(zip(kv.tiers, kv.slots)):
+            if t == G2:
+                stage[i] = self.g2[s]
+        if g3_want:
+            got = self.g3.get_many([s for _, s in g3_want], self._rank_bytes + 4096)
+            for (i, _), raw in zip(g3_want, got):
+                payload = self._verified(raw, kv.keys[i], lay.heads.start, lay.local_heads,
+                                         self._rank_bytes)
+                stage[i] = _from_bytes(payload, self._slot_shape, stage.dtype)
+        if g4_want:
+            keys = [slice_key(kv.keys[i], h) for i in g4_want for h in lay.heads]
+            got = self.g4.get_many(keys, self._head_bytes + 4096)
+            self.stats["g4_slices_read"] += len(keys)
+            one = self._slot_shape[:3] + (self.layout.head_dim,)
+            for n, i in enumerate(g4_want):
+                for j, head in enumerate(lay.heads):
+                    payload = self._verified(got[n * lay.local_heads + j], kv.keys[i], head, 1,
+                                             self._head_bytes)
+                    stage[i][..., j, :] = _from_bytes(payload, one, stage.dtype)
+        # every block checked: now, and only now, the engine's blocks are written
+        idx = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self._scatter(idx, stage)
+        self.stats["loads"] += 1
+        self.stats["bytes_loaded"] += len(ids) * self._rank_bytes
+        return len(ids) * self._rank_bytes
+
+    def _scatter(self, idx, stage) -> None:
+        staged = stage.to(self.device, non_blocking=True)
+        for layer, t in enumerate(self._kv):
+            t.index_copy_(1, idx, staged[:, layer].transpose(0, 1))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for v in (self.g3, self.g4):
+            if v is not None:
+                v.close()
+
+
+def _tensor_bytes(t) -> bytes:
+    return t.contiguous().view(_torch().uint8).numpy().tobytes()
+
+
+def _from_bytes(payload: bytes, shape, dtype):
+    torch = _torch()
+    return torch.frombuffer(bytearray(payload), dtype=dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------- the spec
+
+
+def _layout_from_config(spec) -> KvLayout:
+    """The layout from kv_connector_extra_config ("kvbm_*" keys), falling
+    back to what vLLM's config says where vLLM is there."""
+    extra, cfg = spec.extra_config, spec.vllm_config
+    mc = getattr(cfg, "model_config", None)
+    pc = getattr(cfg, "parallel_config", None)
+
+    def pick(key, fallback):
+        v = extra.get(key)
+        if v is not None:
+            return v
+        try:
+            return fallback()
+        except Exception:
+            raise _error(InvalidArgumentError, f"kvbm.vllm: kv_connector_extra_config needs "
+                         f"{key!r} (not found in vLLM's config)") from None
+
+    tp_size = int(pick("kvbm_tp_size", lambda: pc.tensor_parallel_size))
+    heads = int(pick("kvbm_num_kv_heads", lambda: mc.get_total_num_kv_heads()))
+
+    def rank():
+        import torch.distributed as dist
+        return dist.get_rank() % tp_size if dist.is_initialized() else 0
+
+    return KvLayout(
+        model_fingerprint=str(pick("kvbm_model_fingerprint",
+                                   lambda: f"{mc.model}@{mc.revision or 'main'}")),
+        dtype=str(pick("kvbm_dtype", lambda: mc.dtype)),
+        num_kv_heads=heads, head_dim=int(pick("kvbm_head_dim", lambda: mc.get_head_size())),
+        block_size=int(pick("block_size", lambda: spec.gpu_block_size)),
+        num_layers=int(pick("kvbm_num_layers", lambda: mc.get_num_layers(pc))),
+        tp_rank=int(pick("kvbm_tp_rank", rank)), tp_size=tp_size)
+
+
+class KvbmOffloadingSpec(OffloadingSpec):
+    """vLLM's OffloadingSpec over kvbm. kv_connector_extra_config keys:
+
+    ``kvbm_g2_blocks`` (host blocks per rank, required), ``kvbm_g3_blocks``
+    and ``kvbm_g3_url`` (a local kvbm volume per rank, e.g. ``file:///nvme/kvbm``),
+    ``kvbm_g3_policy`` (``all``/``frequency``), ``kvbm_freq_threshold``,
+    ``kvbm_g4_url`` (shared kvbm volume: ``file://``, ``redis://``, ...),
+    ``kvbm_g4_namespace``, ``kvbm_events_endpoint`` (kvbm's KV events),
+    ``kvbm_model_fingerprint``, and layout overrides ``kvbm_num_kv_heads``,
+    ``kvbm_head_dim``, ``kvbm_num_layers``, ``kvbm_dtype``, ``kvbm_tp_size``,
+    ``kvbm_tp_rank`` (read from vLLM's config where vLLM is there)."""
+
+    def __init__(self, vllm_config, kv_cache_config=None):
+        super().__init__(vllm_config, kv_cache_config)
+        if not hasattr(self, "gpu_block_size"):
+            self.gpu_block_size = vllm_config.cache_config.block_size
+        bs = self.gpu_block_size
+        self.gpu_block_size = bs[0] if isinstance(bs, tuple) else bs
+        x = self.extra_config
+        if "kvbm_g2_blocks" not in x:
+            raise _error(InvalidArgumentError,
+                         "kvbm.vllm: kv_connector_extra_config needs 'kvbm_g2_blocks'")
+        self.layout = _layout_from_config(self)
+        if self.layout.block_size != self.gpu_block_size:
+            raise _error(LayoutError, f"kvbm.vllm: block_size {self.layout.block_size} differs "
+                         f"from the GPU block size {self.gpu_block_size}", field="block_size")
+        self._manager: Optional[KvbmOffloadingManager] = None
+
+    def _opt(self, key, default=None):
+        return self.extra_config.get(key, default)
+
+    def get_manager(self) -> KvbmOffloadingManager:
+        if self._manager is None:
+            self._manager = KvbmOffloadingManager(
+                self.layout, g2_blocks=int(self._opt("kvbm_g2_blocks")),
+                g3_blocks=int(self._opt("kvbm_g3_blocks", 0)),
+                g3_policy=self._opt("kvbm_g3_policy", "all"),
+                freq_threshold=int(self._opt("kvbm_freq_threshold", 2)),
+                g4_url=self._opt("kvbm_g4_url"),
+                g4_namespace=self._opt("kvbm_g4_namespace", "kvbm-vllm"),
+                events_endpoint=self._opt("kvbm_events_endpoint"),
+                events_replay_endpoint=self._opt("kvbm_events_replay_endpoint"))
+        return self._manager
+
+    def get_handlers(self, kv_caches, attn_backends=None) -> Iterator:
+        if hasattr(kv_caches, "tensors") and hasattr(kv_caches, "group_data_refs"):
+            raise _error(UnsupportedError, "kvbm.vllm: vLLM's canonical (byte-page) KV caches "
+                         "hide the head axis TP-portable blocks need; pass the per-layer tensors")
+        handler = KvbmOffloadingHandler(
+            kv_caches, self.layout, g2_blocks=int(self._opt("kvbm_g2_blocks")),
+            g3_blocks=int(self._opt("kvbm_g3_blocks", 0)), g3_url=self._opt("kvbm_g3_url"),
+            g4_url=self._opt("kvbm_g4_url"),
+            g4_namespace=self._opt("kvbm_g4_namespace", "kvbm-vllm"),
+            kv_layout=self._opt("kvbm_kv_layout", "flash_attn"))
+        yield GPULoadStoreSpec, KvbmLoadStoreSpec, handler
+        yield KvbmLoadStoreSpec, GPULoadStoreSpec, handler
