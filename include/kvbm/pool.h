@@ -34,6 +34,17 @@
  * Cost: every operation is O(1) per block (O(n) for n blocks) and none
  * allocates memory: everything is sized at creation.
  *
+ * Groups: a pool may serve several KV cache groups (a hybrid model's full
+ * attention, sliding window, Mamba layers: kvbm/group.h) from one block
+ * budget, as vLLM's one BlockPool does. A block belongs to the group it was
+ * allocated for (kvbm_pool_alloc_group, kvbm_pool_fill_run_group) and is
+ * registered and matched under (sequence hash, group): the same hash in two
+ * groups is two blocks, and a lookup in group g never finds group h's
+ * block. Free blocks and the cache are shared: eviction takes the oldest
+ * cached block of any group. Events carry the block's group. The calls
+ * without _group act on group 0, so a pool of one group (the default)
+ * behaves, and costs, as it always did.
+ *
  * Threads: a pool is not thread-safe; one thread (or a caller-held lock)
  * drives it. The listener is called synchronously, on that thread.
  */
@@ -81,6 +92,8 @@ typedef struct kvbm_pool_event {
   void *context;              /* STORED: the context of the registering call
                                  (the *_ctx functions, or a sequence's, see
                                  kvbm_seq_set_context); NULL otherwise */
+  uint32_t group;             /* STORED, REMOVED: the block's group (0 in a
+                                 pool of one group): vLLM's group_idx */
 } kvbm_pool_event;
 
 /* Must not call back into the pool. */
@@ -88,6 +101,7 @@ typedef void (*kvbm_pool_listener)(void *user, const kvbm_pool_event *ev);
 
 #define KVBM_POOL_MAX_BLOCKS (1u << 30)
 #define KVBM_POOL_MAX_BLOCK_SIZE 65535u
+#define KVBM_POOL_MAX_GROUPS 16u /* == KVBM_GROUPS_MAX of kvbm/group.h */
 
 typedef struct kvbm_pool_config {
   uint32_t num_blocks;        /* 1 .. KVBM_POOL_MAX_BLOCKS */
@@ -108,6 +122,10 @@ typedef struct kvbm_pool_config {
                                  KVBM_EUNSUPPORTED. Needs keep_tokens false
                                  (default false). A lower tier's index (G2,
                                  G3) is such a pool. */
+  uint32_t num_groups;        /* KV cache groups sharing the blocks, 0..16
+                                 (0 and 1 both mean one group, the default);
+                                 each group past the first costs one more
+                                 registry (32..64 bytes a block) */
   kvbm_pool_listener listener;/* optional */
   void *listener_user;
 } kvbm_pool_config;
@@ -138,6 +156,26 @@ KVBM_EXTERN void kvbm_pool_stats_get(const kvbm_pool *pool, kvbm_pool_stats *out
 
 /* Blocks alloc could hand out now: free + cached. */
 KVBM_EXTERN uint32_t kvbm_pool_available(const kvbm_pool *pool);
+
+/* The number of groups (1 unless configured with more). */
+KVBM_EXTERN uint32_t kvbm_pool_num_groups(const kvbm_pool *pool);
+
+/* The group calls: as kvbm_pool_alloc, kvbm_pool_match, kvbm_pool_peek and
+ * kvbm_pool_fill_run_ctx, for group `group` (KVBM_EINVAL when group >=
+ * kvbm_pool_num_groups, with no change). A block allocated for a group is
+ * registered in that group's registry by whatever fills or registers it
+ * (kvbm_block_fill, kvbm_block_register...). Eviction to satisfy an
+ * allocation takes the oldest cached block of any group. Same cost as the
+ * calls without _group. */
+KVBM_EXTERN int kvbm_pool_alloc_group(kvbm_pool *pool, uint32_t group, uint32_t n, uint32_t *ids);
+KVBM_EXTERN int kvbm_pool_match_group(kvbm_pool *pool, uint32_t group, uint64_t seq_hash,
+                                      uint32_t *id);
+KVBM_EXTERN int kvbm_pool_peek_group(const kvbm_pool *pool, uint32_t group, uint64_t seq_hash,
+                                     uint32_t *id, bool *cached);
+KVBM_EXTERN int kvbm_pool_fill_run_group(kvbm_pool *pool, uint32_t group, uint64_t salt_hash,
+                                         uint64_t parent, bool has_parent, const uint32_t *tokens,
+                                         const uint64_t *hashes, size_t n, void *context,
+                                         uint32_t *ids);
 
 /* Allocates `n` RESET blocks into ids[0..n), each with one reference; all or
  * nothing: KVBM_ENOSPC (and no change) when fewer than n are available.
@@ -278,6 +316,7 @@ typedef struct kvbm_block_info {
   uint8_t priority;
   const uint32_t *tokens; /* the block's tokens, valid until it changes; NULL
                              for a filled block without keep_tokens */
+  uint32_t group;         /* the group it was last allocated for */
 } kvbm_block_info;
 KVBM_EXTERN int kvbm_block_info_get(const kvbm_pool *pool, uint32_t id, kvbm_block_info *out);
 

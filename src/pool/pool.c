@@ -32,11 +32,23 @@
  *    fingerprint. With allow_duplicates, later blocks of an equal hash are
  *    chained behind the indexed one (dup_next) in registration order.
  *
+ * Groups (a hybrid model's KV cache groups, kvbm/group.h): every group has
+ * a registry of its own (tabs[g], the same bucket layout; tabs[0] is the
+ * registry a one-group pool always had), so that (sequence hash, group)
+ * names a block and a lookup in one group cannot see another's blocks,
+ * even under an equal hash, with no wider key. A side array group[] says
+ * which registry a block is in (eviction and release need it); a
+ * one-group pool has none, and its hot loops are compiled with `grouped`
+ * false, so that they are the loops they were. The free list, the cache
+ * lists and the block budget are shared by all groups, as vLLM's one
+ * BlockPool is: eviction takes the oldest cached block whatever its group.
+ *
  * Memory for a pool of N blocks of B tokens: 32 N (records) + 32..64 N
  * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots, none
  * with fill_only: a tier below G1 only ever fills blocks whole and never
  * reads tokens back), and 4 N for the duplicate chains with
- * allow_duplicates.
+ * allow_duplicates; with G > 1 groups, 32..64 N per extra registry and N
+ * for group[].
  */
 #include "kvbm/pool.h"
 
@@ -99,7 +111,10 @@ struct kvbm_pool {
   uint64_t nonempty[NPRIO / 64];
   uint32_t cached;
   uint32_t registered;
-  bucket *table;
+  bucket *table;         /* group 0's registry (tabs[0]) */
+  bucket *tabs[KVBM_POOL_MAX_GROUPS]; /* one registry per group */
+  uint8_t *group;        /* the group of each block; NULL with one group */
+  uint32_t ngroups;
   uint32_t *dup_next;   /* allow_duplicates: the next duplicate, or NIL */
   uint32_t table_shift; /* 32 - log2(buckets) */
   uint32_t table_mask;  /* buckets - 1 */
@@ -134,10 +149,10 @@ static inline unsigned bucket_match(const bucket *b, uint32_t v, int key) {
 }
 
 /* The block indexed under `hash`, or NIL. */
-HOT uint32_t reg_find(const kvbm_pool *p, uint64_t hash) {
+HOT uint32_t reg_find(const kvbm_pool *p, const bucket *t, uint64_t hash) {
   const uint32_t fp = fingerprint(hash);
   for (uint32_t bi = home_of(p, fp);; bi = (bi + 1) & p->table_mask) {
-    const bucket *b = &p->table[bi];
+    const bucket *b = &t[bi];
     for (unsigned m = bucket_match(b, fp, 0); m; m &= m - 1) {
       uint32_t id = b->id[__builtin_ctz(m)];
       if (id != NIL && p->blocks[id].seq_hash == hash) return id;
@@ -147,10 +162,10 @@ HOT uint32_t reg_find(const kvbm_pool *p, uint64_t hash) {
 }
 
 /* Adds an entry for block `id`, whose hash is not indexed yet. */
-HOT void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t id) {
+HOT void reg_insert(kvbm_pool *p, bucket *t, uint64_t hash, uint32_t id) {
   const uint32_t fp = fingerprint(hash);
   for (uint32_t bi = home_of(p, fp);; bi = (bi + 1) & p->table_mask) {
-    bucket *b = &p->table[bi];
+    bucket *b = &t[bi];
     unsigned free = bucket_match(b, NIL, 1);
     if (free) {
       unsigned i = (unsigned)__builtin_ctz(free);
@@ -163,9 +178,9 @@ HOT void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t id) {
 }
 
 /* Removes (or, given `repl` != NIL, re-points to repl) the entry of `id`. */
-HOT void reg_erase(kvbm_pool *p, uint64_t hash, uint32_t id, uint32_t repl) {
+HOT void reg_erase(kvbm_pool *p, bucket *t, uint64_t hash, uint32_t id, uint32_t repl) {
   for (uint32_t bi = home_of(p, fingerprint(hash));; bi = (bi + 1) & p->table_mask) {
-    bucket *b = &p->table[bi];
+    bucket *b = &t[bi];
     unsigned m = bucket_match(b, id, 1);
     if (m) {
       b->id[__builtin_ctz(m)] = repl;
@@ -177,10 +192,10 @@ HOT void reg_erase(kvbm_pool *p, uint64_t hash, uint32_t id, uint32_t repl) {
 
 /* Indexes a newly registered block: under its hash, or (allow_duplicates)
  * at the end of the chain of blocks registered earlier under it. */
-HOT void reg_add(kvbm_pool *p, uint32_t id, uint32_t existing) {
+HOT void reg_add(kvbm_pool *p, bucket *t, uint32_t id, uint32_t existing) {
   blk *b = &p->blocks[id];
   if (existing == NIL) {
-    reg_insert(p, b->seq_hash, id);
+    reg_insert(p, t, b->seq_hash, id);
     b->flags |= F_INDEXED;
     return;
   }
@@ -192,25 +207,33 @@ HOT void reg_add(kvbm_pool *p, uint32_t id, uint32_t existing) {
 
 /* Takes a registered block out of the index. The first of a chain of
  * duplicates hands the entry to the next one; a later one is unlinked. */
-HOT void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t id) {
+HOT void reg_remove(kvbm_pool *p, bucket *t, uint64_t hash, uint32_t id) {
   uint8_t flags = p->blocks[id].flags;
   if (flags & F_INDEXED) {
     uint32_t next = p->dup_next ? p->dup_next[id] : NIL;
-    reg_erase(p, hash, id, next);
+    reg_erase(p, t, hash, id, next);
     if (next != NIL) {
       p->blocks[next].flags = (uint8_t)((p->blocks[next].flags & ~F_DUP) | F_INDEXED);
       p->dup_next[id] = NIL;
     }
   } else if (flags & F_DUP) {
-    uint32_t prev = reg_find(p, hash);
+    uint32_t prev = reg_find(p, t, hash);
     while (p->dup_next[prev] != id) prev = p->dup_next[prev];
     p->dup_next[prev] = p->dup_next[id];
     p->dup_next[id] = NIL;
   }
 }
 
-static inline void reg_prefetch(const kvbm_pool *p, uint64_t hash) {
-  __builtin_prefetch(&p->table[home_of(p, fingerprint(hash))]);
+static inline void reg_prefetch(const kvbm_pool *p, const bucket *t, uint64_t hash) {
+  __builtin_prefetch(&t[home_of(p, fingerprint(hash))]);
+}
+
+/* The registry of block id's group. `grouped` is a constant at every call
+ * site of the hot paths: the public calls test p->group once and run a
+ * loop compiled for one case, so a pool of one group pays nothing per
+ * block for groups existing. */
+HOT bucket *tab_of(const kvbm_pool *p, uint32_t id, const bool grouped) {
+  return grouped ? p->tabs[p->group[id]] : p->table;
 }
 
 /* ---- cache lists --------------------------------------------------------- */
@@ -285,13 +308,13 @@ HOT void free_push(kvbm_pool *p, uint32_t id) {
 
 /* Drops a registered block from the registry and counts (not the lists). */
 static void unregister(kvbm_pool *p, uint32_t id) {
-  reg_remove(p, p->blocks[id].seq_hash, id);
+  reg_remove(p, tab_of(p, id, p->group != NULL), p->blocks[id].seq_hash, id);
   p->registered--;
 }
 
 /* Evicts the oldest cached block (the head of the lowest non-empty
  * priority list) and returns it, RESET. */
-HOT uint32_t evict_oldest(kvbm_pool *p) {
+HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped) {
   unsigned w = 0;
   while (!p->nonempty[w]) w++; /* the caller checked that the cache is not empty */
   unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
@@ -305,19 +328,20 @@ HOT uint32_t evict_oldest(kvbm_pool *p) {
   if (next != NIL) {
     blk *n = &p->blocks[next];
     n->prev = NIL;
-    reg_prefetch(p, n->seq_hash);
+    reg_prefetch(p, tab_of(p, next, grouped), n->seq_hash);
     if (n->next != NIL) __builtin_prefetch(&p->blocks[n->next]);
   } else {
     p->tail[pr] = NIL;
     p->nonempty[w] &= ~(1ull << (pr % 64));
   }
   p->cached--;
-  reg_remove(p, hash, id);
+  reg_remove(p, tab_of(p, id, grouped), hash, id);
   p->registered--;
   p->evicted++;
   block_reset(p, id);
   if (p->cfg.listener) {
-    kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash};
+    kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash,
+                          .group = grouped ? p->group[id] : 0};
     notify(p, &ev);
   }
   return id;
@@ -325,11 +349,16 @@ HOT uint32_t evict_oldest(kvbm_pool *p) {
 
 /* One block off the free list, or else the oldest cached block evicted.
  * The caller has checked that one is available. */
-HOT uint32_t take_block(kvbm_pool *p) {
-  uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p);
+HOT uint32_t take_block(kvbm_pool *p, const bool grouped, uint32_t group) {
+  uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p, grouped);
+  if (grouped) p->group[id] = (uint8_t)group;
   p->blocks[id].refcount = 1;
   p->allocated++;
   return id;
+}
+
+static inline uint32_t group_of(const kvbm_pool *p, uint32_t id) {
+  return p->group ? p->group[id] : 0;
 }
 
 static inline bool valid_id(const kvbm_pool *p, uint32_t id) {
@@ -346,9 +375,11 @@ static void acquire(kvbm_pool *p, uint32_t id) {
 /* COMPLETE -> REGISTERED, or dedup onto the registered block (see
  * kvbm_block_register). `tokens` are the block's tokens and `context` the
  * registering call's, both for the event. */
-HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void *context) {
+HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void *context,
+                         const bool grouped) {
   blk *b = &p->blocks[id];
-  uint32_t existing = reg_find(p, b->seq_hash);
+  bucket *t = tab_of(p, id, grouped);
+  uint32_t existing = reg_find(p, t, b->seq_hash);
   if (existing != NIL) {
     p->dedup++;
     if (!p->cfg.allow_duplicates) {
@@ -364,7 +395,7 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void
   b->state = KVBM_BLOCK_REGISTERED;
   /* A duplicate is chained behind the block registered first: lookups
    * find the first, and the next once the first is gone. */
-  reg_add(p, id, existing);
+  reg_add(p, t, id, existing);
   p->registered++;
   if (p->cfg.listener) {
     kvbm_pool_event ev = {
@@ -377,6 +408,7 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void
         .tokens = tokens,
         .num_tokens = b->ntok,
         .context = context,
+        .group = grouped ? p->group[id] : 0,
     };
     notify(p, &ev);
   }
@@ -429,6 +461,9 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
     return kvbm_error_set(err, KVBM_EINVAL, "pool: unknown hash scheme %d", (int)cfg->scheme);
   if (cfg->fill_only && cfg->keep_tokens)
     return kvbm_error_set(err, KVBM_EINVAL, "pool: fill_only keeps no tokens: keep_tokens must be false");
+  if (cfg->num_groups > KVBM_POOL_MAX_GROUPS)
+    return kvbm_error_set(err, KVBM_EINVAL, "pool: %u groups: at most %u", cfg->num_groups,
+                          KVBM_POOL_MAX_GROUPS);
 
   kvbm_pool *p = calloc(1, sizeof *p);
   if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory");
@@ -445,15 +480,22 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   p->salts = calloc(n, sizeof *p->salts);
   if (!cfg->fill_only) p->tokens = calloc((size_t)n * cfg->block_size, sizeof *p->tokens);
   p->free_stack = malloc((size_t)n * sizeof *p->free_stack);
-  p->table = aligned_alloc(64, tsize * sizeof *p->table);
+  p->ngroups = cfg->num_groups ? cfg->num_groups : 1;
+  bool tabs_ok = true;
+  for (uint32_t g = 0; g < p->ngroups; g++)
+    tabs_ok &= (p->tabs[g] = aligned_alloc(64, tsize * sizeof *p->tabs[g])) != NULL;
+  p->table = p->tabs[0];
+  if (p->ngroups > 1) p->group = calloc(n, sizeof *p->group);
   if (cfg->allow_duplicates) p->dup_next = malloc((size_t)n * sizeof *p->dup_next);
-  if (!p->blocks || !p->priority || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !p->table ||
-      (cfg->allow_duplicates && !p->dup_next)) {
+  if (!p->blocks || !p->priority || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !tabs_ok ||
+      (p->ngroups > 1 && !p->group) || (cfg->allow_duplicates && !p->dup_next)) {
     kvbm_pool_destroy(p);
     return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory for %u blocks", n);
   }
-  memset(p->table, 0xff, tsize * sizeof *p->table); /* every id NIL */
-  for (uint64_t i = 0; i < tsize; i++) p->table[i].overflow = 0;
+  for (uint32_t g = 0; g < p->ngroups; g++) {
+    memset(p->tabs[g], 0xff, tsize * sizeof *p->tabs[g]); /* every id NIL */
+    for (uint64_t i = 0; i < tsize; i++) p->tabs[g][i].overflow = 0;
+  }
   if (p->dup_next) memset(p->dup_next, 0xff, (size_t)n * sizeof *p->dup_next);
   for (unsigned i = 0; i < NPRIO; i++) p->head[i] = p->tail[i] = NIL;
   /* Push in reverse so that the first allocations get ids 0, 1, 2, ... */
@@ -469,7 +511,8 @@ void kvbm_pool_destroy(kvbm_pool *pool) {
   free(pool->salts);
   free(pool->tokens);
   free(pool->free_stack);
-  free(pool->table);
+  for (uint32_t g = 0; g < KVBM_POOL_MAX_GROUPS; g++) free(pool->tabs[g]);
+  free(pool->group);
   free(pool->dup_next);
   free(pool);
 }
@@ -494,15 +537,32 @@ void kvbm_pool_stats_get(const kvbm_pool *p, kvbm_pool_stats *s) {
 
 uint32_t kvbm_pool_available(const kvbm_pool *p) { return p->free_top + p->cached; }
 
-int kvbm_pool_alloc(kvbm_pool *p, uint32_t n, uint32_t *ids) {
-  if (n && !ids) return KVBM_EINVAL;
+int kvbm_pool_alloc_group(kvbm_pool *p, uint32_t group, uint32_t n, uint32_t *ids) {
+  if ((n && !ids) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > p->free_top + p->cached) return KVBM_ENOSPC;
-  for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p);
+  if (p->group)
+    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, true, group);
+  else
+    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, false, 0);
+  return KVBM_OK;
+}
+
+int kvbm_pool_alloc(kvbm_pool *p, uint32_t n, uint32_t *ids) {
+  return kvbm_pool_alloc_group(p, 0, n, ids);
+}
+
+int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id) {
+  if (group >= p->ngroups) return KVBM_EINVAL;
+  uint32_t found = reg_find(p, p->tabs[group], seq_hash);
+  if (found == NIL) return KVBM_ENOTFOUND;
+  acquire(p, found);
+  p->match_hits++;
+  if (id) *id = found;
   return KVBM_OK;
 }
 
 int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
-  uint32_t found = reg_find(p, seq_hash);
+  uint32_t found = reg_find(p, p->table, seq_hash);
   if (found == NIL) return KVBM_ENOTFOUND;
   acquire(p, found);
   p->match_hits++;
@@ -511,11 +571,23 @@ int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
 }
 
 bool kvbm_pool_contains(const kvbm_pool *p, uint64_t seq_hash) {
-  return reg_find(p, seq_hash) != NIL;
+  return reg_find(p, p->table, seq_hash) != NIL;
 }
 
+int kvbm_pool_peek_group(const kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id,
+                         bool *cached) {
+  if (group >= p->ngroups) return KVBM_EINVAL;
+  uint32_t found = reg_find(p, p->tabs[group], seq_hash);
+  if (found == NIL) return KVBM_ENOTFOUND;
+  if (id) *id = found;
+  if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
+  return KVBM_OK;
+}
+
+uint32_t kvbm_pool_num_groups(const kvbm_pool *p) { return p->ngroups; }
+
 int kvbm_pool_peek(const kvbm_pool *p, uint64_t seq_hash, uint32_t *id, bool *cached) {
-  uint32_t found = reg_find(p, seq_hash);
+  uint32_t found = reg_find(p, p->table, seq_hash);
   if (found == NIL) return KVBM_ENOTFOUND;
   if (id) *id = found;
   if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
@@ -570,7 +642,7 @@ int kvbm_block_commit(kvbm_pool *p, uint32_t id) {
 int kvbm_block_register_ctx(kvbm_pool *p, uint32_t id, void *context, uint32_t *out_id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   if (p->blocks[id].state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
-  uint32_t got = do_register(p, id, tokens_of(p, id), context);
+  uint32_t got = do_register(p, id, tokens_of(p, id), context, p->group != NULL);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
@@ -582,7 +654,7 @@ int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
 /* start + tokens + hash + register, checks done by the caller. */
 HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                          bool has_parent, const uint32_t *tokens, uint64_t seq_hash,
-                         void *context) {
+                         void *context, const bool grouped) {
   blk *b = &p->blocks[id];
   start_block(p, id, salt_hash, parent, has_parent);
   if (p->cfg.keep_tokens) {
@@ -592,7 +664,7 @@ HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t pa
   b->ntok = (uint16_t)p->cfg.block_size;
   b->seq_hash = seq_hash;
   b->state = KVBM_BLOCK_COMPLETE;
-  return do_register(p, id, tokens, context);
+  return do_register(p, id, tokens, context, grouped);
 }
 
 int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
@@ -601,7 +673,8 @@ int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t 
   if (!tokens || !valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
-  uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash, context);
+  uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash, context,
+                          p->group != NULL);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
@@ -619,20 +692,38 @@ int kvbm_pool_fill_run(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool h
   return kvbm_pool_fill_run_ctx(p, salt_hash, parent, has_parent, tokens, hashes, n, NULL, ids);
 }
 
+/* The loop of kvbm_pool_fill_run_group, compiled once per `grouped`. */
+HOT void fill_run(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
+                  bool has_parent, const uint32_t *tokens, const uint64_t *hashes, size_t n,
+                  void *context, uint32_t *ids, const bool grouped) {
+  const size_t bs = p->cfg.block_size;
+  bucket *t = p->tabs[group];
+  for (size_t k = 0; k < n; k++) {
+    /* The registry probe is the one random access we can see coming. */
+    if (k + 4 < n) reg_prefetch(p, t, hashes[k + 4]);
+    uint32_t id = take_block(p, grouped, group);
+    ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
+                      tokens + k * bs, hashes[k], context, grouped);
+  }
+}
+
+int kvbm_pool_fill_run_group(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
+                             bool has_parent, const uint32_t *tokens, const uint64_t *hashes,
+                             size_t n, void *context, uint32_t *ids) {
+  if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
+  if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
+  if (p->group)
+    fill_run(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true);
+  else
+    fill_run(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false);
+  return KVBM_OK;
+}
+
 int kvbm_pool_fill_run_ctx(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
                            const uint32_t *tokens, const uint64_t *hashes, size_t n,
                            void *context, uint32_t *ids) {
-  if (n && (!tokens || !hashes || !ids)) return KVBM_EINVAL;
-  if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
-  const size_t bs = p->cfg.block_size;
-  for (size_t k = 0; k < n; k++) {
-    /* The registry probe is the one random access we can see coming. */
-    if (k + 4 < n) reg_prefetch(p, hashes[k + 4]);
-    uint32_t id = take_block(p);
-    ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], context);
-  }
-  return KVBM_OK;
+  return kvbm_pool_fill_run_group(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context,
+                                  ids);
 }
 
 int kvbm_block_abort(kvbm_pool *p, uint32_t id) {
@@ -697,7 +788,8 @@ uint32_t kvbm_pool_evict_where(kvbm_pool *p, uint32_t max,
       free_push(p, id);
       n++;
       if (p->cfg.listener) {
-        kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash};
+        kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash,
+                              .group = group_of(p, id)};
         notify(p, &ev);
       }
     }
@@ -767,7 +859,7 @@ int kvbm_pool_clear_cache(kvbm_pool *p) {
   uint32_t id;
   while ((id = cache_oldest(p)) != NIL) {
     kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id,
-                          .seq_hash = p->blocks[id].seq_hash};
+                          .seq_hash = p->blocks[id].seq_hash, .group = group_of(p, id)};
     cache_unlink(p, id);
     unregister(p, id);
     free_push(p, id);
@@ -782,10 +874,11 @@ int kvbm_pool_clear_cache(kvbm_pool *p) {
 
 int kvbm_pool_evict(kvbm_pool *p, uint64_t seq_hash) {
   if (!p) return KVBM_EINVAL;
-  uint32_t id = reg_find(p, seq_hash);
+  uint32_t id = reg_find(p, p->table, seq_hash);
   if (id == NIL) return KVBM_ENOTFOUND;
   if (!(p->blocks[id].flags & F_CACHED)) return KVBM_ESTATE;
-  kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = seq_hash};
+  kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = seq_hash,
+                        .group = group_of(p, id)};
   cache_unlink(p, id);
   unregister(p, id);
   p->evicted++;
@@ -806,6 +899,7 @@ int kvbm_block_info_get(const kvbm_pool *p, uint32_t id, kvbm_block_info *out) {
   out->salt_hash = salt_of(p, id);
   out->priority = p->priority[id];
   out->tokens = (b->flags & F_TOKENS) ? tokens_of(p, id) : NULL;
+  out->group = group_of(p, id);
   return KVBM_OK;
 }
 
