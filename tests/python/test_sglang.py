@@ -484,7 +484,7 @@ def test_prefetch_and_backup_threads_share_one_backend(redis):
     once: both run their batches concurrently (the GIL released in C) and
     every page read back equals the writer's."""
     url = f"redis://127.0.0.1:{redis.port}"
-    p = pool("page_first", seed=7, pages=64)
+    p = pool("page_first", seed=7, pages=80)  # 64 pages written, 8 to read into
     b = backend(url, p)
     prompts = [list(range(10000 * k, 10000 * k + 32)) for k in range(8)]  # 8 pages each
     slots = [p.alloc(32) for _ in prompts]
