@@ -895,7 +895,7 @@ class KvbmOffloadingHandler(OffloadingHandler):
             for t, s in zip(kv.tiers, kv.slots):
                 if t == G2:
                     self._check_slots(job_id, [s], self.g2.shape[0], "G2", allow_none=False)
-                elif t == G3:
+                elif t == G3 and self.g3 is not None:
                     self._check_slots(job_id, [s], self.g3_blocks, "G3", allow_none=False)
                 elif t != G4 or self.g4 is None:
                     raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: tier {t} has "
