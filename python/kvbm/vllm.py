@@ -63,8 +63,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import ctypes
-import ctypes.util
 import dataclasses
 import json
 import struct
@@ -371,130 +369,32 @@ def _slice_header(layout: KvLayout, key: int, head0: int, nheads: int) -> bytes:
                            layout.head_dim, layout.block_size, layout.num_layers, head0, nheads)
 
 
-# ---------------------------------------------------------------- volumes (ctypes over libkvbm)
-
-class _VolumeConfig(ctypes.Structure):
-    _fields_ = [("url", ctypes.c_char_p), ("name", ctypes.c_char_p),
-                ("key_namespace", ctypes.c_char_p), ("timeout_ms", ctypes.c_int),
-                ("threads", ctypes.c_uint32), ("queue_capacity", ctypes.c_uint32),
-                ("max_value_bytes", ctypes.c_uint64), ("slots", ctypes.c_uint64),
-                ("block_bytes", ctypes.c_uint64), ("persist", ctypes.c_bool),
-                ("disk_key", ctypes.c_void_p), ("disk_key_len", ctypes.c_size_t),
-                ("backend", ctypes.c_void_p), ("backend_user", ctypes.c_void_p),
-                ("cluster_refresh_ms", ctypes.c_uint32)]
-
-
-class _VolumeOp(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int), ("key", ctypes.c_uint64), ("src", ctypes.c_void_p),
-                ("len", ctypes.c_size_t), ("dst", ctypes.c_void_p), ("cap", ctypes.c_size_t),
-                ("size", ctypes.c_size_t), ("status", ctypes.c_int)]
-
-
-class _KvbmError(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 256)]
-
-
-_PUT, _GET, _EXISTS = 0, 1, 2
-_lib_lock = threading.Lock()
-_lib_handle: list = []
-
-
-def _lib():
-    """libkvbm.so, the one the extension loaded (kvbm/volume.h)."""
-    with _lib_lock:
-        if not _lib_handle:
-            path = None
-            try:
-                with open("/proc/self/maps") as f:
-                    for line in f:
-                        if "libkvbm.so" in line:
-                            path = line.split()[-1]
-                            break
-            except OSError:
-                pass
-            lib = ctypes.CDLL(path or ctypes.util.find_library("kvbm") or "libkvbm.so")
-            lib.kvbm_volume_config_default.restype = _VolumeConfig
-            lib.kvbm_volume_config_default.argtypes = [ctypes.c_char_p]
-            lib.kvbm_volume_register.argtypes = [ctypes.POINTER(_VolumeConfig),
-                                                 ctypes.POINTER(ctypes.c_void_p),
-                                                 ctypes.POINTER(_KvbmError)]
-            lib.kvbm_volume_unregister.argtypes = [ctypes.c_void_p]
-            lib.kvbm_volume_run.argtypes = [ctypes.c_void_p, ctypes.POINTER(_VolumeOp),
-                                            ctypes.c_size_t, ctypes.POINTER(_KvbmError)]
-            _lib_handle.append(lib)
-        return _lib_handle[0]
+# ---------------------------------------------------------------- volumes
 
 
 class Volume:
-    """A kvbm volume (kvbm/volume.h) by URL: batched put, get and exists."""
+    """The calls kvbm.vllm makes of a ``kvbm.Volume`` (kvbm/volume.h): one
+    batch each, GIL released; a miss is None/False, never an exception."""
 
     def __init__(self, url: str, namespace: str = "", *, timeout_ms: int = 10000):
-        lib = _lib()
-        self._url, self._ns = url.encode(), namespace.encode()
-        cfg = lib.kvbm_volume_config_default(self._url)
-        cfg.key_namespace = self._ns
-        cfg.timeout_ms = timeout_ms
-        err, handle = _KvbmError(), ctypes.c_void_p()
-        rc = lib.kvbm_volume_register(ctypes.byref(cfg), ctypes.byref(handle), ctypes.byref(err))
-        if rc != 0:
-            raise _error(InvalidArgumentError if rc == -1 else UnsupportedError if rc == -14
-                         else IoError, f"kvbm.vllm: volume {url!r}: {err.msg.decode()}")
-        self._v, self.url, self.namespace = handle, url, namespace
-
-    def _run(self, ops) -> None:
-        if not self._v:
-            raise _error(StateError, f"kvbm.vllm: volume {self.url!r} is closed")
-        err = _KvbmError()
-        rc = _lib().kvbm_volume_run(self._v, ops, len(ops), ctypes.byref(err))
-        if rc != 0:
-            raise _error(IoError, f"kvbm.vllm: volume {self.url!r}: {err.msg.decode()} ({rc})")
+        self._v = _kvbm.Volume(url, namespace=namespace, timeout_ms=timeout_ms)
+        self.url, self.namespace = url, namespace
 
     def put_many(self, items: list) -> list[int]:
-        """[(key, bytes)] -> per item status (0 stored)."""
+        """[(key, bytes)] -> per item 0 or a negative kvbm status."""
         if not items:
             return []
-        ops = (_VolumeOp * len(items))()
-        bufs = []
-        for op, (key, data) in zip(ops, items):
-            buf = ctypes.create_string_buffer(bytes(data), len(data))
-            bufs.append(buf)
-            op.kind, op.key, op.src, op.len = _PUT, key, ctypes.addressof(buf), len(data)
-        self._run(ops)
-        return [op.status for op in ops]
+        return self._v.put([k for k, _ in items], [v for _, v in items])
 
     def get_many(self, keys: list, cap: int) -> list:
-        """Per key the value's bytes, or None (missing, failed, too large)."""
-        if not keys:
-            return []
-        ops = (_VolumeOp * len(keys))()
-        buf = ctypes.create_string_buffer(cap * len(keys))
-        base = ctypes.addressof(buf)
-        for i, (op, key) in enumerate(zip(ops, keys)):
-            op.kind, op.key, op.dst, op.cap = _GET, key, base + i * cap, cap
-        self._run(ops)
-        raw = buf.raw
-        return [raw[i * cap:i * cap + op.size] if op.status == 0 else None
-                for i, op in enumerate(ops)]
+        """Per key the value's bytes, or None."""
+        return self._v.get(keys, cap) if keys else []
 
     def exists_many(self, keys: list) -> list[bool]:
-        if not keys:
-            return []
-        ops = (_VolumeOp * len(keys))()
-        for op, key in zip(ops, keys):
-            op.kind, op.key = _EXISTS, key
-        self._run(ops)
-        return [op.status == 0 for op in ops]
+        return self._v.exists(keys) if keys else []
 
     def close(self) -> None:
-        if self._v:
-            _lib().kvbm_volume_unregister(self._v)
-            self._v = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        self._v.close()
 
 
 def _check_descriptor(vol: Volume, layout: KvLayout, *, write: bool) -> None:
