@@ -501,7 +501,14 @@ typedef struct kvbm_block_msg {
   int placed;              /* the bytes travel separately, to block_id */
   uint64_t block_id;       /* placed: the receiver's block holding them */
   kvbm_frame_header frame; /* decode: the frame header (placed: verify the
-                              block with kvbm_frame_verify_body) */
+                              block with kvbm_frame_verify_body).
+                              encode with sum_given: frame.checksum */
+  int sum_given;           /* encode: frame.checksum is the body's BLAKE3-128,
+                              kept by the caller since the bytes were last
+                              written (tier metadata): the body is framed,
+                              not hashed. A sum that does not match the
+                              bytes is sent as it is: the receiver refuses
+                              the block (KVBM_ECHECKSUM). decode: 0 */
 } kvbm_block_msg;
 
 /* Bytes of the encoded message, or 0 if the sizes do not fit. For a placed
@@ -509,8 +516,9 @@ typedef struct kvbm_block_msg {
 KVBM_EXTERN size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len);
 KVBM_EXTERN size_t kvbm_block_msg_placed_size(uint32_t num_tokens);
 
-/* Encodes m into out[0..cap) (hashing the body with BLAKE3 for the frame);
- * *len gets the size. KVBM_ENOSPC if cap is too small; KVBM_EINVAL for
+/* Encodes m into out[0..cap) (hashing the body with BLAKE3 for the frame,
+ * unless m->sum_given or a placed m->body of NULL supplies the checksum:
+ * then nothing is hashed); *len gets the size. KVBM_ENOSPC if cap is too small; KVBM_EINVAL for
  * NULL pointers; KVBM_ETIER for a storage tier outside G1..G4;
  * KVBM_EPHASE for a phase outside kvbm_frame_phase; KVBM_ETOOLONG for a
  * body above 4 GiB. */

@@ -623,6 +623,12 @@ typedef struct kvbm_peer_stats {
   uint64_t pulls_asked, pulled_blocks;            /* OutputCritical pulls */
   uint64_t dropped_for_room; /* G1 copies of blocks this peer holds that
                                 an OutputCritical prefill dropped for room */
+  /* Hashing (issue 22): a block's checksum is kept by its tier once
+   * computed (at its first offload to G2 with a peer attached, or at its
+   * first send), so a send frames it without hashing it again. */
+  uint64_t sent_sums_kept;        /* blocks sent with their tier's kept checksum */
+  uint64_t sent_hashed_bytes;     /* bytes the send path hashed (blocks with none kept) */
+  uint64_t received_hashed_bytes; /* bytes hashed to check this peer's blocks */
   char last_refusal[KVBM_ERROR_MSG_MAX];          /* why the last refused block was */
 } kvbm_peer_stats;
 

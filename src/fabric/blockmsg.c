@@ -11,7 +11,11 @@
  * storage tier there (envelope version 1), so the tier moved here and the
  * version went to 2: an old message is refused rather than misread. A "placed" message carries the
  * frame header alone: the bytes went ahead by a one-sided write into the
- * receiver's block, where the receiver verifies them against the header. Decoding copies the tokens into
+ * receiver's block, where the receiver verifies them against the header.
+ * A sender that kept the block's checksum since its bytes were written
+ * (the tiers keep one per block, issue 22) passes it (sum_given): the
+ * message is then framed without hashing, and the receiver's check is the
+ * one hash the bytes get on the way. Decoding copies the tokens into
  * the caller's array (they may sit unaligned in the buffer) and leaves the
  * body where it is; every length is checked against the input before use.
  */
@@ -50,9 +54,21 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
     frame += 8;
     /* The bytes went ahead: hash them here, or take the checksum the
      * caller computed (body NULL). */
-    rc = m->body ? kvbm_frame_encode_header(m->phase, m->body, m->body_len, frame, err)
-                 : kvbm_frame_encode_header_sum(m->phase, m->body_len, m->frame.checksum, frame, err);
+    rc = m->body && !m->sum_given
+             ? kvbm_frame_encode_header(m->phase, m->body, m->body_len, frame, err)
+             : kvbm_frame_encode_header_sum(m->phase, m->body_len, m->frame.checksum, frame, err);
     flen += 8;
+  } else if (m->sum_given) {
+    /* The sender kept the body's checksum: frame it, hash nothing. */
+    uint8_t hdr[KVBM_FRAME_HEADER_LEN]; /* first, in case the body overlaps where it goes */
+    rc = kvbm_frame_encode_header_sum(m->phase, m->body_len, m->frame.checksum, hdr, err);
+    if (!rc) {
+      /* a body gathered in place (at frame + 32) is not moved */
+      if (m->body_len && m->body != frame + KVBM_FRAME_HEADER_LEN)
+        memmove(frame + KVBM_FRAME_HEADER_LEN, m->body, m->body_len);
+      memcpy(frame, hdr, sizeof hdr);
+    }
+    flen += m->body_len;
   } else {
     rc = kvbm_frame_encode(m->phase, m->body, m->body_len, frame, cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);
   }

@@ -15,9 +15,41 @@
  * No lock is taken: callers pass blocks that their pool references keep
  * valid, and nobody else writes them meanwhile (indexing is synchronous,
  * bytes asynchronous: a block in flight is PENDING to everyone else).
+ *
+ * Kept checksums (issue 22). A block sent to a peer travels with the
+ * BLAKE3-128 of its bytes (an MRDN frame's checksum), and the receiver
+ * hashes the bytes it got to check it. That sum need not be computed
+ * again at each send: a committed block's bytes do not change while it is
+ * registered, so each memory tier keeps one sum per block (G1, G2: the
+ * `sums` array, 17 bytes a block), computed at most once per registration
+ * and then only read:
+ *   - a copy between tiers carries the source's sum to the destination
+ *     (the same bytes), so a block offloaded to G2 and brought back keeps
+ *     it without hashing;
+ *   - a host copy into G2 (the offload at commit) hashes a block that has
+ *     none yet, once a peer is attached (hash_copies): the block's sum is
+ *     then computed when it is first offloaded, by the host worker, off
+ *     the send path, and kept on both copies;
+ *   - the sender (disagg.c) hashes a block that still has none (a G1
+ *     block not yet offloaded, a manager without G2) and keeps the result.
+ * A sum is forgotten when its block's registration begins or ends (the
+ * pool's STORED, REMOVED and CLEARED events, manager.c): the bytes to come
+ * are another block's. Nothing here trusts a kept sum for the bytes it
+ * names: the receiver always hashes what it got and refuses a block whose
+ * bytes do not match (a sum made stale by bytes changed behind the
+ * manager's back costs that block, never a wrong one).
+ *
+ * Each sum is written by one writer: a state byte goes NONE -> BUSY (the
+ * one compare-and-swap that wins) -> KEPT (release) after the 16 bytes;
+ * a reader acquires KEPT before reading them. Readers and writers hold a
+ * pin on the block, so its sum is not cleared under them; clears run
+ * under the manager lock on unpinned blocks. A copy's destination is
+ * PENDING (nobody else reads or writes it) and is set outright.
  */
+#include <stdlib.h>
 #include <string.h>
 
+#include "kvbm/blake3.h"
 #include "tier/internal.h"
 
 uint8_t *kvbm__layer_ptr(const kvbm__tier *t, uint32_t b, uint64_t l) {
@@ -29,14 +61,80 @@ uint8_t *kvbm__layer_ptr(const kvbm__tier *t, uint32_t b, uint64_t l) {
 
 static uint64_t block_len(const kvbm_layout *L) { return L->config.num_layers * L->layer_stride; }
 
+/* ---- kept checksums ---- */
+
+int kvbm__sums_create(kvbm__tier *t, uint64_t n) {
+  t->sums = calloc(n ? n : 1, sizeof *t->sums);
+  t->nsums = t->sums ? n : 0;
+  return t->sums ? KVBM_OK : KVBM_ENOMEM;
+}
+
+void kvbm__sums_destroy(kvbm__tier *t) {
+  free(t->sums);
+  t->sums = NULL;
+  t->nsums = 0;
+}
+
+bool kvbm__sum_get(const kvbm__tier *t, uint32_t b, uint8_t out[16]) {
+  if (!t->sums || b >= t->nsums) return false;
+  if (atomic_load_explicit(&t->sums[b].state, memory_order_acquire) != KVBM__SUM_KEPT) return false;
+  memcpy(out, t->sums[b].sum, 16);
+  return true;
+}
+
+void kvbm__sum_keep(const kvbm__tier *t, uint32_t b, const uint8_t sum[16]) {
+  if (!t->sums || b >= t->nsums) return;
+  uint8_t none = KVBM__SUM_NONE;
+  if (!atomic_compare_exchange_strong(&t->sums[b].state, &none, KVBM__SUM_BUSY)) return;
+  memcpy(t->sums[b].sum, sum, 16);
+  atomic_store_explicit(&t->sums[b].state, KVBM__SUM_KEPT, memory_order_release);
+}
+
+void kvbm__sum_clear(const kvbm__tier *t, uint32_t b) {
+  if (t->sums && b < t->nsums) atomic_store_explicit(&t->sums[b].state, KVBM__SUM_NONE, memory_order_relaxed);
+}
+
+void kvbm__sums_clear_all(const kvbm__tier *t) {
+  for (uint64_t b = 0; b < t->nsums; b++) kvbm__sum_clear(t, (uint32_t)b);
+}
+
+void kvbm__block_hash(const kvbm__tier *t, uint32_t b, uint8_t sum[16]) {
+  kvbm_blake3_hasher h;
+  kvbm_blake3_hasher_init(&h);
+  if (t->layout.kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
+    kvbm_blake3_hasher_update(&h, kvbm__layer_ptr(t, b, 0), block_len(&t->layout));
+  else
+    for (uint64_t l = 0; l < t->layout.config.num_layers; l++)
+      kvbm_blake3_hasher_update(&h, kvbm__layer_ptr(t, b, l), t->layout.layer_stride);
+  kvbm_blake3_hasher_finalize(&h, sum, 16);
+}
+
+/* A copy's destination (PENDING, the caller's alone) gets the source's
+ * sum, or none. */
+static void carry_sum(const kvbm__tier *dst, uint32_t db, const kvbm__tier *src, uint32_t sb) {
+  uint8_t sum[16];
+  kvbm__sum_clear(dst, db);
+  if (kvbm__sum_get(src, sb, sum)) kvbm__sum_keep(dst, db, sum);
+}
+
 void kvbm__copy_block(const kvbm__tier *dst, uint32_t db, const kvbm__tier *src, uint32_t sb) {
   const kvbm_layout *L = &src->layout;
   if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS && dst->layout.kind == KVBM_LAYOUT_FULLY_CONTIGUOUS) {
     memcpy(kvbm__layer_ptr(dst, db, 0), kvbm__layer_ptr(src, sb, 0), block_len(L));
-    return;
+  } else {
+    for (uint64_t l = 0; l < L->config.num_layers; l++)
+      memcpy(kvbm__layer_ptr(dst, db, l), kvbm__layer_ptr(src, sb, l), L->layer_stride);
   }
-  for (uint64_t l = 0; l < L->config.num_layers; l++)
-    memcpy(kvbm__layer_ptr(dst, db, l), kvbm__layer_ptr(src, sb, l), L->layer_stride);
+  carry_sum(dst, db, src, sb);
+  /* The block's first offload with a peer attached: its sum is computed
+   * now, from the copy just written (still warm in cache), and kept on
+   * both copies, so that no send of it hashes. */
+  uint8_t sum[16];
+  if (atomic_load_explicit(&dst->hash_copies, memory_order_relaxed) && dst->sums && !kvbm__sum_get(dst, db, sum)) {
+    kvbm__block_hash(dst, db, sum);
+    kvbm__sum_keep(dst, db, sum);
+    kvbm__sum_keep(src, sb, sum);
+  }
 }
 
 void kvbm__gather(uint8_t *out, const kvbm__tier *src, uint32_t b) {
@@ -51,6 +149,7 @@ void kvbm__gather(uint8_t *out, const kvbm__tier *src, uint32_t b) {
 
 void kvbm__scatter(kvbm__tier *dst, uint32_t b, const uint8_t *in) {
   const kvbm_layout *L = &dst->layout;
+  kvbm__sum_clear(dst, b); /* bytes from a store: no sum known */
   if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS) {
     memcpy(kvbm__layer_ptr(dst, b, 0), in, block_len(L));
     return;
@@ -63,6 +162,7 @@ int kvbm__copy_block_gpu(kvbm_gpu_stream *s, const kvbm__tier *dst, uint32_t db,
                          const kvbm__tier *src, uint32_t sb) {
   const kvbm_layout *L = &src->layout;
   int rc = KVBM_OK;
+  carry_sum(dst, db, src, sb); /* a failed copy leaves dst FAILED, never sent */
   if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS && dst->layout.kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
     return kvbm__gpu_copy(s, kvbm__layer_ptr(dst, db, 0), kvbm__layer_ptr(src, sb, 0),
                           block_len(L));
@@ -87,6 +187,7 @@ int kvbm__gather_gpu(kvbm_gpu_stream *s, uint8_t *out, const kvbm__tier *src, ui
 int kvbm__scatter_gpu(kvbm_gpu_stream *s, kvbm__tier *dst, uint32_t b, const uint8_t *in) {
   const kvbm_layout *L = &dst->layout;
   int rc = KVBM_OK;
+  kvbm__sum_clear(dst, b);
   if (L->kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
     rc = kvbm__gpu_copy(s, kvbm__layer_ptr(dst, b, 0), in, block_len(L));
   else

@@ -294,7 +294,8 @@ static int place(kvbm__peer *p, kvbm_tier ti, const kvbm_block_msg *msg, const u
 }
 
 /* Streams the frame verifier over a landing block's layers. */
-static int verify_landed(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t **layers, kvbm_error *err) {
+static int verify_landed(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t **layers, uint64_t *hashed,
+                         kvbm_error *err) {
   kvbm_frame_verifier v;
   int rc = kvbm_frame_verifier_init(&v, &msg->frame, err);
   for (uint64_t l = 0; rc == KVBM_OK && l < p->land_layout.config.num_layers; l++) {
@@ -304,14 +305,26 @@ static int verify_landed(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t
     if (rc == KVBM_OK) {
       layers[l] = ptr;
       rc = kvbm_frame_verifier_update(&v, ptr, size, err);
+      if (rc == KVBM_OK) *hashed += size;
     }
   }
   return rc ? rc : kvbm_frame_verifier_finish(&v, err);
 }
 
+/* The body length a pushed message's frame declares (its envelope and
+ * header were checked by the decoder that hashed the body). */
+static uint64_t pushed_body_len(const uint8_t *buf, size_t len) {
+  kvbm_frame_header h;
+  size_t off = KVBM_BLOCK_MSG_FIXED + (size_t)kvbm__get_le32(buf + 48) * 4;
+  if (len < off || kvbm_frame_parse_header(buf + off, len - off, UINT32_MAX, &h, NULL)) return 0;
+  return h.body_len;
+}
+
 /* Every check of one block message, in order, then place(). *reason is
- * the stats counter the refusal goes to. */
-static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **reason, kvbm_error *err) {
+ * the stats counter the refusal goes to; *hashed the bytes hashed to
+ * check it (the one hash a block's bytes get on their way, issue 22). */
+static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **reason, uint64_t *hashed,
+                      kvbm_error *err) {
   kvbm_manager *m = p->m;
   const uint32_t B = m->cfg.block_size;
   uint32_t *tokens = malloc(B * sizeof *tokens);
@@ -322,6 +335,7 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
   if (!rc) {
     rc = kvbm_block_msg_decode(buf, len, B, (uint32_t)m->block_bytes, tokens, &msg, err);
     if (rc == KVBM_ECHECKSUM) *reason = &p->st.refused_checksum;
+    if (rc == KVBM_ECHECKSUM || (rc == KVBM_OK && !msg.placed)) *hashed += pushed_body_len(buf, len);
     if (rc == KVBM_ETOOLONG || rc == KVBM_ETRUNCATED) *reason = &p->st.refused_length;
   }
   if (!rc && msg.layout_id != p->land_id) {
@@ -363,7 +377,7 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
       rc = kvbm_error_set(err, KVBM_EPROTO, "a placed block names tier %s, the landing zone is %s's",
                           kvbm_tier_name(msg.tier), kvbm_tier_name(p->cfg.ingest_tier));
     } else {
-      rc = verify_landed(p, &msg, layers, err);
+      rc = verify_landed(p, &msg, layers, hashed, err);
       if (rc == KVBM_ECHECKSUM) *reason = &p->st.refused_checksum;
     }
   } else if (!rc) {
@@ -386,11 +400,12 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
  * m->peers only after its thread started (attach), so a lookup by index
  * could miss it while the first messages arrive. */
 static int peer_ingest(kvbm__peer *p, const uint8_t *msg, size_t len, kvbm_error *err) {
-  uint64_t *reason;
+  uint64_t *reason, hashed = 0;
   kvbm_error e = {0};
-  int rc = ingest_msg(p, msg, len, &reason, &e);
+  int rc = ingest_msg(p, msg, len, &reason, &hashed, &e);
   pthread_mutex_lock(&p->mu);
   p->st.received++;
+  p->st.received_hashed_bytes += hashed;
   if (rc == KVBM_OK) {
     p->st.ingested++;
   } else {
@@ -458,6 +473,25 @@ static void hash_layers(const kvbm__tier *t, const void *const *layers, uint8_t 
   kvbm_blake3_hasher_finalize(&h, sum, 16);
 }
 
+/* The frame checksum of pinned block b, whose layers are at `layers`: the
+ * one its tier kept (tier/copy.c, "Kept checksums"; nothing hashed), else
+ * hashed here and kept for its next send. Counted either way. A kept sum
+ * is trusted only for the frame: the receiver hashes the bytes it gets,
+ * so a sum gone stale (bytes changed behind the manager) costs the block,
+ * refused by checksum, never a wrong one. */
+static void block_sum(kvbm__peer *p, const src_block *b, const void *const *layers, uint8_t sum[16]) {
+  const kvbm__tier *t = &p->m->t[b->tier];
+  bool kept = kvbm__sum_get(t, b->id, sum);
+  if (!kept) {
+    hash_layers(t, layers, sum);
+    kvbm__sum_keep(t, b->id, sum);
+  }
+  pthread_mutex_lock(&p->mu);
+  if (kept) p->st.sent_sums_kept++;
+  else p->st.sent_hashed_bytes += p->m->block_bytes;
+  pthread_mutex_unlock(&p->mu);
+}
+
 static kvbm_block_msg msg_of(const kvbm__peer *p, const src_block *b, uint32_t ntok) {
   kvbm_block_msg msg = {.seq_hash = b->hash, .parent_hash = b->parent, .salt_hash = b->salt,
                         .has_parent = b->has_parent, .num_tokens = b->tokens ? ntok : 0,
@@ -466,21 +500,28 @@ static kvbm_block_msg msg_of(const kvbm__peer *p, const src_block *b, uint32_t n
   return msg;
 }
 
-/* PUSH: each block gathered into its message (framed), pushed. */
+/* PUSH: each block gathered into its message where the frame's body
+ * goes (one copy), framed with its checksum (kept, or hashed once), pushed. */
 static int push_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_error *err) {
   kvbm_manager *m = p->m;
   const uint32_t B = m->cfg.block_size;
   size_t cap = kvbm_block_msg_size(B, m->block_bytes);
-  uint8_t *body = malloc(m->block_bytes), *msgbuf = malloc(cap);
-  int rc = body && msgbuf ? KVBM_OK : kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  uint8_t *msgbuf = malloc(cap);
+  const void **layers = malloc(m->t[blocks[0].tier].layout.config.num_layers * sizeof *layers);
+  int rc = msgbuf && layers ? KVBM_OK : kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   for (size_t i = 0; !rc && i < n; i++) {
     const src_block *b = &blocks[i];
     const kvbm__tier *t = &m->t[b->tier];
-    for (uint64_t l = 0; !rc && l < t->layout.config.num_layers; l++)
+    kvbm_block_msg msg = msg_of(p, b, B);
+    uint8_t *body = msgbuf + KVBM_BLOCK_MSG_FIXED + (size_t)msg.num_tokens * 4 + KVBM_FRAME_HEADER_LEN;
+    for (uint64_t l = 0; !rc && l < t->layout.config.num_layers; l++) {
+      layers[l] = body + l * t->layout.layer_stride;
       rc = kvbm_manager_block_read(m, b->tier, b->id, (uint32_t)l, body + l * t->layout.layer_stride,
                                    t->layout.layer_stride, err);
-    kvbm_block_msg msg = msg_of(p, b, B);
+    }
+    if (!rc) block_sum(p, b, layers, msg.frame.checksum);
     msg.body = body;
+    msg.sum_given = 1;
     size_t len = 0;
     if (!rc) rc = kvbm_block_msg_encode(&msg, msgbuf, cap, &len, err);
     if (!rc && corrupt_this(m)) msgbuf[len - 1] ^= 0x5A; /* the seam: a bad link */
@@ -496,7 +537,7 @@ static int push_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_er
       pthread_mutex_unlock(&p->mu);
     }
   }
-  free(body);
+  free(layers);
   free(msgbuf);
   return rc;
 }
@@ -553,7 +594,7 @@ static int put_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_err
     for (size_t i = done; !rc && i < done + got; i++) {
       const src_block *b = &blocks[i];
       rc = source_layers(m, b, stage + i * m->block_bytes, layers, err);
-      if (!rc) hash_layers(&m->t[b->tier], layers, sums[i]);
+      if (!rc) block_sum(p, b, layers, sums[i]);
       if (!rc) {
         pthread_mutex_lock(&p->fmu);
         rc = kvbm_fabric_write_block_layers(p->f, p->rs, slots[i], layers, nl, ls, err);
@@ -571,7 +612,7 @@ static int put_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_err
       kvbm_block_msg msg = msg_of(p, &blocks[i], B);
       msg.placed = 1;
       msg.block_id = slots[i];
-      memcpy(msg.frame.checksum, sums[i], 16); /* hashed above, from the source */
+      memcpy(msg.frame.checksum, sums[i], 16); /* kept or hashed above, from the source */
       size_t len = 0;
       rc = kvbm_block_msg_encode(&msg, msgbuf, cap, &len, err);
       if (!rc) {
@@ -1059,6 +1100,9 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   m->peers[index] = p;
   m->npeers = index + 1;
   pthread_mutex_unlock(&m->peers_mu);
+  /* From now on a block's checksum is computed when it is first offloaded
+   * to G2, by the host worker, and kept for its sends (tier/copy.c). */
+  atomic_store(&m->t[KVBM_TIER_G2].hash_copies, true);
   *peer = index;
   return KVBM_OK;
 }

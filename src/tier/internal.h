@@ -135,6 +135,16 @@ typedef enum kvbm__store_kind {
   KVBM__STORE_VOLUME,     /* G3, G4: a kvbm_volume */
 } kvbm__store_kind;
 
+/* A memory tier block's kept checksum (copy.c, "Kept checksums"): the
+ * BLAKE3-128 of its bytes in canonical order (layer 0 first), as an MRDN
+ * frame carries it. state: KVBM__SUM_NONE, _BUSY (being written by the
+ * one writer that won it), _KEPT (sum valid for the block's bytes). */
+enum { KVBM__SUM_NONE = 0, KVBM__SUM_BUSY = 1, KVBM__SUM_KEPT = 2 };
+typedef struct kvbm__blocksum {
+  _Atomic uint8_t state;
+  uint8_t sum[16];
+} kvbm__blocksum;
+
 typedef struct kvbm__vworker kvbm__vworker; /* workers.c */
 typedef struct kvbm__peer kvbm__peer;       /* disagg.c */
 
@@ -158,6 +168,11 @@ typedef struct kvbm__tier {
   kvbm_memory_type memory;
   bool device;           /* bytes not addressable by the host (DEVICE) */
   uint8_t **region;      /* region bases */
+  kvbm__blocksum *sums;  /* a kept checksum per block (copy.c; no lock) */
+  uint64_t nsums;
+  _Atomic bool hash_copies; /* G2: a host copy into it hashes a block that
+                               has no kept checksum (set once a peer is
+                               attached: copy.c, "Kept checksums") */
 
   /* KVBM__STORE_VOLUME */
   kvbm_volume *vol;
@@ -278,6 +293,25 @@ int kvbm__block_pieces(const kvbm__tier *t, uint32_t b, struct iovec *iov, int m
 /* The block's bytes as one contiguous host piece, or NULL (LayerSeparate,
  * device memory). */
 uint8_t *kvbm__block_contiguous(const kvbm__tier *t, uint32_t b);
+
+/* Kept checksums (copy.c, no lock; see "Kept checksums" there). The
+ * per-block array of a memory tier of n blocks (KVBM_ENOMEM), freed with
+ * the tier. */
+int kvbm__sums_create(kvbm__tier *t, uint64_t n);
+void kvbm__sums_destroy(kvbm__tier *t);
+/* Block b's kept checksum into out: true, or false when none is kept. The
+ * caller pins b (its bytes and its sum do not change meanwhile). */
+bool kvbm__sum_get(const kvbm__tier *t, uint32_t b, uint8_t out[16]);
+/* Keeps `sum` for pinned READY block b unless one is kept already (the
+ * first writer wins; every writer hashed the same bytes). */
+void kvbm__sum_keep(const kvbm__tier *t, uint32_t b, const uint8_t sum[16]);
+/* Forgets block b's checksum: a new registration (its bytes are to come),
+ * an eviction. Lock held (or b owned by the caller). */
+void kvbm__sum_clear(const kvbm__tier *t, uint32_t b);
+/* Forgets every block's (the pool was cleared). */
+void kvbm__sums_clear_all(const kvbm__tier *t);
+/* BLAKE3-128 of host block b's bytes in canonical order (layer 0 first). */
+void kvbm__block_hash(const kvbm__tier *t, uint32_t b, uint8_t sum[16]);
 
 /* ---- store.c: values in volume tiers (no lock) ---- */
 

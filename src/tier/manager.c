@@ -96,6 +96,10 @@ static void storage_event(kvbm_manager *m, const kvbm__tier *t, const kvbm_pool_
  * FAILED mark must not outlive it; then the user's listener. */
 static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) {
   kvbm__tier *t = &m->t[tier];
+  /* A registration begins or ends: the block's kept checksum (copy.c) was
+   * of other bytes. */
+  if (ev->kind == KVBM_POOL_CLEARED) kvbm__sums_clear_all(t);
+  else kvbm__sum_clear(t, ev->block_id);
   if (ev->kind == KVBM_POOL_REMOVED) {
     t->state[ev->block_id] = KVBM__READY;
     /* The index is the store's eviction too, unless others share it. */
@@ -141,6 +145,9 @@ static void advise_huge(void *p, uint64_t len) {
  * state byte per block. */
 static int tier_pool(kvbm_manager *m, kvbm__tier *t, uint64_t n, kvbm_error *err) {
   if (!(t->state = calloc(n, 1))) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  /* G1 and G2 keep a checksum per block for peers (copy.c, "Kept checksums"). */
+  if (t->id <= KVBM_TIER_G2 && kvbm__sums_create(t, n))
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   kvbm_pool_config pc = kvbm_pool_config_default((uint32_t)n, m->cfg.block_size);
   pc.scheme = m->cfg.scheme;
   /* G1 keeps its blocks' tokens: a block offloaded to a peer carries them,
@@ -529,6 +536,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
       kvbm_storage_release(t->storage);
     free(t->region);
     free(t->state);
+    kvbm__sums_destroy(t);
     if (t->filter_on) kvbm__freq_filter_destroy(&t->filter);
   }
   free(m->zero_tokens);

@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_blockmsg.c: the block message codec: round trip, a flipped byte
  * anywhere in the body caught by the frame's BLAKE3, every truncation and
- * every malformed envelope refused with its own error. */
+ * every malformed envelope refused with its own error; a sender's kept
+ * checksum framed without hashing, and a stale one refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "fabric/fabric_util.h"
@@ -172,11 +174,68 @@ static void test_placed(void **state) {
   assert_int_equal(kvbm_block_msg_encode(&pre, again, sizeof again, &len2, &e), KVBM_EINVAL);
 }
 
+/* A pushed message framed with the checksum the sender kept (issue 22):
+ * the same bytes as a hashing encode when the sum is right; the body is
+ * not hashed (a sum that is not the body's travels as given); a body
+ * gathered in place is not moved; and a stale sum (the bytes changed
+ * after it was computed) is refused by the receiver's one hash. */
+static void test_sum_given(void **state) {
+  (void)state;
+  uint8_t ref[4000], buf[4000];
+  size_t rlen = encode(ref, sizeof ref), len = 0;
+  kvbm_block_msg m = {.seq_hash = 0x1122334455667788ull, .parent_hash = 42, .salt_hash = 7, .has_parent = 1,
+                      .num_tokens = NT, .tokens = g_tokens, .tier = KVBM_TIER_G2,
+                      .layout_id = 0xA1B2C3D4E5F60718ull, .phase = KVBM_PHASE_OUTPUT_CRITICAL, .body = g_body,
+                      .body_len = BODY, .sum_given = 1};
+  kvbm_blake3_hash(g_body, BODY, m.frame.checksum, 16); /* kept at "commit" */
+  kvbm_error e;
+  assert_int_equal(kvbm_block_msg_encode(&m, buf, sizeof buf, &len, &e), KVBM_OK);
+  assert_int_equal(len, rlen);
+  assert_memory_equal(buf, ref, len);
+
+  /* gathered where the body goes: framed in place, same bytes */
+  uint8_t *at = buf + 52 + 4 * NT + KVBM_FRAME_HEADER_LEN;
+  memset(buf, 0xEE, sizeof buf);
+  memcpy(at, g_body, BODY);
+  kvbm_block_msg inplace = m;
+  inplace.body = at;
+  assert_int_equal(kvbm_block_msg_encode(&inplace, buf, sizeof buf, &len, &e), KVBM_OK);
+  assert_memory_equal(buf, ref, rlen);
+
+  /* nothing hashed: the header carries the given sum, whatever the body */
+  kvbm_block_msg given = m;
+  memset(given.frame.checksum, 0xAB, 16);
+  assert_int_equal(kvbm_block_msg_encode(&given, buf, sizeof buf, &len, &e), KVBM_OK);
+  uint8_t want[16];
+  memset(want, 0xAB, 16);
+  assert_memory_equal(buf + 52 + 4 * NT + 16, want, 16);
+  uint32_t toks[NT];
+  kvbm_block_msg d;
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY, toks, &d, &e), KVBM_ECHECKSUM);
+
+  /* stale: the bytes changed after their sum was kept; the sender frames
+   * what it holds, the receiver refuses it */
+  g_body[BODY / 2] ^= 0x01;
+  assert_int_equal(kvbm_block_msg_encode(&m, buf, sizeof buf, &len, &e), KVBM_OK);
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY, toks, &d, &e), KVBM_ECHECKSUM);
+  /* placed, with the body at hand and the sum given: the sum is framed */
+  kvbm_block_msg placed = m;
+  placed.placed = 1;
+  placed.block_id = 3;
+  assert_int_equal(kvbm_block_msg_encode(&placed, buf, sizeof buf, &len, &e), KVBM_OK);
+  assert_int_equal(kvbm_block_msg_decode(buf, len, NT, BODY, toks, &d, &e), KVBM_OK);
+  assert_memory_equal(d.frame.checksum, m.frame.checksum, 16);
+  assert_int_equal(kvbm_frame_verify_body(&d.frame, g_body, BODY, &e), KVBM_ECHECKSUM);
+  g_body[BODY / 2] ^= 0x01;
+  assert_int_equal(kvbm_frame_verify_body(&d.frame, g_body, BODY, &e), KVBM_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_corruption),
       cmocka_unit_test(test_placed),
+      cmocka_unit_test(test_sum_given),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
