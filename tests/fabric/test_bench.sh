@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# kvbm transfer-bench runs end to end on a small configuration: both modes
-# move every block (the checked mode verifies each one, or the command
+# kvbm transfer-bench runs end to end on a small configuration: every mode
+# moves every block (the checked modes verify each one, or the command
 # fails), with 0 and 2 hash threads; the JSON names the fabric ("ucx"),
 # carries the memcpy bound and the modes' gbps with their spread (min <=
-# median <= max), plain's ratio to memcpy and to ucx_perftest, checked's
-# ratio to plain and its CPU bound, and the load. No speed is asserted
-# here (that is the bench's job, on a quiet machine).
+# median <= max), plain's ratio to memcpy and to ucx_perftest, the checked
+# modes' ratios to plain and to their CPU bounds, and the load. Checked
+# (the sum kept since the block was written, issue 22) hashes nothing at
+# the sender; rehash hashes every block it sends, warm-up included; one
+# hash per byte bounds checked no lower than two bound rehash, and neither
+# bound is above plain. No speed is asserted here (that is the bench's
+# job, on a quiet machine).
 set -euo pipefail
 : "${KVBM_BIN:?}"
 PY=/usr/bin/python3
@@ -23,15 +27,24 @@ assert d["workload"] == "W4 remote" and d["fabric"] == "ucx", d
 assert d["block_bytes"] == 2 * 16 * 256 * 2, d
 assert d["blocks"] == 64 and d["hash_threads"] == int(sys.argv[2]) and d["cores"] >= 1, d
 assert d["load_before"] >= 0 and d["load_after"] >= 0, d
-for m in ("memcpy", "blake3_1thread", "plain", "checked"):
+for m in ("memcpy", "blake3_1thread", "plain", "checked", "rehash"):
     r = d[m]
     assert 0 < r["min_gbps"] <= r["gbps"] <= r["max_gbps"], d
-for m in ("plain", "checked"):
+for m in ("plain", "checked", "rehash"):
     assert "ratio" not in d[m], d
-p, c = d["plain"], d["checked"]
+p, c, h = d["plain"], d["checked"], d["rehash"]
 assert 0 < p["min_memcpy_ratio"] <= p["memcpy_ratio"] <= p["max_memcpy_ratio"], d
-assert 0 < c["min_plain_ratio"] <= c["plain_ratio"] <= c["max_plain_ratio"], d
-assert 0 < c["cpu_bound_plain_ratio"] <= 1, d
+for x in (c, h):
+    assert 0 < x["min_plain_ratio"] <= x["plain_ratio"] <= x["max_plain_ratio"], d
+    assert 0 < x["min_bound_ratio"] <= x["bound_ratio"] <= x["max_bound_ratio"], d
+    assert 0 < x["cpu_bound_plain_ratio"] <= 1, d
+assert 0 < c["min_cpu_bound_gbps"] <= c["cpu_bound_gbps"] <= c["max_cpu_bound_gbps"] <= p["max_gbps"], d
+assert 0 < h["cpu_bound_gbps"] <= c["cpu_bound_gbps"], d
+assert h["cpu_bound_plain_ratio"] <= c["cpu_bound_plain_ratio"], d
+# hashed at the sender: nothing with the kept sums; every block sent
+# (the warm-up ring of 16 slots and the 64 timed blocks, per round) when rehashing
+assert c["sender_hashed_bytes"] == 0, d
+assert h["sender_hashed_bytes"] == 2 * (16 + 64) * d["block_bytes"], d
 PY
 done
 

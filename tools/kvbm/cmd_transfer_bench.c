@@ -22,27 +22,36 @@
  * each batch; A reuses a slot only after B acknowledged the batch that
  * filled it (a ring of slots / batch batches in flight). The clock runs
  * from the first write to the last acknowledgement (after one untimed
- * round of the ring as warm-up). Rounds of (reference, plain, checked) are
- * interleaved and the medians reported, so that a noisy neighbour on a
- * shared machine weighs on all three alike. Two modes, same connection:
+ * round of the ring as warm-up). Rounds of (reference, plain, checked,
+ * rehash) are interleaved and the medians reported, so that a noisy
+ * neighbour on a shared machine weighs on all alike. Three modes, same
+ * connection:
  *   plain    as above;
- *   checked  A frames every block (MRDN v1 header, BLAKE3 of the bytes) and
- *            sends the headers in the notification; B verifies every block
- *            in place against its header before acknowledging it (a block
- *            that fails would be rejected; the bench fails if any does).
- *            Both ends hash on a kvbm_blake3_pool of --hash-threads
- *            workers (each 2 MiB block in 256 KiB pieces, so one block
- *            spreads over every thread): A submits the hashing of batch
- *            k+1 before it writes batch k, so hashing overlaps the
- *            transfer, and waits (helping) only when batch k's headers are
- *            due; B hashes a batch on its workers and its main thread.
- *            The target: at least 0.8 of plain.
+ *   checked  a block's BLAKE3-128 is computed once in its life (issue 22):
+ *            A's source blocks are hashed when they are filled (their
+ *            "commit", untimed), and the sum is kept beside them, as the
+ *            manager's tiers keep one per block (tier/copy.c). A then only
+ *            frames: the MRDN v1 header of each block, with its kept sum,
+ *            goes in the notification (A hashes nothing; counted). B
+ *            verifies every block in place against its header before
+ *            acknowledging it (a block that fails would be rejected; the
+ *            bench fails if any does): the one hash a byte gets on its
+ *            way. B hashes a batch on a kvbm_blake3_pool of --hash-threads
+ *            workers and its main thread (each 2 MiB block in 256 KiB
+ *            pieces, so one block spreads over every thread).
+ *   rehash   the design before: A hashes every block at every send too
+ *            (on its own pool, batch k+1 while it writes batch k), B
+ *            verifies. Kept to show what the kept sum saves, in the same
+ *            run, and as the path of a block whose sum was not kept.
  * Output: GB/s (10^9 bytes/s) of block bytes for each mode (median, min,
  * max over the rounds), the references, the ratios, the load average
- * before and after, and the CPU bound of the checked mode on this machine:
- * the fraction of plain that the cores could give if the copy and both
- * ends' hashing were spread over all of them perfectly (from the same
- * run's memcpy and single-thread BLAKE3 speeds). --json gives one object.
+ * before and after, and the CPU bound of each checked mode on this
+ * machine: what the cores could give if its work per byte were spread
+ * over all of them perfectly, from the same round's memcpy and
+ * single-thread BLAKE3 speeds, at most plain's speed. Checked does one
+ * copy and one hash per byte: bound = min(plain, cores / (1/memcpy +
+ * 1/blake3)), and checked / bound is its target (at least 0.8); rehash
+ * does one copy and two hashes (2/blake3). --json gives one object.
  *
  * The two nodes share a fresh random key (drawn before the fork), so the
  * listening side channel refuses anyone else who connects meanwhile.
@@ -71,14 +80,14 @@
 
 const char kvbm_cmd_transfer_bench_help[] =
     "W4 remote: GB/s of 2 MiB blocks over the UCX fabric vs memcpy of the same working set and ucx_perftest, "
-    "with and without BLAKE3";
+    "without BLAKE3, with a kept sum checked once, and hashed at both ends";
 
 static const char kUsage[] =
     "usage: kvbm transfer-bench [options]\n"
     "  --blocks N         blocks sent per mode (default 2048)\n"
     "  --slots N          receiver slots, a multiple of --batch (default 32)\n"
     "  --batch N          blocks per notification (default 8)\n"
-    "  --rounds N         rounds of (reference, memcpy, plain, checked); medians reported (default 3)\n"
+    "  --rounds N         rounds of (reference, memcpy, plain, checked, rehash); medians reported (default 3)\n"
     "  --hash-threads N   BLAKE3 workers at each end, besides the waiting thread\n"
     "                     (default: online CPUs - 1)\n"
     "  --no-reference     skip ucx_perftest (ratios are then omitted)\n"
@@ -89,6 +98,8 @@ static const char kUsage[] =
 #define NOTE_MAGIC 0x42545653u /* "SVTB" */
 #define FLAG_CHECK 1u
 #define FLAG_END 2u
+
+enum { MODE_PLAIN, MODE_CHECKED, MODE_REHASH, MODES };
 
 typedef struct bench {
   fab_opts o;
@@ -331,6 +342,10 @@ typedef struct sender {
   kvbm_blake3_job *jobs;                  /* 2 x batch */
   uint8_t (*sums)[KVBM_FRAME_CHECKSUM_LEN]; /* 2 x batch */
   uint64_t tickets[2];
+  /* checked mode: each source block's sum, computed once when it was
+   * filled (its "commit"), as a tier keeps it */
+  uint8_t (*kept)[KVBM_FRAME_CHECKSUM_LEN]; /* slots */
+  uint64_t hashed[MODES];                   /* bytes A hashed while sending */
 } sender;
 
 /* Source block i of batch k. */
@@ -360,18 +375,26 @@ static int wait_ack(sender *sd, uint32_t want, kvbm_error *e) {
   return KVBM_OK;
 }
 
+/* The frame checksum of batch k's block i: kept (checked) or just hashed
+ * on the pool (rehash). */
+static const uint8_t *block_sum(const sender *sd, int mode, uint64_t k, uint64_t i) {
+  if (mode == MODE_CHECKED) return sd->kept[(k * sd->b->batch + i) % sd->b->slots];
+  return sd->sums[(k % 2) * sd->b->batch + i];
+}
+
 /* Sends `nbatches` batches; returns seconds from the first write to the
  * last acknowledgement. */
-static int send_batches(sender *sd, uint64_t nbatches, bool check, double *secs, kvbm_error *e) {
+static int send_batches(sender *sd, uint64_t nbatches, int mode, double *secs, kvbm_error *e) {
   const bench *b = sd->b;
   uint64_t ring = b->slots / b->batch;
+  const bool check = mode != MODE_PLAIN, rehash = mode == MODE_REHASH;
   double t0 = cli_now();
-  if (check && submit_hash(sd, 0, e)) return 1;
+  if (rehash && submit_hash(sd, 0, e)) return 1;
   for (uint64_t k = 0; k < nbatches; k++) {
     if (k >= ring && wait_ack(sd, (uint32_t)(k - ring), e)) return 1;
-    /* The next batch's hashing starts now, on the workers, while this
-     * thread writes this batch: hashing overlaps the transfer. */
-    if (check && k + 1 < nbatches && submit_hash(sd, k + 1, e)) return 1;
+    /* rehash: the next batch's hashing starts now, on the workers, while
+     * this thread writes this batch: hashing overlaps the transfer. */
+    if (rehash && k + 1 < nbatches && submit_hash(sd, k + 1, e)) return 1;
     uint8_t *note = sd->notes + (k % ring) * sd->note_len;
     note_hdr nh = {NOTE_MAGIC, (uint32_t)k, (uint32_t)b->batch, check ? FLAG_CHECK : 0};
     memcpy(note, &nh, sizeof nh);
@@ -379,13 +402,16 @@ static int send_batches(sender *sd, uint64_t nbatches, bool check, double *secs,
       uint64_t slot = (k % ring) * b->batch + i;
       if (kvbm_fabric_write_block(sd->f, sd->rs, slot, src_block(sd, k, i), sd->bb, e)) return 1;
     }
-    /* This batch's headers are due with its notification: wait for its
-     * hashes (helping with what is still queued). */
-    if (check && kvbm_blake3_pool_wait(sd->pool, sd->tickets[k % 2], e)) return 1;
+    /* rehash: this batch's headers are due with its notification: wait
+     * for its hashes (helping with what is still queued). */
+    if (rehash) {
+      if (kvbm_blake3_pool_wait(sd->pool, sd->tickets[k % 2], e)) return 1;
+      sd->hashed[mode] += b->batch * sd->bb;
+    }
     for (uint64_t i = 0; i < b->batch; i++) {
       note_entry ne = {.slot = (uint32_t)((k % ring) * b->batch + i)};
-      if (check && kvbm_frame_encode_header_sum(KVBM_PHASE_THINK_COMPLETE, sd->bb, sd->sums[(k % 2) * b->batch + i],
-                                                ne.frame, e))
+      if (check &&
+          kvbm_frame_encode_header_sum(KVBM_PHASE_THINK_COMPLETE, sd->bb, block_sum(sd, mode, k, i), ne.frame, e))
         return 1;
       memcpy(note + sizeof nh + i * sizeof ne, &ne, sizeof ne);
     }
@@ -399,12 +425,12 @@ static int send_batches(sender *sd, uint64_t nbatches, bool check, double *secs,
 }
 
 /* One mode: a warm-up round of the ring, then the timed run. */
-static int measure(sender *sd, bool check, double *gbps, kvbm_error *e) {
+static int measure(sender *sd, int mode, double *gbps, kvbm_error *e) {
   const bench *b = sd->b;
   double secs;
-  if (send_batches(sd, b->slots / b->batch, check, &secs, e)) return 1;
+  if (send_batches(sd, b->slots / b->batch, mode, &secs, e)) return 1;
   uint64_t nbatches = b->blocks / b->batch;
-  if (send_batches(sd, nbatches, check, &secs, e)) return 1;
+  if (send_batches(sd, nbatches, mode, &secs, e)) return 1;
   *gbps = (double)(nbatches * b->batch * sd->bb) / secs / 1e9;
   return 0;
 }
@@ -536,8 +562,8 @@ static int run(bench *b) {
   cfg.name = "bench-a";
 
   /* One reference run first, to fail early when the tool is missing. */
-  double refs[MAX_ROUNDS], copies[MAX_ROUNDS], plains[MAX_ROUNDS], checks[MAX_ROUNDS], hashes[MAX_ROUNDS],
-      phashes[MAX_ROUNDS];
+  double refs[MAX_ROUNDS], copies[MAX_ROUNDS], plains[MAX_ROUNDS], checks[MAX_ROUNDS], rehashes[MAX_ROUNDS],
+      hashes[MAX_ROUNDS], phashes[MAX_ROUNDS];
   if (b->reference && reference(b, &cfg, sd.bb, &refs[0]) != 0) return 1;
   kvbm_fabric_listener *l = NULL;
   if (kvbm_fabric_ucx_listen(&cfg, "127.0.0.1", 0, &l, &e)) {
@@ -564,8 +590,9 @@ static int run(bench *b) {
   sd.notes = calloc(b->slots / b->batch, sd.note_len);
   sd.jobs = calloc(2 * b->batch, sizeof *sd.jobs);
   sd.sums = calloc(2 * b->batch, sizeof *sd.sums);
+  sd.kept = calloc(b->slots, sizeof *sd.kept);
   if (posix_memalign((void **)&dst, 4096, b->slots * sd.bb) != 0) dst = NULL;
-  if (!sd.notes || !sd.jobs || !sd.sums || !dst ||
+  if (!sd.notes || !sd.jobs || !sd.sums || !sd.kept || !dst ||
       kvbm_blake3_pool_create((unsigned)b->hash_threads, 0, &sd.pool, &e) ||
       kvbm_storage_create(KVBM_MEMORY_SYSTEM, &sd.lay, &so, &sd.src, &e) ||
       kvbm_fabric_ucx_accept(l, &sd.f, &e)) {
@@ -573,7 +600,12 @@ static int run(bench *b) {
     goto out;
   }
   memset(dst, 0, b->slots * sd.bb);
-  for (uint64_t s = 0; s < b->slots; s++) fab_fill_pattern(fab_block_ptr(sd.src, &sd.lay, s), sd.bb, s + 1);
+  /* The source blocks are written once ("committed"), and each one's sum
+   * computed then and kept: the only time A hashes them in checked mode. */
+  for (uint64_t s = 0; s < b->slots; s++) {
+    fab_fill_pattern(fab_block_ptr(sd.src, &sd.lay, s), sd.bb, s + 1);
+    kvbm_blake3_hash(fab_block_ptr(sd.src, &sd.lay, s), sd.bb, sd.kept[s], KVBM_FRAME_CHECKSUM_LEN);
+  }
   kvbm_fabric_handle h;
   size_t len;
   if (kvbm_storage_describe(sd.src, &sd.lay, 1, &desc, &e) || kvbm_fabric_register(sd.f, &desc, &ls, &e) ||
@@ -590,7 +622,8 @@ static int run(bench *b) {
     measure_memcpy(&sd, dst, &copies[r]);
     hashes[r] = measure_hash(&sd);
     phashes[r] = measure_pool_hash(&sd);
-    if (measure(&sd, false, &plains[r], &e) || measure(&sd, true, &checks[r], &e)) {
+    if (measure(&sd, MODE_PLAIN, &plains[r], &e) || measure(&sd, MODE_CHECKED, &checks[r], &e) ||
+        measure(&sd, MODE_REHASH, &rehashes[r], &e)) {
       fprintf(stderr, "kvbm " CMD ": %s\n", e.msg);
       goto out;
     }
@@ -605,22 +638,38 @@ static int run(bench *b) {
     goto out;
   }
   /* Per-round ratios first (each round's modes ran side by side), then
-   * every series summarised. */
-  double r_copy[MAX_ROUNDS], r_check[MAX_ROUNDS], r_ref[MAX_ROUNDS], bound[MAX_ROUNDS];
+   * every series summarised. The CPU bounds: each mode's work per byte
+   * (one copy, and one hash for checked, two for rehash) over every core,
+   * at the round's memcpy and single-thread BLAKE3 speeds, at most plain. */
+  double r_copy[MAX_ROUNDS], r_check[MAX_ROUNDS], r_ref[MAX_ROUNDS], bound[MAX_ROUNDS], r_bound[MAX_ROUNDS];
+  double r_rehash[MAX_ROUNDS], bound2[MAX_ROUNDS], r_bound2[MAX_ROUNDS];
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   for (uint64_t r = 0; r < b->rounds; r++) {
     r_copy[r] = plains[r] / copies[r];
     r_check[r] = checks[r] / plains[r];
+    r_rehash[r] = rehashes[r] / plains[r];
     r_ref[r] = b->reference ? plains[r] / refs[r] : 0;
-    /* checked work per byte: one copy and two hashes, over every core */
-    double need = plains[r] * (1 / copies[r] + 2 / hashes[r]);
-    bound[r] = (double)cores / need < 1 ? (double)cores / need : 1;
+    double one = (double)cores / (1 / copies[r] + 1 / hashes[r]), two = (double)cores / (1 / copies[r] + 2 / hashes[r]);
+    bound[r] = one < plains[r] ? one : plains[r];
+    bound2[r] = two < plains[r] ? two : plains[r];
+    r_bound[r] = checks[r] / bound[r];
+    r_bound2[r] = rehashes[r] / bound2[r];
+  }
+  /* the bounds as fractions of plain (before bound[] is sorted) */
+  double bp[MAX_ROUNDS], bp2[MAX_ROUNDS];
+  for (uint64_t r = 0; r < b->rounds; r++) {
+    bp[r] = bound[r] / plains[r];
+    bp2[r] = bound2[r] / plains[r];
   }
   spread ref = b->reference ? stats(refs, b->rounds) : (spread){-1, -1, -1};
   spread cp = stats(copies, b->rounds), pl = stats(plains, b->rounds), ck = stats(checks, b->rounds);
+  spread rh = stats(rehashes, b->rounds);
   spread hs = stats(hashes, b->rounds), rc = stats(r_copy, b->rounds), rk = stats(r_check, b->rounds);
+  spread rk2 = stats(r_rehash, b->rounds), bd = stats(bound, b->rounds), bd2 = stats(bound2, b->rounds);
+  spread rb = stats(r_bound, b->rounds), rb2 = stats(r_bound2, b->rounds);
+  spread bpl = stats(bp, b->rounds), bpl2 = stats(bp2, b->rounds);
   spread ph = stats(phashes, b->rounds);
-  spread rr = stats(r_ref, b->rounds), bd = stats(bound, b->rounds);
+  spread rr = stats(r_ref, b->rounds);
   double load_after = loadavg();
   const char *tls = cfg.transports ? cfg.transports : getenv("UCX_TLS") ? getenv("UCX_TLS") : "default";
   const char *dev = cfg.net_devices ? cfg.net_devices : getenv("UCX_NET_DEVICES") ? getenv("UCX_NET_DEVICES") : "default";
@@ -647,24 +696,40 @@ static int run(bench *b) {
     printf("}, ");
     json_spread("checked", ck);
     printf(", \"plain_ratio\": %.4g, \"min_plain_ratio\": %.4g, \"max_plain_ratio\": %.4g"
-           ", \"cpu_bound_plain_ratio\": %.4g",
-           rk.med, rk.min, rk.max, bd.med);
+           ", \"cpu_bound_gbps\": %.4g, \"min_cpu_bound_gbps\": %.4g, \"max_cpu_bound_gbps\": %.4g"
+           ", \"cpu_bound_plain_ratio\": %.4g"
+           ", \"bound_ratio\": %.4g, \"min_bound_ratio\": %.4g, \"max_bound_ratio\": %.4g"
+           ", \"sender_hashed_bytes\": %" PRIu64,
+           rk.med, rk.min, rk.max, bd.med, bd.min, bd.max, bpl.med, rb.med, rb.min, rb.max, sd.hashed[MODE_CHECKED]);
     if (ref.med > 0) printf(", \"reference_gbps\": %.4g, \"ratio\": %.4g", ref.med, ck.med / ref.med);
-    printf("}}\n");
+    printf("}, ");
+    json_spread("rehash", rh);
+    printf(", \"plain_ratio\": %.4g, \"min_plain_ratio\": %.4g, \"max_plain_ratio\": %.4g"
+           ", \"cpu_bound_gbps\": %.4g, \"cpu_bound_plain_ratio\": %.4g"
+           ", \"bound_ratio\": %.4g, \"min_bound_ratio\": %.4g, \"max_bound_ratio\": %.4g"
+           ", \"sender_hashed_bytes\": %" PRIu64 "}}\n",
+           rk2.med, rk2.min, rk2.max, bd2.med, bpl2.med, rb2.med, rb2.min, rb2.max, sd.hashed[MODE_REHASH]);
   } else {
     printf("workload: W4 remote over %s, %" PRIu64 " blocks of %" PRIu64 " bytes, batches of %" PRIu64 ", %" PRIu64
            " slots, median [min-max] of %" PRIu64 " rounds, UCX_TLS=%s UCX_NET_DEVICES=%s\n",
            kvbm_fabric_label(sd.f), b->blocks / b->batch * b->batch, sd.bb, b->batch, b->slots, b->rounds, tls, dev);
     printf("machine: %ld cores, load %.2f before, %.2f after; %" PRIu64 " hash threads at each end (+ the waiter)\n",
            cores, load_before, load_after, b->hash_threads);
-    printf("bound (memcpy, same working set): %.3f GB/s [%.3f-%.3f]\n", cp.med, cp.min, cp.max);
+    printf("bound (memcpy, same working set): %.3f GB/s [%.3f-%.3f]; BLAKE3 one thread %.3f GB/s [%.3f-%.3f], "
+           "on the pool's %" PRIu64 " threads %.3f GB/s\n",
+           cp.med, cp.min, cp.max, hs.med, hs.min, hs.max, b->hash_threads + 1, ph.med);
     if (ref.med > 0) printf("reference (ucx_perftest ucp_put_bw): %.3f GB/s [%.3f-%.3f]\n", ref.med, ref.min, ref.max);
     printf("fabric, plain:   %.3f GB/s [%.3f-%.3f]  %.3f [%.3f-%.3f] of memcpy", pl.med, pl.min, pl.max, rc.med,
            rc.min, rc.max);
     if (ref.med > 0) printf(", %.3f of ucx_perftest", rr.med);
-    printf("\nfabric, BLAKE3:  %.3f GB/s [%.3f-%.3f]  %.3f [%.3f-%.3f] of plain (CPU bound here %.3f; "
-           "BLAKE3 one thread %.3f GB/s, on the pool's %" PRIu64 " threads %.3f GB/s)\n",
-           ck.med, ck.min, ck.max, rk.med, rk.min, rk.max, bd.med, hs.med, b->hash_threads + 1, ph.med);
+    printf("\nfabric, checked (sum kept, one hash per byte): %.3f GB/s [%.3f-%.3f]  %.3f [%.3f-%.3f] of plain; "
+           "%.3f [%.3f-%.3f] of its CPU bound (%.3f GB/s [%.3f-%.3f]: one copy + one hash per byte on %ld cores); "
+           "sender hashed %" PRIu64 " bytes\n",
+           ck.med, ck.min, ck.max, rk.med, rk.min, rk.max, rb.med, rb.min, rb.max, bd.med, bd.min, bd.max, cores,
+           sd.hashed[MODE_CHECKED]);
+    printf("fabric, rehash (hashed at both ends, as before): %.3f GB/s [%.3f-%.3f]  %.3f [%.3f-%.3f] of plain; "
+           "%.3f [%.3f-%.3f] of its CPU bound (%.3f GB/s: one copy + two hashes per byte)\n",
+           rh.med, rh.min, rh.max, rk2.med, rk2.min, rk2.max, rb2.med, rb2.min, rb2.max, bd2.med);
   }
   code = 0;
 out:
@@ -685,6 +750,7 @@ out:
   free(sd.notes);
   free(sd.jobs);
   free(sd.sums);
+  free(sd.kept);
   free(dst);
   free(wire);
   return code;
