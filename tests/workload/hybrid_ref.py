@@ -17,8 +17,12 @@ The model, in vLLM's names:
     get_new_blocks() pops from the front, evicting a cached block it takes.
   * a cached block is keyed by (block hash, group index).
   * one SingleTypeKVCacheManager per group: full, sw:W (SlidingWindowManager),
-    chunk:C (ChunkedLocalAttentionManager), mamba (MambaManager, "align" mode,
-    vLLM's mode for Mamba models with prefix caching on).
+    chunk:C (ChunkedLocalAttentionManager), mamba (MambaManager in "all" mode:
+    vLLM's default with prefix caching on for models that declare
+    SupportsMambaPrefixCaching, e.g. Nemotron-H and Granite 4: a state block
+    per block of tokens, as attention allocates, all but the last freed after
+    each step) and mamba-align (MambaManager in "align" mode, the default for
+    the other Mamba models: one running state block, saved at chunk ends).
   * HybridKVCacheCoordinator.find_longest_cache_hit: groups with equal specs
     form one attention type; full attention first; every type may shorten the
     hit; repeat until no type shortens it (one pass when the model is one full
@@ -28,8 +32,8 @@ The model, in vLLM's names:
     allocate_new_computed_blocks (touch the hit), allocate_new_blocks,
     cache_blocks up to the tokens computed by the end of the step.
   * the scheduler's chunked prefill: at most --max-num-batched-tokens a step,
-    and with a Mamba group _mamba_block_aligned_split cuts chunks at block
-    boundaries and stops once at the last block boundary of the prompt.
+    and with a mamba-align group _mamba_block_aligned_split cuts chunks at
+    block boundaries and stops once at the last block boundary of the prompt.
 
 W1 parts kept as W1 defines them (so that `--groups full` equals
 ../shared/tools/ref_replay.py): every prompt and output token takes a slot
@@ -65,7 +69,8 @@ MIXES = {
     "gpt-oss": "full,sw:128",
     # Gemma-3-12B: 48 layers, 8 global + 40 local (1024-token window): 8 a group
     "gemma3": "full," + ",".join(["sw:1024"] * 5),
-    # Nemotron-H-8B: 4 attention + 24 Mamba-2 layers: 4 a group
+    # Nemotron-H-8B: 4 attention + 24 Mamba-2 layers: 4 a group; it declares
+    # SupportsMambaPrefixCaching, so its default mamba_cache_mode is "all"
     "mamba-hybrid": "full," + ",".join(["mamba"] * 6),
 }
 
@@ -81,7 +86,7 @@ def parse_groups(text):
     groups = []
     for i, item in enumerate(text.split(",")):
         kind, _, arg = item.strip().partition(":")
-        if kind in ("full", "mamba"):
+        if kind in ("full", "mamba", "mamba-align"):
             if arg:
                 raise ValueError("group %d (%r): %s takes no parameter" % (i, item, kind))
             groups.append((kind, 0))
@@ -96,7 +101,8 @@ def parse_groups(text):
                                  % (i, item, "window" if kind == "sw" else "chunk"))
             groups.append((kind, n))
         else:
-            raise ValueError("group %d (%r): unknown kind (full, sw:W, chunk:C, mamba)"
+            raise ValueError("group %d (%r): unknown kind (full, sw:W, chunk:C, mamba, "
+                             "mamba-align)"
                              % (i, item))
     return groups
 
@@ -265,7 +271,7 @@ def skipped_tokens(kind, param, n):
         return max(0, n - param + 1)
     if kind == "chunk":
         return n // param * param
-    if kind == "mamba":
+    if kind in ("mamba", "mamba-align"):
         return n - 1
     return 0
 
@@ -417,7 +423,7 @@ class Request:
                 table[i] = NULL
             self.pool.free(removed)
             self.held[g] -= len(removed)
-        if kind == "mamba":               # align mode: the state two steps back
+        if kind == "mamba-align":         # the state two steps back
             lsi = self.last_state[g]
             if lsi is not None and lsi < cdiv(n, B) - 1 and table[lsi] is not NULL:
                 self.pool.free([table[lsi]])
@@ -428,7 +434,7 @@ class Request:
     def blocks_to_allocate(self, g, num_tokens, new_computed, total_computed):
         kind, p = self.groups[g]
         B, table = self.B, self.table[g]
-        if kind == "mamba":
+        if kind == "mamba-align":
             n = cdiv(num_tokens, B) - len(new_computed) - len(table)
             if n > 0:
                 n = 1
@@ -459,7 +465,7 @@ class Request:
     def allocate(self, g, num_tokens):
         kind, B, table = self.groups[g][0], self.B, self.table[g]
         required = cdiv(num_tokens, B)
-        if kind != "mamba":
+        if kind != "mamba-align":       # "all" mode allocates as attention
             n = required - len(table)
             if n > 0:
                 table.extend(self.pool.get_new(n))
@@ -564,7 +570,7 @@ def run_request(groups, coord, B, pool, hashes, L, O, mbt, has_mamba):
 def replay(records, groups, B, capacity, mbt=0, dedup=True):
     pool = Pool(capacity, dedup)
     coord = Coordinator(groups, B)
-    has_mamba = any(k == "mamba" for k, _ in groups)
+    has_mamba = any(k == "mamba-align" for k, _ in groups)   # the aligned split
     n = len(groups)
     res = dict(requests=0, prompt_tokens=0, hit_tokens=0, refused=0,
                blocks_allocated=0, blocks_allocated_per_group=[0] * n,
@@ -601,7 +607,7 @@ def replay(records, groups, B, capacity, mbt=0, dedup=True):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace")
-    ap.add_argument("--groups", help="comma list of full, sw:W, chunk:C, mamba")
+    ap.add_argument("--groups", help="comma list of full, sw:W, chunk:C, mamba, mamba-align")
     ap.add_argument("--mix", choices=sorted(MIXES), help="a named group list")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--capacity", type=int, default=16384)
@@ -628,7 +634,7 @@ def main():
     records = read_trace(a.trace, a.limit)
     out = replay(records, groups, a.block_size, a.capacity, a.max_num_batched_tokens,
                  not a.no_dedup)
-    out.update(groups=",".join(k if k in ("full", "mamba") else "%s:%d" % (k, p)
+    out.update(groups=",".join(k if not p else "%s:%d" % (k, p)
                                for k, p in groups),
                block_size=a.block_size, capacity=a.capacity,
                max_num_batched_tokens=a.max_num_batched_tokens, dedup=not a.no_dedup)

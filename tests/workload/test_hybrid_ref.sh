@@ -6,7 +6,8 @@
 #     ref_replay.py) on the bundled trace and on a synthetic one;
 #  2. tiny synthetic traces with every number derived by hand below: the
 #     sliding-window release between chunks, the hit rules of sw, chunk and
-#     mamba groups, and a request that cannot fit refused with nothing changed;
+#     mamba groups (both of vLLM's Mamba caching modes), and a request that
+#     cannot fit refused with nothing changed;
 #  3. hostile group lists refused with a message.
 # Block size 4 in the synthetic cases; a trace line's prompt is
 # hash_ids[0]*512 + i, so equal hash ids give equal prompts.
@@ -116,20 +117,32 @@ expect "requests=2 prompt_tokens=40 hit_tokens=0 refused=1 blocks_allocated=6 pe
 expect "requests=2 prompt_tokens=40 hit_tokens=0 refused=0 blocks_allocated=24 peak_blocks_held=12 peak_blocks_held_per_group=[9,4]" \
   "$TMP/refuse.jsonl" --groups full,sw:8 --block-size 4 --capacity 12 --max-num-batched-tokens 8
 
-# ---- 2d. mamba ("align" mode): a hit needs the state saved at that boundary.
-# full,mamba, B 4, no chunk limit; the scheduler still cuts a prompt at its
-# last block boundary (_mamba_block_aligned_split).
-# r0 (L10,O2,id7): steps [0,8) [8,10) then 2 decodes. Mamba: [null, m1] then
-#   m2 at index 2; m1 (state after 8 tokens) is cached and freed before the
-#   first decode. Full 3 blocks, mamba 2; peak 3+2 = 5.
-# r1 (L10,O1,id7): max hit 9 -> 2 blocks; full has both, mamba has the state
-#   at 8 -> hit 8. New: full 1, mamba 1.
-# r2 (L6,O1,id7): max hit 5 -> 1 block; full has it, mamba has no state at 4
-#   -> hit 0. Steps [0,4) [4,6): full 2 blocks (block 0 dedups), mamba 2.
-# Totals: prompt 26, hits 8, allocated full 3+1+2 = 6, mamba 2+1+2 = 5.
+# ---- 2d. mamba ("all" mode, vLLM's default for models declaring
+# SupportsMambaPrefixCaching): a state block per block of tokens; a hit needs
+# the state saved at that boundary. full,mamba, B 4, no chunk limit.
+# r0 (L10,O2,id7): one step: full 3 blocks, mamba 3 (states at 4, 8 cached,
+#   the third running); before the first decode the mamba group frees all
+#   but its last block (skipped = computed - 1). Peak 3+3 = 6.
+# r1 (L10,O1,id7): max hit 9 -> 2 blocks: full has both, mamba has the state
+#   at 8 -> hit 8. New: 1 a group.
+# r2 (L6,O1,id7): max hit 5 -> 1 block: full has it, mamba has the state at
+#   4 -> hit 4. New: 1 a group.
+# Totals: prompt 26, hits 12, allocated full 3+1+1, mamba 3+1+1.
 trace "$TMP/mamba.jsonl" "10 2 7" "10 1 7" "6 1 7"
-expect "prompt_tokens=26 hit_tokens=8 blocks_allocated_per_group=[6,5] peak_blocks_held=5 peak_blocks_held_per_group=[3,2]" \
+expect "prompt_tokens=26 hit_tokens=12 blocks_allocated_per_group=[5,5] peak_blocks_held=6 peak_blocks_held_per_group=[3,3]" \
   "$TMP/mamba.jsonl" --groups full,mamba --block-size 4 --capacity 100
+# mamba-align ("align" mode, the default for the other Mamba models), same
+# trace; the scheduler cuts a prompt at its last block boundary
+# (_mamba_block_aligned_split) even without a chunk limit.
+# r0: steps [0,8) [8,10) then 2 decodes. Mamba: [null, m1] then m2 at index
+#   2; m1 (state after 8 tokens) is cached and freed before the first decode.
+#   Full 3 blocks, mamba 2; peak 3+2 = 5.
+# r1: full has blocks 0,1, mamba the state at 8 -> hit 8. New: 1 a group.
+# r2: max hit 1 block; full has it, mamba has no state at 4 -> hit 0.
+#   Steps [0,4) [4,6): full 2 blocks (block 0 dedups), mamba 2.
+# Totals: prompt 26, hits 8, allocated full 3+1+2 = 6, mamba 2+1+2 = 5.
+expect "prompt_tokens=26 hit_tokens=8 blocks_allocated_per_group=[6,5] peak_blocks_held=5 peak_blocks_held_per_group=[3,2]" \
+  "$TMP/mamba.jsonl" --groups full,mamba-align --block-size 4 --capacity 100
 
 # ---- 2e. chunked local attention: blocks before the current chunk are skipped.
 # full,chunk:8, B 4.
@@ -156,7 +169,7 @@ print("ok mixes")
 PY
 
 # ---- 3. hostile group lists are refused with a message
-for bad in "" "full,xyz" "sw:0" "sw" "chunk:-4" "mamba:3" "full,,sw:8" "sw:abc"; do
+for bad in "" "full,xyz" "sw:0" "sw" "chunk:-4" "mamba:3" "mamba-align:2" "full,,sw:8" "sw:abc" "full:16"; do
   if err=$($PY "$REF" "$TMP/one.jsonl" --groups "$bad" --json 2>&1); then
     echo "--groups '$bad' accepted: $err"; exit 1
   fi
