@@ -14,6 +14,16 @@
  *   SLIDING_WINDOW    sw:W          "sliding_window"            W tokens
  *   CHUNKED_LOCAL     chunk:C       "chunked_local_attention"   C tokens
  *   MAMBA             mamba         "mamba"                     -
+ *   MAMBA_ALIGN       mamba-align   "mamba"                     -
+ *
+ * Mamba's two kinds are vLLM's two prefix-caching modes of a Mamba layer
+ * (CacheConfig.mamba_cache_mode): MAMBA is "all" (a state block per block of
+ * tokens, as attention allocates, every one but the last released after each
+ * step; the default for models declaring SupportsMambaPrefixCaching, such as
+ * Nemotron-H and Granite 4), MAMBA_ALIGN is "align" (one running state
+ * block, a state saved only where a step ends on a block boundary, and the
+ * scheduler cutting prefill chunks at block boundaries). Both match the
+ * same way and publish the same kv_cache_spec_kind.
  *
  * The prefix hit (kvbm_groups_hit) is vLLM's coordinator rule: the longest
  * block-aligned prefix, at most max_tokens long, that every group can serve.
@@ -53,7 +63,8 @@ typedef enum kvbm_group_kind {
   KVBM_GROUP_FULL = 0,
   KVBM_GROUP_SLIDING_WINDOW = 1,
   KVBM_GROUP_CHUNKED_LOCAL = 2,
-  KVBM_GROUP_MAMBA = 3,
+  KVBM_GROUP_MAMBA = 3,       /* vLLM's mamba_cache_mode "all" */
+  KVBM_GROUP_MAMBA_ALIGN = 4, /* vLLM's mamba_cache_mode "align" */
 } kvbm_group_kind;
 
 /* At most this many groups in one list (vLLM's largest configurations have
@@ -69,11 +80,13 @@ typedef struct kvbm_group_spec {
 } kvbm_group_spec;
 
 /* vLLM's kv_cache_spec_kind string of a kind ("full_attention",
- * "sliding_window", "chunked_local_attention", "mamba"); "unknown" for a
+ * "sliding_window", "chunked_local_attention", "mamba" for both Mamba
+ * modes); "unknown" for a
  * value outside the enum. Static storage. */
 KVBM_EXTERN const char *kvbm_group_kind_name(kvbm_group_kind kind);
 
-/* Parses a comma list of groups: `full`, `sw:W`, `chunk:C`, `mamba` (vLLM's
+/* Parses a comma list of groups: `full`, `sw:W`, `chunk:C`, `mamba`,
+ * `mamba-align` (vLLM's
  * names are accepted too: `full_attention`, `sliding_window:W`,
  * `chunked_local_attention:C`). W and C are decimal, 1..2^30. Writes at most
  * `max` specs into out[] and their count into *n. KVBM_EINVAL with a message
@@ -91,7 +104,7 @@ KVBM_EXTERN size_t kvbm_groups_format(const kvbm_group_spec *groups, size_t n, c
 /* Leading tokens a group no longer needs once `computed` tokens are computed
  * (vLLM's get_num_skipped_tokens): 0 for FULL; max(0, computed - W + 1) for a
  * window; floor(computed / C) * C for chunked local; max(0, computed - 1)
- * for Mamba. */
+ * for Mamba (both modes). */
 KVBM_EXTERN uint64_t kvbm_group_skipped_tokens(const kvbm_group_spec *g, uint64_t computed);
 
 /* Whether block `block` (0-based) of the request is cached in group

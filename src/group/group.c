@@ -37,7 +37,8 @@ const char *kvbm_group_kind_name(kvbm_group_kind kind) {
     case KVBM_GROUP_FULL: return "full_attention";
     case KVBM_GROUP_SLIDING_WINDOW: return "sliding_window";
     case KVBM_GROUP_CHUNKED_LOCAL: return "chunked_local_attention";
-    case KVBM_GROUP_MAMBA: return "mamba";
+    case KVBM_GROUP_MAMBA:
+    case KVBM_GROUP_MAMBA_ALIGN: return "mamba";
   }
   return "unknown";
 }
@@ -50,7 +51,7 @@ static bool kind_of(const char *s, size_t len, kvbm_group_kind *k) {
       {"full", KVBM_GROUP_FULL},           {"full_attention", KVBM_GROUP_FULL},
       {"sw", KVBM_GROUP_SLIDING_WINDOW},   {"sliding_window", KVBM_GROUP_SLIDING_WINDOW},
       {"chunk", KVBM_GROUP_CHUNKED_LOCAL}, {"chunked_local_attention", KVBM_GROUP_CHUNKED_LOCAL},
-      {"mamba", KVBM_GROUP_MAMBA},
+      {"mamba", KVBM_GROUP_MAMBA},         {"mamba-align", KVBM_GROUP_MAMBA_ALIGN},
   };
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strlen(names[i].name) == len && !memcmp(names[i].name, s, len)) {
@@ -80,7 +81,7 @@ static int parse_item(const char *s, size_t len, size_t idx, kvbm_group_spec *g,
   if (len == 0) return kvbm_error_set(err, KVBM_EINVAL, "groups: item %zu is empty", idx);
   if (!kind_of(s, klen, &g->kind))
     return kvbm_error_set(err, KVBM_EINVAL,
-                          "groups: item %zu '%.*s': unknown kind (full, sw:W, chunk:C, mamba)", idx,
+                          "groups: item %zu '%.*s': unknown kind (full, sw:W, chunk:C, mamba, mamba-align)", idx,
                           (int)(len > 64 ? 64 : len), s);
   const bool wants = g->kind == KVBM_GROUP_SLIDING_WINDOW || g->kind == KVBM_GROUP_CHUNKED_LOCAL;
   g->tokens = 0;
@@ -130,6 +131,7 @@ size_t kvbm_groups_format(const kvbm_group_spec *groups, size_t n, char *buf, si
       case KVBM_GROUP_SLIDING_WINDOW: snprintf(item, sizeof item, "sw:%u", groups[i].tokens); break;
       case KVBM_GROUP_CHUNKED_LOCAL: snprintf(item, sizeof item, "chunk:%u", groups[i].tokens); break;
       case KVBM_GROUP_MAMBA: snprintf(item, sizeof item, "mamba"); break;
+      case KVBM_GROUP_MAMBA_ALIGN: snprintf(item, sizeof item, "mamba-align"); break;
       default: snprintf(item, sizeof item, "full"); break;
     }
     int w = snprintf(len < cap ? buf + len : NULL, len < cap ? cap - len : 0, "%s%s", i ? "," : "", item);
@@ -142,7 +144,8 @@ uint64_t kvbm_group_skipped_tokens(const kvbm_group_spec *g, uint64_t computed) 
   switch (g->kind) {
     case KVBM_GROUP_SLIDING_WINDOW: return computed + 1 > g->tokens ? computed + 1 - g->tokens : 0;
     case KVBM_GROUP_CHUNKED_LOCAL: return computed / g->tokens * g->tokens;
-    case KVBM_GROUP_MAMBA: return computed ? computed - 1 : 0;
+    case KVBM_GROUP_MAMBA:
+    case KVBM_GROUP_MAMBA_ALIGN: return computed ? computed - 1 : 0;
     default: return 0;
   }
 }
@@ -206,7 +209,8 @@ static uint64_t find(const ctx *c, const atype *t, uint64_t max) {
   switch (t->spec.kind) {
     case KVBM_GROUP_SLIDING_WINDOW: return find_window(c, t, max);
     case KVBM_GROUP_CHUNKED_LOCAL: return find_chunk(c, t, max);
-    case KVBM_GROUP_MAMBA: return find_mamba(c, t, max);
+    case KVBM_GROUP_MAMBA:
+    case KVBM_GROUP_MAMBA_ALIGN: return find_mamba(c, t, max);
     default: return find_full(c, t, max);
   }
 }

@@ -34,6 +34,12 @@ static void test_parse_mixes(void **state) {
   assert_int_equal(g[1].tokens, 8192);
   assert_int_equal(g[2].kind, KVBM_GROUP_FULL);
   assert_int_equal(g[3].tokens, 1024);
+  assert_int_equal(kvbm_groups_parse("full,mamba-align", g, KVBM_GROUPS_MAX, &n, &err), KVBM_OK);
+  assert_int_equal(g[1].kind, KVBM_GROUP_MAMBA_ALIGN);
+  assert_string_equal(kvbm_group_kind_name(g[1].kind), "mamba"); /* one spec kind, two modes */
+  assert_int_equal(kvbm_groups_format(g, n, NULL, 0), strlen("full,mamba-align"));
+  assert_int_equal(kvbm_groups_parse("mamba,chunk:8192,full_attention,sliding_window:1024", g,
+                                     KVBM_GROUPS_MAX, &n, &err), KVBM_OK);
   char buf[128];
   size_t len = kvbm_groups_format(g, n, buf, sizeof buf);
   assert_string_equal(buf, "mamba,chunk:8192,full,sw:1024");
@@ -71,6 +77,8 @@ static void test_parse_hostile(void **state) {
   expect_refused("sw:99999999999999999999", 4, "window must be");
   expect_refused("full:3", 4, "takes no parameter");
   expect_refused("mamba:1", 4, "takes no parameter");
+  expect_refused("mamba-align:16", 4, "takes no parameter");
+  expect_refused("mamba-all", 4, "unknown kind");
   expect_refused("full ", 4, "unknown kind");   /* trailing junk */
   expect_refused("full,sw:128 ", 4, "window must be");
   expect_refused("full,full,full", 2, "more than 2 groups");

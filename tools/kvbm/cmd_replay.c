@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cmd_replay.c: `kvbm replay`, workload W1 on a trace (the bundled Mooncake
- * conversation trace by default).
+ * conversation trace by default); with --groups, W1-hybrid (issue 20): the
+ * trace through one pool shared by a hybrid model's KV cache groups, as
+ * vLLM's KVCacheManager runs them (workload/w1h.h). The tier flags select
+ * W2 (replay_w2.c).
  */
 #include <stdio.h>
 #include <string.h>
@@ -9,14 +12,170 @@
 #include "cli.h"
 #include "replay_cli.h"
 #include "workload/w1.h"
+#include "workload/w1h.h"
 #include "replay_obs.h"
 #include "replay_w2.h"
 
-const char kvbm_cmd_replay_help[] = "replay a request trace through the block manager (W1)";
+const char kvbm_cmd_replay_help[] = "replay a request trace through the block manager (W1, W1-hybrid)";
 
-static void usage(FILE *f) { replay_cli_usage(f); }
+static void usage(FILE *f) {
+  replay_cli_usage(f);
+  fprintf(f,
+          "W1-hybrid (a hybrid model's KV cache groups over one pool of --capacity blocks,\n"
+          "as vLLM's KVCacheManager runs them; docs/areas/hybrid.md):\n"
+          "  --groups LIST      comma list of full, sw:W (sliding window of W tokens),\n"
+          "                     chunk:C (chunked local attention), mamba (vLLM's \"all\" mode),\n"
+          "                     mamba-align (\"align\" mode); e.g. full,sw:128\n"
+          "  --max-num-batched-tokens N\n"
+          "                     prefill in chunks of at most N tokens (default: one step)\n"
+          "  With --groups only W1's flags apply (--block-size, --capacity, --limit, --hash,\n"
+          "  --json, --no-progress).\n");
+}
+
+/* ---- W1-hybrid ---------------------------------------------------------------- */
+
+static bool is_opt(const char *a, const char *opt) {
+  size_t n = strlen(opt);
+  return !strncmp(a, opt, n) && (a[n] == 0 || a[n] == '=');
+}
+
+static bool hybrid_wanted(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (is_opt(argv[i], "--groups") || is_opt(argv[i], "--max-num-batched-tokens")) return true;
+  return false;
+}
+
+typedef struct refusals {
+  size_t count;
+} refusals;
+
+/* The first few refused requests are named on stderr; the count is in the
+ * report. */
+static void on_refused(void *user, size_t request, const char *why) {
+  refusals *r = user;
+  if (r->count++ < 5) fprintf(stderr, "kvbm replay: request %zu refused: %s\n", request, why);
+}
+
+static void print_list(const uint64_t *v, size_t n) {
+  for (size_t i = 0; i < n; i++) printf("%s%llu", i ? "," : "", (unsigned long long)v[i]);
+}
+
+static int replay_hybrid(int argc, char **argv) {
+  kvbm_w1_config o = kvbm_w1_config_default();
+  kvbm_w1h_config h = kvbm_w1h_config_default();
+  replay_cli c;
+  replay_cli_init(&c);
+  const char *groups = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *v;
+    uint64_t x;
+    int r;
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(stdout);
+      return 0;
+    }
+    if ((r = cli_opt_value("replay", argc, argv, &i, "--groups", &v))) {
+      if (r < 0) return 2;
+      groups = v;
+      continue;
+    }
+    if ((r = cli_opt_value("replay", argc, argv, &i, "--max-num-batched-tokens", &v))) {
+      if (r < 0 || !cli_parse_u64("replay", "--max-num-batched-tokens", v, 1, UINT32_MAX, &x)) return 2;
+      h.max_num_batched_tokens = (uint32_t)x;
+      continue;
+    }
+    r = replay_cli_take(argc, argv, &i, &o, &c);
+    if (r < 0) return 2;
+    if (r == 0) {
+      fprintf(stderr, "kvbm replay: '%s' is not supported with --groups (W1-hybrid)\n", argv[i]);
+      usage(stderr);
+      return 2;
+    }
+  }
+  kvbm_error err = {0};
+  if (!groups) {
+    fprintf(stderr, "kvbm replay: --max-num-batched-tokens needs --groups (W1-hybrid)\n");
+    return 2;
+  }
+  if (kvbm_groups_parse(groups, h.groups, KVBM_GROUPS_MAX, &h.num_groups, &err)) {
+    fprintf(stderr, "kvbm replay: --groups: %s\n", err.msg);
+    return 2;
+  }
+  if (h.num_groups > o.capacity) {
+    fprintf(stderr, "kvbm replay: --groups: %zu groups cannot share a pool of %u blocks\n", h.num_groups,
+            o.capacity);
+    return 2;
+  }
+  h.block_size = o.block_size;
+  h.capacity = o.capacity;
+  h.limit = o.limit;
+  h.scheme = o.scheme;
+  const char *trace_path = c.trace ? c.trace : KVBM_DEFAULT_TRACE;
+  kvbm_trace *trace;
+  if (kvbm_trace_load(trace_path, o.limit, &trace, &err)) {
+    fprintf(stderr, "kvbm replay: %s: %s\n", trace_path, err.msg);
+    return 2;
+  }
+  refusals ref = {0};
+  h.on_refused = on_refused;
+  h.refused_user = &ref;
+  kvbm_w1h_result res;
+  int rc = kvbm_w1h_run(trace, &h, &res, &err);
+  kvbm_trace_destroy(trace);
+  if (rc) {
+    fprintf(stderr, "kvbm replay: %s\n", err.msg);
+    return 1;
+  }
+  char gtext[KVBM_GROUPS_MAX * 24];
+  kvbm_groups_format(h.groups, h.num_groups, gtext, sizeof gtext);
+  double tps = res.seconds > 0 ? (double)res.prompt_tokens / res.seconds : 0;
+  double hit_rate = res.prompt_tokens ? (double)res.hit_tokens / (double)res.prompt_tokens : 0;
+  if (c.json) {
+    printf("{\"workload\":\"W1-hybrid\",\"trace\":\"%s\",\"groups\":\"%s\",\"block_size\":%u,"
+           "\"capacity\":%u,\"max_num_batched_tokens\":%u,\"hash\":\"%s\",\"requests\":%llu,"
+           "\"prompt_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,\"refused\":%llu,"
+           "\"blocks_allocated\":%llu,\"blocks_allocated_per_group\":[",
+           trace_path, gtext, h.block_size, h.capacity, h.max_num_batched_tokens,
+           kvbm_hash_scheme_name(h.scheme), (unsigned long long)res.requests,
+           (unsigned long long)res.prompt_tokens, (unsigned long long)res.hit_tokens, hit_rate,
+           (unsigned long long)res.refused, (unsigned long long)res.blocks_allocated);
+    print_list(res.blocks_allocated_per_group, h.num_groups);
+    printf("],\"peak_blocks_held\":%llu,\"peak_blocks_held_per_group\":[",
+           (unsigned long long)res.peak_blocks_held);
+    print_list(res.peak_blocks_held_per_group, h.num_groups);
+    printf("],\"seconds\":%.6f,\"prompt_tokens_per_s\":%.0f}\n", res.seconds, tps);
+  } else {
+    printf("W1-hybrid replay of %s\n", trace_path);
+    printf("  groups %s, block size %u tokens, capacity %u blocks, %s hashes\n", gtext, h.block_size,
+           h.capacity, kvbm_hash_scheme_name(h.scheme));
+    if (h.max_num_batched_tokens)
+      printf("  prefill in chunks of at most %u tokens\n", h.max_num_batched_tokens);
+    else
+      printf("  prefill in one step\n");
+    printf("  requests          %llu (%llu refused: they do not fit)\n", (unsigned long long)res.requests,
+           (unsigned long long)res.refused);
+    printf("  prompt tokens     %llu\n", (unsigned long long)res.prompt_tokens);
+    printf("  hit tokens        %llu (%.2f%% of prompt tokens)\n", (unsigned long long)res.hit_tokens,
+           100 * hit_rate);
+    printf("  blocks allocated  %llu (per group ", (unsigned long long)res.blocks_allocated);
+    print_list(res.blocks_allocated_per_group, h.num_groups);
+    printf(")\n  peak blocks held  %llu (per group ", (unsigned long long)res.peak_blocks_held);
+    print_list(res.peak_blocks_held_per_group, h.num_groups);
+    printf(")\n  time              %.3f s\n", res.seconds);
+    printf("  throughput        %.1f M prompt tokens/s\n", tps / 1e6);
+  }
+  fflush(stdout);
+  return 0;
+}
 
 int kvbm_cmd_replay(int argc, char **argv) {
+  if (hybrid_wanted(argc, argv)) {
+    if (replay_w2_wanted(argc, argv)) {
+      fprintf(stderr, "kvbm replay: --groups (W1-hybrid) does not run with tiers below G1 (W2)\n");
+      return 2;
+    }
+    return replay_hybrid(argc, argv);
+  }
   if (replay_w2_wanted(argc, argv)) return replay_w2_main(argc, argv); /* W2: tier flags */
   kvbm_w1_config o = kvbm_w1_config_default();
   replay_cli c;
