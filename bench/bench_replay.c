@@ -14,15 +14,27 @@
  * With --oracle the counts are checked against ../shared/tools/ref_replay.py
  * on the same trace (slow: about two minutes for the full trace).
  *
+ * The hybrid row (issue 20): W1-hybrid (workload/w1h.h) of a gpt-oss-like
+ * model (--groups full,sw:128, prefill in chunks of
+ * --max-num-batched-tokens 8192) on the same trace, in the same rounds,
+ * against W1's single-group replay:
+ *   hybrid ratio = hybrid replay time / W1 replay time   (target: <= 1.5)
+ * given as the median over rounds with its least and greatest (each round
+ * times both back to back, so a noisy neighbour hits both).
+ *
  * usage: bench_replay [TRACE] [--repeat 5] [--hash native|dynamo] [--oracle] [--limit N]
+ *                     [--groups LIST] [--max-num-batched-tokens N] [--no-hybrid]
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+#include "kvbm/group.h"
 #include "kvbm/hash.h"
 #include "workload/w1.h"
+#include "workload/w1h.h"
 #include "workload/trace.h"
 
 static double now(void) {
@@ -56,15 +68,22 @@ int main(int argc, char **argv) {
   int repeat = 5, oracle = 0;
   size_t limit = 0;
   kvbm_hash_scheme scheme = KVBM_HASH_NATIVE;
+  const char *groups = "full,sw:128";
+  uint32_t mbt = 8192;
+  int hybrid = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--groups") && i + 1 < argc) groups = argv[++i];
+    else if (!strcmp(argv[i], "--max-num-batched-tokens") && i + 1 < argc) mbt = (uint32_t)atol(argv[++i]);
+    else if (!strcmp(argv[i], "--no-hybrid")) hybrid = 0;
     else if (!strcmp(argv[i], "--limit") && i + 1 < argc) limit = (size_t)atoll(argv[++i]);
     else if (!strcmp(argv[i], "--oracle")) oracle = 1;
     else if (!strcmp(argv[i], "--hash") && i + 1 < argc) {
       if (!kvbm_hash_scheme_parse(argv[++i], &scheme)) return 2;
     } else if (argv[i][0] != '-') path = argv[i];
     else {
-      fprintf(stderr, "usage: bench_replay [TRACE] [--repeat N] [--hash native|dynamo] [--oracle] [--limit N]\n");
+      fprintf(stderr, "usage: bench_replay [TRACE] [--repeat N] [--hash native|dynamo] [--oracle] [--limit N]\n"
+                      "                    [--groups LIST] [--max-num-batched-tokens N] [--no-hybrid]\n");
       return 2;
     }
   }
@@ -79,7 +98,14 @@ int main(int argc, char **argv) {
   kvbm_w1_config o = kvbm_w1_config_default();
   o.scheme = scheme;
   kvbm_w1_result res = {0}, r;
-  double best_replay = 1e30, best_bound = 1e30;
+  kvbm_w1h_config hc = kvbm_w1h_config_default();
+  hc.scheme = scheme;
+  hc.max_num_batched_tokens = mbt;
+  if (hybrid && kvbm_groups_parse(groups, hc.groups, KVBM_GROUPS_MAX, &hc.num_groups, &err))
+    kvbm_bench_die("bench_replay", "--groups: %s", err.msg);
+  kvbm_w1h_result hres = {0};
+  double *hratio = calloc((size_t)repeat, sizeof *hratio);
+  double best_replay = 1e30, best_bound = 1e30, best_hybrid = 1e30;
   uint64_t sink = 0;
   for (int k = 0; k < repeat; k++) {
     double b = bound_seconds(t, n, scheme, o.block_size, &sink);
@@ -90,6 +116,11 @@ int main(int argc, char **argv) {
     }
     if (r.seconds < best_replay) best_replay = r.seconds;
     res = r;
+    if (hybrid) {
+      if (kvbm_w1h_run(t, &hc, &hres, &err)) kvbm_bench_die("bench_replay", "%s", err.msg);
+      if (hres.seconds < best_hybrid) best_hybrid = hres.seconds;
+      hratio[k] = hres.seconds / r.seconds;
+    }
   }
   double tps = (double)res.prompt_tokens / best_replay;
   double ratio = best_replay / best_bound;
@@ -107,6 +138,26 @@ int main(int argc, char **argv) {
          "\"prompt_tokens_per_s\":%.0f}\n",
          n, (unsigned long long)res.prompt_tokens, (unsigned long long)res.hit_tokens,
          (unsigned long long)res.blocks_allocated, best_replay, best_bound, ratio, tps);
+  if (hybrid) {
+    char gtext[KVBM_GROUPS_MAX * 24];
+    kvbm_groups_format(hc.groups, hc.num_groups, gtext, sizeof gtext);
+    kvbm_bench_spread hs = kvbm_bench_spread_of(hratio, repeat);
+    printf("W1-hybrid, groups %s, prefill chunks of %u tokens (0: one step), same trace and rounds\n",
+           gtext, mbt);
+    printf("  counts: hit_tokens %llu blocks_allocated %llu refused %llu peak_blocks_held %llu\n",
+           (unsigned long long)hres.hit_tokens, (unsigned long long)hres.blocks_allocated,
+           (unsigned long long)hres.refused, (unsigned long long)hres.peak_blocks_held);
+    printf("  hybrid      %.3f s  %.1f M prompt tokens/s\n", best_hybrid,
+           (double)hres.prompt_tokens / best_hybrid / 1e6);
+    printf("  hybrid ratio %.2f (%.2f..%.2f over %d rounds)  hybrid / W1 replay   (target <= 1.5)\n",
+           hs.median, hs.min, hs.max, repeat);
+    printf("{\"workload\":\"W1-hybrid\",\"groups\":\"%s\",\"max_num_batched_tokens\":%u,"
+           "\"hit_tokens\":%llu,\"blocks_allocated\":%llu,\"refused\":%llu,\"hybrid_s\":%.4f,"
+           "\"w1_s\":%.4f,\"ratio_median\":%.3f,\"ratio_min\":%.3f,\"ratio_max\":%.3f}\n",
+           gtext, mbt, (unsigned long long)hres.hit_tokens, (unsigned long long)hres.blocks_allocated,
+           (unsigned long long)hres.refused, best_hybrid, best_replay, hs.median, hs.min, hs.max);
+  }
+  free(hratio);
   int rc = 0;
   if (oracle) {
     char cmd[4096];

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# W1-hybrid (issue 20): `kvbm replay --groups ... --json` gives the counts of
+# the Python reference tests/workload/hybrid_ref.py (vLLM's KVCacheManager
+# rules, docs/areas/hybrid.md) on the bundled trace, for the three mixes of
+# hybrid.md (gpt-oss-like, Gemma-3-like, a Mamba hybrid) with and without
+# --max-num-batched-tokens 8192, plus chunked local attention and Mamba's
+# align mode; `--groups full` equals W1; a pool too small refuses requests
+# without changing anything; hostile command lines are refused with a
+# message and nothing printed on stdout.
+set -euo pipefail
+TRACE="$KVBM_SOURCE_DIR/data/mooncake_conversation_trace.jsonl.gz"
+REF="$KVBM_SOURCE_DIR/tests/workload/hybrid_ref.py"
+LIMIT=${KVBM_HYBRID_LIMIT:-150}
+
+GPT_OSS="full,sw:128"
+GEMMA3="full,sw:1024,sw:1024,sw:1024,sw:1024,sw:1024"
+MAMBA_HYBRID="full,mamba,mamba,mamba,mamba,mamba,mamba"
+
+compare() { # groups limit capacity mbt(0 = none)
+  local extra=() want got
+  [ "$4" != 0 ] && extra=(--max-num-batched-tokens "$4")
+  want=$(/usr/bin/python3 "$REF" "$TRACE" --groups "$1" --limit "$2" --capacity "$3" "${extra[@]}" --json)
+  got=$("$KVBM_BIN" replay "$TRACE" --groups "$1" --limit "$2" --capacity "$3" "${extra[@]}" --json --no-progress 2>/dev/null)
+  /usr/bin/python3 - "$want" "$got" "$1 cap $3 mbt $4" <<'PY'
+import json, sys
+want, got, what = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+keys = ["requests", "prompt_tokens", "hit_tokens", "refused", "blocks_allocated",
+        "blocks_allocated_per_group", "peak_blocks_held", "peak_blocks_held_per_group"]
+diff = {k: (want[k], got[k]) for k in keys if want[k] != got[k]}
+if diff:
+    sys.exit("%s: mismatch (reference, kvbm): %r" % (what, diff))
+assert got["workload"] == "W1-hybrid" and got["requests"] > 0, got
+assert len(got["blocks_allocated_per_group"]) == len(got["groups"].split(",")), got
+print("ok", what, {k: got[k] for k in ["hit_tokens", "blocks_allocated", "peak_blocks_held", "refused"]})
+PY
+}
+
+for mbt in 0 8192; do
+  compare "$GPT_OSS" "$LIMIT" 16384 "$mbt"
+  compare "$GEMMA3" "$LIMIT" 16384 "$mbt"
+  compare "$MAMBA_HYBRID" "$LIMIT" 16384 "$mbt"
+done
+# other kinds and a small pool (eviction across groups, refusals)
+compare "full,chunk:8192,mamba-align" 60 16384 8192
+compare "full,chunk:1000,sw:100,mamba-align" 60 16384 0
+compare "$GPT_OSS" 80 3000 2048
+compare "$GEMMA3" 80 4000 0
+
+# --groups full is W1: every count equal to the replay without groups
+w1=$("$KVBM_BIN" replay "$TRACE" --limit 300 --capacity 9000 --json --no-progress)
+h1=$("$KVBM_BIN" replay "$TRACE" --groups full --limit 300 --capacity 9000 --json --no-progress)
+/usr/bin/python3 - "$w1" "$h1" <<'PY'
+import json, sys
+w, h = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+for k in ["requests", "prompt_tokens", "hit_tokens", "blocks_allocated"]:
+    assert w[k] == h[k], (k, w[k], h[k])
+assert h["refused"] == 0 and h["blocks_allocated_per_group"] == [w["blocks_allocated"]], h
+print("ok --groups full == W1", {k: h[k] for k in ["hit_tokens", "blocks_allocated"]})
+PY
+
+# a pool too small for every request: all refused, nothing allocated or hit
+small=$("$KVBM_BIN" replay "$TRACE" --groups "$GPT_OSS" --limit 5 --capacity 40 --json --no-progress 2>"$KVBM_BINARY_DIR/hybrid_refused.err")
+grep -q "request 0 refused: its blocks do not fit" "$KVBM_BINARY_DIR/hybrid_refused.err"
+/usr/bin/python3 - "$small" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+assert r["requests"] == 5 and r["refused"] == 5, r
+assert r["blocks_allocated"] == 0 and r["hit_tokens"] == 0 and r["peak_blocks_held"] == 0, r
+print("ok refused without a change", r["refused"])
+PY
+
+# hostile command lines: exit 2, a message naming the problem, no report
+refused() { # expected-message args...
+  local want="$1" out err rc=0
+  shift
+  out=$("$KVBM_BIN" replay "$TRACE" --limit 3 --no-progress "$@" 2>"$KVBM_BINARY_DIR/hybrid_cli.err") || rc=$?
+  err=$(cat "$KVBM_BINARY_DIR/hybrid_cli.err")
+  if [ "$rc" != 2 ] || [ -n "$out" ] || ! grep -qF -- "$want" <<<"$err"; then
+    echo "FAIL: $* -> rc $rc, stdout '$out', stderr '$err' (wanted '$want')"
+    exit 1
+  fi
+  echo "ok refused: $* ($want)"
+}
+refused "unknown kind" --groups lstm
+refused "unknown kind" --groups full,attention
+refused "window must be" --groups full,sw:0
+refused "chunk must be" --groups chunk:0
+refused "window must be" --groups "full,sw:12abc"
+refused "window is missing" --groups full,sw
+refused "takes no parameter" --groups full:4
+refused "item 1 is empty" --groups full,
+refused "the list is empty" --groups ""
+refused "more than 16 groups" --groups "$(printf 'full%.0s,' $(seq 16))full"
+refused "cannot share a pool of 2 blocks" --groups full,sw:4,mamba --capacity 2
+refused "--max-num-batched-tokens" --groups full --max-num-batched-tokens 0
+refused "--max-num-batched-tokens" --groups full --max-num-batched-tokens lots
+refused "needs --groups" --max-num-batched-tokens 8192
+refused "does not run with tiers" --groups full --g2-blocks 10 --g3-blocks 10
+refused "not supported with --groups" --groups full --metrics-port 0
+refused "--groups needs a value" --groups
