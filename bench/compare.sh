@@ -2,11 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # bench/compare.sh: two commits side by side, in one run.
 #
-#   bench/compare.sh [--rounds N (5)] OLD NEW BENCH [ARGS...]
+#   bench/compare.sh [--rounds N (5)] [--dir DIR (build-compare)] OLD NEW BENCH [ARGS...]
 #
 # Builds OLD and NEW (any git revisions) into folders of their own
-# (build-compare/<sha>, from worktrees under build-compare/src-<sha>, kept
-# for the next call), then runs `build/<BENCH> ARGS` of each alternately,
+# (DIR/<sha>, from worktrees under DIR/src-<sha>, kept for the next call;
+# DIR relative to the project root, so that engineers sharing a checkout
+# each keep their own), then runs `build/<BENCH> ARGS` of each alternately,
 # A B A B ..., N rounds, so that whatever else the machine does falls on
 # both alike. This is how to tell a regression from noise on a shared
 # 2-core machine: never against a figure taken on another day.
@@ -22,12 +23,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=5
-if [ "${1:-}" = "--rounds" ]; then
-  rounds=$2
-  shift 2
-fi
+dir=build-compare
+while [ $# -ge 2 ]; do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --dir) dir=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
 if [ $# -lt 3 ]; then
-  echo "usage: bench/compare.sh [--rounds N] OLD NEW BENCH [ARGS...]" >&2
+  echo "usage: bench/compare.sh [--rounds N] [--dir DIR] OLD NEW BENCH [ARGS...]" >&2
   exit 2
 fi
 case "$rounds" in '' | *[!0-9]* | 0) echo "compare: --rounds must be a positive integer" >&2; exit 2 ;; esac
@@ -36,7 +41,8 @@ new=$(git rev-parse --verify --quiet "$2^{commit}") || { echo "compare: $2 is no
 bench=$3
 shift 3
 case "$bench" in '' | */* | .*) echo "compare: BENCH is a target name, not a path" >&2; exit 2 ;; esac
-root=$PWD/build-compare
+case "$dir" in '' | /* | *..*) echo "compare: --dir is a folder name under the project root" >&2; exit 2 ;; esac
+root=$PWD/$dir
 mkdir -p "$root"
 
 # build SHA: a worktree at SHA and its build folder; prints the binary.
