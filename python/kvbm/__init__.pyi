@@ -294,7 +294,7 @@ class Volume:
                  timeout_ms: int = 1000, threads: int = 1, queue_capacity: int = 256,
                  max_value_bytes: int = 64 << 20, slots: int = 0, block_bytes: int = 0,
                  persist: bool = False, disk_key: Optional[bytes] = None,
-                 cluster_refresh_ms: int = 100) -> None: ...
+                 cluster_refresh_ms: int = 100, hash_threads: int = 0) -> None: ...
     def put(self, keys: Sequence[Hash], values: Sequence["_Buffer"], *, framed: bool = False,
             checks: Optional[Sequence[int]] = None, phase: int = 0) -> list[int]:
         """0 or a negative kvbm status per key (kvbm.status_name names it)."""

@@ -35,8 +35,11 @@
  * digest of its own name for the block, so two names whose 64-bit keys
  * collide are told apart), and only then copies the payload into the
  * buffer: a failed check leaves the buffer as it was. Framing costs one
- * copy through a scratch buffer (bounded per chunk of a batch) and the
- * hash, both with the GIL released; failures are counted per kind in
+ * copy through a scratch buffer (bounded per chunk of a batch; the last
+ * one is kept for the next call, as fresh memory costs a page fault per
+ * 4 KiB) and the hash, both with the GIL released; the hashes of a chunk
+ * run together on a BLAKE3 pool of `hash_threads` workers plus the calling
+ * thread (0, the default: the calling thread alone); failures are counted per kind in
  * stats() (frames_corrupt, frames_wrong_size, frames_foreign).
  *
  * Threads. The C volume may be used from any thread, so several Python
@@ -54,6 +57,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvbm/blake3.h"
 #include "kvbm/frame.h"
 #include "kvbm/volume.h"
 
@@ -73,6 +77,9 @@ typedef struct VolumeObject {
   int timeout_ms;
   PyObject *name, *url, *mode; /* snapshotted at open */
   uint64_t frames_ok, frames_corrupt, frames_wrong_size, frames_foreign;
+  kvbm_blake3_pool *hasher;  /* hashes framed bodies (0 workers: the caller) */
+  uint8_t *spare;            /* a framed call's scratch, kept for the next */
+  size_t spare_cap;
   kvbm_volume_stats final_st; /* as close() left them */
   bool final_ok;
 } VolumeObject;
@@ -268,51 +275,146 @@ static size_t chunk_end(const Py_buffer *b, size_t i, size_t n, size_t *bytes) {
   return j;
 }
 
-/* Builds the frames of ops i..j into scratch (no GIL needed). */
-static void frames_encode(kvbm_volume_op *ops, const Py_buffer *b, const uint64_t *checks,
-                          int phase, size_t i, size_t j, uint8_t *scratch) {
+/* A scratch of at least `bytes` (GIL held): the kept one when it is large
+ * enough, else a new one. Fresh memory costs a page fault per 4 KiB (the
+ * kernel zeroes it) and the munmap: about as much as the copy it serves. */
+static uint8_t *scratch_take(VolumeObject *self, size_t bytes, size_t *cap) {
+  if (self->spare && self->spare_cap >= bytes) {
+    uint8_t *p = self->spare;
+    *cap = self->spare_cap;
+    self->spare = NULL;
+    return p;
+  }
+  *cap = bytes;
+  return PyMem_RawMalloc(bytes);
+}
+
+/* Keeps the larger of the returned scratch and the kept one (GIL held). */
+static void scratch_give(VolumeObject *self, uint8_t *p, size_t cap) {
+  if (!p) return;
+  if (self->spare && self->spare_cap >= cap) {
+    PyMem_RawFree(p);
+    return;
+  }
+  PyMem_RawFree(self->spare);
+  self->spare = p;
+  self->spare_cap = cap;
+}
+
+/* Per-op state of a framed chunk (allocated with the GIL, used without). */
+typedef struct frame_work {
+  kvbm_blake3_job *jobs;
+  uint8_t (*sums)[KVBM_FRAME_CHECKSUM_LEN];
+  kvbm_frame_header *hdr;
+  size_t *job_of; /* op -> its job, or SIZE_MAX */
+} frame_work;
+
+static void work_free(frame_work *w) {
+  PyMem_Free(w->jobs);
+  PyMem_Free(w->sums);
+  PyMem_Free(w->hdr);
+  PyMem_Free(w->job_of);
+}
+
+static int work_alloc(frame_work *w, size_t n) {
+  size_t m = n ? n : 1;
+  w->jobs = PyMem_Calloc(m, sizeof *w->jobs);
+  w->sums = PyMem_Calloc(m, sizeof *w->sums);
+  w->hdr = PyMem_Calloc(m, sizeof *w->hdr);
+  w->job_of = PyMem_Calloc(m, sizeof *w->job_of);
+  if (w->jobs && w->sums && w->hdr && w->job_of) return 0;
+  work_free(w);
+  PyErr_NoMemory();
+  return -1;
+}
+
+/* Hashes the jobs on the volume's BLAKE3 pool (its workers and this
+ * thread); with 0 workers, on this thread alone. */
+static int hash_jobs(kvbm_blake3_pool *pool, const kvbm_blake3_job *jobs, size_t n) {
+  uint64_t ticket;
+  if (n == 0) return KVBM_OK;
+  int rc = kvbm_blake3_pool_submit(pool, jobs, n, &ticket, NULL);
+  return rc ? rc : kvbm_blake3_pool_wait(pool, ticket, NULL);
+}
+
+/* Builds the frames of ops i..j into scratch (no GIL needed): payloads and
+ * checks copied in, the bodies hashed together, then the headers. */
+static int frames_encode(kvbm_volume_op *ops, const Py_buffer *b, const uint64_t *checks,
+                         int phase, size_t i, size_t j, uint8_t *scratch, frame_work *w,
+                         kvbm_blake3_pool *pool) {
   for (size_t k = i; k < j; k++) {
     size_t len = (size_t)b[k].len;
     uint8_t *f = scratch;
     scratch += len + FRAME_OVERHEAD;
     put_le64(f + KVBM_FRAME_HEADER_LEN, checks ? checks[k] : 0);
     memcpy(f + FRAME_OVERHEAD, b[k].buf, len);
-    /* cannot fail: the phase and the length were checked by the caller */
-    kvbm_frame_encode_header((kvbm_frame_phase)phase, f + KVBM_FRAME_HEADER_LEN, len + CHECK_LEN,
-                             f, NULL);
+    w->jobs[k - i] = (kvbm_blake3_job){f + KVBM_FRAME_HEADER_LEN, len + CHECK_LEN, w->sums[k - i],
+                                       KVBM_FRAME_CHECKSUM_LEN};
     ops[k].src = f;
     ops[k].len = len + FRAME_OVERHEAD;
   }
+  int rc = hash_jobs(pool, w->jobs, j - i);
+  if (rc) return rc;
+  for (size_t k = i; k < j; k++) /* cannot fail: phase and length were checked */
+    kvbm_frame_encode_header_sum((kvbm_frame_phase)phase, ops[k].len - KVBM_FRAME_HEADER_LEN,
+                                 w->sums[k - i], (uint8_t *)ops[k].src, NULL);
+  return KVBM_OK;
 }
 
 typedef struct frame_counts {
   uint64_t ok, corrupt, wrong_size, foreign;
 } frame_counts;
 
-/* Verifies the frames ops i..j fetched into scratch and copies each good
- * payload into its buffer (no GIL needed). A failure sets the op's status
- * and leaves its buffer untouched. */
+/* The checks of one fetched frame before its hash: header, lengths.
+ * KVBM_OK: hash the body. */
+static int frame_precheck(kvbm_volume_op *op, size_t want, kvbm_frame_header *h,
+                          frame_counts *fc) {
+  if (op->status == KVBM_ENOSPC) { /* longer than this key's frame can be */
+    fc->wrong_size++;
+    return op->status = KVBM_ETOOLONG;
+  }
+  if (op->status != KVBM_OK) return op->status; /* a miss the volume reported */
+  size_t max = want + CHECK_LEN > UINT32_MAX ? UINT32_MAX : want + CHECK_LEN;
+  int rc = kvbm_frame_parse_header(op->dst, op->size, (uint32_t)max, h, NULL);
+  if (rc == KVBM_OK && op->size - KVBM_FRAME_HEADER_LEN < h->body_len)
+    rc = KVBM_ETRUNCATED; /* a body shorter than declared: a torn value */
+  if (rc != KVBM_OK && rc != KVBM_ETOOLONG) {
+    fc->corrupt++;
+    return op->status = rc;
+  }
+  if (rc == KVBM_ETOOLONG || op->size - KVBM_FRAME_HEADER_LEN > h->body_len ||
+      h->body_len != want + CHECK_LEN) {
+    fc->wrong_size++;
+    return op->status = rc == KVBM_OK && h->body_len < want + CHECK_LEN ? KVBM_ETRUNCATED
+                                                                       : KVBM_ETOOLONG;
+  }
+  return KVBM_OK;
+}
+
+/* Verifies the frames ops i..j fetched into scratch (bodies hashed
+ * together) and copies each good payload into its buffer (no GIL needed).
+ * A failure sets the op's status and leaves its buffer untouched. */
 static void frames_decode(kvbm_volume_op *ops, const Py_buffer *b, const uint64_t *checks,
-                          size_t i, size_t j, frame_counts *fc) {
+                          size_t i, size_t j, frame_counts *fc, frame_work *w,
+                          kvbm_blake3_pool *pool) {
+  size_t nj = 0;
+  for (size_t k = i; k < j; k++) {
+    w->job_of[k - i] = SIZE_MAX;
+    if (frame_precheck(&ops[k], (size_t)b[k].len, &w->hdr[k - i], fc) != KVBM_OK) continue;
+    w->jobs[nj] = (kvbm_blake3_job){(uint8_t *)ops[k].dst + KVBM_FRAME_HEADER_LEN,
+                                    w->hdr[k - i].body_len, w->sums[nj], KVBM_FRAME_CHECKSUM_LEN};
+    w->job_of[k - i] = nj++;
+  }
+  int hrc = hash_jobs(pool, w->jobs, nj);
   for (size_t k = i; k < j; k++) {
     kvbm_volume_op *op = &ops[k];
+    if (w->job_of[k - i] == SIZE_MAX) continue;
+    const uint8_t *body = (const uint8_t *)op->dst + KVBM_FRAME_HEADER_LEN;
     size_t want = (size_t)b[k].len;
-    if (op->status == KVBM_ENOSPC) { /* longer than this key's frame can be */
-      op->status = KVBM_ETOOLONG;
-      fc->wrong_size++;
-      continue;
-    }
-    if (op->status != KVBM_OK) continue; /* a miss the volume reported */
-    kvbm_frame_header h;
-    const uint8_t *body;
-    kvbm_error e = {0};
-    size_t max = want + CHECK_LEN > UINT32_MAX ? UINT32_MAX : want + CHECK_LEN;
-    int rc = kvbm_frame_decode(op->dst, op->size, (uint32_t)max, &h, &body, &e);
-    if (rc == KVBM_ETOOLONG || (rc == KVBM_OK && h.body_len != want + CHECK_LEN)) {
-      op->status = rc == KVBM_OK ? (h.body_len < want + CHECK_LEN ? KVBM_ETRUNCATED : KVBM_ETOOLONG)
-                                 : rc;
-      fc->wrong_size++;
-    } else if (rc != KVBM_OK) {
+    int rc = hrc ? hrc
+                 : kvbm_frame_check_sum(&w->hdr[k - i], want + CHECK_LEN, w->sums[w->job_of[k - i]],
+                                        NULL);
+    if (rc != KVBM_OK) {
       op->status = rc;
       fc->corrupt++;
     } else if (get_le64(body) != (checks ? checks[k] : 0)) {
@@ -335,24 +437,25 @@ static int opt_u64(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
 static PyObject *vol_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"url", "namespace", "name", "timeout_ms", "threads", "queue_capacity",
                            "max_value_bytes", "slots", "block_bytes", "persist", "disk_key",
-                           "cluster_refresh_ms", NULL};
+                           "cluster_refresh_ms", "hash_threads", NULL};
   PyObject *urlo, *nso = NULL, *nameo = Py_None, *to = NULL, *tho = NULL, *qo = NULL, *mo = NULL,
-                  *so = NULL, *bo = NULL, *dko = Py_None, *cro = NULL;
+                  *so = NULL, *bo = NULL, *dko = Py_None, *cro = NULL, *hto = NULL;
   int persist = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOOOOOOpOO:Volume", kwlist, &urlo, &nso, &nameo,
-                                   &to, &tho, &qo, &mo, &so, &bo, &persist, &dko, &cro))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOOOOOOpOOO:Volume", kwlist, &urlo, &nso, &nameo,
+                                   &to, &tho, &qo, &mo, &so, &bo, &persist, &dko, &cro, &hto))
     return NULL;
   const char *url, *ns = "", *name = NULL;
   if (kvbmpy_str(urlo, "url", &url) || (nso && kvbmpy_str(nso, "namespace", &ns)) ||
       (nameo != Py_None && kvbmpy_str(nameo, "name", &name)))
     return NULL;
   kvbm_volume_config cfg = kvbm_volume_config_default(url);
-  uint64_t t = 0, th = 0, q = 0, m = 0, s = 0, bb = 0, cr = 0;
+  uint64_t t = 0, th = 0, q = 0, m = 0, s = 0, bb = 0, cr = 0, ht = 0;
   if (opt_u64(to, "timeout_ms", INT32_MAX, &t) || opt_u64(tho, "threads", UINT32_MAX, &th) ||
       opt_u64(qo, "queue_capacity", UINT32_MAX, &q) ||
       opt_u64(mo, "max_value_bytes", UINT64_MAX, &m) || opt_u64(so, "slots", UINT64_MAX, &s) ||
       opt_u64(bo, "block_bytes", UINT64_MAX, &bb) ||
-      opt_u64(cro, "cluster_refresh_ms", UINT32_MAX, &cr))
+      opt_u64(cro, "cluster_refresh_ms", UINT32_MAX, &cr) ||
+      opt_u64(hto, "hash_threads", KVBM_BLAKE3_POOL_MAX_THREADS, &ht))
     return NULL;
   cfg.key_namespace = ns;
   cfg.name = name;
@@ -385,6 +488,7 @@ static PyObject *vol_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   rc = kvbm_volume_register(&cfg, &self->v, &err);
   Py_END_ALLOW_THREADS
   if (dko != Py_None) PyBuffer_Release(&key);
+  if (rc == KVBM_OK) rc = kvbm_blake3_pool_create((unsigned)ht, 0, &self->hasher, &err);
   if (rc) {
     Py_DECREF(self);
     return kvbmpy_raise_kvbm(rc, &err, "Volume");
@@ -404,6 +508,8 @@ static PyObject *vol_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 static void vol_dealloc(VolumeObject *self) {
   /* No call can be in flight: each holds a reference. */
   kvbm_volume_unregister(self->v);
+  kvbm_blake3_pool_destroy(self->hasher);
+  PyMem_RawFree(self->spare);
   Py_XDECREF(self->name);
   Py_XDECREF(self->url);
   Py_XDECREF(self->mode);
@@ -428,6 +534,11 @@ static PyObject *vol_close(VolumeObject *self, PyObject *unused) {
   Py_END_ALLOW_THREADS
   self->v = NULL;
   self->closing = false;
+  kvbm_blake3_pool_destroy(self->hasher); /* no call is in progress */
+  self->hasher = NULL;
+  PyMem_RawFree(self->spare);
+  self->spare = NULL;
+  self->spare_cap = 0;
   Py_RETURN_NONE;
 }
 
@@ -491,21 +602,26 @@ static PyObject *vol_put(VolumeObject *self, PyObject *args, PyObject *kw) {
   if (!framed) {
     rc = run_batch(self, ops, n, &err);
   } else {
+    frame_work w;
+    if (work_alloc(&w, n)) goto out;
     for (size_t i = 0; i < n && rc == KVBM_OK;) {
-      size_t bytes, j = chunk_end(vw.v, i, n, &bytes);
-      uint8_t *scratch = PyMem_RawMalloc(bytes);
+      size_t bytes, cap, j = chunk_end(vw.v, i, n, &bytes);
+      uint8_t *scratch = scratch_take(self, bytes, &cap);
       if (!scratch) {
+        work_free(&w);
         PyErr_NoMemory();
         goto out;
       }
+      kvbm_blake3_pool *pool = self->hasher;
       Py_BEGIN_ALLOW_THREADS
-      frames_encode(ops, vw.v, checks, phase, i, j, scratch);
+      rc = frames_encode(ops, vw.v, checks, phase, i, j, scratch, &w, pool);
       Py_END_ALLOW_THREADS
-      rc = run_batch(self, ops + i, j - i, &err);
-      PyMem_RawFree(scratch);
+      if (rc == KVBM_OK) rc = run_batch(self, ops + i, j - i, &err);
+      scratch_give(self, scratch, cap);
       for (size_t k = i; k < j; k++) ops[k].src = NULL; /* scratch is gone */
       i = j;
     }
+    work_free(&w);
   }
   if (rc) kvbmpy_raise_kvbm(rc, &err, "Volume.put");
   else res = status_list(ops, n, false);
@@ -553,10 +669,14 @@ static PyObject *vol_get_into(VolumeObject *self, PyObject *args, PyObject *kw) 
     rc = run_batch(self, ops, n, &err);
   } else {
     frame_counts fc = {0};
+    frame_work w;
+    if (work_alloc(&w, n)) goto out;
+    kvbm_blake3_pool *pool = self->hasher;
     for (size_t i = 0; i < n && rc == KVBM_OK;) {
-      size_t bytes, j = chunk_end(vw.v, i, n, &bytes);
-      uint8_t *scratch = PyMem_RawMalloc(bytes), *p = scratch;
+      size_t bytes, cap, j = chunk_end(vw.v, i, n, &bytes);
+      uint8_t *scratch = scratch_take(self, bytes, &cap), *p = scratch;
       if (!scratch) {
+        work_free(&w);
         PyErr_NoMemory();
         goto out;
       }
@@ -568,13 +688,14 @@ static PyObject *vol_get_into(VolumeObject *self, PyObject *args, PyObject *kw) 
       rc = run_batch(self, ops + i, j - i, &err);
       if (rc == KVBM_OK) {
         Py_BEGIN_ALLOW_THREADS
-        frames_decode(ops, vw.v, checks, i, j, &fc);
+        frames_decode(ops, vw.v, checks, i, j, &fc, &w, pool);
         Py_END_ALLOW_THREADS
       }
-      PyMem_RawFree(scratch);
+      scratch_give(self, scratch, cap);
       for (size_t k = i; k < j; k++) ops[k].dst = NULL;
       i = j;
     }
+    work_free(&w);
     self->frames_ok += fc.ok;
     self->frames_corrupt += fc.corrupt;
     self->frames_wrong_size += fc.wrong_size;
@@ -801,7 +922,7 @@ static PyTypeObject VolumeType = {
   .tp_flags = Py_TPFLAGS_DEFAULT,
   .tp_doc = "Volume(url, *, namespace='', name=None, timeout_ms=1000, threads=1,\n"
             "       queue_capacity=256, max_value_bytes=64 MiB, slots=0, block_bytes=0,\n"
-            "       persist=False, disk_key=None, cluster_refresh_ms=100)\n\n"
+            "       persist=False, disk_key=None, cluster_refresh_ms=100, hash_threads=0)\n\n"
             "A store of values by 64-bit key (kvbm/volume.h): disk:///DIR (needs slots\n"
             "and block_bytes), file:///DIR, redis://HOST:PORT,\n"
             "redis+cluster://HOST:PORT[,HOST:PORT...]. Batches run with the GIL released.",

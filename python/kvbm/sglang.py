@@ -231,8 +231,9 @@ class KvbmHiCacheStorage(HiCacheStorage):
       and ``{dp_rank}`` in it are replaced by this rank's (a disk:// slot
       file belongs to one process: give each rank its own folder).
     - ``kvbm_namespace``: the volume's key namespace (default "sglang").
-    - ``kvbm_timeout_ms``, ``kvbm_threads``, ``kvbm_max_value_bytes``: the
-      Volume's settings of those names.
+    - ``kvbm_timeout_ms``, ``kvbm_threads``, ``kvbm_max_value_bytes``,
+      ``kvbm_hash_threads``: the Volume's settings of those names (the last:
+      workers hashing frames besides the calling thread, default 0).
     - ``kvbm_disk_slots``: disk:// only, how many pages' slots (default 4096).
     - ``kvbm_disk_persist``: disk:// only, keep the slot file (warm restart).
     """
@@ -288,7 +289,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
     def _open(self, block_bytes: int) -> kvbm.Volume:
         e = self._extra
         opts = dict(namespace=str(e.get("kvbm_namespace", "sglang")))
-        for k in ("timeout_ms", "threads", "max_value_bytes"):
+        for k in ("timeout_ms", "threads", "max_value_bytes", "hash_threads"):
             if e.get("kvbm_" + k) is not None:
                 opts[k] = int(e["kvbm_" + k])
         if self.url.startswith("disk:"):
