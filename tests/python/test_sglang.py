@@ -150,8 +150,10 @@ def test_volume_round_trip_zero_copy_and_new_bytes(url):
     assert v.stats()["puts"] == 4  # as close() left them
 
 
-def test_volume_framed_values_are_verified(url):
-    with kvbm.Volume(url, namespace="t2", **volume_opts(url)) as v:
+@pytest.mark.parametrize("hash_threads", [0, 2])
+def test_volume_framed_values_are_verified(url, hash_threads):
+    with kvbm.Volume(url, namespace=f"t2-{hash_threads}", hash_threads=hash_threads,
+                     **volume_opts(url)) as v:
         page = np.arange(4096, dtype=np.uint8)
         assert v.put([7], [page], framed=True, checks=[99]) == [0]
         dst = np.zeros(4096, np.uint8)
@@ -170,6 +172,17 @@ def test_volume_framed_values_are_verified(url):
         d2 = np.full(4096, 5, np.uint8)
         assert v.get_into([8], [d2], framed=True)[0] < 0 and (d2 == 5).all()
         assert v.stats()["frames_corrupt"] == 1
+        # a batch: many frames hashed together, good ones and bad ones mixed
+        rng = np.random.default_rng(3)
+        vals = [rng.integers(0, 256, 1000 + 37 * i, dtype=np.uint8) for i in range(40)]
+        keys = list(range(100, 140))
+        assert v.put(keys, vals, framed=True, checks=keys) == [0] * 40
+        assert v.put([105], [vals[6]], framed=True, checks=[106]) == [0]  # 105 holds 106's
+        outs = [np.zeros(len(x), np.uint8) for x in vals]
+        r = v.get_into(keys, outs, framed=True, checks=keys)
+        assert [x >= 0 for x in r] == [i != 5 for i in range(40)]
+        assert all(np.array_equal(o, x) for i, (o, x) in enumerate(zip(outs, vals)) if i != 5)
+        assert not outs[5].any()
 
 
 def test_volume_hostile_calls(tmp_path):
@@ -177,6 +190,8 @@ def test_volume_hostile_calls(tmp_path):
                      ("disk:///tmp/x", kvbm.InvalidArgumentError)):  # disk:// without slots
         with pytest.raises(cls):
             kvbm.Volume(bad)
+    with pytest.raises(kvbm.InvalidArgumentError, match="hash_threads"):
+        kvbm.Volume(f"file://{tmp_path}", hash_threads=100000)
     with pytest.raises(kvbm.InvalidArgumentError, match="key_namespace"):
         kvbm.Volume(f"file://{tmp_path}", namespace="a/b")
     v = kvbm.Volume(f"file://{tmp_path}", max_value_bytes=1 << 16)
