@@ -36,6 +36,7 @@ its own host pages (batch_get_v1). A page damaged in the store is a counted
 miss, never bytes handed to the engine.
 """
 import os
+import shutil
 import tempfile
 
 import torch
@@ -89,3 +90,4 @@ print(f"{hits} pages exist, {sum(ok)} loaded and verified, {len(ok) - sum(ok)} f
 assert hits == 8 and sum(ok) == 7 and c["verify_failures"] == 1 and same
 a.close()
 b.close()
+shutil.rmtree(store)
