@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "event_codec/mpread.h"
+#include "common/msgpack.h"
 
 #define SAMPLE 16
 #define TICK_MS 10 /* entry times: 10 ms ticks, 32 bits (497 days) */
@@ -177,22 +177,22 @@ static uint64_t fam_key(uint64_t prefix, uint64_t ns) {
  * reads as no namespace. */
 static uint64_t meta_ns(const kvbm_storage_event *e) {
   if (!e->extra_metadata || !e->extra_metadata_len) return 0;
-  mpr r = {e->extra_metadata, e->extra_metadata + e->extra_metadata_len};
+  kvbm__mpr r = {e->extra_metadata, e->extra_metadata + e->extra_metadata_len};
   uint32_t n;
   char salt[KVBM_STORAGE_MAX_LOCATION + 1] = "", lora[KVBM_STORAGE_MAX_LOCATION + 1] = "";
-  if (mpr_map(&r, &n)) return 0;
+  if (kvbm__mpr_map(&r, &n)) return 0;
   for (uint32_t i = 0; i < n; i++) {
     const uint8_t *k, *v;
     size_t kn, vn;
-    if (mpr_bytes(&r, false, &k, &kn)) return 0;
+    if (kvbm__mpr_bytes(&r, false, &k, &kn)) return 0;
     char *dst = kn == 10 && !memcmp(k, "cache_salt", 10) ? salt
               : kn == 9 && !memcmp(k, "lora_name", 9)   ? lora
                                                         : NULL;
-    if (dst && !mpr_bytes(&r, false, &v, &vn)) {
+    if (dst && !kvbm__mpr_bytes(&r, false, &v, &vn)) {
       if (vn > KVBM_STORAGE_MAX_LOCATION || memchr(v, 0, vn)) return 0;
       memcpy(dst, v, vn);
       dst[vn] = 0;
-    } else if (mpr_skip(&r)) {
+    } else if (kvbm__mpr_skip(&r)) {
       return 0;
     }
   }

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hint_codec.c: the advisor's hints on the wire (see kvbm/advisor.h and
- * docs/areas/advisor.md): msgpack written with the events module's small
- * writer (mpwrite.h) and read with its bounds-checked reader (mpread.h),
+ * docs/areas/advisor.md): msgpack written and read with the library's
+ * growing writer and bounds-checked reader (common/msgpack.h),
  * and JSON for HTTP. The decoder allocates one record per hint (its array,
  * reused, given back after an oversized message) and nothing else.
  */
@@ -12,8 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "event_codec/mpread.h"
-#include "events/mpwrite.h"
+#include "common/msgpack.h"
 #include "kvbm/advisor.h"
 
 static bool id_ok(const char *s, size_t n) {
@@ -62,27 +61,27 @@ int kvbm_hints_encode(const kvbm_hint_batch *b, uint8_t **buf, size_t *len, size
                             i, KVBM_STORAGE_MAX_LOCATION);
   }
   size_t start = *len;
-  mpw w = {buf, len, cap, false};
-  mpw_array(&w, 3);
-  mpw_double(&w, b->ts);
-  mpw_array(&w, (uint32_t)b->num_hints);
+  kvbm__mpw w = {buf, len, cap, false};
+  kvbm__mpw_array(&w, 3);
+  kvbm__mpw_double(&w, b->ts);
+  kvbm__mpw_array(&w, (uint32_t)b->num_hints);
   for (size_t i = 0; i < b->num_hints; i++) {
     const kvbm_wire_hint *h = &b->hints[i];
     const char *tag = kvbm_hint_kind_name(h->kind);
-    mpw_array(&w, 10);
-    mpw_str(&w, tag, strlen(tag));
-    mpw_uint(&w, h->sequence_hash);
-    mpw_uint(&w, h->prefix_hash);
-    mpw_str(&w, h->from, h->from_len);
-    if (h->to) mpw_str(&w, h->to, h->to_len);
-    else mpw_nil(&w);
-    mpw_uint(&w, h->uses);
-    mpw_uint(&w, h->idle_ms);
-    mpw_uint(&w, h->live_blocks);
-    mpw_uint(&w, h->high_water);
-    mpw_uint(&w, h->ns);
+    kvbm__mpw_array(&w, 10);
+    kvbm__mpw_str(&w, tag, strlen(tag));
+    kvbm__mpw_uint(&w, h->sequence_hash);
+    kvbm__mpw_uint(&w, h->prefix_hash);
+    kvbm__mpw_str(&w, h->from, h->from_len);
+    if (h->to) kvbm__mpw_str(&w, h->to, h->to_len);
+    else kvbm__mpw_nil(&w);
+    kvbm__mpw_uint(&w, h->uses);
+    kvbm__mpw_uint(&w, h->idle_ms);
+    kvbm__mpw_uint(&w, h->live_blocks);
+    kvbm__mpw_uint(&w, h->high_water);
+    kvbm__mpw_uint(&w, h->ns);
   }
-  mpw_str(&w, b->source ? b->source : "", b->source ? b->source_len : 0);
+  kvbm__mpw_str(&w, b->source ? b->source : "", b->source ? b->source_len : 0);
   if (w.oom) {
     *len = start;
     return kvbm_error_set(err, KVBM_ENOMEM, "hints: out of memory");
@@ -107,36 +106,36 @@ void kvbm_hint_decoder_destroy(kvbm_hint_decoder *d) {
   free(d);
 }
 
-static int u64(mpr *r, uint64_t *v, size_t i, const char *name, kvbm_error *err) {
+static int u64(kvbm__mpr *r, uint64_t *v, size_t i, const char *name, kvbm_error *err) {
   bool neg;
-  int rc = mpr_peek(r) == MPR_INT ? mpr_int(r, v, &neg) : KVBM_EFORMAT;
+  int rc = kvbm__mpr_peek(r) == KVBM__MPR_INT ? kvbm__mpr_int(r, v, &neg) : KVBM_EFORMAT;
   if (rc == KVBM_ETRUNCATED) return kvbm_error_set(err, rc, "hint %zu: %s is truncated", i, name);
   if (rc || neg) return kvbm_error_set(err, KVBM_EFORMAT, "hint %zu: %s is not an unsigned integer", i, name);
   return KVBM_OK;
 }
 
-static int volume(mpr *r, const char **s, size_t *n, bool may_be_nil, size_t i, const char *name,
+static int volume(kvbm__mpr *r, const char **s, size_t *n, bool may_be_nil, size_t i, const char *name,
                   kvbm_error *err) {
-  if (may_be_nil && mpr_nil(r)) {
+  if (may_be_nil && kvbm__mpr_nil(r)) {
     *s = NULL;
     *n = 0;
     return KVBM_OK;
   }
   const uint8_t *p;
-  if (mpr_bytes(r, false, &p, n) || !id_ok((const char *)p, *n))
+  if (kvbm__mpr_bytes(r, false, &p, n) || !id_ok((const char *)p, *n))
     return kvbm_error_set(err, KVBM_EFORMAT, "hint %zu: %s is not a volume id", i, name);
   *s = (const char *)p;
   return KVBM_OK;
 }
 
-static int decode_hint(mpr *r, kvbm_wire_hint *h, size_t i, kvbm_error *err) {
+static int decode_hint(kvbm__mpr *r, kvbm_wire_hint *h, size_t i, kvbm_error *err) {
   uint32_t n;
-  if (mpr_array(r, &n)) return kvbm_error_set(err, KVBM_EFORMAT, "hint %zu is not an array", i);
+  if (kvbm__mpr_array(r, &n)) return kvbm_error_set(err, KVBM_EFORMAT, "hint %zu is not an array", i);
   if (n < 9) return kvbm_error_set(err, KVBM_EFORMAT, "hint %zu has %u fields, not 9", i, n);
   const uint8_t *t;
   size_t tl;
   memset(h, 0, sizeof *h);
-  if (mpr_bytes(r, false, &t, &tl)) return kvbm_error_set(err, KVBM_EFORMAT, "hint %zu: kind is not a string", i);
+  if (kvbm__mpr_bytes(r, false, &t, &tl)) return kvbm_error_set(err, KVBM_EFORMAT, "hint %zu: kind is not a string", i);
   for (int k = KVBM_HINT_PROMOTE; k <= KVBM_HINT_COMPACT; k++) {
     const char *name = kvbm_hint_kind_name(k);
     if (strlen(name) == tl && !memcmp(name, t, tl)) h->kind = (kvbm_hint_kind)k;
@@ -153,26 +152,26 @@ static int decode_hint(mpr *r, kvbm_wire_hint *h, size_t i, kvbm_error *err) {
     return rc;
   if (n > 9 && (rc = u64(r, &h->ns, i, "namespace", err))) return rc;
   for (uint32_t k = 10; k < n; k++)
-    if (mpr_skip(r)) return kvbm_error_set(err, KVBM_ETRUNCATED, "hint %zu: extra field truncated", i);
+    if (kvbm__mpr_skip(r)) return kvbm_error_set(err, KVBM_ETRUNCATED, "hint %zu: extra field truncated", i);
   return KVBM_OK;
 }
 
 int kvbm_hint_decode(kvbm_hint_decoder *d, const void *data, size_t len, uint64_t seq,
                      kvbm_hint_batch *out, kvbm_error *err) {
   if (!d || (!data && len) || !out) return kvbm_error_set(err, KVBM_EINVAL, "hints: NULL argument");
-  mpr r = {data, (const uint8_t *)data + len};
+  kvbm__mpr r = {data, (const uint8_t *)data + len};
   uint32_t n, count;
   memset(out, 0, sizeof *out);
   out->seq = seq;
-  if (mpr_array(&r, &n) || n < 2)
+  if (kvbm__mpr_array(&r, &n) || n < 2)
     return kvbm_error_set(err, KVBM_EFORMAT, "hints: not an array [ts, hints, source]");
-  if (mpr_double(&r, &out->ts)) return kvbm_error_set(err, KVBM_EFORMAT, "hints: ts is not a number");
-  int ac = mpr_array(&r, &count);
+  if (kvbm__mpr_double(&r, &out->ts)) return kvbm_error_set(err, KVBM_EFORMAT, "hints: ts is not a number");
+  int ac = kvbm__mpr_array(&r, &count);
   if (ac == KVBM_ETRUNCATED)
     return kvbm_error_set(err, ac, "hints: the hints array claims more than the bytes left");
   if (ac) return kvbm_error_set(err, KVBM_EFORMAT, "hints: hints is not an array");
-  if ((size_t)count > mpr_left(&r) / 12)
-    return kvbm_error_set(err, KVBM_ETRUNCATED, "hints: %u hints cannot fit in %zu bytes", count, mpr_left(&r));
+  if ((size_t)count > kvbm__mpr_left(&r) / 12)
+    return kvbm_error_set(err, KVBM_ETRUNCATED, "hints: %u hints cannot fit in %zu bytes", count, kvbm__mpr_left(&r));
   if (count > d->cap || (d->cap > 4096 && count < d->cap / 8)) {
     size_t nc = count < 16 ? 16 : count;
     kvbm_wire_hint *h = realloc(d->h, nc * sizeof *h);
@@ -187,14 +186,14 @@ int kvbm_hint_decode(kvbm_hint_decoder *d, const void *data, size_t len, uint64_
   if (n >= 3) {
     const uint8_t *s = NULL;
     size_t sl = 0;
-    if (!mpr_nil(&r) && (mpr_bytes(&r, false, &s, &sl) || (sl && !id_ok((const char *)s, sl))))
+    if (!kvbm__mpr_nil(&r) && (kvbm__mpr_bytes(&r, false, &s, &sl) || (sl && !id_ok((const char *)s, sl))))
       return kvbm_error_set(err, KVBM_EFORMAT, "hints: source is not a short printable string");
     out->source = (const char *)s;
     out->source_len = sl;
   }
   for (uint32_t k = 3; k < n; k++)
-    if (mpr_skip(&r)) return kvbm_error_set(err, KVBM_ETRUNCATED, "hints: extra field truncated");
-  if (r.p != r.end) return kvbm_error_set(err, KVBM_EFORMAT, "hints: %zu trailing bytes", mpr_left(&r));
+    if (kvbm__mpr_skip(&r)) return kvbm_error_set(err, KVBM_ETRUNCATED, "hints: extra field truncated");
+  if (r.p != r.end) return kvbm_error_set(err, KVBM_EFORMAT, "hints: %zu trailing bytes", kvbm__mpr_left(&r));
   out->hints = d->h;
   out->num_hints = count;
   return KVBM_OK;

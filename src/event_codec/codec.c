@@ -3,9 +3,9 @@
  * codec.c: KV event batches to and from the engines' msgpack payload.
  *
  * The codec knows bytes only; sockets live in the events module. Encoding
- * uses msgpack-c's packer into a reusable sbuffer, with the bulk arrays
- * (hashes, tokens) and the hot scalars written straight into it. Decoding
- * uses the bounds-checked reader of mpread.h (see there why not msgpack-c)
+ * writes each event straight into a reusable buffer with the cursor
+ * writers of common/msgpack.h, one capacity check an event. Decoding
+ * uses the bounds-checked reader of common/msgpack.h (see there why not msgpack-c)
  * and writes into arenas the decoder keeps between calls: events, hashes,
  * tokens, strings (with extra_keys' raw bytes) and the raw bytes of the
  * fields kvbm does not name. While a payload is read the events record
@@ -31,13 +31,13 @@
  * themselves are unknown. The rewind costs nothing on the good path.
  */
 #include <limits.h>
-#include <msgpack.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/vec.h"
 #include "event_codec/internal.h"
-#include "event_codec/mpread.h"
+#include "common/msgpack.h"
 #include "kvbm/event_codec.h"
 
 /* Field ids shared by both forms and by kvbm_event_check. */
@@ -93,15 +93,15 @@ static bool names_medium(const char *name, kvbm_medium m) {
 /* Whether [p, p+len) is exactly `values` msgpack values, or, with
  * `keyed`, that many pairs of a string key kvbm does not name and a value. */
 static bool raw_ok(const uint8_t *p, size_t len, uint32_t values, bool keyed) {
-  mpr r = {p, p + len};
+  kvbm__mpr r = {p, p + len};
   for (uint32_t i = 0; i < values; i++) {
     if (keyed) {
       const uint8_t *k;
       size_t kl;
-      if (mpr_peek(&r) != MPR_STR || mpr_bytes(&r, false, &k, &kl)) return false;
+      if (kvbm__mpr_peek(&r) != KVBM__MPR_STR || kvbm__mpr_bytes(&r, false, &k, &kl)) return false;
       if ((kl == 4 && !memcmp(k, "type", 4)) || key_field(k, kl) != F_EXTRA) return false;
     }
-    if (mpr_skip(&r)) return false;
+    if (kvbm__mpr_skip(&r)) return false;
   }
   return r.p == r.end;
 }
@@ -150,8 +150,8 @@ int kvbm_event_check(const kvbm_event *ev, const kvbm_event_encoder_config *cfg,
 /* ------------------------------------------------------------- encoding */
 
 struct kvbm_event_encoder {
-  msgpack_sbuffer sb;
-  msgpack_packer pk;
+  uint8_t *buf; /* the last payload */
+  size_t len, cap;
   kvbm_event_encoder_config cfg;
 };
 
@@ -164,118 +164,46 @@ int kvbm_event_encoder_create(const kvbm_event_encoder_config *cfg, kvbm_event_e
   kvbm_event_encoder *e = calloc(1, sizeof *e);
   if (!e) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for an encoder");
   e->cfg = c;
-  msgpack_sbuffer_init(&e->sb);
-  msgpack_packer_init(&e->pk, &e->sb, msgpack_sbuffer_write);
   *out = e;
   return KVBM_OK;
 }
 
 void kvbm_event_encoder_destroy(kvbm_event_encoder *enc) {
   if (!enc) return;
-  msgpack_sbuffer_destroy(&enc->sb);
+  free(enc->buf);
   free(enc);
 }
 
-/* Events are written straight into the sbuffer (its fields are public
- * msgpack-c API): one capacity check per event, for a bound on its size,
- * then plain stores. msgpack-c's packer makes one write callback per
- * value, which for the tagged maps (a dozen keys and values per event)
- * was most of the cost. The bytes are the shortest encoding of each value,
- * as msgpack-c (and msgspec) write them. */
-static uint8_t *sb_grow(msgpack_sbuffer *sb, size_t need) {
-  if (need > SIZE_MAX / 2 - sb->size ||
-      kvbm__vec_reserve_of(&sb->data, &sb->alloc, sb->size + need, 8192, KVBM__VEC_NO_LIMIT))
+/* Events are written straight into the buffer with common/msgpack.h's
+ * cursor writers: one capacity check per event, for a bound on its size
+ * (event_bound), then plain stores. msgpack-c's packer made one write
+ * callback per value, which for the tagged maps (a dozen keys and values
+ * per event) was most of the cost. The bytes are the shortest encoding of
+ * each value, as msgpack-c (and msgspec) write them. */
+static uint8_t *enc_reserve(kvbm_event_encoder *enc, size_t need) {
+  if (enc->cap - enc->len >= need) return enc->buf + enc->len;
+  if (need > SIZE_MAX / 2 - enc->len ||
+      kvbm__vec_reserve_of(&enc->buf, &enc->cap, enc->len + need, 8192, KVBM__VEC_NO_LIMIT))
     return NULL;
-  return (uint8_t *)sb->data + sb->size;
-}
-
-static inline uint8_t *sb_reserve(msgpack_sbuffer *sb, size_t need) {
-  if (sb->alloc - sb->size >= need) return (uint8_t *)sb->data + sb->size;
-  return sb_grow(sb, need);
-}
-
-static inline uint8_t *put_be(uint8_t *p, uint64_t v, int n) {
-  if (n == 8) { /* hashes: a byte swap and one store */
-    v = __builtin_bswap64(v);
-    memcpy(p, &v, 8);
-    return p + 8;
-  }
-  for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
-  return p + n;
-}
-
-/* Array (map = false) or map header. */
-static inline uint8_t *put_hdr(uint8_t *p, size_t n, bool map) {
-  if (n < 16) { *p++ = (uint8_t)((map ? 0x80 : 0x90) | n); return p; }
-  if (n < 65536) { *p++ = map ? 0xde : 0xdc; return put_be(p, n, 2); }
-  *p++ = map ? 0xdf : 0xdd;
-  return put_be(p, n, 4);
-}
-
-static inline uint8_t *put_uint(uint8_t *p, uint64_t v) {
-  if (v < 128) { *p++ = (uint8_t)v; return p; }
-  if (v < 256) { *p++ = 0xcc; *p++ = (uint8_t)v; return p; }
-  if (v < 65536) { p[0] = 0xcd; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)v; return p + 3; }
-  if (v <= UINT32_MAX) {
-    p[0] = 0xce;
-    p[1] = (uint8_t)(v >> 24);
-    p[2] = (uint8_t)(v >> 16);
-    p[3] = (uint8_t)(v >> 8);
-    p[4] = (uint8_t)v;
-    return p + 5;
-  }
-  *p++ = 0xcf;
-  return put_be(p, v, 8);
-}
-
-/* A signed integer: non-negative ones as put_uint, negative ones in the
- * shortest signed form. */
-static inline uint8_t *put_int(uint8_t *p, int64_t x) {
-  uint64_t v = (uint64_t)x;
-  if (x >= 0) return put_uint(p, v);
-  if (x >= -32) { *p++ = (uint8_t)x; return p; }
-  if (x >= INT8_MIN) { *p++ = 0xd0; return put_be(p, v, 1); }
-  if (x >= INT16_MIN) { *p++ = 0xd1; return put_be(p, v, 2); }
-  if (x >= INT32_MIN) { *p++ = 0xd2; return put_be(p, v, 4); }
-  *p++ = 0xd3;
-  return put_be(p, v, 8);
+  return enc->buf + enc->len;
 }
 
 /* A hash: unsigned, or (signed_hashes) the int64 with the same bits: a
  * hash >= 2^63 becomes a negative int64, the others are the same
  * non-negative integer either way. */
 static inline uint8_t *put_hash(uint8_t *p, uint64_t v, bool sgn) {
-  return sgn ? put_int(p, (int64_t)v) : put_uint(p, v);
-}
-
-static inline uint8_t *put_nil(uint8_t *p) {
-  *p++ = 0xc0;
-  return p;
-}
-
-static inline uint8_t *put_strn(uint8_t *p, const char *s, size_t n) {
-  if (n < 32) *p++ = (uint8_t)(0xa0 | n);
-  else if (n < 256) { *p++ = 0xd9; *p++ = (uint8_t)n; }
-  else if (n < 65536) { *p++ = 0xda; p = put_be(p, n, 2); }
-  else { *p++ = 0xdb; p = put_be(p, n, 4); }
-  memcpy(p, s, n);
-  return p + n;
+  return sgn ? kvbm__mp_put_int(p, (int64_t)v) : kvbm__mp_put_uint(p, v);
 }
 
 static inline uint8_t *put_opt_str(uint8_t *p, const char *s) {
-  return s ? put_strn(p, s, strlen(s)) : put_nil(p);
+  return s ? kvbm__mp_put_str(p, s, strlen(s)) : kvbm__mp_put_nil(p);
 }
 
 /* A key or tag known at compile time (all under 32 bytes): a fixstr. */
-#define LIT(p, s) put_strn((p), (s), sizeof(s) - 1)
+#define LIT(p, s) kvbm__mp_put_str((p), (s), sizeof(s) - 1)
 
 static inline uint8_t *put_opt_i64(uint8_t *p, bool has, int64_t v) {
-  return has ? put_int(p, v) : put_nil(p);
-}
-
-static inline uint8_t *put_raw(uint8_t *p, const uint8_t *raw, size_t n) {
-  if (n) memcpy(p, raw, n);
-  return p + n;
+  return has ? kvbm__mp_put_int(p, v) : kvbm__mp_put_nil(p);
 }
 
 static uint8_t *put_medium(uint8_t *p, const kvbm_event *ev) {
@@ -284,7 +212,7 @@ static uint8_t *put_medium(uint8_t *p, const kvbm_event *ev) {
 }
 
 static uint8_t *put_hashes(uint8_t *p, const uint64_t *h, size_t n, bool sgn) {
-  p = put_hdr(p, n, false);
+  p = kvbm__mp_put_hdr(p, n, false);
   for (size_t i = 0; i < n; i++) p = put_hash(p, h[i], sgn);
   return p;
 }
@@ -292,16 +220,16 @@ static uint8_t *put_hashes(uint8_t *p, const uint64_t *h, size_t n, bool sgn) {
 /* Flat token ids, or (token_pairs) the n-1 pairs [t_i, t_i+1] they chain. */
 static uint8_t *put_tokens(uint8_t *p, const uint32_t *t, size_t n, bool pairs) {
   if (!pairs) {
-    p = put_hdr(p, n, false);
-    for (size_t i = 0; i < n; i++) p = put_uint(p, t[i]);
+    p = kvbm__mp_put_hdr(p, n, false);
+    for (size_t i = 0; i < n; i++) p = kvbm__mp_put_uint(p, t[i]);
     return p;
   }
   size_t items = n ? n - 1 : 0;
-  p = put_hdr(p, items, false);
+  p = kvbm__mp_put_hdr(p, items, false);
   for (size_t i = 0; i < items; i++) {
     *p++ = 0x92;
-    p = put_uint(p, t[i]);
-    p = put_uint(p, t[i + 1]);
+    p = kvbm__mp_put_uint(p, t[i]);
+    p = kvbm__mp_put_uint(p, t[i + 1]);
   }
   return p;
 }
@@ -327,16 +255,16 @@ static size_t map_optionals(const kvbm_event *ev) {
 /* Written only when present (vLLM's omit_defaults); the extras last. */
 static uint8_t *put_map_optionals(uint8_t *p, const kvbm_event *ev) {
   bool st = ev->type == KVBM_EVENT_STORED;
-  if (st && ev->extra_keys) p = put_raw(LIT(p, "extra_keys"), ev->extra_keys, ev->extra_keys_len);
-  if (ev->has_group_idx) p = put_int(LIT(p, "group_idx"), ev->group_idx);
+  if (st && ev->extra_keys) p = kvbm__mp_put_raw(LIT(p, "extra_keys"), ev->extra_keys, ev->extra_keys_len);
+  if (ev->has_group_idx) p = kvbm__mp_put_int(LIT(p, "group_idx"), ev->group_idx);
   if (st && ev->kv_cache_spec_kind)
     p = put_opt_str(LIT(p, "kv_cache_spec_kind"), ev->kv_cache_spec_kind);
   if (st && ev->has_sliding_window)
-    p = put_int(LIT(p, "kv_cache_spec_sliding_window"), ev->sliding_window);
+    p = kvbm__mp_put_int(LIT(p, "kv_cache_spec_sliding_window"), ev->sliding_window);
   if (ev->locality) p = put_opt_str(LIT(p, "locality"), ev->locality);
   if (ev->ownership) p = put_opt_str(LIT(p, "ownership"), ev->ownership);
   if (st && ev->cache_salt) p = put_opt_str(LIT(p, "cache_salt"), ev->cache_salt);
-  if (ev->num_extras) p = put_raw(p, ev->extras, ev->extras_len);
+  if (ev->num_extras) p = kvbm__mp_put_raw(p, ev->extras, ev->extras_len);
   return p;
 }
 
@@ -350,34 +278,34 @@ static uint8_t *put_stored(uint8_t *p, const kvbm_event *ev, kvbm_event_form for
     if (ev->has_group_idx) last = 9;
     if (ev->kv_cache_spec_kind) last = 10;
     if (ev->has_sliding_window) last = 11;
-    p = put_hdr(p, last + 1, false);
+    p = kvbm__mp_put_hdr(p, last + 1, false);
     p = LIT(p, "BlockStored");
     p = put_hashes(p, ev->block_hashes, ev->num_block_hashes, sgn);
-    p = ev->has_parent ? put_hash(p, ev->parent_hash, sgn) : put_nil(p);
+    p = ev->has_parent ? put_hash(p, ev->parent_hash, sgn) : kvbm__mp_put_nil(p);
     p = put_tokens(p, ev->token_ids, ev->num_tokens, ev->token_pairs);
-    p = put_uint(p, ev->block_size);
+    p = kvbm__mp_put_uint(p, ev->block_size);
     p = put_opt_i64(p, ev->has_lora_id, ev->lora_id);
     p = put_medium(p, ev);
     if (ev->lora_name || !ev->cache_salt) {
       p = put_opt_str(p, ev->lora_name);
     } else {
-      p = put_hdr(p, 1 + ev->num_extras, true);
+      p = kvbm__mp_put_hdr(p, 1 + ev->num_extras, true);
       p = put_opt_str(LIT(p, "cache_salt"), ev->cache_salt);
-      p = put_raw(p, ev->extras, ev->extras_len);
+      p = kvbm__mp_put_raw(p, ev->extras, ev->extras_len);
     }
-    if (last >= 8) p = ev->extra_keys ? put_raw(p, ev->extra_keys, ev->extra_keys_len) : put_nil(p);
+    if (last >= 8) p = ev->extra_keys ? kvbm__mp_put_raw(p, ev->extra_keys, ev->extra_keys_len) : kvbm__mp_put_nil(p);
     if (last >= 9) p = put_opt_i64(p, ev->has_group_idx, ev->group_idx);
     if (last >= 10) p = put_opt_str(p, ev->kv_cache_spec_kind);
-    if (last >= 11) p = put_int(p, ev->sliding_window);
+    if (last >= 11) p = kvbm__mp_put_int(p, ev->sliding_window);
     return p;
   }
-  p = put_hdr(p, 8 + map_optionals(ev), true);
+  p = kvbm__mp_put_hdr(p, 8 + map_optionals(ev), true);
   p = LIT(LIT(p, "type"), "BlockStored");
   p = put_hashes(LIT(p, "block_hashes"), ev->block_hashes, ev->num_block_hashes, sgn);
   p = LIT(p, "parent_block_hash");
-  p = ev->has_parent ? put_hash(p, ev->parent_hash, sgn) : put_nil(p);
+  p = ev->has_parent ? put_hash(p, ev->parent_hash, sgn) : kvbm__mp_put_nil(p);
   p = put_tokens(LIT(p, "token_ids"), ev->token_ids, ev->num_tokens, ev->token_pairs);
-  p = put_uint(LIT(p, "block_size"), ev->block_size);
+  p = kvbm__mp_put_uint(LIT(p, "block_size"), ev->block_size);
   p = put_opt_i64(LIT(p, "lora_id"), ev->has_lora_id, ev->lora_id);
   p = put_medium(LIT(p, "medium"), ev);
   p = put_opt_str(LIT(p, "lora_name"), ev->lora_name);
@@ -386,14 +314,14 @@ static uint8_t *put_stored(uint8_t *p, const kvbm_event *ev, kvbm_event_form for
 
 static uint8_t *put_removed(uint8_t *p, const kvbm_event *ev, kvbm_event_form form, bool sgn) {
   if (form == KVBM_FORM_POSITIONAL) {
-    p = put_hdr(p, ev->has_group_idx ? 4 : 3, false);
+    p = kvbm__mp_put_hdr(p, ev->has_group_idx ? 4 : 3, false);
     p = LIT(p, "BlockRemoved");
     p = put_hashes(p, ev->block_hashes, ev->num_block_hashes, sgn);
     p = put_medium(p, ev);
-    if (ev->has_group_idx) p = put_int(p, ev->group_idx);
+    if (ev->has_group_idx) p = kvbm__mp_put_int(p, ev->group_idx);
     return p;
   }
-  p = put_hdr(p, 3 + map_optionals(ev), true);
+  p = kvbm__mp_put_hdr(p, 3 + map_optionals(ev), true);
   p = LIT(LIT(p, "type"), "BlockRemoved");
   p = put_hashes(LIT(p, "block_hashes"), ev->block_hashes, ev->num_block_hashes, sgn);
   p = put_medium(LIT(p, "medium"), ev);
@@ -401,23 +329,30 @@ static uint8_t *put_removed(uint8_t *p, const kvbm_event *ev, kvbm_event_form fo
 }
 
 static uint8_t *put_cleared(uint8_t *p, kvbm_event_form form) {
-  if (form == KVBM_FORM_POSITIONAL) return LIT(put_hdr(p, 1, false), "AllBlocksCleared");
-  return LIT(LIT(put_hdr(p, 1, true), "type"), "AllBlocksCleared");
+  if (form == KVBM_FORM_POSITIONAL) return LIT(kvbm__mp_put_hdr(p, 1, false), "AllBlocksCleared");
+  return LIT(LIT(kvbm__mp_put_hdr(p, 1, true), "type"), "AllBlocksCleared");
 }
 
-static int pack_event(kvbm_event_encoder *enc, const kvbm_event *ev) {
-  msgpack_sbuffer *sb = &enc->sb;
-  uint8_t *p = sb_reserve(sb, event_bound(ev)), *p0 = p;
-  if (!p) return -1;
-  bool sgn = enc->cfg.signed_hashes;
+size_t kvbm__event_wire_bound(const kvbm_event *ev) { return event_bound(ev); }
+
+uint8_t *kvbm__event_put(uint8_t *p, const kvbm_event *ev, const kvbm_event_encoder_config *cfg) {
+  bool sgn = cfg->signed_hashes;
   switch (ev->type) {
-    case KVBM_EVENT_STORED: p = put_stored(p, ev, enc->cfg.form, sgn); break;
-    case KVBM_EVENT_REMOVED: p = put_removed(p, ev, enc->cfg.form, sgn); break;
-    case KVBM_EVENT_CLEARED: p = put_cleared(p, enc->cfg.form); break;
+    case KVBM_EVENT_STORED: return put_stored(p, ev, cfg->form, sgn);
+    case KVBM_EVENT_REMOVED: return put_removed(p, ev, cfg->form, sgn);
+    case KVBM_EVENT_CLEARED: return put_cleared(p, cfg->form);
   }
-  sb->size += (size_t)(p - p0);
-  return 0;
+  return p;
 }
+
+/* [ts, [n events, then the dp_rank] or [ts, [n (2 items; the events follow. */
+static uint8_t *put_batch_head(uint8_t *p, double ts, bool has_rank, size_t n) {
+  p = kvbm__mp_put_hdr(p, has_rank ? 3 : 2, false);
+  p = kvbm__mp_put_double(p, ts);
+  return kvbm__mp_put_hdr(p, n, false);
+}
+
+#define BATCH_HEAD_MAX (1 + 9 + 5)
 
 static int encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch, const uint8_t **data,
                   size_t *len, bool check, kvbm_error *err) {
@@ -429,16 +364,33 @@ static int encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch, const 
     int rc = kvbm_event_check(&batch->events[i], &enc->cfg, err);
     if (rc) return rc;
   }
-  msgpack_sbuffer_clear(&enc->sb);
-  msgpack_packer *pk = &enc->pk;
-  int rc = msgpack_pack_array(pk, batch->has_dp_rank ? 3 : 2);
-  rc |= msgpack_pack_double(pk, batch->ts);
-  rc |= msgpack_pack_array(pk, batch->num_events);
-  for (size_t i = 0; i < batch->num_events && !rc; i++) rc = pack_event(enc, &batch->events[i]);
-  if (batch->has_dp_rank) rc |= msgpack_pack_int32(pk, batch->dp_rank);
-  if (rc) return kvbm_error_set(err, KVBM_ENOMEM, "events: encode: out of memory");
-  *data = (const uint8_t *)enc->sb.data;
-  *len = enc->sb.size;
+  enc->len = 0;
+  uint8_t *p = enc_reserve(enc, BATCH_HEAD_MAX);
+  if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "events: encode: out of memory");
+  enc->len = (size_t)(put_batch_head(p, batch->ts, batch->has_dp_rank, batch->num_events) - enc->buf);
+  for (size_t i = 0; i < batch->num_events; i++) {
+    if (!(p = enc_reserve(enc, event_bound(&batch->events[i]) + KVBM__MP_SCALAR_MAX)))
+      return kvbm_error_set(err, KVBM_ENOMEM, "events: encode: out of memory");
+    enc->len = (size_t)(kvbm__event_put(p, &batch->events[i], &enc->cfg) - enc->buf);
+  }
+  if (batch->has_dp_rank) enc->len = (size_t)(kvbm__mp_put_int(enc->buf + enc->len, batch->dp_rank) - enc->buf);
+  *data = enc->buf;
+  *len = enc->len;
+  return KVBM_OK;
+}
+
+int kvbm__event_frame(kvbm_event_encoder *enc, double ts, bool has_rank, int32_t dp_rank,
+                      size_t n, const uint8_t *events, size_t events_len, const uint8_t **data,
+                      size_t *len) {
+  if (n > UINT32_MAX || events_len > SIZE_MAX / 2) return KVBM_EINVAL;
+  enc->len = 0;
+  uint8_t *p = enc_reserve(enc, BATCH_HEAD_MAX + events_len + KVBM__MP_SCALAR_MAX);
+  if (!p) return KVBM_ENOMEM;
+  p = kvbm__mp_put_raw(put_batch_head(p, ts, has_rank, n), events, events_len);
+  if (has_rank) p = kvbm__mp_put_int(p, dp_rank);
+  enc->len = (size_t)(p - enc->buf);
+  *data = enc->buf;
+  *len = enc->len;
   return KVBM_OK;
 }
 
@@ -552,7 +504,7 @@ const char *kvbm_event_decoder_skip_reason(const kvbm_event_decoder *dec) {
 
 /* Decoding context: the reader, the decoder, where we are (for messages). */
 typedef struct dctx {
-  mpr r;
+  kvbm__mpr r;
   kvbm_event_decoder *d;
   kvbm_error *err;   /* the caller's, or the decoder's ev_err inside an event */
   size_t idx;        /* event index on the wire */
@@ -574,31 +526,31 @@ static int fail(dctx *c, int rc, const char *what) {
 
 static int fail_type(dctx *c, const char *want) {
   char msg[160];
-  snprintf(msg, sizeof msg, "expected %s, got %s", want, mpr_kind_name(mpr_peek(&c->r)));
-  return fail(c, mpr_peek(&c->r) == MPR_END ? KVBM_ETRUNCATED : KVBM_EFORMAT, msg);
+  snprintf(msg, sizeof msg, "expected %s, got %s", want, kvbm__mpr_kind_name(kvbm__mpr_peek(&c->r)));
+  return fail(c, kvbm__mpr_peek(&c->r) == KVBM__MPR_END ? KVBM_ETRUNCATED : KVBM_EFORMAT, msg);
 }
 
 /* A hash: an integer, or bytes whose low 64 bits (big-endian) are taken. */
 static int read_hash(dctx *c, uint64_t *out) {
   const uint8_t *p = c->r.p;
   if (c->r.end - p >= 9 && *p == 0xcf) { /* the common case: a full 64-bit hash */
-    *out = mpr_be(p + 1, 8);
+    *out = kvbm__get_be(p + 1, 8);
     c->r.p = p + 9;
     return 0;
   }
-  mpr_kind k = mpr_peek(&c->r);
-  if (k == MPR_INT) {
+  kvbm__mpr_kind k = kvbm__mpr_peek(&c->r);
+  if (k == KVBM__MPR_INT) {
     bool neg;
-    int rc = mpr_int(&c->r, out, &neg);
+    int rc = kvbm__mpr_int(&c->r, out, &neg);
     return rc ? fail(c, rc, "bad integer") : 0;
   }
-  if (k == MPR_BIN) {
+  if (k == KVBM__MPR_BIN) {
     const uint8_t *b;
     size_t n;
-    int rc = mpr_bytes(&c->r, true, &b, &n);
+    int rc = kvbm__mpr_bytes(&c->r, true, &b, &n);
     if (rc) return fail(c, rc, "bad bytes");
     size_t take = n < 8 ? n : 8;
-    *out = mpr_be(b + n - take, (int)take);
+    *out = kvbm__get_be(b + n - take, (int)take);
     return 0;
   }
   return fail_type(c, "a hash (integer or bytes)");
@@ -606,7 +558,7 @@ static int read_hash(dctx *c, uint64_t *out) {
 
 static int read_hashes(dctx *c, size_t *off, size_t *count) {
   uint32_t n;
-  int rc = mpr_array(&c->r, &n);
+  int rc = kvbm__mpr_array(&c->r, &n);
   if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "an array of hashes") : fail(c, rc, "");
   kvbm_event_decoder *d = c->d;
   RESERVE(d->h, d->h_cap, d->h_n + n);
@@ -624,8 +576,8 @@ static int read_hashes(dctx *c, size_t *off, size_t *count) {
 static int read_token_slow(dctx *c, uint32_t *out) {
   uint64_t u;
   bool neg;
-  if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "a token id (integer)");
-  int rc = mpr_int(&c->r, &u, &neg);
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_INT) return fail_type(c, "a token id (integer)");
+  int rc = kvbm__mpr_int(&c->r, &u, &neg);
   if (rc) return fail(c, rc, "bad integer");
   if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "token id outside 0..2^32-1");
   *out = (uint32_t)u;
@@ -652,7 +604,7 @@ static inline int read_token(dctx *c, uint32_t *out) {
 static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
   for (uint32_t i = 0; i < n; i++) {
     uint32_t two, a = 0, b = 0; /* set by read_token; 0 keeps every compiler sure of it */
-    int rc = mpr_array(&c->r, &two);
+    int rc = kvbm__mpr_array(&c->r, &two);
     if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "a token pair [t, t+1]") : fail(c, rc, "");
     if (two != 2) return fail(c, KVBM_EFORMAT, "a token pair has other than 2 ids");
     if ((rc = read_token(c, &a)) || (rc = read_token(c, &b))) return rc;
@@ -665,10 +617,10 @@ static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
 
 static int read_tokens(dctx *c, kvbm_event *ev, size_t *off) {
   uint32_t n;
-  int rc = mpr_array(&c->r, &n);
+  int rc = kvbm__mpr_array(&c->r, &n);
   if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "an array of token ids") : fail(c, rc, "");
   kvbm_event_decoder *d = c->d;
-  bool pairs = n && mpr_peek(&c->r) == MPR_ARRAY;
+  bool pairs = n && kvbm__mpr_peek(&c->r) == KVBM__MPR_ARRAY;
   RESERVE(d->t, d->t_cap, d->t_n + n + pairs);
   *off = d->t_n;
   uint32_t *out = d->t + d->t_n;
@@ -686,10 +638,10 @@ static int read_tokens(dctx *c, kvbm_event *ev, size_t *off) {
 }
 
 static int read_u32(dctx *c, uint32_t *out) {
-  if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "an integer");
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_INT) return fail_type(c, "an integer");
   uint64_t u;
   bool neg;
-  int rc = mpr_int(&c->r, &u, &neg);
+  int rc = kvbm__mpr_int(&c->r, &u, &neg);
   if (rc) return fail(c, rc, "bad integer");
   if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "integer outside 0..2^32-1");
   *out = (uint32_t)u;
@@ -698,11 +650,11 @@ static int read_u32(dctx *c, uint32_t *out) {
 
 /* nil -> *has = false; an int64 otherwise. */
 static int read_opt_i64(dctx *c, int64_t *out, bool *has) {
-  if (mpr_nil(&c->r)) { *has = false; return 0; }
-  if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "an integer or nil");
+  if (kvbm__mpr_nil(&c->r)) { *has = false; return 0; }
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_INT) return fail_type(c, "an integer or nil");
   uint64_t u;
   bool neg;
-  int rc = mpr_int(&c->r, &u, &neg);
+  int rc = kvbm__mpr_int(&c->r, &u, &neg);
   if (rc) return fail(c, rc, "bad integer");
   if (!neg && u > INT64_MAX) return fail(c, KVBM_EFORMAT, "integer beyond int64");
   *out = (int64_t)u;
@@ -724,8 +676,8 @@ static inline int read_str(dctx *c, const char *want, const uint8_t **from,
     c->r.p = p + 1 + *kl;
     return 0;
   }
-  if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, want);
-  int rc = mpr_bytes(&c->r, false, k, kl);
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_STR) return fail_type(c, want);
+  int rc = kvbm__mpr_bytes(&c->r, false, k, kl);
   return rc ? fail(c, rc, "bad string") : 0;
 }
 
@@ -742,7 +694,7 @@ static int put_s(dctx *c, const uint8_t *b, size_t n, size_t *off) {
 
 /* nil -> SIZE_MAX; a str is copied into the string arena, NUL-terminated. */
 static int read_opt_str(dctx *c, size_t *off, const uint8_t **raw, size_t *rawlen) {
-  if (mpr_nil(&c->r)) { *off = SIZE_MAX; return 0; }
+  if (kvbm__mpr_nil(&c->r)) { *off = SIZE_MAX; return 0; }
   const uint8_t *b;
   size_t n;
   const uint8_t *from;
@@ -763,9 +715,9 @@ static int read_opt_str(dctx *c, size_t *off, const uint8_t **raw, size_t *rawle
 
 /* One msgpack value kept as its bytes (extra_keys); nil is absent. */
 static int read_raw(dctx *c, size_t *off, size_t *len) {
-  if (mpr_nil(&c->r)) { *off = SIZE_MAX; *len = 0; return 0; }
+  if (kvbm__mpr_nil(&c->r)) { *off = SIZE_MAX; *len = 0; return 0; }
   const uint8_t *p = c->r.p;
-  int rc = mpr_skip(&c->r);
+  int rc = kvbm__mpr_skip(&c->r);
   if (rc) return fail(c, rc, "malformed value");
   *len = (size_t)(c->r.p - p);
   return put_s(c, p, *len, off);
@@ -774,7 +726,7 @@ static int read_raw(dctx *c, size_t *off, size_t *len) {
 /* Appends the key/value pair that started at `from` (the reader is past
  * the key) to the event's extras. */
 static int keep_extra(dctx *c, const uint8_t *from, kvbm_event *ev, ev_off *o) {
-  int rc = mpr_skip(&c->r);
+  int rc = kvbm__mpr_skip(&c->r);
   if (rc) return fail(c, rc, "malformed value");
   size_t n = (size_t)(c->r.p - from);
   kvbm_event_decoder *d = c->d;
@@ -788,7 +740,7 @@ static int keep_extra(dctx *c, const uint8_t *from, kvbm_event *ev, ev_off *o) {
 }
 
 static int read_parent(dctx *c, kvbm_event *ev) {
-  if (mpr_nil(&c->r)) { ev->has_parent = false; return 0; }
+  if (kvbm__mpr_nil(&c->r)) { ev->has_parent = false; return 0; }
   ev->has_parent = true;
   return read_hash(c, &ev->parent_hash);
 }
@@ -807,9 +759,9 @@ static int read_medium(dctx *c, kvbm_event *ev, ev_off *o) {
  * BlockStoredMetadata map: its cache_salt, and any other key (session_id)
  * kept with the extras. */
 static int read_slot7(dctx *c, kvbm_event *ev, ev_off *o) {
-  if (mpr_peek(&c->r) != MPR_MAP) return read_opt_str(c, &o->lname, NULL, NULL);
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_MAP) return read_opt_str(c, &o->lname, NULL, NULL);
   uint32_t n;
-  int rc = mpr_map(&c->r, &n);
+  int rc = kvbm__mpr_map(&c->r, &n);
   if (rc) return fail(c, rc, "bad map");
   for (uint32_t i = 0; i < n; i++) {
     const uint8_t *from, *k = NULL;
@@ -846,7 +798,7 @@ static int read_field(dctx *c, int f, kvbm_event *ev, ev_off *o) {
     case F_SALT: return read_opt_str(c, &o->salt, NULL, NULL);
     case F_SLOT7: return read_slot7(c, ev, o);
     default: {
-      int rc = mpr_skip(&c->r);
+      int rc = kvbm__mpr_skip(&c->r);
       return rc ? fail(c, rc, "malformed value") : 0;
     }
   }
@@ -880,7 +832,7 @@ static const int kRemovedOrder[] = {F_HASHES, F_MEDIUM, F_GROUP};
 
 static int read_positional(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t n;
-  int rc = mpr_array(&c->r, &n);
+  int rc = kvbm__mpr_array(&c->r, &n);
   if (rc) return fail(c, rc, "bad array");
   if (n < 1) return fail(c, KVBM_EFORMAT, "empty event array (no tag)");
   rc = read_tag(c, ev);
@@ -904,7 +856,7 @@ static int read_positional(dctx *c, kvbm_event *ev, ev_off *o) {
 
 static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t n;
-  int rc = mpr_map(&c->r, &n);
+  int rc = kvbm__mpr_map(&c->r, &n);
   if (rc) return fail(c, rc, "bad map");
   bool have_type = false;
   unsigned seen = 0;
@@ -958,10 +910,10 @@ static void keep_own_fields(kvbm_event *ev, ev_off *o) {
 
 static int read_event(dctx *c, kvbm_event *ev, ev_off *o) {
   c->field = "event";
-  mpr_kind k = mpr_peek(&c->r);
+  kvbm__mpr_kind k = kvbm__mpr_peek(&c->r);
   int rc;
-  if (k == MPR_ARRAY) rc = read_positional(c, ev, o);
-  else if (k == MPR_MAP) rc = read_map_event(c, ev, o);
+  if (k == KVBM__MPR_ARRAY) rc = read_positional(c, ev, o);
+  else if (k == KVBM__MPR_MAP) rc = read_map_event(c, ev, o);
   else return fail_type(c, "an event (array or map)");
   if (!rc) keep_own_fields(ev, o);
   return rc;
@@ -972,7 +924,7 @@ static int read_event(dctx *c, kvbm_event *ev, ev_off *o) {
  * the payload's. */
 static int read_events(dctx *c, kvbm_event_batch *out) {
   uint32_t n;
-  int rc = mpr_array(&c->r, &n);
+  int rc = kvbm__mpr_array(&c->r, &n);
   if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "the events array") : fail(c, rc, "the events array");
   kvbm_event_decoder *d = c->d;
   kvbm_error *caller = c->err;
@@ -995,7 +947,7 @@ static int read_events(dctx *c, kvbm_event_batch *out) {
       continue;
     }
     c->r.p = start;
-    if (rc == KVBM_ENOMEM || mpr_skip(&c->r)) { /* the payload's error */
+    if (rc == KVBM_ENOMEM || kvbm__mpr_skip(&c->r)) { /* the payload's error */
       if (caller) *caller = d->ev_err;
       return rc;
     }
@@ -1030,8 +982,8 @@ static int read_dp_rank(dctx *c, kvbm_event_batch *out) {
   int64_t v;
   bool has;
   c->field = NULL;
-  if (mpr_nil(&c->r)) return 0;
-  if (mpr_peek(&c->r) != MPR_INT) return fail_type(c, "dp_rank (an integer or nil)");
+  if (kvbm__mpr_nil(&c->r)) return 0;
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_INT) return fail_type(c, "dp_rank (an integer or nil)");
   int rc = read_opt_i64(c, &v, &has);
   if (rc) return rc;
   if (v < INT32_MIN || v > INT32_MAX) return fail(c, KVBM_EFORMAT, "dp_rank beyond 32 bits");
@@ -1041,36 +993,36 @@ static int read_dp_rank(dctx *c, kvbm_event_batch *out) {
 }
 
 static int read_ts(dctx *c, double *ts) {
-  mpr_kind k = mpr_peek(&c->r);
-  if (k != MPR_FLOAT && k != MPR_INT) return fail_type(c, "the timestamp (a number)");
-  int rc = mpr_double(&c->r, ts);
+  kvbm__mpr_kind k = kvbm__mpr_peek(&c->r);
+  if (k != KVBM__MPR_FLOAT && k != KVBM__MPR_INT) return fail_type(c, "the timestamp (a number)");
+  int rc = kvbm__mpr_double(&c->r, ts);
   return rc ? fail(c, rc, "bad timestamp") : 0;
 }
 
 static int read_batch(dctx *c, kvbm_event_batch *out) {
-  mpr_kind k = mpr_peek(&c->r);
+  kvbm__mpr_kind k = kvbm__mpr_peek(&c->r);
   uint32_t n;
   int rc;
-  if (k == MPR_ARRAY) {
-    rc = mpr_array(&c->r, &n);
+  if (k == KVBM__MPR_ARRAY) {
+    rc = kvbm__mpr_array(&c->r, &n);
     if (rc) return fail(c, rc, "bad batch array");
     if (n < 2) return fail(c, KVBM_EFORMAT, "batch array has fewer than 2 elements [ts, events]");
     if ((rc = read_ts(c, &out->ts)) || (rc = read_events(c, out))) return rc;
     if (n >= 3 && (rc = read_dp_rank(c, out))) return rc;
     for (uint32_t i = 3; i < n; i++)
-      if ((rc = mpr_skip(&c->r))) return fail(c, rc, "malformed trailing batch field");
+      if ((rc = kvbm__mpr_skip(&c->r))) return fail(c, rc, "malformed trailing batch field");
     return 0;
   }
-  if (k == MPR_MAP) {
-    rc = mpr_map(&c->r, &n);
+  if (k == KVBM__MPR_MAP) {
+    rc = kvbm__mpr_map(&c->r, &n);
     if (rc) return fail(c, rc, "bad batch map");
     bool have_ts = false, have_events = false;
     for (uint32_t i = 0; i < n; i++) {
       const uint8_t *key;
       size_t kl;
       c->field = NULL;
-      if (mpr_peek(&c->r) != MPR_STR) return fail_type(c, "a string key in the batch map");
-      if ((rc = mpr_bytes(&c->r, false, &key, &kl))) return fail(c, rc, "bad key");
+      if (kvbm__mpr_peek(&c->r) != KVBM__MPR_STR) return fail_type(c, "a string key in the batch map");
+      if ((rc = kvbm__mpr_bytes(&c->r, false, &key, &kl))) return fail(c, rc, "bad key");
       if (kl == 2 && !memcmp(key, "ts", 2)) { rc = read_ts(c, &out->ts); have_ts = true; }
       else if (kl == 6 && !memcmp(key, "events", 6)) {
         /* a repeated "events" key replaces the earlier events */
@@ -1079,7 +1031,7 @@ static int read_batch(dctx *c, kvbm_event_batch *out) {
         rc = read_events(c, out);
         have_events = true;
       } else if (kl == 18 && !memcmp(key, "data_parallel_rank", 18)) rc = read_dp_rank(c, out);
-      else if ((rc = mpr_skip(&c->r))) rc = fail(c, rc, "malformed batch field");
+      else if ((rc = kvbm__mpr_skip(&c->r))) rc = fail(c, rc, "malformed batch field");
       if (rc) return rc;
     }
     c->field = NULL;
@@ -1109,7 +1061,7 @@ int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
     dec->ev_n = 0;
     out->skipped = 0;
     return kvbm_error_set(err, KVBM_ETOOLONG, "events: decode: %zu bytes after the batch",
-                          mpr_left(&c.r));
+                          kvbm__mpr_left(&c.r));
   }
   fix_pointers(dec);
   out->seq = seq;

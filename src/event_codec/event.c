@@ -26,7 +26,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "event_codec/mpread.h"
+#include "common/msgpack.h"
 #include "kvbm/event_codec.h"
 
 const char *kvbm_event_type_name(kvbm_event_type t) {
@@ -133,36 +133,36 @@ static void jhashes(jbuf *j, const uint64_t *h, size_t n) {
  * keys that are not strings as their JSON text in a string; past
  * JSON_DEPTH levels a value is skipped and printed as null. Returns false
  * on malformed input (null printed). */
-static bool jmsgpack(jbuf *j, mpr *r, int depth) {
-  mpr_kind k = mpr_peek(r);
+static bool jmsgpack(jbuf *j, kvbm__mpr *r, int depth) {
+  kvbm__mpr_kind k = kvbm__mpr_peek(r);
   if (depth >= JSON_DEPTH) {
     jprintf(j, "null");
-    return mpr_skip(r) == 0;
+    return kvbm__mpr_skip(r) == 0;
   }
   switch (k) {
-    case MPR_NIL: r->p++; jprintf(j, "null"); return true;
-    case MPR_BOOL: jprintf(j, *r->p == 0xc3 ? "true" : "false"); r->p++; return true;
-    case MPR_INT: {
+    case KVBM__MPR_NIL: r->p++; jprintf(j, "null"); return true;
+    case KVBM__MPR_BOOL: jprintf(j, *r->p == 0xc3 ? "true" : "false"); r->p++; return true;
+    case KVBM__MPR_INT: {
       uint64_t u;
       bool neg;
-      if (mpr_int(r, &u, &neg)) break;
+      if (kvbm__mpr_int(r, &u, &neg)) break;
       if (neg) jprintf(j, "%" PRId64, (int64_t)u);
       else jprintf(j, "%" PRIu64, u);
       return true;
     }
-    case MPR_FLOAT: {
+    case KVBM__MPR_FLOAT: {
       double d;
-      if (mpr_double(r, &d)) break;
+      if (kvbm__mpr_double(r, &d)) break;
       if (isfinite(d)) jprintf(j, "%.17g", d);
       else jprintf(j, "null");
       return true;
     }
-    case MPR_STR:
-    case MPR_BIN: {
+    case KVBM__MPR_STR:
+    case KVBM__MPR_BIN: {
       const uint8_t *b;
       size_t n;
-      if (mpr_bytes(r, k == MPR_BIN, &b, &n)) break;
-      if (k == MPR_STR) {
+      if (kvbm__mpr_bytes(r, k == KVBM__MPR_BIN, &b, &n)) break;
+      if (k == KVBM__MPR_STR) {
         jstrn(j, (const char *)b, n);
       } else {
         jprintf(j, "\"");
@@ -171,15 +171,15 @@ static bool jmsgpack(jbuf *j, mpr *r, int depth) {
       }
       return true;
     }
-    case MPR_ARRAY:
-    case MPR_MAP: {
+    case KVBM__MPR_ARRAY:
+    case KVBM__MPR_MAP: {
       uint32_t n;
-      if (mpr_container(r, k == MPR_MAP, &n)) break;
-      jprintf(j, k == MPR_MAP ? "{" : "[");
+      if (kvbm__mpr_container(r, k == KVBM__MPR_MAP, &n)) break;
+      jprintf(j, k == KVBM__MPR_MAP ? "{" : "[");
       for (uint32_t i = 0; i < n; i++) {
         if (i) jprintf(j, ",");
-        if (k == MPR_MAP) {
-          if (mpr_peek(r) == MPR_STR) {
+        if (k == KVBM__MPR_MAP) {
+          if (kvbm__mpr_peek(r) == KVBM__MPR_STR) {
             if (!jmsgpack(j, r, depth + 1)) return false;
           } else { /* JSON keys are strings: the key's JSON, quoted */
             char tmp[128];
@@ -191,12 +191,12 @@ static bool jmsgpack(jbuf *j, mpr *r, int depth) {
         }
         if (!jmsgpack(j, r, depth + 1)) return false;
       }
-      jprintf(j, k == MPR_MAP ? "}" : "]");
+      jprintf(j, k == KVBM__MPR_MAP ? "}" : "]");
       return true;
     }
-    case MPR_EXT:
+    case KVBM__MPR_EXT:
       jprintf(j, "null");
-      return mpr_skip(r) == 0;
+      return kvbm__mpr_skip(r) == 0;
     default:
       break;
   }
@@ -205,17 +205,17 @@ static bool jmsgpack(jbuf *j, mpr *r, int depth) {
 }
 
 static void jraw(jbuf *j, const uint8_t *p, size_t n) {
-  mpr r = {p, p + n};
+  kvbm__mpr r = {p, p + n};
   jmsgpack(j, &r, 0);
 }
 
 /* The extras as one object {key: value, ...}. */
 static void jextras(jbuf *j, const kvbm_event *ev) {
-  mpr r = {ev->extras, ev->extras + ev->extras_len};
+  kvbm__mpr r = {ev->extras, ev->extras + ev->extras_len};
   jprintf(j, ",\"extras\":{");
   for (uint32_t i = 0; i < ev->num_extras; i++) {
     if (i) jprintf(j, ",");
-    if (mpr_peek(&r) != MPR_STR || !jmsgpack(j, &r, 1)) break;
+    if (kvbm__mpr_peek(&r) != KVBM__MPR_STR || !jmsgpack(j, &r, 1)) break;
     jprintf(j, ":");
     if (!jmsgpack(j, &r, 1)) break;
   }

@@ -15,4 +15,20 @@
 int kvbm__event_encode_checked(kvbm_event_encoder *enc, const kvbm_event_batch *batch,
                                const uint8_t **data, size_t *len, kvbm_error *err);
 
+/* One event's wire bytes, for a publisher that encodes each event when it
+ * is published (once) and frames batches of them later: at most
+ * kvbm__event_wire_bound(ev) bytes written at p, in cfg's form, without
+ * checking (the caller has run kvbm_event_check in that form); returns
+ * the byte after them. */
+size_t kvbm__event_wire_bound(const kvbm_event *ev);
+uint8_t *kvbm__event_put(uint8_t *p, const kvbm_event *ev, const kvbm_event_encoder_config *cfg);
+
+/* A payload of n events already encoded by kvbm__event_put (their bytes
+ * back to back in `events`): [ts, [events...], dp_rank] (no rank without
+ * has_rank), the same bytes kvbm_event_encode writes for those events.
+ * *data points into the encoder until its next use. KVBM_ENOMEM. */
+int kvbm__event_frame(kvbm_event_encoder *enc, double ts, bool has_rank, int32_t dp_rank,
+                      size_t n, const uint8_t *events, size_t events_len, const uint8_t **data,
+                      size_t *len);
+
 #endif

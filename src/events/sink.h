@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/msgpack.h"
 #include "kvbm/events.h"
 
 typedef struct ev_sink ev_sink;
@@ -43,14 +44,8 @@ int kvbm__sink_zmq_create(void *zctx, const kvbm_zmq_sink_config *o, ev_sink **o
 int kvbm__sink_nats_create(const char *url, const char *subject, ev_sink **out, kvbm_error *err);
 int kvbm__sink_jetstream_create(const kvbm_jetstream_config *c, ev_sink **out, kvbm_error *err);
 
-/* 8-byte big-endian sequence frames. */
-static inline void ev_put_be64(uint8_t *p, uint64_t v) {
-  for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
-}
-static inline uint64_t ev_get_be64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v = v << 8 | p[i];
-  return v;
-}
+/* 8-byte big-endian sequence frames (common/msgpack.h's byte order). */
+static inline void ev_put_be64(uint8_t *p, uint64_t v) { kvbm__put_be(p, v, 8); }
+static inline uint64_t ev_get_be64(const uint8_t *p) { return kvbm__get_be(p, 8); }
 
 #endif

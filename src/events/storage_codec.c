@@ -4,7 +4,7 @@
  * kvbm/storage_events.h; the wire specification is
  * docs/areas/storage-events.md).
  *
- * Decoding uses the events module's bounds-checked reader (mpread.h): no
+ * Decoding uses the bounds-checked reader of common/msgpack.h: no
  * count is trusted before the bytes left could hold it, values are read in
  * place, and the only allocation is the decoder's event array, grown to
  * the largest batch seen and given back when a batch needs far less (one
@@ -12,7 +12,7 @@
  * function shared by both directions, so what the encoder writes is
  * exactly what the decoder accepts.
  *
- * Encoding writes msgpack by hand (mpwrite.h) into a growing buffer: the
+ * Encoding writes msgpack by hand (its growing writer) into a buffer: the
  * format is seven fields an event, integers and two strings.
  */
 #include "kvbm/storage_events.h"
@@ -23,8 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "event_codec/mpread.h"
-#include "events/mpwrite.h"
+#include "common/msgpack.h"
 #include "events/storage_internal.h"
 
 #define META_MAX_KEY 64
@@ -43,22 +42,22 @@ static bool text_ok(const uint8_t *s, size_t n) {
 }
 
 /* Validates a metadata map at r (consumed on success) and finds its tier. */
-static int meta_parse(mpr *r, int *tier, const char **why) {
+static int meta_parse(kvbm__mpr *r, int *tier, const char **why) {
   const uint8_t *start = r->p;
   uint32_t n;
   *tier = -1;
-  if (mpr_map(r, &n)) return *why = "extra_metadata is not a map", KVBM_EFORMAT;
+  if (kvbm__mpr_map(r, &n)) return *why = "extra_metadata is not a map", KVBM_EFORMAT;
   if (n > KVBM_STORAGE_MAX_META_ENTRIES)
     return *why = "extra_metadata has more than 16 entries", KVBM_ETOOLONG;
   for (uint32_t i = 0; i < n; i++) {
     const uint8_t *k, *v;
     size_t kn, vn;
-    if (mpr_bytes(r, false, &k, &kn)) return *why = "extra_metadata key is not a string", KVBM_EFORMAT;
+    if (kvbm__mpr_bytes(r, false, &k, &kn)) return *why = "extra_metadata key is not a string", KVBM_EFORMAT;
     if (kn == 0 || kn > META_MAX_KEY || !text_ok(k, kn))
       return *why = "extra_metadata key is empty, too long or has control bytes", KVBM_EFORMAT;
-    mpr_kind kind = mpr_peek(r);
-    if (kind == MPR_STR) {
-      if (mpr_bytes(r, false, &v, &vn) || vn > META_MAX_STR || !text_ok(v, vn))
+    kvbm__mpr_kind kind = kvbm__mpr_peek(r);
+    if (kind == KVBM__MPR_STR) {
+      if (kvbm__mpr_bytes(r, false, &v, &vn) || vn > META_MAX_STR || !text_ok(v, vn))
         return *why = "extra_metadata string value is too long or has control bytes", KVBM_EFORMAT;
       if (kn == 4 && !memcmp(k, "tier", 4)) {
         kvbm_tier t;
@@ -68,9 +67,9 @@ static int meta_parse(mpr *r, int *tier, const char **why) {
         if (!kvbm_tier_parse(name, &t)) return *why = "extra_metadata tier is not G1..G4", KVBM_EFORMAT;
         *tier = (int)t;
       }
-    } else if (kind == MPR_NIL || kind == MPR_BOOL || kind == MPR_INT || kind == MPR_FLOAT) {
+    } else if (kind == KVBM__MPR_NIL || kind == KVBM__MPR_BOOL || kind == KVBM__MPR_INT || kind == KVBM__MPR_FLOAT) {
       if (kn == 4 && !memcmp(k, "tier", 4)) return *why = "extra_metadata tier is not a string", KVBM_EFORMAT;
-      if (mpr_skip(r)) return *why = "extra_metadata value is truncated", KVBM_ETRUNCATED;
+      if (kvbm__mpr_skip(r)) return *why = "extra_metadata value is truncated", KVBM_ETRUNCATED;
     } else {
       return *why = "extra_metadata value is not a scalar", KVBM_EFORMAT;
     }
@@ -93,7 +92,7 @@ int kvbm__storage_check(const kvbm_storage_event *e, size_t i, kvbm_error *err) 
                           "has control bytes",
                           i, KVBM_STORAGE_MAX_LOCATION);
   if (e->extra_metadata) {
-    mpr r = {e->extra_metadata, e->extra_metadata + e->extra_metadata_len};
+    kvbm__mpr r = {e->extra_metadata, e->extra_metadata + e->extra_metadata_len};
     int tier;
     const char *why = NULL;
     if (meta_parse(&r, &tier, &why) || r.p != r.end)
@@ -116,31 +115,31 @@ int kvbm_storage_encode(const kvbm_storage_batch *b, uint8_t **buf, size_t *len,
     if (rc) return rc;
   }
   size_t start = *len;
-  mpw w = {buf, len, cap, false};
-  mpw_array(&w, 3);
-  mpw_double(&w, b->ts);
-  mpw_array(&w, (uint32_t)b->num_events);
+  kvbm__mpw w = {buf, len, cap, false};
+  kvbm__mpw_array(&w, 3);
+  kvbm__mpw_double(&w, b->ts);
+  kvbm__mpw_array(&w, (uint32_t)b->num_events);
   for (size_t i = 0; i < b->num_events; i++) {
     const kvbm_storage_event *e = &b->events[i];
     const char *tag = kvbm_storage_event_type_name(e->type);
-    mpw_array(&w, 7);
-    mpw_str(&w, tag, strlen(tag));
-    mpw_uint(&w, e->event_id);
-    mpw_uint(&w, e->sequence_hash);
-    mpw_uint(&w, e->prefix_hash);
-    mpw_uint(&w, e->block_size);
-    mpw_str(&w, e->location, e->location_len);
+    kvbm__mpw_array(&w, 7);
+    kvbm__mpw_str(&w, tag, strlen(tag));
+    kvbm__mpw_uint(&w, e->event_id);
+    kvbm__mpw_uint(&w, e->sequence_hash);
+    kvbm__mpw_uint(&w, e->prefix_hash);
+    kvbm__mpw_uint(&w, e->block_size);
+    kvbm__mpw_str(&w, e->location, e->location_len);
     if (e->extra_metadata) {
-      mpw_raw(&w, e->extra_metadata, e->extra_metadata_len);
+      kvbm__mpw_raw(&w, e->extra_metadata, e->extra_metadata_len);
     } else if (e->tier >= 0) {
-      mpw_raw(&w, "\x81", 1); /* {"tier": "Gn"} */
-      mpw_str(&w, "tier", 4);
-      mpw_str(&w, kvbm_tier_name(e->tier), 2);
+      kvbm__mpw_raw(&w, "\x81", 1); /* {"tier": "Gn"} */
+      kvbm__mpw_str(&w, "tier", 4);
+      kvbm__mpw_str(&w, kvbm_tier_name(e->tier), 2);
     } else {
-      mpw_nil(&w);
+      kvbm__mpw_nil(&w);
     }
   }
-  mpw_str(&w, b->source ? b->source : "", b->source ? b->source_len : 0);
+  kvbm__mpw_str(&w, b->source ? b->source : "", b->source ? b->source_len : 0);
   if (w.oom) {
     *len = start;
     return kvbm_error_set(err, KVBM_ENOMEM, "storage events: out of memory");
@@ -178,9 +177,9 @@ static int reserve(kvbm_storage_decoder *d, size_t n) {
   return KVBM_OK;
 }
 
-static int u64_field(mpr *r, uint64_t *v, size_t i, const char *name, kvbm_error *err) {
+static int u64_field(kvbm__mpr *r, uint64_t *v, size_t i, const char *name, kvbm_error *err) {
   bool neg;
-  int rc = mpr_peek(r) == MPR_INT ? mpr_int(r, v, &neg) : KVBM_EFORMAT;
+  int rc = kvbm__mpr_peek(r) == KVBM__MPR_INT ? kvbm__mpr_int(r, v, &neg) : KVBM_EFORMAT;
   if (rc == KVBM_ETRUNCATED)
     return kvbm_error_set(err, rc, "storage event %zu: %s is truncated", i, name);
   if (rc || neg)
@@ -189,15 +188,15 @@ static int u64_field(mpr *r, uint64_t *v, size_t i, const char *name, kvbm_error
   return KVBM_OK;
 }
 
-static int decode_event(mpr *r, kvbm_storage_event *e, size_t i, kvbm_error *err) {
+static int decode_event(kvbm__mpr *r, kvbm_storage_event *e, size_t i, kvbm_error *err) {
   uint32_t n;
-  if (mpr_array(r, &n))
+  if (kvbm__mpr_array(r, &n))
     return kvbm_error_set(err, KVBM_EFORMAT, "storage event %zu is not an array", i);
   if (n < 7)
     return kvbm_error_set(err, KVBM_EFORMAT, "storage event %zu has %u fields, not 7", i, n);
   const uint8_t *s;
   size_t sl;
-  if (mpr_bytes(r, false, &s, &sl))
+  if (kvbm__mpr_bytes(r, false, &s, &sl))
     return kvbm_error_set(err, KVBM_EFORMAT, "storage event %zu: the tag is not a string", i);
   memset(e, 0, sizeof *e);
   if (sl == 5 && !memcmp(s, "Store", 5)) e->type = KVBM_STORAGE_STORE;
@@ -209,7 +208,7 @@ static int decode_event(mpr *r, kvbm_storage_event *e, size_t i, kvbm_error *err
       (rc = u64_field(r, &e->prefix_hash, i, "prefix_hash", err)) ||
       (rc = u64_field(r, &e->block_size, i, "block_size", err)))
     return rc;
-  if (mpr_bytes(r, false, &s, &sl))
+  if (kvbm__mpr_bytes(r, false, &s, &sl))
     return kvbm_error_set(err, KVBM_EFORMAT, "storage event %zu: storage_location is not a string", i);
   if (!sl || sl > KVBM_STORAGE_MAX_LOCATION || !text_ok(s, sl))
     return kvbm_error_set(err, KVBM_EFORMAT,
@@ -219,7 +218,7 @@ static int decode_event(mpr *r, kvbm_storage_event *e, size_t i, kvbm_error *err
   e->location = (const char *)s;
   e->location_len = sl;
   e->tier = -1;
-  if (!mpr_nil(r)) {
+  if (!kvbm__mpr_nil(r)) {
     const uint8_t *m = r->p;
     const char *why = "extra_metadata is malformed";
     if ((rc = meta_parse(r, &e->tier, &why)))
@@ -228,7 +227,7 @@ static int decode_event(mpr *r, kvbm_storage_event *e, size_t i, kvbm_error *err
     e->extra_metadata_len = (size_t)(r->p - m);
   }
   for (uint32_t k = 7; k < n; k++)
-    if (mpr_skip(r))
+    if (kvbm__mpr_skip(r))
       return kvbm_error_set(err, KVBM_ETRUNCATED, "storage event %zu: extra field truncated", i);
   return KVBM_OK;
 }
@@ -236,21 +235,21 @@ static int decode_event(mpr *r, kvbm_storage_event *e, size_t i, kvbm_error *err
 int kvbm_storage_decode(kvbm_storage_decoder *d, const void *data, size_t len, uint64_t seq,
                         kvbm_storage_batch *out, kvbm_error *err) {
   if (!d || (!data && len) || !out) return kvbm_error_set(err, KVBM_EINVAL, "storage events: NULL argument");
-  mpr r = {data, (const uint8_t *)data + len};
+  kvbm__mpr r = {data, (const uint8_t *)data + len};
   uint32_t n, count;
   memset(out, 0, sizeof *out);
   out->seq = seq;
-  if (mpr_array(&r, &n)) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch is not an array");
+  if (kvbm__mpr_array(&r, &n)) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch is not an array");
   if (n < 2) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch has %u fields, not [ts, events, source]", n);
-  if (mpr_double(&r, &out->ts)) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: ts is not a number");
-  int ac = mpr_array(&r, &count);
+  if (kvbm__mpr_double(&r, &out->ts)) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: ts is not a number");
+  int ac = kvbm__mpr_array(&r, &count);
   if (ac == KVBM_ETRUNCATED)
     return kvbm_error_set(err, ac, "storage batch: the events array claims more than the bytes left");
   if (ac) return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: events is not an array");
   /* Each event takes at least 8 bytes; the count is bounded by the input. */
-  if ((size_t)count > mpr_left(&r) / 8)
+  if ((size_t)count > kvbm__mpr_left(&r) / 8)
     return kvbm_error_set(err, KVBM_ETRUNCATED, "storage batch: %u events cannot fit in %zu bytes",
-                          count, mpr_left(&r));
+                          count, kvbm__mpr_left(&r));
   if (reserve(d, count)) return kvbm_error_set(err, KVBM_ENOMEM, "storage events: out of memory");
   for (uint32_t i = 0; i < count; i++) {
     int rc = decode_event(&r, &d->ev[i], i, err);
@@ -259,18 +258,18 @@ int kvbm_storage_decode(kvbm_storage_decoder *d, const void *data, size_t len, u
   if (n >= 3) {
     const uint8_t *s;
     size_t sl;
-    if (mpr_nil(&r)) {
+    if (kvbm__mpr_nil(&r)) {
       sl = 0, s = NULL;
-    } else if (mpr_bytes(&r, false, &s, &sl) || sl > KVBM_STORAGE_MAX_LOCATION || !text_ok(s, sl)) {
+    } else if (kvbm__mpr_bytes(&r, false, &s, &sl) || sl > KVBM_STORAGE_MAX_LOCATION || !text_ok(s, sl)) {
       return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: source is not a short printable string");
     }
     out->source = (const char *)s;
     out->source_len = sl;
   }
   for (uint32_t k = 3; k < n; k++)
-    if (mpr_skip(&r)) return kvbm_error_set(err, KVBM_ETRUNCATED, "storage batch: extra field truncated");
+    if (kvbm__mpr_skip(&r)) return kvbm_error_set(err, KVBM_ETRUNCATED, "storage batch: extra field truncated");
   if (r.p != r.end)
-    return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: %zu trailing bytes", mpr_left(&r));
+    return kvbm_error_set(err, KVBM_EFORMAT, "storage batch: %zu trailing bytes", kvbm__mpr_left(&r));
   out->events = d->ev;
   out->num_events = count;
   return KVBM_OK;
@@ -304,9 +303,9 @@ static void jstr(jout *j, const uint8_t *s, size_t n) {
 
 /* The metadata map as a JSON object (already validated: flat scalars). */
 static void jmeta(jout *j, const uint8_t *m, size_t len) {
-  mpr r = {m, m + len};
+  kvbm__mpr r = {m, m + len};
   uint32_t n;
-  if (mpr_map(&r, &n)) {
+  if (kvbm__mpr_map(&r, &n)) {
     jput(j, "null");
     return;
   }
@@ -314,28 +313,28 @@ static void jmeta(jout *j, const uint8_t *m, size_t len) {
   for (uint32_t i = 0; i < n; i++) {
     const uint8_t *s;
     size_t sl;
-    if (mpr_bytes(&r, false, &s, &sl)) break;
+    if (kvbm__mpr_bytes(&r, false, &s, &sl)) break;
     jput(j, i ? "," : "");
     jstr(j, s, sl);
     jput(j, ":");
     uint64_t u;
     bool neg;
     double d;
-    switch (mpr_peek(&r)) {
-      case MPR_STR:
-        if (mpr_bytes(&r, false, &s, &sl)) return;
+    switch (kvbm__mpr_peek(&r)) {
+      case KVBM__MPR_STR:
+        if (kvbm__mpr_bytes(&r, false, &s, &sl)) return;
         jstr(j, s, sl);
         break;
-      case MPR_INT:
-        if (mpr_int(&r, &u, &neg)) return;
+      case KVBM__MPR_INT:
+        if (kvbm__mpr_int(&r, &u, &neg)) return;
         if (neg) jput(j, "%" PRId64, (int64_t)u);
         else jput(j, "%" PRIu64, u);
         break;
-      case MPR_FLOAT:
-        if (mpr_double(&r, &d)) return;
+      case KVBM__MPR_FLOAT:
+        if (kvbm__mpr_double(&r, &d)) return;
         jput(j, "%.17g", d);
         break;
-      case MPR_BOOL:
+      case KVBM__MPR_BOOL:
         jput(j, *r.p == 0xc3 ? "true" : "false");
         r.p++;
         break;
