@@ -72,11 +72,12 @@ from typing import Any, Iterable, Iterator, Optional
 
 from . import _kvbm
 from ._kvbm import (ChecksumError, Error, InvalidArgumentError, IoError, NotFoundError,
-                    RangeError, StateError, UnsupportedError)
+                    RangeError, StateError, TimedOutError, UnsupportedError)
 
 __all__ = [
     "HAVE_VLLM", "KvLayout", "KvbmLoadStoreSpec", "KvbmOffloadingHandler",
-    "KvbmOffloadingManager", "KvbmOffloadingSpec", "LayoutError", "TransferFailedError",
+    "KvbmConnectorMetadata", "KvbmConnectorV1", "KvbmOffloadingManager", "KvbmOffloadingSpec",
+    "KvbmWorkerMetadata", "LayoutError", "TransferFailedError",
     "block_key", "slice_key",
 ]
 
@@ -225,6 +226,7 @@ _STATUS = {
     IoError: ("KVBM_EIO", -12),
     UnsupportedError: ("KVBM_EUNSUPPORTED", -14),
     RangeError: ("KVBM_ERANGE", -22),
+    TimedOutError: ("KVBM_ETIMEDOUT", -16),
 }
 
 
@@ -1042,3 +1044,398 @@ class KvbmOffloadingSpec(OffloadingSpec):
             kv_layout=self._opt("kvbm_kv_layout", "flash_attn"))
         yield GPULoadStoreSpec, KvbmLoadStoreSpec, handler
         yield KvbmLoadStoreSpec, GPULoadStoreSpec, handler
+
+
+# ---------------------------------------------------------------- a KVConnectorBase_V1 (copy model)
+
+
+def _import_connector_base():
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+        try:
+            from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+                KVConnectorWorkerMetadata)
+        except ImportError:
+            KVConnectorWorkerMetadata = object
+        return KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorWorkerMetadata
+    except Exception:
+        return None
+
+
+_VLLM_CONNECTOR = _import_connector_base() if HAVE_VLLM else None
+
+if _VLLM_CONNECTOR is not None:
+    KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, KVConnectorWorkerMetadata = \
+        _VLLM_CONNECTOR
+else:
+    from .connector import KVConnectorRole  # the stand-in enum kvbm.connector uses
+
+    class KVConnectorMetadata:  # type: ignore[no-redef]
+        """Stand-in for vLLM's KVConnectorMetadata (scheduler -> workers)."""
+
+    class KVConnectorWorkerMetadata:  # type: ignore[no-redef]
+        """Stand-in for vLLM's KVConnectorWorkerMetadata (workers -> scheduler)."""
+
+        def aggregate(self, other):
+            raise NotImplementedError
+
+    class KVConnectorBase_V1(ABC):  # type: ignore[no-redef]
+        """Stand-in for vLLM's KVConnectorBase_V1: the same method names."""
+
+        def __init__(self, vllm_config, role, kv_cache_config=None):
+            self._connector_metadata = None
+            self._vllm_config = vllm_config
+            self._kv_transfer_config = vllm_config.kv_transfer_config
+            self._kv_cache_config = kv_cache_config
+            self._role = role
+
+        @property
+        def role(self):
+            return self._role
+
+        def bind_connector_metadata(self, connector_metadata) -> None:
+            self._connector_metadata = connector_metadata
+
+        def clear_connector_metadata(self) -> None:
+            self._connector_metadata = None
+
+        def _get_connector_metadata(self):
+            return self._connector_metadata
+
+        def has_connector_metadata(self) -> bool:
+            return self._connector_metadata is not None
+
+        def register_kv_caches(self, kv_caches) -> None:
+            return None
+
+        def handle_preemptions(self, kv_connector_metadata) -> None:
+            return None
+
+        @abstractmethod
+        def start_load_kv(self, forward_context, **kwargs) -> None: ...
+
+        @abstractmethod
+        def wait_for_layer_load(self, layer_name: str) -> None: ...
+
+        @abstractmethod
+        def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None: ...
+
+        @abstractmethod
+        def wait_for_save(self) -> None: ...
+
+        def get_finished(self, finished_req_ids):
+            return None, None
+
+        def get_block_ids_with_load_errors(self) -> set:
+            return set()
+
+        def shutdown(self) -> None:
+            return None
+
+        @abstractmethod
+        def get_num_new_matched_tokens(self, request, num_computed_tokens: int): ...
+
+        @abstractmethod
+        def update_state_after_alloc(self, request, blocks, num_external_tokens: int): ...
+
+        @abstractmethod
+        def build_connector_meta(self, scheduler_output): ...
+
+        def update_connector_output(self, connector_output) -> None:
+            return None
+
+        def request_finished(self, request, block_ids):
+            return False, None
+
+        def take_events(self):
+            return ()
+
+
+@dataclasses.dataclass
+class KvbmTransferJob:
+    """One transfer: the request it serves, its (src, dst) LoadStoreSpecs."""
+
+    req_id: str
+    src_spec: Any
+    dst_spec: Any
+
+
+@dataclasses.dataclass
+class KvbmConnectorMetadata(KVConnectorMetadata):
+    """Scheduler -> every worker, per step: the jobs to start (plain data)."""
+
+    load_jobs: dict
+    store_jobs: dict
+
+
+@dataclasses.dataclass
+class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: job id -> ranks that finished it / failed it;
+    vLLM sums these over the ranks of a step (``aggregate``)."""
+
+    completed: dict = dataclasses.field(default_factory=dict)
+    failed: dict = dataclasses.field(default_factory=dict)
+
+    def aggregate(self, other):
+        out = KvbmWorkerMetadata(dict(self.completed), dict(self.failed))
+        for src, dst in ((other.completed, out.completed), (other.failed, out.failed)):
+            for j, n in src.items():
+                dst[j] = dst.get(j, 0) + n
+        return out
+
+
+def _block_ids(blocks) -> list[int]:
+    """vLLM's KVCacheBlocks (``get_block_ids()`` -> one list per group), or ids."""
+    if hasattr(blocks, "get_block_ids"):
+        groups = blocks.get_block_ids()
+        if len(groups) != 1:
+            raise _error(UnsupportedError, f"kvbm.vllm: {len(groups)} KV-cache groups; "
+                         "KvbmConnectorV1 handles one")
+        return [int(b) for b in groups[0]]
+    return [int(b) for b in blocks]
+
+
+class KvbmConnectorV1(KVConnectorBase_V1):
+    """kvbm as a vLLM KV connector in the copy model (LMCache's shape):
+    vLLM's block manager keeps the GPU cache; kvbm gets lookups, loads and
+    saves. Loaded by ``kv_connector: "KvbmConnectorV1"``,
+    ``kv_connector_module_path: "kvbm.vllm"``; the same
+    ``kv_connector_extra_config`` as KvbmOffloadingSpec.
+
+    Scheduler role: the spec's ``KvbmOffloadingManager``; worker role: the
+    spec's ``KvbmOffloadingHandler`` over the registered KV tensors. Loads
+    are asynchronous (the request waits in WAITING_FOR_REMOTE_KVS); stores
+    of the blocks a step fills start at the next step (after sampling) and
+    a finished request's blocks are held until its stores finished on every
+    rank. A job is done when every rank reported it (``KvbmWorkerMetadata``
+    counts, summed by vLLM over the ranks; ``world_size`` ranks)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self._spec = KvbmOffloadingSpec(vllm_config, kv_cache_config)
+        self.block_size = self._spec.layout.block_size
+        self.world_size = self._spec.layout.tp_size
+        self._is_scheduler = getattr(role, "name", role) in ("SCHEDULER", 0)
+        self.manager = self._spec.get_manager() if self._is_scheduler else None
+        self.handler: Optional[KvbmOffloadingHandler] = None
+        # scheduler state
+        self._next_job = 1
+        self._lookups: dict = {}       # req id -> (start block, hit blocks)
+        self._reqs: dict = {}          # req id -> request
+        self._blocks: dict = {}        # req id -> GPU block ids
+        self._next_store: dict = {}    # req id -> first block not yet stored
+        self._jobs: dict = {}          # job id -> (kind, req id, block hashes)
+        self._counts: collections.Counter = collections.Counter()
+        self._failed_jobs: set = set()
+        self._loads: dict = {}
+        # worker state
+        self._deferred: list = []
+        self._job_req: dict = {}       # job id -> (kind, req id, GPU block ids)
+        self._req_stores: dict = collections.defaultdict(set)
+        self._finishing: set = set()
+        self._done_meta = KvbmWorkerMetadata()
+        self._load_errors: set = set()
+
+    def _need(self, scheduler: bool, what: str) -> None:
+        if self._is_scheduler != scheduler:
+            raise _error(StateError, f"KvbmConnectorV1.{what} is a "
+                         f"{'scheduler' if scheduler else 'worker'}-side call")
+
+    def _hashes(self, request) -> list:
+        """The request's full-block hashes that may be served from kvbm:
+        never its last token (one token is always computed)."""
+        n = max(0, (request.num_tokens - 1) // self.block_size)
+        return list(request.block_hashes[:n])
+
+    # -- scheduler side
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        self._need(True, "get_num_new_matched_tokens")
+        hashes = self._hashes(request)
+        self.manager.touch(hashes)
+        start = num_computed_tokens // self.block_size
+        if num_computed_tokens % self.block_size or start >= len(hashes):
+            return 0, False
+        hits = self.manager.lookup(hashes[start:])
+        self._lookups[request.request_id] = (start, hits)
+        return (hits * self.block_size, True) if hits else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self._need(True, "update_state_after_alloc")
+        rid = request.request_id
+        self._reqs[rid] = request
+        self._blocks[rid] = _block_ids(blocks)
+        if num_external_tokens == 0:
+            return
+        start, hits = self._lookups.pop(rid, (None, 0))
+        if start is None or hits * self.block_size != num_external_tokens:
+            raise _error(InvalidArgumentError, f"KvbmConnectorV1: {rid}: "
+                         f"{num_external_tokens} external tokens, the lookup found "
+                         f"{hits * self.block_size}")
+        ids = self._blocks[rid][start:start + hits]
+        if len(ids) != hits:
+            raise _error(InvalidArgumentError, f"KvbmConnectorV1: {rid}: {len(ids)} blocks "
+                         f"allocated for {hits} to load")
+        hashes = self._hashes(request)[start:start + hits]
+        src = self.manager.prepare_load(hashes)
+        job = self._new_job("load", rid, hashes)
+        self._loads[job] = KvbmTransferJob(rid, src, GPULoadStoreSpec(ids))
+        self._next_store[rid] = start + hits
+
+    def _new_job(self, kind, rid, hashes) -> int:
+        job = self._next_job
+        self._next_job += 1
+        self._jobs[job] = (kind, rid, list(hashes))
+        return job
+
+    @staticmethod
+    def _scheduled(scheduler_output):
+        """(req id, new block ids, num computed) of every scheduled request,
+        from vLLM's SchedulerOutput (scheduled_new_reqs, scheduled_cached_reqs)."""
+        for r in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
+            yield r.req_id, True, getattr(r, "block_ids", None), r.num_computed_tokens
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        if cached is not None:
+            for i, rid in enumerate(cached.req_ids):
+                new = cached.new_block_ids[i] if cached.new_block_ids else None
+                yield rid, False, new, cached.num_computed_tokens[i]
+
+    def build_connector_meta(self, scheduler_output) -> KvbmConnectorMetadata:
+        self._need(True, "build_connector_meta")
+        stores = {}
+        for rid, is_new, block_ids, num_computed in self._scheduled(scheduler_output):
+            req = self._reqs.get(rid)
+            if req is None:
+                raise _error(NotFoundError, f"KvbmConnectorV1: {rid} was scheduled but "
+                             "update_state_after_alloc never saw it")
+            if block_ids:   # a new request's whole table, a running one's new blocks
+                ids = [int(b) for b in (block_ids[0] if isinstance(block_ids, tuple)
+                                        else block_ids)]
+                self._blocks[rid] = ids if is_new else self._blocks[rid] + ids
+            done = min(num_computed + scheduler_output.num_scheduled_tokens[rid], req.num_tokens)
+            hashes = list(req.block_hashes[:done // self.block_size])
+            start = self._next_store.get(rid, 0)
+            if len(hashes) <= start:
+                continue
+            out = self.manager.prepare_store(hashes[start:])
+            if out is None:
+                continue
+            self._next_store[rid] = len(hashes)
+            keep = set(out.block_hashes_to_store)
+            if not keep:
+                continue
+            idx = [i for i in range(start, len(hashes)) if hashes[i] in keep]
+            job = self._new_job("store", rid, [hashes[i] for i in idx])
+            stores[job] = KvbmTransferJob(
+                rid, GPULoadStoreSpec([self._blocks[rid][i] for i in idx]), out.store_spec)
+        meta = KvbmConnectorMetadata(load_jobs=self._loads, store_jobs=stores)
+        self._loads = {}
+        return meta
+
+    def update_connector_output(self, connector_output) -> None:
+        self._need(True, "update_connector_output")
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if meta is None:
+            return
+        for job, n in meta.completed.items():
+            self._counts[job] += n
+        self._failed_jobs.update(meta.failed)
+        for job in [j for j, n in self._counts.items() if n >= self.world_size]:
+            del self._counts[job]
+            kind, _, hashes = self._jobs.pop(job)
+            ok = job not in self._failed_jobs
+            self._failed_jobs.discard(job)
+            if kind == "load":
+                self.manager.complete_load(hashes)
+            else:
+                self.manager.complete_store(hashes, success=ok)
+
+    def request_finished(self, request, block_ids):
+        self._need(True, "request_finished")
+        rid = request.request_id
+        for d in (self._reqs, self._blocks, self._next_store, self._lookups):
+            d.pop(rid, None)
+        storing = any(kind == "store" and r == rid for kind, r, _ in self._jobs.values())
+        return storing, None
+
+    def take_events(self):
+        self._need(True, "take_events")
+        yield from self.manager.take_events()
+
+    # -- worker side
+    def register_kv_caches(self, kv_caches) -> None:
+        self._need(False, "register_kv_caches")
+        if self.handler is not None:
+            raise _error(StateError, "KvbmConnectorV1: KV caches are registered already")
+        (_, _, self.handler), _ = self._spec.get_handlers(kv_caches)
+
+    def _submit(self, job, t: KvbmTransferJob, kind: str) -> None:
+        gpu = t.dst_spec if kind == "load" else t.src_spec
+        self._job_req[job] = (kind, t.req_id, list(gpu.block_ids))
+        if kind == "store":
+            self._req_stores[t.req_id].add(job)
+        self.handler.transfer_async(job, (t.src_spec, t.dst_spec))
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        self._need(False, "start_load_kv")
+        if self.handler is None:
+            raise _error(StateError, "KvbmConnectorV1: start_load_kv before register_kv_caches")
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KvbmConnectorMetadata):
+            raise _error(StateError, "KvbmConnectorV1: no KvbmConnectorMetadata bound")
+        for job, t in self._deferred:
+            self._submit(job, t, "store")
+        self._deferred = []
+        for job, t in meta.load_jobs.items():
+            self._submit(job, t, "load")
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None  # loads are asynchronous: a request runs once its load is reported
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        return None  # blocks are copied out of the paged cache after the step
+
+    def wait_for_save(self) -> None:
+        self._need(False, "wait_for_save")
+        meta = self._get_connector_metadata()
+        # started at the next step, after sampling (vLLM's OffloadingConnector does the same)
+        self._deferred += list(meta.store_jobs.items())
+
+    def get_finished(self, finished_req_ids):
+        self._need(False, "get_finished")
+        self._finishing.update(finished_req_ids or ())
+        recving = set()
+        for r in self.handler.get_finished():
+            kind, rid, ids = self._job_req.pop(r.job_id)
+            self._done_meta.completed[r.job_id] = 1
+            if not r.success:
+                self._done_meta.failed[r.job_id] = 1
+            if kind == "load":
+                recving.add(rid)
+                if not r.success:
+                    self._load_errors.update(ids)
+            else:
+                self._req_stores[rid].discard(r.job_id)
+        pending_deferred = {t.req_id for _, t in self._deferred}
+        sending = {rid for rid in self._finishing
+                   if not self._req_stores.get(rid) and rid not in pending_deferred}
+        self._finishing -= sending
+        for rid in sending:
+            self._req_stores.pop(rid, None)
+        return (sending or None), (recving or None)
+
+    def get_block_ids_with_load_errors(self) -> set:
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    def build_connector_worker_meta(self) -> Optional[KvbmWorkerMetadata]:
+        if not self._done_meta.completed:
+            return None
+        out, self._done_meta = self._done_meta, KvbmWorkerMetadata()
+        return out
+
+    def shutdown(self) -> None:
+        if self.handler is not None:
+            self.handler.close()
+        if self.manager is not None:
+            self.manager.close()

@@ -66,9 +66,14 @@ def hits(engine):
     return list(engine.manager.stats["hit_blocks"])
 
 
-def test_tp2_tiers_then_tp1_and_tp4_read_its_g4(model, tmp_path):
+MODES = ("offloading", "connector")   # KvbmOffloadingSpec under vLLM's OffloadingConnector,
+                                      # or kvbm's own KVConnectorBase_V1 (KvbmConnectorV1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tp2_tiers_then_tp1_and_tp4_read_its_g4(model, tmp_path, mode):
     p1, p2, p3 = prompt(1), prompt(2), prompt(3)
-    a = TPEngine(tp=2, extra=extra(tmp_path, 2, "g3a"), tmpdir=tmp_path)
+    a = TPEngine(tp=2, extra=extra(tmp_path, 2, "g3a"), tmpdir=tmp_path, mode=mode)
     try:
         r = a.generate("p1", p1, 4)                   # cold: computed, stored to G2/G3/G4
         assert (r.gpu_hit_tokens, r.external_tokens) == (0, 0)
@@ -96,7 +101,7 @@ def test_tp2_tiers_then_tp1_and_tp4_read_its_g4(model, tmp_path):
         a.close()
 
     for tp in (1, 4):                                 # other TP sizes, same G4
-        b = TPEngine(tp=tp, extra=extra(tmp_path, tp, f"g3-tp{tp}"), tmpdir=tmp_path)
+        b = TPEngine(tp=tp, extra=extra(tmp_path, tp, f"g3-tp{tp}"), tmpdir=tmp_path, mode=mode)
         try:
             r = b.generate("p1", p1, 4)
             assert (r.gpu_hit_tokens, r.external_tokens, r.load_failed) == (0, 16, False)
@@ -115,9 +120,10 @@ def test_tp2_tiers_then_tp1_and_tp4_read_its_g4(model, tmp_path):
             b.close()
 
 
-def test_corrupt_g4_slice_is_a_failed_load_and_recomputed(model, tmp_path):
+@pytest.mark.parametrize("mode", MODES)
+def test_corrupt_g4_slice_is_a_failed_load_and_recomputed(model, tmp_path, mode):
     p1 = prompt(5)
-    a = TPEngine(tp=2, extra=extra(tmp_path, 2, "g3a"), tmpdir=tmp_path)
+    a = TPEngine(tp=2, extra=extra(tmp_path, 2, "g3a"), tmpdir=tmp_path, mode=mode)
     try:
         check(a, model, p1, a.generate("w", p1, 4))
     finally:
@@ -127,7 +133,7 @@ def test_corrupt_g4_slice_is_a_failed_load_and_recomputed(model, tmp_path):
     ns = tmp_path / "g4" / "kvbm-vllm"
     victim = ns / f"{kv.slice_key(keys[2], 3):016x}"
     victim.write_bytes((ns / f"{kv.slice_key(keys[1], 3):016x}").read_bytes())
-    b = TPEngine(tp=4, extra=extra(tmp_path, 4, "g3b"), tmpdir=tmp_path)
+    b = TPEngine(tp=4, extra=extra(tmp_path, 4, "g3b"), tmpdir=tmp_path, mode=mode)
     try:
         r = b.generate("r", p1, 4)
         assert r.load_failed and r.external_tokens == 0      # never the wrong bytes

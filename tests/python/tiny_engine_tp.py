@@ -236,7 +236,8 @@ class StepData:
     tokens: list          # the tokens this step computes
     positions: list
     block_table: list     # GPU block ids of the request
-    meta: ConnectorMetadata
+    meta: object          # ConnectorMetadata, or KvbmConnectorV1's KvbmConnectorMetadata
+    finished_req_ids: set = dataclasses.field(default_factory=set)
 
 
 def vllm_config(block_size, extra):
@@ -254,11 +255,37 @@ def block_hash_bytes(tokens, block_size):
         if len(tokens) >= block_size else []
 
 
+class EngineRequest:
+    """vLLM's Request, what a connector reads: request_id, all_token_ids,
+    num_tokens, block_hashes (of the full blocks, vLLM's bytes)."""
+
+    def __init__(self, request_id, tokens, block_size):
+        self.request_id, self.all_token_ids, self.block_size = request_id, list(tokens), block_size
+
+    @property
+    def num_tokens(self):
+        return len(self.all_token_ids)
+
+    @property
+    def block_hashes(self):
+        return block_hash_bytes(self.all_token_ids, self.block_size)
+
+
+class KVCacheBlocks:
+    """vLLM's KVCacheBlocks: get_block_ids() -> one list per KV-cache group."""
+
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def get_block_ids(self):
+        return (list(self.ids),)
+
+
 # ---------------------------------------------------------------- a worker (one TP rank)
 
 
 def _worker_main(rank, tp, store_path, conn, seed, model_kw, num_blocks, block_size, extra,
-                 stall_event):
+                 stall_event, mode):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=tp)
     model = TPModel(seed=seed, **model_kw)
@@ -267,11 +294,17 @@ def _worker_main(rank, tp, store_path, conn, seed, model_kw, num_blocks, block_s
     caches = {f"model.layers.{i}.attn": torch.zeros(2, num_blocks, block_size, lh,
                                                     model.head_dim)
               for i in range(model.num_layers)}
-    spec = kv.KvbmOffloadingSpec(vllm_config(block_size, dict(extra, kvbm_tp_rank=rank)))
-    handlers = {}
-    for src, dst, h in spec.get_handlers(caches):   # vLLM's OffloadingWorker registry
-        handlers[(src.medium(), dst.medium())] = h
-    handler = next(iter(handlers.values()))
+    cfg = vllm_config(block_size, dict(extra, kvbm_tp_rank=rank))
+    handlers, connector = {}, None
+    if mode == "connector":                          # KVConnectorBase_V1, worker role
+        connector = kv.KvbmConnectorV1(cfg, kv.KVConnectorRole.WORKER)
+        connector.register_kv_caches(caches)
+        handler = connector.handler
+    else:                                            # vLLM's OffloadingWorker registry
+        spec = kv.KvbmOffloadingSpec(cfg)
+        for src, dst, h in spec.get_handlers(caches):
+            handlers[(src.medium(), dst.medium())] = h
+        handler = next(iter(handlers.values()))
     deferred, pending = [], set()
     kv_list = list(caches.values())
 
@@ -300,6 +333,10 @@ def _worker_main(rank, tp, store_path, conn, seed, model_kw, num_blocks, block_s
             conn.send(("kv", [t.index_select(1, ids).clone() for t in kv_list]))
             continue
         step: StepData = pickle.loads(msg[1])
+        if connector is not None:
+            conn.send(("step",) + _connector_step(connector, model, kv_list, heads, tp, step,
+                                                  block_size, rank))
+            continue
         # start_load_kv: last step's stores, then this step's loads
         for job_id, src, dst in deferred:
             submit(job_id, src, dst)
@@ -319,11 +356,31 @@ def _worker_main(rank, tp, store_path, conn, seed, model_kw, num_blocks, block_s
     dist.destroy_process_group()
 
 
-def _forward(model, kv_list, heads, tp, step, block_size):
+def _connector_step(connector, model, kv_list, heads, tp, step, block_size, rank):
+    """One step of vLLM's model runner around a KVConnectorBase_V1."""
+    connector.bind_connector_metadata(step.meta)
+    connector.start_load_kv(None)
+    logits = None
+    if step.tokens:
+        logits = _forward(model, kv_list, heads, tp, step, block_size, connector)
+    connector.wait_for_save()
+    if not step.tokens:                               # an idle step: give transfers a moment
+        connector.handler.wait(set(list(connector.handler._jobs)[:1]))
+    sending, recving = connector.get_finished(step.finished_req_ids)
+    errors = connector.get_block_ids_with_load_errors()
+    meta = connector.build_connector_worker_meta()
+    connector.clear_connector_metadata()
+    return logits if rank == 0 else None, (sending, recving, errors, meta)
+
+
+def _forward(model, kv_list, heads, tp, step, block_size, connector=None):
     n = len(step.tokens)
     h = model.embed_tokens(step.tokens, step.positions)
     for layer in range(model.num_layers):
         cache = kv_list[layer]
+        name = f"model.layers.{layer}.attn"
+        if connector is not None:
+            connector.wait_for_layer_load(name)
         xn = model.norm(h)
         outs = []
         for j, head in enumerate(heads):
@@ -342,6 +399,8 @@ def _forward(model, kv_list, heads, tp, step, block_size):
         local = torch.stack(outs, dim=1).contiguous()      # rows, local heads, hd
         parts = [torch.empty_like(local) for _ in range(tp)]
         dist.all_gather(parts, local)
+        if connector is not None:
+            connector.save_kv_layer(name, cache, None)
         h = model.finish_layer(layer, h, torch.cat(parts, dim=1).reshape(n, model.d))
     return model.logits(h[n - 1:n])[0]
 
@@ -363,11 +422,16 @@ class TPEngine:
     the per-step pickled data, the workers."""
 
     def __init__(self, *, tp, extra, tmpdir, num_gpu_blocks=48, block_size=4, seed=0,
-                 model_kw=None):
-        self.tp, self.block_size = tp, block_size
+                 model_kw=None, mode="offloading"):
+        self.tp, self.block_size, self.mode = tp, block_size, mode
         self.model_kw = model_kw or {}
-        self.spec = kv.KvbmOffloadingSpec(vllm_config(block_size, dict(extra, kvbm_tp_rank=0)))
-        self.manager = self.spec.get_manager()
+        cfg = vllm_config(block_size, dict(extra, kvbm_tp_rank=0))
+        if mode == "connector":
+            self.connector = kv.KvbmConnectorV1(cfg, kv.KVConnectorRole.SCHEDULER)
+            self.manager = self.connector.manager
+        else:
+            self.spec = kv.KvbmOffloadingSpec(cfg)
+            self.manager = self.spec.get_manager()
         self.pool = BlockPool(num_gpu_blocks)
         self.next_job = 1
         self.jobs: dict = {}          # job id -> (kind, req_id, block hashes)
@@ -382,7 +446,7 @@ class TPEngine:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker_main, daemon=True,
                             args=(r, tp, store, child, seed, self.model_kw, num_gpu_blocks,
-                                  block_size, extra, self.stall_event))
+                                  block_size, extra, self.stall_event, mode))
             p.start()
             child.close()
             self.conns.append(parent)
@@ -469,6 +533,8 @@ class TPEngine:
         return {job: TransferJob(req_id, kv.GPULoadStoreSpec(ids), out.store_spec)}
 
     def generate(self, req_id, prompt, max_tokens, *, step_limit=500) -> Result:
+        if self.mode == "connector":
+            return self._generate_v1(req_id, prompt, max_tokens, step_limit)
         bs = self.block_size
         tokens = list(prompt)
         # admission: GPU prefix hit, then the connector (prompt[:-1]: one token is computed)
@@ -533,6 +599,94 @@ class TPEngine:
         self.pool.release(blocks)
         return result
 
+    # -- one request through a KVConnectorBase_V1 (kvbm.vllm.KvbmConnectorV1)
+    def _send_step(self, data):
+        blob = pickle.dumps(data)
+        self.meta_bytes.append(len(blob))
+        for r, c in enumerate(self.conns):
+            try:
+                c.send(("step", blob))
+            except (BrokenPipeError, ConnectionError, OSError):
+                raise self._died(r) from None
+        return [self._recv(r) for r in range(self.tp)]
+
+    def _generate_v1(self, req_id, prompt, max_tokens, step_limit) -> Result:
+        bs, conn = self.block_size, self.connector
+        req = EngineRequest(req_id, prompt, bs)
+        computed = self.pool.get_computed_blocks(block_hash_bytes(prompt[:-1], bs))
+        n_local = len(computed) * bs
+        n_ext, _ = conn.get_num_new_matched_tokens(req, n_local)
+        blocks = self.pool.allocate(computed, -(-len(prompt) // bs))
+        conn.update_state_after_alloc(req, KVCacheBlocks(blocks), n_ext)
+        waiting, failed, first, known = n_ext > 0, False, True, 0
+        num_computed, out_tokens, finishing = n_local, [], 0
+        recv_counts, send_counts = collections.Counter(), collections.Counter()
+        for _ in range(step_limit):
+            so = types.SimpleNamespace(
+                scheduled_new_reqs=[], num_scheduled_tokens={},
+                scheduled_cached_reqs=types.SimpleNamespace(req_ids=[], new_block_ids=[],
+                                                            num_computed_tokens=[]))
+            tokens = req.all_token_ids
+            compute = not waiting and len(out_tokens) < max_tokens
+            if compute:
+                self.pool.grow(blocks, -(-len(tokens) // bs))
+                if first:
+                    so.scheduled_new_reqs.append(types.SimpleNamespace(
+                        req_id=req_id, block_ids=(list(blocks),), num_computed_tokens=num_computed))
+                else:
+                    c = so.scheduled_cached_reqs
+                    c.req_ids.append(req_id)
+                    c.new_block_ids.append((blocks[known:],) if len(blocks) > known else None)
+                    c.num_computed_tokens.append(num_computed)
+                first, known = False, len(blocks)
+                so.num_scheduled_tokens[req_id] = len(tokens) - num_computed
+            meta = conn.build_connector_meta(so)
+            data = StepData(req_id if compute else None, tokens[num_computed:] if compute else [],
+                            list(range(num_computed, len(tokens))) if compute else [],
+                            list(blocks), meta, {req_id} if finishing == 1 else set())
+            answers = self._send_step(data)
+            logits, agg, errors = answers[0][1], None, set()
+            for _, _, (sending, recving, errs, wmeta) in answers:   # vLLM's KVOutputAggregator
+                recv_counts.update(recving or ())
+                send_counts.update(sending or ())
+                errors |= errs
+                if wmeta is not None:
+                    agg = wmeta if agg is None else agg.aggregate(wmeta)
+            out = types.SimpleNamespace(
+                finished_recving={r for r, n in recv_counts.items() if n >= self.tp},
+                finished_sending={r for r, n in send_counts.items() if n >= self.tp},
+                kv_connector_worker_meta=agg)
+            conn.update_connector_output(out)
+            if waiting and req_id in out.finished_recving:
+                waiting = False
+                bad = [i for i, b in enumerate(blocks) if b in errors]
+                failed = bool(bad)
+                num_computed = min(bad[0] * bs, n_local) if bad else n_local + n_ext
+            if compute:
+                num_computed = len(tokens)
+                for i, h in enumerate(block_hash_bytes(tokens, bs)):
+                    self.pool.cache(blocks[i], h)
+                t = int(torch.argmax(logits))
+                out_tokens.append(t)
+                req.all_token_ids.append(t)
+            if finishing:
+                finishing += 1                   # finished_req_ids go out once, as in vLLM
+            if len(out_tokens) >= max_tokens and not waiting:
+                if not finishing:
+                    finishing = 1
+                    delay, _ = conn.request_finished(req, list(blocks))
+                    if not delay:
+                        break
+                elif req_id in out.finished_sending:
+                    break
+        else:
+            raise kv._error(kvbm.TimedOutError, f"tiny engine: {req_id} did not finish "
+                            f"(jobs {sorted(conn._jobs)}, rank counts {dict(conn._counts)}, "
+                            f"sent {dict(send_counts)}, waiting {waiting}, "
+                            f"finishing {finishing}, tokens {len(out_tokens)})")
+        self.pool.release(blocks)
+        return Result(out_tokens, n_local, 0 if failed else n_ext, failed, list(blocks))
+
     def close(self):
         for r, c in enumerate(self.conns):
             try:
@@ -546,4 +700,7 @@ class TPEngine:
             if p.is_alive():
                 p.kill()
                 p.join()
-        self.manager.close()
+        if self.mode == "connector":
+            self.connector.shutdown()
+        else:
+            self.manager.close()
