@@ -53,7 +53,8 @@ typedef struct fstate {
 static int open_dir(const kvbm__volume_ctx *ctx, fstate *f, kvbm_error *err) {
   const char *dir = ctx->url->path;
   int top = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (top < 0 && errno == ENOENT && mkdir(dir, 0700) == 0)
+  /* EEXIST: another process (a TP rank opening the same store) made it first */
+  if (top < 0 && errno == ENOENT && (mkdir(dir, 0700) == 0 || errno == EEXIST))
     top = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (top < 0)
     return kvbm_error_set(err, KVBM_EIO, "volume: file://%s: cannot open the directory: %s", dir,
