@@ -238,3 +238,81 @@ def test_loads_are_verified_before_a_byte_lands(tmp_path):
     assert all(torch.equal(kvc[n][:, :5], before[n][:, :5]) for n in kvc)
     assert h.stats["failed"] == 3 and h.stats["rejected_slices"] == 2
     h.close()
+
+
+def connector_config(tmp_path, **kw):
+    x = dict(kvbm_g2_blocks=8, kvbm_model_fingerprint="m", kvbm_num_kv_heads=HEADS,
+             kvbm_head_dim=HD, kvbm_num_layers=LAYERS, kvbm_dtype="float32", kvbm_tp_size=1,
+             kvbm_tp_rank=0)
+    x.update(kw)
+    return vllm_config(BS, x)
+
+
+def test_connector_v1_calls_and_misuse(tmp_path):
+    from types import SimpleNamespace as NS
+    from tiny_engine_tp import EngineRequest, KVCacheBlocks
+    sched = kv.KvbmConnectorV1(connector_config(tmp_path), kv.KVConnectorRole.SCHEDULER)
+    worker = kv.KvbmConnectorV1(connector_config(tmp_path), kv.KVConnectorRole.WORKER)
+    assert isinstance(sched, kv.KVConnectorBase_V1)
+    with pytest.raises(kvbm.StateError, match="worker-side"):
+        sched.register_kv_caches(caches())
+    with pytest.raises(kvbm.StateError, match="scheduler-side"):
+        worker.build_connector_meta(None)
+    with pytest.raises(kvbm.StateError, match="register_kv_caches"):
+        worker.start_load_kv(None)
+    kvc = caches()
+    worker.register_kv_caches(kvc)
+    with pytest.raises(kvbm.StateError, match="already"):
+        worker.register_kv_caches(kvc)
+
+    def step(so, finished=()):
+        meta = pickle.loads(pickle.dumps(sched.build_connector_meta(so)))  # plain data
+        worker.bind_connector_metadata(meta)
+        worker.start_load_kv(None)
+        worker.wait_for_save()
+        worker.handler.wait(set(worker.handler._jobs))
+        sending, recving = worker.get_finished(set(finished))
+        errors = worker.get_block_ids_with_load_errors()
+        wmeta = worker.build_connector_worker_meta()
+        worker.clear_connector_metadata()
+        sched.update_connector_output(NS(finished_sending=sending, finished_recving=recving,
+                                         kv_connector_worker_meta=wmeta))
+        return sending, recving, errors
+
+    def new(rid, ids, computed, n):
+        return NS(scheduled_new_reqs=[NS(req_id=rid, block_ids=(ids,), num_computed_tokens=computed)],
+                  scheduled_cached_reqs=None, num_scheduled_tokens={rid: n})
+
+    empty = NS(scheduled_new_reqs=[], scheduled_cached_reqs=None, num_scheduled_tokens={})
+    a = EngineRequest("a", list(range(17)), BS)                  # 4 full blocks + 1 token
+    assert sched.get_num_new_matched_tokens(a, 0) == (0, False)
+    sched.update_state_after_alloc(a, KVCacheBlocks([0, 1, 2, 3, 4]), 0)
+    step(new("a", [0, 1, 2, 3, 4], 0, 17))                        # stores 4 blocks (deferred)
+    assert sched.request_finished(a, [0, 1, 2, 3, 4]) == (True, None)   # stores in flight
+    sending, _, _ = step(empty, finished={"a"})
+    if not sending:
+        sending, _, _ = step(empty)
+    assert sending == {"a"}
+    assert not sched._jobs                                       # completed on the only rank
+
+    b = EngineRequest("b", list(range(17)), BS)
+    assert sched.get_num_new_matched_tokens(b, 4) == (12, True)  # 1 block on "GPU", 3 in G2
+    with pytest.raises(kvbm.InvalidArgumentError, match="8 external tokens"):
+        sched.update_state_after_alloc(b, KVCacheBlocks([9, 10, 11, 12, 13]), 8)
+    assert sched.get_num_new_matched_tokens(b, 4) == (12, True)
+    sched.update_state_after_alloc(b, KVCacheBlocks([9, 10, 11, 12, 13]), 12)
+    _, recving, errors = step(empty)
+    assert recving == {"b"} and errors == set()
+    assert all(torch.equal(t[:, 10:13], t[:, 1:4]) for t in kvc.values())
+    with pytest.raises(kvbm.NotFoundError, match="zz"):
+        sched.build_connector_meta(new("zz", [1], 0, 1))
+    assert [e.medium for e in sched.take_events()] == ["CPU"]
+    worker.shutdown()
+    sched.shutdown()
+
+
+def test_worker_metadata_aggregates_over_ranks():
+    a = kv.KvbmWorkerMetadata({1: 1, 2: 1}, {2: 1})
+    b = kv.KvbmWorkerMetadata({1: 1}, {})
+    c = pickle.loads(pickle.dumps(a.aggregate(b)))
+    assert (c.completed, c.failed) == ({1: 2, 2: 1}, {2: 1})

@@ -54,6 +54,7 @@ import os
 import pickle
 import time
 import types
+import uuid
 from typing import Optional
 
 import torch
@@ -440,7 +441,7 @@ class TPEngine:
         self.meta_bytes = []          # the pickled steps, for the tests
         ctx = mp.get_context("fork")
         self.stall_event = ctx.Event()
-        store = os.path.join(str(tmpdir), f"gloo-{os.getpid()}-{id(self)}")
+        store = os.path.join(str(tmpdir), f"gloo-{uuid.uuid4().hex}")
         self.conns, self.procs = [], []
         for r in range(tp):
             parent, child = ctx.Pipe()
