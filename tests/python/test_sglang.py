@@ -535,3 +535,43 @@ def test_prefetch_and_backup_threads_share_one_backend(redis):
     for i in range(8):
         assert pages_equal(p, slots[-1][4 * i].item(), p, 32 * 8 + 4 * i)
     assert b.counters()["verify_failures"] == 0
+
+
+def test_a_store_that_goes_away_is_misses_not_exceptions(redis):
+    """An exception in batch_get_v1/batch_set_v1 would kill SGLang's
+    prefetch or backup thread for good: a Redis that is down must give
+    False (and 0 from batch_exists) within the timeout, and the backend
+    works again once Redis is back."""
+    url = f"redis://127.0.0.1:{redis.port}"
+    p = pool("page_first", seed=8)
+    b = backend(url, p, kvbm_timeout_ms=300)
+    keys = S.page_hashes(TOKENS, 4)
+    src = p.alloc(24)
+    assert all(b.batch_set_v1(keys[:3], src[:12]))
+    port = redis.port
+    redis.stop()
+    t = time.monotonic()
+    assert b.batch_exists(keys) == 0
+    assert b.batch_get_v1(keys[:3], p.alloc(12)) == [False] * 3
+    assert b.batch_set_v1(keys[3:], src[12:]) == [False] * 3
+    assert b.batch_set(keys[:1], [p.get_data_page(0)]) is False
+    assert b.get(keys[0], p.get_dummy_flat_data_page()) is None
+    assert time.monotonic() - t < 10
+    assert b.counters()["store_failures"] >= 4
+    # back on the same port (empty: no persistence): stores work again
+    again = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", str(redis.dir)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if cli(port, "PING").stdout.strip() == b"PONG":
+                break
+            time.sleep(0.05)
+        for _ in range(50):  # the volume reconnects on its next batches
+            if all(b.batch_set_v1(keys, src)):
+                break
+            time.sleep(0.1)
+        assert b.batch_exists(keys) == 6
+    finally:
+        again.kill()
+        again.wait()
