@@ -90,8 +90,14 @@ void kvbm__sum_keep(const kvbm__tier *t, uint32_t b, const uint8_t sum[16]) {
   atomic_store_explicit(&t->sums[b].state, KVBM__SUM_KEPT, memory_order_release);
 }
 
+/* Only a kept sum is forgotten: one being written belongs to a writer
+ * holding a pin on the block, whose bytes therefore stay what it hashed
+ * (a pool reset clears every block, pinned ones included), and clearing
+ * it under that writer would let a second one write beside it. */
 void kvbm__sum_clear(const kvbm__tier *t, uint32_t b) {
-  if (t->sums && b < t->nsums) atomic_store_explicit(&t->sums[b].state, KVBM__SUM_NONE, memory_order_relaxed);
+  if (!t->sums || b >= t->nsums) return;
+  uint8_t kept = KVBM__SUM_KEPT;
+  atomic_compare_exchange_strong(&t->sums[b].state, &kept, KVBM__SUM_NONE);
 }
 
 void kvbm__sums_clear_all(const kvbm__tier *t) {
