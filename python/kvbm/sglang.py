@@ -250,7 +250,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
                 "extra_config: 'kvbm_url' (the volume's URL, e.g. file:///mnt/kv) is required")
         for field in ("tp_rank", "pp_rank", "dp_rank"):  # a folder per rank for disk://
             url = url.replace("{%s}" % field, str(getattr(storage_config, field, 0)))
-        if storage_config.should_split_heads:
+        if getattr(storage_config, "should_split_heads", False):  # older SGLang: no field
             raise kvbm.UnsupportedError(
                 "storage_config.should_split_heads: tp_lcm_size head splitting is not supported")
         self.config = storage_config
@@ -266,7 +266,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
         self._layout_tag = ""
         self.mem_pool_host = None
         self.volume: Optional[kvbm.Volume] = None
-        self._metrics = bool(storage_config.enable_storage_metrics)
+        self._metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._prefetch_pgs: List[int] = []
         self._backup_pgs: List[int] = []
         if not url.startswith("disk:"):  # disk:// needs the page size: opened at register
