@@ -1,29 +1,42 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * bench_router.c: the router's index on workload W3 (8 workers, capacity
- * 16384, block size 16, load model 10 s, the bundled trace by default).
+ * bench_router.c: the router's index on workload W3 (../shared/WORKLOADS.md:
+ * 8 workers, capacity 16384, block size 16, load model 10 s, the bundled
+ * trace by default; --workers N runs it with N workers).
  *
  * First the W3 kv-aware run is made (kvbm_w3_run) with taps that record,
- * in order, every event batch the index applied and every lookup it made.
- * Then that log is replayed, on one thread, into:
+ * in order, every event batch the index applied (as decoded) and every
+ * lookup it made. Then that log is replayed, on one thread, into:
  *   - a fresh kvbm index: operations a second (events applied plus
  *     lookups) and the latency of each lookup (p50, p99, max);
  *   - the peer, measured in the same run: a plain single-threaded index of
- *     one open-addressing hash set per worker (no atomics, no seqlocks),
- *     whose lookup walks each worker's set, as a router without a shared
- *     index would. The ratio kvbm / peer shows what the shared table and
- *     the concurrency protocol cost or save.
- * The replay is repeated --repeat times, interleaved; the best of each is
- * kept (the machines are shared and noisy).
+ *     one open-addressing hash set per worker (no atomics, no seqlocks, a
+ *     count per key for duplicated blocks), whose lookup walks each
+ *     worker's set to its first miss, as a router without a shared index
+ *     would. It does the same work: it reads the same decoded batches
+ *     (kvbm_event arrays, as the decoder hands them over), applies the
+ *     same stores, removes and clears, makes the same lookups, and its
+ *     answer (the best prefix over the workers, summed over the lookups)
+ *     is checked against kvbm's.
+ * Each round replays both, kvbm then peer; --repeat rounds (5). Printed:
+ * the median [min..max] over the rounds of each figure and of the ratio
+ * kvbm / peer of the round (the machines are shared and noisy).
  *
- * Finally, with --threads R (default 1), R reader threads run lookups in
- * a loop while the main thread applies the events: lookups a second per
- * reader next to the writer's events a second, to show reads take no lock.
+ * Then, for each R of --readers (1,2,4), R reader threads run the log's
+ * lookups in a loop while the main thread applies all the events: the
+ * writer's events a second and the readers' lookups a second, in total
+ * and per reader (readers take no lock and write no shared memory, so
+ * they scale with the cores there are to run them). --readers 0 skips it.
  *
- * Targets (issue 6, after Dynamo's published figures): >= 10 M ops/s per
- * core, lookup p99 < 10 us.
+ * --only kvbm|peer replays only that side (for profilers: perf stat,
+ * callgrind --toggle-collect=replay_kvbm); --json prints the figures as
+ * one JSON object (for bench/compare.sh).
  *
- * usage: bench_router [TRACE] [--limit N] [--repeat 3] [--threads 1]
+ * Targets (issue 22): kvbm's ops/s at least the peer's, lookup p99 at or
+ * below the peer's, at the W3 defaults and with 64 workers.
+ *
+ * usage: bench_router [TRACE] [--limit N] [--repeat 5] [--workers 8]
+ *                     [--readers 1,2,4] [--only kvbm|peer] [--json]
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -32,23 +45,21 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kvbm/router.h"
 #include "workload/w3.h"
 
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#define now kvbm_bench_now
 
 /* ------------------------------------------------------------ the log */
 
 enum { OP_STORE, OP_REMOVE, OP_CLEAR, OP_LOOKUP, OP_BATCH };
 
 typedef struct op {
-  uint8_t kind, worker;
-  uint32_t n;   /* hashes */
-  size_t off;   /* into hashes */
+  uint8_t kind, worker, has_parent;
+  uint32_t n;      /* hashes */
+  size_t off;      /* into hashes */
+  uint64_t parent; /* OP_STORE: the first block's parent, when has_parent */
 } op;
 
 typedef struct oplog {
@@ -64,10 +75,7 @@ static void *grow(void *p, size_t *cap, size_t need, size_t elem) {
   size_t c = *cap ? *cap : 1024;
   while (c < need) c *= 2;
   void *q = realloc(p, c * elem);
-  if (!q) {
-    fprintf(stderr, "bench_router: out of memory\n");
-    exit(1);
-  }
+  if (!q) kvbm_bench_die("bench_router", "out of memory");
   *cap = c;
   return q;
 }
@@ -90,6 +98,8 @@ static void tap_batch(void *user, uint32_t worker, const kvbm_event_batch *b) {
     int kind = e->type == KVBM_EVENT_STORED ? OP_STORE
                : e->type == KVBM_EVENT_REMOVED ? OP_REMOVE : OP_CLEAR;
     log_op(l, kind, worker, e->block_hashes, e->num_block_hashes);
+    l->ops[l->nops - 1].parent = e->parent_hash;
+    l->ops[l->nops - 1].has_parent = e->has_parent;
     l->events++;
     l->blocks += e->num_block_hashes;
   }
@@ -104,38 +114,36 @@ static void tap_lookup(void *user, const uint64_t *keys, size_t n) {
 
 /* ------------------------------------------------------------ kvbm */
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 typedef struct result {
   double seconds;
   double p50, p99, max; /* lookup latency, seconds */
-  uint64_t sink;
+  uint64_t sink;        /* the best prefix over the workers, summed over the lookups */
 } result;
 
 static void latency(double *lat, size_t n, result *r) {
-  qsort(lat, n, sizeof *lat, cmp_double);
+  qsort(lat, n, sizeof *lat, kvbm_bench__cmp_double);
   r->p50 = n ? lat[n / 2] : 0;
   r->p99 = n ? lat[(size_t)((double)n * 0.99)] : 0;
   r->max = n ? lat[n - 1] : 0;
 }
 
+static uint32_t g_workers = 8, g_capacity = 16384;
+
 static kvbm_index *new_index(void) {
   kvbm_index_config c = kvbm_index_config_default();
-  c.expected_blocks = 16384;
+  c.expected_blocks = g_capacity;
   kvbm_index *idx;
-  if (kvbm_index_create(&c, &idx, NULL)) exit(1);
-  for (uint32_t w = 0; w < 8; w++) {
+  if (kvbm_index_create(&c, &idx, NULL)) kvbm_bench_die("bench_router", "index create");
+  for (uint32_t w = 0; w < g_workers; w++) {
     kvbm_worker_key k = {w, 0};
-    kvbm_index_add_worker(idx, k, NULL, NULL);
+    if (kvbm_index_add_worker(idx, k, NULL, NULL)) kvbm_bench_die("bench_router", "add worker");
   }
   return idx;
 }
 
 /* The batches as the decoder hands them to the index, built once before
- * any timing (kvbm_event arrays pointing into the log's hashes). */
+ * any timing (kvbm_event arrays pointing into the log's hashes); both
+ * sides read these. */
 static kvbm_event *g_ev;
 static kvbm_event_batch *g_batches;
 static size_t g_nbatches;
@@ -148,7 +156,7 @@ static void build_batches(const oplog *l) {
   }
   g_ev = malloc((ne + 1) * sizeof *g_ev);
   g_batches = malloc((nb + 1) * sizeof *g_batches);
-  if (!g_ev || !g_batches) exit(1);
+  if (!g_ev || !g_batches) kvbm_bench_die("bench_router", "out of memory");
   size_t e = 0;
   for (size_t i = 0; i < l->nops; i++) {
     const op *b = &l->ops[i];
@@ -157,10 +165,12 @@ static void build_batches(const oplog *l) {
                                                  .num_events = b->n};
     for (uint32_t k = 0; k < b->n; k++) {
       const op *o = &l->ops[i + 1 + k];
+      const uint64_t *h = l->h + o->off;
       g_ev[e++] = (kvbm_event){.type = o->kind == OP_STORE    ? KVBM_EVENT_STORED
                                        : o->kind == OP_REMOVE ? KVBM_EVENT_REMOVED
                                                               : KVBM_EVENT_CLEARED,
-                               .block_hashes = l->h + o->off, .num_block_hashes = o->n,
+                               .block_hashes = h, .num_block_hashes = o->n,
+                               .parent_hash = o->parent, .has_parent = o->has_parent,
                                .medium = KVBM_MEDIUM_GPU};
     }
   }
@@ -173,11 +183,10 @@ static size_t kv_apply(kvbm_index *idx, const oplog *l, size_t i, size_t *bi) {
   return i + 1 + l->ops[i].n;
 }
 
-static void run_kvbm(const oplog *l, double *lat, result *r) {
-  kvbm_index *idx = new_index();
+__attribute__((noinline)) static void replay_kvbm(kvbm_index *idx, const oplog *l, double *lat,
+                                                  result *r) {
   kvbm_overlap ov[KVBM_ROUTER_MAX_WORKERS];
   size_t nl = 0, bi = 0;
-  double t0 = now();
   for (size_t i = 0; i < l->nops;) {
     const op *o = &l->ops[i];
     if (o->kind == OP_BATCH) {
@@ -188,15 +197,21 @@ static void run_kvbm(const oplog *l, double *lat, result *r) {
     if (o->kind == OP_LOOKUP) {
       double a = now();
       kvbm_index_lookup(idx, l->h + o->off, o->n, ov, NULL);
-      lat[nl++] = now() - a;
       uint32_t best = 0;
-      for (int w = 0; w < 8; w++)
+      for (uint32_t w = 0; w < g_workers; w++)
         if (ov[w].prefix[0] > best) best = ov[w].prefix[0];
+      lat[nl++] = now() - a;
       r->sink += best;
     }
   }
+}
+
+static void run_kvbm(const oplog *l, double *lat, result *r) {
+  kvbm_index *idx = new_index();
+  double t0 = now();
+  replay_kvbm(idx, l, lat, r);
   r->seconds = now() - t0;
-  latency(lat, nl, r);
+  latency(lat, l->lookups, r);
   kvbm_index_destroy(idx);
 }
 
@@ -204,12 +219,13 @@ static void run_kvbm(const oplog *l, double *lat, result *r) {
 
 typedef struct hset {
   uint64_t *k;
-  uint32_t *c;
-  size_t cap, n;
+  uint32_t *c; /* copies of k[i]; 0: empty */
+  size_t cap;
+  unsigned shift;
 } hset;
 
 static size_t hs_home(const hset *s, uint64_t h) {
-  return (size_t)((h * 0x9E3779B97F4A7C15ull) >> 17) & (s->cap - 1);
+  return (size_t)((h * 0x9E3779B97F4A7C15ull) >> s->shift);
 }
 
 static bool hs_has(const hset *s, uint64_t h) {
@@ -227,8 +243,7 @@ static void hs_add(hset *s, uint64_t h) {
       return;
     }
   s->k[i] = h;
-  s->c[i] = 1;
-  s->n++; /* sized for the W3 capacity at load <= 1/4: no growth needed */
+  s->c[i] = 1; /* sized for the W3 capacity at load <= 1/4: no growth needed */
 }
 
 static void hs_del(hset *s, uint64_t h) {
@@ -249,47 +264,70 @@ static void hs_del(hset *s, uint64_t h) {
     }
   }
   s->c[i] = 0;
-  s->n--;
 }
 
-static void run_peer(const oplog *l, double *lat, result *r) {
-  hset s[8];
-  for (int w = 0; w < 8; w++) {
-    s[w].cap = 65536;
-    s[w].n = 0;
-    s[w].k = calloc(s[w].cap, sizeof *s[w].k);
-    s[w].c = calloc(s[w].cap, sizeof *s[w].c);
+/* One decoded batch of worker w, event by event, as kvbm applies it. */
+static void peer_batch(hset *s, const kvbm_event_batch *b) {
+  for (size_t e = 0; e < b->num_events; e++) {
+    const kvbm_event *ev = &b->events[e];
+    const uint64_t *h = ev->block_hashes;
+    if (ev->type == KVBM_EVENT_STORED) {
+      for (size_t k = 0; k < ev->num_block_hashes; k++) hs_add(s, h[k]);
+    } else if (ev->type == KVBM_EVENT_REMOVED) {
+      for (size_t k = 0; k < ev->num_block_hashes; k++) hs_del(s, h[k]);
+    } else {
+      memset(s->c, 0, s->cap * sizeof *s->c);
+    }
   }
-  size_t nl = 0;
-  double t0 = now();
-  for (size_t i = 0; i < l->nops; i++) {
+}
+
+__attribute__((noinline)) static void replay_peer(hset *s, const oplog *l, double *lat,
+                                                  result *r) {
+  size_t nl = 0, bi = 0;
+  for (size_t i = 0; i < l->nops;) {
     const op *o = &l->ops[i];
-    const uint64_t *h = l->h + o->off;
+    if (o->kind == OP_BATCH) {
+      peer_batch(&s[o->worker], &g_batches[bi++]);
+      i += 1 + o->n;
+      continue;
+    }
+    i++;
     if (o->kind == OP_LOOKUP) {
+      const uint64_t *h = l->h + o->off;
       double a = now();
       uint32_t best = 0;
-      for (int w = 0; w < 8; w++) {
+      for (uint32_t w = 0; w < g_workers; w++) {
         uint32_t k = 0;
         while (k < o->n && hs_has(&s[w], h[k])) k++;
         if (k > best) best = k;
       }
       lat[nl++] = now() - a;
       r->sink += best;
-    } else if (o->kind == OP_STORE) {
-      for (uint32_t k = 0; k < o->n; k++) hs_add(&s[o->worker], h[k]);
-    } else if (o->kind == OP_REMOVE) {
-      for (uint32_t k = 0; k < o->n; k++) hs_del(&s[o->worker], h[k]);
-    } else if (o->kind == OP_CLEAR) {
-      memset(s[o->worker].c, 0, s[o->worker].cap * sizeof *s[o->worker].c);
-      s[o->worker].n = 0;
     }
   }
+}
+
+static void run_peer(const oplog *l, double *lat, result *r) {
+  hset *s = calloc(g_workers, sizeof *s);
+  if (!s) kvbm_bench_die("bench_router", "out of memory");
+  for (uint32_t w = 0; w < g_workers; w++) {
+    unsigned bits = 6;
+    while (((size_t)1 << bits) < (size_t)g_capacity * 4) bits++;
+    s[w].cap = (size_t)1 << bits;
+    s[w].shift = 64 - bits;
+    s[w].k = calloc(s[w].cap, sizeof *s[w].k);
+    s[w].c = calloc(s[w].cap, sizeof *s[w].c);
+    if (!s[w].k || !s[w].c) kvbm_bench_die("bench_router", "out of memory");
+  }
+  double t0 = now();
+  replay_peer(s, l, lat, r);
   r->seconds = now() - t0;
-  latency(lat, nl, r);
-  for (int w = 0; w < 8; w++) {
+  latency(lat, l->lookups, r);
+  for (uint32_t w = 0; w < g_workers; w++) {
     free(s[w].k);
     free(s[w].c);
   }
+  free(s);
 }
 
 /* ------------------------------------------------------------ threads */
@@ -316,16 +354,23 @@ static void *reader(void *arg) {
   return NULL;
 }
 
-static void run_threads(const oplog *l, int nr) {
-  size_t *lk = malloc(l->lookups * sizeof *lk), n = 0;
+typedef struct conc {
+  double events_s, lookups_s, per_reader_s; /* a second */
+} conc;
+
+/* R readers looking up in a loop while the main thread applies every event. */
+static conc run_threads(const oplog *l, int nr) {
+  size_t *lk = malloc((l->lookups + 1) * sizeof *lk), n = 0;
+  rd *r = calloc((size_t)nr, sizeof *r);
+  if (!lk || !r) kvbm_bench_die("bench_router", "out of memory");
   for (size_t i = 0; i < l->nops; i++)
     if (l->ops[i].kind == OP_LOOKUP) lk[n++] = i;
   kvbm_index *idx = new_index();
   _Atomic int stop = 0;
-  rd *r = calloc((size_t)nr, sizeof *r);
   for (int i = 0; i < nr; i++) {
     r[i] = (rd){.l = l, .idx = idx, .lookups = lk, .nlookups = n, .stop = &stop};
-    pthread_create(&r[i].th, NULL, reader, &r[i]);
+    if (pthread_create(&r[i].th, NULL, reader, &r[i]))
+      kvbm_bench_die("bench_router", "pthread_create");
   }
   double t0 = now();
   size_t bi = 0;
@@ -339,85 +384,167 @@ static void run_threads(const oplog *l, int nr) {
     pthread_join(r[i].th, NULL);
     total += r[i].done;
   }
-  printf("  concurrent: 1 writer applied %llu events in %.3f s (%.2f M events/s) while %d "
-         "reader(s) made %.2f M lookups/s each (%.1f M blocks/s walked per reader)\n",
-         (unsigned long long)l->events, s, (double)l->events / s / 1e6, nr,
-         (double)total / nr / s / 1e6,
-         (double)total / nr / s / 1e6 * ((double)l->lookup_blocks / (double)l->lookups));
   free(r);
   free(lk);
   kvbm_index_destroy(idx);
+  return (conc){(double)l->events / s, (double)total / s, (double)total / nr / s};
+}
+
+/* ------------------------------------------------------------ main */
+
+#define MAXR 16
+
+static kvbm_bench_spread spread(const double *v, int n) { return kvbm_bench_spread_of(v, n); }
+
+static void jfig(const char *name, kvbm_bench_spread s, double scale, bool last) {
+  printf("\"%s\": {\"median\": %.6g, \"min\": %.6g, \"max\": %.6g}%s", name, s.median * scale,
+         s.min * scale, s.max * scale, last ? "" : ", ");
+}
+
+static void tfig(const char *name, kvbm_bench_spread s, double scale, const char *unit) {
+  printf("%s %.2f%s [%.2f..%.2f]", name, s.median * scale, unit, s.min * scale, s.max * scale);
+}
+
+static void tend(void) { printf("\n"); }
+
+static int usage(void) {
+  fprintf(stderr, "usage: bench_router [TRACE] [--limit N] [--repeat 5] [--workers 8] "
+                  "[--readers 1,2,4] [--only kvbm|peer] [--json]\n");
+  return 2;
 }
 
 int main(int argc, char **argv) {
-  const char *path = KVBM_DEFAULT_TRACE;
-  int repeat = 3, threads = 1;
+  const char *path = KVBM_DEFAULT_TRACE, *only = NULL;
+  int repeat = 5, readers[MAXR], nreaders = 3;
+  bool json = false;
+  readers[0] = 1, readers[1] = 2, readers[2] = 4;
   size_t limit = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--limit") && i + 1 < argc) limit = (size_t)atoll(argv[++i]);
-    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--workers") && i + 1 < argc) g_workers = (uint32_t)atoi(argv[++i]);
+    else if ((!strcmp(argv[i], "--readers") || !strcmp(argv[i], "--threads")) && i + 1 < argc) {
+      nreaders = 0;
+      for (char *p = argv[++i], *e; *p && nreaders < MAXR; p = *e ? e + 1 : e) {
+        long v = strtol(p, &e, 10);
+        if (e == p || v < 0 || v > 256 || (*e && *e != ',')) return usage();
+        if (v) readers[nreaders++] = (int)v;
+      }
+    } else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--json")) json = true;
     else if (argv[i][0] != '-') path = argv[i];
-    else {
-      fprintf(stderr, "usage: bench_router [TRACE] [--limit N] [--repeat 3] [--threads 1]\n");
-      return 2;
-    }
+    else return usage();
+  }
+  if (only && strcmp(only, "kvbm") && strcmp(only, "peer")) return usage();
+  if (g_workers < 1 || g_workers > KVBM_ROUTER_MAX_WORKERS) {
+    fprintf(stderr, "bench_router: --workers must be 1..%d\n", KVBM_ROUTER_MAX_WORKERS);
+    return 2;
   }
   if (repeat < 1) repeat = 1;
   kvbm_error err = {0};
   kvbm_trace *t;
-  if (kvbm_trace_load(path, limit, &t, &err)) {
-    fprintf(stderr, "bench_router: %s\n", err.msg);
-    return 1;
-  }
+  if (kvbm_trace_load(path, limit, &t, &err)) kvbm_bench_die("bench_router", "%s", err.msg);
   static oplog l;
   kvbm_w3_config o = kvbm_w3_config_default();
+  o.workers = g_workers;
+  g_capacity = o.capacity;
   o.tap_batch = tap_batch;
   o.tap_lookup = tap_lookup;
   o.tap_user = &l;
   kvbm_w3_result w3;
   double t0 = now();
-  if (kvbm_w3_run(t, &o, &w3, &err)) {
-    fprintf(stderr, "bench_router: %s\n", err.msg);
-    return 1;
-  }
+  if (kvbm_w3_run(t, &o, &w3, &err)) kvbm_bench_die("bench_router", "%s", err.msg);
   double sim_s = now() - t0;
   kvbm_trace_destroy(t);
-  printf("W3 router index, %s: %u workers x %u blocks, block size %u, active %g ms\n", path,
-         o.workers, o.capacity, o.block_size, o.active_ms);
-  printf("  log: %llu events (%llu blocks), %llu lookups (%.0f blocks each on average); "
-         "simulation %.1f s, index mismatches %llu\n",
-         (unsigned long long)l.events, (unsigned long long)l.blocks,
-         (unsigned long long)l.lookups, (double)l.lookup_blocks / (double)l.lookups, sim_s,
-         (unsigned long long)w3.index_mismatches);
   build_batches(&l);
   double *lat = malloc((l.lookups + 1) * sizeof *lat);
-  result best_k = {.seconds = 1e30}, best_p = {.seconds = 1e30};
+  double *ks = calloc((size_t)repeat * 8, sizeof *ks);
+  if (!lat || !ks) kvbm_bench_die("bench_router", "out of memory");
+  /* per round: kvbm s, p50, p99, max; peer s, p50, p99; ratio of times */
+  double *kt = ks, *k50 = ks + repeat, *k99 = ks + 2 * repeat, *kmax = ks + 3 * repeat,
+         *pt = ks + 4 * repeat, *p50 = ks + 5 * repeat, *p99 = ks + 6 * repeat,
+         *ratio = ks + 7 * repeat;
+  uint64_t ksink = 0, psink = 0;
+  double ops = (double)(l.events + l.lookups);
   for (int i = 0; i < repeat; i++) {
     result k = {0}, p = {0};
-    run_kvbm(&l, lat, &k);
-    run_peer(&l, lat, &p);
-    if (k.seconds < best_k.seconds) best_k = k;
-    if (p.seconds < best_p.seconds) best_p = p;
+    if (!only || !strcmp(only, "kvbm")) run_kvbm(&l, lat, &k);
+    if (!only || !strcmp(only, "peer")) run_peer(&l, lat, &p);
+    kt[i] = ops / k.seconds, k50[i] = k.p50, k99[i] = k.p99, kmax[i] = k.max;
+    pt[i] = ops / p.seconds, p50[i] = p.p50, p99[i] = p.p99;
+    ratio[i] = p.seconds / k.seconds; /* kvbm's throughput over the peer's */
+    ksink = k.sink, psink = p.sink;
   }
-  double ops = (double)(l.events + l.lookups);
-  printf("  kvbm index:   %.3f s, %.2f M ops/s (events + lookups), %.2f M blocks/s; "
-         "lookup p50 %.2f us, p99 %.2f us, max %.2f us\n",
-         best_k.seconds, ops / best_k.seconds / 1e6,
-         (double)(l.blocks + l.lookup_blocks) / best_k.seconds / 1e6, best_k.p50 * 1e6,
-         best_k.p99 * 1e6, best_k.max * 1e6);
-  printf("  peer (a hash set per worker, single-threaded): %.3f s, %.2f M ops/s; lookup p50 "
-         "%.2f us, p99 %.2f us\n",
-         best_p.seconds, ops / best_p.seconds / 1e6, best_p.p50 * 1e6, best_p.p99 * 1e6);
-  printf("  ratio kvbm / peer: time %.2f, lookup p99 %.2f\n", best_k.seconds / best_p.seconds,
-         best_k.p99 / best_p.p99);
-  printf("  targets: >= 10 M ops/s per core: %s; p99 < 10 us: %s\n",
-         ops / best_k.seconds >= 10e6 ? "met" : "NOT met",
-         best_k.p99 < 10e-6 ? "met" : "NOT met");
-  if (best_k.sink != best_p.sink)
-    printf("  note: lookup checksums differ (kvbm %llu, peer %llu)\n",
-           (unsigned long long)best_k.sink, (unsigned long long)best_p.sink);
-  if (threads > 0) run_threads(&l, threads);
+  if (only) { /* one side's throughput, for profilers and quick looks */
+    kvbm_bench_spread so = spread(strcmp(only, "kvbm") ? pt : kt, repeat);
+    printf("%s: %.2f M ops/s [%.2f..%.2f] over %d rounds\n", only, so.median * 1e-6,
+           so.min * 1e-6, so.max * 1e-6, repeat);
+    return 0;
+  }
+  if (ksink != psink)
+    kvbm_bench_die("bench_router", "the answers differ: kvbm's best prefixes sum to %llu, the "
+                   "peer's to %llu", (unsigned long long)ksink, (unsigned long long)psink);
+  conc c[MAXR];
+  for (int i = 0; i < nreaders; i++) c[i] = run_threads(&l, readers[i]);
+  kvbm_bench_spread sk = spread(kt, repeat), sp = spread(pt, repeat), sr = spread(ratio, repeat),
+                    sk50 = spread(k50, repeat), sk99 = spread(k99, repeat),
+                    skmax = spread(kmax, repeat), sp50 = spread(p50, repeat),
+                    sp99 = spread(p99, repeat);
+  double r99[64];
+  for (int i = 0; i < repeat && i < 64; i++) r99[i] = k99[i] / p99[i];
+  kvbm_bench_spread sr99 = spread(r99, repeat < 64 ? repeat : 64);
+  if (json) {
+    printf("{\"workers\": %u, \"events\": %llu, \"lookups\": %llu, \"rounds\": %d, ", g_workers,
+           (unsigned long long)l.events, (unsigned long long)l.lookups, repeat);
+    printf("\"kvbm\": {");
+    jfig("mops", sk, 1e-6, false);
+    jfig("p50_us", sk50, 1e6, false);
+    jfig("p99_us", sk99, 1e6, false);
+    jfig("max_us", skmax, 1e6, true);
+    printf("}, \"peer\": {");
+    jfig("mops", sp, 1e-6, false);
+    jfig("p50_us", sp50, 1e6, false);
+    jfig("p99_us", sp99, 1e6, true);
+    printf("}, ");
+    jfig("ratio_ops", sr, 1, false);
+    jfig("ratio_p99", sr99, 1, false);
+    printf("\"readers\": {");
+    for (int i = 0; i < nreaders; i++)
+      printf("\"%d\": {\"writer_mevents\": %.6g, \"mlookups\": %.6g, \"mlookups_per_reader\": "
+             "%.6g}%s", readers[i], c[i].events_s * 1e-6, c[i].lookups_s * 1e-6,
+             c[i].per_reader_s * 1e-6, i + 1 < nreaders ? ", " : "");
+    printf("}}\n");
+  } else {
+    printf("W3 router index, %s: %u workers x %u blocks, block size %u, active %g ms\n", path,
+           o.workers, o.capacity, o.block_size, o.active_ms);
+    printf("  log: %llu events (%llu blocks) in %zu batches, %llu lookups (%.0f blocks each on "
+           "average); simulation %.1f s, index mismatches %llu\n",
+           (unsigned long long)l.events, (unsigned long long)l.blocks, g_nbatches,
+           (unsigned long long)l.lookups, (double)l.lookup_blocks / (double)l.lookups, sim_s,
+           (unsigned long long)w3.index_mismatches);
+    printf("  median [min..max] of %d rounds, one thread:\n  kvbm index: ", repeat);
+    tfig("", sk, 1e-6, " M ops/s");
+    tfig("; lookup p50", sk50, 1e6, " us");
+    tfig(", p99", sk99, 1e6, " us");
+    tfig(", max", skmax, 1e6, " us");
+    tend();
+    printf("  peer (a hash set per worker, single-threaded): ");
+    tfig("", sp, 1e-6, " M ops/s");
+    tfig("; lookup p50", sp50, 1e6, " us");
+    tfig(", p99", sp99, 1e6, " us");
+    tend();
+    printf("  ratio kvbm / peer: ");
+    tfig("ops/s", sr, 1, "");
+    tfig(", lookup p99", sr99, 1, "");
+    tend();
+    printf("  targets: ops/s >= the peer's: %s; p99 <= the peer's: %s (medians)\n",
+           sr.median >= 1 ? "met" : "NOT met", sr99.median <= 1 ? "met" : "NOT met");
+    for (int i = 0; i < nreaders; i++)
+      printf("  concurrent: 1 writer at %.2f M events/s while %d reader(s) made %.2f M "
+             "lookups/s (%.2f M each)\n",
+             c[i].events_s * 1e-6, readers[i], c[i].lookups_s * 1e-6, c[i].per_reader_s * 1e-6);
+  }
+  free(ks);
   free(lat);
   free(l.ops);
   free(l.h);
