@@ -72,11 +72,14 @@ static size_t var_len(const kvbm_event *ev, int v) {
   return strlen(p) + 1;
 }
 
-/* One queued event: scalars, and where its arrays sit in the arenas. */
+/* One queued event. Struct mode: its scalars, and where its arrays sit in
+ * the arenas. Wire mode: where its encoded bytes sit in `w`. */
 typedef struct qev {
-  kvbm_event ev;           /* its parts' pointers NULL while queued */
+  kvbm_event ev;           /* struct mode; its parts' pointers NULL while queued */
   size_t h_off, t_off;     /* into h, t */
   size_t v_off[NVAR];      /* into s, for the parts in `vars` */
+  size_t w_off, w_len;     /* wire mode: into w */
+  size_t cost;             /* its share of the byte bound (vsize.total) */
   int32_t dp_rank;         /* the batch it leaves in carries this rank */
   uint8_t vars;            /* bit v: part v present (most events: none) */
 } qev;
@@ -97,6 +100,8 @@ typedef struct evq {
   size_t nt, capt;
   char *s;
   size_t ns, caps;
+  uint8_t *w;          /* wire mode: the events' msgpack, back to back */
+  size_t nw, capw;
   size_t bytes;        /* hashes + tokens + names, the byte bound's measure */
   uint64_t first_ns;   /* when the oldest event arrived (monotonic) */
 } evq;
@@ -119,6 +124,11 @@ struct kvbm_publisher {
   evq q[2];
   evq *fill;
   kvbm_publisher_stats st; /* accepted is also the last id given */
+
+  /* Wire mode (every sink takes bytes): events are encoded once, when
+   * published, and the thread only frames batches of them. Set at start. */
+  bool wire;
+  kvbm_event_encoder_config ecfg;
 
   /* the thread's own */
   kvbm_event_encoder *enc;
@@ -176,8 +186,8 @@ int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **ou
     free(p);
     return kvbm_error_set(err, KVBM_EIO, "events: publisher: eventfd: %s", strerror(errno));
   }
-  kvbm_event_encoder_config ec = {.form = o.form, .signed_hashes = o.signed_hashes};
-  int rc = kvbm_event_encoder_create(&ec, &p->enc, err);
+  p->ecfg = (kvbm_event_encoder_config){.form = o.form, .signed_hashes = o.signed_hashes};
+  int rc = kvbm_event_encoder_create(&p->ecfg, &p->enc, err);
   if (rc) {
     close(p->efd);
     free(p);
@@ -319,6 +329,25 @@ static int q_append(evq *q, const kvbm_event *ev, const vsize *z, int32_t dp_ran
   return KVBM_OK;
 }
 
+/* Wire mode: appends ev's msgpack (at most `bound` bytes) to q (lock held).
+ * Nothing of the caller's memory is kept: the bytes are the event. */
+static int q_append_wire(evq *q, const kvbm_event *ev, size_t bound, size_t cost, int32_t dp_rank,
+                         const kvbm_event_encoder_config *cfg) {
+  if (kvbm__vec_reserve_of(&q->ev, &q->cap, q->n + 1, 64, KVBM__VEC_NO_LIMIT) ||
+      bound > SIZE_MAX / 2 - q->nw ||
+      kvbm__vec_reserve_of(&q->w, &q->capw, q->nw + bound, 4096, KVBM__VEC_NO_LIMIT))
+    return KVBM_ENOMEM;
+  qev *x = &q->ev[q->n];
+  x->w_off = q->nw;
+  x->w_len = (size_t)(kvbm__event_put(q->w + q->nw, ev, cfg) - (q->w + q->nw));
+  x->cost = cost;
+  x->dp_rank = dp_rank;
+  q->nw += x->w_len;
+  q->bytes += cost;
+  q->n++;
+  return KVBM_OK;
+}
+
 /* Points a queued event's arrays and parts at q's arenas again. */
 static void q_event(const evq *q, const qev *x, kvbm_event *e) {
   *e = x->ev;
@@ -413,8 +442,12 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
   evq *q = p->fill;
   if (q->n == 0) q->first_ns = kvbm_clock_ns();
   uint64_t id = p->st.accepted + 1;
-  rc = q_append(q, evp, &z, dp_rank);
-  if (!rc) q->ev[q->n - 1].ev.event_id = id;
+  if (p->wire) {
+    rc = q_append_wire(q, evp, kvbm__event_wire_bound(evp), need, dp_rank, &p->ecfg);
+  } else {
+    rc = q_append(q, evp, &z, dp_rank);
+    if (!rc) q->ev[q->n - 1].ev.event_id = id;
+  }
   if (rc) {
     pthread_mutex_unlock(&p->mu);
     return kvbm_error_set(err, rc, "events: publish: out of memory");
@@ -481,7 +514,7 @@ int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id, kvbm
 
 /* --------------------------------------------------------------- thread */
 
-static void q_clear(evq *q) { q->n = q->nh = q->nt = q->ns = q->bytes = 0; }
+static void q_clear(evq *q) { q->n = q->nh = q->nt = q->ns = q->nw = q->bytes = 0; }
 
 /* How many events from `off` leave in one batch: up to max_batch_events
  * of one dp_rank (a relay keeps each engine batch's rank). */
@@ -492,8 +525,32 @@ static size_t batch_len(const kvbm_publisher *p, const evq *q, size_t off) {
   return n;
 }
 
+/* Wire mode: frames each batch of the drained events' bytes (one copy
+ * into the payload) and hands it to every sink (no lock held). */
+static void emit_wire(kvbm_publisher *p, evq *q, uint64_t *seq, uint64_t *sink_errors) {
+  for (size_t off = 0, n; off < q->n; off += n) {
+    n = batch_len(p, q, off);
+    const qev *first = &q->ev[off], *last = &q->ev[off + n - 1];
+    kvbm_event_batch b = {.seq = (*seq)++, .ts = wall_now(), .dp_rank = first->dp_rank,
+                          .has_dp_rank = true};
+    const uint8_t *data = NULL;
+    size_t len = 0;
+    bool encoded = kvbm__event_frame(p->enc, b.ts, true, b.dp_rank, n, q->w + first->w_off,
+                                     last->w_off + last->w_len - first->w_off, &data, &len) == 0;
+    for (size_t s = 0; s < p->nsinks; s++) {
+      ev_sink *k = p->sinks[s];
+      if (!encoded) { (*sink_errors)++; continue; }
+      if (k->send(k, &b, data, len)) (*sink_errors)++;
+    }
+  }
+}
+
 /* Sends the drained events as batches (no lock held). */
 static void emit(kvbm_publisher *p, evq *q, uint64_t *seq, uint64_t *sink_errors) {
+  if (p->wire) {
+    emit_wire(p, q, seq, sink_errors);
+    return;
+  }
   if (kvbm__vec_reserve_of(&p->scratch, &p->scratch_cap, q->n, 64, KVBM__VEC_NO_LIMIT)) {
     /* cannot even list them: count each batch lost at every sink */
     for (size_t off = 0; off < q->n; off += batch_len(p, q, off)) {
@@ -539,7 +596,27 @@ static int due(kvbm_publisher *p, uint64_t now) {
 /* Moves the events of `from` past `keep` to the (empty) `to`, so that a
  * count-triggered send takes full batches only and the rest keeps waiting
  * for its own trigger. Lock held. On ENOMEM everything stays in `from`. */
-static void move_tail(evq *from, size_t keep, evq *to) {
+static void move_tail(const kvbm_publisher *p, evq *from, size_t keep, evq *to) {
+  if (p->wire) {
+    for (size_t i = keep; i < from->n; i++) {
+      const qev *x = &from->ev[i];
+      if (kvbm__vec_reserve_of(&to->ev, &to->cap, to->n + 1, 64, KVBM__VEC_NO_LIMIT) ||
+          kvbm__vec_reserve_of(&to->w, &to->capw, to->nw + x->w_len, 4096, KVBM__VEC_NO_LIMIT)) {
+        q_clear(to);
+        return;
+      }
+      qev *y = &to->ev[to->n++];
+      *y = *x;
+      y->w_off = to->nw;
+      memcpy(to->w + to->nw, from->w + x->w_off, x->w_len);
+      to->nw += x->w_len;
+      to->bytes += x->cost;
+      from->bytes -= x->cost;
+    }
+    to->first_ns = from->first_ns;
+    from->n = keep;
+    return;
+  }
   for (size_t i = keep; i < from->n; i++) {
     kvbm_event e;
     q_event(from, &from->ev[i], &e);
@@ -573,7 +650,7 @@ static void *thread_main(void *arg) {
     if (what) {
       evq *q = p->fill;
       p->fill = q == &p->q[0] ? &p->q[1] : &p->q[0];
-      if (what == 1) move_tail(q, q->n - q->n % p->o.max_batch_events, p->fill);
+      if (what == 1) move_tail(p, q, q->n - q->n % p->o.max_batch_events, p->fill);
       pthread_cond_broadcast(&p->room);
       pthread_mutex_unlock(&p->mu);
       uint64_t errors = 0, seq0 = seq;
@@ -618,6 +695,9 @@ int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err) {
   bool already = pub->started;
   pthread_mutex_unlock(&pub->mu);
   if (already) return kvbm_error_set(err, KVBM_ESTATE, "events: publisher: already started");
+  /* wire mode when no sink wants the events themselves (callbacks do) */
+  pub->wire = pub->nsinks > 0;
+  for (size_t s = 0; s < pub->nsinks; s++) pub->wire &= pub->sinks[s]->wants_bytes;
   if (pthread_create(&pub->thread, NULL, thread_main, pub))
     return kvbm_error_set(err, KVBM_EIO, "events: publisher: cannot start its thread");
   pthread_mutex_lock(&pub->mu);
@@ -677,6 +757,7 @@ void kvbm_publisher_destroy(kvbm_publisher *p) {
     free(p->q[i].h);
     free(p->q[i].t);
     free(p->q[i].s);
+    free(p->q[i].w);
   }
   free(p->scratch);
   kvbm_event_encoder_destroy(p->enc);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "event_codec/internal.h"
 #include "kvbm/event_codec.h"
 
 static void assert_event_eq(const kvbm_event *a, const kvbm_event *b) {
@@ -168,6 +169,83 @@ static void roundtrip(kvbm_event_form form, bool sgn) {
   assert_false(out.has_dp_rank);
   kvbm_event_encoder_destroy(enc);
   kvbm_event_decoder_destroy(dec);
+}
+
+/* The publisher's path (each event encoded once when published, batches
+ * framed from those bytes later) writes exactly what kvbm_event_encode
+ * writes, in both forms, signed or not, with and without a dp rank, and
+ * no event takes more than its bound. */
+static void test_encode_once_then_frame(void **s) {
+  (void)s;
+  kvbm_event ev[7];
+  size_t n = sample_events(ev);
+  static const int32_t ranks[] = {0, 3, -1, -40000, 2000000000};
+  for (int form = 0; form < 2; form++) {
+    for (int sgn = 0; sgn < 2; sgn++) {
+      kvbm_event_encoder_config ec = {.form = form ? KVBM_FORM_MAP : KVBM_FORM_POSITIONAL,
+                                      .signed_hashes = sgn};
+      kvbm_event_encoder *enc, *framer;
+      assert_int_equal(kvbm_event_encoder_create(&ec, &enc, NULL), KVBM_OK);
+      assert_int_equal(kvbm_event_encoder_create(&ec, &framer, NULL), KVBM_OK);
+      uint8_t wire[4096], *p = wire;
+      for (size_t i = 0; i < n; i++) {
+        size_t bound = kvbm__event_wire_bound(&ev[i]);
+        assert_true((size_t)(p - wire) + bound <= sizeof wire);
+        uint8_t *e = kvbm__event_put(p, &ev[i], &ec);
+        assert_true(e > p && (size_t)(e - p) <= bound);
+        p = e;
+      }
+      for (size_t r = 0; r < sizeof ranks / sizeof *ranks; r++) {
+        for (int has = 0; has < 2; has++) {
+          kvbm_event_batch b = {.ts = 1712345678.25 + (double)r, .dp_rank = ranks[r],
+                                .has_dp_rank = has, .events = ev, .num_events = n};
+          const uint8_t *want, *got;
+          size_t wlen, glen;
+          assert_int_equal(kvbm_event_encode(enc, &b, &want, &wlen, NULL), KVBM_OK);
+          assert_int_equal(kvbm__event_frame(framer, b.ts, has, ranks[r], n, wire,
+                                             (size_t)(p - wire), &got, &glen),
+                           KVBM_OK);
+          assert_int_equal(glen, wlen);
+          assert_memory_equal(got, want, wlen);
+        }
+      }
+      /* an empty batch frames as an empty event array */
+      const uint8_t *got;
+      size_t glen;
+      assert_int_equal(kvbm__event_frame(framer, 1.0, true, 0, 0, wire, 0, &got, &glen), KVBM_OK);
+      assert_int_equal(glen, 1 + 9 + 1 + 1);
+      assert_int_equal(got[10], 0x90);
+      kvbm_event_encoder_destroy(enc);
+      kvbm_event_encoder_destroy(framer);
+    }
+  }
+}
+
+/* The encoder's bytes are msgpack-c's: the batch head and the integers
+ * it writes (the ts as float64, the dp rank in its shortest form). */
+static void test_batch_head_as_msgpack_c(void **s) {
+  (void)s;
+  static const int32_t ranks[] = {0, 127, 128, -1, -33, -129, 70000, -70000};
+  kvbm_event_encoder *enc;
+  assert_int_equal(kvbm_event_encoder_create(NULL, &enc, NULL), KVBM_OK);
+  for (size_t r = 0; r < sizeof ranks / sizeof *ranks; r++) {
+    kvbm_event_batch b = {.ts = 0.5 + (double)r, .dp_rank = ranks[r], .has_dp_rank = true};
+    const uint8_t *data;
+    size_t len;
+    assert_int_equal(kvbm_event_encode(enc, &b, &data, &len, NULL), KVBM_OK);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_double(&pk, b.ts);
+    msgpack_pack_array(&pk, 0);
+    msgpack_pack_int32(&pk, b.dp_rank);
+    assert_int_equal(len, sb.size);
+    assert_memory_equal(data, sb.data, len);
+    msgpack_sbuffer_destroy(&sb);
+  }
+  kvbm_event_encoder_destroy(enc);
 }
 
 static void test_roundtrip_positional(void **s) { (void)s; roundtrip(KVBM_FORM_POSITIONAL, false); }
@@ -889,6 +967,8 @@ int main(void) {
       cmocka_unit_test(test_roundtrip_positional),
       cmocka_unit_test(test_roundtrip_map),
       cmocka_unit_test(test_roundtrip_signed),
+      cmocka_unit_test(test_encode_once_then_frame),
+      cmocka_unit_test(test_batch_head_as_msgpack_c),
       cmocka_unit_test(test_default_form_is_map),
       cmocka_unit_test(test_wire_variants),
       cmocka_unit_test(test_sglang_salted_positional),
