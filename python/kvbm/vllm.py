@@ -738,9 +738,13 @@ class KvbmOffloadingHandler(OffloadingHandler):
         self._slot_shape = (layout.num_layers, 2, layout.block_size, layout.local_heads,
                             layout.head_dim)
         pin = self.device.type == "cuda"
-        self.g2 = torch.empty((g2_blocks,) + self._slot_shape, dtype=want_dtype, pin_memory=pin)
-        self._esize = self.g2.element_size()
-        self._rank_bytes = self.g2[0].numel() * self._esize
+        # G2 per layer in the engine's own layout [2, slots, ...], so a run of
+        # blocks is one copy each way
+        self.g2_blocks = g2_blocks
+        self.g2 = [torch.empty((2, g2_blocks) + self._slot_shape[2:], dtype=want_dtype,
+                               pin_memory=pin) for _ in range(layout.num_layers)]
+        self._esize = self.g2[0].element_size()
+        self._rank_bytes = layout.num_layers * self.g2[0][:, 0].numel() * self._esize
         self._head_bytes = self._rank_bytes // layout.local_heads
         self.g3 = Volume(g3_url, f"rank{layout.tp_rank}-of-{layout.tp_size}") if g3_blocks and g3_url else None
         self.g3_blocks = g3_blocks if self.g3 is not None else 0
@@ -786,7 +790,7 @@ class KvbmOffloadingHandler(OffloadingHandler):
             if lens != (len(ids),) * 3:
                 raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: store spec lists "
                              f"of lengths {lens} for {len(ids)} blocks")
-            self._check_slots(job_id, kv.g2_slots, self.g2.shape[0], "G2", allow_none=False)
+            self._check_slots(job_id, kv.g2_slots, self.g2_blocks, "G2", allow_none=False)
             self._check_slots(job_id, kv.g3_slots, self.g3_blocks, "G3", allow_none=True)
             if any(kv.g4) and self.g4 is None:
                 raise _error(StateError, f"kvbm.vllm: job {job_id}: G4 store but no G4 volume")
@@ -796,7 +800,7 @@ class KvbmOffloadingHandler(OffloadingHandler):
                              f"do not match its {len(ids)} blocks")
             for t, s in zip(kv.tiers, kv.slots):
                 if t == G2:
-                    self._check_slots(job_id, [s], self.g2.shape[0], "G2", allow_none=False)
+                    self._check_slots(job_id, [s], self.g2_blocks, "G2", allow_none=False)
                 elif t == G3 and self.g3 is not None:
                     self._check_slots(job_id, [s], self.g3_blocks, "G3", allow_none=False)
                 elif t != G4 or self.g4 is None:
@@ -848,27 +852,50 @@ class KvbmOffloadingHandler(OffloadingHandler):
         concurrent.futures.wait(futs)
 
     # -- the copies
-    def _gather(self, ids: list[int]):
-        """[n, layers, 2, block_size, local_heads, head_dim] host copy of GPU blocks."""
+    @staticmethod
+    def _runs(src_ids, dst_ids):
+        """(src, dst, n): maximal runs where both id lists go up by one."""
+        i = 0
+        while i < len(src_ids):
+            n = 1
+            while (i + n < len(src_ids) and src_ids[i + n] == src_ids[i] + n
+                   and dst_ids[i + n] == dst_ids[i] + n):
+                n += 1
+            yield src_ids[i], dst_ids[i], n
+            i += n
+
+    def _copy(self, copies) -> None:
+        """copies: [(src per-layer tensors, src ids, dst ids)] into the
+        engine's tensors, or [(..., to G2)] when the destination is G2 (a
+        store): one tensor copy per layer and run of blocks."""
+        for src, src_ids, dst_ids, dst in copies:
+            for layer in range(len(src)):
+                s, d = src[layer], dst[layer]
+                for a, b, n in self._runs(src_ids, dst_ids):
+                    d[:, b:b + n].copy_(s[:, a:a + n], non_blocking=True)
+        if self.device.type == "cuda":
+            _torch().cuda.synchronize(self.device)
+
+    def _block(self, slot: int, head=None):
+        """One G2 block (or one head of it) as [layers, 2, bs, (heads,) hd]."""
         torch = _torch()
-        idx = torch.tensor(ids, dtype=torch.long, device=self.device)
-        out = torch.stack([t.index_select(1, idx) for t in self._kv], dim=0)  # L, 2, n, ...
-        return out.permute(2, 0, 1, 3, 4, 5).contiguous().to("cpu")
+        if head is None:
+            return torch.stack([g[:, slot] for g in self.g2])
+        return torch.stack([g[:, slot, :, head] for g in self.g2])
 
     def _store(self, kv: KvbmLoadStoreSpec, ids: list[int]) -> int:
-        torch = _torch()
-        data = self._gather(ids)
-        self.g2[torch.tensor(kv.g2_slots, dtype=torch.long)] = data
+        self._copy([(self._kv, ids, kv.g2_slots, self.g2)])
         lay = self.layout
         g3_items, g4_items = [], []
         for i, key in enumerate(kv.keys):
+            slot = kv.g2_slots[i]
             if kv.g3_slots[i] >= 0:
                 body = (_slice_header(lay, key, lay.heads.start, lay.local_heads)
-                        + _tensor_bytes(data[i]))
+                        + _tensor_bytes(self._block(slot)))
                 g3_items.append((kv.g3_slots[i], _kvbm.frame_encode(body, 0)))
             if kv.g4[i]:
                 for j, head in enumerate(lay.heads):
-                    body = _slice_header(lay, key, head, 1) + _tensor_bytes(data[i][..., j, :])
+                    body = _slice_header(lay, key, head, 1) + _tensor_bytes(self._block(slot, j))
                     g4_items.append((slice_key(key, head), _kvbm.frame_encode(body, 0)))
         for vol, items, tier in ((self.g3, g3_items, "G3"), (self.g4, g4_items, "G4")):
             if items:
@@ -901,39 +928,45 @@ class KvbmOffloadingHandler(OffloadingHandler):
     def _load(self, kv: KvbmLoadStoreSpec, ids: list[int]) -> int:
         torch = _torch()
         lay = self.layout
-        stage = torch.empty((len(ids),) + self._slot_shape, dtype=self.g2.dtype)
-        g3_want = [(i, s) for i, (t, s) in enumerate(zip(kv.tiers, kv.slots)) if t == G3]
-        g4_want = [i for i, t in enumerate(kv.tiers) if t == G4]
-        for i, (t, s) in enumerate(zip(kv.tiers, kv.slots)):
-            if t == G2:
-                stage[i] = self.g2[s]
+        far = [i for i, t in enumerate(kv.tiers) if t != G2]     # G3/G4: staged, verified
+        stage = [torch.empty((2, len(far)) + self._slot_shape[2:], dtype=self.g2[0].dtype)
+                 for _ in range(lay.num_layers)]
+        row = {i: r for r, i in enumerate(far)}
+
+        def put(i, payload, shape, head=None):
+            blk = _from_bytes(payload, shape, stage[0].dtype)
+            for layer, st in enumerate(stage):
+                if head is None:
+                    st[:, row[i]] = blk[layer]
+                else:
+                    st[:, row[i], :, head] = blk[layer]
+        g3_want = [(i, kv.slots[i]) for i in far if kv.tiers[i] == G3]
+        g4_want = [i for i in far if kv.tiers[i] == G4]
         if g3_want:
             got = self.g3.get_many([s for _, s in g3_want], self._rank_bytes + 4096)
             for (i, _), raw in zip(g3_want, got):
-                payload = self._verified(raw, kv.keys[i], lay.heads.start, lay.local_heads,
-                                         self._rank_bytes)
-                stage[i] = _from_bytes(payload, self._slot_shape, stage.dtype)
+                put(i, self._verified(raw, kv.keys[i], lay.heads.start, lay.local_heads,
+                                      self._rank_bytes), self._slot_shape)
         if g4_want:
             keys = [slice_key(kv.keys[i], h) for i in g4_want for h in lay.heads]
             got = self.g4.get_many(keys, self._head_bytes + 4096)
             self.stats["g4_slices_read"] += len(keys)
-            one = self._slot_shape[:3] + (self.layout.head_dim,)
+            one = self._slot_shape[:3] + (lay.head_dim,)
             for n, i in enumerate(g4_want):
                 for j, head in enumerate(lay.heads):
-                    payload = self._verified(got[n * lay.local_heads + j], kv.keys[i], head, 1,
-                                             self._head_bytes)
-                    stage[i][..., j, :] = _from_bytes(payload, one, stage.dtype)
+                    put(i, self._verified(got[n * lay.local_heads + j], kv.keys[i], head, 1,
+                                          self._head_bytes), one, head=j)
         # every block checked: now, and only now, the engine's blocks are written
-        idx = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self._scatter(idx, stage)
+        near = [i for i, t in enumerate(kv.tiers) if t == G2]
+        self._scatter([(self.g2, [kv.slots[i] for i in near], [ids[i] for i in near], self._kv),
+                       (stage, list(range(len(far))), [ids[i] for i in far], self._kv)])
         self.stats["loads"] += 1
         self.stats["bytes_loaded"] += len(ids) * self._rank_bytes
         return len(ids) * self._rank_bytes
 
-    def _scatter(self, idx, stage) -> None:
-        staged = stage.to(self.device, non_blocking=True)
-        for layer, t in enumerate(self._kv):
-            t.index_copy_(1, idx, staged[:, layer].transpose(0, 1))
+    def _scatter(self, copies) -> None:
+        """The only place a load writes the engine's tensors."""
+        self._copy(copies)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -322,8 +322,8 @@ def _worker_main(rank, tp, store_path, conn, seed, model_kw, num_blocks, block_s
         if msg[0] == "stall_loads":
             real = handler._scatter
 
-            def stalled(idx, stage, real=real):
-                real(idx[:1], stage[:1])        # part of the copy has landed...
+            def stalled(copies, real=real):
+                real([(s, a[:1], b[:1], d) for s, a, b, d in copies])  # part has landed...
                 stall_event.set()
                 time.sleep(600)                 # ...and the rest never comes
             handler._scatter = stalled
