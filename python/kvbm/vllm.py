@@ -876,26 +876,26 @@ class KvbmOffloadingHandler(OffloadingHandler):
         if self.device.type == "cuda":
             _torch().cuda.synchronize(self.device)
 
-    def _block(self, slot: int, head=None):
-        """One G2 block (or one head of it) as [layers, 2, bs, (heads,) hd]."""
-        torch = _torch()
-        if head is None:
-            return torch.stack([g[:, slot] for g in self.g2])
-        return torch.stack([g[:, slot, :, head] for g in self.g2])
+    def _block(self, slot: int):
+        """One G2 block as [layers, 2, bs, heads, hd] (a copy)."""
+        return _torch().stack([g[:, slot] for g in self.g2])
 
     def _store(self, kv: KvbmLoadStoreSpec, ids: list[int]) -> int:
         self._copy([(self._kv, ids, kv.g2_slots, self.g2)])
         lay = self.layout
         g3_items, g4_items = [], []
         for i, key in enumerate(kv.keys):
-            slot = kv.g2_slots[i]
+            if kv.g3_slots[i] < 0 and not kv.g4[i]:
+                continue
+            blk = self._block(kv.g2_slots[i])
             if kv.g3_slots[i] >= 0:
                 body = (_slice_header(lay, key, lay.heads.start, lay.local_heads)
-                        + _tensor_bytes(self._block(slot)))
+                        + _tensor_bytes(blk))
                 g3_items.append((kv.g3_slots[i], _kvbm.frame_encode(body, 0)))
-            if kv.g4[i]:
+            if kv.g4[i]:   # heads first: each head's slice is one contiguous piece
+                per_head = blk.permute(3, 0, 1, 2, 4).contiguous()
                 for j, head in enumerate(lay.heads):
-                    body = _slice_header(lay, key, head, 1) + _tensor_bytes(self._block(slot, j))
+                    body = _slice_header(lay, key, head, 1) + _tensor_bytes(per_head[j])
                     g4_items.append((slice_key(key, head), _kvbm.frame_encode(body, 0)))
         for vol, items, tier in ((self.g3, g3_items, "G3"), (self.g4, g4_items, "G4")):
             if items:
@@ -929,17 +929,12 @@ class KvbmOffloadingHandler(OffloadingHandler):
         torch = _torch()
         lay = self.layout
         far = [i for i, t in enumerate(kv.tiers) if t != G2]     # G3/G4: staged, verified
-        stage = [torch.empty((2, len(far)) + self._slot_shape[2:], dtype=self.g2[0].dtype)
-                 for _ in range(lay.num_layers)]
+        dtype = self.g2[0].dtype
+        stage = torch.empty((lay.num_layers, 2, len(far)) + self._slot_shape[2:], dtype=dtype)
         row = {i: r for r, i in enumerate(far)}
 
-        def put(i, payload, shape, head=None):
-            blk = _from_bytes(payload, shape, stage[0].dtype)
-            for layer, st in enumerate(stage):
-                if head is None:
-                    st[:, row[i]] = blk[layer]
-                else:
-                    st[:, row[i], :, head] = blk[layer]
+        def put(i, payload, shape):
+            stage[:, :, row[i]] = _from_bytes(payload, shape, dtype)
         g3_want = [(i, kv.slots[i]) for i in far if kv.tiers[i] == G3]
         g4_want = [i for i in far if kv.tiers[i] == G4]
         if g3_want:
@@ -952,14 +947,17 @@ class KvbmOffloadingHandler(OffloadingHandler):
             got = self.g4.get_many(keys, self._head_bytes + 4096)
             self.stats["g4_slices_read"] += len(keys)
             one = self._slot_shape[:3] + (lay.head_dim,)
+            heads = torch.empty((lay.local_heads,) + one, dtype=dtype)
             for n, i in enumerate(g4_want):
                 for j, head in enumerate(lay.heads):
-                    put(i, self._verified(got[n * lay.local_heads + j], kv.keys[i], head, 1,
-                                          self._head_bytes), one, head=j)
+                    heads[j] = _from_bytes(self._verified(got[n * lay.local_heads + j],
+                                                          kv.keys[i], head, 1, self._head_bytes),
+                                           one, dtype)
+                stage[:, :, row[i]] = heads.permute(1, 2, 3, 0, 4)
         # every block checked: now, and only now, the engine's blocks are written
         near = [i for i, t in enumerate(kv.tiers) if t == G2]
         self._scatter([(self.g2, [kv.slots[i] for i in near], [ids[i] for i in near], self._kv),
-                       (stage, list(range(len(far))), [ids[i] for i in far], self._kv)])
+                       (list(stage), list(range(len(far))), [ids[i] for i in far], self._kv)])
         self.stats["loads"] += 1
         self.stats["bytes_loaded"] += len(ids) * self._rank_bytes
         return len(ids) * self._rank_bytes
