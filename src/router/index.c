@@ -909,6 +909,7 @@ int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key key, uint32_t *slot,
   ST(&w->wid, key.worker_id);
   ST(&w->rank, key.dp_rank);
   w->live = true;
+  publish_closed(w); /* nothing held: closed (stores keep it up to date) */
   kvbm_seqno_init(&w->seq, &idx->cfg.seq);
   atomic_fetch_or_explicit(&idx->live, 1ull << s, memory_order_release);
   if (slot) *slot = s;

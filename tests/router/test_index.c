@@ -556,11 +556,75 @@ static void model_check_sizes(const model *m, kvbm_index *idx, const uint32_t *s
   }
 }
 
+/* The workers the model says are closed (what lets lookups bisect): every
+ * held block's parent, its chain predecessor (as the stores name it), is
+ * held in some tier, and nothing is held outside the device tier. With
+ * device blocks only the index must count exactly these in
+ * stats.closed_workers; with all tiers it may count fewer (a worker it
+ * walks rather than bisects is slower, not wrong: the lookups above are
+ * checked either way), never more. */
+static void model_check_closed(const model *m, kvbm_index *idx, bool exact) {
+  uint32_t want = 0;
+  for (int w = 0; w < NW; w++) {
+    if (!m->live[w]) continue;
+    bool closed = true;
+    for (uint32_t id = 0; id < NH && closed; id++) {
+      bool held = m->cnt[w][0][id] || m->cnt[w][1][id] || m->cnt[w][2][id];
+      if (m->cnt[w][1][id] || m->cnt[w][2][id]) closed = false;
+      if (!held || id % CLEN == 0) continue;
+      uint32_t par = hid(id / CLEN, id % CLEN - 1);
+      closed = m->cnt[w][0][par] || m->cnt[w][1][par] || m->cnt[w][2][par];
+    }
+    want += closed;
+  }
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  if (exact ? st.closed_workers != want : st.closed_workers > want)
+    fail_msg("closed workers: index %u, model %u", st.closed_workers, want);
+}
+
+/* Events are applied one by one (kvbm_index_apply) or, with `batched`,
+ * gathered per worker into batches of up to 24 (kvbm_index_apply_batch,
+ * which prefetches events ahead and a removed block's parent) that are
+ * applied before anything reads the index. */
+typedef struct pending {
+  kvbm_worker_key key;
+  kvbm_event ev[24];
+  uint64_t h[24][CLEN];
+  size_t n;
+} pending;
+
+static void flush(kvbm_index *idx, pending *p) {
+  if (!p->n) return;
+  kvbm_event_batch b = {.seq = KVBM_INDEX_NO_ID, .events = p->ev, .num_events = p->n,
+                        .has_dp_rank = true, .dp_rank = 0};
+  kvbm_error err;
+  int rc = kvbm_index_apply_batch(idx, p->key.worker_id, &b, &err);
+  if (rc) fail_msg("apply_batch: %s", err.msg);
+  p->n = 0;
+}
+
+static void submit(kvbm_index *idx, pending *p, bool batched, kvbm_worker_key key,
+                   kvbm_event ev) {
+  kvbm_error err;
+  if (!batched) {
+    assert_int_equal(kvbm_index_apply(idx, key, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
+    return;
+  }
+  if (p->n && (p->key.worker_id != key.worker_id || p->n == 24)) flush(idx, p);
+  p->key = key;
+  memcpy(p->h[p->n], ev.block_hashes, ev.num_block_hashes * sizeof(uint64_t));
+  ev.block_hashes = p->h[p->n];
+  p->ev[p->n++] = ev;
+}
+
 /* tiers: 3 = all tiers at random, 1 = device only (lookups may bisect);
  * tail_first: removes take the last held block of a chain run (engines
  * evict tail first), keeping tables closed most of the time. */
-static void run_model(int tiers, bool tail_first, int tenants) {
+static void run_model(int tiers, bool tail_first, int tenants, bool batched) {
   static model m;
+  static pending pend;
+  pend.n = 0;
   uint64_t closed_seen = 0;
   memset(&m, 0, sizeof m);
   kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 8); /* grows many times */
@@ -586,7 +650,7 @@ static void run_model(int tiers, bool tail_first, int tenants) {
       kvbm_event ev = stored(h, n, a ? &par : NULL, med[t]);
       ev.cache_salt = kSalt[w % tenants];
       ev.lora_name = kLora[w % tenants];
-      assert_int_equal(kvbm_index_apply(idx, key, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
+      submit(idx, &pend, batched, key, ev);
     } else if (op < 97) { /* remove some, held or not */
       uint32_t n = 1 + rnd(4);
       uint64_t h[4];
@@ -598,18 +662,22 @@ static void run_model(int tiers, bool tail_first, int tenants) {
         if (m.cnt[w][t][id]) m.cnt[w][t][id]--;
       }
       kvbm_event ev = removed(h, n, med[t]);
-      assert_int_equal(kvbm_index_apply(idx, key, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
+      submit(idx, &pend, batched, key, ev);
     } else if (op < 99) {
+      flush(idx, &pend);
       kvbm_event ev = {.type = KVBM_EVENT_CLEARED};
       assert_int_equal(kvbm_index_apply(idx, key, KVBM_INDEX_NO_ID, &ev, &err), KVBM_OK);
       memset(m.cnt[w], 0, sizeof m.cnt[w]);
     } else {
+      flush(idx, &pend);
       assert_int_equal(kvbm_index_remove_worker(idx, key), KVBM_OK);
       memset(m.cnt[w], 0, sizeof m.cnt[w]);
       m.live[w] = false;
     }
     if (step % 97 == 0) {
+      flush(idx, &pend);
       model_check(&m, idx, slot, tenants);
+      model_check_closed(&m, idx, tiers == 1);
       model_check_sizes(&m, idx, slot);
       kvbm_index_stats st;
       kvbm_index_stats_get(idx, &st);
@@ -618,7 +686,9 @@ static void run_model(int tiers, bool tail_first, int tenants) {
   }
   if (tiers == 1 && tail_first) assert_true(closed_seen > 0); /* the bisect path ran */
   if (tiers == 3 && !tail_first) (void)closed_seen;
+  flush(idx, &pend);
   model_check(&m, idx, slot, tenants);
+  model_check_closed(&m, idx, tiers == 1);
   model_check_sizes(&m, idx, slot);
   /* entries: the distinct hashes each worker holds, summed */
   uint64_t distinct = 0;
@@ -648,20 +718,27 @@ static void run_model(int tiers, bool tail_first, int tenants) {
 
 static void test_model(void **state) {
   (void)state;
-  run_model(3, false, 1);
+  run_model(3, false, 1, false);
 }
 static void test_model_device(void **state) {
   (void)state;
-  run_model(1, false, 1);
+  run_model(1, false, 1, false);
 }
 static void test_model_tail_first(void **state) {
   (void)state;
-  run_model(1, true, 1);
+  run_model(1, true, 1, false);
+}
+/* The same through kvbm_index_apply_batch (its prefetches read slots
+ * ahead of the events that change them). */
+static void test_model_batched(void **state) {
+  (void)state;
+  run_model(3, false, 1, true);
+  run_model(1, true, 1, true);
 }
 static void test_model_tenants(void **state) {
   (void)state;
-  run_model(3, false, 3);
-  run_model(1, true, 3);
+  run_model(3, false, 3, false);
+  run_model(1, true, 3, true);
 }
 
 static kvbm_event salted(kvbm_event e, const char *salt, const char *lora) {
@@ -1034,7 +1111,7 @@ int main(void) {
       cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
       cmocka_unit_test(test_recompute), cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_model),    cmocka_unit_test(test_model_device),
-      cmocka_unit_test(test_model_tail_first),
+      cmocka_unit_test(test_model_tail_first), cmocka_unit_test(test_model_batched),
       cmocka_unit_test(test_ids_hostile), cmocka_unit_test(test_batch_reset),
       cmocka_unit_test(test_namespaces), cmocka_unit_test(test_namespaces_recompute),
       cmocka_unit_test(test_model_tenants), cmocka_unit_test(test_remote_copies),
