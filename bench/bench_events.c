@@ -3,29 +3,34 @@
  * bench_events.c: block events per second through the batching publisher
  * over ZMQ on loopback (tcp and ipc), decoded by our subscriber in another
  * process, end to end: from the first publish in this process to the last
- * batch decoded in the child.
+ * batch decoded in the child; and the CPU each side spends per block event.
  *
- * Workload (events side of W3, synthetic): a stream alternating
- * BlockStored of K blocks (16 tokens each, a parent hash, medium GPU) and
- * BlockRemoved of the same K blocks; a "block event" is one block hash in
- * one of them. K = 1 is what the pool link sends (one block per register or
- * eviction, as in W1/W3); K = 16 is an engine that reports a request step's
- * blocks together, as vLLM does.
+ * Workload (the events side of W3 in ../shared/WORKLOADS.md, synthetic): a
+ * stream alternating BlockStored of K blocks (16 tokens each, a parent
+ * hash, medium GPU) and BlockRemoved of the same K blocks; a "block event"
+ * is one block hash in one of them. K = 1 is what the pool link sends (one
+ * block per register or eviction, as in W1/W3); K = 16 is vLLM (one event
+ * per step with all the step's new blocks); 4 and 64 around them.
  *
- * Reference in the same run: the same payloads, encoded beforehand, sent
- * as raw 3-frame ZMQ messages and only received (not decoded) by the child:
- * the transport's bound. The report gives ours / bound, and the CPU time
- * each side spent per block event (publisher process: producer and
- * publisher thread; subscriber process), which a loaded machine disturbs
- * far less than the rate.
+ * Peer in the same run (raw ZMQ): the same payloads, encoded beforehand,
+ * sent as raw 3-frame ZMQ messages and only received (not decoded) by the
+ * child: the transport's bound. Each round runs ours then the peer; the
+ * table gives, over the rounds, the median [min..max] of: our rate, the
+ * peer's, ours / peer's (of the same round), and the CPU time (user +
+ * system, getrusage) per block event of our publisher process (producer,
+ * publisher thread, ZMQ's I/O thread: from the first publish until the
+ * child has the last batch), of our subscriber process, and of the peer's
+ * two sides. CPU per block is what a loaded machine disturbs least.
  *
- *   bench_events [--blocks N] [--k K] [--batch B] [--form map|positional]
- *                [--queue-bytes B]
- *   (default: 2,000,000 block events per run; K = 1 and 16; B = 256; the
- *   publisher's default wire form, tagged maps; the subscriber's default
- *   byte budget. A budget of 2^42 gives its socket a queue of a million
- *   messages, as before issue 15, to compare. Target >= 2M block events/s
- *   end to end.)
+ *   bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both]
+ *                [--wire tcp|ipc|both] [--runs R] [--batch B]
+ *                [--queue-bytes B] [--json]
+ *   (default: 1,000,000 block events per run; K = 1,4,16,64; both forms;
+ *   both wires; 3 rounds; batches of 256 events; the subscriber's default
+ *   byte budget (2^42 gives its socket a queue of a million messages, as
+ *   before issue 15). --json prints one JSON document (rows keyed
+ *   wire.form.kK, each figure {median, min, max}) for bench/compare.sh.
+ *   Target (issue 22): ours >= 0.8 of raw ZMQ at K = 1 and 16.)
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -39,6 +44,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "bench_util.h"
 #include "kvbm/events.h"
 
 static double now(void) {
@@ -81,7 +87,7 @@ static void child_decode(const char *ep, unsigned long long blocks, size_t queue
     fprintf(stderr, "child: %s\n", err.msg);
     _exit(1);
   }
-  usleep(300000);
+  usleep(150000);
   if (write(wfd, "R", 1) != 1) _exit(1);
   result r = {0};
   double c0 = cpu_seconds();
@@ -114,9 +120,10 @@ static void child_raw(const char *ep, unsigned long long msgs, int wfd) {
   zmq_connect(sub, ep);
   int to = 10000;
   zmq_setsockopt(sub, ZMQ_RCVTIMEO, &to, sizeof to);
-  usleep(300000);
+  usleep(150000);
   if (write(wfd, "R", 1) != 1) _exit(1);
   result r = {0};
+  double c0 = cpu_seconds();
   zmq_msg_t m;
   zmq_msg_init(&m);
   while (r.batches < msgs) {
@@ -124,6 +131,7 @@ static void child_raw(const char *ep, unsigned long long msgs, int wfd) {
     if (!zmq_msg_more(&m)) r.batches++;
   }
   r.t_end = now();
+  r.cpu_s = cpu_seconds() - c0;
   zmq_msg_close(&m);
   if (write(wfd, &r, sizeof r) != (ssize_t)sizeof r) _exit(1);
   int zero = 0;
@@ -185,7 +193,8 @@ static int finish(pid_t pid, int rfd, result *r) {
  * events per second, end to end. */
 static kvbm_event_form g_form = KVBM_FORM_MAP;
 
-static double g_pub_cpu; /* the last run_ours's publisher CPU seconds */
+static double g_pub_cpu;     /* the last run_ours's publisher CPU seconds */
+static double g_raw_pub_cpu; /* the last run_raw's sender CPU seconds */
 
 static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, unsigned batch,
                        unsigned long long blocks, size_t queue_bytes, result *r) {
@@ -204,7 +213,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
     fprintf(stderr, "%s\n", err.msg);
     return -1;
   }
-  usleep(300000); /* the child connects and subscribes */
+  usleep(150000); /* the child connects and subscribes */
   stream s = {k, calloc(64 * (size_t)k, 8), calloc(16 * (size_t)k, 4)};
   for (unsigned j = 0; j < 16 * k; j++) s.tokens[j] = j * 7919u;
   unsigned long long nev = blocks / k;
@@ -217,8 +226,8 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
     }
   }
   kvbm_publisher_flush(p, -1, NULL);
+  int ok = finish(pid, rfd, r); /* the child has the last batch: our I/O thread is done */
   g_pub_cpu = cpu_seconds() - c0;
-  int ok = finish(pid, rfd, r);
   kvbm_publisher_destroy(p);
   free(s.hashes);
   free(s.tokens);
@@ -260,8 +269,8 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
   int zero = 0;
   zmq_setsockopt(pub, ZMQ_SNDHWM, &zero, sizeof zero);
   zmq_bind(pub, bind_ep);
-  usleep(300000);
-  double t0 = now();
+  usleep(150000);
+  double t0 = now(), c0 = cpu_seconds();
   for (unsigned long long b = 0; b < nbatch; b++) {
     uint8_t seq[8];
     for (int i = 7, v = 0; i >= 0; i--, v += 8) seq[i] = (uint8_t)(b >> v);
@@ -270,6 +279,7 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
     zmq_send(pub, pay[b], len[b], 0);
   }
   int ok = finish(pid, rfd, r);
+  g_raw_pub_cpu = cpu_seconds() - c0;
   zmq_close(pub);
   zmq_ctx_term(ctx);
   for (unsigned long long b = 0; b < nbatch; b++) free(pay[b]);
@@ -284,62 +294,151 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
   return (double)blocks / (r->t_end - t0);
 }
 
+/* The figures of one configuration, one value per round. */
+enum { F_OURS, F_RAW, F_RATIO, F_PUB, F_SUB, F_RPUB, F_RSUB, NF };
+static const char *const kFig[NF] = {"ours_blk_s", "raw_blk_s", "ratio", "pub_cpu_ns_per_blk",
+                                     "sub_cpu_ns_per_blk", "raw_pub_cpu_ns_per_blk",
+                                     "raw_sub_cpu_ns_per_blk"};
+
+typedef struct row {
+  const char *wire;
+  kvbm_event_form form;
+  unsigned k;
+  int ok;  /* rounds that ran */
+  double v[NF][64];
+  unsigned long long lost, malformed;
+} row;
+
+static void endpoints(int tcp, char *bind_ep, char *conn_ep, size_t cap) {
+  if (tcp) {
+    int port = free_port(); /* a fresh port each run: the last may linger in TIME_WAIT */
+    snprintf(bind_ep, cap, "tcp://127.0.0.1:%d", port);
+    snprintf(conn_ep, cap, "tcp://127.0.0.1:%d", port);
+  } else {
+    snprintf(bind_ep, cap, "ipc:///tmp/kvbm-bench-ev-%d", (int)getpid());
+    snprintf(conn_ep, cap, "%s", bind_ep);
+  }
+}
+
+static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t queue_bytes) {
+  char bind_ep[128], conn_ep[128];
+  int tcp = !strcmp(w->wire, "tcp");
+  g_form = w->form;
+  unsigned long long n = blocks / w->k * w->k; /* whole events */
+  result ro = {0}, rr = {0};
+  endpoints(tcp, bind_ep, conn_ep, sizeof bind_ep);
+  double ours = run_ours(bind_ep, conn_ep, w->k, batch, n, queue_bytes, &ro);
+  endpoints(tcp, bind_ep, conn_ep, sizeof bind_ep);
+  double raw = run_raw(bind_ep, conn_ep, w->k, batch, n, &rr);
+  if (ours < 0 || raw < 0) {
+    fprintf(stderr, "bench_events: %s %s K=%u: run failed (ours %.0f, raw %.0f)\n", w->wire,
+            w->form == KVBM_FORM_MAP ? "map" : "positional", w->k, ours, raw);
+    return;
+  }
+  int i = w->ok++;
+  double nb = (double)n;
+  w->v[F_OURS][i] = ours;
+  w->v[F_RAW][i] = raw;
+  w->v[F_RATIO][i] = ours / raw;
+  w->v[F_PUB][i] = g_pub_cpu * 1e9 / nb;
+  w->v[F_SUB][i] = ro.cpu_s * 1e9 / nb;
+  w->v[F_RPUB][i] = g_raw_pub_cpu * 1e9 / nb;
+  w->v[F_RSUB][i] = rr.cpu_s * 1e9 / nb;
+  w->lost += ro.lost;
+  w->malformed += ro.malformed;
+}
+
+static unsigned parse_ks(const char *s, unsigned *ks, unsigned max) {
+  unsigned n = 0;
+  for (char *end; *s && n < max; s = *end ? end + 1 : end) {
+    unsigned long v = strtoul(s, &end, 10);
+    if (end == s || v == 0 || v > 4096 || (*end && *end != ',')) return 0;
+    ks[n++] = (unsigned)v;
+  }
+  return n;
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both] "
+                  "[--wire tcp|ipc|both] [--runs R (1..64)] [--batch B] [--queue-bytes B] [--json]\n");
+  exit(2);
+}
+
 int main(int argc, char **argv) {
-  unsigned long long blocks = 2000000;
-  unsigned batch = 256, ks[2] = {1, 16}, nk = 2;
+  unsigned long long blocks = 1000000;
+  unsigned batch = 256, ks[16] = {1, 4, 16, 64}, nk = 4;
+  int runs = 3, forms = 3, wires = 3, json = 0; /* forms/wires: bit 0 map|tcp, bit 1 positional|ipc */
   size_t queue_bytes = 0; /* the subscriber's default */
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--blocks") && i + 1 < argc) blocks = strtoull(argv[++i], NULL, 10);
-    else if (!strcmp(argv[i], "--k") && i + 1 < argc) ks[0] = (unsigned)atoi(argv[++i]), nk = 1;
-    else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = (unsigned)atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--queue-bytes") && i + 1 < argc)
-      queue_bytes = (size_t)strtoull(argv[++i], NULL, 10);
-    else if (!strcmp(argv[i], "--form") && i + 1 < argc && !strcmp(argv[i + 1], "map")) g_form = KVBM_FORM_MAP, i++;
-    else if (!strcmp(argv[i], "--form") && i + 1 < argc && !strcmp(argv[i + 1], "positional"))
-      g_form = KVBM_FORM_POSITIONAL, i++;
-    else {
-      fprintf(stderr, "usage: bench_events [--blocks N] [--k K] [--batch B] [--form map|positional] [--queue-bytes B]\n");
-      return 2;
-    }
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--json")) { json = 1; continue; }
+    if (!v) usage();
+    i++;
+    if (!strcmp(a, "--blocks")) blocks = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--k")) { if (!(nk = parse_ks(v, ks, 16))) usage(); }
+    else if (!strcmp(a, "--batch")) batch = (unsigned)atoi(v);
+    else if (!strcmp(a, "--runs")) runs = atoi(v);
+    else if (!strcmp(a, "--queue-bytes")) queue_bytes = (size_t)strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--form")) forms = !strcmp(v, "map") ? 1 : !strcmp(v, "positional") ? 2 : !strcmp(v, "both") ? 3 : 0;
+    else if (!strcmp(a, "--wire")) wires = !strcmp(v, "tcp") ? 1 : !strcmp(v, "ipc") ? 2 : !strcmp(v, "both") ? 3 : 0;
+    else usage();
   }
-  if (blocks == 0 || batch == 0 || ks[0] == 0) return 2;
-  printf("bench_events: W3-style event stream (BlockStored of K blocks x 16 tokens, then "
-         "BlockRemoved of them), %llu block events per run, batches of %u events, %s form\n",
-         blocks, batch, g_form == KVBM_FORM_MAP ? "map" : "positional");
-  printf("%-4s %3s %16s %16s %7s %9s %9s  %s\n", "wire", "K", "ours blk/s", "raw zmq blk/s",
-         "ratio", "pub ns/b", "sub ns/b", "checks");
+  if (blocks == 0 || batch == 0 || runs < 1 || runs > 64 || !forms || !wires) usage();
+  row rows[2 * 2 * 16];
+  size_t nr = 0;
+  for (int f = 0; f < 2; f++)
+    for (unsigned ki = 0; ki < nk; ki++)
+      for (int t = 0; t < 2; t++)
+        if ((forms >> f & 1) && (wires >> t & 1))
+          rows[nr++] = (row){.wire = t ? "ipc" : "tcp",
+                             .form = f ? KVBM_FORM_POSITIONAL : KVBM_FORM_MAP, .k = ks[ki]};
+  /* rounds outermost: whatever else the machine does falls on every row alike */
+  for (int r = 0; r < runs; r++)
+    for (size_t i = 0; i < nr; i++) run_round(&rows[i], batch, blocks, queue_bytes);
   int fails = 0;
-  for (unsigned ki = 0; ki < nk; ki++) {
-    for (int t = 0; t < 2; t++) {
-      char bind_ep[128], conn_ep[128];
-      if (t == 0) {
-        int port = free_port();
-        snprintf(bind_ep, sizeof bind_ep, "tcp://127.0.0.1:%d", port);
-        snprintf(conn_ep, sizeof conn_ep, "tcp://127.0.0.1:%d", port);
-      } else {
-        snprintf(bind_ep, sizeof bind_ep, "ipc:///tmp/kvbm-bench-ev-%d", (int)getpid());
-        snprintf(conn_ep, sizeof conn_ep, "%s", bind_ep);
-      }
-      result ro = {0}, rr = {0};
-      double ours = run_ours(bind_ep, conn_ep, ks[ki], batch, blocks, queue_bytes, &ro);
-      if (t == 0) { /* a fresh port: the last one may linger in TIME_WAIT */
-        int port = free_port();
-        snprintf(bind_ep, sizeof bind_ep, "tcp://127.0.0.1:%d", port);
-        snprintf(conn_ep, sizeof conn_ep, "tcp://127.0.0.1:%d", port);
-      }
-      double raw = run_raw(bind_ep, conn_ep, ks[ki], batch, blocks, &rr);
-      if (ours < 0 || raw < 0) {
-        printf("%-4s %3u  run failed (ours %.0f, raw %.0f)\n", t ? "ipc" : "tcp", ks[ki], ours,
-               raw);
-        fails++;
-        continue;
-      }
-      printf("%-4s %3u %16.0f %16.0f %7.2f %9.0f %9.0f  %llu batches decoded, lost %llu, "
-             "malformed %llu%s\n",
-             t ? "ipc" : "tcp", ks[ki], ours, raw, ours / raw, g_pub_cpu * 1e9 / (double)blocks,
-             ro.cpu_s * 1e9 / (double)blocks, ro.batches, ro.lost, ro.malformed,
-             ours >= 2e6 ? "" : "  (below the 2M/s target)");
-    }
+  if (json) {
+    printf("{\"bench\": \"bench_events\", \"workload\": \"W3 events (BlockStored/BlockRemoved of K "
+           "blocks x 16 tokens)\", \"blocks_per_run\": %llu, \"batch\": %u, \"runs\": %d, "
+           "\"rows\": {",
+           blocks, batch, runs);
+  } else {
+    printf("bench_events: W3 event stream (BlockStored of K blocks x 16 tokens, then BlockRemoved "
+           "of them), %llu block events per run, batches of %u events, %d rounds: median "
+           "[min..max]; CPU in ns per block event\n",
+           blocks, batch, runs);
+    printf("%-4s %-10s %3s %26s %26s %18s %16s %16s %14s %14s\n", "wire", "form", "K",
+           "ours M blk/s", "raw zmq M blk/s", "ours/raw", "pub cpu", "sub cpu", "raw pub",
+           "raw sub");
   }
+  for (size_t i = 0; i < nr; i++) {
+    row *w = &rows[i];
+    const char *fname = w->form == KVBM_FORM_MAP ? "map" : "positional";
+    if (w->ok < runs) fails++;
+    kvbm_bench_spread sp[NF];
+    for (int f = 0; f < NF && w->ok; f++) sp[f] = kvbm_bench_spread_of(w->v[f], w->ok);
+    if (json) {
+      printf("%s\n  \"%s.%s.k%u\": {\"wire\": \"%s\", \"form\": \"%s\", \"k\": %u, \"rounds\": %d, "
+             "\"lost\": %llu, \"malformed\": %llu",
+             i ? "," : "", w->wire, fname, w->k, w->wire, fname, w->k, w->ok, w->lost, w->malformed);
+      for (int f = 0; f < NF && w->ok; f++)
+        printf(", \"%s\": {\"median\": %.6g, \"min\": %.6g, \"max\": %.6g}", kFig[f],
+               sp[f].median, sp[f].min, sp[f].max);
+      printf("}");
+      continue;
+    }
+    if (!w->ok) {
+      printf("%-4s %-10s %3u  every round failed\n", w->wire, fname, w->k);
+      continue;
+    }
+    printf("%-4s %-10s %3u %8.2f [%6.2f..%6.2f] %8.2f [%6.2f..%6.2f] %4.2f [%4.2f..%4.2f] "
+           "%4.0f [%4.0f..%4.0f] %4.0f [%4.0f..%4.0f] %4.0f [%3.0f..%3.0f] %4.0f [%3.0f..%3.0f]%s\n",
+           w->wire, fname, w->k, sp[F_OURS].median / 1e6, sp[F_OURS].min / 1e6,
+           sp[F_OURS].max / 1e6, sp[F_RAW].median / 1e6, sp[F_RAW].min / 1e6, sp[F_RAW].max / 1e6,
+           sp[F_RATIO].median, sp[F_RATIO].min, sp[F_RATIO].max, sp[F_PUB].median, sp[F_PUB].min,
+           sp[F_PUB].max, sp[F_SUB].median, sp[F_SUB].min, sp[F_SUB].max, sp[F_RPUB].median,
+           sp[F_RPUB].min, sp[F_RPUB].max, sp[F_RSUB].median, sp[F_RSUB].min, sp[F_RSUB].max,
+           w->lost || w->malformed ? "  LOST/MALFORMED" : "");
+  }
+  if (json) printf("\n}}\n");
   return fails ? 1 : 0;
 }
