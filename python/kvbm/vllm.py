@@ -53,6 +53,11 @@ tensors; a load that fails any check writes nothing and reports
 tensors of the wrong shape or dtype, specs of the wrong kind) raise
 ``kvbm.Error`` subclasses naming what was wrong.
 
+``KvbmConnectorV1`` is the same manager and handler behind vLLM's other
+plug-in point, a ``KVConnectorBase_V1`` (``kv_connector: "KvbmConnectorV1"``,
+``kv_connector_module_path: "kvbm.vllm"``), in the copy model: vLLM's block
+manager keeps the GPU cache, kvbm gets lookups, loads and saves.
+
 Each class subclasses vLLM's own base class when ``vllm`` is importable and
 a local stand-in with the same method names and signatures otherwise, so
 the module runs (and is tested) without vLLM. Interfaces as read from
@@ -214,7 +219,9 @@ class _TransferResult:
     transfer_type: Optional[tuple] = None
 
 
-TransferResult = _VllmTransferResult or _TransferResult
+# vLLM's TransferResult where it is a class (older vLLM: a tuple alias)
+TransferResult = (_VllmTransferResult if _VllmTransferResult is not None
+                  and dataclasses.is_dataclass(_VllmTransferResult) else _TransferResult)
 
 # ---------------------------------------------------------------- errors
 
