@@ -124,8 +124,7 @@ typedef struct kvbm_pool_config {
                                  G3) is such a pool. */
   uint32_t num_groups;        /* KV cache groups sharing the blocks, 0..16
                                  (0 and 1 both mean one group, the default);
-                                 each group past the first costs one more
-                                 registry (32..64 bytes a block) */
+                                 with groups, one byte a block more */
   kvbm_pool_listener listener;/* optional */
   void *listener_user;
 } kvbm_pool_config;
@@ -172,6 +171,23 @@ KVBM_EXTERN int kvbm_pool_match_group(kvbm_pool *pool, uint32_t group, uint64_t 
                                       uint32_t *id);
 KVBM_EXTERN int kvbm_pool_peek_group(const kvbm_pool *pool, uint32_t group, uint64_t seq_hash,
                                      uint32_t *id, bool *cached);
+/* As kvbm_pool_fill_run_group, but stops before the first block whose
+ * hash is registered in `group` already, before taking a block for it:
+ * *done says how many blocks were filled (ids[0..*done)), none of them by
+ * dedup. For an engine that registers a step's blocks in vLLM's order
+ * (every allocation first) when a dedup could change what the step
+ * evicts, and block by block, faster, up to that point. KVBM_ENOSPC with
+ * no change when fewer than n blocks are available. */
+KVBM_EXTERN int kvbm_pool_fill_run_fresh(kvbm_pool *pool, uint32_t group, uint64_t salt_hash,
+                                         uint64_t parent, bool has_parent, const uint32_t *tokens,
+                                         const uint64_t *hashes, size_t n, void *context,
+                                         uint32_t *ids, size_t *done);
+
+/* The index of the first of hashes[0..n) registered in `group`, or n when
+ * none is (n too for a group past the list). Takes no reference. Cost: one
+ * registry lookup per hash, the next ones loaded ahead. */
+KVBM_EXTERN size_t kvbm_pool_first_registered_group(const kvbm_pool *pool, uint32_t group,
+                                                    const uint64_t *hashes, size_t n);
 KVBM_EXTERN int kvbm_pool_fill_run_group(kvbm_pool *pool, uint32_t group, uint64_t salt_hash,
                                          uint64_t parent, bool has_parent, const uint32_t *tokens,
                                          const uint64_t *hashes, size_t n, void *context,
@@ -255,6 +271,20 @@ KVBM_EXTERN int kvbm_block_fill(kvbm_pool *pool, uint32_t id, uint64_t salt_hash
 KVBM_EXTERN int kvbm_pool_fill_run(kvbm_pool *pool, uint64_t salt_hash, uint64_t parent,
                        bool has_parent, const uint32_t *tokens,
                        const uint64_t *hashes, size_t n, uint32_t *ids);
+
+/* Fills and registers n blocks the caller allocated (each RESET and held,
+ * as kvbm_pool_alloc_group leaves them): ids[k] gets tokens[k * block_size
+ * ...], sequence hash hashes[k] (trusted) and parent hashes[k - 1] (`parent`
+ * for k == 0, when has_parent), in the group it was allocated for; ids[k]
+ * is replaced by the block that holds the content (dedup, as in
+ * kvbm_block_register). This is the counterpart of kvbm_pool_fill_run for
+ * an engine that allocates a step's blocks for every group first and
+ * registers them after, as vLLM does. Every id is checked first: KVBM_EINVAL
+ * or KVBM_ESTATE with no change. Cost: as kvbm_block_fill per block, with
+ * the registry probes loaded ahead. */
+KVBM_EXTERN int kvbm_pool_fill_ids(kvbm_pool *pool, uint32_t *ids, size_t n, uint64_t salt_hash,
+                                   uint64_t parent, bool has_parent, const uint32_t *tokens,
+                                   const uint64_t *hashes, void *context);
 
 /* PARTIAL or COMPLETE -> RESET. The caller still holds the (now empty)
  * block: it may init it again, or release it to the free list. */

@@ -32,14 +32,17 @@
  *    fingerprint. With allow_duplicates, later blocks of an equal hash are
  *    chained behind the indexed one (dup_next) in registration order.
  *
- * Groups (a hybrid model's KV cache groups, kvbm/group.h): every group has
- * a registry of its own (tabs[g], the same bucket layout; tabs[0] is the
- * registry a one-group pool always had), so that (sequence hash, group)
- * names a block and a lookup in one group cannot see another's blocks,
- * even under an equal hash, with no wider key. A side array group[] says
- * which registry a block is in (eviction and release need it); a
- * one-group pool has none, and its hot loops are compiled with `grouped`
- * false, so that they are the loops they were. The free list, the cache
+ * Groups (a hybrid model's KV cache groups, kvbm/group.h): one registry
+ * holds every group's entries, keyed by (sequence hash, group): the
+ * fingerprint mixes in the group (group 0's is the plain one) and a match
+ * is confirmed on the block's group as well as its hash, so a lookup in
+ * one group never finds another's block, even under an equal hash. One
+ * registry rather than one a group: entries never outnumber blocks, so
+ * the memory, and what the hot loops touch, stays that of a one-group
+ * pool (a registry a group made a two-group replay spill the L2 cache).
+ * A side array group[] names each block's group; a one-group pool has
+ * none, and its hot loops are compiled with `grouped` false, so that they
+ * are the loops they were. The free list, the cache
  * lists and the block budget are shared by all groups, as vLLM's one
  * BlockPool is: eviction takes the oldest cached block whatever its group.
  *
@@ -47,8 +50,7 @@
  * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots, none
  * with fill_only: a tier below G1 only ever fills blocks whole and never
  * reads tokens back), and 4 N for the duplicate chains with
- * allow_duplicates; with G > 1 groups, 32..64 N per extra registry and N
- * for group[].
+ * allow_duplicates; with groups, N more for group[].
  */
 #include "kvbm/pool.h"
 
@@ -111,8 +113,7 @@ struct kvbm_pool {
   uint64_t nonempty[NPRIO / 64];
   uint32_t cached;
   uint32_t registered;
-  bucket *table;         /* group 0's registry (tabs[0]) */
-  bucket *tabs[KVBM_POOL_MAX_GROUPS]; /* one registry per group */
+  bucket *table;         /* the registry, every group's entries */
   uint8_t *group;        /* the group of each block; NULL with one group */
   uint32_t ngroups;
   uint32_t *dup_next;   /* allow_duplicates: the next duplicate, or NIL */
@@ -123,7 +124,13 @@ struct kvbm_pool {
 
 /* ---- registry ---------------------------------------------------------- */
 
-static inline uint32_t fingerprint(uint64_t hash) { return (uint32_t)(hash ^ (hash >> 32)); }
+/* The fingerprint of (hash, group): group 0's is the hash's own, so that a
+ * one-group pool's registry is the one it always was; another group's is
+ * mixed with the group, so that one hash in several groups spreads over
+ * several buckets. A match is confirmed on the block's hash and group. */
+static inline uint32_t fingerprint(uint64_t hash, uint32_t g) {
+  return (uint32_t)(hash ^ (hash >> 32)) ^ (g * 0x9E3779B9u);
+}
 
 static inline uint32_t home_of(const kvbm_pool *p, uint32_t fp) {
   /* Fibonacci hashing: the top bits of the product (the table has at
@@ -149,23 +156,25 @@ static inline unsigned bucket_match(const bucket *b, uint32_t v, int key) {
 }
 
 /* The block indexed under `hash`, or NIL. */
-HOT uint32_t reg_find(const kvbm_pool *p, const bucket *t, uint64_t hash) {
-  const uint32_t fp = fingerprint(hash);
+/* `grouped` is whether the pool has groups (p->group != NULL): constant
+ * at the hot call sites, so a one-group pool's lookup is the old one. */
+HOT uint32_t reg_find(const kvbm_pool *p, uint64_t hash, uint32_t g, const bool grouped) {
+  const uint32_t fp = fingerprint(hash, g);
   for (uint32_t bi = home_of(p, fp);; bi = (bi + 1) & p->table_mask) {
-    const bucket *b = &t[bi];
+    const bucket *b = &p->table[bi];
     for (unsigned m = bucket_match(b, fp, 0); m; m &= m - 1) {
       uint32_t id = b->id[__builtin_ctz(m)];
-      if (id != NIL && p->blocks[id].seq_hash == hash) return id;
+      if (id != NIL && p->blocks[id].seq_hash == hash && (!grouped || p->group[id] == g)) return id;
     }
     if (!b->overflow) return NIL;
   }
 }
 
 /* Adds an entry for block `id`, whose hash is not indexed yet. */
-HOT void reg_insert(kvbm_pool *p, bucket *t, uint64_t hash, uint32_t id) {
-  const uint32_t fp = fingerprint(hash);
+HOT void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id) {
+  const uint32_t fp = fingerprint(hash, g);
   for (uint32_t bi = home_of(p, fp);; bi = (bi + 1) & p->table_mask) {
-    bucket *b = &t[bi];
+    bucket *b = &p->table[bi];
     unsigned free = bucket_match(b, NIL, 1);
     if (free) {
       unsigned i = (unsigned)__builtin_ctz(free);
@@ -178,9 +187,9 @@ HOT void reg_insert(kvbm_pool *p, bucket *t, uint64_t hash, uint32_t id) {
 }
 
 /* Removes (or, given `repl` != NIL, re-points to repl) the entry of `id`. */
-HOT void reg_erase(kvbm_pool *p, bucket *t, uint64_t hash, uint32_t id, uint32_t repl) {
-  for (uint32_t bi = home_of(p, fingerprint(hash));; bi = (bi + 1) & p->table_mask) {
-    bucket *b = &t[bi];
+HOT void reg_erase(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id, uint32_t repl) {
+  for (uint32_t bi = home_of(p, fingerprint(hash, g));; bi = (bi + 1) & p->table_mask) {
+    bucket *b = &p->table[bi];
     unsigned m = bucket_match(b, id, 1);
     if (m) {
       b->id[__builtin_ctz(m)] = repl;
@@ -192,10 +201,10 @@ HOT void reg_erase(kvbm_pool *p, bucket *t, uint64_t hash, uint32_t id, uint32_t
 
 /* Indexes a newly registered block: under its hash, or (allow_duplicates)
  * at the end of the chain of blocks registered earlier under it. */
-HOT void reg_add(kvbm_pool *p, bucket *t, uint32_t id, uint32_t existing) {
+HOT void reg_add(kvbm_pool *p, uint32_t g, uint32_t id, uint32_t existing) {
   blk *b = &p->blocks[id];
   if (existing == NIL) {
-    reg_insert(p, t, b->seq_hash, id);
+    reg_insert(p, b->seq_hash, g, id);
     b->flags |= F_INDEXED;
     return;
   }
@@ -207,33 +216,33 @@ HOT void reg_add(kvbm_pool *p, bucket *t, uint32_t id, uint32_t existing) {
 
 /* Takes a registered block out of the index. The first of a chain of
  * duplicates hands the entry to the next one; a later one is unlinked. */
-HOT void reg_remove(kvbm_pool *p, bucket *t, uint64_t hash, uint32_t id) {
+HOT void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id, const bool grouped) {
   uint8_t flags = p->blocks[id].flags;
   if (flags & F_INDEXED) {
     uint32_t next = p->dup_next ? p->dup_next[id] : NIL;
-    reg_erase(p, t, hash, id, next);
+    reg_erase(p, hash, g, id, next);
     if (next != NIL) {
       p->blocks[next].flags = (uint8_t)((p->blocks[next].flags & ~F_DUP) | F_INDEXED);
       p->dup_next[id] = NIL;
     }
   } else if (flags & F_DUP) {
-    uint32_t prev = reg_find(p, t, hash);
+    uint32_t prev = reg_find(p, hash, g, grouped);
     while (p->dup_next[prev] != id) prev = p->dup_next[prev];
     p->dup_next[prev] = p->dup_next[id];
     p->dup_next[id] = NIL;
   }
 }
 
-static inline void reg_prefetch(const kvbm_pool *p, const bucket *t, uint64_t hash) {
-  __builtin_prefetch(&t[home_of(p, fingerprint(hash))]);
+static inline void reg_prefetch(const kvbm_pool *p, uint64_t hash, uint32_t g) {
+  __builtin_prefetch(&p->table[home_of(p, fingerprint(hash, g))]);
 }
 
-/* The registry of block id's group. `grouped` is a constant at every call
- * site of the hot paths: the public calls test p->group once and run a
- * loop compiled for one case, so a pool of one group pays nothing per
- * block for groups existing. */
-HOT bucket *tab_of(const kvbm_pool *p, uint32_t id, const bool grouped) {
-  return grouped ? p->tabs[p->group[id]] : p->table;
+/* Block id's group. `grouped` is a constant at every call site of the hot
+ * paths: the public calls test p->group once and run a loop compiled for
+ * one case, so a pool of one group pays nothing per block for groups
+ * existing. */
+HOT uint32_t gkey(const kvbm_pool *p, uint32_t id, const bool grouped) {
+  return grouped ? p->group[id] : 0;
 }
 
 /* ---- cache lists --------------------------------------------------------- */
@@ -308,7 +317,8 @@ HOT void free_push(kvbm_pool *p, uint32_t id) {
 
 /* Drops a registered block from the registry and counts (not the lists). */
 static void unregister(kvbm_pool *p, uint32_t id) {
-  reg_remove(p, tab_of(p, id, p->group != NULL), p->blocks[id].seq_hash, id);
+  const bool grouped = p->group != NULL;
+  reg_remove(p, p->blocks[id].seq_hash, gkey(p, id, grouped), id, grouped);
   p->registered--;
 }
 
@@ -328,14 +338,14 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped) {
   if (next != NIL) {
     blk *n = &p->blocks[next];
     n->prev = NIL;
-    reg_prefetch(p, tab_of(p, next, grouped), n->seq_hash);
+    reg_prefetch(p, n->seq_hash, gkey(p, next, grouped));
     if (n->next != NIL) __builtin_prefetch(&p->blocks[n->next]);
   } else {
     p->tail[pr] = NIL;
     p->nonempty[w] &= ~(1ull << (pr % 64));
   }
   p->cached--;
-  reg_remove(p, tab_of(p, id, grouped), hash, id);
+  reg_remove(p, hash, gkey(p, id, grouped), id, grouped);
   p->registered--;
   p->evicted++;
   block_reset(p, id);
@@ -375,11 +385,13 @@ static void acquire(kvbm_pool *p, uint32_t id) {
 /* COMPLETE -> REGISTERED, or dedup onto the registered block (see
  * kvbm_block_register). `tokens` are the block's tokens and `context` the
  * registering call's, both for the event. */
+/* `absent`: the caller has just seen the hash unregistered in the block's
+ * group (kvbm_pool_fill_run_fresh), so the lookup is skipped. */
 HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void *context,
-                         const bool grouped) {
+                         const bool grouped, const bool absent) {
   blk *b = &p->blocks[id];
-  bucket *t = tab_of(p, id, grouped);
-  uint32_t existing = reg_find(p, t, b->seq_hash);
+  const uint32_t g = gkey(p, id, grouped);
+  uint32_t existing = absent ? NIL : reg_find(p, b->seq_hash, g, grouped);
   if (existing != NIL) {
     p->dedup++;
     if (!p->cfg.allow_duplicates) {
@@ -395,7 +407,7 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void
   b->state = KVBM_BLOCK_REGISTERED;
   /* A duplicate is chained behind the block registered first: lookups
    * find the first, and the next once the first is gone. */
-  reg_add(p, t, id, existing);
+  reg_add(p, g, id, existing);
   p->registered++;
   if (p->cfg.listener) {
     kvbm_pool_event ev = {
@@ -481,10 +493,8 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   if (!cfg->fill_only) p->tokens = calloc((size_t)n * cfg->block_size, sizeof *p->tokens);
   p->free_stack = malloc((size_t)n * sizeof *p->free_stack);
   p->ngroups = cfg->num_groups ? cfg->num_groups : 1;
-  bool tabs_ok = true;
-  for (uint32_t g = 0; g < p->ngroups; g++)
-    tabs_ok &= (p->tabs[g] = aligned_alloc(64, tsize * sizeof *p->tabs[g])) != NULL;
-  p->table = p->tabs[0];
+  p->table = aligned_alloc(64, tsize * sizeof *p->table);
+  const bool tabs_ok = p->table != NULL;
   if (p->ngroups > 1) p->group = calloc(n, sizeof *p->group);
   if (cfg->allow_duplicates) p->dup_next = malloc((size_t)n * sizeof *p->dup_next);
   if (!p->blocks || !p->priority || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !tabs_ok ||
@@ -492,10 +502,8 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
     kvbm_pool_destroy(p);
     return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory for %u blocks", n);
   }
-  for (uint32_t g = 0; g < p->ngroups; g++) {
-    memset(p->tabs[g], 0xff, tsize * sizeof *p->tabs[g]); /* every id NIL */
-    for (uint64_t i = 0; i < tsize; i++) p->tabs[g][i].overflow = 0;
-  }
+  memset(p->table, 0xff, tsize * sizeof *p->table); /* every id NIL */
+  for (uint64_t i = 0; i < tsize; i++) p->table[i].overflow = 0;
   if (p->dup_next) memset(p->dup_next, 0xff, (size_t)n * sizeof *p->dup_next);
   for (unsigned i = 0; i < NPRIO; i++) p->head[i] = p->tail[i] = NIL;
   /* Push in reverse so that the first allocations get ids 0, 1, 2, ... */
@@ -511,7 +519,7 @@ void kvbm_pool_destroy(kvbm_pool *pool) {
   free(pool->salts);
   free(pool->tokens);
   free(pool->free_stack);
-  for (uint32_t g = 0; g < KVBM_POOL_MAX_GROUPS; g++) free(pool->tabs[g]);
+  free(pool->table);
   free(pool->group);
   free(pool->dup_next);
   free(pool);
@@ -553,7 +561,7 @@ int kvbm_pool_alloc(kvbm_pool *p, uint32_t n, uint32_t *ids) {
 
 int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id) {
   if (group >= p->ngroups) return KVBM_EINVAL;
-  uint32_t found = reg_find(p, p->tabs[group], seq_hash);
+  uint32_t found = reg_find(p, seq_hash, group, p->group != NULL);
   if (found == NIL) return KVBM_ENOTFOUND;
   acquire(p, found);
   p->match_hits++;
@@ -562,7 +570,7 @@ int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint3
 }
 
 int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
-  uint32_t found = reg_find(p, p->table, seq_hash);
+  uint32_t found = reg_find(p, seq_hash, 0, p->group != NULL);
   if (found == NIL) return KVBM_ENOTFOUND;
   acquire(p, found);
   p->match_hits++;
@@ -571,13 +579,13 @@ int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
 }
 
 bool kvbm_pool_contains(const kvbm_pool *p, uint64_t seq_hash) {
-  return reg_find(p, p->table, seq_hash) != NIL;
+  return reg_find(p, seq_hash, 0, p->group != NULL) != NIL;
 }
 
 int kvbm_pool_peek_group(const kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id,
                          bool *cached) {
   if (group >= p->ngroups) return KVBM_EINVAL;
-  uint32_t found = reg_find(p, p->tabs[group], seq_hash);
+  uint32_t found = reg_find(p, seq_hash, group, p->group != NULL);
   if (found == NIL) return KVBM_ENOTFOUND;
   if (id) *id = found;
   if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
@@ -586,8 +594,19 @@ int kvbm_pool_peek_group(const kvbm_pool *p, uint32_t group, uint64_t seq_hash, 
 
 uint32_t kvbm_pool_num_groups(const kvbm_pool *p) { return p->ngroups; }
 
+size_t kvbm_pool_first_registered_group(const kvbm_pool *p, uint32_t group, const uint64_t *hashes,
+                                        size_t n) {
+  if (group >= p->ngroups || !hashes) return n;
+  const bool grouped = p->group != NULL;
+  for (size_t k = 0; k < n; k++) {
+    if (k + 4 < n) reg_prefetch(p, hashes[k + 4], group);
+    if (reg_find(p, hashes[k], group, grouped) != NIL) return k;
+  }
+  return n;
+}
+
 int kvbm_pool_peek(const kvbm_pool *p, uint64_t seq_hash, uint32_t *id, bool *cached) {
-  uint32_t found = reg_find(p, p->table, seq_hash);
+  uint32_t found = reg_find(p, seq_hash, 0, p->group != NULL);
   if (found == NIL) return KVBM_ENOTFOUND;
   if (id) *id = found;
   if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
@@ -642,7 +661,7 @@ int kvbm_block_commit(kvbm_pool *p, uint32_t id) {
 int kvbm_block_register_ctx(kvbm_pool *p, uint32_t id, void *context, uint32_t *out_id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   if (p->blocks[id].state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
-  uint32_t got = do_register(p, id, tokens_of(p, id), context, p->group != NULL);
+  uint32_t got = do_register(p, id, tokens_of(p, id), context, p->group != NULL, false);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
@@ -654,7 +673,7 @@ int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
 /* start + tokens + hash + register, checks done by the caller. */
 HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                          bool has_parent, const uint32_t *tokens, uint64_t seq_hash,
-                         void *context, const bool grouped) {
+                         void *context, const bool grouped, const bool absent) {
   blk *b = &p->blocks[id];
   start_block(p, id, salt_hash, parent, has_parent);
   if (p->cfg.keep_tokens) {
@@ -664,7 +683,7 @@ HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t pa
   b->ntok = (uint16_t)p->cfg.block_size;
   b->seq_hash = seq_hash;
   b->state = KVBM_BLOCK_COMPLETE;
-  return do_register(p, id, tokens, context, grouped);
+  return do_register(p, id, tokens, context, grouped, absent);
 }
 
 int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
@@ -674,7 +693,7 @@ int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t 
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
   uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash, context,
-                          p->group != NULL);
+                          p->group != NULL, false);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
@@ -697,14 +716,43 @@ HOT void fill_run(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t par
                   bool has_parent, const uint32_t *tokens, const uint64_t *hashes, size_t n,
                   void *context, uint32_t *ids, const bool grouped) {
   const size_t bs = p->cfg.block_size;
-  bucket *t = p->tabs[group];
   for (size_t k = 0; k < n; k++) {
     /* The registry probe is the one random access we can see coming. */
-    if (k + 4 < n) reg_prefetch(p, t, hashes[k + 4]);
+    if (k + 4 < n) reg_prefetch(p, hashes[k + 4], group);
     uint32_t id = take_block(p, grouped, group);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], context, grouped);
+                      tokens + k * bs, hashes[k], context, grouped, false);
   }
+}
+
+/* The loop of kvbm_pool_fill_run_fresh: look the hash up first, stop if it
+ * is registered, else take a block and register it without a second
+ * lookup (taking a block only ever removes registry entries). */
+HOT size_t fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
+                          bool has_parent, const uint32_t *tokens, const uint64_t *hashes, size_t n,
+                          void *context, uint32_t *ids, const bool grouped) {
+  const size_t bs = p->cfg.block_size;
+  size_t k = 0;
+  for (; k < n; k++) {
+    if (k + 4 < n) reg_prefetch(p, hashes[k + 4], group);
+    if (reg_find(p, hashes[k], group, grouped) != NIL) break;
+    uint32_t id = take_block(p, grouped, group);
+    ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
+                      tokens + k * bs, hashes[k], context, grouped, true);
+  }
+  return k;
+}
+
+int kvbm_pool_fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
+                             bool has_parent, const uint32_t *tokens, const uint64_t *hashes,
+                             size_t n, void *context, uint32_t *ids, size_t *done) {
+  if ((n && (!tokens || !hashes || !ids)) || !done || group >= p->ngroups) return KVBM_EINVAL;
+  if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
+  if (p->group)
+    *done = fill_run_fresh(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true);
+  else
+    *done = fill_run_fresh(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false);
+  return KVBM_OK;
 }
 
 int kvbm_pool_fill_run_group(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
@@ -724,6 +772,43 @@ int kvbm_pool_fill_run_ctx(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bo
                            void *context, uint32_t *ids) {
   return kvbm_pool_fill_run_group(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context,
                                   ids);
+}
+
+/* The loop of kvbm_pool_fill_ids, compiled once per `grouped`. */
+HOT void fill_ids(kvbm_pool *p, uint32_t *ids, size_t n, uint64_t salt_hash, uint64_t parent,
+                  bool has_parent, const uint32_t *tokens, const uint64_t *hashes, void *context,
+                  const bool grouped) {
+  const size_t bs = p->cfg.block_size;
+  for (size_t k = 0; k < n; k++) {
+    if (k + 4 < n) reg_prefetch(p, hashes[k + 4], gkey(p, ids[k + 4], grouped));
+    ids[k] = fill_one(p, ids[k], salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
+                      tokens + k * bs, hashes[k], context, grouped, false);
+  }
+}
+
+int kvbm_pool_fill_ids(kvbm_pool *p, uint32_t *ids, size_t n, uint64_t salt_hash, uint64_t parent,
+                       bool has_parent, const uint32_t *tokens, const uint64_t *hashes,
+                       void *context) {
+  if (n && (!ids || !tokens || !hashes)) return KVBM_EINVAL;
+  /* Every block must be RESET and held, and named once: each checked one
+   * is marked PARTIAL (which fill_one sets anyway), so a repeated id fails
+   * its check; on a failure the marks are undone. */
+  for (size_t k = 0; k < n; k++) {
+    int rc = !valid_id(p, ids[k]) ? KVBM_EINVAL
+             : (p->blocks[ids[k]].state != KVBM_BLOCK_RESET || p->blocks[ids[k]].refcount == 0)
+                 ? KVBM_ESTATE
+                 : KVBM_OK;
+    if (rc) {
+      while (k-- > 0) p->blocks[ids[k]].state = KVBM_BLOCK_RESET;
+      return rc;
+    }
+    p->blocks[ids[k]].state = KVBM_BLOCK_PARTIAL;
+  }
+  if (p->group)
+    fill_ids(p, ids, n, salt_hash, parent, has_parent, tokens, hashes, context, true);
+  else
+    fill_ids(p, ids, n, salt_hash, parent, has_parent, tokens, hashes, context, false);
+  return KVBM_OK;
 }
 
 int kvbm_block_abort(kvbm_pool *p, uint32_t id) {
@@ -874,7 +959,7 @@ int kvbm_pool_clear_cache(kvbm_pool *p) {
 
 int kvbm_pool_evict(kvbm_pool *p, uint64_t seq_hash) {
   if (!p) return KVBM_EINVAL;
-  uint32_t id = reg_find(p, p->table, seq_hash);
+  uint32_t id = reg_find(p, seq_hash, 0, p->group != NULL);
   if (id == NIL) return KVBM_ENOTFOUND;
   if (!(p->blocks[id].flags & F_CACHED)) return KVBM_ESTATE;
   kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = seq_hash,

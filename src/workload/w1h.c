@@ -55,6 +55,8 @@ typedef struct gstate {
   size_t ncached;     /* blocks before this are registered or null */
   bool has_ncached;   /* vLLM's num_cached_block has an entry */
   int64_t last_state; /* Mamba: the block of the previous step's state, or -1 */
+  uint64_t skip_seen; /* skipped blocks already released (what vLLM's loop
+                         would find null from there down) */
   bool mamba_allocated;
   uint64_t held, peak, alloc;
 } gstate;
@@ -66,6 +68,7 @@ typedef struct w1h {
   size_t ng;
   bool has_mamba;
   bool dry; /* counts only: nothing in the pool changes */
+  bool bs_pow2;
   gstate g[KVBM_GROUPS_MAX];
   uint32_t *tokens; /* prompt then output */
   uint64_t *hashes; /* of every full block of tokens */
@@ -86,9 +89,12 @@ static bool cached_in(void *user, uint32_t group, size_t block) {
  * steps back), for `computed` tokens done. */
 static int remove_skipped(w1h *w, gstate *g, uint64_t computed) {
   int rc = KVBM_OK;
-  uint64_t skipped = kvbm_group_skipped_tokens(&g->spec, computed);
-  if (skipped > 0) {
+  uint64_t skipped = g->spec.kind == KVBM_GROUP_FULL ? 0 : kvbm_group_skipped_tokens(&g->spec, computed);
+  /* Most steps (a decode token) leave the skipped block count as it was:
+   * vLLM's loop would stop at once on a null. */
+  if (skipped / w->bs > g->skip_seen) {
     size_t hi = (size_t)(skipped / w->bs), lo;
+    g->skip_seen = hi;
     if (hi > g->len) hi = g->len;
     for (lo = hi; lo > 0 && g->table[lo - 1] != NUL; lo--) continue;
     if (hi > lo) {
@@ -170,16 +176,65 @@ static int cache(w1h *w, uint32_t gi, uint64_t num_tokens) {
   size_t nf = (size_t)(num_tokens / w->bs), nc = g->has_ncached ? g->ncached : 0;
   if (nc >= nf) return KVBM_OK;
   if (!w->dry)
-    for (size_t i = nc; i < nf; i++) {
-      uint32_t id = g->table[i];
-      if (id == NUL) continue;
-      int rc = kvbm_block_fill(w->pool, id, 0, i ? w->hashes[i - 1] : 0, i > 0,
-                               w->tokens + i * w->bs, w->hashes[i], &g->table[i]);
+    for (size_t i = nc; i < nf;) {
+      if (g->table[i] == NUL) {
+        i++;
+        continue;
+      }
+      size_t j = i; /* a run of blocks to register, in one pool call */
+      while (j < nf && g->table[j] != NUL) j++;
+      int rc = kvbm_pool_fill_ids(w->pool, g->table + i, j - i, 0, i ? w->hashes[i - 1] : 0, i > 0,
+                                  w->tokens + i * w->bs, w->hashes + i, NULL);
       if (rc) return rc;
+      i = j;
     }
   g->ncached = nf;
   g->has_ncached = true;
   return KVBM_OK;
+}
+
+/* allocate + cache of one group (not Mamba align), block by block: the
+ * blocks allocated earlier that are now full, then the new full blocks
+ * (taken and registered in one pool call, W1's hot path), then the new
+ * partial tail. That is vLLM's order (every group's allocation before any
+ * registration) as long as no registration deduplicates: then no block
+ * goes back to the free list during the step, so both orders take the same
+ * blocks (free ones, then the same cached ones evicted in the same order),
+ * and taking only removes registry entries, so a registration that finds
+ * nothing here finds nothing in vLLM's order either. So this stops before
+ * the first block whose (hash, group) is registered, and returns false:
+ * the caller finishes the step from this group on in vLLM's order. */
+static bool step_group_fast(w1h *w, uint32_t gi, uint64_t end, uint64_t to_cache, int *rc) {
+  gstate *g = &w->g[gi];
+  const size_t required = (size_t)cdiv(end, w->bs), nf = (size_t)(to_cache / w->bs);
+  const size_t nc = g->has_ncached ? g->ncached : 0;
+  if (nc < nf && nc < g->len) { /* old blocks now full (no nulls here: see below) */
+    size_t stop = nf < g->len ? nf : g->len;
+    if (kvbm_pool_first_registered_group(w->pool, gi, w->hashes + nc, stop - nc) < stop - nc) return false;
+    *rc = kvbm_pool_fill_ids(w->pool, g->table + nc, stop - nc, 0, nc ? w->hashes[nc - 1] : 0, nc > 0,
+                             w->tokens + nc * w->bs, w->hashes + nc, NULL);
+    if (*rc) return true;
+    g->ncached = stop;
+    g->has_ncached = true;
+  }
+  if (nf > g->len) { /* new full blocks */
+    size_t k = g->len, n = nf - k, done = 0;
+    *rc = kvbm_pool_fill_run_fresh(w->pool, gi, 0, k ? w->hashes[k - 1] : 0, k > 0,
+                                   w->tokens + k * w->bs, w->hashes + k, n, NULL, g->table + k, &done);
+    if (*rc) return true;
+    g->len += done;
+    g->held += done;
+    g->alloc += done;
+    g->ncached = g->len;
+    g->has_ncached = true;
+    if (done < n) return false;
+  }
+  if (required > g->len) *rc = alloc_n(w, gi, required - g->len); /* the partial tail */
+  if (!*rc && nf > (g->has_ncached ? g->ncached : 0)) {
+    g->ncached = nf;
+    g->has_ncached = true;
+  }
+  return true;
 }
 
 /* One step of allocate_slots: `computed` tokens done (the hit included;
@@ -190,10 +245,25 @@ static int step(w1h *w, uint64_t computed, uint64_t num_new, uint64_t hit, bool 
                 uint64_t num_tokens_now) {
   int rc = KVBM_OK;
   for (uint32_t gi = 0; gi < w->ng && !rc; gi++) rc = remove_skipped(w, &w->g[gi], computed);
+  /* A decode token that neither opens nor fills a block allocates and
+   * registers nothing in any group (Mamba align too: its running block
+   * changes only where a block opens), so held only fell: done. */
+  if (!first && num_new == 1 && !rc) {
+    uint64_t r = w->bs_pow2 ? (computed & (w->bs - 1)) : computed % w->bs;
+    if (r != 0 && r + 1 != w->bs) return KVBM_OK;
+  }
   if (first && hit > 0)
     for (uint32_t gi = 0; gi < w->ng && !rc; gi++) rc = take_hit(w, gi, hit);
   uint64_t end = computed + num_new;
-  for (uint32_t gi = 0; gi < w->ng && !rc; gi++) rc = allocate(w, gi, end);
+  uint64_t to_cache = end < num_tokens_now ? end : num_tokens_now;
+  /* Block by block while that is vLLM's order (step_group_fast), then, from
+   * the first group that would deduplicate, vLLM's order itself. (Null
+   * positions never lie among a group's blocks to register but in Mamba
+   * align's tables, which always take vLLM's order.) */
+  uint32_t from = 0;
+  if (!w->dry && !w->has_mamba)
+    while (from < w->ng && !rc && step_group_fast(w, from, end, to_cache, &rc)) from++;
+  for (uint32_t gi = from; gi < w->ng && !rc; gi++) rc = allocate(w, gi, end);
   if (w->dry) {
     /* vLLM's check: the step's new and touched blocks within what is free,
      * i.e. what the request holds after the step within the pool */
@@ -201,11 +271,10 @@ static int step(w1h *w, uint64_t computed, uint64_t num_new, uint64_t hit, bool 
     for (uint32_t gi = 0; gi < w->ng; gi++) after += w->g[gi].held;
     if (after > w->cfg->capacity) return KVBM_ENOSPC;
   }
-  uint64_t to_cache = end < num_tokens_now ? end : num_tokens_now;
   uint64_t held = 0;
   for (uint32_t gi = 0; gi < w->ng && !rc; gi++) {
     gstate *g = &w->g[gi];
-    rc = cache(w, gi, to_cache);
+    if (gi >= from) rc = cache(w, gi, to_cache);
     if (g->held > g->peak) g->peak = g->held;
     held += g->held;
   }
@@ -235,6 +304,7 @@ static void reset_tables(w1h *w) {
     g->len = g->ncached = 0;
     g->has_ncached = g->mamba_allocated = false;
     g->last_state = -1;
+    g->skip_seen = 0;
     g->held = g->peak = g->alloc = 0;
   }
   w->peak = 0;
@@ -368,6 +438,7 @@ int kvbm_w1h_run(const kvbm_trace *trace, const kvbm_w1h_config *cfg, kvbm_w1h_r
   memset(&w, 0, sizeof w);
   w.cfg = cfg;
   w.bs = cfg->block_size;
+  w.bs_pow2 = (w.bs & (w.bs - 1)) == 0;
   w.ng = cfg->num_groups;
   for (size_t i = 0; i < w.ng; i++) {
     w.g[i].spec = cfg->groups[i];
