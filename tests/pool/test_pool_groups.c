@@ -205,6 +205,74 @@ static void test_too_many_groups(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* kvbm_pool_fill_ids registers blocks allocated before (vLLM's order),
+ * deduplicating in their own group; a repeated or unheld id is refused
+ * with nothing changed. */
+static void test_fill_ids(void **state) {
+  (void)state;
+  kvbm_pool *p = make(8, 2, NULL);
+  uint32_t old = put(p, 1, 0x20);
+  uint32_t ids[3];
+  assert_int_equal(kvbm_pool_alloc_group(p, 1, 3, ids), KVBM_OK);
+  const uint64_t h[3] = {0x10, 0x20, 0x30};
+  const uint32_t tok[3 * BS] = {0};
+  uint32_t dup[2] = {ids[0], ids[0]};
+  kvbm_pool_stats before, after;
+  kvbm_pool_stats_get(p, &before);
+  assert_int_equal(kvbm_pool_fill_ids(p, dup, 2, 0, 0, false, tok, h, NULL), KVBM_ESTATE);
+  uint32_t bad[2] = {ids[0], 99};
+  assert_int_equal(kvbm_pool_fill_ids(p, bad, 2, 0, 0, false, tok, h, NULL), KVBM_EINVAL);
+  uint32_t reg[1] = {old};
+  assert_int_equal(kvbm_pool_fill_ids(p, reg, 1, 0, 0, false, tok, h, NULL), KVBM_ESTATE);
+  kvbm_pool_stats_get(p, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+  kvbm_block_info bi;
+  assert_int_equal(kvbm_block_info_get(p, ids[0], &bi), KVBM_OK);
+  assert_int_equal(bi.state, KVBM_BLOCK_RESET); /* the marks were undone */
+  uint32_t got[3] = {ids[0], ids[1], ids[2]};
+  assert_int_equal(kvbm_pool_fill_ids(p, got, 3, 0, 0, false, tok, h, NULL), KVBM_OK);
+  assert_int_equal(got[0], ids[0]);
+  assert_int_equal(got[1], old); /* 0x20 was registered in group 1: shared */
+  assert_int_equal(got[2], ids[2]);
+  kvbm_pool_stats_get(p, &after);
+  assert_int_equal(after.dedup, before.dedup + 1);
+  assert_int_equal(kvbm_pool_peek_group(p, 1, 0x30, NULL, NULL), KVBM_OK);
+  assert_int_equal(kvbm_pool_peek_group(p, 0, 0x30, NULL, NULL), KVBM_ENOTFOUND);
+  kvbm_pool_destroy(p);
+}
+
+/* kvbm_pool_fill_run_fresh stops before the first hash registered in its
+ * group, without taking a block for it; another group's equal hash does
+ * not stop it. */
+static void test_fill_run_fresh(void **state) {
+  (void)state;
+  kvbm_pool *p = make(8, 2, NULL);
+  put(p, 0, 0x3); /* group 0 has 0x3: no bearing on group 1 */
+  uint32_t b = put(p, 1, 0x4);
+  assert_int_equal(kvbm_pool_first_registered_group(p, 1, (const uint64_t[]){1, 2, 3, 4, 5}, 5), 3);
+  assert_int_equal(kvbm_pool_first_registered_group(p, 0, (const uint64_t[]){1, 2, 3, 4, 5}, 5), 2);
+  assert_int_equal(kvbm_pool_first_registered_group(p, 7, (const uint64_t[]){1, 2, 3, 4, 5}, 5), 5);
+  const uint64_t h[5] = {1, 2, 3, 4, 5};
+  const uint32_t tok[5 * BS] = {0};
+  uint32_t ids[5];
+  size_t done = 99;
+  kvbm_pool_stats before, after;
+  kvbm_pool_stats_get(p, &before);
+  assert_int_equal(kvbm_pool_fill_run_fresh(p, 1, 0, 0, false, tok, h, 5, NULL, ids, &done), KVBM_OK);
+  assert_int_equal(done, 3);
+  kvbm_pool_stats_get(p, &after);
+  assert_int_equal(after.allocated, before.allocated + 3);
+  assert_int_equal(after.dedup, before.dedup);
+  assert_int_equal(kvbm_pool_peek_group(p, 1, 3, NULL, NULL), KVBM_OK);
+  uint32_t id;
+  assert_int_equal(kvbm_pool_peek_group(p, 1, 4, &id, NULL), KVBM_OK);
+  assert_int_equal(id, b);
+  /* not enough blocks: no change */
+  assert_int_equal(kvbm_pool_fill_run_fresh(p, 1, 0, 0, false, tok, h, 5, NULL, ids, &done), KVBM_ENOSPC);
+  assert_int_equal(kvbm_pool_fill_run_fresh(p, 2, 0, 0, false, tok, h, 1, NULL, ids, &done), KVBM_EINVAL);
+  kvbm_pool_destroy(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_hash_two_groups_two_blocks),
@@ -213,6 +281,8 @@ int main(void) {
       cmocka_unit_test(test_events_carry_group),
       cmocka_unit_test(test_one_group_is_group_zero),
       cmocka_unit_test(test_too_many_groups),
+      cmocka_unit_test(test_fill_ids),
+      cmocka_unit_test(test_fill_run_fresh),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
