@@ -457,6 +457,31 @@ class KvbmLoadStoreSpec(LoadStoreSpec):
 # ---------------------------------------------------------------- scheduler side
 
 
+class _Lru:
+    """A mapping that keeps its ``cap`` most recently used keys."""
+
+    def __init__(self, cap: int):
+        self.cap, self.d = cap, collections.OrderedDict()
+
+    def __contains__(self, key) -> bool:
+        return key in self.d
+
+    def __len__(self) -> int:
+        return len(self.d)
+
+    def get(self, key, default=0):
+        return self.d.get(key, default)
+
+    def put(self, key, value) -> list:
+        """Sets key (most recent); returns the keys pushed out."""
+        self.d[key] = value
+        self.d.move_to_end(key)
+        out = []
+        while len(self.d) > self.cap:
+            out.append(self.d.popitem(last=False)[0])
+        return out
+
+
 class _Tier:
     """One bounded tier's index: key -> slot, LRU order, pins, pending stores."""
 
@@ -471,7 +496,22 @@ class _Tier:
         return key in self.done
 
     def room(self, need: int, protect: set) -> int:
-        return len(self.free) + sum(1 for k in self.done if not self.pins[k] and k not in protect)
+        """Slots a store could get, counted up to ``need`` (oldest first)."""
+        n = len(self.free)
+        for k in self.done:
+            if n >= need:
+                break
+            if not self.pins[k] and k not in protect:
+                n += 1
+        return n
+
+    def unpin(self, key) -> bool:
+        if self.pins[key] <= 0:
+            return False
+        self.pins[key] -= 1
+        if not self.pins[key]:
+            del self.pins[key]
+        return True
 
     def take(self, protect: set) -> tuple[int, Optional[int]]:
         """A free slot, evicting the least recently used unpinned block if
@@ -504,7 +544,8 @@ class KvbmOffloadingManager(OffloadingManager):
                  g3_policy: str = "all", freq_threshold: int = 2,
                  g4_url: Optional[str] = None, g4_namespace: str = "kvbm-vllm",
                  events_endpoint: Optional[str] = None,
-                 events_replay_endpoint: Optional[str] = None):
+                 events_replay_endpoint: Optional[str] = None,
+                 g4_index_entries: int = 1 << 20, freq_entries: int = 1 << 20):
         if not isinstance(layout, KvLayout):
             raise TypeError("KvbmOffloadingManager: layout must be a KvLayout")
         if g2_blocks < 1 or g3_blocks < 0:
@@ -517,9 +558,12 @@ class KvbmOffloadingManager(OffloadingManager):
         self.block_size = layout.block_size
         self._g2, self._g3 = _Tier(g2_blocks), _Tier(g3_blocks)
         self._g3_policy, self._freq_threshold = g3_policy, freq_threshold
-        self._freq: collections.Counter = collections.Counter()
+        # everything per block is bounded: the tiers by their slots, the
+        # rest by these LRUs (a G4 block pushed out of the index is looked
+        # up in the store again; a count pushed out starts again at 0)
+        self._freq = _Lru(freq_entries)
         self._g4: Optional[Volume] = None
-        self._g4_known: set = set()
+        self._g4_known = _Lru(g4_index_entries)
         self._g4_pending: set = set()
         if g4_url:
             self._g4 = Volume(g4_url, g4_namespace)
@@ -534,13 +578,22 @@ class KvbmOffloadingManager(OffloadingManager):
                       "evicted_blocks": [0, 0, 0, 0], "store_refused": 0}
 
     # -- helpers
-    def _keys(self, block_hashes) -> list[int]:
-        keys = []
-        for h in block_hashes:
-            k = block_key(h)
-            self._hash_of.setdefault(k, h)
-            keys.append(k)
-        return keys
+    @staticmethod
+    def _keys(block_hashes) -> list[int]:
+        return [block_key(h) for h in block_hashes]
+
+    def _held(self, k: int) -> bool:
+        return (self._g2.has(k) or k in self._g2.pending or self._g3.has(k)
+                or k in self._g3.pending or k in self._g4_known or k in self._g4_pending)
+
+    def _forget(self, keys) -> None:
+        """Drops the vLLM hash of blocks no tier holds any more."""
+        for k in keys:
+            if not self._held(k):
+                self._hash_of.pop(k, None)
+
+    def _known_in_g4(self, k: int) -> None:
+        self._forget(self._g4_known.put(k, True))
 
     def _in_g4(self, keys: list[int]) -> list[bool]:
         """Complete in G4 = every KV head of the block is there (checked in
@@ -553,7 +606,7 @@ class KvbmOffloadingManager(OffloadingManager):
             found = self._g4.exists_many([slice_key(k, h) for k in unknown for h in range(heads)])
             for i, k in enumerate(unknown):
                 if all(found[i * heads:(i + 1) * heads]):
-                    self._g4_known.add(k)
+                    self._known_in_g4(k)
         return [k in self._g4_known for k in keys]
 
     def _event(self, keys: list[int], tier: int, removed: bool) -> None:
@@ -610,20 +663,20 @@ class KvbmOffloadingManager(OffloadingManager):
 
     def touch(self, block_hashes: Iterable) -> None:
         for k in self._keys(block_hashes):
-            self._freq[k] += 1
+            self._freq.put(k, self._freq.get(k) + 1)
             for tier in (self._g2, self._g3):
                 if k in tier.done:
                     tier.done.move_to_end(k)
 
     def complete_load(self, block_hashes: Iterable) -> None:
         for k in self._keys(block_hashes):
-            for tier in (self._g2, self._g3):
-                if tier.pins[k] > 0:
-                    tier.pins[k] -= 1
-                    break
+            if not self._g2.unpin(k):
+                self._g3.unpin(k)
 
     def prepare_store(self, block_hashes: Iterable) -> Optional[PrepareStoreOutput]:
-        keys = self._keys(block_hashes)
+        hashes = list(block_hashes)
+        keys = self._keys(hashes)
+        given = dict(zip(keys, hashes))
         new = [k for k in dict.fromkeys(keys) if not self._g2.has(k) and k not in self._g2.pending]
         protect = set(keys)
         if self._g2.room(len(new), protect) < len(new):
@@ -641,7 +694,8 @@ class KvbmOffloadingManager(OffloadingManager):
         g3_slots, g3_evicted = [], []
         for k in new:
             admit = (self._g3.capacity > 0 and not self._g3.has(k) and k not in self._g3.pending
-                     and (self._g3_policy == "all" or self._freq[k] + 1 >= self._freq_threshold)
+                     and (self._g3_policy == "all"
+                          or self._freq.get(k) + 1 >= self._freq_threshold)
                      and self._g3.room(1, protect) >= 1)
             if admit:
                 slot, gone = self._g3.take(protect)
@@ -653,10 +707,13 @@ class KvbmOffloadingManager(OffloadingManager):
         self.stats["evicted_blocks"][G3] += len(g3_evicted)
         g4 = [self._g4 is not None and k not in self._g4_known for k in new]
         self._g4_pending.update(k for k, w in zip(new, g4) if w)
+        for k in new:
+            self._hash_of[k] = given[k]
+        evicted_hashes = [self._hash_of.get(k, k) for k in evicted]
+        self._forget(evicted + g3_evicted)
         spec = KvbmLoadStoreSpec("store", new, g2_slots=g2_slots, g3_slots=g3_slots, g4=g4)
-        return PrepareStoreOutput(block_hashes_to_store=[self._hash_of[k] for k in new],
-                                  store_spec=spec,
-                                  block_hashes_evicted=[self._hash_of.get(k, k) for k in evicted])
+        return PrepareStoreOutput(block_hashes_to_store=[given[k] for k in new],
+                                  store_spec=spec, block_hashes_evicted=evicted_hashes)
 
     def complete_store(self, block_hashes: Iterable, success: bool = True) -> None:
         keys = self._keys(block_hashes)
@@ -674,11 +731,14 @@ class KvbmOffloadingManager(OffloadingManager):
             if k in self._g4_pending:
                 self._g4_pending.discard(k)
                 if success:
-                    self._g4_known.add(k)
                     stored[G4].append(k)
         for tier_id, ks in stored.items():
             self.stats["stored_blocks"][tier_id] += len(ks)
             self._event(ks, tier_id, removed=False)
+        for k in stored[G4]:
+            self._known_in_g4(k)
+        if not success:
+            self._forget(keys)
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         events, self._events = self._events, []
@@ -763,6 +823,7 @@ class KvbmOffloadingHandler(OffloadingHandler):
         self._lock = threading.Lock()
         self._jobs: dict[int, concurrent.futures.Future] = {}
         self._finished: list = []
+        self.last_error: Optional[BaseException] = None  # why the last failed job failed
         self.stats = {"loads": 0, "stores": 0, "failed": 0, "bytes_loaded": 0, "bytes_stored": 0,
                       "g4_slices_read": 0, "rejected_slices": 0}
 

@@ -99,6 +99,23 @@ def test_g2_lru_pins_and_refusal():
         mgr.prepare_load(hashes(99))
 
 
+def test_manager_state_stays_bounded(tmp_path):
+    g4 = f"file://{tmp_path}/g4"
+    mgr = kv.KvbmOffloadingManager(layout(), g2_blocks=4, g3_blocks=4, g4_url=g4,
+                                   g4_index_entries=8, freq_entries=16)
+    for i in range(200):                               # 50x the tiers' slots, all distinct
+        hs = hashes(i)
+        mgr.touch(hs)
+        assert mgr.lookup(hs) == 0
+        mgr.prepare_store(hs)
+        mgr.complete_store(hs)
+        assert mgr.lookup(hs) == 1
+    assert len(mgr._hash_of) <= 4 + 4 + 8 and len(mgr._freq) == 16
+    assert len(mgr._g4_known) == 8 and not mgr._g2.pins and not mgr._g4_pending
+    assert mgr.lookup(hashes(199, 198)) == 2
+    mgr.close()
+
+
 def test_g3_frequency_admission(tmp_path):
     mgr = kv.KvbmOffloadingManager(layout(), g2_blocks=8, g3_blocks=8, g3_policy="frequency",
                                    freq_threshold=2)
