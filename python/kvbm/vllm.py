@@ -1488,6 +1488,18 @@ class KvbmConnectorV1(KVConnectorBase_V1):
         for job, t in meta.load_jobs.items():
             self._submit(job, t, "load")
 
+    def handle_preemptions(self, kv_connector_metadata=None) -> None:
+        """vLLM calls this before preempted requests' blocks are reused:
+        every store (deferred ones included) and load in flight finishes
+        first, so no copy reads or writes a block after it changed hands."""
+        self._need(False, "handle_preemptions")
+        if self.handler is None:
+            return
+        for job, t in self._deferred:
+            self._submit(job, t, "store")
+        self._deferred = []
+        self.handler.wait(set(self._job_req))
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # loads are asynchronous: a request runs once its load is reported
 

@@ -323,6 +323,23 @@ def test_connector_v1_calls_and_misuse(tmp_path):
     assert all(torch.equal(t[:, 10:13], t[:, 1:4]) for t in kvc.values())
     with pytest.raises(kvbm.NotFoundError, match="zz"):
         sched.build_connector_meta(new("zz", [1], 0, 1))
+
+    # a preemption: the step's stores are deferred; handle_preemptions runs them now
+    c = EngineRequest("c", list(range(100, 117)), BS)
+    sched.update_state_after_alloc(c, KVCacheBlocks([5, 6, 7, 8, 14]), 0)
+    meta = sched.build_connector_meta(new("c", [5, 6, 7, 8, 14], 0, 17))
+    assert len(meta.store_jobs) == 1
+    worker.bind_connector_metadata(meta)
+    worker.start_load_kv(None)
+    worker.wait_for_save()
+    worker.clear_connector_metadata()
+    assert worker._deferred                                      # nothing copied yet
+    orig = kvc["layer0"][:, 5:9].clone()
+    worker.handle_preemptions(None)
+    assert not worker._deferred
+    kvc["layer0"][:, 5:9] = -1.0                                 # the blocks change hands
+    slots = list(meta.store_jobs.values())[0].dst_spec.g2_slots
+    assert torch.equal(worker.handler.g2[0][:, slots], orig)     # G2 has the bytes from before
     assert [e.medium for e in sched.take_events()] == ["CPU"]
     worker.shutdown()
     sched.shutdown()
