@@ -14,8 +14,10 @@
  *
  * Why one table per worker rather than one shared table with a worker
  * mask per key: an event touches one worker's table, which is small
- * (32-byte slots, one cache line per event: about 1-2 MiB for a
- * 16384-block worker), so a worker's burst of events stays in cache, where
+ * (32-byte slots, one cache line per block and one for its parent: 2 MiB
+ * for a 16384-block worker, sized at load 1/4 so that probe runs and
+ * deletion's backward shifts stay short, and one huge page rather than
+ * 512 TLB entries), so a worker's burst of events stays in cache, where
  * a shared table of every worker's blocks is megabytes of random misses
  * (measured: 3-5x slower on W3). Lookups probe each worker's table; for
  * the usual closed tables that is O(log prefix) probes per worker (see
@@ -67,6 +69,17 @@
  * alternative; it would multiply tables (and the lookup's probes) by the
  * tenants a worker serves, where the mix costs one multiply per key.
  *
+ * The writer's cost. An event of W3 is one block (a vLLM step's events
+ * come ~1400 to a batch), so what an event costs is what a block costs:
+ * two probes (the block's slot, its parent's, for the closure counts),
+ * the seqlocked slot write, a few counters. The per-block helpers are
+ * inlined into one path (a call per helper was two thirds of the
+ * instructions), the slots of the events EV_AHEAD ahead are prefetched,
+ * with a stored block's parent (named in its event) and a removed block's
+ * parent (known from its slot, read EV_NEAR events ahead, after its own
+ * prefetch arrived), and `closed` is recomputed only where `broken` or
+ * `offdev` moved (a device block under a held parent moves neither).
+ *
  * Every shared field is a C11 atomic; the protocol uses acquire loads and
  * release stores only, no fences (plain moves on x86-64, ldar/stlr on
  * arm64), so ThreadSanitizer understands it and the compiler cannot tear
@@ -89,6 +102,7 @@
 #define T KVBM_TIER_COUNT
 #define MAXW KVBM_ROUTER_MAX_WORKERS
 #define PREFETCH_AHEAD 12
+#define FIRST_DEEP_MAX 8 /* workers up to which a lookup prefetches 3 first probes each */
 #define BUSY 16u
 #define OCC 32u /* the slot holds an entry (a block, or a ghost: see below) */
 #define TIERS_MASK 15u
@@ -374,13 +388,17 @@ void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes, size_t n,
   /* Every walk starts with a miss or two in a table that may be cold:
    * fetch the first probes of all workers at once (blocks 0, 2, 6: the
    * first gallop steps, and the start of a linear walk) so that their
-   * misses overlap instead of coming one after the other. */
+   * misses overlap instead of coming one after the other. Blocks 2 and 6
+   * only with few workers: a core keeps some 20 misses in flight, and
+   * with many workers (most of which miss at block 0) the extra lines
+   * would queue ahead of the block-0 probes every worker needs. */
+  bool deep = __builtin_popcountll(live) <= FIRST_DEEP_MAX;
   for (uint64_t m = live; m; m &= m - 1) {
     int s = __builtin_ctzll(m);
     const wtab *t = LDA(&((kvbm_index *)idx)->w[s].tab);
     __builtin_prefetch(&t->s[home(t, hashes[0])]);
-    if (n > 2) __builtin_prefetch(&t->s[home(t, hashes[2])]);
-    if (n > 6) __builtin_prefetch(&t->s[home(t, hashes[6])]);
+    if (deep && n > 2) __builtin_prefetch(&t->s[home(t, hashes[2])]);
+    if (deep && n > 6) __builtin_prefetch(&t->s[home(t, hashes[6])]);
   }
   uint64_t closed = 0;
   for (uint64_t m = live; m; m &= m - 1) {
