@@ -7,7 +7,8 @@
 # median <= max), plain's ratio to memcpy and to ucx_perftest, the checked
 # modes' ratios to plain and to their CPU bounds, and the load. Checked
 # (the sum kept since the block was written, issue 22) hashes nothing at
-# the sender; rehash hashes every block it sends, warm-up included; one
+# the sender and the receiver hashes each byte once; rehash hashes every
+# block it sends, warm-up included, at both ends; one
 # hash per byte bounds checked no lower than two bound rehash, and neither
 # bound is above plain. No speed is asserted here (that is the bench's
 # job, on a quiet machine).
@@ -43,8 +44,12 @@ assert 0 < h["cpu_bound_gbps"] <= c["cpu_bound_gbps"], d
 assert h["cpu_bound_plain_ratio"] <= c["cpu_bound_plain_ratio"], d
 # hashed at the sender: nothing with the kept sums; every block sent
 # (the warm-up ring of 16 slots and the 64 timed blocks, per round) when rehashing
+sent = 2 * (16 + 64) * d["block_bytes"]
 assert c["sender_hashed_bytes"] == 0, d
-assert h["sender_hashed_bytes"] == 2 * (16 + 64) * d["block_bytes"], d
+assert h["sender_hashed_bytes"] == sent, d
+# and the receiver hashed every byte it checked once, nothing in plain mode
+assert c["receiver_hashed_bytes"] == sent and h["receiver_hashed_bytes"] == sent, d
+assert d["plain_receiver_hashed_bytes"] == 0, d
 PY
 done
 

@@ -36,7 +36,8 @@
  *            verifies every block in place against its header before
  *            acknowledging it (a block that fails would be rejected; the
  *            bench fails if any does): the one hash a byte gets on its
- *            way. B hashes a batch on a kvbm_blake3_pool of --hash-threads
+ *            way (B says in each acknowledgement how many blocks it
+ *            hashed; counted as receiver_hashed_bytes). B hashes a batch on a kvbm_blake3_pool of --hash-threads
  *            workers and its main thread (each 2 MiB block in 256 KiB
  *            pieces, so one block spreads over every thread).
  *   rehash   the design before: A hashes every block at every send too
@@ -124,7 +125,7 @@ typedef struct note_entry {
 } note_entry;
 
 typedef struct ack {
-  uint32_t batch, ok, bad, pad;
+  uint32_t batch, ok, bad, hashed; /* hashed: blocks B hashed to check them */
 } ack;
 
 /* ---- the reference: ucx_perftest ---- */
@@ -298,6 +299,7 @@ static int receiver(const bench *b, uint16_t port) {
         fprintf(stderr, "kvbm " CMD ": receiver: %s\n", e.msg);
         goto out;
       }
+      a->hashed = (uint32_t)nj;
       for (size_t i = 0; i < nj; i++) {
         if (kvbm_frame_check_sum(&fhs[i], bb, sums[i], NULL) == KVBM_OK)
           a->ok++;
@@ -346,6 +348,8 @@ typedef struct sender {
    * filled (its "commit"), as a tier keeps it */
   uint8_t (*kept)[KVBM_FRAME_CHECKSUM_LEN]; /* slots */
   uint64_t hashed[MODES];                   /* bytes A hashed while sending */
+  uint64_t rhashed[MODES];                  /* bytes B hashed to check them */
+  int mode;                                 /* the mode being sent */
 } sender;
 
 /* Source block i of batch k. */
@@ -372,6 +376,7 @@ static int wait_ack(sender *sd, uint32_t want, kvbm_error *e) {
   if (len != sizeof a || a.batch != want)
     return kvbm_error_set(e, KVBM_EPROTO, "acknowledgement of batch %u, expected %u", a.batch, want);
   sd->bad += a.bad;
+  sd->rhashed[sd->mode] += (uint64_t)a.hashed * sd->bb;
   return KVBM_OK;
 }
 
@@ -388,6 +393,7 @@ static int send_batches(sender *sd, uint64_t nbatches, int mode, double *secs, k
   const bench *b = sd->b;
   uint64_t ring = b->slots / b->batch;
   const bool check = mode != MODE_PLAIN, rehash = mode == MODE_REHASH;
+  sd->mode = mode;
   double t0 = cli_now();
   if (rehash && submit_hash(sd, 0, e)) return 1;
   for (uint64_t k = 0; k < nbatches; k++) {
@@ -699,16 +705,19 @@ static int run(bench *b) {
            ", \"cpu_bound_gbps\": %.4g, \"min_cpu_bound_gbps\": %.4g, \"max_cpu_bound_gbps\": %.4g"
            ", \"cpu_bound_plain_ratio\": %.4g"
            ", \"bound_ratio\": %.4g, \"min_bound_ratio\": %.4g, \"max_bound_ratio\": %.4g"
-           ", \"sender_hashed_bytes\": %" PRIu64,
-           rk.med, rk.min, rk.max, bd.med, bd.min, bd.max, bpl.med, rb.med, rb.min, rb.max, sd.hashed[MODE_CHECKED]);
+           ", \"sender_hashed_bytes\": %" PRIu64 ", \"receiver_hashed_bytes\": %" PRIu64,
+           rk.med, rk.min, rk.max, bd.med, bd.min, bd.max, bpl.med, rb.med, rb.min, rb.max, sd.hashed[MODE_CHECKED],
+           sd.rhashed[MODE_CHECKED]);
     if (ref.med > 0) printf(", \"reference_gbps\": %.4g, \"ratio\": %.4g", ref.med, ck.med / ref.med);
     printf("}, ");
     json_spread("rehash", rh);
     printf(", \"plain_ratio\": %.4g, \"min_plain_ratio\": %.4g, \"max_plain_ratio\": %.4g"
            ", \"cpu_bound_gbps\": %.4g, \"cpu_bound_plain_ratio\": %.4g"
            ", \"bound_ratio\": %.4g, \"min_bound_ratio\": %.4g, \"max_bound_ratio\": %.4g"
-           ", \"sender_hashed_bytes\": %" PRIu64 "}}\n",
-           rk2.med, rk2.min, rk2.max, bd2.med, bpl2.med, rb2.med, rb2.min, rb2.max, sd.hashed[MODE_REHASH]);
+           ", \"sender_hashed_bytes\": %" PRIu64 ", \"receiver_hashed_bytes\": %" PRIu64 "}, "
+           "\"plain_receiver_hashed_bytes\": %" PRIu64 "}\n",
+           rk2.med, rk2.min, rk2.max, bd2.med, bpl2.med, rb2.med, rb2.min, rb2.max, sd.hashed[MODE_REHASH],
+           sd.rhashed[MODE_REHASH], sd.rhashed[MODE_PLAIN]);
   } else {
     printf("workload: W4 remote over %s, %" PRIu64 " blocks of %" PRIu64 " bytes, batches of %" PRIu64 ", %" PRIu64
            " slots, median [min-max] of %" PRIu64 " rounds, UCX_TLS=%s UCX_NET_DEVICES=%s\n",
@@ -724,9 +733,9 @@ static int run(bench *b) {
     if (ref.med > 0) printf(", %.3f of ucx_perftest", rr.med);
     printf("\nfabric, checked (sum kept, one hash per byte): %.3f GB/s [%.3f-%.3f]  %.3f [%.3f-%.3f] of plain; "
            "%.3f [%.3f-%.3f] of its CPU bound (%.3f GB/s [%.3f-%.3f]: one copy + one hash per byte on %ld cores); "
-           "sender hashed %" PRIu64 " bytes\n",
+           "sender hashed %" PRIu64 " bytes, receiver %" PRIu64 "\n",
            ck.med, ck.min, ck.max, rk.med, rk.min, rk.max, rb.med, rb.min, rb.max, bd.med, bd.min, bd.max, cores,
-           sd.hashed[MODE_CHECKED]);
+           sd.hashed[MODE_CHECKED], sd.rhashed[MODE_CHECKED]);
     printf("fabric, rehash (hashed at both ends, as before): %.3f GB/s [%.3f-%.3f]  %.3f [%.3f-%.3f] of plain; "
            "%.3f [%.3f-%.3f] of its CPU bound (%.3f GB/s: one copy + two hashes per byte)\n",
            rh.med, rh.min, rh.max, rk2.med, rk2.min, rk2.max, rb2.med, rb2.min, rb2.max, bd2.med);
