@@ -224,6 +224,9 @@ int kvbm__metrics_server_start_routes(kvbm_metrics *reg, const kvbm_metrics_serv
                                       const kvbm__metrics_routes *routes,
                                       kvbm_metrics_server **out, kvbm_error *err) {
   if (!reg || !cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "metrics: NULL argument");
+  if (cfg->max_connections < 1 || cfg->max_connections > 4096) /* the endpoint's own bound */
+    return kvbm_error_set(err, KVBM_EINVAL, "metrics: max_connections %u (1..4096)",
+                          cfg->max_connections);
   kvbm_metrics_server *s = calloc(1, sizeof *s);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "metrics: out of memory");
   s->reg = reg;

@@ -12,43 +12,23 @@
  * routing thread's own state: a /route adds the request to its worker,
  * /done, request_ttl_s or the cap on active requests takes it away.
  *
- * One thread serves everyone, so no client may hold it or its memory:
- *  - Turns. A wake-up gives each connection one turn: at most
- *    TURN_REQUESTS requests answered, and none while OUT_SOFT bytes of its
- *    answers wait. A connection with complete requests left over keeps
- *    them for its next turn (poll then does not sleep), so a client that
- *    pipelines megabytes of requests is served at the same pace as the
- *    others instead of ahead of them.
- *  - Linear input. Consumed requests advance an offset; the unconsumed
- *    tail moves to the front only before a read, and only when no complete
- *    request is left, so a byte moves at most once. A head's end is
- *    searched for where the last search stopped, and a head is parsed once
- *    while its body arrives. (Moving the rest of the buffer after every
- *    request made 4 MB of pipelined requests cost 16 s.)
- *  - Bounded buffers. Input is read only up to the request being
- *    assembled plus READ_AHEAD, and not at all while complete requests or
- *    answers wait; output stops growing at OUT_SOFT plus one answer.
- *  - Deadlines both ways. A request must arrive within io_timeout_s of its
- *    first byte (else 408), an idle connection goes after io_timeout_s, and
- *    answers queued must be taken by the client within io_timeout_s of
- *    being queued, else the connection is closed: a client that sends and
- *    never reads cannot keep its slot.
- *  - Admission. At most max_connections connections, at most
- *    max_per_peer from one client address, by the rule the metrics
- *    endpoint uses too (common/admit.c says why): a newcomer that would
- *    pass a bound takes the slot of the connection idle longest (its
- *    address's own when the address is at its bound), and is answered
- *    503 only when none is idle. Idle (conn_idle) is strict because of
- *    pipelining: no unconsumed input, no head parsed, nothing queued to
- *    send, no bytes seen waiting; idle since it was accepted or its
- *    output was last all taken. Before, 256 sockets opened and left idle
- *    locked every client out for io_timeout_s (issue 24).
- *  - Descriptors. At the process's descriptor limit accept() fails while
- *    the connection stays queued, and poll() reports it again at once: a
- *    spare descriptor (a dup of the listening socket) is given up for a
- *    moment to take the connection and answer it 503; if even that fails,
- *    the listening socket rests ACCEPT_PAUSE_MS. max_connections is checked against
- *    RLIMIT_NOFILE at create.
+ * One thread serves everyone, so no client may hold it or its memory.
+ * The transport is the library's HTTP service layer (src/service/, whose
+ * essay has the rules and why), run on the caller's thread by
+ * kvbm_router_daemon_run; the router gives it its four routes and a tick
+ * for its housekeeping, and keeps these guarantees through it:
+ *  - Turns: per wake-up a connection gets at most 8 requests answered,
+ *    none while 64 KiB of its answers wait, and no more request bytes than
+ *    its credit (deficit round robin), so a client pipelining megabytes is
+ *    served at the others' pace (tests/router/guards_e2e.py).
+ *  - Linear input, bounded buffers (input up to the request being
+ *    assembled plus 64 KiB, output up to 64 KiB plus one answer; SNDBUF
+ *    per socket), deadlines both ways (io_timeout_s), 408 / write
+ *    timeouts.
+ *  - Admission by the shared rule (common/admit.c): idle connections make
+ *    room, max_per_peer per client address, 503 only when none is idle;
+ *    at the descriptor limit a spare descriptor answers 503 (max_connections
+ *    is checked against RLIMIT_NOFILE at create).
  *  - Active requests are at most max_active_requests; the oldest goes
  *    first when more arrive. The table (reqtab.c) is a ring: a /route
  *    costs the same with the table full as with it empty (before, a full
@@ -81,49 +61,19 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "common/admit.h"
 #include "common/clock.h"
 #include "common/http.h"
-#include "common/sendbuf.h"
 #include "common/vec.h"
 #include "kvbm/metrics.h"
 #include "router/daemon_impl.h"
 #include "router/json.h"
 #include "router/reqtab.h"
+#include "service/service.h"
 
 #define MAX_HEAD (16 * 1024)
-#define TURN_REQUESTS 8           /* answered per connection per wake-up */
-#define TURN_BYTES (64 * 1024)    /* request bytes a turn adds to a connection's credit */
-#define OUT_SOFT (64 * 1024)      /* no more answers while this much waits */
-#define READ_AHEAD (64 * 1024)    /* input read past the request being assembled */
 #define SNDBUF (64 * 1024)        /* the kernel's send buffer per connection (it doubles it) */
-#define ACCEPTS_PER_TURN 64
-#define ACCEPT_PAUSE_MS 100       /* the listening socket rests after a failed accept */
 #define POLL_MS 100               /* housekeeping tick */
 #define FD_MARGIN 16              /* descriptors for reconnects, replay sockets, ... */
-
-typedef struct conn {
-  int fd;
-  char *in;
-  size_t in_off, in_len, in_cap; /* unconsumed input: in[in_off..in_len) */
-  size_t scanned;                /* of the head at in_off (kvbm__http_parse_head) */
-  http_req rq;                   /* that head, once complete */
-  bool have_head;
-  char *out;
-  size_t out_len, out_off, out_cap;
-  int64_t deadline_ns;  /* the request being read must be complete by then
-                           (no request: the idle connection goes then) */
-  int64_t wdeadline_ns; /* the output queued must be taken by then */
-  bool closing;         /* close once `out` is written */
-  bool eof;             /* the client will send no more */
-  bool backlog;         /* its turn ended with input left to look at */
-  size_t credit;        /* request bytes it may have answered (turns) */
-  bool sent_continue;
-  bool pending;         /* bytes seen waiting (MSG_PEEK) and not read yet */
-  uint32_t peer;        /* its client's key (kvbm__admit_peer_key) */
-  int64_t idle_ns;      /* when it was accepted or last had all its output
-                           taken: for an idle one, since when it is idle */
-} conn;
 
 /* Endpoints and methods, as /metrics counts them. */
 enum { EP_ROUTE, EP_DONE, EP_HEALTH, EP_METRICS, EP_UNKNOWN, EP_COUNT };
@@ -132,13 +82,7 @@ enum { METHOD_GET, METHOD_POST, METHOD_OTHER, METHOD_COUNT };
 static const char *const method_name[METHOD_COUNT] = {"GET", "POST", "other"};
 
 typedef struct http_state {
-  conn *c;
-  size_t nc, cc;
-  struct pollfd *pfd;
-  size_t cpfd;
-  int64_t now, io_ns;  /* the wake-up's time; io_timeout_s in ns */
-  int spare_fd;        /* given up to answer 503 at the descriptor limit */
-  int64_t accept_at;   /* the listening socket rests until then */
+  int64_t now;         /* the tick's time (kvbm__rd_now_ns) */
   /* load per slot, valid while owner[slot] is the slot's worker */
   double load_blocks[KVBM_ROUTER_MAX_WORKERS], load_reqs[KVBM_ROUTER_MAX_WORKERS];
   kvbm_worker_key owner[KVBM_ROUTER_MAX_WORKERS];
@@ -146,17 +90,15 @@ typedef struct http_state {
   kvbm__reqtab rt; /* active requests (reqtab.c) */
   uint64_t next_id;
   uint64_t rng;
-  uint64_t routes, bad, conns, degraded_routes;
-  /* what the guards refused, cut or dropped (health_guards) */
-  uint64_t refused_busy, refused_no_fd, accept_pauses, read_timeouts, write_timeouts;
-  uint64_t refused_peer, idle_closed_full, idle_closed_peer; /* admission (admit.c) */
-  uint64_t turns_cut;
-  size_t out_peak; /* the most output one connection ever had queued */
+  uint64_t routes, degraded_routes;
+  uint64_t errors[2]; /* the handlers' error answers: 4xx, 5xx */
   int64_t t0;
   /* /metrics: answers by endpoint, handler time, the phases of /route */
   int ep;                                   /* the endpoint being answered */
   uint64_t ep_requests[EP_COUNT][METHOD_COUNT];
-  uint64_t ep_errors[EP_COUNT][2];          /* 4xx, 5xx */
+  uint64_t ep_errors[EP_COUNT][2];          /* 4xx, 5xx: the handlers' own; the
+                                               service's (refused before a route)
+                                               are in its counters */
   kvbm_histogram ep_seconds[EP_COUNT];
   kvbm_histogram ov_hash_ms, ov_find_ms, ov_sched_ms, ov_total_ms, hit_rate;
 } http_state;
@@ -222,73 +164,44 @@ static void load_drop(void *user, const kvbm__req_rec *r) {
 
 /* ------------------------------------------------------------- replies */
 
-/* Appends to the output; the first bytes queued start the write deadline. */
-static bool out_append(http_state *h, conn *c, const char *a, size_t an, const char *b,
-                       size_t bn) {
-  size_t need = c->out_len + an + bn;
-  if (kvbm__vec_reserve_of(&c->out, &c->out_cap, need, 1024, KVBM__VEC_NO_LIMIT)) {
-    c->closing = true;
-    return false;
-  }
-  if (c->out_len == c->out_off) c->wdeadline_ns = h->now + h->io_ns;
-  memcpy(c->out + c->out_len, a, an);
-  if (bn) memcpy(c->out + c->out_len + an, b, bn);
-  c->out_len = need;
-  if (c->out_len - c->out_off > h->out_peak) h->out_peak = c->out_len - c->out_off;
-  return true;
-}
-
-/* Appends s to the head being built at p (bounded by end). */
-static char *put(char *p, const char *end, const char *s) {
-  while (*s && p < end) *p++ = *s++;
-  return p;
-}
-
-/* Appends v in decimal. */
-static char *put_num(char *p, const char *end, size_t v) {
-  char digits[24], *d = digits + sizeof digits;
-  *--d = 0;
-  do *--d = (char)('0' + v % 10);
-  while ((v /= 10) && d > digits);
-  return put(p, end, d);
-}
-
-static void reply_ct(http_state *h, conn *c, int status, const char *ctype, const char *body,
+/* An answer of a handler's: the service copies it out when the handler
+ * returns (a->scratch holds the bytes). */
+static void reply_ct(kvbm__service_answer *a, int status, const char *ctype, const char *body,
                      size_t len, bool close, const char *extra) {
-  /* every answer has one: assembled by hand (snprintf cost as much as
-   * the rest of the transport of a /health answer) */
-  char head[256];
-  const char *end = head + sizeof head;
-  char *p = put(head, end, "HTTP/1.1 ");
-  p = put_num(p, end, (size_t)status);
-  p = put(p, end, " ");
-  p = put(p, end, kvbm__http_reason(status));
-  p = put(p, end, "\r\nContent-Type: ");
-  p = put(p, end, ctype);
-  p = put(p, end, "\r\nContent-Length: ");
-  p = put_num(p, end, len);
-  p = put(p, end, close ? "\r\nConnection: close\r\n" : "\r\nConnection: keep-alive\r\n");
-  p = put(p, end, extra ? extra : "");
-  p = put(p, end, "\r\n");
-  if (out_append(h, c, head, (size_t)(p - head), body, len) && close) c->closing = true;
+  a->status = status;
+  a->content_type = ctype;
+  a->headers = extra;
+  a->close = close;
+  a->scratch->len = 0;
+  kvbm__service_buf_append(a->scratch, body, len); /* oom: the service answers 500 */
 }
 
-static void reply(http_state *h, conn *c, int status, const char *body, size_t len, bool close,
+static void reply(kvbm__service_answer *a, int status, const char *body, size_t len, bool close,
                   const char *extra) {
-  reply_ct(h, c, status, "application/json", body, len, close, extra);
+  reply_ct(a, status, "application/json", body, len, close, extra);
 }
 
-static void reply_error(http_state *h, conn *c, int status, const char *msg, bool close,
-                        const char *extra) {
+static void reply_error(http_state *h, kvbm__service_answer *a, int status, const char *msg,
+                        bool close, const char *extra) {
   rj_buf b = {0};
   kvbm__rj_printf(&b, "{\"error\":");
   kvbm__rj_string(&b, msg);
   kvbm__rj_printf(&b, ",\"status\":%d}\n", status);
-  h->bad++;
-  if (status >= 400) h->ep_errors[h->ep][status >= 500]++;
-  if (b.oom) reply(h, c, 500, "{}\n", 3, true, NULL);
-  else reply(h, c, status, b.p, b.len, close, extra);
+  if (status >= 400) {
+    h->ep_errors[h->ep][status >= 500]++;
+    h->errors[status >= 500]++;
+  }
+  if (b.oom) reply(a, 500, "{}\n", 3, true, NULL);
+  else reply(a, status, b.p, b.len, close, extra);
   kvbm__rj_buf_free(&b);
+}
+
+/* Error answers in all: the handlers' and the service's own (a head
+ * refused, 408, ...: those are counted as endpoint "unknown"). */
+static uint64_t bad_requests(const kvbm_router_daemon *d) {
+  kvbm__service_stats st;
+  kvbm__service_stats_get(d->svc, &st);
+  return st.errors_4xx + st.errors_5xx;
 }
 
 /* ------------------------------------------------------------- handlers */
@@ -308,29 +221,28 @@ static void health_object(rj_buf *b, const char *name, const counter *f, size_t 
 
 static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
   http_state *h = d->http;
-  size_t in = 0, out = 0;
-  for (size_t i = 0; i < h->nc; i++) {
-    in += h->c[i].in_len - h->c[i].in_off;
-    out += h->c[i].out_len - h->c[i].out_off;
-  }
+  kvbm__service_stats st;
+  kvbm__service_stats_get(d->svc, &st);
+  uint64_t in = 0, out = 0;
+  kvbm__service_buffered(d->svc, &in, &out);
   const counter http[] = {
-      {NULL, h->nc},
+      {NULL, st.connections},
       {",\"max_connections\":", d->cfg.max_connections},
-      {",\"accepted\":", h->conns},
+      {",\"accepted\":", st.accepted},
       {",\"max_per_peer\":", d->cfg.max_per_peer},
-      {",\"refused_busy\":", h->refused_busy},
-      {",\"refused_peer\":", h->refused_peer},
-      {",\"idle_closed_full\":", h->idle_closed_full},
-      {",\"idle_closed_peer\":", h->idle_closed_peer},
-      {",\"refused_no_fd\":", h->refused_no_fd},
-      {",\"accept_pauses\":", h->accept_pauses},
-      {",\"read_timeouts\":", h->read_timeouts},
-      {",\"write_timeouts\":", h->write_timeouts},
-      {",\"turns_cut\":", h->turns_cut},
+      {",\"refused_busy\":", st.refused_busy},
+      {",\"refused_peer\":", st.refused_peer},
+      {",\"idle_closed_full\":", st.idle_closed_full},
+      {",\"idle_closed_peer\":", st.idle_closed_peer},
+      {",\"refused_no_fd\":", st.refused_no_fd},
+      {",\"accept_pauses\":", st.accept_pauses},
+      {",\"read_timeouts\":", st.read_timeouts},
+      {",\"write_timeouts\":", st.write_timeouts},
+      {",\"turns_cut\":", st.turns_cut},
       {",\"buffered_in\":", in},
       {",\"buffered_out\":", out},
-      {",\"out_peak\":", h->out_peak},
-      {",\"out_limit\":", OUT_SOFT},
+      {",\"out_peak\":", st.out_peak},
+      {",\"out_limit\":", KVBM__SERVICE_OUT_SOFT},
   };
   health_object(b, ",\"http\":{\"connections\":", http, sizeof http / sizeof http[0]);
   const counter req[] = {
@@ -365,6 +277,10 @@ static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
 static void collect_daemon(void *user, kvbm_metrics_writer *w) {
   kvbm_router_daemon *d = user;
   http_state *h = d->http;
+  kvbm__service_stats st;
+  kvbm__service_stats_get(d->svc, &st);
+  /* the service's own error answers (a head refused, 408, ...) */
+  uint64_t svc_err[2] = {st.errors_4xx - h->errors[0], st.errors_5xx - h->errors[1]};
   kvbm_metrics_gauge(w, "dynamo_kvindexer_models", "Indexes the router serves (one)", NULL, 0, 1);
   kvbm_metrics_family(w, "dynamo_kvindexer_requests_total", KVBM_METRIC_COUNTER,
                       "HTTP requests answered, by endpoint and method");
@@ -380,7 +296,7 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
   for (int e = 0; e < EP_COUNT; e++)
     for (int k = 0; k < 2; k++) {
       kvbm_metric_label l[2] = {{"endpoint", ep_name[e]}, {"status_class", k ? "5xx" : "4xx"}};
-      kvbm_metrics_value_u64(w, l, 2, h->ep_errors[e][k]);
+      kvbm_metrics_value_u64(w, l, 2, h->ep_errors[e][k] + (e == EP_UNKNOWN ? svc_err[k] : 0));
     }
   kvbm_metrics_family(w, "dynamo_kvindexer_request_duration_seconds", KVBM_METRIC_HISTOGRAM,
                       "HTTP request latency: from a complete request to its answer queued");
@@ -415,25 +331,22 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
     kvbm_metrics_family(w, ov[i].name, KVBM_METRIC_HISTOGRAM, ov[i].help);
     kvbm_metrics_histogram_value(w, NULL, 0, ov[i].hist);
   }
-  size_t in = 0, out = 0;
-  for (size_t i = 0; i < h->nc; i++) {
-    in += h->c[i].in_len - h->c[i].in_off;
-    out += h->c[i].out_len - h->c[i].out_off;
-  }
+  uint64_t in = 0, out = 0;
+  kvbm__service_buffered(d->svc, &in, &out);
   const struct {
     const char *name, *help;
     uint64_t v;
   } c[] = {
       {"kvbm_router_routes_total", "Requests routed (POST /route answered 200)", h->routes},
-      {"kvbm_router_bad_requests_total", "Requests answered with an error", h->bad},
+      {"kvbm_router_bad_requests_total", "Requests answered with an error", st.errors_4xx + st.errors_5xx},
       {"kvbm_router_requests_expired_total", "Active requests whose load went after request_ttl_s",
        h->rt.expired},
       {"kvbm_router_requests_evicted_total", "Active requests dropped for max_active_requests",
        h->rt.evicted},
-      {"kvbm_router_http_accepted_total", "Connections accepted", h->conns},
+      {"kvbm_router_http_accepted_total", "Connections accepted", st.accepted},
       {"kvbm_router_http_accept_pauses_total", "Times accepting rested (no descriptors)",
-       h->accept_pauses},
-      {"kvbm_router_http_turns_cut_total", "Connection turns cut short for fairness", h->turns_cut},
+       st.accept_pauses},
+      {"kvbm_router_http_turns_cut_total", "Connection turns cut short for fairness", st.turns_cut},
       {"kvbm_router_gaps_total", "Jumps in workers' event ids seen by the index", atomic_load(&d->gaps)},
   };
   for (size_t i = 0; i < sizeof c / sizeof *c; i++)
@@ -442,23 +355,23 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
                       "Connections answered 503 and closed, by reason (busy: over "
                       "max_connections with none idle; peer: over max_per_peer from their "
                       "address with none of its own idle; no_fd: out of descriptors)");
-  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "busy"}, 1, h->refused_busy);
-  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "peer"}, 1, h->refused_peer);
-  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "no_fd"}, 1, h->refused_no_fd);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "busy"}, 1, st.refused_busy);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "peer"}, 1, st.refused_peer);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "no_fd"}, 1, st.refused_no_fd);
   kvbm_metrics_family(w, "kvbm_router_http_idle_closed_total", KVBM_METRIC_COUNTER,
                       "Idle connections closed to admit a new one (full: the table was full; "
                       "peer: the newcomer's address was at max_per_peer, one of its own)");
-  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "full"}, 1, h->idle_closed_full);
-  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "peer"}, 1, h->idle_closed_peer);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "full"}, 1, st.idle_closed_full);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"reason", "peer"}, 1, st.idle_closed_peer);
   kvbm_metrics_family(w, "kvbm_router_http_timeouts_total", KVBM_METRIC_COUNTER,
                       "Connections closed for a deadline: a request not complete in time "
                       "(read) or answers not taken in time (write)");
-  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"direction", "read"}, 1, h->read_timeouts);
-  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"direction", "write"}, 1, h->write_timeouts);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"direction", "read"}, 1, st.read_timeouts);
+  kvbm_metrics_value_u64(w, &(kvbm_metric_label){"direction", "write"}, 1, st.write_timeouts);
   kvbm_metrics_gauge(w, "kvbm_router_active_requests", "Routed requests not reported done yet",
                      NULL, 0, (double)h->rt.live);
   kvbm_metrics_gauge(w, "kvbm_router_http_connections", "Open HTTP connections", NULL, 0,
-                     (double)h->nc);
+                     (double)st.connections);
   kvbm_metrics_gauge(w, "kvbm_router_http_buffered_bytes", "Bytes buffered by connections",
                      &(kvbm_metric_label){"direction", "in"}, 1, (double)in);
   kvbm_metrics_gauge(w, "kvbm_router_http_buffered_bytes", NULL,
@@ -506,7 +419,7 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
   kvbm__rd_sources_metrics(d, w);
 }
 
-static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
+static void handle_health(kvbm_router_daemon *d, kvbm__service_answer *a, bool close) {
   http_state *h = d->http;
   kvbm_index_stats st;
   kvbm_index_stats_get(d->idx, &st);
@@ -521,7 +434,7 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
             ",\"snapshots\":%" PRIu64 ",\"snapshot_failures\":%" PRIu64
             ",\"degraded_routes\":%" PRIu64 ",\"degraded_workers\":[",
             degraded ? "degraded" : "ok", st.workers, st.entries, st.events, st.gaps,
-            st.duplicates, st.unknown_removed, st.orphans, h->routes, h->rt.live, h->bad,
+            st.duplicates, st.unknown_removed, st.orphans, h->routes, h->rt.live, bad_requests(d),
             d->approx ? "approximate" : "events", (double)(kvbm__rd_now_ns() - h->t0) * 1e-9,
             atomic_load(&d->snapshots), atomic_load(&d->snapshot_failures), h->degraded_routes);
   bool first = true;
@@ -535,12 +448,12 @@ static void handle_health(kvbm_router_daemon *d, conn *c, bool close) {
   kvbm__rj_printf(&b, "]");
   health_guards(d, &b);
   kvbm__rj_printf(&b, "}\n");
-  if (b.oom) reply_error(h, c, 500, "out of memory", true, NULL);
-  else reply(h, c, 200, b.p, b.len, close, NULL);
+  if (b.oom) reply_error(h, a, 500, "out of memory", true, NULL);
+  else reply(a, 200, b.p, b.len, close, NULL);
   kvbm__rj_buf_free(&b);
 }
 
-static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_t len,
+static void handle_route(kvbm_router_daemon *d, kvbm__service_answer *a, const char *body, size_t len,
                          bool close) {
   http_state *h = d->http;
   uint64_t t0 = kvbm_clock_ns();
@@ -548,13 +461,13 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   kvbm_error err = {0};
   int rc = kvbm__rj_parse_request(body, len, d->cfg.max_tokens, &q, &err);
   if (rc) {
-    reply_error(h, c, rc == KVBM_ENOMEM ? 500 : rc == KVBM_ETOOLONG && strstr(err.msg, "array")
+    reply_error(h, a, rc == KVBM_ENOMEM ? 500 : rc == KVBM_ETOOLONG && strstr(err.msg, "array")
                                                      ? 413 : 400,
                 err.msg, close, NULL);
     return;
   }
   if (q.has_tokens == q.has_hashes) {
-    reply_error(h, c, 400, "give exactly one of token_ids and block_hashes", close, NULL);
+    reply_error(h, a, 400, "give exactly one of token_ids and block_hashes", close, NULL);
     kvbm__rj_request_free(&q);
     return;
   }
@@ -567,7 +480,7 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
     size_t cap = q.num_tokens / d->cfg.index.block_size + 1;
     owned = malloc(cap * sizeof *owned);
     if (!owned) {
-      reply_error(h, c, 500, "out of memory", true, NULL);
+      reply_error(h, a, 500, "out of memory", true, NULL);
       kvbm__rj_request_free(&q);
       return;
     }
@@ -598,7 +511,7 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   rc = kvbm_choose(&d->cfg.choice, n, ov, load, live, &h->rng, &ch);
   uint64_t t3 = kvbm_clock_ns();
   if (rc) {
-    reply_error(h, c, 503, "no workers known yet (no events received)", close, NULL);
+    reply_error(h, a, 503, "no workers known yet (no events received)", close, NULL);
     free(owned);
     kvbm__rj_request_free(&q);
     return;
@@ -644,8 +557,8 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
     first = false;
   }
   kvbm__rj_printf(&b, "]}\n");
-  if (b.oom) reply_error(h, c, 500, "out of memory", true, NULL);
-  else reply(h, c, 200, b.p, b.len, close, NULL);
+  if (b.oom) reply_error(h, a, 500, "out of memory", true, NULL);
+  else reply(a, 200, b.p, b.len, close, NULL);
   kvbm__rj_buf_free(&b);
   free(owned);
   kvbm__rj_request_free(&q);
@@ -660,45 +573,53 @@ static void handle_route(kvbm_router_daemon *d, conn *c, const char *body, size_
   if (n) kvbm_histogram_observe(&h->hit_rate, kvbm_overlap_score(&d->cfg.choice, &ov[ch.slot]) / (double)n);
 }
 
-static void handle_done(kvbm_router_daemon *d, conn *c, const char *body, size_t len,
+static void handle_done(kvbm_router_daemon *d, kvbm__service_answer *a, const char *body, size_t len,
                         bool close) {
   http_state *h = d->http;
   rj_request q;
   kvbm_error err = {0};
   int rc = kvbm__rj_parse_request(body, len, 0, &q, &err);
   if (rc) {
-    reply_error(h, c, 400, err.msg, close, NULL);
+    reply_error(h, a, 400, err.msg, close, NULL);
     return;
   }
   bool bad = !q.has_request_id || q.has_tokens || q.has_hashes;
   uint64_t id = q.request_id;
   kvbm__rj_request_free(&q);
   if (bad) {
-    reply_error(h, c, 400, "give request_id (only)", close, NULL);
+    reply_error(h, a, 400, "give request_id (only)", close, NULL);
     return;
   }
   if (!kvbm__reqtab_done(&h->rt, id)) {
-    reply_error(h, c, 404, "no such active request_id", close, NULL);
+    reply_error(h, a, 404, "no such active request_id", close, NULL);
     return;
   }
   static const char ok[] = "{\"ok\":true}\n";
-  reply(h, c, 200, ok, sizeof ok - 1, close, NULL);
+  reply(a, 200, ok, sizeof ok - 1, close, NULL);
 }
 
-static void handle_metrics(kvbm_router_daemon *d, conn *c, bool close) {
+static void handle_metrics(kvbm_router_daemon *d, kvbm__service_answer *a, bool close) {
   char *text = NULL;
   size_t len = 0;
   if (kvbm_metrics_render(d->metrics, &text, &len, NULL)) {
-    reply_error(d->http, c, 500, "out of memory", true, NULL);
+    reply_error(d->http, a, 500, "out of memory", true, NULL);
     return;
   }
-  reply_ct(d->http, c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, close, NULL);
+  reply_ct(a, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, close, NULL);
   kvbm_metrics_text_free(text);
 }
 
-/* One complete request: head parsed, body (content_length bytes) at body. */
-static void dispatch(kvbm_router_daemon *d, conn *c, const http_req *rq, const char *body) {
+/* Every request the service has read whole (head, and a body within
+ * max_body): the router's routes take every method and answer 405 and
+ * 404 themselves, so that /metrics counts each endpoint's requests and
+ * errors as before. Runs on the service's thread (the caller of run). */
+static void dispatch(void *user, kvbm__service *svc, const kvbm__service_req *q,
+                     kvbm__service_answer *a) {
+  (void)svc;
+  kvbm_router_daemon *d = user;
   http_state *h = d->http;
+  const http_req *rq = q->head;
+  const char *body = q->body;
   bool close = !rq->keep_alive;
   bool post = !strcmp(rq->method, "POST"), get = !strcmp(rq->method, "GET");
   h->ep = !strcmp(rq->path, "/route")     ? EP_ROUTE
@@ -709,361 +630,60 @@ static void dispatch(kvbm_router_daemon *d, conn *c, const http_req *rq, const c
   h->ep_requests[h->ep][get ? METHOD_GET : post ? METHOD_POST : METHOD_OTHER]++;
   uint64_t t0 = kvbm_clock_ns();
   if (!strcmp(rq->path, "/health")) {
-    if (get) handle_health(d, c, close);
-    else reply_error(h, c, 405, "use GET for /health", close, "Allow: GET\r\n");
+    if (get) handle_health(d, a, close);
+    else reply_error(h, a, 405, "use GET for /health", close, "Allow: GET\r\n");
   } else if (!strcmp(rq->path, "/metrics")) {
-    if (get) handle_metrics(d, c, close);
-    else reply_error(h, c, 405, "use GET for /metrics", close, "Allow: GET\r\n");
+    if (get) handle_metrics(d, a, close);
+    else reply_error(h, a, 405, "use GET for /metrics", close, "Allow: GET\r\n");
   } else if (!strcmp(rq->path, "/route") || !strcmp(rq->path, "/done")) {
     if (!post) {
-      reply_error(h, c, 405, "use POST with a JSON body", close, "Allow: POST\r\n");
+      reply_error(h, a, 405, "use POST with a JSON body", close, "Allow: POST\r\n");
     } else if (rq->path[1] == 'r') {
-      handle_route(d, c, body, rq->content_length, close);
+      handle_route(d, a, body, rq->content_length, close);
     } else {
-      handle_done(d, c, body, rq->content_length, close);
+      handle_done(d, a, body, rq->content_length, close);
     }
   } else {
-    reply_error(h, c, 404, "unknown path (try POST /route, POST /done, GET /health, GET /metrics)",
+    reply_error(h, a, 404, "unknown path (try POST /route, POST /done, GET /health, GET /metrics)",
                 close, NULL);
   }
   kvbm_histogram_observe(&h->ep_seconds[h->ep], (double)(kvbm_clock_ns() - t0) * 1e-9);
   h->ep = EP_UNKNOWN;
 }
 
-/* ------------------------------------------------------------- I/O */
+/* ------------------------------------------------------------- loop */
 
-static void conn_close(http_state *h, size_t i) {
-  close(h->c[i].fd);
-  free(h->c[i].in);
-  free(h->c[i].out);
-  h->c[i] = h->c[--h->nc];
-}
-
-static void send_continue(http_state *h, conn *c) {
-  static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-  if (out_append(h, c, cont, sizeof cont - 1, NULL, 0)) c->sent_continue = true;
-}
-
-/* One turn: answers the complete requests at the front of the input, at
- * most TURN_REQUESTS of them, none once OUT_SOFT bytes of answers wait,
- * and no more request bytes than the connection's credit: each turn adds
- * TURN_BYTES, a request spends its size, and a connection with nothing
- * complete to answer keeps none (deficit round robin: a client sending
- * 300 KB requests gets as many bytes answered per round as one sending
- * 6 KB ones, not fifty times more). c->backlog says whether input was
- * left unexamined. */
-static void process(kvbm_router_daemon *d, conn *c) {
+/* After every wake-up of the service, at least every POLL_MS: requests
+ * past request_ttl_s, the sources' housekeeping, approximate records past
+ * their ttl; and a stop the sources asked for (they set d->stop). */
+static void tick(void *user, int64_t now_ns) {
+  (void)now_ns; /* the router's clock is kvbm__rd_now_ns */
+  kvbm_router_daemon *d = user;
   http_state *h = d->http;
-  int answered = 0;
-  bool more = false; /* stopped with something answerable left */
-  c->credit += TURN_BYTES;
-  while (!c->closing && c->in_off < c->in_len) {
-    if (answered == TURN_REQUESTS || c->out_len - c->out_off >= OUT_SOFT) {
-      more = true;
-      break;
-    }
-    const char *p = c->in + c->in_off;
-    size_t avail = c->in_len - c->in_off;
-    if (!c->have_head) {
-      int status;
-      const char *why;
-      http_result r = kvbm__http_parse_head(p, avail, MAX_HEAD, d->cfg.max_body, &c->scanned, &c->rq,
-                                      &status, &why);
-      if (r == HTTP_NEED_MORE) break;
-      if (r == HTTP_BAD) {
-        reply_error(h, c, status, why, true, NULL);
-        break;
-      }
-      if (!c->rq.has_length && strcmp(c->rq.method, "GET") && strcmp(c->rq.method, "HEAD") &&
-          strcmp(c->rq.method, "DELETE")) {
-        reply_error(h, c, 411, "a request with a body needs Content-Length", true, NULL);
-        break;
-      }
-      c->have_head = true;
-    }
-    size_t total = c->rq.head_len + c->rq.content_length;
-    if (avail < total) {
-      if (c->rq.expect_continue && !c->sent_continue) send_continue(h, c);
-      break;
-    }
-    if (total > c->credit) { /* complete, but its turn will come */
-      more = true;
-      break;
-    }
-    c->credit -= total;
-    dispatch(d, c, &c->rq, p + c->rq.head_len);
-    answered++;
-    c->in_off += total;
-    c->have_head = c->sent_continue = false;
-    c->scanned = 0;
-    c->deadline_ns = h->now + h->io_ns;
+  h->now = kvbm__rd_now_ns();
+  kvbm__reqtab_expire(&h->rt, h->now);
+  kvbm__rd_sources_tick(d);
+  kvbm_approx *ap = d->approx ? d->approx : d->degraded_ap;
+  if (ap && kvbm_approx_pending(ap)) {
+    pthread_mutex_lock(&d->wlock);
+    kvbm_approx_expire(ap, (double)h->now * 1e-9);
+    pthread_mutex_unlock(&d->wlock);
   }
-  if (c->in_off == c->in_len) c->in_off = c->in_len = 0;
-  c->backlog = more && !c->closing;
-  if (c->backlog) h->turns_cut++;
-  else c->credit = 0;
-}
-
-/* Reads what the request being assembled still needs, and READ_AHEAD
- * more (pipelined requests), within the one-request limit. Called only
- * when no complete request is left, so the tail moved to the front is
- * part of one request and moves once. false when the connection failed. */
-static bool conn_read(kvbm_router_daemon *d, conn *c) {
-  http_state *h = d->http;
-  size_t limit = MAX_HEAD + d->cfg.max_body; /* process() refuses what is bigger */
-  size_t want = (c->have_head ? c->rq.head_len + c->rq.content_length : 0) + READ_AHEAD;
-  if (want > limit) want = limit;
-  c->pending = false; /* whatever waited is read now */
-  if (c->in_off) {
-    memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
-    c->in_len -= c->in_off;
-    c->in_off = 0;
-  }
-  while (c->in_len < want) {
-    /* in_len < want <= limit: growth (doubling from 4 KiB) stops at the
-     * limit, never past it. */
-    if (c->in_len == c->in_cap &&
-        kvbm__vec_reserve_of(&c->in, &c->in_cap, c->in_len + 1, 4096, limit))
-      return false;
-    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
-    if (n > 0) {
-      if (c->in_len == 0) c->deadline_ns = h->now + h->io_ns; /* a request begins */
-      c->in_len += (size_t)n;
-      continue;
-    }
-    if (n == 0) { /* the peer is done sending: answer what came, then close */
-      c->eof = true;
-      return true;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-    return false;
-  }
-  return true;
-}
-
-/* Writes what it can: -1 when the connection failed, 1 when all is out
- * (the time is kept: with no request begun, it is idle from then on). */
-static int conn_write(http_state *h, conn *c) {
-  int w = kvbm__send_pending(c->fd, c->out, c->out_len, &c->out_off);
-  if (w <= 0) return w;
-  c->out_off = c->out_len = 0;
-  c->idle_ns = h->now;
-  return 1;
-}
-
-/* One connection's share of a wake-up; false when it is to go. */
-static bool conn_turn(kvbm_router_daemon *d, conn *c, short re) {
-  http_state *h = d->http;
-  if (!re && !c->backlog) /* nothing happened to it: only a deadline can have passed */
-    if (h->now <= (c->out_len ? c->wdeadline_ns : c->deadline_ns)) return true;
-  if (re & (POLLERR | POLLNVAL)) return false;
-  if (c->out_len) {
-    if ((re & (POLLOUT | POLLHUP)) && conn_write(h, c) < 0) return false;
-  } else if (!c->backlog && !c->eof && (re & (POLLIN | POLLHUP))) {
-    if (!conn_read(d, c)) return false;
-  }
-  if (!c->out_len && !c->closing) {
-    if (c->in_len > c->in_off) process(d, c);
-    else c->backlog = false;
-    if (c->eof && !c->backlog) c->closing = true;
-    if (c->out_len && conn_write(h, c) < 0) return false; /* answer at once */
-  }
-  if (c->out_len) { /* the client must take its answers in time */
-    if (h->now <= c->wdeadline_ns) return true;
-    h->write_timeouts++;
-    return false;
-  }
-  if (c->closing) return false;
-  if (h->now <= c->deadline_ns) return true;
-  if (c->in_len == c->in_off) return false; /* idle keep-alive connection */
-  h->read_timeouts++;
-  reply_error(h, c, 408, "request not complete in time", true, NULL);
-  return conn_write(h, c) == 0; /* stays only to finish writing the 408 */
-}
-
-static void refuse(int fd, const char *body) {
-  char msg[256];
-  int n = snprintf(msg, sizeof msg,
-                   "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                   strlen(body), body);
-  ssize_t w = send(fd, msg, (size_t)n, MSG_NOSIGNAL);
-  (void)w;
-  close(fd);
-}
-
-/* accept() failed for want of a descriptor: the connection stays queued
- * and poll() would report it again at once (a spin at 100 % CPU, the
- * client never answered). Give the spare up to take it and answer 503,
- * then take the spare back; when that fails too, rest the socket. */
-static void refuse_no_fd(kvbm_router_daemon *d) {
-  http_state *h = d->http;
-  if (h->spare_fd >= 0) {
-    close(h->spare_fd);
-    h->spare_fd = -1;
-  }
-  int fd = accept4(d->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-  if (fd >= 0) {
-    refuse(fd, "{\"error\":\"out of file descriptors\",\"status\":503}\n");
-    h->refused_no_fd++;
-  }
-  h->spare_fd = fcntl(d->lfd, F_DUPFD_CLOEXEC, 0);
-  if (fd < 0 || h->spare_fd < 0) { /* someone else took it: try later */
-    h->accept_at = h->now + (int64_t)ACCEPT_PAUSE_MS * 1000000;
-    h->accept_pauses++;
-  }
-}
-
-/* Idle, for the admission rule: nothing of a request is here (no
- * unconsumed input, no head parsed, no bytes seen waiting unread) and
- * nothing is queued to send. With pipelining, a connection whose answers
- * are out but whose next request is half read is busy; one that was
- * answered and sent nothing since is idle (since idle_ns). */
-static bool conn_idle(const conn *c) {
-  return c->in_off == c->in_len && !c->have_head && !c->out_len && !c->closing && !c->pending;
-}
-
-/* The table as the admission rule (common/admit.c) reads it. */
-static void admit_get(const void *table, size_t i, kvbm__admit_conn *out) {
-  const conn *c = &((const conn *)table)[i];
-  *out = (kvbm__admit_conn){.fd = c->fd, .peer = c->peer, .idle = conn_idle(c),
-                            .idle_ns = c->idle_ns};
-}
-
-/* A connection the rule picked had a request waiting: not idle until read. */
-static void admit_busy(void *table, size_t i) { ((conn *)table)[i].pending = true; }
-
-/* Makes room for a new connection from `peer` by the shared rule, closing
- * the idle connection it names; false (after counting it): the newcomer
- * is to be answered 503 with *why. */
-static bool make_room(kvbm_router_daemon *d, uint32_t peer, const char **why) {
-  http_state *h = d->http;
-  kvbm__admit_table t = {.table = h->c, .n = h->nc, .max_conn = d->cfg.max_connections,
-                         .max_per_peer = d->cfg.max_per_peer, .get = admit_get,
-                         .busy = admit_busy};
-  size_t v = 0;
-  kvbm__admit_kind k = kvbm__admit_make_room(&t, peer, &v);
-  switch (k) {
-  case KVBM__ADMIT_ROOM:
-    return true;
-  case KVBM__ADMIT_CLOSE_PEER:
-  case KVBM__ADMIT_CLOSE_FULL:
-    conn_close(h, v);
-    ++*(k == KVBM__ADMIT_CLOSE_PEER ? &h->idle_closed_peer : &h->idle_closed_full);
-    return true;
-  case KVBM__ADMIT_REFUSE_PEER:
-    h->refused_peer++;
-    *why = "{\"error\":\"too many connections from your address\",\"status\":503}";
-    return false;
-  case KVBM__ADMIT_REFUSE_FULL:
-    break;
-  }
-  h->refused_busy++;
-  *why = "{\"error\":\"too many connections\",\"status\":503}";
-  return false;
-}
-
-static bool conn_add(http_state *h, int fd, uint32_t peer) {
-  if (kvbm__vec_reserve_of(&h->c, &h->cc, h->nc + 1, 16, KVBM__VEC_NO_LIMIT)) return false;
-  h->c[h->nc++] = (conn){.fd = fd, .deadline_ns = h->now + h->io_ns, .peer = peer,
-                         .idle_ns = h->now};
-  h->conns++;
-  return true;
-}
-
-static void accept_some(kvbm_router_daemon *d) {
-  http_state *h = d->http;
-  for (int k = 0; k < ACCEPTS_PER_TURN && h->now >= h->accept_at; k++) {
-    struct sockaddr_storage pa;
-    socklen_t pl = sizeof pa;
-    int fd = accept4(d->lfd, (struct sockaddr *)&pa, &pl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EMFILE || errno == ENFILE) {
-        refuse_no_fd(d);
-        continue;
-      }
-      if (errno != EAGAIN && errno != EWOULDBLOCK) { /* ENOBUFS, ENOMEM, ...: rest */
-        h->accept_at = h->now + (int64_t)ACCEPT_PAUSE_MS * 1000000;
-        h->accept_pauses++;
-      }
-      return;
-    }
-    int one = 1, sndbuf = SNDBUF;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-    uint32_t peer = kvbm__admit_peer_key((struct sockaddr *)&pa, pl);
-    const char *why = NULL;
-    if (!make_room(d, peer, &why)) {
-      refuse(fd, why);
-      continue;
-    }
-    if (!conn_add(h, fd, peer)) {
-      refuse(fd, "{\"error\":\"out of memory\",\"status\":503}");
-      h->refused_busy++;
-    }
-  }
-}
-
-/* Fills the poll set; returns the timeout: 0 while a connection has work
- * left from its turn. */
-static int poll_prepare(kvbm_router_daemon *d) {
-  http_state *h = d->http;
-  int timeout = POLL_MS;
-  bool resting = h->now < h->accept_at;
-  h->pfd[0] = (struct pollfd){.fd = resting ? -1 : d->lfd, .events = POLLIN};
-  h->pfd[1] = (struct pollfd){.fd = d->wake[0], .events = POLLIN};
-  if (resting && h->accept_at - h->now < (int64_t)timeout * 1000000)
-    timeout = (int)((h->accept_at - h->now) / 1000000) + 1;
-  for (size_t i = 0; i < h->nc; i++) {
-    conn *c = &h->c[i];
-    short ev = c->out_len ? POLLOUT : c->backlog ? 0 : POLLIN;
-    if (c->backlog && !c->out_len) timeout = 0;
-    h->pfd[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
-  }
-  return timeout;
+  if (atomic_load(&d->stop)) kvbm__service_stop(d->svc);
 }
 
 int kvbm_router_daemon_run(kvbm_router_daemon *d, kvbm_error *err) {
-  http_state *h = d->http;
-  int rc = KVBM_OK;
-  while (!atomic_load(&d->stop)) {
-    size_t n = h->nc + 2;
-    if (kvbm__vec_reserve_of(&h->pfd, &h->cpfd, n, 16, KVBM__VEC_NO_LIMIT))
-      return kvbm_error_set(err, KVBM_ENOMEM, "router: out of memory");
-    h->now = kvbm__rd_now_ns();
-    int np = poll(h->pfd, n, poll_prepare(d));
-    if (np < 0 && errno != EINTR) {
-      rc = kvbm_error_set(err, KVBM_EIO, "router: poll: %s", strerror(errno));
-      break;
-    }
-    h->now = kvbm__rd_now_ns();
-    /* connections, back to front so removal keeps indices valid */
-    for (size_t i = h->nc; i-- > 0;)
-      if (!conn_turn(d, &h->c[i], np > 0 ? h->pfd[i + 2].revents : 0)) conn_close(h, i);
-    if (np > 0 && (h->pfd[0].revents & POLLIN)) accept_some(d);
-    if (np > 0 && (h->pfd[1].revents & POLLIN)) {
-      char buf[64];
-      ssize_t r = read(d->wake[0], buf, sizeof buf);
-      (void)r;
-    }
-    kvbm__reqtab_expire(&h->rt, h->now);
-    kvbm__rd_sources_tick(d);
-    kvbm_approx *ap = d->approx ? d->approx : d->degraded_ap;
-    if (ap && kvbm_approx_pending(ap)) {
-      pthread_mutex_lock(&d->wlock);
-      kvbm_approx_expire(ap, (double)h->now * 1e-9);
-      pthread_mutex_unlock(&d->wlock);
-    }
-  }
-  return rc;
+  if (atomic_load(&d->stop)) return KVBM_OK;
+  kvbm_error e = {0};
+  int rc = kvbm__service_run(d->svc, &e);
+  if (rc) /* the service's message, named as the router's */
+    return kvbm_error_set(err, rc, "router: %s", strncmp(e.msg, "router: ", 8) ? e.msg : e.msg + 8);
+  return KVBM_OK;
 }
 
 void kvbm_router_daemon_stop(kvbm_router_daemon *d) {
   atomic_store(&d->stop, 1);
-  ssize_t w = write(d->wake[1], "x", 1);
-  (void)w;
+  kvbm__service_stop(d->svc);
 }
 
 uint16_t kvbm_router_daemon_port(const kvbm_router_daemon *d) { return d->port; }
@@ -1218,19 +838,33 @@ static char *dup_str(const char *s, bool *oom) {
   return d;
 }
 
+/* The HTTP side: the service layer with the router's routes (each takes
+ * every method: dispatch answers 405 and 404 itself), listening now so
+ * that kvbm_router_daemon_port answers before run. */
 static int listen_on(kvbm_router_daemon *d, kvbm_error *err) {
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(d->cfg.port)};
-  if (inet_pton(AF_INET, d->host, &a.sin_addr) != 1)
+  struct in_addr ia;
+  if (inet_pton(AF_INET, d->host, &ia) != 1)
     return kvbm_error_set(err, KVBM_EINVAL, "router: '%s' is not an IPv4 address", d->host);
-  d->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  int one = 1;
-  if (d->lfd >= 0) setsockopt(d->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (d->lfd < 0 || bind(d->lfd, (struct sockaddr *)&a, sizeof a) || listen(d->lfd, 128))
-    return kvbm_error_set(err, KVBM_EIO, "router: listen on %s:%u: %s", d->host, d->cfg.port,
-                          strerror(errno));
-  socklen_t al = sizeof a;
-  getsockname(d->lfd, (struct sockaddr *)&a, &al);
-  d->port = ntohs(a.sin_port);
+  kvbm__service_route r[5];
+  static const char *const paths[] = {"/route", "/done", "/health", "/metrics", NULL};
+  for (size_t i = 0; i < 5; i++)
+    r[i] = (kvbm__service_route){.path = paths[i], .methods = KVBM__SVC_ANY,
+                                 .max_body = d->cfg.max_body, .fn = dispatch, .user = d};
+  kvbm__service_config sc = {.name = "router", .host = d->host, .port = d->cfg.port,
+                             .max_connections = d->cfg.max_connections > KVBM__SERVICE_MAX_CONN
+                                                    ? KVBM__SERVICE_MAX_CONN
+                                                    : (uint32_t)d->cfg.max_connections,
+                             .max_per_peer = d->cfg.max_per_peer > UINT32_MAX
+                                                 ? UINT32_MAX
+                                                 : (uint32_t)d->cfg.max_per_peer,
+                             .io_timeout_s = d->cfg.io_timeout_s > 86400 ? 86400
+                                                                          : d->cfg.io_timeout_s,
+                             .max_head = MAX_HEAD, .sndbuf = SNDBUF, .json_errors = true,
+                             .error_newline = true, .routes = r, .nroutes = 5, .tick = tick,
+                             .tick_user = d, .tick_ms = POLL_MS};
+  int rc = kvbm__service_create(&sc, &d->svc, err);
+  if (rc) return rc;
+  d->port = kvbm__service_port(d->svc);
   return KVBM_OK;
 }
 
@@ -1241,7 +875,6 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
   if (rc) return rc;
   kvbm_router_daemon *d = calloc(1, sizeof *d);
   if (!d) return kvbm_error_set(err, KVBM_ENOMEM, "router: out of memory");
-  d->lfd = d->wake[0] = d->wake[1] = -1;
   d->cfg = *cfg;
   bool oom = false;
   d->host = dup_str(cfg->host, &oom);
@@ -1272,12 +905,10 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     rc = kvbm_error_set(err, KVBM_ENOMEM, "router: out of memory");
     goto fail;
   }
-  d->http->spare_fd = -1;
   if ((rc = kvbm__reqtab_init(&d->http->rt, cfg->max_active_requests, load_drop, d->http, err)))
     goto fail;
   d->http->rng = cfg->seed ? cfg->seed : 1;
   d->http->t0 = kvbm__rd_now_ns();
-  d->http->io_ns = (int64_t)(cfg->io_timeout_s * 1e9);
   d->http->ep = EP_UNKNOWN;
   /* latency 0.1 ms .. ~1.7 s; routing phases 0.1 us .. ~0.8 s (Dynamo's
    * overhead buckets, longer); hit rate in tenths */
@@ -1306,16 +937,7 @@ int kvbm_router_daemon_create(const kvbm_router_daemon_config *cfg, kvbm_router_
     ac.max_blocks_per_worker = cfg->approx_max_blocks;
     if ((rc = kvbm_approx_create(d->idx, &ac, &d->degraded_ap, err))) goto fail;
   }
-  if (pipe2(d->wake, O_NONBLOCK | O_CLOEXEC)) {
-    rc = kvbm_error_set(err, KVBM_EIO, "router: pipe: %s", strerror(errno));
-    goto fail;
-  }
   if ((rc = listen_on(d, err))) goto fail;
-  d->http->spare_fd = fcntl(d->lfd, F_DUPFD_CLOEXEC, 0);
-  if (d->http->spare_fd < 0) {
-    rc = kvbm_error_set(err, KVBM_EIO, "router: spare descriptor: %s", strerror(errno));
-    goto fail;
-  }
   for (size_t i = 0; i < d->nsrc; i++) d->src[i].d = d, d->src[i].cfg = d->scfg[i];
   if ((rc = kvbm__rd_snapshot_load(d, err))) goto fail;
   if ((rc = kvbm__rd_sources_start(d, err))) goto fail;
@@ -1335,16 +957,10 @@ void kvbm_router_daemon_destroy(kvbm_router_daemon *d) {
   kvbm__rd_snapshot_stop(d);             /* the last snapshot */
   if (d->src) kvbm__rd_sources_stop(d);  /* JetStream sources ack it */
   if (d->http) {
-    while (d->http->nc) conn_close(d->http, 0);
-    free(d->http->c);
-    free(d->http->pfd);
     kvbm__reqtab_free(&d->http->rt);
-    if (d->http->spare_fd >= 0) close(d->http->spare_fd);
     free(d->http);
   }
-  if (d->lfd >= 0) close(d->lfd);
-  for (int i = 0; i < 2; i++)
-    if (d->wake[i] >= 0) close(d->wake[i]);
+  kvbm__service_destroy(d->svc);
   kvbm_metrics_destroy(d->metrics);
   kvbm_approx_destroy(d->approx);
   kvbm_approx_destroy(d->degraded_ap);

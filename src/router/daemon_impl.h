@@ -61,7 +61,7 @@ struct kvbm_router_daemon {
   kvbm_approx *approx;
   source *src;
   size_t nsrc;
-  int lfd, wake[2];
+  struct kvbm__service *svc; /* the HTTP side (src/service) */
   uint16_t port;
   _Atomic int stop;
   _Atomic uint64_t gaps;

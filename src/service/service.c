@@ -88,7 +88,7 @@
 
 #define TURN_REQUESTS 8        /* answered per connection per wake-up */
 #define TURN_BYTES (64 * 1024) /* request bytes a turn adds to a connection's credit */
-#define OUT_SOFT (64 * 1024)   /* no more answers while this much waits */
+#define OUT_SOFT KVBM__SERVICE_OUT_SOFT /* no more answers while this much waits */
 #define READ_AHEAD (64 * 1024) /* input read past the request being assembled */
 #define ACCEPTS_PER_TURN 64
 #define ACCEPT_PAUSE_MS 100
@@ -142,7 +142,7 @@ struct kvbm__service {
   _Atomic uint64_t answers[NCODES + 1];
   _Atomic uint64_t open, accepted, refused, refused_peer, refused_no_fd, idle_closed_full,
       idle_closed_peer, accept_pauses, requests, answered, bad, read_timeouts, write_timeouts,
-      idle_timeouts, turns_cut, out_peak;
+      idle_timeouts, turns_cut, out_peak, err4, err5;
 };
 
 /* ------------------------------------------------------------- buffers */
@@ -178,11 +178,18 @@ bool kvbm__service_buf_printf(kvbm__service_buf *b, const char *fmt, ...) {
 
 /* ------------------------------------------------------------ answers */
 
-static void count_answer(kvbm__service *s, int code) {
+/* Any answer, by code (a 503 to a newcomer refused at admission too). */
+static void count_code(kvbm__service *s, int code) {
   size_t i = 0;
   while (i < NCODES && codes[i] != code) i++;
   atomic_fetch_add(&s->answers[i], 1);
   if (code >= 200) atomic_fetch_add(code < 400 ? &s->answered : &s->bad, 1);
+}
+
+/* An answer queued on a connection. */
+static void count_answer(kvbm__service *s, int code) {
+  if (code >= 400) atomic_fetch_add(code < 500 ? &s->err4 : &s->err5, 1);
+  count_code(s, code);
 }
 
 /* Appends to the output; the first bytes queued start the write deadline. */
@@ -227,7 +234,8 @@ static size_t error_body(const kvbm__service *s, int code, const char *msg, char
     for (const char *p = msg ? msg : ""; *p && k + 1 < sizeof safe; p++)
       if (*p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) safe[k++] = *p;
     safe[k] = 0;
-    n = snprintf(buf, cap, "{\"error\":\"%s\",\"status\":%d}", safe, code);
+    n = snprintf(buf, cap, "{\"error\":\"%s\",\"status\":%d}%s", safe, code,
+                 s->cfg.error_newline ? "\n" : "");
   } else {
     n = snprintf(buf, cap, "%s\n", msg ? msg : "");
   }
@@ -251,7 +259,7 @@ static unsigned method_bit(const char *m) {
   if (!strcmp(m, "POST")) return KVBM__SVC_POST;
   if (!strcmp(m, "PUT")) return KVBM__SVC_PUT;
   if (!strcmp(m, "DELETE")) return KVBM__SVC_DELETE;
-  return 0;
+  return KVBM__SVC_OTHER;
 }
 
 /* The route for (path, method): the first exact path that takes the
@@ -502,7 +510,7 @@ static void refuse(kvbm__service *s, int fd, const char *why) {
   ssize_t w = send(fd, m, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
   (void)w;
   close(fd);
-  count_answer(s, 503);
+  count_code(s, 503);
 }
 
 static void refuse_no_fd(kvbm__service *s) {
@@ -675,7 +683,7 @@ void kvbm__service_stop(kvbm__service *s) {
 
 static int check_config(const kvbm__service_config *c, const char *name, kvbm_error *err) {
   if (c->max_connections < 1 || c->max_connections > KVBM__SERVICE_MAX_CONN)
-    return kvbm_error_set(err, KVBM_EINVAL, "%s: max_connections %u (1..%d)", name,
+    return kvbm_error_set(err, KVBM_EINVAL, "%s: max_connections %u (1..%u)", name,
                           c->max_connections, KVBM__SERVICE_MAX_CONN);
   if (c->max_per_peer < 1) return kvbm_error_set(err, KVBM_EINVAL, "%s: max_per_peer 0 (>= 1)", name);
   if (!(c->io_timeout_s > 0) || c->io_timeout_s > 86400)
@@ -688,14 +696,15 @@ static int check_config(const kvbm__service_config *c, const char *name, kvbm_er
                           KVBM__SERVICE_MAX_ROUTES);
   for (size_t i = 0; i < c->nroutes; i++) {
     const kvbm__service_route *r = &c->routes[i];
-    if (!r->fn || !r->methods || (r->methods & ~31u))
+    if (!r->fn || !r->methods || (r->methods & ~KVBM__SVC_ANY))
       return kvbm_error_set(err, KVBM_EINVAL, "%s: route %zu (%.64s) has no handler or methods",
                             name, i, r->path ? r->path : "*");
     if (r->path && (r->path[0] != '/' || strlen(r->path) >= HTTP_MAX_PATH))
       return kvbm_error_set(err, KVBM_EINVAL, "%s: route %zu: path '%.64s' must start with /",
                             name, i, r->path);
-    if (r->max_body > ((size_t)1 << 30))
-      return kvbm_error_set(err, KVBM_EINVAL, "%s: route %zu: max_body over 1 GiB", name, i);
+    if (r->max_body > SIZE_MAX / 4) /* max_head + max_body must not overflow */
+      return kvbm_error_set(err, KVBM_EINVAL, "%s: route %zu: max_body %zu too large", name, i,
+                            r->max_body);
   }
   return KVBM_OK;
 }
@@ -763,6 +772,16 @@ fail:
 
 uint16_t kvbm__service_port(const kvbm__service *s) { return s ? s->port : 0; }
 
+void kvbm__service_buffered(const kvbm__service *s, uint64_t *in, uint64_t *out) {
+  uint64_t i = 0, o = 0;
+  for (size_t k = 0; s && k < s->nc; k++) {
+    i += s->c[k].in_len - s->c[k].in_off;
+    o += s->c[k].out_len - s->c[k].out_off;
+  }
+  if (in) *in = i;
+  if (out) *out = o;
+}
+
 uint64_t kvbm__service_answers(const kvbm__service *s, int code) {
   if (!s) return 0;
   kvbm__service *m = (kvbm__service *)s; /* atomics: loads only */
@@ -789,6 +808,8 @@ void kvbm__service_stats_get(const kvbm__service *s, kvbm__service_stats *out) {
       .read_timeouts = atomic_load(&m->read_timeouts),
       .write_timeouts = atomic_load(&m->write_timeouts),
       .idle_timeouts = atomic_load(&m->idle_timeouts),
+      .errors_4xx = atomic_load(&m->err4),
+      .errors_5xx = atomic_load(&m->err5),
       .turns_cut = atomic_load(&m->turns_cut),
       .out_peak = atomic_load(&m->out_peak),
   };

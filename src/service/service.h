@@ -36,9 +36,13 @@
 #define KVBM__SVC_POST 4u
 #define KVBM__SVC_PUT 8u
 #define KVBM__SVC_DELETE 16u
+#define KVBM__SVC_OTHER 32u /* any other method (a handler that answers 405 itself) */
+#define KVBM__SVC_ANY 63u
 
 /* Bounds of a service (checked at create). */
-#define KVBM__SERVICE_MAX_CONN 4096
+#define KVBM__SERVICE_MAX_CONN (1u << 20)
+/* A connection gets no more answers while this much of its output waits. */
+#define KVBM__SERVICE_OUT_SOFT (64 * 1024)
 #define KVBM__SERVICE_MAX_ROUTES 32
 
 typedef struct kvbm__service kvbm__service;
@@ -108,6 +112,7 @@ typedef struct kvbm__service_config {
   int sndbuf;                /* SO_SNDBUF per connection (0: the kernel's) */
   bool json_errors;          /* its own answers (4xx, 5xx) as
                                 {"error":"...","status":N}, else text */
+  bool error_newline;        /* JSON error bodies end with "\n" */
   const char *not_found;     /* the 404 text (NULL: "not found") */
   const kvbm__service_route *routes; /* copied at create */
   size_t nroutes;            /* 1..KVBM__SERVICE_MAX_ROUTES */
@@ -128,6 +133,8 @@ typedef struct kvbm__service_stats {
   uint64_t accept_pauses;          /* the listening socket rested */
   uint64_t requests;               /* heads parsed */
   uint64_t answered, bad_requests; /* answers < 400, >= 400 (503s included) */
+  uint64_t errors_4xx, errors_5xx; /* error answers queued on connections
+                                      (the 503s of admission not included) */
   uint64_t read_timeouts, write_timeouts; /* a request late (408), an
                                             answer not taken */
   uint64_t idle_timeouts;          /* idle keep-alive connections closed */
@@ -153,6 +160,10 @@ void kvbm__service_stop(kvbm__service *s);
 void kvbm__service_destroy(kvbm__service *s);
 
 uint16_t kvbm__service_port(const kvbm__service *s);
+
+/* Bytes the open connections hold, read (unconsumed) and to send. The
+ * service's thread only (a handler, the tick): it walks the table. */
+void kvbm__service_buffered(const kvbm__service *s, uint64_t *in, uint64_t *out);
 void kvbm__service_stats_get(const kvbm__service *s, kvbm__service_stats *out);
 
 /* Answers sent with status `code` (any code; those the service does not
