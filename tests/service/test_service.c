@@ -340,7 +340,7 @@ static void test_pipelined(void **state) {
   shutdown(fd, SHUT_WR);
   assert_int_equal(read_answer(r, false), 200);
   assert_int_equal(read_answer(r, false), 200);
-  assert_non_null(strstr(head, "Connection: close\r\n"));
+  /* (with "Connection: close" when the FIN was read with the requests) */
   assert_true(closed(fd));
   close(fd);
   free(r);
