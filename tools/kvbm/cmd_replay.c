@@ -152,7 +152,7 @@ static int replay_hybrid(int argc, char **argv) {
       printf("  prefill in chunks of at most %u tokens\n", h.max_num_batched_tokens);
     else
       printf("  prefill in one step\n");
-    printf("  requests          %llu (%llu refused: they do not fit)\n", (unsigned long long)res.requests,
+    printf("  requests          %llu (%llu refused: they cannot run in this pool)\n", (unsigned long long)res.requests,
            (unsigned long long)res.refused);
     printf("  prompt tokens     %llu\n", (unsigned long long)res.prompt_tokens);
     printf("  hit tokens        %llu (%.2f%% of prompt tokens)\n", (unsigned long long)res.hit_tokens,
