@@ -280,7 +280,8 @@ KVBM_EXTERN int kvbm_pool_fill_run(kvbm_pool *pool, uint64_t salt_hash, uint64_t
  * kvbm_block_register). This is the counterpart of kvbm_pool_fill_run for
  * an engine that allocates a step's blocks for every group first and
  * registers them after, as vLLM does. Every id is checked first: KVBM_EINVAL
- * or KVBM_ESTATE with no change. Cost: as kvbm_block_fill per block, with
+ * (a bad id) or KVBM_ESTATE (a block not RESET and held, or an id given
+ * twice) with no change. Cost: as kvbm_block_fill per block, with
  * the registry probes loaded ahead. */
 KVBM_EXTERN int kvbm_pool_fill_ids(kvbm_pool *pool, uint32_t *ids, size_t n, uint64_t salt_hash,
                                    uint64_t parent, bool has_parent, const uint32_t *tokens,
