@@ -584,8 +584,11 @@ def replay(records, groups, B, capacity, mbt=0, dedup=True):
             continue
         hashes = block_hashes(prompt + out, B)
         # blocks held never exceed a full table per group; if even that
-        # fits there is nothing to check, else a dry run on counts decides
-        if n * cdiv(L + O, B) > capacity:
+        # fits there is nothing to check, else a dry run on counts decides.
+        # A chunk limit below one block stalls a mamba-align prompt (the
+        # aligned split rounds its chunk down to 0 tokens: vLLM would never
+        # schedule it); the dry run finds that too, and it is refused.
+        if n * cdiv(L + O, B) > capacity or (has_mamba and 0 < mbt < B):
             dry = run_request(groups, coord, B, DryPool(pool), hashes, L, O, mbt, has_mamba)
             if dry is None:
                 res["refused"] += 1

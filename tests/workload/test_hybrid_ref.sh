@@ -144,6 +144,16 @@ expect "prompt_tokens=26 hit_tokens=12 blocks_allocated_per_group=[5,5] peak_blo
 expect "prompt_tokens=26 hit_tokens=8 blocks_allocated_per_group=[6,5] peak_blocks_held=5 peak_blocks_held_per_group=[3,2]" \
   "$TMP/mamba.jsonl" --groups full,mamba-align --block-size 4 --capacity 100
 
+# A chunk limit below one block: the aligned split rounds a chunk that ends
+# before the prompt's last block boundary down to 0 tokens, so vLLM never
+# schedules the request; here it is refused. B 4, --max-num-batched-tokens 2.
+# r0 (L10,O1): boundary 8, first chunk [0,2) -> 0 tokens: refused.
+# r1 (L3,O1): no block boundary inside the prompt: chunks [0,2) [2,3), then
+#   the decode fills block 0: 1 block a group, registered, no hit.
+trace "$TMP/stall.jsonl" "10 1 7" "3 1 8"
+expect "requests=2 prompt_tokens=13 refused=1 hit_tokens=0 blocks_allocated_per_group=[1,1] peak_blocks_held=2" \
+  "$TMP/stall.jsonl" --groups full,mamba-align --block-size 4 --capacity 100 --max-num-batched-tokens 2
+
 # ---- 2e. chunked local attention: blocks before the current chunk are skipped.
 # full,chunk:8, B 4.
 # r0 (L16,O1,id3): 4+4 blocks, all cached; before the decode the chunk group
