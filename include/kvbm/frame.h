@@ -12,6 +12,18 @@
  *   offset 13  3 bytes  padding, zero
  *   offset 16  16 bytes the first 16 bytes of BLAKE3(body) (plain hash)
  *
+ * Version 2 (keyed, issue 23) has the same layout; its 16 bytes at offset
+ * 16 are the first 16 of BLAKE3 keyed with a 32-byte key that writer and
+ * reader share (a MAC), so that someone who can write the bytes but does
+ * not hold the key cannot make a frame that checks. The version tells a
+ * reader which it has, and each reader accepts only its own kind:
+ *   - a reader without a key refuses a keyed frame (it cannot check it);
+ *   - a reader with a key refuses an unkeyed frame (anyone can make one:
+ *     that is what an attacker who rewrote the bytes would send);
+ *   - a reader with a key refuses a keyed frame whose MAC differs (forged,
+ *     another key, or damaged: a keyed reader cannot tell them apart).
+ * All three are KVBM_EAUTH. A keyed BLAKE3 costs what a plain one does.
+ *
  * The byte at offset 12 is the producer's phase label of ADR-0006
  * (ThinkComplete = 0, ThinkActive = 1, OutputCritical = 2): how urgently
  * the receiver will need the block, not where kvbm stores it. kvbm's own
@@ -28,12 +40,14 @@
  *   KVBM_ETRUNCATED  fewer than 32 header bytes, or a body shorter than
  *                    declared (the message says which)
  *   KVBM_EMAGIC      the first 4 bytes are not "MRDN"
- *   KVBM_EVERSION    a version other than 1
+ *   KVBM_EVERSION    a version other than 1 or 2
  *   KVBM_EPADDING    nonzero padding bytes
  *   KVBM_EPHASE      a phase byte outside kvbm_frame_phase (3..255)
  *   KVBM_ETOOLONG    a body longer than declared, or a declared length
  *                    above the caller's limit
  *   KVBM_ECHECKSUM   the body does not hash to the header's checksum
+ *   KVBM_EAUTH       the frame is not of the reader's kind (keyed or not,
+ *                    above), or its MAC does not match the body
  * Checks run in that order of the header's fields (magic, version,
  * padding, phase, length limit), then the body's length, then its hash.
  */
@@ -52,6 +66,8 @@ extern "C" {
 
 #define KVBM_FRAME_HEADER_LEN 32
 #define KVBM_FRAME_VERSION 1
+#define KVBM_FRAME_VERSION_KEYED 2
+#define KVBM_FRAME_KEY_LEN 32 /* a MAC key (derive it: kvbm_blake3_derive_key) */
 #define KVBM_FRAME_CHECKSUM_LEN 16
 /* A sensible receive limit for callers without their own (64 MiB). */
 #define KVBM_FRAME_DEFAULT_MAX_BODY (64u << 20)
@@ -145,6 +161,50 @@ KVBM_EXTERN int kvbm_frame_decode(const void *buf, size_t len, uint32_t max_body
                       kvbm_frame_header *hdr, const uint8_t **body,
                       kvbm_error *err);
 
+/* ---- keyed frames (version 2) ----
+ *
+ * The same calls with a 32-byte MAC key. `key` NULL is the unkeyed call
+ * (version 1) in every one of them, so a caller passes its key, or NULL
+ * when it has none, through one path. The key is read, never kept. */
+
+/* kvbm_frame_encode_header, writing a version-2 header (keyed MAC). */
+KVBM_EXTERN int kvbm_frame_encode_header_keyed(const uint8_t *key, kvbm_frame_phase phase,
+                                               const void *body, size_t body_len,
+                                               uint8_t header[KVBM_FRAME_HEADER_LEN],
+                                               kvbm_error *err);
+
+/* kvbm_frame_encode_header_sum for a MAC the caller computed (the first
+ * 16 bytes of BLAKE3 keyed with the reader's key, e.g. kept since the
+ * bytes were written): writes a version-2 header, hashes nothing. */
+KVBM_EXTERN int kvbm_frame_encode_header_mac(kvbm_frame_phase phase, size_t body_len,
+                                             const uint8_t mac[KVBM_FRAME_CHECKSUM_LEN],
+                                             uint8_t header[KVBM_FRAME_HEADER_LEN],
+                                             kvbm_error *err);
+
+/* kvbm_frame_encode, keyed (version 2) when key is not NULL. */
+KVBM_EXTERN int kvbm_frame_encode_keyed(const uint8_t *key, kvbm_frame_phase phase,
+                                        const void *body, size_t body_len, void *out,
+                                        size_t cap, size_t *out_len, kvbm_error *err);
+
+/* kvbm_frame_verify_body for a reader holding `key` (NULL: none): the
+ * length check, then the kind (KVBM_EAUTH when the frame is not of the
+ * reader's kind), then the MAC (KVBM_EAUTH) or the plain checksum
+ * (KVBM_ECHECKSUM). */
+KVBM_EXTERN int kvbm_frame_verify_body_keyed(const kvbm_frame_header *hdr, const uint8_t *key,
+                                             const void *body, size_t body_len,
+                                             kvbm_error *err);
+
+/* kvbm_frame_check_sum for a keyed reader that computed the body's MAC
+ * itself: KVBM_EAUTH for an unkeyed header or a MAC that differs. */
+KVBM_EXTERN int kvbm_frame_check_mac(const kvbm_frame_header *hdr, size_t body_len,
+                                     const uint8_t mac[KVBM_FRAME_CHECKSUM_LEN],
+                                     kvbm_error *err);
+
+/* kvbm_frame_decode for a reader holding `key` (NULL: none). */
+KVBM_EXTERN int kvbm_frame_decode_keyed(const uint8_t *key, const void *buf, size_t len,
+                                        uint32_t max_body, kvbm_frame_header *hdr,
+                                        const uint8_t **body, kvbm_error *err);
+
 /* ---- verifying a body that arrives in pieces ---- */
 
 /* Caller-owned state (a plain struct, no allocation); fields private. */
@@ -155,9 +215,17 @@ typedef struct kvbm_frame_verifier {
   kvbm_blake3_hasher hasher;
 } kvbm_frame_verifier;
 
-/* Starts verifying the body of a header from kvbm_frame_parse_header. */
+/* Starts verifying the body of a header from kvbm_frame_parse_header.
+ * KVBM_EAUTH for a keyed header (no key to check it with). */
 KVBM_EXTERN int kvbm_frame_verifier_init(kvbm_frame_verifier *v,
                              const kvbm_frame_header *hdr, kvbm_error *err);
+
+/* The same for a reader holding `key` (NULL: kvbm_frame_verifier_init):
+ * KVBM_EAUTH for an unkeyed header; finish says KVBM_EAUTH for a MAC that
+ * differs. */
+KVBM_EXTERN int kvbm_frame_verifier_init_keyed(kvbm_frame_verifier *v,
+                                               const kvbm_frame_header *hdr,
+                                               const uint8_t *key, kvbm_error *err);
 
 /* Feeds the next piece. KVBM_ETOOLONG as soon as the pieces exceed the
  * declared length (the verifier then stays failed). */

@@ -93,6 +93,9 @@ extern "C" {
 /* Length bounds of kvbm_manager_config.g3_key (a secret of any bytes). */
 #define KVBM_MANAGER_G3_KEY_MIN 16u
 #define KVBM_MANAGER_G3_KEY_MAX 4096u
+/* Length bounds of kvbm_manager_config.g4_key / g4_key_file's secret. */
+#define KVBM_MANAGER_G4_KEY_MIN 16u
+#define KVBM_MANAGER_G4_KEY_MAX 4096u
 
 
 /* When a block that a tier does not hold is copied there on use. */
@@ -224,6 +227,22 @@ typedef struct kvbm_manager_config {
                                   alone this long (1000): no lookups, hits
                                   or puts; doubling up to 32x while it goes
                                   on failing; 0: never */
+  /* G4's cluster key (issue 23; docs/areas/tiers.md "Authenticated G4").
+   * NULL and NULL (default): G4 values are frames with a plain BLAKE3-128,
+   * which anyone who can write the store can recompute. A secret of
+   * KVBM_MANAGER_G4_KEY_MIN..MAX bytes, given as bytes (g4_key) or as the
+   * path of a file holding it (g4_key_file: a regular file of this user,
+   * not a symbolic link, that no other user can read or write; one
+   * trailing newline is dropped), never both: values are keyed frames
+   * (BLAKE3 keyed with a key derived from the secret), and a value that
+   * is not one of ours under that key (unkeyed, another key, forged) is a
+   * counted miss (stats: auth_failures). Every manager sharing the store
+   * needs the same secret; a manager without one refuses keyed values
+   * (auth_failures too). Read at create; the secret is not kept (the
+   * derived key is, and is zeroed at destroy). */
+  const void *g4_key;
+  size_t g4_key_len;
+  const char *g4_key_file;
   const char *model_id;        /* in the volume keys' namespace, with the
                                   layout fingerprint, hash scheme and block
                                   size: [A-Za-z0-9._-]{1,64} (NULL: "default") */
@@ -295,6 +314,11 @@ KVBM_EXTERN kvbm_manager_config kvbm_manager_config_default(void);
  *   KVBM_G4_QUEUE_DEPTH, KVBM_G4_TIMEOUT_MS, KVBM_G4_LOOKUP_TIMEOUT_MS,
  *   KVBM_G4_LOOKUP_MAX, KVBM_G4_BACKOFF_MS  the G4 fields of the same names
  *   KVBM_MODEL_ID                           model_id
+ *   KVBM_G4_KEY_FILE                        g4_key_file (a path)
+ *   DYN_KVBM_G4_KEY                         g4_key (the secret itself;
+ *                                           the file is the better way:
+ *                                           the environment is readable
+ *                                           by the user's processes)
  *   KVBM_METRICS_HOST                       metrics.host
  * GiB sizes count whole blocks of the config's layout. `env` is an
  * environ-style NULL-terminated "NAME=value" array, or NULL for the
@@ -417,6 +441,10 @@ typedef struct kvbm_tier_stats {
                                  held (evicted, restarted, failed over) */
   uint64_t foreign;           /* values of another namespace, key, layout
                                  or size (checksum_failures: a bad check) */
+  uint64_t auth_failures;     /* G4: values refused by the cluster key
+                                 (g4_key): unkeyed while we hold a key,
+                                 keyed while we hold none, or a MAC that
+                                 does not match (forged, another key) */
   uint64_t lookups;           /* G4: lookups sent (one per prefill that
                                  reached past G3) */
   uint64_t lookup_blocks;     /* blocks they asked about */
@@ -523,6 +551,18 @@ KVBM_EXTERN const char *kvbm_manager_g3_mode(const kvbm_manager *m);
  * verified before any cache block is taken). The peer is otherwise
  * trusted: it proved the fabric's shared key.
  *
+ * What a peer holds (issue 23, docs/areas/peers.md). A block the peer
+ * acknowledged is remembered as held there for lease_ms from that answer,
+ * and no longer: after it block_location says local (not held) and an
+ * OutputCritical prefill does not drop a G1 copy for room on that word.
+ * The peer says what it stops holding: when a block it ingested from us
+ * leaves its G1 and G2 (evicted, reset, cleared), it sends a remove
+ * message and we forget it at once; its "not held" answer to a pull does
+ * the same; and when the link closes (peer gone, protocol error, detach)
+ * everything it said is forgotten. Removes are a version 2 protocol
+ * message: a version 1 peer is accepted but never told, and its word
+ * lives only as long as its lease.
+ *
  * Threads: as the rest of the manager. The fabric belongs to the caller,
  * who keeps it until kvbm_manager_detach (or destroy) returns; the manager
  * serialises its own use of it. */
@@ -547,6 +587,9 @@ typedef struct kvbm_peer_config {
                               answer: past it the oldest wait is dropped
                               (acks_forgotten) and its late answer refused
                               (acks_unexpected), never believed */
+  int32_t lease_ms;        /* how long the peer's word that it holds a
+                              block is believed (30000; 0: the default;
+                              at least 1): see "What a peer holds" */
 } kvbm_peer_config;
 
 KVBM_EXTERN kvbm_peer_config kvbm_peer_config_default(void);
@@ -630,6 +673,16 @@ typedef struct kvbm_peer_stats {
   uint64_t sent_hashed_bytes;     /* bytes the send path hashed (blocks with none kept) */
   uint64_t received_hashed_bytes; /* bytes hashed to check this peer's blocks */
   char last_refusal[KVBM_ERROR_MSG_MAX];          /* why the last refused block was */
+  /* What the peer holds (issue 23). */
+  uint32_t peer_version;     /* the peer's protocol version (1 or 2) */
+  uint64_t removes_sent;     /* blocks we told the peer we no longer hold */
+  uint64_t removes_all_sent; /* "forget everything" messages sent (a
+                                tier cleared, or more removes queued than
+                                bounded: the peer forgets more than needed) */
+  uint64_t forgotten_removed; /* remote entries dropped at the peer's word
+                                (remove message or "not held" answer) */
+  uint64_t forgotten_expired; /* ... whose lease ran out */
+  uint64_t forgotten_closed;  /* ... because the link closed */
 } kvbm_peer_stats;
 
 KVBM_EXTERN int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats *out);

@@ -231,6 +231,15 @@ static int env_g4(kvbm_manager_config *c, const char *const *env, kvbm_error *er
     if (!*v) return kvbm_error_set(err, KVBM_EINVAL, "manager: KVBM_MODEL_ID is empty");
     c->model_id = v;
   }
+  /* The cluster key: a file's path, or the secret itself; never both. */
+  if ((v = env_get(env, "KVBM_G4_KEY_FILE")) &&
+      (rc = env_url("KVBM_G4_KEY_FILE", v, &c->g4_key_file, err)))
+    return rc;
+  if ((v = env_get(env, "DYN_KVBM_G4_KEY"))) {
+    if (!*v) return kvbm_error_set(err, KVBM_EINVAL, "manager: DYN_KVBM_G4_KEY is empty");
+    c->g4_key = v;
+    c->g4_key_len = strlen(v);
+  }
   bool on;
   if ((v = env_get(env, "DYN_KVBM_OBJECT_ENABLED"))) {
     if ((rc = env_bool("DYN_KVBM_OBJECT_ENABLED", v, &on, err))) return rc;
@@ -297,6 +306,14 @@ static int check_g4(const kvbm_manager_config *c, kvbm_error *err) {
   if (c->model_id && !model_id_ok(c->model_id))
     return kvbm_error_set(err, KVBM_EINVAL,
                           "manager: model_id '%.64s' is not 1..64 of [A-Za-z0-9._-]", c->model_id);
+  if (c->g4_key && c->g4_key_file)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "manager: both g4_key and g4_key_file are set; give the G4 key once");
+  if (c->g4_key && (c->g4_key_len < KVBM_MANAGER_G4_KEY_MIN || c->g4_key_len > KVBM_MANAGER_G4_KEY_MAX))
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g4_key must be %u..%u bytes, not %zu",
+                          KVBM_MANAGER_G4_KEY_MIN, KVBM_MANAGER_G4_KEY_MAX, c->g4_key_len);
+  if (c->g4_key_file && !*c->g4_key_file)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: g4_key_file is empty");
   if ((c->g3_url && !*c->g3_url) || (c->g4_url && !*c->g4_url))
     return kvbm_error_set(err, KVBM_EINVAL, "manager: an empty g3_url or g4_url");
   return KVBM_OK;

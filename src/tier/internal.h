@@ -184,6 +184,9 @@ typedef struct kvbm__tier {
   bool shared;           /* other engines write it too (G4): blocks the
                             index does not know are looked up in the store,
                             and an evicted index entry keeps its value */
+  bool keyed;            /* G4 with a cluster key: values are keyed frames
+                            (store.c, "Authenticated values") */
+  uint8_t mac_key[32];   /* derived from g4_key; zeroed at destroy */
   uint32_t depth;        /* operations in flight */
   uint32_t batch_ops;    /* operations per batch: depth spread over the
                             volume's threads, so batches run side by side */
@@ -329,6 +332,11 @@ void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, 
  * KVBM_ETRUNCATED / KVBM_ETOOLONG (its size), KVBM_ECHECKSUM (the frame's
  * BLAKE3 or header), KVBM_EFORMAT (another namespace, key, layout or
  * block size). The block's bytes are then at kvbm__value_data_off(). */
+/* G4: reads the cluster key (g4_key or g4_key_file), derives the tier's
+ * MAC key from it and zeroes every copy of the secret it made; no key
+ * configured: t stays unkeyed. KVBM_EINVAL with a message for a key that
+ * cannot be used (short, unreadable file, file others can read). */
+int kvbm__value_key_init(kvbm_manager *m, kvbm__tier *t, kvbm_error *err);
 int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, const uint8_t *buf,
                       size_t size, uint64_t key);
 /* The namespace of the volume tiers' keys (m->ns, m->ns_digest), from the
@@ -412,5 +420,8 @@ size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes,
  * eviction order (ThinkComplete ones lead: they were demoted). Returns how
  * many were dropped. Lock held. */
 size_t kvbm__disagg_make_room(kvbm_manager *m, size_t need);
+/* A G1 or G2 pool event (on_pool_event, m->mu held): a block the peers
+ * were told we hold and that left both tiers is queued for a remove. */
+void kvbm__disagg_block_gone(kvbm_manager *m, int tier, const kvbm_pool_event *ev);
 
 #endif /* KVBM_TIER_INTERNAL_H */

@@ -113,6 +113,8 @@ static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) 
     const kvbm_mreq *r = ev->context; /* the registering request (NULL: none) */
     m->g1_owner[ev->block_id] = r ? r->serial : 0;
   }
+  /* Peers told that we hold the block are told that we no longer do. */
+  if (ev->kind != KVBM_POOL_STORED) kvbm__disagg_block_gone(m, tier, ev);
   if (m->cfg.storage_events && tier != KVBM_TIER_G1) storage_event(m, t, ev);
   if (m->cfg.listener[tier]) m->cfg.listener[tier](m->cfg.listener_user[tier], ev);
 }
@@ -310,6 +312,7 @@ static int volume_tier(kvbm_manager *m, kvbm_tier ti, const char *field, const c
   if (kvbm__value_len(m, t) > (size_t)1 << 30)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: a block of %llu bytes is too large for %s",
                           (unsigned long long)m->block_bytes, field);
+  if (t->shared && (rc = kvbm__value_key_init(m, t, err))) return rc;
   kvbm_volume_config vc = kvbm_volume_config_default(url);
   vc.key_namespace = m->ns;
   vc.timeout_ms = ti == KVBM_TIER_G4 ? m->cfg.g4_timeout_ms : 30000;
@@ -506,6 +509,9 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
   if (!rc) rc = tiers(m, err);
   m->cfg.g3_key = NULL; /* the volume derived its key; the secret is not kept */
   m->cfg.g3_key_len = 0;
+  m->cfg.g4_key = NULL; /* likewise: store.c derived the MAC key */
+  m->cfg.g4_key_len = 0;
+  m->cfg.g4_key_file = NULL;
   if (!rc && kvbm__tier_metrics_init(&m->tm))
     rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   if (!rc) rc = kvbm__workers_start(m, err);
@@ -529,6 +535,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
     /* Every operation has completed: the workers waited for them. */
     kvbm_volume_unregister(t->lookup_vol);
     kvbm_volume_unregister(t->vol);
+    explicit_bzero(t->mac_key, sizeof t->mac_key);
     kvbm__gpu_stream_destroy(t->gs);
     kvbm_pool_destroy(t->pool);
     /* An engine-owned tier's storage is the engine's to release. */

@@ -145,6 +145,7 @@ static void count_get_failure(kvbm__tier *t, int result) {
   case KVBM_EDEVICE: t->st.copy_errors++; break;  /* the value was good */
   case KVBM_ENOTFOUND: t->st.missing++; break;
   case KVBM_ECHECKSUM: t->st.checksum_failures++; break;
+  case KVBM_EAUTH: t->st.auth_failures++; break; /* not under the cluster key */
   case KVBM_EFORMAT:
   case KVBM_ETRUNCATED:
   case KVBM_ETOOLONG: t->st.foreign++; break;
