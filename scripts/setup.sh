@@ -8,7 +8,7 @@ PKGS=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   libxxhash-dev libmsgpack-dev libzmq3-dev libnats-dev nats-server
   liburing-dev libucx-dev ucx-utils libhiredis-dev redis-server
-  libcmocka-dev zlib1g-dev b3sum
+  libcmocka-dev zlib1g-dev b3sum libsodium-dev
   python3 python3-zmq python3-msgpack python3-xxhash
   python3-dev python3-pytest python3-numpy python3-torch
   prometheus
