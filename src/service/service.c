@@ -209,20 +209,44 @@ static bool out_append(kvbm__service *s, sconn *c, const char *a, size_t an, con
   return true;
 }
 
+/* Appends s to the head being built at p (bounded by end). */
+static char *put(char *p, const char *end, const char *s) {
+  while (*s && p < end) *p++ = *s++;
+  return p;
+}
+
+/* Appends v in decimal. */
+static char *put_num(char *p, const char *end, size_t v) {
+  char digits[24], *d = digits + sizeof digits;
+  *--d = 0;
+  do *--d = (char)('0' + v % 10);
+  while ((v /= 10) && d > digits);
+  return put(p, end, d);
+}
+
 /* Queues an answer: the head, and the body unless head_only (HEAD:
- * Content-Length still says what GET would send). */
+ * Content-Length still says what GET would send). The head is assembled
+ * by hand: snprintf cost as much as the rest of the transport of a small
+ * answer (the router's /health, measured when it was the router's). */
 static void queue_answer(kvbm__service *s, sconn *c, int code, const char *ctype,
                          const char *extra, const char *body, size_t blen, bool head_only,
                          bool close) {
   char head[512];
-  int hn = snprintf(head, sizeof head,
-                    "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                    "Connection: %s\r\n%.256s\r\n",
-                    code, kvbm__http_reason(code), ctype, blen, close ? "close" : "keep-alive",
-                    extra ? extra : "");
-  if (hn < 0 || (size_t)hn >= sizeof head) hn = (int)sizeof head - 1; /* cannot: bounded parts */
+  const char *end = head + sizeof head;
+  char *p = put(head, end, "HTTP/1.1 ");
+  p = put_num(p, end, (size_t)code);
+  p = put(p, end, " ");
+  p = put(p, end, kvbm__http_reason(code));
+  p = put(p, end, "\r\nContent-Type: ");
+  p = put(p, end, ctype);
+  p = put(p, end, "\r\nContent-Length: ");
+  p = put_num(p, end, blen);
+  p = put(p, end, close ? "\r\nConnection: close\r\n" : "\r\nConnection: keep-alive\r\n");
+  if (extra && strlen(extra) <= 256) p = put(p, end, extra);
+  p = put(p, end, "\r\n");
   count_answer(s, code);
-  if (out_append(s, c, head, (size_t)hn, body, head_only ? 0 : blen) && close) c->closing = true;
+  if (out_append(s, c, head, (size_t)(p - head), body, head_only ? 0 : blen) && close)
+    c->closing = true;
 }
 
 /* The error body, JSON or text, into buf (bounded). */
