@@ -509,7 +509,34 @@ typedef struct kvbm_block_msg {
                               not hashed. A sum that does not match the
                               bytes is sent as it is: the receiver refuses
                               the block (KVBM_ECHECKSUM). decode: 0 */
+  const uint8_t *mac_key;  /* encode: NULL, an MRDN v1 frame (plain
+                              BLAKE3); else the 32-byte frame MAC key of
+                              the peers (kvbm_fabric_frame_key): a keyed
+                              frame (version 2), and with sum_given,
+                              frame.checksum is the body's MAC under this
+                              key (kept keyed: still hashed once). Read,
+                              not kept. decode: NULL */
 } kvbm_block_msg;
+
+/* The frame MAC key of peers that share a fabric secret (the same
+ * KVBM_FABRIC_SECRET_MIN..MAX bytes as kvbm_fabric_ucx_config.key):
+ * BLAKE3 derive_key under a context of its own, so it is neither the side
+ * channel's key nor any other use's of the same secret. 32 bytes into out;
+ * KVBM_EINVAL for a secret of the wrong length. The caller wipes out when
+ * done (explicit_bzero). */
+KVBM_EXTERN int kvbm_fabric_frame_key(const void *secret, size_t len, uint8_t out[32],
+                                      kvbm_error *err);
+
+/* kvbm_block_msg_decode for a receiver holding the peers' frame MAC key
+ * (NULL: kvbm_block_msg_decode). With a key, an unkeyed frame (version 1,
+ * what anyone on the path can make) is KVBM_EAUTH, and so is a MAC that
+ * does not match; without one, a keyed frame is KVBM_EAUTH. Placed: the
+ * header's kind is checked here and the caller verifies the bytes with
+ * kvbm_frame_verifier_init_keyed. */
+KVBM_EXTERN int kvbm_block_msg_decode_keyed(const uint8_t *key, const uint8_t *buf, size_t len,
+                                            uint32_t max_tokens, uint32_t max_body,
+                                            uint32_t *tokens, kvbm_block_msg *m,
+                                            kvbm_error *err);
 
 /* Bytes of the encoded message, or 0 if the sizes do not fit. For a placed
  * message the body is not included (body_len only bounds the frame). */

@@ -23,8 +23,15 @@
  * Refusals are counted and passed to a callback with the peer's address
  * and the reason, so an operator can see who knocked and why; the status
  * of the last one goes into the timeout message.
+ *
+ * The same secret also keys the peers' frames (issue 23): the frame MAC
+ * key is derived from it under its own context (kvbm_fabric_frame_key),
+ * so a block message's sum can be checked as coming from a holder of the
+ * secret, not only as undamaged.
  */
 #include "fabric/auth.h"
+#include "kvbm/blake3.h"
+#include "kvbm/fabric.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -286,4 +293,17 @@ void kvbm__gate_destroy(kvbm__gate *g) {
   for (int i = 0; i < KVBM__GATE_MAX; i++) drop(&g->c[i]);
   explicit_bzero(g->key, sizeof g->key);
   free(g);
+}
+
+/* ---- the frame MAC key (issue 23) ---- */
+
+/* Not the side channel's context: a key for one use only. */
+#define FRAME_KDF "kvbm 2026-11 fabric frame MAC v1"
+
+int kvbm_fabric_frame_key(const void *secret, size_t len, uint8_t out[32], kvbm_error *err) {
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL key output");
+  if (!secret || len < KVBM_FABRIC_SECRET_MIN || len > KVBM_FABRIC_SECRET_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: the shared secret must be %u..%u bytes, not %zu",
+                          KVBM_FABRIC_SECRET_MIN, KVBM_FABRIC_SECRET_MAX, secret ? len : 0);
+  return kvbm_blake3_derive_key(FRAME_KDF, secret, len, out, 32);
 }

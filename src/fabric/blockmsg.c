@@ -18,6 +18,13 @@
  * one hash the bytes get on the way. Decoding copies the tokens into
  * the caller's array (they may sit unaligned in the buffer) and leaves the
  * body where it is; every length is checked against the input before use.
+ *
+ * Keyed frames (issue 23). Peers that share a fabric secret can key their
+ * frames (mac_key, kvbm_fabric_frame_key): the frame's sum is then BLAKE3
+ * keyed (frame.h, version 2), which someone on the path without the
+ * secret cannot recompute for bytes of their own. A kept sum stays the one
+ * hash of the bytes when it was kept keyed (the same cost). The decoder
+ * refuses the other kind outright (KVBM_EAUTH), placed or not.
  */
 #include <string.h>
 
@@ -33,6 +40,12 @@ size_t kvbm_block_msg_size(uint32_t num_tokens, size_t body_len) {
   size_t fixed = KVBM_BLOCK_MSG_FIXED + (size_t)num_tokens * 4 + KVBM_FRAME_HEADER_LEN;
   if (body_len > UINT32_MAX || body_len > SIZE_MAX - fixed) return 0;
   return fixed + body_len;
+}
+
+/* The header for a checksum the caller gave: a plain sum, or a MAC. */
+static int header_sum(const kvbm_block_msg *m, uint8_t *hdr, kvbm_error *err) {
+  return m->mac_key ? kvbm_frame_encode_header_mac(m->phase, m->body_len, m->frame.checksum, hdr, err)
+                    : kvbm_frame_encode_header_sum(m->phase, m->body_len, m->frame.checksum, hdr, err);
 }
 
 int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, size_t *len, kvbm_error *err) {
@@ -54,14 +67,14 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
     frame += 8;
     /* The bytes went ahead: hash them here, or take the checksum the
      * caller computed (body NULL). */
-    rc = m->body && !m->sum_given
-             ? kvbm_frame_encode_header(m->phase, m->body, m->body_len, frame, err)
-             : kvbm_frame_encode_header_sum(m->phase, m->body_len, m->frame.checksum, frame, err);
+    rc = m->body && !m->sum_given ? kvbm_frame_encode_header_keyed(m->mac_key, m->phase, m->body, m->body_len,
+                                                                   frame, err)
+                                  : header_sum(m, frame, err);
     flen += 8;
   } else if (m->sum_given) {
     /* The sender kept the body's checksum: frame it, hash nothing. */
     uint8_t hdr[KVBM_FRAME_HEADER_LEN]; /* first, in case the body overlaps where it goes */
-    rc = kvbm_frame_encode_header_sum(m->phase, m->body_len, m->frame.checksum, hdr, err);
+    rc = header_sum(m, hdr, err);
     if (!rc) {
       /* a body gathered in place (at frame + 32) is not moved */
       if (m->body_len && m->body != frame + KVBM_FRAME_HEADER_LEN)
@@ -70,7 +83,8 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
     }
     flen += m->body_len;
   } else {
-    rc = kvbm_frame_encode(m->phase, m->body, m->body_len, frame, cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);
+    rc = kvbm_frame_encode_keyed(m->mac_key, m->phase, m->body, m->body_len, frame,
+                                 cap - KVBM_BLOCK_MSG_FIXED - tok, &flen, err);
   }
   if (rc) return rc;
   memcpy(out, KVBM_BLOCK_MSG_MAGIC, 4);
@@ -90,6 +104,11 @@ int kvbm_block_msg_encode(const kvbm_block_msg *m, uint8_t *out, size_t cap, siz
 
 int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, uint32_t max_body, uint32_t *tokens,
                           kvbm_block_msg *m, kvbm_error *err) {
+  return kvbm_block_msg_decode_keyed(NULL, buf, len, max_tokens, max_body, tokens, m, err);
+}
+
+int kvbm_block_msg_decode_keyed(const uint8_t *key, const uint8_t *buf, size_t len, uint32_t max_tokens,
+                                uint32_t max_body, uint32_t *tokens, kvbm_block_msg *m, kvbm_error *err) {
   if (!m || (!tokens && max_tokens)) return kvbm_error_set(err, KVBM_EINVAL, "block message: NULL argument");
   memset(m, 0, sizeof *m);
   if (!buf || len < KVBM_BLOCK_MSG_FIXED)
@@ -128,8 +147,11 @@ int kvbm_block_msg_decode(const uint8_t *buf, size_t len, uint32_t max_tokens, u
                             len - off - 8 - KVBM_FRAME_HEADER_LEN);
     block_id = kvbm__get_le64(buf + off);
     rc = kvbm_frame_parse_header(buf + off + 8, KVBM_FRAME_HEADER_LEN, max_body, &hdr, err);
+    if (!rc && (hdr.version == KVBM_FRAME_VERSION_KEYED) != (key != NULL))
+      rc = kvbm_error_set(err, KVBM_EAUTH, "block message: a %s placed header, and this receiver %s",
+                          key ? "unkeyed" : "keyed", key ? "accepts keyed frames only" : "holds no key");
   } else {
-    rc = kvbm_frame_decode(buf + off, len - off, max_body, &hdr, &body, err);
+    rc = kvbm_frame_decode_keyed(key, buf + off, len - off, max_body, &hdr, &body, err);
   }
   if (rc) return rc;
   for (uint32_t i = 0; i < n; i++) tokens[i] = kvbm__get_le32(buf + KVBM_BLOCK_MSG_FIXED + 4 * (size_t)i);
