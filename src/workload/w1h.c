@@ -94,8 +94,8 @@ static int remove_skipped(w1h *w, gstate *g, uint64_t computed) {
    * vLLM's loop would stop at once on a null. */
   if (skipped / w->bs > g->skip_seen) {
     size_t hi = (size_t)(skipped / w->bs), lo;
+    if (hi > g->len) hi = g->len; /* vLLM caps it to the blocks there are */
     g->skip_seen = hi;
-    if (hi > g->len) hi = g->len;
     for (lo = hi; lo > 0 && g->table[lo - 1] != NUL; lo--) continue;
     if (hi > lo) {
       /* release_run goes from hi - 1 down, as vLLM frees them */
