@@ -226,6 +226,9 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   mc.g4_policy = o->g4_policy;
   mc.g4_lookup_timeout_ms = o->g4_lookup_timeout_ms;
   mc.model_id = o->model_id;
+  mc.g4_key_file = o->g4_key_file;
+  mc.g4_key = o->g4_key;
+  mc.g4_key_len = o->g4_key_len;
   if (o->metrics) mc.metrics = *o->metrics;
   /* Room for every copy of the largest request: nothing skipped for lack
    * of queue room, so the counts are those of the policy alone. */

@@ -60,6 +60,10 @@ typedef struct kvbm_w2_config {
                                     not race the store (a late lookup would
                                     make the counts depend on timing) */
   const char *model_id;     /* namespace of G4's keys (NULL: the default) */
+  const char *g4_key_file;  /* G4's cluster key, a file (kvbm_manager_config;
+                               never the secret on a command line) */
+  const void *g4_key;       /* ... or the secret (DYN_KVBM_G4_KEY only) */
+  size_t g4_key_len;
   /* The manager's settings W2 does not set itself (queue depths,
    * timeouts, ...), e.g. from kvbm_manager_config_env; NULL: defaults. */
   const kvbm_manager_config *base;

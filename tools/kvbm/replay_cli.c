@@ -56,6 +56,7 @@ void replay_cli_usage(FILE *f) {
           "                    [--g2-policy all|frequency|never] [--g3-policy frequency|all|never]\n"
           "                    [--g3-buffered] [--g1-memory system|pinned|device]\n"
           "                    [--g4 URL] [--g4-blocks N] [--g4-policy P] [--g4-lookup-ms MS]\n"
+          "                    [--g4-key-file PATH]\n"
           "                    [--model-id ID]]\n"
           "                   [--metrics-port N [--metrics-host 0.0.0.0]\n"
           "                    [--metrics-port-file PATH] [--hold]] [--plot FILE.svg]\n"
@@ -78,6 +79,8 @@ void replay_cli_usage(FILE *f) {
           "  --g4-blocks N      G4's index of the store's blocks (default 100000)\n"
           "  --g4-policy P      what is copied to G4 (default all)\n"
           "  --g4-lookup-ms MS  longest a prefill waits for its G4 lookup (default 1000)\n"
+          "  --g4-key-file PATH G4's cluster key: values are MACed with it, others refused\n"
+          "                     (or $KVBM_G4_KEY_FILE; 16..4096 bytes, chmod 600)\n"
           "  --model-id ID      the model part of G4's key namespace (default \"default\")\n"
           "Watching a run:\n",
           KVBM_DEFAULT_TRACE);

@@ -26,7 +26,7 @@
 static const char *const w2_flags[] = {
     "--g2-blocks", "--g3-blocks", "--g3-dir",    "--block-bytes", "--g2-policy",  "--g3-policy",
     "--g3-buffered", "--g1-memory", "--g4",      "--g4-blocks",   "--g4-policy",  "--model-id",
-    "--g4-lookup-ms"};
+    "--g4-lookup-ms", "--g4-key-file"};
 
 bool replay_w2_wanted(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
@@ -159,6 +159,9 @@ static bool from_env(kvbm_w2_config *o, kvbm_manager_config *base) {
   o->g4_blocks = base->g4_blocks;
   o->g4_policy = base->g4_policy;
   o->model_id = base->model_id;
+  o->g4_key_file = base->g4_key_file; /* KVBM_G4_KEY_FILE */
+  o->g4_key = base->g4_key;           /* DYN_KVBM_G4_KEY */
+  o->g4_key_len = base->g4_key_len;
   if (getenv("KVBM_G4_LOOKUP_TIMEOUT_MS")) o->g4_lookup_timeout_ms = base->g4_lookup_timeout_ms;
   return true;
 }
@@ -236,6 +239,11 @@ int replay_w2_main(int argc, char **argv) {
     } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g4-lookup-ms", &v))) {
       if (r < 0 || !cli_parse_u64("replay", "--g4-lookup-ms", v, 0, 3600000, &x)) return 2;
       o.g4_lookup_timeout_ms = (int32_t)x;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g4-key-file", &v))) {
+      if (r < 0) return 2;
+      o.g4_key_file = v; /* a path only: a secret in argv is visible to every user */
+      o.g4_key = NULL;
+      o.g4_key_len = 0;
     } else if ((r = cli_opt_value("replay", argc, argv, &i, "--g4", &v))) {
       if (r < 0) return 2;
       o.g4_url = v;
