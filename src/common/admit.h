@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admit.h: who gets a connection slot, for the library's HTTP servers
- * (the metrics endpoint with the advisor's API, and the router daemon):
+ * (the metrics endpoint with the advisor's API, and the router daemon,
+ * all on the HTTP service layer, src/service/service.c, which calls it):
  * the admission rule written once (admit.c says why it is this rule).
  * Private to src/.
  *

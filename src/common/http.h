@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http.h: an HTTP/1.1 request-head parser for the library's HTTP servers
- * (the router daemon, the metrics endpoint). A codec
+ * (the HTTP service layer, src/service/, that the router daemon and the
+ * metrics endpoint run on). A codec
  * only: it reads bytes and knows nothing of sockets.
  */
 #ifndef KVBM_COMMON_HTTP_H

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * common/sendbuf.h: sending a queued answer on a non-blocking socket, the
- * loop both HTTP servers (the router's, src/router/daemon.c, and the
- * metrics endpoint's, src/metrics/server.c) had each written (private to
- * src/; header-only: one small loop on the servers' write path). The
- * protocol stays in common/http.c, which knows no sockets.
+ * loop both HTTP servers (the router's and the metrics endpoint's) had
+ * each written; its one user now is the HTTP service layer they both run
+ * on (src/service/service.c). Private to src/; header-only: one small
+ * loop on the write path. The protocol stays in common/http.c, which
+ * knows no sockets.
  */
 #ifndef KVBM_COMMON_SENDBUF_H
 #define KVBM_COMMON_SENDBUF_H

@@ -50,8 +50,6 @@
 #include <inttypes.h>
 #include <math.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <dirent.h>
