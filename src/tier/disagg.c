@@ -29,6 +29,34 @@
  *   "KVAC" i32 status, u64 hash      a block message's outcome
  *   "KVPL" u32 n, n x u64 hashes     send these blocks back (a pull)
  *   "KVPM" u64 hash                  a pulled block not held here
+ *   "KVRM" u32 flags, u32 n, u32 0, n x u64 hashes   (version 2)
+ *                                    blocks I acknowledged and no longer
+ *                                    hold; flags bit 0: forget them all
+ *
+ * Versions. A hello says 1 or 2; both are accepted (the lower is spoken).
+ * Version 2 adds only "KVRM": a version 1 peer is never sent one (it
+ * would count it as unknown), and since it never sends one either, its
+ * word is believed only for its lease. A version above 2 is refused.
+ *
+ * What a peer holds (issue 23). The remote index remembers each hash the
+ * peer acknowledged with the time of its answer; an entry is believed for
+ * lease_ms from then (a later acknowledgement renews it), and expired
+ * entries are dropped when found and from the oldest end on every add, so
+ * nothing older than the lease ever makes block_location say remote or
+ * lets make_room drop a G1 copy. Entries also go at the peer's word: a
+ * "not held" answer to a pull, a KVRM; and all of them when the link
+ * closes. The receiving side keeps the mirror image, `given`: the hashes
+ * it ingested (bounded like the remote index), told to the peer; when such
+ * a block leaves G1 and G2 (the tier's pool listener calls
+ * kvbm__disagg_block_gone under m->mu), its hash is queued (`gone`, a
+ * bounded array: past it, one "forget them all" replaces the queue), and
+ * the link thread sends the queue before serving each message and after
+ * each acknowledgement. Order matters: a hash enters `given` before its
+ * block is placed, so an eviction racing the ingest is queued, and the
+ * queue goes out after the acknowledgement: the peer then adds, then
+ * removes. What remains unsafe is a remove still in flight while the
+ * peer drops its copy for room: the lease bounds how old a word may be,
+ * not the link's latency.
  *
  * Locks. The fabric is used by one thread at a time (fmu, held for single
  * fabric calls only: waits loop with short timeouts, so that both ends'
@@ -74,7 +102,10 @@
 #include "tier/hindex.h"
 #include "common/bytes.h"
 
-#define PROTO_VERSION 1u
+#define PROTO_VERSION 2u  /* this side's; 1 is accepted (no removes) */
+#define PROTO_MIN 1u
+#define LEASE_DEFAULT_MS 30000
+#define GONE_MAX 512u /* removes queued before "forget them all" */
 #define HELLO_FIXED 32u
 #define HELLO_MAX (16u << 20)
 #define POLL_MS 5 /* a link thread's wait for the next message */
@@ -126,6 +157,15 @@ struct kvbm__peer {
    * here), and those sent and awaiting its acknowledgement (count: sends
    * in flight), the only acknowledgements take_ack accepts */
   kvbm__hindex remote, pending;
+  uint32_t peer_version; /* the lower of the two hellos' */
+  /* the receiving side (version 2 peers): hashes ingested from the peer
+   * (its remote index of us), and those gone from G1 and G2 since, to be
+   * told (GONE_MAX; gone_all: tell it to forget everything) */
+  kvbm__hindex given;
+  uint64_t *gone;
+  uint32_t ngone;
+  bool gone_all;
+  int64_t skew_ms; /* the lease clock's test seam (kvbm__peer_skew_clock) */
 
   outbox_item *outbox; /* pushed, waiting for a flush; under fmu */
   uint8_t *rbuf;       /* the link thread's receive buffer */
@@ -161,12 +201,46 @@ static uint32_t peer_count(kvbm_manager *m) {
 
 /* ---- the remote index and the awaited acknowledgements (under p->mu) ---- */
 
-static bool remote_has(kvbm__peer *p, uint64_t h) { return kvbm__hindex_count(&p->remote, h) > 0; }
+/* The lease clock: monotonic milliseconds, plus the test seam's skew. */
+static int64_t lease_now(const kvbm__peer *p) { return now_ms() + p->skew_ms; }
 
-/* Remembers h as held by the peer; the oldest goes when
- * remote_index_blocks are held. O(1) (hindex.h). */
+static bool expired(const kvbm__peer *p, uint64_t stamp, int64_t now) {
+  return now - (int64_t)stamp >= (int64_t)p->cfg.lease_ms;
+}
+
+/* Drops the expired entries: they are the oldest (put keeps the age list
+ * in stamp order), so this stops at the first live one. */
+static void remote_expire(kvbm__peer *p, int64_t now) {
+  uint64_t h, stamp;
+  while (kvbm__hindex_oldest(&p->remote, &h, &stamp) && expired(p, stamp, now)) {
+    kvbm__hindex_drop(&p->remote, h);
+    p->st.forgotten_expired++;
+  }
+}
+
+/* Whether the peer's word that it holds h is there and within its lease;
+ * an expired word is dropped here. O(1). */
+static bool remote_has(kvbm__peer *p, uint64_t h) {
+  uint64_t stamp;
+  if (!kvbm__hindex_get(&p->remote, h, &stamp)) return false;
+  if (!expired(p, stamp, lease_now(p))) return true;
+  kvbm__hindex_drop(&p->remote, h);
+  p->st.forgotten_expired++;
+  return false;
+}
+
+/* Remembers h as held by the peer from now (a new word renews the lease);
+ * the oldest goes when remote_index_blocks are held. O(1) amortised
+ * (hindex.h; each expired entry is dropped once). */
 static void remote_add(kvbm__peer *p, uint64_t h) {
-  if (!remote_has(p, h)) kvbm__hindex_add(&p->remote, h, NULL, NULL);
+  int64_t now = lease_now(p);
+  remote_expire(p, now);
+  kvbm__hindex_put(&p->remote, h, (uint64_t)now, NULL, NULL);
+}
+
+/* The peer's word that it no longer holds h (a remove, a "not held"). */
+static void remote_forget(kvbm__peer *p, uint64_t h) {
+  if (kvbm__hindex_drop(&p->remote, h)) p->st.forgotten_removed++;
 }
 
 /* A block message for h is about to be pushed: its acknowledgement is
@@ -293,6 +367,62 @@ static int place(kvbm__peer *p, kvbm_tier ti, const kvbm_block_msg *msg, const u
   return rc;
 }
 
+/* ---- the receiving side: what the peer was told we hold ---- */
+
+/* h is about to be placed for the peer (version 2 only): remembered, so
+ * that its eviction is told. Beyond remote_index_blocks the oldest is
+ * forgotten untold: the peer's lease ends its word. */
+static bool given_add(kvbm__peer *p, uint64_t h) {
+  if (p->peer_version < 2) return false;
+  pthread_mutex_lock(&p->mu);
+  kvbm__hindex_put(&p->given, h, 0, NULL, NULL);
+  pthread_mutex_unlock(&p->mu);
+  return true;
+}
+
+static void given_drop(kvbm__peer *p, uint64_t h) {
+  pthread_mutex_lock(&p->mu);
+  kvbm__hindex_drop(&p->given, h);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Queues h's removal for the peer (p->mu held). */
+static void gone_queue(kvbm__peer *p, uint64_t h) {
+  if (!kvbm__hindex_drop(&p->given, h) || p->gone_all) return;
+  if (p->ngone < GONE_MAX) p->gone[p->ngone++] = h;
+  else p->gone_all = true; /* bounded: the peer forgets more than needed */
+}
+
+/* Whether tier ti (G1 or G2) holds h with its bytes in place. m->mu held. */
+static bool tier_holds(kvbm_manager *m, int ti, uint64_t h) {
+  const kvbm__tier *t = &m->t[ti];
+  uint32_t id;
+  return t->present && t->usable && kvbm_pool_peek(t->pool, h, &id, NULL) == KVBM_OK && t->state[id] == KVBM__READY;
+}
+
+void kvbm__disagg_block_gone(kvbm_manager *m, int tier, const kvbm_pool_event *ev) {
+  if (!m->mu_ready || (tier != KVBM_TIER_G1 && tier != KVBM_TIER_G2) || ev->kind == KVBM_POOL_STORED) return;
+  /* A block gone from one tier may still be in the other: a pull is
+   * served from either (pin_block). The event's own pool is not called
+   * back (kvbm_pool_listener's rule): it no longer holds the hash. */
+  bool all = ev->kind == KVBM_POOL_CLEARED;
+  if (!all && tier_holds(m, tier == KVBM_TIER_G1 ? KVBM_TIER_G2 : KVBM_TIER_G1, ev->seq_hash)) return;
+  pthread_mutex_lock(&m->peers_mu);
+  for (uint32_t i = 0; i < m->npeers; i++) {
+    kvbm__peer *p = m->peers[i];
+    pthread_mutex_lock(&p->mu);
+    if (p->peer_version >= 2 && !p->closed) {
+      if (all) {
+        p->gone_all = true;
+      } else {
+        gone_queue(p, ev->seq_hash);
+      }
+    }
+    pthread_mutex_unlock(&p->mu);
+  }
+  pthread_mutex_unlock(&m->peers_mu);
+}
+
 /* Streams the frame verifier over a landing block's layers. */
 static int verify_landed(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t **layers, uint64_t *hashed,
                          kvbm_error *err) {
@@ -384,7 +514,11 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
     for (uint64_t l = 0; l < p->land_layout.config.num_layers; l++)
       layers[l] = msg.body + l * p->land_layout.layer_stride;
   }
+  /* Told to the peer before the block is placed: an eviction from then on
+   * is queued for it (see "What a peer holds"). */
+  bool told = !rc && given_add(p, msg.seq_hash);
   if (!rc) rc = place(p, p->cfg.ingest_tier, &msg, layers, err);
+  if (rc && told) given_drop(p, msg.seq_hash);
   if (slot_taken) {
     pthread_mutex_lock(&p->mu);
     p->slot[msg.block_id] = SLOT_FREE;
@@ -756,10 +890,17 @@ void kvbm__disagg_exit_think(kvbm_mreq *r) {
 
 /* ---- the link thread ---- */
 
+/* The link ended: nothing the peer said is believed any longer (it may
+ * have died with its cache), and nothing is queued for it. */
 static void link_close(kvbm__peer *p, const char *why) {
   pthread_mutex_lock(&p->mu);
   if (!p->closed && why) snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "link closed: %.200s", why);
   p->closed = true;
+  p->st.forgotten_closed += kvbm__hindex_size(&p->remote);
+  kvbm__hindex_clear(&p->remote);
+  kvbm__hindex_clear(&p->given);
+  p->ngone = 0;
+  p->gone_all = false;
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
 }
@@ -797,6 +938,50 @@ static void take_grant_reply(kvbm__peer *p, const uint8_t *buf, size_t len) {
   p->st.grants_received += n;
   p->grant_replies++;
   pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Sends the queued removes (link thread): one KVRM of up to GONE_MAX
+ * hashes, or one "forget them all" (given emptied with it: the peer will
+ * believe nothing we told it before). */
+static void send_removes(kvbm__peer *p) {
+  uint8_t buf[16 + 8 * GONE_MAX];
+  pthread_mutex_lock(&p->mu);
+  uint32_t n = p->gone_all ? 0 : p->ngone, flags = p->gone_all ? 1u : 0u;
+  bool any = p->gone_all || p->ngone;
+  for (uint32_t i = 0; i < n; i++) kvbm__put_le64(buf + 16 + 8 * (size_t)i, p->gone[i]);
+  if (p->gone_all) {
+    kvbm__hindex_clear(&p->given);
+    p->st.removes_all_sent++;
+  }
+  p->st.removes_sent += n;
+  p->ngone = 0;
+  p->gone_all = false;
+  pthread_mutex_unlock(&p->mu);
+  if (!any) return;
+  memcpy(buf, "KVRM", 4);
+  kvbm__put_le32(buf + 4, flags);
+  kvbm__put_le32(buf + 8, n);
+  kvbm__put_le32(buf + 12, 0);
+  (void)send_copy(p, buf, 16 + 8 * (size_t)n, NULL); /* lost: the lease ends the word */
+}
+
+/* The peer no longer holds these (any version may say so: believing a
+ * remove errs towards "local"). */
+static void take_removes(kvbm__peer *p, const uint8_t *buf, size_t len) {
+  uint32_t flags = kvbm__get_le32(buf + 4), n = kvbm__get_le32(buf + 8);
+  bool ok = len >= 16 && kvbm__get_le32(buf + 12) == 0 && (flags & ~1u) == 0 && (len - 16) / 8 == n &&
+            (len - 16) % 8 == 0;
+  pthread_mutex_lock(&p->mu);
+  if (!ok) {
+    p->st.refused_other++;
+    snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "a malformed remove message of %zu bytes", len);
+  } else if (flags & 1u) {
+    p->st.forgotten_removed += kvbm__hindex_size(&p->remote);
+    kvbm__hindex_clear(&p->remote);
+  } else {
+    for (uint32_t i = 0; i < n; i++) remote_forget(p, kvbm__get_le64(buf + 16 + 8 * (size_t)i));
+  }
   pthread_mutex_unlock(&p->mu);
 }
 
@@ -866,6 +1051,7 @@ static void handle(kvbm__peer *p, const uint8_t *buf, size_t len) {
     int rc = peer_ingest(p, buf, len, &e);
     uint64_t h = len >= 16 ? kvbm__get_le64(buf + 8) : 0;
     (void)send_ack(p, rc, h);
+    send_removes(p); /* an eviction racing the ingest: after its ack */
   } else if (len >= 4 && memcmp(buf, "KVRQ", 4) == 0) {
     serve_grant_request(p, buf, len);
   } else if (len >= 4 && memcmp(buf, "KVGR", 4) == 0) {
@@ -874,8 +1060,11 @@ static void handle(kvbm__peer *p, const uint8_t *buf, size_t len) {
     take_ack(p, buf, len);
   } else if (len >= 4 && memcmp(buf, "KVPL", 4) == 0) {
     serve_pull(p, buf, len);
+  } else if (len >= 16 && memcmp(buf, "KVRM", 4) == 0) {
+    take_removes(p, buf, len);
   } else if (len == 12 && memcmp(buf, "KVPM", 4) == 0) {
     pthread_mutex_lock(&p->mu);
+    remote_forget(p, kvbm__get_le64(buf + 4)); /* "not held": its word is void */
     p->handled++;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
@@ -911,6 +1100,9 @@ static void *link_main(void *arg) {
       link_close(p, why);
       break;
     }
+    /* Removes first: those queued before a message arrived precede its
+     * answer on the wire (a peer's flush then sees them). */
+    send_removes(p);
     if (rc == KVBM_ETIMEDOUT) continue;
     if (rc) {
       link_close(p, e.msg);
@@ -925,7 +1117,7 @@ static void *link_main(void *arg) {
 
 kvbm_peer_config kvbm_peer_config_default(void) {
   kvbm_peer_config c = {.mode = KVBM_DISAGG_PUSH, .landing_blocks = 16, .ingest_tier = KVBM_TIER_G1,
-                        .timeout_ms = 10000, .remote_index_blocks = 65536};
+                        .timeout_ms = 10000, .remote_index_blocks = 65536, .lease_ms = LEASE_DEFAULT_MS};
   return c;
 }
 
@@ -952,6 +1144,8 @@ static void peer_free(kvbm__peer *p) {
   free(p->grants);
   kvbm__hindex_free(&p->remote);
   kvbm__hindex_free(&p->pending);
+  kvbm__hindex_free(&p->given);
+  free(p->gone);
   free(p->rbuf);
   free(p);
 }
@@ -992,10 +1186,12 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
     rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a first message of %zu bytes is not a hello", len);
   if (!rc && !(buf = malloc(len))) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   if (!rc) rc = kvbm_fabric_pull(p->f, h, buf, len, &len, p->cfg.timeout_ms, err);
-  if (!rc && (memcmp(buf, "KVPH", 4) != 0 || kvbm__get_le32(buf + 4) != PROTO_VERSION || kvbm__get_le32(buf + 16) != 0 ||
+  uint32_t version = !rc ? kvbm__get_le32(buf + 4) : 0;
+  if (!rc && (memcmp(buf, "KVPH", 4) != 0 || version < PROTO_MIN || version > PROTO_VERSION || kvbm__get_le32(buf + 16) != 0 ||
               kvbm__get_le32(buf + 20) != 0 || kvbm__get_le64(buf + 24) != len - HELLO_FIXED || kvbm__get_le32(buf + 8) > KVBM_DISAGG_PUT ||
               kvbm__get_le32(buf + 12) > KVBM_TIER_G2))
-    rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a malformed hello (not a kvbm manager of this version)");
+    rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a malformed hello (not a kvbm manager of protocol version %u..%u)",
+                        PROTO_MIN, PROTO_VERSION);
   /* The shape first: a peer whose blocks cannot be bridged is refused
    * before its memory is imported. */
   kvbm_layout theirs;
@@ -1007,6 +1203,7 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
     const kvbm_layout_desc *d = kvbm_fabric_remote_desc(p->rs);
     p->peer_land_id = d->block_set_id;
     p->peer_land_tier = (kvbm_tier)kvbm__get_le32(buf + 12);
+    p->peer_version = version; /* before the link thread starts */
     p->grants = malloc(d->layout.config.num_blocks * sizeof *p->grants);
     if (!rc && !p->grants) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   }
@@ -1026,6 +1223,8 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
     return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: remote_index_blocks %u (1 .. 2^26)",
                           c.remote_index_blocks);
   if (c.timeout_ms <= 0) return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: timeout_ms must be > 0");
+  if (c.lease_ms == 0) c.lease_ms = LEASE_DEFAULT_MS;
+  if (c.lease_ms < 0) return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: lease_ms %d must be > 0", (int)c.lease_ms);
   if ((c.ingest_tier != KVBM_TIER_G1 && c.ingest_tier != KVBM_TIER_G2) || !m->t[c.ingest_tier].present ||
       !m->t[c.ingest_tier].usable)
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: attach: the ingest tier %s is absent (G1 or G2)",
@@ -1059,9 +1258,11 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
     seed[0] = (uint64_t)now_ms() ^ (uint64_t)(uintptr_t)p;
     seed[1] = seed[0] * 0x9E3779B97F4A7C15ull;
   }
-  int rc = p->slot && p->rbuf ? KVBM_OK : KVBM_ENOMEM;
+  p->gone = malloc(GONE_MAX * sizeof *p->gone);
+  int rc = p->slot && p->rbuf && p->gone ? KVBM_OK : KVBM_ENOMEM;
   if (!rc) rc = kvbm__hindex_init(&p->remote, c.remote_index_blocks, seed[0]);
   if (!rc) rc = kvbm__hindex_init(&p->pending, c.remote_index_blocks, seed[1]);
+  if (!rc) rc = kvbm__hindex_init(&p->given, c.remote_index_blocks, seed[0] ^ seed[1]);
   if (rc) rc = kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   /* The landing zone: the ingest tier's layout, in memory the fabric
    * allocated (the fastest for the peer's writes), apart from the cache.
@@ -1143,7 +1344,7 @@ bool kvbm__disagg_remote(kvbm_manager *m, uint64_t h, uint32_t *peer) {
   for (uint32_t i = 0; !found && i < m->npeers; i++) {
     kvbm__peer *p = m->peers[i];
     pthread_mutex_lock(&p->mu);
-    if (!p->detached && remote_has(p, h)) {
+    if (!p->detached && !p->closed && remote_has(p, h)) {
       found = true;
       if (peer) *peer = i;
     }
@@ -1204,6 +1405,7 @@ int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats 
   pthread_mutex_lock(&p->mu);
   *out = p->st;
   out->closed = p->closed;
+  out->peer_version = p->peer_version;
   pthread_mutex_unlock(&p->mu);
   return KVBM_OK;
 }
@@ -1214,6 +1416,15 @@ int kvbm__peer_index_probes(kvbm_manager *m, uint32_t peer, uint64_t *probes) {
   if (!p) return KVBM_ENOTFOUND;
   pthread_mutex_lock(&p->mu);
   *probes = p->remote.probes + p->pending.probes;
+  pthread_mutex_unlock(&p->mu);
+  return KVBM_OK;
+}
+
+int kvbm__peer_skew_clock(kvbm_manager *m, uint32_t peer, int64_t ms) {
+  kvbm__peer *p = m ? peer_get(m, peer) : NULL;
+  if (!p) return KVBM_ENOTFOUND;
+  pthread_mutex_lock(&p->mu);
+  p->skew_ms += ms;
   pthread_mutex_unlock(&p->mu);
   return KVBM_OK;
 }
@@ -1282,7 +1493,8 @@ static bool held_by_peer(void *user, uint32_t id, uint64_t h) {
   for (uint32_t i = 0; !found && i < m->npeers; i++) {
     kvbm__peer *p = m->peers[i];
     pthread_mutex_lock(&p->mu);
-    if (!p->detached && remote_has(p, h)) {
+    /* remote_has: a word within its lease, never older */
+    if (!p->detached && !p->closed && remote_has(p, h)) {
       found = true;
       p->st.dropped_for_room++;
     }

@@ -40,7 +40,8 @@ int kvbm__hindex_init(kvbm__hindex *x, uint32_t limit, uint64_t seed) {
   x->cnt = calloc(slots, sizeof *x->cnt);
   x->older = calloc(slots, sizeof *x->older);
   x->newer = calloc(slots, sizeof *x->newer);
-  if (!x->key || !x->cnt || !x->older || !x->newer) {
+  x->val = calloc(slots, sizeof *x->val);
+  if (!x->key || !x->cnt || !x->older || !x->newer || !x->val) {
     kvbm__hindex_free(x);
     return KVBM_ENOMEM;
   }
@@ -61,6 +62,7 @@ void kvbm__hindex_free(kvbm__hindex *x) {
   free(x->cnt);
   free(x->older);
   free(x->newer);
+  free(x->val);
   *x = (kvbm__hindex){.oldest = NONE, .newest = NONE};
 }
 
@@ -92,6 +94,7 @@ static void unlink_slot(kvbm__hindex *x, uint32_t i) {
 static void move_slot(kvbm__hindex *x, uint32_t j, uint32_t i) {
   x->key[i] = x->key[j];
   x->cnt[i] = x->cnt[j];
+  x->val[i] = x->val[j];
   uint32_t o = x->older[j], n = x->newer[j];
   x->older[i] = o;
   x->newer[i] = n;
@@ -142,6 +145,7 @@ void kvbm__hindex_add(kvbm__hindex *x, uint64_t h, uint32_t *evicted, uint64_t *
   }
   x->key[i] = h;
   x->cnt[i] = 1;
+  x->val[i] = 0;
   x->older[i] = x->newest;
   x->newer[i] = NONE;
   if (x->newest != NONE) x->newer[x->newest] = i;
@@ -157,3 +161,43 @@ bool kvbm__hindex_take(kvbm__hindex *x, uint64_t h) {
   if (--x->cnt[i] == 0) erase(x, i);
   return true;
 }
+
+void kvbm__hindex_put(kvbm__hindex *x, uint64_t h, uint64_t val, uint32_t *evicted, uint64_t *evicted_hash) {
+  (void)kvbm__hindex_drop(x, h); /* to the newest end, count 1 */
+  kvbm__hindex_add(x, h, evicted, evicted_hash);
+  bool found;
+  uint32_t i = find(x, h, &found);
+  x->val[i] = val;
+}
+
+bool kvbm__hindex_get(kvbm__hindex *x, uint64_t h, uint64_t *val) {
+  bool found;
+  uint32_t i = find(x, h, &found);
+  if (found && val) *val = x->val[i];
+  return found;
+}
+
+bool kvbm__hindex_drop(kvbm__hindex *x, uint64_t h) {
+  bool found;
+  uint32_t i = find(x, h, &found);
+  if (found) erase(x, i);
+  return found;
+}
+
+bool kvbm__hindex_oldest(const kvbm__hindex *x, uint64_t *h, uint64_t *val) {
+  if (x->oldest == NONE) return false;
+  if (h) *h = x->key[x->oldest];
+  if (val) *val = x->val[x->oldest];
+  return true;
+}
+
+void kvbm__hindex_clear(kvbm__hindex *x) {
+  for (uint32_t i = 0; i <= x->mask && x->live; i++)
+    if (x->cnt[i]) {
+      x->cnt[i] = 0;
+      x->live--;
+    }
+  x->oldest = x->newest = NONE;
+}
+
+uint32_t kvbm__hindex_size(const kvbm__hindex *x) { return x->live; }

@@ -22,6 +22,12 @@
  * a fixed slot function would let it make hashes that share a home slot
  * and turn each lookup into a long probe run.
  *
+ * Leases (issue 23). Each key also carries a 64-bit value that the owner
+ * sets (the peers: when the peer's word was given, in milliseconds).
+ * kvbm__hindex_put makes a key the newest whatever it was, so that with
+ * values that only grow the age list is also in value order, and expired
+ * keys are found at the oldest end (kvbm__hindex_oldest) in O(1) each.
+ *
  * Not thread-safe: the owner locks (a peer's mu). Allocation only at init.
  */
 #ifndef KVBM_TIER_HINDEX_H
@@ -34,6 +40,7 @@ typedef struct kvbm__hindex {
   uint64_t *key;    /* per slot */
   uint32_t *cnt;    /* per slot: the key's count; 0 = an empty slot */
   uint32_t *older, *newer; /* per slot: the age list's neighbours (slots) */
+  uint64_t *val;    /* per slot: the owner's value (kvbm__hindex_put) */
   uint64_t mul;     /* the home slot: (h * mul) >> shift; mul odd, random */
   uint32_t shift;
   uint32_t mask;    /* slots - 1 (a power of two, >= 2 * limit) */
@@ -58,5 +65,20 @@ uint32_t kvbm__hindex_count(kvbm__hindex *x, uint64_t h);
 void kvbm__hindex_add(kvbm__hindex *x, uint64_t h, uint32_t *evicted, uint64_t *evicted_hash);
 /* One less of h (removed at 0). false: h is absent (nothing changes). */
 bool kvbm__hindex_take(kvbm__hindex *x, uint64_t h);
+/* h with count 1 and value `val`, made the newest key (moved there when
+ * present, added otherwise, evicting the oldest of a full index as
+ * kvbm__hindex_add does). */
+void kvbm__hindex_put(kvbm__hindex *x, uint64_t h, uint64_t val, uint32_t *evicted, uint64_t *evicted_hash);
+/* Whether h is held; *val (may be NULL) gets its value (0 for keys added
+ * by kvbm__hindex_add). */
+bool kvbm__hindex_get(kvbm__hindex *x, uint64_t h, uint64_t *val);
+/* Removes h whatever its count. false: h is absent. */
+bool kvbm__hindex_drop(kvbm__hindex *x, uint64_t h);
+/* The oldest key and its value; false when empty. */
+bool kvbm__hindex_oldest(const kvbm__hindex *x, uint64_t *h, uint64_t *val);
+/* Removes every key: O(slots). */
+void kvbm__hindex_clear(kvbm__hindex *x);
+/* Keys held. */
+uint32_t kvbm__hindex_size(const kvbm__hindex *x);
 
 #endif

@@ -41,5 +41,8 @@ int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__man
  * the blocks it acknowledged, those awaiting its acknowledgement), to
  * check that an acknowledgement costs O(1) probes. KVBM_ENOTFOUND. */
 int kvbm__peer_index_probes(kvbm_manager *m, uint32_t peer, uint64_t *probes);
+/* Moves peer `peer`'s lease clock (disagg.c) ms milliseconds ahead, so a
+ * test can age the peer's word past its lease without sleeping. */
+int kvbm__peer_skew_clock(kvbm_manager *m, uint32_t peer, int64_t ms);
 
 #endif /* KVBM_TIER_TESTING_H */

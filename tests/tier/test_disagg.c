@@ -25,6 +25,13 @@
  * refused and counted, and never makes a block "remote" nor ends a flush;
  * with the remote index full, an acknowledgement costs a bounded number
  * of index probes (a test seam's count, not a clock).
+ * What a peer holds (issue 23): a block the peer evicted and said so, or
+ * answered "not held" for, is no longer remote; a closed peer's word is
+ * all forgotten; a word older than its lease (a test seam moves the lease
+ * clock) is not believed, and a new answer renews it; an output-phase
+ * prefill drops no G1 copy for room on a word its peer took back, nor on
+ * one older than the lease (on the old code: the cluster's last copy).
+ * Hellos of version 1 and 2 are accepted, 3 refused.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -351,6 +358,7 @@ typedef struct hostile {
   uint64_t land_id;
   kvbm_storage *s;
   kvbm_fabric_local_set *ls;
+  uint32_t version; /* its hello's protocol version (0: 1) */
 } hostile;
 
 static void *hostile_hello(void *arg) {
@@ -369,7 +377,7 @@ static void *hostile_hello(void *arg) {
   kvbm_layout_desc_release(&d);
   uint8_t *msg = calloc(1, 32 + wlen);
   memcpy(msg, "KVPH", 4);
-  msg[4] = 1;
+  msg[4] = (uint8_t)(h->version ? h->version : 1);
   msg[8] = 1; /* mode PUT */
   for (int i = 0; i < 8; i++) msg[24 + i] = (uint8_t)((uint64_t)wlen >> (8 * i));
   memcpy(msg + 32, wire, wlen);
@@ -936,6 +944,289 @@ static void test_pull_no_room_needed(void **state) {
   pair_free(&p);
 }
 
+/* ---- what a peer holds (issue 23) ---- */
+
+/* a's word from b reaches a: a message a sends b after b's evictions is
+ * answered after b's removes (b's link thread sends them first). */
+static void peer_barrier(kvbm_manager *a, uint64_t held_here) {
+  assert_int_equal(kvbm_manager_offload_block(a, 0, held_here, KVBM_PHASE_OUTPUT_CRITICAL, NULL), KVBM_OK);
+  assert_int_equal(kvbm_manager_peer_flush(a, 0, 5000, NULL), KVBM_OK);
+}
+
+/* b evicts the blocks a offloaded to it: b tells a, and a's block_location
+ * no longer says remote (the old code: remote forever). */
+static void test_peer_eviction_told(void **state) {
+  (void)state;
+  pair p = {.a = make(16, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0), .b = make(8, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0)};
+  pair_attach(&p, NULL, NULL);
+  assert_int_equal(p.rc_a, KVBM_OK);
+  assert_int_equal(p.rc_b, KVBM_OK);
+  uint32_t *pt = tu_prompt(1000, 12), *ot = tu_prompt(2000, 61), *yt = tu_prompt(3000, 32);
+  uint64_t ph[3], oh[15];
+  hashes_of(pt, 12, ph);
+  hashes_of(ot, 60, oh);
+  assert_int_equal(tu_run(p.a, pt, 12, NULL, NULL), 0);
+  offload_all(p.a, ph, 3);
+  assert_int_equal(tu_run(p.a, ot, 61, NULL, NULL), 0); /* P evicted here */
+  for (int k = 0; k < 3; k++) assert_int_equal(where(p.a, ph[k]), 'R');
+  assert_int_equal(tu_run(p.b, yt, 32, NULL, NULL), 0); /* P evicted at the peer */
+  kvbm_block_location loc;
+  for (int k = 0; k < 3; k++) {
+    assert_int_equal(kvbm_manager_block_location(p.b, ph[k], &loc), KVBM_OK);
+    assert_false(loc.held);
+  }
+  peer_barrier(p.a, oh[14]);
+  for (int k = 0; k < 3; k++) assert_int_equal(where(p.a, ph[k]), '-');
+  assert_int_equal(where(p.a, oh[14]), 'L');
+  kvbm_peer_stats sa, sb;
+  assert_int_equal(kvbm_manager_peer_stats_get(p.a, 0, &sa), KVBM_OK);
+  assert_int_equal(kvbm_manager_peer_stats_get(p.b, 0, &sb), KVBM_OK);
+  assert_int_equal(sa.peer_version, 2);
+  assert_true(sb.removes_sent >= 3);
+  assert_true(sa.forgotten_removed >= 3);
+  free(pt);
+  free(ot);
+  free(yt);
+  pair_free(&p);
+}
+
+static void hostile_push(hostile *h, const uint8_t *b, size_t n) {
+  assert_int_equal(kvbm_fabric_push(h->f, b, n, NULL, NULL), KVBM_OK);
+}
+
+/* Offloads hs[0..n) to the hostile peer, which acknowledges each, then
+ * evicts them here: every one 'R'. */
+static void hostile_holds(hostile *h, kvbm_manager *d, const uint64_t *hs, size_t n, const uint32_t *other) {
+  for (size_t k = 0; k < n; k++) {
+    assert_int_equal(kvbm_manager_offload_block(d, 0, hs[k], KVBM_PHASE_OUTPUT_CRITICAL, NULL), KVBM_OK);
+    assert_true(hostile_take_block(h) == hs[k]);
+    hostile_ack(h, KVBM_OK, hs[k]);
+  }
+  hostile_barrier(h);
+  assert_int_equal(kvbm_manager_peer_flush(d, 0, 5000, NULL), KVBM_OK);
+  assert_int_equal(tu_run(d, other, 61, NULL, NULL), 0);
+  for (size_t k = 0; k < n; k++) assert_int_equal(where(d, hs[k]), 'R');
+}
+
+/* The peer's "not held" (a pull's miss) and its remove message each take
+ * back its word; a malformed remove is refused, counted, and harmless. */
+static void test_peer_not_held_and_remove(void **state) {
+  (void)state;
+  hostile h;
+  kvbm_fabric *fd;
+  kvbm_manager *d = hostile_pair(&h, &fd, 64);
+  uint32_t *tok = tu_prompt(4343, 13), *other = tu_prompt(979000, 61);
+  uint64_t hs[3];
+  hashes_of(tok, 13, hs);
+  assert_int_equal(tu_run(d, tok, 13, NULL, NULL), 0);
+  hostile_holds(&h, d, hs, 3, other);
+  uint8_t miss[12] = {'K', 'V', 'P', 'M'};
+  for (int i = 0; i < 8; i++) miss[4 + i] = (uint8_t)(hs[0] >> (8 * i));
+  hostile_push(&h, miss, sizeof miss);
+  uint8_t rm[24] = {'K', 'V', 'R', 'M', 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < 8; i++) rm[16 + i] = (uint8_t)(hs[1] >> (8 * i));
+  uint8_t bad[24];
+  memcpy(bad, rm, sizeof bad);
+  bad[8] = 2; /* says 2 hashes, carries 1 */
+  for (int i = 0; i < 8; i++) bad[16 + i] = (uint8_t)(hs[2] >> (8 * i));
+  hostile_push(&h, bad, sizeof bad);
+  hostile_push(&h, rm, sizeof rm);
+  hostile_barrier(&h);
+  assert_int_equal(where(d, hs[0]), '-');
+  assert_int_equal(where(d, hs[1]), '-');
+  assert_int_equal(where(d, hs[2]), 'R'); /* the malformed remove changed nothing */
+  kvbm_peer_stats st;
+  assert_int_equal(kvbm_manager_peer_stats_get(d, 0, &st), KVBM_OK);
+  assert_int_equal(st.forgotten_removed, 2);
+  assert_int_equal(st.refused_other, 1);
+  assert_int_equal(st.peer_version, 1);
+  assert_false(st.closed);
+  /* "forget them all" */
+  rm[4] = 1;
+  rm[8] = 0;
+  hostile_push(&h, rm, 16);
+  hostile_barrier(&h);
+  assert_int_equal(where(d, hs[2]), '-');
+  free(tok);
+  free(other);
+  hostile_pair_free(&h, d, fd);
+}
+
+/* The peer's end closes (it died, or left): nothing it said stands. */
+static void test_peer_closed_forgotten(void **state) {
+  (void)state;
+  hostile h;
+  kvbm_fabric *fd;
+  kvbm_manager *d = hostile_pair(&h, &fd, 64);
+  uint32_t *tok = tu_prompt(4545, 13), *other = tu_prompt(989000, 61);
+  uint64_t hs[3];
+  hashes_of(tok, 13, hs);
+  assert_int_equal(tu_run(d, tok, 13, NULL, NULL), 0);
+  hostile_holds(&h, d, hs, 2, other);
+  kvbm_fabric_remote_set_release(h.rs);
+  kvbm_fabric_local_set_release(h.ls);
+  kvbm_storage_release(h.s);
+  kvbm_fabric_destroy(h.f);
+  h = (hostile){0};
+  kvbm_peer_stats st = {0};
+  for (int i = 0; i < 1000 && !st.closed; i++) {
+    assert_int_equal(kvbm_manager_peer_stats_get(d, 0, &st), KVBM_OK);
+    if (!st.closed) usleep(5000);
+  }
+  assert_true(st.closed);
+  assert_int_equal(where(d, hs[0]), '-');
+  assert_int_equal(where(d, hs[1]), '-');
+  assert_int_equal(st.forgotten_closed, 2);
+  free(tok);
+  free(other);
+  hostile_pair_free(&h, d, fd);
+}
+
+/* A word is believed for lease_ms from its answer, no longer; a new
+ * answer renews it. The lease clock is moved by the test seam. */
+static void test_peer_lease(void **state) {
+  (void)state;
+  hostile h;
+  kvbm_fabric *fd;
+  kvbm_manager *d = hostile_pair(&h, &fd, 64);
+  uint32_t *tok = tu_prompt(4747, 13), *other = tu_prompt(999000, 61);
+  uint64_t hs[3];
+  hashes_of(tok, 13, hs);
+  assert_int_equal(tu_run(d, tok, 13, NULL, NULL), 0);
+  const int64_t lease = kvbm_peer_config_default().lease_ms;
+  assert_true(lease >= 1000);
+  /* hs[0] answered at 0 and again at lease/2; hs[1] at 0 only */
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(kvbm_manager_offload_block(d, 0, hs[k], KVBM_PHASE_OUTPUT_CRITICAL, NULL), KVBM_OK);
+    assert_true(hostile_take_block(&h) == hs[k]);
+    hostile_ack(&h, KVBM_OK, hs[k]);
+  }
+  hostile_barrier(&h);
+  assert_int_equal(kvbm__peer_skew_clock(d, 0, lease / 2), KVBM_OK);
+  assert_int_equal(kvbm_manager_offload_block(d, 0, hs[0], KVBM_PHASE_OUTPUT_CRITICAL, NULL), KVBM_OK);
+  assert_true(hostile_take_block(&h) == hs[0]);
+  hostile_ack(&h, KVBM_OK, hs[0]);
+  hostile_barrier(&h);
+  assert_int_equal(tu_run(d, other, 61, NULL, NULL), 0); /* evicted here */
+  /* a second of margin for the real time the test takes: it only ages */
+  assert_int_equal(kvbm__peer_skew_clock(d, 0, lease / 2 - 1000), KVBM_OK);
+  assert_int_equal(where(d, hs[0]), 'R');
+  assert_int_equal(where(d, hs[1]), 'R'); /* about lease - 1 s old */
+  assert_int_equal(kvbm__peer_skew_clock(d, 0, 1000), KVBM_OK);
+  assert_int_equal(where(d, hs[1]), '-'); /* lease old: not believed */
+  assert_int_equal(where(d, hs[0]), 'R'); /* renewed */
+  assert_int_equal(kvbm__peer_skew_clock(d, 0, lease / 2), KVBM_OK);
+  assert_int_equal(where(d, hs[0]), '-');
+  kvbm_peer_stats st;
+  assert_int_equal(kvbm_manager_peer_stats_get(d, 0, &st), KVBM_OK);
+  assert_int_equal(st.forgotten_expired, 2);
+  free(tok);
+  free(other);
+  hostile_pair_free(&h, d, fd);
+}
+
+/* A lease below 1 is refused by name; 0 is the default. Hellos of
+ * version 3 are refused, 1 and 2 accepted (2 is ours: every pair test). */
+static void test_peer_lease_config_and_versions(void **state) {
+  (void)state;
+  kvbm_manager *d = make(16, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0);
+  kvbm_fabric *fa, *fb;
+  assert_int_equal(kvbm_fabric_inproc_pair("x", "y", &fa, &fb, NULL), KVBM_OK);
+  kvbm_peer_config c = kvbm_peer_config_default();
+  c.lease_ms = -5;
+  uint32_t peer;
+  kvbm_error e = {0};
+  assert_int_equal(kvbm_manager_attach(d, fa, &c, &peer, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "lease_ms"));
+  kvbm_manager_destroy(d);
+  kvbm_fabric_destroy(fa);
+  kvbm_fabric_destroy(fb);
+
+  d = make(16, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0);
+  hostile h = {.version = 3};
+  assert_int_equal(kvbm_fabric_inproc_pair("evil", "d", &h.f, &fb, NULL), KVBM_OK);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, hostile_hello, &h), 0);
+  c = kvbm_peer_config_default();
+  c.timeout_ms = 2000;
+  assert_int_equal(kvbm_manager_attach(d, fb, &c, &peer, &e), KVBM_EPROTO);
+  assert_non_null(strstr(e.msg, "version 1..2"));
+  pthread_join(th, NULL);
+  kvbm_manager_destroy(d);
+  kvbm_fabric_remote_set_release(h.rs);
+  kvbm_fabric_local_set_release(h.ls);
+  kvbm_storage_release(h.s);
+  kvbm_fabric_destroy(h.f);
+  kvbm_fabric_destroy(fb);
+}
+
+enum { WORD_TAKEN_BACK, WORD_EXPIRED };
+
+/* G1 of a full (16 blocks, none free): X (13, here only, oldest), P (3,
+ * offloaded to b), X0 (offloaded to b last). Then either b evicts P and
+ * says so, or the lease clock passes P's word. An output-phase prefill
+ * of a new prompt needing 7 blocks then makes room: P, the last copy in
+ * the cluster (or one whose holder's word is too old), is not dropped;
+ * X0, still held by b within its lease, is (taken back: the one drop).
+ * The old code dropped P's three copies too. */
+static void room_word_case(int how) {
+  kvbm_manager_config c = tu_config(NULL, 16, 0, 0);
+  c.output_pull = true;
+  c.pull_timeout_ms = 5000;
+  c.offload_threshold_blocks = 0;
+  kvbm_manager *a = NULL;
+  assert_int_equal(kvbm_manager_create(&c, &a, NULL), KVBM_OK);
+  pair p = {.a = a, .b = make(8, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0)};
+  pair_attach(&p, NULL, NULL);
+  assert_int_equal(p.rc_a, KVBM_OK);
+  assert_int_equal(p.rc_b, KVBM_OK);
+  uint32_t *pt = tu_prompt(1100, 12), *xt = tu_prompt(2200, 52), *yt = tu_prompt(3300, 32), *qt = tu_prompt(4400, 25);
+  uint64_t ph[3], xh[13];
+  hashes_of(pt, 12, ph);
+  hashes_of(xt, 52, xh);
+  assert_int_equal(tu_run(p.a, pt, 12, NULL, NULL), 0);
+  assert_int_equal(tu_run(p.a, xt, 52, NULL, NULL), 0);
+  offload_all(p.a, ph, 3);
+  if (how == WORD_TAKEN_BACK) {
+    assert_int_equal(tu_run(p.b, yt, 32, NULL, NULL), 0); /* P evicted at b */
+    peer_barrier(p.a, xh[0]);
+  } else {
+    peer_barrier(p.a, xh[0]);
+    assert_int_equal(kvbm__peer_skew_clock(p.a, 0, kvbm_peer_config_default().lease_ms), KVBM_OK);
+    /* a word given now is fresh: X0 again */
+    peer_barrier(p.a, xh[0]);
+  }
+  kvbm_tier_stats s;
+  assert_int_equal(kvbm_manager_stats_get(p.a, KVBM_TIER_G1, &s), KVBM_OK);
+  assert_int_equal(s.free, 0);
+  for (int k = 0; k < 3; k++) assert_true(held_in_g1(p.a, ph[k]));
+  kvbm_peer_stats before, st;
+  kvbm_manager_peer_stats_get(p.a, 0, &before);
+  kvbm_mreq *q;
+  kvbm_mreq_info info;
+  assert_int_equal(kvbm_manager_prefill_phase(p.a, 0, 0, KVBM_REQUEST_OUTPUT, qt, 25, &q, NULL, NULL), KVBM_OK);
+  kvbm_mreq_wait(q, -1, &info);
+  kvbm_manager_peer_stats_get(p.a, 0, &st);
+  for (int k = 0; k < 3; k++) assert_true(held_in_g1(p.a, ph[k])); /* never dropped */
+  assert_int_equal(st.dropped_for_room - before.dropped_for_room, 1); /* X0 only */
+  assert_false(held_in_g1(p.a, xh[0]));
+  kvbm_mreq_destroy(q);
+  free(pt);
+  free(xt);
+  free(yt);
+  free(qt);
+  pair_free(&p);
+}
+
+static void test_pull_room_not_on_taken_back_word(void **state) {
+  (void)state;
+  room_word_case(WORD_TAKEN_BACK);
+}
+static void test_pull_room_not_on_expired_word(void **state) {
+  (void)state;
+  room_word_case(WORD_EXPIRED);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_no_fabric_defaults), cmocka_unit_test(test_phase_labels),
@@ -946,6 +1237,11 @@ int main(void) {
       cmocka_unit_test(test_pull_room_from_peer_copies), cmocka_unit_test(test_pull_no_room_needed),
       cmocka_unit_test(test_forged_acks_refused), cmocka_unit_test(test_awaited_acks_bounded),
       cmocka_unit_test(test_ack_cost_constant),
+      cmocka_unit_test(test_peer_eviction_told), cmocka_unit_test(test_peer_not_held_and_remove),
+      cmocka_unit_test(test_peer_closed_forgotten), cmocka_unit_test(test_peer_lease),
+      cmocka_unit_test(test_peer_lease_config_and_versions),
+      cmocka_unit_test(test_pull_room_not_on_taken_back_word),
+      cmocka_unit_test(test_pull_room_not_on_expired_word),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,10 @@
  * list relinked around moved entries). With the index full at the
  * default size of a peer's remote index (65536 keys, 131072 slots), an
  * add that evicts costs a handful of probes, counted, not timed: the
- * remote index it replaces scanned every slot on each add.
+ * remote index it replaces scanned every slot on each add. Leases (issue
+ * 23): put (value, moved to the newest end), get, drop, oldest and clear
+ * against the same model, so the oldest key is the one with the smallest
+ * value when values only grow.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -92,6 +95,77 @@ static void test_against_model(void **state) {
   }
 }
 
+typedef struct vmodel {
+  uint64_t key[64], val[64];
+  uint32_t n; /* oldest first */
+} vmodel;
+
+static int vmodel_find(const vmodel *m, uint64_t h) {
+  for (uint32_t i = 0; i < m->n; i++)
+    if (m->key[i] == h) return (int)i;
+  return -1;
+}
+
+static void vmodel_drop(vmodel *m, uint32_t i) {
+  for (uint32_t k = i + 1; k < m->n; k++) {
+    m->key[k - 1] = m->key[k];
+    m->val[k - 1] = m->val[k];
+  }
+  m->n--;
+}
+
+static void test_values_against_model(void **state) {
+  (void)state;
+  for (uint64_t seed = 1; seed <= 6; seed++) {
+    const uint32_t limit = (uint32_t)(seed * 9);
+    kvbm__hindex x;
+    assert_int_equal(kvbm__hindex_init(&x, limit, seed), KVBM_OK);
+    vmodel m = {.n = 0};
+    uint64_t s = seed * 77, clock = 0;
+    for (int step = 0; step < 20000; step++) {
+      uint64_t h = (rng(&s) % (limit * 3)) << (step % 3 == 0 ? 40 : 0), v;
+      uint32_t op = (uint32_t)(rng(&s) % 8);
+      int i = vmodel_find(&m, h);
+      if (op < 4) { /* put: newest, value = the clock */
+        uint32_t ev = 9;
+        uint64_t evh = 0;
+        kvbm__hindex_put(&x, h, ++clock, &ev, &evh);
+        if (i >= 0) {
+          vmodel_drop(&m, (uint32_t)i);
+          assert_int_equal(ev, 0);
+        } else if (m.n == limit) {
+          assert_int_equal(ev, 1);
+          assert_true(evh == m.key[0]);
+          vmodel_drop(&m, 0);
+        } else {
+          assert_int_equal(ev, 0);
+        }
+        m.key[m.n] = h;
+        m.val[m.n++] = clock;
+      } else if (op < 6) {
+        assert_int_equal(kvbm__hindex_drop(&x, h), i >= 0);
+        if (i >= 0) vmodel_drop(&m, (uint32_t)i);
+      } else if (op < 7) {
+        uint64_t oh, ov;
+        assert_int_equal(kvbm__hindex_oldest(&x, &oh, &ov), m.n > 0);
+        if (m.n) {
+          assert_true(oh == m.key[0]);
+          assert_true(ov == m.val[0]);
+        }
+      } else if (step % 500 == 7) {
+        kvbm__hindex_clear(&x);
+        m.n = 0;
+      }
+      assert_int_equal(kvbm__hindex_size(&x), m.n);
+      i = vmodel_find(&m, h);
+      assert_int_equal(kvbm__hindex_get(&x, h, &v), i >= 0);
+      if (i >= 0) assert_true(v == m.val[i]);
+      for (uint32_t k = 1; k < m.n; k++) assert_true(m.val[k - 1] < m.val[k]);
+    }
+    kvbm__hindex_free(&x);
+  }
+}
+
 static void test_full_default_size_constant_probes(void **state) {
   (void)state;
   const uint32_t limit = 65536; /* kvbm_peer_config_default().remote_index_blocks */
@@ -137,7 +211,7 @@ static void test_bad_limits(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_against_model),
+      cmocka_unit_test(test_against_model), cmocka_unit_test(test_values_against_model),
       cmocka_unit_test(test_full_default_size_constant_probes),
       cmocka_unit_test(test_bad_limits),
   };
