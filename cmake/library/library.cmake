@@ -28,7 +28,7 @@ endforeach()
 # What the library's objects use from outside (the modules' DEPS, minus the
 # modules themselves).
 set(KVBM_LIBRARY_DEPS PkgConfig::XXHASH PkgConfig::UCX PkgConfig::MSGPACK
-    PkgConfig::ZMQ PkgConfig::NATS PkgConfig::URING PkgConfig::HIREDIS Threads::Threads m)
+    PkgConfig::ZMQ PkgConfig::NATS PkgConfig::URING PkgConfig::HIREDIS PkgConfig::SODIUM Threads::Threads m)
 if(KVBM_HAVE_CUDA)
   list(APPEND KVBM_LIBRARY_DEPS CUDA::cudart)
 endif()
@@ -54,7 +54,7 @@ set_target_properties(kvbm_static PROPERTIES
 
 # pkg-config: dynamic linking needs only -lkvbm; `--static` adds what the
 # archive's objects use.
-set(KVBM_PC_REQUIRES_PRIVATE "libxxhash msgpack libzmq libnats liburing ucx hiredis")
+set(KVBM_PC_REQUIRES_PRIVATE "libxxhash msgpack libzmq libnats liburing ucx hiredis libsodium")
 set(KVBM_PC_LIBS_PRIVATE "-lpthread -lm")
 if(KVBM_HAVE_CUDA)
   string(APPEND KVBM_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")

@@ -24,6 +24,13 @@
  *     another key, or damaged: a keyed reader cannot tell them apart).
  * All three are KVBM_EAUTH. A keyed BLAKE3 costs what a plain one does.
  *
+ * Version 3 (sealed, encryption at rest): the body is a 24-byte nonce and
+ * then the XChaCha20-Poly1305 ciphertext of the payload; the 16 bytes at
+ * offset 16 are the AEAD tag, the associated data the header's first 16
+ * bytes. This codec parses such a header and refuses to verify the body
+ * (KVBM_EAUTH for every reader here): only the key's holder opens it
+ * (G4 values with g4_encrypt, tier/store.c).
+ *
  * The byte at offset 12 is the producer's phase label of ADR-0006
  * (ThinkComplete = 0, ThinkActive = 1, OutputCritical = 2): how urgently
  * the receiver will need the block, not where kvbm stores it. kvbm's own
@@ -40,7 +47,7 @@
  *   KVBM_ETRUNCATED  fewer than 32 header bytes, or a body shorter than
  *                    declared (the message says which)
  *   KVBM_EMAGIC      the first 4 bytes are not "MRDN"
- *   KVBM_EVERSION    a version other than 1 or 2
+ *   KVBM_EVERSION    a version other than 1, 2 or 3
  *   KVBM_EPADDING    nonzero padding bytes
  *   KVBM_EPHASE      a phase byte outside kvbm_frame_phase (3..255)
  *   KVBM_ETOOLONG    a body longer than declared, or a declared length
@@ -67,6 +74,7 @@ extern "C" {
 #define KVBM_FRAME_HEADER_LEN 32
 #define KVBM_FRAME_VERSION 1
 #define KVBM_FRAME_VERSION_KEYED 2
+#define KVBM_FRAME_VERSION_SEALED 3
 #define KVBM_FRAME_KEY_LEN 32 /* a MAC key (derive it: kvbm_blake3_derive_key) */
 #define KVBM_FRAME_CHECKSUM_LEN 16
 /* A sensible receive limit for callers without their own (64 MiB). */
@@ -180,6 +188,13 @@ KVBM_EXTERN int kvbm_frame_encode_header_mac(kvbm_frame_phase phase, size_t body
                                              const uint8_t mac[KVBM_FRAME_CHECKSUM_LEN],
                                              uint8_t header[KVBM_FRAME_HEADER_LEN],
                                              kvbm_error *err);
+
+/* Writes a version-3 (sealed) header for a body of body_len bytes (nonce
+ * and ciphertext) with a zero tag: the caller encrypts with the header's
+ * first 16 bytes as associated data and writes the tag at offset 16. */
+KVBM_EXTERN int kvbm_frame_encode_header_sealed(kvbm_frame_phase phase, size_t body_len,
+                                                uint8_t header[KVBM_FRAME_HEADER_LEN],
+                                                kvbm_error *err);
 
 /* kvbm_frame_encode, keyed (version 2) when key is not NULL. */
 KVBM_EXTERN int kvbm_frame_encode_keyed(const uint8_t *key, kvbm_frame_phase phase,

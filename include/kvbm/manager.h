@@ -243,6 +243,16 @@ typedef struct kvbm_manager_config {
   const void *g4_key;
   size_t g4_key_len;
   const char *g4_key_file;
+  bool g4_encrypt;             /* with a G4 key: values are also encrypted
+                                  at rest (XChaCha20-Poly1305, libsodium;
+                                  a random 24-byte nonce per value, 24 bytes
+                                  more a value); the store sees no KV bytes.
+                                  Every manager sharing the store needs the
+                                  same setting: a sealed value is refused by
+                                  a manager that only MACs, and the other
+                                  way round (auth_failures). Costs ~2.5-3x
+                                  plain framing's CPU per block (W4,
+                                  bench_g4_mac) */
   const char *model_id;        /* in the volume keys' namespace, with the
                                   layout fingerprint, hash scheme and block
                                   size: [A-Za-z0-9._-]{1,64} (NULL: "default") */
@@ -315,6 +325,7 @@ KVBM_EXTERN kvbm_manager_config kvbm_manager_config_default(void);
  *   KVBM_G4_LOOKUP_MAX, KVBM_G4_BACKOFF_MS  the G4 fields of the same names
  *   KVBM_MODEL_ID                           model_id
  *   KVBM_G4_KEY_FILE                        g4_key_file (a path)
+ *   KVBM_G4_ENCRYPT                         g4_encrypt (true/false)
  *   DYN_KVBM_G4_KEY                         g4_key (the secret itself;
  *                                           the file is the better way:
  *                                           the environment is readable

@@ -187,6 +187,14 @@ int kvbm_frame_encode_header_keyed(const uint8_t *key, kvbm_frame_phase phase,
   return KVBM_OK;
 }
 
+int kvbm_frame_encode_header_sealed(kvbm_frame_phase phase, size_t body_len,
+                                    uint8_t header[KVBM_FRAME_HEADER_LEN], kvbm_error *err) {
+  if (!header) return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header");
+  int rc = write_header_v(KVBM_FRAME_VERSION_SEALED, phase, body_len, header, err);
+  if (!rc) memset(header + OFF_SUM, 0, KVBM_FRAME_CHECKSUM_LEN);
+  return rc;
+}
+
 int kvbm_frame_encode_header_mac(kvbm_frame_phase phase, size_t body_len,
                                  const uint8_t mac[KVBM_FRAME_CHECKSUM_LEN],
                                  uint8_t header[KVBM_FRAME_HEADER_LEN], kvbm_error *err) {
@@ -236,10 +244,10 @@ int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
                           "frame: bad magic %02x %02x %02x %02x (want 'MRDN')",
                           p[0], p[1], p[2], p[3]);
   uint32_t version = get32(p + OFF_VERSION);
-  if (version != KVBM_FRAME_VERSION && version != KVBM_FRAME_VERSION_KEYED)
+  if (version < KVBM_FRAME_VERSION || version > KVBM_FRAME_VERSION_SEALED)
     return kvbm_error_set(err, KVBM_EVERSION,
-                          "frame: unknown version %u (this build reads %d and %d)",
-                          version, KVBM_FRAME_VERSION, KVBM_FRAME_VERSION_KEYED);
+                          "frame: unknown version %u (this build reads %d to %d)",
+                          version, KVBM_FRAME_VERSION, KVBM_FRAME_VERSION_SEALED);
   if (p[OFF_PAD] | p[OFF_PAD + 1] | p[OFF_PAD + 2])
     return kvbm_error_set(err, KVBM_EPADDING,
                           "frame: nonzero padding bytes %02x %02x %02x",
@@ -263,6 +271,9 @@ int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
 
 /* Whether the frame is of the reader's kind (keyed or not). */
 static int check_kind(const kvbm_frame_header *hdr, bool keyed, kvbm_error *err) {
+  if (hdr->version == KVBM_FRAME_VERSION_SEALED)
+    return kvbm_error_set(err, KVBM_EAUTH,
+                          "frame: sealed frame (version 3, encrypted): only its key's holder opens it");
   bool frame_keyed = hdr->version == KVBM_FRAME_VERSION_KEYED;
   if (frame_keyed == keyed) return KVBM_OK;
   return keyed ? kvbm_error_set(err, KVBM_EAUTH,

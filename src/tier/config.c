@@ -240,6 +240,9 @@ static int env_g4(kvbm_manager_config *c, const char *const *env, kvbm_error *er
     c->g4_key = v;
     c->g4_key_len = strlen(v);
   }
+  if ((v = env_get(env, "KVBM_G4_ENCRYPT")) &&
+      (rc = env_bool("KVBM_G4_ENCRYPT", v, &c->g4_encrypt, err)))
+    return rc;
   bool on;
   if ((v = env_get(env, "DYN_KVBM_OBJECT_ENABLED"))) {
     if ((rc = env_bool("DYN_KVBM_OBJECT_ENABLED", v, &on, err))) return rc;
@@ -312,6 +315,9 @@ static int check_g4(const kvbm_manager_config *c, kvbm_error *err) {
   if (c->g4_key && (c->g4_key_len < KVBM_MANAGER_G4_KEY_MIN || c->g4_key_len > KVBM_MANAGER_G4_KEY_MAX))
     return kvbm_error_set(err, KVBM_EINVAL, "manager: g4_key must be %u..%u bytes, not %zu",
                           KVBM_MANAGER_G4_KEY_MIN, KVBM_MANAGER_G4_KEY_MAX, c->g4_key_len);
+  if (c->g4_encrypt && !c->g4_key && !c->g4_key_file)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "manager: g4_encrypt needs a G4 key (g4_key or g4_key_file)");
   if (c->g4_key_file && !*c->g4_key_file)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: g4_key_file is empty");
   if ((c->g3_url && !*c->g3_url) || (c->g4_url && !*c->g4_url))

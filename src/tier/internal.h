@@ -187,6 +187,8 @@ typedef struct kvbm__tier {
   bool keyed;            /* G4 with a cluster key: values are keyed frames
                             (store.c, "Authenticated values") */
   uint8_t mac_key[32];   /* derived from g4_key; zeroed at destroy */
+  bool sealed;           /* g4_encrypt: values are sealed frames (AEAD) */
+  uint8_t aead_key[32];  /* derived from g4_key; zeroed at destroy */
   uint32_t depth;        /* operations in flight */
   uint32_t batch_ops;    /* operations per batch: depth spread over the
                             volume's threads, so batches run side by side */
@@ -337,7 +339,7 @@ void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, 
  * configured: t stays unkeyed. KVBM_EINVAL with a message for a key that
  * cannot be used (short, unreadable file, file others can read). */
 int kvbm__value_key_init(kvbm_manager *m, kvbm__tier *t, kvbm_error *err);
-int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, const uint8_t *buf,
+int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf,
                       size_t size, uint64_t key);
 /* The namespace of the volume tiers' keys (m->ns, m->ns_digest), from the
  * layout fingerprint, hash scheme, block size and model id. */

@@ -534,6 +534,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
     kvbm_volume_unregister(t->lookup_vol);
     kvbm_volume_unregister(t->vol);
     explicit_bzero(t->mac_key, sizeof t->mac_key);
+    explicit_bzero(t->aead_key, sizeof t->aead_key);
     kvbm__gpu_stream_destroy(t->gs);
     kvbm_pool_destroy(t->pool);
     /* An engine-owned tier's storage is the engine's to release. */

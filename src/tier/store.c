@@ -42,6 +42,18 @@
  * every user of the machine), and every copy of it made here is zeroed;
  * only the derived key is kept, in the tier, zeroed at destroy.
  *
+ * Encryption at rest (g4_encrypt). A tenant that does not want the store
+ * to see its KV gets sealed values: the frame (version 3) carries a random
+ * 24-byte nonce, then the body header and the block encrypted with
+ * XChaCha20-Poly1305 under a second key derived from the same secret
+ * (AEAD_CONTEXT), the tag in the frame's sum and the frame header's first
+ * 16 bytes as associated data. Decryption is in place, in the worker's
+ * staging buffer, and a value that does not open is refused like a MAC
+ * that differs (auth_failures). XChaCha's 192-bit nonce can be drawn at
+ * random for every value without a counter shared between managers.
+ * The body header travels encrypted too, so the identity checks below run
+ * on what the key opened.
+ *
  * The disk:// slot file is not framed: its slots carry their own XXH3
  * header (volume/disk.h) and are checked by the volume, which keeps G3's
  * zero-copy path (the block's bytes straight between tier memory and the
@@ -94,6 +106,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
 #include "kvbm/blake3.h"
 #include "kvbm/frame.h"
 #include "tier/internal.h"
@@ -104,8 +118,13 @@
 static const char BODY_MAGIC[8] = {'K', 'V', 'B', 'M', 'B', 'L', 'K', '1'};
 
 
+#define NONCE crypto_aead_xchacha20poly1305_ietf_NPUBBYTES /* 24 */
+
+/* Bytes between the frame header and the body header. */
+static size_t nonce_len(const kvbm__tier *t) { return t->sealed ? NONCE : 0; }
+
 size_t kvbm__value_data_off(const kvbm__tier *t) {
-  return t->framed ? KVBM_FRAME_HEADER_LEN + BODY_HDR : 0;
+  return t->framed ? KVBM_FRAME_HEADER_LEN + nonce_len(t) + BODY_HDR : 0;
 }
 
 size_t kvbm__value_len(const kvbm_manager *m, const kvbm__tier *t) {
@@ -114,7 +133,7 @@ size_t kvbm__value_len(const kvbm_manager *m, const kvbm__tier *t) {
 
 void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, uint64_t key,
                       uint64_t parent, bool has_parent, kvbm_frame_phase phase) {
-  uint8_t *h = buf + KVBM_FRAME_HEADER_LEN;
+  uint8_t *h = buf + KVBM_FRAME_HEADER_LEN + nonce_len(t);
   memcpy(h, BODY_MAGIC, 8);
   memcpy(h + 8, m->ns_digest, 16);
   kvbm__put_le64(h + 24, key);
@@ -124,21 +143,53 @@ void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, 
   kvbm__put_le32(h + 52, m->cfg.block_size);
   kvbm__put_le64(h + 56, m->block_bytes);
   size_t body = BODY_HDR + (size_t)m->block_bytes, len;
+  if (t->sealed) {
+    uint8_t *nonce = buf + KVBM_FRAME_HEADER_LEN;
+    KVBM__MUST(kvbm_frame_encode_header_sealed(phase, NONCE + body, buf, NULL));
+    randombytes_buf(nonce, NONCE);
+    crypto_aead_xchacha20poly1305_ietf_encrypt_detached(h, buf + 16, NULL, h, body, buf, 16, NULL,
+                                                        nonce, t->aead_key);
+    return;
+  }
   /* Cannot fail: the body sits at buf + 32 in a buffer of exactly its size
    * and block_bytes is far below the frame's u32 limit (checked at create). */
   KVBM__MUST(kvbm_frame_encode_keyed(t->keyed ? t->mac_key : NULL, phase, h, body, buf,
                                      kvbm__value_len(m, t), &len, NULL));
 }
 
-int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, const uint8_t *buf,
+/* A sealed value: its header, then decrypted in place. */
+static int open_sealed(const kvbm__tier *t, uint8_t *buf, size_t size, const uint8_t **body) {
+  kvbm_frame_header fh;
+  int rc = kvbm_frame_parse_header(buf, size, (uint32_t)(size - KVBM_FRAME_HEADER_LEN), &fh, NULL);
+  if (rc) return KVBM_ECHECKSUM;
+  if (fh.version != KVBM_FRAME_VERSION_SEALED || fh.body_len != size - KVBM_FRAME_HEADER_LEN)
+    return KVBM_EAUTH; /* not sealed: not ours */
+  uint8_t *nonce = buf + KVBM_FRAME_HEADER_LEN, *c = nonce + NONCE;
+  if (crypto_aead_xchacha20poly1305_ietf_decrypt_detached(c, NULL, c, fh.body_len - NONCE, fh.checksum,
+                                                          buf, 16, nonce, t->aead_key))
+    return KVBM_EAUTH;
+  *body = c;
+  return KVBM_OK;
+}
+
+int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf,
                       size_t size, uint64_t key) {
-  size_t want = KVBM_FRAME_HEADER_LEN + BODY_HDR + (size_t)m->block_bytes;
+  size_t want = KVBM_FRAME_HEADER_LEN + nonce_len(t) + BODY_HDR + (size_t)m->block_bytes;
+  /* A frame of another kind (plain, keyed, sealed) is refused as such
+   * before its length, which differs for sealed values. */
+  kvbm_frame_header kind;
+  uint32_t ours = t->sealed ? KVBM_FRAME_VERSION_SEALED
+                            : t->keyed ? KVBM_FRAME_VERSION_KEYED : KVBM_FRAME_VERSION;
+  if (kvbm_frame_parse_header(buf, size, UINT32_MAX, &kind, NULL) == KVBM_OK && kind.version != ours)
+    return KVBM_EAUTH;
   if (size < want) return KVBM_ETRUNCATED;
   if (size > want) return KVBM_ETOOLONG;
   kvbm_frame_header fh;
   const uint8_t *body;
-  int rc = kvbm_frame_decode_keyed(t->keyed ? t->mac_key : NULL, buf, size,
-                                   (uint32_t)(want - KVBM_FRAME_HEADER_LEN), &fh, &body, NULL);
+  int rc = t->sealed ? open_sealed(t, buf, size, &body)
+                     : kvbm_frame_decode_keyed(t->keyed ? t->mac_key : NULL, buf, size,
+                                               (uint32_t)(want - KVBM_FRAME_HEADER_LEN), &fh, &body,
+                                               NULL);
   if (rc) return rc == KVBM_EAUTH ? KVBM_EAUTH : KVBM_ECHECKSUM;
   /* The frame checks: everything below was written by a kvbm that sealed
    * it, so a mismatch is another namespace's or key's value, not damage. */
@@ -154,6 +205,7 @@ int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, const uint8_t 
 /* A hard-coded, kvbm-specific context: the derived key is used for G4
  * frames only, whatever else the same secret keys. */
 #define KEY_CONTEXT "kvbm 2026-11 G4 value MAC v1"
+#define AEAD_CONTEXT "kvbm 2026-11 G4 value AEAD v1"
 
 /* Reads the secret of g4_key_file into buf (cap bytes); *len its length
  * without one trailing newline. The checks of the fabric's key files. */
@@ -203,9 +255,15 @@ int kvbm__value_key_init(kvbm_manager *m, kvbm__tier *t, kvbm_error *err) {
                         "(e.g. head -c 32 /dev/urandom > key && chmod 600 key)",
                         c->g4_key_file ? c->g4_key_file : "g4_key", len,
                         KVBM_MANAGER_G4_KEY_MIN, KVBM_MANAGER_G4_KEY_MAX);
+  if (!rc && c->g4_encrypt && sodium_init() < 0)
+    rc = kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: g4_encrypt: libsodium failed to start");
   if (!rc) {
     kvbm_blake3_derive_key(KEY_CONTEXT, secret, len, t->mac_key, sizeof t->mac_key);
     t->keyed = true;
+    if (c->g4_encrypt) {
+      kvbm_blake3_derive_key(AEAD_CONTEXT, secret, len, t->aead_key, sizeof t->aead_key);
+      t->sealed = true;
+    }
   }
   explicit_bzero(buf, sizeof buf);
   return rc;

@@ -104,7 +104,8 @@ static void test_corruption(void **state) {
       {37, 1, KVBM_EPADDING},  {39, 0x80, KVBM_EPADDING},
       {48, 200, KVBM_ETOOLONG}, /* 200 tokens > limit */
       {52 + 4 * NT, 'X', KVBM_EMAGIC},   /* the frame's magic */
-      {52 + 4 * NT + 4, 3, KVBM_EVERSION}, {52 + 4 * NT + 12, 3, KVBM_EPHASE},
+      {52 + 4 * NT + 4, 4, KVBM_EVERSION}, {52 + 4 * NT + 12, 3, KVBM_EPHASE},
+      {52 + 4 * NT + 4, 2, KVBM_EAUTH},    {52 + 4 * NT + 4, 3, KVBM_EAUTH}, /* keyed, sealed: no key here */
       {52 + 4 * NT + 12, 9, KVBM_EPHASE},  /* what a v1 sender wrote for G4 was 3 */
       {52 + 4 * NT + 13, 1, KVBM_EPADDING}, {52 + 4 * NT + 20, 0xAA, KVBM_ECHECKSUM},
   };

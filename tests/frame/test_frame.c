@@ -198,7 +198,7 @@ static void test_every_decode_error(void **state) {
     f[i] ^= 0x20;
     expect(f, len, max, KVBM_EMAGIC, "magic");
   }
-  static const uint32_t versions[] = {0, 3, 0x01000000u, 0xFFFFFFFFu};
+  static const uint32_t versions[] = {0, 4, 0x01000000u, 0xFFFFFFFFu};
   for (size_t i = 0; i < 4; i++) {
     memcpy(f, good, len);
     f[4] = (uint8_t)versions[i];

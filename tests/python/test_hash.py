@@ -201,7 +201,7 @@ def test_frame_errors_have_their_own_class():
     cases = [
         (f[:10], kvbm.TruncatedError, "KVBM_ETRUNCATED"),
         (corrupt(f, 0, ord("X")), kvbm.MagicError, "KVBM_EMAGIC"),
-        (corrupt(f, 4, 2), kvbm.VersionError, "KVBM_EVERSION"),
+        (corrupt(f, 4, 4), kvbm.VersionError, "KVBM_EVERSION"),  # 2, 3: keyed, sealed (EAUTH)
         (corrupt(f, 13, 1), kvbm.PaddingError, "KVBM_EPADDING"),
         (corrupt(f, 12, 3), kvbm.PhaseError, "KVBM_EPHASE"),
         (corrupt(f, 12, 255), kvbm.PhaseError, "KVBM_EPHASE"),

@@ -19,6 +19,10 @@
  *  - A reader with a key refuses unkeyed values, a reader without one
  *    keyed values, one with another key the first one's values: counted,
  *    never bytes.
+ *  - Sealed values (g4_encrypt): the store holds no byte of the KV in the
+ *    clear; a manager with the key and g4_encrypt is served them, one
+ *    that only MACs refuses them (and the other way round), and a flipped
+ *    ciphertext byte is a counted miss.
  *  - The key's configuration: a file only its owner can read (not a link,
  *    not readable by others), 16..4096 bytes, not with g4_key too; the
  *    environment's KVBM_G4_KEY_FILE and DYN_KVBM_G4_KEY.
@@ -48,8 +52,11 @@ static const char KEY_B[] = "cluster secret B, 32 bytes long!";
 
 static char url[64];
 
+static bool encrypt; /* mgr()'s managers seal their values (g4_encrypt) */
+
 static kvbm_manager *mgr(const char *key) {
   kvbm_manager_config c = tu_config(NULL, 64, 0, 0);
+  c.g4_encrypt = encrypt && key;
   c.g4_url = url;
   c.g4_lookup_timeout_ms = 5000;
   c.g4_timeout_ms = 2000;
@@ -221,6 +228,99 @@ static void test_kinds(void **st) {
   }
 }
 
+/* Every value in the store, read raw (what anyone with access sees). */
+typedef struct rawset {
+  int n;
+  uint64_t key[64];
+  uint8_t *val[64];
+  size_t len[64];
+  kvbm_volume *v;
+} rawset;
+
+static void raw_read(int port, rawset *r) {
+  char out[8192];
+  memset(r, 0, sizeof *r);
+  assert_int_equal(VT_CLI(port, out, sizeof out, "--raw", "KEYS", "*"), 0);
+  for (char *save = NULL, *k = strtok_r(out, "\n", &save); k && r->n < 64;
+       k = strtok_r(NULL, "\n", &save)) {
+    char *slash = strrchr(k, '/');
+    assert_non_null(slash);
+    *slash = 0;
+    if (!r->v) {
+      kvbm_volume_config vc = kvbm_volume_config_default(url);
+      vc.key_namespace = k;
+      assert_int_equal(kvbm_volume_register(&vc, &r->v, NULL), KVBM_OK);
+    }
+    r->key[r->n] = strtoull(slash + 1, NULL, 16);
+    r->val[r->n] = malloc(65536);
+    assert_int_equal(kvbm_volume_get(r->v, r->key[r->n], r->val[r->n], 65536, &r->len[r->n]), KVBM_OK);
+    r->n++;
+  }
+}
+
+static void raw_free(rawset *r) {
+  for (int i = 0; i < r->n; i++) free(r->val[i]);
+  kvbm_volume_unregister(r->v);
+}
+
+static void test_sealed(void **st) {
+  (void)st;
+  uint32_t *p = tu_prompt(5000, NTOK);
+  /* the KV in the clear, as an unkeyed manager stores it */
+  flush_store();
+  store(NULL, p);
+  rawset clear;
+  raw_read(redis.port, &clear);
+  assert_int_equal(clear.n, NBLK);
+  flush_store();
+  encrypt = true;
+  store(KEY_A, p);
+  rawset sealed;
+  raw_read(redis.port, &sealed);
+  assert_int_equal(sealed.n, NBLK);
+  for (int i = 0; i < NBLK; i++) {
+    assert_int_equal(sealed.len[i], clear.len[i] + 24); /* the nonce */
+    assert_int_equal(sealed.val[i][4], KVBM_FRAME_VERSION_SEALED);
+    for (int j = 0; j < NBLK; j++) /* no 16 bytes of any block's KV */
+      for (size_t off = 32 + 64; off + 16 <= clear.len[j]; off += 16)
+        assert_null(memmem(sealed.val[i], sealed.len[i], clear.val[j] + off, 16));
+  }
+  served h = serve(KEY_A, p);
+  assert_int_equal(h.from_g4, NBLK);
+  assert_int_equal(h.good, NBLK);
+  encrypt = false; /* a manager that only MACs refuses them */
+  served mac_only = serve(KEY_A, p);
+  assert_int_equal(mac_only.from_g4, 0);
+  /* 24 bytes longer than its own values: the answer overflows its buffer
+   * (foreign) before any frame is read */
+  assert_true(mac_only.g4.auth_failures + mac_only.g4.foreign >= 1);
+  assert_int_equal(mac_only.g4.onboarded_blocks, 0);
+  assert_int_equal(mac_only.good, mac_only.matched);
+  /* a flipped ciphertext byte in every value */
+  for (int i = 0; i < NBLK; i++) {
+    sealed.val[i][sealed.len[i] - 100] ^= 1;
+    assert_int_equal(kvbm_volume_put(sealed.v, sealed.key[i], sealed.val[i], sealed.len[i]), KVBM_OK);
+  }
+  encrypt = true;
+  served s = serve(KEY_A, p);
+  assert_int_equal(s.from_g4, 0);
+  assert_int_equal(s.g4.onboarded_blocks, 0);
+  assert_true(s.g4.auth_failures >= 1);
+  assert_int_equal(s.good, s.matched);
+  /* the other way round: MACed values to a sealing reader */
+  flush_store();
+  encrypt = false;
+  store(KEY_A, p);
+  encrypt = true;
+  served other = serve(KEY_A, p);
+  assert_int_equal(other.from_g4, 0);
+  assert_true(other.g4.auth_failures >= 1);
+  encrypt = false;
+  raw_free(&clear);
+  raw_free(&sealed);
+  free(p);
+}
+
 static char *key_file(const char *content, mode_t mode) {
   char *d = tu_tmpdir("g4key");
   char *path = malloc(strlen(d) + 8);
@@ -256,6 +356,12 @@ static void test_key_config(void **st) {
   char *short_key = key_file("too short\n", 0600);
   assert_int_equal(create_with("0123456789abcde", NULL, &e), KVBM_EINVAL); /* 15 bytes */
   assert_non_null(strstr(e.msg, "g4_key"));
+  kvbm_manager_config enc = tu_config(NULL, 64, 0, 0);
+  enc.g4_url = url;
+  enc.g4_encrypt = true;
+  kvbm_manager *none = NULL;
+  assert_int_equal(kvbm_manager_create(&enc, &none, &e), KVBM_EINVAL);
+  assert_non_null(strstr(e.msg, "g4_encrypt needs"));
   assert_int_equal(create_with(KEY_A, good, &e), KVBM_EINVAL);
   assert_non_null(strstr(e.msg, "both"));
   assert_int_equal(create_with(NULL, open_to_all, &e), KVBM_EINVAL);
@@ -310,6 +416,7 @@ int main(void) {
       cmocka_unit_test(test_unkeyed_onboards_forgery),
       cmocka_unit_test(test_keyed_refuses_forgery),
       cmocka_unit_test(test_kinds),
+      cmocka_unit_test(test_sealed),
       cmocka_unit_test(test_key_config),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
