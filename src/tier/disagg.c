@@ -1327,13 +1327,23 @@ int kvbm_manager_detach(kvbm_manager *m, uint32_t peer, kvbm_error *err) {
   return KVBM_OK;
 }
 
+/* The peers leave the array before they stop: a pool event of a worker
+ * still finishing (kvbm__disagg_block_gone) or a lookup then finds none,
+ * never one being freed. */
 void kvbm__disagg_stop(kvbm_manager *m) {
-  for (uint32_t i = 0; i < m->npeers; i++) {
-    peer_stop(m->peers[i]);
-    peer_free(m->peers[i]);
+  kvbm__peer *ps[KVBM_MANAGER_MAX_PEERS];
+  pthread_mutex_lock(&m->peers_mu);
+  uint32_t n = m->npeers;
+  for (uint32_t i = 0; i < n; i++) {
+    ps[i] = m->peers[i];
     m->peers[i] = NULL;
   }
   m->npeers = 0;
+  pthread_mutex_unlock(&m->peers_mu);
+  for (uint32_t i = 0; i < n; i++) {
+    peer_stop(ps[i]);
+    peer_free(ps[i]);
+  }
 }
 
 /* ---- location, flush, stats, pulls ---- */
