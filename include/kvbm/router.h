@@ -46,6 +46,7 @@
 #include <stdint.h>
 
 #include "kvbm/events.h"
+#include "kvbm/group.h"
 #include "kvbm/hash.h"
 #include "kvbm/status.h"
 
@@ -83,12 +84,17 @@ typedef struct kvbm_index_config {
   void *gap_user;
   kvbm_seqno_rules seq;        /* how ids are judged (kvbm_seqno_check; zeros:
                                 the defaults) */
+  const kvbm_group_spec *groups; /* optional: every worker's KV cache groups
+                                    (a hybrid model, kvbm/group.h; copied at
+                                    create); NULL/0: learned from events */
+  size_t num_groups;
 } kvbm_index_config;
 
 KVBM_EXTERN kvbm_index_config kvbm_index_config_default(void);
 
 /* Creates an index; *out is freed with kvbm_index_destroy. KVBM_EINVAL for
- * block size 0 or above KVBM_POOL_MAX_BLOCK_SIZE or an unknown scheme. */
+ * block size 0 or above KVBM_POOL_MAX_BLOCK_SIZE, an unknown scheme, or a
+ * bad group list (see kvbm_index_worker_groups_set). */
 KVBM_EXTERN int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error *err);
 KVBM_EXTERN void kvbm_index_destroy(kvbm_index *idx); /* NULL is a no-op */
 
@@ -138,6 +144,54 @@ KVBM_EXTERN int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
                      const uint64_t *hashes, size_t n);
 KVBM_EXTERN int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
                       const uint64_t *hashes, size_t n);
+
+/* Hybrid models (docs/areas/hybrid.md, kvbm/group.h). vLLM keeps one
+ * block table per KV cache group (full attention, sliding window, chunked
+ * local, Mamba) and its events name the group of every block (group_idx,
+ * absent = 0) and, on BlockStored, the group's kind (kv_cache_spec_kind,
+ * kv_cache_spec_sliding_window). The index keeps every block under
+ * (worker, group, key): two groups' blocks with equal hashes (vLLM's
+ * groups share one hash chain) are two entries. A worker's group list is
+ * configured (kvbm_index_config.groups for every worker, or this call for
+ * one) or learned from its events: an event of group g makes the list at
+ * least g + 1 long (groups not yet described count as full attention)
+ * and a BlockStored's kind describes its group ("full_attention",
+ * "sliding_window" with its window, "chunked_local_attention" with its
+ * chunk in the window field, "mamba"). A configured list is fixed: an
+ * event of a group beyond it is refused (KVBM_EINVAL, counted in
+ * bad_groups) and a kind that disagrees is counted (group_conflicts), the
+ * configured spec kept. An event's group_idx < 0 or >= KVBM_GROUPS_MAX is
+ * always refused (nothing changed, counted).
+ *
+ * The overlap of a worker whose list is anything but one full-attention
+ * group is kvbm_groups_hit over its per-group holdings, in blocks: per
+ * tier as for one group, prefix[G1] is the hit every group serves from
+ * the device, prefix[G2] from device or host, ..., prefix[G4] from any
+ * tier (more holdings never shorten a hit, so the order holds). A worker
+ * holding only the full-attention blocks of a prefix scores 0 for a
+ * full + sliding window model; a sliding-window group needs only the
+ * blocks of its window. Workers of one full group are looked up as
+ * always (no cost for them).
+ *
+ * Sets worker's group list (added when unknown) and fixes it. KVBM_EINVAL
+ * with a message for n == 0 or above KVBM_GROUPS_MAX, an unknown kind, a
+ * window or chunk of 0 (or a parameter on full/Mamba), or a list shorter
+ * than a group the worker already holds blocks of. Writer side. */
+KVBM_EXTERN int kvbm_index_worker_groups_set(kvbm_index *idx, kvbm_worker_key worker,
+                                             const kvbm_group_spec *specs, size_t n,
+                                             kvbm_error *err);
+/* The group list of the worker of a live slot: writes at most max specs
+ * into out and the list's length into *n (0: none known yet, one full
+ * group assumed). Any thread. KVBM_ENOTFOUND when the slot is free. */
+KVBM_EXTERN int kvbm_index_worker_groups(const kvbm_index *idx, uint32_t slot,
+                                         kvbm_group_spec *out, size_t max, size_t *n);
+/* kvbm_index_store / kvbm_index_remove in group `group` of the slot's
+ * list (KVBM_EINVAL for a group >= KVBM_GROUPS_MAX or beyond a fixed
+ * list; a learned list grows to hold it). */
+KVBM_EXTERN int kvbm_index_store_group(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
+                                       uint32_t group, const uint64_t *hashes, size_t n);
+KVBM_EXTERN int kvbm_index_remove_group(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
+                                        uint32_t group, const uint64_t *hashes, size_t n);
 
 /* --- reader side (any thread, no lock) --- */
 
@@ -239,6 +293,10 @@ typedef struct kvbm_index_stats {
   uint64_t table_slots;     /* slots of the workers' tables */
   uint32_t workers;
   uint32_t closed_workers;  /* workers whose lookups bisect (see index.c) */
+  uint64_t grouped;         /* events of a group other than 0 applied */
+  uint64_t bad_groups;      /* events refused for their group_idx */
+  uint64_t group_conflicts; /* kinds that disagreed with a configured list */
+  uint32_t hybrid_workers;  /* workers looked up by kvbm_groups_hit */
 } kvbm_index_stats;
 /* Counters are read without the writer's help: call it from the writer, or
  * accept slightly stale numbers. */

@@ -116,7 +116,9 @@
 typedef struct wpriv {
   uint64_t parent;   /* the block's parent key, when has_parent */
   uint32_t nchild;   /* entries in this table whose parent is this key */
-  uint32_t has_parent;
+  uint16_t has_parent;
+  uint16_t group;    /* the KV cache group the block was stored in (for
+                        snapshots: its key already tells groups apart) */
 } wpriv;
 
 /* 32 bytes: what readers read, then the writer's fields, so that an event
@@ -145,6 +147,8 @@ typedef struct worker {
   uint64_t broken;   /* held blocks whose parent is not held (see below) */
   uint64_t offdev;   /* (block, tier) holdings outside the device tier */
   _Atomic int closed;/* broken == 0 && offdev == 0: lookups may bisect */
+  _Atomic int hybrid;/* its groups are not one full-attention group:
+                        lookups take kvbm_groups_hit (see "Groups") */
   bool live;
   kvbm_seqno_tracker seq; /* the order of the worker's ids (see check_id) */
   wmap map;
@@ -152,15 +156,21 @@ typedef struct worker {
   _Atomic uint64_t held[KVBM_TIER_COUNT]; /* keys with the tier's bit set:
                                            * written by the writer, read by
                                            * kvbm_index_worker_blocks */
+  /* groups (see "Groups"): the list readers see, kind << 32 | tokens */
+  _Atomic uint32_t ngroups; /* 0: none known, one full group */
+  _Atomic uint64_t gspec[KVBM_GROUPS_MAX];
+  bool gfixed;              /* configured: not learned, not grown */
+  uint32_t gused;           /* 1 + the highest group it stored a block in */
 } worker;
 
 typedef struct counters {
   _Atomic uint64_t events, stored, removed, cleared, duplicates, gaps, resets, jumps,
-      unknown_removed, orphans, entries, slots;
+      unknown_removed, orphans, entries, slots, grouped, bad_groups, group_conflicts;
 } counters;
 
 struct kvbm_index {
   kvbm_index_config cfg;
+  kvbm_group_spec groups[KVBM_GROUPS_MAX]; /* cfg.groups, copied */
   _Atomic uint64_t live; /* mask of live worker slots */
   worker w[MAXW];
   uint32_t last_slot; /* writer's cache of the last worker looked up */
@@ -191,6 +201,15 @@ static inline uint64_t fmix64_inv(uint64_t k) {
 
 /* The index key of engine hash h in namespace ns (see the top). */
 static inline uint64_t ns_key(uint64_t h, uint64_t ns) { return ns ? fmix64(h ^ ns) : h; }
+
+/* The key of namespace key k in KV cache group g (see "Groups"): group 0
+ * keeps k, so single-group workers pay nothing; another group's key is a
+ * bijection of k, apart from group 0's as hashes are from each other. */
+#define GROUP_MUL 0x9E3779B97F4A7C15ull
+static inline uint64_t gkey(uint64_t k, uint32_t g) { return g ? fmix64(k + g * GROUP_MUL) : k; }
+static inline uint64_t gkey_inv(uint64_t k, uint32_t g) {
+  return g ? fmix64_inv(k) - g * GROUP_MUL : k;
+}
 
 #define LD(p) atomic_load_explicit((p), memory_order_relaxed)
 #define ST(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
@@ -377,6 +396,61 @@ static void walk(const worker *w, const wtab *t, const uint64_t *hashes, size_t 
   o->prefix[3] = (uint32_t)k;
 }
 
+/*
+ * Groups. A hybrid worker's blocks of group g live in its one table under
+ * gkey(key, g): vLLM's groups share one hash chain, so the group must be
+ * part of the key, and mixing it in (as namespaces are) keeps one table,
+ * one probe per (block, group), and nothing at all for group 0. Parents
+ * are linked within their group, so closure means the same per group.
+ * A worker whose list is anything but one full-attention group is looked
+ * up by kvbm_groups_hit, vLLM's coordinator rule, with a lookup probing
+ * gkey(keys[b], g) under the tier mask of the cumulative tier asked: G4
+ * (any tier) first, then each higher tier capped at the hit below it,
+ * which is correct because a hit never shrinks when holdings grow. Its
+ * cost is O(groups x blocks) probes, worker by worker; single-group
+ * workers keep the bisect and the walk.
+ */
+typedef struct glook {
+  const worker *w;
+  const wtab *t;
+  const uint64_t *keys;
+  uint64_t mv;
+  unsigned mask;
+} glook;
+
+static bool glook_held(void *user, uint32_t g, size_t b) {
+  glook *q = user;
+  return (probe(q->w, q->t, gkey(q->keys[b], g), &q->mv) & q->mask) != 0;
+}
+
+static inline kvbm_group_spec spec_of(uint64_t v) {
+  return (kvbm_group_spec){.kind = (kvbm_group_kind)(v >> 32), .tokens = (uint32_t)v};
+}
+static inline uint64_t spec_bits(kvbm_group_spec g) { return (uint64_t)g.kind << 32 | g.tokens; }
+
+/* The worker's list as readers see it (none known: one full group). */
+static size_t groups_read(const worker *w, kvbm_group_spec *out) {
+  size_t n = LDA(&((worker *)w)->ngroups);
+  if (n > KVBM_GROUPS_MAX) n = KVBM_GROUPS_MAX;
+  for (size_t g = 0; g < n; g++) out[g] = spec_of(LD(&((worker *)w)->gspec[g]));
+  if (!n) out[n++] = (kvbm_group_spec){KVBM_GROUP_FULL, 0};
+  return n;
+}
+
+static void hybrid_walk(const kvbm_index *idx, const worker *w, const uint64_t *keys, size_t n,
+                        kvbm_overlap *o) {
+  kvbm_group_spec gs[KVBM_GROUPS_MAX];
+  size_t ng = groups_read(w, gs);
+  uint32_t bs = idx->cfg.block_size;
+  glook q = {.w = w, .t = LDA(&((worker *)w)->tab), .keys = keys, .mv = LDA(&w->moves)};
+  uint64_t cap = (uint64_t)n * bs;
+  for (int t = T - 1; t >= 0; t--) {
+    q.mask = (2u << t) - 1; /* tiers G1..t */
+    cap = cap ? kvbm_groups_hit(gs, ng, bs, cap, glook_held, &q) : 0;
+    o->prefix[t] = (uint32_t)(cap / bs);
+  }
+}
+
 /* Worker by worker (not in lockstep): each walk is a tight loop over one
  * small table, and the probes of one walk already overlap. */
 void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes, size_t n,
@@ -404,7 +478,8 @@ void kvbm_index_lookup(const kvbm_index *idx, const uint64_t *hashes, size_t n,
   for (uint64_t m = live; m; m &= m - 1) {
     int s = __builtin_ctzll(m);
     const worker *w = &idx->w[s];
-    if (LDA(&((worker *)w)->closed)) closed |= 1ull << s;
+    if (__builtin_expect(LDA(&((worker *)w)->hybrid), 0)) hybrid_walk(idx, w, hashes, n, &out[s]);
+    else if (LDA(&((worker *)w)->closed)) closed |= 1ull << s;
     else walk(w, LDA(&((worker *)w)->tab), hashes, n, &out[s]);
   }
   if (closed) bisect_all(idx, closed, hashes, n, out);
@@ -516,9 +591,14 @@ void kvbm_index_stats_get(const kvbm_index *idx, kvbm_index_stats *o) {
   o->table_slots = LD(&c->slots);
   uint64_t live = kvbm_index_workers(idx);
   o->workers = (uint32_t)__builtin_popcountll(live);
-  o->closed_workers = 0;
-  for (uint64_t m = live; m; m &= m - 1)
+  o->closed_workers = o->hybrid_workers = 0;
+  for (uint64_t m = live; m; m &= m - 1) {
     o->closed_workers += (uint32_t)LDA(&((kvbm_index *)idx)->w[__builtin_ctzll(m)].closed);
+    o->hybrid_workers += (uint32_t)LDA(&((kvbm_index *)idx)->w[__builtin_ctzll(m)].hybrid);
+  }
+  o->grouped = LD(&c->grouped);
+  o->bad_groups = LD(&c->bad_groups);
+  o->group_conflicts = LD(&c->group_conflicts);
 }
 
 /* ------------------------------------------------------------ writer side */
@@ -661,7 +741,7 @@ HOT bool unlink_parent(worker *w, uint64_t parent) {
 /* Sets tier bit `tier` of key h for worker wi; *was_set says whether it
  * was. `parent` (when has_parent) is the key of the block's parent. */
 HOT int tab_hold(kvbm_index *idx, uint32_t wi, uint64_t h, int tier, uint64_t parent,
-                    bool has_parent, bool *was_set) {
+                    bool has_parent, uint32_t group, bool *was_set) {
   worker *w = &idx->w[wi];
   if (reserve2(idx, w)) return KVBM_ENOMEM;
   wtab *t = LD(&w->tab);
@@ -688,6 +768,7 @@ HOT int tab_hold(kvbm_index *idx, uint32_t wi, uint64_t h, int tier, uint64_t pa
   if (found) bump(&idx->c.entries, 1);
   sp->parent = parent;
   sp->has_parent = has_parent;
+  sp->group = (uint16_t)group;
   slot_write(s, h, OCC | 1u << tier);
   bool broke = false;
   if (has_parent && parent != h) broke = link_parent(w, parent);
@@ -749,7 +830,7 @@ static inline bool no_copies(const wentry *we) {
 
 /* The map holds every copy: the table's bit is set with the first. */
 static int hold_mapped(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
-                       uint64_t parent, bool has_parent, bool mark) {
+                       uint64_t parent, bool has_parent, bool mark, uint32_t group) {
   bool added, was_set;
   wentry *we = kvbm__wmap_upsert(&idx->w[w].map, e, r, &added);
   if (!we) return KVBM_ENOMEM;
@@ -758,7 +839,7 @@ static int hold_mapped(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64
     idx->w[w].nmapped++;
   }
   if (we->cnt[tier]++ == 0) {
-    int rc = tab_hold(idx, w, we->rhash, tier, parent, has_parent, &was_set);
+    int rc = tab_hold(idx, w, we->rhash, tier, parent, has_parent, group, &was_set);
     if (rc) {
       we->cnt[tier]--;
       if (added) {
@@ -782,14 +863,15 @@ static inline wentry *mapped_entry(kvbm_index *idx, uint32_t w, uint64_t e) {
 /* Stores a copy of engine hash e under index key r (r == e but for
  * recompute mode and namespaced blocks: `mapped`). */
 HOT int hold(kvbm_index *idx, uint32_t w, int tier, uint64_t e, uint64_t r,
-                uint64_t parent, bool has_parent, bool mapped) {
+                uint64_t parent, bool has_parent, bool mapped, uint32_t group) {
   bool added, was_set;
   int rc;
-  if (idx->cfg.recompute) return hold_mapped(idx, w, tier, e, r, parent, has_parent, false);
+  if (idx->cfg.recompute)
+    return hold_mapped(idx, w, tier, e, r, parent, has_parent, false, group);
   wentry *me = mapped_entry(idx, w, e);
   if (mapped || me) /* an engine hash already known keeps its first key */
-    return hold_mapped(idx, w, tier, e, me ? me->rhash : r, parent, has_parent, true);
-  if ((rc = tab_hold(idx, w, e, tier, parent, has_parent, &was_set))) return rc;
+    return hold_mapped(idx, w, tier, e, me ? me->rhash : r, parent, has_parent, true, group);
+  if ((rc = tab_hold(idx, w, e, tier, parent, has_parent, group, &was_set))) return rc;
   if (was_set) {
     wentry *we = kvbm__wmap_upsert(&idx->w[w].map, e, e, &added);
     if (!we) return KVBM_ENOMEM;
@@ -851,6 +933,9 @@ static void forget_all(kvbm_index *idx, uint32_t wi) {
 
 /* ------------------------------------------------------------ public */
 
+static int groups_check(const kvbm_group_spec *gs, size_t n, kvbm_error *err);
+static void groups_init(kvbm_index *idx, worker *w);
+
 kvbm_index_config kvbm_index_config_default(void) {
   return (kvbm_index_config){.block_size = 16, .scheme = KVBM_HASH_NATIVE, .salt_hash = 0,
                              .recompute = false, .expected_blocks = 16384,
@@ -868,9 +953,15 @@ int kvbm_index_create(const kvbm_index_config *cfg, kvbm_index **out, kvbm_error
   if (cfg->expected_blocks > ((size_t)1 << 32))
     return kvbm_error_set(err, KVBM_EINVAL, "router index: expected_blocks %zu is above 2^32",
                           cfg->expected_blocks);
+  if (cfg->num_groups) {
+    int rc = groups_check(cfg->groups, cfg->num_groups, err);
+    if (rc) return rc;
+  }
   kvbm_index *idx = calloc(1, sizeof *idx);
   if (!idx) return kvbm_error_set(err, KVBM_ENOMEM, "router index: out of memory");
   idx->cfg = *cfg;
+  if (cfg->num_groups) memcpy(idx->groups, cfg->groups, cfg->num_groups * sizeof *cfg->groups);
+  idx->cfg.groups = cfg->num_groups ? idx->groups : NULL; /* the caller's may go */
   *out = idx;
   return KVBM_OK;
 }
@@ -926,6 +1017,7 @@ int kvbm_index_add_worker(kvbm_index *idx, kvbm_worker_key key, uint32_t *slot,
   }
   ST(&w->wid, key.worker_id);
   ST(&w->rank, key.dp_rank);
+  groups_init(idx, w);
   w->live = true;
   publish_closed(w); /* nothing held: closed (stores keep it up to date) */
   kvbm_seqno_init(&w->seq, &idx->cfg.seq);
@@ -1001,6 +1093,11 @@ HOT int check_event(const kvbm_index *idx, const kvbm_event *ev, kvbm_error *err
       if (ev->num_block_hashes && !ev->block_hashes)
         return kvbm_error_set(err, KVBM_EINVAL, "router index: %s without its hashes",
                               kvbm_event_type_name(ev->type));
+      if (ev->has_group_idx && (ev->group_idx < 0 || ev->group_idx >= KVBM_GROUPS_MAX)) {
+        bump(&((kvbm_index *)idx)->c.bad_groups, 1);
+        return kvbm_error_set(err, KVBM_EINVAL, "router index: group_idx %lld is not in 0..%d",
+                              (long long)ev->group_idx, KVBM_GROUPS_MAX - 1);
+      }
       break;
     case KVBM_EVENT_CLEARED:
       return KVBM_OK;
@@ -1087,7 +1184,7 @@ HOT int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
       uint64_t h = ev->block_hashes[i];
       bool hp = i > 0 || ev->has_parent;
       uint64_t parent = ns_key(i ? ev->block_hashes[i - 1] : ev->parent_hash, ns);
-      int rc = hold(idx, s, tier, h, ns_key(h, ns), parent, hp, ns != 0);
+      int rc = hold(idx, s, tier, h, ns_key(h, ns), parent, hp, ns != 0, 0);
       if (rc) return rc;
     }
     return KVBM_OK;
@@ -1110,7 +1207,7 @@ HOT int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
     uint64_t r = kvbm_hash_next(idx->cfg.scheme, idx->cfg.salt_hash, parent, has_parent,
                                 ev->token_ids + i * bs, bs);
-    int rc = hold(idx, s, tier, ev->block_hashes[i], r, parent, has_parent, true);
+    int rc = hold(idx, s, tier, ev->block_hashes[i], r, parent, has_parent, true, 0);
     if (rc) return rc;
     /* an engine hash already known keeps its first key; chain from it */
     parent = kvbm__wmap_find(&idx->w[s].map, ev->block_hashes[i])->rhash;
@@ -1119,9 +1216,173 @@ HOT int apply_stored(kvbm_index *idx, uint32_t s, const kvbm_event *ev) {
   return KVBM_OK;
 }
 
+/* ------------------------------------------------------------ groups */
+
+/* Publishes worker w's list (writer side): specs, then its length, then
+ * whether lookups must take the hybrid rule. */
+static void groups_publish(worker *w, const kvbm_group_spec *gs, size_t n) {
+  for (size_t g = 0; g < n; g++) ST(&w->gspec[g], spec_bits(gs[g]));
+  STR(&w->ngroups, (uint32_t)n);
+  int hy = n > 1 || (n == 1 && gs[0].kind != KVBM_GROUP_FULL);
+  if (LD(&w->hybrid) != hy) STR(&w->hybrid, hy);
+}
+
+static int groups_check(const kvbm_group_spec *gs, size_t n, kvbm_error *err) {
+  if (n == 0 || n > KVBM_GROUPS_MAX || !gs)
+    return kvbm_error_set(err, KVBM_EINVAL, "router index: %zu groups (1..%d)", n,
+                          KVBM_GROUPS_MAX);
+  for (size_t g = 0; g < n; g++) {
+    bool param = gs[g].kind == KVBM_GROUP_SLIDING_WINDOW || gs[g].kind == KVBM_GROUP_CHUNKED_LOCAL;
+    if ((unsigned)gs[g].kind > KVBM_GROUP_MAMBA_ALIGN)
+      return kvbm_error_set(err, KVBM_EINVAL, "router index: group %zu has unknown kind %d", g,
+                            (int)gs[g].kind);
+    if (param ? (gs[g].tokens == 0 || gs[g].tokens > KVBM_GROUP_MAX_TOKENS) : gs[g].tokens != 0)
+      return kvbm_error_set(err, KVBM_EINVAL, "router index: group %zu (%s) has %u tokens", g,
+                            kvbm_group_kind_name(gs[g].kind), gs[g].tokens);
+  }
+  return KVBM_OK;
+}
+
+/* The configured list (if any) as a new worker's. */
+static void groups_init(kvbm_index *idx, worker *w) {
+  w->gfixed = idx->cfg.num_groups != 0;
+  w->gused = 0;
+  for (size_t g = 0; g < KVBM_GROUPS_MAX; g++) ST(&w->gspec[g], 0);
+  STR(&w->ngroups, 0);
+  STR(&w->hybrid, 0);
+  if (w->gfixed) groups_publish(w, idx->groups, idx->cfg.num_groups);
+}
+
+/* Makes group g usable for worker s: refused (counted) when out of range
+ * or beyond a fixed list; a learned list grows (new groups: full). */
+static int group_take(kvbm_index *idx, uint32_t s, int64_t g, kvbm_error *err) {
+  worker *w = &idx->w[s];
+  uint32_t n = LD(&w->ngroups);
+  if (g < 0 || g >= KVBM_GROUPS_MAX || (w->gfixed && (uint64_t)g >= n)) {
+    bump(&idx->c.bad_groups, 1);
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "router index: group_idx %lld is not a group of worker %llu/%u "
+                          "(%u groups%s, at most %d)", (long long)g,
+                          (unsigned long long)LD(&w->wid), LD(&w->rank), n,
+                          w->gfixed ? ", configured" : "", KVBM_GROUPS_MAX);
+  }
+  if ((uint64_t)g >= n) {
+    kvbm_group_spec gs[KVBM_GROUPS_MAX];
+    size_t k = groups_read(w, gs); /* none known reads as one full group */
+    while (k <= (size_t)g) gs[k++] = (kvbm_group_spec){KVBM_GROUP_FULL, 0};
+    groups_publish(w, gs, k);
+  }
+  if ((uint32_t)g + 1 > w->gused) w->gused = (uint32_t)g + 1;
+  return KVBM_OK;
+}
+
+/* The spec a BlockStored describes its group with; false when it names
+ * none kvbm can use (an unknown kind, a window missing or out of range). */
+static bool event_spec(const kvbm_event *ev, kvbm_group_spec *out) {
+  const char *k = ev->kv_cache_spec_kind;
+  bool win = ev->has_sliding_window && ev->sliding_window > 0 &&
+             ev->sliding_window <= (int64_t)KVBM_GROUP_MAX_TOKENS;
+  if (!strcmp(k, "full_attention")) *out = (kvbm_group_spec){KVBM_GROUP_FULL, 0};
+  else if (!strcmp(k, "mamba")) *out = (kvbm_group_spec){KVBM_GROUP_MAMBA, 0};
+  else if (!strcmp(k, "sliding_window") && win)
+    *out = (kvbm_group_spec){KVBM_GROUP_SLIDING_WINDOW, (uint32_t)ev->sliding_window};
+  else if (!strcmp(k, "chunked_local_attention") && win)
+    *out = (kvbm_group_spec){KVBM_GROUP_CHUNKED_LOCAL, (uint32_t)ev->sliding_window};
+  else return false;
+  return true;
+}
+
+/* Learns (or, for a fixed list, checks) group g's spec from a BlockStored
+ * that names its kind. Both Mamba modes match the same way. */
+static void group_learn(kvbm_index *idx, uint32_t s, uint32_t g, const kvbm_event *ev) {
+  kvbm_group_spec sp;
+  if (!event_spec(ev, &sp)) return;
+  worker *w = &idx->w[s];
+  kvbm_group_spec gs[KVBM_GROUPS_MAX];
+  size_t n = groups_read(w, gs);
+  kvbm_group_spec old = gs[g];
+  bool mamba = (old.kind == KVBM_GROUP_MAMBA || old.kind == KVBM_GROUP_MAMBA_ALIGN) &&
+               sp.kind == KVBM_GROUP_MAMBA;
+  if (mamba || (old.kind == sp.kind && old.tokens == sp.tokens)) return;
+  if (w->gfixed) {
+    bump(&idx->c.group_conflicts, 1);
+    return;
+  }
+  gs[g] = sp;
+  groups_publish(w, gs, n);
+}
+
+/* A STORED or REMOVED of group g != 0, or one naming its kind: the same
+ * as apply_stored and the REMOVED case, with every key in g's space
+ * (gkey): engine hashes too, so the writer's map keeps two groups' copies
+ * of one hash apart. Not the hot path of single-group workers. */
+static int apply_grouped(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_error *err) {
+  int64_t gi = ev->has_group_idx ? ev->group_idx : 0;
+  int rc = group_take(idx, s, gi, err);
+  if (rc) return rc;
+  uint32_t g = (uint32_t)gi;
+  int tier = ev_tier(ev);
+  if (ev->type == KVBM_EVENT_REMOVED) {
+    for (size_t i = 0; i < ev->num_block_hashes; i++)
+      unhold(idx, s, tier, gkey(ev->block_hashes[i], g));
+    goto done;
+  }
+  if (ev->kv_cache_spec_kind) group_learn(idx, s, g, ev);
+  if (!idx->cfg.recompute) {
+    /* the namespace: the event's, or its parent's in the same group */
+    uint64_t ns = 0;
+    if (ev->cache_salt || ev->lora_name) {
+      ns = kvbm_index_namespace(ev->cache_salt, ev->lora_name);
+    } else if (ev->has_parent) {
+      const wentry *pe = mapped_entry(idx, s, gkey(ev->parent_hash, g));
+      if (pe) ns = fmix64_inv(gkey_inv(pe->rhash, g)) ^ gkey_inv(pe->ehash, g);
+    }
+    for (size_t i = 0; i < ev->num_block_hashes && !rc; i++) {
+      uint64_t h = ev->block_hashes[i], p = i ? ev->block_hashes[i - 1] : ev->parent_hash;
+      rc = hold(idx, s, tier, gkey(h, g), gkey(ns_key(h, ns), g), gkey(ns_key(p, ns), g),
+                i > 0 || ev->has_parent, ns != 0, g);
+    }
+    goto done;
+  }
+  /* recompute: the chain is computed in group 0's space (what lookups
+   * hash), each key then moved to g's */
+  uint64_t parent;
+  bool hp = ev->has_parent;
+  if (hp) {
+    const wentry *pe = kvbm__wmap_find(&idx->w[s].map, gkey(ev->parent_hash, g));
+    if (!pe) {
+      bump(&idx->c.orphans, ev->num_block_hashes);
+      goto done;
+    }
+    parent = gkey_inv(pe->rhash, g);
+  } else {
+    parent = kvbm_index_namespace(ev->cache_salt, ev->lora_name);
+    hp = parent != 0;
+  }
+  uint32_t bs = idx->cfg.block_size;
+  for (size_t i = 0; i < ev->num_block_hashes && !rc; i++) {
+    uint64_t r = kvbm_hash_next(idx->cfg.scheme, idx->cfg.salt_hash, parent, hp,
+                                ev->token_ids + i * bs, bs);
+    uint64_t e = gkey(ev->block_hashes[i], g);
+    rc = hold(idx, s, tier, e, gkey(r, g), gkey(parent, g), hp, true, g);
+    if (!rc) parent = gkey_inv(kvbm__wmap_find(&idx->w[s].map, e)->rhash, g);
+    hp = true;
+  }
+done:
+  if (rc) return kvbm_error_set(err, rc, "router index: out of memory");
+  if (g) bump(&idx->c.grouped, 1);
+  bump(&idx->c.events, 1);
+  return KVBM_OK;
+}
+
 HOT int apply_one(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_error *err) {
   int rc = check_event(idx, ev, err);
   if (rc) return rc;
+  /* a group other than 0, or a kind to learn: the grouped path (one test
+   * of two fields for single-group events) */
+  if (__builtin_expect((ev->has_group_idx && ev->group_idx != 0) || ev->kv_cache_spec_kind, 0) &&
+      ev->type != KVBM_EVENT_CLEARED)
+    return apply_grouped(idx, s, ev, err);
   switch (ev->type) {
     case KVBM_EVENT_STORED:
       rc = apply_stored(idx, s, ev);
@@ -1178,7 +1439,7 @@ int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
   if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes))
     return KVBM_EINVAL;
   for (size_t i = 0; i < n; i++) {
-    int rc = hold(idx, slot, tier, hashes[i], hashes[i], i ? hashes[i - 1] : 0, i > 0, false);
+    int rc = hold(idx, slot, tier, hashes[i], hashes[i], i ? hashes[i - 1] : 0, i > 0, false, 0);
     if (rc) return rc;
   }
   return KVBM_OK;
@@ -1189,6 +1450,58 @@ int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
   if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes))
     return KVBM_EINVAL;
   for (size_t i = 0; i < n; i++) unhold(idx, slot, tier, hashes[i]);
+  return KVBM_OK;
+}
+
+int kvbm_index_store_group(kvbm_index *idx, uint32_t slot, kvbm_tier tier, uint32_t group,
+                           const uint64_t *hashes, size_t n) {
+  if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes) ||
+      group_take(idx, slot, group, NULL))
+    return KVBM_EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t h = gkey(hashes[i], group), p = i ? gkey(hashes[i - 1], group) : 0;
+    int rc = hold(idx, slot, tier, h, h, p, i > 0, false, group);
+    if (rc) return rc;
+  }
+  return KVBM_OK;
+}
+
+int kvbm_index_remove_group(kvbm_index *idx, uint32_t slot, kvbm_tier tier, uint32_t group,
+                            const uint64_t *hashes, size_t n) {
+  if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes) ||
+      group_take(idx, slot, group, NULL))
+    return KVBM_EINVAL;
+  for (size_t i = 0; i < n; i++) unhold(idx, slot, tier, gkey(hashes[i], group));
+  return KVBM_OK;
+}
+
+int kvbm_index_worker_groups_set(kvbm_index *idx, kvbm_worker_key key,
+                                 const kvbm_group_spec *specs, size_t n, kvbm_error *err) {
+  if (!idx) return kvbm_error_set(err, KVBM_EINVAL, "router index: NULL argument");
+  int rc = groups_check(specs, n, err);
+  if (rc) return rc;
+  uint32_t s;
+  bool known = !find_worker(idx, key, &s);
+  if (known && idx->w[s].gused > n)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "router index: worker %llu/%u holds blocks of group %u; a list of %zu "
+                          "groups would orphan them", (unsigned long long)key.worker_id,
+                          key.dp_rank, idx->w[s].gused - 1, n);
+  if (!known && (rc = kvbm_index_add_worker(idx, key, &s, err))) return rc;
+  worker *w = &idx->w[s];
+  for (size_t g = n; g < KVBM_GROUPS_MAX; g++) ST(&w->gspec[g], 0);
+  groups_publish(w, specs, n);
+  w->gfixed = true;
+  return KVBM_OK;
+}
+
+int kvbm_index_worker_groups(const kvbm_index *idx, uint32_t slot, kvbm_group_spec *out,
+                             size_t max, size_t *n) {
+  if (!idx || slot >= MAXW || !(kvbm_index_workers(idx) >> slot & 1)) return KVBM_ENOTFOUND;
+  const worker *w = &idx->w[slot];
+  size_t k = LDA(&((worker *)w)->ngroups);
+  for (size_t g = 0; g < k && g < max && out; g++) out[g] = spec_of(LD(&((worker *)w)->gspec[g]));
+  if (n) *n = k;
   return KVBM_OK;
 }
 
@@ -1203,15 +1516,24 @@ int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
  * blocks have byte-equal snapshots: replicas and a restarted router can
  * be compared byte for byte.
  *
- *   header   "KVBMIDX\1", u32 version 1, u32 flags (1 = recompute),
+ *   header   "KVBMIDX\1", u32 version 2, u32 flags (1 = recompute),
  *            u32 block size, u32 scheme, u64 salt hash, u32 workers, u32 0
  *   worker   u64 id, u32 rank, u32 flags (1 = its ids started, 2 = it saw
  *            a live one), and its sequence tracker (kvbm_seqno_tracker): u64
  *            next, floor, last live, first held, next held, u32 held, u32
- *            0; then u64 blocks, u64 map entries
- *   block    u64 key, u64 parent, u8 tiers (1..15), u8 has parent, 6 x 0
+ *            0; then u64 blocks, u64 map entries; then (version 2) u32
+ *            groups (0..16), u32 1 if configured, and 16 x (u32 kind, u32
+ *            tokens), unused ones 0
+ *   block    u64 key, u64 parent, u8 tiers (1..15), u8 has parent, u8
+ *            group (version 2; below the worker's groups, or 0 when it
+ *            has none), 5 x 0
  *   entry    u64 engine hash, u64 key, u32 copies[4], u32 kind, u32 0
  *   trailer  u64 XXH3 (kvbm_hash_salt) of everything before
+ *
+ * A block's key already carries its group (gkey), so the group byte is
+ * there to be checked and to keep the writer's record of it. Version 1
+ * snapshots (before groups) still load: every block in group 0, every
+ * worker with no list (learned again, or the configured one).
  *
  * Little-endian, fixed sizes. Restoring checks the sum, every count
  * against the bytes left before it sizes anything, and every value's
@@ -1220,6 +1542,8 @@ int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
 #define SNAP_MAGIC "KVBMIDX\1"
 #define SNAP_HEADER 40
 #define SNAP_WORKER 80
+#define SNAP_GROUPS (8 + 8 * KVBM_GROUPS_MAX) /* version 2's group list */
+#define SNAP_VERSION 2
 #define SNAP_BLOCK 24
 #define SNAP_ENTRY 40
 
@@ -1253,7 +1577,7 @@ static uint64_t le_get(const uint8_t *p, int n) {
 
 typedef struct snap_block {
   uint64_t key, parent;
-  uint8_t tiers, has_parent;
+  uint8_t tiers, has_parent, group;
 } snap_block;
 
 static int cmp_block(const void *a, const void *b) {
@@ -1292,14 +1616,22 @@ static int snap_worker(const kvbm_index *idx, uint32_t s, sbuf *b) {
     unsigned tiers = slot_tiers(sl);
     if (!slot_used(sl) || !tiers) continue; /* ghosts come back by themselves */
     blk[nb++] = (snap_block){LD(&sl->key), sl->w.parent, (uint8_t)tiers,
-                             (uint8_t)(sl->w.has_parent != 0)};
+                             (uint8_t)(sl->w.has_parent != 0), (uint8_t)sl->w.group};
   }
   for (size_t i = 0; i < w->map.cap; i++)
     if (w->map.e[i].used) ent[ne++] = w->map.e[i];
   qsort(blk, nb, sizeof *blk, cmp_block);
   qsort(ent, ne, sizeof *ent, cmp_entry);
-  uint8_t *h = sb_take(b, SNAP_WORKER);
+  uint8_t *h = sb_take(b, SNAP_WORKER + SNAP_GROUPS);
   if (h) {
+    uint32_t ng = LD(&w->ngroups);
+    le_put(h + SNAP_WORKER, ng, 4);
+    le_put(h + SNAP_WORKER + 4, w->gfixed ? 1 : 0, 4);
+    for (uint32_t g = 0; g < KVBM_GROUPS_MAX; g++) {
+      kvbm_group_spec sp = spec_of(g < ng ? LD(&w->gspec[g]) : 0);
+      le_put(h + SNAP_WORKER + 8 + 8 * g, (uint32_t)sp.kind, 4);
+      le_put(h + SNAP_WORKER + 12 + 8 * g, sp.tokens, 4);
+    }
     const kvbm_seqno_tracker *q = &w->seq;
     le_put(h, LD(&w->wid), 8);
     le_put(h + 8, LD(&w->rank), 4);
@@ -1322,6 +1654,7 @@ static int snap_worker(const kvbm_index *idx, uint32_t s, sbuf *b) {
     le_put(p + 8, blk[i].parent, 8);
     p[16] = blk[i].tiers;
     p[17] = blk[i].has_parent;
+    p[18] = blk[i].group;
   }
   for (size_t i = 0; i < ne; i++) {
     uint8_t *p = sb_take(b, SNAP_ENTRY);
@@ -1348,7 +1681,7 @@ int kvbm_index_snapshot(const kvbm_index *idx, uint8_t **out, size_t *len, kvbm_
   uint8_t *h = sb_take(&b, SNAP_HEADER);
   if (h) {
     memcpy(h, SNAP_MAGIC, 8);
-    le_put(h + 8, 1, 4);
+    le_put(h + 8, SNAP_VERSION, 4);
     le_put(h + 12, idx->cfg.recompute ? 1 : 0, 4);
     le_put(h + 16, idx->cfg.block_size, 4);
     le_put(h + 20, (uint64_t)idx->cfg.scheme, 4);
@@ -1370,16 +1703,43 @@ int kvbm_index_snapshot(const kvbm_index *idx, uint8_t **out, size_t *len, kvbm_
 }
 
 /* Restores one worker from [p, end); *p moves past it. */
-static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *end,
+/* Version 2's group list of a worker (at p): checked, into gs / *ng. */
+static int restore_groups(const uint8_t *p, kvbm_group_spec *gs, uint32_t *ng, bool *fixed,
                           kvbm_error *err) {
+  uint32_t n = (uint32_t)le_get(p, 4), fx = (uint32_t)le_get(p + 4, 4);
+  if (n > KVBM_GROUPS_MAX || fx > 1 || (fx && !n))
+    return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: a worker of %u groups "
+                          "(at most %d), configured flag %u", n, KVBM_GROUPS_MAX, fx);
+  for (uint32_t g = 0; g < KVBM_GROUPS_MAX; g++) {
+    uint64_t kind = le_get(p + 8 + 8 * g, 4), tok = le_get(p + 12 + 8 * g, 4);
+    gs[g] = (kvbm_group_spec){(kvbm_group_kind)kind, (uint32_t)tok};
+    if (g >= n && (kind || tok))
+      return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: unused group %u set", g);
+  }
+  if (n && groups_check(gs, n, err)) return KVBM_EFORMAT; /* err names the group */
+  *ng = n;
+  *fixed = fx;
+  return KVBM_OK;
+}
+
+static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *end,
+                          uint32_t version, kvbm_error *err) {
   const uint8_t *p = *pp;
-  if ((size_t)(end - p) < SNAP_WORKER)
+  size_t wsize = SNAP_WORKER + (version >= 2 ? SNAP_GROUPS : 0);
+  if ((size_t)(end - p) < wsize)
     return kvbm_error_set(err, KVBM_ETRUNCATED, "router index: snapshot ends inside a worker");
+  kvbm_group_spec gs[KVBM_GROUPS_MAX];
+  uint32_t ng = 0;
+  bool gfixed = false;
+  if (version >= 2) {
+    int rc = restore_groups(p + SNAP_WORKER, gs, &ng, &gfixed, err);
+    if (rc) return rc;
+  }
   kvbm_worker_key key = {le_get(p, 8), (uint32_t)le_get(p + 8, 4)};
   uint32_t flags = (uint32_t)le_get(p + 12, 4), held = (uint32_t)le_get(p + 56, 4);
   uint64_t nb = le_get(p + 64, 8), ne = le_get(p + 72, 8);
   const uint8_t *tr = p;
-  p += SNAP_WORKER;
+  p += wsize;
   size_t left = (size_t)(end - p);
   if (flags > 3 || le_get(tr + 60, 4) || nb > left / SNAP_BLOCK ||
       ne > (left - nb * SNAP_BLOCK) / SNAP_ENTRY)
@@ -1394,6 +1754,11 @@ static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *en
   int rc = kvbm_index_add_worker(idx, key, &s, err);
   if (rc) return rc;
   worker *w = &idx->w[s];
+  if (ng) { /* the snapshot's list; none: the configured one (add_worker) */
+    for (size_t g = ng; g < KVBM_GROUPS_MAX; g++) ST(&w->gspec[g], 0);
+    groups_publish(w, gs, ng);
+    w->gfixed = gfixed;
+  }
   /* the rules are this index's; the state the snapshot's */
   w->seq.started = flags & 1;
   w->seq.have_live = flags >> 1 & 1;
@@ -1405,14 +1770,19 @@ static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *en
   w->seq.held = held;
   for (uint64_t i = 0; i < nb; i++, p += SNAP_BLOCK) {
     uint64_t k = le_get(p, 8), parent = le_get(p + 8, 8);
-    unsigned tiers = p[16], hp = p[17];
+    unsigned tiers = p[16], hp = p[17], grp = p[18];
     if (!tiers || tiers > TIERS_MASK || hp > 1)
       return kvbm_error_set(err, KVBM_EFORMAT,
                             "router index: snapshot: block %llu has tiers %u, parent flag %u",
                             (unsigned long long)k, tiers, hp);
+    if (grp >= (ng ? ng : 1) || (version < 2 && grp))
+      return kvbm_error_set(err, KVBM_EFORMAT,
+                            "router index: snapshot: block %llu of group %u; its worker has %u",
+                            (unsigned long long)k, grp, ng ? ng : 1);
+    if (grp + 1 > w->gused) w->gused = grp + 1;
     for (int t = 0; t < T; t++) {
       bool was;
-      if ((tiers >> t & 1) && tab_hold(idx, s, k, t, parent, hp, &was))
+      if ((tiers >> t & 1) && tab_hold(idx, s, k, t, parent, hp, grp, &was))
         return kvbm_error_set(err, KVBM_ENOMEM, "router index: snapshot: out of memory");
     }
   }
@@ -1444,9 +1814,10 @@ int kvbm_index_restore(kvbm_index *idx, const void *data, size_t len, kvbm_error
     return kvbm_error_set(err, KVBM_ETRUNCATED, "router index: snapshot of %zu bytes", len);
   if (memcmp(p, SNAP_MAGIC, 8))
     return kvbm_error_set(err, KVBM_EMAGIC, "router index: not a snapshot (bad magic)");
-  if (le_get(p + 8, 4) != 1)
-    return kvbm_error_set(err, KVBM_EVERSION, "router index: snapshot version %u",
-                          (unsigned)le_get(p + 8, 4));
+  uint32_t version = (uint32_t)le_get(p + 8, 4);
+  if (version != 1 && version != SNAP_VERSION)
+    return kvbm_error_set(err, KVBM_EVERSION, "router index: snapshot version %u (1 or %d)",
+                          version, SNAP_VERSION);
   if (le_get(end - 8, 8) != kvbm_hash_salt(p, len - 8))
     return kvbm_error_set(err, KVBM_ECHECKSUM, "router index: snapshot checksum mismatch");
   const kvbm_index_config *c = &idx->cfg;
@@ -1466,7 +1837,7 @@ int kvbm_index_restore(kvbm_index *idx, const void *data, size_t len, kvbm_error
   p += SNAP_HEADER;
   end -= 8;
   int rc = KVBM_OK;
-  for (uint64_t i = 0; i < nw && !rc; i++) rc = restore_worker(idx, &p, end, err);
+  for (uint64_t i = 0; i < nw && !rc; i++) rc = restore_worker(idx, &p, end, version, err);
   if (!rc && p != end)
     rc = kvbm_error_set(err, KVBM_ETOOLONG, "router index: %zu bytes after the snapshot's workers",
                         (size_t)(end - p));
