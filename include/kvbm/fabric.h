@@ -412,13 +412,86 @@ KVBM_EXTERN int kvbm_fabric_read_block(kvbm_fabric *f, kvbm_fabric_remote_set *r
  * agree is the shape of a block: layers, outer_dim, page_size, inner_dim,
  * dtype_size. */
 
-/* KVBM_OK if blocks of `ours` can be bridged to blocks of `theirs` (the
- * shape agrees; kind, alignment and num_blocks may differ); otherwise
- * KVBM_EUNSUPPORTED with a message naming the first field that differs and
- * both values ("layout mismatch: dtype_size 2 here, 4 at the peer").
- * KVBM_EINVAL for NULL. */
+/* KVBM_OK if blocks of `ours` can be bridged layer for layer to blocks of
+ * `theirs` (the shape agrees; kind, alignment and num_blocks may differ);
+ * otherwise KVBM_EUNSUPPORTED with a message naming the first field that
+ * differs and both values ("layout mismatch: dtype_size 2 here, 4 at the
+ * peer"). When both layouts carry heads (kvbm_layout_heads), their
+ * descriptors must agree too (model_fingerprint, dtype_id, num_kv_heads,
+ * head_dim, and the same held heads: tp_size, then tp_rank), since a layer
+ * copy is only right between ranks holding the same heads; a peer of
+ * another TP size is refused here naming tp_size, and is bridged by head
+ * with kvbm_fabric_layout_bridge_heads(). Without heads on both sides the
+ * shape alone decides, as before. KVBM_EINVAL for NULL. */
 KVBM_EXTERN int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs,
                                           kvbm_error *err);
+
+/* ---- Bridging TP sizes: reading our KV heads out of a peer's blocks ----
+ *
+ * A TP=2 writer's rank 0 holds heads [0, H/2) and rank 1 [H/2, H); a TP=1
+ * reader gathers both halves into each token's row, a TP=4 reader takes a
+ * quarter of the heads out of one writer rank's row. Both layouts carry
+ * heads (kvbm_layout_attach_heads); blocks are token-major
+ * ([layers][outer][page_size][inner_dim], layout.h), so the bytes of a run
+ * of heads are, per (layer, outer, token), one piece of
+ * num_heads * head_dim * dtype_size bytes. */
+
+/* A run of our heads that one writer rank holds: our local heads
+ * [our_offset, our_offset + num_heads) are that rank's local heads
+ * [peer_offset, peer_offset + num_heads) (offsets in heads, from each
+ * side's first held head; times head_dim * dtype_size they are byte
+ * offsets in a token's row). */
+typedef struct kvbm_fabric_head_piece {
+  uint32_t peer_rank;   /* the writer's tp_rank that holds them */
+  uint32_t our_offset;
+  uint32_t peer_offset;
+  uint32_t num_heads;
+} kvbm_fabric_head_piece;
+
+/* Can this rank (`ours`) read its heads from blocks written under `theirs`
+ * (the layout of any one rank of the writer deployment)? Both must carry
+ * heads (otherwise KVBM_EINVAL naming the side); model_fingerprint,
+ * dtype_id, head_dim, num_kv_heads and the block's num_layers, outer_dim,
+ * page_size and dtype_size must agree (KVBM_EUNSUPPORTED naming the first
+ * field that differs, both values); tp_size and tp_rank may differ. On
+ * success pieces[0..*num_pieces) is the head map: our held heads in order,
+ * each run that one writer rank holds as one piece (when the writer
+ * replicates heads, tp_size > num_kv_heads, the first rank holding a head
+ * is named). At most min(our held heads, writer tp_size) pieces;
+ * cap too small: KVBM_ENOSPC with *num_pieces set to the count needed.
+ * No allocation; any thread. */
+KVBM_EXTERN int kvbm_fabric_layout_bridge_heads(const kvbm_layout *ours, const kvbm_layout *theirs,
+                                                kvbm_fabric_head_piece *pieces, size_t cap,
+                                                size_t *num_pieces, kvbm_error *err);
+
+/* Reads the heads of one piece of block `block` of the peer's set `rs` (a
+ * writer rank's imported set, whose layout carries heads) into our block:
+ * layers[l] is our layer l of the block (num_layers pointers, each
+ * ours->layer_stride bytes: [outer][page_size * inner_dim] elements);
+ * every other byte of our layers is left as it is. The piece must be one
+ * kvbm_fabric_layout_bridge_heads(ours, that set's layout) gives (checked:
+ * the set's tp_rank is the piece's peer_rank and the global heads agree;
+ * else KVBM_EINVAL); every range is checked before the first byte moves
+ * (KVBM_ERANGE). One read per (layer, outer, token) piece, or per (layer,
+ * outer) slice where the piece is a whole row on both sides: the generic
+ * one-sided read of every fabric (in-process: memcpy; UCX: one ucp_get
+ * each, no iovec). Asynchronous: complete at kvbm_fabric_flush(). */
+KVBM_EXTERN int kvbm_fabric_read_block_heads(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block,
+                                             const kvbm_layout *ours, void *const *layers,
+                                             uint64_t num_layers, const kvbm_fabric_head_piece *piece,
+                                             kvbm_error *err);
+
+/* The whole gather: our heads of block `block` from the writer ranks'
+ * sets peers[0..num_peers) (any order; each found by its layout's
+ * tp_rank), every piece of the head map read into layers as
+ * kvbm_fabric_read_block_heads does. The map is made from peers[0]'s
+ * layout and every peer is bridged (so all must be one deployment); a
+ * writer rank the map needs and no peer provides: KVBM_ENOTFOUND naming it.
+ * All pieces are checked before the first byte moves. Complete at
+ * kvbm_fabric_flush(). */
+KVBM_EXTERN int kvbm_fabric_read_block_tp(kvbm_fabric *f, kvbm_fabric_remote_set *const *peers,
+                                          size_t num_peers, uint64_t block, const kvbm_layout *ours,
+                                          void *const *layers, uint64_t num_layers, kvbm_error *err);
 
 /* kvbm_fabric_write_block / read_block from / into a block of any local
  * layout: layers[l] is this node's layer l of the block (num_layers

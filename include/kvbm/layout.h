@@ -69,6 +69,31 @@ typedef struct kvbm_layout_config {
   uint64_t alignment;  /* block alignment in bytes, a power of two */
 } kvbm_layout_config;
 
+/* Which KV heads a layout holds, for blocks that travel between
+ * deployments of different tensor-parallel sizes (TP-portable blocks; the
+ * same descriptor as kvbm.vllm's KvLayout, docs/areas/engines.md).
+ *
+ * Under TP each rank holds a slice of the model's num_kv_heads KV heads,
+ * by vLLM's rule (QKVParallelLinear, vllm/model_executor/layers/linear.py):
+ *   tp_size <= num_kv_heads: tp_size divides num_kv_heads; rank r holds
+ *     the num_kv_heads / tp_size heads starting at r * num_kv_heads / tp_size;
+ *   tp_size >  num_kv_heads: the heads are replicated; num_kv_heads divides
+ *     tp_size, every rank holds 1 head, head r / (tp_size / num_kv_heads).
+ * The layout's inner_dim is then (heads held) * head_dim: per token, the
+ * held heads one after the other, head_dim elements each (vLLM's
+ * [..., num_kv_heads, head_size] with the token-major layout above). */
+typedef struct kvbm_layout_heads {
+  uint64_t model_fingerprint; /* the model (nonzero); kvbm.vllm: BLAKE3-64 of
+                                 its model_fingerprint string */
+  uint32_t dtype_id;          /* element type, kvbm.vllm's ids: 1 float32,
+                                 2 float16, 3 bfloat16, 4 float8_e4m3fn,
+                                 5 float8_e5m2, 6 int8, 7 uint8, 8 float64 */
+  uint32_t num_kv_heads;      /* the model's KV heads, all ranks together */
+  uint32_t head_dim;          /* elements per head */
+  uint32_t tp_rank;           /* 0 .. tp_size-1 */
+  uint32_t tp_size;           /* >= 1 */
+} kvbm_layout_heads;
+
 typedef struct kvbm_layout {
   kvbm_layout_kind kind;
   kvbm_layout_config config;
@@ -77,6 +102,9 @@ typedef struct kvbm_layout {
   uint64_t block_stride; /* distance between block starts in a region */
   uint64_t region_size;  /* bytes of each region (all the same size) */
   uint64_t num_regions;  /* 1, or num_layers for LayerSeparate */
+  int has_heads;         /* 0 (kvbm_layout_init) or 1: `heads` is set, by
+                            kvbm_layout_attach_heads() only */
+  kvbm_layout_heads heads;
 } kvbm_layout;
 
 /* A contiguous byte range of a layout: `size` bytes at `offset` in region
@@ -133,6 +161,29 @@ KVBM_EXTERN int kvbm_layout_block(const kvbm_layout *layout, uint64_t block,
  * to tag slots written under one layout. */
 KVBM_EXTERN uint64_t kvbm_layout_fingerprint(const kvbm_layout *layout);
 
+/* Checks a heads descriptor on its own: every field nonzero (tp_rank may be
+ * 0), dtype_id known, tp_rank below tp_size, and tp_size dividing
+ * num_kv_heads or (replication) num_kv_heads dividing tp_size. KVBM_EINVAL
+ * (KVBM_ERANGE for tp_rank, dtype_id) naming the field. */
+KVBM_EXTERN int kvbm_layout_heads_validate(const kvbm_layout_heads *h, kvbm_error *err);
+
+/* The heads rank h->tp_rank holds: [*first, *first + *count). A valid h
+ * only (else KVBM_EINVAL, outputs untouched). */
+KVBM_EXTERN int kvbm_layout_heads_local(const kvbm_layout_heads *h, uint32_t *first,
+                                        uint32_t *count, kvbm_error *err);
+
+/* Bytes of one element of dtype_id (4, 2, 2, 1, 1, 1, 1, 8), 0 if unknown. */
+KVBM_EXTERN uint32_t kvbm_layout_dtype_bytes(uint32_t dtype_id);
+
+/* Attaches `h` to `layout` (a copy) after checking it (as
+ * kvbm_layout_heads_validate) and that it describes this layout: inner_dim
+ * == held heads * head_dim, dtype_size == the dtype's size (KVBM_EINVAL
+ * naming the field and both values). h NULL: detaches. The layout is
+ * untouched on failure. Strides, sizes and kvbm_layout_fingerprint() do
+ * not change: the descriptor says what the bytes mean, not where they are. */
+KVBM_EXTERN int kvbm_layout_attach_heads(kvbm_layout *layout, const kvbm_layout_heads *h,
+                                         kvbm_error *err);
+
 /* ---- Serialized layout (for peers: the fabric's remote import) ---- */
 
 /* A layout bound to memory somewhere: what a node tells a peer so that the
@@ -149,13 +200,21 @@ typedef struct kvbm_layout_desc {
 } kvbm_layout_desc;
 
 /* Magic and version of the serialized form (see docs/areas/layout-storage.md
- * for the byte layout). */
+ * for the byte layout). A layout without heads is written as version 1,
+ * byte for byte what older kvbm writes and reads; one with heads
+ * (layout.has_heads) as version 2: the same bytes plus a
+ * KVBM_LAYOUT_WIRE_HEADS_TRAILER-byte trailer after the region addresses.
+ * The decoder reads both. */
 #define KVBM_LAYOUT_WIRE_MAGIC "KVLY"
 #define KVBM_LAYOUT_WIRE_VERSION 1u
+#define KVBM_LAYOUT_WIRE_VERSION_HEADS 2u
 #define KVBM_LAYOUT_WIRE_HEADER 128u
+#define KVBM_LAYOUT_WIRE_HEADS_MAGIC "KVHD"
+#define KVBM_LAYOUT_WIRE_HEADS_TRAILER 40u
 
 /* Bytes kvbm_layout_desc_encode() writes for `desc`
- * (KVBM_LAYOUT_WIRE_HEADER + 8 * num_regions), or 0 if num_regions is above
+ * (KVBM_LAYOUT_WIRE_HEADER + 8 * num_regions, plus
+ * KVBM_LAYOUT_WIRE_HEADS_TRAILER with heads), or 0 if num_regions is above
  * KVBM_LAYOUT_MAX_LAYERS. */
 KVBM_EXTERN size_t kvbm_layout_desc_encoded_size(const kvbm_layout_desc *desc);
 
@@ -168,8 +227,11 @@ KVBM_EXTERN int kvbm_layout_desc_encode(const kvbm_layout_desc *desc, uint8_t *b
 
 /* Parses and validates buf[0..len). Distinct errors:
  *   KVBM_EMAGIC      wrong magic
- *   KVBM_EVERSION    unknown version
- *   KVBM_EPADDING    reserved bytes not zero
+ *   KVBM_EVERSION    unknown version (1 and 2 are known)
+ *   KVBM_EPADDING    reserved bytes not zero (header or heads trailer)
+ *   KVBM_EMAGIC      version 2 whose trailer is not "KVHD"
+ *   KVBM_EINVAL / KVBM_ERANGE  a heads trailer that
+ *                    kvbm_layout_attach_heads() refuses (names the field)
  *   KVBM_ETRUNCATED  shorter than the header or than its regions
  *   KVBM_ETOOLONG    bytes after the last region
  *   KVBM_ERANGE      out-of-range value: unknown kind or memory type,

@@ -9,6 +9,13 @@
  * sees them. Keeping every range check in one place is the point: an
  * out-of-bounds one-sided write is the worst bug a fabric can have, since
  * over shared memory (CMA) or RDMA nothing below us would stop it.
+ *
+ * TP bridging lives here too, for the same reason: a reader of another TP
+ * size takes its KV heads out of each token's row of a writer rank's block
+ * (kvbm_fabric_read_block_heads), a strided access that becomes one checked
+ * generic read per row piece, so every fabric (in-process, UCX, CUDA IPC)
+ * gets it without code of its own, and every piece passes remote_range()
+ * before the first byte moves.
  */
 #include <ctype.h>
 #include <stdarg.h>
@@ -459,8 +466,8 @@ int kvbm_fabric_export_layout(const uint8_t *buf, size_t len, kvbm_layout *out, 
   return KVBM_OK;
 }
 
-int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs, kvbm_error *err) {
-  if (!ours || !theirs) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL layout");
+/* The block's shape: what every bridge needs to agree. */
+static int shape_agrees(const kvbm_layout *ours, const kvbm_layout *theirs, const char *how, kvbm_error *err) {
   const kvbm_layout_config *a = &ours->config, *b = &theirs->config;
   const struct {
     const char *name;
@@ -470,13 +477,221 @@ int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs
       {"page_size", a->page_size, b->page_size},    {"inner_dim", a->inner_dim, b->inner_dim},
       {"dtype_size", a->dtype_size, b->dtype_size},
   };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+    /* Bridged by head, the row width follows from the heads held. */
+    if (how && strcmp(fields[i].name, "inner_dim") == 0) continue;
+    if (fields[i].here != fields[i].there)
+      return kvbm_error_set(err, KVBM_EUNSUPPORTED, "layout mismatch: %s %llu here, %llu at the peer (%s)",
+                            fields[i].name, (unsigned long long)fields[i].here, (unsigned long long)fields[i].there,
+                            how ? how : "kind, alignment and block count may differ; the block's shape may not");
+  }
+  return KVBM_OK;
+}
+
+/* The model half of two heads descriptors (not which heads each holds). */
+static int model_agrees(const kvbm_layout_heads *a, const kvbm_layout_heads *b, kvbm_error *err) {
+  const struct {
+    const char *name;
+    uint64_t here, there;
+  } fields[] = {
+      {"model_fingerprint", a->model_fingerprint, b->model_fingerprint},
+      {"dtype_id", a->dtype_id, b->dtype_id},
+      {"num_kv_heads", a->num_kv_heads, b->num_kv_heads},
+      {"head_dim", a->head_dim, b->head_dim},
+  };
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
     if (fields[i].here != fields[i].there)
-      return kvbm_error_set(err, KVBM_EUNSUPPORTED,
-                            "layout mismatch: %s %llu here, %llu at the peer (kind, alignment and block count "
-                            "may differ; the block's shape may not)",
-                            fields[i].name, (unsigned long long)fields[i].here, (unsigned long long)fields[i].there);
+      return kvbm_error_set(err, KVBM_EUNSUPPORTED, "layout mismatch: %s %#llx here, %#llx at the peer",
+                            fields[i].name, (unsigned long long)fields[i].here,
+                            (unsigned long long)fields[i].there);
   return KVBM_OK;
+}
+
+int kvbm_fabric_layout_bridge(const kvbm_layout *ours, const kvbm_layout *theirs, kvbm_error *err) {
+  if (!ours || !theirs) return kvbm_error_set(err, KVBM_EINVAL, "fabric: NULL layout");
+  int rc = shape_agrees(ours, theirs, NULL, err);
+  if (rc || !ours->has_heads || !theirs->has_heads) return rc;
+  const kvbm_layout_heads *a = &ours->heads, *b = &theirs->heads;
+  if ((rc = model_agrees(a, b, err))) return rc;
+  /* Same row width is not the same heads: rank 0 and rank 1 of one TP size
+   * have equal layouts and hold different heads. */
+  uint32_t fa = 0, na = 0, fb = 0, nb = 0;
+  if ((rc = kvbm_layout_heads_local(a, &fa, &na, err)) || (rc = kvbm_layout_heads_local(b, &fb, &nb, err)))
+    return rc;
+  if (a->tp_size != b->tp_size && (fa != fb || na != nb))
+    return kvbm_error_set(err, KVBM_EUNSUPPORTED,
+                          "layout mismatch: tp_size %u here, %u at the peer (a layer copy cannot bridge it; "
+                          "read by head: kvbm_fabric_layout_bridge_heads)",
+                          (unsigned)a->tp_size, (unsigned)b->tp_size);
+  if (fa != fb || na != nb)
+    return kvbm_error_set(err, KVBM_EUNSUPPORTED,
+                          "layout mismatch: tp_rank %u here (heads %u..%u), %u at the peer (heads %u..%u)",
+                          (unsigned)a->tp_rank, (unsigned)fa, (unsigned)(fa + na - 1), (unsigned)b->tp_rank,
+                          (unsigned)fb, (unsigned)(fb + nb - 1));
+  return KVBM_OK;
+}
+
+/* Which writer rank holds global head h, and at which of its local heads:
+ * vLLM's rule (layout.h), the first replica when heads are replicated. */
+static void head_owner(const kvbm_layout_heads *w, uint32_t h, uint32_t *rank, uint32_t *offset) {
+  if (w->tp_size <= w->num_kv_heads) {
+    uint32_t per = w->num_kv_heads / w->tp_size;
+    *rank = h / per;
+    *offset = h % per;
+  } else {
+    *rank = h * (w->tp_size / w->num_kv_heads);
+    *offset = 0;
+  }
+}
+
+static const char *const heads_how = "a TP bridge reads heads; the rest of the block's shape must agree";
+
+int kvbm_fabric_layout_bridge_heads(const kvbm_layout *ours, const kvbm_layout *theirs,
+                                    kvbm_fabric_head_piece *pieces, size_t cap, size_t *num_pieces,
+                                    kvbm_error *err) {
+  if (!ours || !theirs || !num_pieces || (cap && !pieces))
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: bridge heads: NULL argument");
+  if (!ours->has_heads || !theirs->has_heads)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: bridge heads: %s layout carries no heads descriptor",
+                          ours->has_heads ? "the peer's" : "our");
+  int rc = shape_agrees(ours, theirs, heads_how, err);
+  if (!rc) rc = model_agrees(&ours->heads, &theirs->heads, err);
+  uint32_t first = 0, count = 0;
+  if (!rc) rc = kvbm_layout_heads_local(&ours->heads, &first, &count, err);
+  if (!rc) rc = kvbm_layout_heads_validate(&theirs->heads, err);
+  if (rc) return rc;
+  size_t n = 0;
+  kvbm_fabric_head_piece cur = {0};
+  for (uint32_t i = 0; i < count; i++) {
+    uint32_t rank, off;
+    head_owner(&theirs->heads, first + i, &rank, &off);
+    /* Extend the run while the next head sits right after it at the same
+     * writer rank; else a new piece begins. */
+    if (i > 0 && rank == cur.peer_rank && off == cur.peer_offset + cur.num_heads) {
+      cur.num_heads++;
+      continue;
+    }
+    if (i > 0 && n++ < cap) pieces[n - 1] = cur;
+    cur = (kvbm_fabric_head_piece){.peer_rank = rank, .our_offset = i, .peer_offset = off, .num_heads = 1};
+  }
+  if (count > 0 && n++ < cap) pieces[n - 1] = cur;
+  *num_pieces = n;
+  if (n > cap)
+    return kvbm_error_set(err, KVBM_ENOSPC, "fabric: bridge heads: the head map has %zu pieces, room for %zu", n,
+                          cap);
+  return KVBM_OK;
+}
+
+/* One piece of one block, from a writer rank's set into our layers: pass 0
+ * checks every range (nothing moves), pass 1 reads. */
+static int heads_rma(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block, const kvbm_layout *ours,
+                     void *const *layers, uint64_t num_layers, const kvbm_fabric_head_piece *p, int pass,
+                     kvbm_error *err) {
+  NEED(f);
+  if (!rs || !ours || !layers || !p) return kvbm_error_set(err, KVBM_EINVAL, "fabric: read heads: NULL argument");
+  const kvbm_layout *lay = &rs->desc.layout;
+  if (pass == 0) {
+    if (rs->fabric != f) return kvbm_error_set(err, KVBM_EINVAL, "fabric: remote set imported on another fabric");
+    kvbm_fabric_head_piece map[1];
+    size_t n = 0;
+    int rc = kvbm_fabric_layout_bridge_heads(ours, lay, map, 0, &n, err);
+    if (rc && rc != KVBM_ENOSPC) return rc;
+    if (block >= lay->config.num_blocks)
+      return kvbm_error_set(err, KVBM_ERANGE, "fabric: block %llu out of range (set has %llu blocks)",
+                            (unsigned long long)block, (unsigned long long)lay->config.num_blocks);
+    if (num_layers != ours->config.num_layers)
+      return kvbm_error_set(err, KVBM_EINVAL, "fabric: read heads: %llu layer pointers for %llu layers",
+                            (unsigned long long)num_layers, (unsigned long long)ours->config.num_layers);
+    uint32_t of, oc, pf, pc;
+    kvbm_layout_heads_local(&ours->heads, &of, &oc, NULL);
+    kvbm_layout_heads_local(&lay->heads, &pf, &pc, NULL);
+    if (p->peer_rank != lay->heads.tp_rank || p->num_heads == 0 || p->our_offset > oc ||
+        p->num_heads > oc - p->our_offset || p->peer_offset > pc || p->num_heads > pc - p->peer_offset ||
+        of + p->our_offset != pf + p->peer_offset)
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "fabric: read heads: piece (rank %u, heads %u+%u at peer offset %u) is not in the head "
+                            "map of this set (rank %u, heads %u..%u; ours %u..%u)",
+                            (unsigned)p->peer_rank, (unsigned)p->our_offset, (unsigned)p->num_heads,
+                            (unsigned)p->peer_offset, (unsigned)lay->heads.tp_rank, (unsigned)pf,
+                            (unsigned)(pf + pc - 1), (unsigned)of, (unsigned)(of + oc - 1));
+    for (uint64_t l = 0; l < num_layers; l++)
+      if (!layers[l]) return kvbm_error_set(err, KVBM_EINVAL, "fabric: layer %llu is NULL", (unsigned long long)l);
+  }
+  const uint64_t ds = lay->config.dtype_size, hd = lay->heads.head_dim;
+  const uint64_t peer_row = lay->config.inner_dim * ds, our_row = ours->config.inner_dim * ds;
+  const uint64_t width = p->num_heads * hd * ds, peer_at = p->peer_offset * hd * ds, our_at = p->our_offset * hd * ds;
+  /* A piece that is a whole row on both sides (equal heads held) moves as
+   * one slice; otherwise one read per token row. */
+  const int whole = width == peer_row && width == our_row;
+  const uint64_t tokens = whole ? 1 : lay->config.page_size, len = whole ? lay->outer_stride : width;
+  for (uint64_t l = 0; l < num_layers; l++) {
+    for (uint64_t o = 0; o < lay->config.outer_dim; o++) {
+      kvbm_slice s;
+      int rc = kvbm_layout_slice(lay, block, l, o, &s, err);
+      if (rc) return rc;
+      char *dst = (char *)layers[l] + o * ours->outer_stride + our_at;
+      for (uint64_t t = 0; t < tokens; t++) {
+        uint64_t off = s.offset + t * peer_row + peer_at, addr;
+        rc = pass == 0 ? remote_range(rs, s.region, off, len, &addr, err)
+                       : rma(f, rs, false, s.region, off, dst + t * our_row, len, err);
+        if (rc) return rc;
+      }
+    }
+  }
+  return KVBM_OK;
+}
+
+int kvbm_fabric_read_block_heads(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block, const kvbm_layout *ours,
+                                 void *const *layers, uint64_t num_layers, const kvbm_fabric_head_piece *piece,
+                                 kvbm_error *err) {
+  int rc = heads_rma(f, rs, block, ours, layers, num_layers, piece, 0, err);
+  return rc ? rc : heads_rma(f, rs, block, ours, layers, num_layers, piece, 1, err);
+}
+
+/* The most pieces a gather plans on the stack: one per writer rank at most,
+ * and no deployment has more than this many TP ranks. */
+#define TP_PIECES_MAX 1024
+
+int kvbm_fabric_read_block_tp(kvbm_fabric *f, kvbm_fabric_remote_set *const *peers, size_t num_peers, uint64_t block,
+                              const kvbm_layout *ours, void *const *layers, uint64_t num_layers, kvbm_error *err) {
+  NEED(f);
+  if (!peers || num_peers == 0 || !ours)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: read tp: no peers or NULL layout");
+  for (size_t i = 0; i < num_peers; i++)
+    if (!peers[i]) return kvbm_error_set(err, KVBM_EINVAL, "fabric: read tp: peer %zu is NULL", i);
+  kvbm_fabric_head_piece map[64], *pieces = map;
+  size_t n = 0;
+  int rc = kvbm_fabric_layout_bridge_heads(ours, &peers[0]->desc.layout, map, 64, &n, err);
+  if (rc == KVBM_ENOSPC && n <= TP_PIECES_MAX) {
+    pieces = malloc(n * sizeof *pieces);
+    if (!pieces) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: read tp: out of memory");
+    rc = kvbm_fabric_layout_bridge_heads(ours, &peers[0]->desc.layout, pieces, n, &n, err);
+  }
+  kvbm_fabric_remote_set **by_piece = rc ? NULL : calloc(n ? n : 1, sizeof *by_piece);
+  if (!rc && !by_piece) rc = kvbm_error_set(err, KVBM_ENOMEM, "fabric: read tp: out of memory");
+  /* Every peer must be a rank of the same deployment as peers[0]. */
+  for (size_t i = 0; !rc && i < num_peers; i++) {
+    const kvbm_layout_heads *a = &peers[0]->desc.layout.heads, *b = &peers[i]->desc.layout.heads;
+    if (!peers[i]->desc.layout.has_heads || a->tp_size != b->tp_size)
+      rc = kvbm_error_set(err, KVBM_EINVAL, "fabric: read tp: peer %zu is not a rank of peer 0's deployment (tp_size)",
+                          i);
+    else
+      rc = model_agrees(a, b, err);
+  }
+  for (size_t k = 0; !rc && k < n; k++) {
+    for (size_t i = 0; i < num_peers && !by_piece[k]; i++)
+      if (peers[i]->desc.layout.heads.tp_rank == pieces[k].peer_rank) by_piece[k] = peers[i];
+    if (!by_piece[k])
+      rc = kvbm_error_set(err, KVBM_ENOTFOUND, "fabric: read tp: no peer is writer rank %u (of %u), which holds "
+                          "heads this rank needs", (unsigned)pieces[k].peer_rank,
+                          (unsigned)peers[0]->desc.layout.heads.tp_size);
+  }
+  for (int pass = 0; pass < 2 && !rc; pass++)
+    for (size_t k = 0; k < n && !rc; k++)
+      rc = heads_rma(f, by_piece[k], block, ours, layers, num_layers, &pieces[k], pass, err);
+  free(by_piece);
+  if (pieces != map) free(pieces);
+  return rc;
 }
 
 int kvbm_fabric_write_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block, const void *src,

@@ -13,6 +13,15 @@
  * The same config therefore never flips between valid and invalid when a
  * peer or the disk tier switches kinds, and the codec can validate a config
  * before it has looked at the kind.
+ *
+ * Heads (kvbm_layout_heads): a layout may also say which KV heads of which
+ * model its inner dimension holds, so that a reader of another TP size can
+ * take exactly its heads out of a block. The descriptor is checked against
+ * the config when attached (inner_dim = held heads * head_dim, dtype_size =
+ * the dtype's size), so every layout carrying one is self-consistent and
+ * the fabric can trust it. The head rule is vLLM's (QKVParallelLinear):
+ * split when tp_size divides the heads, replicate when the heads divide
+ * tp_size; nothing else is a deployment vLLM can run.
  */
 #include "kvbm/layout.h"
 
@@ -78,7 +87,7 @@ static int compute(const kvbm_layout_config *c, kvbm_layout_kind kind,
                           "layout: total size does not fit size_t");
 
   if (!out) return KVBM_OK;
-  kvbm_layout l;
+  kvbm_layout l = {0}; /* no heads; and no stale bytes for memcmp users */
   l.kind = kind;
   l.config = *c;
   l.outer_stride = slice;
@@ -204,6 +213,78 @@ uint64_t kvbm_layout_fingerprint(const kvbm_layout *l) {
     }
   }
   return h;
+}
+
+uint32_t kvbm_layout_dtype_bytes(uint32_t dtype_id) {
+  /* kvbm.vllm's _DTYPE_IDS, in id order from 1. */
+  static const uint8_t bytes[] = {0, 4, 2, 2, 1, 1, 1, 1, 8};
+  return dtype_id < sizeof bytes ? bytes[dtype_id] : 0;
+}
+
+int kvbm_layout_heads_validate(const kvbm_layout_heads *h, kvbm_error *err) {
+  if (!h) return kvbm_error_set(err, KVBM_EINVAL, "layout heads: descriptor is NULL");
+  if (h->model_fingerprint == 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "layout heads: model_fingerprint is 0");
+  if (kvbm_layout_dtype_bytes(h->dtype_id) == 0)
+    return kvbm_error_set(err, KVBM_ERANGE, "layout heads: dtype_id %u is not one of 1..8",
+                          (unsigned)h->dtype_id);
+  const uint32_t v[] = {h->num_kv_heads, h->head_dim, h->tp_size};
+  static const char *const names[] = {"num_kv_heads", "head_dim", "tp_size"};
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+    if (v[i] == 0) return kvbm_error_set(err, KVBM_EINVAL, "layout heads: %s is 0", names[i]);
+  if (h->tp_rank >= h->tp_size)
+    return kvbm_error_set(err, KVBM_ERANGE, "layout heads: tp_rank %u is not below tp_size %u",
+                          (unsigned)h->tp_rank, (unsigned)h->tp_size);
+  if (h->tp_size <= h->num_kv_heads ? h->num_kv_heads % h->tp_size : h->tp_size % h->num_kv_heads)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "layout heads: num_kv_heads %u and tp_size %u: neither divides the other "
+                          "(vLLM splits or replicates heads, nothing else)",
+                          (unsigned)h->num_kv_heads, (unsigned)h->tp_size);
+  return KVBM_OK;
+}
+
+int kvbm_layout_heads_local(const kvbm_layout_heads *h, uint32_t *first, uint32_t *count,
+                            kvbm_error *err) {
+  int rc = kvbm_layout_heads_validate(h, err);
+  if (rc) return rc;
+  if (!first || !count) return kvbm_error_set(err, KVBM_EINVAL, "layout heads: NULL output");
+  if (h->tp_size <= h->num_kv_heads) {
+    uint32_t per = h->num_kv_heads / h->tp_size;
+    *first = h->tp_rank * per;
+    *count = per;
+  } else { /* replicated: tp_size / num_kv_heads ranks share each head */
+    *first = h->tp_rank / (h->tp_size / h->num_kv_heads);
+    *count = 1;
+  }
+  return KVBM_OK;
+}
+
+int kvbm_layout_attach_heads(kvbm_layout *l, const kvbm_layout_heads *h, kvbm_error *err) {
+  if (!l) return kvbm_error_set(err, KVBM_EINVAL, "layout heads: layout is NULL");
+  if (!h) {
+    l->has_heads = 0;
+    l->heads = (kvbm_layout_heads){0};
+    return KVBM_OK;
+  }
+  uint32_t first, count;
+  int rc = kvbm_layout_heads_local(h, &first, &count, err);
+  if (rc) return rc;
+  uint64_t inner = (uint64_t)count * h->head_dim; /* u32 * u32: no overflow */
+  if (inner != l->config.inner_dim)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "layout heads: inner_dim %llu is not held heads * head_dim = %u * %u "
+                          "(rank %u of %u, %u KV heads)",
+                          (unsigned long long)l->config.inner_dim, (unsigned)count,
+                          (unsigned)h->head_dim, (unsigned)h->tp_rank, (unsigned)h->tp_size,
+                          (unsigned)h->num_kv_heads);
+  if (kvbm_layout_dtype_bytes(h->dtype_id) != l->config.dtype_size)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "layout heads: dtype_id %u is %u-byte, the layout's dtype_size is %llu",
+                          (unsigned)h->dtype_id, (unsigned)kvbm_layout_dtype_bytes(h->dtype_id),
+                          (unsigned long long)l->config.dtype_size);
+  l->heads = *h;
+  l->has_heads = 1;
+  return KVBM_OK;
 }
 
 const char *kvbm_layout_kind_name(int kind) {

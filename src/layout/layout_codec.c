@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * layout_codec.c: the serialized layout (version 1), bytes <-> kvbm_layout_desc.
+ * layout_codec.c: the serialized layout (versions 1 and 2), bytes <-> kvbm_layout_desc.
  *
  * The codec only turns bytes into a checked description and back; it knows
  * nothing of storage or transports (the storage module fills a desc from real
@@ -23,6 +23,23 @@
  *    88  5x 8  outer_stride, layer_stride, block_stride, region_size,
  *              num_regions
  *   128  n x 8 region base addresses
+ *
+ * Version 2 is version 1 plus the layout's heads descriptor (which KV heads
+ * of which model the inner dimension holds, kvbm_layout_heads), as a 40-byte
+ * trailer after the region addresses:
+ *
+ *     0     4  magic "KVHD"
+ *     4     4  dtype id
+ *     8     8  model fingerprint
+ *    16  4x 4  num_kv_heads, head_dim, tp_rank, tp_size
+ *    32     8  reserved, 0
+ *
+ * A layout without heads is still written as version 1, so that a peer of
+ * an older kvbm reads every layout it could read before; only layouts that
+ * carry heads (which an older peer could not bridge anyway) are version 2,
+ * which such a peer refuses as an unknown version rather than misreading.
+ * The trailer goes last, not into the header's reserved bytes, so that the
+ * 128-byte header and its offsets stay as they are.
  *
  * Strides and region count are redundant (they follow from config + kind).
  * They are sent anyway so that a peer computing them differently (a bug, or
@@ -95,6 +112,39 @@ static int check_header(const kvbm_layout_desc *d, kvbm_error *err) {
                           (unsigned long long)want.num_regions);
   if (d->memory == KVBM_MEMORY_DEVICE && d->device_id < 0)
     return kvbm_error_set(err, KVBM_EFORMAT, "layout desc: device memory without a device id");
+  if (l->has_heads != 0 && l->has_heads != 1)
+    return kvbm_error_set(err, KVBM_EINVAL, "layout desc: has_heads %d is neither 0 nor 1", l->has_heads);
+  /* The heads must describe this layout: attach them to the checked copy. */
+  if (l->has_heads) return kvbm_layout_attach_heads(&want, &l->heads, err);
+  return KVBM_OK;
+}
+
+#define TRAILER KVBM_LAYOUT_WIRE_HEADS_TRAILER
+
+static void put_heads(uint8_t *p, const kvbm_layout_heads *h) {
+  memset(p, 0, TRAILER);
+  memcpy(p, KVBM_LAYOUT_WIRE_HEADS_MAGIC, 4);
+  kvbm__put_le32(p + 4, h->dtype_id);
+  kvbm__put_le64(p + 8, h->model_fingerprint);
+  kvbm__put_le32(p + 16, h->num_kv_heads);
+  kvbm__put_le32(p + 20, h->head_dim);
+  kvbm__put_le32(p + 24, h->tp_rank);
+  kvbm__put_le32(p + 28, h->tp_size);
+}
+
+/* The trailer's own form (magic, reserved bytes); its values are judged by
+ * check_header like an encoder's. */
+static int get_heads(const uint8_t *p, kvbm_layout_heads *h, kvbm_error *err) {
+  if (memcmp(p, KVBM_LAYOUT_WIRE_HEADS_MAGIC, 4) != 0)
+    return kvbm_error_set(err, KVBM_EMAGIC, "layout desc: version 2 trailer is not \"KVHD\"");
+  if (kvbm__get_le64(p + 32) != 0)
+    return kvbm_error_set(err, KVBM_EPADDING, "layout desc: reserved heads trailer bytes are not zero");
+  h->dtype_id = kvbm__get_le32(p + 4);
+  h->model_fingerprint = kvbm__get_le64(p + 8);
+  h->num_kv_heads = kvbm__get_le32(p + 16);
+  h->head_dim = kvbm__get_le32(p + 20);
+  h->tp_rank = kvbm__get_le32(p + 24);
+  h->tp_size = kvbm__get_le32(p + 28);
   return KVBM_OK;
 }
 
@@ -116,7 +166,7 @@ static int check_base(const kvbm_layout_desc *d, uint64_t r, uint64_t base,
 
 size_t kvbm_layout_desc_encoded_size(const kvbm_layout_desc *d) {
   if (!d || d->num_regions > KVBM_LAYOUT_MAX_LAYERS) return 0;
-  return HDR + 8 * (size_t)d->num_regions;
+  return HDR + 8 * (size_t)d->num_regions + (d->layout.has_heads ? TRAILER : 0);
 }
 
 int kvbm_layout_desc_encode(const kvbm_layout_desc *d, uint8_t *buf, size_t cap,
@@ -136,7 +186,7 @@ int kvbm_layout_desc_encode(const kvbm_layout_desc *d, uint8_t *buf, size_t cap,
   const kvbm_layout *l = &d->layout;
   memset(buf, 0, HDR);
   memcpy(buf, KVBM_LAYOUT_WIRE_MAGIC, 4);
-  kvbm__put_le16(buf + 4, KVBM_LAYOUT_WIRE_VERSION);
+  kvbm__put_le16(buf + 4, l->has_heads ? KVBM_LAYOUT_WIRE_VERSION_HEADS : KVBM_LAYOUT_WIRE_VERSION);
   kvbm__put_le32(buf + 8, (uint32_t)l->kind);
   kvbm__put_le32(buf + 12, (uint32_t)d->memory);
   kvbm__put_le32(buf + 16, (uint32_t)d->device_id);
@@ -147,6 +197,7 @@ int kvbm_layout_desc_encode(const kvbm_layout_desc *d, uint8_t *buf, size_t cap,
                         l->block_stride,      l->region_size,       d->num_regions};
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) kvbm__put_le64(buf + 32 + 8 * i, f[i]);
   for (uint64_t r = 0; r < d->num_regions; r++) kvbm__put_le64(buf + HDR + 8 * r, d->region_base[r]);
+  if (l->has_heads) put_heads(buf + HDR + 8 * (size_t)d->num_regions, &l->heads);
   if (out_len) *out_len = need;
   return KVBM_OK;
 }
@@ -164,9 +215,10 @@ int kvbm_layout_desc_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *ou
     return kvbm_error_set(err, KVBM_ETRUNCATED, "layout desc: %zu bytes, shorter than the header",
                           len);
   uint16_t version = kvbm__get_le16(buf + 4);
-  if (version != KVBM_LAYOUT_WIRE_VERSION)
-    return kvbm_error_set(err, KVBM_EVERSION, "layout desc: unknown version %u (want %u)",
-                          (unsigned)version, KVBM_LAYOUT_WIRE_VERSION);
+  if (version != KVBM_LAYOUT_WIRE_VERSION && version != KVBM_LAYOUT_WIRE_VERSION_HEADS)
+    return kvbm_error_set(err, KVBM_EVERSION, "layout desc: unknown version %u (want %u or %u)",
+                          (unsigned)version, KVBM_LAYOUT_WIRE_VERSION, KVBM_LAYOUT_WIRE_VERSION_HEADS);
+  const size_t trailer = version == KVBM_LAYOUT_WIRE_VERSION_HEADS ? TRAILER : 0;
   if (len < HDR)
     return kvbm_error_set(err, KVBM_ETRUNCATED,
                           "layout desc: %zu bytes, shorter than the %u-byte header", len, HDR);
@@ -195,17 +247,25 @@ int kvbm_layout_desc_decode(const uint8_t *buf, size_t len, kvbm_layout_desc *ou
   for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) *f[i] = kvbm__get_le64(buf + 32 + 8 * i);
   d.layout.num_regions = d.num_regions;
 
+  /* Header alone first (heads unknown yet), so that a bad config or region
+   * count gets its own error before lengths that depend on it are read. */
   int rc = check_header(&d, err);
   if (rc) return rc;
   /* num_regions <= KVBM_LAYOUT_MAX_LAYERS here, so this cannot overflow. */
-  size_t need = HDR + 8 * (size_t)d.num_regions;
+  size_t need = HDR + 8 * (size_t)d.num_regions + trailer;
   if (len < need)
     return kvbm_error_set(err, KVBM_ETRUNCATED,
-                          "layout desc: %zu bytes, the %llu region addresses need %zu", len,
-                          (unsigned long long)d.num_regions, need);
+                          "layout desc: %zu bytes, the %llu region addresses%s need %zu", len,
+                          (unsigned long long)d.num_regions, trailer ? " and the heads trailer" : "",
+                          need);
   if (len > need)
     return kvbm_error_set(err, KVBM_ETOOLONG, "layout desc: %zu bytes after the end (%zu)",
                           len - need, need);
+  if (trailer) {
+    if ((rc = get_heads(buf + HDR + 8 * (size_t)d.num_regions, &d.layout.heads, err))) return rc;
+    d.layout.has_heads = 1;
+    if ((rc = check_header(&d, err))) return rc;
+  }
   for (uint64_t r = 0; r < d.num_regions; r++)
     if ((rc = check_base(&d, r, kvbm__get_le64(buf + HDR + 8 * r), err))) return rc;
 
