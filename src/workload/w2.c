@@ -273,6 +273,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
       x->lookup_timeouts = s.lookup_timeouts;
       x->lookup_errors = s.lookup_errors;
       x->checksum_failures = s.checksum_failures;
+      x->auth_failures = s.auth_failures;
       x->evictions = s.evictions;
       x->busy_seconds = s.busy_seconds;
       if (t == KVBM_TIER_G1) res.w1.blocks_allocated = s.allocated;

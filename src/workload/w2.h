@@ -97,6 +97,7 @@ typedef struct kvbm_w2_tier {
   uint64_t missing, foreign;   /* why, for volume tiers (see kvbm_tier_stats) */
   uint64_t lookups, lookup_found, lookup_timeouts, lookup_errors; /* G4 */
   uint64_t checksum_failures;
+  uint64_t auth_failures;      /* G4 values refused by the cluster key */
   uint64_t evictions;
   double busy_seconds;         /* worker time copying into or out of it */
 } kvbm_w2_tier;

@@ -79,7 +79,7 @@ static void print_json(const char *trace, const kvbm_w2_config *o,
     const kvbm_w2_tier *x = &r->tiers[t];
     printf("%s\"%s\":{\"hit_tokens\":%llu,\"offloaded_blocks\":%llu,\"offloaded_bytes\":%llu,"
            "\"onboarded_blocks\":%llu,\"onboarded_bytes\":%llu,\"skipped_offloads\":%llu,"
-           "\"checksum_failures\":%llu,\"onboard_failures\":%llu,\"missing\":%llu,"
+           "\"checksum_failures\":%llu,\"auth_failures\":%llu,\"onboard_failures\":%llu,\"missing\":%llu,"
            "\"foreign\":%llu,\"lookups\":%llu,\"lookup_found\":%llu,\"lookup_timeouts\":%llu,"
            "\"lookup_errors\":%llu,\"evictions\":%llu,\"copy_seconds\":%.6f,"
            "\"copy_gb_per_s\":%.3f}",
@@ -87,7 +87,7 @@ static void print_json(const char *trace, const kvbm_w2_config *o,
            (unsigned long long)x->offloaded_blocks, (unsigned long long)x->offloaded_bytes,
            (unsigned long long)x->onboarded_blocks, (unsigned long long)x->onboarded_bytes,
            (unsigned long long)x->skipped, (unsigned long long)x->checksum_failures,
-           (unsigned long long)x->onboard_failures, (unsigned long long)x->missing,
+           (unsigned long long)x->auth_failures, (unsigned long long)x->onboard_failures, (unsigned long long)x->missing,
            (unsigned long long)x->foreign, (unsigned long long)x->lookups,
            (unsigned long long)x->lookup_found, (unsigned long long)x->lookup_timeouts,
            (unsigned long long)x->lookup_errors, (unsigned long long)x->evictions, x->busy_seconds,
@@ -125,9 +125,11 @@ static void print_text(const char *trace, const kvbm_w2_config *o,
            (unsigned long long)x->skipped, (unsigned long long)x->evictions);
     if (t) printf(", copies %.2f GB/s", gbps(x->offloaded_bytes + x->onboarded_bytes, x->busy_seconds));
     if (x->onboard_failures)
-      printf(", %llu failed onboards (%llu missing, %llu foreign, %llu bad checksums)",
+      printf(", %llu failed onboards (%llu missing, %llu foreign, %llu bad checksums, %llu not "
+             "authenticated)",
              (unsigned long long)x->onboard_failures, (unsigned long long)x->missing,
-             (unsigned long long)x->foreign, (unsigned long long)x->checksum_failures);
+             (unsigned long long)x->foreign, (unsigned long long)x->checksum_failures,
+             (unsigned long long)x->auth_failures);
     if (x->lookups)
       printf(", %llu lookups found %llu blocks (%llu late, %llu failed)",
              (unsigned long long)x->lookups, (unsigned long long)x->lookup_found,
