@@ -2,7 +2,7 @@
 /*
  * fuzz_fabric.c: libFuzzer target for what the fabric parses from a peer:
  * the export envelope (kvbm_fabric_import) and block messages.
- * fuzz-modules: common metrics blake3 frame layout fabric
+ * fuzz-modules: common service metrics blake3 frame layout fabric
  * fuzz-libs: ucp ucs
  *
  * Input byte 0 picks a mode:

@@ -2,7 +2,7 @@
 /*
  * fuzz_fabric_hello.c: libFuzzer target for the UCX fabric's handshake
  * codec (src/fabric/hello.c): what a listener reads from a stranger.
- * fuzz-modules: common metrics blake3 frame layout fabric
+ * fuzz-modules: common service metrics blake3 frame layout fabric
  * fuzz-libs: ucp ucs
  *
  * The listening end's state is fixed (key, nonce); a genuine connecting

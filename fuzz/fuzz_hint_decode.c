@@ -2,7 +2,7 @@
 /*
  * fuzz_hint_decode.c: libFuzzer target for the advisor's hints decoder
  * (kvbm_hint_decode, docs/areas/advisor.md).
- * fuzz-modules: common event_codec/event.c advisor/hint_codec.c advisor/advisor.c router/index.c router/wmap.c events/seq.c hash blake3
+ * fuzz-modules: common event_codec/event.c advisor/hint_codec.c advisor/advisor.c router/index.c router/wmap.c events/seq.c hash group blake3
  *
  * Beyond "no crash, no leak, no UB" (heap copies of exactly the input's
  * size): what decodes re-encodes and decodes to the same hints; a batch

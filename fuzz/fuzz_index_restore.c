@@ -2,7 +2,7 @@
 /*
  * fuzz_index_restore.c: libFuzzer target for the router index's snapshot
  * reader (kvbm_index_restore), run by scripts/ci.d/fuzz.sh.
- * fuzz-modules: common hash event_codec events/seq.c router/index.c router/wmap.c
+ * fuzz-modules: common hash group event_codec events/seq.c router/index.c router/wmap.c
  * fuzz-libs: xxhash msgpackc
  *
  * The input is a snapshot's body; the target seals it with a valid sum so

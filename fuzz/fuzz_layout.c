@@ -11,7 +11,8 @@
  *   - every slice of an accepted layout, at the corners of its index space,
  *     lies inside its region, and the region end does not wrap past 2^64.
  * The first input bytes seed a valid message ~half the time (see below), so
- * the fuzzer spends its time past the magic and version checks.
+ * the fuzzer spends its time past the magic and version checks; half of
+ * those seeds are version 2 (a heads trailer, kvbm_layout_heads).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -73,6 +74,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kvbm_layout_config c = {8, 3, 2, 16, 8, 2, 64};
     uint64_t bases[3] = {0x10000, 0x20000, 0x30000};
     CHECK(kvbm_layout_init(&v.layout, KVBM_LAYOUT_LAYER_SEPARATE, &c, NULL) == KVBM_OK);
+    /* Odd sizes: the version 2 form, with a heads trailer to mutate
+     * (rank 1 of TP=2 over 4 heads of 4: inner_dim 8, bfloat16). */
+    if (size & 1) {
+      const kvbm_layout_heads h = {.model_fingerprint = 0x1234, .dtype_id = 3, .num_kv_heads = 4,
+                                   .head_dim = 4, .tp_rank = 1, .tp_size = 2};
+      CHECK(kvbm_layout_attach_heads(&v.layout, &h, NULL) == KVBM_OK);
+    }
     v.memory = KVBM_MEMORY_PINNED;
     v.device_id = 0;
     v.num_regions = 3;

@@ -2,7 +2,7 @@
 /*
  * fuzz_metrics.c: libFuzzer target for the metrics writer and renderer
  * (kvbm/metrics.h): collectors that write whatever the input says.
- * fuzz-modules: common metrics
+ * fuzz-modules: common service metrics
  *
  * The input is read as a program: each step takes an opcode byte and NUL-
  * separated strings (family names, help texts, label names and values of

@@ -2,7 +2,7 @@
 /*
  * fuzz_router_http.c: libFuzzer target for the router daemon's codecs: the
  * HTTP/1.1 request-head parser and the JSON body reader.
- * fuzz-modules: common metrics hash pool sequence event_codec events router
+ * fuzz-modules: common service metrics hash group pool sequence event_codec events router
  * fuzz-libs: z xxhash msgpackc zmq nats
  *
  * Beyond "no crash, no leak, no UB": the head parser never claims a head

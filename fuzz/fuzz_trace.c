@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_trace.c: libFuzzer target for the Mooncake trace reader.
- * fuzz-modules: common metrics hash pool sequence workload/trace.c workload/w1.c
+ * fuzz-modules: common service metrics hash group pool sequence workload/trace.c workload/w1.c
  * fuzz-libs: z xxhash
  *
  * Beyond "no crash, no leak, no UB": an accepted trace obeys the format's
