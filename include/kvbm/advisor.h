@@ -120,6 +120,11 @@ typedef struct kvbm_hint {
   uint64_t high_water;     /* COMPACT: the most it held */
   uint64_t ns;             /* the block's namespace (kvbm_index_namespace of
                               its cache_salt and LoRA name; 0: none) */
+  uint32_t group;          /* the block's KV cache group (a hybrid model's:
+                              kvbm/group.h; 0 for one-group models and
+                              COMPACT). The block is (sequence_hash, ns,
+                              group): equal hashes of two groups are two
+                              blocks. Not on the wire yet (kvbm_wire_hint) */
 } kvbm_hint;
 
 /* Derives up to cap hints at now_ms, most valuable first within each kind
@@ -173,6 +178,9 @@ typedef struct kvbm_advisor_stats {
   uint64_t entries, prefixes;
   uint64_t memory_bytes;         /* tables now */
   uint64_t hints[5];             /* by kind (index = kvbm_hint_kind) */
+  uint64_t bad_groups;           /* events refused for a group_idx outside
+                                    0..KVBM_GROUPS_MAX-1 (KV events' field,
+                                    storage events' extra_metadata) */
 } kvbm_advisor_stats;
 
 KVBM_EXTERN void kvbm_advisor_stats_get(const kvbm_advisor *a, kvbm_advisor_stats *out);

@@ -20,6 +20,16 @@
  * table does the same with the least active family. Volumes and sources
  * are small fixed arrays; what does not fit is refused and counted.
  *
+ * Groups. A hybrid model's KV cache groups (full attention, sliding
+ * window, Mamba; kvbm/group.h) share one hash chain in vLLM, so the same
+ * sequence hash names one block per group. The key is (hash, namespace,
+ * group): two groups' blocks are two entries, stored, removed, used and
+ * hinted apart. A KV event names its group (group_idx, absent = 0), a
+ * storage event in its extra_metadata ("group_idx", an integer; absent =
+ * 0), and a GPU removal goes to that group's entry. A group_idx outside
+ * 0..KVBM_GROUPS_MAX-1 is refused and counted (bad_groups). Families stay
+ * per (prefix, namespace): a prefix's groups are one family's activity.
+ *
  * Hints are derived by one scan of the block table: per fast volume the
  * idle threshold is (1 - demote_fraction) of its eviction age (a moving
  * average of the idle time of the blocks it removes, removals the advisor
@@ -47,6 +57,7 @@ typedef struct ent {
   uint64_t prefix;
   uint32_t last_use, stored;
   uint32_t hinted, bytes;
+  uint32_t group;   /* its KV cache group (0 for one-group models) */
   uint64_t ns;      /* its namespace (cache_salt, LoRA name; 0: none) */
   uint64_t fam;     /* its family's key: prefix in namespace ns */
 } ent;
@@ -134,24 +145,26 @@ static size_t home(uint64_t key, size_t mask) {
 
 /* ---- the block table ---- */
 
-/* Entries are keyed by (hash, namespace) and placed by hash alone: the
- * same hash in several namespaces shares a probe run, which is what lets a
- * GPU removal (vLLM's BlockRemoved names no namespace) find its block. */
-static size_t ent_find(const kvbm_advisor *a, uint64_t h, uint64_t ns) {
+/* Entries are keyed by (hash, namespace, group) and placed by hash alone:
+ * the same hash in several namespaces shares a probe run, which is what
+ * lets a GPU removal (vLLM's BlockRemoved names no namespace) find its
+ * block. */
+static size_t ent_find(const kvbm_advisor *a, uint64_t h, uint64_t ns, uint32_t g) {
   if (!a->e) return SIZE_MAX;
   for (size_t i = home(h, a->emask);; i = (i + 1) & a->emask) {
     if (!a->e[i].used) return SIZE_MAX;
-    if (a->e[i].hash == h && a->e[i].ns == ns) return i;
+    if (a->e[i].hash == h && a->e[i].ns == ns && a->e[i].group == g) return i;
   }
 }
 
-/* The entry of h in any namespace, one held in G1 first (a GPU removal). */
-static size_t ent_find_g1(const kvbm_advisor *a, uint64_t h) {
+/* The entry of h in group g, any namespace, one held in G1 first (a GPU
+ * removal). */
+static size_t ent_find_g1(const kvbm_advisor *a, uint64_t h, uint32_t g) {
   size_t any = SIZE_MAX;
   if (!a->e) return SIZE_MAX;
   for (size_t i = home(h, a->emask);; i = (i + 1) & a->emask) {
     if (!a->e[i].used) return any;
-    if (a->e[i].hash != h) continue;
+    if (a->e[i].hash != h || a->e[i].group != g) continue;
     if (a->e[i].g1) return i;
     if (any == SIZE_MAX) any = i;
   }
@@ -173,9 +186,12 @@ static uint64_t fam_key(uint64_t prefix, uint64_t ns) {
 
 /* The namespace a storage event names in its extra_metadata: string
  * entries "cache_salt" and "lora_name" (what the KV events carry), 0 when
- * neither is there. The codec checked the map already; anything odd here
- * reads as no namespace. */
-static uint64_t meta_ns(const kvbm_storage_event *e) {
+ * neither is there; and its group: an integer entry "group_idx" (*group;
+ * 0 when absent, UINT32_MAX when it is not an integer in 0..
+ * KVBM_GROUPS_MAX-1). The codec checked the map already; anything odd
+ * here reads as no namespace. */
+static uint64_t meta_ns(const kvbm_storage_event *e, uint32_t *group) {
+  *group = 0;
   if (!e->extra_metadata || !e->extra_metadata_len) return 0;
   kvbm__mpr r = {e->extra_metadata, e->extra_metadata + e->extra_metadata_len};
   uint32_t n;
@@ -188,7 +204,12 @@ static uint64_t meta_ns(const kvbm_storage_event *e) {
     char *dst = kn == 10 && !memcmp(k, "cache_salt", 10) ? salt
               : kn == 9 && !memcmp(k, "lora_name", 9)   ? lora
                                                         : NULL;
-    if (dst && !kvbm__mpr_bytes(&r, false, &v, &vn)) {
+    if (kn == 9 && !memcmp(k, "group_idx", 9)) {
+      uint64_t u;
+      bool neg;
+      if (kvbm__mpr_int(&r, &u, &neg)) return *group = UINT32_MAX, 0;
+      *group = neg || u >= KVBM_GROUPS_MAX ? UINT32_MAX : (uint32_t)u;
+    } else if (dst && !kvbm__mpr_bytes(&r, false, &v, &vn)) {
       if (vn > KVBM_STORAGE_MAX_LOCATION || memchr(v, 0, vn)) return 0;
       memcpy(dst, v, vn);
       dst[vn] = 0;
@@ -278,8 +299,8 @@ static void ent_forget(kvbm_advisor *a) {
 }
 
 /* The entry of h, created if absent (NULL only on ENOMEM). */
-static ent *ent_get(kvbm_advisor *a, uint64_t h, uint64_t ns, bool *created) {
-  size_t i = ent_find(a, h, ns);
+static ent *ent_get(kvbm_advisor *a, uint64_t h, uint64_t ns, uint32_t g, bool *created) {
+  size_t i = ent_find(a, h, ns, g);
   *created = false;
   if (i != SIZE_MAX) return &a->e[i];
   if (a->en >= a->cfg.max_blocks) ent_forget(a);
@@ -291,6 +312,7 @@ static ent *ent_get(kvbm_advisor *a, uint64_t h, uint64_t ns, bool *created) {
   memset(x, 0, sizeof *x);
   x->hash = h;
   x->ns = ns;
+  x->group = g;
   x->used = 1;
   x->last_use = tick(a, a->last_ms);
   a->en++;
@@ -485,8 +507,13 @@ static void on_store(kvbm_advisor *a, size_t v, const kvbm_storage_event *e, uin
   vol *vo = &a->v[v];
   vo->stores++;
   bool created;
-  uint64_t ns = meta_ns(e), fk = fam_key(e->prefix_hash, ns);
-  ent *x = ent_get(a, e->sequence_hash, ns, &created);
+  uint32_t g;
+  uint64_t ns = meta_ns(e, &g), fk = fam_key(e->prefix_hash, ns);
+  if (g == UINT32_MAX) {
+    a->st.bad_groups++;
+    return;
+  }
+  ent *x = ent_get(a, e->sequence_hash, ns, g, &created);
   bool was = x && (x->vmask & (1u << v));
   if (!was) {
     vo->live_blocks++;
@@ -506,8 +533,14 @@ static void on_store(kvbm_advisor *a, size_t v, const kvbm_storage_event *e, uin
 
 static void on_remove(kvbm_advisor *a, size_t v, const kvbm_storage_event *e, uint64_t now) {
   vol *vo = &a->v[v];
+  uint32_t g;
+  uint64_t ns = meta_ns(e, &g);
+  if (g == UINT32_MAX) {
+    a->st.bad_groups++;
+    return;
+  }
   vo->removes++;
-  size_t i = ent_find(a, e->sequence_hash, meta_ns(e));
+  size_t i = ent_find(a, e->sequence_hash, ns, g);
   ent *x = i == SIZE_MAX ? NULL : &a->e[i];
   if (!x || !(x->vmask & (1u << v))) {
     a->st.unknown_removes++;
@@ -545,9 +578,9 @@ int kvbm_advisor_storage(kvbm_advisor *a, const kvbm_storage_batch *b, uint64_t 
   return KVBM_OK;
 }
 
-static void gpu_store(kvbm_advisor *a, uint64_t h, uint64_t ns, uint64_t now) {
+static void gpu_store(kvbm_advisor *a, uint64_t h, uint64_t ns, uint32_t g, uint64_t now) {
   bool created;
-  ent *x = ent_get(a, h, ns, &created);
+  ent *x = ent_get(a, h, ns, g, &created);
   a->st.uses++;
   if (!x) return;
   if (x->vmask) a->st.onboard_uses++;
@@ -557,8 +590,8 @@ static void gpu_store(kvbm_advisor *a, uint64_t h, uint64_t ns, uint64_t now) {
   fam_touch(a, x->fam, now);
 }
 
-static void gpu_remove(kvbm_advisor *a, uint64_t h, uint64_t now) {
-  size_t i = ent_find_g1(a, h);
+static void gpu_remove(kvbm_advisor *a, uint64_t h, uint32_t g, uint64_t now) {
+  size_t i = ent_find_g1(a, h, g);
   if (i == SIZE_MAX) return;
   if (a->e[i].g1) a->e[i].g1--;
   a->e[i].last_use = tick(a, now);
@@ -580,20 +613,26 @@ int kvbm_advisor_kv(kvbm_advisor *a, const kvbm_event_batch *b, uint64_t now_ms)
       continue;
     }
     if (!ev->block_hashes) continue;
+    if (ev->has_group_idx && (ev->group_idx < 0 || ev->group_idx >= KVBM_GROUPS_MAX)) {
+      a->st.bad_groups++;
+      continue;
+    }
+    uint32_t g = ev->has_group_idx ? (uint32_t)ev->group_idx : 0;
     /* The namespace: the event's salt and LoRA name, else its parent's
-     * (SGLang may salt only where a sequence starts), as the router does. */
+     * (SGLang may salt only where a sequence starts), as the router does;
+     * the parent is in the block's own group. */
     uint64_t ns = 0;
     if (ev->type == KVBM_EVENT_STORED) {
       if (ev->cache_salt || ev->lora_name) {
         ns = kvbm_index_namespace(ev->cache_salt, ev->lora_name);
       } else if (ev->has_parent) {
-        size_t pi = ent_find_g1(a, ev->parent_hash);
+        size_t pi = ent_find_g1(a, ev->parent_hash, g);
         if (pi != SIZE_MAX) ns = a->e[pi].ns;
       }
     }
     for (size_t k = 0; k < ev->num_block_hashes; k++) {
-      if (ev->type == KVBM_EVENT_STORED) gpu_store(a, ev->block_hashes[k], ns, now);
-      else if (ev->type == KVBM_EVENT_REMOVED) gpu_remove(a, ev->block_hashes[k], now);
+      if (ev->type == KVBM_EVENT_STORED) gpu_store(a, ev->block_hashes[k], ns, g, now);
+      else if (ev->type == KVBM_EVENT_REMOVED) gpu_remove(a, ev->block_hashes[k], g, now);
     }
   }
   return KVBM_OK;
@@ -670,6 +709,7 @@ static void scan(kvbm_advisor *a, uint64_t now, heap *down, heap *up) {
     c.h.sequence_hash = x->hash;
     c.h.prefix_hash = x->prefix;
     c.h.ns = x->ns;
+    c.h.group = x->group;
     c.h.uses = x->uses;
     c.h.idle_ms = (uint64_t)idle;
     if (x->vmask & fast) {
