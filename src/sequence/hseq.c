@@ -1,0 +1,637 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * hseq.c: one request of a hybrid model, a block table per KV cache group
+ * (kvbm/hybrid.h).
+ *
+ * What: vLLM's KVCacheManager.allocate_slots over its single-type managers
+ * (vllm/v1/core/kv_cache_manager.py, kv_cache_coordinator.py,
+ * single_type_kv_cache_manager.py), as a library call an engine makes once
+ * per scheduler step. The rules and the choices made where vLLM leaves one
+ * are in docs/areas/hybrid.md; tests/workload/hybrid_ref.py is the slow
+ * statement this file must equal (W1-hybrid, src/workload/w1h.c, drives it
+ * and is checked against it).
+ *
+ * Why this shape: one step is, for every group in list order, (1) release
+ * the blocks the group no longer needs once `computed` tokens are done
+ * (vLLM's remove_skipped_blocks: a window's old blocks, a chunk's previous
+ * chunks, Mamba's older states; they stay registered, so they are cached
+ * and evictable, and a later request can still hit them), (2) on the first
+ * step take the hit's blocks (only those the group needs: a window takes
+ * the last ones, Mamba the one state), (3) allocate blocks up to the step's
+ * end, (4) register the blocks that are now full. Allocation of every group
+ * comes before any registration, as in vLLM (it allocates for all groups,
+ * then caches), with dedup on register. The order matters: a block taken
+ * by one group may evict a block another group's registration would have
+ * shared.
+ *
+ * Mamba has vLLM's two prefix-caching modes (kvbm/group.h). `mamba` is
+ * "all": a state block per block of tokens, every one but the last
+ * released at the next step (a window of one token, as far as blocks go).
+ * `mamba-align` is "align": the running state lives in the request's last
+ * block, the block of the state two steps back is released, a state is
+ * registered when a step ends on a block boundary (the scheduler cutting
+ * prefill chunks at block boundaries is the engine's part).
+ *
+ * All or nothing: before a step changes anything, it counts the blocks it
+ * will take (new blocks, and hit blocks that sit in the cache) against
+ * what the pool can hand out (kvbm_pool_available), and, only when that
+ * falls short, adds what its own releases give back (blocks only this
+ * request references). Allocation is the only thing that can fail, every
+ * group allocates before anything registers, and nothing frees a block
+ * in between, so the count decides exactly.
+ *
+ * A dry request (hseq_internal.h) runs the same code on counts alone, for
+ * W1-hybrid's refusal of a request that could not fit an otherwise empty
+ * pool.
+ *
+ * Memory: tokens, hashes and tables live in buffers sized at create for
+ * max_tokens; a step allocates nothing (an engine knows max_model_len).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvbm/hash.h"
+#include "kvbm/hybrid.h"
+#include "sequence/hseq_internal.h"
+
+#define NUL KVBM_HSEQ_NULL
+
+typedef struct gstate {
+  kvbm_group_spec spec;
+  uint32_t *table;
+  size_t len;
+  size_t ncached;     /* blocks before this are registered or null */
+  bool has_ncached;   /* vLLM's num_cached_block has an entry */
+  int64_t last_state; /* Mamba align: the block of the previous step's state, or -1 */
+  uint64_t skip_seen; /* skipped blocks already released (what vLLM's loop
+                         would find null from there down) */
+  bool mamba_allocated;
+  uint64_t held, peak, alloc;
+} gstate;
+
+struct kvbm_hseq {
+  kvbm_pool *pool;
+  uint32_t bs;
+  bool bs_pow2;
+  size_t ng;
+  bool has_align;    /* a Mamba align group: registration in vLLM's order */
+  bool dry;          /* counts only: nothing in the pool changes */
+  uint64_t capacity; /* dry: the blocks the request may hold */
+  kvbm_hash_scheme scheme;
+  uint64_t salt;
+  gstate g[KVBM_GROUPS_MAX];
+  kvbm_group_spec specs[KVBM_GROUPS_MAX]; /* g[i].spec, in a row for kvbm_groups_hit */
+  uint32_t *tokens;  /* known tokens */
+  uint64_t *hashes;  /* of every full block of them */
+  size_t cap_tokens, ntok, nhash;
+  uint64_t computed, hit;
+  bool hit_found, stepped;
+  uint64_t peak;     /* all groups */
+};
+
+static uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/* kvbm_groups_hit's question, answered by the pool without touching it. */
+static bool cached_in(void *user, uint32_t group, size_t block) {
+  const kvbm_hseq *s = user;
+  return kvbm_pool_peek_group(s->pool, group, s->hashes[block], NULL, NULL) == KVBM_OK;
+}
+
+/* The blocks a group no longer needs at `computed` tokens: table[*lo..*hi)
+ * (non-null), and whether Mamba align's older state goes too. Pure. */
+static void skipped_range(const kvbm_hseq *s, const gstate *g, uint64_t computed, uint64_t skipped,
+                          size_t *lo, size_t *hi, bool *old_state) {
+  *lo = *hi = 0;
+  *old_state = false;
+  /* Most steps (a decode token) leave the skipped block count as it was:
+   * vLLM's loop would stop at once on a null. */
+  if (skipped / s->bs > g->skip_seen) {
+    size_t h = (size_t)(skipped / s->bs), l;
+    if (h > g->len) h = g->len; /* vLLM caps it to the blocks there are */
+    for (l = h; l > 0 && g->table[l - 1] != NUL; l--) continue;
+    *lo = l;
+    *hi = h;
+  }
+  if (g->spec.kind == KVBM_GROUP_MAMBA_ALIGN && g->last_state >= 0) {
+    size_t lsi = (size_t)g->last_state;
+    *old_state = lsi + 1 < cdiv(computed, s->bs) && g->table[lsi] != NUL && !(lsi >= *lo && lsi < *hi);
+  }
+}
+
+static uint64_t skipped_tokens(const gstate *g, uint64_t computed) {
+  return g->spec.kind == KVBM_GROUP_FULL ? 0 : kvbm_group_skipped_tokens(&g->spec, computed);
+}
+
+/* vLLM's remove_skipped_blocks (and Mamba align's release of the state two
+ * steps back), for `computed` tokens done, `skipped` of them skipped. */
+static int remove_skipped(kvbm_hseq *s, gstate *g, uint64_t computed, uint64_t skipped) {
+  int rc = KVBM_OK;
+  size_t lo, hi;
+  bool old_state;
+  if (skipped / s->bs > g->skip_seen) {
+    skipped_range(s, g, computed, skipped, &lo, &hi, &old_state);
+    g->skip_seen = hi;
+    if (hi > lo) {
+      /* release_run goes from hi - 1 down, as vLLM frees them */
+      if (!s->dry) rc = kvbm_pool_release_run(s->pool, g->table + lo, hi - lo, 0);
+      for (size_t i = lo; i < hi; i++) g->table[i] = NUL;
+      g->held -= hi - lo;
+    }
+  }
+  if (g->spec.kind == KVBM_GROUP_MAMBA_ALIGN && g->last_state >= 0) {
+    size_t lsi = (size_t)g->last_state;
+    if (lsi + 1 < cdiv(computed, s->bs) && g->table[lsi] != NUL) {
+      if (!s->dry && rc == KVBM_OK) rc = kvbm_block_release(s->pool, g->table[lsi], 0);
+      g->table[lsi] = NUL;
+      g->held--;
+    }
+  }
+  return rc;
+}
+
+/* Every group's remove_skipped. Most steps (a decode token) leave every
+ * group's skipped block count as it was (vLLM's loop would stop at once on
+ * a null): that is decided here, without a call. */
+static int remove_skipped_all(kvbm_hseq *s, uint64_t computed) {
+  int rc = KVBM_OK;
+  for (uint32_t gi = 0; gi < s->ng && !rc; gi++) {
+    gstate *g = &s->g[gi];
+    if (g->spec.kind == KVBM_GROUP_FULL) continue;
+    uint64_t skipped = kvbm_group_skipped_tokens(&g->spec, computed);
+    if (skipped / s->bs > g->skip_seen || g->spec.kind == KVBM_GROUP_MAMBA_ALIGN)
+      rc = remove_skipped(s, g, computed, skipped);
+  }
+  return rc;
+}
+
+/* The first hit block a group takes (those before are skipped: null). */
+static size_t hit_first(const kvbm_hseq *s, const gstate *g) {
+  return (size_t)(kvbm_group_skipped_tokens(&g->spec, s->hit) / s->bs);
+}
+
+/* allocate_new_computed_blocks: the hit's blocks this group needs (those
+ * after its skipped ones), the skipped positions null. KVBM_ESTATE when
+ * one is no longer registered (the caller gives the taken ones back). */
+static int take_hit(kvbm_hseq *s, uint32_t gi) {
+  gstate *g = &s->g[gi];
+  size_t nb = (size_t)(s->hit / s->bs), nsb = hit_first(s, g);
+  for (size_t i = 0; i < nb; i++) {
+    uint32_t id = 0;
+    if (i < nsb) {
+      id = NUL;
+    } else {
+      if (!s->dry && kvbm_pool_match_group(s->pool, gi, s->hashes[i], &id) != KVBM_OK) {
+        g->len = i;
+        return KVBM_ESTATE;
+      }
+      g->held++;
+    }
+    g->table[i] = id;
+  }
+  g->len = nb;
+  g->ncached = nb;
+  g->has_ncached = true;
+  return KVBM_OK;
+}
+
+static int alloc_n(kvbm_hseq *s, uint32_t gi, size_t n) {
+  gstate *g = &s->g[gi];
+  if (!s->dry) {
+    int rc = kvbm_pool_alloc_group(s->pool, gi, (uint32_t)n, g->table + g->len);
+    if (rc) return rc;
+  } else {
+    for (size_t i = 0; i < n; i++) g->table[g->len + i] = 0;
+  }
+  g->len += n;
+  g->held += n;
+  g->alloc += n;
+  return KVBM_OK;
+}
+
+/* allocate_new_blocks: slots for num_tokens. Mamba in align mode keeps
+ * only the running state's block: the positions before it are null (in
+ * "all" mode it allocates as attention does). */
+static int allocate(kvbm_hseq *s, uint32_t gi, uint64_t num_tokens) {
+  gstate *g = &s->g[gi];
+  size_t required = (size_t)cdiv(num_tokens, s->bs);
+  if (g->spec.kind != KVBM_GROUP_MAMBA_ALIGN)
+    return required > g->len ? alloc_n(s, gi, required - g->len) : KVBM_OK;
+  if (required <= g->len) return KVBM_OK;
+  size_t prev = g->len;
+  if (g->mamba_allocated || prev > 0) g->last_state = (int64_t)prev - 1;
+  while (g->len + 1 < required) g->table[g->len++] = NUL;
+  int rc = alloc_n(s, gi, required - g->len);
+  g->mamba_allocated = true;
+  return rc;
+}
+
+/* cache_blocks: registers the blocks full at num_tokens (dedup: a block
+ * whose (hash, group) is registered is swapped for the registered one). */
+static int cache(kvbm_hseq *s, uint32_t gi, uint64_t num_tokens) {
+  gstate *g = &s->g[gi];
+  size_t nf = (size_t)(num_tokens / s->bs), nc = g->has_ncached ? g->ncached : 0;
+  if (nc >= nf) return KVBM_OK;
+  if (!s->dry)
+    for (size_t i = nc; i < nf;) {
+      if (g->table[i] == NUL) {
+        i++;
+        continue;
+      }
+      size_t j = i; /* a run of blocks to register, in one pool call */
+      while (j < nf && g->table[j] != NUL) j++;
+      int rc = kvbm_pool_fill_ids(s->pool, g->table + i, j - i, s->salt, i ? s->hashes[i - 1] : 0, i > 0,
+                                  s->tokens + i * s->bs, s->hashes + i, NULL);
+      if (rc) return rc;
+      i = j;
+    }
+  g->ncached = nf;
+  g->has_ncached = true;
+  return KVBM_OK;
+}
+
+/* allocate + cache of one group (not Mamba align), block by block: the
+ * blocks allocated earlier that are now full, then the new full blocks
+ * (taken and registered in one pool call, W1's hot path), then the new
+ * partial tail. That is vLLM's order (every group's allocation before any
+ * registration) as long as no registration deduplicates: then no block
+ * goes back to the free list during the step, so both orders take the same
+ * blocks (free ones, then the same cached ones evicted in the same order),
+ * and taking only removes registry entries, so a registration that finds
+ * nothing here finds nothing in vLLM's order either. So this stops before
+ * the first block whose (hash, group) is registered, and returns false:
+ * the caller finishes the step from this group on in vLLM's order. */
+static bool step_group_fast(kvbm_hseq *s, uint32_t gi, uint64_t end, int *rc) {
+  gstate *g = &s->g[gi];
+  const size_t required = (size_t)cdiv(end, s->bs), nf = (size_t)(end / s->bs);
+  const size_t nc = g->has_ncached ? g->ncached : 0;
+  if (nc < nf && nc < g->len) { /* old blocks now full (no nulls here: see below) */
+    size_t stop = nf < g->len ? nf : g->len;
+    if (kvbm_pool_first_registered_group(s->pool, gi, s->hashes + nc, stop - nc) < stop - nc) return false;
+    *rc = kvbm_pool_fill_ids(s->pool, g->table + nc, stop - nc, s->salt, nc ? s->hashes[nc - 1] : 0, nc > 0,
+                             s->tokens + nc * s->bs, s->hashes + nc, NULL);
+    if (*rc) return true;
+    g->ncached = stop;
+    g->has_ncached = true;
+  }
+  if (nf > g->len) { /* new full blocks */
+    size_t k = g->len, n = nf - k, done = 0;
+    *rc = kvbm_pool_fill_run_fresh(s->pool, gi, s->salt, k ? s->hashes[k - 1] : 0, k > 0,
+                                   s->tokens + k * s->bs, s->hashes + k, n, NULL, g->table + k, &done);
+    if (*rc) return true;
+    g->len += done;
+    g->held += done;
+    g->alloc += done;
+    g->ncached = g->len;
+    g->has_ncached = true;
+    if (done < n) return false;
+  }
+  if (required > g->len) *rc = alloc_n(s, gi, required - g->len); /* the partial tail */
+  if (!*rc && nf > (g->has_ncached ? g->ncached : 0)) {
+    g->ncached = nf;
+    g->has_ncached = true;
+  }
+  return true;
+}
+
+/* The blocks group g allocates in a step ending at `end` (the hit taken
+ * already counted in its length on the first step). Pure. */
+static uint64_t blocks_to_allocate(const kvbm_hseq *s, const gstate *g, uint64_t end, bool first) {
+  size_t len = first ? (size_t)(s->hit / s->bs) : g->len;
+  size_t required = (size_t)cdiv(end, s->bs);
+  if (required <= len) return 0;
+  return g->spec.kind == KVBM_GROUP_MAMBA_ALIGN ? 1 : required - len;
+}
+
+/* Whether a real step ending at `end` fits the pool (the all-or-nothing
+ * check, see the file comment). KVBM_ENOSPC or KVBM_ESTATE (a hit block
+ * gone) when not. Pure. */
+static int check_fits(const kvbm_hseq *s, uint64_t end, bool first) {
+  uint64_t need = 0, take = 0;
+  for (size_t gi = 0; gi < s->ng; gi++) {
+    need += blocks_to_allocate(s, &s->g[gi], end, first);
+    if (first && s->hit) take += s->hit / s->bs - hit_first(s, &s->g[gi]);
+  }
+  if (need + take == 0) return KVBM_OK; /* most decode steps */
+  uint64_t avail = kvbm_pool_available(s->pool);
+  if (need + take <= avail) return KVBM_OK; /* the common case: no lookups */
+  /* Precisely: a hit block costs one only when cached; a released block
+   * gives one back only when this request is its one reference. */
+  uint64_t cost = need, gain = 0;
+  for (uint32_t gi = 0; first && s->hit && gi < s->ng; gi++)
+    for (size_t i = hit_first(s, &s->g[gi]); i < s->hit / s->bs; i++) {
+      bool cached = false;
+      if (kvbm_pool_peek_group(s->pool, gi, s->hashes[i], NULL, &cached) != KVBM_OK) return KVBM_ESTATE;
+      cost += cached;
+    }
+  for (size_t gi = 0; !first && gi < s->ng; gi++) {
+    const gstate *g = &s->g[gi];
+    size_t lo, hi;
+    bool old_state;
+    skipped_range(s, g, s->computed, skipped_tokens(g, s->computed), &lo, &hi, &old_state);
+    for (size_t i = lo; i < hi + old_state; i++) {
+      size_t at = i < hi ? i : (size_t)g->last_state;
+      kvbm_block_info info;
+      if (kvbm_block_info_get(s->pool, g->table[at], &info) == KVBM_OK && info.refcount == 1) gain++;
+    }
+  }
+  return cost <= avail + gain ? KVBM_OK : KVBM_ENOSPC;
+}
+
+/* A decode token that neither opens nor fills a block: it allocates and
+ * registers nothing in any group (Mamba align too: its running block
+ * changes only where a block opens), it can only release. */
+static bool quiet_decode(const kvbm_hseq *s, uint64_t num_new) {
+  if (!s->stepped || num_new != 1) return false;
+  uint64_t r = s->bs_pow2 ? (s->computed & (s->bs - 1)) : s->computed % s->bs;
+  return r != 0 && r + 1 != s->bs;
+}
+
+/* One step of allocate_slots: n_new tokens computed from s->computed.
+ * KVBM_ENOSPC (dry: the request would hold more than capacity). */
+static int step(kvbm_hseq *s, uint64_t num_new) {
+  int rc = KVBM_OK;
+  const bool first = !s->stepped;
+  const uint64_t computed = s->computed, end = computed + num_new;
+  rc = remove_skipped_all(s, computed);
+  /* held only fell: done */
+  if (!rc && quiet_decode(s, num_new)) return KVBM_OK;
+  if (first && s->hit > 0)
+    for (uint32_t gi = 0; gi < s->ng && !rc; gi++) {
+      rc = take_hit(s, gi);
+      if (rc && !s->dry) /* a stale hit: give back what was taken, tail first */
+        for (uint32_t gj = gi + 1; gj-- > 0;) {
+          gstate *g = &s->g[gj];
+          for (size_t i = g->len; i-- > 0;)
+            if (g->table[i] != NUL) kvbm_block_release(s->pool, g->table[i], 0);
+          g->len = g->ncached = 0;
+          g->has_ncached = false;
+          g->held = 0;
+        }
+    }
+  /* Block by block while that is vLLM's order (step_group_fast), then, from
+   * the first group that would deduplicate, vLLM's order itself. (Null
+   * positions never lie among a group's blocks to register but in Mamba
+   * align's tables, which always take vLLM's order.) */
+  uint32_t from = 0;
+  if (!s->dry && !s->has_align)
+    while (from < s->ng && !rc && step_group_fast(s, from, end, &rc)) from++;
+  for (uint32_t gi = from; gi < s->ng && !rc; gi++) rc = allocate(s, gi, end);
+  if (s->dry && !rc) {
+    /* vLLM's check: the step's new and touched blocks within what is free,
+     * i.e. what the request holds after the step within the pool */
+    uint64_t after = 0;
+    for (uint32_t gi = 0; gi < s->ng; gi++) after += s->g[gi].held;
+    if (after > s->capacity) return KVBM_ENOSPC;
+  }
+  uint64_t held = 0;
+  for (uint32_t gi = 0; gi < s->ng && !rc; gi++) {
+    gstate *g = &s->g[gi];
+    if (gi >= from) rc = cache(s, gi, end);
+    if (g->held > g->peak) g->peak = g->held;
+    held += g->held;
+  }
+  if (held > s->peak) s->peak = held;
+  return rc;
+}
+
+static void clear_tables(kvbm_hseq *s) {
+  for (size_t gi = 0; gi < s->ng; gi++) {
+    gstate *g = &s->g[gi];
+    g->len = g->ncached = 0;
+    g->has_ncached = g->mamba_allocated = false;
+    g->last_state = -1;
+    g->skip_seen = 0;
+    g->held = g->peak = g->alloc = 0;
+  }
+  s->peak = 0;
+  s->computed = 0;
+  s->stepped = false;
+}
+
+/* The tables back to the pool: group after group, tail first (vLLM's
+ * coordinator frees group 0 first, each manager its blocks reversed). The
+ * runs between nulls go back from the last one (release_run frees each
+ * from its end), so the order is the table's reversed without a copy. */
+static int release_all(kvbm_hseq *s) {
+  int first_rc = KVBM_OK;
+  for (size_t gi = 0; gi < s->ng; gi++) {
+    gstate *g = &s->g[gi];
+    for (size_t hi = g->len; hi > 0 && !s->dry;) {
+      if (g->table[hi - 1] == NUL) {
+        hi--;
+        continue;
+      }
+      size_t lo = hi - 1;
+      while (lo > 0 && g->table[lo - 1] != NUL) lo--;
+      int rc = kvbm_pool_release_run(s->pool, g->table + lo, hi - lo, 0);
+      if (rc && !first_rc) first_rc = rc;
+      hi = lo;
+    }
+    g->len = 0;
+  }
+  return first_rc;
+}
+
+static int check_spec(const kvbm_group_spec *g, size_t i, kvbm_error *err) {
+  bool param = g->kind == KVBM_GROUP_SLIDING_WINDOW || g->kind == KVBM_GROUP_CHUNKED_LOCAL;
+  if ((unsigned)g->kind > KVBM_GROUP_MAMBA_ALIGN)
+    return kvbm_error_set(err, KVBM_EINVAL, "hseq: group %zu: unknown kind %d", i, (int)g->kind);
+  if (param && (g->tokens == 0 || g->tokens > KVBM_GROUP_MAX_TOKENS))
+    return kvbm_error_set(err, KVBM_EINVAL, "hseq: group %zu (%s): %u tokens, want 1..%u", i,
+                          kvbm_group_kind_name(g->kind), g->tokens, KVBM_GROUP_MAX_TOKENS);
+  if (!param && g->tokens != 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "hseq: group %zu (%s) takes no token parameter (got %u)", i,
+                          kvbm_group_kind_name(g->kind), g->tokens);
+  return KVBM_OK;
+}
+
+int kvbm_hseq_create(kvbm_pool *pool, const kvbm_group_spec *groups, size_t n, uint64_t salt_hash,
+                     size_t max_tokens, kvbm_hseq **out, kvbm_error *err) {
+  if (!pool || !groups || !out) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL pool, groups or out");
+  if (n == 0 || n != kvbm_pool_num_groups(pool))
+    return kvbm_error_set(err, KVBM_EINVAL, "hseq: %zu groups on a pool of %u groups", n,
+                          kvbm_pool_num_groups(pool));
+  for (size_t i = 0; i < n; i++) {
+    int rc = check_spec(&groups[i], i, err);
+    if (rc) return rc;
+  }
+  if (max_tokens == 0 || max_tokens > KVBM_HSEQ_MAX_TOKENS)
+    return kvbm_error_set(err, KVBM_EINVAL, "hseq: max_tokens %zu, want 1..%u", max_tokens,
+                          KVBM_HSEQ_MAX_TOKENS);
+  kvbm_hseq *s = calloc(1, sizeof *s);
+  if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "hseq: out of memory");
+  s->pool = pool;
+  s->bs = kvbm_pool_block_size(pool);
+  s->bs_pow2 = (s->bs & (s->bs - 1)) == 0;
+  s->scheme = kvbm_pool_scheme(pool);
+  s->salt = salt_hash;
+  s->ng = n;
+  s->cap_tokens = max_tokens;
+  size_t max_blocks = max_tokens / s->bs + 2;
+  s->tokens = malloc(max_tokens * sizeof *s->tokens);
+  s->hashes = malloc(max_blocks * sizeof *s->hashes);
+  bool ok = s->tokens && s->hashes;
+  for (size_t i = 0; i < n; i++) {
+    s->g[i].spec = s->specs[i] = groups[i];
+    s->has_align |= groups[i].kind == KVBM_GROUP_MAMBA_ALIGN;
+    if (ok) ok = (s->g[i].table = malloc(max_blocks * sizeof(uint32_t))) != NULL;
+  }
+  clear_tables(s);
+  if (!ok) {
+    kvbm_hseq_destroy(s);
+    return kvbm_error_set(err, KVBM_ENOMEM, "hseq: out of memory for %zu tokens", max_tokens);
+  }
+  *out = s;
+  return KVBM_OK;
+}
+
+void kvbm_hseq_destroy(kvbm_hseq *s) {
+  if (!s) return;
+  if (s->tokens && s->hashes) release_all(s);
+  for (size_t i = 0; i < s->ng; i++) free(s->g[i].table);
+  free(s->tokens);
+  free(s->hashes);
+  free(s);
+}
+
+int kvbm_hseq_reset(kvbm_hseq *s, uint64_t salt_hash) {
+  if (!s) return KVBM_EINVAL;
+  int rc = release_all(s);
+  clear_tables(s);
+  s->salt = salt_hash;
+  s->ntok = s->nhash = 0;
+  s->hit = 0;
+  s->hit_found = false;
+  return rc;
+}
+
+/* Hashes of the blocks filled since the last call. */
+static void hash_new_blocks(kvbm_hseq *s) {
+  size_t full = s->ntok / s->bs;
+  if (full <= s->nhash) return;
+  if (s->nhash == 0) {
+    s->nhash = kvbm_hash_chain(s->scheme, s->salt, s->tokens, full * s->bs, s->bs, s->hashes, full);
+    return;
+  }
+  for (size_t k = s->nhash; k < full; k++)
+    s->hashes[k] = kvbm_hash_next(s->scheme, s->salt, s->hashes[k - 1], true, s->tokens + k * s->bs, s->bs);
+  s->nhash = full;
+}
+
+int kvbm_hseq_append(kvbm_hseq *s, const uint32_t *tokens, size_t n, kvbm_error *err) {
+  if (!s) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL request");
+  if (n == 0) return KVBM_OK;
+  if (!tokens) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL tokens");
+  if (n > s->cap_tokens - s->ntok)
+    return kvbm_error_set(err, KVBM_EINVAL, "hseq: %zu tokens past max_tokens %zu (%zu held)", n,
+                          s->cap_tokens, s->ntok);
+  if (tokens != s->tokens + s->ntok) /* written in place (kvbm__hseq_tail) */
+    memcpy(s->tokens + s->ntok, tokens, n * sizeof *tokens);
+  s->ntok += n;
+  hash_new_blocks(s);
+  return KVBM_OK;
+}
+
+int kvbm_hseq_find_hit(kvbm_hseq *s, uint64_t *hit_tokens, kvbm_error *err) {
+  if (!s) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL request");
+  if (s->stepped) return kvbm_error_set(err, KVBM_ESTATE, "hseq: the hit is found before the first step");
+  if (s->ntok == 0) return kvbm_error_set(err, KVBM_EINVAL, "hseq: no tokens to look up");
+  s->hit = kvbm_groups_hit(s->specs, s->ng, s->bs, s->ntok - 1, cached_in, s);
+  s->hit_found = true;
+  if (hit_tokens) *hit_tokens = s->hit;
+  return KVBM_OK;
+}
+
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
+/* kvbm_hseq_step but for its quiet decode tokens: kept out of line so that
+ * the common call stays short (its prologue saved registers only this part
+ * uses: `kvbm replay --groups full,sw:128 --limit 300` ran 261.95M
+ * instructions inlined, 260.62M out of line). */
+static NOINLINE int step_checked(kvbm_hseq *s, const uint32_t *tokens, size_t n_tokens, uint64_t n_new,
+                                 kvbm_error *err) {
+  const size_t ntok0 = s->ntok, nhash0 = s->nhash;
+  int rc = n_tokens ? kvbm_hseq_append(s, tokens, n_tokens, err) : KVBM_OK;
+  if (rc) return rc;
+  if (!s->stepped) {
+    if (!s->hit_found && s->ntok > 0) (void)kvbm_hseq_find_hit(s, NULL, NULL);
+    s->computed = s->hit;
+  }
+  if (n_new == 0 || n_new > s->ntok - s->computed) {
+    rc = kvbm_error_set(err, KVBM_EINVAL, "hseq: %llu new tokens, %llu known and not computed",
+                        (unsigned long long)n_new, (unsigned long long)(s->ntok - s->computed));
+  } else if (!s->dry) {
+    rc = check_fits(s, s->computed + n_new, !s->stepped);
+    if (rc == KVBM_ENOSPC)
+      kvbm_error_set(err, rc, "hseq: a step of %llu tokens needs more blocks than the pool has",
+                     (unsigned long long)n_new);
+    else if (rc)
+      kvbm_error_set(err, rc, "hseq: the hit found earlier is no longer cached");
+  }
+  if (!rc) {
+    rc = step(s, n_new);
+    if (!rc) {
+      s->stepped = true;
+      s->computed += n_new;
+      return KVBM_OK;
+    }
+    if (!s->dry) /* only a stale hit gets here: the step gave back what it took */
+      kvbm_error_set(err, rc, "hseq: step: %s (the hit found earlier is no longer cached)", kvbm_strerror(rc));
+    else
+      kvbm_error_set(err, rc, "hseq: a step of %llu tokens would not fit the pool", (unsigned long long)n_new);
+  }
+  if (rc == KVBM_ESTATE) s->hit_found = false; /* the next step looks again */
+  if (!s->stepped) s->computed = 0;
+  s->ntok = ntok0;
+  s->nhash = nhash0;
+  return rc;
+}
+
+int kvbm_hseq_step(kvbm_hseq *s, const uint32_t *tokens, size_t n_tokens, uint64_t n_new, kvbm_error *err) {
+  if (!s) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL request");
+  if (n_tokens == 0 && s->computed < s->ntok && quiet_decode(s, n_new)) {
+    /* the decode token's step that can only release (W1's most common
+     * step): no check, no allocation */
+    int rc = remove_skipped_all(s, s->computed);
+    if (rc) return kvbm_error_set(err, rc, "hseq: step: %s", kvbm_strerror(rc));
+    s->computed++;
+    return KVBM_OK;
+  }
+  return step_checked(s, tokens, n_tokens, n_new, err);
+}
+
+int kvbm_hseq_table(const kvbm_hseq *s, uint32_t group, const uint32_t **ids, size_t *n) {
+  if (!s || !ids || !n || group >= s->ng) return KVBM_EINVAL;
+  *ids = s->g[group].table;
+  *n = s->g[group].len;
+  return KVBM_OK;
+}
+
+uint64_t kvbm_hseq_hit_tokens(const kvbm_hseq *s) { return s ? s->hit : 0; }
+uint64_t kvbm_hseq_num_tokens(const kvbm_hseq *s) { return s ? s->ntok : 0; }
+uint64_t kvbm_hseq_num_computed(const kvbm_hseq *s) { return s ? s->computed : 0; }
+size_t kvbm_hseq_num_groups(const kvbm_hseq *s) { return s ? s->ng : 0; }
+uint64_t kvbm_hseq_peak_held(const kvbm_hseq *s) { return s ? s->peak : 0; }
+
+int kvbm_hseq_group_stats_get(const kvbm_hseq *s, uint32_t group, kvbm_hseq_group_stats *out) {
+  if (!s || !out || group >= s->ng) return KVBM_EINVAL;
+  out->held = s->g[group].held;
+  out->peak_held = s->g[group].peak;
+  out->allocated = s->g[group].alloc;
+  return KVBM_OK;
+}
+
+void kvbm__hseq_set_dry(kvbm_hseq *s, bool dry, uint64_t capacity) {
+  s->dry = dry;
+  s->capacity = capacity;
+}
+
+void kvbm__hseq_rewind(kvbm_hseq *s) { clear_tables(s); }
+
+uint32_t *kvbm__hseq_tail(kvbm_hseq *s, size_t n) {
+  return n <= s->cap_tokens - s->ntok ? s->tokens + s->ntok : NULL;
+}
