@@ -25,6 +25,7 @@ static void usage(FILE *f) {
           "                   [--snapshot-every 30]\n"
           "                   [--worker ID[:RANK]]... [--approx-ttl SECONDS]\n"
           "                   [--block-size 16] [--hash native|dynamo] [--recompute]\n"
+          "                   [--groups full,sw:128,...]\n"
           "                   [--tier-weights 1,0.75,0.25] [--prefill-weight 1]\n"
           "                   [--load-weight 1] [--load blocks|requests] [--temperature 0]\n"
           "                   [--worker-timeout SECONDS] [--request-ttl 600] [--seed 1]\n"
@@ -32,6 +33,9 @@ static void usage(FILE *f) {
           "                   [--max-active-requests 262144] [--approx-max-blocks 65536]\n"
           "                   [--queue-bytes 67108864] [--max-payload 2097152]\n"
           "                   [--max-ranks 8] [--replay-timeout-ms 2000]\n"
+          "--groups: every worker's KV cache groups (a hybrid model: full, sw:W,\n"
+          "chunk:C, mamba, mamba-align); without it each worker's groups are learned\n"
+          "from its events' group_idx and kv_cache_spec_kind.\n"
           "--jetstream reads the worker's subject of a JetStream stream with the durable\n"
           "consumer '<durable>-<ID>' (replicas: one --durable each). --snapshot: the\n"
           "index is loaded from FILE at start (then only later events are applied:\n"
@@ -99,6 +103,7 @@ typedef struct args {
   kvbm_router_daemon_config c;
   kvbm_router_source src[KVBM_ROUTER_MAX_WORKERS];
   kvbm_worker_key workers[KVBM_ROUTER_MAX_WORKERS];
+  kvbm_group_spec groups[KVBM_GROUPS_MAX]; /* --groups */
   char *owned[4 * KVBM_ROUTER_MAX_WORKERS + 4];
   size_t nowned;
   const char *port_file;
@@ -226,6 +231,15 @@ static int parse(int argc, char **argv, args *a) {
     OPT("--block-size") {
       if (!cli_parse_u64("router", "--block-size", v, 1, KVBM_POOL_MAX_BLOCK_SIZE, &x)) return 2;
       c->index.block_size = (uint32_t)x;
+      continue;
+    }
+    OPT("--groups") {
+      kvbm_error err = {0};
+      if (kvbm_groups_parse(v, a->groups, KVBM_GROUPS_MAX, &c->index.num_groups, &err)) {
+        fprintf(stderr, "kvbm router: --groups: %s\n", err.msg);
+        return 2;
+      }
+      c->index.groups = a->groups;
       continue;
     }
     OPT("--hash") {
