@@ -11,13 +11,19 @@
  * block is compared with the reference's slice for the reader's heads.
  * Then the refusals: each field that cannot be bridged, named; a missing
  * writer rank, a forged piece, a block out of range: refused before a byte
- * of the reader's block changes. */
+ * of the reader's block changes. Last, TP=2 writers in a forked process
+ * read by TP=1 and TP=4 readers over UCX (shared memory on loopback): the
+ * same per-row reads as ucp_get. */
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -62,7 +68,9 @@ typedef struct writer {
   kvbm_fabric_remote_set *rs;
 } writer;
 
-static void writer_make(writer *w, kvbm_fabric *wf, kvbm_fabric *rf, uint32_t rank, uint32_t tp) {
+/* The writer rank's memory, filled from the reference (no asserts: the
+ * UCX case runs it in a forked child). */
+static int writer_fill(writer *w, uint32_t rank, uint32_t tp) {
   memset(w, 0, sizeof *w);
   /* Alternate kinds: the bridge must not care. */
   kvbm_layout_kind kind = rank % 2 ? KVBM_LAYOUT_LAYER_SEPARATE : KVBM_LAYOUT_FULLY_CONTIGUOUS;
@@ -73,8 +81,9 @@ static void writer_make(writer *w, kvbm_fabric *wf, kvbm_fabric *rf, uint32_t ra
   w->ts.desc.block_set_id = 100 + rank;
   w->ts.desc.num_regions = l->num_regions;
   w->ts.desc.region_base = calloc(l->num_regions, sizeof(uint64_t));
+  if (!w->ts.desc.region_base) return KVBM_ENOMEM;
   for (uint64_t r = 0; r < l->num_regions; r++) {
-    assert_int_equal(posix_memalign(&w->ts.region[r], 128, l->region_size), 0);
+    if (posix_memalign(&w->ts.region[r], 128, l->region_size)) return KVBM_ENOMEM;
     memset(w->ts.region[r], 0xEE, l->region_size);
     w->ts.desc.region_base[r] = (uint64_t)(uintptr_t)w->ts.region[r];
   }
@@ -84,11 +93,17 @@ static void writer_make(writer *w, kvbm_fabric *wf, kvbm_fabric *rf, uint32_t ra
     for (uint64_t ly = 0; ly < LAYERS; ly++)
       for (uint64_t o = 0; o < OUTER; o++) {
         kvbm_slice s;
-        assert_int_equal(kvbm_layout_slice(l, b, ly, o, &s, NULL), KVBM_OK);
+        int rc = kvbm_layout_slice(l, b, ly, o, &s, NULL);
+        if (rc) return rc;
         uint8_t *p = (uint8_t *)w->ts.region[s.region] + s.offset;
         for (uint64_t t = 0; t < PAGE; t++)
           memcpy(p + t * count * HEAD_BYTES, &ref[b][ly][o][t][first * HEAD_BYTES], count * HEAD_BYTES);
       }
+  return KVBM_OK;
+}
+
+static void writer_make(writer *w, kvbm_fabric *wf, kvbm_fabric *rf, uint32_t rank, uint32_t tp) {
+  assert_int_equal(writer_fill(w, rank, tp), KVBM_OK);
   kvbm_error e;
   assert_int_equal(kvbm_fabric_register(wf, &w->ts.desc, &w->ls, &e), KVBM_OK);
   uint8_t *wire = NULL;
@@ -413,6 +428,121 @@ static void hostile_reads_change_nothing(void **state) {
   for (uint32_t r = 0; r < 2; r++) writer_free(&w[r]);
 }
 
+/* ---- The same over UCX: the writer ranks in another process ---- */
+
+static const char kKey[] = "the shared secret of the tp bridge test";
+
+static kvbm_fabric_ucx_config ucx_config(const char *name) {
+  kvbm_fabric_ucx_config c = kvbm_fabric_ucx_config_default();
+  c.name = name;
+  c.key = kKey;
+  c.key_len = sizeof kKey - 1;
+  c.transports = "shm,self";
+  c.net_devices = "lo";
+  c.timeout_ms = 15000;
+  return c;
+}
+
+#define CHILD_CHECK(cond)                                                  \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "writer: %s:%d: %s\n", __FILE__, __LINE__, #cond);   \
+      _exit(__LINE__ % 250 + 1);                                           \
+    }                                                                      \
+  } while (0)
+
+/* The writer node: TP=2 ranks' memory registered, both exports pushed,
+ * then it waits for the reader's "done" before letting the memory go. */
+static void ucx_writer(uint16_t port) {
+  kvbm_fabric_ucx_config c = ucx_config("writer");
+  kvbm_fabric *f;
+  kvbm_error e;
+  CHILD_CHECK(kvbm_fabric_ucx_connect(&c, "127.0.0.1", port, &f, &e) == KVBM_OK);
+  writer w[2];
+  for (uint32_t r = 0; r < 2; r++) {
+    CHILD_CHECK(writer_fill(&w[r], r, 2) == KVBM_OK);
+    CHILD_CHECK(kvbm_fabric_register(f, &w[r].ts.desc, &w[r].ls, &e) == KVBM_OK);
+    uint8_t *wire;
+    size_t len;
+    kvbm_fabric_handle h;
+    CHILD_CHECK(kvbm_fabric_export(w[r].ls, &wire, &len, &e) == KVBM_OK);
+    CHILD_CHECK(kvbm_fabric_push(f, wire, len, &h, &e) == KVBM_OK);
+    CHILD_CHECK(kvbm_fabric_flush(f, 15000, &e) == KVBM_OK);
+    free(wire);
+  }
+  kvbm_fabric_handle h;
+  size_t len;
+  char done[8];
+  CHILD_CHECK(kvbm_fabric_next(f, 30000, &h, &len, &e) == KVBM_OK);
+  CHILD_CHECK(kvbm_fabric_pull(f, h, done, sizeof done, &len, 15000, &e) == KVBM_OK);
+  CHILD_CHECK(len == 4 && memcmp(done, "done", 4) == 0);
+  for (uint32_t r = 0; r < 2; r++) {
+    kvbm_fabric_local_set_release(w[r].ls);
+    test_set_free(&w[r].ts);
+  }
+  kvbm_fabric_destroy(f);
+  _exit(0);
+}
+
+static void tp2_read_by_tp1_and_tp4_over_ucx(void **state) {
+  (void)state;
+  test_pattern(ref, sizeof ref, 23);
+  kvbm_fabric_ucx_config c = ucx_config("reader");
+  kvbm_fabric_listener *l;
+  kvbm_error e;
+  assert_int_equal(kvbm_fabric_ucx_listen(&c, "127.0.0.1", 0, &l, &e), KVBM_OK);
+  uint16_t port = kvbm_fabric_listener_port(l);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    kvbm_fabric_listener_destroy(l);
+    ucx_writer(port);
+  }
+  kvbm_fabric *f;
+  int rc = kvbm_fabric_ucx_accept(l, &f, &e);
+  kvbm_fabric_listener_destroy(l);
+  if (rc) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail_msg("accept: %s", e.msg);
+  }
+  kvbm_fabric_remote_set *peers[2];
+  for (int r = 0; r < 2; r++) {
+    kvbm_fabric_handle h;
+    size_t len;
+    assert_int_equal(kvbm_fabric_next(f, 15000, &h, &len, &e), KVBM_OK);
+    uint8_t *wire = malloc(len);
+    assert_int_equal(kvbm_fabric_pull(f, h, wire, len, &len, 15000, &e), KVBM_OK);
+    assert_int_equal(kvbm_fabric_import(f, wire, len, &peers[r], &e), KVBM_OK);
+    free(wire);
+    assert_int_equal(kvbm_fabric_remote_desc(peers[r])->layout.has_heads, 1);
+    assert_int_equal(kvbm_fabric_remote_desc(peers[r])->layout.heads.tp_rank, r);
+  }
+  const uint32_t tps[] = {1, 4};
+  for (int k = 0; k < 2; k++)
+    for (uint32_t rr = 0; rr < tps[k]; rr++) {
+      reader_block rb;
+      rb_make(&rb, rr, tps[k]);
+      for (uint64_t b = 0; b < BLOCKS; b++) {
+        for (int ly = 0; ly < LAYERS; ly++) memset(rb.layers[ly], 0xAB, rb.l.layer_stride);
+        rc = kvbm_fabric_read_block_tp(f, peers, 2, b, &rb.l, rb.layers, LAYERS, &e);
+        if (rc) fail_msg("ucx read: %s", e.msg);
+        assert_int_equal(kvbm_fabric_flush(f, 15000, &e), KVBM_OK);
+        rb_check(&rb, b);
+      }
+      rb_free(&rb);
+    }
+  for (int r = 0; r < 2; r++) kvbm_fabric_remote_set_release(peers[r]);
+  kvbm_fabric_handle h;
+  assert_int_equal(kvbm_fabric_push(f, "done", 4, &h, &e), KVBM_OK);
+  assert_int_equal(kvbm_fabric_flush(f, 15000, &e), KVBM_OK);
+  kvbm_fabric_destroy(f);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail_msg("writer failed: status %d", status);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(head_maps),
@@ -426,6 +556,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(tp1_read_by_tp2, setup, teardown),
       cmocka_unit_test_setup_teardown(tp2_read_by_tp2, setup, teardown),
       cmocka_unit_test_setup_teardown(hostile_reads_change_nothing, setup, teardown),
+      cmocka_unit_test(tp2_read_by_tp1_and_tp4_over_ucx),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
