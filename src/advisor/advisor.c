@@ -6,7 +6,7 @@
  * index: an entry carries a bitmask of the volumes holding the block, so
  * "the blocks volume v holds" is the entries with bit v, a block held in
  * two volumes (G2 and G3) costs one entry, and a GPU store finds in one
- * probe whether the block lives below (an onboard: a use). Entries are 40
+ * probe whether the block lives below (an onboard: a use). Entries are 64
  * bytes in an open-addressing table with linear probing and backward-shift
  * deletion (no tombstones to sweep), grown by doubling up to what
  * max_blocks needs. A prefix-family table (keyed by prefix_hash) keeps a
