@@ -554,11 +554,17 @@ int kvbm_fabric_layout_bridge_heads(const kvbm_layout *ours, const kvbm_layout *
   if (!ours->has_heads || !theirs->has_heads)
     return kvbm_error_set(err, KVBM_EINVAL, "fabric: bridge heads: %s layout carries no heads descriptor",
                           ours->has_heads ? "the peer's" : "our");
-  int rc = shape_agrees(ours, theirs, heads_how, err);
+  /* Re-check each descriptor against its layout (a caller may have edited
+   * the fields after attaching): the row offsets below rely on inner_dim ==
+   * held heads * head_dim on both sides. */
+  kvbm_layout copy = *ours;
+  int rc = kvbm_layout_attach_heads(&copy, &ours->heads, err);
+  copy = *theirs;
+  if (!rc) rc = kvbm_layout_attach_heads(&copy, &theirs->heads, err);
+  if (!rc) rc = shape_agrees(ours, theirs, heads_how, err);
   if (!rc) rc = model_agrees(&ours->heads, &theirs->heads, err);
   uint32_t first = 0, count = 0;
   if (!rc) rc = kvbm_layout_heads_local(&ours->heads, &first, &count, err);
-  if (!rc) rc = kvbm_layout_heads_validate(&theirs->heads, err);
   if (rc) return rc;
   size_t n = 0;
   kvbm_fabric_head_piece cur = {0};

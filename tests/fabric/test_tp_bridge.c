@@ -332,6 +332,13 @@ static void refusals_name_the_field(void **state) {
   assert_int_equal(kvbm_layout_attach_heads(&bare, NULL, NULL), KVBM_OK);
   expect_refused(&ours, &bare, KVBM_EINVAL, "peer");
   expect_refused(&bare, &ours, KVBM_EINVAL, "our");
+  /* A descriptor edited after attaching no longer matches its layout. */
+  kvbm_layout edited = ours;
+  edited.heads.tp_size = 2; /* would hold 2 heads: inner_dim 16, not 8 */
+  expect_refused(&edited, &w, KVBM_EINVAL, "inner_dim");
+  edited = w;
+  edited.config.inner_dim = 24;
+  expect_refused(&ours, &edited, KVBM_EINVAL, "inner_dim");
 }
 
 /* kvbm_fabric_layout_bridge (a layer-for-layer copy) keeps its meaning:
