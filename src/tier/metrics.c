@@ -278,7 +278,7 @@ static void failures(lw *c) {
                       "Blocks read back from a tier that failed verification, by cause: "
                       "checksum (slot header, checksum or frame BLAKE3), foreign (a value of "
                       "another namespace, key, layout or size), read (the read failed, timed "
-                      "out or came back short)");
+                      "out or came back short), auth (G4: not authenticated by the cluster key)");
   for (int t = 1; t < KVBM_TIER_COUNT; t++) {
     if (!s->tier[t].num_blocks) continue;
     kvbm_metric_label l[2] = {{"tier", kvbm_tier_name(t)}, {"cause", "checksum"}};
@@ -287,6 +287,8 @@ static void failures(lw *c) {
     kvbm_metrics_value_u64(w, l, 2, s->tier[t].foreign);
     l[1].value = "read";
     kvbm_metrics_value_u64(w, l, 2, s->tier[t].read_errors);
+    l[1].value = "auth";
+    kvbm_metrics_value_u64(w, l, 2, s->tier[t].auth_failures);
   }
   per_tier(c, "kvbm_copy_errors_total", "CUDA copies into or out of the tier that failed", true,
            g_copy_errors);

@@ -40,6 +40,7 @@
 
 #include "kvbm/frame.h"
 #include "kvbm/manager.h"
+#include "kvbm/metrics.h"
 #include "kvbm/volume.h"
 #include "tier_testutil.h"
 #include "volume/volume_testutil.h"
@@ -97,6 +98,19 @@ static served serve(const char *key, const uint32_t *p) {
   kvbm_mreq_destroy(r);
   kvbm_manager_flush(m);
   s.g4 = tu_stats(m, KVBM_TIER_G4);
+  /* the refusals are on the metrics endpoint too */
+  kvbm_metrics *reg;
+  assert_int_equal(kvbm_metrics_create(&reg, NULL), KVBM_OK);
+  assert_int_equal(kvbm_metrics_register(reg, kvbm_manager_metrics_collect, m, NULL, 0, NULL, NULL),
+                   KVBM_OK);
+  char *text, line[128];
+  size_t tl;
+  assert_int_equal(kvbm_metrics_render(reg, &text, &tl, NULL), KVBM_OK);
+  snprintf(line, sizeof line, "kvbm_verify_failures_total{cause=\"auth\",tier=\"G4\"} %llu\n",
+           (unsigned long long)s.g4.auth_failures);
+  assert_non_null(strstr(text, line));
+  kvbm_metrics_text_free(text);
+  kvbm_metrics_destroy(reg);
   kvbm_manager_destroy(m);
   return s;
 }
