@@ -25,6 +25,12 @@
  *
  * A kvbm_layout is a plain value: no allocation, copy it freely. Fill it with
  * kvbm_layout_init(), then treat its fields as read-only.
+ *
+ * Optionally a layout says which KV heads of which model its inner_dim holds
+ * (kvbm_layout_heads, attached with kvbm_layout_attach_heads()), so that a
+ * reader of another tensor-parallel size can take exactly its heads out of
+ * a block (kvbm_fabric_layout_bridge_heads, fabric.h). It travels in the
+ * serialized form (version 2) and changes no stride or fingerprint.
  */
 #ifndef KVBM_LAYOUT_H
 #define KVBM_LAYOUT_H
