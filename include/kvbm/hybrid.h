@@ -61,6 +61,9 @@ extern "C" {
 
 /* A table position a group does not hold (vLLM's null block). */
 #define KVBM_HSEQ_NULL UINT32_MAX
+/* kvbm_hseq_step's n_new for every known token not computed yet (the hit
+ * excluded on the first step) */
+#define KVBM_HSEQ_REST UINT64_MAX
 /* max_tokens is at most this (2^31: tables index with size_t, ids are u32) */
 #define KVBM_HSEQ_MAX_TOKENS (1u << 31)
 
@@ -104,7 +107,8 @@ KVBM_EXTERN int kvbm_hseq_append(kvbm_hseq *seq, const uint32_t *tokens, size_t 
 KVBM_EXTERN int kvbm_hseq_find_hit(kvbm_hseq *seq, uint64_t *hit_tokens, kvbm_error *err);
 
 /* One step of the scheduler: appends tokens[0..n_tokens) (as
- * kvbm_hseq_append; n_tokens may be 0) then computes n_new >= 1 more tokens,
+ * kvbm_hseq_append; n_tokens may be 0) then computes n_new >= 1 more tokens
+ * (KVBM_HSEQ_REST: all the known ones not computed yet),
  * from the hit on the first step (kvbm_hseq_find_hit, called here if the
  * engine did not), i.e. tokens [computed, computed + n_new), which must all
  * be known. See the file comment for what a step does. KVBM_EINVAL (with a

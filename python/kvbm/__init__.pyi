@@ -102,9 +102,14 @@ class Pool:
     scheme: str
     available: int
     closed: bool
+    groups: list[Tuple[str, Optional[int]]]  # [('full', None)] unless configured
     def __init__(self, num_blocks: int, block_size: int, *, scheme: str = "native",
-                 allow_duplicates: bool = False) -> None: ...
+                 allow_duplicates: bool = False,
+                 groups: Union[str, Sequence[Union[str, Tuple[str, Optional[int]]]], None] = None) -> None:
+        """groups: KV cache groups sharing the blocks, "full,sw:128" or [("full", None), ("sw", 128)]."""
     def sequence(self, salt_hash: Hash = 0, priority: int = 0) -> "Seq": ...
+    def hybrid_sequence(self, salt_hash: Hash = 0, *, max_tokens: Optional[int] = None) -> "HybridSequence":
+        """A request with a block table per group; buffers for max_tokens (default num_blocks * block_size)."""
     def run_request(self, prompt: Tokens, output: Tokens, salt_hash: Hash = 0) -> int:
         """W1's whole request (create, prefill, append output, destroy); returns hit tokens."""
     def blocks_needed(self, tokens: Tokens, salt_hash: Hash = 0) -> int:
@@ -116,6 +121,23 @@ class Pool:
     def close(self) -> None: ...
     def __enter__(self) -> "Pool": ...
     def __exit__(self, *exc: object) -> None: ...
+
+class HybridSequence:
+    block_tables: list[list[Optional[int]]]  # per group; None where the group holds nothing
+    hit_tokens: int
+    num_tokens: int
+    num_computed: int
+    destroyed: bool
+    def append(self, tokens: Tokens) -> None: ...
+    def find_hit(self) -> int:
+        """Before the first step: the prefix hit every group can serve (changes nothing)."""
+    def step(self, tokens: Tokens = ..., num_new: Optional[int] = None) -> None:
+        """Appends tokens, computes num_new more (None: all known); NoSpaceError changes nothing."""
+    def stats(self) -> dict[str, Any]: ...
+    def destroy(self) -> None: ...
+
+def groups_from_vllm(kv_cache_config: Any) -> list[Tuple[str, Optional[int]]]:
+    """vLLM's KVCacheConfig.kv_cache_groups as Pool(groups=...)'s list."""
 
 class Seq:
     block_table: list[int]

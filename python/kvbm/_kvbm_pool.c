@@ -15,6 +15,15 @@
  * its sequences. Pool.close() destroys the live sequences first (releasing
  * their blocks; their later use raises ClosedError), then the pool.
  *
+ * Hybrid models. Pool(..., groups="full,sw:128") (or a list of (kind,
+ * tokens) tuples, what kvbm.groups_from_vllm makes of vLLM's
+ * KVCacheConfig) makes a pool of KV cache groups (kvbm/group.h);
+ * Pool.hybrid_sequence() is one request with a block table per group
+ * (kvbm.HybridSequence over kvbm/hybrid.h). Its buffers are sized at
+ * creation for max_tokens (default: the pool's num_blocks * block_size, the
+ * most one group could hold), so its steps allocate nothing. A pool with
+ * groups still serves Seq and run_request in group 0.
+ *
  * Blocks needed. Pool.blocks_needed(tokens) answers, without changing
  * anything, how many available blocks (free + cached) a prefill of tokens
  * would take now: the blocks it cannot match, plus the matched ones that
@@ -27,15 +36,21 @@
 
 #include <string.h>
 
+#include "kvbm/group.h"
+#include "kvbm/hybrid.h"
 #include "kvbm/pool.h"
 #include "kvbm/sequence.h"
 
 typedef struct SeqObject SeqObject;
+typedef struct HSeqObject HSeqObject;
 
 typedef struct PoolObject {
   PyObject_HEAD
   kvbm_pool *pool;   /* NULL once closed */
   SeqObject *seqs;   /* live sequences (borrowed; each unlinks itself) */
+  HSeqObject *hseqs; /* live hybrid sequences (likewise) */
+  kvbm_group_spec groups[KVBM_GROUPS_MAX];
+  size_t ngroups;    /* 1 (full) unless configured with groups */
   uint32_t num_blocks, block_size;
   kvbm_hash_scheme scheme;
   kvbm_pool_stats final_st; /* as close() left it: what stats() answers then */
@@ -52,7 +67,14 @@ struct SeqObject {
   SeqObject *prev, *next;
 };
 
-static PyTypeObject PoolType, SeqType;
+struct HSeqObject {
+  PyObject_HEAD
+  PoolObject *pool;  /* strong */
+  kvbm_hseq *s;      /* NULL once destroyed */
+  HSeqObject *prev, *next;
+};
+
+static PyTypeObject PoolType, SeqType, HSeqType;
 
 static int pool_open(PoolObject *self) {
   if (!self->pool) {
@@ -92,20 +114,100 @@ static SeqObject *seq_alloc(void) {
 
 /* --------------------------------------------------------------- Pool */
 
+/* Pool(groups=...): a string ("full,sw:128") or a sequence whose items are
+ * a kind string or a (kind, tokens) pair (tokens an int, or None for full
+ * and mamba). The list goes to kvbm_groups_parse as text, so the C
+ * library's rules and messages (naming the item) apply to both forms; an
+ * item that cannot be written as text is refused here, naming its index. */
+static int groups_get(PyObject *o, kvbm_group_spec *out, size_t *n) {
+  kvbm_error err = {0};
+  if (PyUnicode_Check(o)) {
+    const char *text = PyUnicode_AsUTF8(o);
+    if (!text) return -1;
+    int rc = kvbm_groups_parse(text, out, KVBM_GROUPS_MAX, n, &err);
+    if (rc) kvbmpy_raise_kvbm(rc, &err, "Pool");
+    return rc ? -1 : 0;
+  }
+  PyObject *seq = PySequence_Fast(o, "Pool: groups is a string or a list of (kind, tokens)");
+  if (!seq) {
+    PyErr_Clear();
+    kvbmpy_raise(KVBM_EINVAL, "Pool: groups is a string or a list of (kind, tokens), not %s",
+                 Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+  if (count > KVBM_GROUPS_MAX) {
+    Py_DECREF(seq);
+    kvbmpy_raise(KVBM_EINVAL, "Pool: groups: more than %d groups", KVBM_GROUPS_MAX);
+    return -1;
+  }
+  char text[KVBM_GROUPS_MAX * 48 + 1];
+  size_t len = 0;
+  int bad = 0;
+  for (Py_ssize_t i = 0; i < count && !bad; i++) {
+    PyObject *item = PySequence_Fast_GET_ITEM(seq, i), *ko = item, *to = Py_None;
+    if (PyTuple_Check(item) || PyList_Check(item)) {
+      Py_ssize_t k = PySequence_Size(item);
+      if (k < 1 || k > 2) {
+        kvbmpy_raise(KVBM_EINVAL, "Pool: groups item %zd: a (kind, tokens) pair, not %zd values", i, k);
+        bad = 1;
+        break;
+      }
+      ko = PySequence_Fast_GET_ITEM(item, 0); /* a tuple or list: no new reference */
+      to = k == 2 ? PySequence_Fast_GET_ITEM(item, 1) : Py_None;
+    }
+    const char *kind = PyUnicode_Check(ko) ? PyUnicode_AsUTF8(ko) : NULL;
+    if (!kind || !*kind || strlen(kind) > 24 || strpbrk(kind, ",: ")) {
+      PyErr_Clear();
+      kvbmpy_raise(KVBM_EINVAL, "Pool: groups item %zd: kind '%.40s' is not a kind name (full, sw, chunk, mamba, mamba-align)",
+                   i, kind ? kind : Py_TYPE(ko)->tp_name);
+      bad = 1;
+      break;
+    }
+    len += (size_t)snprintf(text + len, sizeof text - len, "%s%s", i ? "," : "", kind);
+    if (to != Py_None) {
+      long long t = PyLong_Check(to) && !PyBool_Check(to) ? PyLong_AsLongLong(to) : -1;
+      if (t < 0 || t > (long long)KVBM_GROUP_MAX_TOKENS) {
+        PyErr_Clear();
+        kvbmpy_raise(KVBM_EINVAL, "Pool: groups item %zd (%s): tokens must be an int in [1, 2^30] or None (got %s %lld)",
+                     i, kind, Py_TYPE(to)->tp_name, t);
+        bad = 1;
+        break;
+      }
+      len += (size_t)snprintf(text + len, sizeof text - len, ":%lld", t);
+    }
+  }
+  Py_DECREF(seq);
+  if (bad) return -1;
+  text[len] = 0;
+  int rc = kvbm_groups_parse(text, out, KVBM_GROUPS_MAX, n, &err);
+  if (rc) kvbmpy_raise_kvbm(rc, &err, "Pool");
+  return rc ? -1 : 0;
+}
+
 static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"num_blocks", "block_size", "scheme", "allow_duplicates", NULL};
-  PyObject *nbo, *bso, *so = NULL;
+  static char *kwlist[] = {"num_blocks", "block_size", "scheme", "allow_duplicates", "groups", NULL};
+  PyObject *nbo, *bso, *so = NULL, *go = NULL;
   int dup = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$Op:Pool", kwlist, &nbo, &bso, &so, &dup))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$OpO:Pool", kwlist, &nbo, &bso, &so, &dup, &go))
     return NULL;
   uint64_t nb, bs;
   kvbm_hash_scheme scheme = KVBM_HASH_NATIVE;
   if (kvbmpy_uint(nbo, "num_blocks", UINT32_MAX, &nb) ||
       kvbmpy_uint(bso, "block_size", UINT32_MAX, &bs) || (so && kvbmpy_scheme(so, &scheme)))
     return NULL;
+  kvbm_group_spec groups[KVBM_GROUPS_MAX] = {{KVBM_GROUP_FULL, 0}};
+  size_t ngroups = 1;
+  if (go && go != Py_None && groups_get(go, groups, &ngroups)) return NULL;
+  if (ngroups > nb)
+    return kvbmpy_raise(KVBM_EINVAL, "Pool: %zu groups cannot share %llu blocks: each needs at least one",
+                        ngroups, (unsigned long long)nb);
   PoolObject *self = (PoolObject *)type->tp_alloc(type, 0);
   if (!self) return NULL;
+  memcpy(self->groups, groups, sizeof groups);
+  self->ngroups = ngroups;
   kvbm_pool_config cfg = kvbm_pool_config_default((uint32_t)nb, (uint32_t)bs);
+  cfg.num_groups = go && go != Py_None ? (uint32_t)ngroups : 0;
   cfg.scheme = scheme;
   cfg.allow_duplicates = dup;
   cfg.keep_tokens = false; /* nobody reads them back through the binding */
@@ -127,6 +229,10 @@ static PyObject *pool_close(PoolObject *self, PyObject *unused) {
   for (SeqObject *s = self->seqs; s; s = s->next) {
     kvbm_seq_destroy(s->s);
     s->s = NULL;
+  }
+  for (HSeqObject *h = self->hseqs; h; h = h->next) {
+    kvbm_hseq_destroy(h->s);
+    h->s = NULL;
   }
   kvbm_pool_stats_get(self->pool, &self->final_st); /* the sequences' releases counted */
   self->final_ok = true;
@@ -341,7 +447,68 @@ static PyObject *pool_get_closed(PoolObject *self, void *c) {
   return PyBool_FromLong(self->pool == NULL);
 }
 
+/* The CLI name of a kind ("sw"), the form Pool(groups=...) reads. */
+static const char *group_cli_name(kvbm_group_kind k) {
+  switch (k) {
+    case KVBM_GROUP_SLIDING_WINDOW: return "sw";
+    case KVBM_GROUP_CHUNKED_LOCAL: return "chunk";
+    case KVBM_GROUP_MAMBA: return "mamba";
+    case KVBM_GROUP_MAMBA_ALIGN: return "mamba-align";
+    default: return "full";
+  }
+}
+
+static PyObject *pool_get_groups(PoolObject *self, void *c) {
+  (void)c;
+  PyObject *l = PyList_New((Py_ssize_t)self->ngroups);
+  for (size_t i = 0; l && i < self->ngroups; i++) {
+    const kvbm_group_spec *g = &self->groups[i];
+    bool param = g->kind == KVBM_GROUP_SLIDING_WINDOW || g->kind == KVBM_GROUP_CHUNKED_LOCAL;
+    PyObject *t = param ? Py_BuildValue("(sI)", group_cli_name(g->kind), g->tokens)
+                        : Py_BuildValue("(sO)", group_cli_name(g->kind), Py_None);
+    if (!t) {
+      Py_DECREF(l);
+      return NULL;
+    }
+    PyList_SET_ITEM(l, (Py_ssize_t)i, t);
+  }
+  return l;
+}
+
+static PyObject *pool_hybrid_sequence(PoolObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"salt_hash", "max_tokens", NULL};
+  PyObject *so = NULL, *mo = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$O:hybrid_sequence", kwlist, &so, &mo)) return NULL;
+  uint64_t salt = 0, maxt = 0;
+  if ((so && kvbmpy_hash(so, "salt_hash", &salt)) ||
+      (mo && mo != Py_None && kvbmpy_uint(mo, "max_tokens", KVBM_HSEQ_MAX_TOKENS, &maxt)) || pool_open(self))
+    return NULL;
+  if (!mo || mo == Py_None) {
+    maxt = (uint64_t)self->num_blocks * self->block_size;
+    if (maxt > KVBM_HSEQ_MAX_TOKENS) maxt = KVBM_HSEQ_MAX_TOKENS;
+  }
+  HSeqObject *h = PyObject_New(HSeqObject, &HSeqType);
+  if (!h) return NULL;
+  h->s = NULL;
+  h->prev = h->next = NULL;
+  h->pool = (PoolObject *)Py_NewRef(self);
+  kvbm_error err = {0};
+  int rc = kvbm_hseq_create(self->pool, self->groups, self->ngroups, salt, (size_t)maxt, &h->s, &err);
+  if (rc) {
+    Py_DECREF(h);
+    return kvbmpy_raise_kvbm(rc, &err, "Pool.hybrid_sequence");
+  }
+  h->next = self->hseqs;
+  if (self->hseqs) self->hseqs->prev = h;
+  self->hseqs = h;
+  return (PyObject *)h;
+}
+
 static PyMethodDef pool_methods[] = {
+  {"hybrid_sequence", (PyCFunction)(void (*)(void))pool_hybrid_sequence, METH_VARARGS | METH_KEYWORDS,
+   "hybrid_sequence(salt_hash=0, *, max_tokens=None) -> HybridSequence\n\n"
+   "A request with a block table per KV cache group (Pool(groups=...)); its\n"
+   "buffers hold max_tokens tokens (default num_blocks * block_size)."},
   {"sequence", (PyCFunction)(void (*)(void))pool_sequence, METH_VARARGS | METH_KEYWORDS,
    "sequence(salt_hash=0, priority=0) -> Seq\n\nA new, empty request on this pool; its blocks are\n"
    "released at `priority` (0 = evicted first)."},
@@ -379,6 +546,8 @@ static PyGetSetDef pool_getset[] = {
   {"scheme", (getter)pool_get_scheme, NULL, "The hash scheme ('native' or 'dynamo').", NULL},
   {"available", (getter)pool_get_available, NULL, "Blocks an allocation could take now: free + cached.", NULL},
   {"closed", (getter)pool_get_closed, NULL, "Whether close() ran.", NULL},
+  {"groups", (getter)pool_get_groups, NULL,
+   "The KV cache groups, a list of (kind, tokens): [('full', None)] unless configured.", NULL},
   {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -388,7 +557,7 @@ static PyTypeObject PoolType = {
   .tp_basicsize = sizeof(PoolObject),
   .tp_dealloc = (destructor)pool_dealloc,
   .tp_flags = Py_TPFLAGS_DEFAULT,
-  .tp_doc = "Pool(num_blocks, block_size, *, scheme='native', allow_duplicates=False)\n\n"
+  .tp_doc = "Pool(num_blocks, block_size, *, scheme='native', allow_duplicates=False, groups=None)\n\n"
             "The blocks of one tier: registered blocks are shared by sequence hash,\n"
             "released ones stay cached until evicted (lowest priority, then least\n"
             "recently released). Calls keep the GIL, which makes a Pool safe to share\n"
@@ -588,10 +757,195 @@ static PyTypeObject SeqType = {
   .tp_getset = seq_getset,
 };
 
+/* ------------------------------------------------------ HybridSequence */
+
+static int hseq_ready(HSeqObject *self) {
+  if (!self->s) {
+    if (self->pool && !self->pool->pool) kvbmpy_raise(KVBM_ECLOSED, "HybridSequence: its Pool is closed");
+    else kvbmpy_raise(KVBM_ECLOSED, "HybridSequence is destroyed");
+    return -1;
+  }
+  return 0;
+}
+
+static void hseq_unlink(HSeqObject *h) {
+  if (!h->pool) return;
+  if (h->prev) h->prev->next = h->next;
+  else if (h->pool->hseqs == h) h->pool->hseqs = h->next;
+  if (h->next) h->next->prev = h->prev;
+  h->prev = h->next = NULL;
+}
+
+static PyObject *hseq_append(HSeqObject *self, PyObject *arg) {
+  kvbmpy_tokens t;
+  if (kvbmpy_tokens_get(arg, "tokens", &t) || hseq_ready(self)) {
+    kvbmpy_tokens_release(&t);
+    return NULL;
+  }
+  kvbm_error err = {0};
+  int rc = kvbm_hseq_append(self->s, t.data, t.n, &err);
+  kvbmpy_tokens_release(&t);
+  if (rc) return kvbmpy_raise_kvbm(rc, &err, "HybridSequence.append");
+  Py_RETURN_NONE;
+}
+
+static PyObject *hseq_find_hit(HSeqObject *self, PyObject *unused) {
+  (void)unused;
+  if (hseq_ready(self)) return NULL;
+  uint64_t hit = 0;
+  kvbm_error err = {0};
+  int rc = kvbm_hseq_find_hit(self->s, &hit, &err);
+  if (rc) return kvbmpy_raise_kvbm(rc, &err, "HybridSequence.find_hit");
+  return PyLong_FromUnsignedLongLong(hit);
+}
+
+static PyObject *hseq_step(HSeqObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"tokens", "num_new", NULL};
+  PyObject *to = NULL, *no = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|OO:step", kwlist, &to, &no)) return NULL;
+  uint64_t n_new = KVBM_HSEQ_REST;
+  if (no && no != Py_None && kvbmpy_uint(no, "num_new", UINT64_MAX - 1, &n_new)) return NULL;
+  kvbmpy_tokens t = {0};
+  if ((to && to != Py_None && kvbmpy_tokens_get(to, "tokens", &t)) || hseq_ready(self)) {
+    kvbmpy_tokens_release(&t);
+    return NULL;
+  }
+  kvbm_error err = {0};
+  int rc = kvbm_hseq_step(self->s, t.n ? t.data : NULL, t.n, n_new, &err);
+  kvbmpy_tokens_release(&t);
+  if (rc) return kvbmpy_raise_kvbm(rc, &err, "HybridSequence.step");
+  Py_RETURN_NONE;
+}
+
+static PyObject *hseq_stats(HSeqObject *self, PyObject *unused) {
+  (void)unused;
+  if (hseq_ready(self)) return NULL;
+  size_t n = kvbm_hseq_num_groups(self->s);
+  PyObject *l = PyList_New((Py_ssize_t)n);
+  for (uint32_t g = 0; l && g < n; g++) {
+    kvbm_hseq_group_stats st;
+    kvbm_hseq_group_stats_get(self->s, g, &st);
+    PyObject *d = PyDict_New();
+    if (!d || kvbmpy_dict_u64(d, "held", st.held) || kvbmpy_dict_u64(d, "peak_held", st.peak_held) ||
+        kvbmpy_dict_u64(d, "allocated", st.allocated)) {
+      Py_XDECREF(d);
+      Py_DECREF(l);
+      return NULL;
+    }
+    PyList_SET_ITEM(l, (Py_ssize_t)g, d);
+  }
+  if (!l) return NULL;
+  PyObject *d = PyDict_New();
+  if (!d || kvbmpy_dict_u64(d, "peak_held", kvbm_hseq_peak_held(self->s)) || kvbmpy_dict_obj(d, "groups", l)) {
+    Py_XDECREF(d);
+    return NULL;
+  }
+  return d;
+}
+
+static PyObject *hseq_destroy(HSeqObject *self, PyObject *unused) {
+  (void)unused;
+  kvbm_hseq_destroy(self->s);
+  self->s = NULL;
+  hseq_unlink(self);
+  Py_RETURN_NONE;
+}
+
+static void hseq_dealloc(HSeqObject *self) {
+  kvbm_hseq_destroy(self->s);
+  hseq_unlink(self);
+  Py_XDECREF(self->pool);
+  PyObject_Free(self);
+}
+
+static PyObject *hseq_get_block_tables(HSeqObject *self, void *c) {
+  (void)c;
+  if (hseq_ready(self)) return NULL;
+  size_t ng = kvbm_hseq_num_groups(self->s);
+  PyObject *out = PyList_New((Py_ssize_t)ng);
+  for (uint32_t g = 0; out && g < ng; g++) {
+    const uint32_t *ids;
+    size_t n;
+    kvbm_hseq_table(self->s, g, &ids, &n);
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; l && i < n; i++) {
+      PyObject *v = ids[i] == KVBM_HSEQ_NULL ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(ids[i]);
+      if (!v) Py_CLEAR(l);
+      else PyList_SET_ITEM(l, (Py_ssize_t)i, v);
+    }
+    if (!l) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, (Py_ssize_t)g, l);
+  }
+  return out;
+}
+
+static PyObject *hseq_get_hit_tokens(HSeqObject *self, void *c) {
+  (void)c;
+  if (hseq_ready(self)) return NULL;
+  return PyLong_FromUnsignedLongLong(kvbm_hseq_hit_tokens(self->s));
+}
+
+static PyObject *hseq_get_num_tokens(HSeqObject *self, void *c) {
+  (void)c;
+  if (hseq_ready(self)) return NULL;
+  return PyLong_FromUnsignedLongLong(kvbm_hseq_num_tokens(self->s));
+}
+
+static PyObject *hseq_get_num_computed(HSeqObject *self, void *c) {
+  (void)c;
+  if (hseq_ready(self)) return NULL;
+  return PyLong_FromUnsignedLongLong(kvbm_hseq_num_computed(self->s));
+}
+
+static PyObject *hseq_get_destroyed(HSeqObject *self, void *c) {
+  (void)c;
+  return PyBool_FromLong(self->s == NULL);
+}
+
+static PyMethodDef hseq_methods[] = {
+  {"append", (PyCFunction)hseq_append, METH_O,
+   "append(tokens): known tokens (the prompt), hashed; the pool is not touched."},
+  {"find_hit", (PyCFunction)hseq_find_hit, METH_NOARGS,
+   "find_hit() -> int: before the first step, the prefix hit every group can serve\n"
+   "(at most len - 1 tokens); the first step takes it. Changes nothing."},
+  {"step", (PyCFunction)(void (*)(void))hseq_step, METH_VARARGS | METH_KEYWORDS,
+   "step(tokens=(), num_new=None): appends tokens, then computes num_new more\n"
+   "(None: every known token not computed yet; from the hit on the first step).\n"
+   "Raises NoSpaceError (nothing changed) when the blocks do not fit."},
+  {"stats", (PyCFunction)hseq_stats, METH_NOARGS,
+   "stats() -> {'peak_held', 'groups': [{'held', 'peak_held', 'allocated'}]}"},
+  {"destroy", (PyCFunction)hseq_destroy, METH_NOARGS,
+   "destroy(): releases every block (group 0 first, each table tail first)."},
+  {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef hseq_getset[] = {
+  {"block_tables", (getter)hseq_get_block_tables, NULL,
+   "A list per group of block ids, None where the group holds nothing.", NULL},
+  {"hit_tokens", (getter)hseq_get_hit_tokens, NULL, "The prefix hit taken (or found), in tokens.", NULL},
+  {"num_tokens", (getter)hseq_get_num_tokens, NULL, "Tokens known.", NULL},
+  {"num_computed", (getter)hseq_get_num_computed, NULL, "Tokens computed (the hit included).", NULL},
+  {"destroyed", (getter)hseq_get_destroyed, NULL, "Whether destroy() (or the pool's close) ran.", NULL},
+  {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HSeqType = {
+  PyVarObject_HEAD_INIT(NULL, 0)
+  .tp_name = "kvbm.HybridSequence",
+  .tp_basicsize = sizeof(HSeqObject),
+  .tp_dealloc = (destructor)hseq_dealloc,
+  .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+  .tp_doc = "A request of a hybrid model: a block table per KV cache group (kvbm/hybrid.h).\n"
+            "Made by Pool.hybrid_sequence().",
+  .tp_methods = hseq_methods,
+  .tp_getset = hseq_getset,
+};
+
 int kvbmpy_pool_init(PyObject *m) {
-  if (PyType_Ready(&SeqType) < 0 || PyType_Ready(&PoolType) < 0) return -1;
+  if (PyType_Ready(&SeqType) < 0 || PyType_Ready(&PoolType) < 0 || PyType_Ready(&HSeqType) < 0) return -1;
   if (PyModule_AddObjectRef(m, "Pool", (PyObject *)&PoolType) < 0 ||
-      PyModule_AddObjectRef(m, "Seq", (PyObject *)&SeqType) < 0)
+      PyModule_AddObjectRef(m, "Seq", (PyObject *)&SeqType) < 0 ||
+      PyModule_AddObjectRef(m, "HybridSequence", (PyObject *)&HSeqType) < 0)
     return -1;
   return 0;
 }

@@ -561,6 +561,7 @@ static NOINLINE int step_checked(kvbm_hseq *s, const uint32_t *tokens, size_t n_
     if (!s->hit_found && s->ntok > 0) (void)kvbm_hseq_find_hit(s, NULL, NULL);
     s->computed = s->hit;
   }
+  if (n_new == KVBM_HSEQ_REST) n_new = s->ntok - s->computed;
   if (n_new == 0 || n_new > s->ntok - s->computed) {
     rc = kvbm_error_set(err, KVBM_EINVAL, "hseq: %llu new tokens, %llu known and not computed",
                         (unsigned long long)n_new, (unsigned long long)(s->ntok - s->computed));
