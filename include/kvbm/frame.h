@@ -202,9 +202,10 @@ KVBM_EXTERN int kvbm_frame_encode_keyed(const uint8_t *key, kvbm_frame_phase pha
                                         size_t cap, size_t *out_len, kvbm_error *err);
 
 /* kvbm_frame_verify_body for a reader holding `key` (NULL: none): the
- * length check, then the kind (KVBM_EAUTH when the frame is not of the
- * reader's kind), then the MAC (KVBM_EAUTH) or the plain checksum
- * (KVBM_ECHECKSUM). */
+ * kind (KVBM_EAUTH when the frame is not of the reader's kind), then the
+ * length check, then the MAC (KVBM_EAUTH) or the plain checksum
+ * (KVBM_ECHECKSUM). The unkeyed calls (verify_body, check_sum, decode,
+ * verifier_init) refuse keyed and sealed frames the same way. */
 KVBM_EXTERN int kvbm_frame_verify_body_keyed(const kvbm_frame_header *hdr, const uint8_t *key,
                                              const void *body, size_t body_len,
                                              kvbm_error *err);

@@ -147,9 +147,9 @@ int kvbm_block_msg_decode_keyed(const uint8_t *key, const uint8_t *buf, size_t l
                             len - off - 8 - KVBM_FRAME_HEADER_LEN);
     block_id = kvbm__get_le64(buf + off);
     rc = kvbm_frame_parse_header(buf + off + 8, KVBM_FRAME_HEADER_LEN, max_body, &hdr, err);
-    if (!rc && (hdr.version == KVBM_FRAME_VERSION_KEYED) != (key != NULL))
-      rc = kvbm_error_set(err, KVBM_EAUTH, "block message: a %s placed header, and this receiver %s",
-                          key ? "unkeyed" : "keyed", key ? "accepts keyed frames only" : "holds no key");
+    if (!rc && hdr.version != (key ? KVBM_FRAME_VERSION_KEYED : KVBM_FRAME_VERSION))
+      rc = kvbm_error_set(err, KVBM_EAUTH, "block message: a placed header of frame version %u, and this "
+                          "receiver %s", hdr.version, key ? "accepts keyed frames (2) only" : "holds no key");
   } else {
     rc = kvbm_frame_decode_keyed(key, buf + off, len - off, max_body, &hdr, &body, err);
   }

@@ -333,8 +333,10 @@ int kvbm_frame_verify_body_keyed(const kvbm_frame_header *hdr, const uint8_t *ke
                                  const void *body, size_t body_len, kvbm_error *err) {
   if (!hdr || (!body && body_len > 0))
     return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or body");
-  int rc = check_len(hdr, body_len, err);
-  if (!rc) rc = check_kind(hdr, key != NULL, err);
+  /* The kind first, as the streaming verifier (which learns the length
+   * last) does: both give the same status for the same bytes. */
+  int rc = check_kind(hdr, key != NULL, err);
+  if (!rc) rc = check_len(hdr, body_len, err);
   if (rc) return rc;
   uint8_t sum[KVBM_FRAME_CHECKSUM_LEN];
   body_sum(key, body, body_len, sum);
@@ -346,8 +348,8 @@ int kvbm_frame_check_sum(const kvbm_frame_header *hdr, size_t body_len,
                          kvbm_error *err) {
   if (!hdr || !sum)
     return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or checksum");
-  int rc = check_len(hdr, body_len, err);
-  if (!rc) rc = check_kind(hdr, false, err);
+  int rc = check_kind(hdr, false, err);
+  if (!rc) rc = check_len(hdr, body_len, err);
   return rc ? rc : check_sum(hdr, sum, err);
 }
 
@@ -355,8 +357,8 @@ int kvbm_frame_check_mac(const kvbm_frame_header *hdr, size_t body_len,
                          const uint8_t mac[KVBM_FRAME_CHECKSUM_LEN], kvbm_error *err) {
   if (!hdr || !mac)
     return kvbm_error_set(err, KVBM_EINVAL, "frame: NULL header or MAC");
-  int rc = check_len(hdr, body_len, err);
-  if (!rc) rc = check_kind(hdr, true, err);
+  int rc = check_kind(hdr, true, err);
+  if (!rc) rc = check_len(hdr, body_len, err);
   return rc ? rc : check_sum(hdr, mac, err);
 }
 
