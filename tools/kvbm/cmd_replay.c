@@ -18,19 +18,7 @@
 
 const char kvbm_cmd_replay_help[] = "replay a request trace through the block manager (W1, W1-hybrid)";
 
-static void usage(FILE *f) {
-  replay_cli_usage(f);
-  fprintf(f,
-          "W1-hybrid (a hybrid model's KV cache groups over one pool of --capacity blocks,\n"
-          "as vLLM's KVCacheManager runs them; docs/areas/hybrid.md):\n"
-          "  --groups LIST      comma list of full, sw:W (sliding window of W tokens),\n"
-          "                     chunk:C (chunked local attention), mamba (vLLM's \"all\" mode),\n"
-          "                     mamba-align (\"align\" mode); e.g. full,sw:128\n"
-          "  --max-num-batched-tokens N\n"
-          "                     prefill in chunks of at most N tokens (default: one step)\n"
-          "  With --groups only W1's flags apply (--block-size, --capacity, --limit, --hash,\n"
-          "  --json, --no-progress).\n");
-}
+static void usage(FILE *f) { replay_cli_usage(f); }
 
 /* ---- W1-hybrid ---------------------------------------------------------------- */
 

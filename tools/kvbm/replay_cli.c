@@ -58,6 +58,7 @@ void replay_cli_usage(FILE *f) {
           "                    [--g4 URL] [--g4-blocks N] [--g4-policy P] [--g4-lookup-ms MS]\n"
           "                    [--g4-key-file PATH]\n"
           "                    [--model-id ID]]\n"
+          "                   [--groups LIST [--max-num-batched-tokens N]]\n"
           "                   [--metrics-port N [--metrics-host 0.0.0.0]\n"
           "                    [--metrics-port-file PATH] [--hold]] [--plot FILE.svg]\n"
           "TRACE is Mooncake JSON lines, plain or .gz; default: the bundled\n"
@@ -82,6 +83,15 @@ void replay_cli_usage(FILE *f) {
           "  --g4-key-file PATH G4's cluster key: values are MACed with it, others refused\n"
           "                     (or $KVBM_G4_KEY_FILE; 16..4096 bytes, chmod 600)\n"
           "  --model-id ID      the model part of G4's key namespace (default \"default\")\n"
+          "W1-hybrid (a hybrid model's KV cache groups over one pool of --capacity blocks,\n"
+          "as vLLM's KVCacheManager runs them; docs/areas/hybrid.md):\n"
+          "  --groups LIST      comma list of full, sw:W (sliding window of W tokens),\n"
+          "                     chunk:C (chunked local attention), mamba (vLLM's \"all\" mode),\n"
+          "                     mamba-align (\"align\" mode); e.g. full,sw:128\n"
+          "  --max-num-batched-tokens N\n"
+          "                     prefill in chunks of at most N tokens (default: one step)\n"
+          "  With --groups only W1's flags apply (--block-size, --capacity, --limit, --hash,\n"
+          "  --json, --no-progress).\n"
           "Watching a run:\n",
           KVBM_DEFAULT_TRACE);
   metrics_cli_usage(f);
