@@ -160,6 +160,8 @@ typedef struct worker {
   _Atomic uint32_t ngroups; /* 0: none known, one full group */
   _Atomic uint64_t gspec[KVBM_GROUPS_MAX];
   bool gfixed;              /* configured: not learned, not grown */
+  uint32_t glearned;        /* groups whose kind an event described: later
+                               kinds of them are not read again */
   uint32_t gused;           /* 1 + the highest group it stored a block in */
 } worker;
 
@@ -929,6 +931,7 @@ static void forget_all(kvbm_index *idx, uint32_t wi) {
   publish_closed(w);
   kvbm__wmap_clear(&w->map);
   w->nmapped = 0;
+  w->glearned = 0; /* a restarted engine may serve another model */
 }
 
 /* ------------------------------------------------------------ public */
@@ -1093,11 +1096,6 @@ HOT int check_event(const kvbm_index *idx, const kvbm_event *ev, kvbm_error *err
       if (ev->num_block_hashes && !ev->block_hashes)
         return kvbm_error_set(err, KVBM_EINVAL, "router index: %s without its hashes",
                               kvbm_event_type_name(ev->type));
-      if (ev->has_group_idx && (ev->group_idx < 0 || ev->group_idx >= KVBM_GROUPS_MAX)) {
-        bump(&((kvbm_index *)idx)->c.bad_groups, 1);
-        return kvbm_error_set(err, KVBM_EINVAL, "router index: group_idx %lld is not in 0..%d",
-                              (long long)ev->group_idx, KVBM_GROUPS_MAX - 1);
-      }
       break;
     case KVBM_EVENT_CLEARED:
       return KVBM_OK;
@@ -1247,6 +1245,7 @@ static int groups_check(const kvbm_group_spec *gs, size_t n, kvbm_error *err) {
 static void groups_init(kvbm_index *idx, worker *w) {
   w->gfixed = idx->cfg.num_groups != 0;
   w->gused = 0;
+  w->glearned = 0;
   for (size_t g = 0; g < KVBM_GROUPS_MAX; g++) ST(&w->gspec[g], 0);
   STR(&w->ngroups, 0);
   STR(&w->hybrid, 0);
@@ -1296,8 +1295,10 @@ static bool event_spec(const kvbm_event *ev, kvbm_group_spec *out) {
  * that names its kind. Both Mamba modes match the same way. */
 static void group_learn(kvbm_index *idx, uint32_t s, uint32_t g, const kvbm_event *ev) {
   kvbm_group_spec sp;
-  if (!event_spec(ev, &sp)) return;
   worker *w = &idx->w[s];
+  if (w->glearned >> g & 1) return;
+  w->glearned |= 1u << g; /* once per group: the kind is on every store */
+  if (!event_spec(ev, &sp)) return;
   kvbm_group_spec gs[KVBM_GROUPS_MAX];
   size_t n = groups_read(w, gs);
   kvbm_group_spec old = gs[g];
@@ -1316,7 +1317,8 @@ static void group_learn(kvbm_index *idx, uint32_t s, uint32_t g, const kvbm_even
  * as apply_stored and the REMOVED case, with every key in g's space
  * (gkey): engine hashes too, so the writer's map keeps two groups' copies
  * of one hash apart. Not the hot path of single-group workers. */
-static int apply_grouped(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_error *err) {
+__attribute__((noinline, cold)) static int apply_grouped(kvbm_index *idx, uint32_t s,
+                                                      const kvbm_event *ev, kvbm_error *err) {
   int64_t gi = ev->has_group_idx ? ev->group_idx : 0;
   int rc = group_take(idx, s, gi, err);
   if (rc) return rc;
@@ -1378,10 +1380,12 @@ done:
 HOT int apply_one(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_error *err) {
   int rc = check_event(idx, ev, err);
   if (rc) return rc;
-  /* a group other than 0, or a kind to learn: the grouped path (one test
-   * of two fields for single-group events) */
-  if (__builtin_expect((ev->has_group_idx && ev->group_idx != 0) || ev->kv_cache_spec_kind, 0) &&
-      ev->type != KVBM_EVENT_CLEARED)
+  /* a group other than 0 (or out of range), or a group-0 kind not read
+   * yet: the grouped path. A single-group worker's events (group 0, their
+   * kind read once) stay on this one, for one test. */
+  int64_t g = ev->has_group_idx ? ev->group_idx : 0;
+  if (__builtin_expect(g != 0 || ev->kv_cache_spec_kind != NULL, 0) &&
+      ev->type != KVBM_EVENT_CLEARED && (g != 0 || !(idx->w[s].glearned & 1)))
     return apply_grouped(idx, s, ev, err);
   switch (ev->type) {
     case KVBM_EVENT_STORED:
@@ -1408,6 +1412,12 @@ int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
   if (!idx || !ev) return kvbm_error_set(err, KVBM_EINVAL, "router index: NULL argument");
   int rc = check_event(idx, ev, err); /* before the worker is added */
   if (rc) return rc;
+  if (ev->type != KVBM_EVENT_CLEARED && ev->has_group_idx &&
+      (ev->group_idx < 0 || ev->group_idx >= KVBM_GROUPS_MAX)) {
+    bump(&idx->c.bad_groups, 1);
+    return kvbm_error_set(err, KVBM_EINVAL, "router index: group_idx %lld is not in 0..%d",
+                          (long long)ev->group_idx, KVBM_GROUPS_MAX - 1);
+  }
   uint32_t s;
   if ((rc = kvbm_index_add_worker(idx, worker, &s, err))) return rc;
   if (!check_id(idx, s, id)) return KVBM_OK;
@@ -1492,6 +1502,7 @@ int kvbm_index_worker_groups_set(kvbm_index *idx, kvbm_worker_key key,
   for (size_t g = n; g < KVBM_GROUPS_MAX; g++) ST(&w->gspec[g], 0);
   groups_publish(w, specs, n);
   w->gfixed = true;
+  w->glearned = 0; /* the events' kinds are checked against it, once each */
   return KVBM_OK;
 }
 

@@ -267,6 +267,16 @@ static void test_hostile(void **state) {
   assert_int_equal(stt.entries, 0);
   assert_int_equal(kvbm_index_store_group(idx, slot_of(idx, 9), KVBM_TIER_G1, 2, H, 1),
                    KVBM_EINVAL);
+  /* through the wire and a batch: negative and too large */
+  int64_t wbad[] = {-1, 16, 1 << 20};
+  for (size_t i = 0; i < 3; i++) {
+    e = st(0, 4, wbad[i], NULL, 0, KVBM_MEDIUM_GPU);
+    assert_int_equal(wire_apply(idx, 9, &e, 1, &err), KVBM_EINVAL);
+    assert_non_null(strstr(err.msg, "group_idx"));
+  }
+  kvbm_index_stats_get(idx, &stt);
+  assert_int_equal(stt.bad_groups, 11); /* and store_group's above */
+  assert_int_equal(stt.entries, 0);
   /* bad configured lists */
   kvbm_group_spec g[2] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 0}};
   assert_int_equal(kvbm_index_worker_groups_set(idx, (kvbm_worker_key){3, 0}, g, 2, &err),
