@@ -139,7 +139,10 @@ KVBM_EXTERN int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id,
                            const kvbm_event_batch *batch, kvbm_error *err);
 
 /* Stores / removes blocks directly (no ids, no translation): the hashes
- * are index keys. Used by approximate routing and tests. */
+ * are index keys. Used by approximate routing and tests. For a worker of
+ * several groups (see "Hybrid models") the blocks are stored in, and
+ * removed from, every group of its list: a routing decision stands for
+ * the whole request. */
 KVBM_EXTERN int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
                      const uint64_t *hashes, size_t n);
 KVBM_EXTERN int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,

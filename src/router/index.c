@@ -1452,6 +1452,12 @@ int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
     int rc = hold(idx, slot, tier, hashes[i], hashes[i], i ? hashes[i - 1] : 0, i > 0, false, 0);
     if (rc) return rc;
   }
+  /* a hybrid worker: the blocks stand for every group's (approximate
+   * routing records a whole request) */
+  for (uint32_t g = 1, ng = LD(&idx->w[slot].ngroups); g < ng; g++) {
+    int rc = kvbm_index_store_group(idx, slot, tier, g, hashes, n);
+    if (rc) return rc;
+  }
   return KVBM_OK;
 }
 
@@ -1460,6 +1466,8 @@ int kvbm_index_remove(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
   if (!idx || slot >= MAXW || !idx->w[slot].live || (unsigned)tier >= T || (n && !hashes))
     return KVBM_EINVAL;
   for (size_t i = 0; i < n; i++) unhold(idx, slot, tier, hashes[i]);
+  for (uint32_t g = 1, ng = LD(&idx->w[slot].ngroups); g < ng; g++)
+    kvbm_index_remove_group(idx, slot, tier, g, hashes, n);
   return KVBM_OK;
 }
 

@@ -178,6 +178,29 @@ static void test_window_and_mamba(void **state) {
   kvbm_index_destroy(idx);
 }
 
+/* Approximate routing on a hybrid index: a decision stands for every
+ * group's blocks, and its expiry removes them all. */
+static void test_approx(void **state) {
+  (void)state;
+  kvbm_index *idx = mk("full,sw:32,mamba", false);
+  kvbm_worker_key k = {1, 0};
+  uint32_t s;
+  assert_int_equal(kvbm_index_add_worker(idx, k, &s, NULL), KVBM_OK);
+  kvbm_approx_config ac = kvbm_approx_config_default();
+  ac.ttl_s = 10;
+  kvbm_approx *ap;
+  assert_int_equal(kvbm_approx_create(idx, &ac, &ap, NULL), KVBM_OK);
+  assert_int_equal(kvbm_approx_record(ap, s, H, 8, 1.0, NULL), KVBM_OK);
+  assert_int_equal(look(idx, 1, 8).prefix[0], 8);
+  assert_int_equal(kvbm_approx_expire(ap, 100.0), 1);
+  assert_int_equal(look(idx, 1, 8).prefix[3], 0);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.entries, 0);
+  kvbm_approx_destroy(ap);
+  kvbm_index_destroy(idx);
+}
+
 /* No configured list: the kinds on the wire make the worker hybrid; an
  * index of one full group behaves as before (group_idx 0 everywhere). */
 static void test_learned(void **state) {
@@ -453,6 +476,7 @@ int main(void) {
       cmocka_unit_test_setup(test_full_only_is_no_hit, setup),
       cmocka_unit_test_setup(test_window_and_mamba, setup),
       cmocka_unit_test_setup(test_learned, setup),
+      cmocka_unit_test_setup(test_approx, setup),
       cmocka_unit_test_setup(test_recompute, setup),
       cmocka_unit_test_setup(test_hostile, setup),
       cmocka_unit_test_setup(test_snapshot, setup),
