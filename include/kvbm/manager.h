@@ -562,6 +562,18 @@ KVBM_EXTERN const char *kvbm_manager_g3_mode(const kvbm_manager *m);
  * verified before any cache block is taken). The peer is otherwise
  * trusted: it proved the fabric's shared key.
  *
+ * What a peer holds (issue 23, docs/areas/peers.md). A block the peer
+ * acknowledged is remembered as held there for lease_ms from that answer,
+ * and no longer: after it block_location says local (not held) and an
+ * OutputCritical prefill does not drop a G1 copy for room on that word.
+ * The peer says what it stops holding: when a block it ingested from us
+ * leaves its G1 and G2 (evicted, reset, cleared), it sends a remove
+ * message and we forget it at once; its "not held" answer to a pull does
+ * the same; and when the link closes (peer gone, protocol error, detach)
+ * everything it said is forgotten. Removes are a version 2 protocol
+ * message: a version 1 peer is accepted but never told, and its word
+ * lives only as long as its lease.
+ *
  * Threads: as the rest of the manager. The fabric belongs to the caller,
  * who keeps it until kvbm_manager_detach (or destroy) returns; the manager
  * serialises its own use of it. */
@@ -586,6 +598,9 @@ typedef struct kvbm_peer_config {
                               answer: past it the oldest wait is dropped
                               (acks_forgotten) and its late answer refused
                               (acks_unexpected), never believed */
+  int32_t lease_ms;        /* how long the peer's word that it holds a
+                              block is believed (30000; 0: the default;
+                              at least 1): see "What a peer holds" */
 } kvbm_peer_config;
 
 KVBM_EXTERN kvbm_peer_config kvbm_peer_config_default(void);
@@ -669,6 +684,16 @@ typedef struct kvbm_peer_stats {
   uint64_t sent_hashed_bytes;     /* bytes the send path hashed (blocks with none kept) */
   uint64_t received_hashed_bytes; /* bytes hashed to check this peer's blocks */
   char last_refusal[KVBM_ERROR_MSG_MAX];          /* why the last refused block was */
+  /* What the peer holds (issue 23). */
+  uint32_t peer_version;     /* the peer's protocol version (1 or 2) */
+  uint64_t removes_sent;     /* blocks we told the peer we no longer hold */
+  uint64_t removes_all_sent; /* "forget everything" messages sent (a
+                                tier cleared, or more removes queued than
+                                bounded: the peer forgets more than needed) */
+  uint64_t forgotten_removed; /* remote entries dropped at the peer's word
+                                (remove message or "not held" answer) */
+  uint64_t forgotten_expired; /* ... whose lease ran out */
+  uint64_t forgotten_closed;  /* ... because the link closed */
 } kvbm_peer_stats;
 
 KVBM_EXTERN int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats *out);

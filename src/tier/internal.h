@@ -422,5 +422,8 @@ size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes,
  * eviction order (ThinkComplete ones lead: they were demoted). Returns how
  * many were dropped. Lock held. */
 size_t kvbm__disagg_make_room(kvbm_manager *m, size_t need);
+/* A G1 or G2 pool event (on_pool_event, m->mu held): a block the peers
+ * were told we hold and that left both tiers is queued for a remove. */
+void kvbm__disagg_block_gone(kvbm_manager *m, int tier, const kvbm_pool_event *ev);
 
 #endif /* KVBM_TIER_INTERNAL_H */

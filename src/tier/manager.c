@@ -113,6 +113,8 @@ static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) 
     const kvbm_mreq *r = ev->context; /* the registering request (NULL: none) */
     m->g1_owner[ev->block_id] = r ? r->serial : 0;
   }
+  /* Peers told that we hold the block are told that we no longer do. */
+  if (ev->kind != KVBM_POOL_STORED) kvbm__disagg_block_gone(m, tier, ev);
   if (m->cfg.storage_events && tier != KVBM_TIER_G1) storage_event(m, t, ev);
   if (m->cfg.listener[tier]) m->cfg.listener[tier](m->cfg.listener_user[tier], ev);
 }
