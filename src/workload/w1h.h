@@ -4,7 +4,9 @@
  * for a hybrid model, several KV cache groups (kvbm/group.h) over one pool of
  * `capacity` blocks, driven as vLLM's KVCacheManager drives its
  * single-type managers (docs/areas/hybrid.md states the rules; the Python
- * reference tests/workload/hybrid_ref.py is the oracle).
+ * reference tests/workload/hybrid_ref.py is the oracle). Each request is a
+ * library hybrid request (kvbm/hybrid.h), which holds the stepping rules;
+ * this is the scheduler around it.
  *
  * Per request: the prefix hit every group can serve (kvbm_groups_hit over
  * the prompt's first floor((L - 1) / B) blocks); the prompt in one step, or
