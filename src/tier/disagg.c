@@ -402,6 +402,9 @@ static bool tier_holds(kvbm_manager *m, int ti, uint64_t h) {
 
 void kvbm__disagg_block_gone(kvbm_manager *m, int tier, const kvbm_pool_event *ev) {
   if (!m->mu_ready || (tier != KVBM_TIER_G1 && tier != KVBM_TIER_G2) || ev->kind == KVBM_POOL_STORED) return;
+  /* No peer ever attached (attach sets hash_copies, never cleared): an
+   * eviction costs one relaxed load here, nothing more. */
+  if (!atomic_load_explicit(&m->t[KVBM_TIER_G2].hash_copies, memory_order_relaxed)) return;
   /* A block gone from one tier may still be in the other: a pull is
    * served from either (pin_block). The event's own pool is not called
    * back (kvbm_pool_listener's rule): it no longer holds the hash. */
