@@ -24,9 +24,10 @@ trap cleanup EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-export PYTHONPATH="${KVBM_BINARY_DIR:-build}/python${PYTHONPATH:+:$PYTHONPATH}"
-if ! /usr/bin/python3 -c 'import kvbm' 2>/dev/null; then
-  # The forger is the Python module; a build without it cannot run this.
+# The forger is the kvbm Python module: pyenv.sh preloads the sanitizer
+# runtime in an ASan build, and skips (77) a TSan one.
+. "$KVBM_SOURCE_DIR/tests/python/pyenv.sh"
+if ! kvbm_python -c 'import kvbm' 2>/dev/null; then
   echo "FAIL: the kvbm Python module is not importable from $PYTHONPATH"
   exit 1
 fi
@@ -77,7 +78,7 @@ for mode in plain keyed; do
   key=()
   [ "$mode" = keyed ] && key=(--g4-key-file "$tmp/key")
   "$KVBM_BIN" replay "${args[@]}" "${key[@]}" > "$tmp/$mode.1.json" || fail "$mode: first run"
-  n=$(/usr/bin/python3 "$tmp/forge.py" "$port") || fail "$mode: forging"
+  n=$(kvbm_python "$tmp/forge.py" "$port") || fail "$mode: forging"
   [ "${n:-0}" -gt 100 ] || fail "$mode: only ${n:-0} values forged"
   "$KVBM_BIN" replay "${args[@]}" "${key[@]}" > "$tmp/$mode.2.json" || fail "$mode: second run"
   onb=$(field "$tmp/$mode.2.json" 'd["tiers"]["g4"]["onboarded_blocks"]')
