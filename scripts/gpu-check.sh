@@ -64,7 +64,7 @@ ARCH=x86_64-linux-gnu
 # (read off `ldd` of libkvbm.so, the kvbm command and ucx_perftest on
 # Debian 12), pkgconf itself, and ucx_perftest (transfer-bench's peer).
 # Not carried: libc6, libgcc-s1, libstdc++6 (every machine has newer ones).
-PACKAGES="libxxhash-dev libmsgpack-dev libzmq3-dev libnats-dev liburing-dev libucx-dev
+PACKAGES="libxxhash-dev libmsgpack-dev libzmq3-dev libnats-dev liburing-dev libucx-dev libsodium-dev
   libhiredis-dev libcmocka-dev zlib1g-dev pkgconf-bin libpkgconf3
   libxxhash0 libmsgpackc2 libzmq5 libnats3.4 liburing2 libucx0 libhiredis0.14 libcmocka0
   zlib1g libbsd0 libmd0 libcom-err2 libgssapi-krb5-2 libk5crypto3 libkeyutils1 libkrb5-3
