@@ -1291,14 +1291,16 @@ static bool event_spec(const kvbm_event *ev, kvbm_group_spec *out) {
   return true;
 }
 
-/* Learns (or, for a fixed list, checks) group g's spec from a BlockStored
- * that names its kind. Both Mamba modes match the same way. */
+/* Learns (or, for a fixed list, checks) group g's spec from its first
+ * BlockStored (since the worker's list was set or its blocks forgotten),
+ * when that names its kind. Both Mamba modes match the same way. */
 static void group_learn(kvbm_index *idx, uint32_t s, uint32_t g, const kvbm_event *ev) {
   kvbm_group_spec sp;
   worker *w = &idx->w[s];
   if (w->glearned >> g & 1) return;
-  w->glearned |= 1u << g; /* once per group: the kind is on every store */
-  if (!event_spec(ev, &sp)) return;
+  w->glearned |= 1u << g; /* a group's first BlockStored: vLLM puts the
+                             kind on every one, or on none */
+  if (!ev->kv_cache_spec_kind || !event_spec(ev, &sp)) return;
   kvbm_group_spec gs[KVBM_GROUPS_MAX];
   size_t n = groups_read(w, gs);
   kvbm_group_spec old = gs[g];
@@ -1313,7 +1315,19 @@ static void group_learn(kvbm_index *idx, uint32_t s, uint32_t g, const kvbm_even
   groups_publish(w, gs, n);
 }
 
-/* A STORED or REMOVED of group g != 0, or one naming its kind: the same
+/* Group 0's kind, from the first of events[0..n) that is a BlockStored of
+ * group 0, unless it was read already (once per worker, list and clear:
+ * a batch is scanned only until then). */
+static void learn0(kvbm_index *idx, uint32_t s, const kvbm_event *evs, size_t n) {
+  if (idx->w[s].glearned & 1) return;
+  for (size_t i = 0; i < n; i++)
+    if (evs[i].type == KVBM_EVENT_STORED && (!evs[i].has_group_idx || evs[i].group_idx == 0)) {
+      group_learn(idx, s, 0, &evs[i]);
+      return;
+    }
+}
+
+/* A STORED or REMOVED of group g != 0: the same
  * as apply_stored and the REMOVED case, with every key in g's space
  * (gkey): engine hashes too, so the writer's map keeps two groups' copies
  * of one hash apart. Not the hot path of single-group workers. */
@@ -1329,7 +1343,7 @@ __attribute__((noinline, cold)) static int apply_grouped(kvbm_index *idx, uint32
       unhold(idx, s, tier, gkey(ev->block_hashes[i], g));
     goto done;
   }
-  if (ev->kv_cache_spec_kind) group_learn(idx, s, g, ev);
+  group_learn(idx, s, g, ev);
   if (!idx->cfg.recompute) {
     /* the namespace: the event's, or its parent's in the same group */
     uint64_t ns = 0;
@@ -1380,12 +1394,13 @@ done:
 HOT int apply_one(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_error *err) {
   int rc = check_event(idx, ev, err);
   if (rc) return rc;
-  /* a group other than 0 (or out of range), or a group-0 kind not read
-   * yet: the grouped path. A single-group worker's events (group 0, their
-   * kind read once) stay on this one, for one test. */
+  /* a group other than 0 (or out of range): the grouped path. Group 0's
+   * kind is read before (learn0), so a single-group worker's events pay
+   * one test here, of fields on a line ev_tier reads anyway
+   * (kv_cache_spec_kind is a line further: reading it on every event cost
+   * a miss each, callgrind on W3). */
   int64_t g = ev->has_group_idx ? ev->group_idx : 0;
-  if (__builtin_expect(g != 0 || ev->kv_cache_spec_kind != NULL, 0) &&
-      ev->type != KVBM_EVENT_CLEARED && (g != 0 || !(idx->w[s].glearned & 1)))
+  if (__builtin_expect(g != 0, 0) && ev->type != KVBM_EVENT_CLEARED)
     return apply_grouped(idx, s, ev, err);
   switch (ev->type) {
     case KVBM_EVENT_STORED:
@@ -1421,6 +1436,7 @@ int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
   uint32_t s;
   if ((rc = kvbm_index_add_worker(idx, worker, &s, err))) return rc;
   if (!check_id(idx, s, id)) return KVBM_OK;
+  learn0(idx, s, ev, 1);
   return apply_one(idx, s, ev, err);
 }
 
@@ -1434,6 +1450,7 @@ int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event
   int rc = kvbm_index_add_worker(idx, key, &s, err);
   if (rc) return rc;
   if (!check_id(idx, s, b->seq)) return KVBM_OK;
+  learn0(idx, s, b->events, b->num_events);
   for (size_t i = 0; i < EV_AHEAD && i < b->num_events; i++)
     prefetch_event(idx, s, &b->events[i]);
   for (size_t i = 0; i < b->num_events; i++) {
