@@ -12,10 +12,15 @@
  * kinds; tiers; hostile group_idx refused and counted; snapshots keep
  * groups, refuse a hostile group byte and still load version 1; and a
  * randomized check of every tier's overlap against kvbm_groups_hit over
- * the same holdings kept in plain arrays.
+ * the same holdings kept in plain arrays; readers looking a hybrid worker
+ * up while the writer changes its groups and blocks (run under
+ * ThreadSanitizer too).
  */
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -471,6 +476,63 @@ static void test_random(void **state) {
   }
 }
 
+typedef struct rd {
+  kvbm_index *idx;
+  atomic_int stop;
+  _Atomic uint64_t lookups;
+  uint64_t bad;
+} rd;
+
+static void *reader(void *arg) {
+  rd *r = arg;
+  kvbm_overlap ov[MAXW];
+  while (!atomic_load(&r->stop)) {
+    uint64_t live;
+    kvbm_index_lookup(r->idx, H, 32, ov, &live);
+    for (int s = 0; s < MAXW; s++) {
+      const uint32_t *p = ov[s].prefix;
+      if (p[0] > p[1] || p[1] > p[2] || p[2] > p[3] || p[3] > 32) r->bad++;
+    }
+    atomic_fetch_add(&r->lookups, 1);
+  }
+  return NULL;
+}
+
+/* The writer stores and removes blocks of three groups, and changes the
+ * worker's list, while a reader looks up: every answer is well formed
+ * (tiers in order, within the request), no torn list. */
+static void test_concurrent(void **state) {
+  (void)state;
+  kvbm_index *idx = mk(NULL, false);
+  kvbm_worker_key k = {1, 0};
+  uint32_t s;
+  assert_int_equal(kvbm_index_add_worker(idx, k, &s, NULL), KVBM_OK);
+  rd r = {.idx = idx};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, reader, &r), 0);
+  while (!atomic_load(&r.lookups)) sched_yield(); /* the reader runs */
+  kvbm_group_spec a[3] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 48}, {KVBM_GROUP_MAMBA, 0}};
+  kvbm_group_spec b[3] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_CHUNKED_LOCAL, 64}, {KVBM_GROUP_FULL, 0}};
+  uint64_t seed = 7;
+  for (int i = 0; i < 3000; i++) {
+    uint32_t g = (uint32_t)(kvbm_router_rand(&seed) % 3);
+    size_t at = kvbm_router_rand(&seed) % 28, len = 1 + kvbm_router_rand(&seed) % 4;
+    kvbm_tier t = (kvbm_tier)(kvbm_router_rand(&seed) % KVBM_TIER_COUNT);
+    if (i % 500 == 0)
+      assert_int_equal(kvbm_index_worker_groups_set(idx, k, i % 1000 ? b : a, 3, NULL), KVBM_OK);
+    if (kvbm_router_rand(&seed) % 3)
+      assert_int_equal(kvbm_index_store_group(idx, s, t, g, H + at, len), KVBM_OK);
+    else
+      assert_int_equal(kvbm_index_remove_group(idx, s, t, g, H + at, len), KVBM_OK);
+  }
+  uint64_t seen = atomic_load(&r.lookups);
+  while (atomic_load(&r.lookups) < seen + 2) sched_yield(); /* and after the last change */
+  atomic_store(&r.stop, 1);
+  pthread_join(th, NULL);
+  assert_int_equal(r.bad, 0);
+  kvbm_index_destroy(idx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_full_only_is_no_hit, setup),
@@ -481,6 +543,7 @@ int main(void) {
       cmocka_unit_test_setup(test_hostile, setup),
       cmocka_unit_test_setup(test_snapshot, setup),
       cmocka_unit_test_setup(test_random, setup),
+      cmocka_unit_test_setup(test_concurrent, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
