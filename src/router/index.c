@@ -69,6 +69,13 @@
  * alternative; it would multiply tables (and the lookup's probes) by the
  * tenants a worker serves, where the mix costs one multiply per key.
  *
+ * Groups (hybrid models, issue 20). A worker may have several KV cache
+ * groups (full attention, sliding window, Mamba...): a block of group g
+ * is kept under gkey(key, g) in the same table (group 0: the key itself),
+ * and a hybrid worker's overlap is kvbm_groups_hit over its groups (see
+ * "Groups" below). A single-group worker pays one test of its events'
+ * group and nothing in lookups.
+ *
  * The writer's cost. An event of W3 is one block (a vLLM step's events
  * come ~1400 to a batch), so what an event costs is what a block costs:
  * two probes (the block's slot, its parent's, for the closure counts),
