@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "kvbm/event_codec.h"
+#include "kvbm/group.h"
 #include "kvbm/pool.h"
 #include "kvbm/status.h"
 #include "kvbm/tier.h"
@@ -546,7 +547,19 @@ KVBM_EXTERN void kvbm_relay_stats_get(const kvbm_relay *relay, kvbm_relay_stats 
  * BlockStored of one block (hash, parent, the block's tokens, the pool's
  * block size), every REMOVED a BlockRemoved, CLEARED an AllBlocksCleared,
  * all with this link's medium, in the pool's order. The caller owns the
- * link (it must outlive its use by the pool). */
+ * link (it must outlive its use by the pool).
+ *
+ * Groups (vLLM's KV cache groups, kvbm/group.h): in a pool of several
+ * groups (kvbm_pool_num_groups > 1), or once kvbm_pool_link_set_groups gave
+ * the link a list, every BlockStored and BlockRemoved carries the pool
+ * event's group as group_idx, as vLLM's do; a BlockStored also carries the
+ * group's kv_cache_spec_kind (kvbm_group_kind_name) and, for a sliding
+ * window, kv_cache_spec_sliding_window = W (vLLM sends a window for
+ * SlidingWindowSpec only, none for chunked local or Mamba). A BlockRemoved
+ * carries no kind (vLLM: "remove events only need group_idx + hash"). A
+ * pool event whose group has no spec in the list carries group_idx alone.
+ * A pool of one group with no list publishes no group at all: the bytes
+ * are those of kvbm before groups. */
 typedef struct kvbm_pool_link {
   kvbm_publisher *pub;
   kvbm_medium medium;
@@ -554,11 +567,27 @@ typedef struct kvbm_pool_link {
   uint64_t forwarded;       /* events the publisher took */
   uint64_t failed;          /* events it refused (dropped, closed, ...) */
   int last_status;          /* the last refusal's status */
+  uint32_t pool_groups;     /* kvbm_pool_num_groups at attach */
+  bool with_groups;         /* events carry group_idx (see above) */
+  uint32_t num_groups;      /* specs in groups[] (0: none given) */
+  kvbm_group_spec groups[KVBM_GROUPS_MAX];
 } kvbm_pool_link;
 
 /* Fills the link and installs it as the pool's listener. */
 KVBM_EXTERN int kvbm_pool_link_attach(kvbm_pool_link *link, kvbm_pool *pool, kvbm_publisher *pub,
                           kvbm_medium medium, kvbm_error *err);
+
+/* Gives the link its groups' specs (copied), index i describing the pool's
+ * group i; from then on every event carries group_idx, and BlockStored
+ * the spec (see above). n == 0 forgets them (a pool of one group goes back
+ * to no group at all). Call before the pool emits events the link must
+ * describe, on the pool's thread. KVBM_EINVAL, with a message naming the
+ * group, for a NULL link, groups NULL with n > 0, more than
+ * KVBM_GROUPS_MAX specs, an unknown kind, a sliding window or chunk of 0
+ * or above KVBM_GROUP_MAX_TOKENS, or tokens on a full or Mamba group; the
+ * link is unchanged then. */
+KVBM_EXTERN int kvbm_pool_link_set_groups(kvbm_pool_link *link, const kvbm_group_spec *groups,
+                                          size_t n, kvbm_error *err);
 
 /* The listener itself (user = a kvbm_pool_link*), for pools set up by hand. */
 KVBM_EXTERN void kvbm_pool_link_listener(void *user, const kvbm_pool_event *ev);

@@ -962,6 +962,199 @@ static void test_json_and_names(void **s) {
   assert_string_equal(kvbm_event_type_name(KVBM_EVENT_CLEARED), "AllBlocksCleared");
 }
 
+/* --- groups: the bytes vLLM writes (msgspec, omit_defaults): BlockStored
+ * [tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+ * medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
+ * kv_cache_spec_sliding_window] with the trailing defaults left off, and
+ * BlockRemoved [tag, block_hashes, medium, group_idx]; the map form has
+ * the same names in the same order, the defaults left out. */
+
+/* One BlockStored of hash 5, tokens {1, 2}, on the GPU, with `group`
+ * (-1: none), `kind` (NULL: none) and `window` (-1: none). */
+static void pk_stored_group(pk *k, bool map, int group, const char *kind, int window) {
+  if (map) {
+    msgpack_pack_map(&k->p, 8 + (group >= 0) + !!kind + (window >= 0));
+    pk_str(k, "type");
+  } else {
+    int n = 8;
+    if (group >= 0) n = 10;
+    if (kind) n = 11;
+    if (window >= 0) n = 12;
+    msgpack_pack_array(&k->p, (size_t)n);
+  }
+#define KEY(name) do { if (map) pk_str(k, name); } while (0)
+  pk_str(k, "BlockStored");
+  KEY("block_hashes");
+  msgpack_pack_array(&k->p, 1);
+  msgpack_pack_uint64(&k->p, 5);
+  KEY("parent_block_hash");
+  msgpack_pack_nil(&k->p);
+  KEY("token_ids");
+  msgpack_pack_array(&k->p, 2);
+  msgpack_pack_uint32(&k->p, 1);
+  msgpack_pack_uint32(&k->p, 2);
+  KEY("block_size");
+  msgpack_pack_uint32(&k->p, 2);
+  KEY("lora_id");
+  msgpack_pack_nil(&k->p);
+  KEY("medium");
+  pk_str(k, "GPU");
+  KEY("lora_name");
+  msgpack_pack_nil(&k->p);
+  if (!map && group >= 0) msgpack_pack_nil(&k->p); /* extra_keys */
+  if (group >= 0) { KEY("group_idx"); msgpack_pack_int(&k->p, group); }
+  if (kind) { KEY("kv_cache_spec_kind"); pk_str(k, kind); }
+  else if (!map && window >= 0) msgpack_pack_nil(&k->p);
+  if (window >= 0) { KEY("kv_cache_spec_sliding_window"); msgpack_pack_int(&k->p, window); }
+}
+
+static void pk_removed_group(pk *k, bool map, int group) {
+  if (map) msgpack_pack_map(&k->p, 3 + (group >= 0)), pk_str(k, "type");
+  else msgpack_pack_array(&k->p, 3 + (group >= 0));
+  pk_str(k, "BlockRemoved");
+  KEY("block_hashes");
+  msgpack_pack_array(&k->p, 1);
+  msgpack_pack_uint64(&k->p, 5);
+  KEY("medium");
+  pk_str(k, "GPU");
+  if (group >= 0) { KEY("group_idx"); msgpack_pack_int(&k->p, group); }
+#undef KEY
+}
+
+static void group_bytes(bool map) {
+  pk k;
+  pk_init(&k);
+  msgpack_pack_array(&k.p, 3);
+  msgpack_pack_double(&k.p, 1700000000.25);
+  msgpack_pack_array(&k.p, 5);
+  pk_stored_group(&k, map, -1, NULL, -1);              /* one group: as before */
+  pk_stored_group(&k, map, 0, "full_attention", -1);
+  pk_stored_group(&k, map, 1, "sliding_window", 128);
+  pk_removed_group(&k, map, -1);
+  pk_removed_group(&k, map, 1);
+  msgpack_pack_int(&k.p, 0);
+
+  const uint64_t h = 5;
+  const uint32_t t[2] = {1, 2};
+  kvbm_event st = {.type = KVBM_EVENT_STORED, .block_hashes = &h, .num_block_hashes = 1,
+                   .token_ids = t, .num_tokens = 2, .block_size = 2, .medium = KVBM_MEDIUM_GPU};
+  kvbm_event rm = {.type = KVBM_EVENT_REMOVED, .block_hashes = &h, .num_block_hashes = 1,
+                   .medium = KVBM_MEDIUM_GPU};
+  kvbm_event ev[5] = {st, st, st, rm, rm};
+  ev[1].has_group_idx = true;
+  ev[1].kv_cache_spec_kind = "full_attention";
+  ev[2].has_group_idx = true;
+  ev[2].group_idx = 1;
+  ev[2].kv_cache_spec_kind = "sliding_window";
+  ev[2].has_sliding_window = true;
+  ev[2].sliding_window = 128;
+  ev[4].has_group_idx = true;
+  ev[4].group_idx = 1;
+  kvbm_event_batch b = {.ts = 1700000000.25, .has_dp_rank = true, .events = ev, .num_events = 5};
+  kvbm_event_encoder_config cfg = {.form = map ? KVBM_FORM_MAP : KVBM_FORM_POSITIONAL};
+  kvbm_event_encoder *enc;
+  assert_int_equal(kvbm_event_encoder_create(&cfg, &enc, NULL), KVBM_OK);
+  const uint8_t *data;
+  size_t len;
+  assert_int_equal(kvbm_event_encode(enc, &b, &data, &len, NULL), KVBM_OK);
+  assert_int_equal(len, k.sb.size);
+  assert_memory_equal(data, k.sb.data, len);
+
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  kvbm_event_batch out;
+  assert_int_equal(kvbm_event_decode(dec, data, len, 0, &out, NULL), KVBM_OK);
+  assert_int_equal(out.num_events, 5);
+  for (size_t i = 0; i < 5; i++) {
+    const kvbm_event *e = &out.events[i];
+    assert_event_eq(e, &ev[i]);
+    assert_int_equal(e->has_group_idx, ev[i].has_group_idx);
+    assert_int_equal(e->group_idx, ev[i].group_idx);
+    if (ev[i].kv_cache_spec_kind) assert_string_equal(e->kv_cache_spec_kind, ev[i].kv_cache_spec_kind);
+    else assert_null(e->kv_cache_spec_kind);
+    assert_int_equal(e->has_sliding_window, ev[i].has_sliding_window);
+    assert_int_equal(e->sliding_window, ev[i].sliding_window);
+  }
+  kvbm_event_decoder_destroy(dec);
+  kvbm_event_encoder_destroy(enc);
+  msgpack_sbuffer_destroy(&k.sb);
+}
+
+static void test_group_fields_vllm_bytes(void **s) {
+  (void)s;
+  group_bytes(true);
+  group_bytes(false);
+}
+
+/* Hostile group_idx / window on the wire, as the decode contract says: a
+ * value outside int64 or of the wrong type costs its event only (counted
+ * in skipped, the reason naming the field); any int64 is carried as sent
+ * (-1 included: vLLM never sends one, and the consumers that index by it,
+ * such as the router, refuse it themselves). Both forms. */
+static void test_group_idx_hostile(void **s) {
+  (void)s;
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  for (int form = 0; form < 2; form++) {
+    bool map = form == 1;
+    pk k;
+    pk_init(&k);
+    msgpack_pack_array(&k.p, 2);
+    msgpack_pack_double(&k.p, 1.0);
+    msgpack_pack_array(&k.p, 5);
+    pk_removed_group(&k, map, -1);
+    /* group_idx -1 (BlockRemoved) */
+    if (map) msgpack_pack_map(&k.p, 4), pk_str(&k, "type");
+    else msgpack_pack_array(&k.p, 4);
+    pk_str(&k, "BlockRemoved");
+    if (map) pk_str(&k, "block_hashes");
+    msgpack_pack_array(&k.p, 1);
+    msgpack_pack_uint64(&k.p, 6);
+    if (map) pk_str(&k, "medium");
+    msgpack_pack_nil(&k.p);
+    if (map) pk_str(&k, "group_idx");
+    msgpack_pack_int64(&k.p, -1);
+    /* group_idx 2^64 - 1: outside int64 */
+    if (map) msgpack_pack_map(&k.p, 4), pk_str(&k, "type");
+    else msgpack_pack_array(&k.p, 4);
+    pk_str(&k, "BlockRemoved");
+    if (map) pk_str(&k, "block_hashes");
+    msgpack_pack_array(&k.p, 1);
+    msgpack_pack_uint64(&k.p, 7);
+    if (map) pk_str(&k, "medium");
+    msgpack_pack_nil(&k.p);
+    if (map) pk_str(&k, "group_idx");
+    msgpack_pack_uint64(&k.p, UINT64_MAX);
+    /* group_idx a string */
+    if (map) msgpack_pack_map(&k.p, 4), pk_str(&k, "type");
+    else msgpack_pack_array(&k.p, 4);
+    pk_str(&k, "BlockRemoved");
+    if (map) pk_str(&k, "block_hashes");
+    msgpack_pack_array(&k.p, 1);
+    msgpack_pack_uint64(&k.p, 8);
+    if (map) pk_str(&k, "medium");
+    msgpack_pack_nil(&k.p);
+    if (map) pk_str(&k, "group_idx");
+    pk_str(&k, "1");
+    /* and a good one after them: the bad ones cost only themselves */
+    pk_stored_group(&k, map, 1, "sliding_window", -1);
+    kvbm_event_batch b;
+    kvbm_error err;
+    int rc = decode_pk(&k, &b, &err, dec);
+    if (rc) fail_msg("%s", err.msg);
+    assert_int_equal(b.num_events, 3);
+    assert_int_equal(b.skipped, 2);
+    assert_non_null(strstr(kvbm_event_decoder_skip_reason(dec), "group_idx"));
+    assert_false(b.events[0].has_group_idx);
+    assert_true(b.events[1].has_group_idx && b.events[1].group_idx == -1);
+    assert_true(b.events[1].block_hashes[0] == 6);
+    assert_true(b.events[2].has_group_idx && b.events[2].group_idx == 1);
+    assert_string_equal(b.events[2].kv_cache_spec_kind, "sliding_window");
+    msgpack_sbuffer_destroy(&k.sb);
+  }
+  kvbm_event_decoder_destroy(dec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip_positional),
@@ -980,6 +1173,8 @@ int main(void) {
       cmocka_unit_test(test_encode_rejects),
       cmocka_unit_test(test_json_and_names),
       cmocka_unit_test(test_decoder_shrinks),
+      cmocka_unit_test(test_group_fields_vllm_bytes),
+      cmocka_unit_test(test_group_idx_hostile),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
