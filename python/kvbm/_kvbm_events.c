@@ -12,7 +12,10 @@
  * this one sends to kvbm's sinks: a ZMQ PUB (endpoint=, with an optional
  * replay ROUTER) and/or a NATS subject. Block hashes are accepted signed or
  * unsigned (Dynamo's Python API passes signed 64-bit ints) and always come
- * back unsigned.
+ * back unsigned. A hybrid model's events name their KV cache group as
+ * vLLM's do (group_idx=, kv_cache_spec_kind=, sliding_window= keywords;
+ * the decoded dicts carry group_idx always and kv_cache_spec_kind /
+ * kv_cache_spec_sliding_window when sent).
  *
  * Threads. The C publisher is thread-safe and has its own sender thread;
  * publish may wait for room in its queue, so it runs with the GIL released
@@ -80,6 +83,11 @@ PyObject *kvbmpy_event_to_dict(const kvbm_event *ev) {
           kvbmpy_dict_u64(d, "block_size", ev->block_size) ||
           kvbmpy_dict_obj(d, "lora_id", opt_i64(ev->has_lora_id, ev->lora_id)) ||
           kvbmpy_dict_obj(d, "lora_name", opt_str(ev->lora_name));
+    /* the group's spec only when sent (vLLM omits it for one group) */
+    if (!bad && ev->kv_cache_spec_kind)
+      bad = kvbmpy_dict_obj(d, "kv_cache_spec_kind", PyUnicode_FromString(ev->kv_cache_spec_kind));
+    if (!bad && ev->has_sliding_window)
+      bad = kvbmpy_dict_obj(d, "kv_cache_spec_sliding_window", PyLong_FromLongLong(ev->sliding_window));
   }
   if (!bad && ev->event_id) bad = kvbmpy_dict_u64(d, "event_id", ev->event_id);
   if (bad) Py_CLEAR(d);
@@ -174,6 +182,14 @@ int kvbmpy_event_from_dict(PyObject *d, kvbmpy_event *e) {
     ev->has_lora_id = true;
   }
   if ((o = dict_get(e, d, "lora_name")) && keep_str(e, o, "lora_name", &ev->lora_name)) return -1;
+  if ((o = dict_get(e, d, "kv_cache_spec_kind")) &&
+      keep_str(e, o, "kv_cache_spec_kind", &ev->kv_cache_spec_kind))
+    return -1;
+  if ((o = dict_get(e, d, "kv_cache_spec_sliding_window"))) {
+    if (kvbmpy_uint(o, "kv_cache_spec_sliding_window", INT64_MAX, &v)) return -1;
+    ev->sliding_window = (int64_t)v;
+    ev->has_sliding_window = true;
+  }
   return 0;
 }
 
@@ -445,12 +461,35 @@ static int pub_medium(PublisherObject *self, PyObject *o, kvbm_medium *m, const 
   return 0;
 }
 
+/* The group keywords of publish_stored / publish_removed (None: absent):
+ * group_idx and sliding_window 0..2^63-1, kv_cache_spec_kind a str (vLLM's
+ * names: "full_attention", "sliding_window", ...; the str must outlive the
+ * publish call, which copies it: the caller's argument does). */
+static int group_args(PyObject *grpo, PyObject *kindo, PyObject *wino, kvbm_event *ev) {
+  uint64_t v;
+  if (grpo != Py_None) {
+    if (kvbmpy_uint(grpo, "group_idx", INT64_MAX, &v)) return -1;
+    ev->group_idx = (int64_t)v;
+    ev->has_group_idx = true;
+  }
+  if (kindo && kindo != Py_None && kvbmpy_str(kindo, "kv_cache_spec_kind", &ev->kv_cache_spec_kind))
+    return -1;
+  if (wino && wino != Py_None) {
+    if (kvbmpy_uint(wino, "sliding_window", INT64_MAX, &v)) return -1;
+    ev->sliding_window = (int64_t)v;
+    ev->has_sliding_window = true;
+  }
+  return 0;
+}
+
 static PyObject *pub_publish_stored(PublisherObject *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"token_ids", "num_block_tokens", "block_hashes", "lora_id",
-                           "parent_hash", "medium", NULL};
+                           "parent_hash", "medium", "group_idx", "kv_cache_spec_kind",
+                           "sliding_window", NULL};
   PyObject *toko, *nbto, *bho, *lorao = Py_None, *parento = Py_None, *medo = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OO$O:publish_stored", kwlist, &toko, &nbto, &bho,
-                                   &lorao, &parento, &medo))
+  PyObject *grpo = Py_None, *kindo = Py_None, *wino = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OO$OOOO:publish_stored", kwlist, &toko, &nbto,
+                                   &bho, &lorao, &parento, &medo, &grpo, &kindo, &wino))
     return NULL;
   kvbm_event ev = {.type = KVBM_EVENT_STORED, .block_size = self->block_size};
   kvbmpy_tokens t;
@@ -461,7 +500,8 @@ static PyObject *pub_publish_stored(PublisherObject *self, PyObject *args, PyObj
   t.owned = NULL;
   if (kvbmpy_hashes(bho, "block_hashes", &hashes, &nh) ||
       kvbmpy_hashes(nbto, "num_block_tokens", &nbt, &nn) ||
-      kvbmpy_tokens_get(toko, "token_ids", &t) || pub_medium(self, medo, &ev.medium, &ev.medium_name, &keep))
+      kvbmpy_tokens_get(toko, "token_ids", &t) || pub_medium(self, medo, &ev.medium, &ev.medium_name, &keep) ||
+      group_args(grpo, kindo, wino, &ev))
     goto out;
   if (lorao != Py_None) {
     if (kvbmpy_hash(lorao, "lora_id", &v)) goto out;
@@ -502,13 +542,14 @@ out:
 }
 
 static PyObject *pub_publish_removed(PublisherObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"block_hashes", "medium", NULL};
-  PyObject *bho, *medo = NULL, *keep = NULL, *res = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O:publish_removed", kwlist, &bho, &medo)) return NULL;
+  static char *kwlist[] = {"block_hashes", "medium", "group_idx", NULL};
+  PyObject *bho, *medo = NULL, *grpo = Py_None, *keep = NULL, *res = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OO:publish_removed", kwlist, &bho, &medo, &grpo))
+    return NULL;
   kvbm_event ev = {.type = KVBM_EVENT_REMOVED};
   uint64_t *hashes = NULL;
   size_t nh = 0;
-  if (!kvbmpy_hashes(bho, "block_hashes", &hashes, &nh) &&
+  if (!group_args(grpo, NULL, NULL, &ev) && !kvbmpy_hashes(bho, "block_hashes", &hashes, &nh) &&
       !pub_medium(self, medo, &ev.medium, &ev.medium_name, &keep)) {
     ev.block_hashes = hashes;
     ev.num_block_hashes = nh;
@@ -643,12 +684,17 @@ static PyObject *pub_exit(PublisherObject *self, PyObject *args) {
 static PyMethodDef pub_methods[] = {
   {"publish_stored", (PyCFunction)(void (*)(void))pub_publish_stored, METH_VARARGS | METH_KEYWORDS,
    "publish_stored(token_ids, num_block_tokens, block_hashes, lora_id=None, parent_hash=None,\n"
-   "               *, medium=<the publisher's>) -> int\n\n"
+   "               *, medium=<the publisher's>, group_idx=None, kv_cache_spec_kind=None,\n"
+   "               sliding_window=None) -> int\n\n"
    "Publishes a BlockStored of len(block_hashes) blocks (sequence hashes, signed or\n"
    "unsigned 64-bit), each of kv_block_size tokens (num_block_tokens lists them, as\n"
-   "in Dynamo), whose token_ids are given in order. Returns the event id."},
+   "in Dynamo), whose token_ids are given in order. Returns the event id. A hybrid\n"
+   "model's event names its KV cache group as vLLM's do: group_idx, the group's\n"
+   "kv_cache_spec_kind (\"full_attention\", \"sliding_window\", ...) and its window\n"
+   "(kv_cache_spec_sliding_window on the wire)."},
   {"publish_removed", (PyCFunction)(void (*)(void))pub_publish_removed, METH_VARARGS | METH_KEYWORDS,
-   "publish_removed(block_hashes, *, medium=<the publisher's>) -> int\n\nPublishes a BlockRemoved."},
+   "publish_removed(block_hashes, *, medium=<the publisher's>, group_idx=None) -> int\n\n"
+   "Publishes a BlockRemoved (of KV cache group group_idx when given)."},
   {"publish_cleared", (PyCFunction)pub_publish_cleared, METH_NOARGS,
    "publish_cleared() -> int\n\nPublishes an AllBlocksCleared."},
   {"flush", (PyCFunction)(void (*)(void))pub_flush, METH_VARARGS | METH_KEYWORDS,

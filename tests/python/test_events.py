@@ -74,6 +74,77 @@ def test_published_events_arrive_as_sent(form):
     assert ev[3] == {"type": "AllBlocksCleared"}
 
 
+
+def replay_payloads(pub, n):
+    """The first n payloads as bytes, read through the replay socket as
+    vLLM's subscribers ask for them (a DEALER sends the start seq)."""
+    ctx = zmq.Context.instance()
+    d = ctx.socket(zmq.DEALER)
+    d.connect(pub.replay_endpoint)
+    try:
+        d.send_multipart([b"", struct.pack(">q", 0)])
+        out = []
+        while True:
+            assert d.poll(int(DEADLINE * 1000)), "no replay answer"
+            frames = d.recv_multipart()
+            seq = struct.unpack(">q", frames[-2])[0]
+            if seq < 0:
+                break
+            out.append(frames[-1])
+        assert len(out) >= n
+        return out[:n]
+    finally:
+        d.close(0)
+
+
+@pytest.mark.parametrize("form", ["positional", "map"])
+def test_group_fields_as_vllm_sends_them(form):
+    """Hybrid models: BlockStored carries group_idx, kv_cache_spec_kind and
+    kv_cache_spec_sliding_window, BlockRemoved group_idx, in vLLM's order
+    (positional: indices 9, 10, 11 and 3; trailing absent fields left off),
+    and a one-group event has none of them on the wire."""
+    toks = np.arange(B, dtype=np.uint32)
+    h = kvbm.block_hashes(toks, B)
+    with publisher(form=form, max_batch_events=1) as pub:
+        pub.publish_stored(toks, [B], h, group_idx=1, kv_cache_spec_kind="sliding_window",
+                           sliding_window=128)
+        pub.publish_stored(toks, [B], h, group_idx=0, kv_cache_spec_kind="full_attention")
+        pub.publish_removed(h, group_idx=1)
+        pub.publish_stored(toks, [B], h)
+        pub.flush(timeout=10)
+        with late_subscriber(pub) as sub:
+            ev = recv_events(sub, 4)
+        raw = [msgpack.unpackb(p, raw=False, strict_map_key=False)[1][0]
+               for p in replay_payloads(pub, 4)]
+    assert (ev[0]["group_idx"], ev[0]["kv_cache_spec_kind"], ev[0]["kv_cache_spec_sliding_window"]) \
+        == (1, "sliding_window", 128)
+    assert ev[1]["group_idx"] == 0 and ev[1]["kv_cache_spec_kind"] == "full_attention"
+    assert "kv_cache_spec_sliding_window" not in ev[1]
+    assert ev[2] == {"type": "BlockRemoved", "block_hashes": h, "medium": "GPU", "group_idx": 1}
+    assert ev[3]["group_idx"] is None and "kv_cache_spec_kind" not in ev[3]
+    if form == "positional":
+        assert raw[0][0] == "BlockStored" and len(raw[0]) == 12
+        assert raw[0][8:] == [None, 1, "sliding_window", 128]
+        assert len(raw[1]) == 11 and raw[1][9:] == [0, "full_attention"]
+        assert raw[2] == ["BlockRemoved", h, "GPU", 1]
+        assert len(raw[3]) == 8
+    else:
+        assert list(raw[0])[-3:] == ["group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"]
+        assert raw[0]["kv_cache_spec_sliding_window"] == 128
+        assert raw[2] == {"type": "BlockRemoved", "block_hashes": h, "medium": "GPU", "group_idx": 1}
+        assert not {"group_idx", "kv_cache_spec_kind"} & set(raw[3])
+
+
+def test_group_keywords_hostile():
+    with publisher() as pub:
+        for kw in ({"group_idx": -1}, {"group_idx": 2**63}, {"sliding_window": -5},
+                   {"kv_cache_spec_kind": 3}, {"group_idx": "1"}):
+            with pytest.raises((kvbm.Error, TypeError, ValueError, OverflowError)):
+                pub.publish_stored([1] * B, [B], [5], **kw)
+        with pytest.raises((kvbm.Error, TypeError, ValueError, OverflowError)):
+            pub.publish_removed([5], group_idx=-1)
+        assert pub.stats()["accepted"] == 0
+
 def test_batches_carry_seq_ts_and_dp_rank():
     with publisher(dp_rank=2) as pub:
         pub.publish_removed([1])
