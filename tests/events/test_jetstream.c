@@ -43,7 +43,8 @@ static int stop_server(void **state) {
 }
 
 /* A publisher into stream `stream` on `subject`, one event per batch:
- * batch k's event removes hash `base + k`. */
+ * batch k's event removes hash `base + k`, of KV cache group hash % 3
+ * (hybrid models: the group survives the durable plane). */
 static kvbm_publisher *js_publisher(const char *stream, const char *subject) {
   kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = 1;
@@ -60,8 +61,11 @@ static kvbm_publisher *js_publisher(const char *stream, const char *subject) {
 
 static void publish_range(kvbm_publisher *p, uint64_t from, uint64_t to) {
   kvbm_error err;
-  for (uint64_t h = from; h < to; h++)
-    assert_int_equal(kvbm_publisher_publish_removed(p, &h, 1, KVBM_MEDIUM_GPU, NULL, &err), KVBM_OK);
+  for (uint64_t h = from; h < to; h++) {
+    kvbm_event ev = {.type = KVBM_EVENT_REMOVED, .block_hashes = &h, .num_block_hashes = 1,
+                     .medium = KVBM_MEDIUM_GPU, .group_idx = (int64_t)(h % 3), .has_group_idx = true};
+    assert_int_equal(kvbm_publisher_publish(p, &ev, NULL, &err), KVBM_OK);
+  }
   assert_int_equal(kvbm_publisher_flush(p, 5000, &err), KVBM_OK);
 }
 
@@ -86,6 +90,7 @@ static void expect_batches(kvbm_js_consumer *c, uint64_t first, uint64_t seq0, i
     if (rc) fail_msg("batch %d of %d: %s", i, n, err.msg);
     assert_int_equal(b.num_events, 1);
     assert_int_equal(b.events[0].type, KVBM_EVENT_REMOVED);
+    assert_true(b.events[0].has_group_idx && b.events[0].group_idx == (int64_t)((first + (uint64_t)i) % 3));
     if (b.events[0].block_hashes[0] != first + (uint64_t)i || b.seq != seq0 + (uint64_t)i)
       fail_msg("batch %d: hash %llu seq %llu, expected %llu and %llu", i,
                (unsigned long long)b.events[0].block_hashes[0], (unsigned long long)b.seq,
