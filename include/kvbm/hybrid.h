@@ -101,7 +101,9 @@ KVBM_EXTERN int kvbm_hseq_append(kvbm_hseq *seq, const uint32_t *tokens, size_t 
  * nothing in the pool. The first step takes exactly these blocks, so the
  * pool must not change in between (as vLLM's scheduler calls
  * get_computed_blocks then allocate_slots); if one was evicted meanwhile
- * the step returns KVBM_ESTATE and changes nothing. KVBM_ESTATE after the
+ * the step returns KVBM_ESTATE, gives back the hit blocks it had taken
+ * (their place in the cache's eviction order is the one change) and looks
+ * the hit up again at the next step. KVBM_ESTATE after the
  * first step; KVBM_EINVAL with no tokens. Cost: O(blocks) pool lookups per
  * group. */
 KVBM_EXTERN int kvbm_hseq_find_hit(kvbm_hseq *seq, uint64_t *hit_tokens, kvbm_error *err);
@@ -113,8 +115,8 @@ KVBM_EXTERN int kvbm_hseq_find_hit(kvbm_hseq *seq, uint64_t *hit_tokens, kvbm_er
  * engine did not), i.e. tokens [computed, computed + n_new), which must all
  * be known. See the file comment for what a step does. KVBM_EINVAL (with a
  * message, no change) for n_new of 0 or past the known tokens;
- * KVBM_ENOSPC (no change) when the blocks do not fit; KVBM_ESTATE (no
- * change) when the hit found earlier went stale. Cost: O(blocks the step
+ * KVBM_ENOSPC (no change) when the blocks do not fit; KVBM_ESTATE when the
+ * hit found earlier went stale (see kvbm_hseq_find_hit). Cost: O(blocks the step
  * allocates, registers or releases) pool calls; a decode token that opens
  * and fills no block costs O(groups). */
 KVBM_EXTERN int kvbm_hseq_step(kvbm_hseq *seq, const uint32_t *tokens, size_t n_tokens,
