@@ -403,13 +403,19 @@ class KvbmHiCacheStorage(HiCacheStorage):
         scratch = bytearray(sum(s for _, s in segs))
         return scratch, segs
 
+    def _page_keys(self, keys: List[str], host_indices):
+        """The zero-copy calls' common start: each page's memory segments, the
+        components a page has (k and v, or one), and the volume keys and
+        checks of every (page, component) in that order."""
+        pages = self._page_segments(keys, host_indices)
+        comps = self._components()
+        vkeys, checks = self._keys([self._name(k, c) for k in keys for c in comps])
+        return pages, comps, vkeys, checks
+
     def batch_get_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
         if not keys:
             return []
-        pages = self._page_segments(keys, host_indices)
-        comps = self._components()
-        names = [self._name(k, c) for k in keys for c in comps]
-        vkeys, checks = self._keys(names)
+        pages, comps, vkeys, checks = self._page_keys(keys, host_indices)
         bufs, scatter = [], []
         for page in pages:
             for segs in page:
@@ -451,10 +457,7 @@ class KvbmHiCacheStorage(HiCacheStorage):
     def batch_set_v1(self, keys: List[str], host_indices, extra_info=None) -> List[bool]:
         if not keys:
             return []
-        pages = self._page_segments(keys, host_indices)
-        comps = self._components()
-        names = [self._name(k, c) for k in keys for c in comps]
-        vkeys, checks = self._keys(names)
+        pages, comps, vkeys, checks = self._page_keys(keys, host_indices)
         vol = self._vol()
         there = vol.exists(vkeys)  # content-named pages: what is stored stays
         todo = [i for i, e in enumerate(there) if not e]
