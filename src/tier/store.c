@@ -113,6 +113,7 @@
 #include "tier/internal.h"
 #include "common/bytes.h"
 #include "common/clock.h"
+#include "common/secret.h"
 
 #define BODY_HDR 64u
 static const char BODY_MAGIC[8] = {'K', 'V', 'B', 'M', 'B', 'L', 'K', '1'};
@@ -207,37 +208,6 @@ int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf,
 #define KEY_CONTEXT "kvbm 2026-11 G4 value MAC v1"
 #define AEAD_CONTEXT "kvbm 2026-11 G4 value AEAD v1"
 
-/* Reads the secret of g4_key_file into buf (cap bytes); *len its length
- * without one trailing newline. The checks of the fabric's key files. */
-static int key_file_read(const char *path, uint8_t *buf, size_t cap, size_t *len,
-                         kvbm_error *err) {
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    return kvbm_error_set(err, KVBM_EINVAL, "manager: g4_key_file %s: %s", path,
-                          errno == ELOOP ? "is a symbolic link (refused)" : strerror(errno));
-  struct stat st;
-  const char *bad = NULL;
-  if (fstat(fd, &st) != 0) bad = strerror(errno);
-  else if (!S_ISREG(st.st_mode)) bad = "not a regular file";
-  else if (st.st_uid != geteuid()) bad = "owned by another user";
-  else if (st.st_mode & 077) bad = "other users can read or write it (chmod 600 it)";
-  else if ((uint64_t)st.st_size > cap) bad = "longer than 4096 bytes";
-  size_t got = 0;
-  while (!bad && got < cap) {
-    ssize_t n = read(fd, buf + got, cap - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) bad = strerror(errno);
-    if (n <= 0) break;
-    got += (size_t)n;
-  }
-  close(fd);
-  if (bad) return kvbm_error_set(err, KVBM_EINVAL, "manager: g4_key_file %s: %s", path, bad);
-  if (got && buf[got - 1] == '\n') got--;
-  if (got && buf[got - 1] == '\r') got--;
-  *len = got;
-  return KVBM_OK;
-}
-
 int kvbm__value_key_init(kvbm_manager *m, kvbm__tier *t, kvbm_error *err) {
   const kvbm_manager_config *c = &m->cfg;
   if (!c->g4_key && !c->g4_key_file) return KVBM_OK;
@@ -246,7 +216,9 @@ int kvbm__value_key_init(kvbm_manager *m, kvbm__tier *t, kvbm_error *err) {
   const uint8_t *secret = c->g4_key;
   int rc = KVBM_OK;
   if (c->g4_key_file) {
-    rc = key_file_read(c->g4_key_file, buf, sizeof buf, &len, err);
+    kvbm_error e = {0};
+    rc = kvbm__secret_file_read(c->g4_key_file, buf, sizeof buf, &len, &e);
+    if (rc) rc = kvbm_error_set(err, rc, "manager: g4_%s", e.msg);
     secret = buf;
   }
   if (!rc && (len < KVBM_MANAGER_G4_KEY_MIN || len > KVBM_MANAGER_G4_KEY_MAX))

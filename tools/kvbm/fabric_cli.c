@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "common/secret.h"
 
 const char fab_opts_usage[] =
     "  --layers N         layers per block (default 32)\n"
@@ -99,38 +100,14 @@ static int key_take(const char *cmd, fab_opts *o, const uint8_t *b, size_t n, co
   return 0;
 }
 
-/* Reads a key file with the checks of fab_key_load. */
+/* Reads a key file with the checks of common/secret.h. */
 static int key_file(const char *cmd, fab_opts *o, const char *path) {
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    fprintf(stderr, "kvbm %s: key file %s: %s\n", cmd, path,
-            errno == ELOOP ? "is a symbolic link (refused)" : strerror(errno));
-    return -1;
-  }
-  struct stat st;
-  const char *bad = NULL;
-  if (fstat(fd, &st) != 0) bad = strerror(errno);
-  else if (!S_ISREG(st.st_mode)) bad = "not a regular file";
-  else if (st.st_uid != geteuid()) bad = "owned by another user";
-  else if (st.st_mode & 077) bad = "other users can read or write it (chmod 600 it)";
-  else if (st.st_size > (off_t)KVBM_FABRIC_SECRET_MAX + 2) bad = "longer than 4096 bytes";
   uint8_t buf[KVBM_FABRIC_SECRET_MAX + 3];
-  ssize_t n = 0;
-  if (!bad) {
-    size_t got = 0;
-    while (got < sizeof buf && (n = read(fd, buf + got, sizeof buf - got)) > 0) got += (size_t)n;
-    if (n < 0) bad = strerror(errno);
-    n = (ssize_t)got;
-  }
-  close(fd);
-  if (bad) {
-    fprintf(stderr, "kvbm %s: key file %s: %s\n", cmd, path, bad);
-    return -1;
-  }
-  size_t len = (size_t)n;
-  if (len && buf[len - 1] == '\n') len--;
-  if (len && buf[len - 1] == '\r') len--;
-  int rc = key_take(cmd, o, buf, len, path);
+  size_t len = 0;
+  kvbm_error e = {0};
+  int rc = kvbm__secret_file_read(path, buf, sizeof buf, &len, &e) ? -1 : 0;
+  if (rc) fprintf(stderr, "kvbm %s: %s\n", cmd, e.msg);
+  else rc = key_take(cmd, o, buf, len, path);
   explicit_bzero(buf, sizeof buf);
   return rc;
 }
