@@ -114,6 +114,24 @@ static void call_end(VolumeObject *self) {
   self->calls--;
 }
 
+/* The start the batch calls share: *ops gets n zeroed ops, the call is
+ * counted (*counted: call_end at the end) and an empty batch is answered at
+ * once (*res = []). Returns 1 to go on, 0 when *res is the answer, -1 with
+ * an exception raised. */
+static int batch_begin(VolumeObject *self, size_t n, kvbm_volume_op **ops, bool *counted,
+                       PyObject **res) {
+  *ops = PyMem_Calloc(n ? n : 1, sizeof **ops);
+  if (!*ops) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  if (call_begin(self)) return -1;
+  *counted = true;
+  if (n) return 1;
+  *res = PyList_New(0);
+  return *res ? 0 : -1;
+}
+
 /* Runs a batch with the GIL released; retries a full queue until the
  * volume's timeout. Only inside call_begin/call_end. */
 static int run_batch(VolumeObject *self, kvbm_volume_op *ops, size_t n, kvbm_error *err) {
@@ -583,17 +601,7 @@ static PyObject *vol_put(VolumeObject *self, PyObject *args, PyObject *kw) {
       goto out;
     }
   }
-  ops = PyMem_Calloc(n ? n : 1, sizeof *ops);
-  if (!ops) {
-    PyErr_NoMemory();
-    goto out;
-  }
-  if (call_begin(self)) goto out;
-  counted = true;
-  if (n == 0) {
-    res = PyList_New(0);
-    goto out;
-  }
+  if (batch_begin(self, n, &ops, &counted, &res) <= 0) goto out;
   for (size_t i = 0; i < n; i++)
     ops[i] = (kvbm_volume_op){.kind = KVBM_VOLUME_PUT, .key = keys[i], .src = vw.v[i].buf,
                               .len = (size_t)vw.v[i].len};
@@ -649,17 +657,7 @@ static PyObject *vol_get_into(VolumeObject *self, PyObject *args, PyObject *kw) 
   if (get_keys(ko, &keys, &n) || get_checks(co, framed, n, &checks) ||
       views_get(bo, "buffers", n, true, &vw))
     goto out;
-  ops = PyMem_Calloc(n ? n : 1, sizeof *ops);
-  if (!ops) {
-    PyErr_NoMemory();
-    goto out;
-  }
-  if (call_begin(self)) goto out;
-  counted = true;
-  if (n == 0) {
-    res = PyList_New(0);
-    goto out;
-  }
+  if (batch_begin(self, n, &ops, &counted, &res) <= 0) goto out;
   kvbm_error err = {0};
   int rc = KVBM_OK;
   if (!framed) {
@@ -793,19 +791,10 @@ static PyObject *bool_batch(VolumeObject *self, PyObject *ko, kvbm_volume_op_kin
   uint64_t *keys = NULL;
   size_t n;
   if (get_keys(ko, &keys, &n)) return NULL;
-  kvbm_volume_op *ops = PyMem_Calloc(n ? n : 1, sizeof *ops);
+  kvbm_volume_op *ops = NULL;
   PyObject *res = NULL;
   bool counted = false;
-  if (!ops) {
-    PyErr_NoMemory();
-    goto out;
-  }
-  if (call_begin(self)) goto out;
-  counted = true;
-  if (n == 0) {
-    res = PyList_New(0);
-    goto out;
-  }
+  if (batch_begin(self, n, &ops, &counted, &res) <= 0) goto out;
   for (size_t i = 0; i < n; i++) ops[i] = (kvbm_volume_op){.kind = kind, .key = keys[i]};
   kvbm_error err = {0};
   int rc = run_batch(self, ops, n, &err);
