@@ -124,7 +124,7 @@ typedef struct kvbm_hint {
                               kvbm/group.h; 0 for one-group models and
                               COMPACT). The block is (sequence_hash, ns,
                               group): equal hashes of two groups are two
-                              blocks. Not on the wire yet (kvbm_wire_hint) */
+                              blocks. On the wire as kvbm_wire_hint.group */
 } kvbm_hint;
 
 /* Derives up to cap hints at now_ms, most valuable first within each kind
@@ -204,6 +204,8 @@ typedef struct kvbm_wire_hint {
   size_t to_len;
   uint64_t uses, idle_ms, live_blocks, high_water;
   uint64_t ns;      /* namespace (10th field; 0 when absent) */
+  uint32_t group;   /* KV cache group, < KVBM_GROUPS_MAX (11th field; 0 when
+                       absent, as from an advisor that predates groups) */
 } kvbm_wire_hint;
 
 typedef struct kvbm_hint_batch {
@@ -233,7 +235,8 @@ KVBM_EXTERN void kvbm_hint_decoder_destroy(kvbm_hint_decoder *d); /* NULL is a n
 /* Decodes one message, bounds-checked like kvbm_storage_decode: counts
  * checked against the bytes left, unknown kinds, missing or mistyped
  * fields, bad volume ids and trailing bytes refused with a message naming
- * the hint and field; fields after the ninth skipped. */
+ * the hint and field (a group of 16 or more is not a group); fields after
+ * the eleventh skipped. */
 KVBM_EXTERN int kvbm_hint_decode(kvbm_hint_decoder *d, const void *data, size_t len, uint64_t seq,
                                  kvbm_hint_batch *out, kvbm_error *err);
 

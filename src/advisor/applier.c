@@ -61,6 +61,11 @@ static void apply_locked(kvbm_hint_applier *ap, const kvbm_hint_batch *b) {
       ap->st.ignored++;
       continue;
     }
+    if (h->group != 0) { /* the manager keeps one group: another group's block
+                            of the same hash is not one of its blocks */
+      ap->st.foreign++;
+      continue;
+    }
     int from = tier_of(ap->m, h->from, h->from_len);
     int to = h->kind == KVBM_HINT_DROP ? from : tier_of(ap->m, h->to, h->to_len);
     if (from < 0 || to < 0) {

@@ -14,6 +14,7 @@
 
 #include "common/msgpack.h"
 #include "kvbm/advisor.h"
+#include "kvbm/group.h"
 
 static bool id_ok(const char *s, size_t n) {
   if (!s || !n || n > KVBM_STORAGE_MAX_LOCATION) return false;
@@ -43,6 +44,7 @@ int kvbm_advisor_hint_wire(const kvbm_advisor *a, const kvbm_hint *h, kvbm_wire_
   out->live_blocks = h->live_blocks;
   out->high_water = h->high_water;
   out->ns = h->ns;
+  out->group = h->group;
   return KVBM_OK;
 }
 
@@ -55,6 +57,9 @@ int kvbm_hints_encode(const kvbm_hint_batch *b, uint8_t **buf, size_t *len, size
     const kvbm_wire_hint *h = &b->hints[i];
     if (h->kind < KVBM_HINT_PROMOTE || h->kind > KVBM_HINT_COMPACT)
       return kvbm_error_set(err, KVBM_EINVAL, "hint %zu: kind %d is not a hint", i, (int)h->kind);
+    if (h->group >= KVBM_GROUPS_MAX)
+      return kvbm_error_set(err, KVBM_EINVAL, "hint %zu: group %u is not a KV cache group (0..%d)", i,
+                            h->group, KVBM_GROUPS_MAX - 1);
     if (!id_ok(h->from, h->from_len) || (h->to && !id_ok(h->to, h->to_len)))
       return kvbm_error_set(err, KVBM_EINVAL,
                             "hint %zu: a volume id is empty, longer than %d bytes or has control bytes",
@@ -68,7 +73,7 @@ int kvbm_hints_encode(const kvbm_hint_batch *b, uint8_t **buf, size_t *len, size
   for (size_t i = 0; i < b->num_hints; i++) {
     const kvbm_wire_hint *h = &b->hints[i];
     const char *tag = kvbm_hint_kind_name(h->kind);
-    kvbm__mpw_array(&w, 10);
+    kvbm__mpw_array(&w, 11);
     kvbm__mpw_str(&w, tag, strlen(tag));
     kvbm__mpw_uint(&w, h->sequence_hash);
     kvbm__mpw_uint(&w, h->prefix_hash);
@@ -80,6 +85,7 @@ int kvbm_hints_encode(const kvbm_hint_batch *b, uint8_t **buf, size_t *len, size
     kvbm__mpw_uint(&w, h->live_blocks);
     kvbm__mpw_uint(&w, h->high_water);
     kvbm__mpw_uint(&w, h->ns);
+    kvbm__mpw_uint(&w, h->group);
   }
   kvbm__mpw_str(&w, b->source ? b->source : "", b->source ? b->source_len : 0);
   if (w.oom) {
@@ -151,7 +157,13 @@ static int decode_hint(kvbm__mpr *r, kvbm_wire_hint *h, size_t i, kvbm_error *er
       (rc = u64(r, &h->high_water, i, "high_water", err)))
     return rc;
   if (n > 9 && (rc = u64(r, &h->ns, i, "namespace", err))) return rc;
-  for (uint32_t k = 10; k < n; k++)
+  uint64_t group = 0;
+  if (n > 10 && (rc = u64(r, &group, i, "group", err))) return rc;
+  if (group >= KVBM_GROUPS_MAX)
+    return kvbm_error_set(err, KVBM_EFORMAT, "hint %zu: group %" PRIu64 " is not a KV cache group (0..%d)",
+                          i, group, KVBM_GROUPS_MAX - 1);
+  h->group = (uint32_t)group;
+  for (uint32_t k = 11; k < n; k++)
     if (kvbm__mpr_skip(r)) return kvbm_error_set(err, KVBM_ETRUNCATED, "hint %zu: extra field truncated", i);
   return KVBM_OK;
 }
@@ -245,8 +257,8 @@ size_t kvbm_wire_hint_to_json(const kvbm_wire_hint *h, char *buf, size_t cap) {
   }
   char tail[256];
   int tn = snprintf(tail, sizeof tail, ",\"uses\":%" PRIu64 ",\"idle_ms\":%" PRIu64 ",\"live_blocks\":%" PRIu64
-                    ",\"high_water\":%" PRIu64 ",\"namespace\":%" PRIu64 "}", h->uses, h->idle_ms, h->live_blocks,
-                    h->high_water, h->ns);
+                    ",\"high_water\":%" PRIu64 ",\"namespace\":%" PRIu64 ",\"group\":%u}", h->uses, h->idle_ms,
+                    h->live_blocks, h->high_water, h->ns, h->group);
   for (int i = 0; i < tn; i++, k++)
     if (k + 1 < cap) buf[k] = tail[i];
   if (cap) buf[k < cap ? k : cap - 1] = 0;

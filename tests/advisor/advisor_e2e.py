@@ -442,7 +442,7 @@ def main():
                 ts, hints, source = msgpack.unpackb(payload)
                 assert source == "kvbm-advisor", source
                 for x in hints:
-                    assert len(x) == 10 and x[9] == 0, x  # namespace: none here
+                    assert len(x) == 11 and x[9] == 0 and x[10] == 0, x  # namespace, group: none here
                     found.add((x[0], x[1], x[3], x[4]))
             ok = (("Demote", A, "host", "disk") in found and ("Promote", P, "disk", "host") in found
                   and ("Compact", 0, "disk", None) in found)

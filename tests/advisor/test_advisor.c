@@ -316,7 +316,7 @@ static void test_hint_codec(void **state) {
   kvbm_wire_hint in[3] = {
       {.kind = KVBM_HINT_DEMOTE, .sequence_hash = UINT64_MAX, .prefix_hash = 7, .from = "host",
        .from_len = 4, .to = "disk:///var/kvbm", .to_len = 16, .uses = 3, .idle_ms = 4000},
-      {.kind = KVBM_HINT_DROP, .sequence_hash = 1, .from = "host", .from_len = 4},
+      {.kind = KVBM_HINT_DROP, .sequence_hash = 1, .from = "host", .from_len = 4, .group = 15},
       {.kind = KVBM_HINT_COMPACT, .from = "disk:///var/kvbm", .from_len = 16, .live_blocks = 50,
        .high_water = 200},
   };
@@ -336,12 +336,16 @@ static void test_hint_codec(void **state) {
   assert_int_equal(out.hints[0].to_len, 16);
   assert_memory_equal(out.hints[0].to, "disk:///var/kvbm", 16);
   assert_null(out.hints[1].to);
+  assert_int_equal(out.hints[0].group, 0);
+  assert_int_equal(out.hints[1].group, 15); /* the group travels */
   assert_int_equal(out.hints[2].high_water, 200);
   char json[512];
   assert_true(kvbm_wire_hint_to_json(&out.hints[0], json, sizeof json) < sizeof json);
   assert_non_null(strstr(json, "\"kind\":\"Demote\""));
   assert_non_null(strstr(json, "\"to\":\"disk:///var/kvbm\""));
   assert_non_null(strstr(json, "\"sequence_hash\":18446744073709551615"));
+  assert_true(kvbm_wire_hint_to_json(&out.hints[1], json, sizeof json) < sizeof json);
+  assert_non_null(strstr(json, "\"group\":15}"));
   for (size_t cut = 0; cut < len; cut++) {
     uint8_t *c = malloc(cut ? cut : 1);
     memcpy(c, buf, cut);
@@ -358,6 +362,29 @@ static void test_hint_codec(void **state) {
   free(c);
   static const uint8_t flood[] = {0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff, 0xa0};
   assert_int_equal(kvbm_hint_decode(d, flood, sizeof flood, 0, &out, &err), KVBM_ETRUNCATED);
+  /* a hint from an advisor that predates groups (10 fields) is group 0 */
+  static const uint8_t ten[] = {0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x9a, 0xa4, 'D', 'r', 'o', 'p',
+                                0x01, 0x00, 0xa1, 'h', 0xc0, 0, 0, 0, 0, 0, 0xa0};
+  assert_int_equal(kvbm_hint_decode(d, ten, sizeof ten, 0, &out, &err), KVBM_OK);
+  assert_int_equal(out.num_hints, 1);
+  assert_int_equal(out.hints[0].kind, KVBM_HINT_DROP);
+  assert_int_equal(out.hints[0].group, 0);
+  /* a group of 16 or more is refused, naming the field, on both sides */
+  uint8_t eleven[sizeof ten + 1];
+  memcpy(eleven, ten, sizeof ten);
+  eleven[11] = 0x9b;                              /* 11 fields */
+  memmove(eleven + 28, eleven + 27, sizeof ten - 27);
+  eleven[27] = 16;                                /* group 16, after the namespace */
+  assert_int_equal(kvbm_hint_decode(d, eleven, sizeof eleven, 0, &out, &err), KVBM_EFORMAT);
+  assert_non_null(strstr(err.msg, "group 16"));
+  eleven[27] = 3;
+  assert_int_equal(kvbm_hint_decode(d, eleven, sizeof eleven, 0, &out, &err), KVBM_OK);
+  assert_int_equal(out.hints[0].group, 3);
+  in[1].group = 16;
+  len = 0;
+  assert_int_equal(kvbm_hints_encode(&b, &buf, &len, &cap, &err), KVBM_EINVAL);
+  assert_non_null(strstr(err.msg, "group 16"));
+  in[1].group = 15;
   in[0].kind = 9;
   len = 0;
   assert_int_equal(kvbm_hints_encode(&b, &buf, &len, &cap, &err), KVBM_EINVAL);

@@ -253,6 +253,15 @@ static void test_refusals(void **state) {
   kvbm_hint_applier_stats st;
   kvbm_hint_applier_stats_get(ap, &st);
   assert_int_equal(st.ignored, 1);
+  /* another KV cache group's block is not this one-group manager's, even
+   * with a hash and volume it knows */
+  kvbm_wire_hint g = {.kind = KVBM_HINT_DROP, .sequence_hash = 1, .from = "g2", .from_len = 2,
+                      .group = 1};
+  hb.hints = &g;
+  kvbm_hint_applier_apply(ap, &hb);
+  kvbm_hint_applier_stats_get(ap, &st);
+  assert_int_equal(st.foreign, 1);
+  assert_int_equal(st.applied + st.not_applied, 0);
   kvbm_hint_applier_destroy(ap);
   kvbm_manager_destroy(m);
   tu_rmdir(dir);
