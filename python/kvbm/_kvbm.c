@@ -565,7 +565,7 @@ PyMODINIT_FUNC PyInit__kvbm(void) {
   if (PyModule_AddStringConstant(m, "__version__", KVBMPY_VERSION) < 0 ||
       kvbmpy_errors_init(m) < 0 || kvbmpy_hash_init(m) < 0 || kvbmpy_pool_init(m) < 0 ||
       kvbmpy_manager_init(m) < 0 || kvbmpy_events_init(m) < 0 || kvbmpy_router_init(m) < 0 ||
-      kvbmpy_volume_init(m) < 0) {
+      kvbmpy_volume_init(m) < 0 || kvbmpy_tierindex_init(m) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -101,6 +101,7 @@ int kvbmpy_manager_init(PyObject *m); /* _kvbm_manager.c: Manager, Request */
 int kvbmpy_events_init(PyObject *m);  /* _kvbm_events.c: publisher, subscriber */
 int kvbmpy_router_init(PyObject *m);  /* _kvbm_router.c: Index */
 int kvbmpy_volume_init(PyObject *m);  /* _kvbm_volume.c: Volume */
+int kvbmpy_tierindex_init(PyObject *m); /* _kvbm_tierindex.c: TierIndex */
 
 /* Event dicts (_kvbm_events.c), shared with the router's Index.apply. */
 #include "kvbm/events.h"

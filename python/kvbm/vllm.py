@@ -483,54 +483,92 @@ class _Lru:
 
 
 class _Tier:
-    """One bounded tier's index: key -> slot, LRU order, pins, pending stores."""
+    """One bounded tier's index (G2 or G3): kvbm's own slot index,
+    ``kvbm.TierIndex``, a fill-only kvbm pool whose block ids are the slots.
+    Eviction is kvbm's rule (lowest priority, then least recently released:
+    a commit, a touch or a pin's release makes a block the most recent);
+    pinned blocks (loads in flight) and pending ones (stores in flight) are
+    never evicted. A tier of 0 slots has no index and holds nothing."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.free = list(range(capacity - 1, -1, -1))
-        self.done: "collections.OrderedDict[int, int]" = collections.OrderedDict()
-        self.pending: dict[int, int] = {}
-        self.pins: collections.Counter = collections.Counter()
+        self.index = _kvbm.TierIndex(capacity) if capacity > 0 else None
 
     def has(self, key: int) -> bool:
-        return key in self.done
+        return self.index is not None and self.index.has(key)
 
-    def room(self, need: int, protect: set) -> int:
-        """Slots a store could get, counted up to ``need`` (oldest first)."""
-        n = len(self.free)
-        for k in self.done:
-            if n >= need:
-                break
-            if not self.pins[k] and k not in protect:
-                n += 1
-        return n
+    def is_pending(self, key: int) -> bool:
+        return self.index is not None and self.index.is_pending(key)
+
+    def slot(self, key: int) -> int:
+        return self.index.slot(key)
+
+    @property
+    def pins(self) -> dict:
+        """{key: pins} of the pinned blocks."""
+        return self.index.pinned() if self.index is not None else {}
+
+    def room(self, protect) -> int:
+        """Slots a store could get without evicting a key of ``protect``."""
+        return self.index.room(list(protect)) if self.index is not None else 0
+
+    def pin(self, key: int) -> None:
+        self.index.pin(key)
 
     def unpin(self, key) -> bool:
-        if self.pins[key] <= 0:
+        """Drops one pin; False when the key is not pinned here."""
+        if self.index is None or not self.index.pin_count(key):
             return False
-        self.pins[key] -= 1
-        if not self.pins[key]:
-            del self.pins[key]
+        self.index.unpin(key)
         return True
 
-    def take(self, protect: set) -> tuple[int, Optional[int]]:
-        """A free slot, evicting the least recently used unpinned block if
-        needed: (slot, evicted key or None)."""
-        if self.free:
-            return self.free.pop(), None
-        for k in self.done:
-            if not self.pins[k] and k not in protect:
-                return self.done.pop(k), k
-        raise _error(StateError, "kvbm.vllm: no evictable slot (checked by room())")
+    def touch(self, key: int) -> None:
+        if self.has(key):
+            self.index.touch(key)
+
+    def take_all(self, keys, protect) -> tuple[list, list]:
+        """Slots for ``keys`` (pending until commit), evicting by kvbm's rule
+        but none of the committed keys of ``protect`` (pinned meanwhile, so
+        their release makes them recent, as a use does): (slots, evicted)."""
+        held = [k for k in dict.fromkeys(protect) if self.has(k)]
+        for k in held:
+            self.index.pin(k)
+        try:
+            slots, evicted = [], []
+            for k in keys:
+                slot, gone = self.index.take(k)
+                slots.append(slot)
+                if gone is not None:
+                    evicted.append(gone)
+            return slots, evicted
+        finally:
+            for k in held:
+                self.index.unpin(k)
+
+    def finish(self, key: int, success: bool) -> bool:
+        """Ends a pending store: committed, or its slot freed. False when
+        the key was not pending here."""
+        if not self.is_pending(key):
+            return False
+        if success:
+            self.index.commit(key)
+        else:
+            self.index.drop(key)
+        return True
 
 
 class KvbmOffloadingManager(OffloadingManager):
     """The scheduler's index of kvbm's G2/G3/G4 (no KV bytes here).
 
-    Policies (kvbm's, docs/areas/tiers.md): G2 takes every stored block and
-    evicts the least recently used unpinned one; G3 admits a block on
-    ``g3_policy="all"`` or, with ``"frequency"``, once it was looked up or
-    stored ``freq_threshold`` times, and evicts LRU; G4 takes every block
+    Policies (kvbm's, docs/areas/tiers.md): G2 and G3 are each kvbm's own
+    index, a ``kvbm.TierIndex`` (a fill-only kvbm pool whose block ids are
+    the tier's slots), so they evict by kvbm's rule: lowest priority, then
+    least recently released (a commit, a lookup hit via ``touch``, a load's
+    unpin, or a store naming a block it already holds, makes a block the
+    most recent); pinned and pending blocks are never evicted. G2 takes
+    every stored block; G3 admits a block on ``g3_policy="all"`` or, with
+    ``"frequency"``, once it was looked up or stored ``freq_threshold``
+    times; G4 takes every block
     (a shared store that may drop blocks on its own: a load that misses
     fails and vLLM recomputes). Loads read the fastest tier holding a block.
     Blocks being loaded are pinned until ``complete_load``; stored blocks
@@ -583,8 +621,8 @@ class KvbmOffloadingManager(OffloadingManager):
         return [block_key(h) for h in block_hashes]
 
     def _held(self, k: int) -> bool:
-        return (self._g2.has(k) or k in self._g2.pending or self._g3.has(k)
-                or k in self._g3.pending or k in self._g4_known or k in self._g4_pending)
+        return (self._g2.has(k) or self._g2.is_pending(k) or self._g3.has(k)
+                or self._g3.is_pending(k) or k in self._g4_known or k in self._g4_pending)
 
     def _forget(self, keys) -> None:
         """Drops the vLLM hash of blocks no tier holds any more."""
@@ -645,9 +683,9 @@ class KvbmOffloadingManager(OffloadingManager):
         tiers, slots = [], []
         for k in keys:
             if self._g2.has(k):
-                tiers.append(G2), slots.append(self._g2.done[k])
+                tiers.append(G2), slots.append(self._g2.slot(k))
             elif self._g3.has(k):
-                tiers.append(G3), slots.append(self._g3.done[k])
+                tiers.append(G3), slots.append(self._g3.slot(k))
             elif k in self._g4_known:
                 tiers.append(G4), slots.append(-1)
             else:
@@ -655,9 +693,9 @@ class KvbmOffloadingManager(OffloadingManager):
                              "offloaded (lookup did not count it)")
         for k, t in zip(keys, tiers):
             if t == G2:
-                self._g2.pins[k] += 1
+                self._g2.pin(k)
             elif t == G3:
-                self._g3.pins[k] += 1
+                self._g3.pin(k)
             self.stats["hit_blocks"][t] += 1
         return KvbmLoadStoreSpec("load", keys, tiers=tiers, slots=slots)
 
@@ -665,8 +703,7 @@ class KvbmOffloadingManager(OffloadingManager):
         for k in self._keys(block_hashes):
             self._freq.put(k, self._freq.get(k) + 1)
             for tier in (self._g2, self._g3):
-                if k in tier.done:
-                    tier.done.move_to_end(k)
+                tier.touch(k)
 
     def complete_load(self, block_hashes: Iterable) -> None:
         for k in self._keys(block_hashes):
@@ -677,32 +714,24 @@ class KvbmOffloadingManager(OffloadingManager):
         hashes = list(block_hashes)
         keys = self._keys(hashes)
         given = dict(zip(keys, hashes))
-        new = [k for k in dict.fromkeys(keys) if not self._g2.has(k) and k not in self._g2.pending]
-        protect = set(keys)
-        if self._g2.room(len(new), protect) < len(new):
+        new = [k for k in dict.fromkeys(keys) if not self._g2.has(k) and not self._g2.is_pending(k)]
+        protect = list(dict.fromkeys(keys))
+        if self._g2.room(protect) < len(new):
             self.stats["store_refused"] += 1
             return None
-        g2_slots, evicted = [], []
-        for k in new:
-            slot, gone = self._g2.take(protect)
-            if gone is not None:
-                evicted.append(gone)
-            self._g2.pending[k] = slot
-            g2_slots.append(slot)
+        g2_slots, evicted = self._g2.take_all(new, protect)
         self._event(evicted, G2, removed=True)
         self.stats["evicted_blocks"][G2] += len(evicted)
         g3_slots, g3_evicted = [], []
         for k in new:
-            admit = (self._g3.capacity > 0 and not self._g3.has(k) and k not in self._g3.pending
+            admit = (self._g3.capacity > 0 and not self._g3.has(k) and not self._g3.is_pending(k)
                      and (self._g3_policy == "all"
                           or self._freq.get(k) + 1 >= self._freq_threshold)
-                     and self._g3.room(1, protect) >= 1)
+                     and self._g3.room(protect) >= 1)
             if admit:
-                slot, gone = self._g3.take(protect)
-                if gone is not None:
-                    g3_evicted.append(gone)
-                self._g3.pending[k] = slot
-            g3_slots.append(self._g3.pending[k] if admit else -1)
+                (slot,), gone = self._g3.take_all([k], protect)
+                g3_evicted.extend(gone)
+            g3_slots.append(slot if admit else -1)
         self._event(g3_evicted, G3, removed=True)
         self.stats["evicted_blocks"][G3] += len(g3_evicted)
         g4 = [self._g4 is not None and k not in self._g4_known for k in new]
@@ -720,14 +749,8 @@ class KvbmOffloadingManager(OffloadingManager):
         stored = {G2: [], G3: [], G4: []}
         for k in keys:
             for tier_id, tier in ((G2, self._g2), (G3, self._g3)):
-                slot = tier.pending.pop(k, None)
-                if slot is None:
-                    continue
-                if success:
-                    tier.done[k] = slot
+                if tier.finish(k, success) and success:
                     stored[tier_id].append(k)
-                else:
-                    tier.free.append(slot)
             if k in self._g4_pending:
                 self._g4_pending.discard(k)
                 if success:
