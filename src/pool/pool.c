@@ -323,8 +323,10 @@ static void unregister(kvbm_pool *p, uint32_t id) {
 }
 
 /* Evicts the oldest cached block (the head of the lowest non-empty
- * priority list) and returns it, RESET. */
-HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped) {
+ * priority list) and returns it, RESET. With `refill` the caller writes
+ * every field of the record at once (fill_one), so the reset stores are
+ * skipped, unless a listener may look at the block during its event. */
+HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill) {
   unsigned w = 0;
   while (!p->nonempty[w]) w++; /* the caller checked that the cache is not empty */
   unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
@@ -348,7 +350,10 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped) {
   reg_remove(p, hash, gkey(p, id, grouped), id, grouped);
   p->registered--;
   p->evicted++;
-  block_reset(p, id);
+  if (!refill || p->cfg.listener)
+    block_reset(p, id);
+  else
+    p->priority[id] = 0;
   if (p->cfg.listener) {
     kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash,
                           .group = grouped ? p->group[id] : 0};
@@ -358,9 +363,9 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped) {
 }
 
 /* One block off the free list, or else the oldest cached block evicted.
- * The caller has checked that one is available. */
-HOT uint32_t take_block(kvbm_pool *p, const bool grouped, uint32_t group) {
-  uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p, grouped);
+ * The caller has checked that one is available; `refill`: see evict_oldest. */
+HOT uint32_t take_block(kvbm_pool *p, const bool grouped, uint32_t group, const bool refill) {
+  uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p, grouped, refill);
   if (grouped) p->group[id] = (uint8_t)group;
   p->blocks[id].refcount = 1;
   p->allocated++;
@@ -549,9 +554,9 @@ int kvbm_pool_alloc_group(kvbm_pool *p, uint32_t group, uint32_t n, uint32_t *id
   if ((n && !ids) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > p->free_top + p->cached) return KVBM_ENOSPC;
   if (p->group)
-    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, true, group);
+    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, true, group, false);
   else
-    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, false, 0);
+    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, false, 0, false);
   return KVBM_OK;
 }
 
@@ -670,19 +675,27 @@ int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
   return kvbm_block_register_ctx(p, id, NULL, out_id);
 }
 
-/* start + tokens + hash + register, checks done by the caller. */
+/* start + tokens + hash + register, checks done by the caller. Every
+ * field of the record but the links and the count is written here, in one
+ * go (a block taken by evict_oldest with `refill` was not reset). */
 HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                          bool has_parent, const uint32_t *tokens, uint64_t seq_hash,
                          void *context, const bool grouped, const bool absent) {
   blk *b = &p->blocks[id];
-  start_block(p, id, salt_hash, parent, has_parent);
+  uint8_t flags = has_parent ? F_HAS_PARENT : 0;
+  if (salt_hash) {
+    p->salts[id] = salt_hash;
+    flags |= F_SALTED;
+  }
   if (p->cfg.keep_tokens) {
     memcpy(tokens_of(p, id), tokens, p->cfg.block_size * sizeof *tokens);
-    b->flags |= F_TOKENS;
+    flags |= F_TOKENS;
   }
-  b->ntok = (uint16_t)p->cfg.block_size;
   b->seq_hash = seq_hash;
+  b->parent_hash = has_parent ? parent : 0;
+  b->ntok = (uint16_t)p->cfg.block_size;
   b->state = KVBM_BLOCK_COMPLETE;
+  b->flags = flags;
   return do_register(p, id, tokens, context, grouped, absent);
 }
 
@@ -719,7 +732,7 @@ HOT void fill_run(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t par
   for (size_t k = 0; k < n; k++) {
     /* The registry probe is the one random access we can see coming. */
     if (k + 4 < n) reg_prefetch(p, hashes[k + 4], group);
-    uint32_t id = take_block(p, grouped, group);
+    uint32_t id = take_block(p, grouped, group, true);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
                       tokens + k * bs, hashes[k], context, grouped, false);
   }
@@ -736,7 +749,7 @@ HOT size_t fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
   for (; k < n; k++) {
     if (k + 4 < n) reg_prefetch(p, hashes[k + 4], group);
     if (reg_find(p, hashes[k], group, grouped) != NIL) break;
-    uint32_t id = take_block(p, grouped, group);
+    uint32_t id = take_block(p, grouped, group, true);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
                       tokens + k * bs, hashes[k], context, grouped, true);
   }
