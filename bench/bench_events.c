@@ -14,7 +14,19 @@
  *
  * Peer in the same run (raw ZMQ): the same payloads, encoded beforehand,
  * sent as raw 3-frame ZMQ messages and only received (not decoded) by the
- * child: the transport's bound. Each round runs ours then the peer; the
+ * child: the transport's bound. The two move the same messages: vLLM's
+ * three frames (topic "", 8-byte sequence, payload), batches of the same
+ * events in the same msgpack form (the peer's payload bytes are the ones
+ * kvbm's encoder writes), and the peer's SUB socket is given the queue our
+ * subscriber gives its own (ZMQ_RCVHWM and ZMQ_MAXMSGSIZE from the same
+ * byte budget), so that only the work differs: ours encodes every event
+ * when it is published, batches and frames it, and our subscriber checks
+ * each message's frames and sequence and decodes its payload into
+ * kvbm_event structs (what a consumer must do); the peer's sender only
+ * sends bytes encoded before the clock starts, its receiver only receives.
+ * Both children count the messages and payload bytes they got, printed per
+ * block event beside the rates (a check that the wire is the same: a row
+ * whose bytes differ by more than 1% is marked). Each round runs ours then the peer; the
  * table gives, over the rounds, the median [min..max] of: our rate, the
  * peer's, ours / peer's (of the same round), and the CPU time (user +
  * system, getrusage) per block event of our publisher process (producer,
@@ -66,6 +78,7 @@ static int free_port(void) {
 typedef struct result {
   double t_end;
   unsigned long long blocks, batches, lost, malformed;
+  unsigned long long payload_bytes; /* the payload frames' bytes received */
   double cpu_s; /* the child's user + system time */
 } result;
 
@@ -93,10 +106,13 @@ static void child_decode(const char *ep, unsigned long long blocks, size_t queue
   double c0 = cpu_seconds();
   while (r.blocks < blocks) {
     kvbm_event_batch b;
-    int rc = kvbm_subscriber_recv(s, 10000, &b, &err);
+    size_t plen = 0;
+    /* recv does exactly this (recv_raw without the payload's place) */
+    int rc = kvbm_subscriber_recv_raw(s, 10000, &b, NULL, &plen, &err);
     if (rc == KVBM_ETIMEDOUT) break;
     if (rc) continue;
     r.batches++;
+    r.payload_bytes += plen;
     for (size_t i = 0; i < b.num_events; i++) r.blocks += b.events[i].num_block_hashes;
   }
   r.t_end = now();
@@ -110,12 +126,27 @@ static void child_decode(const char *ep, unsigned long long blocks, size_t queue
   _exit(0);
 }
 
+/* The SUB socket limits our subscriber sets for a byte budget (its
+ * limit_socket, src/events/subscriber.c): half the budget in messages of
+ * at most twice max_payload. The peer's socket gets the same. */
+static void sub_limits(size_t queue_bytes, int *hwm, int64_t *maxmsg) {
+  kvbm_subscriber_config so = kvbm_subscriber_config_default("");
+  size_t share = (queue_bytes ? queue_bytes : so.max_queue_bytes) / 2, maxp = so.max_payload;
+  size_t ceiling = share - maxp >= maxp ? 2 * maxp : share;
+  size_t msgs = share / ceiling;
+  *hwm = msgs > 2147483647u ? 2147483647 : (int)msgs;
+  *maxmsg = (int64_t)ceiling;
+}
+
 /* Child: raw ZMQ receive of `msgs` messages, no decoding. */
-static void child_raw(const char *ep, unsigned long long msgs, int wfd) {
+static void child_raw(const char *ep, unsigned long long msgs, size_t queue_bytes, int wfd) {
   void *ctx = zmq_ctx_new();
   void *sub = zmq_socket(ctx, ZMQ_SUB);
-  int hwm = 1000000;
+  int hwm;
+  int64_t maxmsg;
+  sub_limits(queue_bytes, &hwm, &maxmsg);
   zmq_setsockopt(sub, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
   zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
   zmq_connect(sub, ep);
   int to = 10000;
@@ -128,7 +159,7 @@ static void child_raw(const char *ep, unsigned long long msgs, int wfd) {
   zmq_msg_init(&m);
   while (r.batches < msgs) {
     if (zmq_msg_recv(&m, sub, 0) < 0) break;
-    if (!zmq_msg_more(&m)) r.batches++;
+    if (!zmq_msg_more(&m)) r.batches++, r.payload_bytes += zmq_msg_size(&m);
   }
   r.t_end = now();
   r.cpu_s = cpu_seconds() - c0;
@@ -172,7 +203,7 @@ static pid_t spawn(int which, const char *ep, unsigned long long n, size_t queue
   if (pid == 0) {
     close(fds[0]);
     if (which == 0) child_decode(ep, n, queue_bytes, fds[1]);
-    else child_raw(ep, n, fds[1]);
+    else child_raw(ep, n, queue_bytes, fds[1]);
   }
   close(fds[1]);
   char c;
@@ -237,7 +268,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
 
 /* Bound: the same payloads, pre-encoded, sent raw. */
 static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsigned batch,
-                      unsigned long long blocks, result *r) {
+                      unsigned long long blocks, size_t queue_bytes, result *r) {
   unsigned long long nev = blocks / k, nbatch = (nev + batch - 1) / batch;
   stream s = {k, calloc(64 * (size_t)k, 8), calloc(16 * (size_t)k, 4)};
   for (unsigned j = 0; j < 16 * k; j++) s.tokens[j] = j * 7919u;
@@ -263,7 +294,7 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
     memcpy(pay[b], d, len[b]);
   }
   int rfd;
-  pid_t pid = spawn(1, conn_ep, nbatch, 0, &rfd);
+  pid_t pid = spawn(1, conn_ep, nbatch, queue_bytes, &rfd);
   void *ctx = zmq_ctx_new();
   void *pub = zmq_socket(ctx, ZMQ_PUB);
   int zero = 0;
@@ -295,10 +326,12 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
 }
 
 /* The figures of one configuration, one value per round. */
-enum { F_OURS, F_RAW, F_RATIO, F_PUB, F_SUB, F_RPUB, F_RSUB, NF };
+enum { F_OURS, F_RAW, F_RATIO, F_PUB, F_SUB, F_RPUB, F_RSUB, F_OBYTES, F_RBYTES, F_OMSGS,
+       F_RMSGS, NF };
 static const char *const kFig[NF] = {"ours_blk_s", "raw_blk_s", "ratio", "pub_cpu_ns_per_blk",
                                      "sub_cpu_ns_per_blk", "raw_pub_cpu_ns_per_blk",
-                                     "raw_sub_cpu_ns_per_blk"};
+                                     "raw_sub_cpu_ns_per_blk", "payload_bytes_per_blk",
+                                     "raw_payload_bytes_per_blk", "messages", "raw_messages"};
 
 typedef struct row {
   const char *wire;
@@ -329,7 +362,7 @@ static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t 
   endpoints(tcp, bind_ep, conn_ep, sizeof bind_ep);
   double ours = run_ours(bind_ep, conn_ep, w->k, batch, n, queue_bytes, &ro);
   endpoints(tcp, bind_ep, conn_ep, sizeof bind_ep);
-  double raw = run_raw(bind_ep, conn_ep, w->k, batch, n, &rr);
+  double raw = run_raw(bind_ep, conn_ep, w->k, batch, n, queue_bytes, &rr);
   if (ours < 0 || raw < 0) {
     fprintf(stderr, "bench_events: %s %s K=%u: run failed (ours %.0f, raw %.0f)\n", w->wire,
             w->form == KVBM_FORM_MAP ? "map" : "positional", w->k, ours, raw);
@@ -344,8 +377,18 @@ static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t 
   w->v[F_SUB][i] = ro.cpu_s * 1e9 / nb;
   w->v[F_RPUB][i] = g_raw_pub_cpu * 1e9 / nb;
   w->v[F_RSUB][i] = rr.cpu_s * 1e9 / nb;
+  w->v[F_OBYTES][i] = (double)ro.payload_bytes / nb;
+  w->v[F_RBYTES][i] = (double)rr.payload_bytes / nb;
+  w->v[F_OMSGS][i] = (double)ro.batches;
+  w->v[F_RMSGS][i] = (double)rr.batches;
   w->lost += ro.lost;
   w->malformed += ro.malformed;
+}
+
+/* Whether the two sides' payload bytes per block event agree within 1%
+ * in every round (the timestamp and batch cuts may move a few bytes). */
+static bool same_wire(const kvbm_bench_spread *ours, const kvbm_bench_spread *raw) {
+  return ours->min >= 0.99 * raw->min && ours->max <= 1.01 * raw->max;
 }
 
 static unsigned parse_ks(const char *s, unsigned *ks, unsigned max) {
@@ -404,11 +447,18 @@ int main(int argc, char **argv) {
   } else {
     printf("bench_events: W3 event stream (BlockStored of K blocks x 16 tokens, then BlockRemoved "
            "of them), %llu block events per run, batches of %u events, %d rounds: median "
-           "[min..max]; CPU in ns per block event\n",
+           "[min..max]; CPU in ns per block event\n"
+           "  ours: publish (check, encode once, queue), batch and frame (topic, seq, payload), "
+           "send; subscriber: frames and sequence checked, payload decoded into kvbm_event "
+           "structs\n"
+           "  raw zmq: the same payloads encoded before the clock starts, sent as the same 3 "
+           "frames; receiver: zmq_msg_recv only, same SUB queue limits\n"
+           "  bytes/blk and msgs: payload bytes per block event and messages as each receiver "
+           "counted them (ours | raw; same wire when equal)\n",
            blocks, batch, runs);
-    printf("%-4s %-10s %3s %26s %26s %18s %16s %16s %14s %14s\n", "wire", "form", "K",
+    printf("%-4s %-10s %3s %26s %26s %18s %16s %16s %14s %14s %15s %13s\n", "wire", "form", "K",
            "ours M blk/s", "raw zmq M blk/s", "ours/raw", "pub cpu", "sub cpu", "raw pub",
-           "raw sub");
+           "raw sub", "bytes/blk", "msgs");
   }
   for (size_t i = 0; i < nr; i++) {
     row *w = &rows[i];
@@ -431,13 +481,16 @@ int main(int argc, char **argv) {
       continue;
     }
     printf("%-4s %-10s %3u %8.2f [%6.2f..%6.2f] %8.2f [%6.2f..%6.2f] %4.2f [%4.2f..%4.2f] "
-           "%4.0f [%4.0f..%4.0f] %4.0f [%4.0f..%4.0f] %4.0f [%3.0f..%3.0f] %4.0f [%3.0f..%3.0f]%s\n",
+           "%4.0f [%4.0f..%4.0f] %4.0f [%4.0f..%4.0f] %4.0f [%3.0f..%3.0f] %4.0f [%3.0f..%3.0f] "
+           "%6.1f|%-6.1f %6.0f|%-6.0f%s%s\n",
            w->wire, fname, w->k, sp[F_OURS].median / 1e6, sp[F_OURS].min / 1e6,
            sp[F_OURS].max / 1e6, sp[F_RAW].median / 1e6, sp[F_RAW].min / 1e6, sp[F_RAW].max / 1e6,
            sp[F_RATIO].median, sp[F_RATIO].min, sp[F_RATIO].max, sp[F_PUB].median, sp[F_PUB].min,
            sp[F_PUB].max, sp[F_SUB].median, sp[F_SUB].min, sp[F_SUB].max, sp[F_RPUB].median,
            sp[F_RPUB].min, sp[F_RPUB].max, sp[F_RSUB].median, sp[F_RSUB].min, sp[F_RSUB].max,
-           w->lost || w->malformed ? "  LOST/MALFORMED" : "");
+           sp[F_OBYTES].median, sp[F_RBYTES].median, sp[F_OMSGS].median, sp[F_RMSGS].median,
+           w->lost || w->malformed ? "  LOST/MALFORMED" : "",
+           same_wire(&sp[F_OBYTES], &sp[F_RBYTES]) ? "" : "  BYTES DIFFER");
   }
   if (json) printf("\n}}\n");
   return fails ? 1 : 0;
