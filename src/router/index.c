@@ -1447,6 +1447,109 @@ int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
   return apply_one(idx, s, ev, err);
 }
 
+/*
+ * The lean path (issue 22). Nearly every event a router sees is a
+ * BlockStored or BlockRemoved of device blocks in group 0 with no salt
+ * and no LoRA name, on a worker with no namespaced block outside recompute
+ * mode. Such an event's whole effect is a new slot (and a child counted
+ * on its parent) or a slot deleted (and its parent's count down): what
+ * tab_hold and tab_release do, without the questions the general path
+ * asks of every block (recompute? namespace? mapped copies? tier? group?).
+ * Anything else (a duplicate, a ghost, another tier, a clear, a group,
+ * a namespace) goes through the general path, block by block or event by
+ * event, so the two can never disagree on what an event means.
+ *
+ * The counters of lean events (blocks held on the device, entries,
+ * stored, removed, events) are added once per batch (lean_flush), not
+ * per block: each is a relaxed load and store of a shared line, five per
+ * block before. Readers of those counters (stats, metrics,
+ * kvbm_index_worker_blocks) see them at most one batch late, which their
+ * contract allows ("a moment stale"). They are flushed before any event
+ * of the general path, which may set them (a clear zeroes `held`).
+ */
+typedef struct lean {
+  uint64_t held, entries, stored, removed, events; /* deltas, mod 2^64 */
+} lean;
+
+static void lean_flush(kvbm_index *idx, worker *w, lean *a) {
+  if (!(a->events | a->stored | a->removed)) return;
+  bump(&w->held[KVBM_TIER_G1], a->held);
+  bump(&idx->c.entries, a->entries);
+  bump(&idx->c.stored, a->stored);
+  bump(&idx->c.removed, a->removed);
+  bump(&idx->c.events, a->events);
+  *a = (lean){0};
+}
+
+/* Whether ev may take the lean path (its worker permitting: lean_worker).
+ * The fields it reads share the event's first two cache lines with those
+ * the general path reads anyway. */
+HOT bool lean_event(const kvbm_event *ev) {
+  return (ev->type == KVBM_EVENT_STORED || ev->type == KVBM_EVENT_REMOVED) &&
+         ev->medium == KVBM_MEDIUM_GPU && ev->block_hashes &&
+         !(ev->has_group_idx && ev->group_idx) && !ev->cache_salt && !ev->lora_name;
+}
+
+/* A worker whose stores the lean path may apply: no recompute (blocks are
+ * kept under their engine hash) and no namespaced block (a store without
+ * salt could continue a namespaced parent's namespace). */
+HOT bool lean_worker(const kvbm_index *idx, const worker *w) {
+  return !idx->cfg.recompute && !w->nmapped;
+}
+
+/* A lean BlockStored: each block not in the table yet becomes a new device
+ * entry under its parent; one already there (a copy, another tier, a
+ * ghost) takes the general path. */
+HOT int lean_stored(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a) {
+  worker *w = &idx->w[wi];
+  const uint64_t *hs = ev->block_hashes;
+  for (size_t i = 0; i < ev->num_block_hashes; i++) {
+    if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, wi, hs[i + EV_AHEAD]);
+    uint64_t h = hs[i], parent = i ? hs[i - 1] : ev->parent_hash;
+    bool hp = (i > 0 || ev->has_parent) && parent != h;
+    if (reserve2(idx, w)) return KVBM_ENOMEM;
+    wtab *t = LD(&w->tab);
+    bool found;
+    slot *s = find_slot(t, h, &found);
+    if (__builtin_expect(found, 0)) {
+      int rc = hold(idx, wi, KVBM_TIER_G1, h, h, parent, hp, false, 0);
+      if (rc) return rc;
+      continue;
+    }
+    s->w = (wpriv){.parent = parent, .has_parent = hp};
+    slot_write(s, h, OCC | 1u << KVBM_TIER_G1);
+    w->entries++;
+    a->held++, a->entries++, a->stored++;
+    if (hp && link_parent(w, parent)) publish_closed(w);
+  }
+  return KVBM_OK;
+}
+
+/* A lean BlockRemoved: a block held on the device only with no children
+ * is deleted and its parent's count goes down; anything else (an unknown
+ * block, extra copies in the map, other tiers, children that make it a
+ * ghost) takes the general path. */
+HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a) {
+  worker *w = &idx->w[wi];
+  const uint64_t *hs = ev->block_hashes;
+  for (size_t i = 0; i < ev->num_block_hashes; i++) {
+    if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, wi, hs[i + EV_AHEAD]);
+    uint64_t h = hs[i];
+    wtab *t = LD(&w->tab);
+    bool found;
+    slot *s = w->map.n ? NULL : find_slot(t, h, &found);
+    if (__builtin_expect(!s || !found || slot_tiers(s) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
+      unhold(idx, wi, KVBM_TIER_G1, h);
+      continue;
+    }
+    uint64_t parent = s->w.parent;
+    bool hp = s->w.has_parent;
+    slot_delete(w, t, s);
+    a->held--, a->entries--, a->removed++;
+    if (hp && unlink_parent(w, parent)) publish_closed(w);
+  }
+}
+
 int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event_batch *b,
                            kvbm_error *err) {
   if (!idx || !b || (b->num_events && !b->events))
@@ -1460,11 +1563,26 @@ int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event
   learn0(idx, s, b->events, b->num_events);
   for (size_t i = 0; i < EV_AHEAD && i < b->num_events; i++)
     prefetch_event(idx, s, &b->events[i]);
+  worker *w = &idx->w[s];
+  bool lw = lean_worker(idx, w);
+  lean a = {0};
   for (size_t i = 0; i < b->num_events; i++) {
     if (i + EV_AHEAD < b->num_events) prefetch_event(idx, s, &b->events[i + EV_AHEAD]);
     if (i + EV_NEAR < b->num_events) prefetch_removed_parent(idx, s, &b->events[i + EV_NEAR]);
-    if ((rc = apply_one(idx, s, &b->events[i], err))) return rc;
+    const kvbm_event *ev = &b->events[i];
+    if (__builtin_expect(lw && lean_event(ev), 1)) {
+      if (ev->type == KVBM_EVENT_STORED) rc = lean_stored(idx, s, ev, &a);
+      else lean_removed(idx, s, ev, &a);
+      if (rc) break;
+      a.events++;
+      continue;
+    }
+    lean_flush(idx, w, &a);
+    if ((rc = apply_one(idx, s, ev, err))) return rc;
+    lw = lean_worker(idx, w); /* a namespaced store may have changed it */
   }
+  lean_flush(idx, w, &a);
+  if (rc) return kvbm_error_set(err, rc, "router index: out of memory");
   return KVBM_OK;
 }
 
@@ -1961,4 +2079,27 @@ int kvbm_index_load(kvbm_index *idx, const char *path, kvbm_error *err) {
   if (!rc) rc = kvbm_index_restore(idx, buf, len, err);
   free(buf);
   return rc;
+}
+
+/* ------------------------------------------------------------- listing */
+
+/* Every block a worker holds, for a router's GET /index (the cluster run
+ * compares it with the worker's own /blocks). The table is walked in slot
+ * order; ghosts (no tier) are not blocks. A block of group g is given back
+ * under its engine hash (gkey_inv), so single-group workers list exactly the
+ * hashes of their events; a namespaced block keeps its namespace key (the
+ * namespace is a key mix the listing does not undo: see "Namespaces"). */
+int kvbm_index_worker_each(const kvbm_index *idx, uint32_t s, kvbm_index_block_fn fn, void *user) {
+  if (!idx || !fn || s >= MAXW || !(kvbm_index_workers(idx) >> s & 1)) return KVBM_ENOTFOUND;
+  const worker *w = &idx->w[s];
+  const wtab *t = LD(&((worker *)w)->tab);
+  for (size_t i = 0; t && i < t->cap; i++) {
+    const slot *sl = &t->s[i];
+    unsigned tiers = slot_tiers(sl);
+    if (!slot_used(sl) || !tiers) continue;
+    uint32_t g = sl->w.group;
+    int rc = fn(user, gkey_inv(LD(&((slot *)sl)->key), g), tiers, g);
+    if (rc) return rc;
+  }
+  return KVBM_OK;
 }
