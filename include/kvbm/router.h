@@ -251,6 +251,16 @@ KVBM_EXTERN uint64_t kvbm_index_workers(const kvbm_index *idx);
  * KVBM_ENOTFOUND when the slot is free (out untouched). */
 KVBM_EXTERN int kvbm_index_worker_blocks(const kvbm_index *idx, uint32_t slot,
                                          uint64_t out[KVBM_TIER_COUNT]);
+/* Calls fn(user, hash, tiers, group) for every block the worker of a live
+ * slot holds: hash is the engine's block hash (a namespaced block's is its
+ * namespace key), tiers a mask of 1 << kvbm_tier (G1..G4), group its KV
+ * cache group. Writer side (not while events are applied: the caller holds
+ * what serializes its writers), O(the worker's table); the order is the
+ * table's, not sorted. A nonzero return of fn stops the walk and is
+ * returned. KVBM_ENOTFOUND when the slot is free. */
+typedef int (*kvbm_index_block_fn)(void *user, uint64_t hash, unsigned tiers, uint32_t group);
+KVBM_EXTERN int kvbm_index_worker_each(const kvbm_index *idx, uint32_t slot,
+                                       kvbm_index_block_fn fn, void *user);
 /* The id of the batch a worker's input expects next (writer side);
  * KVBM_ENOTFOUND when the worker is unknown or has seen no numbered batch.
  * A restored router asks an engine's replay socket for batches from here. */

@@ -74,8 +74,9 @@
 #define FD_MARGIN 16              /* descriptors for reconnects, replay sockets, ... */
 
 /* Endpoints and methods, as /metrics counts them. */
-enum { EP_ROUTE, EP_DONE, EP_HEALTH, EP_METRICS, EP_UNKNOWN, EP_COUNT };
-static const char *const ep_name[EP_COUNT] = {"/route", "/done", "/health", "/metrics", "unknown"};
+enum { EP_ROUTE, EP_DONE, EP_HEALTH, EP_METRICS, EP_INDEX, EP_UNKNOWN, EP_COUNT };
+static const char *const ep_name[EP_COUNT] = {"/route", "/done", "/health", "/metrics", "/index",
+                                              "unknown"};
 enum { METHOD_GET, METHOD_POST, METHOD_OTHER, METHOD_COUNT };
 static const char *const method_name[METHOD_COUNT] = {"GET", "POST", "other"};
 
@@ -451,6 +452,112 @@ static void handle_health(kvbm_router_daemon *d, kvbm__service_answer *a, bool c
   kvbm__rj_buf_free(&b);
 }
 
+/* GET /index?worker=ID[&rank=R]: what the index holds for one worker, in
+ * the shape of `kvbm worker`'s GET /blocks ({"worker", "dp_rank",
+ * "block_size", "g1".."g4": sorted decimal u64 block hashes}), so that the
+ * cluster run can check that the index converged to what each worker holds
+ * (docs/areas/cluster.md). Engines' blocks only: approximate-mode and
+ * DEGRADED records are withdrawn while it is listed, as for a snapshot. The
+ * listing is taken under the writer lock (O(the worker's table), the
+ * sources wait that long); the answer is one buffer the service sends
+ * whole. 400 for a query that is not exactly worker=U64[&rank=U32], 404
+ * for a worker the index does not know. */
+typedef struct index_list {
+  uint64_t *h[KVBM_TIER_COUNT];
+  size_t n[KVBM_TIER_COUNT], cap[KVBM_TIER_COUNT];
+} index_list;
+
+static int index_list_add(void *user, uint64_t hash, unsigned tiers, uint32_t group) {
+  (void)group;
+  index_list *l = user;
+  for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+    if (!(tiers >> t & 1)) continue;
+    if (kvbm__vec_reserve_of(&l->h[t], &l->cap[t], l->n[t] + 1, 256, KVBM__VEC_NO_LIMIT))
+      return KVBM_ENOMEM;
+    l->h[t][l->n[t]++] = hash;
+  }
+  return KVBM_OK;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* "worker=U64[&rank=U32]" (either order), nothing else: true when read. */
+static bool index_query(const char *q, kvbm_worker_key *k) {
+  bool have_w = false, have_r = false;
+  k->dp_rank = 0;
+  while (*q) {
+    const char *eq = strchr(q, '='), *amp = strchr(q, '&');
+    if (!amp) amp = q + strlen(q);
+    if (!eq || eq > amp || eq + 1 == amp || amp - eq > 21) return false;
+    uint64_t v = 0;
+    for (const char *c = eq + 1; c < amp; c++) {
+      if (*c < '0' || *c > '9' || v > (UINT64_MAX - (uint64_t)(*c - '0')) / 10) return false;
+      v = v * 10 + (uint64_t)(*c - '0');
+    }
+    size_t kl = (size_t)(eq - q);
+    if (kl == 6 && !memcmp(q, "worker", 6) && !have_w) {
+      k->worker_id = v;
+      have_w = true;
+    } else if (kl == 4 && !memcmp(q, "rank", 4) && !have_r && v <= UINT32_MAX) {
+      k->dp_rank = (uint32_t)v;
+      have_r = true;
+    } else {
+      return false;
+    }
+    q = *amp ? amp + 1 : amp;
+    if (*amp && !*q) return false; /* a trailing '&' */
+  }
+  return have_w;
+}
+
+static void handle_index(kvbm_router_daemon *d, kvbm__service_answer *a, const char *query,
+                         bool close) {
+  http_state *h = d->http;
+  kvbm_worker_key k;
+  if (!index_query(query, &k)) {
+    reply_error(h, a, 400, "give worker=ID (a decimal u64) and optionally rank=R, nothing else",
+                close, NULL);
+    return;
+  }
+  index_list l = {0};
+  uint32_t slot = 0;
+  pthread_mutex_lock(&d->wlock);
+  kvbm__approx_withdraw(d->approx);
+  kvbm__approx_withdraw(d->degraded_ap);
+  int rc = kvbm_index_worker_slot(d->idx, k, &slot);
+  if (!rc) rc = kvbm_index_worker_each(d->idx, slot, index_list_add, &l);
+  kvbm__approx_return(d->approx);
+  kvbm__approx_return(d->degraded_ap);
+  pthread_mutex_unlock(&d->wlock);
+  rj_buf b = {0};
+  if (rc == KVBM_ENOTFOUND) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "worker %" PRIu64 " rank %" PRIu32 " is not in the index",
+             k.worker_id, k.dp_rank);
+    reply_error(h, a, 404, msg, close, NULL);
+  } else if (rc) {
+    reply_error(h, a, 500, "out of memory", true, NULL);
+  } else {
+    kvbm__rj_u64(&b, "{\"worker\":", k.worker_id);
+    kvbm__rj_u64(&b, ",\"dp_rank\":", k.dp_rank);
+    kvbm__rj_u64(&b, ",\"block_size\":", d->cfg.index.block_size);
+    for (int t = 0; t < KVBM_TIER_COUNT; t++) {
+      qsort(l.h[t], l.n[t], sizeof *l.h[t], cmp_u64);
+      kvbm__rj_printf(&b, ",\"g%d\":[", t + 1);
+      for (size_t i = 0; i < l.n[t]; i++) kvbm__rj_u64(&b, i ? "," : "", l.h[t][i]);
+      kvbm__rj_printf(&b, "]");
+    }
+    kvbm__rj_printf(&b, "}\n");
+    if (b.oom) reply_error(h, a, 500, "out of memory", true, NULL);
+    else reply(a, 200, b.p, b.len, close, NULL);
+  }
+  kvbm__rj_buf_free(&b);
+  for (int t = 0; t < KVBM_TIER_COUNT; t++) free(l.h[t]);
+}
+
 static void handle_route(kvbm_router_daemon *d, kvbm__service_answer *a, const char *body, size_t len,
                          bool close) {
   http_state *h = d->http;
@@ -624,6 +731,7 @@ static void dispatch(void *user, kvbm__service *svc, const kvbm__service_req *q,
           : !strcmp(rq->path, "/done")    ? EP_DONE
           : !strcmp(rq->path, "/health")  ? EP_HEALTH
           : !strcmp(rq->path, "/metrics") ? EP_METRICS
+          : !strcmp(rq->path, "/index")   ? EP_INDEX
                                           : EP_UNKNOWN;
   h->ep_requests[h->ep][get ? METHOD_GET : post ? METHOD_POST : METHOD_OTHER]++;
   uint64_t t0 = kvbm_clock_ns();
@@ -633,6 +741,9 @@ static void dispatch(void *user, kvbm__service *svc, const kvbm__service_req *q,
   } else if (!strcmp(rq->path, "/metrics")) {
     if (get) handle_metrics(d, a, close);
     else reply_error(h, a, 405, "use GET for /metrics", close, "Allow: GET\r\n");
+  } else if (!strcmp(rq->path, "/index")) {
+    if (get) handle_index(d, a, rq->query, close);
+    else reply_error(h, a, 405, "use GET for /index", close, "Allow: GET\r\n");
   } else if (!strcmp(rq->path, "/route") || !strcmp(rq->path, "/done")) {
     if (!post) {
       reply_error(h, a, 405, "use POST with a JSON body", close, "Allow: POST\r\n");
@@ -642,7 +753,8 @@ static void dispatch(void *user, kvbm__service *svc, const kvbm__service_req *q,
       handle_done(d, a, body, rq->content_length, close);
     }
   } else {
-    reply_error(h, a, 404, "unknown path (try POST /route, POST /done, GET /health, GET /metrics)",
+    reply_error(h, a, 404, "unknown path (try POST /route, POST /done, GET /health, GET /metrics, "
+                "GET /index?worker=ID)",
                 close, NULL);
   }
   kvbm_histogram_observe(&h->ep_seconds[h->ep], (double)(kvbm_clock_ns() - t0) * 1e-9);
