@@ -4,3 +4,6 @@
 if(TEST service_test_service)
   set_tests_properties(service_test_service PROPERTIES LABELS "service;tsan" TIMEOUT 120)
 endif()
+if(TEST service_test_defer)
+  set_tests_properties(service_test_defer PROPERTIES LABELS "service;tsan" TIMEOUT 60)
+endif()

@@ -58,11 +58,32 @@
  *    listening socket rests ACCEPT_PAUSE_MS.
  *
  * Handlers answer inline on the loop thread: the router's /route is a
- * lookup of microseconds and the metrics page a render of milliseconds,
- * so an asynchronous answer path (and a per-route concurrency bound,
- * which only means something with one) is left for a handler that needs
- * it. Answers are counted by status code in atomics, read by any thread
+ * lookup of microseconds and the metrics page a render of milliseconds.
+ * Answers are counted by status code in atomics, read by any thread
  * (the metrics endpoint's collector renders them).
+ *
+ * Deferred answers (`kvbm worker`'s /generate is answered when a
+ * simulated generation ends, seconds later, on another thread):
+ *  - Parking. A handler that calls kvbm__service_defer gets a ticket and
+ *    its connection is parked: the request is consumed, nothing more of
+ *    the connection is read or answered until the ticket's answer is
+ *    queued, so pipelined answers stay in order and the input bound still
+ *    holds (the kernel keeps what the client sends meanwhile). At most
+ *    max_deferred are parked at once; over it the handler answers now.
+ *  - Completion. kvbm__service_complete, on any thread, copies the answer
+ *    into a list under a mutex and writes a byte to the wake-up pipe; the
+ *    loop takes the list at its next wake-up and queues each answer on
+ *    the connection parked under that ticket (found by a walk of the
+ *    table: tickets are never reused, connections move when one closes).
+ *    The list holds at most one answer per ticket ever given, and the
+ *    owner of a ticket answers it once.
+ *  - A client that goes. A parked connection is polled for POLLRDHUP
+ *    only: the client closing its side (HTTP clients do not half-close
+ *    while they wait for an answer) or an error frees the connection and
+ *    tells the route's `gone`; its answer, when it comes, is dropped and
+ *    counted. A parked connection is never idle for admission.
+ *  - Deadline. A parked request unanswered defer_timeout_s after it was
+ *    parked gets 504 and the connection closes (`gone` is told).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -97,7 +118,7 @@
 
 /* Answers counted apart; everything else is counted in the last slot. */
 static const int codes[] = {100, 200, 201, 202, 204, 400, 404, 405, 408, 411,
-                            413, 414, 417, 429, 431, 500, 501, 503, 505};
+                            413, 414, 417, 429, 431, 500, 501, 503, 504, 505};
 #define NCODES (sizeof codes / sizeof codes[0])
 
 typedef struct sconn {
@@ -119,7 +140,22 @@ typedef struct sconn {
   bool backlog;         /* its turn ended with work left */
   bool sent_continue;
   bool pending;         /* bytes seen waiting (MSG_PEEK), not read yet */
+  bool parked;          /* a deferred request waits for its answer */
+  bool park_head;       /* ... a HEAD (no body in the answer) */
+  bool park_close;      /* ... the connection closes after it */
+  uint64_t ticket;      /* ... its ticket */
+  int64_t park_deadline_ns;
+  const kvbm__service_route *park_route;
 } sconn;
+
+/* An answer from kvbm__service_complete waiting for the loop. */
+typedef struct done_answer {
+  uint64_t ticket;
+  int status;
+  bool close;
+  char *body;
+  size_t len;
+} done_answer;
 
 struct kvbm__service {
   kvbm__service_config cfg;
@@ -138,11 +174,21 @@ struct kvbm__service {
   size_t cpfd;
   int64_t now, io_ns, accept_at;
   kvbm__service_buf scratch;
+  uint64_t next_ticket;
+  int64_t defer_ns;
+  uint32_t max_deferred;
+  sconn *dispatching;       /* the connection whose handler runs now */
+  /* deferred answers handed over by other threads */
+  pthread_mutex_t done_mu;
+  done_answer *done;
+  size_t ndone, cdone;
+  _Atomic size_t done_waiting;
   /* counters (any thread) */
   _Atomic uint64_t answers[NCODES + 1];
   _Atomic uint64_t open, accepted, refused, refused_peer, refused_no_fd, idle_closed_full,
       idle_closed_peer, accept_pauses, requests, answered, bad, read_timeouts, write_timeouts,
-      idle_timeouts, turns_cut, out_peak, err4, err5;
+      idle_timeouts, turns_cut, out_peak, err4, err5, parked, deferred, deferred_answered,
+      deferred_gone, deferred_timeouts, deferred_dropped;
 };
 
 /* ------------------------------------------------------------- buffers */
@@ -342,7 +388,15 @@ static void dispatch(kvbm__service *s, sconn *c, const http_req *rq, const char 
                             .scratch = &s->scratch};
   kvbm__service_req q = {.head = rq, .body = body, .body_len = rq->content_length,
                          .peer = c->peer};
+  s->dispatching = c;
   r->fn(r->user, s, &q, &a);
+  s->dispatching = NULL;
+  if (a.ticket) { /* kvbm__service_defer parked the connection */
+    c->park_head = bit == KVBM__SVC_HEAD;
+    c->park_close = close;
+    c->park_route = r;
+    return;
+  }
   if (!a.body && s->scratch.oom) {
     answer_error(s, c, 500, "out of memory", NULL, true);
     return;
@@ -357,6 +411,13 @@ static void dispatch(kvbm__service *s, sconn *c, const http_req *rq, const char 
 /* ------------------------------------------------------------- I/O */
 
 static void conn_close(kvbm__service *s, size_t i) {
+  sconn *c = &s->c[i];
+  if (c->parked) { /* its answer will find no one */
+    c->parked = false;
+    atomic_fetch_sub(&s->parked, 1);
+    atomic_fetch_add(&s->deferred_gone, 1);
+    if (c->park_route->gone) c->park_route->gone(c->park_route->user, c->ticket);
+  }
   close(s->c[i].fd);
   free(s->c[i].in);
   free(s->c[i].out);
@@ -433,10 +494,14 @@ static void process(kvbm__service *s, sconn *c) {
     c->have_head = c->sent_continue = false;
     c->scanned = 0;
     c->deadline_ns = s->now + s->io_ns;
+    if (c->parked) { /* the rest waits for its answer (kept in order) */
+      more = c->in_off < c->in_len;
+      break;
+    }
   }
   if (c->in_off == c->in_len) c->in_off = c->in_len = 0;
   c->backlog = more && !c->closing;
-  if (c->backlog) atomic_fetch_add(&s->turns_cut, 1);
+  if (c->backlog && !c->parked) atomic_fetch_add(&s->turns_cut, 1);
   else c->credit = 0;
 }
 
@@ -485,8 +550,27 @@ static int conn_write(kvbm__service *s, sconn *c) {
   return 1;
 }
 
+/* A parked connection's share: its earlier answers written, the client
+ * watched for going, the deferral's deadline; false when it is to go. */
+static bool parked_turn(kvbm__service *s, sconn *c, short re) {
+  if (re & (POLLERR | POLLNVAL | POLLHUP | POLLRDHUP)) return false; /* conn_close: gone */
+  if (c->out_len && (re & POLLOUT) && conn_write(s, c) < 0) return false;
+  if (c->out_len && s->now > c->wdeadline_ns) {
+    atomic_fetch_add(&s->write_timeouts, 1);
+    return false;
+  }
+  if (s->now <= c->park_deadline_ns) return true;
+  atomic_fetch_add(&s->deferred_timeouts, 1);
+  c->parked = false;
+  atomic_fetch_sub(&s->parked, 1);
+  if (c->park_route->gone) c->park_route->gone(c->park_route->user, c->ticket);
+  answer_error(s, c, 504, "answer not ready in time", NULL, true);
+  return conn_write(s, c) == 0; /* stays only to finish writing the 504 */
+}
+
 /* One connection's share of a wake-up; false when it is to go. */
 static bool conn_turn(kvbm__service *s, sconn *c, short re) {
+  if (c->parked) return parked_turn(s, c, re);
   if (!re && !c->backlog && s->now <= (c->out_len ? c->wdeadline_ns : c->deadline_ns))
     return true; /* nothing happened to it */
   if (re & (POLLERR | POLLNVAL)) return false;
@@ -555,7 +639,8 @@ static void refuse_no_fd(kvbm__service *s) {
 }
 
 static bool conn_idle(const sconn *c) {
-  return c->in_off == c->in_len && !c->have_head && !c->out_len && !c->closing && !c->pending;
+  return c->in_off == c->in_len && !c->have_head && !c->out_len && !c->closing && !c->pending &&
+         !c->parked;
 }
 
 static void admit_get(const void *table, size_t i, kvbm__admit_conn *out) {
@@ -632,6 +717,78 @@ static void accept_some(kvbm__service *s) {
   }
 }
 
+/* ------------------------------------------------------ deferred answers */
+
+uint64_t kvbm__service_defer(kvbm__service *s, kvbm__service_answer *ans) {
+  sconn *c = s ? s->dispatching : NULL;
+  if (!c || !ans || c->parked || atomic_load(&s->parked) >= s->max_deferred) return 0;
+  c->parked = true;
+  c->ticket = ++s->next_ticket;
+  c->park_deadline_ns = s->now + s->defer_ns;
+  atomic_fetch_add(&s->parked, 1);
+  atomic_fetch_add(&s->deferred, 1);
+  ans->ticket = c->ticket;
+  return c->ticket;
+}
+
+int kvbm__service_complete(kvbm__service *s, uint64_t ticket, int status, const char *body,
+                           size_t len, bool close) {
+  if (!s || !ticket || status < 100 || status > 599 || (len && !body)) return KVBM_EINVAL;
+  done_answer d = {.ticket = ticket, .status = status, .close = close, .len = len,
+                   .body = malloc(len ? len : 1)};
+  if (!d.body) return KVBM_ENOMEM;
+  if (len) memcpy(d.body, body, len);
+  pthread_mutex_lock(&s->done_mu);
+  int rc = kvbm__vec_reserve_of(&s->done, &s->cdone, s->ndone + 1, 16, KVBM__VEC_NO_LIMIT);
+  if (!rc) {
+    s->done[s->ndone++] = d;
+    atomic_store(&s->done_waiting, s->ndone);
+  }
+  pthread_mutex_unlock(&s->done_mu);
+  if (rc) {
+    free(d.body);
+    return KVBM_ENOMEM;
+  }
+  ssize_t w = write(s->wake[1], "d", 1); /* EAGAIN: the pipe is full, the loop wakes anyway */
+  (void)w;
+  return KVBM_OK;
+}
+
+/* Queues one completed answer on its parked connection, if it is still there. */
+static void deliver(kvbm__service *s, done_answer *d) {
+  sconn *c = NULL;
+  for (size_t i = 0; i < s->nc && !c; i++)
+    if (s->c[i].parked && s->c[i].ticket == d->ticket) c = &s->c[i];
+  if (!c) {
+    atomic_fetch_add(&s->deferred_dropped, 1);
+    return;
+  }
+  c->parked = false;
+  atomic_fetch_sub(&s->parked, 1);
+  atomic_fetch_add(&s->deferred_answered, 1);
+  const char *ct = c->park_route->content_type ? c->park_route->content_type : "application/json";
+  queue_answer(s, c, d->status, ct, NULL, d->body, d->len, c->park_head,
+               c->park_close || d->close);
+  c->deadline_ns = s->now + s->io_ns;
+  if (c->in_off < c->in_len) c->backlog = true; /* pipelined requests: their turn */
+}
+
+/* The loop's side: takes the answers other threads completed. */
+static void take_done(kvbm__service *s) {
+  pthread_mutex_lock(&s->done_mu);
+  done_answer *list = s->done;
+  size_t n = s->ndone;
+  s->done = NULL;
+  s->ndone = s->cdone = 0;
+  atomic_store(&s->done_waiting, 0);
+  pthread_mutex_unlock(&s->done_mu);
+  for (size_t i = 0; i < n; i++) {
+    deliver(s, &list[i]);
+    free(list[i].body);
+  }
+  free(list);
+}
+
 /* ---------------------------------------------------------------- loop */
 
 /* Fills the poll set; returns the timeout (0 while a turn left work). */
@@ -646,8 +803,13 @@ static int poll_prepare(kvbm__service *s) {
   for (size_t i = 0; i < s->nc; i++) {
     sconn *c = &s->c[i];
     short ev = c->out_len ? POLLOUT : c->backlog ? 0 : POLLIN;
-    if (c->backlog && !c->out_len) now = true;
+    if (c->backlog && !c->out_len && !c->parked) now = true;
     int64_t d = c->out_len ? c->wdeadline_ns : c->deadline_ns;
+    if (c->parked) { /* watched for going only: its input waits in the kernel */
+      ev = (short)((c->out_len ? POLLOUT : 0) | POLLRDHUP);
+      d = c->out_len && c->wdeadline_ns < c->park_deadline_ns ? c->wdeadline_ns
+                                                                : c->park_deadline_ns;
+    }
     if (d < next) next = d;
     s->pfd[i + 2] = (struct pollfd){.fd = c->fd, .events = ev};
   }
@@ -673,6 +835,7 @@ int kvbm__service_run(kvbm__service *s, kvbm_error *err) {
       ssize_t r = read(s->wake[0], buf, sizeof buf);
       (void)r;
     }
+    if (atomic_load(&s->done_waiting)) take_done(s);
     if (s->cfg.tick) s->cfg.tick(s->cfg.tick_user, s->now);
   }
   return KVBM_OK;
@@ -715,6 +878,8 @@ static int check_config(const kvbm__service_config *c, const char *name, kvbm_er
   if (c->max_head > MAX_HEAD_LIMIT)
     return kvbm_error_set(err, KVBM_EINVAL, "%s: max_head %zu (at most %d)", name, c->max_head,
                           MAX_HEAD_LIMIT);
+  if (c->defer_timeout_s < 0 || c->defer_timeout_s > 86400)
+    return kvbm_error_set(err, KVBM_EINVAL, "%s: defer_timeout_s must be in [0, 86400]", name);
   if (!c->routes || c->nroutes < 1 || c->nroutes > KVBM__SERVICE_MAX_ROUTES)
     return kvbm_error_set(err, KVBM_EINVAL, "%s: %zu routes (1..%d)", name, c->nroutes,
                           KVBM__SERVICE_MAX_ROUTES);
@@ -737,6 +902,9 @@ void kvbm__service_destroy(kvbm__service *s) {
   if (!s) return;
   kvbm__service_stop(s);
   while (s->nc) conn_close(s, 0);
+  for (size_t i = 0; i < s->ndone; i++) free(s->done[i].body);
+  free(s->done);
+  pthread_mutex_destroy(&s->done_mu);
   free(s->c);
   free(s->pfd);
   free(s->scratch.p);
@@ -770,6 +938,9 @@ int kvbm__service_create(const kvbm__service_config *cfg, kvbm__service **out, k
     if (s->routes[i].max_body > s->max_body) s->max_body = s->routes[i].max_body;
   s->max_head = cfg->max_head ? cfg->max_head : DEFAULT_HEAD;
   s->io_ns = (int64_t)(cfg->io_timeout_s * 1e9);
+  s->defer_ns = cfg->defer_timeout_s > 0 ? (int64_t)(cfg->defer_timeout_s * 1e9) : s->io_ns;
+  s->max_deferred = cfg->max_deferred ? cfg->max_deferred : cfg->max_connections;
+  pthread_mutex_init(&s->done_mu, NULL);
   s->lfd = s->wake[0] = s->wake[1] = s->spare_fd = -1;
   if (pipe2(s->wake, O_NONBLOCK | O_CLOEXEC)) {
     rc = kvbm_error_set(err, KVBM_EIO, "%s: pipe: %s", name, strerror(errno));
@@ -836,5 +1007,11 @@ void kvbm__service_stats_get(const kvbm__service *s, kvbm__service_stats *out) {
       .errors_5xx = atomic_load(&m->err5),
       .turns_cut = atomic_load(&m->turns_cut),
       .out_peak = atomic_load(&m->out_peak),
+      .deferred_now = atomic_load(&m->parked),
+      .deferred = atomic_load(&m->deferred),
+      .deferred_answered = atomic_load(&m->deferred_answered),
+      .deferred_gone = atomic_load(&m->deferred_gone),
+      .deferred_timeouts = atomic_load(&m->deferred_timeouts),
+      .deferred_dropped = atomic_load(&m->deferred_dropped),
   };
 }

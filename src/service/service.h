@@ -13,7 +13,11 @@
  * (kvbm__service_run, until kvbm__service_stop) or one of its own
  * (kvbm__service_start). Handlers and the tick run on that thread, one at
  * a time, and answer inline: the answer is queued when the handler
- * returns. kvbm__service_stop, kvbm__service_port and
+ * returns. Or later (deferred answers): a handler calls
+ * kvbm__service_defer, the connection is parked (no more of its requests
+ * are read or answered, answers stay in order) and any thread answers it
+ * with kvbm__service_complete, which wakes the loop through its pipe.
+ * kvbm__service_stop, kvbm__service_port, kvbm__service_complete and
  * kvbm__service_stats_get are safe from any thread.
  *
  * Errors: create validates the configuration and fills *err naming what
@@ -81,6 +85,7 @@ typedef struct kvbm__service_answer {
   size_t body_len;          /* with body */
   kvbm__service_buf *scratch; /* the service's, emptied before each call */
   bool close;               /* close the connection after this answer */
+  uint64_t ticket;          /* set by kvbm__service_defer (0: answered now) */
 } kvbm__service_answer;
 
 /* Answers one request. Runs on the service's thread; may not call
@@ -97,6 +102,11 @@ typedef struct kvbm__service_route {
   const char *method_msg;   /* the 405 text (NULL: "method not allowed") */
   kvbm__service_fn fn;
   void *user;
+  /* Optional, for a route whose handler defers: called on the service's
+   * thread when a parked request's connection goes before its answer
+   * (the client closed, defer_timeout_s passed: 504 sent, the service
+   * destroyed). The ticket's answer, if it still comes, is dropped. */
+  void (*gone)(void *user, uint64_t ticket);
 } kvbm__service_route;
 
 typedef struct kvbm__service_config {
@@ -121,6 +131,12 @@ typedef struct kvbm__service_config {
   void (*tick)(void *user, int64_t now_ns);
   void *tick_user;
   int tick_ms;
+  /* Deferred answers: at most max_deferred parked at once (0:
+   * max_connections; kvbm__service_defer refuses more), each answered
+   * within defer_timeout_s of its request (0: io_timeout_s; at most
+   * 86400) or the client gets 504 and the connection closes. */
+  uint32_t max_deferred;
+  double defer_timeout_s;
 } kvbm__service_config;
 
 /* What the service did, counted since create (any thread; atomics). */
@@ -140,6 +156,13 @@ typedef struct kvbm__service_stats {
   uint64_t idle_timeouts;          /* idle keep-alive connections closed */
   uint64_t turns_cut;              /* turns ended with work left (fairness) */
   uint64_t out_peak;               /* most output one connection had queued */
+  uint64_t deferred_now;           /* parked requests waiting for an answer */
+  uint64_t deferred;               /* requests parked, since create */
+  uint64_t deferred_answered;      /* ... answered through kvbm__service_complete */
+  uint64_t deferred_gone;          /* ... whose client went first */
+  uint64_t deferred_timeouts;      /* ... answered 504 at defer_timeout_s */
+  uint64_t deferred_dropped;       /* completions for no parked request
+                                      (gone, timed out, unknown ticket) */
 } kvbm__service_stats;
 
 /* Binds and listens (nothing is served until run or start). */
@@ -160,6 +183,22 @@ void kvbm__service_stop(kvbm__service *s);
 void kvbm__service_destroy(kvbm__service *s);
 
 uint16_t kvbm__service_port(const kvbm__service *s);
+
+/* In a handler only: this request is answered later. Parks the
+ * connection and returns the request's ticket (never 0; also in
+ * ans->ticket), or 0 when max_deferred requests are parked already (the
+ * handler then answers now, e.g. 503). What the handler set in *ans is
+ * ignored once it deferred. Cost: O(1). */
+uint64_t kvbm__service_defer(kvbm__service *s, kvbm__service_answer *ans);
+
+/* Any thread: the answer of a deferred request (status, the route's
+ * content type, body copied; close: close the connection after it).
+ * KVBM_OK when queued for the loop (which drops it, counted in
+ * deferred_dropped, if the client went meanwhile), KVBM_EINVAL for
+ * ticket 0 or a status outside 100..599, KVBM_ENOMEM. Each ticket is
+ * answered once; the loop finds its connection in O(connections). */
+int kvbm__service_complete(kvbm__service *s, uint64_t ticket, int status, const char *body,
+                           size_t len, bool close);
 
 /* Bytes the open connections hold, read (unconsumed) and to send. The
  * service's thread only (a handler, the tick): it walks the table. */
