@@ -745,7 +745,28 @@ static int read_parent(dctx *c, kvbm_event *ev) {
   return read_hash(c, &ev->parent_hash);
 }
 
+/* o->mname for a medium whose wire text is exactly its name in the
+ * static table (kvbm_medium_name): nothing copied, the pointer is the
+ * table's (the same text; valid for longer than the arena would be). */
+#define MNAME_STATIC(m) (SIZE_MAX - 1 - (size_t)(m))
+#define MNAME_IS_STATIC(off) ((off) >= MNAME_STATIC(KVBM_MEDIUM_REMOTE) && (off) < SIZE_MAX)
+
+/* "GPU" (vLLM's G1, nearly every event) and "CPU" as fixstrs, read at
+ * once; anything else, or the same text in another encoding, goes the
+ * general way. */
+static bool read_medium_fast(dctx *c, kvbm_event *ev, ev_off *o) {
+  const uint8_t *p = c->r.p;
+  if (c->r.end - p < 4 || p[0] != 0xa3 || p[2] != 'P' || p[3] != 'U') return false;
+  if (p[1] == 'G') ev->medium = KVBM_MEDIUM_GPU;
+  else if (p[1] == 'C') ev->medium = KVBM_MEDIUM_CPU;
+  else return false;
+  o->mname = MNAME_STATIC(ev->medium);
+  c->r.p = p + 4;
+  return true;
+}
+
 static int read_medium(dctx *c, kvbm_event *ev, ev_off *o) {
+  if (read_medium_fast(c, ev, o)) return 0;
   const uint8_t *raw = NULL;
   size_t n = 0;
   int rc = read_opt_str(c, &o->mname, &raw, &n);
@@ -854,13 +875,56 @@ static int read_positional(dctx *c, kvbm_event *ev, ev_off *o) {
   return 0;
 }
 
+/* Whether the bytes at the reader are `lit` (a key with its fixstr
+ * header, or a key and the tag after it); if so the reader passes them.
+ * `lit` is a literal, so the compare is a few loads. */
+#define AT(c, lit)                                                          \
+  ((size_t)((c)->r.end - (c)->r.p) >= sizeof(lit) - 1 &&                  \
+   !memcmp((c)->r.p, (lit), sizeof(lit) - 1) && ((c)->r.p += sizeof(lit) - 1, true))
+
+/* The keys vLLM writes, in its order (msgspec writes a struct's fields in
+ * declaration order, the tag first): BlockStored's required ones, then
+ * BlockRemoved's. A map event whose keys come so is read without looking
+ * its keys up; from the first key that differs (an optional one, another
+ * order, another sender) the general loop goes on. */
+static uint32_t read_keys_in_order(dctx *c, kvbm_event *ev, ev_off *o, uint32_t n,
+                                   unsigned *seen, int *rc) {
+  uint32_t i = 0;
+#define NEXT(lit, f, call)                                \
+  if (i == n || !AT(c, lit)) return i;                    \
+  c->field = kFieldName[f];                               \
+  if ((*rc = (call))) return i;                           \
+  *seen |= 1u << (f);                                     \
+  i++
+  if (n >= 2 && AT(c, "\xa4type\xab" "BlockStored")) {
+    ev->type = KVBM_EVENT_STORED;
+    i = 1;
+    NEXT("\xac" "block_hashes", F_HASHES, read_hashes(c, &o->h, &ev->num_block_hashes));
+    NEXT("\xb1" "parent_block_hash", F_PARENT, read_parent(c, ev));
+    NEXT("\xa9" "token_ids", F_TOKENS, read_tokens(c, ev, &o->t));
+    NEXT("\xaa" "block_size", F_BSIZE, read_u32(c, &ev->block_size));
+    NEXT("\xa7" "lora_id", F_LORA, read_opt_i64(c, &ev->lora_id, &ev->has_lora_id));
+    NEXT("\xa6" "medium", F_MEDIUM, read_medium(c, ev, o));
+    NEXT("\xa9" "lora_name", F_LNAME, read_opt_str(c, &o->lname, NULL, NULL));
+  } else if (n >= 2 && AT(c, "\xa4type\xac" "BlockRemoved")) {
+    ev->type = KVBM_EVENT_REMOVED;
+    i = 1;
+    NEXT("\xac" "block_hashes", F_HASHES, read_hashes(c, &o->h, &ev->num_block_hashes));
+    NEXT("\xa6" "medium", F_MEDIUM, read_medium(c, ev, o));
+  }
+#undef NEXT
+  return i;
+}
+
 static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t n;
   int rc = kvbm__mpr_map(&c->r, &n);
   if (rc) return fail(c, rc, "bad map");
-  bool have_type = false;
   unsigned seen = 0;
-  for (uint32_t i = 0; i < n; i++) {
+  uint32_t first = read_keys_in_order(c, ev, o, n, &seen, &rc);
+  if (rc) return rc;
+  bool have_type = first > 0;
+  for (uint32_t i = first; i < n; i++) {
     const uint8_t *from, *k = NULL;
     size_t kl = 0;
     c->field = "key";
@@ -966,7 +1030,7 @@ static void fix_pointers(kvbm_event_decoder *d) {
     const ev_off *o = &d->off[i];
     ev->block_hashes = ev->num_block_hashes ? d->h + o->h : NULL;
     ev->token_ids = ev->num_tokens ? d->t + o->t : NULL;
-    ev->medium_name = STR(o->mname);
+    ev->medium_name = MNAME_IS_STATIC(o->mname) ? kvbm_medium_name(ev->medium) : STR(o->mname);
     ev->lora_name = STR(o->lname);
     ev->cache_salt = STR(o->salt);
     ev->kv_cache_spec_kind = STR(o->kind);

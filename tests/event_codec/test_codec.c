@@ -760,6 +760,148 @@ static void test_bad_event_skipped(void **s) {
   kvbm_event_decoder_destroy(dec);
 }
 
+/* One BlockStored map event written by msgpack-c: its keys in the order
+ * `order` names (indices into vLLM's 8 keys; vLLM's order is 0..7), the
+ * medium's text as `medium` (str8 when `str8`), and `extra` optional
+ * keys after the first `extra_at` keys. */
+static void pk_stored_map(pk *k, const int *order, const char *medium, bool str8, int extra_at) {
+  msgpack_pack_map(&k->p, 8 + (extra_at >= 0));
+  for (int j = 0; j < 8; j++) {
+    if (j == extra_at) {
+      pk_str(k, "group_idx");
+      msgpack_pack_int(&k->p, 3);
+    }
+    switch (order[j]) {
+      case 0: pk_str(k, "type"); pk_str(k, "BlockStored"); break;
+      case 1:
+        pk_str(k, "block_hashes");
+        msgpack_pack_array(&k->p, 2);
+        msgpack_pack_uint64(&k->p, 0x9e3779b97f4a7c15ull);
+        msgpack_pack_uint64(&k->p, 7);
+        break;
+      case 2: pk_str(k, "parent_block_hash"); msgpack_pack_uint64(&k->p, 1ull << 63); break;
+      case 3:
+        pk_str(k, "token_ids");
+        msgpack_pack_array(&k->p, 4);
+        for (uint32_t t = 0; t < 4; t++) msgpack_pack_uint32(&k->p, t * 70000u);
+        break;
+      case 4: pk_str(k, "block_size"); msgpack_pack_int(&k->p, 2); break;
+      case 5: pk_str(k, "lora_id"); msgpack_pack_nil(&k->p); break;
+      case 6:
+        pk_str(k, "medium");
+        if (str8) {
+          static const uint8_t h[2] = {0xd9, 3}; /* "GPU" as str8: the same text */
+          msgpack_sbuffer_write(&k->sb, (const char *)h, 2);
+          msgpack_sbuffer_write(&k->sb, medium, 3);
+        } else {
+          pk_str(k, medium);
+        }
+        break;
+      case 7: pk_str(k, "lora_name"); msgpack_pack_nil(&k->p); break;
+    }
+  }
+  if (extra_at == 8) { /* after the required keys, as vLLM writes it */
+    pk_str(k, "group_idx");
+    msgpack_pack_int(&k->p, 3);
+  }
+}
+
+/* The decoder reads map events whose keys come in vLLM's order without
+ * looking each key up, and a "GPU"/"CPU" medium without copying it. Any
+ * other order, an optional key in the middle, another encoding of the
+ * same text, a medium in other case: the same event, read the general
+ * way from the first key that differs; a bad field on the quick path
+ * costs that event only, with the field named. */
+static void test_map_key_orders(void **s) {
+  (void)s;
+  static const int vllm[8] = {0, 1, 2, 3, 4, 5, 6, 7}, rev[8] = {7, 6, 5, 4, 3, 2, 1, 0},
+                   swap[8] = {0, 1, 3, 2, 4, 5, 6, 7}, late_type[8] = {1, 0, 2, 3, 4, 5, 6, 7};
+  static const struct {
+    const int *order;
+    const char *medium;
+    bool str8;
+    int extra_at;
+    kvbm_medium want;
+  } kCases[] = {
+      {vllm, "GPU", false, -1, KVBM_MEDIUM_GPU}, {rev, "GPU", false, -1, KVBM_MEDIUM_GPU},
+      {swap, "CPU", false, -1, KVBM_MEDIUM_CPU}, {late_type, "GPU", false, -1, KVBM_MEDIUM_GPU},
+      {vllm, "GPU", true, -1, KVBM_MEDIUM_GPU},  {vllm, "gpu", false, -1, KVBM_MEDIUM_GPU},
+      {vllm, "GPU", false, 3, KVBM_MEDIUM_GPU},  {vllm, "GPX", false, -1, KVBM_MEDIUM_OTHER},
+      {vllm, "CPU", false, 8, KVBM_MEDIUM_CPU},
+  };
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  for (size_t c = 0; c < sizeof kCases / sizeof kCases[0]; c++) {
+    pk k;
+    pk_init(&k);
+    msgpack_pack_array(&k.p, 3);
+    msgpack_pack_double(&k.p, 1.0);
+    msgpack_pack_array(&k.p, 2);
+    pk_stored_map(&k, kCases[c].order, kCases[c].medium, kCases[c].str8, kCases[c].extra_at);
+    msgpack_pack_map(&k.p, 3); /* a BlockRemoved in vLLM's order */
+    pk_str(&k, "type");
+    pk_str(&k, "BlockRemoved");
+    pk_str(&k, "block_hashes");
+    msgpack_pack_array(&k.p, 1);
+    msgpack_pack_uint64(&k.p, 7);
+    pk_str(&k, "medium");
+    pk_str(&k, kCases[c].medium);
+    msgpack_pack_int(&k.p, 0);
+    kvbm_event_batch b;
+    kvbm_error err;
+    if (decode_pk(&k, &b, &err, dec)) fail_msg("case %zu: %s", c, err.msg);
+    assert_int_equal(b.num_events, 2);
+    assert_int_equal(b.skipped, 0);
+    const kvbm_event *e = &b.events[0];
+    assert_int_equal(e->type, KVBM_EVENT_STORED);
+    assert_int_equal(e->num_block_hashes, 2);
+    assert_true(e->block_hashes[0] == 0x9e3779b97f4a7c15ull && e->block_hashes[1] == 7);
+    assert_true(e->has_parent && e->parent_hash == 1ull << 63);
+    assert_int_equal(e->num_tokens, 4);
+    for (uint32_t t = 0; t < 4; t++) assert_int_equal(e->token_ids[t], t * 70000u);
+    assert_int_equal(e->block_size, 2);
+    assert_false(e->has_lora_id);
+    assert_null(e->lora_name);
+    assert_int_equal(e->medium, kCases[c].want);
+    assert_string_equal(e->medium_name, kCases[c].medium); /* the text as it came */
+    assert_int_equal(e->has_group_idx, kCases[c].extra_at >= 0);
+    if (e->has_group_idx) assert_int_equal(e->group_idx, 3);
+    e = &b.events[1];
+    assert_int_equal(e->type, KVBM_EVENT_REMOVED);
+    assert_int_equal(e->num_block_hashes, 1);
+    assert_int_equal(e->medium, kCases[c].want);
+    assert_string_equal(e->medium_name, kCases[c].medium);
+    msgpack_sbuffer_destroy(&k.sb);
+  }
+  /* in vLLM's order, block_size a string: that event is skipped, named */
+  pk k;
+  pk_init(&k);
+  msgpack_pack_array(&k.p, 2);
+  msgpack_pack_double(&k.p, 1.0);
+  msgpack_pack_array(&k.p, 2);
+  msgpack_pack_map(&k.p, 5);
+  pk_str(&k, "type");
+  pk_str(&k, "BlockStored");
+  pk_str(&k, "block_hashes");
+  msgpack_pack_array(&k.p, 0);
+  pk_str(&k, "parent_block_hash");
+  msgpack_pack_nil(&k.p);
+  pk_str(&k, "token_ids");
+  msgpack_pack_array(&k.p, 0);
+  pk_str(&k, "block_size");
+  pk_str(&k, "16");
+  pk_stored_map(&k, vllm, "GPU", false, -1);
+  kvbm_event_batch b;
+  kvbm_error err;
+  if (decode_pk(&k, &b, &err, dec)) fail_msg("%s", err.msg);
+  assert_int_equal(b.num_events, 1);
+  assert_int_equal(b.skipped, 1);
+  assert_non_null(strstr(kvbm_event_decoder_skip_reason(dec), "block_size"));
+  assert_int_equal(b.events[0].block_size, 2);
+  msgpack_sbuffer_destroy(&k.sb);
+  kvbm_event_decoder_destroy(dec);
+}
+
 /* Found by fuzz_event_decode: SGLang's positional metadata map (index 7)
  * with a key the map form names itself ("block_size"). Kept as an extra it
  * made an event that the map form could not write (the key twice); the
@@ -1166,6 +1308,7 @@ int main(void) {
       cmocka_unit_test(test_wire_variants),
       cmocka_unit_test(test_sglang_salted_positional),
       cmocka_unit_test(test_bad_event_skipped),
+      cmocka_unit_test(test_map_key_orders),
       cmocka_unit_test(test_metadata_key_names_a_field),
       cmocka_unit_test(test_token_pairs),
       cmocka_unit_test(test_media),
