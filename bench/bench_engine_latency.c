@@ -80,12 +80,12 @@
 enum { NCFG = 3, NSTAT = 6 };
 static const char *const cfg_name[NCFG] = {"G1 only", "G1+G2+G3", "G1+G2+G3+G4 (redis)"};
 static const char *const cfg_key[NCFG] = {"g1", "g1_g2_g3", "g1_g2_g3_g4"};
-static const char *const call_name[KVBM_W2_CALL_COUNT] = {"prefill", "wait", "append",
+static const char *const call_name[KVSIM_W2_CALL_COUNT] = {"prefill", "wait", "append",
                                                           "commit", "flush", "destroy"};
 /* Printed in this order: the two the issue names first, W2's flush last. */
-static const kvbm_w2_call call_order[KVBM_W2_CALL_COUNT] = {
-    KVBM_W2_CALL_PREFILL, KVBM_W2_CALL_COMMIT, KVBM_W2_CALL_WAIT,
-    KVBM_W2_CALL_APPEND,  KVBM_W2_CALL_DESTROY, KVBM_W2_CALL_FLUSH};
+static const kvsim_w2_call call_order[KVSIM_W2_CALL_COUNT] = {
+    KVSIM_W2_CALL_PREFILL, KVSIM_W2_CALL_COMMIT, KVSIM_W2_CALL_WAIT,
+    KVSIM_W2_CALL_APPEND,  KVSIM_W2_CALL_DESTROY, KVSIM_W2_CALL_FLUSH};
 static const char *const stat_name[NSTAT] = {"p50_us", "p90_us", "p99_us", "max_us", "mean_us",
                                              "calls_per_s"};
 static const char *const tier_name[KVBM_TIER_COUNT] = {"G1", "G2", "G3", "G4"};
@@ -105,7 +105,7 @@ typedef struct samples {
 
 /* What one configuration's run observed. */
 typedef struct run_obs {
-  samples call[KVBM_W2_CALL_COUNT];
+  samples call[KVSIM_W2_CALL_COUNT];
   uint64_t prev_hit[KVBM_TIER_COUNT]; /* hit tokens per tier so far */
   uint64_t req_hit[KVBM_TIER_COUNT];  /* requests with a block from the tier */
   uint64_t req_nohit, requests; /* requests: also the index of the one in flight */
@@ -115,20 +115,20 @@ typedef struct run_obs {
 /* One configuration's figures in one rep. */
 typedef struct rep_fig {
   bool ran;
-  double stat[KVBM_W2_CALL_COUNT][NSTAT];
-  size_t calls[KVBM_W2_CALL_COUNT];
+  double stat[KVSIM_W2_CALL_COUNT][NSTAT];
+  size_t calls[KVSIM_W2_CALL_COUNT];
   double req_share[KVBM_TIER_COUNT], nohit_share; /* of requests */
   double tok_share[KVBM_TIER_COUNT];              /* of prompt tokens */
   double requests_per_s;
   /* Why the tail is the tail: the mean tokens (prompt for prefill, prompt
    * plus output for commit) of the requests of the slowest 1% of calls,
    * and of all. */
-  double tail_tokens[KVBM_W2_CALL_COUNT], all_tokens[KVBM_W2_CALL_COUNT];
+  double tail_tokens[KVSIM_W2_CALL_COUNT], all_tokens[KVSIM_W2_CALL_COUNT];
   uint64_t skipped, lookups, lookup_timeouts;
   char g3_mode[64], g4_mode[64];
 } rep_fig;
 
-static void on_call(void *user, kvbm_w2_call call, double seconds) {
+static void on_call(void *user, kvsim_w2_call call, double seconds) {
   run_obs *o = user;
   samples *s = &o->call[call];
   if (s->n == s->cap) {
@@ -140,7 +140,7 @@ static void on_call(void *user, kvbm_w2_call call, double seconds) {
 
 /* After each request: which tiers its match came from (the driver's
  * per-tier hit tokens, cumulative, so this request's are the difference). */
-static void on_request(void *user, size_t done, size_t total, const kvbm_w2_result *so_far,
+static void on_request(void *user, size_t done, size_t total, const kvsim_w2_result *so_far,
                        kvbm_manager *m) {
   (void)done;
   (void)total;
@@ -179,13 +179,13 @@ static size_t rank(size_t n, double p) {
 }
 
 /* The tokens a call of kind k handles for request q. */
-static double call_tokens(const kvbm_trace_request *q, int k) {
-  return k == KVBM_W2_CALL_PREFILL || k == KVBM_W2_CALL_WAIT
+static double call_tokens(const kvsim_trace_request *q, int k) {
+  return k == KVSIM_W2_CALL_PREFILL || k == KVSIM_W2_CALL_WAIT
              ? (double)q->input_length
              : (double)q->input_length + (double)q->output_length;
 }
 
-static void summarize(samples *s, int k, const kvbm_trace *t, double out[NSTAT], double *tail,
+static void summarize(samples *s, int k, const kvsim_trace *t, double out[NSTAT], double *tail,
                       double *all) {
   memset(out, 0, NSTAT * sizeof *out);
   *tail = *all = 0;
@@ -195,7 +195,7 @@ static void summarize(samples *s, int k, const kvbm_trace *t, double out[NSTAT],
   size_t from = rank(s->n, 0.99);
   for (size_t i = 0; i < s->n; i++) {
     sum += s->v[i].s;
-    double x = call_tokens(kvbm_trace_get(t, s->v[i].req), k);
+    double x = call_tokens(kvsim_trace_get(t, s->v[i].req), k);
     tok += x;
     if (i >= from) tail_tok += x;
   }
@@ -210,7 +210,7 @@ static void summarize(samples *s, int k, const kvbm_trace *t, double out[NSTAT],
 }
 
 typedef struct bench {
-  const kvbm_trace *trace;
+  const kvsim_trace *trace;
   size_t requests;
   const char *dir;
   vt_redis redis; /* pid 0: none */
@@ -223,7 +223,7 @@ typedef struct bench {
  * saying why on stderr. */
 static int run_config(bench *b, int c, rep_fig *f) {
   memset(f, 0, sizeof *f);
-  kvbm_w2_config o = kvbm_w2_config_default();
+  kvsim_w2_config o = kvsim_w2_config_default();
   o.w1.limit = b->requests;
   char g3dir[512] = "";
   if (c >= 1) {
@@ -252,7 +252,7 @@ static int run_config(bench *b, int c, rep_fig *f) {
   run_obs obs;
   memset(&obs, 0, sizeof obs);
   int rc = 0;
-  for (int k = 0; k < KVBM_W2_CALL_COUNT && !rc; k++) {
+  for (int k = 0; k < KVSIM_W2_CALL_COUNT && !rc; k++) {
     obs.call[k].cap = b->requests;
     obs.call[k].v = malloc(b->requests * sizeof(sample));
     if (!obs.call[k].v) rc = 1;
@@ -261,9 +261,9 @@ static int run_config(bench *b, int c, rep_fig *f) {
   o.on_call = on_call;
   o.on_request = on_request;
   o.observer_user = &obs;
-  kvbm_w2_result res;
+  kvsim_w2_result res;
   kvbm_error err = {0};
-  if (!rc && kvbm_w2_run(b->trace, &o, &res, &err)) {
+  if (!rc && kvsim_w2_run(b->trace, &o, &res, &err)) {
     fprintf(stderr, "bench_engine_latency: %s: %s\n", cfg_name[c], err.msg);
     rc = 1;
   }
@@ -287,7 +287,7 @@ static int run_config(bench *b, int c, rep_fig *f) {
   }
   if (!rc) {
     f->ran = true;
-    for (int k = 0; k < KVBM_W2_CALL_COUNT; k++) {
+    for (int k = 0; k < KVSIM_W2_CALL_COUNT; k++) {
       summarize(&obs.call[k], k, b->trace, f->stat[k], &f->tail_tokens[k], &f->all_tokens[k]);
       f->calls[k] = obs.call[k].n;
     }
@@ -305,7 +305,7 @@ static int run_config(bench *b, int c, rep_fig *f) {
     snprintf(f->g3_mode, sizeof f->g3_mode, "%s", res.g3_mode);
     snprintf(f->g4_mode, sizeof f->g4_mode, "%s", res.g4_mode);
   }
-  for (int k = 0; k < KVBM_W2_CALL_COUNT; k++) free(obs.call[k].v);
+  for (int k = 0; k < KVSIM_W2_CALL_COUNT; k++) free(obs.call[k].v);
   if (g3dir[0]) vt_rmrf(g3dir);
   return rc;
 }
@@ -388,10 +388,10 @@ static void print_text(rep_fig *const figs[], int reps, const bench *b, const bo
     for (int s = 0; s < NSTAT; s++)
       if (s != 4) printf("  %-22s", stat_name[s]); /* the mean is in the JSON */
     printf("\n");
-    for (int i = 0; i < KVBM_W2_CALL_COUNT; i++) {
+    for (int i = 0; i < KVSIM_W2_CALL_COUNT; i++) {
       int k = call_order[i];
       char label[32];
-      snprintf(label, sizeof label, "%s%s", call_name[k], k == KVBM_W2_CALL_FLUSH ? " (W2's)" : "");
+      snprintf(label, sizeof label, "%s%s", call_name[k], k == KVSIM_W2_CALL_FLUSH ? " (W2's)" : "");
       printf("  %-14s %6zu", label, f0->calls[k]);
       for (int s = 0; s < NSTAT; s++) {
         if (s == 4) continue;
@@ -422,10 +422,10 @@ static void print_text(rep_fig *const figs[], int reps, const bench *b, const bo
            (unsigned long long)lto);
     if (c == 2)
       printf("; G4 lookups (one store round trip each) in %llu of %zu prefills",
-             (unsigned long long)f0->lookups, f0->calls[KVBM_W2_CALL_PREFILL]);
+             (unsigned long long)f0->lookups, f0->calls[KVSIM_W2_CALL_PREFILL]);
     printf("\n");
     printf("  slowest 1%% of calls, mean tokens of their requests (of all calls):");
-    static const kvbm_w2_call why[] = {KVBM_W2_CALL_PREFILL, KVBM_W2_CALL_COMMIT};
+    static const kvsim_w2_call why[] = {KVSIM_W2_CALL_PREFILL, KVSIM_W2_CALL_COMMIT};
     for (int i = 0; i < 2; i++)
       printf("%s %s %.0f (%.0f)", i ? ";" : "", call_name[why[i]],
              over_reps(figs, reps, c, get_tail, why[i], 0, scratch).med,
@@ -457,7 +457,7 @@ static int write_json(const char *path, rep_fig *const figs[], int reps, const b
               figs[0][c].g3_mode, figs[0][c].g4_mode, (unsigned long long)figs[0][c].lookups);
       json_spread(o, over_reps(figs, reps, c, get_rps, 0, 0, scratch));
       fprintf(o, ",\"calls\":{");
-      for (int i = 0; i < KVBM_W2_CALL_COUNT; i++) {
+      for (int i = 0; i < KVSIM_W2_CALL_COUNT; i++) {
         int k = call_order[i];
         fprintf(o, "%s\"%s\":{\"count\":%zu,\"tokens_mean\":%.6g,\"slowest_1pct_tokens_mean\":", i ? "," : "",
                 call_name[k], figs[0][c].calls[k], figs[0][c].all_tokens[k]);
@@ -536,13 +536,13 @@ int main(int argc, char **argv) {
   }
   signal(SIGPIPE, SIG_IGN); /* a store that hangs up is an error, not a death */
   kvbm_error err = {0};
-  kvbm_trace *trace;
-  if (kvbm_trace_load(trace_path, b.requests, &trace, &err)) {
+  kvsim_trace *trace;
+  if (kvsim_trace_load(trace_path, b.requests, &trace, &err)) {
     fprintf(stderr, "bench_engine_latency: %s: %s\n", trace_path, err.msg);
     return 1;
   }
   b.trace = trace;
-  if (kvbm_trace_count(trace) < b.requests) b.requests = kvbm_trace_count(trace);
+  if (kvsim_trace_count(trace) < b.requests) b.requests = kvsim_trace_count(trace);
   bool skip[NCFG] = {false, false, false};
   if (access(VT_REDIS_SERVER, X_OK) != 0) {
     skip[2] = true;
@@ -552,13 +552,13 @@ int main(int argc, char **argv) {
     int k = snprintf(b.redis.dir, sizeof b.redis.dir, "%s/kvbm-lat-redis-XXXXXX", b.dir);
     if (k < 0 || (size_t)k >= sizeof b.redis.dir || !mkdtemp(b.redis.dir)) {
       fprintf(stderr, "bench_engine_latency: cannot make a directory under %s\n", b.dir);
-      kvbm_trace_destroy(trace);
+      kvsim_trace_destroy(trace);
       return 1;
     }
     if (vt_redis_start(&b.redis) != 0) {
       fprintf(stderr, "bench_engine_latency: redis-server is installed but did not start\n");
       vt_redis_destroy(&b.redis);
-      kvbm_trace_destroy(trace);
+      kvsim_trace_destroy(trace);
       return 1;
     }
     snprintf(b.g4_url, sizeof b.g4_url, "redis://127.0.0.1:%d", b.redis.port);
@@ -587,6 +587,6 @@ int main(int argc, char **argv) {
   for (int r = 0; r < made; r++) free(figs[r]);
   free(scratch);
   if (b.redis.dir[0]) vt_redis_destroy(&b.redis);
-  kvbm_trace_destroy(trace);
+  kvsim_trace_destroy(trace);
   return rc;
 }

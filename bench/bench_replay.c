@@ -46,16 +46,16 @@ static double now(void) {
 }
 
 /* The bound: make every prompt token and hash it once. */
-static double bound_seconds(const kvbm_trace *t, size_t n, kvbm_hash_scheme scheme,
+static double bound_seconds(const kvsim_trace *t, size_t n, kvbm_hash_scheme scheme,
                             uint32_t bs, uint64_t *sink) {
   size_t max_in, max_out;
-  kvbm_trace_max_lengths(t, n, &max_in, &max_out);
+  kvsim_trace_max_lengths(t, n, &max_in, &max_out);
   uint32_t *tok = malloc(max_in * sizeof *tok);
   uint64_t *h = malloc((max_in / bs + 1) * sizeof *h);
   double t0 = now();
   for (size_t i = 0; i < n; i++) {
-    const kvbm_trace_request *r = kvbm_trace_get(t, i);
-    kvbm_trace_prompt_tokens(r, tok);
+    const kvsim_trace_request *r = kvsim_trace_get(t, i);
+    kvsim_trace_prompt_tokens(r, tok);
     size_t nb = kvbm_hash_chain(scheme, 0, tok, r->input_length, bs, h, max_in / bs + 1);
     if (nb) *sink ^= h[nb - 1];
   }
@@ -91,21 +91,21 @@ int main(int argc, char **argv) {
   }
   if (repeat < 1) repeat = 1;
   kvbm_error err = {0};
-  kvbm_trace *t;
-  if (kvbm_trace_load(path, limit, &t, &err)) {
+  kvsim_trace *t;
+  if (kvsim_trace_load(path, limit, &t, &err)) {
     fprintf(stderr, "bench_replay: %s\n", err.msg);
     return 1;
   }
-  size_t n = kvbm_trace_count(t);
-  kvbm_w1_config o = kvbm_w1_config_default();
+  size_t n = kvsim_trace_count(t);
+  kvsim_w1_config o = kvsim_w1_config_default();
   o.scheme = scheme;
-  kvbm_w1_result res = {0}, r;
-  kvbm_w1h_config hc = kvbm_w1h_config_default();
+  kvsim_w1_result res = {0}, r;
+  kvsim_w1h_config hc = kvsim_w1h_config_default();
   hc.scheme = scheme;
   hc.max_num_batched_tokens = mbt;
   if (hybrid && kvbm_groups_parse(groups, hc.groups, KVBM_GROUPS_MAX, &hc.num_groups, &err))
     kvbm_bench_die("bench_replay", "--groups: %s", err.msg);
-  kvbm_w1h_result hres = {0};
+  kvsim_w1h_result hres = {0};
   double *hratio = calloc((size_t)repeat, sizeof *hratio);
   double *wratio = calloc((size_t)repeat, sizeof *wratio); /* each round's replay / bound */
   double best_replay = 1e30, best_bound = 1e30, best_hybrid = 1e30;
@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
   for (int k = 0; k < repeat; k++) {
     double b = bound_seconds(t, n, scheme, o.block_size, &sink);
     if (b < best_bound) best_bound = b;
-    if (kvbm_w1_run(t, &o, &r, &err)) {
+    if (kvsim_w1_run(t, &o, &r, &err)) {
       fprintf(stderr, "bench_replay: %s\n", err.msg);
       return 1;
     }
@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
     wratio[k] = r.seconds / b;
     res = r;
     if (hybrid) {
-      if (kvbm_w1h_run(t, &hc, &hres, &err)) kvbm_bench_die("bench_replay", "%s", err.msg);
+      if (kvsim_w1h_run(t, &hc, &hres, &err)) kvbm_bench_die("bench_replay", "%s", err.msg);
       if (hres.seconds < best_hybrid) best_hybrid = hres.seconds;
       hratio[k] = hres.seconds / r.seconds;
     }
@@ -191,6 +191,6 @@ int main(int argc, char **argv) {
     printf("  oracle      %s (%s)", same ? "counts equal" : "COUNTS DIFFER", line);
     rc = !same;
   }
-  kvbm_trace_destroy(t);
+  kvsim_trace_destroy(t);
   return rc;
 }

@@ -4,7 +4,7 @@
  * 8 workers, capacity 16384, block size 16, load model 10 s, the bundled
  * trace by default; --workers N runs it with N workers).
  *
- * First the W3 kv-aware run is made (kvbm_w3_run) with taps that record,
+ * First the W3 kv-aware run is made (kvsim_w3_run) with taps that record,
  * in order, every event batch the index applied (as decoded) and every
  * lookup it made. Then that log is replayed, on one thread, into:
  *   - a fresh kvbm index: operations a second (events applied plus
@@ -442,20 +442,20 @@ int main(int argc, char **argv) {
   }
   if (repeat < 1) repeat = 1;
   kvbm_error err = {0};
-  kvbm_trace *t;
-  if (kvbm_trace_load(path, limit, &t, &err)) kvbm_bench_die("bench_router", "%s", err.msg);
+  kvsim_trace *t;
+  if (kvsim_trace_load(path, limit, &t, &err)) kvbm_bench_die("bench_router", "%s", err.msg);
   static oplog l;
-  kvbm_w3_config o = kvbm_w3_config_default();
+  kvsim_w3_config o = kvsim_w3_config_default();
   o.workers = g_workers;
   g_capacity = o.capacity;
   o.tap_batch = tap_batch;
   o.tap_lookup = tap_lookup;
   o.tap_user = &l;
-  kvbm_w3_result w3;
+  kvsim_w3_result w3;
   double t0 = now();
-  if (kvbm_w3_run(t, &o, &w3, &err)) kvbm_bench_die("bench_router", "%s", err.msg);
+  if (kvsim_w3_run(t, &o, &w3, &err)) kvbm_bench_die("bench_router", "%s", err.msg);
   double sim_s = now() - t0;
-  kvbm_trace_destroy(t);
+  kvsim_trace_destroy(t);
   build_batches(&l);
   double *lat = malloc((l.lookups + 1) * sizeof *lat);
   double *ks = calloc((size_t)repeat * 8, sizeof *ks);

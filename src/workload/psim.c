@@ -25,7 +25,7 @@
  *
  * G1 is modelled as W1's pool: a count of free blocks, a state per id
  * (absent, held by the running request, cached) and the cached ids in a
- * psim_cache whose evict() chooses the victim. Nothing is pinned in G1's
+ * kvsim_psim_cache whose evict() chooses the victim. Nothing is pinned in G1's
  * cache: the running request's blocks are simply not in it.
  *
  * Clairvoyance. A block's next use is the next request that may match it
@@ -40,7 +40,7 @@
  * blocks by an expiry the simulator makes when the request runs (its
  * time + a TTL) with a rank in front (none, a random one per request, or
  * one minus the return rate of its turn class) and its depth behind:
- * psim_cache takes overdue blocks first, then the highest key. "sticky"
+ * kvsim_psim_cache takes overdue blocks first, then the highest key. "sticky"
  * admission is Belady's rule on those keys (write only into room or over
  * a victim that would go later), so a full cache with nothing overdue
  * holds what it has: a fill-and-hold TTL cache. Turns are learned online:
@@ -61,43 +61,43 @@
 
 /* ---- names and presets ---- */
 
-static const char *const kAdmit[KVBM_PSIM_ADMIT_COUNT] = {
+static const char *const kAdmit[KVSIM_PSIM_ADMIT_COUNT] = {
     "all", "frequency", "never", "clairvoyant", "reused", "victim", "sticky", "turn"};
 
-const char *kvbm_psim_admit_name(int a) {
-  return a >= 0 && a < KVBM_PSIM_ADMIT_COUNT ? kAdmit[a] : "?";
+const char *kvsim_psim_admit_name(int a) {
+  return a >= 0 && a < KVSIM_PSIM_ADMIT_COUNT ? kAdmit[a] : "?";
 }
 
-bool kvbm_psim_admit_parse(const char *s, kvbm_psim_admit *out) {
-  for (int a = 0; s && a < KVBM_PSIM_ADMIT_COUNT; a++)
+bool kvsim_psim_admit_parse(const char *s, kvsim_psim_admit *out) {
+  for (int a = 0; s && a < KVSIM_PSIM_ADMIT_COUNT; a++)
     if (!strcmp(s, kAdmit[a])) {
-      *out = (kvbm_psim_admit)a;
+      *out = (kvsim_psim_admit)a;
       return true;
     }
   return false;
 }
 
-static const char *const kRank[KVBM_PSIM_RANK_COUNT] = {"none", "random", "turn"};
+static const char *const kRank[KVSIM_PSIM_RANK_COUNT] = {"none", "random", "turn"};
 
-const char *kvbm_psim_rank_name(int k) {
-  return k >= 0 && k < KVBM_PSIM_RANK_COUNT ? kRank[k] : "?";
+const char *kvsim_psim_rank_name(int k) {
+  return k >= 0 && k < KVSIM_PSIM_RANK_COUNT ? kRank[k] : "?";
 }
 
-bool kvbm_psim_rank_parse(const char *s, kvbm_psim_rank *out) {
-  for (int k = 0; s && k < KVBM_PSIM_RANK_COUNT; k++)
+bool kvsim_psim_rank_parse(const char *s, kvsim_psim_rank *out) {
+  for (int k = 0; s && k < KVSIM_PSIM_RANK_COUNT; k++)
     if (!strcmp(s, kRank[k])) {
-      *out = (kvbm_psim_rank)k;
+      *out = (kvsim_psim_rank)k;
       return true;
     }
   return false;
 }
 
-kvbm_psim_config kvbm_psim_config_default(void) {
-  kvbm_psim_config c;
+kvsim_psim_config kvsim_psim_config_default(void) {
+  kvsim_psim_config c;
   memset(&c, 0, sizeof c);
-  c.tier[0] = (kvbm_psim_tier_config){16384, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_ALL, false};
-  c.tier[1] = (kvbm_psim_tier_config){65536, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_ALL, false};
-  c.tier[2] = (kvbm_psim_tier_config){262144, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_FREQUENCY, false};
+  c.tier[0] = (kvsim_psim_tier_config){16384, KVSIM_PSIM_EVICT_LRU, KVSIM_PSIM_ADMIT_ALL, false};
+  c.tier[1] = (kvsim_psim_tier_config){65536, KVSIM_PSIM_EVICT_LRU, KVSIM_PSIM_ADMIT_ALL, false};
+  c.tier[2] = (kvsim_psim_tier_config){262144, KVSIM_PSIM_EVICT_LRU, KVSIM_PSIM_ADMIT_FREQUENCY, false};
   c.freq_threshold = 2;
   c.freq_decay_uses = 65536;
   c.freq_max_entries = 1u << 20;
@@ -113,12 +113,12 @@ kvbm_psim_config kvbm_psim_config_default(void) {
   return c;
 }
 
-const char *const kvbm_psim_preset_names[] = {"today",  "lru-tail", "arc",     "s3fifo",
+const char *const kvsim_psim_preset_names[] = {"today",  "lru-tail", "arc",     "s3fifo",
                                               "wtinylfu", "victim", "g2-freq", "advisor",
                                               "belady", NULL};
 
-static void set_lower(kvbm_psim_config *c, psim_evict e2, kvbm_psim_admit a2, psim_evict e3,
-                      kvbm_psim_admit a3, bool tail_first) {
+static void set_lower(kvsim_psim_config *c, kvsim_psim_evict e2, kvsim_psim_admit a2, kvsim_psim_evict e3,
+                      kvsim_psim_admit a3, bool tail_first) {
   c->tier[1].evict = e2;
   c->tier[1].admit = a2;
   c->tier[2].evict = e3;
@@ -126,32 +126,32 @@ static void set_lower(kvbm_psim_config *c, psim_evict e2, kvbm_psim_admit a2, ps
   c->tier[1].tail_first = c->tier[2].tail_first = tail_first;
 }
 
-bool kvbm_psim_preset(const char *name, kvbm_psim_config *c) {
+bool kvsim_psim_preset(const char *name, kvsim_psim_config *c) {
   if (!name || !c) return false;
-  const kvbm_psim_admit ALL = KVBM_PSIM_ADMIT_ALL, FREQ = KVBM_PSIM_ADMIT_FREQUENCY;
+  const kvsim_psim_admit ALL = KVSIM_PSIM_ADMIT_ALL, FREQ = KVSIM_PSIM_ADMIT_FREQUENCY;
   if (!strcmp(name, "today")) {
-    set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, FREQ, false);
+    set_lower(c, KVSIM_PSIM_EVICT_LRU, ALL, KVSIM_PSIM_EVICT_LRU, FREQ, false);
   } else if (!strcmp(name, "lru-tail")) {
-    set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, FREQ, true);
+    set_lower(c, KVSIM_PSIM_EVICT_LRU, ALL, KVSIM_PSIM_EVICT_LRU, FREQ, true);
   } else if (!strcmp(name, "arc")) {
-    set_lower(c, PSIM_EVICT_ARC, ALL, PSIM_EVICT_ARC, FREQ, true);
+    set_lower(c, KVSIM_PSIM_EVICT_ARC, ALL, KVSIM_PSIM_EVICT_ARC, FREQ, true);
   } else if (!strcmp(name, "s3fifo")) {
-    set_lower(c, PSIM_EVICT_S3FIFO, ALL, PSIM_EVICT_S3FIFO, FREQ, true);
+    set_lower(c, KVSIM_PSIM_EVICT_S3FIFO, ALL, KVSIM_PSIM_EVICT_S3FIFO, FREQ, true);
   } else if (!strcmp(name, "wtinylfu")) {
-    set_lower(c, PSIM_EVICT_WTINYLFU, ALL, PSIM_EVICT_LRU, FREQ, true);
+    set_lower(c, KVSIM_PSIM_EVICT_WTINYLFU, ALL, KVSIM_PSIM_EVICT_LRU, FREQ, true);
   } else if (!strcmp(name, "victim")) {
-    set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, KVBM_PSIM_ADMIT_VICTIM, true);
+    set_lower(c, KVSIM_PSIM_EVICT_LRU, ALL, KVSIM_PSIM_EVICT_LRU, KVSIM_PSIM_ADMIT_VICTIM, true);
   } else if (!strcmp(name, "g2-freq")) {
-    set_lower(c, PSIM_EVICT_LRU, FREQ, PSIM_EVICT_LRU, FREQ, true);
+    set_lower(c, KVSIM_PSIM_EVICT_LRU, FREQ, KVSIM_PSIM_EVICT_LRU, FREQ, true);
   } else if (!strcmp(name, "advisor")) {
-    set_lower(c, PSIM_EVICT_LRU, ALL, PSIM_EVICT_LRU, FREQ, true);
+    set_lower(c, KVSIM_PSIM_EVICT_LRU, ALL, KVSIM_PSIM_EVICT_LRU, FREQ, true);
   } else if (!strcmp(name, "belady")) {
-    set_lower(c, PSIM_EVICT_BELADY, KVBM_PSIM_ADMIT_CLAIRVOYANT, PSIM_EVICT_BELADY,
-              KVBM_PSIM_ADMIT_CLAIRVOYANT, true);
+    set_lower(c, KVSIM_PSIM_EVICT_BELADY, KVSIM_PSIM_ADMIT_CLAIRVOYANT, KVSIM_PSIM_EVICT_BELADY,
+              KVSIM_PSIM_ADMIT_CLAIRVOYANT, true);
   } else {
     return false;
   }
-  c->tier[0].evict = strcmp(name, "belady") ? PSIM_EVICT_LRU : PSIM_EVICT_BELADY;
+  c->tier[0].evict = strcmp(name, "belady") ? KVSIM_PSIM_EVICT_LRU : KVSIM_PSIM_EVICT_BELADY;
   c->advisor = !strcmp(name, "advisor");
   return true;
 }
@@ -168,7 +168,7 @@ typedef struct sreq {
   double ts_ms;
 } sreq;
 
-struct kvbm_psim_stream {
+struct kvsim_psim_stream {
   uint32_t block_size;
   size_t nreq;
   sreq *req;
@@ -225,7 +225,7 @@ static uint32_t intern_id(intern *t, uint64_t h) {
 
 /* Per request: its shape, then its blocks' ids. tok has room for the
  * request's tokens. */
-static int stream_request(kvbm_psim_stream *s, intern *t, const kvbm_trace_request *q, size_t i,
+static int stream_request(kvsim_psim_stream *s, intern *t, const kvsim_trace_request *q, size_t i,
                           kvbm_hash_scheme scheme, uint32_t *tok, uint64_t *pos, size_t *pos_cap,
                           kvbm_error *err) {
   const uint32_t B = s->block_size;
@@ -247,8 +247,8 @@ static int stream_request(kvbm_psim_stream *s, intern *t, const kvbm_trace_reque
   r->prefill = (uint32_t)(n / B + (n % B != 0));
   if (kvbm__vec_reserve_of(&s->ids, pos_cap, *pos + r->nfull, 1u << 20, KVBM__VEC_NO_LIMIT))
     return kvbm_error_set(err, KVBM_ENOMEM, "policy-sim: out of memory");
-  kvbm_trace_prompt_tokens(q, tok);
-  kvbm_trace_output_tokens(q, i, tok + L);
+  kvsim_trace_prompt_tokens(q, tok);
+  kvsim_trace_output_tokens(q, i, tok + L);
   uint64_t parent = 0;
   for (uint32_t k = 0; k < r->nfull; k++) {
     parent = kvbm_hash_next(scheme, 0, parent, k > 0, tok + (size_t)k * B, B);
@@ -263,7 +263,7 @@ static int stream_request(kvbm_psim_stream *s, intern *t, const kvbm_trace_reque
 
 /* Each position's next use: scanned backwards, remembering per id the
  * nearest later request that may match it. */
-static int stream_next_uses(kvbm_psim_stream *s, uint64_t npos) {
+static int stream_next_uses(kvsim_psim_stream *s, uint64_t npos) {
   s->next = malloc((npos ? npos : 1) * sizeof *s->next);
   uint64_t *last = malloc((size_t)(s->universe ? s->universe : 1) * sizeof *last);
   if (!s->next || !last) {
@@ -281,18 +281,18 @@ static int stream_next_uses(kvbm_psim_stream *s, uint64_t npos) {
   return KVBM_OK;
 }
 
-int kvbm_psim_stream_build(const kvbm_trace *trace, size_t limit, uint32_t block_size,
-                           kvbm_hash_scheme scheme, bool next_use, kvbm_psim_stream **out,
+int kvsim_psim_stream_build(const kvsim_trace *trace, size_t limit, uint32_t block_size,
+                           kvbm_hash_scheme scheme, bool next_use, kvsim_psim_stream **out,
                            kvbm_error *err) {
   if (!trace || !out) return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: NULL argument");
   if (block_size == 0 || block_size > (1u << 16))
     return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: block size %u is not in 1..65536",
                           block_size);
-  size_t n = kvbm_trace_count(trace);
+  size_t n = kvsim_trace_count(trace);
   if (limit && limit < n) n = limit;
   size_t max_in, max_out;
-  kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
-  kvbm_psim_stream *s = calloc(1, sizeof *s);
+  kvsim_trace_max_lengths(trace, n, &max_in, &max_out);
+  kvsim_psim_stream *s = calloc(1, sizeof *s);
   intern t = {0};
   uint32_t *tok = malloc((max_in + max_out) * sizeof *tok);
   if (s) {
@@ -310,7 +310,7 @@ int kvbm_psim_stream_build(const kvbm_trace *trace, size_t limit, uint32_t block
   uint64_t pos = 0;
   size_t pos_cap = 0;
   for (size_t i = 0; i < n && !rc; i++)
-    rc = stream_request(s, &t, kvbm_trace_get(trace, i), i, scheme, tok, &pos, &pos_cap, err);
+    rc = stream_request(s, &t, kvsim_trace_get(trace, i), i, scheme, tok, &pos, &pos_cap, err);
   free(tok);
   free(t.slot);
   if (!rc) {
@@ -322,14 +322,14 @@ int kvbm_psim_stream_build(const kvbm_trace *trace, size_t limit, uint32_t block
   }
   free(t.hash);
   if (rc) {
-    kvbm_psim_stream_destroy(s);
+    kvsim_psim_stream_destroy(s);
     return rc;
   }
   *out = s;
   return KVBM_OK;
 }
 
-void kvbm_psim_stream_destroy(kvbm_psim_stream *s) {
+void kvsim_psim_stream_destroy(kvsim_psim_stream *s) {
   if (!s) return;
   free(s->req);
   free(s->ids);
@@ -338,10 +338,10 @@ void kvbm_psim_stream_destroy(kvbm_psim_stream *s) {
   free(s);
 }
 
-size_t kvbm_psim_stream_requests(const kvbm_psim_stream *s) { return s ? s->nreq : 0; }
-uint32_t kvbm_psim_stream_universe(const kvbm_psim_stream *s) { return s ? s->universe : 0; }
-uint64_t kvbm_psim_stream_max_blocks(const kvbm_psim_stream *s) { return s ? s->max_blocks : 0; }
-bool kvbm_psim_stream_has_next_use(const kvbm_psim_stream *s) { return s && s->next; }
+size_t kvsim_psim_stream_requests(const kvsim_psim_stream *s) { return s ? s->nreq : 0; }
+uint32_t kvsim_psim_stream_universe(const kvsim_psim_stream *s) { return s ? s->universe : 0; }
+uint64_t kvsim_psim_stream_max_blocks(const kvsim_psim_stream *s) { return s ? s->max_blocks : 0; }
+bool kvsim_psim_stream_has_next_use(const kvsim_psim_stream *s) { return s && s->next; }
 
 /* ---- a run ---- */
 
@@ -369,12 +369,12 @@ typedef struct adv {
 #define TURN_MIN_TOKENS 1024 /* a continuation shares at least this prefix */
 
 typedef struct run {
-  const kvbm_psim_stream *s;
-  const kvbm_psim_config *cfg;
-  kvbm_psim_result *res;
-  psim_cache *c[KVBM_PSIM_TIERS]; /* G1: its cached blocks; G2, G3: residents */
-  kvbm_freq_filter filter[KVBM_PSIM_TIERS];
-  bool filter_on[KVBM_PSIM_TIERS];
+  const kvsim_psim_stream *s;
+  const kvsim_psim_config *cfg;
+  kvsim_psim_result *res;
+  kvsim_psim_cache *c[KVSIM_PSIM_TIERS]; /* G1: its cached blocks; G2, G3: residents */
+  kvbm_freq_filter filter[KVSIM_PSIM_TIERS];
+  bool filter_on[KVSIM_PSIM_TIERS];
   uint8_t *g1;       /* per id: G1_* */
   uint8_t *uses;     /* per id: commits that used it (saturating) */
   uint64_t g1_free;  /* G1 blocks holding nothing */
@@ -425,15 +425,15 @@ static uint64_t noisy_key(const run *r, uint64_t k) {
 }
 
 static uint64_t key_at(const run *r, uint64_t pos) {
-  uint64_t k = r->s->next ? r->s->next[pos] : PSIM_KEY_NEVER;
-  return k == PSIM_KEY_NEVER || r->cfg->eta_noise == 0 ? k : noisy_key(r, k);
+  uint64_t k = r->s->next ? r->s->next[pos] : KVSIM_PSIM_KEY_NEVER;
+  return k == KVSIM_PSIM_KEY_NEVER || r->cfg->eta_noise == 0 ? k : noisy_key(r, k);
 }
 
 /* The key a tier gets for the block at pos of the current request: its
  * own online expiry for a ttl tier, the next use otherwise. */
 static uint64_t tier_key(const run *r, int t, uint64_t pos, uint32_t depth) {
-  if (r->cfg->tier[t].evict != PSIM_EVICT_TTL) return key_at(r, pos);
-  return r->okey | (depth < PSIM_TTL_DEPTH_MAX ? depth : PSIM_TTL_DEPTH_MAX);
+  if (r->cfg->tier[t].evict != KVSIM_PSIM_EVICT_TTL) return key_at(r, pos);
+  return r->okey | (depth < KVSIM_PSIM_TTL_DEPTH_MAX ? depth : KVSIM_PSIM_TTL_DEPTH_MAX);
 }
 
 /* Turn admission's bookkeeping for request i, before its commit: its
@@ -465,28 +465,28 @@ static void turn_learn(run *r, size_t i, const sreq *q, const uint32_t *ids) {
 }
 
 /* The ttl tiers' key for request i's blocks (depth 0): its rank and
- * expiry in ms (49 days fit), packed as PSIM_TTL_KEY. */
+ * expiry in ms (49 days fit), packed as KVSIM_PSIM_TTL_KEY. */
 static void ttl_key(run *r, size_t i, const sreq *q) {
-  const kvbm_psim_config *c = r->cfg;
+  const kvsim_psim_config *c = r->cfg;
   double now = q->ts_ms > 0 ? floor(q->ts_ms) : 0;
   double ttl = c->ttl_s * 1000 * (c->ttl_sigma ? exp(c->ttl_sigma * normal_of(i)) : 1);
   double at = ceil(now + ttl);
-  uint64_t expiry = at < PSIM_TTL_EXPIRY_MAX ? (uint64_t)at : PSIM_TTL_EXPIRY_MAX, rank = 0;
-  if (c->ttl_rank == KVBM_PSIM_RANK_RANDOM) {
-    rank = mix64(i + 1) % (PSIM_TTL_RANK_MAX + 1);
-  } else if (c->ttl_rank == KVBM_PSIM_RANK_TURN && r->turn) {
+  uint64_t expiry = at < KVSIM_PSIM_TTL_EXPIRY_MAX ? (uint64_t)at : KVSIM_PSIM_TTL_EXPIRY_MAX, rank = 0;
+  if (c->ttl_rank == KVSIM_PSIM_RANK_RANDOM) {
+    rank = mix64(i + 1) % (KVSIM_PSIM_TTL_RANK_MAX + 1);
+  } else if (c->ttl_rank == KVSIM_PSIM_RANK_TURN && r->turn) {
     uint32_t k = r->turn[i] < TURN_CLASSES ? r->turn[i] : TURN_CLASSES - 1;
     double rate = (double)(r->cls_ret[k] + 1) / (double)(r->cls_n[k] + 2);
-    rank = (uint64_t)((1 - rate) * PSIM_TTL_RANK_MAX);
+    rank = (uint64_t)((1 - rate) * KVSIM_PSIM_TTL_RANK_MAX);
   }
-  r->okey = PSIM_TTL_KEY(rank, expiry, 0);
-  for (int t = 1; t < KVBM_PSIM_TIERS; t++)
-    if (r->c[t]) psim_cache_set_now(r->c[t], (uint64_t)now);
+  r->okey = KVSIM_PSIM_TTL_KEY(rank, expiry, 0);
+  for (int t = 1; t < KVSIM_PSIM_TIERS; t++)
+    if (r->c[t]) kvsim_psim_cache_set_now(r->c[t], (uint64_t)now);
 }
 
 /* ---- advisor glue ---- */
 
-static const char *const kVolName[KVBM_PSIM_TIERS] = {"g1", "g2", "g3"};
+static const char *const kVolName[KVSIM_PSIM_TIERS] = {"g1", "g2", "g3"};
 
 static void adv_storage(run *r, int t, kvbm_storage_event_type type, uint32_t id, uint64_t prefix) {
   adv *d = &r->ad;
@@ -525,8 +525,8 @@ static void g1_take(run *r) {
     r->g1_free--;
     return;
   }
-  uint32_t v = psim_cache_evict(r->c[0]);
-  if (v != PSIM_NONE) {
+  uint32_t v = kvsim_psim_cache_evict(r->c[0]);
+  if (v != KVSIM_PSIM_NONE) {
     r->g1[v] = G1_ABSENT;
     r->res->tier[0].evictions++;
     adv_kv(r, KVBM_EVENT_REMOVED, v);
@@ -538,7 +538,7 @@ static void g1_take(run *r) {
 static void g1_register(run *r, uint32_t id) {
   if (r->g1[id] == G1_CACHED) {
     r->g1_free++;
-    psim_cache_remove(r->c[0], id);
+    kvsim_psim_cache_remove(r->c[0], id);
   } else {
     adv_kv(r, KVBM_EVENT_STORED, id);
   }
@@ -547,7 +547,7 @@ static void g1_register(run *r, uint32_t id) {
 
 /* A G1 hit: the running request holds the block now. */
 static void g1_acquire(run *r, uint32_t id) {
-  if (r->g1[id] == G1_CACHED) psim_cache_remove(r->c[0], id);
+  if (r->g1[id] == G1_CACHED) kvsim_psim_cache_remove(r->c[0], id);
   r->g1[id] = G1_HELD;
 }
 
@@ -559,17 +559,17 @@ static uint32_t walk(run *r, const sreq *q, const uint32_t *ids) {
     if (r->g1[id] != G1_ABSENT) {
       r->src[w] = 0;
       g1_cached += r->g1[id] == G1_CACHED;
-    } else if (r->c[1] && psim_cache_has(r->c[1], id)) {
+    } else if (r->c[1] && kvsim_psim_cache_has(r->c[1], id)) {
       r->src[w] = 1;
       onboards++;
-    } else if (r->c[2] && psim_cache_has(r->c[2], id)) {
+    } else if (r->c[2] && kvsim_psim_cache_has(r->c[2], id)) {
       r->src[w] = 2;
       onboards++;
     } else {
       break;
     }
   }
-  uint64_t avail = r->g1_free + psim_cache_size(r->c[0]);
+  uint64_t avail = r->g1_free + kvsim_psim_cache_size(r->c[0]);
   if (onboards && (uint64_t)q->prefill - w + onboards > avail - g1_cached) {
     uint32_t g1_prefix = 0;
     while (g1_prefix < w && r->src[g1_prefix] == 0) g1_prefix++;
@@ -580,17 +580,17 @@ static uint32_t walk(run *r, const sreq *q, const uint32_t *ids) {
 
 /* Writes a block leaving G2 into G3 (victim admission). */
 static void demote(run *r, uint32_t id) {
-  kvbm_psim_tier_result *tr = &r->res->tier[2];
-  if (psim_cache_has(r->c[2], id)) return;
+  kvsim_psim_tier_result *tr = &r->res->tier[2];
+  if (kvsim_psim_cache_has(r->c[2], id)) return;
   uint32_t ev;
-  if (!psim_cache_insert(r->c[2], id, PSIM_KEY_NEVER, &ev)) {
+  if (!kvsim_psim_cache_insert(r->c[2], id, KVSIM_PSIM_KEY_NEVER, &ev)) {
     tr->skipped_space++;
     return;
   }
   tr->written_blocks++;
   r->res->tier[1].demoted++;
   adv_storage(r, 2, KVBM_STORAGE_STORE, id, r->ad.prefix);
-  if (ev != PSIM_NONE) {
+  if (ev != KVSIM_PSIM_NONE) {
     tr->evictions++;
     adv_storage(r, 2, KVBM_STORAGE_REMOVE, ev, 0);
   }
@@ -599,36 +599,36 @@ static void demote(run *r, uint32_t id) {
 /* A commit's use of the block at depth k of the request (position pos of
  * the stream) in tier t (G2 or G3). */
 static void use(run *r, int t, uint32_t id, uint64_t pos, uint32_t k) {
-  kvbm_psim_tier_result *tr = &r->res->tier[t];
+  kvsim_psim_tier_result *tr = &r->res->tier[t];
   uint64_t key = tier_key(r, t, pos, k);
-  psim_cache *c = r->c[t];
-  bool want = r->cfg->tier[t].admit == KVBM_PSIM_ADMIT_ALL;
+  kvsim_psim_cache *c = r->c[t];
+  bool want = r->cfg->tier[t].admit == KVSIM_PSIM_ADMIT_ALL;
   if (r->filter_on[t]) want = kvbm__freq_filter_use(&r->filter[t], r->s->hash[id]);
-  if (psim_cache_has(c, id)) {
-    psim_cache_access(c, id, key);
+  if (kvsim_psim_cache_has(c, id)) {
+    kvsim_psim_cache_access(c, id, key);
     return;
   }
-  kvbm_psim_admit a = r->cfg->tier[t].admit;
-  if (a == KVBM_PSIM_ADMIT_CLAIRVOYANT || a == KVBM_PSIM_ADMIT_STICKY || a == KVBM_PSIM_ADMIT_TURN)
-    want = key != PSIM_KEY_NEVER && (a != KVBM_PSIM_ADMIT_TURN || r->admit_req) &&
-           (psim_cache_size(c) < psim_cache_capacity(c) || key < psim_cache_victim_key(c));
-  if (a == KVBM_PSIM_ADMIT_REUSED) /* noise never turns a next use into none: the raw key */
-    want = r->s->next && r->s->next[pos] != PSIM_KEY_NEVER;
+  kvsim_psim_admit a = r->cfg->tier[t].admit;
+  if (a == KVSIM_PSIM_ADMIT_CLAIRVOYANT || a == KVSIM_PSIM_ADMIT_STICKY || a == KVSIM_PSIM_ADMIT_TURN)
+    want = key != KVSIM_PSIM_KEY_NEVER && (a != KVSIM_PSIM_ADMIT_TURN || r->admit_req) &&
+           (kvsim_psim_cache_size(c) < kvsim_psim_cache_capacity(c) || key < kvsim_psim_cache_victim_key(c));
+  if (a == KVSIM_PSIM_ADMIT_REUSED) /* noise never turns a next use into none: the raw key */
+    want = r->s->next && r->s->next[pos] != KVSIM_PSIM_KEY_NEVER;
   if (!want) {
     tr->filtered++;
     return;
   }
   uint32_t ev;
-  if (!psim_cache_insert(c, id, key, &ev)) {
+  if (!kvsim_psim_cache_insert(c, id, key, &ev)) {
     tr->skipped_space++;
     return;
   }
   tr->written_blocks++;
   adv_storage(r, t, KVBM_STORAGE_STORE, id, r->ad.prefix);
-  if (ev == PSIM_NONE) return;
+  if (ev == KVSIM_PSIM_NONE) return;
   tr->evictions++;
   adv_storage(r, t, KVBM_STORAGE_REMOVE, ev, 0);
-  if (t == 1 && r->c[2] && r->cfg->tier[2].admit == KVBM_PSIM_ADMIT_VICTIM &&
+  if (t == 1 && r->c[2] && r->cfg->tier[2].admit == KVSIM_PSIM_ADMIT_VICTIM &&
       r->uses[ev] >= r->cfg->victim_min_uses)
     demote(r, ev);
 }
@@ -639,19 +639,19 @@ static uint32_t id_of(const run *r, uint64_t h) {
   const adv *d = &r->ad;
   for (uint64_t j = (h * 0x9E3779B97F4A7C15ull >> 17) & d->mask; d->by_hash[j]; j = (j + 1) & d->mask)
     if (r->s->hash[d->by_hash[j] - 1] == h) return d->by_hash[j] - 1;
-  return PSIM_NONE;
+  return KVSIM_PSIM_NONE;
 }
 
 /* Writes id into tier t outside a commit (a hint), with its events. */
 static bool hint_write(run *r, int t, uint32_t id, uint64_t prefix) {
   uint32_t ev;
-  if (!psim_cache_insert(r->c[t], id, PSIM_KEY_NEVER, &ev)) {
+  if (!kvsim_psim_cache_insert(r->c[t], id, KVSIM_PSIM_KEY_NEVER, &ev)) {
     r->res->tier[t].skipped_space++;
     return false;
   }
   r->res->tier[t].written_blocks++;
   adv_storage(r, t, KVBM_STORAGE_STORE, id, prefix);
-  if (ev != PSIM_NONE) {
+  if (ev != KVSIM_PSIM_NONE) {
     r->res->tier[t].evictions++;
     adv_storage(r, t, KVBM_STORAGE_REMOVE, ev, 0);
   }
@@ -663,17 +663,17 @@ static bool hint_write(run *r, int t, uint32_t id, uint64_t prefix) {
 static void apply_hint(run *r, const kvbm_hint *h) {
   if (h->kind == KVBM_HINT_COMPACT) return; /* no bytes here: nothing moves */
   uint32_t id = id_of(r, h->sequence_hash);
-  psim_cache *g2 = r->c[1], *g3 = r->c[2];
-  if (id == PSIM_NONE || !g2) return;
+  kvsim_psim_cache *g2 = r->c[1], *g3 = r->c[2];
+  if (id == KVSIM_PSIM_NONE || !g2) return;
   if (h->kind == KVBM_HINT_PROMOTE) {
-    if (g3 && psim_cache_has(g3, id) && !psim_cache_has(g2, id) && hint_write(r, 1, id, h->prefix_hash))
+    if (g3 && kvsim_psim_cache_has(g3, id) && !kvsim_psim_cache_has(g2, id) && hint_write(r, 1, id, h->prefix_hash))
       r->res->tier[1].promoted++;
     return;
   }
-  if (!psim_cache_has(g2, id)) return;
-  if (h->kind == KVBM_HINT_DEMOTE && g3 && !psim_cache_has(g3, id) && !hint_write(r, 2, id, h->prefix_hash))
+  if (!kvsim_psim_cache_has(g2, id)) return;
+  if (h->kind == KVBM_HINT_DEMOTE && g3 && !kvsim_psim_cache_has(g3, id) && !hint_write(r, 2, id, h->prefix_hash))
     return; /* no room below: keep it */
-  psim_cache_remove(g2, id);
+  kvsim_psim_cache_remove(g2, id);
   adv_storage(r, 1, KVBM_STORAGE_REMOVE, id, 0);
   if (h->kind == KVBM_HINT_DEMOTE) r->res->tier[1].demoted++;
   else r->res->tier[1].dropped++;
@@ -701,14 +701,14 @@ static void adv_period(run *r, uint64_t now) {
   size_t n = 0;
   kvbm_advisor_hints(d->a, now, d->hints, d->hcap, &n);
   r->res->advisor_hints += n;
-  for (int t = 1; t < KVBM_PSIM_TIERS; t++)
-    if (r->c[t]) psim_cache_begin(r->c[t], false);
+  for (int t = 1; t < KVSIM_PSIM_TIERS; t++)
+    if (r->c[t]) kvsim_psim_cache_begin(r->c[t], false);
   for (size_t k = 0; k < n; k++) apply_hint(r, &d->hints[k]);
 }
 
 static int adv_init(run *r, kvbm_error *err) {
   adv *d = &r->ad;
-  const kvbm_psim_config *c = r->cfg;
+  const kvsim_psim_config *c = r->cfg;
   kvbm_advisor_config ac = kvbm_advisor_config_default();
   ac.max_blocks = 4u << 20;
   ac.demote_min_uses = c->advisor_demote_min_uses;
@@ -744,7 +744,7 @@ static void adv_free(adv *d) {
 }
 
 static int one_request(run *r, size_t i) {
-  const kvbm_psim_stream *s = r->s;
+  const kvsim_psim_stream *s = r->s;
   const sreq *q = &s->req[i];
   const uint32_t *ids = s->ids + q->off;
   const uint32_t B = s->block_size;
@@ -761,11 +761,11 @@ static int one_request(run *r, size_t i) {
    * when the copy lands, in queue order, which makes it the newest there
    * before the commit writes anything (what the commit evicts depends on
    * it). */
-  for (int t = 1; t < KVBM_PSIM_TIERS; t++)
-    if (r->c[t]) psim_cache_begin(r->c[t], false);
+  for (int t = 1; t < KVSIM_PSIM_TIERS; t++)
+    if (r->c[t]) kvsim_psim_cache_begin(r->c[t], false);
   for (uint32_t k = 0; k < w; k++)
     if (r->src[k] != 0) {
-      psim_cache_access(r->c[r->src[k]], ids[k], tier_key(r, r->src[k], q->off + k, k));
+      kvsim_psim_cache_access(r->c[r->src[k]], ids[k], tier_key(r, r->src[k], q->off + k, k));
       g1_take(r);
       g1_register(r, ids[k]);
     }
@@ -776,11 +776,11 @@ static int one_request(run *r, size_t i) {
   /* Commit: every full block used once, G2 then G3. */
   /* prefix_hash: the first block the request added (past its match). */
   r->ad.prefix = q->nfull ? s->hash[ids[w < q->nfull ? w : q->nfull - 1]] : 0;
-  for (int t = 1; t < KVBM_PSIM_TIERS; t++)
-    if (r->c[t]) psim_cache_begin(r->c[t], r->cfg->tier[t].tail_first);
+  for (int t = 1; t < KVSIM_PSIM_TIERS; t++)
+    if (r->c[t]) kvsim_psim_cache_begin(r->c[t], r->cfg->tier[t].tail_first);
   for (uint32_t k = 0; k < q->nfull; k++) {
     if (r->uses[ids[k]] < UINT8_MAX) r->uses[ids[k]]++;
-    for (int t = 1; t < KVBM_PSIM_TIERS; t++)
+    for (int t = 1; t < KVSIM_PSIM_TIERS; t++)
       if (r->c[t]) use(r, t, ids[k], q->off + k, k);
   }
   /* Free, tail first. */
@@ -790,19 +790,19 @@ static int one_request(run *r, size_t i) {
       continue;
     }
     r->g1[ids[k]] = G1_CACHED;
-    psim_cache_insert(r->c[0], ids[k], key_at(r, q->off + k), NULL);
+    kvsim_psim_cache_insert(r->c[0], ids[k], key_at(r, q->off + k), NULL);
   }
   r->res->prompt_tokens += q->prompt;
   r->res->hit_tokens += (uint64_t)w * B;
   return KVBM_OK;
 }
 
-static int check_config(const kvbm_psim_stream *s, const kvbm_psim_config *c, kvbm_error *err) {
-  const kvbm_psim_tier_config *g1 = &c->tier[0];
+static int check_config(const kvsim_psim_stream *s, const kvsim_psim_config *c, kvbm_error *err) {
+  const kvsim_psim_tier_config *g1 = &c->tier[0];
   if (!(c->eta_noise >= 0 && c->eta_noise <= 64)) /* NaN fails both */
     return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: eta noise %g is not in 0..64",
                           c->eta_noise);
-  if ((unsigned)c->ttl_rank >= KVBM_PSIM_RANK_COUNT)
+  if ((unsigned)c->ttl_rank >= KVSIM_PSIM_RANK_COUNT)
     return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: unknown ttl rank");
   if (!(c->ttl_s > 0 && c->ttl_s <= 1e6) || !(c->ttl_sigma >= 0 && c->ttl_sigma <= 16))
     return kvbm_error_set(err, KVBM_EINVAL,
@@ -810,30 +810,30 @@ static int check_config(const kvbm_psim_stream *s, const kvbm_psim_config *c, kv
                           c->ttl_sigma);
   if (g1->capacity == 0 || g1->capacity > (1u << 30))
     return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G1 needs 1..2^30 blocks");
-  if (g1->evict != PSIM_EVICT_LRU && g1->evict != PSIM_EVICT_BELADY)
+  if (g1->evict != KVSIM_PSIM_EVICT_LRU && g1->evict != KVSIM_PSIM_EVICT_BELADY)
     return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G1 evicts by lru or belady, not %s",
-                          psim_evict_name(g1->evict));
-  for (int t = 0; t < KVBM_PSIM_TIERS; t++) {
-    const kvbm_psim_tier_config *x = &c->tier[t];
+                          kvsim_psim_evict_name(g1->evict));
+  for (int t = 0; t < KVSIM_PSIM_TIERS; t++) {
+    const kvsim_psim_tier_config *x = &c->tier[t];
     if (x->capacity > (1u << 30))
       return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G%d capacity above 2^30 blocks", t + 1);
-    if ((unsigned)x->evict >= PSIM_EVICT_COUNT || (unsigned)x->admit >= KVBM_PSIM_ADMIT_COUNT)
+    if ((unsigned)x->evict >= KVSIM_PSIM_EVICT_COUNT || (unsigned)x->admit >= KVSIM_PSIM_ADMIT_COUNT)
       return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G%d: unknown policy", t + 1);
-    bool clair = x->evict == PSIM_EVICT_BELADY ||
-                 (t && (x->admit == KVBM_PSIM_ADMIT_CLAIRVOYANT || x->admit == KVBM_PSIM_ADMIT_REUSED));
+    bool clair = x->evict == KVSIM_PSIM_EVICT_BELADY ||
+                 (t && (x->admit == KVSIM_PSIM_ADMIT_CLAIRVOYANT || x->admit == KVSIM_PSIM_ADMIT_REUSED));
     if (clair && !s->next)
       return kvbm_error_set(err, KVBM_EINVAL,
                             "policy-sim: G%d's %s policy needs a stream built with next uses",
-                            t + 1, x->evict == PSIM_EVICT_BELADY ? "belady" : "clairvoyant");
-    bool online = x->admit == KVBM_PSIM_ADMIT_STICKY || x->admit == KVBM_PSIM_ADMIT_TURN;
-    if (online && (t == 0 || x->evict != PSIM_EVICT_TTL))
+                            t + 1, x->evict == KVSIM_PSIM_EVICT_BELADY ? "belady" : "clairvoyant");
+    bool online = x->admit == KVSIM_PSIM_ADMIT_STICKY || x->admit == KVSIM_PSIM_ADMIT_TURN;
+    if (online && (t == 0 || x->evict != KVSIM_PSIM_EVICT_TTL))
       return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G%d: %s admission needs ttl eviction",
-                            t + 1, kvbm_psim_admit_name(x->admit));
-    if (x->admit == KVBM_PSIM_ADMIT_VICTIM && t != 2)
+                            t + 1, kvsim_psim_admit_name(x->admit));
+    if (x->admit == KVSIM_PSIM_ADMIT_VICTIM && t != 2)
       return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: victim admission is for G3 only");
-    if (x->admit == KVBM_PSIM_ADMIT_VICTIM && x->evict == PSIM_EVICT_BELADY)
+    if (x->admit == KVSIM_PSIM_ADMIT_VICTIM && x->evict == KVSIM_PSIM_EVICT_BELADY)
       return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: G3: victim admission has no next uses for belady");
-    if (t && x->admit == KVBM_PSIM_ADMIT_CLAIRVOYANT && x->evict != PSIM_EVICT_BELADY && x->capacity)
+    if (t && x->admit == KVSIM_PSIM_ADMIT_CLAIRVOYANT && x->evict != KVSIM_PSIM_EVICT_BELADY && x->capacity)
       return kvbm_error_set(err, KVBM_EINVAL,
                             "policy-sim: G%d: clairvoyant admission needs belady eviction", t + 1);
   }
@@ -841,8 +841,8 @@ static int check_config(const kvbm_psim_stream *s, const kvbm_psim_config *c, kv
 }
 
 static void run_free(run *r) {
-  for (int t = 0; t < KVBM_PSIM_TIERS; t++) {
-    psim_cache_destroy(r->c[t]);
+  for (int t = 0; t < KVSIM_PSIM_TIERS; t++) {
+    kvsim_psim_cache_destroy(r->c[t]);
     if (r->filter_on[t]) kvbm__freq_filter_destroy(&r->filter[t]);
   }
   adv_free(&r->ad);
@@ -854,8 +854,8 @@ static void run_free(run *r) {
   free(r->returned);
 }
 
-static int run_init(run *r, const kvbm_psim_stream *s, const kvbm_psim_config *cfg,
-                    kvbm_psim_result *res, kvbm_error *err) {
+static int run_init(run *r, const kvsim_psim_stream *s, const kvsim_psim_config *cfg,
+                    kvsim_psim_result *res, kvbm_error *err) {
   memset(r, 0, sizeof *r);
   r->s = s;
   r->cfg = cfg;
@@ -867,8 +867,8 @@ static int run_init(run *r, const kvbm_psim_stream *s, const kvbm_psim_config *c
   r->g1_free = cfg->tier[0].capacity;
   int rc = r->g1 && r->uses && r->src ? KVBM_OK : KVBM_ENOMEM;
   bool turns = false;
-  for (int t = 1; t < KVBM_PSIM_TIERS; t++) turns |= cfg->tier[t].admit == KVBM_PSIM_ADMIT_TURN;
-  turns |= cfg->ttl_rank == KVBM_PSIM_RANK_TURN;
+  for (int t = 1; t < KVSIM_PSIM_TIERS; t++) turns |= cfg->tier[t].admit == KVSIM_PSIM_ADMIT_TURN;
+  turns |= cfg->ttl_rank == KVSIM_PSIM_RANK_TURN;
   if (!rc && turns) {
     r->owner = malloc((size_t)U * sizeof *r->owner);
     r->turn = malloc(s->nreq ? s->nreq : 1);
@@ -876,10 +876,10 @@ static int run_init(run *r, const kvbm_psim_stream *s, const kvbm_psim_config *c
     if (!r->owner || !r->turn || !r->returned) rc = KVBM_ENOMEM;
     else memset(r->owner, 0xff, (size_t)U * sizeof *r->owner);
   }
-  for (int t = 0; t < KVBM_PSIM_TIERS && !rc; t++) {
+  for (int t = 0; t < KVSIM_PSIM_TIERS && !rc; t++) {
     if (!cfg->tier[t].capacity) continue;
-    rc = psim_cache_create(cfg->tier[t].evict, (uint32_t)cfg->tier[t].capacity, U, &r->c[t]);
-    if (!rc && t && cfg->tier[t].admit == KVBM_PSIM_ADMIT_FREQUENCY) {
+    rc = kvsim_psim_cache_create(cfg->tier[t].evict, (uint32_t)cfg->tier[t].capacity, U, &r->c[t]);
+    if (!rc && t && cfg->tier[t].admit == KVSIM_PSIM_ADMIT_FREQUENCY) {
       rc = t == 1 ? kvbm__freq_filter_init(&r->filter[t], cfg->g2_freq_threshold,
                                            cfg->g2_freq_decay_uses, cfg->g2_freq_max_entries)
                   : kvbm__freq_filter_init(&r->filter[t], cfg->freq_threshold,
@@ -893,7 +893,7 @@ static int run_init(run *r, const kvbm_psim_stream *s, const kvbm_psim_config *c
   return cfg->advisor ? adv_init(r, err) : KVBM_OK;
 }
 
-int kvbm_psim_run(const kvbm_psim_stream *s, const kvbm_psim_config *cfg, kvbm_psim_result *out,
+int kvsim_psim_run(const kvsim_psim_stream *s, const kvsim_psim_config *cfg, kvsim_psim_result *out,
                   kvbm_error *err) {
   if (!s || !cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "policy-sim: NULL argument");
   int rc = check_config(s, cfg, err);
@@ -903,7 +903,7 @@ int kvbm_psim_run(const kvbm_psim_stream *s, const kvbm_psim_config *cfg, kvbm_p
                           "policy-sim: a request of %llu blocks does not fit in G1 (%llu blocks)",
                           (unsigned long long)s->max_blocks,
                           (unsigned long long)cfg->tier[0].capacity);
-  kvbm_psim_result res;
+  kvsim_psim_result res;
   memset(&res, 0, sizeof res);
   run r;
   rc = run_init(&r, s, cfg, &res, err);

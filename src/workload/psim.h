@@ -26,15 +26,15 @@
  *   copies a block from G3 into G2, demote moves a block from G2 to G3 (or
  *   drops it), after the batch that produced them.
  *
- * Prepare a trace once (kvbm_psim_stream_build: hashes every block, interns
+ * Prepare a trace once (kvsim_psim_stream_build: hashes every block, interns
  * the hashes as dense ids, and, for the clairvoyant policies, finds each
  * block's next use), then run any number of configurations on it. A run
  * is single-threaded and allocates its tiers' bookkeeping (a few bytes per
  * distinct block and per slot); the stream is read-only during runs, so
  * runs may go on several threads at once.
  */
-#ifndef KVBM_WORKLOAD_PSIM_H
-#define KVBM_WORKLOAD_PSIM_H
+#ifndef KVSIM_WORKLOAD_PSIM_H
+#define KVSIM_WORKLOAD_PSIM_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -49,45 +49,45 @@
 extern "C" {
 #endif
 
-#define KVBM_PSIM_TIERS 3 /* G1, G2, G3 */
+#define KVSIM_PSIM_TIERS 3 /* G1, G2, G3 */
 
-typedef enum kvbm_psim_admit {
-  KVBM_PSIM_ADMIT_ALL = 0,     /* write-through: every use of a block the tier lacks */
-  KVBM_PSIM_ADMIT_FREQUENCY,   /* Dynamo's filter: the block's decayed use count reaches the threshold */
-  KVBM_PSIM_ADMIT_NEVER,       /* nothing at commit (the advisor's demotions may still write) */
-  KVBM_PSIM_ADMIT_CLAIRVOYANT, /* used again before the block the write would evict (the bound) */
-  KVBM_PSIM_ADMIT_REUSED,      /* used again at all (an oracle of reuse, not of timing: analysis) */
-  KVBM_PSIM_ADMIT_VICTIM,      /* G3: a block G2 evicts, if used at least victim_min_uses times */
-  KVBM_PSIM_ADMIT_STICKY,      /* ttl: room, an overdue victim, or an expiry before the victim's */
-  KVBM_PSIM_ADMIT_TURN,        /* ttl: sticky, for requests whose turn class returns as often as all */
-  KVBM_PSIM_ADMIT_COUNT
-} kvbm_psim_admit;
+typedef enum kvsim_psim_admit {
+  KVSIM_PSIM_ADMIT_ALL = 0,     /* write-through: every use of a block the tier lacks */
+  KVSIM_PSIM_ADMIT_FREQUENCY,   /* Dynamo's filter: the block's decayed use count reaches the threshold */
+  KVSIM_PSIM_ADMIT_NEVER,       /* nothing at commit (the advisor's demotions may still write) */
+  KVSIM_PSIM_ADMIT_CLAIRVOYANT, /* used again before the block the write would evict (the bound) */
+  KVSIM_PSIM_ADMIT_REUSED,      /* used again at all (an oracle of reuse, not of timing: analysis) */
+  KVSIM_PSIM_ADMIT_VICTIM,      /* G3: a block G2 evicts, if used at least victim_min_uses times */
+  KVSIM_PSIM_ADMIT_STICKY,      /* ttl: room, an overdue victim, or an expiry before the victim's */
+  KVSIM_PSIM_ADMIT_TURN,        /* ttl: sticky, for requests whose turn class returns as often as all */
+  KVSIM_PSIM_ADMIT_COUNT
+} kvsim_psim_admit;
 
 /* "all", "frequency", "never", "clairvoyant", "reused", "victim", "sticky",
  * "turn"; "?" otherwise. */
-const char *kvbm_psim_admit_name(int a);
-bool kvbm_psim_admit_parse(const char *s, kvbm_psim_admit *out);
+const char *kvsim_psim_admit_name(int a);
+bool kvsim_psim_admit_parse(const char *s, kvsim_psim_admit *out);
 
-typedef enum kvbm_psim_rank {
-  KVBM_PSIM_RANK_NONE = 0, /* all equal: the furthest expiry goes (a TTL cache) */
-  KVBM_PSIM_RANK_RANDOM,   /* a hash of the request's index: some requests stay, others go */
-  KVBM_PSIM_RANK_TURN,     /* the online return rate of the request's turn class: the lowest goes */
-  KVBM_PSIM_RANK_COUNT
-} kvbm_psim_rank;
+typedef enum kvsim_psim_rank {
+  KVSIM_PSIM_RANK_NONE = 0, /* all equal: the furthest expiry goes (a TTL cache) */
+  KVSIM_PSIM_RANK_RANDOM,   /* a hash of the request's index: some requests stay, others go */
+  KVSIM_PSIM_RANK_TURN,     /* the online return rate of the request's turn class: the lowest goes */
+  KVSIM_PSIM_RANK_COUNT
+} kvsim_psim_rank;
 
 /* "none", "random", "turn"; "?" otherwise. */
-const char *kvbm_psim_rank_name(int k);
-bool kvbm_psim_rank_parse(const char *s, kvbm_psim_rank *out);
+const char *kvsim_psim_rank_name(int k);
+bool kvsim_psim_rank_parse(const char *s, kvsim_psim_rank *out);
 
-typedef struct kvbm_psim_tier_config {
+typedef struct kvsim_psim_tier_config {
   uint64_t capacity;     /* blocks (0: the tier is absent; G1 needs >= 1) */
-  psim_evict evict;      /* G1: lru or belady only */
-  kvbm_psim_admit admit; /* G2, G3 */
+  kvsim_psim_evict evict;      /* G1: lru or belady only */
+  kvsim_psim_admit admit; /* G2, G3 */
   bool tail_first;       /* G2, G3: a commit's deepest block is placed oldest */
-} kvbm_psim_tier_config;
+} kvsim_psim_tier_config;
 
-typedef struct kvbm_psim_config {
-  kvbm_psim_tier_config tier[KVBM_PSIM_TIERS];
+typedef struct kvsim_psim_config {
+  kvsim_psim_tier_config tier[KVSIM_PSIM_TIERS];
   /* Dynamo's frequency filter (the manager's defaults: 2, 65536, 2^20), G3's. */
   uint32_t freq_threshold, freq_decay_uses, freq_max_entries;
   /* G2's frequency filter, its own (3, 2^26, 2^22): G2 admission wants a
@@ -106,7 +106,7 @@ typedef struct kvbm_psim_config {
    * bound. sigma > 0: a block next used by request n, seen at request c,
    * gets the key of request c + (n - c) * exp(sigma * z), z ~ N(0, 1)
    * drawn from a hash of (n, c): one draw per request's chain, the same in
-   * every run. Blocks never used again keep PSIM_KEY_NEVER (which blocks
+   * every run. Blocks never used again keep KVSIM_PSIM_KEY_NEVER (which blocks
    * return stays exact; only when they return is blurred). 0..64. */
   double eta_noise;
   /* Online TTL eviction (evict ttl, G2/G3): a commit gives its blocks the
@@ -116,14 +116,14 @@ typedef struct kvbm_psim_config {
    * (120 s, 0). Among blocks not overdue the highest rank goes first, then
    * the furthest expiry; the rank of a request's blocks: */
   double ttl_s, ttl_sigma;
-  kvbm_psim_rank ttl_rank;
+  kvsim_psim_rank ttl_rank;
   size_t limit; /* first N requests of the stream (0: all) */
-} kvbm_psim_config;
+} kvsim_psim_config;
 
 /* G1 16384 LRU; G2 65536 LRU write-through; G3 262144 LRU frequency;
  * head first; filter 2/65536/2^20 (G2's, when asked for: 3/2^26/2^22);
  * advisor off (period 10 s). */
-kvbm_psim_config kvbm_psim_config_default(void);
+kvsim_psim_config kvsim_psim_config_default(void);
 
 /* Named configurations for the CLI and the curves (capacities untouched):
  *   today     G2 lru+all, G3 lru+frequency, head first (the manager now)
@@ -137,27 +137,27 @@ kvbm_psim_config kvbm_psim_config_default(void);
  *   advisor   G2 lru+all, G3 lru+frequency, tail first, advisor on
  *   belady    every tier belady, G2/G3 clairvoyant admission (the bound)
  * Returns false for an unknown name (config untouched). */
-bool kvbm_psim_preset(const char *name, kvbm_psim_config *cfg);
+bool kvsim_psim_preset(const char *name, kvsim_psim_config *cfg);
 /* The preset names in order, NULL-terminated. */
-extern const char *const kvbm_psim_preset_names[];
+extern const char *const kvsim_psim_preset_names[];
 
-typedef struct kvbm_psim_stream kvbm_psim_stream;
+typedef struct kvsim_psim_stream kvsim_psim_stream;
 
 /* Prepares the first `limit` requests (0: all) of a trace with blocks of
  * block_size tokens hashed by `scheme`. `next_use` also computes each
  * block's next use (what belady and clairvoyant need; 8 bytes per block
  * position). Errors: KVBM_EINVAL (block size 0 or above 2^16),
  * KVBM_ENOSPC (a request has more blocks than 2^24), KVBM_ENOMEM. */
-int kvbm_psim_stream_build(const kvbm_trace *trace, size_t limit, uint32_t block_size,
-                           kvbm_hash_scheme scheme, bool next_use, kvbm_psim_stream **out,
+int kvsim_psim_stream_build(const kvsim_trace *trace, size_t limit, uint32_t block_size,
+                           kvbm_hash_scheme scheme, bool next_use, kvsim_psim_stream **out,
                            kvbm_error *err);
-void kvbm_psim_stream_destroy(kvbm_psim_stream *s); /* NULL is a no-op */
-size_t kvbm_psim_stream_requests(const kvbm_psim_stream *s);
-uint32_t kvbm_psim_stream_universe(const kvbm_psim_stream *s); /* distinct full blocks */
-uint64_t kvbm_psim_stream_max_blocks(const kvbm_psim_stream *s); /* of one request */
-bool kvbm_psim_stream_has_next_use(const kvbm_psim_stream *s);
+void kvsim_psim_stream_destroy(kvsim_psim_stream *s); /* NULL is a no-op */
+size_t kvsim_psim_stream_requests(const kvsim_psim_stream *s);
+uint32_t kvsim_psim_stream_universe(const kvsim_psim_stream *s); /* distinct full blocks */
+uint64_t kvsim_psim_stream_max_blocks(const kvsim_psim_stream *s); /* of one request */
+bool kvsim_psim_stream_has_next_use(const kvsim_psim_stream *s);
 
-typedef struct kvbm_psim_tier_result {
+typedef struct kvsim_psim_tier_result {
   uint64_t hit_tokens;     /* matched tokens served by this tier (fastest holder) */
   uint64_t written_blocks; /* blocks written into it (offloads, promotions, demotions) */
   uint64_t evictions;
@@ -166,21 +166,21 @@ typedef struct kvbm_psim_tier_result {
   uint64_t promoted;       /* G2: blocks copied up from G3 by a hint */
   uint64_t demoted;        /* G2: blocks moved down to G3 by a hint */
   uint64_t dropped;        /* G2: blocks dropped by a hint */
-} kvbm_psim_tier_result;
+} kvsim_psim_tier_result;
 
-typedef struct kvbm_psim_result {
+typedef struct kvsim_psim_result {
   uint64_t requests, prompt_tokens, hit_tokens;
   uint64_t g1_allocated; /* W1's blocks_allocated */
-  kvbm_psim_tier_result tier[KVBM_PSIM_TIERS];
+  kvsim_psim_tier_result tier[KVSIM_PSIM_TIERS];
   uint64_t advisor_events, advisor_hints;
   double seconds;
-} kvbm_psim_result;
+} kvsim_psim_result;
 
 /* Runs one configuration. KVBM_EINVAL for a bad configuration (named in
  * err: G1 of 0 blocks or with a policy other than lru/belady, belady or
  * clairvoyant on a stream without next uses, an unknown policy),
  * KVBM_ENOSPC when a request does not fit in G1 (as W2), KVBM_ENOMEM. */
-int kvbm_psim_run(const kvbm_psim_stream *s, const kvbm_psim_config *cfg, kvbm_psim_result *out,
+int kvsim_psim_run(const kvsim_psim_stream *s, const kvsim_psim_config *cfg, kvsim_psim_result *out,
                   kvbm_error *err);
 
 #ifdef __cplusplus

@@ -37,7 +37,7 @@
  * - Belady: a max-heap of next-use keys with lazy deletion (a version per
  *   slot); pinned tops are set aside while the victim is found.
  * - TTL: Belady's machinery on keys made online by the caller (rank,
- *   expiry, depth: PSIM_TTL_KEY), plus a second heap on the expiries
+ *   expiry, depth: KVSIM_PSIM_TTL_KEY), plus a second heap on the expiries
  *   reversed: an overdue resident (expiry at or before `now`) goes first,
  *   the earliest expired of them; with none overdue, the highest rank,
  *   then the furthest expiry, then the deepest block goes, as Belady would
@@ -68,10 +68,10 @@ typedef struct pheap {
   uint32_t n, cap;
 } pheap;
 
-struct psim_cache {
-  psim_evict kind;
+struct kvsim_psim_cache {
+  kvsim_psim_evict kind;
   uint32_t cap, universe, n, nslots;
-  uint32_t *pos;   /* per id: slot or PSIM_NONE */
+  uint32_t *pos;   /* per id: slot or KVSIM_PSIM_NONE */
   uint32_t *sid;   /* per slot: id */
   uint32_t *prev, *next, *stamp;
   uint8_t *where;  /* per slot: list */
@@ -103,17 +103,17 @@ struct psim_cache {
   uint32_t *dslot, *dstamp, nd;
 };
 
-static const char *const kNames[PSIM_EVICT_COUNT] = {"lru",      "arc",    "s3fifo",
+static const char *const kNames[KVSIM_PSIM_EVICT_COUNT] = {"lru",      "arc",    "s3fifo",
                                                       "wtinylfu", "belady", "ttl"};
 
-const char *psim_evict_name(int kind) {
-  return kind >= 0 && kind < PSIM_EVICT_COUNT ? kNames[kind] : "?";
+const char *kvsim_psim_evict_name(int kind) {
+  return kind >= 0 && kind < KVSIM_PSIM_EVICT_COUNT ? kNames[kind] : "?";
 }
 
-bool psim_evict_parse(const char *s, psim_evict *out) {
-  for (int k = 0; s && k < PSIM_EVICT_COUNT; k++)
+bool kvsim_psim_evict_parse(const char *s, kvsim_psim_evict *out) {
+  for (int k = 0; s && k < KVSIM_PSIM_EVICT_COUNT; k++)
     if (!strcmp(s, kNames[k])) {
-      *out = (psim_evict)k;
+      *out = (kvsim_psim_evict)k;
       return true;
     }
   return false;
@@ -122,25 +122,25 @@ bool psim_evict_parse(const char *s, psim_evict *out) {
 /* ---- lists ---- */
 
 static void list_init(plist *l) {
-  l->head = l->tail = l->seg = PSIM_NONE;
+  l->head = l->tail = l->seg = KVSIM_PSIM_NONE;
   l->n = l->seg_stamp = 0;
 }
 
-static void unlink_slot(psim_cache *c, plist *l, uint32_t s) {
+static void unlink_slot(kvsim_psim_cache *c, plist *l, uint32_t s) {
   uint32_t p = c->prev[s], n = c->next[s];
-  if (p != PSIM_NONE) c->next[p] = n;
+  if (p != KVSIM_PSIM_NONE) c->next[p] = n;
   else l->head = n;
-  if (n != PSIM_NONE) c->prev[n] = p;
+  if (n != KVSIM_PSIM_NONE) c->prev[n] = p;
   else l->tail = p;
   if (l->seg == s) l->seg = n; /* the commit's run keeps its oldest member */
   l->n--;
 }
 
 /* Appends at the young end (moves inside a policy). */
-static void push_young(psim_cache *c, plist *l, uint8_t which, uint32_t s) {
+static void push_young(kvsim_psim_cache *c, plist *l, uint8_t which, uint32_t s) {
   c->prev[s] = l->tail;
-  c->next[s] = PSIM_NONE;
-  if (l->tail != PSIM_NONE) c->next[l->tail] = s;
+  c->next[s] = KVSIM_PSIM_NONE;
+  if (l->tail != KVSIM_PSIM_NONE) c->next[l->tail] = s;
   else l->head = s;
   l->tail = s;
   l->n++;
@@ -149,9 +149,9 @@ static void push_young(psim_cache *c, plist *l, uint8_t which, uint32_t s) {
 
 /* Places a slot for the commit: young end, or before the commit's oldest
  * placement when tail_first. */
-static void place(psim_cache *c, uint8_t which, uint32_t s) {
+static void place(kvsim_psim_cache *c, uint8_t which, uint32_t s) {
   plist *l = &c->l[which];
-  bool run = c->tail_first && c->cur && l->seg_stamp == c->cur && l->seg != PSIM_NONE;
+  bool run = c->tail_first && c->cur && l->seg_stamp == c->cur && l->seg != KVSIM_PSIM_NONE;
   if (!run) {
     push_young(c, l, which, s);
   } else {
@@ -159,7 +159,7 @@ static void place(psim_cache *c, uint8_t which, uint32_t s) {
     c->prev[s] = p;
     c->next[s] = at;
     c->prev[at] = s;
-    if (p != PSIM_NONE) c->next[p] = s;
+    if (p != KVSIM_PSIM_NONE) c->next[p] = s;
     else l->head = s;
     l->n++;
     c->where[s] = which;
@@ -172,15 +172,15 @@ static void place(psim_cache *c, uint8_t which, uint32_t s) {
 
 /* ---- slots and pins ---- */
 
-static bool pinned(const psim_cache *c, uint32_t s) { return c->cur && c->stamp[s] == c->cur; }
+static bool pinned(const kvsim_psim_cache *c, uint32_t s) { return c->cur && c->stamp[s] == c->cur; }
 
-static void pin(psim_cache *c, uint32_t s) {
+static void pin(kvsim_psim_cache *c, uint32_t s) {
   if (!c->cur || c->stamp[s] == c->cur) return;
   c->stamp[s] = c->cur;
   c->npinned++;
 }
 
-static uint32_t slot_alloc(psim_cache *c, uint32_t id) {
+static uint32_t slot_alloc(kvsim_psim_cache *c, uint32_t id) {
   uint32_t s = c->free_slots[--c->nfree];
   c->sid[s] = id;
   c->pos[id] = s;
@@ -189,15 +189,15 @@ static uint32_t slot_alloc(psim_cache *c, uint32_t id) {
   return s;
 }
 
-static void slot_free(psim_cache *c, uint32_t s) {
-  c->pos[c->sid[s]] = PSIM_NONE;
-  c->sid[s] = PSIM_NONE;
+static void slot_free(kvsim_psim_cache *c, uint32_t s) {
+  c->pos[c->sid[s]] = KVSIM_PSIM_NONE;
+  c->sid[s] = KVSIM_PSIM_NONE;
   if (c->sver) c->sver[s]++;
   c->free_slots[c->nfree++] = s;
 }
 
 /* A resident leaves the cache (its list unlinked by the caller or here). */
-static uint32_t drop_resident(psim_cache *c, uint32_t s, bool unlink) {
+static uint32_t drop_resident(kvsim_psim_cache *c, uint32_t s, bool unlink) {
   uint32_t id = c->sid[s];
   if (unlink) unlink_slot(c, &c->l[c->where[s]], s);
   if (pinned(c, s)) c->npinned--;
@@ -207,12 +207,12 @@ static uint32_t drop_resident(psim_cache *c, uint32_t s, bool unlink) {
   return id;
 }
 
-/* The oldest unpinned slot of a list, or PSIM_NONE. Pinned slots sit at
+/* The oldest unpinned slot of a list, or KVSIM_PSIM_NONE. Pinned slots sit at
  * the young end, so this is almost always the head. */
-static uint32_t oldest_unpinned(const psim_cache *c, const plist *l) {
-  for (uint32_t s = l->head; s != PSIM_NONE; s = c->next[s])
+static uint32_t oldest_unpinned(const kvsim_psim_cache *c, const plist *l) {
+  for (uint32_t s = l->head; s != KVSIM_PSIM_NONE; s = c->next[s])
     if (!pinned(c, s)) return s;
-  return PSIM_NONE;
+  return KVSIM_PSIM_NONE;
 }
 
 /* ---- Belady's heap ---- */
@@ -253,12 +253,12 @@ static void heap_down(hent *h, uint32_t n, uint32_t i) {
   h[i] = e;
 }
 
-static bool heap_valid(const psim_cache *c, const hent *e) {
-  return c->sid[e->slot] != PSIM_NONE && c->sver[e->slot] == e->ver;
+static bool heap_valid(const kvsim_psim_cache *c, const hent *e) {
+  return c->sid[e->slot] != KVSIM_PSIM_NONE && c->sver[e->slot] == e->ver;
 }
 
 /* Rebuilds a heap from its live entries when stale ones pile up. */
-static void heap_compact(psim_cache *c, pheap *h) {
+static void heap_compact(kvsim_psim_cache *c, pheap *h) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < h->n; i++)
     if (heap_valid(c, &h->a[i])) h->a[n++] = h->a[i];
@@ -268,7 +268,7 @@ static void heap_compact(psim_cache *c, pheap *h) {
 
 /* A heap never grows past its allocation: stale entries are compacted
  * away first, and live ones are at most one per slot. */
-static void heap_push(psim_cache *c, pheap *h, uint64_t key, uint32_t s) {
+static void heap_push(kvsim_psim_cache *c, pheap *h, uint64_t key, uint32_t s) {
   if (h->n >= h->cap) heap_compact(c, h);
   h->a[h->n] = (hent){key, s, c->sver[s]};
   heap_up(h->a, h->n++);
@@ -282,24 +282,24 @@ static hent heap_pop(pheap *h) {
 }
 
 /* The kinds keyed by the caller and kept in heaps. */
-static bool keyed_kind(psim_evict kind) {
-  return kind == PSIM_EVICT_BELADY || kind == PSIM_EVICT_TTL;
+static bool keyed_kind(kvsim_psim_evict kind) {
+  return kind == KVSIM_PSIM_EVICT_BELADY || kind == KVSIM_PSIM_EVICT_TTL;
 }
 
 /* A slot's fresh entry in each heap, the old ones stale by version. */
-static void heap_enter(psim_cache *c, uint32_t s) {
+static void heap_enter(kvsim_psim_cache *c, uint32_t s) {
   uint64_t key = c->skey[s];
   heap_push(c, &c->far, key, s);
-  if (c->kind == PSIM_EVICT_TTL) { /* the earliest expiry on top, then the deepest */
-    uint64_t order = PSIM_TTL_EXPIRY(key) << 16 | (PSIM_TTL_DEPTH_MAX - (key & PSIM_TTL_DEPTH_MAX));
+  if (c->kind == KVSIM_PSIM_EVICT_TTL) { /* the earliest expiry on top, then the deepest */
+    uint64_t order = KVSIM_PSIM_TTL_EXPIRY(key) << 16 | (KVSIM_PSIM_TTL_DEPTH_MAX - (key & KVSIM_PSIM_TTL_DEPTH_MAX));
     heap_push(c, &c->soon, ~order, s);
   }
 }
 
 /* A slot's key changed (or it arrived). Inside a commit the caller pins
- * it, so it enters the heaps at the next begin (psim_cache_begin); the
+ * it, so it enters the heaps at the next begin (kvsim_psim_cache_begin); the
  * heaps' old entries are stale by version at once. */
-static void keyed(psim_cache *c, uint32_t s, uint64_t key) {
+static void keyed(kvsim_psim_cache *c, uint32_t s, uint64_t key) {
   c->skey[s] = key;
   c->sver[s]++;
   if (!c->cur) {
@@ -313,16 +313,16 @@ static void keyed(psim_cache *c, uint32_t s, uint64_t key) {
 /* The commit is over: its slots enter the heaps (those still resident,
  * with their latest key; a slot freed and taken again meanwhile holds its
  * new block's key). */
-static void heap_enter_deferred(psim_cache *c) {
+static void heap_enter_deferred(kvsim_psim_cache *c) {
   for (uint32_t i = 0; i < c->nd; i++)
-    if (c->sid[c->dslot[i]] != PSIM_NONE) heap_enter(c, c->dslot[i]);
+    if (c->sid[c->dslot[i]] != KVSIM_PSIM_NONE) heap_enter(c, c->dslot[i]);
   c->nd = 0;
 }
 
-/* The unpinned resident on top of heap h (PSIM_NONE if none); its entry
+/* The unpinned resident on top of heap h (KVSIM_PSIM_NONE if none); its entry
  * stays in the heap unless take. */
-static uint32_t heap_top(psim_cache *c, pheap *h, bool take) {
-  uint32_t found = PSIM_NONE;
+static uint32_t heap_top(kvsim_psim_cache *c, pheap *h, bool take) {
+  uint32_t found = KVSIM_PSIM_NONE;
   c->naside = 0;
   while (h->n) {
     hent e = heap_pop(h);
@@ -344,15 +344,15 @@ static uint32_t heap_top(psim_cache *c, pheap *h, bool take) {
 
 /* TTL's victim: an overdue resident (the earliest expiry) if any, else
  * the furthest expiry, as Belady's furthest next use. */
-static uint32_t ttl_victim(psim_cache *c, bool *overdue) {
+static uint32_t ttl_victim(kvsim_psim_cache *c, bool *overdue) {
   uint32_t s = heap_top(c, &c->soon, false);
-  *overdue = s != PSIM_NONE && PSIM_TTL_EXPIRY(c->skey[s]) <= c->now;
+  *overdue = s != KVSIM_PSIM_NONE && KVSIM_PSIM_TTL_EXPIRY(c->skey[s]) <= c->now;
   return *overdue ? s : heap_top(c, &c->far, false);
 }
 
 /* ---- W-TinyLFU's sketch ---- */
 
-static uint32_t sk_index(const psim_cache *c, uint32_t id, unsigned row) {
+static uint32_t sk_index(const kvsim_psim_cache *c, uint32_t id, unsigned row) {
   uint64_t x = ((uint64_t)id + 1) * 0x9E3779B97F4A7C15ull + row * 0xC2B2AE3D27D4EB4Full;
   x ^= x >> 31;
   x *= 0xBF58476D1CE4E5B9ull;
@@ -360,7 +360,7 @@ static uint32_t sk_index(const psim_cache *c, uint32_t id, unsigned row) {
   return (uint32_t)x & c->smask;
 }
 
-static void sk_inc(psim_cache *c, uint32_t id) {
+static void sk_inc(kvsim_psim_cache *c, uint32_t id) {
   for (unsigned r = 0; r < 4; r++) {
     uint8_t *v = &c->sketch[(size_t)r * (c->smask + 1) + sk_index(c, id, r)];
     if (*v < 15) (*v)++;
@@ -372,7 +372,7 @@ static void sk_inc(psim_cache *c, uint32_t id) {
   }
 }
 
-static uint8_t sk_est(const psim_cache *c, uint32_t id) {
+static uint8_t sk_est(const kvsim_psim_cache *c, uint32_t id) {
   uint8_t m = 15;
   for (unsigned r = 0; r < 4; r++) {
     uint8_t v = c->sketch[(size_t)r * (c->smask + 1) + sk_index(c, id, r)];
@@ -383,18 +383,18 @@ static uint8_t sk_est(const psim_cache *c, uint32_t id) {
 
 /* ---- create / destroy ---- */
 
-int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psim_cache **out) {
-  if (!out || kind < 0 || kind >= PSIM_EVICT_COUNT || universe == 0) return KVBM_EINVAL;
+int kvsim_psim_cache_create(kvsim_psim_evict kind, uint32_t capacity, uint32_t universe, kvsim_psim_cache **out) {
+  if (!out || kind < 0 || kind >= KVSIM_PSIM_EVICT_COUNT || universe == 0) return KVBM_EINVAL;
   if (capacity > (1u << 30)) return KVBM_EINVAL;
-  psim_cache *c = calloc(1, sizeof *c);
+  kvsim_psim_cache *c = calloc(1, sizeof *c);
   if (!c) return KVBM_ENOMEM;
   c->kind = kind;
   c->cap = capacity;
   c->universe = universe;
   /* ARC keeps its ghosts in slots; W-TinyLFU holds the newcomer before the
    * window gives up its candidate. */
-  c->nslots = kind == PSIM_EVICT_ARC ? 2 * capacity
-              : kind == PSIM_EVICT_WTINYLFU && capacity ? capacity + 1 : capacity;
+  c->nslots = kind == KVSIM_PSIM_EVICT_ARC ? 2 * capacity
+              : kind == KVSIM_PSIM_EVICT_WTINYLFU && capacity ? capacity + 1 : capacity;
   uint32_t ns = c->nslots ? c->nslots : 1;
   c->pos = malloc((size_t)universe * sizeof *c->pos);
   c->sid = malloc((size_t)ns * sizeof *c->sid);
@@ -406,12 +406,12 @@ int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psi
   c->free_slots = malloc((size_t)ns * sizeof *c->free_slots);
   bool ok = c->pos && c->sid && c->prev && c->next && c->stamp && c->where && c->freq &&
             c->free_slots;
-  if (ok && kind == PSIM_EVICT_S3FIFO) {
+  if (ok && kind == KVSIM_PSIM_EVICT_S3FIFO) {
     c->cap_s = capacity / 10 ? capacity / 10 : 1;
     c->cap_m = capacity > c->cap_s ? capacity - c->cap_s : 1;
     ok = (c->gtime = calloc(universe, sizeof *c->gtime)) != NULL;
   }
-  if (ok && kind == PSIM_EVICT_WTINYLFU) {
+  if (ok && kind == KVSIM_PSIM_EVICT_WTINYLFU) {
     c->cap_w = capacity / 100 ? capacity / 100 : 1;
     c->cap_main = capacity > c->cap_w ? capacity - c->cap_w : 0;
     c->cap_prot = c->cap_main / 10 * 8;
@@ -431,10 +431,10 @@ int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psi
     ok = c->skey && c->sver && c->dslot && c->dstamp &&
          heap_reserve(&c->far.a, &c->far.cap, 2 * ns + 1024) &&
          heap_reserve(&c->aside, &c->aside_cap, ns + 1) &&
-         (kind != PSIM_EVICT_TTL || heap_reserve(&c->soon.a, &c->soon.cap, 2 * ns + 1024));
+         (kind != KVSIM_PSIM_EVICT_TTL || heap_reserve(&c->soon.a, &c->soon.cap, 2 * ns + 1024));
   }
   if (!ok) {
-    psim_cache_destroy(c);
+    kvsim_psim_cache_destroy(c);
     return KVBM_ENOMEM;
   }
   memset(c->pos, 0xff, (size_t)universe * sizeof *c->pos);
@@ -447,7 +447,7 @@ int psim_cache_create(psim_evict kind, uint32_t capacity, uint32_t universe, psi
   return KVBM_OK;
 }
 
-void psim_cache_destroy(psim_cache *c) {
+void kvsim_psim_cache_destroy(kvsim_psim_cache *c) {
   if (!c) return;
   free(c->pos);
   free(c->sid);
@@ -469,16 +469,16 @@ void psim_cache_destroy(psim_cache *c) {
   free(c);
 }
 
-bool psim_cache_has(const psim_cache *c, uint32_t id) {
+bool kvsim_psim_cache_has(const kvsim_psim_cache *c, uint32_t id) {
   if (id >= c->universe) return false;
   uint32_t s = c->pos[id];
-  return s != PSIM_NONE && (c->kind != PSIM_EVICT_ARC || c->where[s] <= L_B);
+  return s != KVSIM_PSIM_NONE && (c->kind != KVSIM_PSIM_EVICT_ARC || c->where[s] <= L_B);
 }
 
-uint32_t psim_cache_size(const psim_cache *c) { return c->n; }
-uint32_t psim_cache_capacity(const psim_cache *c) { return c->cap; }
+uint32_t kvsim_psim_cache_size(const kvsim_psim_cache *c) { return c->n; }
+uint32_t kvsim_psim_cache_capacity(const kvsim_psim_cache *c) { return c->cap; }
 
-void psim_cache_begin(psim_cache *c, bool tail_first) {
+void kvsim_psim_cache_begin(kvsim_psim_cache *c, bool tail_first) {
   if (c->dslot) heap_enter_deferred(c);
   if (++c->cur == 0) { /* wrapped: clear the stamps so no slot looks pinned */
     memset(c->stamp, 0, (size_t)(c->nslots ? c->nslots : 1) * sizeof *c->stamp);
@@ -491,20 +491,20 @@ void psim_cache_begin(psim_cache *c, bool tail_first) {
 
 /* ---- LRU ---- */
 
-static uint32_t lru_evict(psim_cache *c) {
-  if (c->npinned >= c->n) return PSIM_NONE;
+static uint32_t lru_evict(kvsim_psim_cache *c) {
+  if (c->npinned >= c->n) return KVSIM_PSIM_NONE;
   uint32_t s = oldest_unpinned(c, &c->l[L_A]);
-  return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, true);
+  return s == KVSIM_PSIM_NONE ? KVSIM_PSIM_NONE : drop_resident(c, s, true);
 }
 
 /* ---- S3-FIFO: L_A small, L_B main ---- */
 
-static bool ghost_has(const psim_cache *c, uint32_t id) {
+static bool ghost_has(const kvsim_psim_cache *c, uint32_t id) {
   return c->gtime[id] && c->gclock - c->gtime[id] < c->cap_m;
 }
 
-static uint32_t s3_evict(psim_cache *c) {
-  if (c->npinned >= c->n) return PSIM_NONE;
+static uint32_t s3_evict(kvsim_psim_cache *c) {
+  if (c->npinned >= c->n) return KVSIM_PSIM_NONE;
   plist *S = &c->l[L_A], *M = &c->l[L_B];
   for (uint64_t guard = 8ull * c->n + 16; guard--;) {
     if (S->n && (S->n >= c->cap_s || !M->n)) {
@@ -520,7 +520,7 @@ static uint32_t s3_evict(psim_cache *c) {
       return drop_resident(c, t, false);
     }
     uint32_t t = M->head;
-    if (t == PSIM_NONE) break;
+    if (t == KVSIM_PSIM_NONE) break;
     if (c->freq[t] || pinned(c, t)) {
       if (c->freq[t]) c->freq[t]--;
       unlink_slot(c, M, t);
@@ -529,13 +529,13 @@ static uint32_t s3_evict(psim_cache *c) {
     }
     return drop_resident(c, t, true);
   }
-  return PSIM_NONE;
+  return KVSIM_PSIM_NONE;
 }
 
 /* ---- ARC: L_A T1, L_B T2, L_C B1, L_D B2 ---- */
 
 /* Moves a resident to its ghost list (B1 from T1, B2 from T2). */
-static uint32_t arc_to_ghost(psim_cache *c, uint32_t s) {
+static uint32_t arc_to_ghost(kvsim_psim_cache *c, uint32_t s) {
   uint8_t from = c->where[s];
   unlink_slot(c, &c->l[from], s);
   if (pinned(c, s)) c->npinned--;
@@ -545,33 +545,33 @@ static uint32_t arc_to_ghost(psim_cache *c, uint32_t s) {
   return c->sid[s];
 }
 
-static void arc_drop_ghost(psim_cache *c, uint8_t which) {
+static void arc_drop_ghost(kvsim_psim_cache *c, uint8_t which) {
   uint32_t s = c->l[which].head;
-  if (s == PSIM_NONE) return;
+  if (s == KVSIM_PSIM_NONE) return;
   unlink_slot(c, &c->l[which], s);
   slot_free(c, s);
 }
 
-static uint32_t arc_replace(psim_cache *c, bool in_b2) {
-  if (c->npinned >= c->n) return PSIM_NONE;
+static uint32_t arc_replace(kvsim_psim_cache *c, bool in_b2) {
+  if (c->npinned >= c->n) return KVSIM_PSIM_NONE;
   plist *T1 = &c->l[L_A], *T2 = &c->l[L_B];
   bool from_t1 = T1->n >= 1 && ((double)T1->n > c->p || (in_b2 && (double)T1->n == c->p));
   uint32_t s = oldest_unpinned(c, from_t1 ? T1 : T2);
-  if (s == PSIM_NONE) s = oldest_unpinned(c, from_t1 ? T2 : T1);
-  return s == PSIM_NONE ? PSIM_NONE : arc_to_ghost(c, s);
+  if (s == KVSIM_PSIM_NONE) s = oldest_unpinned(c, from_t1 ? T2 : T1);
+  return s == KVSIM_PSIM_NONE ? KVSIM_PSIM_NONE : arc_to_ghost(c, s);
 }
 
-static bool arc_insert(psim_cache *c, uint32_t id, uint32_t *evicted) {
+static bool arc_insert(kvsim_psim_cache *c, uint32_t id, uint32_t *evicted) {
   plist *T1 = &c->l[L_A], *T2 = &c->l[L_B], *B1 = &c->l[L_C], *B2 = &c->l[L_D];
   uint32_t s = c->pos[id];
   bool full = c->n >= c->cap;
   if (full && c->npinned >= c->n) return false;
-  if (s != PSIM_NONE) { /* a ghost hit: adapt, make room, back to T2 */
+  if (s != KVSIM_PSIM_NONE) { /* a ghost hit: adapt, make room, back to T2 */
     bool b2 = c->where[s] == L_D;
     double d = b2 ? (B1->n > B2->n ? (double)B1->n / B2->n : 1.0)
                   : (B2->n > B1->n ? (double)B2->n / B1->n : 1.0);
     c->p = b2 ? (c->p - d < 0 ? 0 : c->p - d) : (c->p + d > c->cap ? c->cap : c->p + d);
-    if (full && (*evicted = arc_replace(c, b2)) == PSIM_NONE) return false;
+    if (full && (*evicted = arc_replace(c, b2)) == KVSIM_PSIM_NONE) return false;
     unlink_slot(c, &c->l[c->where[s]], s);
     c->stamp[s] = 0;
     place(c, L_B, s);
@@ -579,15 +579,15 @@ static bool arc_insert(psim_cache *c, uint32_t id, uint32_t *evicted) {
     if (T1->n + B1->n >= c->cap) {
       if (T1->n < c->cap) {
         arc_drop_ghost(c, L_C);
-        if (full && (*evicted = arc_replace(c, false)) == PSIM_NONE) return false;
+        if (full && (*evicted = arc_replace(c, false)) == KVSIM_PSIM_NONE) return false;
       } else {
         uint32_t v = oldest_unpinned(c, T1);
-        if (v == PSIM_NONE) return false;
+        if (v == KVSIM_PSIM_NONE) return false;
         *evicted = drop_resident(c, v, true);
       }
     } else if (T1->n + T2->n + B1->n + B2->n >= c->cap) {
       if (T1->n + T2->n + B1->n + B2->n >= 2 * c->cap) arc_drop_ghost(c, L_D);
-      if (full && (*evicted = arc_replace(c, false)) == PSIM_NONE) return false;
+      if (full && (*evicted = arc_replace(c, false)) == KVSIM_PSIM_NONE) return false;
     }
     if (!c->nfree) arc_drop_ghost(c, B2->n ? L_D : L_C);
     s = slot_alloc(c, id);
@@ -600,12 +600,12 @@ static bool arc_insert(psim_cache *c, uint32_t id, uint32_t *evicted) {
 
 /* ---- W-TinyLFU: L_A window, L_B probation, L_C protected ---- */
 
-static uint32_t tlfu_main_victim(const psim_cache *c) {
+static uint32_t tlfu_main_victim(const kvsim_psim_cache *c) {
   uint32_t s = oldest_unpinned(c, &c->l[L_B]);
-  return s != PSIM_NONE ? s : oldest_unpinned(c, &c->l[L_C]);
+  return s != KVSIM_PSIM_NONE ? s : oldest_unpinned(c, &c->l[L_C]);
 }
 
-static bool tlfu_insert(psim_cache *c, uint32_t id, uint32_t *evicted) {
+static bool tlfu_insert(kvsim_psim_cache *c, uint32_t id, uint32_t *evicted) {
   if (c->n >= c->cap && c->npinned >= c->n) return false;
   sk_inc(c, id);
   uint32_t s = slot_alloc(c, id);
@@ -621,14 +621,14 @@ static bool tlfu_insert(psim_cache *c, uint32_t id, uint32_t *evicted) {
       continue;
     }
     uint32_t mv = tlfu_main_victim(c);
-    if (pinned(c, cand) && mv == PSIM_NONE) { /* find room anywhere else */
+    if (pinned(c, cand) && mv == KVSIM_PSIM_NONE) { /* find room anywhere else */
       push_young(c, P, L_B, cand);
       mv = oldest_unpinned(c, W);
-      if (mv == PSIM_NONE) mv = tlfu_main_victim(c);
-      if (mv != PSIM_NONE) *evicted = drop_resident(c, mv, true);
+      if (mv == KVSIM_PSIM_NONE) mv = tlfu_main_victim(c);
+      if (mv != KVSIM_PSIM_NONE) *evicted = drop_resident(c, mv, true);
       break;
     }
-    if (!pinned(c, cand) && (mv == PSIM_NONE || sk_est(c, c->sid[cand]) <= sk_est(c, c->sid[mv]))) {
+    if (!pinned(c, cand) && (mv == KVSIM_PSIM_NONE || sk_est(c, c->sid[cand]) <= sk_est(c, c->sid[mv]))) {
       *evicted = drop_resident(c, cand, false);
     } else {
       *evicted = drop_resident(c, mv, true);
@@ -637,13 +637,13 @@ static bool tlfu_insert(psim_cache *c, uint32_t id, uint32_t *evicted) {
   }
   if (c->n > c->cap) { /* the window had room but main was over: evict from main */
     uint32_t mv = tlfu_main_victim(c);
-    if (mv == PSIM_NONE) mv = oldest_unpinned(c, W);
-    if (mv != PSIM_NONE) *evicted = drop_resident(c, mv, true);
+    if (mv == KVSIM_PSIM_NONE) mv = oldest_unpinned(c, W);
+    if (mv != KVSIM_PSIM_NONE) *evicted = drop_resident(c, mv, true);
   }
   return true;
 }
 
-static void tlfu_access(psim_cache *c, uint32_t s) {
+static void tlfu_access(kvsim_psim_cache *c, uint32_t s) {
   sk_inc(c, c->sid[s]);
   uint8_t w = c->where[s];
   unlink_slot(c, &c->l[w], s);
@@ -660,35 +660,35 @@ static void tlfu_access(psim_cache *c, uint32_t s) {
   }
 }
 
-static uint32_t tlfu_evict(psim_cache *c) {
-  if (c->npinned >= c->n) return PSIM_NONE;
+static uint32_t tlfu_evict(kvsim_psim_cache *c) {
+  if (c->npinned >= c->n) return KVSIM_PSIM_NONE;
   uint32_t s = tlfu_main_victim(c);
-  if (s == PSIM_NONE) s = oldest_unpinned(c, &c->l[L_A]);
-  return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, true);
+  if (s == KVSIM_PSIM_NONE) s = oldest_unpinned(c, &c->l[L_A]);
+  return s == KVSIM_PSIM_NONE ? KVSIM_PSIM_NONE : drop_resident(c, s, true);
 }
 
 /* ---- the interface ---- */
 
-void psim_cache_access(psim_cache *c, uint32_t id, uint64_t key) {
-  if (!psim_cache_has(c, id)) return;
+void kvsim_psim_cache_access(kvsim_psim_cache *c, uint32_t id, uint64_t key) {
+  if (!kvsim_psim_cache_has(c, id)) return;
   uint32_t s = c->pos[id];
   switch (c->kind) {
-    case PSIM_EVICT_LRU:
+    case KVSIM_PSIM_EVICT_LRU:
       unlink_slot(c, &c->l[L_A], s);
       place(c, L_A, s);
       break;
-    case PSIM_EVICT_ARC:
+    case KVSIM_PSIM_EVICT_ARC:
       unlink_slot(c, &c->l[c->where[s]], s);
       place(c, L_B, s);
       break;
-    case PSIM_EVICT_S3FIFO:
+    case KVSIM_PSIM_EVICT_S3FIFO:
       if (c->freq[s] < 3) c->freq[s]++;
       break;
-    case PSIM_EVICT_WTINYLFU:
+    case KVSIM_PSIM_EVICT_WTINYLFU:
       tlfu_access(c, s);
       break;
-    case PSIM_EVICT_BELADY:
-    case PSIM_EVICT_TTL:
+    case KVSIM_PSIM_EVICT_BELADY:
+    case KVSIM_PSIM_EVICT_TTL:
       keyed(c, s, key);
       break;
     default:
@@ -697,30 +697,30 @@ void psim_cache_access(psim_cache *c, uint32_t id, uint64_t key) {
   pin(c, s);
 }
 
-bool psim_cache_insert(psim_cache *c, uint32_t id, uint64_t key, uint32_t *evicted) {
-  uint32_t ev = PSIM_NONE;
-  if (evicted) *evicted = PSIM_NONE;
-  if (id >= c->universe || c->cap == 0 || psim_cache_has(c, id)) return false;
+bool kvsim_psim_cache_insert(kvsim_psim_cache *c, uint32_t id, uint64_t key, uint32_t *evicted) {
+  uint32_t ev = KVSIM_PSIM_NONE;
+  if (evicted) *evicted = KVSIM_PSIM_NONE;
+  if (id >= c->universe || c->cap == 0 || kvsim_psim_cache_has(c, id)) return false;
   bool ok = true;
   switch (c->kind) {
-    case PSIM_EVICT_ARC:
+    case KVSIM_PSIM_EVICT_ARC:
       ok = arc_insert(c, id, &ev);
       break;
-    case PSIM_EVICT_WTINYLFU:
+    case KVSIM_PSIM_EVICT_WTINYLFU:
       ok = tlfu_insert(c, id, &ev);
       break;
     default: {
       if (c->n >= c->cap) {
-        ev = c->kind == PSIM_EVICT_LRU      ? lru_evict(c)
-             : c->kind == PSIM_EVICT_S3FIFO ? s3_evict(c)
-                                            : psim_cache_evict(c);
-        if (ev == PSIM_NONE) return false;
+        ev = c->kind == KVSIM_PSIM_EVICT_LRU      ? lru_evict(c)
+             : c->kind == KVSIM_PSIM_EVICT_S3FIFO ? s3_evict(c)
+                                            : kvsim_psim_cache_evict(c);
+        if (ev == KVSIM_PSIM_NONE) return false;
       }
       uint32_t s = slot_alloc(c, id);
       c->n++;
       if (keyed_kind(c->kind)) {
         keyed(c, s, key);
-      } else if (c->kind == PSIM_EVICT_S3FIFO && ghost_has(c, id)) {
+      } else if (c->kind == KVSIM_PSIM_EVICT_S3FIFO && ghost_has(c, id)) {
         c->gtime[id] = 0;
         place(c, L_B, s);
       } else {
@@ -733,45 +733,45 @@ bool psim_cache_insert(psim_cache *c, uint32_t id, uint64_t key, uint32_t *evict
   return ok;
 }
 
-void psim_cache_remove(psim_cache *c, uint32_t id) {
-  if (!psim_cache_has(c, id)) return;
+void kvsim_psim_cache_remove(kvsim_psim_cache *c, uint32_t id) {
+  if (!kvsim_psim_cache_has(c, id)) return;
   uint32_t s = c->pos[id];
   drop_resident(c, s, !keyed_kind(c->kind));
 }
 
-uint32_t psim_cache_evict(psim_cache *c) {
+uint32_t kvsim_psim_cache_evict(kvsim_psim_cache *c) {
   switch (c->kind) {
-    case PSIM_EVICT_LRU:
+    case KVSIM_PSIM_EVICT_LRU:
       return lru_evict(c);
-    case PSIM_EVICT_S3FIFO:
+    case KVSIM_PSIM_EVICT_S3FIFO:
       return s3_evict(c);
-    case PSIM_EVICT_ARC:
+    case KVSIM_PSIM_EVICT_ARC:
       return arc_replace(c, false);
-    case PSIM_EVICT_WTINYLFU:
+    case KVSIM_PSIM_EVICT_WTINYLFU:
       return tlfu_evict(c);
-    case PSIM_EVICT_BELADY: {
+    case KVSIM_PSIM_EVICT_BELADY: {
       uint32_t s = heap_top(c, &c->far, true);
-      return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, false);
+      return s == KVSIM_PSIM_NONE ? KVSIM_PSIM_NONE : drop_resident(c, s, false);
     }
-    case PSIM_EVICT_TTL: {
+    case KVSIM_PSIM_EVICT_TTL: {
       bool overdue;
       uint32_t s = ttl_victim(c, &overdue);
-      return s == PSIM_NONE ? PSIM_NONE : drop_resident(c, s, false); /* its entries go stale */
+      return s == KVSIM_PSIM_NONE ? KVSIM_PSIM_NONE : drop_resident(c, s, false); /* its entries go stale */
     }
     default:
-      return PSIM_NONE;
+      return KVSIM_PSIM_NONE;
   }
 }
 
-uint64_t psim_cache_victim_key(psim_cache *c) {
-  if (c->kind == PSIM_EVICT_TTL) {
+uint64_t kvsim_psim_cache_victim_key(kvsim_psim_cache *c) {
+  if (c->kind == KVSIM_PSIM_EVICT_TTL) {
     bool overdue;
     uint32_t s = ttl_victim(c, &overdue);
-    return s == PSIM_NONE || overdue ? PSIM_KEY_NEVER : c->skey[s];
+    return s == KVSIM_PSIM_NONE || overdue ? KVSIM_PSIM_KEY_NEVER : c->skey[s];
   }
-  if (c->kind != PSIM_EVICT_BELADY) return 0;
+  if (c->kind != KVSIM_PSIM_EVICT_BELADY) return 0;
   uint32_t s = heap_top(c, &c->far, false);
-  return s == PSIM_NONE ? PSIM_KEY_NEVER : c->skey[s];
+  return s == KVSIM_PSIM_NONE ? KVSIM_PSIM_KEY_NEVER : c->skey[s];
 }
 
-void psim_cache_set_now(psim_cache *c, uint64_t now) { c->now = now; }
+void kvsim_psim_cache_set_now(kvsim_psim_cache *c, uint64_t now) { c->now = now; }

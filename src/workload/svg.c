@@ -16,20 +16,20 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const kPalette[KVBM_SVG_MAX_SERIES] = {
+static const char *const kPalette[KVSIM_SVG_MAX_SERIES] = {
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
     "#7f7f7f", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#000000"};
 
-void kvbm_svg_chart_init(kvbm_svg_chart *c) {
+void kvsim_svg_chart_init(kvsim_svg_chart *c) {
   memset(c, 0, sizeof *c);
   c->width = 720;
   c->height = 460;
 }
 
-bool kvbm_svg_chart_add(kvbm_svg_chart *c, const char *name, const double *x, const double *y,
+bool kvsim_svg_chart_add(kvsim_svg_chart *c, const char *name, const double *x, const double *y,
                         size_t n) {
-  if (c->nseries == KVBM_SVG_MAX_SERIES) return false;
-  c->series[c->nseries++] = (kvbm_svg_series){name ? name : "", x, y, n};
+  if (c->nseries == KVSIM_SVG_MAX_SERIES) return false;
+  c->series[c->nseries++] = (kvsim_svg_series){name ? name : "", x, y, n};
   return true;
 }
 
@@ -64,7 +64,7 @@ static double py(const frame *fr, double y) {
   return fr->top + fr->h - (fr->y1 > fr->y0 ? (y - fr->y0) / (fr->y1 - fr->y0) : 0.5) * fr->h;
 }
 
-static int data_range(const kvbm_svg_chart *c, frame *fr, kvbm_error *err) {
+static int data_range(const kvsim_svg_chart *c, frame *fr, kvbm_error *err) {
   bool any = false;
   fr->x0 = fr->y0 = INFINITY;
   fr->x1 = fr->y1 = -INFINITY;
@@ -90,7 +90,7 @@ static int data_range(const kvbm_svg_chart *c, frame *fr, kvbm_error *err) {
   return KVBM_OK;
 }
 
-static void axes(FILE *f, const kvbm_svg_chart *c, const frame *fr) {
+static void axes(FILE *f, const kvsim_svg_chart *c, const frame *fr) {
   fprintf(f, "<rect x=\"%g\" y=\"%g\" width=\"%g\" height=\"%g\" fill=\"none\" stroke=\"#444\"/>\n",
           fr->left, fr->top, fr->w, fr->h);
   double ystep = nice_step(fr->y1 - fr->y0, 5);
@@ -134,9 +134,9 @@ static void axes(FILE *f, const kvbm_svg_chart *c, const frame *fr) {
   fputs("</text>\n", f);
 }
 
-static void series(FILE *f, const kvbm_svg_chart *c, const frame *fr) {
+static void series(FILE *f, const kvsim_svg_chart *c, const frame *fr) {
   for (size_t s = 0; s < c->nseries; s++) {
-    const kvbm_svg_series *se = &c->series[s];
+    const kvsim_svg_series *se = &c->series[s];
     fprintf(f, "<g stroke=\"%s\" fill=\"%s\">\n<polyline fill=\"none\" stroke-width=\"2\" points=\"",
             kPalette[s], kPalette[s]);
     for (size_t i = 0; i < se->n; i++)
@@ -154,7 +154,7 @@ static void series(FILE *f, const kvbm_svg_chart *c, const frame *fr) {
   }
 }
 
-int kvbm_svg_chart_print(const kvbm_svg_chart *c, FILE *f, kvbm_error *err) {
+int kvsim_svg_chart_print(const kvsim_svg_chart *c, FILE *f, kvbm_error *err) {
   if (!c || !f) return kvbm_error_set(err, KVBM_EINVAL, "svg: NULL argument");
   frame fr = {.left = 70, .top = 40, .xlog = c->x_log};
   fr.w = c->width - fr.left - 150;
@@ -175,11 +175,11 @@ int kvbm_svg_chart_print(const kvbm_svg_chart *c, FILE *f, kvbm_error *err) {
   return ferror(f) ? kvbm_error_set(err, KVBM_EIO, "svg: write failed") : KVBM_OK;
 }
 
-int kvbm_svg_chart_write(const kvbm_svg_chart *c, const char *path, kvbm_error *err) {
+int kvsim_svg_chart_write(const kvsim_svg_chart *c, const char *path, kvbm_error *err) {
   if (!path) return kvbm_error_set(err, KVBM_EINVAL, "svg: NULL path");
   FILE *f = fopen(path, "w");
   if (!f) return kvbm_error_set(err, KVBM_EIO, "svg: cannot create %s", path);
-  int rc = kvbm_svg_chart_print(c, f, err);
+  int rc = kvsim_svg_chart_print(c, f, err);
   if (fclose(f) && !rc) rc = kvbm_error_set(err, KVBM_EIO, "svg: cannot write %s", path);
   return rc;
 }

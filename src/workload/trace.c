@@ -25,8 +25,8 @@
 
 #include "common/vec.h"
 
-struct kvbm_trace {
-  kvbm_trace_request *reqs;
+struct kvsim_trace {
+  kvsim_trace_request *reqs;
   size_t count, cap;
   uint32_t *ids;
   size_t nids, ids_cap;
@@ -162,20 +162,20 @@ static int skip_value(cursor *c, int depth) {
   return read_number(c, &ignored, "value");
 }
 
-static int push_id(kvbm_trace *t, uint32_t id) {
+static int push_id(kvsim_trace *t, uint32_t id) {
   if (kvbm__vec_reserve_of(&t->ids, &t->ids_cap, t->nids + 1, 4096, KVBM__VEC_NO_LIMIT))
     return KVBM_ENOMEM;
   t->ids[t->nids++] = id;
   return KVBM_OK;
 }
 
-static int read_hash_ids(cursor *c, kvbm_trace *t, uint32_t *count) {
+static int read_hash_ids(cursor *c, kvsim_trace *t, uint32_t *count) {
   if (!eat(c, '[')) return fail(c, KVBM_EFORMAT, "hash_ids: expected an array");
   *count = 0;
   if (eat(c, ']')) return KVBM_OK;
   for (;;) {
     uint32_t id;
-    int rc = read_count(c, "hash_ids", KVBM_TRACE_MAX_HASH_ID, &id);
+    int rc = read_count(c, "hash_ids", KVSIM_TRACE_MAX_HASH_ID, &id);
     if (rc) return rc;
     if ((rc = push_id(t, id))) return fail(c, rc, "out of memory");
     if (++*count == UINT32_MAX) return fail(c, KVBM_ERANGE, "hash_ids: too many");
@@ -186,7 +186,7 @@ static int read_hash_ids(cursor *c, kvbm_trace *t, uint32_t *count) {
 
 enum { HAVE_TS = 1, HAVE_IN = 2, HAVE_OUT = 4, HAVE_IDS = 8 };
 
-static int read_record(cursor *c, kvbm_trace *t, kvbm_trace_request *r) {
+static int read_record(cursor *c, kvsim_trace *t, kvsim_trace_request *r) {
   unsigned have = 0;
   int rc;
   if (!eat(c, '{')) return fail(c, KVBM_EFORMAT, "not a JSON object");
@@ -228,14 +228,14 @@ static int read_record(cursor *c, kvbm_trace *t, kvbm_trace_request *r) {
   for (unsigned i = 0; i < 4; i++)
     if (!(have & (1u << i)))
       return kvbm_error_set(c->err, KVBM_EFORMAT, "line %zu: missing field '%s'", c->line, names[i]);
-  if ((uint64_t)r->input_length > (uint64_t)KVBM_TRACE_BLOCK * r->num_hash_ids)
+  if ((uint64_t)r->input_length > (uint64_t)KVSIM_TRACE_BLOCK * r->num_hash_ids)
     return kvbm_error_set(c->err, KVBM_ERANGE,
                           "line %zu: input_length %u is beyond 512 * %u hash_ids", c->line,
                           r->input_length, r->num_hash_ids);
   return KVBM_OK;
 }
 
-static int push_request(kvbm_trace *t, const kvbm_trace_request *r, size_t off) {
+static int push_request(kvsim_trace *t, const kvsim_trace_request *r, size_t off) {
   /* The requests and their offsets share one capacity: each grows from a
    * copy of it (to the same new one); t->cap moves when both hold it. */
   size_t cr = t->cap, co = t->cap;
@@ -249,16 +249,16 @@ static int push_request(kvbm_trace *t, const kvbm_trace_request *r, size_t off) 
 }
 
 /* One line [p, eol): a request, a blank line, or an error naming it. */
-static int take_line(kvbm_trace *t, cursor *c, const char *p, const char *eol) {
+static int take_line(kvsim_trace *t, cursor *c, const char *p, const char *eol) {
   c->line++;
-  if ((size_t)(eol - p) > KVBM_TRACE_MAX_LINE)
-    return kvbm_error_set(c->err, KVBM_ETOOLONG, "line %zu: longer than %u bytes", c->line, KVBM_TRACE_MAX_LINE);
+  if ((size_t)(eol - p) > KVSIM_TRACE_MAX_LINE)
+    return kvbm_error_set(c->err, KVBM_ETOOLONG, "line %zu: longer than %u bytes", c->line, KVSIM_TRACE_MAX_LINE);
   c->p = p;
   c->end = eol;
   skip_ws(c);
   if (c->p == c->end) return KVBM_OK;
   if (memchr(p, '\0', (size_t)(eol - p))) return fail(c, KVBM_EFORMAT, "NUL byte in the line");
-  kvbm_trace_request r;
+  kvsim_trace_request r;
   memset(&r, 0, sizeof r);
   size_t off = t->nids;
   int rc = read_record(c, t, &r);
@@ -270,15 +270,15 @@ static int take_line(kvbm_trace *t, cursor *c, const char *p, const char *eol) {
 /* Points every request at its hash ids (the pool no longer moves). A
  * trace whose requests have no hash ids at all has no pool (ids NULL):
  * those requests get NULL, never NULL + 0. */
-static void finish(kvbm_trace *t) {
+static void finish(kvsim_trace *t) {
   for (size_t i = 0; i < t->count; i++)
     t->reqs[i].hash_ids = t->ids ? t->ids + t->ids_off[i] : NULL;
 }
 
-int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out,
+int kvsim_trace_parse(const char *buf, size_t len, size_t limit, kvsim_trace **out,
                      kvbm_error *err) {
   if ((!buf && len) || !out) return kvbm_error_set(err, KVBM_EINVAL, "trace: NULL argument");
-  kvbm_trace *t = calloc(1, sizeof *t);
+  kvsim_trace *t = calloc(1, sizeof *t);
   if (!t) return kvbm_error_set(err, KVBM_ENOMEM, "trace: out of memory");
   cursor c = {.err = err, .line = 0};
   const char *p = buf, *end = buf + len;
@@ -290,7 +290,7 @@ int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out
     p = nl ? nl + 1 : end;
   }
   if (rc) {
-    kvbm_trace_destroy(t);
+    kvsim_trace_destroy(t);
     return rc;
   }
   finish(t);
@@ -303,7 +303,7 @@ int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out
  * The file is inflated (or read, if plain) in windows of READ_WINDOW bytes
  * and cut into lines as it comes; a line is parsed straight from the window
  * when it lies inside one, and otherwise gathered in a line buffer that
- * may grow to KVBM_TRACE_MAX_LINE bytes and no further. Reading stops as
+ * may grow to KVSIM_TRACE_MAX_LINE bytes and no further. Reading stops as
  * soon as `limit` requests are in, so a trace of any size (or a gzip bomb)
  * costs the window, one line and the requests kept. At the end of the
  * input zlib must have seen the gzip stream's end: a file cut short, even
@@ -312,7 +312,7 @@ int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out
 #define READ_WINDOW (1u << 20)
 
 typedef struct reader {
-  kvbm_trace *t;
+  kvsim_trace *t;
   cursor c;
   char *line; /* a line spanning windows */
   size_t len, cap;
@@ -321,11 +321,11 @@ typedef struct reader {
 /* Appends [p, q) to the pending line, within the line limit. */
 static int gather(reader *r, const char *p, const char *q) {
   size_t n = (size_t)(q - p);
-  if (r->len + n > KVBM_TRACE_MAX_LINE)
+  if (r->len + n > KVSIM_TRACE_MAX_LINE)
     return kvbm_error_set(r->c.err, KVBM_ETOOLONG, "line %zu: longer than %u bytes", r->c.line + 1,
-                          KVBM_TRACE_MAX_LINE);
+                          KVSIM_TRACE_MAX_LINE);
   /* Growth (doubling from 4 KiB) stops at the line limit checked above. */
-  if (kvbm__vec_reserve_of(&r->line, &r->cap, r->len + n, 4096, KVBM_TRACE_MAX_LINE))
+  if (kvbm__vec_reserve_of(&r->line, &r->cap, r->len + n, 4096, KVSIM_TRACE_MAX_LINE))
     return kvbm_error_set(r->c.err, KVBM_ENOMEM, "line %zu: out of memory", r->c.line + 1);
   memcpy(r->line + r->len, p, n);
   r->len += n;
@@ -380,7 +380,7 @@ static int read_all(gzFile f, const char *path, size_t limit, reader *r, char *w
   return KVBM_OK;
 }
 
-int kvbm_trace_load(const char *path, size_t limit, kvbm_trace **out, kvbm_error *err) {
+int kvsim_trace_load(const char *path, size_t limit, kvsim_trace **out, kvbm_error *err) {
   if (!path || !out) return kvbm_error_set(err, KVBM_EINVAL, "trace: NULL argument");
   gzFile f = gzopen(path, "rb");
   if (!f) return kvbm_error_set(err, KVBM_EIO, "trace: cannot open %s: %s", path, strerror(errno));
@@ -393,7 +393,7 @@ int kvbm_trace_load(const char *path, size_t limit, kvbm_trace **out, kvbm_error
   free(win);
   free(r.line);
   if (rc) {
-    kvbm_trace_destroy(r.t);
+    kvsim_trace_destroy(r.t);
     return rc;
   }
   finish(r.t);
@@ -401,7 +401,7 @@ int kvbm_trace_load(const char *path, size_t limit, kvbm_trace **out, kvbm_error
   return KVBM_OK;
 }
 
-void kvbm_trace_destroy(kvbm_trace *t) {
+void kvsim_trace_destroy(kvsim_trace *t) {
   if (!t) return;
   free(t->reqs);
   free(t->ids);
@@ -409,13 +409,13 @@ void kvbm_trace_destroy(kvbm_trace *t) {
   free(t);
 }
 
-size_t kvbm_trace_count(const kvbm_trace *t) { return t->count; }
+size_t kvsim_trace_count(const kvsim_trace *t) { return t->count; }
 
-const kvbm_trace_request *kvbm_trace_get(const kvbm_trace *t, size_t i) {
+const kvsim_trace_request *kvsim_trace_get(const kvsim_trace *t, size_t i) {
   return i < t->count ? &t->reqs[i] : NULL;
 }
 
-void kvbm_trace_max_lengths(const kvbm_trace *t, size_t n, size_t *max_input,
+void kvsim_trace_max_lengths(const kvsim_trace *t, size_t n, size_t *max_input,
                             size_t *max_output) {
   size_t in = 1, out = 1;
   if (n > t->count) n = t->count;
@@ -427,12 +427,12 @@ void kvbm_trace_max_lengths(const kvbm_trace *t, size_t n, size_t *max_input,
   *max_output = out;
 }
 
-int kvbm_trace_check_fit(const kvbm_trace *t, size_t n, uint32_t block_size, uint64_t capacity,
+int kvsim_trace_check_fit(const kvsim_trace *t, size_t n, uint32_t block_size, uint64_t capacity,
                          kvbm_error *err) {
   if (!t || block_size == 0) return kvbm_error_set(err, KVBM_EINVAL, "trace: NULL trace or block size 0");
   if (n > t->count) n = t->count;
   for (size_t i = 0; i < n; i++) {
-    const kvbm_trace_request *r = &t->reqs[i];
+    const kvsim_trace_request *r = &t->reqs[i];
     uint64_t tokens = (uint64_t)r->input_length + r->output_length;
     uint64_t blocks = (tokens + block_size - 1) / block_size;
     if (blocks > capacity)
@@ -445,17 +445,17 @@ int kvbm_trace_check_fit(const kvbm_trace *t, size_t n, uint32_t block_size, uin
   return KVBM_OK;
 }
 
-void kvbm_trace_prompt_tokens(const kvbm_trace_request *req, uint32_t *out) {
+void kvsim_trace_prompt_tokens(const kvsim_trace_request *req, uint32_t *out) {
   uint32_t n = req->input_length;
   for (uint32_t b = 0, i = 0; i < n; b++) {
-    uint32_t base = req->hash_ids[b] * KVBM_TRACE_BLOCK;
-    uint32_t stop = n - i < KVBM_TRACE_BLOCK ? n - i : KVBM_TRACE_BLOCK;
+    uint32_t base = req->hash_ids[b] * KVSIM_TRACE_BLOCK;
+    uint32_t stop = n - i < KVSIM_TRACE_BLOCK ? n - i : KVSIM_TRACE_BLOCK;
     for (uint32_t j = 0; j < stop; j++) out[i + j] = base + j;
     i += stop;
   }
 }
 
-void kvbm_trace_output_tokens(const kvbm_trace_request *req, size_t r, uint32_t *out) {
+void kvsim_trace_output_tokens(const kvsim_trace_request *req, size_t r, uint32_t *out) {
   for (uint32_t m = 0; m < req->output_length; m++)
     out[m] = 0x80000000u | (uint32_t)(r << 16) | m;
 }

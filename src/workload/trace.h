@@ -12,8 +12,8 @@
  * length, input_length beyond 512 * len(hash_ids), a hash id so large its
  * tokens would not fit in 31 bits.
  */
-#ifndef KVBM_TRACE_H
-#define KVBM_TRACE_H
+#ifndef KVSIM_TRACE_H
+#define KVSIM_TRACE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -24,51 +24,51 @@
 extern "C" {
 #endif
 
-#define KVBM_TRACE_BLOCK 512u
+#define KVSIM_TRACE_BLOCK 512u
 /* Largest accepted hash id: its tokens stay below 2^31 (outputs use bit 31). */
-#define KVBM_TRACE_MAX_HASH_ID ((1u << 31) / KVBM_TRACE_BLOCK - 1)
+#define KVSIM_TRACE_MAX_HASH_ID ((1u << 31) / KVSIM_TRACE_BLOCK - 1)
 
-typedef struct kvbm_trace_request {
+typedef struct kvsim_trace_request {
   double timestamp_ms;
   uint32_t input_length;
   uint32_t output_length;
   uint32_t num_hash_ids;
   const uint32_t *hash_ids;
-} kvbm_trace_request;
+} kvsim_trace_request;
 
-typedef struct kvbm_trace kvbm_trace;
+typedef struct kvsim_trace kvsim_trace;
 
 /* Longest line accepted (bytes, without the newline): 16 MiB, room for
  * about two million hash ids. */
-#define KVBM_TRACE_MAX_LINE (16u << 20)
+#define KVSIM_TRACE_MAX_LINE (16u << 20)
 
 /* Parses `len` bytes of JSON lines, keeping at most `limit` requests (0: all).
- * On success *out must be freed with kvbm_trace_destroy(). On bad input
+ * On success *out must be freed with kvsim_trace_destroy(). On bad input
  * returns KVBM_EFORMAT (or KVBM_ERANGE for out-of-range numbers,
- * KVBM_ETOOLONG for a line above KVBM_TRACE_MAX_LINE) with err->msg
+ * KVBM_ETOOLONG for a line above KVSIM_TRACE_MAX_LINE) with err->msg
  * "line N: ...". */
-int kvbm_trace_parse(const char *buf, size_t len, size_t limit, kvbm_trace **out,
+int kvsim_trace_parse(const char *buf, size_t len, size_t limit, kvsim_trace **out,
                      kvbm_error *err);
 
 /* Reads a trace file, plain or gzip-compressed, streaming: line by line as
  * it is inflated, and reading stops once `limit` requests are in, so the
  * memory used is the requests kept plus a 1 MiB window and one line (at
- * most KVBM_TRACE_MAX_LINE), whatever the file's size. Errors: those of
- * kvbm_trace_parse; KVBM_EIO (cannot open or read; a corrupt gzip
+ * most KVSIM_TRACE_MAX_LINE), whatever the file's size. Errors: those of
+ * kvsim_trace_parse; KVBM_EIO (cannot open or read; a corrupt gzip
  * stream); KVBM_ETRUNCATED (the gzip stream ends without its end marker,
  * e.g. a file cut at a flush point). */
-int kvbm_trace_load(const char *path, size_t limit, kvbm_trace **out, kvbm_error *err);
+int kvsim_trace_load(const char *path, size_t limit, kvsim_trace **out, kvbm_error *err);
 
-void kvbm_trace_destroy(kvbm_trace *trace); /* NULL is a no-op */
+void kvsim_trace_destroy(kvsim_trace *trace); /* NULL is a no-op */
 
-size_t kvbm_trace_count(const kvbm_trace *trace);
+size_t kvsim_trace_count(const kvsim_trace *trace);
 /* The i-th request (i < count); valid until the trace is destroyed. */
-const kvbm_trace_request *kvbm_trace_get(const kvbm_trace *trace, size_t i);
+const kvsim_trace_request *kvsim_trace_get(const kvsim_trace *trace, size_t i);
 
 /* The largest input_length and output_length among the first n requests
  * (n is capped at the count), each at least 1: buffers sized from them are
  * never empty. */
-void kvbm_trace_max_lengths(const kvbm_trace *trace, size_t n, size_t *max_input,
+void kvsim_trace_max_lengths(const kvsim_trace *trace, size_t n, size_t *max_input,
                             size_t *max_output);
 
 /* Checks, before anything is sized from them, that each of the first n
@@ -77,16 +77,16 @@ void kvbm_trace_max_lengths(const kvbm_trace *trace, size_t n, size_t *max_input
  * ceil((input + output) / block_size) blocks at once. KVBM_ENOSPC naming
  * the first request that cannot fit (a replay would fail there anyway,
  * after allocating buffers for its prompt); KVBM_EINVAL for block_size 0. */
-int kvbm_trace_check_fit(const kvbm_trace *trace, size_t n, uint32_t block_size, uint64_t capacity,
+int kvsim_trace_check_fit(const kvsim_trace *trace, size_t n, uint32_t block_size, uint64_t capacity,
                          kvbm_error *err);
 
 /* Writes the request's prompt tokens (input_length of them) to out:
  * token i = hash_ids[i / 512] * 512 + i % 512. */
-void kvbm_trace_prompt_tokens(const kvbm_trace_request *req, uint32_t *out);
+void kvsim_trace_prompt_tokens(const kvsim_trace_request *req, uint32_t *out);
 
 /* Writes the output tokens of the request on line r (0-based):
  * token m = 0x80000000 | r << 16 | m. */
-void kvbm_trace_output_tokens(const kvbm_trace_request *req, size_t r, uint32_t *out);
+void kvsim_trace_output_tokens(const kvsim_trace_request *req, size_t r, uint32_t *out);
 
 #ifdef __cplusplus
 }

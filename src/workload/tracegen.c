@@ -78,16 +78,16 @@ typedef struct session {
 } session;
 
 typedef struct gen {
-  const kvbm_tracegen_config *cfg;
+  const kvsim_tracegen_config *cfg;
   rng r;
   double *zipf_cdf;
   uint32_t next_id;
   session **heap;
   size_t nheap, heap_cap;
-  kvbm_tracegen_stats st;
+  kvsim_tracegen_stats st;
 } gen;
 
-static int check(const kvbm_tracegen_config *c, kvbm_error *err) {
+static int check(const kvsim_tracegen_config *c, kvbm_error *err) {
 #define BAD(cond, what)                                                                        \
   if (cond) return kvbm_error_set(err, KVBM_EINVAL, "trace-gen: %s is out of range", what)
   BAD(c->requests == 0 || c->requests > (1ull << 32), "requests (1..2^32)");
@@ -142,7 +142,7 @@ static void session_free(session *s) {
  * blocks take fresh ones. */
 static int grow(gen *g, session *s, uint64_t n, kvbm_error *err) {
   uint64_t tokens = s->tokens + n;
-  uint64_t need = tokens / KVBM_TRACE_BLOCK + (tokens % KVBM_TRACE_BLOCK != 0);
+  uint64_t need = tokens / KVSIM_TRACE_BLOCK + (tokens % KVSIM_TRACE_BLOCK != 0);
   if (need > s->cap) {
     uint32_t nc = s->cap ? s->cap : 16;
     while (nc < need) nc *= 2;
@@ -152,11 +152,11 @@ static int grow(gen *g, session *s, uint64_t n, kvbm_error *err) {
     s->cap = nc;
   }
   while (s->nids < need) {
-    if (g->next_id > KVBM_TRACE_MAX_HASH_ID)
+    if (g->next_id > KVSIM_TRACE_MAX_HASH_ID)
       return kvbm_error_set(err, KVBM_ERANGE,
                             "trace-gen: the trace needs more than %u hash ids (fewer requests or "
                             "longer blocks of shared text)",
-                            KVBM_TRACE_MAX_HASH_ID + 1);
+                            KVSIM_TRACE_MAX_HASH_ID + 1);
     s->ids[s->nids++] = g->next_id++;
   }
   s->tokens = tokens;
@@ -175,11 +175,11 @@ static uint32_t zipf_pick(gen *g) {
 }
 
 static int new_session(gen *g, double now_ms, session **out, kvbm_error *err) {
-  const kvbm_tracegen_config *c = g->cfg;
+  const kvsim_tracegen_config *c = g->cfg;
   session *s = calloc(1, sizeof *s);
   if (!s) return kvbm_error_set(err, KVBM_ENOMEM, "trace-gen: out of memory");
   uint32_t p = zipf_pick(g);
-  uint32_t sys_blocks = c->system_tokens / KVBM_TRACE_BLOCK + (c->system_tokens % KVBM_TRACE_BLOCK != 0);
+  uint32_t sys_blocks = c->system_tokens / KVSIM_TRACE_BLOCK + (c->system_tokens % KVSIM_TRACE_BLOCK != 0);
   int rc = KVBM_OK;
   if (sys_blocks) {
     /* Prompt p's ids are p * sys_blocks + 0 .. sys_blocks - 1. */
@@ -190,10 +190,10 @@ static int new_session(gen *g, double now_ms, session **out, kvbm_error *err) {
     s->nids = sys_blocks;
     /* A system prompt ending inside a block: the session's text goes on
      * in a block of its own (other sessions' continuations differ). */
-    if (c->system_tokens % KVBM_TRACE_BLOCK && !rc) {
+    if (c->system_tokens % KVSIM_TRACE_BLOCK && !rc) {
       s->nids--;
-      s->tokens = (uint64_t)(sys_blocks - 1) * KVBM_TRACE_BLOCK;
-      rc = grow(g, s, c->system_tokens % KVBM_TRACE_BLOCK, err);
+      s->tokens = (uint64_t)(sys_blocks - 1) * KVSIM_TRACE_BLOCK;
+      rc = grow(g, s, c->system_tokens % KVSIM_TRACE_BLOCK, err);
     } else {
       s->tokens = c->system_tokens;
     }
@@ -211,7 +211,7 @@ static int new_session(gen *g, double now_ms, session **out, kvbm_error *err) {
 
 /* Writes one turn of s; returns whether the session goes on. */
 static int turn(gen *g, session *s, FILE *f, bool *more, kvbm_error *err) {
-  const kvbm_tracegen_config *c = g->cfg;
+  const kvsim_tracegen_config *c = g->cfg;
   *more = false;
   uint32_t user = lognormal_tokens(&g->r, c->user_tokens);
   uint32_t out = lognormal_tokens(&g->r, c->output_tokens);
@@ -235,7 +235,7 @@ static int turn(gen *g, session *s, FILE *f, bool *more, kvbm_error *err) {
 }
 
 static int zipf_table(gen *g) {
-  const kvbm_tracegen_config *c = g->cfg;
+  const kvsim_tracegen_config *c = g->cfg;
   g->zipf_cdf = malloc(c->system_prompts * sizeof *g->zipf_cdf);
   if (!g->zipf_cdf) return KVBM_ENOMEM;
   double sum = 0;
@@ -249,7 +249,7 @@ static int zipf_table(gen *g) {
   return KVBM_OK;
 }
 
-int kvbm_tracegen_write(const kvbm_tracegen_config *cfg, FILE *f, kvbm_tracegen_stats *stats,
+int kvsim_tracegen_write(const kvsim_tracegen_config *cfg, FILE *f, kvsim_tracegen_stats *stats,
                         kvbm_error *err) {
   if (!cfg || !f) return kvbm_error_set(err, KVBM_EINVAL, "trace-gen: NULL argument");
   int rc = check(cfg, err);
@@ -259,8 +259,8 @@ int kvbm_tracegen_write(const kvbm_tracegen_config *cfg, FILE *f, kvbm_tracegen_
   g.cfg = cfg;
   uint64_t x = cfg->seed;
   for (int i = 0; i < 4; i++) g.r.s[i] = splitmix(&x);
-  uint32_t sys_blocks = cfg->system_tokens / KVBM_TRACE_BLOCK + (cfg->system_tokens % KVBM_TRACE_BLOCK != 0);
-  if ((uint64_t)sys_blocks * cfg->system_prompts > KVBM_TRACE_MAX_HASH_ID)
+  uint32_t sys_blocks = cfg->system_tokens / KVSIM_TRACE_BLOCK + (cfg->system_tokens % KVSIM_TRACE_BLOCK != 0);
+  if ((uint64_t)sys_blocks * cfg->system_prompts > KVSIM_TRACE_MAX_HASH_ID)
     return kvbm_error_set(err, KVBM_ERANGE, "trace-gen: the system prompts alone need too many hash ids");
   g.next_id = sys_blocks * cfg->system_prompts;
   if (zipf_table(&g)) return kvbm_error_set(err, KVBM_ENOMEM, "trace-gen: out of memory");
@@ -291,15 +291,15 @@ int kvbm_tracegen_write(const kvbm_tracegen_config *cfg, FILE *f, kvbm_tracegen_
   return rc;
 }
 
-kvbm_tracegen_config kvbm_tracegen_chat(void) {
-  return (kvbm_tracegen_config){.requests = 10000, .seed = 1, .session_rate = 2, .turns = 4,
+kvsim_tracegen_config kvsim_tracegen_chat(void) {
+  return (kvsim_tracegen_config){.requests = 10000, .seed = 1, .session_rate = 2, .turns = 4,
                                 .think_s = 60, .system_prompts = 16, .system_tokens = 1500,
                                 .zipf = 1.0, .user_tokens = 1500, .output_tokens = 400,
                                 .max_context = 32768};
 }
 
-kvbm_tracegen_config kvbm_tracegen_agent(void) {
-  return (kvbm_tracegen_config){.requests = 10000, .seed = 1, .session_rate = 2, .turns = 20,
+kvsim_tracegen_config kvsim_tracegen_agent(void) {
+  return (kvsim_tracegen_config){.requests = 10000, .seed = 1, .session_rate = 2, .turns = 20,
                                 .think_s = 4, .system_prompts = 8, .system_tokens = 6000,
                                 .zipf = 1.2, .user_tokens = 700, .output_tokens = 120,
                                 .max_context = 65536};

@@ -24,15 +24,15 @@
  *
  * Deterministic: the same config (seed included) gives the same bytes.
  */
-#ifndef KVBM_WORKLOAD_TRACEGEN_H
-#define KVBM_WORKLOAD_TRACEGEN_H
+#ifndef KVSIM_WORKLOAD_TRACEGEN_H
+#define KVSIM_WORKLOAD_TRACEGEN_H
 
 #include <stdint.h>
 #include <stdio.h>
 
 #include "kvbm/status.h"
 
-typedef struct kvbm_tracegen_config {
+typedef struct kvsim_tracegen_config {
   uint64_t requests;        /* requests to write */
   uint64_t seed;
   double session_rate;      /* new sessions a second */
@@ -44,29 +44,29 @@ typedef struct kvbm_tracegen_config {
   double user_tokens;       /* mean new user tokens per turn */
   double output_tokens;     /* mean answer tokens */
   uint32_t max_context;     /* a session ends before its prompt passes this */
-} kvbm_tracegen_config;
+} kvsim_tracegen_config;
 
 /* Multi-round chat: 2 sessions/s, 4 turns, 60 s apart, 16 system prompts
  * of 1,500 tokens (Zipf 1.0), 1,500 new user tokens (a message with what
  * it pastes: documents, code) and 400 answer tokens a turn, contexts up to
  * 32,768 tokens; 10,000 requests, seed 1. */
-kvbm_tracegen_config kvbm_tracegen_chat(void);
+kvsim_tracegen_config kvsim_tracegen_chat(void);
 
 /* Agents: 2 sessions/s, 20 turns, 4 s apart, 8 tool-laden system prompts
  * of 6,000 tokens (Zipf 1.2), 700 tokens of tool output and 120 answer
  * tokens a turn, contexts up to 65,536 tokens; 10,000 requests, seed 1. */
-kvbm_tracegen_config kvbm_tracegen_agent(void);
+kvsim_tracegen_config kvsim_tracegen_agent(void);
 
-typedef struct kvbm_tracegen_stats {
+typedef struct kvsim_tracegen_stats {
   uint64_t requests, sessions, input_tokens, output_tokens, hash_ids;
   double duration_s;
-} kvbm_tracegen_stats;
+} kvsim_tracegen_stats;
 
 /* Writes the trace as JSON lines. KVBM_EINVAL naming the parameter that
  * is out of range; KVBM_ERANGE when the trace would need a hash id above
- * the reader's limit (KVBM_TRACE_MAX_HASH_ID); KVBM_EIO when writing
+ * the reader's limit (KVSIM_TRACE_MAX_HASH_ID); KVBM_EIO when writing
  * fails; KVBM_ENOMEM. stats may be NULL. */
-int kvbm_tracegen_write(const kvbm_tracegen_config *cfg, FILE *out, kvbm_tracegen_stats *stats,
+int kvsim_tracegen_write(const kvsim_tracegen_config *cfg, FILE *out, kvsim_tracegen_stats *stats,
                         kvbm_error *err);
 
 #endif

@@ -14,25 +14,25 @@
 #include "kvbm/sequence.h"
 #include "common/clock.h"
 
-kvbm_w1_config kvbm_w1_config_default(void) {
-  kvbm_w1_config o = {0};
+kvsim_w1_config kvsim_w1_config_default(void) {
+  kvsim_w1_config o = {0};
   o.block_size = 16;
   o.capacity = 16384;
   o.scheme = KVBM_HASH_NATIVE;
   return o;
 }
 
-static int run_request(kvbm_pool *pool, const kvbm_trace_request *r, size_t idx,
-                       uint32_t *prompt, uint32_t *output, kvbm_w1_result *res,
+static int run_request(kvbm_pool *pool, const kvsim_trace_request *r, size_t idx,
+                       uint32_t *prompt, uint32_t *output, kvsim_w1_result *res,
                        kvbm_error *err) {
   kvbm_seq *seq;
   int rc = kvbm_seq_create(pool, 0, 0, &seq);
   if (rc) return kvbm_error_set(err, rc, "replay: request %zu: %s", idx, kvbm_strerror(rc));
   size_t matched = 0;
-  kvbm_trace_prompt_tokens(r, prompt);
+  kvsim_trace_prompt_tokens(r, prompt);
   if (r->input_length) rc = kvbm_seq_prefill(seq, prompt, r->input_length, &matched);
   if (!rc) {
-    kvbm_trace_output_tokens(r, idx, output);
+    kvsim_trace_output_tokens(r, idx, output);
     rc = kvbm_seq_append(seq, output, r->output_length);
   }
   kvbm_seq_destroy(seq);
@@ -45,14 +45,14 @@ static int run_request(kvbm_pool *pool, const kvbm_trace_request *r, size_t idx,
   return KVBM_OK;
 }
 
-int kvbm_w1_run(const kvbm_trace *trace, const kvbm_w1_config *opts,
-                   kvbm_w1_result *out, kvbm_error *err) {
+int kvsim_w1_run(const kvsim_trace *trace, const kvsim_w1_config *opts,
+                   kvsim_w1_result *out, kvbm_error *err) {
   if (!trace || !opts || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
-  size_t n = kvbm_trace_count(trace);
+  size_t n = kvsim_trace_count(trace);
   if (opts->limit && opts->limit < n) n = opts->limit;
   /* A request that cannot fit is refused before its prompt buffer is
    * allocated (a 2^31-token prompt would take 8 GiB first). */
-  int rc = kvbm_trace_check_fit(trace, n, opts->block_size, opts->capacity, err);
+  int rc = kvsim_trace_check_fit(trace, n, opts->block_size, opts->capacity, err);
   if (rc) return rc;
   kvbm_pool_config pc = kvbm_pool_config_default(opts->capacity, opts->block_size);
   pc.scheme = opts->scheme;
@@ -64,15 +64,15 @@ int kvbm_w1_run(const kvbm_trace *trace, const kvbm_w1_config *opts,
   if (rc) return rc;
 
   size_t max_in, max_out;
-  kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
+  kvsim_trace_max_lengths(trace, n, &max_in, &max_out);
   uint32_t *prompt = malloc(max_in * sizeof *prompt);
   uint32_t *output = malloc(max_out * sizeof *output);
-  kvbm_w1_result res = {0};
+  kvsim_w1_result res = {0};
   if (!prompt || !output) rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");
 
   double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < n && !rc; i++) {
-    rc = run_request(pool, kvbm_trace_get(trace, i), i, prompt, output, &res, err);
+    rc = run_request(pool, kvsim_trace_get(trace, i), i, prompt, output, &res, err);
     res.requests += !rc;
     if (opts->on_request && !rc) opts->on_request(opts->request_user, i + 1, n, &res, pool);
     if (opts->progress && (i % 256 == 255)) opts->progress(opts->progress_user, i + 1, n);

@@ -8,8 +8,8 @@
  * (release tail first). The counts equal the oracle
  * ../shared/tools/ref_replay.py exactly.
  */
-#ifndef KVBM_REPLAY_H
-#define KVBM_REPLAY_H
+#ifndef KVSIM_REPLAY_H
+#define KVSIM_REPLAY_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,9 +23,9 @@
 extern "C" {
 #endif
 
-struct kvbm_w1_result;
+struct kvsim_w1_result;
 
-typedef struct kvbm_w1_config {
+typedef struct kvsim_w1_config {
   uint32_t block_size;          /* tokens per block (16) */
   uint32_t capacity;            /* blocks in the pool (16384) */
   size_t limit;                 /* first N requests; 0 = all */
@@ -41,26 +41,26 @@ typedef struct kvbm_w1_config {
   /* optional: called after every request on the replay's thread, with the
    * counts so far and the pool (kvbm replay --metrics-port and --plot
    * snapshot it there: the pool has no lock of its own) */
-  void (*on_request)(void *user, size_t done, size_t total, const struct kvbm_w1_result *so_far,
+  void (*on_request)(void *user, size_t done, size_t total, const struct kvsim_w1_result *so_far,
                      const kvbm_pool *pool);
   void *request_user;
-} kvbm_w1_config;
+} kvsim_w1_config;
 
-typedef struct kvbm_w1_result {
+typedef struct kvsim_w1_result {
   uint64_t requests;
   uint64_t prompt_tokens;
   uint64_t hit_tokens;
   uint64_t blocks_allocated;
   double seconds; /* wall time of the replay loop (tokens made, hashed, managed) */
-} kvbm_w1_result;
+} kvsim_w1_result;
 
 /* Defaults: block size 16, capacity 16384, all requests, native hashes. */
-kvbm_w1_config kvbm_w1_config_default(void);
+kvsim_w1_config kvsim_w1_config_default(void);
 
 /* Runs W1. KVBM_ENOSPC with a message when one request does not fit in the
  * pool (the oracle stops there too). */
-int kvbm_w1_run(const kvbm_trace *trace, const kvbm_w1_config *opts,
-                   kvbm_w1_result *out, kvbm_error *err);
+int kvsim_w1_run(const kvsim_trace *trace, const kvsim_w1_config *opts,
+                   kvsim_w1_result *out, kvbm_error *err);
 
 #ifdef __cplusplus
 }

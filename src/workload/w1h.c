@@ -33,7 +33,7 @@
 #include "sequence/hseq_internal.h"
 
 typedef struct w1h {
-  const kvbm_w1h_config *cfg;
+  const kvsim_w1h_config *cfg;
   kvbm_hseq *seq;
   uint32_t bs;
   size_t ng;
@@ -86,12 +86,12 @@ static bool schedule_advances(const w1h *w, uint64_t hit) {
   return true;
 }
 
-static void refuse(w1h *w, size_t idx, const char *why, kvbm_w1h_result *res) {
+static void refuse(w1h *w, size_t idx, const char *why, kvsim_w1h_result *res) {
   res->refused++;
   if (w->cfg->on_refused) w->cfg->on_refused(w->cfg->refused_user, idx, why);
 }
 
-static int run_request(w1h *w, const kvbm_trace_request *r, size_t idx, kvbm_w1h_result *res,
+static int run_request(w1h *w, const kvsim_trace_request *r, size_t idx, kvsim_w1h_result *res,
                        kvbm_error *err) {
   res->requests++;
   res->prompt_tokens += r->input_length;
@@ -102,8 +102,8 @@ static int run_request(w1h *w, const kvbm_trace_request *r, size_t idx, kvbm_w1h
    * longest request: there is room), no copy */
   uint32_t *tokens = kvbm__hseq_tail(w->seq, (size_t)total + 1);
   if (!tokens) return kvbm_error_set(err, KVBM_ESTATE, "replay: request %zu: no room", idx);
-  kvbm_trace_prompt_tokens(r, tokens);
-  kvbm_trace_output_tokens(r, idx, tokens + r->input_length);
+  kvsim_trace_prompt_tokens(r, tokens);
+  kvsim_trace_output_tokens(r, idx, tokens + r->input_length);
   /* the hit over the prompt (vLLM looks up L - 1 tokens at most), then the
    * output tokens known too: the steps compute them one by one */
   uint64_t hit = 0;
@@ -140,8 +140,8 @@ static int run_request(w1h *w, const kvbm_trace_request *r, size_t idx, kvbm_w1h
   return KVBM_OK;
 }
 
-kvbm_w1h_config kvbm_w1h_config_default(void) {
-  kvbm_w1h_config c;
+kvsim_w1h_config kvsim_w1h_config_default(void) {
+  kvsim_w1h_config c;
   memset(&c, 0, sizeof c);
   c.groups[0].kind = KVBM_GROUP_FULL;
   c.num_groups = 1;
@@ -151,7 +151,7 @@ kvbm_w1h_config kvbm_w1h_config_default(void) {
   return c;
 }
 
-static int check_config(const kvbm_w1h_config *c, kvbm_error *err) {
+static int check_config(const kvsim_w1h_config *c, kvbm_error *err) {
   if (c->num_groups == 0 || c->num_groups > KVBM_GROUPS_MAX)
     return kvbm_error_set(err, KVBM_EINVAL, "replay: %zu groups: 1..%u", c->num_groups, KVBM_GROUPS_MAX);
   if (c->block_size == 0 || c->block_size > KVBM_POOL_MAX_BLOCK_SIZE || c->capacity == 0)
@@ -169,12 +169,12 @@ static int check_config(const kvbm_w1h_config *c, kvbm_error *err) {
   return KVBM_OK;
 }
 
-int kvbm_w1h_run(const kvbm_trace *trace, const kvbm_w1h_config *cfg, kvbm_w1h_result *out,
+int kvsim_w1h_run(const kvsim_trace *trace, const kvsim_w1h_config *cfg, kvsim_w1h_result *out,
                  kvbm_error *err) {
   if (!trace || !cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
   int rc = check_config(cfg, err);
   if (rc) return rc;
-  size_t n = kvbm_trace_count(trace);
+  size_t n = kvsim_trace_count(trace);
   if (cfg->limit && cfg->limit < n) n = cfg->limit;
   w1h w;
   memset(&w, 0, sizeof w);
@@ -192,13 +192,13 @@ int kvbm_w1h_run(const kvbm_trace *trace, const kvbm_w1h_config *cfg, kvbm_w1h_r
   rc = kvbm_pool_create(&pc, &pool, err);
   if (rc) return rc;
   size_t max_in, max_out;
-  kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
+  kvsim_trace_max_lengths(trace, n, &max_in, &max_out);
   size_t max_tok = max_in + max_out;
   rc = kvbm_hseq_create(pool, cfg->groups, w.ng, 0, max_tok + 1, &w.seq, err);
-  kvbm_w1h_result res;
+  kvsim_w1h_result res;
   memset(&res, 0, sizeof res);
   double t0 = kvbm_clock_seconds();
-  for (size_t i = 0; i < n && !rc; i++) rc = run_request(&w, kvbm_trace_get(trace, i), i, &res, err);
+  for (size_t i = 0; i < n && !rc; i++) rc = run_request(&w, kvsim_trace_get(trace, i), i, &res, err);
   res.seconds = kvbm_clock_seconds() - t0;
   if (!rc) *out = res;
   kvbm_hseq_destroy(w.seq);

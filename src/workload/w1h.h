@@ -22,8 +22,8 @@
  * refused before it runs: it changes nothing and counts in `refused`.
  * With the one group `full`, the counts are W1's.
  */
-#ifndef KVBM_W1H_H
-#define KVBM_W1H_H
+#ifndef KVSIM_W1H_H
+#define KVSIM_W1H_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-typedef struct kvbm_w1h_config {
+typedef struct kvsim_w1h_config {
   kvbm_group_spec groups[KVBM_GROUPS_MAX];
   size_t num_groups;                /* 1..KVBM_GROUPS_MAX */
   uint32_t block_size;              /* 16 */
@@ -50,9 +50,9 @@ typedef struct kvbm_w1h_config {
   /* optional: called for each refused request (index, why) */
   void (*on_refused)(void *user, size_t request, const char *why);
   void *refused_user;
-} kvbm_w1h_config;
+} kvsim_w1h_config;
 
-typedef struct kvbm_w1h_result {
+typedef struct kvsim_w1h_result {
   uint64_t requests;        /* every request of the slice, refused included */
   uint64_t prompt_tokens;   /* of every request, refused included */
   uint64_t hit_tokens;
@@ -62,14 +62,14 @@ typedef struct kvbm_w1h_result {
   uint64_t peak_blocks_held;  /* most blocks one request held after a step */
   uint64_t peak_blocks_held_per_group[KVBM_GROUPS_MAX];
   double seconds;
-} kvbm_w1h_result;
+} kvsim_w1h_result;
 
 /* Defaults: the group `full`, block size 16, capacity 16384, one step a
  * prompt, all requests, native hashes. */
-kvbm_w1h_config kvbm_w1h_config_default(void);
+kvsim_w1h_config kvsim_w1h_config_default(void);
 
 /* Runs W1-hybrid. KVBM_EINVAL with a message for a bad configuration. */
-int kvbm_w1h_run(const kvbm_trace *trace, const kvbm_w1h_config *cfg, kvbm_w1h_result *out,
+int kvsim_w1h_run(const kvsim_trace *trace, const kvsim_w1h_config *cfg, kvsim_w1h_result *out,
                  kvbm_error *err);
 
 #ifdef __cplusplus

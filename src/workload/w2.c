@@ -20,10 +20,10 @@
 #include "workload/trace.h"
 #include "common/clock.h"
 
-kvbm_w2_config kvbm_w2_config_default(void) {
-  kvbm_w2_config o;
+kvsim_w2_config kvsim_w2_config_default(void) {
+  kvsim_w2_config o;
   memset(&o, 0, sizeof o);
-  o.w1 = kvbm_w1_config_default();
+  o.w1 = kvsim_w1_config_default();
   o.g3_direct = true;
   o.g1_memory = KVBM_MEMORY_SYSTEM;
   o.block_bytes = 256;
@@ -85,8 +85,8 @@ typedef struct run_ctx {
   kvbm_manager *m;
   uint32_t B;
   uint32_t *prompt, *output;
-  kvbm_w2_result *res;
-  void (*on_call)(void *, kvbm_w2_call, double); /* the config's, or NULL */
+  kvsim_w2_result *res;
+  void (*on_call)(void *, kvsim_w2_call, double); /* the config's, or NULL */
   void *user;
 } run_ctx;
 
@@ -94,7 +94,7 @@ typedef struct run_ctx {
  * when someone observes, so a plain replay pays nothing. */
 static uint64_t call_start(const run_ctx *c) { return c->on_call ? kvbm_clock_ns() : 0; }
 
-static void call_end(const run_ctx *c, kvbm_w2_call call, uint64_t t0) {
+static void call_end(const run_ctx *c, kvsim_w2_call call, uint64_t t0) {
   if (c->on_call) c->on_call(c->user, call, (double)(kvbm_clock_ns() - t0) * 1e-9);
 }
 
@@ -115,15 +115,15 @@ static void compute(run_ctx *c, kvbm_mreq *r, size_t from, size_t refused_until)
   }
 }
 
-static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm_error *err) {
-  kvbm_w2_result *res = c->res;
+static int run_request(run_ctx *c, const kvsim_trace_request *q, size_t idx, kvbm_error *err) {
+  kvsim_w2_result *res = c->res;
   uint32_t *tok = c->prompt;
   size_t n = q->input_length, out_from = 0;
   if (n) {
-    kvbm_trace_prompt_tokens(q, tok);
+    kvsim_trace_prompt_tokens(q, tok);
   } else if (q->output_length) {
     /* No prompt: the first output token opens the sequence, as W1's append. */
-    kvbm_trace_output_tokens(q, idx, c->output);
+    kvsim_trace_output_tokens(q, idx, c->output);
     tok = c->output;
     n = out_from = 1;
   } else {
@@ -132,7 +132,7 @@ static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm
   kvbm_mreq *r;
   uint64_t t0 = call_start(c);
   int rc = kvbm_manager_prefill(c->m, 0, 0, tok, n, &r, NULL, NULL);
-  call_end(c, KVBM_W2_CALL_PREFILL, t0);
+  call_end(c, KVSIM_W2_CALL_PREFILL, t0);
   if (rc == KVBM_ENOSPC)
     return kvbm_error_set(err, rc, "replay: request %zu (%u prompt + %u output tokens) does not fit in the pool",
                           idx, q->input_length, q->output_length);
@@ -140,7 +140,7 @@ static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm
   kvbm_mreq_info info;
   t0 = call_start(c);
   rc = kvbm_mreq_wait(r, -1, &info); /* no deadline: only an error can end it early */
-  call_end(c, KVBM_W2_CALL_WAIT, t0);
+  call_end(c, KVSIM_W2_CALL_WAIT, t0);
   if (rc) {
     kvbm_mreq_destroy(r);
     return kvbm_error_set(err, rc, "replay: request %zu: wait: %s", idx, kvbm_strerror(rc));
@@ -164,24 +164,24 @@ static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm
     res->tiers[kvbm_mreq_block_source(r, k)].hit_tokens += c->B;
   compute(c, r, matched, settled);
   if (q->output_length > out_from) {
-    if (tok != c->output) kvbm_trace_output_tokens(q, idx, c->output);
+    if (tok != c->output) kvsim_trace_output_tokens(q, idx, c->output);
     size_t before = info.num_tokens / c->B;
     t0 = call_start(c);
     rc = kvbm_mreq_append(r, c->output + out_from, q->output_length - out_from);
-    call_end(c, KVBM_W2_CALL_APPEND, t0);
+    call_end(c, KVSIM_W2_CALL_APPEND, t0);
     if (!rc) compute(c, r, before, 0);
   }
   if (!rc) {
     t0 = call_start(c);
     rc = kvbm_mreq_commit(r);
-    call_end(c, KVBM_W2_CALL_COMMIT, t0);
+    call_end(c, KVSIM_W2_CALL_COMMIT, t0);
   }
   t0 = call_start(c);
   kvbm_manager_flush(c->m);
-  call_end(c, KVBM_W2_CALL_FLUSH, t0);
+  call_end(c, KVSIM_W2_CALL_FLUSH, t0);
   t0 = call_start(c);
   kvbm_mreq_destroy(r);
-  call_end(c, KVBM_W2_CALL_DESTROY, t0);
+  call_end(c, KVSIM_W2_CALL_DESTROY, t0);
   if (rc == KVBM_ENOSPC)
     return kvbm_error_set(err, rc, "replay: request %zu (%u prompt + %u output tokens) does not fit in the pool",
                           idx, q->input_length, q->output_length);
@@ -191,20 +191,20 @@ static int run_request(run_ctx *c, const kvbm_trace_request *q, size_t idx, kvbm
   return KVBM_OK;
 }
 
-int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
-                   kvbm_w2_result *out, kvbm_error *err) {
+int kvsim_w2_run(const kvsim_trace *trace, const kvsim_w2_config *o,
+                   kvsim_w2_result *out, kvbm_error *err) {
   if (!trace || !o || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
   if (o->block_bytes < 16 || o->block_bytes % 16 || o->block_bytes > (1u << 30))
     return kvbm_error_set(err, KVBM_EINVAL,
                           "replay: --block-bytes %llu is not a multiple of 16 in 16..2^30",
                           (unsigned long long)o->block_bytes);
-  size_t n = kvbm_trace_count(trace);
+  size_t n = kvsim_trace_count(trace);
   if (o->w1.limit && o->w1.limit < n) n = o->w1.limit;
   /* Refuse what cannot fit in G1 before sizing buffers and queues by it. */
-  int rc = kvbm_trace_check_fit(trace, n, o->w1.block_size, o->w1.capacity, err);
+  int rc = kvsim_trace_check_fit(trace, n, o->w1.block_size, o->w1.capacity, err);
   if (rc) return rc;
   size_t max_in, max_out;
-  kvbm_trace_max_lengths(trace, n, &max_in, &max_out);
+  kvsim_trace_max_lengths(trace, n, &max_in, &max_out);
   kvbm_manager_config mc = o->base ? *o->base : kvbm_manager_config_default();
   mc.block_size = o->w1.block_size;
   mc.scheme = o->w1.scheme;
@@ -237,7 +237,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   kvbm_manager *m;
   rc = kvbm_manager_create(&mc, &m, err);
   if (rc) return rc;
-  kvbm_w2_result res;
+  kvsim_w2_result res;
   memset(&res, 0, sizeof res);
   run_ctx c = {.m = m, .B = o->w1.block_size, .res = &res, .on_call = o->on_call,
                .user = o->observer_user};
@@ -248,7 +248,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
   if (observed) o->on_start(o->observer_user, m);
   double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < n && !rc; i++) {
-    rc = run_request(&c, kvbm_trace_get(trace, i), i, err);
+    rc = run_request(&c, kvsim_trace_get(trace, i), i, err);
     res.w1.requests += !rc;
     if (!rc && o->on_request) o->on_request(o->observer_user, i + 1, n, &res, m);
     if (o->w1.progress && (i % 256 == 255)) o->w1.progress(o->w1.progress_user, i + 1, n);
@@ -259,7 +259,7 @@ int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *o,
     for (int t = 0; t < KVBM_TIER_COUNT; t++) {
       kvbm_tier_stats s;
       kvbm_manager_stats_get(m, t, &s);
-      kvbm_w2_tier *x = &res.tiers[t];
+      kvsim_w2_tier *x = &res.tiers[t];
       x->offloaded_blocks = s.offloaded_blocks;
       x->offloaded_bytes = s.offloaded_bytes;
       x->onboarded_blocks = s.onboarded_blocks;

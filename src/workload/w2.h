@@ -17,8 +17,8 @@
  * request (tail first). G1 behaves exactly as W1's pool: with no G2 and G3
  * every W1 count is reproduced.
  */
-#ifndef KVBM_TIER_REPLAY_H
-#define KVBM_TIER_REPLAY_H
+#ifndef KVSIM_TIER_REPLAY_H
+#define KVSIM_TIER_REPLAY_H
 
 #include "kvbm/manager.h"
 #include "workload/w1.h"
@@ -27,22 +27,22 @@
 extern "C" {
 #endif
 
-struct kvbm_w2_result;
+struct kvsim_w2_result;
 
 /* The calls W2 makes for each request, in order, as an engine would
  * (kvbm_manager.h), plus W2's own flush, which an engine does not make. */
-typedef enum kvbm_w2_call {
-  KVBM_W2_CALL_PREFILL = 0, /* kvbm_manager_prefill */
-  KVBM_W2_CALL_WAIT,        /* kvbm_mreq_wait for the prefill's onboards */
-  KVBM_W2_CALL_APPEND,      /* kvbm_mreq_append of the output tokens */
-  KVBM_W2_CALL_COMMIT,      /* kvbm_mreq_commit */
-  KVBM_W2_CALL_FLUSH,       /* kvbm_manager_flush: W2's, not an engine's */
-  KVBM_W2_CALL_DESTROY,     /* kvbm_mreq_destroy */
-  KVBM_W2_CALL_COUNT
-} kvbm_w2_call;
+typedef enum kvsim_w2_call {
+  KVSIM_W2_CALL_PREFILL = 0, /* kvbm_manager_prefill */
+  KVSIM_W2_CALL_WAIT,        /* kvbm_mreq_wait for the prefill's onboards */
+  KVSIM_W2_CALL_APPEND,      /* kvbm_mreq_append of the output tokens */
+  KVSIM_W2_CALL_COMMIT,      /* kvbm_mreq_commit */
+  KVSIM_W2_CALL_FLUSH,       /* kvbm_manager_flush: W2's, not an engine's */
+  KVSIM_W2_CALL_DESTROY,     /* kvbm_mreq_destroy */
+  KVSIM_W2_CALL_COUNT
+} kvsim_w2_call;
 
-typedef struct kvbm_w2_config {
-  kvbm_w1_config w1;      /* block size, capacity (= C1), limit, hashes,
+typedef struct kvsim_w2_config {
+  kvsim_w1_config w1;      /* block size, capacity (= C1), limit, hashes,
                                progress (listener and on_finish unused) */
   uint32_t g2_blocks;       /* C2 (0: no G2) */
   uint64_t g3_blocks;       /* C3 (0: no G3) */
@@ -74,21 +74,21 @@ typedef struct kvbm_w2_config {
    * the manager is destroyed, with the final result (NULL when the run
    * failed). */
   void (*on_start)(void *user, kvbm_manager *m);
-  void (*on_request)(void *user, size_t done, size_t total, const struct kvbm_w2_result *so_far,
+  void (*on_request)(void *user, size_t done, size_t total, const struct kvsim_w2_result *so_far,
                      kvbm_manager *m);
-  void (*on_finish)(void *user, kvbm_manager *m, const struct kvbm_w2_result *res);
+  void (*on_finish)(void *user, kvbm_manager *m, const struct kvsim_w2_result *res);
   void *observer_user;
   /* Optional, on the replay's thread (bench_engine_latency): how long each
    * of the calls above took, in seconds on CLOCK_MONOTONIC, once it has
    * returned. The clock is read only when this is set; the observer's own
    * time is outside every measured call. */
-  void (*on_call)(void *user, kvbm_w2_call call, double seconds);
+  void (*on_call)(void *user, kvsim_w2_call call, double seconds);
   /* The manager's metrics endpoint (kvbm_manager_config.metrics); NULL:
    * none. */
   const kvbm_metrics_server_config *metrics;
-} kvbm_w2_config;
+} kvsim_w2_config;
 
-typedef struct kvbm_w2_tier {
+typedef struct kvsim_w2_tier {
   uint64_t hit_tokens;
   uint64_t offloaded_blocks, offloaded_bytes;
   uint64_t onboarded_blocks, onboarded_bytes;
@@ -100,24 +100,24 @@ typedef struct kvbm_w2_tier {
   uint64_t auth_failures;      /* G4 values refused by the cluster key */
   uint64_t evictions;
   double busy_seconds;         /* worker time copying into or out of it */
-} kvbm_w2_tier;
+} kvsim_w2_tier;
 
-typedef struct kvbm_w2_result {
-  kvbm_w1_result w1;       /* hit_tokens is the total over the tiers */
-  kvbm_w2_tier tiers[KVBM_TIER_COUNT];
+typedef struct kvsim_w2_result {
+  kvsim_w1_result w1;       /* hit_tokens is the total over the tiers */
+  kvsim_w2_tier tiers[KVBM_TIER_COUNT];
   uint64_t verify_failures;    /* onboarded blocks whose bytes were wrong */
   char g3_mode[64];            /* "io_uring+O_DIRECT", ... or "" */
   char g3_error[KVBM_ERROR_MSG_MAX]; /* why G3 was unavailable, or "" */
   char g4_mode[64];            /* G4's store (its URL without user info) or "" */
   char g4_error[KVBM_ERROR_MSG_MAX]; /* why G4 was unavailable, or "" */
-} kvbm_w2_result;
+} kvsim_w2_result;
 
-kvbm_w2_config kvbm_w2_config_default(void);
+kvsim_w2_config kvsim_w2_config_default(void);
 
-/* Runs W2. Errors as kvbm_w1_run (KVBM_ENOSPC when a request does not
+/* Runs W2. Errors as kvsim_w1_run (KVBM_ENOSPC when a request does not
  * fit in G1), KVBM_EINVAL for bad options. */
-int kvbm_w2_run(const kvbm_trace *trace, const kvbm_w2_config *opts,
-                   kvbm_w2_result *out, kvbm_error *err);
+int kvsim_w2_run(const kvsim_trace *trace, const kvsim_w2_config *opts,
+                   kvsim_w2_result *out, kvbm_error *err);
 
 #ifdef __cplusplus
 }

@@ -42,8 +42,8 @@
 #include "common/clock.h"
 #include "common/vec.h"
 
-kvbm_w3_config kvbm_w3_config_default(void) {
-  kvbm_w3_config o = {0};
+kvsim_w3_config kvsim_w3_config_default(void) {
+  kvsim_w3_config o = {0};
   o.workers = 8;
   o.block_size = 16;
   o.capacity = 16384;
@@ -135,7 +135,7 @@ typedef struct wire {
 
 /* Sends worker w's captured events to the index through the codec. */
 static int flush(wire *wr, capture *c, uint32_t w, kvbm_index *idx, double *index_s,
-                 const kvbm_w3_config *tap, kvbm_error *err) {
+                 const kvsim_w3_config *tap, kvbm_error *err) {
   if (c->oom) return kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
   if (!c->nr) return KVBM_OK;
   if (!RESERVE(&wr->ev, &wr->cev, c->nr))
@@ -196,8 +196,8 @@ typedef struct active {
 } active;
 
 typedef struct sim {
-  const kvbm_trace *trace;
-  const kvbm_w3_config *o;
+  const kvsim_trace *trace;
+  const kvsim_w3_config *o;
   size_t n;
   kvbm_pool **pool;
   capture *cap;
@@ -210,7 +210,7 @@ typedef struct sim {
   size_t nact, cact;
   double load[KVBM_ROUTER_MAX_WORKERS];
   uint64_t rng;
-  kvbm_w3_result *res;
+  kvsim_w3_result *res;
 } sim;
 
 /* Longest prefix of h[0..n) registered in a pool. */
@@ -236,15 +236,15 @@ static int add_load(sim *s, uint32_t w, double t_ms, double blocks) {
   return KVBM_OK;
 }
 
-static int run_on(sim *s, uint32_t w, const kvbm_trace_request *r, size_t i,
-                  kvbm_w3_policy *pol, kvbm_error *err) {
+static int run_on(sim *s, uint32_t w, const kvsim_trace_request *r, size_t i,
+                  kvsim_w3_policy *pol, kvbm_error *err) {
   kvbm_seq *seq;
   int rc = kvbm_seq_create(s->pool[w], 0, 0, &seq);
   if (rc) return kvbm_error_set(err, rc, "w3: request %zu: %s", i, kvbm_strerror(rc));
   size_t matched = 0;
   if (r->input_length) rc = kvbm_seq_prefill(seq, s->prompt, r->input_length, &matched);
   if (!rc) {
-    kvbm_trace_output_tokens(r, i, s->output);
+    kvsim_trace_output_tokens(r, i, s->output);
     rc = kvbm_seq_append(seq, s->output, r->output_length);
   }
   kvbm_seq_destroy(seq);
@@ -260,9 +260,9 @@ static int run_on(sim *s, uint32_t w, const kvbm_trace_request *r, size_t i,
   return KVBM_OK;
 }
 
-static int choose(sim *s, enum policy p, size_t i, const kvbm_trace_request *r, uint32_t *w,
+static int choose(sim *s, enum policy p, size_t i, const kvsim_trace_request *r, uint32_t *w,
                   kvbm_error *err) {
-  const kvbm_w3_config *o = s->o;
+  const kvsim_w3_config *o = s->o;
   uint32_t W = o->workers;
   if (p == P_RR) {
     *w = (uint32_t)(i % W);
@@ -350,7 +350,7 @@ static void sim_free(sim *s) {
 }
 
 static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
-  const kvbm_w3_config *o = s->o;
+  const kvsim_w3_config *o = s->o;
   s->pool = calloc(o->workers, sizeof *s->pool);
   s->cap = calloc(o->workers, sizeof *s->cap);
   if (!s->pool || !s->cap) return kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");
@@ -399,7 +399,7 @@ static int sim_setup(sim *s, enum policy p, kvbm_error *err) {
 
 /* The router restarts warm (see the top): save, drop, load, redeliver. */
 static int restart(sim *s, kvbm_error *err) {
-  const kvbm_w3_config *o = s->o;
+  const kvsim_w3_config *o = s->o;
   kvbm_index_config ic = *kvbm_index_config_get(s->idx);
   uint8_t *snap = NULL;
   size_t len = 0;
@@ -440,13 +440,13 @@ static int compare_twin(sim *s, kvbm_error *err) {
   return rc;
 }
 
-static int run_policy(sim *s, enum policy p, kvbm_w3_policy *pol, kvbm_error *err) {
+static int run_policy(sim *s, enum policy p, kvsim_w3_policy *pol, kvbm_error *err) {
   int rc = sim_setup(s, p, err);
   double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < s->n && !rc; i++) {
     if (p == P_KV && s->o->restart_at && i == s->o->restart_at && (rc = restart(s, err))) break;
-    const kvbm_trace_request *r = kvbm_trace_get(s->trace, i);
-    kvbm_trace_prompt_tokens(r, s->prompt);
+    const kvsim_trace_request *r = kvsim_trace_get(s->trace, i);
+    kvsim_trace_prompt_tokens(r, s->prompt);
     uint32_t w;
     if ((rc = choose(s, p, i, r, &w, err))) break;
     if ((rc = run_on(s, w, r, i, pol, err))) break;
@@ -468,7 +468,7 @@ static int run_policy(sim *s, enum policy p, kvbm_w3_policy *pol, kvbm_error *er
   return rc;
 }
 
-int kvbm_w3_run(const kvbm_trace *trace, const kvbm_w3_config *o, kvbm_w3_result *out,
+int kvsim_w3_run(const kvsim_trace *trace, const kvsim_w3_config *o, kvsim_w3_result *out,
                 kvbm_error *err) {
   if (!trace || !o || !out) return kvbm_error_set(err, KVBM_EINVAL, "w3: NULL argument");
   if (o->workers < 1 || o->workers > KVBM_ROUTER_MAX_WORKERS)
@@ -480,19 +480,19 @@ int kvbm_w3_run(const kvbm_trace *trace, const kvbm_w3_config *o, kvbm_w3_result
   int rc = kvbm_choice_config_check(&o->choice, err);
   if (rc) return rc;
   sim s = {.trace = trace, .o = o};
-  s.n = kvbm_trace_count(trace);
+  s.n = kvsim_trace_count(trace);
   if (o->limit && o->limit < s.n) s.n = o->limit;
   /* A request no worker can hold is refused before buffers are sized by it. */
-  rc = kvbm_trace_check_fit(trace, s.n, o->block_size, o->capacity, err);
+  rc = kvsim_trace_check_fit(trace, s.n, o->block_size, o->capacity, err);
   if (rc) return rc;
   size_t max_in, max_out;
-  kvbm_trace_max_lengths(trace, s.n, &max_in, &max_out);
+  kvsim_trace_max_lengths(trace, s.n, &max_in, &max_out);
   s.max_blocks = max_in / (o->block_size ? o->block_size : 1) + 1;
   s.prompt = malloc(max_in * sizeof *s.prompt);
   s.output = malloc(max_out * sizeof *s.output);
   s.wh = malloc(s.max_blocks * sizeof *s.wh);
   s.ih = malloc(s.max_blocks * sizeof *s.ih);
-  kvbm_w3_result res = {0};
+  kvsim_w3_result res = {0};
   s.res = &res;
   if (!s.prompt || !s.output || !s.wh || !s.ih)
     rc = kvbm_error_set(err, KVBM_ENOMEM, "w3: out of memory");

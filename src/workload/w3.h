@@ -7,8 +7,8 @@
  * and tests. It links the router's index and the events codec like any
  * other user of the public API.
  */
-#ifndef KVBM_WORKLOAD_W3_H
-#define KVBM_WORKLOAD_W3_H
+#ifndef KVSIM_WORKLOAD_W3_H
+#define KVSIM_WORKLOAD_W3_H
 
 #include "kvbm/router.h"
 #include "workload/trace.h"
@@ -18,7 +18,7 @@ extern "C" {
 #endif
 
 
-typedef struct kvbm_w3_config {
+typedef struct kvsim_w3_config {
   uint32_t workers;        /* 8 */
   uint32_t block_size;     /* 16 */
   uint32_t capacity;       /* blocks per worker (16384) */
@@ -50,19 +50,19 @@ typedef struct kvbm_w3_config {
   void (*tap_batch)(void *user, uint32_t worker, const kvbm_event_batch *b);
   void (*tap_lookup)(void *user, const uint64_t *keys, size_t n);
   void *tap_user;
-} kvbm_w3_config;
+} kvsim_w3_config;
 
-kvbm_w3_config kvbm_w3_config_default(void);
+kvsim_w3_config kvsim_w3_config_default(void);
 
-typedef struct kvbm_w3_policy {
+typedef struct kvsim_w3_policy {
   uint64_t hit_tokens;
   uint64_t prompt_tokens;
   uint64_t requests;
   double seconds;
-} kvbm_w3_policy;
+} kvsim_w3_policy;
 
-typedef struct kvbm_w3_result {
-  kvbm_w3_policy kv_aware, random, round_robin, ideal;
+typedef struct kvsim_w3_result {
+  kvsim_w3_policy kv_aware, random, round_robin, ideal;
   uint64_t index_mismatches; /* (lookup, worker) pairs where the event-fed
                                 index and the caches disagree */
   uint64_t lookups;
@@ -77,7 +77,7 @@ typedef struct kvbm_w3_result {
   uint64_t snapshot_bytes;   /* the restart's snapshot */
   uint64_t redelivered;      /* batches delivered again after the restart */
   uint64_t redelivered_skipped; /* of them, skipped as already applied */
-} kvbm_w3_result;
+} kvsim_w3_result;
 
 /* Runs W3: `workers` W1 caches, each publishing its pool's events through
  * the vLLM msgpack codec into the router's index after every request; the
@@ -85,10 +85,10 @@ typedef struct kvbm_w3_result {
  * against the caches. Then the same trace with random, round-robin and the
  * ideal router (which reads the caches). KVBM_ENOSPC when a request does
  * not fit in one worker. */
-int kvbm_w3_run(const kvbm_trace *trace, const kvbm_w3_config *opts, kvbm_w3_result *out,
+int kvsim_w3_run(const kvsim_trace *trace, const kvsim_w3_config *opts, kvsim_w3_result *out,
                 kvbm_error *err);
 
 #ifdef __cplusplus
 }
 #endif
-#endif /* KVBM_WORKLOAD_W3_H */
+#endif /* KVSIM_WORKLOAD_W3_H */

@@ -18,10 +18,10 @@
 
 #include "workload/trace.h"
 
-static kvbm_trace *parse_ok(const char *text, size_t limit) {
-  kvbm_trace *t = NULL;
+static kvsim_trace *parse_ok(const char *text, size_t limit) {
+  kvsim_trace *t = NULL;
   kvbm_error err = {0};
-  int rc = kvbm_trace_parse(text, strlen(text), limit, &t, &err);
+  int rc = kvsim_trace_parse(text, strlen(text), limit, &t, &err);
   if (rc) fail_msg("parse failed: %s", err.msg);
   return t;
 }
@@ -34,48 +34,48 @@ static void parses_fields_and_skips_unknown(void **state) {
       "  {\"hash_ids\":[],\"output_length\":0,\"x\":{\"y\":[true,false,null,\"s\\\"t\",-1.5e3]},"
       "\"input_length\":0,\"timestamp\":1.25}\n"
       "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 65535, \"hash_ids\": [4194303]}";
-  kvbm_trace *t = parse_ok(text, 0);
-  assert_int_equal(kvbm_trace_count(t), 3);
-  const kvbm_trace_request *r = kvbm_trace_get(t, 0);
+  kvsim_trace *t = parse_ok(text, 0);
+  assert_int_equal(kvsim_trace_count(t), 3);
+  const kvsim_trace_request *r = kvsim_trace_get(t, 0);
   assert_true(r->timestamp_ms == 27.0);
   assert_int_equal(r->input_length, 1000);
   assert_int_equal(r->output_length, 5);
   assert_int_equal(r->num_hash_ids, 2);
   assert_int_equal(r->hash_ids[0], 3);
   assert_int_equal(r->hash_ids[1], 9);
-  r = kvbm_trace_get(t, 1);
+  r = kvsim_trace_get(t, 1);
   assert_true(r->timestamp_ms == 1.25);
   assert_int_equal(r->num_hash_ids, 0);
-  r = kvbm_trace_get(t, 2);
-  assert_int_equal(r->hash_ids[0], KVBM_TRACE_MAX_HASH_ID);
-  assert_null(kvbm_trace_get(t, 3));
+  r = kvsim_trace_get(t, 2);
+  assert_int_equal(r->hash_ids[0], KVSIM_TRACE_MAX_HASH_ID);
+  assert_null(kvsim_trace_get(t, 3));
 
   size_t mi, mo;
-  kvbm_trace_max_lengths(t, 99, &mi, &mo);
+  kvsim_trace_max_lengths(t, 99, &mi, &mo);
   assert_int_equal(mi, 1000);
   assert_int_equal(mo, 65535);
-  kvbm_trace_max_lengths(t, 2, &mi, &mo);
+  kvsim_trace_max_lengths(t, 2, &mi, &mo);
   assert_int_equal(mi, 1000);
   assert_int_equal(mo, 5);
-  kvbm_trace_max_lengths(t, 0, &mi, &mo);
+  kvsim_trace_max_lengths(t, 0, &mi, &mo);
   assert_int_equal(mi, 1);
   assert_int_equal(mo, 1);
 
   /* Tokens, as WORKLOADS.md defines them. */
   uint32_t tok[1000], out[5];
-  kvbm_trace_prompt_tokens(kvbm_trace_get(t, 0), tok);
+  kvsim_trace_prompt_tokens(kvsim_trace_get(t, 0), tok);
   for (uint32_t i = 0; i < 1000; i++)
     assert_int_equal(tok[i], (i < 512 ? 3u : 9u) * 512u + i % 512u);
-  kvbm_trace_output_tokens(kvbm_trace_get(t, 0), 7, out);
+  kvsim_trace_output_tokens(kvsim_trace_get(t, 0), 7, out);
   for (uint32_t m = 0; m < 5; m++) assert_int_equal(out[m], 0x80000000u | 7u << 16 | m);
-  kvbm_trace_destroy(t);
+  kvsim_trace_destroy(t);
 
   t = parse_ok(text, 2);
-  assert_int_equal(kvbm_trace_count(t), 2);
-  kvbm_trace_destroy(t);
+  assert_int_equal(kvsim_trace_count(t), 2);
+  kvsim_trace_destroy(t);
   t = parse_ok("", 0);
-  assert_int_equal(kvbm_trace_count(t), 0);
-  kvbm_trace_destroy(t);
+  assert_int_equal(kvsim_trace_count(t), 0);
+  kvsim_trace_destroy(t);
 }
 
 static void bad_input_names_the_line(void **state) {
@@ -100,27 +100,27 @@ static void bad_input_names_the_line(void **state) {
       {"{\"timestamp\":0,\"input_length\":1,\"output_length\":1,\"hash_ids\":[1],\"t\":tru}", KVBM_EFORMAT, "line 1: value: expected a number"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-    kvbm_trace *t = (kvbm_trace *)0x1;
+    kvsim_trace *t = (kvsim_trace *)0x1;
     kvbm_error err = {0};
-    int rc = kvbm_trace_parse(cases[i].text, strlen(cases[i].text), 0, &t, &err);
+    int rc = kvsim_trace_parse(cases[i].text, strlen(cases[i].text), 0, &t, &err);
     if (rc != cases[i].code || err.code != rc || !strstr(err.msg, cases[i].msg))
       fail_msg("case %zu: rc %d msg '%s', wanted %d '%s'", i, rc, err.msg, cases[i].code, cases[i].msg);
-    assert_ptr_equal(t, (kvbm_trace *)0x1);
+    assert_ptr_equal(t, (kvsim_trace *)0x1);
   }
   /* Nesting beyond the limit, and a NUL byte inside a line. */
   char deep[400];
   size_t n = (size_t)sprintf(deep, "{\"a\":");
   for (int i = 0; i < 100; i++) deep[n++] = '[';
   deep[n] = 0;
-  kvbm_trace *t;
+  kvsim_trace *t;
   kvbm_error err;
-  assert_int_equal(kvbm_trace_parse(deep, n, 0, &t, &err), KVBM_EFORMAT);
+  assert_int_equal(kvsim_trace_parse(deep, n, 0, &t, &err), KVBM_EFORMAT);
   assert_non_null(strstr(err.msg, "nested too deeply"));
   const char nul[] = "{\"timestamp\":0\0}";
-  assert_int_equal(kvbm_trace_parse(nul, sizeof nul - 1, 0, &t, &err), KVBM_EFORMAT);
+  assert_int_equal(kvsim_trace_parse(nul, sizeof nul - 1, 0, &t, &err), KVBM_EFORMAT);
   assert_non_null(strstr(err.msg, "NUL"));
-  assert_int_equal(kvbm_trace_parse(NULL, 5, 0, &t, &err), KVBM_EINVAL);
-  assert_int_equal(kvbm_trace_load("/nonexistent/trace", 0, &t, &err), KVBM_EIO);
+  assert_int_equal(kvsim_trace_parse(NULL, 5, 0, &t, &err), KVBM_EINVAL);
+  assert_int_equal(kvsim_trace_load("/nonexistent/trace", 0, &t, &err), KVBM_EIO);
   assert_non_null(strstr(err.msg, "/nonexistent/trace"));
 }
 
@@ -149,23 +149,23 @@ static void mutations_never_break_the_rules(void **state) {
           n = pos + 1;
       }
     }
-    kvbm_trace *t;
+    kvsim_trace *t;
     kvbm_error err = {0};
-    int rc = kvbm_trace_parse(buf, n, 0, &t, &err);
+    int rc = kvsim_trace_parse(buf, n, 0, &t, &err);
     if (rc) {
       bad++;
       assert_non_null(strstr(err.msg, "line "));
       continue;
     }
     ok++;
-    for (size_t i = 0; i < kvbm_trace_count(t); i++) {
-      const kvbm_trace_request *r = kvbm_trace_get(t, i);
+    for (size_t i = 0; i < kvsim_trace_count(t); i++) {
+      const kvsim_trace_request *r = kvsim_trace_get(t, i);
       assert_true(r->input_length <= 512u * r->num_hash_ids);
       for (uint32_t k = 0; k < r->num_hash_ids; k++)
-        assert_true(r->hash_ids[k] <= KVBM_TRACE_MAX_HASH_ID);
+        assert_true(r->hash_ids[k] <= KVSIM_TRACE_MAX_HASH_ID);
       assert_true(r->timestamp_ms >= 0);
     }
-    kvbm_trace_destroy(t);
+    kvsim_trace_destroy(t);
   }
   assert_true(ok > 0 && bad > 0);
 }
@@ -176,26 +176,26 @@ static void mutations_never_break_the_rules(void **state) {
  * refused. */
 static void fit_and_line_limit(void **state) {
   (void)state;
-  kvbm_trace *t = parse_ok(
+  kvsim_trace *t = parse_ok(
       "{\"timestamp\": 0, \"input_length\": 60, \"output_length\": 4, \"hash_ids\": [1]}\n"
       "{\"timestamp\": 0, \"input_length\": 61, \"output_length\": 4, \"hash_ids\": [1]}\n",
       0);
   kvbm_error err = {0};
-  assert_int_equal(kvbm_trace_check_fit(t, 1, 16, 4, &err), KVBM_OK);   /* 64 tokens, 4 blocks */
-  assert_int_equal(kvbm_trace_check_fit(t, 2, 16, 4, &err), KVBM_ENOSPC); /* 65 tokens, 5 blocks */
+  assert_int_equal(kvsim_trace_check_fit(t, 1, 16, 4, &err), KVBM_OK);   /* 64 tokens, 4 blocks */
+  assert_int_equal(kvsim_trace_check_fit(t, 2, 16, 4, &err), KVBM_ENOSPC); /* 65 tokens, 5 blocks */
   assert_non_null(strstr(err.msg, "request 1 (61 prompt + 4 output tokens, 5 blocks)"));
-  assert_int_equal(kvbm_trace_check_fit(t, 99, 16, 5, &err), KVBM_OK);
-  assert_int_equal(kvbm_trace_check_fit(t, 2, 0, 5, &err), KVBM_EINVAL);
-  kvbm_trace_destroy(t);
-  size_t n = KVBM_TRACE_MAX_LINE + 1;
+  assert_int_equal(kvsim_trace_check_fit(t, 99, 16, 5, &err), KVBM_OK);
+  assert_int_equal(kvsim_trace_check_fit(t, 2, 0, 5, &err), KVBM_EINVAL);
+  kvsim_trace_destroy(t);
+  size_t n = KVSIM_TRACE_MAX_LINE + 1;
   char *big = malloc(n);
   assert_non_null(big);
   memset(big, ' ', n);
-  assert_int_equal(kvbm_trace_parse(big, n, 0, &t, &err), KVBM_ETOOLONG);
+  assert_int_equal(kvsim_trace_parse(big, n, 0, &t, &err), KVBM_ETOOLONG);
   assert_non_null(strstr(err.msg, "line 1: longer than"));
-  assert_int_equal(kvbm_trace_parse(big, n - 1, 0, &t, &err), KVBM_OK); /* blank, at the limit */
-  assert_int_equal(kvbm_trace_count(t), 0);
-  kvbm_trace_destroy(t);
+  assert_int_equal(kvsim_trace_parse(big, n - 1, 0, &t, &err), KVBM_OK); /* blank, at the limit */
+  assert_int_equal(kvsim_trace_count(t), 0);
+  kvsim_trace_destroy(t);
   free(big);
 }
 

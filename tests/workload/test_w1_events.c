@@ -60,9 +60,9 @@ static int cmp_op(const void *a, const void *b) {
 
 static void test_w1_events_rebuild_registered_set(void **st) {
   (void)st;
-  kvbm_trace *trace;
+  kvsim_trace *trace;
   kvbm_error err;
-  if (kvbm_trace_load(KVBM_SOURCE_DIR "/data/mooncake_conversation_trace.jsonl.gz", 200, &trace,
+  if (kvsim_trace_load(KVBM_SOURCE_DIR "/data/mooncake_conversation_trace.jsonl.gz", 200, &trace,
                       &err))
     fail_msg("%s", err.msg);
   char ep[128], rep[128];
@@ -82,7 +82,7 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   kvbm_subscriber *sub;
   assert_int_equal(kvbm_subscriber_create(&so, &sub, &err), KVBM_OK);
 
-  kvbm_w1_config ro = kvbm_w1_config_default();
+  kvsim_w1_config ro = kvsim_w1_config_default();
   ro.block_size = 16;
   ro.capacity = 8192;
   kvbm_pool_link link = {.pub = p, .medium = KVBM_MEDIUM_GPU, .block_size = 16};
@@ -91,8 +91,8 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   u64v truth = {0};
   ro.on_finish = on_finish;
   ro.finish_user = &truth;
-  kvbm_w1_result res;
-  if (kvbm_w1_run(trace, &ro, &res, &err)) fail_msg("%s", err.msg);
+  kvsim_w1_result res;
+  if (kvsim_w1_run(trace, &ro, &res, &err)) fail_msg("%s", err.msg);
   assert_int_equal(res.requests, 200);
   assert_int_equal(link.failed, 0);
   assert_int_equal(kvbm_publisher_flush(p, 30000, &err), KVBM_OK);
@@ -155,7 +155,7 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   free(truth.v);
   kvbm_subscriber_destroy(sub);
   kvbm_publisher_destroy(p);
-  kvbm_trace_destroy(trace);
+  kvsim_trace_destroy(trace);
 }
 
 int main(void) {

@@ -65,25 +65,25 @@ typedef struct opts {
   size_t limit;
   uint32_t block_size;
   kvbm_hash_scheme scheme;
-  kvbm_psim_config base;    /* capacities, filter, advisor settings */
-  kvbm_psim_config custom_cfg;
+  kvsim_psim_config base;    /* capacities, filter, advisor settings */
+  kvsim_psim_config custom_cfg;
   const char *names[MAX_RUNS];
   int nnames;
   double sweep[MAX_SWEEP];
   int nsweep;
 } opts;
 
-static bool parse_tier(const char *opt, const char *v, int t, kvbm_psim_config *c) {
+static bool parse_tier(const char *opt, const char *v, int t, kvsim_psim_config *c) {
   char buf[64];
   if (strlen(v) >= sizeof buf) goto bad;
   strcpy(buf, v);
   char *e = strtok(buf, ":"), *a = strtok(NULL, ":"), *o = strtok(NULL, ":");
-  if (!e || !psim_evict_parse(e, &c->tier[t].evict)) goto bad;
+  if (!e || !kvsim_psim_evict_parse(e, &c->tier[t].evict)) goto bad;
   if (t == 0) {
     if (a) goto bad;
     return true;
   }
-  if (!a || !kvbm_psim_admit_parse(a, &c->tier[t].admit)) goto bad;
+  if (!a || !kvsim_psim_admit_parse(a, &c->tier[t].admit)) goto bad;
   if (o && strcmp(o, "tail") && strcmp(o, "head")) goto bad;
   c->tier[t].tail_first = o && !strcmp(o, "tail");
   if (strtok(NULL, ":")) goto bad;
@@ -112,8 +112,8 @@ static bool parse_list(const char *v, opts *o, bool factors) {
       o->sweep[o->nsweep++] = d;
       continue;
     }
-    kvbm_psim_config probe = o->base;
-    if (!kvbm_psim_preset(t, &probe)) {
+    kvsim_psim_config probe = o->base;
+    if (!kvsim_psim_preset(t, &probe)) {
       fprintf(stderr, "kvbm policy-sim: --policy: unknown policy '%s'\n", t);
       return false;
     }
@@ -121,8 +121,8 @@ static bool parse_list(const char *v, opts *o, bool factors) {
       fprintf(stderr, "kvbm policy-sim: --policy: too many policies\n");
       return false;
     }
-    for (int i = 0; kvbm_psim_preset_names[i]; i++)
-      if (!strcmp(kvbm_psim_preset_names[i], t)) o->names[o->nnames++] = kvbm_psim_preset_names[i];
+    for (int i = 0; kvsim_psim_preset_names[i]; i++)
+      if (!strcmp(kvsim_psim_preset_names[i], t)) o->names[o->nnames++] = kvsim_psim_preset_names[i];
   }
   return true;
 }
@@ -132,7 +132,7 @@ static int parse(int argc, char **argv, opts *o) {
   uint64_t x;
   int r;
   o->custom_cfg = o->base;
-  kvbm_psim_preset("today", &o->custom_cfg);
+  kvsim_psim_preset("today", &o->custom_cfg);
   for (int i = 1; i < argc; i++) {
 #define U64(name, lo, hi, dst)                                                 \
   if ((r = cli_opt_value("policy-sim", argc, argv, &i, name, &v))) {           \
@@ -188,7 +188,7 @@ static int parse(int argc, char **argv, opts *o) {
       continue;
     }
     if ((r = cli_opt_value("policy-sim", argc, argv, &i, "--ttl-rank", &v))) {
-      if (r < 0 || !kvbm_psim_rank_parse(v, &o->base.ttl_rank)) {
+      if (r < 0 || !kvsim_psim_rank_parse(v, &o->base.ttl_rank)) {
         fprintf(stderr, "kvbm policy-sim: --ttl-rank: '%s' is not none, random or turn\n",
                 r < 0 ? "" : v);
         return 2;
@@ -244,24 +244,24 @@ static int parse(int argc, char **argv, opts *o) {
 
 typedef struct runres {
   const char *name;
-  kvbm_psim_config cfg;
-  kvbm_psim_result res[MAX_SWEEP];
+  kvsim_psim_config cfg;
+  kvsim_psim_result res[MAX_SWEEP];
 } runres;
 
-static void print_tier_json(const kvbm_psim_tier_result *t, const kvbm_psim_tier_config *c) {
+static void print_tier_json(const kvsim_psim_tier_result *t, const kvsim_psim_tier_config *c) {
   printf("{\"capacity\":%llu,\"evict\":\"%s\",\"admit\":\"%s\",\"order\":\"%s\","
          "\"hit_tokens\":%llu,\"written_blocks\":%llu,\"evictions\":%llu,\"filtered\":%llu,"
          "\"skipped_space\":%llu,\"promoted\":%llu,\"demoted\":%llu,\"dropped\":%llu}",
-         (unsigned long long)c->capacity, psim_evict_name(c->evict),
-         kvbm_psim_admit_name(c->admit), c->tail_first ? "tail" : "head",
+         (unsigned long long)c->capacity, kvsim_psim_evict_name(c->evict),
+         kvsim_psim_admit_name(c->admit), c->tail_first ? "tail" : "head",
          (unsigned long long)t->hit_tokens, (unsigned long long)t->written_blocks,
          (unsigned long long)t->evictions, (unsigned long long)t->filtered,
          (unsigned long long)t->skipped_space, (unsigned long long)t->promoted,
          (unsigned long long)t->demoted, (unsigned long long)t->dropped);
 }
 
-static kvbm_psim_config scaled(const kvbm_psim_config *c, double f) {
-  kvbm_psim_config s = *c;
+static kvsim_psim_config scaled(const kvsim_psim_config *c, double f) {
+  kvsim_psim_config s = *c;
   for (int t = 1; t < 3; t++) {
     double v = (double)c->tier[t].capacity * f + 0.5;
     s.tier[t].capacity = v > (double)(1u << 30) ? (1u << 30) : (uint64_t)v;
@@ -269,18 +269,18 @@ static kvbm_psim_config scaled(const kvbm_psim_config *c, double f) {
   return s;
 }
 
-static void print_json(const opts *o, const runres *runs, int nruns, const kvbm_psim_stream *st) {
+static void print_json(const opts *o, const runres *runs, int nruns, const kvsim_psim_stream *st) {
   printf("{\"workload\":\"W2-policy\",\"trace\":\"%s\",\"block_size\":%u,\"hash\":\"%s\","
          "\"requests\":%zu,\"distinct_blocks\":%u,\"factors\":[",
          o->trace, o->block_size, kvbm_hash_scheme_name(o->scheme),
-         kvbm_psim_stream_requests(st), kvbm_psim_stream_universe(st));
+         kvsim_psim_stream_requests(st), kvsim_psim_stream_universe(st));
   for (int k = 0; k < o->nsweep; k++) printf("%s%g", k ? "," : "", o->sweep[k]);
   printf("],\"policies\":[");
   for (int i = 0; i < nruns; i++) {
     printf("%s{\"name\":\"%s\",\"points\":[", i ? "," : "", runs[i].name);
     for (int k = 0; k < o->nsweep; k++) {
-      const kvbm_psim_result *r = &runs[i].res[k];
-      kvbm_psim_config c = scaled(&runs[i].cfg, o->sweep[k]);
+      const kvsim_psim_result *r = &runs[i].res[k];
+      kvsim_psim_config c = scaled(&runs[i].cfg, o->sweep[k]);
       printf("%s{\"factor\":%g,\"requests\":%llu,\"prompt_tokens\":%llu,\"hit_tokens\":%llu,"
              "\"hit_rate\":%.6f,\"g1_allocated\":%llu,\"advisor\":%s,\"advisor_events\":%llu,"
              "\"advisor_hints\":%llu,\"seconds\":%.3f,\"tiers\":{",
@@ -301,20 +301,20 @@ static void print_json(const opts *o, const runres *runs, int nruns, const kvbm_
   printf("]}\n");
 }
 
-static void print_text(const opts *o, const runres *runs, int nruns, const kvbm_psim_stream *st) {
+static void print_text(const opts *o, const runres *runs, int nruns, const kvsim_psim_stream *st) {
   printf("W2 policy simulation of %s\n", o->trace);
   printf("  %zu requests, %u distinct blocks of %u tokens, %s hashes\n",
-         kvbm_psim_stream_requests(st), kvbm_psim_stream_universe(st), o->block_size,
+         kvsim_psim_stream_requests(st), kvsim_psim_stream_universe(st), o->block_size,
          kvbm_hash_scheme_name(o->scheme));
   for (int k = 0; k < o->nsweep; k++) {
-    kvbm_psim_config c = scaled(&o->base, o->sweep[k]);
+    kvsim_psim_config c = scaled(&o->base, o->sweep[k]);
     printf("\n  G1 %llu, G2 %llu, G3 %llu blocks (factor %g)\n",
            (unsigned long long)c.tier[0].capacity, (unsigned long long)c.tier[1].capacity,
            (unsigned long long)c.tier[2].capacity, o->sweep[k]);
     printf("  %-10s %12s %7s %11s %11s %11s %11s %10s\n", "policy", "hit tokens", "rate",
            "G1 hits", "G2 hits", "G3 hits", "G2 writes", "G3 writes");
     for (int i = 0; i < nruns; i++) {
-      const kvbm_psim_result *r = &runs[i].res[k];
+      const kvsim_psim_result *r = &runs[i].res[k];
       printf("  %-10s %12llu %6.2f%% %11llu %11llu %11llu %11llu %10llu\n", runs[i].name,
              (unsigned long long)r->hit_tokens,
              r->prompt_tokens ? 100.0 * (double)r->hit_tokens / (double)r->prompt_tokens : 0,
@@ -327,24 +327,24 @@ static void print_text(const opts *o, const runres *runs, int nruns, const kvbm_
 }
 
 static int write_svg(const opts *o, const runres *runs, int nruns) {
-  kvbm_svg_chart ch;
-  kvbm_svg_chart_init(&ch);
+  kvsim_svg_chart ch;
+  kvsim_svg_chart_init(&ch);
   ch.title = o->title ? o->title : "hit rate against lower-tier capacity";
   ch.x_label = "G2 + G3 capacity (blocks, log scale)";
   ch.y_label = "hit tokens / prompt tokens (%)";
   ch.x_log = true;
   double xs[MAX_RUNS][MAX_SWEEP], ys[MAX_RUNS][MAX_SWEEP];
-  for (int i = 0; i < nruns && i < KVBM_SVG_MAX_SERIES; i++) {
+  for (int i = 0; i < nruns && i < KVSIM_SVG_MAX_SERIES; i++) {
     for (int k = 0; k < o->nsweep; k++) {
-      kvbm_psim_config c = scaled(&runs[i].cfg, o->sweep[k]);
-      const kvbm_psim_result *r = &runs[i].res[k];
+      kvsim_psim_config c = scaled(&runs[i].cfg, o->sweep[k]);
+      const kvsim_psim_result *r = &runs[i].res[k];
       xs[i][k] = (double)(c.tier[1].capacity + c.tier[2].capacity);
       ys[i][k] = r->prompt_tokens ? 100.0 * (double)r->hit_tokens / (double)r->prompt_tokens : 0;
     }
-    kvbm_svg_chart_add(&ch, runs[i].name, xs[i], ys[i], (size_t)o->nsweep);
+    kvsim_svg_chart_add(&ch, runs[i].name, xs[i], ys[i], (size_t)o->nsweep);
   }
   kvbm_error err = {0};
-  if (kvbm_svg_chart_write(&ch, o->svg, &err)) {
+  if (kvsim_svg_chart_write(&ch, o->svg, &err)) {
     fprintf(stderr, "kvbm policy-sim: %s\n", err.msg);
     return 1;
   }
@@ -356,20 +356,20 @@ int kvbm_cmd_policy_sim(int argc, char **argv) {
   memset(&o, 0, sizeof o);
   o.block_size = 16;
   o.scheme = KVBM_HASH_NATIVE;
-  o.base = kvbm_psim_config_default();
+  o.base = kvsim_psim_config_default();
   int rc = parse(argc, argv, &o);
   if (rc >= 0) return rc;
   if (!o.trace) o.trace = KVBM_DEFAULT_TRACE;
   if (!o.nsweep) o.sweep[o.nsweep++] = 1;
   if (!o.nnames && !o.custom)
-    for (int i = 0; kvbm_psim_preset_names[i]; i++) o.names[o.nnames++] = kvbm_psim_preset_names[i];
+    for (int i = 0; kvsim_psim_preset_names[i]; i++) o.names[o.nnames++] = kvsim_psim_preset_names[i];
   static runres runs[MAX_RUNS];
   int nruns = 0;
   bool clair = false;
   for (int i = 0; i < o.nnames; i++) {
     runs[nruns].name = o.names[i];
     runs[nruns].cfg = o.base;
-    kvbm_psim_preset(o.names[i], &runs[nruns].cfg);
+    kvsim_psim_preset(o.names[i], &runs[nruns].cfg);
     nruns++;
   }
   if (o.custom) {
@@ -393,34 +393,34 @@ int kvbm_cmd_policy_sim(int argc, char **argv) {
   }
   for (int i = 0; i < nruns; i++)
     for (int t = 0; t < 3; t++)
-      clair |= runs[i].cfg.tier[t].evict == PSIM_EVICT_BELADY ||
-               (t && (runs[i].cfg.tier[t].admit == KVBM_PSIM_ADMIT_CLAIRVOYANT ||
-                      runs[i].cfg.tier[t].admit == KVBM_PSIM_ADMIT_REUSED));
+      clair |= runs[i].cfg.tier[t].evict == KVSIM_PSIM_EVICT_BELADY ||
+               (t && (runs[i].cfg.tier[t].admit == KVSIM_PSIM_ADMIT_CLAIRVOYANT ||
+                      runs[i].cfg.tier[t].admit == KVSIM_PSIM_ADMIT_REUSED));
   kvbm_error err = {0};
-  kvbm_trace *trace;
-  if (kvbm_trace_load(o.trace, o.limit, &trace, &err)) {
+  kvsim_trace *trace;
+  if (kvsim_trace_load(o.trace, o.limit, &trace, &err)) {
     fprintf(stderr, "kvbm policy-sim: %s: %s\n", o.trace, err.msg);
     return 2;
   }
-  kvbm_psim_stream *st;
-  rc = kvbm_psim_stream_build(trace, o.limit, o.block_size, o.scheme, clair, &st, &err);
-  kvbm_trace_destroy(trace);
+  kvsim_psim_stream *st;
+  rc = kvsim_psim_stream_build(trace, o.limit, o.block_size, o.scheme, clair, &st, &err);
+  kvsim_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm policy-sim: %s\n", err.msg);
     return rc == KVBM_EINVAL ? 2 : 1;
   }
   for (int i = 0; i < nruns && !rc; i++)
     for (int k = 0; k < o.nsweep && !rc; k++) {
-      kvbm_psim_config c = scaled(&runs[i].cfg, o.sweep[k]);
-      rc = kvbm_psim_run(st, &c, &runs[i].res[k], &err);
+      kvsim_psim_config c = scaled(&runs[i].cfg, o.sweep[k]);
+      rc = kvsim_psim_run(st, &c, &runs[i].res[k], &err);
     }
   if (rc) {
     fprintf(stderr, "kvbm policy-sim: %s\n", err.msg);
-    kvbm_psim_stream_destroy(st);
+    kvsim_psim_stream_destroy(st);
     return rc == KVBM_EINVAL ? 2 : 1;
   }
   if (o.json) print_json(&o, runs, nruns, st);
   else print_text(&o, runs, nruns, st);
-  kvbm_psim_stream_destroy(st);
+  kvsim_psim_stream_destroy(st);
   return o.svg ? write_svg(&o, runs, nruns) : 0;
 }

@@ -49,8 +49,8 @@ static void print_list(const uint64_t *v, size_t n) {
 }
 
 static int replay_hybrid(int argc, char **argv) {
-  kvbm_w1_config o = kvbm_w1_config_default();
-  kvbm_w1h_config h = kvbm_w1h_config_default();
+  kvsim_w1_config o = kvsim_w1_config_default();
+  kvsim_w1h_config h = kvsim_w1h_config_default();
   replay_cli c;
   replay_cli_init(&c);
   const char *groups = NULL;
@@ -99,17 +99,17 @@ static int replay_hybrid(int argc, char **argv) {
   h.limit = o.limit;
   h.scheme = o.scheme;
   const char *trace_path = c.trace ? c.trace : KVBM_DEFAULT_TRACE;
-  kvbm_trace *trace;
-  if (kvbm_trace_load(trace_path, o.limit, &trace, &err)) {
+  kvsim_trace *trace;
+  if (kvsim_trace_load(trace_path, o.limit, &trace, &err)) {
     fprintf(stderr, "kvbm replay: %s: %s\n", trace_path, err.msg);
     return 2;
   }
   refusals ref = {0};
   h.on_refused = on_refused;
   h.refused_user = &ref;
-  kvbm_w1h_result res;
-  int rc = kvbm_w1h_run(trace, &h, &res, &err);
-  kvbm_trace_destroy(trace);
+  kvsim_w1h_result res;
+  int rc = kvsim_w1h_run(trace, &h, &res, &err);
+  kvsim_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);
     return 1;
@@ -165,7 +165,7 @@ int kvbm_cmd_replay(int argc, char **argv) {
     return replay_hybrid(argc, argv);
   }
   if (replay_w2_wanted(argc, argv)) return replay_w2_main(argc, argv); /* W2: tier flags */
-  kvbm_w1_config o = kvbm_w1_config_default();
+  kvsim_w1_config o = kvsim_w1_config_default();
   replay_cli c;
   replay_cli_init(&c);
   replay_obs_opts oo;
@@ -188,9 +188,9 @@ int kvbm_cmd_replay(int argc, char **argv) {
   const bool json = c.json;
 
   kvbm_error err = {0};
-  kvbm_trace *trace;
+  kvsim_trace *trace;
   double t0 = cli_now();
-  if (kvbm_trace_load(trace_path, o.limit, &trace, &err)) {
+  if (kvsim_trace_load(trace_path, o.limit, &trace, &err)) {
     fprintf(stderr, "kvbm replay: %s: %s\n", trace_path, err.msg);
     return 2;
   }
@@ -200,13 +200,13 @@ int kvbm_cmd_replay(int argc, char **argv) {
   replay_obs *obs;
   if (!replay_obs_create(&oo, false, &obs)) {
     replay_obs_destroy(obs);
-    kvbm_trace_destroy(trace);
+    kvsim_trace_destroy(trace);
     return 1;
   }
   replay_obs_w1(obs, &o);
-  kvbm_w1_result res;
-  int rc = kvbm_w1_run(trace, &o, &res, &err);
-  kvbm_trace_destroy(trace);
+  kvsim_w1_result res;
+  int rc = kvsim_w1_run(trace, &o, &res, &err);
+  kvsim_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm replay: %s\n", err.msg);
     replay_obs_destroy(obs);

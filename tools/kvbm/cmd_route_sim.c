@@ -46,7 +46,7 @@ static void progress_bar(void *user, size_t done, size_t total) {
   fflush(stderr);
 }
 
-static int parse(int argc, char **argv, kvbm_w3_config *o, const char **trace, bool *json,
+static int parse(int argc, char **argv, kvsim_w3_config *o, const char **trace, bool *json,
                  bool *progress) {
   const char *v;
   uint64_t x;
@@ -131,7 +131,7 @@ static int parse(int argc, char **argv, kvbm_w3_config *o, const char **trace, b
   return -1;
 }
 
-static void policy_json(const char *name, const kvbm_w3_policy *p, bool comma) {
+static void policy_json(const char *name, const kvsim_w3_policy *p, bool comma) {
   printf("\"%s\":{\"hit_tokens\":%llu,\"prompt_tokens\":%llu,\"hit_rate\":%.6f,"
          "\"seconds\":%.6f}%s",
          name, (unsigned long long)p->hit_tokens, (unsigned long long)p->prompt_tokens,
@@ -139,7 +139,7 @@ static void policy_json(const char *name, const kvbm_w3_policy *p, bool comma) {
          comma ? "," : "");
 }
 
-static void policy_line(const char *name, const kvbm_w3_policy *p, const kvbm_w3_policy *ideal) {
+static void policy_line(const char *name, const kvsim_w3_policy *p, const kvsim_w3_policy *ideal) {
   printf("  %-12s %12llu hit tokens  %6.2f%% of prompt tokens  %6.2f%% of ideal\n", name,
          (unsigned long long)p->hit_tokens,
          p->prompt_tokens ? 100.0 * (double)p->hit_tokens / (double)p->prompt_tokens : 0,
@@ -147,22 +147,22 @@ static void policy_line(const char *name, const kvbm_w3_policy *p, const kvbm_w3
 }
 
 int kvbm_cmd_route_sim(int argc, char **argv) {
-  kvbm_w3_config o = kvbm_w3_config_default();
+  kvsim_w3_config o = kvsim_w3_config_default();
   const char *trace_path = NULL;
   bool json = false, progress = isatty(STDERR_FILENO);
   int rc = parse(argc, argv, &o, &trace_path, &json, &progress);
   if (rc >= 0) return rc;
   if (!trace_path) trace_path = KVBM_DEFAULT_TRACE;
   kvbm_error err = {0};
-  kvbm_trace *trace;
-  if (kvbm_trace_load(trace_path, o.limit, &trace, &err)) {
+  kvsim_trace *trace;
+  if (kvsim_trace_load(trace_path, o.limit, &trace, &err)) {
     fprintf(stderr, "kvbm route-sim: %s: %s\n", trace_path, err.msg);
     return 2;
   }
   if (progress && !json) o.progress = progress_bar;
-  kvbm_w3_result r;
-  rc = kvbm_w3_run(trace, &o, &r, &err);
-  kvbm_trace_destroy(trace);
+  kvsim_w3_result r;
+  rc = kvsim_w3_run(trace, &o, &r, &err);
+  kvsim_trace_destroy(trace);
   if (rc) {
     fprintf(stderr, "kvbm route-sim: %s\n", err.msg);
     return rc == KVBM_EINVAL ? 2 : 1;

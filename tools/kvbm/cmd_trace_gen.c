@@ -29,7 +29,7 @@ static void usage(FILE *f) {
 }
 
 int kvbm_cmd_trace_gen(int argc, char **argv) {
-  kvbm_tracegen_config c = kvbm_tracegen_chat();
+  kvsim_tracegen_config c = kvsim_tracegen_chat();
   const char *out = NULL, *v;
   bool quiet = false;
   uint64_t x;
@@ -59,8 +59,8 @@ int kvbm_cmd_trace_gen(int argc, char **argv) {
     if ((r = cli_opt_value("trace-gen", argc, argv, &i, "--profile", &v))) {
       if (r < 0) return 2;
       uint64_t req = c.requests, seed = c.seed;
-      if (!strcmp(v, "chat")) c = kvbm_tracegen_chat();
-      else if (!strcmp(v, "agent")) c = kvbm_tracegen_agent();
+      if (!strcmp(v, "chat")) c = kvsim_tracegen_chat();
+      else if (!strcmp(v, "agent")) c = kvsim_tracegen_agent();
       else {
         fprintf(stderr, "kvbm trace-gen: --profile: '%s' is not chat or agent\n", v);
         return 2;
@@ -95,8 +95,8 @@ int kvbm_cmd_trace_gen(int argc, char **argv) {
     return 1;
   }
   kvbm_error err = {0};
-  kvbm_tracegen_stats st;
-  int rc = kvbm_tracegen_write(&c, f, &st, &err);
+  kvsim_tracegen_stats st;
+  int rc = kvsim_tracegen_write(&c, f, &st, &err);
   if (out && fclose(f) && !rc) rc = kvbm_error_set(&err, KVBM_EIO, "trace-gen: cannot write %s", out);
   if (rc) {
     fprintf(stderr, "kvbm %s\n", err.msg);

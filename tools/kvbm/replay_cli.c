@@ -15,7 +15,7 @@ void replay_cli_init(replay_cli *c) {
   c->progress = isatty(STDERR_FILENO);
 }
 
-int replay_cli_take(int argc, char **argv, int *i, kvbm_w1_config *o, replay_cli *c) {
+int replay_cli_take(int argc, char **argv, int *i, kvsim_w1_config *o, replay_cli *c) {
   const char *a = argv[*i], *v;
   uint64_t x;
   int r;

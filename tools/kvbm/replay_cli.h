@@ -22,13 +22,13 @@ void replay_cli_init(replay_cli *c);
  * --capacity, --limit, --hash, --json, --no-progress), into `o` and `c`.
  * Returns 1 when taken (*i moved past a value), 0 when argv[*i] is
  * something else, -1 after printing what is wrong. */
-int replay_cli_take(int argc, char **argv, int *i, kvbm_w1_config *o, replay_cli *c);
+int replay_cli_take(int argc, char **argv, int *i, kvsim_w1_config *o, replay_cli *c);
 
 /* The usage of `kvbm replay`, W1's flags and W2's (any tier flag selects
  * W2), with the default trace. */
 void replay_cli_usage(FILE *f);
 
-/* A kvbm_w1_config progress callback drawing a bar on stderr. */
+/* A kvsim_w1_config progress callback drawing a bar on stderr. */
 void replay_cli_progress(void *user, size_t done, size_t total);
 
 #endif

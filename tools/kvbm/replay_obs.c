@@ -50,15 +50,15 @@ struct replay_obs {
   pthread_mutex_t mu;           /* guards what the collector reads */
   bool finished;
   size_t done, total;
-  kvbm_w1_result w1;            /* W1: counts so far */
+  kvsim_w1_result w1;            /* W1: counts so far */
   kvbm_pool_stats pool;         /* W1: the pool after the last request */
-  kvbm_w2_result w2r;           /* W2: counts so far */
+  kvsim_w2_result w2r;           /* W2: counts so far */
   /* the picture (the replay's thread only) */
   sample *s;
   size_t ns, every;
   uint64_t last_prompt, last_hit;
   unsigned present;             /* tiers with blocks (bit per tier) */
-  void (*print)(void *ctx, const kvbm_w2_result *res);
+  void (*print)(void *ctx, const kvsim_w2_result *res);
   void *print_ctx;
 };
 
@@ -92,7 +92,7 @@ static void collect(void *user, kvbm_metrics_writer *w) {
   pthread_mutex_lock(&obs->mu);
   size_t done = obs->done, total = obs->total;
   bool finished = obs->finished;
-  kvbm_w1_result w1 = obs->w2 ? obs->w2r.w1 : obs->w1;
+  kvsim_w1_result w1 = obs->w2 ? obs->w2r.w1 : obs->w1;
   kvbm_pool_stats pool = obs->pool;
   uint64_t hit[KVBM_TIER_COUNT], verify = obs->w2r.verify_failures;
   for (int t = 0; t < KVBM_TIER_COUNT; t++) hit[t] = obs->w2r.tiers[t].hit_tokens;
@@ -312,7 +312,7 @@ static void hold(replay_obs *obs) {
 
 /* -------------------------------------------------------------------- W1 */
 
-static void w1_request(void *user, size_t done, size_t total, const kvbm_w1_result *so_far,
+static void w1_request(void *user, size_t done, size_t total, const kvsim_w1_result *so_far,
                        const kvbm_pool *pool) {
   replay_obs *obs = user;
   kvbm_pool_stats ps;
@@ -329,13 +329,13 @@ static void w1_request(void *user, size_t done, size_t total, const kvbm_w1_resu
   take_sample(obs, done, total, so_far->prompt_tokens, so_far->hit_tokens, occ);
 }
 
-void replay_obs_w1(replay_obs *obs, kvbm_w1_config *cfg) {
+void replay_obs_w1(replay_obs *obs, kvsim_w1_config *cfg) {
   if (!obs) return;
   cfg->on_request = w1_request;
   cfg->request_user = obs;
 }
 
-void replay_obs_w1_done(replay_obs *obs, const kvbm_w1_result *res) {
+void replay_obs_w1_done(replay_obs *obs, const kvsim_w1_result *res) {
   if (!obs) return;
   pthread_mutex_lock(&obs->mu);
   obs->finished = true;
@@ -365,7 +365,7 @@ static void w2_start(void *user, kvbm_manager *m) {
   if (!write_port(obs, kvbm_manager_metrics_port(m))) obs->ok = false;
 }
 
-static void w2_request(void *user, size_t done, size_t total, const kvbm_w2_result *so_far,
+static void w2_request(void *user, size_t done, size_t total, const kvsim_w2_result *so_far,
                        kvbm_manager *m) {
   replay_obs *obs = user;
   pthread_mutex_lock(&obs->mu);
@@ -384,7 +384,7 @@ static void w2_request(void *user, size_t done, size_t total, const kvbm_w2_resu
   take_sample(obs, done, total, so_far->w1.prompt_tokens, so_far->w1.hit_tokens, occ);
 }
 
-static void w2_finish(void *user, kvbm_manager *m, const kvbm_w2_result *res) {
+static void w2_finish(void *user, kvbm_manager *m, const kvsim_w2_result *res) {
   (void)m;
   replay_obs *obs = user;
   if (res) {
@@ -402,8 +402,8 @@ static void w2_finish(void *user, kvbm_manager *m, const kvbm_w2_result *res) {
   obs->reg = NULL;
 }
 
-void replay_obs_w2(replay_obs *obs, kvbm_w2_config *cfg,
-                   void (*print)(void *ctx, const kvbm_w2_result *res), void *ctx) {
+void replay_obs_w2(replay_obs *obs, kvsim_w2_config *cfg,
+                   void (*print)(void *ctx, const kvsim_w2_result *res), void *ctx) {
   if (!obs) return;
   cfg->on_start = w2_start;
   cfg->on_request = w2_request;

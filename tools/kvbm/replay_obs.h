@@ -46,14 +46,14 @@ bool replay_obs_create(const replay_obs_opts *o, bool w2, replay_obs **out);
 void replay_obs_destroy(replay_obs *obs); /* NULL: no-op */
 
 /* W1: installs the per-request hook. */
-void replay_obs_w1(replay_obs *obs, kvbm_w1_config *cfg);
+void replay_obs_w1(replay_obs *obs, kvsim_w1_config *cfg);
 /* W1, after the summary: the picture, then --hold. */
-void replay_obs_w1_done(replay_obs *obs, const kvbm_w1_result *res);
+void replay_obs_w1_done(replay_obs *obs, const kvsim_w1_result *res);
 
 /* W2: installs the hooks and the manager's endpoint config. `print` writes
  * the summary (called in on_finish, while the manager still serves). */
-void replay_obs_w2(replay_obs *obs, kvbm_w2_config *cfg,
-                   void (*print)(void *ctx, const kvbm_w2_result *res), void *ctx);
+void replay_obs_w2(replay_obs *obs, kvsim_w2_config *cfg,
+                   void (*print)(void *ctx, const kvsim_w2_result *res), void *ctx);
 
 /* false when a hook failed (the message was printed): a port file that
  * could not be written. */

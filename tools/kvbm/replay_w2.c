@@ -51,14 +51,14 @@ static bool policy_opt(const char *opt, const char *v, kvbm_offload_policy *p) {
 
 static double gbps(uint64_t bytes, double s) { return s > 0 ? (double)bytes / s / 1e9 : 0; }
 
-static uint64_t skipped_total(const kvbm_w2_result *r) {
+static uint64_t skipped_total(const kvsim_w2_result *r) {
   uint64_t n = 0;
   for (int t = 0; t < W2_TIERS; t++) n += r->tiers[t].skipped;
   return n;
 }
 
-static void print_json(const char *trace, const kvbm_w2_config *o,
-                       const kvbm_w2_result *r) {
+static void print_json(const char *trace, const kvsim_w2_config *o,
+                       const kvsim_w2_result *r) {
   double tps = r->w1.seconds > 0 ? (double)r->w1.prompt_tokens / r->w1.seconds : 0;
   double rate = r->w1.prompt_tokens ? (double)r->w1.hit_tokens / (double)r->w1.prompt_tokens : 0;
   printf("{\"workload\":\"W2\",\"trace\":\"%s\",\"block_size\":%u,\"capacity\":%u,"
@@ -76,7 +76,7 @@ static void print_json(const char *trace, const kvbm_w2_config *o,
          kvbm_offload_policy_name(o->g4_policy), (unsigned long long)skipped_total(r));
   static const char *const key[KVBM_TIER_COUNT] = {"g1", "g2", "g3", "g4"};
   for (int t = 0; t < W2_TIERS; t++) {
-    const kvbm_w2_tier *x = &r->tiers[t];
+    const kvsim_w2_tier *x = &r->tiers[t];
     printf("%s\"%s\":{\"hit_tokens\":%llu,\"offloaded_blocks\":%llu,\"offloaded_bytes\":%llu,"
            "\"onboarded_blocks\":%llu,\"onboarded_bytes\":%llu,\"skipped_offloads\":%llu,"
            "\"checksum_failures\":%llu,\"auth_failures\":%llu,\"onboard_failures\":%llu,\"missing\":%llu,"
@@ -96,8 +96,8 @@ static void print_json(const char *trace, const kvbm_w2_config *o,
   printf("},\"verify_failures\":%llu}\n", (unsigned long long)r->verify_failures);
 }
 
-static void print_text(const char *trace, const kvbm_w2_config *o,
-                       const kvbm_w2_result *r) {
+static void print_text(const char *trace, const kvsim_w2_config *o,
+                       const kvsim_w2_result *r) {
   double rate = r->w1.prompt_tokens ? (double)r->w1.hit_tokens / (double)r->w1.prompt_tokens : 0;
   printf("W2 replay of %s\n", trace);
   printf("  block size %u tokens, %llu bytes; G1 %u, G2 %u, G3 %llu blocks; %s hashes\n",
@@ -116,7 +116,7 @@ static void print_text(const char *trace, const kvbm_w2_config *o,
   printf("  hit tokens        %llu (%.2f%% of prompt tokens)\n",
          (unsigned long long)r->w1.hit_tokens, 100 * rate);
   for (int t = 0; t < W2_TIERS; t++) {
-    const kvbm_w2_tier *x = &r->tiers[t];
+    const kvsim_w2_tier *x = &r->tiers[t];
     if (t == KVBM_TIER_G4 && !o->g4_url) continue;
     printf("    %s              %llu hit tokens, %llu offloaded, %llu onboarded, %llu skipped,"
            " %llu evicted",
@@ -143,7 +143,7 @@ static void print_text(const char *trace, const kvbm_w2_config *o,
 }
 
 /* The environment's settings are W2's defaults (flags override them). */
-static bool from_env(kvbm_w2_config *o, kvbm_manager_config *base) {
+static bool from_env(kvsim_w2_config *o, kvbm_manager_config *base) {
   *base = kvbm_manager_config_default();
   kvbm_error err = {0};
   if (kvbm_manager_config_env(base, NULL, &err)) {
@@ -170,13 +170,13 @@ static bool from_env(kvbm_w2_config *o, kvbm_manager_config *base) {
 
 typedef struct print_ctx {
   const char *trace;
-  const kvbm_w2_config *o;
+  const kvsim_w2_config *o;
   bool json;
 } print_ctx;
 
 /* The summary, from inside the run when an observer holds the manager
  * (its endpoint then still serves the same numbers). */
-static void print_summary(void *user, const kvbm_w2_result *res) {
+static void print_summary(void *user, const kvsim_w2_result *res) {
   const print_ctx *p = user;
   if (p->json) print_json(p->trace, p->o, res);
   else print_text(p->trace, p->o, res);
@@ -184,7 +184,7 @@ static void print_summary(void *user, const kvbm_w2_result *res) {
 }
 
 int replay_w2_main(int argc, char **argv) {
-  kvbm_w2_config o = kvbm_w2_config_default();
+  kvsim_w2_config o = kvsim_w2_config_default();
   kvbm_manager_config base;
   if (!from_env(&o, &base)) return 2;
   replay_cli c;
@@ -265,8 +265,8 @@ int replay_w2_main(int argc, char **argv) {
     return 2;
   }
   kvbm_error err = {0};
-  kvbm_trace *trace;
-  if (kvbm_trace_load(trace_path, o.w1.limit, &trace, &err)) {
+  kvsim_trace *trace;
+  if (kvsim_trace_load(trace_path, o.w1.limit, &trace, &err)) {
     fprintf(stderr, "kvbm replay: %s: %s\n", trace_path, err.msg);
     return 2;
   }
@@ -275,14 +275,14 @@ int replay_w2_main(int argc, char **argv) {
   replay_obs *obs;
   if (!replay_obs_create(&oo, true, &obs)) {
     replay_obs_destroy(obs);
-    kvbm_trace_destroy(trace);
+    kvsim_trace_destroy(trace);
     return 1;
   }
   print_ctx pc = {trace_path, &o, json};
   replay_obs_w2(obs, &o, print_summary, &pc);
-  kvbm_w2_result res;
-  int rc = kvbm_w2_run(trace, &o, &res, &err);
-  kvbm_trace_destroy(trace);
+  kvsim_w2_result res;
+  int rc = kvsim_w2_run(trace, &o, &res, &err);
+  kvsim_trace_destroy(trace);
   bool obs_ok = replay_obs_ok(obs);
   replay_obs_destroy(obs);
   if (rc) {
