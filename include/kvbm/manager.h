@@ -78,6 +78,7 @@
 
 #include "kvbm/fabric.h"
 #include "kvbm/frame.h"
+#include "kvbm/group.h"
 #include "kvbm/hash.h"
 #include "kvbm/layout.h"
 #include "kvbm/metrics.h"
@@ -299,6 +300,18 @@ typedef struct kvbm_manager_config {
                                   Appends (decode) never pull. */
   int32_t pull_timeout_ms;     /* longest such a prefill waits for the
                                   pulled blocks, the lock dropped (200) */
+
+  /* ---- KV cache groups of a hybrid model (kvbm/group.h; "Hybrid
+   * requests" below). NULL / 0: one full-attention group, the manager as
+   * described above, unchanged. With a list, every tier keeps the blocks
+   * of all groups in its one block budget (as vLLM's one GPU pool does),
+   * each registered under (sequence hash, group); the hybrid calls
+   * kvbm_manager_hprefill / kvbm_hreq_* serve requests. Copied at create. */
+  const kvbm_group_spec *groups;
+  size_t num_groups;           /* 0..KVBM_GROUPS_MAX, at most g1_blocks */
+  /* Optional, one per group (NULL: every group's block is the tier's whole
+   * block, `layout`). */
+  const struct kvbm_group_layout *group_layouts;
 } kvbm_manager_config;
 
 /* The defaults above. */
@@ -793,6 +806,115 @@ KVBM_EXTERN int kvbm_mreq_block_phase(const kvbm_mreq *r, size_t k, kvbm_frame_p
  * and frees it. Queued offloads of its blocks keep their own references.
  * NULL: no-op. */
 KVBM_EXTERN void kvbm_mreq_destroy(kvbm_mreq *r);
+
+/* ---- hybrid requests: several KV cache groups (issue 20) ----
+ *
+ * A manager configured with groups (cfg.groups) serves a hybrid model: one
+ * block table per group over the shared G1, and in every tier a block is
+ * registered under (sequence hash, group) (a key derived from both; group
+ * 0's key is the hash itself, so a one-group manager's keys, events and
+ * stored values are what they were).
+ *
+ * Prefill (kvbm_manager_hprefill) finds the prefix hit every group can
+ * serve, kvbm_groups_hit (kvbm/group.h: vLLM's coordinator rule) over what
+ * each group holds in any tier (G1 ready, G2, G3, G4 by its index), and
+ * takes in G1 only what each group needs for it: every block before the
+ * hit for full attention, the blocks covering the last W - 1 tokens for a
+ * window of W, the hit's chunk for chunked local attention, the one state
+ * block at the hit for Mamba (block hit / B - 1). What is in G1 is shared;
+ * what is below gets a new G1 block and an onboard, as kvbm_manager_prefill
+ * does. Every group then gets new blocks from the hit to the end of the
+ * prompt (vLLM's one prefill step); table entries before a group's first
+ * needed block are KVBM_HREQ_NULL. Room for all of it is checked first
+ * (onboards that do not fit: the hit is taken again from G1 alone): a
+ * prompt that does not fit changes nothing (KVBM_ENOSPC).
+ *
+ * Commit marks the blocks the engine computed valid and offloads every full
+ * block of every group per policy, as kvbm_mreq_commit does, then releases
+ * what each group no longer needs (vLLM's remove_skipped_blocks: a window
+ * group keeps the last W - 1 tokens' blocks, Mamba its last state): they
+ * stay cached and evictable, in G1 and below.
+ *
+ * A group's layout (kvbm_group_layout) says how many bytes of the tier's
+ * block its KV takes and, for Mamba, the state's parts. Framed values (G4,
+ * G3 over a URL) carry exactly those bytes and a fingerprint of that
+ * layout; a value of another size or layout is refused on load (a counted
+ * foreign miss). G1, G2 and the disk:// slot file keep one fixed-size slot
+ * per block (one budget per tier), the group's bytes at its start.
+ *
+ * Not (yet) for hybrid requests: decode appends, phases, peers, the G4
+ * store lookup of blocks G4's index does not know (only indexed G4 blocks
+ * are hits), onboards abandoned at a deadline (they are waited for). */
+
+/* The manager's block of a Mamba group holds its state: vLLM's MambaSpec
+ * gives the state as shapes per layer (conv state and SSM/temporal state),
+ * page_size_bytes their sum over the group's layers, padded up to the
+ * attention page. */
+typedef struct kvbm_group_layout {
+  uint64_t block_bytes; /* bytes of one block of this group, at most the
+                           tier's block (kvbm_manager_block_bytes); 0: all
+                           of it */
+  uint64_t conv_bytes;  /* Mamba: the conv state's bytes (0 for others) */
+  uint64_t ssm_bytes;   /* Mamba: the SSM state's bytes (0 for others);
+                           conv_bytes + ssm_bytes must then be block_bytes */
+} kvbm_group_layout;
+
+#define KVBM_HREQ_NULL UINT32_MAX
+
+typedef struct kvbm_hreq kvbm_hreq;
+
+/* The number of groups (1 for a manager configured without). */
+KVBM_EXTERN size_t kvbm_manager_num_groups(const kvbm_manager *m);
+
+/* Bytes of one block of group g's KV (its layout's block_bytes, or the
+ * whole block); 0 for g out of range. */
+KVBM_EXTERN uint64_t kvbm_manager_group_bytes(const kvbm_manager *m, uint32_t g);
+
+/* Creates a hybrid request and prefills a prompt of n >= 1 tokens (see
+ * above). *hit_tokens (may be NULL): the hit found, before onboarding.
+ * Works on a manager of one group too. KVBM_EINVAL with a message for bad
+ * arguments, KVBM_ENOSPC (nothing changed) when G1 cannot hold what the
+ * prompt needs in every group. Free with kvbm_hreq_destroy. Cost: one
+ * hash per full block, O(blocks x groups) index lookups under the lock. */
+KVBM_EXTERN int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+                                      const uint32_t *tokens, size_t n, kvbm_hreq **out,
+                                      size_t *hit_tokens, kvbm_error *err);
+
+typedef struct kvbm_hreq_info {
+  bool ready;                /* every onboard has finished */
+  size_t hit_tokens;         /* the hit now: once ready, the hit the blocks
+                                that arrived serve (kvbm_groups_hit over
+                                them), else the one found */
+  size_t num_tokens;
+  /* G1 blocks each group took for the hit: from G1 itself (shared), and
+   * onboarded from below (the copies). */
+  size_t hit_g1[KVBM_GROUPS_MAX], onboarded[KVBM_GROUPS_MAX];
+  size_t onboarded_from[KVBM_TIER_COUNT]; /* onboards per source tier */
+} kvbm_hreq_info;
+
+/* Blocks until every onboard is over (timeout_ms < 0: forever; 0: just
+ * look), then fills *out (may be NULL). KVBM_ETIMEDOUT on time out. */
+KVBM_EXTERN int kvbm_hreq_wait(kvbm_hreq *r, int timeout_ms, kvbm_hreq_info *out);
+
+/* Group g's G1 block table: ids[0..*n) in token order, KVBM_HREQ_NULL
+ * where the group holds nothing. Valid until the next call that changes
+ * the request. KVBM_EINVAL for g out of range. */
+KVBM_EXTERN int kvbm_hreq_table(const kvbm_hreq *r, uint32_t g, const uint32_t **ids, size_t *n);
+
+/* Whether the engine must write group g's block k: past the settled hit
+ * and registered by this request, the partial tail, or an onboard that
+ * failed. Waits for the onboards first. */
+KVBM_EXTERN bool kvbm_hreq_must_compute(kvbm_hreq *r, uint32_t g, size_t k);
+
+/* The engine wrote every block it must compute: see above. Waits for the
+ * onboards first; never for a copy. Once per request (KVBM_ESTATE
+ * after). */
+KVBM_EXTERN int kvbm_hreq_commit(kvbm_hreq *r);
+
+/* Waits for the onboards, releases every block (group 0 first, each table
+ * tail first) and frees the request. NULL: no-op. */
+KVBM_EXTERN void kvbm_hreq_destroy(kvbm_hreq *r);
+
 
 #ifdef __cplusplus
 }

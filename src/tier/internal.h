@@ -112,6 +112,8 @@ typedef struct kvbm__job {
                        waits; its blocks are released when it is over */
   uint8_t phase;    /* the block's phase label (kvbm_frame_phase), for
                        framed values */
+  uint8_t grp;      /* the block's KV cache group (hybrid.c): the bytes
+                       and layout its framed value carries */
   bool has_parent;
   int result;       /* set by the worker: KVBM_OK or why not */
   uint32_t id[KVBM_TIER_COUNT]; /* the job's block in each tier it touches
@@ -250,6 +252,14 @@ struct kvbm_manager {
   uint32_t npeers;
   _Atomic uint64_t offloads; /* offloaded blocks, for the corruption seam */
 
+  /* KV cache groups (hybrid.c). ngroups >= 1; one group unless configured.
+   * gbytes/gfp: each group's block bytes and layout fingerprint (group
+   * layouts; a group without one: block_bytes, fingerprint). */
+  kvbm_group_spec groups[KVBM_GROUPS_MAX];
+  uint32_t ngroups;
+  uint64_t gbytes[KVBM_GROUPS_MAX];
+  uint64_t gfp[KVBM_GROUPS_MAX];
+
 };
 
 struct kvbm_mreq {
@@ -274,6 +284,32 @@ struct kvbm_mreq {
   uint8_t stage;    /* 0 none yet, else the last kvbm_request_phase */
   bool exit_pending;/* ExitThink's push still due (threshold not reached) */
 };
+
+/* ---- hybrid.c: groups ---- */
+
+/* The key block `h` of group g is registered under in every tier: h for
+ * group 0 (a one-group manager is unchanged), a bijective mix of h and g
+ * otherwise, so two groups' blocks of one hash never meet. */
+static inline uint64_t kvbm__group_key(uint64_t h, uint32_t g) {
+  if (g == 0) return h;
+  uint64_t x = h ^ (0x9E3779B97F4A7C15ull * g);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+/* Checks the config's groups and layouts (KVBM_EINVAL naming the item). */
+int kvbm__groups_check(const kvbm_manager_config *c, uint64_t block_bytes, kvbm_error *err);
+/* Copies the groups and derives each one's bytes and fingerprint. */
+void kvbm__groups_init(kvbm_manager *m);
+
+/* ---- request.c, shared with hybrid.c (lock held) ---- */
+
+/* Whether tier ti (below G1) holds key h with its bytes in place. */
+bool kvbm__tier_has(const kvbm_manager *m, int ti, uint64_t h);
+/* One use of full block k (G1 block g1id, registered under key h, of
+ * group grp) by a commit of r: refresh or copy in G2, G3, G4 per policy. */
+void kvbm__use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, uint32_t g1id,
+                     uint64_t h, uint64_t parent, bool has_parent, uint8_t grp);
 
 /* ---- config.c ---- */
 
@@ -323,13 +359,15 @@ void kvbm__block_hash(const kvbm__tier *t, uint32_t b, uint8_t sum[16]);
 /* Bytes of one value: the framed form (frame header + body header + block)
  * or the bare block. */
 size_t kvbm__value_len(const kvbm_manager *m, const kvbm__tier *t);
+/* ... of a block of group g (framed values carry the group's bytes). */
+size_t kvbm__value_len_group(const kvbm_manager *m, const kvbm__tier *t, uint32_t g);
 /* Offset of the block's bytes inside a value. */
 size_t kvbm__value_data_off(const kvbm__tier *t);
 /* Seals a framed value whose block bytes are already at buf +
  * kvbm__value_data_off(): writes the body header (namespace, key, parent,
  * layout) and the frame header (BLAKE3-128 of the body). */
 void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, uint64_t key,
-                      uint64_t parent, bool has_parent, kvbm_frame_phase phase);
+                      uint64_t parent, bool has_parent, kvbm_frame_phase phase, uint32_t grp);
 /* Checks a framed value of `size` bytes read for `key`: KVBM_OK, or
  * KVBM_ETRUNCATED / KVBM_ETOOLONG (its size), KVBM_ECHECKSUM (the frame's
  * BLAKE3 or header), KVBM_EFORMAT (another namespace, key, layout or
@@ -340,7 +378,7 @@ void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, 
  * cannot be used (short, unreadable file, file others can read). */
 int kvbm__value_key_init(kvbm_manager *m, kvbm__tier *t, kvbm_error *err);
 int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf,
-                      size_t size, uint64_t key);
+                      size_t size, uint64_t key, uint32_t grp);
 /* The namespace of the volume tiers' keys (m->ns, m->ns_digest), from the
  * layout fingerprint, hash scheme, block size and model id. */
 int kvbm__namespace_init(kvbm_manager *m, kvbm_error *err);

@@ -462,6 +462,9 @@ static int own_config(kvbm_manager *m, const kvbm_manager_config *cfg, kvbm_erro
   if (rc) return rc;
   m->block_bytes = lc.num_layers * m->slot_layout.layer_stride;
   m->fingerprint = kvbm_layout_fingerprint(&m->slot_layout);
+  rc = kvbm__groups_check(cfg, m->block_bytes, err); /* sizes need the block's */
+  if (rc) return rc;
+  kvbm__groups_init(m);
   return kvbm__namespace_init(m, err);
 }
 

@@ -596,13 +596,13 @@ static uint32_t use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b,
  * tier gets its own put, from G2 when G2 holds the block, else from G1.
  * Lock held. */
 static void use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, uint32_t g1id,
-                      uint64_t h, uint64_t parent, bool has_parent) {
+                      uint64_t h, uint64_t parent, bool has_parent, uint8_t grp) {
   const uint32_t *tok = r->tokens + k * m->cfg.block_size;
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
   if (g1->state[g1id] != KVBM__READY) return; /* another request's, not written yet */
   kvbm__job j = {.kind = KVBM__J_DOWN, .tier = KVBM_TIER_G2, .prio = r->prio, .hash = h,
                  .parent = parent, .has_parent = has_parent, .b = b,
-                 .phase = k < r->labeled ? r->phase[k] : KVBM_PHASE_OUTPUT_CRITICAL};
+                 .phase = k < r->labeled ? r->phase[k] : KVBM_PHASE_OUTPUT_CRITICAL, .grp = grp};
   for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
   j.id[KVBM_TIER_G1] = g1id;
   bool g2_write = false, g2_ready = false;
@@ -643,6 +643,15 @@ static void use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, u
   (void)queued;
 }
 
+/* The two above for hybrid.c (kept static here, so that the one-group
+ * paths inline them as before). */
+bool kvbm__tier_has(const kvbm_manager *m, int ti, uint64_t h) { return tier_has(m, ti, h); }
+
+void kvbm__use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, uint32_t g1id,
+                     uint64_t h, uint64_t parent, bool has_parent, uint8_t grp) {
+  use_block(m, r, b, k, g1id, h, parent, has_parent, grp);
+}
+
 int kvbm_mreq_commit(kvbm_mreq *r) {
   if (!r) return KVBM_EINVAL;
   kvbm_mreq_wait(r, -1, NULL);
@@ -675,7 +684,7 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
     if ((*st == KVBM__UNCOMPUTED && m->g1_owner[ids[k]] == r->serial) ||
         (k >= r->settled && *st == KVBM__FAILED))
       *st = KVBM__READY;
-    use_block(m, r, b, k, ids[k], h, parent, k > 0);
+    use_block(m, r, b, k, ids[k], h, parent, k > 0, 0);
     parent = h;
   }
   m->ev_prefix = 0;

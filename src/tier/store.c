@@ -132,18 +132,25 @@ size_t kvbm__value_len(const kvbm_manager *m, const kvbm__tier *t) {
   return kvbm__value_data_off(t) + (size_t)m->block_bytes;
 }
 
+/* A framed value carries its group's bytes only (a Mamba state is smaller
+ * than the attention page it shares the tier's slot with); a bare one is
+ * the slot. */
+size_t kvbm__value_len_group(const kvbm_manager *m, const kvbm__tier *t, uint32_t g) {
+  return kvbm__value_data_off(t) + (size_t)(t->framed ? m->gbytes[g] : m->block_bytes);
+}
+
 void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, uint64_t key,
-                      uint64_t parent, bool has_parent, kvbm_frame_phase phase) {
+                      uint64_t parent, bool has_parent, kvbm_frame_phase phase, uint32_t grp) {
   uint8_t *h = buf + KVBM_FRAME_HEADER_LEN + nonce_len(t);
   memcpy(h, BODY_MAGIC, 8);
   memcpy(h + 8, m->ns_digest, 16);
   kvbm__put_le64(h + 24, key);
   kvbm__put_le64(h + 32, parent);
-  kvbm__put_le64(h + 40, m->fingerprint);
+  kvbm__put_le64(h + 40, m->gfp[grp]);
   kvbm__put_le32(h + 48, has_parent ? 1u : 0u);
   kvbm__put_le32(h + 52, m->cfg.block_size);
-  kvbm__put_le64(h + 56, m->block_bytes);
-  size_t body = BODY_HDR + (size_t)m->block_bytes, len;
+  kvbm__put_le64(h + 56, m->gbytes[grp]);
+  size_t body = BODY_HDR + (size_t)m->gbytes[grp], len;
   if (t->sealed) {
     uint8_t *nonce = buf + KVBM_FRAME_HEADER_LEN;
     KVBM__MUST(kvbm_frame_encode_header_sealed(phase, NONCE + body, buf, NULL));
@@ -155,7 +162,7 @@ void kvbm__value_seal(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf, 
   /* Cannot fail: the body sits at buf + 32 in a buffer of exactly its size
    * and block_bytes is far below the frame's u32 limit (checked at create). */
   KVBM__MUST(kvbm_frame_encode_keyed(t->keyed ? t->mac_key : NULL, phase, h, body, buf,
-                                     kvbm__value_len(m, t), &len, NULL));
+                                     kvbm__value_len_group(m, t, grp), &len, NULL));
 }
 
 /* A sealed value: its header, then decrypted in place. */
@@ -174,8 +181,8 @@ static int open_sealed(const kvbm__tier *t, uint8_t *buf, size_t size, const uin
 }
 
 int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf,
-                      size_t size, uint64_t key) {
-  size_t want = KVBM_FRAME_HEADER_LEN + nonce_len(t) + BODY_HDR + (size_t)m->block_bytes;
+                      size_t size, uint64_t key, uint32_t grp) {
+  size_t want = KVBM_FRAME_HEADER_LEN + nonce_len(t) + BODY_HDR + (size_t)m->gbytes[grp];
   /* A frame of another kind (plain, keyed, sealed) is refused as such
    * before its length, which differs for sealed values. */
   kvbm_frame_header kind;
@@ -195,8 +202,8 @@ int kvbm__value_check(const kvbm_manager *m, const kvbm__tier *t, uint8_t *buf,
   /* The frame checks: everything below was written by a kvbm that sealed
    * it, so a mismatch is another namespace's or key's value, not damage. */
   if (memcmp(body, BODY_MAGIC, 8) || memcmp(body + 8, m->ns_digest, 16) || kvbm__get_le64(body + 24) != key ||
-      kvbm__get_le64(body + 40) != m->fingerprint || kvbm__get_le32(body + 52) != m->cfg.block_size ||
-      kvbm__get_le64(body + 56) != m->block_bytes || (kvbm__get_le32(body + 48) & ~1u))
+      kvbm__get_le64(body + 40) != m->gfp[grp] || kvbm__get_le32(body + 52) != m->cfg.block_size ||
+      kvbm__get_le64(body + 56) != m->gbytes[grp] || (kvbm__get_le32(body + 48) & ~1u))
     return KVBM_EFORMAT;
   return KVBM_OK;
 }

@@ -109,9 +109,10 @@ static void put_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
   bool ok = ran && j->result == KVBM_OK;
   t->state[j->id[t->id]] = ok ? KVBM__READY : KVBM__FAILED;
   if (ok) {
+    uint64_t bytes = t->framed ? m->gbytes[j->grp] : m->block_bytes; /* what the value carries */
     t->st.offloaded_blocks++;
-    t->st.offloaded_bytes += m->block_bytes;
-    kvbm__tier_metrics_count(&m->tm, j->src, t->id, 1, m->block_bytes);
+    t->st.offloaded_bytes += bytes;
+    kvbm__tier_metrics_count(&m->tm, j->src, t->id, 1, bytes);
   } else if (ran && j->result == KVBM_EDEVICE) {
     t->st.copy_errors++; /* staging out of device G1 failed */
   } else if (ran) {
@@ -196,9 +197,10 @@ static void get_done(kvbm_manager *m, kvbm__tier *t, kvbm__job *j, bool ran) {
   if (!ok && j->og && j->k < j->og->cut) j->og->cut = j->k;
   kvbm__onboards_release(j->og);
   if (ok) {
+    uint64_t bytes = t->framed ? m->gbytes[j->grp] : m->block_bytes;
     t->st.onboarded_blocks++;
-    t->st.onboarded_bytes += m->block_bytes;
-    kvbm__tier_metrics_count(&m->tm, t->id, KVBM_TIER_G1, 1, m->block_bytes);
+    t->st.onboarded_bytes += bytes;
+    kvbm__tier_metrics_count(&m->tm, t->id, KVBM_TIER_G1, 1, bytes);
     if (sid == KVBM__NONE) index_found(m, t, j);
   } else if (ran) {
     count_get_failure(t, j->result);
@@ -427,9 +429,10 @@ static int prepare_put(kvbm_manager *m, kvbm__tier *t, vslot *s, kvbm_volume_op 
   } else {
     kvbm__gather(data, src, b);
   }
-  if (t->framed) kvbm__value_seal(m, t, buf, j->hash, j->parent, j->has_parent, (kvbm_frame_phase)j->phase);
+  if (t->framed)
+    kvbm__value_seal(m, t, buf, j->hash, j->parent, j->has_parent, (kvbm_frame_phase)j->phase, j->grp);
   op->src = buf;
-  op->len = kvbm__value_len(m, t);
+  op->len = kvbm__value_len_group(m, t, j->grp);
   return KVBM_OK;
 }
 
@@ -454,8 +457,13 @@ static int finish_get(kvbm_manager *m, kvbm__tier *t, vslot *s, const kvbm_volum
   if (op->status == KVBM_ENOSPC) return KVBM_ETOOLONG; /* more than a value of ours */
   if (op->status != KVBM_OK) return op->status;
   if (t->framed) {
-    int rc = kvbm__value_check(m, t, s->buf, op->size, s->job.hash);
+    int rc = kvbm__value_check(m, t, s->buf, op->size, s->job.hash, s->job.grp);
     if (rc) return rc;
+    /* A group smaller than the slot: the rest of the slot is not its KV;
+     * zeroed rather than left as whatever the buffer held. */
+    uint64_t gb = m->gbytes[s->job.grp];
+    if (gb < m->block_bytes)
+      memset(s->buf + kvbm__value_data_off(t) + gb, 0, (size_t)(m->block_bytes - gb));
   } else if (op->size != m->block_bytes) {
     return op->size < m->block_bytes ? KVBM_ETRUNCATED : KVBM_ETOOLONG;
   }

@@ -1,0 +1,541 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * hybrid.c: the tier manager's KV cache groups (issue 20; kvbm/manager.h,
+ * "Hybrid requests"; the rules and why in docs/areas/hybrid.md, "Tiers").
+ *
+ * What a group changes in the manager, and what it does not:
+ *
+ *   - Keys. A block of group g is registered in every tier under
+ *     kvbm__group_key(hash, g) (internal.h): the hash itself for group 0,
+ *     a bijective mix for the others. Pools, jobs, workers, the G4 index and
+ *     the stores' keys all work on keys already, so nothing below this file
+ *     needed to learn about groups except the one thing a key cannot say:
+ *     how many bytes the group's block has (the job's `grp`, for framed
+ *     values). A one-group manager's keys are its hashes, as before.
+ *   - One budget. Every tier is still one pool: the groups share G1's,
+ *     G2's, G3's and G4's blocks, as vLLM's groups share its one GPU pool
+ *     (and its offloading connector's one CPU pool). A slot is the tier's
+ *     block (`layout`); a group's own layout (kvbm_group_layout) is the
+ *     part of it its KV takes. A Mamba state is one slot per block
+ *     boundary, like an attention block, because vLLM pads the attention
+ *     page until the two are equal.
+ *   - The hit. A hybrid prefill does not walk left to right: it asks
+ *     kvbm_groups_hit (kvbm/group.h, vLLM's coordinator rule) with a lookup
+ *     that says whether group g holds block k in any tier, then takes in G1
+ *     only the blocks each group needs for that hit (its first needed block
+ *     is kvbm_group_skipped_tokens(hit) / B): the window's blocks, the
+ *     chunk's, the last state, every block for full attention. The blocks
+ *     G1 lacks get new G1 blocks and onboards; the copies are exactly those.
+ *   - Failed onboards. Once the copies are over, the hit is computed again
+ *     by the same rule over what the request's tables hold ready: a window
+ *     block that did not arrive shortens the hit only as far as the rule
+ *     says, never to a block whose bytes are not there.
+ *   - Commit offloads every full block of every group through request.c's
+ *     policy code (kvbm__use_block), then releases what each group no
+ *     longer needs (skipped tokens), so a window group does not pin its
+ *     whole history in G1: released blocks stay cached and evictable.
+ *
+ * Everything under the manager lock, as request.c; the request itself is
+ * used by one thread at a time.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/clock.h"
+#include "tier/internal.h"
+
+#define NO_SRC 0xFFu /* src[] of a table entry that is not a hit block */
+
+struct kvbm_hreq {
+  kvbm_manager *m;
+  kvbm_mreq shell;   /* what request.c's policy code reads: tokens, salt,
+                        priority, phase labels (none: OutputCritical) */
+  uint64_t serial;   /* the G1 owner of the blocks it registers */
+  size_t n, nfull, total; /* tokens, full blocks, blocks */
+  uint32_t ngroups;
+  uint64_t *hashes;  /* nfull sequence hashes (group 0's keys) */
+  uint32_t *tab;     /* ngroups x total: G1 ids, KVBM_HREQ_NULL */
+  uint8_t *src;      /* ngroups x total: the hit block's tier, NO_SRC */
+  size_t hit;        /* blocks of the hit found */
+  size_t settled;    /* blocks of the hit once the onboards are over
+                        (SIZE_MAX: not yet) */
+  bool committed;
+  size_t hit_g1[KVBM_GROUPS_MAX], onboarded[KVBM_GROUPS_MAX];
+  size_t from[KVBM_TIER_COUNT];
+};
+
+/* ---- config ---- */
+
+int kvbm__groups_check(const kvbm_manager_config *c, uint64_t block_bytes, kvbm_error *err) {
+  if (c->num_groups == 0 && !c->groups && !c->group_layouts) return KVBM_OK;
+  if (!c->groups || c->num_groups == 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: groups: %s", c->groups ? "num_groups is 0"
+                                                                            : "num_groups or group_layouts given without a list");
+  if (c->num_groups > KVBM_GROUPS_MAX)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: groups: %zu groups, at most %u", c->num_groups,
+                          KVBM_GROUPS_MAX);
+  if (c->num_groups > c->g1_blocks)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "manager: groups: %zu groups cannot be served by g1_blocks %u (one block each at least)",
+                          c->num_groups, c->g1_blocks);
+  for (size_t i = 0; i < c->num_groups; i++) {
+    const kvbm_group_spec *g = &c->groups[i];
+    bool param = g->kind == KVBM_GROUP_SLIDING_WINDOW || g->kind == KVBM_GROUP_CHUNKED_LOCAL;
+    if ((unsigned)g->kind > KVBM_GROUP_MAMBA_ALIGN)
+      return kvbm_error_set(err, KVBM_EINVAL, "manager: groups[%zu]: unknown kind %d", i, (int)g->kind);
+    if (param && (g->tokens == 0 || g->tokens > KVBM_GROUP_MAX_TOKENS))
+      return kvbm_error_set(err, KVBM_EINVAL, "manager: groups[%zu]: %s of %u tokens (1..%u)", i,
+                            g->kind == KVBM_GROUP_SLIDING_WINDOW ? "a window" : "a chunk", g->tokens,
+                            KVBM_GROUP_MAX_TOKENS);
+    if (!param && g->tokens)
+      return kvbm_error_set(err, KVBM_EINVAL, "manager: groups[%zu]: %s takes no token count (%u)", i,
+                            kvbm_group_kind_name(g->kind), g->tokens);
+    if (!c->group_layouts) continue;
+    const kvbm_group_layout *l = &c->group_layouts[i];
+    bool mamba = g->kind == KVBM_GROUP_MAMBA || g->kind == KVBM_GROUP_MAMBA_ALIGN;
+    uint64_t bytes = l->block_bytes ? l->block_bytes : block_bytes;
+    if (bytes > block_bytes)
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "manager: group_layouts[%zu]: %llu bytes a block do not fit the tier's block of %llu bytes",
+                            i, (unsigned long long)bytes, (unsigned long long)block_bytes);
+    if (!mamba && (l->conv_bytes || l->ssm_bytes))
+      return kvbm_error_set(err, KVBM_EINVAL, "manager: group_layouts[%zu]: conv/ssm state sizes for a %s group", i,
+                            kvbm_group_kind_name(g->kind));
+    if ((l->conv_bytes || l->ssm_bytes) &&
+        (l->conv_bytes > bytes || l->ssm_bytes != bytes - l->conv_bytes))
+      return kvbm_error_set(err, KVBM_EINVAL,
+                            "manager: group_layouts[%zu]: conv %llu + ssm %llu bytes are not the block's %llu", i,
+                            (unsigned long long)l->conv_bytes, (unsigned long long)l->ssm_bytes,
+                            (unsigned long long)bytes);
+  }
+  return KVBM_OK;
+}
+
+/* A group's layout fingerprint: the slot's when the group takes the whole
+ * slot as attention does, else mixed with its kind and sizes, so a value
+ * written for one shape is never read as another. */
+static uint64_t group_fingerprint(uint64_t slot_fp, const kvbm_group_spec *g, const kvbm_group_layout *l,
+                                  uint64_t bytes, uint64_t block_bytes) {
+  if (!l || (bytes == block_bytes && !l->conv_bytes && !l->ssm_bytes)) return slot_fp;
+  uint64_t parts[4] = {(uint64_t)g->kind, bytes, l->conv_bytes, l->ssm_bytes};
+  uint64_t x = slot_fp;
+  for (int i = 0; i < 4; i++) x = kvbm__group_key(x ^ parts[i], (uint32_t)i + 1);
+  return x;
+}
+
+void kvbm__groups_init(kvbm_manager *m) {
+  const kvbm_manager_config *c = &m->cfg;
+  m->ngroups = c->num_groups ? (uint32_t)c->num_groups : 1;
+  for (uint32_t g = 0; g < m->ngroups; g++) {
+    m->groups[g] = c->num_groups ? c->groups[g] : (kvbm_group_spec){KVBM_GROUP_FULL, 0};
+    const kvbm_group_layout *l = c->group_layouts && c->num_groups ? &c->group_layouts[g] : NULL;
+    m->gbytes[g] = l && l->block_bytes ? l->block_bytes : m->block_bytes;
+    m->gfp[g] = group_fingerprint(m->fingerprint, &m->groups[g], l, m->gbytes[g], m->block_bytes);
+  }
+  /* The config's pointers are the caller's: the manager keeps its copy. */
+  m->cfg.groups = NULL;
+  m->cfg.group_layouts = NULL;
+}
+
+size_t kvbm_manager_num_groups(const kvbm_manager *m) { return m ? m->ngroups : 0; }
+
+uint64_t kvbm_manager_group_bytes(const kvbm_manager *m, uint32_t g) {
+  return m && g < m->ngroups ? m->gbytes[g] : 0;
+}
+
+/* ---- the hit ---- */
+
+static inline uint64_t key_of(const kvbm_hreq *r, size_t k, uint32_t g) {
+  return kvbm__group_key(r->hashes[k], g);
+}
+
+/* G1's state of the key: 1 with bytes there or on their way (a ready
+ * block, or one another prefill is onboarding: waited for as ours), 0 not
+ * registered or FAILED (an onboard may rewrite it), -1 registered by a
+ * request that has not computed it (no hit: never waited for). */
+static int g1_has(const kvbm_manager *m, uint64_t key) {
+  uint32_t id;
+  if (kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, key, &id, NULL) != KVBM_OK) return 0;
+  uint8_t s = m->t[KVBM_TIER_G1].state[id];
+  if (s == KVBM__UNCOMPUTED) return -1;
+  return s == KVBM__READY || s == KVBM__PENDING || s == KVBM__LANDING;
+}
+
+/* The fastest tier holding group g's block k (KVBM_TIER_COUNT: none).
+ * `lower`: look below G1 too. A backed-off G4 serves nothing (request.c). */
+static int source_of(const kvbm_hreq *r, uint32_t g, size_t k, bool lower) {
+  const kvbm_manager *m = r->m;
+  uint64_t key = key_of(r, k, g);
+  int in_g1 = g1_has(m, key);
+  if (in_g1 > 0) return KVBM_TIER_G1;
+  if (!lower || in_g1 < 0) return KVBM_TIER_COUNT;
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
+    if (ti == KVBM_TIER_G4 && m->t[ti].present && kvbm__backed_off(&m->t[ti])) break;
+    if (kvbm__tier_has(m, ti, key)) return ti;
+  }
+  return KVBM_TIER_COUNT;
+}
+
+typedef struct {
+  const kvbm_hreq *r;
+  bool lower;
+} find_ctx;
+
+static bool lookup_tiers(void *user, uint32_t g, size_t k) {
+  const find_ctx *c = user;
+  return source_of(c->r, g, k, c->lower) != KVBM_TIER_COUNT;
+}
+
+/* After the onboards: what the request's own tables hold ready. */
+static bool lookup_own(void *user, uint32_t g, size_t k) {
+  const kvbm_hreq *r = user;
+  uint32_t id = r->tab[(size_t)g * r->total + k];
+  if (id == KVBM_HREQ_NULL || r->src[(size_t)g * r->total + k] == NO_SRC) return false;
+  return r->m->t[KVBM_TIER_G1].state[id] == KVBM__READY;
+}
+
+/* The first block group g needs for a hit of h blocks. */
+static size_t first_needed(const kvbm_hreq *r, uint32_t g, size_t h) {
+  if (h == 0) return 0;
+  uint32_t B = r->m->cfg.block_size;
+  return (size_t)(kvbm_group_skipped_tokens(&r->m->groups[g], (uint64_t)h * B) / B);
+}
+
+/* What taking a hit of h blocks costs G1 and the queues; whether it fits. */
+static bool plan_fits(const kvbm_hreq *r, size_t h, bool lower, size_t *onboards) {
+  const kvbm_manager *m = r->m;
+  size_t fresh = 0, cached_hits = 0, onb[KVBM_TIER_COUNT] = {0};
+  for (uint32_t g = 0; g < r->ngroups; g++) {
+    for (size_t k = first_needed(r, g, h); k < h; k++) {
+      int ti = source_of(r, g, k, lower);
+      assert(ti != KVBM_TIER_COUNT && "the hit's rule looked at this block");
+      if (ti == KVBM_TIER_G1) {
+        bool cached = false;
+        KVBM__MUST(kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, key_of(r, k, g), NULL, &cached));
+        cached_hits += cached;
+      } else {
+        onb[ti]++;
+        fresh++;
+      }
+    }
+    fresh += r->total - h; /* the rest of the prompt, in every group */
+  }
+  *onboards = 0;
+  for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
+    if (onb[ti] > kvbm__q_free(&m->t[ti].q)) return false;
+    *onboards += onb[ti];
+  }
+  size_t avail = (size_t)kvbm_pool_available(m->t[KVBM_TIER_G1].pool);
+  return avail >= cached_hits && fresh <= avail - cached_hits;
+}
+
+static size_t find_hit(const kvbm_hreq *r, bool lower) {
+  const kvbm_manager *m = r->m;
+  uint32_t B = m->cfg.block_size;
+  find_ctx c = {r, lower};
+  uint64_t h = kvbm_groups_hit(m->groups, r->ngroups, B, (uint64_t)(r->n - 1) / B * B, lookup_tiers, &c);
+  return (size_t)(h / B);
+}
+
+/* ---- taking the plan (lock held; room checked) ---- */
+
+/* A new G1 block registered for group g's block k (tokens and key), this
+ * request its owner unless the key was registered already (then that
+ * block, with a reference). */
+static uint32_t register_new(kvbm_hreq *r, uint32_t g, size_t k) {
+  kvbm_manager *m = r->m;
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  uint32_t id, got;
+  KVBM__MUST(kvbm_pool_alloc(g1->pool, 1, &id));
+  KVBM__MUST(kvbm_block_fill(g1->pool, id, r->shell.salt, k ? key_of(r, k - 1, g) : 0, k > 0,
+                             r->shell.tokens + k * m->cfg.block_size, key_of(r, k, g), &got));
+  if (got == id) m->g1_owner[id] = r->serial; /* UNCOMPUTED since the STORED event */
+  return got;
+}
+
+/* Group g's hit block k from lower tier ti: a new PENDING G1 block and its
+ * onboard (request.c's queue_onboards, one block; waited for, never
+ * abandoned). */
+static uint32_t onboard(kvbm_hreq *r, uint32_t g, size_t k, int ti) {
+  kvbm_manager *m = r->m;
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *t = &m->t[ti];
+  uint64_t key = key_of(r, k, g);
+  uint32_t id;
+  /* A FAILED registration of the key (source_of: nothing else) is
+   * rewritten in place, as a commit rewrites a FAILED lower-tier block. */
+  if (kvbm_pool_peek(g1->pool, key, NULL, NULL) == KVBM_OK) KVBM__MUST(kvbm_pool_match(g1->pool, key, &id));
+  else id = register_new(r, g, k);
+  g1->state[id] = KVBM__PENDING;
+  uint32_t sid = KVBM__NONE;
+  KVBM__MUST(kvbm_pool_match(t->pool, key, &sid)); /* the job's pin of its source */
+  KVBM__MUST(kvbm_block_retain(g1->pool, id));     /* the job's reference */
+  t->st.hit_blocks++;
+  kvbm__job j = {.kind = ti == KVBM_TIER_G2 ? KVBM__J_UP : KVBM__J_GET, .tier = (uint8_t)ti,
+                 .prio = r->shell.prio, .hash = key, .parent = k ? key_of(r, k - 1, g) : 0,
+                 .has_parent = k > 0, .grp = (uint8_t)g, .k = (uint32_t)k};
+  for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
+  j.id[KVBM_TIER_G1] = id;
+  j.id[ti] = sid;
+  bool queued = kvbm__q_push(&t->q, &j);
+  assert(queued && "plan_fits counted the queue's room");
+  (void)queued;
+  r->onboarded[g]++;
+  r->from[ti]++;
+  return id;
+}
+
+static void take(kvbm_hreq *r, bool lower) {
+  kvbm_manager *m = r->m;
+  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
+  const size_t T = r->total;
+  /* G1 hits first, so that no allocation below evicts them. */
+  for (uint32_t g = 0; g < r->ngroups; g++)
+    for (size_t k = first_needed(r, g, r->hit); k < r->hit; k++)
+      if (source_of(r, g, k, false) == KVBM_TIER_G1) {
+        KVBM__MUST(kvbm_pool_match(g1, key_of(r, k, g), &r->tab[g * T + k]));
+        r->src[g * T + k] = KVBM_TIER_G1;
+        r->hit_g1[g]++;
+      }
+  bool any = false;
+  for (uint32_t g = 0; g < r->ngroups; g++) {
+    for (size_t k = first_needed(r, g, r->hit); k < r->hit; k++) {
+      if (r->src[g * T + k] != NO_SRC) continue;
+      int ti = source_of(r, g, k, lower);
+      r->tab[g * T + k] = onboard(r, g, k, ti);
+      r->src[g * T + k] = (uint8_t)ti;
+      any = true;
+    }
+    /* The rest of the prompt: vLLM's first step allocates up to its end
+     * in every group. The partial tail block is not registered. */
+    for (size_t k = r->hit; k < T; k++) {
+      if (k < r->nfull) {
+        r->tab[g * T + k] = register_new(r, g, k);
+      } else {
+        KVBM__MUST(kvbm_pool_alloc(g1, 1, &r->tab[g * T + k]));
+      }
+    }
+  }
+  m->t[KVBM_TIER_G1].st.hit_blocks += r->hit_g1[0];
+  if (any) kvbm__workers_kick(m);
+}
+
+/* ---- the calls ---- */
+
+static void hreq_free(kvbm_hreq *r) {
+  if (!r) return;
+  free(r->shell.tokens);
+  free(r->hashes);
+  free(r->tab);
+  free(r->src);
+  free(r);
+}
+
+int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
+                          const uint32_t *tokens, size_t n, kvbm_hreq **out, size_t *hit_tokens,
+                          kvbm_error *err) {
+  if (!m || !tokens || !out || n == 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: hprefill needs a manager, tokens (n >= 1) and out");
+  const size_t B = m->cfg.block_size;
+  if (n > (size_t)KVBM_POOL_MAX_BLOCKS * B)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: hprefill: %zu tokens is more than a pool can hold", n);
+  kvbm_hreq *r = calloc(1, sizeof *r);
+  if (!r) return kvbm_error_set(err, KVBM_ENOMEM, "manager: hprefill: out of memory");
+  r->m = m;
+  r->n = n;
+  r->nfull = n / B;
+  r->total = r->nfull + (n % B != 0);
+  r->ngroups = m->ngroups;
+  r->settled = SIZE_MAX;
+  r->shell.m = m;
+  r->shell.salt = salt_hash;
+  r->shell.prio = priority;
+  r->shell.tokens = malloc(n * sizeof *tokens);
+  r->hashes = malloc((r->nfull ? r->nfull : 1) * sizeof *r->hashes);
+  r->tab = malloc(r->ngroups * r->total * sizeof *r->tab);
+  r->src = malloc(r->ngroups * r->total);
+  if (!r->shell.tokens || !r->hashes || !r->tab || !r->src) {
+    hreq_free(r);
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: hprefill: out of memory");
+  }
+  memcpy(r->shell.tokens, tokens, n * sizeof *tokens);
+  r->shell.ntok = r->shell.tcap = n;
+  memset(r->tab, 0xFF, r->ngroups * r->total * sizeof *r->tab); /* KVBM_HREQ_NULL */
+  memset(r->src, NO_SRC, r->ngroups * r->total);
+  for (size_t k = 0; k < r->nfull; k++)
+    r->hashes[k] = kvbm_hash_next(m->cfg.scheme, salt_hash, k ? r->hashes[k - 1] : 0, k > 0, tokens + k * B, B);
+
+  pthread_mutex_lock(&m->mu);
+  r->serial = r->shell.serial = ++m->next_serial;
+  /* The hit over every tier; if its onboards do not fit (G1 room or a
+   * queue), the hit G1 alone can serve; if that does not fit either,
+   * nothing is taken. */
+  size_t onboards = 0;
+  bool lower = true;
+  r->hit = find_hit(r, true);
+  if (!plan_fits(r, r->hit, true, &onboards) && onboards) {
+    lower = false;
+    r->hit = find_hit(r, false);
+  }
+  int rc = plan_fits(r, r->hit, lower, &onboards) ? KVBM_OK : KVBM_ENOSPC;
+  if (!rc) take(r, lower);
+  pthread_mutex_unlock(&m->mu);
+  if (rc) {
+    hreq_free(r);
+    return kvbm_error_set(err, rc, "manager: hprefill: a prompt of %zu tokens does not fit in G1 in %u groups",
+                          n, m->ngroups);
+  }
+  if (hit_tokens) *hit_tokens = r->hit * B;
+  *out = r;
+  return KVBM_OK;
+}
+
+/* Lock held. Whether every hit block's bytes are in (or known lost); then
+ * the settled hit is the rule's over what arrived, at most the hit found. */
+static bool settle(kvbm_hreq *r) {
+  if (r->settled != SIZE_MAX) return true;
+  const uint8_t *st = r->m->t[KVBM_TIER_G1].state;
+  for (size_t i = 0; i < r->ngroups * r->total; i++) {
+    if (r->src[i] == NO_SRC) continue;
+    if (st[r->tab[i]] == KVBM__PENDING || st[r->tab[i]] == KVBM__LANDING) return false;
+  }
+  uint32_t B = r->m->cfg.block_size;
+  r->settled = r->hit ? (size_t)(kvbm_groups_hit(r->m->groups, r->ngroups, B, (uint64_t)r->hit * B,
+                                                 lookup_own, r) / B)
+                      : 0;
+  return true;
+}
+
+static void fill_info(const kvbm_hreq *r, bool ready, kvbm_hreq_info *out) {
+  memset(out, 0, sizeof *out);
+  out->ready = ready;
+  out->hit_tokens = (ready ? r->settled : r->hit) * r->m->cfg.block_size;
+  out->num_tokens = r->n;
+  memcpy(out->hit_g1, r->hit_g1, sizeof out->hit_g1);
+  memcpy(out->onboarded, r->onboarded, sizeof out->onboarded);
+  memcpy(out->onboarded_from, r->from, sizeof out->onboarded_from);
+}
+
+int kvbm_hreq_wait(kvbm_hreq *r, int timeout_ms, kvbm_hreq_info *out) {
+  if (!r) return KVBM_EINVAL;
+  kvbm_manager *m = r->m;
+  uint64_t dl = timeout_ms > 0 ? kvbm_clock_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+  int rc = KVBM_OK;
+  pthread_mutex_lock(&m->mu);
+  while (!settle(r)) {
+    if (timeout_ms == 0) {
+      rc = KVBM_ETIMEDOUT;
+      break;
+    }
+    if (!dl) {
+      pthread_cond_wait(&m->done_cv, &m->mu);
+      continue;
+    }
+    struct timespec ts = kvbm__timespec_of_ns(dl);
+    if (pthread_cond_timedwait(&m->done_cv, &m->mu, &ts) == ETIMEDOUT && kvbm_clock_ns() >= dl) {
+      if (!settle(r)) rc = KVBM_ETIMEDOUT;
+      break;
+    }
+  }
+  if (out) fill_info(r, rc == KVBM_OK, out);
+  pthread_mutex_unlock(&m->mu);
+  return rc;
+}
+
+int kvbm_hreq_table(const kvbm_hreq *r, uint32_t g, const uint32_t **ids, size_t *n) {
+  if (!r || !ids || !n || g >= r->ngroups) return KVBM_EINVAL;
+  *ids = r->tab + (size_t)g * r->total;
+  *n = r->total;
+  return KVBM_OK;
+}
+
+/* Lock held, settled. */
+static bool must_compute(const kvbm_hreq *r, uint32_t g, size_t k) {
+  uint32_t id = r->tab[(size_t)g * r->total + k];
+  if (id == KVBM_HREQ_NULL || k < r->settled) return false;
+  if (k >= r->nfull) return true; /* the partial tail */
+  uint8_t s = r->m->t[KVBM_TIER_G1].state[id];
+  return s == KVBM__FAILED || (s == KVBM__UNCOMPUTED && r->m->g1_owner[id] == r->serial) ||
+         (s == KVBM__READY && r->src[(size_t)g * r->total + k] != NO_SRC && !r->committed);
+}
+
+bool kvbm_hreq_must_compute(kvbm_hreq *r, uint32_t g, size_t k) {
+  if (!r || g >= r->ngroups || k >= r->total) return false;
+  kvbm_hreq_wait(r, -1, NULL);
+  pthread_mutex_lock(&r->m->mu);
+  bool must = must_compute(r, g, k);
+  pthread_mutex_unlock(&r->m->mu);
+  return must;
+}
+
+/* Lock held. Releases group g's blocks before its first needed one once
+ * all n tokens are computed (vLLM's remove_skipped_blocks), highest first,
+ * stopping at the first entry already empty. */
+static void release_skipped(kvbm_hreq *r, uint32_t g) {
+  size_t first = (size_t)(kvbm_group_skipped_tokens(&r->m->groups[g], r->n) / r->m->cfg.block_size);
+  uint32_t *tab = r->tab + (size_t)g * r->total;
+  for (size_t k = first; k-- > 0 && tab[k] != KVBM_HREQ_NULL;) {
+    KVBM__MUST(kvbm_block_release(r->m->t[KVBM_TIER_G1].pool, tab[k], r->shell.prio));
+    tab[k] = KVBM_HREQ_NULL;
+  }
+}
+
+int kvbm_hreq_commit(kvbm_hreq *r) {
+  if (!r) return KVBM_EINVAL;
+  if (r->committed) return KVBM_ESTATE;
+  kvbm_hreq_wait(r, -1, NULL);
+  kvbm_manager *m = r->m;
+  const size_t T = r->total, todo = r->ngroups * r->nfull;
+  kvbm__batch *b = calloc(1, sizeof *b);
+  if (b) b->pins = malloc(((KVBM_TIER_COUNT - 1) * todo + 1) * sizeof *b->pins);
+  if (!b || !b->pins) {
+    free(b);
+    return KVBM_ENOMEM;
+  }
+  b->cap = (uint32_t)((KVBM_TIER_COUNT - 1) * todo + 1);
+  pthread_mutex_lock(&m->mu);
+  uint8_t *st = m->t[KVBM_TIER_G1].state;
+  m->ev_prefix = r->nfull ? r->hashes[0] : 0;
+  for (uint32_t g = 0; g < r->ngroups; g++) {
+    for (size_t k = 0; k < r->nfull; k++) {
+      uint32_t id = r->tab[g * T + k];
+      if (id == KVBM_HREQ_NULL) continue;
+      /* Computed now: what it registered, and hit blocks the engine had to
+       * recompute (a failed onboard, or past a shortened hit). */
+      if (must_compute(r, g, k)) st[id] = KVBM__READY;
+      kvbm__use_block(m, &r->shell, b, k, id, key_of(r, k, g), k ? key_of(r, k - 1, g) : 0, k > 0,
+                      (uint8_t)g);
+    }
+  }
+  m->ev_prefix = 0;
+  r->committed = true;
+  if (b->pending == 0) kvbm__batch_done(m, b);
+  else kvbm__workers_kick(m);
+  for (uint32_t g = 0; g < r->ngroups; g++) release_skipped(r, g);
+  pthread_mutex_unlock(&m->mu);
+  return KVBM_OK;
+}
+
+void kvbm_hreq_destroy(kvbm_hreq *r) {
+  if (!r) return;
+  kvbm_manager *m = r->m;
+  kvbm_hreq_wait(r, -1, NULL);
+  pthread_mutex_lock(&m->mu);
+  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
+  /* Blocks it registered but never committed have no KV: whoever matched
+   * them must not wait for them, nor use them (as kvbm_mreq_destroy). */
+  for (size_t i = 0; i < r->ngroups * r->total; i++) {
+    uint32_t id = r->tab[i];
+    if (id != KVBM_HREQ_NULL && g1->state[id] == KVBM__UNCOMPUTED && m->g1_owner[id] == r->serial)
+      g1->state[id] = KVBM__FAILED;
+  }
+  /* vLLM's coordinator free: group 0 first, each table tail first. */
+  for (uint32_t g = 0; g < r->ngroups; g++)
+    for (size_t k = r->total; k-- > 0;) {
+      uint32_t id = r->tab[(size_t)g * r->total + k];
+      if (id != KVBM_HREQ_NULL) KVBM__MUST(kvbm_block_release(g1->pool, id, r->shell.prio));
+    }
+  pthread_mutex_unlock(&m->mu);
+  hreq_free(r);
+}
