@@ -632,6 +632,21 @@ HOT void slot_write(slot *s, uint64_t key, unsigned low) {
   STR(&s->meta, ((ver + 1) << VSHIFT) | low);
 }
 
+/* Fills an empty slot. No busy phase: a reader that loaded the empty meta
+ * stops there (an empty slot ends a probe) whatever key it then reads, and
+ * one that loads the new meta (acquire) sees the key stored before it. */
+HOT void slot_fill(slot *s, uint64_t key, unsigned low) {
+  uint64_t ver = (LD(&s->meta) >> VSHIFT) + 1;
+  ST(&s->key, key);
+  STR(&s->meta, (ver << VSHIFT) | low);
+}
+
+/* Empties a slot with one store: a reader that loaded the old meta finds
+ * the version changed when it loads meta again, and retries; the key and
+ * the writer's fields of an empty slot are never read (every fill writes
+ * them). */
+HOT void slot_clear(slot *s) { STR(&s->meta, ((LD(&s->meta) >> VSHIFT) + 1) << VSHIFT); }
+
 static inline unsigned slot_tiers(const slot *s) { return (unsigned)(LD(&s->meta) & TIERS_MASK); }
 static inline bool slot_used(const slot *s) { return (LD(&s->meta) & OCC) != 0; }
 
@@ -700,8 +715,7 @@ static void slot_delete(worker *w, wtab *t, slot *s) {
       i = j;
     }
   }
-  slot_write(&t->s[i], 0, 0);
-  memset(&t->s[i].w, 0, sizeof t->s[i].w);
+  slot_clear(&t->s[i]);
   STR(&w->moves, mv + 2);
   w->entries--;
 }
@@ -716,13 +730,12 @@ HOT int reserve2(kvbm_index *idx, worker *w) {
 /* Links a newly held block to its parent: counts it as a child, and as
  * broken when the parent is not held (a ghost, made here if need be);
  * true then (`broken` changed). */
-HOT bool link_parent(worker *w, uint64_t parent) {
-  wtab *t = LD(&w->tab);
+HOT bool link_parent(worker *w, wtab *t, uint64_t parent) {
   bool found;
   slot *ps = find_slot(t, parent, &found);
   if (!found) { /* room was reserved */
-    slot_write(ps, parent, OCC);
     memset(priv(t, ps), 0, sizeof(wpriv));
+    slot_fill(ps, parent, OCC);
     w->entries++;
   }
   priv(t, ps)->nchild++;
@@ -734,8 +747,7 @@ HOT bool link_parent(worker *w, uint64_t parent) {
 /* Undoes link_parent for a block no longer held (its own slot already
  * changed). A ghost parent left without children goes. True when
  * `broken` changed. */
-HOT bool unlink_parent(worker *w, uint64_t parent) {
-  wtab *t = LD(&w->tab);
+HOT bool unlink_parent(worker *w, wtab *t, uint64_t parent) {
   bool found;
   slot *ps = find_slot(t, parent, &found);
   if (!found) return false; /* cannot happen: linked blocks keep their parent's entry */
@@ -780,7 +792,7 @@ HOT int tab_hold(kvbm_index *idx, uint32_t wi, uint64_t h, int tier, uint64_t pa
   sp->group = (uint16_t)group;
   slot_write(s, h, OCC | 1u << tier);
   bool broke = false;
-  if (has_parent && parent != h) broke = link_parent(w, parent);
+  if (has_parent && parent != h) broke = link_parent(w, t, parent);
   else sp->has_parent = 0;
   /* `closed` can change only with `broken` or `offdev` (a device block
    * under a held parent, the usual store, changes neither) */
@@ -815,7 +827,7 @@ HOT bool tab_release(kvbm_index *idx, uint32_t wi, uint64_t h, int tier) {
   } else {
     slot_delete(w, t, s);
   }
-  bool mended = sp.has_parent && unlink_parent(w, sp.parent);
+  bool mended = sp.has_parent && unlink_parent(w, t, sp.parent);
   if (mended || sp.nchild || tier != KVBM_TIER_G1) publish_closed(w); /* as in tab_hold */
   return true;
 }
@@ -1503,24 +1515,29 @@ HOT bool lean_worker(const kvbm_index *idx, const worker *w) {
 HOT int lean_stored(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a) {
   worker *w = &idx->w[wi];
   const uint64_t *hs = ev->block_hashes;
+  wtab *t = LD(&w->tab);
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
-    if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, wi, hs[i + EV_AHEAD]);
+    if (i + EV_AHEAD < ev->num_block_hashes)
+      __builtin_prefetch(&t->s[home(t, hs[i + EV_AHEAD])], 1);
     uint64_t h = hs[i], parent = i ? hs[i - 1] : ev->parent_hash;
     bool hp = (i > 0 || ev->has_parent) && parent != h;
-    if (reserve2(idx, w)) return KVBM_ENOMEM;
-    wtab *t = LD(&w->tab);
+    if (__builtin_expect((w->entries + 2) * 2 > t->cap, 0)) { /* as reserve2 */
+      if (worker_table(idx, w, t->cap * 2)) return KVBM_ENOMEM;
+      t = LD(&w->tab);
+    }
     bool found;
     slot *s = find_slot(t, h, &found);
     if (__builtin_expect(found, 0)) {
       int rc = hold(idx, wi, KVBM_TIER_G1, h, h, parent, hp, false, 0);
       if (rc) return rc;
+      t = LD(&w->tab);
       continue;
     }
     s->w = (wpriv){.parent = parent, .has_parent = hp};
-    slot_write(s, h, OCC | 1u << KVBM_TIER_G1);
+    slot_fill(s, h, OCC | 1u << KVBM_TIER_G1);
     w->entries++;
     a->held++, a->entries++, a->stored++;
-    if (hp && link_parent(w, parent)) publish_closed(w);
+    if (hp && link_parent(w, t, parent)) publish_closed(w);
   }
   return KVBM_OK;
 }
@@ -1532,13 +1549,14 @@ HOT int lean_stored(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a)
 HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a) {
   worker *w = &idx->w[wi];
   const uint64_t *hs = ev->block_hashes;
+  wtab *t = LD(&w->tab); /* removes never grow it */
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
-    if (i + EV_AHEAD < ev->num_block_hashes) prefetch_key(idx, wi, hs[i + EV_AHEAD]);
+    if (i + EV_AHEAD < ev->num_block_hashes)
+      __builtin_prefetch(&t->s[home(t, hs[i + EV_AHEAD])], 1);
     uint64_t h = hs[i];
-    wtab *t = LD(&w->tab);
-    bool found;
+    bool found = false;
     slot *s = w->map.n ? NULL : find_slot(t, h, &found);
-    if (__builtin_expect(!s || !found || slot_tiers(s) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
+    if (__builtin_expect(!found || slot_tiers(s) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
       unhold(idx, wi, KVBM_TIER_G1, h);
       continue;
     }
@@ -1546,8 +1564,78 @@ HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *
     bool hp = s->w.has_parent;
     slot_delete(w, t, s);
     a->held--, a->entries--, a->removed++;
-    if (hp && unlink_parent(w, parent)) publish_closed(w);
+    if (hp && unlink_parent(w, t, parent)) publish_closed(w);
   }
+}
+
+/* What the lean path will touch for an event EV_AHEAD ahead: its first
+ * block's slot and, for a BlockStored, its parent's (a sequence's first
+ * new block hangs under a block stored long ago), for a BlockRemoved the
+ * next slot (deletion's backward shift reads it). Reads only the event's
+ * first cache line; a prefetch of a slot the event will not use (a
+ * namespaced key, another group) costs nothing but the line. */
+HOT void lean_prefetch(const wtab *t, const kvbm_event *ev) {
+  if (!ev->num_block_hashes || !ev->block_hashes) return;
+  const slot *p = &t->s[home(t, ev->block_hashes[0])];
+  __builtin_prefetch(p, 1);
+  if (ev->type != KVBM_EVENT_STORED) __builtin_prefetch(p + 1, 1);
+  else if (ev->has_parent) __builtin_prefetch(&t->s[home(t, ev->parent_hash)], 1);
+}
+
+/* A BlockRemoved's parent is known only from its block's slot (prefetched
+ * EV_AHEAD events before): EV_NEAR events ahead, that slot is read and
+ * the parent's slot prefetched, for unlink_parent. */
+HOT void lean_prefetch_parent(wtab *t, const kvbm_event *ev) {
+  if (ev->type != KVBM_EVENT_REMOVED || !ev->num_block_hashes || !ev->block_hashes) return;
+  bool found;
+  const slot *s = find_slot(t, ev->block_hashes[0], &found);
+  if (found && s->w.has_parent) __builtin_prefetch(&t->s[home(t, s->w.parent)], 1);
+}
+
+/* Events from..n of a batch of worker s, on the general path, each event
+ * prefetched as prefetch_event says. */
+static int general_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, size_t from,
+                         kvbm_error *err) {
+  for (size_t i = from; i < from + EV_AHEAD && i < b->num_events; i++)
+    prefetch_event(idx, s, &b->events[i]);
+  for (size_t i = from; i < b->num_events; i++) {
+    if (i + EV_AHEAD < b->num_events) prefetch_event(idx, s, &b->events[i + EV_AHEAD]);
+    if (i + EV_NEAR < b->num_events) prefetch_removed_parent(idx, s, &b->events[i + EV_NEAR]);
+    int rc = apply_one(idx, s, &b->events[i], err);
+    if (rc) return rc;
+  }
+  return KVBM_OK;
+}
+
+/* A batch of a lean worker: lean events on the lean path, others on the
+ * general one (the counters flushed first); should the worker stop being
+ * lean (a namespaced store), the rest of the batch goes the general way. */
+static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kvbm_error *err) {
+  worker *w = &idx->w[s];
+  const kvbm_event *evs = b->events;
+  size_t n = b->num_events;
+  lean a = {0};
+  int rc = KVBM_OK;
+  for (size_t i = 0; i < EV_AHEAD && i < n; i++) lean_prefetch(LD(&w->tab), &evs[i]);
+  for (size_t i = 0; i < n; i++) {
+    wtab *t = LD(&w->tab);
+    if (i + EV_AHEAD < n) lean_prefetch(t, &evs[i + EV_AHEAD]);
+    if (i + EV_NEAR < n) lean_prefetch_parent(t, &evs[i + EV_NEAR]);
+    const kvbm_event *ev = &evs[i];
+    if (__builtin_expect(lean_event(ev), 1)) {
+      if (ev->type == KVBM_EVENT_STORED) rc = lean_stored(idx, s, ev, &a);
+      else lean_removed(idx, s, ev, &a);
+      if (rc) break;
+      a.events++;
+      continue;
+    }
+    lean_flush(idx, w, &a);
+    if ((rc = apply_one(idx, s, ev, err))) return rc;
+    if (!lean_worker(idx, w)) return general_batch(idx, s, b, i + 1, err);
+  }
+  lean_flush(idx, w, &a);
+  if (rc) return kvbm_error_set(err, rc, "router index: out of memory");
+  return KVBM_OK;
 }
 
 int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event_batch *b,
@@ -1561,29 +1649,8 @@ int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event
   if (rc) return rc;
   if (!check_id(idx, s, b->seq)) return KVBM_OK;
   learn0(idx, s, b->events, b->num_events);
-  for (size_t i = 0; i < EV_AHEAD && i < b->num_events; i++)
-    prefetch_event(idx, s, &b->events[i]);
-  worker *w = &idx->w[s];
-  bool lw = lean_worker(idx, w);
-  lean a = {0};
-  for (size_t i = 0; i < b->num_events; i++) {
-    if (i + EV_AHEAD < b->num_events) prefetch_event(idx, s, &b->events[i + EV_AHEAD]);
-    if (i + EV_NEAR < b->num_events) prefetch_removed_parent(idx, s, &b->events[i + EV_NEAR]);
-    const kvbm_event *ev = &b->events[i];
-    if (__builtin_expect(lw && lean_event(ev), 1)) {
-      if (ev->type == KVBM_EVENT_STORED) rc = lean_stored(idx, s, ev, &a);
-      else lean_removed(idx, s, ev, &a);
-      if (rc) break;
-      a.events++;
-      continue;
-    }
-    lean_flush(idx, w, &a);
-    if ((rc = apply_one(idx, s, ev, err))) return rc;
-    lw = lean_worker(idx, w); /* a namespaced store may have changed it */
-  }
-  lean_flush(idx, w, &a);
-  if (rc) return kvbm_error_set(err, rc, "router index: out of memory");
-  return KVBM_OK;
+  if (lean_worker(idx, &idx->w[s])) return lean_batch(idx, s, b, err);
+  return general_batch(idx, s, b, 0, err);
 }
 
 int kvbm_index_store(kvbm_index *idx, uint32_t slot, kvbm_tier tier,
