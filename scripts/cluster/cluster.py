@@ -1,0 +1,947 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
+"""cluster.py: W5, a whole kvbm cluster under faults (issue 23), from one command.
+
+`kvbm cluster [TRACE] --workers N ...` execs this script (tools/kvbm/cmd_cluster.c
+says how it is found). On loopback only, with ports it picks and a temporary
+directory it creates, it starts nats-server with JetStream, a Redis Cluster of
+three masters with one replica each, N `kvbm worker` engine simulators (their
+G4 on that Redis Cluster, their KV and storage events in one JetStream stream),
+two `kvbm router` replicas reading the stream with durables of their own, the
+`kvbm advisor`, and Prometheus scraping every /metrics. It replays a Mooncake
+trace open loop (each request sent at its timestamp / time-scale whether or not
+earlier ones finished), alternating router replicas: router /route, worker
+/generate, router /done. Meanwhile it injects the fault schedule (kill -9 and
+restart of a worker, of a Redis master, of a router replica; nats-server
+restarted on its store; a worker's G3 slow or full; a worker that stops
+publishing), measures how long each takes to recover, and at the end checks
+the invariants (checks.py): no wrong bytes, every loss counted, every router's
+index equal to every worker's /blocks, memory under budget, no unscheduled
+death. It prints a JSON report (--json) or a summary, writes an SVG over time
+(--svg), and exits 1 when an invariant broke, 2 on bad usage or a cluster
+that could not start. Everything it started is stopped whatever happens
+(procs.py).
+
+Why Python and not C: this is an orchestrator of other processes and HTTP
+calls, where the standard library has all it needs (subprocess, http.client,
+threads); the work that is measured runs in the C processes it starts. The
+"ideal router" needs each request's block hashes in the workers' scheme: it
+uses kvbm's own Python package (kvbm.block_hashes) when it can be imported,
+else the comparison is left out of the report (null), never guessed.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checks  # noqa: E402
+import svg  # noqa: E402
+from procs import Supervisor, free_port, free_redis_port, wait_port  # noqa: E402
+
+STREAM = "KVBM"
+FAULTS = ("worker_kill", "redis_master_kill", "router_kill", "nats_restart", "g3_slow",
+          "g3_full", "publish_off", "partition")
+
+
+class UsageError(Exception):
+    pass
+
+
+class StartError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- HTTP
+
+def call(port, method, path, body=None, timeout=10.0):
+    """(status, parsed JSON or text); raises OSError when nobody answers."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        c.request(method, path, body=data,
+                  headers={"Content-Type": "application/json"} if data is not None else {})
+        r = c.getresponse()
+        text = r.read()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text.decode("utf-8", "replace")
+    except (http.client.HTTPException, ValueError) as e:
+        raise OSError(str(e))
+    finally:
+        c.close()
+
+
+def wait_health(port, deadline, proc=None):
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            st, _ = call(port, "GET", "/health", timeout=1.0)
+            if st == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def nats_request(port, subject, body, timeout=10.0):
+    """One request over the raw NATS protocol (JetStream's API is requests)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.recv(4096)
+        data = json.dumps(body).encode()
+        s.sendall(b'CONNECT {"verbose":false}\r\nSUB _INBOX.w5 1\r\nPUB %s _INBOX.w5 %d\r\n%s\r\n'
+                  % (subject.encode(), len(data), data))
+        got = b""
+        while True:
+            at = got.find(b"MSG ")
+            if at >= 0 and b"\r\n" in got[at:]:
+                head, rest = got[at:].split(b"\r\n", 1)
+                n = int(head.split()[-1])
+                if len(rest) >= n:
+                    return json.loads(rest[:n])
+            if b"-ERR" in got:
+                raise OSError("nats: " + got.decode("utf-8", "replace"))
+            more = s.recv(65536)
+            if not more:
+                raise OSError("nats closed the connection")
+            got += more
+    finally:
+        s.close()
+
+
+def prom_metrics(text):
+    """Prometheus text to {name: summed value} (labels summed away)."""
+    out = {}
+    if not isinstance(text, str):
+        return out
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        parts = line.rsplit(" ", 1)
+        if len(parts) != 2:
+            continue
+        name = parts[0].split("{", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(parts[1])
+        except ValueError:
+            pass
+    return out
+
+
+# ---------------------------------------------------------------- trace
+
+def load_trace(path, limit, skip):
+    reqs = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if i < skip:
+                continue
+            if limit and len(reqs) >= limit:
+                break
+            line = line.strip()
+            if not line:
+                continue
+            r = json.loads(line)
+            for k in ("timestamp", "input_length", "output_length", "hash_ids"):
+                if k not in r:
+                    raise UsageError("trace line %d has no %s" % (i + 1, k))
+            reqs.append(r)
+    if not reqs:
+        raise UsageError("the trace slice is empty")
+    t0 = reqs[0]["timestamp"]
+    for r in reqs:
+        r["t_s"] = (r["timestamp"] - t0) / 1000.0
+    return reqs
+
+
+def tokens_of(r):
+    """W1's tokens (../shared/WORKLOADS.md): token i = hash_ids[i/512]*512 + i%512."""
+    ids = r["hash_ids"]
+    n = min(r["input_length"], 512 * len(ids))
+    return [ids[i // 512] * 512 + i % 512 for i in range(n)]
+
+
+# ---------------------------------------------------------------- schedule
+
+def default_schedule(duration, workers):
+    """The full default schedule over a load of `duration` seconds: every
+    fault of issue 23 once, spaced so that each recovers before the next."""
+    d = max(duration, 10.0)
+    w = lambda k: "worker:%d" % (k % workers)  # noqa: E731
+    return [
+        {"at_s": 0.08 * d, "fault": "worker_kill", "target": w(1), "duration_s": 0.04 * d},
+        {"at_s": 0.20 * d, "fault": "redis_master_kill", "target": "redis", "duration_s": 0.06 * d},
+        {"at_s": 0.32 * d, "fault": "router_kill", "target": "router:1", "duration_s": 0.04 * d},
+        {"at_s": 0.44 * d, "fault": "nats_restart", "target": "nats", "duration_s": 0.03 * d},
+        {"at_s": 0.56 * d, "fault": "g3_slow", "target": w(2), "duration_s": 0.08 * d,
+         "delay_ms": 20},
+        {"at_s": 0.68 * d, "fault": "g3_full", "target": w(3), "duration_s": 0.08 * d},
+        {"at_s": 0.80 * d, "fault": "publish_off", "target": w(0), "duration_s": 0.08 * d},
+    ]
+
+
+def read_schedule(spec, duration, workers):
+    if spec == "none":
+        return []
+    if spec == "default":
+        return default_schedule(duration, workers)
+    out = []
+    try:
+        with open(spec) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    e = json.loads(line)
+                except ValueError as x:
+                    raise UsageError("%s:%d: not JSON (%s)" % (spec, n, x))
+                if not isinstance(e, dict) or e.get("fault") not in FAULTS:
+                    raise UsageError("%s:%d: fault must be one of %s" % (spec, n, ", ".join(FAULTS)))
+                at = e.get("at_s")
+                if not isinstance(at, (int, float)) or at < 0 or at != at:
+                    raise UsageError("%s:%d: at_s must be a number >= 0" % (spec, n))
+                dur = e.get("duration_s", 2.0)
+                if not isinstance(dur, (int, float)) or dur < 0 or dur > 3600:
+                    raise UsageError("%s:%d: duration_s must be in 0..3600" % (spec, n))
+                e["duration_s"] = float(dur)
+                tgt = e.get("target", "")
+                kind = e["fault"]
+                if kind in ("worker_kill", "g3_slow", "g3_full", "publish_off", "partition"):
+                    if not (isinstance(tgt, str) and tgt.startswith("worker:") and
+                            tgt[7:].isdigit() and int(tgt[7:]) < workers):
+                        raise UsageError("%s:%d: target must be worker:K with K < %d" %
+                                         (spec, n, workers))
+                elif kind == "router_kill":
+                    if tgt not in ("router:0", "router:1"):
+                        raise UsageError("%s:%d: target must be router:0 or router:1" % (spec, n))
+                out.append(e)
+    except OSError as x:
+        raise UsageError("--faults %s: %s" % (spec, x.strerror))
+    return sorted(out, key=lambda e: e["at_s"])
+
+
+# ---------------------------------------------------------------- the cluster
+
+class Cluster:
+    def __init__(self, a, workdir, log):
+        self.a, self.dir, self.log = a, workdir, log
+        self.sup = Supervisor(workdir, log)
+        self.workers = {}   # k -> {"port", "g3"}
+        self.routers = {}   # r -> {"port", "snap"}
+        self.redis = {}     # name -> port
+        self.nats_port = None
+        self.advisor_port = None
+        self.prom_port = None
+        self.key_file = None
+
+    # -- servers
+    def start_nats(self, first=True):
+        if first:
+            self.nats_port = free_port()
+        p = self.sup.start("nats", ["nats-server", "-js", "-sd", os.path.join(self.dir, "js"),
+                                    "-a", "127.0.0.1", "-p", str(self.nats_port)], 512,
+                           clean_rcs=(0, 1, -15, -9))  # nats-server exits 1 on SIGTERM
+        if not wait_port(self.nats_port, time.time() + 20, p.popen):
+            raise StartError("nats-server did not start (log %s)" % p.log_path)
+        if first:
+            made = nats_request(self.nats_port, "$JS.API.STREAM.CREATE." + STREAM,
+                                {"name": STREAM, "subjects": ["kv.>", "st.>"], "storage": "file"})
+            if "error" in made:
+                raise StartError("JetStream stream: %s" % made["error"])
+
+    def redis_cli(self, port, *words, timeout=10):
+        return subprocess.run(["redis-cli", "-p", str(port), *words], capture_output=True,
+                              timeout=timeout, check=False).stdout.decode("utf-8", "replace")
+
+    def start_redis_node(self, name, first=True):
+        if first:
+            self.redis[name] = free_redis_port()
+        port = self.redis[name]
+        d = os.path.join(self.dir, "redis", name)
+        os.makedirs(d, exist_ok=True)
+        p = self.sup.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                  "--dir", d, "--save", "", "--appendonly", "no",
+                                  "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                  "--cluster-node-timeout", "1000", "--protected-mode", "no"], 256)
+        if not wait_port(port, time.time() + 20, p.popen):
+            raise StartError("redis-server %s did not start (log %s)" % (name, p.log_path))
+
+    def start_redis_cluster(self):
+        for i in range(6):
+            self.start_redis_node("redis%d" % i)
+        addrs = ["127.0.0.1:%d" % self.redis["redis%d" % i] for i in range(6)]
+        r = subprocess.run(["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", "1",
+                            "--cluster-yes"], capture_output=True, timeout=60, check=False)
+        if r.returncode:
+            raise StartError("redis-cli --cluster create: %s" % r.stdout.decode()[-500:])
+        if not self.wait_redis_ok(time.time() + 30, need_nodes=6):
+            raise StartError("the Redis Cluster did not become ok")
+
+    def redis_ok(self, need_nodes=None):
+        live = [n for n in self.redis if self.sup.procs[n].alive()]
+        if not live:
+            return False
+        for n in live:
+            info = self.redis_cli(self.redis[n], "CLUSTER", "INFO")
+            if "cluster_state:ok" not in info:
+                return False
+            if need_nodes and "cluster_known_nodes:%d" % need_nodes not in info:
+                return False
+        return True
+
+    def wait_redis_ok(self, deadline, need_nodes=None):
+        while time.time() < deadline:
+            if self.redis_ok(need_nodes):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def redis_master(self):
+        """A live master's node name (the one serving slot 0)."""
+        for n, port in self.redis.items():
+            if not self.sup.procs[n].alive():
+                continue
+            for line in self.redis_cli(port, "CLUSTER", "NODES").splitlines():
+                f = line.split()
+                if len(f) >= 9 and "master" in f[2] and "fail" not in f[2]:
+                    p = int(f[1].split("@")[0].rsplit(":", 1)[1])
+                    if any(s.split("-")[0] == "0" for s in f[8:]):
+                        for m, mp in self.redis.items():
+                            if mp == p:
+                                return m
+            break
+        return None
+
+    def g4_url(self):
+        return "redis+cluster://" + ",".join("127.0.0.1:%d" % self.redis["redis%d" % i]
+                                            for i in range(3))
+
+    def worker_cmd(self, k):
+        a, w = self.a, self.workers[k]
+        nats = "nats://127.0.0.1:%d/%s" % (self.nats_port, STREAM)
+        prog = [a.worker_bin] if a.worker_bin else [a.kvbm, "worker"]
+        cmd = prog + ["--id", str(k), "--listen", "127.0.0.1:%d" % w["port"],
+               "--g1", str(a.g1), "--g2", str(a.g2), "--g3", "%s:%d" % (w["g3"], a.g3),
+               "--events", "%s/kv.%d" % (nats, k), "--storage-events", "%s/st.%d" % (nats, k),
+               "--block-size", str(a.block_size), "--time-scale", repr(a.time_scale),
+               "--memory-budget-mb", str(a.worker_budget_mb)]
+        if not a.no_g4:
+            cmd += ["--g4", self.g4_url(), "--g4-key-file", self.key_file]
+        return cmd + a.worker_arg
+
+    def start_worker(self, k, first=True):
+        if first:
+            g3 = os.path.join(self.dir, "g3", "w%d" % k)
+            os.makedirs(g3, exist_ok=True)
+            self.workers[k] = {"port": free_port(), "g3": g3}
+        p = self.sup.start("worker%d" % k, self.worker_cmd(k), self.a.worker_budget_mb + 64)
+        return p
+
+    def router_cmd(self, r):
+        a, ro = self.a, self.routers[r]
+        cmd = [a.kvbm, "router", "--listen", "127.0.0.1:%d" % ro["port"], "--durable", "w5-r%d" % r,
+               "--snapshot", ro["snap"], "--snapshot-every", "1", "--block-size", str(a.block_size),
+               "--hash", a.hash]
+        for k in range(a.workers):
+            cmd += ["--jetstream", "%d=nats://127.0.0.1:%d/%s/kv.%d" % (k, self.nats_port, STREAM, k)]
+        return cmd
+
+    def start_router(self, r, first=True):
+        if first:
+            self.routers[r] = {"port": free_port(), "snap": os.path.join(self.dir, "router%d.snap" % r)}
+        return self.sup.start("router%d" % r, self.router_cmd(r), 512)
+
+    def start_advisor(self):
+        self.advisor_port = free_port()
+        cmd = [self.a.kvbm, "advisor", "--listen", "127.0.0.1:%d" % self.advisor_port]
+        for k in range(self.a.workers):
+            url = "nats://127.0.0.1:%d" % self.nats_port
+            cmd += ["--kv-nats", "w%d=%s/kv.%d" % (k, url, k), "--storage-nats", "%s/st.%d" % (url, k)]
+        p = self.sup.start("advisor", cmd, 256)
+        if not wait_health(self.advisor_port, time.time() + 20, p.popen):
+            raise StartError("kvbm advisor did not start (log %s)" % p.log_path)
+
+    def start_prometheus(self):
+        if not shutil.which("prometheus"):
+            self.log("prometheus not found: the run goes on without it")
+            return
+        self.prom_port = free_port()
+        targets = ["127.0.0.1:%d" % w["port"] for w in self.workers.values()]
+        targets += ["127.0.0.1:%d" % r["port"] for r in self.routers.values()]
+        targets.append("127.0.0.1:%d" % self.advisor_port)
+        cfg = os.path.join(self.dir, "prometheus.yml")
+        with open(cfg, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
+                    "  - job_name: kvbm\n    static_configs:\n      - targets: %s\n" %
+                    json.dumps(targets))
+        self.sup.start("prometheus", ["prometheus", "--config.file", cfg,
+                                      "--storage.tsdb.path", os.path.join(self.dir, "prom"),
+                                      "--web.listen-address", "127.0.0.1:%d" % self.prom_port],
+                       self.a.prometheus_budget_mb)
+
+    def start_all(self):
+        a = self.a
+        self.key_file = os.path.join(self.dir, "g4.key")
+        fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, secrets.token_hex(32).encode())
+        os.close(fd)
+        self.start_nats()
+        if not a.no_g4:
+            self.start_redis_cluster()
+        for k in range(a.workers):
+            self.start_worker(k)
+        for k in range(a.workers):
+            p = self.sup.procs["worker%d" % k].popen
+            if not wait_health(self.workers[k]["port"], time.time() + 30, p):
+                raise StartError("kvbm worker %d did not start (log %s)" %
+                                 (k, self.sup.procs["worker%d" % k].log_path))
+        for r in (0, 1):
+            p = self.start_router(r)
+            if not wait_health(self.routers[r]["port"], time.time() + 20, p.popen):
+                raise StartError("kvbm router %d did not start (log %s)" %
+                                 (r, self.sup.procs["router%d" % r].log_path))
+        self.start_advisor()
+        self.start_prometheus()
+
+    # -- views
+    def blocks(self, k, timeout=5.0):
+        st, b = call(self.workers[k]["port"], "GET", "/blocks", timeout=timeout)
+        if st != 200 or not isinstance(b, dict):
+            raise OSError("worker %d /blocks: %s" % (k, st))
+        return b
+
+    def index(self, r, k, timeout=5.0):
+        st, b = call(self.routers[r]["port"], "GET", "/index?worker=%d" % k, timeout=timeout)
+        if st == 404:
+            return None
+        if st != 200 or not isinstance(b, dict):
+            raise OSError("router %d /index: %s" % (r, st))
+        return b
+
+    def similar(self, k, need=0.95):
+        """Every live router's index of worker k is within `need` (Jaccard)
+        of its /blocks: recovered, while load still changes both."""
+        try:
+            b = self.blocks(k)
+            for r in self.routers:
+                ix = self.index(r, k)
+                x, y = checks._as_sets(ix), checks._as_sets(b)
+                inter = sum(len(x[t] & y[t]) for t in checks.TIERS)
+                union = sum(len(x[t] | y[t]) for t in checks.TIERS)
+                if union and inter / union < need:
+                    return False
+            return True
+        except OSError:
+            return False
+
+    def converged(self):
+        """(bool, views, blocks, diffs) for the exact check."""
+        blocks, views = {}, {r: {} for r in self.routers}
+        for k in self.workers:
+            blocks[k] = self.blocks(k, timeout=30)
+        for r in self.routers:
+            for k in self.workers:
+                views[r][k] = self.index(r, k, timeout=30)
+        bad = checks.check_index(views, blocks)
+        return not bad, views, blocks, bad
+
+
+# ---------------------------------------------------------------- load
+
+class Load:
+    """The open-loop replay: one thread per request at its time."""
+
+    def __init__(self, cl, reqs, rng):
+        self.cl, self.reqs, self.rng = cl, reqs, rng
+        self.a = cl.a
+        self.lock = threading.Lock()
+        self.records = []
+        self.sent = self.ok = self.failed = 0
+        self.failures = {}
+        self.wrong_bytes = {}
+        self.rr = 0
+        self.cache = {}      # worker -> set of hashes (any of g1..g3), refreshed by a poller
+        self.hasher = None
+        self.threads = []
+        self.t0 = None
+        self.done = threading.Event()
+
+    def fail(self, why):
+        with self.lock:
+            self.failed += 1
+            self.failures[why] = self.failures.get(why, 0) + 1
+
+    def poll_blocks(self):
+        while not self.done.is_set():
+            for k in list(self.cl.workers):
+                try:
+                    b = self.cl.blocks(k, timeout=2)
+                    held = set()
+                    for t in checks.TIERS:
+                        held.update(int(h) for h in b.get(t, []))
+                    self.cache[k] = held
+                except OSError:
+                    self.cache[k] = set()
+            self.done.wait(self.a.ideal_period)
+
+    def choose(self, i, tokens):
+        """(worker, router used or None, router's request id)."""
+        a = self.a
+        if a.routing == "random":
+            return self.rng.randrange(a.workers), None, None
+        if a.routing == "round-robin":
+            with self.lock:
+                self.rr += 1
+                return self.rr % a.workers, None, None
+        for r in (i % 2, 1 - i % 2):
+            try:
+                st, ans = call(self.cl.routers[r]["port"], "POST", "/route", {"token_ids": tokens},
+                               timeout=10)
+                if st == 200 and isinstance(ans, dict) and ans.get("worker_id") in self.cl.workers:
+                    return ans["worker_id"], r, ans.get("request_id")
+            except OSError:
+                pass
+        return None, None, None
+
+    def one(self, i, r):
+        tokens = tokens_of(r)
+        rec = {"i": i, "t": time.time() - self.t0, "prompt": len(tokens)}
+        w, router, rid = self.choose(i, tokens)
+        rec["router"] = router
+        if w is None:
+            self.fail("no router answered /route")
+            rec["status"] = "route_failed"
+            with self.lock:
+                self.records.append(rec)
+            return
+        rec["worker"] = w
+        if self.hasher is not None:
+            hs = self.hasher(tokens)
+            over = {k: checks.prefix_overlap(hs, self.cache.get(k, set())) for k in self.cl.workers}
+            rec["ideal_blocks"] = max(over.values()) if over else 0
+            rec["chosen_blocks"] = over.get(w, 0)
+        body = {"request_id": "w5-%d" % i, "hash_ids": r["hash_ids"],
+                "input_length": r["input_length"], "output_length": r["output_length"]}
+        try:
+            st, ans = call(self.cl.workers[w]["port"], "POST", "/generate", body,
+                           timeout=self.a.request_timeout)
+            if st == 200 and isinstance(ans, dict) and ans.get("status") == "ok":
+                with self.lock:
+                    self.ok += 1
+                    wb = int(ans.get("wrong_bytes", 0) or 0)
+                    self.wrong_bytes[w] = self.wrong_bytes.get(w, 0) + wb
+                rec.update(status="ok", hit=ans.get("hit_tokens", {}), ttft=ans.get("ttft_ms"),
+                           prefill=ans.get("prefill_tokens"))
+            else:
+                err = ans.get("error") if isinstance(ans, dict) else None
+                self.fail("worker answered %s: %s" % (st, (err or "")[:60]))
+                rec["status"] = "error"
+                if isinstance(ans, dict) and ans.get("wrong_bytes"):
+                    with self.lock:
+                        self.wrong_bytes[w] = self.wrong_bytes.get(w, 0) + int(ans["wrong_bytes"])
+        except OSError as e:
+            self.fail("worker unreachable or timed out (%s)" % type(e).__name__)
+            rec["status"] = "unreachable"
+        if router is not None and rid is not None:
+            try:
+                call(self.cl.routers[router]["port"], "POST", "/done", {"request_id": rid}, timeout=5)
+            except OSError:
+                pass  # the router's --request-ttl ends it; not a loss of the request
+        with self.lock:
+            self.records.append(rec)
+
+    def run(self):
+        poller = threading.Thread(target=self.poll_blocks, daemon=True)
+        if self.hasher is not None:
+            poller.start()
+        self.t0 = time.time()
+        for i, r in enumerate(self.reqs):
+            at = self.t0 + r["t_s"] / self.a.time_scale
+            now = time.time()
+            if at > now:
+                time.sleep(at - now)
+            t = threading.Thread(target=self.one, args=(i, r), daemon=True)
+            with self.lock:
+                self.sent += 1
+            t.start()
+            self.threads.append(t)
+        end = time.time() + self.a.request_timeout + 15
+        for t in self.threads:
+            t.join(timeout=max(0.0, end - time.time()))
+        self.done.set()
+
+
+# ---------------------------------------------------------------- faults
+
+class Faults:
+    """Runs the schedule on the main thread (children must be started by a
+    thread that lives as long as they do: PR_SET_PDEATHSIG follows the
+    forking thread) and measures each fault's recovery."""
+
+    def __init__(self, cl, schedule, load):
+        self.cl, self.sched, self.load = cl, schedule, load
+        self.state = []  # per fault: dict with times
+        for e in schedule:
+            self.state.append({"fault": e["fault"], "target": e.get("target", ""),
+                               "at_s": e["at_s"], "duration_s": e["duration_s"], "phase": "wait",
+                               "e": e})
+
+    def worker_of(self, tgt):
+        return int(tgt.split(":")[1])
+
+    def knob(self, k, body):
+        st, ans = call(self.cl.workers[k]["port"], "POST", "/admin/fault", body, timeout=5)
+        if st != 200:
+            raise OSError("worker %d /admin/fault %s: %s" % (k, json.dumps(body), ans))
+
+    def begin(self, f):
+        cl, kind, tgt = self.cl, f["fault"], f["target"]
+        if kind == "worker_kill":
+            cl.sup.kill9("worker%d" % self.worker_of(tgt))
+        elif kind == "router_kill":
+            cl.sup.kill9("router%d" % int(tgt.split(":")[1]))
+        elif kind == "redis_master_kill":
+            if cl.a.no_g4:
+                raise OSError("no Redis Cluster (--no-g4)")
+            m = cl.redis_master()
+            if m is None:
+                raise OSError("no live master found")
+            f["target"] = m
+            cl.sup.kill9(m)
+        elif kind == "nats_restart":
+            cl.sup.kill9("nats")
+        elif kind == "g3_slow":
+            self.knob(self.worker_of(tgt), {"g3_delay_ms": int(f["e"].get("delay_ms", 20))})
+        elif kind == "g3_full":
+            self.knob(self.worker_of(tgt), {"g3_full": True})
+        elif kind == "publish_off":
+            self.knob(self.worker_of(tgt), {"publish": False})
+        elif kind == "partition":
+            raise OSError("not supported here (docs/areas/cluster.md, 'Partitions')")
+
+    def end(self, f):
+        cl, kind, tgt = self.cl, f["fault"], f["target"]
+        if kind == "worker_kill":
+            cl.start_worker(self.worker_of(tgt), first=False)
+        elif kind == "router_kill":
+            cl.start_router(int(tgt.split(":")[1]), first=False)
+        elif kind == "redis_master_kill":
+            cl.start_redis_node(f["target"], first=False)  # back as a replica
+        elif kind == "nats_restart":
+            cl.start_nats(first=False)
+        elif kind == "g3_slow":
+            self.knob(self.worker_of(tgt), {"g3_delay_ms": 0})
+        elif kind == "g3_full":
+            self.knob(self.worker_of(tgt), {"g3_full": False})
+        elif kind == "publish_off":
+            self.knob(self.worker_of(tgt), {"publish": True})
+
+    def recovered(self, f):
+        """The fault's own notion of recovered (docs/areas/cluster.md)."""
+        cl, kind, tgt = self.cl, f["fault"], f["target"]
+        if kind == "redis_master_kill":
+            return cl.redis_ok()
+        if kind in ("worker_kill", "g3_slow", "g3_full", "publish_off"):
+            k = self.worker_of(tgt)
+            try:
+                st, _ = call(cl.workers[k]["port"], "GET", "/health", timeout=1)
+            except OSError:
+                return False
+            return st == 200 and cl.similar(k)
+        if kind == "router_kill":
+            r = int(tgt.split(":")[1])
+            try:
+                st, _ = call(cl.routers[r]["port"], "GET", "/health", timeout=1)
+            except OSError:
+                return False
+            return st == 200 and all(cl.similar(k) for k in cl.workers)
+        if kind == "nats_restart":
+            return all(cl.similar(k) for k in cl.workers)
+        return True
+
+    def step(self, now):
+        """Advances every fault; True while some fault is not finished."""
+        busy = False
+        for f in self.state:
+            ph = f["phase"]
+            if ph == "wait" and now >= f["at_s"]:
+                f["t_begin"] = now
+                try:
+                    self.begin(f)
+                    f["phase"] = "active"
+                except OSError as e:
+                    f["phase"], f["error"] = "done", str(e)
+            elif ph == "active" and now >= f["t_begin"] + f["duration_s"]:
+                f["t_end"] = now
+                try:
+                    self.end(f)
+                    f["phase"] = "recovering"
+                except (OSError, StartError) as e:
+                    f["phase"], f["error"] = "done", "ending it: %s" % e
+            elif ph == "recovering":
+                if self.recovered(f):
+                    f["t_recovered"] = now
+                    f["phase"] = "done"
+                elif now - f["t_end"] > self.cl.a.recovery_timeout:
+                    f["phase"], f["error"] = "done", "not recovered within %gs" % \
+                        self.cl.a.recovery_timeout
+            busy = busy or f["phase"] != "done"
+        return busy
+
+    def report(self):
+        out = []
+        for f in self.state:
+            d = {"fault": f["fault"], "target": f["target"], "at_s": round(f.get("t_begin", f["at_s"]), 3),
+                 "duration_s": f["duration_s"]}
+            if "t_recovered" in f:
+                d["recovery_s"] = round(f["t_recovered"] - f["t_end"], 3)
+                d["outage_s"] = round(f["t_recovered"] - f["t_begin"], 3)
+            else:
+                d["recovery_s"] = None
+            if "error" in f:
+                d["error"] = f["error"]
+            out.append(d)
+        return out
+
+
+# ---------------------------------------------------------------- run
+
+def summarize(load, workers):
+    recs = load.records
+    hit = {"g1": 0, "g2": 0, "g3": 0, "g4": 0}
+    per = {k: {"requests": 0, "hit_tokens": dict(hit), "prompt_tokens": 0} for k in workers}
+    ttft, prompt = [], 0
+    ideal_sum = chosen_sum = agree = nideal = 0
+    for r in recs:
+        if r.get("status") != "ok":
+            continue
+        prompt += r["prompt"]
+        w = per[r["worker"]]
+        w["requests"] += 1
+        w["prompt_tokens"] += r["prompt"]
+        for t in hit:
+            v = int((r.get("hit") or {}).get(t, 0) or 0)
+            hit[t] += v
+            w["hit_tokens"][t] += v
+        if r.get("ttft") is not None:
+            ttft.append(float(r["ttft"]))
+        if "ideal_blocks" in r:
+            nideal += 1
+            ideal_sum += r["ideal_blocks"]
+            chosen_sum += r["chosen_blocks"]
+            agree += r["chosen_blocks"] >= r["ideal_blocks"]
+    routing = None
+    if nideal:
+        routing = {"requests": nideal, "ideal_blocks": ideal_sum, "chosen_blocks": chosen_sum,
+                   "quality": round(chosen_sum / ideal_sum, 4) if ideal_sum else 1.0,
+                   "agreement": round(agree / nideal, 4)}
+    return hit, per, prompt, ttft, routing
+
+
+def run(a):
+    log = (lambda *x: print(*x, file=sys.stderr)) if not a.quiet else (lambda *x: None)
+    reqs = load_trace(a.trace, a.limit, a.skip)
+    duration = reqs[-1]["t_s"] / a.time_scale
+    sched = read_schedule(a.faults, duration, a.workers)
+    workdir = a.out or tempfile.mkdtemp(prefix="kvbm-w5-")
+    os.makedirs(workdir, exist_ok=True)
+    cl = Cluster(a, workdir, log)
+    wall0 = time.time()
+    watchdog = threading.Timer(a.max_wall, lambda: (log("watchdog: --max-wall %gs passed, stopping"
+                                                        % a.max_wall), cl.sup.stop_all(),
+                                                    os._exit(3)))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        log("w5: starting the cluster in %s" % workdir)
+        cl.start_all()
+        load = Load(cl, reqs, random.Random(a.seed))
+        if a.python_dir:
+            sys.path.insert(0, a.python_dir)
+        try:
+            import kvbm  # noqa: F401
+            load.hasher = lambda toks: kvbm.block_hashes(toks, a.block_size, scheme=a.hash)
+        except ImportError:
+            log("w5: the kvbm Python package is not importable: no ideal-router comparison")
+        faults = Faults(cl, sched, load)
+        lt = threading.Thread(target=load.run, daemon=True)
+        log("w5: replaying %d requests over %.1fs, %d faults" % (len(reqs), duration, len(sched)))
+        lt.start()
+        while True:
+            busy = True if load.t0 is None else faults.step(time.time() - load.t0)
+            cl.sup.poll_deaths()
+            if not busy and not lt.is_alive():
+                break
+            time.sleep(0.05)
+        lt.join()
+        # quiesced: the exact convergence check, for a bounded time
+        conv, bad, t_conv = False, [], time.time()
+        while True:
+            try:
+                conv, views, blocks, bad = cl.converged()
+            except OSError as e:
+                bad = ["convergence check: %s" % e]
+            if conv or time.time() - t_conv > a.converge_timeout:
+                break
+            time.sleep(0.5)
+        # counters from the processes
+        metrics_wrong, counted = {}, {}
+        for k in cl.workers:
+            try:
+                st, text = call(cl.workers[k]["port"], "GET", "/metrics", timeout=10)
+                m = prom_metrics(text)
+                metrics_wrong[k] = int(sum(v for n, v in m.items() if "wrong_bytes" in n))
+                counted["worker%d" % k] = {n: v for n, v in m.items()
+                                           if any(s in n for s in ("dropped", "lost", "fail"))
+                                           and v and not n.endswith(("_bucket", "_sum", "_count"))}
+                st, h = call(cl.workers[k]["port"], "GET", "/health", timeout=5)
+                if isinstance(h, dict) and "events_dropped" in h:
+                    counted["worker%d" % k]["events_dropped"] = h["events_dropped"]
+            except OSError as e:
+                counted["worker%d" % k] = {"error": str(e)}
+        for r in cl.routers:
+            try:
+                st, h = call(cl.routers[r]["port"], "GET", "/health", timeout=5)
+                counted["router%d" % r] = {"lost_batches": sum(s.get("lost", 0) for s in h.get("sources", [])),
+                                           "overflow": sum(s.get("overflow", 0) for s in h.get("sources", []))}
+            except (OSError, AttributeError) as e:
+                counted["router%d" % r] = {"error": str(e)}
+        prom_up = None
+        if cl.prom_port:
+            try:
+                st, ans = call(cl.prom_port, "GET", "/api/v1/query?query=up", timeout=5)
+                res = ans["data"]["result"]
+                prom_up = {"targets": len(res), "up": sum(1 for x in res if x["value"][1] == "1")}
+            except (OSError, KeyError, TypeError):
+                prom_up = {"error": "query failed"}
+    except StartError as e:
+        cl.sup.stop_all()
+        print("kvbm cluster: %s" % e, file=sys.stderr)
+        return 2
+    finally:
+        cl.sup.stop_all()
+        watchdog.cancel()
+    # invariants
+    wrong, v_wrong = checks.check_wrong_bytes(load.wrong_bytes, metrics_wrong)
+    v_req = checks.check_requests(load.sent, load.ok, load.failed)
+    v_mem = checks.check_memory(cl.sup.peaks, cl.sup.budgets())
+    v_crash = checks.check_crashes(cl.sup.deaths)
+    hit, per, prompt, ttft, routing = summarize(load, cl.workers)
+    frep = faults.report()
+    violations = v_wrong + v_req + bad + v_mem + v_crash
+    rep = {
+        "workload": "W5", "trace": a.trace, "workers": a.workers, "routing": a.routing,
+        "g4": not a.no_g4, "time_scale": a.time_scale, "load_s": round(duration, 3),
+        "wall_s": round(time.time() - wall0, 3),
+        "requests": load.sent, "requests_ok": load.ok, "requests_failed": load.failed,
+        "failures": load.failures, "prompt_tokens": prompt, "hit_tokens": hit,
+        "hit_rate": round(sum(hit.values()) / prompt, 4) if prompt else None,
+        "per_worker": {str(k): v for k, v in per.items()},
+        "routing_vs_ideal": routing,
+        "ttft_ms": {"p50": checks.percentile(ttft, 50), "p99": checks.percentile(ttft, 99)},
+        "wrong_bytes": wrong, "uncounted_losses": checks.uncounted_losses(load.sent, load.ok, load.failed),
+        "counted_losses": counted, "index_converged": conv, "index_diffs": bad[:20],
+        "crashed": sorted(set(d["process"] for d in checks.crashes(cl.sup.deaths))),
+        "deaths": cl.sup.deaths,
+        "memory_peak_mb": {p: round(v / 1024.0, 1) for p, v in sorted(cl.sup.peaks.items())},
+        "memory_budget_mb": cl.sup.budgets(),
+        "faults_injected": sum(1 for f in frep if "error" not in f or f["recovery_s"] is not None),
+        "faults": frep, "recovery_s": [f["recovery_s"] for f in frep],
+        "prometheus": prom_up, "violations": violations, "workdir": workdir,
+    }
+    if a.svg:
+        svg.write(a.svg, load.records, frep, duration, a.time_scale)
+    if a.json:
+        print(json.dumps(rep, indent=1, sort_keys=True))
+    else:
+        print("W5: %d requests (%d ok, %d failed, %d uncounted), hit rate %s, wrong bytes %d, "
+              "index converged %s, crashed %s, faults %d, routing quality %s" %
+              (load.sent, load.ok, load.failed, rep["uncounted_losses"], rep["hit_rate"], wrong,
+               conv, rep["crashed"], rep["faults_injected"],
+               routing and routing["quality"]))
+        for f in frep:
+            print("  %-18s %-10s at %7.2fs recovery %s%s" % (f["fault"], f["target"], f["at_s"],
+                  f["recovery_s"], "  (%s)" % f["error"] if "error" in f else ""))
+        for v in violations:
+            print("  BROKEN: " + v)
+    if not a.keep and not a.out:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if violations else 0
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="kvbm cluster", description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", nargs="?", default=None, help="Mooncake trace (JSON lines)")
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--limit", type=int, default=0, help="requests of the trace (0: all)")
+    p.add_argument("--skip", type=int, default=0)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--faults", default="default", help="default | none | FILE (JSON lines)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--svg")
+    p.add_argument("--routing", choices=("kv", "random", "round-robin"), default="kv")
+    p.add_argument("--no-g4", action="store_true")
+    p.add_argument("--out", help="keep the run's directory here (logs, stores)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--kvbm", default=os.environ.get("KVBM_BIN"))
+    p.add_argument("--python-dir", default=os.environ.get("KVBM_PYTHON_DIR"))
+    p.add_argument("--hash", choices=("native", "dynamo"), default="native")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--g1", type=int, default=2048)
+    p.add_argument("--g2", type=int, default=4096)
+    p.add_argument("--g3", type=int, default=8192)
+    p.add_argument("--worker-budget-mb", type=int, default=512)
+    p.add_argument("--prometheus-budget-mb", type=int, default=1024)
+    p.add_argument("--worker-bin", help="a program run instead of `kvbm worker`, with its flags "
+                   "(tests/cluster/fake_worker.py tests the orchestrator)")
+    p.add_argument("--worker-arg", action="append", default=[], help="passed to every worker")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--request-timeout", type=float, default=60.0)
+    p.add_argument("--recovery-timeout", type=float, default=30.0)
+    p.add_argument("--converge-timeout", type=float, default=30.0)
+    p.add_argument("--ideal-period", type=float, default=0.5)
+    p.add_argument("--max-wall", type=float, default=1800.0)
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    if a.trace is None:
+        shared = os.environ.get("KVBM_SHARED_DIR") or os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared")
+        a.trace = os.path.join(shared, "data", "mooncake_conversation_trace.jsonl")
+    if not 1 <= a.workers <= 64:
+        raise UsageError("--workers must be in 1..64 (the router's limit)")
+    if not (a.time_scale > 0 and a.time_scale < 1e6):
+        raise UsageError("--time-scale must be > 0")
+    if a.limit < 0 or a.skip < 0 or a.block_size < 1:
+        raise UsageError("--limit, --skip must be >= 0 and --block-size >= 1")
+    if not a.kvbm or not os.access(a.kvbm, os.X_OK):
+        raise UsageError("the kvbm binary is not known: run as `kvbm cluster` or give --kvbm")
+    for tool in ["nats-server"] + ([] if a.no_g4 else ["redis-server", "redis-cli"]):
+        if not shutil.which(tool):
+            raise UsageError("%s is not installed (scripts/setup.sh installs it)" % tool)
+    return a
+
+
+def main(argv):
+    try:
+        a = parse(argv)
+        return run(a)
+    except UsageError as e:
+        print("kvbm cluster: %s" % e, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
