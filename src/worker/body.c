@@ -48,7 +48,7 @@ static int str(cur *c, char *out, size_t cap, const char *what) {
     unsigned char ch = (unsigned char)*c->p;
     if (ch < 0x20 || ch > 0x7e || ch == '\\')
       return fail(c, KVBM_EFORMAT, "strings are printable ASCII without escapes");
-    if (n + 1 >= cap) return fail(c, KVBM_ETOOLONG, what);
+    if (n + 1 >= cap) return fail(c, KVBM_ERANGE, what); /* 400: the body is not too big */
     out[n++] = (char)ch;
     c->p++;
   }
