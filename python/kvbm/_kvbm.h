@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvbm/group.h"
 #include "kvbm/hash.h"
 #include "kvbm/status.h"
 
@@ -61,6 +62,11 @@ typedef struct kvbmpy_tokens {
 /* 0 on success; -1 with an exception set. Release with
  * kvbmpy_tokens_release even on failure. */
 int kvbmpy_tokens_get(PyObject *obj, const char *what, kvbmpy_tokens *t);
+
+/* groups=: a string ("full,sw:128") or a list of kinds / (kind, tokens)
+ * pairs, parsed by kvbm_groups_parse (messages name the item, prefixed by
+ * `who`). 0, or -1 with the exception set. (_kvbm_pool.c) */
+int kvbmpy_groups_get(PyObject *o, const char *who, kvbm_group_spec *out, size_t *n);
 void kvbmpy_tokens_release(kvbmpy_tokens *t);
 
 /* An int (anything with __index__, not bool-special-cased) in [0, max]:

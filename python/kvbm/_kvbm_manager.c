@@ -61,6 +61,7 @@ typedef struct ManagerObject {
   bool final_ok;
   kvbm_storage *g1_storage; /* adopted G1 (g1_ptr), released after the manager */
   PyObject *g1_owner;       /* what keeps its memory alive (strong), or NULL */
+  Py_ssize_t hreqs;         /* live HybridRequests: close() waits for none */
 } ManagerObject;
 
 struct RequestObject {
@@ -80,7 +81,10 @@ typedef struct MemoryObject {
   Py_ssize_t len;
 } MemoryObject;
 
-static PyTypeObject ManagerType, RequestType, MemoryType;
+static PyTypeObject ManagerType, RequestType, MemoryType, HRequestType;
+static PyObject *mgr_hprefill(ManagerObject *self, PyObject *args, PyObject *kw);
+static PyObject *mgr_get_groups(ManagerObject *self, void *c);
+static PyObject *mgr_group_bytes(ManagerObject *self, PyObject *arg);
 static PyTypeObject *RequestInfoType;
 
 /* ------------------------------------------------------------ helpers */
@@ -256,22 +260,64 @@ static int adopt_parse(PyObject *o, PyObject *owner, adopt_arg *a) {
 static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfg, PyObject *env,
                             int metrics, int port, const char *host, adopt_arg *adopt);
 
+/* Manager(group_layouts=[...]): one item per group, None (the whole
+ * block), an int (the group's block bytes) or a (conv_bytes, ssm_bytes)
+ * pair (a Mamba state: block bytes their sum). The C library checks them
+ * against the block (kvbm_manager_create's messages). */
+static int group_layouts_get(PyObject *o, size_t ngroups, kvbm_group_layout *out) {
+  PyObject *seq = PySequence_Fast(o, "Manager: group_layouts is a list, one item per group");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  int rc = 0;
+  if ((size_t)n != ngroups) {
+    kvbmpy_raise(KVBM_EINVAL, "Manager: group_layouts has %zd items for %zu groups", n, ngroups);
+    rc = -1;
+  }
+  for (Py_ssize_t i = 0; !rc && i < n; i++) {
+    PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+    uint64_t a = 0, b = 0;
+    out[i] = (kvbm_group_layout){0, 0, 0};
+    if (it == Py_None) continue;
+    if (PyTuple_Check(it) && PyTuple_GET_SIZE(it) == 2) {
+      if (kvbmpy_uint(PyTuple_GET_ITEM(it, 0), "group_layouts conv_bytes", UINT32_MAX, &a) ||
+          kvbmpy_uint(PyTuple_GET_ITEM(it, 1), "group_layouts ssm_bytes", UINT32_MAX, &b)) {
+        rc = -1;
+        break;
+      }
+      out[i] = (kvbm_group_layout){a + b, a, b};
+    } else if (kvbmpy_uint(it, "group_layouts item", UINT32_MAX, &a)) {
+      rc = -1;
+    } else {
+      out[i].block_bytes = a;
+    }
+  }
+  Py_DECREF(seq);
+  return rc;
+}
+
 static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"block_size", "num_layers", "outer_dim", "inner_dim", "dtype_bytes",
                            "alignment", "layout", "g1_blocks", "g2_blocks", "g3_blocks", "g3_dir",
                            "g3_persist", "g3_direct", "g2_policy", "g3_policy", "freq_threshold",
                            "scheme", "env", "g1_memory", "g2_memory", "g1_device", "g3_key",
-                           "metrics", "metrics_port", "metrics_host", "g1_ptr", "g1_owner", NULL};
+                           "metrics", "metrics_port", "metrics_host", "g1_ptr", "g1_owner", "groups",
+                           "group_layouts", NULL};
   PyObject *bs = NULL, *nl = NULL, *od = NULL, *id = NULL, *db = NULL, *al = NULL, *lay = NULL,
            *g1 = NULL, *g2 = NULL, *g3 = NULL, *g3dir = NULL, *g2p = NULL, *g3p = NULL,
            *freq = NULL, *scheme = NULL, *env = NULL, *g1m = NULL, *g2m = NULL, *g1d = NULL,
-           *g3k = NULL, *mon = NULL, *mport = NULL, *mhost = NULL, *g1p = NULL, *g1o = NULL;
+           *g3k = NULL, *mon = NULL, *mport = NULL, *mhost = NULL, *g1p = NULL, *g1o = NULL,
+           *grp = NULL, *glay = NULL;
   int persist = 0, direct = 1, metrics = -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOOOOOOO:Manager", kwlist, &bs,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOOOOOOOOO:Manager", kwlist, &bs,
                                    &nl, &od, &id, &db, &al, &lay, &g1, &g2, &g3, &g3dir, &persist,
                                    &direct, &g2p, &g3p, &freq, &scheme, &env, &g1m, &g2m, &g1d, &g3k,
-                                   &mon, &mport, &mhost, &g1p, &g1o))
+                                   &mon, &mport, &mhost, &g1p, &g1o, &grp, &glay))
     return NULL;
+  kvbm_group_spec groups[KVBM_GROUPS_MAX];
+  kvbm_group_layout layouts[KVBM_GROUPS_MAX];
+  size_t ngroups = 0;
+  if (grp && grp != Py_None && kvbmpy_groups_get(grp, "Manager", groups, &ngroups)) return NULL;
+  if (glay && glay != Py_None && group_layouts_get(glay, ngroups, layouts)) return NULL;
   if (mon && mon != Py_None && (metrics = PyObject_IsTrue(mon)) < 0) return NULL;
   uint64_t dev = 0;
   kvbm_manager_config cfg = kvbm_manager_config_default();
@@ -309,6 +355,9 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   cfg.g3_dir = dir;
   cfg.g3_persist = persist;
   cfg.g3_direct = direct;
+  cfg.groups = ngroups ? groups : NULL;
+  cfg.num_groups = ngroups;
+  cfg.group_layouts = glay && glay != Py_None ? layouts : NULL;
 
   /* The G3 secret is used at create only (kvbm derives its key from it and
    * keeps nothing): the buffer is held until then. */
@@ -476,6 +525,9 @@ static PyObject *mgr_close(ManagerObject *self, PyObject *unused) {
                         "(del the arrays, memoryview.release()) first",
                         self->exports);
   if (self->calls) return kvbmpy_busy("Manager");
+  if (self->hreqs)
+    return kvbmpy_raise(KVBMPY_BUSY, "Manager.close: %zd HybridRequest(s) alive; destroy() them first",
+                        self->hreqs);
   size_t n = 0;
   for (RequestObject *r = self->reqs; r; r = r->next) {
     if (r->busy) return kvbmpy_busy("a Request of this Manager");
@@ -879,6 +931,14 @@ static PyMethodDef mgr_methods[] = {
   {"metrics_text", (PyCFunction)mgr_metrics_text, METH_NOARGS,
    "metrics_text() -> str\n\nThe manager's metrics in Prometheus' text format (what GET\n"
    "/metrics serves when the endpoint runs). Releases the GIL."},
+  {"hprefill", (PyCFunction)(void (*)(void))mgr_hprefill, METH_VARARGS | METH_KEYWORDS,
+   "hprefill(tokens, *, salt_hash=0, priority=0) -> HybridRequest\n"
+   "A request of a manager with groups (Manager(groups=...)): the prefix hit every\n"
+   "group can serve over G1..G4, only each group's needed blocks onboarded (the\n"
+   "window's, the Mamba state's, every block for full attention). NoSpaceError\n"
+   "(nothing changed) when G1 cannot hold the prompt in every group."},
+  {"group_bytes", (PyCFunction)mgr_group_bytes, METH_O,
+   "group_bytes(g) -> int: bytes of one block of group g's KV (its layout)."},
   {"prefill", (PyCFunction)(void (*)(void))mgr_prefill, METH_VARARGS | METH_KEYWORDS,
    "prefill(tokens, *, salt_hash=0, priority=0) -> Request\n\n"
    "Hashes the prompt's full blocks, matches them across G1, G2, G3 (at most\n"
@@ -931,6 +991,7 @@ static PyMethodDef mgr_methods[] = {
 
 static PyGetSetDef mgr_getset[] = {
   {"block_size", (getter)mgr_get_block_size, NULL, "Tokens per block.", NULL},
+  {"num_groups", (getter)mgr_get_groups, NULL, "KV cache groups (1 without groups=).", NULL},
   {"block_bytes", (getter)mgr_get_block_bytes, NULL, "Bytes of one block's KV (all layers).", NULL},
   {"layer_bytes", (getter)mgr_get_layer_bytes, NULL, "Bytes of one layer of one block.", NULL},
   {"num_layers", (getter)mgr_get_num_layers, NULL, "Layers per block.", NULL},
@@ -1276,6 +1337,206 @@ static PyStructSequence_Desc info_desc = {
   "kvbm.RequestInfo", "What Request.poll() and wait() report.", info_fields, 4,
 };
 
+/* ------------------------------------------------------ HybridRequest */
+
+typedef struct HRequestObject {
+  PyObject_HEAD
+  ManagerObject *mgr; /* strong; counts us in hreqs while r is alive */
+  kvbm_hreq *r;       /* NULL once destroyed */
+  size_t hit;         /* the hit found by hprefill, in tokens */
+} HRequestObject;
+
+static PyObject *mgr_get_groups(ManagerObject *self, void *c) {
+  (void)c;
+  return PyLong_FromSize_t(self->m ? kvbm_manager_num_groups(self->m) : 0);
+}
+
+static PyObject *mgr_group_bytes(ManagerObject *self, PyObject *arg) {
+  uint64_t g;
+  if (mgr_open(self) || kvbmpy_uint(arg, "group", UINT32_MAX, &g)) return NULL;
+  if (g >= kvbm_manager_num_groups(self->m))
+    return kvbmpy_raise(KVBM_EINVAL, "Manager.group_bytes: group %llu of %zu", (unsigned long long)g,
+                        kvbm_manager_num_groups(self->m));
+  return PyLong_FromUnsignedLongLong(kvbm_manager_group_bytes(self->m, (uint32_t)g));
+}
+
+static PyObject *mgr_hprefill(ManagerObject *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"tokens", "salt_hash", "priority", NULL};
+  PyObject *tok, *so = NULL, *po = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OO:hprefill", kwlist, &tok, &so, &po)) return NULL;
+  uint64_t salt = 0, prio = 0;
+  if ((so && kvbmpy_hash(so, "salt_hash", &salt)) || (po && kvbmpy_uint(po, "priority", 255, &prio)) ||
+      mgr_open(self))
+    return NULL;
+  kvbmpy_tokens t;
+  if (kvbmpy_tokens_get(tok, "tokens", &t)) {
+    kvbmpy_tokens_release(&t);
+    return NULL;
+  }
+  HRequestObject *req = PyObject_New(HRequestObject, &HRequestType);
+  if (!req) {
+    kvbmpy_tokens_release(&t);
+    return NULL;
+  }
+  req->mgr = NULL;
+  req->r = NULL;
+  kvbm_error err = {0};
+  int rc;
+  self->calls++;
+  Py_BEGIN_ALLOW_THREADS
+  rc = kvbm_manager_hprefill(self->m, salt, (uint8_t)prio, t.data, t.n, &req->r, &req->hit, &err);
+  Py_END_ALLOW_THREADS
+  self->calls--;
+  kvbmpy_tokens_release(&t);
+  if (rc) {
+    Py_DECREF(req);
+    return kvbmpy_raise_kvbm(rc, &err, NULL);
+  }
+  req->mgr = (ManagerObject *)Py_NewRef(self);
+  self->hreqs++;
+  return (PyObject *)req;
+}
+
+static int hreq_alive(HRequestObject *self) {
+  if (self->r) return 0;
+  kvbmpy_raise(KVBM_ECLOSED, "HybridRequest is destroyed");
+  return -1;
+}
+
+static void hreq_finish(HRequestObject *self) {
+  if (!self->r) return;
+  kvbm_hreq *r = self->r;
+  self->r = NULL;
+  Py_BEGIN_ALLOW_THREADS
+  kvbm_hreq_destroy(r);
+  Py_END_ALLOW_THREADS
+  self->mgr->hreqs--;
+}
+
+static PyObject *hreq_wait(HRequestObject *self, PyObject *unused) {
+  (void)unused;
+  if (hreq_alive(self)) return NULL;
+  kvbm_hreq_info in;
+  Py_BEGIN_ALLOW_THREADS
+  kvbm_hreq_wait(self->r, -1, &in);
+  Py_END_ALLOW_THREADS
+  size_t ng = kvbm_manager_num_groups(self->mgr->m);
+  PyObject *g1 = PyList_New((Py_ssize_t)ng), *onb = PyList_New((Py_ssize_t)ng);
+  PyObject *from = PyDict_New();
+  for (size_t g = 0; g1 && onb && g < ng; g++) {
+    PyList_SET_ITEM(g1, (Py_ssize_t)g, PyLong_FromSize_t(in.hit_g1[g]));
+    PyList_SET_ITEM(onb, (Py_ssize_t)g, PyLong_FromSize_t(in.onboarded[g]));
+  }
+  for (int ti = KVBM_TIER_G2; from && ti < KVBM_TIER_COUNT; ti++) {
+    PyObject *v = PyLong_FromSize_t(in.onboarded_from[ti]);
+    if (!v || PyDict_SetItemString(from, kvbm_tier_name(ti), v) < 0) Py_CLEAR(from);
+    Py_XDECREF(v);
+  }
+  PyObject *res = g1 && onb && from
+                      ? Py_BuildValue("{s:n,s:n,s:O,s:O,s:O}", "hit_tokens", (Py_ssize_t)in.hit_tokens,
+                                      "num_tokens", (Py_ssize_t)in.num_tokens, "hit_g1", g1,
+                                      "onboarded", onb, "onboarded_from", from)
+                      : NULL;
+  Py_XDECREF(g1);
+  Py_XDECREF(onb);
+  Py_XDECREF(from);
+  return res;
+}
+
+static PyObject *hreq_get_tables(HRequestObject *self, void *c) {
+  (void)c;
+  if (hreq_alive(self)) return NULL;
+  size_t ng = kvbm_manager_num_groups(self->mgr->m);
+  PyObject *out = PyList_New((Py_ssize_t)ng);
+  for (size_t g = 0; out && g < ng; g++) {
+    const uint32_t *ids;
+    size_t n;
+    if (kvbm_hreq_table(self->r, (uint32_t)g, &ids, &n)) n = 0, ids = NULL;
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    for (size_t k = 0; l && k < n; k++)
+      PyList_SET_ITEM(l, (Py_ssize_t)k, ids[k] == KVBM_HREQ_NULL ? Py_NewRef(Py_None) : PyLong_FromUnsignedLong(ids[k]));
+    if (!l) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, (Py_ssize_t)g, l);
+  }
+  return out;
+}
+
+static PyObject *hreq_must_compute(HRequestObject *self, PyObject *args) {
+  unsigned long long g, k;
+  if (!PyArg_ParseTuple(args, "KK:must_compute", &g, &k) || hreq_alive(self)) return NULL;
+  if (g >= kvbm_manager_num_groups(self->mgr->m))
+    return kvbmpy_raise(KVBM_EINVAL, "HybridRequest.must_compute: group %llu of %zu", g,
+                        kvbm_manager_num_groups(self->mgr->m));
+  bool must;
+  Py_BEGIN_ALLOW_THREADS
+  must = kvbm_hreq_must_compute(self->r, (uint32_t)g, (size_t)k);
+  Py_END_ALLOW_THREADS
+  return PyBool_FromLong(must);
+}
+
+static PyObject *hreq_commit(HRequestObject *self, PyObject *unused) {
+  (void)unused;
+  if (hreq_alive(self)) return NULL;
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = kvbm_hreq_commit(self->r);
+  Py_END_ALLOW_THREADS
+  if (rc == KVBM_ESTATE) return kvbmpy_raise(rc, "HybridRequest.commit: committed already");
+  if (rc) return kvbmpy_raise(rc, "HybridRequest.commit: %s", kvbm_strerror(rc));
+  Py_RETURN_NONE;
+}
+
+static PyObject *hreq_destroy(HRequestObject *self, PyObject *unused) {
+  (void)unused;
+  hreq_finish(self);
+  Py_RETURN_NONE;
+}
+
+static PyObject *hreq_get_hit(HRequestObject *self, void *c) {
+  (void)c;
+  return PyLong_FromSize_t(self->hit);
+}
+
+static void hreq_dealloc(HRequestObject *self) {
+  if (self->mgr) {
+    hreq_finish(self);
+    Py_DECREF(self->mgr);
+  }
+  PyObject_Free(self);
+}
+
+static PyMethodDef hreq_methods[] = {
+  {"wait", (PyCFunction)hreq_wait, METH_NOARGS,
+   "wait() -> dict: waits for the onboards; hit_tokens (the hit the blocks that\n"
+   "arrived serve), num_tokens, hit_g1 and onboarded (blocks per group), onboarded_from\n"
+   "(per tier)."},
+  {"must_compute", (PyCFunction)hreq_must_compute, METH_VARARGS,
+   "must_compute(group, k) -> bool: whether the engine writes group's block k."},
+  {"commit", (PyCFunction)hreq_commit, METH_NOARGS,
+   "commit(): the computed blocks become valid and every group's full blocks are\n"
+   "offloaded per policy; what each group no longer needs is released."},
+  {"destroy", (PyCFunction)hreq_destroy, METH_NOARGS, "destroy(): releases every block."},
+  {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef hreq_getset[] = {
+  {"tables", (getter)hreq_get_tables, NULL,
+   "One G1 block table per group (None where the group holds nothing).", NULL},
+  {"hit_tokens", (getter)hreq_get_hit, NULL, "The hit hprefill found (before onboarding).", NULL},
+  {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HRequestType = {
+  PyVarObject_HEAD_INIT(NULL, 0)
+  .tp_name = "kvbm.HybridRequest",
+  .tp_basicsize = sizeof(HRequestObject),
+  .tp_dealloc = (destructor)hreq_dealloc,
+  .tp_flags = Py_TPFLAGS_DEFAULT,
+  .tp_doc = "A request of a Manager with KV cache groups (Manager.hprefill).",
+  .tp_methods = hreq_methods,
+  .tp_getset = hreq_getset,
+};
+
 int kvbmpy_manager_init(PyObject *m) {
   RequestInfoType = PyStructSequence_NewType(&info_desc);
   if (!RequestInfoType || PyModule_AddObjectRef(m, "RequestInfo", (PyObject *)RequestInfoType) < 0)
@@ -1284,7 +1545,9 @@ int kvbmpy_manager_init(PyObject *m) {
       PyType_Ready(&ManagerType) < 0)
     return -1;
   if (PyModule_AddObjectRef(m, "Manager", (PyObject *)&ManagerType) < 0 ||
-      PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType) < 0)
+      PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType) < 0 ||
+      PyType_Ready(&HRequestType) < 0 ||
+      PyModule_AddObjectRef(m, "HybridRequest", (PyObject *)&HRequestType) < 0)
     return -1;
   return PyModule_AddIntConstant(m, "TIER_COUNT", KVBM_TIER_COUNT);
 }

@@ -119,26 +119,26 @@ static SeqObject *seq_alloc(void) {
  * and mamba). The list goes to kvbm_groups_parse as text, so the C
  * library's rules and messages (naming the item) apply to both forms; an
  * item that cannot be written as text is refused here, naming its index. */
-static int groups_get(PyObject *o, kvbm_group_spec *out, size_t *n) {
+int kvbmpy_groups_get(PyObject *o, const char *who, kvbm_group_spec *out, size_t *n) {
   kvbm_error err = {0};
   if (PyUnicode_Check(o)) {
     const char *text = PyUnicode_AsUTF8(o);
     if (!text) return -1;
     int rc = kvbm_groups_parse(text, out, KVBM_GROUPS_MAX, n, &err);
-    if (rc) kvbmpy_raise_kvbm(rc, &err, "Pool");
+    if (rc) kvbmpy_raise_kvbm(rc, &err, who);
     return rc ? -1 : 0;
   }
-  PyObject *seq = PySequence_Fast(o, "Pool: groups is a string or a list of (kind, tokens)");
+  PyObject *seq = PySequence_Fast(o, "groups is a string or a list of (kind, tokens)");
   if (!seq) {
     PyErr_Clear();
-    kvbmpy_raise(KVBM_EINVAL, "Pool: groups is a string or a list of (kind, tokens), not %s",
+    kvbmpy_raise(KVBM_EINVAL, "%s: groups is a string or a list of (kind, tokens), not %s", who,
                  Py_TYPE(o)->tp_name);
     return -1;
   }
   Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
   if (count > KVBM_GROUPS_MAX) {
     Py_DECREF(seq);
-    kvbmpy_raise(KVBM_EINVAL, "Pool: groups: more than %d groups", KVBM_GROUPS_MAX);
+    kvbmpy_raise(KVBM_EINVAL, "%s: groups: more than %d groups", who, KVBM_GROUPS_MAX);
     return -1;
   }
   char text[KVBM_GROUPS_MAX * 48 + 1];
@@ -149,7 +149,7 @@ static int groups_get(PyObject *o, kvbm_group_spec *out, size_t *n) {
     if (PyTuple_Check(item) || PyList_Check(item)) {
       Py_ssize_t k = PySequence_Size(item);
       if (k < 1 || k > 2) {
-        kvbmpy_raise(KVBM_EINVAL, "Pool: groups item %zd: a (kind, tokens) pair, not %zd values", i, k);
+        kvbmpy_raise(KVBM_EINVAL, "%s: groups item %zd: a (kind, tokens) pair, not %zd values", who, i, k);
         bad = 1;
         break;
       }
@@ -159,7 +159,7 @@ static int groups_get(PyObject *o, kvbm_group_spec *out, size_t *n) {
     const char *kind = PyUnicode_Check(ko) ? PyUnicode_AsUTF8(ko) : NULL;
     if (!kind || !*kind || strlen(kind) > 24 || strpbrk(kind, ",: ")) {
       PyErr_Clear();
-      kvbmpy_raise(KVBM_EINVAL, "Pool: groups item %zd: kind '%.40s' is not a kind name (full, sw, chunk, mamba, mamba-align)",
+      kvbmpy_raise(KVBM_EINVAL, "%s: groups item %zd: kind '%.40s' is not a kind name (full, sw, chunk, mamba, mamba-align)", who,
                    i, kind ? kind : Py_TYPE(ko)->tp_name);
       bad = 1;
       break;
@@ -169,7 +169,7 @@ static int groups_get(PyObject *o, kvbm_group_spec *out, size_t *n) {
       long long t = PyLong_Check(to) && !PyBool_Check(to) ? PyLong_AsLongLong(to) : -1;
       if (t < 0 || t > (long long)KVBM_GROUP_MAX_TOKENS) {
         PyErr_Clear();
-        kvbmpy_raise(KVBM_EINVAL, "Pool: groups item %zd (%s): tokens must be an int in [1, 2^30] or None (got %s %lld)",
+        kvbmpy_raise(KVBM_EINVAL, "%s: groups item %zd (%s): tokens must be an int in [1, 2^30] or None (got %s %lld)", who,
                      i, kind, Py_TYPE(to)->tp_name, t);
         bad = 1;
         break;
@@ -181,7 +181,7 @@ static int groups_get(PyObject *o, kvbm_group_spec *out, size_t *n) {
   if (bad) return -1;
   text[len] = 0;
   int rc = kvbm_groups_parse(text, out, KVBM_GROUPS_MAX, n, &err);
-  if (rc) kvbmpy_raise_kvbm(rc, &err, "Pool");
+  if (rc) kvbmpy_raise_kvbm(rc, &err, who);
   return rc ? -1 : 0;
 }
 
@@ -198,7 +198,7 @@ static PyObject *pool_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return NULL;
   kvbm_group_spec groups[KVBM_GROUPS_MAX] = {{KVBM_GROUP_FULL, 0}};
   size_t ngroups = 1;
-  if (go && go != Py_None && groups_get(go, groups, &ngroups)) return NULL;
+  if (go && go != Py_None && kvbmpy_groups_get(go, "Pool", groups, &ngroups)) return NULL;
   if (ngroups > nb)
     return kvbmpy_raise(KVBM_EINVAL, "Pool: %zu groups cannot share %llu blocks: each needs at least one",
                         ngroups, (unsigned long long)nb);

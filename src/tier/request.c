@@ -595,8 +595,12 @@ static uint32_t use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b,
  * to the volume tiers once G2 has the bytes; without one, each volume
  * tier gets its own put, from G2 when G2 holds the block, else from G1.
  * Lock held. */
-static void use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, uint32_t g1id,
-                      uint64_t h, uint64_t parent, bool has_parent, uint8_t grp) {
+/* Forced inline: commit's loop had it inlined before hybrid.c called it
+ * too, and a call per block costs W2 0.6% of its instructions. */
+static inline __attribute__((always_inline)) void use_block(kvbm_manager *m, kvbm_mreq *r,
+                                                            kvbm__batch *b, size_t k, uint32_t g1id,
+                                                            uint64_t h, uint64_t parent,
+                                                            bool has_parent, uint8_t grp) {
   const uint32_t *tok = r->tokens + k * m->cfg.block_size;
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *g2 = &m->t[KVBM_TIER_G2];
   if (g1->state[g1id] != KVBM__READY) return; /* another request's, not written yet */

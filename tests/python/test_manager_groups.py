@@ -1,0 +1,158 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvbm.Manager(groups=...) and kvbm.HybridRequest: the tier manager with KV
+cache groups through the binding (issue 20; kvbm/manager.h, "Hybrid
+requests").
+
+The "engine" writes, into every block it must compute, bytes derived from
+the block's tokens and its group; whatever a later hit brings back (from G1
+or onboarded from G2/G3) must be exactly those bytes, and only the blocks a
+group needs for the hit may be copied.
+"""
+import array
+import hashlib
+
+import pytest
+
+import kvbm
+from kvbm import Tier
+
+B = 16
+
+
+def content(tokens, k, g, n):
+    """The bytes of group g's block k (keyed by the prefix's tokens)."""
+    seed = hashlib.blake2b(bytes(memoryview(tokens[: (k + 1) * B])) + bytes([g]), digest_size=16).digest()
+    out = bytearray()
+    while len(out) < n:
+        seed = hashlib.blake2b(seed, digest_size=64).digest()
+        out += seed
+    return bytes(out[:n])
+
+
+def write_group(m, blk, data):
+    """A group's bytes into G1 block blk, layer 0 first."""
+    off = 0
+    for layer in range(m.num_layers):
+        if off >= len(data):
+            break
+        n = min(m.layer_bytes, len(data) - off)
+        view = m.block_layer(Tier.G1, blk, layer)
+        view[:n] = data[off:off + n]
+        view.release()
+        off += n
+
+
+def read_group(m, blk, n):
+    out = b""
+    for layer in range(m.num_layers):
+        if len(out) >= n:
+            break
+        view = m.block_layer(Tier.G1, blk, layer)
+        out += view.tobytes()[: min(m.layer_bytes, n - len(out))]
+        view.release()
+    return out
+
+
+def run(m, tokens):
+    """One hybrid request as an engine runs it; returns (wait() info, tables)."""
+    r = m.hprefill(tokens)
+    try:
+        info = r.wait()
+        tables = r.tables
+        for g, table in enumerate(tables):
+            nbytes = m.group_bytes(g)
+            for k in range(len(tokens) // B):
+                if table[k] is None:
+                    continue
+                want = content(tokens, k, g, nbytes)
+                if r.must_compute(g, k):
+                    write_group(m, table[k], want)
+                else:  # a hit: the bytes must be what was written for it
+                    assert read_group(m, table[k], nbytes) == want, f"group {g} block {k}"
+        r.commit()
+        m.flush()
+        return info, tables
+    finally:
+        r.destroy()
+
+
+def prompt(seed, n):
+    return array.array("I", [seed * 100000 + i for i in range(n)])
+
+
+@pytest.mark.parametrize("groups,second,layouts", [
+    ("full,sw:32", 2, None),                         # window of 32: 2 blocks of 16
+    ([("full", None), ("mamba", None)], 1, [None, (1000, 2000)]),  # one state block
+])
+@pytest.mark.parametrize("tier", ["g2", "g3"])
+def test_hybrid_hit_onboards_only_what_groups_need(tmp_path, groups, second, layouts, tier):
+    kw = dict(g2_blocks=400) if tier == "g2" else dict(g3_blocks=400, g3_dir=str(tmp_path), g3_policy="all")
+    with kvbm.Manager(g1_blocks=40, groups=groups, group_layouts=layouts, **kw) as m:
+        assert m.num_groups == 2
+        if layouts:
+            assert m.group_bytes(1) == 3000 < m.block_bytes
+        a = prompt(1, 12 * B)
+        info, _ = run(m, a)
+        assert info["hit_tokens"] == 0
+        for i in range(3):  # G1 of 40 blocks forgets a's blocks
+            run(m, prompt(10 + i, 12 * B))
+        src = Tier.G2 if tier == "g2" else Tier.G3
+        before = m.stats(src)["onboarded_blocks"]
+        longer = prompt(1, 14 * B)
+        info, tables = run(m, longer)
+        assert info["hit_tokens"] == 12 * B
+        assert info["hit_g1"] == [0, 0]
+        assert info["onboarded"] == [12, second]
+        assert info["onboarded_from"][tier.upper()] == 12 + second
+        assert m.stats(src)["onboarded_blocks"] - before == 12 + second
+        assert all(b is not None for b in tables[0])
+        assert tables[1][: 12 - second] == [None] * (12 - second)
+
+
+def test_one_group_matches_plain_prefill():
+    with kvbm.Manager(g1_blocks=64) as m:
+        assert m.num_groups == 1
+        a = prompt(3, 100)
+        info, _ = run(m, a)
+        assert info["hit_tokens"] == 0
+        with m.prefill(a) as r:
+            assert r.wait(timeout=30).matched_tokens == (100 - 1) // B * B
+        info, _ = run(m, a)
+        assert info["hit_tokens"] == (100 - 1) // B * B
+        assert info["hit_g1"] == [6]
+
+
+def test_no_room_changes_nothing():
+    with kvbm.Manager(g1_blocks=10, groups="full,sw:16") as m:
+        free = m.stats(Tier.G1)["free"]
+        with pytest.raises(kvbm.NoSpaceError, match="does not fit"):
+            m.hprefill(prompt(1, 6 * B))  # 12 blocks > 10
+        assert m.stats(Tier.G1)["free"] == free
+        run(m, prompt(1, 5 * B))
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(groups="full,sw:0"), "sw:0"),
+    (dict(groups="full,lstm"), "lstm"),
+    (dict(groups=[("full", None), ("sw", -3)]), "tokens must be an int"),
+    (dict(groups=42), "groups is a string or a list"),
+    (dict(groups="full," * 8 + "full", g1_blocks=8), "cannot be served by g1_blocks 8"),
+    (dict(groups="full,full", group_layouts=[None, 10 ** 9]), "do not fit the tier's block"),
+    (dict(groups="full,mamba", group_layouts=[None]), "1 items for 2 groups"),
+    (dict(groups="full,sw:16", group_layouts=[None, (8, 8)]), "conv/ssm state sizes for a sliding_window"),
+])
+def test_hostile_configs(kw, msg):
+    kw.setdefault("g1_blocks", 16)
+    with pytest.raises(kvbm.InvalidArgumentError, match=msg):
+        kvbm.Manager(**kw)
+
+
+def test_close_waits_for_hybrid_requests():
+    m = kvbm.Manager(g1_blocks=16, groups="full,mamba")
+    r = m.hprefill(prompt(2, 40))
+    with pytest.raises(kvbm.Error, match="HybridRequest"):
+        m.close()
+    r.destroy()
+    with pytest.raises(kvbm.ClosedError):
+        r.commit()
+    m.close()
