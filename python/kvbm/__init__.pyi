@@ -164,6 +164,7 @@ class RequestInfo(Tuple[bool, int, Tuple[int, int, int, int], int]):
 
 class Manager:
     block_size: int
+    num_groups: int  # KV cache groups (1 without groups=)
     block_bytes: int
     layer_bytes: int
     num_layers: int
@@ -182,7 +183,9 @@ class Manager:
                  metrics_port: Optional[int] = None,
                  metrics_host: Optional[str] = None,
                  g1_ptr: Union[None, int, Sequence[int]] = None,
-                 g1_owner: Optional[object] = None) -> None:
+                 g1_owner: Optional[object] = None,
+                 groups: Union[None, str, Sequence[Union[str, Tuple[str, Optional[int]]]]] = None,
+                 group_layouts: Optional[Sequence[Union[None, int, Tuple[int, int]]]] = None) -> None:
         """metrics=True serves GET /metrics (Prometheus) on metrics_host:metrics_port
         (0.0.0.0:6880 by default); with env, DYN_KVBM_METRICS=true does the same.
         g1_ptr: engine-owned G1, adopted in place (kvbm never frees it): the
@@ -190,11 +193,20 @@ class Manager:
         one per layer for layer_separate; e.g. tensor.data_ptr()) in memory of
         type g1_memory on g1_device. g1_owner (e.g. the tensor) is referenced
         until close(); a host owner exporting its buffer must contain every
-        region."""
+        region.
+        groups: KV cache groups of a hybrid model, as Pool(groups=...)
+        ("full,sw:128", or (kind, tokens) pairs; kvbm.groups_from_vllm gives
+        vLLM's); every tier keeps all groups' blocks in its one budget, under
+        (sequence hash, group). group_layouts: one item per group, None (the
+        whole block), an int (the group's block bytes) or (conv_bytes,
+        ssm_bytes) for a Mamba state. Serve them with hprefill()."""
     metrics_port: Optional[int]
     def metrics_text(self) -> str:
         """The manager's metrics in Prometheus' text format (what GET /metrics serves)."""
     def prefill(self, tokens: Tokens, *, salt_hash: Hash = 0, priority: int = 0) -> "Request": ...
+    def hprefill(self, tokens: Tokens, *, salt_hash: Hash = 0, priority: int = 0) -> "HybridRequest":
+        """The hybrid hit over G1..G4 (kvbm_groups_hit); only what each group needs onboarded."""
+    def group_bytes(self, g: int) -> int: ...
     def stats(self, tier: int) -> dict[str, Any]: ...
     def layout(self, tier: int) -> dict[str, Any]: ...
     def memory(self, tier: int) -> Optional[str]: ...
@@ -226,6 +238,17 @@ class Request:
     def destroy(self) -> None: ...
     def __enter__(self) -> "Request": ...
     def __exit__(self, *exc: object) -> None: ...
+
+class HybridRequest:
+    """A request of a Manager with groups: one G1 block table per group."""
+    tables: list[list[Optional[int]]]  # None where a group holds nothing
+    hit_tokens: int  # found by hprefill, before onboarding
+    def wait(self) -> dict[str, Any]:
+        """{'hit_tokens', 'num_tokens', 'hit_g1': [per group], 'onboarded': [per group],
+        'onboarded_from': {'G2': n, 'G3': n, 'G4': n}}"""
+    def must_compute(self, group: int, k: int) -> bool: ...
+    def commit(self) -> None: ...
+    def destroy(self) -> None: ...
 
 # ---- events ---------------------------------------------------------------
 
