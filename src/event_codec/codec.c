@@ -353,6 +353,14 @@ static uint8_t *put_batch_head(uint8_t *p, double ts, bool has_rank, size_t n) {
 }
 
 #define BATCH_HEAD_MAX (1 + 9 + 5)
+_Static_assert(BATCH_HEAD_MAX == KVBM__EVENT_HEAD_MAX, "the head room the publisher leaves");
+
+uint8_t *kvbm__event_head_before(uint8_t *end, double ts, bool has_rank, size_t n) {
+  uint8_t head[BATCH_HEAD_MAX];
+  size_t len = (size_t)(put_batch_head(head, ts, has_rank, n) - head);
+  memcpy(end - len, head, len);
+  return end - len;
+}
 
 static int encode(kvbm_event_encoder *enc, const kvbm_event_batch *batch, const uint8_t **data,
                   size_t *len, bool check, kvbm_error *err) {
@@ -386,7 +394,12 @@ int kvbm__event_frame(kvbm_event_encoder *enc, double ts, bool has_rank, int32_t
   enc->len = 0;
   uint8_t *p = enc_reserve(enc, BATCH_HEAD_MAX + events_len + KVBM__MP_SCALAR_MAX);
   if (!p) return KVBM_ENOMEM;
-  p = kvbm__mp_put_raw(put_batch_head(p, ts, has_rank, n), events, events_len);
+  /* the head as the in-place framing writes it, right before the events */
+  uint8_t *start = kvbm__event_head_before(p + BATCH_HEAD_MAX, ts, has_rank, n);
+  size_t head = (size_t)(p + BATCH_HEAD_MAX - start);
+  memmove(p, start, head);
+  p += head;
+  p = kvbm__mp_put_raw(p, events, events_len);
   if (has_rank) p = kvbm__mp_put_int(p, dp_rank);
   enc->len = (size_t)(p - enc->buf);
   *data = enc->buf;

@@ -31,4 +31,14 @@ int kvbm__event_frame(kvbm_event_encoder *enc, double ts, bool has_rank, int32_t
                       size_t n, const uint8_t *events, size_t events_len, const uint8_t **data,
                       size_t *len);
 
+/* The same framing in place, for a publisher that encodes a batch's
+ * events into one buffer with KVBM__EVENT_HEAD_MAX bytes free before
+ * them: writes the head [ts, [n (1 + 9 + at most 5 bytes) so that it ends
+ * at `end` (the first event's byte) and returns where it starts; the
+ * caller appends the dp_rank (kvbm__mp_put_int, at most 9 bytes) after
+ * the last event. The bytes from the returned pointer on are then what
+ * kvbm__event_frame writes. */
+#define KVBM__EVENT_HEAD_MAX (1 + 9 + 5)
+uint8_t *kvbm__event_head_before(uint8_t *end, double ts, bool has_rank, size_t n);
+
 #endif

@@ -2,14 +2,26 @@
 /*
  * publisher.c: the batching event publisher.
  *
- * Producers (engine threads, the pool listener) append events to a "fill"
- * buffer under one mutex: the event's scalars into an array, its hashes,
- * tokens and names into three arenas. The publisher thread swaps the fill
- * buffer with its "drain" buffer (a pointer swap under the lock), then,
- * with no lock held, cuts the drained events into batches of at most
- * max_batch_events, encodes each batch once and hands it to every sink.
- * Both buffers keep their memory, so in steady state publishing allocates
- * nothing and a producer holds the lock only for a few memcpy's.
+ * Two queues, by what the sinks take. Wire mode (every sink takes bytes:
+ * ZMQ, NATS, JetStream, the usual case): a producer (an engine thread, the
+ * pool listener) encodes its event, under one mutex, straight into the
+ * buffer of the batch it will leave in (a "chunk": room for the batch
+ * head before the events, for the dp_rank after them; a new chunk when the
+ * open one holds max_batch_events or another rank). The publisher thread
+ * takes the chunks (an array swap under the lock), writes each batch's
+ * head and rank in place and hands the buffer to the sinks; the ZMQ sink
+ * sends that very buffer (zmq_msg_init_data), holding a reference that
+ * ZMQ's I/O thread gives back once the bytes are written, and the chunk
+ * returns to a pool. So a batch's bytes are written once, by the encoder,
+ * and read once, by the kernel: no copy into a payload, none into a ZMQ
+ * message (issue 22). Struct mode (a callback sink wants the events
+ * themselves): the event's scalars go into an array, its hashes, tokens
+ * and names into three arenas; the thread swaps this "fill" buffer with
+ * its "drain" buffer, cuts the drained events into batches of at most
+ * max_batch_events, encodes each batch once if some sink takes bytes and
+ * hands it to every sink. Either way, in steady state publishing
+ * allocates nothing (the pool and the arenas keep their memory) and a
+ * producer holds the lock for one event's encode or a few memcpy's.
  *
  * A batch leaves when the fill buffer holds max_batch_events, when its
  * oldest event has waited max_batch_delay_us, on flush, and on shutdown.
@@ -29,6 +41,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -72,17 +85,45 @@ static size_t var_len(const kvbm_event *ev, int v) {
   return strlen(p) + 1;
 }
 
-/* One queued event. Struct mode: its scalars, and where its arrays sit in
- * the arenas. Wire mode: where its encoded bytes sit in `w`. */
+/* One queued event (struct mode): its scalars, and where its arrays sit
+ * in the arenas. */
 typedef struct qev {
-  kvbm_event ev;           /* struct mode; its parts' pointers NULL while queued */
+  kvbm_event ev;           /* its parts' pointers NULL while queued */
   size_t h_off, t_off;     /* into h, t */
   size_t v_off[NVAR];      /* into s, for the parts in `vars` */
-  size_t w_off, w_len;     /* wire mode: into w */
-  size_t cost;             /* its share of the byte bound (vsize.total) */
   int32_t dp_rank;         /* the batch it leaves in carries this rank */
   uint8_t vars;            /* bit v: part v present (most events: none) */
 } qev;
+
+/* Wire mode: one batch being filled, its events' msgpack back to back in
+ * one buffer with room for the batch head before them and the dp_rank
+ * after them, so that the thread frames it in place and the ZMQ sink
+ * sends that very buffer (zmq_msg_init_data): no copy of a batch's bytes
+ * between the producer's encode and the kernel. A sent chunk is
+ * referenced by the ZMQ messages that hold it and comes back to the pool
+ * when the last is done with it (on ZMQ's I/O thread). */
+typedef struct wchunk wchunk;
+typedef struct wpool wpool;
+struct wchunk {
+  wpool *pool;
+  atomic_uint refs;
+  wchunk *next;          /* in the pool's free list */
+  uint8_t *data;         /* [KVBM__EVENT_HEAD_MAX][events: len][dp_rank] */
+  size_t len, cap;       /* the events' bytes; data's size */
+  size_t n, cost;        /* events, their share of the byte bound */
+  int32_t dp_rank;       /* every event of a batch has one rank */
+};
+
+/* Buffers come back on ZMQ's thread, possibly after the publisher is
+ * gone: the pool lives until the publisher and every chunk let go. */
+#define POOL_KEEP 32                      /* free chunks kept */
+#define POOL_KEEP_BYTES ((size_t)4 << 20) /* larger buffers are not kept */
+struct wpool {
+  pthread_mutex_t mu;
+  wchunk *free;
+  size_t nfree, live; /* live: chunks allocated and not freed */
+  bool closed;        /* the publisher is gone: chunks are freed as they return */
+};
 
 /* An event's variable parts, measured once (outside the lock). */
 typedef struct vsize {
@@ -100,8 +141,8 @@ typedef struct evq {
   size_t nt, capt;
   char *s;
   size_t ns, caps;
-  uint8_t *w;          /* wire mode: the events' msgpack, back to back */
-  size_t nw, capw;
+  wchunk **ch;         /* wire mode: the batches being filled, the last open */
+  size_t nch, capch;
   size_t bytes;        /* hashes + tokens + names, the byte bound's measure */
   uint64_t first_ns;   /* when the oldest event arrived (monotonic) */
 } evq;
@@ -126,20 +167,109 @@ struct kvbm_publisher {
   kvbm_publisher_stats st; /* accepted is also the last id given */
 
   /* Wire mode (every sink takes bytes): events are encoded once, when
-   * published, and the thread only frames batches of them. Set at start. */
+   * published, into the batch buffer they leave in, and the thread only
+   * frames batches in place. Set at start. */
   bool wire;
   kvbm_event_encoder_config ecfg;
+  wpool *pool;
 
   /* the thread's own */
   kvbm_event_encoder *enc;
   kvbm_event *scratch;
   size_t scratch_cap;
+  wchunk **out;        /* wire mode: the batches taken to send */
+  size_t nout, capout;
 };
 
 static double wall_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ wire pool */
+
+static void chunk_free(wchunk *c) {
+  free(c->data);
+  free(c);
+}
+
+static void pool_destroy(wpool *pl) {
+  pthread_mutex_destroy(&pl->mu);
+  free(pl);
+}
+
+static wpool *pool_new(void) {
+  wpool *pl = calloc(1, sizeof *pl);
+  if (pl) pthread_mutex_init(&pl->mu, NULL);
+  return pl;
+}
+
+/* A chunk for a new batch, from the free list or new; NULL: no memory. */
+static wchunk *chunk_get(wpool *pl) {
+  pthread_mutex_lock(&pl->mu);
+  wchunk *c = pl->free;
+  if (c) {
+    pl->free = c->next;
+    pl->nfree--;
+  } else if ((c = calloc(1, sizeof *c))) {
+    c->pool = pl;
+    pl->live++;
+  }
+  pthread_mutex_unlock(&pl->mu);
+  if (!c) return NULL;
+  c->next = NULL;
+  c->len = c->n = c->cost = 0;
+  atomic_store_explicit(&c->refs, 1, memory_order_relaxed); /* the queue's */
+  return c;
+}
+
+static void chunk_retain(void *owner) {
+  atomic_fetch_add_explicit(&((wchunk *)owner)->refs, 1, memory_order_relaxed);
+}
+
+/* Gives back one reference (a zmq_free_fn: ZMQ's I/O thread calls it
+ * when it has written the message); the last one returns the chunk to
+ * its pool, or frees it (the pool full, the buffer large, the publisher
+ * gone: then the last chunk frees the pool too). */
+static void chunk_release(void *data, void *owner) {
+  (void)data;
+  wchunk *c = owner;
+  if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1) return;
+  wpool *pl = c->pool;
+  pthread_mutex_lock(&pl->mu);
+  bool drop = pl->closed || pl->nfree >= POOL_KEEP || c->cap > POOL_KEEP_BYTES;
+  if (drop) {
+    pl->live--;
+  } else {
+    c->next = pl->free;
+    pl->free = c;
+    pl->nfree++;
+  }
+  bool last = pl->closed && pl->live == 0;
+  pthread_mutex_unlock(&pl->mu);
+  if (drop) chunk_free(c);
+  if (last) pool_destroy(pl);
+}
+
+/* The publisher lets go of its pool: free chunks are freed now, those
+ * ZMQ still holds when they come back. */
+static void pool_close(wpool *pl) {
+  if (!pl) return;
+  pthread_mutex_lock(&pl->mu);
+  pl->closed = true;
+  wchunk *f = pl->free;
+  pl->free = NULL;
+  pl->live -= pl->nfree;
+  pl->nfree = 0;
+  bool last = pl->live == 0;
+  pthread_mutex_unlock(&pl->mu);
+  while (f) {
+    wchunk *next = f->next;
+    chunk_free(f);
+    f = next;
+  }
+  if (last) pool_destroy(pl);
 }
 
 kvbm_publisher_config kvbm_publisher_config_default(void) {
@@ -329,20 +459,33 @@ static int q_append(evq *q, const kvbm_event *ev, const vsize *z, int32_t dp_ran
   return KVBM_OK;
 }
 
-/* Wire mode: appends ev's msgpack (at most `bound` bytes) to q (lock held).
- * Nothing of the caller's memory is kept: the bytes are the event. */
-static int q_append_wire(evq *q, const kvbm_event *ev, size_t bound, size_t cost, int32_t dp_rank,
-                         const kvbm_event_encoder_config *cfg) {
-  if (kvbm__vec_reserve_of(&q->ev, &q->cap, q->n + 1, 64, KVBM__VEC_NO_LIMIT) ||
-      bound > SIZE_MAX / 2 - q->nw ||
-      kvbm__vec_reserve_of(&q->w, &q->capw, q->nw + bound, 4096, KVBM__VEC_NO_LIMIT))
+/* Wire mode: encodes ev into the open batch of q (lock held), or into a
+ * new one when that is full or of another dp_rank. Nothing of the
+ * caller's memory is kept: the bytes are the event. */
+static int q_append_wire(kvbm_publisher *p, evq *q, const kvbm_event *ev, size_t cost,
+                         int32_t dp_rank) {
+  size_t bound = kvbm__event_wire_bound(ev);
+  wchunk *c = q->nch ? q->ch[q->nch - 1] : NULL;
+  bool fresh = !c || c->n >= p->o.max_batch_events || c->dp_rank != dp_rank;
+  if (fresh) {
+    if (kvbm__vec_reserve_of(&q->ch, &q->capch, q->nch + 1, 16, KVBM__VEC_NO_LIMIT) ||
+        !(c = chunk_get(p->pool)))
+      return KVBM_ENOMEM;
+    c->dp_rank = dp_rank;
+  }
+  /* room for the head before the events, this event, the rank after */
+  if (bound > SIZE_MAX / 4 - c->len ||
+      kvbm__vec_reserve_of(&c->data, &c->cap,
+                           KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX, 4096,
+                           KVBM__VEC_NO_LIMIT)) {
+    if (fresh) chunk_release(NULL, c); /* never queued: back to the pool */
     return KVBM_ENOMEM;
-  qev *x = &q->ev[q->n];
-  x->w_off = q->nw;
-  x->w_len = (size_t)(kvbm__event_put(q->w + q->nw, ev, cfg) - (q->w + q->nw));
-  x->cost = cost;
-  x->dp_rank = dp_rank;
-  q->nw += x->w_len;
+  }
+  if (fresh) q->ch[q->nch++] = c;
+  uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
+  c->len += (size_t)(kvbm__event_put(at, ev, &p->ecfg) - at);
+  c->n++;
+  c->cost += cost;
   q->bytes += cost;
   q->n++;
   return KVBM_OK;
@@ -443,7 +586,7 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
   if (q->n == 0) q->first_ns = kvbm_clock_ns();
   uint64_t id = p->st.accepted + 1;
   if (p->wire) {
-    rc = q_append_wire(q, evp, kvbm__event_wire_bound(evp), need, dp_rank, &p->ecfg);
+    rc = q_append_wire(p, q, evp, need, dp_rank);
   } else {
     rc = q_append(q, evp, &z, dp_rank);
     if (!rc) q->ev[q->n - 1].ev.event_id = id;
@@ -514,7 +657,7 @@ int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id, kvbm
 
 /* --------------------------------------------------------------- thread */
 
-static void q_clear(evq *q) { q->n = q->nh = q->nt = q->ns = q->nw = q->bytes = 0; }
+static void q_clear(evq *q) { q->n = q->nh = q->nt = q->ns = q->bytes = 0; }
 
 /* How many events from `off` leave in one batch: up to max_batch_events
  * of one dp_rank (a relay keeps each engine batch's rank). */
@@ -525,32 +668,59 @@ static size_t batch_len(const kvbm_publisher *p, const evq *q, size_t off) {
   return n;
 }
 
-/* Wire mode: frames each batch of the drained events' bytes (one copy
- * into the payload) and hands it to every sink (no lock held). */
-static void emit_wire(kvbm_publisher *p, evq *q, uint64_t *seq, uint64_t *sink_errors) {
-  for (size_t off = 0, n; off < q->n; off += n) {
-    n = batch_len(p, q, off);
-    const qev *first = &q->ev[off], *last = &q->ev[off + n - 1];
-    kvbm_event_batch b = {.seq = (*seq)++, .ts = wall_now(), .dp_rank = first->dp_rank,
+/* Wire mode (lock held): moves the batches to send from the fill queue
+ * to p->out, all of them or (what == 1, a count trigger) all but an open
+ * last one that is not full, which keeps waiting for its own trigger.
+ * Returns the events moved. The arrays are swapped, not copied; p->out
+ * always has room for one, which is where an open batch goes back to. */
+static size_t take_wire(kvbm_publisher *p, evq *q, int what) {
+  wchunk **arr = p->out;
+  size_t cap = p->capout;
+  p->out = q->ch;
+  p->capout = q->capch;
+  p->nout = q->nch;
+  q->ch = arr;
+  q->capch = cap;
+  q->nch = 0;
+  size_t n = q->n, cost = q->bytes;
+  wchunk *last = p->nout ? p->out[p->nout - 1] : NULL;
+  if (what == 1 && last && last->n < p->o.max_batch_events) {
+    p->nout--;
+    q->ch[q->nch++] = last;
+    n -= last->n;
+    cost -= last->cost;
+  }
+  q->n -= n;
+  q->bytes -= cost;
+  return n;
+}
+
+/* Wire mode (no lock held): frames each batch taken in place (the head
+ * written before its events, the dp_rank after) and hands its buffer to
+ * every sink; the ZMQ sink keeps it (no copy) and gives it back when
+ * sent. */
+static void emit_wire(kvbm_publisher *p, uint64_t *seq, uint64_t *sink_errors) {
+  for (size_t i = 0; i < p->nout; i++) {
+    wchunk *c = p->out[i];
+    kvbm_event_batch b = {.seq = (*seq)++, .ts = wall_now(), .dp_rank = c->dp_rank,
                           .has_dp_rank = true};
-    const uint8_t *data = NULL;
-    size_t len = 0;
-    bool encoded = kvbm__event_frame(p->enc, b.ts, true, b.dp_rank, n, q->w + first->w_off,
-                                     last->w_off + last->w_len - first->w_off, &data, &len) == 0;
+    uint8_t *events = c->data + KVBM__EVENT_HEAD_MAX;
+    uint8_t *start = kvbm__event_head_before(events, b.ts, true, c->n);
+    uint8_t *end = kvbm__mp_put_int(events + c->len, c->dp_rank);
+    ev_payload pl = {.data = start, .len = (size_t)(end - start), .retain = chunk_retain,
+                     .release = chunk_release, .owner = c};
     for (size_t s = 0; s < p->nsinks; s++) {
       ev_sink *k = p->sinks[s];
-      if (!encoded) { (*sink_errors)++; continue; }
-      if (k->send(k, &b, data, len)) (*sink_errors)++;
+      int rc = k->send_owned ? k->send_owned(k, &b, &pl) : k->send(k, &b, pl.data, pl.len);
+      if (rc) (*sink_errors)++;
     }
+    chunk_release(start, c); /* the queue's reference */
   }
+  p->nout = 0;
 }
 
 /* Sends the drained events as batches (no lock held). */
 static void emit(kvbm_publisher *p, evq *q, uint64_t *seq, uint64_t *sink_errors) {
-  if (p->wire) {
-    emit_wire(p, q, seq, sink_errors);
-    return;
-  }
   if (kvbm__vec_reserve_of(&p->scratch, &p->scratch_cap, q->n, 64, KVBM__VEC_NO_LIMIT)) {
     /* cannot even list them: count each batch lost at every sink */
     for (size_t off = 0; off < q->n; off += batch_len(p, q, off)) {
@@ -596,27 +766,7 @@ static int due(kvbm_publisher *p, uint64_t now) {
 /* Moves the events of `from` past `keep` to the (empty) `to`, so that a
  * count-triggered send takes full batches only and the rest keeps waiting
  * for its own trigger. Lock held. On ENOMEM everything stays in `from`. */
-static void move_tail(const kvbm_publisher *p, evq *from, size_t keep, evq *to) {
-  if (p->wire) {
-    for (size_t i = keep; i < from->n; i++) {
-      const qev *x = &from->ev[i];
-      if (kvbm__vec_reserve_of(&to->ev, &to->cap, to->n + 1, 64, KVBM__VEC_NO_LIMIT) ||
-          kvbm__vec_reserve_of(&to->w, &to->capw, to->nw + x->w_len, 4096, KVBM__VEC_NO_LIMIT)) {
-        q_clear(to);
-        return;
-      }
-      qev *y = &to->ev[to->n++];
-      *y = *x;
-      y->w_off = to->nw;
-      memcpy(to->w + to->nw, from->w + x->w_off, x->w_len);
-      to->nw += x->w_len;
-      to->bytes += x->cost;
-      from->bytes -= x->cost;
-    }
-    to->first_ns = from->first_ns;
-    from->n = keep;
-    return;
-  }
+static void move_tail(evq *from, size_t keep, evq *to) {
   for (size_t i = keep; i < from->n; i++) {
     kvbm_event e;
     q_event(from, &from->ev[i], &e);
@@ -647,10 +797,23 @@ static void *thread_main(void *arg) {
   for (;;) {
     uint64_t now = kvbm_clock_ns();
     int what = due(p, now);
+    if (what && p->wire) {
+      size_t n = take_wire(p, p->fill, what);
+      pthread_cond_broadcast(&p->room);
+      pthread_mutex_unlock(&p->mu);
+      uint64_t errors = 0, seq0 = seq;
+      emit_wire(p, &seq, &errors);
+      pthread_mutex_lock(&p->mu);
+      p->st.sent_events += n;
+      p->st.batches += seq - seq0;
+      p->st.sink_errors += errors;
+      pthread_cond_broadcast(&p->done);
+      continue;
+    }
     if (what) {
       evq *q = p->fill;
       p->fill = q == &p->q[0] ? &p->q[1] : &p->q[0];
-      if (what == 1) move_tail(p, q, q->n - q->n % p->o.max_batch_events, p->fill);
+      if (what == 1) move_tail(q, q->n - q->n % p->o.max_batch_events, p->fill);
       pthread_cond_broadcast(&p->room);
       pthread_mutex_unlock(&p->mu);
       uint64_t errors = 0, seq0 = seq;
@@ -698,6 +861,10 @@ int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err) {
   /* wire mode when no sink wants the events themselves (callbacks do) */
   pub->wire = pub->nsinks > 0;
   for (size_t s = 0; s < pub->nsinks; s++) pub->wire &= pub->sinks[s]->wants_bytes;
+  if (pub->wire && !pub->pool &&
+      (!(pub->pool = pool_new()) ||
+       kvbm__vec_reserve_of(&pub->out, &pub->capout, 16, 16, KVBM__VEC_NO_LIMIT)))
+    return kvbm_error_set(err, KVBM_ENOMEM, "events: publisher: out of memory");
   if (pthread_create(&pub->thread, NULL, thread_main, pub))
     return kvbm_error_set(err, KVBM_EIO, "events: publisher: cannot start its thread");
   pthread_mutex_lock(&pub->mu);
@@ -753,12 +920,15 @@ void kvbm_publisher_destroy(kvbm_publisher *p) {
   for (size_t s = 0; s < p->nsinks; s++) p->sinks[s]->close(p->sinks[s]);
   if (p->zctx) zmq_ctx_term(p->zctx);
   for (int i = 0; i < 2; i++) {
+    for (size_t c = 0; c < p->q[i].nch; c++) chunk_release(NULL, p->q[i].ch[c]); /* unsent */
     free(p->q[i].ev);
     free(p->q[i].h);
     free(p->q[i].t);
     free(p->q[i].s);
-    free(p->q[i].w);
+    free(p->q[i].ch);
   }
+  free(p->out);
+  pool_close(p->pool); /* after zmq_ctx_term: ZMQ gave back what it held */
   free(p->scratch);
   kvbm_event_encoder_destroy(p->enc);
   pthread_cond_destroy(&p->room);

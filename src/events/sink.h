@@ -5,7 +5,8 @@
  * A sink is a small vtable. The publisher thread is the only caller of
  * send/service; close runs after that thread has stopped. A sink that
  * wants bytes gets the encoded payload (encoded once per batch for all of
- * them); the callback sink gets the batch itself.
+ * them; the ZMQ sink keeps the publisher's buffer instead of copying it,
+ * send_owned); the callback sink gets the batch itself.
  */
 #ifndef KVBM_EVENTS_SINK_H
 #define KVBM_EVENTS_SINK_H
@@ -25,10 +26,25 @@ typedef struct ev_service_counts {
   uint64_t replay_bad;
 } ev_service_counts;
 
+/* A payload whose buffer a sink may keep past send (zero copy): it takes
+ * a reference with retain(owner) and gives it back with release(data,
+ * owner), from any thread (release is a zmq_free_fn). The publisher's
+ * batch buffers are returned to its pool when the last one is given back. */
+typedef struct ev_payload {
+  uint8_t *data;
+  size_t len;
+  void (*retain)(void *owner);
+  void (*release)(void *data, void *owner);
+  void *owner;
+} ev_payload;
+
 struct ev_sink {
   bool wants_bytes;
   /* Sends one batch; returns 0 or a negative status (counted, not fatal). */
   int (*send)(ev_sink *s, const kvbm_event_batch *b, const uint8_t *payload, size_t len);
+  /* Optional, used instead of send when the payload has an owner: the
+   * same, with leave to keep the buffer instead of copying it. */
+  int (*send_owned)(ev_sink *s, const kvbm_event_batch *b, const ev_payload *pl);
   /* A ZMQ socket with input to serve (the replay ROUTER), or NULL. */
   void *poll_socket;
   /* Serves whatever input is waiting on poll_socket, without blocking. */

@@ -4,7 +4,10 @@
  * ROUTER.
  *
  * Every batch goes out as three frames: topic, the sequence number (8 bytes
- * big-endian) and the payload. PUB never blocks: a subscriber that falls
+ * big-endian) and the payload. The payload frame is the publisher's own
+ * batch buffer when it offers one (send_owned: zmq_msg_init_data with a
+ * reference that ZMQ gives back when it has written the bytes), else a
+ * copy (zmq_send). PUB never blocks: a subscriber that falls
  * behind by more than the high-water mark loses messages, which is why the
  * replay socket exists. The sink keeps the last `replay_batches` payloads
  * (copies, in a ring whose slots reuse their buffers) and answers a request
@@ -54,6 +57,28 @@ static int zsend(zsink *z, const uint8_t *payload, size_t len, uint64_t seq) {
   return 0;
 }
 
+/* The same, the payload frame handed to ZMQ without a copy: the message
+ * holds a reference to the publisher's buffer until ZMQ's I/O thread has
+ * written it (or the message is dropped), and gives it back then. */
+static int zsend_owned(zsink *z, const ev_payload *pl, uint64_t seq) {
+  uint8_t seqb[8];
+  ev_put_be64(seqb, seq);
+  if (zmq_send(z->pub, z->topic, z->topic_len, ZMQ_SNDMORE) < 0 ||
+      zmq_send(z->pub, seqb, 8, ZMQ_SNDMORE) < 0)
+    return KVBM_EIO;
+  zmq_msg_t m;
+  pl->retain(pl->owner);
+  if (zmq_msg_init_data(&m, pl->data, pl->len, pl->release, pl->owner) < 0) {
+    pl->release(pl->data, pl->owner);
+    return KVBM_EIO;
+  }
+  if (zmq_msg_send(&m, z->pub, 0) < 0) {
+    zmq_msg_close(&m); /* gives the reference back */
+    return KVBM_EIO;
+  }
+  return 0;
+}
+
 static int keep(zsink *z, uint64_t seq, const uint8_t *payload, size_t len) {
   size_t i;
   if (z->ring_n < z->ring_cap) {
@@ -86,6 +111,16 @@ static int zsink_send(ev_sink *base, const kvbm_event_batch *b, const uint8_t *p
   int rc = zsend(z, payload, len, b->seq);
   if (z->router) {
     int rc2 = keep(z, b->seq, payload, len);
+    if (!rc) rc = rc2;
+  }
+  return rc;
+}
+
+static int zsink_send_owned(ev_sink *base, const kvbm_event_batch *b, const ev_payload *pl) {
+  zsink *z = (zsink *)base;
+  int rc = zsend_owned(z, pl, b->seq);
+  if (z->router) {
+    int rc2 = keep(z, b->seq, pl->data, pl->len);
     if (!rc) rc = rc2;
   }
   return rc;
@@ -153,7 +188,8 @@ int kvbm__sink_zmq_create(void *zctx, const kvbm_zmq_sink_config *o, ev_sink **o
     return kvbm_error_set(err, KVBM_EINVAL, "events: zmq sink: replay buffer of 0 batches");
   zsink *z = calloc(1, sizeof *z);
   if (!z) return kvbm_error_set(err, KVBM_ENOMEM, "events: zmq sink: out of memory");
-  z->base = (ev_sink){.wants_bytes = true, .send = zsink_send, .service = zsink_service,
+  z->base = (ev_sink){.wants_bytes = true, .send = zsink_send, .send_owned = zsink_send_owned,
+                      .service = zsink_service,
                       .endpoint = zsink_endpoint, .close = zsink_close};
   z->linger_ms = o->linger_ms;
   z->legacy = o->replay_legacy;

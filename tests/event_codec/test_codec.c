@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/msgpack.h"
 #include "event_codec/internal.h"
 #include "kvbm/event_codec.h"
 
@@ -172,9 +173,9 @@ static void roundtrip(kvbm_event_form form, bool sgn) {
 }
 
 /* The publisher's path (each event encoded once when published, batches
- * framed from those bytes later) writes exactly what kvbm_event_encode
- * writes, in both forms, signed or not, with and without a dp rank, and
- * no event takes more than its bound. */
+ * framed from those bytes later, by a copy or in place) writes exactly
+ * what kvbm_event_encode writes, in both forms, signed or not, with and
+ * without a dp rank, and no event takes more than its bound. */
 static void test_encode_once_then_frame(void **s) {
   (void)s;
   kvbm_event ev[7];
@@ -207,6 +208,17 @@ static void test_encode_once_then_frame(void **s) {
                            KVBM_OK);
           assert_int_equal(glen, wlen);
           assert_memory_equal(got, want, wlen);
+          /* in place, as the publisher frames its batch buffers: the head
+           * written right before the events, the rank after them */
+          uint8_t inplace[KVBM__EVENT_HEAD_MAX + sizeof wire + KVBM__MP_SCALAR_MAX];
+          uint8_t *events = inplace + KVBM__EVENT_HEAD_MAX;
+          memcpy(events, wire, (size_t)(p - wire));
+          uint8_t *start = kvbm__event_head_before(events, b.ts, has, n);
+          uint8_t *end = events + (p - wire);
+          if (has) end = kvbm__mp_put_int(end, ranks[r]);
+          assert_true(start >= inplace);
+          assert_int_equal((size_t)(end - start), wlen);
+          assert_memory_equal(start, want, wlen);
         }
       }
       /* an empty batch frames as an empty event array */
