@@ -916,10 +916,18 @@ def parse(argv):
     p.add_argument("--max-wall", type=float, default=1800.0)
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
-    if a.trace is None:
-        shared = os.environ.get("KVBM_SHARED_DIR") or os.path.join(
-            os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared")
-        a.trace = os.path.join(shared, "data", "mooncake_conversation_trace.jsonl")
+    if a.trace is None:  # the bundled trace: $KVBM_SHARED_DIR, beside the source tree, or ../shared
+        here = os.path.dirname(os.path.abspath(__file__))
+        for shared in (os.environ.get("KVBM_SHARED_DIR"), os.path.join(here, "..", "..", "..", "shared"),
+                       os.path.join(os.getcwd(), "..", "shared"), os.path.join(os.getcwd(), "shared")):
+            t = shared and os.path.join(shared, "data", "mooncake_conversation_trace.jsonl")
+            if t and os.path.exists(t):
+                a.trace = t
+                break
+        else:
+            raise UsageError("no TRACE given and the bundled trace not found (set KVBM_SHARED_DIR)")
+    if not os.path.exists(a.trace):
+        raise UsageError("%s: no such trace" % a.trace)
     if not 1 <= a.workers <= 64:
         raise UsageError("--workers must be in 1..64 (the router's limit)")
     if not (a.time_scale > 0 and a.time_scale < 1e6):
