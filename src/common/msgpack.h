@@ -311,6 +311,24 @@ static inline uint8_t *kvbm__mp_put_uint(uint8_t *p, uint64_t v) {
   return kvbm__put_be(p, v, 8);
 }
 
+/* The same for a 32-bit value (token ids: 16 per block, most of a
+ * BlockStored's bytes), each form one store: a uint32 is its tag and a
+ * byte-swapped word, not five byte stores. */
+static inline uint8_t *kvbm__mp_put_u32(uint8_t *p, uint32_t v) {
+  if (v < 128) { *p = (uint8_t)v; return p + 1; }
+  if (v >= 65536) {
+    uint32_t be = __builtin_bswap32(v);
+    p[0] = 0xce;
+    memcpy(p + 1, &be, 4);
+    return p + 5;
+  }
+  if (v < 256) { p[0] = 0xcc; p[1] = (uint8_t)v; return p + 2; }
+  uint16_t be = __builtin_bswap16((uint16_t)v);
+  p[0] = 0xcd;
+  memcpy(p + 1, &be, 2);
+  return p + 3;
+}
+
 /* A signed integer: non-negative ones as kvbm__mp_put_uint, negative ones
  * in the shortest signed form. */
 static inline uint8_t *kvbm__mp_put_int(uint8_t *p, int64_t x) {

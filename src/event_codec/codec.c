@@ -221,15 +221,15 @@ static uint8_t *put_hashes(uint8_t *p, const uint64_t *h, size_t n, bool sgn) {
 static uint8_t *put_tokens(uint8_t *p, const uint32_t *t, size_t n, bool pairs) {
   if (!pairs) {
     p = kvbm__mp_put_hdr(p, n, false);
-    for (size_t i = 0; i < n; i++) p = kvbm__mp_put_uint(p, t[i]);
+    for (size_t i = 0; i < n; i++) p = kvbm__mp_put_u32(p, t[i]);
     return p;
   }
   size_t items = n ? n - 1 : 0;
   p = kvbm__mp_put_hdr(p, items, false);
   for (size_t i = 0; i < items; i++) {
     *p++ = 0x92;
-    p = kvbm__mp_put_uint(p, t[i]);
-    p = kvbm__mp_put_uint(p, t[i + 1]);
+    p = kvbm__mp_put_u32(p, t[i]);
+    p = kvbm__mp_put_u32(p, t[i + 1]);
   }
   return p;
 }
@@ -628,6 +628,39 @@ static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
   return 0;
 }
 
+/* n flat token ids when the input surely holds them (5 bytes each at
+ * most): no bounds check per token, each form one load. Stops at the
+ * first id in another form (or none left); returns how many it read. */
+static uint32_t read_tokens_fast(dctx *c, uint32_t n, uint32_t *out) {
+  const uint8_t *p = c->r.p;
+  if ((size_t)(c->r.end - p) / 5 < n) return 0;
+  uint32_t i = 0;
+  for (; i < n; i++) {
+    uint8_t tag = *p;
+    if (tag == 0xce) {
+      uint32_t be;
+      memcpy(&be, p + 1, 4);
+      out[i] = __builtin_bswap32(be);
+      p += 5;
+    } else if (tag <= 0x7f) {
+      out[i] = tag;
+      p += 1;
+    } else if (tag == 0xcd) {
+      uint16_t be;
+      memcpy(&be, p + 1, 2);
+      out[i] = __builtin_bswap16(be);
+      p += 3;
+    } else if (tag == 0xcc) {
+      out[i] = p[1];
+      p += 2;
+    } else {
+      break;
+    }
+  }
+  c->r.p = p;
+  return i;
+}
+
 static int read_tokens(dctx *c, kvbm_event *ev, size_t *off) {
   uint32_t n;
   int rc = kvbm__mpr_array(&c->r, &n);
@@ -641,7 +674,7 @@ static int read_tokens(dctx *c, kvbm_event *ev, size_t *off) {
     if ((rc = read_token_pairs(c, n, out))) return rc;
     n++;
   } else {
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = read_tokens_fast(c, n, out); i < n; i++)
       if ((rc = read_token(c, &out[i]))) return rc;
   }
   d->t_n += n;

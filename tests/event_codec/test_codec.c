@@ -914,6 +914,49 @@ static void test_map_key_orders(void **s) {
   kvbm_event_decoder_destroy(dec);
 }
 
+/* Token ids in every msgpack form an engine may write: the unsigned
+ * forms go the quick way, a signed form (msgpack-c's int8/int16 of a
+ * non-negative id) hands over to the general reader for the rest; both
+ * give the same ids. A run of ids with too few bytes left is refused. */
+static void test_token_forms(void **s) {
+  (void)s;
+  static const uint32_t want[] = {0, 127, 128, 255, 256, 65535, 65536, UINT32_MAX, 5, 300, 7,
+                                  70000};
+  enum { N = sizeof want / sizeof *want };
+  kvbm_event_decoder *dec;
+  assert_int_equal(kvbm_event_decoder_create(&dec, NULL), KVBM_OK);
+  pk k;
+  pk_init(&k);
+  msgpack_pack_array(&k.p, 2);
+  msgpack_pack_double(&k.p, 1.0);
+  msgpack_pack_array(&k.p, 1);
+  msgpack_pack_array(&k.p, 5);
+  pk_str(&k, "BlockStored");
+  msgpack_pack_array(&k.p, 1);
+  msgpack_pack_uint64(&k.p, 1);
+  msgpack_pack_nil(&k.p);
+  msgpack_pack_array(&k.p, N);
+  for (int i = 0; i < 8; i++) msgpack_pack_uint32(&k.p, want[i]); /* shortest unsigned forms */
+  msgpack_pack_int8(&k.p, 5);    /* 0xd0 05 */
+  msgpack_pack_int16(&k.p, 300); /* 0xd1 01 2c */
+  msgpack_pack_uint32(&k.p, 7);
+  msgpack_pack_uint32(&k.p, 70000);
+  msgpack_pack_int(&k.p, 16);
+  kvbm_event_batch b;
+  kvbm_error err;
+  if (kvbm_event_decode(dec, k.sb.data, k.sb.size, 0, &b, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(b.num_events, 1);
+  assert_int_equal(b.events[0].num_tokens, N);
+  for (int i = 0; i < N; i++) assert_int_equal(b.events[0].token_ids[i], want[i]);
+  /* the same array declared one id longer than its bytes: refused */
+  uint8_t cut[] = {0x92, 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, 0x91, 0x95, 0xab, 'B', 'l', 'o',
+                   'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0x91, 0x01, 0xc0, 0x93, 0xce, 0,
+                   1, 0x11, 0x70, 0xce, 0, 1, 0x11, 0x70, 0x10};
+  assert_int_not_equal(kvbm_event_decode(dec, cut, sizeof cut, 0, &b, &err), KVBM_OK);
+  msgpack_sbuffer_destroy(&k.sb);
+  kvbm_event_decoder_destroy(dec);
+}
+
 /* Found by fuzz_event_decode: SGLang's positional metadata map (index 7)
  * with a key the map form names itself ("block_size"). Kept as an extra it
  * made an event that the map form could not write (the key twice); the
@@ -1321,6 +1364,7 @@ int main(void) {
       cmocka_unit_test(test_sglang_salted_positional),
       cmocka_unit_test(test_bad_event_skipped),
       cmocka_unit_test(test_map_key_orders),
+      cmocka_unit_test(test_token_forms),
       cmocka_unit_test(test_metadata_key_names_a_field),
       cmocka_unit_test(test_token_pairs),
       cmocka_unit_test(test_media),
