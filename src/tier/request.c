@@ -544,9 +544,9 @@ int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
  * (PENDING) at once. Returns the target's id when a copy is due,
  * KVBM__NONE otherwise; *held is the block refreshed (KVBM__NONE: none). `forwarded`: the copy will reach t through G2 (its queue
  * room is checked at the forward). Lock held. */
-static uint32_t use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b,
-                            const uint32_t *tok, uint64_t h, uint64_t parent, bool has_parent,
-                            bool forwarded, uint32_t *held) {
+static inline __attribute__((always_inline)) uint32_t
+use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b, const uint32_t *tok, uint64_t h,
+            uint64_t parent, bool has_parent, bool forwarded, uint32_t *held) {
   bool want = t->policy == KVBM_OFFLOAD_ALL;
   if (t->filter_on) want = kvbm__freq_filter_use(&t->filter, h);
   *held = KVBM__NONE;
@@ -595,8 +595,9 @@ static uint32_t use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b,
  * to the volume tiers once G2 has the bytes; without one, each volume
  * tier gets its own put, from G2 when G2 holds the block, else from G1.
  * Lock held. */
-/* Forced inline: commit's loop had it inlined before hybrid.c called it
- * too, and a call per block costs W2 0.6% of its instructions. */
+/* Forced inline, as use_in_tier above: commit's loop had both inlined
+ * before hybrid.c called this too, and a call per block and tier cost W2
+ * 0.6-2.4% more instructions. */
 static inline __attribute__((always_inline)) void use_block(kvbm_manager *m, kvbm_mreq *r,
                                                             kvbm__batch *b, size_t k, uint32_t g1id,
                                                             uint64_t h, uint64_t parent,
