@@ -206,7 +206,20 @@ static inline uint8_t *put_opt_i64(uint8_t *p, bool has, int64_t v) {
   return has ? kvbm__mp_put_int(p, v) : kvbm__mp_put_nil(p);
 }
 
+/* kvbm_medium_name(m) as msgpack (nil for NONE), for the usual event
+ * that names no medium text of its own: one 8-byte copy, no strlen
+ * (test_medium_bytes holds it to kvbm_medium_name). */
+static const struct {
+  char b[7];
+  uint8_t len;
+} kMediumWire[] = {{"\xc0", 1}, {"\xa3GPU", 4}, {"\xa3" "CPU", 4}, {"\xa4" "DISK", 5},
+                   {"\xa6REMOTE", 7}};
+
 static uint8_t *put_medium(uint8_t *p, const kvbm_event *ev) {
+  if (!ev->medium_name && (size_t)ev->medium < sizeof kMediumWire / sizeof *kMediumWire) {
+    memcpy(p, kMediumWire[ev->medium].b, 7); /* the bound leaves room past a short name */
+    return p + kMediumWire[ev->medium].len;
+  }
   const char *name = ev->medium_name ? ev->medium_name : kvbm_medium_name(ev->medium);
   return put_opt_str(p, name);
 }
@@ -239,6 +252,10 @@ static size_t str_bound(const char *s) { return s ? strlen(s) + 5 : 1; }
 /* Bytes event `ev` can take at most, keys and headers included. */
 static size_t event_bound(const kvbm_event *ev) {
   size_t n = 400 + 9 * ev->num_block_hashes + (ev->token_pairs ? 11 : 5) * ev->num_tokens;
+  /* the usual event (the pool link's, an engine's plain store): no names */
+  if (!((uintptr_t)ev->medium_name | (uintptr_t)ev->lora_name | (uintptr_t)ev->cache_salt |
+        (uintptr_t)ev->kv_cache_spec_kind | (uintptr_t)ev->locality | (uintptr_t)ev->ownership))
+    return n + 6 + ev->extra_keys_len + ev->extras_len;
   n += str_bound(ev->medium_name) + str_bound(ev->lora_name) + str_bound(ev->cache_salt) +
        str_bound(ev->kv_cache_spec_kind) + str_bound(ev->locality) + str_bound(ev->ownership);
   return n + ev->extra_keys_len + ev->extras_len;
@@ -299,7 +316,8 @@ static uint8_t *put_stored(uint8_t *p, const kvbm_event *ev, kvbm_event_form for
     if (last >= 11) p = kvbm__mp_put_int(p, ev->sliding_window);
     return p;
   }
-  p = kvbm__mp_put_hdr(p, 8 + map_optionals(ev), true);
+  size_t opt = map_optionals(ev);
+  p = kvbm__mp_put_hdr(p, 8 + opt, true);
   p = LIT(LIT(p, "type"), "BlockStored");
   p = put_hashes(LIT(p, "block_hashes"), ev->block_hashes, ev->num_block_hashes, sgn);
   p = LIT(p, "parent_block_hash");
@@ -309,7 +327,7 @@ static uint8_t *put_stored(uint8_t *p, const kvbm_event *ev, kvbm_event_form for
   p = put_opt_i64(LIT(p, "lora_id"), ev->has_lora_id, ev->lora_id);
   p = put_medium(LIT(p, "medium"), ev);
   p = put_opt_str(LIT(p, "lora_name"), ev->lora_name);
-  return put_map_optionals(p, ev);
+  return opt ? put_map_optionals(p, ev) : p;
 }
 
 static uint8_t *put_removed(uint8_t *p, const kvbm_event *ev, kvbm_event_form form, bool sgn) {
@@ -321,11 +339,12 @@ static uint8_t *put_removed(uint8_t *p, const kvbm_event *ev, kvbm_event_form fo
     if (ev->has_group_idx) p = kvbm__mp_put_int(p, ev->group_idx);
     return p;
   }
-  p = kvbm__mp_put_hdr(p, 3 + map_optionals(ev), true);
+  size_t opt = map_optionals(ev);
+  p = kvbm__mp_put_hdr(p, 3 + opt, true);
   p = LIT(LIT(p, "type"), "BlockRemoved");
   p = put_hashes(LIT(p, "block_hashes"), ev->block_hashes, ev->num_block_hashes, sgn);
   p = put_medium(LIT(p, "medium"), ev);
-  return put_map_optionals(p, ev);
+  return opt ? put_map_optionals(p, ev) : p;
 }
 
 static uint8_t *put_cleared(uint8_t *p, kvbm_event_form form) {

@@ -957,6 +957,33 @@ static void test_token_forms(void **s) {
   kvbm_event_decoder_destroy(dec);
 }
 
+/* An event with no medium text is written with kvbm_medium_name's (nil
+ * for NONE), in both forms, exactly as one that gives that text. */
+static void test_medium_bytes(void **s) {
+  (void)s;
+  uint64_t h = 9;
+  uint32_t t[2] = {1, 2};
+  for (int form = 0; form < 2; form++) {
+    kvbm_event_encoder_config ec = {.form = form ? KVBM_FORM_MAP : KVBM_FORM_POSITIONAL};
+    for (int m = KVBM_MEDIUM_NONE; m <= KVBM_MEDIUM_REMOTE; m++) {
+      for (int type = 0; type < 2; type++) {
+        kvbm_event a = {.type = type ? KVBM_EVENT_REMOVED : KVBM_EVENT_STORED,
+                        .block_hashes = &h, .num_block_hashes = 1, .token_ids = t,
+                        .num_tokens = 2, .block_size = 2, .medium = (kvbm_medium)m};
+        if (type) a.token_ids = NULL, a.num_tokens = 0, a.block_size = 0;
+        kvbm_event b = a;
+        b.medium_name = kvbm_medium_name((kvbm_medium)m);
+        uint8_t wa[600], wb[600];
+        size_t la = (size_t)(kvbm__event_put(wa, &a, &ec) - wa);
+        size_t lb = (size_t)(kvbm__event_put(wb, &b, &ec) - wb);
+        assert_int_equal(la, lb);
+        assert_memory_equal(wa, wb, la);
+        assert_true(la <= kvbm__event_wire_bound(&a));
+      }
+    }
+  }
+}
+
 /* Found by fuzz_event_decode: SGLang's positional metadata map (index 7)
  * with a key the map form names itself ("block_size"). Kept as an extra it
  * made an event that the map form could not write (the key twice); the
@@ -1365,6 +1392,7 @@ int main(void) {
       cmocka_unit_test(test_bad_event_skipped),
       cmocka_unit_test(test_map_key_orders),
       cmocka_unit_test(test_token_forms),
+      cmocka_unit_test(test_medium_bytes),
       cmocka_unit_test(test_metadata_key_names_a_field),
       cmocka_unit_test(test_token_pairs),
       cmocka_unit_test(test_media),
