@@ -345,7 +345,9 @@ class Cluster:
     def start_worker(self, k, first=True):
         if first:
             g3 = os.path.join(self.dir, "g3", "w%d" % k)
-            os.makedirs(g3, exist_ok=True)
+            os.makedirs(g3, mode=0o700, exist_ok=True)
+            os.chmod(g3, 0o700)  # the worker refuses a G3 others could write (tiers.md)
+            os.chmod(os.path.dirname(g3), 0o700)
             self.workers[k] = {"port": free_port(), "g3": g3}
         p = self.sup.start("worker%d" % k, self.worker_cmd(k), self.a.worker_budget_mb + 64)
         return p
@@ -797,6 +799,12 @@ def run(a):
             if conv or time.time() - t_conv > a.converge_timeout:
                 break
             time.sleep(0.5)
+        if not conv and bad and "views" in dir():
+            # what disagreed, for the post-mortem (kept with --out / --keep)
+            with open(os.path.join(workdir, "index_diff.json"), "w") as f:
+                json.dump({"views": {str(r): {str(k): v for k, v in vs.items()}
+                                     for r, vs in views.items()},
+                           "blocks": {str(k): v for k, v in blocks.items()}}, f)
         # counters from the processes
         metrics_wrong, counted = {}, {}
         for k in cl.workers:
@@ -900,9 +908,9 @@ def parse(argv):
     p.add_argument("--python-dir", default=os.environ.get("KVBM_PYTHON_DIR"))
     p.add_argument("--hash", choices=("native", "dynamo"), default="native")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--g1", type=int, default=2048)
-    p.add_argument("--g2", type=int, default=4096)
-    p.add_argument("--g3", type=int, default=8192)
+    p.add_argument("--g1", type=int, default=8192)
+    p.add_argument("--g2", type=int, default=16384)
+    p.add_argument("--g3", type=int, default=32768)
     p.add_argument("--worker-budget-mb", type=int, default=512)
     p.add_argument("--prometheus-budget-mb", type=int, default=1024)
     p.add_argument("--worker-bin", help="a program run instead of `kvbm worker`, with its flags "
