@@ -166,8 +166,12 @@ else:
     class GPULoadStoreSpec(LoadStoreSpec):  # type: ignore[no-redef]
         """Stand-in for vllm.v1.kv_offload.mediums.GPULoadStoreSpec."""
 
-        def __init__(self, block_ids):
+        def __init__(self, block_ids, group_sizes=None, block_indices=None):
             self.block_ids = [int(b) for b in block_ids]
+            # vLLM's hybrid form (vllm/v1/kv_offload/base.py): ids ordered
+            # by KV cache group, group_sizes[i] of them for group i
+            self.group_sizes = None if group_sizes is None else [int(n) for n in group_sizes]
+            self.block_indices = None if block_indices is None else [int(i) for i in block_indices]
 
         @staticmethod
         def medium() -> str:
@@ -794,11 +798,20 @@ class KvbmOffloadingHandler(OffloadingHandler):
     local_kv_heads, head_dim]} (FlashAttention's layout; ``kv_layout=
     "flashinfer"`` takes [num_blocks, 2, ...]), layers in model order.
     Transfers run on one thread per handler, in submission order; results
-    come back through ``get_finished``."""
+    come back through ``get_finished``.
+
+    ``groups``: a hybrid model's KV cache groups, the layer names of each
+    (vLLM's ``kv_cache_groups[i].layer_names``, each of ``layout.num_layers``
+    layers, as vLLM's uniform page makes them). A block of group g is the KV
+    of group g's layers; a transfer's GPU spec says which of its blocks
+    belong to which group (``group_sizes``, ids ordered by group); G2's slots
+    serve every group (one budget). The keys already differ per group (vLLM's
+    OffloadKey carries the group index)."""
 
     def __init__(self, kv_caches, layout: KvLayout, *, g2_blocks: int, g3_blocks: int = 0,
                  g3_url: Optional[str] = None, g4_url: Optional[str] = None,
-                 g4_namespace: str = "kvbm-vllm", kv_layout: str = "flash_attn"):
+                 g4_namespace: str = "kvbm-vllm", kv_layout: str = "flash_attn",
+                 groups: Optional[list] = None):
         torch = _torch()
         if kv_layout not in ("flash_attn", "flashinfer"):
             raise _error(InvalidArgumentError, f"kvbm.vllm: kv_layout {kv_layout!r} is not "
@@ -809,10 +822,14 @@ class KvbmOffloadingHandler(OffloadingHandler):
             tensors = list(kv_caches)
             names = [f"layer{i}" for i in range(len(tensors))]
         self.layout = layout
-        if len(tensors) != layout.num_layers:
-            raise _error(InvalidArgumentError, f"kvbm.vllm: {len(tensors)} KV tensors, the layout "
-                         f"has num_layers {layout.num_layers}")
+        group_names = self._group_names(names, groups, layout, isinstance(kv_caches, dict))
+        by_name = dict(zip(names, tensors))
+        tensors = [by_name[n] for g in group_names for n in g]
+        names = [n for g in group_names for n in g]
         self._kv = [t if kv_layout == "flash_attn" else t.transpose(0, 1) for t in tensors]
+        L = layout.num_layers
+        # each group's per-layer tensors (one group: all of them)
+        self._kv_groups = [self._kv[i * L:(i + 1) * L] for i in range(len(group_names))]
         self.num_blocks = self._kv[0].shape[1] if self._kv[0].dim() == 5 else -1
         want_dtype = getattr(torch, layout.dtype)
         for name, t in zip(names, self._kv):
@@ -850,8 +867,50 @@ class KvbmOffloadingHandler(OffloadingHandler):
         self.stats = {"loads": 0, "stores": 0, "failed": 0, "bytes_loaded": 0, "bytes_stored": 0,
                       "g4_slices_read": 0, "rejected_slices": 0}
 
+    @staticmethod
+    def _group_names(names, groups, layout, named) -> list:
+        """The layer names of each group, checked: one group of every layer
+        without ``groups``; with it, a dict of caches naming every layer of
+        every group once, num_layers layers a group."""
+        if groups is None:
+            if len(names) != layout.num_layers:
+                raise _error(InvalidArgumentError, f"kvbm.vllm: {len(names)} KV tensors, the "
+                             f"layout has num_layers {layout.num_layers}")
+            return [list(names)]
+        groups = [list(g) for g in groups]
+        if not named:
+            raise _error(InvalidArgumentError, "kvbm.vllm: KV cache groups need the KV "
+                         "tensors as a dict by layer name")
+        if not groups or len(groups) > 16:
+            raise _error(InvalidArgumentError, f"kvbm.vllm: {len(groups)} KV cache groups "
+                         "(1..16)")
+        seen = set()
+        for i, g in enumerate(groups):
+            if len(g) != layout.num_layers:
+                raise _error(InvalidArgumentError, f"kvbm.vllm: KV cache group {i} has {len(g)} "
+                             f"layers, the layout num_layers {layout.num_layers}")
+            for n in g:
+                if n not in names or n in seen:
+                    raise _error(InvalidArgumentError, f"kvbm.vllm: KV cache group {i}: layer "
+                                 f"{n!r} is {'listed twice' if n in seen else 'not in the KV tensors'}")
+                seen.add(n)
+        return groups
+
+    def _block_groups(self, job_id, gpu, n) -> list[int]:
+        """The group of each of a transfer's n GPU blocks (vLLM's
+        group_sizes: ids ordered by group); all group 0 without it."""
+        sizes = getattr(gpu, "group_sizes", None)
+        if sizes is None:
+            return [0] * n
+        sizes = [int(x) for x in sizes]
+        if len(sizes) > len(self._kv_groups) or any(x < 0 for x in sizes) or sum(sizes) != n:
+            raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: group_sizes {sizes} "
+                         f"do not split {n} blocks over this handler's "
+                         f"{len(self._kv_groups)} KV cache group(s)")
+        return [g for g, x in enumerate(sizes) for _ in range(x)]
+
     # -- checks done before anything is queued
-    def _check(self, job_id, spec) -> tuple[str, KvbmLoadStoreSpec, list[int]]:
+    def _check(self, job_id, spec) -> tuple[str, KvbmLoadStoreSpec, list[int], list[int]]:
         if not isinstance(job_id, int) or isinstance(job_id, bool):
             raise TypeError(f"kvbm.vllm: job_id must be an int, got {type(job_id).__name__}")
         with self._lock:
@@ -869,6 +928,7 @@ class KvbmOffloadingHandler(OffloadingHandler):
             raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: no transfer from "
                          f"{src!r} to {dst!r} (GPU->KVBM store or KVBM->GPU load)")
         ids = [int(b) for b in gpu.block_ids]
+        grp = self._block_groups(job_id, gpu, len(ids))
         if len(ids) != len(kv.keys):
             raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: {len(ids)} GPU blocks "
                          f"for {len(kv.keys)} kvbm blocks")
@@ -897,7 +957,7 @@ class KvbmOffloadingHandler(OffloadingHandler):
                 elif t != G4 or self.g4 is None:
                     raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: tier {t} has "
                                  "no store on this worker")
-        return direction, kv, ids
+        return direction, kv, ids, grp
 
     @staticmethod
     def _check_slots(job_id, slots, n, tier, *, allow_none):
@@ -908,17 +968,17 @@ class KvbmOffloadingHandler(OffloadingHandler):
 
     # -- OffloadingHandler
     def transfer_async(self, job_id: int, spec) -> bool:
-        direction, kv, ids = self._check(job_id, spec)
+        direction, kv, ids, grp = self._check(job_id, spec)
         run = self._store if direction == "store" else self._load
         with self._lock:
-            self._jobs[job_id] = self._pool.submit(self._run, job_id, direction, run, kv, ids)
+            self._jobs[job_id] = self._pool.submit(self._run, job_id, direction, run, kv, ids, grp)
         return True
 
-    def _run(self, job_id, direction, run, kv, ids) -> None:
+    def _run(self, job_id, direction, run, kv, ids, grp) -> None:
         import time
         t0 = time.monotonic()
         try:
-            nbytes = run(kv, ids)
+            nbytes = run(kv, ids, grp)
             ok = True
         except Exception as e:  # reported as a failed job, never as bytes
             self.last_error = e
@@ -971,8 +1031,17 @@ class KvbmOffloadingHandler(OffloadingHandler):
         """One G2 block as [layers, 2, bs, heads, hd] (a copy)."""
         return _torch().stack([g[:, slot] for g in self.g2])
 
-    def _store(self, kv: KvbmLoadStoreSpec, ids: list[int]) -> int:
-        self._copy([(self._kv, ids, kv.g2_slots, self.g2)])
+    @staticmethod
+    def _per_group(grp):
+        """(g, [positions]) for each group present, in order."""
+        out: dict = {}
+        for i, g in enumerate(grp):
+            out.setdefault(g, []).append(i)
+        return out.items()
+
+    def _store(self, kv: KvbmLoadStoreSpec, ids: list[int], grp: list[int]) -> int:
+        self._copy([(self._kv_groups[g], [ids[i] for i in pos], [kv.g2_slots[i] for i in pos],
+                     self.g2) for g, pos in self._per_group(grp)])
         lay = self.layout
         g3_items, g4_items = [], []
         for i, key in enumerate(kv.keys):
@@ -1016,7 +1085,7 @@ class KvbmOffloadingHandler(OffloadingHandler):
                          "stored header or size does not match (another block or layout)")
         return body[_SLICE_HDR.size:]
 
-    def _load(self, kv: KvbmLoadStoreSpec, ids: list[int]) -> int:
+    def _load(self, kv: KvbmLoadStoreSpec, ids: list[int], grp: list[int]) -> int:
         torch = _torch()
         lay = self.layout
         far = [i for i, t in enumerate(kv.tiers) if t != G2]     # G3/G4: staged, verified
@@ -1046,9 +1115,15 @@ class KvbmOffloadingHandler(OffloadingHandler):
                                            one, dtype)
                 stage[:, :, row[i]] = heads.permute(1, 2, 3, 0, 4)
         # every block checked: now, and only now, the engine's blocks are written
-        near = [i for i, t in enumerate(kv.tiers) if t == G2]
-        self._scatter([(self.g2, [kv.slots[i] for i in near], [ids[i] for i in near], self._kv),
-                       (list(stage), list(range(len(far))), [ids[i] for i in far], self._kv)])
+        copies = []
+        for g, pos in self._per_group(grp):
+            near = [i for i in pos if kv.tiers[i] == G2]
+            mine = [i for i in pos if kv.tiers[i] != G2]
+            copies += [(self.g2, [kv.slots[i] for i in near], [ids[i] for i in near],
+                        self._kv_groups[g]),
+                       (list(stage), [row[i] for i in mine], [ids[i] for i in mine],
+                        self._kv_groups[g])]
+        self._scatter(copies)
         self.stats["loads"] += 1
         self.stats["bytes_loaded"] += len(ids) * self._rank_bytes
         return len(ids) * self._rank_bytes
@@ -1133,6 +1208,9 @@ class KvbmOffloadingSpec(OffloadingSpec):
             raise _error(InvalidArgumentError,
                          "kvbm.vllm: kv_connector_extra_config needs 'kvbm_g2_blocks'")
         self.layout = _layout_from_config(self)
+        self._groups = self._kv_groups_of(kv_cache_config)
+        if self._groups and "kvbm_num_layers" not in x:  # the layers of one group
+            self.layout = dataclasses.replace(self.layout, num_layers=len(self._groups[0]))
         if self.layout.block_size != self.gpu_block_size:
             raise _error(LayoutError, f"kvbm.vllm: block_size {self.layout.block_size} differs "
                          f"from the GPU block size {self.gpu_block_size}", field="block_size")
@@ -1140,6 +1218,25 @@ class KvbmOffloadingSpec(OffloadingSpec):
 
     def _opt(self, key, default=None):
         return self.extra_config.get(key, default)
+
+    @staticmethod
+    def _kv_groups_of(kv_cache_config) -> Optional[list]:
+        """A hybrid model's groups (kv_cache_config with more than one
+        kv_cache_group): each group's layer names, after kvbm.groups_from_vllm
+        checked the kinds. Mamba groups are refused: their state is not the
+        paged [2, block, heads, head_dim] KV this handler copies. None for
+        one group (or no config)."""
+        groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+        if len(groups) <= 1:
+            return None
+        from . import groups_from_vllm
+        kinds = groups_from_vllm(groups)
+        for i, (kind, _) in enumerate(kinds):
+            if kind.startswith("mamba"):
+                raise _error(UnsupportedError, f"kvbm.vllm: kv_cache_groups[{i}] is a Mamba "
+                             "group: its state is not paged attention KV, which this handler "
+                             "copies (use kvbm.Manager(groups=...) for Mamba states)")
+        return [list(g.layer_names) for g in groups]
 
     def get_manager(self) -> KvbmOffloadingManager:
         if self._manager is None:
@@ -1163,7 +1260,7 @@ class KvbmOffloadingSpec(OffloadingSpec):
             g3_blocks=int(self._opt("kvbm_g3_blocks", 0)), g3_url=self._opt("kvbm_g3_url"),
             g4_url=self._opt("kvbm_g4_url"),
             g4_namespace=self._opt("kvbm_g4_namespace", "kvbm-vllm"),
-            kv_layout=self._opt("kvbm_kv_layout", "flash_attn"))
+            kv_layout=self._opt("kvbm_kv_layout", "flash_attn"), groups=self._groups)
         yield GPULoadStoreSpec, KvbmLoadStoreSpec, handler
         yield KvbmLoadStoreSpec, GPULoadStoreSpec, handler
 
