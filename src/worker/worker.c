@@ -124,7 +124,7 @@ struct kvsim_worker {
   /* counters (atomics, any thread) */
   _Atomic uint64_t requests, ok, failed, refused_busy, bad_bodies, running, gone;
   _Atomic uint64_t prompt_tokens, prefill_tokens, onboarded, wrong_blocks, hit[KVBM_TIER_COUNT];
-  _Atomic uint64_t g3_delayed, g3_full_dropped;
+  _Atomic uint64_t g3_delayed, g3_full_dropped, room_waits;
 };
 
 /* ------------------------------------------------------------- config */
@@ -377,6 +377,13 @@ static int start_storage_events(kvsim_worker *w, kvbm_error *err) {
 
 /* ------------------------------------------------------------ requests */
 
+static bool worker_quitting(kvsim_worker *w) {
+  pthread_mutex_lock(&w->q_mu);
+  bool q = w->quit;
+  pthread_mutex_unlock(&w->q_mu);
+  return q;
+}
+
 /* Sleeps `s` simulated seconds (divided by the time scale); returns early
  * when the worker stops. */
 static void sim_sleep(kvsim_worker *w, double s) {
@@ -417,7 +424,16 @@ static void run_job(kvsim_worker *w, job *j, outcome *o) {
   uint32_t B = w->cfg.block_size;
   double wait_s = (double)((int64_t)kvbm_clock_ns() - j->queued_ns) * 1e-9 * w->cfg.time_scale;
   kvbm_mreq *r = NULL;
-  int rc = kvbm_manager_prefill(w->m, 0, 0, j->prompt, j->n_prompt, &r, NULL, NULL);
+  int rc;
+  /* G1 full of running requests' blocks: wait for one to end, as an
+   * engine's scheduler waits for KV room; alone and still no room: fail */
+  while ((rc = kvbm_manager_prefill(w->m, 0, 0, j->prompt, j->n_prompt, &r, NULL, NULL)) ==
+             KVBM_ENOSPC &&
+         atomic_load(&w->running) > 1 && !worker_quitting(w)) {
+    atomic_fetch_add(&w->room_waits, 1);
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
   if (rc) {
     o->http = rc == KVBM_ENOSPC ? 503 : 500;
     o->error = rc == KVBM_ENOSPC ? "G1 has no room for the request now" : kvbm_strerror(rc);
@@ -768,6 +784,9 @@ static void collect(void *user, kvbm_metrics_writer *mw) {
       {"kvbm_worker_republished_events_total", "events of those rounds", repev},
       {"kvbm_worker_republish_failed_total", "events of those rounds the publisher refused",
        repf},
+      {"kvbm_worker_room_waits_total",
+       "prefills that waited for G1 room held by running requests (2 ms each)",
+       atomic_load(&w->room_waits)},
       {"kvbm_worker_g3_delayed_total", "requests slowed by the g3_delay_ms fault",
        atomic_load(&w->g3_delayed)},
       {"kvbm_worker_g3_full_dropped_total", "G3 blocks dropped by the g3_full fault",
