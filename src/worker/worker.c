@@ -108,6 +108,8 @@ struct kvsim_worker {
   bool publishing;           /* events go out (else counted as dropped) */
   bool starting;             /* create: restored G3 blocks only recorded */
   uint64_t events_dropped, republishes, republished_events, republish_failed;
+  uint64_t sink_errors_seen; /* the publisher's sink_errors at the last tick */
+  bool resync_pending;       /* a sink lost batches: republish once it sends again */
   /* jobs */
   pthread_mutex_t q_mu;
   pthread_cond_t q_cv;      /* a job queued, or quit */
@@ -274,6 +276,31 @@ static void set_publishing(kvsim_worker *w, bool on) {
   bool resume = on && !w->publishing;
   w->publishing = on;
   if (resume) republish_locked(w);
+  pthread_mutex_unlock(&w->ev_mu);
+}
+
+/* The service's tick (every 200 ms): a batch a sink failed to send (NATS
+ * down, a publish JetStream refused or never acknowledged) is lost to every
+ * reader of the stream, which counts it and holds an index that is wrong
+ * for good (found by the W5 cluster run: a nats-server restart left the
+ * routers with 83 blocks the worker had evicted). So when the publisher's
+ * sink_errors grew, the worker republishes (clear + every held block, as
+ * when publishing resumes) at the first tick where they stopped growing;
+ * if that round fails too, the next quiet tick tries again. */
+static void resync_tick(void *user, int64_t now_ns) {
+  (void)now_ns;
+  kvsim_worker *w = user;
+  if (!w->pub) return;
+  kvbm_publisher_stats st;
+  kvbm_publisher_stats_get(w->pub, &st);
+  pthread_mutex_lock(&w->ev_mu);
+  if (st.sink_errors != w->sink_errors_seen) {
+    w->sink_errors_seen = st.sink_errors;
+    w->resync_pending = true;
+  } else if (w->resync_pending && w->publishing) {
+    w->resync_pending = false;
+    republish_locked(w);
+  }
   pthread_mutex_unlock(&w->ev_mu);
 }
 
@@ -876,6 +903,7 @@ static int make_service(kvsim_worker *w, kvbm_error *err) {
                              .json_errors = true, .error_newline = true,
                              .routes = r, .nroutes = sizeof r / sizeof r[0],
                              .max_deferred = w->cfg.max_queue + w->cfg.batch,
+                             .tick = resync_tick, .tick_user = w, .tick_ms = 200,
                              .defer_timeout_s = w->cfg.request_timeout_s};
   return kvbm__service_create(&sc, &w->svc, err);
 }
