@@ -813,7 +813,7 @@ def run(a):
                 m = prom_metrics(text)
                 metrics_wrong[k] = int(sum(v for n, v in m.items() if "wrong_bytes" in n))
                 counted["worker%d" % k] = {n: v for n, v in m.items()
-                                           if any(s in n for s in ("dropped", "lost", "fail"))
+                                           if any(s in n for s in ("dropped", "lost", "fail", "error"))
                                            and v and not n.endswith(("_bucket", "_sum", "_count"))}
                 st, h = call(cl.workers[k]["port"], "GET", "/health", timeout=5)
                 if isinstance(h, dict) and "events_dropped" in h:
