@@ -842,9 +842,13 @@ KVBM_EXTERN void kvbm_mreq_destroy(kvbm_mreq *r);
  * foreign miss). G1, G2 and the disk:// slot file keep one fixed-size slot
  * per block (one budget per tier), the group's bytes at its start.
  *
- * Not (yet) for hybrid requests: decode appends, phases, peers, the G4
- * store lookup of blocks G4's index does not know (only indexed G4 blocks
- * are hits), onboards abandoned at a deadline (they are waited for). */
+ * G4 as a shared store: blocks its index does not know are asked about
+ * (every group's keys the tiers here lack, in block order, at most
+ * g4_lookup_max, one batch under g4_lookup_timeout_ms, the lock dropped),
+ * as kvbm_manager_prefill does; what lands is indexed.
+ *
+ * Not (yet) for hybrid requests: decode appends, phases, peers, onboards
+ * abandoned at a deadline (they are waited for). */
 
 /* The manager's block of a Mamba group holds its state: vLLM's MambaSpec
  * gives the state as shapes per layer (conv state and SSM/temporal state),
