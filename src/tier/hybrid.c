@@ -62,6 +62,9 @@ struct kvbm_hreq {
   size_t settled;    /* blocks of the hit once the onboards are over
                         (SIZE_MAX: not yet) */
   bool committed;
+  uint64_t *found;   /* during prefill: keys G4's store answered for that
+                        its index does not know (sorted; NULL: none) */
+  size_t nfound;
   size_t hit_g1[KVBM_GROUPS_MAX], onboarded[KVBM_GROUPS_MAX];
   size_t from[KVBM_TIER_COUNT];
 };
@@ -151,6 +154,11 @@ static inline uint64_t key_of(const kvbm_hreq *r, size_t k, uint32_t g) {
   return kvbm__group_key(r->hashes[k], g);
 }
 
+static int cmp_key(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 /* G1's state of the key: 1 with bytes there or on their way (a ready
  * block, or one another prefill is onboarding: waited for as ours), 0 not
  * registered or FAILED (an onboard may rewrite it), -1 registered by a
@@ -175,6 +183,7 @@ static int source_of(const kvbm_hreq *r, uint32_t g, size_t k, bool lower) {
     if (ti == KVBM_TIER_G4 && m->t[ti].present && kvbm__backed_off(&m->t[ti])) break;
     if (kvbm__tier_has(m, ti, key)) return ti;
   }
+  if (r->nfound && bsearch(&key, r->found, r->nfound, sizeof key, cmp_key)) return KVBM_TIER_G4;
   return KVBM_TIER_COUNT;
 }
 
@@ -239,6 +248,54 @@ static size_t find_hit(const kvbm_hreq *r, bool lower) {
   return (size_t)(h / B);
 }
 
+/* G4's lookup (request.c's walk_all, per group): when the hit found is
+ * shorter than the prompt allows and G4 is a shared store, the store is
+ * asked about the keys no tier here holds, every group's, in block order
+ * and at most g4_lookup_max of them, the lock dropped while it answers (at
+ * most g4_lookup_timeout_ms); the hit is then found again with the answers
+ * (r->found). Lock held on entry and exit. */
+static void g4_lookup(kvbm_hreq *r) {
+  kvbm_manager *m = r->m;
+  kvbm__tier *g4 = &m->t[KVBM_TIER_G4];
+  const size_t K = (r->n - 1) / m->cfg.block_size;
+  if (r->hit >= K || !g4->present || !g4->usable || !g4->lookup_vol) return;
+  if (kvbm__backed_off(g4)) {
+    g4->st.backoff_skips++;
+    return;
+  }
+  size_t cap = m->cfg.g4_lookup_max, n = 0;
+  uint64_t *keys = malloc(cap * sizeof *keys);
+  bool *found = malloc(cap * sizeof *found);
+  for (size_t k = 0; keys && found && k < K && n < cap; k++)
+    for (uint32_t g = 0; g < r->ngroups && n < cap; g++)
+      if (source_of(r, g, k, true) == KVBM_TIER_COUNT) keys[n++] = key_of(r, k, g);
+  if (!keys || !found || n == 0) {
+    free(keys);
+    free(found);
+    return;
+  }
+  pthread_mutex_unlock(&m->mu);
+  int rc = kvbm__lookup_run(m, g4, keys, n, found);
+  pthread_mutex_lock(&m->mu);
+  size_t nf = 0;
+  for (size_t i = 0; i < n; i++)
+    if (found[i]) keys[nf++] = keys[i];
+  g4->st.lookups++;
+  g4->st.lookup_blocks += n;
+  g4->st.lookup_found += nf;
+  if (rc == KVBM_ETIMEDOUT) g4->st.lookup_timeouts++;
+  else if (rc) g4->st.lookup_errors++;
+  kvbm__read_result(m, g4, rc != KVBM_OK && rc != KVBM_ENOMEM);
+  free(found);
+  if (nf == 0) {
+    free(keys);
+    return;
+  }
+  qsort(keys, nf, sizeof *keys, cmp_key);
+  r->found = keys;
+  r->nfound = nf;
+}
+
 /* ---- taking the plan (lock held; room checked) ---- */
 
 /* A new G1 block registered for group g's block k (tokens and key), this
@@ -268,8 +325,8 @@ static uint32_t onboard(kvbm_hreq *r, uint32_t g, size_t k, int ti) {
   if (kvbm_pool_peek(g1->pool, key, NULL, NULL) == KVBM_OK) KVBM__MUST(kvbm_pool_match(g1->pool, key, &id));
   else id = register_new(r, g, k);
   g1->state[id] = KVBM__PENDING;
-  uint32_t sid = KVBM__NONE;
-  KVBM__MUST(kvbm_pool_match(t->pool, key, &sid)); /* the job's pin of its source */
+  uint32_t sid = KVBM__NONE; /* none: a block G4's lookup found (indexed when it lands) */
+  if (kvbm__tier_has(m, ti, key)) KVBM__MUST(kvbm_pool_match(t->pool, key, &sid)); /* the job's pin */
   KVBM__MUST(kvbm_block_retain(g1->pool, id));     /* the job's reference */
   t->st.hit_blocks++;
   kvbm__job j = {.kind = ti == KVBM_TIER_G2 ? KVBM__J_UP : KVBM__J_GET, .tier = (uint8_t)ti,
@@ -325,6 +382,7 @@ static void take(kvbm_hreq *r, bool lower) {
 
 static void hreq_free(kvbm_hreq *r) {
   if (!r) return;
+  free(r->found);
   free(r->shell.tokens);
   free(r->hashes);
   free(r->tab);
@@ -374,12 +432,17 @@ int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
   size_t onboards = 0;
   bool lower = true;
   r->hit = find_hit(r, true);
+  g4_lookup(r); /* the lock may be dropped: the hit is found again */
+  if (r->nfound) r->hit = find_hit(r, true);
   if (!plan_fits(r, r->hit, true, &onboards) && onboards) {
     lower = false;
     r->hit = find_hit(r, false);
   }
   int rc = plan_fits(r, r->hit, lower, &onboards) ? KVBM_OK : KVBM_ENOSPC;
   if (!rc) take(r, lower);
+  free(r->found); /* the lookup's answers served this prefill only */
+  r->found = NULL;
+  r->nfound = 0;
   pthread_mutex_unlock(&m->mu);
   if (rc) {
     hreq_free(r);

@@ -270,6 +270,50 @@ static void test_g4_round_trip_per_group(void **st) {
   tu_rmdir(dir);
 }
 
+/* G4 shared by two managers: the second one's index knows nothing, its
+ * hybrid prefill asks the store (one lookup, every group's keys) and gets
+ * the hybrid hit with only the needed blocks, bytes checked. */
+static void test_g4_lookup_across_managers(void **st) {
+  (void)st;
+  char *dir = tu_tmpdir("hybrid-g4x");
+  char url[600];
+  snprintf(url, sizeof url, "file://%s", dir);
+  const kvbm_group_spec g[3] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 8}, {KVBM_GROUP_MAMBA, 0}};
+  const kvbm_group_layout gl[3] = {{0, 0, 0}, {0, 0, 0}, {200, 72, 128}};
+  kvbm_manager *a = hybrid_manager(NULL, g, 3, gl, 40, 0, 0, url);
+  uint32_t *p = tu_prompt(21, 40);
+  assert_int_equal(hrun(a, p, 32, NULL), 0);
+  kvbm_manager_destroy(a);
+  kvbm_manager *b = hybrid_manager(NULL, g, 3, gl, 40, 0, 0, url);
+  kvbm_hreq *r;
+  size_t hit;
+  assert_int_equal(kvbm_manager_hprefill(b, 0, 0, p, 40, &r, &hit, NULL), KVBM_OK);
+  assert_int_equal(hit, 32);
+  kvbm_hreq_info i;
+  assert_int_equal(kvbm_hreq_wait(r, -1, &i), KVBM_OK);
+  assert_int_equal(i.hit_tokens, 32);
+  assert_int_equal(i.onboarded[0], 8);
+  assert_int_equal(i.onboarded[1], 2);
+  assert_int_equal(i.onboarded[2], 1);
+  kvbm_tier_stats s4 = tu_stats(b, KVBM_TIER_G4);
+  assert_int_equal(s4.lookups, 1);
+  assert_int_equal(s4.lookup_found, 24); /* 8 blocks of each of 3 groups */
+  assert_int_equal(s4.onboarded_blocks, 11);
+  size_t per[3];
+  assert_int_equal(verify_hit(b, r, p, 8, per), 0);
+  kvbm_hreq_destroy(r);
+  /* what landed is indexed now: the next prefill needs no lookup */
+  flush_g1(b, 4000, 36, 4);
+  assert_int_equal(kvbm_manager_hprefill(b, 0, 0, p, 40, &r, &hit, NULL), KVBM_OK);
+  assert_int_equal(hit, 32);
+  kvbm_hreq_wait(r, -1, &i);
+  assert_int_equal(i.hit_tokens, 32);
+  kvbm_hreq_destroy(r);
+  free(p);
+  kvbm_manager_destroy(b);
+  tu_rmdir(dir);
+}
+
 /* A manager of one group: hybrid requests see what plain ones see. */
 static void test_one_group_as_plain(void **st) {
   (void)st;
@@ -390,6 +434,7 @@ int main(void) {
       cmocka_unit_test(test_window_hit_from_g2),
       cmocka_unit_test(test_mamba_state_from_g3),
       cmocka_unit_test(test_g4_round_trip_per_group),
+      cmocka_unit_test(test_g4_lookup_across_managers),
       cmocka_unit_test(test_one_group_as_plain),
       cmocka_unit_test(test_no_room_changes_nothing),
       cmocka_unit_test(test_hostile_configs),
