@@ -56,6 +56,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "pool/pool_internal.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -736,6 +738,49 @@ HOT void fill_run(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t par
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
                       tokens + k * bs, hashes[k], context, grouped, false);
   }
+}
+
+/* The loop of kvbm__pool_fill_run_hashing (pool/pool_internal.h), once
+ * per `grouped`: fill_run, with block k + HASH_AHEAD hashed (and its
+ * registry bucket prefetched) in the iteration that fills block k. The
+ * hashes stay a fixed distance ahead, so each bucket has had the work of
+ * HASH_AHEAD blocks to arrive. */
+#define HASH_AHEAD 4
+HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
+                          bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t n,
+                          void *context, uint32_t *ids, const bool grouped) {
+  const size_t bs = p->cfg.block_size;
+  const kvbm_hash_scheme scheme = p->cfg.scheme;
+  uint64_t h = parent;
+  bool hp = has_parent;
+  size_t hashed = 0;
+  for (; hashed < n && hashed < HASH_AHEAD; hashed++, hp = true) {
+    h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + hashed * bs, bs);
+    hashes[hashed] = h;
+    reg_prefetch(p, h, group);
+  }
+  for (size_t k = 0; k < n; k++) {
+    if (hashed < n) {
+      h = kvbm_hash_next(scheme, salt_hash, h, true, tokens + hashed * bs, bs);
+      hashes[hashed++] = h;
+      reg_prefetch(p, h, group);
+    }
+    uint32_t id = take_block(p, grouped, group, true);
+    ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
+                      tokens + k * bs, hashes[k], context, grouped, false);
+  }
+}
+
+int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
+                                bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t n,
+                                void *context, uint32_t *ids) {
+  if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
+  if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
+  if (p->group)
+    fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true);
+  else
+    fill_run_hashing(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false);
+  return KVBM_OK;
 }
 
 /* The loop of kvbm_pool_fill_run_fresh: look the hash up first, stop if it

@@ -4,13 +4,18 @@
  *
  * The sequence keeps, per block, its id and (for full blocks) its sequence
  * hash, so that the next block can chain from it without rereading tokens.
- * Every prompt token is hashed exactly once, in prefill, before anything is
- * touched: the hashes then drive a side-effect-free dry run (how much of the
- * prefix is registered, and how much of that sits in the cache and would stop
- * being evictable) that decides all-or-nothing before the real match and
- * allocation. The real pass allocates and registers block by block, in
- * order, which is exactly W1's sequential rule (an allocation may evict a
- * block that a later register would have deduplicated onto).
+ * Every prompt token is hashed exactly once, in prefill. The dry run hashes
+ * the blocks it looks up, and stops at the first block not registered: it
+ * is side-effect free (how much of the prefix is registered, and how much of
+ * that sits in the cache and would stop being evictable) and decides
+ * all-or-nothing before the real match and allocation. The blocks after the
+ * first miss are hashed by the pool call that fills them
+ * (kvbm__pool_fill_run_hashing), a few blocks ahead of the fill: hashing is
+ * arithmetic on tokens in cache and the fill is scattered loads, and in one
+ * loop the core overlaps them (in two passes each waits for the other).
+ * The real pass allocates and registers block by block, in order, which is
+ * exactly W1's sequential rule (an allocation may evict a block that a
+ * later register would have deduplicated onto).
  *
  * A caller that has already hashed the prompt and taken the blocks of its
  * prefix (the tiered manager, which walks G1..G4 itself) hands both over
@@ -25,6 +30,7 @@
 #include <string.h>
 
 #include "common/vec.h"
+#include "pool/pool_internal.h"
 
 struct kvbm_seq {
   kvbm_pool *pool;
@@ -97,10 +103,21 @@ void kvbm_seq_set_context(kvbm_seq *s, void *context) {
   if (s) s->context = context;
 }
 
-/* The prefill once s->hashes holds the prompt's full blocks' hashes and
- * held[0..nheld) the blocks (with a reference each) of its first nheld. */
+/* Hash of full block k, chained from block k - 1's (in s->hashes). */
+static uint64_t hash_block(const kvbm_seq *s, const uint32_t *tokens, size_t k) {
+  return kvbm_hash_next(s->scheme, s->salt_hash, k ? s->hashes[k - 1] : 0, k > 0,
+                        tokens + k * s->block_size, s->block_size);
+}
+
+/* The prefill once s->hashes holds the hashes of the prompt's first
+ * nhashed full blocks and held[0..nheld) the blocks (with a reference
+ * each) of its first nheld. The dry run hashes the blocks it looks up as
+ * it goes and stops at the first miss; the blocks after that are hashed
+ * by the run that fills them (kvbm__pool_fill_run_hashing, where the
+ * hashing overlaps the pool's scattered loads), so every token is still
+ * hashed once. */
 static int prefill_hashed(kvbm_seq *s, const uint32_t *tokens, size_t n, const uint32_t *held,
-                          size_t nheld, size_t *matched_tokens) {
+                          size_t nheld, size_t nhashed, size_t *matched_tokens) {
   const size_t B = s->block_size;
   const size_t nfull = n / B, total = div_up(n, B), matchable = (n - 1) / B;
   int rc;
@@ -108,7 +125,9 @@ static int prefill_hashed(kvbm_seq *s, const uint32_t *tokens, size_t n, const u
   /* Dry run: nothing changes until we know everything fits. */
   size_t m = nheld, from_cache = 0;
   bool cached;
-  while (m < matchable && kvbm_pool_peek(s->pool, s->hashes[m], NULL, &cached) == KVBM_OK) {
+  while (m < matchable) {
+    if (m >= nhashed) s->hashes[nhashed++] = hash_block(s, tokens, m);
+    if (kvbm_pool_peek(s->pool, s->hashes[m], NULL, &cached) != KVBM_OK) break;
     from_cache += cached;
     m++;
   }
@@ -117,9 +136,18 @@ static int prefill_hashed(kvbm_seq *s, const uint32_t *tokens, size_t n, const u
   if (nheld) memcpy(s->ids, held, nheld * sizeof *held);
   for (size_t k = nheld; k < m; k++) kvbm_pool_match(s->pool, s->hashes[k], &s->ids[k]);
   if (nfull > m) {
-    rc = kvbm_pool_fill_run_ctx(s->pool, s->salt_hash, m ? s->hashes[m - 1] : 0, m > 0,
-                                tokens + m * B, s->hashes + m, nfull - m, s->context,
-                                s->ids + m);
+    /* blocks m..nhashed - 1 have their hashes; the rest are hashed as filled */
+    size_t known = nhashed > m ? nhashed - m : 0;
+    if (known)
+      rc = kvbm_pool_fill_run_ctx(s->pool, s->salt_hash, m ? s->hashes[m - 1] : 0, m > 0,
+                                  tokens + m * B, s->hashes + m, known, s->context, s->ids + m);
+    else
+      rc = KVBM_OK;
+    size_t k = m + known;
+    if (!rc && nfull > k)
+      rc = kvbm__pool_fill_run_hashing(s->pool, 0, s->salt_hash, k ? s->hashes[k - 1] : 0, k > 0,
+                                       tokens + k * B, s->hashes + k, nfull - k, s->context,
+                                       s->ids + k);
     if (rc) return rc; /* cannot happen: checked above */
   }
   s->nblocks = nfull;
@@ -137,15 +165,9 @@ static int prefill_hashed(kvbm_seq *s, const uint32_t *tokens, size_t n, const u
 int kvbm_seq_prefill(kvbm_seq *s, const uint32_t *tokens, size_t n, size_t *matched_tokens) {
   if (!s || !tokens || n == 0) return KVBM_EINVAL;
   if (s->ntok) return KVBM_ESTATE;
-  const size_t B = s->block_size, nfull = n / B;
-  int rc = reserve(s, div_up(n, B));
+  int rc = reserve(s, div_up(n, s->block_size));
   if (rc) return rc;
-  uint64_t parent = 0;
-  for (size_t k = 0; k < nfull; k++) {
-    parent = kvbm_hash_next(s->scheme, s->salt_hash, parent, k > 0, tokens + k * B, B);
-    s->hashes[k] = parent;
-  }
-  return prefill_hashed(s, tokens, n, NULL, 0, matched_tokens);
+  return prefill_hashed(s, tokens, n, NULL, 0, 0, matched_tokens);
 }
 
 int kvbm_seq_prefill_plan(kvbm_seq *s, const uint32_t *tokens, size_t n,
@@ -158,7 +180,7 @@ int kvbm_seq_prefill_plan(kvbm_seq *s, const uint32_t *tokens, size_t n,
   int rc = reserve(s, div_up(n, B));
   if (rc) return rc;
   if (nfull) memcpy(s->hashes, plan->hashes, nfull * sizeof *s->hashes);
-  return prefill_hashed(s, tokens, n, plan->held, plan->nheld, matched_tokens);
+  return prefill_hashed(s, tokens, n, plan->held, plan->nheld, nfull, matched_tokens);
 }
 
 /* Commits and registers the full tail block, adopting a dedup target. */

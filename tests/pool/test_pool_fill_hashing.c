@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_pool_fill_hashing.c: kvbm__pool_fill_run_hashing (pool/pool_internal.h),
+ * the prefill run that hashes its blocks itself, a few ahead of filling them.
+ *
+ * What it promises is "the same as hashing first and calling
+ * kvbm_pool_fill_run_group": so two twin pools take the same random runs,
+ * one through each path, and must agree on every hash written, every id
+ * returned, every event (in order), every block's info and the stats,
+ * while runs evict, deduplicate onto cached and active blocks, and chain
+ * from a parent. Both schemes, with and without salt, one group and two,
+ * runs shorter and longer than the hashing distance. Then the refusals:
+ * NULL arrays, a group past the list, more blocks than available, each
+ * with no change and no hash written.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "pool/pool_internal.h"
+#include "pool_testutil.h"
+
+enum { NB = 48, BS = 4, MAXRUN = 24 };
+
+static uint32_t rnd(uint32_t *x) { return (*x = *x * 1103515245u + 12345u) >> 8; }
+
+static kvbm_pool *twin(kvbm_hash_scheme scheme, uint32_t groups, tu_log *log) {
+  kvbm_pool_config c = kvbm_pool_config_default(NB, BS);
+  c.scheme = scheme;
+  c.num_groups = groups;
+  c.keep_tokens = true;
+  memset(log, 0, sizeof *log);
+  c.listener = tu_listener;
+  c.listener_user = log;
+  kvbm_pool *p = NULL;
+  assert_int_equal(kvbm_pool_create(&c, &p, NULL), KVBM_OK);
+  return p;
+}
+
+static void assert_same_pools(const kvbm_pool *a, const kvbm_pool *b, const tu_log *la,
+                              const tu_log *lb) {
+  tu_snap *sa = tu_snap_new(a);
+  tu_assert_unchanged(b, sa);
+  free(sa);
+  assert_false(la->overflow);
+  assert_int_equal(la->n, lb->n);
+  for (size_t i = 0; i < la->n; i++) {
+    assert_int_equal(la->ev[i].kind, lb->ev[i].kind);
+    assert_int_equal(la->ev[i].block_id, lb->ev[i].block_id);
+    assert_int_equal(la->ev[i].seq_hash, lb->ev[i].seq_hash);
+    assert_int_equal(la->ev[i].parent_hash, lb->ev[i].parent_hash);
+    assert_int_equal(la->ev[i].salt_hash, lb->ev[i].salt_hash);
+    assert_int_equal(la->ev[i].has_parent, lb->ev[i].has_parent);
+    assert_memory_equal(la->ev[i].tokens, lb->ev[i].tokens, sizeof la->ev[i].tokens);
+  }
+}
+
+/* One configuration: 400 random runs on twin pools. Each block's tokens
+ * are one of two contents and parents one of four, so that runs often
+ * repeat a previous prefix and registers deduplicate (500-ish of them);
+ * runs hold their blocks for a while, so some dedups land on active
+ * blocks, and allocations evict (3000-ish). */
+static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups) {
+  tu_log *la = malloc(sizeof *la), *lb = malloc(sizeof *lb);
+  assert_non_null(la);
+  assert_non_null(lb);
+  kvbm_pool *a = twin(scheme, groups, la), *b = twin(scheme, groups, lb);
+  uint32_t held_a[4][MAXRUN], held_b[4][MAXRUN];
+  size_t held_n[4] = {0};
+  uint32_t x = 12345u + (uint32_t)salt + groups;
+  uint64_t dedups = 0, evictions = 0;
+  for (int round = 0; round < 400; round++) {
+    const size_t slot = rnd(&x) % 4;
+    /* release what this slot held (tail first), in both */
+    assert_int_equal(kvbm_pool_release_run(a, held_a[slot], held_n[slot], 0), KVBM_OK);
+    assert_int_equal(kvbm_pool_release_run(b, held_b[slot], held_n[slot], 0), KVBM_OK);
+    held_n[slot] = 0;
+    size_t n = 1 + rnd(&x) % MAXRUN;
+    if (n > kvbm_pool_available(a)) n = kvbm_pool_available(a);
+    if (n == 0) continue;
+    uint32_t toks[MAXRUN * BS];
+    for (size_t k = 0; k < n; k++) { /* each block one of two contents */
+      const uint32_t v = rnd(&x) % 2;
+      for (size_t i = 0; i < BS; i++) toks[k * BS + i] = v + (uint32_t)i;
+    }
+    const uint32_t g = groups > 1 ? rnd(&x) % groups : 0;
+    const bool has_parent = rnd(&x) % 3 == 0;
+    const uint64_t parent = has_parent ? 0x1234567890ull + rnd(&x) % 4 : 0;
+    uint64_t ha[MAXRUN], hb[MAXRUN + 1];
+    /* A: the hashes first, then the run */
+    uint64_t h = parent;
+    for (size_t k = 0; k < n; k++) {
+      h = kvbm_hash_next(scheme, salt, h, k > 0 || has_parent, toks + k * BS, BS);
+      ha[k] = h;
+    }
+    kvbm_pool_stats before;
+    kvbm_pool_stats_get(a, &before);
+    assert_int_equal(kvbm_pool_fill_run_group(a, g, salt, parent, has_parent, toks, ha, n, NULL,
+                                              held_a[slot]),
+                     KVBM_OK);
+    /* B: the run hashes; the word after the last must stay untouched */
+    hb[n] = 0xfeedfacecafef00dull;
+    assert_int_equal(kvbm__pool_fill_run_hashing(b, g, salt, parent, has_parent, toks, hb, n, NULL,
+                                                 held_b[slot]),
+                     KVBM_OK);
+    held_n[slot] = n;
+    assert_memory_equal(ha, hb, n * sizeof *ha);
+    assert_int_equal(hb[n], 0xfeedfacecafef00dull);
+    assert_memory_equal(held_a[slot], held_b[slot], n * sizeof *held_a[slot]);
+    kvbm_pool_stats after;
+    kvbm_pool_stats_get(a, &after);
+    dedups += after.dedup - before.dedup;
+    evictions += after.evicted - before.evicted;
+    assert_same_pools(a, b, la, lb);
+    la->n = lb->n = 0;
+  }
+  /* the runs did what they are there for */
+  assert_true(dedups > 20);
+  assert_true(evictions > 20);
+  kvbm_pool_destroy(a);
+  kvbm_pool_destroy(b);
+  free(la);
+  free(lb);
+}
+
+static void native_plain(void **state) {
+  (void)state;
+  twins_agree(KVBM_HASH_NATIVE, 0, 1);
+}
+static void native_salted_two_groups(void **state) {
+  (void)state;
+  twins_agree(KVBM_HASH_NATIVE, 0xabcdefull, 2);
+}
+static void dynamo_plain(void **state) {
+  (void)state;
+  twins_agree(KVBM_HASH_DYNAMO, 0, 1);
+}
+static void dynamo_salted_two_groups(void **state) {
+  (void)state;
+  twins_agree(KVBM_HASH_DYNAMO, 0x5a17ull, 2);
+}
+
+/* Refused calls change nothing and write no hash. */
+static void refusals_change_nothing(void **state) {
+  (void)state;
+  tu_log *log = malloc(sizeof *log);
+  assert_non_null(log);
+  kvbm_pool *p = twin(KVBM_HASH_NATIVE, 2, log);
+  uint32_t toks[8 * BS] = {0}, ids[NB + 1];
+  uint64_t hashes[NB + 1];
+  /* something registered and cached first, so that "no change" means something */
+  uint64_t h0[4];
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, toks, 4 * BS, BS, h0, 4);
+  assert_int_equal(kvbm_pool_fill_run_group(p, 0, 0, 0, false, toks, h0, 4, NULL, ids), KVBM_OK);
+  assert_int_equal(kvbm_pool_release_run(p, ids, 4, 0), KVBM_OK);
+  log->n = 0;
+  tu_snap *before = tu_snap_new(p);
+  for (size_t i = 0; i < NB + 1; i++) hashes[i] = 7;
+  assert_int_equal(kvbm__pool_fill_run_hashing(p, 0, 0, 0, false, NULL, hashes, 2, NULL, ids), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_run_hashing(p, 0, 0, 0, false, toks, NULL, 2, NULL, ids), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_run_hashing(p, 0, 0, 0, false, toks, hashes, 2, NULL, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_run_hashing(p, 2, 0, 0, false, toks, hashes, 2, NULL, ids), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_run_hashing(p, 0, 0, 0, false, toks, hashes, NB + 1, NULL, ids),
+                   KVBM_ENOSPC);
+  for (size_t i = 0; i < NB + 1; i++) assert_int_equal(hashes[i], 7);
+  tu_assert_unchanged(p, before);
+  assert_int_equal(log->n, 0);
+  /* n == 0 with NULL arrays is an empty run */
+  assert_int_equal(kvbm__pool_fill_run_hashing(p, 0, 0, 0, false, NULL, NULL, 0, NULL, NULL), KVBM_OK);
+  tu_assert_unchanged(p, before);
+  free(before);
+  kvbm_pool_destroy(p);
+  free(log);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(native_plain),
+      cmocka_unit_test(native_salted_two_groups),
+      cmocka_unit_test(dynamo_plain),
+      cmocka_unit_test(dynamo_salted_two_groups),
+      cmocka_unit_test(refusals_change_nothing),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
