@@ -1441,6 +1441,9 @@ HOT int apply_one(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_error 
   return KVBM_OK;
 }
 
+static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kvbm_error *err);
+static inline bool lean_worker(const kvbm_index *idx, const worker *w);
+
 int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
                      const kvbm_event *ev, kvbm_error *err) {
   if (!idx || !ev) return kvbm_error_set(err, KVBM_EINVAL, "router index: NULL argument");
@@ -1456,6 +1459,9 @@ int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
   if ((rc = kvbm_index_add_worker(idx, worker, &s, err))) return rc;
   if (!check_id(idx, s, id)) return KVBM_OK;
   learn0(idx, s, ev, 1);
+  /* a batch of one: the same paths as kvbm_index_apply_batch */
+  const kvbm_event_batch one = {.events = ev, .num_events = 1};
+  if (lean_worker(idx, &idx->w[s])) return lean_batch(idx, s, &one, err);
   return apply_one(idx, s, ev, err);
 }
 
@@ -1480,13 +1486,15 @@ int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
  * of the general path, which may set them (a clear zeroes `held`).
  */
 typedef struct lean {
-  uint64_t held, entries, stored, removed, events; /* deltas, mod 2^64 */
+  uint64_t stored, removed, events; /* a lean block stored is a new device
+                                       entry, one removed an entry gone:
+                                       held and entries move by the same */
 } lean;
 
 static void lean_flush(kvbm_index *idx, worker *w, lean *a) {
   if (!(a->events | a->stored | a->removed)) return;
-  bump(&w->held[KVBM_TIER_G1], a->held);
-  bump(&idx->c.entries, a->entries);
+  bump(&w->held[KVBM_TIER_G1], a->stored - a->removed);
+  bump(&idx->c.entries, a->stored - a->removed);
   bump(&idx->c.stored, a->stored);
   bump(&idx->c.removed, a->removed);
   bump(&idx->c.events, a->events);
@@ -1505,7 +1513,8 @@ HOT bool lean_event(const kvbm_event *ev) {
 /* A worker whose stores the lean path may apply: no recompute (blocks are
  * kept under their engine hash) and no namespaced block (a store without
  * salt could continue a namespaced parent's namespace). */
-HOT bool lean_worker(const kvbm_index *idx, const worker *w) {
+static inline __attribute__((always_inline)) bool lean_worker(const kvbm_index *idx,
+                                                              const worker *w) {
   return !idx->cfg.recompute && !w->nmapped;
 }
 
@@ -1536,7 +1545,7 @@ HOT int lean_stored(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a)
     s->w = (wpriv){.parent = parent, .has_parent = hp};
     slot_fill(s, h, OCC | 1u << KVBM_TIER_G1);
     w->entries++;
-    a->held++, a->entries++, a->stored++;
+    a->stored++;
     if (hp && link_parent(w, t, parent)) publish_closed(w);
   }
   return KVBM_OK;
@@ -1563,7 +1572,7 @@ HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *
     uint64_t parent = s->w.parent;
     bool hp = s->w.has_parent;
     slot_delete(w, t, s);
-    a->held--, a->entries--, a->removed++;
+    a->removed++;
     if (hp && unlink_parent(w, t, parent)) publish_closed(w);
   }
 }
@@ -1619,8 +1628,12 @@ static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kv
   for (size_t i = 0; i < EV_AHEAD && i < n; i++) lean_prefetch(LD(&w->tab), &evs[i]);
   for (size_t i = 0; i < n; i++) {
     wtab *t = LD(&w->tab);
-    if (i + EV_AHEAD < n) lean_prefetch(t, &evs[i + EV_AHEAD]);
-    if (i + EV_NEAR < n) lean_prefetch_parent(t, &evs[i + EV_NEAR]);
+    if (__builtin_expect(i + EV_AHEAD < n, 1)) {
+      lean_prefetch(t, &evs[i + EV_AHEAD]);
+      lean_prefetch_parent(t, &evs[i + EV_NEAR]);
+    } else if (i + EV_NEAR < n) {
+      lean_prefetch_parent(t, &evs[i + EV_NEAR]);
+    }
     const kvbm_event *ev = &evs[i];
     if (__builtin_expect(lean_event(ev), 1)) {
       if (ev->type == KVBM_EVENT_STORED) rc = lean_stored(idx, s, ev, &a);

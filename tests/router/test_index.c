@@ -119,6 +119,68 @@ static void test_prefixes(void **state) {
   kvbm_index_destroy(idx);
 }
 
+/* One batch mixing events of the lean path (device stores and removes of
+ * group 0 without namespace: index.c) with events the general path takes
+ * (another tier, a namespaced store after which the worker's batch goes
+ * the general way, an unknown remove, a clear), then a batch of lean
+ * events again: every count, size and prefix as if each event had been
+ * applied alone, and the lean path's counters, added once per batch, are
+ * exact when the batch returns. */
+static void test_lean_mixed(void **state) {
+  (void)state;
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  const uint64_t unknown = 999;
+  kvbm_event ev[8];
+  ev[0] = stored(H, 1, NULL, KVBM_MEDIUM_GPU);           /* lean */
+  ev[1] = stored(H + 1, 1, &H[0], KVBM_MEDIUM_GPU);      /* lean */
+  ev[2] = stored(H + 1, 1, &H[0], KVBM_MEDIUM_CPU);      /* general: another tier */
+  ev[3] = stored(H + 2, 1, &H[1], KVBM_MEDIUM_GPU);      /* lean */
+  ev[4] = removed(H + 1, 1, KVBM_MEDIUM_GPU);            /* lean: held on the host too */
+  ev[5] = removed(&unknown, 1, KVBM_MEDIUM_GPU);         /* unknown */
+  ev[6] = stored(H + 3, 1, &H[2], KVBM_MEDIUM_GPU);      /* namespaced: general from here */
+  ev[6].cache_salt = "tenant";
+  ev[7] = stored(H + 4, 1, &H[2], KVBM_MEDIUM_GPU);      /* general (worker not lean) */
+  kvbm_event_batch b = {.seq = KVBM_INDEX_NO_ID, .events = ev, .num_events = 8};
+  kvbm_error err;
+  assert_int_equal(kvbm_index_apply_batch(idx, 1, &b, &err), KVBM_OK);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.events, 8);
+  assert_int_equal(st.stored, 6);
+  assert_int_equal(st.removed, 1);
+  assert_int_equal(st.unknown_removed, 1);
+  assert_int_equal(st.entries, 5); /* 101, 102 (host), 103, ns(104), 105 */
+  uint64_t n[KVBM_TIER_COUNT];
+  assert_int_equal(kvbm_index_worker_blocks(idx, slot_of(idx, 1), n), KVBM_OK);
+  assert_int_equal(n[KVBM_TIER_G1], 4);
+  assert_int_equal(n[KVBM_TIER_G2], 1);
+  /* 102 is on the host only now: device prefix 1, host 3 (101 102 103) */
+  expect_prefix(idx, H, 3, 1, 1, 3, 3);
+  expect_prefix(idx, H + 4, 1, 1, 1, 1, 1);
+  /* the tenant's block is seen under its key only */
+  uint64_t keys[4];
+  kvbm_index_keys(idx, kvbm_index_namespace("tenant", NULL), H + 3, 1, keys);
+  expect_prefix(idx, keys, 1, 1, 1, 1, 1);
+  expect_prefix(idx, H + 3, 1, 1, 0, 0, 0);
+  /* a clear, then lean events again (the worker has no namespaced block) */
+  kvbm_event c[3] = {{.type = KVBM_EVENT_CLEARED}, stored(H, 2, NULL, KVBM_MEDIUM_GPU),
+                     removed(H + 1, 1, KVBM_MEDIUM_GPU)};
+  kvbm_event_batch b2 = {.seq = KVBM_INDEX_NO_ID, .events = c, .num_events = 3};
+  assert_int_equal(kvbm_index_apply_batch(idx, 1, &b2, &err), KVBM_OK);
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.events, 11);
+  assert_int_equal(st.cleared, 1);
+  assert_int_equal(st.stored, 8);
+  assert_int_equal(st.removed, 2);
+  assert_int_equal(st.entries, 1);
+  assert_int_equal(st.closed_workers, 1);
+  assert_int_equal(kvbm_index_worker_blocks(idx, slot_of(idx, 1), n), KVBM_OK);
+  assert_int_equal(n[KVBM_TIER_G1], 1);
+  assert_int_equal(n[KVBM_TIER_G2], 0);
+  expect_prefix(idx, H, 3, 1, 1, 1, 1);
+  kvbm_index_destroy(idx);
+}
+
 static void test_tiers(void **state) {
   (void)state;
   kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
@@ -1108,6 +1170,7 @@ static void test_snapshot_hostile(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
+      cmocka_unit_test(test_lean_mixed),
       cmocka_unit_test(test_duplicates_and_clear), cmocka_unit_test(test_workers),
       cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
       cmocka_unit_test(test_recompute), cmocka_unit_test(test_bad_input),
