@@ -49,7 +49,7 @@ import svg  # noqa: E402
 from procs import Supervisor, free_port, free_redis_port, wait_port  # noqa: E402
 
 STREAM = "KVBM"
-FAULTS = ("worker_kill", "redis_master_kill", "router_kill", "nats_restart", "g3_slow",
+FAULTS = ("worker_kill", "redis_master_kill", "router_kill", "nats_restart", "nats_kill", "g3_slow",
           "g3_full", "publish_off", "partition")
 
 
@@ -623,7 +623,9 @@ class Faults:
                 raise OSError("no live master found")
             f["target"] = m
             cl.sup.kill9(m)
-        elif kind == "nats_restart":
+        elif kind == "nats_restart":  # a restart: SIGTERM, so the store is flushed
+            cl.sup.stop("nats")
+        elif kind == "nats_kill":  # kill -9: JetStream loses what it had not flushed
             cl.sup.kill9("nats")
         elif kind == "g3_slow":
             self.knob(self.worker_of(tgt), {"g3_delay_ms": int(f["e"].get("delay_ms", 20))})
@@ -642,7 +644,7 @@ class Faults:
             cl.start_router(int(tgt.split(":")[1]), first=False)
         elif kind == "redis_master_kill":
             cl.start_redis_node(f["target"], first=False)  # back as a replica
-        elif kind == "nats_restart":
+        elif kind in ("nats_restart", "nats_kill"):
             cl.start_nats(first=False)
         elif kind == "g3_slow":
             self.knob(self.worker_of(tgt), {"g3_delay_ms": 0})
@@ -670,7 +672,7 @@ class Faults:
             except OSError:
                 return False
             return st == 200 and all(cl.similar(k) for k in cl.workers)
-        if kind == "nats_restart":
+        if kind in ("nats_restart", "nats_kill"):
             return all(cl.similar(k) for k in cl.workers)
         return True
 
@@ -816,8 +818,9 @@ def run(a):
                                            if any(s in n for s in ("dropped", "lost", "fail", "error"))
                                            and v and not n.endswith(("_bucket", "_sum", "_count"))}
                 st, h = call(cl.workers[k]["port"], "GET", "/health", timeout=5)
-                if isinstance(h, dict) and "events_dropped" in h:
-                    counted["worker%d" % k]["events_dropped"] = h["events_dropped"]
+                for key in ("events_dropped", "republishes"):  # republishes: clear + re-store rounds
+                    if isinstance(h, dict) and key in h:
+                        counted["worker%d" % k][key] = h[key]
             except OSError as e:
                 counted["worker%d" % k] = {"error": str(e)}
         for r in cl.routers:

@@ -138,6 +138,23 @@ class Supervisor:
             p.starts += 1
             return p
 
+    def stop(self, name, grace=10.0):
+        """The schedule's graceful stop (SIGTERM, SIGKILL after grace):
+        recorded as scheduled."""
+        with self.lock:
+            p = self.procs[name]
+            p.expect_death = True
+            if p.alive():
+                try:
+                    os.killpg(p.popen.pid, signal.SIGTERM)
+                    p.popen.wait(timeout=grace)
+                except ProcessLookupError:
+                    pass
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                    p.popen.wait()
+            self._reap(p, at_stop=False)
+
     def kill9(self, name):
         """The schedule's kill -9: the death is recorded as scheduled."""
         with self.lock:
