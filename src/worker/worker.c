@@ -32,6 +32,12 @@
  *    the worker publishes AllBlocksCleared and a BlockStored for every
  *    held block of every tier, under the same lock, so a router that
  *    applies the stream in order ends with exactly /blocks.
+ *  - Losses heal. A batch the event plane lost on the way (NATS down: the
+ *    sink's errors; the publisher's queue full: dropped) would leave a
+ *    router's index wrong for good. The HTTP loop's tick (resync_tick)
+ *    watches the publisher's counters; after a loss, at the first tick
+ *    without a new one, the worker republishes (clear + stores) as at a
+ *    start, and counts it (heals, losses).
  *  - Bounded memory. create adds up what the configuration allocates (G1
  *    and G2 bytes, the pools' and held sets' tables, the publisher
  *    queues, G3's staging, the job memory share, thread stacks) and
@@ -108,6 +114,8 @@ struct kvsim_worker {
   bool publishing;           /* events go out (else counted as dropped) */
   bool starting;             /* create: restored G3 blocks only recorded */
   uint64_t events_dropped, republishes, republished_events, republish_failed;
+  uint64_t dropped_seen;     /* the publisher's dropped at the last tick */
+  _Atomic uint64_t heals, losses; /* resync rounds; events lost on the way */
   uint64_t sink_errors_seen; /* the publisher's sink_errors at the last tick */
   bool resync_pending;       /* a sink lost batches: republish once it sends again */
   /* jobs */
@@ -294,12 +302,17 @@ static void resync_tick(void *user, int64_t now_ns) {
   kvbm_publisher_stats st;
   kvbm_publisher_stats_get(w->pub, &st);
   pthread_mutex_lock(&w->ev_mu);
-  if (st.sink_errors != w->sink_errors_seen) {
+  if (st.sink_errors != w->sink_errors_seen || st.dropped != w->dropped_seen) {
+    /* a full queue drops events too: as lost to the readers as a sink's */
+    atomic_fetch_add(&w->losses,
+                     (st.sink_errors - w->sink_errors_seen) + (st.dropped - w->dropped_seen));
     w->sink_errors_seen = st.sink_errors;
+    w->dropped_seen = st.dropped;
     w->resync_pending = true;
   } else if (w->resync_pending && w->publishing) {
     w->resync_pending = false;
     republish_locked(w);
+    atomic_fetch_add(&w->heals, 1);
   }
   pthread_mutex_unlock(&w->ev_mu);
 }
@@ -747,13 +760,14 @@ static void route_health(void *user, kvbm__service *svc, const kvbm__service_req
       "\"republishes\":%llu,\"requests\":%llu,\"running\":%llu,\"queued\":%zu,"
       "\"wrong_bytes\":%llu,\"blocks\":{\"g1\":%zu,\"g2\":%zu,\"g3\":%zu},"
       "\"g3_delay_ms\":%u,\"g3_full\":%s,\"rss_bytes\":%llu,\"memory_budget_bytes\":%llu,"
-      "\"g3_mode\":\"%s\"}\n",
+      "\"g3_mode\":\"%s\",\"losses\":%llu,\"heals\":%llu}\n",
       w->cfg.id, pub ? "true" : "false", (unsigned long long)dropped, (unsigned long long)rep,
       (unsigned long long)atomic_load(&w->requests), (unsigned long long)atomic_load(&w->running),
       queued, (unsigned long long)atomic_load(&w->wrong_blocks), held[0], held[1], held[2],
       atomic_load(&w->g3_delay_ms), atomic_load(&w->g3_full) ? "true" : "false",
       (unsigned long long)rss_bytes(), (unsigned long long)(w->cfg.memory_budget_mb << 20),
-      w->cfg.g3_dir ? kvbm_manager_g3_mode(w->m) : "");
+      w->cfg.g3_dir ? kvbm_manager_g3_mode(w->m) : "",
+      (unsigned long long)atomic_load(&w->losses), (unsigned long long)atomic_load(&w->heals));
 }
 
 static void route_fault(void *user, kvbm__service *svc, const kvbm__service_req *q,
@@ -814,6 +828,11 @@ static void collect(void *user, kvbm_metrics_writer *mw) {
       {"kvbm_worker_room_waits_total",
        "prefills that waited for G1 room held by running requests (2 ms each)",
        atomic_load(&w->room_waits)},
+      {"kvbm_worker_event_losses_total",
+       "losses on the event plane: batches a sink failed to send plus events a full publisher queue dropped",
+       atomic_load(&w->losses)},
+      {"kvbm_worker_heals_total", "clear + re-store rounds after such losses",
+       atomic_load(&w->heals)},
       {"kvbm_worker_g3_delayed_total", "requests slowed by the g3_delay_ms fault",
        atomic_load(&w->g3_delayed)},
       {"kvbm_worker_g3_full_dropped_total", "G3 blocks dropped by the g3_full fault",
