@@ -424,6 +424,29 @@ static bool worker_quitting(kvsim_worker *w) {
   return q;
 }
 
+#define ROOM_WAITS_MAX 2500 /* about 5 s of 2 ms waits */
+
+/* G1 has no room for a request: worth trying again? While other requests
+ * run, wait 2 ms for one of them to end (as an engine's scheduler waits
+ * for KV room); alone, wait once for the queued copies, which hold G1
+ * blocks until they are done (kvbm_manager_flush); then no: it does not
+ * fit. At most ROOM_WAITS_MAX waits a call site: then the request fails
+ * (503), releasing what it holds. */
+static bool wait_room(kvsim_worker *w, bool *flushed, int *waits) {
+  /* bounded: requests that all wait for each other's room would never end */
+  if (worker_quitting(w) || ++*waits > ROOM_WAITS_MAX) return false;
+  atomic_fetch_add(&w->room_waits, 1);
+  if (atomic_load(&w->running) > 1) {
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+    return true;
+  }
+  if (*flushed) return false;
+  kvbm_manager_flush(w->m);
+  *flushed = true;
+  return true;
+}
+
 /* Sleeps `s` simulated seconds (divided by the time scale); returns early
  * when the worker stops. */
 static void sim_sleep(kvsim_worker *w, double s) {
@@ -465,14 +488,11 @@ static void run_job(kvsim_worker *w, job *j, outcome *o) {
   double wait_s = (double)((int64_t)kvbm_clock_ns() - j->queued_ns) * 1e-9 * w->cfg.time_scale;
   kvbm_mreq *r = NULL;
   int rc;
-  /* G1 full of running requests' blocks: wait for one to end, as an
-   * engine's scheduler waits for KV room; alone and still no room: fail */
+  bool flushed = false;
+  int waits = 0;
   while ((rc = kvbm_manager_prefill(w->m, 0, 0, j->prompt, j->n_prompt, &r, NULL, NULL)) ==
              KVBM_ENOSPC &&
-         atomic_load(&w->running) > 1 && !worker_quitting(w)) {
-    atomic_fetch_add(&w->room_waits, 1);
-    struct timespec ts = {0, 2000000};
-    nanosleep(&ts, NULL);
+         wait_room(w, &flushed, &waits)) {
   }
   if (rc) {
     o->http = rc == KVBM_ENOSPC ? 503 : 500;
@@ -521,7 +541,11 @@ static void run_job(kvsim_worker *w, job *j, outcome *o) {
   if (j->n_output) {
     kvbm_mreq_poll(r, &info);
     size_t before = info.num_tokens / B;
-    rc = kvbm_mreq_append(r, j->output, j->n_output);
+    flushed = false;
+    waits = 0;
+    while ((rc = kvbm_mreq_append(r, j->output, j->n_output)) == KVBM_ENOSPC &&
+           wait_room(w, &flushed, &waits)) {
+    }
     if (!rc) compute_blocks(w, r, before, 0);
   }
   if (!rc) rc = kvbm_mreq_commit(r);
