@@ -12,7 +12,7 @@ standard library only); the C side has src/workload/svg.c for its own
 figures.
 """
 
-W, H, PAD, PANEL = 900, 420, 50, 150
+W, H, PAD, PANEL = 900, 540, 50, 150
 
 
 def _esc(s):
