@@ -501,8 +501,14 @@ static void run_job(kvsim_worker *w, job *j, outcome *o) {
   }
   uint64_t t0 = kvbm_clock_ns();
   kvbm_mreq_info info;
-  rc = kvbm_mreq_wait(r, -1, &info);
-  size_t settled = rc ? 0 : info.matched_tokens / B, matched = settled;
+  rc = kvbm_mreq_wait(r, -1, &info); /* no deadline: only an error ends it early */
+  if (rc) { /* copies may still be landing in its blocks: nothing is written */
+    kvbm_mreq_destroy(r);
+    o->http = 500;
+    o->error = kvbm_strerror(rc);
+    return;
+  }
+  size_t settled = info.matched_tokens / B, matched = settled;
   const uint32_t *ids;
   size_t nb;
   kvbm_mreq_blocks(r, &ids, &nb);
