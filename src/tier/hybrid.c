@@ -253,15 +253,17 @@ static size_t find_hit(const kvbm_hreq *r, bool lower) {
  * asked about the keys no tier here holds, every group's, in block order
  * and at most g4_lookup_max of them, the lock dropped while it answers (at
  * most g4_lookup_timeout_ms); the hit is then found again with the answers
- * (r->found). Lock held on entry and exit. */
-static void g4_lookup(kvbm_hreq *r) {
+ * (r->found). Lock held on entry and exit; returns whether it was
+ * dropped (then whatever was found before is stale: other threads may have
+ * evicted, registered or onboarded meanwhile). */
+static bool g4_lookup(kvbm_hreq *r) {
   kvbm_manager *m = r->m;
   kvbm__tier *g4 = &m->t[KVBM_TIER_G4];
   const size_t K = (r->n - 1) / m->cfg.block_size;
-  if (r->hit >= K || !g4->present || !g4->usable || !g4->lookup_vol) return;
+  if (r->hit >= K || !g4->present || !g4->usable || !g4->lookup_vol) return false;
   if (kvbm__backed_off(g4)) {
     g4->st.backoff_skips++;
-    return;
+    return false;
   }
   size_t cap = m->cfg.g4_lookup_max, n = 0;
   uint64_t *keys = malloc(cap * sizeof *keys);
@@ -272,7 +274,7 @@ static void g4_lookup(kvbm_hreq *r) {
   if (!keys || !found || n == 0) {
     free(keys);
     free(found);
-    return;
+    return false;
   }
   pthread_mutex_unlock(&m->mu);
   int rc = kvbm__lookup_run(m, g4, keys, n, found);
@@ -289,11 +291,12 @@ static void g4_lookup(kvbm_hreq *r) {
   free(found);
   if (nf == 0) {
     free(keys);
-    return;
+    return true;
   }
   qsort(keys, nf, sizeof *keys, cmp_key);
   r->found = keys;
   r->nfound = nf;
+  return true;
 }
 
 /* ---- taking the plan (lock held; room checked) ---- */
@@ -432,8 +435,7 @@ int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
   size_t onboards = 0;
   bool lower = true;
   r->hit = find_hit(r, true);
-  g4_lookup(r); /* the lock may be dropped: the hit is found again */
-  if (r->nfound) r->hit = find_hit(r, true);
+  if (g4_lookup(r)) r->hit = find_hit(r, true); /* the lock was dropped: again */
   if (!plan_fits(r, r->hit, true, &onboards) && onboards) {
     lower = false;
     r->hit = find_hit(r, false);

@@ -156,10 +156,12 @@ static size_t walk_all(kvbm_manager *m, const uint64_t *hashes, size_t n, uint8_
   if (rc == KVBM_ETIMEDOUT) g4->st.lookup_timeouts++;
   else if (rc) g4->st.lookup_errors++;
   kvbm__read_result(m, g4, rc != KVBM_OK && rc != KVBM_ENOMEM);
-  if (nfound) {
-    kvbm__lookup lk = {.base = w, .n = ask, .found = found};
-    w = walk(m, hashes, n, src, &lk, onboards, g1_cached, &full);
-  }
+  /* Walked again even when the store found nothing: while the lock was
+   * dropped other threads may have evicted the G1 hits the first walk
+   * counted (take_walk would then match blocks that are gone, and the room
+   * walk_fits saw would not be there: the W5 cluster run's two aborts). */
+  kvbm__lookup lk = {.base = w, .n = ask, .found = found};
+  w = walk(m, hashes, n, src, nfound ? &lk : NULL, onboards, g1_cached, &full);
   free(found);
   return w;
 }

@@ -20,6 +20,7 @@
  *   - a manager of one group serves hybrid requests as kvbm_manager_prefill
  *     serves plain ones (same hit, same copies).
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -314,6 +315,150 @@ static void test_g4_lookup_across_managers(void **st) {
   tu_rmdir(dir);
 }
 
+/* ---- the lock dropped for G4's lookup ---- */
+
+/* A G4 store whose first lookup waits until the test lets it answer (and
+ * then finds nothing); every other operation answers at once: puts OK,
+ * the rest not found. */
+typedef struct gate_store {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int armed;      /* the next lookup waits */
+  int waiting;    /* a lookup is waiting now */
+  int open;       /* let it answer */
+} gate_store;
+
+static int gate_open(const kvbm_volume_config *cfg, void *user, void **state, kvbm_error *err) {
+  (void)cfg;
+  (void)err;
+  *state = user;
+  return KVBM_OK;
+}
+
+static void gate_run(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadline_ns) {
+  (void)deadline_ns;
+  gate_store *s = state;
+  pthread_mutex_lock(&s->mu);
+  if (n && ops[0].kind == KVBM_VOLUME_EXISTS && s->armed) {
+    s->armed = 0;
+    s->waiting = 1;
+    pthread_cond_broadcast(&s->cv);
+    while (!s->open) pthread_cond_wait(&s->cv, &s->mu);
+  }
+  pthread_mutex_unlock(&s->mu);
+  for (size_t i = 0; i < n; i++) ops[i].status = ops[i].kind == KVBM_VOLUME_PUT ? KVBM_OK : KVBM_ENOTFOUND;
+}
+
+static void gate_close(void *state) { (void)state; }
+
+static const kvbm_volume_backend gate_backend = {
+    .scheme = "gate", .max_threads = 0, .open = gate_open, .run = gate_run, .close = gate_close};
+
+typedef struct racer {
+  kvbm_manager *m;
+  gate_store *s;
+  bool hybrid;
+} racer;
+
+/* Waits until the prefill under test is inside its lookup, fills G1 with
+ * other prompts (evicting its G1 hits), then lets the lookup answer. */
+static void *evict_during_lookup(void *arg) {
+  racer *x = arg;
+  pthread_mutex_lock(&x->s->mu);
+  while (!x->s->waiting) pthread_cond_wait(&x->s->cv, &x->s->mu);
+  pthread_mutex_unlock(&x->s->mu);
+  /* One-block prompts: no lookup of their own (the store's one lookup
+   * thread is busy with the prefill under test), each leaves a cached
+   * block per group, and enough of them evict everything older. */
+  for (uint32_t i = 0; i < 12; i++) {
+    uint32_t *o = tu_prompt(50000 + i * 1000, B);
+    if (x->hybrid) assert_int_equal(hrun(x->m, o, B, NULL), 0);
+    else assert_int_equal(tu_run(x->m, o, B, NULL, NULL), 0);
+    free(o);
+  }
+  pthread_mutex_lock(&x->s->mu);
+  x->s->open = 1;
+  pthread_cond_broadcast(&x->s->cv);
+  pthread_mutex_unlock(&x->s->mu);
+  return NULL;
+}
+
+/* A prefill whose G1 hits are evicted while it waits for G4's lookup (the
+ * lock dropped) walks again after it: it gets no stale hit, and the blocks
+ * it hands out are its own and right. (Before the fix a plain prefill took
+ * the stale walk: the W5 cluster run's aborts in take_walk and at
+ * "walk_fits checked the room".) Both kinds of prefill, one group and two. */
+static void race_case(bool hybrid) {
+  gate_store s = {.armed = 0};
+  pthread_mutex_init(&s.mu, NULL);
+  pthread_cond_init(&s.cv, NULL);
+  const kvbm_group_spec g[2] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 8}};
+  kvbm_manager_config c = tu_config(NULL, hybrid ? 16 : 8, 0, 0);
+  c.g4_url = "gate://store";
+  c.g4_backend = &gate_backend;
+  c.g4_backend_user = &s;
+  c.g4_policy = KVBM_OFFLOAD_NEVER; /* G4's index stays empty: the lookup decides */
+  c.g4_lookup_timeout_ms = 30000;
+  if (hybrid) {
+    c.groups = g;
+    c.num_groups = 2;
+  }
+  kvbm_manager *m = tu_create(&c);
+  assert_non_null(m);
+  uint32_t *p = tu_prompt(1, 24); /* 6 blocks; the first 3 shared below */
+  if (hybrid) assert_int_equal(hrun(m, p, 12, NULL), 0);
+  else assert_int_equal(tu_run(m, p, 12, NULL, NULL), 0);
+  s.armed = 1;
+  racer x = {m, &s, hybrid};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, evict_during_lookup, &x), 0);
+  size_t hit = 99;
+  if (hybrid) {
+    kvbm_hreq *r;
+    assert_int_equal(kvbm_manager_hprefill(m, 0, 0, p, 24, &r, &hit, NULL), KVBM_OK);
+    assert_int_equal(hit, 0); /* its G1 hits are gone, and nothing below */
+    kvbm_hreq_info i;
+    assert_int_equal(kvbm_hreq_wait(r, -1, &i), KVBM_OK);
+    assert_int_equal(i.hit_tokens, 0);
+    assert_int_equal(i.hit_g1[0] + i.hit_g1[1], 0);
+    for (uint32_t gi = 0; gi < 2; gi++)
+      for (size_t k = 0; k < 6; k++) assert_true(kvbm_hreq_must_compute(r, gi, k));
+    kvbm_hreq_destroy(r);
+  } else {
+    kvbm_mreq *r;
+    assert_int_equal(kvbm_manager_prefill(m, 0, 0, p, 24, &r, &hit, NULL), KVBM_OK);
+    assert_int_equal(hit, 0);
+    kvbm_mreq_info i;
+    assert_int_equal(kvbm_mreq_wait(r, -1, &i), KVBM_OK);
+    assert_int_equal(i.matched_tokens, 0);
+    for (size_t k = 0; k < 6; k++) assert_true(kvbm_mreq_must_compute(r, k));
+    tu_compute(m, r, 0);
+    kvbm_mreq_commit(r);
+    kvbm_mreq_destroy(r);
+  }
+  pthread_join(th, NULL);
+  assert_int_equal(tu_stats(m, KVBM_TIER_G4).lookups >= 1, 1);
+  /* the pool is whole: a prompt as large as G1 still fits */
+  uint32_t *q = tu_prompt(90000, 32);
+  if (hybrid) assert_int_not_equal(hrun(m, q, 32, NULL), SIZE_MAX);
+  else assert_int_not_equal(tu_run(m, q, 32, NULL, NULL), SIZE_MAX);
+  free(q);
+  free(p);
+  kvbm_manager_destroy(m);
+  pthread_cond_destroy(&s.cv);
+  pthread_mutex_destroy(&s.mu);
+}
+
+static void test_lookup_race_plain(void **st) {
+  (void)st;
+  race_case(false);
+}
+
+static void test_lookup_race_hybrid(void **st) {
+  (void)st;
+  race_case(true);
+}
+
 /* A manager of one group: hybrid requests see what plain ones see. */
 static void test_one_group_as_plain(void **st) {
   (void)st;
@@ -435,6 +580,8 @@ int main(void) {
       cmocka_unit_test(test_mamba_state_from_g3),
       cmocka_unit_test(test_g4_round_trip_per_group),
       cmocka_unit_test(test_g4_lookup_across_managers),
+      cmocka_unit_test(test_lookup_race_plain),
+      cmocka_unit_test(test_lookup_race_hybrid),
       cmocka_unit_test(test_one_group_as_plain),
       cmocka_unit_test(test_no_room_changes_nothing),
       cmocka_unit_test(test_hostile_configs),
