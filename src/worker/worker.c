@@ -81,7 +81,9 @@
 #define POOL_META_PER_BLOCK 192ull   /* a pool's and its registry's bytes per block */
 #define G3_STAGING (64ull << 20)     /* the disk worker's staging (tiers.md) */
 #define PUB_QUEUE_BYTES (16ull << 20)
-#define HTTP_BODY_MAX (8u << 20)
+#define HTTP_BODY_CAP (8ull << 20) /* the largest /generate body ever taken */
+#define HTTP_MIN_CONN 16            /* connections the budget must allow */
+#define HTTP_CONN_FIXED (256u << 10) /* a connection's head, read-ahead, soft output */
 
 typedef struct job {
   uint64_t ticket;
@@ -125,6 +127,7 @@ struct kvsim_worker {
   job **q;
   size_t q_head, q_len, q_cap;
   uint64_t job_bytes, job_bytes_max;
+  uint32_t max_conn;         /* HTTP connections the budget allows */
   bool quit;
   pthread_t *threads;
   uint32_t nthreads;
@@ -175,6 +178,21 @@ static int check_config(const kvsim_worker_config *c, kvbm_error *err) {
 /* Whole-request token memory: what one job may take at most. */
 static uint64_t job_bytes_of(uint64_t tokens) { return tokens * sizeof(uint32_t) + sizeof(job); }
 
+/* A /generate body: max_tokens numbers of at most 10 digits and a comma,
+ * plus the keys (within 8 MiB). */
+static uint64_t body_max_of(const kvsim_worker_config *c) {
+  uint64_t b = (uint64_t)c->max_tokens * 11 + 4096;
+  return b < HTTP_BODY_CAP ? b : HTTP_BODY_CAP;
+}
+
+/* What one HTTP connection may hold at most: a body being read, and a
+ * /blocks answer (every held hash, up to 21 bytes each) waiting to be
+ * taken, plus the transport's fixed share. */
+static uint64_t conn_bytes_of(const kvsim_worker_config *c) {
+  uint64_t blocks = (uint64_t)c->g1_blocks + c->g2_blocks + (c->g3_dir ? c->g3_blocks : 0);
+  return body_max_of(c) + blocks * 21 + 256 + HTTP_CONN_FIXED;
+}
+
 uint64_t kvsim_worker_memory_need(const kvsim_worker_config *c, char *parts, size_t cap) {
   uint64_t bb = c->block_bytes;
   uint64_t g1 = (uint64_t)c->g1_blocks * bb, g2 = (uint64_t)c->g2_blocks * bb;
@@ -187,14 +205,16 @@ uint64_t kvsim_worker_memory_need(const kvsim_worker_config *c, char *parts, siz
   /* every running request holds its tokens, and at least one waiting */
   uint64_t jobs = (uint64_t)(c->batch + 1) * job_bytes_of(c->max_tokens);
   uint64_t stacks = (uint64_t)c->batch * THREAD_STACK;
-  uint64_t total = g1 + g2 + meta + staging + pubs + jobs + stacks + FIXED_OVERHEAD;
+  uint64_t http = HTTP_MIN_CONN * conn_bytes_of(c);
+  uint64_t total = g1 + g2 + meta + staging + pubs + jobs + stacks + http + FIXED_OVERHEAD;
   if (parts && cap)
     snprintf(parts, cap,
              "G1 %.1f MiB, G2 %.1f MiB, tables %.1f MiB, G3 staging %.1f MiB, event queues "
-             "%.1f MiB, requests %.1f MiB, stacks %.1f MiB, fixed %.1f MiB: %.1f MiB",
+             "%.1f MiB, requests %.1f MiB, stacks %.1f MiB, %d HTTP connections %.1f MiB, "
+             "fixed %.1f MiB: %.1f MiB",
              g1 / 1048576.0, g2 / 1048576.0, meta / 1048576.0, staging / 1048576.0,
-             pubs / 1048576.0, jobs / 1048576.0, stacks / 1048576.0, FIXED_OVERHEAD / 1048576.0,
-             total / 1048576.0);
+             pubs / 1048576.0, jobs / 1048576.0, stacks / 1048576.0, HTTP_MIN_CONN,
+             http / 1048576.0, FIXED_OVERHEAD / 1048576.0, total / 1048576.0);
   return total;
 }
 
@@ -790,14 +810,15 @@ static void route_health(void *user, kvbm__service *svc, const kvbm__service_req
       "\"republishes\":%llu,\"requests\":%llu,\"running\":%llu,\"queued\":%zu,"
       "\"wrong_bytes\":%llu,\"blocks\":{\"g1\":%zu,\"g2\":%zu,\"g3\":%zu},"
       "\"g3_delay_ms\":%u,\"g3_full\":%s,\"rss_bytes\":%llu,\"memory_budget_bytes\":%llu,"
-      "\"g3_mode\":\"%s\",\"losses\":%llu,\"heals\":%llu}\n",
+      "\"g3_mode\":\"%s\",\"losses\":%llu,\"heals\":%llu,\"max_connections\":%u}\n",
       w->cfg.id, pub ? "true" : "false", (unsigned long long)dropped, (unsigned long long)rep,
       (unsigned long long)atomic_load(&w->requests), (unsigned long long)atomic_load(&w->running),
       queued, (unsigned long long)atomic_load(&w->wrong_blocks), held[0], held[1], held[2],
       atomic_load(&w->g3_delay_ms), atomic_load(&w->g3_full) ? "true" : "false",
       (unsigned long long)rss_bytes(), (unsigned long long)(w->cfg.memory_budget_mb << 20),
       w->cfg.g3_dir ? kvbm_manager_g3_mode(w->m) : "",
-      (unsigned long long)atomic_load(&w->losses), (unsigned long long)atomic_load(&w->heals));
+      (unsigned long long)atomic_load(&w->losses), (unsigned long long)atomic_load(&w->heals),
+      w->max_conn);
 }
 
 static void route_fault(void *user, kvbm__service *svc, const kvbm__service_req *q,
@@ -934,7 +955,7 @@ static int make_manager(kvsim_worker *w, kvbm_error *err) {
 
 static int make_service(kvsim_worker *w, kvbm_error *err) {
   kvbm__service_route r[] = {
-      {.path = "/generate", .methods = KVBM__SVC_POST, .max_body = HTTP_BODY_MAX,
+      {.path = "/generate", .methods = KVBM__SVC_POST, .max_body = body_max_of(&w->cfg),
        .method_msg = "use POST /generate", .fn = route_generate, .user = w,
        .gone = generate_gone},
       {.path = "/blocks", .methods = KVBM__SVC_GET | KVBM__SVC_HEAD, .fn = route_blocks,
@@ -948,7 +969,8 @@ static int make_service(kvsim_worker *w, kvbm_error *err) {
        .method_msg = "use POST /admin/fault", .fn = route_fault, .user = w},
   };
   kvbm__service_config sc = {.name = "worker", .host = w->host, .port = w->cfg.port,
-                             .max_connections = 4096, .max_per_peer = 4096, .io_timeout_s = 30,
+                             .max_connections = w->max_conn, .max_per_peer = w->max_conn,
+                             .io_timeout_s = 30,
                              .json_errors = true, .error_newline = true,
                              .routes = r, .nroutes = sizeof r / sizeof r[0],
                              .max_deferred = w->cfg.max_queue + w->cfg.batch,
@@ -992,8 +1014,11 @@ int kvsim_worker_create(const kvsim_worker_config *cfg, kvsim_worker **out, kvbm
   pthread_condattr_destroy(&ca);
   w->publishing = true;
   w->starting = true;
-  /* the job share: what the budget leaves, at least the batch's own */
-  w->job_bytes_max = budget - need + (uint64_t)(cfg->batch + 1) * job_bytes_of(cfg->max_tokens);
+  /* what the budget leaves goes half to queued requests' tokens (beyond
+   * the batch's own, counted in need), half to more HTTP connections */
+  uint64_t left = budget - need, more = left / 2 / conn_bytes_of(cfg);
+  w->job_bytes_max = left / 2 + (uint64_t)(cfg->batch + 1) * job_bytes_of(cfg->max_tokens);
+  w->max_conn = (uint32_t)(HTTP_MIN_CONN + (more < 4096 - HTTP_MIN_CONN ? more : 4096 - HTTP_MIN_CONN));
   w->q_cap = cfg->max_queue;
   w->q = calloc(w->q_cap, sizeof *w->q);
   size_t tier_blocks[NTIERS] = {cfg->g1_blocks, cfg->g2_blocks,
