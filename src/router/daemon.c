@@ -545,7 +545,7 @@ static void handle_index(kvbm_router_daemon *d, kvbm__service_answer *a, const c
     kvbm__rj_u64(&b, ",\"dp_rank\":", k.dp_rank);
     kvbm__rj_u64(&b, ",\"block_size\":", d->cfg.index.block_size);
     for (int t = 0; t < KVBM_TIER_COUNT; t++) {
-      qsort(l.h[t], l.n[t], sizeof *l.h[t], cmp_u64);
+      if (l.n[t] > 1) qsort(l.h[t], l.n[t], sizeof *l.h[t], cmp_u64); /* qsort(NULL, 0): UB */
       kvbm__rj_printf(&b, ",\"g%d\":[", t + 1);
       for (size_t i = 0; i < l.n[t]; i++) kvbm__rj_u64(&b, i ? "," : "", l.h[t][i]);
       kvbm__rj_printf(&b, "]");
