@@ -140,6 +140,21 @@ static inline uint32_t home_of(const kvbm_pool *p, uint32_t fp) {
   return (fp * 0x9E3779B1u) >> p->table_shift;
 }
 
+/* A (hash, group)'s fingerprint and home bucket: a registration computes
+ * it once for its lookup and its insert (each used to compute its own;
+ * callgrind, kvbm replay --limit 2000: 851.5M -> 819.9M instructions).
+ * Tried and dropped: carrying the keys of the blocks ahead in a ring, to
+ * share them with the prefetch too (859.8M: spills), and keeping the next
+ * victim's home bucket from its prefetch for its erase (no gain). */
+typedef struct rkey {
+  uint32_t fp, home;
+} rkey;
+
+static inline rkey rkey_of(const kvbm_pool *p, uint64_t hash, uint32_t g) {
+  const uint32_t fp = fingerprint(hash, g);
+  return (rkey){fp, home_of(p, fp)};
+}
+
 /* Bit i set when entry i of the bucket holds `v` in fp[] (key = 0) or id[]. */
 static inline unsigned bucket_match(const bucket *b, uint32_t v, int key) {
   const uint32_t *a = key ? b->id : b->fp;
@@ -160,11 +175,10 @@ static inline unsigned bucket_match(const bucket *b, uint32_t v, int key) {
 /* The block indexed under `hash`, or NIL. */
 /* `grouped` is whether the pool has groups (p->group != NULL): constant
  * at the hot call sites, so a one-group pool's lookup is the old one. */
-HOT uint32_t reg_find(const kvbm_pool *p, uint64_t hash, uint32_t g, const bool grouped) {
-  const uint32_t fp = fingerprint(hash, g);
-  for (uint32_t bi = home_of(p, fp);; bi = (bi + 1) & p->table_mask) {
+HOT uint32_t reg_find_k(const kvbm_pool *p, uint64_t hash, uint32_t g, rkey k, const bool grouped) {
+  for (uint32_t bi = k.home;; bi = (bi + 1) & p->table_mask) {
     const bucket *b = &p->table[bi];
-    for (unsigned m = bucket_match(b, fp, 0); m; m &= m - 1) {
+    for (unsigned m = bucket_match(b, k.fp, 0); m; m &= m - 1) {
       uint32_t id = b->id[__builtin_ctz(m)];
       if (id != NIL && p->blocks[id].seq_hash == hash && (!grouped || p->group[id] == g)) return id;
     }
@@ -172,10 +186,14 @@ HOT uint32_t reg_find(const kvbm_pool *p, uint64_t hash, uint32_t g, const bool 
   }
 }
 
+HOT uint32_t reg_find(const kvbm_pool *p, uint64_t hash, uint32_t g, const bool grouped) {
+  return reg_find_k(p, hash, g, rkey_of(p, hash, g), grouped);
+}
+
 /* Adds an entry for block `id`, whose hash is not indexed yet. */
-HOT void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id) {
-  const uint32_t fp = fingerprint(hash, g);
-  for (uint32_t bi = home_of(p, fp);; bi = (bi + 1) & p->table_mask) {
+HOT void reg_insert(kvbm_pool *p, rkey k, uint32_t id) {
+  const uint32_t fp = k.fp;
+  for (uint32_t bi = k.home;; bi = (bi + 1) & p->table_mask) {
     bucket *b = &p->table[bi];
     unsigned free = bucket_match(b, NIL, 1);
     if (free) {
@@ -189,8 +207,8 @@ HOT void reg_insert(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id) {
 }
 
 /* Removes (or, given `repl` != NIL, re-points to repl) the entry of `id`. */
-HOT void reg_erase(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id, uint32_t repl) {
-  for (uint32_t bi = home_of(p, fingerprint(hash, g));; bi = (bi + 1) & p->table_mask) {
+HOT void reg_erase(kvbm_pool *p, uint32_t home, uint32_t id, uint32_t repl) {
+  for (uint32_t bi = home;; bi = (bi + 1) & p->table_mask) {
     bucket *b = &p->table[bi];
     unsigned m = bucket_match(b, id, 1);
     if (m) {
@@ -203,10 +221,10 @@ HOT void reg_erase(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id, uint32_
 
 /* Indexes a newly registered block: under its hash, or (allow_duplicates)
  * at the end of the chain of blocks registered earlier under it. */
-HOT void reg_add(kvbm_pool *p, uint32_t g, uint32_t id, uint32_t existing) {
+HOT void reg_add(kvbm_pool *p, rkey k, uint32_t id, uint32_t existing) {
   blk *b = &p->blocks[id];
   if (existing == NIL) {
-    reg_insert(p, b->seq_hash, g, id);
+    reg_insert(p, k, id);
     b->flags |= F_INDEXED;
     return;
   }
@@ -222,7 +240,7 @@ HOT void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id, const 
   uint8_t flags = p->blocks[id].flags;
   if (flags & F_INDEXED) {
     uint32_t next = p->dup_next ? p->dup_next[id] : NIL;
-    reg_erase(p, hash, g, id, next);
+    reg_erase(p, rkey_of(p, hash, g).home, id, next);
     if (next != NIL) {
       p->blocks[next].flags = (uint8_t)((p->blocks[next].flags & ~F_DUP) | F_INDEXED);
       p->dup_next[id] = NIL;
@@ -235,9 +253,16 @@ HOT void reg_remove(kvbm_pool *p, uint64_t hash, uint32_t g, uint32_t id, const 
   }
 }
 
-static inline void reg_prefetch(const kvbm_pool *p, uint64_t hash, uint32_t g) {
-  __builtin_prefetch(&p->table[home_of(p, fingerprint(hash, g))]);
+/* The key of a hash, its home bucket prefetched. */
+static inline rkey reg_key_prefetch(const kvbm_pool *p, uint64_t hash, uint32_t g) {
+  rkey k = rkey_of(p, hash, g);
+  __builtin_prefetch(&p->table[k.home]);
+  return k;
 }
+
+/* The run loops load the registry bucket of block k + AHEAD while they
+ * fill block k (the one random access they can see coming). */
+#define AHEAD 4
 
 /* Block id's group. `grouped` is a constant at every call site of the hot
  * paths: the public calls test p->group once and run a loop compiled for
@@ -342,7 +367,7 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill) {
   if (next != NIL) {
     blk *n = &p->blocks[next];
     n->prev = NIL;
-    reg_prefetch(p, n->seq_hash, gkey(p, next, grouped));
+    (void)reg_key_prefetch(p, n->seq_hash, gkey(p, next, grouped));
     if (n->next != NIL) __builtin_prefetch(&p->blocks[n->next]);
   } else {
     p->tail[pr] = NIL;
@@ -394,11 +419,12 @@ static void acquire(kvbm_pool *p, uint32_t id) {
  * registering call's, both for the event. */
 /* `absent`: the caller has just seen the hash unregistered in the block's
  * group (kvbm_pool_fill_run_fresh), so the lookup is skipped. */
+/* `k` is the key (rkey_of) of the block's (hash, group). */
 HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void *context,
-                         const bool grouped, const bool absent) {
+                         rkey k, const bool grouped, const bool absent) {
   blk *b = &p->blocks[id];
   const uint32_t g = gkey(p, id, grouped);
-  uint32_t existing = absent ? NIL : reg_find(p, b->seq_hash, g, grouped);
+  uint32_t existing = absent ? NIL : reg_find_k(p, b->seq_hash, g, k, grouped);
   if (existing != NIL) {
     p->dedup++;
     if (!p->cfg.allow_duplicates) {
@@ -414,7 +440,7 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void
   b->state = KVBM_BLOCK_REGISTERED;
   /* A duplicate is chained behind the block registered first: lookups
    * find the first, and the next once the first is gone. */
-  reg_add(p, g, id, existing);
+  reg_add(p, k, id, existing);
   p->registered++;
   if (p->cfg.listener) {
     kvbm_pool_event ev = {
@@ -605,8 +631,9 @@ size_t kvbm_pool_first_registered_group(const kvbm_pool *p, uint32_t group, cons
                                         size_t n) {
   if (group >= p->ngroups || !hashes) return n;
   const bool grouped = p->group != NULL;
+  for (size_t j = 0; j < n && j < AHEAD; j++) (void)reg_key_prefetch(p, hashes[j], group);
   for (size_t k = 0; k < n; k++) {
-    if (k + 4 < n) reg_prefetch(p, hashes[k + 4], group);
+    if (k + AHEAD < n) (void)reg_key_prefetch(p, hashes[k + AHEAD], group);
     if (reg_find(p, hashes[k], group, grouped) != NIL) return k;
   }
   return n;
@@ -668,7 +695,9 @@ int kvbm_block_commit(kvbm_pool *p, uint32_t id) {
 int kvbm_block_register_ctx(kvbm_pool *p, uint32_t id, void *context, uint32_t *out_id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   if (p->blocks[id].state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
-  uint32_t got = do_register(p, id, tokens_of(p, id), context, p->group != NULL, false);
+  const bool grouped = p->group != NULL;
+  uint32_t got = do_register(p, id, tokens_of(p, id), context,
+                             rkey_of(p, p->blocks[id].seq_hash, gkey(p, id, grouped)), grouped, false);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
@@ -681,7 +710,7 @@ int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
  * field of the record but the links and the count is written here, in one
  * go (a block taken by evict_oldest with `refill` was not reset). */
 HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
-                         bool has_parent, const uint32_t *tokens, uint64_t seq_hash,
+                         bool has_parent, const uint32_t *tokens, uint64_t seq_hash, rkey k,
                          void *context, const bool grouped, const bool absent) {
   blk *b = &p->blocks[id];
   uint8_t flags = has_parent ? F_HAS_PARENT : 0;
@@ -698,7 +727,7 @@ HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t pa
   b->ntok = (uint16_t)p->cfg.block_size;
   b->state = KVBM_BLOCK_COMPLETE;
   b->flags = flags;
-  return do_register(p, id, tokens, context, grouped, absent);
+  return do_register(p, id, tokens, context, k, grouped, absent);
 }
 
 int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
@@ -707,8 +736,9 @@ int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t 
   if (!tokens || !valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
-  uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash, context,
-                          p->group != NULL, false);
+  const bool grouped = p->group != NULL;
+  uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash,
+                          rkey_of(p, seq_hash, gkey(p, id, grouped)), context, grouped, false);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
@@ -731,21 +761,20 @@ HOT void fill_run(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t par
                   bool has_parent, const uint32_t *tokens, const uint64_t *hashes, size_t n,
                   void *context, uint32_t *ids, const bool grouped) {
   const size_t bs = p->cfg.block_size;
+  for (size_t j = 0; j < n && j < AHEAD; j++) (void)reg_key_prefetch(p, hashes[j], group);
   for (size_t k = 0; k < n; k++) {
-    /* The registry probe is the one random access we can see coming. */
-    if (k + 4 < n) reg_prefetch(p, hashes[k + 4], group);
+    if (k + AHEAD < n) (void)reg_key_prefetch(p, hashes[k + AHEAD], group);
     uint32_t id = take_block(p, grouped, group, true);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], context, grouped, false);
+                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], group), context, grouped, false);
   }
 }
 
 /* The loop of kvbm__pool_fill_run_hashing (pool/pool_internal.h), once
- * per `grouped`: fill_run, with block k + HASH_AHEAD hashed (and its
- * registry bucket prefetched) in the iteration that fills block k. The
- * hashes stay a fixed distance ahead, so each bucket has had the work of
- * HASH_AHEAD blocks to arrive. */
-#define HASH_AHEAD 4
+ * per `grouped`: fill_run, with block k + AHEAD hashed (and its registry
+ * bucket prefetched) in the iteration that fills block k. The hashes stay
+ * a fixed distance ahead, so each bucket has had the work of AHEAD blocks
+ * to arrive. */
 HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
                           bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t n,
                           void *context, uint32_t *ids, const bool grouped) {
@@ -754,20 +783,21 @@ HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
   uint64_t h = parent;
   bool hp = has_parent;
   size_t hashed = 0;
-  for (; hashed < n && hashed < HASH_AHEAD; hashed++, hp = true) {
+  for (; hashed < n && hashed < AHEAD; hashed++, hp = true) {
     h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + hashed * bs, bs);
     hashes[hashed] = h;
-    reg_prefetch(p, h, group);
+    (void)reg_key_prefetch(p, h, group);
   }
   for (size_t k = 0; k < n; k++) {
     if (hashed < n) {
       h = kvbm_hash_next(scheme, salt_hash, h, true, tokens + hashed * bs, bs);
-      hashes[hashed++] = h;
-      reg_prefetch(p, h, group);
+      hashes[hashed] = h;
+      (void)reg_key_prefetch(p, h, group);
+      hashed++;
     }
     uint32_t id = take_block(p, grouped, group, true);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], context, grouped, false);
+                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], group), context, grouped, false);
   }
 }
 
@@ -790,13 +820,15 @@ HOT size_t fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
                           bool has_parent, const uint32_t *tokens, const uint64_t *hashes, size_t n,
                           void *context, uint32_t *ids, const bool grouped) {
   const size_t bs = p->cfg.block_size;
+  for (size_t j = 0; j < n && j < AHEAD; j++) (void)reg_key_prefetch(p, hashes[j], group);
   size_t k = 0;
   for (; k < n; k++) {
-    if (k + 4 < n) reg_prefetch(p, hashes[k + 4], group);
-    if (reg_find(p, hashes[k], group, grouped) != NIL) break;
+    if (k + AHEAD < n) (void)reg_key_prefetch(p, hashes[k + AHEAD], group);
+    const rkey kk = rkey_of(p, hashes[k], group);
+    if (reg_find_k(p, hashes[k], group, kk, grouped) != NIL) break;
     uint32_t id = take_block(p, grouped, group, true);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], context, grouped, true);
+                      tokens + k * bs, hashes[k], kk, context, grouped, true);
   }
   return k;
 }
@@ -837,10 +869,13 @@ HOT void fill_ids(kvbm_pool *p, uint32_t *ids, size_t n, uint64_t salt_hash, uin
                   bool has_parent, const uint32_t *tokens, const uint64_t *hashes, void *context,
                   const bool grouped) {
   const size_t bs = p->cfg.block_size;
+  for (size_t j = 0; j < n && j < AHEAD; j++)
+    (void)reg_key_prefetch(p, hashes[j], gkey(p, ids[j], grouped));
   for (size_t k = 0; k < n; k++) {
-    if (k + 4 < n) reg_prefetch(p, hashes[k + 4], gkey(p, ids[k + 4], grouped));
+    if (k + AHEAD < n)
+      (void)reg_key_prefetch(p, hashes[k + AHEAD], gkey(p, ids[k + AHEAD], grouped));
     ids[k] = fill_one(p, ids[k], salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], context, grouped, false);
+                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], gkey(p, ids[k], grouped)), context, grouped, false);
   }
 }
 
