@@ -37,7 +37,11 @@
  *    router's index wrong for good. The HTTP loop's tick (resync_tick)
  *    watches the publisher's counters; after a loss, at the first tick
  *    without a new one, the worker republishes (clear + stores) as at a
- *    start, and counts it (heals, losses).
+ *    start, and counts it (heals, losses). A nats-server killed and
+ *    restarted may also have lost batches it had acknowledged (no error
+ *    anywhere: cluster.md's nats_kill finding), so with JetStream events
+ *    the worker keeps a connection of its own to the server that only
+ *    watches: each reconnection of it leads to the same republish.
  *  - Bounded memory. create adds up what the configuration allocates (G1
  *    and G2 bytes, the pools' and held sets' tables, the publisher
  *    queues, G3's staging, the job memory share, thread stacks) and
@@ -56,6 +60,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <nats/nats.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -120,6 +125,9 @@ struct kvsim_worker {
   _Atomic uint64_t heals, losses; /* resync rounds; events lost on the way */
   uint64_t sink_errors_seen; /* the publisher's sink_errors at the last tick */
   bool resync_pending;       /* a sink lost batches: republish once it sends again */
+  natsConnection *watch;     /* --events nats://: a connection that only watches */
+  _Atomic uint64_t nats_reconnects; /* ... its reconnections (libnats' thread) */
+  uint64_t reconnects_seen;  /* ... at the last tick */
   /* jobs */
   pthread_mutex_t q_mu;
   pthread_cond_t q_cv;      /* a job queued, or quit */
@@ -321,7 +329,12 @@ static void resync_tick(void *user, int64_t now_ns) {
   if (!w->pub) return;
   kvbm_publisher_stats st;
   kvbm_publisher_stats_get(w->pub, &st);
+  uint64_t rec = atomic_load(&w->nats_reconnects);
   pthread_mutex_lock(&w->ev_mu);
+  if (rec != w->reconnects_seen) { /* the server came back: what it kept is unknown */
+    w->reconnects_seen = rec;
+    w->resync_pending = true;
+  }
   if (st.sink_errors != w->sink_errors_seen || st.dropped != w->dropped_seen) {
     /* a full queue drops events too: as lost to the readers as a sink's */
     atomic_fetch_add(&w->losses,
@@ -335,6 +348,25 @@ static void resync_tick(void *user, int64_t now_ns) {
     atomic_fetch_add(&w->heals, 1);
   }
   pthread_mutex_unlock(&w->ev_mu);
+}
+
+static void on_nats_reconnected(natsConnection *nc, void *closure) {
+  (void)nc;
+  atomic_fetch_add(&((kvsim_worker *)closure)->nats_reconnects, 1);
+}
+
+/* The watching connection (see the essay's "Losses heal"): redials for
+ * ever, every 100 ms. Without it (the server refused it) the worker still
+ * heals from the sink's errors. */
+static void watch_nats(kvsim_worker *w, const char *url) {
+  natsOptions *o = NULL;
+  if (natsOptions_Create(&o) != NATS_OK) return;
+  if (natsOptions_SetURL(o, url) != NATS_OK || natsOptions_SetMaxReconnect(o, -1) != NATS_OK ||
+      natsOptions_SetReconnectWait(o, 100) != NATS_OK ||
+      natsOptions_SetReconnectedCB(o, on_nats_reconnected, w) != NATS_OK ||
+      natsConnection_Connect(&w->watch, o) != NATS_OK)
+    w->watch = NULL;
+  natsOptions_Destroy(o);
 }
 
 /* "tcp://HOST:PORT" or "nats://HOST:PORT/STREAM/SUBJECT": the parts. */
@@ -399,6 +431,7 @@ static int start_kv_events(kvsim_worker *w, kvbm_error *err) {
       jc.stream_subjects = subjects;
     }
     rc = kvbm_publisher_add_jetstream(w->pub, &jc, err);
+    if (!rc) watch_nats(w, u.url);
   } else {
     kvbm_zmq_sink_config zc = kvbm_zmq_sink_config_default(u.url);
     zc.mode = KVBM_ZMQ_BIND;
@@ -810,7 +843,8 @@ static void route_health(void *user, kvbm__service *svc, const kvbm__service_req
       "\"republishes\":%llu,\"requests\":%llu,\"running\":%llu,\"queued\":%zu,"
       "\"wrong_bytes\":%llu,\"blocks\":{\"g1\":%zu,\"g2\":%zu,\"g3\":%zu},"
       "\"g3_delay_ms\":%u,\"g3_full\":%s,\"rss_bytes\":%llu,\"memory_budget_bytes\":%llu,"
-      "\"g3_mode\":\"%s\",\"losses\":%llu,\"heals\":%llu,\"max_connections\":%u}\n",
+      "\"g3_mode\":\"%s\",\"losses\":%llu,\"heals\":%llu,\"max_connections\":%u,"
+      "\"nats_reconnects\":%llu}\n",
       w->cfg.id, pub ? "true" : "false", (unsigned long long)dropped, (unsigned long long)rep,
       (unsigned long long)atomic_load(&w->requests), (unsigned long long)atomic_load(&w->running),
       queued, (unsigned long long)atomic_load(&w->wrong_blocks), held[0], held[1], held[2],
@@ -818,7 +852,7 @@ static void route_health(void *user, kvbm__service *svc, const kvbm__service_req
       (unsigned long long)rss_bytes(), (unsigned long long)(w->cfg.memory_budget_mb << 20),
       w->cfg.g3_dir ? kvbm_manager_g3_mode(w->m) : "",
       (unsigned long long)atomic_load(&w->losses), (unsigned long long)atomic_load(&w->heals),
-      w->max_conn);
+      w->max_conn, (unsigned long long)atomic_load(&w->nats_reconnects));
 }
 
 static void route_fault(void *user, kvbm__service *svc, const kvbm__service_req *q,
@@ -1112,6 +1146,7 @@ void kvsim_worker_destroy(kvsim_worker *w) {
     free(j);
   }
   kvbm__service_destroy(w->svc);
+  if (w->watch) natsConnection_Destroy(w->watch); /* libnats' own state stays (sink_nats.c) */
   kvbm_metrics_destroy(w->reg);
   kvbm_manager_destroy(w->m); /* its last events still reach the links */
   kvbm_publisher_destroy(w->pub);

@@ -172,6 +172,42 @@ def main():
         fail("JetStream stream KVW holds %d batches" % msgs)
     if "kv.>" not in subjects:
         fail("stream subjects %r" % subjects)
+    # nats-server killed (-9: it may lose what it acknowledged) and
+    # restarted: the workers see their watching connection come back and
+    # republish (clear + every held block) into the stream
+    def stream_msgs():
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/jsz?streams=true" % nm,
+                                        timeout=5) as x:
+                jsz = json.loads(x.read())
+        except OSError:
+            return -1
+        for acc in jsz.get("account_details", []):
+            for s in acc.get("stream_detail", []):
+                if s["name"] == "KVW":
+                    return s["state"]["messages"]
+        return 0
+    h0 = json.loads(w1.req("GET", "/health"))
+    nats.kill()
+    nats.wait()
+    nats = start(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(npo), "-m", str(nm), "-sd",
+                  os.path.join(tmp, "js")], "nats2.log")
+    wait_port(npo, nats, "nats-server (restarted)")
+    after_restart = stream_msgs()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        h = json.loads(w1.req("GET", "/health"))
+        if h["nats_reconnects"] > h0["nats_reconnects"] and h["heals"] > h0["heals"]:
+            break
+        time.sleep(0.2)
+    else:
+        fail("no republish after nats-server came back: %r" % h)
+    for _ in range(100):
+        if stream_msgs() > after_restart:
+            break
+        time.sleep(0.1)
+    else:
+        fail("the republish did not reach the stream (%d messages)" % stream_msgs())
     for w in (w1, w2, w3):
         w.stop()
 
