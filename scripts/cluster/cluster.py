@@ -275,7 +275,11 @@ class Cluster:
         p = self.sup.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
                                   "--dir", d, "--save", "", "--appendonly", "no",
                                   "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                  "--cluster-node-timeout", "1000", "--protected-mode", "no"], 256)
+                                  "--cluster-node-timeout", "1000", "--protected-mode", "no",
+                                  # a cache: bounded, LRU (evicted blocks are G4 misses: volumes.md)
+                                  "--maxmemory", "%dmb" % self.a.redis_maxmemory_mb,
+                                  "--maxmemory-policy", "allkeys-lru"],
+                           self.a.redis_maxmemory_mb + 128)
         if not wait_port(port, time.time() + 20, p.popen):
             raise StartError("redis-server %s did not start (log %s)" % (name, p.log_path))
 
@@ -926,6 +930,8 @@ def parse(argv):
     p.add_argument("--g2", type=int, default=16384)
     p.add_argument("--g3", type=int, default=32768)
     p.add_argument("--worker-budget-mb", type=int, default=512)
+    p.add_argument("--redis-maxmemory-mb", type=int, default=128,
+                   help="each Redis node's maxmemory (allkeys-lru); its budget is this + 128")
     p.add_argument("--prometheus-budget-mb", type=int, default=1024)
     p.add_argument("--worker-bin", help="a program run instead of `kvbm worker`, with its flags "
                    "(tests/cluster/fake_worker.py tests the orchestrator)")
