@@ -9,7 +9,9 @@
  * publisher / the decoding subscriber alone (fixed endpoint), so that
  * callgrind can count one of them (subcg.sh).
  *
- *   pubcost K N FORM(-1 default, 0 positional, 1 map) [DECODE [ROLE]]
+ *   pubcost K N FORM(-1 default, 0 positional, 1 map) [DECODE [ROLE [WIRE]]]
+ *
+ * WIRE: ipc (default) or tcp (loopback; forked mode, ROLE 0, only).
  *
  * Not built by CMake: pubcost.sh compiles it in place of bench_events.c
  * in a worktree of any commit, naming the API of that commit
@@ -47,6 +49,8 @@ int main(int argc, char **argv) {
   char ep[64];
   int role = argc > 5 ? atoi(argv[5]) : 0; /* 0 fork a child, 1 publisher only, 2 decoding subscriber only */
   if (role) snprintf(ep, sizeof ep, "ipc:///tmp/kvbm-pubcost-ev");
+  else if (argc > 6 && !strcmp(argv[6], "tcp"))
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", 20000 + (int)getpid() % 20000);
   else snprintf(ep, sizeof ep, "ipc:///tmp/kvbm-pubcost-%d", (int)getpid());
   int decode = argc > 4 && atoi(argv[4]);
   int pfd[2];
