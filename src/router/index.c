@@ -36,7 +36,10 @@
  * version (6..63). The writer stores meta busy, then the key and the final
  * meta with release stores; a reader loads meta (acquire), the key
  * (acquire) and meta again, and retries unless both metas are equal and
- * not busy. The one thing slot seqlocks do not cover is backward-shift
+ * not busy. Filling an empty slot and emptying one need no busy phase
+ * (slot_fill, slot_clear: a reader that saw the slot empty stops there,
+ * one that saw it full finds the version changed): the key, then one
+ * release store of meta. The one thing slot seqlocks do not cover is backward-shift
  * deletion, which moves an entry towards its home slot: a reader that
  * passed the destination before the move and reaches the source after it
  * would report a miss for a present key. The writer makes the table's
@@ -86,6 +89,12 @@
  * parent (known from its slot, read EV_NEAR events ahead, after its own
  * prefetch arrived), and `closed` is recomputed only where `broken` or
  * `offdev` moved (a device block under a held parent moves neither).
+ * Since issue 22's second pass the usual event (a device block of group
+ * 0 without namespace, on a worker with no namespaced block) takes the
+ * lean path (see "The lean path"): a slot filled or deleted, the
+ * parent's child count, the counters added once per batch; the general
+ * path keeps every other case. Callgrind, W3 --limit 400: 157 M
+ * instructions before, 98 M after (the peer: 26 M).
  *
  * Every shared field is a C11 atomic; the protocol uses acquire loads and
  * release stores only, no fences (plain moves on x86-64, ldar/stlr on
