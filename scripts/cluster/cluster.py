@@ -700,7 +700,7 @@ class Faults:
                 f["t_begin"] = now
                 try:
                     self.begin(f)
-                    f["phase"] = "active"
+                    f["phase"], f["injected"] = "active", True
                 except OSError as e:
                     f["phase"], f["error"] = "done", str(e)
             elif ph == "active" and now >= f["t_begin"] + f["duration_s"]:
@@ -724,7 +724,7 @@ class Faults:
         out = []
         for f in self.state:
             d = {"fault": f["fault"], "target": f["target"], "at_s": round(f.get("t_begin", f["at_s"]), 3),
-                 "duration_s": f["duration_s"]}
+                 "duration_s": f["duration_s"], "injected": bool(f.get("injected"))}
             if "t_recovered" in f:
                 d["recovery_s"] = round(f["t_recovered"] - f["t_end"], 3)
                 d["outage_s"] = round(f["t_recovered"] - f["t_begin"], 3)
@@ -884,7 +884,7 @@ def run(a):
         "deaths": cl.sup.deaths,
         "memory_peak_mb": {p: round(v / 1024.0, 1) for p, v in sorted(cl.sup.peaks.items())},
         "memory_budget_mb": cl.sup.budgets(),
-        "faults_injected": sum(1 for f in frep if "error" not in f or f["recovery_s"] is not None),
+        "faults_injected": sum(1 for f in frep if f["injected"]),
         "faults": frep, "recovery_s": [f["recovery_s"] for f in frep],
         "prometheus": prom_up, "violations": violations, "workdir": workdir,
     }
