@@ -987,15 +987,22 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
   const unsigned pr = priority;
   uint32_t tail = p->tail[pr], pushed = 0;
   int rc = KVBM_OK;
+  /* The arrays and the bound in locals: the loop's byte stores (priority,
+   * flags) may alias any pool field, so read through p they were loaded
+   * again for every block (callgrind, kvbm replay --limit 2000: release_run
+   * 68.7M -> 59.9M instructions). */
+  blk *const blocks = p->blocks;
+  uint8_t *const prio = p->priority;
+  const uint32_t nblocks = p->cfg.num_blocks;
   for (size_t k = n; k-- > 0;) {
     /* Block records of a table are scattered: load a few ahead. */
-    if (k >= 4 && ids[k - 4] < p->cfg.num_blocks) __builtin_prefetch(&p->blocks[ids[k - 4]]);
+    if (k >= 4 && ids[k - 4] < nblocks) __builtin_prefetch(&blocks[ids[k - 4]]);
     uint32_t id = ids[k];
-    if (!valid_id(p, id)) {
+    if (id >= nblocks) {
       rc = KVBM_EINVAL;
       break;
     }
-    blk *b = &p->blocks[id];
+    blk *b = &blocks[id];
     if (b->refcount == 0) {
       rc = KVBM_ESTATE;
       break;
@@ -1005,12 +1012,12 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
       free_push(p, id);
       continue;
     }
-    p->priority[id] = priority;
+    prio[id] = priority;
     b->prev = tail;
     b->next = NIL;
     b->flags |= F_CACHED;
     if (tail != NIL)
-      p->blocks[tail].next = id;
+      blocks[tail].next = id;
     else
       p->head[pr] = id;
     tail = id;
