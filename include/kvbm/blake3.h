@@ -171,6 +171,22 @@ KVBM_EXTERN int kvbm_blake3_pool_submit(kvbm_blake3_pool *p,
                                         const kvbm_blake3_job *jobs, size_t n,
                                         uint64_t *ticket, kvbm_error *err);
 
+/* Copy and hash in one pass: as kvbm_blake3_pool_submit, and job i's
+ * input is also moved to copy_to[i] (jobs[i].len writable bytes that do
+ * not overlap the input). Each piece is copied to its offset in copy_to[i]
+ * and hashed there at once, by the same thread, while the bytes are still
+ * in that core's cache (a 256 KiB piece fits a 1 MiB L2): out is the hash
+ * of what landed, and the bytes are read from memory once where a copy
+ * followed by a hash reads them twice; the copy spreads over the threads
+ * as the hash does. This is how a block arriving from a peer is moved and
+ * verified (kvbm_fabric_read_blocks_hashed). The destinations must stay
+ * valid until the wait returns. KVBM_EINVAL also for a NULL copy_to or a
+ * destination that overlaps its input. */
+KVBM_EXTERN int kvbm_blake3_pool_submit_copy(kvbm_blake3_pool *p,
+                                             const kvbm_blake3_job *jobs,
+                                             void *const *copy_to, size_t n,
+                                             uint64_t *ticket, kvbm_error *err);
+
 /* Waits until every job of `ticket` has its hash in its `out`, running
  * queued pieces (of any submission) on this thread meanwhile; then forgets
  * the ticket. KVBM_ENOTFOUND for a ticket not outstanding (already waited

@@ -57,6 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvbm/blake3.h"
 #include "kvbm/frame.h"
 #include "kvbm/layout.h"
 #include "kvbm/status.h"
@@ -400,6 +401,36 @@ KVBM_EXTERN int kvbm_fabric_write_block(kvbm_fabric *f, kvbm_fabric_remote_set *
 KVBM_EXTERN int kvbm_fabric_read_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
                            uint64_t block, void *dst, size_t len,
                            kvbm_error *err);
+
+/* Reads blocks blocks[i] of the peer's set into dsts[i] (each
+ * kvbm_fabric_block_bytes() bytes, laid out as read_block lays them) and
+ * hashes each as it lands: sums + i * sum_len gets the BLAKE3 (plain, the
+ * first sum_len bytes, 1..64; a frame's checksum is 16) of what is now at
+ * dsts[i], for the caller to check against the sum the sender framed. The
+ * receiving half of a checked transfer: the one hash a byte gets on its
+ * way.
+ *
+ * When the transport maps the peer's memory into this process (UCX's
+ * shared-memory transports) and the peer's set is FullyContiguous, the
+ * copy is the pool's work (kvbm_blake3_pool_submit_copy): each 256 KiB
+ * piece is copied by a pool thread or this one and hashed by it at once,
+ * from its cache, so the bytes cross memory once and the copy spreads
+ * over the threads with the hash. Otherwise (TCP, RDMA, a LayerSeparate
+ * peer) the blocks are read, the fabric flushed (at most timeout_ms;
+ * < 0 waits as long as the peer lives), then hashed in place on the pool.
+ *
+ * Synchronous: returns when every block is at its destination and hashed.
+ * Threads: the fabric's thread (the pool's threads only copy from the
+ * mapping, never call the transport); the pool may be shared. Cost: one
+ * allocation of n jobs. Errors, before any byte moves: a NULL argument,
+ * n == 0, sum_len outside 1..64, a set of another fabric, a NULL or
+ * overlapping destination (KVBM_EINVAL); a block out of range
+ * (KVBM_ERANGE); then the transport's (KVBM_ECLOSED, KVBM_ETIMEDOUT, ...).
+ * Counted as n reads of a block each (kvbm_fabric_stats). */
+KVBM_EXTERN int kvbm_fabric_read_blocks_hashed(kvbm_fabric *f, kvbm_fabric_remote_set *rs,
+                                               const uint64_t *blocks, void *const *dsts, size_t n,
+                                               kvbm_blake3_pool *pool, uint8_t *sums, size_t sum_len,
+                                               int timeout_ms, kvbm_error *err);
 
 /* ---- Bridging layouts ----
  *

@@ -16,6 +16,13 @@
  * generic read per row piece, so every fabric (in-process, UCX, CUDA IPC)
  * gets it without code of its own, and every piece passes remote_range()
  * before the first byte moves.
+ *
+ * A checked transfer's receiving half too (kvbm_fabric_read_blocks_hashed):
+ * where the transport maps the peer's memory here, the blocks are copied
+ * out of the mapping by a BLAKE3 pool, each piece hashed by the thread that
+ * just copied it, while in its cache; one pass over the bytes instead of a
+ * read and then a hash, and the copy shared by every thread. Else a read,
+ * a flush and the hash.
  */
 #include <ctype.h>
 #include <stdarg.h>
@@ -697,6 +704,87 @@ int kvbm_fabric_read_block_tp(kvbm_fabric *f, kvbm_fabric_remote_set *const *pee
       rc = heads_rma(f, by_piece[k], block, ours, layers, num_layers, &pieces[k], pass, err);
   free(by_piece);
   if (pieces != map) free(pieces);
+  return rc;
+}
+
+/* ---- Reading blocks and hashing them as they land ---- */
+
+/* Where block `block` of a FullyContiguous remote set is mapped here, or
+ * KVBM_EUNSUPPORTED (not mapped: the caller reads instead). */
+static int map_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block, const void **out,
+                     kvbm_error *err) {
+  const kvbm_layout *lay = &rs->desc.layout;
+  if (!f->vt->map || lay->kind != KVBM_LAYOUT_FULLY_CONTIGUOUS) return KVBM_EUNSUPPORTED;
+  kvbm_slice s;
+  uint64_t addr;
+  int rc = kvbm_layout_block(lay, block, &s, err);
+  if (!rc) rc = remote_range(rs, s.region, s.offset, s.size, &addr, err);
+  if (!rc) rc = f->vt->map(f, rs->regions[s.region].rkey, addr, s.size, out);
+  if (rc == KVBM_ECLOSED) return kvbm_error_set(err, rc, "fabric: peer '%s' is closed", f->peer_name);
+  return rc;
+}
+
+/* The mapped path: every block's mapping first (all or none: one that is
+ * not mapped sends every block down the read path), then the copies and
+ * hashes on the pool, a piece per thread at a time. */
+static int copy_hash_mapped(kvbm_fabric *f, kvbm_fabric_remote_set *rs, const uint64_t *blocks,
+                            void *const *dsts, size_t n, kvbm_blake3_pool *pool, kvbm_blake3_job *jobs,
+                            kvbm_error *err) {
+  for (size_t i = 0; i < n; i++) {
+    int rc = map_block(f, rs, blocks[i], &jobs[i].in, err);
+    if (rc) return rc;
+  }
+  uint64_t ticket;
+  int rc = kvbm_blake3_pool_submit_copy(pool, jobs, dsts, n, &ticket, err);
+  return rc ? rc : kvbm_blake3_pool_wait(pool, ticket, err);
+}
+
+/* The read path: one-sided reads, a flush, then the hashes in place. */
+static int read_then_hash(kvbm_fabric *f, kvbm_fabric_remote_set *rs, const uint64_t *blocks, void *const *dsts,
+                          size_t n, kvbm_blake3_pool *pool, kvbm_blake3_job *jobs, int timeout_ms,
+                          kvbm_error *err) {
+  for (size_t i = 0; i < n; i++) {
+    int rc = block_rma(f, rs, false, blocks[i], dsts[i], rs->block_bytes, err);
+    if (rc) return rc;
+    jobs[i].in = dsts[i];
+  }
+  int rc = kvbm_fabric_flush(f, timeout_ms, err);
+  uint64_t ticket;
+  if (!rc) rc = kvbm_blake3_pool_submit(pool, jobs, n, &ticket, err);
+  return rc ? rc : kvbm_blake3_pool_wait(pool, ticket, err);
+}
+
+int kvbm_fabric_read_blocks_hashed(kvbm_fabric *f, kvbm_fabric_remote_set *rs, const uint64_t *blocks,
+                                   void *const *dsts, size_t n, kvbm_blake3_pool *pool, uint8_t *sums,
+                                   size_t sum_len, int timeout_ms, kvbm_error *err) {
+  NEED(f);
+  if (!rs || !blocks || !dsts || !pool || !sums || n == 0)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: read hashed: NULL argument or no block");
+  if (sum_len == 0 || sum_len > 64)
+    return kvbm_error_set(err, KVBM_EINVAL, "fabric: read hashed: %zu-byte sums (1..64)", sum_len);
+  if (rs->fabric != f) return kvbm_error_set(err, KVBM_EINVAL, "fabric: remote set imported on another fabric");
+  int rc = kvbm__fabric_check(f, err);
+  if (rc) return rc;
+  const kvbm_layout *lay = &rs->desc.layout;
+  for (size_t i = 0; i < n; i++) {
+    if (blocks[i] >= lay->config.num_blocks)
+      return kvbm_error_set(err, KVBM_ERANGE, "fabric: read hashed: block %llu out of range (set has %llu blocks)",
+                            (unsigned long long)blocks[i], (unsigned long long)lay->config.num_blocks);
+    if (!dsts[i]) return kvbm_error_set(err, KVBM_EINVAL, "fabric: read hashed: NULL destination %zu", i);
+  }
+  kvbm_blake3_job *jobs = malloc(n * sizeof *jobs);
+  if (!jobs) return kvbm_error_set(err, KVBM_ENOMEM, "fabric: read hashed: out of memory");
+  for (size_t i = 0; i < n; i++) jobs[i] = (kvbm_blake3_job){NULL, rs->block_bytes, sums + i * sum_len, sum_len};
+  rc = copy_hash_mapped(f, rs, blocks, dsts, n, pool, jobs, err);
+  if (rc == KVBM_EUNSUPPORTED) {
+    rc = read_then_hash(f, rs, blocks, dsts, n, pool, jobs, timeout_ms, err); /* counted by its reads */
+  } else if (rc == KVBM_OK) {
+    count(&f->reads, n);
+    count(&f->read_bytes, n * rs->block_bytes);
+  } else {
+    count_failure(f, rc);
+  }
+  free(jobs);
   return rc;
 }
 

@@ -54,6 +54,13 @@ typedef struct kvbm_fabric_vtable {
    * registration covering `local`, or NULL. Completes by flush. */
   int (*rma)(kvbm_fabric *f, bool write, void *rkey, uint64_t raddr,
              void *local, size_t len, void *lreg, kvbm_error *err);
+  /* Optional (NULL: never mapped): where the peer's [raddr, raddr+len)
+   * (already range-checked) is mapped into this process, readable by any
+   * thread until the remote set is released; KVBM_EUNSUPPORTED when this
+   * transport does not map it. Lets a reader copy on threads of its own
+   * (kvbm_fabric_read_blocks_hashed). */
+  int (*map)(kvbm_fabric *f, void *rkey, uint64_t raddr, size_t len,
+             const void **out);
   void (*destroy)(kvbm_fabric *f);
 } kvbm_fabric_vtable;
 

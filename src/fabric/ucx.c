@@ -657,6 +657,19 @@ static int ux_rma(kvbm_fabric *f, bool write, void *rkey, uint64_t raddr, void *
   return track(u, sp, write ? "put" : "get", err);
 }
 
+/* The peer's memory as mapped here, when a shared-memory transport maps
+ * it (the same ucp_rkey_ptr the mapped copy above uses); the mapping is
+ * the rkey's, alive until the remote set releases it. */
+static int ux_map(kvbm_fabric *f, void *rkey, uint64_t raddr, size_t len, const void **out) {
+  (void)len;
+  ucx_fabric *u = U(f);
+  if (u->peer_closed) return KVBM_ECLOSED;
+  void *mapped;
+  if (ucp_rkey_ptr(rkey, raddr, &mapped) != UCS_OK) return KVBM_EUNSUPPORTED;
+  *out = mapped;
+  return KVBM_OK;
+}
+
 /* Drops what is left in the inbox. Rendezvous descriptors are not ours to
  * free; the worker reclaims them when it is destroyed. */
 static void inbox_clear(ucx_fabric *u) {
@@ -758,6 +771,7 @@ static const kvbm_fabric_vtable ux_vtable = {
     .key_attach = ux_key_attach,
     .key_detach = ux_key_detach,
     .rma = ux_rma,
+    .map = ux_map,
     .destroy = ux_destroy,
 };
 

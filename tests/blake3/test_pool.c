@@ -6,7 +6,9 @@
  * plain hash bit for bit, for every piece size and input length tried
  * (around every piece and power-of-two boundary, and uneven last pieces);
  * the pool does the same with 0, 1 and 3 workers, for jobs submitted from
- * several threads at once, with submit-then-wait overlap; bad arguments
+ * several threads at once, with submit-then-wait overlap; a job with
+ * copy_to lands its bytes whole (not a byte past) and hashes them, and one
+ * whose destination overlaps its input is refused; bad arguments
  * and stale tickets are refused; a pool destroyed with submissions never
  * waited for frees them. Runs under ThreadSanitizer (label tsan).
  */
@@ -154,6 +156,68 @@ static void test_pool_matches_plain_hash(void **state) {
   run_pool(2, 4096);
 }
 
+/* copy_to: every job's bytes land at their destination, whole, and the
+ * hash is the plain hash of them, for every size and piece count. */
+static void copy_pool(unsigned threads, size_t piece) {
+  kvbm_blake3_pool *p;
+  kvbm_error e;
+  assert_int_equal(kvbm_blake3_pool_create(threads, piece, &p, &e), KVBM_OK);
+  size_t n;
+  sized *j = make_jobs(&n, threads * 100 + 7);
+  kvbm_blake3_job *jobs = calloc(n, sizeof *jobs);
+  uint8_t **dst = calloc(n, sizeof *dst);
+  assert_non_null(jobs);
+  assert_non_null(dst);
+  for (size_t i = 0; i < n; i++) {
+    dst[i] = malloc(j[i].len + 1);
+    assert_non_null(dst[i]);
+    memset(dst[i], 0xA5, j[i].len + 1);
+    jobs[i] = (kvbm_blake3_job){j[i].in, j[i].len, j[i].got, 32};
+  }
+  uint64_t t;
+  assert_int_equal(kvbm_blake3_pool_submit_copy(p, jobs, (void *const *)dst, n, &t, &e), KVBM_OK);
+  assert_int_equal(kvbm_blake3_pool_wait(p, t, &e), KVBM_OK);
+  for (size_t i = 0; i < n; i++) {
+    if (memcmp(j[i].got, j[i].want, 32) != 0) fail_msg("threads %u: copied job of %zu bytes: hash differs", threads,
+                                                       j[i].len);
+    if (j[i].len && memcmp(dst[i], j[i].in, j[i].len) != 0)
+      fail_msg("threads %u: job of %zu bytes did not land whole", threads, j[i].len);
+    assert_int_equal(dst[i][j[i].len], 0xA5); /* and not one byte past its end */
+    free(dst[i]);
+  }
+  free(dst);
+  free(jobs);
+  free_jobs(j, n);
+  kvbm_blake3_pool_destroy(p);
+}
+
+static void test_pool_copies_then_hashes(void **state) {
+  (void)state;
+  copy_pool(0, 0);
+  copy_pool(1, 0);
+  copy_pool(3, 0);
+  copy_pool(2, 4096);
+  /* a destination overlapping its input is refused, before anything moves */
+  kvbm_blake3_pool *p;
+  kvbm_error e;
+  assert_int_equal(kvbm_blake3_pool_create(1, 0, &p, &e), KVBM_OK);
+  uint8_t buf[8192] = {0}, out[32];
+  uint64_t t;
+  kvbm_blake3_job over[] = {{buf, 4096, out, 32}, {buf + 100, 4096, out, 32}, {buf, 4096, out, 32}};
+  void *to[] = {buf + 4095, buf, buf};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(kvbm_blake3_pool_submit_copy(p, &over[i], &to[i], 1, &t, &e), KVBM_EINVAL);
+    assert_non_null(strstr(e.msg, "overlaps"));
+  }
+  void *null_to = NULL;
+  assert_int_equal(kvbm_blake3_pool_submit_copy(p, &over[0], &null_to, 1, &t, &e), KVBM_EINVAL);
+  assert_int_equal(kvbm_blake3_pool_submit_copy(p, &over[0], NULL, 1, &t, &e), KVBM_EINVAL);
+  void *edge_to = buf + 4096; /* adjacent is fine */
+  assert_int_equal(kvbm_blake3_pool_submit_copy(p, &over[0], &edge_to, 1, &t, &e), KVBM_OK);
+  assert_int_equal(kvbm_blake3_pool_wait(p, t, &e), KVBM_OK);
+  kvbm_blake3_pool_destroy(p);
+}
+
 typedef struct submitter {
   kvbm_blake3_pool *p;
   int bad;
@@ -231,6 +295,7 @@ int main(void) {
       cmocka_unit_test(test_pieces_give_the_plain_hash),
       cmocka_unit_test(test_piece_arguments),
       cmocka_unit_test(test_pool_matches_plain_hash),
+      cmocka_unit_test(test_pool_copies_then_hashes),
       cmocka_unit_test(test_pool_from_several_threads),
       cmocka_unit_test(test_pool_arguments_and_teardown),
   };

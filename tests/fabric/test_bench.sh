@@ -8,7 +8,11 @@
 # modes' ratios to plain and to their CPU bounds, and the load. Checked
 # (the sum kept since the block was written, issue 22) hashes nothing at
 # the sender and the receiver hashes each byte once; rehash hashes every
-# block it sends, warm-up included, at both ends; one
+# block it sends, warm-up included, at both ends; pulled (the receiver
+# reads each block from the sender and hashes it as it lands) hashes
+# nothing at the sender and each byte once at the receiver; every mode
+# reports the CPU each end spent per byte, and the checked modes that
+# against the work (one copy + one hash per byte); one
 # hash per byte bounds checked no lower than two bound rehash, and neither
 # bound is above plain. No speed is asserted here (that is the bench's
 # job, on a quiet machine).
@@ -28,14 +32,18 @@ assert d["workload"] == "W4 remote" and d["fabric"] == "ucx", d
 assert d["block_bytes"] == 2 * 16 * 256 * 2, d
 assert d["blocks"] == 64 and d["hash_threads"] == int(sys.argv[2]) and d["cores"] >= 1, d
 assert d["load_before"] >= 0 and d["load_after"] >= 0, d
-for m in ("memcpy", "blake3_1thread", "plain", "checked", "rehash"):
+for m in ("memcpy", "blake3_1thread", "plain", "checked", "pulled", "rehash"):
     r = d[m]
     assert 0 < r["min_gbps"] <= r["gbps"] <= r["max_gbps"], d
-for m in ("plain", "checked", "rehash"):
+for m in ("plain", "checked", "pulled", "rehash"):
     assert "ratio" not in d[m], d
-p, c, h = d["plain"], d["checked"], d["rehash"]
+    # CPU per byte moved at each end, and their sum with its spread
+    u = d[m]["cpu_ns_per_byte"]
+    assert u["sender"] >= 0 and u["receiver"] >= 0, d
+    assert 0 < u["min_total"] <= u["total"] <= u["max_total"], d
+p, c, h, q = d["plain"], d["checked"], d["rehash"], d["pulled"]
 assert 0 < p["min_memcpy_ratio"] <= p["memcpy_ratio"] <= p["max_memcpy_ratio"], d
-for x in (c, h):
+for x in (c, h, q):
     assert 0 < x["min_plain_ratio"] <= x["plain_ratio"] <= x["max_plain_ratio"], d
     assert 0 < x["min_bound_ratio"] <= x["bound_ratio"] <= x["max_bound_ratio"], d
     assert 0 < x["cpu_bound_plain_ratio"] <= 1, d
@@ -49,6 +57,14 @@ assert c["sender_hashed_bytes"] == 0, d
 assert h["sender_hashed_bytes"] == sent, d
 # and the receiver hashed every byte it checked once, nothing in plain mode
 assert c["receiver_hashed_bytes"] == sent and h["receiver_hashed_bytes"] == sent, d
+# pulled: the receiver reads and hashes every block, the sender hashes
+# nothing; both checked modes have the same work and bound
+assert q["sender_hashed_bytes"] == 0 and q["receiver_hashed_bytes"] == sent, d
+assert q["cpu_bound_gbps"] == c["cpu_bound_gbps"], d
+# the work per byte (one copy + one hash, CPU time) against each checked mode's CPU
+assert c["work_ns_per_byte"] > 0, d
+for x in (c, q):
+    assert 0 < x["min_work_cpu_ratio"] <= x["work_cpu_ratio"] <= x["max_work_cpu_ratio"], d
 assert d["plain_receiver_hashed_bytes"] == 0, d
 PY
 done
@@ -76,7 +92,7 @@ rc=0
 grep -q "ucx_perftest" "$T/err"
 
 # usage errors
-for bad in "--slots 10 --batch 4" "--blocks 0" "--rounds 0" "--bogus" "--layer-separate" "--batch 2 --slots 256" "--hash-threads 257" "--hash-threads x"; do
+for bad in "--slots 10 --batch 4" "--blocks 0" "--rounds 0" "--bogus" "--layer-separate" "--batch 2 --slots 256" "--hash-threads 257" "--hash-threads x" "--piece 3000" "--piece 512"; do
   rc=0
   # shellcheck disable=SC2086
   "$KVBM_BIN" transfer-bench $bad --no-reference >/dev/null 2>&1 || rc=$?

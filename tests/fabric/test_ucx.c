@@ -3,7 +3,9 @@
  * forks; the child is the other node). Covers the handshake, labels and names,
  * small (eager) and large (rendezvous) pushes, one-sided block writes and
  * reads into the peer's registered memory with completion by notification,
- * refusals before any transfer, a peer that dies, hostile peers on the
+ * blocks read and hashed as they land (kvbm_fabric_read_blocks_hashed, the
+ * mapped copy-and-hash path and the read-then-hash one), refusals before
+ * any transfer, a peer that dies, hostile peers on the
  * side channel (garbage, the 0xff hello that made UCX abort, wrong keys,
  * reflected challenges, tampered hellos, silent and hung-up peers) on
  * either end, and a peer that pushes more than allowed. UCX is kept on
@@ -83,6 +85,58 @@ static void wait_child(pid_t pid) {
 
 /* ---- the main scenario ---- */
 
+/* Every block read and hashed as it lands (kvbm_fabric_read_blocks_hashed:
+ * the mapped path over shared memory into fabric storage, a read and a
+ * hash otherwise), in an order of our own: each lands whole and its sum is
+ * the plain BLAKE3 of its bytes; bad arguments are refused. */
+static void read_hashed(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t nb, size_t bb,
+                        const unsigned char *src, uint64_t changed) {
+  kvbm_error e;
+  kvbm_blake3_pool *pool;
+  CHECK(kvbm_blake3_pool_create(1, 4096, &pool, &e) == KVBM_OK);
+  uint64_t *blocks = calloc(nb, sizeof *blocks);
+  void **dsts = calloc(nb, sizeof *dsts);
+  unsigned char *got = malloc(nb * bb), *want = malloc(bb);
+  uint8_t(*sums)[16] = calloc(nb, 16);
+  CHECK(blocks && dsts && got && want && sums);
+  memset(got, 0xA5, nb * bb);
+  for (uint64_t i = 0; i < nb; i++) {
+    blocks[i] = nb - 1 - i;
+    dsts[i] = got + i * bb;
+  }
+  CHECK(kvbm_fabric_read_blocks_hashed(f, rs, blocks, dsts, nb, pool, &sums[0][0], 16, 15000, &e) == KVBM_OK);
+  for (uint64_t i = 0; i < nb; i++) {
+    uint64_t b = blocks[i];
+    if (b == changed)
+      test_pattern(want, bb, 5000 + b);
+    else
+      memcpy(want, src + b * bb, bb);
+    CHECK(memcmp(got + i * bb, want, bb) == 0);
+    uint8_t sum[16];
+    kvbm_blake3_hash(want, bb, sum, 16);
+    CHECK(memcmp(sums[i], sum, 16) == 0);
+  }
+  /* refused, before any byte moves */
+  uint64_t far = nb;
+  memset(got, 0xA5, bb);
+  CHECK(kvbm_fabric_read_blocks_hashed(f, rs, &far, dsts, 1, pool, &sums[0][0], 16, 15000, &e) == KVBM_ERANGE);
+  CHECK(strstr(e.msg, "out of range") != NULL);
+  CHECK(got[0] == 0xA5);
+  void *none = NULL;
+  CHECK(kvbm_fabric_read_blocks_hashed(f, rs, blocks, &none, 1, pool, &sums[0][0], 16, 15000, &e) == KVBM_EINVAL);
+  CHECK(kvbm_fabric_read_blocks_hashed(f, rs, blocks, dsts, 1, NULL, &sums[0][0], 16, 15000, &e) == KVBM_EINVAL);
+  CHECK(kvbm_fabric_read_blocks_hashed(f, rs, blocks, dsts, 0, pool, &sums[0][0], 16, 15000, &e) == KVBM_EINVAL);
+  CHECK(kvbm_fabric_read_blocks_hashed(f, rs, blocks, dsts, 1, pool, &sums[0][0], 0, 15000, &e) == KVBM_EINVAL);
+  CHECK(kvbm_fabric_read_blocks_hashed(f, rs, blocks, dsts, 1, pool, &sums[0][0], 65, 15000, &e) == KVBM_EINVAL);
+  CHECK(kvbm_fabric_read_blocks_hashed(NULL, rs, blocks, dsts, 1, pool, &sums[0][0], 16, 15000, &e) == KVBM_EINVAL);
+  kvbm_blake3_pool_destroy(pool);
+  free(blocks);
+  free(dsts);
+  free(got);
+  free(want);
+  free(sums);
+}
+
 static void child_main(uint16_t port) {
   kvbm_fabric_ucx_config c = config("node-a");
   kvbm_fabric *f;
@@ -140,6 +194,7 @@ static void child_main(uint16_t port) {
   CHECK(kvbm_fabric_read_block(f, rs, 0, back, bb, &e) == KVBM_OK);
   CHECK(kvbm_fabric_flush(f, 15000, &e) == KVBM_OK);
   CHECK(memcmp(back, src, bb) == 0);
+  read_hashed(f, rs, nb, bb, src, changed);
   CHECK(kvbm_fabric_push(f, "ok", 2, NULL, NULL) == KVBM_OK);
   CHECK(kvbm_fabric_flush(f, 15000, &e) == KVBM_OK);
 
@@ -250,6 +305,14 @@ static void test_shm_fabric_storage(void **state) {
   (void)state;
   g_tls = "shm,self";
   run_main(KVBM_LAYOUT_LAYER_SEPARATE, true);
+}
+
+/* FullyContiguous in fabric storage: the peer's blocks are mapped, so
+ * read_hashed takes the copy-and-hash path. */
+static void test_shm_fabric_storage_contiguous(void **state) {
+  (void)state;
+  g_tls = "shm,self";
+  run_main(KVBM_LAYOUT_FULLY_CONTIGUOUS, true);
 }
 
 static void test_shm_layer_separate(void **state) {
@@ -669,6 +732,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_shm_contiguous, kill_child),
       cmocka_unit_test_teardown(test_shm_layer_separate, kill_child),
       cmocka_unit_test_teardown(test_shm_fabric_storage, kill_child),
+      cmocka_unit_test_teardown(test_shm_fabric_storage_contiguous, kill_child),
       cmocka_unit_test_teardown(test_tcp_loopback, kill_child),
       cmocka_unit_test_teardown(test_peer_dies, kill_child),
       cmocka_unit_test_teardown(test_peer_dies_tcp, kill_child),

@@ -23,9 +23,10 @@
  * filled it (a ring of slots / batch batches in flight). The clock runs
  * from the first write to the last acknowledgement (after one untimed
  * round of the ring as warm-up). Rounds of (reference, plain, checked,
- * rehash) are interleaved and the medians reported, so that a noisy
- * neighbour on a shared machine weighs on all alike. Three modes, same
- * connection:
+ * pulled, rehash) are interleaved and the medians reported, so that a
+ * noisy neighbour on a shared machine weighs on all alike. A's source
+ * blocks live in fabric storage (kvbm_fabric_storage_create), exported
+ * to B for the pulled mode. Four modes, same connection:
  *   plain    as above;
  *   checked  a block's BLAKE3-128 is computed once in its life (issue 22):
  *            A's source blocks are hashed when they are filled (their
@@ -40,6 +41,16 @@
  *            hashed; counted as receiver_hashed_bytes). B hashes a batch on a kvbm_blake3_pool of --hash-threads
  *            workers and its main thread (each 2 MiB block in 256 KiB
  *            pieces, so one block spreads over every thread).
+ *   pulled   checked's design with the copy moved to the receiver: A only
+ *            frames (the same notification, naming its source blocks);
+ *            B reads each block out of A's memory, mapped here by UCX's
+ *            shared-memory transport, with kvbm_fabric_read_blocks_hashed:
+ *            its pool copies a 256 KiB piece (--piece) and hashes it at
+ *            once from the copying core's cache, so the bytes cross
+ *            memory once and the copy is spread over B's threads with
+ *            the hash; then checks each block against its header. The
+ *            same work per byte as checked (one copy + one hash), on one
+ *            side.
  *   rehash   the design before: A hashes every block at every send too
  *            (on its own pool, batch k+1 while it writes batch k), B
  *            verifies. Kept to show what the kept sum saves, in the same
@@ -53,6 +64,14 @@
  * copy and one hash per byte: bound = min(plain, cores / (1/memcpy +
  * 1/blake3)), and checked / bound is its target (at least 0.8); rehash
  * does one copy and two hashes (2/blake3). --json gives one object.
+ *
+ * CPU per byte: each end's process CPU time (CLOCK_PROCESS_CPUTIME_ID;
+ * B's is carried in its acknowledgements) over the bytes moved, per mode,
+ * and for the checked modes the work per byte in CPU time (the round's
+ * copy and single-thread hash, CLOCK_THREAD_CPUTIME_ID) over that. The
+ * wall-clock ratios say how much of two cores the bench got; these say
+ * what it did with what it got, which a loaded machine changes far less:
+ * 1.0 means no CPU spent beyond one copy + one hash per byte.
  *
  * The two nodes share a fresh random key (drawn before the fork), so the
  * listening side channel refuses anyone else who connects meanwhile.
@@ -70,6 +89,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -91,6 +111,8 @@ static const char kUsage[] =
     "  --rounds N         rounds of (reference, memcpy, plain, checked, rehash); medians reported (default 3)\n"
     "  --hash-threads N   BLAKE3 workers at each end, besides the waiting thread\n"
     "                     (default: online CPUs - 1)\n"
+    "  --piece BYTES      the BLAKE3 pools' piece: what one thread copies and hashes at a time\n"
+    "                     (a power of two, 1 KiB .. 1 GiB; default 256 KiB)\n"
     "  --no-reference     skip ucx_perftest (ratios are then omitted)\n"
     "  --perftest PATH    the ucx_perftest binary (default: found in PATH)\n"
     "  --json             one JSON object\n";
@@ -99,14 +121,16 @@ static const char kUsage[] =
 #define NOTE_MAGIC 0x42545653u /* "SVTB" */
 #define FLAG_CHECK 1u
 #define FLAG_END 2u
+#define FLAG_PULL 4u /* B reads the blocks from A (pulled mode) */
 
-enum { MODE_PLAIN, MODE_CHECKED, MODE_REHASH, MODES };
+enum { MODE_PLAIN, MODE_CHECKED, MODE_PULLED, MODE_REHASH, MODES };
 
 typedef struct bench {
   fab_opts o;
   uint64_t blocks, slots, batch;
   uint64_t rounds;
   uint64_t hash_threads;
+  uint64_t piece; /* the BLAKE3 pools' piece (0: the pool's default) */
   bool reference, json;
   const char *perftest;
 } bench;
@@ -120,13 +144,25 @@ typedef struct note_hdr {
 } note_hdr;
 
 typedef struct note_entry {
-  uint32_t slot;
+  uint32_t slot; /* B's slot */
+  uint32_t src;  /* pulled: A's source block to read into it */
   uint8_t frame[KVBM_FRAME_HEADER_LEN];
 } note_entry;
 
 typedef struct ack {
   uint32_t batch, ok, bad, hashed; /* hashed: blocks B hashed to check them */
+  uint64_t cpu_ns;                 /* B's process CPU time when it sent this */
 } ack;
+
+/* This process's CPU time (all its threads), in ns: what each end spends
+ * per byte is the figure the wall clock hides on a shared machine. */
+static uint64_t clock_ns(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+static uint64_t cpu_now_ns(void) { return clock_ns(CLOCK_PROCESS_CPUTIME_ID); }
+static uint64_t thread_cpu_ns(void) { return clock_ns(CLOCK_THREAD_CPUTIME_ID); }
 
 /* ---- the reference: ucx_perftest ---- */
 
@@ -235,7 +271,10 @@ static int receiver(const bench *b, uint16_t port) {
   kvbm_fabric *f = NULL;
   kvbm_fabric_local_set *ls = NULL;
   kvbm_layout_desc desc = {0};
-  uint8_t *wire = NULL;
+  uint8_t *wire = NULL, *awire = NULL;
+  kvbm_fabric_remote_set *ars = NULL; /* A's source blocks (pulled mode) */
+  uint64_t *srcs = calloc(b->batch, sizeof *srcs);
+  void **dsts = calloc(b->batch, sizeof *dsts);
   size_t wlen, note_max = sizeof(note_hdr) + b->batch * sizeof(note_entry);
   uint8_t *note = malloc(note_max);
   uint8_t(*sums)[KVBM_FRAME_CHECKSUM_LEN] = calloc(b->batch, KVBM_FRAME_CHECKSUM_LEN);
@@ -245,7 +284,7 @@ static int receiver(const bench *b, uint16_t port) {
   int code = 1;
   kvbm_fabric_ucx_config cfg = fab_ucx_config(o);
   cfg.name = "bench-b";
-  if (!sums || !jobs || !fhs || kvbm_blake3_pool_create((unsigned)b->hash_threads, 0, &pool, &e)) {
+  if (!sums || !jobs || !fhs || !srcs || !dsts || kvbm_blake3_pool_create((unsigned)b->hash_threads, b->piece, &pool, &e)) {
     fprintf(stderr, "kvbm " CMD ": receiver: %s\n", e.msg[0] ? e.msg : "out of memory");
     goto out;
   }
@@ -257,6 +296,17 @@ static int receiver(const bench *b, uint16_t port) {
       kvbm_fabric_push(f, wire, wlen, NULL, &e)) {
     fprintf(stderr, "kvbm " CMD ": receiver: %s\n", e.msg);
     goto out;
+  }
+  /* A's source set, which B reads from in pulled mode */
+  {
+    kvbm_fabric_handle h;
+    size_t alen;
+    if (kvbm_fabric_next(f, (int)o->timeout_ms, &h, &alen, &e) || !(awire = malloc(alen ? alen : 1)) ||
+        kvbm_fabric_pull(f, h, awire, alen, &alen, (int)o->timeout_ms, &e) ||
+        kvbm_fabric_import(f, awire, alen, &ars, &e)) {
+      fprintf(stderr, "kvbm " CMD ": receiver: A's set: %s\n", e.msg[0] ? e.msg : "out of memory");
+      goto out;
+    }
   }
   ack acks[64];
   unsigned next_ack = 0;
@@ -290,10 +340,28 @@ static int receiver(const bench *b, uint16_t port) {
         a->bad++;
       } else {
         jobs[nj] = (kvbm_blake3_job){fab_block_ptr(s, &lay, ne.slot), bb, sums[nj], KVBM_FRAME_CHECKSUM_LEN};
+        srcs[nj] = ne.src;
+        dsts[nj] = fab_block_ptr(s, &lay, ne.slot);
         nj++;
       }
     }
-    if (nj > 0) {
+    /* Pulled: B reads each block from A's memory into its slot, hashing
+     * it as it lands (on the pool, a piece copied and hashed by the same
+     * thread), then checks it against its header. */
+    if (nj > 0 && (nh.flags & FLAG_PULL)) {
+      if (kvbm_fabric_read_blocks_hashed(f, ars, srcs, dsts, nj, pool, &sums[0][0], KVBM_FRAME_CHECKSUM_LEN,
+                                         (int)o->timeout_ms, &e)) {
+        fprintf(stderr, "kvbm " CMD ": receiver: %s\n", e.msg);
+        goto out;
+      }
+      a->hashed = (uint32_t)nj;
+      for (size_t i = 0; i < nj; i++) {
+        if (kvbm_frame_check_sum(&fhs[i], bb, sums[i], NULL) == KVBM_OK)
+          a->ok++;
+        else
+          a->bad++;
+      }
+    } else if (nj > 0) {
       uint64_t t;
       if (kvbm_blake3_pool_submit(pool, jobs, nj, &t, &e) || kvbm_blake3_pool_wait(pool, t, &e)) {
         fprintf(stderr, "kvbm " CMD ": receiver: %s\n", e.msg);
@@ -308,17 +376,22 @@ static int receiver(const bench *b, uint16_t port) {
       }
     }
     /* acks live in a ring of 64: the sender never has more in flight */
+    a->cpu_ns = cpu_now_ns();
     if (kvbm_fabric_push(f, a, sizeof *a, NULL, &e)) goto out;
   }
   kvbm_fabric_flush(f, (int)o->timeout_ms, NULL);
   code = 0;
 out:
   kvbm_blake3_pool_destroy(pool);
+  kvbm_fabric_remote_set_release(ars);
   kvbm_fabric_local_set_release(ls);
   kvbm_storage_release(s);
   kvbm_fabric_destroy(f);
   kvbm_layout_desc_release(&desc);
   free(wire);
+  free(awire);
+  free(srcs);
+  free(dsts);
   free(note);
   free(sums);
   free(jobs);
@@ -349,6 +422,7 @@ typedef struct sender {
   uint8_t (*kept)[KVBM_FRAME_CHECKSUM_LEN]; /* slots */
   uint64_t hashed[MODES];                   /* bytes A hashed while sending */
   uint64_t rhashed[MODES];                  /* bytes B hashed to check them */
+  uint64_t rcpu_ns;                         /* B's CPU time in its latest ack */
   int mode;                                 /* the mode being sent */
 } sender;
 
@@ -377,13 +451,14 @@ static int wait_ack(sender *sd, uint32_t want, kvbm_error *e) {
     return kvbm_error_set(e, KVBM_EPROTO, "acknowledgement of batch %u, expected %u", a.batch, want);
   sd->bad += a.bad;
   sd->rhashed[sd->mode] += (uint64_t)a.hashed * sd->bb;
+  sd->rcpu_ns = a.cpu_ns;
   return KVBM_OK;
 }
 
 /* The frame checksum of batch k's block i: kept (checked) or just hashed
  * on the pool (rehash). */
 static const uint8_t *block_sum(const sender *sd, int mode, uint64_t k, uint64_t i) {
-  if (mode == MODE_CHECKED) return sd->kept[(k * sd->b->batch + i) % sd->b->slots];
+  if (mode != MODE_REHASH) return sd->kept[(k * sd->b->batch + i) % sd->b->slots];
   return sd->sums[(k % 2) * sd->b->batch + i];
 }
 
@@ -392,7 +467,7 @@ static const uint8_t *block_sum(const sender *sd, int mode, uint64_t k, uint64_t
 static int send_batches(sender *sd, uint64_t nbatches, int mode, double *secs, kvbm_error *e) {
   const bench *b = sd->b;
   uint64_t ring = b->slots / b->batch;
-  const bool check = mode != MODE_PLAIN, rehash = mode == MODE_REHASH;
+  const bool check = mode != MODE_PLAIN, rehash = mode == MODE_REHASH, pull = mode == MODE_PULLED;
   sd->mode = mode;
   double t0 = cli_now();
   if (rehash && submit_hash(sd, 0, e)) return 1;
@@ -402,9 +477,10 @@ static int send_batches(sender *sd, uint64_t nbatches, int mode, double *secs, k
      * this thread writes this batch: hashing overlaps the transfer. */
     if (rehash && k + 1 < nbatches && submit_hash(sd, k + 1, e)) return 1;
     uint8_t *note = sd->notes + (k % ring) * sd->note_len;
-    note_hdr nh = {NOTE_MAGIC, (uint32_t)k, (uint32_t)b->batch, check ? FLAG_CHECK : 0};
+    note_hdr nh = {NOTE_MAGIC, (uint32_t)k, (uint32_t)b->batch, (check ? FLAG_CHECK : 0) | (pull ? FLAG_PULL : 0)};
     memcpy(note, &nh, sizeof nh);
-    for (uint64_t i = 0; i < b->batch; i++) {
+    /* pulled: B moves the bytes; A only frames */
+    for (uint64_t i = 0; i < b->batch && !pull; i++) {
       uint64_t slot = (k % ring) * b->batch + i;
       if (kvbm_fabric_write_block(sd->f, sd->rs, slot, src_block(sd, k, i), sd->bb, e)) return 1;
     }
@@ -415,13 +491,14 @@ static int send_batches(sender *sd, uint64_t nbatches, int mode, double *secs, k
       sd->hashed[mode] += b->batch * sd->bb;
     }
     for (uint64_t i = 0; i < b->batch; i++) {
-      note_entry ne = {.slot = (uint32_t)((k % ring) * b->batch + i)};
+      note_entry ne = {.slot = (uint32_t)((k % ring) * b->batch + i),
+                       .src = (uint32_t)((k * b->batch + i) % b->slots)};
       if (check &&
           kvbm_frame_encode_header_sum(KVBM_PHASE_THINK_COMPLETE, sd->bb, block_sum(sd, mode, k, i), ne.frame, e))
         return 1;
       memcpy(note + sizeof nh + i * sizeof ne, &ne, sizeof ne);
     }
-    if (kvbm_fabric_flush(sd->f, (int)b->o.timeout_ms, e)) return 1;
+    if (!pull && kvbm_fabric_flush(sd->f, (int)b->o.timeout_ms, e)) return 1;
     if (kvbm_fabric_push(sd->f, note, sd->note_len, NULL, e)) return 1;
   }
   for (uint64_t k = nbatches > ring ? nbatches - ring : 0; k < nbatches; k++)
@@ -430,14 +507,25 @@ static int send_batches(sender *sd, uint64_t nbatches, int mode, double *secs, k
   return 0;
 }
 
+/* One mode's figures in one round: speed, and the CPU each end spent per
+ * byte moved (A: its process from the first write to the last
+ * acknowledgement; B: between its acknowledgement of the warm-up's last
+ * batch and of the timed run's last). */
+typedef struct mode_run {
+  double gbps, a_ns, b_ns;
+} mode_run;
+
 /* One mode: a warm-up round of the ring, then the timed run. */
-static int measure(sender *sd, int mode, double *gbps, kvbm_error *e) {
+static int measure(sender *sd, int mode, mode_run *m, kvbm_error *e) {
   const bench *b = sd->b;
   double secs;
   if (send_batches(sd, b->slots / b->batch, mode, &secs, e)) return 1;
-  uint64_t nbatches = b->blocks / b->batch;
+  uint64_t nbatches = b->blocks / b->batch, b0 = sd->rcpu_ns, a0 = cpu_now_ns();
   if (send_batches(sd, nbatches, mode, &secs, e)) return 1;
-  *gbps = (double)(nbatches * b->batch * sd->bb) / secs / 1e9;
+  double bytes = (double)(nbatches * b->batch * sd->bb);
+  m->gbps = bytes / secs / 1e9;
+  m->a_ns = (double)(cpu_now_ns() - a0) / bytes;
+  m->b_ns = (double)(sd->rcpu_ns - b0) / bytes;
   return 0;
 }
 
@@ -479,12 +567,15 @@ static void copy_nt(uint8_t *dst, const uint8_t *src, size_t n) { memcpy(dst, sr
  * one thread, into memory of its own (touched once beforehand), after a
  * warm-up round of the ring like the fabric's; the faster of glibc's
  * memcpy and the non-temporal copy (a bound is the best a copy does). */
-static double copy_pass(sender *sd, uint8_t *dst, bool nt) {
+static double copy_pass(sender *sd, uint8_t *dst, bool nt, double *cpu_ns) {
   const bench *b = sd->b;
-  uint64_t ring = b->slots / b->batch, nbatches = b->blocks / b->batch;
+  uint64_t ring = b->slots / b->batch, nbatches = b->blocks / b->batch, c0 = 0;
   double t0 = 0;
   for (uint64_t k = 0; k < ring + nbatches; k++) {
-    if (k == ring) t0 = cli_now();
+    if (k == ring) {
+      t0 = cli_now();
+      c0 = thread_cpu_ns();
+    }
     for (uint64_t i = 0; i < b->batch; i++) {
       uint8_t *d = dst + ((k % ring) * b->batch + i) * sd->bb;
       const uint8_t *s = src_block(sd, k, i);
@@ -494,23 +585,29 @@ static double copy_pass(sender *sd, uint8_t *dst, bool nt) {
         memcpy(d, s, sd->bb);
     }
   }
-  double secs = cli_now() - t0;
-  return (double)(nbatches * b->batch * sd->bb) / secs / 1e9;
+  double secs = cli_now() - t0, bytes = (double)(nbatches * b->batch * sd->bb);
+  *cpu_ns = (double)(thread_cpu_ns() - c0) / bytes;
+  return bytes / secs / 1e9;
 }
 
-static int measure_memcpy(sender *sd, uint8_t *dst, double *gbps) {
-  double plain = copy_pass(sd, dst, false), nt = copy_pass(sd, dst, true);
+/* *cpu_ns: CPU ns per byte of the faster copy (what the work costs this
+ * core, whatever share of it the neighbours leave). */
+static int measure_memcpy(sender *sd, uint8_t *dst, double *gbps, double *cpu_ns) {
+  double c1, c2, plain = copy_pass(sd, dst, false, &c1), nt = copy_pass(sd, dst, true, &c2);
   *gbps = plain > nt ? plain : nt;
+  *cpu_ns = plain > nt ? c1 : c2;
   return 0;
 }
 
 /* Single-thread BLAKE3 over the source blocks (for the CPU bound). */
-static double measure_hash(sender *sd) {
+static double measure_hash(sender *sd, double *cpu_ns) {
   uint8_t sum[KVBM_FRAME_CHECKSUM_LEN];
-  uint64_t n = sd->b->slots * 2;
+  uint64_t n = sd->b->slots * 2, c0 = thread_cpu_ns();
   double t0 = cli_now();
   for (uint64_t i = 0; i < n; i++) kvbm_blake3_hash(src_block(sd, 0, i), sd->bb, sum, sizeof sum);
-  return (double)(n * sd->bb) / (cli_now() - t0) / 1e9;
+  double secs = cli_now() - t0;
+  *cpu_ns = (double)(thread_cpu_ns() - c0) / (double)(n * sd->bb);
+  return (double)(n * sd->bb) / secs / 1e9;
 }
 
 /* The same blocks hashed on the pool, a batch per submission (what each
@@ -550,6 +647,17 @@ static double loadavg(void) {
   return l;
 }
 
+/* CPU ns per byte moved: A's, B's, and their sum. */
+typedef struct cpu_use {
+  spread a, b, total;
+} cpu_use;
+
+static void json_cpu(cpu_use c) {
+  printf(", \"cpu_ns_per_byte\": {\"sender\": %.4g, \"receiver\": %.4g, \"total\": %.4g, \"min_total\": %.4g"
+         ", \"max_total\": %.4g}",
+         c.a.med, c.b.med, c.total.med, c.total.min, c.total.max);
+}
+
 static void json_spread(const char *name, spread s) {
   printf("\"%s\": {\"gbps\": %.4g, \"min_gbps\": %.4g, \"max_gbps\": %.4g", name, s.med, s.min, s.max);
 }
@@ -570,6 +678,7 @@ static int run(bench *b) {
   /* One reference run first, to fail early when the tool is missing. */
   double refs[MAX_ROUNDS], copies[MAX_ROUNDS], plains[MAX_ROUNDS], checks[MAX_ROUNDS], rehashes[MAX_ROUNDS],
       hashes[MAX_ROUNDS], phashes[MAX_ROUNDS];
+  double a_ns[MODES][MAX_ROUNDS], b_ns[MODES][MAX_ROUNDS], ideal_ns[MAX_ROUNDS], pulls[MAX_ROUNDS];
   if (b->reference && reference(b, &cfg, sd.bb, &refs[0]) != 0) return 1;
   kvbm_fabric_listener *l = NULL;
   if (kvbm_fabric_ucx_listen(&cfg, "127.0.0.1", 0, &l, &e)) {
@@ -588,10 +697,10 @@ static int run(bench *b) {
     _exit(receiver(b, port));
   }
   int code = 1;
-  kvbm_storage_config so = {0};
   kvbm_fabric_local_set *ls = NULL;
   kvbm_layout_desc desc = {0};
-  uint8_t *wire = NULL, *dst = NULL;
+  uint8_t *wire = NULL, *dst = NULL, *awire = NULL; /* awire: A's source set, for B to read from */
+  size_t alen = 0;
   sd.note_len = sizeof(note_hdr) + b->batch * sizeof(note_entry);
   sd.notes = calloc(b->slots / b->batch, sd.note_len);
   sd.jobs = calloc(2 * b->batch, sizeof *sd.jobs);
@@ -599,9 +708,8 @@ static int run(bench *b) {
   sd.kept = calloc(b->slots, sizeof *sd.kept);
   if (posix_memalign((void **)&dst, 4096, b->slots * sd.bb) != 0) dst = NULL;
   if (!sd.notes || !sd.jobs || !sd.sums || !sd.kept || !dst ||
-      kvbm_blake3_pool_create((unsigned)b->hash_threads, 0, &sd.pool, &e) ||
-      kvbm_storage_create(KVBM_MEMORY_SYSTEM, &sd.lay, &so, &sd.src, &e) ||
-      kvbm_fabric_ucx_accept(l, &sd.f, &e)) {
+      kvbm_blake3_pool_create((unsigned)b->hash_threads, b->piece, &sd.pool, &e) ||
+      kvbm_fabric_ucx_accept(l, &sd.f, &e) || kvbm_fabric_storage_create(sd.f, &sd.lay, &sd.src, &e)) {
     fprintf(stderr, "kvbm " CMD ": %s\n", e.msg[0] ? e.msg : "out of memory");
     goto out;
   }
@@ -617,7 +725,8 @@ static int run(bench *b) {
   if (kvbm_storage_describe(sd.src, &sd.lay, 1, &desc, &e) || kvbm_fabric_register(sd.f, &desc, &ls, &e) ||
       kvbm_fabric_next(sd.f, (int)o->timeout_ms, &h, &len, &e) || !(wire = malloc(len)) ||
       kvbm_fabric_pull(sd.f, h, wire, len, &len, (int)o->timeout_ms, &e) ||
-      kvbm_fabric_import(sd.f, wire, len, &sd.rs, &e)) {
+      kvbm_fabric_import(sd.f, wire, len, &sd.rs, &e) || kvbm_fabric_export(ls, &awire, &alen, &e) ||
+      kvbm_fabric_push(sd.f, awire, alen, NULL, &e)) {
     fprintf(stderr, "kvbm " CMD ": setup: %s\n", e.msg);
     goto out;
   }
@@ -625,14 +734,27 @@ static int run(bench *b) {
    * noisy neighbour hits all alike; medians (and the spread) reported. */
   for (uint64_t r = 0; r < b->rounds; r++) {
     if (b->reference && r > 0 && reference(b, &cfg, sd.bb, &refs[r]) != 0) goto out;
-    measure_memcpy(&sd, dst, &copies[r]);
-    hashes[r] = measure_hash(&sd);
+    double copy_cpu, hash_cpu;
+    measure_memcpy(&sd, dst, &copies[r], &copy_cpu);
+    hashes[r] = measure_hash(&sd, &hash_cpu);
     phashes[r] = measure_pool_hash(&sd);
-    if (measure(&sd, MODE_PLAIN, &plains[r], &e) || measure(&sd, MODE_CHECKED, &checks[r], &e) ||
-        measure(&sd, MODE_REHASH, &rehashes[r], &e)) {
+    mode_run m[MODES];
+    if (measure(&sd, MODE_PLAIN, &m[MODE_PLAIN], &e) || measure(&sd, MODE_CHECKED, &m[MODE_CHECKED], &e) ||
+        measure(&sd, MODE_PULLED, &m[MODE_PULLED], &e) || measure(&sd, MODE_REHASH, &m[MODE_REHASH], &e)) {
       fprintf(stderr, "kvbm " CMD ": %s\n", e.msg);
       goto out;
     }
+    plains[r] = m[MODE_PLAIN].gbps;
+    checks[r] = m[MODE_CHECKED].gbps;
+    pulls[r] = m[MODE_PULLED].gbps;
+    rehashes[r] = m[MODE_REHASH].gbps;
+    for (int k = 0; k < MODES; k++) {
+      a_ns[k][r] = m[k].a_ns;
+      b_ns[k][r] = m[k].b_ns;
+    }
+    /* the work checked mode must do, per byte: one copy and one hash, in
+     * CPU time (single-thread, this round) */
+    ideal_ns[r] = copy_cpu + hash_cpu;
   }
   note_hdr end = {NOTE_MAGIC, 0, 0, FLAG_END};
   if (kvbm_fabric_push(sd.f, &end, sizeof end, NULL, &e) || kvbm_fabric_flush(sd.f, (int)o->timeout_ms, &e)) {
@@ -648,7 +770,7 @@ static int run(bench *b) {
    * (one copy, and one hash for checked, two for rehash) over every core,
    * at the round's memcpy and single-thread BLAKE3 speeds, at most plain. */
   double r_copy[MAX_ROUNDS], r_check[MAX_ROUNDS], r_ref[MAX_ROUNDS], bound[MAX_ROUNDS], r_bound[MAX_ROUNDS];
-  double r_rehash[MAX_ROUNDS], bound2[MAX_ROUNDS], r_bound2[MAX_ROUNDS];
+  double r_rehash[MAX_ROUNDS], bound2[MAX_ROUNDS], r_bound2[MAX_ROUNDS], r_pull[MAX_ROUNDS], r_pbound[MAX_ROUNDS];
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   for (uint64_t r = 0; r < b->rounds; r++) {
     r_copy[r] = plains[r] / copies[r];
@@ -659,6 +781,8 @@ static int run(bench *b) {
     bound[r] = one < plains[r] ? one : plains[r];
     bound2[r] = two < plains[r] ? two : plains[r];
     r_bound[r] = checks[r] / bound[r];
+    r_pull[r] = pulls[r] / plains[r];
+    r_pbound[r] = pulls[r] / bound[r]; /* the same work per byte as checked */
     r_bound2[r] = rehashes[r] / bound2[r];
   }
   /* the bounds as fractions of plain (before bound[] is sorted) */
@@ -676,6 +800,20 @@ static int run(bench *b) {
   spread bpl = stats(bp, b->rounds), bpl2 = stats(bp2, b->rounds);
   spread ph = stats(phashes, b->rounds);
   spread rr = stats(r_ref, b->rounds);
+  /* CPU per byte moved, each end and both, and for checked the share of
+   * it that is the work itself (one copy + one hash per byte at this
+   * round's single-thread speeds): 1.0 would be no overhead at all. */
+  double tot[MODES][MAX_ROUNDS], eff[MAX_ROUNDS], peff[MAX_ROUNDS];
+  for (uint64_t r = 0; r < b->rounds; r++) {
+    for (int k = 0; k < MODES; k++) tot[k][r] = a_ns[k][r] + b_ns[k][r];
+    eff[r] = ideal_ns[r] / tot[MODE_CHECKED][r];
+    peff[r] = ideal_ns[r] / tot[MODE_PULLED][r];
+  }
+  cpu_use cu[MODES];
+  for (int k = 0; k < MODES; k++)
+    cu[k] = (cpu_use){stats(a_ns[k], b->rounds), stats(b_ns[k], b->rounds), stats(tot[k], b->rounds)};
+  spread work = stats(ideal_ns, b->rounds), ef = stats(eff, b->rounds), pef = stats(peff, b->rounds);
+  spread pu = stats(pulls, b->rounds), rpu = stats(r_pull, b->rounds), rpb = stats(r_pbound, b->rounds);
   double load_after = loadavg();
   const char *tls = cfg.transports ? cfg.transports : getenv("UCX_TLS") ? getenv("UCX_TLS") : "default";
   const char *dev = cfg.net_devices ? cfg.net_devices : getenv("UCX_NET_DEVICES") ? getenv("UCX_NET_DEVICES") : "default";
@@ -699,6 +837,7 @@ static int run(bench *b) {
     if (ref.med > 0)
       printf(", \"reference_gbps\": %.4g, \"ratio\": %.4g, \"min_ratio\": %.4g, \"max_ratio\": %.4g", ref.med, rr.med,
              rr.min, rr.max);
+    json_cpu(cu[MODE_PLAIN]);
     printf("}, ");
     json_spread("checked", ck);
     printf(", \"plain_ratio\": %.4g, \"min_plain_ratio\": %.4g, \"max_plain_ratio\": %.4g"
@@ -709,15 +848,29 @@ static int run(bench *b) {
            rk.med, rk.min, rk.max, bd.med, bd.min, bd.max, bpl.med, rb.med, rb.min, rb.max, sd.hashed[MODE_CHECKED],
            sd.rhashed[MODE_CHECKED]);
     if (ref.med > 0) printf(", \"reference_gbps\": %.4g, \"ratio\": %.4g", ref.med, ck.med / ref.med);
-    printf("}, ");
+    json_cpu(cu[MODE_CHECKED]);
+    printf(", \"work_ns_per_byte\": %.4g, \"work_cpu_ratio\": %.4g, \"min_work_cpu_ratio\": %.4g"
+           ", \"max_work_cpu_ratio\": %.4g}, ",
+           work.med, ef.med, ef.min, ef.max);
+    json_spread("pulled", pu);
+    printf(", \"plain_ratio\": %.4g, \"min_plain_ratio\": %.4g, \"max_plain_ratio\": %.4g"
+           ", \"cpu_bound_gbps\": %.4g, \"cpu_bound_plain_ratio\": %.4g"
+           ", \"bound_ratio\": %.4g, \"min_bound_ratio\": %.4g, \"max_bound_ratio\": %.4g"
+           ", \"sender_hashed_bytes\": %" PRIu64 ", \"receiver_hashed_bytes\": %" PRIu64,
+           rpu.med, rpu.min, rpu.max, bd.med, bpl.med, rpb.med, rpb.min, rpb.max, sd.hashed[MODE_PULLED],
+           sd.rhashed[MODE_PULLED]);
+    json_cpu(cu[MODE_PULLED]);
+    printf(", \"work_cpu_ratio\": %.4g, \"min_work_cpu_ratio\": %.4g, \"max_work_cpu_ratio\": %.4g}, ", pef.med,
+           pef.min, pef.max);
     json_spread("rehash", rh);
     printf(", \"plain_ratio\": %.4g, \"min_plain_ratio\": %.4g, \"max_plain_ratio\": %.4g"
            ", \"cpu_bound_gbps\": %.4g, \"cpu_bound_plain_ratio\": %.4g"
            ", \"bound_ratio\": %.4g, \"min_bound_ratio\": %.4g, \"max_bound_ratio\": %.4g"
-           ", \"sender_hashed_bytes\": %" PRIu64 ", \"receiver_hashed_bytes\": %" PRIu64 "}, "
-           "\"plain_receiver_hashed_bytes\": %" PRIu64 "}\n",
+           ", \"sender_hashed_bytes\": %" PRIu64 ", \"receiver_hashed_bytes\": %" PRIu64,
            rk2.med, rk2.min, rk2.max, bd2.med, bpl2.med, rb2.med, rb2.min, rb2.max, sd.hashed[MODE_REHASH],
-           sd.rhashed[MODE_REHASH], sd.rhashed[MODE_PLAIN]);
+           sd.rhashed[MODE_REHASH]);
+    json_cpu(cu[MODE_REHASH]);
+    printf("}, \"plain_receiver_hashed_bytes\": %" PRIu64 "}\n", sd.rhashed[MODE_PLAIN]);
   } else {
     printf("workload: W4 remote over %s, %" PRIu64 " blocks of %" PRIu64 " bytes, batches of %" PRIu64 ", %" PRIu64
            " slots, median [min-max] of %" PRIu64 " rounds, UCX_TLS=%s UCX_NET_DEVICES=%s\n",
@@ -736,14 +889,29 @@ static int run(bench *b) {
            "sender hashed %" PRIu64 " bytes, receiver %" PRIu64 "\n",
            ck.med, ck.min, ck.max, rk.med, rk.min, rk.max, rb.med, rb.min, rb.max, bd.med, bd.min, bd.max, cores,
            sd.hashed[MODE_CHECKED], sd.rhashed[MODE_CHECKED]);
+    printf("fabric, pulled (sum kept; B reads each block from A, hashing each 256 KiB piece as it lands): "
+           "%.3f GB/s [%.3f-%.3f]  %.3f [%.3f-%.3f] of plain; %.3f [%.3f-%.3f] of checked's CPU bound; "
+           "sender hashed %" PRIu64 " bytes, receiver %" PRIu64 "\n",
+           pu.med, pu.min, pu.max, rpu.med, rpu.min, rpu.max, rpb.med, rpb.min, rpb.max, sd.hashed[MODE_PULLED],
+           sd.rhashed[MODE_PULLED]);
     printf("fabric, rehash (hashed at both ends, as before): %.3f GB/s [%.3f-%.3f]  %.3f [%.3f-%.3f] of plain; "
            "%.3f [%.3f-%.3f] of its CPU bound (%.3f GB/s: one copy + two hashes per byte)\n",
            rh.med, rh.min, rh.max, rk2.med, rk2.min, rk2.max, rb2.med, rb2.min, rb2.max, bd2.med);
+    printf("CPU ns per byte moved (sender + receiver = total [min-max]):");
+    static const char *const names[MODES] = {"plain", "checked", "pulled", "rehash"};
+    for (int k = 0; k < MODES; k++)
+      printf("%s %s %.3f + %.3f = %.3f [%.3f-%.3f]", k ? ";" : "", names[k], cu[k].a.med, cu[k].b.med,
+             cu[k].total.med, cu[k].total.min, cu[k].total.max);
+    printf("\nthe work (one copy + one hash per byte): %.3f ns/byte; %.3f [%.3f-%.3f] of checked's CPU, %.3f "
+           "[%.3f-%.3f] of pulled's\n",
+           work.med, ef.med, ef.min, ef.max, pef.med, pef.min, pef.max);
   }
   code = 0;
 out:
   kvbm_fabric_remote_set_release(sd.rs);
   kvbm_fabric_local_set_release(ls);
+  kvbm_storage_release(sd.src); /* fabric storage: before its fabric */
+  sd.src = NULL;
   kvbm_fabric_destroy(sd.f);
   kvbm_fabric_listener_destroy(l);
   int st = 0;
@@ -762,6 +930,7 @@ out:
   free(sd.kept);
   free(dst);
   free(wire);
+  free(awire);
   return code;
 }
 
@@ -796,6 +965,12 @@ int kvbm_cmd_transfer_bench(int argc, char **argv) {
     } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--hash-threads", &v)) != 0) {
       if (r < 0 || !cli_parse_u64(CMD, "--hash-threads", v, 0, KVBM_BLAKE3_POOL_MAX_THREADS, &b.hash_threads))
         return 2;
+    } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--piece", &v)) != 0) {
+      if (r < 0 || !cli_parse_u64(CMD, "--piece", v, 1024, 1u << 30, &b.piece)) return 2;
+      if (b.piece & (b.piece - 1)) {
+        fprintf(stderr, "kvbm " CMD ": --piece %" PRIu64 " is not a power of two\n", b.piece);
+        return 2;
+      }
     } else if ((r = cli_opt_value(CMD, argc, argv, &i, "--perftest", &v)) != 0) {
       if (r < 0) return 2;
       b.perftest = v;
