@@ -62,6 +62,7 @@
 #include <math.h>
 #include <nats/nats.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1013,7 +1014,7 @@ static int make_service(kvsim_worker *w, kvbm_error *err) {
   return kvbm__service_create(&sc, &w->svc, err);
 }
 
-int kvsim_worker_create(const kvsim_worker_config *cfg, kvsim_worker **out, kvbm_error *err) {
+static int create(const kvsim_worker_config *cfg, kvsim_worker **out, kvbm_error *err) {
   if (!cfg || !out) return kvbm_error_set(err, KVBM_EINVAL, "worker: NULL argument");
   int rc = check_config(cfg, err);
   if (rc) return rc;
@@ -1116,6 +1117,24 @@ int kvsim_worker_create(const kvsim_worker_config *cfg, kvsim_worker **out, kvbm
   }
   *out = w;
   return KVBM_OK;
+}
+
+/* Every thread the worker starts (executors, the manager's copy workers,
+ * the publishers', libnats') is created with the asynchronous signals
+ * blocked, so SIGINT/SIGTERM reach the thread that runs the HTTP loop
+ * (kvsim_worker_run's caller): its poll returns EINTR at once and no
+ * handler runs on a 1 MiB executor stack. */
+int kvsim_worker_create(const kvsim_worker_config *cfg, kvsim_worker **out, kvbm_error *err) {
+  sigset_t all, old;
+  sigfillset(&all);
+  sigdelset(&all, SIGSEGV);
+  sigdelset(&all, SIGBUS);
+  sigdelset(&all, SIGFPE);
+  sigdelset(&all, SIGILL);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  int rc = create(cfg, out, err);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return rc;
 }
 
 int kvsim_worker_run(kvsim_worker *w, kvbm_error *err) {
