@@ -29,6 +29,7 @@
 #include "kvbm/fabric.h"
 #include "kvbm/hash.h"
 #include "kvbm/manager.h"
+#include "kvbm/peer.h"
 
 static double now_s(void) {
   struct timespec ts;

@@ -10,16 +10,4 @@ foreach(t tier_test_threads tier_test_manager tier_test_events tier_test_g4 tier
     set_tests_properties(${t} PROPERTIES LABELS "tier;tsan" ENVIRONMENT "UCX_MEM_MMAP_HOOK_MODE=none")
   endif()
 endforeach()
-# Peers: the in-process test drives two managers' link threads (also under
-# ThreadSanitizer, with UCX's memory hooks off as for the fabric's
-# in-process test); the UCX test forks the decode worker.
-foreach(t tier_test_disagg tier_test_kept_sums)
-  if(TEST ${t})
-  set_tests_properties(${t} PROPERTIES
-    LABELS "tier;tsan"
-    ENVIRONMENT "UCX_MEM_MMAP_HOOK_MODE=none")
-  endif()
-endforeach()
-if(TEST tier_test_disagg_ucx)
-  set_tests_properties(tier_test_disagg_ucx PROPERTIES TIMEOUT 300)
-endif()
+# The peers' tests moved with them to tests/peer/ (cmake/peer.cmake).

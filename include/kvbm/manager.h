@@ -269,7 +269,7 @@ typedef struct kvbm_manager_config {
    * (DYN_KVBM_METRICS=true, DYN_KVBM_METRICS_PORT, default 6880). */
   kvbm_metrics_server_config metrics;
 
-  /* ---- disaggregation (ADR-0006; "Peers" below) ---- */
+  /* ---- disaggregation (ADR-0006; the peers: kvbm/peer.h) ---- */
   uint32_t offload_threshold_blocks; /* ExitThink pushes a request's
                                   ThinkComplete blocks to peer 0 in one batch
                                   once at least this many are ready
@@ -542,118 +542,8 @@ KVBM_EXTERN const char *kvbm_manager_volume_id(const kvbm_manager *m, kvbm_tier 
  * "io_uring+buffered", ...; "" without G3. Lives as long as the manager. */
 KVBM_EXTERN const char *kvbm_manager_g3_mode(const kvbm_manager *m);
 
-/* ---- peers: disaggregated prefill and decode (ADR-0006) ----
- *
- * A manager can be attached to peers, each over a kvbm_fabric (kvbm/
- * fabric.h: UCX between processes, or the in-process pair). Blocks move
- * between the two managers' tiers: offload sends a block to a peer, the
- * peer ingests it (verifies it and registers it in its G1 or G2, where its
- * prefill of the same prompt then finds it), and block_location tells
- * where a block is. Without a peer, offload and ingest return
- * KVBM_EDISAGG ("disaggregation unavailable") and block_location says
- * local, the ADR's defaults.
- *
- * Attaching exchanges hellos: each side offers a landing zone of
- * landing_blocks blocks (fabric memory in its ingest tier's layout, apart
- * from its cache) and its layout; a peer whose blocks have another shape
- * is refused, naming the field (kvbm_fabric_layout_bridge: kind,
- * alignment and block count may differ, blocks are moved layer by layer).
- * Each side then runs a link thread that serves the peer's messages
- * (blocks, grant requests, acknowledgements, pulls). Two ways to send,
- * per side:
- *   PUSH  each block is one pushed message: identity plus an MRDN v1 frame
- *         of its bytes;
- *   PUT   the sender asks for landing blocks, writes each block one-sided
- *         into a granted one (layer by layer, bridging the layouts),
- *         flushes, then pushes the block's identity and frame header; the
- *         receiver verifies the bytes where they landed.
- * The receiver refuses, and acknowledges with the reason, a block it did
- * not grant, one of the wrong length or token count, one whose bytes fail
- * their BLAKE3, one laid out for another (stale) landing zone, one whose
- * sequence hash does not follow from its tokens: nothing of it reaches the
- * cache (a landing block goes back to the free list; a pushed block is
- * verified before any cache block is taken). The peer is otherwise
- * trusted: it proved the fabric's shared key.
- *
- * What a peer holds (issue 23, docs/areas/peers.md). A block the peer
- * acknowledged is remembered as held there for lease_ms from that answer,
- * and no longer: after it block_location says local (not held) and an
- * OutputCritical prefill does not drop a G1 copy for room on that word.
- * The peer says what it stops holding: when a block it ingested from us
- * leaves its G1 and G2 (evicted, reset, cleared), it sends a remove
- * message and we forget it at once; its "not held" answer to a pull does
- * the same; and when the link closes (peer gone, protocol error, detach)
- * everything it said is forgotten. Removes are a version 2 protocol
- * message: a version 1 peer is accepted but never told, and its word
- * lives only as long as its lease.
- *
- * Threads: as the rest of the manager. The fabric belongs to the caller,
- * who keeps it until kvbm_manager_detach (or destroy) returns; the manager
- * serialises its own use of it. */
+/* ---- where a block is ---- */
 
-#define KVBM_MANAGER_MAX_PEERS 8
-
-typedef enum kvbm_disagg_mode {
-  KVBM_DISAGG_PUSH = 0,
-  KVBM_DISAGG_PUT = 1,
-} kvbm_disagg_mode;
-
-typedef struct kvbm_peer_config {
-  kvbm_disagg_mode mode;   /* how this side sends (PUSH) */
-  uint32_t landing_blocks; /* blocks this side offers the peer's one-sided
-                              writes (16; at least 1) */
-  kvbm_tier ingest_tier;   /* where received blocks are registered: G1
-                              (default) or G2 */
-  int32_t timeout_ms;      /* attach, grants, flushes (10000) */
-  uint32_t remote_index_blocks; /* blocks remembered as held by the peer,
-                              for block_location and pulls (65536); also
-                              the most blocks sent and awaiting the peer's
-                              answer: past it the oldest wait is dropped
-                              (acks_forgotten) and its late answer refused
-                              (acks_unexpected), never believed */
-  int32_t lease_ms;        /* how long the peer's word that it holds a
-                              block is believed (30000; 0: the default;
-                              at least 1): see "What a peer holds" */
-} kvbm_peer_config;
-
-KVBM_EXTERN kvbm_peer_config kvbm_peer_config_default(void);
-
-/* Attaches the manager to the peer at the other end of `f` (the peer's
- * manager attaches to its end at about the same time: attach waits up to
- * timeout_ms for its hello). *peer gets the peer's index (0, 1, ...).
- * KVBM_EUNSUPPORTED: the peer's blocks have another shape (the message
- * names the field), or this side's ingest tier is absent;
- * KVBM_ETIMEDOUT: no hello; KVBM_EPROTO: a malformed hello; KVBM_ENOSPC:
- * KVBM_MANAGER_MAX_PEERS already; the fabric's own errors. */
-KVBM_EXTERN int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config *cfg,
-                                    uint32_t *peer, kvbm_error *err);
-
-/* Stops serving the peer and forgets it (its index is not reused). The
- * caller may then destroy the fabric. kvbm_manager_destroy detaches every
- * peer. KVBM_ENOTFOUND for an unknown index. */
-KVBM_EXTERN int kvbm_manager_detach(kvbm_manager *m, uint32_t peer, kvbm_error *err);
-
-/* Sends the block registered under seq_hash (held in G1 or G2 with its
- * bytes in place) to the peer, labelled `phase`, the peer's way (PUSH or
- * PUT). Returns once the bytes are on the way (the peer's acknowledgement
- * comes later: kvbm_manager_peer_flush). KVBM_EDISAGG without a peer;
- * KVBM_ENOTFOUND: the block is not held here; KVBM_ENOSPC: the peer
- * granted no landing block; KVBM_ECLOSED: the peer is gone. */
-KVBM_EXTERN int kvbm_manager_offload_block(kvbm_manager *m, uint32_t peer, uint64_t seq_hash,
-                                           kvbm_frame_phase phase, kvbm_error *err);
-
-/* Verifies and registers a block message (kvbm/fabric.h) that peer `peer`
- * sent: what the link thread does with every one it receives, open to an
- * engine that carries block messages itself. On KVBM_OK the block is in
- * the ingest tier (or was already there); otherwise the status says why
- * it was refused (KVBM_ECHECKSUM, KVBM_EFORMAT for a wrong length or
- * token count, KVBM_EPROTO for a block not granted, a stale layout or a
- * hash that does not follow from the tokens, the decoder's errors) and
- * the cache is untouched. KVBM_EDISAGG without a peer. */
-KVBM_EXTERN int kvbm_manager_ingest_block(kvbm_manager *m, uint32_t peer, const uint8_t *msg,
-                                          size_t len, kvbm_error *err);
-
-/* Where a block is. */
 typedef struct kvbm_block_location {
   bool remote;     /* false: local (the ADR's default) */
   bool held;       /* local: some tier here holds it (tier says which) */
@@ -662,54 +552,117 @@ typedef struct kvbm_block_location {
 } kvbm_block_location;
 
 /* Local when a tier here holds the block (or when no peer is attached),
- * else remote when a peer acknowledged it, else local and not held. */
+ * else remote when a peer (kvbm/peer.h) acknowledged it within its lease,
+ * else local and not held. Any thread. Cost: an index lookup per tier
+ * under the manager lock, then the peers' `remote` hook. */
 KVBM_EXTERN int kvbm_manager_block_location(kvbm_manager *m, uint64_t seq_hash,
                                             kvbm_block_location *out);
 
-/* Waits until every block sent to the peer has been acknowledged (or
- * timeout_ms, < 0 forever). KVBM_ETIMEDOUT, KVBM_ECLOSED, KVBM_EDISAGG. */
-KVBM_EXTERN int kvbm_manager_peer_flush(kvbm_manager *m, uint32_t peer, int timeout_ms,
-                                        kvbm_error *err);
+/* ---- the peers' side of the manager (kvbm/peer.h, src/peer/) ----
+ *
+ * The peers are a module above the manager: they move blocks with the
+ * calls below, and the manager calls them back through hooks they
+ * register, so nothing here depends on them. An engine does not need
+ * these calls (kvbm/peer.h's are the peers' API); they are public so that
+ * the peers use nothing else, and an engine's own transport could too.
+ *
+ * A block is named by a kvbm_block_ref: its tier (G1 or G2) and id there,
+ * valid while pinned (kvbm_manager_block_pin keeps it from being evicted
+ * or re-registered, and its bytes unchanged, until unpinned). */
 
-typedef struct kvbm_peer_stats {
-  bool attached, closed;   /* closed: the link ended (peer gone, protocol) */
-  kvbm_disagg_mode mode;
-  uint64_t sent_blocks, sent_bytes;   /* offloads sent */
-  uint64_t acked_blocks;              /* ... that the peer ingested */
-  uint64_t peer_refused;              /* ... that the peer refused */
-  uint64_t acks_unexpected;  /* acknowledgements refused: for no block sent
-                                and awaited (never sent, answered already,
-                                or forgotten); nothing else changed */
-  uint64_t acks_forgotten;   /* sent blocks no longer awaited: more than
-                                remote_index_blocks hashes were awaited */
-  uint64_t received, ingested;        /* block messages from the peer */
-  uint64_t refused_checksum, refused_length, refused_not_granted,
-           refused_stale_layout, refused_hash, refused_other;
-  uint64_t grants_given, grants_received;
-  uint64_t exit_think_batches, exit_think_blocks; /* ExitThink offloads */
-  uint64_t pulls_asked, pulled_blocks;            /* OutputCritical pulls */
-  uint64_t dropped_for_room; /* G1 copies of blocks this peer holds that
-                                an OutputCritical prefill dropped for room */
-  /* Hashing (issue 22): a block's checksum is kept by its tier once
-   * computed (at its first offload to G2 with a peer attached, or at its
-   * first send), so a send frames it without hashing it again. */
-  uint64_t sent_sums_kept;        /* blocks sent with their tier's kept checksum */
-  uint64_t sent_hashed_bytes;     /* bytes the send path hashed (blocks with none kept) */
-  uint64_t received_hashed_bytes; /* bytes hashed to check this peer's blocks */
-  char last_refusal[KVBM_ERROR_MSG_MAX];          /* why the last refused block was */
-  /* What the peer holds (issue 23). */
-  uint32_t peer_version;     /* the peer's protocol version (1 or 2) */
-  uint64_t removes_sent;     /* blocks we told the peer we no longer hold */
-  uint64_t removes_all_sent; /* "forget everything" messages sent (a
-                                tier cleared, or more removes queued than
-                                bounded: the peer forgets more than needed) */
-  uint64_t forgotten_removed; /* remote entries dropped at the peer's word
-                                (remove message or "not held" answer) */
-  uint64_t forgotten_expired; /* ... whose lease ran out */
-  uint64_t forgotten_closed;  /* ... because the link closed */
-} kvbm_peer_stats;
+typedef struct kvbm_block_ref {
+  kvbm_tier tier;          /* G1 or G2 */
+  uint32_t id;             /* the block's id in that tier */
+  uint64_t seq_hash, parent_hash, salt_hash;
+  bool has_parent;
+  const uint32_t *tokens;  /* block_tokens tokens, or NULL: not known here */
+  kvbm_frame_phase phase;  /* its phase label (put: ThinkComplete blocks
+                              are demoted, the first to go) */
+} kvbm_block_ref;
 
-KVBM_EXTERN int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats *out);
+typedef struct kvbm_manager_peer_hooks {
+  void *user;
+  /* Whether a peer holds seq_hash by a word within its lease (*peer, may
+   * be NULL: which). for_room: the manager drops its G1 copy on that word
+   * (the OutputCritical pull's room; the peer counts it). Called with the
+   * manager lock held or not, and under the hooks' own lock: must not call
+   * the manager. */
+  bool (*remote)(void *user, uint64_t seq_hash, bool for_room, uint32_t *peer);
+  /* The OutputCritical pull: asks `peer` for hashes[0..n) and waits at
+   * most timeout_ms until they are held here; returns how many are.
+   * Without any manager lock (it may call the manager). */
+  size_t (*pull)(void *user, uint32_t peer, const uint64_t *hashes, size_t n, int timeout_ms);
+  /* ExitThink's batch for peer 0: blocks[0..n), pinned by the manager
+   * (tokens included) until the hook returns. Without any manager lock. */
+  void (*exit_think)(void *user, const kvbm_block_ref *blocks, size_t n);
+  /* seq_hash has left both G1 and G2 here (all: a tier's cache was
+   * cleared). Under the manager lock and the hooks' lock: must not call
+   * the manager; O(peers). */
+  void (*gone)(void *user, uint64_t seq_hash, bool all);
+  /* kvbm_manager_destroy, before the tiers go: stop every thread that may
+   * call the manager, then free user. No hook is called after it. */
+  void (*destroy)(void *user);
+} kvbm_manager_peer_hooks;
+
+/* Registers the peers' hooks, once per manager (every function set).
+ * KVBM_EEXIST when some are registered already (the caller then uses
+ * kvbm_manager_peer_hooks_user's); KVBM_EINVAL for a missing function. A
+ * gone hook costs each eviction from G1 or G2 one check of G1 or G2 from
+ * then on (nothing before). */
+KVBM_EXTERN int kvbm_manager_peer_hooks_set(kvbm_manager *m, const kvbm_manager_peer_hooks *h,
+                                            kvbm_error *err);
+/* The registered hooks' user pointer, NULL when none are. Any thread. */
+KVBM_EXTERN void *kvbm_manager_peer_hooks_user(kvbm_manager *m);
+
+/* Kept sums (issue 22): from now on each G1 and G2 block keeps the
+ * 16-byte sum of its bytes (layer 0 first) once computed: at its first
+ * copy into G2 (by the host worker), or by kvbm_manager_block_sum_keep;
+ * copies between G1 and G2 carry it; a new registration forgets it. key
+ * NULL: the sum is BLAKE3-128 (an MRDN v1 frame's checksum); a 32-byte
+ * key: the keyed BLAKE3-128 under it (a version-2 frame's MAC), so a
+ * block sent on a keyed link is still hashed once. Once per manager: a
+ * second call with the same key (or none again) is KVBM_OK and changes
+ * nothing; another key, or keyed after unkeyed and the other way round,
+ * is KVBM_EINVAL (one manager's sums are of one kind). The key is copied
+ * and zeroed at destroy. */
+KVBM_EXTERN int kvbm_manager_keep_sums(kvbm_manager *m, const uint8_t *key, kvbm_error *err);
+
+/* Tokens per block (the config's block_size) and the hash scheme. */
+KVBM_EXTERN uint32_t kvbm_manager_block_tokens(const kvbm_manager *m);
+KVBM_EXTERN kvbm_hash_scheme kvbm_manager_hash_scheme(const kvbm_manager *m);
+
+/* Pins the block registered under seq_hash in G1, else G2, with its bytes
+ * in place, and describes it in *out (phase: OUTPUT_CRITICAL). Its tokens,
+ * when known here, are copied into tokens[0..block_tokens) (out->tokens
+ * points there; NULL otherwise). KVBM_ENOTFOUND: neither holds it ready.
+ * Release with kvbm_manager_block_unpin. Cost: two index lookups under the
+ * manager lock. */
+KVBM_EXTERN int kvbm_manager_block_pin(kvbm_manager *m, uint64_t seq_hash, uint32_t *tokens,
+                                       kvbm_block_ref *out);
+/* Releases n pins taken by kvbm_manager_block_pin (or given to a hook). */
+KVBM_EXTERN void kvbm_manager_block_unpin(kvbm_manager *m, const kvbm_block_ref *b, size_t n);
+
+/* Registers a block whose bytes the caller checked: a free block of
+ * `tier` (G1 or G2) is taken only now, filled from layers[l] (the layout's
+ * layer_stride bytes of layer l, host memory; copied to the device for a
+ * device tier) outside the lock, then registered under b's identity
+ * (tokens NULL: not known, zeros kept). sum (may be NULL): the block's
+ * kept sum, as kvbm_manager_keep_sums defines it, kept with it. Already
+ * held there ready: KVBM_OK, nothing done. KVBM_ENOSPC: no block to spare
+ * (nothing changed); a device copy's error. The block is cached
+ * (released) when it returns. b->id is not read. */
+KVBM_EXTERN int kvbm_manager_block_put(kvbm_manager *m, kvbm_tier tier, const kvbm_block_ref *b,
+                                       const uint8_t *const *layers, const uint8_t *sum,
+                                       kvbm_error *err);
+
+/* The kept sum of pinned block `id` of G1 or G2 into sum: KVBM_OK, or
+ * KVBM_ENOTFOUND when none is kept (KVBM_ETIER: another tier). No lock. */
+KVBM_EXTERN int kvbm_manager_block_sum(const kvbm_manager *m, kvbm_tier tier, uint32_t id,
+                                       uint8_t sum[16]);
+/* Keeps `sum` (computed by the caller over the pinned block's bytes, of
+ * kvbm_manager_keep_sums's kind) unless one is kept already. No lock. */
+KVBM_EXTERN void kvbm_manager_block_sum_keep(const kvbm_manager *m, kvbm_tier tier, uint32_t id,
+                                             const uint8_t sum[16]);
 
 /* ---- requests ---- */
 

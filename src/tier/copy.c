@@ -30,8 +30,12 @@
  *     none yet, once a peer is attached (hash_copies): the block's sum is
  *     then computed when it is first offloaded, by the host worker, off
  *     the send path, and kept on both copies;
- *   - the sender (disagg.c) hashes a block that still has none (a G1
- *     block not yet offloaded, a manager without G2) and keeps the result.
+ *   - the sender (src/peer/, through kvbm_manager_block_sum_keep) hashes
+ *     a block that still has none (a G1 block not yet offloaded, a
+ *     manager without G2) and keeps the result; a receiver keeps the sum
+ *     it checked a block's bytes against (kvbm_manager_block_put).
+ * On a keyed link the sum is the keyed BLAKE3-128 under the cluster key
+ * (the frame's MAC, kvbm_manager_keep_sums), so it is still one hash.
  * A sum is forgotten when its block's registration begins or ends (the
  * pool's STORED, REMOVED and CLEARED events, manager.c): the bytes to come
  * are another block's. Nothing here trusts a kept sum for the bytes it
@@ -104,9 +108,13 @@ void kvbm__sums_clear_all(const kvbm__tier *t) {
   for (uint64_t b = 0; b < t->nsums; b++) kvbm__sum_clear(t, (uint32_t)b);
 }
 
+/* Keyed under the peers' cluster key when the manager's sums are keyed
+ * (peer_hooks.c, kvbm_manager_keep_sums): a keyed link's frame MAC, the
+ * same one hash. sum_key was written before hash_copies was published. */
 void kvbm__block_hash(const kvbm__tier *t, uint32_t b, uint8_t sum[16]) {
   kvbm_blake3_hasher h;
-  kvbm_blake3_hasher_init(&h);
+  if (t->sum_key) (void)kvbm_blake3_hasher_init_keyed(&h, t->sum_key);
+  else kvbm_blake3_hasher_init(&h);
   if (t->layout.kind == KVBM_LAYOUT_FULLY_CONTIGUOUS)
     kvbm_blake3_hasher_update(&h, kvbm__layer_ptr(t, b, 0), block_len(&t->layout));
   else
@@ -136,7 +144,7 @@ void kvbm__copy_block(const kvbm__tier *dst, uint32_t db, const kvbm__tier *src,
    * now, from the copy just written (still warm in cache), and kept on
    * both copies, so that no send of it hashes. */
   uint8_t sum[16];
-  if (atomic_load_explicit(&dst->hash_copies, memory_order_relaxed) && dst->sums && !kvbm__sum_get(dst, db, sum)) {
+  if (atomic_load_explicit(&dst->hash_copies, memory_order_acquire) && dst->sums && !kvbm__sum_get(dst, db, sum)) {
     kvbm__block_hash(dst, db, sum);
     kvbm__sum_keep(dst, db, sum);
     kvbm__sum_keep(src, sb, sum);

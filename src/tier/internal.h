@@ -10,8 +10,9 @@
  *   request.c  the engine's calls: prefill (the walk), wait, commit (the
  *              offload policy), destroy
  *   manager.c  create/destroy, the tiers' set-up, pool events, accessors
- *   disagg.c   peers over a fabric: offload, ingest, block location, the
- *              link threads, ExitThink's batch and OutputCritical pulls
+ *   peer_hooks.c  the peers' side (src/peer/ above us, kvbm/peer.h): their
+ *              hooks, block location, ExitThink's batch, the pull's room,
+ *              the block calls they use (pin, put, kept sums)
  *
  * One tier type. Every tier is a pool (index, LRU, references) plus a byte
  * of state per block, over a store: G1 and G2 over memory (a layout in a
@@ -148,7 +149,6 @@ typedef struct kvbm__blocksum {
 } kvbm__blocksum;
 
 typedef struct kvbm__vworker kvbm__vworker; /* workers.c */
-typedef struct kvbm__peer kvbm__peer;       /* disagg.c */
 
 typedef struct kvbm__tier {
   kvbm_tier id;
@@ -175,6 +175,9 @@ typedef struct kvbm__tier {
   _Atomic bool hash_copies; /* G2: a host copy into it hashes a block that
                                has no kept checksum (set once a peer is
                                attached: copy.c, "Kept checksums") */
+  const uint8_t *sum_key;   /* G1, G2: kept sums are keyed BLAKE3-128 under
+                               it (m->sum_key), NULL: plain; set before
+                               hash_copies (release) and never after */
 
   /* KVBM__STORE_VOLUME */
   kvbm_volume *vol;
@@ -244,13 +247,15 @@ struct kvbm_manager {
   kvbm__tier_metrics tm;  /* what only metrics read (tier/metrics.h) */
   kvbm__manager_endpoint mx; /* the metrics endpoint, when configured */
 
-  /* Peers (disagg.c). The array is guarded by peers_mu (a leaf lock: taken
-   * without m->mu held, or inside it but never the other way round); each
-   * peer has its own locks. */
+  /* The peers' hooks (peer_hooks.c). Set once under peers_mu (a leaf lock:
+   * taken with m->mu held or not, never the other way round); every hook
+   * but pull and exit_think is called under it. peers_on: set (a gate read
+   * without the lock). */
   pthread_mutex_t peers_mu;
-  kvbm__peer *peers[KVBM_MANAGER_MAX_PEERS];
-  uint32_t npeers;
-  _Atomic uint64_t offloads; /* offloaded blocks, for the corruption seam */
+  kvbm_manager_peer_hooks hooks;
+  _Atomic bool peers_on;
+  uint8_t sums_kind;      /* kvbm_manager_keep_sums: 0 not yet, 1 plain, 2 keyed */
+  uint8_t sum_key[32];    /* keyed: the key (zeroed at destroy) */
 
   /* KV cache groups (hybrid.c). ngroups >= 1; one group unless configured.
    * gbytes/gfp: each group's block bytes and layout fingerprint (group
@@ -443,9 +448,9 @@ void kvbm__workers_stop(kvbm_manager *m);
 /* Queues the deletion of an evicted block's value (exclusive volumes). */
 void kvbm__queue_delete(kvbm_manager *m, kvbm__tier *t, uint64_t hash);
 
-/* ---- disagg.c ---- */
+/* ---- peer_hooks.c: the peers' hooks (src/peer/ registers them) ---- */
 
-/* Detaches every peer (before the tiers go). */
+/* Calls the destroy hook (before the tiers go); no hook is called after. */
 void kvbm__disagg_stop(kvbm_manager *m);
 /* ExitThink's push of r's ready THINK_COMPLETE blocks to peer 0, when at
  * least offload_threshold_blocks are ready. Called without the lock. */
@@ -453,7 +458,7 @@ void kvbm__disagg_exit_think(kvbm_mreq *r);
 /* Whether a peer acknowledged hash h (*peer: which). Any lock. */
 bool kvbm__disagg_remote(kvbm_manager *m, uint64_t h, uint32_t *peer);
 /* Asks `peer` for hashes[0..n) back and waits (at most pull_timeout_ms)
- * until they are ingested here; returns how many were. Without the lock. */
+ * until they are held here; returns how many are. Without the lock. */
 size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes, size_t n);
 /* The OutputCritical pull's room: while G1 has fewer than `need` free
  * blocks, drops cached G1 blocks that a peer acknowledged holding, in

@@ -26,23 +26,11 @@ typedef struct kvbm__manager_testing {
   /* kvbm__disk_config.test_refuse (volume/disk.h): pretend O_DIRECT or
    * io_uring is refused. */
   uint32_t g3_refuse;
-  /* A bad link: bit i set corrupts the (i+1)-th block this manager
-   * offloads to a peer (over all peers), one byte flipped in flight after
-   * its frame was made (push: in the message; put: written over the
-   * landing block after the block). */
-  uint64_t corrupt_offloads;
+  /* (The bad link seam of the peers is peer/testing.h's.) */
 } kvbm__manager_testing;
 
 /* kvbm_manager_create with test seams on (t may be NULL: none). */
 int kvbm__manager_create_testing(const kvbm_manager_config *cfg, const kvbm__manager_testing *t,
                                  kvbm_manager **out, kvbm_error *err);
-
-/* Slots examined so far by peer `peer`'s two hash indexes (tier/hindex.h:
- * the blocks it acknowledged, those awaiting its acknowledgement), to
- * check that an acknowledgement costs O(1) probes. KVBM_ENOTFOUND. */
-int kvbm__peer_index_probes(kvbm_manager *m, uint32_t peer, uint64_t *probes);
-/* Moves peer `peer`'s lease clock (disagg.c) ms milliseconds ahead, so a
- * test can age the peer's word past its lease without sleeping. */
-int kvbm__peer_skew_clock(kvbm_manager *m, uint32_t peer, int64_t ms);
 
 #endif /* KVBM_TIER_TESTING_H */

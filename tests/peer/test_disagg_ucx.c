@@ -25,8 +25,9 @@
 
 #include "kvbm/fabric.h"
 #include "kvbm/hash.h"
-#include "tier/testing.h"
-#include "tier_testutil.h"
+#include "kvbm/peer.h"
+#include "peer/testing.h"
+#include "tier/tier_testutil.h"
 
 #define CHECK(cond)                                                        \
   do {                                                                     \
@@ -54,9 +55,10 @@ static kvbm_fabric_ucx_config ucx_config(const char *name, const char *tls) {
 static kvbm_manager *manager(kvbm_layout_kind kind, uint64_t corrupt) {
   kvbm_manager_config c = tu_config(NULL, 64, 0, 0);
   c.g1_kind = kind;
-  kvbm__manager_testing t = {.corrupt_offloads = corrupt};
   kvbm_manager *m = NULL;
-  return kvbm__manager_create_testing(&c, &t, &m, NULL) == KVBM_OK ? m : NULL;
+  if (kvbm_manager_create(&c, &m, NULL) != KVBM_OK) return NULL;
+  if (corrupt) (void)kvbm__peer_corrupt_offloads(m, corrupt);
+  return m;
 }
 
 /* The decode worker: attaches, waits for the parent's word, prefills. */

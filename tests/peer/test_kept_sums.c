@@ -32,7 +32,9 @@
 
 #include "kvbm/fabric.h"
 #include "kvbm/hash.h"
-#include "tier_testutil.h"
+#include "kvbm/peer.h"
+#include "peer/testing.h"
+#include "tier/tier_testutil.h"
 
 #define NTOK 33 /* 8 full blocks of 4 tokens, and a partial one */
 #define NBLK 8

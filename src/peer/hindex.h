@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hindex.h (private): a bounded set of 64-bit block hashes, each with a
- * count, that forgets its oldest key when full. The peers (disagg.c) keep
+ * count, that forgets its oldest key when full. The peers (peers.c) keep
  * two: the blocks a peer acknowledged (the remote index, counts all 1) and
  * the blocks sent to a peer and not yet acknowledged (counts: sends in
  * flight of the same hash).
@@ -30,8 +30,8 @@
  *
  * Not thread-safe: the owner locks (a peer's mu). Allocation only at init.
  */
-#ifndef KVBM_TIER_HINDEX_H
-#define KVBM_TIER_HINDEX_H
+#ifndef KVBM_PEER_HINDEX_H
+#define KVBM_PEER_HINDEX_H
 
 #include <stdbool.h>
 #include <stdint.h>

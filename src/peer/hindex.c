@@ -18,7 +18,7 @@
  * The cost of every call is a few probes of short runs, counted in
  * `probes` so that a test can bound it without a clock.
  */
-#include "tier/hindex.h"
+#include "peer/hindex.h"
 
 #include <stdlib.h>
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_disagg.c: the manager's peers (kvbm/manager.h, "Peers" and
+ * test_disagg.c: the manager's peers (kvbm/peer.h, and kvbm/manager.h's
  * "phases"), two managers in one process over the in-process fabric.
  *
  * Without a fabric: offload and ingest say "disaggregation unavailable",
@@ -41,8 +41,9 @@
 
 #include "kvbm/fabric.h"
 #include "kvbm/hash.h"
-#include "tier/testing.h"
-#include "tier_testutil.h"
+#include "kvbm/peer.h"
+#include "peer/testing.h"
+#include "tier/tier_testutil.h"
 
 typedef struct attach_job {
   kvbm_manager *m;
@@ -93,10 +94,10 @@ static kvbm_manager *make(uint32_t g1, kvbm_layout_kind kind, uint64_t alignment
   c.g1_kind = kind;
   c.layout.alignment = alignment;
   c.offload_threshold_blocks = 3;
-  kvbm__manager_testing t = {.corrupt_offloads = corrupt};
   kvbm_manager *m = NULL;
   kvbm_error e = {0};
-  if (kvbm__manager_create_testing(&c, &t, &m, &e)) fail_msg("create: %s", e.msg);
+  if (kvbm_manager_create(&c, &m, &e)) fail_msg("create: %s", e.msg);
+  if (corrupt) assert_int_equal(kvbm__peer_corrupt_offloads(m, corrupt), KVBM_OK);
   return m;
 }
 

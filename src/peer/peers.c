@@ -1,8 +1,37 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * disagg.c: the manager's peers (see kvbm/manager.h, "Peers"): blocks
- * moved between two managers over a kvbm_fabric, as ADR-0006 asks of
- * disaggregated prefill and decode.
+ * peers.c: a manager's peers (kvbm/peer.h): blocks moved between two
+ * managers over a kvbm_fabric, as ADR-0006 asks of disaggregated prefill
+ * and decode.
+ *
+ * A module above the manager (issue 23, "The house"). It was the tier's
+ * disagg.c, reaching into seven of the manager's internals, and the
+ * manager called it by name. Now it uses only kvbm/manager.h: blocks are
+ * pinned, described and released with kvbm_manager_block_pin/unpin,
+ * read with kvbm_manager_block_layer/read, placed with
+ * kvbm_manager_block_put (the tier's block taken, filled and registered
+ * there), their kept sums read and kept with kvbm_manager_block_sum(_keep)
+ * (kvbm_manager_keep_sums says of which kind); what the manager needs of
+ * the peers (is a block held by one, the pull, ExitThink's batch, "this
+ * block left G1 and G2", destroy) are hooks registered once per manager
+ * (kvbm_manager_peer_hooks_set) on a peer set, kvbm__peers, the hooks'
+ * user pointer. The choices that are the manager's (which blocks ExitThink
+ * sends, which G1 copies the pull drops for room, when a block has left
+ * both tiers) stayed in the manager (tier/peer_hooks.c).
+ *
+ * Keyed links (issue 23). Peers that share a cluster key frame each block
+ * with a keyed BLAKE3-128 MAC (MRDN frame version 2, the key
+ * kvbm_fabric_frame_key derives from the secret, as G4's keyed frames
+ * and the fabric codec do); the receiver decodes with that key
+ * (kvbm_block_msg_decode_keyed, kvbm_frame_verifier_init_keyed), so a
+ * frame from a peer without the key, with another key, or forged is
+ * KVBM_EAUTH: counted (refused_auth, the metric), acknowledged as refused,
+ * the block dropped. Hashed once: the manager's kept sums are that MAC
+ * (kvbm_manager_keep_sums with the key, at attach), computed when a block
+ * is first copied to G2 or first sent, and kept; a receiver keeps the
+ * MAC it checked (kvbm_manager_block_put's sum), so a block pulled back
+ * is not hashed again either. The secret comes from the config's bytes or
+ * a key file (common/secret.c's checks), never a command line.
  *
  * Design. A peer is one fabric connection to another manager. Attaching
  * exchanges hellos (a landing zone's export and the sending mode), then a
@@ -48,7 +77,7 @@
  * closes. The receiving side keeps the mirror image, `given`: the hashes
  * it ingested (bounded like the remote index), told to the peer; when such
  * a block leaves G1 and G2 (the tier's pool listener calls
- * kvbm__disagg_block_gone under m->mu), its hash is queued (`gone`, a
+ * the manager's gone hook, under its lock), its hash is queued (`gone`, a
  * bounded array: past it, one "forget them all" replaces the queue), and
  * the link thread sends the queue before serving each message and after
  * each acknowledgement. Order matters: a hash enters `given` before its
@@ -62,8 +91,10 @@
  * fabric calls only: waits loop with short timeouts, so that both ends'
  * link threads keep serving while an engine thread waits, and two
  * managers flushing towards each other cannot deadlock). A peer's state
- * has its own leaf lock (mu). Order: m->mu, then peers_mu, then a peer's
- * mu; fmu is never held with any of them. Pushed buffers must live until
+ * has its own leaf lock (mu). Order: the manager's lock, then its hooks'
+ * lock (the remote and gone hooks are called under both), then the set's
+ * (s->mu, the array), then a peer's mu; fmu is never held with any of
+ * them, and no manager call is made under s->mu or a peer's mu. Pushed buffers must live until
  * a flush (the UCX fabric reads them while the peer pulls): they wait in
  * an outbox that every successful flush empties.
  *
@@ -78,7 +109,7 @@
  * beyond, the oldest send is forgotten (acks_forgotten): its answer is
  * then unexpected, which errs towards "local", and an honest batch that
  * large would have pushed the same blocks out of the remote index anyway.
- * Both indexes are tier/hindex.h's: O(1) per acknowledgement, lookup and
+ * Both indexes are peer/hindex.h's: O(1) per acknowledgement, lookup and
  * eviction, whatever their fill.
  *
  * Lifetime: a detached peer stays allocated (stopped, its fabric
@@ -86,6 +117,9 @@
  * earlier never dangles.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <sys/random.h>
 #include <stdlib.h>
@@ -93,14 +127,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/bytes.h"
 #include "common/clock.h"
+#include "common/secret.h"
 #include "kvbm/blake3.h"
 #include "kvbm/fabric.h"
 #include "kvbm/frame.h"
 #include "kvbm/hash.h"
-#include "tier/internal.h"
-#include "tier/hindex.h"
-#include "common/bytes.h"
+#include "kvbm/metrics.h"
+#include "kvbm/peer.h"
+#include "peer/hindex.h"
+#include "peer/testing.h"
 
 #define PROTO_VERSION 2u  /* this side's; 1 is accepted (no removes) */
 #define PROTO_MIN 1u
@@ -112,6 +149,25 @@
 
 enum { SLOT_FREE = 0, SLOT_GRANTED = 1, SLOT_BUSY = 2 };
 
+typedef struct kvbm__peer kvbm__peer;
+
+/* A manager's peers: the hooks' user (one per manager, made at its first
+ * attach, freed by its destroy hook). */
+typedef struct kvbm__peers {
+  kvbm_manager *m;
+  pthread_mutex_t mu; /* the array (a leaf under the manager's locks) */
+  kvbm__peer *peers[KVBM_MANAGER_MAX_PEERS];
+  uint32_t n;
+  uint32_t B;           /* tokens per block */
+  uint64_t block_bytes;
+  kvbm_hash_scheme scheme;
+  kvbm_metrics *reg;    /* where the collector is (NULL: none) */
+  uint64_t reg_id;
+  /* the corruption seam (peer/testing.h) */
+  _Atomic uint64_t offloads;
+  _Atomic uint64_t corrupt;
+} kvbm__peers;
+
 typedef struct outbox_item {
   struct outbox_item *next;
   size_t len;
@@ -120,6 +176,7 @@ typedef struct outbox_item {
 
 struct kvbm__peer {
   kvbm_manager *m;
+  kvbm__peers *set;
   uint32_t index;
   kvbm_fabric *f;
   kvbm_peer_config cfg;
@@ -143,6 +200,11 @@ struct kvbm__peer {
   kvbm_fabric_remote_set *rs;
   uint64_t peer_land_id;
   kvbm_tier peer_land_tier;
+
+  /* keyed links: the frame MAC key (kvbm_fabric_frame_key of the
+   * cluster secret), zeroed at free */
+  bool keyed;
+  uint8_t mac_key[32];
 
   /* grants the peer gave us (put mode), not used yet */
   uint32_t *grants;
@@ -183,19 +245,25 @@ static int64_t now_ms(void) {
 }
 
 
-/* ---- the peers array ---- */
+/* ---- the peer set and its array ---- */
+
+static kvbm__peers *set_of(kvbm_manager *m) { return kvbm_manager_peer_hooks_user(m); }
 
 static kvbm__peer *peer_get(kvbm_manager *m, uint32_t index) {
-  pthread_mutex_lock(&m->peers_mu);
-  kvbm__peer *p = index < m->npeers ? m->peers[index] : NULL;
-  pthread_mutex_unlock(&m->peers_mu);
+  kvbm__peers *s = set_of(m);
+  if (!s) return NULL;
+  pthread_mutex_lock(&s->mu);
+  kvbm__peer *p = index < s->n ? s->peers[index] : NULL;
+  pthread_mutex_unlock(&s->mu);
   return p;
 }
 
 static uint32_t peer_count(kvbm_manager *m) {
-  pthread_mutex_lock(&m->peers_mu);
-  uint32_t n = m->npeers;
-  pthread_mutex_unlock(&m->peers_mu);
+  kvbm__peers *s = set_of(m);
+  if (!s) return 0;
+  pthread_mutex_lock(&s->mu);
+  uint32_t n = s->n;
+  pthread_mutex_unlock(&s->mu);
   return n;
 }
 
@@ -323,48 +391,21 @@ static int send_ack(kvbm__peer *p, int status, uint64_t hash) {
 
 /* ---- ingest: checks, then the tier ---- */
 
-/* Copies the block's layers into tier block `id` (any memory: host
- * directly, device through block_write). layers[l]: layer l's bytes. */
-static int fill_layers(kvbm_manager *m, kvbm_tier ti, uint32_t id, const uint8_t *const *layers,
-                       kvbm_error *err) {
-  const kvbm__tier *t = &m->t[ti];
-  for (uint64_t l = 0; l < t->layout.config.num_layers; l++) {
-    int rc = kvbm_manager_block_write(m, ti, id, (uint32_t)l, layers[l], t->layout.layer_stride, err);
-    if (rc) return rc;
-  }
-  return KVBM_OK;
-}
-
 /* The message's block, all checks passed: into a block of tier ti taken
- * only now, registered under its identity once its bytes are in. */
+ * only now, registered under its identity once its bytes are in
+ * (kvbm_manager_block_put), with the sum its bytes were checked against
+ * kept (of the manager's kind: this link's key or none). */
 static int place(kvbm__peer *p, kvbm_tier ti, const kvbm_block_msg *msg, const uint8_t *const *layers,
                  kvbm_error *err) {
-  kvbm_manager *m = p->m;
-  kvbm__tier *t = &m->t[ti];
-  uint32_t id, got;
-  pthread_mutex_lock(&m->mu);
-  if (kvbm_pool_peek(t->pool, msg->seq_hash, &id, NULL) == KVBM_OK && t->state[id] == KVBM__READY) {
-    pthread_mutex_unlock(&m->mu);
-    return KVBM_OK; /* already here */
-  }
-  int rc = kvbm_pool_alloc(t->pool, 1, &id);
-  pthread_mutex_unlock(&m->mu);
-  if (rc) return kvbm_error_set(err, KVBM_ENOSPC, "peer %u: %s has no block to spare", p->index, kvbm_tier_name(ti));
-  rc = fill_layers(m, ti, id, layers, err);
-  pthread_mutex_lock(&m->mu);
-  if (rc == KVBM_OK)
-    rc = kvbm_block_fill(t->pool, id, msg->salt_hash, msg->parent_hash, msg->has_parent,
-                         msg->num_tokens ? msg->tokens : m->zero_tokens, msg->seq_hash, &got);
-  if (rc) {
-    KVBM__MUST(kvbm_block_release(t->pool, id, 0));
-  } else {
-    if (got == id) t->state[id] = KVBM__READY;
-    KVBM__MUST(kvbm_block_release(t->pool, got, 0));
-    /* Known cold: the first candidate for demotion. */
-    if (msg->phase == KVBM_PHASE_THINK_COMPLETE) (void)kvbm_block_demote(t->pool, got);
-  }
-  pthread_mutex_unlock(&m->mu);
-  return rc;
+  kvbm_block_ref b = {.seq_hash = msg->seq_hash, .parent_hash = msg->parent_hash, .salt_hash = msg->salt_hash,
+                      .has_parent = msg->has_parent, .tokens = msg->num_tokens ? msg->tokens : NULL,
+                      .phase = msg->phase};
+  kvbm_error e = {0};
+  int rc = kvbm_manager_block_put(p->m, ti, &b, layers, msg->frame.checksum, &e);
+  if (rc == KVBM_ENOSPC)
+    return kvbm_error_set(err, rc, "peer %u: %s has no block to spare", p->index, kvbm_tier_name(ti));
+  if (rc) return kvbm_error_set(err, rc, "peer %u: %s", p->index, e.msg);
+  return KVBM_OK;
 }
 
 /* ---- the receiving side: what the peer was told we hold ---- */
@@ -393,44 +434,31 @@ static void gone_queue(kvbm__peer *p, uint64_t h) {
   else p->gone_all = true; /* bounded: the peer forgets more than needed */
 }
 
-/* Whether tier ti (G1 or G2) holds h with its bytes in place. m->mu held. */
-static bool tier_holds(kvbm_manager *m, int ti, uint64_t h) {
-  const kvbm__tier *t = &m->t[ti];
-  uint32_t id;
-  return t->present && t->usable && kvbm_pool_peek(t->pool, h, &id, NULL) == KVBM_OK && t->state[id] == KVBM__READY;
-}
-
-void kvbm__disagg_block_gone(kvbm_manager *m, int tier, const kvbm_pool_event *ev) {
-  if (!m->mu_ready || (tier != KVBM_TIER_G1 && tier != KVBM_TIER_G2) || ev->kind == KVBM_POOL_STORED) return;
-  /* No peer ever attached (attach sets hash_copies, never cleared): an
-   * eviction costs one relaxed load here, nothing more. */
-  if (!atomic_load_explicit(&m->t[KVBM_TIER_G2].hash_copies, memory_order_relaxed)) return;
-  /* A block gone from one tier may still be in the other: a pull is
-   * served from either (pin_block). The event's own pool is not called
-   * back (kvbm_pool_listener's rule): it no longer holds the hash. */
-  bool all = ev->kind == KVBM_POOL_CLEARED;
-  if (!all && tier_holds(m, tier == KVBM_TIER_G1 ? KVBM_TIER_G2 : KVBM_TIER_G1, ev->seq_hash)) return;
-  pthread_mutex_lock(&m->peers_mu);
-  for (uint32_t i = 0; i < m->npeers; i++) {
-    kvbm__peer *p = m->peers[i];
+/* The gone hook (kvbm/manager.h): h left both G1 and G2 here (all: a
+ * tier was cleared). Under the manager's locks: no manager call. */
+static void hook_gone(void *user, uint64_t h, bool all) {
+  kvbm__peers *s = user;
+  pthread_mutex_lock(&s->mu);
+  for (uint32_t i = 0; i < s->n; i++) {
+    kvbm__peer *p = s->peers[i];
     pthread_mutex_lock(&p->mu);
     if (p->peer_version >= 2 && !p->closed) {
       if (all) {
         p->gone_all = true;
       } else {
-        gone_queue(p, ev->seq_hash);
+        gone_queue(p, h);
       }
     }
     pthread_mutex_unlock(&p->mu);
   }
-  pthread_mutex_unlock(&m->peers_mu);
+  pthread_mutex_unlock(&s->mu);
 }
 
 /* Streams the frame verifier over a landing block's layers. */
 static int verify_landed(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t **layers, uint64_t *hashed,
                          kvbm_error *err) {
   kvbm_frame_verifier v;
-  int rc = kvbm_frame_verifier_init(&v, &msg->frame, err);
+  int rc = kvbm_frame_verifier_init_keyed(&v, &msg->frame, p->keyed ? p->mac_key : NULL, err);
   for (uint64_t l = 0; rc == KVBM_OK && l < p->land_layout.config.num_layers; l++) {
     void *ptr;
     size_t size;
@@ -453,22 +481,38 @@ static uint64_t pushed_body_len(const uint8_t *buf, size_t len) {
   return h.body_len;
 }
 
+/* The landing block a placed message's envelope names, granted and
+ * not yet used, is free again (its message was refused before the
+ * block's bytes were looked at). */
+static void grant_back(kvbm__peer *p, const uint8_t *buf, size_t len) {
+  if (len < KVBM_BLOCK_MSG_FIXED || !(kvbm__get_le32(buf + 32) & 2u)) return;
+  uint64_t off = KVBM_BLOCK_MSG_FIXED + (uint64_t)kvbm__get_le32(buf + 48) * 4;
+  if (off + 8 > len) return;
+  uint64_t id = kvbm__get_le64(buf + off);
+  pthread_mutex_lock(&p->mu);
+  if (id < p->cfg.landing_blocks && p->slot[id] == SLOT_GRANTED) p->slot[id] = SLOT_FREE;
+  pthread_mutex_unlock(&p->mu);
+}
+
 /* Every check of one block message, in order, then place(). *reason is
  * the stats counter the refusal goes to; *hashed the bytes hashed to
  * check it (the one hash a block's bytes get on their way, issue 22). */
 static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **reason, uint64_t *hashed,
                       kvbm_error *err) {
-  kvbm_manager *m = p->m;
-  const uint32_t B = m->cfg.block_size;
+  const kvbm__peers *s = p->set;
+  const uint32_t B = s->B;
   uint32_t *tokens = malloc(B * sizeof *tokens);
   const uint8_t **layers = malloc(p->land_layout.config.num_layers * sizeof *layers);
   kvbm_block_msg msg;
   int rc = tokens && layers ? KVBM_OK : kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   *reason = &p->st.refused_other;
   if (!rc) {
-    rc = kvbm_block_msg_decode(buf, len, B, (uint32_t)m->block_bytes, tokens, &msg, err);
+    rc = kvbm_block_msg_decode_keyed(p->keyed ? p->mac_key : NULL, buf, len, B, (uint32_t)s->block_bytes, tokens,
+                                     &msg, err);
     if (rc == KVBM_ECHECKSUM) *reason = &p->st.refused_checksum;
-    if (rc == KVBM_ECHECKSUM || (rc == KVBM_OK && !msg.placed)) *hashed += pushed_body_len(buf, len);
+    if (rc == KVBM_EAUTH) *reason = &p->st.refused_auth;
+    if (rc == KVBM_ECHECKSUM || (rc == KVBM_OK && !msg.placed))
+      *hashed += pushed_body_len(buf, len);
     if (rc == KVBM_ETOOLONG || rc == KVBM_ETRUNCATED) *reason = &p->st.refused_length;
   }
   if (!rc && msg.layout_id != p->land_id) {
@@ -477,6 +521,11 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
                         "this manager's landing zone is %016llx",
                         (unsigned long long)msg.layout_id, (unsigned long long)p->land_id);
   }
+  /* A placed message the decoder refused (a frame of the wrong kind or
+   * MAC on a keyed link, a bad header) names its landing block only in
+   * its envelope: a block granted to the peer goes back all the same, or
+   * every refusal would cost the zone a block for good. */
+  if (rc) grant_back(p, buf, len);
   /* A placed block's landing block is taken first, so that every later
    * refusal gives it back. */
   bool slot_taken = false;
@@ -493,14 +542,14 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
                           (unsigned long long)msg.block_id);
     }
   }
-  if (!rc && (msg.body_len != m->block_bytes || (msg.num_tokens != 0 && msg.num_tokens != B))) {
+  if (!rc && (msg.body_len != s->block_bytes || (msg.num_tokens != 0 && msg.num_tokens != B))) {
     *reason = &p->st.refused_length;
     rc = kvbm_error_set(err, KVBM_EFORMAT, "wrong length: a block of %zu bytes and %u tokens, blocks here are "
                         "%llu bytes and %u tokens",
-                        msg.body_len, msg.num_tokens, (unsigned long long)m->block_bytes, B);
+                        msg.body_len, msg.num_tokens, (unsigned long long)s->block_bytes, B);
   }
   if (!rc && msg.num_tokens &&
-      kvbm_hash_next(m->cfg.scheme, msg.salt_hash, msg.parent_hash, msg.has_parent, tokens, B) != msg.seq_hash) {
+      kvbm_hash_next(s->scheme, msg.salt_hash, msg.parent_hash, msg.has_parent, tokens, B) != msg.seq_hash) {
     *reason = &p->st.refused_hash;
     rc = kvbm_error_set(err, KVBM_EPROTO, "sequence hash %016llx does not follow from the block's tokens",
                         (unsigned long long)msg.seq_hash);
@@ -512,6 +561,7 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
     } else {
       rc = verify_landed(p, &msg, layers, hashed, err);
       if (rc == KVBM_ECHECKSUM) *reason = &p->st.refused_checksum;
+      if (rc == KVBM_EAUTH) *reason = &p->st.refused_auth;
     }
   } else if (!rc) {
     for (uint64_t l = 0; l < p->land_layout.config.num_layers; l++)
@@ -534,7 +584,7 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
 
 /* One block message from peer p: ingested or refused, and counted. The
  * link thread calls it with its own peer: that peer is published in
- * m->peers only after its thread started (attach), so a lookup by index
+ * the set's array only after its thread started (attach), so a lookup by index
  * could miss it while the first messages arrive. */
 static int peer_ingest(kvbm__peer *p, const uint8_t *msg, size_t len, kvbm_error *err) {
   uint64_t *reason, hashed = 0;
@@ -567,73 +617,75 @@ int kvbm_manager_ingest_block(kvbm_manager *m, uint32_t peer, const uint8_t *msg
 
 /* ---- sending blocks ---- */
 
-/* One block to send: pinned in its tier until sent. */
-typedef struct src_block {
-  kvbm_tier tier;
-  uint32_t id;
-  uint64_t hash, parent, salt;
-  bool has_parent;
-  const uint32_t *tokens; /* NULL: unknown here (sent without) */
-  kvbm_frame_phase phase;
-} src_block;
+/* One block to send: pinned in its tier until sent (kvbm/manager.h). */
+typedef kvbm_block_ref src_block;
 
 /* Whether this offload is one the corruption seam spoils. */
-static bool corrupt_this(kvbm_manager *m) {
-  uint64_t n = atomic_fetch_add(&m->offloads, 1);
-  return n < 64 && (m->testing.corrupt_offloads >> n & 1);
+static bool corrupt_this(kvbm__peers *s) {
+  uint64_t mask = atomic_load_explicit(&s->corrupt, memory_order_relaxed);
+  if (!mask) return false;
+  uint64_t n = atomic_fetch_add(&s->offloads, 1);
+  return n < 64 && (mask >> n & 1);
 }
 
 /* The layers of block b for a one-sided write: host tiers in place, a
  * device tier through `stage` (block_bytes). */
 static int source_layers(kvbm_manager *m, const src_block *b, uint8_t *stage, const void **layers,
                          kvbm_error *err) {
-  const kvbm__tier *t = &m->t[b->tier];
-  for (uint64_t l = 0; l < t->layout.config.num_layers; l++) {
-    if (!t->device) {
-      layers[l] = kvbm__layer_ptr(t, b->id, l);
+  const kvbm_layout *L = kvbm_manager_layout(m, b->tier);
+  const bool device = kvbm_manager_memory(m, b->tier) == KVBM_MEMORY_DEVICE;
+  for (uint64_t l = 0; l < L->config.num_layers; l++) {
+    if (!device) {
+      void *ptr;
+      size_t size;
+      int rc = kvbm_manager_block_layer(m, b->tier, b->id, (uint32_t)l, &ptr, &size);
+      if (rc) return kvbm_error_set(err, rc, "peer: layer %llu of block %u", (unsigned long long)l, b->id);
+      layers[l] = ptr;
       continue;
     }
-    uint8_t *dst = stage + l * t->layout.layer_stride;
-    int rc = kvbm_manager_block_read(m, b->tier, b->id, (uint32_t)l, dst, t->layout.layer_stride, err);
+    uint8_t *dst = stage + l * L->layer_stride;
+    int rc = kvbm_manager_block_read(m, b->tier, b->id, (uint32_t)l, dst, L->layer_stride, err);
     if (rc) return rc;
     layers[l] = dst;
   }
   return KVBM_OK;
 }
 
-/* The block's BLAKE3-128 over its layers in order (its canonical bytes). */
-static void hash_layers(const kvbm__tier *t, const void *const *layers, uint8_t sum[16]) {
+/* The block's sum over its layers in order (its canonical bytes): plain
+ * BLAKE3-128, or keyed under the link's key (the frame's MAC). */
+static void hash_layers(const kvbm__peer *p, const kvbm_layout *L, const void *const *layers, uint8_t sum[16]) {
   kvbm_blake3_hasher h;
-  kvbm_blake3_hasher_init(&h);
-  for (uint64_t l = 0; l < t->layout.config.num_layers; l++)
-    kvbm_blake3_hasher_update(&h, layers[l], t->layout.layer_stride);
+  if (p->keyed) (void)kvbm_blake3_hasher_init_keyed(&h, p->mac_key);
+  else kvbm_blake3_hasher_init(&h);
+  for (uint64_t l = 0; l < L->config.num_layers; l++) kvbm_blake3_hasher_update(&h, layers[l], L->layer_stride);
   kvbm_blake3_hasher_finalize(&h, sum, 16);
 }
 
-/* The frame checksum of pinned block b, whose layers are at `layers`: the
- * one its tier kept (tier/copy.c, "Kept checksums"; nothing hashed), else
+/* The frame checksum (or MAC) of pinned block b, whose layers are at
+ * `layers`: the one its tier kept (kvbm_manager_block_sum: nothing
+ * hashed; of this link's kind, kvbm_manager_keep_sums at attach), else
  * hashed here and kept for its next send. Counted either way. A kept sum
  * is trusted only for the frame: the receiver hashes the bytes it gets,
  * so a sum gone stale (bytes changed behind the manager) costs the block,
  * refused by checksum, never a wrong one. */
 static void block_sum(kvbm__peer *p, const src_block *b, const void *const *layers, uint8_t sum[16]) {
-  const kvbm__tier *t = &p->m->t[b->tier];
-  bool kept = kvbm__sum_get(t, b->id, sum);
+  bool kept = kvbm_manager_block_sum(p->m, b->tier, b->id, sum) == KVBM_OK;
   if (!kept) {
-    hash_layers(t, layers, sum);
-    kvbm__sum_keep(t, b->id, sum);
+    hash_layers(p, kvbm_manager_layout(p->m, b->tier), layers, sum);
+    kvbm_manager_block_sum_keep(p->m, b->tier, b->id, sum);
   }
   pthread_mutex_lock(&p->mu);
   if (kept) p->st.sent_sums_kept++;
-  else p->st.sent_hashed_bytes += p->m->block_bytes;
+  else p->st.sent_hashed_bytes += p->set->block_bytes;
   pthread_mutex_unlock(&p->mu);
 }
 
 static kvbm_block_msg msg_of(const kvbm__peer *p, const src_block *b, uint32_t ntok) {
-  kvbm_block_msg msg = {.seq_hash = b->hash, .parent_hash = b->parent, .salt_hash = b->salt,
+  kvbm_block_msg msg = {.seq_hash = b->seq_hash, .parent_hash = b->parent_hash, .salt_hash = b->salt_hash,
                         .has_parent = b->has_parent, .num_tokens = b->tokens ? ntok : 0,
                         .tokens = b->tokens, .tier = p->peer_land_tier, .layout_id = p->peer_land_id,
-                        .phase = b->phase, .body_len = (size_t)p->m->block_bytes};
+                        .phase = b->phase, .body_len = (size_t)p->set->block_bytes,
+                        .mac_key = p->keyed ? p->mac_key : NULL};
   return msg;
 }
 
@@ -641,36 +693,37 @@ static kvbm_block_msg msg_of(const kvbm__peer *p, const src_block *b, uint32_t n
  * goes (one copy), framed with its checksum (kept, or hashed once), pushed. */
 static int push_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_error *err) {
   kvbm_manager *m = p->m;
-  const uint32_t B = m->cfg.block_size;
-  size_t cap = kvbm_block_msg_size(B, m->block_bytes);
+  const uint32_t B = p->set->B;
+  const uint64_t bb = p->set->block_bytes;
+  size_t cap = kvbm_block_msg_size(B, bb);
   uint8_t *msgbuf = malloc(cap);
-  const void **layers = malloc(m->t[blocks[0].tier].layout.config.num_layers * sizeof *layers);
+  const kvbm_layout *L0 = kvbm_manager_layout(m, blocks[0].tier);
+  const void **layers = malloc(L0->config.num_layers * sizeof *layers);
   int rc = msgbuf && layers ? KVBM_OK : kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   for (size_t i = 0; !rc && i < n; i++) {
     const src_block *b = &blocks[i];
-    const kvbm__tier *t = &m->t[b->tier];
+    const kvbm_layout *L = kvbm_manager_layout(m, b->tier);
     kvbm_block_msg msg = msg_of(p, b, B);
     uint8_t *body = msgbuf + KVBM_BLOCK_MSG_FIXED + (size_t)msg.num_tokens * 4 + KVBM_FRAME_HEADER_LEN;
-    for (uint64_t l = 0; !rc && l < t->layout.config.num_layers; l++) {
-      layers[l] = body + l * t->layout.layer_stride;
-      rc = kvbm_manager_block_read(m, b->tier, b->id, (uint32_t)l, body + l * t->layout.layer_stride,
-                                   t->layout.layer_stride, err);
+    for (uint64_t l = 0; !rc && l < L->config.num_layers; l++) {
+      layers[l] = body + l * L->layer_stride;
+      rc = kvbm_manager_block_read(m, b->tier, b->id, (uint32_t)l, body + l * L->layer_stride, L->layer_stride, err);
     }
     if (!rc) block_sum(p, b, layers, msg.frame.checksum);
     msg.body = body;
     msg.sum_given = 1;
     size_t len = 0;
     if (!rc) rc = kvbm_block_msg_encode(&msg, msgbuf, cap, &len, err);
-    if (!rc && corrupt_this(m)) msgbuf[len - 1] ^= 0x5A; /* the seam: a bad link */
+    if (!rc && corrupt_this(p->set)) msgbuf[len - 1] ^= 0x5A; /* the seam: a bad link */
     if (!rc) {
-      await_ack(p, b->hash);
+      await_ack(p, b->seq_hash);
       rc = send_copy(p, msgbuf, len, err);
-      if (rc) await_cancel(p, b->hash);
+      if (rc) await_cancel(p, b->seq_hash);
     }
     if (!rc) {
       pthread_mutex_lock(&p->mu);
       p->st.sent_blocks++;
-      p->st.sent_bytes += m->block_bytes;
+      p->st.sent_bytes += bb;
       pthread_mutex_unlock(&p->mu);
     }
   }
@@ -714,12 +767,13 @@ static int take_grants(kvbm__peer *p, uint32_t n, uint32_t *ids, uint32_t *got, 
  * (bridging the layouts), flushed, then announced by placed messages. */
 static int put_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_error *err) {
   kvbm_manager *m = p->m;
-  const uint32_t B = m->cfg.block_size;
-  const kvbm__tier *t0 = &m->t[blocks[0].tier];
-  const uint64_t nl = t0->layout.config.num_layers, ls = t0->layout.layer_stride;
+  const uint32_t B = p->set->B;
+  const uint64_t bb = p->set->block_bytes;
+  const kvbm_layout *L0 = kvbm_manager_layout(m, blocks[0].tier);
+  const uint64_t nl = L0->config.num_layers, ls = L0->layer_stride;
   uint32_t *slots = malloc(n * sizeof *slots);
   uint8_t (*sums)[16] = malloc(n * 16);
-  uint8_t *stage = malloc(n * m->block_bytes), *spoil = malloc(n);
+  uint8_t *stage = malloc(n * bb), *spoil = malloc(n);
   const void **layers = malloc(nl * sizeof *layers);
   size_t cap = kvbm_block_msg_placed_size(B), done = 0;
   uint8_t *msgbuf = malloc(cap);
@@ -730,16 +784,16 @@ static int put_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_err
     rc = take_grants(p, (uint32_t)(n - done), slots + done, &got, err);
     for (size_t i = done; !rc && i < done + got; i++) {
       const src_block *b = &blocks[i];
-      rc = source_layers(m, b, stage + i * m->block_bytes, layers, err);
+      rc = source_layers(m, b, stage + i * bb, layers, err);
       if (!rc) block_sum(p, b, layers, sums[i]);
       if (!rc) {
         pthread_mutex_lock(&p->fmu);
         rc = kvbm_fabric_write_block_layers(p->f, p->rs, slots[i], layers, nl, ls, err);
-        if (!rc && corrupt_this(m)) { /* the seam: one byte changed after the frame */
+        if (!rc && corrupt_this(p->set)) { /* the seam: one byte changed after the frame */
           spoil[i] = ((const uint8_t *)layers[0])[0] ^ 0x5A;
-          kvbm_slice s;
-          rc = kvbm_layout_block_layer(&kvbm_fabric_remote_desc(p->rs)->layout, slots[i], 0, &s, err);
-          if (!rc) rc = kvbm_fabric_write(p->f, p->rs, s.region, s.offset, &spoil[i], 1, err);
+          kvbm_slice sl;
+          rc = kvbm_layout_block_layer(&kvbm_fabric_remote_desc(p->rs)->layout, slots[i], 0, &sl, err);
+          if (!rc) rc = kvbm_fabric_write(p->f, p->rs, sl.region, sl.offset, &spoil[i], 1, err);
         }
         pthread_mutex_unlock(&p->fmu);
       }
@@ -753,14 +807,14 @@ static int put_blocks(kvbm__peer *p, const src_block *blocks, size_t n, kvbm_err
       size_t len = 0;
       rc = kvbm_block_msg_encode(&msg, msgbuf, cap, &len, err);
       if (!rc) {
-        await_ack(p, blocks[i].hash);
+        await_ack(p, blocks[i].seq_hash);
         rc = send_copy(p, msgbuf, len, err);
-        if (rc) await_cancel(p, blocks[i].hash);
+        if (rc) await_cancel(p, blocks[i].seq_hash);
       }
       if (!rc) {
         pthread_mutex_lock(&p->mu);
         p->st.sent_blocks++;
-        p->st.sent_bytes += m->block_bytes;
+        p->st.sent_bytes += bb;
         pthread_mutex_unlock(&p->mu);
       }
     }
@@ -785,31 +839,6 @@ static int send_blocks(kvbm__peer *p, const src_block *blocks, size_t n, bool fo
   return put_blocks(p, blocks, n, err);
 }
 
-/* Pins the block registered under h in G1 or G2 (bytes in place) and
- * describes it. Lock held. */
-static bool pin_block(kvbm_manager *m, uint64_t h, src_block *b) {
-  for (int ti = KVBM_TIER_G1; ti <= KVBM_TIER_G2; ti++) {
-    kvbm__tier *t = &m->t[ti];
-    uint32_t id;
-    if (!t->present || !t->usable || kvbm_pool_peek(t->pool, h, &id, NULL) != KVBM_OK ||
-        t->state[id] != KVBM__READY)
-      continue;
-    KVBM__MUST(kvbm_pool_match(t->pool, h, &id));
-    kvbm_block_info bi;
-    KVBM__MUST(kvbm_block_info_get(t->pool, id, &bi));
-    *b = (src_block){.tier = (kvbm_tier)ti, .id = id, .hash = h, .parent = bi.parent_hash, .salt = bi.salt_hash,
-                     .has_parent = bi.has_parent, .tokens = bi.tokens};
-    return true;
-  }
-  return false;
-}
-
-static void unpin(kvbm_manager *m, const src_block *b, size_t n) {
-  pthread_mutex_lock(&m->mu);
-  for (size_t i = 0; i < n; i++) KVBM__MUST(kvbm_block_release(m->t[b[i].tier].pool, b[i].id, 0));
-  pthread_mutex_unlock(&m->mu);
-}
-
 int kvbm_manager_offload_block(kvbm_manager *m, uint32_t peer, uint64_t seq_hash, kvbm_frame_phase phase,
                                kvbm_error *err) {
   if (!m) return kvbm_error_set(err, KVBM_EINVAL, "manager: offload: NULL manager");
@@ -820,75 +849,42 @@ int kvbm_manager_offload_block(kvbm_manager *m, uint32_t peer, uint64_t seq_hash
   kvbm__peer *p = peer_get(m, peer);
   if (!p || p->detached) return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: no peer %u", peer);
   src_block b;
-  uint32_t *tok = malloc(m->cfg.block_size * sizeof *tok);
+  uint32_t *tok = malloc(p->set->B * sizeof *tok);
   if (!tok) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
-  pthread_mutex_lock(&m->mu);
-  bool held = pin_block(m, seq_hash, &b);
-  if (held && b.tokens) {
-    memcpy(tok, b.tokens, m->cfg.block_size * sizeof *tok); /* valid while the lock is held */
-    b.tokens = tok;
-  }
-  pthread_mutex_unlock(&m->mu);
-  if (!held) {
+  if (kvbm_manager_block_pin(m, seq_hash, tok, &b) != KVBM_OK) {
     free(tok);
     return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: offload: block %016llx is not held in G1 or G2",
                           (unsigned long long)seq_hash);
   }
   b.phase = phase;
   int rc = send_blocks(p, &b, 1, false, err);
-  unpin(m, &b, 1);
+  kvbm_manager_block_unpin(m, &b, 1);
   free(tok);
   return rc;
 }
 
-/* ---- ExitThink ---- */
+/* ---- ExitThink (the manager's exit_think hook) ---- */
 
-void kvbm__disagg_exit_think(kvbm_mreq *r) {
-  kvbm_manager *m = r->m;
-  if (!r->exit_pending || m->cfg.offload_threshold_blocks == 0) return;
-  kvbm__peer *p = peer_get(m, 0);
-  if (!p || p->detached) return;
-  const size_t B = m->cfg.block_size;
-  src_block *blocks = malloc((r->labeled ? r->labeled : 1) * sizeof *blocks);
-  if (!blocks) return;
-  size_t n = 0;
-  pthread_mutex_lock(&m->mu);
-  const uint32_t *ids;
-  size_t nb;
-  kvbm_seq_blocks(r->seq, &ids, &nb);
-  const uint8_t *st = m->t[KVBM_TIER_G1].state;
-  size_t ready = 0;
-  for (size_t k = 0; k < r->labeled && k < nb; k++)
-    ready += r->phase[k] == KVBM_PHASE_THINK_COMPLETE && st[ids[k]] == KVBM__READY;
-  if (ready >= m->cfg.offload_threshold_blocks) {
-    for (size_t k = 0; k < r->labeled && k < nb; k++) {
-      if (r->phase[k] != KVBM_PHASE_THINK_COMPLETE || st[ids[k]] != KVBM__READY) continue;
-      KVBM__MUST(kvbm_block_retain(m->t[KVBM_TIER_G1].pool, ids[k]));
-      uint64_t h, parent = 0;
-      KVBM__MUST(kvbm_seq_block_hash(r->seq, k, &h));
-      if (k) KVBM__MUST(kvbm_seq_block_hash(r->seq, k - 1, &parent));
-      blocks[n++] = (src_block){.tier = KVBM_TIER_G1, .id = ids[k], .hash = h, .parent = parent, .salt = r->salt,
-                                .has_parent = k > 0, .tokens = r->tokens + k * B,
-                                .phase = KVBM_PHASE_THINK_COMPLETE};
-    }
-    r->exit_pending = false;
+/* The request's ready ThinkComplete blocks, chosen and pinned by the
+ * manager (tier/peer_hooks.c), to peer 0 in one batch; the manager
+ * unpins them after. Errors are counted, not returned. */
+static void hook_exit_think(void *user, const kvbm_block_ref *blocks, size_t n) {
+  kvbm__peers *s = user;
+  pthread_mutex_lock(&s->mu);
+  kvbm__peer *p = s->n ? s->peers[0] : NULL;
+  pthread_mutex_unlock(&s->mu);
+  if (!p || p->detached || n == 0) return;
+  kvbm_error e = {0};
+  int rc = send_blocks(p, blocks, n, false, &e);
+  pthread_mutex_lock(&p->mu);
+  p->st.exit_think_batches++;
+  if (rc == KVBM_OK) {
+    p->st.exit_think_blocks += n;
+  } else {
+    snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "ExitThink offload: %.40s: %.180s", kvbm_status_name(rc),
+             e.msg);
   }
-  pthread_mutex_unlock(&m->mu);
-  if (n) {
-    kvbm_error e = {0};
-    int rc = send_blocks(p, blocks, n, false, &e);
-    pthread_mutex_lock(&p->mu);
-    p->st.exit_think_batches++;
-    if (rc == KVBM_OK) {
-      p->st.exit_think_blocks += n;
-    } else {
-      snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "ExitThink offload: %.40s: %.180s", kvbm_status_name(rc),
-               e.msg);
-    }
-    pthread_mutex_unlock(&p->mu);
-    unpin(m, blocks, n);
-  }
-  free(blocks);
+  pthread_mutex_unlock(&p->mu);
 }
 
 /* ---- the link thread ---- */
@@ -1022,19 +1018,12 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
   uint32_t n = kvbm__get_le32(buf + 4);
   if ((len - 8) / 8 < n) return;
   kvbm_manager *m = p->m;
-  uint32_t *tok = malloc(m->cfg.block_size * sizeof *tok);
+  uint32_t *tok = malloc(p->set->B * sizeof *tok);
   if (!tok) return;
   for (uint32_t i = 0; i < n; i++) {
     uint64_t h = kvbm__get_le64(buf + 8 + 8 * (size_t)i);
     src_block b;
-    pthread_mutex_lock(&m->mu);
-    bool held = pin_block(m, h, &b);
-    if (held && b.tokens) {
-      memcpy(tok, b.tokens, m->cfg.block_size * sizeof *tok);
-      b.tokens = tok;
-    }
-    pthread_mutex_unlock(&m->mu);
-    if (!held) {
+    if (kvbm_manager_block_pin(m, h, tok, &b) != KVBM_OK) {
       uint8_t miss[12];
       memcpy(miss, "KVPM", 4);
       kvbm__put_le64(miss + 4, h);
@@ -1043,7 +1032,7 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
     }
     b.phase = KVBM_PHASE_OUTPUT_CRITICAL; /* pulled back for output */
     (void)send_blocks(p, &b, 1, true, NULL);
-    unpin(m, &b, 1);
+    kvbm_manager_block_unpin(m, &b, 1);
   }
   free(tok);
 }
@@ -1124,6 +1113,46 @@ kvbm_peer_config kvbm_peer_config_default(void) {
   return c;
 }
 
+int kvbm_peer_config_env(kvbm_peer_config *cfg, const char *const *env, kvbm_error *err) {
+  if (!cfg) return kvbm_error_set(err, KVBM_EINVAL, "peer: config_env: NULL config");
+  static const char name[] = "KVBM_PEER_KEY_FILE=";
+  for (size_t i = 0; env && env[i]; i++) {
+    if (strncmp(env[i], name, sizeof name - 1) != 0) continue;
+    const char *v = env[i] + sizeof name - 1;
+    if (!*v) return kvbm_error_set(err, KVBM_EINVAL, "peer: KVBM_PEER_KEY_FILE is empty");
+    cfg->key_file = v;
+  }
+  return KVBM_OK;
+}
+
+/* The link's frame MAC key from the config's secret (bytes or file),
+ * every copy of the secret zeroed: *keyed false without one. */
+static int key_init(const kvbm_peer_config *c, bool *keyed, uint8_t key[32], kvbm_error *err) {
+  *keyed = false;
+  if (c->key && c->key_file)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: both key and key_file are set; give the key once");
+  if (!c->key && !c->key_file) return KVBM_OK;
+  uint8_t *buf = NULL;
+  size_t len = c->key_len;
+  int rc = KVBM_OK;
+  if (c->key_file) {
+    buf = malloc(KVBM_FABRIC_SECRET_MAX);
+    if (!buf) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+    rc = kvbm__secret_file_read(c->key_file, buf, KVBM_FABRIC_SECRET_MAX, &len, err);
+  }
+  const uint8_t *secret = buf ? buf : c->key;
+  if (!rc && (len < KVBM_FABRIC_SECRET_MIN || len > KVBM_FABRIC_SECRET_MAX))
+    rc = kvbm_error_set(err, KVBM_EINVAL, "manager: attach: the peers' key must be %u..%u bytes, not %zu",
+                        KVBM_FABRIC_SECRET_MIN, KVBM_FABRIC_SECRET_MAX, len);
+  if (!rc) rc = kvbm_fabric_frame_key(secret, len, key, err);
+  if (buf) {
+    explicit_bzero(buf, KVBM_FABRIC_SECRET_MAX);
+    free(buf);
+  }
+  if (!rc) *keyed = true;
+  return rc;
+}
+
 static void peer_release_fabric(kvbm__peer *p) {
   if (p->f) {
     (void)flush_loop(p, p->cfg.timeout_ms > 1000 ? 1000 : p->cfg.timeout_ms, NULL);
@@ -1150,6 +1179,7 @@ static void peer_free(kvbm__peer *p) {
   kvbm__hindex_free(&p->given);
   free(p->gone);
   free(p->rbuf);
+  explicit_bzero(p->mac_key, sizeof p->mac_key);
   free(p);
 }
 
@@ -1199,7 +1229,7 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
    * before its memory is imported. */
   kvbm_layout theirs;
   if (!rc) rc = kvbm_fabric_export_layout(buf + HELLO_FIXED, len - HELLO_FIXED, &theirs, err);
-  if (!rc) rc = kvbm_fabric_layout_bridge(&p->m->t[KVBM_TIER_G1].layout, &theirs, err);
+  if (!rc) rc = kvbm_fabric_layout_bridge(kvbm_manager_layout(p->m, KVBM_TIER_G1), &theirs, err);
   if (!rc) rc = kvbm_fabric_import(p->f, buf + HELLO_FIXED, len - HELLO_FIXED, &p->rs, err);
   pthread_mutex_unlock(&p->fmu);
   if (!rc) {
@@ -1212,6 +1242,52 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
   }
   free(buf);
   return rc;
+}
+
+/* ---- the peer set: made at the first attach, its hooks registered ---- */
+
+static bool hook_remote(void *user, uint64_t h, bool for_room, uint32_t *peer);
+static size_t hook_pull(void *user, uint32_t peer, const uint64_t *hashes, size_t n, int timeout_ms);
+static void hook_destroy(void *user);
+static void metrics_collect(void *user, kvbm_metrics_writer *w);
+
+static void set_free(kvbm__peers *s) {
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+/* The manager's peer set, made and registered if it has none (two first
+ * attaches racing: the loser frees its own and takes the winner's). */
+static kvbm__peers *set_make(kvbm_manager *m, kvbm_error *err) {
+  kvbm__peers *s = set_of(m);
+  if (s) return s;
+  s = calloc(1, sizeof *s);
+  if (!s) {
+    kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+    return NULL;
+  }
+  s->m = m;
+  pthread_mutex_init(&s->mu, NULL);
+  s->B = kvbm_manager_block_tokens(m);
+  s->block_bytes = kvbm_manager_block_bytes(m);
+  s->scheme = kvbm_manager_hash_scheme(m);
+  kvbm_manager_peer_hooks h = {.user = s, .remote = hook_remote, .pull = hook_pull, .exit_think = hook_exit_think,
+                               .gone = hook_gone, .destroy = hook_destroy};
+  int rc = kvbm_manager_peer_hooks_set(m, &h, NULL);
+  if (rc == KVBM_EEXIST) {
+    set_free(s);
+    return set_of(m);
+  }
+  if (rc) {
+    set_free(s);
+    kvbm_error_set(err, rc, "manager: the peers' hooks could not be set");
+    return NULL;
+  }
+  /* Refusals on the manager's metrics page, when it serves one. */
+  s->reg = kvbm_manager_metrics(m);
+  if (s->reg && kvbm_metrics_register(s->reg, metrics_collect, s, NULL, 0, &s->reg_id, NULL) != KVBM_OK)
+    s->reg = NULL;
+  return s;
 }
 
 int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config *cfg, uint32_t *peer,
@@ -1228,29 +1304,55 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   if (c.timeout_ms <= 0) return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: timeout_ms must be > 0");
   if (c.lease_ms == 0) c.lease_ms = LEASE_DEFAULT_MS;
   if (c.lease_ms < 0) return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: lease_ms %d must be > 0", (int)c.lease_ms);
-  if ((c.ingest_tier != KVBM_TIER_G1 && c.ingest_tier != KVBM_TIER_G2) || !m->t[c.ingest_tier].present ||
-      !m->t[c.ingest_tier].usable)
+  const kvbm_layout *ingest = (c.ingest_tier == KVBM_TIER_G1 || c.ingest_tier == KVBM_TIER_G2)
+                                  ? kvbm_manager_layout(m, c.ingest_tier) : NULL;
+  if (!ingest || kvbm_manager_tier_error(m, c.ingest_tier)[0])
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: attach: the ingest tier %s is absent (G1 or G2)",
                           kvbm_tier_name(c.ingest_tier));
-  pthread_mutex_lock(&m->peers_mu);
-  uint32_t index = m->npeers;
-  pthread_mutex_unlock(&m->peers_mu);
-  if (index >= KVBM_MANAGER_MAX_PEERS)
+  bool keyed;
+  uint8_t key[32];
+  int rc = key_init(&c, &keyed, key, err);
+  if (rc) return rc;
+  kvbm__peers *s = set_make(m, err);
+  /* The manager's kept sums become this link's kind (its MAC when keyed):
+   * every peer of one manager shares one key or none. */
+  rc = !s ? KVBM_ENOMEM : kvbm_manager_keep_sums(m, keyed ? key : NULL, err);
+  if (rc) {
+    explicit_bzero(key, sizeof key);
+    return rc;
+  }
+  pthread_mutex_lock(&s->mu);
+  uint32_t index = s->n;
+  pthread_mutex_unlock(&s->mu);
+  if (index >= KVBM_MANAGER_MAX_PEERS) {
+    explicit_bzero(key, sizeof key);
     return kvbm_error_set(err, KVBM_ENOSPC, "manager: attach: %d peers already", KVBM_MANAGER_MAX_PEERS);
+  }
 
   kvbm__peer *p = calloc(1, sizeof *p);
-  if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  if (!p) {
+    explicit_bzero(key, sizeof key);
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  }
   p->m = m;
+  p->set = s;
   p->f = f;
   p->cfg = c;
+  p->cfg.key = NULL; /* read, not kept */
+  p->cfg.key_len = 0;
+  p->cfg.key_file = NULL;
   p->index = index;
+  p->keyed = keyed;
+  memcpy(p->mac_key, key, sizeof key);
+  explicit_bzero(key, sizeof key);
+  p->st.keyed = keyed;
   pthread_mutex_init(&p->fmu, NULL);
   pthread_mutex_init(&p->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_cond_init(&p->cv, &ca);
   pthread_condattr_destroy(&ca);
-  p->msg_max = kvbm_block_msg_size(m->cfg.block_size, m->block_bytes);
+  p->msg_max = kvbm_block_msg_size(s->B, s->block_bytes);
   if (p->msg_max < 8 + 8 * 4096) p->msg_max = 8 + 8 * 4096; /* pulls of up to 4096 hashes */
   p->slot = calloc(c.landing_blocks, 1);
   p->rbuf = malloc(p->msg_max);
@@ -1262,7 +1364,7 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
     seed[1] = seed[0] * 0x9E3779B97F4A7C15ull;
   }
   p->gone = malloc(GONE_MAX * sizeof *p->gone);
-  int rc = p->slot && p->rbuf && p->gone ? KVBM_OK : KVBM_ENOMEM;
+  rc = p->slot && p->rbuf && p->gone ? KVBM_OK : KVBM_ENOMEM;
   if (!rc) rc = kvbm__hindex_init(&p->remote, c.remote_index_blocks, seed[0]);
   if (!rc) rc = kvbm__hindex_init(&p->pending, c.remote_index_blocks, seed[1]);
   if (!rc) rc = kvbm__hindex_init(&p->given, c.remote_index_blocks, seed[0] ^ seed[1]);
@@ -1271,11 +1373,11 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
    * allocated (the fastest for the peer's writes), apart from the cache.
    * Its block set id is random: a message laid out for an older zone
    * (another attach) names another id. */
-  kvbm_layout_config lc = m->t[c.ingest_tier].layout.config;
+  kvbm_layout_config lc = ingest->config;
   lc.num_blocks = c.landing_blocks;
   if (lc.alignment > 4096) lc.alignment = 4096;
   kvbm_layout_desc desc = {0};
-  if (!rc) rc = kvbm_layout_init(&p->land_layout, m->t[c.ingest_tier].layout.kind, &lc, err);
+  if (!rc) rc = kvbm_layout_init(&p->land_layout, ingest->kind, &lc, err);
   if (!rc) rc = kvbm_fabric_storage_create(f, &p->land_layout, &p->land, err);
   if (!rc) {
     uint8_t rnd[8] = {0};
@@ -1300,13 +1402,10 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
     peer_free(p);
     return rc;
   }
-  pthread_mutex_lock(&m->peers_mu);
-  m->peers[index] = p;
-  m->npeers = index + 1;
-  pthread_mutex_unlock(&m->peers_mu);
-  /* From now on a block's checksum is computed when it is first offloaded
-   * to G2, by the host worker, and kept for its sends (tier/copy.c). */
-  atomic_store(&m->t[KVBM_TIER_G2].hash_copies, true);
+  pthread_mutex_lock(&s->mu);
+  s->peers[index] = p;
+  s->n = index + 1;
+  pthread_mutex_unlock(&s->mu);
   *peer = index;
   return KVBM_OK;
 }
@@ -1330,59 +1429,53 @@ int kvbm_manager_detach(kvbm_manager *m, uint32_t peer, kvbm_error *err) {
   return KVBM_OK;
 }
 
-/* The peers leave the array before they stop: a pool event of a worker
- * still finishing (kvbm__disagg_block_gone) or a lookup then finds none,
- * never one being freed. */
-void kvbm__disagg_stop(kvbm_manager *m) {
+/* The destroy hook (kvbm_manager_destroy, before the tiers go). The
+ * peers leave the array before they stop: a pool event of a worker still
+ * finishing (the gone hook) or a lookup then finds none, never one being
+ * freed. */
+static void hook_destroy(void *user) {
+  kvbm__peers *s = user;
   kvbm__peer *ps[KVBM_MANAGER_MAX_PEERS];
-  pthread_mutex_lock(&m->peers_mu);
-  uint32_t n = m->npeers;
+  pthread_mutex_lock(&s->mu);
+  uint32_t n = s->n;
   for (uint32_t i = 0; i < n; i++) {
-    ps[i] = m->peers[i];
-    m->peers[i] = NULL;
+    ps[i] = s->peers[i];
+    s->peers[i] = NULL;
   }
-  m->npeers = 0;
-  pthread_mutex_unlock(&m->peers_mu);
+  s->n = 0;
+  pthread_mutex_unlock(&s->mu);
   for (uint32_t i = 0; i < n; i++) {
     peer_stop(ps[i]);
     peer_free(ps[i]);
   }
+  /* The registry goes before the peers at destroy (its collectors are
+   * then forgotten); only one still there is left. */
+  if (s->reg && kvbm_manager_metrics(s->m) == s->reg) (void)kvbm_metrics_unregister(s->reg, s->reg_id);
+  set_free(s);
 }
 
 /* ---- location, flush, stats, pulls ---- */
 
-bool kvbm__disagg_remote(kvbm_manager *m, uint64_t h, uint32_t *peer) {
+/* The remote hook: whether a peer holds h by a word within its lease
+ * (for_room: the manager drops its G1 copy on it, counted to that peer).
+ * Under the manager's locks: no manager call. */
+static bool hook_remote(void *user, uint64_t h, bool for_room, uint32_t *peer) {
+  kvbm__peers *s = user;
   bool found = false;
-  pthread_mutex_lock(&m->peers_mu);
-  for (uint32_t i = 0; !found && i < m->npeers; i++) {
-    kvbm__peer *p = m->peers[i];
+  pthread_mutex_lock(&s->mu);
+  for (uint32_t i = 0; !found && i < s->n; i++) {
+    kvbm__peer *p = s->peers[i];
     pthread_mutex_lock(&p->mu);
+    /* remote_has: a word within its lease, never older */
     if (!p->detached && !p->closed && remote_has(p, h)) {
       found = true;
       if (peer) *peer = i;
+      if (for_room) p->st.dropped_for_room++;
     }
     pthread_mutex_unlock(&p->mu);
   }
-  pthread_mutex_unlock(&m->peers_mu);
+  pthread_mutex_unlock(&s->mu);
   return found;
-}
-
-int kvbm_manager_block_location(kvbm_manager *m, uint64_t seq_hash, kvbm_block_location *out) {
-  if (!m || !out) return KVBM_EINVAL;
-  memset(out, 0, sizeof *out);
-  pthread_mutex_lock(&m->mu);
-  for (int ti = KVBM_TIER_G1; ti < KVBM_TIER_COUNT && !out->held; ti++) {
-    const kvbm__tier *t = &m->t[ti];
-    uint32_t id;
-    if (t->present && t->usable && kvbm_pool_peek(t->pool, seq_hash, &id, NULL) == KVBM_OK &&
-        t->state[id] == KVBM__READY) {
-      out->held = true;
-      out->tier = (kvbm_tier)ti;
-    }
-  }
-  pthread_mutex_unlock(&m->mu);
-  if (!out->held && kvbm__disagg_remote(m, seq_hash, &out->peer)) out->remote = true;
-  return KVBM_OK;
 }
 
 int kvbm_manager_peer_flush(kvbm_manager *m, uint32_t peer, int timeout_ms, kvbm_error *err) {
@@ -1423,6 +1516,37 @@ int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats 
   return KVBM_OK;
 }
 
+/* The refusals by reason, per peer, on the manager's metrics page. */
+static void metrics_collect(void *user, kvbm_metrics_writer *w) {
+  kvbm__peers *s = user;
+  kvbm_peer_stats st[KVBM_MANAGER_MAX_PEERS];
+  pthread_mutex_lock(&s->mu);
+  uint32_t n = s->n;
+  for (uint32_t i = 0; i < n; i++) {
+    pthread_mutex_lock(&s->peers[i]->mu);
+    st[i] = s->peers[i]->st;
+    pthread_mutex_unlock(&s->peers[i]->mu);
+  }
+  pthread_mutex_unlock(&s->mu);
+  kvbm_metrics_family(w, "kvbm_peer_refused_total", KVBM_METRIC_COUNTER,
+                      "Block messages from a peer refused, by reason (auth: a keyed link's MAC failed)");
+  for (uint32_t i = 0; i < n; i++) {
+    char idx[16];
+    snprintf(idx, sizeof idx, "%u", i);
+    const struct {
+      const char *reason;
+      uint64_t v;
+    } r[] = {{"auth", st[i].refused_auth},         {"checksum", st[i].refused_checksum},
+             {"length", st[i].refused_length},     {"not_granted", st[i].refused_not_granted},
+             {"stale_layout", st[i].refused_stale_layout}, {"hash", st[i].refused_hash},
+             {"other", st[i].refused_other}};
+    for (size_t k = 0; k < sizeof r / sizeof r[0]; k++) {
+      kvbm_metric_label l[2] = {{"peer", idx}, {"reason", r[k].reason}};
+      kvbm_metrics_value_u64(w, l, 2, r[k].v);
+    }
+  }
+}
+
 int kvbm__peer_index_probes(kvbm_manager *m, uint32_t peer, uint64_t *probes) {
   kvbm__peer *p = m ? peer_get(m, peer) : NULL;
   if (!probes) return KVBM_EINVAL;
@@ -1442,24 +1566,29 @@ int kvbm__peer_skew_clock(kvbm_manager *m, uint32_t peer, int64_t ms) {
   return KVBM_OK;
 }
 
-/* Whether every hash is held here (G1 or G2, bytes in place). */
-static bool all_here(kvbm_manager *m, const uint64_t *hashes, size_t n) {
-  pthread_mutex_lock(&m->mu);
-  bool all = true;
-  for (size_t i = 0; all && i < n; i++) {
-    bool one = false;
-    for (int ti = KVBM_TIER_G1; !one && ti <= KVBM_TIER_G2; ti++) {
-      const kvbm__tier *t = &m->t[ti];
-      uint32_t id;
-      one = t->present && kvbm_pool_peek(t->pool, hashes[i], &id, NULL) == KVBM_OK && t->state[id] == KVBM__READY;
-    }
-    all = one;
-  }
-  pthread_mutex_unlock(&m->mu);
-  return all;
+int kvbm__peer_corrupt_offloads(kvbm_manager *m, uint64_t mask) {
+  kvbm__peers *s = m ? set_make(m, NULL) : NULL;
+  if (!s) return KVBM_EINVAL;
+  atomic_store(&s->offloads, 0);
+  atomic_store(&s->corrupt, mask);
+  return KVBM_OK;
 }
 
-size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes, size_t n) {
+/* Whether every hash is held here (G1 or G2, bytes in place). */
+static bool all_here(kvbm_manager *m, const uint64_t *hashes, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    kvbm_block_location loc;
+    if (kvbm_manager_block_location(m, hashes[i], &loc) || !loc.held || loc.tier > KVBM_TIER_G2) return false;
+  }
+  return true;
+}
+
+/* The pull hook: asks `peer` for hashes[0..n) back and waits (at most
+ * timeout_ms) until they are held here; returns how many are. Called
+ * without the manager's locks. */
+static size_t hook_pull(void *user, uint32_t peer, const uint64_t *hashes, size_t n, int timeout_ms) {
+  kvbm__peers *s = user;
+  kvbm_manager *m = s->m;
   kvbm__peer *p = peer_get(m, peer);
   if (!p || p->detached || n == 0) return 0;
   if (n > 4096) n = 4096;
@@ -1475,7 +1604,7 @@ size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes,
   int rc = send_copy(p, req, 8 + 8 * n, NULL);
   free(req);
   if (rc) return 0;
-  int64_t end = now_ms() + (m->cfg.pull_timeout_ms > 0 ? m->cfg.pull_timeout_ms : 0);
+  int64_t end = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
   for (;;) {
     if (all_here(m, hashes, n)) break;
     pthread_mutex_lock(&p->mu);
@@ -1494,34 +1623,4 @@ size_t kvbm__disagg_pull(kvbm_manager *m, uint32_t peer, const uint64_t *hashes,
   p->st.pulled_blocks += got;
   pthread_mutex_unlock(&p->mu);
   return got;
-}
-
-/* kvbm_pool_evict_where's choice: a block some peer acknowledged (counted
- * to the first such peer). Under m->mu, so the lock order holds. */
-static bool held_by_peer(void *user, uint32_t id, uint64_t h) {
-  kvbm_manager *m = user;
-  bool found = false;
-  (void)id;
-  pthread_mutex_lock(&m->peers_mu);
-  for (uint32_t i = 0; !found && i < m->npeers; i++) {
-    kvbm__peer *p = m->peers[i];
-    pthread_mutex_lock(&p->mu);
-    /* remote_has: a word within its lease, never older */
-    if (!p->detached && !p->closed && remote_has(p, h)) {
-      found = true;
-      p->st.dropped_for_room++;
-    }
-    pthread_mutex_unlock(&p->mu);
-  }
-  pthread_mutex_unlock(&m->peers_mu);
-  return found;
-}
-
-size_t kvbm__disagg_make_room(kvbm_manager *m, size_t need) {
-  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
-  kvbm_pool_stats s;
-  kvbm_pool_stats_get(g1, &s);
-  if (s.free >= need || peer_count(m) == 0) return 0;
-  size_t want = need - s.free;
-  return kvbm_pool_evict_where(g1, want > UINT32_MAX ? UINT32_MAX : (uint32_t)want, held_by_peer, m);
 }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_hindex.c: the peers' bounded hash index (src/tier/hindex.h).
+ * test_hindex.c: the peers' bounded hash index (src/peer/hindex.h).
  *
  * Random adds and takes against a plain model (an array in age order):
  * counts, membership and which key a full index evicts agree after every
@@ -21,7 +21,7 @@
 #include <cmocka.h>
 
 #include "kvbm/status.h"
-#include "tier/hindex.h"
+#include "peer/hindex.h"
 
 static uint64_t rng(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);

@@ -1,0 +1,190 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * bench_peer_transfer.c: W4 (data movement, ../shared/WORKLOADS.md) between
+ * two managers' peers: blocks offloaded from a prefill manager's G1 to a
+ * decode manager's G1 over the in-process fabric, PUSH mode, and
+ * acknowledged (kvbm_manager_peer_flush).
+ *
+ * Each block is W4-shaped (layers x 16 tokens x inner_dim x 2 bytes). What
+ * a transfer must do at least, per block: copy its bytes once (into the
+ * message) and hash them once (the receiver's check; the sender frames the
+ * sum its tier kept, or hashes it once and keeps it). The bound, measured
+ * in the same run on the same bytes: one memcpy plus one BLAKE3 (keyed:
+ * keyed BLAKE3) of every block. The ratio is bound time / transfer time
+ * (1: the transfer costs only that).
+ *
+ * --keyed: both peers share a key (kvbm_peer_config.key, issue 23): the
+ * frames are MAC'd. Run with and without it for the MAC's cost.
+ * Under callgrind, use a few rounds and small blocks: the instruction
+ * count of the whole run is the figure.
+ *
+ * usage: bench_peer_transfer [--blocks N (256)] [--layers L (8)]
+ *        [--inner D (512)] [--rounds R (5)] [--keyed]
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "kvbm/blake3.h"
+#include "kvbm/fabric.h"
+#include "kvbm/hash.h"
+#include "kvbm/manager.h"
+#if __has_include("kvbm/peer.h")
+#include "kvbm/peer.h"
+#define HAVE_PEER_H 1
+#endif
+
+#define PROG "bench_peer_transfer"
+#define B 16u
+
+static void check(const char *what, int rc, const kvbm_error *e) {
+  if (rc) kvbm_bench_die(PROG, "%s: %s %s", what, kvbm_status_name(rc), e ? e->msg : "");
+}
+
+typedef struct side {
+  kvbm_manager *m;
+  kvbm_fabric *f;
+  kvbm_peer_config pc;
+  int rc;
+  kvbm_error e;
+} side;
+
+static void *attach_thread(void *arg) {
+  side *s = arg;
+  uint32_t peer;
+  s->rc = kvbm_manager_attach(s->m, s->f, &s->pc, &peer, &s->e);
+  return NULL;
+}
+
+static kvbm_manager *make(uint32_t blocks, uint32_t layers, uint32_t inner) {
+  kvbm_manager_config c = kvbm_manager_config_default();
+  c.block_size = B;
+  c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = layers, .outer_dim = 2, .page_size = B,
+                                  .inner_dim = inner, .dtype_size = 2, .alignment = 256};
+  c.g1_blocks = blocks + 8;
+  c.g2_blocks = 0;
+  kvbm_manager *m;
+  kvbm_error e;
+  check("create", kvbm_manager_create(&c, &m, &e), &e);
+  return m;
+}
+
+int main(int argc, char **argv) {
+  uint32_t nb = 256, layers = 8, inner = 512, rounds = 5;
+  bool keyed = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--keyed")) keyed = true;
+    else if (i + 1 < argc && !strcmp(argv[i], "--blocks")) nb = (uint32_t)strtoul(argv[++i], NULL, 10);
+    else if (i + 1 < argc && !strcmp(argv[i], "--layers")) layers = (uint32_t)strtoul(argv[++i], NULL, 10);
+    else if (i + 1 < argc && !strcmp(argv[i], "--inner")) inner = (uint32_t)strtoul(argv[++i], NULL, 10);
+    else if (i + 1 < argc && !strcmp(argv[i], "--rounds")) rounds = (uint32_t)strtoul(argv[++i], NULL, 10);
+    else kvbm_bench_die(PROG, "usage: %s [--blocks N] [--layers L] [--inner D] [--rounds R] [--keyed]", PROG);
+  }
+  if (nb == 0 || layers == 0 || inner == 0 || rounds == 0 || rounds > 64) kvbm_bench_die(PROG, "bad sizes");
+#ifndef HAVE_PEER_H
+  if (keyed) kvbm_bench_die(PROG, "--keyed: this build has no keyed peer links");
+#endif
+  uint8_t secret[32];
+  for (int i = 0; i < 32; i++) secret[i] = (uint8_t)(i * 37 + 11);
+
+  double t_xfer[64], t_bound[64];
+  uint64_t bytes = 0;
+  for (uint32_t r = 0; r < rounds; r++) {
+    kvbm_manager *a = make(nb, layers, inner), *b = make(nb, layers, inner);
+    const uint64_t bb = kvbm_manager_block_bytes(a);
+    bytes = bb * nb;
+    side sa = {.m = a, .pc = kvbm_peer_config_default()}, sb = {.m = b, .pc = kvbm_peer_config_default()};
+#ifdef HAVE_PEER_H
+    if (keyed) {
+      sa.pc.key = sb.pc.key = secret;
+      sa.pc.key_len = sb.pc.key_len = sizeof secret;
+    }
+#endif
+    kvbm_error e;
+    check("fabric", kvbm_fabric_inproc_pair("prefill", "decode", &sa.f, &sb.f, &e), &e);
+    pthread_t th;
+    pthread_create(&th, NULL, attach_thread, &sb);
+    attach_thread(&sa);
+    pthread_join(th, NULL);
+    check("attach a", sa.rc, &sa.e);
+    check("attach b", sb.rc, &sb.e);
+
+    /* one prompt of nb full blocks in a's G1, its bytes written */
+    size_t nt = (size_t)nb * B + 1;
+    uint32_t *tok = malloc(nt * sizeof *tok);
+    uint64_t *h = malloc(nb * sizeof *h);
+    uint64_t seed = 88172645463325252ull + r;
+    for (size_t i = 0; i < nt; i++) tok[i] = (uint32_t)kvbm_bench_xorshift(&seed);
+    kvbm_hash_chain(KVBM_HASH_NATIVE, 0, tok, nt, B, h, nb);
+    kvbm_mreq *q;
+    check("prefill", kvbm_manager_prefill(a, 0, 0, tok, nt, &q, NULL, &e), &e);
+    kvbm_mreq_wait(q, -1, NULL);
+    const uint32_t *ids;
+    size_t nids;
+    kvbm_mreq_blocks(q, &ids, &nids);
+    uint32_t *g1 = malloc(nb * sizeof *g1);
+    memcpy(g1, ids, nb * sizeof *g1); /* the table dies with the request */
+    const kvbm_layout *L = kvbm_manager_layout(a, KVBM_TIER_G1);
+    uint8_t *layer = malloc(L->layer_stride);
+    for (uint32_t k = 0; k < nb; k++)
+      for (uint32_t l = 0; l < layers; l++) {
+        for (uint64_t i = 0; i < L->layer_stride; i++) layer[i] = (uint8_t)kvbm_bench_xorshift(&seed);
+        check("write", kvbm_manager_block_write(a, KVBM_TIER_G1, g1[k], l, layer, L->layer_stride, &e), &e);
+      }
+    check("commit", kvbm_mreq_commit(q), NULL);
+    kvbm_mreq_destroy(q);
+
+    double t0 = kvbm_bench_now();
+    for (uint32_t k = 0; k < nb; k++)
+      check("offload", kvbm_manager_offload_block(a, 0, h[k], KVBM_PHASE_OUTPUT_CRITICAL, &e), &e);
+    check("flush", kvbm_manager_peer_flush(a, 0, 60000, &e), &e);
+    t_xfer[r] = kvbm_bench_now() - t0;
+    kvbm_peer_stats st;
+    kvbm_manager_peer_stats_get(a, 0, &st);
+    if (st.acked_blocks != nb) kvbm_bench_die(PROG, "%llu of %u blocks acknowledged", (unsigned long long)st.acked_blocks, nb);
+
+    /* the bound: one copy and one hash of the same bytes */
+    uint8_t *dst = malloc(bb), key[32] = {0};
+    if (keyed) check("frame key", kvbm_fabric_frame_key(secret, sizeof secret, key, &e), &e);
+    t0 = kvbm_bench_now();
+    uint8_t sum[16], acc = 0;
+    for (uint32_t k = 0; k < nb; k++) {
+      kvbm_blake3_hasher hs;
+      if (keyed) kvbm_blake3_hasher_init_keyed(&hs, key);
+      else kvbm_blake3_hasher_init(&hs);
+      for (uint32_t l = 0; l < layers; l++) {
+        void *p;
+        size_t n;
+        check("layer", kvbm_manager_block_layer(a, KVBM_TIER_G1, g1[k], l, &p, &n), NULL);
+        memcpy(dst + (size_t)l * n, p, n);
+        kvbm_blake3_hasher_update(&hs, dst + (size_t)l * n, n);
+      }
+      kvbm_blake3_hasher_finalize(&hs, sum, 16);
+      acc ^= sum[0];
+    }
+    t_bound[r] = kvbm_bench_now() - t0;
+    if (acc == 0x5a && t_bound[r] < 0) puts(""); /* keep the work */
+    free(dst);
+    free(g1);
+    free(layer);
+    free(tok);
+    free(h);
+    kvbm_manager_destroy(a);
+    kvbm_manager_destroy(b);
+    kvbm_fabric_destroy(sa.f);
+    kvbm_fabric_destroy(sb.f);
+  }
+  double ratio[64];
+  for (uint32_t r = 0; r < rounds; r++) ratio[r] = t_bound[r] / t_xfer[r];
+  kvbm_bench_spread x = kvbm_bench_spread_of(t_xfer, (int)rounds), bo = kvbm_bench_spread_of(t_bound, (int)rounds),
+                    ra = kvbm_bench_spread_of(ratio, (int)rounds);
+  printf("W4 peer transfer (PUSH, in-process fabric%s): %u blocks of %llu bytes, %u rounds\n",
+         keyed ? ", keyed frames" : "", nb, (unsigned long long)(bytes / nb), rounds);
+  printf("transfer GB/s: %.2f (median; %.2f..%.2f)\n", bytes / x.median / 1e9, bytes / x.max / 1e9,
+         bytes / x.min / 1e9);
+  printf("bound (memcpy + %sBLAKE3) GB/s: %.2f (median)\n", keyed ? "keyed " : "", bytes / bo.median / 1e9);
+  printf("ratio transfer / bound: %.3f (median; %.3f..%.3f)\n", ra.median, ra.min, ra.max);
+  return 0;
+}
