@@ -42,6 +42,15 @@
  *    anywhere: cluster.md's nats_kill finding), so with JetStream events
  *    the worker keeps a connection of its own to the server that only
  *    watches: each reconnection of it leads to the same republish.
+ *  - KV room. A request holds G1 blocks from its prefill to its end (the
+ *    prompt, then the output). Running more than G1 can hold would make
+ *    requests wait for each other's room for ever, so, as vLLM's
+ *    scheduler admits a request only with KV room for it, an executor
+ *    starts its request only when its G1 need (prompt + output blocks)
+ *    fits beside what the running requests reserved, in the order the
+ *    requests were taken (no overtaking); one that needs more than G1
+ *    has is answered 503. What remains (G1 blocks pinned by copies still
+ *    in flight) is waited out by wait_room.
  *  - Bounded memory. create adds up what the configuration allocates (G1
  *    and G2 bytes, the pools' and held sets' tables, the publisher
  *    queues, G3's staging, the job memory share, thread stacks) and
@@ -133,6 +142,9 @@ struct kvsim_worker {
   pthread_mutex_t q_mu;
   pthread_cond_t q_cv;      /* a job queued, or quit */
   pthread_cond_t stop_cv;   /* quit (simulated sleeps wait on it; monotonic) */
+  pthread_cond_t room_cv;   /* an admission turn passed, or G1 room released */
+  uint64_t admit_next, admit_head; /* admission turns: taken, due */
+  uint64_t g1_reserved;     /* G1 blocks the running requests may hold */
   job **q;
   size_t q_head, q_len, q_cap;
   uint64_t job_bytes, job_bytes_max;
@@ -664,6 +676,35 @@ static void job_free(kvsim_worker *w, job *j) {
   free(j);
 }
 
+/* G1 blocks a request may hold at once: its prompt and output, and the
+ * partial block. */
+static uint64_t g1_need(const kvsim_worker *w, const job *j) {
+  return (j->n_prompt + j->n_output) / w->cfg.block_size + 1;
+}
+
+/* Admission (the essay's "KV room"): in the order the executors took
+ * the jobs, a request starts only when its G1 need fits beside what the
+ * running ones reserved. false: it never fits (or the worker stops). */
+static bool admit(kvsim_worker *w, uint64_t turn, uint64_t need) {
+  pthread_mutex_lock(&w->q_mu);
+  while (!w->quit && (turn != w->admit_head || w->g1_reserved + need > w->cfg.g1_blocks) &&
+         !(turn == w->admit_head && need > w->cfg.g1_blocks))
+    pthread_cond_wait(&w->room_cv, &w->q_mu);
+  bool ok = !w->quit && need <= w->cfg.g1_blocks;
+  if (ok) w->g1_reserved += need;
+  if (turn == w->admit_head) w->admit_head++; /* the next job's turn, fitting or not */
+  pthread_cond_broadcast(&w->room_cv);
+  pthread_mutex_unlock(&w->q_mu);
+  return ok;
+}
+
+static void release(kvsim_worker *w, uint64_t need) {
+  pthread_mutex_lock(&w->q_mu);
+  w->g1_reserved -= need;
+  pthread_cond_broadcast(&w->room_cv);
+  pthread_mutex_unlock(&w->q_mu);
+}
+
 static void *executor(void *arg) {
   kvsim_worker *w = arg;
   for (;;) {
@@ -676,11 +717,19 @@ static void *executor(void *arg) {
     job *j = w->q[w->q_head];
     w->q_head = (w->q_head + 1) % w->q_cap;
     w->q_len--;
+    uint64_t turn = w->admit_next++;
     pthread_mutex_unlock(&w->q_mu);
-    atomic_fetch_add(&w->running, 1);
     outcome o = {.http = 200};
-    run_job(w, j, &o);
-    atomic_fetch_sub(&w->running, 1);
+    uint64_t need = g1_need(w, j);
+    if (admit(w, turn, need)) {
+      atomic_fetch_add(&w->running, 1);
+      run_job(w, j, &o);
+      atomic_fetch_sub(&w->running, 1);
+      release(w, need);
+    } else if (o.http == 200) {
+      o.http = 503;
+      o.error = "the request needs more G1 blocks than the worker has";
+    }
     answer_job(w, j, &o);
     job_free(w, j);
   }
@@ -1042,6 +1091,7 @@ static int create(const kvsim_worker_config *cfg, kvsim_worker **out, kvbm_error
   pthread_mutex_init(&w->ev_mu, NULL);
   pthread_mutex_init(&w->q_mu, NULL);
   pthread_cond_init(&w->q_cv, NULL);
+  pthread_cond_init(&w->room_cv, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1154,6 +1204,7 @@ void kvsim_worker_destroy(kvsim_worker *w) {
   w->quit = true;
   pthread_cond_broadcast(&w->q_cv);
   pthread_cond_broadcast(&w->stop_cv);
+  pthread_cond_broadcast(&w->room_cv);
   pthread_mutex_unlock(&w->q_mu);
   for (uint32_t i = 0; i < w->nthreads; i++) pthread_join(w->threads[i], NULL);
   free(w->threads);
@@ -1174,6 +1225,7 @@ void kvsim_worker_destroy(kvsim_worker *w) {
   free(w->q);
   pthread_cond_destroy(&w->q_cv);
   pthread_cond_destroy(&w->stop_cv);
+  pthread_cond_destroy(&w->room_cv);
   pthread_mutex_destroy(&w->q_mu);
   pthread_mutex_destroy(&w->ev_mu);
   free(w);

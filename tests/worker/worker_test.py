@@ -317,6 +317,46 @@ def main():
     if len(res) != 2 or ttfts[1] < 800 or res[0]["e2e_ms"] < 1000:
         fail("batch limit not applied: %r" % res)
 
+    # many clients at once on a small G1 (requests wait for room, none
+    # fails), and clients that hang up while their request is parked
+    # (freed, counted)
+    g3s = os.path.join(tmp, "g3s")
+    os.mkdir(g3s, 0o700)
+    ws = Worker(["--id", "10", "--g1", "128", "--g2", "256", "--g3", g3s + ":1024",
+                 "--g3-policy", "all", "--batch", "8", "--time-scale", "200"], "w4")
+    out = []
+
+    def client(c):
+        for i in range(10):
+            t = [((c * 7 + i) % 10) * 100000 + j for j in range(200 + (i % 4) * 100)]
+            out.append(ws.gen("s%d-%d" % (c, i), t, output=30))  # fails on any error
+    th = [threading.Thread(target=client, args=(c,)) for c in range(16)]
+    for t in th:
+        t.start()
+    for k in range(5):
+        s = socket.create_connection(("127.0.0.1", ws.port), timeout=10)
+        b = json.dumps({"request_id": "gone%d" % k, "token_ids": list(range(300)),
+                        "output_length": 400}).encode()
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
+        time.sleep(0.02)
+        s.close()
+    for t in th:
+        t.join()
+    if len(out) != 160:
+        fail("stress: %d of 160 answered ok" % len(out))
+    for _ in range(100):
+        st, m = ws.call("GET", "/metrics")
+        gone = [l for l in m.splitlines() if l.startswith("kvbm_worker_clients_gone_total")]
+        if gone and float(gone[0].split()[-1]) == 5:
+            break
+        time.sleep(0.1)
+    else:
+        fail("stress: clients gone not counted: %r" % gone)
+    st, h = ws.json("GET", "/health")
+    if h["running"] or h["queued"] or h["wrong_bytes"]:
+        fail("stress: %r" % h)
+    ws.stop()
+
     # over the memory budget: refused at start, each part named
     out = subprocess.run([KVBM, "worker", "--id", "1", "--listen", "127.0.0.1:0", "--g1",
                           "1000000", "--memory-budget-mb", "64"], capture_output=True, text=True,
