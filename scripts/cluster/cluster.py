@@ -467,14 +467,21 @@ class Cluster:
             return False
 
     def converged(self):
-        """(bool, views, blocks, diffs) for the exact check."""
-        blocks, views = {}, {r: {} for r in self.routers}
+        """(bool, views, blocks, diffs) for the exact check. A worker or
+        router that is not running cannot be compared: said as a difference
+        (its death is a crash of its own), the others are still checked."""
+        blocks, views, down = {}, {}, []
         for k in self.workers:
-            blocks[k] = self.blocks(k, timeout=30)
+            if self.sup.procs["worker%d" % k].alive():
+                blocks[k] = self.blocks(k, timeout=30)
+            else:
+                down.append("worker %d is not running: its index was not checked" % k)
         for r in self.routers:
-            for k in self.workers:
-                views[r][k] = self.index(r, k, timeout=30)
-        bad = checks.check_index(views, blocks)
+            if not self.sup.procs["router%d" % r].alive():
+                down.append("router %d is not running: its index was not checked" % r)
+                continue
+            views[r] = {k: self.index(r, k, timeout=30) for k in blocks}
+        bad = down + checks.check_index(views, blocks)
         return not bad, views, blocks, bad
 
 
@@ -813,7 +820,8 @@ def run(a):
                 conv, views, blocks, bad = cl.converged()
             except OSError as e:
                 bad = ["convergence check: %s" % e]
-            if conv or time.time() - t_conv > a.converge_timeout:
+            if conv or time.time() - t_conv > a.converge_timeout or \
+                    any("not running" in b for b in bad):  # a dead process will not come back
                 break
             time.sleep(0.5)
         if not conv and bad and "views" in dir():
