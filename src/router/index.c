@@ -305,10 +305,11 @@ static inline unsigned slot_read(const slot *s, uint64_t *key) {
 /* The tier bits of key h in worker w's table t (0 when absent). *mv is
  * the `moves` value the caller read before (a walk reads it once): a miss
  * is believed only if no deletion started or ran since then. */
-static inline unsigned probe(const worker *w, const wtab *t, uint64_t h, uint64_t *mv) {
+static inline unsigned probe_from(const worker *w, const wtab *t, uint64_t h, size_t i0,
+                                  uint64_t *mv) {
   size_t mask = t->cap - 1;
   for (;;) {
-    for (size_t i = home(t, h);; i = (i + 1) & mask) {
+    for (size_t i = i0;; i = (i + 1) & mask) {
       uint64_t k;
       unsigned m = slot_read(&t->s[i], &k);
       if (!m) break; /* empty */
@@ -320,6 +321,12 @@ static inline unsigned probe(const worker *w, const wtab *t, uint64_t h, uint64_
     cpu_relax();
     *mv = LDA(&w->moves); /* probe again from a fresh start */
   }
+}
+
+/* The same from h's home slot, i0, computed by the caller (bisect_all's
+ * prefetch computed it already). */
+static inline unsigned probe(const worker *w, const wtab *t, uint64_t h, uint64_t *mv) {
+  return probe_from(w, t, h, home(t, h), mv);
 }
 
 /* Workers whose tables are closed (every held block's parent held) and on
@@ -335,6 +342,8 @@ typedef struct bstate {
   const wtab *t;
   uint64_t mv;
   size_t lo, hi, step; /* h[0..lo) held; prefix <= hi; step > 0: galloping */
+  size_t k, i0;        /* the next probe: block k, its home slot i0 (each
+                          computed once a step, not again by the probe) */
   int slot;
 } bstate;
 
@@ -351,17 +360,18 @@ static void bisect_all(const kvbm_index *idx, uint64_t set, const uint64_t *hash
     int s = __builtin_ctzll(m);
     const worker *w = &idx->w[s];
     st[nb++] = (bstate){.w = w, .t = LDA(&((worker *)w)->tab), .mv = LDA(&w->moves),
-                        .lo = 0, .hi = n, .step = 1, .slot = s};
+                        .lo = 0, .hi = n, .step = 1, .k = 0, .slot = s};
   }
   while (nb) {
     for (int i = 0; i < nb; i++) {
       const wtab *t = st[i].t;
-      __builtin_prefetch(&t->s[home(t, hashes[bnext(&st[i], n)])]);
+      st[i].i0 = home(t, hashes[st[i].k]);
+      __builtin_prefetch(&t->s[st[i].i0]);
     }
     for (int i = 0; i < nb;) {
       bstate *b = &st[i];
-      size_t k = bnext(b, n);
-      bool held = probe(b->w, b->t, hashes[k], &b->mv) != 0;
+      size_t k = b->k;
+      bool held = probe_from(b->w, b->t, hashes[k], b->i0, &b->mv) != 0;
       if (b->step) { /* galloping */
         if (held) {
           b->lo = k + 1;
@@ -382,6 +392,7 @@ static void bisect_all(const kvbm_index *idx, uint64_t set, const uint64_t *hash
         *b = st[--nb];
         continue;
       }
+      b->k = bnext(b, n);
       i++;
     }
   }
