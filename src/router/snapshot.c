@@ -194,6 +194,10 @@ int kvbm__rd_snapshot_load(kvbm_router_daemon *d, kvbm_error *err) {
             d->src[k].cfg.kind == KVBM_SOURCE_JETSTREAM && pos) {
           d->src[k].resume_after = pos;
           d->src[k].js_pos = pos;
+          /* /health's position too: it was 0 until the next batch, so a
+           * restored router of a worker that sends nothing more looked as
+           * if it had read nothing (the W5 run's recovery probe waited) */
+          atomic_store(&d->src[k].n.js_pos, pos);
         }
     }
     uint64_t ixlen = get(p, 8);
