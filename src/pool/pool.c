@@ -353,7 +353,10 @@ static void unregister(kvbm_pool *p, uint32_t id) {
  * priority list) and returns it, RESET. With `refill` the caller writes
  * every field of the record at once (fill_one), so the reset stores are
  * skipped, unless a listener may look at the block during its event. */
-HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill) {
+/* `quiet`: the caller knows the pool has no listener (a constant at the
+ * run loops' call sites, which are compiled once for each case), so the
+ * per-block tests of p->cfg.listener go; false is always correct. */
+HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill, const bool quiet) {
   unsigned w = 0;
   while (!p->nonempty[w]) w++; /* the caller checked that the cache is not empty */
   unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
@@ -377,11 +380,11 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill) {
   reg_remove(p, hash, gkey(p, id, grouped), id, grouped);
   p->registered--;
   p->evicted++;
-  if (!refill || p->cfg.listener)
+  if (!refill || (!quiet && p->cfg.listener))
     block_reset(p, id);
   else
     p->priority[id] = 0;
-  if (p->cfg.listener) {
+  if (!quiet && p->cfg.listener) {
     kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash,
                           .group = grouped ? p->group[id] : 0};
     notify(p, &ev);
@@ -391,8 +394,9 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill) {
 
 /* One block off the free list, or else the oldest cached block evicted.
  * The caller has checked that one is available; `refill`: see evict_oldest. */
-HOT uint32_t take_block(kvbm_pool *p, const bool grouped, uint32_t group, const bool refill) {
-  uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p, grouped, refill);
+HOT uint32_t take_block(kvbm_pool *p, const bool grouped, uint32_t group, const bool refill,
+                        const bool quiet) {
+  uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p, grouped, refill, quiet);
   if (grouped) p->group[id] = (uint8_t)group;
   p->blocks[id].refcount = 1;
   p->allocated++;
@@ -421,7 +425,7 @@ static void acquire(kvbm_pool *p, uint32_t id) {
  * group (kvbm_pool_fill_run_fresh), so the lookup is skipped. */
 /* `k` is the key (rkey_of) of the block's (hash, group). */
 HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void *context,
-                         rkey k, const bool grouped, const bool absent) {
+                         rkey k, const bool grouped, const bool absent, const bool quiet) {
   blk *b = &p->blocks[id];
   const uint32_t g = gkey(p, id, grouped);
   uint32_t existing = absent ? NIL : reg_find_k(p, b->seq_hash, g, k, grouped);
@@ -442,7 +446,7 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void
    * find the first, and the next once the first is gone. */
   reg_add(p, k, id, existing);
   p->registered++;
-  if (p->cfg.listener) {
+  if (!quiet && p->cfg.listener) {
     kvbm_pool_event ev = {
         .kind = KVBM_POOL_STORED,
         .block_id = id,
@@ -582,9 +586,9 @@ int kvbm_pool_alloc_group(kvbm_pool *p, uint32_t group, uint32_t n, uint32_t *id
   if ((n && !ids) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > p->free_top + p->cached) return KVBM_ENOSPC;
   if (p->group)
-    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, true, group, false);
+    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, true, group, false, false);
   else
-    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, false, 0, false);
+    for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, false, 0, false, false);
   return KVBM_OK;
 }
 
@@ -697,7 +701,7 @@ int kvbm_block_register_ctx(kvbm_pool *p, uint32_t id, void *context, uint32_t *
   if (p->blocks[id].state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
   const bool grouped = p->group != NULL;
   uint32_t got = do_register(p, id, tokens_of(p, id), context,
-                             rkey_of(p, p->blocks[id].seq_hash, gkey(p, id, grouped)), grouped, false);
+                             rkey_of(p, p->blocks[id].seq_hash, gkey(p, id, grouped)), grouped, false, false);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
@@ -711,7 +715,7 @@ int kvbm_block_register(kvbm_pool *p, uint32_t id, uint32_t *out_id) {
  * go (a block taken by evict_oldest with `refill` was not reset). */
 HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
                          bool has_parent, const uint32_t *tokens, uint64_t seq_hash, rkey k,
-                         void *context, const bool grouped, const bool absent) {
+                         void *context, const bool grouped, const bool absent, const bool quiet) {
   blk *b = &p->blocks[id];
   uint8_t flags = has_parent ? F_HAS_PARENT : 0;
   if (salt_hash) {
@@ -727,7 +731,7 @@ HOT uint32_t fill_one(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t pa
   b->ntok = (uint16_t)p->cfg.block_size;
   b->state = KVBM_BLOCK_COMPLETE;
   b->flags = flags;
-  return do_register(p, id, tokens, context, k, grouped, absent);
+  return do_register(p, id, tokens, context, k, grouped, absent, quiet);
 }
 
 int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t parent,
@@ -738,7 +742,7 @@ int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t 
   if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
   const bool grouped = p->group != NULL;
   uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash,
-                          rkey_of(p, seq_hash, gkey(p, id, grouped)), context, grouped, false);
+                          rkey_of(p, seq_hash, gkey(p, id, grouped)), context, grouped, false, false);
   if (out_id) *out_id = got;
   return KVBM_OK;
 }
@@ -764,9 +768,10 @@ HOT void fill_run(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t par
   for (size_t j = 0; j < n && j < AHEAD; j++) (void)reg_key_prefetch(p, hashes[j], group);
   for (size_t k = 0; k < n; k++) {
     if (k + AHEAD < n) (void)reg_key_prefetch(p, hashes[k + AHEAD], group);
-    uint32_t id = take_block(p, grouped, group, true);
+    uint32_t id = take_block(p, grouped, group, true, false);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], group), context, grouped, false);
+                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], group), context, grouped, false,
+                      false);
   }
 }
 
@@ -777,7 +782,7 @@ HOT void fill_run(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t par
  * to arrive. */
 HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
                           bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t n,
-                          void *context, uint32_t *ids, const bool grouped) {
+                          void *context, uint32_t *ids, const bool grouped, const bool quiet) {
   const size_t bs = p->cfg.block_size;
   const kvbm_hash_scheme scheme = p->cfg.scheme;
   uint64_t h = parent;
@@ -795,9 +800,10 @@ HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
       (void)reg_key_prefetch(p, h, group);
       hashed++;
     }
-    uint32_t id = take_block(p, grouped, group, true);
+    uint32_t id = take_block(p, grouped, group, true, quiet);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], group), context, grouped, false);
+                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], group), context, grouped, false,
+                      quiet);
   }
 }
 
@@ -806,10 +812,15 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
                                 void *context, uint32_t *ids) {
   if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
-  if (p->group)
-    fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true);
+  const bool quiet = p->cfg.listener == NULL;
+  if (p->group && quiet)
+    fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
+  else if (p->group)
+    fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, false);
+  else if (quiet)
+    fill_run_hashing(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false, true);
   else
-    fill_run_hashing(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false);
+    fill_run_hashing(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false, false);
   return KVBM_OK;
 }
 
@@ -818,7 +829,7 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
  * lookup (taking a block only ever removes registry entries). */
 HOT size_t fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
                           bool has_parent, const uint32_t *tokens, const uint64_t *hashes, size_t n,
-                          void *context, uint32_t *ids, const bool grouped) {
+                          void *context, uint32_t *ids, const bool grouped, const bool quiet) {
   const size_t bs = p->cfg.block_size;
   for (size_t j = 0; j < n && j < AHEAD; j++) (void)reg_key_prefetch(p, hashes[j], group);
   size_t k = 0;
@@ -826,9 +837,9 @@ HOT size_t fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
     if (k + AHEAD < n) (void)reg_key_prefetch(p, hashes[k + AHEAD], group);
     const rkey kk = rkey_of(p, hashes[k], group);
     if (reg_find_k(p, hashes[k], group, kk, grouped) != NIL) break;
-    uint32_t id = take_block(p, grouped, group, true);
+    uint32_t id = take_block(p, grouped, group, true, quiet);
     ids[k] = fill_one(p, id, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], kk, context, grouped, true);
+                      tokens + k * bs, hashes[k], kk, context, grouped, true, quiet);
   }
   return k;
 }
@@ -838,10 +849,15 @@ int kvbm_pool_fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, u
                              size_t n, void *context, uint32_t *ids, size_t *done) {
   if ((n && (!tokens || !hashes || !ids)) || !done || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
-  if (p->group)
-    *done = fill_run_fresh(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true);
+  const bool quiet = p->cfg.listener == NULL;
+  if (p->group && quiet)
+    *done = fill_run_fresh(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
+  else if (p->group)
+    *done = fill_run_fresh(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, false);
+  else if (quiet)
+    *done = fill_run_fresh(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false, true);
   else
-    *done = fill_run_fresh(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false);
+    *done = fill_run_fresh(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false, false);
   return KVBM_OK;
 }
 
@@ -875,7 +891,8 @@ HOT void fill_ids(kvbm_pool *p, uint32_t *ids, size_t n, uint64_t salt_hash, uin
     if (k + AHEAD < n)
       (void)reg_key_prefetch(p, hashes[k + AHEAD], gkey(p, ids[k + AHEAD], grouped));
     ids[k] = fill_one(p, ids[k], salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], gkey(p, ids[k], grouped)), context, grouped, false);
+                      tokens + k * bs, hashes[k], rkey_of(p, hashes[k], gkey(p, ids[k], grouped)), context,
+                      grouped, false, false);
   }
 }
 
