@@ -1604,11 +1604,16 @@ HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *
  * first cache line; a prefetch of a slot the event will not use (a
  * namespaced key, another group) costs nothing but the line. */
 HOT void lean_prefetch(const wtab *t, const kvbm_event *ev) {
+  /* the fields lean_event reads past the first line (medium .. salt), as
+   * the general path's prefetch_event brings them in by reading them */
+  __builtin_prefetch(&ev->medium);
+  __builtin_prefetch(&ev->cache_salt);
   if (!ev->num_block_hashes || !ev->block_hashes) return;
   const slot *p = &t->s[home(t, ev->block_hashes[0])];
   __builtin_prefetch(p, 1);
-  if (ev->type != KVBM_EVENT_STORED) __builtin_prefetch(p + 1, 1);
-  else if (ev->has_parent) __builtin_prefetch(&t->s[home(t, ev->parent_hash)], 1);
+  __builtin_prefetch(p + 1, 1); /* a probe run, or deletion's shift, goes on there */
+  if (ev->type == KVBM_EVENT_STORED && ev->has_parent)
+    __builtin_prefetch(&t->s[home(t, ev->parent_hash)], 1);
 }
 
 /* A BlockRemoved's parent is known only from its block's slot (prefetched
