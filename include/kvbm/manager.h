@@ -178,7 +178,16 @@ typedef struct kvbm_manager_config {
                                   cancels them */
   /* Optional pool listeners, one per tier (BlockStored/Removed per tier).
    * G1's STORED events name the request that registered the block
-   * (kvbm_pool_event.context is its kvbm_mreq *); other tiers' carry NULL. */
+   * (kvbm_pool_event.context is its kvbm_mreq *); other tiers' carry NULL.
+   * With groups (num_groups > 1) every tier's STORED and REMOVED events
+   * carry the block's own sequence hash and parent hash and its group
+   * (kvbm_pool_event.group: vLLM's (block_hash, group_idx)), not the key
+   * the tier files it under; two groups' blocks of one prompt have the
+   * same hashes and differ by group. Give a kvbm_pool_link the manager's
+   * group list (kvbm_pool_link_set_groups) and its events carry group_idx
+   * and the spec kind as vLLM's do. Limit: a G3 warm restart knows keys
+   * only, so blocks of groups > 0 it restores report group 0 and their
+   * key. One group: events as they were (the key is the hash). */
   kvbm_pool_listener listener[KVBM_TIER_COUNT];
   void *listener_user[KVBM_TIER_COUNT];
   /* Optional: storage events (kvbm/storage_events.h, the seed's StoreEvent
@@ -195,7 +204,11 @@ typedef struct kvbm_manager_config {
    *                     0 for blocks indexed without a request (a G4 lookup,
    *                     a warm restart's keys)
    *   block_size        the block's bytes (one FullyContiguous block)
-   *   extra_metadata    {"tier": "G2" | "G3" | "G4"} */
+   *   extra_metadata    {"tier": "G2" | "G3" | "G4"}; with groups also
+   *                     "group_idx": g, "kv_cache_spec_kind" (and
+   *                     "kv_cache_spec_sliding_window" for sw:W), and
+   *                     sequence_hash is the block's own hash (see the
+   *                     listeners above) */
   struct kvbm_storage_publisher *storage_events;
   const char *g2_volume_name;  /* G2's storage_location ("g2"; copied) */
 

@@ -64,7 +64,8 @@ static uint32_t take_target(kvbm_manager *m, kvbm__tier *t, const kvbm__tier *sr
   uint32_t id, got;
   if (kvbm_pool_alloc(t->pool, 1, &id) != KVBM_OK) return KVBM__NONE;
   const uint32_t *tok = bi.tokens ? bi.tokens : m->zero_tokens;
-  KVBM__MUST(kvbm_block_fill(t->pool, id, bi.salt_hash, bi.parent_hash, bi.has_parent, tok, h, &got));
+  uint32_t g = src->grp ? src->grp[sid] : 0; /* the events name the source's group */
+  KVBM__MUST(kvbm__fill_grp(t, g, id, bi.salt_hash, bi.parent_hash, bi.has_parent, tok, h, &got));
   assert(got == id && "peeked: not registered");
   t->state[id] = KVBM__PENDING;
   return id;

@@ -309,8 +309,8 @@ static uint32_t register_new(kvbm_hreq *r, uint32_t g, size_t k) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
   uint32_t id, got;
   KVBM__MUST(kvbm_pool_alloc(g1->pool, 1, &id));
-  KVBM__MUST(kvbm_block_fill(g1->pool, id, r->shell.salt, k ? key_of(r, k - 1, g) : 0, k > 0,
-                             r->shell.tokens + k * m->cfg.block_size, key_of(r, k, g), &got));
+  KVBM__MUST(kvbm__fill_grp(g1, g, id, r->shell.salt, k ? key_of(r, k - 1, g) : 0, k > 0,
+                            r->shell.tokens + k * m->cfg.block_size, key_of(r, k, g), &got));
   if (got == id) m->g1_owner[id] = r->serial; /* UNCOMPUTED since the STORED event */
   return got;
 }

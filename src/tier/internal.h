@@ -157,6 +157,13 @@ typedef struct kvbm__tier {
   kvbm__store_kind store;
   kvbm_pool *pool;
   uint8_t *state;        /* KVBM__READY ... per block */
+  /* A manager of several groups (hybrid.c): each registered block's KV
+   * cache group, written by its STORED event from reg_grp (the group of
+   * the registration under way, kvbm__fill_grp; 0 otherwise), read by its
+   * REMOVED event, so the events name (hash, group) and not the mixed
+   * key. NULL with one group. */
+  uint8_t *grp;
+  uint8_t reg_grp;
   kvbm_offload_policy policy;
   bool filter_on;
   kvbm_freq_filter filter;
@@ -301,6 +308,30 @@ static inline uint64_t kvbm__group_key(uint64_t h, uint32_t g) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+/* The inverse of kvbm__group_key for group g: the block's own sequence
+ * hash, which the events carry (vLLM's (block_hash, group_idx)). Each
+ * step of the mix undone in reverse order: an xor-shift by s >= 21 is its
+ * own inverse after two more shifts, an odd multiplier has an inverse
+ * modulo 2^64. */
+static inline uint64_t kvbm__group_unkey(uint64_t x, uint32_t g) {
+  if (g == 0) return x;
+  x ^= (x >> 31) ^ (x >> 62);
+  x *= 0x319642B2D24D8EC3ull; /* 0x94D049BB133111EB^-1 */
+  x ^= (x >> 27) ^ (x >> 54);
+  x *= 0x96DE1B173F119089ull; /* 0xBF58476D1CE4E5B9^-1 */
+  x ^= (x >> 30) ^ (x >> 60);
+  return x ^ (0x9E3779B97F4A7C15ull * g);
+}
+/* kvbm_block_fill of block id in tier t as a block of group g: the STORED
+ * event it raises records g (kvbm__tier.grp). Lock held. */
+static inline int kvbm__fill_grp(kvbm__tier *t, uint32_t g, uint32_t id, uint64_t salt,
+                                 uint64_t parent, bool has_parent, const uint32_t *tokens,
+                                 uint64_t key, uint32_t *got) {
+  t->reg_grp = (uint8_t)g;
+  int rc = kvbm_block_fill(t->pool, id, salt, parent, has_parent, tokens, key, got);
+  t->reg_grp = 0;
+  return rc;
 }
 /* Checks the config's groups and layouts (KVBM_EINVAL naming the item). */
 int kvbm__groups_check(const kvbm_manager_config *c, uint64_t block_bytes, kvbm_error *err);

@@ -67,8 +67,34 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/msgpack.h"
 #include "kvbm/storage_events.h"
 #include "tier/internal.h"
+
+/* A storage event's extra_metadata in a manager of several groups:
+ * {"tier": "Gn", "group_idx": g, "kv_cache_spec_kind": kind} and, for a
+ * sliding window, "kv_cache_spec_sliding_window": W, the names vLLM's KV
+ * events use (the advisor reads group_idx: advisor.c, "Groups"). A
+ * one-group manager sends no metadata (the publisher writes the tier):
+ * its bytes are those before groups. Returns the length written. */
+#define META_MAX 128 /* the longest map above is 88 bytes */
+static size_t group_meta(const kvbm_manager *m, int tier, uint32_t g, uint8_t *buf) {
+  const kvbm_group_spec *spec = &m->groups[g];
+  const char *kind = kvbm_group_kind_name(spec->kind);
+  bool window = spec->kind == KVBM_GROUP_SLIDING_WINDOW;
+  uint8_t *p = kvbm__mp_put_hdr(buf, window ? 4 : 3, true);
+  p = kvbm__mp_put_str(p, "tier", 4);
+  p = kvbm__mp_put_str(p, kvbm_tier_name(tier), strlen(kvbm_tier_name(tier)));
+  p = kvbm__mp_put_str(p, "group_idx", 9);
+  p = kvbm__mp_put_uint(p, g);
+  p = kvbm__mp_put_str(p, "kv_cache_spec_kind", 18);
+  p = kvbm__mp_put_str(p, kind, strlen(kind));
+  if (window) {
+    p = kvbm__mp_put_str(p, "kv_cache_spec_sliding_window", 28);
+    p = kvbm__mp_put_uint(p, spec->tokens);
+  }
+  return (size_t)(p - buf);
+}
 
 /* The seed's storage events for a volume tier's pool event (the
  * config's storage_events). A Store's prefix_hash is the family of the
@@ -80,7 +106,11 @@ static void storage_event(kvbm_manager *m, const kvbm__tier *t, const kvbm_pool_
   if (ev->kind == KVBM_POOL_CLEARED) return;
   const char *loc = kvbm_manager_volume_id(m, t->id);
   if (!loc) return;
+  uint8_t meta[META_MAX];
+  size_t meta_len = m->ngroups > 1 ? group_meta(m, (int)t->id, ev->group, meta) : 0;
   kvbm_storage_event se = {
+      .extra_metadata = meta_len ? meta : NULL,
+      .extra_metadata_len = meta_len,
       .type = ev->kind == KVBM_POOL_STORED ? KVBM_STORAGE_STORE : KVBM_STORAGE_REMOVE,
       .sequence_hash = ev->seq_hash,
       .prefix_hash = ev->kind == KVBM_POOL_STORED ? m->ev_prefix : 0,
@@ -92,10 +122,34 @@ static void storage_event(kvbm_manager *m, const kvbm__tier *t, const kvbm_pool_
   (void)kvbm_storage_publish(m->cfg.storage_events, &se, NULL, NULL);
 }
 
+/* What the user's listener and the storage events see of a pool event in
+ * a manager of several groups: the block's own sequence hash and parent
+ * and its group (vLLM's (block_hash, group_idx)), not the mixed key the
+ * tier registers it under (kvbm__group_key), which would be a garbage
+ * hash to a router. The group of a STORED block is the registration's
+ * (reg_grp), kept for its REMOVED. Our own bookkeeping keeps the key. */
+static kvbm_pool_event as_published(kvbm__tier *t, const kvbm_pool_event *ev) {
+  kvbm_pool_event pub = *ev;
+  if (ev->kind == KVBM_POOL_CLEARED) return pub;
+  if (ev->kind == KVBM_POOL_STORED) t->grp[ev->block_id] = t->reg_grp;
+  uint32_t g = t->grp[ev->block_id];
+  pub.group = g;
+  pub.seq_hash = kvbm__group_unkey(ev->seq_hash, g);
+  if (ev->kind == KVBM_POOL_STORED && ev->has_parent)
+    pub.parent_hash = kvbm__group_unkey(ev->parent_hash, g);
+  return pub;
+}
+
 /* The pools report to us first: an evicted block's bytes are gone, so a
  * FAILED mark must not outlive it; then the user's listener. */
 static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) {
   kvbm__tier *t = &m->t[tier];
+  kvbm_pool_event pub;
+  const kvbm_pool_event *out = ev; /* one group: the pool's event as it is */
+  if (t->grp) {
+    pub = as_published(t, ev);
+    out = &pub;
+  }
   /* A registration begins or ends: the block's kept checksum (copy.c) was
    * of other bytes. */
   if (ev->kind == KVBM_POOL_CLEARED) kvbm__sums_clear_all(t);
@@ -115,8 +169,8 @@ static void on_pool_event(kvbm_manager *m, int tier, const kvbm_pool_event *ev) 
   }
   /* Peers told that we hold the block are told that we no longer do. */
   if (ev->kind != KVBM_POOL_STORED) kvbm__disagg_block_gone(m, tier, ev);
-  if (m->cfg.storage_events && tier != KVBM_TIER_G1) storage_event(m, t, ev);
-  if (m->cfg.listener[tier]) m->cfg.listener[tier](m->cfg.listener_user[tier], ev);
+  if (m->cfg.storage_events && tier != KVBM_TIER_G1) storage_event(m, t, out);
+  if (m->cfg.listener[tier]) m->cfg.listener[tier](m->cfg.listener_user[tier], out);
 }
 static void on_g1(void *u, const kvbm_pool_event *ev) { on_pool_event(u, KVBM_TIER_G1, ev); }
 static void on_g2(void *u, const kvbm_pool_event *ev) { on_pool_event(u, KVBM_TIER_G2, ev); }
@@ -147,6 +201,8 @@ static void advise_huge(void *p, uint64_t len) {
  * state byte per block. */
 static int tier_pool(kvbm_manager *m, kvbm__tier *t, uint64_t n, kvbm_error *err) {
   if (!(t->state = calloc(n, 1))) return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
+  if (m->ngroups > 1 && !(t->grp = calloc(n, 1)))
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   /* G1 and G2 keep a checksum per block for peers (copy.c, "Kept checksums"). */
   if (t->id <= KVBM_TIER_G2 && kvbm__sums_create(t, n))
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
@@ -547,6 +603,7 @@ void kvbm_manager_destroy(kvbm_manager *m) {
       kvbm_storage_release(t->storage);
     free(t->region);
     free(t->state);
+    free(t->grp);
     kvbm__sums_destroy(t);
     if (t->filter_on) kvbm__freq_filter_destroy(&t->filter);
   }

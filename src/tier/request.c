@@ -548,7 +548,7 @@ int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
  * room is checked at the forward). Lock held. */
 static inline __attribute__((always_inline)) uint32_t
 use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b, const uint32_t *tok, uint64_t h,
-            uint64_t parent, bool has_parent, bool forwarded, uint32_t *held) {
+            uint64_t parent, bool has_parent, uint8_t grp, bool forwarded, uint32_t *held) {
   bool want = t->policy == KVBM_OFFLOAD_ALL;
   if (t->filter_on) want = kvbm__freq_filter_use(&t->filter, h);
   *held = KVBM__NONE;
@@ -584,7 +584,7 @@ use_in_tier(kvbm__tier *t, kvbm_mreq *r, kvbm__batch *b, const uint32_t *tok, ui
       t->st.skipped_space++;
       return KVBM__NONE;
     }
-    KVBM__MUST(kvbm_block_fill(t->pool, id, r->salt, parent, has_parent, tok, h, &got));
+    KVBM__MUST(kvbm__fill_grp(t, grp, id, r->salt, parent, has_parent, tok, h, &got));
     assert(got == id && "not registered: no dedup");
   }
   t->state[id] = KVBM__PENDING;
@@ -618,7 +618,7 @@ static inline __attribute__((always_inline)) void use_block(kvbm_manager *m, kvb
   for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++) {
     kvbm__tier *t = &m->t[ti];
     if (!t->present) continue;
-    uint32_t id = use_in_tier(t, r, b, tok, h, parent, has_parent,
+    uint32_t id = use_in_tier(t, r, b, tok, h, parent, has_parent, grp,
                               ti != KVBM_TIER_G2 && g2_write, &held);
     if (ti == KVBM_TIER_G2 && held != KVBM__NONE && g2->state[held] == KVBM__READY) {
       g2_ready = true; /* the volume tiers' puts read G2 */

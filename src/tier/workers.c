@@ -132,8 +132,8 @@ static void index_found(kvbm_manager *m, kvbm__tier *t, const kvbm__job *j) {
     return;
   }
   if (kvbm_pool_alloc(t->pool, 1, &id) != KVBM_OK) return; /* all pinned: stay unindexed */
-  KVBM__MUST(kvbm_block_fill(t->pool, id, 0, j->parent, j->has_parent, m->zero_tokens, j->hash,
-                             &got));
+  KVBM__MUST(kvbm__fill_grp(t, j->grp, id, 0, j->parent, j->has_parent, m->zero_tokens, j->hash,
+                            &got));
   assert(got == id && "peeked: not registered");
   t->state[got] = KVBM__READY;
   KVBM__MUST(kvbm_block_release(t->pool, got, 0));
