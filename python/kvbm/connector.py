@@ -35,6 +35,15 @@ and nothing is ever copied between "the engine's cache" and "G1".
   ``save_kv_layer`` checks the layer was written in place;
   ``wait_for_save`` commits, which is what offloads to G2/G3.
 
+Hybrid models. ``KvbmCacheManager`` refuses a ``kvbm.Manager`` of several
+KV cache groups (``UnsupportedError`` naming the count): it drives the
+one-group request (prefill, decode append, commit), and the manager's
+hybrid request (``Manager.hprefill``) is prefill + commit with no decode
+append yet, so a hybrid engine could not grow its tables here. A hybrid
+model in vLLM goes through ``kvbm.vllm.KvbmConnectorV1`` (copy model: vLLM
+keeps the per-group tables) or ``KvbmOffloadingSpec``, which take vLLM's
+``kv_cache_config`` groups.
+
 The order of calls is vLLM's (scheduler: get_computed_blocks,
 get_num_new_matched_tokens, allocate_slots, update_state_after_alloc, ...,
 build_connector_meta; worker: bind_connector_metadata, start_load_kv,
@@ -71,7 +80,8 @@ import enum
 from typing import Any, Iterable, Optional
 
 from . import _kvbm
-from ._kvbm import Error, InvalidArgumentError, NotFoundError, StateError, NoSpaceError
+from ._kvbm import (Error, InvalidArgumentError, NotFoundError, StateError, NoSpaceError,
+                    UnsupportedError)
 
 __all__ = [
     "KVConnectorRole",
@@ -90,6 +100,7 @@ _STATUS = {
     InvalidArgumentError: ("KVBM_EINVAL", -1),
     StateError: ("KVBM_ESTATE", -4),
     NotFoundError: ("KVBM_ENOTFOUND", -6),
+    UnsupportedError: ("KVBM_EUNSUPPORTED", -14),
 }
 
 
@@ -228,6 +239,15 @@ class KvbmCacheManager:
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255:
             raise _error(InvalidArgumentError,
                          f"KvbmCacheManager: priority must be an int in 0..255, got {priority!r}")
+        if manager.num_groups > 1:
+            # See the module's "Hybrid models": the cache manager drives the
+            # one-group request (kvbm_manager_prefill, append, commit).
+            raise _error(UnsupportedError,
+                         f"KvbmCacheManager: the Manager has {manager.num_groups} KV cache groups; "
+                         "this G1-owning cache manager serves one (its requests are "
+                         "kvbm_manager_prefill's, and a hybrid request has no decode append "
+                         "yet): use kvbm.vllm.KvbmConnectorV1 with vLLM's kv_cache_config for a "
+                         "hybrid model")
         self.manager = manager
         self.block_size = manager.block_size
         self.num_gpu_blocks = manager.layout(_G1)["num_blocks"]

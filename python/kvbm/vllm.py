@@ -83,7 +83,7 @@ __all__ = [
     "HAVE_VLLM", "KvLayout", "KvbmLoadStoreSpec", "KvbmOffloadingHandler",
     "KvbmConnectorMetadata", "KvbmConnectorV1", "KvbmOffloadingManager", "KvbmOffloadingSpec",
     "KvbmWorkerMetadata", "LayoutError", "TransferFailedError",
-    "block_key", "slice_key",
+    "block_key", "first_needed_block", "group_key", "slice_key",
 ]
 
 # ---------------------------------------------------------------- vLLM or stand-ins
@@ -682,6 +682,18 @@ class KvbmOffloadingManager(OffloadingManager):
                 n += 1
         return n
 
+    def held(self, block_hashes: Iterable) -> list[bool]:
+        """Whether each block is offloaded (G2, G3, or G4, asked in one
+        batch), each on its own: a sliding-window group needs blocks after
+        a gap, which lookup (a prefix count) cannot say."""
+        keys = self._keys(block_hashes)
+        out = [self._g2.has(k) or self._g3.has(k) for k in keys]
+        rest = [i for i, x in enumerate(out) if not x]
+        if rest and self._g4 is not None:
+            for i, present in zip(rest, self._in_g4([keys[i] for i in rest])):
+                out[i] = present
+        return out
+
     def prepare_load(self, block_hashes: Iterable) -> KvbmLoadStoreSpec:
         keys = self._keys(block_hashes)
         tiers, slots = [], []
@@ -1185,6 +1197,46 @@ def _layout_from_config(spec) -> KvLayout:
         tp_rank=int(pick("kvbm_tp_rank", rank)), tp_size=tp_size)
 
 
+def _groups_from_vllm(kv_cache_config) -> list:
+    from . import groups_from_vllm
+    return groups_from_vllm(kv_cache_config)
+
+
+def group_key(block_hash, group: int) -> bytes:
+    """The key of a block of KV cache group ``group``, as vLLM's hybrid
+    offloading makes it (``make_offload_key``): the hash's bytes, then the
+    group as 4 big-endian bytes. An int hash (kvbm's, old vLLM's
+    ``hash_value``) is taken as its 8 little-endian bytes. Two groups' blocks
+    of one hash are two keys, and KvbmConnectorV1 and KvbmOffloadingSpec
+    name a block alike in a shared G4."""
+    if isinstance(block_hash, (bytes, bytearray, memoryview)):
+        raw = bytes(block_hash)
+    else:
+        value = getattr(block_hash, "hash_value", block_hash)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"kvbm.vllm: a block hash must be bytes or int, "
+                            f"got {type(block_hash).__name__}")
+        raw = (value & _MASK64).to_bytes(8, "little")
+    return raw + int(group).to_bytes(4, "big")
+
+
+def first_needed_block(kind: str, tokens: Optional[int], hit_tokens: int, block_size: int) -> int:
+    """The first block a group needs for a hit of ``hit_tokens`` (kvbm's
+    kvbm_group_skipped_tokens / block_size, vLLM's get_num_skipped_tokens):
+    0 for full attention, the blocks covering the last W - 1 tokens for a
+    window of W, the hit's chunk for chunked local attention, the last
+    state for Mamba."""
+    if kind == "sw":
+        skipped = max(0, hit_tokens + 1 - tokens)
+    elif kind == "chunk":
+        skipped = hit_tokens // tokens * tokens
+    elif kind.startswith("mamba"):
+        skipped = max(0, hit_tokens - 1)
+    else:
+        skipped = 0
+    return skipped // block_size
+
+
 class KvbmOffloadingSpec(OffloadingSpec):
     """vLLM's OffloadingSpec over kvbm. kv_connector_extra_config keys:
 
@@ -1209,6 +1261,9 @@ class KvbmOffloadingSpec(OffloadingSpec):
                          "kvbm.vllm: kv_connector_extra_config needs 'kvbm_g2_blocks'")
         self.layout = _layout_from_config(self)
         self._groups = self._kv_groups_of(kv_cache_config)
+        # (kind, tokens) of each group, kvbm.groups_from_vllm's; None: one group
+        self.group_kinds = (None if self._groups is None else
+                            _groups_from_vllm(kv_cache_config))
         if self._groups and "kvbm_num_layers" not in x:  # the layers of one group
             self.layout = dataclasses.replace(self.layout, num_layers=len(self._groups[0]))
         if self.layout.block_size != self.gpu_block_size:
@@ -1229,8 +1284,7 @@ class KvbmOffloadingSpec(OffloadingSpec):
         groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
         if len(groups) <= 1:
             return None
-        from . import groups_from_vllm
-        kinds = groups_from_vllm(groups)
+        kinds = _groups_from_vllm(groups)
         for i, (kind, _) in enumerate(kinds):
             if kind.startswith("mamba"):
                 raise _error(UnsupportedError, f"kvbm.vllm: kv_cache_groups[{i}] is a Mamba "
@@ -1404,15 +1458,30 @@ class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
         return out
 
 
-def _block_ids(blocks) -> list[int]:
-    """vLLM's KVCacheBlocks (``get_block_ids()`` -> one list per group), or ids."""
-    if hasattr(blocks, "get_block_ids"):
-        groups = blocks.get_block_ids()
+def _block_ids(blocks, ngroups: int = 1) -> list:
+    """vLLM's KVCacheBlocks (``get_block_ids()`` -> one list per group), or
+    ids: group 0's ids for one group, one list per group for ``ngroups`` >
+    1 (then exactly ``ngroups`` lists)."""
+    groups = blocks.get_block_ids() if hasattr(blocks, "get_block_ids") else None
+    if ngroups == 1:
+        if groups is None:
+            return [int(b) for b in blocks]
         if len(groups) != 1:
-            raise _error(UnsupportedError, f"kvbm.vllm: {len(groups)} KV-cache groups; "
-                         "KvbmConnectorV1 handles one")
+            raise _error(UnsupportedError, f"kvbm.vllm: {len(groups)} KV-cache groups, but "
+                         "the kv_cache_config given to KvbmConnectorV1 has one")
         return [int(b) for b in groups[0]]
-    return [int(b) for b in blocks]
+    if groups is None:
+        groups = blocks
+    return _group_tables(groups, ngroups, "blocks")
+
+
+def _group_tables(groups, ngroups: int, what: str) -> list:
+    """One list of block ids per group, checked: exactly ``ngroups`` lists."""
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__len__") or \
+            len(groups) != ngroups or any(isinstance(g, (int, str, bytes)) for g in groups):
+        raise _error(InvalidArgumentError, f"KvbmConnectorV1: {what}: expected {ngroups} "
+                     f"lists of block ids (one per KV cache group), got {groups!r:.80}")
+    return [[int(b) for b in g] for g in groups]
 
 
 class KvbmConnectorV1(KVConnectorBase_V1):
@@ -1428,11 +1497,29 @@ class KvbmConnectorV1(KVConnectorBase_V1):
     of the blocks a step fills start at the next step (after sampling) and
     a finished request's blocks are held until its stores finished on every
     rank. A job is done when every rank reported it (``KvbmWorkerMetadata``
-    counts, summed by vLLM over the ranks; ``world_size`` ranks)."""
+    counts, summed by vLLM over the ranks; ``world_size`` ranks).
+
+    Hybrid models (``kv_cache_config`` with several ``kv_cache_groups``,
+    attention only: full, sliding window, chunked local; Mamba refused as
+    by KvbmOffloadingSpec): a block of group g is stored under
+    ``group_key(hash, g)`` (vLLM's OffloadKey) from group g's layers. The
+    lookup is the longest prefix every group can serve (vLLM's coordinator
+    rule): full attention needs every block, a window of W the blocks
+    covering the last W - 1 tokens, a chunk its chunk's blocks; a load
+    copies exactly those, each into its own group's GPU block. A step
+    stores every group's new full blocks that vLLM still holds after it: a
+    window's blocks that fall out of the window in the step that fills
+    them are not stored (vLLM frees them at the next schedule, before the
+    deferred store would read them), so a window group offloads what a hit
+    at the end of a step needs, not every boundary's."""
+
+    NULL_BLOCK = 0  # vLLM's null block id: table entries a group skips
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         self._spec = KvbmOffloadingSpec(vllm_config, kv_cache_config)
+        self._kinds = self._spec.group_kinds  # None: one group
+        self.num_groups = 1 if self._kinds is None else len(self._kinds)
         self.block_size = self._spec.layout.block_size
         self.world_size = self._spec.layout.tp_size
         self._is_scheduler = getattr(role, "name", role) in ("SCHEDULER", 0)
@@ -1467,15 +1554,49 @@ class KvbmConnectorV1(KVConnectorBase_V1):
         n = max(0, (request.num_tokens - 1) // self.block_size)
         return list(request.block_hashes[:n])
 
+    def _gkeys(self, hashes, g: int) -> list:
+        """Group g's keys of these block hashes (the hashes themselves with
+        one group: the keys before groups)."""
+        if self._kinds is None:
+            return list(hashes)
+        return [group_key(h, g) for h in hashes]
+
+    def _first(self, g: int, hit_blocks: int) -> int:
+        kind, tokens = self._kinds[g]
+        return first_needed_block(kind, tokens, hit_blocks * self.block_size, self.block_size)
+
+    def _hybrid_hit(self, hashes: list, start: int) -> int:
+        """The longest hit h (blocks, > start: the GPU's own prefix) every
+        group can serve from kvbm, or start: for each h from the longest
+        down, each group holds its needed blocks from max(start, first
+        needed) to h (prefix sums of what kvbm holds, one batch a group)."""
+        n = len(hashes)
+        held = []
+        for g in range(self.num_groups):
+            c = [0]
+            for x in self.manager.held(self._gkeys(hashes[start:], g)):
+                c.append(c[-1] + bool(x))
+            held.append(c)
+        for h in range(n, start, -1):
+            if all(held[g][h - start] - held[g][lo - start] == h - lo
+                   for g in range(self.num_groups)
+                   for lo in (max(start, self._first(g, h)),)):
+                return h
+        return start
+
     # -- scheduler side
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         self._need(True, "get_num_new_matched_tokens")
         hashes = self._hashes(request)
-        self.manager.touch(hashes)
+        for g in range(self.num_groups):
+            self.manager.touch(self._gkeys(hashes, g))
         start = num_computed_tokens // self.block_size
         if num_computed_tokens % self.block_size or start >= len(hashes):
             return 0, False
-        hits = self.manager.lookup(hashes[start:])
+        if self._kinds is None:
+            hits = self.manager.lookup(hashes[start:])
+        else:
+            hits = self._hybrid_hit(hashes, start) - start
         self._lookups[request.request_id] = (start, hits)
         return (hits * self.block_size, True) if hits else (0, False)
 
@@ -1483,7 +1604,7 @@ class KvbmConnectorV1(KVConnectorBase_V1):
         self._need(True, "update_state_after_alloc")
         rid = request.request_id
         self._reqs[rid] = request
-        self._blocks[rid] = _block_ids(blocks)
+        self._blocks[rid] = _block_ids(blocks, self.num_groups)
         if num_external_tokens == 0:
             return
         start, hits = self._lookups.pop(rid, (None, 0))
@@ -1491,6 +1612,9 @@ class KvbmConnectorV1(KVConnectorBase_V1):
             raise _error(InvalidArgumentError, f"KvbmConnectorV1: {rid}: "
                          f"{num_external_tokens} external tokens, the lookup found "
                          f"{hits * self.block_size}")
+        if self._kinds is not None:
+            self._hybrid_load(request, start, start + hits)
+            return
         ids = self._blocks[rid][start:start + hits]
         if len(ids) != hits:
             raise _error(InvalidArgumentError, f"KvbmConnectorV1: {rid}: {len(ids)} blocks "
@@ -1500,6 +1624,60 @@ class KvbmConnectorV1(KVConnectorBase_V1):
         job = self._new_job("load", rid, hashes)
         self._loads[job] = KvbmTransferJob(rid, src, GPULoadStoreSpec(ids))
         self._next_store[rid] = start + hits
+
+    def _hybrid_load(self, request, start: int, hit: int) -> None:
+        """The load of a hybrid hit: each group's needed blocks from
+        max(start, first needed) to hit, into its own table's GPU blocks
+        (ids ordered by group, vLLM's group_sizes)."""
+        rid = request.request_id
+        hashes = self._hashes(request)
+        keys, ids, sizes, firsts = [], [], [], []
+        for g, table in enumerate(self._blocks[rid]):
+            lo = max(start, self._first(g, hit))
+            gids = table[lo:hit]
+            if len(gids) != hit - lo or self.NULL_BLOCK in gids:
+                raise _error(InvalidArgumentError, f"KvbmConnectorV1: {rid}: group {g} has "
+                             f"blocks {gids} for the {hit - lo} it loads (positions {lo}.."
+                             f"{hit - 1}; null blocks or missing)")
+            keys += self._gkeys(hashes[lo:hit], g)
+            ids += gids
+            sizes.append(len(gids))
+            firsts.append(lo)
+        src = self.manager.prepare_load(keys)
+        job = self._new_job("load", rid, keys)
+        self._loads[job] = KvbmTransferJob(rid, src, GPULoadStoreSpec(
+            ids, group_sizes=sizes, block_indices=firsts))
+        self._next_store[rid] = hit
+
+    def _hybrid_stores(self, rid, req, done: int, stores: dict) -> None:
+        """A step's stores of a hybrid request: every group's full blocks
+        from the first not stored yet up to `done` tokens that the group
+        still holds after the step (at or after its first needed block for
+        `done`, not a null block), one job, ids ordered by group."""
+        hashes = list(req.block_hashes[:done // self.block_size])
+        start = self._next_store.get(rid, 0)
+        if len(hashes) <= start:
+            return
+        items = []
+        for g, table in enumerate(self._blocks[rid]):
+            lo = max(start, first_needed_block(*self._kinds[g], done, self.block_size))
+            items += [(g, k) for k in range(lo, min(len(hashes), len(table)))
+                      if table[k] != self.NULL_BLOCK]
+        keys = [group_key(hashes[k], g) for g, k in items]
+        out = self.manager.prepare_store(keys) if keys else None
+        if out is None and keys:
+            return  # no room now: tried again next step
+        self._next_store[rid] = len(hashes)
+        keep = set(out.block_hashes_to_store) if out else set()
+        sel = [(g, k, key) for (g, k), key in zip(items, keys) if key in keep]
+        if not sel:
+            return
+        sizes = [sum(1 for g, _, _ in sel if g == grp) for grp in range(self.num_groups)]
+        firsts = [next((k for g, k, _ in sel if g == grp), 0) for grp in range(self.num_groups)]
+        job = self._new_job("store", rid, [key for _, _, key in sel])
+        stores[job] = KvbmTransferJob(rid, GPULoadStoreSpec(
+            [self._blocks[rid][g][k] for g, k, _ in sel], group_sizes=sizes,
+            block_indices=firsts), out.store_spec)
 
     def _new_job(self, kind, rid, hashes) -> int:
         job = self._next_job
@@ -1527,11 +1705,18 @@ class KvbmConnectorV1(KVConnectorBase_V1):
             if req is None:
                 raise _error(NotFoundError, f"KvbmConnectorV1: {rid} was scheduled but "
                              "update_state_after_alloc never saw it")
+            done = min(num_computed + scheduler_output.num_scheduled_tokens[rid], req.num_tokens)
+            if self._kinds is not None:
+                if block_ids:  # one list per group
+                    new = _group_tables(block_ids, self.num_groups, f"{rid}: new block ids")
+                    self._blocks[rid] = new if is_new else [
+                        old + ids for old, ids in zip(self._blocks[rid], new)]
+                self._hybrid_stores(rid, req, done, stores)
+                continue
             if block_ids:   # a new request's whole table, a running one's new blocks
                 ids = [int(b) for b in (block_ids[0] if isinstance(block_ids, tuple)
                                         else block_ids)]
                 self._blocks[rid] = ids if is_new else self._blocks[rid] + ids
-            done = min(num_computed + scheduler_output.num_scheduled_tokens[rid], req.num_tokens)
             hashes = list(req.block_hashes[:done // self.block_size])
             start = self._next_store.get(rid, 0)
             if len(hashes) <= start:
