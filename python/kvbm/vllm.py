@@ -587,7 +587,8 @@ class KvbmOffloadingManager(OffloadingManager):
                  g4_url: Optional[str] = None, g4_namespace: str = "kvbm-vllm",
                  events_endpoint: Optional[str] = None,
                  events_replay_endpoint: Optional[str] = None,
-                 g4_index_entries: int = 1 << 20, freq_entries: int = 1 << 20):
+                 g4_index_entries: int = 1 << 20, freq_entries: int = 1 << 20,
+                 groups: Optional[list] = None):
         if not isinstance(layout, KvLayout):
             raise TypeError("KvbmOffloadingManager: layout must be a KvLayout")
         if g2_blocks < 1 or g3_blocks < 0:
@@ -597,6 +598,9 @@ class KvbmOffloadingManager(OffloadingManager):
             raise _error(InvalidArgumentError,
                          f"KvbmOffloadingManager: g3_policy {g3_policy!r} is not 'all' or 'frequency'")
         self.layout = layout
+        # a hybrid model's (kind, tokens) per group (kvbm.groups_from_vllm):
+        # kvbm's events then name (hash, group_idx), as vLLM's do
+        self._groups = None if groups is None else [(str(k), t) for k, t in groups]
         self.block_size = layout.block_size
         self._g2, self._g3 = _Tier(g2_blocks), _Tier(g3_blocks)
         self._g3_policy, self._freq_threshold = g3_policy, freq_threshold
@@ -657,13 +661,45 @@ class KvbmOffloadingManager(OffloadingManager):
         self._events.append(OffloadingEvent(block_hashes=[self._hash_of.get(k, k) for k in keys],
                                             block_size=self.block_size, medium=MEDIUM[tier],
                                             removed=removed))
-        if self._publisher is not None:
+        if self._publisher is None:
+            return
+        for group, hashes in self._published(keys):
+            kw = {"medium": MEDIUM[tier]}
+            if group is not None:
+                kw["group_idx"] = group
             if removed:
-                self._publisher.publish_removed(keys, medium=MEDIUM[tier])
-            else:  # the manager sees hashes, not tokens: token ids are zeros
-                n = len(keys)
-                self._publisher.publish_stored([0] * (n * self.block_size), [self.block_size] * n,
-                                               keys, medium=MEDIUM[tier])
+                self._publisher.publish_removed(hashes, **kw)
+                continue
+            if group is not None and group < len(self._groups):
+                kind, tokens = self._groups[group]
+                kw["kv_cache_spec_kind"] = _SPEC_KIND.get(kind, kind)
+                if kind == "sw":
+                    kw["sliding_window"] = tokens
+            n = len(hashes)  # the manager sees hashes, not tokens: token ids are zeros
+            self._publisher.publish_stored([0] * (n * self.block_size), [self.block_size] * n,
+                                           hashes, **kw)
+
+    def _published(self, keys: list[int]) -> list:
+        """(group, hashes) runs of kvbm's events for these keys: one group
+        (None) of the keys themselves without groups; with groups, each
+        block's own hash (block_key of its OffloadKey less the 4 group
+        bytes, what a one-group deployment publishes for it) under its
+        group_idx, in order. A key whose given hash is unknown or not an
+        OffloadKey goes out as it is, without a group."""
+        if self._groups is None:
+            return [(None, keys)]
+        runs: list = []
+        for k in keys:
+            given = self._hash_of.get(k)
+            if isinstance(given, (bytes, bytearray, memoryview)) and len(given) > 4:
+                g, h = int.from_bytes(bytes(given)[-4:], "big"), block_key(bytes(given)[:-4])
+            else:
+                g, h = None, k
+            if runs and runs[-1][0] == g:
+                runs[-1][1].append(h)
+            else:
+                runs.append((g, [h]))
+        return runs
 
     def key_of(self, block_hash) -> int:
         return block_key(block_hash)
@@ -1197,6 +1233,12 @@ def _layout_from_config(spec) -> KvLayout:
         tp_rank=int(pick("kvbm_tp_rank", rank)), tp_size=tp_size)
 
 
+# kvbm's group kinds as vLLM's events name them (kv_cache_spec_kind;
+# kvbm_group_kind_name in C)
+_SPEC_KIND = {"full": "full_attention", "sw": "sliding_window",
+              "chunk": "chunked_local_attention", "mamba": "mamba", "mamba-align": "mamba"}
+
+
 def _groups_from_vllm(kv_cache_config) -> list:
     from . import groups_from_vllm
     return groups_from_vllm(kv_cache_config)
@@ -1302,7 +1344,8 @@ class KvbmOffloadingSpec(OffloadingSpec):
                 g4_url=self._opt("kvbm_g4_url"),
                 g4_namespace=self._opt("kvbm_g4_namespace", "kvbm-vllm"),
                 events_endpoint=self._opt("kvbm_events_endpoint"),
-                events_replay_endpoint=self._opt("kvbm_events_replay_endpoint"))
+                events_replay_endpoint=self._opt("kvbm_events_replay_endpoint"),
+                groups=self.group_kinds)
         return self._manager
 
     def get_handlers(self, kv_caches, attn_backends=None) -> Iterator:

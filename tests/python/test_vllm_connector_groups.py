@@ -213,3 +213,43 @@ def test_g1_owning_cache_manager_refuses_groups(tmp_path):
             KvbmCacheManager(m)
     with kvbm.Manager(block_size=4, g1_blocks=16) as m:  # one group: as before
         assert KvbmCacheManager(m).block_size == 4
+
+
+def test_kvbm_events_name_hash_and_group(tmp_path):
+    """kvbm's own events of a hybrid offloading manager carry each block's
+    hash (what a one-group deployment publishes for it, not the OffloadKey's
+    BLAKE3) and its group_idx and spec, as vLLM's events do."""
+    import time
+    import uuid
+    ep = f"ipc://{tmp_path}/ev-{uuid.uuid4().hex[:8]}"
+    lay = kv.KvLayout(model_fingerprint="m", dtype="float32", num_kv_heads=HEADS, head_dim=HD,
+                      block_size=BS, num_layers=LAYERS, tp_rank=0, tp_size=1)
+    mgr = kv.KvbmOffloadingManager(lay, g2_blocks=3, events_endpoint=ep,
+                                   events_replay_endpoint=ep + "-replay",
+                                   groups=[("full", None), ("sw", 8)])
+    sub = kvbm.Subscriber(ep, replay_endpoint=ep + "-replay", start_seq=0)
+    try:
+        hashes = [bytes([i]) * 32 for i in (1, 2, 3)]       # vLLM's 32-byte BlockHash
+        keys = [kv.group_key(h, 0) for h in hashes[:2]] + [kv.group_key(hashes[1], 1)]
+        mgr.prepare_store(keys)
+        mgr.complete_store(keys)
+        mgr.prepare_store([kv.group_key(hashes[2], 1)])     # G2 of 3: evicts the oldest
+        mgr.complete_store([kv.group_key(hashes[2], 1)])
+        mgr.flush_events(10)
+        got, deadline = [], time.monotonic() + 30
+        while len(got) < 4 and time.monotonic() < deadline:
+            batch = sub.recv(1.0)
+            if batch is not None:
+                got += batch.events
+        plain = [kv.block_key(h) for h in hashes]
+        stored = [(e["group_idx"], e["block_hashes"], e.get("kv_cache_spec_kind"),
+                   e.get("kv_cache_spec_sliding_window"))
+                  for e in got if e["type"] == "BlockStored"]
+        assert stored == [(0, plain[:2], "full_attention", None),
+                          (1, [plain[1]], "sliding_window", 8),
+                          (1, [plain[2]], "sliding_window", 8)]
+        removed = [(e["group_idx"], e["block_hashes"]) for e in got if e["type"] == "BlockRemoved"]
+        assert removed == [(0, [plain[0]])]
+    finally:
+        sub.close()
+        mgr.close()
