@@ -17,7 +17,9 @@ block hashes once for all groups. What the tests hold the connector to:
 - hostile group layouts (a table count that is not the config's, null
   blocks where a load must write, a Mamba group) are refused with messages;
 - kvbm.connector's G1-owning cache manager refuses a Manager of several
-  groups, naming why.
+  groups, naming why;
+- kvbm's own events of a hybrid offloading manager name each block by its
+  hash and group_idx (and spec kind), not by the OffloadKey's BLAKE3.
 """
 import pickle
 from types import SimpleNamespace as NS
