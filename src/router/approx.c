@@ -104,6 +104,24 @@ void kvbm__approx_return(kvbm_approx *a) {
     }
 }
 
+/* The index forgot every block of slot s (AllBlocksCleared, a restarted
+ * engine, a worker dropped): the copies the slot's records had added went
+ * with them. Their records must go too, without touching the index: one
+ * left behind would later remove (at its expiry, an eviction, or each time
+ * /index or a snapshot withdraws the records) a copy that the engine's own
+ * stores hold since, and the index would lack the worker's blocks (W5: a
+ * router replica 32 blocks short after a NATS restart, docs/areas/cluster.md).
+ * Records are kept for a worker whose events cannot be trusted; a clear or
+ * a restart makes it whole again, so nothing they said is needed. */
+void kvbm__approx_forget(kvbm_approx *a, uint32_t s) {
+  if (!a || s >= KVBM_ROUTER_MAX_WORKERS) return;
+  ring *r = &a->r[s];
+  for (size_t i = 0; i < r->n; i++) free(r->q[(r->head + i) % r->cap].hashes);
+  a->blocks -= r->blocks;
+  a->records -= r->n;
+  r->head = r->n = r->blocks = 0;
+}
+
 void kvbm_approx_stats_get(const kvbm_approx *a, kvbm_approx_stats *out) {
   memset(out, 0, sizeof *out);
   out->records = a->records;

@@ -105,6 +105,9 @@ bool kvbm__rd_worker_degraded(const struct kvbm_router_daemon *d, uint64_t worke
 /* approx.c: the records' blocks out of the index and back (writer lock). */
 void kvbm__approx_withdraw(kvbm_approx *a);
 void kvbm__approx_return(kvbm_approx *a);
+/* Drops slot s's records, the index untouched: it forgot the slot's blocks
+ * (a clear, a restart, a dropped worker) and their copies with them. */
+void kvbm__approx_forget(kvbm_approx *a, uint32_t slot);
 
 /* snapshot.c: loads cfg.snapshot_path (when it exists) into the index and
  * the sources' resume positions, before the sources start. */

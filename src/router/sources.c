@@ -135,6 +135,40 @@ static bool count_batch_locked(source *s, const kvbm_event_batch *b, bool admitt
   return !admitted && ADD(s->n.ranks_refused, 1) % 1024 == 0;
 }
 
+/* The index slots of worker_id's ranks (a mask). Writer lock held. */
+static uint64_t worker_slots(const kvbm_index *idx, uint64_t worker_id) {
+  uint64_t m = 0;
+  for (uint32_t slot = 0; slot < KVBM_ROUTER_MAX_WORKERS; slot++) {
+    kvbm_worker_key k;
+    if (kvbm_index_slot_worker(idx, slot, &k) && k.worker_id == worker_id) m |= 1ull << slot;
+  }
+  return m;
+}
+
+/* The approximate records (approximate mode's, a degraded worker's
+ * decisions) of the slots whose blocks the index forgot go with them
+ * (kvbm__approx_forget says why). Writer lock held. */
+static void forget_records(kvbm_router_daemon *d, uint64_t slots) {
+  for (uint32_t slot = 0; slots; slot++, slots >>= 1) {
+    if (!(slots & 1)) continue;
+    kvbm__approx_forget(d->approx, slot);
+    kvbm__approx_forget(d->degraded_ap, slot);
+  }
+}
+
+/* Which slots a batch made the index forget: a reset every rank the
+ * worker had (wiped, read before the batch), a clear or an id gone back
+ * (the index's clears and resets moved) the batch's own rank. */
+static uint64_t wiped_slots(kvbm_router_daemon *d, const kvbm_event_batch *b, uint64_t wiped,
+                            const kvbm_index_stats *before, const kvbm_index_stats *after,
+                            uint64_t worker_id) {
+  if (after->cleared == before->cleared && after->resets == before->resets) return wiped;
+  kvbm_worker_key key = {worker_id, b->has_dp_rank ? (uint32_t)b->dp_rank : 0};
+  uint32_t slot;
+  if (kvbm_index_worker_slot(d->idx, key, &slot) == KVBM_OK) wiped |= 1ull << slot;
+  return wiped;
+}
+
 /* js_pos: the JetStream position of the batch (0: not JetStream). */
 static void apply_at(source *s, const kvbm_event_batch *b, uint64_t js_pos) {
   kvbm_router_daemon *d = s->d;
@@ -144,11 +178,13 @@ static void apply_at(source *s, const kvbm_event_batch *b, uint64_t js_pos) {
   pthread_mutex_lock(&d->wlock);
   if (b->reset) s->nranks = 0; /* the index forgets the worker's ranks */
   bool admitted = admit_rank(s, b);
+  uint64_t wiped = admitted && b->reset ? worker_slots(d->idx, s->cfg.worker_id) : 0;
   kvbm_index_stats_get(d->idx, &before);
   if (admitted) rc = kvbm_index_apply_batch(d->idx, s->cfg.worker_id, b, &err);
   if (js_pos) s->js_pos = js_pos, atomic_store(&s->n.js_pos, js_pos);
   judge(s, b);
   kvbm_index_stats_get(d->idx, &after);
+  if (admitted) forget_records(d, wiped_slots(d, b, wiped, &before, &after, s->cfg.worker_id));
   count_outcomes(d, b, admitted, &before, &after);
   bool log_refusal = count_batch_locked(s, b, admitted, rc);
   pthread_mutex_unlock(&d->wlock);
@@ -483,8 +519,10 @@ void kvbm__rd_sources_tick(kvbm_router_daemon *d) {
     pthread_mutex_lock(&d->wlock);
     for (uint32_t slot = 0; slot < KVBM_ROUTER_MAX_WORKERS; slot++) {
       kvbm_worker_key k;
-      if (kvbm_index_slot_worker(d->idx, slot, &k) && k.worker_id == s->cfg.worker_id)
+      if (kvbm_index_slot_worker(d->idx, slot, &k) && k.worker_id == s->cfg.worker_id) {
         dropped += kvbm_index_remove_worker(d->idx, k) == KVBM_OK;
+        forget_records(d, 1ull << slot); /* their copies went with the worker */
+      }
     }
     s->nranks = 0;
     atomic_store(&s->degraded, 0); /* nothing of it is left to be wrong */

@@ -230,6 +230,18 @@ def test_degraded(ctx):
         assert m['kvbm_router_source_degraded{worker_id="4"}'] == 0, m
         x, ws = route(r, token_ids=prompt_tokens(9))
         assert x["approximate"] is False and "degraded" not in ws[3], x
+        # The clear took the records' copies with the worker's blocks; the
+        # worker now stores the routed prompt itself (as W5's republish
+        # after a NATS restart did). Its index must list exactly that, and
+        # keep it when the records go: a record that outlived the clear
+        # once took the worker's own copy out of /index and of snapshots
+        # (W5: a replica 32 blocks short, cluster.md).
+        a.publish([a.event("BlockStored", h[:BLOCKS], None, toks)])
+        wait_for(lambda: device(r, 3, token_ids=toks) == BLOCKS, "worker 3's own store")
+        st, ix = r.request("GET", "/index?worker=3")
+        assert st == 200 and sorted(ix["g1"]) == sorted(h[:BLOCKS]), (st, ix, h[:BLOCKS])
+        m = page(r)
+        assert m["kvbm_router_approx_records"] == 0 and m["kvbm_router_approx_blocks"] == 0, m
         assert r.stop() == 0
     finally:
         if r.p.poll() is None:
