@@ -22,6 +22,7 @@
 
 #include <stdlib.h>
 
+#include "common/mix.h"
 #include "kvbm/status.h"
 
 #define NONE KVBM__HINDEX_NONE
@@ -47,10 +48,7 @@ int kvbm__hindex_init(kvbm__hindex *x, uint32_t limit, uint64_t seed) {
   }
   /* splitmix64 of the seed: any seed, even 0, gives a well-mixed odd
    * multiplier */
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  x->mul = (z ^ (z >> 31)) | 1;
+  x->mul = kvbm__mix64(seed) | 1;
   x->shift = 64 - bits;
   x->mask = slots - 1;
   x->limit = limit;

@@ -19,6 +19,7 @@
 
 #include "workload/trace.h"
 #include "common/clock.h"
+#include "common/mix.h"
 
 kvsim_w2_config kvsim_w2_config_default(void) {
   kvsim_w2_config o;
@@ -34,21 +35,14 @@ kvsim_w2_config kvsim_w2_config_default(void) {
   return o;
 }
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 /* The pattern of layer l of the block with hash h: 8 bytes at a time from
  * a counter-mode mix, so that every byte depends on hash, layer and
  * position. Layers are multiples of 8 bytes here. Returns whether the
  * bytes match (check) or 1 (fill). */
 static int pattern(uint8_t *p, size_t n, uint64_t h, uint32_t l, bool check) {
-  uint64_t key = mix(h ^ ((uint64_t)l << 56));
+  uint64_t key = kvbm__mix64(h ^ ((uint64_t)l << 56));
   for (size_t i = 0; i < n; i += 8) {
-    uint64_t v = mix(key + i);
+    uint64_t v = kvbm__mix64(key + i);
     if (check) {
       if (memcmp(p + i, &v, 8)) return 0;
     } else {
