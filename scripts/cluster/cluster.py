@@ -63,9 +63,33 @@ class StartError(Exception):
 
 # ---------------------------------------------------------------- HTTP
 
-def call(port, method, path, body=None, timeout=10.0):
-    """(status, parsed JSON or text); raises OSError when nobody answers."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def control_address():
+    """The source address of the orchestrator's own calls (faults, probes,
+    the checks): 127.0.0.2 where it can be bound, so that they are not
+    counted with the load's connections, which all come from 127.0.0.1 and
+    fill the servers' per-address connection bound (a W5 run once failed
+    because a worker answered the end of a g3_full fault 503 "too many
+    connections from your address"). A frontend's requests and an
+    operator's are not one client either. None (the default address) where
+    127.0.0.2 cannot be bound."""
+    try:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.2", 0))
+        finally:
+            s.close()
+        return ("127.0.0.2", 0)
+    except OSError:
+        return None
+
+
+CONTROL = control_address()
+
+
+def call(port, method, path, body=None, timeout=10.0, source=CONTROL):
+    """(status, parsed JSON or text); raises OSError when nobody answers.
+    source: the local address (the load passes None: 127.0.0.1)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=source)
     try:
         data = None if body is None else json.dumps(body).encode()
         c.request(method, path, body=data,
@@ -535,7 +559,7 @@ class Load:
         for r in (i % 2, 1 - i % 2):
             try:
                 st, ans = call(self.cl.routers[r]["port"], "POST", "/route", {"token_ids": tokens},
-                               timeout=10)
+                               timeout=10, source=None)
                 if st == 200 and isinstance(ans, dict) and ans.get("worker_id") in self.cl.workers:
                     return ans["worker_id"], r, ans.get("request_id")
             except OSError:
@@ -563,7 +587,7 @@ class Load:
                 "input_length": r["input_length"], "output_length": r["output_length"]}
         try:
             st, ans = call(self.cl.workers[w]["port"], "POST", "/generate", body,
-                           timeout=self.a.request_timeout)
+                           timeout=self.a.request_timeout, source=None)
             if st == 200 and isinstance(ans, dict) and ans.get("status") == "ok":
                 with self.lock:
                     self.ok += 1
@@ -583,7 +607,8 @@ class Load:
             rec["status"] = "unreachable"
         if router is not None and rid is not None:
             try:
-                call(self.cl.routers[router]["port"], "POST", "/done", {"request_id": rid}, timeout=5)
+                call(self.cl.routers[router]["port"], "POST", "/done", {"request_id": rid}, timeout=5,
+                     source=None)
             except OSError:
                 pass  # the router's --request-ttl ends it; not a loss of the request
         with self.lock:

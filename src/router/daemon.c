@@ -253,7 +253,9 @@ static void health_guards(kvbm_router_daemon *d, rj_buf *b) {
   health_object(b, ",\"requests\":{\"active\":", req, sizeof req / sizeof req[0]);
   if (!d->approx) return;
   kvbm_approx_stats a;
+  pthread_mutex_lock(&d->wlock); /* the sources' threads drop records */
   kvbm_approx_stats_get(d->approx, &a);
+  pthread_mutex_unlock(&d->wlock);
   const counter ap[] = {
       {NULL, a.records},
       {",\"blocks\":", a.blocks},
@@ -384,7 +386,9 @@ static void collect_daemon(void *user, kvbm_metrics_writer *w) {
   kvbm_approx *ap = d->approx ? d->approx : d->degraded_ap;
   if (ap) {
     kvbm_approx_stats a;
+    pthread_mutex_lock(&d->wlock); /* the sources' threads drop records */
     kvbm_approx_stats_get(ap, &a);
+    pthread_mutex_unlock(&d->wlock);
     kvbm_metrics_gauge(w, "kvbm_router_approx_records", "Routing decisions held (approximate "
                        "mode, or routes to DEGRADED workers)", NULL, 0, (double)a.records);
     kvbm_metrics_gauge(w, "kvbm_router_approx_blocks", "Blocks the decisions hold", NULL, 0,
@@ -774,9 +778,9 @@ static void tick(void *user, int64_t now_ns) {
   kvbm__reqtab_expire(&h->rt, h->now);
   kvbm__rd_sources_tick(d);
   kvbm_approx *ap = d->approx ? d->approx : d->degraded_ap;
-  if (ap && kvbm_approx_pending(ap)) {
+  if (ap) { /* a source's thread drops records too (kvbm__approx_forget): all under wlock */
     pthread_mutex_lock(&d->wlock);
-    kvbm_approx_expire(ap, (double)h->now * 1e-9);
+    if (kvbm_approx_pending(ap)) kvbm_approx_expire(ap, (double)h->now * 1e-9);
     pthread_mutex_unlock(&d->wlock);
   }
   if (atomic_load(&d->stop)) kvbm__service_stop(d->svc);
