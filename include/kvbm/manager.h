@@ -885,7 +885,6 @@ KVBM_EXTERN int kvbm_hreq_commit(kvbm_hreq *r);
  * tail first) and frees the request. NULL: no-op. */
 KVBM_EXTERN void kvbm_hreq_destroy(kvbm_hreq *r);
 
-
 #ifdef __cplusplus
 }
 #endif
