@@ -20,9 +20,8 @@
  * Never change it. Its outputs are data, not just hash-table order: W2
  * fills blocks with patterns built from it and checks them when they
  * come back from G2/G3/G4 (a G3 file or a G4 store may hold what another
- * process wrote); kvbm worker (src/worker/worker.c, still with its own
- * copy) builds the same kind of pattern and another worker process
- * checks it after a transfer, so both ends must agree; several tests
+ * process wrote); kvbm worker (src/worker/worker.c) builds the same kind
+ * of pattern and another worker process checks it after a transfer, so both ends must agree; several tests
  * compute expected values with their own copies. A changed mix would
  * make stored or in-flight patterns fail their checks. A need for a
  * different mix gets a new function with a new name.

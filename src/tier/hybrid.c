@@ -482,27 +482,13 @@ static void fill_info(const kvbm_hreq *r, bool ready, kvbm_hreq_info *out) {
   memcpy(out->onboarded_from, r->from, sizeof out->onboarded_from);
 }
 
+static bool settled_hreq(void *r) { return settle(r); }
+
 int kvbm_hreq_wait(kvbm_hreq *r, int timeout_ms, kvbm_hreq_info *out) {
   if (!r) return KVBM_EINVAL;
   kvbm_manager *m = r->m;
-  uint64_t dl = timeout_ms > 0 ? kvbm_clock_ns() + (uint64_t)timeout_ms * 1000000u : 0;
-  int rc = KVBM_OK;
   pthread_mutex_lock(&m->mu);
-  while (!settle(r)) {
-    if (timeout_ms == 0) {
-      rc = KVBM_ETIMEDOUT;
-      break;
-    }
-    if (!dl) {
-      pthread_cond_wait(&m->done_cv, &m->mu);
-      continue;
-    }
-    struct timespec ts = kvbm__timespec_of_ns(dl);
-    if (pthread_cond_timedwait(&m->done_cv, &m->mu, &ts) == ETIMEDOUT && kvbm_clock_ns() >= dl) {
-      if (!settle(r)) rc = KVBM_ETIMEDOUT;
-      break;
-    }
-  }
+  int rc = kvbm__manager_wait_settled(m, timeout_ms, settled_hreq, r, NULL);
   if (out) fill_info(r, rc == KVBM_OK, out);
   pthread_mutex_unlock(&m->mu);
   return rc;

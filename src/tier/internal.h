@@ -337,6 +337,9 @@ static inline int kvbm__fill_grp(kvbm__tier *t, uint32_t g, uint32_t id, uint64_
 int kvbm__groups_check(const kvbm_manager_config *c, uint64_t block_bytes, kvbm_error *err);
 /* Copies the groups and derives each one's bytes and fingerprint. */
 void kvbm__groups_init(kvbm_manager *m);
+/* Lock held: waits until settled(arg) (request.c says how). */
+int kvbm__manager_wait_settled(kvbm_manager *m, int timeout_ms, bool (*settled)(void *), void *arg,
+                               const uint64_t *own_ns);
 
 /* ---- request.c, shared with hybrid.c (lock held) ---- */
 

@@ -475,21 +475,18 @@ void kvbm_mreq_poll(kvbm_mreq *r, kvbm_mreq_info *out) {
   pthread_mutex_unlock(&r->m->mu);
 }
 
-int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
-  if (!r) return KVBM_EINVAL;
-  kvbm_manager *m = r->m;
+/* Lock held. The wait both request kinds share: on done_cv until
+ * settled(arg), for timeout_ms (0: look once, < 0: for ever). It also
+ * wakes at *own_ns (a prefill's own G4 deadline, when it has one), so that
+ * settled() then gives up what a store still owes, however long the caller
+ * is prepared to wait. KVBM_OK when settled, else KVBM_ETIMEDOUT. */
+int kvbm__manager_wait_settled(kvbm_manager *m, int timeout_ms, bool (*settled)(void *), void *arg,
+                               const uint64_t *own_ns) {
   uint64_t dl = timeout_ms > 0 ? kvbm_clock_ns() + (uint64_t)timeout_ms * 1000000u : 0;
-  int rc = KVBM_OK;
-  pthread_mutex_lock(&m->mu);
-  while (!settle(r)) {
-    if (timeout_ms == 0) {
-      rc = KVBM_ETIMEDOUT;
-      break;
-    }
-    /* Wake at the prefill's own deadline too: settle() then gives up what
-     * a store still owes, however long the caller is prepared to wait. */
+  while (!settled(arg)) {
+    if (timeout_ms == 0) return KVBM_ETIMEDOUT;
     uint64_t now = kvbm_clock_ns(), wake = dl;
-    uint64_t own = r->og ? r->og->deadline_ns : 0;
+    uint64_t own = own_ns ? *own_ns : 0;
     if (own > now && (!wake || own < wake)) wake = own;
     if (!wake) {
       pthread_cond_wait(&m->done_cv, &m->mu);
@@ -497,11 +494,20 @@ int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
     }
     struct timespec ts = kvbm__timespec_of_ns(wake);
     if (pthread_cond_timedwait(&m->done_cv, &m->mu, &ts) == ETIMEDOUT && dl &&
-        kvbm_clock_ns() >= dl) {
-      if (!settle(r)) rc = KVBM_ETIMEDOUT;
-      break;
-    }
+        kvbm_clock_ns() >= dl)
+      return settled(arg) ? KVBM_OK : KVBM_ETIMEDOUT;
   }
+  return KVBM_OK;
+}
+
+static bool settled_mreq(void *r) { return settle(r); }
+
+int kvbm_mreq_wait(kvbm_mreq *r, int timeout_ms, kvbm_mreq_info *out) {
+  if (!r) return KVBM_EINVAL;
+  kvbm_manager *m = r->m;
+  pthread_mutex_lock(&m->mu);
+  int rc = kvbm__manager_wait_settled(m, timeout_ms, settled_mreq, r,
+                                      r->og ? &r->og->deadline_ns : NULL);
   if (out) fill_info(r, rc == KVBM_OK, out);
   pthread_mutex_unlock(&m->mu);
   return rc;

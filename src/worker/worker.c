@@ -80,6 +80,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/mix.h"
 #include "common/vec.h"
 #include "kvbm/events.h"
 #include "kvbm/metrics.h"
@@ -241,19 +242,12 @@ uint64_t kvsim_worker_memory_need(const kvsim_worker_config *c, char *parts, siz
 
 /* ------------------------------------------------------------ bytes */
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 /* Fills (check false) or checks layer l of the block with hash h: 8 bytes
  * at a time from a counter-mode mix of (hash, layer, offset). */
 static bool pattern(uint8_t *p, size_t n, uint64_t h, uint32_t l, bool check) {
-  uint64_t key = mix(h ^ ((uint64_t)l << 56) ^ 0x6b76626d776b72ull); /* "kvbmwkr" */
+  uint64_t key = kvbm__mix64(h ^ ((uint64_t)l << 56) ^ 0x6b76626d776b72ull); /* "kvbmwkr" */
   for (size_t i = 0; i + 8 <= n; i += 8) {
-    uint64_t v = mix(key + i);
+    uint64_t v = kvbm__mix64(key + i);
     if (check) {
       if (memcmp(p + i, &v, 8)) return false;
     } else {
