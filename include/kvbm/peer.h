@@ -50,9 +50,25 @@
  * keyed one. The manager's kept sums (kvbm/manager.h,
  * kvbm_manager_keep_sums) are then that MAC: a block is still hashed
  * once. Every peer of one manager shares one key or none (the first
- * attach decides; another is refused, KVBM_EINVAL). Only block messages
- * are MAC'd; the link's small control messages (acknowledgements, grants,
- * pulls, removes) are not (docs/areas/peers.md).
+ * attach decides; another is refused, KVBM_EINVAL).
+ *
+ * Keyed control messages. On a keyed link every message after the
+ * hellos (acknowledgements, grant requests and grants, pulls, "not held"
+ * answers, removes, and the block messages' envelopes) also carries a
+ * keyed BLAKE3-128 under a key derived from the cluster key for this
+ * alone ("kvbm peer control v1"), per direction and per connection (each
+ * hello carries a fresh nonce), over the message and a sequence number:
+ * a forged message (no MAC, a wrong one) or one replayed (on this link or
+ * from another) is dropped unread, counted (refused_control,
+ * refused_replayed; kvbm_peer_refused_total{reason="control"}), and
+ * changes nothing: no block is believed held or forgotten, no landing
+ * block granted, nothing sent back. The link stays up (a forger must not
+ * be able to cut it). Attach refuses, KVBM_EAUTH naming why, a peer that
+ * holds a key when this side holds none or the other way round (at the
+ * hello), and one with another key (its confirmation fails the MAC).
+ * Unkeyed links are unchanged on the wire. docs/areas/fabric.md has the
+ * layout. kvbm_manager_ingest_block (an engine's own transport) checks
+ * the frame's MAC only.
  *
  * What a peer holds (issue 23, docs/areas/peers.md). A block the peer
  * acknowledged is remembered as held there for lease_ms from that answer,
@@ -134,7 +150,9 @@ KVBM_EXTERN int kvbm_peer_config_env(kvbm_peer_config *cfg, const char *const *e
  * timeout_ms for its hello). *peer gets the peer's index (0, 1, ...).
  * KVBM_EUNSUPPORTED: the peer's blocks have another shape (the message
  * names the field), or this side's ingest tier is absent;
- * KVBM_ETIMEDOUT: no hello; KVBM_EPROTO: a malformed hello; KVBM_ENOSPC:
+ * KVBM_ETIMEDOUT: no hello; KVBM_EPROTO: a malformed hello; KVBM_EAUTH
+ * (named): one side keyed and the other not, or another key;
+ * KVBM_ENOSPC:
  * KVBM_MANAGER_MAX_PEERS already; KVBM_EINVAL (named): a bad field, a key
  * that cannot be used (length, a file others can read, both key and
  * key_file), a key other than the manager's earlier peers' (or keyed
@@ -213,6 +231,12 @@ typedef struct kvbm_peer_stats {
   bool keyed;                /* this side frames and checks with the key */
   uint64_t refused_auth;     /* block messages refused by their MAC: no
                                 key, another key, or forged (KVBM_EAUTH) */
+  uint64_t refused_control;  /* keyed link: messages of any kind refused
+                                by the link's MAC before being read (none,
+                                a wrong one, or replayed): dropped, with
+                                no effect ("Keyed links") */
+  uint64_t refused_replayed; /* ... of them, genuine but replayed (a
+                                sequence number already seen) */
 } kvbm_peer_stats;
 
 KVBM_EXTERN int kvbm_manager_peer_stats_get(kvbm_manager *m, uint32_t peer, kvbm_peer_stats *out);

@@ -130,12 +130,14 @@
 #include "common/bytes.h"
 #include "common/clock.h"
 #include "common/secret.h"
+#include "fabric/hello.h"
 #include "kvbm/blake3.h"
 #include "kvbm/fabric.h"
 #include "kvbm/frame.h"
 #include "kvbm/hash.h"
 #include "kvbm/metrics.h"
 #include "kvbm/peer.h"
+#include "peer/ctl.h"
 #include "peer/hindex.h"
 #include "peer/testing.h"
 
@@ -144,6 +146,7 @@
 #define LEASE_DEFAULT_MS 30000
 #define GONE_MAX 512u /* removes queued before "forget them all" */
 #define HELLO_FIXED 32u
+#define HELLO_KEYED 1u /* a hello's flags: a cluster key, a nonce follows the export */
 #define HELLO_MAX (16u << 20)
 #define POLL_MS 5 /* a link thread's wait for the next message */
 
@@ -205,6 +208,18 @@ struct kvbm__peer {
    * cluster secret), zeroed at free */
   bool keyed;
   uint8_t mac_key[32];
+  /* ... and its control messages' MAC (peer/ctl.h): the control key
+   * (kvbm__ctl_key of the secret), this side's hello nonce, the two
+   * directions' keys once the hellos are in, and the sequence numbers:
+   * the next this side sends (under fmu, taken in push order) and the
+   * lowest it still accepts (link thread). sealed: every push from the
+   * confirmation on carries the trailer. All zeroed at free. */
+  uint8_t ctl_key[KVBM__CTL_KEY];
+  uint8_t nonce[KVBM__CTL_NONCE];
+  uint8_t tx_key[KVBM__CTL_KEY], rx_key[KVBM__CTL_KEY];
+  uint8_t hello_sent[32], hello_got[32]; /* BLAKE3 of each hello, for the confirmation */
+  bool sealed;
+  uint64_t tx_seq, rx_next;
 
   /* grants the peer gave us (put mode), not used yet */
   uint32_t *grants;
@@ -350,11 +365,17 @@ static void outbox_free(kvbm__peer *p) {
 
 /* Pushes a copy of data[0..len) (kept until a flush). fmu taken here. */
 static int send_copy(kvbm__peer *p, const void *data, size_t len, kvbm_error *err) {
-  outbox_item *o = malloc(sizeof *o + len);
+  outbox_item *o = malloc(sizeof *o + len + KVBM__CTL_TRAILER);
   if (!o) return kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   memcpy(o->data, data, len);
-  o->len = len;
   pthread_mutex_lock(&p->fmu);
+  /* Sealed under fmu: sequence numbers go out in the order they were
+   * taken, so the receiver can refuse any it has seen (peer/ctl.h). */
+  if (p->sealed) {
+    kvbm__ctl_seal(p->tx_key, o->data, len, p->tx_seq++);
+    len += KVBM__CTL_TRAILER;
+  }
+  o->len = len;
   int rc = kvbm_fabric_push(p->f, o->data, len, NULL, err);
   if (rc) {
     free(o);
@@ -1037,7 +1058,7 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
   free(tok);
 }
 
-static void handle(kvbm__peer *p, const uint8_t *buf, size_t len) {
+static void handle_msg(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len >= 4 && memcmp(buf, KVBM_BLOCK_MSG_MAGIC, 4) == 0) {
     kvbm_error e = {0};
     int rc = peer_ingest(p, buf, len, &e);
@@ -1066,6 +1087,50 @@ static void handle(kvbm__peer *p, const uint8_t *buf, size_t len) {
     snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "an unknown message of %zu bytes", len);
     pthread_mutex_unlock(&p->mu);
   }
+}
+
+/* A message a keyed link refuses before reading it (no MAC, a wrong one,
+ * or a sequence number already seen): counted, its reason kept, dropped.
+ * The link stays up: closing it would forget every word of the genuine
+ * peer and fail its flushes, a denial of service any injector could buy
+ * with one message; what a forger cannot do is make it count. A genuine
+ * message lost this way (changed on the way) is a lost message, which
+ * the protocol already survives: a lost remove ends with the lease, a
+ * lost acknowledgement leaves the block local (a flush times out). */
+static void refuse_control(kvbm__peer *p, bool replay, const char *why) {
+  pthread_mutex_lock(&p->mu);
+  p->st.refused_control++;
+  if (replay) p->st.refused_replayed++;
+  snprintf(p->st.last_refusal, sizeof p->st.last_refusal, "KVBM_EAUTH: %.200s", why);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* One message from the peer. On a keyed link its trailer is checked
+ * first (peer/ctl.h), and nothing of a message that fails reaches
+ * handle_msg: no acknowledgement, remove, grant or pull of it is seen.
+ * Sequence numbers must grow (gaps are allowed: a message the sender
+ * failed to push, or one refused here, used its number). */
+static void handle(kvbm__peer *p, const uint8_t *buf, size_t len) {
+  if (!p->keyed) {
+    handle_msg(p, buf, len);
+    return;
+  }
+  size_t n = 0;
+  uint64_t seq = 0;
+  kvbm_error e = {0};
+  if (kvbm__ctl_open(p->rx_key, buf, len, &n, &seq, &e) != KVBM_OK) {
+    refuse_control(p, false, e.msg);
+    return;
+  }
+  if (seq < p->rx_next) {
+    char why[128];
+    snprintf(why, sizeof why, "a replayed message: sequence number %llu, already past %llu",
+             (unsigned long long)seq, (unsigned long long)p->rx_next);
+    refuse_control(p, true, why);
+    return;
+  }
+  p->rx_next = seq + 1;
+  handle_msg(p, buf, n);
 }
 
 static void *link_main(void *arg) {
@@ -1127,7 +1192,8 @@ int kvbm_peer_config_env(kvbm_peer_config *cfg, const char *const *env, kvbm_err
 
 /* The link's frame MAC key from the config's secret (bytes or file),
  * every copy of the secret zeroed: *keyed false without one. */
-static int key_init(const kvbm_peer_config *c, bool *keyed, uint8_t key[32], kvbm_error *err) {
+static int key_init(const kvbm_peer_config *c, bool *keyed, uint8_t key[32], uint8_t ctl[KVBM__CTL_KEY],
+                    kvbm_error *err) {
   *keyed = false;
   if (c->key && c->key_file)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: attach: both key and key_file are set; give the key once");
@@ -1145,6 +1211,7 @@ static int key_init(const kvbm_peer_config *c, bool *keyed, uint8_t key[32], kvb
     rc = kvbm_error_set(err, KVBM_EINVAL, "manager: attach: the peers' key must be %u..%u bytes, not %zu",
                         KVBM_FABRIC_SECRET_MIN, KVBM_FABRIC_SECRET_MAX, len);
   if (!rc) rc = kvbm_fabric_frame_key(secret, len, key, err);
+  if (!rc) rc = kvbm__ctl_key(secret, len, ctl, err); /* its own context: never the frame key */
   if (buf) {
     explicit_bzero(buf, KVBM_FABRIC_SECRET_MAX);
     free(buf);
@@ -1180,16 +1247,23 @@ static void peer_free(kvbm__peer *p) {
   free(p->gone);
   free(p->rbuf);
   explicit_bzero(p->mac_key, sizeof p->mac_key);
+  explicit_bzero(p->ctl_key, sizeof p->ctl_key);
+  explicit_bzero(p->tx_key, sizeof p->tx_key);
+  explicit_bzero(p->rx_key, sizeof p->rx_key);
   free(p);
 }
 
-/* Our hello: the landing zone's export and how we send. */
+/* Our hello: the landing zone's export and how we send; keyed, flags
+ * bit 0 and a fresh nonce after the export (an unkeyed hello is the
+ * same bytes as before keyed control messages). */
 static int send_hello(kvbm__peer *p, kvbm_error *err) {
   uint8_t *wire = NULL;
   size_t wlen = 0;
-  int rc = kvbm_fabric_export(p->land_ls, &wire, &wlen, err);
+  int rc = p->keyed ? kvbm__hello_nonce(p->nonce, err) : KVBM_OK;
+  if (!rc) rc = kvbm_fabric_export(p->land_ls, &wire, &wlen, err);
   if (rc) return rc;
-  uint8_t *h = malloc(HELLO_FIXED + wlen);
+  const size_t extra = p->keyed ? KVBM__CTL_NONCE : 0;
+  uint8_t *h = malloc(HELLO_FIXED + wlen + extra);
   if (!h) {
     free(wire);
     return kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
@@ -1198,17 +1272,31 @@ static int send_hello(kvbm__peer *p, kvbm_error *err) {
   kvbm__put_le32(h + 4, PROTO_VERSION);
   kvbm__put_le32(h + 8, (uint32_t)p->cfg.mode);
   kvbm__put_le32(h + 12, (uint32_t)p->cfg.ingest_tier);
-  kvbm__put_le32(h + 16, 0);
+  kvbm__put_le32(h + 16, p->keyed ? HELLO_KEYED : 0);
   kvbm__put_le32(h + 20, 0);
   kvbm__put_le64(h + 24, wlen);
   memcpy(h + HELLO_FIXED, wire, wlen);
-  rc = send_copy(p, h, HELLO_FIXED + wlen, err);
+  if (p->keyed) memcpy(h + HELLO_FIXED + wlen, p->nonce, KVBM__CTL_NONCE);
+  kvbm_blake3_hash(h, HELLO_FIXED + wlen + extra, p->hello_sent, sizeof p->hello_sent);
+  rc = send_copy(p, h, HELLO_FIXED + wlen + extra, err);
   free(h);
   free(wire);
   return rc;
 }
 
-/* The peer's hello: its landing zone imported, its blocks' shape checked. */
+/* Whether the peer's hello says it holds a key as we do: both or neither
+ * (KVBM_EAUTH, named, otherwise; nothing of the peer is imported). */
+static int hello_keys_match(const kvbm__peer *p, bool theirs, kvbm_error *err) {
+  if (p->keyed == theirs) return KVBM_OK;
+  if (p->keyed)
+    return kvbm_error_set(err, KVBM_EAUTH, "peer: attach refused: this side holds a cluster key (key, key_file "
+                          "or KVBM_PEER_KEY_FILE) and the peer none: its messages could not be authenticated");
+  return kvbm_error_set(err, KVBM_EAUTH, "peer: attach refused: the peer holds a cluster key and this side "
+                        "none (give both the same key, or neither)");
+}
+
+/* The peer's hello: its landing zone imported, its blocks' shape checked;
+ * keyed, its nonce taken and the two directions' keys made. */
 static int take_hello(kvbm__peer *p, kvbm_error *err) {
   kvbm_fabric_handle h;
   size_t len = 0;
@@ -1220,17 +1308,24 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
   if (!rc && !(buf = malloc(len))) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   if (!rc) rc = kvbm_fabric_pull(p->f, h, buf, len, &len, p->cfg.timeout_ms, err);
   uint32_t version = !rc ? kvbm__get_le32(buf + 4) : 0;
-  if (!rc && (memcmp(buf, "KVPH", 4) != 0 || version < PROTO_MIN || version > PROTO_VERSION || kvbm__get_le32(buf + 16) != 0 ||
-              kvbm__get_le32(buf + 20) != 0 || kvbm__get_le64(buf + 24) != len - HELLO_FIXED || kvbm__get_le32(buf + 8) > KVBM_DISAGG_PUT ||
-              kvbm__get_le32(buf + 12) > KVBM_TIER_G2))
+  uint32_t flags = !rc ? kvbm__get_le32(buf + 16) : 0;
+  const size_t extra = flags & HELLO_KEYED ? KVBM__CTL_NONCE : 0;
+  if (!rc && (memcmp(buf, "KVPH", 4) != 0 || version < PROTO_MIN || version > PROTO_VERSION ||
+              (flags & ~HELLO_KEYED) != 0 || (extra && version < 2) || kvbm__get_le32(buf + 20) != 0 ||
+              len - HELLO_FIXED < extra || kvbm__get_le64(buf + 24) != len - HELLO_FIXED - extra ||
+              kvbm__get_le32(buf + 8) > KVBM_DISAGG_PUT || kvbm__get_le32(buf + 12) > KVBM_TIER_G2))
     rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a malformed hello (not a kvbm manager of protocol version %u..%u)",
                         PROTO_MIN, PROTO_VERSION);
+  if (!rc) rc = hello_keys_match(p, extra != 0, err);
+  const size_t wlen = !rc ? len - HELLO_FIXED - extra : 0;
+  if (!rc && extra && memcmp(buf + HELLO_FIXED + wlen, p->nonce, KVBM__CTL_NONCE) == 0)
+    rc = kvbm_error_set(err, KVBM_EAUTH, "peer: the peer's hello carries this side's own nonce (a reflected hello)");
   /* The shape first: a peer whose blocks cannot be bridged is refused
    * before its memory is imported. */
   kvbm_layout theirs;
-  if (!rc) rc = kvbm_fabric_export_layout(buf + HELLO_FIXED, len - HELLO_FIXED, &theirs, err);
+  if (!rc) rc = kvbm_fabric_export_layout(buf + HELLO_FIXED, wlen, &theirs, err);
   if (!rc) rc = kvbm_fabric_layout_bridge(kvbm_manager_layout(p->m, KVBM_TIER_G1), &theirs, err);
-  if (!rc) rc = kvbm_fabric_import(p->f, buf + HELLO_FIXED, len - HELLO_FIXED, &p->rs, err);
+  if (!rc) rc = kvbm_fabric_import(p->f, buf + HELLO_FIXED, wlen, &p->rs, err);
   pthread_mutex_unlock(&p->fmu);
   if (!rc) {
     const kvbm_layout_desc *d = kvbm_fabric_remote_desc(p->rs);
@@ -1240,7 +1335,52 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
     p->grants = malloc(d->layout.config.num_blocks * sizeof *p->grants);
     if (!rc && !p->grants) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
   }
+  if (!rc && extra) {
+    const uint8_t *theirs_nonce = buf + HELLO_FIXED + wlen;
+    kvbm__ctl_dir_key(p->ctl_key, p->nonce, theirs_nonce, p->tx_key);
+    kvbm__ctl_dir_key(p->ctl_key, theirs_nonce, p->nonce, p->rx_key);
+    kvbm_blake3_hash(buf, len, p->hello_got, sizeof p->hello_got);
+  }
   free(buf);
+  return rc;
+}
+
+/* Keyed: the first sealed message each way, "KVAU" u32 0, the BLAKE3 of
+ * the hello this side sent, then of the one it received. It proves the
+ * key (a peer with another key fails its MAC) and binds both hellos,
+ * landing zone exports included, to the link: a hello changed on the way
+ * shows as a confirmation that names other hellos. */
+static int send_confirm(kvbm__peer *p, kvbm_error *err) {
+  uint8_t c[8 + 64];
+  memcpy(c, "KVAU", 4);
+  kvbm__put_le32(c + 4, 0);
+  memcpy(c + 8, p->hello_sent, 32);
+  memcpy(c + 40, p->hello_got, 32);
+  p->sealed = true; /* before the link thread starts: no other sender yet */
+  return send_copy(p, c, sizeof c, err);
+}
+
+static int take_confirm(kvbm__peer *p, kvbm_error *err) {
+  kvbm_fabric_handle h;
+  size_t len = 0, n = 0;
+  uint64_t seq = 0;
+  uint8_t buf[8 + 64 + KVBM__CTL_TRAILER];
+  pthread_mutex_lock(&p->fmu);
+  int rc = kvbm_fabric_next(p->f, p->cfg.timeout_ms, &h, &len, err);
+  if (!rc && len != sizeof buf)
+    rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a message of %zu bytes after the hello is not a confirmation", len);
+  if (!rc) rc = kvbm_fabric_pull(p->f, h, buf, sizeof buf, &len, p->cfg.timeout_ms, err);
+  pthread_mutex_unlock(&p->fmu);
+  kvbm_error e = {0};
+  if (!rc && kvbm__ctl_open(p->rx_key, buf, len, &n, &seq, &e) != KVBM_OK)
+    rc = kvbm_error_set(err, KVBM_EAUTH, "peer: attach refused: the peer's confirmation fails the link's MAC: "
+                        "it holds another cluster key");
+  if (!rc && (memcmp(buf, "KVAU", 4) != 0 || kvbm__get_le32(buf + 4) != 0 || seq != 0))
+    rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a malformed confirmation");
+  if (!rc && (memcmp(buf + 8, p->hello_got, 32) != 0 || memcmp(buf + 40, p->hello_sent, 32) != 0))
+    rc = kvbm_error_set(err, KVBM_EAUTH, "peer: attach refused: the peer saw other hellos than this side "
+                        "(changed on the way)");
+  if (!rc) p->rx_next = 1;
   return rc;
 }
 
@@ -1310,8 +1450,8 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "manager: attach: the ingest tier %s is absent (G1 or G2)",
                           kvbm_tier_name(c.ingest_tier));
   bool keyed;
-  uint8_t key[32];
-  int rc = key_init(&c, &keyed, key, err);
+  uint8_t key[32], ctl[KVBM__CTL_KEY];
+  int rc = key_init(&c, &keyed, key, ctl, err);
   if (rc) return rc;
   kvbm__peers *s = set_make(m, err);
   /* The manager's kept sums become this link's kind (its MAC when keyed):
@@ -1319,6 +1459,7 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   rc = !s ? KVBM_ENOMEM : kvbm_manager_keep_sums(m, keyed ? key : NULL, err);
   if (rc) {
     explicit_bzero(key, sizeof key);
+    explicit_bzero(ctl, sizeof ctl);
     return rc;
   }
   pthread_mutex_lock(&s->mu);
@@ -1326,12 +1467,14 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   pthread_mutex_unlock(&s->mu);
   if (index >= KVBM_MANAGER_MAX_PEERS) {
     explicit_bzero(key, sizeof key);
+    explicit_bzero(ctl, sizeof ctl);
     return kvbm_error_set(err, KVBM_ENOSPC, "manager: attach: %d peers already", KVBM_MANAGER_MAX_PEERS);
   }
 
   kvbm__peer *p = calloc(1, sizeof *p);
   if (!p) {
     explicit_bzero(key, sizeof key);
+    explicit_bzero(ctl, sizeof ctl);
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: out of memory");
   }
   p->m = m;
@@ -1344,7 +1487,9 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   p->index = index;
   p->keyed = keyed;
   memcpy(p->mac_key, key, sizeof key);
+  memcpy(p->ctl_key, ctl, sizeof ctl);
   explicit_bzero(key, sizeof key);
+  explicit_bzero(ctl, sizeof ctl);
   p->st.keyed = keyed;
   pthread_mutex_init(&p->fmu, NULL);
   pthread_mutex_init(&p->mu, NULL);
@@ -1354,6 +1499,7 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   pthread_condattr_destroy(&ca);
   p->msg_max = kvbm_block_msg_size(s->B, s->block_bytes);
   if (p->msg_max < 8 + 8 * 4096) p->msg_max = 8 + 8 * 4096; /* pulls of up to 4096 hashes */
+  if (keyed) p->msg_max += KVBM__CTL_TRAILER;
   p->slot = calloc(c.landing_blocks, 1);
   p->rbuf = malloc(p->msg_max);
   /* the indexes' slot functions: random, so that a client cannot choose
@@ -1389,6 +1535,8 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   kvbm_layout_desc_release(&desc);
   if (!rc) rc = send_hello(p, err);
   if (!rc) rc = take_hello(p, err);
+  if (!rc && keyed) rc = send_confirm(p, err);
+  if (!rc && keyed) rc = take_confirm(p, err);
   if (!rc) {
     p->st.attached = true;
     p->st.mode = c.mode;
@@ -1529,14 +1677,16 @@ static void metrics_collect(void *user, kvbm_metrics_writer *w) {
   }
   pthread_mutex_unlock(&s->mu);
   kvbm_metrics_family(w, "kvbm_peer_refused_total", KVBM_METRIC_COUNTER,
-                      "Block messages from a peer refused, by reason (auth: a keyed link's MAC failed)");
+                      "Messages from a peer refused, by reason (auth: a block frame's MAC failed; control: a "
+                      "keyed link's message MAC failed or was replayed)");
   for (uint32_t i = 0; i < n; i++) {
     char idx[16];
     snprintf(idx, sizeof idx, "%u", i);
     const struct {
       const char *reason;
       uint64_t v;
-    } r[] = {{"auth", st[i].refused_auth},         {"checksum", st[i].refused_checksum},
+    } r[] = {{"auth", st[i].refused_auth},         {"control", st[i].refused_control},
+             {"checksum", st[i].refused_checksum},
              {"length", st[i].refused_length},     {"not_granted", st[i].refused_not_granted},
              {"stale_layout", st[i].refused_stale_layout}, {"hash", st[i].refused_hash},
              {"other", st[i].refused_other}};

@@ -8,12 +8,15 @@
  * every byte is right; the sender frames its tier's kept sum, which is
  * then the keyed MAC (a block is hashed once, a second send hashes
  * nothing), and a block pulled back is not hashed at its sender either.
- * A peer without the key, with another key, and a hostile peer forging
- * frames (an unkeyed frame with its checksum recomputed over altered
- * bytes, as the G4 probe did; a frame MAC'd under a guessed key; a keyed
- * frame whose bytes were changed after) are each refused with KVBM_EAUTH,
- * counted (refused_auth, kvbm_peer_refused_total{reason="auth"}), and the
- * block is not in the receiver's cache. Keys that cannot be used are
+ * A peer without the key, or with another key, is refused at attach
+ * (KVBM_EAUTH, named: the hello says who holds a key, the confirmation
+ * proves which; test_control_mac.c has the control messages). A hostile
+ * peer that holds the link's key and forges frames (an unkeyed frame with
+ * its checksum recomputed over altered bytes, as the G4 probe did; a
+ * frame MAC'd under a guessed key; a keyed frame whose bytes were changed
+ * after) is refused with KVBM_EAUTH, counted (refused_auth), and the block
+ * is not in the receiver's cache; a genuine frame relabelled on the way
+ * (another hash, no tokens) fails the link's MAC. Keys that cannot be used are
  * refused by name at attach: both forms, a short one, a key file others
  * can read, a second peer with another key or none.
  *
@@ -32,6 +35,7 @@
 #include "kvbm/hash.h"
 #include "kvbm/metrics.h"
 #include "kvbm/peer.h"
+#include "peer/rawpeer.h"
 #include "tier/tier_testutil.h"
 
 static const uint8_t KEY1[32] = "a cluster key of 32 bytes......";
@@ -195,113 +199,53 @@ static void test_same_key_put(void **state) {
   same_key(KVBM_DISAGG_PUT, 16);
 }
 
-/* ---- no key, another key: refused and counted, never served ---- */
+/* ---- no key, another key: refused at attach, by name ---- */
 
-static void refused(const uint8_t *ka, const uint8_t *kb, kvbm_disagg_mode mode) {
+/* Before keyed control messages, these links attached and every block
+ * was refused by its frame (KVBM_EAUTH, counted); now the hello says
+ * whether a side holds a key and the confirmation proves which, so the
+ * link is never made: both sides' attach fail, naming why. */
+static void refused(const uint8_t *ka, const uint8_t *kb, kvbm_disagg_mode mode, const char *why_a,
+                    const char *why_b) {
   pair p = {.a = make(32, 0, false), .b = make(32, 0, true)};
   kvbm_peer_config ca = keyed(ka, mode), cb = keyed(kb, mode);
   pair_attach(&p, &ca, &cb);
-  assert_int_equal(p.rc_a, KVBM_OK);
-  assert_int_equal(p.rc_b, KVBM_OK);
-  uint32_t *tok = tu_prompt(9100, 33);
-  assert_int_equal(tu_run(p.a, tok, 33, NULL, NULL), 0);
-  uint64_t h[8];
-  hashes_of(tok, 33, h);
-  for (int k = 0; k < 8; k++)
-    assert_int_equal(kvbm_manager_offload_block(p.a, 0, h[k], KVBM_PHASE_OUTPUT_CRITICAL, NULL), KVBM_OK);
-  assert_int_equal(kvbm_manager_peer_flush(p.a, 0, 5000, NULL), KVBM_OK);
-  kvbm_peer_stats sa = stats(p.a), sb = stats(p.b);
-  assert_int_equal(sa.acked_blocks, 0);
-  assert_int_equal(sa.peer_refused, 8);
-  assert_int_equal(sb.received, 8);
-  assert_int_equal(sb.ingested, 0);
-  assert_int_equal(sb.refused_auth, 8);
-  assert_int_equal(sb.refused_checksum, 0);
-  assert_non_null(strstr(sb.last_refusal, "KVBM_EAUTH"));
-  /* never served: b holds none of them, and a does not believe b does */
-  assert_int_equal(match_on(p.b, tok, 33, NULL), 0);
-  for (int k = 0; k < 8; k++) {
-    kvbm_block_location loc;
-    assert_int_equal(kvbm_manager_block_location(p.b, h[k], &loc), KVBM_OK);
-    assert_false(loc.held);
-    assert_false(loc.remote);
-  }
-  /* the metric */
-  char *text;
-  size_t len;
-  assert_int_equal(kvbm_metrics_render(kvbm_manager_metrics(p.b), &text, &len, NULL), KVBM_OK);
-  assert_non_null(strstr(text, "kvbm_peer_refused_total{peer=\"0\",reason=\"auth\"} 8"));
-  kvbm_metrics_text_free(text);
-  free(tok);
+  assert_int_equal(p.rc_a, KVBM_EAUTH);
+  assert_int_equal(p.rc_b, KVBM_EAUTH);
+  if (!strstr(p.ea.msg, why_a)) fail_msg("a: \"%s\" does not say \"%s\"", p.ea.msg, why_a);
+  if (!strstr(p.eb.msg, why_b)) fail_msg("b: \"%s\" does not say \"%s\"", p.eb.msg, why_b);
+  /* nothing attached: no peer, offloads have nowhere to go */
+  kvbm_peer_stats st;
+  assert_int_equal(kvbm_manager_peer_stats_get(p.a, 0, &st), KVBM_ENOTFOUND);
+  assert_int_equal(kvbm_manager_offload_block(p.a, 0, 1, KVBM_PHASE_OUTPUT_CRITICAL, NULL), KVBM_EDISAGG);
   pair_free(&p);
 }
 
 static void test_peer_without_key_refused(void **state) {
   (void)state;
-  refused(NULL, KEY1, KVBM_DISAGG_PUSH); /* an unkeyed sender, a keyed receiver */
-  refused(NULL, KEY1, KVBM_DISAGG_PUT);
-  refused(KEY1, NULL, KVBM_DISAGG_PUSH); /* a keyed sender, a receiver without the key */
-  refused(KEY1, NULL, KVBM_DISAGG_PUT);
+  refused(NULL, KEY1, KVBM_DISAGG_PUSH, "the peer holds a cluster key and this side none",
+          "this side holds a cluster key (key, key_file or KVBM_PEER_KEY_FILE) and the peer none");
+  refused(KEY1, NULL, KVBM_DISAGG_PUT, "this side holds a cluster key", "the peer holds a cluster key");
 }
 
 static void test_wrong_key_refused(void **state) {
   (void)state;
-  refused(KEY2, KEY1, KVBM_DISAGG_PUSH);
-  refused(KEY2, KEY1, KVBM_DISAGG_PUT);
+  refused(KEY2, KEY1, KVBM_DISAGG_PUSH, "another cluster key", "another cluster key");
+  refused(KEY2, KEY1, KVBM_DISAGG_PUT, "another cluster key", "another cluster key");
 }
 
-/* ---- a hostile peer forging frames ---- */
+/* ---- a peer holding the link's key but forging frames ---- */
 
-typedef struct hostile {
-  kvbm_fabric *f;
-  kvbm_fabric_remote_set *rs;
-  uint64_t land_id;
-  kvbm_storage *s;
-  kvbm_fabric_local_set *ls;
-} hostile;
-
-static void *hostile_hello(void *arg) {
-  hostile *h = arg;
-  kvbm_layout_config lc = {.num_blocks = 2, .num_layers = 3, .outer_dim = 2, .page_size = 4, .inner_dim = 8,
-                           .dtype_size = 2, .alignment = 256};
-  kvbm_layout lay;
-  kvbm_layout_init(&lay, KVBM_LAYOUT_FULLY_CONTIGUOUS, &lc, NULL);
-  kvbm_layout_desc d = {0};
-  uint8_t *wire;
-  size_t wlen;
-  if (kvbm_fabric_storage_create(h->f, &lay, &h->s, NULL) || kvbm_storage_describe(h->s, &lay, 7, &d, NULL) ||
-      kvbm_fabric_register(h->f, &d, &h->ls, NULL) || kvbm_fabric_export(h->ls, &wire, &wlen, NULL))
-    return NULL;
-  kvbm_layout_desc_release(&d);
-  uint8_t *msg = calloc(1, 32 + wlen);
-  memcpy(msg, "KVPH", 4);
-  msg[4] = 2;
-  for (int i = 0; i < 8; i++) msg[24 + i] = (uint8_t)((uint64_t)wlen >> (8 * i));
-  memcpy(msg + 32, wire, wlen);
-  kvbm_fabric_push(h->f, msg, 32 + wlen, NULL, NULL);
-  free(msg);
-  free(wire);
-  kvbm_fabric_handle hd;
-  size_t len;
-  if (kvbm_fabric_next(h->f, 5000, &hd, &len, NULL)) return NULL;
-  uint8_t *buf = malloc(len);
-  kvbm_fabric_pull(h->f, hd, buf, len, &len, 1000, NULL);
-  if (kvbm_fabric_import(h->f, buf + 32, len - 32, &h->rs, NULL) == KVBM_OK)
-    h->land_id = kvbm_fabric_remote_desc(h->rs)->block_set_id;
-  free(buf);
-  return NULL;
-}
-
-/* Sends one message and returns the manager's acknowledgement status. */
-static int hostile_send(hostile *h, const uint8_t *msg, size_t len) {
-  assert_int_equal(kvbm_fabric_push(h->f, msg, len, NULL, NULL), KVBM_OK);
+/* Sends one message (sealed: the link's MAC is right) and returns the
+ * manager's acknowledgement status. */
+static int hostile_send(rawpeer *r, const uint8_t *msg, size_t len) {
+  assert_true(rp_send(r, msg, len, NULL) > 0);
   for (;;) {
-    kvbm_fabric_handle hd;
-    size_t n;
-    assert_int_equal(kvbm_fabric_next(h->f, 5000, &hd, &n, NULL), KVBM_OK);
     uint8_t buf[64];
-    assert_true(n <= sizeof buf);
-    assert_int_equal(kvbm_fabric_pull(h->f, hd, buf, sizeof buf, &n, 1000, NULL), KVBM_OK);
+    bool bad;
+    long n = rp_next(r, buf, sizeof buf, 5000, &bad);
+    assert_false(bad);
+    assert_true(n > 0);
     if (n == 16 && memcmp(buf, "KVAC", 4) == 0) {
       int32_t st;
       memcpy(&st, buf + 4, 4);
@@ -310,7 +254,7 @@ static int hostile_send(hostile *h, const uint8_t *msg, size_t len) {
   }
 }
 
-static size_t frame(hostile *h, const uint8_t *key, const uint32_t *tok, uint64_t hash, const uint8_t *body,
+static size_t frame(rawpeer *h, const uint8_t *key, const uint32_t *tok, uint64_t hash, const uint8_t *body,
                     size_t bb, uint8_t *out, size_t cap) {
   kvbm_block_msg m = {.seq_hash = hash, .num_tokens = 4, .tokens = tok, .tier = KVBM_TIER_G1,
                       .layout_id = h->land_id, .phase = KVBM_PHASE_OUTPUT_CRITICAL, .body = body, .body_len = bb,
@@ -320,20 +264,23 @@ static size_t frame(hostile *h, const uint8_t *key, const uint32_t *tok, uint64_
   return len;
 }
 
+/* The link's MAC binds a pushed block's envelope and frame header, the
+ * frame's own MAC its bytes: a peer with the link's key still cannot
+ * slip in a frame that fails the frame MAC. */
 static void test_forged_frames_refused(void **state) {
   (void)state;
   kvbm_manager *d = make(16, 0, false);
-  hostile h = {0};
+  rawpeer h = {.secret = KEY1, .secret_len = sizeof KEY1};
   kvbm_fabric *fd;
   assert_int_equal(kvbm_fabric_inproc_pair("evil", "decode", &h.f, &fd, NULL), KVBM_OK);
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, hostile_hello, &h), 0);
+  assert_int_equal(pthread_create(&th, NULL, rp_hello, &h), 0);
   kvbm_peer_config pc = keyed(KEY1, KVBM_DISAGG_PUSH);
   uint32_t peer;
   kvbm_error e;
   assert_int_equal(kvbm_manager_attach(d, fd, &pc, &peer, &e), KVBM_OK);
   pthread_join(th, NULL);
-  assert_non_null(h.rs);
+  assert_true(h.ok);
 
   const size_t bb = kvbm_manager_block_bytes(d);
   uint8_t *body = malloc(bb), msg[4096], mac[32], guess[32];
@@ -350,7 +297,8 @@ static void test_forged_frames_refused(void **state) {
   /* MAC'd under a guessed key */
   len = frame(&h, guess, tok, hash, body, bb, msg, sizeof msg);
   assert_int_equal(hostile_send(&h, msg, len), KVBM_EAUTH);
-  /* MAC'd under the cluster key, then a byte changed on the way */
+  /* MAC'd under the cluster key, then a byte of the body changed (the
+   * link's MAC does not cover a pushed body: the frame's does) */
   len = frame(&h, mac, tok, hash, body, bb, msg, sizeof msg);
   msg[len - 3] ^= 1;
   assert_int_equal(hostile_send(&h, msg, len), KVBM_EAUTH);
@@ -363,6 +311,7 @@ static void test_forged_frames_refused(void **state) {
   assert_false(loc.held);
   kvbm_peer_stats st = stats(d);
   assert_int_equal(st.refused_auth, 4);
+  assert_int_equal(st.refused_control, 0);
   assert_int_equal(st.ingested, 0);
   /* the control: the same frame under the cluster key is ingested, and
    * served with its bytes */
@@ -388,13 +337,30 @@ static void test_forged_frames_refused(void **state) {
   assert_memory_equal(kept, want, 16);
   kvbm_manager_block_unpin(d, &b, 1);
   assert_int_equal(stats(d).refused_auth, 4);
+  /* the same genuine frame relabelled on the way (another hash, no
+   * tokens, so no hash check could catch it): the link's MAC covers the
+   * envelope, so it is refused unread, not registered under the lie */
+  const uint64_t lie = 0x11E11E11E11Eull;
+  kvbm_block_msg m0 = {.seq_hash = hash, .num_tokens = 0, .tier = KVBM_TIER_G1, .layout_id = h.land_id,
+                       .phase = KVBM_PHASE_OUTPUT_CRITICAL, .body = body, .body_len = bb, .mac_key = mac};
+  assert_int_equal(kvbm_block_msg_encode(&m0, msg, sizeof msg, &len, NULL), KVBM_OK);
+  uint8_t *wire = malloc(len + 24);
+  size_t wlen = rp_seal_with(h.tx, msg, len, h.tx_seq++, wire);
+  for (int i = 0; i < 8; i++) wire[8 + i] = (uint8_t)(lie >> (8 * i));
+  assert_int_equal(rp_push_raw(&h, wire, wlen), KVBM_OK);
+  uint8_t rq[8] = {'K', 'V', 'R', 'Q', 1, 0, 0, 0};
+  assert_true(rp_send(&h, rq, sizeof rq, NULL) > 0);
+  uint8_t buf[64];
+  long n = rp_next(&h, buf, sizeof buf, 5000, NULL); /* the grant, not an ack of the relabelled block */
+  assert_true(n >= 4 && memcmp(buf, "KVGR", 4) == 0);
+  assert_int_equal(kvbm_manager_block_location(d, lie, &loc), KVBM_OK);
+  assert_false(loc.held);
+  assert_int_equal(stats(d).refused_control, 1);
+  free(wire);
   free(got);
   free(body);
   kvbm_manager_destroy(d);
-  kvbm_fabric_remote_set_release(h.rs);
-  kvbm_fabric_local_set_release(h.ls);
-  kvbm_storage_release(h.s);
-  kvbm_fabric_destroy(h.f);
+  rp_free(&h);
   kvbm_fabric_destroy(fd);
 }
 
