@@ -69,7 +69,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import enum
 import json
+import math
 import struct
 import threading
 from abc import ABC, abstractmethod
@@ -227,6 +229,110 @@ class _TransferResult:
 TransferResult = (_VllmTransferResult if _VllmTransferResult is not None
                   and dataclasses.is_dataclass(_VllmTransferResult) else _TransferResult)
 
+# ---------------------------------------------------------------- the per-key interface
+#
+# vLLM's offloading manager became per key in 2026 (vllm/v1/kv_offload/base.py;
+# docs/areas/engines.md, "The per-key interface"): lookup(key, req_context) ->
+# LookupResult for one OffloadKey, the batch calls take a ReqContext, and
+# prepare_store answers keys_to_store / evicted_keys. Its names are vLLM's own
+# where vLLM is importable (the scheduler compares lookup's answer with its own
+# enum, so the members must be vLLM's), stand-ins with the same names otherwise.
+# The older per-key base (lookup -> bool | None) has no LookupResult: lookup
+# then answers True / False / None.
+
+
+def _import_vllm_base():
+    try:
+        import vllm.v1.kv_offload.base as base  # type: ignore
+        return base if hasattr(base, "make_offload_key") else None
+    except Exception:  # not installed, or a vLLM before the per-key interface
+        return None
+
+
+_VLLM_BASE = _import_vllm_base()
+_LOOKUP_IS_BOOL = _VLLM_BASE is not None and not hasattr(_VLLM_BASE, "LookupResult")
+
+
+class _LookupResult(enum.Enum):
+    """Stand-in for vllm.v1.kv_offload.base.LookupResult."""
+
+    MISS = enum.auto()
+    HIT = enum.auto()
+    HIT_PENDING = enum.auto()
+    RETRY = enum.auto()
+
+
+class _OffloadPolicy(enum.Enum):
+    """Stand-in for vllm.v1.kv_offload.base.OffloadPolicy."""
+
+    CHUNK_LEVEL = "chunk_level"
+    REQUEST_LEVEL = "request_level"
+
+
+class _Medium(enum.Enum):
+    """Stand-in for vllm.v1.kv_offload.base.Medium."""
+
+    CPU = "CPU"
+    STORAGE = "STORAGE"
+
+
+class _Locality(enum.Enum):
+    """Stand-in for vllm.v1.kv_offload.base.Locality."""
+
+    LOCAL = "LOCAL"
+    REMOTE = "REMOTE"
+
+
+@dataclasses.dataclass
+class _ReqContext:
+    """Stand-in for vllm.v1.kv_offload.base.ReqContext (what a manager reads)."""
+
+    req_id: str
+    kv_transfer_params: Optional[dict] = None
+
+
+@dataclasses.dataclass
+class _RequestOffloadingContext:
+    """Stand-in for vllm.v1.kv_offload.base.RequestOffloadingContext."""
+
+    policy: Any = _OffloadPolicy.CHUNK_LEVEL
+
+
+@dataclasses.dataclass
+class _KeyOffloadingEvent:
+    """Stand-in for the per-key vllm.v1.kv_offload.base.OffloadingEvent."""
+
+    keys: list
+    medium: Any
+    removed: bool
+    locality: Any = None
+    ownership: Optional[str] = None
+    removal_expected: bool = False
+
+
+@dataclasses.dataclass
+class _KeyPrepareStoreOutput:
+    """Stand-in for the per-key vllm.v1.kv_offload.base.PrepareStoreOutput."""
+
+    keys_to_store: list
+    store_spec: Any
+    evicted_keys: list
+
+
+def _vllm_or(name: str, fallback):
+    """vLLM's per-key class of this name where vLLM has it, else the stand-in."""
+    return getattr(_VLLM_BASE, name, fallback) if _VLLM_BASE is not None else fallback
+
+
+LookupResult = _vllm_or("LookupResult", _LookupResult)
+OffloadPolicy = _vllm_or("OffloadPolicy", _OffloadPolicy)
+Medium = _vllm_or("Medium", _Medium)
+Locality = _vllm_or("Locality", _Locality)
+ReqContext = _vllm_or("ReqContext", _ReqContext)
+RequestOffloadingContext = _vllm_or("RequestOffloadingContext", _RequestOffloadingContext)
+KeyOffloadingEvent = _vllm_or("OffloadingEvent", _KeyOffloadingEvent)
+KeyPrepareStoreOutput = _vllm_or("PrepareStoreOutput", _KeyPrepareStoreOutput)
+
 # ---------------------------------------------------------------- errors
 
 _STATUS = {
@@ -264,6 +370,8 @@ def _error(cls, message: str, **attrs) -> Error:
 _DTYPE_IDS = {"float32": 1, "float16": 2, "bfloat16": 3, "float8_e4m3fn": 4,
               "float8_e5m2": 5, "int8": 6, "uint8": 7, "float64": 8}
 _MASK64 = (1 << 64) - 1
+_DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+                "float8_e5m2": 1, "int8": 1, "uint8": 1, "float64": 8}
 
 
 def _dtype_name(dtype) -> str:
@@ -352,6 +460,76 @@ class KvLayout:
                              f"the store holds {theirs!r}", field=f)
 
 
+@dataclasses.dataclass(frozen=True)
+class StateLayout:
+    """A Mamba group's state on one rank, from vLLM's ``MambaSpec``: the
+    shape of each state of a layer without its block axis (conv, then the
+    temporal/SSM state), their dtypes, and the group's layer count. A block
+    of the group is every layer's states at one block id, stored as all
+    layers' first (conv) state, then all layers' second, ... (kvbm's
+    ``kvbm_group_layout``: ``conv_bytes`` then ``ssm_bytes``)."""
+
+    shapes: tuple
+    dtypes: tuple
+    num_layers: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "shapes", tuple(tuple(int(x) for x in sh) for sh in self.shapes))
+        object.__setattr__(self, "dtypes", tuple(_dtype_name(d) for d in self.dtypes))
+        if not self.shapes or len(self.shapes) != len(self.dtypes) or any(
+                not sh or min(sh) < 1 for sh in self.shapes):
+            raise _error(LayoutError, f"kvbm.vllm: a Mamba state layout needs one dtype per "
+                         f"non-empty shape, got shapes {self.shapes} dtypes {self.dtypes}",
+                         field="mamba_state")
+        if not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise _error(LayoutError, f"kvbm.vllm: num_layers {self.num_layers!r} must be >= 1",
+                         field="num_layers")
+
+    def state_bytes(self, i: int) -> int:
+        """One layer's state i, in bytes."""
+        return math.prod(self.shapes[i]) * _DTYPE_SIZES[self.dtypes[i]]
+
+    @property
+    def layer_bytes(self) -> int:
+        return sum(self.state_bytes(i) for i in range(len(self.shapes)))
+
+    @property
+    def block_bytes(self) -> int:
+        return self.layer_bytes * self.num_layers
+
+    @property
+    def conv_bytes(self) -> int:
+        return self.state_bytes(0) * self.num_layers
+
+    @property
+    def ssm_bytes(self) -> int:
+        return self.block_bytes - self.conv_bytes
+
+    def group_layout(self) -> tuple:
+        """``(conv_bytes, ssm_bytes)``: this group's item of
+        ``kvbm.Manager(group_layouts=...)`` (kvbm_group_layout)."""
+        return (self.conv_bytes, self.ssm_bytes)
+
+    @property
+    def fingerprint64(self) -> int:
+        """What a stored state's header names: shapes, dtypes, layers."""
+        text = json.dumps([self.shapes, self.dtypes, self.num_layers]).encode()
+        return int.from_bytes(_kvbm.blake3(b"kvbm.vllm/state-layout" + text, length=8), "little")
+
+
+def mamba_state_layout(mamba_spec, num_layers: int) -> StateLayout:
+    """The StateLayout of a vLLM ``MambaSpec`` (its ``shapes`` and
+    ``dtypes``: one rank's states of one layer, vLLM's
+    MambaStateShapeCalculator already divided them by the TP size) for a
+    group of ``num_layers`` layers."""
+    shapes = getattr(mamba_spec, "shapes", None)
+    dtypes = getattr(mamba_spec, "dtypes", None)
+    if not shapes or not dtypes:
+        raise _error(LayoutError, f"kvbm.vllm: {type(mamba_spec).__name__} has no shapes/dtypes "
+                     "(vLLM's MambaSpec fields) to lay its states out", field="mamba_state")
+    return StateLayout(tuple(shapes), tuple(dtypes), num_layers)
+
+
 def block_key(block_hash) -> int:
     """The 64-bit key of a vLLM block hash: ``bytes`` (vLLM's BlockHash) are
     hashed with BLAKE3; ints (kvbm's hashes, old vLLM's ``hash_value``) are
@@ -370,6 +548,13 @@ def slice_key(key: int, head: int) -> int:
                                        length=8), "little")
 
 
+def state_slice_key(key: int, tp_rank: int) -> int:
+    """G4 key of one TP rank's Mamba state of one block (a state is stored
+    whole per rank: its heads are not split out as attention KV's are)."""
+    return int.from_bytes(_kvbm.blake3(b"kvbm.vllm/state" + struct.pack("<QI", key, tp_rank),
+                                       length=8), "little")
+
+
 DESCRIPTOR_KEY = int.from_bytes(_kvbm.blake3(b"kvbm.vllm/layout", length=8), "little")
 
 # A stored slice: header, then [layers, 2, block_size, heads, head_dim] elements.
@@ -380,6 +565,16 @@ _SLICE_HDR = struct.Struct("<8sQQIIIIII")  # magic, fp64, key, dtype, head_dim, 
 def _slice_header(layout: KvLayout, key: int, head0: int, nheads: int) -> bytes:
     return _SLICE_HDR.pack(_SLICE_MAGIC, layout.fingerprint64, key, layout.dtype_id,
                            layout.head_dim, layout.block_size, layout.num_layers, head0, nheads)
+
+
+# A stored Mamba state: header, then the group's block_bytes (StateLayout order).
+_STATE_MAGIC = b"KVBMVS1\0"
+_STATE_HDR = struct.Struct("<8sQQQIIII")  # magic, fp64, key, state fp64, bs, rank, tp, bytes
+
+
+def _state_header(layout: KvLayout, st: StateLayout, key: int) -> bytes:
+    return _STATE_HDR.pack(_STATE_MAGIC, layout.fingerprint64, key, st.fingerprint64,
+                           layout.block_size, layout.tp_rank, layout.tp_size, st.block_bytes)
 
 
 # ---------------------------------------------------------------- volumes
@@ -430,6 +625,9 @@ def _check_descriptor(vol: Volume, layout: KvLayout, *, write: bool) -> None:
 
 G2, G3, G4 = 1, 2, 3
 MEDIUM = {G2: "CPU", G3: "DISK", G4: "KVBM_G4"}
+# the per-key events' Medium and Locality of each tier's medium string
+_KEY_MEDIUM = {"CPU": Medium.CPU, "DISK": Medium.STORAGE, "KVBM_G4": Medium.STORAGE}
+_KEY_LOCALITY = {"CPU": Locality.LOCAL, "DISK": Locality.LOCAL, "KVBM_G4": Locality.REMOTE}
 
 
 class KvbmLoadStoreSpec(LoadStoreSpec):
@@ -601,6 +799,10 @@ class KvbmOffloadingManager(OffloadingManager):
         # a hybrid model's (kind, tokens) per group (kvbm.groups_from_vllm):
         # kvbm's events then name (hash, group_idx), as vLLM's do
         self._groups = None if groups is None else [(str(k), t) for k, t in groups]
+        self._state_groups = {g for g, (k, _) in enumerate(self._groups or ())
+                              if k.startswith("mamba")}
+        self._per_key = False     # a per-key caller seen: events in vLLM's per-key form
+        self._requests: dict = {}  # req id -> ReqContext (per-key form)
         self.block_size = layout.block_size
         self._g2, self._g3 = _Tier(g2_blocks), _Tier(g3_blocks)
         self._g3_policy, self._freq_threshold = g3_policy, freq_threshold
@@ -620,7 +822,8 @@ class KvbmOffloadingManager(OffloadingManager):
         if events_endpoint:
             self._publisher = _kvbm.KvEventPublisher(layout.block_size, endpoint=events_endpoint,
                                                      replay_endpoint=events_replay_endpoint)
-        self.stats = {"lookups": 0, "hit_blocks": [0, 0, 0, 0], "stored_blocks": [0, 0, 0, 0],
+        self.stats = {"lookups": 0, "key_lookups": 0, "hit_blocks": [0, 0, 0, 0],
+                      "stored_blocks": [0, 0, 0, 0],
                       "evicted_blocks": [0, 0, 0, 0], "store_refused": 0}
 
     # -- helpers
@@ -641,17 +844,33 @@ class KvbmOffloadingManager(OffloadingManager):
     def _known_in_g4(self, k: int) -> None:
         self._forget(self._g4_known.put(k, True))
 
-    def _in_g4(self, keys: list[int]) -> list[bool]:
-        """Complete in G4 = every KV head of the block is there (checked in
+    def _is_state(self, given) -> bool:
+        """Whether a given hash names a block of a Mamba group (an
+        OffloadKey whose 4 group bytes name a group of kind mamba*)."""
+        if not self._state_groups or not isinstance(given, (bytes, bytearray, memoryview)) \
+                or len(given) <= 4:
+            return False
+        return int.from_bytes(bytes(given)[-4:], "big") in self._state_groups
+
+    def _slices(self, k: int, given) -> list[int]:
+        """G4 values a block is complete with: one per KV head, or one per
+        TP rank for a Mamba state (its heads are not split out)."""
+        if self._is_state(given):
+            return [state_slice_key(k, r) for r in range(self.layout.tp_size)]
+        return [slice_key(k, h) for h in range(self.layout.num_kv_heads)]
+
+    def _in_g4(self, keys: list[int], given: Optional[list] = None) -> list[bool]:
+        """Complete in G4 = every value of the block is there (checked in
         one batch for the keys not known yet)."""
         if self._g4 is None:
             return [False] * len(keys)
-        unknown = [k for k in keys if k not in self._g4_known]
+        given = given if given is not None else [None] * len(keys)
+        unknown = [(k, h) for k, h in zip(keys, given) if k not in self._g4_known]
         if unknown:
-            heads = self.layout.num_kv_heads
-            found = self._g4.exists_many([slice_key(k, h) for k in unknown for h in range(heads)])
-            for i, k in enumerate(unknown):
-                if all(found[i * heads:(i + 1) * heads]):
+            slices = [self._slices(k, h) for k, h in unknown]
+            found = iter(self._g4.exists_many([s for ss in slices for s in ss]))
+            for (k, _), ss in zip(unknown, slices):
+                if all([next(found) for _ in ss]):
                     self._known_in_g4(k)
         return [k in self._g4_known for k in keys]
 
@@ -705,14 +924,20 @@ class KvbmOffloadingManager(OffloadingManager):
         return block_key(block_hash)
 
     # -- OffloadingManager
-    def lookup(self, block_hashes: Iterable) -> int:
+    def lookup(self, block_hashes, req_context=None):
+        """The batch form (vLLM before 2026): the number of leading blocks
+        of ``block_hashes`` offloaded. The per-key form (``lookup(key,
+        req_context)``, a ReqContext given): one block's LookupResult."""
+        if req_context is not None:
+            return self._lookup_key(block_hashes, req_context)
         self.stats["lookups"] += 1
+        block_hashes = list(block_hashes)
         keys = self._keys(block_hashes)
         n = 0
         while n < len(keys) and (self._g2.has(keys[n]) or self._g3.has(keys[n])):
             n += 1
         if n < len(keys) and self._g4 is not None:
-            for present in self._in_g4(keys[n:]):
+            for present in self._in_g4(keys[n:], list(block_hashes)[n:]):
                 if not present:
                     break
                 n += 1
@@ -722,15 +947,17 @@ class KvbmOffloadingManager(OffloadingManager):
         """Whether each block is offloaded (G2, G3, or G4, asked in one
         batch), each on its own: a sliding-window group needs blocks after
         a gap, which lookup (a prefix count) cannot say."""
+        block_hashes = list(block_hashes)
         keys = self._keys(block_hashes)
         out = [self._g2.has(k) or self._g3.has(k) for k in keys]
         rest = [i for i, x in enumerate(out) if not x]
         if rest and self._g4 is not None:
-            for i, present in zip(rest, self._in_g4([keys[i] for i in rest])):
+            for i, present in zip(rest, self._in_g4([keys[i] for i in rest],
+                                                    [block_hashes[i] for i in rest])):
                 out[i] = present
         return out
 
-    def prepare_load(self, block_hashes: Iterable) -> KvbmLoadStoreSpec:
+    def prepare_load(self, block_hashes: Iterable, req_context=None) -> KvbmLoadStoreSpec:
         keys = self._keys(block_hashes)
         tiers, slots = [], []
         for k in keys:
@@ -751,18 +978,22 @@ class KvbmOffloadingManager(OffloadingManager):
             self.stats["hit_blocks"][t] += 1
         return KvbmLoadStoreSpec("load", keys, tiers=tiers, slots=slots)
 
-    def touch(self, block_hashes: Iterable) -> None:
+    def touch(self, block_hashes: Iterable, req_context=None) -> None:
         for k in self._keys(block_hashes):
             self._freq.put(k, self._freq.get(k) + 1)
             for tier in (self._g2, self._g3):
                 tier.touch(k)
 
-    def complete_load(self, block_hashes: Iterable) -> None:
+    def complete_load(self, block_hashes: Iterable, req_context=None) -> None:
         for k in self._keys(block_hashes):
             if not self._g2.unpin(k):
                 self._g3.unpin(k)
 
-    def prepare_store(self, block_hashes: Iterable) -> Optional[PrepareStoreOutput]:
+    def prepare_store(self, block_hashes: Iterable, req_context=None):
+        """Slots for the blocks not stored yet, or None when G2 has no room.
+        The batch form answers vLLM's older PrepareStoreOutput
+        (block_hashes_to_store, block_hashes_evicted); with a ReqContext,
+        the per-key one (keys_to_store, evicted_keys)."""
         hashes = list(block_hashes)
         keys = self._keys(hashes)
         given = dict(zip(keys, hashes))
@@ -793,10 +1024,16 @@ class KvbmOffloadingManager(OffloadingManager):
         evicted_hashes = [self._hash_of.get(k, k) for k in evicted]
         self._forget(evicted + g3_evicted)
         spec = KvbmLoadStoreSpec("store", new, g2_slots=g2_slots, g3_slots=g3_slots, g4=g4)
+        if req_context is not None:
+            self._per_key = True
+            return KeyPrepareStoreOutput(keys_to_store=[given[k] for k in new],
+                                         store_spec=spec, evicted_keys=evicted_hashes)
         return PrepareStoreOutput(block_hashes_to_store=[given[k] for k in new],
                                   store_spec=spec, block_hashes_evicted=evicted_hashes)
 
-    def complete_store(self, block_hashes: Iterable, success: bool = True) -> None:
+    def complete_store(self, block_hashes: Iterable, req_context=None, success: bool = True) -> None:
+        if isinstance(req_context, bool):  # the batch form's complete_store(hashes, False)
+            req_context, success = None, req_context
         keys = self._keys(block_hashes)
         stored = {G2: [], G3: [], G4: []}
         for k in keys:
@@ -815,9 +1052,75 @@ class KvbmOffloadingManager(OffloadingManager):
         if not success:
             self._forget(keys)
 
-    def take_events(self) -> Iterable[OffloadingEvent]:
+    def take_events(self) -> Iterable:
+        """The events since the last call: vLLM's batch-form OffloadingEvent
+        (block_hashes, block_size, medium string), or, once a per-key
+        caller was seen, the per-key one (keys, Medium, removed, Locality)."""
         events, self._events = self._events, []
-        yield from events
+        if not self._per_key:
+            yield from events
+            return
+        for e in events:
+            yield KeyOffloadingEvent(keys=list(e.block_hashes), medium=_KEY_MEDIUM[e.medium],
+                                     removed=e.removed, locality=_KEY_LOCALITY[e.medium])
+
+    # -- the per-key interface (vllm/v1/kv_offload/base.py, 2026)
+    def _lookup_key(self, key, req_context):
+        """One block: HIT when a tier holds it readable, HIT_PENDING while
+        its store is in flight, MISS otherwise (never RETRY: G4 is asked
+        synchronously). The older per-key base: True / None / False."""
+        self._per_key = True
+        self.stats["key_lookups"] += 1
+        k = block_key(key)
+        if self._g2.has(k) or self._g3.has(k):
+            result = LookupResult.HIT
+        elif self._g2.is_pending(k) or self._g3.is_pending(k) or k in self._g4_pending:
+            result = LookupResult.HIT_PENDING
+        elif self._g4 is not None and self._in_g4([k], [key])[0]:
+            result = LookupResult.HIT
+        else:
+            result = LookupResult.MISS
+        if _LOOKUP_IS_BOOL:
+            return {"HIT": True, "MISS": False}.get(result.name)
+        return result
+
+    def on_new_request(self, req_context):
+        """Every request's blocks are offloaded as they are computed
+        (CHUNK_LEVEL: prefix hits are not stored again)."""
+        self._per_key = True
+        self._requests[req_context.req_id] = req_context
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context) -> None:
+        self._requests.pop(req_context.req_id, None)
+
+    def on_schedule_end(self, context) -> None:
+        return None  # nothing deferred: every call acts at once
+
+    def has_pending_work(self) -> bool:
+        return False  # stores complete through complete_store, not by stepping
+
+    def get_stats(self):
+        return None  # kvbm's counts are in .stats (vLLM's OffloadingConnectorStats is not built)
+
+    def reset_cache(self) -> None:
+        """Forgets every offloaded block (G2 and G3 emptied, G4's index and
+        the use counts dropped; G4 itself is shared and keeps its values).
+        Refused while a load or a store is in flight."""
+        for tier in (self._g2, self._g3):
+            if tier.pins or any(tier.is_pending(k) for k in self._hash_of):
+                raise _error(StateError, "KvbmOffloadingManager.reset_cache: a load or a "
+                             "store is in flight (complete it first)")
+        for tier_id, tier in ((G2, self._g2), (G3, self._g3)):
+            gone = [k for k in self._hash_of if tier.has(k)]
+            self._event(gone, tier_id, removed=True)
+        self._g2, self._g3 = _Tier(self._g2.capacity), _Tier(self._g3.capacity)
+        self._g4_known = _Lru(self._g4_known.cap)
+        self._freq = _Lru(self._freq.cap)
+        self._hash_of = {k: h for k, h in self._hash_of.items() if k in self._g4_pending}
+
+    def shutdown(self) -> None:
+        self.close()
 
     def flush_events(self, timeout: Optional[float] = None) -> None:
         if self._publisher is not None:
@@ -859,7 +1162,7 @@ class KvbmOffloadingHandler(OffloadingHandler):
     def __init__(self, kv_caches, layout: KvLayout, *, g2_blocks: int, g3_blocks: int = 0,
                  g3_url: Optional[str] = None, g4_url: Optional[str] = None,
                  g4_namespace: str = "kvbm-vllm", kv_layout: str = "flash_attn",
-                 groups: Optional[list] = None):
+                 groups: Optional[list] = None, states: Optional[list] = None):
         torch = _torch()
         if kv_layout not in ("flash_attn", "flashinfer"):
             raise _error(InvalidArgumentError, f"kvbm.vllm: kv_layout {kv_layout!r} is not "
@@ -871,14 +1174,33 @@ class KvbmOffloadingHandler(OffloadingHandler):
             names = [f"layer{i}" for i in range(len(tensors))]
         self.layout = layout
         group_names = self._group_names(names, groups, layout, isinstance(kv_caches, dict))
+        # per group: None (attention KV) or the StateLayout of a Mamba group
+        self._states = self._group_states(states, len(group_names))
         by_name = dict(zip(names, tensors))
-        tensors = [by_name[n] for g in group_names for n in g]
-        names = [n for g in group_names for n in g]
+        att = [g for g in range(len(group_names)) if self._states[g] is None]
+        tensors = [by_name[n] for g in att for n in group_names[g]]
+        names = [n for g in att for n in group_names[g]]
         self._kv = [t if kv_layout == "flash_attn" else t.transpose(0, 1) for t in tensors]
         L = layout.num_layers
-        # each group's per-layer tensors (one group: all of them)
-        self._kv_groups = [self._kv[i * L:(i + 1) * L] for i in range(len(group_names))]
-        self.num_blocks = self._kv[0].shape[1] if self._kv[0].dim() == 5 else -1
+        # each attention group's per-layer tensors (one group: all of them);
+        # a Mamba group's per-layer state tensors are in _state_kv
+        self._kv_groups = [None] * len(group_names)
+        for i, g in enumerate(att):
+            self._kv_groups[g] = self._kv[i * L:(i + 1) * L]
+        self.num_blocks = -1
+        if self._kv:
+            self.num_blocks = self._kv[0].shape[1] if self._kv[0].dim() == 5 else -1
+        self._state_kv = [None if st is None else
+                          [self._state_tensors(by_name[n], n, st) for n in group_names[g]]
+                          for g, st in enumerate(self._states)]
+        if not self._kv:  # a model of Mamba layers only
+            first = next(ts for ts in self._state_kv if ts is not None)
+            self.num_blocks = first[0][0].shape[0]
+        for g, ts in enumerate(self._state_kv):
+            for n, layer in zip(group_names[g], ts or ()):
+                if layer[0].shape[0] != self.num_blocks:
+                    raise _error(InvalidArgumentError, f"kvbm.vllm: Mamba state of {n!r} has "
+                                 f"{layer[0].shape[0]} blocks, the KV cache {self.num_blocks}")
         want_dtype = getattr(torch, layout.dtype)
         for name, t in zip(names, self._kv):
             want = (2, self.num_blocks, layout.block_size, layout.local_heads, layout.head_dim)
@@ -901,6 +1223,11 @@ class KvbmOffloadingHandler(OffloadingHandler):
         self._esize = self.g2[0].element_size()
         self._rank_bytes = layout.num_layers * self.g2[0][:, 0].numel() * self._esize
         self._head_bytes = self._rank_bytes // layout.local_heads
+        # Mamba states in G2: one byte row per slot (any group's block may
+        # take any slot: one budget), as wide as the widest group's state
+        widths = [st.block_bytes for st in self._states if st is not None]
+        self.g2_state = (torch.empty((g2_blocks, max(widths)), dtype=torch.uint8,
+                                     pin_memory=pin) if widths else None)
         self.g3 = Volume(g3_url, f"rank{layout.tp_rank}-of-{layout.tp_size}") if g3_blocks and g3_url else None
         self.g3_blocks = g3_blocks if self.g3 is not None else 0
         self.g4 = None
@@ -943,6 +1270,48 @@ class KvbmOffloadingHandler(OffloadingHandler):
                                  f"{n!r} is {'listed twice' if n in seen else 'not in the KV tensors'}")
                 seen.add(n)
         return groups
+
+    @staticmethod
+    def _group_states(states, ngroups: int) -> list:
+        """One item per group: None for attention, a StateLayout for Mamba."""
+        if states is None:
+            return [None] * ngroups
+        states = list(states)
+        if len(states) != ngroups or any(st is not None and not isinstance(st, StateLayout)
+                                         for st in states):
+            raise _error(InvalidArgumentError, f"kvbm.vllm: states: one item per KV cache "
+                         f"group ({ngroups}), None or a StateLayout, got {states!r:.120}")
+        return states
+
+    def _state_tensors(self, t, name: str, st: "StateLayout") -> list:
+        """A Mamba layer's state tensors, checked against the group's
+        MambaSpec: vLLM's (conv, temporal) list, each [num_blocks, *shape]
+        in its dtype (a block id indexes dim 0), or the newer runner's byte
+        page view [num_blocks, 1, 1, page_bytes], cut into those states as
+        vLLM's Mamba layer does. Anything else: InvalidArgumentError naming
+        the layer, what it is and what the spec wants."""
+        torch = _torch()
+        dts = [getattr(torch, d) for d in st.dtypes]
+        if isinstance(t, torch.Tensor) and t.dtype in (torch.int8, torch.uint8) and t.dim() >= 2 \
+                and t[0].numel() >= st.layer_bytes:
+            pages = t.reshape(t.shape[0], -1)
+            out, off = [], 0
+            for i, (shape, dt) in enumerate(zip(st.shapes, dts)):
+                nbytes = st.state_bytes(i)
+                out.append(pages[:, off:off + nbytes].view(dt).view(-1, *shape))
+                off += nbytes
+            return out
+        got = list(t) if isinstance(t, (list, tuple)) else [t]
+        ok = len(got) == len(st.shapes) and all(
+            isinstance(x, torch.Tensor) and x.dim() == len(shape) + 1 and x.dtype == dt
+            and tuple(x.shape[1:]) == tuple(shape) for x, shape, dt in zip(got, st.shapes, dts))
+        if not ok:
+            desc = [(tuple(x.shape), str(x.dtype).replace("torch.", ""))
+                    if isinstance(x, torch.Tensor) else type(x).__name__ for x in got]
+            raise _error(LayoutError, f"kvbm.vllm: Mamba layer {name!r} holds {desc}; its "
+                         f"MambaSpec wants states {[(('num_blocks',) + tuple(sh), d) for sh, d in zip(st.shapes, st.dtypes)]}",
+                         field="mamba_state")
+        return got
 
     def _block_groups(self, job_id, gpu, n) -> list[int]:
         """The group of each of a transfer's n GPU blocks (vLLM's
@@ -1087,13 +1456,61 @@ class KvbmOffloadingHandler(OffloadingHandler):
             out.setdefault(g, []).append(i)
         return out.items()
 
+    def _gather_states(self, g: int, ids: list[int]):
+        """Group g's states at these GPU block ids as [n, block_bytes]
+        bytes: every layer's first (conv) state, then every layer's second."""
+        torch = _torch()
+        idx = torch.tensor(ids, dtype=torch.long, device=self.device)
+        parts = [layer[j].index_select(0, idx).reshape(len(ids), -1).view(torch.uint8)
+                 for j in range(len(self._states[g].shapes)) for layer in self._state_kv[g]]
+        return torch.cat(parts, dim=1).cpu()
+
+    def _put_states(self, g: int, ids: list[int], rows) -> None:
+        """Writes [n, block_bytes] bytes into group g's states at these
+        GPU block ids (the inverse of _gather_states)."""
+        torch = _torch()
+        idx = torch.tensor(ids, dtype=torch.long, device=self.device)
+        rows = rows.to(self.device)
+        off = 0
+        for j, shape in enumerate(self._states[g].shapes):
+            nbytes = self._states[g].state_bytes(j)
+            for layer in self._state_kv[g]:
+                t = layer[j]
+                t.index_copy_(0, idx, rows[:, off:off + nbytes].contiguous().view(t.dtype)
+                              .view(len(ids), *shape))
+                off += nbytes
+
+    def _is_state(self, g: int) -> bool:
+        return self._states[g] is not None
+
     def _store(self, kv: KvbmLoadStoreSpec, ids: list[int], grp: list[int]) -> int:
+        torch = _torch()
         self._copy([(self._kv_groups[g], [ids[i] for i in pos], [kv.g2_slots[i] for i in pos],
-                     self.g2) for g, pos in self._per_group(grp)])
+                     self.g2) for g, pos in self._per_group(grp) if not self._is_state(g)])
+        nbytes = 0
+        for g, pos in self._per_group(grp):
+            if self._is_state(g):
+                st = self._states[g]
+                slots = torch.tensor([kv.g2_slots[i] for i in pos], dtype=torch.long)
+                self.g2_state[:, :st.block_bytes].index_copy_(
+                    0, slots, self._gather_states(g, [ids[i] for i in pos]))
+                nbytes += len(pos) * st.block_bytes
+            else:
+                nbytes += len(pos) * self._rank_bytes
         lay = self.layout
         g3_items, g4_items = [], []
         for i, key in enumerate(kv.keys):
             if kv.g3_slots[i] < 0 and not kv.g4[i]:
+                continue
+            st = self._states[grp[i]]
+            if st is not None:   # a state is one value per rank in G3 and G4
+                body = (_state_header(lay, st, key)
+                        + self.g2_state[kv.g2_slots[i], :st.block_bytes].numpy().tobytes())
+                frame = _kvbm.frame_encode(body, 0)
+                if kv.g3_slots[i] >= 0:
+                    g3_items.append((kv.g3_slots[i], frame))
+                if kv.g4[i]:
+                    g4_items.append((state_slice_key(key, lay.tp_rank), frame))
                 continue
             blk = self._block(kv.g2_slots[i])
             if kv.g3_slots[i] >= 0:
@@ -1112,8 +1529,29 @@ class KvbmOffloadingHandler(OffloadingHandler):
                     raise _error(IoError, f"kvbm.vllm: {len(bad)} {tier} puts failed "
                                  f"(first status {bad[0]})")
         self.stats["stores"] += 1
-        self.stats["bytes_stored"] += len(ids) * self._rank_bytes
-        return len(ids) * self._rank_bytes
+        self.stats["bytes_stored"] += nbytes
+        return nbytes
+
+    def _verified_state(self, raw, key: int, st: StateLayout) -> bytes:
+        """The payload of a stored Mamba state, or an error: a frame whose
+        BLAKE3 fails, or a header naming another block, model, state layout
+        (shapes, dtypes, layers), block size or TP rank/size."""
+        if raw is None:
+            raise _error(NotFoundError, f"kvbm.vllm: Mamba state of block {key:#018x} "
+                         f"(rank {self.layout.tp_rank}) is not in the store")
+        try:
+            _, body = _kvbm.frame_decode(raw)
+        except Error as e:
+            self.stats["rejected_slices"] += 1
+            raise _error(ChecksumError, f"kvbm.vllm: Mamba state of block {key:#018x}: {e}") \
+                from None
+        want = _state_header(self.layout, st, key)
+        if body[:_STATE_HDR.size] != want or len(body) != _STATE_HDR.size + st.block_bytes:
+            self.stats["rejected_slices"] += 1
+            raise _error(LayoutError, f"kvbm.vllm: Mamba state of block {key:#018x}: stored "
+                         "header or size does not match this engine's (another block, model, "
+                         "state layout, block size or TP rank)", field="mamba_state")
+        return body[_STATE_HDR.size:]
 
     def _verified(self, raw, key: int, head0: int, nheads: int, nbytes: int) -> bytes:
         """The payload of a stored slice, or ChecksumError: a frame whose
@@ -1136,7 +1574,10 @@ class KvbmOffloadingHandler(OffloadingHandler):
     def _load(self, kv: KvbmLoadStoreSpec, ids: list[int], grp: list[int]) -> int:
         torch = _torch()
         lay = self.layout
-        far = [i for i, t in enumerate(kv.tiers) if t != G2]     # G3/G4: staged, verified
+        state = [i for i in range(len(ids)) if self._is_state(grp[i])]
+        states = self._load_states(kv, state, grp)   # verified, nothing written yet
+        far = [i for i, t in enumerate(kv.tiers)           # G3/G4: staged, verified
+               if t != G2 and not self._is_state(grp[i])]
         dtype = self.g2[0].dtype
         stage = torch.empty((lay.num_layers, 2, len(far)) + self._slot_shape[2:], dtype=dtype)
         row = {i: r for r, i in enumerate(far)}
@@ -1165,6 +1606,8 @@ class KvbmOffloadingHandler(OffloadingHandler):
         # every block checked: now, and only now, the engine's blocks are written
         copies = []
         for g, pos in self._per_group(grp):
+            if self._is_state(g):
+                continue
             near = [i for i in pos if kv.tiers[i] == G2]
             mine = [i for i in pos if kv.tiers[i] != G2]
             copies += [(self.g2, [kv.slots[i] for i in near], [ids[i] for i in near],
@@ -1172,9 +1615,41 @@ class KvbmOffloadingHandler(OffloadingHandler):
                        (list(stage), [row[i] for i in mine], [ids[i] for i in mine],
                         self._kv_groups[g])]
         self._scatter(copies)
+        nbytes = (len(ids) - len(state)) * self._rank_bytes
+        for g, (pos, rows) in states.items():
+            self._put_states(g, [ids[i] for i in pos], rows)
+            nbytes += len(pos) * self._states[g].block_bytes
         self.stats["loads"] += 1
-        self.stats["bytes_loaded"] += len(ids) * self._rank_bytes
-        return len(ids) * self._rank_bytes
+        self.stats["bytes_loaded"] += nbytes
+        return nbytes
+
+    def _load_states(self, kv: KvbmLoadStoreSpec, state: list[int], grp: list[int]) -> dict:
+        """{group: (positions, [n, block_bytes] bytes)} of a load's Mamba
+        blocks, read from G2 or read and verified from G3/G4; writes nothing."""
+        torch = _torch()
+        far = [i for i in state if kv.tiers[i] != G2]
+        payload = {}
+        for tier, vol in ((G3, self.g3), (G4, self.g4)):
+            want = [i for i in far if kv.tiers[i] == tier]
+            if not want:
+                continue
+            keys = ([kv.slots[i] for i in want] if tier == G3 else
+                    [state_slice_key(kv.keys[i], self.layout.tp_rank) for i in want])
+            cap = max(self._states[grp[i]].block_bytes for i in want) + 4096
+            for i, raw in zip(want, vol.get_many(keys, cap)):
+                payload[i] = self._verified_state(raw, kv.keys[i], self._states[grp[i]])
+        out = {}
+        for g, pos in self._per_group([grp[i] for i in state]):
+            pos = [state[p] for p in pos]
+            nb = self._states[g].block_bytes
+            rows = torch.empty((len(pos), nb), dtype=torch.uint8)
+            for r, i in enumerate(pos):
+                if kv.tiers[i] == G2:
+                    rows[r] = self.g2_state[kv.slots[i], :nb]
+                else:
+                    rows[r] = torch.frombuffer(bytearray(payload[i]), dtype=torch.uint8)
+            out[g] = (pos, rows)
+        return out
 
     def _scatter(self, copies) -> None:
         """The only place a load writes the engine's tensors."""
@@ -1306,6 +1781,9 @@ class KvbmOffloadingSpec(OffloadingSpec):
         # (kind, tokens) of each group, kvbm.groups_from_vllm's; None: one group
         self.group_kinds = (None if self._groups is None else
                             _groups_from_vllm(kv_cache_config))
+        # per group None or a Mamba group's StateLayout (its MambaSpec)
+        self.states = (None if self._groups is None else
+                       self._states_of(kv_cache_config, self._groups))
         if self._groups and "kvbm_num_layers" not in x:  # the layers of one group
             self.layout = dataclasses.replace(self.layout, num_layers=len(self._groups[0]))
         if self.layout.block_size != self.gpu_block_size:
@@ -1319,20 +1797,29 @@ class KvbmOffloadingSpec(OffloadingSpec):
     @staticmethod
     def _kv_groups_of(kv_cache_config) -> Optional[list]:
         """A hybrid model's groups (kv_cache_config with more than one
-        kv_cache_group): each group's layer names, after kvbm.groups_from_vllm
-        checked the kinds. Mamba groups are refused: their state is not the
-        paged [2, block, heads, head_dim] KV this handler copies. None for
-        one group (or no config)."""
+        kv_cache_group, or any Mamba group): each group's layer names, after
+        kvbm.groups_from_vllm checked the kinds. None for one attention
+        group (or no config)."""
         groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
-        if len(groups) <= 1:
+        if not groups:
             return None
         kinds = _groups_from_vllm(groups)
-        for i, (kind, _) in enumerate(kinds):
-            if kind.startswith("mamba"):
-                raise _error(UnsupportedError, f"kvbm.vllm: kv_cache_groups[{i}] is a Mamba "
-                             "group: its state is not paged attention KV, which this handler "
-                             "copies (use kvbm.Manager(groups=...) for Mamba states)")
+        if len(groups) == 1 and not kinds[0][0].startswith("mamba"):
+            return None
         return [list(g.layer_names) for g in groups]
+
+    @staticmethod
+    def _states_of(kv_cache_config, names: list) -> list:
+        """Per group None (attention) or the StateLayout of a Mamba group's
+        MambaSpec (shapes and dtypes per layer, the group's layer count)."""
+        out = []
+        for g, layer_names in zip(kv_cache_config.kv_cache_groups, names):
+            spec = g.kv_cache_spec
+            if "UniformTypeKVCacheSpecs" in [c.__name__ for c in type(spec).__mro__]:
+                spec = next(iter(spec.kv_cache_specs.values()))
+            is_mamba = "MambaSpec" in [c.__name__ for c in type(spec).__mro__]
+            out.append(mamba_state_layout(spec, len(layer_names)) if is_mamba else None)
+        return out
 
     def get_manager(self) -> KvbmOffloadingManager:
         if self._manager is None:
@@ -1357,7 +1844,8 @@ class KvbmOffloadingSpec(OffloadingSpec):
             g3_blocks=int(self._opt("kvbm_g3_blocks", 0)), g3_url=self._opt("kvbm_g3_url"),
             g4_url=self._opt("kvbm_g4_url"),
             g4_namespace=self._opt("kvbm_g4_namespace", "kvbm-vllm"),
-            kv_layout=self._opt("kvbm_kv_layout", "flash_attn"), groups=self._groups)
+            kv_layout=self._opt("kvbm_kv_layout", "flash_attn"), groups=self._groups,
+            states=self.states)
         yield GPULoadStoreSpec, KvbmLoadStoreSpec, handler
         yield KvbmLoadStoreSpec, GPULoadStoreSpec, handler
 
@@ -1501,12 +1989,12 @@ class KvbmWorkerMetadata(KVConnectorWorkerMetadata):
         return out
 
 
-def _block_ids(blocks, ngroups: int = 1) -> list:
+def _block_ids(blocks, ngroups: int = 1, tables: bool = False) -> list:
     """vLLM's KVCacheBlocks (``get_block_ids()`` -> one list per group), or
     ids: group 0's ids for one group, one list per group for ``ngroups`` >
-    1 (then exactly ``ngroups`` lists)."""
+    1 or ``tables`` (then exactly ``ngroups`` lists)."""
     groups = blocks.get_block_ids() if hasattr(blocks, "get_block_ids") else None
-    if ngroups == 1:
+    if ngroups == 1 and not tables:
         if groups is None:
             return [int(b) for b in blocks]
         if len(groups) != 1:
@@ -1542,9 +2030,9 @@ class KvbmConnectorV1(KVConnectorBase_V1):
     rank. A job is done when every rank reported it (``KvbmWorkerMetadata``
     counts, summed by vLLM over the ranks; ``world_size`` ranks).
 
-    Hybrid models (``kv_cache_config`` with several ``kv_cache_groups``,
-    attention only: full, sliding window, chunked local; Mamba refused as
-    by KvbmOffloadingSpec): a block of group g is stored under
+    Hybrid models (``kv_cache_config`` with several ``kv_cache_groups``:
+    full, sliding window, chunked local attention, Mamba): a block of group g
+    is stored under
     ``group_key(hash, g)`` (vLLM's OffloadKey) from group g's layers. The
     lookup is the longest prefix every group can serve (vLLM's coordinator
     rule): full attention needs every block, a window of W the blocks
@@ -1554,7 +2042,13 @@ class KvbmConnectorV1(KVConnectorBase_V1):
     window's blocks that fall out of the window in the step that fills
     them are not stored (vLLM frees them at the next schedule, before the
     deferred store would read them), so a window group offloads what a hit
-    at the end of a step needs, not every boundary's."""
+    at the end of a step needs, not every boundary's. A Mamba group needs
+    the one state block at the hit's last block (vLLM's rule: a hit lands on
+    a boundary where a state was saved), so the hit is shortened to the
+    last boundary whose state kvbm holds; a step stores the state block of
+    its end when the step ends on a block boundary (vLLM frees the others
+    at the next schedule), and a load copies that one state into the
+    group's GPU block at the hit's last position."""
 
     NULL_BLOCK = 0  # vLLM's null block id: table entries a group skips
 
@@ -1647,7 +2141,7 @@ class KvbmConnectorV1(KVConnectorBase_V1):
         self._need(True, "update_state_after_alloc")
         rid = request.request_id
         self._reqs[rid] = request
-        self._blocks[rid] = _block_ids(blocks, self.num_groups)
+        self._blocks[rid] = _block_ids(blocks, self.num_groups, self._kinds is not None)
         if num_external_tokens == 0:
             return
         start, hits = self._lookups.pop(rid, (None, 0))

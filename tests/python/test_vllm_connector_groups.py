@@ -15,7 +15,7 @@ block hashes once for all groups. What the tests hold the connector to:
 - the hit follows vLLM's rule: a prefix whose window blocks were never
   stored is no hit even though the full group holds every block;
 - hostile group layouts (a table count that is not the config's, null
-  blocks where a load must write, a Mamba group) are refused with messages;
+  blocks where a load must write, a MambaSpec without its state shapes) are refused with messages;
 - kvbm.connector's G1-owning cache manager refuses a Manager of several
   groups, naming why;
 - kvbm's own events of a hybrid offloading manager name each block by its
@@ -190,7 +190,7 @@ def test_hostile_group_layouts():
     with pytest.raises(kvbm.InvalidArgumentError, match="null blocks"):
         s.update_state_after_alloc(b, Blocks([11, 12, 13, 14, 15], [0, 0, 0, 19, 20]), 16)
     p.close()
-    with pytest.raises(kvbm.UnsupportedError, match="Mamba"):
+    with pytest.raises(kv.LayoutError, match="MambaSpec has no shapes/dtypes"):
         kv.KvbmConnectorV1(config(), kv.KVConnectorRole.SCHEDULER,
                            kv_cache_config(FullAttentionSpec(), MambaSpec()))
 

@@ -123,8 +123,8 @@ def test_hostile_group_specs():
                                        out.store_spec))
     handler.close()
     mgr.close()
-    # a Mamba group's state is not paged attention KV: refused at the spec
-    with pytest.raises(kvbm.UnsupportedError, match="Mamba"):
+    # a Mamba group needs its MambaSpec's state shapes and dtypes (test_vllm_mamba.py)
+    with pytest.raises(kv.LayoutError, match="no shapes/dtypes"):
         kv.KvbmOffloadingSpec(vllm_config(BS, extra()), kv_cache_config(FullAttentionSpec(), MambaSpec()))
     # a group whose layers do not match the layout, or are not in the caches
     lay = spec.layout
