@@ -5,7 +5,7 @@
 # peer test and fault under TSan's own interceptors (a thread's exit calls
 # madvise): switched off, as for the fabric's in-process test. The UCX
 # test forks the decode worker.
-foreach(t peer_test_disagg peer_test_kept_sums peer_test_keyed peer_test_hindex)
+foreach(t peer_test_disagg peer_test_kept_sums peer_test_keyed peer_test_control_mac peer_test_hindex)
   if(TEST ${t})
     set_tests_properties(${t} PROPERTIES
       LABELS "peer;tsan"

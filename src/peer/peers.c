@@ -33,6 +33,19 @@
  * is not hashed again either. The secret comes from the config's bytes or
  * a key file (common/secret.c's checks), never a command line.
  *
+ * Keyed control messages (issue 23). The frame MAC covers a block's
+ * bytes; the link's other messages, and a pushed block's envelope, are
+ * MAC'd by the link itself (peer/ctl.h has the wire and why): each
+ * keyed hello carries a fresh nonce, both sides then exchange a sealed
+ * confirmation naming both hellos (another key fails here, at attach),
+ * and every later message ends with a sequence number and a keyed
+ * BLAKE3-128 under the direction's key, derived from a control key of
+ * its own context. handle() checks it before anything else reads the
+ * message: a forged, unkeyed or replayed one is dropped, counted
+ * (refused_control, refused_replayed) and has no effect; the link stays
+ * up (see refuse_control for why). A keyed side and an unkeyed one refuse
+ * each other at the hello.
+ *
  * Design. A peer is one fabric connection to another manager. Attaching
  * exchanges hellos (a landing zone's export and the sending mode), then a
  * link thread serves what the peer sends: block messages (verified and
@@ -51,7 +64,7 @@
  *
  * Wire (this file's own messages; block messages are kvbm/fabric.h's),
  * little-endian, each one push:
- *   "KVPH" u32 version 1, u32 mode, u32 landing tier, u32 0,
+ *   "KVPH" u32 version 2, u32 mode, u32 landing tier, u32 flags, u32 0,
  *          u64 n, n bytes: the landing zone's export (kvbm_fabric_export)
  *   "KVRQ" u32 n                     grant me n landing blocks
  *   "KVGR" u32 n, n x u32 block ids  granted (n may be fewer, 0: no room)
@@ -61,6 +74,11 @@
  *   "KVRM" u32 flags, u32 n, u32 0, n x u64 hashes   (version 2)
  *                                    blocks I acknowledged and no longer
  *                                    hold; flags bit 0: forget them all
+ * The hello's fourth u32 is its flags: 0 unkeyed (the bytes of before),
+ * bit 0 keyed, and then a 32-byte nonce follows the export. Keyed links
+ * add, second each way, "KVAU" u32 0, BLAKE3 of the hello sent and of the
+ * one received; from it on, every message carries peer/ctl.h's trailer
+ * (u64 seq, 16-byte MAC).
  *
  * Versions. A hello says 1 or 2; both are accepted (the lower is spoken).
  * Version 2 adds only "KVRM": a version 1 peer is never sent one (it
