@@ -86,6 +86,9 @@ __all__ = [
     "KvbmConnectorMetadata", "KvbmConnectorV1", "KvbmOffloadingManager", "KvbmOffloadingSpec",
     "KvbmWorkerMetadata", "LayoutError", "TransferFailedError",
     "block_key", "first_needed_block", "group_key", "slice_key",
+    "StateLayout", "mamba_state_layout", "state_slice_key",
+    "LookupResult", "ReqContext", "RequestOffloadingContext", "OffloadPolicy", "Medium",
+    "Locality", "KeyOffloadingEvent", "KeyPrepareStoreOutput",
 ]
 
 # ---------------------------------------------------------------- vLLM or stand-ins
@@ -1391,6 +1394,24 @@ class KvbmOffloadingHandler(OffloadingHandler):
             self._jobs[job_id] = self._pool.submit(self._run, job_id, direction, run, kv, ids, grp)
         return True
 
+    # the newest vLLM's OffloadingWorker names the direction (base.py @ 0105e232)
+    def submit_store(self, job_id: int, src_spec, dst_spec) -> bool:
+        """GPU -> kvbm: ``transfer_async(job_id, (src_spec, dst_spec))``."""
+        if src_spec.medium() != "GPU":
+            raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: submit_store reads "
+                         f"the GPU, not {src_spec!r}")
+        return self.transfer_async(job_id, (src_spec, dst_spec))
+
+    def submit_load(self, job_id: int, src_spec, dst_spec) -> bool:
+        """kvbm -> GPU: ``transfer_async(job_id, (src_spec, dst_spec))``."""
+        if dst_spec.medium() != "GPU":
+            raise _error(InvalidArgumentError, f"kvbm.vllm: job {job_id}: submit_load writes "
+                         f"the GPU, not {dst_spec!r}")
+        return self.transfer_async(job_id, (src_spec, dst_spec))
+
+    def shutdown(self) -> None:
+        self.close()
+
     def _run(self, job_id, direction, run, kv, ids, grp) -> None:
         import time
         t0 = time.monotonic()
@@ -1848,6 +1869,13 @@ class KvbmOffloadingSpec(OffloadingSpec):
             states=self.states)
         yield GPULoadStoreSpec, KvbmLoadStoreSpec, handler
         yield KvbmLoadStoreSpec, GPULoadStoreSpec, handler
+
+    def get_worker(self, kv_caches) -> KvbmOffloadingHandler:
+        """The newest vLLM's worker-side call (one OffloadingWorker with
+        submit_store / submit_load): the same handler. vLLM passes it
+        CanonicalKVCaches there, which are refused as in get_handlers."""
+        ((_, _, handler), _) = self.get_handlers(kv_caches)
+        return handler
 
 
 # ---------------------------------------------------------------- a KVConnectorBase_V1 (copy model)

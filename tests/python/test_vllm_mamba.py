@@ -135,7 +135,7 @@ def test_store_and_load_states_byte_identical():
     spec = kv.KvbmOffloadingSpec(vllm_config(BS, extra()), kv_cache_config())
     mgr = spec.get_manager()
     eng = Engine(0)
-    ((_, _, handler), _) = list(spec.get_handlers(eng.caches()))
+    handler = spec.get_worker(eng.caches())        # the newest vLLM's call: one worker
     attn0, states0 = eng.clone()
     hashes = [bytes([i]) * 32 for i in range(1, 5)]
     keys = [kv.group_key(h, 0) for h in hashes] + [kv.group_key(hashes[1], 1),
@@ -143,7 +143,11 @@ def test_store_and_load_states_byte_identical():
     out = mgr.prepare_store(keys)
     assert len(out.store_spec.keys) == 6
     src = kv.GPULoadStoreSpec([1, 2, 3, 4, 9, 11], group_sizes=[4, 2], block_indices=[0, 1])
-    assert run(handler, 1, src, out.store_spec)
+    with pytest.raises(kvbm.InvalidArgumentError, match="submit_store reads the GPU"):
+        handler.submit_store(1, out.store_spec, src)
+    assert handler.submit_store(1, src, out.store_spec) is True     # base.py's OffloadingWorker
+    handler.wait({1})
+    assert [r.success for r in handler.get_finished()] == [True]
     mgr.complete_store(keys)
     per_block = LAYERS * 2 * BS * HEADS * HD * 4
     assert handler.stats["bytes_stored"] == 4 * per_block + 2 * LAYERS * STATE
@@ -151,8 +155,10 @@ def test_store_and_load_states_byte_identical():
     eng.zero()
     want = [kv.group_key(h, 0) for h in hashes[:2]] + [kv.group_key(hashes[1], 1)]
     load = mgr.prepare_load(want)
-    assert run(handler, 2, load, kv.GPULoadStoreSpec([20, 21, 25], group_sizes=[2, 1],
-                                                     block_indices=[0, 1]))
+    assert handler.submit_load(2, load, kv.GPULoadStoreSpec([20, 21, 25], group_sizes=[2, 1],
+                                                            block_indices=[0, 1]))
+    handler.wait({2})
+    assert [r.success for r in handler.get_finished()] == [True]
     mgr.complete_load(want)
     for i in range(LAYERS):
         assert torch.equal(eng.attn[i][:, 20:22], attn0[i][:, 1:3])
