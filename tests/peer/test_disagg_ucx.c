@@ -14,7 +14,11 @@
  * sending modes (push: whole framed messages; put: one-sided writes into
  * granted landing blocks, then their headers), each with layouts that
  * differ (LayerSeparate on one side, FullyContiguous on the other), over
- * shared memory and over TCP.
+ * shared memory and over TCP. Keyed (issue 23): the two managers share a
+ * cluster key, so frames carry the keyed MAC (the corrupted block is
+ * refused by it, KVBM_EAUTH) and every other message the link's MAC
+ * (kvbm/peer.h, "Keyed control messages"): across two processes and a
+ * real transport, none of the genuine ones is refused.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -38,6 +42,7 @@
   } while (0)
 
 static const char kKey[] = "the disaggregation test's shared secret";
+static const uint8_t kPeerKey[32] = "the peers' cluster key, 32 bytes";
 #define NA 41 /* prompt A: 10 full blocks, block 2 corrupted */
 #define NB 37 /* prompt B: 9 full blocks, clean */
 
@@ -62,7 +67,7 @@ static kvbm_manager *manager(kvbm_layout_kind kind, uint64_t corrupt) {
 }
 
 /* The decode worker: attaches, waits for the parent's word, prefills. */
-static void decode_main(uint16_t port, int go_fd, int done_fd, kvbm_layout_kind kind, const char *tls) {
+static void decode_main(uint16_t port, int go_fd, int done_fd, kvbm_layout_kind kind, const char *tls, bool keyed) {
   kvbm_fabric_ucx_config uc = ucx_config("decode", tls);
   kvbm_fabric *f = NULL;
   kvbm_error e = {0};
@@ -71,7 +76,12 @@ static void decode_main(uint16_t port, int go_fd, int done_fd, kvbm_layout_kind 
   kvbm_manager *m = manager(kind, 0);
   CHECK(m != NULL);
   uint32_t peer;
-  CHECK(kvbm_manager_attach(m, f, NULL, &peer, &e) == KVBM_OK);
+  kvbm_peer_config dc = kvbm_peer_config_default();
+  if (keyed) {
+    dc.key = kPeerKey;
+    dc.key_len = sizeof kPeerKey;
+  }
+  CHECK(kvbm_manager_attach(m, f, &dc, &peer, &e) == KVBM_OK);
   char go;
   CHECK(read(go_fd, &go, 1) == 1 && go == 'g');
   uint32_t *a = tu_prompt(1000, NA), *b = tu_prompt(9000, NB);
@@ -97,8 +107,10 @@ static void decode_main(uint16_t port, int go_fd, int done_fd, kvbm_layout_kind 
   for (int k = 3; k < 10; k++) CHECK(kvbm_manager_block_location(m, h[k], &loc) == KVBM_OK && loc.held);
   kvbm_peer_stats st;
   CHECK(kvbm_manager_peer_stats_get(m, peer, &st) == KVBM_OK);
-  CHECK(st.received == 19 && st.ingested == 18 && st.refused_checksum == 1);
-  CHECK(strstr(st.last_refusal, "checksum") != NULL);
+  CHECK(st.received == 19 && st.ingested == 18);
+  CHECK(keyed ? st.refused_auth == 1 : st.refused_checksum == 1);
+  CHECK(strstr(st.last_refusal, keyed ? "KVBM_EAUTH" : "checksum") != NULL);
+  CHECK(st.keyed == keyed && st.refused_control == 0);
   /* Checked: tell the prefill worker, so that both ends close together. */
   CHECK(write(done_fd, "k", 1) == 1);
   kvbm_manager_destroy(m);
@@ -108,8 +120,8 @@ static void decode_main(uint16_t port, int go_fd, int done_fd, kvbm_layout_kind 
   _exit(0);
 }
 
-static void run_pair(kvbm_disagg_mode mode, kvbm_layout_kind prefill_kind, kvbm_layout_kind decode_kind,
-                     const char *tls) {
+static void run_pair_k(kvbm_disagg_mode mode, kvbm_layout_kind prefill_kind, kvbm_layout_kind decode_kind,
+                       const char *tls, bool keyed) {
   kvbm_fabric_ucx_config uc = ucx_config("prefill", tls);
   kvbm_fabric_listener *l;
   kvbm_error e = {0};
@@ -125,7 +137,7 @@ static void run_pair(kvbm_disagg_mode mode, kvbm_layout_kind prefill_kind, kvbm_
     close(go[1]);
     close(done[0]);
     kvbm_fabric_listener_destroy(l);
-    decode_main(port, go[0], done[1], decode_kind, tls);
+    decode_main(port, go[0], done[1], decode_kind, tls, keyed);
   }
   close(go[0]);
   close(done[1]);
@@ -142,6 +154,10 @@ static void run_pair(kvbm_disagg_mode mode, kvbm_layout_kind prefill_kind, kvbm_
   kvbm_peer_config pc = kvbm_peer_config_default();
   pc.mode = mode;
   pc.timeout_ms = 20000;
+  if (keyed) {
+    pc.key = kPeerKey;
+    pc.key_len = sizeof kPeerKey;
+  }
   uint32_t peer;
   if (kvbm_manager_attach(m, f, &pc, &peer, &e) != KVBM_OK) {
     kill(pid, SIGKILL);
@@ -165,6 +181,8 @@ static void run_pair(kvbm_disagg_mode mode, kvbm_layout_kind prefill_kind, kvbm_
   assert_int_equal(st.acked_blocks, 18);
   assert_int_equal(st.peer_refused, 1);
   if (mode == KVBM_DISAGG_PUT) assert_int_equal(st.grants_received, 19);
+  assert_int_equal(st.keyed, keyed);
+  assert_int_equal(st.refused_control, 0);
   assert_int_equal(write(go[1], "g", 1), 1);
   /* The decode worker's word (or its end: a failed check exits), then
    * both ends close at once. */
@@ -184,6 +202,11 @@ static void run_pair(kvbm_disagg_mode mode, kvbm_layout_kind prefill_kind, kvbm_
   close(go[1]);
   free(a);
   free(b);
+}
+
+static void run_pair(kvbm_disagg_mode mode, kvbm_layout_kind prefill_kind, kvbm_layout_kind decode_kind,
+                     const char *tls) {
+  run_pair_k(mode, prefill_kind, decode_kind, tls, false);
 }
 
 static void test_push_shm(void **state) {
@@ -206,12 +229,24 @@ static void test_put_tcp(void **state) {
   run_pair(KVBM_DISAGG_PUT, KVBM_LAYOUT_LAYER_SEPARATE, KVBM_LAYOUT_LAYER_SEPARATE, "tcp,self");
 }
 
+static void test_put_shm_keyed(void **state) {
+  (void)state;
+  run_pair_k(KVBM_DISAGG_PUT, KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_LAYER_SEPARATE, "shm,self", true);
+}
+
+static void test_push_tcp_keyed(void **state) {
+  (void)state;
+  run_pair_k(KVBM_DISAGG_PUSH, KVBM_LAYOUT_FULLY_CONTIGUOUS, KVBM_LAYOUT_FULLY_CONTIGUOUS, "tcp,self", true);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_push_shm),
       cmocka_unit_test(test_put_shm),
       cmocka_unit_test(test_push_tcp),
       cmocka_unit_test(test_put_tcp),
+      cmocka_unit_test(test_put_shm_keyed),
+      cmocka_unit_test(test_push_tcp_keyed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
