@@ -38,8 +38,7 @@ BS, HEADS, HD, LAYERS, NB = 4, 2, 8, 2, 32
 CONV, TEMPORAL = (3, 80), (4, 16, 8)     # mamba2_state_shape, see above
 DTYPES = (torch.bfloat16, torch.float32)  # mamba_cache_dtype, mamba_ssm_cache_dtype
 STATE = 3 * 80 * 2 + 4 * 16 * 8 * 4       # one layer's state bytes (2,528)
-PAGE = 2 * BS * HEADS * HD * 4            # the attention page (512 B)...
-PAGE = max(PAGE, STATE + 32)              # ...padded as vLLM pads the pages to one size
+PAGE = STATE + 32                         # one page size for every group (vLLM pads them)
 
 
 class FullAttentionSpec:  # vLLM's classes, known by name
@@ -74,38 +73,57 @@ def extra(**kw):
     return d
 
 
+ATTN = 2 * BS * HEADS * HD * 4           # an attention block's K and V bytes in a page
+
+
 class Engine:
-    """The engine's KV: attention layers [2, NB, BS, heads, hd]; Mamba
-    layers one byte page per block, with vLLM's typed (conv, temporal)
-    views. Layer 0's page view and layer 1's state list go to kvbm."""
+    """The engine's KV as vLLM lays out a hybrid with Mamba: layer i of
+    each group shares one byte buffer of a page per block (a block id
+    belongs to one group at a time); the attention view is [2, NB, BS,
+    heads, hd] with the pages' (num_blocks, 2, ...) memory layout
+    (update_hybrid_attention_mamba_layout), the Mamba view the (conv,
+    temporal) states at the start of each page. Layer 0's Mamba state goes
+    to kvbm as the page view, layer 1's as the state list."""
 
     def __init__(self, seed, shapes=(CONV, TEMPORAL), dtypes=DTYPES):
         g = torch.Generator().manual_seed(seed)
-        self.attn = [torch.randn(2, NB, BS, HEADS, HD, generator=g) for _ in range(LAYERS)]
-        self.pages = [torch.zeros(NB, 1, 1, PAGE, dtype=torch.int8) for _ in range(LAYERS)]
+        self.raw = [torch.randint(-128, 128, (NB, PAGE), generator=g, dtype=torch.int8)
+                    for _ in range(LAYERS)]
+        self.attn = [torch.as_strided(r.view(torch.float32), (2, NB, BS, HEADS, HD),
+                                      (ATTN // 8, PAGE // 4, HEADS * HD, HD, 1))
+                     for r in self.raw]
         self.states = []
-        for p in self.pages:
-            flat, off, views = p.view(NB, PAGE), 0, []
+        for r in self.raw:
+            off, views = 0, []
             for shape, dt in zip(shapes, dtypes):
                 n = torch.tensor([], dtype=dt).element_size() * int(torch.tensor(shape).prod())
-                views.append(flat[:, off:off + n].view(dt).view(NB, *shape))
+                views.append(r[:, off:off + n].view(dt).view(NB, *shape))
                 off += n
-            for v in views:
-                v.copy_(torch.randn(v.shape, generator=g).to(v.dtype))
             self.states.append(views)
 
     def caches(self):
         d = {f"attn.{i}": t for i, t in enumerate(self.attn)}
-        d["mamba.0"] = self.pages[0]                       # the newer runner's page view
+        d["mamba.0"] = self.raw[0].view(NB, 1, 1, PAGE)    # the newer runner's page view
         d["mamba.1"] = list(self.states[1])                # the older runner's (conv, temporal)
         return d
 
     def zero(self):
-        for t in self.attn + self.pages:
-            t.zero_()
+        for r in self.raw:
+            r.zero_()
 
-    def clone(self):
-        return ([t.clone() for t in self.attn], [[s.clone() for s in st] for st in self.states])
+    def pages(self):
+        return [r.clone() for r in self.raw]
+
+
+def landed(eng, before, moves):
+    """Every layer's pages: block dst holds src's first n bytes of
+    `before` (moves: [(src, dst, n)]) and zeros after them; every other
+    page is zero."""
+    for i in range(LAYERS):
+        want = torch.zeros_like(before[i])
+        for src, dst, n in moves:
+            want[dst, :n] = before[i][src, :n]
+        assert torch.equal(eng.raw[i], want), i
 
 
 def run(handler, job_id, src, dst):
@@ -136,7 +154,7 @@ def test_store_and_load_states_byte_identical():
     mgr = spec.get_manager()
     eng = Engine(0)
     handler = spec.get_worker(eng.caches())        # the newest vLLM's call: one worker
-    attn0, states0 = eng.clone()
+    before = eng.pages()
     hashes = [bytes([i]) * 32 for i in range(1, 5)]
     keys = [kv.group_key(h, 0) for h in hashes] + [kv.group_key(hashes[1], 1),
                                                    kv.group_key(hashes[3], 1)]
@@ -160,13 +178,8 @@ def test_store_and_load_states_byte_identical():
     handler.wait({2})
     assert [r.success for r in handler.get_finished()] == [True]
     mgr.complete_load(want)
-    for i in range(LAYERS):
-        assert torch.equal(eng.attn[i][:, 20:22], attn0[i][:, 1:3])
-        for s, s0 in zip(eng.states[i], states0[i]):
-            assert torch.equal(s[25], s0[9])           # the state of GPU block 9, byte for byte
-            assert not s[:25].any() and not s[26:].any()
-        assert not eng.attn[i][:, :20].any() and not eng.attn[i][:, 22:].any()
-        assert not eng.pages[i][PAGE - 32:].any()        # the padding untouched
+    # attention blocks 1, 2 into 20, 21; the state of block 9 into 25: byte for byte
+    landed(eng, before, [(1, 20, ATTN), (2, 21, ATTN), (9, 25, STATE)])
     handler.close()
     mgr.close()
 
@@ -267,7 +280,7 @@ def compute_a(g4):
 def test_connector_hit_shortened_to_saved_state_and_loaded_byte_identical(tmp_path):
     g4 = f"file://{tmp_path}/g4"
     a = compute_a(g4)
-    attn_a, states_a = a.eng.clone()
+    pages_a = a.eng.pages()
     a.close()
 
     b = Pair(g4, seed=2)            # another engine: its own G2, nothing of A's in memory
@@ -285,12 +298,8 @@ def test_connector_hit_shortened_to_saved_state_and_loaded_byte_identical(tmp_pa
     assert recving == {"b"} and errors == set()
     assert b.worker.handler.stats["bytes_loaded"] == 2 * LAYERS * 2 * BS * HEADS * HD * 4 + \
         LAYERS * STATE
-    for i in range(LAYERS):
-        assert torch.equal(b.eng.attn[i][:, 11:13], attn_a[i][:, 1:3])
-        assert not b.eng.attn[i][:, :11].any() and not b.eng.attn[i][:, 13:].any()
-        for sb, sa in zip(b.eng.states[i], states_a[i]):
-            assert torch.equal(sb[17], sa[7])          # A's state after 8 tokens
-            assert not sb[:17].any() and not sb[18:].any()
+    # A's attention blocks 1, 2 and its state after 8 tokens (block 7), nothing else
+    landed(b.eng, pages_a, [(1, 11, ATTN), (2, 12, ATTN), (7, 17, STATE)])
     assert s.manager.stats["hit_blocks"][kv.G4] == 3
     # a prompt that diverges after the first block: no state at block 0 -> no hit
     other = EngineRequest("c", list(range(4)) + [99] * 13, BS)
@@ -304,7 +313,7 @@ def test_connector_refuses_a_state_of_another_layout(tmp_path):
     # same model fingerprint and attention layout, another SSM state size
     temporal = (4, 16, 4)
     c = Pair(g4, seed=3, mamba=MambaSpec(shapes=(CONV, temporal)), shapes=(CONV, temporal))
-    before = c.eng.clone()
+    before = c.eng.pages()
     req = EngineRequest("c", list(range(17)), BS)
     assert c.sched.get_num_new_matched_tokens(req, 0) == (8, True)   # G4 holds the value...
     c.sched.update_state_after_alloc(req, Blocks([11, 12, 13, 14, 15], [0, 17, 18, 19, 20]), 8)
@@ -312,9 +321,6 @@ def test_connector_refuses_a_state_of_another_layout(tmp_path):
     assert recving == {"c"} and errors == {11, 12, 17}               # ...which is refused
     err = c.worker.handler.last_error
     assert isinstance(err, kv.LayoutError) and "state layout" in str(err)
-    after = c.eng.clone()
-    for i in range(LAYERS):                  # the engine's tensors untouched
-        assert torch.equal(after[0][i], before[0][i])
-        for x, y in zip(after[1][i], before[1][i]):
-            assert torch.equal(x, y)
+    for x, y in zip(c.eng.pages(), before):   # the engine's pages untouched
+        assert torch.equal(x, y)
     c.close()
