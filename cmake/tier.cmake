@@ -5,7 +5,7 @@
 # TSan's own interceptors (a thread's exit calls madvise); no test here
 # uses them, so they are switched off, as for the fabric's in-process test.
 foreach(t tier_test_threads tier_test_manager tier_test_events tier_test_g4 tier_test_hints tier_test_hybrid
-          tier_test_g4_hostile)
+          tier_test_g4_hostile tier_test_hybrid_decode)
   if(TEST ${t})
     set_tests_properties(${t} PROPERTIES LABELS "tier;tsan" ENVIRONMENT "UCX_MEM_MMAP_HOOK_MODE=none")
   endif()

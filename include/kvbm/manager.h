@@ -813,8 +813,21 @@ KVBM_EXTERN void kvbm_mreq_destroy(kvbm_mreq *r);
  * g4_lookup_max, one batch under g4_lookup_timeout_ms, the lock dropped),
  * as kvbm_manager_prefill does; what lands is indexed.
  *
- * Not (yet) for hybrid requests: decode appends, phases, peers, onboards
- * abandoned at a deadline (they are waited for). */
+ * Decode (kvbm_hreq_append) is vLLM's allocate_slots for a running
+ * request: room for the step's new blocks in every group is checked before
+ * any is taken (KVBM_ENOSPC, nothing changed), every group allocates, then
+ * the blocks that filled register (group g under its key); commit offloads
+ * them and releases what each group no longer needs at the new length, so
+ * a window group frees (to the cache) the block that left its window while
+ * the request runs. Phases (kvbm_hreq_set_phase) label appended blocks as
+ * kvbm_mreq_set_phase does.
+ *
+ * Onboards from a store that may be given up (G4, G3 over a URL) share one
+ * deadline, g4_timeout_ms from the prefill, as kvbm_manager_prefill's:
+ * past it those still out are abandoned (counted `abandoned`), the engine
+ * computes them, and the hit is the group rule's over what arrived.
+ *
+ * Not (yet) for hybrid requests: peers (pulls, ExitThink's push). */
 
 /* The manager's block of a Mamba group holds its state: vLLM's MambaSpec
  * gives the state as shapes per layer (conv state and SSM/temporal state),
@@ -876,10 +889,37 @@ KVBM_EXTERN int kvbm_hreq_table(const kvbm_hreq *r, uint32_t g, const uint32_t *
  * failed. Waits for the onboards first. */
 KVBM_EXTERN bool kvbm_hreq_must_compute(kvbm_hreq *r, uint32_t g, size_t k);
 
-/* The engine wrote every block it must compute: see above. Waits for the
- * onboards first; never for a copy. Once per request (KVBM_ESTATE
- * after). */
+/* The engine wrote every block it must compute (every token so far is
+ * computed): see above. Offloads the full blocks not committed before and
+ * releases what each group no longer needs (vLLM's remove_skipped_blocks
+ * at the request's length). Waits for the onboards first; never for a
+ * copy. Called after the prefill and after each decode step; a commit
+ * with nothing new does nothing (KVBM_OK). KVBM_ENOMEM: nothing done. */
 KVBM_EXTERN int kvbm_hreq_commit(kvbm_hreq *r);
+
+/* Appends n decode tokens (one scheduler step; n 0: no-op). Every group's
+ * table grows to the new length: one new block when the tail fills (Mamba
+ * "align": its running state block only, the places between null), all
+ * groups checked for room in G1 first: KVBM_ENOSPC (message), nothing
+ * changed. Blocks that fill register under (hash, group) at once (this
+ * request computes them: must_compute) and are offloaded at the next
+ * commit. A window group's blocks are released at commit, not here: kvbm
+ * learns that tokens are computed from commit, and releasing a block the
+ * engine has not written would leave it registered without its KV.
+ * KVBM_EINVAL (message) for a NULL request or tokens. Cost: one hash per
+ * filled block, O(groups) pool calls under the manager lock. */
+KVBM_EXTERN int kvbm_hreq_append(kvbm_hreq *r, const uint32_t *tokens, size_t n, kvbm_error *err);
+
+/* As kvbm_mreq_set_phase: blocks that fill from now on get the phase's
+ * label, EXIT_THINK turns THINK_ACTIVE labels into THINK_COMPLETE (demoted
+ * in G1 at destroy: first in line for eviction, every group's block).
+ * KVBM_EINVAL for another value, KVBM_ESTATE for REASONING after
+ * EXIT_THINK. No push to a peer (peers do not serve hybrid requests yet). */
+KVBM_EXTERN int kvbm_hreq_set_phase(kvbm_hreq *r, kvbm_request_phase phase, kvbm_error *err);
+
+/* The label of full block k (the same for every group; KVBM_ERANGE past
+ * the full blocks). */
+KVBM_EXTERN int kvbm_hreq_block_phase(const kvbm_hreq *r, size_t k, kvbm_frame_phase *out);
 
 /* Waits for the onboards, releases every block (group 0 first, each table
  * tail first) and frees the request. NULL: no-op. */

@@ -44,6 +44,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/vec.h"
 #include "tier/internal.h"
 
 #define NO_SRC 0xFFu /* src[] of a table entry that is not a hit block */
@@ -51,17 +52,30 @@
 struct kvbm_hreq {
   kvbm_manager *m;
   kvbm_mreq shell;   /* what request.c's policy code reads: tokens, salt,
-                        priority, phase labels (none: OutputCritical) */
+                        priority, phase labels (kvbm__label_full) */
   uint64_t serial;   /* the G1 owner of the blocks it registers */
-  size_t n, nfull, total; /* tokens, full blocks, blocks */
+  size_t n, nfull, total; /* tokens, full blocks, blocks (grow at append) */
   uint32_t ngroups;
   uint64_t *hashes;  /* nfull sequence hashes (group 0's keys) */
-  uint32_t *tab;     /* ngroups x total: G1 ids, KVBM_HREQ_NULL */
-  uint8_t *src;      /* ngroups x total: the hit block's tier, NO_SRC */
+  size_t hcap;
+  /* Group g's block table: G1 ids, KVBM_HREQ_NULL (vLLM's null block).
+   * One vector per group, so that an append grows each in place. */
+  uint32_t *tab[KVBM_GROUPS_MAX];
+  size_t tcap[KVBM_GROUPS_MAX];
+  /* Entries below skip[g] are all NULL (skipped or released), so a
+   * release starts there, not at 0 (and passes Mamba align's nulls). */
+  size_t skip[KVBM_GROUPS_MAX];
+  uint8_t *src;      /* ngroups x stot: the hit block's tier, NO_SRC (only
+                        blocks below `hit` are ever hit blocks) */
+  size_t stot;       /* blocks at prefill: src's stride */
   size_t hit;        /* blocks of the hit found */
   size_t settled;    /* blocks of the hit once the onboards are over
                         (SIZE_MAX: not yet) */
-  bool committed;
+  size_t commits;    /* kvbm_hreq_commit calls that did something */
+  size_t committed;  /* full blocks the offload policy has used */
+  size_t computed;   /* tokens the engine said are computed (last commit) */
+  kvbm__onboards *og;/* onboards from stores that may be abandoned: one
+                        deadline for the prefill (request.c's record) */
   uint64_t *found;   /* during prefill: keys G4's store answered for that
                         its index does not know (sorted; NULL: none) */
   size_t nfound;
@@ -200,8 +214,8 @@ static bool lookup_tiers(void *user, uint32_t g, size_t k) {
 /* After the onboards: what the request's own tables hold ready. */
 static bool lookup_own(void *user, uint32_t g, size_t k) {
   const kvbm_hreq *r = user;
-  uint32_t id = r->tab[(size_t)g * r->total + k];
-  if (id == KVBM_HREQ_NULL || r->src[(size_t)g * r->total + k] == NO_SRC) return false;
+  uint32_t id = r->tab[g][k];
+  if (id == KVBM_HREQ_NULL || k >= r->hit || r->src[(size_t)g * r->stot + k] == NO_SRC) return false;
   return r->m->t[KVBM_TIER_G1].state[id] == KVBM__READY;
 }
 
@@ -301,23 +315,42 @@ static bool g4_lookup(kvbm_hreq *r) {
 
 /* ---- taking the plan (lock held; room checked) ---- */
 
-/* A new G1 block registered for group g's block k (tokens and key), this
- * request its owner unless the key was registered already (then that
- * block, with a reference). */
-static uint32_t register_new(kvbm_hreq *r, uint32_t g, size_t k) {
+/* Registers G1 block id (allocated, held) as group g's block k (tokens and
+ * key), this request its owner; if the key was registered already, that
+ * block instead, with a reference (dedup; id goes back to the pool). */
+static uint32_t register_id(kvbm_hreq *r, uint32_t g, size_t k, uint32_t id) {
   kvbm_manager *m = r->m;
-  kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
-  uint32_t id, got;
-  KVBM__MUST(kvbm_pool_alloc(g1->pool, 1, &id));
-  KVBM__MUST(kvbm__fill_grp(g1, g, id, r->shell.salt, k ? key_of(r, k - 1, g) : 0, k > 0,
+  uint32_t got;
+  KVBM__MUST(kvbm__fill_grp(&m->t[KVBM_TIER_G1], g, id, r->shell.salt, k ? key_of(r, k - 1, g) : 0, k > 0,
                             r->shell.tokens + k * m->cfg.block_size, key_of(r, k, g), &got));
   if (got == id) m->g1_owner[id] = r->serial; /* UNCOMPUTED since the STORED event */
   return got;
 }
 
+/* A new G1 block registered for group g's block k. */
+static uint32_t register_new(kvbm_hreq *r, uint32_t g, size_t k) {
+  uint32_t id;
+  KVBM__MUST(kvbm_pool_alloc(r->m->t[KVBM_TIER_G1].pool, 1, &id));
+  return register_id(r, g, k, id);
+}
+
+/* The shared deadline record of the prefill's onboards from stores that
+ * may be given up (request.c's queue_onboards): created at the first such
+ * onboard; its deadline counts from the prefill's take, after the lookup,
+ * which had its own. NULL when out of memory: those onboards are then
+ * simply waited for. */
+static kvbm__onboards *deadline_of(kvbm_hreq *r) {
+  if (!r->og && (r->og = malloc(sizeof *r->og)))
+    *r->og = (kvbm__onboards){.refs = 1, .cut = SIZE_MAX,
+                              .deadline_ns = kvbm_clock_ns() + (uint64_t)r->m->cfg.g4_timeout_ms * 1000000u};
+  return r->og;
+}
+
 /* Group g's hit block k from lower tier ti: a new PENDING G1 block and its
- * onboard (request.c's queue_onboards, one block; waited for, never
- * abandoned). */
+ * onboard (request.c's queue_onboards, one block). From a store that may
+ * be given up (kvbm__abandonable: G4, G3 over a URL) the job carries the
+ * prefill's deadline record and its place k: settle() and the worker give
+ * it up past the deadline, or once the hit is known to end before k. */
 static uint32_t onboard(kvbm_hreq *r, uint32_t g, size_t k, int ti) {
   kvbm_manager *m = r->m;
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1], *t = &m->t[ti];
@@ -338,6 +371,7 @@ static uint32_t onboard(kvbm_hreq *r, uint32_t g, size_t k, int ti) {
   for (int i = 0; i < KVBM_TIER_COUNT; i++) j.id[i] = KVBM__NONE;
   j.id[KVBM_TIER_G1] = id;
   j.id[ti] = sid;
+  if (kvbm__abandonable(t) && (j.og = deadline_of(r))) j.og->refs++;
   bool queued = kvbm__q_push(&t->q, &j);
   assert(queued && "plan_fits counted the queue's room");
   (void)queued;
@@ -354,16 +388,17 @@ static void take(kvbm_hreq *r, bool lower) {
   for (uint32_t g = 0; g < r->ngroups; g++)
     for (size_t k = first_needed(r, g, r->hit); k < r->hit; k++)
       if (source_of(r, g, k, false) == KVBM_TIER_G1) {
-        KVBM__MUST(kvbm_pool_match(g1, key_of(r, k, g), &r->tab[g * T + k]));
+        KVBM__MUST(kvbm_pool_match(g1, key_of(r, k, g), &r->tab[g][k]));
         r->src[g * T + k] = KVBM_TIER_G1;
         r->hit_g1[g]++;
       }
   bool any = false;
   for (uint32_t g = 0; g < r->ngroups; g++) {
-    for (size_t k = first_needed(r, g, r->hit); k < r->hit; k++) {
+    r->skip[g] = first_needed(r, g, r->hit);
+    for (size_t k = r->skip[g]; k < r->hit; k++) {
       if (r->src[g * T + k] != NO_SRC) continue;
       int ti = source_of(r, g, k, lower);
-      r->tab[g * T + k] = onboard(r, g, k, ti);
+      r->tab[g][k] = onboard(r, g, k, ti);
       r->src[g * T + k] = (uint8_t)ti;
       any = true;
     }
@@ -371,9 +406,9 @@ static void take(kvbm_hreq *r, bool lower) {
      * in every group. The partial tail block is not registered. */
     for (size_t k = r->hit; k < T; k++) {
       if (k < r->nfull) {
-        r->tab[g * T + k] = register_new(r, g, k);
+        r->tab[g][k] = register_new(r, g, k);
       } else {
-        KVBM__MUST(kvbm_pool_alloc(g1, 1, &r->tab[g * T + k]));
+        KVBM__MUST(kvbm_pool_alloc(g1, 1, &r->tab[g][k]));
       }
     }
   }
@@ -387,10 +422,22 @@ static void hreq_free(kvbm_hreq *r) {
   if (!r) return;
   free(r->found);
   free(r->shell.tokens);
+  free(r->shell.phase);
   free(r->hashes);
-  free(r->tab);
+  for (uint32_t g = 0; g < KVBM_GROUPS_MAX; g++) free(r->tab[g]);
   free(r->src);
   free(r);
+}
+
+/* Room for `blocks` entries in every group's table, `tokens` tokens and
+ * `full` hashes: grows the vectors, changes nothing a reader sees (the
+ * counts stay). KVBM_ENOMEM or KVBM_EOVERFLOW, the request unchanged. */
+static int reserve(kvbm_hreq *r, size_t tokens, size_t full, size_t blocks) {
+  int rc = kvbm__vec_reserve_of(&r->shell.tokens, &r->shell.tcap, tokens, 64, KVBM__VEC_NO_LIMIT);
+  if (!rc) rc = kvbm__vec_reserve_of(&r->hashes, &r->hcap, full ? full : 1, 4, KVBM__VEC_NO_LIMIT);
+  for (uint32_t g = 0; g < r->ngroups && !rc; g++)
+    rc = kvbm__vec_reserve_of(&r->tab[g], &r->tcap[g], blocks ? blocks : 1, 4, KVBM__VEC_NO_LIMIT);
+  return rc;
 }
 
 int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
@@ -406,23 +453,26 @@ int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
   r->m = m;
   r->n = n;
   r->nfull = n / B;
-  r->total = r->nfull + (n % B != 0);
+  r->total = r->stot = r->nfull + (n % B != 0);
   r->ngroups = m->ngroups;
   r->settled = SIZE_MAX;
   r->shell.m = m;
   r->shell.salt = salt_hash;
   r->shell.prio = priority;
-  r->shell.tokens = malloc(n * sizeof *tokens);
-  r->hashes = malloc((r->nfull ? r->nfull : 1) * sizeof *r->hashes);
-  r->tab = malloc(r->ngroups * r->total * sizeof *r->tab);
+  r->shell.fill = KVBM_PHASE_OUTPUT_CRITICAL; /* the prompt: needed at every step */
   r->src = malloc(r->ngroups * r->total);
-  if (!r->shell.tokens || !r->hashes || !r->tab || !r->src) {
+  if (!r->src || reserve(r, n, r->nfull, r->total)) {
     hreq_free(r);
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: hprefill: out of memory");
   }
   memcpy(r->shell.tokens, tokens, n * sizeof *tokens);
-  r->shell.ntok = r->shell.tcap = n;
-  memset(r->tab, 0xFF, r->ngroups * r->total * sizeof *r->tab); /* KVBM_HREQ_NULL */
+  r->shell.ntok = n;
+  if (kvbm__label_full(&r->shell)) {
+    hreq_free(r);
+    return kvbm_error_set(err, KVBM_ENOMEM, "manager: hprefill: out of memory");
+  }
+  for (uint32_t g = 0; g < r->ngroups; g++)
+    memset(r->tab[g], 0xFF, r->total * sizeof *r->tab[g]); /* KVBM_HREQ_NULL */
   memset(r->src, NO_SRC, r->ngroups * r->total);
   for (size_t k = 0; k < r->nfull; k++)
     r->hashes[k] = kvbm_hash_next(m->cfg.scheme, salt_hash, k ? r->hashes[k - 1] : 0, k > 0, tokens + k * B, B);
@@ -456,17 +506,67 @@ int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
   return KVBM_OK;
 }
 
+/* Lock held. Gives up group g's onboard of block k (G1 block id, from
+ * tier ti): no bytes will reach it, the engine computes it (must_compute),
+ * and its job, queued or in flight, finds it no longer PENDING and drops
+ * what it brings (workers.c). */
+static void abandon(kvbm_hreq *r, uint32_t id, int ti) {
+  r->m->t[KVBM_TIER_G1].state[id] = KVBM__FAILED;
+  r->m->t[ti].st.abandoned++;
+}
+
 /* Lock held. Whether every hit block's bytes are in (or known lost); then
- * the settled hit is the rule's over what arrived, at most the hit found. */
+ * the settled hit is the rule's over what arrived, at most the hit found.
+ *
+ * One deadline for the prefill's onboards from stores that may be given
+ * up, as kvbm_manager_prefill's (request.c, settle): past it, each one
+ * still out is abandoned (FAILED) and the rule then shortens the hit only
+ * as far as the group rule says (lookup_own). A lost hit block at place k
+ * (failed, abandoned, or another request's G1 block that failed) ends the
+ * hit at k at the latest, whatever its group: a hit longer than k would
+ * need it (every group's needed blocks for a hit h > k include block k,
+ * since the first needed block only grows with h). So the onboards behind
+ * the first lost place are of no use: given up at once here, and the
+ * worker does not send those still queued (og->cut). */
 static bool settle(kvbm_hreq *r) {
   if (r->settled != SIZE_MAX) return true;
-  const uint8_t *st = r->m->t[KVBM_TIER_G1].state;
-  for (size_t i = 0; i < r->ngroups * r->total; i++) {
-    if (r->src[i] == NO_SRC) continue;
-    if (st[r->tab[i]] == KVBM__PENDING || st[r->tab[i]] == KVBM__LANDING) return false;
-  }
-  uint32_t B = r->m->cfg.block_size;
-  r->settled = r->hit ? (size_t)(kvbm_groups_hit(r->m->groups, r->ngroups, B, (uint64_t)r->hit * B,
+  kvbm_manager *m = r->m;
+  uint8_t *st = m->t[KVBM_TIER_G1].state;
+  const size_t T = r->stot;
+  bool late = false, clock_read = false, waiting = false;
+  size_t cut = r->og && r->og->cut < r->hit ? r->og->cut : r->hit;
+  for (uint32_t g = 0; g < r->ngroups; g++)
+    for (size_t k = r->skip[g]; k < r->hit; k++) {
+      uint8_t ti = r->src[g * T + k];
+      if (ti == NO_SRC) continue;
+      uint32_t id = r->tab[g][k];
+      if (st[id] == KVBM__PENDING && ti != KVBM_TIER_G1 && r->og && kvbm__abandonable(&m->t[ti])) {
+        if (!clock_read) { /* read once, and only when it can matter */
+          late = kvbm_clock_ns() >= r->og->deadline_ns;
+          clock_read = true;
+        }
+        if (late) {
+          abandon(r, id, ti);
+          kvbm__onboards_late(m, &m->t[ti], r->og);
+        }
+      }
+      if (st[id] == KVBM__FAILED && k < cut) cut = k;
+    }
+  for (uint32_t g = 0; g < r->ngroups; g++)
+    for (size_t k = r->skip[g]; k < r->hit; k++) {
+      uint8_t ti = r->src[g * T + k];
+      if (ti == NO_SRC) continue;
+      uint32_t id = r->tab[g][k];
+      if (st[id] == KVBM__PENDING && k > cut && ti != KVBM_TIER_G1 && r->og && kvbm__abandonable(&m->t[ti])) {
+        abandon(r, id, ti); /* past the cut: nothing it brings is used */
+        continue;
+      }
+      if (st[id] == KVBM__PENDING || st[id] == KVBM__LANDING) waiting = true;
+    }
+  if (r->og && cut < r->og->cut) r->og->cut = cut;
+  if (waiting) return false;
+  uint32_t B = m->cfg.block_size;
+  r->settled = r->hit ? (size_t)(kvbm_groups_hit(m->groups, r->ngroups, B, (uint64_t)r->hit * B,
                                                  lookup_own, r) / B)
                       : 0;
   return true;
@@ -488,7 +588,7 @@ int kvbm_hreq_wait(kvbm_hreq *r, int timeout_ms, kvbm_hreq_info *out) {
   if (!r) return KVBM_EINVAL;
   kvbm_manager *m = r->m;
   pthread_mutex_lock(&m->mu);
-  int rc = kvbm__manager_wait_settled(m, timeout_ms, settled_hreq, r, NULL);
+  int rc = kvbm__manager_wait_settled(m, timeout_ms, settled_hreq, r, r->og ? &r->og->deadline_ns : NULL);
   if (out) fill_info(r, rc == KVBM_OK, out);
   pthread_mutex_unlock(&m->mu);
   return rc;
@@ -496,19 +596,19 @@ int kvbm_hreq_wait(kvbm_hreq *r, int timeout_ms, kvbm_hreq_info *out) {
 
 int kvbm_hreq_table(const kvbm_hreq *r, uint32_t g, const uint32_t **ids, size_t *n) {
   if (!r || !ids || !n || g >= r->ngroups) return KVBM_EINVAL;
-  *ids = r->tab + (size_t)g * r->total;
+  *ids = r->tab[g];
   *n = r->total;
   return KVBM_OK;
 }
 
 /* Lock held, settled. */
 static bool must_compute(const kvbm_hreq *r, uint32_t g, size_t k) {
-  uint32_t id = r->tab[(size_t)g * r->total + k];
+  uint32_t id = r->tab[g][k];
   if (id == KVBM_HREQ_NULL || k < r->settled) return false;
   if (k >= r->nfull) return true; /* the partial tail */
   uint8_t s = r->m->t[KVBM_TIER_G1].state[id];
   return s == KVBM__FAILED || (s == KVBM__UNCOMPUTED && r->m->g1_owner[id] == r->serial) ||
-         (s == KVBM__READY && r->src[(size_t)g * r->total + k] != NO_SRC && !r->committed);
+         (s == KVBM__READY && k < r->hit && r->src[(size_t)g * r->stot + k] != NO_SRC && r->commits == 0);
 }
 
 bool kvbm_hreq_must_compute(kvbm_hreq *r, uint32_t g, size_t k) {
@@ -521,23 +621,28 @@ bool kvbm_hreq_must_compute(kvbm_hreq *r, uint32_t g, size_t k) {
 }
 
 /* Lock held. Releases group g's blocks before its first needed one once
- * all n tokens are computed (vLLM's remove_skipped_blocks), highest first,
- * stopping at the first entry already empty. */
-static void release_skipped(kvbm_hreq *r, uint32_t g) {
-  size_t first = (size_t)(kvbm_group_skipped_tokens(&r->m->groups[g], r->n) / r->m->cfg.block_size);
-  uint32_t *tab = r->tab + (size_t)g * r->total;
-  for (size_t k = first; k-- > 0 && tab[k] != KVBM_HREQ_NULL;) {
+ * `computed` tokens are computed (vLLM's remove_skipped_blocks), highest
+ * first. Everything below skip[g] is released already, so a step looks at
+ * what left the window since the last one (and passes Mamba align's
+ * nulls, which vLLM's loop, stopping at the first null, handles with its
+ * separate last_state_block_idx). */
+static void release_skipped(kvbm_hreq *r, uint32_t g, size_t computed) {
+  size_t first = (size_t)(kvbm_group_skipped_tokens(&r->m->groups[g], computed) / r->m->cfg.block_size);
+  if (first > r->total) first = r->total; /* vLLM caps it to the blocks there are */
+  uint32_t *tab = r->tab[g];
+  for (size_t k = first; k-- > r->skip[g];) {
+    if (tab[k] == KVBM_HREQ_NULL) continue;
     KVBM__MUST(kvbm_block_release(r->m->t[KVBM_TIER_G1].pool, tab[k], r->shell.prio));
     tab[k] = KVBM_HREQ_NULL;
   }
+  if (first > r->skip[g]) r->skip[g] = first;
 }
 
 int kvbm_hreq_commit(kvbm_hreq *r) {
   if (!r) return KVBM_EINVAL;
-  if (r->committed) return KVBM_ESTATE;
   kvbm_hreq_wait(r, -1, NULL);
   kvbm_manager *m = r->m;
-  const size_t T = r->total, todo = r->ngroups * r->nfull;
+  const size_t todo = r->ngroups * (r->nfull - r->committed);
   kvbm__batch *b = calloc(1, sizeof *b);
   if (b) b->pins = malloc(((KVBM_TIER_COUNT - 1) * todo + 1) * sizeof *b->pins);
   if (!b || !b->pins) {
@@ -549,8 +654,8 @@ int kvbm_hreq_commit(kvbm_hreq *r) {
   uint8_t *st = m->t[KVBM_TIER_G1].state;
   m->ev_prefix = r->nfull ? r->hashes[0] : 0;
   for (uint32_t g = 0; g < r->ngroups; g++) {
-    for (size_t k = 0; k < r->nfull; k++) {
-      uint32_t id = r->tab[g * T + k];
+    for (size_t k = r->committed; k < r->nfull; k++) {
+      uint32_t id = r->tab[g][k];
       if (id == KVBM_HREQ_NULL) continue;
       /* Computed now: what it registered, and hit blocks the engine had to
        * recompute (a failed onboard, or past a shortened hit). */
@@ -560,12 +665,86 @@ int kvbm_hreq_commit(kvbm_hreq *r) {
     }
   }
   m->ev_prefix = 0;
-  r->committed = true;
+  r->committed = r->nfull;
+  r->computed = r->n;
+  r->commits++;
   if (b->pending == 0) kvbm__batch_done(m, b);
   else kvbm__workers_kick(m);
-  for (uint32_t g = 0; g < r->ngroups; g++) release_skipped(r, g);
+  /* Every token is computed now: what each group no longer needs for the
+   * next step goes (before that step's allocation, as in vLLM). */
+  for (uint32_t g = 0; g < r->ngroups; g++) release_skipped(r, g, r->computed);
   pthread_mutex_unlock(&m->mu);
   return KVBM_OK;
+}
+
+/* New blocks group g takes for a step that ends at `total` blocks (vLLM's
+ * get_num_blocks_to_allocate for a running request): every block for
+ * attention and Mamba "all"; Mamba "align" keeps its running state in the
+ * last block only (the places between stay null). */
+static size_t step_blocks(const kvbm_hreq *r, uint32_t g, size_t total) {
+  if (total <= r->total) return 0;
+  return r->m->groups[g].kind == KVBM_GROUP_MAMBA_ALIGN ? 1 : total - r->total;
+}
+
+int kvbm_hreq_append(kvbm_hreq *r, const uint32_t *tokens, size_t n, kvbm_error *err) {
+  if (!r || (n && !tokens))
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: hreq_append needs a request and tokens");
+  if (n == 0) return KVBM_OK;
+  kvbm_manager *m = r->m;
+  const size_t B = m->cfg.block_size;
+  if (n > (size_t)KVBM_POOL_MAX_BLOCKS * B - r->n)
+    return kvbm_error_set(err, KVBM_EINVAL, "manager: hreq_append: %zu more tokens is more than a pool can hold", n);
+  const size_t nn = r->n + n, nfull = nn / B, total = nfull + (nn % B != 0);
+  /* Memory first, outside the lock: the vectors grow, the counts do not,
+   * so a failure here leaves the request as it was. */
+  int rc = reserve(r, nn, nfull, total);
+  if (rc) return kvbm_error_set(err, rc, "manager: hreq_append: %s", kvbm_strerror(rc));
+  memcpy(r->shell.tokens + r->n, tokens, n * sizeof *tokens);
+  for (size_t k = r->nfull; k < nfull; k++)
+    r->hashes[k] = kvbm_hash_next(m->cfg.scheme, r->shell.salt, k ? r->hashes[k - 1] : 0, k > 0,
+                                  r->shell.tokens + k * B, B);
+  pthread_mutex_lock(&m->mu);
+  kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
+  /* vLLM's allocate_slots: the skipped blocks first (a no-op after a
+   * commit, which released them at the same length), then room for every
+   * group before any allocation. */
+  for (uint32_t g = 0; g < r->ngroups; g++) release_skipped(r, g, r->computed);
+  size_t need = 0;
+  for (uint32_t g = 0; g < r->ngroups; g++) need += step_blocks(r, g, total);
+  if (need > kvbm_pool_available(g1)) {
+    pthread_mutex_unlock(&m->mu);
+    return kvbm_error_set(err, KVBM_ENOSPC,
+                          "manager: hreq_append: %zu tokens need %zu new G1 blocks in %u groups, %u available",
+                          n, need, r->ngroups, kvbm_pool_available(g1));
+  }
+  /* Every group allocates, then the blocks that are now full register
+   * (vLLM: allocate_new_blocks in group order, then cache_blocks). */
+  for (uint32_t g = 0; g < r->ngroups; g++) {
+    size_t k = r->total, nb = step_blocks(r, g, total);
+    for (; k < total - nb; k++) r->tab[g][k] = KVBM_HREQ_NULL;
+    for (; k < total; k++) KVBM__MUST(kvbm_pool_alloc(g1, 1, &r->tab[g][k]));
+  }
+  r->n = r->shell.ntok = nn;
+  r->total = total;
+  for (uint32_t g = 0; g < r->ngroups; g++)
+    for (size_t k = r->nfull; k < nfull; k++)
+      if (r->tab[g][k] != KVBM_HREQ_NULL) r->tab[g][k] = register_id(r, g, k, r->tab[g][k]);
+  r->nfull = nfull;
+  pthread_mutex_unlock(&m->mu);
+  /* Labelled with the phase they filled in (kvbm_hreq_set_phase). */
+  rc = kvbm__label_full(&r->shell);
+  return rc ? kvbm_error_set(err, rc, "manager: hreq_append: out of memory") : KVBM_OK;
+}
+
+int kvbm_hreq_set_phase(kvbm_hreq *r, kvbm_request_phase phase, kvbm_error *err) {
+  if (!r) return kvbm_error_set(err, KVBM_EINVAL, "manager: hreq_set_phase: NULL request");
+  int rc = kvbm__phase_set(&r->shell, phase, err);
+  r->shell.exit_pending = false; /* no ExitThink push to peers for hybrid requests yet */
+  return rc;
+}
+
+int kvbm_hreq_block_phase(const kvbm_hreq *r, size_t k, kvbm_frame_phase *out) {
+  return r ? kvbm_mreq_block_phase(&r->shell, k, out) : KVBM_EINVAL;
 }
 
 void kvbm_hreq_destroy(kvbm_hreq *r) {
@@ -576,17 +755,27 @@ void kvbm_hreq_destroy(kvbm_hreq *r) {
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
   /* Blocks it registered but never committed have no KV: whoever matched
    * them must not wait for them, nor use them (as kvbm_mreq_destroy). */
-  for (size_t i = 0; i < r->ngroups * r->total; i++) {
-    uint32_t id = r->tab[i];
-    if (id != KVBM_HREQ_NULL && g1->state[id] == KVBM__UNCOMPUTED && m->g1_owner[id] == r->serial)
-      g1->state[id] = KVBM__FAILED;
-  }
+  for (uint32_t g = 0; g < r->ngroups; g++)
+    for (size_t k = 0; k < r->total; k++) {
+      uint32_t id = r->tab[g][k];
+      if (id != KVBM_HREQ_NULL && g1->state[id] == KVBM__UNCOMPUTED && m->g1_owner[id] == r->serial)
+        g1->state[id] = KVBM__FAILED;
+    }
   /* vLLM's coordinator free: group 0 first, each table tail first. */
   for (uint32_t g = 0; g < r->ngroups; g++)
     for (size_t k = r->total; k-- > 0;) {
-      uint32_t id = r->tab[(size_t)g * r->total + k];
+      uint32_t id = r->tab[g][k];
       if (id != KVBM_HREQ_NULL) KVBM__MUST(kvbm_block_release(g1->pool, id, r->shell.prio));
     }
+  /* Reasoning that has ended is known cold (as kvbm_mreq_destroy): its
+   * blocks, once released, are the first G1 evicts, the oldest first in
+   * line (those another request holds keep their place). */
+  for (size_t k = r->shell.labeled; k-- > 0;)
+    if (r->shell.phase[k] == KVBM_PHASE_THINK_COMPLETE)
+      for (uint32_t g = 0; g < r->ngroups; g++)
+        if (k < r->total && r->tab[g][k] != KVBM_HREQ_NULL) (void)kvbm_block_demote(g1->pool, r->tab[g][k]);
+  kvbm__onboards_release(r->og);
+  r->og = NULL;
   pthread_mutex_unlock(&m->mu);
   hreq_free(r);
 }

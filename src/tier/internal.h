@@ -345,6 +345,10 @@ int kvbm__manager_wait_settled(kvbm_manager *m, int timeout_ms, bool (*settled)(
 
 /* Whether tier ti (below G1) holds key h with its bytes in place. */
 bool kvbm__tier_has(const kvbm_manager *m, int ti, uint64_t h);
+/* request.c: labels r's full blocks not labelled yet with its fill phase
+ * (KVBM_ENOMEM); a phase change without ExitThink's push to the peers. */
+int kvbm__label_full(kvbm_mreq *r);
+int kvbm__phase_set(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err);
 /* One use of full block k (G1 block g1id, registered under key h, of
  * group grp) by a commit of r: refresh or copy in G2, G3, G4 per policy. */
 void kvbm__use_block(kvbm_manager *m, kvbm_mreq *r, kvbm__batch *b, size_t k, uint32_t g1id,

@@ -64,8 +64,9 @@ static int keep_tokens(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   return KVBM_OK;
 }
 
-/* Labels the full blocks not labelled yet with the current fill phase. */
-static int label_full(kvbm_mreq *r) {
+/* Labels the full blocks not labelled yet with the current fill phase
+ * (hybrid.c labels a hybrid request's shell with it too). */
+int kvbm__label_full(kvbm_mreq *r) {
   size_t nfull = r->ntok / r->m->cfg.block_size;
   if (kvbm__vec_reserve_of(&r->phase, &r->phase_cap, nfull, 64, KVBM__VEC_NO_LIMIT))
     return KVBM_ENOMEM;
@@ -386,7 +387,7 @@ int kvbm_manager_prefill_phase(kvbm_manager *m, uint64_t salt_hash, uint8_t prio
     return kvbm_error_set(err, rc, "manager: prefill: %s", kvbm_strerror(rc));
   }
   r->fill = KVBM_PHASE_OUTPUT_CRITICAL; /* the prompt: needed at every step */
-  if (label_full(r)) {
+  if (kvbm__label_full(r)) {
     kvbm_mreq_destroy(r);
     return kvbm_error_set(err, KVBM_ENOMEM, "manager: prefill: out of memory");
   }
@@ -544,7 +545,7 @@ int kvbm_mreq_append(kvbm_mreq *r, const uint32_t *tokens, size_t n) {
   rc = kvbm_seq_append(r->seq, tokens, n);
   pthread_mutex_unlock(&r->m->mu);
   if (rc) r->ntok = before;
-  return rc ? rc : label_full(r);
+  return rc ? rc : kvbm__label_full(r);
 }
 
 /* The policy's part of one use: in tier t, refresh the block if held,
@@ -713,14 +714,16 @@ int kvbm_mreq_commit(kvbm_mreq *r) {
   return KVBM_OK;
 }
 
-int kvbm_mreq_set_phase(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err) {
-  if (!r) return kvbm_error_set(err, KVBM_EINVAL, "manager: set_phase: NULL request");
+/* The phase change both request kinds share: checks, labels, ExitThink's
+ * relabelling; the push to peer 0 is the caller's (hybrid requests have
+ * none yet). */
+int kvbm__phase_set(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err) {
   if (phase != KVBM_REQUEST_REASONING && phase != KVBM_REQUEST_EXIT_THINK && phase != KVBM_REQUEST_OUTPUT)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: set_phase: %d is not a request phase (1..3)", (int)phase);
   if (phase == KVBM_REQUEST_REASONING && r->stage >= KVBM_REQUEST_EXIT_THINK)
     return kvbm_error_set(err, KVBM_ESTATE, "manager: set_phase: reasoning again after ExitThink");
   /* Blocks that filled before this call keep the phase they filled in. */
-  int rc = label_full(r);
+  int rc = kvbm__label_full(r);
   if (rc) return kvbm_error_set(err, rc, "manager: set_phase: out of memory");
   if (phase == KVBM_REQUEST_EXIT_THINK && r->stage == KVBM_REQUEST_REASONING) {
     for (size_t k = 0; k < r->labeled; k++)
@@ -729,8 +732,14 @@ int kvbm_mreq_set_phase(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err)
   }
   r->fill = phase == KVBM_REQUEST_REASONING ? KVBM_PHASE_THINK_ACTIVE : KVBM_PHASE_OUTPUT_CRITICAL;
   r->stage = (uint8_t)phase;
-  if (r->exit_pending) kvbm__disagg_exit_think(r);
   return KVBM_OK;
+}
+
+int kvbm_mreq_set_phase(kvbm_mreq *r, kvbm_request_phase phase, kvbm_error *err) {
+  if (!r) return kvbm_error_set(err, KVBM_EINVAL, "manager: set_phase: NULL request");
+  int rc = kvbm__phase_set(r, phase, err);
+  if (!rc && r->exit_pending) kvbm__disagg_exit_think(r);
+  return rc;
 }
 
 int kvbm_mreq_block_phase(const kvbm_mreq *r, size_t k, kvbm_frame_phase *out) {
