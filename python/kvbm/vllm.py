@@ -28,6 +28,17 @@ asks the spec for two things, in two kinds of process:
   layout ``[2, num_blocks, block_size, num_kv_heads, head_size]`` per
   layer, K at 0 and V at 1) and those stores.
 
+vLLM's manager interface changed in 2026 to a per-key form (``lookup(key,
+req_context) -> LookupResult``, ``on_new_request``, ...; the newest worker
+side is ``get_worker`` with ``submit_store``/``submit_load``): the manager,
+handler and spec answer both forms (docs/areas/engines.md, "The per-key
+interface").
+
+Hybrid models: every KV cache group of vLLM's ``kv_cache_config``, Mamba
+included. A block of group g is vLLM's OffloadKey (hash + group); a Mamba
+group's block is its layers' (conv, temporal) states at one block id
+(``StateLayout``, from the group's ``MambaSpec``), copied whole per rank.
+
 Ranks agree on what exists only through the scheduler's specs: each rank
 stores its own heads of the same blocks into the same slots, and a load is
 done when every rank reported it (vLLM counts the ranks' completions).
@@ -659,6 +670,20 @@ class KvbmLoadStoreSpec(LoadStoreSpec):
         return f"KvbmLoadStoreSpec({self.kind}, {len(self.keys)} blocks)"
 
 
+def _key_event(e) -> Any:
+    """A batch-form event in vLLM's per-key form: the keys as given, the
+    tier as a Medium and Locality (the first per-key base, 14d6506e, has
+    neither: a medium string, no locality field)."""
+    kw = dict(keys=list(e.block_hashes), removed=e.removed,
+              medium=(_KEY_MEDIUM[e.medium] if _VLLM_BASE is None or Medium is not _Medium
+                      else e.medium),
+              locality=_KEY_LOCALITY[e.medium])
+    if dataclasses.is_dataclass(KeyOffloadingEvent):
+        names = {f.name for f in dataclasses.fields(KeyOffloadingEvent)}
+        kw = {k: v for k, v in kw.items() if k in names}
+    return KeyOffloadingEvent(**kw)
+
+
 # ---------------------------------------------------------------- scheduler side
 
 
@@ -1064,8 +1089,7 @@ class KvbmOffloadingManager(OffloadingManager):
             yield from events
             return
         for e in events:
-            yield KeyOffloadingEvent(keys=list(e.block_hashes), medium=_KEY_MEDIUM[e.medium],
-                                     removed=e.removed, locality=_KEY_LOCALITY[e.medium])
+            yield _key_event(e)
 
     # -- the per-key interface (vllm/v1/kv_offload/base.py, 2026)
     def _lookup_key(self, key, req_context):
