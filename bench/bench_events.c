@@ -36,7 +36,19 @@
  *
  *   bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both]
  *                [--wire tcp|ipc|both] [--runs R] [--batch B]
- *                [--queue-bytes B] [--json]
+ *                [--queue-bytes B] [--publish whole|split|coalesce|all] [--json]
+ *
+ * --publish: how ours publishes an event of K blocks. whole (default): as
+ * one event. split: as K one-block events, chained (each store's parent is
+ * the block before), as the pool link does (one publish per block the pool
+ * registers or evicts): what consumers of a pool see today. coalesce: the
+ * same K one-block publishes with the publisher's `coalesce` option, which
+ * sends each chain as one K-block event again (a batch holds max_batch
+ * publishes, so B / K events of K blocks). The peer sends what ours should
+ * put on the wire in each mode: K-block events in batches of B (whole),
+ * one-block events in batches of B (split), K-block events in batches of
+ * B publishes (coalesce); the bytes check still compares the two. Rows of
+ * split and coalesce are keyed wire.form.kK.split / .coalesce in --json.
  *   (default: 1,000,000 block events per run; K = 1,4,16,64; both forms;
  *   both wires; 3 rounds; batches of 256 events; the subscriber's default
  *   byte budget (2^42 gives its socket a queue of a million messages, as
@@ -180,6 +192,27 @@ typedef struct stream {
 
 /* Event i of the stream: even = BlockStored of K blocks, odd = BlockRemoved
  * of the same K. */
+static kvbm_event stream_event(const stream *s, unsigned long long i);
+
+/* Blocks [j0, j0 + m) of event `w` of the stream (the tokens of those
+ * blocks, the parent the block before j0): one publish of a split event,
+ * or the run coalescing makes of them. */
+static kvbm_event piece(const kvbm_event *w, unsigned j0, unsigned m) {
+  kvbm_event ev = *w;
+  ev.block_hashes = w->block_hashes + j0;
+  ev.num_block_hashes = m;
+  if (ev.type == KVBM_EVENT_STORED) {
+    if (j0) ev.parent_hash = w->block_hashes[j0 - 1];
+    ev.token_ids = w->token_ids + 16u * j0;
+    ev.num_tokens = 16u * m;
+  }
+  return ev;
+}
+
+enum { PUB_WHOLE, PUB_SPLIT, PUB_COALESCE };
+static const char *const kPub[] = {"whole", "split", "coalesce"};
+static int g_pub = PUB_WHOLE;
+
 static kvbm_event stream_event(const stream *s, unsigned long long i) {
   unsigned long long pair = i / 2;
   uint64_t *h = s->hashes + (i / 2 % 64) * s->k;
@@ -234,6 +267,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   kvbm_publisher_config o = kvbm_publisher_config_default();
   o.max_batch_events = batch;
   o.form = g_form;
+  o.coalesce = g_pub == PUB_COALESCE;
   kvbm_publisher *p;
   kvbm_error err;
   if (kvbm_publisher_create(&o, &p, &err)) return -1;
@@ -249,11 +283,15 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   for (unsigned j = 0; j < 16 * k; j++) s.tokens[j] = j * 7919u;
   unsigned long long nev = blocks / k;
   double t0 = now(), c0 = cpu_seconds();
+  unsigned per = g_pub == PUB_WHOLE ? 1 : k; /* publishes per event of K blocks */
   for (unsigned long long i = 0; i < nev; i++) {
-    kvbm_event ev = stream_event(&s, i);
-    if (kvbm_publisher_publish(p, &ev, NULL, &err)) {
-      fprintf(stderr, "%s\n", err.msg);
-      return -1;
+    kvbm_event w = stream_event(&s, i);
+    for (unsigned j = 0; j < per; j++) {
+      kvbm_event ev = per == 1 ? w : piece(&w, j, 1);
+      if (kvbm_publisher_publish(p, &ev, NULL, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+      }
     }
   }
   kvbm_publisher_flush(p, -1, NULL);
@@ -266,10 +304,15 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   return (double)r->blocks / (r->t_end - t0);
 }
 
-/* Bound: the same payloads, pre-encoded, sent raw. */
+/* Bound: the same payloads, pre-encoded, sent raw. A batch holds `batch`
+ * publishes ("units": events of K blocks, or single blocks when split or
+ * coalesced); coalesced, a batch's consecutive blocks of one event are
+ * one event, as the publisher's runs make them. */
 static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsigned batch,
                       unsigned long long blocks, size_t queue_bytes, result *r) {
-  unsigned long long nev = blocks / k, nbatch = (nev + batch - 1) / batch;
+  unsigned long long nev = blocks / k;
+  unsigned per = g_pub == PUB_WHOLE ? 1 : k; /* units per event */
+  unsigned long long units = nev * per, nbatch = (units + batch - 1) / batch;
   stream s = {k, calloc(64 * (size_t)k, 8), calloc(16 * (size_t)k, 4)};
   for (unsigned j = 0; j < 16 * k; j++) s.tokens[j] = j * 7919u;
   kvbm_event_encoder *enc;
@@ -280,11 +323,20 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
   kvbm_event *evs = calloc(batch, sizeof *evs);
   uint64_t *hcopy = calloc((size_t)batch * k, 8);
   for (unsigned long long b = 0; b < nbatch; b++) {
-    size_t n = 0;
-    for (unsigned long long i = b * batch; i < nev && n < batch; i++, n++) {
-      evs[n] = stream_event(&s, i);
-      memcpy(hcopy + n * k, evs[n].block_hashes, 8 * (size_t)k);
-      evs[n].block_hashes = hcopy + n * k;
+    size_t n = 0, nh = 0;
+    for (unsigned long long u = b * batch; u < units && u < (b + 1) * batch;) {
+      unsigned long long i = u / per;
+      unsigned j0 = (unsigned)(u % per), m = 1;
+      if (g_pub == PUB_WHOLE) m = k;
+      else if (g_pub == PUB_COALESCE)
+        while (j0 + m < k && u + m < (b + 1) * batch && u + m < units) m++;
+      kvbm_event w = stream_event(&s, i);
+      evs[n] = g_pub == PUB_WHOLE ? w : piece(&w, j0, m);
+      memcpy(hcopy + nh, evs[n].block_hashes, 8 * (size_t)evs[n].num_block_hashes);
+      evs[n].block_hashes = hcopy + nh;
+      nh += evs[n].num_block_hashes;
+      n++;
+      u += g_pub == PUB_WHOLE ? 1 : m;
     }
     kvbm_event_batch eb = {.seq = b, .ts = 1.0, .has_dp_rank = true, .events = evs,
                            .num_events = n};
@@ -337,6 +389,7 @@ typedef struct row {
   const char *wire;
   kvbm_event_form form;
   unsigned k;
+  int pub; /* PUB_*: how ours publishes */
   int ok;  /* rounds that ran */
   double v[NF][64];
   unsigned long long lost, malformed;
@@ -357,6 +410,7 @@ static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t 
   char bind_ep[128], conn_ep[128];
   int tcp = !strcmp(w->wire, "tcp");
   g_form = w->form;
+  g_pub = w->pub;
   unsigned long long n = blocks / w->k * w->k; /* whole events */
   result ro = {0}, rr = {0};
   endpoints(tcp, bind_ep, conn_ep, sizeof bind_ep);
@@ -364,8 +418,8 @@ static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t 
   endpoints(tcp, bind_ep, conn_ep, sizeof bind_ep);
   double raw = run_raw(bind_ep, conn_ep, w->k, batch, n, queue_bytes, &rr);
   if (ours < 0 || raw < 0) {
-    fprintf(stderr, "bench_events: %s %s K=%u: run failed (ours %.0f, raw %.0f)\n", w->wire,
-            w->form == KVBM_FORM_MAP ? "map" : "positional", w->k, ours, raw);
+    fprintf(stderr, "bench_events: %s %s K=%u %s: run failed (ours %.0f, raw %.0f)\n", w->wire,
+            w->form == KVBM_FORM_MAP ? "map" : "positional", w->k, kPub[w->pub], ours, raw);
     return;
   }
   int i = w->ok++;
@@ -403,7 +457,8 @@ static unsigned parse_ks(const char *s, unsigned *ks, unsigned max) {
 
 static void usage(void) {
   fprintf(stderr, "usage: bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both] "
-                  "[--wire tcp|ipc|both] [--runs R (1..64)] [--batch B] [--queue-bytes B] [--json]\n");
+                  "[--wire tcp|ipc|both] [--runs R (1..64)] [--batch B] [--queue-bytes B] "
+                  "[--publish whole|split|coalesce|all] [--json]\n");
   exit(2);
 }
 
@@ -411,6 +466,7 @@ int main(int argc, char **argv) {
   unsigned long long blocks = 1000000;
   unsigned batch = 256, ks[16] = {1, 4, 16, 64}, nk = 4;
   int runs = 3, forms = 3, wires = 3, json = 0; /* forms/wires: bit 0 map|tcp, bit 1 positional|ipc */
+  int pubs = 1; /* bit PUB_*: whole, split, coalesce */
   size_t queue_bytes = 0; /* the subscriber's default */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -423,18 +479,22 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--runs")) runs = atoi(v);
     else if (!strcmp(a, "--queue-bytes")) queue_bytes = (size_t)strtoull(v, NULL, 10);
     else if (!strcmp(a, "--form")) forms = !strcmp(v, "map") ? 1 : !strcmp(v, "positional") ? 2 : !strcmp(v, "both") ? 3 : 0;
+    else if (!strcmp(a, "--publish"))
+      pubs = !strcmp(v, "whole") ? 1 : !strcmp(v, "split") ? 2 : !strcmp(v, "coalesce") ? 4
+           : !strcmp(v, "all") ? 7 : 0;
     else if (!strcmp(a, "--wire")) wires = !strcmp(v, "tcp") ? 1 : !strcmp(v, "ipc") ? 2 : !strcmp(v, "both") ? 3 : 0;
     else usage();
   }
-  if (blocks == 0 || batch == 0 || runs < 1 || runs > 64 || !forms || !wires) usage();
-  row rows[2 * 2 * 16];
+  if (blocks == 0 || batch == 0 || runs < 1 || runs > 64 || !forms || !wires || !pubs) usage();
+  static row rows[2 * 2 * 16 * 3];
   size_t nr = 0;
   for (int f = 0; f < 2; f++)
     for (unsigned ki = 0; ki < nk; ki++)
-      for (int t = 0; t < 2; t++)
-        if ((forms >> f & 1) && (wires >> t & 1))
-          rows[nr++] = (row){.wire = t ? "ipc" : "tcp",
-                             .form = f ? KVBM_FORM_POSITIONAL : KVBM_FORM_MAP, .k = ks[ki]};
+      for (int m = 0; m < 3; m++)
+        for (int t = 0; t < 2; t++)
+          if ((forms >> f & 1) && (wires >> t & 1) && (pubs >> m & 1))
+            rows[nr++] = (row){.wire = t ? "ipc" : "tcp", .pub = m,
+                               .form = f ? KVBM_FORM_POSITIONAL : KVBM_FORM_MAP, .k = ks[ki]};
   /* rounds outermost: whatever else the machine does falls on every row alike */
   for (int r = 0; r < runs; r++)
     for (size_t i = 0; i < nr; i++) run_round(&rows[i], batch, blocks, queue_bytes);
@@ -456,7 +516,8 @@ int main(int argc, char **argv) {
            "  bytes/blk and msgs: payload bytes per block event and messages as each receiver "
            "counted them (ours | raw; same wire when equal)\n",
            blocks, batch, runs);
-    printf("%-4s %-10s %3s %26s %26s %18s %16s %16s %14s %14s %15s %13s\n", "wire", "form", "K",
+    printf("%-4s %-10s %-8s %3s %26s %26s %18s %16s %16s %14s %14s %15s %13s\n", "wire", "form",
+           "publish", "K",
            "ours M blk/s", "raw zmq M blk/s", "ours/raw", "pub cpu", "sub cpu", "raw pub",
            "raw sub", "bytes/blk", "msgs");
   }
@@ -467,9 +528,10 @@ int main(int argc, char **argv) {
     kvbm_bench_spread sp[NF];
     for (int f = 0; f < NF && w->ok; f++) sp[f] = kvbm_bench_spread_of(w->v[f], w->ok);
     if (json) {
-      printf("%s\n  \"%s.%s.k%u\": {\"wire\": \"%s\", \"form\": \"%s\", \"k\": %u, \"rounds\": %d, "
-             "\"lost\": %llu, \"malformed\": %llu",
-             i ? "," : "", w->wire, fname, w->k, w->wire, fname, w->k, w->ok, w->lost, w->malformed);
+      printf("%s\n  \"%s.%s.k%u%s%s\": {\"wire\": \"%s\", \"form\": \"%s\", \"k\": %u, "
+             "\"publish\": \"%s\", \"rounds\": %d, \"lost\": %llu, \"malformed\": %llu",
+             i ? "," : "", w->wire, fname, w->k, w->pub ? "." : "", w->pub ? kPub[w->pub] : "",
+             w->wire, fname, w->k, kPub[w->pub], w->ok, w->lost, w->malformed);
       for (int f = 0; f < NF && w->ok; f++)
         printf(", \"%s\": {\"median\": %.6g, \"min\": %.6g, \"max\": %.6g}", kFig[f],
                sp[f].median, sp[f].min, sp[f].max);
@@ -477,13 +539,13 @@ int main(int argc, char **argv) {
       continue;
     }
     if (!w->ok) {
-      printf("%-4s %-10s %3u  every round failed\n", w->wire, fname, w->k);
+      printf("%-4s %-10s %-8s %3u  every round failed\n", w->wire, fname, kPub[w->pub], w->k);
       continue;
     }
-    printf("%-4s %-10s %3u %8.2f [%6.2f..%6.2f] %8.2f [%6.2f..%6.2f] %4.2f [%4.2f..%4.2f] "
+    printf("%-4s %-10s %-8s %3u %8.2f [%6.2f..%6.2f] %8.2f [%6.2f..%6.2f] %4.2f [%4.2f..%4.2f] "
            "%4.0f [%4.0f..%4.0f] %4.0f [%4.0f..%4.0f] %4.0f [%3.0f..%3.0f] %4.0f [%3.0f..%3.0f] "
            "%6.1f|%-6.1f %6.0f|%-6.0f%s%s\n",
-           w->wire, fname, w->k, sp[F_OURS].median / 1e6, sp[F_OURS].min / 1e6,
+           w->wire, fname, kPub[w->pub], w->k, sp[F_OURS].median / 1e6, sp[F_OURS].min / 1e6,
            sp[F_OURS].max / 1e6, sp[F_RAW].median / 1e6, sp[F_RAW].min / 1e6, sp[F_RAW].max / 1e6,
            sp[F_RATIO].median, sp[F_RATIO].min, sp[F_RATIO].max, sp[F_PUB].median, sp[F_PUB].min,
            sp[F_PUB].max, sp[F_SUB].median, sp[F_SUB].min, sp[F_SUB].max, sp[F_RPUB].median,

@@ -149,6 +149,25 @@ typedef struct kvbm_publisher_config {
   kvbm_overflow overflow;       /* what publish does when the queue is full */
   kvbm_event_form form;         /* wire form for the byte sinks (map) */
   bool signed_hashes;           /* hashes as int64 (kvbm_event_encoder_config) */
+  bool coalesce;                /* off by default: what consumers see is
+                                 * each event as published. On: one-block
+                                 * BlockStored events that continue each
+                                 * other (the next one's parent is the last
+                                 * one's hash, full blocks, the same medium,
+                                 * LoRA, group and block size, no names or
+                                 * extras) leave as one multi-block
+                                 * BlockStored, as vLLM sends a step's
+                                 * blocks; consecutive one-block
+                                 * BlockRemoved events of one medium and
+                                 * group as one BlockRemoved. Never across
+                                 * a batch, a dp_rank or another event, so
+                                 * the order of blocks is kept; ids are
+                                 * still one per publish and
+                                 * max_batch_events counts publishes. Only
+                                 * with byte sinks (ZMQ, NATS, JetStream):
+                                 * start refuses it beside a callback sink
+                                 * (KVBM_EINVAL). Cost and trade-off:
+                                 * docs/areas/events.md, Coalescing. */
 } kvbm_publisher_config;
 
 /* The defaults above; dp_rank 0, block on overflow, map form, unsigned
