@@ -247,7 +247,10 @@ class HybridRequest:
         """{'hit_tokens', 'num_tokens', 'hit_g1': [per group], 'onboarded': [per group],
         'onboarded_from': {'G2': n, 'G3': n, 'G4': n}}"""
     def must_compute(self, group: int, k: int) -> bool: ...
-    def commit(self) -> None: ...
+    def append(self, tokens: Tokens) -> None:
+        """One decode step in every group (ENOSPC: nothing changed)."""
+    def commit(self) -> None:
+        """After the prompt and after each decode step."""
     def destroy(self) -> None: ...
 
 # ---- events ---------------------------------------------------------------

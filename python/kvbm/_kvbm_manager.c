@@ -1481,8 +1481,23 @@ static PyObject *hreq_commit(HRequestObject *self, PyObject *unused) {
   Py_BEGIN_ALLOW_THREADS
   rc = kvbm_hreq_commit(self->r);
   Py_END_ALLOW_THREADS
-  if (rc == KVBM_ESTATE) return kvbmpy_raise(rc, "HybridRequest.commit: committed already");
   if (rc) return kvbmpy_raise(rc, "HybridRequest.commit: %s", kvbm_strerror(rc));
+  Py_RETURN_NONE;
+}
+
+static PyObject *hreq_append(HRequestObject *self, PyObject *arg) {
+  kvbmpy_tokens t;
+  if (kvbmpy_tokens_get(arg, "tokens", &t) || hreq_alive(self)) {
+    kvbmpy_tokens_release(&t);
+    return NULL;
+  }
+  kvbm_error err = {0};
+  int rc;
+  Py_BEGIN_ALLOW_THREADS
+  rc = kvbm_hreq_append(self->r, t.data, t.n, &err);
+  Py_END_ALLOW_THREADS
+  kvbmpy_tokens_release(&t);
+  if (rc) return kvbmpy_raise_kvbm(rc, &err, NULL);
   Py_RETURN_NONE;
 }
 
@@ -1513,8 +1528,12 @@ static PyMethodDef hreq_methods[] = {
   {"must_compute", (PyCFunction)hreq_must_compute, METH_VARARGS,
    "must_compute(group, k) -> bool: whether the engine writes group's block k."},
   {"commit", (PyCFunction)hreq_commit, METH_NOARGS,
-   "commit(): the computed blocks become valid and every group's full blocks are\n"
-   "offloaded per policy; what each group no longer needs is released."},
+   "commit(): the computed blocks become valid and every group's full blocks not\n"
+   "committed before are offloaded per policy; what each group no longer needs is\n"
+   "released. After the prompt and after each decode step."},
+  {"append", (PyCFunction)hreq_append, METH_O,
+   "append(tokens): one decode step: every group's table grows (room for all groups\n"
+   "checked first: KvbmError ENOSPC, nothing changed); filled blocks register."},
   {"destroy", (PyCFunction)hreq_destroy, METH_NOARGS, "destroy(): releases every block."},
   {NULL, NULL, 0, NULL},
 };

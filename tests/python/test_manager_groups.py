@@ -156,3 +156,35 @@ def test_close_waits_for_hybrid_requests():
     with pytest.raises(kvbm.ClosedError):
         r.commit()
     m.close()
+
+
+def test_hybrid_append_decodes_and_refuses_without_room():
+    """HybridRequest.append: a decode step in every group; the window group
+    drops (at commit) the block that left its window, vLLM's
+    remove_skipped_blocks; no room: NoSpaceError and nothing changed."""
+    with kvbm.Manager(g1_blocks=10, groups="full,sw:32") as m:
+        toks = prompt(3, 4 * B + 1)
+        r = m.hprefill(toks[: 2 * B])  # 2 blocks a group
+        try:
+            r.wait()
+            r.commit()
+            for i in range(2 * B, 4 * B):  # decode to 64 tokens, token by token
+                r.append(toks[i:i + 1])
+                r.commit()
+            full, window = r.tables
+            assert len(full) == len(window) == 4 and None not in full
+            # 64 computed: skipped 64 - 32 + 1 = 33 tokens: blocks 0 and 1
+            assert window[:2] == [None, None] and None not in window[2:]
+            r.append(toks[4 * B:4 * B + 1])  # 65: a new block a group
+            r.commit()                        # skipped 34: still blocks 0, 1
+            assert [len(t) for t in r.tables] == [5, 5]
+            assert r.tables[1][:3].count(None) == 2
+            before = m.stats(Tier.G1)
+            with pytest.raises(kvbm.NoSpaceError, match="need 4 new G1 blocks"):
+                r.append(array.array("I", [7] * (2 * B)))  # 2 more a group, 2 available
+            assert [len(t) for t in r.tables] == [5, 5]
+            assert m.stats(Tier.G1) == before
+            r.append(array.array("I", [7] * B))  # 1 more a group fits
+            assert [len(t) for t in r.tables] == [6, 6]
+        finally:
+            r.destroy()
