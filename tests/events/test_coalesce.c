@@ -9,7 +9,8 @@
  * medium, group, rank or type, a partial block, an event with a name, a
  * full batch (max_batch_events counts publishes). Off (the default) every
  * publish is its own event. Coalescing beside a callback sink is refused
- * at start. */
+ * at start. A pool's link, publishing one block at a time, gets a prompt's
+ * blocks as one event. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -236,6 +237,51 @@ static void test_off_by_default(void **st) {
   close_pair(&r);
 }
 
+/* The pool link's one-block events (what coalescing is for): a prompt's
+ * blocks registered in order leave as one BlockStored of those blocks,
+ * the evictions that make room for the next one as one BlockRemoved. */
+static void test_pool_link_runs(void **st) {
+  (void)st;
+  pair r = open_pair(true, 256);
+  kvbm_pool_config cfg = kvbm_pool_config_default(3, 2);
+  kvbm_pool *pool;
+  kvbm_error err;
+  if (kvbm_pool_create(&cfg, &pool, &err)) fail_msg("%s", err.msg);
+  kvbm_pool_link link;
+  assert_int_equal(kvbm_pool_link_attach(&link, pool, r.p, KVBM_MEDIUM_GPU, &err), KVBM_OK);
+  uint32_t ids[3], out;
+  assert_int_equal(kvbm_pool_alloc(pool, 3, ids), KVBM_OK);
+  const uint32_t t[3][2] = {{1, 2}, {3, 4}, {5, 6}};
+  for (uint32_t i = 0; i < 3; i++)
+    assert_int_equal(kvbm_block_fill(pool, ids[i], 0, 100 * i, i > 0, t[i], 100 * (i + 1), &out),
+                     KVBM_OK);
+  for (uint32_t i = 0; i < 3; i++) assert_int_equal(kvbm_block_release(pool, ids[2 - i], 0), KVBM_OK);
+  assert_int_equal(kvbm_pool_alloc(pool, 3, ids), KVBM_OK); /* evicts all three */
+  assert_int_equal(kvbm_publisher_flush(r.p, 5000, NULL), KVBM_OK);
+  assert_int_equal(link.forwarded, 6);
+  kvbm_event_batch b = recv_batch(r.s);
+  assert_int_equal(b.num_events, 2);
+  const kvbm_event *e = &b.events[0];
+  assert_int_equal(e->type, KVBM_EVENT_STORED);
+  assert_int_equal(e->num_block_hashes, 3);
+  assert_false(e->has_parent);
+  assert_int_equal(e->block_size, 2);
+  assert_int_equal(e->num_tokens, 6);
+  for (uint32_t i = 0; i < 3; i++) {
+    assert_true(e->block_hashes[i] == 100 * (i + 1));
+    assert_int_equal(e->token_ids[2 * i], t[i][0]);
+    assert_int_equal(e->token_ids[2 * i + 1], t[i][1]);
+  }
+  e = &b.events[1];
+  assert_int_equal(e->type, KVBM_EVENT_REMOVED);
+  assert_int_equal(e->num_block_hashes, 3);
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < 3; i++) sum += e->block_hashes[i];
+  assert_true(sum == 600);
+  kvbm_pool_destroy(pool);
+  close_pair(&r);
+}
+
 static void on_batch(void *user, const kvbm_event_batch *b) {
   (void)user;
   (void)b;
@@ -261,6 +307,7 @@ int main(void) {
       cmocka_unit_test(test_runs_and_breaks),  cmocka_unit_test(test_batch_bound),
       cmocka_unit_test(test_flush_ends_run),   cmocka_unit_test(test_rank_ends_run),
       cmocka_unit_test(test_off_by_default),   cmocka_unit_test(test_refused_with_callback),
+      cmocka_unit_test(test_pool_link_runs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
