@@ -184,6 +184,38 @@ def test_store_and_load_states_byte_identical():
     mgr.close()
 
 
+def test_states_through_g3(tmp_path):
+    """G2 of 2 slots: the first store's blocks are pushed out to G3 (a
+    framed value per block) and loaded from there, verified, byte-identical."""
+    spec = kv.KvbmOffloadingSpec(vllm_config(BS, extra(
+        kvbm_g2_blocks=2, kvbm_g3_blocks=16, kvbm_g3_url=f"file://{tmp_path}/g3")),
+        kv_cache_config())
+    mgr = spec.get_manager()
+    eng = Engine(4)
+    handler = spec.get_worker(eng.caches())
+    before = eng.pages()
+    h = [bytes([i]) * 32 for i in range(1, 4)]
+    first = [kv.group_key(h[0], 0), kv.group_key(h[0], 1)]
+    out = mgr.prepare_store(first)
+    assert run(handler, 1, kv.GPULoadStoreSpec([3, 8], group_sizes=[1, 1], block_indices=[0, 0]),
+               out.store_spec)
+    mgr.complete_store(first)
+    second = [kv.group_key(h[1], 0), kv.group_key(h[2], 0)]
+    out = mgr.prepare_store(second)                     # G2 full: the first two go
+    assert len(out.block_hashes_evicted) == 2
+    assert run(handler, 2, kv.GPULoadStoreSpec([4, 5], group_sizes=[2, 0], block_indices=[1, 0]),
+               out.store_spec)
+    mgr.complete_store(second)
+    eng.zero()
+    load = mgr.prepare_load(first)
+    assert load.tiers == [kv.G3, kv.G3]
+    assert run(handler, 3, load, kv.GPULoadStoreSpec([20, 27], group_sizes=[1, 1],
+                                                     block_indices=[0, 0]))
+    landed(eng, before, [(3, 20, ATTN), (8, 27, STATE)])
+    handler.close()
+    mgr.close()
+
+
 def test_state_tensors_that_are_not_the_spec_are_refused():
     spec = kv.KvbmOffloadingSpec(vllm_config(BS, extra()), kv_cache_config())
     eng = Engine(0)
