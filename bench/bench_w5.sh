@@ -88,10 +88,16 @@ for g4 in ("g4", "nog4"):
 fs = load("faults")
 if fs:
     print("\nKV-aware with G4 under the default fault schedule: recovery_s (outage_s) per fault\n")
-    print("| fault | target | recovery_s | outage_s |")
-    print("|---|---|---|---|")
+    print("| fault | target | how (real, emulated, skipped) | recovery_s | outage_s |")
+    print("|---|---|---|---|---|")
     for i, f in enumerate(fs[0]["faults"]):
-        print("| %s | %s | %s | %s |" % (f["fault"], f["target"],
+        how = sorted({str(r["faults"][i].get("mode") or
+                          ("skipped: " + r["faults"][i]["skipped"] if r["faults"][i].get("skipped")
+                           else "process" if f["fault"] in ("worker_kill", "redis_master_kill",
+                                                            "router_kill", "nats_restart",
+                                                            "nats_kill") else "knob"))
+                      for r in fs})
+        print("| %s | %s | %s | %s | %s |" % (f["fault"], f["target"], "; ".join(how),
               fig([r["faults"][i].get("recovery_s") for r in fs]),
               fig([r["faults"][i].get("outage_s") for r in fs])))
     print("\nhit rate %s, failed %s, invariants %s" % (

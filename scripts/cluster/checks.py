@@ -147,3 +147,37 @@ def prefix_overlap(hashes, held):
             break
         n += 1
     return n
+
+
+def check_partitions(faults):
+    """faults: the report's fault list. For each partition that was
+    injected, `window` holds how the worker's own counters moved while it
+    was cut off from Redis (netfaults.py; cluster.py g4_counts): ok (G4
+    writes done and blocks onboarded from G4), counted (G4 writes and
+    lookups that failed or were skipped, each counted), computed (prompt
+    tokens it computed), wrong_bytes; counted_by_recovery: counted again,
+    up to when G4 worked for it again (the writes cut off fail at their
+    deadline, often after the heal). Through a partition no G4 write can
+    succeed, so ok > 0 is a write the worker believes done and Redis never
+    got: a loss nobody counts. A worker that computed blocks (so had G4
+    writes to make) without counting a single one failed or skipped lost
+    them silently. Wrong bytes are wrong bytes."""
+    bad = []
+    for f in faults:
+        if f.get("fault") != "partition" or not f.get("injected"):
+            continue
+        w = f.get("window")
+        if not isinstance(w, dict):
+            bad.append("partition of %s: no counters read from the worker" % f.get("target"))
+            continue
+        if w.get("ok", 0) > 0:
+            bad.append("partition of %s: %d G4 writes or onboards reported done while Redis "
+                       "was unreachable (uncounted losses)" % (f.get("target"), w["ok"]))
+        if w.get("computed", 0) > 0 and max(w.get("counted", 0),
+                                             w.get("counted_by_recovery", 0)) <= 0:
+            bad.append("partition of %s: %d tokens computed, no G4 write counted failed or "
+                       "skipped (lost uncounted)" % (f.get("target"), w["computed"]))
+        if w.get("wrong_bytes", 0) > 0:
+            bad.append("partition of %s: %d wrong bytes served during it" %
+                       (f.get("target"), w["wrong_bytes"]))
+    return bad

@@ -45,6 +45,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checks  # noqa: E402
+import netfaults  # noqa: E402
 import svg  # noqa: E402
 from procs import Supervisor, free_port, free_redis_port, wait_port  # noqa: E402
 
@@ -59,6 +60,11 @@ class UsageError(Exception):
 
 class StartError(Exception):
     pass
+
+
+class Skipped(Exception):
+    """A fault this machine cannot inject (the reason is reported; the run
+    goes on)."""
 
 
 # ---------------------------------------------------------------- HTTP
@@ -86,10 +92,11 @@ def control_address():
 CONTROL = control_address()
 
 
-def call(port, method, path, body=None, timeout=10.0, source=CONTROL):
+def call(port, method, path, body=None, timeout=10.0, source=CONTROL, host="127.0.0.1"):
     """(status, parsed JSON or text); raises OSError when nobody answers.
-    source: the local address (the load passes None: 127.0.0.1)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=source)
+    source: the local address (the load passes None: 127.0.0.1); host:
+    the server's (a partitioned worker's is its namespace's address)."""
+    c = http.client.HTTPConnection(host, port, timeout=timeout, source_address=source)
     try:
         data = None if body is None else json.dumps(body).encode()
         c.request(method, path, body=data,
@@ -106,12 +113,12 @@ def call(port, method, path, body=None, timeout=10.0, source=CONTROL):
         c.close()
 
 
-def wait_health(port, deadline, proc=None):
+def wait_health(port, deadline, proc=None, host="127.0.0.1", source=CONTROL):
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             return False
         try:
-            st, _ = call(port, "GET", "/health", timeout=1.0)
+            st, _ = call(port, "GET", "/health", timeout=1.0, host=host, source=source)
             if st == 200:
                 return True
         except OSError:
@@ -120,9 +127,9 @@ def wait_health(port, deadline, proc=None):
     return False
 
 
-def nats_request(port, subject, body, timeout=10.0):
+def nats_request(port, subject, body, timeout=10.0, host="127.0.0.1"):
     """One request over the raw NATS protocol (JetStream's API is requests)."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s = socket.create_connection((host, port), timeout=timeout)
     try:
         s.recv(4096)
         data = json.dumps(body).encode()
@@ -163,6 +170,50 @@ def prom_metrics(text):
         except ValueError:
             pass
     return out
+
+
+def prom_sample(text, name, **labels):
+    """The sum of the samples of one metric whose labels include `labels`
+    (a tier's G4 counters among every tier's)."""
+    total = 0.0
+    if not isinstance(text, str):
+        return total
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, val = line.rpartition(" ")
+        n, _, lab = head.partition("{")
+        if n != name:
+            continue
+        have = dict(kv.split("=", 1) for kv in lab.rstrip("}").split(",") if "=" in kv)
+        if all(have.get(k, "").strip('"') == v for k, v in labels.items()):
+            try:
+                total += float(val)
+            except ValueError:
+                pass
+    return total
+
+
+def g4_counts(text):
+    """A worker's G4 traffic from its /metrics (docs/areas/cluster.md,
+    "Partition"): ok = writes done (offloads into G4) + blocks onboarded
+    from G4; counted = every G4 write or lookup that did not happen or
+    failed, each counted somewhere (skips by cause, the policy's filter,
+    the backoff's skips, lookups that failed, onboards that failed or were
+    abandoned); computed = prompt tokens the worker computed (prefill), the
+    blocks it had something to offload for."""
+    ok = prom_sample(text, "kvbm_offload_blocks_total", tier="G4") + \
+        prom_sample(text, "kvbm_onboard_blocks_total", tier="G4")
+    counted = (prom_sample(text, "kvbm_offload_skipped_total", tier="G4") +
+               prom_sample(text, "kvbm_offload_filtered_total", tier="G4") +
+               prom_sample(text, "kvbm_store_backoff_skips_total", tier="G4") +
+               prom_sample(text, "kvbm_lookup_failures_total", tier="G4") +
+               prom_sample(text, "kvbm_onboard_failures_total", tier="G4") +
+               prom_sample(text, "kvbm_onboard_abandoned_total", tier="G4"))
+    return {"ok": ok, "counted": counted,
+            "computed": prom_sample(text, "kvbm_worker_prefill_tokens_total"),
+            "wrong_bytes": sum(v for n, v in prom_metrics(text).items() if "wrong_bytes" in n),
+            "requests": prom_sample(text, "kvbm_worker_requests_total")}
 
 
 # ---------------------------------------------------------------- trace
@@ -206,14 +257,15 @@ def default_schedule(duration, workers):
     d = max(duration, 10.0)
     w = lambda k: "worker:%d" % (k % workers)  # noqa: E731
     return [
-        {"at_s": 0.08 * d, "fault": "worker_kill", "target": w(1), "duration_s": 0.04 * d},
-        {"at_s": 0.20 * d, "fault": "redis_master_kill", "target": "redis", "duration_s": 0.06 * d},
-        {"at_s": 0.32 * d, "fault": "router_kill", "target": "router:1", "duration_s": 0.04 * d},
-        {"at_s": 0.44 * d, "fault": "nats_restart", "target": "nats", "duration_s": 0.03 * d},
-        {"at_s": 0.56 * d, "fault": "g3_slow", "target": w(2), "duration_s": 0.08 * d,
+        {"at_s": 0.07 * d, "fault": "worker_kill", "target": w(1), "duration_s": 0.04 * d},
+        {"at_s": 0.17 * d, "fault": "redis_master_kill", "target": "redis", "duration_s": 0.06 * d},
+        {"at_s": 0.29 * d, "fault": "router_kill", "target": "router:1", "duration_s": 0.04 * d},
+        {"at_s": 0.39 * d, "fault": "nats_restart", "target": "nats", "duration_s": 0.03 * d},
+        {"at_s": 0.49 * d, "fault": "g3_slow", "target": w(2), "duration_s": 0.08 * d,
          "delay_ms": 20},
-        {"at_s": 0.68 * d, "fault": "g3_full", "target": w(3), "duration_s": 0.08 * d},
-        {"at_s": 0.80 * d, "fault": "publish_off", "target": w(0), "duration_s": 0.08 * d},
+        {"at_s": 0.60 * d, "fault": "partition", "target": w(0), "duration_s": 0.12 * d},
+        {"at_s": 0.74 * d, "fault": "g3_full", "target": w(3), "duration_s": 0.08 * d},
+        {"at_s": 0.85 * d, "fault": "publish_off", "target": w(0), "duration_s": 0.08 * d},
     ]
 
 
@@ -270,24 +322,77 @@ class Cluster:
         self.advisor_port = None
         self.prom_port = None
         self.key_file = None
+        # where the servers listen: loopback, or the partition's addresses
+        # (netfaults.py) when a worker runs in a namespace of its own
+        self.svc_host = self.redis_host = "127.0.0.1"
+        self.partition_target = None   # the worker a partition fault names
+        self.partition = netfaults.Partition(log)
+        self.g3disk = netfaults.G3Disk(log)
+        self.g3slow = netfaults.G3Slow(log)
+        self.g3_slow_targets = set()
+        self.sup.on_stop.append(self.teardown)
+
+    def teardown(self):
+        """The namespace and the mounts go whatever happened (called by the
+        supervisor's stop, after every process it started has ended)."""
+        self.partition.teardown()
+        self.g3disk.teardown()
+        self.g3slow.teardown()
+
+    def setup_faults_below(self, sched):
+        """The namespace for a partition fault, the tmpfs G3 for real G3
+        full, before anything starts (docs/areas/cluster.md)."""
+        netfaults.cleanup_stale(self.log)
+        targets = sorted({e["target"] for e in sched if e["fault"] == "partition"})
+        if len(targets) > 1:
+            raise UsageError("partition faults must all name the same worker (one namespace)")
+        if targets:
+            self.partition_target = int(targets[0].split(":")[1])
+            if self.a.no_g4:
+                self.partition.available = "unavailable: no G4 (--no-g4): nothing to cut"
+            elif self.partition.setup():
+                self.svc_host, self.redis_host = self.partition.services, self.partition.redis_addr
+                self.log("w5: worker %d in namespace %s (%s), Redis at %s" %
+                         (self.partition_target, self.partition.ns, self.partition.worker_addr,
+                          self.redis_host))
+            else:
+                self.log("w5: partition %s" % self.partition.available)
+        self.g3disk.usable()
+        self.g3_slow_targets = {int(e["target"].split(":")[1]) for e in sched
+                                if e["fault"] == "g3_slow"}
+        if self.g3_slow_targets:
+            self.g3slow.usable()
+
+    def whost(self, k):
+        """(host the worker listens on, source of the orchestrator's calls)."""
+        if k == self.partition_target and self.partition.available is True:
+            return self.partition.worker_addr, (self.partition.control_addr, 0)
+        return "127.0.0.1", CONTROL
+
+    def wcall(self, k, method, path, body=None, timeout=10.0, load=False):
+        host, ctl = self.whost(k)
+        return call(self.workers[k]["port"], method, path, body, timeout=timeout,
+                    source=None if load else ctl, host=host)
 
     # -- servers
     def start_nats(self, first=True):
         if first:
             self.nats_port = free_port()
         p = self.sup.start("nats", ["nats-server", "-js", "-sd", os.path.join(self.dir, "js"),
-                                    "-a", "127.0.0.1", "-p", str(self.nats_port)], 512,
+                                    "-a", self.svc_host, "-p", str(self.nats_port)], 512,
                            clean_rcs=(0, 1, -15, -9))  # nats-server exits 1 on SIGTERM
-        if not wait_port(self.nats_port, time.time() + 20, p.popen):
+        if not wait_port(self.nats_port, time.time() + 20, p.popen, host=self.svc_host):
             raise StartError("nats-server did not start (log %s)" % p.log_path)
         if first:
             made = nats_request(self.nats_port, "$JS.API.STREAM.CREATE." + STREAM,
-                                {"name": STREAM, "subjects": ["kv.>", "st.>"], "storage": "file"})
+                                {"name": STREAM, "subjects": ["kv.>", "st.>"], "storage": "file"},
+                                host=self.svc_host)
             if "error" in made:
                 raise StartError("JetStream stream: %s" % made["error"])
 
     def redis_cli(self, port, *words, timeout=10):
-        return subprocess.run(["redis-cli", "-p", str(port), *words], capture_output=True,
+        return subprocess.run(["redis-cli", "-h", self.redis_host, "-p", str(port), *words],
+                              capture_output=True,
                               timeout=timeout, check=False).stdout.decode("utf-8", "replace")
 
     def start_redis_node(self, name, first=True):
@@ -296,7 +401,9 @@ class Cluster:
         port = self.redis[name]
         d = os.path.join(self.dir, "redis", name)
         os.makedirs(d, exist_ok=True)
-        p = self.sup.start(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+        p = self.sup.start(name, ["redis-server", "--port", str(port), "--bind", self.redis_host,
+                                  # the address clients are sent to (MOVED, CLUSTER SLOTS)
+                                  "--cluster-announce-ip", self.redis_host,
                                   "--dir", d, "--save", "", "--appendonly", "no",
                                   "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                                   "--cluster-node-timeout", "1000", "--protected-mode", "no",
@@ -304,13 +411,13 @@ class Cluster:
                                   "--maxmemory", "%dmb" % self.a.redis_maxmemory_mb,
                                   "--maxmemory-policy", "allkeys-lru"],
                            self.a.redis_maxmemory_mb + 128)
-        if not wait_port(port, time.time() + 20, p.popen):
+        if not wait_port(port, time.time() + 20, p.popen, host=self.redis_host):
             raise StartError("redis-server %s did not start (log %s)" % (name, p.log_path))
 
     def start_redis_cluster(self):
         for i in range(6):
             self.start_redis_node("redis%d" % i)
-        addrs = ["127.0.0.1:%d" % self.redis["redis%d" % i] for i in range(6)]
+        addrs = ["%s:%d" % (self.redis_host, self.redis["redis%d" % i]) for i in range(6)]
         r = subprocess.run(["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", "1",
                             "--cluster-yes"], capture_output=True, timeout=60, check=False)
         if r.returncode:
@@ -354,14 +461,17 @@ class Cluster:
         return None
 
     def g4_url(self):
-        return "redis+cluster://" + ",".join("127.0.0.1:%d" % self.redis["redis%d" % i]
+        return "redis+cluster://" + ",".join("%s:%d" % (self.redis_host, self.redis["redis%d" % i])
                                             for i in range(3))
 
     def worker_cmd(self, k):
         a, w = self.a, self.workers[k]
-        nats = "nats://127.0.0.1:%d/%s" % (self.nats_port, STREAM)
+        nats = "nats://%s:%d/%s" % (self.svc_host, self.nats_port, STREAM)
         prog = [a.worker_bin] if a.worker_bin else [a.kvbm, "worker"]
-        cmd = prog + ["--id", str(k), "--listen", "127.0.0.1:%d" % w["port"],
+        if k == self.partition_target and self.partition.available is True:
+            prog = self.partition.prefix() + prog
+        prog = w.get("wrap", []) + prog  # the slow G3's cgroup, joined before anything else
+        cmd = prog + ["--id", str(k), "--listen", "%s:%d" % (self.whost(k)[0], w["port"]),
                "--g1", str(a.g1), "--g2", str(a.g2), "--g3", "%s:%d" % (w["g3"], a.g3),
                "--events", "%s/kv.%d" % (nats, k), "--storage-events", "%s/st.%d" % (nats, k),
                "--block-size", str(a.block_size), "--time-scale", repr(a.time_scale),
@@ -377,8 +487,35 @@ class Cluster:
             os.chmod(g3, 0o700)  # the worker refuses a G3 others could write (tiers.md)
             os.chmod(os.path.dirname(g3), 0o700)
             self.workers[k] = {"port": free_port(), "g3": g3}
+            full = netfaults.slot_file_bytes(self.a.g3, self.block_bytes())
+            if k in self.g3_slow_targets and self.g3slow.available is True:
+                # ext4 on a loop device, the worker in a blkio cgroup (netfaults.G3Slow)
+                wrap = self.g3slow.setup(k, g3, full + (32 << 20))
+                if wrap:
+                    self.workers[k]["wrap"] = wrap
+                else:
+                    self.log("w5: slow G3: %s" % self.g3slow.available)
+            if self.g3disk.available is True and "wrap" not in self.workers[k]:
+                # a tmpfs a little smaller than the slot file: its fallocate
+                # fails, the file grows as slots are written, and a ballast
+                # can leave no room (netfaults.py)
+                size = max(full - (1 << 20), full * 3 // 4) & ~4095
+                if self.g3disk.mount(g3, size):
+                    self.workers[k]["tmpfs_bytes"] = size
+                else:
+                    self.log("w5: G3 tmpfs: %s" % self.g3disk.available)
         p = self.sup.start("worker%d" % k, self.worker_cmd(k), self.a.worker_budget_mb + 64)
         return p
+
+    def block_bytes(self):
+        """The workers' --block-bytes (1024 unless --worker-arg gives it)."""
+        wa = self.a.worker_arg
+        for i, x in enumerate(wa):
+            if x.startswith("--block-bytes="):
+                return int(x.split("=", 1)[1])
+            if x == "--block-bytes" and i + 1 < len(wa):
+                return int(wa[i + 1])
+        return 1024
 
     def router_cmd(self, r):
         a, ro = self.a, self.routers[r]
@@ -386,7 +523,8 @@ class Cluster:
                "--snapshot", ro["snap"], "--snapshot-every", "1", "--block-size", str(a.block_size),
                "--hash", a.hash]
         for k in range(a.workers):
-            cmd += ["--jetstream", "%d=nats://127.0.0.1:%d/%s/kv.%d" % (k, self.nats_port, STREAM, k)]
+            cmd += ["--jetstream", "%d=nats://%s:%d/%s/kv.%d" % (k, self.svc_host, self.nats_port,
+                                                                  STREAM, k)]
         return cmd
 
     def start_router(self, r, first=True):
@@ -398,7 +536,7 @@ class Cluster:
         self.advisor_port = free_port()
         cmd = [self.a.kvbm, "advisor", "--listen", "127.0.0.1:%d" % self.advisor_port]
         for k in range(self.a.workers):
-            url = "nats://127.0.0.1:%d" % self.nats_port
+            url = "nats://%s:%d" % (self.svc_host, self.nats_port)
             cmd += ["--kv-nats", "w%d=%s/kv.%d" % (k, url, k), "--storage-nats", "%s/st.%d" % (url, k)]
         p = self.sup.start("advisor", cmd, 256)
         if not wait_health(self.advisor_port, time.time() + 20, p.popen):
@@ -409,7 +547,7 @@ class Cluster:
             self.log("prometheus not found: the run goes on without it")
             return
         self.prom_port = free_port()
-        targets = ["127.0.0.1:%d" % w["port"] for w in self.workers.values()]
+        targets = ["%s:%d" % (self.whost(k)[0], w["port"]) for k, w in self.workers.items()]
         targets += ["127.0.0.1:%d" % r["port"] for r in self.routers.values()]
         targets.append("127.0.0.1:%d" % self.advisor_port)
         cfg = os.path.join(self.dir, "prometheus.yml")
@@ -435,7 +573,8 @@ class Cluster:
             self.start_worker(k)
         for k in range(a.workers):
             p = self.sup.procs["worker%d" % k].popen
-            if not wait_health(self.workers[k]["port"], time.time() + 30, p):
+            host, ctl = self.whost(k)
+            if not wait_health(self.workers[k]["port"], time.time() + 30, p, host=host, source=ctl):
                 raise StartError("kvbm worker %d did not start (log %s)" %
                                  (k, self.sup.procs["worker%d" % k].log_path))
         for r in (0, 1):
@@ -448,7 +587,7 @@ class Cluster:
 
     # -- views
     def blocks(self, k, timeout=5.0):
-        st, b = call(self.workers[k]["port"], "GET", "/blocks", timeout=timeout)
+        st, b = self.wcall(k, "GET", "/blocks", timeout=timeout)
         if st != 200 or not isinstance(b, dict):
             raise OSError("worker %d /blocks: %s" % (k, st))
         return b
@@ -464,7 +603,7 @@ class Cluster:
     def stream_last(self, k):
         """The stream sequence of worker k's last KV batch (0: none yet)."""
         ans = nats_request(self.nats_port, "$JS.API.STREAM.MSG.GET." + STREAM,
-                           {"last_by_subj": "kv.%d" % k}, timeout=2)
+                           {"last_by_subj": "kv.%d" % k}, timeout=2, host=self.svc_host)
         if "error" in ans:
             if ans["error"].get("code") == 404:
                 return 0
@@ -586,8 +725,8 @@ class Load:
         body = {"request_id": "w5-%d" % i, "hash_ids": r["hash_ids"],
                 "input_length": r["input_length"], "output_length": r["output_length"]}
         try:
-            st, ans = call(self.cl.workers[w]["port"], "POST", "/generate", body,
-                           timeout=self.a.request_timeout, source=None)
+            st, ans = self.cl.wcall(w, "POST", "/generate", body, timeout=self.a.request_timeout,
+                                    load=True)
             if st == 200 and isinstance(ans, dict) and ans.get("status") == "ok":
                 with self.lock:
                     self.ok += 1
@@ -605,6 +744,7 @@ class Load:
         except OSError as e:
             self.fail("worker unreachable or timed out (%s)" % type(e).__name__)
             rec["status"] = "unreachable"
+        rec["t_done"] = time.time() - self.t0  # when its answer (or failure) came
         if router is not None and rid is not None:
             try:
                 call(self.cl.routers[router]["port"], "POST", "/done", {"request_id": rid}, timeout=5,
@@ -654,9 +794,33 @@ class Faults:
         return int(tgt.split(":")[1])
 
     def knob(self, k, body):
-        st, ans = call(self.cl.workers[k]["port"], "POST", "/admin/fault", body, timeout=5)
+        st, ans = self.cl.wcall(k, "POST", "/admin/fault", body, timeout=5)
         if st != 200:
             raise OSError("worker %d /admin/fault %s: %s" % (k, json.dumps(body), ans))
+
+    def g4_snapshot(self, k, timeout=5.0):
+        st, text = self.cl.wcall(k, "GET", "/metrics", timeout=timeout)
+        if st != 200:
+            raise OSError("worker %d /metrics: %s" % (k, st))
+        return g4_counts(text)
+
+    def sample_partition(self, f, timeout=0.5):
+        """One more reading of a partitioned worker's G4 counters while the
+        cut holds (kept when it answers)."""
+        try:
+            snap = self.g4_snapshot(self.worker_of(f["target"]), timeout=timeout)
+        except OSError:
+            return
+        f["last"], f["t_last"] = snap, time.time()
+
+    def g3_counts(self, k):
+        """G3 writes the worker counted failed, and done (its /metrics)."""
+        st, text = self.cl.wcall(k, "GET", "/metrics", timeout=5)
+        if st != 200:
+            raise OSError("worker %d /metrics: %s" % (k, st))
+        return {"write_failures": prom_sample(text, "kvbm_offload_skipped_total", tier="G3"),
+                "writes": prom_sample(text, "kvbm_offload_blocks_total", tier="G3"),
+                "requests": prom_sample(text, "kvbm_worker_requests_ok_total")}
 
     def begin(self, f):
         cl, kind, tgt = self.cl, f["fault"], f["target"]
@@ -677,13 +841,43 @@ class Faults:
         elif kind == "nats_kill":  # kill -9: JetStream loses what it had not flushed
             cl.sup.kill9("nats")
         elif kind == "g3_slow":
-            self.knob(self.worker_of(tgt), {"g3_delay_ms": int(f["e"].get("delay_ms", 20))})
+            k, delay = self.worker_of(tgt), int(f["e"].get("delay_ms", 20))
+            if "wrap" in cl.workers[k]:  # the block layer itself: 1000/delay I/Os a second
+                f["mode"] = "real: %d read and %d write I/Os a second on its G3 device" % \
+                    (max(1, 1000 // max(1, delay)), max(1, 1000 // max(1, delay)))
+                cl.g3slow.throttle(k, max(1, 1000 // max(1, delay)))
+            else:
+                f["mode"] = cl.g3slow.available if cl.g3slow.available is not True else \
+                    "emulated: the slow G3 device could not be made"
+                self.knob(k, {"g3_delay_ms": delay})
         elif kind == "g3_full":
-            self.knob(self.worker_of(tgt), {"g3_full": True})
+            k = self.worker_of(tgt)
+            if "tmpfs_bytes" in cl.workers[k]:  # the filesystem's own ENOSPC
+                f["before"] = self.g3_counts(k)
+                f["mode"] = "real"
+                f["ballast_bytes"] = cl.g3disk.fill(cl.workers[k]["g3"])
+                f["free_bytes_after_fill"] = cl.g3disk.free_bytes(cl.workers[k]["g3"])
+            else:
+                f["mode"] = cl.g3disk.available if cl.g3disk.available is not True else \
+                    "emulated: the G3 mount failed"
+                self.knob(k, {"g3_full": True})
         elif kind == "publish_off":
             self.knob(self.worker_of(tgt), {"publish": False})
         elif kind == "partition":
-            raise OSError("not supported here (docs/areas/cluster.md, 'Partitions')")
+            k = self.worker_of(tgt)
+            if cl.partition.available is not True:
+                raise Skipped(cl.partition.available)
+            cl.partition.cut()
+            f["mode"] = "real"
+            # what Redis received before the cut is answered (its replies
+            # still come back) and counted within this, even on two busy
+            # cores; from here no G4 write can succeed
+            settle = min(1.0, f["duration_s"] / 2)
+            time.sleep(settle)
+            f["settle_s"] = settle
+            f["before"] = self.g4_snapshot(k)
+            f["last"] = f["before"]
+            f["t_last"] = f["t_cut_settled"] = time.time()
 
     def end(self, f):
         cl, kind, tgt = self.cl, f["fault"], f["target"]
@@ -696,11 +890,34 @@ class Faults:
         elif kind in ("nats_restart", "nats_kill"):
             cl.start_nats(first=False)
         elif kind == "g3_slow":
-            self.knob(self.worker_of(tgt), {"g3_delay_ms": 0})
+            k = self.worker_of(tgt)
+            if "wrap" in cl.workers[k]:
+                cl.g3slow.throttle(k, 0)
+            else:
+                self.knob(k, {"g3_delay_ms": 0})
         elif kind == "g3_full":
-            self.knob(self.worker_of(tgt), {"g3_full": False})
+            k = self.worker_of(tgt)
+            if f.get("mode") == "real":
+                cl.g3disk.unfill(cl.workers[k]["g3"])
+                after = self.g3_counts(k)
+                f["window"] = {n: after[n] - f["before"][n] for n in after}
+            else:
+                self.knob(k, {"g3_full": False})
         elif kind == "publish_off":
             self.knob(self.worker_of(tgt), {"publish": True})
+        elif kind == "partition":
+            k = self.worker_of(tgt)
+            try:
+                self.sample_partition(f, timeout=2.0)
+                after = f["last"]
+                f["window"] = {n: after[n] - f["before"][n] for n in after}
+                # how much of the window the counters cover (a worker whose
+                # connections all wait may refuse /metrics: the last
+                # reading taken while the cut held is used)
+                f["window"]["until_s"] = round(f["t_last"] - f["t_cut_settled"], 3)
+            finally:
+                cl.partition.heal()
+            f["healed"] = after
 
     def recovered(self, f):
         """The fault's own notion of recovered (docs/areas/cluster.md): the
@@ -709,10 +926,22 @@ class Faults:
         cl, kind, tgt = self.cl, f["fault"], f["target"]
         if kind == "redis_master_kill":
             return cl.redis_ok()
+        if kind == "partition":  # G4 works again for it: a G4 write or onboard succeeded
+            k = self.worker_of(tgt)
+            try:
+                now = self.g4_snapshot(k, timeout=1.0)
+            except OSError:
+                return False
+            if now["ok"] <= f["healed"]["ok"]:
+                return False
+            # the writes cut off fail at their deadline (g4_timeout_ms),
+            # often after the heal: counted is taken up to here
+            f["window"]["counted_by_recovery"] = now["counted"] - f["before"]["counted"]
+            return True
         if kind in ("worker_kill", "g3_slow", "g3_full", "publish_off"):
             k = self.worker_of(tgt)
             try:
-                st, _ = call(cl.workers[k]["port"], "GET", "/health", timeout=1)
+                st, _ = cl.wcall(k, "GET", "/health", timeout=1)
             except OSError:
                 return False
             return st == 200 and cl.caught_up([k])
@@ -733,9 +962,14 @@ class Faults:
                 try:
                     self.begin(f)
                     f["phase"], f["injected"] = "active", True
+                except Skipped as e:
+                    f["phase"], f["skipped"] = "done", str(e)
                 except OSError as e:
                     f["phase"], f["error"] = "done", str(e)
-            elif ph == "active" and now >= f["t_begin"] + f["duration_s"]:
+            elif ph == "active" and f["fault"] == "partition" and \
+                    now < f["t_begin"] + f["duration_s"] and time.time() - f.get("t_last", 0) > 0.25:
+                self.sample_partition(f)
+            if ph == "active" and now >= f["t_begin"] + f["duration_s"]:
                 f["t_end"] = now
                 try:
                     self.end(f)
@@ -764,6 +998,18 @@ class Faults:
                 d["recovery_s"] = None
             if "error" in f:
                 d["error"] = f["error"]
+            for key in ("skipped", "mode", "window", "ballast_bytes", "free_bytes_after_fill",
+                        "settle_s"):
+                if key in f:
+                    d[key] = f[key]
+            if f["fault"] in ("partition", "g3_full", "g3_slow") and "t_end" in f and \
+                    f["target"].startswith("worker:"):
+                # the target kept serving: its requests answered ok while the fault lasted
+                k = self.worker_of(f["target"])
+                with self.load.lock:
+                    d["served_ok_during"] = sum(
+                        1 for r in self.load.records if r.get("worker") == k and
+                        r.get("status") == "ok" and f["t_begin"] <= r.get("t_done", -1) <= f["t_end"])
             out.append(d)
         return out
 
@@ -802,6 +1048,23 @@ def summarize(load, workers):
     return hit, per, prompt, ttft, routing
 
 
+def g3_full_mode(cl, sched):
+    """The report's `g3_full`: real when every g3_full target's G3 is a
+    tmpfs of its own, else emulated and why."""
+    targets = {int(e["target"].split(":")[1]) for e in sched if e["fault"] == "g3_full"}
+    if not targets:
+        return "not scheduled"
+    if cl.g3disk.available is not True:
+        return cl.g3disk.available
+    if any(k in cl.g3_slow_targets and "wrap" in cl.workers.get(k, {}) for k in targets):
+        return "emulated: a g3_full target is also a g3_slow target (its G3 is the slow device)"
+    if all("tmpfs_bytes" in cl.workers.get(k, {}) for k in targets):
+        sizes = sorted({cl.workers[k]["tmpfs_bytes"] for k in targets})
+        return "real: tmpfs of %s bytes as the G3 of worker %s, filled by a ballast" % (
+            "/".join(str(x) for x in sizes), ", ".join(str(k) for k in sorted(targets)))
+    return "emulated: the G3 mount failed"
+
+
 def run(a):
     log = (lambda *x: print(*x, file=sys.stderr)) if not a.quiet else (lambda *x: None)
     reqs = load_trace(a.trace, a.limit, a.skip)
@@ -818,6 +1081,7 @@ def run(a):
     watchdog.start()
     try:
         log("w5: starting the cluster in %s" % workdir)
+        cl.setup_faults_below(sched)
         cl.start_all()
         load = Load(cl, reqs, random.Random(a.seed))
         if a.python_dir:
@@ -859,13 +1123,13 @@ def run(a):
         metrics_wrong, counted = {}, {}
         for k in cl.workers:
             try:
-                st, text = call(cl.workers[k]["port"], "GET", "/metrics", timeout=10)
+                st, text = cl.wcall(k, "GET", "/metrics", timeout=10)
                 m = prom_metrics(text)
                 metrics_wrong[k] = int(sum(v for n, v in m.items() if "wrong_bytes" in n))
                 counted["worker%d" % k] = {n: v for n, v in m.items()
-                                           if any(s in n for s in ("dropped", "lost", "fail", "error"))
+                                           if any(s in n for s in ("dropped", "lost", "fail", "error", "skipped"))
                                            and v and not n.endswith(("_bucket", "_sum", "_count"))}
-                st, h = call(cl.workers[k]["port"], "GET", "/health", timeout=5)
+                st, h = cl.wcall(k, "GET", "/health", timeout=5)
                 for key in ("events_dropped", "republishes"):  # republishes: clear + re-store rounds
                     if isinstance(h, dict) and key in h:
                         counted["worker%d" % k][key] = h[key]
@@ -900,7 +1164,8 @@ def run(a):
     v_crash = checks.check_crashes(cl.sup.deaths)
     hit, per, prompt, ttft, routing = summarize(load, cl.workers)
     frep = faults.report()
-    violations = v_wrong + v_req + bad + v_mem + v_crash
+    v_part = checks.check_partitions(frep)
+    violations = v_wrong + v_req + bad + v_mem + v_crash + v_part
     rep = {
         "workload": "W5", "trace": a.trace, "workers": a.workers, "routing": a.routing,
         "g4": not a.no_g4, "time_scale": a.time_scale, "load_s": round(duration, 3),
@@ -919,6 +1184,14 @@ def run(a):
         "memory_budget_mb": cl.sup.budgets(),
         "faults_injected": sum(1 for f in frep if f["injected"]),
         "faults": frep, "recovery_s": [f["recovery_s"] for f in frep],
+        "partition": (cl.partition.describe() if cl.partition_target is not None
+                      else "not scheduled"),
+        "g3_slow": ("not scheduled" if not cl.g3_slow_targets else
+                    "real: ext4 on a loop device, the worker in a blkio cgroup throttled by the fault"
+                    if cl.g3slow.available is True and
+                    all("wrap" in cl.workers[k] for k in cl.g3_slow_targets if k in cl.workers)
+                    else cl.g3slow.available or "emulated: the slow G3 device could not be made"),
+        "g3_full": g3_full_mode(cl, sched),
         "prometheus": prom_up, "violations": violations, "workdir": workdir,
     }
     if a.svg:

@@ -11,7 +11,8 @@ and stale stores. So every child:
   the orchestrator dies, even by kill -9 (the one case atexit cannot see);
 - is stopped by Supervisor.stop_all (SIGTERM to its group, SIGKILL after a
   grace period), which atexit, the SIGTERM/SIGINT handlers and the run's
-  wall-clock watchdog all call.
+  wall-clock watchdog all call; its on_stop hooks then remove what is not a
+  process (netfaults.py: the partition's namespace, the tmpfs mounts).
 The supervisor also records every death (scheduled by the fault schedule
 or not: the `crashed` invariant) and samples each process's peak resident
 set (VmHWM) once a second while it lives, since a killed process's peak
@@ -65,12 +66,12 @@ def free_redis_port(rng=None):
     raise OSError("no free port pair for Redis Cluster")
 
 
-def wait_port(port, deadline, proc=None):
+def wait_port(port, deadline, proc=None, host="127.0.0.1"):
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             return False
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            socket.create_connection((host, port), timeout=0.5).close()
             return True
         except OSError:
             time.sleep(0.05)
@@ -109,6 +110,7 @@ class Supervisor:
         self.lock = threading.RLock()
         self.stopping = False
         self.log = log
+        self.on_stop = []     # called once every process has ended (netfaults' teardown)
         self.t0 = time.time()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
@@ -232,3 +234,8 @@ class Supervisor:
                         pass
                     p.popen.wait()
                 self._reap(p, at_stop=True)
+            for hook in self.on_stop:  # after the processes: nothing uses what they remove
+                try:
+                    hook()
+                except Exception as e:  # noqa: BLE001 - a teardown must not stop the others
+                    self.log("teardown failed: %s" % e)

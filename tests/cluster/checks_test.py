@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.join(os.environ.get("KVBM_SOURCE_DIR", os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..")), "scripts", "cluster"))
 import checks  # noqa: E402
 import cluster  # noqa: E402
+import netfaults  # noqa: E402
 
 
 class WrongBytes(unittest.TestCase):
@@ -154,7 +155,7 @@ class Schedule(unittest.TestCase):
         s = cluster.read_schedule("default", 100.0, 4)
         kinds = {e["fault"] for e in s}
         self.assertEqual(kinds, {"worker_kill", "redis_master_kill", "router_kill", "nats_restart",
-                                 "g3_slow", "g3_full", "publish_off"})
+                                 "g3_slow", "g3_full", "publish_off", "partition"})
         self.assertTrue(all(e["at_s"] + e["duration_s"] < 100.0 for e in s))
 
     def test_file(self):
@@ -177,6 +178,119 @@ class Schedule(unittest.TestCase):
         with self.assertRaises(cluster.UsageError):
             cluster.read_schedule("/nonexistent/schedule", 10, 2)
 
+
+class Partition(unittest.TestCase):
+    """check_partitions over the counters of a partitioned worker."""
+
+    def fault(self, **window):
+        w = {"ok": 0, "counted": 12, "computed": 640, "wrong_bytes": 0, "requests": 5}
+        w.update(window)
+        return [{"fault": "partition", "target": "worker:2", "injected": True, "window": w}]
+
+    def test_clean(self):
+        self.assertEqual(checks.check_partitions(self.fault()), [])
+
+    def test_idle_worker_is_clean(self):
+        self.assertEqual(checks.check_partitions(self.fault(counted=0, computed=0)), [])
+
+    def test_a_write_done_through_the_partition(self):
+        bad = checks.check_partitions(self.fault(ok=3))
+        self.assertTrue(bad and "3 G4 writes or onboards reported done" in bad[0], bad)
+
+    def test_writes_lost_without_a_count(self):
+        bad = checks.check_partitions(self.fault(counted=0))
+        self.assertTrue(bad and "no G4 write counted" in bad[0], bad)
+
+    def test_wrong_bytes(self):
+        bad = checks.check_partitions(self.fault(wrong_bytes=1))
+        self.assertTrue(bad and "wrong bytes" in bad[0], bad)
+
+    def test_no_counters_read(self):
+        f = self.fault()
+        del f[0]["window"]
+        self.assertEqual(len(checks.check_partitions(f)), 1)
+
+    def test_skipped_and_other_faults_are_not_checked(self):
+        f = [{"fault": "partition", "target": "worker:2", "injected": False,
+              "skipped": "unavailable: not root"},
+             {"fault": "g3_full", "target": "worker:3", "injected": True, "window": {"ok": 9}}]
+        self.assertEqual(checks.check_partitions(f), [])
+
+    METRICS = "\n".join([
+        '# TYPE kvbm_offload_blocks_total counter',
+        'kvbm_offload_blocks_total{worker="2",tier="G2"} 100',
+        'kvbm_offload_blocks_total{worker="2",tier="G4"} 7',
+        'kvbm_onboard_blocks_total{worker="2",tier="G4"} 3',
+        'kvbm_offload_skipped_total{worker="2",tier="G4",cause="io"} 4',
+        'kvbm_offload_skipped_total{worker="2",tier="G4",cause="queue"} 1',
+        'kvbm_offload_skipped_total{worker="2",tier="G3",cause="io"} 50',
+        'kvbm_lookup_failures_total{worker="2",tier="G4",cause="timeout"} 2',
+        'kvbm_worker_prefill_tokens_total{worker="2"} 320',
+        'kvbm_worker_wrong_bytes_total{worker="2"} 0'])
+
+    def test_g4_counts_take_g4_only(self):
+        c = cluster.g4_counts(self.METRICS)
+        self.assertEqual((c["ok"], c["counted"], c["computed"], c["wrong_bytes"]), (10, 7, 320, 0))
+        self.assertEqual(cluster.prom_sample(self.METRICS, "kvbm_offload_skipped_total", tier="G3",
+                                             cause="io"), 50)
+        self.assertEqual(cluster.prom_sample("garbage {", "kvbm_offload_blocks_total"), 0)
+
+    def test_partition_in_a_schedule_file(self):
+        import tempfile
+        f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+        f.write('{"at_s": 1, "fault": "partition", "target": "worker:1", "duration_s": 2}\n')
+        f.close()
+        self.addCleanup(os.unlink, f.name)
+        self.assertEqual(cluster.read_schedule(f.name, 10, 2)[0]["fault"], "partition")
+
+
+class NetFaults(unittest.TestCase):
+    """The parts of netfaults.py that need no root."""
+
+    def test_slot_file_is_disk_cs(self):
+        # src/volume/disk.c: (1024 + 64) rounded to 4096, plus a 4 KiB superblock
+        self.assertEqual(netfaults.slot_file_bytes(32768, 1024), 4096 + 32768 * 4096)
+        self.assertEqual(netfaults.slot_file_bytes(10, 4096), 4096 + 10 * 8192)
+
+    def test_stale_names(self):
+        self.assertIsNone(netfaults._stale_pid("kvbmw5-%d" % os.getpid()))  # this run
+        self.assertIsNone(netfaults._stale_pid("kvbmw5-1"))                 # init lives
+        self.assertIsNone(netfaults._stale_pid("other-123"))
+        self.assertIsNone(netfaults._stale_pid("kvbmw5-12x"))
+        self.assertEqual(netfaults._stale_pid("kvbmw5-4194999"), 4194999)  # above pid_max
+
+    def test_forced_fallbacks_say_why(self):
+        os.environ["KVBM_W5_NO_NETNS"] = os.environ["KVBM_W5_NO_MOUNT"] = "1"
+        try:
+            p = netfaults.Partition()
+            self.assertFalse(p.setup())
+            self.assertTrue(p.describe().startswith("unavailable: "), p.describe())
+            p.teardown()  # nothing made, nothing to do
+            d = netfaults.G3Disk()
+            self.assertFalse(d.usable())
+            self.assertTrue(d.available.startswith("emulated: "), d.available)
+        finally:
+            del os.environ["KVBM_W5_NO_NETNS"], os.environ["KVBM_W5_NO_MOUNT"]
+
+    def test_ballast_fills_a_real_tmpfs(self):
+        import tempfile
+        g = netfaults.G3Disk()
+        if not g.usable():
+            self.skipTest(g.available)
+        d = tempfile.mkdtemp()
+        self.addCleanup(os.rmdir, d)
+        self.addCleanup(g.teardown)
+        self.assertTrue(g.mount(d, 1 << 20), g.available)
+        self.assertEqual(os.stat(d).st_mode & 0o777, 0o700)
+        n = g.fill(d)
+        self.assertEqual(g.free_bytes(d), 0)
+        self.assertGreater(n, (1 << 20) - 65536)
+        with self.assertRaises(OSError):  # the filesystem's own ENOSPC
+            with open(os.path.join(d, "more"), "wb") as f:
+                f.write(b"x" * 8192)
+                f.flush()
+        g.unfill(d)
+        self.assertGreater(g.free_bytes(d), (1 << 20) - 65536)
 
 if __name__ == "__main__":
     unittest.main(verbosity=1)

@@ -16,6 +16,17 @@ start, after publishing resumes, and after NATS comes back (events that
 could not be sent are counted in events_dropped, as the contract asks).
 --fault-lie-blocks makes /blocks list a block it never published: a broken
 worker whose run must fail the convergence invariant.
+
+G4, minimally: with --g4 redis+cluster://HOST:PORT,..., each request's
+computed blocks are "written" to G4 by opening a TCP connection to the first
+node (0.2 s deadline): counted done (kvbm_offload_blocks_total{tier="G4"})
+when it connects, counted failed (kvbm_offload_skipped_total{tier="G4",
+cause="io"}) when it does not, as the real worker's manager counts them. So
+a partition between this worker and Redis shows in its counters as in the
+real worker's. Two broken workers the partition check must catch:
+--fault-g4-lie counts a write that could not connect as done (a lost write
+nobody counts), --fault-partition-wrong-bytes answers wrong bytes while
+Redis is unreachable.
 """
 import argparse
 import collections
@@ -38,6 +49,9 @@ p.add_argument("--g1", type=int, default=4096)
 p.add_argument("--time-scale", type=float, default=1.0)
 p.add_argument("--python-dir", default=os.environ.get("KVBM_PYTHON_DIR"))
 p.add_argument("--fault-lie-blocks", action="store_true")
+p.add_argument("--g4")
+p.add_argument("--fault-g4-lie", action="store_true")
+p.add_argument("--fault-partition-wrong-bytes", action="store_true")
 a, _ = p.parse_known_args()
 if a.python_dir:
     sys.path.insert(0, a.python_dir)
@@ -45,7 +59,27 @@ import kvbm  # noqa: E402
 
 lock = threading.RLock()
 held = collections.OrderedDict()  # hash -> parent (LRU order)
-state = {"publish": True, "dropped": 0, "seq": 0, "sock": None, "resync": True}
+state = {"publish": True, "dropped": 0, "seq": 0, "sock": None, "resync": True,
+         "g4_ok": 0, "g4_failed": 0, "prefill_tokens": 0, "wrong_bytes": 0}
+
+
+def g4_write(blocks):
+    """Counts `blocks` G4 writes done or failed: done when the first Redis
+    node accepts a connection within 0.2 s. Returns whether it did."""
+    if not a.g4 or blocks <= 0:
+        return True
+    host, port = a.g4.split("://", 1)[1].split(",")[0].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=0.2).close()
+        ok = True
+    except OSError:
+        ok = False
+    with lock:
+        if ok or a.fault_g4_lie:
+            state["g4_ok"] += blocks
+        else:
+            state["g4_failed"] += blocks
+    return ok
 
 
 def nats_connect():
@@ -115,11 +149,17 @@ def generate(body):
             evs.append(["BlockStored", [hs[k]], hs[k - 1] if k else None, [], a.block_size, None, "GPU"])
         if evs:
             send(evs)
+        state["prefill_tokens"] += n - hit * a.block_size
     time.sleep(0.002 * (len(hs) - hit) / a.time_scale)
+    wrong = 0
+    if not g4_write(len(hs) - hit) and a.fault_partition_wrong_bytes:
+        wrong = 1
+        with lock:
+            state["wrong_bytes"] += 1
     return {"request_id": body.get("request_id"), "worker": a.id, "status": "ok",
             "prompt_tokens": n, "hit_tokens": {"g1": hit * a.block_size, "g2": 0, "g3": 0, "g4": 0},
             "prefill_tokens": n - hit * a.block_size, "onboarded_blocks": 0,
-            "ttft_ms": 0.1 * (len(hs) - hit), "e2e_ms": 1.0, "wrong_bytes": 0}
+            "ttft_ms": 0.1 * (len(hs) - hit), "e2e_ms": 1.0, "wrong_bytes": wrong}
 
 
 class H(BaseHTTPRequestHandler):
@@ -147,8 +187,14 @@ class H(BaseHTTPRequestHandler):
                 g1.append(12345)
             self.answer({"worker": a.id, "block_size": a.block_size, "g1": g1, "g2": [], "g3": []})
         elif self.path == "/metrics":
-            self.answer("kvbm_worker_wrong_bytes_total 0\nkvbm_worker_events_dropped_total %d\n" %
-                        state["dropped"], ctype="text/plain")
+            with lock:
+                text = ("kvbm_worker_wrong_bytes_total %d\nkvbm_worker_events_dropped_total %d\n"
+                        "kvbm_worker_prefill_tokens_total{worker=\"%d\"} %d\n"
+                        "kvbm_offload_blocks_total{worker=\"%d\",tier=\"G4\"} %d\n"
+                        "kvbm_offload_skipped_total{worker=\"%d\",tier=\"G4\",cause=\"io\"} %d\n" %
+                        (state["wrong_bytes"], state["dropped"], a.id, state["prefill_tokens"],
+                         a.id, state["g4_ok"], a.id, state["g4_failed"]))
+            self.answer(text, ctype="text/plain")
         else:
             self.answer({"error": "unknown path"}, 404)
 

@@ -4,7 +4,9 @@
 # time-scale 10 (about 14 s of load), 4 real `kvbm worker`s (G1..G3 and a G4
 # on a three-master Redis Cluster with replicas), two `kvbm router` replicas
 # on one JetStream stream, the advisor, Prometheus, and the full default
-# fault schedule (docs/areas/cluster.md). `kvbm cluster` exits 1 on any
+# fault schedule (docs/areas/cluster.md; as root, a real worker-Redis
+# partition in a network namespace and a real full tmpfs G3, else said
+# unavailable/emulated in the report). `kvbm cluster` exits 1 on any
 # broken invariant (wrong bytes, an uncounted loss, an index that did not
 # converge to every worker's /blocks, memory over budget, an unscheduled
 # death); this test also checks the report's shape and that every fault was
@@ -41,12 +43,34 @@ r = json.load(open(sys.argv[1]))
 assert r["violations"] == [] and r["index_converged"] is True, r["violations"]
 assert r["wrong_bytes"] == 0 and r["uncounted_losses"] == 0 and r["crashed"] == []
 assert r["requests"] == 400 and r["requests_ok"] > 0, (r["requests_ok"], r["failures"])
-assert r["faults_injected"] == 7, r["faults"]
-assert all(f["recovery_s"] is not None for f in r["faults"]), r["faults"]
+f = {x["fault"]: x for x in r["faults"]}
+assert len(f) == 8, r["faults"]
+done = [x for x in r["faults"] if not x.get("skipped")]
+assert r["faults_injected"] == len(done), r["faults"]
+assert all(x["recovery_s"] is not None for x in done), r["faults"]
+part, full = f["partition"], f["g3_full"]
+if isinstance(r["partition"], dict):  # root: worker 0 really lost Redis for a while
+    w = part["window"]
+    assert part["injected"] and part["mode"] == "real", part
+    assert w["ok"] == 0 and w["wrong_bytes"] == 0, part  # nothing done through it, nothing wrong
+    assert w["counted_by_recovery"] > 0, part            # what failed was counted
+    # served_ok_during is reported, not asserted: the worker flushes its G4
+    # puts after every request and so stalls while Redis is unreachable
+    # (docs/areas/cluster.md, Findings)
+else:
+    assert r["partition"].startswith("unavailable: ") and part["skipped"], r["partition"]
+    assert r["faults_injected"] == 7, r["faults"]
+if r["g3_full"].startswith("real"):  # a tmpfs G3 with no free page left
+    assert full["ballast_bytes"] > 0 and full["free_bytes_after_fill"] == 0, full
+else:
+    assert r["g3_full"].startswith("emulated: "), r["g3_full"]
 assert sum(r["hit_tokens"].values()) > 0
 assert r["routing_vs_ideal"] is not None
 assert open(sys.argv[2]).read().startswith("<svg")
 print("W5: %d requests, %d ok, hit rate %s, routing quality %s, recovery_s %s" %
       (r["requests"], r["requests_ok"], r["hit_rate"], r["routing_vs_ideal"]["quality"],
        r["recovery_s"]))
+print("partition: %s, window %s, served ok during %s; g3_full: %s, window %s; g3_slow: %s" %
+      (part.get("mode", part.get("skipped")), part.get("window"), part.get("served_ok_during"),
+       full.get("mode"), full.get("window"), f["g3_slow"].get("mode")))
 PY
