@@ -96,6 +96,10 @@ typedef struct kvbm_volume_op {
   size_t cap;      /* GET: room at dst */
   size_t size;     /* out, GET and EXISTS: the value's size (0 unknown) */
   int status;      /* out: see the top of this file */
+  uint32_t tag;    /* PUT: a label of the value's, 0..255 (above: the
+                      batch is KVBM_EINVAL), kept where the backend can
+                      (disk://, in the slot's header) and listed by
+                      kvbm_volume_keys_tagged; others ignore it (0) */
 } kvbm_volume_op;
 
 /* Called once per submitted batch, on an I/O thread, when every operation
@@ -134,6 +138,10 @@ typedef struct kvbm_volume_backend {
   /* Optional: a short static text saying how the state runs (see
    * kvbm_volume_mode). */
   const char *(*describe)(void *state);
+  /* Optional: `keys` with each value's tag (kvbm_volume_op.tag); used
+   * instead of `keys` when given. */
+  int (*keys_tagged)(void *state, void (*fn)(void *user, uint64_t key, size_t size, uint32_t tag),
+                     void *user, uint64_t *skipped);
 } kvbm_volume_backend;
 
 /* Settings; a zero timeout, thread count, queue capacity or value bound
@@ -160,6 +168,12 @@ struct kvbm_volume_config {
    * BLAKE3's speed on every write and read. */
   const void *disk_key;
   size_t disk_key_len;
+  /* disk:// only: the writer's label (NULL or "": none; at most 255
+   * bytes; read at register), kept in the slot file's superblock: what the
+   * values' tags mean (the manager: its KV cache groups). A persistent
+   * file written under another label is refused at register (KVBM_EFORMAT
+   * naming both labels); one written under none takes this one. */
+  const char *disk_label;
   /* A caller's backend for url's scheme (NULL: the built-in one). */
   const kvbm_volume_backend *backend;
   void *backend_user;
@@ -217,6 +231,12 @@ KVBM_EXTERN int kvbm_volume_delete(kvbm_volume *v, uint64_t key);
 typedef void (*kvbm_volume_key_cb)(void *user, uint64_t key, size_t size);
 KVBM_EXTERN int kvbm_volume_keys(kvbm_volume *v, kvbm_volume_key_cb fn, void *user,
                                  uint64_t *skipped, kvbm_error *err);
+
+/* kvbm_volume_keys with each value's tag (kvbm_volume_op.tag; 0 where
+ * the backend keeps none, and for disk:// slots written before tags). */
+typedef void (*kvbm_volume_tagged_key_cb)(void *user, uint64_t key, size_t size, uint32_t tag);
+KVBM_EXTERN int kvbm_volume_keys_tagged(kvbm_volume *v, kvbm_volume_tagged_key_cb fn, void *user,
+                                        uint64_t *skipped, kvbm_error *err);
 
 /* How the backend runs, for logs and reports: disk:// says
  * "io_uring+O_DIRECT", "pread/pwrite+buffered", ...; "" when the backend

@@ -125,6 +125,7 @@ static int demote(kvbm_manager *m, uint64_t h, kvbm_tier to) {
   j.id[to] = tid;
   j.parent = bi.parent_hash;
   j.has_parent = bi.has_parent;
+  j.grp = g2->grp ? g2->grp[gid] : 0; /* the slot file keeps it (workers.c) */
   bool queued = kvbm__q_push(&t->q, &j);
   assert(queued && "room checked");
   (void)queued;

@@ -303,18 +303,28 @@ static int host_tier(kvbm_manager *m, int ti, uint32_t nblocks, kvbm_layout_kind
 typedef struct restore_ctx {
   kvbm_manager *m;
   kvbm__tier *t;
+  uint64_t bad; /* slots of a group this manager does not have */
 } restore_ctx;
 
 /* One key the slot file holds, oldest first: indexed READY, so the LRU
- * order is the write order. (The file keeps no parent hash: restored
- * blocks report none, and zero tokens, in their BlockStored events.) */
-static void restore_key(void *user, uint64_t key, size_t size) {
+ * order is the write order, under the group its slot's tag names (the
+ * put's kvbm_volume_op.tag, workers.c), so its events carry the block's
+ * own hash and group again (as_published). A tag past the manager's
+ * groups cannot come from a file of the same label (volume_tier): such
+ * a slot is forged or damaged, skipped and counted. (The file keeps no
+ * parent hash: restored blocks report none, and zero tokens, in their
+ * BlockStored events.) */
+static void restore_key(void *user, uint64_t key, size_t size, uint32_t tag) {
   restore_ctx *c = user;
   kvbm__tier *t = c->t;
   uint32_t id, got;
+  if (tag >= c->m->ngroups) {
+    c->bad++;
+    return;
+  }
   if (size != c->m->block_bytes || kvbm_pool_contains(t->pool, key)) return;
   if (kvbm_pool_alloc(t->pool, 1, &id)) return;
-  KVBM__MUST(kvbm_block_fill(t->pool, id, 0, 0, false, c->m->zero_tokens, key, &got));
+  KVBM__MUST(kvbm__fill_grp(t, tag, id, 0, 0, false, c->m->zero_tokens, key, &got));
   t->state[got] = KVBM__READY;
   t->st.restored_blocks++;
   KVBM__MUST(kvbm_block_release(t->pool, got, 0));
@@ -323,10 +333,25 @@ static void restore_key(void *user, uint64_t key, size_t size) {
 /* Warm restart: index what the slot file kept (disk:// lists its keys;
  * other stores cannot be listed and start cold). */
 static void restore(kvbm_manager *m, kvbm__tier *t) {
-  restore_ctx c = {m, t};
+  restore_ctx c = {m, t, 0};
   uint64_t skipped = 0;
-  if (kvbm_volume_keys(t->vol, restore_key, &c, &skipped, NULL) == KVBM_OK)
-    t->st.restore_skipped = skipped;
+  if (kvbm_volume_keys_tagged(t->vol, restore_key, &c, &skipped, NULL) == KVBM_OK)
+    t->st.restore_skipped = skipped + c.bad;
+}
+
+/* The slot file's label (volume/disk.h): a manager of several groups
+ * names its group list and their layouts' fingerprint, so a file whose
+ * slots' tags (groups) meant another list is refused at create instead of
+ * serving one group's blocks as another's; one group: none (the file as
+ * before groups, readable by any kvbm). */
+static void g3_label(const kvbm_manager *m, char *out, size_t cap) {
+  out[0] = 0;
+  if (m->ngroups < 2) return;
+  char list[160];
+  kvbm_groups_format(m->groups, m->ngroups, list, sizeof list);
+  uint64_t fp = 0;
+  for (uint32_t g = 0; g < m->ngroups; g++) fp = kvbm__group_key(fp ^ m->gfp[g], g + 1);
+  snprintf(out, cap, "groups %s layouts %016llx", list, (unsigned long long)fp);
 }
 
 /* G3's default store: the slot file in g3_dir as a disk:// volume, with
@@ -414,14 +439,19 @@ static int volume_tier(kvbm_manager *m, kvbm_tier ti, const char *field, const c
   vc.block_bytes = m->block_bytes;
   vc.persist = m->cfg.g3_persist;
   vc.backend = ti == KVBM_TIER_G4 ? m->cfg.g4_backend : m->cfg.g3_backend;
+  char label[256];
   if (ti == KVBM_TIER_G3) { /* the secret is read here and kept by no one */
     vc.disk_key = m->cfg.g3_key;
     vc.disk_key_len = m->cfg.g3_key_len;
+    g3_label(m, label, sizeof label);
+    vc.disk_label = label;
   }
   vc.backend_user = ti == KVBM_TIER_G4 ? m->cfg.g4_backend_user : m->cfg.g3_backend_user;
   kvbm_error e = {0};
   rc = kvbm_volume_register(&vc, &t->vol, &e);
-  if (rc == KVBM_EINVAL || rc == KVBM_EUNSUPPORTED)
+  /* KVBM_EFORMAT: a slot file of another group list (g3_label): the
+   * caller's to resolve, not a tier quietly left out. */
+  if (rc == KVBM_EINVAL || rc == KVBM_EUNSUPPORTED || rc == KVBM_EFORMAT)
     return kvbm_error_set(err, rc, "manager: %s: %s", field, e.msg);
   if (rc) {
     snprintf(t->err, sizeof t->err, "%s", e.msg);

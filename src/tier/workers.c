@@ -414,7 +414,9 @@ static int prepare_put(kvbm_manager *m, kvbm__tier *t, vslot *s, kvbm_volume_op 
   kvbm__job *j = &s->job;
   const kvbm__tier *src = &m->t[j->src];
   uint32_t b = j->id[j->src];
-  *op = (kvbm_volume_op){.kind = KVBM_VOLUME_PUT, .key = j->hash};
+  /* The tag: the block's group, which the slot file keeps for a warm
+   * restart (manager.c, restore_key); other stores ignore it. */
+  *op = (kvbm_volume_op){.kind = KVBM_VOLUME_PUT, .key = j->hash, .tag = j->grp};
   uint8_t *p = t->framed ? NULL : kvbm__block_contiguous(src, b);
   if (p) { /* zero copy: the volume reads tier memory, pinned by the job */
     op->src = p;

@@ -40,7 +40,11 @@
 #include <xxhash.h>
 #include "common/bytes.h"
 
-#define SLOT_MAGIC "KVBMSLT1"
+#define SLOT_MAGIC "KVBMSLT1"  /* record v1: untagged */
+#define SLOT_MAGIC2 "KVBMSLT2" /* record v2: a tag in flags bits 8..15 */
+#define LABEL_OFF 64u           /* the superblock's label area */
+#define LABEL_SUM_OFF (LABEL_OFF + 4u + 256u)
+#define LABEL_END (LABEL_SUM_OFF + 8u)
 #define FILE_MAGIC "KVBMG3F1"
 #define FILE_VERSION 1u
 
@@ -55,6 +59,7 @@ struct kvbm_disk {
   uint32_t done_head, done_count, done_cap;
   bool keyed;                 /* keyed BLAKE3 sums with key[] (else XXH3) */
   uint8_t key[KVBM_DISK_KEY_LEN];
+  char label[KVBM_DISK_LABEL_MAX + 1]; /* the writer's ("" none) */
   char dir[PATH_MAX];
   char path[PATH_MAX + 32];
 };
@@ -133,6 +138,39 @@ static void encode_super(const kvbm_disk *d, uint8_t *sb) {
   kvbm__put_le64(sb + 40, d->fingerprint);
   kvbm__put_le64(sb + 48, XXH3_64bits(sb, 48));
   kvbm__put_le64(sb + 56, key_id(d));
+  size_t n = strlen(d->label);
+  if (n) { /* no label: the area stays zero, the superblock as before labels */
+    kvbm__put_le32(sb + LABEL_OFF, (uint32_t)n);
+    memcpy(sb + LABEL_OFF + 4, d->label, n);
+    kvbm__put_le64(sb + LABEL_SUM_OFF, XXH3_64bits(sb + LABEL_OFF, LABEL_SUM_OFF - LABEL_OFF));
+  }
+}
+
+/* What an existing superblock's label area says. */
+typedef enum { LABEL_NONE, LABEL_VALID, LABEL_DAMAGED } label_state;
+
+static bool all_zero(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i]) return false;
+  return true;
+}
+
+/* Reads the label of superblock sb into out (KVBM_DISK_LABEL_MAX + 1
+ * bytes): all zero is none; a length in range, the bytes after it zero
+ * (one encoding), no NUL inside and the sum right is a label; anything
+ * else is damage. The bytes are the file's: nothing is trusted before
+ * these checks. */
+static label_state read_label(const uint8_t *sb, char *out) {
+  out[0] = 0;
+  if (all_zero(sb + LABEL_OFF, LABEL_END - LABEL_OFF)) return LABEL_NONE;
+  uint32_t n = kvbm__get_le32(sb + LABEL_OFF);
+  const uint8_t *p = sb + LABEL_OFF + 4;
+  if (n == 0 || n > KVBM_DISK_LABEL_MAX || memchr(p, 0, n) || !all_zero(p + n, 256 - n) ||
+      kvbm__get_le64(sb + LABEL_SUM_OFF) != XXH3_64bits(sb + LABEL_OFF, LABEL_SUM_OFF - LABEL_OFF))
+    return LABEL_DAMAGED;
+  memcpy(out, p, n);
+  out[n] = 0;
+  return LABEL_VALID;
 }
 
 /* ---- Where the file lives (see "Files and who may touch them" above) ---- */
@@ -317,6 +355,29 @@ static int open_file(kvbm_disk *d, const kvbm__disk_config *cfg, kvbm_error *err
   return rc;
 }
 
+/* Whether the existing superblock `old` can be kept under ours (`sb`):
+ * the same geometry (bytes 0..64, nothing after the label area) and a
+ * label that is ours or none. A valid label of another writer is refused
+ * (KVBM_EFORMAT): its slots' tags mean something else, and starting anew
+ * would destroy them without a word. *relabel: keep it but write ours. */
+static int may_reuse(const kvbm_disk *d, const uint8_t *old, const uint8_t *sb, bool *reuse,
+                     bool *relabel, kvbm_error *err) {
+  char theirs[KVBM_DISK_LABEL_MAX + 1];
+  *reuse = *relabel = false;
+  if (memcmp(old, sb, LABEL_OFF) || !all_zero(old + LABEL_END, KVBM_DISK_ALIGN - LABEL_END))
+    return KVBM_OK; /* another geometry, or not ours: anew */
+  label_state ls = read_label(old, theirs);
+  if (ls == LABEL_DAMAGED) return KVBM_OK; /* anew, as a damaged geometry */
+  if (ls == LABEL_VALID && strcmp(theirs, d->label))
+    return kvbm_error_set(err, KVBM_EFORMAT,
+                          "disk: %s was written under \"%s\", not \"%s\": its blocks' tags mean "
+                          "something else (remove the file or use another directory)",
+                          d->path, theirs, d->label[0] ? d->label : "(no label)");
+  *reuse = true;
+  *relabel = ls == LABEL_NONE && d->label[0];
+  return KVBM_OK;
+}
+
 /* Keeps an existing file of the same geometry; otherwise starts it anew. */
 static int init_file(kvbm_disk *d, kvbm_error *err) {
   uint8_t *sb = NULL, *old = NULL;
@@ -326,18 +387,20 @@ static int init_file(kvbm_disk *d, kvbm_error *err) {
     return kvbm_error_set(err, KVBM_ENOMEM, "disk: out of memory");
   }
   encode_super(d, sb);
-  d->reused = sync_io(d->fd, old, KVBM_DISK_ALIGN, 0, false) == 0 &&
-              memcmp(old, sb, KVBM_DISK_ALIGN) == 0;
+  bool relabel = false;
   int rc = KVBM_OK;
+  d->reused = false;
+  if (sync_io(d->fd, old, KVBM_DISK_ALIGN, 0, false) == 0)
+    rc = may_reuse(d, old, sb, &d->reused, &relabel, err);
   uint64_t size = slot_offset(d, d->num_slots);
-  if (!d->reused) {
+  if (!rc && !d->reused) {
     /* A different or broken file: drop every old slot before reuse. */
     if (ftruncate(d->fd, 0) != 0)
       rc = kvbm_error_set(err, KVBM_EIO, "disk: cannot truncate %s: %s", d->path, strerror(errno));
-    else {
-      int w = sync_io(d->fd, sb, KVBM_DISK_ALIGN, 0, true);
-      if (w) rc = kvbm_error_set(err, KVBM_EIO, "disk: cannot write the superblock: %s", strerror(-w));
-    }
+  }
+  if (!rc && (!d->reused || relabel)) {
+    int w = sync_io(d->fd, sb, KVBM_DISK_ALIGN, 0, true);
+    if (w) rc = kvbm_error_set(err, KVBM_EIO, "disk: cannot write the superblock: %s", strerror(-w));
   }
   if (!rc) {
     /* Disk full or a file size limit is not fatal: the file grows as
@@ -358,6 +421,9 @@ int kvbm__disk_open(const kvbm__disk_config *cfg, kvbm_disk **out, kvbm_error *e
                           cfg->queue_depth);
   if (cfg->data_bytes > (UINT64_C(1) << 40))
     return kvbm_error_set(err, KVBM_EOVERFLOW, "disk: data_bytes too large");
+  if (cfg->label && (strlen(cfg->label) > KVBM_DISK_LABEL_MAX))
+    return kvbm_error_set(err, KVBM_EINVAL, "disk: a label of %zu bytes (at most %u)",
+                          strlen(cfg->label), KVBM_DISK_LABEL_MAX);
   uint64_t slot = (cfg->data_bytes + KVBM_DISK_HEADER + KVBM_DISK_ALIGN - 1) &
                   ~(uint64_t)(KVBM_DISK_ALIGN - 1);
   if (cfg->num_slots > (uint64_t)(INT64_MAX / 2) / slot)
@@ -371,6 +437,7 @@ int kvbm__disk_open(const kvbm__disk_config *cfg, kvbm_disk **out, kvbm_error *e
   d->fingerprint = cfg->fingerprint;
   d->next_seq = 1;
   d->depth = cfg->queue_depth;
+  if (cfg->label) snprintf(d->label, sizeof d->label, "%s", cfg->label);
   if (cfg->checksum_key) {
     d->keyed = true;
     memcpy(d->key, cfg->checksum_key, sizeof d->key);
@@ -441,10 +508,10 @@ static size_t tail_len(const kvbm_disk *d) { return (size_t)(d->slot_size - d->d
 void kvbm__disk_seal(kvbm_disk *d, void *buf, const kvbm__disk_data *data,
                     const kvbm_slot_header *h) {
   uint8_t *p = hdr_of(d, buf, data);
-  memcpy(p, SLOT_MAGIC, 8);
+  memcpy(p, h->tag ? SLOT_MAGIC2 : SLOT_MAGIC, 8); /* untagged: v1, as before tags */
   kvbm__put_le64(p + 8, h->seq_hash);
   kvbm__put_le64(p + 16, h->has_parent ? h->parent_hash : 0);
-  kvbm__put_le32(p + 24, h->has_parent ? 1u : 0u);
+  kvbm__put_le32(p + 24, (h->has_parent ? 1u : 0u) | (uint32_t)h->tag << 8);
   kvbm__put_le32(p + 28, (uint32_t)d->data_bytes);
   kvbm__put_le64(p + 32, d->fingerprint);
   kvbm__put_le64(p + 40, d->next_seq++);
@@ -456,17 +523,21 @@ void kvbm__disk_seal(kvbm_disk *d, void *buf, const kvbm__disk_data *data,
 int kvbm__disk_check(const kvbm_disk *d, const void *buf, const kvbm__disk_data *data,
                     bool check_data, const uint64_t *expect_hash, kvbm_slot_header *h) {
   const uint8_t *p = hdr_of(d, buf, data);
-  if (memcmp(p, SLOT_MAGIC, 8) != 0) return KVBM_EMAGIC;
+  bool v2 = memcmp(p, SLOT_MAGIC2, 8) == 0;
+  if (!v2 && memcmp(p, SLOT_MAGIC, 8) != 0) return KVBM_EMAGIC;
   if (kvbm__get_le64(p + 56) != sum64(d, p, 56)) return KVBM_ECHECKSUM;
-  if (kvbm__get_le64(p + 32) != d->fingerprint || kvbm__get_le32(p + 28) != d->data_bytes ||
-      (kvbm__get_le32(p + 24) & ~1u) != 0)
+  uint32_t flags = kvbm__get_le32(p + 24), tag = (flags >> 8) & 0xFFu;
+  /* One encoding per header: v1 has bit 0 only, v2 a tag 1..255 besides. */
+  bool flags_ok = v2 ? (flags & ~0xFF01u) == 0 && tag != 0 : (flags & ~1u) == 0;
+  if (kvbm__get_le64(p + 32) != d->fingerprint || kvbm__get_le32(p + 28) != d->data_bytes || !flags_ok)
     return KVBM_EFORMAT;
   if (expect_hash && kvbm__get_le64(p + 8) != *expect_hash) return KVBM_ENOTFOUND;
   if (check_data && kvbm__get_le64(p + 48) != data_sum(d, buf, data)) return KVBM_ECHECKSUM;
   if (h) {
     h->seq_hash = kvbm__get_le64(p + 8);
     h->parent_hash = kvbm__get_le64(p + 16);
-    h->has_parent = kvbm__get_le32(p + 24) & 1u;
+    h->has_parent = flags & 1u;
+    h->tag = (uint8_t)tag;
     h->write_seq = kvbm__get_le64(p + 40);
   }
   return KVBM_OK;

@@ -11,17 +11,36 @@
  * and the disk (no bounce copy) and the header rides in its own page:
  *
  *   off size  field (header, from offset data_bytes)
- *     0   8   magic "KVBMSLT1"
+ *     0   8   magic "KVBMSLT1" (record v1) or "KVBMSLT2" (v2)
  *     8   8   sequence hash
  *    16   8   parent hash
- *    24   4   flags (bit 0: has parent)
+ *    24   4   flags (bit 0: has parent; v2: bits 8..15 the tag, 1..255)
  *    28   4   data length
  *    32   8   layout fingerprint (kvbm_layout_fingerprint)
  *    40   8   write sequence (grows with every write: recency at restart)
  *    48   8   sum of the data bytes
  *    56   8   sum of bytes 0..56 of the header
  *
- * all little-endian. A read whose header does not check (magic, header
+ * all little-endian. Record versions: a slot whose tag is 0 is written as
+ * v1, byte for byte what kvbm wrote before tags existed (so a file of
+ * tag-0 slots still reads in older kvbm); a tagged slot is v2, whose only
+ * difference is the tag in flags bits 8..15. v1 with any flag bit but 0,
+ * v2 with a tag of 0 or a bit outside 0 and 8..15 are refused
+ * (KVBM_EFORMAT): one encoding per header. The tag is the writer's label
+ * of the block (the manager's KV cache group).
+ *
+ * Superblock (offset 0, 4096 bytes): magic "KVBMG3F1", version, slot
+ * size, slot count, data bytes, fingerprint, their XXH3, the key id
+ * (bytes 0..64: the geometry; any difference starts the file anew); then
+ * the writer's label (`label`: the manager's group list): at 64 its
+ * length (le32, <= KVBM_DISK_LABEL_MAX), at 68 its bytes, at 68 + 256 the
+ * XXH3 of bytes 64..324. A file whose label area is all zero (written
+ * before labels existed, or under no label) is reused by any writer and
+ * takes the new label; a valid label that differs from the writer's is
+ * refused (KVBM_EFORMAT naming both: the slots' tags would mean something
+ * else); a damaged one starts the file anew like a damaged geometry.
+ *
+ * A read whose header does not check (magic, header
  * checksum, fingerprint, length, the expected hash) or whose data does not
  * match the data checksum is rejected: the caller gets an error, never the
  * bytes. The sums are XXH3-64 by default: that guards against torn writes
@@ -78,6 +97,7 @@ extern "C" {
 #define KVBM_DISK_FILE_NAME "kvbm-g3.slots"
 #define KVBM_DISK_DEFAULT_PARENT "/tmp" /* default dir: /tmp/kvbm-<uid> */
 #define KVBM_DISK_KEY_LEN 32u
+#define KVBM_DISK_LABEL_MAX 255u
 
 typedef struct kvbm_disk kvbm_disk;
 
@@ -98,6 +118,9 @@ typedef struct kvbm__disk_config {
                              bits make the kernel's answer a refusal, so
                              the fallbacks run where the kernel would not
                              refuse (this one takes O_DIRECT even on tmpfs) */
+  const char *label;      /* the writer's label kept in the superblock
+                             (NULL or "": none; at most KVBM_DISK_LABEL_MAX
+                             bytes): see the superblock above */
   const char *test_default_parent; /* testing only (NULL otherwise): the
                              default directory's parent instead of
                              KVBM_DISK_DEFAULT_PARENT, so tests can plant
@@ -110,7 +133,8 @@ typedef struct kvbm__disk_config {
 
 /* Opens (creates) the file. Failures name the path and errno text:
  * KVBM_EIO (cannot create/open/lock; a file or directory refused by the
- * rules above, with the reason), KVBM_EINVAL (bad config),
+ * rules above, with the reason), KVBM_EINVAL (bad config), KVBM_EFORMAT
+ * (a persistent file written under another label, naming both),
  * KVBM_EOVERFLOW (file size overflows). A failed preallocation (disk full,
  * RLIMIT_FSIZE) is not an error: the file then grows as slots are written
  * and writes past the limit fail (kvbm__disk_preallocated() says which).
@@ -152,6 +176,8 @@ typedef struct kvbm_slot_header {
   uint64_t seq_hash;
   uint64_t parent_hash;
   bool has_parent;
+  uint8_t tag;            /* the writer's label of the block (0: none;
+                             v1 records read as 0) */
   uint64_t write_seq;     /* set by kvbm__disk_seal */
 } kvbm_slot_header;
 
@@ -162,7 +188,8 @@ void kvbm__disk_seal(kvbm_disk *d, void *buf, const kvbm__disk_data *data,
 
 /* Checks a slot read into buf (and data): KVBM_EMAGIC (no slot there),
  * KVBM_ECHECKSUM (header or data checksum mismatch), KVBM_EFORMAT
- * (fingerprint or length of another layout), KVBM_ENOTFOUND (a valid slot
+ * (fingerprint or length of another layout, flag bits its version does
+ * not have), KVBM_ENOTFOUND (a valid slot
  * of another hash when expect_hash is given). check_data false checks the
  * header only. On success fills *h (may be NULL). data may be NULL. */
 int kvbm__disk_check(const kvbm_disk *d, const void *buf, const kvbm__disk_data *data,

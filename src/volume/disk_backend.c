@@ -10,7 +10,11 @@
  * whose it is: seq_hash is the key, and the parent field carries the
  * value's length (a volume's blocks have no parents; flag bit 0 is set so
  * the header checksum covers it). The data checksum covers the whole
- * block_bytes, the value and its zero padding.
+ * block_bytes, the value and its zero padding. A put's tag (0..255, the
+ * manager's KV cache group) rides in the header too (a v2 record when
+ * not 0, volume/disk.h) and comes back from keys() after a restart; the
+ * config's disk_label (what the tags mean) is the file's superblock
+ * label, so a file whose tags meant other groups is refused at open.
  *
  *   put     a free slot is written (header and data in one request); when
  *           it lands, the key points to it and its old slot is freed, so a
@@ -70,6 +74,7 @@ typedef struct slot_info {
   uint64_t key;
   uint64_t len; /* 0: free */
   uint64_t seq; /* write sequence (warm restart only) */
+  uint32_t tag; /* the put's kvbm_volume_op.tag, kept in the header */
 } slot_info;
 
 typedef struct pending {
@@ -166,6 +171,7 @@ static void complete(dstate *s, kvbm__disk_io *io) {
       si->key = op->key;
       si->len = op->len;
       si->seq = s->next_seq++;
+      si->tag = op->tag;
       map(s, op->key, p->slot);
       if (old != NO_SLOT && old != p->slot) release(s, old);
       op->status = KVBM_OK;
@@ -239,7 +245,8 @@ static void start(dstate *s, kvbm_volume_op *op, uint64_t slot, size_t *left) {
       memcpy(io->buf, op->src, op->len);
       memset((uint8_t *)io->buf + op->len, 0, s->block_bytes - op->len);
     }
-    kvbm_slot_header h = {.seq_hash = op->key, .parent_hash = op->len, .has_parent = true};
+    kvbm_slot_header h = {.seq_hash = op->key, .parent_hash = op->len, .has_parent = true,
+                          .tag = (uint8_t)op->tag}; /* 0..255: checked at submit */
     kvbm__disk_seal(s->d, io->buf, &io->data, &h);
   }
   s->inflight++;
@@ -349,7 +356,7 @@ static void restore(void *user, uint64_t slot, const kvbm_slot_header *h) {
     if (s->slots[old].seq > h->write_seq) return; /* an older copy: stays free */
     s->slots[old].len = 0;
   }
-  s->slots[slot] = (slot_info){h->seq_hash, h->parent_hash, h->write_seq};
+  s->slots[slot] = (slot_info){h->seq_hash, h->parent_hash, h->write_seq, h->tag};
   map(s, h->seq_hash, slot);
 }
 
@@ -420,6 +427,7 @@ static int disk_open(const kvbm_volume_config *cfg, void *user, void **state, kv
                           .uring = ctx->url->disk_uring != 0,
                           .queue_depth = s->depth,
                           .checksum_key = ctx->disk_keyed ? ctx->disk_key : NULL,
+                          .label = cfg->disk_label,
                           .test_refuse = ctx->url->disk_test_refuse};
   int rc = kvbm__disk_open(&dc, &s->d, err);
   if (rc) {
@@ -455,7 +463,7 @@ static int by_seq(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static int disk_keys(void *state, void (*fn)(void *, uint64_t, size_t), void *user,
+static int disk_keys(void *state, void (*fn)(void *, uint64_t, size_t, uint32_t), void *user,
                      uint64_t *skipped) {
   dstate *s = state;
   uint64_t n = s->nslots - s->nfree;
@@ -465,7 +473,7 @@ static int disk_keys(void *state, void (*fn)(void *, uint64_t, size_t), void *us
   for (uint64_t i = 0; i < s->nslots && k < n; i++)
     if (s->slots[i].len) v[k++] = s->slots[i];
   qsort(v, k, sizeof *v, by_seq);
-  for (uint64_t i = 0; i < k; i++) fn(user, v[i].key, (size_t)v[i].len);
+  for (uint64_t i = 0; i < k; i++) fn(user, v[i].key, (size_t)v[i].len, v[i].tag);
   free(v);
   *skipped = s->skipped;
   return KVBM_OK;
@@ -479,6 +487,6 @@ const kvbm_volume_backend kvbm__volume_disk_backend = {
     .open = disk_open,
     .run = disk_run,
     .close = disk_close,
-    .keys = disk_keys,
+    .keys_tagged = disk_keys,
     .describe = disk_describe,
 };

@@ -50,7 +50,8 @@
 
 /* A kvbm_volume_keys() call, queued like a batch. */
 typedef struct listing {
-  kvbm_volume_key_cb fn;
+  kvbm_volume_key_cb fn;          /* one of the two */
+  kvbm_volume_tagged_key_cb tfn;
   void *user;
   uint64_t skipped;
   int rc;
@@ -245,8 +246,28 @@ static void execute(kvbm_volume *v, void *state, batch *b, bool closed) {
   finish(v, b);
 }
 
+/* A listing of tags handed keys without them: tag 0 each. */
+static void untagged(void *user, uint64_t key, size_t size) {
+  const listing *l = user;
+  l->tfn(l->user, key, size, 0);
+}
+/* A listing without tags handed keys with them: the tags dropped. */
+static void drop_tag(void *user, uint64_t key, size_t size, uint32_t tag) {
+  (void)tag;
+  const listing *l = user;
+  l->fn(l->user, key, size);
+}
+
+static int backend_keys(kvbm_volume *v, void *state, listing *l) {
+  if (v->be->keys_tagged)
+    return l->tfn ? v->be->keys_tagged(state, l->tfn, l->user, &l->skipped)
+                  : v->be->keys_tagged(state, drop_tag, l, &l->skipped);
+  return l->tfn ? v->be->keys(state, untagged, l, &l->skipped)
+                : v->be->keys(state, l->fn, l->user, &l->skipped);
+}
+
 static void list_keys(kvbm_volume *v, void *state, listing *l, bool closed) {
-  int rc = closed ? KVBM_ECLOSED : v->be->keys(state, l->fn, l->user, &l->skipped);
+  int rc = closed ? KVBM_ECLOSED : backend_keys(v, state, l);
   pthread_mutex_lock(&l->mu);
   l->rc = rc;
   l->done = true;
@@ -371,6 +392,9 @@ static int check_config(kvbm_volume_config *c, const kvbm_volume_config *in, kvb
                       c->disk_key_len > KVBM__VOLUME_DISK_KEY_MAX))
     return kvbm_error_set(err, KVBM_EINVAL, "volume: disk_key must be %u..%u bytes, not %zu",
                           KVBM__VOLUME_DISK_KEY_MIN, KVBM__VOLUME_DISK_KEY_MAX, c->disk_key_len);
+  if (c->disk_label && strlen(c->disk_label) > 255)
+    return kvbm_error_set(err, KVBM_EINVAL, "volume: disk_label of %zu bytes (at most 255)",
+                          strlen(c->disk_label));
   if (c->max_value_bytes > (UINT64_C(1) << 40))
     return kvbm_error_set(err, KVBM_EINVAL, "volume: max_value_bytes %llu is above 1 TiB",
                           (unsigned long long)c->max_value_bytes);
@@ -464,6 +488,7 @@ static int prepare(kvbm_volume *v, const kvbm_volume_config *cfg, kvbm_error *er
       return kvbm_error_set(err, rc < 0 ? rc : KVBM_EIO, "%s", e.msg);
     }
   }
+  v->cfg.disk_label = NULL; /* the caller's, read by open only */
   const char *mode = v->be->describe ? v->be->describe(v->workers[0].state) : NULL;
   if (!(v->mode = dup_str(mode ? mode : "")))
     return kvbm_error_set(err, KVBM_ENOMEM, "volume: out of memory");
@@ -510,7 +535,7 @@ static int check_ops(const kvbm_volume_op *ops, size_t n) {
     const kvbm_volume_op *op = &ops[i];
     switch (op->kind) {
     case KVBM_VOLUME_PUT:
-      if (!op->src || op->len == 0) return KVBM_EINVAL;
+      if (!op->src || op->len == 0 || op->tag > 255) return KVBM_EINVAL;
       break;
     case KVBM_VOLUME_GET:
       if (!op->dst && op->cap) return KVBM_EINVAL;
@@ -533,13 +558,13 @@ int kvbm_volume_submit(kvbm_volume *v, kvbm_volume_op *ops, size_t n, kvbm_volum
   return enqueue(v, &b);
 }
 
-int kvbm_volume_keys(kvbm_volume *v, kvbm_volume_key_cb fn, void *user, uint64_t *skipped,
-                     kvbm_error *err) {
+static int keys(kvbm_volume *v, kvbm_volume_key_cb fn, kvbm_volume_tagged_key_cb tfn, void *user,
+                uint64_t *skipped, kvbm_error *err) {
   if (skipped) *skipped = 0;
-  if (!v || !fn) return kvbm_error_set(err, KVBM_EINVAL, "volume: NULL argument");
-  if (!v->be->keys)
+  if (!v || (!fn && !tfn)) return kvbm_error_set(err, KVBM_EINVAL, "volume: NULL argument");
+  if (!v->be->keys && !v->be->keys_tagged)
     return kvbm_error_set(err, KVBM_EUNSUPPORTED, "volume: %s cannot list its keys", v->url);
-  listing l = {.fn = fn, .user = user};
+  listing l = {.fn = fn, .tfn = tfn, .user = user};
   pthread_mutex_init(&l.mu, NULL);
   pthread_cond_init(&l.cv, NULL);
   batch b = {.list = &l};
@@ -555,6 +580,16 @@ int kvbm_volume_keys(kvbm_volume *v, kvbm_volume_key_cb fn, void *user, uint64_t
   pthread_cond_destroy(&l.cv);
   if (rc) kvbm_error_set(err, rc, "volume: %s: cannot list the keys: %s", v->url, kvbm_strerror(rc));
   return rc;
+}
+
+int kvbm_volume_keys(kvbm_volume *v, kvbm_volume_key_cb fn, void *user, uint64_t *skipped,
+                     kvbm_error *err) {
+  return keys(v, fn, NULL, user, skipped, err);
+}
+
+int kvbm_volume_keys_tagged(kvbm_volume *v, kvbm_volume_tagged_key_cb fn, void *user,
+                            uint64_t *skipped, kvbm_error *err) {
+  return keys(v, NULL, fn, user, skipped, err);
 }
 
 const char *kvbm_volume_mode(const kvbm_volume *v) { return v ? v->mode : ""; }
