@@ -807,13 +807,177 @@ HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
   }
 }
 
+/* ---- the plain run ------------------------------------------------------- */
+
+/* fill_run_hashing for the pool most callers have: one group, no listener,
+ * no duplicate chains, no token copies (W1, and G1 under a manager whose
+ * events go elsewhere). Same blocks, same order, same counts as the
+ * general loop, which it replaces only for that case. What it does
+ * differently, each measured with callgrind on `kvbm replay --limit 2000`
+ * (see docs/areas/pool-speed.md):
+ *  - the pool's fields in locals: the loop's byte stores (state, flags,
+ *    priority) may alias any field of *p, so read through p they are
+ *    loaded again for every block; the counters are summed in registers and
+ *    stored once;
+ *  - the block's record is written once, REGISTERED, with no COMPLETE
+ *    step, and the hash's key (fingerprint, home bucket) computed once;
+ *  - the eviction list is walked PF_DEPTH blocks ahead of its head by a
+ *    cursor: each eviction moves the cursor one block on, prefetches the
+ *    registry bucket of the block under it (whose record an earlier step
+ *    prefetched) and the record after it, so the victim's erase finds its
+ *    bucket loaded PF_DEPTH evictions later instead of one.
+ * A dedup (the hash already registered: rare in a replay) leaves the loop's
+ * locals in *p and takes the general path for that block. The cursor is a
+ * hint only: a cursor that went stale (a block in the window left the
+ * cache through a dedup) prefetches the wrong lines, never reads out of
+ * the records, and is dropped at the next dedup or list change. */
+#define PF_DEPTH 8
+
+/* Removes the registry entry of block `id` (indexed, no duplicates) from
+ * the chain that starts at bucket `home`. */
+HOT void plain_erase(bucket *table, uint32_t mask, uint32_t home, uint32_t id) {
+  for (uint32_t bi = home;; bi = (bi + 1) & mask) {
+    bucket *b = &table[bi];
+    unsigned m = bucket_match(b, id, 1);
+    if (m) {
+      b->id[__builtin_ctz(m)] = NIL;
+      return;
+    }
+    b->overflow--; /* the entry went past this bucket */
+  }
+}
+
+/* The block registered under `hash` in a pool without groups, or NIL
+ * (reg_find_k with no group to compare). */
+HOT uint32_t plain_find(const blk *blocks, const bucket *table, uint32_t mask, uint32_t fp,
+                        uint32_t home, uint64_t hash) {
+  for (uint32_t bi = home;; bi = (bi + 1) & mask) {
+    const bucket *b = &table[bi];
+    for (unsigned m = bucket_match(b, fp, 0); m; m &= m - 1) {
+      uint32_t id = b->id[__builtin_ctz(m)];
+      if (id != NIL && blocks[id].seq_hash == hash) return id;
+    }
+    if (!b->overflow) return NIL;
+  }
+}
+
+/* One step of fill_run_plain's cursor: the registry bucket of its block
+ * and the record of the block after it prefetched, and the cursor on it. */
+#define PF_STEP()                                                                   \
+  do {                                                                              \
+    const blk *c_ = &blocks[cursor];                                                \
+    __builtin_prefetch(&table[(fingerprint(c_->seq_hash, 0) * 0x9E3779B1u) >> shift]); \
+    cursor = c_->next;                                                              \
+    if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
+  } while (0)
+
+HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
+                        const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids) {
+  const size_t bs = p->cfg.block_size;
+  const kvbm_hash_scheme scheme = p->cfg.scheme;
+  blk *const blocks = p->blocks;
+  bucket *const table = p->table;
+  uint8_t *const prio = p->priority;
+  const uint32_t *const fstack = p->free_stack;
+  const uint32_t shift = p->table_shift, mask = p->table_mask;
+  uint32_t ftop = p->free_top, evicted = 0, registered = 0;
+  uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
+  uint64_t h = parent;
+  bool hp = has_parent;
+  size_t hashed = 0;
+  for (; hashed < n && hashed < AHEAD; hashed++, hp = true) {
+    h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + hashed * bs, bs);
+    hashes[hashed] = h;
+    __builtin_prefetch(&table[home_of(p, fingerprint(h, 0))]);
+  }
+  for (size_t k = 0; k < n; k++) {
+    if (hashed < n) {
+      h = kvbm_hash_next(scheme, salt_hash, h, true, tokens + hashed * bs, bs);
+      hashes[hashed] = h;
+      __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
+      hashed++;
+    }
+    uint32_t id;
+    if (ftop) {
+      id = fstack[--ftop];
+    } else {
+      /* The head of the lowest non-empty list (the caller checked that
+       * enough blocks are free or cached). */
+      unsigned w = 0;
+      while (!p->nonempty[w]) w++;
+      const unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+      id = p->head[pr];
+      blk *v = &blocks[id];
+      const uint32_t next = v->next;
+      p->head[pr] = next;
+      if (next != NIL) {
+        blocks[next].prev = NIL;
+        /* The cursor, `ahead` blocks past the head: the head moved on by
+         * one, so it is one closer; if it was the victim, it restarts
+         * from the new head and walks PF_DEPTH blocks on at once (a stall
+         * for each, once per run). Then it moves one block on. */
+        if (ahead) {
+          ahead--;
+        } else {
+          cursor = next;
+          while (ahead < PF_DEPTH && cursor != NIL) { PF_STEP(); ahead++; }
+        }
+        if (cursor != NIL) { PF_STEP(); ahead++; }
+      } else {
+        p->tail[pr] = NIL;
+        p->nonempty[w] &= ~(1ull << (pr % 64));
+        cursor = NIL, ahead = 0;
+      }
+      plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
+      prio[id] = 0;
+      evicted++;
+    }
+    ids[k] = id;
+    blk *b = &blocks[id];
+    const uint64_t hk = hashes[k];
+    const uint64_t pk = k ? hashes[k - 1] : parent;
+    const bool hpk = k ? true : has_parent;
+    const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
+    uint8_t flags = hpk ? F_HAS_PARENT : 0;
+    if (salt_hash) {
+      p->salts[id] = salt_hash;
+      flags |= F_SALTED;
+    }
+    b->seq_hash = hk;
+    b->parent_hash = hpk ? pk : 0;
+    b->refcount = 1;
+    b->ntok = (uint16_t)bs;
+    if (plain_find(blocks, table, mask, fp, home, hk) != NIL) {
+      /* Dedup: the general path, with the pool's fields back in *p. */
+      b->state = KVBM_BLOCK_COMPLETE;
+      b->flags = flags;
+      p->free_top = ftop;
+      ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
+      ftop = p->free_top;
+      cursor = NIL, ahead = 0;
+      continue;
+    }
+    b->state = KVBM_BLOCK_REGISTERED;
+    b->flags = flags | F_INDEXED;
+    reg_insert(p, (rkey){fp, home}, id);
+    registered++;
+  }
+  p->free_top = ftop;
+  p->cached -= evicted;
+  p->evicted += evicted;
+  p->registered += registered - evicted;
+  p->allocated += n;
+}
+
 int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
                                 bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t n,
                                 void *context, uint32_t *ids) {
   if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const bool quiet = p->cfg.listener == NULL;
-  if (p->group && quiet)
+  if (!p->group && quiet && !p->dup_next && !p->cfg.keep_tokens)
+    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids);
+  else if (p->group && quiet)
     fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
   else if (p->group)
     fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, false);

@@ -9,7 +9,12 @@
  * returned, every event (in order), every block's info and the stats,
  * while runs evict, deduplicate onto cached and active blocks, and chain
  * from a parent. Both schemes, with and without salt, one group and two,
- * runs shorter and longer than the hashing distance. Then the refusals:
+ * runs shorter and longer than the hashing distance, releases at three
+ * priorities. The same again with B quiet (no listener, no token copies:
+ * the loop a replay runs, pool.c's fill_run_plain with one group) against
+ * A on the general path (a listener), events compared on A only; its
+ * eviction cursor walks lists that empty and switch priority, and its
+ * dedups leave the loop for the general path. Then the refusals:
  * NULL arrays, a group past the list, more blocks than available, each
  * with no change and no hash written.
  */
@@ -27,14 +32,19 @@ enum { NB = 48, BS = 4, MAXRUN = 24 };
 
 static uint32_t rnd(uint32_t *x) { return (*x = *x * 1103515245u + 12345u) >> 8; }
 
-static kvbm_pool *twin(kvbm_hash_scheme scheme, uint32_t groups, tu_log *log) {
+/* A pool of the test's shape. `quiet`: no listener, no token copies (the
+ * recorder still gets zeroed, and stays empty). */
+static kvbm_pool *twin(kvbm_hash_scheme scheme, uint32_t groups, tu_log *log, bool quiet,
+                       bool keep_tokens) {
   kvbm_pool_config c = kvbm_pool_config_default(NB, BS);
   c.scheme = scheme;
   c.num_groups = groups;
-  c.keep_tokens = true;
+  c.keep_tokens = keep_tokens;
   memset(log, 0, sizeof *log);
-  c.listener = tu_listener;
-  c.listener_user = log;
+  if (!quiet) {
+    c.listener = tu_listener;
+    c.listener_user = log;
+  }
   kvbm_pool *p = NULL;
   assert_int_equal(kvbm_pool_create(&c, &p, NULL), KVBM_OK);
   return p;
@@ -63,20 +73,23 @@ static void assert_same_pools(const kvbm_pool *a, const kvbm_pool *b, const tu_l
  * repeat a previous prefix and registers deduplicate (500-ish of them);
  * runs hold their blocks for a while, so some dedups land on active
  * blocks, and allocations evict (3000-ish). */
-static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups) {
+/* `quiet`: B has no listener and neither keeps tokens. */
+static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups, bool quiet) {
   tu_log *la = malloc(sizeof *la), *lb = malloc(sizeof *lb);
   assert_non_null(la);
   assert_non_null(lb);
-  kvbm_pool *a = twin(scheme, groups, la), *b = twin(scheme, groups, lb);
+  kvbm_pool *a = twin(scheme, groups, la, false, !quiet), *b = twin(scheme, groups, lb, quiet, !quiet);
   uint32_t held_a[4][MAXRUN], held_b[4][MAXRUN];
   size_t held_n[4] = {0};
   uint32_t x = 12345u + (uint32_t)salt + groups;
   uint64_t dedups = 0, evictions = 0;
   for (int round = 0; round < 400; round++) {
     const size_t slot = rnd(&x) % 4;
-    /* release what this slot held (tail first), in both */
-    assert_int_equal(kvbm_pool_release_run(a, held_a[slot], held_n[slot], 0), KVBM_OK);
-    assert_int_equal(kvbm_pool_release_run(b, held_b[slot], held_n[slot], 0), KVBM_OK);
+    /* release what this slot held (tail first), in both, at one of three
+     * priorities (so that evictions drain one list and go on to the next) */
+    const uint8_t prio = (uint8_t)(rnd(&x) % 3 * 7);
+    assert_int_equal(kvbm_pool_release_run(a, held_a[slot], held_n[slot], prio), KVBM_OK);
+    assert_int_equal(kvbm_pool_release_run(b, held_b[slot], held_n[slot], prio), KVBM_OK);
     held_n[slot] = 0;
     size_t n = 1 + rnd(&x) % MAXRUN;
     if (n > kvbm_pool_available(a)) n = kvbm_pool_available(a);
@@ -114,6 +127,11 @@ static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups)
     kvbm_pool_stats_get(a, &after);
     dedups += after.dedup - before.dedup;
     evictions += after.evicted - before.evicted;
+    if (quiet) {
+      assert_int_equal(lb->n, 0);
+      lb->n = la->n; /* B heard nothing: compare the pools alone */
+      memcpy(lb->ev, la->ev, la->n * sizeof *la->ev);
+    }
     assert_same_pools(a, b, la, lb);
     la->n = lb->n = 0;
   }
@@ -128,19 +146,31 @@ static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups)
 
 static void native_plain(void **state) {
   (void)state;
-  twins_agree(KVBM_HASH_NATIVE, 0, 1);
+  twins_agree(KVBM_HASH_NATIVE, 0, 1, false);
 }
 static void native_salted_two_groups(void **state) {
   (void)state;
-  twins_agree(KVBM_HASH_NATIVE, 0xabcdefull, 2);
+  twins_agree(KVBM_HASH_NATIVE, 0xabcdefull, 2, false);
 }
 static void dynamo_plain(void **state) {
   (void)state;
-  twins_agree(KVBM_HASH_DYNAMO, 0, 1);
+  twins_agree(KVBM_HASH_DYNAMO, 0, 1, false);
 }
 static void dynamo_salted_two_groups(void **state) {
   (void)state;
-  twins_agree(KVBM_HASH_DYNAMO, 0x5a17ull, 2);
+  twins_agree(KVBM_HASH_DYNAMO, 0x5a17ull, 2, false);
+}
+static void quiet_native_plain(void **state) {
+  (void)state;
+  twins_agree(KVBM_HASH_NATIVE, 0, 1, true);
+}
+static void quiet_native_salted(void **state) {
+  (void)state;
+  twins_agree(KVBM_HASH_NATIVE, 0xabcdefull, 1, true);
+}
+static void quiet_dynamo_two_groups(void **state) {
+  (void)state;
+  twins_agree(KVBM_HASH_DYNAMO, 0x5a17ull, 2, true);
 }
 
 /* Refused calls change nothing and write no hash. */
@@ -148,7 +178,7 @@ static void refusals_change_nothing(void **state) {
   (void)state;
   tu_log *log = malloc(sizeof *log);
   assert_non_null(log);
-  kvbm_pool *p = twin(KVBM_HASH_NATIVE, 2, log);
+  kvbm_pool *p = twin(KVBM_HASH_NATIVE, 2, log, false, true);
   uint32_t toks[8 * BS] = {0}, ids[NB + 1];
   uint64_t hashes[NB + 1];
   /* something registered and cached first, so that "no change" means something */
@@ -182,6 +212,9 @@ int main(void) {
       cmocka_unit_test(native_salted_two_groups),
       cmocka_unit_test(dynamo_plain),
       cmocka_unit_test(dynamo_salted_two_groups),
+      cmocka_unit_test(quiet_native_plain),
+      cmocka_unit_test(quiet_native_salted),
+      cmocka_unit_test(quiet_dynamo_two_groups),
       cmocka_unit_test(refusals_change_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
