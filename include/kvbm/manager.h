@@ -655,7 +655,8 @@ KVBM_EXTERN int kvbm_manager_block_pin(kvbm_manager *m, uint64_t seq_hash, uint3
 /* Releases n pins taken by kvbm_manager_block_pin (or given to a hook). */
 KVBM_EXTERN void kvbm_manager_block_unpin(kvbm_manager *m, const kvbm_block_ref *b, size_t n);
 
-/* Registers a block whose bytes the caller checked: a free block of
+/* Registers a block whose bytes the caller checked (with groups: in the
+ * group its key is of, found from its tokens; group 0 without them): a free block of
  * `tier` (G1 or G2) is taken only now, filled from layers[l] (the layout's
  * layer_stride bytes of layer l, host memory; copied to the device for a
  * device tier) outside the lock, then registered under b's identity
@@ -848,6 +849,24 @@ typedef struct kvbm_hreq kvbm_hreq;
 
 /* The number of groups (1 for a manager configured without). */
 KVBM_EXTERN size_t kvbm_manager_num_groups(const kvbm_manager *m);
+
+/* The group list as a peer's hello carries it: a 32-bit digest of every
+ * group's kind, token count and layout (0 for a manager of one group, so
+ * its hello is what it was before groups), and, when list is not NULL,
+ * the list as kvbm_groups_format writes it ("full,sw:128") into
+ * list[0..cap). Two managers with the same digest file a block under the
+ * same key in the same group. Any thread; no lock. */
+KVBM_EXTERN uint32_t kvbm_manager_groups_digest(const kvbm_manager *m, char *list, size_t cap);
+
+/* Whether `key` follows from a block's tokens (block_tokens of them), salt
+ * and parent key in one of this manager's groups: the block's hash,
+ * computed with the parent's own hash under group g, is key under g (one
+ * group: the hash is the key, as kvbm_hash_next). KVBM_OK and *group (may
+ * be NULL), KVBM_ENOTFOUND when in none, KVBM_EINVAL for NULL m or tokens.
+ * A peer checks a block's identity with it. Cost: one hash per group. */
+KVBM_EXTERN int kvbm_manager_key_group(const kvbm_manager *m, uint64_t key, uint64_t salt,
+                                       uint64_t parent_key, bool has_parent, const uint32_t *tokens,
+                                       uint32_t *group);
 
 /* Bytes of one block of group g's KV (its layout's block_bytes, or the
  * whole block); 0 for g out of range. */

@@ -64,8 +64,10 @@
  *
  * Wire (this file's own messages; block messages are kvbm/fabric.h's),
  * little-endian, each one push:
- *   "KVPH" u32 version 2, u32 mode, u32 landing tier, u32 flags, u32 0,
- *          u64 n, n bytes: the landing zone's export (kvbm_fabric_export)
+ *   "KVPH" u32 version 2, u32 mode, u32 landing tier, u32 flags, u32 groups
+ *          (kvbm_manager_groups_digest: 0 for one group, the bytes of
+ *          before groups; a mismatch is refused at attach), u64 n, n
+ *          bytes: the landing zone's export (kvbm_fabric_export)
  *   "KVRQ" u32 n                     grant me n landing blocks
  *   "KVGR" u32 n, n x u32 block ids  granted (n may be fewer, 0: no room)
  *   "KVAC" i32 status, u64 hash      a block message's outcome
@@ -588,7 +590,7 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
                         msg.body_len, msg.num_tokens, (unsigned long long)s->block_bytes, B);
   }
   if (!rc && msg.num_tokens &&
-      kvbm_hash_next(s->scheme, msg.salt_hash, msg.parent_hash, msg.has_parent, tokens, B) != msg.seq_hash) {
+      kvbm_manager_key_group(p->m, msg.seq_hash, msg.salt_hash, msg.parent_hash, msg.has_parent, tokens, NULL)) {
     *reason = &p->st.refused_hash;
     rc = kvbm_error_set(err, KVBM_EPROTO, "sequence hash %016llx does not follow from the block's tokens",
                         (unsigned long long)msg.seq_hash);
@@ -1291,7 +1293,7 @@ static int send_hello(kvbm__peer *p, kvbm_error *err) {
   kvbm__put_le32(h + 8, (uint32_t)p->cfg.mode);
   kvbm__put_le32(h + 12, (uint32_t)p->cfg.ingest_tier);
   kvbm__put_le32(h + 16, p->keyed ? HELLO_KEYED : 0);
-  kvbm__put_le32(h + 20, 0);
+  kvbm__put_le32(h + 20, kvbm_manager_groups_digest(p->m, NULL, 0)); /* 0: one group, as before */
   kvbm__put_le64(h + 24, wlen);
   memcpy(h + HELLO_FIXED, wire, wlen);
   if (p->keyed) memcpy(h + HELLO_FIXED + wlen, p->nonce, KVBM__CTL_NONCE);
@@ -1313,6 +1315,20 @@ static int hello_keys_match(const kvbm__peer *p, bool theirs, kvbm_error *err) {
                         "none (give both the same key, or neither)");
 }
 
+/* Whether the peer's hello names this manager's KV cache groups (the word
+ * after the flags: kvbm_manager_groups_digest, 0 for one group). A block
+ * travels under its group's key, which files it nowhere useful in a
+ * manager of another group list: KVBM_EPROTO, named; nothing imported. */
+static int hello_groups_match(const kvbm__peer *p, uint32_t theirs, kvbm_error *err) {
+  char list[160];
+  uint32_t ours = kvbm_manager_groups_digest(p->m, list, sizeof list);
+  if (ours == theirs) return KVBM_OK;
+  return kvbm_error_set(err, KVBM_EPROTO,
+                        "peer: attach refused: the KV cache groups differ (this side %s, digest %08x; the peer's "
+                        "digest %08x%s): equal group lists and layouts on both sides, or one group on both",
+                        list, ours, theirs, theirs ? "" : ", one group");
+}
+
 /* The peer's hello: its landing zone imported, its blocks' shape checked;
  * keyed, its nonce taken and the two directions' keys made. */
 static int take_hello(kvbm__peer *p, kvbm_error *err) {
@@ -1329,12 +1345,13 @@ static int take_hello(kvbm__peer *p, kvbm_error *err) {
   uint32_t flags = !rc ? kvbm__get_le32(buf + 16) : 0;
   const size_t extra = flags & HELLO_KEYED ? KVBM__CTL_NONCE : 0;
   if (!rc && (memcmp(buf, "KVPH", 4) != 0 || version < PROTO_MIN || version > PROTO_VERSION ||
-              (flags & ~HELLO_KEYED) != 0 || (extra && version < 2) || kvbm__get_le32(buf + 20) != 0 ||
+              (flags & ~HELLO_KEYED) != 0 || (extra && version < 2) ||
               len - HELLO_FIXED < extra || kvbm__get_le64(buf + 24) != len - HELLO_FIXED - extra ||
               kvbm__get_le32(buf + 8) > KVBM_DISAGG_PUT || kvbm__get_le32(buf + 12) > KVBM_TIER_G2))
     rc = kvbm_error_set(err, KVBM_EPROTO, "peer: a malformed hello (not a kvbm manager of protocol version %u..%u)",
                         PROTO_MIN, PROTO_VERSION);
   if (!rc) rc = hello_keys_match(p, extra != 0, err);
+  if (!rc) rc = hello_groups_match(p, kvbm__get_le32(buf + 20), err);
   const size_t wlen = !rc ? len - HELLO_FIXED - extra : 0;
   if (!rc && extra && memcmp(buf + HELLO_FIXED + wlen, p->nonce, KVBM__CTL_NONCE) == 0)
     rc = kvbm_error_set(err, KVBM_EAUTH, "peer: the peer's hello carries this side's own nonce (a reflected hello)");

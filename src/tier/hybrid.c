@@ -162,6 +162,37 @@ uint64_t kvbm_manager_group_bytes(const kvbm_manager *m, uint32_t g) {
   return m && g < m->ngroups ? m->gbytes[g] : 0;
 }
 
+uint32_t kvbm_manager_groups_digest(const kvbm_manager *m, char *list, size_t cap) {
+  if (!m) return 0;
+  if (list && cap) kvbm_groups_format(m->groups, m->ngroups, list, cap);
+  if (m->ngroups < 2) return 0;
+  /* Every group's kind, token count and layout fingerprint (which mixes
+   * its bytes and Mamba parts into the slot's): two managers whose keys
+   * and values mean the same thing agree, any difference in the list or
+   * a layout shows. */
+  uint64_t x = m->ngroups;
+  for (uint32_t g = 0; g < m->ngroups; g++) {
+    x = kvbm__group_key(x ^ ((uint64_t)m->groups[g].kind << 32 | m->groups[g].tokens), g + 1);
+    x = kvbm__group_key(x ^ m->gfp[g], g + 1);
+  }
+  uint32_t d = (uint32_t)(x ^ (x >> 32));
+  return d ? d : 1; /* 0 is one group's */
+}
+
+int kvbm_manager_key_group(const kvbm_manager *m, uint64_t key, uint64_t salt, uint64_t parent_key,
+                           bool has_parent, const uint32_t *tokens, uint32_t *group) {
+  if (!m || !tokens) return KVBM_EINVAL;
+  const uint32_t B = m->cfg.block_size;
+  for (uint32_t g = 0; g < m->ngroups; g++) {
+    uint64_t parent = has_parent ? kvbm__group_unkey(parent_key, g) : 0;
+    uint64_t h = kvbm_hash_next(m->cfg.scheme, salt, parent, has_parent, tokens, B);
+    if (kvbm__group_key(h, g) != key) continue;
+    if (group) *group = g;
+    return KVBM_OK;
+  }
+  return KVBM_ENOTFOUND;
+}
+
 /* ---- the hit ---- */
 
 static inline uint64_t key_of(const kvbm_hreq *r, size_t k, uint32_t g) {

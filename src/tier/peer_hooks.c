@@ -281,6 +281,11 @@ int kvbm_manager_block_put(kvbm_manager *m, kvbm_tier ti, const kvbm_block_ref *
     return kvbm_error_set(err, KVBM_ETIER, "manager: block_put: tier %s is not a memory tier here", kvbm_tier_name(ti));
   kvbm__tier *t = &m->t[ti];
   uint32_t id, got;
+  /* A hybrid manager's key names its group only through the block's
+   * tokens: registered with it, its events say its group_idx and hash. */
+  uint32_t grp = 0;
+  if (m->ngroups > 1 && b->tokens)
+    (void)kvbm_manager_key_group(m, b->seq_hash, b->salt_hash, b->parent_hash, b->has_parent, b->tokens, &grp);
   pthread_mutex_lock(&m->mu);
   if (tier_holds(m, ti, b->seq_hash)) {
     pthread_mutex_unlock(&m->mu);
@@ -292,8 +297,8 @@ int kvbm_manager_block_put(kvbm_manager *m, kvbm_tier ti, const kvbm_block_ref *
   rc = fill_layers(m, ti, id, layers, err);
   pthread_mutex_lock(&m->mu);
   if (rc == KVBM_OK)
-    rc = kvbm_block_fill(t->pool, id, b->salt_hash, b->parent_hash, b->has_parent,
-                         b->tokens ? b->tokens : m->zero_tokens, b->seq_hash, &got);
+    rc = kvbm__fill_grp(t, grp, id, b->salt_hash, b->parent_hash, b->has_parent,
+                        b->tokens ? b->tokens : m->zero_tokens, b->seq_hash, &got);
   if (rc) {
     KVBM__MUST(kvbm_block_release(t->pool, id, 0));
   } else {
