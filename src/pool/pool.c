@@ -832,6 +832,9 @@ HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
  * cache through a dedup) prefetches the wrong lines, never reads out of
  * the records, and is dropped at the next dedup or list change. */
 #define PF_DEPTH 8
+/* How far ahead of its fill the plain loop hashes a block and prefetches
+ * its bucket (AHEAD for the general loops). */
+#define PLAIN_AHEAD 8
 
 /* Removes the registry entry of block `id` (indexed, no duplicates) from
  * the chain that starts at bucket `home`. */
@@ -885,7 +888,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
   uint64_t h = parent;
   bool hp = has_parent;
   size_t hashed = 0;
-  for (; hashed < n && hashed < AHEAD; hashed++, hp = true) {
+  for (; hashed < n && hashed < PLAIN_AHEAD; hashed++, hp = true) {
     h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + hashed * bs, bs);
     hashes[hashed] = h;
     __builtin_prefetch(&table[home_of(p, fingerprint(h, 0))]);
@@ -1160,6 +1163,9 @@ int kvbm_block_release(kvbm_pool *p, uint32_t id, uint8_t priority) {
   return release_one(p, id, priority);
 }
 
+/* How many blocks ahead release_run prefetches a record. */
+#define RELEASE_AHEAD 8
+
 int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t priority) {
   if (n && !ids) return KVBM_EINVAL;
   /* Every block that joins the cache here goes to the tail of the same
@@ -1177,7 +1183,7 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
   const uint32_t nblocks = p->cfg.num_blocks;
   for (size_t k = n; k-- > 0;) {
     /* Block records of a table are scattered: load a few ahead. */
-    if (k >= 4 && ids[k - 4] < nblocks) __builtin_prefetch(&blocks[ids[k - 4]]);
+    if (k >= RELEASE_AHEAD && ids[k - RELEASE_AHEAD] < nblocks) __builtin_prefetch(&blocks[ids[k - RELEASE_AHEAD]]);
     uint32_t id = ids[k];
     if (id >= nblocks) {
       rc = KVBM_EINVAL;
