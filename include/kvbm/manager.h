@@ -828,7 +828,11 @@ KVBM_EXTERN void kvbm_mreq_destroy(kvbm_mreq *r);
  * past it those still out are abandoned (counted `abandoned`), the engine
  * computes them, and the hit is the group rule's over what arrived.
  *
- * Not (yet) for hybrid requests: peers (pulls, ExitThink's push). */
+ * Peers (kvbm/peer.h): managers of equal group lists only (the hello
+ * carries it; another list is refused at attach); with output_pull, a
+ * hybrid prefill asks a peer back for the blocks each group needs for the
+ * longest hit (keys), as kvbm_manager_prefill does for one table. Not
+ * (yet) for hybrid requests: ExitThink's push to peer 0. */
 
 /* The manager's block of a Mamba group holds its state: vLLM's MambaSpec
  * gives the state as shapes per layer (conv state and SSM/temporal state),

@@ -344,6 +344,44 @@ static bool g4_lookup(kvbm_hreq *r) {
   return true;
 }
 
+/* The OutputCritical pull for a hybrid prompt (output_pull; request.c's
+ * output_pull for one table): when the hit found is shorter than the
+ * prompt allows, every group's blocks that the longest hit (K blocks)
+ * would need (from first_needed(g, K): the window's, the state, all for
+ * full attention; never the skipped ones) and that no tier here holds but
+ * a peer acknowledged are asked back from that peer (the first such
+ * block's; keys, which the peers treat as opaque), the lock dropped while
+ * it answers (at most pull_timeout_ms); the hit is then found again. G1's
+ * room is made first as the plain pull makes it (cached copies a peer
+ * holds go first). Lock held on entry and exit; returns whether it was
+ * dropped. */
+static bool peer_pull(kvbm_hreq *r) {
+  kvbm_manager *m = r->m;
+  const size_t K = (r->n - 1) / m->cfg.block_size;
+  if (!m->cfg.output_pull || r->hit >= K) return false;
+  uint64_t *keys = malloc(K * r->ngroups * sizeof *keys);
+  if (!keys) return false;
+  size_t n = 0;
+  uint32_t peer = 0, p;
+  for (size_t k = 0; k < K; k++)
+    for (uint32_t g = 0; g < r->ngroups; g++) {
+      if (k < first_needed(r, g, K) || source_of(r, g, k, true) != KVBM_TIER_COUNT) continue;
+      if (!kvbm__disagg_remote(m, key_of(r, k, g), &p) || (n && p != peer)) continue;
+      peer = p;
+      keys[n++] = key_of(r, k, g);
+    }
+  if (n == 0) {
+    free(keys);
+    return false;
+  }
+  kvbm__disagg_make_room(m, n + r->ngroups * (r->total - r->hit));
+  pthread_mutex_unlock(&m->mu);
+  (void)kvbm__disagg_pull(m, peer, keys, n);
+  pthread_mutex_lock(&m->mu);
+  free(keys);
+  return true;
+}
+
 /* ---- taking the plan (lock held; room checked) ---- */
 
 /* Registers G1 block id (allocated, held) as group g's block k (tokens and
@@ -517,6 +555,7 @@ int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
   bool lower = true;
   r->hit = find_hit(r, true);
   if (g4_lookup(r)) r->hit = find_hit(r, true); /* the lock was dropped: again */
+  if (peer_pull(r)) r->hit = find_hit(r, true);  /* the same */
   if (!plan_fits(r, r->hit, true, &onboards) && onboards) {
     lower = false;
     r->hit = find_hit(r, false);

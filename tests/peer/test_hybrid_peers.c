@@ -51,6 +51,8 @@ static void on_g1(void *user, const kvbm_pool_event *ev) {
   pthread_mutex_unlock(&l->mu);
 }
 
+static bool g_output_pull; /* make()'s output_pull (set by one test) */
+
 static kvbm_manager *make(const char *groups, evlog *log) {
   kvbm_group_spec g[4];
   size_t ng = 0;
@@ -59,6 +61,7 @@ static kvbm_manager *make(const char *groups, evlog *log) {
   c.groups = groups ? g : NULL;
   c.num_groups = ng;
   c.offload_threshold_blocks = 0;
+  c.output_pull = g_output_pull;
   if (log) {
     c.listener[KVBM_TIER_G1] = on_g1;
     c.listener_user[KVBM_TIER_G1] = log;
@@ -214,10 +217,75 @@ static void test_put_registers_group(void **st) {
   pthread_mutex_destroy(&log.mu);
 }
 
+/* The OutputCritical pull of a hybrid prompt: A gave its blocks to B
+ * (acknowledged) and lost them from G1; its hybrid prefill asks B for the
+ * blocks each group needs (8 + 2 keys, not the window's skipped 6) and
+ * hits from them, with the bytes A computed. */
+static void test_pull_for_hybrid_prefill(void **st) {
+  (void)st;
+  g_output_pull = true;
+  pair p = {.a = make("full,sw:8", NULL), .b = make("full,sw:8", NULL)};
+  g_output_pull = false;
+  pair_attach(&p);
+  assert_int_equal(p.ja.rc, KVBM_OK);
+  uint32_t *tok = tu_prompt(5500, 33);
+  uint64_t h[8];
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, tok, 33, B, h, 8);
+  kvbm_hreq *r;
+  assert_int_equal(kvbm_manager_hprefill(p.a, 0, 0, tok, 33, &r, NULL, NULL), KVBM_OK);
+  for (uint32_t g = 0; g < 2; g++) {
+    const uint32_t *ids;
+    size_t nb;
+    assert_int_equal(kvbm_hreq_table(r, g, &ids, &nb), KVBM_OK);
+    for (size_t k = 0; k < 8; k++) assert_true(tu_block(p.a, ids[k], kvbm__group_key(h[k], g), 0));
+  }
+  assert_int_equal(kvbm_hreq_commit(r), KVBM_OK);
+  kvbm_hreq_destroy(r);
+  for (uint32_t g = 0; g < 2; g++)
+    for (size_t k = 0; k < 8; k++)
+      assert_int_equal(kvbm_manager_offload_block(p.a, 0, kvbm__group_key(h[k], g), KVBM_PHASE_OUTPUT_CRITICAL, NULL),
+                       KVBM_OK);
+  assert_int_equal(kvbm_manager_peer_flush(p.a, 0, 5000, NULL), KVBM_OK);
+  /* Other prompts push A's blocks out of its G1 (48 blocks, 18 a prompt). */
+  for (int i = 0; i < 3; i++) {
+    uint32_t *o = tu_prompt(60000u + (uint32_t)i * 1000u, 33);
+    assert_int_equal(kvbm_manager_hprefill(p.a, 0, 0, o, 33, &r, NULL, NULL), KVBM_OK);
+    assert_int_equal(kvbm_hreq_commit(r), KVBM_OK);
+    kvbm_hreq_destroy(r);
+    free(o);
+  }
+  for (size_t k = 0; k < 8; k++)
+    assert_int_not_equal(kvbm_pool_peek(p.a->t[KVBM_TIER_G1].pool, h[k], NULL, NULL), KVBM_OK);
+  kvbm_peer_stats s0;
+  assert_int_equal(kvbm_manager_peer_stats_get(p.a, 0, &s0), KVBM_OK);
+  size_t hit;
+  assert_int_equal(kvbm_manager_hprefill(p.a, 0, 0, tok, 33, &r, &hit, NULL), KVBM_OK);
+  assert_int_equal(hit, 32);
+  kvbm_hreq_info i;
+  assert_int_equal(kvbm_hreq_wait(r, -1, &i), KVBM_OK);
+  assert_int_equal(i.hit_tokens, 32);
+  assert_int_equal(i.hit_g1[0], 8);
+  assert_int_equal(i.hit_g1[1], 2);
+  kvbm_peer_stats s1;
+  assert_int_equal(kvbm_manager_peer_stats_get(p.a, 0, &s1), KVBM_OK);
+  assert_int_equal(s1.ingested - s0.ingested, 10); /* the needed blocks only */
+  for (uint32_t g = 0; g < 2; g++) {
+    const uint32_t *ids;
+    size_t nb;
+    assert_int_equal(kvbm_hreq_table(r, g, &ids, &nb), KVBM_OK);
+    for (size_t k = 0; k < 8; k++)
+      if (ids[k] != KVBM_HREQ_NULL) assert_true(tu_block(p.a, ids[k], kvbm__group_key(h[k], g), 1));
+  }
+  kvbm_hreq_destroy(r);
+  free(tok);
+  pair_free(&p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hello_carries_groups),
       cmocka_unit_test(test_put_registers_group),
+      cmocka_unit_test(test_pull_for_hybrid_prefill),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
