@@ -13,8 +13,9 @@ trace open loop (each request sent at its timestamp / time-scale whether or not
 earlier ones finished), alternating router replicas: router /route, worker
 /generate, router /done. Meanwhile it injects the fault schedule (kill -9 and
 restart of a worker, of a Redis master, of a router replica; nats-server
-restarted on its store; a worker's G3 slow or full; a worker that stops
-publishing), measures how long each takes to recover, and at the end checks
+restarted on its store; a worker's G3 slow or full, really where root
+allows it; a partition between a worker and Redis in a network namespace
+(netfaults.py); a worker that stops publishing), measures how long each takes to recover, and at the end checks
 the invariants (checks.py): no wrong bytes, every loss counted, every router's
 index equal to every worker's /blocks, memory under budget, no unscheduled
 death. It prints a JSON report (--json) or a summary, writes an SVG over time
@@ -805,21 +806,25 @@ class Faults:
         return g4_counts(text)
 
     def sample_partition(self, f, timeout=0.5):
-        """One more reading of a partitioned worker's G4 counters while the
-        cut holds (kept when it answers)."""
+        """One more reading of the target's counters while the fault holds
+        (kept when it answers): G4's for a partition, G3's for g3_slow."""
         try:
-            snap = self.g4_snapshot(self.worker_of(f["target"]), timeout=timeout)
+            k = self.worker_of(f["target"])
+            snap = self.g4_snapshot(k, timeout=timeout) if f["fault"] == "partition" else \
+                self.g3_counts(k, timeout=timeout)
         except OSError:
             return
         f["last"], f["t_last"] = snap, time.time()
 
-    def g3_counts(self, k):
-        """G3 writes the worker counted failed, and done (its /metrics)."""
-        st, text = self.cl.wcall(k, "GET", "/metrics", timeout=5)
+    def g3_counts(self, k, timeout=5.0):
+        """G3 writes the worker counted failed, and done, blocks it read
+        back from G3 (its /metrics)."""
+        st, text = self.cl.wcall(k, "GET", "/metrics", timeout=timeout)
         if st != 200:
             raise OSError("worker %d /metrics: %s" % (k, st))
         return {"write_failures": prom_sample(text, "kvbm_offload_skipped_total", tier="G3"),
                 "writes": prom_sample(text, "kvbm_offload_blocks_total", tier="G3"),
+                "reads": prom_sample(text, "kvbm_onboard_blocks_total", tier="G3"),
                 "requests": prom_sample(text, "kvbm_worker_requests_ok_total")}
 
     def begin(self, f):
@@ -842,6 +847,8 @@ class Faults:
             cl.sup.kill9("nats")
         elif kind == "g3_slow":
             k, delay = self.worker_of(tgt), int(f["e"].get("delay_ms", 20))
+            f["before"] = f["last"] = self.g3_counts(k)
+            f["t_before"] = f["t_last"] = time.time()
             if "wrap" in cl.workers[k]:  # the block layer itself: 1000/delay I/Os a second
                 f["mode"] = "real: %d read and %d write I/Os a second on its G3 device" % \
                     (max(1, 1000 // max(1, delay)), max(1, 1000 // max(1, delay)))
@@ -891,6 +898,11 @@ class Faults:
             cl.start_nats(first=False)
         elif kind == "g3_slow":
             k = self.worker_of(tgt)
+            # what the worker's G3 did meanwhile (the real throttle bounds its
+            # rate); the last reading under the fault when it stops answering
+            self.sample_partition(f, timeout=2.0)
+            f["window"] = {n: f["last"][n] - f["before"][n] for n in f["last"]}
+            f["window"]["seconds"] = round(f["t_last"] - f["t_before"], 3)
             if "wrap" in cl.workers[k]:
                 cl.g3slow.throttle(k, 0)
             else:
@@ -966,7 +978,7 @@ class Faults:
                     f["phase"], f["skipped"] = "done", str(e)
                 except OSError as e:
                     f["phase"], f["error"] = "done", str(e)
-            elif ph == "active" and f["fault"] == "partition" and \
+            elif ph == "active" and f["fault"] in ("partition", "g3_slow") and \
                     now < f["t_begin"] + f["duration_s"] and time.time() - f.get("t_last", 0) > 0.25:
                 self.sample_partition(f)
             if ph == "active" and now >= f["t_begin"] + f["duration_s"]:

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """netfaults.py: the W5 run's real faults below the processes: a network
-partition between one worker and Redis, and a G3 filesystem that is really
-full (issue 23; docs/areas/cluster.md, "Partition and real disk faults").
+partition between one worker and Redis, a G3 filesystem that is really
+full, and a G3 device that is really slow (issue 23; docs/areas/cluster.md,
+"Partition and real disk faults").
 
 What and why. The other faults of the schedule act on processes (kill -9,
 SIGTERM) or on the worker's own fault knobs. Two of issue 23's faults are
@@ -19,16 +20,20 @@ about the world around a process, and a knob only imitates them:
   file grows as slots are written, like a sparse file on a real disk), and
   "full" is a ballast file that takes every free page: the next slot
   written fails with the filesystem's ENOSPC. Healing removes the ballast.
+- a slow disk: the worker's G3 is an ext4 filesystem on a loop device and
+  the worker runs in a blkio cgroup of its own; "slow" is the kernel's
+  I/O throttle on that device for that cgroup (G3Slow).
 
-Both need root (CAP_NET_ADMIN, CAP_SYS_ADMIN). Without it, or without the
-`ip` command, they say why and the run goes on: the partition is skipped
-and said "unavailable: <why>", G3 full falls back to the worker's knob and
-is said "emulated: <why>". KVBM_W5_NO_NETNS=1 and KVBM_W5_NO_MOUNT=1 force
+All need root (CAP_NET_ADMIN, CAP_SYS_ADMIN). Without it, or without the
+tools, they say why and the run goes on: the partition is skipped and said
+"unavailable: <why>", G3 full and slow fall back to the worker's knobs and
+are said "emulated: <why>". KVBM_W5_NO_NETNS=1 and KVBM_W5_NO_MOUNT=1 force
 those fallbacks (the tests run both ways on one machine).
 
 Teardown. Everything carries the orchestrator's pid in its name: namespace
 `kvbmw5-PID`, veth `kw5PIDr` (root side) and `kw5PIDn`, tmpfs mounts with
-source `kvbmw5-PID`. Deleting the namespace deletes the veth pair and its
+source `kvbmw5-PID`, loop images `kvbmw5-PID-wK.img`, blkio cgroups
+`kvbmw5-PID-wK`. Deleting the namespace deletes the veth pair and its
 addresses with it; nothing else is changed in the root namespace (no
 route, no rule). teardown() runs from the supervisor's stop (atexit, the
 signal handlers, the watchdog). A run killed with -9 cannot tear down, so

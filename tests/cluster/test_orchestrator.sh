@@ -87,6 +87,7 @@ print("lying worker: caught (%s)" % r["violations"][0])' "$tmp/lie.json"
 cat > "$tmp/part.jsonl" <<'EOF'
 {"at_s": 1.0, "fault": "partition", "target": "worker:1", "duration_s": 2.0}
 {"at_s": 1.5, "fault": "g3_full", "target": "worker:0", "duration_s": 1.0}
+{"at_s": 1.2, "fault": "g3_slow", "target": "worker:1", "duration_s": 1.0}
 EOF
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns list >/dev/null 2>&1; then
   # 3a. kill -9 of the orchestrator leaves its namespace and mounts; the next run removes them
@@ -112,8 +113,10 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null && ip netns list >/dev/null 2>
   set -e
   [ "$rc" = 1 ] || { echo "a partition liar's run exited $rc, not 1"; exit 1; }
   if ip netns list | grep -q "^kvbmw5-$victim\b" || grep -q "^kvbmw5-$victim " /proc/mounts ||
-     ip link show "kw5${victim}r" >/dev/null 2>&1; then
-    echo "the killed run's namespace, veth or mounts outlived the next run"; exit 1
+     ip link show "kw5${victim}r" >/dev/null 2>&1 ||
+     { command -v losetup >/dev/null && losetup -l -n -O BACK-FILE | grep -q "kvbmw5-$victim-"; } ||
+     ls -d /sys/fs/cgroup/blkio/kvbmw5-"$victim"-* >/dev/null 2>&1; then
+    echo "the killed run's namespace, veth, mounts, loop device or cgroup outlived the next run"; exit 1
   fi
   rm -rf "$tmp/killed"
   /usr/bin/python3 -c '
@@ -138,6 +141,7 @@ r = json.load(open(sys.argv[1]))
 assert r["violations"] == [], r["violations"]
 assert r["partition"] == "unavailable: KVBM_W5_NO_NETNS is set", r["partition"]
 assert r["g3_full"] == "emulated: KVBM_W5_NO_MOUNT is set", r["g3_full"]
+assert r["g3_slow"] == "emulated: KVBM_W5_NO_MOUNT is set", r["g3_slow"]
 f = {x["fault"]: x for x in r["faults"]}
 assert f["partition"]["injected"] is False and f["partition"]["skipped"].startswith("unavailable"), f
 assert f["g3_full"]["injected"] and f["g3_full"]["mode"].startswith("emulated"), f
