@@ -307,6 +307,9 @@ def read_schedule(spec, duration, workers):
                 out.append(e)
     except OSError as x:
         raise UsageError("--faults %s: %s" % (spec, x.strerror))
+    if len({e["target"] for e in out if e["fault"] == "partition"}) > 1:
+        raise UsageError("--faults %s: partition faults must all name the same worker "
+                         "(it runs in the one network namespace)" % spec)
     return sorted(out, key=lambda e: e["at_s"])
 
 

@@ -172,7 +172,10 @@ class Schedule(unittest.TestCase):
                      '{"at_s": 1, "fault": "worker_kill", "target": "worker:9"}\n',
                      '{"at_s": 1, "fault": "worker_kill", "target": "router:0"}\n',
                      '{"at_s": 1, "fault": "router_kill", "target": "router:2"}\n',
-                     '{"at_s": 1, "fault": "g3_full", "target": "worker:0", "duration_s": 1e9}\n']:
+                     '{"at_s": 1, "fault": "g3_full", "target": "worker:0", "duration_s": 1e9}\n',
+                     '{"at_s": 1, "fault": "partition", "target": "router:0"}\n',
+                     '{"at_s": 1, "fault": "partition", "target": "worker:0"}\n'
+                     '{"at_s": 2, "fault": "partition", "target": "worker:1"}\n']:
             with self.assertRaises(cluster.UsageError, msg=text):
                 cluster.read_schedule(self.write(text), 10, 2)
         with self.assertRaises(cluster.UsageError):
