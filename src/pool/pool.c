@@ -883,8 +883,10 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
   uint8_t *const prio = p->priority;
   const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
-  uint32_t ftop = p->free_top, evicted = 0, registered = 0;
+  const uint32_t ftop0 = p->free_top;
+  uint32_t ftop = ftop0, dedups = 0;
   uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
+  unsigned pr = NPRIO;              /* the list evictions take from; NPRIO: find it */
   uint64_t h = parent;
   bool hp = has_parent;
   size_t hashed = 0;
@@ -893,53 +895,61 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     hashes[hashed] = h;
     __builtin_prefetch(&table[home_of(p, fingerprint(h, 0))]);
   }
-  for (size_t k = 0; k < n; k++) {
+  uint64_t pk = parent; /* block k's parent: block k - 1's hash */
+  bool hpk = has_parent;
+  for (size_t k = 0; k < n; k++, hpk = true) {
     if (hashed < n) {
       h = kvbm_hash_next(scheme, salt_hash, h, true, tokens + hashed * bs, bs);
-      hashes[hashed] = h;
+      hashes[hashed++] = h;
       __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
-      hashed++;
     }
     uint32_t id;
     if (ftop) {
       id = fstack[--ftop];
     } else {
       /* The head of the lowest non-empty list (the caller checked that
-       * enough blocks are free or cached). */
-      unsigned w = 0;
-      while (!p->nonempty[w]) w++;
-      const unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+       * enough blocks are free or cached). Only this loop's evictions
+       * change the lists until a dedup, so the list is found again only
+       * when it empties or after one. */
+      if (pr == NPRIO) {
+        unsigned w = 0;
+        while (!p->nonempty[w]) w++;
+        pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+      }
       id = p->head[pr];
       blk *v = &blocks[id];
       const uint32_t next = v->next;
       p->head[pr] = next;
       if (next != NIL) {
         blocks[next].prev = NIL;
-        /* The cursor, `ahead` blocks past the head: the head moved on by
-         * one, so it is one closer; if it was the victim, it restarts
-         * from the new head and walks PF_DEPTH blocks on at once (a stall
-         * for each, once per run). Then it moves one block on. */
-        if (ahead) {
-          ahead--;
-        } else {
+        /* The cursor, `ahead` blocks past the head. The head moved on by
+         * one; if the cursor was the victim, it restarts from the new head
+         * and walks PF_DEPTH blocks on at once (a stall for each, once per
+         * run); else it moves one block on, and stays as far ahead (or, at
+         * the list's end, gets one closer). */
+        if (!ahead) {
           cursor = next;
-          while (ahead < PF_DEPTH && cursor != NIL) { PF_STEP(); ahead++; }
+          while (ahead < PF_DEPTH && cursor != NIL) {
+            PF_STEP();
+            ahead++;
+          }
+        } else if (cursor != NIL) {
+          PF_STEP();
+        } else {
+          ahead--;
         }
-        if (cursor != NIL) { PF_STEP(); ahead++; }
       } else {
         p->tail[pr] = NIL;
-        p->nonempty[w] &= ~(1ull << (pr % 64));
+        p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
+        pr = NPRIO;
         cursor = NIL, ahead = 0;
       }
       plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
       prio[id] = 0;
-      evicted++;
     }
     ids[k] = id;
     blk *b = &blocks[id];
     const uint64_t hk = hashes[k];
-    const uint64_t pk = k ? hashes[k - 1] : parent;
-    const bool hpk = k ? true : has_parent;
     const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
     uint8_t flags = hpk ? F_HAS_PARENT : 0;
     if (salt_hash) {
@@ -950,25 +960,32 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     b->parent_hash = hpk ? pk : 0;
     b->refcount = 1;
     b->ntok = (uint16_t)bs;
+    pk = hk;
     if (plain_find(blocks, table, mask, fp, home, hk) != NIL) {
-      /* Dedup: the general path, with the pool's fields back in *p. */
+      /* Dedup: the general path, with the pool's fields back in *p; it
+       * hands the new block back to the free list. */
       b->state = KVBM_BLOCK_COMPLETE;
       b->flags = flags;
       p->free_top = ftop;
       ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
       ftop = p->free_top;
+      dedups++;
+      pr = NPRIO;
       cursor = NIL, ahead = 0;
       continue;
     }
     b->state = KVBM_BLOCK_REGISTERED;
     b->flags = flags | F_INDEXED;
     reg_insert(p, (rkey){fp, home}, id);
-    registered++;
   }
+  /* The counts from what the loop had to track anyway: every block came
+   * off the free list or was evicted, every dedup put one back on it, and
+   * every block that did not dedup was registered. */
+  const uint32_t evicted = (uint32_t)n - (ftop0 - ftop + dedups);
   p->free_top = ftop;
   p->cached -= evicted;
   p->evicted += evicted;
-  p->registered += registered - evicted;
+  p->registered += (uint32_t)n - dedups - evicted;
   p->allocated += n;
 }
 
