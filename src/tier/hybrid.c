@@ -34,6 +34,18 @@
  *     policy code (kvbm__use_block), then releases what each group no
  *     longer needs (skipped tokens), so a window group does not pin its
  *     whole history in G1: released blocks stay cached and evictable.
+ *     Commit is the step boundary (kvbm learns that tokens are computed
+ *     there), so it runs after the prompt and after every decode step.
+ *   - Decode (kvbm_hreq_append) is vLLM's allocate_slots for a running
+ *     request: room for every group's new blocks is counted before any is
+ *     taken (nothing changes on ENOSPC), all groups allocate, then the
+ *     blocks that filled register; tables are one vector per group.
+ *   - A store's onboards share one deadline (request.c's record): past it,
+ *     or past the first lost place, they are given up and the hit settles
+ *     by the group rule over what arrived.
+ *   - Peers: the group list's digest rides in the hello; a peer's block is
+ *     placed in the group its key follows from (kvbm_manager_key_group);
+ *     the OutputCritical pull asks a peer for every group's needed keys.
  *
  * Everything under the manager lock, as request.c; the request itself is
  * used by one thread at a time.
