@@ -895,12 +895,14 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     hashes[hashed] = h;
     __builtin_prefetch(&table[home_of(p, fingerprint(h, 0))]);
   }
+  const uint32_t *tnext = tokens + hashed * bs; /* the next block to hash */
   uint64_t pk = parent; /* block k's parent: block k - 1's hash */
   bool hpk = has_parent;
   for (size_t k = 0; k < n; k++, hpk = true) {
-    if (hashed < n) {
-      h = kvbm_hash_next(scheme, salt_hash, h, true, tokens + hashed * bs, bs);
-      hashes[hashed++] = h;
+    if (k + PLAIN_AHEAD < n) { /* hashed == k + PLAIN_AHEAD */
+      h = kvbm_hash_next(scheme, salt_hash, h, true, tnext, bs);
+      tnext += bs;
+      hashes[k + PLAIN_AHEAD] = h;
       __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
     }
     uint32_t id;
