@@ -37,9 +37,9 @@ and nothing is ever copied between "the engine's cache" and "G1".
 
 Hybrid models. ``KvbmCacheManager`` refuses a ``kvbm.Manager`` of several
 KV cache groups (``UnsupportedError`` naming the count): it drives the
-one-group request (prefill, decode append, commit), and the manager's
-hybrid request (``Manager.hprefill``) is prefill + commit with no decode
-append yet, so a hybrid engine could not grow its tables here. A hybrid
+one-group request (prefill, decode append, commit); the manager's hybrid
+request (``Manager.hprefill``, ``HybridRequest.append``) is not wired into
+it (one block table per group, vLLM's ``KVCacheBlocks`` per group). A hybrid
 model in vLLM goes through ``kvbm.vllm.KvbmConnectorV1`` (copy model: vLLM
 keeps the per-group tables) or ``KvbmOffloadingSpec``, which take vLLM's
 ``kv_cache_config`` groups.
@@ -245,9 +245,9 @@ class KvbmCacheManager:
             raise _error(UnsupportedError,
                          f"KvbmCacheManager: the Manager has {manager.num_groups} KV cache groups; "
                          "this G1-owning cache manager serves one (its requests are "
-                         "kvbm_manager_prefill's, and a hybrid request has no decode append "
-                         "yet): use kvbm.vllm.KvbmConnectorV1 with vLLM's kv_cache_config for a "
-                         "hybrid model")
+                         "kvbm_manager_prefill's; Manager.hprefill's hybrid requests are not "
+                         "wired into it): use kvbm.vllm.KvbmConnectorV1 with vLLM's "
+                         "kv_cache_config for a hybrid model")
         self.manager = manager
         self.block_size = manager.block_size
         self.num_gpu_blocks = manager.layout(_G1)["num_blocks"]
