@@ -14,7 +14,8 @@
  * the loop a replay runs, pool.c's fill_run_plain with one group) against
  * A on the general path (a listener), events compared on A only; its
  * eviction cursor walks lists that empty and switch priority, and its
- * dedups leave the loop for the general path. Then the refusals:
+ * dedups leave the loop for the general path; and with every hash homed
+ * in one bucket (chains that overflow and wrap). Then the refusals:
  * NULL arrays, a group past the list, more blocks than available, each
  * with no change and no hash written.
  */
@@ -173,6 +174,76 @@ static void quiet_dynamo_two_groups(void **state) {
   twins_agree(KVBM_HASH_DYNAMO, 0x5a17ull, 2, true);
 }
 
+/* The quiet twins again, with every hash homed in the registry's last
+ * bucket: tokens searched block by block until the chained hash's home
+ * (pool_testutil.h's copy of the pool's formula) is that bucket, so that
+ * entries overflow into the next buckets and wrap round the table's end,
+ * and the plain loop's lookups, inserts and erases walk those chains. Runs
+ * are prefixes of four such prompts, so registers dedup too. */
+static void quiet_colliding(void **state) {
+  (void)state;
+  enum { NPROMPT = 4 };
+  const uint32_t last = (1u << tu_table_bits(NB)) - 1;
+  static uint32_t prompt[NPROMPT][MAXRUN * BS];
+  for (size_t q = 0; q < NPROMPT; q++) {
+    uint64_t parent = 0;
+    for (size_t k = 0; k < MAXRUN; k++) {
+      uint32_t *t = prompt[q] + k * BS;
+      for (size_t i = 0; i < BS; i++) t[i] = (uint32_t)(q * 1000 + i);
+      uint64_t h;
+      for (t[0] = 0;; t[0]++) { /* ~32 tries a block */
+        h = kvbm_hash_next(KVBM_HASH_NATIVE, 0, parent, k > 0, t, BS);
+        if (tu_home_of(NB, h) == last) break;
+      }
+      parent = h;
+    }
+  }
+  tu_log *la = malloc(sizeof *la), *lb = malloc(sizeof *lb);
+  assert_non_null(la);
+  assert_non_null(lb);
+  kvbm_pool *a = twin(KVBM_HASH_NATIVE, 1, la, false, false), *b = twin(KVBM_HASH_NATIVE, 1, lb, true, false);
+  uint32_t held_a[4][MAXRUN], held_b[4][MAXRUN];
+  size_t held_n[4] = {0};
+  uint32_t x = 777u, most_registered = 0;
+  uint64_t dedups = 0, evictions = 0;
+  for (int round = 0; round < 400; round++) {
+    const size_t slot = rnd(&x) % 4;
+    const uint8_t prio = (uint8_t)(rnd(&x) % 2 * 5);
+    assert_int_equal(kvbm_pool_release_run(a, held_a[slot], held_n[slot], prio), KVBM_OK);
+    assert_int_equal(kvbm_pool_release_run(b, held_b[slot], held_n[slot], prio), KVBM_OK);
+    held_n[slot] = 0;
+    size_t n = 1 + rnd(&x) % MAXRUN;
+    if (n > kvbm_pool_available(a)) n = kvbm_pool_available(a);
+    if (n == 0) continue;
+    const uint32_t *toks = prompt[rnd(&x) % NPROMPT];
+    uint64_t ha[MAXRUN], hb[MAXRUN];
+    kvbm_hash_chain(KVBM_HASH_NATIVE, 0, toks, n * BS, BS, ha, MAXRUN);
+    kvbm_pool_stats before, after;
+    kvbm_pool_stats_get(a, &before);
+    assert_int_equal(kvbm_pool_fill_run_group(a, 0, 0, 0, false, toks, ha, n, NULL, held_a[slot]), KVBM_OK);
+    assert_int_equal(kvbm__pool_fill_run_hashing(b, 0, 0, 0, false, toks, hb, n, NULL, held_b[slot]),
+                     KVBM_OK);
+    held_n[slot] = n;
+    assert_memory_equal(ha, hb, n * sizeof *ha);
+    assert_memory_equal(held_a[slot], held_b[slot], n * sizeof *held_a[slot]);
+    kvbm_pool_stats_get(a, &after);
+    dedups += after.dedup - before.dedup;
+    evictions += after.evicted - before.evicted;
+    if (after.registered > most_registered) most_registered = after.registered;
+    lb->n = la->n; /* B is quiet: compare the pools alone */
+    memcpy(lb->ev, la->ev, la->n * sizeof *la->ev);
+    assert_same_pools(a, b, la, lb);
+    la->n = lb->n = 0;
+  }
+  assert_true(dedups > 20);
+  assert_true(evictions > 20);
+  assert_true(most_registered > 3 * 7); /* one home bucket: chains of 4+ buckets */
+  kvbm_pool_destroy(a);
+  kvbm_pool_destroy(b);
+  free(la);
+  free(lb);
+}
+
 /* Refused calls change nothing and write no hash. */
 static void refusals_change_nothing(void **state) {
   (void)state;
@@ -215,6 +286,7 @@ int main(void) {
       cmocka_unit_test(quiet_native_plain),
       cmocka_unit_test(quiet_native_salted),
       cmocka_unit_test(quiet_dynamo_two_groups),
+      cmocka_unit_test(quiet_colliding),
       cmocka_unit_test(refusals_change_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
