@@ -95,6 +95,8 @@ struct kvbm_hseq {
   uint64_t computed, hit;
   bool hit_found, stepped;
   uint64_t peak;     /* all groups */
+  uint64_t quiet_end; /* a one-token step from computed < quiet_end only
+                         counts the token (see next_quiet_end); 0: none */
 };
 
 static uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -354,6 +356,40 @@ static bool quiet_decode(const kvbm_hseq *s, uint64_t num_new) {
   return r != 0 && r + 1 != s->bs;
 }
 
+/* The least `computed` at which group g's skipped block count passes
+ * skip_seen, i.e. kvbm_group_skipped_tokens(spec, c) >= (skip_seen + 1) *
+ * bs: that function inverted, kind by kind (UINT64_MAX: never). */
+static uint64_t next_skip(const kvbm_hseq *s, const gstate *g) {
+  const uint64_t t = (g->skip_seen + 1) * s->bs;
+  switch (g->spec.kind) {
+    case KVBM_GROUP_SLIDING_WINDOW: return t + g->spec.tokens - 1; /* c + 1 - W >= t */
+    case KVBM_GROUP_CHUNKED_LOCAL: return cdiv(t, g->spec.tokens) * g->spec.tokens;
+    case KVBM_GROUP_MAMBA: return t + 1; /* c - 1 >= t */
+    default: return UINT64_MAX;
+  }
+}
+
+/* Where the run of one-token steps that only count their token ends, from
+ * s->computed: a step from c does nothing in any group when c neither
+ * opens a block (c % bs == 0) nor fills one (c % bs == bs - 1, see
+ * quiet_decode) and no group's skipped block count moves at c. Decode
+ * tokens are most of a request's steps (15 of 16 with blocks of 16 and a
+ * window a multiple of 16): kvbm_hseq_step answers those with one
+ * comparison (callgrind, `kvbm replay --groups full,sw:128
+ * --max-num-batched-tokens 8192 --limit 2000`: see docs/areas/hybrid.md).
+ * Mamba align releases its old state at a position of its own: none. */
+static uint64_t next_quiet_end(const kvbm_hseq *s) {
+  const uint64_t c = s->computed;
+  if (!s->stepped || s->has_align || s->bs < 3 || c % s->bs == 0) return 0;
+  uint64_t end = c - c % s->bs + s->bs - 1; /* the token that fills the block */
+  for (size_t gi = 0; gi < s->ng; gi++) {
+    uint64_t e = next_skip(s, &s->g[gi]);
+    if (e < end) end = e;
+  }
+  if (end > s->ntok) end = s->ntok; /* a step needs its token known */
+  return end > c ? end : 0;
+}
+
 /* One step of allocate_slots: n_new tokens computed from s->computed.
  * KVBM_ENOSPC (dry: the request would hold more than capacity). */
 static int step(kvbm_hseq *s, uint64_t num_new) {
@@ -414,6 +450,7 @@ static void clear_tables(kvbm_hseq *s) {
   s->peak = 0;
   s->computed = 0;
   s->stepped = false;
+  s->quiet_end = 0;
 }
 
 /* The tables back to the pool: group after group, tail first (vLLM's
@@ -592,6 +629,7 @@ static NOINLINE int step_checked(kvbm_hseq *s, const uint32_t *tokens, size_t n_
     if (!rc) {
       s->stepped = true;
       s->computed += n_new;
+      s->quiet_end = next_quiet_end(s);
       return KVBM_OK;
     }
     if (!s->dry) /* only a stale hit gets here: the step gave back what it took */
@@ -608,12 +646,18 @@ static NOINLINE int step_checked(kvbm_hseq *s, const uint32_t *tokens, size_t n_
 
 int kvbm_hseq_step(kvbm_hseq *s, const uint32_t *tokens, size_t n_tokens, uint64_t n_new, kvbm_error *err) {
   if (!s) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL request");
+  if (n_tokens == 0 && n_new == 1 && s->computed < s->quiet_end) {
+    /* a decode token that changes nothing in any group */
+    s->computed++;
+    return KVBM_OK;
+  }
   if (n_tokens == 0 && s->computed < s->ntok && quiet_decode(s, n_new)) {
     /* the decode token's step that can only release (W1's most common
      * step): no check, no allocation */
     int rc = remove_skipped_all(s, s->computed);
     if (rc) return kvbm_error_set(err, rc, "hseq: step: %s", kvbm_strerror(rc));
     s->computed++;
+    s->quiet_end = next_quiet_end(s);
     return KVBM_OK;
   }
   return step_checked(s, tokens, n_tokens, n_new, err);
@@ -642,6 +686,7 @@ int kvbm_hseq_group_stats_get(const kvbm_hseq *s, uint32_t group, kvbm_hseq_grou
 
 void kvbm__hseq_set_dry(kvbm_hseq *s, bool dry, uint64_t capacity) {
   s->dry = dry;
+  s->quiet_end = 0;
   s->capacity = capacity;
 }
 
