@@ -1238,17 +1238,18 @@ class KvbmOffloadingHandler(OffloadingHandler):
                              f"({kv_layout} layout)")
         if self.num_blocks < 1:
             raise _error(InvalidArgumentError, "kvbm.vllm: KV tensors hold no blocks")
-        self.device = self._kv[0].device
+        self.device = (self._kv[0] if self._kv else first[0][0]).device
         self._slot_shape = (layout.num_layers, 2, layout.block_size, layout.local_heads,
                             layout.head_dim)
         pin = self.device.type == "cuda"
         # G2 per layer in the engine's own layout [2, slots, ...], so a run of
-        # blocks is one copy each way
+        # blocks is one copy each way (no slots without attention layers)
         self.g2_blocks = g2_blocks
-        self.g2 = [torch.empty((2, g2_blocks) + self._slot_shape[2:], dtype=want_dtype,
-                               pin_memory=pin) for _ in range(layout.num_layers)]
+        self.g2 = [torch.empty((2, g2_blocks if self._kv else 0) + self._slot_shape[2:],
+                               dtype=want_dtype, pin_memory=pin)
+                   for _ in range(layout.num_layers)]
         self._esize = self.g2[0].element_size()
-        self._rank_bytes = layout.num_layers * self.g2[0][:, 0].numel() * self._esize
+        self._rank_bytes = math.prod(self._slot_shape) * self._esize
         self._head_bytes = self._rank_bytes // layout.local_heads
         # Mamba states in G2: one byte row per slot (any group's block may
         # take any slot: one budget), as wide as the widest group's state

@@ -216,6 +216,30 @@ def test_states_through_g3(tmp_path):
     mgr.close()
 
 
+def test_a_model_of_mamba_layers_only():
+    """One Mamba group (no attention): the group keys and states alone."""
+    cfg = NS(kv_cache_groups=[NS(layer_names=[f"mamba.{i}" for i in range(LAYERS)],
+                                 kv_cache_spec=MambaSpec())])
+    spec = kv.KvbmOffloadingSpec(vllm_config(BS, extra()), cfg)
+    assert spec.group_kinds == [("mamba", None)] and spec.states[0].block_bytes == LAYERS * STATE
+    mgr = spec.get_manager()
+    eng = Engine(5)
+    caches = {n: v for n, v in eng.caches().items() if n.startswith("mamba")}
+    handler = spec.get_worker(caches)
+    before = eng.pages()
+    key = [kv.group_key(b"\x07" * 32, 0)]
+    out = mgr.prepare_store(key)
+    assert run(handler, 1, kv.GPULoadStoreSpec([6], group_sizes=[1], block_indices=[0]),
+               out.store_spec)
+    mgr.complete_store(key)
+    eng.zero()
+    assert run(handler, 2, mgr.prepare_load(key),
+               kv.GPULoadStoreSpec([30], group_sizes=[1], block_indices=[0]))
+    landed(eng, before, [(6, 30, STATE)])
+    handler.close()
+    mgr.close()
+
+
 def test_state_tensors_that_are_not_the_spec_are_refused():
     spec = kv.KvbmOffloadingSpec(vllm_config(BS, extra()), kv_cache_config())
     eng = Engine(0)
