@@ -831,8 +831,11 @@ KVBM_EXTERN void kvbm_mreq_destroy(kvbm_mreq *r);
  * Peers (kvbm/peer.h): managers of equal group lists only (the hello
  * carries it; another list is refused at attach); with output_pull, a
  * hybrid prefill asks a peer back for the blocks each group needs for the
- * longest hit (keys), as kvbm_manager_prefill does for one table. Not
- * (yet) for hybrid requests: ExitThink's push to peer 0. */
+ * longest hit (keys), as kvbm_manager_prefill does for one table; at
+ * ExitThink (or a later commit) every group's THINK_COMPLETE blocks the
+ * request still holds go to peer 0 in one batch once
+ * offload_threshold_blocks of them (blocks, all groups counted) are
+ * ready. */
 
 /* The manager's block of a Mamba group holds its state: vLLM's MambaSpec
  * gives the state as shapes per layer (conv state and SSM/temporal state),
@@ -937,7 +940,8 @@ KVBM_EXTERN int kvbm_hreq_append(kvbm_hreq *r, const uint32_t *tokens, size_t n,
  * label, EXIT_THINK turns THINK_ACTIVE labels into THINK_COMPLETE (demoted
  * in G1 at destroy: first in line for eviction, every group's block).
  * KVBM_EINVAL for another value, KVBM_ESTATE for REASONING after
- * EXIT_THINK. No push to a peer (peers do not serve hybrid requests yet). */
+ * EXIT_THINK. ExitThink's push to peer 0 as above (its errors counted in
+ * the peer's stats, not returned). */
 KVBM_EXTERN int kvbm_hreq_set_phase(kvbm_hreq *r, kvbm_request_phase phase, kvbm_error *err);
 
 /* The label of full block k (the same for every group; KVBM_ERANGE past

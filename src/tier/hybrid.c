@@ -720,6 +720,8 @@ static void release_skipped(kvbm_hreq *r, uint32_t g, size_t computed) {
   if (first > r->skip[g]) r->skip[g] = first;
 }
 
+static void exit_think(kvbm_hreq *r);
+
 int kvbm_hreq_commit(kvbm_hreq *r) {
   if (!r) return KVBM_EINVAL;
   kvbm_hreq_wait(r, -1, NULL);
@@ -756,6 +758,8 @@ int kvbm_hreq_commit(kvbm_hreq *r) {
    * next step goes (before that step's allocation, as in vLLM). */
   for (uint32_t g = 0; g < r->ngroups; g++) release_skipped(r, g, r->computed);
   pthread_mutex_unlock(&m->mu);
+  /* ExitThink's push waits for enough committed THINK_COMPLETE blocks. */
+  if (r->shell.exit_pending) exit_think(r);
   return KVBM_OK;
 }
 
@@ -818,10 +822,54 @@ int kvbm_hreq_append(kvbm_hreq *r, const uint32_t *tokens, size_t n, kvbm_error 
   return rc ? kvbm_error_set(err, rc, "manager: hreq_append: out of memory") : KVBM_OK;
 }
 
+/* ExitThink's batch (request.c's kvbm__disagg_exit_think, every group):
+ * once at least offload_threshold_blocks of the request's THINK_COMPLETE
+ * blocks are ready in G1 (counted over every group's table: what each
+ * group still holds, a window's released blocks not among them), they go
+ * to peer 0 in one batch under their keys, pinned until the hook returns.
+ * Without the lock. */
+static void exit_think(kvbm_hreq *r) {
+  kvbm_manager *m = r->m;
+  kvbm_mreq *sh = &r->shell;
+  if (!sh->exit_pending || m->cfg.offload_threshold_blocks == 0) return;
+  const size_t B = m->cfg.block_size;
+  kvbm_block_ref *blocks = malloc((sh->labeled * r->ngroups + 1) * sizeof *blocks);
+  if (!blocks) return;
+  size_t n = 0, ready = 0;
+  pthread_mutex_lock(&m->mu);
+  const uint8_t *st = m->t[KVBM_TIER_G1].state;
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t k = 0; k < sh->labeled && k < r->nfull; k++) {
+      if (sh->phase[k] != KVBM_PHASE_THINK_COMPLETE) continue;
+      for (uint32_t g = 0; g < r->ngroups; g++) {
+        uint32_t id = r->tab[g][k];
+        if (id == KVBM_HREQ_NULL || st[id] != KVBM__READY) continue;
+        if (pass == 0) {
+          ready++;
+          continue;
+        }
+        KVBM__MUST(kvbm_block_retain(m->t[KVBM_TIER_G1].pool, id));
+        blocks[n++] = (kvbm_block_ref){.tier = KVBM_TIER_G1, .id = id, .seq_hash = key_of(r, k, g),
+                                       .parent_hash = k ? key_of(r, k - 1, g) : 0, .salt_hash = sh->salt,
+                                       .has_parent = k > 0, .tokens = sh->tokens + k * B,
+                                       .phase = KVBM_PHASE_THINK_COMPLETE};
+      }
+    }
+    if (ready < m->cfg.offload_threshold_blocks) break;
+  }
+  if (n) sh->exit_pending = false;
+  pthread_mutex_unlock(&m->mu);
+  if (n) {
+    if (!kvbm__disagg_push_think(m, blocks, n)) sh->exit_pending = true; /* no peer (yet) */
+    kvbm_manager_block_unpin(m, blocks, n);
+  }
+  free(blocks);
+}
+
 int kvbm_hreq_set_phase(kvbm_hreq *r, kvbm_request_phase phase, kvbm_error *err) {
   if (!r) return kvbm_error_set(err, KVBM_EINVAL, "manager: hreq_set_phase: NULL request");
   int rc = kvbm__phase_set(&r->shell, phase, err);
-  r->shell.exit_pending = false; /* no ExitThink push to peers for hybrid requests yet */
+  if (!rc && r->shell.exit_pending) exit_think(r);
   return rc;
 }
 

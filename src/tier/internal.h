@@ -493,6 +493,10 @@ void kvbm__disagg_stop(kvbm_manager *m);
 /* ExitThink's push of r's ready THINK_COMPLETE blocks to peer 0, when at
  * least offload_threshold_blocks are ready. Called without the lock. */
 void kvbm__disagg_exit_think(kvbm_mreq *r);
+/* A hybrid request's ExitThink batch (hybrid.c builds it, pinned):
+ * handed to the exit_think hook, without the lock. False (nothing done)
+ * when no peer hooks are registered. The caller unpins. */
+bool kvbm__disagg_push_think(kvbm_manager *m, const kvbm_block_ref *blocks, size_t n);
 /* Whether a peer acknowledged hash h (*peer: which). Any lock. */
 bool kvbm__disagg_remote(kvbm_manager *m, uint64_t h, uint32_t *peer);
 /* Asks `peer` for hashes[0..n) back and waits (at most pull_timeout_ms)

@@ -201,6 +201,13 @@ void kvbm__disagg_exit_think(kvbm_mreq *r) {
   free(blocks);
 }
 
+bool kvbm__disagg_push_think(kvbm_manager *m, const kvbm_block_ref *blocks, size_t n) {
+  kvbm_manager_peer_hooks hk;
+  if (!hooks_get(m, &hk)) return false;
+  if (n) hk.exit_think(hk.user, blocks, n);
+  return true;
+}
+
 /* ---- the block calls the peers use ---- */
 
 int kvbm_manager_keep_sums(kvbm_manager *m, const uint8_t *key, kvbm_error *err) {

@@ -281,11 +281,71 @@ static void test_pull_for_hybrid_prefill(void **st) {
   pair_free(&p);
 }
 
+/* ExitThink's batch of a hybrid request: every group's THINK_COMPLETE
+ * block the request still holds goes to the peer under its key, once
+ * offload_threshold_blocks (4) of them are ready; the receiver files each
+ * in its group. */
+static void test_exit_think_push(void **st) {
+  (void)st;
+  evlog log = {0};
+  pthread_mutex_init(&log.mu, NULL);
+  pair p = {.a = make("full,sw:8", NULL), .b = make("full,sw:8", &log)};
+  pair_attach(&p);
+  assert_int_equal(p.ja.rc, KVBM_OK);
+  p.a->cfg.offload_threshold_blocks = 4; /* (a test reaches in; set before any request) */
+  uint32_t *tok = tu_prompt(7700, 24);
+  uint64_t h[6];
+  kvbm_hash_chain(KVBM_HASH_NATIVE, 0, tok, 24, B, h, 6);
+  kvbm_hreq *r;
+  kvbm_error e = {0};
+  assert_int_equal(kvbm_manager_hprefill(p.a, 0, 0, tok, 8, &r, NULL, &e), KVBM_OK);
+  assert_int_equal(kvbm_hreq_commit(r), KVBM_OK);
+  assert_int_equal(kvbm_hreq_set_phase(r, KVBM_REQUEST_REASONING, &e), KVBM_OK);
+  assert_int_equal(kvbm_hreq_append(r, tok + 8, 8, &e), KVBM_OK); /* blocks 2, 3: reasoning */
+  /* Not committed yet: not ready, nothing pushed at ExitThink. */
+  assert_int_equal(kvbm_hreq_set_phase(r, KVBM_REQUEST_EXIT_THINK, &e), KVBM_OK);
+  kvbm_peer_stats sa;
+  assert_int_equal(kvbm_manager_peer_stats_get(p.a, 0, &sa), KVBM_OK);
+  assert_int_equal(sa.sent_blocks, 0);
+  /* The commit makes them ready (16 computed: sw:8 keeps blocks 2, 3):
+   * 2 blocks x 2 groups = 4, the threshold: one batch. */
+  assert_int_equal(kvbm_hreq_commit(r), KVBM_OK);
+  assert_int_equal(kvbm_manager_peer_flush(p.a, 0, 5000, NULL), KVBM_OK);
+  assert_int_equal(kvbm_manager_peer_stats_get(p.a, 0, &sa), KVBM_OK);
+  assert_int_equal(sa.acked_blocks, 4);
+  size_t seen[2][6] = {{0}};
+  pthread_mutex_lock(&log.mu);
+  for (size_t i = 0; i < log.n; i++) {
+    int k = -1;
+    for (int j = 0; j < 6; j++)
+      if (log.hash[i] == h[j]) k = j;
+    assert_true(k == 2 || k == 3);
+    seen[log.group[i] & 1][k]++;
+  }
+  pthread_mutex_unlock(&log.mu);
+  for (uint32_t g = 0; g < 2; g++) {
+    assert_int_equal(seen[g][2], 1);
+    assert_int_equal(seen[g][3], 1);
+  }
+  /* Pushed once: a later commit sends nothing more. */
+  assert_int_equal(kvbm_hreq_set_phase(r, KVBM_REQUEST_OUTPUT, &e), KVBM_OK);
+  assert_int_equal(kvbm_hreq_append(r, tok + 16, 4, &e), KVBM_OK);
+  assert_int_equal(kvbm_hreq_commit(r), KVBM_OK);
+  assert_int_equal(kvbm_manager_peer_flush(p.a, 0, 5000, NULL), KVBM_OK);
+  assert_int_equal(kvbm_manager_peer_stats_get(p.a, 0, &sa), KVBM_OK);
+  assert_int_equal(sa.sent_blocks, 4);
+  kvbm_hreq_destroy(r);
+  free(tok);
+  pair_free(&p);
+  pthread_mutex_destroy(&log.mu);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hello_carries_groups),
       cmocka_unit_test(test_put_registers_group),
       cmocka_unit_test(test_pull_for_hybrid_prefill),
+      cmocka_unit_test(test_exit_think_push),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
