@@ -1184,7 +1184,16 @@ class KvbmOffloadingHandler(OffloadingHandler):
     of group g's layers; a transfer's GPU spec says which of its blocks
     belong to which group (``group_sizes``, ids ordered by group); G2's slots
     serve every group (one budget). The keys already differ per group (vLLM's
-    OffloadKey carries the group index)."""
+    OffloadKey carries the group index).
+
+    ``states``: per group None (attention) or the ``StateLayout`` of a
+    Mamba group (``mamba_state_layout`` of its MambaSpec). A Mamba layer's
+    ``kv_caches`` entry is vLLM's list of state tensors ``[num_blocks,
+    *shape]`` (conv, temporal) or the byte page view ``[num_blocks, 1, 1,
+    page_bytes]`` they are cut from; a block of the group is all its layers'
+    states at one block id, one G2 byte row, one framed value per rank in
+    G3 and G4 (header: model, key, state layout, block size, TP rank/size),
+    verified before anything is written on a load."""
 
     def __init__(self, kv_caches, layout: KvLayout, *, g2_blocks: int, g3_blocks: int = 0,
                  g3_url: Optional[str] = None, g4_url: Optional[str] = None,
