@@ -44,6 +44,10 @@ typedef struct rawpeer {
   uint8_t hello_sent[32], hello_got[32];
   uint64_t tx_seq;
   bool ok; /* the hello (and keyed, the confirmation) went through */
+  /* hostile hellos: reflect: wait for the manager's hello and send its
+   * own nonce back in ours; lie: a confirmation (sealed right) naming
+   * another hello than the one received, as if it was changed on the way */
+  bool reflect, lie;
 } rawpeer;
 
 static inline void rp_le64(uint8_t *p, uint64_t v) {
@@ -154,6 +158,17 @@ static inline void *rp_hello(void *arg) {
     return NULL;
   kvbm_layout_desc_release(&d);
   const size_t extra = r->secret ? 32 : 0;
+  kvbm_fabric_handle hd;
+  size_t len = 0;
+  uint8_t *buf = NULL;
+  if (r->reflect) { /* theirs first: its nonce becomes ours */
+    if (kvbm_fabric_next(r->f, 5000, &hd, &len, NULL)) return NULL;
+    buf = malloc(len);
+    if (kvbm_fabric_pull(r->f, hd, buf, len, &len, 1000, NULL) || len < 64) {
+      free(buf);
+      return NULL;
+    }
+  }
   uint8_t *msg = calloc(1, 32 + wlen + extra);
   memcpy(msg, "KVPH", 4);
   msg[4] = (uint8_t)(r->version ? r->version : 2);
@@ -161,18 +176,21 @@ static inline void *rp_hello(void *arg) {
   rp_le64(msg + 24, wlen);
   memcpy(msg + 32, wire, wlen);
   if (r->secret) {
-    if (getrandom(r->nonce, 32, 0) != 32) abort();
+    if (r->reflect) memcpy(r->nonce, buf + len - 32, 32);
+    else if (getrandom(r->nonce, 32, 0) != 32) abort();
     memcpy(msg + 32 + wlen, r->nonce, 32);
   }
   kvbm_blake3_hash(msg, 32 + wlen + extra, r->hello_sent, 32);
   kvbm_fabric_push(r->f, msg, 32 + wlen + extra, NULL, NULL);
   free(msg);
   free(wire);
-  kvbm_fabric_handle hd;
-  size_t len;
-  if (kvbm_fabric_next(r->f, 5000, &hd, &len, NULL)) return NULL;
-  uint8_t *buf = malloc(len);
-  bool ok = kvbm_fabric_pull(r->f, hd, buf, len, &len, 1000, NULL) == KVBM_OK && len >= 32;
+  bool ok = true;
+  if (!buf) {
+    if (kvbm_fabric_next(r->f, 5000, &hd, &len, NULL)) return NULL;
+    buf = malloc(len);
+    ok = kvbm_fabric_pull(r->f, hd, buf, len, &len, 1000, NULL) == KVBM_OK;
+  }
+  ok = ok && len >= 32;
   size_t theirs_extra = ok && (buf[16] & 1) ? 32 : 0;
   if (ok && kvbm_fabric_import(r->f, buf + 32, len - 32 - theirs_extra, &r->rs, NULL) == KVBM_OK)
     r->land_id = kvbm_fabric_remote_desc(r->rs)->block_set_id;
@@ -188,6 +206,7 @@ static inline void *rp_hello(void *arg) {
     memset(c + 4, 0, 4);
     memcpy(c + 8, r->hello_sent, 32);
     memcpy(c + 40, r->hello_got, 32);
+    if (r->lie) c[40] ^= 1;
     rp_send(r, c, sizeof c, NULL);
     uint8_t got[128];
     long n = rp_next(r, got, sizeof got, 2000, NULL);

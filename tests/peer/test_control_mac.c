@@ -20,8 +20,11 @@
  *     or on another link (other nonces), is refused;
  * each refused one counted (refused_control, refused_replayed, the
  * metric's reason "control") and the link still up, the genuine messages
- * after it believed. A manager and a raw peer that disagree on holding a
- * key are refused at the hello, by name, both ways. Two keyed managers
+ * after it believed (their sequence numbers skip those the forgeries
+ * used: gaps are allowed). A manager and a raw peer that disagree on
+ * holding a key are refused at the hello, by name, both ways; so are a
+ * hello reflecting the manager's own nonce and a confirmation naming
+ * another hello than the one sent. Two keyed managers
  * still tell each other their evictions (removes under the MAC).
  *
  * On the code before this change a keyed hello (flags 1, a nonce) was a
@@ -68,8 +71,10 @@ static kvbm_manager *make(void) {
 
 /* Attaches a manager keyed with mkey (NULL: none) to a raw peer keyed
  * with rkey; x->rc is the manager's attach status. */
-static void fx_attach(fx *x, const uint8_t *mkey, const uint8_t *rkey) {
+static void fx_attach_opts(fx *x, const uint8_t *mkey, const uint8_t *rkey, bool reflect, bool lie) {
   memset(x, 0, sizeof *x);
+  x->r.reflect = reflect;
+  x->r.lie = lie;
   x->m = make();
   assert_int_equal(kvbm_fabric_inproc_pair("raw", "prefill", &x->r.f, &x->fm, NULL), KVBM_OK);
   x->r.secret = rkey;
@@ -87,6 +92,8 @@ static void fx_attach(fx *x, const uint8_t *mkey, const uint8_t *rkey) {
   x->rc = kvbm_manager_attach(x->m, x->fm, &pc, &peer, &x->e);
   pthread_join(th, NULL);
 }
+
+static void fx_attach(fx *x, const uint8_t *mkey, const uint8_t *rkey) { fx_attach_opts(x, mkey, rkey, false, false); }
 
 static void fx_keyed(fx *x) {
   fx_attach(x, KEY1, KEY1);
@@ -396,6 +403,19 @@ static void test_key_mismatch_refused_at_hello(void **state) {
   assert_int_equal(x.rc, KVBM_EAUTH);
   assert_non_null(strstr(x.e.msg, "another cluster key"));
   assert_false(x.r.ok); /* the manager's confirmation failed the raw peer's check too */
+  fx_free(&x);
+  /* a confirmation, sealed right, naming another hello than the one the
+   * manager sent (changed on the way): refused */
+  memset(&x, 0, sizeof x);
+  fx_attach_opts(&x, KEY1, KEY1, false, true);
+  assert_int_equal(x.rc, KVBM_EAUTH);
+  assert_non_null(strstr(x.e.msg, "other hellos"));
+  fx_free(&x);
+  /* a hello that sends the manager's own nonce back (a reflection: both
+   * directions would share a key): refused before anything is imported */
+  fx_attach_opts(&x, KEY1, KEY1, true, false);
+  assert_int_equal(x.rc, KVBM_EAUTH);
+  assert_non_null(strstr(x.e.msg, "reflected"));
   fx_free(&x);
   /* unkeyed both: the old wire, attached (test_disagg.c has the rest) */
   fx_attach(&x, NULL, NULL);
