@@ -539,9 +539,12 @@ static int q_append_wire(kvbm_publisher *p, evq *q, const kvbm_event *ev, size_t
 /* Whether ev may start or join a run: one block, a BlockRemoved or a
  * BlockStored of one whole block (or no tokens), with nothing a run does
  * not keep (names, extras, token pairs). */
-static bool run_plain(const kvbm_event *ev) {
-  if (ev->num_block_hashes != 1 || ev->medium_name || ev->lora_name || ev->cache_salt ||
-      ev->locality || ev->ownership || ev->extra_keys || ev->extras || ev->num_extras)
+static bool run_plain(const kvbm_event *ev, bool plain) {
+  if (ev->num_block_hashes != 1) return false;
+  if (plain) /* plain_ok: no names but the kind, which plain_ok refuses too */
+    return ev->type == KVBM_EVENT_REMOVED || ev->num_tokens == ev->block_size || !ev->num_tokens;
+  if (ev->medium_name || ev->lora_name || ev->cache_salt || ev->locality || ev->ownership ||
+      ev->extra_keys || ev->extras || ev->num_extras)
     return false;
   if (ev->type == KVBM_EVENT_REMOVED) return true;
   return ev->type == KVBM_EVENT_STORED && !ev->token_pairs &&
@@ -559,11 +562,11 @@ static bool same_kind(const char *a, const char *b) {
  * present or not, so that the run is exactly the event vLLM would send
  * for those blocks. */
 static bool run_extends(const kvbm_publisher *p, const run *r, const kvbm_event *ev,
-                        int32_t dp_rank) {
+                        int32_t dp_rank, bool plain) {
   const kvbm_event *a = &r->ev;
   if (!r->open || ev->type != a->type || ev->medium != a->medium ||
       ev->has_group_idx != a->has_group_idx || (a->has_group_idx && ev->group_idx != a->group_idx) ||
-      r->c->dp_rank != dp_rank || r->c->pub >= p->o.max_batch_events || !run_plain(ev))
+      r->c->dp_rank != dp_rank || r->c->pub >= p->o.max_batch_events || !run_plain(ev, plain))
     return false;
   if (ev->type == KVBM_EVENT_REMOVED) return true;
   return ev->has_parent && ev->parent_hash == r->h[r->nh - 1] && ev->block_size == a->block_size &&
@@ -577,6 +580,10 @@ static bool run_extends(const kvbm_publisher *p, const run *r, const kvbm_event 
 /* Room for one more block of `ntok` tokens in the run's arrays and, with
  * `more` bytes of wire, in chunk c (so that closing never fails). */
 static int run_reserve(run *r, wchunk *c, size_t ntok, size_t more) {
+  /* the usual case, the room there already: three compares */
+  if (r->nh + 1 <= r->caph && r->nt + ntok <= r->capt &&
+      (!c || KVBM__EVENT_HEAD_MAX + c->len + r->bound + more + KVBM__MP_SCALAR_MAX <= c->cap))
+    return KVBM_OK;
   if (kvbm__vec_reserve_of(&r->h, &r->caph, r->nh + 1, 64, KVBM__VEC_NO_LIMIT) ||
       kvbm__vec_reserve_of(&r->t, &r->capt, r->nt + ntok, 1024, KVBM__VEC_NO_LIMIT))
     return KVBM_ENOMEM;
@@ -637,13 +644,13 @@ static int run_start(kvbm_publisher *p, evq *q, const kvbm_event *ev, int32_t dp
 }
 
 /* Coalescing: ev joins the open run, starts one, or (not plain) closes it
- * and is encoded as it is (lock held). */
+ * and is encoded as it is (lock held). `plain`: plain_ok(ev). */
 static int q_append_coalesce(kvbm_publisher *p, evq *q, const kvbm_event *ev, size_t cost,
-                             int32_t dp_rank) {
+                             int32_t dp_rank, bool plain) {
   run *r = &p->run;
-  if (!run_extends(p, r, ev, dp_rank)) {
+  if (!run_extends(p, r, ev, dp_rank, plain)) {
     run_close(p);
-    if (!run_plain(ev)) return q_append_wire(p, q, ev, cost, dp_rank);
+    if (!run_plain(ev, plain)) return q_append_wire(p, q, ev, cost, dp_rank);
     int rc = run_start(p, q, ev, dp_rank);
     if (rc) return rc;
   } else {
@@ -730,7 +737,8 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
   kvbm_event stripped;
   const kvbm_event *evp = ev0;
   vsize z;
-  if (plain_ok(ev0)) {
+  bool plain = plain_ok(ev0);
+  if (plain) {
     z.vars = 0;
     z.total = ev0->num_block_hashes * 8 +
               (ev0->type == KVBM_EVENT_STORED ? ev0->num_tokens * 4 : 0);
@@ -781,7 +789,7 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
     evp = &stripped;
   }
   if (p->wire) {
-    rc = p->o.coalesce ? q_append_coalesce(p, q, evp, need, dp_rank)
+    rc = p->o.coalesce ? q_append_coalesce(p, q, evp, need, dp_rank, plain)
                        : q_append_wire(p, q, evp, need, dp_rank);
   } else {
     rc = q_append(q, evp, &z, dp_rank);
