@@ -948,7 +948,17 @@ class Faults:
             except OSError:
                 return False
             if now["ok"] <= f["healed"]["ok"]:
-                return False
+                # no load left to write with: recovered once it answers and
+                # its G4 failures stopped growing for longer than a put's
+                # deadline (g4_timeout_ms, 2 s) (said: recovered_idle)
+                if not self.load.done.is_set():
+                    return False
+                if f.get("idle_counted") != now["counted"]:
+                    f["idle_counted"], f["idle_since"] = now["counted"], time.time()
+                    return False
+                if time.time() - f["idle_since"] < 2.5:
+                    return False
+                f["recovered_idle"] = True
             # the writes cut off fail at their deadline (g4_timeout_ms),
             # often after the heal: counted is taken up to here
             f["window"]["counted_by_recovery"] = now["counted"] - f["before"]["counted"]
@@ -1014,7 +1024,7 @@ class Faults:
             if "error" in f:
                 d["error"] = f["error"]
             for key in ("skipped", "mode", "window", "ballast_bytes", "free_bytes_after_fill",
-                        "settle_s"):
+                        "settle_s", "recovered_idle"):
                 if key in f:
                     d[key] = f[key]
             if f["fault"] in ("partition", "g3_full", "g3_slow") and "t_end" in f and \
