@@ -132,23 +132,37 @@ def _role(role) -> KVConnectorRole:
 
 
 class KvbmBlocks:
-    """vLLM's KVCacheBlocks, for one KV-cache group: G1 block ids."""
+    """vLLM's KVCacheBlocks: G1 block ids, one list per KV-cache group.
 
-    __slots__ = ("block_ids",)
+    ``KvbmBlocks([ids])`` is one group's (a one-group manager);
+    ``KvbmBlocks(groups=[[ids], [ids], ...])`` one list per group, as vLLM's
+    ``KVCacheBlocks.blocks[i][j]`` is group i's block j. A hybrid request's
+    skipped places (a window's blocks before the window, Mamba's states
+    before the last) hold the cache manager's ``null_block_id``, where vLLM
+    puts its null block (id 0 in vLLM's pool)."""
 
-    def __init__(self, block_ids: Iterable[int] = ()):
-        self.block_ids = list(block_ids)
+    __slots__ = ("groups",)
+
+    def __init__(self, block_ids: Iterable[int] = (), *, groups: Optional[Iterable[Iterable[int]]] = None):
+        self.groups = (list(block_ids),) if groups is None else tuple(list(g) for g in groups)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """Group 0's ids (the only group of a one-group manager)."""
+        return self.groups[0]
 
     def get_block_ids(self, allow_none: bool = False):
-        if allow_none and not self.block_ids:
+        if allow_none and not any(self.groups):
             return None
-        return (list(self.block_ids),)
+        return tuple(list(g) for g in self.groups)
 
     def __len__(self) -> int:
-        return len(self.block_ids)
+        return len(self.groups[0])
 
     def __repr__(self) -> str:
-        return f"KvbmBlocks({self.block_ids})"
+        if len(self.groups) == 1:
+            return f"KvbmBlocks({self.groups[0]})"
+        return f"KvbmBlocks(groups={list(self.groups)})"
 
 
 def _block_ids_of(blocks, what: str) -> list[int]:
@@ -233,24 +247,27 @@ class KvbmCacheManager:
     Not thread-safe: one engine thread.
     """
 
-    def __init__(self, manager, *, priority: int = 0):
+    def __init__(self, manager, *, priority: int = 0, null_block_id: int = -1):
         if not isinstance(manager, _kvbm.Manager):
             raise TypeError(f"KvbmCacheManager: expected a kvbm.Manager, got {type(manager).__name__}")
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255:
             raise _error(InvalidArgumentError,
                          f"KvbmCacheManager: priority must be an int in 0..255, got {priority!r}")
-        if manager.num_groups > 1:
-            # See the module's "Hybrid models": the cache manager drives the
-            # one-group request (kvbm_manager_prefill, append, commit).
-            raise _error(UnsupportedError,
-                         f"KvbmCacheManager: the Manager has {manager.num_groups} KV cache groups; "
-                         "this G1-owning cache manager serves one (its requests are "
-                         "kvbm_manager_prefill's; Manager.hprefill's hybrid requests are not "
-                         "wired into it): use kvbm.vllm.KvbmConnectorV1 with vLLM's "
-                         "kv_cache_config for a hybrid model")
+        if isinstance(null_block_id, bool) or not isinstance(null_block_id, int):
+            raise TypeError(f"KvbmCacheManager: null_block_id must be an int, got "
+                            f"{type(null_block_id).__name__}")
         self.manager = manager
+        # Several groups: requests are Manager.hprefill's (module notes,
+        # "Hybrid models"); one group keeps kvbm_manager_prefill's request.
+        self.num_groups = manager.num_groups
+        self.null_block_id = null_block_id
         self.block_size = manager.block_size
         self.num_gpu_blocks = manager.layout(_G1)["num_blocks"]
+        if 0 <= null_block_id < self.num_gpu_blocks:
+            raise _error(InvalidArgumentError,
+                         f"KvbmCacheManager: null_block_id {null_block_id} is a G1 block (0.."
+                         f"{self.num_gpu_blocks - 1}); vLLM's null block is a place no group "
+                         "reads, kvbm has no block to spare for it")
         self._priority = priority
         self._slots: dict[str, _Slot] = {}
         # G1 block -> the live request that registered it (or receives it by
@@ -278,6 +295,8 @@ class KvbmCacheManager:
         it again for a request that has its kvbm request returns the same
         answer (vLLM retries requests it could not schedule)."""
         rid = _request_id(request, "get_computed_blocks")
+        if self.num_groups > 1:
+            return self._h_computed_blocks(request, rid)
         slot = self._slots.get(rid)
         if slot is None or slot.req is None:
             tokens = list(getattr(request, "all_token_ids", None) or [])
@@ -322,6 +341,8 @@ class KvbmCacheManager:
                          f"allocate_slots: request {rid!r}: {hits} hit tokens, but kvbm matched "
                          f"{slot.walk_tokens}")
         want = int(getattr(request, "num_computed_tokens", 0)) + hits + num_new_tokens + num_lookahead_tokens
+        if self.num_groups > 1:
+            return self._h_allocate(request, slot, want)
         before = len(slot.req.block_table)
         if want > slot.num_tokens:
             tokens = list(request.all_token_ids)
@@ -339,10 +360,19 @@ class KvbmCacheManager:
         return KvbmBlocks(slot.req.block_table[before:])
 
     def get_blocks(self, request_id: str) -> KvbmBlocks:
-        return KvbmBlocks(self._live(request_id, "get_blocks").req.block_table)
+        """The request's blocks (every group's table, null_block_id where a
+        group holds nothing)."""
+        slot = self._live(request_id, "get_blocks")
+        if self.num_groups > 1:
+            return KvbmBlocks(groups=self._h_tables(slot))
+        return KvbmBlocks(slot.req.block_table)
 
-    def get_block_ids(self, request_id: str) -> tuple[list[int]]:
-        return (self._live(request_id, "get_block_ids").req.block_table,)
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """vLLM's shape: one list of block ids per group."""
+        slot = self._live(request_id, "get_block_ids")
+        if self.num_groups > 1:
+            return tuple(self._h_tables(slot))
+        return (slot.req.block_table,)
 
     def free(self, request) -> None:
         """Destroys the request's kvbm request (waits for its onboards,
@@ -353,6 +383,10 @@ class KvbmCacheManager:
         if slot is None:
             raise _error(NotFoundError, f"free: request {rid!r} has no kvbm request")
         if slot.req is None:
+            return
+        if self.num_groups > 1:
+            self._h_disown(slot)
+            slot.req.destroy()
             return
         for bid in slot.req.block_table:
             if self._owner.get(bid) == rid:
@@ -385,6 +419,9 @@ class KvbmCacheManager:
         not written them yet. Reading those blocks now would read garbage."""
         slot = self._live(request_id, "dependencies")
         full = slot.num_tokens // self.block_size
+        if self.num_groups > 1:
+            return {o for ids in slot.req.tables for bid in ids[:full] if bid is not None
+                    for o in (self._owner.get(bid),) if o is not None and o != request_id}
         deps = set()
         for bid in slot.req.block_table[:full]:
             owner = self._owner.get(bid)
@@ -392,16 +429,20 @@ class KvbmCacheManager:
                 deps.add(owner)
         return deps
 
-    def skip_write_blocks(self, request_id: str, start: int, end: int) -> set[int]:
+    def skip_write_blocks(self, request_id: str, start: int, end: int):
         """Block indices covering tokens [start, end) whose KV this request
         must not write (kvbm's must_compute is false: another request's
-        block, or one that already holds its bytes)."""
+        block, or one that already holds its bytes). Several groups: a tuple
+        of one such set per group (a group's null places are in it)."""
         slot = self._live(request_id, "skip_write_blocks")
         if not 0 <= start <= end <= slot.num_tokens:
             raise _error(InvalidArgumentError,
                          f"skip_write_blocks: tokens [{start}, {end}) outside request "
                          f"{request_id!r}'s {slot.num_tokens}")
         bs = self.block_size
+        if self.num_groups > 1:
+            return tuple({k for k in range(start // bs, -(-end // bs)) if not slot.req.must_compute(g, k)}
+                         for g in range(self.num_groups))
         return {k for k in range(start // bs, -(-end // bs)) if not slot.req.must_compute(k)}
 
     def commit(self, request_id: str, num_computed_tokens: int) -> bool:
@@ -409,6 +450,8 @@ class KvbmCacheManager:
         all of them are (a prefill computed in chunks commits after its last
         chunk). Offloads to G2/G3 per policy. Returns whether it committed."""
         slot = self._live(request_id, "commit")
+        if self.num_groups > 1:
+            return self._h_commit(slot, num_computed_tokens)
         full = slot.num_tokens // self.block_size
         if num_computed_tokens // self.block_size < full or full <= slot.committed_blocks:
             return False
@@ -418,6 +461,91 @@ class KvbmCacheManager:
             if self._owner.get(bid) == request_id:
                 del self._owner[bid]
             self._failed.discard(bid)
+        return True
+
+    # ---- hybrid requests (a Manager of several groups) ----
+
+    def _h_tables(self, slot: _Slot, start: int = 0, end: Optional[int] = None) -> list[list[int]]:
+        """Every group's table[start:end], None (kvbm's null) as null_block_id."""
+        null = self.null_block_id
+        return [[null if b is None else b for b in t[start:end]] for t in slot.req.tables]
+
+    def _h_computed_blocks(self, request, rid: str) -> tuple[KvbmBlocks, int]:
+        """get_computed_blocks with groups: Manager.hprefill (the hit by the
+        group rule, the whole prompt allocated in every group, onboards
+        queued), then waits for the onboards, so the settled hit is local:
+        its blocks hold their KV when this returns."""
+        slot = self._slots.get(rid)
+        if slot is None or slot.req is None:
+            tokens = list(getattr(request, "all_token_ids", None) or [])
+            if not tokens:
+                raise _error(InvalidArgumentError, f"get_computed_blocks: request {rid!r} has no tokens")
+            try:
+                req = self.manager.hprefill(tokens, salt_hash=_salt_of(request), priority=self._priority)
+            except NoSpaceError:
+                self._slots[rid] = _Slot(rid, None)
+                return KvbmBlocks(groups=[[]] * self.num_groups), 0
+            slot = self._h_admit(rid, req, len(tokens))
+        hit = slot.local_tokens
+        return KvbmBlocks(groups=self._h_tables(slot, 0, hit // self.block_size)), hit
+
+    def _h_admit(self, rid: str, req, n: int) -> _Slot:
+        slot = _Slot(rid, req)
+        slot.num_tokens = n
+        slot.walk_tokens = slot.local_tokens = req.wait()["hit_tokens"]
+        slot.load = _LOAD_DONE  # nothing left to load: the onboards are over
+        self._slots[rid] = slot
+        self._h_own(slot, 0, n)
+        return slot
+
+    def _h_own(self, slot: _Slot, old: int, new: int) -> None:
+        """Full blocks between token counts old and new that this request
+        registered (must write) are its own until it commits; a request that
+        shares them (registered before their KV exists) depends on it."""
+        for g, table in enumerate(slot.req.tables):
+            for k in range(old // self.block_size, new // self.block_size):
+                bid = table[k]
+                if bid is not None and bid not in self._owner and slot.req.must_compute(g, k):
+                    self._owner[bid] = slot.rid
+
+    def _h_disown(self, slot: _Slot) -> None:
+        for table in slot.req.tables:
+            for bid in table:
+                if bid is not None and self._owner.get(bid) == slot.rid:
+                    del self._owner[bid]
+
+    def _h_allocate(self, request, slot: _Slot, want: int) -> Optional[KvbmBlocks]:
+        """allocate_slots with groups: HybridRequest.append grows every
+        group's table (room in G1 for all of them checked first: no room
+        returns None, nothing changed); returns each group's new blocks."""
+        rid = slot.rid
+        before = len(slot.req.tables[0])
+        if want > slot.num_tokens:
+            tokens = list(request.all_token_ids)
+            if want > len(tokens):
+                raise _error(InvalidArgumentError,
+                             f"allocate_slots: request {rid!r} asks for {want} slots but has "
+                             f"{len(tokens)} tokens (lookahead slots are not supported)")
+            try:
+                slot.req.append(tokens[slot.num_tokens:want])
+            except NoSpaceError:
+                return None
+            old, slot.num_tokens = slot.num_tokens, want
+            self._h_own(slot, old, want)
+        return KvbmBlocks(groups=self._h_tables(slot, before))
+
+    def _h_commit(self, slot: _Slot, num_computed_tokens: int) -> bool:
+        """commit with groups: HybridRequest.commit says every token the
+        request holds is computed (kvbm releases what each group no longer
+        needs at that length), so it waits for the last of them; commits
+        once per new token count."""
+        if isinstance(num_computed_tokens, bool) or not isinstance(num_computed_tokens, int):
+            raise TypeError("commit: num_computed_tokens must be an int")
+        if num_computed_tokens < slot.num_tokens or slot.num_tokens <= slot.committed_blocks:
+            return False
+        self._h_disown(slot)  # before the commit, which turns window blocks into nulls
+        slot.req.commit()
+        slot.committed_blocks = slot.num_tokens  # with groups: tokens committed
         return True
 
     # ---- internals ----
@@ -584,6 +712,14 @@ class KvbmConnector:
     def __init__(self, role, cache_manager: KvbmCacheManager):
         if not isinstance(cache_manager, KvbmCacheManager):
             raise TypeError(f"KvbmConnector: expected a KvbmCacheManager, got {type(cache_manager).__name__}")
+        if cache_manager.num_groups > 1:
+            # Its loads, saves and metadata are one block table's; a hybrid
+            # cache manager settles its onboards in get_computed_blocks.
+            raise _error(UnsupportedError,
+                         f"KvbmConnector: the cache manager has {cache_manager.num_groups} KV cache "
+                         "groups; this connector serves one (a hybrid KvbmCacheManager loads its hit "
+                         "in get_computed_blocks and commits through commit(); for vLLM's own "
+                         "cache use kvbm.vllm.KvbmConnectorV1)")
         self._role = _role(role)
         self._cache = cache_manager
         self._closed = False
