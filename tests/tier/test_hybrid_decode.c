@@ -29,7 +29,9 @@
  *     wait ends after about one deadline, every late onboard is counted
  *     abandoned, the hit is the group rule's over what arrived (nothing),
  *     the engine computes every block, and late answers never overwrite
- *     what it wrote.
+ *     what it wrote; with only one block late (full + chunk:16), the hit
+ *     settles where the group rule says (32 of 36 tokens), the rest the
+ *     store's bytes.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -364,6 +366,7 @@ static void test_phases_and_events(void **st) {
 typedef struct memslow {
   pthread_mutex_t mu;
   int get_delay_ms; /* every batch with a GET takes this long */
+  uint64_t slow_key; /* non-zero: only a batch with a GET of this key is slow */
   uint64_t key[256];
   uint8_t *val[256];
   size_t len[256], n;
@@ -389,7 +392,7 @@ static void ms_run(void *state, kvbm_volume_op *ops, size_t n, uint64_t deadline
   pthread_mutex_lock(&s->mu);
   int d = 0;
   for (size_t i = 0; i < n; i++)
-    if (ops[i].kind == KVBM_VOLUME_GET) d = s->get_delay_ms;
+    if (ops[i].kind == KVBM_VOLUME_GET && (!s->slow_key || ops[i].key == s->slow_key)) d = s->get_delay_ms;
   pthread_mutex_unlock(&s->mu);
   if (d) {
     struct timespec ts = {d / 1000, (long)(d % 1000) * 1000000L};
@@ -534,11 +537,87 @@ static void test_g4_deadline(void **st) {
   free(a);
 }
 
+/* One late block: full + chunk:16 (B 4), G4 answering at once but for
+ * the full group's block 8, one GET in flight at a time (the prompt's
+ * order). The hit found is 9 blocks (full: 0..8; chunk: only block 8,
+ * the hit's chunk); at the deadline block 8 of both groups is given up,
+ * and the group rule over what arrived gives 8 blocks: full attention
+ * has 0..7, and a hit of 32 tokens needs nothing of the chunked group
+ * (its chunk starts at 32). Blocks 0..7 are the store's bytes; the
+ * engine computes block 8 in both groups. */
+static void test_g4_deadline_one_late(void **st) {
+  (void)st;
+  memslow s = {0};
+  pthread_mutex_init(&s.mu, NULL);
+  const kvbm_group_spec g[2] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_CHUNKED_LOCAL, 16}};
+  kvbm_manager_config c = tu_config(NULL, 40, 0, 0);
+  c.groups = g;
+  c.num_groups = 2;
+  c.g4_url = "memslow://store";
+  c.g4_backend = &memslow_backend;
+  c.g4_backend_user = &s;
+  c.g4_policy = KVBM_OFFLOAD_ALL;
+  c.g4_timeout_ms = 300;
+  c.g4_queue_depth = 1;
+  kvbm_manager *m = tu_create(&c);
+  assert_non_null(m);
+  uint32_t *a = tu_prompt(50000, 40);
+  uint64_t h[10];
+  hashes_of(m, a, 10, h);
+  kvbm_hreq *r;
+  kvbm_error e = {0};
+  for (int round = 0; round < 5; round++) {
+    uint32_t *p = round ? tu_prompt(95000u + (uint32_t)round * 1000u, 36) : a;
+    assert_int_equal(kvbm_manager_hprefill(m, 0, 0, p, round ? 36 : 40, &r, NULL, &e), KVBM_OK);
+    for (uint32_t gi = 0; gi < 2 && !round; gi++) {
+      const uint32_t *ids;
+      size_t nb;
+      assert_int_equal(kvbm_hreq_table(r, gi, &ids, &nb), KVBM_OK);
+      for (size_t k = 0; k < 10; k++) assert_true(tu_block(m, ids[k], kvbm__group_key(h[k], gi), 0));
+    }
+    assert_int_equal(kvbm_hreq_commit(r), KVBM_OK);
+    kvbm_manager_flush(m);
+    kvbm_hreq_destroy(r);
+    if (round) free(p);
+  }
+  kvbm_tier_stats g4a = tu_stats(m, KVBM_TIER_G4);
+  pthread_mutex_lock(&s.mu);
+  s.get_delay_ms = 2500;
+  s.slow_key = h[8]; /* group 0's key is the hash */
+  pthread_mutex_unlock(&s.mu);
+  size_t hit;
+  assert_int_equal(kvbm_manager_hprefill(m, 0, 0, a, 40, &r, &hit, &e), KVBM_OK);
+  assert_int_equal(hit, 36);
+  kvbm_hreq_info i;
+  assert_int_equal(kvbm_hreq_wait(r, -1, &i), KVBM_OK);
+  assert_int_equal(i.onboarded[0], 9);
+  assert_int_equal(i.onboarded[1], 1); /* the chunk's block 8 only */
+  assert_int_equal(i.hit_tokens, 32);
+  kvbm_tier_stats g4b = tu_stats(m, KVBM_TIER_G4);
+  assert_int_equal(g4b.onboarded_blocks - g4a.onboarded_blocks, 8);
+  assert_int_equal(g4b.abandoned - g4a.abandoned, 2);
+  const uint32_t *ids;
+  size_t nb;
+  assert_int_equal(kvbm_hreq_table(r, 0, &ids, &nb), KVBM_OK);
+  for (size_t k = 0; k < 8; k++) {
+    assert_false(kvbm_hreq_must_compute(r, 0, k));
+    assert_true(tu_block(m, ids[k], h[k], 1)); /* the store's bytes */
+  }
+  assert_true(kvbm_hreq_must_compute(r, 0, 8));
+  assert_true(kvbm_hreq_must_compute(r, 1, 8));
+  kvbm_hreq_destroy(r);
+  kvbm_manager_destroy(m);
+  for (size_t k = 0; k < s.n; k++) free(s.val[k]);
+  pthread_mutex_destroy(&s.mu);
+  free(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_window_decode),      cmocka_unit_test(test_append_no_room),
       cmocka_unit_test(test_mamba_all_decode),   cmocka_unit_test(test_mamba_align_decode),
       cmocka_unit_test(test_phases_and_events),  cmocka_unit_test(test_g4_deadline),
+      cmocka_unit_test(test_g4_deadline_one_late),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
