@@ -516,6 +516,8 @@ static void hreq_free(kvbm_hreq *r) {
 static int reserve(kvbm_hreq *r, size_t tokens, size_t full, size_t blocks) {
   int rc = kvbm__vec_reserve_of(&r->shell.tokens, &r->shell.tcap, tokens, 64, KVBM__VEC_NO_LIMIT);
   if (!rc) rc = kvbm__vec_reserve_of(&r->hashes, &r->hcap, full ? full : 1, 4, KVBM__VEC_NO_LIMIT);
+  /* the labels' room too, so that labelling after the step cannot fail */
+  if (!rc) rc = kvbm__vec_reserve_of(&r->shell.phase, &r->shell.phase_cap, full, 64, KVBM__VEC_NO_LIMIT);
   for (uint32_t g = 0; g < r->ngroups && !rc; g++)
     rc = kvbm__vec_reserve_of(&r->tab[g], &r->tcap[g], blocks ? blocks : 1, 4, KVBM__VEC_NO_LIMIT);
   return rc;
@@ -817,9 +819,10 @@ int kvbm_hreq_append(kvbm_hreq *r, const uint32_t *tokens, size_t n, kvbm_error 
       if (r->tab[g][k] != KVBM_HREQ_NULL) r->tab[g][k] = register_id(r, g, k, r->tab[g][k]);
   r->nfull = nfull;
   pthread_mutex_unlock(&m->mu);
-  /* Labelled with the phase they filled in (kvbm_hreq_set_phase). */
-  rc = kvbm__label_full(&r->shell);
-  return rc ? kvbm_error_set(err, rc, "manager: hreq_append: out of memory") : KVBM_OK;
+  /* Labelled with the phase they filled in (kvbm_hreq_set_phase); room
+   * for the labels was reserved above. */
+  KVBM__MUST(kvbm__label_full(&r->shell));
+  return KVBM_OK;
 }
 
 /* ExitThink's batch (request.c's kvbm__disagg_exit_think, every group):
