@@ -480,14 +480,33 @@ class KvbmCacheManager:
             tokens = list(getattr(request, "all_token_ids", None) or [])
             if not tokens:
                 raise _error(InvalidArgumentError, f"get_computed_blocks: request {rid!r} has no tokens")
-            try:
-                req = self.manager.hprefill(tokens, salt_hash=_salt_of(request), priority=self._priority)
-            except NoSpaceError:
+            req = self._h_prefill(request, tokens)
+            if req is None:  # no room (or no settled hit to hand out): not now
                 self._slots[rid] = _Slot(rid, None)
                 return KvbmBlocks(groups=[[]] * self.num_groups), 0
             slot = self._h_admit(rid, req, len(tokens))
         hit = slot.local_tokens
         return KvbmBlocks(groups=self._h_tables(slot, 0, hit // self.block_size)), hit
+
+    _H_TRIES = 3
+
+    def _h_prefill(self, request, tokens):
+        """Manager.hprefill whose onboards are over and whose hit held: the
+        hit found, once its copies are over, may settle shorter (a failed
+        read, a G4 deadline), and then a window group's table still has
+        nulls where the engine now computes (they were planned for the hit
+        found), so such a request is dropped and prefilled again: the store
+        has dropped what failed, and the new plan is the rule's over what is
+        there. None: no room in G1, or still short after _H_TRIES tries."""
+        for _ in range(self._H_TRIES):
+            try:
+                req = self.manager.hprefill(tokens, salt_hash=_salt_of(request), priority=self._priority)
+            except NoSpaceError:
+                return None
+            if req.wait()["hit_tokens"] == req.hit_tokens:
+                return req
+            req.destroy()
+        return None
 
     def _h_admit(self, rid: str, req, n: int) -> _Slot:
         slot = _Slot(rid, req)

@@ -228,6 +228,21 @@ def test_window_group_serves_a_hit_full_attention_could_not():
         assert NULL not in full and window[:6] == [NULL] * 6 and NULL not in window[6:]
         assert e.prefill(b) == hit
         e.cm.free(b)
+        # E = A's first 6 blocks + 1: full attention holds all 6, the window
+        # would need blocks 4 and 5, evicted: no hit. The full group's blocks
+        # are shared and hold their bytes already (not to be written again),
+        # the window group's are new (to be written): skip_write_blocks is
+        # per group.
+        e_ = Req("e", prompt(1, 6 * B) + [1])
+        blocks, hit = e.cm.get_computed_blocks(e_)
+        assert hit == 0
+        assert e.cm.skip_write_blocks("e", 0, 6 * B + 1) == (set(range(6)), set())
+        assert e.prefill(e_) == 0
+        full = e.cm.get_block_ids("e")[0]
+        for k in range(6):  # what A wrote, not rewritten
+            assert e.written[("a", 0, k)] == full[k] and ("e", 0, k) not in e.written
+            assert read_block(m, full[k], m.group_bytes(0)) == content(e_.all_token_ids, k, 0, m.group_bytes(0))
+        e.cm.free(e_)
 
 
 @pytest.mark.parametrize("mix", ["gpt-oss", "mamba"])
@@ -317,6 +332,41 @@ def test_hit_after_eviction_onboards_written_bytes(tmp_path, tier, mix):
         assert [sum(1 for x in t if x != NULL) for t in blocks.get_block_ids()] == [12, second]
         assert e.prefill(b) == hit
         e.cm.free(b)
+
+
+def test_failed_onboards_settle_the_hit(tmp_path):
+    """G3's copies of A's blocks are corrupted: hprefill finds the hit in G3,
+    every read fails its checksum, and get_computed_blocks returns the
+    settled hit (0), not the one found, with tables the engine can compute
+    from 0 (the window group has no null where it must write: the request
+    was prefilled again once the hit settled short); a later request hits
+    the recomputed blocks in G1 with the bytes written."""
+    with kvbm.Manager(g1_blocks=40, g3_blocks=400, g3_dir=str(tmp_path), g3_policy="all", g3_persist=True,
+                      groups="full,sw:32") as m:
+        e = Engine(m)
+        for i, seed in enumerate((1, 10, 11, 12)):  # A, then three that push it out of G1
+            r = Req(f"r{i}", prompt(seed, 12 * B + 3))
+            e.run(r)
+            e.cm.free(r)
+            m.flush()
+        path = tmp_path / "kvbm-g3.slots"
+        data = bytearray(path.read_bytes())
+        for i in range(0, len(data), 97):
+            data[i] ^= 0xFF
+        path.write_bytes(bytes(data))
+        b = Req("b", prompt(1, 12 * B) + [1, 2, 3, 4])
+        blocks, hit = e.cm.get_computed_blocks(b)
+        assert hit == 0 and blocks.get_block_ids() == ([], [])
+        assert m.stats(Tier.G3)["checksum_failures"] == 14  # found in G3: 12 full + the window's 2
+        assert [t.count(NULL) for t in e.cm.get_block_ids("b")] == [0, 0]
+        assert e.cm.skip_write_blocks("b", 0, len(b.all_token_ids)) == (set(), set())
+        assert e.prefill(b) == 0
+        c = Req("c", list(b.all_token_ids))
+        blocks, hit = e.cm.get_computed_blocks(c)
+        assert hit == 12 * B
+        e.check_hit(c, blocks, hit)
+        for r in (b, c):
+            e.cm.free(r)
 
 
 def test_dependencies_on_a_request_still_writing():
