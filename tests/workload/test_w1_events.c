@@ -3,7 +3,9 @@
  * get evicted) replayed with events on: the pool's listener feeds a
  * publisher over ZMQ (ipc, with replay); our subscriber, applying the
  * BlockStored / BlockRemoved / AllBlocksCleared it decodes, ends up with
- * exactly the pool's registered set. */
+ * exactly the pool's registered set; with the publisher's `coalesce`
+ * option too (the pool's one-block events grouped into multi-block ones:
+ * fewer events, the same set). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -58,18 +60,19 @@ static int cmp_op(const void *a, const void *b) {
   return x->order < y->order ? -1 : x->order > y->order;
 }
 
-static void test_w1_events_rebuild_registered_set(void **st) {
-  (void)st;
+static void w1_events(bool coalesce) {
   kvsim_trace *trace;
   kvbm_error err;
   if (kvsim_trace_load(KVBM_SOURCE_DIR "/data/mooncake_conversation_trace.jsonl.gz", 200, &trace,
                       &err))
     fail_msg("%s", err.msg);
   char ep[128], rep[128];
-  snprintf(ep, sizeof ep, "ipc:///tmp/kvbm-w1-%d.pub", (int)getpid());
-  snprintf(rep, sizeof rep, "ipc:///tmp/kvbm-w1-%d.rep", (int)getpid());
+  snprintf(ep, sizeof ep, "ipc:///tmp/kvbm-w1-%d-%d.pub", (int)getpid(), coalesce);
+  snprintf(rep, sizeof rep, "ipc:///tmp/kvbm-w1-%d-%d.rep", (int)getpid(), coalesce);
   kvbm_publisher *p;
-  assert_int_equal(kvbm_publisher_create(NULL, &p, &err), KVBM_OK);
+  kvbm_publisher_config po = kvbm_publisher_config_default();
+  po.coalesce = coalesce;
+  assert_int_equal(kvbm_publisher_create(&po, &p, &err), KVBM_OK);
   kvbm_zmq_sink_config zo = kvbm_zmq_sink_config_default(ep);
   zo.replay_endpoint = rep;
   zo.replay_batches = 1000000;
@@ -102,7 +105,7 @@ static void test_w1_events_rebuild_registered_set(void **st) {
 
   op *ops = NULL;
   size_t nops = 0, cap = 0;
-  uint64_t order = 0, last_clear = 0, stored = 0, removed = 0, events = 0;
+  uint64_t order = 0, last_clear = 0, stored = 0, removed = 0, events = 0, clears = 0;
   for (uint64_t want = 0; want < ps.batches; want++) {
     kvbm_event_batch b;
     int rc = kvbm_subscriber_recv(sub, 10000, &b, &err);
@@ -116,6 +119,7 @@ static void test_w1_events_rebuild_registered_set(void **st) {
       order++;
       if (e->type == KVBM_EVENT_CLEARED) {
         last_clear = order;
+        clears++;
         continue;
       }
       assert_int_equal(e->medium, KVBM_MEDIUM_GPU);
@@ -136,7 +140,12 @@ static void test_w1_events_rebuild_registered_set(void **st) {
       }
     }
   }
-  assert_int_equal(events, ps.accepted);
+  if (coalesce) { /* every publish's block is on the wire once, in fewer events */
+    assert_int_equal(nops + clears, ps.accepted);
+    assert_true(events < ps.accepted);
+  } else {
+    assert_int_equal(events, ps.accepted);
+  }
   assert_true(removed > 0); /* the capacity forced evictions */
   qsort(ops, nops, sizeof *ops, cmp_op);
   u64v rebuilt = {0};
@@ -148,7 +157,9 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   assert_true(truth.n > 1000);
   assert_int_equal(rebuilt.n, truth.n);
   for (size_t i = 0; i < truth.n; i++) assert_true(rebuilt.v[i] == truth.v[i]);
-  fprintf(stderr, "w1 events: %llu stored, %llu removed, %zu registered at the end\n",
+  fprintf(stderr, "w1 events%s: %llu publishes, %llu events (%llu stored, %llu removed), %zu "
+          "registered at the end\n", coalesce ? " (coalesced)" : "",
+          (unsigned long long)ps.accepted, (unsigned long long)events,
           (unsigned long long)stored, (unsigned long long)removed, truth.n);
   free(ops);
   free(rebuilt.v);
@@ -158,9 +169,20 @@ static void test_w1_events_rebuild_registered_set(void **st) {
   kvsim_trace_destroy(trace);
 }
 
+static void test_w1_events_rebuild_registered_set(void **st) {
+  (void)st;
+  w1_events(false);
+}
+
+static void test_w1_events_coalesced(void **st) {
+  (void)st;
+  w1_events(true);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_w1_events_rebuild_registered_set),
+      cmocka_unit_test(test_w1_events_coalesced),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
