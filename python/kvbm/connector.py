@@ -35,14 +35,29 @@ and nothing is ever copied between "the engine's cache" and "G1".
   ``save_kv_layer`` checks the layer was written in place;
   ``wait_for_save`` commits, which is what offloads to G2/G3.
 
-Hybrid models. ``KvbmCacheManager`` refuses a ``kvbm.Manager`` of several
-KV cache groups (``UnsupportedError`` naming the count): it drives the
-one-group request (prefill, decode append, commit); the manager's hybrid
-request (``Manager.hprefill``, ``HybridRequest.append``) is not wired into
-it (one block table per group, vLLM's ``KVCacheBlocks`` per group). A hybrid
-model in vLLM goes through ``kvbm.vllm.KvbmConnectorV1`` (copy model: vLLM
-keeps the per-group tables) or ``KvbmOffloadingSpec``, which take vLLM's
-``kv_cache_config`` groups.
+Hybrid models. ``KvbmCacheManager`` over a ``kvbm.Manager`` of several KV
+cache groups (``groups=``; ``kvbm.groups_from_vllm`` maps vLLM's
+``KVCacheConfig``) serves the manager's hybrid requests
+(``Manager.hprefill``, ``HybridRequest``): ``get_computed_blocks`` is the
+hit every group can serve (vLLM's coordinator rule, in the library) with
+one block list per group, as vLLM's ``KVCacheBlocks.blocks[i][j]`` is group
+i's block j; the places a group skips (a window's blocks before the window,
+Mamba's states before the last) hold ``null_block_id`` where vLLM puts its
+null block (block 0 of vLLM's pool: kvbm has no block to spare, so the
+default is -1, the engine's padding slot). ``allocate_slots`` appends in
+every group (room for all groups first; None and nothing changed without
+it), ``get_block_ids`` is a tuple of one list per group, ``commit`` (once
+every token the request holds is computed) releases what each group no
+longer needs (vLLM's remove_skipped_blocks: the ids turn to null),
+``skip_write_blocks`` answers per group (a tuple of sets) and
+``dependencies`` over every group's blocks. What differs from one group:
+the hit's onboards from G2/G3/G4 are waited for in ``get_computed_blocks``
+(the hit is then local, in G1, with its bytes), and a hit that settles
+shorter than found (a failed read, a G4 deadline) is prefilled again, so no
+group is handed a null where the engine must write. ``KvbmConnector``
+(asynchronous loads, one block table in its metadata) serves one group and
+refuses a hybrid cache manager; vLLM's own cache with a hybrid model goes
+through ``kvbm.vllm.KvbmConnectorV1`` or ``KvbmOffloadingSpec``.
 
 The order of calls is vLLM's (scheduler: get_computed_blocks,
 get_num_new_matched_tokens, allocate_slots, update_state_after_alloc, ...,
@@ -243,6 +258,10 @@ class KvbmCacheManager:
       slots to -1, as vLLM does for padding.
     - ``commit(request_id, num_computed_tokens)``: the KV of every full
       block is written (the worker connector calls it in wait_for_save).
+
+    A manager of several groups: block lists per group, ``null_block_id``
+    (an int that is not a G1 block; default -1) where a group holds nothing,
+    ``skip_write_blocks`` a tuple of sets (module notes, "Hybrid models").
 
     Not thread-safe: one engine thread.
     """
