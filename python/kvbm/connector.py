@@ -232,11 +232,13 @@ class _Slot:
 
     def __init__(self, rid: str, req):
         self.rid = rid
-        self.req = req              # kvbm.Request, or None: no room in G1 at prefill
+        self.req = req              # kvbm.Request (kvbm.HybridRequest with groups),
+                                    # or None: no room in G1 at prefill
         self.num_tokens = 0         # tokens the kvbm request holds (prompt + appended)
         self.walk_tokens = 0        # kvbm's match (optimistic, before onboarding settles)
         self.local_tokens = 0       # of which in G1 and written: vLLM's local prefix hit
-        self.committed_blocks = 0   # full blocks committed (offloaded per policy)
+        self.committed_blocks = 0   # full blocks committed (offloaded per policy);
+                                    # a hybrid request: tokens committed
         self.load = _NO_LOAD
         self.expected_tokens = 0    # local + external, when a load was recorded
         self.finished = False       # request_finished() was called
