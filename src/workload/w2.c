@@ -79,6 +79,13 @@ typedef struct run_ctx {
   kvbm_manager *m;
   uint32_t B;
   uint32_t *prompt, *output;
+  /* With groups: the request's tokens so far, its full blocks' hashes. */
+  uint32_t ngroups;
+  bool stepwise;     /* a group releases blocks as the request runs (not
+                        full attention): decode a block a step, committed */
+  kvbm_hash_scheme scheme;
+  uint32_t *seq;
+  uint64_t *hashes;
   kvsim_w2_result *res;
   void (*on_call)(void *, kvsim_w2_call, double); /* the config's, or NULL */
   void *user;
@@ -185,6 +192,152 @@ static int run_request(run_ctx *c, const kvsim_trace_request *q, size_t idx, kvb
   return KVBM_OK;
 }
 
+/* ---- with groups: hybrid requests (w2.h) ---- */
+
+/* The pattern key of group g's block with hash h: the hash for group 0
+ * (so a run of one full group writes W2's bytes), mixed for the others. */
+static uint64_t group_key(uint64_t h, uint32_t g) {
+  return g ? kvbm__mix64(h ^ ((uint64_t)g << 56)) : h;
+}
+
+/* The sequence hashes of full blocks [from, to) of c->seq (salt 0, as
+ * the prefill's). */
+static void hash_blocks(run_ctx *c, size_t from, size_t to) {
+  for (size_t k = from; k < to; k++)
+    c->hashes[k] = kvbm_hash_next(c->scheme, 0, k ? c->hashes[k - 1] : 0, k > 0, c->seq + k * c->B, c->B);
+}
+
+/* The G1 blocks the request's tables hold now, per group: the peak. */
+static void note_held(run_ctx *c, const kvbm_hreq *r) {
+  for (uint32_t g = 0; g < c->ngroups; g++) {
+    const uint32_t *ids;
+    size_t nb, held = 0;
+    if (kvbm_hreq_table(r, g, &ids, &nb)) continue; /* g < ngroups: never */
+    for (size_t k = 0; k < nb; k++) held += ids[k] != KVBM_HREQ_NULL;
+    if (held > c->res->groups[g].peak_held) c->res->groups[g].peak_held = held;
+  }
+}
+
+/* Writes the full blocks [from, to) each group must compute. */
+static void hcompute(run_ctx *c, kvbm_hreq *r, size_t from, size_t to) {
+  for (uint32_t g = 0; g < c->ngroups; g++) {
+    const uint32_t *ids;
+    size_t nb;
+    if (kvbm_hreq_table(r, g, &ids, &nb)) continue; /* g < ngroups: never */
+    for (size_t k = from; k < to && k < nb; k++)
+      if (ids[k] != KVBM_HREQ_NULL && kvbm_hreq_must_compute(r, g, k))
+        block_pattern(c->m, ids[k], group_key(c->hashes[k], g), false);
+  }
+}
+
+/* Checks the bytes of every block of the hit each group holds (from G1
+ * or onboarded); a wrong one is counted (the hybrid request has no way to
+ * hand one back: its tables are the manager's). */
+static void hverify(run_ctx *c, kvbm_hreq *r, size_t hit) {
+  for (uint32_t g = 0; g < c->ngroups; g++) {
+    const uint32_t *ids;
+    size_t nb;
+    if (kvbm_hreq_table(r, g, &ids, &nb)) continue; /* g < ngroups: never */
+    for (size_t k = 0; k < hit && k < nb; k++)
+      if (ids[k] != KVBM_HREQ_NULL && !kvbm_hreq_must_compute(r, g, k) &&
+          !block_pattern(c->m, ids[k], group_key(c->hashes[k], g), true))
+        c->res->verify_failures++;
+  }
+}
+
+static int too_big(kvbm_error *err, int rc, size_t idx, const kvsim_trace_request *q) {
+  return kvbm_error_set(err, rc, "replay: request %zu (%u prompt + %u output tokens) does not fit in the pool",
+                        idx, q->input_length, q->output_length);
+}
+
+/* Appends the output tokens [from, total) of c->seq one block boundary at
+ * a time: each step's filled block written, then committed. Groups of full
+ * attention alone release nothing while the request runs: then the whole
+ * output is one append, written and committed once with the prompt, W2's
+ * calls exactly (a commit per step would start copies earlier, and a
+ * request larger than G2 would then skip fewer: other counts than W2's). */
+static int hdecode(run_ctx *c, kvbm_hreq *r, size_t pos, size_t total, kvbm_error *err) {
+  int rc = KVBM_OK;
+  while (!rc && pos < total) {
+    size_t step = c->stepwise ? c->B - pos % c->B : total - pos;
+    if (step > total - pos) step = total - pos;
+    uint64_t t0 = call_start(c);
+    rc = kvbm_hreq_append(r, c->seq + pos, step, err);
+    call_end(c, KVSIM_W2_CALL_APPEND, t0);
+    if (rc) break;
+    size_t k = pos / c->B, end = (pos + step) / c->B; /* full blocks filled */
+    pos += step;
+    hash_blocks(c, k, end);
+    note_held(c, r);
+    hcompute(c, r, k, end);
+    if (c->stepwise && pos % c->B) continue; /* the tail: committed at its step */
+    t0 = call_start(c);
+    rc = kvbm_hreq_commit(r);
+    call_end(c, KVSIM_W2_CALL_COMMIT, t0);
+  }
+  return rc;
+}
+
+static int run_hrequest(run_ctx *c, const kvsim_trace_request *q, size_t idx, kvbm_error *err) {
+  kvsim_w2_result *res = c->res;
+  size_t n = q->input_length, total = (size_t)q->input_length + q->output_length;
+  if (n) {
+    kvsim_trace_prompt_tokens(q, c->seq);
+  } else if (q->output_length) {
+    n = 1; /* no prompt: the first output token opens the sequence, as W2's */
+  } else {
+    return KVBM_OK;
+  }
+  if (q->output_length) {
+    kvsim_trace_output_tokens(q, idx, c->output);
+    memcpy(c->seq + q->input_length, c->output, q->output_length * sizeof *c->output);
+  }
+  kvbm_hreq *r;
+  kvbm_error e = {0};
+  uint64_t t0 = call_start(c);
+  int rc = kvbm_manager_hprefill(c->m, 0, 0, c->seq, n, &r, NULL, &e);
+  call_end(c, KVSIM_W2_CALL_PREFILL, t0);
+  if (rc == KVBM_ENOSPC) return too_big(err, rc, idx, q);
+  if (rc) return kvbm_error_set(err, rc, "replay: request %zu: %s", idx, e.msg);
+  kvbm_hreq_info info;
+  t0 = call_start(c);
+  rc = kvbm_hreq_wait(r, -1, &info);
+  call_end(c, KVSIM_W2_CALL_WAIT, t0);
+  if (rc) {
+    kvbm_hreq_destroy(r);
+    return kvbm_error_set(err, rc, "replay: request %zu: wait: %s", idx, kvbm_strerror(rc));
+  }
+  size_t hit = info.hit_tokens / c->B;
+  hash_blocks(c, 0, n / c->B);
+  note_held(c, r);
+  hverify(c, r, hit);
+  for (uint32_t g = 0; g < c->ngroups; g++) {
+    res->groups[g].hit_blocks += info.hit_g1[g] + info.onboarded[g];
+    res->groups[g].onboarded_blocks += info.onboarded[g];
+    res->tiers[KVBM_TIER_G1].hit_tokens += (uint64_t)info.hit_g1[g] * c->B;
+  }
+  for (int t = KVBM_TIER_G2; t < KVBM_TIER_COUNT; t++)
+    res->tiers[t].hit_tokens += (uint64_t)info.onboarded_from[t] * c->B;
+  hcompute(c, r, 0, n / c->B);
+  if (c->stepwise || total == n) { /* else committed with the output */
+    t0 = call_start(c);
+    rc = kvbm_hreq_commit(r);
+    call_end(c, KVSIM_W2_CALL_COMMIT, t0);
+  }
+  if (!rc) rc = hdecode(c, r, n, total, &e);
+  t0 = call_start(c);
+  kvbm_manager_flush(c->m);
+  call_end(c, KVSIM_W2_CALL_FLUSH, t0);
+  t0 = call_start(c);
+  kvbm_hreq_destroy(r);
+  call_end(c, KVSIM_W2_CALL_DESTROY, t0);
+  if (rc == KVBM_ENOSPC) return too_big(err, rc, idx, q);
+  if (rc) return kvbm_error_set(err, rc, "replay: request %zu: %s", idx, e.msg[0] ? e.msg : kvbm_strerror(rc));
+  res->w1.prompt_tokens += q->input_length;
+  res->w1.hit_tokens += (uint64_t)hit * c->B;
+  return KVBM_OK;
+}
+
 int kvsim_w2_run(const kvsim_trace *trace, const kvsim_w2_config *o,
                    kvsim_w2_result *out, kvbm_error *err) {
   if (!trace || !o || !out) return kvbm_error_set(err, KVBM_EINVAL, "replay: NULL argument");
@@ -224,6 +377,8 @@ int kvsim_w2_run(const kvsim_trace *trace, const kvsim_w2_config *o,
   mc.g4_key = o->g4_key;
   mc.g4_key_len = o->g4_key_len;
   if (o->metrics) mc.metrics = *o->metrics;
+  mc.groups = o->groups;
+  mc.num_groups = o->num_groups;
   /* Room for every copy of the largest request: nothing skipped for lack
    * of queue room, so the counts are those of the policy alone. */
   uint64_t qcap = 2 * ((max_in + max_out) / (o->w1.block_size ? o->w1.block_size : 1) + 2);
@@ -234,15 +389,22 @@ int kvsim_w2_run(const kvsim_trace *trace, const kvsim_w2_config *o,
   kvsim_w2_result res;
   memset(&res, 0, sizeof res);
   run_ctx c = {.m = m, .B = o->w1.block_size, .res = &res, .on_call = o->on_call,
-               .user = o->observer_user};
-  c.prompt = malloc(max_in * sizeof *c.prompt);
-  c.output = malloc(max_out * sizeof *c.output);
-  if (!c.prompt || !c.output) rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");
+               .user = o->observer_user, .ngroups = (uint32_t)o->num_groups, .scheme = o->w1.scheme};
+  c.prompt = malloc((max_in ? max_in : 1) * sizeof *c.prompt);
+  c.output = malloc((max_out ? max_out : 1) * sizeof *c.output);
+  for (size_t g = 0; g < o->num_groups; g++) c.stepwise |= o->groups[g].kind != KVBM_GROUP_FULL;
+  if (c.ngroups) {
+    c.seq = malloc((max_in + max_out + 1) * sizeof *c.seq);
+    c.hashes = malloc(((max_in + max_out) / c.B + 1) * sizeof *c.hashes);
+  }
+  if (!c.prompt || !c.output || (c.ngroups && (!c.seq || !c.hashes)))
+    rc = kvbm_error_set(err, KVBM_ENOMEM, "replay: out of memory");
   bool observed = !rc && o->on_start;
   if (observed) o->on_start(o->observer_user, m);
   double t0 = kvbm_clock_seconds();
   for (size_t i = 0; i < n && !rc; i++) {
-    rc = run_request(&c, kvsim_trace_get(trace, i), i, err);
+    rc = c.ngroups ? run_hrequest(&c, kvsim_trace_get(trace, i), i, err)
+                   : run_request(&c, kvsim_trace_get(trace, i), i, err);
     res.w1.requests += !rc;
     if (!rc && o->on_request) o->on_request(o->observer_user, i + 1, n, &res, m);
     if (o->w1.progress && (i % 256 == 255)) o->w1.progress(o->w1.progress_user, i + 1, n);
@@ -281,6 +443,8 @@ int kvsim_w2_run(const kvsim_trace *trace, const kvsim_w2_config *o,
   if (observed && o->on_finish) o->on_finish(o->observer_user, m, rc ? NULL : &res);
   free(c.prompt);
   free(c.output);
+  free(c.seq);
+  free(c.hashes);
   kvbm_manager_destroy(m);
   return rc;
 }

@@ -16,6 +16,22 @@
  * the next request sees them: the replay is deterministic); free the
  * request (tail first). G1 behaves exactly as W1's pool: with no G2 and G3
  * every W1 count is reproduced.
+ *
+ * With groups (`groups`, `kvbm replay --w2-flags --groups full,sw:128`),
+ * the manager is a hybrid model's (kvbm_manager_config.groups) and every
+ * request a hybrid one: kvbm_manager_hprefill (the hit every group can
+ * serve, each group onboarding only what it needs for it), the onboarded
+ * blocks checked, the blocks each group must compute written (a pattern
+ * keyed by the block's hash and group), kvbm_hreq_commit; then the output
+ * tokens are appended up to each block boundary in turn (kvbm_hreq_append,
+ * one step a block), each step written and committed, so a window group
+ * releases (to the cache) what left its window while the request runs;
+ * flush and destroy as above. Per group it reports the blocks of the hit
+ * (in G1 already or onboarded), the onboards and the peak of G1 blocks the
+ * running request's table held. A tier's hit_tokens are then the hit's
+ * blocks every group took from it (one group: exactly W2's; several: the
+ * sum over tiers counts a hit block once per group that needed it). With
+ * `groups` of one full group every count is W2's without groups.
  */
 #ifndef KVSIM_TIER_REPLAY_H
 #define KVSIM_TIER_REPLAY_H
@@ -86,6 +102,10 @@ typedef struct kvsim_w2_config {
   /* The manager's metrics endpoint (kvbm_manager_config.metrics); NULL:
    * none. */
   const kvbm_metrics_server_config *metrics;
+  /* KV cache groups (kvbm/group.h; NULL/0: none, W2 as above). Checked
+   * by the manager (a hostile list is KVBM_EINVAL with its message). */
+  const kvbm_group_spec *groups;
+  size_t num_groups;
 } kvsim_w2_config;
 
 typedef struct kvsim_w2_tier {
@@ -102,8 +122,18 @@ typedef struct kvsim_w2_tier {
   double busy_seconds;         /* worker time copying into or out of it */
 } kvsim_w2_tier;
 
+/* Per group of a run with groups (kvsim_w2_config.groups). */
+typedef struct kvsim_w2_group {
+  uint64_t hit_blocks;      /* blocks of the hits this group took (in G1
+                               already, or onboarded) */
+  uint64_t onboarded_blocks;/* of those, onboarded from G2..G4 */
+  uint64_t peak_held;       /* most G1 blocks one request's table held */
+} kvsim_w2_group;
+
 typedef struct kvsim_w2_result {
-  kvsim_w1_result w1;       /* hit_tokens is the total over the tiers */
+  kvsim_w1_result w1;       /* hit_tokens is the total over the tiers
+                               (with groups: the hits every group served) */
+  kvsim_w2_group groups[KVBM_GROUPS_MAX]; /* with groups only */
   kvsim_w2_tier tiers[KVBM_TIER_COUNT];
   uint64_t verify_failures;    /* onboarded blocks whose bytes were wrong */
   char g3_mode[64];            /* "io_uring+O_DIRECT", ... or "" */

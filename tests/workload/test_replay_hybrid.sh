@@ -96,6 +96,8 @@ refused "cannot share a pool of 2 blocks" --groups full,sw:4,mamba --capacity 2
 refused "--max-num-batched-tokens" --groups full --max-num-batched-tokens 0
 refused "--max-num-batched-tokens" --groups full --max-num-batched-tokens lots
 refused "needs --groups" --max-num-batched-tokens 8192
-refused "does not run with tiers" --groups full --g2-blocks 10 --g3-blocks 10
+# With tier flags --groups is W2's (test_w2_groups_cli.sh); the chunked
+# prefill is W1-hybrid's alone.
+refused "unknown option '--max-num-batched-tokens'" --groups full --max-num-batched-tokens 64 --g2-blocks 10
 refused "not supported with --groups" --groups full --metrics-port 0
 refused "--groups needs a value" --groups

@@ -4,7 +4,8 @@
  * conversation trace by default); with --groups, W1-hybrid (issue 20): the
  * trace through one pool shared by a hybrid model's KV cache groups, as
  * vLLM's KVCacheManager runs them (workload/w1h.h). The tier flags select
- * W2 (replay_w2.c).
+ * W2 (replay_w2.c), which takes --groups too (the tiered manager with a
+ * hybrid model's groups).
  */
 #include <stdio.h>
 #include <string.h>
@@ -157,14 +158,9 @@ static int replay_hybrid(int argc, char **argv) {
 }
 
 int kvbm_cmd_replay(int argc, char **argv) {
-  if (hybrid_wanted(argc, argv)) {
-    if (replay_w2_wanted(argc, argv)) {
-      fprintf(stderr, "kvbm replay: --groups (W1-hybrid) does not run with tiers below G1 (W2)\n");
-      return 2;
-    }
-    return replay_hybrid(argc, argv);
-  }
-  if (replay_w2_wanted(argc, argv)) return replay_w2_main(argc, argv); /* W2: tier flags */
+  /* Tiers below G1: W2, which takes --groups too (replay_w2.c). */
+  if (replay_w2_wanted(argc, argv)) return replay_w2_main(argc, argv);
+  if (hybrid_wanted(argc, argv)) return replay_hybrid(argc, argv);
   kvsim_w1_config o = kvsim_w1_config_default();
   replay_cli c;
   replay_cli_init(&c);

@@ -91,7 +91,9 @@ void replay_cli_usage(FILE *f) {
           "  --max-num-batched-tokens N\n"
           "                     prefill in chunks of at most N tokens (default: one step)\n"
           "  With --groups only W1's flags apply (--block-size, --capacity, --limit, --hash,\n"
-          "  --json, --no-progress).\n"
+          "  --json, --no-progress), or W2's: with tier flags --groups runs W2 with the\n"
+          "  groups (per group: hit blocks, onboards, peak G1 blocks held; no\n"
+          "  --max-num-batched-tokens).\n"
           "Watching a run:\n",
           KVBM_DEFAULT_TRACE);
   metrics_cli_usage(f);

@@ -7,6 +7,11 @@
  * W2; without either, cmd_replay.c runs W1 unchanged. The environment
  * gives the defaults and the flags override it. W1's flags keep their
  * meaning (--capacity is G1's size) and --json keeps W1's keys.
+ *
+ * --groups LIST (W1-hybrid's parser, kvbm_groups_parse: the same list, the
+ * same refusals) makes the W2 run a hybrid model's (workload/w2.h): the
+ * report adds the group list and, per group, the hit's blocks, the
+ * onboards and the peak of G1 blocks one request held.
  */
 #include "replay_w2.h"
 
@@ -57,6 +62,19 @@ static uint64_t skipped_total(const kvsim_w2_result *r) {
   return n;
 }
 
+/* With groups: the list and each group's counts. */
+static void print_groups_json(const kvsim_w2_config *o, const kvsim_w2_result *r) {
+  if (!o->num_groups) return;
+  char list[256];
+  kvbm_groups_format(o->groups, o->num_groups, list, sizeof list);
+  printf(",\"groups\":\"%s\",\"per_group\":[", list);
+  for (size_t g = 0; g < o->num_groups; g++)
+    printf("%s{\"hit_blocks\":%llu,\"onboarded_blocks\":%llu,\"peak_blocks_held\":%llu}", g ? "," : "",
+           (unsigned long long)r->groups[g].hit_blocks, (unsigned long long)r->groups[g].onboarded_blocks,
+           (unsigned long long)r->groups[g].peak_held);
+  printf("]");
+}
+
 static void print_json(const char *trace, const kvsim_w2_config *o,
                        const kvsim_w2_result *r) {
   double tps = r->w1.seconds > 0 ? (double)r->w1.prompt_tokens / r->w1.seconds : 0;
@@ -93,7 +111,9 @@ static void print_json(const char *trace, const kvsim_w2_config *o,
            (unsigned long long)x->lookup_errors, (unsigned long long)x->evictions, x->busy_seconds,
            gbps(x->offloaded_bytes + x->onboarded_bytes, x->busy_seconds));
   }
-  printf("},\"verify_failures\":%llu}\n", (unsigned long long)r->verify_failures);
+  printf("},\"verify_failures\":%llu", (unsigned long long)r->verify_failures);
+  print_groups_json(o, r);
+  printf("}\n");
 }
 
 static void print_text(const char *trace, const kvsim_w2_config *o,
@@ -139,6 +159,15 @@ static void print_text(const char *trace, const kvsim_w2_config *o,
   printf("  skipped copies    %llu\n", (unsigned long long)skipped_total(r));
   printf("  verify failures   %llu\n", (unsigned long long)r->verify_failures);
   printf("  blocks allocated  %llu\n", (unsigned long long)r->w1.blocks_allocated);
+  if (o->num_groups) {
+    char list[256];
+    kvbm_groups_format(o->groups, o->num_groups, list, sizeof list);
+    printf("  groups            %s\n", list);
+    for (size_t g = 0; g < o->num_groups; g++)
+      printf("    group %zu (%s): %llu hit blocks, %llu onboarded, peak %llu G1 blocks held\n", g,
+             kvbm_group_kind_name(o->groups[g].kind), (unsigned long long)r->groups[g].hit_blocks,
+             (unsigned long long)r->groups[g].onboarded_blocks, (unsigned long long)r->groups[g].peak_held);
+  }
   printf("  time              %.3f s\n", r->w1.seconds);
 }
 
@@ -193,11 +222,20 @@ int replay_w2_main(int argc, char **argv) {
   if (!replay_obs_opts_init(&oo)) return 2;
   const char *v;
   uint64_t x;
+  kvbm_group_spec groups[KVBM_GROUPS_MAX];
   for (int i = 1; i < argc; i++) {
     int r;
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       usage(stdout);
       return 0;
+    } else if ((r = cli_opt_value("replay", argc, argv, &i, "--groups", &v))) {
+      kvbm_error gerr = {0};
+      if (r < 0) return 2;
+      if (kvbm_groups_parse(v, groups, KVBM_GROUPS_MAX, &o.num_groups, &gerr)) {
+        fprintf(stderr, "kvbm replay: --groups: %s\n", gerr.msg);
+        return 2;
+      }
+      o.groups = groups;
     } else if ((r = replay_cli_take(argc, argv, &i, &o.w1, &c)) ||
                (r = replay_obs_take(argc, argv, &i, &oo))) {
       if (r < 0) return 2;
@@ -260,6 +298,11 @@ int replay_w2_main(int argc, char **argv) {
   }
   const char *trace_path = c.trace ? c.trace : KVBM_DEFAULT_TRACE;
   const bool json = c.json;
+  if (o.num_groups > o.w1.capacity) {
+    fprintf(stderr, "kvbm replay: --groups: %zu groups cannot share a G1 of %u blocks\n", o.num_groups,
+            o.w1.capacity);
+    return 2;
+  }
   if (o.g3_dir && access(o.g3_dir, W_OK) != 0) {
     fprintf(stderr, "kvbm replay: --g3-dir: %s is not a writable directory\n", o.g3_dir);
     return 2;
