@@ -185,9 +185,11 @@ typedef struct kvbm_manager_config {
    * the tier files it under; two groups' blocks of one prompt have the
    * same hashes and differ by group. Give a kvbm_pool_link the manager's
    * group list (kvbm_pool_link_set_groups) and its events carry group_idx
-   * and the spec kind as vLLM's do. Limit: a G3 warm restart knows keys
-   * only, so blocks of groups > 0 it restores report group 0 and their
-   * key. One group: events as they were (the key is the hash). */
+   * and the spec kind as vLLM's do. A G3 warm restart keeps each block's
+   * group (the slot file's tag): restored blocks report their own hash and
+   * group, no parent; a slot file of another group list is refused at
+   * create (KVBM_EFORMAT naming both lists). One group: events as they
+   * were (the key is the hash). */
   kvbm_pool_listener listener[KVBM_TIER_COUNT];
   void *listener_user[KVBM_TIER_COUNT];
   /* Optional: storage events (kvbm/storage_events.h, the seed's StoreEvent
