@@ -156,6 +156,7 @@ typedef struct run {
   size_t nt, capt;
   size_t bound;            /* bytes reserved for it in c */
   char kind[RUN_KIND_MAX]; /* kv_cache_spec_kind, copied */
+  uint64_t bloom[16];      /* its hashes, 1024 bits: "surely not in it" */
 } run;
 
 /* An event's variable parts, measured once (outside the lock). */
@@ -205,7 +206,9 @@ struct kvbm_publisher {
   bool wire;
   kvbm_event_encoder_config ecfg;
   wpool *pool;
-  run run;             /* coalescing: the open run (lock held) */
+  run runs[2];         /* coalescing (lock held): [0] stores, [1] removes */
+  int first;           /* the one opened first while both are open */
+  size_t held;         /* bytes reserved in the open chunk for open runs */
 
   /* the thread's own */
   kvbm_event_encoder *enc;
@@ -556,9 +559,9 @@ static bool same_kind(const char *a, const char *b) {
   return a == b || (a && b && !strcmp(a, b));
 }
 
-/* Whether plain-or-not ev continues the open run: same type, medium,
- * group and rank, room in the batch; a store also chains (its parent is
- * the run's last hash) with the same block size, LoRA, spec and tokens
+/* Whether plain-or-not ev continues open run r: same type, medium, group
+ * and rank, room in the batch; a store also chains (its parent is the
+ * run's last hash) with the same block size, LoRA, spec and tokens
  * present or not, so that the run is exactly the event vLLM would send
  * for those blocks. */
 static bool run_extends(const kvbm_publisher *p, const run *r, const kvbm_event *ev,
@@ -577,38 +580,50 @@ static bool run_extends(const kvbm_publisher *p, const run *r, const kvbm_event 
          same_kind(ev->kv_cache_spec_kind, a->kv_cache_spec_kind);
 }
 
-/* Room for one more block of `ntok` tokens in the run's arrays and, with
- * `more` bytes of wire, in chunk c (so that closing never fails). */
-static int run_reserve(run *r, wchunk *c, size_t ntok, size_t more) {
+/* Room for one more block of `ntok` tokens in run r's arrays and, with
+ * `more` bytes of wire, in chunk c beside what the open runs hold there
+ * (so that closing never fails). */
+static int run_reserve(kvbm_publisher *p, run *r, wchunk *c, size_t ntok, size_t more) {
+  size_t need = c ? KVBM__EVENT_HEAD_MAX + c->len + p->held + more + KVBM__MP_SCALAR_MAX : 0;
   /* the usual case, the room there already: three compares */
-  if (r->nh + 1 <= r->caph && r->nt + ntok <= r->capt &&
-      (!c || KVBM__EVENT_HEAD_MAX + c->len + r->bound + more + KVBM__MP_SCALAR_MAX <= c->cap))
-    return KVBM_OK;
+  if (r->nh + 1 <= r->caph && r->nt + ntok <= r->capt && (!c || need <= c->cap)) return KVBM_OK;
   if (kvbm__vec_reserve_of(&r->h, &r->caph, r->nh + 1, 64, KVBM__VEC_NO_LIMIT) ||
       kvbm__vec_reserve_of(&r->t, &r->capt, r->nt + ntok, 1024, KVBM__VEC_NO_LIMIT))
     return KVBM_ENOMEM;
-  if (c && kvbm__vec_reserve_of(&c->data, &c->cap,
-                                KVBM__EVENT_HEAD_MAX + c->len + r->bound + more +
-                                    KVBM__MP_SCALAR_MAX, 4096, KVBM__VEC_NO_LIMIT))
+  if (c && kvbm__vec_reserve_of(&c->data, &c->cap, need, 4096, KVBM__VEC_NO_LIMIT))
     return KVBM_ENOMEM;
   return KVBM_OK;
 }
 
-/* The bytes one block of ev adds to the run (event_bound's share of a
+/* The bytes one block of ev adds to a run (event_bound's share of a
  * hash and of its tokens). */
 static size_t run_more(const kvbm_event *ev) { return 9 + 5 * ev->num_tokens; }
 
-/* Appends ev's block (room reserved) to the run. */
-static void run_put(run *r, const kvbm_event *ev) {
-  r->h[r->nh++] = ev->block_hashes[0];
+static unsigned bloom_bit(uint64_t h) { return (unsigned)((h * 0x9e3779b97f4a7c15ull) >> 54); }
+
+/* Appends ev's block (room reserved) to run r. */
+static void run_put(kvbm_publisher *p, run *r, const kvbm_event *ev) {
+  uint64_t h = ev->block_hashes[0];
+  unsigned b = bloom_bit(h);
+  r->bloom[b >> 6] |= 1ull << (b & 63);
+  r->h[r->nh++] = h;
   if (ev->num_tokens) memcpy(r->t + r->nt, ev->token_ids, ev->num_tokens * 4);
   r->nt += ev->num_tokens;
   r->bound += run_more(ev);
+  p->held += run_more(ev);
 }
 
-/* Encodes the open run into its chunk, as one event (lock held). */
-static void run_close(kvbm_publisher *p) {
-  run *r = &p->run;
+/* Whether hash h is in open run r (the filter first, then a scan). */
+static bool run_has(const run *r, uint64_t h) {
+  unsigned b = bloom_bit(h);
+  if (!r->open || !(r->bloom[b >> 6] >> (b & 63) & 1)) return false;
+  for (size_t i = 0; i < r->nh; i++)
+    if (r->h[i] == h) return true;
+  return false;
+}
+
+/* Encodes open run r into its chunk, as one event (lock held). */
+static void run_close(kvbm_publisher *p, run *r) {
   if (!r->open) return;
   kvbm_event ev = r->ev;
   ev.block_hashes = r->h;
@@ -617,16 +632,25 @@ static void run_close(kvbm_publisher *p) {
   ev.num_tokens = r->nt;
   uint8_t *at = r->c->data + KVBM__EVENT_HEAD_MAX + r->c->len;
   r->c->len += (size_t)(kvbm__event_put(at, &ev, &p->ecfg) - at);
+  p->held -= r->bound;
   r->open = false;
   r->nh = r->nt = 0;
 }
 
-/* Opens a run with plain event ev in the open chunk of q (lock held): it
- * counts there as one wire event from now on, encoded when it closes. */
-static int run_start(kvbm_publisher *p, evq *q, const kvbm_event *ev, int32_t dp_rank) {
-  run *r = &p->run;
+/* Closes the open runs in the order they opened (lock held). */
+static void runs_close(kvbm_publisher *p) {
+  run_close(p, &p->runs[p->first]);
+  run_close(p, &p->runs[1 - p->first]);
+}
+
+/* Opens run t with plain event ev (lock held): in the other open run's
+ * chunk (the caller checked it has room and the rank), else in the open
+ * chunk of q. It counts there as one wire event from now on, encoded when
+ * it closes, after the other run when that one opened first. */
+static int run_start(kvbm_publisher *p, evq *q, const kvbm_event *ev, int t, int32_t dp_rank) {
+  run *r = &p->runs[t], *o = &p->runs[1 - t];
   r->nh = r->nt = 0;
-  if (run_reserve(r, NULL, ev->num_tokens, 0)) return KVBM_ENOMEM;
+  if (run_reserve(p, r, NULL, ev->num_tokens, 0)) return KVBM_ENOMEM;
   r->ev = *ev;
   r->ev.block_hashes = NULL;
   r->ev.token_ids = NULL;
@@ -635,27 +659,57 @@ static int run_start(kvbm_publisher *p, evq *q, const kvbm_event *ev, int32_t dp
     memcpy(r->kind, ev->kv_cache_spec_kind, strlen(ev->kv_cache_spec_kind) + 1);
     r->ev.kv_cache_spec_kind = r->kind;
   }
-  r->bound = kvbm__event_wire_bound(&r->ev); /* without blocks: run_put adds each */
-  if (!(r->c = q_chunk(p, q, r->bound + run_more(ev), dp_rank))) return KVBM_ENOMEM;
-  run_put(r, ev);
+  size_t head = kvbm__event_wire_bound(&r->ev); /* without blocks: run_put adds each */
+  wchunk *c;
+  if (o->open) {
+    c = o->c;
+    if (kvbm__vec_reserve_of(&c->data, &c->cap,
+                             KVBM__EVENT_HEAD_MAX + c->len + p->held + head + run_more(ev) +
+                                 KVBM__MP_SCALAR_MAX, 4096, KVBM__VEC_NO_LIMIT))
+      return KVBM_ENOMEM;
+  } else if (!(c = q_chunk(p, q, head + run_more(ev), dp_rank))) {
+    return KVBM_ENOMEM;
+  }
+  memset(r->bloom, 0, sizeof r->bloom);
+  r->c = c;
+  r->bound = head;
+  p->held += head;
+  run_put(p, r, ev);
+  if (!o->open) p->first = t;
   r->open = true;
-  r->c->n++;
+  c->n++;
   return KVBM_OK;
 }
 
-/* Coalescing: ev joins the open run, starts one, or (not plain) closes it
- * and is encoded as it is (lock held). `plain`: plain_ok(ev). */
+/* Coalescing (lock held; `plain`: plain_ok(ev)). A store and a remove
+ * run may be open at once, in one batch: the pool link's stream at
+ * capacity alternates evict and register (W1: remove, store, remove,
+ * ...), and only consecutive events would never merge there. The runs
+ * leave in the order they opened, which reorders the two types, safely
+ * for every consumer's final state: only the same hash stored and
+ * removed depends on order, and a block that joins the run that leaves
+ * first while its hash is in the other (removed, then stored again, or
+ * the reverse) closes both first. Anything else that does not join
+ * closes both. */
 static int q_append_coalesce(kvbm_publisher *p, evq *q, const kvbm_event *ev, size_t cost,
                              int32_t dp_rank, bool plain) {
-  run *r = &p->run;
-  if (!run_extends(p, r, ev, dp_rank, plain)) {
-    run_close(p);
-    if (!run_plain(ev, plain)) return q_append_wire(p, q, ev, cost, dp_rank);
-    int rc = run_start(p, q, ev, dp_rank);
-    if (rc) return rc;
+  int t = ev->type == KVBM_EVENT_STORED ? 0 : ev->type == KVBM_EVENT_REMOVED ? 1 : -1;
+  if (t < 0 || !run_plain(ev, plain)) {
+    runs_close(p);
+    return q_append_wire(p, q, ev, cost, dp_rank);
+  }
+  run *r = &p->runs[t], *o = &p->runs[1 - t];
+  run *any = r->open ? r : o->open ? o : NULL;
+  if (any && (any->c->dp_rank != dp_rank || any->c->pub >= p->o.max_batch_events ||
+              (r->open && !run_extends(p, r, ev, dp_rank, plain)) ||
+              (r->open && o->open && p->first == t && run_has(o, ev->block_hashes[0]))))
+    runs_close(p);
+  if (r->open) {
+    if (run_reserve(p, r, r->c, ev->num_tokens, run_more(ev))) return KVBM_ENOMEM;
+    run_put(p, r, ev);
   } else {
-    if (run_reserve(r, r->c, ev->num_tokens, run_more(ev))) return KVBM_ENOMEM;
-    run_put(r, ev);
+    int rc = run_start(p, q, ev, t, dp_rank);
+    if (rc) return rc;
   }
   r->c->pub++;
   r->c->cost += cost;
@@ -897,7 +951,8 @@ static size_t take_wire(kvbm_publisher *p, evq *q, int what) {
   q->n -= n;
   q->bytes -= cost;
   /* an open run leaves with its batch, encoded now */
-  if (p->run.open && !(q->nch && q->ch[q->nch - 1] == p->run.c)) run_close(p);
+  for (int t = 0; t < 2; t++)
+    if (p->runs[t].open && !(q->nch && q->ch[q->nch - 1] == p->runs[t].c)) runs_close(p);
   return n;
 }
 
@@ -1137,8 +1192,10 @@ void kvbm_publisher_destroy(kvbm_publisher *p) {
     free(p->q[i].ch);
   }
   free(p->out);
-  free(p->run.h);
-  free(p->run.t);
+  for (int t = 0; t < 2; t++) {
+    free(p->runs[t].h);
+    free(p->runs[t].t);
+  }
   pool_close(p->pool); /* after zmq_ctx_term: ZMQ gave back what it held */
   free(p->scratch);
   kvbm_event_encoder_destroy(p->enc);
