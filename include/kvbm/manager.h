@@ -545,6 +545,16 @@ typedef struct kvbm_manager_hint_stats {
 KVBM_EXTERN int kvbm_manager_hint(kvbm_manager *m, kvbm_manager_hint_kind kind,
                                   uint64_t sequence_hash, kvbm_tier from, kvbm_tier to);
 
+/* kvbm_manager_hint for group `group`'s block of sequence_hash on a
+ * manager with KV cache groups (the advisor keeps groups apart and names
+ * the group in each hint). Group 0 is kvbm_manager_hint itself; another
+ * group's block is the one the tiers file under (hash, group). A group
+ * this manager does not have is KVBM_EINVAL, counted as received and
+ * refused. Same threads and cost as kvbm_manager_hint. */
+KVBM_EXTERN int kvbm_manager_hint_group(kvbm_manager *m, kvbm_manager_hint_kind kind,
+                                        uint64_t sequence_hash, uint32_t group, kvbm_tier from,
+                                        kvbm_tier to);
+
 KVBM_EXTERN void kvbm_manager_hint_stats_get(kvbm_manager *m, kvbm_manager_hint_stats *out);
 
 /* The volume id this manager's storage events give tier t (the

@@ -12,6 +12,8 @@
  * engine's threads never decode, map or wait for anything here. Lost
  * batches (Kvbm-Seq gaps: libnats' pending limit shows up as one) are counted, never
  * replayed: hints are advice and the advisor repeats what still holds.
+ * A hint names its KV cache group: one the manager has goes to that
+ * group's block (kvbm_manager_hint_group), another is a foreign block.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -61,8 +63,8 @@ static void apply_locked(kvbm_hint_applier *ap, const kvbm_hint_batch *b) {
       ap->st.ignored++;
       continue;
     }
-    if (h->group != 0) { /* the manager keeps one group: another group's block
-                            of the same hash is not one of its blocks */
+    if (h->group >= kvbm_manager_num_groups(ap->m)) { /* a group this model does not
+                                                         have: another engine's block */
       ap->st.foreign++;
       continue;
     }
@@ -72,8 +74,8 @@ static void apply_locked(kvbm_hint_applier *ap, const kvbm_hint_batch *b) {
       ap->st.foreign++;
       continue;
     }
-    int rc = kvbm_manager_hint(ap->m, (kvbm_manager_hint_kind)h->kind, h->sequence_hash,
-                               (kvbm_tier)from, (kvbm_tier)to);
+    int rc = kvbm_manager_hint_group(ap->m, (kvbm_manager_hint_kind)h->kind, h->sequence_hash,
+                                     h->group, (kvbm_tier)from, (kvbm_tier)to);
     if (rc == KVBM_OK) ap->st.applied++;
     else ap->st.not_applied++;
   }

@@ -24,6 +24,12 @@
  *            REMOVED event goes out as for an eviction, and an exclusive
  *            volume deletes the value.
  *
+ * Groups. A hybrid model's advisor names each hint's KV cache group
+ * (kvbm_hint.group); the tiers file group g's block under
+ * kvbm__group_key(hash, g), so kvbm_manager_hint_group maps the hint to
+ * that key and the rest is the same. The job takes the group of the
+ * source block it finds, so a demoted value carries its group's bytes.
+ *
  * Why not apply hints inside the prefill walk (as a cache policy would):
  * that is the engine's path; the advisor's information arrives ~10 s late
  * anyway, so acting on it asynchronously loses nothing.
@@ -165,6 +171,19 @@ int kvbm_manager_hint(kvbm_manager *m, kvbm_manager_hint_kind kind, uint64_t h, 
   }
   pthread_mutex_unlock(&m->mu);
   return rc;
+}
+
+int kvbm_manager_hint_group(kvbm_manager *m, kvbm_manager_hint_kind kind, uint64_t h,
+                            uint32_t group, kvbm_tier from, kvbm_tier to) {
+  if (!m) return KVBM_EINVAL;
+  if (group >= m->ngroups) { /* ngroups is fixed at create: no lock to read it */
+    pthread_mutex_lock(&m->mu);
+    m->hst.received++;
+    m->hst.refused++;
+    pthread_mutex_unlock(&m->mu);
+    return KVBM_EINVAL;
+  }
+  return kvbm_manager_hint(m, kind, kvbm__group_key(h, group), from, to);
 }
 
 /* A demotion's put is over (put_done set the target's state): release

@@ -28,6 +28,8 @@
 
 #include "kvbm/advisor.h"
 #include "kvbm/events.h"
+#include "kvbm/group.h"
+#include "kvbm/hash.h"
 #include "kvbm/manager.h"
 #include "kvbm/storage_events.h"
 #include "../tier/tier_testutil.h"
@@ -267,7 +269,70 @@ static void test_refusals(void **state) {
   tu_rmdir(dir);
 }
 
+/* A manager of two full-attention groups holds each block twice in G3,
+ * once per group, under one sequence hash. A DROP hint names its group:
+ * group 1's copy leaves and group 0's stays (the second drop of group 1
+ * finds nothing; group 0's then still drops), and a group the manager
+ * does not have is foreign. Before hints carried groups to the manager,
+ * every group-1 hint was counted foreign. */
+static void test_groups(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir("applier-groups");
+  kvbm_manager_config c = tu_config(dir, 8, 8, 64);
+  const kvbm_group_spec g[2] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_FULL, 0}};
+  c.groups = g;
+  c.num_groups = 2;
+  kvbm_manager *m = tu_create(&c);
+  assert_non_null(m);
+  uint32_t *p = tu_prompt(7000, 16);
+  kvbm_hreq *r = NULL;
+  assert_int_equal(kvbm_manager_hprefill(m, 0, 0, p, 16, &r, NULL, NULL), KVBM_OK);
+  kvbm_hreq_info info;
+  assert_int_equal(kvbm_hreq_wait(r, -1, &info), KVBM_OK);
+  assert_int_equal(kvbm_hreq_commit(r), KVBM_OK);
+  kvbm_hreq_destroy(r);
+  kvbm_manager_flush(m);
+  uint64_t h = kvbm_hash_next(KVBM_HASH_NATIVE, 0, 0, false, p, 4);
+  kvbm_block_location loc;
+  assert_int_equal(kvbm_manager_block_location(m, h, &loc), KVBM_OK);
+  assert_true(loc.held);
+  const char *g3 = kvbm_manager_volume_id(m, KVBM_TIER_G3);
+  assert_non_null(g3);
+
+  kvbm_hint_applier *ap = NULL;
+  assert_int_equal(kvbm_hint_applier_create(NULL, m, &ap, NULL), KVBM_OK);
+  kvbm_wire_hint w = {.kind = KVBM_HINT_DROP, .sequence_hash = h, .from = g3,
+                      .from_len = strlen(g3), .group = 1};
+  kvbm_hint_batch hb = {.hints = &w, .num_hints = 1};
+  kvbm_hint_applier_stats st;
+  kvbm_hint_applier_apply(ap, &hb); /* group 1's copy leaves G3 */
+  kvbm_hint_applier_stats_get(ap, &st);
+  assert_int_equal(st.applied, 1);
+  assert_int_equal(st.foreign, 0);
+  kvbm_hint_applier_apply(ap, &hb); /* nothing of group 1 left to drop */
+  kvbm_hint_applier_stats_get(ap, &st);
+  assert_int_equal(st.applied, 1);
+  assert_int_equal(st.not_applied, 1);
+  w.group = 0; /* group 0's copy was never touched */
+  kvbm_hint_applier_apply(ap, &hb);
+  kvbm_hint_applier_stats_get(ap, &st);
+  assert_int_equal(st.applied, 2);
+  w.group = 2; /* no such group in this model */
+  kvbm_hint_applier_apply(ap, &hb);
+  kvbm_hint_applier_stats_get(ap, &st);
+  assert_int_equal(st.foreign, 1);
+  assert_int_equal(st.applied, 2);
+  assert_int_equal(kvbm_manager_hint_group(m, KVBM_MANAGER_HINT_DROP, h, 2, KVBM_TIER_G3,
+                                           KVBM_TIER_G3),
+                   KVBM_EINVAL);
+  kvbm_hint_applier_destroy(ap);
+  kvbm_manager_destroy(m);
+  free(p);
+  tu_rmdir(dir);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_loop), cmocka_unit_test(test_refusals)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_loop), cmocka_unit_test(test_refusals),
+                                     cmocka_unit_test(test_groups)};
   return cmocka_run_group_tests(tests, start_server, stop_server);
 }
