@@ -49,7 +49,7 @@ done = [x for x in r["faults"] if not x.get("skipped")]
 assert r["faults_injected"] == len(done), r["faults"]
 assert all(x["recovery_s"] is not None for x in done), r["faults"]
 part, full = f["partition"], f["g3_full"]
-if isinstance(r["partition"], dict):  # root: worker 0 really lost Redis for a while
+if isinstance(r["partition"], dict):  # root: worker 1 really lost Redis for a while
     w = part["window"]
     assert part["injected"] and part["mode"] == "real", part
     assert w["ok"] == 0 and w["wrong_bytes"] == 0, part  # nothing done through it, nothing wrong
