@@ -157,11 +157,16 @@ typedef struct kvbm_publisher_config {
                                  * LoRA, group and block size, no names or
                                  * extras) leave as one multi-block
                                  * BlockStored, as vLLM sends a step's
-                                 * blocks; consecutive one-block
-                                 * BlockRemoved events of one medium and
-                                 * group as one BlockRemoved. Never across
-                                 * a batch, a dp_rank or another event, so
-                                 * the order of blocks is kept; ids are
+                                 * blocks; one-block BlockRemoved events
+                                 * of one medium and group as one
+                                 * BlockRemoved. A store run and a remove
+                                 * run may be open at once (a pool at
+                                 * capacity alternates evict and register)
+                                 * and leave in the order they opened:
+                                 * stores and removes of different hashes
+                                 * may be reordered within a batch, never
+                                 * one hash's. Never across a batch, a
+                                 * dp_rank or another event; ids are
                                  * still one per publish and
                                  * max_batch_events counts publishes. Only
                                  * with byte sinks (ZMQ, NATS, JetStream):

@@ -46,12 +46,13 @@
  * of the open batch, not yet encoded) is appended to it: its hash and
  * tokens copied into the run's arrays, nothing encoded. The run is
  * encoded, once, as one multi-block event when something else comes
- * (another type, a break in the chain, another medium, group, LoRA or
- * rank, an event with names or extras), when its batch is full or leaves.
- * What consumers then see is what vLLM sends (one BlockStored of a step's
- * blocks, parent the first one's), which is why it is an option: a
- * consumer that counts events, or matches them one to one with the
- * pool's calls, sees fewer.
+ * (a break in the chain, another medium, group, LoRA or rank, an event
+ * with names or extras), when its batch is full or leaves. A store run
+ * and a remove run may be open together (q_append_coalesce says why and
+ * how one hash's order is kept). What consumers then see is what vLLM
+ * sends (one BlockStored of a step's blocks, parent the first one's),
+ * which is why it is an option: a consumer that counts events, or
+ * matches them one to one with the pool's calls, sees fewer.
  */
 #include <errno.h>
 #include <limits.h>
