@@ -11,8 +11,8 @@
  *   1. creates it (kvbm_hseq_create) on a pool configured with the same
  *      number of groups (kvbm_pool_config.num_groups), with the groups'
  *      specs, a salt, and the most tokens the request may ever hold;
- *   2. appends the prompt (kvbm_hseq_append: hashes its full blocks, the
- *      pool untouched);
+ *   2. appends the prompt (kvbm_hseq_append: the pool untouched; its full
+ *      blocks are hashed when first needed);
  *   3. may ask for the prefix hit (kvbm_hseq_find_hit: vLLM's
  *      get_computed_blocks, the longest block-aligned prefix of at most
  *      L - 1 tokens every group can serve; changes nothing) to size its
@@ -90,9 +90,12 @@ KVBM_EXTERN void kvbm_hseq_destroy(kvbm_hseq *seq);
 KVBM_EXTERN int kvbm_hseq_reset(kvbm_hseq *seq, uint64_t salt_hash);
 
 /* Appends n known tokens (the prompt, or generated tokens before the step
- * that computes them) and hashes the blocks they fill. The pool is not
- * touched. KVBM_EINVAL (no change) for NULL tokens with n > 0 or past
- * max_tokens. Cost: O(n) hashing. */
+ * that computes them). The pool is not touched. The blocks they fill are
+ * hashed when first needed: by the hit's lookups, or by the step that
+ * fills them (a prefill chunk hashes its blocks in the pool pass that
+ * registers them). KVBM_EINVAL (no change) for NULL tokens with n > 0 or
+ * past max_tokens. Cost: O(n) copying (none when the tokens were written
+ * in place); the hashing, O(n), falls on the hit and the steps. */
 KVBM_EXTERN int kvbm_hseq_append(kvbm_hseq *seq, const uint32_t *tokens, size_t n, kvbm_error *err);
 
 /* Before the first step: finds the prefix hit over the tokens appended so

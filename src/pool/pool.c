@@ -1047,6 +1047,173 @@ int kvbm_pool_fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, u
   return KVBM_OK;
 }
 
+/* ---- a hybrid request's step: every group at once ------------------------ */
+
+/* fill_run_plain for a pool of groups (a hybrid model's G1 in W1-hybrid:
+ * no listener, no duplicate chains, no token copies), filling the new
+ * full blocks of a step in every group position by position
+ * (kvbm__pool_fill_groups_fresh in pool/pool_internal.h): a position's
+ * blocks in every group have the same hash, parent and tokens, so the
+ * position is hashed once (PLAIN_AHEAD positions ahead, its buckets
+ * prefetched then) and its groups registered one after the other. As in
+ * fill_run_plain: the pool's fields in locals, the counters stored once,
+ * and a cursor PF_DEPTH blocks down the eviction list prefetching each
+ * victim's record and registry bucket (two evictions a position here, so
+ * the cursor matters twice as much). Unlike it, a position whose hash is
+ * registered in some group is not filled: the run stops there (the
+ * caller goes on group by group, vLLM's order). */
+
+/* The home bucket of (hash, group), as rkey_of computes it. */
+HOT uint32_t ghome(uint64_t hash, uint32_t g, uint32_t shift) {
+  return (fingerprint(hash, g) * 0x9E3779B1u) >> shift;
+}
+
+/* The block registered under (hash, g) in a pool of groups, or NIL. */
+HOT uint32_t group_find(const blk *blocks, const uint8_t *grp, const bucket *table, uint32_t mask,
+                        uint32_t fp, uint32_t home, uint64_t hash, uint32_t g) {
+  for (uint32_t bi = home;; bi = (bi + 1) & mask) {
+    const bucket *b = &table[bi];
+    for (unsigned m = bucket_match(b, fp, 0); m; m &= m - 1) {
+      uint32_t id = b->id[__builtin_ctz(m)];
+      if (id != NIL && blocks[id].seq_hash == hash && grp[id] == g) return id;
+    }
+    if (!b->overflow) return NIL;
+  }
+}
+
+/* One step of fill_groups_plain's cursor (PF_STEP with the block's group). */
+#define GPF_STEP()                                                                   \
+  do {                                                                               \
+    const blk *c_ = &blocks[cursor];                                                 \
+    __builtin_prefetch(&table[ghome(c_->seq_hash, grp[cursor], shift)]);             \
+    cursor = c_->next;                                                               \
+    if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                          \
+  } while (0)
+
+HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash, uint64_t parent,
+                             bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
+                             size_t n, uint32_t *const *tables, size_t *hashed_out) {
+  const size_t bs = p->cfg.block_size;
+  const kvbm_hash_scheme scheme = p->cfg.scheme;
+  blk *const blocks = p->blocks;
+  bucket *const table = p->table;
+  uint8_t *const prio = p->priority;
+  uint8_t *const grp = p->group;
+  const uint32_t *const fstack = p->free_stack;
+  const uint32_t shift = p->table_shift, mask = p->table_mask;
+  uint32_t ftop = p->free_top, evicted = 0;
+  uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
+  size_t hashed = nhashed < n ? nhashed : n;
+  uint64_t h = hashed ? hashes[hashed - 1] : parent;
+  bool hp = hashed ? true : has_parent;
+  for (size_t j = 0; j < n && j < PLAIN_AHEAD; j++) {
+    if (j >= hashed) {
+      h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + j * bs, bs);
+      hashes[j] = h;
+      hp = true;
+      hashed = j + 1;
+    }
+    for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
+  }
+  size_t k = 0;
+  for (; k < n; k++) {
+    const size_t j = k + PLAIN_AHEAD;
+    if (j < n) {
+      if (j >= hashed) {
+        h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + j * bs, bs);
+        hashes[j] = h;
+        hp = true;
+        hashed = j + 1;
+      }
+      for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
+    }
+    const uint64_t hk = hashes[k];
+    uint32_t fps[KVBM_POOL_MAX_GROUPS], homes[KVBM_POOL_MAX_GROUPS];
+    uint32_t g = 0;
+    for (; g < ng; g++) {
+      fps[g] = fingerprint(hk, g);
+      homes[g] = ghome(hk, g, shift);
+      if (group_find(blocks, grp, table, mask, fps[g], homes[g], hk, g) != NIL) break;
+    }
+    if (g < ng) break; /* a group would deduplicate here: the caller's */
+    const uint64_t pk = k ? hashes[k - 1] : parent;
+    const bool hpk = k ? true : has_parent;
+    uint8_t flags = (hpk ? F_HAS_PARENT : 0) | F_INDEXED;
+    if (salt_hash) flags |= F_SALTED;
+    for (g = 0; g < ng; g++) {
+      uint32_t id;
+      if (ftop) {
+        id = fstack[--ftop];
+      } else {
+        /* The head of the lowest non-empty list (the caller checked that
+         * enough blocks are free or cached); the cursor as in
+         * fill_run_plain. */
+        unsigned w = 0;
+        while (!p->nonempty[w]) w++;
+        const unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+        id = p->head[pr];
+        blk *v = &blocks[id];
+        const uint32_t next = v->next;
+        p->head[pr] = next;
+        if (next != NIL) {
+          blocks[next].prev = NIL;
+          if (ahead) {
+            ahead--;
+          } else {
+            cursor = next;
+            while (ahead < PF_DEPTH && cursor != NIL) { GPF_STEP(); ahead++; }
+          }
+          if (cursor != NIL) { GPF_STEP(); ahead++; }
+        } else {
+          p->tail[pr] = NIL;
+          p->nonempty[w] &= ~(1ull << (pr % 64));
+          cursor = NIL, ahead = 0;
+        }
+        plain_erase(table, mask, ghome(v->seq_hash, grp[id], shift), id);
+        prio[id] = 0;
+        evicted++;
+      }
+      tables[g][k] = id;
+      blk *b = &blocks[id];
+      if (salt_hash) p->salts[id] = salt_hash;
+      grp[id] = (uint8_t)g;
+      b->seq_hash = hk;
+      b->parent_hash = hpk ? pk : 0;
+      b->refcount = 1;
+      b->ntok = (uint16_t)bs;
+      b->state = KVBM_BLOCK_REGISTERED;
+      b->flags = flags;
+      reg_insert(p, (rkey){fps[g], homes[g]}, id);
+    }
+  }
+  p->free_top = ftop;
+  p->cached -= evicted;
+  p->evicted += evicted;
+  p->registered += (uint32_t)(k * ng) - evicted;
+  p->allocated += k * ng;
+  *hashed_out = hashed;
+  return k;
+}
+
+int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_hash, uint64_t parent,
+                                 bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
+                                 size_t n, uint32_t *const *tables, size_t *done, size_t *hashed) {
+  if (!done || !hashed || ngroups == 0 || ngroups > p->ngroups || (n && (!tokens || !hashes || !tables)))
+    return KVBM_EINVAL;
+  for (uint32_t g = 0; n && g < ngroups; g++)
+    if (!tables[g]) return KVBM_EINVAL;
+  *done = 0;
+  *hashed = nhashed < n ? nhashed : n;
+  if (!p->group || p->cfg.listener || p->dup_next || p->cfg.keep_tokens) return KVBM_EUNSUPPORTED;
+  if ((uint64_t)n * ngroups > kvbm_pool_available(p)) return KVBM_ENOSPC;
+  if (ngroups == 2)
+    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed);
+  else
+    *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
+                              hashed);
+  return KVBM_OK;
+}
+
 int kvbm_pool_fill_run_group(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
                              bool has_parent, const uint32_t *tokens, const uint64_t *hashes,
                              size_t n, void *context, uint32_t *ids) {

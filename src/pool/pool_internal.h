@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * pool/pool_internal.h: a pool call for the sequence module (the library's
- * own prefill) beyond kvbm/pool.h.
+ * pool/pool_internal.h: pool calls for the sequence module (the library's
+ * own prefill, and a hybrid request's steps) beyond kvbm/pool.h.
  *
  * kvbm_pool_fill_run takes hashes the caller computed in a pass of its own
  * before the run. That pass is arithmetic on tokens in cache; the run is
@@ -14,6 +14,8 @@
  * counts and events as hashing first and calling kvbm_pool_fill_run_group.
  * Not public: an engine hands kvbm hashes it already has (vLLM computes
  * them itself), and the sequence API is the engine's way to have kvbm hash.
+ * kvbm__pool_fill_groups_fresh is the same for a hybrid request's step, in
+ * every group at once.
  */
 #ifndef KVBM_POOL_INTERNAL_H
 #define KVBM_POOL_INTERNAL_H
@@ -33,5 +35,29 @@
 int kvbm__pool_fill_run_hashing(kvbm_pool *pool, uint32_t group, uint64_t salt_hash, uint64_t parent,
                                 bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t n,
                                 void *context, uint32_t *ids);
+
+/* The new full blocks of a hybrid request's step in every group at once
+ * (the sequence module's hybrid request, sequence/hseq.c): for positions
+ * k = 0.. of groups 0..ngroups-1, as kvbm_pool_fill_run_fresh(pool, g,
+ * ...) for each group, but position by position: position k is filled in
+ * every group (block taken, filled with tokens[k * block_size ...] under
+ * hashes[k], registered; its id in tables[g][k]) when none of its
+ * (hashes[k], g) is registered, and the run stops at the first position
+ * where one is. hashes[0..nhashed) are given; the rest this call writes
+ * itself (block k's sequence hash by the pool's scheme, salt_hash and the
+ * parent chain from `parent`), a few positions ahead of filling them.
+ * *done: the positions filled; *hashed: the hashes now in hashes[] (at
+ * least *done). The blocks taken are those group-by-group runs would take
+ * (free ones, then the same cached ones in the same order; only which id
+ * goes to which group differs), and nothing is registered twice, so a
+ * caller stepping vLLM's way gets the same counts. KVBM_EUNSUPPORTED
+ * (nothing done) for a pool of one group, with a listener (its events
+ * would come position by position instead of group by group), duplicate
+ * chains or token copies; KVBM_EINVAL (NULL arrays with n > 0, ngroups 0
+ * or past the pool's) or KVBM_ENOSPC (fewer than n * ngroups blocks
+ * available), with no change. Allocates nothing. */
+int kvbm__pool_fill_groups_fresh(kvbm_pool *pool, uint32_t ngroups, uint64_t salt_hash, uint64_t parent,
+                                 bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
+                                 size_t n, uint32_t *const *tables, size_t *done, size_t *hashed);
 
 #endif

@@ -52,6 +52,7 @@
 
 #include "kvbm/hash.h"
 #include "kvbm/hybrid.h"
+#include "pool/pool_internal.h"
 #include "sequence/hseq_internal.h"
 
 #define NUL KVBM_HSEQ_NULL
@@ -90,7 +91,7 @@ struct kvbm_hseq {
   gstate g[KVBM_GROUPS_MAX];
   kvbm_group_spec specs[KVBM_GROUPS_MAX]; /* g[i].spec, in a row for kvbm_groups_hit */
   uint32_t *tokens;  /* known tokens */
-  uint64_t *hashes;  /* of every full block of them */
+  uint64_t *hashes;  /* of the first nhash full blocks of them (ensure_hashed) */
   size_t cap_tokens, ntok, nhash;
   uint64_t computed, hit;
   bool hit_found, stepped;
@@ -101,9 +102,24 @@ struct kvbm_hseq {
 
 static uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+/* The hashes of the first `blocks` full blocks (of those known), computed
+ * when first needed: the hit's lookups need them up to the first miss,
+ * and a prefill chunk's new blocks are hashed by the pool pass that fills
+ * them (step_joint), a few blocks ahead, so that the hashing overlaps
+ * that pass's scattered loads, as W1's prefill does
+ * (kvbm__pool_fill_run_hashing). */
+static void ensure_hashed(kvbm_hseq *s, size_t blocks) {
+  const size_t full = s->ntok / s->bs;
+  if (blocks > full) blocks = full;
+  for (size_t k = s->nhash; k < blocks; k++)
+    s->hashes[k] = kvbm_hash_next(s->scheme, s->salt, k ? s->hashes[k - 1] : 0, k > 0, s->tokens + k * s->bs, s->bs);
+  if (blocks > s->nhash) s->nhash = blocks;
+}
+
 /* kvbm_groups_hit's question, answered by the pool without touching it. */
 static bool cached_in(void *user, uint32_t group, size_t block) {
-  const kvbm_hseq *s = user;
+  kvbm_hseq *s = user;
+  ensure_hashed(s, block + 1);
   return kvbm_pool_peek_group(s->pool, group, s->hashes[block], NULL, NULL) == KVBM_OK;
 }
 
@@ -185,6 +201,7 @@ static size_t hit_first(const kvbm_hseq *s, const gstate *g) {
 static int take_hit(kvbm_hseq *s, uint32_t gi) {
   gstate *g = &s->g[gi];
   size_t nb = (size_t)(s->hit / s->bs), nsb = hit_first(s, g);
+  ensure_hashed(s, nb);
   for (size_t i = 0; i < nb; i++) {
     uint32_t id = 0;
     if (i < nsb) {
@@ -303,6 +320,43 @@ static bool step_group_fast(kvbm_hseq *s, uint32_t gi, uint64_t end, int *rc) {
   return true;
 }
 
+/* The new full blocks of every group in one pool pass, position by
+ * position (kvbm__pool_fill_groups_fresh): a prefill chunk's blocks have
+ * the same hashes in every group, so the pass hashes each once (a few
+ * blocks ahead of filling it) and reads its parent and tokens once for
+ * all groups, instead of a pass a group. Only where every group stands at
+ * the same table length with nothing left to register (a chunk's start;
+ * not Mamba align, whose table differs); the pass stops where a group
+ * would deduplicate, and step_group_fast then goes on from there, group by
+ * group, as without it. The blocks taken are the same (only which id goes
+ * to which group differs), and nothing frees a block until every group's
+ * are taken, as in step_group_fast. */
+static void step_joint(kvbm_hseq *s, uint64_t end, int *rc) {
+  const size_t len = s->g[0].len, nf = (size_t)(end / s->bs);
+  if (nf <= len) return;
+  uint32_t *tabs[KVBM_GROUPS_MAX];
+  for (size_t gi = 0; gi < s->ng; gi++) {
+    const gstate *g = &s->g[gi];
+    if (g->len != len || (g->has_ncached ? g->ncached : 0) < len) return;
+    tabs[gi] = g->table + len;
+  }
+  ensure_hashed(s, len); /* the parent */
+  size_t done = 0, hashed = 0;
+  *rc = kvbm__pool_fill_groups_fresh(s->pool, (uint32_t)s->ng, s->salt, len ? s->hashes[len - 1] : 0, len > 0,
+                                     s->tokens + len * s->bs, s->hashes + len, s->nhash - len, nf - len, tabs,
+                                     &done, &hashed);
+  if (*rc == KVBM_EUNSUPPORTED) *rc = KVBM_OK; /* a listener: group by group */
+  if (len + hashed > s->nhash) s->nhash = len + hashed;
+  for (size_t gi = 0; gi < s->ng && done; gi++) {
+    gstate *g = &s->g[gi];
+    g->len += done;
+    g->held += done;
+    g->alloc += done;
+    g->ncached = g->len;
+    g->has_ncached = true;
+  }
+}
+
 /* The blocks group g allocates in a step ending at `end` (the hit taken
  * already counted in its length on the first step). Pure. */
 static uint64_t blocks_to_allocate(const kvbm_hseq *s, const gstate *g, uint64_t end, bool first) {
@@ -417,6 +471,8 @@ static int step(kvbm_hseq *s, uint64_t num_new) {
    * positions never lie among a group's blocks to register but in Mamba
    * align's tables, which always take vLLM's order.) */
   uint32_t from = 0;
+  if (!s->dry && !s->has_align && s->ng > 1 && !rc) step_joint(s, end, &rc);
+  if (!s->dry) ensure_hashed(s, (size_t)(end / s->bs)); /* what step_joint left */
   if (!s->dry && !s->has_align)
     while (from < s->ng && !rc && step_group_fast(s, from, end, &rc)) from++;
   for (uint32_t gi = from; gi < s->ng && !rc; gi++) rc = allocate(s, gi, end);
@@ -559,19 +615,6 @@ int kvbm_hseq_reset(kvbm_hseq *s, uint64_t salt_hash) {
   return rc;
 }
 
-/* Hashes of the blocks filled since the last call. */
-static void hash_new_blocks(kvbm_hseq *s) {
-  size_t full = s->ntok / s->bs;
-  if (full <= s->nhash) return;
-  if (s->nhash == 0) {
-    s->nhash = kvbm_hash_chain(s->scheme, s->salt, s->tokens, full * s->bs, s->bs, s->hashes, full);
-    return;
-  }
-  for (size_t k = s->nhash; k < full; k++)
-    s->hashes[k] = kvbm_hash_next(s->scheme, s->salt, s->hashes[k - 1], true, s->tokens + k * s->bs, s->bs);
-  s->nhash = full;
-}
-
 int kvbm_hseq_append(kvbm_hseq *s, const uint32_t *tokens, size_t n, kvbm_error *err) {
   if (!s) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL request");
   if (n == 0) return KVBM_OK;
@@ -582,7 +625,6 @@ int kvbm_hseq_append(kvbm_hseq *s, const uint32_t *tokens, size_t n, kvbm_error 
   if (tokens != s->tokens + s->ntok) /* written in place (kvbm__hseq_tail) */
     memcpy(s->tokens + s->ntok, tokens, n * sizeof *tokens);
   s->ntok += n;
-  hash_new_blocks(s);
   return KVBM_OK;
 }
 
@@ -617,6 +659,7 @@ static NOINLINE int step_checked(kvbm_hseq *s, const uint32_t *tokens, size_t n_
     rc = kvbm_error_set(err, KVBM_EINVAL, "hseq: %llu new tokens, %llu known and not computed",
                         (unsigned long long)n_new, (unsigned long long)(s->ntok - s->computed));
   } else if (!s->dry) {
+    if (!s->stepped) ensure_hashed(s, (size_t)(s->hit / s->bs)); /* check_fits may look the hit up */
     rc = check_fits(s, s->computed + n_new, !s->stepped);
     if (rc == KVBM_ENOSPC)
       kvbm_error_set(err, rc, "hseq: a step of %llu tokens needs more blocks than the pool has",

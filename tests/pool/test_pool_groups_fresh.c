@@ -1,0 +1,229 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_pool_groups_fresh.c: kvbm__pool_fill_groups_fresh
+ * (pool/pool_internal.h), a hybrid request's new full blocks filled in
+ * every group position by position.
+ *
+ * What it promises is kvbm_pool_fill_run_fresh of one block in each group,
+ * position by position, up to the first position that some group has
+ * registered when it is reached. So two twin pools of two groups take the
+ * same random runs over a few shared documents (so that runs meet
+ * registered prefixes, cached and active, and evict), one pool through
+ * this call and one through those public calls (kvbm_pool_peek_group for
+ * every group, then one-block kvbm_pool_fill_run_fresh runs), release
+ * them in the same order, and must agree after every operation on every
+ * id, the stats and every (hash, group)'s registration and cached state;
+ * the hashes it writes itself (given none, some or all) must be the chain
+ * kvbm_hash_next gives. (That this order gives vLLM's counts, group by
+ * group, is checked by W1-hybrid against the Python reference:
+ * tests/workload/test_replay_hybrid.sh.) Then the refusals: a pool it does not
+ * serve (one group, a listener, token copies), NULL arrays, no groups or
+ * more than the pool's, more blocks than available, each with nothing
+ * done.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvbm/hash.h"
+#include "pool/pool_internal.h"
+
+enum { NB = 64, BS = 4, NG = 2, MAXRUN = 12, NDOC = 16, LIVE = 2 };
+
+static uint32_t rnd(uint32_t *x) { return (*x = *x * 1103515245u + 12345u) >> 8; }
+
+static kvbm_pool *mk(uint32_t groups, bool keep_tokens, kvbm_pool_listener l) {
+  kvbm_pool_config c = kvbm_pool_config_default(NB, BS);
+  c.num_groups = groups;
+  c.keep_tokens = keep_tokens;
+  c.listener = l;
+  kvbm_pool *p = NULL;
+  assert_int_equal(kvbm_pool_create(&c, &p, NULL), KVBM_OK);
+  return p;
+}
+
+/* doc d's tokens and the chain of its MAXRUN blocks' hashes */
+static uint32_t doc_tok[NDOC][MAXRUN * BS];
+static uint64_t doc_hash[NDOC][MAXRUN];
+
+static void make_docs(void) {
+  for (uint32_t d = 0; d < NDOC; d++) {
+    for (uint32_t i = 0; i < MAXRUN * BS; i++) doc_tok[d][i] = d * 1000 + i;
+    for (size_t k = 0; k < MAXRUN; k++)
+      doc_hash[d][k] = kvbm_hash_next(KVBM_HASH_NATIVE, 0, k ? doc_hash[d][k - 1] : 0, k > 0, doc_tok[d] + k * BS, BS);
+  }
+}
+
+static void assert_same(const kvbm_pool *a, const kvbm_pool *b) {
+  kvbm_pool_stats sa, sb;
+  kvbm_pool_stats_get(a, &sa);
+  kvbm_pool_stats_get(b, &sb);
+  assert_int_equal(sa.free, sb.free);
+  assert_int_equal(sa.cached, sb.cached);
+  assert_int_equal(sa.active, sb.active);
+  assert_int_equal(sa.registered, sb.registered);
+  assert_int_equal(sa.allocated, sb.allocated);
+  assert_int_equal(sa.evicted, sb.evicted);
+  for (uint32_t d = 0; d < NDOC; d++)
+    for (size_t k = 0; k < MAXRUN; k++)
+      for (uint32_t g = 0; g < NG; g++) {
+        bool ca = false, cb = false;
+        int ra = kvbm_pool_peek_group(a, g, doc_hash[d][k], NULL, &ca);
+        int rb = kvbm_pool_peek_group(b, g, doc_hash[d][k], NULL, &cb);
+        assert_int_equal(ra, rb);
+        assert_int_equal(ca, cb);
+      }
+}
+
+typedef struct run {
+  uint32_t a[NG][MAXRUN], b[NG][MAXRUN];
+  size_t n;
+} run;
+
+static void release(kvbm_pool *a, kvbm_pool *b, run *r) {
+  for (uint32_t g = 0; g < NG; g++) {
+    assert_int_equal(kvbm_pool_release_run(a, r->a[g], r->n, 0), KVBM_OK);
+    assert_int_equal(kvbm_pool_release_run(b, r->b[g], r->n, 0), KVBM_OK);
+  }
+  r->n = 0;
+}
+
+static void twins_agree(void **state) {
+  (void)state;
+  make_docs();
+  kvbm_pool *a = mk(NG, false, NULL), *b = mk(NG, false, NULL);
+  run live[LIVE];
+  memset(live, 0, sizeof live);
+  uint32_t x = 7;
+  size_t stopped = 0, filled = 0, evicting = 0;
+  for (int it = 0; it < 3000; it++) {
+    run *r = &live[it % LIVE];
+    if (r->n) release(a, b, r); /* the oldest run first */
+    assert_same(a, b);
+    const uint32_t d = rnd(&x) % NDOC;
+    const size_t start = rnd(&x) % MAXRUN, n = 1 + rnd(&x) % (MAXRUN - start);
+    /* pool A: the joint run, given none, some or all of the hashes */
+    uint64_t h[MAXRUN];
+    const size_t given = rnd(&x) % (n + 1);
+    for (size_t k = 0; k < n; k++) h[k] = k < given ? doc_hash[d][start + k] : 0xdead;
+    uint32_t *tabs[NG] = {r->a[0], r->a[1]};
+    size_t done = 99, hashed = 99;
+    kvbm_pool_stats st;
+    kvbm_pool_stats_get(a, &st);
+    const bool evicts = st.free < n * NG;
+    int rc = kvbm__pool_fill_groups_fresh(a, NG, 0, start ? doc_hash[d][start - 1] : 0, start > 0,
+                                          doc_tok[d] + start * BS, h, given, n, tabs, &done, &hashed);
+    if (rc == KVBM_ENOSPC) {
+      assert_true((uint64_t)n * NG > st.free + st.cached);
+      assert_same(a, b);
+      continue;
+    }
+    assert_int_equal(rc, KVBM_OK);
+    assert_true(hashed >= done && hashed <= n);
+    for (size_t k = 0; k < hashed; k++) assert_int_equal(h[k], doc_hash[d][start + k]);
+    /* pool B: the same, through the public calls */
+    size_t stop = 0;
+    for (; stop < n; stop++) {
+      const size_t k = start + stop;
+      bool any = false;
+      for (uint32_t g = 0; g < NG; g++) any |= kvbm_pool_peek_group(b, g, doc_hash[d][k], NULL, NULL) == KVBM_OK;
+      if (any) break;
+      for (uint32_t g = 0; g < NG; g++) {
+        size_t got = 99;
+        assert_int_equal(kvbm_pool_fill_run_fresh(b, g, 0, k ? doc_hash[d][k - 1] : 0, k > 0, doc_tok[d] + k * BS,
+                                                  doc_hash[d] + k, 1, NULL, &r->b[g][stop], &got),
+                         KVBM_OK);
+        assert_int_equal(got, 1);
+        assert_int_equal(r->b[g][stop], r->a[g][stop]);
+      }
+    }
+    assert_int_equal(done, stop);
+    r->n = done;
+    stopped += done < n;
+    filled += done;
+    evicting += evicts && done;
+    assert_same(a, b);
+  }
+  /* the runs met registered prefixes, filled blocks and evicted */
+  assert_true(stopped > 100 && filled > 1000 && evicting > 100);
+  for (int i = 0; i < LIVE; i++)
+    if (live[i].n) release(a, b, &live[i]);
+  assert_same(a, b);
+  kvbm_pool_destroy(a);
+  kvbm_pool_destroy(b);
+}
+
+static void on_event(void *user, const kvbm_pool_event *ev) {
+  (void)user;
+  (void)ev;
+}
+
+static void refusals(void **state) {
+  (void)state;
+  make_docs();
+  uint32_t t0[MAXRUN], t1[MAXRUN];
+  uint32_t *tabs[NG] = {t0, t1}, *half[NG] = {t0, NULL};
+  uint64_t h[MAXRUN];
+  memcpy(h, doc_hash[0], sizeof h);
+  size_t done = 99, hashed = 99;
+  /* pools it does not serve: nothing done, so the caller goes group by group */
+  kvbm_pool *one = mk(1, false, NULL), *heard = mk(NG, false, on_event), *copies = mk(NG, true, NULL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(one, 1, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
+                   KVBM_EUNSUPPORTED);
+  assert_int_equal(done, 0);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(heard, NG, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
+                   KVBM_EUNSUPPORTED);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(copies, NG, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
+                   KVBM_EUNSUPPORTED);
+  kvbm_pool_stats st;
+  kvbm_pool *pools[] = {one, heard, copies};
+  for (int i = 0; i < 3; i++) {
+    kvbm_pool_stats_get(pools[i], &st);
+    assert_int_equal(st.free, NB);
+    assert_int_equal(st.allocated, 0);
+    kvbm_pool_destroy(pools[i]);
+  }
+  kvbm_pool *p = mk(NG, false, NULL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, NULL, h, 0, 4, tabs, &done, &hashed), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, doc_tok[0], NULL, 0, 4, tabs, &done, &hashed),
+                   KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, doc_tok[0], h, 0, 4, NULL, &done, &hashed),
+                   KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, doc_tok[0], h, 0, 4, half, &done, &hashed),
+                   KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, doc_tok[0], h, 0, 4, tabs, NULL, &hashed),
+                   KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, 0, 0, 0, false, doc_tok[0], h, 0, 4, tabs, &done, &hashed),
+                   KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG + 1, 0, 0, false, doc_tok[0], h, 0, 4, tabs, &done, &hashed),
+                   KVBM_EINVAL);
+  /* 33 positions in 2 groups need 66 blocks of 64: refused, nothing written */
+  uint32_t big0[40], big1[40], *bigs[NG] = {big0, big1};
+  uint32_t tok[40 * BS];
+  uint64_t bh[40];
+  memset(tok, 0, sizeof tok);
+  memset(bh, 0, sizeof bh);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, tok, bh, 0, 33, bigs, &done, &hashed),
+                   KVBM_ENOSPC);
+  assert_int_equal(done, 0);
+  assert_int_equal(bh[0], 0);
+  kvbm_pool_stats_get(p, &st);
+  assert_int_equal(st.free, NB);
+  assert_int_equal(st.allocated, 0);
+  /* and the exact fit is served */
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, tok, bh, 0, 32, bigs, &done, &hashed), KVBM_OK);
+  assert_int_equal(done, 32);
+  kvbm_pool_stats_get(p, &st);
+  assert_int_equal(st.active, NB);
+  assert_int_equal(st.registered, NB);
+  kvbm_pool_destroy(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(twins_agree), cmocka_unit_test(refusals)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
