@@ -402,6 +402,12 @@ KVBM_EXTERN uint16_t kvbm_manager_metrics_port(const kvbm_manager *m);
 /* Waits until every queued copy has finished. */
 KVBM_EXTERN void kvbm_manager_flush(kvbm_manager *m);
 
+/* Waits until every queued copy to or from G2 and G3 has finished; G4's
+ * (the network's) may still be out, bounded by g4_timeout_ms. What an
+ * engine calls between steps when the next step should see this one's
+ * local copies but must not stall while Redis is slow or unreachable. */
+KVBM_EXTERN void kvbm_manager_flush_local(kvbm_manager *m);
+
 /* Why G3 is unavailable ("" when it is available or not configured). The
  * string lives as long as the manager. */
 KVBM_EXTERN const char *kvbm_manager_g3_error(const kvbm_manager *m);

@@ -741,15 +741,24 @@ void kvbm__workers_stop(kvbm_manager *m) {
   }
 }
 
-void kvbm_manager_flush(kvbm_manager *m) {
+/* Waits until the workers of tiers G2..last have nothing queued or
+ * running. Each worker signals done_cv when a job ends. */
+static void flush_through(kvbm_manager *m, int last) {
   if (!m || !m->mu_ready) return;
   pthread_mutex_lock(&m->mu);
   for (;;) {
     bool idle = true;
-    for (int ti = KVBM_TIER_G2; ti < KVBM_TIER_COUNT; ti++)
+    for (int ti = KVBM_TIER_G2; ti <= last; ti++)
       if (m->t[ti].q.count || m->t[ti].dq.count || m->t[ti].busy) idle = false;
     if (idle) break;
     pthread_cond_wait(&m->done_cv, &m->mu);
   }
   pthread_mutex_unlock(&m->mu);
 }
+
+void kvbm_manager_flush(kvbm_manager *m) { flush_through(m, KVBM_TIER_COUNT - 1); }
+
+/* G4 is the network: its copies end at g4_timeout_ms at worst, and an
+ * engine that waits for them between steps stalls for as long as Redis is
+ * unreachable. */
+void kvbm_manager_flush_local(kvbm_manager *m) { flush_through(m, KVBM_TIER_G3); }

@@ -615,7 +615,10 @@ static void run_job(kvsim_worker *w, job *j, outcome *o) {
     if (!rc) compute_blocks(w, r, before, 0);
   }
   if (!rc) rc = kvbm_mreq_commit(r);
-  kvbm_manager_flush(w->m); /* the next request sees this one's copies */
+  /* The next request sees this one's G2/G3 copies; its G4 writes go on
+   * behind, as an engine's do (a partition from Redis must not stall
+   * serving: a full flush waits g4_timeout_ms per batch there). */
+  kvbm_manager_flush_local(w->m);
   if (!rc && atomic_load(&w->g3_full)) {
     /* a full disk takes nothing new: what this commit gave G3 is dropped */
     kvbm_mreq_blocks(r, &ids, &nb);
