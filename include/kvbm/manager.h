@@ -920,7 +920,15 @@ typedef struct kvbm_hreq_info {
 } kvbm_hreq_info;
 
 /* Blocks until every onboard is over (timeout_ms < 0: forever; 0: just
- * look), then fills *out (may be NULL). KVBM_ETIMEDOUT on time out. */
+ * look), then fills *out (may be NULL). KVBM_ETIMEDOUT on time out. When
+ * the hit settled shorter than the one found (failed or abandoned
+ * onboards), every group gets a G1 block at each place its rule needs
+ * from the settled hit on (the plan for the longer hit had left some
+ * null: a window's places before it, Mamba's states before the last), so
+ * the engine has a block wherever it must compute; KVBM_ENOSPC when G1
+ * has no room for them yet: nothing taken, *out filled (ready, the
+ * settled hit), commit and append refused with KVBM_ENOSPC too; wait
+ * again once room is made, or destroy (which releases everything). */
 KVBM_EXTERN int kvbm_hreq_wait(kvbm_hreq *r, int timeout_ms, kvbm_hreq_info *out);
 
 /* Group g's G1 block table: ids[0..*n) in token order, KVBM_HREQ_NULL
@@ -930,7 +938,8 @@ KVBM_EXTERN int kvbm_hreq_table(const kvbm_hreq *r, uint32_t g, const uint32_t *
 
 /* Whether the engine must write group g's block k: past the settled hit
  * and registered by this request, the partial tail, or an onboard that
- * failed. Waits for the onboards first. */
+ * failed. Waits for the onboards first (kvbm_hreq_wait; false at a null
+ * place while it says KVBM_ENOSPC). */
 KVBM_EXTERN bool kvbm_hreq_must_compute(kvbm_hreq *r, uint32_t g, size_t k);
 
 /* The engine wrote every block it must compute (every token so far is
@@ -938,15 +947,18 @@ KVBM_EXTERN bool kvbm_hreq_must_compute(kvbm_hreq *r, uint32_t g, size_t k);
  * releases what each group no longer needs (vLLM's remove_skipped_blocks
  * at the request's length). Waits for the onboards first; never for a
  * copy. Called after the prefill and after each decode step; a commit
- * with nothing new does nothing (KVBM_OK). KVBM_ENOMEM: nothing done. */
+ * with nothing new does nothing (KVBM_OK). KVBM_ENOMEM, or KVBM_ENOSPC
+ * while kvbm_hreq_wait says so: nothing done. */
 KVBM_EXTERN int kvbm_hreq_commit(kvbm_hreq *r);
 
 /* Appends n decode tokens (one scheduler step; n 0: no-op). Every group's
  * table grows to the new length: one new block when the tail fills (Mamba
  * "align": its running state block only, the places between null), all
  * groups checked for room in G1 first: KVBM_ENOSPC (message), nothing
- * changed. Blocks that fill register under (hash, group) at once (this
- * request computes them: must_compute) and are offloaded at the next
+ * changed (also while a hit that settled short lacks its places, see
+ * kvbm_hreq_wait: they are taken first). Blocks that fill register
+ * under (hash, group) at once (this request computes them:
+ * must_compute) and are offloaded at the next
  * commit. A window group's blocks are released at commit, not here: kvbm
  * learns that tokens are computed from commit, and releasing a block the
  * engine has not written would leave it registered without its KV.

@@ -1417,9 +1417,13 @@ static PyObject *hreq_wait(HRequestObject *self, PyObject *unused) {
   (void)unused;
   if (hreq_alive(self)) return NULL;
   kvbm_hreq_info in;
+  int rc;
   Py_BEGIN_ALLOW_THREADS
-  kvbm_hreq_wait(self->r, -1, &in);
+  rc = kvbm_hreq_wait(self->r, -1, &in);
   Py_END_ALLOW_THREADS
+  if (rc == KVBM_ENOSPC) /* the hit settled short: G1 lacks room for the places to write (kvbm_hreq_wait) */
+    return kvbmpy_raise(rc, "HybridRequest.wait: the hit settled at %zu tokens and G1 has no room yet for the "
+                            "blocks each group needs from there (wait again later, or destroy)", in.hit_tokens);
   size_t ng = kvbm_manager_num_groups(self->mgr->m);
   PyObject *g1 = PyList_New((Py_ssize_t)ng), *onb = PyList_New((Py_ssize_t)ng);
   PyObject *from = PyDict_New();
@@ -1524,7 +1528,8 @@ static PyMethodDef hreq_methods[] = {
   {"wait", (PyCFunction)hreq_wait, METH_NOARGS,
    "wait() -> dict: waits for the onboards; hit_tokens (the hit the blocks that\n"
    "arrived serve), num_tokens, hit_g1 and onboarded (blocks per group), onboarded_from\n"
-   "(per tier)."},
+   "(per tier). NoSpaceError: the hit settled short and G1 has no room yet for the\n"
+   "blocks each group needs from the settled hit on (wait again, or destroy)."},
   {"must_compute", (PyCFunction)hreq_must_compute, METH_VARARGS,
    "must_compute(group, k) -> bool: whether the engine writes group's block k."},
   {"commit", (PyCFunction)hreq_commit, METH_NOARGS,

@@ -53,8 +53,9 @@ longer needs (vLLM's remove_skipped_blocks: the ids turn to null),
 ``dependencies`` over every group's blocks. What differs from one group:
 the hit's onboards from G2/G3/G4 are waited for in ``get_computed_blocks``
 (the hit is then local, in G1, with its bytes), and a hit that settles
-shorter than found (a failed read, a G4 deadline) is prefilled again, so no
-group is handed a null where the engine must write. ``KvbmConnector``
+shorter than found (a failed read, a G4 deadline) gets, in kvbm's wait, a
+block in every group at each place the engine must now write (no room for
+them: the request is dropped and asked for again later). ``KvbmConnector``
 (asynchronous loads, one block table in its metadata) serves one group and
 refuses a hybrid cache manager; vLLM's own cache with a hybrid model goes
 through ``kvbm.vllm.KvbmConnectorV1`` or ``KvbmOffloadingSpec``.
@@ -509,25 +510,26 @@ class KvbmCacheManager:
         hit = slot.local_tokens
         return KvbmBlocks(groups=self._h_tables(slot, 0, hit // self.block_size)), hit
 
-    _H_TRIES = 3
-
     def _h_prefill(self, request, tokens):
-        """Manager.hprefill whose onboards are over and whose hit held: the
-        hit found, once its copies are over, may settle shorter (a failed
-        read, a G4 deadline), and then a window group's table still has
-        nulls where the engine now computes (they were planned for the hit
-        found), so such a request is dropped and prefilled again: the store
-        has dropped what failed, and the new plan is the rule's over what is
-        there. None: no room in G1, or still short after _H_TRIES tries."""
-        for _ in range(self._H_TRIES):
-            try:
-                req = self.manager.hprefill(tokens, salt_hash=_salt_of(request), priority=self._priority)
-            except NoSpaceError:
-                return None
-            if req.wait()["hit_tokens"] == req.hit_tokens:
-                return req
+        """Manager.hprefill whose onboards are over: the hit found may
+        settle shorter (a failed read, a G4 deadline), and kvbm's wait then
+        gives every group a block at each place its rule needs from the
+        settled hit on (vLLM's allocate_slots after a load failure cut the
+        computed tokens back), so no group hands the engine a null where it
+        must write. None: no room in G1 for the prompt, or, once the hit
+        settled short, for those places (NoSpaceError from wait): the
+        request is dropped and asked for again at a later step, as vLLM
+        leaves a request waiting when allocate_slots returns None."""
+        try:
+            req = self.manager.hprefill(tokens, salt_hash=_salt_of(request), priority=self._priority)
+        except NoSpaceError:
+            return None
+        try:
+            req.wait()
+        except NoSpaceError:
             req.destroy()
-        return None
+            return None
+        return req
 
     def _h_admit(self, rid: str, req, n: int) -> _Slot:
         slot = _Slot(rid, req)

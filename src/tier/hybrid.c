@@ -29,7 +29,12 @@
  *   - Failed onboards. Once the copies are over, the hit is computed again
  *     by the same rule over what the request's tables hold ready: a window
  *     block that did not arrive shortens the hit only as far as the rule
- *     says, never to a block whose bytes are not there.
+ *     says, never to a block whose bytes are not there. The plan was made
+ *     for the longer hit, so each group then gets G1 blocks at the places
+ *     its rule needs from the settled hit on and the plan had left null
+ *     (fill_short; vLLM's allocate_slots after a load failure cut the
+ *     computed tokens back): the engine has a block wherever it computes.
+ *     No room: the wait says KVBM_ENOSPC and tries again next time.
  *   - Commit offloads every full block of every group through request.c's
  *     policy code (kvbm__use_block), then releases what each group no
  *     longer needs (skipped tokens), so a window group does not pin its
@@ -83,6 +88,8 @@ struct kvbm_hreq {
   size_t hit;        /* blocks of the hit found */
   size_t settled;    /* blocks of the hit once the onboards are over
                         (SIZE_MAX: not yet) */
+  bool filled;       /* settled, and every place each group needs for the
+                        settled hit has a G1 block (fill_short) */
   size_t commits;    /* kvbm_hreq_commit calls that did something */
   size_t committed;  /* full blocks the offload policy has used */
   size_t computed;   /* tokens the engine said are computed (last commit) */
@@ -668,12 +675,59 @@ static void fill_info(const kvbm_hreq *r, bool ready, kvbm_hreq_info *out) {
 
 static bool settled_hreq(void *r) { return settle(r); }
 
+/* Lock held, settled. The places group g lacks for the settled hit:
+ * [first_needed(g, settled), skip[g]), all null (the plan skipped them for
+ * the longer hit found; nothing below skip[g] is held). */
+static size_t short_places(const kvbm_hreq *r) {
+  size_t need = 0;
+  for (uint32_t g = 0; g < r->ngroups; g++) {
+    size_t f = first_needed(r, g, r->settled);
+    if (f < r->skip[g]) need += r->skip[g] - f;
+  }
+  return need;
+}
+
+/* Lock held, settled. A hit that settled short (failed or abandoned
+ * onboards) leaves the engine computing from the settled hit S on, and
+ * each group then needs real blocks from first_needed(g, S) on, as vLLM's
+ * allocate_slots gives a request whose num_computed_tokens a load failure
+ * cut back (hybrid.md, "A hit that settles short"). The plan held blocks
+ * only from first_needed(g, H) on, so the places between get G1 blocks
+ * now, registered by this request (must_compute: the engine writes them).
+ * Every such place is at or past S: the settled hit is the group rule's
+ * over the tables (lookup_own), so what a group reads for S is held
+ * already. Room for all of them or none: KVBM_ENOSPC, nothing taken, and
+ * the next wait tries again (vLLM: allocate_slots returns None, the
+ * request waits a step); destroy releases what the request holds. */
+static int fill_short(kvbm_hreq *r) {
+  if (r->filled) return KVBM_OK;
+  size_t need = short_places(r);
+  if (need > kvbm_pool_available(r->m->t[KVBM_TIER_G1].pool)) return KVBM_ENOSPC;
+  for (uint32_t g = 0; g < r->ngroups; g++) {
+    size_t f = first_needed(r, g, r->settled);
+    for (size_t k = f; k < r->skip[g]; k++) {
+      assert(k >= r->settled && k < r->nfull && r->tab[g][k] == KVBM_HREQ_NULL);
+      r->tab[g][k] = register_new(r, g, k);
+    }
+    if (f < r->skip[g]) r->skip[g] = f;
+  }
+  r->filled = true;
+  return KVBM_OK;
+}
+
+/* Lock held. The onboards over (settle), then the settled hit's places
+ * (fill_short); KVBM_ENOSPC when G1 has no room for them yet. */
+static int wait_ready(kvbm_hreq *r, int timeout_ms) {
+  int rc = kvbm__manager_wait_settled(r->m, timeout_ms, settled_hreq, r, r->og ? &r->og->deadline_ns : NULL);
+  return rc ? rc : fill_short(r);
+}
+
 int kvbm_hreq_wait(kvbm_hreq *r, int timeout_ms, kvbm_hreq_info *out) {
   if (!r) return KVBM_EINVAL;
   kvbm_manager *m = r->m;
   pthread_mutex_lock(&m->mu);
-  int rc = kvbm__manager_wait_settled(m, timeout_ms, settled_hreq, r, r->og ? &r->og->deadline_ns : NULL);
-  if (out) fill_info(r, rc == KVBM_OK, out);
+  int rc = wait_ready(r, timeout_ms);
+  if (out) fill_info(r, rc == KVBM_OK || rc == KVBM_ENOSPC, out);
   pthread_mutex_unlock(&m->mu);
   return rc;
 }
@@ -726,7 +780,10 @@ static void exit_think(kvbm_hreq *r);
 
 int kvbm_hreq_commit(kvbm_hreq *r) {
   if (!r) return KVBM_EINVAL;
-  kvbm_hreq_wait(r, -1, NULL);
+  /* Without the settled hit's places the engine had nowhere to write
+   * some of its tokens: nothing to commit yet. */
+  int wrc = kvbm_hreq_wait(r, -1, NULL);
+  if (wrc) return wrc;
   kvbm_manager *m = r->m;
   const size_t todo = r->ngroups * (r->nfull - r->committed);
   kvbm__batch *b = calloc(1, sizeof *b);
@@ -793,6 +850,15 @@ int kvbm_hreq_append(kvbm_hreq *r, const uint32_t *tokens, size_t n, kvbm_error 
                                   r->shell.tokens + k * B, B);
   pthread_mutex_lock(&m->mu);
   kvbm_pool *g1 = m->t[KVBM_TIER_G1].pool;
+  /* A hit that settled short takes its places first (fill_short): a
+   * step must not grow past prompt places the engine cannot write. */
+  if (r->settled != SIZE_MAX && fill_short(r)) {
+    size_t need = short_places(r);
+    pthread_mutex_unlock(&m->mu);
+    return kvbm_error_set(err, KVBM_ENOSPC,
+                          "manager: hreq_append: the hit settled short and its %zu places in G1 are not "
+                          "allocated yet (%u available)", need, kvbm_pool_available(g1));
+  }
   /* vLLM's allocate_slots: the skipped blocks first (a no-op after a
    * commit, which released them at the same length), then room for every
    * group before any allocation. */
@@ -883,8 +949,9 @@ int kvbm_hreq_block_phase(const kvbm_hreq *r, size_t k, kvbm_frame_phase *out) {
 void kvbm_hreq_destroy(kvbm_hreq *r) {
   if (!r) return;
   kvbm_manager *m = r->m;
-  kvbm_hreq_wait(r, -1, NULL);
   pthread_mutex_lock(&m->mu);
+  /* The onboards over; never fill_short's places, only to release them. */
+  (void)kvbm__manager_wait_settled(m, -1, settled_hreq, r, r->og ? &r->og->deadline_ns : NULL);
   kvbm__tier *g1 = &m->t[KVBM_TIER_G1];
   /* Blocks it registered but never committed have no KV: whoever matched
    * them must not wait for them, nor use them (as kvbm_mreq_destroy). */

@@ -338,8 +338,8 @@ def test_failed_onboards_settle_the_hit(tmp_path):
     """G3's copies of A's blocks are corrupted: hprefill finds the hit in G3,
     every read fails its checksum, and get_computed_blocks returns the
     settled hit (0), not the one found, with tables the engine can compute
-    from 0 (the window group has no null where it must write: the request
-    was prefilled again once the hit settled short); a later request hits
+    from 0 (the window group has no null where it must write: kvbm's wait
+    gave it blocks once the hit settled short); a later request hits
     the recomputed blocks in G1 with the bytes written."""
     with kvbm.Manager(g1_blocks=40, g3_blocks=400, g3_dir=str(tmp_path), g3_policy="all", g3_persist=True,
                       groups="full,sw:32") as m:
