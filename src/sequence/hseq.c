@@ -341,6 +341,7 @@ static void step_joint(kvbm_hseq *s, uint64_t end, int *rc) {
     tabs[gi] = g->table + len;
   }
   ensure_hashed(s, len); /* the parent */
+  if (s->nhash < len) return; /* not known: never with every block registered */
   size_t done = 0, hashed = 0;
   *rc = kvbm__pool_fill_groups_fresh(s->pool, (uint32_t)s->ng, s->salt, len ? s->hashes[len - 1] : 0, len > 0,
                                      s->tokens + len * s->bs, s->hashes + len, s->nhash - len, nf - len, tabs,
