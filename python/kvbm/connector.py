@@ -670,6 +670,10 @@ class SaveSpec:
     request_id: str
     start: int
     end: int
+    # Several KV cache groups: each group's G1 blocks covering [start, end)
+    # (the cache manager's null_block_id where the group holds none), as
+    # vLLM's tuple of one block list per group; None with one group.
+    group_block_ids: Optional[list[list[int]]] = None
 
 
 @dataclasses.dataclass
@@ -743,33 +747,89 @@ def g1_kv_caches(manager, layer_names: Iterable[str], *, num_kv_heads: int, dtyp
     return out
 
 
+def _layer_groups(kv_cache_groups, num_groups: int) -> Optional[dict[str, int]]:
+    """Layer name -> group from vLLM's KVCacheConfig (its .kv_cache_groups),
+    a list of KVCacheGroupSpec (each .layer_names), or a list of layer-name
+    lists, one per group; None when not given."""
+    if kv_cache_groups is None:
+        return None
+    groups = getattr(kv_cache_groups, "kv_cache_groups", kv_cache_groups)
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
+        raise TypeError("KvbmConnector: kv_cache_groups must be a KVCacheConfig or a list of groups")
+    groups = [getattr(g, "layer_names", g) for g in groups]
+    if len(groups) != num_groups:
+        raise _error(InvalidArgumentError,
+                     f"KvbmConnector: kv_cache_groups has {len(groups)} groups, the cache manager "
+                     f"{num_groups}")
+    out: dict[str, int] = {}
+    for g, names in enumerate(groups):
+        if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+            raise TypeError(f"KvbmConnector: group {g}'s layer names must be a list of str")
+        names = list(names)
+        if not names:
+            raise _error(InvalidArgumentError, f"KvbmConnector: group {g} has no layers")
+        for n in names:
+            if not isinstance(n, str):
+                raise TypeError(f"KvbmConnector: group {g}'s layer names must be str, got {type(n).__name__}")
+            if n in out:
+                raise _error(InvalidArgumentError,
+                             f"KvbmConnector: layer {n!r} is in groups {out[n]} and {g} (a layer "
+                             "belongs to one group)")
+            out[n] = g
+    return out
+
+
+def _group_block_ids(blocks, num_groups: int, what: str) -> list[list[int]]:
+    """One G1 block-id list per group from vLLM's KVCacheBlocks (or its
+    get_block_ids() tuple): what a hybrid scheduler passes."""
+    groups = blocks.get_block_ids() if hasattr(blocks, "get_block_ids") else blocks
+    if groups is None:
+        return [[] for _ in range(num_groups)]
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
+        raise TypeError(f"{what}: blocks must be KVCacheBlocks or a tuple of block-id lists, "
+                        f"got {type(groups).__name__}")
+    groups = list(groups)
+    if len(groups) != num_groups:
+        raise _error(InvalidArgumentError,
+                     f"{what}: {len(groups)} block lists for a cache manager of {num_groups} KV cache "
+                     "groups (one list per group)")
+    return [_block_ids_of(g, what) for g in groups]
+
+
 class KvbmConnector:
     """vLLM's KVConnectorBase_V1 methods over kvbm (see the module notes).
 
     ``KvbmConnector(role, cache_manager)``: ``role`` is
     KVConnectorRole.SCHEDULER or WORKER (vLLM's enum works too);
     ``cache_manager`` the engine's KvbmCacheManager, shared by both roles.
+
+    A cache manager of several KV cache groups (a hybrid model): block ids
+    come and go as one list per group (vLLM's ``get_block_ids()`` tuple);
+    ``kv_cache_groups`` (vLLM's KVCacheConfig, or one layer-name list per
+    group) says which group each layer is in, which the worker's
+    ``register_kv_caches`` needs; the hit is settled in G1 by
+    ``get_computed_blocks``, so no load is ever external; ``wait_for_save``
+    commits every group through the cache manager; ``SupportsHMA``'s
+    ``request_finished_all_groups`` is served.
     """
 
-    def __init__(self, role, cache_manager: KvbmCacheManager):
+    def __init__(self, role, cache_manager: KvbmCacheManager, *, kv_cache_groups=None):
         if not isinstance(cache_manager, KvbmCacheManager):
             raise TypeError(f"KvbmConnector: expected a KvbmCacheManager, got {type(cache_manager).__name__}")
-        if cache_manager.num_groups > 1:
-            # Its loads, saves and metadata are one block table's; a hybrid
-            # cache manager settles its onboards in get_computed_blocks.
-            raise _error(UnsupportedError,
-                         f"KvbmConnector: the cache manager has {cache_manager.num_groups} KV cache "
-                         "groups; this connector serves one (a hybrid KvbmCacheManager loads its hit "
-                         "in get_computed_blocks and commits through commit(); for vLLM's own "
-                         "cache use kvbm.vllm.KvbmConnectorV1)")
         self._role = _role(role)
         self._cache = cache_manager
+        # Several groups (a hybrid model): the hit is settled, bytes in G1,
+        # by get_computed_blocks, so there is nothing to load; saves commit
+        # every group through the cache manager (module notes, "Hybrid").
+        self._num_groups = cache_manager.num_groups
+        self._layer_group = _layer_groups(kv_cache_groups, self._num_groups)
         self._closed = False
         # scheduler side
         self._recorded: list[str] = []
         self._step = 0
         # worker side
-        self._layers: dict[str, tuple[int, tuple, tuple, int]] = {}  # name -> (layer, shape, stride, ptr)
+        # name -> (kvbm layer, shape, stride, data_ptr, group)
+        self._layers: dict[str, tuple[int, tuple, tuple, int, int]] = {}
         self._meta: Optional[KvbmConnectorMetadata] = None
         self._started = False
         self._saved: set[str] = set()
@@ -834,6 +894,9 @@ class KvbmConnector:
                          f"update_state_after_alloc: num_external_tokens must be an int >= 0, "
                          f"got {num_external_tokens!r}")
         slot = self._slot(rid, "update_state_after_alloc")
+        if self._num_groups > 1:
+            self._h_after_alloc(rid, slot, blocks, num_external_tokens)
+            return
         ids = _block_ids_of(blocks, "update_state_after_alloc")
         if slot.req is None:
             raise _error(StateError,
@@ -857,6 +920,28 @@ class KvbmConnector:
         slot.load = _LOAD_RECORDED
         slot.expected_tokens = slot.local_tokens + ext
         self._recorded.append(rid)
+
+    def _h_after_alloc(self, rid: str, slot: _Slot, blocks, num_external_tokens: int) -> None:
+        """update_state_after_alloc with groups: each group's blocks must be
+        the request's table in that group (nulls where the group holds
+        none); nothing is recorded, the hit being local already."""
+        ids = _group_block_ids(blocks, self._num_groups, "update_state_after_alloc")
+        if slot.req is None:
+            raise _error(StateError,
+                         f"update_state_after_alloc: request {rid!r} got no G1 blocks (allocate_slots "
+                         "returned None)")
+        tables = self._cache._h_tables(slot)
+        for g, (got, table) in enumerate(zip(ids, tables)):
+            if got != table[: len(got)]:
+                raise _error(InvalidArgumentError,
+                             f"update_state_after_alloc: request {rid!r}: group {g}'s blocks "
+                             f"{got[:8]}... are not its kvbm block table {table[:8]}...: allocate "
+                             "through KvbmCacheManager")
+        if num_external_tokens != 0:
+            raise _error(InvalidArgumentError,
+                         f"update_state_after_alloc: request {rid!r}: {num_external_tokens} external "
+                         "tokens, but a hybrid cache manager's hit is local (get_computed_blocks "
+                         "settled it; get_num_new_matched_tokens reported 0)")
 
     def build_connector_meta(self, scheduler_output) -> KvbmConnectorMetadata:
         """This step's loads (recorded since the last call) and saves (every
@@ -891,7 +976,7 @@ class KvbmConnector:
                 raise _error(InvalidArgumentError,
                              f"build_connector_meta: request {rid!r}: {n!r} tokens after {start}, but "
                              f"it has slots for {slot.num_tokens}")
-            saves.append(SaveSpec(rid, start, start + n))
+            saves.append(self._save_spec(rid, slot, start, start + n))
         meta = KvbmConnectorMetadata(step=self._step)
         bs = self._cache.block_size
         for rid in self._recorded:
@@ -908,13 +993,34 @@ class KvbmConnector:
         self._step += 1
         return meta
 
+    def _save_spec(self, rid: str, slot: _Slot, start: int, end: int) -> SaveSpec:
+        """One scheduled request's save. With groups it carries each
+        group's blocks of [start, end), and the request must not read
+        blocks another request has yet to write (a hybrid hit is local at
+        once, so nothing else holds it back: the engine skips a request
+        while ``dependencies()`` is not empty)."""
+        if self._num_groups == 1:
+            return SaveSpec(rid, start, end)
+        deps = self._cache.dependencies(rid)
+        if deps:
+            raise _error(StateError,
+                         f"build_connector_meta: request {rid!r} is scheduled but reads blocks that "
+                         f"{sorted(deps)} registered and have not written yet (skip it while "
+                         "KvbmCacheManager.dependencies() is not empty)")
+        bs = self._cache.block_size
+        return SaveSpec(rid, start, end, self._cache._h_tables(slot, start // bs, -(-end // bs)))
+
     def request_finished(self, request, block_ids) -> tuple[bool, Optional[dict[str, Any]]]:
         """Called once when the request finishes, before its blocks are
         freed. Never delays the free (False): kvbm's offload copies hold
-        their own references to the G1 blocks they read."""
+        their own references to the G1 blocks they read. With groups,
+        ``block_ids`` is one list per group (request_finished_all_groups)."""
         self._check(KVConnectorRole.SCHEDULER, "request_finished")
         rid = _request_id(request, "request_finished")
-        _block_ids_of(block_ids, "request_finished")
+        if self._num_groups > 1:
+            _group_block_ids(block_ids, self._num_groups, "request_finished")
+        else:
+            _block_ids_of(block_ids, "request_finished")
         slot = self._cache._slots.get(rid)
         if slot is None:
             return False, None  # never reached kvbm (aborted while waiting): nothing to do
@@ -922,6 +1028,15 @@ class KvbmConnector:
             raise _error(StateError, f"request_finished: request {rid!r} finished already")
         slot.finished = True
         return False, None
+
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool, Optional[dict[str, Any]]]:
+        """vLLM's SupportsHMA entry point (called instead of request_finished
+        when the hybrid allocator is on): ``block_ids`` is one list per
+        group. Same contract as request_finished."""
+        if self._num_groups == 1:
+            self._check(KVConnectorRole.SCHEDULER, "request_finished_all_groups")
+            block_ids = _group_block_ids(block_ids, 1, "request_finished_all_groups")[0]
+        return self.request_finished(request, block_ids)
 
     def update_connector_output(self, connector_output) -> None:
         """Nothing to do: the worker reports through get_finished."""
@@ -942,12 +1057,24 @@ class KvbmConnector:
             raise _error(StateError, "register_kv_caches: KV caches are registered already")
         if not isinstance(kv_caches, dict) or not kv_caches:
             raise TypeError("register_kv_caches: expected a non-empty dict of layer name -> tensor")
+        hybrid = self._num_groups > 1
+        if hybrid and self._layer_group is None:
+            raise _error(StateError,
+                         f"register_kv_caches: the cache manager has {self._num_groups} KV cache groups; "
+                         "say which layers are in which (KvbmConnector(..., kv_cache_groups=))")
         layout, regions = _g1_regions(self._cache.manager)
         esz = layout["dtype_size"]
         layers = {}
         for name, t in kv_caches.items():
             if not isinstance(name, str) or not all(hasattr(t, a) for a in ("data_ptr", "stride", "shape")):
                 raise TypeError(f"register_kv_caches: {name!r}: expected str -> tensor")
+            group = 0
+            if self._layer_group is not None:
+                if name not in self._layer_group:
+                    raise _error(NotFoundError,
+                                 f"register_kv_caches: layer {name!r} is in no KV cache group "
+                                 "(kv_cache_groups)")
+                group = self._layer_group[name]
             ptr = t.data_ptr()
             where = [(i, ptr - a) for i, (a, size) in enumerate(regions) if a <= ptr < a + size]
             if not where or t.element_size() != esz:
@@ -959,18 +1086,28 @@ class KvbmConnector:
             per_block = 1
             for d in tuple(t.shape)[1:]:
                 per_block *= d
+            # With groups a layer may use less than its share of a block (a
+            # Mamba state smaller than a page of KV).
+            fits = per_block * esz <= layout["layer_stride"] if hybrid \
+                else per_block * esz == layout["layer_stride"]
             if off % layout["layer_stride"] or tuple(t.shape)[0] != layout["num_blocks"] \
                     or t.stride(0) * esz != layout["block_stride"] or layer >= layout["num_layers"] \
-                    or per_block * esz != layout["layer_stride"]:
+                    or not fits:
                 raise _error(InvalidArgumentError,
                              f"register_kv_caches: layer {name!r} views G1 but not as [num_blocks, ...] "
                              "starting at a layer (block stride, start or block count differ)")
-            if any(v[0] == layer for v in layers.values()):
+            # Layers of different groups share a kvbm layer (vLLM's
+            # KVCacheTensor shared_by): a block is in one group at a time.
+            if any(v[0] == layer and v[4] == group for v in layers.values()):
                 raise _error(InvalidArgumentError,
                              f"register_kv_caches: layer {name!r} views kvbm layer {layer}, which another "
-                             "name views too")
-            layers[name] = (layer, tuple(t.shape), tuple(t.stride()), ptr)
-        if len(layers) != layout["num_layers"]:
+                             f"name views too (in group {group})")
+            layers[name] = (layer, tuple(t.shape), tuple(t.stride()), ptr, group)
+        if self._layer_group is not None and set(layers) != set(self._layer_group):
+            raise _error(InvalidArgumentError,
+                         f"register_kv_caches: layers {sorted(set(self._layer_group) - set(layers))} of "
+                         "kv_cache_groups have no KV cache")
+        if not hybrid and len(layers) != layout["num_layers"]:
             raise _error(InvalidArgumentError,
                          f"register_kv_caches: {len(layers)} layers for a manager of {layout['num_layers']}")
         self._layers = layers
@@ -1038,7 +1175,7 @@ class KvbmConnector:
         """The engine wrote this layer's KV into its G1 view: nothing to
         copy. Checks it is the registered view."""
         self._bound("save_kv_layer")
-        layer, shape, stride, ptr = self._layer(layer_name, "save_kv_layer")
+        layer, shape, stride, ptr, _ = self._layer(layer_name, "save_kv_layer")
         if not hasattr(kv_layer, "data_ptr") or kv_layer.data_ptr() != ptr \
                 or tuple(kv_layer.shape) != shape or tuple(kv_layer.stride()) != stride:
             raise _error(InvalidArgumentError,

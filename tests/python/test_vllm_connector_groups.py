@@ -210,13 +210,13 @@ def test_one_group_config_keeps_plain_hashes():
 
 def test_g1_owning_cache_manager_takes_groups(tmp_path):
     """KvbmCacheManager serves a Manager with groups (its tests:
-    test_cache_manager_groups.py); its one-table KvbmConnector refuses it."""
+    test_cache_manager_groups.py), and so does its KvbmConnector
+    (test_connector_groups.py)."""
     from kvbm.connector import KvbmCacheManager, KvbmConnector, KVConnectorRole
     with kvbm.Manager(block_size=4, g1_blocks=16, groups="full,sw:8") as m:
         cm = KvbmCacheManager(m)
         assert cm.num_groups == 2
-        with pytest.raises(kvbm.UnsupportedError, match="2 KV cache groups"):
-            KvbmConnector(KVConnectorRole.SCHEDULER, cm)
+        assert KvbmConnector(KVConnectorRole.SCHEDULER, cm).role == KVConnectorRole.SCHEDULER
     with kvbm.Manager(block_size=4, g1_blocks=16) as m:  # one group: as before
         assert KvbmCacheManager(m).block_size == 4
 
