@@ -56,9 +56,16 @@ the hit's onboards from G2/G3/G4 are waited for in ``get_computed_blocks``
 shorter than found (a failed read, a G4 deadline) gets, in kvbm's wait, a
 block in every group at each place the engine must now write (no room for
 them: the request is dropped and asked for again later). ``KvbmConnector``
-(asynchronous loads, one block table in its metadata) serves one group and
-refuses a hybrid cache manager; vLLM's own cache with a hybrid model goes
-through ``kvbm.vllm.KvbmConnectorV1`` or ``KvbmOffloadingSpec``.
+serves a hybrid cache manager too: block ids come and go as one list per
+group (vLLM's ``get_block_ids()`` tuple; ``request_finished_all_groups``,
+vLLM's ``SupportsHMA``), a save carries each group's blocks, the worker
+learns each layer's group from ``kv_cache_groups`` (vLLM's
+``KVCacheConfig``), and no load is external, the hit being in G1 already
+when ``get_computed_blocks`` returns (so a request that shares another's
+unwritten blocks is not held back by the connector: the engine skips it
+while ``dependencies()`` is not empty, and scheduling it is refused).
+vLLM's own cache with a hybrid model goes through
+``kvbm.vllm.KvbmConnectorV1`` or ``KvbmOffloadingSpec``.
 
 The order of calls is vLLM's (scheduler: get_computed_blocks,
 get_num_new_matched_tokens, allocate_slots, update_state_after_alloc, ...,
@@ -1051,7 +1058,9 @@ class KvbmConnector:
         """The engine's per-layer paged KV tensors, which must be views of
         the manager's G1 memory (g1_kv_caches makes them): one per kvbm
         layer, block dimension first with G1's block stride. A tensor
-        anywhere else would bypass kvbm, so it is refused."""
+        anywhere else would bypass kvbm, so it is refused. With groups:
+        every layer of kv_cache_groups, each kvbm layer once per group
+        (layers of different groups share it, as vLLM's KVCacheTensor)."""
         self._check(KVConnectorRole.WORKER, "register_kv_caches")
         if self._layers:
             raise _error(StateError, "register_kv_caches: KV caches are registered already")
