@@ -363,3 +363,33 @@ def test_one_group_unchanged_shapes():
     assert sched.request_finished_all_groups(r, cm.get_block_ids("r")) == (False, None)
     cm.free(r)
     assert KvbmBlocks(groups=[[1], [2]]).get_block_ids() == ([1], [2])
+
+
+def test_chunked_prefill_commits_after_its_last_chunk():
+    """A prompt computed in two chunks (vLLM's max_num_batched_tokens):
+    the first step's wait_for_save commits nothing (a hybrid commit says
+    every token is computed), so a request admitted between the chunks
+    shares the unwritten blocks and waits; the last chunk commits every
+    group and releases the window's blocks before the window."""
+    m = kvbm.Manager(g1_blocks=60, groups="full,sw:32")
+    e = Engine(m)
+    a = Req("a", prompt(7, 6 * B + 4))
+    assert e.admit(a) == 0
+    e.step(new=[(a, 3 * B)])
+    assert a.num_computed_tokens == 3 * B
+    assert NULL not in e.cm.get_block_ids("a")[1]  # nothing released before the commit
+    b = Req("b", list(a.all_token_ids))
+    assert e.admit(b) == 0  # A's blocks have no KV yet: no hit, shared
+    assert e.cm.dependencies("b") == {"a"}
+    with pytest.raises(kvbm.StateError, match="not written yet"):
+        e.sched.build_connector_meta(so(new=[(b, len(b.all_token_ids))]))
+    e.step(cached=[(a, 3 * B + 4)])  # the last chunk: committed
+    expect_nulls("gpt-oss", e.cm.get_block_ids("a"), 6 * B + 4)
+    assert not e.cm.dependencies("b")
+    e.step(new=[(b, len(b.all_token_ids))])
+    c = Req("c", list(a.all_token_ids))
+    blocks, hit = e.cm.get_computed_blocks(c)
+    assert hit == 6 * B
+    e.check_hit(c, blocks, hit)
+    for r in (a, b, c):
+        e.finish(r)
