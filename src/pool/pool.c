@@ -1106,26 +1106,17 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   size_t hashed = nhashed < n ? nhashed : n;
   uint64_t h = hashed ? hashes[hashed - 1] : parent;
   bool hp = hashed ? true : has_parent;
-  for (size_t j = 0; j < n && j < PLAIN_AHEAD; j++) {
-    if (j >= hashed) {
-      h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + j * bs, bs);
-      hashes[j] = h;
-      hp = true;
-      hashed = j + 1;
-    }
-    for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
-  }
+  size_t pos = 0; /* positions [0, pos) are hashed and their buckets prefetched */
   size_t k = 0;
   for (; k < n; k++) {
-    const size_t j = k + PLAIN_AHEAD;
-    if (j < n) {
-      if (j >= hashed) {
-        h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + j * bs, bs);
-        hashes[j] = h;
+    for (; pos < n && pos <= k + PLAIN_AHEAD; pos++) { /* 0..PLAIN_AHEAD at k 0, then one */
+      if (pos >= hashed) {
+        h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + pos * bs, bs);
+        hashes[pos] = h;
         hp = true;
-        hashed = j + 1;
+        hashed = pos + 1;
       }
-      for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
+      for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[pos], g, shift)]);
     }
     const uint64_t hk = hashes[k];
     uint32_t fps[KVBM_POOL_MAX_GROUPS], homes[KVBM_POOL_MAX_GROUPS];
