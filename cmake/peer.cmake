@@ -15,3 +15,6 @@ endforeach()
 if(TEST peer_test_disagg_ucx)
   set_tests_properties(peer_test_disagg_ucx PROPERTIES TIMEOUT 300)
 endif()
+if(TEST peer_test_pull_ucx) # forks the holder of the pulled blocks
+  set_tests_properties(peer_test_pull_ucx PROPERTIES TIMEOUT 300)
+endif()

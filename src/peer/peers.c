@@ -76,16 +76,35 @@
  *   "KVRM" u32 flags, u32 n, u32 0, n x u64 hashes   (version 2)
  *                                    blocks I acknowledged and no longer
  *                                    hold; flags bit 0: forget them all
+ *   "KVPB" + a placed block message naming the sender's own landing zone
+ *          and block (version 3): a pulled block, staged there; read it
+ *          one-sided, then acknowledge it (KVAC) to free the block
  * The hello's fourth u32 is its flags: 0 unkeyed (the bytes of before),
  * bit 0 keyed, and then a 32-byte nonce follows the export. Keyed links
  * add, second each way, "KVAU" u32 0, BLAKE3 of the hello sent and of the
  * one received; from it on, every message carries peer/ctl.h's trailer
  * (u64 seq, 16-byte MAC).
  *
- * Versions. A hello says 1 or 2; both are accepted (the lower is spoken).
- * Version 2 adds only "KVRM": a version 1 peer is never sent one (it
- * would count it as unknown), and since it never sends one either, its
- * word is believed only for its lease. A version above 2 is refused.
+ * Versions. A hello says 1, 2 or 3; all are accepted (the lower is
+ * spoken). Version 2 adds only "KVRM": a version 1 peer is never sent one
+ * (it would count it as unknown), and since it never sends one either,
+ * its word is believed only for its lease. Version 3 adds only "KVPB": a
+ * pull answered by a version 2 peer, or to one, is pushed as before. A
+ * version above 3 is refused.
+ *
+ * Pulled blocks (version 3, issue 22). A pull (KVPL) is answered with
+ * the blocks staged in landing blocks of the holder's own zone (lent,
+ * SLOT_LENT, never granted, until the answer), each announced by KVPB
+ * with its kept sum; the puller reads the block one-sided and hashes it
+ * as it lands (kvbm_fabric_read_blocks_hashed: over UCX shared memory each
+ * piece is copied and hashed at once, one pass over the bytes), into a
+ * stage of its own, and runs every check a placed block gets (frame MAC
+ * or checksum, identity, length) before a cache block is taken: the hash
+ * is of the bytes that landed, so the holder changing them after the sum
+ * costs the block (refused, counted), never a wrong one. Keyed links
+ * read, flush, then stream the keyed MAC (the pool hashes plain BLAKE3
+ * only). No landing block free, or a tier whose layers do not fit the
+ * zone's: pushed as before. Offloads and ExitThink still push or put.
  *
  * What a peer holds (issue 23). The remote index remembers each hash the
  * peer acknowledged with the time of its answer; an entry is believed for
@@ -161,7 +180,7 @@
 #include "peer/hindex.h"
 #include "peer/testing.h"
 
-#define PROTO_VERSION 2u  /* this side's; 1 is accepted (no removes) */
+#define PROTO_VERSION 3u  /* this side's; 1 (no removes) and 2 (no pulled blocks) are accepted */
 #define PROTO_MIN 1u
 #define LEASE_DEFAULT_MS 30000
 #define GONE_MAX 512u /* removes queued before "forget them all" */
@@ -170,7 +189,9 @@
 #define HELLO_MAX (16u << 20)
 #define POLL_MS 5 /* a link thread's wait for the next message */
 
-enum { SLOT_FREE = 0, SLOT_GRANTED = 1, SLOT_BUSY = 2 };
+/* SLOT_LENT: a block of ours staged there for the peer to read (a pulled
+ * block, KVPB), until its acknowledgement. */
+enum { SLOT_FREE = 0, SLOT_GRANTED = 1, SLOT_BUSY = 2, SLOT_LENT = 3 };
 
 typedef struct kvbm__peer kvbm__peer;
 
@@ -218,6 +239,13 @@ struct kvbm__peer {
   kvbm_fabric_local_set *land_ls;
   uint64_t land_id;
   uint8_t *slot; /* SLOT_* per landing block */
+  uint64_t *lent; /* SLOT_LENT: the hash staged there */
+
+  /* pulled blocks (KVPB) read from the peer's zone: where they land
+   * before the checks pass (block_bytes), and the pool that copies and
+   * hashes each piece as it lands (no worker threads: the link thread) */
+  uint8_t *pull_stage;
+  kvbm_blake3_pool *pool;
 
   /* the peer's */
   kvbm_fabric_remote_set *rs;
@@ -513,6 +541,50 @@ static int verify_landed(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t
   return rc ? rc : kvbm_frame_verifier_finish(&v, err);
 }
 
+/* A pulled block (KVPB): read from the peer's landing zone, where the
+ * peer staged it, into pull_stage and hashed as it lands: unkeyed, by
+ * kvbm_fabric_read_blocks_hashed (over a mapping, UCX shared memory: each
+ * 256 KiB piece copied and hashed at once, one pass over the bytes); keyed
+ * (the pool hashes plain BLAKE3 only), read, flushed, then the MAC
+ * streamed over the stage. Either way the hash is of what landed here,
+ * never of the peer's memory, and is checked against the frame's kept
+ * sum: ECHECKSUM / EAUTH on a mismatch, before any cache block is taken. */
+static int read_pulled(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t **layers, uint64_t *hashed,
+                       kvbm_error *err) {
+  const kvbm_layout *pl = &kvbm_fabric_remote_desc(p->rs)->layout;
+  const uint64_t bb = p->set->block_bytes, nl = p->land_layout.config.num_layers;
+  if (kvbm_fabric_block_bytes(pl) != bb || pl->config.num_layers != nl)
+    return kvbm_error_set(err, KVBM_EFORMAT, "wrong length: the peer's landing blocks are %llu bytes in %llu "
+                          "layers, blocks here %llu bytes in %llu",
+                          (unsigned long long)kvbm_fabric_block_bytes(pl), (unsigned long long)pl->config.num_layers,
+                          (unsigned long long)bb, (unsigned long long)nl);
+  void *dst = p->pull_stage;
+  int rc;
+  if (!p->keyed) {
+    uint8_t sum[16];
+    pthread_mutex_lock(&p->fmu);
+    rc = kvbm_fabric_read_blocks_hashed(p->f, p->rs, &msg->block_id, &dst, 1, p->pool, sum, sizeof sum,
+                                        p->cfg.timeout_ms, err);
+    pthread_mutex_unlock(&p->fmu);
+    if (!rc) *hashed += bb;
+    if (!rc && memcmp(sum, msg->frame.checksum, sizeof sum) != 0)
+      rc = kvbm_error_set(err, KVBM_ECHECKSUM, "pulled block %016llx: its bytes do not match the frame's checksum",
+                          (unsigned long long)msg->seq_hash);
+  } else {
+    pthread_mutex_lock(&p->fmu);
+    rc = kvbm_fabric_read_block(p->f, p->rs, msg->block_id, dst, (size_t)bb, err);
+    pthread_mutex_unlock(&p->fmu);
+    if (!rc) rc = flush_loop(p, p->cfg.timeout_ms, err);
+    kvbm_frame_verifier v;
+    if (!rc) rc = kvbm_frame_verifier_init_keyed(&v, &msg->frame, p->mac_key, err);
+    if (!rc) rc = kvbm_frame_verifier_update(&v, dst, (size_t)bb, err);
+    if (!rc) *hashed += bb;
+    if (!rc) rc = kvbm_frame_verifier_finish(&v, err);
+  }
+  for (uint64_t l = 0; l < nl; l++) layers[l] = p->pull_stage + l * pl->layer_stride;
+  return rc;
+}
+
 /* The body length a pushed message's frame declares (its envelope and
  * header were checked by the decoder that hashed the body). */
 static uint64_t pushed_body_len(const uint8_t *buf, size_t len) {
@@ -538,8 +610,8 @@ static void grant_back(kvbm__peer *p, const uint8_t *buf, size_t len) {
 /* Every check of one block message, in order, then place(). *reason is
  * the stats counter the refusal goes to; *hashed the bytes hashed to
  * check it (the one hash a block's bytes get on their way, issue 22). */
-static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **reason, uint64_t *hashed,
-                      kvbm_error *err) {
+static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, bool pulled, uint64_t **reason,
+                      uint64_t *hashed, kvbm_error *err) {
   const kvbm__peers *s = p->set;
   const uint32_t B = s->B;
   uint32_t *tokens = malloc(B * sizeof *tokens);
@@ -556,21 +628,26 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
       *hashed += pushed_body_len(buf, len);
     if (rc == KVBM_ETOOLONG || rc == KVBM_ETRUNCATED) *reason = &p->st.refused_length;
   }
-  if (!rc && msg.layout_id != p->land_id) {
+  /* A pulled block is a placed message naming the peer's own zone. */
+  const uint64_t zone = pulled ? p->peer_land_id : p->land_id;
+  if (!rc && pulled && !msg.placed)
+    rc = kvbm_error_set(err, KVBM_EPROTO, "a pulled block message that is not placed");
+  if (!rc && msg.layout_id != zone) {
     *reason = &p->st.refused_stale_layout;
     rc = kvbm_error_set(err, KVBM_EPROTO, "stale layout: the block was laid out for block set %016llx, "
-                        "this manager's landing zone is %016llx",
-                        (unsigned long long)msg.layout_id, (unsigned long long)p->land_id);
+                        "it should name %s landing zone %016llx",
+                        (unsigned long long)msg.layout_id, pulled ? "the peer's" : "this manager's",
+                        (unsigned long long)zone);
   }
   /* A placed message the decoder refused (a frame of the wrong kind or
    * MAC on a keyed link, a bad header) names its landing block only in
    * its envelope: a block granted to the peer goes back all the same, or
    * every refusal would cost the zone a block for good. */
-  if (rc) grant_back(p, buf, len);
+  if (rc && !pulled) grant_back(p, buf, len);
   /* A placed block's landing block is taken first, so that every later
    * refusal gives it back. */
   bool slot_taken = false;
-  if (!rc && msg.placed) {
+  if (!rc && msg.placed && !pulled) {
     pthread_mutex_lock(&p->mu);
     if (msg.block_id < p->cfg.landing_blocks && p->slot[msg.block_id] == SLOT_GRANTED) {
       p->slot[msg.block_id] = SLOT_BUSY;
@@ -595,7 +672,12 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
     rc = kvbm_error_set(err, KVBM_EPROTO, "sequence hash %016llx does not follow from the block's tokens",
                         (unsigned long long)msg.seq_hash);
   }
-  if (!rc && msg.placed) {
+  if (!rc && pulled) {
+    rc = read_pulled(p, &msg, layers, hashed, err);
+    if (rc == KVBM_ECHECKSUM) *reason = &p->st.refused_checksum;
+    if (rc == KVBM_EAUTH) *reason = &p->st.refused_auth;
+    if (rc == KVBM_EFORMAT) *reason = &p->st.refused_length;
+  } else if (!rc && msg.placed) {
     if (msg.tier != p->cfg.ingest_tier) {
       rc = kvbm_error_set(err, KVBM_EPROTO, "a placed block names tier %s, the landing zone is %s's",
                           kvbm_tier_name(msg.tier), kvbm_tier_name(p->cfg.ingest_tier));
@@ -627,10 +709,10 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, uint64_t **
  * link thread calls it with its own peer: that peer is published in
  * the set's array only after its thread started (attach), so a lookup by index
  * could miss it while the first messages arrive. */
-static int peer_ingest(kvbm__peer *p, const uint8_t *msg, size_t len, kvbm_error *err) {
+static int peer_ingest(kvbm__peer *p, const uint8_t *msg, size_t len, bool pulled, kvbm_error *err) {
   uint64_t *reason, hashed = 0;
   kvbm_error e = {0};
-  int rc = ingest_msg(p, msg, len, &reason, &hashed, &e);
+  int rc = ingest_msg(p, msg, len, pulled, &reason, &hashed, &e);
   pthread_mutex_lock(&p->mu);
   p->st.received++;
   p->st.received_hashed_bytes += hashed;
@@ -653,10 +735,33 @@ int kvbm_manager_ingest_block(kvbm_manager *m, uint32_t peer, const uint8_t *msg
     return kvbm_error_set(err, KVBM_EDISAGG, "manager: disaggregation unavailable: no fabric attached");
   kvbm__peer *p = peer_get(m, peer);
   if (!p) return kvbm_error_set(err, KVBM_ENOTFOUND, "manager: no peer %u", peer);
-  return peer_ingest(p, msg, len, err);
+  return peer_ingest(p, msg, len, false, err);
 }
 
 /* ---- sending blocks ---- */
+
+/* A landing block of ours, free, lent to staging h (KVBM_ENOSPC: none). */
+static int lend_slot(kvbm__peer *p, uint64_t h, uint32_t *slot) {
+  int rc = KVBM_ENOSPC;
+  pthread_mutex_lock(&p->mu);
+  for (uint32_t i = 0; rc && i < p->cfg.landing_blocks; i++)
+    if (p->slot[i] == SLOT_FREE) {
+      p->slot[i] = SLOT_LENT;
+      p->lent[i] = h;
+      *slot = i;
+      rc = KVBM_OK;
+    }
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+/* The staging blocks lent for h are free again (its answer came; p->mu
+ * held). The scan is of landing_blocks bytes (16 by default). */
+static void unlend(kvbm__peer *p, uint64_t h) {
+  for (uint32_t i = 0; i < p->cfg.landing_blocks; i++)
+    if (p->slot[i] == SLOT_LENT && p->lent[i] == h) p->slot[i] = SLOT_FREE;
+}
+
 
 /* One block to send: pinned in its tier until sent (kvbm/manager.h). */
 typedef kvbm_block_ref src_block;
@@ -941,6 +1046,8 @@ static void link_close(kvbm__peer *p, const char *why) {
   kvbm__hindex_clear(&p->given);
   p->ngone = 0;
   p->gone_all = false;
+  for (uint32_t i = 0; i < p->cfg.landing_blocks; i++)
+    if (p->slot[i] == SLOT_LENT) p->slot[i] = SLOT_FREE;
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
 }
@@ -1037,6 +1144,10 @@ static void take_ack(kvbm__peer *p, const uint8_t *buf, size_t len) {
   int status = (int)kvbm__get_le32(buf + 4);
   uint64_t h = kvbm__get_le64(buf + 8);
   pthread_mutex_lock(&p->mu);
+  /* A block staged for it is free again, whether or not the answer is
+   * believed: reused early, the peer reads other bytes than the sum it
+   * was framed with and refuses them (never a wrong block). */
+  unlend(p, h);
   if (!kvbm__hindex_take(&p->pending, h)) {
     p->st.acks_unexpected++;
     pthread_mutex_unlock(&p->mu);
@@ -1053,7 +1164,66 @@ static void take_ack(kvbm__peer *p, const uint8_t *buf, size_t len) {
   pthread_mutex_unlock(&p->mu);
 }
 
-/* A pull: the blocks asked for, pushed back (or "not held"). */
+/* A pulled block (version 3 peers, the OutputCritical pull): b's layers
+ * copied into a landing block of ours (a block of our exported zone, lent
+ * until the peer answers), framed with its kept sum (nothing hashed when
+ * kept), and announced as "KVPB" + a placed block message naming our
+ * zone and that block. The peer reads it one-sided and hashes it as it
+ * lands (read_pulled): one copy here (the block out of the tier, where a
+ * push gathers it into the message), and the receiver's copy is its hash
+ * pass. KVBM_ENOSPC (no landing block free) or KVBM_EUNSUPPORTED (the
+ * tier's layers do not fit the zone's): the caller pushes instead. */
+static int send_pulled(kvbm__peer *p, const src_block *b, kvbm_error *err) {
+  kvbm_manager *m = p->m;
+  const kvbm_layout *L = kvbm_manager_layout(m, b->tier);
+  const uint64_t nl = L->config.num_layers;
+  if (nl != p->land_layout.config.num_layers || L->layer_stride * nl != p->set->block_bytes)
+    return KVBM_EUNSUPPORTED;
+  uint32_t slot = 0;
+  int rc = lend_slot(p, b->seq_hash, &slot);
+  if (rc) return rc;
+  const void **layers = malloc(nl * sizeof *layers);
+  size_t cap = 4 + kvbm_block_msg_placed_size(p->set->B), len = 0;
+  uint8_t *buf = malloc(cap);
+  if (!layers || !buf) rc = kvbm_error_set(err, KVBM_ENOMEM, "peer: out of memory");
+  for (uint64_t l = 0; !rc && l < nl; l++) {
+    void *ptr;
+    size_t size;
+    rc = kvbm_storage_block_layer_ptr(p->land, &p->land_layout, slot, l, &ptr, &size, err);
+    if (!rc && size != L->layer_stride) rc = KVBM_EUNSUPPORTED;
+    if (!rc) rc = kvbm_manager_block_read(m, b->tier, b->id, (uint32_t)l, ptr, L->layer_stride, err);
+    if (!rc) layers[l] = ptr;
+  }
+  kvbm_block_msg msg = msg_of(p, b, p->set->B);
+  if (!rc) block_sum(p, b, layers, msg.frame.checksum);
+  /* the seam: the exporter's bytes changed after the sum was kept */
+  if (!rc && corrupt_this(p->set)) ((uint8_t *)(uintptr_t)layers[0])[0] ^= 0x5A;
+  msg.placed = 1;
+  msg.block_id = slot;
+  msg.layout_id = p->land_id; /* our zone, where the bytes wait */
+  msg.tier = p->cfg.ingest_tier;
+  memcpy(buf, "KVPB", 4);
+  if (!rc) rc = kvbm_block_msg_encode(&msg, buf + 4, cap - 4, &len, err);
+  if (!rc) {
+    await_ack(p, b->seq_hash);
+    rc = send_copy(p, buf, 4 + len, err);
+    if (rc) await_cancel(p, b->seq_hash);
+  }
+  pthread_mutex_lock(&p->mu);
+  if (rc) {
+    p->slot[slot] = SLOT_FREE;
+  } else {
+    p->st.sent_blocks++;
+    p->st.sent_bytes += p->set->block_bytes;
+  }
+  pthread_mutex_unlock(&p->mu);
+  free(layers);
+  free(buf);
+  return rc;
+}
+
+/* A pull: the blocks asked for, staged for the peer to read (version 3)
+ * or pushed back (or "not held"). */
 static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len < 8) return;
   uint32_t n = kvbm__get_le32(buf + 4);
@@ -1072,7 +1242,8 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
       continue;
     }
     b.phase = KVBM_PHASE_OUTPUT_CRITICAL; /* pulled back for output */
-    (void)send_blocks(p, &b, 1, true, NULL);
+    int rc = p->peer_version >= 3 ? send_pulled(p, &b, NULL) : KVBM_EUNSUPPORTED;
+    if (rc == KVBM_ENOSPC || rc == KVBM_EUNSUPPORTED) (void)send_blocks(p, &b, 1, true, NULL);
     kvbm_manager_block_unpin(m, &b, 1);
   }
   free(tok);
@@ -1081,10 +1252,16 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
 static void handle_msg(kvbm__peer *p, const uint8_t *buf, size_t len) {
   if (len >= 4 && memcmp(buf, KVBM_BLOCK_MSG_MAGIC, 4) == 0) {
     kvbm_error e = {0};
-    int rc = peer_ingest(p, buf, len, &e);
+    int rc = peer_ingest(p, buf, len, false, &e);
     uint64_t h = len >= 16 ? kvbm__get_le64(buf + 8) : 0;
     (void)send_ack(p, rc, h);
     send_removes(p); /* an eviction racing the ingest: after its ack */
+  } else if (len >= 8 && memcmp(buf, "KVPB", 4) == 0 && memcmp(buf + 4, KVBM_BLOCK_MSG_MAGIC, 4) == 0) {
+    kvbm_error e = {0};
+    int rc = peer_ingest(p, buf + 4, len - 4, true, &e);
+    uint64_t h = len >= 20 ? kvbm__get_le64(buf + 12) : 0;
+    (void)send_ack(p, rc, h); /* also frees the peer's staging block */
+    send_removes(p);
   } else if (len >= 4 && memcmp(buf, "KVRQ", 4) == 0) {
     serve_grant_request(p, buf, len);
   } else if (len >= 4 && memcmp(buf, "KVGR", 4) == 0) {
@@ -1260,6 +1437,9 @@ static void peer_free(kvbm__peer *p) {
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
   free(p->slot);
+  free(p->lent);
+  free(p->pull_stage);
+  kvbm_blake3_pool_destroy(p->pool);
   free(p->grants);
   kvbm__hindex_free(&p->remote);
   kvbm__hindex_free(&p->pending);
@@ -1545,7 +1725,10 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
     seed[1] = seed[0] * 0x9E3779B97F4A7C15ull;
   }
   p->gone = malloc(GONE_MAX * sizeof *p->gone);
-  rc = p->slot && p->rbuf && p->gone ? KVBM_OK : KVBM_ENOMEM;
+  p->lent = calloc(c.landing_blocks, sizeof *p->lent);
+  p->pull_stage = aligned_alloc(64, (s->block_bytes + 63) & ~(uint64_t)63);
+  rc = p->slot && p->lent && p->pull_stage && p->rbuf && p->gone ? KVBM_OK : KVBM_ENOMEM;
+  if (!rc && kvbm_blake3_pool_create(0, 0, &p->pool, NULL)) rc = KVBM_ENOMEM;
   if (!rc) rc = kvbm__hindex_init(&p->remote, c.remote_index_blocks, seed[0]);
   if (!rc) rc = kvbm__hindex_init(&p->pending, c.remote_index_blocks, seed[1]);
   if (!rc) rc = kvbm__hindex_init(&p->given, c.remote_index_blocks, seed[0] ^ seed[1]);

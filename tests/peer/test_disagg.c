@@ -31,7 +31,7 @@
  * clock) is not believed, and a new answer renews it; an output-phase
  * prefill drops no G1 copy for room on a word its peer took back, nor on
  * one older than the lease (on the old code: the cluster's last copy).
- * Hellos of version 1 and 2 are accepted, 3 refused.
+ * Hellos of version 1, 2 and 3 are accepted, 4 refused.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -982,7 +982,7 @@ static void test_peer_eviction_told(void **state) {
   kvbm_peer_stats sa, sb;
   assert_int_equal(kvbm_manager_peer_stats_get(p.a, 0, &sa), KVBM_OK);
   assert_int_equal(kvbm_manager_peer_stats_get(p.b, 0, &sb), KVBM_OK);
-  assert_int_equal(sa.peer_version, 2);
+  assert_int_equal(sa.peer_version, 3);
   assert_true(sb.removes_sent >= 3);
   assert_true(sa.forgotten_removed >= 3);
   free(pt);
@@ -1127,7 +1127,7 @@ static void test_peer_lease(void **state) {
 }
 
 /* A lease below 1 is refused by name; 0 is the default. Hellos of
- * version 3 are refused, 1 and 2 accepted (2 is ours: every pair test). */
+ * version 4 are refused, 1 and 2 accepted (3 is ours: every pair test). */
 static void test_peer_lease_config_and_versions(void **state) {
   (void)state;
   kvbm_manager *d = make(16, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0);
@@ -1144,14 +1144,14 @@ static void test_peer_lease_config_and_versions(void **state) {
   kvbm_fabric_destroy(fb);
 
   d = make(16, KVBM_LAYOUT_FULLY_CONTIGUOUS, 256, 0);
-  hostile h = {.version = 3};
+  hostile h = {.version = 4};
   assert_int_equal(kvbm_fabric_inproc_pair("evil", "d", &h.f, &fb, NULL), KVBM_OK);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, hostile_hello, &h), 0);
   c = kvbm_peer_config_default();
   c.timeout_ms = 2000;
   assert_int_equal(kvbm_manager_attach(d, fb, &c, &peer, &e), KVBM_EPROTO);
-  assert_non_null(strstr(e.msg, "version 1..2"));
+  assert_non_null(strstr(e.msg, "version 1..3"));
   pthread_join(th, NULL);
   kvbm_manager_destroy(d);
   kvbm_fabric_remote_set_release(h.rs);
