@@ -15,11 +15,22 @@
  *
  * --keyed: both peers share a key (kvbm_peer_config.key, issue 23): the
  * frames are MAC'd. Run with and without it for the MAC's cost.
+ *
+ * --pull: the timed transfer is the OutputCritical pull instead (issue
+ * 22): the blocks, offloaded to the decode manager untimed, leave the
+ * prefill manager's G1 (another prompt takes it), and its prefill of the
+ * prompt pulls them all back; the holder stages each in its landing zone
+ * and the puller reads it one-sided, hashing it as it lands (KVPB).
+ * --pull-pushed: the same pull answered by pushes (the holder's seam
+ * kvbm__peer_push_pulls: what a version 2 peer does, the code before):
+ * the before of --pull in one binary. The in-process fabric maps nothing,
+ * so its pulled read is a read, then a hash (UCX shared memory copies and
+ * hashes in one pass); callgrind's instruction counts compare the two.
  * Under callgrind, use a few rounds and small blocks: the instruction
  * count of the whole run is the figure.
  *
  * usage: bench_peer_transfer [--blocks N (256)] [--layers L (8)]
- *        [--inner D (512)] [--rounds R (5)] [--keyed]
+ *        [--inner D (512)] [--rounds R (5)] [--keyed] [--pull | --pull-pushed]
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -34,6 +45,10 @@
 #if __has_include("kvbm/peer.h")
 #include "kvbm/peer.h"
 #define HAVE_PEER_H 1
+#endif
+#if __has_include("peer/testing.h")
+#include "peer/testing.h"
+#define HAVE_PULL_SEAM 1
 #endif
 
 #define PROG "bench_peer_transfer"
@@ -58,33 +73,73 @@ static void *attach_thread(void *arg) {
   return NULL;
 }
 
-static kvbm_manager *make(uint32_t blocks, uint32_t layers, uint32_t inner) {
+static kvbm_manager *make(uint32_t blocks, uint32_t layers, uint32_t inner, bool pull) {
   kvbm_manager_config c = kvbm_manager_config_default();
   c.block_size = B;
   c.layout = (kvbm_layout_config){.num_blocks = 1, .num_layers = layers, .outer_dim = 2, .page_size = B,
                                   .inner_dim = inner, .dtype_size = 2, .alignment = 256};
   c.g1_blocks = blocks + 8;
   c.g2_blocks = 0;
+  if (pull) { /* the puller: the pull on, nothing pushed at ExitThink */
+    c.output_pull = true;
+    c.pull_timeout_ms = 60000;
+    c.offload_threshold_blocks = 0;
+  }
   kvbm_manager *m;
   kvbm_error e;
   check("create", kvbm_manager_create(&c, &m, &e), &e);
   return m;
 }
 
+/* --pull: a's G1 taken by another prompt (the offloaded blocks are then
+ * the peer's only), then the timed prefill of the prompt, which pulls all
+ * nb blocks back; its seconds. */
+static double pull_back(kvbm_manager *a, const uint32_t *tok, size_t nt, uint32_t nb, uint64_t *seed) {
+  size_t no = (size_t)(nb + 7) * B + 1; /* G1 (nb + 8) whole: every block of ours leaves */
+  uint32_t *other = malloc(no * sizeof *other);
+  for (size_t i = 0; i < no; i++) other[i] = (uint32_t)kvbm_bench_xorshift(seed);
+  kvbm_mreq *q;
+  kvbm_error e;
+  check("prefill other", kvbm_manager_prefill(a, 0, 0, other, no, &q, NULL, &e), &e);
+  kvbm_mreq_wait(q, -1, NULL);
+  check("commit other", kvbm_mreq_commit(q), NULL);
+  kvbm_mreq_destroy(q);
+  free(other);
+  kvbm_peer_stats st0, st1;
+  kvbm_manager_peer_stats_get(a, 0, &st0);
+  double t0 = kvbm_bench_now();
+  kvbm_mreq_info info;
+  check("prefill pull", kvbm_manager_prefill(a, 0, 0, tok, nt, &q, NULL, &e), &e);
+  kvbm_mreq_wait(q, -1, &info);
+  double t = kvbm_bench_now() - t0;
+  kvbm_mreq_destroy(q);
+  kvbm_manager_peer_stats_get(a, 0, &st1);
+  if (info.matched_tokens != (size_t)nb * B || st1.ingested - st0.ingested != nb)
+    kvbm_bench_die(PROG, "pull: %llu tokens matched, %llu blocks ingested, of %u blocks",
+                   (unsigned long long)info.matched_tokens, (unsigned long long)(st1.ingested - st0.ingested), nb);
+  return t;
+}
+
 int main(int argc, char **argv) {
   uint32_t nb = 256, layers = 8, inner = 512, rounds = 5;
   bool keyed = false;
+  int pull = 0; /* 1: --pull, 2: --pull-pushed */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--keyed")) keyed = true;
+    else if (!strcmp(argv[i], "--pull")) pull = 1;
+    else if (!strcmp(argv[i], "--pull-pushed")) pull = 2;
     else if (i + 1 < argc && !strcmp(argv[i], "--blocks")) nb = (uint32_t)strtoul(argv[++i], NULL, 10);
     else if (i + 1 < argc && !strcmp(argv[i], "--layers")) layers = (uint32_t)strtoul(argv[++i], NULL, 10);
     else if (i + 1 < argc && !strcmp(argv[i], "--inner")) inner = (uint32_t)strtoul(argv[++i], NULL, 10);
     else if (i + 1 < argc && !strcmp(argv[i], "--rounds")) rounds = (uint32_t)strtoul(argv[++i], NULL, 10);
-    else kvbm_bench_die(PROG, "usage: %s [--blocks N] [--layers L] [--inner D] [--rounds R] [--keyed]", PROG);
+    else kvbm_bench_die(PROG, "usage: %s [--blocks N] [--layers L] [--inner D] [--rounds R] [--keyed] [--pull | --pull-pushed]", PROG);
   }
   if (nb == 0 || layers == 0 || inner == 0 || rounds == 0 || rounds > 64) kvbm_bench_die(PROG, "bad sizes");
 #ifndef HAVE_PEER_H
   if (keyed) kvbm_bench_die(PROG, "--keyed: this build has no keyed peer links");
+#endif
+#ifndef HAVE_PULL_SEAM
+  if (pull) kvbm_bench_die(PROG, "--pull: this build has no pulled blocks");
 #endif
   uint8_t secret[32];
   for (int i = 0; i < 32; i++) secret[i] = (uint8_t)(i * 37 + 11);
@@ -92,7 +147,10 @@ int main(int argc, char **argv) {
   double t_xfer[64], t_bound[64];
   uint64_t bytes = 0;
   for (uint32_t r = 0; r < rounds; r++) {
-    kvbm_manager *a = make(nb, layers, inner), *b = make(nb, layers, inner);
+    kvbm_manager *a = make(nb, layers, inner, pull != 0), *b = make(nb, layers, inner, false);
+#ifdef HAVE_PULL_SEAM
+    if (pull == 2) check("seam", kvbm__peer_push_pulls(b, true), NULL);
+#endif
     const uint64_t bb = kvbm_manager_block_bytes(a);
     bytes = bb * nb;
     side sa = {.m = a, .pc = kvbm_peer_config_default()}, sb = {.m = b, .pc = kvbm_peer_config_default()};
@@ -144,6 +202,7 @@ int main(int argc, char **argv) {
     kvbm_peer_stats st;
     kvbm_manager_peer_stats_get(a, 0, &st);
     if (st.acked_blocks != nb) kvbm_bench_die(PROG, "%llu of %u blocks acknowledged", (unsigned long long)st.acked_blocks, nb);
+    if (pull) t_xfer[r] = pull_back(a, tok, nt, nb, &seed);
 
     /* the bound: one copy and one hash of the same bytes */
     uint8_t *dst = malloc(bb), key[32] = {0};
@@ -180,7 +239,8 @@ int main(int argc, char **argv) {
   for (uint32_t r = 0; r < rounds; r++) ratio[r] = t_bound[r] / t_xfer[r];
   kvbm_bench_spread x = kvbm_bench_spread_of(t_xfer, (int)rounds), bo = kvbm_bench_spread_of(t_bound, (int)rounds),
                     ra = kvbm_bench_spread_of(ratio, (int)rounds);
-  printf("W4 peer transfer (PUSH, in-process fabric%s): %u blocks of %llu bytes, %u rounds\n",
+  printf("W4 peer transfer (%s, in-process fabric%s): %u blocks of %llu bytes, %u rounds\n",
+         pull == 1 ? "OutputCritical pull, read one-sided" : pull == 2 ? "OutputCritical pull, pushed back" : "PUSH",
          keyed ? ", keyed frames" : "", nb, (unsigned long long)(bytes / nb), rounds);
   printf("transfer GB/s: %.2f (median; %.2f..%.2f)\n", bytes / x.median / 1e9, bytes / x.max / 1e9,
          bytes / x.min / 1e9);

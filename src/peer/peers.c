@@ -210,6 +210,7 @@ typedef struct kvbm__peers {
   /* the corruption seam (peer/testing.h) */
   _Atomic uint64_t offloads;
   _Atomic uint64_t corrupt;
+  _Atomic bool push_pulls; /* kvbm__peer_push_pulls */
 } kvbm__peers;
 
 typedef struct outbox_item {
@@ -1242,7 +1243,8 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
       continue;
     }
     b.phase = KVBM_PHASE_OUTPUT_CRITICAL; /* pulled back for output */
-    int rc = p->peer_version >= 3 ? send_pulled(p, &b, NULL) : KVBM_EUNSUPPORTED;
+    bool pulled = p->peer_version >= 3 && !atomic_load_explicit(&p->set->push_pulls, memory_order_relaxed);
+    int rc = pulled ? send_pulled(p, &b, NULL) : KVBM_EUNSUPPORTED;
     if (rc == KVBM_ENOSPC || rc == KVBM_EUNSUPPORTED) (void)send_blocks(p, &b, 1, true, NULL);
     kvbm_manager_block_unpin(m, &b, 1);
   }
@@ -1939,6 +1941,13 @@ int kvbm__peer_corrupt_offloads(kvbm_manager *m, uint64_t mask) {
   if (!s) return KVBM_EINVAL;
   atomic_store(&s->offloads, 0);
   atomic_store(&s->corrupt, mask);
+  return KVBM_OK;
+}
+
+int kvbm__peer_push_pulls(kvbm_manager *m, bool on) {
+  kvbm__peers *s = m ? set_make(m, NULL) : NULL;
+  if (!s) return KVBM_EINVAL;
+  atomic_store(&s->push_pulls, on);
   return KVBM_OK;
 }
 

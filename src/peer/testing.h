@@ -8,6 +8,7 @@
 #ifndef KVBM_PEER_TESTING_H
 #define KVBM_PEER_TESTING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kvbm/manager.h"
@@ -25,5 +26,10 @@ int kvbm__peer_skew_clock(kvbm_manager *m, uint32_t peer, int64_t ms);
  * written over the landing block after the block). Callable before the
  * first attach (it makes the manager's peer set). KVBM_EINVAL. */
 int kvbm__peer_corrupt_offloads(kvbm_manager *m, uint64_t mask);
+/* on: this manager answers its peers' pulls by pushing the blocks, as a
+ * version 2 peer does, instead of staging them for a one-sided read
+ * (KVPB); for a benchmark's before/after in one run. Callable before the
+ * first attach. KVBM_EINVAL. */
+int kvbm__peer_push_pulls(kvbm_manager *m, bool on);
 
 #endif /* KVBM_PEER_TESTING_H */
