@@ -279,7 +279,8 @@ class KvEventPublisher:
                  form: str = "positional", medium: Optional[str] = "GPU",
                  zmq_endpoint: Optional[str] = None, zmq_topic: Optional[str] = None,
                  zmq_replay_endpoint: Optional[str] = None, max_batch_events: int = 256,
-                 max_batch_delay_us: int = 1000, drop_when_full: bool = False) -> None: ...
+                 max_batch_delay_us: int = 1000, drop_when_full: bool = False,
+                 coalesce: bool = False) -> None: ...
     def publish_stored(self, token_ids: Tokens, num_block_tokens: Sequence[int],
                        block_hashes: Sequence[Hash], lora_id: Optional[int] = None,
                        parent_hash: Optional[Hash] = None, *,

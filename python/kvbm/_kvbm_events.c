@@ -290,6 +290,19 @@ static int opt_str_arg(PyObject *o, const char *what, const char **out) {
   return kvbmpy_str(o, what, out);
 }
 
+/* coalesce=: a bool and nothing else. Truthiness (what "p" would accept)
+ * would turn coalescing on for coalesce="no" or coalesce=1.5, and the option
+ * changes what every consumer sees, so anything but True/False is refused. */
+static int coalesce_arg(PyObject *o, bool *out) {
+  if (!PyBool_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "coalesce: expected a bool (True or False), got %.100s",
+                 Py_TYPE(o)->tp_name);
+    return -1;
+  }
+  *out = o == Py_True;
+  return 0;
+}
+
 /* Stops the relay and destroys the publisher, GIL released, keeping the
  * final counts (see the top of the file): the relay's once its thread is
  * joined, the publisher's after a flush (what destroy would send is sent
@@ -325,14 +338,14 @@ static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"kv_block_size", "dp_rank", "endpoint", "replay_endpoint", "topic",
                            "nats_url", "nats_subject", "form", "medium", "zmq_endpoint",
                            "zmq_topic", "zmq_replay_endpoint", "max_batch_events",
-                           "max_batch_delay_us", "drop_when_full", NULL};
+                           "max_batch_delay_us", "drop_when_full", "coalesce", NULL};
   PyObject *bso, *dpo = NULL, *epo = NULL, *repo = NULL, *topo = NULL, *nuo = NULL, *nso = NULL,
                  *formo = NULL, *medo = NULL, *zeo = NULL, *zto = NULL, *zro = NULL, *mbo = NULL,
-                 *mdo = NULL;
+                 *mdo = NULL, *coo = NULL;
   int drop = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOOOOOOOOOOOp:KvEventPublisher", kwlist, &bso,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$OOOOOOOOOOOOOpO:KvEventPublisher", kwlist, &bso,
                                    &dpo, &epo, &repo, &topo, &nuo, &nso, &formo, &medo, &zeo, &zto,
-                                   &zro, &mbo, &mdo, &drop))
+                                   &zro, &mbo, &mdo, &drop, &coo))
     return NULL;
   uint64_t bs, dp = 0, mb, md;
   const char *ep, *rep, *topic, *nu, *ns, *ze, *zt, *zr, *medium = "GPU";
@@ -353,6 +366,7 @@ static PyObject *pub_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (kvbmpy_uint(mdo, "max_batch_delay_us", UINT32_MAX, &md)) return NULL;
     po.max_batch_delay_us = (uint32_t)md;
   }
+  if (coo && coalesce_arg(coo, &po.coalesce)) return NULL;
   if (bs == 0) return kvbmpy_raise(KVBM_EINVAL, "kv_block_size: must be at least 1");
   if (!ep && !nu)
     return kvbmpy_raise(KVBM_EINVAL, "KvEventPublisher: no sink: give endpoint= (ZMQ PUB) and/or nats_url=");
@@ -444,10 +458,21 @@ static PyObject *pub_send(PublisherObject *self, const kvbm_event *ev, const cha
   return PyLong_FromUnsignedLongLong(id);
 }
 
+/* A medium whose text is kvbm's own name for it ("GPU", "CPU") is sent
+ * without medium_name: the encoder writes that same text, and an event
+ * without names is the publisher's plain one, which its fast path and
+ * coalescing (coalesce=True) take. Another text ("CPU_PINNED", a name kvbm
+ * does not know) is kept and written as given. */
+static void plain_medium(kvbm_medium m, const char **name) {
+  const char *c = m == KVBM_MEDIUM_OTHER ? NULL : kvbm_medium_name(m);
+  if (*name && c && !strcmp(*name, c)) *name = NULL;
+}
+
 static int pub_medium(PublisherObject *self, PyObject *o, kvbm_medium *m, const char **name,
                       PyObject **keep) {
   *m = self->medium;
   *name = self->medium_name ? PyUnicode_AsUTF8(self->medium_name) : NULL;
+  plain_medium(*m, name);
   *keep = NULL;
   if (!o) return 0;
   if (o == Py_None) {
@@ -458,6 +483,7 @@ static int pub_medium(PublisherObject *self, PyObject *o, kvbm_medium *m, const 
   if (kvbmpy_str(o, "medium", name)) return -1;
   *keep = Py_NewRef(o);
   *m = kvbm_medium_from_name(*name, strlen(*name));
+  plain_medium(*m, name);
   return 0;
 }
 
@@ -732,13 +758,18 @@ static PyTypeObject PublisherType = {
       "                 topic='', nats_url=None, nats_subject=None, form='positional',\n"
       "                 medium='GPU', zmq_endpoint=None, zmq_topic=None,\n"
       "                 zmq_replay_endpoint=None, max_batch_events=256,\n"
-      "                 max_batch_delay_us=1000, drop_when_full=False)\n\n"
+      "                 max_batch_delay_us=1000, drop_when_full=False, coalesce=False)\n\n"
       "KV events (BlockStored, BlockRemoved, AllBlocksCleared) in the shape of\n"
       "Dynamo's KvEventPublisher, sent on vLLM's wire to a ZMQ PUB socket (endpoint;\n"
       "vLLM's rule: bind for '*' or ipc://, connect otherwise; replay_endpoint adds a\n"
       "ROUTER for gap recovery) and/or a NATS subject. form='map' uses newer vLLM's\n"
       "event maps. zmq_endpoint turns on relay mode: the publisher also subscribes to\n"
       "an engine's ZMQ PUB there (vLLM, SGLang) and republishes every event it reads.\n"
+      "coalesce=True sends chained one-block BlockStored events (and one-block\n"
+      "BlockRemoved events) published within one batch as one multi-block event, as\n"
+      "vLLM sends a step: the same blocks in the same order, fewer events (ids and\n"
+      "stats()['sent_events'] still count publishes). Off by default: consumers that\n"
+      "count events see the difference (docs/areas/events.md, Coalescing).\n"
       "Thread-safe; publishes release the GIL.",
   .tp_methods = pub_methods,
   .tp_getset = pub_getset,

@@ -14,13 +14,24 @@
  * group's kind and window, locality, ownership, token pairs, unnamed
  * fields as their msgpack bytes) and the encoder writes it back.
  *
+ * A decoded event names its medium as the engine wrote it (medium_name;
+ * for the usual "GPU" or "CPU" the static kvbm_medium_name text). The
+ * encoder writes exactly that text when medium_name is NULL, so the relay
+ * drops such a name before publishing (plain_events): the bytes
+ * downstream are the same, and the event is the publisher's plain one,
+ * which its fast path and coalescing (kvbm events relay --coalesce) take,
+ * while any named event is passed as it is. Only a batch that has such a
+ * name is copied (into the relay's own array, reused).
+ *
  * The relay renumbers, so downstream cannot see the engine restart in the
  * numbers: a batch the subscriber marks `reset` (a new stream) is preceded
  * by an AllBlocksCleared (of the same dp_rank), which says the same thing
  * in the events.
  */
 #include <stdlib.h>
+#include <string.h>
 
+#include "common/vec.h"
 #include "kvbm/events.h"
 
 
@@ -28,6 +39,8 @@ struct kvbm_relay {
   kvbm_subscriber *sub;
   kvbm_publisher *dst;
   kvbm_relay_stats st;
+  kvbm_event *copy; /* plain_events' array */
+  size_t cap;
 };
 
 int kvbm_relay_create(const kvbm_subscriber_config *src, kvbm_publisher *dst, kvbm_relay **out,
@@ -48,6 +61,7 @@ int kvbm_relay_create(const kvbm_subscriber_config *src, kvbm_publisher *dst, kv
 void kvbm_relay_destroy(kvbm_relay *r) {
   if (!r) return;
   kvbm_subscriber_destroy(r->sub);
+  free(r->copy);
   free(r);
 }
 
@@ -55,6 +69,28 @@ const kvbm_subscriber *kvbm_relay_subscriber(const kvbm_relay *r) { return r ? r
 
 void kvbm_relay_stats_get(const kvbm_relay *r, kvbm_relay_stats *out) {
   if (r && out) *out = r->st;
+}
+
+/* Whether ev's medium_name is the text the encoder writes without it. */
+static bool canonical_name(const kvbm_event *ev) {
+  if (!ev->medium_name || ev->medium == KVBM_MEDIUM_OTHER) return false;
+  const char *c = kvbm_medium_name(ev->medium); /* NULL for NONE: written as nil */
+  return c && (ev->medium_name == c || !strcmp(ev->medium_name, c));
+}
+
+/* b's events with every canonical medium_name dropped (see the top): b's
+ * own array when none has one, else the relay's copy; b's when the copy
+ * cannot be had (the same events, only not plain). */
+static const kvbm_event *plain_events(kvbm_relay *r, const kvbm_event_batch *b) {
+  size_t i = 0;
+  while (i < b->num_events && !canonical_name(&b->events[i])) i++;
+  if (i == b->num_events ||
+      kvbm__vec_reserve_of(&r->copy, &r->cap, b->num_events, 16, KVBM__VEC_NO_LIMIT))
+    return b->events;
+  memcpy(r->copy, b->events, b->num_events * sizeof *r->copy);
+  for (; i < b->num_events; i++)
+    if (canonical_name(&r->copy[i])) r->copy[i].medium_name = NULL;
+  return r->copy;
 }
 
 int kvbm_relay_poll(kvbm_relay *r, int timeout_ms, size_t *batches, kvbm_error *err) {
@@ -75,7 +111,9 @@ int kvbm_relay_poll(kvbm_relay *r, int timeout_ms, size_t *batches, kvbm_error *
   }
   size_t queued = 0;
   kvbm_error e2;
-  rc = kvbm_publisher_publish_batch(r->dst, &b, &queued, first ? &e2 : err);
+  kvbm_event_batch pb = b;
+  pb.events = plain_events(r, &b);
+  rc = kvbm_publisher_publish_batch(r->dst, &pb, &queued, first ? &e2 : err);
   if (!first) first = rc;
   r->st.batches++;
   r->st.events += queued;

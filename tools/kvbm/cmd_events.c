@@ -16,12 +16,24 @@
  *                    [--zmq-topic T] [--zmq-replay-legacy])
  *                    [--form map|positional] [--signed-hashes]
  *                    [--dp-rank R] [--batch N] [--delay-us US] [--count N]
- *                    [--idle-ms MS]
+ *                    [--idle-ms MS] [--coalesce]
  *                    [--metrics-port N [--metrics-host H] [--metrics-port-file P]]
  *     republishes the stream on NATS or on our own ZMQ endpoint (printing
  *     "publishing on EP [replay EP]" first, useful with a '*' port),
  *     keeping the engine's dp_rank (--dp-rank is for batches without one)
  *     and every field of its events.
+ *
+ * relay --coalesce turns on the publisher's coalescing
+ * (kvbm_publisher_config.coalesce, docs/areas/events.md "Coalescing"): a
+ * source that sends one block an event (a kvbm pool link, an engine that
+ * stores block by block) is republished as vLLM sends a step, chained
+ * one-block BlockStored events as one multi-block BlockStored and one-block
+ * BlockRemoved events as one BlockRemoved, within a publisher batch. Off by
+ * default, because consumers then see fewer events than the source sent
+ * (the same blocks, in the same order per hash); it buys nothing for a
+ * source that already sends whole steps (vLLM), where it only costs the
+ * check. Every relay sink takes bytes, so the publisher never refuses it
+ * here (it does beside a callback sink).
  *
  * Both stop after --count batches, after --idle-ms without a message, or on
  * SIGINT/SIGTERM, and print the subscriber's counters on stderr; relay also
@@ -70,8 +82,13 @@ static void usage_to(FILE *f) {
           "                        [--zmq-topic T] [--zmq-replay-legacy])\n"
           "                        [--form map|positional] [--signed-hashes]\n"
           "                        [--dp-rank R] [--batch N] [--delay-us US] [--count N]\n"
-          "                        [--idle-ms MS] [--queue-bytes B] [--metrics-port N\n"
-          "                        [--metrics-host H] [--metrics-port-file PATH]]\n");
+          "                        [--idle-ms MS] [--queue-bytes B] [--coalesce]\n"
+          "                        [--metrics-port N [--metrics-host H] [--metrics-port-file PATH]]\n"
+          "  relay --coalesce: republish chained one-block BlockStored events (and\n"
+          "  one-block BlockRemoved events) as one multi-block event per run within\n"
+          "  a batch, as vLLM sends a step; for sources that send a block an event\n"
+          "  (a kvbm pool link). Off by default: consumers then see fewer, larger\n"
+          "  events than the source sent (the same blocks; docs/areas/events.md).\n");
 }
 
 static void usage(void) { usage_to(stderr); }
@@ -111,6 +128,8 @@ static int parse(const char *cmd, int argc, char **argv, bool relay, args *a) {
       a->sub.bind = true;
     } else if (relay && !strcmp(argv[i], "--signed-hashes")) {
       a->pub.signed_hashes = true;
+    } else if (relay && !strcmp(argv[i], "--coalesce")) {
+      a->pub.coalesce = true;
     } else if (relay && (r = metrics_cli_take(cmd, argc, argv, &i, &a->metrics))) {
       if (r < 0) return 2;
     } else if (relay && OPT("--nats")) { if (r < 0) return 2; a->nats = v; }
