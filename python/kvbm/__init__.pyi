@@ -276,7 +276,7 @@ class KvEventPublisher:
     def __init__(self, kv_block_size: int, *, dp_rank: int = 0, endpoint: Optional[str] = None,
                  replay_endpoint: Optional[str] = None, topic: str = "",
                  nats_url: Optional[str] = None, nats_subject: Optional[str] = None,
-                 form: str = "positional", medium: Optional[str] = "GPU",
+                 form: str = "map", medium: Optional[str] = "GPU",
                  zmq_endpoint: Optional[str] = None, zmq_topic: Optional[str] = None,
                  zmq_replay_endpoint: Optional[str] = None, max_batch_events: int = 256,
                  max_batch_delay_us: int = 1000, drop_when_full: bool = False,

@@ -13,7 +13,6 @@ comes back as given. The option is a bool and nothing else. The Python
 publisher's sinks (ZMQ, NATS) all take bytes, so the C refusal beside a
 callback sink cannot arise here (tests/events/test_coalesce.c holds it).
 """
-import socket
 import struct
 import time
 
@@ -165,3 +164,33 @@ def test_relay_mode_coalesces_an_engines_one_block_events():
     assert ev[0]["parent_block_hash"] is None
     assert len(ev) < 32 and max(len(e["block_hashes"]) for e in ev) >= 8, [len(e["block_hashes"]) for e in ev]
     assert all(e["medium"] == "GPU" for e in ev)
+
+
+def test_a_medium_text_of_its_own_is_kept_and_not_merged():
+    """medium='CPU_PINNED' (SGLang's) is kvbm's CPU under another text: the
+    text goes on the wire as given, so such an event stays as published."""
+    toks, h = chain(7, 3)
+    with publisher(coalesce=True, form="map") as pub:
+        for i in range(3):
+            pub.publish_stored(toks[i * B:(i + 1) * B], [B], [h[i]], None,
+                               parent_hash=h[i - 1] if i else None, medium="CPU_PINNED")
+        pub.flush(timeout=10)
+        ev = recv_blocks(pub, 3)
+        raw = replay_payload(pub)
+    # the dicts name kvbm's medium (CPU); the wire has the text as given
+    assert [(e["block_hashes"], e["medium"]) for e in ev] == [([x], "CPU") for x in h]
+    events = msgpack.unpackb(raw, raw=False, strict_map_key=False)[1]
+    assert [(e["block_hashes"], e["medium"]) for e in events] == [([x], "CPU_PINNED") for x in h]
+
+
+def replay_payload(pub):
+    """The first batch's payload as bytes, asked of the replay ROUTER as
+    vLLM's subscribers ask (a DEALER sends the start seq)."""
+    d = zmq.Context.instance().socket(zmq.DEALER)
+    d.connect(pub.replay_endpoint)
+    try:
+        d.send_multipart([b"", struct.pack(">q", 0)])
+        assert d.poll(int(DEADLINE * 1000)), "no replay answer"
+        return d.recv_multipart()[-1]
+    finally:
+        d.close(0)
