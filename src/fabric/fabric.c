@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "fabric/fabric_impl.h"
+#include "fabric/map.h"
 
 void kvbm__fabric_base_init(kvbm_fabric *f, const kvbm_fabric_vtable *vt, const char *name) {
   f->vt = vt;
@@ -722,6 +723,18 @@ static int map_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block,
   if (!rc) rc = f->vt->map(f, rs->regions[s.region].rkey, addr, s.size, out);
   if (rc == KVBM_ECLOSED) return kvbm_error_set(err, rc, "fabric: peer '%s' is closed", f->peer_name);
   return rc;
+}
+
+int kvbm__fabric_map_block(kvbm_fabric *f, kvbm_fabric_remote_set *rs, uint64_t block, const void **out,
+                           kvbm_error *err) {
+  NEED(f);
+  if (!rs || !out || rs->fabric != f) return kvbm_error_set(err, KVBM_EINVAL, "fabric: map: NULL or foreign set");
+  int rc = kvbm__fabric_check(f, err);
+  if (rc) return rc;
+  if (block >= rs->desc.layout.config.num_blocks)
+    return kvbm_error_set(err, KVBM_ERANGE, "fabric: map: block %llu out of range (set has %llu blocks)",
+                          (unsigned long long)block, (unsigned long long)rs->desc.layout.config.num_blocks);
+  return map_block(f, rs, block, out, err);
 }
 
 /* The mapped path: every block's mapping first (all or none: one that is

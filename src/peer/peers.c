@@ -76,6 +76,7 @@
  *   "KVRM" u32 flags, u32 n, u32 0, n x u64 hashes   (version 2)
  *                                    blocks I acknowledged and no longer
  *                                    hold; flags bit 0: forget them all
+ *   "KVPR" u32 n, n x u64 hashes     as KVPL, answered with KVPB (version 3)
  *   "KVPB" + a placed block message naming the sender's own landing zone
  *          and block (version 3): a pulled block, staged there; read it
  *          one-sided, then acknowledge it (KVAC) to free the block
@@ -88,12 +89,13 @@
  * Versions. A hello says 1, 2 or 3; all are accepted (the lower is
  * spoken). Version 2 adds only "KVRM": a version 1 peer is never sent one
  * (it would count it as unknown), and since it never sends one either,
- * its word is believed only for its lease. Version 3 adds only "KVPB": a
- * pull answered by a version 2 peer, or to one, is pushed as before. A
- * version above 3 is refused.
+ * its word is believed only for its lease. Version 3 adds only "KVPR"
+ * and "KVPB": never sent to an older peer, whose pulls stay KVPL, pushed
+ * back as before. A version above 3 is refused.
  *
- * Pulled blocks (version 3, issue 22). A pull (KVPL) is answered with
- * the blocks staged in landing blocks of the holder's own zone (lent,
+ * Pulled blocks (version 3, issue 22). A pull the puller can read in one
+ * pass (the peer's zone mapped here: UCX shared memory; asked as KVPR)
+ * is answered with the blocks staged in landing blocks of the holder's own zone (lent,
  * SLOT_LENT, never granted, until the answer), each announced by KVPB
  * with its kept sum; the puller reads the block one-sided and hashes it
  * as it lands (kvbm_fabric_read_blocks_hashed: over UCX shared memory each
@@ -102,9 +104,13 @@
  * or checksum, identity, length) before a cache block is taken: the hash
  * is of the bytes that landed, so the holder changing them after the sum
  * costs the block (refused, counted), never a wrong one. Keyed links
- * read, flush, then stream the keyed MAC (the pool hashes plain BLAKE3
- * only). No landing block free, or a tier whose layers do not fit the
- * zone's: pushed as before. Offloads and ExitThink still push or put.
+ * copy each piece out of the mapping and feed the keyed MAC from the copy
+ * at once (the pool hashes plain BLAKE3 only). Not mapped (TCP, RDMA, a
+ * LayerSeparate zone), the read would need a flush on the link thread,
+ * which waits for the peer's link thread too (two managers pulling from
+ * each other would stall until timeout_ms): such pulls stay KVPL, pushed.
+ * No landing block free, or a tier whose layers do not fit the zone's:
+ * pushed as before. Offloads and ExitThink still push or put.
  *
  * What a peer holds (issue 23). The remote index remembers each hash the
  * peer acknowledged with the time of its answer; an entry is believed for
@@ -170,6 +176,7 @@
 #include "common/clock.h"
 #include "common/secret.h"
 #include "fabric/hello.h"
+#include "fabric/map.h"
 #include "kvbm/blake3.h"
 #include "kvbm/fabric.h"
 #include "kvbm/frame.h"
@@ -250,6 +257,7 @@ struct kvbm__peer {
 
   /* the peer's */
   kvbm_fabric_remote_set *rs;
+  bool rs_mapped; /* mapped here (kvbm__fabric_map_block): pulls are read */
   uint64_t peer_land_id;
   kvbm_tier peer_land_tier;
 
@@ -542,6 +550,33 @@ static int verify_landed(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t
   return rc ? rc : kvbm_frame_verifier_finish(&v, err);
 }
 
+/* A keyed pulled block into pull_stage, its MAC checked. Mapped: each
+ * 256 KiB piece copied out of the mapping and fed to the verifier from
+ * the copy at once, while in this core's cache (one pass, as the pool
+ * does for plain sums). Not mapped (rare: the puller asks for pulled
+ * blocks only when block 0 mapped, see hook_pull): a read and a flush. */
+static int read_keyed(kvbm__peer *p, const kvbm_block_msg *msg, kvbm_error *err) {
+  const size_t bb = (size_t)p->set->block_bytes, piece = KVBM_BLAKE3_POOL_PIECE_DEFAULT;
+  uint8_t *dst = p->pull_stage;
+  const void *src = NULL;
+  pthread_mutex_lock(&p->fmu);
+  int rc = kvbm__fabric_map_block(p->f, p->rs, msg->block_id, &src, err);
+  if (rc == KVBM_EUNSUPPORTED) {
+    src = NULL;
+    rc = kvbm_fabric_read_block(p->f, p->rs, msg->block_id, dst, bb, err);
+  }
+  pthread_mutex_unlock(&p->fmu);
+  if (!rc && !src) rc = flush_loop(p, p->cfg.timeout_ms, err);
+  kvbm_frame_verifier v;
+  if (!rc) rc = kvbm_frame_verifier_init_keyed(&v, &msg->frame, p->mac_key, err);
+  for (size_t off = 0; !rc && off < bb; off += piece) {
+    size_t n = bb - off < piece ? bb - off : piece;
+    if (src) memcpy(dst + off, (const uint8_t *)src + off, n);
+    rc = kvbm_frame_verifier_update(&v, dst + off, n, err);
+  }
+  return rc ? rc : kvbm_frame_verifier_finish(&v, err);
+}
+
 /* A pulled block (KVPB): read from the peer's landing zone, where the
  * peer staged it, into pull_stage and hashed as it lands: unkeyed, by
  * kvbm_fabric_read_blocks_hashed (over a mapping, UCX shared memory: each
@@ -572,15 +607,8 @@ static int read_pulled(kvbm__peer *p, const kvbm_block_msg *msg, const uint8_t *
       rc = kvbm_error_set(err, KVBM_ECHECKSUM, "pulled block %016llx: its bytes do not match the frame's checksum",
                           (unsigned long long)msg->seq_hash);
   } else {
-    pthread_mutex_lock(&p->fmu);
-    rc = kvbm_fabric_read_block(p->f, p->rs, msg->block_id, dst, (size_t)bb, err);
-    pthread_mutex_unlock(&p->fmu);
-    if (!rc) rc = flush_loop(p, p->cfg.timeout_ms, err);
-    kvbm_frame_verifier v;
-    if (!rc) rc = kvbm_frame_verifier_init_keyed(&v, &msg->frame, p->mac_key, err);
-    if (!rc) rc = kvbm_frame_verifier_update(&v, dst, (size_t)bb, err);
-    if (!rc) *hashed += bb;
-    if (!rc) rc = kvbm_frame_verifier_finish(&v, err);
+    rc = read_keyed(p, msg, err);
+    if (rc == KVBM_OK || rc == KVBM_EAUTH) *hashed += bb; /* hashed, matched or not */
   }
   for (uint64_t l = 0; l < nl; l++) layers[l] = p->pull_stage + l * pl->layer_stride;
   return rc;
@@ -1223,9 +1251,10 @@ static int send_pulled(kvbm__peer *p, const src_block *b, kvbm_error *err) {
   return rc;
 }
 
-/* A pull: the blocks asked for, staged for the peer to read (version 3)
- * or pushed back (or "not held"). */
-static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
+/* A pull: the blocks asked for, staged for the peer to read (KVPR, from
+ * a version 3 peer that maps our zone) or pushed back (KVPL), or "not
+ * held". */
+static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len, bool read) {
   if (len < 8) return;
   uint32_t n = kvbm__get_le32(buf + 4);
   if ((len - 8) / 8 < n) return;
@@ -1243,7 +1272,7 @@ static void serve_pull(kvbm__peer *p, const uint8_t *buf, size_t len) {
       continue;
     }
     b.phase = KVBM_PHASE_OUTPUT_CRITICAL; /* pulled back for output */
-    bool pulled = p->peer_version >= 3 && !atomic_load_explicit(&p->set->push_pulls, memory_order_relaxed);
+    bool pulled = read && !atomic_load_explicit(&p->set->push_pulls, memory_order_relaxed);
     int rc = pulled ? send_pulled(p, &b, NULL) : KVBM_EUNSUPPORTED;
     if (rc == KVBM_ENOSPC || rc == KVBM_EUNSUPPORTED) (void)send_blocks(p, &b, 1, true, NULL);
     kvbm_manager_block_unpin(m, &b, 1);
@@ -1271,7 +1300,9 @@ static void handle_msg(kvbm__peer *p, const uint8_t *buf, size_t len) {
   } else if (len >= 4 && memcmp(buf, "KVAC", 4) == 0) {
     take_ack(p, buf, len);
   } else if (len >= 4 && memcmp(buf, "KVPL", 4) == 0) {
-    serve_pull(p, buf, len);
+    serve_pull(p, buf, len, false);
+  } else if (len >= 4 && memcmp(buf, "KVPR", 4) == 0 && p->peer_version >= 3) {
+    serve_pull(p, buf, len, true);
   } else if (len >= 16 && memcmp(buf, "KVRM", 4) == 0) {
     take_removes(p, buf, len);
   } else if (len == 12 && memcmp(buf, "KVPM", 4) == 0) {
@@ -1755,6 +1786,8 @@ int kvbm_manager_attach(kvbm_manager *m, kvbm_fabric *f, const kvbm_peer_config 
   kvbm_layout_desc_release(&desc);
   if (!rc) rc = send_hello(p, err);
   if (!rc) rc = take_hello(p, err);
+  const void *mapped = NULL;
+  if (!rc) p->rs_mapped = kvbm__fabric_map_block(f, p->rs, 0, &mapped, NULL) == KVBM_OK;
   if (!rc && keyed) rc = send_confirm(p, err);
   if (!rc && keyed) rc = take_confirm(p, err);
   if (!rc) {
@@ -1971,7 +2004,10 @@ static size_t hook_pull(void *user, uint32_t peer, const uint64_t *hashes, size_
   if (n > 4096) n = 4096;
   uint8_t *req = malloc(8 + 8 * n);
   if (!req) return 0;
-  memcpy(req, "KVPL", 4);
+  /* Read one-sided (KVPR) where the peer's zone is mapped here: one pass
+   * over each block. Elsewhere the read would wait for a flush on the
+   * link thread (our pushes pulled by the peer's), so pushed (KVPL). */
+  memcpy(req, p->peer_version >= 3 && p->rs_mapped ? "KVPR" : "KVPL", 4);
   kvbm__put_le32(req + 4, (uint32_t)n);
   for (size_t i = 0; i < n; i++) kvbm__put_le64(req + 8 + 8 * i, hashes[i]);
   pthread_mutex_lock(&p->mu);

@@ -16,8 +16,11 @@
  * exporter's memory changed): that block is refused by checksum (keyed:
  * by MAC, KVBM_EAUTH), counted, not cached, and the match ends before it.
  * The pulled path, not a push, carried them: the parent's fabric counts
- * one one-sided read per pulled block. Over shared memory (the mapped
- * copy-and-hash path) and TCP (read, flush, hash), keyed and unkeyed.
+ * one one-sided read per pulled block. Over shared memory with a
+ * FullyContiguous holder (its zone mapped here: read and hashed in one
+ * pass), keyed and unkeyed. Where the zone is not mapped (TCP; a
+ * LayerSeparate holder) the pull is asked as before (KVPL) and pushed
+ * back: no read, the same checks, the same refusal.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -61,11 +64,12 @@ static kvbm_peer_config peer_config(bool keyed) {
 /* The holder: attaches, serves (its link thread answers the pulls),
  * leaves when the parent says so. The third block it stages for the
  * second pull (its 9th pulled send) has a byte flipped after its sum. */
-static void holder_main(uint16_t port, int done_fd, const char *tls, bool keyed) {
+static void holder_main(uint16_t port, int done_fd, const char *tls, bool keyed, kvbm_layout_kind kind) {
   kvbm_fabric_ucx_config uc = ucx_config("holder", tls);
   kvbm_fabric *f = NULL;
   if (kvbm_fabric_ucx_connect(&uc, "127.0.0.1", port, &f, NULL) != KVBM_OK) _exit(2);
   kvbm_manager_config c = tu_config(NULL, 32, 0, 0);
+  c.g1_kind = kind;
   kvbm_manager *m = NULL;
   if (kvbm_manager_create(&c, &m, NULL) != KVBM_OK) _exit(3);
   if (kvbm__peer_corrupt_offloads(m, 1ull << (NBLK + 2)) != KVBM_OK) _exit(4);
@@ -89,7 +93,9 @@ static size_t match_on(kvbm_manager *m, const uint32_t *tok, size_t n, size_t *g
   return info.matched_tokens / 4;
 }
 
-static void run_pull(const char *tls, bool keyed) {
+/* read: the pull is expected to be read one-sided (the holder's zone
+ * mapped here), else pushed back. */
+static void run_pull(const char *tls, bool keyed, kvbm_layout_kind holder_kind, bool read) {
   kvbm_fabric_ucx_config uc = ucx_config("puller", tls);
   kvbm_fabric_listener *l;
   kvbm_error e = {0};
@@ -103,7 +109,7 @@ static void run_pull(const char *tls, bool keyed) {
   if (pid == 0) {
     close(done[1]);
     kvbm_fabric_listener_destroy(l);
-    holder_main(port, done[0], tls, keyed);
+    holder_main(port, done[0], tls, keyed, holder_kind);
   }
   close(done[0]);
   kvbm_fabric *f = NULL;
@@ -173,12 +179,22 @@ static void run_pull(const char *tls, bool keyed) {
   }
   assert_int_equal(st.refused_control, 0);
   assert_int_equal(st.pulls_asked, 2);
-  /* each block hashed once here, as it was read one-sided */
+  /* each block hashed once here, as it was read one-sided (or pushed) */
   kvbm_fabric_stats_get(f, &fs1);
-  assert_int_equal(fs1.reads - fs0.reads, 2 * NBLK);
   const uint64_t bb = kvbm_fabric_block_bytes(kvbm_manager_layout(m, KVBM_TIER_G1));
-  assert_int_equal(fs1.read_bytes - fs0.read_bytes, 2 * NBLK * bb);
-  assert_int_equal(st.received_hashed_bytes - st0.received_hashed_bytes, 2 * NBLK * bb);
+  if (read) { /* only the small KVPB messages came as messages */
+    assert_true(fs1.pull_bytes - fs0.pull_bytes < NBLK * bb);
+    /* unkeyed: kvbm_fabric_read_blocks_hashed, one counted read a block;
+     * keyed: copied out of the mapping by the peers (no fabric read) */
+    assert_int_equal(fs1.reads - fs0.reads, keyed ? 0 : 2 * NBLK);
+  } else { /* pushed back whole */
+    assert_int_equal(fs1.reads - fs0.reads, 0);
+    assert_true(fs1.pull_bytes - fs0.pull_bytes >= 2 * NBLK * bb);
+  }
+  /* (a pushed block refused by its MAC is not counted as hashed: the
+   * push path's count, unchanged) */
+  const uint64_t hashed_blocks = 2 * NBLK - (keyed && !read ? 1 : 0);
+  assert_int_equal(st.received_hashed_bytes - st0.received_hashed_bytes, hashed_blocks * bb);
 
   assert_int_equal(write(done[1], "k", 1), 1);
   kvbm_manager_destroy(m);
@@ -196,28 +212,34 @@ static void run_pull(const char *tls, bool keyed) {
 
 static void test_pull_shm(void **state) {
   (void)state;
-  run_pull("shm,self", false);
+  run_pull("shm,self", false, KVBM_LAYOUT_FULLY_CONTIGUOUS, true);
 }
 
 static void test_pull_shm_keyed(void **state) {
   (void)state;
-  run_pull("shm,self", true);
+  run_pull("shm,self", true, KVBM_LAYOUT_FULLY_CONTIGUOUS, true);
+}
+
+static void test_pull_shm_layer_separate(void **state) {
+  (void)state;
+  run_pull("shm,self", false, KVBM_LAYOUT_LAYER_SEPARATE, false);
 }
 
 static void test_pull_tcp(void **state) {
   (void)state;
-  run_pull("tcp,self", false);
+  run_pull("tcp,self", false, KVBM_LAYOUT_FULLY_CONTIGUOUS, false);
 }
 
 static void test_pull_tcp_keyed(void **state) {
   (void)state;
-  run_pull("tcp,self", true);
+  run_pull("tcp,self", true, KVBM_LAYOUT_FULLY_CONTIGUOUS, false);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pull_shm),
       cmocka_unit_test(test_pull_shm_keyed),
+      cmocka_unit_test(test_pull_shm_layer_separate),
       cmocka_unit_test(test_pull_tcp),
       cmocka_unit_test(test_pull_tcp_keyed),
   };
