@@ -426,6 +426,7 @@ static int start_kv_events(kvsim_worker *w, kvbm_error *err) {
                     (w->cfg.g3_dir ? (size_t)w->cfg.g3_blocks : 0);
   pc.max_batch_delay_us = 2000;
   pc.dp_rank = 0;
+  pc.coalesce = w->cfg.events_coalesce; /* every sink here takes bytes */
   rc = kvbm_publisher_create(&pc, &w->pub, err);
   if (rc) return rc;
   if (u.nats) {

@@ -64,6 +64,9 @@ typedef struct kvsim_worker_config {
                                  NULL: none */
   const char *storage_events; /* the same forms (NATS: plain publish on
                                  SUBJECT); NULL: none */
+  bool events_coalesce;       /* --events publisher's coalesce option:
+                                 chained one-block events as multi-block
+                                 ones (docs/areas/events.md); false */
   uint32_t block_size;        /* tokens per block (16, W1's) */
   uint64_t block_bytes;       /* bytes per block, a multiple of 16 (1024) */
   double prefill_tps;         /* prefill tokens a second (10000) */

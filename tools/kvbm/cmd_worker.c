@@ -24,7 +24,7 @@ static void usage(FILE *f) {
           "                   [--g1 BLOCKS] [--g2 BLOCKS] [--g3 DIR[:BLOCKS]] [--g4 URL]\n"
           "                   [--g4-key-file FILE] [--g2-policy P] [--g3-policy P]\n"
           "                   [--events tcp://HOST:PORT | nats://HOST:PORT/STREAM/SUBJECT]\n"
-          "                   [--storage-events (same forms)] [--block-size N]\n"
+          "                   [--events-coalesce] [--storage-events (same forms)] [--block-size N]\n"
           "                   [--block-bytes N] [--prefill-tps N] [--decode-tps N] [--batch N]\n"
           "                   [--time-scale X] [--memory-budget-mb M] [--max-queue N]\n"
           "                   [--max-tokens N] [--request-timeout-s S] [--port-file PATH]\n"
@@ -34,7 +34,9 @@ static void usage(FILE *f) {
           "--decode-tps 50, --batch 8, --time-scale 1, --memory-budget-mb 1024,\n"
           "--max-queue 1024, --max-tokens 131072, --request-timeout-s 600; policies\n"
           "never|all|frequency (G2 all, G3 frequency). --events tcp://HOST:PORT binds a\n"
-          "ZMQ PUB there and its replay ROUTER on PORT+1.\n");
+          "ZMQ PUB there and its replay ROUTER on PORT+1; --events-coalesce sends a\n"
+          "batch's chained one-block stores (and one-block removes) as one multi-block\n"
+          "event each (docs/areas/events.md, Coalescing).\n");
 }
 
 static kvsim_worker *g_worker; /* for the signal handler only */
@@ -122,6 +124,8 @@ int kvbm_cmd_worker(int argc, char **argv) {
     } else if (OPT("--events")) {
       if (r < 0) return 2;
       c.events = v;
+    } else if (!strcmp(argv[i], "--events-coalesce")) {
+      c.events_coalesce = true;
     } else if (OPT("--storage-events")) {
       if (r < 0) return 2;
       c.storage_events = v;
@@ -170,6 +174,10 @@ int kvbm_cmd_worker(int argc, char **argv) {
   if (!have_id || !have_listen) {
     fprintf(stderr, "kvbm worker: --id and --listen are required\n");
     usage(stderr);
+    return 2;
+  }
+  if (c.events_coalesce && !c.events) {
+    fprintf(stderr, "kvbm worker: --events-coalesce goes with --events\n");
     return 2;
   }
   kvbm_error err = {0};
