@@ -354,6 +354,110 @@ static uint8_t *put_cleared(uint8_t *p, kvbm_event_form form) {
 
 size_t kvbm__event_wire_bound(const kvbm_event *ev) { return event_bound(ev); }
 
+/* The plain event's encoder (see internal.h): the keys and tags between
+ * the variable fields are constant, so each run of them is one copy of a
+ * pre-encoded template (the bytes put_stored/put_removed write for them,
+ * test_codec_plain holds the two to each other), and the variable fields
+ * are written straight in: no map_optionals, no tail logic, no optional
+ * strings. Callgrind, map K=1: ~286 -> see events.md "Session 9b". */
+#define TPL(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) + sizeof(s) - 1)
+
+/* A hash, its common case first: an unsigned one past 32 bits (a 64-bit
+ * hash is below 2^32 once in 4 billion) as 0xcf and 8 bytes, without the
+ * four narrower compares of kvbm__mp_put_uint; the same bytes. */
+static inline uint8_t *put_hash_wide(uint8_t *p, uint64_t v, bool sgn) {
+  if (sgn || v <= UINT32_MAX) return put_hash(p, v, sgn);
+  uint64_t be = __builtin_bswap64(v);
+  p[0] = 0xcf;
+  memcpy(p + 1, &be, 8);
+  return p + 9;
+}
+
+static inline uint8_t *put_hashes_plain(uint8_t *p, const uint64_t *h, size_t n, bool sgn) {
+  p = kvbm__mp_put_hdr(p, n, false);
+  for (size_t i = 0; i < n; i++) p = put_hash_wide(p, h[i], sgn);
+  return p;
+}
+
+static inline uint8_t *put_parent(uint8_t *p, const kvbm_event *ev, bool sgn) {
+  return ev->has_parent ? put_hash_wide(p, ev->parent_hash, sgn) : kvbm__mp_put_nil(p);
+}
+
+/* One token id as kvbm__mp_put_u32 writes it, the widest case tested
+ * first: ids of real vocabularies (32k-152k) are almost all >= 256, so
+ * most take one or two compares, not three or four. */
+static inline uint8_t *put_token_id(uint8_t *p, uint32_t v) {
+  if (v >= 65536) {
+    uint32_t be = __builtin_bswap32(v);
+    p[0] = 0xce;
+    memcpy(p + 1, &be, 4);
+    return p + 5;
+  }
+  if (v >= 256) {
+    uint16_t be = __builtin_bswap16((uint16_t)v);
+    p[0] = 0xcd;
+    memcpy(p + 1, &be, 2);
+    return p + 3;
+  }
+  if (v >= 128) {
+    p[0] = 0xcc;
+    p[1] = (uint8_t)v;
+    return p + 2;
+  }
+  *p = (uint8_t)v;
+  return p + 1;
+}
+
+/* Two ids a step: half the loop's own compares and increments. */
+static inline uint8_t *put_tokens_plain(uint8_t *p, const uint32_t *t, size_t n) {
+  p = kvbm__mp_put_hdr(p, n, false);
+  size_t i = 0;
+  for (; i + 2 <= n; i += 2) p = put_token_id(put_token_id(p, t[i]), t[i + 1]);
+  return i < n ? put_token_id(p, t[i]) : p;
+}
+
+/* put_medium for a plain event (a medium of kMediumWire's, no text):
+ * the entry's 8 bytes in one copy, inline. */
+static inline uint8_t *put_medium_plain(uint8_t *p, kvbm_medium m) {
+  memcpy(p, &kMediumWire[m], 8);
+  return p + kMediumWire[m].len;
+}
+
+static uint8_t *put_stored_plain(uint8_t *p, const kvbm_event *ev, bool map, bool sgn) {
+  if (map) {
+    p = TPL(p, "\x88\xa4type\xab" "BlockStored\xac" "block_hashes");
+    p = put_hashes_plain(p, ev->block_hashes, ev->num_block_hashes, sgn);
+    p = put_parent(TPL(p, "\xb1parent_block_hash"), ev, sgn);
+    p = put_tokens_plain(TPL(p, "\xa9token_ids"), ev->token_ids, ev->num_tokens);
+    p = kvbm__mp_put_uint(TPL(p, "\xaa" "block_size"), ev->block_size);
+    p = put_opt_i64(TPL(p, "\xa7lora_id"), ev->has_lora_id, ev->lora_id);
+    p = put_medium_plain(TPL(p, "\xa6medium"), ev->medium);
+    return TPL(p, "\xa9lora_name\xc0");
+  }
+  p = TPL(p, "\x98\xab" "BlockStored");
+  p = put_hashes_plain(p, ev->block_hashes, ev->num_block_hashes, sgn);
+  p = put_parent(p, ev, sgn);
+  p = put_tokens_plain(p, ev->token_ids, ev->num_tokens);
+  p = kvbm__mp_put_uint(p, ev->block_size);
+  p = put_opt_i64(p, ev->has_lora_id, ev->lora_id);
+  return kvbm__mp_put_nil(put_medium_plain(p, ev->medium));
+}
+
+static uint8_t *put_removed_plain(uint8_t *p, const kvbm_event *ev, bool map, bool sgn) {
+  p = map ? TPL(p, "\x83\xa4type\xac" "BlockRemoved\xac" "block_hashes")
+          : TPL(p, "\x93\xac" "BlockRemoved");
+  p = put_hashes_plain(p, ev->block_hashes, ev->num_block_hashes, sgn);
+  return put_medium_plain(map ? TPL(p, "\xa6medium") : p, ev->medium);
+}
+
+uint8_t *kvbm__event_put_plain(uint8_t *p, const kvbm_event *ev,
+                               const kvbm_event_encoder_config *cfg) {
+  bool map = cfg->form == KVBM_FORM_MAP, sgn = cfg->signed_hashes;
+  if (ev->has_group_idx || ev->has_sliding_window) return kvbm__event_put(p, ev, cfg);
+  return ev->type == KVBM_EVENT_STORED ? put_stored_plain(p, ev, map, sgn)
+                                       : put_removed_plain(p, ev, map, sgn);
+}
+
 uint8_t *kvbm__event_put(uint8_t *p, const kvbm_event *ev, const kvbm_event_encoder_config *cfg) {
   bool sgn = cfg->signed_hashes;
   switch (ev->type) {

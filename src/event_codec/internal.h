@@ -23,6 +23,16 @@ int kvbm__event_encode_checked(kvbm_event_encoder *enc, const kvbm_event_batch *
 size_t kvbm__event_wire_bound(const kvbm_event *ev);
 uint8_t *kvbm__event_put(uint8_t *p, const kvbm_event *ev, const kvbm_event_encoder_config *cfg);
 
+/* kvbm__event_put for a plain event (the publisher's plain_ok: a store or
+ * remove with no names, salt, extras, pairs or kind, a medium of its own):
+ * the same bytes, written from pre-encoded templates; any other event
+ * (group index, sliding window) goes to kvbm__event_put. Its bound: */
+uint8_t *kvbm__event_put_plain(uint8_t *p, const kvbm_event *ev,
+                               const kvbm_event_encoder_config *cfg);
+static inline size_t kvbm__event_plain_bound(size_t num_hashes, size_t num_tokens) {
+  return 400 + 9 * num_hashes + 5 * num_tokens + 6;
+}
+
 /* A payload of n events already encoded by kvbm__event_put (their bytes
  * back to back in `events`): [ts, [events...], dp_rank] (no rank without
  * has_rank), the same bytes kvbm_event_encode writes for those events.

@@ -984,6 +984,50 @@ static void test_medium_bytes(void **s) {
   }
 }
 
+/* The publisher's template encoder writes, for every plain event, the
+ * bytes of kvbm__event_put, within kvbm__event_plain_bound: both forms,
+ * signed hashes, parent or not, LoRA id or not (negative too), every
+ * medium, token ids at each msgpack width edge, 0..40 blocks, removes
+ * (with token fields left set, which the wire drops), and the events it
+ * hands back to kvbm__event_put (group index, sliding window). The
+ * template bytes and the header counts are what a change could break. */
+static void test_plain_same_bytes(void **s) {
+  (void)s;
+  static const uint32_t edge[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 151935, 0xffffffffu};
+  uint64_t h[40];
+  uint32_t t[640];
+  for (size_t i = 0; i < 40; i++) h[i] = (i * 0x9e3779b97f4a7c15ull) >> (i % 64);
+  for (size_t i = 0; i < 640; i++) t[i] = edge[i % 10] + (uint32_t)(i / 10 % 3) * (edge[i % 10] < 100);
+  static uint8_t wa[16384], wb[16384];
+  size_t cases = 0;
+  for (int form = 0; form < 2; form++)
+    for (int sgn = 0; sgn < 2; sgn++)
+      for (int type = 0; type < 2; type++)
+        for (size_t nb = 1; nb <= 40; nb += nb < 3 ? 1 : 13)
+          for (int var = 0; var < 16; var++) {
+            kvbm_event_encoder_config ec = {.form = form ? KVBM_FORM_MAP : KVBM_FORM_POSITIONAL,
+                                            .signed_hashes = sgn};
+            kvbm_event ev = {.type = type ? KVBM_EVENT_REMOVED : KVBM_EVENT_STORED,
+                             .block_hashes = h + (40 - nb), .num_block_hashes = nb,
+                             .token_ids = t + var, .num_tokens = 16 * nb, .block_size = 16,
+                             .medium = (kvbm_medium)(var % 5)};
+            if (var & 1) ev.has_parent = true, ev.parent_hash = ~h[var];
+            if (var & 2) ev.has_lora_id = true, ev.lora_id = var & 4 ? -7 : 1ll << 40;
+            if (var == 8) ev.token_ids = NULL, ev.num_tokens = 0; /* a store without tokens */
+            if (var == 12) ev.has_group_idx = true, ev.group_idx = 3;
+            if (var == 14) ev.has_sliding_window = true, ev.sliding_window = 128;
+            kvbm_event full = ev;
+            if (type) full.token_ids = NULL, full.num_tokens = 0;
+            size_t la = (size_t)(kvbm__event_put_plain(wa, &ev, &ec) - wa);
+            size_t lb = (size_t)(kvbm__event_put(wb, &full, &ec) - wb);
+            assert_int_equal(la, lb);
+            assert_memory_equal(wa, wb, la);
+            assert_true(la <= kvbm__event_plain_bound(ev.num_block_hashes, ev.num_tokens));
+            cases++;
+          }
+  assert_int_equal(cases, 2 * 2 * 2 * 5 * 16);
+}
+
 /* Found by fuzz_event_decode: SGLang's positional metadata map (index 7)
  * with a key the map form names itself ("block_size"). Kept as an extra it
  * made an event that the map form could not write (the key twice); the
@@ -1393,6 +1437,7 @@ int main(void) {
       cmocka_unit_test(test_map_key_orders),
       cmocka_unit_test(test_token_forms),
       cmocka_unit_test(test_medium_bytes),
+      cmocka_unit_test(test_plain_same_bytes),
       cmocka_unit_test(test_metadata_key_names_a_field),
       cmocka_unit_test(test_token_pairs),
       cmocka_unit_test(test_media),
