@@ -655,7 +655,11 @@ static void run_close(kvbm_publisher *p, run *r) {
   ev.token_ids = r->nt ? r->t : NULL;
   ev.num_tokens = r->nt;
   uint8_t *at = r->c->data + KVBM__EVENT_HEAD_MAX + r->c->len;
-  r->c->len += (size_t)(kvbm__event_put(at, &ev, &p->ecfg) - at);
+  /* a run holds no names, salt, extras or pairs (run_plain): without a
+   * kind and with a medium of its own it is a plain event */
+  bool plain = !ev.kv_cache_spec_kind && (unsigned)ev.medium < KVBM_MEDIUM_OTHER;
+  r->c->len += (size_t)((plain ? kvbm__event_put_plain(at, &ev, &p->ecfg)
+                               : kvbm__event_put(at, &ev, &p->ecfg)) - at);
   p->held -= r->bound;
   r->open = false;
   r->nh = r->nt = 0;
