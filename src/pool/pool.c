@@ -1358,9 +1358,13 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
   blk *const blocks = p->blocks;
   uint8_t *const prio = p->priority;
   const uint32_t nblocks = p->cfg.num_blocks;
+  const uintptr_t base = (uintptr_t)blocks;
   for (size_t k = n; k-- > 0;) {
     /* Block records of a table are scattered: load a few ahead. */
-    if (k >= RELEASE_AHEAD && ids[k - RELEASE_AHEAD] < nblocks) __builtin_prefetch(&blocks[ids[k - RELEASE_AHEAD]]);
+    /* The address from integers, unchecked: a prefetch never faults, and
+     * an id past the pool is refused below before any record is read. */
+    if (k >= RELEASE_AHEAD)
+      __builtin_prefetch((const void *)(base + (uintptr_t)ids[k - RELEASE_AHEAD] * sizeof(blk)));
     uint32_t id = ids[k];
     if (id >= nblocks) {
       rc = KVBM_EINVAL;
