@@ -819,29 +819,42 @@ class Faults:
                 raise err
             time.sleep(0.2)
 
-    def g4_snapshot(self, k, timeout=5.0):
-        st, text = self.cl.wcall(k, "GET", "/metrics", timeout=timeout)
-        if st != 200:
-            raise OSError("worker %d /metrics: %s" % (k, st))
-        return g4_counts(text)
+    def metrics_text(self, k, timeout=5.0, patience=10.0):
+        """A worker's /metrics page, tried again for `patience` seconds as
+        knob() is (a worker whose connection table is full answers 503: a
+        fault that cannot read its target's counters is not injected, or
+        not timed, for a reason that says nothing about the fault)."""
+        end = time.time() + patience
+        while True:
+            try:
+                st, text = self.cl.wcall(k, "GET", "/metrics", timeout=timeout)
+                if st == 200:
+                    return text
+                err = OSError("worker %d /metrics: %s" % (k, st))
+            except OSError as e:
+                err = e
+            if time.time() > end:
+                raise err
+            time.sleep(0.2)
+
+    def g4_snapshot(self, k, timeout=5.0, patience=10.0):
+        return g4_counts(self.metrics_text(k, timeout, patience))
 
     def sample_partition(self, f, timeout=0.5):
         """One more reading of the target's counters while the fault holds
         (kept when it answers): G4's for a partition, G3's for g3_slow."""
         try:
             k = self.worker_of(f["target"])
-            snap = self.g4_snapshot(k, timeout=timeout) if f["fault"] == "partition" else \
-                self.g3_counts(k, timeout=timeout)
+            snap = self.g4_snapshot(k, timeout=timeout, patience=0) if f["fault"] == "partition" \
+                else self.g3_counts(k, timeout=timeout, patience=0)
         except OSError:
             return
         f["last"], f["t_last"] = snap, time.time()
 
-    def g3_counts(self, k, timeout=5.0):
+    def g3_counts(self, k, timeout=5.0, patience=10.0):
         """G3 writes the worker counted failed, and done, blocks it read
         back from G3 (its /metrics)."""
-        st, text = self.cl.wcall(k, "GET", "/metrics", timeout=timeout)
-        if st != 200:
-            raise OSError("worker %d /metrics: %s" % (k, st))
+        text = self.metrics_text(k, timeout, patience)
         return {"write_failures": prom_sample(text, "kvbm_offload_skipped_total", tier="G3"),
                 "writes": prom_sample(text, "kvbm_offload_blocks_total", tier="G3"),
                 "reads": prom_sample(text, "kvbm_onboard_blocks_total", tier="G3"),
@@ -961,7 +974,7 @@ class Faults:
         if kind == "partition":  # G4 works again for it: a G4 write or onboard succeeded
             k = self.worker_of(tgt)
             try:
-                now = self.g4_snapshot(k, timeout=1.0)
+                now = self.g4_snapshot(k, timeout=1.0, patience=0)
             except OSError:
                 return False
             if now["ok"] <= f["healed"]["ok"]:
