@@ -864,6 +864,40 @@ HOT uint32_t plain_find(const blk *blocks, const bucket *table, uint32_t mask, u
   }
 }
 
+/* Registers block `id` under (hash, fp, home) in a pool without groups or
+ * duplicate chains, unless the hash is registered already: then it
+ * returns that block and changes nothing; else NIL. The common case, no
+ * fingerprint of the hash in its home bucket, nothing gone past it and a
+ * free entry there, reads the bucket once for both the lookup and the
+ * insert (plain_find then reg_insert read it twice, and reg_insert the
+ * table through the pool). */
+HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t mask, uint32_t fp,
+                                  uint32_t home, uint64_t hash, uint32_t id) {
+  bucket *b = &table[home];
+  if (!bucket_match(b, fp, 0) && !b->overflow) {
+    const unsigned free = bucket_match(b, NIL, 1);
+    if (free) {
+      const unsigned i = (unsigned)__builtin_ctz(free);
+      b->fp[i] = fp;
+      b->id[i] = id;
+      return NIL;
+    }
+  }
+  const uint32_t existing = plain_find(blocks, table, mask, fp, home, hash);
+  if (existing != NIL) return existing;
+  for (uint32_t bi = home;; bi = (bi + 1) & mask) {
+    b = &table[bi];
+    const unsigned free = bucket_match(b, NIL, 1);
+    if (free) {
+      const unsigned i = (unsigned)__builtin_ctz(free);
+      b->fp[i] = fp;
+      b->id[i] = id;
+      return NIL;
+    }
+    b->overflow++;
+  }
+}
+
 /* One step of fill_run_plain's cursor: the registry bucket of its block
  * and the record of the block after it prefetched, and the cursor on it. */
 #define PF_STEP()                                                                   \
@@ -963,7 +997,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     b->refcount = 1;
     b->ntok = (uint16_t)bs;
     pk = hk;
-    if (plain_find(blocks, table, mask, fp, home, hk) != NIL) {
+    if (plain_find_or_insert(blocks, table, mask, fp, home, hk, id) != NIL) {
       /* Dedup: the general path, with the pool's fields back in *p; it
        * hands the new block back to the free list. */
       b->state = KVBM_BLOCK_COMPLETE;
@@ -976,9 +1010,8 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       cursor = NIL, ahead = 0;
       continue;
     }
-    b->state = KVBM_BLOCK_REGISTERED;
+    b->state = KVBM_BLOCK_REGISTERED; /* and indexed, by plain_find_or_insert */
     b->flags = flags | F_INDEXED;
-    reg_insert(p, (rkey){fp, home}, id);
   }
   /* The counts from what the loop had to track anyway: every block came
    * off the free list or was evicted, every dedup put one back on it, and
