@@ -930,9 +930,12 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     __builtin_prefetch(&table[home_of(p, fingerprint(h, 0))]);
   }
   const uint32_t *tnext = tokens + hashed * bs; /* the next block to hash */
-  uint64_t pk = parent; /* block k's parent: block k - 1's hash */
-  bool hpk = has_parent;
-  for (size_t k = 0; k < n; k++, hpk = true) {
+  /* Block k's parent (block k - 1's hash) and its flags as its record
+   * holds them: only block 0 may have no parent, so they are set once
+   * before the loop and changed once in it, with no test a block. */
+  uint64_t pk = has_parent ? parent : 0;
+  uint8_t fl = (uint8_t)((has_parent ? F_HAS_PARENT : 0) | (salt_hash ? F_SALTED : 0));
+  for (size_t k = 0; k < n; k++, fl |= F_HAS_PARENT) {
     if (k + PLAIN_AHEAD < n) { /* hashed == k + PLAIN_AHEAD */
       h = kvbm_hash_next(scheme, salt_hash, h, true, tnext, bs);
       tnext += bs;
@@ -987,13 +990,10 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     blk *b = &blocks[id];
     const uint64_t hk = hashes[k];
     const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
-    uint8_t flags = hpk ? F_HAS_PARENT : 0;
-    if (salt_hash) {
-      p->salts[id] = salt_hash;
-      flags |= F_SALTED;
-    }
+    const uint8_t flags = fl;
+    if (salt_hash) p->salts[id] = salt_hash;
     b->seq_hash = hk;
-    b->parent_hash = hpk ? pk : 0;
+    b->parent_hash = pk;
     b->refcount = 1;
     b->ntok = (uint16_t)bs;
     pk = hk;
