@@ -136,6 +136,12 @@ struct wchunk {
  * gone: the pool lives until the publisher and every chunk let go. */
 #define POOL_KEEP 32                      /* free chunks kept */
 #define POOL_KEEP_BYTES ((size_t)4 << 20) /* larger buffers are not kept */
+/* A new chunk's first buffer: a full batch of 256 one-block map events
+ * (~30 KiB) fits without growing. From 4 KiB it took three reallocs and
+ * their copies, which is what a publisher pays whenever its subscribers
+ * lag and more than POOL_KEEP chunks are out (callgrind: up to ~30
+ * instructions a K = 1 event). Idle cost: POOL_KEEP of them, 2 MiB. */
+#define CHUNK_FIRST_BYTES ((size_t)64 << 10)
 struct wpool {
   pthread_mutex_t mu;
   wchunk *free;
@@ -513,7 +519,7 @@ static wchunk *q_chunk(kvbm_publisher *p, evq *q, size_t bound, int32_t dp_rank)
   /* room for the head before the events, this event, the rank after */
   if (bound > SIZE_MAX / 4 - c->len ||
       kvbm__vec_reserve_of(&c->data, &c->cap,
-                           KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX, 4096,
+                           KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX, CHUNK_FIRST_BYTES,
                            KVBM__VEC_NO_LIMIT)) {
     if (fresh) chunk_release(NULL, c); /* never queued: back to the pool */
     return NULL;
@@ -614,7 +620,7 @@ static int run_reserve(kvbm_publisher *p, run *r, wchunk *c, size_t ntok, size_t
   if (kvbm__vec_reserve_of(&r->h, &r->caph, r->nh + 1, 64, KVBM__VEC_NO_LIMIT) ||
       kvbm__vec_reserve_of(&r->t, &r->capt, r->nt + ntok, 1024, KVBM__VEC_NO_LIMIT))
     return KVBM_ENOMEM;
-  if (c && kvbm__vec_reserve_of(&c->data, &c->cap, need, 4096, KVBM__VEC_NO_LIMIT))
+  if (c && kvbm__vec_reserve_of(&c->data, &c->cap, need, CHUNK_FIRST_BYTES, KVBM__VEC_NO_LIMIT))
     return KVBM_ENOMEM;
   return KVBM_OK;
 }
@@ -693,7 +699,7 @@ static int run_start(kvbm_publisher *p, evq *q, const kvbm_event *ev, int t, int
     c = o->c;
     if (kvbm__vec_reserve_of(&c->data, &c->cap,
                              KVBM__EVENT_HEAD_MAX + c->len + p->held + head + run_more(ev) +
-                                 KVBM__MP_SCALAR_MAX, 4096, KVBM__VEC_NO_LIMIT))
+                                 KVBM__MP_SCALAR_MAX, CHUNK_FIRST_BYTES, KVBM__VEC_NO_LIMIT))
       return KVBM_ENOMEM;
   } else if (!(c = q_chunk(p, q, head + run_more(ev), dp_rank))) {
     return KVBM_ENOMEM;
