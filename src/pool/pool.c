@@ -908,6 +908,14 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t mas
     if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
   } while (0)
 
+/* The loop unlinks each victim without clearing its successor's prev link
+ * (the successor is most often the next victim): the list's head at a
+ * stop (a dedup, the run's end) gets it here. */
+#define HEAD_PREV()                                                  \
+  do {                                                               \
+    if (pr != NPRIO && p->head[pr] != NIL) blocks[p->head[pr]].prev = NIL; \
+  } while (0)
+
 HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
                         const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids) {
   const size_t bs = p->cfg.block_size;
@@ -960,7 +968,6 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       const uint32_t next = v->next;
       p->head[pr] = next;
       if (next != NIL) {
-        blocks[next].prev = NIL;
         /* The cursor, `ahead` blocks past the head. The head moved on by
          * one; if the cursor was the victim, it restarts from the new head
          * and walks PF_DEPTH blocks on at once (a stall for each, once per
@@ -1002,6 +1009,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
        * hands the new block back to the free list. */
       b->state = KVBM_BLOCK_COMPLETE;
       b->flags = flags;
+      HEAD_PREV();
       p->free_top = ftop;
       ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
       ftop = p->free_top;
@@ -1016,6 +1024,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
   /* The counts from what the loop had to track anyway: every block came
    * off the free list or was evicted, every dedup put one back on it, and
    * every block that did not dedup was registered. */
+  HEAD_PREV();
   const uint32_t evicted = (uint32_t)n - (ftop0 - ftop + dedups);
   p->free_top = ftop;
   p->cached -= evicted;
