@@ -23,14 +23,18 @@
  * and the puller reads it one-sided, hashing it as it lands (KVPB).
  * --pull-pushed: the same pull answered by pushes (the holder's seam
  * kvbm__peer_push_pulls: what a version 2 peer does, the code before):
- * the before of --pull in one binary. The in-process fabric maps nothing,
- * so its pulled read is a read, then a hash (UCX shared memory copies and
- * hashes in one pass); callgrind's instruction counts compare the two.
+ * the before of --pull in one binary. A pull is read one-sided only where
+ * the holder's zone is mapped into the puller (UCX shared memory): with
+ * the in-process fabric (no mapping) --pull is pushed back too. --ucx:
+ * the two managers talk over UCX shared memory on loopback, in this one
+ * process (the fabric's label says so), so that --pull is the read.
+ * Under callgrind the instruction count of the whole run is the figure;
+ * compare --pull with --pull-pushed at the same sizes.
  * Under callgrind, use a few rounds and small blocks: the instruction
  * count of the whole run is the figure.
  *
  * usage: bench_peer_transfer [--blocks N (256)] [--layers L (8)]
- *        [--inner D (512)] [--rounds R (5)] [--keyed] [--pull | --pull-pushed]
+ *        [--inner D (512)] [--rounds R (5)] [--keyed] [--pull | --pull-pushed] [--ucx]
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -91,6 +95,55 @@ static kvbm_manager *make(uint32_t blocks, uint32_t layers, uint32_t inner, bool
   return m;
 }
 
+static void *destroy_thread(void *f) {
+  kvbm_fabric_destroy(f);
+  return NULL;
+}
+
+/* --ucx: both ends of a UCX fabric over shared memory, in this process
+ * (the connecting end on a thread of its own). */
+typedef struct ucx_conn {
+  uint16_t port;
+  kvbm_fabric *f;
+  int rc;
+  kvbm_error e;
+} ucx_conn;
+
+static kvbm_fabric_ucx_config ucx_cfg(const char *name) {
+  static const char secret[] = "bench_peer_transfer's fabric secret";
+  kvbm_fabric_ucx_config c = kvbm_fabric_ucx_config_default();
+  c.name = name;
+  c.key = secret;
+  c.key_len = sizeof secret - 1;
+  c.transports = "shm,self";
+  c.net_devices = "lo";
+  c.timeout_ms = 60000;
+  return c;
+}
+
+static void *ucx_connect_thread(void *arg) {
+  ucx_conn *u = arg;
+  kvbm_fabric_ucx_config c = ucx_cfg("decode");
+  u->rc = kvbm_fabric_ucx_connect(&c, "127.0.0.1", u->port, &u->f, &u->e);
+  return NULL;
+}
+
+static void ucx_pair(kvbm_fabric **a, kvbm_fabric **b) {
+  kvbm_fabric_ucx_config c = ucx_cfg("prefill");
+  kvbm_fabric_listener *l;
+  kvbm_error e;
+  check("ucx listen", kvbm_fabric_ucx_listen(&c, "127.0.0.1", 0, &l, &e), &e);
+  ucx_conn u = {.port = kvbm_fabric_listener_port(l)};
+  pthread_t th;
+  pthread_create(&th, NULL, ucx_connect_thread, &u);
+  int rc = kvbm_fabric_ucx_accept(l, a, &e);
+  pthread_join(th, NULL);
+  kvbm_fabric_listener_destroy(l);
+  check("ucx accept", rc, &e);
+  check("ucx connect", u.rc, &u.e);
+  *b = u.f;
+}
+
 /* --pull: a's G1 taken by another prompt (the offloaded blocks are then
  * the peer's only), then the timed prefill of the prompt, which pulls all
  * nb blocks back; its seconds. */
@@ -124,15 +177,18 @@ int main(int argc, char **argv) {
   uint32_t nb = 256, layers = 8, inner = 512, rounds = 5;
   bool keyed = false;
   int pull = 0; /* 1: --pull, 2: --pull-pushed */
+  bool ucx = false;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--keyed")) keyed = true;
     else if (!strcmp(argv[i], "--pull")) pull = 1;
     else if (!strcmp(argv[i], "--pull-pushed")) pull = 2;
+    else if (!strcmp(argv[i], "--ucx")) ucx = true;
     else if (i + 1 < argc && !strcmp(argv[i], "--blocks")) nb = (uint32_t)strtoul(argv[++i], NULL, 10);
     else if (i + 1 < argc && !strcmp(argv[i], "--layers")) layers = (uint32_t)strtoul(argv[++i], NULL, 10);
     else if (i + 1 < argc && !strcmp(argv[i], "--inner")) inner = (uint32_t)strtoul(argv[++i], NULL, 10);
     else if (i + 1 < argc && !strcmp(argv[i], "--rounds")) rounds = (uint32_t)strtoul(argv[++i], NULL, 10);
-    else kvbm_bench_die(PROG, "usage: %s [--blocks N] [--layers L] [--inner D] [--rounds R] [--keyed] [--pull | --pull-pushed]", PROG);
+    else kvbm_bench_die(PROG, "usage: %s [--blocks N] [--layers L] [--inner D] [--rounds R] [--keyed] [--pull | --pull-pushed] [--ucx]",
+                          PROG);
   }
   if (nb == 0 || layers == 0 || inner == 0 || rounds == 0 || rounds > 64) kvbm_bench_die(PROG, "bad sizes");
 #ifndef HAVE_PEER_H
@@ -161,7 +217,8 @@ int main(int argc, char **argv) {
     }
 #endif
     kvbm_error e;
-    check("fabric", kvbm_fabric_inproc_pair("prefill", "decode", &sa.f, &sb.f, &e), &e);
+    if (ucx) ucx_pair(&sa.f, &sb.f);
+    else check("fabric", kvbm_fabric_inproc_pair("prefill", "decode", &sa.f, &sb.f, &e), &e);
     pthread_t th;
     pthread_create(&th, NULL, attach_thread, &sb);
     attach_thread(&sa);
@@ -232,16 +289,20 @@ int main(int argc, char **argv) {
     free(h);
     kvbm_manager_destroy(a);
     kvbm_manager_destroy(b);
+    /* UCX's ends wait for each other's goodbye: destroyed side by side */
+    pthread_t td;
+    pthread_create(&td, NULL, destroy_thread, sb.f);
     kvbm_fabric_destroy(sa.f);
-    kvbm_fabric_destroy(sb.f);
+    pthread_join(td, NULL);
   }
   double ratio[64];
   for (uint32_t r = 0; r < rounds; r++) ratio[r] = t_bound[r] / t_xfer[r];
   kvbm_bench_spread x = kvbm_bench_spread_of(t_xfer, (int)rounds), bo = kvbm_bench_spread_of(t_bound, (int)rounds),
                     ra = kvbm_bench_spread_of(ratio, (int)rounds);
-  printf("W4 peer transfer (%s, in-process fabric%s): %u blocks of %llu bytes, %u rounds\n",
-         pull == 1 ? "OutputCritical pull, read one-sided" : pull == 2 ? "OutputCritical pull, pushed back" : "PUSH",
-         keyed ? ", keyed frames" : "", nb, (unsigned long long)(bytes / nb), rounds);
+  printf("W4 peer transfer (%s, %s%s): %u blocks of %llu bytes, %u rounds\n",
+         pull == 1 ? "OutputCritical pull, read one-sided where mapped" : pull == 2 ? "OutputCritical pull, pushed back"
+                                                                         : "PUSH",
+         ucx ? "UCX shared memory, one process" : "in-process fabric", keyed ? ", keyed frames" : "", nb, (unsigned long long)(bytes / nb), rounds);
   printf("transfer GB/s: %.2f (median; %.2f..%.2f)\n", bytes / x.median / 1e9, bytes / x.max / 1e9,
          bytes / x.min / 1e9);
   printf("bound (memcpy + %sBLAKE3) GB/s: %.2f (median)\n", keyed ? "keyed " : "", bytes / bo.median / 1e9);
