@@ -54,6 +54,7 @@
  */
 #include "kvbm/pool.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -908,6 +909,17 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t mas
     if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
   } while (0)
 
+/* A record's last 8 bytes (refcount, ntok, state, flags), as the word one
+ * store writes them with: four stores a block become one. */
+_Static_assert(offsetof(blk, flags) == offsetof(blk, refcount) + 7 && sizeof(blk) == 32,
+               "refcount, ntok, state and flags are the record's last 8 bytes");
+static inline uint64_t rec_tail8(uint32_t refcount, uint16_t ntok, uint8_t state, uint8_t flags) {
+  blk t = {.refcount = refcount, .ntok = ntok, .state = state, .flags = flags};
+  uint64_t w;
+  memcpy(&w, (const char *)&t + offsetof(blk, refcount), sizeof w);
+  return w;
+}
+
 /* The loop unlinks each victim without clearing its successor's prev link
  * (the successor is most often the next victim): the list's head at a
  * stop (a dedup, the run's end) gets it here. */
@@ -943,7 +955,12 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
    * before the loop and changed once in it, with no test a block. */
   uint64_t pk = has_parent ? parent : 0;
   uint8_t fl = (uint8_t)((has_parent ? F_HAS_PARENT : 0) | (salt_hash ? F_SALTED : 0));
-  for (size_t k = 0; k < n; k++, fl |= F_HAS_PARENT) {
+  /* The last 8 bytes of a registered block's record, as one store: those
+   * of block 0, then of every block after it (which has a parent). */
+  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_INDEXED));
+  const uint64_t tail8_rest =
+      rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT | F_INDEXED));
+  for (size_t k = 0; k < n; k++, fl |= F_HAS_PARENT, tail8 = tail8_rest) {
     if (k + PLAIN_AHEAD < n) { /* hashed == k + PLAIN_AHEAD */
       h = kvbm_hash_next(scheme, salt_hash, h, true, tnext, bs);
       tnext += bs;
@@ -1001,12 +1018,12 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     if (salt_hash) p->salts[id] = salt_hash;
     b->seq_hash = hk;
     b->parent_hash = pk;
-    b->refcount = 1;
-    b->ntok = (uint16_t)bs;
     pk = hk;
     if (plain_find_or_insert(blocks, table, mask, fp, home, hk, id) != NIL) {
       /* Dedup: the general path, with the pool's fields back in *p; it
        * hands the new block back to the free list. */
+      b->refcount = 1;
+      b->ntok = (uint16_t)bs;
       b->state = KVBM_BLOCK_COMPLETE;
       b->flags = flags;
       HEAD_PREV();
@@ -1018,8 +1035,9 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       cursor = NIL, ahead = 0;
       continue;
     }
-    b->state = KVBM_BLOCK_REGISTERED; /* and indexed, by plain_find_or_insert */
-    b->flags = flags | F_INDEXED;
+    /* refcount 1, ntok, REGISTERED, flags | F_INDEXED (indexed by
+     * plain_find_or_insert) */
+    memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
   }
   /* The counts from what the loop had to track anyway: every block came
    * off the free list or was evicted, every dedup put one back on it, and
