@@ -865,6 +865,22 @@ HOT uint32_t plain_find(const blk *blocks, const bucket *table, uint32_t mask, u
   }
 }
 
+/* reg_insert with the registry's table and mask from the caller's
+ * registers rather than loaded through the pool. */
+HOT void plain_insert(bucket *table, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id) {
+  for (uint32_t bi = home;; bi = (bi + 1) & mask) {
+    bucket *b = &table[bi];
+    const unsigned free = bucket_match(b, NIL, 1);
+    if (free) {
+      const unsigned i = (unsigned)__builtin_ctz(free);
+      b->fp[i] = fp;
+      b->id[i] = id;
+      return;
+    }
+    b->overflow++;
+  }
+}
+
 /* Registers block `id` under (hash, fp, home) in a pool without groups or
  * duplicate chains, unless the hash is registered already: then it
  * returns that block and changes nothing; else NIL. The common case, no
@@ -885,18 +901,8 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t mas
     }
   }
   const uint32_t existing = plain_find(blocks, table, mask, fp, home, hash);
-  if (existing != NIL) return existing;
-  for (uint32_t bi = home;; bi = (bi + 1) & mask) {
-    b = &table[bi];
-    const unsigned free = bucket_match(b, NIL, 1);
-    if (free) {
-      const unsigned i = (unsigned)__builtin_ctz(free);
-      b->fp[i] = fp;
-      b->id[i] = id;
-      return NIL;
-    }
-    b->overflow++;
-  }
+  if (existing == NIL) plain_insert(table, mask, fp, home, id);
+  return existing;
 }
 
 /* One step of fill_run_plain's cursor: the registry bucket of its block
@@ -1163,6 +1169,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   const uint32_t shift = p->table_shift, mask = p->table_mask;
   uint32_t ftop = p->free_top, evicted = 0;
   uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
+  unsigned pr = NPRIO; /* the list of the last eviction; NPRIO: none yet */
   size_t hashed = nhashed < n ? nhashed : n;
   uint64_t h = hashed ? hashes[hashed - 1] : parent;
   bool hp = hashed ? true : has_parent;
@@ -1191,6 +1198,8 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
     const bool hpk = k ? true : has_parent;
     uint8_t flags = (hpk ? F_HAS_PARENT : 0) | F_INDEXED;
     if (salt_hash) flags |= F_SALTED;
+    /* refcount 1, ntok, REGISTERED, flags: one store a block */
+    const uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, flags);
     for (g = 0; g < ng; g++) {
       uint32_t id;
       if (ftop) {
@@ -1201,13 +1210,12 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
          * fill_run_plain. */
         unsigned w = 0;
         while (!p->nonempty[w]) w++;
-        const unsigned pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+        pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
         id = p->head[pr];
         blk *v = &blocks[id];
         const uint32_t next = v->next;
         p->head[pr] = next;
-        if (next != NIL) {
-          blocks[next].prev = NIL;
+        if (next != NIL) { /* its prev link is cleared at the end (HEAD_PREV) */
           if (ahead) {
             ahead--;
           } else {
@@ -1230,13 +1238,11 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
       grp[id] = (uint8_t)g;
       b->seq_hash = hk;
       b->parent_hash = hpk ? pk : 0;
-      b->refcount = 1;
-      b->ntok = (uint16_t)bs;
-      b->state = KVBM_BLOCK_REGISTERED;
-      b->flags = flags;
-      reg_insert(p, (rkey){fps[g], homes[g]}, id);
+      memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
+      plain_insert(table, mask, fps[g], homes[g], id);
     }
   }
+  HEAD_PREV();
   p->free_top = ftop;
   p->cached -= evicted;
   p->evicted += evicted;
