@@ -28,8 +28,9 @@
  * the in-process fabric (no mapping) --pull is pushed back too. --ucx:
  * the two managers talk over UCX shared memory on loopback, in this one
  * process (the fabric's label says so), so that --pull is the read.
- * Under callgrind the instruction count of the whole run is the figure;
- * compare --pull with --pull-pushed at the same sizes.
+ * Under callgrind (--pull, --pull-pushed) the pull's window is dumped on
+ * its own (below): its instructions divided by the blocks pulled are the
+ * figure; compare --pull with --pull-pushed at the same sizes.
  * Under callgrind, use a few rounds and small blocks: the instruction
  * count of the whole run is the figure.
  *
@@ -53,6 +54,16 @@
 #if __has_include("peer/testing.h")
 #include "peer/testing.h"
 #define HAVE_PULL_SEAM 1
+#endif
+
+/* Under callgrind the pull alone is counted: everything before the
+ * prefill that pulls is dumped (a dump also zeroes every thread's counts;
+ * CALLGRIND_ZERO_STATS does not), and the pull's window dumped after it:
+ * the even parts of callgrind.out.N (2, 4, ...: one per round). */
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#else
+#define CALLGRIND_DUMP_STATS_AT(x)
 #endif
 
 #define PROG "bench_peer_transfer"
@@ -160,11 +171,13 @@ static double pull_back(kvbm_manager *a, const uint32_t *tok, size_t nt, uint32_
   free(other);
   kvbm_peer_stats st0, st1;
   kvbm_manager_peer_stats_get(a, 0, &st0);
+  CALLGRIND_DUMP_STATS_AT("before the pull"); /* and zeroed: every thread */
   double t0 = kvbm_bench_now();
   kvbm_mreq_info info;
   check("prefill pull", kvbm_manager_prefill(a, 0, 0, tok, nt, &q, NULL, &e), &e);
   kvbm_mreq_wait(q, -1, &info);
   double t = kvbm_bench_now() - t0;
+  CALLGRIND_DUMP_STATS_AT("pull");
   kvbm_mreq_destroy(q);
   kvbm_manager_peer_stats_get(a, 0, &st1);
   if (info.matched_tokens != (size_t)nb * B || st1.ingested - st0.ingested != nb)
