@@ -661,6 +661,12 @@ static int ingest_msg(kvbm__peer *p, const uint8_t *buf, size_t len, bool pulled
   const uint64_t zone = pulled ? p->peer_land_id : p->land_id;
   if (!rc && pulled && !msg.placed)
     rc = kvbm_error_set(err, KVBM_EPROTO, "a pulled block message that is not placed");
+  /* Asked for only where the peer's zone is mapped (hook_pull): a read
+   * elsewhere would flush on this link thread, which a peer could make
+   * wait for as long as timeout_ms with blocks nobody asked for. */
+  if (!rc && pulled && !p->rs_mapped)
+    rc = kvbm_error_set(err, KVBM_EPROTO, "a pulled block this side never asks for: the peer's landing zone "
+                        "is not mapped here");
   if (!rc && msg.layout_id != zone) {
     *reason = &p->st.refused_stale_layout;
     rc = kvbm_error_set(err, KVBM_EPROTO, "stale layout: the block was laid out for block set %016llx, "

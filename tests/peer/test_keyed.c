@@ -378,6 +378,75 @@ static char *key_file(const char *tag, const uint8_t *key, mode_t mode) {
   return p;
 }
 
+/* A pulled block (KVPB, protocol version 3, issue 22) is read only
+ * where this side asked for it, that is where the peer's zone is mapped
+ * here (UCX shared memory; tests/peer/test_pull_ucx.c reads them): on
+ * the in-process fabric none is, so a version 3 peer that sends one
+ * anyway, with a right frame MAC, is refused (KVBM_EPROTO) before any
+ * read or flush, counted, nothing cached. */
+static void test_unasked_pulled_block_refused(void **state) {
+  (void)state;
+  kvbm_manager *d = make(16, 0, false);
+  rawpeer h = {.secret = KEY1, .secret_len = sizeof KEY1, .version = 3};
+  kvbm_fabric *fd;
+  assert_int_equal(kvbm_fabric_inproc_pair("evil", "decode", &h.f, &fd, NULL), KVBM_OK);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, rp_hello, &h), 0);
+  kvbm_peer_config pc = keyed(KEY1, KVBM_DISAGG_PUSH);
+  uint32_t peer;
+  kvbm_error e;
+  assert_int_equal(kvbm_manager_attach(d, fd, &pc, &peer, &e), KVBM_OK);
+  pthread_join(th, NULL);
+  assert_true(h.ok);
+  assert_int_equal(stats(d).peer_version, 3);
+
+  const size_t bb = kvbm_manager_block_bytes(d);
+  uint8_t *body = malloc(bb), mac[32], msg[4096];
+  uint32_t tok[4] = {31, 32, 33, 34};
+  uint64_t hash = kvbm_hash_next(KVBM_HASH_NATIVE, 0, 0, false, tok, 4);
+  for (size_t i = 0; i < bb; i++) body[i] = (uint8_t)(i * 7);
+  assert_int_equal(kvbm_fabric_frame_key(KEY1, sizeof KEY1, mac, NULL), KVBM_OK);
+  /* its zone's block 0 holds the bytes, the frame their MAC */
+  void *ptr;
+  size_t size;
+  kvbm_layout_config lc = {.num_blocks = 2, .num_layers = 3, .outer_dim = 2, .page_size = 4, .inner_dim = 8,
+                           .dtype_size = 2, .alignment = 256};
+  kvbm_layout lay;
+  assert_int_equal(kvbm_layout_init(&lay, KVBM_LAYOUT_FULLY_CONTIGUOUS, &lc, NULL), KVBM_OK);
+  for (uint32_t l = 0; l < 3; l++) {
+    assert_int_equal(kvbm_storage_block_layer_ptr(h.s, &lay, 0, l, &ptr, &size, NULL), KVBM_OK);
+    memcpy(ptr, body + l * size, size);
+  }
+  kvbm_blake3_hasher hs;
+  kvbm_blake3_hasher_init_keyed(&hs, mac);
+  kvbm_blake3_hasher_update(&hs, body, bb);
+  kvbm_block_msg m = {.seq_hash = hash, .num_tokens = 4, .tokens = tok, .tier = KVBM_TIER_G1,
+                      .layout_id = 7 /* rawpeer.h's zone */, .phase = KVBM_PHASE_OUTPUT_CRITICAL,
+                      .body_len = bb, .placed = 1, .block_id = 0, .mac_key = mac};
+  kvbm_blake3_hasher_finalize(&hs, m.frame.checksum, 16);
+  size_t len = 0;
+  memcpy(msg, "KVPB", 4);
+  assert_int_equal(kvbm_block_msg_encode(&m, msg + 4, sizeof msg - 4, &len, NULL), KVBM_OK);
+  assert_int_equal(hostile_send(&h, msg, 4 + len), KVBM_EPROTO);
+  /* and a block out of its zone's range: the same refusal, before any read */
+  m.block_id = 99;
+  assert_int_equal(kvbm_block_msg_encode(&m, msg + 4, sizeof msg - 4, &len, NULL), KVBM_OK);
+  assert_int_equal(hostile_send(&h, msg, 4 + len), KVBM_EPROTO);
+  kvbm_block_location loc;
+  assert_int_equal(kvbm_manager_block_location(d, hash, &loc), KVBM_OK);
+  assert_false(loc.held);
+  kvbm_peer_stats st = stats(d);
+  assert_int_equal(st.received, 2);
+  assert_int_equal(st.ingested, 0);
+  assert_int_equal(st.refused_other, 2);
+  assert_int_equal(st.received_hashed_bytes, 0); /* refused before any read */
+  assert_non_null(strstr(st.last_refusal, "never asks for"));
+  free(body);
+  kvbm_manager_destroy(d);
+  rp_free(&h);
+  kvbm_fabric_destroy(fd);
+}
+
 static void test_key_file_and_env(void **state) {
   (void)state;
   char *path = key_file("ok", KEY1, 0600);
@@ -451,7 +520,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_same_key_push),          cmocka_unit_test(test_same_key_put),
       cmocka_unit_test(test_peer_without_key_refused), cmocka_unit_test(test_wrong_key_refused),
-      cmocka_unit_test(test_forged_frames_refused),  cmocka_unit_test(test_key_file_and_env),
+      cmocka_unit_test(test_forged_frames_refused),  cmocka_unit_test(test_unasked_pulled_block_refused),  cmocka_unit_test(test_key_file_and_env),
       cmocka_unit_test(test_bad_keys_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
