@@ -801,41 +801,35 @@ class Faults:
     def worker_of(self, tgt):
         return int(tgt.split(":")[1])
 
-    def knob(self, k, body, patience=10.0):
-        """Sets a worker's fault knob; tried again for `patience` seconds
-        (a worker whose connection table is full of waiting requests
-        answers 503 or drops the connection: a knob left on, e.g.
-        publishing off, would break the run for good)."""
+    def patient_call(self, k, method, path, body=None, timeout=5.0, patience=10.0):
+        """worker k's answer to one call, tried again every 0.2 s for
+        `patience` seconds until it answers 200 (a worker whose connection
+        table is full of waiting requests answers 503 or drops the
+        connection); the last error is raised after that."""
         end = time.time() + patience
         while True:
             try:
-                st, ans = self.cl.wcall(k, "POST", "/admin/fault", body, timeout=5)
+                st, ans = self.cl.wcall(k, method, path, body, timeout=timeout)
                 if st == 200:
-                    return
-                err = OSError("worker %d /admin/fault %s: %s" % (k, json.dumps(body), ans))
+                    return ans
+                what = path if body is None else "%s %s" % (path, json.dumps(body))
+                err = OSError("worker %d %s: %s %s" % (k, what, st, ans))
             except OSError as e:
                 err = e
             if time.time() > end:
                 raise err
             time.sleep(0.2)
 
+    def knob(self, k, body, patience=10.0):
+        """Sets a worker's fault knob, patiently: a knob left on (e.g.
+        publishing off) would break the run for good."""
+        self.patient_call(k, "POST", "/admin/fault", body, patience=patience)
+
     def metrics_text(self, k, timeout=5.0, patience=10.0):
-        """A worker's /metrics page, tried again for `patience` seconds as
-        knob() is (a worker whose connection table is full answers 503: a
-        fault that cannot read its target's counters is not injected, or
-        not timed, for a reason that says nothing about the fault)."""
-        end = time.time() + patience
-        while True:
-            try:
-                st, text = self.cl.wcall(k, "GET", "/metrics", timeout=timeout)
-                if st == 200:
-                    return text
-                err = OSError("worker %d /metrics: %s" % (k, st))
-            except OSError as e:
-                err = e
-            if time.time() > end:
-                raise err
-            time.sleep(0.2)
+        """A worker's /metrics page, patiently: a fault that cannot read
+        its target's counters is not injected, or not timed, for a reason
+        that says nothing about the fault."""
+        return self.patient_call(k, "GET", "/metrics", timeout=timeout, patience=patience)
 
     def g4_snapshot(self, k, timeout=5.0, patience=10.0):
         return g4_counts(self.metrics_text(k, timeout, patience))

@@ -528,6 +528,18 @@ static wchunk *q_chunk(kvbm_publisher *p, evq *q, size_t bound, int32_t dp_rank)
   return c;
 }
 
+/* One publish of `cost` bytes accepted into chunk c of q (lock held):
+ * its count of publishes and the queue's totals. `events` is how many
+ * events the publish added to the wire (0 when it joined a coalesced
+ * run). */
+static inline void q_count(evq *q, wchunk *c, size_t cost, unsigned events) {
+  c->n += events;
+  c->pub++;
+  c->cost += cost;
+  q->bytes += cost;
+  q->n++;
+}
+
 /* Wire mode: encodes ev into the open batch of q (lock held). Nothing of
  * the caller's memory is kept: the bytes are the event. */
 static int q_append_wire(kvbm_publisher *p, evq *q, const kvbm_event *ev, size_t cost,
@@ -536,11 +548,7 @@ static int q_append_wire(kvbm_publisher *p, evq *q, const kvbm_event *ev, size_t
   if (!c) return KVBM_ENOMEM;
   uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
   c->len += (size_t)(kvbm__event_put(at, ev, &p->ecfg) - at);
-  c->n++;
-  c->pub++;
-  c->cost += cost;
-  q->bytes += cost;
-  q->n++;
+  q_count(q, c, cost, 1);
   return KVBM_OK;
 }
 
@@ -559,11 +567,7 @@ static int q_append_plain(kvbm_publisher *p, evq *q, const kvbm_event *ev, size_
   }
   uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
   c->len += (size_t)(kvbm__event_put_plain(at, ev, &p->ecfg) - at);
-  c->n++;
-  c->pub++;
-  c->cost += cost;
-  q->bytes += cost;
-  q->n++;
+  q_count(q, c, cost, 1);
   return KVBM_OK;
 }
 
@@ -745,10 +749,7 @@ static int q_append_coalesce(kvbm_publisher *p, evq *q, const kvbm_event *ev, si
     int rc = run_start(p, q, ev, t, dp_rank);
     if (rc) return rc;
   }
-  r->c->pub++;
-  r->c->cost += cost;
-  q->bytes += cost;
-  q->n++;
+  q_count(q, r->c, cost, 0);
   return KVBM_OK;
 }
 
