@@ -373,20 +373,31 @@ class KvbmCacheManager:
         if self.num_groups > 1:
             return self._h_allocate(request, slot, want)
         before = len(slot.req.block_table)
-        if want > slot.num_tokens:
-            tokens = list(request.all_token_ids)
-            if want > len(tokens):
-                raise _error(InvalidArgumentError,
-                             f"allocate_slots: request {rid!r} asks for {want} slots but has "
-                             f"{len(tokens)} tokens (lookahead slots are not supported)")
-            try:
-                slot.req.append(tokens[slot.num_tokens:want])
-            except NoSpaceError:
-                return None
-            old = slot.num_tokens
-            slot.num_tokens = want
+        old = slot.num_tokens
+        if not self._grow(request, slot, want):
+            return None
+        if want > old:
             self._own_sealed(slot, old, want)
         return KvbmBlocks(slot.req.block_table[before:])
+
+    def _grow(self, request, slot: _Slot, want: int) -> bool:
+        """Appends the request's tokens up to `want` to its kvbm request
+        (one group or every group: Request.append and HybridRequest.append
+        check room first and change nothing without it); False when G1
+        has no room now."""
+        if want <= slot.num_tokens:
+            return True
+        tokens = list(request.all_token_ids)
+        if want > len(tokens):
+            raise _error(InvalidArgumentError,
+                         f"allocate_slots: request {slot.rid!r} asks for {want} slots but has "
+                         f"{len(tokens)} tokens (lookahead slots are not supported)")
+        try:
+            slot.req.append(tokens[slot.num_tokens:want])
+        except NoSpaceError:
+            return False
+        slot.num_tokens = want
+        return True
 
     def get_blocks(self, request_id: str) -> KvbmBlocks:
         """The request's blocks (every group's table, null_block_id where a
@@ -567,19 +578,11 @@ class KvbmCacheManager:
         """allocate_slots with groups: HybridRequest.append grows every
         group's table (room in G1 for all of them checked first: no room
         returns None, nothing changed); returns each group's new blocks."""
-        rid = slot.rid
         before = len(slot.req.tables[0])
-        if want > slot.num_tokens:
-            tokens = list(request.all_token_ids)
-            if want > len(tokens):
-                raise _error(InvalidArgumentError,
-                             f"allocate_slots: request {rid!r} asks for {want} slots but has "
-                             f"{len(tokens)} tokens (lookahead slots are not supported)")
-            try:
-                slot.req.append(tokens[slot.num_tokens:want])
-            except NoSpaceError:
-                return None
-            old, slot.num_tokens = slot.num_tokens, want
+        old = slot.num_tokens
+        if not self._grow(request, slot, want):
+            return None
+        if want > old:
             self._h_own(slot, old, want)
         return KvbmBlocks(groups=self._h_tables(slot, before))
 
