@@ -22,7 +22,10 @@
 #                                    failure), the GPU benchmarks, the tiny
 #                                    torch engine on CUDA, and the many-core
 #                                    figures (transfer-bench's checked
-#                                    transfer, bench_router's readers)
+#                                    transfer, bench_router's readers) and
+#                                    the speed issue's single-thread figures
+#                                    on a quiet machine (bench_router at 64
+#                                    workers, bench_replay, bench_events)
 #
 # Why packages and not binaries built here: the device runs another
 # distribution; Debian 12's libraries (glibc 2.36) load on any newer glibc,
@@ -187,7 +190,7 @@ configure() {
 # The targets the device run needs: the command, the router bench, every
 # GPU bench, every GPU test that is an executable, the Python package.
 build_targets() {
-  local t targets="kvbm bench_router" all
+  local t targets="kvbm bench_router bench_replay bench_events" all
   all=$(cmake --build "$BUILD" --target help | awk '{print $2}')
   for t in $(echo "$all" | grep -E '^bench_gpu_'); do targets="$targets $t"; done
   for t in $(cd "$BUILD" && ctest -N -L gpu | awk '/Test +#/{print $3}'); do
@@ -233,6 +236,12 @@ manycore() {
   for r in ${KVBM_GPU_ROUTER_THREADS:-1 4 8 $((JOBS - 1))}; do
     step "bench_router-threads-$r" 90 "$OUT/manycore.log" "$BUILD/bench_router" --repeat 1 --threads $r
   done
+  # The single-thread figures of the speed issue, on a machine where
+  # nothing else runs (the 2-core machines are shared and noisy): each
+  # bench measures its own bound or peer in the same run.
+  step bench_router-64 90 "$OUT/manycore.log" "$BUILD/bench_router" --repeat 3 --workers 64
+  step bench_replay 120 "$OUT/manycore.log" "$BUILD/bench_replay" --repeat 5
+  step bench_events 150 "$OUT/manycore.log" "$BUILD/bench_events" --runs 3 --k 1,16,64 --form map --wire both
 }
 
 write_summary() {
