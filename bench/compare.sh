@@ -3,6 +3,7 @@
 # bench/compare.sh: two commits side by side, in one run.
 #
 #   bench/compare.sh [--rounds N (5)] [--dir DIR (build-compare)] OLD NEW BENCH [ARGS...]
+#   bench/compare.sh [--rounds N (5)] --builds OLDDIR NEWDIR BENCH [ARGS...]
 #
 # Builds OLD and NEW (any git revisions) into folders of their own
 # (DIR/<sha>, from worktrees under DIR/src-<sha>, kept for the next call;
@@ -20,30 +21,48 @@
 # A figure the two builds do not both print is left out. BENCH is the
 # target's name (bench_events, bench_replay, kvbm ...); the build is the
 # plain RelWithDebInfo one of scripts/dev.sh.
+#
+# --builds takes two build folders made elsewhere (no git there: the device
+# machine builds two `git archive` snapshots with scripts/gpu-check.sh) and
+# runs their BENCH alternately in the same way; the folders' names label
+# the columns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=5
 dir=build-compare
+prebuilt=0
 while [ $# -ge 2 ]; do
   case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
+    --builds) prebuilt=1; shift ;;
     *) break ;;
   esac
 done
 if [ $# -lt 3 ]; then
   echo "usage: bench/compare.sh [--rounds N] [--dir DIR] OLD NEW BENCH [ARGS...]" >&2
+  echo "       bench/compare.sh [--rounds N] --builds OLDDIR NEWDIR BENCH [ARGS...]" >&2
   exit 2
 fi
 case "$rounds" in '' | *[!0-9]* | 0) echo "compare: --rounds must be a positive integer" >&2; exit 2 ;; esac
-old=$(git rev-parse --verify --quiet "$1^{commit}") || { echo "compare: $1 is not a commit" >&2; exit 2; }
-new=$(git rev-parse --verify --quiet "$2^{commit}") || { echo "compare: $2 is not a commit" >&2; exit 2; }
 bench=$3
-shift 3
 case "$bench" in '' | */* | .*) echo "compare: BENCH is a target name, not a path" >&2; exit 2 ;; esac
+if [ $prebuilt = 1 ]; then
+  for d in "$1" "$2"; do
+    [ -x "$d/$bench" ] || { echo "compare: $d/$bench is not an executable" >&2; exit 2; }
+  done
+  a=$(cd "$1" && pwd)/$bench
+  b=$(cd "$2" && pwd)/$bench
+  old=$(basename "$1")
+  new=$(basename "$2")
+else
+  old=$(git rev-parse --verify --quiet "$1^{commit}") || { echo "compare: $1 is not a commit" >&2; exit 2; }
+  new=$(git rev-parse --verify --quiet "$2^{commit}") || { echo "compare: $2 is not a commit" >&2; exit 2; }
+fi
+shift 3
 case "$dir" in '' | /* | *..*) echo "compare: --dir is a folder name under the project root" >&2; exit 2 ;; esac
 root=$PWD/$dir
-mkdir -p "$root"
+[ $prebuilt = 1 ] || mkdir -p "$root"
 
 # build SHA: a worktree at SHA and its build folder; prints the binary.
 build() {
@@ -62,9 +81,11 @@ build() {
   echo "$out/$bench"
 }
 
-echo "compare: building $bench at ${old:0:12} and ${new:0:12}" >&2
-a=$(build "$old")
-b=$(build "$new")
+if [ $prebuilt = 0 ]; then
+  echo "compare: building $bench at ${old:0:12} and ${new:0:12}" >&2
+  a=$(build "$old")
+  b=$(build "$new")
+fi
 runs=$(mktemp -d)
 trap 'rm -rf "$runs"' EXIT
 for ((r = 1; r <= rounds; r++)); do
