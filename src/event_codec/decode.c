@@ -1,0 +1,810 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * decode.c: KV event batches from the engines' msgpack payload.
+ *
+ * The codec knows bytes only; sockets live in the events module. Encoding
+ * writes each event straight into a reusable buffer with the cursor
+ * writers of common/msgpack.h, one capacity check an event. Decoding
+ * uses the bounds-checked reader of common/msgpack.h (see there why not msgpack-c)
+ * and writes into arenas the decoder keeps between calls: events, hashes,
+ * tokens, strings (with extra_keys' raw bytes) and the raw bytes of the
+ * fields kvbm does not name. While a payload is read the events record
+ * offsets into the arenas (which may move as they grow); the pointers are
+ * set once at the end. In steady state a decode allocates nothing.
+ *
+ * Forms: a batch is [ts, events, dp_rank?] or a map with those names; an
+ * event is a tagged array (positional, msgspec's array_like) or a map with
+ * a "type" key. Positional fields are read by position up to the last one
+ * kvbm knows and the rest skipped, as msgspec does for newer senders; map
+ * keys kvbm does not name are kept, as bytes, for whoever relays the event.
+ *
+ * Why an event that fails does not fail its batch: a batch is one step of
+ * an engine, and its sequence number is used up whatever it holds. Dynamo
+ * already sees tags it does not know ("Ignored"), and the engines keep
+ * adding fields; refusing the batch for one odd event would lose every
+ * other store and remove in it for good. So an event is read in place; if
+ * it is wrong (a tag kvbm does not know, a field of the wrong type, a
+ * required field missing), the reader goes back to the event's first byte,
+ * skips the value whole (which checks it is well-formed msgpack), rolls
+ * the arenas back and counts it. Only msgpack that is not well-formed, or a
+ * batch of the wrong shape, costs the payload: then the event boundaries
+ * themselves are unknown. The rewind costs nothing on the good path.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/msgpack.h"
+#include "common/vec.h"
+#include "event_codec/fields.h"
+#include "kvbm/event_codec.h"
+
+static const char *const kFieldName[] = {
+    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+    "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window", "locality", "ownership", "cache_salt",
+    "lora_name or metadata", "extra field", "field"};
+
+/* ------------------------------------------------------------- decoding */
+
+/* Where an event's variable parts sit in the arenas while a payload is
+ * read (the arenas may move); SIZE_MAX = none. */
+typedef struct ev_off {
+  size_t h, t, mname, lname, salt, kind, loc, own, ekeys, extras;
+} ev_off;
+
+static const ev_off kNoOff = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX,
+                              SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+
+struct kvbm_event_decoder {
+  kvbm_event *ev;
+  ev_off *off;
+  size_t ev_n, ev_cap, off_cap;
+  uint64_t *h;
+  size_t h_n, h_cap;
+  uint32_t *t;
+  size_t t_n, t_cap;
+  char *s; /* names (NUL-terminated) and extra_keys' bytes */
+  size_t s_n, s_cap;
+  uint8_t *x; /* the fields kvbm does not name: contiguous per event */
+  size_t x_n, x_cap;
+  kvbm_error ev_err;      /* the event being read: its failure */
+  char skip_reason[KVBM_ERROR_MSG_MAX];
+};
+
+int kvbm_event_decoder_create(kvbm_event_decoder **out, kvbm_error *err) {
+  if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: decoder: NULL out");
+  kvbm_event_decoder *d = calloc(1, sizeof *d);
+  if (!d) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for a decoder");
+  *out = d;
+  return KVBM_OK;
+}
+
+void kvbm_event_decoder_destroy(kvbm_event_decoder *dec) {
+  if (!dec) return;
+  free(dec->ev);
+  free(dec->off);
+  free(dec->h);
+  free(dec->t);
+  free(dec->s);
+  free(dec->x);
+  free(dec);
+}
+
+size_t kvbm_event_decoder_footprint(const kvbm_event_decoder *d) {
+  if (!d) return 0;
+  return d->ev_cap * sizeof *d->ev + d->off_cap * sizeof *d->off + d->h_cap * sizeof *d->h +
+         d->t_cap * sizeof *d->t + d->s_cap * sizeof *d->s + d->x_cap * sizeof *d->x;
+}
+
+/* Arenas up to this size stay between decodes whatever comes next. */
+#define ARENA_KEEP ((size_t)256 << 10)
+
+/* Whether an arena of cap elements of `size` bytes is larger than
+ * ARENA_KEEP and more than four times what a payload of `len` bytes can
+ * need from it (one element per `div` payload bytes at most: an event kept
+ * takes >= 13 bytes, a hash, a token or a string byte >= 1). Such an arena
+ * is given back before the decode: one oversized message does not pin its
+ * memory, while a stream of similar messages keeps its arenas and
+ * allocates nothing. */
+static bool oversized(size_t cap, size_t size, size_t len, size_t div) {
+  return cap * size > ARENA_KEEP && cap > 4 * (len / div + 64);
+}
+
+#define SHRINK(arr, cap, len, div)                           \
+  do {                                                       \
+    if (oversized((cap), sizeof *(arr), (len), (div))) {     \
+      free(arr);                                             \
+      (arr) = NULL;                                          \
+      (cap) = 0;                                             \
+    }                                                        \
+  } while (0)
+
+static void shrink_all(kvbm_event_decoder *d, size_t len) {
+  SHRINK(d->ev, d->ev_cap, len, 13);
+  SHRINK(d->off, d->off_cap, len, 13);
+  SHRINK(d->h, d->h_cap, len, 1);
+  SHRINK(d->t, d->t_cap, len, 1);
+  SHRINK(d->s, d->s_cap, len, 1);
+  SHRINK(d->x, d->x_cap, len, 1);
+}
+
+const char *kvbm_event_decoder_skip_reason(const kvbm_event_decoder *dec) {
+  return dec ? dec->skip_reason : "";
+}
+
+/* Grows arr (a T *, its capacity `cap`) to hold `need` elements, at least
+ * 1 so that a decoded array is never NULL, doubling from 64; any failure (the old array kept) is
+ * KVBM_ENOMEM to the caller. */
+#define RESERVE(arr, cap, need)                                                        \
+  do {                                                                                 \
+    size_t need_ = (need);                                                             \
+    if (kvbm__vec_reserve_of(&(arr), &(cap), need_ ? need_ : 1, 64, KVBM__VEC_NO_LIMIT)) \
+      return fail(c, KVBM_ENOMEM, "");                                                 \
+  } while (0)
+
+/* Decoding context: the reader, the decoder, where we are (for messages). */
+typedef struct dctx {
+  kvbm__mpr r;
+  kvbm_event_decoder *d;
+  kvbm_error *err;   /* the caller's, or the decoder's ev_err inside an event */
+  size_t idx;        /* event index on the wire */
+  const char *field; /* field being read */
+} dctx;
+
+static int fail(dctx *c, int rc, const char *what) {
+  if (rc == KVBM_ENOMEM) return kvbm_error_set(c->err, rc, "events: decode: out of memory");
+  char where[96] = "";
+  if (c->field) snprintf(where, sizeof where, "event %zu: %s: ", c->idx, c->field);
+  const char *trunc =
+      rc == KVBM_ETRUNCATED ? "input ends early or declares more than it holds" : NULL;
+  bool have = what && *what;
+  if (have && trunc)
+    return kvbm_error_set(c->err, rc, "events: decode: %s%s (%s)", where, what, trunc);
+  return kvbm_error_set(c->err, rc, "events: decode: %s%s", where,
+                        have ? what : trunc ? trunc : "malformed value");
+}
+
+static int fail_type(dctx *c, const char *want) {
+  char msg[160];
+  snprintf(msg, sizeof msg, "expected %s, got %s", want, kvbm__mpr_kind_name(kvbm__mpr_peek(&c->r)));
+  return fail(c, kvbm__mpr_peek(&c->r) == KVBM__MPR_END ? KVBM_ETRUNCATED : KVBM_EFORMAT, msg);
+}
+
+/* A hash: an integer, or bytes whose low 64 bits (big-endian) are taken. */
+static int read_hash(dctx *c, uint64_t *out) {
+  const uint8_t *p = c->r.p;
+  if (c->r.end - p >= 9 && *p == 0xcf) { /* the common case: a full 64-bit hash */
+    *out = kvbm__get_be(p + 1, 8);
+    c->r.p = p + 9;
+    return 0;
+  }
+  kvbm__mpr_kind k = kvbm__mpr_peek(&c->r);
+  if (k == KVBM__MPR_INT) {
+    bool neg;
+    int rc = kvbm__mpr_int(&c->r, out, &neg);
+    return rc ? fail(c, rc, "bad integer") : 0;
+  }
+  if (k == KVBM__MPR_BIN) {
+    const uint8_t *b;
+    size_t n;
+    int rc = kvbm__mpr_bytes(&c->r, true, &b, &n);
+    if (rc) return fail(c, rc, "bad bytes");
+    size_t take = n < 8 ? n : 8;
+    *out = kvbm__get_be(b + n - take, (int)take);
+    return 0;
+  }
+  return fail_type(c, "a hash (integer or bytes)");
+}
+
+static int read_hashes(dctx *c, size_t *off, size_t *count) {
+  uint32_t n;
+  int rc = kvbm__mpr_array(&c->r, &n);
+  if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "an array of hashes") : fail(c, rc, "");
+  kvbm_event_decoder *d = c->d;
+  RESERVE(d->h, d->h_cap, d->h_n + n);
+  *off = d->h_n;
+  for (uint32_t i = 0; i < n; i++) {
+    rc = read_hash(c, &d->h[d->h_n]);
+    if (rc) return rc;
+    d->h_n++;
+  }
+  *count = n;
+  return 0;
+}
+
+/* A token id that is not one of the common encodings. */
+static int read_token_slow(dctx *c, uint32_t *out) {
+  uint64_t u;
+  bool neg;
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_INT) return fail_type(c, "a token id (integer)");
+  int rc = kvbm__mpr_int(&c->r, &u, &neg);
+  if (rc) return fail(c, rc, "bad integer");
+  if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "token id outside 0..2^32-1");
+  *out = (uint32_t)u;
+  return 0;
+}
+
+/* The common encodings of a token id, inline: fixint, uint8/16/32. */
+static inline int read_token(dctx *c, uint32_t *out) {
+  const uint8_t *p = c->r.p;
+  size_t left = (size_t)(c->r.end - p);
+  if (left >= 1 && *p <= 0x7f) { *out = *p; c->r.p = p + 1; return 0; }
+  if (left >= 5 && *p == 0xce) {
+    *out = (uint32_t)p[1] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 8 | p[4];
+    c->r.p = p + 5;
+    return 0;
+  }
+  if (left >= 3 && *p == 0xcd) { *out = (uint32_t)p[1] << 8 | p[2]; c->r.p = p + 3; return 0; }
+  if (left >= 2 && *p == 0xcc) { *out = p[1]; c->r.p = p + 2; return 0; }
+  return read_token_slow(c, out);
+}
+
+/* SGLang's bigram tokens: n pairs [t_i, t_i+1] that must chain, kept as
+ * the n+1 tokens t_0..t_n (Dynamo's reading of them). */
+static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t two, a = 0, b = 0; /* set by read_token; 0 keeps every compiler sure of it */
+    int rc = kvbm__mpr_array(&c->r, &two);
+    if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "a token pair [t, t+1]") : fail(c, rc, "");
+    if (two != 2) return fail(c, KVBM_EFORMAT, "a token pair has other than 2 ids");
+    if ((rc = read_token(c, &a)) || (rc = read_token(c, &b))) return rc;
+    if (i == 0) out[0] = a;
+    else if (out[i] != a) return fail(c, KVBM_EFORMAT, "token pairs do not chain");
+    out[i + 1] = b;
+  }
+  return 0;
+}
+
+/* n flat token ids when the input surely holds them (5 bytes each at
+ * most): no bounds check per token, each form one load. Stops at the
+ * first id in another form (or none left); returns how many it read. */
+static uint32_t read_tokens_fast(dctx *c, uint32_t n, uint32_t *out) {
+  const uint8_t *p = c->r.p;
+  if ((size_t)(c->r.end - p) / 5 < n) return 0;
+  uint32_t i = 0;
+  for (; i < n; i++) {
+    uint8_t tag = *p;
+    if (tag == 0xce) {
+      uint32_t be;
+      memcpy(&be, p + 1, 4);
+      out[i] = __builtin_bswap32(be);
+      p += 5;
+    } else if (tag <= 0x7f) {
+      out[i] = tag;
+      p += 1;
+    } else if (tag == 0xcd) {
+      uint16_t be;
+      memcpy(&be, p + 1, 2);
+      out[i] = __builtin_bswap16(be);
+      p += 3;
+    } else if (tag == 0xcc) {
+      out[i] = p[1];
+      p += 2;
+    } else {
+      break;
+    }
+  }
+  c->r.p = p;
+  return i;
+}
+
+static int read_tokens(dctx *c, kvbm_event *ev, size_t *off) {
+  uint32_t n;
+  int rc = kvbm__mpr_array(&c->r, &n);
+  if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "an array of token ids") : fail(c, rc, "");
+  kvbm_event_decoder *d = c->d;
+  bool pairs = n && kvbm__mpr_peek(&c->r) == KVBM__MPR_ARRAY;
+  RESERVE(d->t, d->t_cap, d->t_n + n + pairs);
+  *off = d->t_n;
+  uint32_t *out = d->t + d->t_n;
+  if (pairs) {
+    if ((rc = read_token_pairs(c, n, out))) return rc;
+    n++;
+  } else {
+    for (uint32_t i = read_tokens_fast(c, n, out); i < n; i++)
+      if ((rc = read_token(c, &out[i]))) return rc;
+  }
+  d->t_n += n;
+  ev->num_tokens = n;
+  ev->token_pairs = pairs;
+  return 0;
+}
+
+static int read_u32(dctx *c, uint32_t *out) {
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_INT) return fail_type(c, "an integer");
+  uint64_t u;
+  bool neg;
+  int rc = kvbm__mpr_int(&c->r, &u, &neg);
+  if (rc) return fail(c, rc, "bad integer");
+  if (neg || u > UINT32_MAX) return fail(c, KVBM_EFORMAT, "integer outside 0..2^32-1");
+  *out = (uint32_t)u;
+  return 0;
+}
+
+/* nil -> *has = false; an int64 otherwise. */
+static int read_opt_i64(dctx *c, int64_t *out, bool *has) {
+  if (kvbm__mpr_nil(&c->r)) { *has = false; return 0; }
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_INT) return fail_type(c, "an integer or nil");
+  uint64_t u;
+  bool neg;
+  int rc = kvbm__mpr_int(&c->r, &u, &neg);
+  if (rc) return fail(c, rc, "bad integer");
+  if (!neg && u > INT64_MAX) return fail(c, KVBM_EFORMAT, "integer beyond int64");
+  *out = (int64_t)u;
+  *has = true;
+  return 0;
+}
+
+/* A string (a key, a tag, a name; `want` says which for the message);
+ * *from is where it began. These are short: a fixstr is read inline. */
+static inline int read_str(dctx *c, const char *want, const uint8_t **from,
+                           const uint8_t **k, size_t *kl) {
+  const uint8_t *p = c->r.p;
+  *from = p;
+  *k = NULL;
+  *kl = 0;
+  if (p < c->r.end && (*p & 0xe0) == 0xa0 && (size_t)(c->r.end - p) > (size_t)(*p & 0x1f)) {
+    *kl = *p & 0x1f;
+    *k = p + 1;
+    c->r.p = p + 1 + *kl;
+    return 0;
+  }
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_STR) return fail_type(c, want);
+  int rc = kvbm__mpr_bytes(&c->r, false, k, kl);
+  return rc ? fail(c, rc, "bad string") : 0;
+}
+
+/* Copies n bytes into the string arena (NUL-terminated); *off its place. */
+static int put_s(dctx *c, const uint8_t *b, size_t n, size_t *off) {
+  kvbm_event_decoder *d = c->d;
+  RESERVE(d->s, d->s_cap, d->s_n + n + 1);
+  if (n) memcpy(d->s + d->s_n, b, n);
+  d->s[d->s_n + n] = '\0';
+  *off = d->s_n;
+  d->s_n += n + 1;
+  return 0;
+}
+
+/* nil -> SIZE_MAX; a str is copied into the string arena, NUL-terminated. */
+static int read_opt_str(dctx *c, size_t *off, const uint8_t **raw, size_t *rawlen) {
+  if (kvbm__mpr_nil(&c->r)) { *off = SIZE_MAX; return 0; }
+  const uint8_t *b;
+  size_t n;
+  const uint8_t *from;
+  int rc = read_str(c, "a string or nil", &from, &b, &n);
+  if (rc) return rc;
+  /* Names reach C callers as NUL-terminated strings: an inner NUL would
+   * silently cut them. (Names are short: a loop beats a call.) */
+  bool nul = false;
+  if (n < 16) {
+    for (size_t i = 0; i < n; i++) nul |= b[i] == 0;
+  } else {
+    nul = memchr(b, 0, n) != NULL;
+  }
+  if (nul) return fail(c, KVBM_EFORMAT, "string contains a NUL byte");
+  if (raw) { *raw = b; *rawlen = n; }
+  return put_s(c, b, n, off);
+}
+
+/* One msgpack value kept as its bytes (extra_keys); nil is absent. */
+static int read_raw(dctx *c, size_t *off, size_t *len) {
+  if (kvbm__mpr_nil(&c->r)) { *off = SIZE_MAX; *len = 0; return 0; }
+  const uint8_t *p = c->r.p;
+  int rc = kvbm__mpr_skip(&c->r);
+  if (rc) return fail(c, rc, "malformed value");
+  *len = (size_t)(c->r.p - p);
+  return put_s(c, p, *len, off);
+}
+
+/* Appends the key/value pair that started at `from` (the reader is past
+ * the key) to the event's extras. */
+static int keep_extra(dctx *c, const uint8_t *from, kvbm_event *ev, ev_off *o) {
+  int rc = kvbm__mpr_skip(&c->r);
+  if (rc) return fail(c, rc, "malformed value");
+  size_t n = (size_t)(c->r.p - from);
+  kvbm_event_decoder *d = c->d;
+  RESERVE(d->x, d->x_cap, d->x_n + n);
+  memcpy(d->x + d->x_n, from, n);
+  if (o->extras == SIZE_MAX) o->extras = d->x_n;
+  d->x_n += n;
+  ev->extras_len += n;
+  ev->num_extras++;
+  return 0;
+}
+
+static int read_parent(dctx *c, kvbm_event *ev) {
+  if (kvbm__mpr_nil(&c->r)) { ev->has_parent = false; return 0; }
+  ev->has_parent = true;
+  return read_hash(c, &ev->parent_hash);
+}
+
+/* o->mname for a medium whose wire text is exactly its name in the
+ * static table (kvbm_medium_name): nothing copied, the pointer is the
+ * table's (the same text; valid for longer than the arena would be). */
+#define MNAME_STATIC(m) (SIZE_MAX - 1 - (size_t)(m))
+#define MNAME_IS_STATIC(off) ((off) >= MNAME_STATIC(KVBM_MEDIUM_REMOTE) && (off) < SIZE_MAX)
+
+/* "GPU" (vLLM's G1, nearly every event) and "CPU" as fixstrs, read at
+ * once; anything else, or the same text in another encoding, goes the
+ * general way. */
+static bool read_medium_fast(dctx *c, kvbm_event *ev, ev_off *o) {
+  const uint8_t *p = c->r.p;
+  if (c->r.end - p < 4 || p[0] != 0xa3 || p[2] != 'P' || p[3] != 'U') return false;
+  if (p[1] == 'G') ev->medium = KVBM_MEDIUM_GPU;
+  else if (p[1] == 'C') ev->medium = KVBM_MEDIUM_CPU;
+  else return false;
+  o->mname = MNAME_STATIC(ev->medium);
+  c->r.p = p + 4;
+  return true;
+}
+
+static int read_medium(dctx *c, kvbm_event *ev, ev_off *o) {
+  if (read_medium_fast(c, ev, o)) return 0;
+  const uint8_t *raw = NULL;
+  size_t n = 0;
+  int rc = read_opt_str(c, &o->mname, &raw, &n);
+  if (rc) return rc;
+  ev->medium = o->mname == SIZE_MAX ? KVBM_MEDIUM_NONE
+                                    : kvbm_medium_from_name((const char *)raw, n);
+  return 0;
+}
+
+/* Positional index 7: vLLM's lora_name (string or nil), or SGLang's
+ * BlockStoredMetadata map: its cache_salt, and any other key (session_id)
+ * kept with the extras. */
+static int read_slot7(dctx *c, kvbm_event *ev, ev_off *o) {
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_MAP) return read_opt_str(c, &o->lname, NULL, NULL);
+  uint32_t n;
+  int rc = kvbm__mpr_map(&c->r, &n);
+  if (rc) return fail(c, rc, "bad map");
+  for (uint32_t i = 0; i < n; i++) {
+    const uint8_t *from, *k = NULL;
+    size_t kl = 0;
+    if ((rc = read_str(c, "a string key", &from, &k, &kl))) return rc;
+    if (kl == 10 && !memcmp(k, "cache_salt", 10)) rc = read_opt_str(c, &o->salt, NULL, NULL);
+    /* A key the map form names itself ("block_size", "type", ...) cannot be
+     * carried: written back as an extra it would make a map with the key
+     * twice. No engine sends one; the event is skipped (found by fuzz). */
+    else if ((kl == 4 && !memcmp(k, "type", 4)) || kvbm__event_key_field(k, kl) != F_EXTRA)
+      rc = fail(c, KVBM_EFORMAT, "the metadata map has a key that names an event field");
+    else rc = keep_extra(c, from, ev, o);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int read_field(dctx *c, int f, kvbm_event *ev, ev_off *o) {
+  c->field = kFieldName[f];
+  switch (f) {
+    case F_HASHES: return read_hashes(c, &o->h, &ev->num_block_hashes);
+    case F_PARENT: return read_parent(c, ev);
+    case F_TOKENS: return read_tokens(c, ev, &o->t);
+    case F_BSIZE: return read_u32(c, &ev->block_size);
+    case F_LORA: return read_opt_i64(c, &ev->lora_id, &ev->has_lora_id);
+    case F_MEDIUM: return read_medium(c, ev, o);
+    case F_LNAME: return read_opt_str(c, &o->lname, NULL, NULL);
+    case F_EKEYS: return read_raw(c, &o->ekeys, &ev->extra_keys_len);
+    case F_GROUP: return read_opt_i64(c, &ev->group_idx, &ev->has_group_idx);
+    case F_KIND: return read_opt_str(c, &o->kind, NULL, NULL);
+    case F_SWIN: return read_opt_i64(c, &ev->sliding_window, &ev->has_sliding_window);
+    case F_LOCALITY: return read_opt_str(c, &o->loc, NULL, NULL);
+    case F_OWNERSHIP: return read_opt_str(c, &o->own, NULL, NULL);
+    case F_SALT: return read_opt_str(c, &o->salt, NULL, NULL);
+    case F_SLOT7: return read_slot7(c, ev, o);
+    default: {
+      int rc = kvbm__mpr_skip(&c->r);
+      return rc ? fail(c, rc, "malformed value") : 0;
+    }
+  }
+}
+
+static int tag_type(const uint8_t *s, size_t n, kvbm_event_type *t) {
+  if (n == 11 && !memcmp(s, "BlockStored", 11)) *t = KVBM_EVENT_STORED;
+  else if (n == 12 && !memcmp(s, "BlockRemoved", 12)) *t = KVBM_EVENT_REMOVED;
+  else if (n == 16 && !memcmp(s, "AllBlocksCleared", 16)) *t = KVBM_EVENT_CLEARED;
+  else return -1;
+  return 0;
+}
+
+static int read_tag(dctx *c, kvbm_event *ev) {
+  const uint8_t *s, *from;
+  size_t n;
+  int rc = read_str(c, "the event tag (a string)", &from, &s, &n);
+  if (rc) return rc;
+  if (tag_type(s, n, &ev->type)) {
+    char msg[120];
+    snprintf(msg, sizeof msg, "unknown event tag \"%.*s\"", (int)(n > 40 ? 40 : n), (const char *)s);
+    return fail(c, KVBM_EFORMAT, msg);
+  }
+  return 0;
+}
+
+/* Positional field order after the tag, by event type (see the header). */
+static const int kStoredOrder[] = {F_HASHES, F_PARENT, F_TOKENS, F_BSIZE, F_LORA, F_MEDIUM,
+                                   F_SLOT7, F_EKEYS, F_GROUP, F_KIND, F_SWIN};
+static const int kRemovedOrder[] = {F_HASHES, F_MEDIUM, F_GROUP};
+
+static int read_positional(dctx *c, kvbm_event *ev, ev_off *o) {
+  uint32_t n;
+  int rc = kvbm__mpr_array(&c->r, &n);
+  if (rc) return fail(c, rc, "bad array");
+  if (n < 1) return fail(c, KVBM_EFORMAT, "empty event array (no tag)");
+  rc = read_tag(c, ev);
+  if (rc) return rc;
+  const int *order = NULL;
+  size_t known = 0, required = 0;
+  if (ev->type == KVBM_EVENT_STORED) { order = kStoredOrder; known = 11; required = 4; }
+  if (ev->type == KVBM_EVENT_REMOVED) { order = kRemovedOrder; known = 3; required = 1; }
+  if (n - 1 < required) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "%s has %u fields, needs at least %zu",
+             kvbm_event_type_name(ev->type), n - 1, required);
+    return fail(c, KVBM_EFORMAT, msg);
+  }
+  for (uint32_t i = 1; i < n; i++) {
+    rc = read_field(c, i - 1 < known ? order[i - 1] : F_SKIP, ev, o);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* Whether the bytes at the reader are `lit` (a key with its fixstr
+ * header, or a key and the tag after it); if so the reader passes them.
+ * `lit` is a literal, so the compare is a few loads. */
+#define AT(c, lit)                                                          \
+  ((size_t)((c)->r.end - (c)->r.p) >= sizeof(lit) - 1 &&                  \
+   !memcmp((c)->r.p, (lit), sizeof(lit) - 1) && ((c)->r.p += sizeof(lit) - 1, true))
+
+/* The keys vLLM writes, in its order (msgspec writes a struct's fields in
+ * declaration order, the tag first): BlockStored's required ones, then
+ * BlockRemoved's. A map event whose keys come so is read without looking
+ * its keys up; from the first key that differs (an optional one, another
+ * order, another sender) the general loop goes on. */
+static uint32_t read_keys_in_order(dctx *c, kvbm_event *ev, ev_off *o, uint32_t n,
+                                   unsigned *seen, int *rc) {
+  uint32_t i = 0;
+#define NEXT(lit, f, call)                                \
+  if (i == n || !AT(c, lit)) return i;                    \
+  c->field = kFieldName[f];                               \
+  if ((*rc = (call))) return i;                           \
+  *seen |= 1u << (f);                                     \
+  i++
+  if (n >= 2 && AT(c, "\xa4type\xab" "BlockStored")) {
+    ev->type = KVBM_EVENT_STORED;
+    i = 1;
+    NEXT("\xac" "block_hashes", F_HASHES, read_hashes(c, &o->h, &ev->num_block_hashes));
+    NEXT("\xb1" "parent_block_hash", F_PARENT, read_parent(c, ev));
+    NEXT("\xa9" "token_ids", F_TOKENS, read_tokens(c, ev, &o->t));
+    NEXT("\xaa" "block_size", F_BSIZE, read_u32(c, &ev->block_size));
+    NEXT("\xa7" "lora_id", F_LORA, read_opt_i64(c, &ev->lora_id, &ev->has_lora_id));
+    NEXT("\xa6" "medium", F_MEDIUM, read_medium(c, ev, o));
+    NEXT("\xa9" "lora_name", F_LNAME, read_opt_str(c, &o->lname, NULL, NULL));
+  } else if (n >= 2 && AT(c, "\xa4type\xac" "BlockRemoved")) {
+    ev->type = KVBM_EVENT_REMOVED;
+    i = 1;
+    NEXT("\xac" "block_hashes", F_HASHES, read_hashes(c, &o->h, &ev->num_block_hashes));
+    NEXT("\xa6" "medium", F_MEDIUM, read_medium(c, ev, o));
+  }
+#undef NEXT
+  return i;
+}
+
+static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
+  uint32_t n;
+  int rc = kvbm__mpr_map(&c->r, &n);
+  if (rc) return fail(c, rc, "bad map");
+  unsigned seen = 0;
+  uint32_t first = read_keys_in_order(c, ev, o, n, &seen, &rc);
+  if (rc) return rc;
+  bool have_type = first > 0;
+  for (uint32_t i = first; i < n; i++) {
+    const uint8_t *from, *k = NULL;
+    size_t kl = 0;
+    c->field = "key";
+    if ((rc = read_str(c, "a string key", &from, &k, &kl))) return rc;
+    if (kl == 4 && !memcmp(k, "type", 4)) {
+      c->field = "type";
+      rc = read_tag(c, ev);
+      have_type = true;
+    } else {
+      int f = kvbm__event_key_field(k, kl);
+      seen |= 1u << f;
+      rc = f == F_EXTRA ? keep_extra(c, from, ev, o) : read_field(c, f, ev, o);
+    }
+    if (rc) return rc;
+  }
+  c->field = NULL;
+  if (!have_type) return fail(c, KVBM_EFORMAT, "event map has no \"type\"");
+  unsigned need = 0;
+  if (ev->type == KVBM_EVENT_STORED) need = 1u << F_HASHES | 1u << F_TOKENS | 1u << F_BSIZE;
+  if (ev->type == KVBM_EVENT_REMOVED) need = 1u << F_HASHES;
+  for (int f = 0; (need & ~seen) && f < F_NAMED; f++) {
+    if ((need >> f & 1) && !(seen >> f & 1)) {
+      c->field = kvbm_event_type_name(ev->type);
+      char msg[80];
+      snprintf(msg, sizeof msg, "missing field \"%s\"", kFieldName[f]);
+      return fail(c, KVBM_EFORMAT, msg);
+    }
+  }
+  return 0;
+}
+
+/* What an event of its type does not carry is dropped (the map form
+ * could name any key on any event), so that a decoded event is what
+ * encoding it writes. */
+static void keep_own_fields(kvbm_event *ev, ev_off *o) {
+  if (ev->type == KVBM_EVENT_STORED) return;
+  if (ev->type == KVBM_EVENT_CLEARED) {
+    *ev = (kvbm_event){.type = KVBM_EVENT_CLEARED};
+    *o = kNoOff;
+    return;
+  }
+  ev->has_parent = ev->has_lora_id = ev->token_pairs = ev->has_sliding_window = false;
+  ev->num_tokens = ev->extra_keys_len = 0;
+  ev->block_size = 0;
+  o->t = o->lname = o->salt = o->kind = o->ekeys = SIZE_MAX;
+}
+
+static int read_event(dctx *c, kvbm_event *ev, ev_off *o) {
+  c->field = "event";
+  kvbm__mpr_kind k = kvbm__mpr_peek(&c->r);
+  int rc;
+  if (k == KVBM__MPR_ARRAY) rc = read_positional(c, ev, o);
+  else if (k == KVBM__MPR_MAP) rc = read_map_event(c, ev, o);
+  else return fail_type(c, "an event (array or map)");
+  if (!rc) keep_own_fields(ev, o);
+  return rc;
+}
+
+/* Reads the events array. A failed event is skipped whole when it is
+ * well-formed msgpack (see the top of this file); otherwise its error is
+ * the payload's. */
+static int read_events(dctx *c, kvbm_event_batch *out) {
+  uint32_t n;
+  int rc = kvbm__mpr_array(&c->r, &n);
+  if (rc) return rc == KVBM_EFORMAT ? fail_type(c, "the events array") : fail(c, rc, "the events array");
+  kvbm_event_decoder *d = c->d;
+  kvbm_error *caller = c->err;
+  size_t kept = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (kept >= d->ev_cap) RESERVE(d->ev, d->ev_cap, kept + 1);
+    if (kept >= d->off_cap) RESERVE(d->off, d->off_cap, kept + 1);
+    kvbm_event *ev = &d->ev[kept];
+    ev_off *o = &d->off[kept];
+    memset(ev, 0, sizeof *ev);
+    *o = kNoOff;
+    c->idx = i;
+    const uint8_t *start = c->r.p;
+    size_t h0 = d->h_n, t0 = d->t_n, s0 = d->s_n, x0 = d->x_n;
+    c->err = &d->ev_err;
+    rc = read_event(c, ev, o);
+    c->err = caller;
+    if (rc == 0) {
+      d->ev_n = ++kept;
+      continue;
+    }
+    c->r.p = start;
+    if (rc == KVBM_ENOMEM || kvbm__mpr_skip(&c->r)) { /* the payload's error */
+      if (caller) *caller = d->ev_err;
+      return rc;
+    }
+    d->h_n = h0, d->t_n = t0, d->s_n = s0, d->x_n = x0;
+    if (!out->skipped++) snprintf(d->skip_reason, sizeof d->skip_reason, "%s", d->ev_err.msg);
+  }
+  c->field = NULL;
+  return 0;
+}
+
+/* Turns the arena offsets into pointers, now that the arenas stopped moving. */
+static void fix_pointers(kvbm_event_decoder *d) {
+#define STR(off) ((off) == SIZE_MAX ? NULL : d->s + (off))
+  for (size_t i = 0; i < d->ev_n; i++) {
+    kvbm_event *ev = &d->ev[i];
+    const ev_off *o = &d->off[i];
+    ev->block_hashes = ev->num_block_hashes ? d->h + o->h : NULL;
+    ev->token_ids = ev->num_tokens ? d->t + o->t : NULL;
+    ev->medium_name = MNAME_IS_STATIC(o->mname) ? kvbm_medium_name(ev->medium) : STR(o->mname);
+    ev->lora_name = STR(o->lname);
+    ev->cache_salt = STR(o->salt);
+    ev->kv_cache_spec_kind = STR(o->kind);
+    ev->locality = STR(o->loc);
+    ev->ownership = STR(o->own);
+    ev->extra_keys = (const uint8_t *)STR(o->ekeys);
+    ev->extras = o->extras == SIZE_MAX ? NULL : d->x + o->extras;
+  }
+#undef STR
+}
+
+static int read_dp_rank(dctx *c, kvbm_event_batch *out) {
+  int64_t v;
+  bool has;
+  c->field = NULL;
+  if (kvbm__mpr_nil(&c->r)) return 0;
+  if (kvbm__mpr_peek(&c->r) != KVBM__MPR_INT) return fail_type(c, "dp_rank (an integer or nil)");
+  int rc = read_opt_i64(c, &v, &has);
+  if (rc) return rc;
+  if (v < INT32_MIN || v > INT32_MAX) return fail(c, KVBM_EFORMAT, "dp_rank beyond 32 bits");
+  out->dp_rank = (int32_t)v;
+  out->has_dp_rank = true;
+  return 0;
+}
+
+static int read_ts(dctx *c, double *ts) {
+  kvbm__mpr_kind k = kvbm__mpr_peek(&c->r);
+  if (k != KVBM__MPR_FLOAT && k != KVBM__MPR_INT) return fail_type(c, "the timestamp (a number)");
+  int rc = kvbm__mpr_double(&c->r, ts);
+  return rc ? fail(c, rc, "bad timestamp") : 0;
+}
+
+static int read_batch(dctx *c, kvbm_event_batch *out) {
+  kvbm__mpr_kind k = kvbm__mpr_peek(&c->r);
+  uint32_t n;
+  int rc;
+  if (k == KVBM__MPR_ARRAY) {
+    rc = kvbm__mpr_array(&c->r, &n);
+    if (rc) return fail(c, rc, "bad batch array");
+    if (n < 2) return fail(c, KVBM_EFORMAT, "batch array has fewer than 2 elements [ts, events]");
+    if ((rc = read_ts(c, &out->ts)) || (rc = read_events(c, out))) return rc;
+    if (n >= 3 && (rc = read_dp_rank(c, out))) return rc;
+    for (uint32_t i = 3; i < n; i++)
+      if ((rc = kvbm__mpr_skip(&c->r))) return fail(c, rc, "malformed trailing batch field");
+    return 0;
+  }
+  if (k == KVBM__MPR_MAP) {
+    rc = kvbm__mpr_map(&c->r, &n);
+    if (rc) return fail(c, rc, "bad batch map");
+    bool have_ts = false, have_events = false;
+    for (uint32_t i = 0; i < n; i++) {
+      const uint8_t *key;
+      size_t kl;
+      c->field = NULL;
+      if (kvbm__mpr_peek(&c->r) != KVBM__MPR_STR) return fail_type(c, "a string key in the batch map");
+      if ((rc = kvbm__mpr_bytes(&c->r, false, &key, &kl))) return fail(c, rc, "bad key");
+      if (kl == 2 && !memcmp(key, "ts", 2)) { rc = read_ts(c, &out->ts); have_ts = true; }
+      else if (kl == 6 && !memcmp(key, "events", 6)) {
+        /* a repeated "events" key replaces the earlier events */
+        c->d->ev_n = 0;
+        out->skipped = 0;
+        rc = read_events(c, out);
+        have_events = true;
+      } else if (kl == 18 && !memcmp(key, "data_parallel_rank", 18)) rc = read_dp_rank(c, out);
+      else if ((rc = kvbm__mpr_skip(&c->r))) rc = fail(c, rc, "malformed batch field");
+      if (rc) return rc;
+    }
+    c->field = NULL;
+    if (!have_ts || !have_events) return fail(c, KVBM_EFORMAT, "batch map lacks \"ts\" or \"events\"");
+    return 0;
+  }
+  return fail_type(c, "a batch (array [ts, events, dp_rank] or map)");
+}
+
+int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
+                      uint64_t seq, kvbm_event_batch *out, kvbm_error *err) {
+  if (!dec || !out || (!data && len))
+    return kvbm_error_set(err, KVBM_EINVAL, "events: decode: NULL argument");
+  dec->ev_n = dec->h_n = dec->t_n = dec->s_n = dec->x_n = 0;
+  dec->skip_reason[0] = '\0';
+  shrink_all(dec, len);
+  memset(out, 0, sizeof *out);
+  dctx c = {.r = {data, (const uint8_t *)data + len}, .d = dec, .err = err};
+  if (len == 0) return kvbm_error_set(err, KVBM_ETRUNCATED, "events: decode: empty payload");
+  int rc = read_batch(&c, out);
+  if (rc) {
+    dec->ev_n = 0;
+    out->skipped = 0;
+    return rc;
+  }
+  if (c.r.p != c.r.end) {
+    dec->ev_n = 0;
+    out->skipped = 0;
+    return kvbm_error_set(err, KVBM_ETOOLONG, "events: decode: %zu bytes after the batch",
+                          kvbm__mpr_left(&c.r));
+  }
+  fix_pointers(dec);
+  out->seq = seq;
+  out->events = dec->ev_n ? dec->ev : NULL;
+  out->num_events = dec->ev_n;
+  return KVBM_OK;
+}
