@@ -1151,6 +1151,20 @@ HOT uint32_t group_find(const blk *blocks, const uint8_t *grp, const bucket *tab
   }
 }
 
+/* Whether (hash, g) is registered for some g < ng. Group g's fingerprint
+ * is group 0's xor g * 0x9E3779B9 (fingerprint()), so the hash is folded
+ * once. */
+HOT bool groups_any(const blk *blocks, const uint8_t *grp, const bucket *table, uint32_t mask, uint32_t shift,
+                    uint64_t hash, const uint32_t ng) {
+  const uint32_t fp0 = fingerprint(hash, 0);
+#pragma GCC unroll 4
+  for (uint32_t g = 0; g < ng; g++) {
+    const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
+    if (group_find(blocks, grp, table, mask, fp, (fp * 0x9E3779B1u) >> shift, hash, g) != NIL) return true;
+  }
+  return false;
+}
+
 /* One step of fill_groups_plain's cursor (PF_STEP with the block's group). */
 #define GPF_STEP()                                                                   \
   do {                                                                               \
@@ -1160,6 +1174,23 @@ HOT uint32_t group_find(const blk *blocks, const uint8_t *grp, const bucket *tab
     if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                          \
   } while (0)
 
+/* The loop is fill_run_plain's, with a position's groups one after the
+ * other inside it; what it keeps out of the per-block work, each measured
+ * with callgrind (docs/areas/hybrid.md, "Speed, session 11"):
+ *  - the list evictions take from is found once and kept until it
+ *    empties (nothing else changes the lists during the run), not found
+ *    again for every eviction;
+ *  - the key of (hash, g) is recomputed where it is used from the hash's
+ *    fold (a few ALU instructions) rather than kept in per-group arrays on
+ *    the stack across the evictions;
+ *  - the counts are derived once at the end (no dedup here: every block
+ *    taken is registered, and the free stack's fall says how many were
+ *    not evicted);
+ *  - block 0's parent and flags are set once before the loop, as in
+ *    fill_run_plain;
+ *  - the loops over the groups unrolled (ng is a constant at the call
+ *    that matters, 2): no loop counter and no multiply by g in a block's
+ *    path (1,211.0M -> 1,173.2M instructions). */
 HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash, uint64_t parent,
                              bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
                              size_t n, uint32_t *const *tables, size_t *hashed_out) {
@@ -1171,87 +1202,109 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   uint8_t *const grp = p->group;
   const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
-  uint32_t ftop = p->free_top, evicted = 0;
+  const uint32_t ftop0 = p->free_top;
+  uint32_t ftop = ftop0;
   uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
-  unsigned pr = NPRIO; /* the list of the last eviction; NPRIO: none yet */
+  unsigned pr = NPRIO;              /* the list evictions take from; NPRIO: find it */
   size_t hashed = nhashed < n ? nhashed : n;
-  uint64_t h = hashed ? hashes[hashed - 1] : parent;
+  uint64_t h = hashed ? hashes[hashed - 1] : parent; /* the chain's last hash */
   bool hp = hashed ? true : has_parent;
-  size_t pos = 0; /* positions [0, pos) are hashed and their buckets prefetched */
+  /* positions [0, PLAIN_AHEAD) hashed (where not given) and their buckets
+   * prefetched; the loop then does position k + PLAIN_AHEAD at k */
+  for (size_t j = 0; j < n && j < PLAIN_AHEAD; j++) {
+    if (j >= hashed) {
+      h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + j * bs, bs);
+      hashes[j] = h;
+      hp = true;
+      hashed = j + 1;
+    }
+    for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
+  }
+  /* block k's parent and flags as its record holds them: only position 0
+   * may lack a parent */
+  uint64_t pk = has_parent ? parent : 0;
+  const uint8_t fl = (uint8_t)(F_INDEXED | (salt_hash ? F_SALTED : 0));
+  /* refcount 1, ntok, REGISTERED, flags: one store a block */
+  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | (has_parent ? F_HAS_PARENT : 0)));
+  const uint64_t tail8_rest = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT));
   size_t k = 0;
-  for (; k < n; k++) {
-    for (; pos < n && pos <= k + PLAIN_AHEAD; pos++) { /* 0..PLAIN_AHEAD at k 0, then one */
-      if (pos >= hashed) {
-        h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + pos * bs, bs);
-        hashes[pos] = h;
-        hp = true;
-        hashed = pos + 1;
+  for (; k < n; k++, tail8 = tail8_rest) {
+    const size_t j = k + PLAIN_AHEAD;
+    if (j < n) {
+      uint64_t hj;
+      if (j >= hashed) { /* position j - 1 is hashed: it has a parent */
+        h = kvbm_hash_next(scheme, salt_hash, h, true, tokens + j * bs, bs);
+        hashes[j] = h;
+        hashed = j + 1;
+        hj = h;
+      } else {
+        hj = hashes[j];
       }
-      for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[pos], g, shift)]);
+      for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hj, g, shift)]);
     }
     const uint64_t hk = hashes[k];
-    uint32_t fps[KVBM_POOL_MAX_GROUPS], homes[KVBM_POOL_MAX_GROUPS];
-    uint32_t g = 0;
-    for (; g < ng; g++) {
-      fps[g] = fingerprint(hk, g);
-      homes[g] = ghome(hk, g, shift);
-      if (group_find(blocks, grp, table, mask, fps[g], homes[g], hk, g) != NIL) break;
-    }
-    if (g < ng) break; /* a group would deduplicate here: the caller's */
-    const uint64_t pk = k ? hashes[k - 1] : parent;
-    const bool hpk = k ? true : has_parent;
-    uint8_t flags = (hpk ? F_HAS_PARENT : 0) | F_INDEXED;
-    if (salt_hash) flags |= F_SALTED;
-    /* refcount 1, ntok, REGISTERED, flags: one store a block */
-    const uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, flags);
-    for (g = 0; g < ng; g++) {
+    if (groups_any(blocks, grp, table, mask, shift, hk, ng)) break; /* the caller's: vLLM's order */
+    const uint32_t fp0 = fingerprint(hk, 0);
+#pragma GCC unroll 4
+    for (uint32_t g = 0; g < ng; g++) {
       uint32_t id;
       if (ftop) {
         id = fstack[--ftop];
       } else {
         /* The head of the lowest non-empty list (the caller checked that
-         * enough blocks are free or cached); the cursor as in
-         * fill_run_plain. */
-        unsigned w = 0;
-        while (!p->nonempty[w]) w++;
-        pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+         * enough blocks are free or cached), found again only when it
+         * empties; the cursor as in fill_run_plain. */
+        if (pr == NPRIO) {
+          unsigned w = 0;
+          while (!p->nonempty[w]) w++;
+          pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+        }
         id = p->head[pr];
-        blk *v = &blocks[id];
+        const blk *v = &blocks[id];
         const uint32_t next = v->next;
         p->head[pr] = next;
         if (next != NIL) { /* its prev link is cleared at the end (HEAD_PREV) */
-          if (ahead) {
-            ahead--;
-          } else {
+          if (!ahead) {
             cursor = next;
-            while (ahead < PF_DEPTH && cursor != NIL) { GPF_STEP(); ahead++; }
+            while (ahead < PF_DEPTH && cursor != NIL) {
+              GPF_STEP();
+              ahead++;
+            }
+          } else if (cursor != NIL) {
+            GPF_STEP();
+          } else {
+            ahead--;
           }
-          if (cursor != NIL) { GPF_STEP(); ahead++; }
         } else {
           p->tail[pr] = NIL;
-          p->nonempty[w] &= ~(1ull << (pr % 64));
+          p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
+          pr = NPRIO;
           cursor = NIL, ahead = 0;
         }
         plain_erase(table, mask, ghome(v->seq_hash, grp[id], shift), id);
         prio[id] = 0;
-        evicted++;
       }
       tables[g][k] = id;
       blk *b = &blocks[id];
       if (salt_hash) p->salts[id] = salt_hash;
       grp[id] = (uint8_t)g;
       b->seq_hash = hk;
-      b->parent_hash = hpk ? pk : 0;
+      b->parent_hash = pk;
       memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
-      plain_insert(table, mask, fps[g], homes[g], id);
+      const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
+      plain_insert(table, mask, fp, (fp * 0x9E3779B1u) >> shift, id);
     }
+    pk = hk;
   }
   HEAD_PREV();
+  /* every block taken was registered; those not off the free stack were
+   * evicted */
+  const uint32_t taken = (uint32_t)(k * ng), evicted = taken - (ftop0 - ftop);
   p->free_top = ftop;
   p->cached -= evicted;
   p->evicted += evicted;
-  p->registered += (uint32_t)(k * ng) - evicted;
-  p->allocated += k * ng;
+  p->registered += taken - evicted;
+  p->allocated += taken;
   *hashed_out = hashed;
   return k;
 }
