@@ -9,17 +9,18 @@
  * The native chain seeds each block's hash with its parent's, so building a
  * sequence hash reads each token exactly once: this is the bound the W1
  * benchmark compares the whole replay against.
+ *
+ * The step itself lives in hash/hash_inline.h (kvbm__hash_next_inline), so
+ * that the library's own hot loops (the pool's prefill) inline it; the
+ * exported calls here are that step, and kvbm_hash_chain runs it in a loop
+ * compiled once per scheme, so a chain pays no call and no scheme test a
+ * block.
  */
 #include "kvbm/hash.h"
 
 #include <string.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "kvbm hashes tokens as little-endian u32; big-endian hosts need a byte swap here"
-#endif
+#include "hash/hash_inline.h"
 
 uint64_t kvbm_hash_salt(const void *salt, size_t len) {
   if (!salt || len == 0) return 0;
@@ -30,20 +31,25 @@ uint64_t kvbm_hash_block(uint64_t salt_hash, const uint32_t *tokens, size_t n) {
   return XXH3_64bits_withSeed(tokens, n * sizeof *tokens, salt_hash);
 }
 
-static inline uint64_t dynamo_combine(uint64_t parent, uint64_t block) {
-  uint64_t pair[2] = {parent, block};
-  return XXH3_64bits_withSeed(pair, sizeof pair, KVBM_HASH_DYNAMO_SEED);
-}
-
 uint64_t kvbm_hash_next(kvbm_hash_scheme scheme, uint64_t salt_hash,
                         uint64_t parent, bool has_parent,
                         const uint32_t *tokens, size_t n) {
-  if (scheme == KVBM_HASH_DYNAMO) {
-    uint64_t block = kvbm_hash_block(salt_hash, tokens, n);
-    return has_parent ? dynamo_combine(parent, block) : block;
+  return kvbm__hash_next_inline(scheme, salt_hash, parent, has_parent, tokens, n);
+}
+
+/* kvbm_hash_chain's loop, compiled once per scheme (a constant at both call
+ * sites): block 0 is seeded with the salt, every later one with its
+ * parent, so the test of has_parent goes out of the loop too. */
+static inline __attribute__((always_inline)) void chain_run(const kvbm_hash_scheme scheme, uint64_t salt_hash,
+                                                            const uint32_t *tokens, size_t nb,
+                                                            size_t block_size, uint64_t *out) {
+  uint64_t parent = kvbm__hash_next_inline(scheme, salt_hash, 0, false, tokens, block_size);
+  out[0] = parent;
+  for (size_t k = 1; k < nb; k++) {
+    tokens += block_size;
+    parent = kvbm__hash_next_inline(scheme, salt_hash, parent, true, tokens, block_size);
+    out[k] = parent;
   }
-  return XXH3_64bits_withSeed(tokens, n * sizeof *tokens,
-                              has_parent ? parent : salt_hash);
 }
 
 size_t kvbm_hash_chain(kvbm_hash_scheme scheme, uint64_t salt_hash,
@@ -52,12 +58,11 @@ size_t kvbm_hash_chain(kvbm_hash_scheme scheme, uint64_t salt_hash,
   if (block_size == 0 || !tokens) return 0;
   size_t nb = n / block_size;
   if (nb > max_out) nb = max_out;
-  uint64_t parent = 0;
-  for (size_t k = 0; k < nb; k++) {
-    parent = kvbm_hash_next(scheme, salt_hash, parent, k > 0,
-                            tokens + k * block_size, block_size);
-    out[k] = parent;
-  }
+  if (nb == 0) return 0;
+  if (scheme == KVBM_HASH_DYNAMO)
+    chain_run(KVBM_HASH_DYNAMO, salt_hash, tokens, nb, block_size, out);
+  else
+    chain_run(KVBM_HASH_NATIVE, salt_hash, tokens, nb, block_size, out);
   return nb;
 }
 

@@ -4,7 +4,12 @@
  *
  * The Dynamo-compatible scheme is checked against python3-xxhash computing
  * Dynamo's formula independently; the native scheme against its definition
- * and for the properties prefix matching relies on.
+ * and for the properties prefix matching relies on. Both schemes are also
+ * checked against python3-xxhash at block sizes whose byte lengths fall in
+ * each of XXH3's length ranges (0..16, 17..128, 129..240, longer) and on
+ * their edges: kvbm calls XXH3's 17..128-byte kernel directly
+ * (hash/hash_inline.h), and a block of another length goes through the
+ * public call.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -82,6 +87,70 @@ static void dynamo_scheme_matches_python_xxhash(void **state) {
   }
 }
 
+/* Either scheme's chain of blocks of `bs` tokens by python3-xxhash (its
+ * own XXH3, not kvbm's); returns the number of hashes. */
+static size_t python_chain(const uint32_t *t, size_t n, size_t bs, kvbm_hash_scheme scheme, uint64_t *out,
+                           size_t max) {
+  char path[] = "/tmp/kvbm_hash_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  for (size_t i = 0; i < n; i++) fprintf(f, "%u\n", t[i]);
+  fclose(f);
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd,
+           "/usr/bin/python3 -c '\n"
+           "import struct, xxhash\n"
+           "toks = [int(l) for l in open(\"%s\")]\n"
+           "bs, dynamo, parent = %zu, %d, None\n"
+           "for k in range(len(toks) // bs):\n"
+           "    data = struct.pack(\"<%%dI\" %% bs, *toks[k*bs:(k+1)*bs])\n"
+           "    if dynamo:\n"
+           "        b = xxhash.xxh3_64_intdigest(data, seed=0)\n"
+           "        s = b if parent is None else xxhash.xxh3_64_intdigest(struct.pack(\"<QQ\", parent, b), seed=1337)\n"
+           "    else:\n"
+           "        s = xxhash.xxh3_64_intdigest(data, seed=0 if parent is None else parent)\n"
+           "    print(s)\n"
+           "    parent = s\n"
+           "'",
+           path, bs, scheme == KVBM_HASH_DYNAMO);
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  size_t k = 0;
+  unsigned long long v;
+  while (k < max && fscanf(p, "%llu", &v) == 1) out[k++] = v;
+  assert_int_equal(pclose(p), 0);
+  unlink(path);
+  return k;
+}
+
+/* Block sizes (tokens) whose byte lengths (4 a token) fall in each of
+ * XXH3's ranges and on their edges: 4, 12, 16 | 20, 32, 64, 124, 128 |
+ * 132, 200, 240 | 244, 400. */
+static const size_t XXH3_RANGE_BS[] = {1, 3, 4, 5, 8, 16, 31, 32, 33, 50, 60, 61, 100};
+
+static void chains_match_python_xxhash_at_every_length_range(void **state) {
+  (void)state;
+  enum { N = 400 };
+  uint32_t t[N];
+  make_tokens(t, N, 11);
+  for (int scheme = 0; scheme < 2; scheme++) {
+    for (size_t i = 0; i < sizeof XXH3_RANGE_BS / sizeof *XXH3_RANGE_BS; i++) {
+      const size_t bs = XXH3_RANGE_BS[i];
+      uint64_t want[N], got[N];
+      const size_t nw = python_chain(t, N, bs, (kvbm_hash_scheme)scheme, want, N);
+      assert_int_equal(nw, N / bs);
+      assert_int_equal(kvbm_hash_chain((kvbm_hash_scheme)scheme, 0, t, N, bs, got, N), nw);
+      for (size_t k = 0; k < nw; k++) {
+        if (got[k] != want[k]) fail_msg("scheme %d, block size %zu, block %zu: %llx, python %llx", scheme, bs, k,
+                                        (unsigned long long)got[k], (unsigned long long)want[k]);
+        const uint64_t next = kvbm_hash_next((kvbm_hash_scheme)scheme, 0, k ? want[k - 1] : 0, k > 0, t + k * bs, bs);
+        assert_true(next == want[k]);
+      }
+    }
+  }
+}
+
 static void chain_is_a_prefix_function(void **state) {
   (void)state;
   for (int scheme = 0; scheme < 2; scheme++) {
@@ -133,6 +202,7 @@ static void chain_limits(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(dynamo_scheme_matches_python_xxhash),
+      cmocka_unit_test(chains_match_python_xxhash_at_every_length_range),
       cmocka_unit_test(chain_is_a_prefix_function),
       cmocka_unit_test(chain_limits),
   };
