@@ -686,6 +686,18 @@ HOT slot *find_slot(wtab *t, uint64_t h, bool *found) {
   }
 }
 
+/* The slot of key h in t: `hint`, a slot of t, when it holds h (keys are
+ * unique in a table, so a used slot holding h is h's slot, whatever
+ * moved since the hint was taken), else the probe's answer. See "The
+ * hint" (the lean path). */
+HOT slot *find_hinted(wtab *t, slot *hint, uint64_t h, bool *found) {
+  if (LD(&hint->key) == h && slot_used(hint)) {
+    *found = true;
+    return hint;
+  }
+  return find_slot(t, h, found);
+}
+
 static inline wpriv *priv(wtab *t, slot *s) {
   (void)t;
   return &s->w;
@@ -718,26 +730,47 @@ static int worker_table(kvbm_index *idx, worker *w, size_t cap) {
   return KVBM_OK;
 }
 
-/* Deletes slot s of worker w's table by backward shift, in a `moves` window. */
-static void slot_delete(worker *w, wtab *t, slot *s) {
+/* Deletes slot s of worker w's table by backward shift. The `moves`
+ * window opens only before the first entry that moves: when none does
+ * (the usual case at load 1/4: the next slot is empty, or its entry's
+ * home lies after s), every entry of the run after s has its home after
+ * s, so no probe for one of them passes s, and a probe for the deleted
+ * key may miss it (the delete is then already done): one store, no
+ * window, and readers need not retry. */
+static __attribute__((noinline)) void slot_delete_shift(worker *w, wtab *t, slot *s) {
+  size_t mask = t->cap - 1, i = (size_t)(s - t->s), j = i;
+  for (;;) { /* the first entry that moves, if any */
+    j = (j + 1) & mask;
+    uint64_t m = LD(&t->s[j].meta);
+    if (!(m & OCC)) {
+      slot_clear(s);
+      return;
+    }
+    if (((j - home(t, LD(&t->s[j].key))) & mask) >= ((j - i) & mask)) break;
+  }
   uint64_t mv = LD(&w->moves);
   ST(&w->moves, mv + 1); /* ordered before the slots' release stores */
-  size_t mask = t->cap - 1, i = (size_t)(s - t->s), j = i;
-  for (;;) {
-    j = (j + 1) & mask;
+  for (;;) { /* entry j moves to i */
     slot *sj = &t->s[j];
-    if (!slot_used(sj)) break;
-    uint64_t key = LD(&sj->key);
-    size_t k = home(t, key);
-    if (((j - k) & mask) >= ((j - i) & mask)) {
-      slot_write(&t->s[i], key, (unsigned)(LD(&sj->meta) & (OCC | TIERS_MASK)));
-      t->s[i].w = sj->w;
-      i = j;
+    slot_write(&t->s[i], LD(&sj->key), (unsigned)(LD(&sj->meta) & (OCC | TIERS_MASK)));
+    t->s[i].w = sj->w;
+    for (i = j;;) {
+      j = (j + 1) & mask;
+      if (!slot_used(&t->s[j])) goto done;
+      if (((j - home(t, LD(&t->s[j].key))) & mask) >= ((j - i) & mask)) break;
     }
   }
+done:
   slot_clear(&t->s[i]);
   STR(&w->moves, mv + 2);
+}
+
+/* The usual delete (the next slot empty: nothing can move) inline, the
+ * shift out of line. */
+HOT void slot_delete(worker *w, wtab *t, slot *s) {
   w->entries--;
+  if (!slot_used(&t->s[(size_t)(s - t->s + 1) & (t->cap - 1)])) slot_clear(s);
+  else slot_delete_shift(w, t, s);
 }
 
 /* Makes room for two more entries (a block and a ghost parent). */
@@ -750,26 +783,29 @@ HOT int reserve2(kvbm_index *idx, worker *w) {
 /* Links a newly held block to its parent: counts it as a child, and as
  * broken when the parent is not held (a ghost, made here if need be);
  * true then (`broken` changed). */
-HOT bool link_parent(worker *w, wtab *t, uint64_t parent) {
-  bool found;
-  slot *ps = find_slot(t, parent, &found);
+HOT bool link_parent_at(worker *w, slot *ps, bool found, uint64_t parent) {
   if (!found) { /* room was reserved */
-    memset(priv(t, ps), 0, sizeof(wpriv));
+    memset(&ps->w, 0, sizeof(wpriv));
     slot_fill(ps, parent, OCC);
     w->entries++;
   }
-  priv(t, ps)->nchild++;
+  ps->w.nchild++;
   if (slot_tiers(ps)) return false;
   w->broken++;
   return true;
 }
 
-/* Undoes link_parent for a block no longer held (its own slot already
- * changed). A ghost parent left without children goes. True when
- * `broken` changed. */
-HOT bool unlink_parent(worker *w, wtab *t, uint64_t parent) {
+/* The same, the parent's slot (or the empty slot ending its run) found here. */
+HOT bool link_parent(worker *w, wtab *t, uint64_t parent) {
   bool found;
   slot *ps = find_slot(t, parent, &found);
+  return link_parent_at(w, ps, found, parent);
+}
+
+/* Undoes link_parent for a block no longer held (its own slot already
+ * changed), the parent's slot ps found by the caller. A ghost parent left
+ * without children goes. True when `broken` changed. */
+HOT bool unlink_parent_at(worker *w, wtab *t, slot *ps, bool found) {
   if (!found) return false; /* cannot happen: linked blocks keep their parent's entry */
   wpriv *pp = priv(t, ps);
   pp->nchild--;
@@ -777,6 +813,12 @@ HOT bool unlink_parent(worker *w, wtab *t, uint64_t parent) {
   w->broken--;
   if (!pp->nchild) slot_delete(w, t, ps);
   return true;
+}
+
+HOT bool unlink_parent(worker *w, wtab *t, uint64_t parent) {
+  bool found;
+  slot *ps = find_slot(t, parent, &found);
+  return unlink_parent_at(w, t, ps, found);
 }
 
 /* Sets tier bit `tier` of key h for worker wi; *was_set says whether it
@@ -1509,6 +1551,8 @@ typedef struct lean {
   uint64_t stored, removed, events; /* a lean block stored is a new device
                                        entry, one removed an entry gone:
                                        held and entries move by the same */
+  slot *hs, *hr; /* slots of the worker's current table (see "The hint"):
+                    the block stored last, the parent of the one removed last */
 } lean;
 
 static void lean_flush(kvbm_index *idx, worker *w, lean *a) {
@@ -1518,7 +1562,7 @@ static void lean_flush(kvbm_index *idx, worker *w, lean *a) {
   bump(&idx->c.stored, a->stored);
   bump(&idx->c.removed, a->removed);
   bump(&idx->c.events, a->events);
-  *a = (lean){0};
+  a->stored = a->removed = a->events = 0;
 }
 
 /* Whether ev may take the lean path (its worker permitting: lean_worker).
@@ -1553,20 +1597,26 @@ HOT int lean_stored(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a)
     if (__builtin_expect((w->entries + 2) * 2 > t->cap, 0)) { /* as reserve2 */
       if (worker_table(idx, w, t->cap * 2)) return KVBM_ENOMEM;
       t = LD(&w->tab);
+      a->hs = a->hr = t->s;
     }
     bool found;
     slot *s = find_slot(t, h, &found);
     if (__builtin_expect(found, 0)) {
       int rc = hold(idx, wi, KVBM_TIER_G1, h, h, parent, hp, false, 0);
-      if (rc) return rc;
       t = LD(&w->tab);
+      a->hs = a->hr = t->s;
+      if (rc) return rc;
       continue;
     }
     s->w = (wpriv){.parent = parent, .has_parent = hp};
     slot_fill(s, h, OCC | 1u << KVBM_TIER_G1);
     w->entries++;
     a->stored++;
-    if (hp && link_parent(w, t, parent)) publish_closed(w);
+    if (hp) { /* usually the block stored just before: the hint */
+      slot *ps = find_hinted(t, a->hs, parent, &found);
+      if (link_parent_at(w, ps, found, parent)) publish_closed(w);
+    }
+    a->hs = s; /* the next block's parent, if it continues this sequence */
   }
   return KVBM_OK;
 }
@@ -1584,7 +1634,9 @@ HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *
       __builtin_prefetch(&t->s[home(t, hs[i + EV_AHEAD])], 1);
     uint64_t h = hs[i];
     bool found = false;
-    slot *s = w->map.n ? NULL : find_slot(t, h, &found);
+    /* engines evict tail first: usually the parent of the block removed
+     * just before, the hint */
+    slot *s = w->map.n ? NULL : find_hinted(t, a->hr, h, &found);
     if (__builtin_expect(!found || slot_tiers(s) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
       unhold(idx, wi, KVBM_TIER_G1, h);
       continue;
@@ -1593,7 +1645,11 @@ HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *
     bool hp = s->w.has_parent;
     slot_delete(w, t, s);
     a->removed++;
-    if (hp && unlink_parent(w, t, parent)) publish_closed(w);
+    if (hp) {
+      slot *ps = find_slot(t, parent, &found);
+      a->hr = ps; /* the next block removed, if the eviction goes on up this chain */
+      if (unlink_parent_at(w, t, ps, found)) publish_closed(w);
+    }
   }
 }
 
@@ -1614,16 +1670,6 @@ HOT void lean_prefetch(const wtab *t, const kvbm_event *ev) {
   __builtin_prefetch(p + 1, 1); /* a probe run, or deletion's shift, goes on there */
   if (ev->type == KVBM_EVENT_STORED && ev->has_parent)
     __builtin_prefetch(&t->s[home(t, ev->parent_hash)], 1);
-}
-
-/* A BlockRemoved's parent is known only from its block's slot (prefetched
- * EV_AHEAD events before): EV_NEAR events ahead, that slot is read and
- * the parent's slot prefetched, for unlink_parent. */
-HOT void lean_prefetch_parent(wtab *t, const kvbm_event *ev) {
-  if (ev->type != KVBM_EVENT_REMOVED || !ev->num_block_hashes || !ev->block_hashes) return;
-  bool found;
-  const slot *s = find_slot(t, ev->block_hashes[0], &found);
-  if (found && s->w.has_parent) __builtin_prefetch(&t->s[home(t, s->w.parent)], 1);
 }
 
 /* Events from..n of a batch of worker s, on the general path, each event
@@ -1648,17 +1694,12 @@ static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kv
   worker *w = &idx->w[s];
   const kvbm_event *evs = b->events;
   size_t n = b->num_events;
-  lean a = {0};
+  lean a = {.hs = LD(&w->tab)->s, .hr = LD(&w->tab)->s};
   int rc = KVBM_OK;
   for (size_t i = 0; i < EV_AHEAD && i < n; i++) lean_prefetch(LD(&w->tab), &evs[i]);
   for (size_t i = 0; i < n; i++) {
     wtab *t = LD(&w->tab);
-    if (__builtin_expect(i + EV_AHEAD < n, 1)) {
-      lean_prefetch(t, &evs[i + EV_AHEAD]);
-      lean_prefetch_parent(t, &evs[i + EV_NEAR]);
-    } else if (i + EV_NEAR < n) {
-      lean_prefetch_parent(t, &evs[i + EV_NEAR]);
-    }
+    if (__builtin_expect(i + EV_AHEAD < n, 1)) lean_prefetch(t, &evs[i + EV_AHEAD]);
     const kvbm_event *ev = &evs[i];
     if (__builtin_expect(lean_event(ev), 1)) {
       if (ev->type == KVBM_EVENT_STORED) rc = lean_stored(idx, s, ev, &a);
@@ -1669,6 +1710,7 @@ static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kv
     }
     lean_flush(idx, w, &a);
     if ((rc = apply_one(idx, s, ev, err))) return rc;
+    a.hs = a.hr = LD(&w->tab)->s; /* a store there may have grown the table */
     if (!lean_worker(idx, w)) return general_batch(idx, s, b, i + 1, err);
   }
   lean_flush(idx, w, &a);

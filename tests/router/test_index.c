@@ -181,6 +181,46 @@ static void test_lean_mixed(void **state) {
   kvbm_index_destroy(idx);
 }
 
+/* The lean path's hints (the slot of the block stored last, of the parent
+ * of the block removed last) are trusted only while that slot is used and
+ * holds the key asked for. Here the store hint points at a slot emptied
+ * since (102 removed: its key is still in the slot's memory), and 103 is
+ * then stored under 102: 102 must come back as a ghost, the worker is not
+ * closed, and the device prefix of 101 102 103 is 1 (trusting the stale
+ * slot would count 103 on an empty slot, keep the worker closed, and the
+ * bisect would answer 3). Then removes in tail-first order (the remove
+ * hint) and again, unknown, after the hint's slot was emptied. */
+static void test_lean_hints(void **state) {
+  (void)state;
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  kvbm_event ev[3] = {stored(H, 2, NULL, KVBM_MEDIUM_GPU), removed(H + 1, 1, KVBM_MEDIUM_GPU),
+                      stored(H + 2, 1, &H[1], KVBM_MEDIUM_GPU)};
+  kvbm_event_batch b = {.seq = KVBM_INDEX_NO_ID, .events = ev, .num_events = 3};
+  kvbm_error err;
+  assert_int_equal(kvbm_index_apply_batch(idx, 1, &b, &err), KVBM_OK);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.closed_workers, 0);
+  assert_int_equal(st.entries, 2); /* 101 and 103; the ghost 102 holds nothing */
+  expect_prefix(idx, H, 3, 1, 1, 1, 1);
+  /* 102 back: closed again, prefix 3; then 103, 102, 101 removed tail
+   * first in one batch, and 102 once more (unknown: its slot is empty) */
+  apply(idx, 1, stored(H + 1, 1, &H[0], KVBM_MEDIUM_GPU));
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.closed_workers, 1);
+  expect_prefix(idx, H, 3, 1, 3, 3, 3);
+  kvbm_event rm[4] = {removed(H + 2, 1, KVBM_MEDIUM_GPU), removed(H + 1, 1, KVBM_MEDIUM_GPU),
+                      removed(H, 1, KVBM_MEDIUM_GPU), removed(H + 1, 1, KVBM_MEDIUM_GPU)};
+  kvbm_event_batch b2 = {.seq = KVBM_INDEX_NO_ID, .events = rm, .num_events = 4};
+  assert_int_equal(kvbm_index_apply_batch(idx, 1, &b2, &err), KVBM_OK);
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.entries, 0);
+  assert_int_equal(st.unknown_removed, 1);
+  assert_int_equal(st.closed_workers, 1);
+  expect_prefix(idx, H, 3, 1, 0, 0, 0);
+  kvbm_index_destroy(idx);
+}
+
 static void test_tiers(void **state) {
   (void)state;
   kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
@@ -1170,7 +1210,7 @@ static void test_snapshot_hostile(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
-      cmocka_unit_test(test_lean_mixed),
+      cmocka_unit_test(test_lean_mixed), cmocka_unit_test(test_lean_hints),
       cmocka_unit_test(test_duplicates_and_clear), cmocka_unit_test(test_workers),
       cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
       cmocka_unit_test(test_recompute), cmocka_unit_test(test_bad_input),
