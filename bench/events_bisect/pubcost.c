@@ -108,6 +108,16 @@ int main(int argc, char **argv) {
   uint32_t *t = calloc(16 * k, 4);
   for (unsigned j = 0; j < 16 * k; j++) t[j] = j * 7919u;
   unsigned long long nev = blocks / k;
+#ifdef PUBCOST_STAGE
+  /* PUBCOST_STAGE=S in the environment (pubcost_here.sh builds only):
+   * publish through a stage of S events (kvbm_publisher_stage_*) */
+  kvbm_publisher_stage *stg = NULL;
+  const char *sv = getenv("PUBCOST_STAGE");
+  if (sv && atoi(sv) > 0 && kvbm_publisher_stage_create(p, (size_t)atoi(sv), &stg, &err)) return 1;
+#define PUBLISH_ONE(ev) (stg ? kvbm_publisher_stage_publish(stg, ev, &err) : kvbm_publisher_publish(p, ev, NULL, &err))
+#else
+#define PUBLISH_ONE(ev) kvbm_publisher_publish(p, ev, NULL, &err)
+#endif
   for (unsigned long long i = 0; i < nev; i++) {
     for (unsigned j = 0; j < k; j++) h[j] = ((i / 2) * k + j) * 0x9e3779b97f4a7c15ull;
     kvbm_event ev = {.type = i % 2 ? KVBM_EVENT_REMOVED : KVBM_EVENT_STORED, .block_hashes = h,
@@ -115,8 +125,12 @@ int main(int argc, char **argv) {
     if (!(i % 2)) {
       ev.has_parent = 1; ev.parent_hash = h[0] - 1; ev.token_ids = t; ev.num_tokens = 16 * k; ev.block_size = 16;
     }
-    if (kvbm_publisher_publish(p, &ev, NULL, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    if (PUBLISH_ONE(&ev)) { fprintf(stderr, "%s\n", err.msg); return 1; }
   }
+#ifdef PUBCOST_STAGE
+  if (stg && kvbm_publisher_stage_flush(stg, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+  kvbm_publisher_stage_destroy(stg);
+#endif
   kvbm_publisher_flush(p, -1, NULL);
   kvbm_publisher_destroy(p);
   long long ins = 0;

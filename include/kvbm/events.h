@@ -309,8 +309,54 @@ KVBM_EXTERN int kvbm_publisher_publish_removed(kvbm_publisher *pub, const uint64
 KVBM_EXTERN int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id,
                                    kvbm_error *err);
 
+/* A producer's stage: one thread's events encoded into a buffer of its
+ * own and handed to the publisher's queue under one lock for many events,
+ * rather than one lock (and the queue's checks) per kvbm_publisher_publish
+ * (issue 22; the cost: docs/areas/events.md, Session 11). For a thread
+ * that publishes many events in a row: an engine's step, a pool's run of
+ * registrations.
+ *
+ * Contract. A staged event is checked and encoded when staged (the same
+ * refusals as kvbm_publisher_publish, returned by that call) but is not
+ * yet accepted: it has no id, counts nowhere, kvbm_publisher_flush does
+ * not see it and no timer sends it. It is accepted when the stage is
+ * handed over: by kvbm_publisher_stage_flush, by the publish that fills
+ * the stage (max_events), or by kvbm_publisher_stage_destroy. A hand-over
+ * gives the stage's events the next ids in the order they were staged,
+ * one after the other (no other thread's event between them unless the
+ * queue was full and the hand-over waited for room, overflow BLOCK), so
+ * ids on the wire still have no holes and follow acceptance. Under
+ * overflow DROP the events that find no room are dropped and counted
+ * (`dropped`) and the hand-over returns KVBM_EAGAIN; once shutdown began
+ * it returns KVBM_ECLOSED and the staged events are lost. The stage is
+ * empty after every hand-over, whatever it returned (err says how many
+ * did not go). Where the publisher does not encode on publish (a
+ * callback sink) or coalesces, a stage publishes each event at once, as
+ * kvbm_publisher_publish does.
+ *
+ * Threads: one thread at a time per stage; any number of stages per
+ * publisher. Create after kvbm_publisher_start (KVBM_ESTATE before);
+ * destroy before kvbm_publisher_destroy. max_events: 0 = the publisher's
+ * max_batch_events; above queue_events is KVBM_EINVAL. Cost: a staged
+ * event allocates nothing in steady state (the buffer keeps its size). */
+typedef struct kvbm_publisher_stage kvbm_publisher_stage;
+KVBM_EXTERN int kvbm_publisher_stage_create(kvbm_publisher *pub, size_t max_events,
+                                            kvbm_publisher_stage **out, kvbm_error *err);
+/* Stages one event (copying what the wire carries of it, as msgpack):
+ * KVBM_EINVAL / KVBM_ETOOLONG as kvbm_publisher_publish, KVBM_ENOMEM;
+ * when it fills the stage, the hand-over's status. */
+KVBM_EXTERN int kvbm_publisher_stage_publish(kvbm_publisher_stage *st, const kvbm_event *ev,
+                                             kvbm_error *err);
+/* Hands the staged events over (see above); KVBM_OK with none staged. */
+KVBM_EXTERN int kvbm_publisher_stage_flush(kvbm_publisher_stage *st, kvbm_error *err);
+/* Events staged and not yet handed over (0 for NULL). */
+KVBM_EXTERN size_t kvbm_publisher_stage_count(const kvbm_publisher_stage *st);
+/* Hands over what is staged (its status lost) and frees. NULL: no-op. */
+KVBM_EXTERN void kvbm_publisher_stage_destroy(kvbm_publisher_stage *st);
+
 /* Sends everything accepted before the call without waiting for the batch
  * to fill, and waits until the sinks have it (timeout_ms < 0: no limit).
+ * Staged events are not accepted: hand them over first.
  * KVBM_ETIMEDOUT when time ran out. */
 KVBM_EXTERN int kvbm_publisher_flush(kvbm_publisher *pub, int timeout_ms, kvbm_error *err);
 

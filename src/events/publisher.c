@@ -808,7 +808,7 @@ static int check_publish(const kvbm_publisher *p, const kvbm_event *ev, kvbm_err
  * a remove (it has nothing to strip that the wire would carry): about a
  * third of a one-block publish (callgrind). Anything else takes the full
  * path, which also names what is wrong. */
-static bool plain_ok(const kvbm_event *ev) {
+static inline __attribute__((always_inline)) bool plain_ok(const kvbm_event *ev) {
   if (((uintptr_t)ev->medium_name | (uintptr_t)ev->lora_name | (uintptr_t)ev->cache_salt |
        (uintptr_t)ev->kv_cache_spec_kind | (uintptr_t)ev->locality | (uintptr_t)ev->ownership |
        (uintptr_t)ev->extra_keys | (uintptr_t)ev->extras | ev->num_extras | ev->extras_len |
@@ -820,31 +820,47 @@ static bool plain_ok(const kvbm_event *ev) {
   return ev->type == KVBM_EVENT_STORED && ev->block_size && (ev->token_ids || !ev->num_tokens);
 }
 
-static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_rank,
-                          uint64_t *event_id, kvbm_error *err) {
+/* What a publish needs before the lock: whether ev0 is plain (then its
+ * measure is two counts), else its check (naming what is wrong) and, for
+ * a remove or clear, the copy that drops what its type does not carry
+ * (into *stripped, *evp pointing at it) and its measure; then the byte
+ * bound's check. Inlined: as a call it cost ~30 instructions a publish
+ * more (callgrind). */
+static inline __attribute__((always_inline)) int
+publish_prep(const kvbm_publisher *p, const kvbm_event *ev0, kvbm_event *stripped,
+             const kvbm_event **evp, vsize *z, bool *plain, kvbm_error *err) {
   int rc;
-  kvbm_event stripped;
-  const kvbm_event *evp = ev0;
-  vsize z;
-  bool plain = plain_ok(ev0);
-  if (plain) {
-    z.vars = 0;
-    z.total = ev0->num_block_hashes * 8 +
-              (ev0->type == KVBM_EVENT_STORED ? ev0->num_tokens * 4 : 0);
+  *evp = ev0;
+  *plain = plain_ok(ev0);
+  if (*plain) {
+    z->vars = 0;
+    z->total = ev0->num_block_hashes * 8 +
+               (ev0->type == KVBM_EVENT_STORED ? ev0->num_tokens * 4 : 0);
   } else {
     if ((rc = check_publish(p, ev0, err))) return rc;
     /* a store goes as it is; what a remove or clear does not carry is dropped */
     if (ev0->type != KVBM_EVENT_STORED) {
-      stripped = own_fields(ev0);
-      evp = &stripped;
+      *stripped = own_fields(ev0);
+      *evp = stripped;
     }
-    measure(evp, &z);
+    measure(*evp, z);
   }
-  size_t need = z.total;
-  if (need > p->o.queue_bytes)
+  if (z->total > p->o.queue_bytes)
     return kvbm_error_set(err, KVBM_ETOOLONG,
-                          "events: publish: an event of %zu bytes exceeds queue_bytes %zu", need,
-                          p->o.queue_bytes);
+                          "events: publish: an event of %zu bytes exceeds queue_bytes %zu",
+                          z->total, p->o.queue_bytes);
+  return KVBM_OK;
+}
+
+static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_rank,
+                          uint64_t *event_id, kvbm_error *err) {
+  kvbm_event stripped;
+  const kvbm_event *evp;
+  vsize z;
+  bool plain;
+  int rc = publish_prep(p, ev0, &stripped, &evp, &z, &plain, err);
+  if (rc) return rc;
+  size_t need = z.total;
   pthread_mutex_lock(&p->mu);
   if (!p->started) {
     pthread_mutex_unlock(&p->mu);
@@ -947,6 +963,219 @@ int kvbm_publisher_publish_removed(kvbm_publisher *pub, const uint64_t *block_ha
 int kvbm_publisher_publish_cleared(kvbm_publisher *pub, uint64_t *event_id, kvbm_error *err) {
   kvbm_event ev = {.type = KVBM_EVENT_CLEARED};
   return kvbm_publisher_publish(pub, &ev, event_id, err);
+}
+
+/* ---------------------------------------------------------------- stage */
+
+/* A producer's stage (issue 22): its events encoded, outside the lock,
+ * into a chunk of its own (a batch buffer from the publisher's pool, as
+ * the queue's), and handed to the queue under one lock per hand-over
+ * rather than one per event. What a publish pays per event is then the
+ * plain check, the encode and a few stores; the lock, the queue's checks
+ * and counts and the open chunk's checks are per hand-over. A full stage
+ * (or one at least half a batch) goes into the queue as it is, a batch of
+ * its own: its bytes are still written once, by the encoder, and read
+ * once, by the kernel. A smaller one is copied into the queue's open
+ * batch when that has room, so that frequent small hand-overs do not
+ * make small messages. A staged event is not yet accepted: it has no id,
+ * kvbm_publisher_flush does not see it and the thread's timer does not
+ * run for it, so its owner hands it over (kvbm_publisher_stage_flush, or
+ * the publish that fills the stage). */
+typedef struct stage_ev {
+  size_t end;  /* its bytes end here, after the chunk's head room */
+  size_t cost; /* the byte bound's measure of it and every one before it */
+} stage_ev;
+
+struct kvbm_publisher_stage {
+  kvbm_publisher *pub;
+  bool direct;           /* struct mode or coalescing: publish at once */
+  size_t max_events;     /* hand over when this many are staged */
+  wchunk *c;             /* the staged events' msgpack; NULL: none yet */
+  stage_ev *ev;
+  size_t n, capn;
+};
+
+int kvbm_publisher_stage_create(kvbm_publisher *pub, size_t max_events,
+                                kvbm_publisher_stage **out, kvbm_error *err) {
+  if (!pub || !out) return kvbm_error_set(err, KVBM_EINVAL, "events: stage: NULL argument");
+  pthread_mutex_lock(&pub->mu);
+  bool started = pub->started;
+  pthread_mutex_unlock(&pub->mu);
+  if (!started) return kvbm_error_set(err, KVBM_ESTATE, "events: stage: publisher not started");
+  /* a stage is at most one batch: it may go into the queue as one */
+  if (max_events == 0 || max_events > pub->o.max_batch_events)
+    max_events = pub->o.max_batch_events;
+  kvbm_publisher_stage *st = calloc(1, sizeof *st);
+  if (!st) return kvbm_error_set(err, KVBM_ENOMEM, "events: stage: out of memory");
+  st->pub = pub;
+  st->direct = !pub->wire || pub->o.coalesce;
+  st->max_events = max_events;
+  *out = st;
+  return KVBM_OK;
+}
+
+/* How many of the staged events from i on fit in q's bounds (lock held):
+ * the most whose count and bytes fit. */
+static size_t stage_fit(const kvbm_publisher *p, const kvbm_publisher_stage *st, const evq *q,
+                        size_t i) {
+  if (q->n >= p->o.queue_events) return 0;
+  size_t k = st->n - i < p->o.queue_events - q->n ? st->n - i : p->o.queue_events - q->n;
+  size_t before = i ? st->ev[i - 1].cost : 0, room = p->o.queue_bytes - q->bytes;
+  while (k && st->ev[i + k - 1].cost - before > room) k--;
+  return k;
+}
+
+/* Accounts k events of `cost` bytes just put into chunk c of q (lock
+ * held), and wakes the thread when it has something new to do. */
+static void stage_count(kvbm_publisher *p, evq *q, wchunk *c, size_t k, size_t cost) {
+  size_t before = q->n;
+  if (before == 0) q->first_ns = kvbm_clock_ns();
+  c->n += k;
+  c->pub += k;
+  c->cost += cost;
+  q->bytes += cost;
+  q->n += k;
+  p->st.accepted += k;
+  if (before == 0 || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0) wake(p);
+}
+
+/* Copies staged events i..i+k-1 into q's open chunk (lock held), as far
+ * as that chunk takes them (max_batch_events, its rank); returns how many
+ * moved, 0 when out of memory. */
+static size_t stage_copy(kvbm_publisher *p, kvbm_publisher_stage *st, evq *q, size_t i, size_t k) {
+  wchunk *c = q->nch ? q->ch[q->nch - 1] : NULL;
+  if (!c || c->pub >= p->o.max_batch_events || c->dp_rank != p->o.dp_rank)
+    if (!(c = q_chunk(p, q, 0, p->o.dp_rank))) return 0;
+  if (k > p->o.max_batch_events - c->pub) k = p->o.max_batch_events - c->pub;
+  size_t from = i ? st->ev[i - 1].end : 0, bytes = st->ev[i + k - 1].end - from;
+  size_t cost = st->ev[i + k - 1].cost - (i ? st->ev[i - 1].cost : 0);
+  if (c->cap < KVBM__EVENT_HEAD_MAX + c->len + bytes + KVBM__MP_SCALAR_MAX &&
+      kvbm__vec_reserve_of(&c->data, &c->cap, KVBM__EVENT_HEAD_MAX + c->len + bytes +
+                           KVBM__MP_SCALAR_MAX, CHUNK_FIRST_BYTES, KVBM__VEC_NO_LIMIT))
+    return 0;
+  memcpy(c->data + KVBM__EVENT_HEAD_MAX + c->len,
+         st->c->data + KVBM__EVENT_HEAD_MAX + from, bytes);
+  c->len += bytes;
+  stage_count(p, q, c, k, cost);
+  return k;
+}
+
+/* Whether the whole stage goes into q as a batch of its own (lock held):
+ * it fits the bounds, and it is at least half a batch or the open chunk
+ * cannot take it. Then it is queued (the chunk and its events), with no
+ * copy; false leaves everything as it was. */
+static bool stage_put_whole(kvbm_publisher *p, kvbm_publisher_stage *st, evq *q) {
+  size_t cost = st->ev[st->n - 1].cost;
+  if (q->n + st->n > p->o.queue_events || cost > p->o.queue_bytes - q->bytes) return false;
+  wchunk *o = q->nch ? q->ch[q->nch - 1] : NULL;
+  if (st->n * 2 < p->o.max_batch_events && o && o->dp_rank == p->o.dp_rank &&
+      o->pub + st->n <= p->o.max_batch_events)
+    return false; /* small: copied into the open batch */
+  if (q->nch == q->capch &&
+      kvbm__vec_reserve_of(&q->ch, &q->capch, q->nch + 1, 16, KVBM__VEC_NO_LIMIT))
+    return false;
+  wchunk *c = st->c;
+  q->ch[q->nch++] = c;
+  c->n = c->pub = c->cost = 0;
+  stage_count(p, q, c, st->n, cost);
+  st->c = NULL;
+  return true;
+}
+
+/* Hands every staged event to the queue under one lock (more only when
+ * the queue is full and the policy blocks); the stage is empty after,
+ * whatever happened: what did not go is counted in the error. */
+static int stage_handover(kvbm_publisher_stage *st, kvbm_error *err) {
+  kvbm_publisher *p = st->pub;
+  size_t i = 0, n = st->n;
+  int rc = KVBM_OK;
+  bool counted_block = false;
+  pthread_mutex_lock(&p->mu);
+  while (i < n) {
+    if (p->closing) {
+      rc = kvbm_error_set(err, KVBM_ECLOSED,
+                          "events: stage: publisher is shutting down, %zu staged events lost", n - i);
+      break;
+    }
+    evq *q = p->fill;
+    if (i == 0 && stage_put_whole(p, st, q)) break;
+    size_t k = stage_fit(p, st, q, i);
+    if (k == 0) {
+      if (p->o.overflow == KVBM_OVERFLOW_DROP) {
+        p->st.dropped += n - i;
+        rc = kvbm_error_set(err, KVBM_EAGAIN, "events: stage: queue full, %zu events dropped",
+                            n - i);
+        break;
+      }
+      if (!counted_block) p->st.blocked++;
+      counted_block = true;
+      p->room_waiters++;
+      wake(p);
+      pthread_cond_wait(&p->room, &p->mu);
+      p->room_waiters--;
+      continue;
+    }
+    size_t moved = stage_copy(p, st, q, i, k);
+    if (!moved) {
+      rc = kvbm_error_set(err, KVBM_ENOMEM, "events: stage: out of memory, %zu events lost", n - i);
+      break;
+    }
+    i += moved;
+  }
+  pthread_mutex_unlock(&p->mu);
+  st->n = 0;
+  if (st->c) st->c->len = 0; /* kept for the next events */
+  return rc;
+}
+
+int kvbm_publisher_stage_publish(kvbm_publisher_stage *st, const kvbm_event *ev, kvbm_error *err) {
+  if (!st || !ev) return kvbm_error_set(err, KVBM_EINVAL, "events: stage: NULL argument");
+  kvbm_publisher *p = st->pub;
+  if (st->direct) return publish_ranked(p, ev, p->o.dp_rank, NULL, err);
+  kvbm_event stripped;
+  const kvbm_event *evp;
+  vsize z;
+  bool plain;
+  int rc = publish_prep(p, ev, &stripped, &evp, &z, &plain, err);
+  if (rc) return rc;
+  size_t bound = plain ? kvbm__event_plain_bound(evp->num_block_hashes, evp->num_tokens)
+                       : kvbm__event_wire_bound(evp);
+  wchunk *c = st->c;
+  if (!c) {
+    if (!(c = st->c = chunk_get(p->pool)))
+      return kvbm_error_set(err, KVBM_ENOMEM, "events: stage: out of memory");
+    c->dp_rank = p->o.dp_rank;
+  }
+  size_t need = KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX;
+  if ((need > c->cap &&
+       (bound > SIZE_MAX / 4 - c->len ||
+        kvbm__vec_reserve_of(&c->data, &c->cap, need, CHUNK_FIRST_BYTES, KVBM__VEC_NO_LIMIT))) ||
+      (st->n == st->capn &&
+       kvbm__vec_reserve_of(&st->ev, &st->capn, st->n + 1, 64, KVBM__VEC_NO_LIMIT)))
+    return kvbm_error_set(err, KVBM_ENOMEM, "events: stage: out of memory");
+  uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
+  c->len += (size_t)((plain ? kvbm__event_put_plain(at, evp, &p->ecfg)
+                            : kvbm__event_put(at, evp, &p->ecfg)) - at);
+  stage_ev *x = &st->ev[st->n];
+  x->end = c->len;
+  x->cost = (st->n ? x[-1].cost : 0) + z.total;
+  if (++st->n < st->max_events) return KVBM_OK;
+  return stage_handover(st, err);
+}
+
+int kvbm_publisher_stage_flush(kvbm_publisher_stage *st, kvbm_error *err) {
+  if (!st) return kvbm_error_set(err, KVBM_EINVAL, "events: stage: NULL argument");
+  return st->n ? stage_handover(st, err) : KVBM_OK;
+}
+
+size_t kvbm_publisher_stage_count(const kvbm_publisher_stage *st) { return st ? st->n : 0; }
+
+void kvbm_publisher_stage_destroy(kvbm_publisher_stage *st) {
+  if (!st) return;
+  if (st->n) stage_handover(st, NULL);
+  if (st->c) chunk_release(NULL, st->c); /* back to the pool */
+  free(st->ev);
+  free(st);
 }
 
 /* --------------------------------------------------------------- thread */
