@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash/hash_inline.h"
 #include "pool/pool_internal.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -939,9 +940,9 @@ static inline uint64_t rec_tail8(uint32_t refcount, uint16_t ntok, uint8_t state
   } while (0)
 
 HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
-                        const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids) {
+                        const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids,
+                        const kvbm_hash_scheme scheme) {
   const size_t bs = p->cfg.block_size;
-  const kvbm_hash_scheme scheme = p->cfg.scheme;
   blk *const blocks = p->blocks;
   bucket *const table = p->table;
   uint8_t *const prio = p->priority;
@@ -955,7 +956,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
   bool hp = has_parent;
   size_t hashed = 0;
   for (; hashed < n && hashed < PLAIN_AHEAD; hashed++, hp = true) {
-    h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + hashed * bs, bs);
+    h = kvbm__hash_next_inline(scheme, salt_hash, h, hp, tokens + hashed * bs, bs);
     hashes[hashed] = h;
     __builtin_prefetch(&table[home_of(p, fingerprint(h, 0))]);
   }
@@ -972,7 +973,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT | F_INDEXED));
   for (size_t k = 0; k < n; k++, fl |= F_HAS_PARENT, tail8 = tail8_rest) {
     if (k + PLAIN_AHEAD < n) { /* hashed == k + PLAIN_AHEAD */
-      h = kvbm_hash_next(scheme, salt_hash, h, true, tnext, bs);
+      h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tnext, bs);
       tnext += bs;
       hashes[k + PLAIN_AHEAD] = h;
       __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
@@ -1067,8 +1068,13 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
   if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const bool quiet = p->cfg.listener == NULL;
-  if (!p->group && quiet && !p->dup_next && !p->cfg.keep_tokens)
-    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids);
+  const bool plain = !p->group && quiet && !p->dup_next && !p->cfg.keep_tokens;
+  /* The plain loop is compiled once per scheme: the hash step is inlined
+   * into it (hash/hash_inline.h) with the scheme a constant. */
+  if (plain && p->cfg.scheme == KVBM_HASH_DYNAMO)
+    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_DYNAMO);
+  else if (plain)
+    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE);
   else if (p->group && quiet)
     fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
   else if (p->group)

@@ -169,6 +169,10 @@ static void quiet_native_salted(void **state) {
   (void)state;
   twins_agree(KVBM_HASH_NATIVE, 0xabcdefull, 1, true);
 }
+static void quiet_dynamo_plain(void **state) { /* the plain loop's Dynamo instance */
+  (void)state;
+  twins_agree(KVBM_HASH_DYNAMO, 0x5a17ull, 1, true);
+}
 static void quiet_dynamo_two_groups(void **state) {
   (void)state;
   twins_agree(KVBM_HASH_DYNAMO, 0x5a17ull, 2, true);
@@ -285,6 +289,7 @@ int main(void) {
       cmocka_unit_test(dynamo_salted_two_groups),
       cmocka_unit_test(quiet_native_plain),
       cmocka_unit_test(quiet_native_salted),
+      cmocka_unit_test(quiet_dynamo_plain),
       cmocka_unit_test(quiet_dynamo_two_groups),
       cmocka_unit_test(quiet_colliding),
       cmocka_unit_test(refusals_change_nothing),
