@@ -123,6 +123,11 @@ static bool cached_in(void *user, uint32_t group, size_t block) {
   return kvbm_pool_peek_group(s->pool, group, s->hashes[block], NULL, NULL) == KVBM_OK;
 }
 
+/* The first hit block a group takes (those before are skipped: null). */
+static size_t hit_first(const kvbm_hseq *s, const gstate *g) {
+  return (size_t)(kvbm_group_skipped_tokens(&g->spec, s->hit) / s->bs);
+}
+
 /* The blocks a group no longer needs at `computed` tokens: table[*lo..*hi)
  * (non-null), and whether Mamba align's older state goes too. Pure. */
 static void skipped_range(const kvbm_hseq *s, const gstate *g, uint64_t computed, uint64_t skipped,
@@ -134,7 +139,20 @@ static void skipped_range(const kvbm_hseq *s, const gstate *g, uint64_t computed
   if (skipped / s->bs > g->skip_seen) {
     size_t h = (size_t)(skipped / s->bs), l;
     if (h > g->len) h = g->len; /* vLLM caps it to the blocks there are */
-    for (l = h; l > 0 && g->table[l - 1] != NUL; l--) continue;
+    if (g->spec.kind != KVBM_GROUP_MAMBA_ALIGN) {
+      /* vLLM's loop, from h - 1 down to the first null, without the walk:
+       * outside Mamba align's tables the nulls are exactly [0, n0), n0 the
+       * hit's skipped blocks (take_hit) or the blocks released so far,
+       * whichever is more (every release frees down to the first null, and
+       * tables only grow at their end), so the walk stops at min(h, n0). A
+       * walk read every released block's id once more (7M instructions of
+       * `kvbm replay --groups full,sw:128 --limit 2000`). */
+      size_t n0 = s->stepped ? hit_first(s, g) : 0;
+      if (n0 < g->skip_seen) n0 = (size_t)g->skip_seen;
+      l = h < n0 ? h : n0;
+    } else {
+      for (l = h; l > 0 && g->table[l - 1] != NUL; l--) continue;
+    }
     *lo = l;
     *hi = h;
   }
@@ -188,11 +206,6 @@ static ALWAYS_INLINE int remove_skipped_all(kvbm_hseq *s, uint64_t computed) {
       rc = remove_skipped(s, g, computed, skipped);
   }
   return rc;
-}
-
-/* The first hit block a group takes (those before are skipped: null). */
-static size_t hit_first(const kvbm_hseq *s, const gstate *g) {
-  return (size_t)(kvbm_group_skipped_tokens(&g->spec, s->hit) / s->bs);
 }
 
 /* allocate_new_computed_blocks: the hit's blocks this group needs (those
@@ -688,6 +701,55 @@ static NOINLINE int step_checked(kvbm_hseq *s, const uint32_t *tokens, size_t n_
   return rc;
 }
 
+/* The decode token's step that can only release (no block opened or
+ * filled): no check, no allocation. Out of line, as step_checked, so that
+ * kvbm_hseq_step's quiet path saves no register. */
+static NOINLINE int step_release_only(kvbm_hseq *s, kvbm_error *err) {
+  int rc = remove_skipped_all(s, s->computed);
+  if (rc) return kvbm_error_set(err, rc, "hseq: step: %s", kvbm_strerror(rc));
+  s->computed++;
+  s->quiet_end = next_quiet_end(s);
+  return KVBM_OK;
+}
+
+/* A decode token's step that opens or fills a block (not Mamba align, not
+ * dry, blocks of 2 tokens or more, so that a token does one or the other),
+ * without the general step's passes: every other group's table has
+ * cdiv(computed, bs) blocks and the ones before the last registered, so
+ * opening allocates one block a group (nothing to register: vLLM's
+ * allocate-all-then-cache order is group order) and filling registers the
+ * last block of each group, in group order, with nothing allocated (cache;
+ * dedup as ever). Its room check is the general one's common case (a block
+ * a group, within what the pool has before any release); short of that
+ * the general step decides, precisely. Two of these a block of decode
+ * tokens (callgrind, `kvbm replay --groups full,sw:128
+ * --max-num-batched-tokens 8192 --limit 2000`: see docs/areas/hybrid.md,
+ * "Speed, session 11"). */
+static NOINLINE int step_decode_edge(kvbm_hseq *s, kvbm_error *err) {
+  const uint64_t c = s->computed;
+  const bool opens = c % s->bs == 0;
+  if (opens && kvbm_pool_available(s->pool) < s->ng) return step_checked(s, NULL, 0, 1, err);
+  int rc = remove_skipped_all(s, c);
+  if (!rc && !opens) ensure_hashed(s, (size_t)((c + 1) / s->bs));
+  uint64_t held = 0;
+  for (uint32_t gi = 0; gi < s->ng && !rc; gi++) {
+    gstate *g = &s->g[gi];
+    rc = opens ? alloc_n(s, gi, 1) : cache(s, gi, c + 1);
+    if (g->held > g->peak) g->peak = g->held;
+    held += g->held;
+  }
+  if (rc) return kvbm_error_set(err, rc, "hseq: step: %s", kvbm_strerror(rc));
+  if (held > s->peak) s->peak = held;
+  s->computed = c + 1;
+  s->quiet_end = next_quiet_end(s);
+  return KVBM_OK;
+}
+
+/* Only the quiet decode token is answered here; everything else is a tail
+ * call (callgrind, `kvbm replay --groups full,sw:128
+ * --max-num-batched-tokens 8192 --limit 2000`: this function's prologue
+ * and epilogue, saving the registers the release-only path used inline,
+ * were 12.6M of its 23.6M instructions for 709K calls). */
 int kvbm_hseq_step(kvbm_hseq *s, const uint32_t *tokens, size_t n_tokens, uint64_t n_new, kvbm_error *err) {
   if (!s) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL request");
   if (n_tokens == 0 && n_new == 1 && s->computed < s->quiet_end) {
@@ -695,16 +757,29 @@ int kvbm_hseq_step(kvbm_hseq *s, const uint32_t *tokens, size_t n_tokens, uint64
     s->computed++;
     return KVBM_OK;
   }
-  if (n_tokens == 0 && s->computed < s->ntok && quiet_decode(s, n_new)) {
-    /* the decode token's step that can only release (W1's most common
-     * step): no check, no allocation */
-    int rc = remove_skipped_all(s, s->computed);
-    if (rc) return kvbm_error_set(err, rc, "hseq: step: %s", kvbm_strerror(rc));
-    s->computed++;
-    s->quiet_end = next_quiet_end(s);
-    return KVBM_OK;
+  if (n_tokens == 0 && n_new == 1 && s->computed < s->ntok && s->stepped) {
+    if (quiet_decode(s, 1)) return step_release_only(s, err);
+    if (!s->dry && !s->has_align && s->bs >= 2) return step_decode_edge(s, err);
   }
   return step_checked(s, tokens, n_tokens, n_new, err);
+}
+
+int kvbm__hseq_decode(kvbm_hseq *s, uint64_t n, kvbm_error *err) {
+  if (!s) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL request");
+  for (uint64_t m = 0; m < n;) {
+    if (s->computed < s->quiet_end) {
+      /* the run of tokens whose steps only count their token, at once */
+      uint64_t q = s->quiet_end - s->computed;
+      if (q > n - m) q = n - m;
+      s->computed += q;
+      m += q;
+      continue;
+    }
+    int rc = kvbm_hseq_step(s, NULL, 0, 1, err);
+    if (rc) return rc;
+    m++;
+  }
+  return KVBM_OK;
 }
 
 int kvbm_hseq_table(const kvbm_hseq *s, uint32_t group, const uint32_t **ids, size_t *n) {

@@ -26,6 +26,15 @@ void kvbm__hseq_set_dry(kvbm_hseq *seq, bool dry, uint64_t capacity);
  * tokens, hashes and the hit found kept. Only after dry steps. */
 void kvbm__hseq_rewind(kvbm_hseq *seq);
 
+/* n decode steps of one token each, exactly as n calls of
+ * kvbm_hseq_step(seq, NULL, 0, 1, err), stopping at the first that fails
+ * (its status returned, the steps before it done). A run of tokens whose
+ * steps would only count their token (no block opened or filled, nothing
+ * released in any group: quiet_end in hseq.c) is counted at once instead
+ * of a call a token. W1-hybrid decodes a request's output with it; an
+ * engine steps once per scheduler iteration and has no use for it. */
+int kvbm__hseq_decode(kvbm_hseq *seq, uint64_t n, kvbm_error *err);
+
 /* Where the next n tokens go (NULL past max_tokens): a caller that writes
  * them there and appends that pointer saves the copy (W1-hybrid decodes
  * its trace's tokens straight into the request). */

@@ -68,11 +68,9 @@ static int run_steps(w1h *w, uint64_t hit, uint32_t out_len) {
     if (rc) return rc;
     computed += n;
   }
-  for (uint32_t m = 0; m < out_len; m++) {
-    int rc = kvbm_hseq_step(w->seq, NULL, 0, 1, NULL);
-    if (rc) return rc;
-  }
-  return KVBM_OK;
+  /* one step per output token (kvbm__hseq_decode: the steps that only
+   * count their token counted without a call each) */
+  return kvbm__hseq_decode(w->seq, out_len, NULL);
 }
 
 /* Whether every prefill chunk computes something (a Mamba model cuts at
