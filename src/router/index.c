@@ -1582,6 +1582,28 @@ static inline __attribute__((always_inline)) bool lean_worker(const kvbm_index *
   return !idx->cfg.recompute && !w->nmapped;
 }
 
+/* The general path's calls from the lean one, out of line: inlined, they
+ * made the lean loop one large function whose hot values the compiler
+ * kept on the stack (callgrind on W3). */
+static __attribute__((noinline, cold)) int cold_hold(kvbm_index *idx, uint32_t wi, uint64_t h,
+                                                     uint64_t parent, bool hp) {
+  return hold(idx, wi, KVBM_TIER_G1, h, h, parent, hp, false, 0);
+}
+
+static __attribute__((noinline, cold)) void cold_unhold(kvbm_index *idx, uint32_t wi,
+                                                        uint64_t h) {
+  unhold(idx, wi, KVBM_TIER_G1, h);
+}
+
+static __attribute__((noinline, cold)) int cold_apply(kvbm_index *idx, uint32_t s,
+                                                      const kvbm_event *ev, kvbm_error *err) {
+  return apply_one(idx, s, ev, err);
+}
+
+static __attribute__((noinline, cold)) int cold_grow(kvbm_index *idx, worker *w) {
+  return worker_table(idx, w, LD(&w->tab)->cap * 2);
+}
+
 /* A lean BlockStored: each block not in the table yet becomes a new device
  * entry under its parent; one already there (a copy, another tier, a
  * ghost) takes the general path. */
@@ -1595,14 +1617,14 @@ HOT int lean_stored(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a)
     uint64_t h = hs[i], parent = i ? hs[i - 1] : ev->parent_hash;
     bool hp = (i > 0 || ev->has_parent) && parent != h;
     if (__builtin_expect((w->entries + 2) * 2 > t->cap, 0)) { /* as reserve2 */
-      if (worker_table(idx, w, t->cap * 2)) return KVBM_ENOMEM;
+      if (cold_grow(idx, w)) return KVBM_ENOMEM;
       t = LD(&w->tab);
       a->hs = a->hr = t->s;
     }
     bool found;
     slot *s = find_slot(t, h, &found);
     if (__builtin_expect(found, 0)) {
-      int rc = hold(idx, wi, KVBM_TIER_G1, h, h, parent, hp, false, 0);
+      int rc = cold_hold(idx, wi, h, parent, hp);
       t = LD(&w->tab);
       a->hs = a->hr = t->s;
       if (rc) return rc;
@@ -1638,7 +1660,7 @@ HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *
      * just before, the hint */
     slot *s = w->map.n ? NULL : find_hinted(t, a->hr, h, &found);
     if (__builtin_expect(!found || slot_tiers(s) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
-      unhold(idx, wi, KVBM_TIER_G1, h);
+      cold_unhold(idx, wi, h);
       continue;
     }
     uint64_t parent = s->w.parent;
@@ -1709,7 +1731,7 @@ static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kv
       continue;
     }
     lean_flush(idx, w, &a);
-    if ((rc = apply_one(idx, s, ev, err))) return rc;
+    if ((rc = cold_apply(idx, s, ev, err))) return rc;
     a.hs = a.hr = LD(&w->tab)->s; /* a store there may have grown the table */
     if (!lean_worker(idx, w)) return general_batch(idx, s, b, i + 1, err);
   }
