@@ -10,7 +10,11 @@
  * the rest and counts it (DROP) or waits for room (BLOCK); bad calls and
  * bad events are refused with nothing staged; where the publisher does
  * not encode on publish (a callback sink) or coalesces, a stage
- * publishes at once. */
+ * publishes at once. And kvbm_publisher_publish's lean path for a plain
+ * event (publish_plain) and its ways back to the general one: ids one
+ * after the other across batch ends and a queue's first event, an event
+ * above queue_bytes refused, a full queue dropping under DROP, nothing
+ * after shutdown began. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -347,6 +351,64 @@ static void test_overflow_block(void **s) {
   overflow(KVBM_OVERFLOW_BLOCK);
 }
 
+/* The lean publish and the general one it falls back to: ids 1, 2, ...
+ * across new batches (max_batch_events 4) and the first event of an
+ * empty queue, mixed with events that take the general path; the bytes
+ * bound; DROP when the queue is full (the thread cannot send: the queue
+ * holds one event less than a batch and the timer is long). */
+static void test_lean_publish(void **s) {
+  (void)s;
+  char ep[256];
+  kvbm_publisher_config o = slow_batches(4);
+  o.queue_events = 4;
+  o.queue_bytes = 3 * (8 + 16) + 8 + 11; /* three one-block stores of 4 tokens, a named remove */
+  o.overflow = KVBM_OVERFLOW_DROP;
+  kvbm_publisher *p = open_pub(o, ep, sizeof ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
+  kvbm_subscriber *sub;
+  assert_int_equal(kvbm_subscriber_create(&so, &sub, NULL), KVBM_OK);
+  usleep(300000);
+  uint64_t h, id, want = 1;
+  uint32_t t[4];
+  kvbm_error err;
+  for (uint64_t round = 0; round < 3; round++) {
+    for (uint64_t v = 1; v <= 3; v++) { /* plain: lean but for the first */
+      kvbm_event ev = store1(&h, t, round * 10 + v);
+      assert_int_equal(kvbm_publisher_publish(p, &ev, &id, &err), KVBM_OK);
+      assert_true(id == want++);
+    }
+    kvbm_event full = store1(&h, t, 99); /* the bytes bound is reached */
+    assert_int_equal(kvbm_publisher_publish(p, &full, &id, &err), KVBM_EAGAIN);
+    assert_non_null(strstr(err.msg, "queue full"));
+    kvbm_event named = {.type = KVBM_EVENT_REMOVED, .block_hashes = &h, .num_block_hashes = 1,
+                        .medium = KVBM_MEDIUM_CPU, .medium_name = "CPU_PINNED"}; /* general */
+    h = round * 10 + 4;
+    assert_int_equal(kvbm_publisher_publish(p, &named, &id, &err), KVBM_OK);
+    assert_true(id == want++);
+    kvbm_event_batch b;
+    if (kvbm_subscriber_recv(sub, 5000, &b, &err)) fail_msg("%s", err.msg); /* full: sent */
+    assert_int_equal(b.num_events, 4);
+    for (size_t i = 0; i < 4; i++) assert_true(b.events[i].block_hashes[0] == round * 10 + i + 1);
+    assert_int_equal(b.events[3].type, KVBM_EVENT_REMOVED);
+    for (int w = 0; w < 500; w++) { /* the thread has taken it: the queue is empty again */
+      kvbm_publisher_stats ps;
+      kvbm_publisher_stats_get(p, &ps);
+      if (ps.sent_events == want - 1) break;
+      usleep(1000);
+    }
+  }
+  uint32_t big[64] = {0};
+  kvbm_event ev = {.type = KVBM_EVENT_STORED, .block_hashes = &h, .num_block_hashes = 1,
+                   .token_ids = big, .num_tokens = 64, .block_size = 64};
+  assert_int_equal(kvbm_publisher_publish(p, &ev, &id, &err), KVBM_ETOOLONG);
+  kvbm_publisher_stats ps;
+  kvbm_publisher_stats_get(p, &ps);
+  assert_int_equal(ps.accepted, 12);
+  assert_int_equal(ps.dropped, 3);
+  kvbm_subscriber_destroy(sub);
+  kvbm_publisher_destroy(p);
+}
+
 static void on_batch(void *user, const kvbm_event_batch *b) {
   (void)user;
   (void)b;
@@ -433,6 +495,7 @@ int main(void) {
       cmocka_unit_test(test_overflow_block),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_direct),
+      cmocka_unit_test(test_lean_publish),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
