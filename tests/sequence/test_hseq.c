@@ -7,6 +7,11 @@
  * fit refused with nothing changed (request and pool), a hit gone stale,
  * the release order (group 0 first, tail first: the first block evicted
  * afterwards is group 0's last), reuse by reset, and hostile arguments.
+ * The decode paths: a token that opens a block refused with nothing
+ * changed when the pool is short, and W1-hybrid's decode
+ * (kvbm__hseq_decode, its block-edge and quiet steps) against the general
+ * step, request by request over twin pools, every table, count and block
+ * equal.
  * W1-hybrid (tests/workload/test_replay_hybrid.sh) checks the counts
  * against the Python reference on the bundled trace.
  */
@@ -19,6 +24,7 @@
 #include <cmocka.h>
 
 #include "kvbm/hybrid.h"
+#include "sequence/hseq_internal.h"
 
 #define B 4
 
@@ -254,11 +260,175 @@ static void hostile(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* Decoding token by token, a token that opens a block when the pool has
+ * fewer free or cached blocks than groups (and the window gives back
+ * nothing at that token) is refused, the request and the pool as they
+ * were; once a block is given back the same step goes on. */
+static void decode_edge_nospc(void **state) {
+  (void)state;
+  kvbm_pool *p = mkpool(7, 2);
+  uint32_t hog;
+  assert_int_equal(kvbm_pool_alloc_group(p, 0, 1, &hog), KVBM_OK);
+  kvbm_hseq *s;
+  assert_int_equal(kvbm_hseq_create(p, FULL_SW8, 2, 0, 64, &s, NULL), KVBM_OK);
+  uint32_t t[16];
+  toks(t, 16, 5);
+  assert_int_equal(kvbm_hseq_append(s, t, 16, NULL), KVBM_OK);
+  assert_int_equal(kvbm_hseq_step(s, NULL, 0, 8, NULL), KVBM_OK); /* 2 + 2 blocks, 2 free */
+  /* tokens 8..11: 8 opens block 2 in both groups (0 free after), 11 fills
+   * it and the window gives its block 0 back (cached) */
+  for (int i = 0; i < 4; i++) assert_int_equal(kvbm_hseq_step(s, NULL, 0, 1, NULL), KVBM_OK);
+  assert_int_equal(kvbm_pool_available(p), 1);
+  kvbm_pool_stats before, after;
+  kvbm_pool_stats_get(p, &before);
+  const uint32_t *ids;
+  uint32_t full_before[3], sw_before[3];
+  assert_int_equal(table(s, 0, &ids), 3);
+  memcpy(full_before, ids, sizeof full_before);
+  assert_int_equal(table(s, 1, &ids), 3);
+  memcpy(sw_before, ids, sizeof sw_before);
+  kvbm_error err = {0};
+  assert_int_equal(kvbm_hseq_step(s, NULL, 0, 1, &err), KVBM_ENOSPC); /* token 12 opens block 3 */
+  assert_non_null(strstr(err.msg, "more blocks"));
+  kvbm_pool_stats_get(p, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+  assert_int_equal(kvbm_hseq_num_computed(s), 12);
+  assert_int_equal(table(s, 0, &ids), 3);
+  assert_memory_equal(ids, full_before, sizeof full_before);
+  assert_int_equal(table(s, 1, &ids), 3);
+  assert_memory_equal(ids, sw_before, sizeof sw_before);
+  assert_int_equal(kvbm__hseq_decode(s, 1, NULL), KVBM_ENOSPC); /* the same through the driver's call */
+  assert_int_equal(kvbm_hseq_num_computed(s), 12);
+  assert_int_equal(kvbm_block_release(p, hog, 0), KVBM_OK);
+  assert_int_equal(kvbm_hseq_step(s, NULL, 0, 1, NULL), KVBM_OK);
+  assert_int_equal(table(s, 0, &ids), 4);
+  assert_int_equal(table(s, 1, &ids), 4);
+  assert_int_not_equal(ids[3], KVBM_HSEQ_NULL);
+  kvbm_hseq_destroy(s);
+  assert_int_equal(active(p), 0);
+  kvbm_pool_destroy(p);
+}
+
+/* ---- W1-hybrid's decode against the general step ---- */
+
+enum { TW_DOCS = 6, TW_DOC_LEN = 96, TW_MAX_OUT = 40, TW_REQS = 300 };
+
+static uint32_t tw_rnd(uint32_t *x) { return (*x = *x * 1103515245u + 12345u) >> 8; }
+
+static kvbm_pool *tw_pool(uint32_t blocks, uint32_t groups) {
+  kvbm_pool_config c = kvbm_pool_config_default(blocks, B);
+  c.num_groups = groups;
+  c.keep_tokens = false; /* as W1-hybrid: the joint prefill pass runs */
+  kvbm_pool *p;
+  assert_int_equal(kvbm_pool_create(&c, &p, NULL), KVBM_OK);
+  return p;
+}
+
+/* Both requests and both pools equal: the tables, each group's counts and
+ * every block's record. */
+static void tw_same(kvbm_pool *pa, kvbm_hseq *a, kvbm_pool *pb, kvbm_hseq *b, size_t ng) {
+  assert_int_equal(kvbm_hseq_num_computed(a), kvbm_hseq_num_computed(b));
+  assert_int_equal(kvbm_hseq_peak_held(a), kvbm_hseq_peak_held(b));
+  for (uint32_t g = 0; g < ng; g++) {
+    const uint32_t *ia, *ib;
+    size_t na = table(a, g, &ia), nb = table(b, g, &ib);
+    assert_int_equal(na, nb);
+    if (na) assert_memory_equal(ia, ib, na * sizeof *ia);
+    kvbm_hseq_group_stats sa, sb;
+    assert_int_equal(kvbm_hseq_group_stats_get(a, g, &sa), KVBM_OK);
+    assert_int_equal(kvbm_hseq_group_stats_get(b, g, &sb), KVBM_OK);
+    assert_memory_equal(&sa, &sb, sizeof sa);
+  }
+  kvbm_pool_stats qa, qb;
+  kvbm_pool_stats_get(pa, &qa);
+  kvbm_pool_stats_get(pb, &qb);
+  assert_memory_equal(&qa, &qb, sizeof qa);
+  for (uint32_t id = 0; id < kvbm_pool_num_blocks(pa); id++) {
+    kvbm_block_info x, y;
+    assert_int_equal(kvbm_block_info_get(pa, id, &x), KVBM_OK);
+    assert_int_equal(kvbm_block_info_get(pb, id, &y), KVBM_OK);
+    assert_int_equal(x.state, y.state);
+    assert_int_equal(x.refcount, y.refcount);
+    assert_int_equal(x.num_tokens, y.num_tokens);
+    assert_true(x.seq_hash == y.seq_hash && x.parent_hash == y.parent_hash && x.has_parent == y.has_parent);
+    assert_int_equal(x.group, y.group);
+  }
+}
+
+/* Random requests over a few shared documents (hits, dedups, evictions,
+ * refusals in a pool of a few dozen blocks), each run twice: (a) every decode token
+ * appended and stepped in one call (the general step), (b) the output
+ * appended with the prompt and decoded by kvbm__hseq_decode (the quiet,
+ * release-only and block-edge steps). Same status, and everything equal,
+ * after every request. */
+static unsigned tw_run(const kvbm_group_spec *groups, size_t ng, uint32_t blocks, uint32_t seed) {
+  kvbm_pool *pa = tw_pool(blocks, (uint32_t)ng), *pb = tw_pool(blocks, (uint32_t)ng);
+  kvbm_hseq *a, *b;
+  const size_t cap = TW_DOC_LEN + TW_MAX_OUT + 1;
+  assert_int_equal(kvbm_hseq_create(pa, groups, ng, 0, cap, &a, NULL), KVBM_OK);
+  assert_int_equal(kvbm_hseq_create(pb, groups, ng, 0, cap, &b, NULL), KVBM_OK);
+  uint32_t x = seed, t[TW_DOC_LEN + TW_MAX_OUT];
+  unsigned refused = 0, decode_refused = 0, decoded = 0;
+  for (int r = 0; r < TW_REQS; r++) {
+    const uint32_t doc = tw_rnd(&x) % TW_DOCS, L = 1 + tw_rnd(&x) % TW_DOC_LEN, O = tw_rnd(&x) % TW_MAX_OUT;
+    const uint32_t chunk = 1 + tw_rnd(&x) % 24;
+    for (uint32_t i = 0; i < L; i++) t[i] = doc * 1000 + i;
+    for (uint32_t i = 0; i < O; i++) t[L + i] = 0x80000000u | (uint32_t)r << 8 | i;
+    assert_int_equal(kvbm_hseq_append(a, t, L, NULL), KVBM_OK);
+    assert_int_equal(kvbm_hseq_append(b, t, L, NULL), KVBM_OK);
+    uint64_t ha, hb;
+    assert_int_equal(kvbm_hseq_find_hit(a, &ha, NULL), KVBM_OK);
+    assert_int_equal(kvbm_hseq_find_hit(b, &hb, NULL), KVBM_OK);
+    assert_int_equal(ha, hb);
+    assert_int_equal(kvbm_hseq_append(b, t + L, O, NULL), KVBM_OK);
+    int ra = KVBM_OK, rb = KVBM_OK;
+    for (uint64_t c = ha; c < L && !ra && !rb; c += chunk) {
+      const uint64_t n = L - c < chunk ? L - c : chunk;
+      ra = kvbm_hseq_step(a, NULL, 0, n, NULL);
+      rb = kvbm_hseq_step(b, NULL, 0, n, NULL);
+      assert_int_equal(ra, rb);
+    }
+    if (!ra) {
+      for (uint32_t m = 0; m < O && !ra; m++) ra = kvbm_hseq_step(a, t + L + m, 1, 1, NULL);
+      rb = kvbm__hseq_decode(b, O, NULL);
+      assert_int_equal(ra, rb);
+      decoded += O;
+      decode_refused += ra != KVBM_OK;
+    }
+    assert_true(ra == KVBM_OK || ra == KVBM_ENOSPC); /* refused for room, never broken */
+    refused += ra != KVBM_OK;
+    tw_same(pa, a, pb, b, ng);
+    assert_int_equal(kvbm_hseq_reset(a, 0), KVBM_OK);
+    assert_int_equal(kvbm_hseq_reset(b, 0), KVBM_OK);
+    tw_same(pa, a, pb, b, ng);
+  }
+  /* the run did what it is for: decode steps, and refusals */
+  assert_true(decoded > 1000);
+  assert_true(refused > 0 && refused < TW_REQS / 2);
+  kvbm_hseq_destroy(a);
+  kvbm_hseq_destroy(b);
+  kvbm_pool_destroy(pa);
+  kvbm_pool_destroy(pb);
+  return decode_refused;
+}
+
+static void decode_matches_steps(void **state) {
+  (void)state;
+  unsigned at_decode = tw_run(FULL_SW8, 2, 34, 1);
+  const kvbm_group_spec mix[4] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 6},
+                                  {KVBM_GROUP_CHUNKED_LOCAL, 8}, {KVBM_GROUP_MAMBA, 0}};
+  at_decode += tw_run(mix, 4, 42, 7);
+  const kvbm_group_spec align[2] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_MAMBA_ALIGN, 0}};
+  at_decode += tw_run(align, 2, 34, 3);
+  assert_true(at_decode > 0); /* some refused at a decode token */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(window_leaves_nulls),   cmocka_unit_test(hit_every_group_serves),
       cmocka_unit_test(nospc_changes_nothing), cmocka_unit_test(stale_hit),
       cmocka_unit_test(release_order),         cmocka_unit_test(hostile),
+      cmocka_unit_test(decode_edge_nospc),     cmocka_unit_test(decode_matches_steps),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
