@@ -11,12 +11,16 @@
  * to the same events (every field kvbm reads, and in the map form every
  * field it carries: salt, token pairs, extra_keys, kind, window, locality,
  * ownership, extras, byte for byte) with nothing skipped; every decoded
- * event prints as JSON; a failed decode has a message.
+ * event prints as JSON; a failed decode has a message. The quick path
+ * (decode.c) decides as the general reader: a second decoder without it
+ * (kvbm__event_decoder_general) gives the same status and message, or
+ * the same batch and events, every field.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "event_codec/internal.h"
 #include "kvbm/event_codec.h"
 
 static bool same_str(const char *a, const char *b) {
@@ -57,12 +61,42 @@ static void check_same(const kvbm_event_batch *a, const kvbm_event_batch *b, boo
   }
 }
 
+/* The quick path against the general reader: the same result. */
+static void check_general(kvbm_event_decoder *quick, int rc, const kvbm_event_batch *b,
+                          const kvbm_error *err, const uint8_t *data, size_t size) {
+  kvbm_event_decoder *g;
+  if (kvbm_event_decoder_create(&g, NULL)) abort();
+  kvbm__event_decoder_general(g, true);
+  kvbm_event_batch gb;
+  kvbm_error gerr;
+  int grc = kvbm_event_decode(g, data, size, 1, &gb, &gerr);
+  if (grc != rc) abort();
+  if (rc) {
+    if (strcmp(gerr.msg, err->msg)) abort();
+  } else {
+    kvbm_event_batch same = gb;
+    same.skipped = 0; /* check_same wants none skipped (a re-encode); compared below */
+    check_same(b, &same, true);
+    if (gb.skipped != b->skipped ||
+        strcmp(kvbm_event_decoder_skip_reason(g), kvbm_event_decoder_skip_reason(quick)))
+      abort();
+    for (size_t i = 0; i < b->num_events; i++) {
+      const kvbm_event *x = &b->events[i], *y = &gb.events[i];
+      if ((x->num_block_hashes && x->block_hashes == NULL) ||
+          (x->num_tokens && x->token_ids == NULL) || !same_str(x->medium_name, y->medium_name))
+        abort();
+    }
+  }
+  kvbm_event_decoder_destroy(g);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   kvbm_event_decoder *d1, *d2;
   if (kvbm_event_decoder_create(&d1, NULL) || kvbm_event_decoder_create(&d2, NULL)) abort();
   kvbm_event_batch b;
   kvbm_error err;
   int rc = kvbm_event_decode(d1, data, size, 1, &b, &err);
+  check_general(d1, rc, &b, &err, data, size);
   if (rc == KVBM_OK) {
     char json[256];
     for (size_t i = 0; i < b.num_events; i++) kvbm_event_to_json(&b.events[i], json, sizeof json);

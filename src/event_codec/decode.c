@@ -38,6 +38,7 @@
 #include "common/msgpack.h"
 #include "common/vec.h"
 #include "event_codec/fields.h"
+#include "event_codec/internal.h"
 #include "kvbm/event_codec.h"
 
 static const char *const kFieldName[] = {
@@ -52,10 +53,13 @@ static const char *const kFieldName[] = {
  * read (the arenas may move); SIZE_MAX = none. */
 typedef struct ev_off {
   size_t h, t, mname, lname, salt, kind, loc, own, ekeys, extras;
+  bool plain; /* read by the quick path, all of it: only h and t are
+               * offsets, every other pointer of the event is final (NULL
+               * or a static medium name) and the rest above unset */
 } ev_off;
 
 static const ev_off kNoOff = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX,
-                              SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+                              SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, false};
 
 struct kvbm_event_decoder {
   kvbm_event *ev;
@@ -71,12 +75,23 @@ struct kvbm_event_decoder {
   size_t x_n, x_cap;
   kvbm_error ev_err;      /* the event being read: its failure */
   char skip_reason[KVBM_ERROR_MSG_MAX];
+  bool general_only;      /* tests: no quick path (kvbm__event_decoder_general) */
+  const char *static_name[KVBM_MEDIUM_OTHER + 1]; /* kvbm_medium_name's */
 };
+
+void kvbm__event_decoder_general(kvbm_event_decoder *dec, bool on) {
+  if (dec) dec->general_only = on;
+}
+
+bool kvbm__event_decoder_plain(const kvbm_event_decoder *dec, size_t i) {
+  return dec && i < dec->ev_n && dec->off[i].plain;
+}
 
 int kvbm_event_decoder_create(kvbm_event_decoder **out, kvbm_error *err) {
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: decoder: NULL out");
   kvbm_event_decoder *d = calloc(1, sizeof *d);
   if (!d) return kvbm_error_set(err, KVBM_ENOMEM, "events: no memory for a decoder");
+  for (int m = 0; m <= KVBM_MEDIUM_OTHER; m++) d->static_name[m] = kvbm_medium_name((kvbm_medium)m);
   *out = d;
   return KVBM_OK;
 }
@@ -258,36 +273,40 @@ static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
 }
 
 /* n flat token ids when the input surely holds them (5 bytes each at
- * most): no bounds check per token, each form one load. Stops at the
- * first id in another form (or none left); returns how many it read. */
-static uint32_t read_tokens_fast(dctx *c, uint32_t n, uint32_t *out) {
+ * most, so no id read can pass the end): no bounds check per token, each
+ * form one load, the widest first (real vocabularies put most ids at or
+ * above 256: uint16 and uint32), a pointer for the output so that the
+ * loop keeps one counter. Stops at the first id in another form (or none
+ * left); returns how many it read. */
+static inline __attribute__((always_inline)) uint32_t read_tokens_fast(dctx *c, uint32_t n,
+                                                                        uint32_t *out) {
   const uint8_t *p = c->r.p;
   if ((size_t)(c->r.end - p) / 5 < n) return 0;
-  uint32_t i = 0;
-  for (; i < n; i++) {
+  uint32_t *o = out, *const oe = out + n;
+  while (o != oe) {
     uint8_t tag = *p;
     if (tag == 0xce) {
       uint32_t be;
       memcpy(&be, p + 1, 4);
-      out[i] = __builtin_bswap32(be);
+      *o++ = __builtin_bswap32(be);
       p += 5;
-    } else if (tag <= 0x7f) {
-      out[i] = tag;
-      p += 1;
     } else if (tag == 0xcd) {
       uint16_t be;
       memcpy(&be, p + 1, 2);
-      out[i] = __builtin_bswap16(be);
+      *o++ = __builtin_bswap16(be);
       p += 3;
+    } else if (tag <= 0x7f) {
+      *o++ = tag;
+      p += 1;
     } else if (tag == 0xcc) {
-      out[i] = p[1];
+      *o++ = p[1];
       p += 2;
     } else {
       break;
     }
   }
   c->r.p = p;
-  return i;
+  return (uint32_t)(o - out);
 }
 
 static int read_tokens(dctx *c, kvbm_event *ev, size_t *off) {
@@ -591,30 +610,31 @@ static uint32_t read_keys_in_order(dctx *c, kvbm_event *ev, ev_off *o, uint32_t 
   return i;
 }
 
-static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
-  uint32_t n;
-  int rc = kvbm__mpr_map(&c->r, &n);
-  if (rc) return fail(c, rc, "bad map");
-  unsigned seen = 0;
-  uint32_t first = read_keys_in_order(c, ev, o, n, &seen, &rc);
-  if (rc) return rc;
-  bool have_type = first > 0;
-  for (uint32_t i = first; i < n; i++) {
+/* Keys i..n-1 of a map event, any order, any key: the general loop. */
+static int map_keys(dctx *c, kvbm_event *ev, ev_off *o, uint32_t i, uint32_t n, unsigned *seen,
+                    bool *have_type) {
+  for (; i < n; i++) {
     const uint8_t *from, *k = NULL;
     size_t kl = 0;
+    int rc;
     c->field = "key";
     if ((rc = read_str(c, "a string key", &from, &k, &kl))) return rc;
     if (kl == 4 && !memcmp(k, "type", 4)) {
       c->field = "type";
       rc = read_tag(c, ev);
-      have_type = true;
+      *have_type = true;
     } else {
       int f = kvbm__event_key_field(k, kl);
-      seen |= 1u << f;
+      *seen |= 1u << f;
       rc = f == F_EXTRA ? keep_extra(c, from, ev, o) : read_field(c, f, ev, o);
     }
     if (rc) return rc;
   }
+  return 0;
+}
+
+/* After the keys: a tag, and the fields its type requires. */
+static int map_required(dctx *c, const kvbm_event *ev, unsigned seen, bool have_type) {
   c->field = NULL;
   if (!have_type) return fail(c, KVBM_EFORMAT, "event map has no \"type\"");
   unsigned need = 0;
@@ -629,6 +649,18 @@ static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
     }
   }
   return 0;
+}
+
+static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
+  uint32_t n;
+  int rc = kvbm__mpr_map(&c->r, &n);
+  if (rc) return fail(c, rc, "bad map");
+  unsigned seen = 0;
+  uint32_t first = read_keys_in_order(c, ev, o, n, &seen, &rc);
+  if (rc) return rc;
+  bool have_type = first > 0;
+  if ((rc = map_keys(c, ev, o, first, n, &seen, &have_type))) return rc;
+  return map_required(c, ev, seen, have_type);
 }
 
 /* What an event of its type does not carry is dropped (the map form
@@ -658,6 +690,333 @@ static int read_event(dctx *c, kvbm_event *ev, ev_off *o) {
   return rc;
 }
 
+/* ------------------------------------------------------------ quick path */
+
+/* Nearly every event on a stream is one of a few byte layouts: vLLM's
+ * tagged maps with the keys in msgspec's declaration order (the tag, then
+ * block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+ * lora_name), the positional arrays of older vLLM and SGLang, and the
+ * three-key remove. The quick path reads those from the bytes: the
+ * constant runs (a map's header, tag and first key; each later key) are
+ * compared as a few 8-byte words, each value's usual encoding (a 0xcf
+ * hash, a fixint block size, nil for the absent LoRA, a fixstr "GPU") is
+ * taken inline, and an event it read whole needs no offsets but its
+ * hashes' and tokens' (ev_off.plain): nothing to set up before it and
+ * two pointers to fix after it.
+ *
+ * It never decides anything the general reader would decide otherwise.
+ * It declines an event only at its first bytes (nothing read yet: the
+ * general reader starts there), and anything past those it does not take
+ * inline goes to the general reader's own function for that value, or,
+ * from the first key out of order or unknown, to the general loop over
+ * the keys left (map_keys), with the same field names in c->field; so a
+ * value decodes to the same event and a bad one fails with the same
+ * message. tests/event_codec/test_decode_diff.c holds the two paths to
+ * that (kvbm__event_decoder_general turns this one off), on every shape
+ * the engines send and on mutated ones; the fuzz target does too. */
+
+#define QUICK_NO 1 /* not a layout the quick path knows: the general reader */
+
+static inline uint64_t ld64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+static inline uint32_t ld32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+/* Whether the n bytes at p (all there) are the literal s, 4 <= n <= 32:
+ * overlapping word compares, folded to constants when s is a literal. */
+static inline bool same(const uint8_t *p, const char *s, size_t n) {
+  const uint8_t *l = (const uint8_t *)s;
+  if (n < 8) return ((ld32(p) ^ ld32(l)) | (ld32(p + n - 4) ^ ld32(l + n - 4))) == 0;
+  uint64_t x = (ld64(p) ^ ld64(l)) | (ld64(p + n - 8) ^ ld64(l + n - 8));
+  if (n > 16) x |= ld64(p + 8) ^ ld64(l + 8);
+  if (n > 24) x |= ld64(p + 16) ^ ld64(l + 16);
+  return x == 0;
+}
+
+/* The reader is at the literal s (a key with its fixstr header): passes it. */
+#define QLIT(c, s)                                                                   \
+  ((size_t)((c)->r.end - (c)->r.p) >= sizeof(s) - 1 && same((c)->r.p, (s), sizeof(s) - 1) && \
+   ((c)->r.p += sizeof(s) - 1, true))
+
+/* The event leaves the quick path's bookkeeping for the general one: all
+ * offsets as read_event keeps them (the medium's static name included). */
+static void to_general(kvbm_event *ev, ev_off *o) {
+  if (!o->plain) return;
+  size_t h = o->h, t = o->t;
+  *o = kNoOff;
+  o->h = h;
+  o->t = t;
+  if (ev->medium_name) o->mname = MNAME_STATIC(ev->medium);
+}
+
+/* A fixarray or array16 header whose count the bytes left can hold; 0
+ * (the reader not moved) for any other header, which the general
+ * function then reads (and refuses as it would). */
+static inline size_t q_array(const dctx *c, uint32_t *n) {
+  const uint8_t *p = c->r.p;
+  size_t left = (size_t)(c->r.end - p);
+  if (left >= 1 && (*p & 0xf0) == 0x90) {
+    *n = *p & 0x0f;
+    return *n <= left - 1 ? 1 : 0;
+  }
+  if (left >= 3 && *p == 0xdc) {
+    *n = (uint32_t)p[1] << 8 | p[2];
+    return *n <= left - 3 ? 3 : 0;
+  }
+  return 0;
+}
+
+/* Hashes and tokens are most of an event: inlined where each layout reads them. */
+#define QINLINE static inline __attribute__((always_inline))
+
+QINLINE int q_hashes(dctx *c, kvbm_event *ev, ev_off *o) {
+  c->field = kFieldName[F_HASHES];
+  uint32_t n;
+  size_t hdr = q_array(c, &n);
+  if (!hdr) return read_hashes(c, &o->h, &ev->num_block_hashes);
+  kvbm_event_decoder *d = c->d;
+  if (d->h_cap - d->h_n <= n) RESERVE(d->h, d->h_cap, d->h_n + n);
+  uint64_t *out = d->h + d->h_n;
+  const uint8_t *p = c->r.p + hdr, *e = c->r.end;
+  for (uint32_t i = 0; i < n; i++) {
+    if (e - p >= 9 && *p == 0xcf) {
+      out[i] = __builtin_bswap64(ld64(p + 1));
+      p += 9;
+      continue;
+    }
+    c->r.p = p;
+    int rc = read_hash(c, &out[i]);
+    if (rc) return rc;
+    p = c->r.p;
+  }
+  c->r.p = p;
+  o->h = d->h_n;
+  d->h_n += n;
+  ev->num_block_hashes = n;
+  return 0;
+}
+
+static inline int q_parent(dctx *c, kvbm_event *ev) {
+  c->field = kFieldName[F_PARENT];
+  const uint8_t *p = c->r.p;
+  if (c->r.end - p >= 9 && *p == 0xcf) {
+    ev->parent_hash = __builtin_bswap64(ld64(p + 1));
+    ev->has_parent = true;
+    c->r.p = p + 9;
+    return 0;
+  }
+  return read_parent(c, ev);
+}
+
+QINLINE int q_tokens(dctx *c, kvbm_event *ev, ev_off *o) {
+  c->field = kFieldName[F_TOKENS];
+  uint32_t n;
+  size_t hdr = q_array(c, &n);
+  /* token pairs (an array first) are the general function's */
+  if (!hdr || (n && ((c->r.p[hdr] & 0xf0) == 0x90 || (c->r.p[hdr] & 0xfe) == 0xdc)))
+    return read_tokens(c, ev, &o->t);
+  kvbm_event_decoder *d = c->d;
+  if (d->t_cap - d->t_n <= n) RESERVE(d->t, d->t_cap, d->t_n + n);
+  uint32_t *out = d->t + d->t_n;
+  c->r.p += hdr;
+  for (uint32_t i = read_tokens_fast(c, n, out); i < n; i++) {
+    int rc = read_token(c, &out[i]);
+    if (rc) return rc;
+  }
+  o->t = d->t_n;
+  d->t_n += n;
+  ev->num_tokens = n;
+  return 0;
+}
+
+static inline int q_u32(dctx *c, uint32_t *out) {
+  c->field = kFieldName[F_BSIZE];
+  const uint8_t *p = c->r.p;
+  if (p < c->r.end && *p <= 0x7f) {
+    *out = *p;
+    c->r.p = p + 1;
+    return 0;
+  }
+  return read_u32(c, out);
+}
+
+/* lora_id, group_idx: nil inline. */
+static inline int q_opt_i64(dctx *c, int f, int64_t *out, bool *has) {
+  c->field = kFieldName[f];
+  if (kvbm__mpr_nil(&c->r)) return 0; /* *has is false already */
+  return read_opt_i64(c, out, has);
+}
+
+static inline int q_medium(dctx *c, kvbm_event *ev, ev_off *o) {
+  c->field = kFieldName[F_MEDIUM];
+  const uint8_t *p = c->r.p;
+  if (c->r.end - p >= 4 && p[0] == 0xa3 && p[2] == 'P' && p[3] == 'U' &&
+      (p[1] == 'G' || p[1] == 'C')) {
+    ev->medium = p[1] == 'G' ? KVBM_MEDIUM_GPU : KVBM_MEDIUM_CPU;
+    ev->medium_name = c->d->static_name[ev->medium];
+    c->r.p = p + 4;
+    return 0;
+  }
+  if (kvbm__mpr_nil(&c->r)) return 0; /* NONE, no name: as it is */
+  to_general(ev, o);
+  return read_medium(c, ev, o);
+}
+
+/* lora_name (map) or positional index 7: nil inline. */
+static inline int q_slot(dctx *c, int f, kvbm_event *ev, ev_off *o) {
+  c->field = kFieldName[f];
+  if (kvbm__mpr_nil(&c->r)) return 0;
+  to_general(ev, o);
+  return f == F_SLOT7 ? read_slot7(c, ev, o) : read_opt_str(c, &o->lname, NULL, NULL);
+}
+
+/* Which fields a map event read in vLLM's order has seen after i keys. */
+static unsigned seen_after(const int *order, uint32_t i) {
+  unsigned seen = 0;
+  for (uint32_t k = 1; k < i; k++) seen |= 1u << order[k - 1];
+  return seen;
+}
+
+static const int kStoredMapOrder[] = {F_HASHES, F_PARENT, F_TOKENS, F_BSIZE,
+                                      F_LORA,   F_MEDIUM, F_LNAME};
+
+/* The keys past the ones read in order (i of n): the general loop, then
+ * the required fields. */
+static int q_map_rest(dctx *c, kvbm_event *ev, ev_off *o, uint32_t i, uint32_t n,
+                      const int *order) {
+  unsigned seen = seen_after(order, i);
+  bool have_type = true;
+  int rc;
+  if (i < n) {
+    to_general(ev, o);
+    if ((rc = map_keys(c, ev, o, i, n, &seen, &have_type))) return rc;
+  }
+  return map_required(c, ev, seen, have_type);
+}
+
+/* A map event past "type", its tag and the "block_hashes" key. */
+static int q_map_stored(dctx *c, kvbm_event *ev, ev_off *o, uint32_t n) {
+  int rc;
+  uint32_t i = 2;
+#define QNEXT(lit, call)                   \
+  do {                                     \
+    if (i == n || !QLIT(c, lit)) goto rest; \
+    if ((rc = (call))) return rc;          \
+    i++;                                   \
+  } while (0)
+  if ((rc = q_hashes(c, ev, o))) return rc;
+  QNEXT("\xb1" "parent_block_hash", q_parent(c, ev));
+  QNEXT("\xa9" "token_ids", q_tokens(c, ev, o));
+  QNEXT("\xaa" "block_size", q_u32(c, &ev->block_size));
+  QNEXT("\xa7" "lora_id", q_opt_i64(c, F_LORA, &ev->lora_id, &ev->has_lora_id));
+  QNEXT("\xa6" "medium", q_medium(c, ev, o));
+  QNEXT("\xa9" "lora_name", q_slot(c, F_LNAME, ev, o));
+rest:
+  if (i == n && i >= 5) return 0; /* all read, hashes .. block_size among them */
+  return q_map_rest(c, ev, o, i, n, kStoredMapOrder);
+}
+
+static const int kRemovedMapOrder[] = {F_HASHES, F_MEDIUM};
+
+static int q_map_removed(dctx *c, kvbm_event *ev, ev_off *o, uint32_t n) {
+  int rc;
+  uint32_t i = 2;
+  if ((rc = q_hashes(c, ev, o))) return rc;
+  QNEXT("\xa6" "medium", q_medium(c, ev, o));
+rest:
+  if (i == n) return 0; /* all read (plain), hashes among them */
+  if ((rc = q_map_rest(c, ev, o, i, n, kRemovedMapOrder))) return rc;
+  if (!o->plain) keep_own_fields(ev, o);
+  return 0;
+}
+#undef QNEXT
+
+/* A positional store past its tag: m fields (4 required, checked). */
+static int q_pos_stored(dctx *c, kvbm_event *ev, ev_off *o, uint32_t m) {
+  int rc;
+  if ((rc = q_hashes(c, ev, o)) || (rc = q_parent(c, ev)) || (rc = q_tokens(c, ev, o)) ||
+      (rc = q_u32(c, &ev->block_size)))
+    return rc;
+  if (m > 4 && (rc = q_opt_i64(c, F_LORA, &ev->lora_id, &ev->has_lora_id))) return rc;
+  if (m > 5 && (rc = q_medium(c, ev, o))) return rc;
+  if (m > 6 && (rc = q_slot(c, F_SLOT7, ev, o))) return rc;
+  for (uint32_t k = 7; k < m; k++) {
+    to_general(ev, o);
+    if ((rc = read_field(c, k < 11 ? kStoredOrder[k] : F_SKIP, ev, o))) return rc;
+  }
+  return 0;
+}
+
+/* A positional remove past its tag: m >= 1 fields. */
+static int q_pos_removed(dctx *c, kvbm_event *ev, ev_off *o, uint32_t m) {
+  int rc;
+  if ((rc = q_hashes(c, ev, o))) return rc;
+  if (m > 1 && (rc = q_medium(c, ev, o))) return rc;
+  if (m > 2 && (rc = q_opt_i64(c, F_GROUP, &ev->group_idx, &ev->has_group_idx))) return rc;
+  for (uint32_t k = 3; k < m; k++)
+    if ((rc = read_field(c, F_SKIP, ev, o))) return rc;
+  if (!o->plain) keep_own_fields(ev, o);
+  return 0;
+}
+
+/* The first bytes of each layout after the map or array header: the tag
+ * (with its "type" key) and, in a map, the "block_hashes" key. */
+#define MAP_STORED "\xa4" "type" "\xab" "BlockStored" "\xac" "block_hashes"
+#define MAP_REMOVED "\xa4" "type" "\xac" "BlockRemoved" "\xac" "block_hashes"
+#define MAP_CLEARED "\xa4" "type" "\xb0" "AllBlocksCleared"
+#define POS_STORED "\xab" "BlockStored"
+#define POS_REMOVED "\xac" "BlockRemoved"
+#define POS_CLEARED "\xb0" "AllBlocksCleared"
+
+/* One event by the quick path, or QUICK_NO (the reader not moved) when its
+ * first bytes are none of the layouts above. */
+static int read_quick(dctx *c, kvbm_event *ev, ev_off *o) {
+  const uint8_t *p = c->r.p;
+  size_t left = (size_t)(c->r.end - p);
+  if (left < 2) return QUICK_NO;
+  uint8_t head = p[0];
+  kvbm_event_type type;
+  int form; /* 1 map, 0 positional */
+  size_t skip;
+#define HEAD_IS(lit) (left > sizeof(lit) - 1 && same(p + 1, (lit), sizeof(lit) - 1) && \
+                      (skip = sizeof(lit), true))
+  if (head >= 0x82 && head <= 0x8f && HEAD_IS(MAP_STORED)) {
+    type = KVBM_EVENT_STORED, form = 1;
+  } else if (head >= 0x82 && head <= 0x8f && HEAD_IS(MAP_REMOVED)) {
+    type = KVBM_EVENT_REMOVED, form = 1;
+  } else if (head >= 0x95 && head <= 0x9f && HEAD_IS(POS_STORED)) {
+    type = KVBM_EVENT_STORED, form = 0;
+  } else if (head >= 0x92 && head <= 0x9f && HEAD_IS(POS_REMOVED)) {
+    type = KVBM_EVENT_REMOVED, form = 0;
+  } else if ((head == 0x81 && HEAD_IS(MAP_CLEARED)) || (head == 0x91 && HEAD_IS(POS_CLEARED))) {
+    *ev = (kvbm_event){.type = KVBM_EVENT_CLEARED};
+    o->h = o->t = 0;
+    o->plain = true;
+    c->r.p = p + skip;
+    return 0;
+  } else {
+    return QUICK_NO;
+  }
+#undef HEAD_IS
+  uint32_t n = head & 0x0f;
+  /* the count the bytes left cannot hold: the general reader says so */
+  if ((size_t)n * (form ? 2 : 1) > left - 1) return QUICK_NO;
+  memset(ev, 0, sizeof *ev);
+  ev->type = type;
+  o->h = o->t = 0;
+  o->plain = true;
+  c->r.p = p + skip;
+  if (form)
+    return type == KVBM_EVENT_STORED ? q_map_stored(c, ev, o, n) : q_map_removed(c, ev, o, n);
+  return type == KVBM_EVENT_STORED ? q_pos_stored(c, ev, o, n - 1) : q_pos_removed(c, ev, o, n - 1);
+}
+
 /* Reads the events array. A failed event is skipped whole when it is
  * well-formed msgpack (see the top of this file); otherwise its error is
  * the payload's. */
@@ -673,13 +1032,16 @@ static int read_events(dctx *c, kvbm_event_batch *out) {
     if (kept >= d->off_cap) RESERVE(d->off, d->off_cap, kept + 1);
     kvbm_event *ev = &d->ev[kept];
     ev_off *o = &d->off[kept];
-    memset(ev, 0, sizeof *ev);
-    *o = kNoOff;
     c->idx = i;
     const uint8_t *start = c->r.p;
     size_t h0 = d->h_n, t0 = d->t_n, s0 = d->s_n, x0 = d->x_n;
     c->err = &d->ev_err;
-    rc = read_event(c, ev, o);
+    rc = d->general_only ? QUICK_NO : read_quick(c, ev, o);
+    if (rc == QUICK_NO) {
+      memset(ev, 0, sizeof *ev);
+      *o = kNoOff;
+      rc = read_event(c, ev, o);
+    }
     c->err = caller;
     if (rc == 0) {
       d->ev_n = ++kept;
@@ -705,6 +1067,7 @@ static void fix_pointers(kvbm_event_decoder *d) {
     const ev_off *o = &d->off[i];
     ev->block_hashes = ev->num_block_hashes ? d->h + o->h : NULL;
     ev->token_ids = ev->num_tokens ? d->t + o->t : NULL;
+    if (o->plain) continue; /* its other pointers are final */
     ev->medium_name = MNAME_IS_STATIC(o->mname) ? kvbm_medium_name(ev->medium) : STR(o->mname);
     ev->lora_name = STR(o->lname);
     ev->cache_salt = STR(o->salt);

@@ -51,4 +51,11 @@ int kvbm__event_frame(kvbm_event_encoder *enc, double ts, bool has_rank, int32_t
 #define KVBM__EVENT_HEAD_MAX (1 + 9 + 5)
 uint8_t *kvbm__event_head_before(uint8_t *end, double ts, bool has_rank, size_t n);
 
+/* Tests: with `on`, the decoder reads every event with its general reader
+ * only (no quick path for the usual layouts; decode.c), so that the two
+ * can be compared. Off by default. */
+void kvbm__event_decoder_general(kvbm_event_decoder *dec, bool on);
+/* Whether event i of the last decode was read whole by the quick path. */
+bool kvbm__event_decoder_plain(const kvbm_event_decoder *dec, size_t i);
+
 #endif
