@@ -31,6 +31,13 @@
  *    any value, so the home bucket is a multiplicative mix of the
  *    fingerprint. With allow_duplicates, later blocks of an equal hash are
  *    chained behind the indexed one (dup_next) in registration order.
+ *    In a pool of one group without duplicate chains (the pool
+ *    fill_run_plain serves), where[id] says where block id's entry sits
+ *    (bucket and entry) when that is its home bucket, so that evicting a
+ *    cached block clears its entry with one load and one store, without
+ *    hashing the victim again or searching its bucket for the id; an
+ *    entry that went past its home is marked NIL there and erased by the
+ *    search, as before.
  *
  * Groups (a hybrid model's KV cache groups, kvbm/group.h): one registry
  * holds every group's entries, keyed by (sequence hash, group): the
@@ -47,7 +54,8 @@
  * BlockPool is: eviction takes the oldest cached block whatever its group.
  *
  * Memory for a pool of N blocks of B tokens: 32 N (records) + 32..64 N
- * (registry) + 13 N (salt, priority, free stack) + 4 N B (token slots, none
+ * (registry) + 13 N (salt, priority, free stack) + 4 N (where[], with one
+ * group and no duplicate chains) + 4 N B (token slots, none
  * with fill_only: a tier below G1 only ever fills blocks whole and never
  * reads tokens back), and 4 N for the duplicate chains with
  * allow_duplicates; with groups, N more for group[].
@@ -121,6 +129,7 @@ struct kvbm_pool {
   uint8_t *group;        /* the group of each block; NULL with one group */
   uint32_t ngroups;
   uint32_t *dup_next;   /* allow_duplicates: the next duplicate, or NIL */
+  uint32_t *where;      /* one group, no duplicates: where_of() of each indexed block's entry */
   uint32_t table_shift; /* 32 - log2(buckets) */
   uint32_t table_mask;  /* buckets - 1 */
   uint64_t allocated, evicted, dedup, match_hits;
@@ -192,6 +201,15 @@ HOT uint32_t reg_find(const kvbm_pool *p, uint64_t hash, uint32_t g, const bool 
   return reg_find_k(p, hash, g, rkey_of(p, hash, g), grouped);
 }
 
+/* where[id] of an entry in entry i of bucket bi: its place when bi is its
+ * home, else NIL (the erase then searches from the home, updating the
+ * overflow counts on the way). Buckets number at most 2^29 (num_blocks <=
+ * 2^30), so the place is below NIL. */
+_Static_assert(KVBM_POOL_MAX_BLOCKS <= (1u << 30), "where[] needs bucket indexes below 2^29");
+static inline uint32_t where_of(uint32_t bi, unsigned i, uint32_t home) {
+  return bi == home ? bi << 3 | i : NIL;
+}
+
 /* Adds an entry for block `id`, whose hash is not indexed yet. */
 HOT void reg_insert(kvbm_pool *p, rkey k, uint32_t id) {
   const uint32_t fp = k.fp;
@@ -202,6 +220,7 @@ HOT void reg_insert(kvbm_pool *p, rkey k, uint32_t id) {
       unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
+      if (p->where) p->where[id] = where_of(bi, i, k.home);
       return;
     }
     b->overflow++;
@@ -536,8 +555,11 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   const bool tabs_ok = p->table != NULL;
   if (p->ngroups > 1) p->group = calloc(n, sizeof *p->group);
   if (cfg->allow_duplicates) p->dup_next = malloc((size_t)n * sizeof *p->dup_next);
+  /* where[]: the pools fill_run_plain may serve (one group, no duplicates). */
+  const bool placed = p->ngroups == 1 && !cfg->allow_duplicates;
+  if (placed) p->where = calloc(n, sizeof *p->where); /* zeros: the cursor may read a never-placed block's */
   if (!p->blocks || !p->priority || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !tabs_ok ||
-      (p->ngroups > 1 && !p->group) || (cfg->allow_duplicates && !p->dup_next)) {
+      (p->ngroups > 1 && !p->group) || (cfg->allow_duplicates && !p->dup_next) || (placed && !p->where)) {
     kvbm_pool_destroy(p);
     return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory for %u blocks", n);
   }
@@ -559,6 +581,7 @@ void kvbm_pool_destroy(kvbm_pool *pool) {
   free(pool->tokens);
   free(pool->free_stack);
   free(pool->table);
+  free(pool->where);
   free(pool->group);
   free(pool->dup_next);
   free(pool);
@@ -823,11 +846,13 @@ HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
  *    stored once;
  *  - the block's record is written once, REGISTERED, with no COMPLETE
  *    step, and the hash's key (fingerprint, home bucket) computed once;
+ *  - a victim's entry is cleared at its place (where[]), not searched for
+ *    from its hash's home bucket;
  *  - the eviction list is walked PF_DEPTH blocks ahead of its head by a
  *    cursor: each eviction moves the cursor one block on, prefetches the
- *    registry bucket of the block under it (whose record an earlier step
- *    prefetched) and the record after it, so the victim's erase finds its
- *    bucket loaded PF_DEPTH evictions later instead of one.
+ *    registry bucket of the block under it (from where[]) and the record
+ *    after it, so the victim's erase finds its bucket loaded PF_DEPTH
+ *    evictions later instead of one.
  * A dedup (the hash already registered: rare in a replay) leaves the loop's
  * locals in *p and takes the general path for that block. The cursor is a
  * hint only: a cursor that went stale (a block in the window left the
@@ -882,14 +907,30 @@ HOT void plain_insert(bucket *table, uint32_t mask, uint32_t fp, uint32_t home, 
   }
 }
 
+/* plain_insert that records the entry's place in where[id]. */
+HOT void placed_insert(bucket *table, uint32_t *where, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id) {
+  for (uint32_t bi = home;; bi = (bi + 1) & mask) {
+    bucket *b = &table[bi];
+    const unsigned free = bucket_match(b, NIL, 1);
+    if (free) {
+      const unsigned i = (unsigned)__builtin_ctz(free);
+      b->fp[i] = fp;
+      b->id[i] = id;
+      where[id] = where_of(bi, i, home);
+      return;
+    }
+    b->overflow++;
+  }
+}
+
 /* Registers block `id` under (hash, fp, home) in a pool without groups or
  * duplicate chains, unless the hash is registered already: then it
- * returns that block and changes nothing; else NIL. The common case, no
- * fingerprint of the hash in its home bucket, nothing gone past it and a
- * free entry there, reads the bucket once for both the lookup and the
- * insert (plain_find then reg_insert read it twice, and reg_insert the
- * table through the pool). */
-HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t mask, uint32_t fp,
+ * returns that block and changes nothing; else NIL (and where[id] says
+ * where its entry went). The common case, no fingerprint of the hash in
+ * its home bucket, nothing gone past it and a free entry there, reads the
+ * bucket once for both the lookup and the insert (plain_find then
+ * reg_insert read it twice, and reg_insert the table through the pool). */
+HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *where, uint32_t mask, uint32_t fp,
                                   uint32_t home, uint64_t hash, uint32_t id) {
   bucket *b = &table[home];
   if (!bucket_match(b, fp, 0) && !b->overflow) {
@@ -898,25 +939,26 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t mas
       const unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
+      where[id] = home << 3 | i;
       return NIL;
     }
   }
   const uint32_t existing = plain_find(blocks, table, mask, fp, home, hash);
-  if (existing == NIL) plain_insert(table, mask, fp, home, id);
+  if (existing == NIL) placed_insert(table, where, mask, fp, home, id);
   return existing;
 }
 
 /* One step of fill_run_plain's cursor: the registry bucket of its block
- * and the record of the block after it prefetched, and the cursor on it.
- * Tried and dropped: keeping each bucket's index in a ring for the
- * victim's erase (callgrind, kvbm replay --limit 2000: 774.0M -> 778.9M
- * instructions; the ring's stores and index cost more than hashing the
- * victim again). */
+ * (from where[]: NIL, an entry past its home, prefetches a line past the
+ * table, which never faults) and the record of the block after it
+ * prefetched, and the cursor on it. Tried and dropped: keeping each
+ * bucket's index in a ring for the victim's erase (callgrind, kvbm replay
+ * --limit 2000: 774.0M -> 778.9M instructions; the ring's stores and index
+ * cost more than hashing the victim again). */
 #define PF_STEP()                                                                   \
   do {                                                                              \
-    const blk *c_ = &blocks[cursor];                                                \
-    __builtin_prefetch(&table[(fingerprint(c_->seq_hash, 0) * 0x9E3779B1u) >> shift]); \
-    cursor = c_->next;                                                              \
+    __builtin_prefetch((const char *)table + (size_t)(where[cursor] >> 3) * sizeof(bucket)); \
+    cursor = blocks[cursor].next;                                                   \
     if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
   } while (0)
 
@@ -946,6 +988,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
   blk *const blocks = p->blocks;
   bucket *const table = p->table;
   uint8_t *const prio = p->priority;
+  uint32_t *const where = p->where;
   const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
   const uint32_t ftop0 = p->free_top;
@@ -1018,7 +1061,12 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
         pr = NPRIO;
         cursor = NIL, ahead = 0;
       }
-      plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
+      /* The victim's entry: at its place, or (past its home) searched. */
+      const uint32_t w = where[id];
+      if (w != NIL)
+        table[w >> 3].id[w & 7] = NIL;
+      else
+        plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
       prio[id] = 0;
     }
     ids[k] = id;
@@ -1030,7 +1078,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     b->seq_hash = hk;
     b->parent_hash = pk;
     pk = hk;
-    if (plain_find_or_insert(blocks, table, mask, fp, home, hk, id) != NIL) {
+    if (plain_find_or_insert(blocks, table, where, mask, fp, home, hk, id) != NIL) {
       /* Dedup: the general path, with the pool's fields back in *p; it
        * hands the new block back to the free list. */
       b->refcount = 1;
