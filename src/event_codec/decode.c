@@ -34,6 +34,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "common/msgpack.h"
 #include "common/vec.h"
@@ -739,6 +742,24 @@ static inline bool same(const uint8_t *p, const char *s, size_t n) {
   return x == 0;
 }
 
+/* An event zeroed with 16-byte stores: memset of its 216 bytes became
+ * `rep stosq`, 27 iterations, the largest single cost of a quick event. */
+static inline void zero_event(kvbm_event *ev) {
+#if defined(__SSE2__)
+  _Static_assert(sizeof(kvbm_event) <= 256, "zero_event stores 16 x 16 bytes at most");
+  __m128i z = _mm_setzero_si128();
+  char *p = (char *)ev;
+  /* written out: a loop of these is turned back into the memset */
+#define Z(i) if (((i) + 1) * 16 <= sizeof *ev) _mm_storeu_si128((__m128i *)(void *)(p + (i) * 16), z)
+  Z(0); Z(1); Z(2); Z(3); Z(4); Z(5); Z(6); Z(7);
+  Z(8); Z(9); Z(10); Z(11); Z(12); Z(13); Z(14); Z(15);
+#undef Z
+  if (sizeof *ev % 16) memset(p + sizeof *ev / 16 * 16, 0, sizeof *ev % 16);
+#else
+  memset(ev, 0, sizeof *ev);
+#endif
+}
+
 /* The reader is at the literal s (a key with its fixstr header): passes it. */
 #define QLIT(c, s)                                                                   \
   ((size_t)((c)->r.end - (c)->r.p) >= sizeof(s) - 1 && same((c)->r.p, (s), sizeof(s) - 1) && \
@@ -995,7 +1016,8 @@ static int read_quick(dctx *c, kvbm_event *ev, ev_off *o) {
   } else if (head >= 0x92 && head <= 0x9f && HEAD_IS(POS_REMOVED)) {
     type = KVBM_EVENT_REMOVED, form = 0;
   } else if ((head == 0x81 && HEAD_IS(MAP_CLEARED)) || (head == 0x91 && HEAD_IS(POS_CLEARED))) {
-    *ev = (kvbm_event){.type = KVBM_EVENT_CLEARED};
+    zero_event(ev);
+    ev->type = KVBM_EVENT_CLEARED;
     o->h = o->t = 0;
     o->plain = true;
     c->r.p = p + skip;
@@ -1007,7 +1029,7 @@ static int read_quick(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t n = head & 0x0f;
   /* the count the bytes left cannot hold: the general reader says so */
   if ((size_t)n * (form ? 2 : 1) > left - 1) return QUICK_NO;
-  memset(ev, 0, sizeof *ev);
+  zero_event(ev);
   ev->type = type;
   o->h = o->t = 0;
   o->plain = true;
