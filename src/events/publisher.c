@@ -215,6 +215,8 @@ struct kvbm_publisher {
   bool wire;
   kvbm_event_encoder_config ecfg;
   wpool *pool;
+  atomic_size_t chunk_first; /* a fresh chunk's buffer (chunk_room): the
+                              * largest batch sent so far, 64 KiB at least */
   run runs[2];         /* coalescing (lock held): [0] stores, [1] removes */
   int first;           /* the one opened first while both are open */
   size_t held;         /* bytes reserved in the open chunk for open runs */
@@ -357,6 +359,7 @@ int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **ou
   if (!p) return kvbm_error_set(err, KVBM_ENOMEM, "events: publisher: out of memory");
   p->o = o;
   p->fill = &p->q[0];
+  atomic_init(&p->chunk_first, CHUNK_FIRST_BYTES);
   p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (p->efd < 0) {
     free(p);
@@ -505,6 +508,32 @@ static int q_append(evq *q, const kvbm_event *ev, const vsize *z, int32_t dp_ran
   return KVBM_OK;
 }
 
+/* Room for `need` bytes in chunk c's buffer. An empty one (a chunk from
+ * the pool, or new) that is too small is given at once the size of the
+ * largest batch sent so far (chunk_first, set by the thread) rather than
+ * doubling from 64 KiB and copying what it holds each time: a K = 16 map
+ * batch is ~220 KiB, three reallocs and ~190 KiB of copies per batch
+ * whenever the pool is out of grown chunks (subscribers lagging, more
+ * than POOL_KEEP batches in ZMQ's hands). Callgrind: K = 16 ~8
+ * instructions a block under valgrind, where the pool always runs out. */
+static int chunk_room(kvbm_publisher *p, wchunk *c, size_t need) {
+  size_t first;
+  if (c->len == 0 &&
+      (need > c->cap || c->cap < (first = atomic_load_explicit(&p->chunk_first,
+                                                               memory_order_relaxed)))) {
+    first = atomic_load_explicit(&p->chunk_first, memory_order_relaxed);
+    size_t cap = need > first ? need : first;
+    uint8_t *d = malloc(cap);
+    if (!d) return KVBM_ENOMEM;
+    free(c->data);
+    c->data = d;
+    c->cap = cap;
+    return KVBM_OK;
+  }
+  if (need <= c->cap) return KVBM_OK;
+  return kvbm__vec_reserve_of(&c->data, &c->cap, need, CHUNK_FIRST_BYTES, KVBM__VEC_NO_LIMIT);
+}
+
 /* Wire mode: the open chunk of q for an event of at most `bound` bytes
  * and rank dp_rank, room for it reserved (lock held): the last one, or a
  * new one when that is full or of another rank. NULL: no memory, q
@@ -520,9 +549,7 @@ static wchunk *q_chunk(kvbm_publisher *p, evq *q, size_t bound, int32_t dp_rank)
   }
   /* room for the head before the events, this event, the rank after */
   if (bound > SIZE_MAX / 4 - c->len ||
-      kvbm__vec_reserve_of(&c->data, &c->cap,
-                           KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX, CHUNK_FIRST_BYTES,
-                           KVBM__VEC_NO_LIMIT)) {
+      chunk_room(p, c, KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX)) {
     if (fresh) chunk_release(NULL, c); /* never queued: back to the pool */
     return NULL;
   }
@@ -1086,10 +1113,7 @@ static size_t stage_copy(kvbm_publisher *p, kvbm_publisher_stage *st, evq *q, si
   if (k > p->o.max_batch_events - c->pub) k = p->o.max_batch_events - c->pub;
   size_t from = i ? st->ev[i - 1].end : 0, bytes = st->ev[i + k - 1].end - from;
   size_t cost = st->ev[i + k - 1].cost - (i ? st->ev[i - 1].cost : 0);
-  if (c->cap < KVBM__EVENT_HEAD_MAX + c->len + bytes + KVBM__MP_SCALAR_MAX &&
-      kvbm__vec_reserve_of(&c->data, &c->cap, KVBM__EVENT_HEAD_MAX + c->len + bytes +
-                           KVBM__MP_SCALAR_MAX, CHUNK_FIRST_BYTES, KVBM__VEC_NO_LIMIT))
-    return 0;
+  if (chunk_room(p, c, KVBM__EVENT_HEAD_MAX + c->len + bytes + KVBM__MP_SCALAR_MAX)) return 0;
   memcpy(c->data + KVBM__EVENT_HEAD_MAX + c->len,
          st->c->data + KVBM__EVENT_HEAD_MAX + from, bytes);
   c->len += bytes;
@@ -1178,15 +1202,14 @@ int kvbm_publisher_stage_publish(kvbm_publisher_stage *st, const kvbm_event *ev,
   size_t bound = plain ? kvbm__event_plain_bound(evp->num_block_hashes, evp->num_tokens)
                        : kvbm__event_wire_bound(evp);
   wchunk *c = st->c;
-  if (!c) {
+  bool fresh = !c;
+  if (fresh) {
     if (!(c = st->c = chunk_get(p->pool)))
       return kvbm_error_set(err, KVBM_ENOMEM, "events: stage: out of memory");
     c->dp_rank = p->o.dp_rank;
   }
   size_t need = KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX;
-  if ((need > c->cap &&
-       (bound > SIZE_MAX / 4 - c->len ||
-        kvbm__vec_reserve_of(&c->data, &c->cap, need, CHUNK_FIRST_BYTES, KVBM__VEC_NO_LIMIT))) ||
+  if (((fresh || need > c->cap) && (bound > SIZE_MAX / 4 - c->len || chunk_room(p, c, need))) ||
       (st->n == st->capn &&
        kvbm__vec_reserve_of(&st->ev, &st->capn, st->n + 1, 64, KVBM__VEC_NO_LIMIT)))
     return kvbm_error_set(err, KVBM_ENOMEM, "events: stage: out of memory");
@@ -1258,6 +1281,16 @@ static size_t take_wire(kvbm_publisher *p, evq *q, int what) {
   return n;
 }
 
+/* The thread: a batch of `len` bytes was sent; fresh chunks start at
+ * least that large (a power of two, at most POOL_KEEP_BYTES, which the
+ * pool would not keep anyway). */
+static void chunk_grow_hint(kvbm_publisher *p, size_t len) {
+  size_t first = atomic_load_explicit(&p->chunk_first, memory_order_relaxed);
+  if (len <= first || first >= POOL_KEEP_BYTES) return;
+  while (first < len && first < POOL_KEEP_BYTES) first *= 2;
+  atomic_store_explicit(&p->chunk_first, first, memory_order_relaxed);
+}
+
 /* Wire mode (no lock held): frames each batch taken in place (the head
  * written before its events, the dp_rank after) and hands its buffer to
  * every sink; the ZMQ sink keeps it (no copy) and gives it back when
@@ -1270,6 +1303,7 @@ static void emit_wire(kvbm_publisher *p, uint64_t *seq, uint64_t *sink_errors) {
     uint8_t *events = c->data + KVBM__EVENT_HEAD_MAX;
     uint8_t *start = kvbm__event_head_before(events, b.ts, true, c->n);
     uint8_t *end = kvbm__mp_put_int(events + c->len, c->dp_rank);
+    chunk_grow_hint(p, (size_t)(end - c->data));
     ev_payload pl = {.data = start, .len = (size_t)(end - start), .retain = chunk_retain,
                      .release = chunk_release, .owner = c};
     for (size_t s = 0; s < p->nsinks; s++) {
