@@ -79,6 +79,7 @@ struct kvbm_event_decoder {
   kvbm_error ev_err;      /* the event being read: its failure */
   char skip_reason[KVBM_ERROR_MSG_MAX];
   bool general_only;      /* tests: no quick path (kvbm__event_decoder_general) */
+  bool all_plain;         /* every event of this payload read whole by the quick path */
   const char *static_name[KVBM_MEDIUM_OTHER + 1]; /* kvbm_medium_name's */
 };
 
@@ -800,8 +801,12 @@ QINLINE int q_hashes(dctx *c, kvbm_event *ev, ev_off *o) {
   c->field = kFieldName[F_HASHES];
   uint32_t n;
   size_t hdr = q_array(c, &n);
-  if (!hdr) return read_hashes(c, &o->h, &ev->num_block_hashes);
   kvbm_event_decoder *d = c->d;
+  if (!hdr) {
+    int rc = read_hashes(c, &o->h, &ev->num_block_hashes);
+    if (!rc && ev->num_block_hashes) ev->block_hashes = d->h + o->h;
+    return rc;
+  }
   if (d->h_cap - d->h_n <= n) RESERVE(d->h, d->h_cap, d->h_n + n);
   uint64_t *out = d->h + d->h_n;
   const uint8_t *p = c->r.p + hdr, *e = c->r.end;
@@ -820,6 +825,7 @@ QINLINE int q_hashes(dctx *c, kvbm_event *ev, ev_off *o) {
   o->h = d->h_n;
   d->h_n += n;
   ev->num_block_hashes = n;
+  if (n) ev->block_hashes = out; /* final unless the arena moves (fix_pointers) */
   return 0;
 }
 
@@ -840,9 +846,12 @@ QINLINE int q_tokens(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t n;
   size_t hdr = q_array(c, &n);
   /* token pairs (an array first) are the general function's */
-  if (!hdr || (n && ((c->r.p[hdr] & 0xf0) == 0x90 || (c->r.p[hdr] & 0xfe) == 0xdc)))
-    return read_tokens(c, ev, &o->t);
   kvbm_event_decoder *d = c->d;
+  if (!hdr || (n && ((c->r.p[hdr] & 0xf0) == 0x90 || (c->r.p[hdr] & 0xfe) == 0xdc))) {
+    int rc = read_tokens(c, ev, &o->t);
+    if (!rc && ev->num_tokens) ev->token_ids = d->t + o->t;
+    return rc;
+  }
   if (d->t_cap - d->t_n <= n) RESERVE(d->t, d->t_cap, d->t_n + n);
   uint32_t *out = d->t + d->t_n;
   c->r.p += hdr;
@@ -853,6 +862,7 @@ QINLINE int q_tokens(dctx *c, kvbm_event *ev, ev_off *o) {
   o->t = d->t_n;
   d->t_n += n;
   ev->num_tokens = n;
+  if (n) ev->token_ids = out;
   return 0;
 }
 
@@ -1066,6 +1076,7 @@ static int read_events(dctx *c, kvbm_event_batch *out) {
     }
     c->err = caller;
     if (rc == 0) {
+      d->all_plain &= o->plain;
       d->ev_n = ++kept;
       continue;
     }
@@ -1172,6 +1183,8 @@ int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
   dec->ev_n = dec->h_n = dec->t_n = dec->s_n = dec->x_n = 0;
   dec->skip_reason[0] = '\0';
   shrink_all(dec, len);
+  dec->all_plain = true;
+  uintptr_t h_base = (uintptr_t)dec->h, t_base = (uintptr_t)dec->t;
   memset(out, 0, sizeof *out);
   dctx c = {.r = {data, (const uint8_t *)data + len}, .d = dec, .err = err};
   if (len == 0) return kvbm_error_set(err, KVBM_ETRUNCATED, "events: decode: empty payload");
@@ -1187,7 +1200,11 @@ int kvbm_event_decode(kvbm_event_decoder *dec, const void *data, size_t len,
     return kvbm_error_set(err, KVBM_ETOOLONG, "events: decode: %zu bytes after the batch",
                           kvbm__mpr_left(&c.r));
   }
-  fix_pointers(dec);
+  /* events read whole by the quick path point into the arenas already;
+   * only when one moved since (or another event needs it) are the
+   * pointers set from the offsets */
+  if (!dec->all_plain || (uintptr_t)dec->h != h_base || (uintptr_t)dec->t != t_base)
+    fix_pointers(dec);
   out->seq = seq;
   out->events = dec->ev_n ? dec->ev : NULL;
   out->num_events = dec->ev_n;

@@ -204,6 +204,38 @@ static uint32_t rand_token(diff *d) {
   }
 }
 
+static void same_array(const void *a, size_t al, const void *b, size_t bl) {
+  assert_int_equal(al, bl);
+  if (al) assert_memory_equal(a, b, al);
+}
+
+/* Both paths share the hash and token readers: the decoded events are
+ * also checked against what was encoded, field by field. */
+static void same_as_sent(kvbm_event_decoder *dec, const uint8_t *p, size_t len,
+                         const kvbm_event_batch *sent) {
+  kvbm_event_batch b;
+  assert_int_equal(kvbm_event_decode(dec, p, len, 0, &b, NULL), 0);
+  assert_int_equal(b.num_events, sent->num_events);
+  assert_int_equal(b.skipped, 0);
+  for (size_t i = 0; i < b.num_events; i++) {
+    const kvbm_event *x = &b.events[i], *y = &sent->events[i];
+    assert_int_equal(x->type, y->type);
+    if (x->type == KVBM_EVENT_CLEARED) continue;
+    same_array(x->block_hashes, 8 * x->num_block_hashes, y->block_hashes, 8 * y->num_block_hashes);
+    assert_int_equal(x->medium, y->medium);
+    assert_int_equal(x->has_group_idx, y->has_group_idx);
+    assert_true(x->group_idx == y->group_idx);
+    if (x->type != KVBM_EVENT_STORED) continue;
+    same_array(x->token_ids, 4 * x->num_tokens, y->token_ids, 4 * y->num_tokens);
+    assert_int_equal(x->block_size, y->block_size);
+    assert_int_equal(x->has_parent, y->has_parent);
+    assert_true(x->parent_hash == y->parent_hash);
+    assert_int_equal(x->has_lora_id, y->has_lora_id);
+    assert_true(x->lora_id == y->lora_id);
+    same_str(x->lora_name, y->lora_name);
+  }
+}
+
 static void test_own_encoder(void **state) {
   diff *d = *state;
   static const kvbm_medium kMedia[] = {KVBM_MEDIUM_GPU, KVBM_MEDIUM_GPU, KVBM_MEDIUM_CPU,
@@ -260,6 +292,7 @@ static void test_own_encoder(void **state) {
       diff_one(d, p, len);
       events += d->events - e0;
       plain += d->plain - p0;
+      same_as_sent(d->quick, p, len, &b);
       diff_mutated(d, p, len, 6);
       kvbm_event_encoder_destroy(enc);
     }
