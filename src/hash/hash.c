@@ -37,12 +37,14 @@ uint64_t kvbm_hash_next(kvbm_hash_scheme scheme, uint64_t salt_hash,
   return kvbm__hash_next_inline(scheme, salt_hash, parent, has_parent, tokens, n);
 }
 
-/* kvbm_hash_chain's loop, compiled once per scheme (a constant at both call
- * sites): block 0 is seeded with the salt, every later one with its
- * parent, so the test of has_parent goes out of the loop too. */
+/* kvbm_hash_chain's loop, compiled once per scheme (a constant at every
+ * call site) and, for the native scheme, once more for blocks of 16
+ * tokens (vLLM's default block size; the pool's prefill loop has the same
+ * instance, pool.c): block 0 is seeded with the salt, every later one
+ * with its parent, so the test of has_parent goes out of the loop too. */
 static inline __attribute__((always_inline)) void chain_run(const kvbm_hash_scheme scheme, uint64_t salt_hash,
                                                             const uint32_t *tokens, size_t nb,
-                                                            size_t block_size, uint64_t *out) {
+                                                            const size_t block_size, uint64_t *out) {
   uint64_t parent = kvbm__hash_next_inline(scheme, salt_hash, 0, false, tokens, block_size);
   out[0] = parent;
   for (size_t k = 1; k < nb; k++) {
@@ -61,6 +63,8 @@ size_t kvbm_hash_chain(kvbm_hash_scheme scheme, uint64_t salt_hash,
   if (nb == 0) return 0;
   if (scheme == KVBM_HASH_DYNAMO)
     chain_run(KVBM_HASH_DYNAMO, salt_hash, tokens, nb, block_size, out);
+  else if (block_size == 16)
+    chain_run(KVBM_HASH_NATIVE, salt_hash, tokens, nb, 16, out);
   else
     chain_run(KVBM_HASH_NATIVE, salt_hash, tokens, nb, block_size, out);
   return nb;

@@ -29,15 +29,17 @@
 #include "pool/pool_internal.h"
 #include "pool_testutil.h"
 
-enum { NB = 48, BS = 4, MAXRUN = 24 };
+/* BS: the block size of most cases; MAXBS: the largest any case uses (16:
+ * the plain loop has an instance of its own for blocks of 16 tokens). */
+enum { NB = 48, BS = 4, MAXBS = 16, MAXRUN = 24 };
 
 static uint32_t rnd(uint32_t *x) { return (*x = *x * 1103515245u + 12345u) >> 8; }
 
 /* A pool of the test's shape. `quiet`: no listener, no token copies (the
  * recorder still gets zeroed, and stays empty). */
 static kvbm_pool *twin(kvbm_hash_scheme scheme, uint32_t groups, tu_log *log, bool quiet,
-                       bool keep_tokens) {
-  kvbm_pool_config c = kvbm_pool_config_default(NB, BS);
+                       bool keep_tokens, uint32_t bs) {
+  kvbm_pool_config c = kvbm_pool_config_default(NB, bs);
   c.scheme = scheme;
   c.num_groups = groups;
   c.keep_tokens = keep_tokens;
@@ -75,11 +77,11 @@ static void assert_same_pools(const kvbm_pool *a, const kvbm_pool *b, const tu_l
  * runs hold their blocks for a while, so some dedups land on active
  * blocks, and allocations evict (3000-ish). */
 /* `quiet`: B has no listener and neither keeps tokens. */
-static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups, bool quiet) {
+static void twins_agree_bs(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups, bool quiet, uint32_t bs) {
   tu_log *la = malloc(sizeof *la), *lb = malloc(sizeof *lb);
   assert_non_null(la);
   assert_non_null(lb);
-  kvbm_pool *a = twin(scheme, groups, la, false, !quiet), *b = twin(scheme, groups, lb, quiet, !quiet);
+  kvbm_pool *a = twin(scheme, groups, la, false, !quiet, bs), *b = twin(scheme, groups, lb, quiet, !quiet, bs);
   uint32_t held_a[4][MAXRUN], held_b[4][MAXRUN];
   size_t held_n[4] = {0};
   uint32_t x = 12345u + (uint32_t)salt + groups;
@@ -95,10 +97,10 @@ static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups,
     size_t n = 1 + rnd(&x) % MAXRUN;
     if (n > kvbm_pool_available(a)) n = kvbm_pool_available(a);
     if (n == 0) continue;
-    uint32_t toks[MAXRUN * BS];
+    uint32_t toks[MAXRUN * MAXBS];
     for (size_t k = 0; k < n; k++) { /* each block one of two contents */
       const uint32_t v = rnd(&x) % 2;
-      for (size_t i = 0; i < BS; i++) toks[k * BS + i] = v + (uint32_t)i;
+      for (size_t i = 0; i < bs; i++) toks[k * bs + i] = v + (uint32_t)i;
     }
     const uint32_t g = groups > 1 ? rnd(&x) % groups : 0;
     const bool has_parent = rnd(&x) % 3 == 0;
@@ -107,7 +109,7 @@ static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups,
     /* A: the hashes first, then the run */
     uint64_t h = parent;
     for (size_t k = 0; k < n; k++) {
-      h = kvbm_hash_next(scheme, salt, h, k > 0 || has_parent, toks + k * BS, BS);
+      h = kvbm_hash_next(scheme, salt, h, k > 0 || has_parent, toks + k * bs, bs);
       ha[k] = h;
     }
     kvbm_pool_stats before;
@@ -145,6 +147,10 @@ static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups,
   free(lb);
 }
 
+static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups, bool quiet) {
+  twins_agree_bs(scheme, salt, groups, quiet, BS);
+}
+
 static void native_plain(void **state) {
   (void)state;
   twins_agree(KVBM_HASH_NATIVE, 0, 1, false);
@@ -168,6 +174,11 @@ static void quiet_native_plain(void **state) {
 static void quiet_native_salted(void **state) {
   (void)state;
   twins_agree(KVBM_HASH_NATIVE, 0xabcdefull, 1, true);
+}
+static void quiet_native_plain_16(void **state) { /* the plain loop's instance for blocks of 16 */
+  (void)state;
+  twins_agree_bs(KVBM_HASH_NATIVE, 0, 1, true, 16);
+  twins_agree_bs(KVBM_HASH_NATIVE, 0xabcdefull, 1, true, 16);
 }
 static void quiet_dynamo_plain(void **state) { /* the plain loop's Dynamo instance */
   (void)state;
@@ -205,7 +216,7 @@ static void quiet_colliding(void **state) {
   tu_log *la = malloc(sizeof *la), *lb = malloc(sizeof *lb);
   assert_non_null(la);
   assert_non_null(lb);
-  kvbm_pool *a = twin(KVBM_HASH_NATIVE, 1, la, false, false), *b = twin(KVBM_HASH_NATIVE, 1, lb, true, false);
+  kvbm_pool *a = twin(KVBM_HASH_NATIVE, 1, la, false, false, BS), *b = twin(KVBM_HASH_NATIVE, 1, lb, true, false, BS);
   uint32_t held_a[4][MAXRUN], held_b[4][MAXRUN];
   size_t held_n[4] = {0};
   uint32_t x = 777u, most_registered = 0;
@@ -253,7 +264,7 @@ static void refusals_change_nothing(void **state) {
   (void)state;
   tu_log *log = malloc(sizeof *log);
   assert_non_null(log);
-  kvbm_pool *p = twin(KVBM_HASH_NATIVE, 2, log, false, true);
+  kvbm_pool *p = twin(KVBM_HASH_NATIVE, 2, log, false, true, BS);
   uint32_t toks[8 * BS] = {0}, ids[NB + 1];
   uint64_t hashes[NB + 1];
   /* something registered and cached first, so that "no change" means something */
@@ -289,6 +300,7 @@ int main(void) {
       cmocka_unit_test(dynamo_salted_two_groups),
       cmocka_unit_test(quiet_native_plain),
       cmocka_unit_test(quiet_native_salted),
+      cmocka_unit_test(quiet_native_plain_16),
       cmocka_unit_test(quiet_dynamo_plain),
       cmocka_unit_test(quiet_dynamo_two_groups),
       cmocka_unit_test(quiet_colliding),
