@@ -798,11 +798,11 @@ static inline size_t q_array(const dctx *c, uint32_t *n) {
 #define QINLINE static inline __attribute__((always_inline))
 
 QINLINE int q_hashes(dctx *c, kvbm_event *ev, ev_off *o) {
-  c->field = kFieldName[F_HASHES];
   uint32_t n;
   size_t hdr = q_array(c, &n);
   kvbm_event_decoder *d = c->d;
   if (!hdr) {
+    c->field = kFieldName[F_HASHES]; /* only the general functions name it */
     int rc = read_hashes(c, &o->h, &ev->num_block_hashes);
     if (!rc && ev->num_block_hashes) ev->block_hashes = d->h + o->h;
     return rc;
@@ -817,6 +817,7 @@ QINLINE int q_hashes(dctx *c, kvbm_event *ev, ev_off *o) {
       continue;
     }
     c->r.p = p;
+    c->field = kFieldName[F_HASHES];
     int rc = read_hash(c, &out[i]);
     if (rc) return rc;
     p = c->r.p;
@@ -830,7 +831,6 @@ QINLINE int q_hashes(dctx *c, kvbm_event *ev, ev_off *o) {
 }
 
 static inline int q_parent(dctx *c, kvbm_event *ev) {
-  c->field = kFieldName[F_PARENT];
   const uint8_t *p = c->r.p;
   if (c->r.end - p >= 9 && *p == 0xcf) {
     ev->parent_hash = __builtin_bswap64(ld64(p + 1));
@@ -838,16 +838,17 @@ static inline int q_parent(dctx *c, kvbm_event *ev) {
     c->r.p = p + 9;
     return 0;
   }
+  c->field = kFieldName[F_PARENT];
   return read_parent(c, ev);
 }
 
 QINLINE int q_tokens(dctx *c, kvbm_event *ev, ev_off *o) {
-  c->field = kFieldName[F_TOKENS];
   uint32_t n;
   size_t hdr = q_array(c, &n);
   /* token pairs (an array first) are the general function's */
   kvbm_event_decoder *d = c->d;
   if (!hdr || (n && ((c->r.p[hdr] & 0xf0) == 0x90 || (c->r.p[hdr] & 0xfe) == 0xdc))) {
+    c->field = kFieldName[F_TOKENS];
     int rc = read_tokens(c, ev, &o->t);
     if (!rc && ev->num_tokens) ev->token_ids = d->t + o->t;
     return rc;
@@ -856,6 +857,7 @@ QINLINE int q_tokens(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t *out = d->t + d->t_n;
   c->r.p += hdr;
   for (uint32_t i = read_tokens_fast(c, n, out); i < n; i++) {
+    c->field = kFieldName[F_TOKENS];
     int rc = read_token(c, &out[i]);
     if (rc) return rc;
   }
@@ -867,25 +869,24 @@ QINLINE int q_tokens(dctx *c, kvbm_event *ev, ev_off *o) {
 }
 
 static inline int q_u32(dctx *c, uint32_t *out) {
-  c->field = kFieldName[F_BSIZE];
   const uint8_t *p = c->r.p;
   if (p < c->r.end && *p <= 0x7f) {
     *out = *p;
     c->r.p = p + 1;
     return 0;
   }
+  c->field = kFieldName[F_BSIZE];
   return read_u32(c, out);
 }
 
 /* lora_id, group_idx: nil inline. */
 static inline int q_opt_i64(dctx *c, int f, int64_t *out, bool *has) {
-  c->field = kFieldName[f];
   if (kvbm__mpr_nil(&c->r)) return 0; /* *has is false already */
+  c->field = kFieldName[f];
   return read_opt_i64(c, out, has);
 }
 
 static inline int q_medium(dctx *c, kvbm_event *ev, ev_off *o) {
-  c->field = kFieldName[F_MEDIUM];
   const uint8_t *p = c->r.p;
   if (c->r.end - p >= 4 && p[0] == 0xa3 && p[2] == 'P' && p[3] == 'U' &&
       (p[1] == 'G' || p[1] == 'C')) {
@@ -895,14 +896,15 @@ static inline int q_medium(dctx *c, kvbm_event *ev, ev_off *o) {
     return 0;
   }
   if (kvbm__mpr_nil(&c->r)) return 0; /* NONE, no name: as it is */
+  c->field = kFieldName[F_MEDIUM];
   to_general(ev, o);
   return read_medium(c, ev, o);
 }
 
 /* lora_name (map) or positional index 7: nil inline. */
 static inline int q_slot(dctx *c, int f, kvbm_event *ev, ev_off *o) {
-  c->field = kFieldName[f];
   if (kvbm__mpr_nil(&c->r)) return 0;
+  c->field = kFieldName[f];
   to_general(ev, o);
   return f == F_SLOT7 ? read_slot7(c, ev, o) : read_opt_str(c, &o->lname, NULL, NULL);
 }
