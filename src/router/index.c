@@ -359,15 +359,11 @@ static void bisect_all(const kvbm_index *idx, uint64_t set, const uint64_t *hash
   for (uint64_t m = set; m; m &= m - 1) {
     int s = __builtin_ctzll(m);
     const worker *w = &idx->w[s];
-    st[nb++] = (bstate){.w = w, .t = LDA(&((worker *)w)->tab), .mv = LDA(&w->moves),
-                        .lo = 0, .hi = n, .step = 1, .k = 0, .slot = s};
+    const wtab *t = LDA(&((worker *)w)->tab);
+    st[nb++] = (bstate){.w = w, .t = t, .mv = LDA(&w->moves), .lo = 0, .hi = n, .step = 1,
+                        .k = 0, .i0 = home(t, hashes[0]), .slot = s};
   }
   while (nb) {
-    for (int i = 0; i < nb; i++) {
-      const wtab *t = st[i].t;
-      st[i].i0 = home(t, hashes[st[i].k]);
-      __builtin_prefetch(&t->s[st[i].i0]);
-    }
     for (int i = 0; i < nb;) {
       bstate *b = &st[i];
       size_t k = b->k;
@@ -393,6 +389,8 @@ static void bisect_all(const kvbm_index *idx, uint64_t set, const uint64_t *hash
         continue;
       }
       b->k = bnext(b, n);
+      b->i0 = home(b->t, hashes[b->k]);
+      __builtin_prefetch(&b->t->s[b->i0]); /* read in the next round */
       i++;
     }
   }
