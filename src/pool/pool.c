@@ -1534,6 +1534,9 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
    * other, storing the list's ends once at the end. */
   const unsigned pr = priority;
   uint32_t tail = p->tail[pr], pushed = 0;
+  /* Where the next pushed block's id goes: the list tail's next link, or
+   * the list's head when it is empty (one store a push, no test). */
+  uint32_t *link = tail != NIL ? &p->blocks[tail].next : &p->head[pr];
   int rc = KVBM_OK;
   /* The arrays and the bound in locals: the loop's byte stores (priority,
    * flags) may alias any pool field, so read through p they were loaded
@@ -1567,15 +1570,13 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
     prio[id] = priority;
     b->prev = tail; /* next: set by the next push, or after the loop */
     b->flags |= F_CACHED;
-    if (tail != NIL)
-      blocks[tail].next = id;
-    else
-      p->head[pr] = id;
+    *link = id;
+    link = &b->next;
     tail = id;
     pushed++;
   }
   if (pushed) {
-    blocks[tail].next = NIL;
+    *link = NIL;
     p->tail[pr] = tail;
     p->nonempty[pr / 64] |= 1ull << (pr % 64);
     p->cached += pushed;
