@@ -637,14 +637,12 @@ static int map_keys(dctx *c, kvbm_event *ev, ev_off *o, uint32_t i, uint32_t n, 
   return 0;
 }
 
-/* After the keys: a tag, and the fields its type requires. */
-static int map_required(dctx *c, const kvbm_event *ev, unsigned seen, bool have_type) {
-  c->field = NULL;
+/* After the keys: a tag, and the fields its type requires. The message
+ * for what is missing; map_required below is the check. */
+static int map_missing(dctx *c, const kvbm_event *ev, unsigned seen, bool have_type,
+                       unsigned need) {
   if (!have_type) return fail(c, KVBM_EFORMAT, "event map has no \"type\"");
-  unsigned need = 0;
-  if (ev->type == KVBM_EVENT_STORED) need = 1u << F_HASHES | 1u << F_TOKENS | 1u << F_BSIZE;
-  if (ev->type == KVBM_EVENT_REMOVED) need = 1u << F_HASHES;
-  for (int f = 0; (need & ~seen) && f < F_NAMED; f++) {
+  for (int f = 0; f < F_NAMED; f++) {
     if ((need >> f & 1) && !(seen >> f & 1)) {
       c->field = kvbm_event_type_name(ev->type);
       char msg[80];
@@ -655,6 +653,15 @@ static int map_required(dctx *c, const kvbm_event *ev, unsigned seen, bool have_
   return 0;
 }
 
+static inline int map_required(dctx *c, const kvbm_event *ev, unsigned seen, bool have_type) {
+  c->field = NULL;
+  unsigned need = 0;
+  if (ev->type == KVBM_EVENT_STORED) need = 1u << F_HASHES | 1u << F_TOKENS | 1u << F_BSIZE;
+  if (ev->type == KVBM_EVENT_REMOVED) need = 1u << F_HASHES;
+  if (have_type && !(need & ~seen)) return 0;
+  return map_missing(c, ev, seen, have_type, need);
+}
+
 static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t n;
   int rc = kvbm__mpr_map(&c->r, &n);
@@ -663,7 +670,7 @@ static int read_map_event(dctx *c, kvbm_event *ev, ev_off *o) {
   uint32_t first = read_keys_in_order(c, ev, o, n, &seen, &rc);
   if (rc) return rc;
   bool have_type = first > 0;
-  if ((rc = map_keys(c, ev, o, first, n, &seen, &have_type))) return rc;
+  if (first < n && (rc = map_keys(c, ev, o, first, n, &seen, &have_type))) return rc;
   return map_required(c, ev, seen, have_type);
 }
 
