@@ -37,7 +37,7 @@
  *   bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both]
  *                [--wire tcp|ipc|both] [--runs R] [--batch B]
  *                [--queue-bytes B] [--publish whole|split|coalesce|all] [--no-peer]
- *                [--json]
+ *                [--stage] [--json]
  *
  * --publish: how ours publishes an event of K blocks. whole (default): as
  * one event. split: as K one-block events, chained (each store's parent is
@@ -50,6 +50,11 @@
  * one-block events in batches of B (split), K-block events in batches of
  * B publishes (coalesce); the bytes check still compares the two. Rows of
  * split and coalesce are keyed wire.form.kK.split / .coalesce in --json.
+ *
+ * --stage: ours publishes through a producer stage of B events
+ * (kvbm_publisher_stage_*: encoded outside the lock, handed over under
+ * one lock a batch; the same bytes and batches) instead of one
+ * kvbm_publisher_publish an event; with coalesce it publishes at once.
  *
  * --no-peer: ours only (the peer's figures and the ratio print as 0), for
  * counting our publisher's instructions under callgrind without the peer's
@@ -219,6 +224,7 @@ enum { PUB_WHOLE, PUB_SPLIT, PUB_COALESCE };
 static const char *const kPub[] = {"whole", "split", "coalesce"};
 static int g_pub = PUB_WHOLE;
 static int g_no_peer; /* --no-peer */
+static int g_stage;   /* --stage */
 
 static kvbm_event stream_event(const stream *s, unsigned long long i) {
   unsigned long long pair = i / 2;
@@ -291,6 +297,11 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   unsigned long long nev = blocks / k;
   double t0 = now(), c0 = cpu_seconds();
   unsigned per = g_pub == PUB_WHOLE ? 1 : k; /* publishes per event of K blocks */
+  kvbm_publisher_stage *st = NULL;
+  if (g_stage && kvbm_publisher_stage_create(p, batch, &st, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    return -1;
+  }
   for (unsigned long long i = 0; i < nev; i++) {
     kvbm_event w = stream_event(&s, i), ev = w;
     for (unsigned j = 0; j < per; j++) {
@@ -303,12 +314,18 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
           ev.num_tokens = 16;
         }
       }
-      if (kvbm_publisher_publish(p, &ev, NULL, &err)) {
+      if (st ? kvbm_publisher_stage_publish(st, &ev, &err)
+             : kvbm_publisher_publish(p, &ev, NULL, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return -1;
       }
     }
   }
+  if (st && kvbm_publisher_stage_flush(st, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    return -1;
+  }
+  kvbm_publisher_stage_destroy(st);
   kvbm_publisher_flush(p, -1, NULL);
   int ok = finish(pid, rfd, r); /* the child has the last batch: our I/O thread is done */
   g_pub_cpu = cpu_seconds() - c0;
@@ -474,7 +491,7 @@ static unsigned parse_ks(const char *s, unsigned *ks, unsigned max) {
 static void usage(void) {
   fprintf(stderr, "usage: bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both] "
                   "[--wire tcp|ipc|both] [--runs R (1..64)] [--batch B] [--queue-bytes B] "
-                  "[--publish whole|split|coalesce|all] [--no-peer] [--json]\n");
+                  "[--publish whole|split|coalesce|all] [--no-peer] [--stage] [--json]\n");
   exit(2);
 }
 
@@ -488,6 +505,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--json")) { json = 1; continue; }
     if (!strcmp(a, "--no-peer")) { g_no_peer = 1; continue; }
+    if (!strcmp(a, "--stage")) { g_stage = 1; continue; }
     if (!v) usage();
     i++;
     if (!strcmp(a, "--blocks")) blocks = strtoull(v, NULL, 10);
@@ -519,8 +537,8 @@ int main(int argc, char **argv) {
   if (json) {
     printf("{\"bench\": \"bench_events\", \"workload\": \"W3 events (BlockStored/BlockRemoved of K "
            "blocks x 16 tokens)\", \"blocks_per_run\": %llu, \"batch\": %u, \"runs\": %d, "
-           "\"rows\": {",
-           blocks, batch, runs);
+           "\"stage\": %s, \"rows\": {",
+           blocks, batch, runs, g_stage ? "true" : "false");
   } else {
     printf("bench_events: W3 event stream (BlockStored of K blocks x 16 tokens, then BlockRemoved "
            "of them), %llu block events per run, batches of %u events, %d rounds: median "
@@ -528,11 +546,13 @@ int main(int argc, char **argv) {
            "  ours: publish (check, encode once, queue), batch and frame (topic, seq, payload), "
            "send; subscriber: frames and sequence checked, payload decoded into kvbm_event "
            "structs\n"
+           "%s"
            "  raw zmq: the same payloads encoded before the clock starts, sent as the same 3 "
            "frames; receiver: zmq_msg_recv only, same SUB queue limits\n"
            "  bytes/blk and msgs: payload bytes per block event and messages as each receiver "
            "counted them (ours | raw; same wire when equal)\n",
-           blocks, batch, runs);
+           blocks, batch, runs,
+           g_stage ? "  ours publishes through a producer stage of one batch (--stage)\n" : "");
     printf("%-4s %-10s %-8s %3s %26s %26s %18s %16s %16s %14s %14s %15s %13s\n", "wire", "form",
            "publish", "K",
            "ours M blk/s", "raw zmq M blk/s", "ours/raw", "pub cpu", "sub cpu", "raw pub",
