@@ -31,8 +31,8 @@
  *    any value, so the home bucket is a multiplicative mix of the
  *    fingerprint. With allow_duplicates, later blocks of an equal hash are
  *    chained behind the indexed one (dup_next) in registration order.
- *    In a pool of one group without duplicate chains (the pool
- *    fill_run_plain serves), where[id] says where block id's entry sits
+ *    In a pool without duplicate chains (the pools fill_run_plain and,
+ *    with groups, fill_groups_plain serve), where[id] says where block id's entry sits
  *    (bucket and entry) when that is its home bucket, so that evicting a
  *    cached block clears its entry with one load and one store, without
  *    hashing the victim again or searching its bucket for the id; an
@@ -54,8 +54,8 @@
  * BlockPool is: eviction takes the oldest cached block whatever its group.
  *
  * Memory for a pool of N blocks of B tokens: 32 N (records) + 32..64 N
- * (registry) + 13 N (salt, priority, free stack) + 4 N (where[], with one
- * group and no duplicate chains) + 4 N B (token slots, none
+ * (registry) + 13 N (salt, priority, free stack) + 4 N (where[], without
+ * duplicate chains) + 4 N B (token slots, none
  * with fill_only: a tier below G1 only ever fills blocks whole and never
  * reads tokens back), and 4 N for the duplicate chains with
  * allow_duplicates; with groups, N more for group[].
@@ -555,8 +555,9 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   const bool tabs_ok = p->table != NULL;
   if (p->ngroups > 1) p->group = calloc(n, sizeof *p->group);
   if (cfg->allow_duplicates) p->dup_next = malloc((size_t)n * sizeof *p->dup_next);
-  /* where[]: the pools fill_run_plain may serve (one group, no duplicates). */
-  const bool placed = p->ngroups == 1 && !cfg->allow_duplicates;
+  /* where[]: the pools fill_run_plain and fill_groups_plain may serve (no
+   * duplicates). */
+  const bool placed = !cfg->allow_duplicates;
   if (placed) p->where = calloc(n, sizeof *p->where); /* zeros: the cursor may read a never-placed block's */
   if (!p->blocks || !p->priority || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !tabs_ok ||
       (p->ngroups > 1 && !p->group) || (cfg->allow_duplicates && !p->dup_next) || (placed && !p->where)) {
@@ -1226,14 +1227,8 @@ HOT bool groups_any(const blk *blocks, const uint8_t *grp, const bucket *table, 
   return false;
 }
 
-/* One step of fill_groups_plain's cursor (PF_STEP with the block's group). */
-#define GPF_STEP()                                                                   \
-  do {                                                                               \
-    const blk *c_ = &blocks[cursor];                                                 \
-    __builtin_prefetch(&table[ghome(c_->seq_hash, grp[cursor], shift)]);             \
-    cursor = c_->next;                                                               \
-    if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                          \
-  } while (0)
+/* fill_groups_plain's cursor steps as fill_run_plain's (PF_STEP: the
+ * bucket from where[], whatever the block's group). */
 
 /* The loop is fill_run_plain's, with a position's groups one after the
  * other inside it; what it keeps out of the per-block work, each measured
@@ -1251,16 +1246,23 @@ HOT bool groups_any(const blk *blocks, const uint8_t *grp, const bucket *table, 
  *    fill_run_plain;
  *  - the loops over the groups unrolled (ng is a constant at the call
  *    that matters, 2): no loop counter and no multiply by g in a block's
- *    path (1,211.0M -> 1,173.2M instructions). */
+ *    path (1,211.0M -> 1,173.2M instructions);
+ *  - the hash step inlined (hash/hash_inline.h, as fill_run_plain), the
+ *    loop compiled once per scheme, and for two groups and the native
+ *    scheme once more with the block size a constant 16;
+ *  - a victim's entry cleared at its place (where[], as fill_run_plain),
+ *    and the cursor's prefetch of a bucket read from there: no victim
+ *    hashed again, its group not read. */
 HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash, uint64_t parent,
                              bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
-                             size_t n, uint32_t *const *tables, size_t *hashed_out) {
-  const size_t bs = p->cfg.block_size;
-  const kvbm_hash_scheme scheme = p->cfg.scheme;
+                             size_t n, uint32_t *const *tables, size_t *hashed_out,
+                             const kvbm_hash_scheme scheme, const uint32_t cbs) {
+  const size_t bs = cbs ? cbs : p->cfg.block_size;
   blk *const blocks = p->blocks;
   bucket *const table = p->table;
   uint8_t *const prio = p->priority;
   uint8_t *const grp = p->group;
+  uint32_t *const where = p->where;
   const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
   const uint32_t ftop0 = p->free_top;
@@ -1274,7 +1276,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
    * prefetched; the loop then does position k + PLAIN_AHEAD at k */
   for (size_t j = 0; j < n && j < PLAIN_AHEAD; j++) {
     if (j >= hashed) {
-      h = kvbm_hash_next(scheme, salt_hash, h, hp, tokens + j * bs, bs);
+      h = kvbm__hash_next_inline(scheme, salt_hash, h, hp, tokens + j * bs, bs);
       hashes[j] = h;
       hp = true;
       hashed = j + 1;
@@ -1294,7 +1296,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
     if (j < n) {
       uint64_t hj;
       if (j >= hashed) { /* position j - 1 is hashed: it has a parent */
-        h = kvbm_hash_next(scheme, salt_hash, h, true, tokens + j * bs, bs);
+        h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tokens + j * bs, bs);
         hashes[j] = h;
         hashed = j + 1;
         hj = h;
@@ -1328,11 +1330,11 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
           if (!ahead) {
             cursor = next;
             while (ahead < PF_DEPTH && cursor != NIL) {
-              GPF_STEP();
+              PF_STEP();
               ahead++;
             }
           } else if (cursor != NIL) {
-            GPF_STEP();
+            PF_STEP();
           } else {
             ahead--;
           }
@@ -1342,7 +1344,12 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
           pr = NPRIO;
           cursor = NIL, ahead = 0;
         }
-        plain_erase(table, mask, ghome(v->seq_hash, grp[id], shift), id);
+        /* the victim's entry: at its place, or (past its home) searched */
+        const uint32_t wv = where[id];
+        if (wv != NIL)
+          table[wv >> 3].id[wv & 7] = NIL;
+        else
+          plain_erase(table, mask, ghome(v->seq_hash, grp[id], shift), id);
         prio[id] = 0;
       }
       tables[g][k] = id;
@@ -1353,7 +1360,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
       b->parent_hash = pk;
       memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
       const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
-      plain_insert(table, mask, fp, (fp * 0x9E3779B1u) >> shift, id);
+      placed_insert(table, where, mask, fp, (fp * 0x9E3779B1u) >> shift, id);
     }
     pk = hk;
   }
@@ -1379,13 +1386,82 @@ int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_h
     if (!tables[g]) return KVBM_EINVAL;
   *done = 0;
   *hashed = nhashed < n ? nhashed : n;
-  if (!p->group || p->cfg.listener || p->dup_next || p->cfg.keep_tokens) return KVBM_EUNSUPPORTED;
+  if (!p->group || !p->where || p->cfg.listener || p->dup_next || p->cfg.keep_tokens) return KVBM_EUNSUPPORTED;
   if ((uint64_t)n * ngroups > kvbm_pool_available(p)) return KVBM_ENOSPC;
-  if (ngroups == 2)
-    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed);
+  /* compiled for two groups (a full and a window group: gpt-oss) and for
+   * any number, each once per scheme (the hash step inlined), and for two
+   * groups of 16-token blocks (vLLM's default) with the native scheme */
+  const bool dynamo = p->cfg.scheme == KVBM_HASH_DYNAMO;
+  if (ngroups == 2 && !dynamo && p->cfg.block_size == 16)
+    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+                              KVBM_HASH_NATIVE, 16);
+  else if (ngroups == 2 && !dynamo)
+    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+                              KVBM_HASH_NATIVE, 0);
+  else if (ngroups == 2)
+    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+                              KVBM_HASH_DYNAMO, 0);
+  else if (!dynamo)
+    *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
+                              hashed, KVBM_HASH_NATIVE, 0);
   else
     *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
-                              hashed);
+                              hashed, KVBM_HASH_DYNAMO, 0);
+  return KVBM_OK;
+}
+
+/* ---- a hybrid request's decode token: one block in every group ---------- */
+
+/* kvbm__pool_alloc_groups' loop, compiled per `grouped` and `quiet`. */
+HOT void alloc_groups(kvbm_pool *p, uint32_t ng, uint32_t *const *slots, const bool grouped, const bool quiet) {
+  for (uint32_t g = 0; g < ng; g++) *slots[g] = take_block(p, grouped, g, false, quiet);
+}
+
+int kvbm__pool_alloc_groups(kvbm_pool *p, uint32_t ngroups, uint32_t *const *slots) {
+  if (!slots || ngroups == 0 || ngroups > p->ngroups) return KVBM_EINVAL;
+  for (uint32_t g = 0; g < ngroups; g++)
+    if (!slots[g]) return KVBM_EINVAL;
+  if (ngroups > kvbm_pool_available(p)) return KVBM_ENOSPC;
+  const bool quiet = p->cfg.listener == NULL;
+  if (p->group && quiet)
+    alloc_groups(p, ngroups, slots, true, true);
+  else if (p->group)
+    alloc_groups(p, ngroups, slots, true, false);
+  else
+    alloc_groups(p, ngroups, slots, false, quiet);
+  return KVBM_OK;
+}
+
+/* kvbm__pool_fill_groups_one's loop, compiled per `grouped` and `quiet`. */
+HOT void fill_groups_one(kvbm_pool *p, uint32_t ng, uint32_t *const *slots, uint64_t salt_hash, uint64_t parent,
+                         bool has_parent, const uint32_t *tokens, uint64_t hash, const bool grouped,
+                         const bool quiet) {
+  for (uint32_t g = 0; g < ng; g++) {
+    const uint32_t id = *slots[g];
+    *slots[g] = fill_one(p, id, salt_hash, parent, has_parent, tokens, hash, rkey_of(p, hash, gkey(p, id, grouped)),
+                         NULL, grouped, false, quiet);
+  }
+}
+
+int kvbm__pool_fill_groups_one(kvbm_pool *p, uint32_t ngroups, uint32_t *const *slots, uint64_t salt_hash,
+                               uint64_t parent, bool has_parent, const uint32_t *tokens, uint64_t hash) {
+  if (!slots || !tokens || ngroups == 0 || ngroups > p->ngroups) return KVBM_EINVAL;
+  /* every block held, RESET and named once (the check kvbm_pool_fill_ids
+   * makes), before anything changes */
+  for (uint32_t g = 0; g < ngroups; g++) {
+    if (!slots[g] || !valid_id(p, *slots[g])) return KVBM_EINVAL;
+    const blk *b = &p->blocks[*slots[g]];
+    if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
+    for (uint32_t e = 0; e < g; e++)
+      if (*slots[e] == *slots[g]) return KVBM_EINVAL;
+  }
+  const bool quiet = p->cfg.listener == NULL;
+  if (p->group && quiet)
+    fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, true, true);
+  else if (p->group)
+    fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, true, false);
+  else
+    fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, false, quiet);
   return KVBM_OK;
 }
 

@@ -15,7 +15,9 @@
  * Not public: an engine hands kvbm hashes it already has (vLLM computes
  * them itself), and the sequence API is the engine's way to have kvbm hash.
  * kvbm__pool_fill_groups_fresh is the same for a hybrid request's step, in
- * every group at once.
+ * every group at once; kvbm__pool_alloc_groups and
+ * kvbm__pool_fill_groups_one are a hybrid decode token's block edges, a
+ * block in every group in one call.
  */
 #ifndef KVBM_POOL_INTERNAL_H
 #define KVBM_POOL_INTERNAL_H
@@ -59,5 +61,24 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *pool, uint32_t group, uint64_t salt_h
 int kvbm__pool_fill_groups_fresh(kvbm_pool *pool, uint32_t ngroups, uint64_t salt_hash, uint64_t parent,
                                  bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
                                  size_t n, uint32_t *const *tables, size_t *done, size_t *hashed);
+
+/* A hybrid request's decode token that opens a block: one block for each
+ * group g < ngroups, in group order, into *slots[g]; as
+ * kvbm_pool_alloc_group(pool, g, 1, slots[g]) for g = 0, 1, ... in one
+ * call. KVBM_EINVAL (NULL slots, ngroups 0 or past the pool's) or
+ * KVBM_ENOSPC (fewer than ngroups blocks available), with no change. */
+int kvbm__pool_alloc_groups(kvbm_pool *pool, uint32_t ngroups, uint32_t *const *slots);
+
+/* A hybrid request's decode token that fills a block: the held RESET
+ * block *slots[g] of each group g < ngroups filled with the same tokens
+ * (block_size of them) under `hash` (its parent and salt as
+ * kvbm_pool_fill_ids takes them) and registered, in group order; as
+ * kvbm_pool_fill_ids(pool, slots[g], 1, ...) for g = 0, 1, ... in one call:
+ * a (hash, group) registered already gives *slots[g] that block (dedup),
+ * events as those calls send them. KVBM_EINVAL (NULL arguments, ngroups 0
+ * or past the pool's, an id out of range or named twice) or KVBM_ESTATE
+ * (a block not RESET or not held), with no change. */
+int kvbm__pool_fill_groups_one(kvbm_pool *pool, uint32_t ngroups, uint32_t *const *slots, uint64_t salt_hash,
+                               uint64_t parent, bool has_parent, const uint32_t *tokens, uint64_t hash);
 
 #endif

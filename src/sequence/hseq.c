@@ -730,11 +730,29 @@ static NOINLINE int step_decode_edge(kvbm_hseq *s, kvbm_error *err) {
   const bool opens = c % s->bs == 0;
   if (opens && kvbm_pool_available(s->pool) < s->ng) return step_checked(s, NULL, 0, 1, err);
   int rc = remove_skipped_all(s, c);
-  if (!rc && !opens) ensure_hashed(s, (size_t)((c + 1) / s->bs));
+  /* The pool's one call for every group (each table's last place; the
+   * tables have one length here). */
+  const size_t i = s->g[0].len - !opens; /* opens: the new place; fills: the last */
+  uint32_t *slots[KVBM_GROUPS_MAX];
+  for (uint32_t gi = 0; gi < s->ng; gi++) slots[gi] = s->g[gi].table + i;
+  if (!rc && opens) {
+    rc = kvbm__pool_alloc_groups(s->pool, (uint32_t)s->ng, slots);
+  } else if (!rc) {
+    ensure_hashed(s, i + 1);
+    rc = kvbm__pool_fill_groups_one(s->pool, (uint32_t)s->ng, slots, s->salt, i ? s->hashes[i - 1] : 0, i > 0,
+                                    s->tokens + i * s->bs, s->hashes[i]);
+  }
   uint64_t held = 0;
   for (uint32_t gi = 0; gi < s->ng && !rc; gi++) {
     gstate *g = &s->g[gi];
-    rc = opens ? alloc_n(s, gi, 1) : cache(s, gi, c + 1);
+    if (opens) {
+      g->len++;
+      g->held++;
+      g->alloc++;
+    } else {
+      g->ncached = i + 1;
+      g->has_ncached = true;
+    }
     if (g->held > g->peak) g->peak = g->held;
     held += g->held;
   }

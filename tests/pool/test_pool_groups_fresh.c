@@ -19,7 +19,11 @@
  * tests/workload/test_replay_hybrid.sh.) Then the refusals: a pool it does not
  * serve (one group, a listener, token copies), NULL arrays, no groups or
  * more than the pool's, more blocks than available, each with nothing
- * done.
+ * done. The same for a hybrid decode token's block edges
+ * (kvbm__pool_alloc_groups, kvbm__pool_fill_groups_one): twin pools, one
+ * through them and one through kvbm_pool_alloc_group and kvbm_pool_fill_ids
+ * a group at a time, with and without a listener (the events in the same
+ * order), and their refusals.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -223,7 +227,159 @@ static void refusals(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* ---- a decode token's block edges: kvbm__pool_alloc_groups and
+ * kvbm__pool_fill_groups_one against the public calls, group by group ---- */
+
+typedef struct evlog {
+  kvbm_pool_event ev[64];
+  size_t n;
+} evlog;
+
+static void log_event(void *user, const kvbm_pool_event *ev) {
+  evlog *l = user;
+  assert_true(l->n < 64);
+  l->ev[l->n++] = *ev; /* compared field by field (padding, the tokens pointer) */
+}
+
+/* Twin pools (with or without a listener), documents decoded block by
+ * block: pool A opens a block in every group with one
+ * kvbm__pool_alloc_groups and fills them with one kvbm__pool_fill_groups_one,
+ * pool B with kvbm_pool_alloc_group and kvbm_pool_fill_ids a group at a
+ * time. Every id (dedup included), the stats, every (hash, group)'s state
+ * and the events in order must agree. */
+static void edges_agree_in(bool listen) {
+  make_docs();
+  evlog la = {0}, lb = {0};
+  kvbm_pool *a = mk(NG, false, listen ? log_event : NULL), *b = mk(NG, false, listen ? log_event : NULL);
+  if (listen) {
+    kvbm_pool_set_listener(a, log_event, &la);
+    kvbm_pool_set_listener(b, log_event, &lb);
+  }
+  /* 22 blocks held throughout, so that two live runs may not fit */
+  uint32_t hog_a[22], hog_b[22];
+  assert_int_equal(kvbm_pool_alloc_group(a, 0, 22, hog_a), KVBM_OK);
+  assert_int_equal(kvbm_pool_alloc_group(b, 0, 22, hog_b), KVBM_OK);
+  run live[LIVE];
+  memset(live, 0, sizeof live);
+  uint32_t x = 11;
+  size_t deduped = 0, evicting = 0, refused = 0, events = 0;
+  for (int it = 0; it < 1500; it++) {
+    run *r = &live[it % LIVE];
+    if (r->n) release(a, b, r);
+    const uint32_t d = rnd(&x) % NDOC;
+    const size_t n = 1 + rnd(&x) % MAXRUN;
+    for (size_t k = 0; k < n; k++) {
+      la.n = lb.n = 0;
+      kvbm_pool_stats st;
+      kvbm_pool_stats_get(a, &st);
+      uint32_t *sa[NG] = {&r->a[0][k], &r->a[1][k]};
+      int rc = kvbm__pool_alloc_groups(a, NG, sa);
+      if (rc == KVBM_ENOSPC) { /* a twin's room is the same: nothing taken */
+        assert_true(st.free + st.cached < NG);
+        refused++;
+        assert_same(a, b);
+        break;
+      }
+      assert_int_equal(rc, KVBM_OK);
+      evicting += st.free < NG;
+      for (uint32_t g = 0; g < NG; g++) {
+        assert_int_equal(kvbm_pool_alloc_group(b, g, 1, &r->b[g][k]), KVBM_OK);
+        assert_int_equal(r->b[g][k], r->a[g][k]);
+      }
+      kvbm_pool_stats before;
+      kvbm_pool_stats_get(a, &before);
+      assert_int_equal(kvbm__pool_fill_groups_one(a, NG, sa, 0, k ? doc_hash[d][k - 1] : 0, k > 0, doc_tok[d] + k * BS,
+                                                  doc_hash[d][k]),
+                       KVBM_OK);
+      for (uint32_t g = 0; g < NG; g++)
+        assert_int_equal(kvbm_pool_fill_ids(b, &r->b[g][k], 1, 0, k ? doc_hash[d][k - 1] : 0, k > 0,
+                                            doc_tok[d] + k * BS, doc_hash[d] + k, NULL),
+                         KVBM_OK);
+      for (uint32_t g = 0; g < NG; g++) assert_int_equal(r->b[g][k], r->a[g][k]);
+      kvbm_pool_stats after;
+      kvbm_pool_stats_get(a, &after);
+      deduped += after.dedup > before.dedup;
+      r->n = k + 1;
+      assert_same(a, b);
+      assert_int_equal(la.n, lb.n);
+      for (size_t e = 0; e < la.n; e++) {
+        const kvbm_pool_event *ea = &la.ev[e], *eb = &lb.ev[e];
+        assert_int_equal(ea->kind, eb->kind);
+        assert_int_equal(ea->block_id, eb->block_id);
+        assert_true(ea->seq_hash == eb->seq_hash && ea->parent_hash == eb->parent_hash);
+        assert_int_equal(ea->has_parent, eb->has_parent);
+        assert_true(ea->salt_hash == eb->salt_hash);
+        assert_int_equal(ea->num_tokens, eb->num_tokens);
+        assert_int_equal(ea->group, eb->group);
+      }
+      events += la.n;
+    }
+  }
+  /* the decodes deduplicated, evicted and ran out of room (and were heard) */
+  assert_true(deduped > 100 && evicting > 100 && refused > 10);
+  assert_true(!listen || events > 1000);
+  for (int i = 0; i < LIVE; i++)
+    if (live[i].n) release(a, b, &live[i]);
+  assert_int_equal(kvbm_pool_release_run(a, hog_a, 22, 0), KVBM_OK);
+  assert_int_equal(kvbm_pool_release_run(b, hog_b, 22, 0), KVBM_OK);
+  assert_same(a, b);
+  kvbm_pool_destroy(a);
+  kvbm_pool_destroy(b);
+}
+
+static void edges_agree(void **state) {
+  (void)state;
+  edges_agree_in(false);
+  edges_agree_in(true);
+}
+
+static void edges_refusals(void **state) {
+  (void)state;
+  make_docs();
+  kvbm_pool *p = mk(NG, false, NULL);
+  uint32_t i0 = 0, i1 = 0, *slots[NG] = {&i0, &i1}, *half[NG] = {&i0, NULL};
+  kvbm_pool_stats st0, st;
+  kvbm_pool_stats_get(p, &st0);
+  assert_int_equal(kvbm__pool_alloc_groups(p, NG, NULL), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_alloc_groups(p, NG, half), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_alloc_groups(p, 0, slots), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_alloc_groups(p, NG + 1, slots), KVBM_EINVAL);
+  kvbm_pool_stats_get(p, &st);
+  assert_memory_equal(&st, &st0, sizeof st);
+  /* fills: blocks not held, held twice, out of range, NULLs: refused, nothing changed */
+  assert_int_equal(kvbm__pool_fill_groups_one(p, NG, slots, 0, 0, false, doc_tok[0], doc_hash[0][0]), KVBM_ESTATE);
+  assert_int_equal(kvbm__pool_alloc_groups(p, NG, slots), KVBM_OK);
+  assert_int_not_equal(i0, i1);
+  kvbm_pool_stats_get(p, &st0);
+  uint32_t same0 = i0, same1 = i0, *twice[NG] = {&same0, &same1};
+  assert_int_equal(kvbm__pool_fill_groups_one(p, NG, twice, 0, 0, false, doc_tok[0], doc_hash[0][0]), KVBM_EINVAL);
+  uint32_t far = NB, *out[NG] = {&i0, &far};
+  assert_int_equal(kvbm__pool_fill_groups_one(p, NG, out, 0, 0, false, doc_tok[0], doc_hash[0][0]), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_one(p, NG, half, 0, 0, false, doc_tok[0], doc_hash[0][0]), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_one(p, NG, slots, 0, 0, false, NULL, doc_hash[0][0]), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_one(p, 0, slots, 0, 0, false, doc_tok[0], doc_hash[0][0]), KVBM_EINVAL);
+  kvbm_pool_stats_get(p, &st);
+  assert_memory_equal(&st, &st0, sizeof st);
+  kvbm_block_info info;
+  assert_int_equal(kvbm_block_info_get(p, i0, &info), KVBM_OK);
+  assert_int_equal(info.state, KVBM_BLOCK_RESET);
+  /* served, then a second fill of the same blocks refused */
+  assert_int_equal(kvbm__pool_fill_groups_one(p, NG, slots, 0, 0, false, doc_tok[0], doc_hash[0][0]), KVBM_OK);
+  kvbm_pool_stats_get(p, &st);
+  assert_int_equal(st.registered, NG);
+  assert_int_equal(kvbm__pool_fill_groups_one(p, NG, slots, 0, 0, false, doc_tok[0], doc_hash[0][0]), KVBM_ESTATE);
+  /* no room for a block a group: refused, nothing taken */
+  uint32_t rest[NB];
+  assert_int_equal(kvbm_pool_alloc_group(p, 0, NB - NG - 1, rest), KVBM_OK);
+  kvbm_pool_stats_get(p, &st0);
+  assert_int_equal(kvbm__pool_alloc_groups(p, NG, slots), KVBM_ENOSPC);
+  kvbm_pool_stats_get(p, &st);
+  assert_memory_equal(&st, &st0, sizeof st);
+  kvbm_pool_destroy(p);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(twins_agree), cmocka_unit_test(refusals)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(twins_agree), cmocka_unit_test(refusals),
+                                     cmocka_unit_test(edges_agree), cmocka_unit_test(edges_refusals)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
