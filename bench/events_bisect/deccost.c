@@ -8,9 +8,12 @@
  * difference by the block events between them: the decoder's
  * instructions per block event with no sockets, no batching, no start-up
  * (bench_events and pubcost's subscriber include ZMQ and the batch cuts).
- * GENERAL 1 reads every event with the general reader only.
+ * GENERAL 1 reads every event with the general reader only; MIXED 1
+ * takes random ids below 150000 instead (a real vocabulary's mix of
+ * uint16 and uint32 ids, in no order, where bench_events' ids come in
+ * runs of one width).
  *
- *   deccost K FORM N [GENERAL]
+ *   deccost K FORM N [GENERAL [MIXED]]
  *
  * Not built by CMake: deccost.sh compiles it against a build folder.
  */
@@ -25,12 +28,17 @@ int main(int argc, char **argv) {
   int form = argc > 2 ? atoi(argv[2]) : 1;
   long n = argc > 3 ? atol(argv[3]) : 1000;
   int general = argc > 4 && atoi(argv[4]);
+  int mixed = argc > 5 && atoi(argv[5]);
   enum { EVENTS = 256 };
   uint64_t *h = calloc((size_t)k * EVENTS, 8);
   uint32_t *t = calloc(16u * k, 4);
   kvbm_event *ev = calloc(EVENTS, sizeof *ev);
   if (!h || !t || !ev || k == 0) return 1;
-  for (unsigned j = 0; j < 16 * k; j++) t[j] = j * 7919u;
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (unsigned j = 0; j < 16 * k; j++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t[j] = mixed ? (uint32_t)(x % 150000) : j * 7919u;
+  }
   for (unsigned i = 0; i < EVENTS; i++) {
     uint64_t *eh = h + (size_t)i * k;
     for (unsigned j = 0; j < k; j++) eh[j] = ((i / 2) * k + j) * 0x9e3779b97f4a7c15ull;
