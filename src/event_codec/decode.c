@@ -824,7 +824,10 @@ QINLINE int q_hashes(dctx *c, kvbm_event *ev, ev_off *o) {
   if (d->h_cap - d->h_n <= n) RESERVE(d->h, d->h_cap, d->h_n + n);
   uint64_t *out = d->h + d->h_n;
   const uint8_t *p = c->r.p + hdr, *e = c->r.end;
-  for (uint32_t i = 0; i < n; i++) {
+  uint32_t i = 0;
+  if ((size_t)(e - p) / 9 >= n) /* room for n full hashes: no bounds check each */
+    for (; i < n && *p == 0xcf; i++, p += 9) out[i] = __builtin_bswap64(ld64(p + 1));
+  for (; i < n; i++) {
     if (e - p >= 9 && *p == 0xcf) {
       out[i] = __builtin_bswap64(ld64(p + 1));
       p += 9;
