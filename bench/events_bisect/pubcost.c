@@ -118,6 +118,19 @@ int main(int argc, char **argv) {
 #else
 #define PUBLISH_ONE(ev) kvbm_publisher_publish(p, ev, NULL, &err)
 #endif
+#ifdef PUBCOST_BATCH
+  /* PUBCOST_BATCH=B: publish B events a kvbm_publisher_publish_batch call
+   * (the relay's path), each with hashes of its own */
+  size_t nb = 0, bn = 0;
+  kvbm_event *bev = NULL;
+  uint64_t *bh = NULL;
+  const char *bv = getenv("PUBCOST_BATCH");
+  if (bv && atoi(bv) > 0) {
+    nb = (size_t)atoi(bv);
+    bev = calloc(nb, sizeof *bev);
+    bh = calloc(nb * k, 8);
+  }
+#endif
   for (unsigned long long i = 0; i < nev; i++) {
     for (unsigned j = 0; j < k; j++) h[j] = ((i / 2) * k + j) * 0x9e3779b97f4a7c15ull;
     kvbm_event ev = {.type = i % 2 ? KVBM_EVENT_REMOVED : KVBM_EVENT_STORED, .block_hashes = h,
@@ -125,8 +138,29 @@ int main(int argc, char **argv) {
     if (!(i % 2)) {
       ev.has_parent = 1; ev.parent_hash = h[0] - 1; ev.token_ids = t; ev.num_tokens = 16 * k; ev.block_size = 16;
     }
+#ifdef PUBCOST_BATCH
+    if (bev) {
+      memcpy(bh + bn * k, h, (size_t)k * 8);
+      ev.block_hashes = bh + bn * k;
+      bev[bn++] = ev;
+      if (bn == nb) {
+        kvbm_event_batch b = {.events = bev, .num_events = bn};
+        if (kvbm_publisher_publish_batch(p, &b, NULL, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+        bn = 0;
+      }
+      continue;
+    }
+#endif
     if (PUBLISH_ONE(&ev)) { fprintf(stderr, "%s\n", err.msg); return 1; }
   }
+#ifdef PUBCOST_BATCH
+  if (bn) {
+    kvbm_event_batch b = {.events = bev, .num_events = bn};
+    if (kvbm_publisher_publish_batch(p, &b, NULL, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+  }
+  free(bev);
+  free(bh);
+#endif
 #ifdef PUBCOST_STAGE
   if (stg && kvbm_publisher_stage_flush(stg, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
   kvbm_publisher_stage_destroy(stg);

@@ -881,31 +881,25 @@ publish_prep(const kvbm_publisher *p, const kvbm_event *ev0, kvbm_event *strippe
   return KVBM_OK;
 }
 
-static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_rank,
-                          uint64_t *event_id, kvbm_error *err) {
-  kvbm_event stripped;
-  const kvbm_event *evp;
-  vsize z;
-  bool plain;
-  int rc = publish_prep(p, ev0, &stripped, &evp, &z, &plain, err);
-  if (rc) return rc;
-  size_t need = z.total;
-  pthread_mutex_lock(&p->mu);
-  if (!p->started) {
-    pthread_mutex_unlock(&p->mu);
+/* Accepts one prepared event (publish_prep: ev0 as given, evp what goes,
+ * z its measure): waits for room or drops, appends, gives its id. The
+ * lock is held on entry and on return (pthread_cond_wait lets go of it
+ * while waiting for room), so that kvbm_publisher_publish_batch takes it
+ * once for many events. */
+static int accept_locked(kvbm_publisher *p, const kvbm_event *ev0, const kvbm_event *evp,
+                         const vsize *z, bool plain, int32_t dp_rank, uint64_t *event_id,
+                         kvbm_error *err) {
+  if (!p->started)
     return kvbm_error_set(err, KVBM_ESTATE, "events: publish: publisher not started");
-  }
+  size_t need = z->total;
   bool counted_block = false;
   for (;;) {
-    if (p->closing) {
-      pthread_mutex_unlock(&p->mu);
+    if (p->closing)
       return kvbm_error_set(err, KVBM_ECLOSED, "events: publish: publisher is shutting down");
-    }
     evq *q = p->fill;
     if (q->n < p->o.queue_events && q->bytes + need <= p->o.queue_bytes) break;
     if (p->o.overflow == KVBM_OVERFLOW_DROP) {
       p->st.dropped++;
-      pthread_mutex_unlock(&p->mu);
       return kvbm_error_set(err, KVBM_EAGAIN, "events: publish: queue full, event dropped");
     }
     if (!counted_block) p->st.blocked++;
@@ -918,27 +912,39 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
   evq *q = p->fill;
   if (q->n == 0) q->first_ns = kvbm_clock_ns();
   uint64_t id = p->st.accepted + 1;
+  kvbm_event stripped;
   if (!p->wire && evp == ev0 && ev0->type == KVBM_EVENT_REMOVED) {
     stripped = own_fields(ev0); /* a callback gets what the wire would carry */
     evp = &stripped;
   }
+  int rc;
   if (p->wire) {
     rc = p->o.coalesce ? q_append_coalesce(p, q, evp, need, dp_rank, plain)
          : plain       ? q_append_plain(p, q, evp, need, dp_rank)
                        : q_append_wire(p, q, evp, need, dp_rank);
   } else {
-    rc = q_append(q, evp, &z, dp_rank);
+    rc = q_append(q, evp, z, dp_rank);
     if (!rc) q->ev[q->n - 1].ev.event_id = id;
   }
-  if (rc) {
-    pthread_mutex_unlock(&p->mu);
-    return kvbm_error_set(err, rc, "events: publish: out of memory");
-  }
+  if (rc) return kvbm_error_set(err, rc, "events: publish: out of memory");
   p->st.accepted++;
   if (event_id) *event_id = id;
   if (q->n == 1 || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0) wake(p);
-  pthread_mutex_unlock(&p->mu);
   return KVBM_OK;
+}
+
+static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_rank,
+                          uint64_t *event_id, kvbm_error *err) {
+  kvbm_event stripped;
+  const kvbm_event *evp;
+  vsize z;
+  bool plain;
+  int rc = publish_prep(p, ev0, &stripped, &evp, &z, &plain, err);
+  if (rc) return rc;
+  pthread_mutex_lock(&p->mu);
+  rc = accept_locked(p, ev0, evp, &z, plain, dp_rank, event_id, err);
+  pthread_mutex_unlock(&p->mu);
+  return rc;
 }
 
 /* The usual publish, lean (issue 22): a plain event (plain_ok) into a
@@ -951,25 +957,36 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
  * again: one more lock for ~1 event in max_batch_events. This left out
  * publish_ranked's dispatch, its room loop, its checks that the lean
  * flag sums up and most of its register saves: ~25 instructions a K = 1
- * publish (callgrind, docs/areas/events.md, Session 11). */
-static int publish_plain(kvbm_publisher *p, const kvbm_event *ev, uint64_t *event_id,
-                         kvbm_error *err) {
-  size_t need = ev->num_block_hashes * 8 + (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
+ * publish (callgrind, docs/areas/events.md, Session 11). lean_append is
+ * that step with the lock held (false: not taken, nothing changed), also
+ * used by kvbm_publisher_publish_batch for each plain event of a group. */
+static inline __attribute__((always_inline)) bool
+lean_append(kvbm_publisher *p, const kvbm_event *ev, size_t need, int32_t dp_rank,
+            uint64_t *id) {
   size_t bound = kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens);
-  pthread_mutex_lock(&p->mu);
   evq *q = p->fill;
   wchunk *c = q->nch ? q->ch[q->nch - 1] : NULL;
   if (!p->lean || q->n == 0 || q->n >= p->o.queue_events || need > p->o.queue_bytes - q->bytes ||
-      !c || c->pub >= p->o.max_batch_events || c->dp_rank != p->o.dp_rank ||
-      c->cap < KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX) {
-    pthread_mutex_unlock(&p->mu);
-    return publish_ranked(p, ev, p->o.dp_rank, event_id, err);
-  }
+      !c || c->pub >= p->o.max_batch_events || c->dp_rank != dp_rank ||
+      c->cap < KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX)
+    return false;
   uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
   c->len += (size_t)(kvbm__event_put_plain(at, ev, &p->ecfg) - at);
   q_count(q, c, need, 1);
-  uint64_t id = ++p->st.accepted;
+  *id = ++p->st.accepted;
   if (q->n >= p->o.max_batch_events) wake(p);
+  return true;
+}
+
+static int publish_plain(kvbm_publisher *p, const kvbm_event *ev, uint64_t *event_id,
+                         kvbm_error *err) {
+  size_t need = ev->num_block_hashes * 8 + (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
+  uint64_t id;
+  pthread_mutex_lock(&p->mu);
+  if (!lean_append(p, ev, need, p->o.dp_rank, &id)) {
+    pthread_mutex_unlock(&p->mu);
+    return publish_ranked(p, ev, p->o.dp_rank, event_id, err);
+  }
   pthread_mutex_unlock(&p->mu);
   if (event_id) *event_id = id;
   return KVBM_OK;
@@ -982,6 +999,11 @@ int kvbm_publisher_publish(kvbm_publisher *p, const kvbm_event *ev, uint64_t *ev
   return publish_ranked(p, ev, p->o.dp_rank, event_id, err);
 }
 
+/* kvbm_publisher_publish_batch takes the lock once for up to this many
+ * events, prepared (checked, measured) before it; a group's preparation
+ * lives on the stack (~9 KiB). */
+#define BATCH_GROUP 32
+
 int kvbm_publisher_publish_batch(kvbm_publisher *p, const kvbm_event_batch *b, size_t *queued,
                                  kvbm_error *err) {
   if (queued) *queued = 0;
@@ -990,11 +1012,43 @@ int kvbm_publisher_publish_batch(kvbm_publisher *p, const kvbm_event_batch *b, s
   int32_t rank = b->has_dp_rank ? b->dp_rank : p->o.dp_rank;
   int first = KVBM_OK;
   kvbm_error e2;
-  for (size_t i = 0; i < b->num_events; i++) {
-    int rc = publish_ranked(p, &b->events[i], rank, NULL, first ? &e2 : err);
-    if (rc == KVBM_ECLOSED || rc == KVBM_ESTATE) return rc; /* nothing more will go */
-    if (rc && !first) first = rc;
-    if (!rc && queued) (*queued)++;
+  kvbm_event strip[BATCH_GROUP];
+  const kvbm_event *evp[BATCH_GROUP];
+  vsize z[BATCH_GROUP];
+  bool plain[BATCH_GROUP];
+  for (size_t i = 0; i < b->num_events;) {
+    /* prepare up to a group, stopping at a refused event so that the
+     * first refusal reported is the first in the batch's order */
+    size_t m = 0, left = b->num_events - i;
+    int prc = KVBM_OK;
+    while (m < left && m < BATCH_GROUP &&
+           !(prc = publish_prep(p, &b->events[i + m], &strip[m], &evp[m], &z[m], &plain[m],
+                                first ? &e2 : err)))
+      m++;
+    if (m) {
+      pthread_mutex_lock(&p->mu);
+      for (size_t j = 0; j < m; j++) {
+        uint64_t id;
+        if (plain[j] && lean_append(p, evp[j], z[j].total, rank, &id)) {
+          if (queued) (*queued)++;
+          continue;
+        }
+        int rc = accept_locked(p, &b->events[i + j], evp[j], &z[j], plain[j], rank, NULL,
+                               first ? &e2 : err);
+        if (rc == KVBM_ECLOSED || rc == KVBM_ESTATE) { /* nothing more will go */
+          pthread_mutex_unlock(&p->mu);
+          return rc;
+        }
+        if (rc && !first) first = rc;
+        if (!rc && queued) (*queued)++;
+      }
+      pthread_mutex_unlock(&p->mu);
+    }
+    i += m;
+    if (prc) { /* event i was refused before the lock */
+      if (!first) first = prc;
+      i++;
+    }
   }
   return first;
 }

@@ -14,7 +14,9 @@
  * event (publish_plain) and its ways back to the general one: ids one
  * after the other across batch ends and a queue's first event, an event
  * above queue_bytes refused, a full queue dropping under DROP, nothing
- * after shutdown began. */
+ * after shutdown began. And kvbm_publisher_publish_batch, which takes the
+ * lock once for a group of events: every good event queued in order, the
+ * first refusal in the batch's order reported. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -409,6 +411,59 @@ static void test_lean_publish(void **s) {
   kvbm_publisher_destroy(p);
 }
 
+/* publish_batch over more than one group (32) with refused events inside:
+ * the good ones leave in order, the first refusal (event 5's) is the one
+ * reported, and a full queue under DROP is reported before a later bad
+ * event. */
+static void test_publish_batch_groups(void **s) {
+  (void)s;
+  char ep[256];
+  kvbm_publisher *p = open_pub(slow_batches(256), ep, sizeof ep);
+  kvbm_subscriber_config so = kvbm_subscriber_config_default(ep);
+  kvbm_subscriber *sub;
+  assert_int_equal(kvbm_subscriber_create(&so, &sub, NULL), KVBM_OK);
+  usleep(300000);
+  static uint64_t hs[100];
+  static uint32_t ts[100][4];
+  kvbm_event evs[100];
+  for (uint64_t i = 0; i < 100; i++) evs[i] = store1(&hs[i], ts[i], i + 1);
+  evs[5].block_size = 0;                   /* refused: no block size */
+  evs[40].type = (kvbm_event_type)99;      /* refused: unknown type */
+  evs[70].num_block_hashes = 0;            /* refused: no blocks */
+  kvbm_event_batch in = {.events = evs, .num_events = 100};
+  size_t queued = 0;
+  kvbm_error err;
+  assert_int_equal(kvbm_publisher_publish_batch(p, &in, &queued, &err), KVBM_EINVAL);
+  assert_int_equal(queued, 97);
+  assert_non_null(strstr(err.msg, "block size")); /* event 5's, the first */
+  assert_int_equal(kvbm_publisher_flush(p, 5000, NULL), KVBM_OK);
+  kvbm_event_batch b;
+  if (kvbm_subscriber_recv(sub, 5000, &b, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(b.num_events, 97);
+  for (size_t i = 0, want = 1; i < 97; i++, want++) {
+    if (want == 6 || want == 41 || want == 71) want++;
+    assert_true(b.events[i].block_hashes[0] == want);
+  }
+  kvbm_subscriber_destroy(sub);
+  kvbm_publisher_destroy(p);
+
+  kvbm_publisher_config o = slow_batches(8);
+  o.queue_events = 8;
+  o.overflow = KVBM_OVERFLOW_DROP;
+  p = open_pub(o, ep, sizeof ep);
+  for (uint64_t i = 0; i < 20; i++) evs[i] = store1(&hs[i], ts[i], i + 1);
+  evs[15].block_size = 0;
+  in.num_events = 20;
+  assert_int_equal(kvbm_publisher_publish_batch(p, &in, &queued, &err), KVBM_EAGAIN);
+  assert_non_null(strstr(err.msg, "queue full"));
+  kvbm_publisher_stats ps;
+  kvbm_publisher_stats_get(p, &ps);
+  assert_true(queued >= 8);
+  assert_int_equal(ps.accepted, queued);
+  assert_int_equal(queued + ps.dropped, 19);
+  kvbm_publisher_destroy(p);
+}
+
 static void on_batch(void *user, const kvbm_event_batch *b) {
   (void)user;
   (void)b;
@@ -496,6 +551,7 @@ int main(void) {
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_direct),
       cmocka_unit_test(test_lean_publish),
+      cmocka_unit_test(test_publish_batch_groups),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
