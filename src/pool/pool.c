@@ -129,7 +129,7 @@ struct kvbm_pool {
   uint8_t *group;        /* the group of each block; NULL with one group */
   uint32_t ngroups;
   uint32_t *dup_next;   /* allow_duplicates: the next duplicate, or NIL */
-  uint32_t *where;      /* one group, no duplicates: where_of() of each indexed block's entry */
+  uint32_t *where;      /* no duplicates: where_of() of each indexed block's entry */
   uint32_t table_shift; /* 32 - log2(buckets) */
   uint32_t table_mask;  /* buckets - 1 */
   uint64_t allocated, evicted, dedup, match_hits;
