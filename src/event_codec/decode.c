@@ -926,6 +926,14 @@ static inline int q_slot(dctx *c, int f, kvbm_event *ev, ev_off *o) {
   return f == F_SLOT7 ? read_slot7(c, ev, o) : read_opt_str(c, &o->lname, NULL, NULL);
 }
 
+/* A store's usual last three keys and values (vLLM without LoRA, on the
+ * device): compared at once, and the medium set. */
+#define GPU_TAIL "\xa7" "lora_id" "\xc0" "\xa6" "medium" "\xa3" "GPU" "\xa9" "lora_name" "\xc0"
+static inline void gpu(const dctx *c, kvbm_event *ev) {
+  ev->medium = KVBM_MEDIUM_GPU;
+  ev->medium_name = c->d->static_name[KVBM_MEDIUM_GPU];
+}
+
 /* Which fields a map event read in vLLM's order has seen after i keys. */
 static unsigned seen_after(const int *order, uint32_t i) {
   unsigned seen = 0;
@@ -964,6 +972,11 @@ static int q_map_stored(dctx *c, kvbm_event *ev, ev_off *o, uint32_t n) {
   QNEXT("\xb1" "parent_block_hash", q_parent(c, ev));
   QNEXT("\xa9" "token_ids", q_tokens(c, ev, o));
   QNEXT("\xaa" "block_size", q_u32(c, &ev->block_size));
+  if (n - i >= 3 && QLIT(c, GPU_TAIL)) { /* no LoRA, "GPU": the usual rest at once */
+    gpu(c, ev);
+    i += 3;
+    goto rest;
+  }
   QNEXT("\xa7" "lora_id", q_opt_i64(c, F_LORA, &ev->lora_id, &ev->has_lora_id));
   QNEXT("\xa6" "medium", q_medium(c, ev, o));
   QNEXT("\xa9" "lora_name", q_slot(c, F_LNAME, ev, o));
@@ -978,6 +991,11 @@ static int q_map_removed(dctx *c, kvbm_event *ev, ev_off *o, uint32_t n) {
   int rc;
   uint32_t i = 2;
   if ((rc = q_hashes(c, ev, o))) return rc;
+  if (n - i >= 1 && QLIT(c, "\xa6" "medium" "\xa3" "GPU")) {
+    gpu(c, ev);
+    i++;
+    goto rest;
+  }
   QNEXT("\xa6" "medium", q_medium(c, ev, o));
 rest:
   if (i == n) return 0; /* all read (plain), hashes among them */
@@ -993,9 +1011,13 @@ static int q_pos_stored(dctx *c, kvbm_event *ev, ev_off *o, uint32_t m) {
   if ((rc = q_hashes(c, ev, o)) || (rc = q_parent(c, ev)) || (rc = q_tokens(c, ev, o)) ||
       (rc = q_u32(c, &ev->block_size)))
     return rc;
-  if (m > 4 && (rc = q_opt_i64(c, F_LORA, &ev->lora_id, &ev->has_lora_id))) return rc;
-  if (m > 5 && (rc = q_medium(c, ev, o))) return rc;
-  if (m > 6 && (rc = q_slot(c, F_SLOT7, ev, o))) return rc;
+  if (m > 6 && QLIT(c, "\xc0" "\xa3" "GPU" "\xc0")) { /* no LoRA id, "GPU", no name */
+    gpu(c, ev);
+  } else {
+    if (m > 4 && (rc = q_opt_i64(c, F_LORA, &ev->lora_id, &ev->has_lora_id))) return rc;
+    if (m > 5 && (rc = q_medium(c, ev, o))) return rc;
+    if (m > 6 && (rc = q_slot(c, F_SLOT7, ev, o))) return rc;
+  }
   for (uint32_t k = 7; k < m; k++) {
     to_general(ev, o);
     if ((rc = read_field(c, k < 11 ? kStoredOrder[k] : F_SKIP, ev, o))) return rc;
@@ -1007,7 +1029,8 @@ static int q_pos_stored(dctx *c, kvbm_event *ev, ev_off *o, uint32_t m) {
 static int q_pos_removed(dctx *c, kvbm_event *ev, ev_off *o, uint32_t m) {
   int rc;
   if ((rc = q_hashes(c, ev, o))) return rc;
-  if (m > 1 && (rc = q_medium(c, ev, o))) return rc;
+  if (m > 1 && QLIT(c, "\xa3" "GPU")) gpu(c, ev);
+  else if (m > 1 && (rc = q_medium(c, ev, o))) return rc;
   if (m > 2 && (rc = q_opt_i64(c, F_GROUP, &ev->group_idx, &ev->has_group_idx))) return rc;
   for (uint32_t k = 3; k < m; k++)
     if ((rc = read_field(c, F_SKIP, ev, o))) return rc;
