@@ -775,10 +775,13 @@ static inline void zero_event(kvbm_event *ev) {
 #endif
 }
 
+/* A literal `same` can compare (4 to 32 bytes), or no compile. */
+#define LIT_LEN(s) (sizeof(char[sizeof(s) - 1 >= 4 && sizeof(s) - 1 <= 32 ? 1 : -1]) * (sizeof(s) - 1))
+
 /* The reader is at the literal s (a key with its fixstr header): passes it. */
-#define QLIT(c, s)                                                                   \
-  ((size_t)((c)->r.end - (c)->r.p) >= sizeof(s) - 1 && same((c)->r.p, (s), sizeof(s) - 1) && \
-   ((c)->r.p += sizeof(s) - 1, true))
+#define QLIT(c, s)                                                                       \
+  ((size_t)((c)->r.end - (c)->r.p) >= LIT_LEN(s) && same((c)->r.p, (s), LIT_LEN(s)) && \
+   ((c)->r.p += LIT_LEN(s), true))
 
 /* The event leaves the quick path's bookkeeping for the general one: all
  * offsets as read_event keeps them (the medium's static name included). */
@@ -1057,8 +1060,8 @@ static int read_quick(dctx *c, kvbm_event *ev, ev_off *o) {
   kvbm_event_type type;
   int form; /* 1 map, 0 positional */
   size_t skip;
-#define HEAD_IS(lit) (left > sizeof(lit) - 1 && same(p + 1, (lit), sizeof(lit) - 1) && \
-                      (skip = sizeof(lit), true))
+#define HEAD_IS(lit) (left > LIT_LEN(lit) && same(p + 1, (lit), LIT_LEN(lit)) && \
+                      (skip = LIT_LEN(lit) + 1, true))
   if (head >= 0x82 && head <= 0x8f && HEAD_IS(MAP_STORED)) {
     type = KVBM_EVENT_STORED, form = 1;
   } else if (head >= 0x82 && head <= 0x8f && HEAD_IS(MAP_REMOVED)) {
