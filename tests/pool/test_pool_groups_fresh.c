@@ -227,6 +227,91 @@ static void refusals(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* The joint pass's instances for two groups of 16-token blocks (vLLM's
+ * size), salted and not, against one-block kvbm_pool_fill_run_fresh runs a
+ * group at a time over twin pools: every id, the stats and every (hash,
+ * group)'s state equal, with evictions and registered prefixes met. */
+enum { B16 = 16, NB16 = 96, RUN16 = 20, NDOC16 = 8 };
+
+static void twins16_in(uint64_t salt) {
+  kvbm_pool_config c = kvbm_pool_config_default(NB16, B16);
+  c.num_groups = NG;
+  c.keep_tokens = false;
+  kvbm_pool *a = NULL, *b = NULL;
+  assert_int_equal(kvbm_pool_create(&c, &a, NULL), KVBM_OK);
+  assert_int_equal(kvbm_pool_create(&c, &b, NULL), KVBM_OK);
+  static uint32_t tok[NDOC16][RUN16 * B16];
+  static uint64_t hash[NDOC16][RUN16];
+  for (uint32_t d = 0; d < NDOC16; d++) {
+    for (uint32_t i = 0; i < RUN16 * B16; i++) tok[d][i] = d * 7919 + i;
+    for (size_t k = 0; k < RUN16; k++)
+      hash[d][k] = kvbm_hash_next(KVBM_HASH_NATIVE, salt, k ? hash[d][k - 1] : 0, k > 0, tok[d] + k * B16, B16);
+  }
+  uint32_t ta[NG][RUN16], tb[NG][RUN16];
+  uint32_t x = 5;
+  size_t stopped = 0, evicting = 0;
+  for (int it = 0; it < 600; it++) {
+    const uint32_t d = rnd(&x) % NDOC16;
+    const size_t start = rnd(&x) % RUN16, n = 1 + rnd(&x) % (RUN16 - start);
+    uint64_t h[RUN16];
+    uint32_t *tabs[NG] = {ta[0], ta[1]};
+    size_t done = 0, hashed = 0;
+    kvbm_pool_stats st;
+    kvbm_pool_stats_get(a, &st);
+    assert_int_equal(kvbm__pool_fill_groups_fresh(a, NG, salt, start ? hash[d][start - 1] : 0, start > 0,
+                                                  tok[d] + start * B16, h, 0, n, tabs, &done, &hashed),
+                     KVBM_OK);
+    for (size_t k = 0; k < hashed; k++) assert_true(h[k] == hash[d][start + k]);
+    size_t stop = 0;
+    for (; stop < n; stop++) {
+      const size_t k = start + stop;
+      bool any = false;
+      for (uint32_t g = 0; g < NG; g++) any |= kvbm_pool_peek_group(b, g, hash[d][k], NULL, NULL) == KVBM_OK;
+      if (any) break;
+      for (uint32_t g = 0; g < NG; g++) {
+        size_t got = 0;
+        assert_int_equal(kvbm_pool_fill_run_fresh(b, g, salt, k ? hash[d][k - 1] : 0, k > 0, tok[d] + k * B16,
+                                                  hash[d] + k, 1, NULL, &tb[g][stop], &got),
+                         KVBM_OK);
+        assert_int_equal(tb[g][stop], ta[g][stop]);
+      }
+    }
+    assert_int_equal(done, stop);
+    stopped += done < n;
+    evicting += done && st.free < done * NG;
+    kvbm_pool_stats sa, sb;
+    kvbm_pool_stats_get(a, &sa);
+    kvbm_pool_stats_get(b, &sb);
+    assert_memory_equal(&sa, &sb, sizeof sa);
+    for (uint32_t e = 0; e < NDOC16; e++)
+      for (size_t k = 0; k < RUN16; k++)
+        for (uint32_t g = 0; g < NG; g++) {
+          bool ca = false, cb = false;
+          assert_int_equal(kvbm_pool_peek_group(a, g, hash[e][k], NULL, &ca),
+                           kvbm_pool_peek_group(b, g, hash[e][k], NULL, &cb));
+          assert_int_equal(ca, cb);
+        }
+    for (uint32_t g = 0; g < NG; g++) { /* released at once: cached, evictable */
+      assert_int_equal(kvbm_pool_release_run(a, ta[g], done, 0), KVBM_OK);
+      assert_int_equal(kvbm_pool_release_run(b, tb[g], done, 0), KVBM_OK);
+    }
+    if (salt && done) { /* the salt is the block's */
+      kvbm_block_info info;
+      assert_int_equal(kvbm_block_info_get(a, ta[1][0], &info), KVBM_OK);
+      assert_true(info.salt_hash == salt);
+    }
+  }
+  assert_true(stopped > 50 && evicting > 50);
+  kvbm_pool_destroy(a);
+  kvbm_pool_destroy(b);
+}
+
+static void twins_agree_16(void **state) {
+  (void)state;
+  twins16_in(0);
+  twins16_in(0x5a17u);
+}
+
 /* ---- a decode token's block edges: kvbm__pool_alloc_groups and
  * kvbm__pool_fill_groups_one against the public calls, group by group ---- */
 
@@ -379,7 +464,8 @@ static void edges_refusals(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(twins_agree), cmocka_unit_test(refusals),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(twins_agree), cmocka_unit_test(twins_agree_16),
+                                     cmocka_unit_test(refusals),
                                      cmocka_unit_test(edges_agree), cmocka_unit_test(edges_refusals)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
