@@ -772,7 +772,8 @@ done:
  * shift out of line. */
 HOT void slot_delete(worker *w, wtab *t, slot *s) {
   w->entries--;
-  if (!slot_used(&t->s[(size_t)(s - t->s + 1) & (t->cap - 1)])) slot_clear(s);
+  const slot *next = s + 1 == t->s + t->cap ? t->s : s + 1;
+  if (!slot_used(next)) slot_clear(s);
   else slot_delete_shift(w, t, s);
 }
 
