@@ -39,18 +39,20 @@ for side in old new; do
     bash "$src/scripts/gpu-check.sh" >"$OUT/build-$side.log" 2>&1 || { rc=1; tail -20 "$OUT/build-$side.log" >&2; }
 done
 [ $rc = 0 ] || exit 1
-# NAME|ARGS: each run's own bound or peer is measured in the same process
+# NAME|ARGS[|ROUNDS]: each run's own bound or peer is measured in the same
+# process; the router's runs take 12 s each, hence fewer rounds
 BENCHES=${KVBM_COMPARE_BENCHES:-"bench_replay|--repeat 3
 bench_events|--runs 1 --k 1,16,64 --form map --wire tcp --json
-bench_router|--repeat 1 --json
-bench_router|--repeat 1 --workers 64 --json"}
+bench_router|--repeat 1 --json|3
+bench_router|--repeat 1 --workers 64 --json|3"}
 i=0
-while IFS='|' read -r name args; do
+while IFS='|' read -r name args rounds; do
   [ -n "$name" ] || continue
   i=$((i + 1))
-  echo "gpu-compare: $name $args ($ROUNDS rounds)" >&2
+  rounds=${rounds:-$ROUNDS}
+  echo "gpu-compare: $name $args ($rounds rounds)" >&2
   # shellcheck disable=SC2086
-  bench/compare.sh --rounds "$ROUNDS" --builds /tmp/kvbm-compare/old /tmp/kvbm-compare/new "$name" $args \
+  bench/compare.sh --rounds "$rounds" --builds /tmp/kvbm-compare/old /tmp/kvbm-compare/new "$name" $args \
     >"$OUT/$i-$name.txt" 2>"$OUT/$i-$name.err" || { rc=1; tail -5 "$OUT/$i-$name.err" >&2; }
 done <<<"$BENCHES"
 exit $rc
