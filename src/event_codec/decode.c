@@ -958,7 +958,10 @@ static int q_map_rest(dctx *c, kvbm_event *ev, ev_off *o, uint32_t i, uint32_t n
     to_general(ev, o);
     if ((rc = map_keys(c, ev, o, i, n, &seen, &have_type))) return rc;
   }
-  return map_required(c, ev, seen, have_type);
+  if ((rc = map_required(c, ev, seen, have_type))) return rc;
+  /* a later "type" key may have made it another type (found by fuzz) */
+  keep_own_fields(ev, o);
+  return 0;
 }
 
 /* A map event past "type", its tag and the "block_hashes" key. */
@@ -1002,9 +1005,7 @@ static int q_map_removed(dctx *c, kvbm_event *ev, ev_off *o, uint32_t n) {
   QNEXT("\xa6" "medium", q_medium(c, ev, o));
 rest:
   if (i == n) return 0; /* all read (plain), hashes among them */
-  if ((rc = q_map_rest(c, ev, o, i, n, kRemovedMapOrder))) return rc;
-  if (!o->plain) keep_own_fields(ev, o);
-  return 0;
+  return q_map_rest(c, ev, o, i, n, kRemovedMapOrder);
 }
 #undef QNEXT
 

@@ -344,6 +344,14 @@ static void test_edges(void **state) {
       C("\x92\x01\x92\x85\xa4type\xac" "BlockRemoved\xac" "block_hashes\x91\x05\xa6medium\xa3GPU"
         "\xa9token_ids\x91\x01\xaa" "block_size\x01\x92\xb0" "AllBlocksCleared\x01"),
       C("\x92\x01\x92\x81\xa4type\xb0" "AllBlocksCleared\x91\xb0" "AllBlocksCleared"),
+      /* a second "type" after the keys read in order: the last one counts,
+       * and what that type does not carry is dropped (found by fuzz) */
+      C("\x92\x01\x93\x8a" STORED_HEAD "\xb1parent_block_hash\xc0\xa9token_ids\x91\x05\xaa"
+        "block_size\x02\xa7lora_id\x07\xa6medium\xa3" "CPU\xa9lora_name\xa1l"
+        "\xa4type\xac" "BlockRemoved\xa9group_idx\x01"
+        "\x89" STORED_HEAD REST "\xa4type\xb0" "AllBlocksCleared"
+        "\x84\xa4type\xac" "BlockRemoved\xac" "block_hashes\x91\x05\xa6medium\xa3GPU"
+        "\xa4type\xab" "BlockStored"),
       /* truncated inside the quick path's literals and values */
       C("\x92\x01\x91\x88" STORED_HEAD "\xb1parent_block_h"),
       C("\x92\x01\x91\x88" STORED_HEAD "\xb1parent_block_hash\xcf\x01\x02"),
