@@ -1,16 +1,26 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * decode.c: KV event batches from the engines' msgpack payload.
+ * decode.c: KV event batches from the engines' msgpack payload (the
+ * encoder is codec.c).
  *
- * The codec knows bytes only; sockets live in the events module. Encoding
- * writes each event straight into a reusable buffer with the cursor
- * writers of common/msgpack.h, one capacity check an event. Decoding
- * uses the bounds-checked reader of common/msgpack.h (see there why not msgpack-c)
- * and writes into arenas the decoder keeps between calls: events, hashes,
- * tokens, strings (with extra_keys' raw bytes) and the raw bytes of the
- * fields kvbm does not name. While a payload is read the events record
- * offsets into the arenas (which may move as they grow); the pointers are
- * set once at the end. In steady state a decode allocates nothing.
+ * The codec knows bytes only; sockets live in the events module. Decoding
+ * uses the bounds-checked reader of common/msgpack.h (see there why not
+ * msgpack-c) and writes into arenas the decoder keeps between calls:
+ * events, hashes, tokens, strings (with extra_keys' raw bytes) and the raw
+ * bytes of the fields kvbm does not name. While a payload is read the
+ * events record offsets into the arenas (which may move as they grow);
+ * the pointers are set from them at the end, unless every event was read
+ * by the quick path and no arena moved. In steady state a decode
+ * allocates nothing.
+ *
+ * Two readers. The general one reads any shape below, value by value,
+ * and names what is wrong. The quick path (its section below says more)
+ * reads the few byte layouts nearly every stream carries (vLLM's maps in
+ * msgspec's key order, the positional arrays, the three-key remove) from
+ * the bytes, and hands whatever else it meets to the general reader's
+ * functions, so that it never decides otherwise; a subscriber decoding
+ * vLLM's stream spends about half the instructions it did (issue 22,
+ * docs/areas/events.md "Session 11: the subscriber").
  *
  * Forms: a batch is [ts, events, dp_rank?] or a map with those names; an
  * event is a tagged array (positional, msgspec's array_like) or a map with
