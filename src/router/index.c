@@ -1625,74 +1625,87 @@ static __attribute__((noinline, cold)) int cold_grow(kvbm_index *idx, worker *w)
   return worker_table(idx, w, LD(&w->tab)->cap * 2);
 }
 
-/* A lean BlockStored: each block not in the table yet becomes a new device
- * entry under its parent; one already there (a copy, another tier, a
- * ghost) takes the general path. */
-HOT int lean_stored(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a) {
-  worker *w = &idx->w[wi];
-  const uint64_t *hs = ev->block_hashes;
+/* One block of a lean BlockStored: a block not in the table yet becomes
+ * a new device entry under its parent; one already there (a copy,
+ * another tier, a ghost) takes the general path. */
+HOT int lean_store_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, uint64_t parent,
+                       bool hp, lean *a) {
   wtab *t = LD(&w->tab);
+  if (__builtin_expect((w->entries + 2) * 2 > t->cap, 0)) { /* as reserve2 */
+    if (cold_grow(idx, w)) return KVBM_ENOMEM;
+    t = LD(&w->tab);
+    a->hs = a->hr = t->s;
+  }
+  bool found;
+  slot *s = find_slot(t, h, &found);
+  if (__builtin_expect(found, 0)) {
+    int rc = cold_hold(idx, wi, h, parent, hp);
+    a->hs = a->hr = LD(&w->tab)->s;
+    return rc;
+  }
+  s->w = (wpriv){.parent = parent, .has_parent = hp};
+  slot_fill(s, h, OCC | 1u << KVBM_TIER_G1);
+  w->entries++;
+  a->stored++;
+  if (hp) { /* usually the block stored just before: the hint */
+    slot *ps = find_hinted(t, a->hs, parent, &found);
+    if (link_parent_at(w, ps, found, parent)) publish_closed(w);
+  }
+  a->hs = s; /* the next block's parent, if it continues this sequence */
+  return KVBM_OK;
+}
+
+/* A lean BlockStored of several blocks, each under the one before. */
+static int lean_stored(kvbm_index *idx, worker *w, uint32_t wi, const kvbm_event *ev, lean *a) {
+  const uint64_t *hs = ev->block_hashes;
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
-    if (i + EV_AHEAD < ev->num_block_hashes)
+    if (i + EV_AHEAD < ev->num_block_hashes) {
+      const wtab *t = LD(&w->tab);
       __builtin_prefetch(&t->s[home(t, hs[i + EV_AHEAD])], 1);
+    }
     uint64_t h = hs[i], parent = i ? hs[i - 1] : ev->parent_hash;
     bool hp = (i > 0 || ev->has_parent) && parent != h;
-    if (__builtin_expect((w->entries + 2) * 2 > t->cap, 0)) { /* as reserve2 */
-      if (cold_grow(idx, w)) return KVBM_ENOMEM;
-      t = LD(&w->tab);
-      a->hs = a->hr = t->s;
-    }
-    bool found;
-    slot *s = find_slot(t, h, &found);
-    if (__builtin_expect(found, 0)) {
-      int rc = cold_hold(idx, wi, h, parent, hp);
-      t = LD(&w->tab);
-      a->hs = a->hr = t->s;
-      if (rc) return rc;
-      continue;
-    }
-    s->w = (wpriv){.parent = parent, .has_parent = hp};
-    slot_fill(s, h, OCC | 1u << KVBM_TIER_G1);
-    w->entries++;
-    a->stored++;
-    if (hp) { /* usually the block stored just before: the hint */
-      slot *ps = find_hinted(t, a->hs, parent, &found);
-      if (link_parent_at(w, ps, found, parent)) publish_closed(w);
-    }
-    a->hs = s; /* the next block's parent, if it continues this sequence */
+    int rc = lean_store_one(idx, w, wi, h, parent, hp, a);
+    if (rc) return rc;
   }
   return KVBM_OK;
 }
 
-/* A lean BlockRemoved: a block held on the device only with no children
- * is deleted and its parent's count goes down; anything else (an unknown
- * block, extra copies in the map, other tiers, children that make it a
- * ghost) takes the general path. */
-HOT void lean_removed(kvbm_index *idx, uint32_t wi, const kvbm_event *ev, lean *a) {
-  worker *w = &idx->w[wi];
-  const uint64_t *hs = ev->block_hashes;
+/* One block of a lean BlockRemoved: a block held on the device only with
+ * no children is deleted and its parent's count goes down; anything else
+ * (an unknown block, extra copies in the map, other tiers, children that
+ * make it a ghost) takes the general path. */
+HOT void lean_remove_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, lean *a) {
   wtab *t = LD(&w->tab); /* removes never grow it */
+  bool found = false;
+  /* engines evict tail first: usually the parent of the block removed
+   * just before, the hint */
+  slot *s = w->map.n ? NULL : find_hinted(t, a->hr, h, &found);
+  if (__builtin_expect(!found || slot_tiers(s) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
+    cold_unhold(idx, wi, h);
+    return;
+  }
+  uint64_t parent = s->w.parent;
+  bool hp = s->w.has_parent;
+  slot_delete(w, t, s);
+  a->removed++;
+  if (hp) {
+    slot *ps = find_slot(t, parent, &found);
+    a->hr = ps; /* the next block removed, if the eviction goes on up this chain */
+    if (unlink_parent_at(w, t, ps, found)) publish_closed(w);
+  }
+}
+
+/* A lean BlockRemoved of several blocks. */
+static void lean_removed(kvbm_index *idx, worker *w, uint32_t wi, const kvbm_event *ev,
+                         lean *a) {
+  const uint64_t *hs = ev->block_hashes;
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
-    if (i + EV_AHEAD < ev->num_block_hashes)
+    if (i + EV_AHEAD < ev->num_block_hashes) {
+      const wtab *t = LD(&w->tab);
       __builtin_prefetch(&t->s[home(t, hs[i + EV_AHEAD])], 1);
-    uint64_t h = hs[i];
-    bool found = false;
-    /* engines evict tail first: usually the parent of the block removed
-     * just before, the hint */
-    slot *s = w->map.n ? NULL : find_hinted(t, a->hr, h, &found);
-    if (__builtin_expect(!found || slot_tiers(s) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
-      cold_unhold(idx, wi, h);
-      continue;
     }
-    uint64_t parent = s->w.parent;
-    bool hp = s->w.has_parent;
-    slot_delete(w, t, s);
-    a->removed++;
-    if (hp) {
-      slot *ps = find_slot(t, parent, &found);
-      a->hr = ps; /* the next block removed, if the eviction goes on up this chain */
-      if (unlink_parent_at(w, t, ps, found)) publish_closed(w);
-    }
+    lean_remove_one(idx, w, wi, hs[i], a);
   }
 }
 
@@ -1746,8 +1759,21 @@ static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kv
     if (__builtin_expect(i + EV_AHEAD < n, 1)) lean_prefetch(t, &evs[i + EV_AHEAD]);
     const kvbm_event *ev = &evs[i];
     if (__builtin_expect(lean_event(ev), 1)) {
-      if (ev->type == KVBM_EVENT_STORED) rc = lean_stored(idx, s, ev, &a);
-      else lean_removed(idx, s, ev, &a);
+      /* one block (W3 at 8 workers: most events) inline, more in a loop */
+      bool one = ev->num_block_hashes == 1;
+      if (ev->type == KVBM_EVENT_STORED) {
+        if (one) {
+          uint64_t h = ev->block_hashes[0];
+          rc = lean_store_one(idx, w, s, h, ev->parent_hash,
+                              ev->has_parent && ev->parent_hash != h, &a);
+        } else {
+          rc = lean_stored(idx, w, s, ev, &a);
+        }
+      } else if (one) {
+        lean_remove_one(idx, w, s, ev->block_hashes[0], &a);
+      } else {
+        lean_removed(idx, w, s, ev, &a);
+      }
       if (rc) break;
       a.events++;
       continue;

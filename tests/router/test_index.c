@@ -218,6 +218,16 @@ static void test_lean_hints(void **state) {
   assert_int_equal(st.unknown_removed, 1);
   assert_int_equal(st.closed_workers, 1);
   expect_prefix(idx, H, 3, 1, 0, 0, 0);
+  /* events of no block (the one-block path must not read a first hash;
+   * ASan checks it: the hashes point at a one-past-the-end pointer) */
+  static const uint64_t none[1] = {0};
+  kvbm_event empty[2] = {stored(none + 1, 0, &H[0], KVBM_MEDIUM_GPU),
+                         removed(none + 1, 0, KVBM_MEDIUM_GPU)};
+  kvbm_event_batch b3 = {.seq = KVBM_INDEX_NO_ID, .events = empty, .num_events = 2};
+  assert_int_equal(kvbm_index_apply_batch(idx, 1, &b3, &err), KVBM_OK);
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.entries, 0);
+  assert_int_equal(st.events, 10); /* 3 + 1 + 4 + these 2, each counted */
   kvbm_index_destroy(idx);
 }
 
