@@ -17,15 +17,17 @@
 # of this checkout's gpu-check.sh (the old snapshot's may predate the
 # targets named here) with no GPU step, into a folder under /tmp; then
 # bench/compare.sh --builds runs each benchmark of KVBM_COMPARE_BENCHES
-# alternately. Output under $OUT: one file per benchmark and the builds'
-# logs. No CUDA call is made; the GPU checks are gpu-check.sh's.
+# alternately. Output under $OUT: one file per benchmark, build.log (both
+# builds) and compare.log (the runs' stderr): few files, as the device
+# tool brings back at most 8. No CUDA call is made; the GPU checks are gpu-check.sh's.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$PWD
 if [ $# -ne 2 ] || [ ! -f "$1/CMakeLists.txt" ] || [ ! -f "$2/CMakeLists.txt" ]; then
   echo "usage: scripts/gpu-compare.sh OLD_SNAPSHOT NEW_SNAPSHOT (two source trees)" >&2
   exit 2
 fi
+set -- "$(cd "$1" && pwd)" "$(cd "$2" && pwd)"
+cd "$(dirname "$0")/.."
+ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-compare-out}
 ROUNDS=${KVBM_COMPARE_ROUNDS:-5}
 mkdir -p "$OUT"
@@ -36,7 +38,7 @@ for side in old new; do
   echo "gpu-compare: building $side ($src)" >&2
   KVBM_GPU_DEBS=${KVBM_GPU_DEBS:-$ROOT/.gpu-debs} KVBM_SHARED_DIR=${KVBM_SHARED_DIR:-$ROOT/.gpu-shared} \
     KVBM_GPU_STEPS=none KVBM_GPU_BUILD=/tmp/kvbm-compare/$side OUT=/tmp/kvbm-compare-out-$side \
-    bash "$src/scripts/gpu-check.sh" >"$OUT/build-$side.log" 2>&1 || { rc=1; tail -20 "$OUT/build-$side.log" >&2; }
+    bash "$src/scripts/gpu-check.sh" >>"$OUT/build.log" 2>&1 || { rc=1; tail -20 "$OUT/build.log" >&2; }
 done
 [ $rc = 0 ] || exit 1
 # NAME|ARGS[|ROUNDS]: each run's own bound or peer is measured in the same
@@ -53,6 +55,6 @@ while IFS='|' read -r name args rounds; do
   echo "gpu-compare: $name $args ($rounds rounds)" >&2
   # shellcheck disable=SC2086
   bench/compare.sh --rounds "$rounds" --builds /tmp/kvbm-compare/old /tmp/kvbm-compare/new "$name" $args \
-    >"$OUT/$i-$name.txt" 2>"$OUT/$i-$name.err" || { rc=1; tail -5 "$OUT/$i-$name.err" >&2; }
+    >"$OUT/$i-$name.txt" 2>>"$OUT/compare.log" || { rc=1; tail -5 "$OUT/compare.log" >&2; }
 done <<<"$BENCHES"
 exit $rc
