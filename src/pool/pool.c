@@ -963,6 +963,27 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
     if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
   } while (0)
 
+/* The cursor, `ahead` blocks past the eviction list's head, after the
+ * head moved on by one to `next` (not NIL): if the cursor was the victim,
+ * it restarts from the new head and walks PF_DEPTH blocks on at once (a
+ * stall for each, once per run); else it moves one block on, and stays as
+ * far ahead (or, at the list's end, gets one closer). A macro, as PF_STEP:
+ * the two fill loops keep cursor and ahead in registers. */
+#define CURSOR_ADVANCE(next)                                                        \
+  do {                                                                              \
+    if (!ahead) {                                                                   \
+      cursor = (next);                                                              \
+      while (ahead < PF_DEPTH && cursor != NIL) {                                   \
+        PF_STEP();                                                                  \
+        ahead++;                                                                    \
+      }                                                                             \
+    } else if (cursor != NIL) {                                                     \
+      PF_STEP();                                                                    \
+    } else {                                                                        \
+      ahead--;                                                                      \
+    }                                                                               \
+  } while (0)
+
 /* A record's last 8 bytes (refcount, ntok, state, flags), as the word one
  * store writes them with: four stores a block become one. */
 _Static_assert(offsetof(blk, flags) == offsetof(blk, refcount) + 7 && sizeof(blk) == 32,
@@ -1040,22 +1061,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       const uint32_t next = v->next;
       p->head[pr] = next;
       if (next != NIL) {
-        /* The cursor, `ahead` blocks past the head. The head moved on by
-         * one; if the cursor was the victim, it restarts from the new head
-         * and walks PF_DEPTH blocks on at once (a stall for each, once per
-         * run); else it moves one block on, and stays as far ahead (or, at
-         * the list's end, gets one closer). */
-        if (!ahead) {
-          cursor = next;
-          while (ahead < PF_DEPTH && cursor != NIL) {
-            PF_STEP();
-            ahead++;
-          }
-        } else if (cursor != NIL) {
-          PF_STEP();
-        } else {
-          ahead--;
-        }
+        CURSOR_ADVANCE(next);
       } else {
         p->tail[pr] = NIL;
         p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
@@ -1328,17 +1334,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
         const uint32_t next = v->next;
         p->head[pr] = next;
         if (next != NIL) { /* its prev link is cleared at the end (HEAD_PREV) */
-          if (!ahead) {
-            cursor = next;
-            while (ahead < PF_DEPTH && cursor != NIL) {
-              PF_STEP();
-              ahead++;
-            }
-          } else if (cursor != NIL) {
-            PF_STEP();
-          } else {
-            ahead--;
-          }
+          CURSOR_ADVANCE(next);
         } else {
           p->tail[pr] = NIL;
           p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
