@@ -41,6 +41,10 @@ for side in old new; do
     bash "$src/scripts/gpu-check.sh" >>"$OUT/build.log" 2>&1 || { rc=1; tail -20 "$OUT/build.log" >&2; }
 done
 [ $rc = 0 ] || exit 1
+# The binaries load the carried Debian libraries (libsodium, libzmq ...)
+# from gpu-check.sh's prefix, as its own runs do (its deps_env).
+P=${KVBM_GPU_PREFIX:-/tmp/kvbm-gpu-deps}
+export LD_LIBRARY_PATH="$P/usr/lib/x86_64-linux-gnu:$P/lib/x86_64-linux-gnu:$P/usr/lib/x86_64-linux-gnu/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # NAME|ARGS[|ROUNDS]: each run's own bound or peer is measured in the same
 # process; the router's runs take 12 s each, hence fewer rounds
 BENCHES=${KVBM_COMPARE_BENCHES:-"bench_replay|--repeat 3
