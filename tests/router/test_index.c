@@ -231,6 +231,44 @@ static void test_lean_hints(void **state) {
   kvbm_index_destroy(idx);
 }
 
+/* Closed workers are bisected after a guess: the first (the leader)
+ * alone, every other one from the leader's answer p (h[p] held: longer,
+ * gallop on; h[p - 1] held: p; else shorter). Workers holding longer,
+ * equal, one shorter, much shorter and no prefix than the leader, for
+ * leaders of 0, 1, 20 and 40 blocks and every lookup length: each
+ * branch of the guess, p == n and p == 0 included, against min(held, n). */
+static void test_bisect_guess(void **state) {
+  (void)state;
+  enum { N = 40 };
+  uint64_t c[N], other = 999999;
+  for (size_t i = 0; i < N; i++) c[i] = 5000 + i;
+  static const uint32_t leads[] = {0, 1, 20, 40};
+  static const uint32_t held[] = {40, 25, 21, 20, 19, 10, 1, 0};
+  for (size_t l = 0; l < sizeof leads / sizeof *leads; l++) {
+    kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 64);
+    /* worker 1 is added first: the lowest slot, the leader */
+    apply(idx, 1, stored(&other, 1, NULL, KVBM_MEDIUM_GPU));
+    if (leads[l]) apply(idx, 1, stored(c, leads[l], NULL, KVBM_MEDIUM_GPU));
+    for (size_t j = 0; j < sizeof held / sizeof *held; j++) {
+      apply(idx, 2 + j, stored(&other, 1, NULL, KVBM_MEDIUM_GPU));
+      if (held[j]) apply(idx, 2 + j, stored(c, held[j], NULL, KVBM_MEDIUM_GPU));
+    }
+    kvbm_index_stats st;
+    kvbm_index_stats_get(idx, &st);
+    assert_int_equal(st.closed_workers, 1 + sizeof held / sizeof *held);
+    assert_true(slot_of(idx, 1) < slot_of(idx, 2));
+    for (size_t n = 1; n <= N; n++) {
+      uint32_t lp = leads[l] < n ? leads[l] : (uint32_t)n;
+      expect_prefix(idx, c, n, 1, lp, lp, lp);
+      for (size_t j = 0; j < sizeof held / sizeof *held; j++) {
+        uint32_t want = held[j] < n ? held[j] : (uint32_t)n;
+        expect_prefix(idx, c, n, 2 + j, want, want, want);
+      }
+    }
+    kvbm_index_destroy(idx);
+  }
+}
+
 static void test_tiers(void **state) {
   (void)state;
   kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
@@ -1221,6 +1259,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
       cmocka_unit_test(test_lean_mixed), cmocka_unit_test(test_lean_hints),
+      cmocka_unit_test(test_bisect_guess),
       cmocka_unit_test(test_duplicates_and_clear), cmocka_unit_test(test_workers),
       cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
       cmocka_unit_test(test_recompute), cmocka_unit_test(test_bad_input),
