@@ -337,6 +337,30 @@ kvbm_zmq_sink_config kvbm_zmq_sink_config_default(const char *endpoint) {
                                  .hwm = 100000, .linger_ms = 2000};
 }
 
+/* The publisher's lock is held by a producer for most of each K = 1
+ * publish (the encode), a hundred nanoseconds at a time, and wanted by
+ * the thread two or three times a batch. A plain glibc mutex sends a
+ * thread that finds it held to sleep in the kernel at once (futex wait),
+ * and then every unlock by the producer is a futex wake system call until
+ * the sleeper wins a race it is slow to run: time the instruction counts
+ * never see (callgrind runs one thread at a time), and more of it the more
+ * the two run truly in parallel. An adaptive mutex spins a bounded while
+ * first, which covers a hold this short: fewer futex calls (Session 11,
+ * second pass, in docs/areas/events.md). Where the type is missing, the
+ * default mutex. */
+static void mutex_init_adaptive(pthread_mutex_t *mu) {
+#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+  pthread_mutexattr_t ma;
+  if (pthread_mutexattr_init(&ma) == 0) {
+    int ok = pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP) == 0 &&
+             pthread_mutex_init(mu, &ma) == 0;
+    pthread_mutexattr_destroy(&ma);
+    if (ok) return;
+  }
+#endif
+  pthread_mutex_init(mu, NULL);
+}
+
 int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **out,
                        kvbm_error *err) {
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: NULL out");
@@ -372,7 +396,7 @@ int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **ou
     free(p);
     return rc;
   }
-  pthread_mutex_init(&p->mu, NULL);
+  mutex_init_adaptive(&p->mu);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
