@@ -995,6 +995,13 @@ static inline uint64_t rec_tail8(uint32_t refcount, uint16_t ntok, uint8_t state
   return w;
 }
 
+/* The flags byte of a word rec_tail8 made. */
+static inline uint8_t rec_tail8_flags(uint64_t w) {
+  blk t;
+  memcpy((char *)&t + offsetof(blk, refcount), &w, sizeof w);
+  return t.flags;
+}
+
 /* The loop unlinks each victim without clearing its successor's prev link
  * (the successor is most often the next victim): the list's head at a
  * stop (a dedup, the run's end) gets it here. */
@@ -1030,13 +1037,15 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
    * holds them: only block 0 may have no parent, so they are set once
    * before the loop and changed once in it, with no test a block. */
   uint64_t pk = has_parent ? parent : 0;
-  uint8_t fl = (uint8_t)((has_parent ? F_HAS_PARENT : 0) | (salt_hash ? F_SALTED : 0));
   /* The last 8 bytes of a registered block's record, as one store: those
-   * of block 0, then of every block after it (which has a parent). */
-  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_INDEXED));
-  const uint64_t tail8_rest =
-      rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT | F_INDEXED));
-  for (size_t k = 0; k < n; k++, fl |= F_HAS_PARENT, tail8 = tail8_rest) {
+   * of block 0, then of every block after it (F_HAS_PARENT or'ed in each
+   * block). One register holds them and the flags the dedup path needs
+   * (their top byte): a flags byte and the later blocks' word kept
+   * besides were two more live values, spilled with the rest. */
+  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED,
+                             (uint8_t)((has_parent ? F_HAS_PARENT : 0) | (salt_hash ? F_SALTED : 0) | F_INDEXED));
+  const uint64_t parent_bit = rec_tail8(0, 0, 0, F_HAS_PARENT);
+  for (size_t k = 0; k < n; k++, tail8 |= parent_bit) {
     if (k + PLAIN_AHEAD < n) { /* hashed == k + PLAIN_AHEAD */
       h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tnext, bs);
       tnext += bs;
@@ -1080,7 +1089,6 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     blk *b = &blocks[id];
     const uint64_t hk = hashes[k];
     const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
-    const uint8_t flags = fl;
     if (salt_hash) p->salts[id] = salt_hash;
     b->seq_hash = hk;
     b->parent_hash = pk;
@@ -1091,7 +1099,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       b->refcount = 1;
       b->ntok = (uint16_t)bs;
       b->state = KVBM_BLOCK_COMPLETE;
-      b->flags = flags;
+      b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED);
       HEAD_PREV();
       p->free_top = ftop;
       ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
