@@ -1135,6 +1135,7 @@ struct kvbm_publisher_stage {
   wchunk *c;             /* the staged events' msgpack; NULL: none yet */
   stage_ev *ev;
   size_t n, capn;
+  size_t cost;           /* the byte bound's measure of the staged events */
 };
 
 int kvbm_publisher_stage_create(kvbm_publisher *pub, size_t max_events,
@@ -1263,11 +1264,49 @@ static int stage_handover(kvbm_publisher_stage *st, kvbm_error *err) {
   }
   pthread_mutex_unlock(&p->mu);
   st->n = 0;
+  st->cost = 0;
   if (st->c) st->c->len = 0; /* kept for the next events */
   return rc;
 }
 
+/* Records the event whose bytes end at `end` (after the head room) and
+ * whose measure is `cost`; hands the stage over when it is full. */
+static inline __attribute__((always_inline)) int stage_note(kvbm_publisher_stage *st, size_t end,
+                                                            size_t cost, kvbm_error *err) {
+  stage_ev *x = &st->ev[st->n];
+  x->end = end;
+  x->cost = st->cost += cost;
+  if (++st->n < st->max_events) return KVBM_OK;
+  return stage_handover(st, err);
+}
+
+static int stage_publish_general(kvbm_publisher_stage *st, const kvbm_event *ev, kvbm_error *err);
+
+/* The usual staged event (issue 22, Session 11 second pass): a plain
+ * one (plain_ok) into a stage whose buffer has room and whose event list
+ * a slot, within the byte bound. Then: the checks, the encode, one store
+ * of the length and the note; ~20 instructions a K = 1 event fewer than
+ * the general step below (callgrind, docs/areas/events.md), which takes
+ * everything else (a first event, a larger buffer, a refusal to name). */
 int kvbm_publisher_stage_publish(kvbm_publisher_stage *st, const kvbm_event *ev, kvbm_error *err) {
+  wchunk *c;
+  if (st && ev && (c = st->c) && st->n < st->capn && plain_ok(ev)) {
+    kvbm_publisher *p = st->pub;
+    size_t total = ev->num_block_hashes * 8 +
+                   (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
+    size_t len = c->len, bound = kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens);
+    if (total <= p->o.queue_bytes &&
+        KVBM__EVENT_HEAD_MAX + len + bound + KVBM__MP_SCALAR_MAX <= c->cap) {
+      uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX;
+      len = (size_t)(kvbm__event_put_plain(at + len, ev, &p->ecfg) - at);
+      c->len = len;
+      return stage_note(st, len, total, err);
+    }
+  }
+  return stage_publish_general(st, ev, err);
+}
+
+static int stage_publish_general(kvbm_publisher_stage *st, const kvbm_event *ev, kvbm_error *err) {
   if (!st || !ev) return kvbm_error_set(err, KVBM_EINVAL, "events: stage: NULL argument");
   kvbm_publisher *p = st->pub;
   if (st->direct) return publish_ranked(p, ev, p->o.dp_rank, NULL, err);
@@ -1294,11 +1333,7 @@ int kvbm_publisher_stage_publish(kvbm_publisher_stage *st, const kvbm_event *ev,
   uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
   c->len += (size_t)((plain ? kvbm__event_put_plain(at, evp, &p->ecfg)
                             : kvbm__event_put(at, evp, &p->ecfg)) - at);
-  stage_ev *x = &st->ev[st->n];
-  x->end = c->len;
-  x->cost = (st->n ? x[-1].cost : 0) + z.total;
-  if (++st->n < st->max_events) return KVBM_OK;
-  return stage_handover(st, err);
+  return stage_note(st, c->len, z.total, err);
 }
 
 int kvbm_publisher_stage_flush(kvbm_publisher_stage *st, kvbm_error *err) {
