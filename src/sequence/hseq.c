@@ -119,7 +119,8 @@ static void ensure_hashed(kvbm_hseq *s, size_t blocks) {
 /* kvbm_groups_hit's question, answered by the pool without touching it. */
 static bool cached_in(void *user, uint32_t group, size_t block) {
   kvbm_hseq *s = user;
-  ensure_hashed(s, block + 1);
+  /* a window group's lookups revisit hashed positions: no call for them */
+  if (block >= s->nhash) ensure_hashed(s, block + 1);
   return kvbm_pool_peek_group(s->pool, group, s->hashes[block], NULL, NULL) == KVBM_OK;
 }
 
