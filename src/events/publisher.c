@@ -337,30 +337,6 @@ kvbm_zmq_sink_config kvbm_zmq_sink_config_default(const char *endpoint) {
                                  .hwm = 100000, .linger_ms = 2000};
 }
 
-/* The publisher's lock is held by a producer for most of each K = 1
- * publish (the encode), a hundred nanoseconds at a time, and wanted by
- * the thread two or three times a batch. A plain glibc mutex sends a
- * thread that finds it held to sleep in the kernel at once (futex wait),
- * and then every unlock by the producer is a futex wake system call until
- * the sleeper wins a race it is slow to run: time the instruction counts
- * never see (callgrind runs one thread at a time), and more of it the more
- * the two run truly in parallel. An adaptive mutex spins a bounded while
- * first, which covers a hold this short: fewer futex calls (Session 11,
- * second pass, in docs/areas/events.md). Where the type is missing, the
- * default mutex. */
-static void mutex_init_adaptive(pthread_mutex_t *mu) {
-#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
-  pthread_mutexattr_t ma;
-  if (pthread_mutexattr_init(&ma) == 0) {
-    int ok = pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP) == 0 &&
-             pthread_mutex_init(mu, &ma) == 0;
-    pthread_mutexattr_destroy(&ma);
-    if (ok) return;
-  }
-#endif
-  pthread_mutex_init(mu, NULL);
-}
-
 int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **out,
                        kvbm_error *err) {
   if (!out) return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: NULL out");
@@ -396,7 +372,7 @@ int kvbm_publisher_create(const kvbm_publisher_config *opts, kvbm_publisher **ou
     free(p);
     return rc;
   }
-  mutex_init_adaptive(&p->mu);
+  pthread_mutex_init(&p->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1491,6 +1467,36 @@ static void move_tail(evq *from, size_t keep, evq *to) {
   from->n = keep; /* the arenas' tails are simply left unused */
 }
 
+/* The thread's way into the lock. A producer holds p->mu for most of
+ * each K = 1 publish (the encode), a hundred nanoseconds at a time, and
+ * the thread wants it two or three times a batch. pthread_mutex_lock on
+ * a held default mutex sleeps in the kernel at once (futex wait), and
+ * from then on every unlock by the producer is a futex wake system call
+ * until the sleeper, slow to run, wins the lock between two publishes:
+ * time callgrind never sees (it runs one thread at a time), more of it
+ * the more the threads truly run in parallel. So the thread first tries
+ * a bounded number of times, pausing between tries, which covers a hold
+ * of one encode. A failed trylock does not mark the lock as waited for,
+ * so the producer's unlock makes no futex call, and the producer's lock
+ * and unlock stay glibc's default-type fast path (an adaptive mutex did
+ * the same spinning for ~11 more instructions a publish in its unlock:
+ * docs/areas/events.md, Session 11, second pass). The price: each try
+ * takes the lock's cache line from the producer for a moment; under
+ * valgrind, where threads take turns, every try fails while the holder
+ * is not running, so callgrind counts all of them. */
+#define THREAD_LOCK_TRIES 100
+static void thread_lock(kvbm_publisher *p) {
+  for (int i = 0; i < THREAD_LOCK_TRIES; i++) {
+    if (pthread_mutex_trylock(&p->mu) == 0) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+  }
+  pthread_mutex_lock(&p->mu);
+}
+
 static void *thread_main(void *arg) {
   kvbm_publisher *p = arg;
   zmq_pollitem_t items[MAX_SINKS + 1];
@@ -1503,7 +1509,7 @@ static void *thread_main(void *arg) {
     items[ni++] = (zmq_pollitem_t){.socket = p->sinks[s]->poll_socket, .events = ZMQ_POLLIN};
   }
   uint64_t seq = 0;
-  pthread_mutex_lock(&p->mu);
+  thread_lock(p);
   for (;;) {
     uint64_t now = kvbm_clock_ns();
     int what = due(p, now);
@@ -1513,7 +1519,7 @@ static void *thread_main(void *arg) {
       pthread_mutex_unlock(&p->mu);
       uint64_t errors = 0, seq0 = seq;
       emit_wire(p, &seq, &errors);
-      pthread_mutex_lock(&p->mu);
+      thread_lock(p);
       p->st.sent_events += n;
       p->st.batches += seq - seq0;
       p->st.sink_errors += errors;
@@ -1528,7 +1534,7 @@ static void *thread_main(void *arg) {
       pthread_mutex_unlock(&p->mu);
       uint64_t errors = 0, seq0 = seq;
       emit(p, q, &seq, &errors);
-      pthread_mutex_lock(&p->mu);
+      thread_lock(p);
       p->st.sent_events += q->n;
       p->st.batches += seq - seq0;
       p->st.sink_errors += errors;
@@ -1553,7 +1559,7 @@ static void *thread_main(void *arg) {
     ev_service_counts counts = {0};
     for (size_t i = 1; r > 0 && i < ni; i++)
       if (items[i].revents & ZMQ_POLLIN) p->sinks[sink_of[i]]->service(p->sinks[sink_of[i]], &counts);
-    pthread_mutex_lock(&p->mu);
+    thread_lock(p);
     p->waiting = false;
     p->st.replay_requests += counts.replay_requests;
     p->st.replay_bad += counts.replay_bad;
