@@ -893,22 +893,8 @@ HOT uint32_t plain_find(const blk *blocks, const bucket *table, uint32_t mask, u
 }
 
 /* reg_insert with the registry's table and mask from the caller's
- * registers rather than loaded through the pool. */
-HOT void plain_insert(bucket *table, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id) {
-  for (uint32_t bi = home;; bi = (bi + 1) & mask) {
-    bucket *b = &table[bi];
-    const unsigned free = bucket_match(b, NIL, 1);
-    if (free) {
-      const unsigned i = (unsigned)__builtin_ctz(free);
-      b->fp[i] = fp;
-      b->id[i] = id;
-      return;
-    }
-    b->overflow++;
-  }
-}
-
-/* plain_insert that records the entry's place in where[id]. */
+ * registers rather than loaded through the pool, recording the entry's
+ * place in where[id]. */
 HOT void placed_insert(bucket *table, uint32_t *where, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id) {
   for (uint32_t bi = home;; bi = (bi + 1) & mask) {
     bucket *b = &table[bi];
