@@ -32,8 +32,9 @@
  *    fingerprint. With allow_duplicates, later blocks of an equal hash are
  *    chained behind the indexed one (dup_next) in registration order.
  *    In a pool without duplicate chains (the pools fill_run_plain and,
- *    with groups, fill_groups_plain serve), where[id] says where block id's entry sits
- *    (bucket and entry) when that is its home bucket, so that evicting a
+ *    with groups, fill_groups_plain serve), where (side[id].where, "where[id]"
+ *    below) says where block id's entry sits (bucket and entry) when that
+ *    is its home bucket, so that evicting a
  *    cached block clears its entry with one load and one store, without
  *    hashing the victim again or searching its bucket for the id; an
  *    entry that went past its home is marked NIL there and erased by the
@@ -47,18 +48,18 @@
  * registry rather than one a group: entries never outnumber blocks, so
  * the memory, and what the hot loops touch, stays that of a one-group
  * pool (a registry a group made a two-group replay spill the L2 cache).
- * A side array group[] names each block's group; a one-group pool has
- * none, and its hot loops are compiled with `grouped` false, so that they
- * are the loops they were. The free list, the cache
+ * The block's side record (side[id].grp) names its group; a one-group
+ * pool never reads it, and its hot loops are compiled with `grouped`
+ * false, so that they are the loops they were. The free list, the cache
  * lists and the block budget are shared by all groups, as vLLM's one
  * BlockPool is: eviction takes the oldest cached block whatever its group.
  *
  * Memory for a pool of N blocks of B tokens: 32 N (records) + 32..64 N
- * (registry) + 13 N (salt, priority, free stack) + 4 N (where[], without
- * duplicate chains) + 4 N B (token slots, none
+ * (registry) + 12 N (salt, free stack) + 8 N (side records: where,
+ * priority, group) + 4 N B (token slots, none
  * with fill_only: a tier below G1 only ever fills blocks whole and never
  * reads tokens back), and 4 N for the duplicate chains with
- * allow_duplicates; with groups, N more for group[].
+ * allow_duplicates.
  */
 #include "kvbm/pool.h"
 
@@ -113,10 +114,27 @@ typedef struct bucket {
   uint32_t unused;
 } bucket;
 
+/* 8 bytes a block beside its record: what the eviction and release paths
+ * touch besides the record itself (its entry's place, its priority, its
+ * group). One array of these rather than three (where[], priority[],
+ * group[]): a victim, or a released block, costs one line of side data,
+ * not three. In W1 consecutive victims have neighbouring ids, so three
+ * arrays shared their lines anyway; in a hybrid replay they do not (the
+ * groups alternate, the window group's blocks come back early), and each
+ * array cost a line of its own (cachegrind: 0.72 + 0.73 D1 misses a block
+ * on prio[] and grp[] alone; docs/areas/pool-speed.md, Session 12). */
+typedef struct side {
+  uint32_t where; /* no duplicate chains: where_of() of the block's entry */
+  uint8_t prio;   /* eviction priority (its cache list) */
+  uint8_t grp;    /* the group it was last allocated for; 0 with one group */
+  uint16_t unused;
+} side;
+_Static_assert(sizeof(side) == 8, "one side record is 8 bytes");
+
 struct kvbm_pool {
   kvbm_pool_config cfg;
   blk *blocks;
-  uint8_t *priority;
+  side *side;           /* where, priority and group of each block */
   uint64_t *salts;
   uint32_t *tokens;
   uint32_t *free_stack;
@@ -126,14 +144,22 @@ struct kvbm_pool {
   uint32_t cached;
   uint32_t registered;
   bucket *table;         /* the registry, every group's entries */
-  uint8_t *group;        /* the group of each block; NULL with one group */
+  bool grouped;          /* ngroups > 1: side[].grp names each block's group */
   uint32_t ngroups;
   uint32_t *dup_next;   /* allow_duplicates: the next duplicate, or NIL */
-  uint32_t *where;      /* no duplicates: where_of() of each indexed block's entry */
   uint32_t table_shift; /* 32 - log2(buckets) */
   uint32_t table_mask;  /* buckets - 1 */
   uint64_t allocated, evicted, dedup, match_hits;
 };
+
+/* The side record's fields, one accessor each: every user goes through
+ * these, so the layout is one place. */
+static inline uint32_t where_get(const side *sd, uint32_t id) { return sd[id].where; }
+static inline void where_set(side *sd, uint32_t id, uint32_t w) { sd[id].where = w; }
+static inline uint8_t prio_get(const side *sd, uint32_t id) { return sd[id].prio; }
+static inline void prio_set(side *sd, uint32_t id, uint8_t pr) { sd[id].prio = pr; }
+static inline uint8_t grp_get(const side *sd, uint32_t id) { return sd[id].grp; }
+static inline void grp_set(side *sd, uint32_t id, uint8_t g) { sd[id].grp = g; }
 
 /* ---- registry ---------------------------------------------------------- */
 
@@ -184,14 +210,14 @@ static inline unsigned bucket_match(const bucket *b, uint32_t v, int key) {
 }
 
 /* The block indexed under `hash`, or NIL. */
-/* `grouped` is whether the pool has groups (p->group != NULL): constant
+/* `grouped` is whether the pool has groups (p->grouped): constant
  * at the hot call sites, so a one-group pool's lookup is the old one. */
 HOT uint32_t reg_find_k(const kvbm_pool *p, uint64_t hash, uint32_t g, rkey k, const bool grouped) {
   for (uint32_t bi = k.home;; bi = (bi + 1) & p->table_mask) {
     const bucket *b = &p->table[bi];
     for (unsigned m = bucket_match(b, k.fp, 0); m; m &= m - 1) {
       uint32_t id = b->id[__builtin_ctz(m)];
-      if (id != NIL && p->blocks[id].seq_hash == hash && (!grouped || p->group[id] == g)) return id;
+      if (id != NIL && p->blocks[id].seq_hash == hash && (!grouped || grp_get(p->side, id) == g)) return id;
     }
     if (!b->overflow) return NIL;
   }
@@ -220,7 +246,7 @@ HOT void reg_insert(kvbm_pool *p, rkey k, uint32_t id) {
       unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
-      if (p->where) p->where[id] = where_of(bi, i, k.home);
+      if (!p->dup_next) where_set(p->side, id, where_of(bi, i, k.home));
       return;
     }
     b->overflow++;
@@ -286,18 +312,18 @@ static inline rkey reg_key_prefetch(const kvbm_pool *p, uint64_t hash, uint32_t 
 #define AHEAD 4
 
 /* Block id's group. `grouped` is a constant at every call site of the hot
- * paths: the public calls test p->group once and run a loop compiled for
+ * paths: the public calls test p->grouped once and run a loop compiled for
  * one case, so a pool of one group pays nothing per block for groups
  * existing. */
 HOT uint32_t gkey(const kvbm_pool *p, uint32_t id, const bool grouped) {
-  return grouped ? p->group[id] : 0;
+  return grouped ? grp_get(p->side, id) : 0;
 }
 
 /* ---- cache lists --------------------------------------------------------- */
 
 HOT void cache_push(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
-  unsigned pr = p->priority[id];
+  unsigned pr = prio_get(p->side, id);
   b->next = NIL;
   b->prev = p->tail[pr];
   if (p->tail[pr] != NIL)
@@ -312,7 +338,7 @@ HOT void cache_push(kvbm_pool *p, uint32_t id) {
 
 static void cache_unlink(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
-  unsigned pr = p->priority[id];
+  unsigned pr = prio_get(p->side, id);
   if (b->prev != NIL)
     p->blocks[b->prev].next = b->next;
   else
@@ -354,7 +380,7 @@ HOT void block_reset(kvbm_pool *p, uint32_t id) {
   b->ntok = 0;
   b->flags = 0;
   b->seq_hash = b->parent_hash = 0;
-  p->priority[id] = 0;
+  prio_set(p->side, id, 0);
 }
 
 HOT void free_push(kvbm_pool *p, uint32_t id) {
@@ -365,7 +391,7 @@ HOT void free_push(kvbm_pool *p, uint32_t id) {
 
 /* Drops a registered block from the registry and counts (not the lists). */
 static void unregister(kvbm_pool *p, uint32_t id) {
-  const bool grouped = p->group != NULL;
+  const bool grouped = p->grouped;
   reg_remove(p, p->blocks[id].seq_hash, gkey(p, id, grouped), id, grouped);
   p->registered--;
 }
@@ -404,10 +430,10 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill, c
   if (!refill || (!quiet && p->cfg.listener))
     block_reset(p, id);
   else
-    p->priority[id] = 0;
+    prio_set(p->side, id, 0);
   if (!quiet && p->cfg.listener) {
     kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash,
-                          .group = grouped ? p->group[id] : 0};
+                          .group = grouped ? grp_get(p->side, id) : 0};
     notify(p, &ev);
   }
   return id;
@@ -418,14 +444,14 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill, c
 HOT uint32_t take_block(kvbm_pool *p, const bool grouped, uint32_t group, const bool refill,
                         const bool quiet) {
   uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p, grouped, refill, quiet);
-  if (grouped) p->group[id] = (uint8_t)group;
+  if (grouped) grp_set(p->side, id, (uint8_t)group);
   p->blocks[id].refcount = 1;
   p->allocated++;
   return id;
 }
 
 static inline uint32_t group_of(const kvbm_pool *p, uint32_t id) {
-  return p->group ? p->group[id] : 0;
+  return p->grouped ? grp_get(p->side, id) : 0;
 }
 
 static inline bool valid_id(const kvbm_pool *p, uint32_t id) {
@@ -478,7 +504,7 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void
         .tokens = tokens,
         .num_tokens = b->ntok,
         .context = context,
-        .group = grouped ? p->group[id] : 0,
+        .group = grouped ? grp_get(p->side, id) : 0,
     };
     notify(p, &ev);
   }
@@ -546,21 +572,19 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   p->table_shift = 32 - tbits;
   p->table_mask = (uint32_t)(tsize - 1);
   p->blocks = calloc(n, sizeof *p->blocks);
-  p->priority = calloc(n, sizeof *p->priority);
+  /* zeros: priority 0, group 0, and a where the cursor may read of a
+   * never-placed block */
+  p->side = calloc(n, sizeof *p->side);
   p->salts = calloc(n, sizeof *p->salts);
   if (!cfg->fill_only) p->tokens = calloc((size_t)n * cfg->block_size, sizeof *p->tokens);
   p->free_stack = malloc((size_t)n * sizeof *p->free_stack);
   p->ngroups = cfg->num_groups ? cfg->num_groups : 1;
   p->table = aligned_alloc(64, tsize * sizeof *p->table);
   const bool tabs_ok = p->table != NULL;
-  if (p->ngroups > 1) p->group = calloc(n, sizeof *p->group);
+  p->grouped = p->ngroups > 1;
   if (cfg->allow_duplicates) p->dup_next = malloc((size_t)n * sizeof *p->dup_next);
-  /* where[]: the pools fill_run_plain and fill_groups_plain may serve (no
-   * duplicates). */
-  const bool placed = !cfg->allow_duplicates;
-  if (placed) p->where = calloc(n, sizeof *p->where); /* zeros: the cursor may read a never-placed block's */
-  if (!p->blocks || !p->priority || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !tabs_ok ||
-      (p->ngroups > 1 && !p->group) || (cfg->allow_duplicates && !p->dup_next) || (placed && !p->where)) {
+  if (!p->blocks || !p->side || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !tabs_ok ||
+      (cfg->allow_duplicates && !p->dup_next)) {
     kvbm_pool_destroy(p);
     return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory for %u blocks", n);
   }
@@ -577,13 +601,11 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
 void kvbm_pool_destroy(kvbm_pool *pool) {
   if (!pool) return;
   free(pool->blocks);
-  free(pool->priority);
+  free(pool->side);
   free(pool->salts);
   free(pool->tokens);
   free(pool->free_stack);
   free(pool->table);
-  free(pool->where);
-  free(pool->group);
   free(pool->dup_next);
   free(pool);
 }
@@ -611,7 +633,7 @@ uint32_t kvbm_pool_available(const kvbm_pool *p) { return p->free_top + p->cache
 int kvbm_pool_alloc_group(kvbm_pool *p, uint32_t group, uint32_t n, uint32_t *ids) {
   if ((n && !ids) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > p->free_top + p->cached) return KVBM_ENOSPC;
-  if (p->group)
+  if (p->grouped)
     for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, true, group, false, false);
   else
     for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, false, 0, false, false);
@@ -624,7 +646,7 @@ int kvbm_pool_alloc(kvbm_pool *p, uint32_t n, uint32_t *ids) {
 
 int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id) {
   if (group >= p->ngroups) return KVBM_EINVAL;
-  uint32_t found = reg_find(p, seq_hash, group, p->group != NULL);
+  uint32_t found = reg_find(p, seq_hash, group, p->grouped);
   if (found == NIL) return KVBM_ENOTFOUND;
   acquire(p, found);
   p->match_hits++;
@@ -633,7 +655,7 @@ int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint3
 }
 
 int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
-  uint32_t found = reg_find(p, seq_hash, 0, p->group != NULL);
+  uint32_t found = reg_find(p, seq_hash, 0, p->grouped);
   if (found == NIL) return KVBM_ENOTFOUND;
   acquire(p, found);
   p->match_hits++;
@@ -642,13 +664,13 @@ int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
 }
 
 bool kvbm_pool_contains(const kvbm_pool *p, uint64_t seq_hash) {
-  return reg_find(p, seq_hash, 0, p->group != NULL) != NIL;
+  return reg_find(p, seq_hash, 0, p->grouped) != NIL;
 }
 
 int kvbm_pool_peek_group(const kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id,
                          bool *cached) {
   if (group >= p->ngroups) return KVBM_EINVAL;
-  uint32_t found = reg_find(p, seq_hash, group, p->group != NULL);
+  uint32_t found = reg_find(p, seq_hash, group, p->grouped);
   if (found == NIL) return KVBM_ENOTFOUND;
   if (id) *id = found;
   if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
@@ -660,7 +682,7 @@ uint32_t kvbm_pool_num_groups(const kvbm_pool *p) { return p->ngroups; }
 size_t kvbm_pool_first_registered_group(const kvbm_pool *p, uint32_t group, const uint64_t *hashes,
                                         size_t n) {
   if (group >= p->ngroups || !hashes) return n;
-  const bool grouped = p->group != NULL;
+  const bool grouped = p->grouped;
   for (size_t j = 0; j < n && j < AHEAD; j++) (void)reg_key_prefetch(p, hashes[j], group);
   for (size_t k = 0; k < n; k++) {
     if (k + AHEAD < n) (void)reg_key_prefetch(p, hashes[k + AHEAD], group);
@@ -670,7 +692,7 @@ size_t kvbm_pool_first_registered_group(const kvbm_pool *p, uint32_t group, cons
 }
 
 int kvbm_pool_peek(const kvbm_pool *p, uint64_t seq_hash, uint32_t *id, bool *cached) {
-  uint32_t found = reg_find(p, seq_hash, 0, p->group != NULL);
+  uint32_t found = reg_find(p, seq_hash, 0, p->grouped);
   if (found == NIL) return KVBM_ENOTFOUND;
   if (id) *id = found;
   if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
@@ -725,7 +747,7 @@ int kvbm_block_commit(kvbm_pool *p, uint32_t id) {
 int kvbm_block_register_ctx(kvbm_pool *p, uint32_t id, void *context, uint32_t *out_id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   if (p->blocks[id].state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
-  const bool grouped = p->group != NULL;
+  const bool grouped = p->grouped;
   uint32_t got = do_register(p, id, tokens_of(p, id), context,
                              rkey_of(p, p->blocks[id].seq_hash, gkey(p, id, grouped)), grouped, false, false);
   if (out_id) *out_id = got;
@@ -766,7 +788,7 @@ int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t 
   if (!tokens || !valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
-  const bool grouped = p->group != NULL;
+  const bool grouped = p->grouped;
   uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash,
                           rkey_of(p, seq_hash, gkey(p, id, grouped)), context, grouped, false, false);
   if (out_id) *out_id = got;
@@ -895,7 +917,7 @@ HOT uint32_t plain_find(const blk *blocks, const bucket *table, uint32_t mask, u
 /* reg_insert with the registry's table and mask from the caller's
  * registers rather than loaded through the pool, recording the entry's
  * place in where[id]. */
-HOT void placed_insert(bucket *table, uint32_t *where, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id) {
+HOT void placed_insert(bucket *table, side *sd, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id) {
   for (uint32_t bi = home;; bi = (bi + 1) & mask) {
     bucket *b = &table[bi];
     const unsigned free = bucket_match(b, NIL, 1);
@@ -903,7 +925,7 @@ HOT void placed_insert(bucket *table, uint32_t *where, uint32_t mask, uint32_t f
       const unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
-      where[id] = where_of(bi, i, home);
+      where_set(sd, id, where_of(bi, i, home));
       return;
     }
     b->overflow++;
@@ -917,7 +939,7 @@ HOT void placed_insert(bucket *table, uint32_t *where, uint32_t mask, uint32_t f
  * its home bucket, nothing gone past it and a free entry there, reads the
  * bucket once for both the lookup and the insert (plain_find then
  * reg_insert read it twice, and reg_insert the table through the pool). */
-HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *where, uint32_t mask, uint32_t fp,
+HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, side *sd, uint32_t mask, uint32_t fp,
                                   uint32_t home, uint64_t hash, uint32_t id) {
   bucket *b = &table[home];
   if (!bucket_match(b, fp, 0) && !b->overflow) {
@@ -926,12 +948,12 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
       const unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
-      where[id] = home << 3 | i;
+      where_set(sd, id, home << 3 | i);
       return NIL;
     }
   }
   const uint32_t existing = plain_find(blocks, table, mask, fp, home, hash);
-  if (existing == NIL) placed_insert(table, where, mask, fp, home, id);
+  if (existing == NIL) placed_insert(table, sd, mask, fp, home, id);
   return existing;
 }
 
@@ -944,7 +966,7 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
  * cost more than hashing the victim again). */
 #define PF_STEP()                                                                   \
   do {                                                                              \
-    __builtin_prefetch((const char *)table + (size_t)(where[cursor] >> 3) * sizeof(bucket)); \
+    __builtin_prefetch((const char *)table + (size_t)(where_get(sd, cursor) >> 3) * sizeof(bucket)); \
     cursor = blocks[cursor].next;                                                   \
     if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
   } while (0)
@@ -1002,8 +1024,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
   const size_t bs = cbs ? cbs : p->cfg.block_size;
   blk *const blocks = p->blocks;
   bucket *const table = p->table;
-  uint8_t *const prio = p->priority;
-  uint32_t *const where = p->where;
+  side *const sd = p->side;
   const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
   const uint32_t ftop0 = p->free_top;
@@ -1064,12 +1085,12 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
         cursor = NIL, ahead = 0;
       }
       /* The victim's entry: at its place, or (past its home) searched. */
-      const uint32_t w = where[id];
+      const uint32_t w = where_get(sd, id);
       if (w != NIL)
         table[w >> 3].id[w & 7] = NIL;
       else
         plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
-      prio[id] = 0;
+      prio_set(sd, id, 0);
     }
     ids[k] = id;
     blk *b = &blocks[id];
@@ -1079,7 +1100,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     b->seq_hash = hk;
     b->parent_hash = pk;
     pk = hk;
-    if (plain_find_or_insert(blocks, table, where, mask, fp, home, hk, id) != NIL) {
+    if (plain_find_or_insert(blocks, table, sd, mask, fp, home, hk, id) != NIL) {
       /* Dedup: the general path, with the pool's fields back in *p; it
        * hands the new block back to the free list. */
       b->refcount = 1;
@@ -1117,7 +1138,7 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
   if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const bool quiet = p->cfg.listener == NULL;
-  const bool plain = !p->group && quiet && !p->dup_next && !p->cfg.keep_tokens;
+  const bool plain = !p->grouped && quiet && !p->dup_next && !p->cfg.keep_tokens;
   /* The plain loop is compiled once per scheme: the hash step is inlined
    * into it (hash/hash_inline.h) with the scheme a constant; and for the
    * native scheme once more with the block size a constant 16 (vLLM's
@@ -1131,9 +1152,9 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
     fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 16);
   else if (plain)
     fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 0);
-  else if (p->group && quiet)
+  else if (p->grouped && quiet)
     fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
-  else if (p->group)
+  else if (p->grouped)
     fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, false);
   else if (quiet)
     fill_run_hashing(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false, true);
@@ -1168,9 +1189,9 @@ int kvbm_pool_fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, u
   if ((n && (!tokens || !hashes || !ids)) || !done || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const bool quiet = p->cfg.listener == NULL;
-  if (p->group && quiet)
+  if (p->grouped && quiet)
     *done = fill_run_fresh(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
-  else if (p->group)
+  else if (p->grouped)
     *done = fill_run_fresh(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, false);
   else if (quiet)
     *done = fill_run_fresh(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false, true);
@@ -1201,13 +1222,13 @@ HOT uint32_t ghome(uint64_t hash, uint32_t g, uint32_t shift) {
 }
 
 /* The block registered under (hash, g) in a pool of groups, or NIL. */
-HOT uint32_t group_find(const blk *blocks, const uint8_t *grp, const bucket *table, uint32_t mask,
+HOT uint32_t group_find(const blk *blocks, const side *sd, const bucket *table, uint32_t mask,
                         uint32_t fp, uint32_t home, uint64_t hash, uint32_t g) {
   for (uint32_t bi = home;; bi = (bi + 1) & mask) {
     const bucket *b = &table[bi];
     for (unsigned m = bucket_match(b, fp, 0); m; m &= m - 1) {
       uint32_t id = b->id[__builtin_ctz(m)];
-      if (id != NIL && blocks[id].seq_hash == hash && grp[id] == g) return id;
+      if (id != NIL && blocks[id].seq_hash == hash && grp_get(sd, id) == g) return id;
     }
     if (!b->overflow) return NIL;
   }
@@ -1216,13 +1237,13 @@ HOT uint32_t group_find(const blk *blocks, const uint8_t *grp, const bucket *tab
 /* Whether (hash, g) is registered for some g < ng. Group g's fingerprint
  * is group 0's xor g * 0x9E3779B9 (fingerprint()), so the hash is folded
  * once. */
-HOT bool groups_any(const blk *blocks, const uint8_t *grp, const bucket *table, uint32_t mask, uint32_t shift,
+HOT bool groups_any(const blk *blocks, const side *sd, const bucket *table, uint32_t mask, uint32_t shift,
                     uint64_t hash, const uint32_t ng) {
   const uint32_t fp0 = fingerprint(hash, 0);
 #pragma GCC unroll 4
   for (uint32_t g = 0; g < ng; g++) {
     const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
-    if (group_find(blocks, grp, table, mask, fp, (fp * 0x9E3779B1u) >> shift, hash, g) != NIL) return true;
+    if (group_find(blocks, sd, table, mask, fp, (fp * 0x9E3779B1u) >> shift, hash, g) != NIL) return true;
   }
   return false;
 }
@@ -1261,9 +1282,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   const size_t bs = cbs ? cbs : p->cfg.block_size;
   blk *const blocks = p->blocks;
   bucket *const table = p->table;
-  uint8_t *const prio = p->priority;
-  uint8_t *const grp = p->group;
-  uint32_t *const where = p->where;
+  side *const sd = p->side;
   const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
   const uint32_t ftop0 = p->free_top;
@@ -1307,7 +1326,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
       for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hj, g, shift)]);
     }
     const uint64_t hk = hashes[k];
-    if (groups_any(blocks, grp, table, mask, shift, hk, ng)) break; /* the caller's: vLLM's order */
+    if (groups_any(blocks, sd, table, mask, shift, hk, ng)) break; /* the caller's: vLLM's order */
     const uint32_t fp0 = fingerprint(hk, 0);
 #pragma GCC unroll 4
     for (uint32_t g = 0; g < ng; g++) {
@@ -1336,22 +1355,22 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
           cursor = NIL, ahead = 0;
         }
         /* the victim's entry: at its place, or (past its home) searched */
-        const uint32_t wv = where[id];
+        const uint32_t wv = where_get(sd, id);
         if (wv != NIL)
           table[wv >> 3].id[wv & 7] = NIL;
         else
-          plain_erase(table, mask, ghome(v->seq_hash, grp[id], shift), id);
-        prio[id] = 0;
+          plain_erase(table, mask, ghome(v->seq_hash, grp_get(sd, id), shift), id);
+        prio_set(sd, id, 0);
       }
       tables[g][k] = id;
       blk *b = &blocks[id];
       if (salt_hash) p->salts[id] = salt_hash;
-      grp[id] = (uint8_t)g;
+      grp_set(sd, id, (uint8_t)g);
       b->seq_hash = hk;
       b->parent_hash = pk;
       memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
       const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
-      placed_insert(table, where, mask, fp, (fp * 0x9E3779B1u) >> shift, id);
+      placed_insert(table, sd, mask, fp, (fp * 0x9E3779B1u) >> shift, id);
     }
     pk = hk;
   }
@@ -1377,7 +1396,7 @@ int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_h
     if (!tables[g]) return KVBM_EINVAL;
   *done = 0;
   *hashed = nhashed < n ? nhashed : n;
-  if (!p->group || !p->where || p->cfg.listener || p->dup_next || p->cfg.keep_tokens) return KVBM_EUNSUPPORTED;
+  if (!p->grouped || p->cfg.listener || p->dup_next || p->cfg.keep_tokens) return KVBM_EUNSUPPORTED;
   if ((uint64_t)n * ngroups > kvbm_pool_available(p)) return KVBM_ENOSPC;
   /* compiled for two groups (a full and a window group: gpt-oss) and for
    * any number, each once per scheme (the hash step inlined), and for two
@@ -1421,9 +1440,9 @@ int kvbm__pool_alloc_groups(kvbm_pool *p, uint32_t ngroups, uint32_t *const *slo
     if (!slots[g]) return KVBM_EINVAL;
   if (ngroups > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const bool quiet = p->cfg.listener == NULL;
-  if (p->group && quiet)
+  if (p->grouped && quiet)
     alloc_groups(p, ngroups, slots, true, true);
-  else if (p->group)
+  else if (p->grouped)
     alloc_groups(p, ngroups, slots, true, false);
   else
     alloc_groups(p, ngroups, slots, false, quiet);
@@ -1454,9 +1473,9 @@ int kvbm__pool_fill_groups_one(kvbm_pool *p, uint32_t ngroups, uint32_t *const *
       if (*slots[e] == *slots[g]) return KVBM_EINVAL;
   }
   const bool quiet = p->cfg.listener == NULL;
-  if (p->group && quiet)
+  if (p->grouped && quiet)
     fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, true, true);
-  else if (p->group)
+  else if (p->grouped)
     fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, true, false);
   else
     fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, false, quiet);
@@ -1468,7 +1487,7 @@ int kvbm_pool_fill_run_group(kvbm_pool *p, uint32_t group, uint64_t salt_hash, u
                              size_t n, void *context, uint32_t *ids) {
   if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
-  if (p->group)
+  if (p->grouped)
     fill_run(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true);
   else
     fill_run(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false);
@@ -1516,7 +1535,7 @@ int kvbm_pool_fill_ids(kvbm_pool *p, uint32_t *ids, size_t n, uint64_t salt_hash
     }
     p->blocks[ids[k]].state = KVBM_BLOCK_PARTIAL;
   }
-  if (p->group)
+  if (p->grouped)
     fill_ids(p, ids, n, salt_hash, parent, has_parent, tokens, hashes, context, true);
   else
     fill_ids(p, ids, n, salt_hash, parent, has_parent, tokens, hashes, context, false);
@@ -1537,7 +1556,7 @@ HOT int release_one(kvbm_pool *p, uint32_t id, uint8_t priority) {
   if (b->refcount == 0) return KVBM_ESTATE;
   if (--b->refcount) return KVBM_OK;
   if (b->state == KVBM_BLOCK_REGISTERED) {
-    p->priority[id] = priority;
+    prio_set(p->side, id, priority);
     cache_push(p, id);
   } else {
     free_push(p, id);
@@ -1551,7 +1570,7 @@ int kvbm_block_demote(kvbm_pool *p, uint32_t id) {
   if (!(b->flags & F_CACHED)) return KVBM_ESTATE;
   cache_unlink(p, id);
   /* At the head of priority 0's list: the oldest of the lowest. */
-  p->priority[id] = 0;
+  prio_set(p->side, id, 0);
   b->prev = NIL;
   b->next = p->head[0];
   if (p->head[0] != NIL)
@@ -1617,7 +1636,7 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
    * again for every block (callgrind, kvbm replay --limit 2000: release_run
    * 68.7M -> 59.9M instructions). */
   blk *const blocks = p->blocks;
-  uint8_t *const prio = p->priority;
+  side *const sd = p->side;
   const uint32_t nblocks = p->cfg.num_blocks;
   const uintptr_t base = (uintptr_t)blocks;
   for (size_t k = n; k-- > 0;) {
@@ -1641,7 +1660,7 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
       free_push(p, id);
       continue;
     }
-    prio[id] = priority;
+    prio_set(sd, id, priority);
     b->prev = tail; /* next: set by the next push, or after the loop */
     b->flags |= F_CACHED;
     *link = id;
@@ -1686,7 +1705,7 @@ int kvbm_pool_clear_cache(kvbm_pool *p) {
 
 int kvbm_pool_evict(kvbm_pool *p, uint64_t seq_hash) {
   if (!p) return KVBM_EINVAL;
-  uint32_t id = reg_find(p, seq_hash, 0, p->group != NULL);
+  uint32_t id = reg_find(p, seq_hash, 0, p->grouped);
   if (id == NIL) return KVBM_ENOTFOUND;
   if (!(p->blocks[id].flags & F_CACHED)) return KVBM_ESTATE;
   kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = seq_hash,
@@ -1709,7 +1728,7 @@ int kvbm_block_info_get(const kvbm_pool *p, uint32_t id, kvbm_block_info *out) {
   out->parent_hash = b->parent_hash;
   out->has_parent = (b->flags & F_HAS_PARENT) != 0;
   out->salt_hash = salt_of(p, id);
-  out->priority = p->priority[id];
+  out->priority = prio_get(p->side, id);
   out->tokens = (b->flags & F_TOKENS) ? tokens_of(p, id) : NULL;
   out->group = group_of(p, id);
   return KVBM_OK;
