@@ -160,6 +160,13 @@ static inline uint8_t prio_get(const side *sd, uint32_t id) { return sd[id].prio
 static inline void prio_set(side *sd, uint32_t id, uint8_t pr) { sd[id].prio = pr; }
 static inline uint8_t grp_get(const side *sd, uint32_t id) { return sd[id].grp; }
 static inline void grp_set(side *sd, uint32_t id, uint8_t g) { sd[id].grp = g; }
+/* A placed block's whole side record, as one 8-byte store: the fill loops
+ * write it when they index the block (where known, priority 0, its group),
+ * in place of a priority store at the eviction, a group store and a where
+ * store. */
+static inline void side_put(side *sd, uint32_t id, uint32_t where, uint8_t g) {
+  sd[id] = (side){.where = where, .prio = 0, .grp = g};
+}
 
 /* ---- registry ---------------------------------------------------------- */
 
@@ -915,9 +922,10 @@ HOT uint32_t plain_find(const blk *blocks, const bucket *table, uint32_t mask, u
 }
 
 /* reg_insert with the registry's table and mask from the caller's
- * registers rather than loaded through the pool, recording the entry's
- * place in where[id]. */
-HOT void placed_insert(bucket *table, side *sd, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id) {
+ * registers rather than loaded through the pool, writing block id's side
+ * record whole (side_put: its entry's place, priority 0, group g). */
+HOT void placed_insert(bucket *table, side *sd, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id,
+                       uint8_t g) {
   for (uint32_t bi = home;; bi = (bi + 1) & mask) {
     bucket *b = &table[bi];
     const unsigned free = bucket_match(b, NIL, 1);
@@ -925,7 +933,7 @@ HOT void placed_insert(bucket *table, side *sd, uint32_t mask, uint32_t fp, uint
       const unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
-      where_set(sd, id, where_of(bi, i, home));
+      side_put(sd, id, where_of(bi, i, home), g);
       return;
     }
     b->overflow++;
@@ -934,8 +942,8 @@ HOT void placed_insert(bucket *table, side *sd, uint32_t mask, uint32_t fp, uint
 
 /* Registers block `id` under (hash, fp, home) in a pool without groups or
  * duplicate chains, unless the hash is registered already: then it
- * returns that block and changes nothing; else NIL (and where[id] says
- * where its entry went). The common case, no fingerprint of the hash in
+ * returns that block and changes nothing; else NIL (and side[id] says
+ * where its entry went, with priority 0 and group 0). The common case, no fingerprint of the hash in
  * its home bucket, nothing gone past it and a free entry there, reads the
  * bucket once for both the lookup and the insert (plain_find then
  * reg_insert read it twice, and reg_insert the table through the pool). */
@@ -948,12 +956,12 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, side *sd, ui
       const unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
-      where_set(sd, id, home << 3 | i);
+      side_put(sd, id, home << 3 | i, 0);
       return NIL;
     }
   }
   const uint32_t existing = plain_find(blocks, table, mask, fp, home, hash);
-  if (existing == NIL) placed_insert(table, sd, mask, fp, home, id);
+  if (existing == NIL) placed_insert(table, sd, mask, fp, home, id, 0);
   return existing;
 }
 
@@ -1090,7 +1098,8 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
         table[w >> 3].id[w & 7] = NIL;
       else
         plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
-      prio_set(sd, id, 0);
+      /* its priority: 0 with the side record plain_find_or_insert writes,
+       * or (a dedup) with the reset of do_register's free_push */
     }
     ids[k] = id;
     blk *b = &blocks[id];
@@ -1360,17 +1369,17 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
           table[wv >> 3].id[wv & 7] = NIL;
         else
           plain_erase(table, mask, ghome(v->seq_hash, grp_get(sd, id), shift), id);
-        prio_set(sd, id, 0);
+        /* its priority and group: with its where, in placed_insert's one
+         * store below */
       }
       tables[g][k] = id;
       blk *b = &blocks[id];
       if (salt_hash) p->salts[id] = salt_hash;
-      grp_set(sd, id, (uint8_t)g);
       b->seq_hash = hk;
       b->parent_hash = pk;
       memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
       const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
-      placed_insert(table, sd, mask, fp, (fp * 0x9E3779B1u) >> shift, id);
+      placed_insert(table, sd, mask, fp, (fp * 0x9E3779B1u) >> shift, id, (uint8_t)g);
     }
     pk = hk;
   }
