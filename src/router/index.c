@@ -1662,14 +1662,19 @@ static void lean_flush(kvbm_index *idx, worker *w, lean *a) {
   a->stored = a->removed = a->events = 0;
 }
 
-/* Whether ev may take the lean path (its worker permitting: lean_worker).
- * The fields it reads share the event's first two cache lines with those
- * the general path reads anyway. */
+/* Whether ev, a BlockStored or BlockRemoved, may take the lean path (its
+ * worker permitting: lean_worker): device blocks of group 0, hashes
+ * given. A BlockStored must also carry no salt and no LoRA name
+ * (lean_salted); a BlockRemoved names no namespace whatever it carries
+ * (removes find namespaced blocks through the worker's map, and a worker
+ * with a mapped block removes on the general path). The fields read share
+ * the event's first two cache lines with those the general path reads. */
 HOT bool lean_event(const kvbm_event *ev) {
-  return (ev->type == KVBM_EVENT_STORED || ev->type == KVBM_EVENT_REMOVED) &&
-         ev->medium == KVBM_MEDIUM_GPU && ev->block_hashes &&
-         !(ev->has_group_idx && ev->group_idx) && !ev->cache_salt && !ev->lora_name;
+  return ev->medium == KVBM_MEDIUM_GPU && ev->block_hashes &&
+         !(ev->has_group_idx && ev->group_idx);
 }
+
+HOT bool lean_salted(const kvbm_event *ev) { return ev->cache_salt || ev->lora_name; }
 
 /* A worker whose stores the lean path may apply: no recompute (blocks are
  * kept under their engine hash) and no namespaced block (a store without
@@ -1825,40 +1830,42 @@ static int general_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b,
  * lean (a namespaced store), the rest of the batch goes the general way. */
 static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kvbm_error *err) {
   worker *w = &idx->w[s];
-  const kvbm_event *evs = b->events;
-  size_t n = b->num_events;
+  const kvbm_event *ev = b->events, *end = ev + b->num_events;
+  /* pf: the next event to prefetch, EV_AHEAD ahead of ev; counted: the
+   * first lean event not yet counted in a.events (counted by their
+   * number at each flush, not one by one) */
+  const kvbm_event *pf = ev, *counted = ev;
   lean a = {.hs = LD(&w->tab)->s, .hr = LD(&w->tab)->s};
   int rc = KVBM_OK;
-  for (size_t i = 0; i < EV_AHEAD && i < n; i++) lean_prefetch(LD(&w->tab), &evs[i]);
-  for (size_t i = 0; i < n; i++) {
-    wtab *t = LD(&w->tab);
-    if (__builtin_expect(i + EV_AHEAD < n, 1)) lean_prefetch(t, &evs[i + EV_AHEAD]);
-    const kvbm_event *ev = &evs[i];
-    if (__builtin_expect(lean_event(ev), 1)) {
-      /* one block (W3 at 8 workers: most events) inline, more in a loop */
-      bool one = ev->num_block_hashes == 1;
-      if (ev->type == KVBM_EVENT_STORED) {
-        if (one) {
+  for (size_t i = 0; i < EV_AHEAD && pf < end; i++) lean_prefetch(LD(&w->tab), pf++);
+  for (; ev < end; ev++) {
+    if (__builtin_expect(pf < end, 1)) lean_prefetch(LD(&w->tab), pf++);
+    /* one block (W3 at 8 workers: most events) inline, more in a loop */
+    if (ev->type == KVBM_EVENT_STORED) {
+      if (__builtin_expect(lean_event(ev) && !lean_salted(ev), 1)) {
+        if (ev->num_block_hashes == 1) {
           uint64_t h = ev->block_hashes[0];
           rc = lean_store_one(idx, w, s, h, ev->parent_hash,
                               ev->has_parent && ev->parent_hash != h, &a);
         } else {
           rc = lean_stored(idx, w, s, ev, &a);
         }
-      } else if (one) {
-        lean_remove_one(idx, w, s, ev->block_hashes[0], &a);
-      } else {
-        lean_removed(idx, w, s, ev, &a);
+        if (__builtin_expect(rc != 0, 0)) break;
+        continue;
       }
-      if (rc) break;
-      a.events++;
+    } else if (ev->type == KVBM_EVENT_REMOVED && __builtin_expect(lean_event(ev), 1)) {
+      if (ev->num_block_hashes == 1) lean_remove_one(idx, w, s, ev->block_hashes[0], &a);
+      else lean_removed(idx, w, s, ev, &a);
       continue;
     }
+    a.events += (uint64_t)(ev - counted);
+    counted = ev + 1;
     lean_flush(idx, w, &a);
     if ((rc = cold_apply(idx, s, ev, err))) return rc;
     a.hs = a.hr = LD(&w->tab)->s; /* a store there may have grown the table */
-    if (!lean_worker(idx, w)) return general_batch(idx, s, b, i + 1, err);
+    if (!lean_worker(idx, w)) return general_batch(idx, s, b, (size_t)(ev + 1 - b->events), err);
   }
+  a.events += (uint64_t)(ev - counted); /* on an error, ev (not applied) is not counted */
   lean_flush(idx, w, &a);
   if (rc) return kvbm_error_set(err, rc, "router index: out of memory");
   return KVBM_OK;

@@ -231,6 +231,40 @@ static void test_lean_hints(void **state) {
   kvbm_index_destroy(idx);
 }
 
+/* A BlockRemoved names no namespace, so one carrying a salt or a LoRA
+ * name (fields of BlockStored) removes the block as any remove does, on
+ * the lean path as on the general one; lean and general events of one
+ * batch are each counted once (the lean ones by their number). */
+static void test_lean_removed_salted(void **state) {
+  (void)state;
+  kvbm_index *idx = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  kvbm_event ev[2] = {stored(H, 3, NULL, KVBM_MEDIUM_GPU), removed(H + 2, 1, KVBM_MEDIUM_GPU)};
+  ev[1].cache_salt = "tenant-a";
+  kvbm_event_batch b = {.seq = KVBM_INDEX_NO_ID, .events = ev, .num_events = 2};
+  kvbm_error err;
+  assert_int_equal(kvbm_index_apply_batch(idx, 1, &b, &err), KVBM_OK);
+  expect_prefix(idx, H, 3, 1, 2, 2, 2);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.entries, 2);
+  assert_int_equal(st.closed_workers, 1);
+  /* a LoRA-named remove, a general event (a disk block), a salted remove */
+  kvbm_event ev2[3] = {removed(H + 1, 1, KVBM_MEDIUM_GPU), stored(H + 5, 1, NULL, KVBM_MEDIUM_DISK),
+                       removed(H, 1, KVBM_MEDIUM_GPU)};
+  ev2[0].lora_name = "adapter";
+  ev2[2].cache_salt = "tenant-b";
+  kvbm_event_batch b2 = {.seq = KVBM_INDEX_NO_ID, .events = ev2, .num_events = 3};
+  assert_int_equal(kvbm_index_apply_batch(idx, 1, &b2, &err), KVBM_OK);
+  expect_prefix(idx, H, 3, 1, 0, 0, 0);
+  expect_prefix(idx, H + 5, 1, 1, 0, 0, 1);
+  kvbm_index_stats_get(idx, &st);
+  assert_int_equal(st.entries, 1);
+  assert_int_equal(st.removed, 3);
+  assert_int_equal(st.unknown_removed, 0);
+  assert_int_equal(st.events, 5);
+  kvbm_index_destroy(idx);
+}
+
 /* Closed workers are bisected after a guess: the first (the leader)
  * alone, every other one from the leader's answer p (h[p] held: longer,
  * gallop on; h[p - 1] held: p; else shorter). Workers holding longer,
@@ -1259,6 +1293,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
       cmocka_unit_test(test_lean_mixed), cmocka_unit_test(test_lean_hints),
+      cmocka_unit_test(test_lean_removed_salted),
       cmocka_unit_test(test_bisect_guess),
       cmocka_unit_test(test_duplicates_and_clear), cmocka_unit_test(test_workers),
       cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
