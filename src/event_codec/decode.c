@@ -62,6 +62,23 @@ static const char *const kFieldName[] = {
 
 /* ------------------------------------------------------------- decoding */
 
+/* Unaligned loads in the machine's order. */
+static inline uint64_t ld64(const uint8_t *p) {
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+}
+static inline uint16_t ld16(const uint8_t *p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return v;
+}
+static inline uint32_t ld32(const uint8_t *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
 /* Where an event's variable parts sit in the arenas while a payload is
  * read (the arenas may move); SIZE_MAX = none. */
 typedef struct ev_off {
@@ -286,35 +303,50 @@ static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
   return 0;
 }
 
-/* n flat token ids when the input surely holds them (5 bytes each at
- * most, so no id read can pass the end): no bounds check per token, each
- * form one load, the widest first (real vocabularies put most ids at or
- * above 256: uint16 and uint32), a pointer for the output so that the
- * loop keeps one counter, and a run of one width read by an inner loop
- * that tests one byte an id (callgrind, deccost.sh: fewer instructions
- * than one dispatch an id on bench_events' ids, which come in runs, and
- * on random ones, which do not). Stops at the first id in another form
- * (or none left); returns how many it read. */
-static inline __attribute__((always_inline)) uint32_t read_tokens_fast(dctx *c, uint32_t n,
-                                                                        uint32_t *out) {
-  const uint8_t *p = c->r.p;
-  if ((size_t)(c->r.end - p) / 5 < n) return 0;
+/* n flat token ids at p when the input surely holds them (5 bytes each at
+ * most, so no id read can pass the end: the caller checks): no bounds
+ * check per token, each form one load, the widest first (real
+ * vocabularies put most ids at or above 256: uint16 and uint32), a
+ * pointer for the output so that the loop keeps one counter, and a run
+ * of one width read four ids a step (three tag tests, four loads and
+ * stores, one step of each pointer; callgrind, deccost.sh: ~6.5
+ * instructions an id in a run against ~9.5 one id a step) or one a step
+ * near its end. Stops at the first id in another form (or none left);
+ * returns where it stopped and sets *got to the ids read. Shared by the
+ * general reader, the quick path and the templates. */
+static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8_t *p, uint32_t n,
+                                                                      uint32_t *out, uint32_t *got) {
   uint32_t *o = out, *const oe = out + n;
+  uint32_t *const oe4 = n >= 4 ? oe - 3 : out; /* o < oe4: four ids left at least */
+#define BE16(q) (uint32_t) __builtin_bswap16(ld16(q))
   while (o != oe) {
     uint8_t tag = *p;
-    if (tag == 0xce) { /* a run of them: one test an id */
+    if (tag == 0xce) { /* a run of them */
       do {
-        uint32_t be;
-        memcpy(&be, p + 1, 4);
-        *o++ = __builtin_bswap32(be);
-        p += 5;
+        if (o < oe4 && p[5] == 0xce && p[10] == 0xce && p[15] == 0xce) {
+          o[0] = __builtin_bswap32(ld32(p + 1));
+          o[1] = __builtin_bswap32(ld32(p + 6));
+          o[2] = __builtin_bswap32(ld32(p + 11));
+          o[3] = __builtin_bswap32(ld32(p + 16));
+          o += 4, p += 20;
+        } else {
+          *o++ = __builtin_bswap32(ld32(p + 1));
+          p += 5;
+        }
       } while (o != oe && *p == 0xce);
     } else if (tag == 0xcd) {
       do {
-        uint16_t be;
-        memcpy(&be, p + 1, 2);
-        *o++ = __builtin_bswap16(be);
-        p += 3;
+        /* p[3] lies within this id's 5 bytes: tested before the count */
+        if (p[3] == 0xcd && o < oe4 && p[6] == 0xcd && p[9] == 0xcd) {
+          o[0] = BE16(p + 1);
+          o[1] = BE16(p + 4);
+          o[2] = BE16(p + 7);
+          o[3] = BE16(p + 10);
+          o += 4, p += 12;
+        } else {
+          *o++ = BE16(p + 1);
+          p += 3;
+        }
       } while (o != oe && *p == 0xcd);
     } else if (tag <= 0x7f) {
       *o++ = tag;
@@ -326,8 +358,17 @@ static inline __attribute__((always_inline)) uint32_t read_tokens_fast(dctx *c, 
       break;
     }
   }
-  c->r.p = p;
-  return (uint32_t)(o - out);
+#undef BE16
+  *got = (uint32_t)(o - out);
+  return p;
+}
+
+static inline __attribute__((always_inline)) uint32_t read_tokens_fast(dctx *c, uint32_t n,
+                                                                        uint32_t *out) {
+  uint32_t got;
+  if ((size_t)(c->r.end - c->r.p) / 5 < n) return 0;
+  c->r.p = tok_fast(c->r.p, n, out, &got);
+  return got;
 }
 
 static int read_tokens(dctx *c, kvbm_event *ev, size_t *off) {
@@ -745,16 +786,6 @@ static int read_event(dctx *c, kvbm_event *ev, ev_off *o) {
 
 #define QUICK_NO 1 /* not a layout the quick path knows: the general reader */
 
-static inline uint64_t ld64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-  return v;
-}
-static inline uint32_t ld32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-  return v;
-}
 
 /* Whether the n bytes at p (all there) are the literal s, 4 <= n <= 32:
  * overlapping word compares, folded to constants when s is a literal. */
@@ -1105,6 +1136,226 @@ static int read_quick(dctx *c, kvbm_event *ev, ev_off *o) {
   return type == KVBM_EVENT_STORED ? q_pos_stored(c, ev, o, n - 1) : q_pos_removed(c, ev, o, n - 1);
 }
 
+/* ------------------------------------------------------------- templates */
+
+/* The layouts kvbm's publisher and vLLM write for nearly every event,
+ * matched whole: a map store of exactly vLLM's eight keys in msgspec's
+ * order with no LoRA on "GPU", its three-key remove, and the positional
+ * store (8 fields) and remove (3) of the same values. Each is a few
+ * constant byte runs (map keys, the tag, the tail of nil LoRA id,
+ * "GPU", nil LoRA name) compared as words against literals (`same`),
+ * with the variable parts between them: an array header, 0xcf hashes,
+ * a nil or 0xcf parent, token ids (tok_fast), a fixint block size.
+ *
+ * Why beside the quick path: the quick path keeps its cursor and arena
+ * counts in the decoding context and sets up each event's rollback
+ * marks, since it may hand any value to the general reader halfway.
+ * A template never hands over halfway: it reads into the arenas past
+ * their counts, with the cursor, the counts and the capacities in
+ * locals (registers), and commits the event only when every byte
+ * matched; at the first byte that differs (or an arena without room)
+ * it declines with nothing kept, and the quick path reads the event
+ * from its first byte. So a template decides nothing the general
+ * reader would decide otherwise: what it takes is a valid event of one
+ * fixed shape, read as the general reader reads it (test_decode_diff
+ * and the fuzz target compare the two), and what it declines costs the
+ * bytes it compared. Callgrind per block event, K = 1 map, decoder
+ * alone: docs/areas/events.md "Session 12: the subscriber". */
+
+typedef struct tcur {
+  const uint8_t *end;
+  uint64_t *h; /* the hash arena: hn used of hcap */
+  size_t hn, hcap;
+  uint32_t *t; /* the token arena: tn used of tcap */
+  size_t tn, tcap;
+  const char *gpu; /* kvbm_medium_name(KVBM_MEDIUM_GPU) */
+} tcur;
+
+#define TINLINE static inline __attribute__((always_inline))
+
+/* An array header (fixarray or array16) at p, 3 bytes readable: its
+ * count, and the byte after it; NULL for any other header. */
+TINLINE const uint8_t *t_array(const uint8_t *p, uint32_t *n) {
+  if ((*p & 0xf0) == 0x90) {
+    *n = *p & 0x0f;
+    return p + 1;
+  }
+  if (*p != 0xdc) return NULL;
+  *n = (uint32_t)p[1] << 8 | p[2];
+  return p + 3;
+}
+
+/* The block hashes at p (3 bytes readable): an array of 0xcf hashes
+ * into the arena past hn (not yet counted); NULL if another form or no
+ * room. */
+TINLINE const uint8_t *t_hashes(const tcur *t, const uint8_t *p, uint32_t *count) {
+  uint32_t n;
+  if (!(p = t_array(p, &n))) return NULL;
+  if ((size_t)(t->end - p) / 9 < n || t->hcap - t->hn <= n) return NULL;
+  uint64_t *out = t->h + t->hn;
+  for (uint32_t i = 0; i < n; i++, p += 9) {
+    if (*p != 0xcf) return NULL;
+    out[i] = __builtin_bswap64(ld64(p + 1));
+  }
+  *count = n;
+  return p;
+}
+
+/* Token ids at p (3 bytes readable), an array of flat ids (no pairs)
+ * that the input holds at 5 bytes an id; NULL otherwise, or an id in a
+ * form tok_fast does not take, or no room. */
+TINLINE const uint8_t *t_tokens(const tcur *t, const uint8_t *p, uint32_t *count) {
+  uint32_t n, got;
+  if (!(p = t_array(p, &n))) return NULL;
+  if ((size_t)(t->end - p) / 5 < n || t->tcap - t->tn <= n) return NULL;
+  p = tok_fast(p, n, t->t + t->tn, &got);
+  *count = n;
+  return got == n ? p : NULL;
+}
+
+/* The parent hash at p (9 bytes readable: nil or 0xcf). */
+TINLINE const uint8_t *t_parent(const uint8_t *p, kvbm_event *ev) {
+  if (*p == 0xc0) return p + 1;
+  if (*p != 0xcf) return NULL;
+  ev->has_parent = true;
+  ev->parent_hash = __builtin_bswap64(ld64(p + 1));
+  return p + 1 + 8;
+}
+
+/* Bytes left at p: at least n, or the template declines. */
+#define T_NEED(p, n) \
+  if ((size_t)(t->end - (p)) < (size_t)(n)) return NULL
+
+#define T_MAP_STORED "\xa4" "type" "\xab" "BlockStored" "\xac" "block_hashes"
+#define T_MAP_REMOVED "\xa4" "type" "\xac" "BlockRemoved" "\xac" "block_hashes"
+#define T_PARENT "\xb1" "parent_block_hash"
+#define T_TOKENS "\xa9" "token_ids"
+#define T_BSIZE "\xaa" "block_size"
+#define T_POS_STORED "\xab" "BlockStored"
+#define T_POS_REMOVED "\xac" "BlockRemoved"
+#define T_POS_TAIL "\xc0" "\xa3" "GPU" "\xc0" /* lora_id nil, "GPU", lora_name nil */
+#define T_MAP_GPU "\xa6" "medium" "\xa3" "GPU"
+
+/* A store past its head: hashes, [key] parent, [key] tokens, [key]
+ * block size (a fixint), then the tail literal; `map` says whether keys
+ * come between. */
+TINLINE const uint8_t *t_stored(tcur *t, const uint8_t *p, kvbm_event *ev, ev_off *o, bool map) {
+  uint32_t nh, nt;
+  T_NEED(p, 3);
+  if (!(p = t_hashes(t, p, &nh))) return NULL;
+  if (map) {
+    T_NEED(p, LIT_LEN(T_PARENT) + 9);
+    if (!same(p, T_PARENT, LIT_LEN(T_PARENT))) return NULL;
+    p += LIT_LEN(T_PARENT);
+  } else {
+    T_NEED(p, 9);
+  }
+  if (!(p = t_parent(p, ev))) return NULL;
+  if (map) {
+    T_NEED(p, LIT_LEN(T_TOKENS) + 3);
+    if (!same(p, T_TOKENS, LIT_LEN(T_TOKENS))) return NULL;
+    p += LIT_LEN(T_TOKENS);
+  } else {
+    T_NEED(p, 3);
+  }
+  if (!(p = t_tokens(t, p, &nt))) return NULL;
+  if (map) {
+    T_NEED(p, LIT_LEN(T_BSIZE) + 1 + LIT_LEN(GPU_TAIL));
+    if (!same(p, T_BSIZE, LIT_LEN(T_BSIZE))) return NULL;
+    p += LIT_LEN(T_BSIZE);
+  } else {
+    T_NEED(p, 1 + LIT_LEN(T_POS_TAIL));
+  }
+  if (*p > 0x7f) return NULL;
+  ev->block_size = *p++;
+  if (map ? !same(p, GPU_TAIL, LIT_LEN(GPU_TAIL)) : !same(p, T_POS_TAIL, LIT_LEN(T_POS_TAIL)))
+    return NULL;
+  p += map ? LIT_LEN(GPU_TAIL) : LIT_LEN(T_POS_TAIL);
+  ev->type = KVBM_EVENT_STORED;
+  ev->num_block_hashes = nh;
+  if (nh) ev->block_hashes = t->h + t->hn;
+  ev->num_tokens = nt;
+  if (nt) ev->token_ids = t->t + t->tn;
+  o->t = t->tn;
+  t->tn += nt;
+  o->h = t->hn;
+  t->hn += nh;
+  return p;
+}
+
+/* A remove past its head: hashes, then "GPU" (with its key in a map). */
+TINLINE const uint8_t *t_removed(tcur *t, const uint8_t *p, kvbm_event *ev, ev_off *o, bool map) {
+  uint32_t nh;
+  T_NEED(p, 3);
+  if (!(p = t_hashes(t, p, &nh))) return NULL;
+  if (map) {
+    T_NEED(p, LIT_LEN(T_MAP_GPU));
+    if (!same(p, T_MAP_GPU, LIT_LEN(T_MAP_GPU))) return NULL;
+    p += LIT_LEN(T_MAP_GPU);
+  } else {
+    T_NEED(p, 4);
+    if (ld32(p) != ld32((const uint8_t *)"\xa3" "GPU")) return NULL;
+    p += 4;
+  }
+  ev->type = KVBM_EVENT_REMOVED;
+  ev->num_block_hashes = nh;
+  if (nh) ev->block_hashes = t->h + t->hn;
+  o->t = 0;
+  o->h = t->hn;
+  t->hn += nh;
+  return p;
+}
+
+/* One event at p by a template: the byte after it, with *ev and *o set
+ * and the arena counts in t advanced; or NULL (nothing kept: *ev may
+ * hold some values, which the next reader zeroes). */
+TINLINE const uint8_t *t_event(tcur *t, const uint8_t *p, kvbm_event *ev, ev_off *o) {
+  T_NEED(p, 1 + LIT_LEN(T_MAP_REMOVED));
+  uint8_t head = *p;
+  const uint8_t *q;
+  zero_event(ev);
+  if (head == 0x88 && same(p + 1, T_MAP_STORED, LIT_LEN(T_MAP_STORED)))
+    q = t_stored(t, p + 1 + LIT_LEN(T_MAP_STORED), ev, o, true);
+  else if (head == 0x83 && same(p + 1, T_MAP_REMOVED, LIT_LEN(T_MAP_REMOVED)))
+    q = t_removed(t, p + 1 + LIT_LEN(T_MAP_REMOVED), ev, o, true);
+  else if (head == 0x98 && same(p + 1, T_POS_STORED, LIT_LEN(T_POS_STORED)))
+    q = t_stored(t, p + 1 + LIT_LEN(T_POS_STORED), ev, o, false);
+  else if (head == 0x93 && same(p + 1, T_POS_REMOVED, LIT_LEN(T_POS_REMOVED)))
+    q = t_removed(t, p + 1 + LIT_LEN(T_POS_REMOVED), ev, o, false);
+  else
+    return NULL;
+  if (!q) return NULL;
+  ev->medium = KVBM_MEDIUM_GPU;
+  ev->medium_name = t->gpu;
+  o->plain = true;
+  return q;
+}
+#undef T_NEED
+
+/* Events i.. of n by the templates, as long as they match and the event
+ * arrays have room: the cursor, the arena counts and the capacities in
+ * locals, written back once. Returns the index of the first event not
+ * read (n when all were). */
+static uint32_t read_templates(dctx *c, uint32_t i, uint32_t n, size_t *kept) {
+  kvbm_event_decoder *d = c->d;
+  tcur t = {c->r.end, d->h, d->h_n, d->h_cap, d->t, d->t_n, d->t_cap,
+            d->static_name[KVBM_MEDIUM_GPU]};
+  const uint8_t *p = c->r.p;
+  size_t k = *kept, cap = d->ev_cap < d->off_cap ? d->ev_cap : d->off_cap;
+  kvbm_event *ev = d->ev;
+  ev_off *off = d->off;
+  for (; i < n && k < cap; i++, k++) {
+    const uint8_t *q = t_event(&t, p, &ev[k], &off[k]);
+    if (!q) break;
+    p = q;
+  }
+  c->r.p = p;
+  d->h_n = t.hn;
+  d->t_n = t.tn;
+  d->ev_n = *kept = k;
+  return i;
+}
+
 /* Reads the events array. A failed event is skipped whole when it is
  * well-formed msgpack (see the top of this file); otherwise its error is
  * the payload's. */
@@ -1116,6 +1367,8 @@ static int read_events(dctx *c, kvbm_event_batch *out) {
   kvbm_error *caller = c->err;
   size_t kept = 0;
   for (uint32_t i = 0; i < n; i++) {
+    /* the usual layouts first, as many in a row as come */
+    if (!d->general_only && (i = read_templates(c, i, n, &kept)) == n) break;
     if (kept >= d->ev_cap) RESERVE(d->ev, d->ev_cap, kept + 1);
     if (kept >= d->off_cap) RESERVE(d->off, d->off_cap, kept + 1);
     kvbm_event *ev = &d->ev[kept];

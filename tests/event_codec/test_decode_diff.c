@@ -301,6 +301,66 @@ static void test_own_encoder(void **state) {
   assert_true(plain * 2 > events);
 }
 
+/* The templates (decode.c: the usual layouts matched whole, the token
+ * ids four a step in runs of one width): events of our encoder in both
+ * forms whose token ids come in runs of every width (fixint, uint8,
+ * uint16, uint32) and length 0..9 around the four-a-step boundary,
+ * 0..20 hashes (fixarray and array16 headers), a parent or none; each
+ * payload and its every prefix and mutations against the general reader,
+ * and the events against what was sent. */
+static void test_templates(void **state) {
+  diff *d = *state;
+  static const uint32_t kWidth[] = {5, 200, 7919, 71271}; /* fixint, uint8, uint16, uint32 */
+  uint64_t hashes[8][21];
+  uint32_t tokens[8][21 * 16];
+  size_t events = 0, plain = 0;
+  for (int round = 0; round < 300; round++) {
+    kvbm_event ev[8];
+    size_t n = 1 + next(d) % 8;
+    for (size_t i = 0; i < n; i++) {
+      kvbm_event *e = &ev[i];
+      size_t nb = round < 21 ? (size_t)round : next(d) % 4 == 0 ? next(d) % 21 : 1;
+      for (size_t j = 0; j < nb; j++) hashes[i][j] = next(d) | 1ull << 63;
+      *e = (kvbm_event){.type = i % 2 ? KVBM_EVENT_REMOVED : KVBM_EVENT_STORED,
+                        .block_hashes = hashes[i], .num_block_hashes = nb,
+                        .medium = KVBM_MEDIUM_GPU};
+      if (e->type != KVBM_EVENT_STORED) continue;
+      size_t nt = next(d) % 3 == 0 ? next(d) % 16 : 16 * nb; /* fixarray or array16 */
+      for (size_t j = 0; j < nt;) { /* runs of one width, 1..9 long */
+        size_t run = 1 + next(d) % 9;
+        uint32_t w = kWidth[next(d) % 4];
+        for (size_t r = 0; r < run && j < nt; r++, j++) tokens[i][j] = w + (uint32_t)(next(d) % 50);
+      }
+      e->token_ids = tokens[i];
+      e->num_tokens = nt;
+      e->block_size = 16;
+      e->has_parent = next(d) % 2;
+      e->parent_hash = e->has_parent ? next(d) | 1ull << 63 : 0;
+    }
+    kvbm_event_batch b = {.ts = 1.7e9, .events = ev, .num_events = n, .has_dp_rank = true};
+    for (int form = 0; form < 2; form++) {
+      kvbm_event_encoder_config cfg = {.form = (kvbm_event_form)form};
+      kvbm_event_encoder *enc;
+      assert_int_equal(kvbm_event_encoder_create(&cfg, &enc, NULL), 0);
+      const uint8_t *p;
+      size_t len;
+      assert_int_equal(kvbm_event_encode(enc, &b, &p, &len, NULL), 0);
+      size_t e0 = d->events, p0 = d->plain;
+      diff_one(d, p, len);
+      events += d->events - e0;
+      plain += d->plain - p0;
+      same_as_sent(d->quick, p, len, &b);
+      if (round % 10 == 0)
+        for (size_t cut = 0; cut < len; cut++) diff_one(d, p, cut);
+      diff_mutated(d, p, len, 20);
+      kvbm_event_encoder_destroy(enc);
+    }
+  }
+  print_message("templates: events %zu, read whole by the quick path or a template %zu\n", events,
+                plain);
+  assert_int_equal(plain, events); /* every one of these is a usual layout */
+}
+
 /* Layouts at the quick path's edges, written out. */
 static void test_edges(void **state) {
   diff *d = *state;
@@ -352,6 +412,16 @@ static void test_edges(void **state) {
         "\x89" STORED_HEAD REST "\xa4type\xb0" "AllBlocksCleared"
         "\x84\xa4type\xac" "BlockRemoved\xac" "block_hashes\x91\x05\xa6medium\xa3GPU"
         "\xa4type\xab" "BlockStored"),
+      /* a template's layout with one value it does not take: a uint64
+       * token id, bytes hashes, a parent as a small integer, a block size
+       * above fixint, "CPU": declined at that byte, the quick path reads it */
+      C("\x92\x01\x91\x88" STORED_HEAD "\xb1parent_block_hash\xc0\xa9token_ids\x93\x05\xcf\x00\x00"
+        "\x00\x00\x00\x00\x00\x07\xcd\x01\x00\xaa" "block_size\x02"
+        "\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0"),
+      C("\x92\x01\x92\x98\xab" "BlockStored\x91\xc4\x02\x01\x02\x07\x90\xcd\x01\x00\xc0\xa3GPU\xc0"
+        "\x93\xac" "BlockRemoved\x91" H "\xa3" "CPU"),
+      C("\x92\x01\x91\x98\xab" "BlockStored\x91" H "\xc0\x94\xce\x00\x01\x00\x00\xce\x00\x01\x00\x01"
+        "\xce\x00\x01\x00\x02\xd0\x01\x10\xc0\xa3GPU\xc0"),
       /* truncated inside the quick path's literals and values */
       C("\x92\x01\x91\x88" STORED_HEAD "\xb1parent_block_h"),
       C("\x92\x01\x91\x88" STORED_HEAD "\xb1parent_block_hash\xcf\x01\x02"),
@@ -376,6 +446,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_engine_payloads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_own_encoder, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_templates, setup, teardown),
       cmocka_unit_test_setup_teardown(test_edges, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
