@@ -1191,11 +1191,11 @@ TINLINE const uint8_t *t_array(const uint8_t *p, uint32_t *n) {
 TINLINE const uint8_t *t_hashes(const tcur *t, const uint8_t *p, uint32_t *count) {
   uint32_t n;
   if (!(p = t_array(p, &n))) return NULL;
-  if ((size_t)(t->end - p) / 9 < n || t->hcap - t->hn <= n) return NULL;
-  uint64_t *out = t->h + t->hn;
-  for (uint32_t i = 0; i < n; i++, p += 9) {
+  /* n < 2^16 (the header's count): 9 * n does not wrap */
+  if ((size_t)(t->end - p) < (size_t)n * 9 || t->hcap - t->hn <= n) return NULL;
+  for (uint64_t *o = t->h + t->hn, *oe = o + n; o != oe; o++, p += 9) {
     if (*p != 0xcf) return NULL;
-    out[i] = __builtin_bswap64(ld64(p + 1));
+    *o = __builtin_bswap64(ld64(p + 1));
   }
   *count = n;
   return p;
@@ -1207,7 +1207,7 @@ TINLINE const uint8_t *t_hashes(const tcur *t, const uint8_t *p, uint32_t *count
 TINLINE const uint8_t *t_tokens(const tcur *t, const uint8_t *p, uint32_t *count) {
   uint32_t n, got;
   if (!(p = t_array(p, &n))) return NULL;
-  if ((size_t)(t->end - p) / 5 < n || t->tcap - t->tn <= n) return NULL;
+  if ((size_t)(t->end - p) < (size_t)n * 5 || t->tcap - t->tn <= n) return NULL;
   p = tok_fast(p, n, t->t + t->tn, &got);
   *count = n;
   return got == n ? p : NULL;
@@ -1241,22 +1241,18 @@ TINLINE const uint8_t *t_parent(const uint8_t *p, kvbm_event *ev) {
  * come between. */
 TINLINE const uint8_t *t_stored(tcur *t, const uint8_t *p, kvbm_event *ev, ev_off *o, bool map) {
   uint32_t nh, nt;
-  T_NEED(p, 3);
   if (!(p = t_hashes(t, p, &nh))) return NULL;
+  /* the parent's key and value (at most 9 bytes), the tokens' key and
+   * array header: bytes every store of this layout has after its hashes */
+  T_NEED(p, (map ? LIT_LEN(T_PARENT) + LIT_LEN(T_TOKENS) : 0) + 9 + 3);
   if (map) {
-    T_NEED(p, LIT_LEN(T_PARENT) + 9);
     if (!same(p, T_PARENT, LIT_LEN(T_PARENT))) return NULL;
     p += LIT_LEN(T_PARENT);
-  } else {
-    T_NEED(p, 9);
   }
   if (!(p = t_parent(p, ev))) return NULL;
   if (map) {
-    T_NEED(p, LIT_LEN(T_TOKENS) + 3);
     if (!same(p, T_TOKENS, LIT_LEN(T_TOKENS))) return NULL;
     p += LIT_LEN(T_TOKENS);
-  } else {
-    T_NEED(p, 3);
   }
   if (!(p = t_tokens(t, p, &nt))) return NULL;
   if (map) {
@@ -1286,7 +1282,6 @@ TINLINE const uint8_t *t_stored(tcur *t, const uint8_t *p, kvbm_event *ev, ev_of
 /* A remove past its head: hashes, then "GPU" (with its key in a map). */
 TINLINE const uint8_t *t_removed(tcur *t, const uint8_t *p, kvbm_event *ev, ev_off *o, bool map) {
   uint32_t nh;
-  T_NEED(p, 3);
   if (!(p = t_hashes(t, p, &nh))) return NULL;
   if (map) {
     T_NEED(p, LIT_LEN(T_MAP_GPU));
@@ -1310,7 +1305,10 @@ TINLINE const uint8_t *t_removed(tcur *t, const uint8_t *p, kvbm_event *ev, ev_o
  * and the arena counts in t advanced; or NULL (nothing kept: *ev may
  * hold some values, which the next reader zeroes). */
 TINLINE const uint8_t *t_event(tcur *t, const uint8_t *p, kvbm_event *ev, ev_off *o) {
-  T_NEED(p, 1 + LIT_LEN(T_MAP_REMOVED));
+  /* the longest head and the hashes' array header (3 bytes): every
+   * layout but a short positional remove at a payload's end has them (that
+   * one goes the quick way) */
+  T_NEED(p, 1 + LIT_LEN(T_MAP_REMOVED) + 3);
   uint8_t head = *p;
   const uint8_t *q;
   zero_event(ev);
