@@ -734,11 +734,14 @@ HOT void slot_write(slot *s, uint64_t key, unsigned low) {
 /* Fills an empty slot. No busy phase: a reader that loaded the empty meta
  * stops there (an empty slot ends a probe) whatever key it then reads, and
  * one that loads the new meta (acquire) sees the key stored before it. */
-HOT void slot_fill(slot *s, uint64_t key, unsigned low) {
-  uint64_t ver = (LD(&s->meta) >> VSHIFT) + 1;
+HOT void slot_fill_m(slot *s, uint64_t key, unsigned low, uint64_t meta) {
+  uint64_t ver = (meta >> VSHIFT) + 1;
   ST(&s->key, key);
   STR(&s->meta, (ver << VSHIFT) | low);
 }
+
+/* The same, meta (empty) read here. */
+HOT void slot_fill(slot *s, uint64_t key, unsigned low) { slot_fill_m(s, key, low, LD(&s->meta)); }
 
 /* Empties a slot with one store: a reader that loaded the old meta finds
  * the version changed when it loads meta again, and retries; the key and
@@ -749,12 +752,17 @@ HOT void slot_clear(slot *s) { STR(&s->meta, ((LD(&s->meta) >> VSHIFT) + 1) << V
 static inline unsigned slot_tiers(const slot *s) { return (unsigned)(LD(&s->meta) & TIERS_MASK); }
 static inline bool slot_used(const slot *s) { return (LD(&s->meta) & OCC) != 0; }
 
-/* The writer's slot of key h in t, or the empty slot ending its run. */
-HOT slot *find_slot(wtab *t, uint64_t h, bool *found) {
+/* The writer's slot of key h in t, or the empty slot ending its run;
+ * *meta: the slot's meta as the probe read it (the writer is the only
+ * one to change it), so that callers test its tiers without loading it
+ * again. */
+HOT slot *find_slot_m(wtab *t, uint64_t h, bool *found, uint64_t *meta) {
   size_t mask = t->cap - 1;
   for (size_t i = home(t, h);; i = (i + 1) & mask) {
     slot *s = &t->s[i];
-    if (!slot_used(s)) {
+    uint64_t m = LD(&s->meta);
+    *meta = m;
+    if (!(m & OCC)) {
       *found = false;
       return s;
     }
@@ -765,16 +773,23 @@ HOT slot *find_slot(wtab *t, uint64_t h, bool *found) {
   }
 }
 
+HOT slot *find_slot(wtab *t, uint64_t h, bool *found) {
+  uint64_t m;
+  return find_slot_m(t, h, found, &m);
+}
+
 /* The slot of key h in t: `hint`, a slot of t, when it holds h (keys are
  * unique in a table, so a used slot holding h is h's slot, whatever
  * moved since the hint was taken), else the probe's answer. See "The
  * hint" (the lean path). */
-HOT slot *find_hinted(wtab *t, slot *hint, uint64_t h, bool *found) {
-  if (LD(&hint->key) == h && slot_used(hint)) {
+HOT slot *find_hinted(wtab *t, slot *hint, uint64_t h, bool *found, uint64_t *meta) {
+  uint64_t m = LD(&hint->meta);
+  if (LD(&hint->key) == h && (m & OCC)) {
     *found = true;
+    *meta = m;
     return hint;
   }
-  return find_slot(t, h, found);
+  return find_slot_m(t, h, found, meta);
 }
 
 static inline wpriv *priv(wtab *t, slot *s) {
@@ -863,14 +878,15 @@ HOT int reserve2(kvbm_index *idx, worker *w) {
 /* Links a newly held block to its parent: counts it as a child, and as
  * broken when the parent is not held (a ghost, made here if need be);
  * true then (`broken` changed). */
-HOT bool link_parent_at(worker *w, slot *ps, bool found, uint64_t parent) {
+HOT bool link_parent_m(worker *w, slot *ps, bool found, uint64_t parent, uint64_t m) {
   if (!found) { /* room was reserved */
     memset(&ps->w, 0, sizeof(wpriv));
     slot_fill(ps, parent, OCC);
     w->entries++;
+    m = 0; /* a ghost: no tiers */
   }
   ps->w.nchild++;
-  if (slot_tiers(ps)) return false;
+  if (m & TIERS_MASK) return false;
   w->broken++;
   return true;
 }
@@ -878,18 +894,19 @@ HOT bool link_parent_at(worker *w, slot *ps, bool found, uint64_t parent) {
 /* The same, the parent's slot (or the empty slot ending its run) found here. */
 HOT bool link_parent(worker *w, wtab *t, uint64_t parent) {
   bool found;
-  slot *ps = find_slot(t, parent, &found);
-  return link_parent_at(w, ps, found, parent);
+  uint64_t m;
+  slot *ps = find_slot_m(t, parent, &found, &m);
+  return link_parent_m(w, ps, found, parent, m);
 }
 
 /* Undoes link_parent for a block no longer held (its own slot already
  * changed), the parent's slot ps found by the caller. A ghost parent left
  * without children goes. True when `broken` changed. */
-HOT bool unlink_parent_at(worker *w, wtab *t, slot *ps, bool found) {
+HOT bool unlink_parent_m(worker *w, wtab *t, slot *ps, bool found, uint64_t m) {
   if (!found) return false; /* cannot happen: linked blocks keep their parent's entry */
   wpriv *pp = priv(t, ps);
   pp->nchild--;
-  if (slot_tiers(ps)) return false;
+  if (m & TIERS_MASK) return false;
   w->broken--;
   if (!pp->nchild) slot_delete(w, t, ps);
   return true;
@@ -897,8 +914,9 @@ HOT bool unlink_parent_at(worker *w, wtab *t, slot *ps, bool found) {
 
 HOT bool unlink_parent(worker *w, wtab *t, uint64_t parent) {
   bool found;
-  slot *ps = find_slot(t, parent, &found);
-  return unlink_parent_at(w, t, ps, found);
+  uint64_t m;
+  slot *ps = find_slot_m(t, parent, &found, &m);
+  return unlink_parent_m(w, t, ps, found, m);
 }
 
 /* Sets tier bit `tier` of key h for worker wi; *was_set says whether it
@@ -1718,19 +1736,20 @@ HOT int lean_store_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, uint
     a->hs = a->hr = t->s;
   }
   bool found;
-  slot *s = find_slot(t, h, &found);
+  uint64_t m;
+  slot *s = find_slot_m(t, h, &found, &m);
   if (__builtin_expect(found, 0)) {
     int rc = cold_hold(idx, wi, h, parent, hp);
     a->hs = a->hr = LD(&w->tab)->s;
     return rc;
   }
   s->w = (wpriv){.parent = parent, .has_parent = hp};
-  slot_fill(s, h, OCC | 1u << KVBM_TIER_G1);
+  slot_fill_m(s, h, OCC | 1u << KVBM_TIER_G1, m);
   w->entries++;
   a->stored++;
   if (hp) { /* usually the block stored just before: the hint */
-    slot *ps = find_hinted(t, a->hs, parent, &found);
-    if (link_parent_at(w, ps, found, parent)) publish_closed(w);
+    slot *ps = find_hinted(t, a->hs, parent, &found, &m);
+    if (link_parent_m(w, ps, found, parent, m)) publish_closed(w);
   }
   a->hs = s; /* the next block's parent, if it continues this sequence */
   return KVBM_OK;
@@ -1761,8 +1780,9 @@ HOT void lean_remove_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, le
   bool found = false;
   /* engines evict tail first: usually the parent of the block removed
    * just before, the hint */
-  slot *s = w->map.n ? NULL : find_hinted(t, a->hr, h, &found);
-  if (__builtin_expect(!found || slot_tiers(s) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
+  uint64_t m = 0;
+  slot *s = w->map.n ? NULL : find_hinted(t, a->hr, h, &found, &m);
+  if (__builtin_expect(!found || (m & TIERS_MASK) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
     cold_unhold(idx, wi, h);
     return;
   }
@@ -1771,9 +1791,9 @@ HOT void lean_remove_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, le
   slot_delete(w, t, s);
   a->removed++;
   if (hp) {
-    slot *ps = find_slot(t, parent, &found);
+    slot *ps = find_slot_m(t, parent, &found, &m);
     a->hr = ps; /* the next block removed, if the eviction goes on up this chain */
-    if (unlink_parent_at(w, t, ps, found)) publish_closed(w);
+    if (unlink_parent_m(w, t, ps, found, m)) publish_closed(w);
   }
 }
 
