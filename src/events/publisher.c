@@ -960,34 +960,86 @@ static int publish_ranked(kvbm_publisher *p, const kvbm_event *ev0, int32_t dp_r
  * publish (callgrind, docs/areas/events.md, Session 11). lean_append is
  * that step with the lock held (false: not taken, nothing changed), also
  * used by kvbm_publisher_publish_batch for each plain event of a group. */
-static inline __attribute__((always_inline)) bool
-lean_append(kvbm_publisher *p, const kvbm_event *ev, size_t need, int32_t dp_rank,
-            uint64_t *id) {
-  size_t bound = kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens);
+
+/* The open chunk, when the lean step may append `room` bytes to it for
+ * an event of byte cost `need` (lock held); NULL when not. */
+static inline __attribute__((always_inline)) wchunk *
+lean_chunk(kvbm_publisher *p, size_t need, size_t room, int32_t dp_rank) {
   evq *q = p->fill;
   wchunk *c = q->nch ? q->ch[q->nch - 1] : NULL;
   if (!p->lean || q->n == 0 || q->n >= p->o.queue_events || need > p->o.queue_bytes - q->bytes ||
       !c || c->pub >= p->o.max_batch_events || c->dp_rank != dp_rank ||
-      c->cap < KVBM__EVENT_HEAD_MAX + c->len + bound + KVBM__MP_SCALAR_MAX)
-    return false;
-  uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
-  c->len += (size_t)(kvbm__event_put_plain(at, ev, &p->ecfg) - at);
+      c->cap < KVBM__EVENT_HEAD_MAX + c->len + room + KVBM__MP_SCALAR_MAX)
+    return NULL;
+  return c;
+}
+
+/* The lean step's end, its `len` bytes in c (lock held): counts, the id. */
+static inline __attribute__((always_inline)) void
+lean_count(kvbm_publisher *p, wchunk *c, size_t len, size_t need, uint64_t *id) {
+  evq *q = p->fill;
+  c->len += len;
   q_count(q, c, need, 1);
   *id = ++p->st.accepted;
   if (q->n >= p->o.max_batch_events) wake(p);
+}
+
+static inline __attribute__((always_inline)) bool
+lean_append(kvbm_publisher *p, const kvbm_event *ev, size_t need, int32_t dp_rank,
+            uint64_t *id) {
+  size_t bound = kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens);
+  wchunk *c = lean_chunk(p, need, bound, dp_rank);
+  if (!c) return false;
+  uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
+  lean_count(p, c, (size_t)(kvbm__event_put_plain(at, ev, &p->ecfg) - at), need, id);
   return true;
 }
 
-static int publish_plain(kvbm_publisher *p, const kvbm_event *ev, uint64_t *event_id,
-                         kvbm_error *err) {
+/* The lean step for an event encoded before the lock (`len` bytes at
+ * `bytes`): a copy into the open chunk. */
+static inline __attribute__((always_inline)) bool
+lean_copy(kvbm_publisher *p, const uint8_t *bytes, size_t len, size_t need, int32_t dp_rank,
+          uint64_t *id) {
+  wchunk *c = lean_chunk(p, need, len, dp_rank);
+  if (!c) return false;
+  memcpy(c->data + KVBM__EVENT_HEAD_MAX + c->len, bytes, len);
+  lean_count(p, c, len, need, id);
+  return true;
+}
+
+/* A plain event whose bound is at most this is encoded before the lock,
+ * on the producer's stack (K <= 16 blocks of 16 tokens: 406 + 9 K + 80 K
+ * bytes at most); a larger one is encoded under it, in place. */
+#define PLAIN_STACK 2048
+
+/* The usual publish. The event is encoded *before* the lock, into a
+ * buffer on this thread's stack, so that the producer holds p->mu only to
+ * take the open chunk, copy the bytes in (a K = 1 map event is ~119
+ * bytes), count them and give the id: the encode was most of the hold
+ * (~160 of ~250 instructions at K = 1), and the publisher thread, which
+ * wants the lock twice a batch, waited behind it (the convoy of
+ * docs/areas/events.md, Session 11, second pass). Ids are still given
+ * under the lock, at the append, so ids still follow the order in which
+ * events enter the queue, across threads (events.h). When the lean step
+ * does not take the event, publish_ranked decides again and encodes
+ * under the lock (about one event in max_batch_events): the early encode
+ * is then thrown away. */
+static inline __attribute__((always_inline)) int
+publish_plain(kvbm_publisher *p, const kvbm_event *ev, uint64_t *event_id, kvbm_error *err) {
   size_t need = ev->num_block_hashes * 8 + (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
   uint64_t id;
-  pthread_mutex_lock(&p->mu);
-  if (!lean_append(p, ev, need, p->o.dp_rank, &id)) {
-    pthread_mutex_unlock(&p->mu);
-    return publish_ranked(p, ev, p->o.dp_rank, event_id, err);
+  bool ok;
+  if (kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens) <= PLAIN_STACK) {
+    uint8_t buf[PLAIN_STACK];
+    size_t len = (size_t)(kvbm__event_put_plain(buf, ev, &p->ecfg) - buf);
+    pthread_mutex_lock(&p->mu);
+    ok = lean_copy(p, buf, len, need, p->o.dp_rank, &id);
+  } else {
+    pthread_mutex_lock(&p->mu);
+    ok = lean_append(p, ev, need, p->o.dp_rank, &id);
   }
   pthread_mutex_unlock(&p->mu);
+  if (!ok) return publish_ranked(p, ev, p->o.dp_rank, event_id, err);
   if (event_id) *event_id = id;
   return KVBM_OK;
 }
