@@ -311,7 +311,13 @@ static inline uint8_t *put_hash_wide(uint8_t *p, uint64_t v, bool sgn) {
   return p + 9;
 }
 
+/* One block (a pool link's every event) has a one-byte header and no
+ * loop: ~8 instructions a K = 1 event less (callgrind). */
 static inline uint8_t *put_hashes_plain(uint8_t *p, const uint64_t *h, size_t n, bool sgn) {
+  if (n == 1) {
+    *p = 0x91;
+    return put_hash_wide(p + 1, h[0], sgn);
+  }
   p = kvbm__mp_put_hdr(p, n, false);
   for (size_t i = 0; i < n; i++) p = put_hash_wide(p, h[i], sgn);
   return p;
@@ -346,9 +352,10 @@ static inline uint8_t *put_token_id(uint8_t *p, uint32_t v) {
   return p + 1;
 }
 
-/* Two ids a step: half the loop's own compares and increments. */
+/* Two ids a step: half the loop's own compares and increments. A
+ * block's 16 ids have their array16 header as one 3-byte template. */
 static inline uint8_t *put_tokens_plain(uint8_t *p, const uint32_t *t, size_t n) {
-  p = kvbm__mp_put_hdr(p, n, false);
+  p = n == 16 ? TPL(p, "\xdc\x00\x10") : kvbm__mp_put_hdr(p, n, false);
   size_t i = 0;
   for (; i + 2 <= n; i += 2) p = put_token_id(put_token_id(p, t[i]), t[i + 1]);
   return i < n ? put_token_id(p, t[i]) : p;
