@@ -158,6 +158,7 @@ typedef struct wtab {
   size_t cap; /* power of two */
   unsigned shift;
   slot *s;
+  slot *last; /* s + cap - 1: a delete's next slot wraps after it */
   void *map; /* the mapping behind s, when mapped */
   size_t map_len;
   struct wtab *retired; /* older tables, kept until destroy */
@@ -284,6 +285,7 @@ static wtab *wtab_new(size_t cap) {
     return NULL;
   }
   t->cap = cap;
+  t->last = t->s + cap - 1;
   unsigned bits = 0;
   while (((size_t)1 << bits) < cap) bits++;
   t->shift = 64 - bits;
@@ -863,7 +865,7 @@ done:
  * shift out of line. */
 HOT void slot_delete(worker *w, wtab *t, slot *s) {
   w->entries--;
-  const slot *next = s + 1 == t->s + t->cap ? t->s : s + 1;
+  const slot *next = s == t->last ? t->s : s + 1;
   if (!slot_used(next)) slot_clear(s);
   else slot_delete_shift(w, t, s);
 }
@@ -1601,7 +1603,7 @@ HOT int apply_one(kvbm_index *idx, uint32_t s, const kvbm_event *ev, kvbm_error 
   return KVBM_OK;
 }
 
-static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kvbm_error *err);
+static int lean_batch(kvbm_index *idx, worker *w, const kvbm_event_batch *b, kvbm_error *err);
 static inline bool lean_worker(const kvbm_index *idx, const worker *w);
 
 int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
@@ -1621,7 +1623,7 @@ int kvbm_index_apply(kvbm_index *idx, kvbm_worker_key worker, uint64_t id,
   learn0(idx, s, ev, 1);
   /* a batch of one: the same paths as kvbm_index_apply_batch */
   const kvbm_event_batch one = {.events = ev, .num_events = 1};
-  if (lean_worker(idx, &idx->w[s])) return lean_batch(idx, s, &one, err);
+  if (lean_worker(idx, &idx->w[s])) return lean_batch(idx, &idx->w[s], &one, err);
   return apply_one(idx, s, ev, err);
 }
 
@@ -1724,11 +1726,18 @@ static __attribute__((noinline, cold)) int cold_grow(kvbm_index *idx, worker *w)
   return worker_table(idx, w, LD(&w->tab)->cap * 2);
 }
 
+/* The slot number of worker w: the lean path keeps w only (not its slot
+ * as well, which the compiler kept by recomputing w from it, a multiply
+ * an event) and computes the slot where a general call needs it. */
+static inline uint32_t wslot(const kvbm_index *idx, const worker *w) {
+  return (uint32_t)(w - idx->w);
+}
+
 /* One block of a lean BlockStored: a block not in the table yet becomes
  * a new device entry under its parent; one already there (a copy,
  * another tier, a ghost) takes the general path. */
-HOT int lean_store_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, uint64_t parent,
-                       bool hp, lean *a) {
+HOT int lean_store_one(kvbm_index *idx, worker *w, uint64_t h, uint64_t parent, bool hp,
+                       lean *a) {
   wtab *t = LD(&w->tab);
   if (__builtin_expect((w->entries + 2) * 2 > t->cap, 0)) { /* as reserve2 */
     if (cold_grow(idx, w)) return KVBM_ENOMEM;
@@ -1739,7 +1748,7 @@ HOT int lean_store_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, uint
   uint64_t m;
   slot *s = find_slot_m(t, h, &found, &m);
   if (__builtin_expect(found, 0)) {
-    int rc = cold_hold(idx, wi, h, parent, hp);
+    int rc = cold_hold(idx, wslot(idx, w), h, parent, hp);
     a->hs = a->hr = LD(&w->tab)->s;
     return rc;
   }
@@ -1756,7 +1765,7 @@ HOT int lean_store_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, uint
 }
 
 /* A lean BlockStored of several blocks, each under the one before. */
-static int lean_stored(kvbm_index *idx, worker *w, uint32_t wi, const kvbm_event *ev, lean *a) {
+static int lean_stored(kvbm_index *idx, worker *w, const kvbm_event *ev, lean *a) {
   const uint64_t *hs = ev->block_hashes;
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
     if (i + EV_AHEAD < ev->num_block_hashes) {
@@ -1765,7 +1774,7 @@ static int lean_stored(kvbm_index *idx, worker *w, uint32_t wi, const kvbm_event
     }
     uint64_t h = hs[i], parent = i ? hs[i - 1] : ev->parent_hash;
     bool hp = (i > 0 || ev->has_parent) && parent != h;
-    int rc = lean_store_one(idx, w, wi, h, parent, hp, a);
+    int rc = lean_store_one(idx, w, h, parent, hp, a);
     if (rc) return rc;
   }
   return KVBM_OK;
@@ -1775,7 +1784,7 @@ static int lean_stored(kvbm_index *idx, worker *w, uint32_t wi, const kvbm_event
  * no children is deleted and its parent's count goes down; anything else
  * (an unknown block, extra copies in the map, other tiers, children that
  * make it a ghost) takes the general path. */
-HOT void lean_remove_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, lean *a) {
+HOT void lean_remove_one(kvbm_index *idx, worker *w, uint64_t h, lean *a) {
   wtab *t = LD(&w->tab); /* removes never grow it */
   bool found = false;
   /* engines evict tail first: usually the parent of the block removed
@@ -1783,7 +1792,7 @@ HOT void lean_remove_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, le
   uint64_t m = 0;
   slot *s = w->map.n ? NULL : find_hinted(t, a->hr, h, &found, &m);
   if (__builtin_expect(!found || (m & TIERS_MASK) != 1u << KVBM_TIER_G1 || s->w.nchild, 0)) {
-    cold_unhold(idx, wi, h);
+    cold_unhold(idx, wslot(idx, w), h);
     return;
   }
   uint64_t parent = s->w.parent;
@@ -1798,15 +1807,14 @@ HOT void lean_remove_one(kvbm_index *idx, worker *w, uint32_t wi, uint64_t h, le
 }
 
 /* A lean BlockRemoved of several blocks. */
-static void lean_removed(kvbm_index *idx, worker *w, uint32_t wi, const kvbm_event *ev,
-                         lean *a) {
+static void lean_removed(kvbm_index *idx, worker *w, const kvbm_event *ev, lean *a) {
   const uint64_t *hs = ev->block_hashes;
   for (size_t i = 0; i < ev->num_block_hashes; i++) {
     if (i + EV_AHEAD < ev->num_block_hashes) {
       const wtab *t = LD(&w->tab);
       __builtin_prefetch(&t->s[home(t, hs[i + EV_AHEAD])], 1);
     }
-    lean_remove_one(idx, w, wi, hs[i], a);
+    lean_remove_one(idx, w, hs[i], a);
   }
 }
 
@@ -1848,8 +1856,7 @@ static int general_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b,
 /* A batch of a lean worker: lean events on the lean path, others on the
  * general one (the counters flushed first); should the worker stop being
  * lean (a namespaced store), the rest of the batch goes the general way. */
-static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kvbm_error *err) {
-  worker *w = &idx->w[s];
+static int lean_batch(kvbm_index *idx, worker *w, const kvbm_event_batch *b, kvbm_error *err) {
   const kvbm_event *ev = b->events, *end = ev + b->num_events;
   /* pf: the next event to prefetch, EV_AHEAD ahead of ev; counted: the
    * first lean event not yet counted in a.events (counted by their
@@ -1865,22 +1872,23 @@ static int lean_batch(kvbm_index *idx, uint32_t s, const kvbm_event_batch *b, kv
       if (__builtin_expect(lean_event(ev) && !lean_salted(ev), 1)) {
         if (ev->num_block_hashes == 1) {
           uint64_t h = ev->block_hashes[0];
-          rc = lean_store_one(idx, w, s, h, ev->parent_hash,
-                              ev->has_parent && ev->parent_hash != h, &a);
+          rc = lean_store_one(idx, w, h, ev->parent_hash,
+                              ev->has_parent & (ev->parent_hash != h), &a);
         } else {
-          rc = lean_stored(idx, w, s, ev, &a);
+          rc = lean_stored(idx, w, ev, &a);
         }
         if (__builtin_expect(rc != 0, 0)) break;
         continue;
       }
     } else if (ev->type == KVBM_EVENT_REMOVED && __builtin_expect(lean_event(ev), 1)) {
-      if (ev->num_block_hashes == 1) lean_remove_one(idx, w, s, ev->block_hashes[0], &a);
-      else lean_removed(idx, w, s, ev, &a);
+      if (ev->num_block_hashes == 1) lean_remove_one(idx, w, ev->block_hashes[0], &a);
+      else lean_removed(idx, w, ev, &a);
       continue;
     }
     a.events += (uint64_t)(ev - counted);
     counted = ev + 1;
     lean_flush(idx, w, &a);
+    uint32_t s = wslot(idx, w);
     if ((rc = cold_apply(idx, s, ev, err))) return rc;
     a.hs = a.hr = LD(&w->tab)->s; /* a store there may have grown the table */
     if (!lean_worker(idx, w)) return general_batch(idx, s, b, (size_t)(ev + 1 - b->events), err);
@@ -1902,7 +1910,7 @@ int kvbm_index_apply_batch(kvbm_index *idx, uint64_t worker_id, const kvbm_event
   if (rc) return rc;
   if (!check_id(idx, s, b->seq)) return KVBM_OK;
   learn0(idx, s, b->events, b->num_events);
-  if (lean_worker(idx, &idx->w[s])) return lean_batch(idx, s, b, err);
+  if (lean_worker(idx, &idx->w[s])) return lean_batch(idx, &idx->w[s], b, err);
   return general_batch(idx, s, b, 0, err);
 }
 
