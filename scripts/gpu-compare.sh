@@ -30,6 +30,9 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=${OUT:-$ROOT/gpu-compare-out}
 ROUNDS=${KVBM_COMPARE_ROUNDS:-5}
+# where the two builds go: a second compare in the same session (another
+# pair of snapshots) names its own, as CMake keeps one source per build
+BUILDS=${KVBM_COMPARE_BUILDS:-/tmp/kvbm-compare}
 mkdir -p "$OUT"
 rc=0
 for side in old new; do
@@ -37,7 +40,7 @@ for side in old new; do
   cp "$ROOT/scripts/gpu-check.sh" "$src/scripts/gpu-check.sh"
   echo "gpu-compare: building $side ($src)" >&2
   KVBM_GPU_DEBS=${KVBM_GPU_DEBS:-$ROOT/.gpu-debs} KVBM_SHARED_DIR=${KVBM_SHARED_DIR:-$ROOT/.gpu-shared} \
-    KVBM_GPU_STEPS=none KVBM_GPU_BUILD=/tmp/kvbm-compare/$side OUT=/tmp/kvbm-compare-out-$side \
+    KVBM_GPU_STEPS=none KVBM_GPU_BUILD=$BUILDS/$side OUT=/tmp/kvbm-compare-out-$side \
     bash "$src/scripts/gpu-check.sh" >>"$OUT/build.log" 2>&1 || { rc=1; tail -20 "$OUT/build.log" >&2; }
 done
 [ $rc = 0 ] || exit 1
@@ -58,7 +61,7 @@ while IFS='|' read -r name args rounds; do
   rounds=${rounds:-$ROUNDS}
   echo "gpu-compare: $name $args ($rounds rounds)" >&2
   # shellcheck disable=SC2086
-  bench/compare.sh --rounds "$rounds" --builds /tmp/kvbm-compare/old /tmp/kvbm-compare/new "$name" $args \
+  bench/compare.sh --rounds "$rounds" --builds "$BUILDS/old" "$BUILDS/new" "$name" $args \
     >"$OUT/$i-$name.txt" 2>>"$OUT/compare.log" || { rc=1; tail -5 "$OUT/compare.log" >&2; }
 done <<<"$BENCHES"
 exit $rc
