@@ -203,6 +203,10 @@ struct kvbm_publisher {
   bool closing, waiting;
   bool lean;           /* publish_plain may take a plain event: started,
                         * not closing, wire mode, no coalescing, a timer */
+  bool early;          /* lean's lasting part (wire mode, no coalescing, a
+                        * timer), set by start and never changed after: a
+                        * plain event is worth encoding before the lock
+                        * (read without it) */
   size_t room_waiters;
   uint64_t flush_target; /* send at once while sent_events < this */
   evq q[2];
@@ -1023,13 +1027,14 @@ lean_copy(kvbm_publisher *p, const uint8_t *bytes, size_t len, size_t need, int3
  * events enter the queue, across threads (events.h). When the lean step
  * does not take the event, publish_ranked decides again and encodes
  * under the lock (about one event in max_batch_events): the early encode
- * is then thrown away. */
+ * is then thrown away. A publisher that never takes the lean step (a
+ * callback sink, coalescing) encodes nothing early (p->early). */
 static inline __attribute__((always_inline)) int
 publish_plain(kvbm_publisher *p, const kvbm_event *ev, uint64_t *event_id, kvbm_error *err) {
   size_t need = ev->num_block_hashes * 8 + (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
   uint64_t id;
   bool ok;
-  if (kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens) <= PLAIN_STACK) {
+  if (p->early && kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens) <= PLAIN_STACK) {
     uint8_t buf[PLAIN_STACK];
     size_t len = (size_t)(kvbm__event_put_plain(buf, ev, &p->ecfg) - buf);
     pthread_mutex_lock(&p->mu);
@@ -1629,6 +1634,7 @@ int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err) {
   /* wire mode when no sink wants the events themselves (callbacks do) */
   pub->wire = pub->nsinks > 0;
   for (size_t s = 0; s < pub->nsinks; s++) pub->wire &= pub->sinks[s]->wants_bytes;
+  pub->early = pub->wire && !pub->o.coalesce && pub->o.max_batch_delay_us != 0;
   if (pub->o.coalesce && !pub->wire)
     return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: coalesce needs every sink to take "
                           "bytes (ZMQ, NATS, JetStream), not a callback, and at least one sink");
