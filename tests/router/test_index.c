@@ -265,6 +265,63 @@ static void test_lean_removed_salted(void **state) {
   kvbm_index_destroy(idx);
 }
 
+/* Batches longer than the lean loop's prefetch distance (16 events):
+ * general events before, inside and after the part of the batch that
+ * prefetches, and a worker that stops being lean mid-batch. Each batch,
+ * applied at once, must leave the index as the same events applied one
+ * by one do (counters, closure, every prefix). */
+static void same_index(kvbm_index *a, kvbm_index *b, const uint64_t *k, size_t n) {
+  kvbm_index_stats sa, sb;
+  kvbm_index_stats_get(a, &sa);
+  kvbm_index_stats_get(b, &sb);
+  assert_int_equal(sa.events, sb.events);
+  assert_int_equal(sa.stored, sb.stored);
+  assert_int_equal(sa.removed, sb.removed);
+  assert_int_equal(sa.entries, sb.entries);
+  assert_int_equal(sa.unknown_removed, sb.unknown_removed);
+  assert_int_equal(sa.closed_workers, sb.closed_workers);
+  for (size_t len = 1; len <= n; len++) {
+    kvbm_overlap oa[MAXW], ob[MAXW];
+    kvbm_index_lookup(a, k, len, oa, NULL);
+    kvbm_index_lookup(b, k, len, ob, NULL);
+    uint32_t s = slot_of(a, 1);
+    for (int t = 0; t < KVBM_TIER_COUNT; t++) assert_int_equal(oa[s].prefix[t], ob[s].prefix[t]);
+  }
+}
+
+static void test_lean_long_batches(void **state) {
+  (void)state;
+  uint64_t k[64];
+  for (int i = 0; i < 64; i++) k[i] = 5000 + (uint64_t)i * 7919;
+  kvbm_index *batched = mk(false, KVBM_HASH_NATIVE, 16, 16), *single = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  kvbm_event ev[48];
+  for (int i = 0; i < 40; i++) ev[i] = stored(k + i, 1, i ? &k[i - 1] : NULL, KVBM_MEDIUM_GPU);
+  for (int i = 40; i < 48; i++) ev[i] = removed(k + 39 - (i - 40), 1, KVBM_MEDIUM_GPU);
+  ev[3] = stored(k, 1, NULL, KVBM_MEDIUM_CPU);          /* general, before the prefetching part ends */
+  ev[20] = stored(k + 5, 1, &k[4], KVBM_MEDIUM_DISK);   /* general, inside it */
+  ev[45] = stored(k + 2, 1, &k[1], KVBM_MEDIUM_CPU);    /* general, among the last 16 */
+  kvbm_event_batch b = {.seq = KVBM_INDEX_NO_ID, .events = ev, .num_events = 48};
+  kvbm_error err;
+  assert_int_equal(kvbm_index_apply_batch(batched, 1, &b, &err), KVBM_OK);
+  for (int i = 0; i < 48; i++) apply(single, 1, ev[i]);
+  same_index(batched, single, k, 40);
+  /* a namespaced store at event 20 of 30: the worker stops being lean,
+   * the rest of the batch goes the general way */
+  kvbm_event ev2[30];
+  for (int i = 0; i < 30; i++) ev2[i] = stored(k + 34 + i % 30, 1, &k[33 + i % 30], KVBM_MEDIUM_GPU);
+  ev2[20].cache_salt = "tenant";
+  ev2[25] = removed(k + 30, 1, KVBM_MEDIUM_GPU);
+  kvbm_event_batch b2 = {.seq = KVBM_INDEX_NO_ID, .events = ev2, .num_events = 30};
+  assert_int_equal(kvbm_index_apply_batch(batched, 1, &b2, &err), KVBM_OK);
+  for (int i = 0; i < 30; i++) apply(single, 1, ev2[i]);
+  same_index(batched, single, k, 64);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(batched, &st);
+  assert_int_equal(st.events, 78);
+  kvbm_index_destroy(batched);
+  kvbm_index_destroy(single);
+}
+
 /* Closed workers are bisected after a guess: the first (the leader)
  * alone, every other one from the leader's answer p (h[p] held: longer,
  * gallop on; h[p - 1] held: p; else shorter). Workers holding longer,
@@ -1293,7 +1350,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
       cmocka_unit_test(test_lean_mixed), cmocka_unit_test(test_lean_hints),
-      cmocka_unit_test(test_lean_removed_salted),
+      cmocka_unit_test(test_lean_removed_salted), cmocka_unit_test(test_lean_long_batches),
       cmocka_unit_test(test_bisect_guess),
       cmocka_unit_test(test_duplicates_and_clear), cmocka_unit_test(test_workers),
       cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
