@@ -1176,11 +1176,9 @@ static int read_quick(dctx *c, kvbm_event *ev, ev_off *o) {
 
 typedef struct tcur {
   const uint8_t *end;
-  uint64_t *h; /* the hash arena: hn used of hcap */
-  size_t hn, hcap;
-  uint32_t *t; /* the token arena: tn used of tcap */
-  size_t tn, tcap;
-  const char *gpu; /* kvbm_medium_name(KVBM_MEDIUM_GPU) */
+  uint64_t *h, *hp, *he; /* the hash arena: its base, the next slot, its end */
+  uint32_t *t, *tp, *te; /* the token arena, the same */
+  const char *gpu;       /* kvbm_medium_name(KVBM_MEDIUM_GPU) */
 } tcur;
 
 #define TINLINE static inline __attribute__((always_inline))
@@ -1202,16 +1200,15 @@ TINLINE const uint8_t *t_array(const uint8_t *p, uint32_t *n) {
  * room. */
 TINLINE const uint8_t *t_hashes(const tcur *t, const uint8_t *p, uint32_t *count) {
   uint32_t n;
-  if (*p == 0x91 && t->end - p >= 10 && p[1] == 0xcf && t->hcap > t->hn) { /* one: K = 1 */
-    t->h[t->hn] = __builtin_bswap64(ld64(p + 2));
+  if (*p == 0x91 && t->end - p >= 10 && p[1] == 0xcf && t->he > t->hp) { /* one: K = 1 */
+    *t->hp = __builtin_bswap64(ld64(p + 2));
     *count = 1;
     return p + 10;
   }
   if (!(p = t_array(p, &n))) return NULL;
-  /* n < 2^16 (the header's count): 9 * n does not wrap; an arena not
-   * allocated yet (h NULL) is the quick path's to grow */
-  if ((size_t)(t->end - p) < (size_t)n * 9 || t->hcap - t->hn < n || !t->h) return NULL;
-  for (uint64_t *o = t->h + t->hn, *oe = o + n; o != oe; o++, p += 9) {
+  /* n < 2^16 (the header's count): 9 * n does not wrap */
+  if ((size_t)(t->end - p) < (size_t)n * 9 || (size_t)(t->he - t->hp) < n) return NULL;
+  for (uint64_t *o = t->hp, *oe = o + n; o != oe; o++, p += 9) {
     if (*p != 0xcf) return NULL;
     *o = __builtin_bswap64(ld64(p + 1));
   }
@@ -1225,8 +1222,8 @@ TINLINE const uint8_t *t_hashes(const tcur *t, const uint8_t *p, uint32_t *count
 TINLINE const uint8_t *t_tokens(const tcur *t, const uint8_t *p, uint32_t *count) {
   uint32_t n, got;
   if (!(p = t_array(p, &n))) return NULL;
-  if ((size_t)(t->end - p) < (size_t)n * 5 || t->tcap - t->tn < n || !t->t) return NULL;
-  p = tok_fast(p, n, t->t + t->tn, &got);
+  if ((size_t)(t->end - p) < (size_t)n * 5 || (size_t)(t->te - t->tp) < n) return NULL;
+  p = tok_fast(p, n, t->tp, &got);
   *count = n;
   return got == n ? p : NULL;
 }
@@ -1287,13 +1284,13 @@ TINLINE const uint8_t *t_stored(tcur *t, const uint8_t *p, kvbm_event *ev, ev_of
   p += map ? LIT_LEN(GPU_TAIL) : LIT_LEN(T_POS_TAIL);
   ev->type = KVBM_EVENT_STORED;
   ev->num_block_hashes = nh;
-  if (nh) ev->block_hashes = t->h + t->hn;
+  if (nh) ev->block_hashes = t->hp;
   ev->num_tokens = nt;
-  if (nt) ev->token_ids = t->t + t->tn;
-  o->t = t->tn;
-  t->tn += nt;
-  o->h = t->hn;
-  t->hn += nh;
+  if (nt) ev->token_ids = t->tp;
+  o->t = (size_t)(t->tp - t->t);
+  t->tp += nt;
+  o->h = (size_t)(t->hp - t->h);
+  t->hp += nh;
   return p;
 }
 
@@ -1312,10 +1309,10 @@ TINLINE const uint8_t *t_removed(tcur *t, const uint8_t *p, kvbm_event *ev, ev_o
   }
   ev->type = KVBM_EVENT_REMOVED;
   ev->num_block_hashes = nh;
-  if (nh) ev->block_hashes = t->h + t->hn;
+  if (nh) ev->block_hashes = t->hp;
   o->t = 0;
-  o->h = t->hn;
-  t->hn += nh;
+  o->h = (size_t)(t->hp - t->h);
+  t->hp += nh;
   return p;
 }
 
@@ -1354,22 +1351,26 @@ TINLINE const uint8_t *t_event(tcur *t, const uint8_t *p, kvbm_event *ev, ev_off
  * read (n when all were). */
 static uint32_t read_templates(dctx *c, uint32_t i, uint32_t n, size_t *kept) {
   kvbm_event_decoder *d = c->d;
-  tcur t = {c->r.end, d->h, d->h_n, d->h_cap, d->t, d->t_n, d->t_cap,
-            d->static_name[KVBM_MEDIUM_GPU]};
-  const uint8_t *p = c->r.p;
+  /* arrays and arenas not allocated yet are the quick path's to grow */
+  if (!d->ev || !d->off || !d->h || !d->t) return i;
+  tcur t = {c->r.end, d->h, d->h + d->h_n, d->h + d->h_cap, d->t, d->t + d->t_n,
+            d->t + d->t_cap, d->static_name[KVBM_MEDIUM_GPU]};
   size_t k = *kept, cap = d->ev_cap < d->off_cap ? d->ev_cap : d->off_cap;
-  kvbm_event *ev = d->ev;
-  ev_off *off = d->off;
-  for (; i < n && k < cap; i++, k++) {
-    const uint8_t *q = t_event(&t, p, &ev[k], &off[k]);
+  size_t todo = n - i < cap - k ? n - i : cap - k;
+  kvbm_event *ev = d->ev + k, *const ee = ev + todo;
+  ev_off *o = d->off + k;
+  const uint8_t *p = c->r.p;
+  for (; ev != ee; ev++, o++) {
+    const uint8_t *q = t_event(&t, p, ev, o);
     if (!q) break;
     p = q;
   }
+  size_t done = (size_t)(ev - (d->ev + k));
   c->r.p = p;
-  d->h_n = t.hn;
-  d->t_n = t.tn;
-  d->ev_n = *kept = k;
-  return i;
+  d->h_n = (size_t)(t.hp - t.h);
+  d->t_n = (size_t)(t.tp - t.t);
+  d->ev_n = *kept = k + done;
+  return i + (uint32_t)done;
 }
 
 /* Reads the events array. A failed event is skipped whole when it is
