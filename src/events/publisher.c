@@ -4,16 +4,20 @@
  *
  * Two queues, by what the sinks take. Wire mode (every sink takes bytes:
  * ZMQ, NATS, JetStream, the usual case): a producer (an engine thread, the
- * pool listener) encodes its event, under one mutex, straight into the
- * buffer of the batch it will leave in (a "chunk": room for the batch
- * head before the events, for the dp_rank after them; a new chunk when the
- * open one holds max_batch_events or another rank). The publisher thread
- * takes the chunks (an array swap under the lock), writes each batch's
+ * pool listener) encodes its event into the buffer of the batch it will
+ * leave in (a "chunk": room for the batch head before the events, for the
+ * dp_rank after them; a new chunk when the open one holds
+ * max_batch_events or another rank). A plain event (the usual one) is
+ * encoded before the lock, on the producer's stack, and only copied in
+ * under it (publish_plain), so that the lock is held for a few dozen
+ * instructions, not the encode; any other is encoded in place under it.
+ * The publisher thread takes the chunks (an array swap under the lock), writes each batch's
  * head and rank in place and hands the buffer to the sinks; the ZMQ sink
  * sends that very buffer (zmq_msg_init_data), holding a reference that
  * ZMQ's I/O thread gives back once the bytes are written, and the chunk
- * returns to a pool. So a batch's bytes are written once, by the encoder,
- * and read once, by the kernel: no copy into a payload, none into a ZMQ
+ * returns to a pool. So a batch's bytes are written once, by the encoder
+ * (and, for a plain event, copied once from the producer's stack), and
+ * read once, by the kernel: no copy into a payload, none into a ZMQ
  * message (issue 22). Struct mode (a callback sink wants the events
  * themselves): the event's scalars go into an array, its hashes, tokens
  * and names into three arenas; the thread swaps this "fill" buffer with
@@ -21,7 +25,8 @@
  * max_batch_events, encodes each batch once if some sink takes bytes and
  * hands it to every sink. Either way, in steady state publishing
  * allocates nothing (the pool and the arenas keep their memory) and a
- * producer holds the lock for one event's encode or a few memcpy's.
+ * producer holds the lock for a copy of a plain event's bytes, another
+ * event's encode, or a few memcpy's.
  *
  * A batch leaves when the fill buffer holds max_batch_events, when its
  * oldest event has waited max_batch_delay_us, on flush, and on shutdown.
