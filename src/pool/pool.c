@@ -864,9 +864,12 @@ HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
 
 /* ---- the plain run ------------------------------------------------------- */
 
-/* fill_run_hashing for the pool most callers have: one group, no listener,
- * no duplicate chains, no token copies (W1, and G1 under a manager whose
- * events go elsewhere). Same blocks, same order, same counts as the
+/* fill_run_plain was fill_run_hashing for the pool most callers have: one
+ * group, no listener, no duplicate chains, no token copies (W1, and G1
+ * under a manager whose events go elsewhere), in one fused loop. Its scheme
+ * below lives on in fill_groups_plain (the hybrid step's loop, whose
+ * comments still name it); W1's run is now fill_run_split (below), the
+ * same work in two passes a chunk. Same blocks, same order, same counts as the
  * general loop, which it replaces only for that case. What it does
  * differently, each measured with callgrind on `kvbm replay --limit 2000`
  * (see docs/areas/pool-speed.md):
@@ -1037,19 +1040,59 @@ static inline uint8_t rec_tail8_flags(uint64_t w) {
     if (pr != NPRIO && p->head[pr] != NIL) blocks[p->head[pr]].prev = NIL; \
   } while (0)
 
-HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
-                        const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids,
-                        const kvbm_hash_scheme scheme, const uint32_t cbs) {
+/* ---- the plain run in two passes --------------------------------------- */
+
+/* fill_run_plain's work split by chunks of SPLIT_CHUNK blocks into two
+ * passes with few live values each, in place of one loop that kept the
+ * eviction list's head and priority, a cursor and its distance, the free
+ * stack and the hashing state live at once (and spilled a third of them
+ * every block: docs/areas/pool-speed.md, "Session 12, second pass"):
+ *  1. take: the chunk's blocks, in the order the fused loop takes them
+ *     (the free stack first, then the eviction list from its head), their
+ *     ids written to ids[] and each victim's registry bucket prefetched
+ *     (from its side record's where); nothing in the pool changes;
+ *  2. fill: per block, the victim's entry cleared at its place, the new
+ *     hash looked up and inserted, the record written; the hashing runs
+ *     PLAIN_AHEAD blocks ahead as before.
+ * Then the chunk's victims, consecutive at the list's head, leave it as one
+ * splice (the head moved past the last one), and the counts are stored.
+ * Same blocks, same order, same lookups as the fused loop: a victim's entry
+ * is still cleared just before the lookup of the block that takes it, so
+ * the lookups of block k see the victims after k still registered. A dedup
+ * at block k (its hash registered already: a victim further down the
+ * chunk, or any other block) stops the chunk there: the splice takes only
+ * the victims up to k, the pool's fields are stored, the general path
+ * registers block k, and the segment restarts at k + 1 (its first
+ * PLAIN_AHEAD blocks hashed again). The chunk bounds the take pass's walk
+ * after a restart (a run where every block dedups costs SPLIT_CHUNK a
+ * block at most, not the run's length) and how far ahead the victims'
+ * buckets are prefetched. */
+#define SPLIT_CHUNK 128
+
+/* The first `ev` victims of list pr (ending at block `last`) leave it at
+ * once: its head moves past them. Their links are left as they are (a
+ * taken block's links mean nothing). */
+HOT void list_detach(kvbm_pool *p, blk *blocks, unsigned pr, uint32_t last) {
+  const uint32_t nx = blocks[last].next;
+  p->head[pr] = nx;
+  if (nx != NIL) {
+    blocks[nx].prev = NIL;
+  } else {
+    p->tail[pr] = NIL;
+    p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
+  }
+}
+
+/* One segment of fill_run_split: blocks [0, n) until the first dedup.
+ * Returns the blocks done (a dedup's block included). */
+HOT size_t split_segment(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
+                         const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids,
+                         const kvbm_hash_scheme scheme, const uint32_t cbs) {
   const size_t bs = cbs ? cbs : p->cfg.block_size;
   blk *const blocks = p->blocks;
   bucket *const table = p->table;
   side *const sd = p->side;
-  const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
-  const uint32_t ftop0 = p->free_top;
-  uint32_t ftop = ftop0, dedups = 0;
-  uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
-  unsigned pr = NPRIO;              /* the list evictions take from; NPRIO: find it */
   uint64_t h = parent;
   bool hp = has_parent;
   size_t hashed = 0;
@@ -1059,97 +1102,105 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
     __builtin_prefetch(&table[home_of(p, fingerprint(h, 0))]);
   }
   const uint32_t *tnext = tokens + hashed * bs; /* the next block to hash */
-  /* Block k's parent (block k - 1's hash) and its flags as its record
-   * holds them: only block 0 may have no parent, so they are set once
-   * before the loop and changed once in it, with no test a block. */
-  uint64_t pk = has_parent ? parent : 0;
-  /* The last 8 bytes of a registered block's record, as one store: those
-   * of block 0, then of every block after it (F_HAS_PARENT or'ed in each
-   * block). One register holds them and the flags the dedup path needs
-   * (their top byte): a flags byte and the later blocks' word kept
-   * besides were two more live values, spilled with the rest. */
+  uint64_t pk = has_parent ? parent : 0;        /* block k's parent as its record holds it */
+  /* refcount 1, ntok, REGISTERED, flags: one store a block (rec_tail8) */
   uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED,
                              (uint8_t)((has_parent ? F_HAS_PARENT : 0) | (salt_hash ? F_SALTED : 0) | F_INDEXED));
   const uint64_t parent_bit = rec_tail8(0, 0, 0, F_HAS_PARENT);
-  for (size_t k = 0; k < n; k++, tail8 |= parent_bit) {
-    if (k + PLAIN_AHEAD < n) { /* hashed == k + PLAIN_AHEAD */
-      h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tnext, bs);
-      tnext += bs;
-      hashes[k + PLAIN_AHEAD] = h;
-      __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
+  size_t k = 0;
+  while (k < n) {
+    /* pass 1: take the chunk's blocks */
+    const uint32_t ftop0 = p->free_top;
+    uint32_t ftop = ftop0;
+    size_t end = n - k > SPLIT_CHUNK ? k + SPLIT_CHUNK : n, j = k;
+    for (; j < end && ftop; j++) ids[j] = p->free_stack[--ftop];
+    const size_t vfrom = j; /* ids[vfrom, end) are victims */
+    unsigned pr = NPRIO;
+    if (j < end) {
+      /* the lowest non-empty list (the caller checked that enough blocks
+       * are free or cached); a list that ends cuts the chunk short */
+      unsigned w = 0;
+      while (!p->nonempty[w]) w++;
+      pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+      uint32_t id = p->head[pr];
+      do {
+        ids[j++] = id;
+        __builtin_prefetch((const char *)table + (size_t)(where_get(sd, id) >> 3) * sizeof(bucket));
+        id = blocks[id].next;
+      } while (j < end && id != NIL);
+      end = j;
     }
-    uint32_t id;
-    if (ftop) {
-      id = fstack[--ftop];
-    } else {
-      /* The head of the lowest non-empty list (the caller checked that
-       * enough blocks are free or cached). Only this loop's evictions
-       * change the lists until a dedup, so the list is found again only
-       * when it empties or after one. */
-      if (pr == NPRIO) {
-        unsigned w = 0;
-        while (!p->nonempty[w]) w++;
-        pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+    /* pass 2: fill them */
+    for (j = k; j < end; j++, tail8 |= parent_bit) {
+      if (j + PLAIN_AHEAD < n) { /* hashed == j + PLAIN_AHEAD */
+        h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tnext, bs);
+        tnext += bs;
+        hashes[j + PLAIN_AHEAD] = h;
+        __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
       }
-      id = p->head[pr];
-      blk *v = &blocks[id];
-      const uint32_t next = v->next;
-      p->head[pr] = next;
-      if (next != NIL) {
-        CURSOR_ADVANCE(next);
-      } else {
-        p->tail[pr] = NIL;
-        p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
-        pr = NPRIO;
-        cursor = NIL, ahead = 0;
+      const uint32_t id = ids[j];
+      if (j >= vfrom) { /* the victim's entry: at its place, or (past its home) searched */
+        const uint32_t wv = where_get(sd, id);
+        if (wv != NIL)
+          table[wv >> 3].id[wv & 7] = NIL;
+        else
+          plain_erase(table, mask, (fingerprint(blocks[id].seq_hash, 0) * 0x9E3779B1u) >> shift, id);
       }
-      /* The victim's entry: at its place, or (past its home) searched. */
-      const uint32_t w = where_get(sd, id);
-      if (w != NIL)
-        table[w >> 3].id[w & 7] = NIL;
-      else
-        plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
-      /* its priority: 0 with the side record plain_find_or_insert writes,
-       * or (a dedup) with the reset of do_register's free_push */
+      blk *b = &blocks[id];
+      const uint64_t hk = hashes[j];
+      const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
+      b->seq_hash = hk;
+      b->parent_hash = pk;
+      pk = hk;
+      if (plain_find_or_insert(blocks, table, sd, mask, fp, home, hk, id) != NIL) break;
+      memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
     }
-    ids[k] = id;
-    blk *b = &blocks[id];
-    const uint64_t hk = hashes[k];
-    const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
-    if (salt_hash) p->salts[id] = salt_hash;
-    b->seq_hash = hk;
-    b->parent_hash = pk;
-    pk = hk;
-    if (plain_find_or_insert(blocks, table, sd, mask, fp, home, hk, id) != NIL) {
-      /* Dedup: the general path, with the pool's fields back in *p; it
-       * hands the new block back to the free list. */
+    /* the chunk's splice and counts: blocks [k, j) placed, and a dedup's
+     * block j taken too */
+    const bool dedup = j < end;
+    const size_t taken = (dedup ? j + 1 : end);
+    const uint32_t from_free = (uint32_t)((taken < vfrom ? taken : vfrom) - k);
+    const uint32_t ev = (uint32_t)(taken > vfrom ? taken - vfrom : 0);
+    if (ev) list_detach(p, blocks, pr, ids[vfrom + ev - 1]);
+    if (salt_hash)
+      for (size_t i = k; i < taken; i++) p->salts[ids[i]] = salt_hash;
+    p->free_top = ftop0 - from_free;
+    p->cached -= ev;
+    p->evicted += ev;
+    p->registered += (uint32_t)(j - k) - ev;
+    p->allocated += taken - k;
+    if (dedup) {
+      /* the general path, with the pool's fields back in *p; it hands the
+       * new block back to the free list */
+      blk *b = &blocks[ids[j]];
+      const uint32_t fp = fingerprint(hashes[j], 0);
       b->refcount = 1;
       b->ntok = (uint16_t)bs;
       b->state = KVBM_BLOCK_COMPLETE;
       b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED);
-      HEAD_PREV();
-      p->free_top = ftop;
-      ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
-      ftop = p->free_top;
-      dedups++;
-      pr = NPRIO;
-      cursor = NIL, ahead = 0;
-      continue;
+      ids[j] = do_register(p, ids[j], tokens + j * bs, NULL, (rkey){fp, home_of(p, fp)}, false, false, true);
+      return j + 1;
     }
-    /* refcount 1, ntok, REGISTERED, flags | F_INDEXED (indexed by
-     * plain_find_or_insert) */
-    memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
+    k = end;
   }
-  /* The counts from what the loop had to track anyway: every block came
-   * off the free list or was evicted, every dedup put one back on it, and
-   * every block that did not dedup was registered. */
-  HEAD_PREV();
-  const uint32_t evicted = (uint32_t)n - (ftop0 - ftop + dedups);
-  p->free_top = ftop;
-  p->cached -= evicted;
-  p->evicted += evicted;
-  p->registered += (uint32_t)n - dedups - evicted;
-  p->allocated += n;
+  return n;
+}
+
+/* The plain run (a pool fill_run_plain serves) in two passes a chunk;
+ * segments end at a dedup. */
+HOT void fill_run_split(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
+                        const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids,
+                        const kvbm_hash_scheme scheme, const uint32_t cbs) {
+  const size_t bs = cbs ? cbs : p->cfg.block_size;
+  while (n) {
+    const size_t d = split_segment(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, scheme, cbs);
+    parent = hashes[d - 1];
+    has_parent = true;
+    tokens += d * bs;
+    hashes += d;
+    ids += d;
+    n -= d;
+  }
 }
 
 int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
@@ -1167,11 +1218,11 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
    * 673.4M -> 650.2M instructions). kvbm_hash_chain, the W1 bound's
    * hashing, has the same instance (hash.c). */
   if (plain && p->cfg.scheme == KVBM_HASH_DYNAMO)
-    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_DYNAMO, 0);
+    fill_run_split(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_DYNAMO, 0);
   else if (plain && p->cfg.block_size == 16)
-    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 16);
+    fill_run_split(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 16);
   else if (plain)
-    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 0);
+    fill_run_split(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 0);
   else if (p->grouped && quiet)
     fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
   else if (p->grouped)

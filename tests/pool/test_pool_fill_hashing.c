@@ -259,6 +259,77 @@ static void quiet_colliding(void **state) {
   free(lb);
 }
 
+/* Runs longer than the plain loop's chunk (pool.c's SPLIT_CHUNK, 128):
+ * the quiet twin (B) takes each chunk's blocks first and splices its
+ * victims off the list at once, so these runs cross chunk ends and empty
+ * a priority's list inside a chunk (three priorities). Each run's blocks
+ * share one content up to a random block and take one of two contents
+ * after it, so the shared prefix dedups (a segment of the plain loop
+ * ends at each dedup, the victims taken after it go back to the list)
+ * and the random tails are fresh stretches of many blocks. The twins
+ * must agree as in twins_agree: blocks, hashes, ids and stats. */
+enum { LNB = 256, LRUN = 200 }; /* LNB: the most pool_testutil.h snapshots */
+static void long_runs(void **state) {
+  (void)state;
+  kvbm_pool_config c = kvbm_pool_config_default(LNB, BS);
+  kvbm_pool *b = NULL, *a = NULL;
+  assert_int_equal(kvbm_pool_create(&c, &b, NULL), KVBM_OK);
+  tu_log *la = malloc(sizeof *la), *lb = malloc(sizeof *lb);
+  assert_non_null(la);
+  assert_non_null(lb);
+  memset(la, 0, sizeof *la);
+  memset(lb, 0, sizeof *lb);
+  c.listener = tu_listener; /* A on the general path */
+  c.listener_user = la;
+  assert_int_equal(kvbm_pool_create(&c, &a, NULL), KVBM_OK);
+  static uint32_t held_a[3][LRUN], held_b[3][LRUN], toks[LRUN * BS];
+  static uint64_t ha[LRUN], hb[LRUN];
+  size_t held_n[3] = {0};
+  uint32_t x = 4242u;
+  uint64_t dedups = 0, evictions = 0, long_dedups = 0;
+  for (int round = 0; round < 120; round++) {
+    const size_t slot = rnd(&x) % 3;
+    const uint8_t prio = (uint8_t)(rnd(&x) % 3 * 4);
+    assert_int_equal(kvbm_pool_release_run(a, held_a[slot], held_n[slot], prio), KVBM_OK);
+    assert_int_equal(kvbm_pool_release_run(b, held_b[slot], held_n[slot], prio), KVBM_OK);
+    held_n[slot] = 0;
+    size_t n = 1 + rnd(&x) % LRUN;
+    if (n > kvbm_pool_available(a)) n = kvbm_pool_available(a);
+    if (n == 0) continue;
+    /* block k's content: one of two from a point on (a shared prefix
+     * up to a random block, then a random tail) */
+    const size_t split = rnd(&x) % (n + 1);
+    for (size_t k = 0; k < n; k++) {
+      const uint32_t v = k < split ? 0 : rnd(&x) % 2 + 1;
+      for (size_t i = 0; i < BS; i++) toks[k * BS + i] = v * 7 + (uint32_t)(i + k % 5);
+    }
+    kvbm_hash_chain(KVBM_HASH_NATIVE, 0, toks, n * BS, BS, ha, LRUN);
+    kvbm_pool_stats before, after;
+    kvbm_pool_stats_get(a, &before);
+    assert_int_equal(kvbm_pool_fill_run_group(a, 0, 0, 0, false, toks, ha, n, NULL, held_a[slot]), KVBM_OK);
+    assert_int_equal(kvbm__pool_fill_run_hashing(b, 0, 0, 0, false, toks, hb, n, NULL, held_b[slot]),
+                     KVBM_OK);
+    held_n[slot] = n;
+    assert_memory_equal(ha, hb, n * sizeof *ha);
+    assert_memory_equal(held_a[slot], held_b[slot], n * sizeof *held_a[slot]);
+    kvbm_pool_stats_get(a, &after);
+    dedups += after.dedup - before.dedup;
+    evictions += after.evicted - before.evicted;
+    if (n > 128 && after.dedup > before.dedup) long_dedups++;
+    lb->n = la->n; /* B is quiet: compare the pools alone */
+    memcpy(lb->ev, la->ev, la->n * sizeof *la->ev);
+    assert_same_pools(a, b, la, lb);
+    la->n = lb->n = 0;
+  }
+  assert_true(dedups > 20);
+  assert_true(evictions > 1000);
+  assert_true(long_dedups > 5);
+  kvbm_pool_destroy(a);
+  kvbm_pool_destroy(b);
+  free(la);
+  free(lb);
+}
+
 /* Refused calls change nothing and write no hash. */
 static void refusals_change_nothing(void **state) {
   (void)state;
@@ -304,6 +375,7 @@ int main(void) {
       cmocka_unit_test(quiet_dynamo_plain),
       cmocka_unit_test(quiet_dynamo_two_groups),
       cmocka_unit_test(quiet_colliding),
+      cmocka_unit_test(long_runs),
       cmocka_unit_test(refusals_change_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
