@@ -1020,6 +1020,9 @@ lean_copy(kvbm_publisher *p, const uint8_t *bytes, size_t len, size_t need, int3
  * on the producer's stack (K <= 16 blocks of 16 tokens: 406 + 9 K + 80 K
  * bytes at most); a larger one is encoded under it, in place. */
 #define PLAIN_STACK 2048
+/* plain_ok bounds both counts by 2^32 - 1, so the bound cannot wrap and
+ * pass the test above for a huge event */
+_Static_assert(SIZE_MAX / 16 >= UINT32_MAX, "kvbm__event_plain_bound cannot overflow");
 
 /* The usual publish. The event is encoded *before* the lock, into a
  * buffer on this thread's stack, so that the producer holds p->mu only to
