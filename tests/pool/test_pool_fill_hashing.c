@@ -272,6 +272,7 @@ enum { LNB = 256, LRUN = 200 }; /* LNB: the most pool_testutil.h snapshots */
 static void long_runs(void **state) {
   (void)state;
   kvbm_pool_config c = kvbm_pool_config_default(LNB, BS);
+  c.keep_tokens = false; /* B: the plain loop (no listener, no token copies) */
   kvbm_pool *b = NULL, *a = NULL;
   assert_int_equal(kvbm_pool_create(&c, &b, NULL), KVBM_OK);
   tu_log *la = malloc(sizeof *la), *lb = malloc(sizeof *lb);
