@@ -1152,10 +1152,10 @@ static int read_quick(dctx *c, kvbm_event *ev, ev_off *o) {
 
 /* The layouts kvbm's publisher and vLLM write for nearly every event,
  * matched whole: a map store of exactly vLLM's eight keys in msgspec's
- * order with no LoRA on "GPU", its three-key remove, and the positional
+ * order with no LoRA on "GPU" or "CPU", its three-key remove, and the positional
  * store (8 fields) and remove (3) of the same values. Each is a few
  * constant byte runs (map keys, the tag, the tail of nil LoRA id,
- * "GPU", nil LoRA name) compared as words against literals (`same`),
+ * "GPU" or "CPU", nil LoRA name) compared as words against literals (`same`),
  * with the variable parts between them: an array header, 0xcf hashes,
  * a nil or 0xcf parent, token ids (tok_fast), a fixint block size.
  *
@@ -1178,7 +1178,7 @@ typedef struct tcur {
   const uint8_t *end;
   uint64_t *h, *hp, *he; /* the hash arena: its base, the next slot, its end */
   uint32_t *t, *tp, *te; /* the token arena, the same */
-  const char *gpu;       /* kvbm_medium_name(KVBM_MEDIUM_GPU) */
+  const char *const *names; /* kvbm_medium_name's, by medium */
 } tcur;
 
 #define TINLINE static inline __attribute__((always_inline))
@@ -1250,6 +1250,10 @@ TINLINE const uint8_t *t_parent(const uint8_t *p, kvbm_event *ev) {
 #define T_POS_REMOVED "\xac" "BlockRemoved"
 #define T_POS_TAIL "\xc0" "\xa3" "GPU" "\xc0" /* lora_id nil, "GPU", lora_name nil */
 #define T_MAP_GPU "\xa6" "medium" "\xa3" "GPU"
+/* the same with "CPU" (vLLM's offloaded blocks), tried when "GPU" is not there */
+#define T_CPU_TAIL "\xa7" "lora_id" "\xc0" "\xa6" "medium" "\xa3" "CPU" "\xa9" "lora_name" "\xc0"
+#define T_POS_CPU_TAIL "\xc0" "\xa3" "CPU" "\xc0"
+#define T_MAP_CPU "\xa6" "medium" "\xa3" "CPU"
 
 /* A store past its head: hashes, [key] parent, [key] tokens, [key]
  * block size (a fixint), then the tail literal; `map` says whether keys
@@ -1279,7 +1283,12 @@ TINLINE const uint8_t *t_stored(tcur *t, const uint8_t *p, kvbm_event *ev, ev_of
   }
   if (*p > 0x7f) return NULL;
   ev->block_size = *p++;
-  if (map ? !same(p, GPU_TAIL, LIT_LEN(GPU_TAIL)) : !same(p, T_POS_TAIL, LIT_LEN(T_POS_TAIL)))
+  if (map ? same(p, GPU_TAIL, LIT_LEN(GPU_TAIL)) : same(p, T_POS_TAIL, LIT_LEN(T_POS_TAIL)))
+    ev->medium = KVBM_MEDIUM_GPU;
+  else if (map ? same(p, T_CPU_TAIL, LIT_LEN(T_CPU_TAIL))
+               : same(p, T_POS_CPU_TAIL, LIT_LEN(T_POS_CPU_TAIL)))
+    ev->medium = KVBM_MEDIUM_CPU;
+  else
     return NULL;
   p += map ? LIT_LEN(GPU_TAIL) : LIT_LEN(T_POS_TAIL);
   ev->type = KVBM_EVENT_STORED;
@@ -1300,11 +1309,15 @@ TINLINE const uint8_t *t_removed(tcur *t, const uint8_t *p, kvbm_event *ev, ev_o
   if (!(p = t_hashes(t, p, &nh))) return NULL;
   if (map) {
     T_NEED(p, LIT_LEN(T_MAP_GPU));
-    if (!same(p, T_MAP_GPU, LIT_LEN(T_MAP_GPU))) return NULL;
+    if (same(p, T_MAP_GPU, LIT_LEN(T_MAP_GPU))) ev->medium = KVBM_MEDIUM_GPU;
+    else if (same(p, T_MAP_CPU, LIT_LEN(T_MAP_CPU))) ev->medium = KVBM_MEDIUM_CPU;
+    else return NULL;
     p += LIT_LEN(T_MAP_GPU);
   } else {
     T_NEED(p, 4);
-    if (ld32(p) != ld32((const uint8_t *)"\xa3" "GPU")) return NULL;
+    if (ld32(p) == ld32((const uint8_t *)"\xa3" "GPU")) ev->medium = KVBM_MEDIUM_GPU;
+    else if (ld32(p) == ld32((const uint8_t *)"\xa3" "CPU")) ev->medium = KVBM_MEDIUM_CPU;
+    else return NULL;
     p += 4;
   }
   ev->type = KVBM_EVENT_REMOVED;
@@ -1338,8 +1351,7 @@ TINLINE const uint8_t *t_event(tcur *t, const uint8_t *p, kvbm_event *ev, ev_off
   else
     return NULL;
   if (!q) return NULL;
-  ev->medium = KVBM_MEDIUM_GPU;
-  ev->medium_name = t->gpu;
+  ev->medium_name = t->names[ev->medium];
   o->plain = true;
   return q;
 }
@@ -1354,7 +1366,7 @@ static uint32_t read_templates(dctx *c, uint32_t i, uint32_t n, size_t *kept) {
   /* arrays and arenas not allocated yet are the quick path's to grow */
   if (!d->ev || !d->off || !d->h || !d->t) return i;
   tcur t = {c->r.end, d->h, d->h + d->h_n, d->h + d->h_cap, d->t, d->t + d->t_n,
-            d->t + d->t_cap, d->static_name[KVBM_MEDIUM_GPU]};
+            d->t + d->t_cap, d->static_name};
   size_t k = *kept, cap = d->ev_cap < d->off_cap ? d->ev_cap : d->off_cap;
   size_t todo = n - i < cap - k ? n - i : cap - k;
   kvbm_event *ev = d->ev + k, *const ee = ev + todo;

@@ -305,7 +305,8 @@ static void test_own_encoder(void **state) {
  * ids four a step in runs of one width): events of our encoder in both
  * forms whose token ids come in runs of every width (fixint, uint8,
  * uint16, uint32) and length 0..9 around the four-a-step boundary,
- * 0..20 hashes (fixarray and array16 headers), a parent or none; each
+ * 0..20 hashes (fixarray and array16 headers), a parent or none, "GPU"
+ * or "CPU"; each
  * payload and its every prefix and mutations against the general reader,
  * and the events against what was sent. */
 static void test_templates(void **state) {
@@ -323,7 +324,7 @@ static void test_templates(void **state) {
       for (size_t j = 0; j < nb; j++) hashes[i][j] = next(d) | 1ull << 63;
       *e = (kvbm_event){.type = i % 2 ? KVBM_EVENT_REMOVED : KVBM_EVENT_STORED,
                         .block_hashes = hashes[i], .num_block_hashes = nb,
-                        .medium = KVBM_MEDIUM_GPU};
+                        .medium = next(d) % 3 ? KVBM_MEDIUM_GPU : KVBM_MEDIUM_CPU};
       if (e->type != KVBM_EVENT_STORED) continue;
       size_t nt = next(d) % 3 == 0 ? next(d) % 16 : 16 * nb; /* fixarray or array16 */
       for (size_t j = 0; j < nt;) { /* runs of one width, 1..9 long */
