@@ -15,7 +15,10 @@
  * loop the core overlaps them (in two passes each waits for the other).
  * The real pass allocates and registers block by block, in order, which is
  * exactly W1's sequential rule (an allocation may evict a block that a
- * later register would have deduplicated onto).
+ * later register would have deduplicated onto). An append of whole blocks
+ * from a block edge (a decode step of many tokens, W1's output) takes the
+ * same run: a block opened, appended and sealed at a time cost some 400
+ * instructions a block in calls and checks (callgrind, kvbm replay).
  *
  * A caller that has already hashed the prompt and taken the blocks of its
  * prefix (the tiered manager, which walks G1..G4 itself) hands both over
@@ -205,6 +208,21 @@ int kvbm_seq_append(kvbm_seq *s, const uint32_t *tokens, size_t n) {
   if (rc) return rc;
   size_t i = 0;
   while (i < n) {
+    if (s->ntok % B == 0 && n - i >= B) {
+      /* Whole blocks from a block edge: one run that takes, hashes and
+       * registers them as prefill's does (the same blocks, order, dedups
+       * and events as a block opened, appended and sealed at a time, at
+       * a few hundred instructions a block less); a pool without
+       * keep_tokens keeps no copy of their tokens, as of prefill's. */
+      const size_t full = (n - i) / B, k = s->nblocks;
+      rc = kvbm__pool_fill_run_hashing(s->pool, 0, s->salt_hash, k ? s->hashes[k - 1] : 0, k > 0, tokens + i,
+                                       s->hashes + k, full, s->context, s->ids + k);
+      if (rc) return rc; /* cannot happen: checked above */
+      s->nblocks += full;
+      s->ntok += full * B;
+      i += full * B;
+      continue;
+    }
     if (s->ntok % B == 0 && (rc = open_block(s)) != KVBM_OK) return rc;
     size_t take = B - s->ntok % B;
     if (take > n - i) take = n - i;

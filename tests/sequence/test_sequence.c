@@ -513,6 +513,111 @@ static void context_reaches_the_listener(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* An event as the twins below compare it. */
+typedef struct twin_ev {
+  kvbm_pool_event_kind kind;
+  uint32_t id, ntok;
+  uint64_t hash, parent;
+  bool has_parent;
+  void *ctx;
+} twin_ev;
+typedef struct twin_log {
+  twin_ev ev[4096];
+  size_t n;
+} twin_log;
+
+static void log_twin(void *user, const kvbm_pool_event *ev) {
+  twin_log *l = user;
+  assert_true(l->n < 4096);
+  l->ev[l->n++] = (twin_ev){ev->kind, ev->block_id, ev->num_tokens, ev->seq_hash,
+                            ev->kind == KVBM_POOL_STORED ? ev->parent_hash : 0,
+                            ev->kind == KVBM_POOL_STORED && ev->has_parent, ev->context};
+}
+
+static uint32_t rnd(uint32_t *x) { return (*x = *x * 1103515245u + 12345u) >> 8; }
+
+/* kvbm_seq_append of many tokens fills the whole blocks from a block edge
+ * as one pool run (as prefill does); appending one token at a time opens,
+ * appends and seals each block. Twin pools (listeners, small enough that
+ * appends evict, contents repeated so that appended blocks dedup onto
+ * cached and active ones) take the same requests, A token by token and B
+ * at once: the same events in the same order (blocks, hashes, parents,
+ * contexts), block tables, stats and block states. */
+static void append_runs_equal_token_at_a_time(void **state) {
+  (void)state;
+  static twin_log la, lb;
+  la.n = lb.n = 0;
+  kvbm_pool *pa, *pb;
+  kvbm_pool_config c = kvbm_pool_config_default(40, B);
+  c.keep_tokens = false;
+  c.listener = log_twin;
+  c.listener_user = &la;
+  assert_int_equal(kvbm_pool_create(&c, &pa, NULL), KVBM_OK);
+  c.listener_user = &lb;
+  assert_int_equal(kvbm_pool_create(&c, &pb, NULL), KVBM_OK);
+  kvbm_seq *sa[3] = {0}, *sb[3] = {0};
+  int ctx[3];
+  uint32_t x = 99u, t[64];
+  size_t appended_runs = 0;
+  for (int round = 0; round < 300; round++) {
+    const size_t slot = rnd(&x) % 3;
+    kvbm_seq_destroy(sa[slot]);
+    kvbm_seq_destroy(sb[slot]);
+    sa[slot] = sb[slot] = NULL;
+    const size_t np = 1 + rnd(&x) % 12, no = rnd(&x) % 40;
+    for (size_t i = 0; i < np + no; i++) t[i] = rnd(&x) % 4 == 0 ? 1000 + (uint32_t)i : (uint32_t)(i % 7);
+    if ((np + no + B - 1) / B > kvbm_pool_available(pa)) continue;
+    assert_int_equal(kvbm_seq_create(pa, 0, 0, &sa[slot]), KVBM_OK);
+    assert_int_equal(kvbm_seq_create(pb, 0, 0, &sb[slot]), KVBM_OK);
+    kvbm_seq_set_context(sa[slot], &ctx[slot]);
+    kvbm_seq_set_context(sb[slot], &ctx[slot]);
+    assert_int_equal(kvbm_seq_prefill(sa[slot], t, np, NULL), KVBM_OK);
+    assert_int_equal(kvbm_seq_prefill(sb[slot], t, np, NULL), KVBM_OK);
+    for (size_t i = 0; i < no; i++) assert_int_equal(kvbm_seq_append(sa[slot], t + np + i, 1), KVBM_OK);
+    assert_int_equal(kvbm_seq_append(sb[slot], t + np, no), KVBM_OK);
+    appended_runs += no >= 2 * B;
+    const uint32_t *ia, *ib;
+    size_t na, nb;
+    kvbm_seq_blocks(sa[slot], &ia, &na);
+    kvbm_seq_blocks(sb[slot], &ib, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ia, ib, na * sizeof *ia);
+    assert_int_equal(la.n, lb.n);
+    for (size_t i = 0; i < la.n; i++) {
+      assert_int_equal(la.ev[i].kind, lb.ev[i].kind);
+      assert_int_equal(la.ev[i].id, lb.ev[i].id);
+      assert_int_equal(la.ev[i].ntok, lb.ev[i].ntok);
+      assert_int_equal(la.ev[i].hash, lb.ev[i].hash);
+      assert_int_equal(la.ev[i].parent, lb.ev[i].parent);
+      assert_int_equal(la.ev[i].has_parent, lb.ev[i].has_parent);
+      assert_ptr_equal(la.ev[i].ctx, lb.ev[i].ctx);
+    }
+    la.n = lb.n = 0;
+    const kvbm_pool_stats a = stats(pa), b = stats(pb);
+    assert_memory_equal(&a, &b, sizeof a);
+    for (uint32_t id = 0; id < 40; id++) {
+      kvbm_block_info x1, x2;
+      assert_int_equal(kvbm_block_info_get(pa, id, &x1), KVBM_OK);
+      assert_int_equal(kvbm_block_info_get(pb, id, &x2), KVBM_OK);
+      assert_int_equal(x1.state, x2.state);
+      assert_int_equal(x1.refcount, x2.refcount);
+      assert_int_equal(x1.num_tokens, x2.num_tokens);
+      if (x1.state == KVBM_BLOCK_REGISTERED) assert_int_equal(x1.seq_hash, x2.seq_hash);
+      assert_int_equal(x1.priority, x2.priority);
+    }
+  }
+  const kvbm_pool_stats a = stats(pa);
+  assert_true(a.dedup > 20);
+  assert_true(a.evicted > 100);
+  assert_true(appended_runs > 50);
+  for (int i = 0; i < 3; i++) {
+    kvbm_seq_destroy(sa[i]);
+    kvbm_seq_destroy(sb[i]);
+  }
+  kvbm_pool_destroy(pa);
+  kvbm_pool_destroy(pb);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(prefill_then_share),
@@ -528,6 +633,7 @@ int main(void) {
       cmocka_unit_test(prefill_plan_adopts_held_blocks),
       cmocka_unit_test(prefill_plan_bad_calls),
       cmocka_unit_test(context_reaches_the_listener),
+      cmocka_unit_test(append_runs_equal_token_at_a_time),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
