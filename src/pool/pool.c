@@ -1067,7 +1067,10 @@ static inline uint8_t rec_tail8_flags(uint64_t w) {
  * after a restart (a run where every block dedups costs SPLIT_CHUNK a
  * block at most, not the run's length) and how far ahead the victims'
  * buckets are prefetched. */
-#define SPLIT_CHUNK 128
+/* 64, not 128: cachegrind W1 D1 misses 10.34M -> 10.10M (the start's
+ * 10.15M) for +1.3M Ir; the hybrid's joint pass (GROUPS_CHUNK) 26.76M ->
+ * 24.43M (start 24.20M) for +2.3M Ir; 32 there: 24.17M, +15.5M Ir. */
+#define SPLIT_CHUNK 64
 
 /* The first `ev` victims of list pr (ending at block `last`) leave it at
  * once: its head moves past them. Their links are left as they are (a
@@ -1273,7 +1276,10 @@ int kvbm_pool_fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, u
 
 /* ---- a hybrid request's step: every group at once ------------------------ */
 
-/* fill_run_plain for a pool of groups (a hybrid model's G1 in W1-hybrid:
+/* (fill_groups_split below does this work in two passes a chunk and
+ * hands a run here only when a list ends before a chunk's first position
+ * has its blocks.)
+ * fill_run_plain for a pool of groups (a hybrid model's G1 in W1-hybrid:
  * no listener, no duplicate chains, no token copies), filling the new
  * full blocks of a step in every group position by position
  * (kvbm__pool_fill_groups_fresh in pool/pool_internal.h): a position's
@@ -1458,6 +1464,144 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   return k;
 }
 
+/* fill_groups_plain in two passes a chunk, as fill_run_split does W1's
+ * run (see split_segment): the chunk's blocks taken first (the free stack,
+ * then the eviction list from its head; nothing changes), then filled
+ * position by position (the position's registry check, then each group's
+ * victim entry cleared, record written, entry inserted), then the chunk's
+ * victims spliced off their list at once and the counts stored. Same
+ * blocks to the same groups in the same order as fill_groups_plain: a
+ * victim's entry is still cleared just before its block is filled, so the
+ * position's check (groups_any) sees the victims of later positions still
+ * registered. A chunk is GROUPS_CHUNK blocks (GROUPS_CHUNK / ng
+ * positions). A list that ends before a chunk's first position has its
+ * ng blocks (more than one priority in the cache) hands the rest of the
+ * run to fill_groups_plain. */
+#define GROUPS_CHUNK 64
+HOT size_t fill_groups_split(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash, uint64_t parent,
+                             bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
+                             size_t n, uint32_t *const *tables, size_t *hashed_out,
+                             const kvbm_hash_scheme scheme, const uint32_t cbs) {
+  const size_t bs = cbs ? cbs : p->cfg.block_size;
+  blk *const blocks = p->blocks;
+  bucket *const table = p->table;
+  side *const sd = p->side;
+  const uint32_t shift = p->table_shift, mask = p->table_mask;
+  size_t hashed = nhashed < n ? nhashed : n;
+  uint64_t h = hashed ? hashes[hashed - 1] : parent; /* the chain's last hash */
+  bool hp = hashed ? true : has_parent;
+  for (size_t j = 0; j < n && j < PLAIN_AHEAD; j++) {
+    if (j >= hashed) {
+      h = kvbm__hash_next_inline(scheme, salt_hash, h, hp, tokens + j * bs, bs);
+      hashes[j] = h;
+      hp = true;
+      hashed = j + 1;
+    }
+    for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
+  }
+  uint64_t pk = has_parent ? parent : 0;
+  const uint8_t fl = (uint8_t)(F_INDEXED | (salt_hash ? F_SALTED : 0));
+  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | (has_parent ? F_HAS_PARENT : 0)));
+  const uint64_t tail8_rest = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT));
+  const size_t cpos = GROUPS_CHUNK / ng; /* positions a chunk; ng <= 16 */
+  uint32_t buf[GROUPS_CHUNK];
+  size_t k = 0;
+  bool stop = false;
+  while (k < n && !stop) {
+    /* pass 1: take the chunk's blocks */
+    size_t kend = n - k > cpos ? k + cpos : n;
+    size_t m = (kend - k) * ng, i = 0;
+    const uint32_t ftop0 = p->free_top;
+    uint32_t ftop = ftop0;
+    for (; i < m && ftop; i++) buf[i] = p->free_stack[--ftop];
+    const size_t vfrom = i; /* buf[vfrom, m) are victims */
+    unsigned pr = NPRIO;
+    if (i < m) {
+      unsigned w = 0;
+      while (!p->nonempty[w]) w++;
+      pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
+      uint32_t id = p->head[pr];
+      do {
+        buf[i++] = id;
+        __builtin_prefetch((const char *)table + (size_t)(where_get(sd, id) >> 3) * sizeof(bucket));
+        id = blocks[id].next;
+      } while (i < m && id != NIL);
+      if (i < m) { /* the list ended: whole positions only */
+        if (i < ng) {
+          uint32_t *rest[KVBM_POOL_MAX_GROUPS];
+          for (uint32_t g = 0; g < ng; g++) rest[g] = tables[g] + k;
+          size_t h2 = 0;
+          const size_t d = fill_groups_plain(p, ng, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
+                                             tokens + k * bs, hashes + k, hashed - k, n - k, rest, &h2,
+                                             scheme, cbs);
+          *hashed_out = k + h2;
+          return k + d;
+        }
+        kend = k + i / ng;
+        m = (kend - k) * ng;
+      }
+    }
+    /* pass 2: fill them, position by position */
+    size_t pos = k;
+    for (; pos < kend; pos++, tail8 = tail8_rest) {
+      const size_t j = pos + PLAIN_AHEAD;
+      if (j < n) {
+        uint64_t hj;
+        if (j >= hashed) {
+          h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tokens + j * bs, bs);
+          hashes[j] = h;
+          hashed = j + 1;
+          hj = h;
+        } else {
+          hj = hashes[j];
+        }
+        for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hj, g, shift)]);
+      }
+      const uint64_t hk = hashes[pos];
+      if (groups_any(blocks, sd, table, mask, shift, hk, ng)) {
+        stop = true; /* the caller's: vLLM's order */
+        break;
+      }
+      const uint32_t fp0 = fingerprint(hk, 0);
+      const uint32_t *const b0 = buf + (pos - k) * ng;
+      const size_t v0 = (pos - k) * ng;
+#pragma GCC unroll 4
+      for (uint32_t g = 0; g < ng; g++) {
+        const uint32_t id = b0[g];
+        if (v0 + g >= vfrom) { /* the victim's entry: at its place, or (past its home) searched */
+          const uint32_t wv = where_get(sd, id);
+          if (wv != NIL)
+            table[wv >> 3].id[wv & 7] = NIL;
+          else
+            plain_erase(table, mask, ghome(blocks[id].seq_hash, grp_get(sd, id), shift), id);
+        }
+        tables[g][pos] = id;
+        blk *b = &blocks[id];
+        if (salt_hash) p->salts[id] = salt_hash;
+        b->seq_hash = hk;
+        b->parent_hash = pk;
+        memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
+        const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
+        placed_insert(table, sd, mask, fp, (fp * 0x9E3779B1u) >> shift, id, (uint8_t)g);
+      }
+      pk = hk;
+    }
+    /* the chunk's splice and counts: positions [k, pos) filled */
+    const size_t used = (pos - k) * ng;
+    const uint32_t from_free = (uint32_t)(used < vfrom ? used : vfrom);
+    const uint32_t ev = (uint32_t)(used > vfrom ? used - vfrom : 0);
+    if (ev) list_detach(p, blocks, pr, buf[vfrom + ev - 1]);
+    p->free_top = ftop0 - from_free;
+    p->cached -= ev;
+    p->evicted += ev;
+    p->registered += (uint32_t)used - ev;
+    p->allocated += used;
+    k = pos;
+  }
+  *hashed_out = hashed;
+  return k;
+}
+
 int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_hash, uint64_t parent,
                                  bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
                                  size_t n, uint32_t *const *tables, size_t *done, size_t *hashed) {
@@ -1478,22 +1622,22 @@ int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_h
    * docs/areas/hybrid.md: 989.2M -> 959.5M instructions) */
   const bool dynamo = p->cfg.scheme == KVBM_HASH_DYNAMO;
   if (ngroups == 2 && !dynamo && p->cfg.block_size == 16 && !salt_hash) /* no salt: a constant 0 */
-    *done = fill_groups_plain(p, 2, 0, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_split(p, 2, 0, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 16);
   else if (ngroups == 2 && !dynamo && p->cfg.block_size == 16)
-    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_split(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 16);
   else if (ngroups == 2 && !dynamo)
-    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_split(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 0);
   else if (ngroups == 2)
-    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_split(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_DYNAMO, 0);
   else if (!dynamo)
-    *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
+    *done = fill_groups_split(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
                               hashed, KVBM_HASH_NATIVE, 0);
   else
-    *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
+    *done = fill_groups_split(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
                               hashed, KVBM_HASH_DYNAMO, 0);
   return KVBM_OK;
 }

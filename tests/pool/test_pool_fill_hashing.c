@@ -259,7 +259,7 @@ static void quiet_colliding(void **state) {
   free(lb);
 }
 
-/* Runs longer than the plain loop's chunk (pool.c's SPLIT_CHUNK, 128):
+/* Runs longer than the plain loop's chunk (pool.c's SPLIT_CHUNK, 64):
  * the quiet twin (B) takes each chunk's blocks first and splices its
  * victims off the list at once, so these runs cross chunk ends and empty
  * a priority's list inside a chunk (three priorities). Each run's blocks
@@ -316,7 +316,7 @@ static void long_runs(void **state) {
     kvbm_pool_stats_get(a, &after);
     dedups += after.dedup - before.dedup;
     evictions += after.evicted - before.evicted;
-    if (n > 128 && after.dedup > before.dedup) long_dedups++;
+    if (n > 64 && after.dedup > before.dedup) long_dedups++;
     lb->n = la->n; /* B is quiet: compare the pools alone */
     memcpy(lb->ev, la->ev, la->n * sizeof *la->ev);
     assert_same_pools(a, b, la, lb);

@@ -329,6 +329,101 @@ static void twins_agree_16(void **state) {
   twins16_in(0x5a17u);
 }
 
+/* Runs longer than the joint pass's chunk (pool.c's GROUPS_CHUNK, 64
+ * blocks: 32 positions of two groups): the pass takes a chunk's blocks
+ * first and splices its victims off the list at once, so runs here cross
+ * chunk ends, meet registered prefixes inside a chunk (documents share
+ * their first blocks up to a point of their own), and evict from lists of
+ * two priorities. Pool A through the joint call, pool B through the public
+ * calls position by position, as twins_agree; ids, stats and every
+ * block's info must agree. */
+enum { LNB = 512, LPOS = 200, LDOC = 40 };
+static void long_runs_agree(void **state) {
+  (void)state;
+  static uint32_t tok[LDOC][LPOS * BS], ta[NG][LPOS], tb[NG][LPOS], held_a[2][NG][LPOS], held_b[2][NG][LPOS];
+  static uint64_t hash[LDOC][LPOS], h[LPOS];
+  size_t held_n[2] = {0};
+  for (uint32_t d = 0; d < LDOC; d++) {
+    const size_t shared = 5 + d % 6 * 30; /* doc d shares its first blocks with the others */
+    for (size_t i = 0; i < LPOS * BS; i++) tok[d][i] = (uint32_t)(i / BS < shared ? i : d * 100000 + i);
+    for (size_t k = 0; k < LPOS; k++)
+      hash[d][k] = kvbm_hash_next(KVBM_HASH_NATIVE, 0, k ? hash[d][k - 1] : 0, k > 0, tok[d] + k * BS, BS);
+  }
+  kvbm_pool_config c = kvbm_pool_config_default(LNB, BS);
+  c.num_groups = NG;
+  c.keep_tokens = false;
+  kvbm_pool *a = NULL, *b = NULL;
+  assert_int_equal(kvbm_pool_create(&c, &a, NULL), KVBM_OK);
+  assert_int_equal(kvbm_pool_create(&c, &b, NULL), KVBM_OK);
+  uint32_t x = 31;
+  size_t long_fills = 0, stopped = 0;
+  for (int it = 0; it < 300; it++) {
+    const size_t slot = (size_t)it % 2;
+    const uint8_t prio = (uint8_t)(rnd(&x) % 2 * 5);
+    for (uint32_t g = 0; g < NG; g++) {
+      assert_int_equal(kvbm_pool_release_run(a, held_a[slot][g], held_n[slot], prio), KVBM_OK);
+      assert_int_equal(kvbm_pool_release_run(b, held_b[slot][g], held_n[slot], prio), KVBM_OK);
+    }
+    held_n[slot] = 0;
+    const uint32_t d = rnd(&x) % LDOC;
+    const size_t start = rnd(&x) % LPOS;
+    size_t n = 1 + rnd(&x) % (LPOS - start);
+    if (n * NG > kvbm_pool_available(a)) n = kvbm_pool_available(a) / NG;
+    if (n == 0) continue;
+    uint32_t *tabs[NG] = {ta[0], ta[1]};
+    size_t done = 0, hashed = 0;
+    const uint64_t *hd = hash[d] + start;
+    const uint32_t *td = tok[d] + start * BS;
+    assert_int_equal(kvbm__pool_fill_groups_fresh(a, NG, 0, start ? hd[-1] : 0, start > 0, td, h, 0, n, tabs, &done,
+                                                  &hashed),
+                     KVBM_OK);
+    assert_memory_equal(h, hd, hashed * sizeof *h);
+    size_t stop = 0;
+    for (; stop < n; stop++) {
+      bool any = false;
+      for (uint32_t g = 0; g < NG; g++) any |= kvbm_pool_peek_group(b, g, hd[stop], NULL, NULL) == KVBM_OK;
+      if (any) break;
+      for (uint32_t g = 0; g < NG; g++) {
+        size_t got = 0;
+        const size_t k = start + stop;
+        assert_int_equal(kvbm_pool_fill_run_fresh(b, g, 0, k ? hash[d][k - 1] : 0, k > 0, tok[d] + k * BS,
+                                                  hash[d] + k, 1, NULL, &tb[g][stop], &got),
+                         KVBM_OK);
+        assert_int_equal(got, 1);
+      }
+    }
+    assert_int_equal(done, stop);
+    for (uint32_t g = 0; g < NG; g++) {
+      assert_memory_equal(ta[g], tb[g], done * sizeof *ta[g]);
+      memcpy(held_a[slot][g], ta[g], done * sizeof *ta[g]);
+      memcpy(held_b[slot][g], tb[g], done * sizeof *tb[g]);
+    }
+    held_n[slot] = done;
+    long_fills += done > 64; /* two chunks or more */
+    stopped += done < n;
+    kvbm_pool_stats sa, sb;
+    kvbm_pool_stats_get(a, &sa);
+    kvbm_pool_stats_get(b, &sb);
+    assert_memory_equal(&sa, &sb, sizeof sa);
+    for (uint32_t id = 0; id < LNB; id++) {
+      kvbm_block_info ia, ib;
+      assert_int_equal(kvbm_block_info_get(a, id, &ia), KVBM_OK);
+      assert_int_equal(kvbm_block_info_get(b, id, &ib), KVBM_OK);
+      assert_int_equal(ia.state, ib.state);
+      assert_int_equal(ia.refcount, ib.refcount);
+      assert_int_equal(ia.priority, ib.priority);
+      assert_int_equal(ia.group, ib.group);
+      assert_int_equal(ia.seq_hash, ib.seq_hash);
+      assert_int_equal(ia.parent_hash, ib.parent_hash);
+    }
+  }
+  kvbm_pool_stats sa;
+  kvbm_pool_stats_get(a, &sa);
+  assert_true(long_fills > 20 && stopped > 20 && sa.evicted > 2000);
+  kvbm_pool_destroy(a);
+  kvbm_pool_destroy(b);
+}
+
 /* ---- a decode token's block edges: kvbm__pool_alloc_groups and
  * kvbm__pool_fill_groups_one against the public calls, group by group ---- */
 
@@ -482,6 +577,7 @@ static void edges_refusals(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(twins_agree), cmocka_unit_test(twins_agree_16),
+                                     cmocka_unit_test(long_runs_agree),
                                      cmocka_unit_test(refusals),
                                      cmocka_unit_test(edges_agree), cmocka_unit_test(edges_refusals)};
   return cmocka_run_group_tests(tests, NULL, NULL);
