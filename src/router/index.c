@@ -1747,7 +1747,7 @@ static inline uint32_t wslot(const kvbm_index *idx, const worker *w) {
  * a new device entry under its parent; one already there (a copy,
  * another tier, a ghost) takes the general path. */
 HOT int lean_store_one(kvbm_index *idx, worker *w, uint64_t h, uint64_t parent, bool hp,
-                       lean *a) {
+                       bool chain, lean *a) {
   wtab *t = LD(&w->tab);
   if (__builtin_expect((w->entries + 2) * 2 > t->cap, 0)) { /* as reserve2 */
     if (cold_grow(idx, w)) return KVBM_ENOMEM;
@@ -1766,7 +1766,10 @@ HOT int lean_store_one(kvbm_index *idx, worker *w, uint64_t h, uint64_t parent, 
   slot_fill_m(s, h, OCC | 1u << KVBM_TIER_G1, m);
   w->entries++;
   a->stored++;
-  if (hp) { /* usually the block stored just before: the hint */
+  if (chain && a->hs != t->s) { /* the block before in the event, just
+                                   * stored on the device (a->hs: its slot) */
+    a->hs->w.nchild++;
+  } else if (hp) { /* usually the block stored just before: the hint */
     slot *ps = find_hinted(t, a->hs, parent, &found, &m);
     if (link_parent_m(w, ps, found, parent, m)) publish_closed(w);
   }
@@ -1784,7 +1787,10 @@ static int lean_stored(kvbm_index *idx, worker *w, const kvbm_event *ev, lean *a
     }
     uint64_t h = hs[i], parent = i ? hs[i - 1] : ev->parent_hash;
     bool hp = (i > 0 || ev->has_parent) && parent != h;
-    int rc = lean_store_one(idx, w, h, parent, hp, a);
+    /* block i > 0: its parent is block i - 1, whose slot is the hint when
+     * it was stored here (a->hs is reset to the table's first slot when
+     * it was not, or the table grew) */
+    int rc = lean_store_one(idx, w, h, parent, hp, i > 0 && hp, a);
     if (rc) return rc;
   }
   return KVBM_OK;
@@ -1873,7 +1879,8 @@ HOT int lean_one(kvbm_index *idx, worker *w, const kvbm_event *ev, lean *a) {
     if (__builtin_expect(!lean_event(ev) || lean_salted(ev), 0)) return LEAN_NOT;
     if (ev->num_block_hashes != 1) return lean_stored(idx, w, ev, a);
     uint64_t h = ev->block_hashes[0];
-    return lean_store_one(idx, w, h, ev->parent_hash, ev->has_parent & (ev->parent_hash != h), a);
+    return lean_store_one(idx, w, h, ev->parent_hash, ev->has_parent & (ev->parent_hash != h),
+                          false, a);
   }
   if (ev->type != KVBM_EVENT_REMOVED || __builtin_expect(!lean_event(ev), 0)) return LEAN_NOT;
   if (ev->num_block_hashes == 1) lean_remove_one(idx, w, ev->block_hashes[0], a);
