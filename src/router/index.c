@@ -107,7 +107,7 @@
  * Session 12 cut the loop's own overheads (see lean_batch: two loops,
  * the first prefetching without a test; the worker kept, not its slot;
  * the probe's meta reused; deletion's shift inline): 134 -> 115 at 8
- * workers, 182 -> 162 at 64.
+ * workers, 182 -> 161 at 64.
  *
  * Every shared field is a C11 atomic; the protocol uses acquire loads and
  * release stores only, no fences (plain moves on x86-64, ldar/stlr on
