@@ -1510,7 +1510,8 @@ HOT size_t fill_groups_split(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   while (k < n && !stop) {
     /* pass 1: take the chunk's blocks */
     size_t kend = n - k > cpos ? k + cpos : n;
-    size_t m = (kend - k) * ng, i = 0;
+    const size_t m = (kend - k) * ng;
+    size_t i = 0;
     const uint32_t ftop0 = p->free_top;
     uint32_t ftop = ftop0;
     for (; i < m && ftop; i++) buf[i] = p->free_stack[--ftop];
@@ -1538,7 +1539,6 @@ HOT size_t fill_groups_split(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
           return k + d;
         }
         kend = k + i / ng;
-        m = (kend - k) * ng;
       }
     }
     /* pass 2: fill them, position by position */
