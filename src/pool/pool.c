@@ -31,8 +31,8 @@
  *    any value, so the home bucket is a multiplicative mix of the
  *    fingerprint. With allow_duplicates, later blocks of an equal hash are
  *    chained behind the indexed one (dup_next) in registration order.
- *    In a pool without duplicate chains (the pools fill_run_plain and,
- *    with groups, fill_groups_plain serve), where (side[id].where, "where[id]"
+ *    In a pool without duplicate chains (the pools fill_run_split and,
+ *    with groups, fill_groups_split serve), where (side[id].where, "where[id]"
  *    below) says where block id's entry sits (bucket and entry) when that
  *    is its home bucket, so that evicting a
  *    cached block clears its entry with one load and one store, without

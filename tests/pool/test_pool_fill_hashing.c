@@ -11,9 +11,9 @@
  * from a parent. Both schemes, with and without salt, one group and two,
  * runs shorter and longer than the hashing distance, releases at three
  * priorities. The same again with B quiet (no listener, no token copies:
- * the loop a replay runs, pool.c's fill_run_plain with one group) against
+ * the loop a replay runs, pool.c's fill_run_split with one group) against
  * A on the general path (a listener), events compared on A only; its
- * eviction cursor walks lists that empty and switch priority, and its
+ * take pass walks lists that empty and switch priority, and its
  * dedups leave the loop for the general path; and with every hash homed
  * in one bucket (chains that overflow and wrap). Then the refusals:
  * NULL arrays, a group past the list, more blocks than available, each
