@@ -1011,18 +1011,7 @@ lean_copy(kvbm_publisher *p, const uint8_t *bytes, size_t len, size_t need, int3
           uint64_t *id) {
   wchunk *c = lean_chunk(p, need, len, dp_rank);
   if (!c) return false;
-  uint8_t *at = c->data + KVBM__EVENT_HEAD_MAX + c->len;
-  memcpy(at, bytes, len);
-  /* The lines the next events will be copied to, asked for writing now: a
-   * chunk comes back from ZMQ's I/O thread, which read every line of it
-   * on another core, so each line's first store is a request for it from
-   * that core's cache. Asked one to three events ahead, the request runs
-   * while this producer encodes its next events outside the lock, rather
-   * than under the lock at the copy (a K = 1 map event is ~119 bytes,
-   * ~1.9 lines; docs/areas/events.md, Session 12). A prefetch past the
-   * chunk's end is harmless: it never faults. */
-  __builtin_prefetch(at + len + 128, 1, 3);
-  __builtin_prefetch(at + len + 192, 1, 3);
+  memcpy(c->data + KVBM__EVENT_HEAD_MAX + c->len, bytes, len);
   lean_count(p, c, len, need, id);
   return true;
 }
