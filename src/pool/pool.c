@@ -31,10 +31,9 @@
  *    any value, so the home bucket is a multiplicative mix of the
  *    fingerprint. With allow_duplicates, later blocks of an equal hash are
  *    chained behind the indexed one (dup_next) in registration order.
- *    In a pool without duplicate chains (the pools fill_run_split and,
- *    with groups, fill_groups_split serve), where (side[id].where, "where[id]"
- *    below) says where block id's entry sits (bucket and entry) when that
- *    is its home bucket, so that evicting a
+ *    In a pool without duplicate chains (the pools fill_run_plain and,
+ *    with groups, fill_groups_plain serve), where[id] says where block id's entry sits
+ *    (bucket and entry) when that is its home bucket, so that evicting a
  *    cached block clears its entry with one load and one store, without
  *    hashing the victim again or searching its bucket for the id; an
  *    entry that went past its home is marked NIL there and erased by the
@@ -48,18 +47,18 @@
  * registry rather than one a group: entries never outnumber blocks, so
  * the memory, and what the hot loops touch, stays that of a one-group
  * pool (a registry a group made a two-group replay spill the L2 cache).
- * The block's side record (side[id].grp) names its group; a one-group
- * pool never reads it, and its hot loops are compiled with `grouped`
- * false, so that they are the loops they were. The free list, the cache
+ * A side array group[] names each block's group; a one-group pool has
+ * none, and its hot loops are compiled with `grouped` false, so that they
+ * are the loops they were. The free list, the cache
  * lists and the block budget are shared by all groups, as vLLM's one
  * BlockPool is: eviction takes the oldest cached block whatever its group.
  *
  * Memory for a pool of N blocks of B tokens: 32 N (records) + 32..64 N
- * (registry) + 12 N (salt, free stack) + 8 N (side records: where,
- * priority, group) + 4 N B (token slots, none
+ * (registry) + 13 N (salt, priority, free stack) + 4 N (where[], without
+ * duplicate chains) + 4 N B (token slots, none
  * with fill_only: a tier below G1 only ever fills blocks whole and never
  * reads tokens back), and 4 N for the duplicate chains with
- * allow_duplicates.
+ * allow_duplicates; with groups, N more for group[].
  */
 #include "kvbm/pool.h"
 
@@ -114,27 +113,10 @@ typedef struct bucket {
   uint32_t unused;
 } bucket;
 
-/* 8 bytes a block beside its record: what the eviction and release paths
- * touch besides the record itself (its entry's place, its priority, its
- * group). One array of these rather than three (where[], priority[],
- * group[]): a victim, or a released block, costs one line of side data,
- * not three. In W1 consecutive victims have neighbouring ids, so three
- * arrays shared their lines anyway; in a hybrid replay they do not (the
- * groups alternate, the window group's blocks come back early), and each
- * array cost a line of its own (cachegrind: 0.72 + 0.73 D1 misses a block
- * on prio[] and grp[] alone; docs/areas/pool-speed.md, Session 12). */
-typedef struct side {
-  uint32_t where; /* no duplicate chains: where_of() of the block's entry */
-  uint8_t prio;   /* eviction priority (its cache list) */
-  uint8_t grp;    /* the group it was last allocated for; 0 with one group */
-  uint16_t unused;
-} side;
-_Static_assert(sizeof(side) == 8, "one side record is 8 bytes");
-
 struct kvbm_pool {
   kvbm_pool_config cfg;
   blk *blocks;
-  side *side;           /* where, priority and group of each block */
+  uint8_t *priority;
   uint64_t *salts;
   uint32_t *tokens;
   uint32_t *free_stack;
@@ -144,29 +126,14 @@ struct kvbm_pool {
   uint32_t cached;
   uint32_t registered;
   bucket *table;         /* the registry, every group's entries */
-  bool grouped;          /* ngroups > 1: side[].grp names each block's group */
+  uint8_t *group;        /* the group of each block; NULL with one group */
   uint32_t ngroups;
   uint32_t *dup_next;   /* allow_duplicates: the next duplicate, or NIL */
+  uint32_t *where;      /* no duplicates: where_of() of each indexed block's entry */
   uint32_t table_shift; /* 32 - log2(buckets) */
   uint32_t table_mask;  /* buckets - 1 */
   uint64_t allocated, evicted, dedup, match_hits;
 };
-
-/* The side record's fields, one accessor each: every user goes through
- * these, so the layout is one place. */
-static inline uint32_t where_get(const side *sd, uint32_t id) { return sd[id].where; }
-static inline void where_set(side *sd, uint32_t id, uint32_t w) { sd[id].where = w; }
-static inline uint8_t prio_get(const side *sd, uint32_t id) { return sd[id].prio; }
-static inline void prio_set(side *sd, uint32_t id, uint8_t pr) { sd[id].prio = pr; }
-static inline uint8_t grp_get(const side *sd, uint32_t id) { return sd[id].grp; }
-static inline void grp_set(side *sd, uint32_t id, uint8_t g) { sd[id].grp = g; }
-/* A placed block's whole side record, as one 8-byte store: the fill loops
- * write it when they index the block (where known, priority 0, its group),
- * in place of a priority store at the eviction, a group store and a where
- * store. */
-static inline void side_put(side *sd, uint32_t id, uint32_t where, uint8_t g) {
-  sd[id] = (side){.where = where, .prio = 0, .grp = g};
-}
 
 /* ---- registry ---------------------------------------------------------- */
 
@@ -217,14 +184,14 @@ static inline unsigned bucket_match(const bucket *b, uint32_t v, int key) {
 }
 
 /* The block indexed under `hash`, or NIL. */
-/* `grouped` is whether the pool has groups (p->grouped): constant
+/* `grouped` is whether the pool has groups (p->group != NULL): constant
  * at the hot call sites, so a one-group pool's lookup is the old one. */
 HOT uint32_t reg_find_k(const kvbm_pool *p, uint64_t hash, uint32_t g, rkey k, const bool grouped) {
   for (uint32_t bi = k.home;; bi = (bi + 1) & p->table_mask) {
     const bucket *b = &p->table[bi];
     for (unsigned m = bucket_match(b, k.fp, 0); m; m &= m - 1) {
       uint32_t id = b->id[__builtin_ctz(m)];
-      if (id != NIL && p->blocks[id].seq_hash == hash && (!grouped || grp_get(p->side, id) == g)) return id;
+      if (id != NIL && p->blocks[id].seq_hash == hash && (!grouped || p->group[id] == g)) return id;
     }
     if (!b->overflow) return NIL;
   }
@@ -253,7 +220,7 @@ HOT void reg_insert(kvbm_pool *p, rkey k, uint32_t id) {
       unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
-      if (!p->dup_next) where_set(p->side, id, where_of(bi, i, k.home));
+      if (p->where) p->where[id] = where_of(bi, i, k.home);
       return;
     }
     b->overflow++;
@@ -319,18 +286,18 @@ static inline rkey reg_key_prefetch(const kvbm_pool *p, uint64_t hash, uint32_t 
 #define AHEAD 4
 
 /* Block id's group. `grouped` is a constant at every call site of the hot
- * paths: the public calls test p->grouped once and run a loop compiled for
+ * paths: the public calls test p->group once and run a loop compiled for
  * one case, so a pool of one group pays nothing per block for groups
  * existing. */
 HOT uint32_t gkey(const kvbm_pool *p, uint32_t id, const bool grouped) {
-  return grouped ? grp_get(p->side, id) : 0;
+  return grouped ? p->group[id] : 0;
 }
 
 /* ---- cache lists --------------------------------------------------------- */
 
 HOT void cache_push(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
-  unsigned pr = prio_get(p->side, id);
+  unsigned pr = p->priority[id];
   b->next = NIL;
   b->prev = p->tail[pr];
   if (p->tail[pr] != NIL)
@@ -345,7 +312,7 @@ HOT void cache_push(kvbm_pool *p, uint32_t id) {
 
 static void cache_unlink(kvbm_pool *p, uint32_t id) {
   blk *b = &p->blocks[id];
-  unsigned pr = prio_get(p->side, id);
+  unsigned pr = p->priority[id];
   if (b->prev != NIL)
     p->blocks[b->prev].next = b->next;
   else
@@ -387,7 +354,7 @@ HOT void block_reset(kvbm_pool *p, uint32_t id) {
   b->ntok = 0;
   b->flags = 0;
   b->seq_hash = b->parent_hash = 0;
-  prio_set(p->side, id, 0);
+  p->priority[id] = 0;
 }
 
 HOT void free_push(kvbm_pool *p, uint32_t id) {
@@ -398,7 +365,7 @@ HOT void free_push(kvbm_pool *p, uint32_t id) {
 
 /* Drops a registered block from the registry and counts (not the lists). */
 static void unregister(kvbm_pool *p, uint32_t id) {
-  const bool grouped = p->grouped;
+  const bool grouped = p->group != NULL;
   reg_remove(p, p->blocks[id].seq_hash, gkey(p, id, grouped), id, grouped);
   p->registered--;
 }
@@ -437,10 +404,10 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill, c
   if (!refill || (!quiet && p->cfg.listener))
     block_reset(p, id);
   else
-    prio_set(p->side, id, 0);
+    p->priority[id] = 0;
   if (!quiet && p->cfg.listener) {
     kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = hash,
-                          .group = grouped ? grp_get(p->side, id) : 0};
+                          .group = grouped ? p->group[id] : 0};
     notify(p, &ev);
   }
   return id;
@@ -451,14 +418,14 @@ HOT uint32_t evict_oldest(kvbm_pool *p, const bool grouped, const bool refill, c
 HOT uint32_t take_block(kvbm_pool *p, const bool grouped, uint32_t group, const bool refill,
                         const bool quiet) {
   uint32_t id = p->free_top ? p->free_stack[--p->free_top] : evict_oldest(p, grouped, refill, quiet);
-  if (grouped) grp_set(p->side, id, (uint8_t)group);
+  if (grouped) p->group[id] = (uint8_t)group;
   p->blocks[id].refcount = 1;
   p->allocated++;
   return id;
 }
 
 static inline uint32_t group_of(const kvbm_pool *p, uint32_t id) {
-  return p->grouped ? grp_get(p->side, id) : 0;
+  return p->group ? p->group[id] : 0;
 }
 
 static inline bool valid_id(const kvbm_pool *p, uint32_t id) {
@@ -511,7 +478,7 @@ HOT uint32_t do_register(kvbm_pool *p, uint32_t id, const uint32_t *tokens, void
         .tokens = tokens,
         .num_tokens = b->ntok,
         .context = context,
-        .group = grouped ? grp_get(p->side, id) : 0,
+        .group = grouped ? p->group[id] : 0,
     };
     notify(p, &ev);
   }
@@ -579,19 +546,21 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
   p->table_shift = 32 - tbits;
   p->table_mask = (uint32_t)(tsize - 1);
   p->blocks = calloc(n, sizeof *p->blocks);
-  /* zeros: priority 0, group 0, and a where the cursor may read of a
-   * never-placed block */
-  p->side = calloc(n, sizeof *p->side);
+  p->priority = calloc(n, sizeof *p->priority);
   p->salts = calloc(n, sizeof *p->salts);
   if (!cfg->fill_only) p->tokens = calloc((size_t)n * cfg->block_size, sizeof *p->tokens);
   p->free_stack = malloc((size_t)n * sizeof *p->free_stack);
   p->ngroups = cfg->num_groups ? cfg->num_groups : 1;
   p->table = aligned_alloc(64, tsize * sizeof *p->table);
   const bool tabs_ok = p->table != NULL;
-  p->grouped = p->ngroups > 1;
+  if (p->ngroups > 1) p->group = calloc(n, sizeof *p->group);
   if (cfg->allow_duplicates) p->dup_next = malloc((size_t)n * sizeof *p->dup_next);
-  if (!p->blocks || !p->side || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !tabs_ok ||
-      (cfg->allow_duplicates && !p->dup_next)) {
+  /* where[]: the pools fill_run_plain and fill_groups_plain may serve (no
+   * duplicates). */
+  const bool placed = !cfg->allow_duplicates;
+  if (placed) p->where = calloc(n, sizeof *p->where); /* zeros: the cursor may read a never-placed block's */
+  if (!p->blocks || !p->priority || !p->salts || (!p->tokens && !cfg->fill_only) || !p->free_stack || !tabs_ok ||
+      (p->ngroups > 1 && !p->group) || (cfg->allow_duplicates && !p->dup_next) || (placed && !p->where)) {
     kvbm_pool_destroy(p);
     return kvbm_error_set(err, KVBM_ENOMEM, "pool: out of memory for %u blocks", n);
   }
@@ -608,11 +577,13 @@ int kvbm_pool_create(const kvbm_pool_config *cfg, kvbm_pool **out, kvbm_error *e
 void kvbm_pool_destroy(kvbm_pool *pool) {
   if (!pool) return;
   free(pool->blocks);
-  free(pool->side);
+  free(pool->priority);
   free(pool->salts);
   free(pool->tokens);
   free(pool->free_stack);
   free(pool->table);
+  free(pool->where);
+  free(pool->group);
   free(pool->dup_next);
   free(pool);
 }
@@ -640,7 +611,7 @@ uint32_t kvbm_pool_available(const kvbm_pool *p) { return p->free_top + p->cache
 int kvbm_pool_alloc_group(kvbm_pool *p, uint32_t group, uint32_t n, uint32_t *ids) {
   if ((n && !ids) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > p->free_top + p->cached) return KVBM_ENOSPC;
-  if (p->grouped)
+  if (p->group)
     for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, true, group, false, false);
   else
     for (uint32_t i = 0; i < n; i++) ids[i] = take_block(p, false, 0, false, false);
@@ -653,7 +624,7 @@ int kvbm_pool_alloc(kvbm_pool *p, uint32_t n, uint32_t *ids) {
 
 int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id) {
   if (group >= p->ngroups) return KVBM_EINVAL;
-  uint32_t found = reg_find(p, seq_hash, group, p->grouped);
+  uint32_t found = reg_find(p, seq_hash, group, p->group != NULL);
   if (found == NIL) return KVBM_ENOTFOUND;
   acquire(p, found);
   p->match_hits++;
@@ -662,7 +633,7 @@ int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint3
 }
 
 int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
-  uint32_t found = reg_find(p, seq_hash, 0, p->grouped);
+  uint32_t found = reg_find(p, seq_hash, 0, p->group != NULL);
   if (found == NIL) return KVBM_ENOTFOUND;
   acquire(p, found);
   p->match_hits++;
@@ -671,13 +642,13 @@ int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
 }
 
 bool kvbm_pool_contains(const kvbm_pool *p, uint64_t seq_hash) {
-  return reg_find(p, seq_hash, 0, p->grouped) != NIL;
+  return reg_find(p, seq_hash, 0, p->group != NULL) != NIL;
 }
 
 int kvbm_pool_peek_group(const kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id,
                          bool *cached) {
   if (group >= p->ngroups) return KVBM_EINVAL;
-  uint32_t found = reg_find(p, seq_hash, group, p->grouped);
+  uint32_t found = reg_find(p, seq_hash, group, p->group != NULL);
   if (found == NIL) return KVBM_ENOTFOUND;
   if (id) *id = found;
   if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
@@ -689,7 +660,7 @@ uint32_t kvbm_pool_num_groups(const kvbm_pool *p) { return p->ngroups; }
 size_t kvbm_pool_first_registered_group(const kvbm_pool *p, uint32_t group, const uint64_t *hashes,
                                         size_t n) {
   if (group >= p->ngroups || !hashes) return n;
-  const bool grouped = p->grouped;
+  const bool grouped = p->group != NULL;
   for (size_t j = 0; j < n && j < AHEAD; j++) (void)reg_key_prefetch(p, hashes[j], group);
   for (size_t k = 0; k < n; k++) {
     if (k + AHEAD < n) (void)reg_key_prefetch(p, hashes[k + AHEAD], group);
@@ -699,7 +670,7 @@ size_t kvbm_pool_first_registered_group(const kvbm_pool *p, uint32_t group, cons
 }
 
 int kvbm_pool_peek(const kvbm_pool *p, uint64_t seq_hash, uint32_t *id, bool *cached) {
-  uint32_t found = reg_find(p, seq_hash, 0, p->grouped);
+  uint32_t found = reg_find(p, seq_hash, 0, p->group != NULL);
   if (found == NIL) return KVBM_ENOTFOUND;
   if (id) *id = found;
   if (cached) *cached = (p->blocks[found].flags & F_CACHED) != 0;
@@ -754,7 +725,7 @@ int kvbm_block_commit(kvbm_pool *p, uint32_t id) {
 int kvbm_block_register_ctx(kvbm_pool *p, uint32_t id, void *context, uint32_t *out_id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   if (p->blocks[id].state != KVBM_BLOCK_COMPLETE) return KVBM_ESTATE;
-  const bool grouped = p->grouped;
+  const bool grouped = p->group != NULL;
   uint32_t got = do_register(p, id, tokens_of(p, id), context,
                              rkey_of(p, p->blocks[id].seq_hash, gkey(p, id, grouped)), grouped, false, false);
   if (out_id) *out_id = got;
@@ -795,7 +766,7 @@ int kvbm_block_fill_ctx(kvbm_pool *p, uint32_t id, uint64_t salt_hash, uint64_t 
   if (!tokens || !valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (b->state != KVBM_BLOCK_RESET || b->refcount == 0) return KVBM_ESTATE;
-  const bool grouped = p->grouped;
+  const bool grouped = p->group != NULL;
   uint32_t got = fill_one(p, id, salt_hash, parent, has_parent, tokens, seq_hash,
                           rkey_of(p, seq_hash, gkey(p, id, grouped)), context, grouped, false, false);
   if (out_id) *out_id = got;
@@ -864,12 +835,9 @@ HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
 
 /* ---- the plain run ------------------------------------------------------- */
 
-/* fill_run_plain was fill_run_hashing for the pool most callers have: one
- * group, no listener, no duplicate chains, no token copies (W1, and G1
- * under a manager whose events go elsewhere), in one fused loop. Its scheme
- * below lives on in fill_groups_plain (the hybrid step's loop, whose
- * comments still name it); W1's run is now fill_run_split (below), the
- * same work in two passes a chunk. Same blocks, same order, same counts as the
+/* fill_run_hashing for the pool most callers have: one group, no listener,
+ * no duplicate chains, no token copies (W1, and G1 under a manager whose
+ * events go elsewhere). Same blocks, same order, same counts as the
  * general loop, which it replaces only for that case. What it does
  * differently, each measured with callgrind on `kvbm replay --limit 2000`
  * (see docs/areas/pool-speed.md):
@@ -925,10 +893,9 @@ HOT uint32_t plain_find(const blk *blocks, const bucket *table, uint32_t mask, u
 }
 
 /* reg_insert with the registry's table and mask from the caller's
- * registers rather than loaded through the pool, writing block id's side
- * record whole (side_put: its entry's place, priority 0, group g). */
-HOT void placed_insert(bucket *table, side *sd, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id,
-                       uint8_t g) {
+ * registers rather than loaded through the pool, recording the entry's
+ * place in where[id]. */
+HOT void placed_insert(bucket *table, uint32_t *where, uint32_t mask, uint32_t fp, uint32_t home, uint32_t id) {
   for (uint32_t bi = home;; bi = (bi + 1) & mask) {
     bucket *b = &table[bi];
     const unsigned free = bucket_match(b, NIL, 1);
@@ -936,7 +903,7 @@ HOT void placed_insert(bucket *table, side *sd, uint32_t mask, uint32_t fp, uint
       const unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
-      side_put(sd, id, where_of(bi, i, home), g);
+      where[id] = where_of(bi, i, home);
       return;
     }
     b->overflow++;
@@ -945,12 +912,12 @@ HOT void placed_insert(bucket *table, side *sd, uint32_t mask, uint32_t fp, uint
 
 /* Registers block `id` under (hash, fp, home) in a pool without groups or
  * duplicate chains, unless the hash is registered already: then it
- * returns that block and changes nothing; else NIL (and side[id] says
- * where its entry went, with priority 0 and group 0). The common case, no fingerprint of the hash in
+ * returns that block and changes nothing; else NIL (and where[id] says
+ * where its entry went). The common case, no fingerprint of the hash in
  * its home bucket, nothing gone past it and a free entry there, reads the
  * bucket once for both the lookup and the insert (plain_find then
  * reg_insert read it twice, and reg_insert the table through the pool). */
-HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, side *sd, uint32_t mask, uint32_t fp,
+HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *where, uint32_t mask, uint32_t fp,
                                   uint32_t home, uint64_t hash, uint32_t id) {
   bucket *b = &table[home];
   if (!bucket_match(b, fp, 0) && !b->overflow) {
@@ -959,38 +926,27 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, side *sd, ui
       const unsigned i = (unsigned)__builtin_ctz(free);
       b->fp[i] = fp;
       b->id[i] = id;
-      side_put(sd, id, home << 3 | i, 0);
+      where[id] = home << 3 | i;
       return NIL;
     }
   }
   const uint32_t existing = plain_find(blocks, table, mask, fp, home, hash);
-  if (existing == NIL) placed_insert(table, sd, mask, fp, home, id, 0);
+  if (existing == NIL) placed_insert(table, where, mask, fp, home, id);
   return existing;
 }
 
 /* One step of fill_run_plain's cursor: the registry bucket of its block
  * (from where[]: NIL, an entry past its home, prefetches a line past the
- * table, which never faults) and the record and side record of the block
- * after it prefetched, and the cursor on it. The side record's prefetch:
- * the next step reads that block's where, which was a demand miss at
- * every step (cachegrind: 0.64 D1 misses a block in W1, 1.92 in the
- * hybrid, at this line), one step after the record was asked for. Only
- * in the steady step (side_too 1), not in a restart's walk: there GCC's
- * allocation made it cost 5 instructions a step in the hybrid (callgrind
- * 938.2M -> 954.7M; steady step only: 943.1M, W1 643.6M -> 646.8M).
- * Cachegrind ignores prefetches: whether it pays is the wall clock's.
- * Tried and dropped: keeping each
+ * table, which never faults) and the record of the block after it
+ * prefetched, and the cursor on it. Tried and dropped: keeping each
  * bucket's index in a ring for the victim's erase (callgrind, kvbm replay
  * --limit 2000: 774.0M -> 778.9M instructions; the ring's stores and index
  * cost more than hashing the victim again). */
-#define PF_STEP(side_too)                                                           \
+#define PF_STEP()                                                                   \
   do {                                                                              \
-    __builtin_prefetch((const char *)table + (size_t)(where_get(sd, cursor) >> 3) * sizeof(bucket)); \
+    __builtin_prefetch((const char *)table + (size_t)(where[cursor] >> 3) * sizeof(bucket)); \
     cursor = blocks[cursor].next;                                                   \
-    if (cursor != NIL) {                                                            \
-      __builtin_prefetch(&blocks[cursor]);                                          \
-      if (side_too) __builtin_prefetch(&sd[cursor]);                                \
-    }                                                                               \
+    if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
   } while (0)
 
 /* The cursor, `ahead` blocks past the eviction list's head, after the
@@ -1004,11 +960,11 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, side *sd, ui
     if (!ahead) {                                                                   \
       cursor = (next);                                                              \
       while (ahead < PF_DEPTH && cursor != NIL) {                                   \
-        PF_STEP(0);                                                                 \
+        PF_STEP();                                                                  \
         ahead++;                                                                    \
       }                                                                             \
     } else if (cursor != NIL) {                                                     \
-      PF_STEP(1);                                                                   \
+      PF_STEP();                                                                    \
     } else {                                                                        \
       ahead--;                                                                      \
     }                                                                               \
@@ -1040,62 +996,20 @@ static inline uint8_t rec_tail8_flags(uint64_t w) {
     if (pr != NPRIO && p->head[pr] != NIL) blocks[p->head[pr]].prev = NIL; \
   } while (0)
 
-/* ---- the plain run in two passes --------------------------------------- */
-
-/* fill_run_plain's work split by chunks of SPLIT_CHUNK blocks into two
- * passes with few live values each, in place of one loop that kept the
- * eviction list's head and priority, a cursor and its distance, the free
- * stack and the hashing state live at once (and spilled a third of them
- * every block: docs/areas/pool-speed.md, "Session 12, second pass"):
- *  1. take: the chunk's blocks, in the order the fused loop takes them
- *     (the free stack first, then the eviction list from its head), their
- *     ids written to ids[] and each victim's registry bucket prefetched
- *     (from its side record's where); nothing in the pool changes;
- *  2. fill: per block, the victim's entry cleared at its place, the new
- *     hash looked up and inserted, the record written; the hashing runs
- *     PLAIN_AHEAD blocks ahead as before.
- * Then the chunk's victims, consecutive at the list's head, leave it as one
- * splice (the head moved past the last one), and the counts are stored.
- * Same blocks, same order, same lookups as the fused loop: a victim's entry
- * is still cleared just before the lookup of the block that takes it, so
- * the lookups of block k see the victims after k still registered. A dedup
- * at block k (its hash registered already: a victim further down the
- * chunk, or any other block) stops the chunk there: the splice takes only
- * the victims up to k, the pool's fields are stored, the general path
- * registers block k, and the segment restarts at k + 1 (its first
- * PLAIN_AHEAD blocks hashed again). The chunk bounds the take pass's walk
- * after a restart (a run where every block dedups costs SPLIT_CHUNK a
- * block at most, not the run's length) and how far ahead the victims'
- * buckets are prefetched. */
-/* 64, not 128: cachegrind W1 D1 misses 10.34M -> 10.10M (the start's
- * 10.15M) for +1.3M Ir; the hybrid's joint pass (GROUPS_CHUNK) 26.76M ->
- * 24.43M (start 24.20M) for +2.3M Ir; 32 there: 24.17M, +15.5M Ir. */
-#define SPLIT_CHUNK 64
-
-/* The first `ev` victims of list pr (ending at block `last`) leave it at
- * once: its head moves past them. Their links are left as they are (a
- * taken block's links mean nothing). */
-HOT void list_detach(kvbm_pool *p, blk *blocks, unsigned pr, uint32_t last) {
-  const uint32_t nx = blocks[last].next;
-  p->head[pr] = nx;
-  if (nx != NIL) {
-    blocks[nx].prev = NIL;
-  } else {
-    p->tail[pr] = NIL;
-    p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
-  }
-}
-
-/* One segment of fill_run_split: blocks [0, n) until the first dedup.
- * Returns the blocks done (a dedup's block included). */
-HOT size_t split_segment(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
-                         const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids,
-                         const kvbm_hash_scheme scheme, const uint32_t cbs) {
+HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
+                        const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids,
+                        const kvbm_hash_scheme scheme, const uint32_t cbs) {
   const size_t bs = cbs ? cbs : p->cfg.block_size;
   blk *const blocks = p->blocks;
   bucket *const table = p->table;
-  side *const sd = p->side;
+  uint8_t *const prio = p->priority;
+  uint32_t *const where = p->where;
+  const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
+  const uint32_t ftop0 = p->free_top;
+  uint32_t ftop = ftop0, dedups = 0;
+  uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
+  unsigned pr = NPRIO;              /* the list evictions take from; NPRIO: find it */
   uint64_t h = parent;
   bool hp = has_parent;
   size_t hashed = 0;
@@ -1105,105 +1019,96 @@ HOT size_t split_segment(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool
     __builtin_prefetch(&table[home_of(p, fingerprint(h, 0))]);
   }
   const uint32_t *tnext = tokens + hashed * bs; /* the next block to hash */
-  uint64_t pk = has_parent ? parent : 0;        /* block k's parent as its record holds it */
-  /* refcount 1, ntok, REGISTERED, flags: one store a block (rec_tail8) */
+  /* Block k's parent (block k - 1's hash) and its flags as its record
+   * holds them: only block 0 may have no parent, so they are set once
+   * before the loop and changed once in it, with no test a block. */
+  uint64_t pk = has_parent ? parent : 0;
+  /* The last 8 bytes of a registered block's record, as one store: those
+   * of block 0, then of every block after it (F_HAS_PARENT or'ed in each
+   * block). One register holds them and the flags the dedup path needs
+   * (their top byte): a flags byte and the later blocks' word kept
+   * besides were two more live values, spilled with the rest. */
   uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED,
                              (uint8_t)((has_parent ? F_HAS_PARENT : 0) | (salt_hash ? F_SALTED : 0) | F_INDEXED));
   const uint64_t parent_bit = rec_tail8(0, 0, 0, F_HAS_PARENT);
-  size_t k = 0;
-  while (k < n) {
-    /* pass 1: take the chunk's blocks */
-    const uint32_t ftop0 = p->free_top;
-    uint32_t ftop = ftop0;
-    size_t end = n - k > SPLIT_CHUNK ? k + SPLIT_CHUNK : n, j = k;
-    for (; j < end && ftop; j++) ids[j] = p->free_stack[--ftop];
-    const size_t vfrom = j; /* ids[vfrom, end) are victims */
-    unsigned pr = NPRIO;
-    if (j < end) {
-      /* the lowest non-empty list (the caller checked that enough blocks
-       * are free or cached); a list that ends cuts the chunk short */
-      unsigned w = 0;
-      while (!p->nonempty[w]) w++;
-      pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
-      uint32_t id = p->head[pr];
-      do {
-        ids[j++] = id;
-        __builtin_prefetch((const char *)table + (size_t)(where_get(sd, id) >> 3) * sizeof(bucket));
-        id = blocks[id].next;
-      } while (j < end && id != NIL);
-      end = j;
+  for (size_t k = 0; k < n; k++, tail8 |= parent_bit) {
+    if (k + PLAIN_AHEAD < n) { /* hashed == k + PLAIN_AHEAD */
+      h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tnext, bs);
+      tnext += bs;
+      hashes[k + PLAIN_AHEAD] = h;
+      __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
     }
-    /* pass 2: fill them */
-    for (j = k; j < end; j++, tail8 |= parent_bit) {
-      if (j + PLAIN_AHEAD < n) { /* hashed == j + PLAIN_AHEAD */
-        h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tnext, bs);
-        tnext += bs;
-        hashes[j + PLAIN_AHEAD] = h;
-        __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
+    uint32_t id;
+    if (ftop) {
+      id = fstack[--ftop];
+    } else {
+      /* The head of the lowest non-empty list (the caller checked that
+       * enough blocks are free or cached). Only this loop's evictions
+       * change the lists until a dedup, so the list is found again only
+       * when it empties or after one. */
+      if (pr == NPRIO) {
+        unsigned w = 0;
+        while (!p->nonempty[w]) w++;
+        pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
       }
-      const uint32_t id = ids[j];
-      if (j >= vfrom) { /* the victim's entry: at its place, or (past its home) searched */
-        const uint32_t wv = where_get(sd, id);
-        if (wv != NIL)
-          table[wv >> 3].id[wv & 7] = NIL;
-        else
-          plain_erase(table, mask, (fingerprint(blocks[id].seq_hash, 0) * 0x9E3779B1u) >> shift, id);
+      id = p->head[pr];
+      blk *v = &blocks[id];
+      const uint32_t next = v->next;
+      p->head[pr] = next;
+      if (next != NIL) {
+        CURSOR_ADVANCE(next);
+      } else {
+        p->tail[pr] = NIL;
+        p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
+        pr = NPRIO;
+        cursor = NIL, ahead = 0;
       }
-      blk *b = &blocks[id];
-      const uint64_t hk = hashes[j];
-      const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
-      b->seq_hash = hk;
-      b->parent_hash = pk;
-      pk = hk;
-      if (plain_find_or_insert(blocks, table, sd, mask, fp, home, hk, id) != NIL) break;
-      memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
+      /* The victim's entry: at its place, or (past its home) searched. */
+      const uint32_t w = where[id];
+      if (w != NIL)
+        table[w >> 3].id[w & 7] = NIL;
+      else
+        plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
+      prio[id] = 0;
     }
-    /* the chunk's splice and counts: blocks [k, j) placed, and a dedup's
-     * block j taken too */
-    const bool dedup = j < end;
-    const size_t taken = (dedup ? j + 1 : end);
-    const uint32_t from_free = (uint32_t)((taken < vfrom ? taken : vfrom) - k);
-    const uint32_t ev = (uint32_t)(taken > vfrom ? taken - vfrom : 0);
-    if (ev) list_detach(p, blocks, pr, ids[vfrom + ev - 1]);
-    if (salt_hash)
-      for (size_t i = k; i < taken; i++) p->salts[ids[i]] = salt_hash;
-    p->free_top = ftop0 - from_free;
-    p->cached -= ev;
-    p->evicted += ev;
-    p->registered += (uint32_t)(j - k) - ev;
-    p->allocated += taken - k;
-    if (dedup) {
-      /* the general path, with the pool's fields back in *p; it hands the
-       * new block back to the free list */
-      blk *b = &blocks[ids[j]];
-      const uint32_t fp = fingerprint(hashes[j], 0);
+    ids[k] = id;
+    blk *b = &blocks[id];
+    const uint64_t hk = hashes[k];
+    const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
+    if (salt_hash) p->salts[id] = salt_hash;
+    b->seq_hash = hk;
+    b->parent_hash = pk;
+    pk = hk;
+    if (plain_find_or_insert(blocks, table, where, mask, fp, home, hk, id) != NIL) {
+      /* Dedup: the general path, with the pool's fields back in *p; it
+       * hands the new block back to the free list. */
       b->refcount = 1;
       b->ntok = (uint16_t)bs;
       b->state = KVBM_BLOCK_COMPLETE;
       b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED);
-      ids[j] = do_register(p, ids[j], tokens + j * bs, NULL, (rkey){fp, home_of(p, fp)}, false, false, true);
-      return j + 1;
+      HEAD_PREV();
+      p->free_top = ftop;
+      ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
+      ftop = p->free_top;
+      dedups++;
+      pr = NPRIO;
+      cursor = NIL, ahead = 0;
+      continue;
     }
-    k = end;
+    /* refcount 1, ntok, REGISTERED, flags | F_INDEXED (indexed by
+     * plain_find_or_insert) */
+    memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
   }
-  return n;
-}
-
-/* The plain run (a pool fill_run_plain serves) in two passes a chunk;
- * segments end at a dedup. */
-HOT void fill_run_split(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
-                        const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids,
-                        const kvbm_hash_scheme scheme, const uint32_t cbs) {
-  const size_t bs = cbs ? cbs : p->cfg.block_size;
-  while (n) {
-    const size_t d = split_segment(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, scheme, cbs);
-    parent = hashes[d - 1];
-    has_parent = true;
-    tokens += d * bs;
-    hashes += d;
-    ids += d;
-    n -= d;
-  }
+  /* The counts from what the loop had to track anyway: every block came
+   * off the free list or was evicted, every dedup put one back on it, and
+   * every block that did not dedup was registered. */
+  HEAD_PREV();
+  const uint32_t evicted = (uint32_t)n - (ftop0 - ftop + dedups);
+  p->free_top = ftop;
+  p->cached -= evicted;
+  p->evicted += evicted;
+  p->registered += (uint32_t)n - dedups - evicted;
+  p->allocated += n;
 }
 
 int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint64_t parent,
@@ -1212,7 +1117,7 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
   if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const bool quiet = p->cfg.listener == NULL;
-  const bool plain = !p->grouped && quiet && !p->dup_next && !p->cfg.keep_tokens;
+  const bool plain = !p->group && quiet && !p->dup_next && !p->cfg.keep_tokens;
   /* The plain loop is compiled once per scheme: the hash step is inlined
    * into it (hash/hash_inline.h) with the scheme a constant; and for the
    * native scheme once more with the block size a constant 16 (vLLM's
@@ -1221,14 +1126,14 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
    * 673.4M -> 650.2M instructions). kvbm_hash_chain, the W1 bound's
    * hashing, has the same instance (hash.c). */
   if (plain && p->cfg.scheme == KVBM_HASH_DYNAMO)
-    fill_run_split(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_DYNAMO, 0);
+    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_DYNAMO, 0);
   else if (plain && p->cfg.block_size == 16)
-    fill_run_split(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 16);
+    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 16);
   else if (plain)
-    fill_run_split(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 0);
-  else if (p->grouped && quiet)
+    fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_NATIVE, 0);
+  else if (p->group && quiet)
     fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
-  else if (p->grouped)
+  else if (p->group)
     fill_run_hashing(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, false);
   else if (quiet)
     fill_run_hashing(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false, true);
@@ -1263,9 +1168,9 @@ int kvbm_pool_fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, u
   if ((n && (!tokens || !hashes || !ids)) || !done || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const bool quiet = p->cfg.listener == NULL;
-  if (p->grouped && quiet)
+  if (p->group && quiet)
     *done = fill_run_fresh(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, true);
-  else if (p->grouped)
+  else if (p->group)
     *done = fill_run_fresh(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true, false);
   else if (quiet)
     *done = fill_run_fresh(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false, true);
@@ -1276,10 +1181,7 @@ int kvbm_pool_fill_run_fresh(kvbm_pool *p, uint32_t group, uint64_t salt_hash, u
 
 /* ---- a hybrid request's step: every group at once ------------------------ */
 
-/* (fill_groups_split below does this work in two passes a chunk and
- * hands a run here only when a list ends before a chunk's first position
- * has its blocks.)
- * fill_run_plain for a pool of groups (a hybrid model's G1 in W1-hybrid:
+/* fill_run_plain for a pool of groups (a hybrid model's G1 in W1-hybrid:
  * no listener, no duplicate chains, no token copies), filling the new
  * full blocks of a step in every group position by position
  * (kvbm__pool_fill_groups_fresh in pool/pool_internal.h): a position's
@@ -1299,13 +1201,13 @@ HOT uint32_t ghome(uint64_t hash, uint32_t g, uint32_t shift) {
 }
 
 /* The block registered under (hash, g) in a pool of groups, or NIL. */
-HOT uint32_t group_find(const blk *blocks, const side *sd, const bucket *table, uint32_t mask,
+HOT uint32_t group_find(const blk *blocks, const uint8_t *grp, const bucket *table, uint32_t mask,
                         uint32_t fp, uint32_t home, uint64_t hash, uint32_t g) {
   for (uint32_t bi = home;; bi = (bi + 1) & mask) {
     const bucket *b = &table[bi];
     for (unsigned m = bucket_match(b, fp, 0); m; m &= m - 1) {
       uint32_t id = b->id[__builtin_ctz(m)];
-      if (id != NIL && blocks[id].seq_hash == hash && grp_get(sd, id) == g) return id;
+      if (id != NIL && blocks[id].seq_hash == hash && grp[id] == g) return id;
     }
     if (!b->overflow) return NIL;
   }
@@ -1314,38 +1216,16 @@ HOT uint32_t group_find(const blk *blocks, const side *sd, const bucket *table, 
 /* Whether (hash, g) is registered for some g < ng. Group g's fingerprint
  * is group 0's xor g * 0x9E3779B9 (fingerprint()), so the hash is folded
  * once. */
-HOT bool groups_any(const blk *blocks, const side *sd, const bucket *table, uint32_t mask, uint32_t shift,
+HOT bool groups_any(const blk *blocks, const uint8_t *grp, const bucket *table, uint32_t mask, uint32_t shift,
                     uint64_t hash, const uint32_t ng) {
   const uint32_t fp0 = fingerprint(hash, 0);
 #pragma GCC unroll 4
   for (uint32_t g = 0; g < ng; g++) {
     const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
-    if (group_find(blocks, sd, table, mask, fp, (fp * 0x9E3779B1u) >> shift, hash, g) != NIL) return true;
+    if (group_find(blocks, grp, table, mask, fp, (fp * 0x9E3779B1u) >> shift, hash, g) != NIL) return true;
   }
   return false;
 }
-
-/* The two group loops' start (fill_groups_plain, fill_groups_split):
- * positions [0, PLAIN_AHEAD) hashed where not given (`hashed` of them are)
- * and their buckets prefetched in every group; the loops then do position
- * k + PLAIN_AHEAD at k. A macro over the loops' own locals (h, hashed,
- * hashes, tokens, table ...): as an inline function taking `hashed` by
- * address it cost the hybrid replay 11.7M instructions more (900.1M ->
- * 911.8M, GCC's allocation in the loops after it). */
-#define GROUPS_HASH_AHEAD()                                                          \
-  do {                                                                               \
-    bool hp_ = hashed ? true : has_parent;                                           \
-    for (size_t j_ = 0; j_ < n && j_ < PLAIN_AHEAD; j_++) {                          \
-      if (j_ >= hashed) {                                                            \
-        h = kvbm__hash_next_inline(scheme, salt_hash, h, hp_, tokens + j_ * bs, bs); \
-        hashes[j_] = h;                                                              \
-        hp_ = true;                                                                  \
-        hashed = j_ + 1;                                                             \
-      }                                                                              \
-      for (uint32_t g_ = 0; g_ < ng; g_++)                                           \
-        __builtin_prefetch(&table[ghome(hashes[j_], g_, shift)]);                    \
-    }                                                                                \
-  } while (0)
 
 /* fill_groups_plain's cursor steps as fill_run_plain's (PF_STEP: the
  * bucket from where[], whatever the block's group). */
@@ -1381,7 +1261,9 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   const size_t bs = cbs ? cbs : p->cfg.block_size;
   blk *const blocks = p->blocks;
   bucket *const table = p->table;
-  side *const sd = p->side;
+  uint8_t *const prio = p->priority;
+  uint8_t *const grp = p->group;
+  uint32_t *const where = p->where;
   const uint32_t *const fstack = p->free_stack;
   const uint32_t shift = p->table_shift, mask = p->table_mask;
   const uint32_t ftop0 = p->free_top;
@@ -1390,7 +1272,18 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   unsigned pr = NPRIO;              /* the list evictions take from; NPRIO: find it */
   size_t hashed = nhashed < n ? nhashed : n;
   uint64_t h = hashed ? hashes[hashed - 1] : parent; /* the chain's last hash */
-  GROUPS_HASH_AHEAD();
+  bool hp = hashed ? true : has_parent;
+  /* positions [0, PLAIN_AHEAD) hashed (where not given) and their buckets
+   * prefetched; the loop then does position k + PLAIN_AHEAD at k */
+  for (size_t j = 0; j < n && j < PLAIN_AHEAD; j++) {
+    if (j >= hashed) {
+      h = kvbm__hash_next_inline(scheme, salt_hash, h, hp, tokens + j * bs, bs);
+      hashes[j] = h;
+      hp = true;
+      hashed = j + 1;
+    }
+    for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
+  }
   /* block k's parent and flags as its record holds them: only position 0
    * may lack a parent */
   uint64_t pk = has_parent ? parent : 0;
@@ -1414,7 +1307,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
       for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hj, g, shift)]);
     }
     const uint64_t hk = hashes[k];
-    if (groups_any(blocks, sd, table, mask, shift, hk, ng)) break; /* the caller's: vLLM's order */
+    if (groups_any(blocks, grp, table, mask, shift, hk, ng)) break; /* the caller's: vLLM's order */
     const uint32_t fp0 = fingerprint(hk, 0);
 #pragma GCC unroll 4
     for (uint32_t g = 0; g < ng; g++) {
@@ -1443,22 +1336,22 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
           cursor = NIL, ahead = 0;
         }
         /* the victim's entry: at its place, or (past its home) searched */
-        const uint32_t wv = where_get(sd, id);
+        const uint32_t wv = where[id];
         if (wv != NIL)
           table[wv >> 3].id[wv & 7] = NIL;
         else
-          plain_erase(table, mask, ghome(v->seq_hash, grp_get(sd, id), shift), id);
-        /* its priority and group: with its where, in placed_insert's one
-         * store below */
+          plain_erase(table, mask, ghome(v->seq_hash, grp[id], shift), id);
+        prio[id] = 0;
       }
       tables[g][k] = id;
       blk *b = &blocks[id];
       if (salt_hash) p->salts[id] = salt_hash;
+      grp[id] = (uint8_t)g;
       b->seq_hash = hk;
       b->parent_hash = pk;
       memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
       const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
-      placed_insert(table, sd, mask, fp, (fp * 0x9E3779B1u) >> shift, id, (uint8_t)g);
+      placed_insert(table, where, mask, fp, (fp * 0x9E3779B1u) >> shift, id);
     }
     pk = hk;
   }
@@ -1475,135 +1368,6 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   return k;
 }
 
-/* fill_groups_plain in two passes a chunk, as fill_run_split does W1's
- * run (see split_segment): the chunk's blocks taken first (the free stack,
- * then the eviction list from its head; nothing changes), then filled
- * position by position (the position's registry check, then each group's
- * victim entry cleared, record written, entry inserted), then the chunk's
- * victims spliced off their list at once and the counts stored. Same
- * blocks to the same groups in the same order as fill_groups_plain: a
- * victim's entry is still cleared just before its block is filled, so the
- * position's check (groups_any) sees the victims of later positions still
- * registered. A chunk is GROUPS_CHUNK blocks (GROUPS_CHUNK / ng
- * positions). A list that ends before a chunk's first position has its
- * ng blocks (more than one priority in the cache) hands the rest of the
- * run to fill_groups_plain. */
-#define GROUPS_CHUNK 64
-HOT size_t fill_groups_split(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash, uint64_t parent,
-                             bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
-                             size_t n, uint32_t *const *tables, size_t *hashed_out,
-                             const kvbm_hash_scheme scheme, const uint32_t cbs) {
-  const size_t bs = cbs ? cbs : p->cfg.block_size;
-  blk *const blocks = p->blocks;
-  bucket *const table = p->table;
-  side *const sd = p->side;
-  const uint32_t shift = p->table_shift, mask = p->table_mask;
-  size_t hashed = nhashed < n ? nhashed : n;
-  uint64_t h = hashed ? hashes[hashed - 1] : parent; /* the chain's last hash */
-  GROUPS_HASH_AHEAD();
-  uint64_t pk = has_parent ? parent : 0;
-  const uint8_t fl = (uint8_t)(F_INDEXED | (salt_hash ? F_SALTED : 0));
-  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | (has_parent ? F_HAS_PARENT : 0)));
-  const uint64_t tail8_rest = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT));
-  const size_t cpos = GROUPS_CHUNK / ng; /* positions a chunk; ng <= 16 */
-  uint32_t buf[GROUPS_CHUNK];
-  size_t k = 0;
-  bool stop = false;
-  while (k < n && !stop) {
-    /* pass 1: take the chunk's blocks */
-    size_t kend = n - k > cpos ? k + cpos : n;
-    const size_t m = (kend - k) * ng;
-    size_t i = 0;
-    const uint32_t ftop0 = p->free_top;
-    uint32_t ftop = ftop0;
-    for (; i < m && ftop; i++) buf[i] = p->free_stack[--ftop];
-    const size_t vfrom = i; /* buf[vfrom, m) are victims */
-    unsigned pr = NPRIO;
-    if (i < m) {
-      unsigned w = 0;
-      while (!p->nonempty[w]) w++;
-      pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
-      uint32_t id = p->head[pr];
-      do {
-        buf[i++] = id;
-        __builtin_prefetch((const char *)table + (size_t)(where_get(sd, id) >> 3) * sizeof(bucket));
-        id = blocks[id].next;
-      } while (i < m && id != NIL);
-      if (i < m) { /* the list ended: whole positions only */
-        if (i < ng) {
-          uint32_t *rest[KVBM_POOL_MAX_GROUPS];
-          for (uint32_t g = 0; g < ng; g++) rest[g] = tables[g] + k;
-          size_t h2 = 0;
-          const size_t d = fill_groups_plain(p, ng, salt_hash, k ? hashes[k - 1] : parent, k ? true : has_parent,
-                                             tokens + k * bs, hashes + k, hashed - k, n - k, rest, &h2,
-                                             scheme, cbs);
-          *hashed_out = k + h2;
-          return k + d;
-        }
-        kend = k + i / ng;
-      }
-    }
-    /* pass 2: fill them, position by position */
-    size_t pos = k;
-    for (; pos < kend; pos++, tail8 = tail8_rest) {
-      const size_t j = pos + PLAIN_AHEAD;
-      if (j < n) {
-        uint64_t hj;
-        if (j >= hashed) {
-          h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tokens + j * bs, bs);
-          hashes[j] = h;
-          hashed = j + 1;
-          hj = h;
-        } else {
-          hj = hashes[j];
-        }
-        for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hj, g, shift)]);
-      }
-      const uint64_t hk = hashes[pos];
-      if (groups_any(blocks, sd, table, mask, shift, hk, ng)) {
-        stop = true; /* the caller's: vLLM's order */
-        break;
-      }
-      const uint32_t fp0 = fingerprint(hk, 0);
-      const uint32_t *const b0 = buf + (pos - k) * ng;
-      const size_t v0 = (pos - k) * ng;
-#pragma GCC unroll 4
-      for (uint32_t g = 0; g < ng; g++) {
-        const uint32_t id = b0[g];
-        if (v0 + g >= vfrom) { /* the victim's entry: at its place, or (past its home) searched */
-          const uint32_t wv = where_get(sd, id);
-          if (wv != NIL)
-            table[wv >> 3].id[wv & 7] = NIL;
-          else
-            plain_erase(table, mask, ghome(blocks[id].seq_hash, grp_get(sd, id), shift), id);
-        }
-        tables[g][pos] = id;
-        blk *b = &blocks[id];
-        if (salt_hash) p->salts[id] = salt_hash;
-        b->seq_hash = hk;
-        b->parent_hash = pk;
-        memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
-        const uint32_t fp = fp0 ^ (g * 0x9E3779B9u);
-        placed_insert(table, sd, mask, fp, (fp * 0x9E3779B1u) >> shift, id, (uint8_t)g);
-      }
-      pk = hk;
-    }
-    /* the chunk's splice and counts: positions [k, pos) filled */
-    const size_t used = (pos - k) * ng;
-    const uint32_t from_free = (uint32_t)(used < vfrom ? used : vfrom);
-    const uint32_t ev = (uint32_t)(used > vfrom ? used - vfrom : 0);
-    if (ev) list_detach(p, blocks, pr, buf[vfrom + ev - 1]);
-    p->free_top = ftop0 - from_free;
-    p->cached -= ev;
-    p->evicted += ev;
-    p->registered += (uint32_t)used - ev;
-    p->allocated += used;
-    k = pos;
-  }
-  *hashed_out = hashed;
-  return k;
-}
-
 int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_hash, uint64_t parent,
                                  bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
                                  size_t n, uint32_t *const *tables, size_t *done, size_t *hashed) {
@@ -1613,7 +1377,7 @@ int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_h
     if (!tables[g]) return KVBM_EINVAL;
   *done = 0;
   *hashed = nhashed < n ? nhashed : n;
-  if (!p->grouped || p->cfg.listener || p->dup_next || p->cfg.keep_tokens) return KVBM_EUNSUPPORTED;
+  if (!p->group || !p->where || p->cfg.listener || p->dup_next || p->cfg.keep_tokens) return KVBM_EUNSUPPORTED;
   if ((uint64_t)n * ngroups > kvbm_pool_available(p)) return KVBM_ENOSPC;
   /* compiled for two groups (a full and a window group: gpt-oss) and for
    * any number, each once per scheme (the hash step inlined), and for two
@@ -1624,22 +1388,22 @@ int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_h
    * docs/areas/hybrid.md: 989.2M -> 959.5M instructions) */
   const bool dynamo = p->cfg.scheme == KVBM_HASH_DYNAMO;
   if (ngroups == 2 && !dynamo && p->cfg.block_size == 16 && !salt_hash) /* no salt: a constant 0 */
-    *done = fill_groups_split(p, 2, 0, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_plain(p, 2, 0, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 16);
   else if (ngroups == 2 && !dynamo && p->cfg.block_size == 16)
-    *done = fill_groups_split(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 16);
   else if (ngroups == 2 && !dynamo)
-    *done = fill_groups_split(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 0);
   else if (ngroups == 2)
-    *done = fill_groups_split(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_DYNAMO, 0);
   else if (!dynamo)
-    *done = fill_groups_split(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
+    *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
                               hashed, KVBM_HASH_NATIVE, 0);
   else
-    *done = fill_groups_split(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
+    *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
                               hashed, KVBM_HASH_DYNAMO, 0);
   return KVBM_OK;
 }
@@ -1657,9 +1421,9 @@ int kvbm__pool_alloc_groups(kvbm_pool *p, uint32_t ngroups, uint32_t *const *slo
     if (!slots[g]) return KVBM_EINVAL;
   if (ngroups > kvbm_pool_available(p)) return KVBM_ENOSPC;
   const bool quiet = p->cfg.listener == NULL;
-  if (p->grouped && quiet)
+  if (p->group && quiet)
     alloc_groups(p, ngroups, slots, true, true);
-  else if (p->grouped)
+  else if (p->group)
     alloc_groups(p, ngroups, slots, true, false);
   else
     alloc_groups(p, ngroups, slots, false, quiet);
@@ -1690,9 +1454,9 @@ int kvbm__pool_fill_groups_one(kvbm_pool *p, uint32_t ngroups, uint32_t *const *
       if (*slots[e] == *slots[g]) return KVBM_EINVAL;
   }
   const bool quiet = p->cfg.listener == NULL;
-  if (p->grouped && quiet)
+  if (p->group && quiet)
     fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, true, true);
-  else if (p->grouped)
+  else if (p->group)
     fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, true, false);
   else
     fill_groups_one(p, ngroups, slots, salt_hash, parent, has_parent, tokens, hash, false, quiet);
@@ -1704,7 +1468,7 @@ int kvbm_pool_fill_run_group(kvbm_pool *p, uint32_t group, uint64_t salt_hash, u
                              size_t n, void *context, uint32_t *ids) {
   if ((n && (!tokens || !hashes || !ids)) || group >= p->ngroups) return KVBM_EINVAL;
   if (n > kvbm_pool_available(p)) return KVBM_ENOSPC;
-  if (p->grouped)
+  if (p->group)
     fill_run(p, group, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, true);
   else
     fill_run(p, 0, salt_hash, parent, has_parent, tokens, hashes, n, context, ids, false);
@@ -1752,7 +1516,7 @@ int kvbm_pool_fill_ids(kvbm_pool *p, uint32_t *ids, size_t n, uint64_t salt_hash
     }
     p->blocks[ids[k]].state = KVBM_BLOCK_PARTIAL;
   }
-  if (p->grouped)
+  if (p->group)
     fill_ids(p, ids, n, salt_hash, parent, has_parent, tokens, hashes, context, true);
   else
     fill_ids(p, ids, n, salt_hash, parent, has_parent, tokens, hashes, context, false);
@@ -1773,7 +1537,7 @@ HOT int release_one(kvbm_pool *p, uint32_t id, uint8_t priority) {
   if (b->refcount == 0) return KVBM_ESTATE;
   if (--b->refcount) return KVBM_OK;
   if (b->state == KVBM_BLOCK_REGISTERED) {
-    prio_set(p->side, id, priority);
+    p->priority[id] = priority;
     cache_push(p, id);
   } else {
     free_push(p, id);
@@ -1787,7 +1551,7 @@ int kvbm_block_demote(kvbm_pool *p, uint32_t id) {
   if (!(b->flags & F_CACHED)) return KVBM_ESTATE;
   cache_unlink(p, id);
   /* At the head of priority 0's list: the oldest of the lowest. */
-  prio_set(p->side, id, 0);
+  p->priority[id] = 0;
   b->prev = NIL;
   b->next = p->head[0];
   if (p->head[0] != NIL)
@@ -1853,7 +1617,7 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
    * again for every block (callgrind, kvbm replay --limit 2000: release_run
    * 68.7M -> 59.9M instructions). */
   blk *const blocks = p->blocks;
-  side *const sd = p->side;
+  uint8_t *const prio = p->priority;
   const uint32_t nblocks = p->cfg.num_blocks;
   const uintptr_t base = (uintptr_t)blocks;
   for (size_t k = n; k-- > 0;) {
@@ -1877,7 +1641,7 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
       free_push(p, id);
       continue;
     }
-    prio_set(sd, id, priority);
+    prio[id] = priority;
     b->prev = tail; /* next: set by the next push, or after the loop */
     b->flags |= F_CACHED;
     *link = id;
@@ -1922,7 +1686,7 @@ int kvbm_pool_clear_cache(kvbm_pool *p) {
 
 int kvbm_pool_evict(kvbm_pool *p, uint64_t seq_hash) {
   if (!p) return KVBM_EINVAL;
-  uint32_t id = reg_find(p, seq_hash, 0, p->grouped);
+  uint32_t id = reg_find(p, seq_hash, 0, p->group != NULL);
   if (id == NIL) return KVBM_ENOTFOUND;
   if (!(p->blocks[id].flags & F_CACHED)) return KVBM_ESTATE;
   kvbm_pool_event ev = {.kind = KVBM_POOL_REMOVED, .block_id = id, .seq_hash = seq_hash,
@@ -1945,7 +1709,7 @@ int kvbm_block_info_get(const kvbm_pool *p, uint32_t id, kvbm_block_info *out) {
   out->parent_hash = b->parent_hash;
   out->has_parent = (b->flags & F_HAS_PARENT) != 0;
   out->salt_hash = salt_of(p, id);
-  out->priority = prio_get(p->side, id);
+  out->priority = p->priority[id];
   out->tokens = (b->flags & F_TOKENS) ? tokens_of(p, id) : NULL;
   out->group = group_of(p, id);
   return KVBM_OK;
