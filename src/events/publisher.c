@@ -1017,9 +1017,15 @@ lean_copy(kvbm_publisher *p, const uint8_t *bytes, size_t len, size_t need, int3
 }
 
 /* A plain event whose bound is at most this is encoded before the lock,
- * on the producer's stack (K <= 16 blocks of 16 tokens: 406 + 9 K + 80 K
- * bytes at most); a larger one is encoded under it, in place. */
-#define PLAIN_STACK 2048
+ * on the producer's stack (a one-block store of 16 tokens: 495
+ * bytes at most); a larger one is encoded under it, in place. It was 2048
+ * (K <= 16) until the lent machine's 16 quiet cores, side by side with the
+ * session's start, showed K = 16 slower (ours / raw ZMQ 0.64 [0.58-0.83]
+ * -> 0.46 [0.38-0.52], publisher CPU 36 -> 48 ns a block event, 5 rounds):
+ * likely because the copy of a large event writes its chunk's lines in one burst under
+ * the lock, lines that ZMQ's I/O thread read on another core, where the
+ * encode in place spread those requests among its own work. */
+#define PLAIN_STACK 512
 /* plain_ok bounds both counts by 2^32 - 1, so the bound cannot wrap and
  * pass the test above for a huge event */
 _Static_assert(SIZE_MAX / 16 >= UINT32_MAX, "kvbm__event_plain_bound cannot overflow");
