@@ -11,9 +11,9 @@
  * from a parent. Both schemes, with and without salt, one group and two,
  * runs shorter and longer than the hashing distance, releases at three
  * priorities. The same again with B quiet (no listener, no token copies:
- * the loop a replay runs, pool.c's fill_run_split with one group) against
+ * the loop a replay runs, pool.c's fill_run_plain with one group) against
  * A on the general path (a listener), events compared on A only; its
- * take pass walks lists that empty and switch priority, and its
+ * cursor walks lists that empty and switch priority, and its
  * dedups leave the loop for the general path; and with every hash homed
  * in one bucket (chains that overflow and wrap). Then the refusals:
  * NULL arrays, a group past the list, more blocks than available, each
@@ -259,14 +259,14 @@ static void quiet_colliding(void **state) {
   free(lb);
 }
 
-/* Runs longer than the plain loop's chunk (pool.c's SPLIT_CHUNK, 64):
- * the quiet twin (B) takes each chunk's blocks first and splices its
- * victims off the list at once, so these runs cross chunk ends and empty
- * a priority's list inside a chunk (three priorities). Each run's blocks
- * share one content up to a random block and take one of two contents
- * after it, so the shared prefix dedups (a segment of the plain loop
- * ends at each dedup, the victims taken after it go back to the list)
- * and the random tails are fresh stretches of many blocks. The twins
+/* Long runs (up to 200 blocks, far past the plain loop's hashing and
+ * prefetch distances) that empty a priority's list mid-run (three
+ * priorities). Each run's blocks share one content up to a random block
+ * and take one of two contents after it, so the shared prefix dedups
+ * (the plain loop leaves for the general path there) and the random
+ * tails are fresh stretches of many blocks. Written for session 12's
+ * chunked loop (measured slower and dropped, docs/areas/pool-speed.md);
+ * kept for the fused loop. The twins
  * must agree as in twins_agree: blocks, hashes, ids and stats. */
 enum { LNB = 256, LRUN = 200 }; /* LNB: the most pool_testutil.h snapshots */
 static void long_runs(void **state) {

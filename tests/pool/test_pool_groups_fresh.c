@@ -329,14 +329,14 @@ static void twins_agree_16(void **state) {
   twins16_in(0x5a17u);
 }
 
-/* Runs longer than the joint pass's chunk (pool.c's GROUPS_CHUNK, 64
- * blocks: 32 positions of two groups): the pass takes a chunk's blocks
- * first and splices its victims off the list at once, so runs here cross
- * chunk ends, meet registered prefixes inside a chunk (documents share
- * their first blocks up to a point of their own), and evict from lists of
- * two priorities. Pool A through the joint call, pool B through the public
- * calls position by position, as twins_agree; ids, stats and every
- * block's info must agree. */
+/* Long runs (up to 200 positions of two groups, far past the joint
+ * pass's hashing and prefetch distances) that meet registered prefixes
+ * mid-run (documents share their first blocks up to a point of their
+ * own) and evict from lists of two priorities. Written for session 12's
+ * chunked joint pass (measured slower and dropped); kept for the fused
+ * one. Pool A through the joint call, pool B through the public calls
+ * position by position, as twins_agree; ids, stats and every block's
+ * info must agree. */
 enum { LNB = 512, LPOS = 200, LDOC = 40 };
 static void long_runs_agree(void **state) {
   (void)state;
@@ -399,7 +399,7 @@ static void long_runs_agree(void **state) {
       memcpy(held_b[slot][g], tb[g], done * sizeof *tb[g]);
     }
     held_n[slot] = done;
-    long_fills += done > 64; /* two chunks or more */
+    long_fills += done > 64; /* far past the prefetch distances */
     stopped += done < n;
     kvbm_pool_stats sa, sb;
     kvbm_pool_stats_get(a, &sa);
