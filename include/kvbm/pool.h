@@ -109,10 +109,13 @@ typedef struct kvbm_pool_config {
   kvbm_hash_scheme scheme;    /* how commit computes sequence hashes */
   bool allow_duplicates;      /* false: dedup on register (default) */
   bool keep_tokens;           /* keep a copy of the tokens of blocks filled by
-                                 kvbm_block_fill / kvbm_pool_fill_run (default
-                                 true); blocks built by append always keep
-                                 theirs. Without it block_info.tokens is NULL
-                                 for such blocks. */
+                                 kvbm_block_fill / kvbm_pool_fill_run, and of
+                                 the whole blocks a sequence's prefill or
+                                 kvbm_seq_append fills from a block edge
+                                 (default true); blocks built by
+                                 kvbm_block_append always keep theirs.
+                                 Without it block_info.tokens is NULL for
+                                 filled blocks. */
   bool fill_only;             /* blocks are only ever filled whole
                                  (kvbm_block_fill / kvbm_pool_fill_run),
                                  never built by init/append/commit: the pool

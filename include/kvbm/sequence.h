@@ -87,8 +87,12 @@ KVBM_EXTERN int kvbm_seq_prefill_plan(kvbm_seq *seq, const uint32_t *tokens, siz
  * a block from the registering call. A fork inherits it. NULL: none. */
 KVBM_EXTERN void kvbm_seq_set_context(kvbm_seq *seq, void *context);
 
-/* Appends `n` tokens (decode). KVBM_ENOSPC, with no change, when the blocks
- * they need are not available. */
+/* Appends `n` tokens (decode). Whole blocks from a block edge are filled
+ * as one run (a pool without keep_tokens keeps no copy of their tokens);
+ * a block left partial is built token by token. KVBM_ENOSPC, with no
+ * change, when the blocks they need are not available; KVBM_EUNSUPPORTED,
+ * with no change, when they would leave a partial block in a fill_only
+ * pool. */
 KVBM_EXTERN int kvbm_seq_append(kvbm_seq *seq, const uint32_t *tokens, size_t n);
 
 /* Forks `seq` into a new sequence *child sharing its full blocks. When seq

@@ -680,6 +680,7 @@ int kvbm_pool_peek(const kvbm_pool *p, uint64_t seq_hash, uint32_t *id, bool *ca
 uint32_t kvbm_pool_block_size(const kvbm_pool *p) { return p->cfg.block_size; }
 uint32_t kvbm_pool_num_blocks(const kvbm_pool *p) { return p->cfg.num_blocks; }
 kvbm_hash_scheme kvbm_pool_scheme(const kvbm_pool *p) { return p->cfg.scheme; }
+bool kvbm__pool_fill_only(const kvbm_pool *p) { return p->cfg.fill_only; }
 
 int kvbm_pool_match_prefix(kvbm_pool *p, const uint64_t *hashes, size_t n,
                            uint32_t *ids, size_t *matched) {

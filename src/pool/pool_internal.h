@@ -38,6 +38,10 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *pool, uint32_t group, uint64_t salt_h
                                 bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t n,
                                 void *context, uint32_t *ids);
 
+/* Whether the pool was created fill_only (no token slots: it builds no
+ * block by init/append, so a sequence refuses a partial block up front). */
+bool kvbm__pool_fill_only(const kvbm_pool *pool);
+
 /* The new full blocks of a hybrid request's step in every group at once
  * (the sequence module's hybrid request, sequence/hseq.c): for positions
  * k = 0.. of groups 0..ngroups-1, as kvbm_pool_fill_run_fresh(pool, g,

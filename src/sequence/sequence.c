@@ -202,6 +202,10 @@ int kvbm_seq_append(kvbm_seq *s, const uint32_t *tokens, size_t n) {
   if (!s || (n && !tokens)) return KVBM_EINVAL;
   const size_t B = s->block_size;
   if (n > SIZE_MAX - s->ntok) return KVBM_EOVERFLOW;
+  /* a fill_only pool builds no partial block (open_block's init fails):
+   * refuse before the whole blocks below are taken, so that the refusal
+   * changes nothing */
+  if ((s->ntok + n) % B && kvbm__pool_fill_only(s->pool)) return KVBM_EUNSUPPORTED;
   size_t need = div_up(s->ntok + n, B) - div_up(s->ntok, B);
   if (need > kvbm_pool_available(s->pool)) return KVBM_ENOSPC;
   int rc = reserve(s, div_up(s->ntok + n, B));

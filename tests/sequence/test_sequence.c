@@ -618,6 +618,39 @@ static void append_runs_equal_token_at_a_time(void **state) {
   kvbm_pool_destroy(pb);
 }
 
+/* A fill_only pool builds no partial block: an append that would leave
+ * one is refused before anything changes (the whole blocks it starts with
+ * are not taken); one of whole blocks is filled. */
+static void append_fill_only_refuses_partial(void **state) {
+  (void)state;
+  kvbm_pool *p;
+  kvbm_pool_config c = kvbm_pool_config_default(8, B);
+  c.keep_tokens = false;
+  c.fill_only = true;
+  assert_int_equal(kvbm_pool_create(&c, &p, NULL), KVBM_OK);
+  kvbm_seq *s;
+  assert_int_equal(kvbm_seq_create(p, 0, 0, &s), KVBM_OK);
+  uint32_t t[3 * B];
+  for (size_t i = 0; i < 3 * B; i++) t[i] = (uint32_t)i;
+  const uint32_t avail = kvbm_pool_available(p);
+  assert_int_equal(kvbm_seq_append(s, t, 2 * B + 1), KVBM_EUNSUPPORTED);
+  assert_int_equal(kvbm_pool_available(p), avail);
+  assert_int_equal(kvbm_seq_num_tokens(s), 0);
+  const uint32_t *ids;
+  size_t n;
+  kvbm_seq_blocks(s, &ids, &n);
+  assert_int_equal(n, 0);
+  assert_int_equal(kvbm_seq_append(s, t, 2 * B), KVBM_OK);
+  kvbm_seq_blocks(s, &ids, &n);
+  assert_int_equal(n, 2);
+  assert_int_equal(kvbm_seq_num_tokens(s), 2 * B);
+  assert_int_equal(kvbm_pool_available(p), avail - 2);
+  assert_int_equal(kvbm_seq_append(s, t + 2 * B, 1), KVBM_EUNSUPPORTED);
+  assert_int_equal(kvbm_seq_num_tokens(s), 2 * B);
+  kvbm_seq_destroy(s);
+  kvbm_pool_destroy(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(prefill_then_share),
@@ -634,6 +667,7 @@ int main(void) {
       cmocka_unit_test(prefill_plan_bad_calls),
       cmocka_unit_test(context_reaches_the_listener),
       cmocka_unit_test(append_runs_equal_token_at_a_time),
+      cmocka_unit_test(append_fill_only_refuses_partial),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
