@@ -208,10 +208,13 @@ struct kvbm_publisher {
   bool closing, waiting;
   bool lean;           /* publish_plain may take a plain event: started,
                         * not closing, wire mode, no coalescing, a timer */
-  bool early;          /* lean's lasting part (wire mode, no coalescing, a
+  _Atomic bool early; /* lean's lasting part (wire mode, no coalescing, a
                         * timer), set by start and never changed after: a
-                        * plain event is worth encoding before the lock
-                        * (read without it) */
+                        * plain event is worth encoding before the lock.
+                        * Read without it, so atomic (relaxed: a publish
+                        * that races start and reads false only encodes
+                        * under the lock, and one before start is refused
+                        * under it) */
   size_t room_waiters;
   uint64_t flush_target; /* send at once while sent_events < this */
   evq q[2];
@@ -1048,7 +1051,8 @@ publish_plain(kvbm_publisher *p, const kvbm_event *ev, uint64_t *event_id, kvbm_
   size_t need = ev->num_block_hashes * 8 + (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
   uint64_t id;
   bool ok;
-  if (p->early && kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens) <= PLAIN_STACK) {
+  if (atomic_load_explicit(&p->early, memory_order_relaxed) &&
+      kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens) <= PLAIN_STACK) {
     uint8_t buf[PLAIN_STACK];
     size_t len = (size_t)(kvbm__event_put_plain(buf, ev, &p->ecfg) - buf);
     pthread_mutex_lock(&p->mu);
@@ -1648,7 +1652,8 @@ int kvbm_publisher_start(kvbm_publisher *pub, kvbm_error *err) {
   /* wire mode when no sink wants the events themselves (callbacks do) */
   pub->wire = pub->nsinks > 0;
   for (size_t s = 0; s < pub->nsinks; s++) pub->wire &= pub->sinks[s]->wants_bytes;
-  pub->early = pub->wire && !pub->o.coalesce && pub->o.max_batch_delay_us != 0;
+  atomic_store_explicit(&pub->early, pub->wire && !pub->o.coalesce && pub->o.max_batch_delay_us != 0,
+                        memory_order_relaxed);
   if (pub->o.coalesce && !pub->wire)
     return kvbm_error_set(err, KVBM_EINVAL, "events: publisher: coalesce needs every sink to take "
                           "bytes (ZMQ, NATS, JetStream), not a callback, and at least one sink");
