@@ -543,14 +543,13 @@ static uint32_t rnd(uint32_t *x) { return (*x = *x * 1103515245u + 12345u) >> 8;
  * cached and active ones) take the same requests, A token by token and B
  * at once: the same events in the same order (blocks, hashes, parents,
  * contexts), block tables, stats and block states. */
-static void append_runs_equal_token_at_a_time(void **state) {
-  (void)state;
+static void append_twins(bool quiet, uint8_t prio) {
   static twin_log la, lb;
   la.n = lb.n = 0;
   kvbm_pool *pa, *pb;
   kvbm_pool_config c = kvbm_pool_config_default(40, B);
   c.keep_tokens = false;
-  c.listener = log_twin;
+  c.listener = quiet ? NULL : log_twin;
   c.listener_user = &la;
   assert_int_equal(kvbm_pool_create(&c, &pa, NULL), KVBM_OK);
   c.listener_user = &lb;
@@ -567,8 +566,8 @@ static void append_runs_equal_token_at_a_time(void **state) {
     const size_t np = 1 + rnd(&x) % 12, no = rnd(&x) % 40;
     for (size_t i = 0; i < np + no; i++) t[i] = rnd(&x) % 4 == 0 ? 1000 + (uint32_t)i : (uint32_t)(i % 7);
     if ((np + no + B - 1) / B > kvbm_pool_available(pa)) continue;
-    assert_int_equal(kvbm_seq_create(pa, 0, 0, &sa[slot]), KVBM_OK);
-    assert_int_equal(kvbm_seq_create(pb, 0, 0, &sb[slot]), KVBM_OK);
+    assert_int_equal(kvbm_seq_create(pa, 0, prio, &sa[slot]), KVBM_OK);
+    assert_int_equal(kvbm_seq_create(pb, 0, prio, &sb[slot]), KVBM_OK);
     kvbm_seq_set_context(sa[slot], &ctx[slot]);
     kvbm_seq_set_context(sb[slot], &ctx[slot]);
     assert_int_equal(kvbm_seq_prefill(sa[slot], t, np, NULL), KVBM_OK);
@@ -616,6 +615,19 @@ static void append_runs_equal_token_at_a_time(void **state) {
   }
   kvbm_pool_destroy(pa);
   kvbm_pool_destroy(pb);
+}
+
+static void append_runs_equal_token_at_a_time(void **state) {
+  (void)state;
+  append_twins(false, 0);
+}
+
+/* The same without listeners (B's runs then take the pool's quiet fill
+ * loop, the one a replay runs) and at another priority: tables, stats and
+ * block states (priorities among them) compared; no events to compare. */
+static void append_runs_equal_quiet(void **state) {
+  (void)state;
+  append_twins(true, 7);
 }
 
 /* A fill_only pool builds no partial block: an append that would leave
@@ -667,6 +679,7 @@ int main(void) {
       cmocka_unit_test(prefill_plan_bad_calls),
       cmocka_unit_test(context_reaches_the_listener),
       cmocka_unit_test(append_runs_equal_token_at_a_time),
+      cmocka_unit_test(append_runs_equal_quiet),
       cmocka_unit_test(append_fill_only_refuses_partial),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
