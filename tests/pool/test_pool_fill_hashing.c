@@ -151,6 +151,25 @@ static void twins_agree(kvbm_hash_scheme scheme, uint64_t salt, uint32_t groups,
   twins_agree_bs(scheme, salt, groups, quiet, BS);
 }
 
+/* One run of n blocks into the twins of a quiet-B pair (A through the
+ * public call on the general path, B through the hashing fill B's replay
+ * runs): the same hashes and ids, then the pools compared alone (B keeps
+ * no events: A's stand in for them). The stats of A before and after. */
+static void quiet_twin_fill(kvbm_pool *a, kvbm_pool *b, tu_log *la, tu_log *lb, const uint32_t *toks,
+                            uint64_t *ha, uint64_t *hb, size_t n, uint32_t *ids_a, uint32_t *ids_b,
+                            kvbm_pool_stats *before, kvbm_pool_stats *after) {
+  kvbm_pool_stats_get(a, before);
+  assert_int_equal(kvbm_pool_fill_run_group(a, 0, 0, 0, false, toks, ha, n, NULL, ids_a), KVBM_OK);
+  assert_int_equal(kvbm__pool_fill_run_hashing(b, 0, 0, 0, false, toks, hb, n, NULL, ids_b), KVBM_OK);
+  assert_memory_equal(ha, hb, n * sizeof *ha);
+  assert_memory_equal(ids_a, ids_b, n * sizeof *ids_a);
+  kvbm_pool_stats_get(a, after);
+  lb->n = la->n;
+  memcpy(lb->ev, la->ev, la->n * sizeof *la->ev);
+  assert_same_pools(a, b, la, lb);
+}
+
+
 static void native_plain(void **state) {
   (void)state;
   twins_agree(KVBM_HASH_NATIVE, 0, 1, false);
@@ -234,20 +253,11 @@ static void quiet_colliding(void **state) {
     uint64_t ha[MAXRUN], hb[MAXRUN];
     kvbm_hash_chain(KVBM_HASH_NATIVE, 0, toks, n * BS, BS, ha, MAXRUN);
     kvbm_pool_stats before, after;
-    kvbm_pool_stats_get(a, &before);
-    assert_int_equal(kvbm_pool_fill_run_group(a, 0, 0, 0, false, toks, ha, n, NULL, held_a[slot]), KVBM_OK);
-    assert_int_equal(kvbm__pool_fill_run_hashing(b, 0, 0, 0, false, toks, hb, n, NULL, held_b[slot]),
-                     KVBM_OK);
+    quiet_twin_fill(a, b, la, lb, toks, ha, hb, n, held_a[slot], held_b[slot], &before, &after);
     held_n[slot] = n;
-    assert_memory_equal(ha, hb, n * sizeof *ha);
-    assert_memory_equal(held_a[slot], held_b[slot], n * sizeof *held_a[slot]);
-    kvbm_pool_stats_get(a, &after);
     dedups += after.dedup - before.dedup;
     evictions += after.evicted - before.evicted;
     if (after.registered > most_registered) most_registered = after.registered;
-    lb->n = la->n; /* B is quiet: compare the pools alone */
-    memcpy(lb->ev, la->ev, la->n * sizeof *la->ev);
-    assert_same_pools(a, b, la, lb);
     la->n = lb->n = 0;
   }
   assert_true(dedups > 20);
@@ -306,20 +316,11 @@ static void long_runs(void **state) {
     }
     kvbm_hash_chain(KVBM_HASH_NATIVE, 0, toks, n * BS, BS, ha, LRUN);
     kvbm_pool_stats before, after;
-    kvbm_pool_stats_get(a, &before);
-    assert_int_equal(kvbm_pool_fill_run_group(a, 0, 0, 0, false, toks, ha, n, NULL, held_a[slot]), KVBM_OK);
-    assert_int_equal(kvbm__pool_fill_run_hashing(b, 0, 0, 0, false, toks, hb, n, NULL, held_b[slot]),
-                     KVBM_OK);
+    quiet_twin_fill(a, b, la, lb, toks, ha, hb, n, held_a[slot], held_b[slot], &before, &after);
     held_n[slot] = n;
-    assert_memory_equal(ha, hb, n * sizeof *ha);
-    assert_memory_equal(held_a[slot], held_b[slot], n * sizeof *held_a[slot]);
-    kvbm_pool_stats_get(a, &after);
     dedups += after.dedup - before.dedup;
     evictions += after.evicted - before.evicted;
     if (n > 64 && after.dedup > before.dedup) long_dedups++;
-    lb->n = la->n; /* B is quiet: compare the pools alone */
-    memcpy(lb->ev, la->ev, la->n * sizeof *la->ev);
-    assert_same_pools(a, b, la, lb);
     la->n = lb->n = 0;
   }
   assert_true(dedups > 20);
