@@ -7,10 +7,11 @@
  * pool listener) encodes its event into the buffer of the batch it will
  * leave in (a "chunk": room for the batch head before the events, for the
  * dp_rank after them; a new chunk when the open one holds
- * max_batch_events or another rank). A plain event (the usual one) is
- * encoded before the lock, on the producer's stack, and only copied in
- * under it (publish_plain), so that the lock is held for a few dozen
- * instructions, not the encode; any other is encoded in place under it.
+ * max_batch_events or another rank). A plain event of one block (the
+ * usual K = 1 event) is encoded before the lock, on the producer's stack,
+ * and only copied in under it (publish_plain), so that the lock is held
+ * for a few dozen instructions, not the encode; any other is encoded in
+ * place under it (PLAIN_STACK says why larger ones are).
  * The publisher thread takes the chunks (an array swap under the lock), writes each batch's
  * head and rank in place and hands the buffer to the sinks; the ZMQ sink
  * sends that very buffer (zmq_msg_init_data), holding a reference that
@@ -25,8 +26,8 @@
  * max_batch_events, encodes each batch once if some sink takes bytes and
  * hands it to every sink. Either way, in steady state publishing
  * allocates nothing (the pool and the arenas keep their memory) and a
- * producer holds the lock for a copy of a plain event's bytes, another
- * event's encode, or a few memcpy's.
+ * producer holds the lock for a copy of a one-block plain event's bytes,
+ * another event's encode, or a few memcpy's.
  *
  * A batch leaves when the fill buffer holds max_batch_events, when its
  * oldest event has waited max_batch_delay_us, on flush, and on shutdown.
@@ -1033,8 +1034,8 @@ lean_copy(kvbm_publisher *p, const uint8_t *bytes, size_t len, size_t need, int3
  * pass the test above for a huge event */
 _Static_assert(SIZE_MAX / 16 >= UINT32_MAX, "kvbm__event_plain_bound cannot overflow");
 
-/* The usual publish. The event is encoded *before* the lock, into a
- * buffer on this thread's stack, so that the producer holds p->mu only to
+/* The usual publish. A one-block event is encoded *before* the lock,
+ * into a buffer on this thread's stack, so that the producer holds p->mu only to
  * take the open chunk, copy the bytes in (a K = 1 map event is ~119
  * bytes), count them and give the id: the encode was most of the hold
  * (~160 of ~250 instructions at K = 1), and the publisher thread, which
@@ -1542,8 +1543,9 @@ static void move_tail(evq *from, size_t keep, evq *to) {
   from->n = keep; /* the arenas' tails are simply left unused */
 }
 
-/* The thread's way into the lock. A producer holds p->mu for most of
- * each K = 1 publish (the encode), a hundred nanoseconds at a time, and
+/* The thread's way into the lock. A producer holds p->mu for each
+ * publish (a K = 1 event's copy, a larger one's encode), up to a hundred
+ * nanoseconds at a time, and
  * the thread wants it two or three times a batch. pthread_mutex_lock on
  * a held default mutex sleeps in the kernel at once (futex wait), and
  * from then on every unlock by the producer is a futex wake system call
