@@ -12,7 +12,9 @@
  * and without a parent or LoRA id, every medium, one to 40 blocks (one
  * most often, as a pool link publishes), stores with and without tokens,
  * removes (whose token fields the wire drops), both forms, signed hashes
- * on and off. For each: the same bytes and length, within
+ * on and off, and token ids of one width (a vocabulary's ids mostly are:
+ * the encoder writes four such a step) with a stray one of another width
+ * now and then. For each: the same bytes and length, within
  * kvbm__event_plain_bound, nothing written at or past that bound (the
  * templates' fixed-size copies write a little past the event's end), and
  * the bytes are one msgpack value, as msgpack-c reads it.
@@ -68,13 +70,25 @@ static void test_random_plain_same_bytes(void **st) {
   static uint32_t t[16 * MAXB];
   static uint8_t wa[CAP], wb[CAP];
   uint64_t s = 0x9e3779b97f4a7c15ull;
-  size_t one_block = 0, stores = 0, wide = 0, narrow = 0;
+  size_t one_block = 0, stores = 0, wide = 0, narrow = 0, wide_ids = 0, narrow_ids = 0;
   for (int i = 0; i < N; i++) {
     size_t nb = rnd(&s) % 3 ? 1 : 1 + rnd(&s) % MAXB;
     for (size_t j = 0; j < nb; j++) h[j] = any_hash(&s);
     size_t nt = rnd(&s) % 8 == 0 ? rnd(&s) % (16 * nb + 1) : 16 * nb;
     int tok_class = (int)(rnd(&s) % 4) + 1; /* ids up to uint16 .. uint32 */
-    for (size_t j = 0; j < nt; j++) t[j] = (uint32_t)any_width(&s, tok_class > 3 ? 3 : tok_class);
+    /* half the events have ids of one width, as a vocabulary's mostly
+     * are (all >= 65536, or all in [256, 65536)): the encoder's four-a-
+     * step path; now and then one id of another width among them */
+    int one_width = rnd(&s) % 2 ? 2 + (int)(rnd(&s) % 2) : -1;
+    for (size_t j = 0; j < nt; j++) {
+      if (one_width < 0 || rnd(&s) % 64 == 0) {
+        t[j] = (uint32_t)any_width(&s, tok_class > 3 ? 3 : tok_class);
+      } else {
+        static const uint32_t lo[] = {0, 128, 256, 65536}, hi[] = {127, 255, 65535, 0xffffffffu};
+        uint32_t l = lo[one_width], w = hi[one_width] - l;
+        t[j] = rnd(&s) % 8 == 0 ? (rnd(&s) % 2 ? l : hi[one_width]) : l + (uint32_t)(rnd(&s) % ((uint64_t)w + 1));
+      }
+    }
     kvbm_event_encoder_config ec = {.form = rnd(&s) % 2 ? KVBM_FORM_MAP : KVBM_FORM_POSITIONAL,
                                     .signed_hashes = rnd(&s) % 4 == 0};
     kvbm_event ev = {.type = rnd(&s) % 3 ? KVBM_EVENT_STORED : KVBM_EVENT_REMOVED,
@@ -109,6 +123,8 @@ static void test_random_plain_same_bytes(void **st) {
 
     one_block += nb == 1;
     stores += ev.type == KVBM_EVENT_STORED;
+    wide_ids += one_width == 3 && ev.type == KVBM_EVENT_STORED && nt >= 4;
+    narrow_ids += one_width == 2 && ev.type == KVBM_EVENT_STORED && nt >= 4;
     wide += ev.block_hashes[0] > 0xffffffffull;
     narrow += ev.block_hashes[0] <= 0xffffffffull;
   }
@@ -117,6 +133,8 @@ static void test_random_plain_same_bytes(void **st) {
   assert_true(one_block > N / 2 && one_block < N);
   assert_true(stores > N / 2 && stores < N);
   assert_true(wide > N / 2 && narrow > N / 10);
+  /* and stores whose ids are of one width (uint32, uint16) */
+  assert_true(wide_ids > N / 10 && narrow_ids > N / 10);
 }
 
 int main(void) {
