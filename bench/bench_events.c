@@ -37,7 +37,7 @@
  *   bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both]
  *                [--wire tcp|ipc|both] [--runs R] [--batch B]
  *                [--queue-bytes B] [--publish whole|split|coalesce|all] [--no-peer]
- *                [--stage] [--json]
+ *                [--vocab V] [--stage] [--json]
  *
  * --publish: how ours publishes an event of K blocks. whole (default): as
  * one event. split: as K one-block events, chained (each store's parent is
@@ -55,6 +55,12 @@
  * (kvbm_publisher_stage_*: encoded outside the lock, handed over under
  * one lock a batch; the same bytes and batches) instead of one
  * kvbm_publisher_publish an event; with coalesce it publishes at once.
+ *
+ * --vocab V: the blocks' token ids drawn at random below V (the same ids
+ * in every run, ours and the peer's), as a model's vocabulary gives them
+ * (Llama-3: 128256, gpt-oss: 201088): at V above 65536 they are uint16 or
+ * uint32 on the wire at random, where the default ids (j * 7919, the
+ * same every event) are of one width from the tenth on.
  *
  * --no-peer: ours only (the peer's figures and the ratio print as 0), for
  * counting our publisher's instructions under callgrind without the peer's
@@ -226,6 +232,7 @@ static const char *const kPub[] = {"whole", "split", "coalesce"};
 static int g_pub = PUB_WHOLE;
 static int g_no_peer; /* --no-peer */
 static int g_stage;   /* --stage */
+static uint32_t g_vocab; /* --vocab: token ids drawn below it; 0: j * 7919 */
 
 static kvbm_event stream_event(const stream *s, unsigned long long i) {
   unsigned long long pair = i / 2;
@@ -268,7 +275,11 @@ static bool stream_init(stream *s, unsigned k) {
   s->hashes = calloc(64 * (size_t)k, 8);
   s->tokens = calloc(16 * (size_t)k, 4);
   if (!s->hashes || !s->tokens) return false;
-  for (unsigned j = 0; j < 16 * k; j++) s->tokens[j] = j * 7919u;
+  uint64_t x = 0x9e3779b97f4a7c15ull; /* xorshift64: the same ids in every run and peer */
+  for (unsigned j = 0; j < 16 * k; j++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    s->tokens[j] = g_vocab ? (uint32_t)(x % g_vocab) : j * 7919u;
+  }
   s->tmpl[0] = stream_event(s, 0);
   s->tmpl[1] = stream_event(s, 1);
   return true;
@@ -526,7 +537,7 @@ static unsigned parse_ks(const char *s, unsigned *ks, unsigned max) {
 static void usage(void) {
   fprintf(stderr, "usage: bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both] "
                   "[--wire tcp|ipc|both] [--runs R (1..64)] [--batch B] [--queue-bytes B] "
-                  "[--publish whole|split|coalesce|all] [--no-peer] [--stage] [--json]\n");
+                  "[--publish whole|split|coalesce|all] [--vocab V] [--no-peer] [--stage] [--json]\n");
   exit(2);
 }
 
@@ -547,6 +558,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--k")) { if (!(nk = parse_ks(v, ks, 16))) usage(); }
     else if (!strcmp(a, "--batch")) batch = (unsigned)atoi(v);
     else if (!strcmp(a, "--runs")) runs = atoi(v);
+    else if (!strcmp(a, "--vocab")) g_vocab = (uint32_t)strtoul(v, NULL, 10);
     else if (!strcmp(a, "--queue-bytes")) queue_bytes = (size_t)strtoull(v, NULL, 10);
     else if (!strcmp(a, "--form")) forms = !strcmp(v, "map") ? 1 : !strcmp(v, "positional") ? 2 : !strcmp(v, "both") ? 3 : 0;
     else if (!strcmp(a, "--publish"))
@@ -572,8 +584,8 @@ int main(int argc, char **argv) {
   if (json) {
     printf("{\"bench\": \"bench_events\", \"workload\": \"W3 events (BlockStored/BlockRemoved of K "
            "blocks x 16 tokens)\", \"blocks_per_run\": %llu, \"batch\": %u, \"runs\": %d, "
-           "\"stage\": %s, \"rows\": {",
-           blocks, batch, runs, g_stage ? "true" : "false");
+           "\"stage\": %s, \"vocab\": %u, \"rows\": {",
+           blocks, batch, runs, g_stage ? "true" : "false", g_vocab);
   } else {
     printf("bench_events: W3 event stream (BlockStored of K blocks x 16 tokens, then BlockRemoved "
            "of them), %llu block events per run, batches of %u events, %d rounds: median "
