@@ -322,6 +322,74 @@ static void test_lean_long_batches(void **state) {
   kvbm_index_destroy(single);
 }
 
+/* Multi-block stores whose first blocks the worker holds already, in one
+ * batch (the lean path: a held block takes the general path, and the
+ * store goes on with the blocks after it, whose parent slot the lean
+ * hint no longer names): 101..102 held, then 101..104 in one event (two
+ * copies of 101 and 102 now), 105 under 104, and 103..106 whose first
+ * two are held from the event before. Every prefix and count is what the
+ * rules give (a copy is held until each of its stores is removed), and
+ * the same as the events applied one at a time; then the copies removed
+ * one by one, tail first, down to nothing. Once more with the first
+ * block held on the host only (it gains the device tier). */
+static void test_lean_store_over_held(void **state) {
+  (void)state;
+  kvbm_index *batched = mk(false, KVBM_HASH_NATIVE, 16, 16), *single = mk(false, KVBM_HASH_NATIVE, 16, 16);
+  kvbm_event ev[4] = {stored(H, 2, NULL, KVBM_MEDIUM_GPU), stored(H, 4, NULL, KVBM_MEDIUM_GPU),
+                      stored(H + 4, 1, &H[3], KVBM_MEDIUM_GPU), stored(H + 2, 4, &H[1], KVBM_MEDIUM_GPU)};
+  kvbm_event_batch b = {.seq = KVBM_INDEX_NO_ID, .events = ev, .num_events = 4};
+  kvbm_error err;
+  assert_int_equal(kvbm_index_apply_batch(batched, 1, &b, &err), KVBM_OK);
+  for (int i = 0; i < 4; i++) apply(single, 1, ev[i]);
+  same_index(batched, single, H, 8);
+  kvbm_index_stats st;
+  kvbm_index_stats_get(batched, &st);
+  assert_int_equal(st.stored, 11);
+  assert_int_equal(st.entries, 6); /* 101..106 */
+  expect_prefix(batched, H, 8, 1, 6, 6, 6);
+  uint64_t n[KVBM_TIER_COUNT];
+  assert_int_equal(kvbm_index_worker_blocks(batched, slot_of(batched, 1), n), KVBM_OK);
+  assert_int_equal(n[KVBM_TIER_G1], 6);
+  /* copies: 101 x2, 102 x2, 103 x2, 104 x2, 105 x2, 106 x1. One remove
+   * of each, tail first: only 106 goes */
+  kvbm_event rm[6];
+  for (int i = 0; i < 6; i++) rm[i] = removed(H + 5 - i, 1, KVBM_MEDIUM_GPU);
+  kvbm_event_batch rb = {.seq = KVBM_INDEX_NO_ID, .events = rm, .num_events = 6};
+  assert_int_equal(kvbm_index_apply_batch(batched, 1, &rb, &err), KVBM_OK);
+  for (int i = 0; i < 6; i++) apply(single, 1, rm[i]);
+  same_index(batched, single, H, 8);
+  expect_prefix(batched, H, 8, 1, 5, 5, 5);
+  /* the second copies, tail first: everything goes */
+  kvbm_event_batch rb2 = {.seq = KVBM_INDEX_NO_ID, .events = rm + 1, .num_events = 5};
+  assert_int_equal(kvbm_index_apply_batch(batched, 1, &rb2, &err), KVBM_OK);
+  for (int i = 1; i < 6; i++) apply(single, 1, rm[i]);
+  same_index(batched, single, H, 8);
+  expect_prefix(batched, H, 8, 1, 0, 0, 0);
+  kvbm_index_stats_get(batched, &st);
+  assert_int_equal(st.entries, 0);
+  assert_int_equal(st.removed, 11);
+  assert_int_equal(st.unknown_removed, 0);
+  /* the first block held on the host only: a device store of 101..103
+   * keeps 101 (now on both tiers) and adds 102 and 103 under it */
+  kvbm_event ev2[2] = {stored(H, 1, NULL, KVBM_MEDIUM_CPU), stored(H, 3, NULL, KVBM_MEDIUM_GPU)};
+  kvbm_event_batch b2 = {.seq = KVBM_INDEX_NO_ID, .events = ev2, .num_events = 2};
+  assert_int_equal(kvbm_index_apply_batch(batched, 1, &b2, &err), KVBM_OK);
+  for (int i = 0; i < 2; i++) apply(single, 1, ev2[i]);
+  same_index(batched, single, H, 8);
+  expect_prefix(batched, H, 8, 1, 3, 3, 3);
+  assert_int_equal(kvbm_index_worker_blocks(batched, slot_of(batched, 1), n), KVBM_OK);
+  assert_int_equal(n[KVBM_TIER_G1], 3);
+  assert_int_equal(n[KVBM_TIER_G2], 1);
+  /* the device copy of 101 removed: 102 and 103 stay, under a block held
+   * on the host only (device prefix 0, host prefix 3) */
+  apply(batched, 1, removed(H, 1, KVBM_MEDIUM_GPU));
+  apply(single, 1, removed(H, 1, KVBM_MEDIUM_GPU));
+  same_index(batched, single, H, 8);
+  expect_prefix(batched, H, 8, 1, 0, 3, 3);
+  kvbm_index_destroy(batched);
+  kvbm_index_destroy(single);
+}
+
 /* Closed workers are bisected after a guess: the first (the leader)
  * alone, every other one from the leader's answer p (h[p] held: longer,
  * gallop on; h[p - 1] held: p; else shorter). Workers holding longer,
@@ -1351,6 +1419,7 @@ int main(void) {
       cmocka_unit_test(test_prefixes),  cmocka_unit_test(test_tiers),
       cmocka_unit_test(test_lean_mixed), cmocka_unit_test(test_lean_hints),
       cmocka_unit_test(test_lean_removed_salted), cmocka_unit_test(test_lean_long_batches),
+      cmocka_unit_test(test_lean_store_over_held),
       cmocka_unit_test(test_bisect_guess),
       cmocka_unit_test(test_duplicates_and_clear), cmocka_unit_test(test_workers),
       cmocka_unit_test(test_ids),       cmocka_unit_test(test_batches),
