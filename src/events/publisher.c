@@ -862,6 +862,13 @@ static inline __attribute__((always_inline)) bool plain_ok(const kvbm_event *ev)
   return ev->type == KVBM_EVENT_STORED && ev->block_size && (ev->token_ids || !ev->num_tokens);
 }
 
+/* A plain event's share of the queue's byte bound: its hashes, and its
+ * tokens when it is a store (a remove's go nowhere). measure() counts the
+ * same for any other event, whose fields are stripped first. */
+static inline size_t plain_cost(const kvbm_event *ev) {
+  return ev->num_block_hashes * 8 + (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
+}
+
 /* What a publish needs before the lock: whether ev0 is plain (then its
  * measure is two counts), else its check (naming what is wrong) and, for
  * a remove or clear, the copy that drops what its type does not carry
@@ -876,8 +883,7 @@ publish_prep(const kvbm_publisher *p, const kvbm_event *ev0, kvbm_event *strippe
   *plain = plain_ok(ev0);
   if (*plain) {
     z->vars = 0;
-    z->total = ev0->num_block_hashes * 8 +
-               (ev0->type == KVBM_EVENT_STORED ? ev0->num_tokens * 4 : 0);
+    z->total = plain_cost(ev0);
   } else {
     if ((rc = check_publish(p, ev0, err))) return rc;
     /* a store goes as it is; what a remove or clear does not carry is dropped */
@@ -1049,7 +1055,7 @@ _Static_assert(SIZE_MAX / 16 >= UINT32_MAX, "kvbm__event_plain_bound cannot over
  * callback sink, coalescing) encodes nothing early (p->early). */
 static inline __attribute__((always_inline)) int
 publish_plain(kvbm_publisher *p, const kvbm_event *ev, uint64_t *event_id, kvbm_error *err) {
-  size_t need = ev->num_block_hashes * 8 + (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
+  size_t need = plain_cost(ev);
   uint64_t id;
   bool ok;
   if (atomic_load_explicit(&p->early, memory_order_relaxed) &&
@@ -1344,8 +1350,7 @@ int kvbm_publisher_stage_publish(kvbm_publisher_stage *st, const kvbm_event *ev,
   wchunk *c;
   if (st && ev && (c = st->c) && st->n < st->capn && plain_ok(ev)) {
     kvbm_publisher *p = st->pub;
-    size_t total = ev->num_block_hashes * 8 +
-                   (ev->type == KVBM_EVENT_STORED ? ev->num_tokens * 4 : 0);
+    size_t total = plain_cost(ev);
     size_t len = c->len, bound = kvbm__event_plain_bound(ev->num_block_hashes, ev->num_tokens);
     if (total <= p->o.queue_bytes &&
         KVBM__EVENT_HEAD_MAX + len + bound + KVBM__MP_SCALAR_MAX <= c->cap) {
