@@ -443,12 +443,135 @@ static void test_edges(void **state) {
   assert_string_equal(b.events[0].medium_name, "GPU");
 }
 
+/* Session 13 (issue 22): token ids of a large vocabulary, uint16 and
+ * uint32 at random (decode.c reads them four a step where it can), by
+ * every path against the general reader and against what was sent:
+ *  - our encoder's events (both forms, 1..40 blocks or 0..19 ids) whose
+ *    ids are random below 300, 32000, 65536, 128256, 201088 or 2^32, or
+ *    drawn from the edges 0, 127, 128, 255, 256, 65535, 65536,
+ *    0xffffffff;
+ *  - events written here byte by byte: ids of random width (0xcd or
+ *    0xce) with one id in another form at each of the four lanes of a
+ *    step and near the end (a fixint, 0xcc, a uint64, or a bad tag:
+ *    0xc1, an int8, a string), as a map and as a positional event, each
+ *    cut short and mutated; a valid id must read as written. */
+static const uint32_t kEdgeIds[] = {0, 127, 128, 255, 256, 65535, 65536, 0xffffffffu};
+
+static uint32_t vocab_token(diff *d, uint32_t v) {
+  if (v == 1) return kEdgeIds[next(d) % 8];
+  return v ? (uint32_t)(next(d) % v) : (uint32_t)next(d);
+}
+
+static void test_mixed_widths(void **state) {
+  diff *d = *state;
+  static const uint32_t kVocab[] = {300, 32000, 65536, 128256, 201088, 0 /* 2^32 */, 1 /* edges */};
+  uint64_t hashes[4][40];
+  uint32_t tokens[4][40 * 16];
+  size_t events = 0, plain = 0;
+  for (int round = 0; round < 400; round++) {
+    kvbm_event ev[4];
+    size_t n = 1 + next(d) % 4;
+    for (size_t i = 0; i < n; i++) {
+      size_t nb = 1 + next(d) % 40;
+      for (size_t j = 0; j < nb; j++) hashes[i][j] = next(d) | 1ull << 63;
+      size_t nt = next(d) % 4 == 0 ? next(d) % 20 : 16 * nb;
+      uint32_t v = kVocab[next(d) % 7];
+      for (size_t j = 0; j < nt; j++) tokens[i][j] = vocab_token(d, v);
+      ev[i] = (kvbm_event){.type = KVBM_EVENT_STORED, .block_hashes = hashes[i], .num_block_hashes = nb,
+                           .medium = KVBM_MEDIUM_GPU, .token_ids = tokens[i], .num_tokens = nt,
+                           .block_size = 16, .has_parent = next(d) % 2};
+      ev[i].parent_hash = ev[i].has_parent ? 7 : 0;
+    }
+    kvbm_event_batch b = {.ts = 1.7e9, .events = ev, .num_events = n, .has_dp_rank = true};
+    for (int form = 0; form < 2; form++) {
+      kvbm_event_encoder_config cfg = {.form = (kvbm_event_form)form};
+      kvbm_event_encoder *enc;
+      assert_int_equal(kvbm_event_encoder_create(&cfg, &enc, NULL), 0);
+      const uint8_t *p;
+      size_t len;
+      assert_int_equal(kvbm_event_encode(enc, &b, &p, &len, NULL), 0);
+      size_t e0 = d->events, p0 = d->plain;
+      diff_one(d, p, len);
+      events += d->events - e0;
+      plain += d->plain - p0;
+      same_as_sent(d->quick, p, len, &b);
+      same_as_sent(d->general, p, len, &b);
+      diff_mutated(d, p, len, 4);
+      kvbm_event_encoder_destroy(enc);
+    }
+  }
+  print_message("mixed widths: events %zu, read whole by the quick path or a template %zu\n", events,
+                plain);
+  assert_int_equal(plain, events);
+}
+
+/* One id at out in the form `form` (0: random 0xcd/0xce; 1..7 others). */
+static size_t put_odd_id(diff *d, uint8_t *out, int form, uint32_t *id) {
+  static const uint8_t kBad[][3] = {{0xc1}, {0xd0, 0xff}, {0xa1, 'x'}};
+  uint32_t x = (uint32_t)next(d);
+  switch (form) {
+    case 0:
+      if (next(d) % 2) {
+        *id = 256 + x % 65280;
+        out[0] = 0xcd, out[1] = (uint8_t)(*id >> 8), out[2] = (uint8_t)*id;
+        return 3;
+      }
+      *id = next(d) % 4 ? 65536 + x % 200000 : x;
+      out[0] = 0xce, out[1] = (uint8_t)(*id >> 24), out[2] = (uint8_t)(*id >> 16);
+      out[3] = (uint8_t)(*id >> 8), out[4] = (uint8_t)*id;
+      return 5;
+    case 1: *id = x % 128, out[0] = (uint8_t)*id; return 1;
+    case 2: *id = x % 256, out[0] = 0xcc, out[1] = (uint8_t)*id; return 2;
+    case 3: *id = x, memcpy(out, "\xcf\x00\x00\x00\x00", 5), out[5] = (uint8_t)(x >> 24),
+            out[6] = (uint8_t)(x >> 16), out[7] = (uint8_t)(x >> 8), out[8] = (uint8_t)x; return 9;
+    default: memcpy(out, kBad[form - 4], 2); return form == 4 ? 1 : 2;
+  }
+}
+
+static void test_mixed_lanes(void **state) {
+  diff *d = *state;
+  static const char kMapHead[] = "\x92\x01\x91\x88" STORED_HEAD "\xb1parent_block_hash\xc0\xa9token_ids\xdc";
+  static const char kMapTail[] = "\xaa" "block_size\x10\xa7lora_id\xc0\xa6medium\xa3GPU\xa9lora_name\xc0";
+  static const char kPosHead[] = "\x92\x01\x91\x98\xab" "BlockStored\x91" H "\xc0\xdc";
+  static const char kPosTail[] = "\x10\xc0\xa3GPU\xc0";
+  uint8_t buf[64 + 40 * 9 + 64];
+  uint32_t ids[40];
+  size_t read = 0;
+  for (int round = 0; round < 3000; round++) {
+    size_t nt = 1 + next(d) % 40, odd = next(d) % nt; /* the id in another form: any lane, any step */
+    int form = 1 + (int)(next(d) % 6), pos = round % 2;
+    const char *head = pos ? kPosHead : kMapHead, *tail = pos ? kPosTail : kMapTail;
+    size_t hl = pos ? sizeof kPosHead - 1 : sizeof kMapHead - 1, tl = pos ? sizeof kPosTail - 1 : sizeof kMapTail - 1;
+    memcpy(buf, head, hl);
+    size_t len = hl;
+    buf[len++] = 0, buf[len++] = (uint8_t)nt;
+    for (size_t j = 0; j < nt; j++) len += put_odd_id(d, buf + len, j == odd && round % 7 ? form : 0, &ids[j]);
+    memcpy(buf + len, tail, tl);
+    len += tl;
+    diff_one(d, buf, len);
+    kvbm_event_batch b;
+    if (kvbm_event_decode(d->quick, buf, len, 0, &b, NULL) == 0 && b.num_events == 1) {
+      assert_int_equal(b.events[0].num_tokens, nt); /* a valid id in any form reads as written */
+      assert_memory_equal(b.events[0].token_ids, ids, 4 * nt);
+      read++;
+    } else {
+      assert_true(round % 7 && form >= 4); /* only a bad tag refuses the event */
+    }
+    for (size_t cut = len - tl - 3; cut < len; cut++) diff_one(d, buf, cut);
+    diff_mutated(d, buf, len, 3);
+  }
+  print_message("mixed lanes: events read %zu of 3000\n", read);
+  assert_true(read > 1500);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_engine_payloads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_own_encoder, setup, teardown),
       cmocka_unit_test_setup_teardown(test_templates, setup, teardown),
       cmocka_unit_test_setup_teardown(test_edges, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mixed_widths, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mixed_lanes, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
