@@ -46,6 +46,7 @@
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#include <tmmintrin.h>
 #endif
 
 #include "common/msgpack.h"
@@ -303,6 +304,110 @@ static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
   return 0;
 }
 
+/* Four ids of mixed widths a step (issue 22, docs/areas/events.md
+ * "Session 13: the subscriber's token ids"). Ids uniform over a vocabulary
+ * above 65536 (Llama-3's 128256, gpt-oss' 201088) are uint16 (0xcd + 2
+ * bytes) or uint32 (0xce + 4 bytes) at random, so tok_fast's runs of one
+ * width are four ids long about one time in eight, and one id a step
+ * branches on a tag it mispredicts about half the time. Here the four
+ * tags are found in one 16-byte load (they sit at offsets 0..15 whatever
+ * the widths: the widths before each fix where it is, so the offsets are
+ * followed in sequence, on two 16-bit masks, with no branch), the four
+ * widths pick one of 16 layouts, and two byte shuffles of the (at most
+ * 20) bytes gather the four ids, byte-swapped, into one 16-byte store.
+ * Whatever is not four 0xcd/0xce tags (a fixint, 0xcc, a bad tag, fewer
+ * than four ids left) goes back to tok_fast's scalar path unread, which
+ * stays the reference: the ids read and where a bad tag stops the read
+ * are the same. SSSE3 is chosen at run time (the build targets plain
+ * x86-64), as the encoder's put_tokens_x4 does; the encoder's table
+ * (kTok4) is its inverse and test_decode_diff.c proves the two against
+ * each other. tok_fast calls it only where a run breaks on the other
+ * width's tag, so that a run broken by a fixint or 0xcc (the few small
+ * ids of a 32000 vocabulary) pays for no step that would fail; once in,
+ * it stays while the tags are 0xcd/0xce. Its cost is the chain from one
+ * step's p to the next (load, compare, the widths in sequence): ~29 ns
+ * a 16-block event's block against the scalar path's 54-70 ns, whose
+ * width branches mispredict on a stream they have not seen
+ * (bench/events_bisect/dectok.c, V 128256 and 201088). */
+typedef struct tok4_layout {
+  _Alignas(16) uint8_t lo[16]; /* output byte i from input byte lo[i] of p[0..15]; X = 0 */
+  uint8_t hi[16]; /* or from byte hi[i] of p[4..19] (bytes 16..19) */
+  uint16_t tags;  /* the bits of the four tags' offsets (the 4th id's own width does not move them) */
+  uint8_t len;    /* the four ids' bytes */
+} tok4_layout;
+
+#define X 0x80
+/* Entry b0 | b1 << 1 | b2 << 2 | b3 << 3, bi = 1 when id i is a uint32.
+ * A uint16 at offset q gives the output bytes q+2, q+1, 0, 0; a uint32 gives
+ * q+4, q+3, q+2, q+1 (big-endian in, little-endian out). */
+static const tok4_layout kTok4Dec[16] = {
+    {{2, 1, X, X, 5, 4, X, X, 8, 7, X, X, 11, 10, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x0249, 12}, /* u16 u16 u16 u16 */
+    {{4, 3, 2, 1, 7, 6, X, X, 10, 9, X, X, 13, 12, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x0921, 14}, /* u32 u16 u16 u16 */
+    {{2, 1, X, X, 7, 6, 5, 4, 10, 9, X, X, 13, 12, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x0909, 14}, /* u16 u32 u16 u16 */
+    {{4, 3, 2, 1, 9, 8, 7, 6, 12, 11, X, X, 15, 14, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x2421, 16}, /* u32 u32 u16 u16 */
+    {{2, 1, X, X, 5, 4, X, X, 10, 9, 8, 7, 13, 12, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x0849, 14}, /* u16 u16 u32 u16 */
+    {{4, 3, 2, 1, 7, 6, X, X, 12, 11, 10, 9, 15, 14, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x2121, 16}, /* u32 u16 u32 u16 */
+    {{2, 1, X, X, 7, 6, 5, 4, 12, 11, 10, 9, 15, 14, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x2109, 16}, /* u16 u32 u32 u16 */
+    {{4, 3, 2, 1, 9, 8, 7, 6, 14, 13, 12, 11, X, X, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, 13, 12, X, X}, 0x8421, 18}, /* u32 u32 u32 u16 */
+    {{2, 1, X, X, 5, 4, X, X, 8, 7, X, X, 13, 12, 11, 10},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x0249, 14}, /* u16 u16 u16 u32 */
+    {{4, 3, 2, 1, 7, 6, X, X, 10, 9, X, X, 15, 14, 13, 12},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x0921, 16}, /* u32 u16 u16 u32 */
+    {{2, 1, X, X, 7, 6, 5, 4, 10, 9, X, X, 15, 14, 13, 12},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x0909, 16}, /* u16 u32 u16 u32 */
+    {{4, 3, 2, 1, 9, 8, 7, 6, 12, 11, X, X, X, X, 15, 14},
+     {X, X, X, X, X, X, X, X, X, X, X, X, 13, 12, X, X}, 0x2421, 18}, /* u32 u32 u16 u32 */
+    {{2, 1, X, X, 5, 4, X, X, 10, 9, 8, 7, 15, 14, 13, 12},
+     {X, X, X, X, X, X, X, X, X, X, X, X, X, X, X, X}, 0x0849, 16}, /* u16 u16 u32 u32 */
+    {{4, 3, 2, 1, 7, 6, X, X, 12, 11, 10, 9, X, X, 15, 14},
+     {X, X, X, X, X, X, X, X, X, X, X, X, 13, 12, X, X}, 0x2121, 18}, /* u32 u16 u32 u32 */
+    {{2, 1, X, X, 7, 6, 5, 4, 12, 11, 10, 9, X, X, 15, 14},
+     {X, X, X, X, X, X, X, X, X, X, X, X, 13, 12, X, X}, 0x2109, 18}, /* u16 u32 u32 u32 */
+    {{4, 3, 2, 1, 9, 8, 7, 6, 14, 13, 12, 11, X, X, X, X},
+     {X, X, X, X, X, X, X, X, X, X, X, X, 15, 14, 13, 12}, 0x8421, 20}, /* u32 u32 u32 u32 */
+};
+#undef X
+
+typedef struct tok4_step {
+  const uint8_t *p;
+  uint32_t n; /* ids written */
+} tok4_step;
+
+/* Reads four ids a step from p while at least four are left before oe4
+ * and the next four tags are each 0xcd or 0xce; the caller proved 5 bytes
+ * an id readable, so the 20 bytes of four ids are. */
+__attribute__((target("ssse3"), noinline)) static tok4_step tok_mix4(const uint8_t *p, uint32_t *o,
+                                                                     uint32_t quads) {
+  const __m128i cd = _mm_set1_epi8((char)0xcd), ce = _mm_set1_epi8((char)0xce);
+  uint32_t n = 0;
+  for (; quads; quads--, n += 4) {
+    __m128i lo = _mm_loadu_si128((const __m128i *)p);
+    unsigned m32 = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(lo, ce));
+    unsigned any = m32 | (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(lo, cd));
+    /* the widths in sequence: each tag's offset follows from the ones before */
+    unsigned b0 = m32 & 1, q1 = 3 + 2 * b0;
+    unsigned b1 = m32 >> q1 & 1, q2 = q1 + 3 + 2 * b1;
+    unsigned b2 = m32 >> q2 & 1, q3 = q2 + 3 + 2 * b2;
+    unsigned b3 = m32 >> q3 & 1;
+    const tok4_layout *l = &kTok4Dec[b0 | b1 << 1 | b2 << 2 | b3 << 3];
+    if ((any & l->tags) != l->tags) break; /* one of the four is no 0xcd/0xce */
+    __m128i hi = _mm_loadu_si128((const __m128i *)(p + 4));
+    __m128i v = _mm_or_si128(_mm_shuffle_epi8(lo, _mm_load_si128((const __m128i *)l->lo)),
+                             _mm_shuffle_epi8(hi, _mm_load_si128((const __m128i *)l->hi)));
+    _mm_storeu_si128((__m128i *)(o + n), v);
+    p += q3 + 3 + 2 * b3; /* l->len, but no load on the chain from one step's p to the next */
+  }
+  return (tok4_step){p, n};
+}
+
 /* n flat token ids at p when the input surely holds them (5 bytes each at
  * most, so no id read can pass the end: the caller checks): no bounds
  * check per token, each form one load, the widest first (real
@@ -319,6 +424,10 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
   uint32_t *o = out, *const oe = out + n;
   uint32_t *const oe4 = n >= 4 ? oe - 3 : out; /* o < oe4: four ids left at least */
 #define BE16(q) (uint32_t) __builtin_bswap16(ld16(q))
+  /* a run of one width broken: four mixed ids a step where the CPU can */
+#define TOK_MIX4() \
+  (__builtin_cpu_supports("ssse3") ? tok_mix4(p, o, (uint32_t)(oe - o) / 4) : (tok4_step){p, 0})
+  tok4_step s4;
   while (o != oe) {
     uint8_t tag = *p;
     if (tag == 0xce) { /* a run of them */
@@ -329,6 +438,8 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
           o[2] = __builtin_bswap32(ld32(p + 11));
           o[3] = __builtin_bswap32(ld32(p + 16));
           o += 4, p += 20;
+        } else if (o < oe4 && p[5] == 0xcd && (s4 = TOK_MIX4()).n) { /* the width changes */
+          o += s4.n, p = s4.p;
         } else {
           *o++ = __builtin_bswap32(ld32(p + 1));
           p += 5;
@@ -343,6 +454,8 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
           o[2] = BE16(p + 7);
           o[3] = BE16(p + 10);
           o += 4, p += 12;
+        } else if (o < oe4 && p[3] == 0xce && (s4 = TOK_MIX4()).n) { /* the width changes */
+          o += s4.n, p = s4.p;
         } else {
           *o++ = BE16(p + 1);
           p += 3;
@@ -359,6 +472,7 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
     }
   }
 #undef BE16
+#undef TOK_MIX4
   *got = (uint32_t)(o - out);
   return p;
 }
