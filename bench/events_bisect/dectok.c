@@ -6,7 +6,7 @@
  * (what the publisher writes), the ids random below V (V = 0: bench_events'
  * ids j * 7919, which come in runs of one width), and times its decode:
  * ns per block event, best of ROUNDS rounds of REPS decodes each, taking
- * NB (16) such batches of different ids in turn (one batch decoded again
+ * NB (16, or 256 / K below K 16: 256k ids in all) such batches of different ids in turn (one batch decoded again
  * and again lets the branch predictor learn its ids' widths: with NB 1
  * the scalar reader looks up to ~1.5x faster at V 128256). Random
  * ids of a vocabulary above 65536 are uint16 or uint32 at random (~half
@@ -38,7 +38,7 @@ int main(int argc, char **argv) {
   unsigned k = argc > 2 ? (unsigned)atoi(argv[2]) : 16;
   long reps = argc > 3 ? atol(argv[3]) : 2000;
   int rounds = argc > 4 ? atoi(argv[4]) : 7;
-  unsigned nb = argc > 5 ? (unsigned)atoi(argv[5]) : 16;
+  unsigned nb = argc > 5 ? (unsigned)atoi(argv[5]) : k >= 16 ? 16 : 256 / k; /* >= 256k ids in all */
   int general = argc > 6 && atoi(argv[6]);
   enum { EVENTS = 64 };
   if (k == 0 || reps <= 0 || rounds <= 0 || nb == 0) return 1;

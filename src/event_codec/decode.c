@@ -438,8 +438,8 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
           o[2] = __builtin_bswap32(ld32(p + 11));
           o[3] = __builtin_bswap32(ld32(p + 16));
           o += 4, p += 20;
-        } else if (o < oe4 && p[5] == 0xcd && (s4 = TOK_MIX4()).n) { /* the width changes */
-          o += s4.n, p = s4.p;
+        } else if (o < oe4 && p[5] == 0xcd) { /* the width changes */
+          goto mixed;
         } else {
           *o++ = __builtin_bswap32(ld32(p + 1));
           p += 5;
@@ -454,8 +454,8 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
           o[2] = BE16(p + 7);
           o[3] = BE16(p + 10);
           o += 4, p += 12;
-        } else if (o < oe4 && p[3] == 0xce && (s4 = TOK_MIX4()).n) { /* the width changes */
-          o += s4.n, p = s4.p;
+        } else if (o < oe4 && p[3] == 0xce) { /* the width changes */
+          goto mixed;
         } else {
           *o++ = BE16(p + 1);
           p += 3;
@@ -469,6 +469,18 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
       p += 2;
     } else {
       break;
+    }
+    continue;
+  mixed: /* out of the runs' loops, so that they stay as they were */
+    s4 = TOK_MIX4();
+    if (s4.n) {
+      o += s4.n, p = s4.p;
+    } else if (*p == 0xce) { /* four mixed ids and no SSSE3, or a 3rd/4th id in another form */
+      *o++ = __builtin_bswap32(ld32(p + 1));
+      p += 5;
+    } else {
+      *o++ = BE16(p + 1);
+      p += 3;
     }
   }
 #undef BE16
