@@ -328,7 +328,11 @@ static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
  * step's p to the next (load, compare, the widths in sequence): ~29 ns
  * a 16-block event's block against the scalar path's 54-70 ns, whose
  * width branches mispredict on a stream they have not seen
- * (bench/events_bisect/dectok.c, V 128256 and 201088). */
+ * (bench/events_bisect/dectok.c, V 128256 and 201088). Where tok_fast
+ * enters it moves the runs' code: entered here (in the runs' step) K=16
+ * is unchanged at V 0 and 32000 and K=1 ~1.4 ns (8%) slower; entered
+ * from one place after the runs' loops (5665819) K=1 is unchanged and
+ * K=16 ~0.5-1.2 ns slower; vLLM sends K=16, so here. */
 typedef struct tok4_layout {
   _Alignas(16) uint8_t lo[16]; /* output byte i from input byte lo[i] of p[0..15]; X = 0 */
   uint8_t hi[16]; /* or from byte hi[i] of p[4..19] (bytes 16..19) */
@@ -438,8 +442,8 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
           o[2] = __builtin_bswap32(ld32(p + 11));
           o[3] = __builtin_bswap32(ld32(p + 16));
           o += 4, p += 20;
-        } else if (o < oe4 && p[5] == 0xcd) { /* the width changes */
-          goto mixed;
+        } else if (o < oe4 && p[5] == 0xcd && (s4 = TOK_MIX4()).n) { /* the width changes */
+          o += s4.n, p = s4.p;
         } else {
           *o++ = __builtin_bswap32(ld32(p + 1));
           p += 5;
@@ -454,8 +458,8 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
           o[2] = BE16(p + 7);
           o[3] = BE16(p + 10);
           o += 4, p += 12;
-        } else if (o < oe4 && p[3] == 0xce) { /* the width changes */
-          goto mixed;
+        } else if (o < oe4 && p[3] == 0xce && (s4 = TOK_MIX4()).n) { /* the width changes */
+          o += s4.n, p = s4.p;
         } else {
           *o++ = BE16(p + 1);
           p += 3;
@@ -469,18 +473,6 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
       p += 2;
     } else {
       break;
-    }
-    continue;
-  mixed: /* out of the runs' loops, so that they stay as they were */
-    s4 = TOK_MIX4();
-    if (s4.n) {
-      o += s4.n, p = s4.p;
-    } else if (*p == 0xce) { /* four mixed ids and no SSSE3, or a 3rd/4th id in another form */
-      *o++ = __builtin_bswap32(ld32(p + 1));
-      p += 5;
-    } else {
-      *o++ = BE16(p + 1);
-      p += 3;
     }
   }
 #undef BE16
