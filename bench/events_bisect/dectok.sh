@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # bench/events_bisect/dectok.sh BUILD OUT: compiles dectok.c against the
 # event codec of a build folder (old or new), then
-#   OUT V 16 2000 7        # ns per block event, best of 7 (V: vocabulary, 0 bench_events' ids)
+#   OUT V K 320 7 [NB]     # ns per block event, best of 7 (V: vocabulary, 0 bench_events' ids; NB batches of different ids, 16 or 256/K)
 #   dectok.sh BUILD OUT cg V K   # decoder Ir per block event under callgrind
 #                                # ((Ir at 300 decodes - Ir at 100) / block events between)
 set -euo pipefail
