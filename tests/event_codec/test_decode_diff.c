@@ -236,6 +236,34 @@ static void same_as_sent(kvbm_event_decoder *dec, const uint8_t *p, size_t len,
   }
 }
 
+/* Batch b encoded by our encoder in each form, then decoded by every path
+ * and compared (diff_one), checked against what was sent (the quick
+ * decoder, and the general one with `general`), cut at every length with
+ * `cuts`, and `mutations` rounds of diff_mutated; adds the events decoded
+ * and those read whole by the quick path or a template to *events and
+ * *plain. */
+static void diff_both_forms(diff *d, const kvbm_event_batch *b, bool cuts, bool general, int mutations,
+                            size_t *events, size_t *plain) {
+  for (int form = 0; form < 2; form++) {
+    kvbm_event_encoder_config cfg = {.form = (kvbm_event_form)form};
+    kvbm_event_encoder *enc;
+    assert_int_equal(kvbm_event_encoder_create(&cfg, &enc, NULL), 0);
+    const uint8_t *p;
+    size_t len;
+    assert_int_equal(kvbm_event_encode(enc, b, &p, &len, NULL), 0);
+    size_t e0 = d->events, p0 = d->plain;
+    diff_one(d, p, len);
+    *events += d->events - e0;
+    *plain += d->plain - p0;
+    same_as_sent(d->quick, p, len, b);
+    if (general) same_as_sent(d->general, p, len, b);
+    if (cuts)
+      for (size_t cut = 0; cut < len; cut++) diff_one(d, p, cut);
+    diff_mutated(d, p, len, mutations);
+    kvbm_event_encoder_destroy(enc);
+  }
+}
+
 static void test_own_encoder(void **state) {
   diff *d = *state;
   static const kvbm_medium kMedia[] = {KVBM_MEDIUM_GPU, KVBM_MEDIUM_GPU, KVBM_MEDIUM_CPU,
@@ -339,23 +367,7 @@ static void test_templates(void **state) {
       e->parent_hash = e->has_parent ? next(d) | 1ull << 63 : 0;
     }
     kvbm_event_batch b = {.ts = 1.7e9, .events = ev, .num_events = n, .has_dp_rank = true};
-    for (int form = 0; form < 2; form++) {
-      kvbm_event_encoder_config cfg = {.form = (kvbm_event_form)form};
-      kvbm_event_encoder *enc;
-      assert_int_equal(kvbm_event_encoder_create(&cfg, &enc, NULL), 0);
-      const uint8_t *p;
-      size_t len;
-      assert_int_equal(kvbm_event_encode(enc, &b, &p, &len, NULL), 0);
-      size_t e0 = d->events, p0 = d->plain;
-      diff_one(d, p, len);
-      events += d->events - e0;
-      plain += d->plain - p0;
-      same_as_sent(d->quick, p, len, &b);
-      if (round % 10 == 0)
-        for (size_t cut = 0; cut < len; cut++) diff_one(d, p, cut);
-      diff_mutated(d, p, len, 20);
-      kvbm_event_encoder_destroy(enc);
-    }
+    diff_both_forms(d, &b, round % 10 == 0, false, 20, &events, &plain);
   }
   print_message("templates: events %zu, read whole by the quick path or a template %zu\n", events,
                 plain);
@@ -483,22 +495,7 @@ static void test_mixed_widths(void **state) {
       ev[i].parent_hash = ev[i].has_parent ? 7 : 0;
     }
     kvbm_event_batch b = {.ts = 1.7e9, .events = ev, .num_events = n, .has_dp_rank = true};
-    for (int form = 0; form < 2; form++) {
-      kvbm_event_encoder_config cfg = {.form = (kvbm_event_form)form};
-      kvbm_event_encoder *enc;
-      assert_int_equal(kvbm_event_encoder_create(&cfg, &enc, NULL), 0);
-      const uint8_t *p;
-      size_t len;
-      assert_int_equal(kvbm_event_encode(enc, &b, &p, &len, NULL), 0);
-      size_t e0 = d->events, p0 = d->plain;
-      diff_one(d, p, len);
-      events += d->events - e0;
-      plain += d->plain - p0;
-      same_as_sent(d->quick, p, len, &b);
-      same_as_sent(d->general, p, len, &b);
-      diff_mutated(d, p, len, 4);
-      kvbm_event_encoder_destroy(enc);
-    }
+    diff_both_forms(d, &b, false, true, 4, &events, &plain);
   }
   print_message("mixed widths: events %zu, read whole by the quick path or a template %zu\n", events,
                 plain);
