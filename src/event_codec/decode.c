@@ -46,6 +46,9 @@
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define KVBM__DEC_MIX4 1 /* tok_mix4: x86 only (SSSE3, chosen at run time) */
 #include <tmmintrin.h>
 #endif
 
@@ -333,6 +336,12 @@ static int read_token_pairs(dctx *c, uint32_t n, uint32_t *out) {
  * is unchanged at V 0 and 32000 and K=1 ~1.4 ns (8%) slower; entered
  * from one place after the runs' loops (5665819) K=1 is unchanged and
  * K=16 ~0.5-1.2 ns slower; vLLM sends K=16, so here. */
+typedef struct tok4_step {
+  const uint8_t *p;
+  uint32_t n; /* ids written */
+} tok4_step;
+
+#ifdef KVBM__DEC_MIX4
 typedef struct tok4_layout {
   _Alignas(16) uint8_t lo[16]; /* output byte i from input byte lo[i] of p[0..15]; X = 0 */
   uint8_t hi[16]; /* or from byte hi[i] of p[4..19] (bytes 16..19) */
@@ -380,11 +389,6 @@ static const tok4_layout kTok4Dec[16] = {
 };
 #undef X
 
-typedef struct tok4_step {
-  const uint8_t *p;
-  uint32_t n; /* ids written */
-} tok4_step;
-
 /* Reads four ids a step from p while at least four are left before oe4
  * and the next four tags are each 0xcd or 0xce; the caller proved 5 bytes
  * an id readable, so the 20 bytes of four ids are. */
@@ -411,6 +415,7 @@ __attribute__((target("ssse3"), noinline)) static tok4_step tok_mix4(const uint8
   }
   return (tok4_step){p, n};
 }
+#endif /* KVBM__DEC_MIX4 */
 
 /* n flat token ids at p when the input surely holds them (5 bytes each at
  * most, so no id read can pass the end: the caller checks): no bounds
@@ -429,8 +434,12 @@ static inline __attribute__((always_inline)) const uint8_t *tok_fast(const uint8
   uint32_t *const oe4 = n >= 4 ? oe - 3 : out; /* o < oe4: four ids left at least */
 #define BE16(q) (uint32_t) __builtin_bswap16(ld16(q))
   /* a run of one width broken: four mixed ids a step where the CPU can */
+#ifdef KVBM__DEC_MIX4
 #define TOK_MIX4() \
   (__builtin_cpu_supports("ssse3") ? tok_mix4(p, o, (uint32_t)(oe - o) / 4) : (tok4_step){p, 0})
+#else /* elsewhere (not x86) the scalar path only */
+#define TOK_MIX4() ((tok4_step){p, 0})
+#endif
   tok4_step s4;
   while (o != oe) {
     uint8_t tag = *p;
