@@ -971,6 +971,47 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
     }                                                                               \
   } while (0)
 
+/* The two plain loops' take: `id` off the free stack, or else the head
+ * of the lowest non-empty cache list evicted. The list is found again only
+ * when it empties or after a dedup (pr == NPRIO): only the loop's own
+ * evictions change the lists in between. The victim's prev link is left
+ * (HEAD_PREV clears the head's at a stop), the cursor moves on
+ * (CURSOR_ADVANCE), and its registry entry is cleared at its place
+ * (where[]) or, past its home, searched from the home of (its hash,
+ * `vgroup`), its group. A macro, as CURSOR_ADVANCE: the loops keep
+ * ftop, pr, cursor and ahead in registers. The caller checked that enough
+ * blocks are free or cached. */
+#define PLAIN_TAKE(id, vgroup)                                                              \
+  do {                                                                                      \
+    if (ftop) {                                                                             \
+      (id) = fstack[--ftop];                                                                \
+      break;                                                                                \
+    }                                                                                       \
+    if (pr == NPRIO) {                                                                      \
+      unsigned w_ = 0;                                                                      \
+      while (!p->nonempty[w_]) w_++;                                                        \
+      pr = w_ * 64 + (unsigned)__builtin_ctzll(p->nonempty[w_]);                            \
+    }                                                                                       \
+    (id) = p->head[pr];                                                                     \
+    const blk *v_ = &blocks[(id)];                                                          \
+    const uint32_t next_ = v_->next;                                                        \
+    p->head[pr] = next_;                                                                    \
+    if (next_ != NIL) {                                                                     \
+      CURSOR_ADVANCE(next_);                                                                \
+    } else {                                                                                \
+      p->tail[pr] = NIL;                                                                    \
+      p->nonempty[pr / 64] &= ~(1ull << (pr % 64));                                         \
+      pr = NPRIO;                                                                           \
+      cursor = NIL, ahead = 0;                                                              \
+    }                                                                                       \
+    const uint32_t wv_ = where[(id)];                                                       \
+    if (wv_ != NIL)                                                                         \
+      table[wv_ >> 3].id[wv_ & 7] = NIL;                                                    \
+    else                                                                                    \
+      plain_erase(table, mask, (fingerprint(v_->seq_hash, (vgroup)) * 0x9E3779B1u) >> shift, (id)); \
+    prio[(id)] = 0;                                                                         \
+  } while (0)
+
 /* A record's last 8 bytes (refcount, ntok, state, flags), as the word one
  * store writes them with: four stores a block become one. */
 _Static_assert(offsetof(blk, flags) == offsetof(blk, refcount) + 7 && sizeof(blk) == 32,
@@ -1040,38 +1081,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
     }
     uint32_t id;
-    if (ftop) {
-      id = fstack[--ftop];
-    } else {
-      /* The head of the lowest non-empty list (the caller checked that
-       * enough blocks are free or cached). Only this loop's evictions
-       * change the lists until a dedup, so the list is found again only
-       * when it empties or after one. */
-      if (pr == NPRIO) {
-        unsigned w = 0;
-        while (!p->nonempty[w]) w++;
-        pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
-      }
-      id = p->head[pr];
-      blk *v = &blocks[id];
-      const uint32_t next = v->next;
-      p->head[pr] = next;
-      if (next != NIL) {
-        CURSOR_ADVANCE(next);
-      } else {
-        p->tail[pr] = NIL;
-        p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
-        pr = NPRIO;
-        cursor = NIL, ahead = 0;
-      }
-      /* The victim's entry: at its place, or (past its home) searched. */
-      const uint32_t w = where[id];
-      if (w != NIL)
-        table[w >> 3].id[w & 7] = NIL;
-      else
-        plain_erase(table, mask, (fingerprint(v->seq_hash, 0) * 0x9E3779B1u) >> shift, id);
-      prio[id] = 0;
-    }
+    PLAIN_TAKE(id, 0);
     ids[k] = id;
     blk *b = &blocks[id];
     const uint64_t hk = hashes[k];
@@ -1313,37 +1323,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
 #pragma GCC unroll 4
     for (uint32_t g = 0; g < ng; g++) {
       uint32_t id;
-      if (ftop) {
-        id = fstack[--ftop];
-      } else {
-        /* The head of the lowest non-empty list (the caller checked that
-         * enough blocks are free or cached), found again only when it
-         * empties; the cursor as in fill_run_plain. */
-        if (pr == NPRIO) {
-          unsigned w = 0;
-          while (!p->nonempty[w]) w++;
-          pr = w * 64 + (unsigned)__builtin_ctzll(p->nonempty[w]);
-        }
-        id = p->head[pr];
-        const blk *v = &blocks[id];
-        const uint32_t next = v->next;
-        p->head[pr] = next;
-        if (next != NIL) { /* its prev link is cleared at the end (HEAD_PREV) */
-          CURSOR_ADVANCE(next);
-        } else {
-          p->tail[pr] = NIL;
-          p->nonempty[pr / 64] &= ~(1ull << (pr % 64));
-          pr = NPRIO;
-          cursor = NIL, ahead = 0;
-        }
-        /* the victim's entry: at its place, or (past its home) searched */
-        const uint32_t wv = where[id];
-        if (wv != NIL)
-          table[wv >> 3].id[wv & 7] = NIL;
-        else
-          plain_erase(table, mask, ghome(v->seq_hash, grp[id], shift), id);
-        prio[id] = 0;
-      }
+      PLAIN_TAKE(id, grp[id]);
       tables[g][k] = id;
       blk *b = &blocks[id];
       if (salt_hash) p->salts[id] = salt_hash;
