@@ -275,11 +275,9 @@ static bool stream_init(stream *s, unsigned k) {
   s->hashes = calloc(64 * (size_t)k, 8);
   s->tokens = calloc(16 * (size_t)k, 4);
   if (!s->hashes || !s->tokens) return false;
-  uint64_t x = 0x9e3779b97f4a7c15ull; /* xorshift64: the same ids in every run and peer */
-  for (unsigned j = 0; j < 16 * k; j++) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    s->tokens[j] = g_vocab ? (uint32_t)(x % g_vocab) : j * 7919u;
-  }
+  uint64_t x = 0x9e3779b97f4a7c15ull; /* the same ids in every run and peer */
+  for (unsigned j = 0; j < 16 * k; j++)
+    s->tokens[j] = g_vocab ? (uint32_t)(kvbm_bench_xorshift(&x) % g_vocab) : j * 7919u;
   s->tmpl[0] = stream_event(s, 0);
   s->tmpl[1] = stream_event(s, 1);
   return true;

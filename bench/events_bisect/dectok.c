@@ -24,14 +24,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "../bench_util.h"
 #include "event_codec/internal.h"
 #include "kvbm/event_codec.h"
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
   uint32_t v = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 10) : 0;
@@ -50,10 +45,8 @@ int main(int argc, char **argv) {
   size_t *plen = calloc(nb, sizeof *plen), bytes = 0;
   if (!h || !t || !ev || !pay || !plen) return 1;
   uint64_t x = 0x9e3779b97f4a7c15ull;
-  for (size_t j = 0; j < per * nb; j++) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t[j] = v ? (uint32_t)(x % v) : (uint32_t)(j % (16 * k)) * 7919u;
-  }
+  for (size_t j = 0; j < per * nb; j++)
+    t[j] = v ? (uint32_t)(kvbm_bench_xorshift(&x) % v) : (uint32_t)(j % (16 * k)) * 7919u;
   kvbm_event_encoder_config cfg = {.form = KVBM_FORM_MAP};
   kvbm_event_encoder *enc;
   kvbm_event_decoder *dec;
@@ -80,7 +73,7 @@ int main(int argc, char **argv) {
   size_t blocks = 0;
   uint64_t sum = 0; /* the ids read, so that no decode is dead code */
   for (int r = 0; r < rounds; r++) {
-    double t0 = now_ns();
+    double t0 = kvbm_bench_now();
     for (long i = 0; i < reps; i++) {
       kvbm_event_batch out;
       if (kvbm_event_decode(dec, pay[i % nb], plen[i % nb], (uint64_t)i, &out, NULL) || out.num_events != EVENTS)
@@ -90,7 +83,7 @@ int main(int argc, char **argv) {
         sum += out.events[e].token_ids[out.events[e].num_tokens - 1];
       }
     }
-    double ns = (now_ns() - t0) / ((double)reps * EVENTS * k);
+    double ns = (kvbm_bench_now() - t0) * 1e9 / ((double)reps * EVENTS * k);
     if (ns < best) best = ns;
   }
   /* the ids decoded must be the ids encoded (a wrong decode is no speed) */

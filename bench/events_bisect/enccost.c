@@ -22,14 +22,9 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "../bench_util.h"
 #include "event_codec/internal.h"
 #include "kvbm/event_codec.h"
-
-static double now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
   unsigned k = argc > 1 ? (unsigned)atoi(argv[1]) : 16;
@@ -45,10 +40,8 @@ int main(int argc, char **argv) {
   kvbm_event *ev = calloc(SETS, sizeof *ev);
   if (!t || !buf || !ev) return 1;
   uint64_t x = 88172645463325252ull;
-  for (size_t j = 0; j < (size_t)SETS * 16 * k; j++) {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    t[j] = vocab ? (uint32_t)(x % vocab) : (uint32_t)(j % (16 * k)) * 7919u;
-  }
+  for (size_t j = 0; j < (size_t)SETS * 16 * k; j++)
+    t[j] = vocab ? (uint32_t)(kvbm_bench_xorshift(&x) % vocab) : (uint32_t)(j % (16 * k)) * 7919u;
   for (unsigned j = 0; j < k; j++) h[j] = 0x9e3779b97f4a7c15ull * (j + 1);
   for (int s = 0; s < SETS; s++)
     ev[s] = (kvbm_event){.type = KVBM_EVENT_STORED, .block_hashes = h, .num_block_hashes = k,
@@ -59,12 +52,12 @@ int main(int argc, char **argv) {
   size_t bytes = 0;
   double best = 1e30;
   for (int r = 0; r < 7; r++) {
-    double t0 = now_ns();
+    double t0 = kvbm_bench_now();
     for (long i = 0; i < n; i++) {
       bytes += (size_t)(kvbm__event_put_plain(buf, &ev[i % SETS], &ec) - buf);
       __asm__ volatile("" ::: "memory"); /* the bytes count as written */
     }
-    double dt = (now_ns() - t0) / ((double)n * k);
+    double dt = (kvbm_bench_now() - t0) * 1e9 / ((double)n * k);
     if (dt < best) best = dt;
   }
   printf("k=%u vocab=%u: %.2f ns a block (best of 7; %.1f bytes a block)\n", k, vocab, best,
