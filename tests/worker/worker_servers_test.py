@@ -145,6 +145,14 @@ def main():
 
     r = toks(1, 100)
     w1.gen("a", r)
+    # A worker's G4 puts go on behind its answer (as an engine's do:
+    # worker.c's commit waits for G2/G3 only), so worker 2 asks once
+    # worker 1 counts its 6 full blocks as stored in G4.
+    deadline = time.time() + 20
+    while w1.metric(r'kvbm_offload_blocks_total\{.*tier="G4"') < 6:
+        if time.time() > deadline:
+            fail("worker 1 did not store its 6 blocks in G4 within 20 s")
+        time.sleep(0.05)
     a = w2.gen("b", r)
     if a["hit_tokens"]["g4"] != 96 or a["onboarded_blocks"] != 6:
         fail("worker 2 should onboard worker 1's blocks from G4: %r" % a)
