@@ -33,6 +33,10 @@
  * publisher thread, ZMQ's I/O thread: from the first publish until the
  * child has the last batch), of our subscriber process, and of the peer's
  * two sides. CPU per block is what a loaded machine disturbs least.
+ * Under each row, the same CPU split by thread (see "CPU time by thread"
+ * below: producer, publisher thread and ZMQ's I/O thread; decoder and
+ * ZMQ's I/O thread; the peer's loops and its ZMQ threads) and the ratio
+ * of the two sides' busiest threads, the bound with a core a thread.
  *
  *   bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both]
  *                [--wire tcp|ipc|both] [--runs R] [--batch B]
@@ -74,6 +78,7 @@
  *   Target (issue 22): ours >= 0.8 of raw ZMQ at K = 1 and 16.)
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +114,8 @@ typedef struct result {
   unsigned long long blocks, batches, lost, malformed;
   unsigned long long payload_bytes; /* the payload frames' bytes received */
   double cpu_s; /* the child's user + system time */
+  double th_ns[3]; /* the child's CPU ns by thread role (TH_*) */
+  double th_max_ns; /* its busiest thread's */
 } result;
 
 static double cpu_seconds(void) {
@@ -116,6 +123,80 @@ static double cpu_seconds(void) {
   getrusage(RUSAGE_SELF, &ru);
   return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
          (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+/* ---- CPU time by thread ------------------------------------------------
+ *
+ * Why: on a machine with a core for every thread, a pipeline of threads
+ * runs at the pace of its busiest thread, not of its processes' summed
+ * CPU. Ours has five (producer, publisher thread and ZMQ's I/O thread in
+ * the publisher process; the decoding caller and ZMQ's I/O thread in the
+ * subscriber), the peer four, so the summed CPU above (what bounds the
+ * rate on 2 shared cores) cannot say which one holds K = 1 back on 16.
+ * Each thread's CPU time is read from /proc/self/task/TID/schedstat (its
+ * first field: nanoseconds on a CPU) at the clock's start and end, and
+ * summed by role: the main thread (ours: the producer, or the subscriber's
+ * caller that decodes; the peer's: its send or receive loop), ZMQ's
+ * background threads (named "ZMQbg/..."), and the rest (the publisher's
+ * own thread). The busiest single thread of each side gives a bound for
+ * one core a thread: raw's busiest / ours' busiest. On a 2-core machine
+ * each thread's time includes what the others' cache traffic cost it, so
+ * this is a pointer to the bound, not the 16-core figure. */
+enum { TH_MAIN, TH_OTHER, TH_ZMQ, NTH };
+#define MAX_THREADS 64
+
+typedef struct thread_snap {
+  int n;
+  long tid[MAX_THREADS];
+  int role[MAX_THREADS];
+  double ns[MAX_THREADS];
+} thread_snap;
+
+/* This process's threads and the CPU ns each has run so far. */
+static void thread_snap_take(thread_snap *t) {
+  t->n = 0;
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return;
+  const long self = (long)getpid();
+  struct dirent *e;
+  while ((e = readdir(d)) && t->n < MAX_THREADS) {
+    long tid = strtol(e->d_name, NULL, 10);
+    if (tid <= 0) continue;
+    char path[64], comm[32] = "";
+    unsigned long long ns = 0;
+    snprintf(path, sizeof path, "/proc/self/task/%ld/schedstat", tid);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    int got = fscanf(f, "%llu", &ns);
+    fclose(f);
+    if (got != 1) continue;
+    snprintf(path, sizeof path, "/proc/self/task/%ld/comm", tid);
+    if ((f = fopen(path, "r"))) {
+      if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+      fclose(f);
+    }
+    t->tid[t->n] = tid;
+    t->role[t->n] = tid == self ? TH_MAIN : !strncmp(comm, "ZMQbg/", 6) ? TH_ZMQ : TH_OTHER;
+    t->ns[t->n] = (double)ns;
+    t->n++;
+  }
+  closedir(d);
+}
+
+/* The CPU ns each role's threads ran since snapshot `a` (a thread born
+ * since counts whole), and the busiest thread's into *max_ns. */
+static void thread_snap_since(const thread_snap *a, double ns[NTH], double *max_ns) {
+  thread_snap b;
+  thread_snap_take(&b);
+  for (int r = 0; r < NTH; r++) ns[r] = 0;
+  *max_ns = 0;
+  for (int i = 0; i < b.n; i++) {
+    double d = b.ns[i];
+    for (int j = 0; j < a->n; j++)
+      if (a->tid[j] == b.tid[i]) d -= a->ns[j];
+    ns[b.role[i]] += d;
+    if (d > *max_ns) *max_ns = d;
+  }
 }
 
 /* Child: our subscriber, decoding every batch, until `blocks` block
@@ -132,6 +213,8 @@ static void child_decode(const char *ep, unsigned long long blocks, size_t queue
   usleep(150000);
   if (write(wfd, "R", 1) != 1) _exit(1);
   result r = {0};
+  thread_snap th0;
+  thread_snap_take(&th0);
   double c0 = cpu_seconds();
   while (r.blocks < blocks) {
     kvbm_event_batch b;
@@ -146,6 +229,7 @@ static void child_decode(const char *ep, unsigned long long blocks, size_t queue
   }
   r.t_end = now();
   r.cpu_s = cpu_seconds() - c0;
+  thread_snap_since(&th0, r.th_ns, &r.th_max_ns);
   kvbm_subscriber_stats st;
   kvbm_subscriber_stats_get(s, &st);
   r.lost = st.lost;
@@ -183,6 +267,8 @@ static void child_raw(const char *ep, unsigned long long msgs, size_t queue_byte
   usleep(150000);
   if (write(wfd, "R", 1) != 1) _exit(1);
   result r = {0};
+  thread_snap th0;
+  thread_snap_take(&th0);
   double c0 = cpu_seconds();
   zmq_msg_t m;
   zmq_msg_init(&m);
@@ -192,6 +278,7 @@ static void child_raw(const char *ep, unsigned long long msgs, size_t queue_byte
   }
   r.t_end = now();
   r.cpu_s = cpu_seconds() - c0;
+  thread_snap_since(&th0, r.th_ns, &r.th_max_ns);
   zmq_msg_close(&m);
   if (write(wfd, &r, sizeof r) != (ssize_t)sizeof r) _exit(1);
   int zero = 0;
@@ -313,6 +400,8 @@ static kvbm_event_form g_form = KVBM_FORM_MAP;
 
 static double g_pub_cpu;     /* the last run_ours's publisher CPU seconds */
 static double g_raw_pub_cpu; /* the last run_raw's sender CPU seconds */
+static double g_pub_th[NTH], g_pub_th_max;         /* run_ours's threads (TH_*), ns */
+static double g_raw_pub_th[NTH], g_raw_pub_th_max; /* run_raw's */
 
 static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, unsigned batch,
                        unsigned long long blocks, size_t queue_bytes, result *r) {
@@ -336,6 +425,8 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   stream s;
   if (!stream_init(&s, k)) return -1;
   unsigned long long nev = blocks / k;
+  thread_snap th0;
+  thread_snap_take(&th0);
   double t0 = now(), c0 = cpu_seconds();
   unsigned per = g_pub == PUB_WHOLE ? 1 : k; /* publishes per event of K blocks */
   kvbm_publisher_stage *st = NULL;
@@ -373,6 +464,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
   kvbm_publisher_flush(p, -1, NULL);
   int ok = finish(pid, rfd, r); /* the child has the last batch: our I/O thread is done */
   g_pub_cpu = cpu_seconds() - c0;
+  thread_snap_since(&th0, g_pub_th, &g_pub_th_max);
   kvbm_publisher_destroy(p);
   free(s.hashes);
   free(s.tokens);
@@ -429,6 +521,8 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
   zmq_setsockopt(pub, ZMQ_SNDHWM, &zero, sizeof zero);
   zmq_bind(pub, bind_ep);
   usleep(150000);
+  thread_snap th0;
+  thread_snap_take(&th0);
   double t0 = now(), c0 = cpu_seconds();
   for (unsigned long long b = 0; b < nbatch; b++) {
     uint8_t seq[8];
@@ -439,6 +533,7 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
   }
   int ok = finish(pid, rfd, r);
   g_raw_pub_cpu = cpu_seconds() - c0;
+  thread_snap_since(&th0, g_raw_pub_th, &g_raw_pub_th_max);
   zmq_close(pub);
   zmq_ctx_term(ctx);
   for (unsigned long long b = 0; b < nbatch; b++) free(pay[b]);
@@ -455,11 +550,21 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
 
 /* The figures of one configuration, one value per round. */
 enum { F_OURS, F_RAW, F_RATIO, F_PUB, F_SUB, F_RPUB, F_RSUB, F_OBYTES, F_RBYTES, F_OMSGS,
-       F_RMSGS, NF };
+       F_RMSGS,
+       /* CPU ns a block event by thread (see "CPU time by thread") */
+       F_PMAIN, F_PTHR, F_PZMQ, F_SMAIN, F_SOTHER, F_SZMQ, F_RPMAIN, F_RPZMQ, F_RSMAIN, F_RSZMQ,
+       F_OBUSY, F_RBUSY, F_TBOUND, NF };
 static const char *const kFig[NF] = {"ours_blk_s", "raw_blk_s", "ratio", "pub_cpu_ns_per_blk",
                                      "sub_cpu_ns_per_blk", "raw_pub_cpu_ns_per_blk",
                                      "raw_sub_cpu_ns_per_blk", "payload_bytes_per_blk",
-                                     "raw_payload_bytes_per_blk", "messages", "raw_messages"};
+                                     "raw_payload_bytes_per_blk", "messages", "raw_messages",
+                                     "pub_main_ns_per_blk", "pub_thread_ns_per_blk",
+                                     "pub_zmq_ns_per_blk", "sub_main_ns_per_blk",
+                                     "sub_other_ns_per_blk", "sub_zmq_ns_per_blk",
+                                     "raw_pub_main_ns_per_blk", "raw_pub_zmq_ns_per_blk",
+                                     "raw_sub_main_ns_per_blk", "raw_sub_zmq_ns_per_blk",
+                                     "busiest_thread_ns_per_blk", "raw_busiest_thread_ns_per_blk",
+                                     "thread_bound_ratio"};
 
 typedef struct row {
   const char *wire;
@@ -512,6 +617,21 @@ static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t 
   w->v[F_RBYTES][i] = (double)rr.payload_bytes / nb;
   w->v[F_OMSGS][i] = (double)ro.batches;
   w->v[F_RMSGS][i] = (double)rr.batches;
+  w->v[F_PMAIN][i] = g_pub_th[TH_MAIN] / nb;
+  w->v[F_PTHR][i] = g_pub_th[TH_OTHER] / nb;
+  w->v[F_PZMQ][i] = g_pub_th[TH_ZMQ] / nb;
+  w->v[F_SMAIN][i] = ro.th_ns[TH_MAIN] / nb;
+  w->v[F_SOTHER][i] = ro.th_ns[TH_OTHER] / nb;
+  w->v[F_SZMQ][i] = ro.th_ns[TH_ZMQ] / nb;
+  w->v[F_RPMAIN][i] = g_no_peer ? 0 : g_raw_pub_th[TH_MAIN] / nb;
+  w->v[F_RPZMQ][i] = g_no_peer ? 0 : g_raw_pub_th[TH_ZMQ] / nb;
+  w->v[F_RSMAIN][i] = rr.th_ns[TH_MAIN] / nb;
+  w->v[F_RSZMQ][i] = rr.th_ns[TH_ZMQ] / nb;
+  double obusy = g_pub_th_max > ro.th_max_ns ? g_pub_th_max : ro.th_max_ns;
+  double rbusy = g_no_peer ? 0 : g_raw_pub_th_max > rr.th_max_ns ? g_raw_pub_th_max : rr.th_max_ns;
+  w->v[F_OBUSY][i] = obusy / nb;
+  w->v[F_RBUSY][i] = rbusy / nb;
+  w->v[F_TBOUND][i] = obusy > 0 ? rbusy / obusy : 0;
   w->lost += ro.lost;
   w->malformed += ro.malformed;
 }
@@ -635,6 +755,13 @@ int main(int argc, char **argv) {
            sp[F_OBYTES].median, sp[F_RBYTES].median, sp[F_OMSGS].median, sp[F_RMSGS].median,
            w->lost || w->malformed ? "  LOST/MALFORMED" : "",
            g_no_peer || same_wire(&sp[F_OBYTES], &sp[F_RBYTES]) ? "" : "  BYTES DIFFER");
+    printf("      threads, CPU ns a block event (medians): ours pub main %.0f, thread %.0f, zmq "
+           "%.0f; sub main %.0f, other %.0f, zmq %.0f | raw pub main %.0f, zmq %.0f; sub main "
+           "%.0f, zmq %.0f | busiest: ours %.0f, raw %.0f; one core a thread: %.2f [%.2f..%.2f]\n",
+           sp[F_PMAIN].median, sp[F_PTHR].median, sp[F_PZMQ].median, sp[F_SMAIN].median,
+           sp[F_SOTHER].median, sp[F_SZMQ].median, sp[F_RPMAIN].median, sp[F_RPZMQ].median,
+           sp[F_RSMAIN].median, sp[F_RSZMQ].median, sp[F_OBUSY].median, sp[F_RBUSY].median,
+           sp[F_TBOUND].median, sp[F_TBOUND].min, sp[F_TBOUND].max);
   }
   if (json) printf("\n}}\n");
   return fails ? 1 : 0;
