@@ -36,7 +36,11 @@
  * Under each row, the same CPU split by thread (see "CPU time by thread"
  * below: producer, publisher thread and ZMQ's I/O thread; decoder and
  * ZMQ's I/O thread; the peer's loops and its ZMQ threads) and the ratio
- * of the two sides' busiest threads, the bound with a core a thread.
+ * of the two sides' busiest threads, the bound with a core a thread;
+ * and the rate of the producer's publish loop alone (the peer's: its send
+ * loop), to the last publish, before the flush: where it is far above the
+ * end-to-end rate the producer ran ahead (ZMQ queues without bound here,
+ * SNDHWM 0, as the peer's) and does not set the pace.
  *
  *   bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both]
  *                [--wire tcp|ipc|both] [--runs R] [--batch B]
@@ -401,6 +405,7 @@ static kvbm_event_form g_form = KVBM_FORM_MAP;
 static double g_pub_cpu;     /* the last run_ours's publisher CPU seconds */
 static double g_raw_pub_cpu; /* the last run_raw's sender CPU seconds */
 static double g_pub_th[NTH], g_pub_th_max;         /* run_ours's threads (TH_*), ns */
+static double g_prod_s, g_raw_send_s; /* the publish (send) loop's wall time, flush not included */
 static double g_raw_pub_th[NTH], g_raw_pub_th_max; /* run_raw's */
 
 static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, unsigned batch,
@@ -461,6 +466,7 @@ static double run_ours(const char *bind_ep, const char *conn_ep, unsigned k, uns
     return -1;
   }
   kvbm_publisher_stage_destroy(st);
+  g_prod_s = now() - t0;
   kvbm_publisher_flush(p, -1, NULL);
   int ok = finish(pid, rfd, r); /* the child has the last batch: our I/O thread is done */
   g_pub_cpu = cpu_seconds() - c0;
@@ -531,6 +537,7 @@ static double run_raw(const char *bind_ep, const char *conn_ep, unsigned k, unsi
     zmq_send(pub, seq, 8, ZMQ_SNDMORE);
     zmq_send(pub, pay[b], len[b], 0);
   }
+  g_raw_send_s = now() - t0;
   int ok = finish(pid, rfd, r);
   g_raw_pub_cpu = cpu_seconds() - c0;
   thread_snap_since(&th0, g_raw_pub_th, &g_raw_pub_th_max);
@@ -553,7 +560,7 @@ enum { F_OURS, F_RAW, F_RATIO, F_PUB, F_SUB, F_RPUB, F_RSUB, F_OBYTES, F_RBYTES,
        F_RMSGS,
        /* CPU ns a block event by thread (see "CPU time by thread") */
        F_PMAIN, F_PTHR, F_PZMQ, F_SMAIN, F_SOTHER, F_SZMQ, F_RPMAIN, F_RPZMQ, F_RSMAIN, F_RSZMQ,
-       F_OBUSY, F_RBUSY, F_TBOUND, NF };
+       F_OBUSY, F_RBUSY, F_TBOUND, F_PROD, F_RSEND, NF };
 static const char *const kFig[NF] = {"ours_blk_s", "raw_blk_s", "ratio", "pub_cpu_ns_per_blk",
                                      "sub_cpu_ns_per_blk", "raw_pub_cpu_ns_per_blk",
                                      "raw_sub_cpu_ns_per_blk", "payload_bytes_per_blk",
@@ -564,7 +571,7 @@ static const char *const kFig[NF] = {"ours_blk_s", "raw_blk_s", "ratio", "pub_cp
                                      "raw_pub_main_ns_per_blk", "raw_pub_zmq_ns_per_blk",
                                      "raw_sub_main_ns_per_blk", "raw_sub_zmq_ns_per_blk",
                                      "busiest_thread_ns_per_blk", "raw_busiest_thread_ns_per_blk",
-                                     "thread_bound_ratio"};
+                                     "thread_bound_ratio", "producer_blk_s", "raw_sender_blk_s"};
 
 typedef struct row {
   const char *wire;
@@ -632,6 +639,8 @@ static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t 
   w->v[F_OBUSY][i] = obusy / nb;
   w->v[F_RBUSY][i] = rbusy / nb;
   w->v[F_TBOUND][i] = obusy > 0 ? rbusy / obusy : 0;
+  w->v[F_PROD][i] = g_prod_s > 0 ? nb / g_prod_s : 0;
+  w->v[F_RSEND][i] = !g_no_peer && g_raw_send_s > 0 ? nb / g_raw_send_s : 0;
   w->lost += ro.lost;
   w->malformed += ro.malformed;
 }
@@ -757,11 +766,13 @@ int main(int argc, char **argv) {
            g_no_peer || same_wire(&sp[F_OBYTES], &sp[F_RBYTES]) ? "" : "  BYTES DIFFER");
     printf("      threads, CPU ns a block event (medians): ours pub main %.0f, thread %.0f, zmq "
            "%.0f; sub main %.0f, other %.0f, zmq %.0f | raw pub main %.0f, zmq %.0f; sub main "
-           "%.0f, zmq %.0f | busiest: ours %.0f, raw %.0f; one core a thread: %.2f [%.2f..%.2f]\n",
+           "%.0f, zmq %.0f | busiest: ours %.0f, raw %.0f; one core a thread: %.2f [%.2f..%.2f] | "
+           "the producer's loop alone %.2f M blk/s, the peer's sender's %.2f\n",
            sp[F_PMAIN].median, sp[F_PTHR].median, sp[F_PZMQ].median, sp[F_SMAIN].median,
            sp[F_SOTHER].median, sp[F_SZMQ].median, sp[F_RPMAIN].median, sp[F_RPZMQ].median,
            sp[F_RSMAIN].median, sp[F_RSZMQ].median, sp[F_OBUSY].median, sp[F_RBUSY].median,
-           sp[F_TBOUND].median, sp[F_TBOUND].min, sp[F_TBOUND].max);
+           sp[F_TBOUND].median, sp[F_TBOUND].min, sp[F_TBOUND].max, sp[F_PROD].median / 1e6,
+           sp[F_RSEND].median / 1e6);
   }
   if (json) printf("\n}}\n");
   return fails ? 1 : 0;
