@@ -35,6 +35,16 @@
  * were, the old array is still valid and still the caller's (realloc
  * leaves it in place when it fails).
  *
+ * Exact sizing. Two kinds of array must not double, so vec.h has two
+ * exact siblings with the same bound and failure rule:
+ * kvbm__vec_resize (exactly n elements: a ring's per-slot byte buffers,
+ * where doubling would leave up to half of every slot idle) and
+ * kvbm__vec_fit (a decoder's output array, refilled whole by each
+ * message: sized to the message, and given back when one far smaller
+ * follows a huge one, so a hostile or unusual message does not pin its
+ * memory for the decoder's life). Both were written by hand in the
+ * storage-event and hint decoders and the ZMQ sink (Session 14).
+ *
  * Ownership. *items is the caller's, before and after: the helper only
  * reallocs it, and the caller frees it (free(NULL) is fine when it never
  * grew). The elements are copied bytes (realloc), so they must not point
@@ -52,6 +62,25 @@
 
 /* max_items for an array with no limit but the address space. */
 #define KVBM__VEC_NO_LIMIT SIZE_MAX
+
+/* The two steps every sizing below shares. kvbm__vec_bound_: the most
+ * elements an array may hold (max_items, never past PTRDIFF_MAX bytes).
+ * kvbm__vec_realloc_: the array resized to nc (> 0, <= the bound)
+ * elements; on failure nothing changes. */
+static inline size_t kvbm__vec_bound_(size_t elem_size, size_t max_items) {
+  size_t bound = (size_t)PTRDIFF_MAX / elem_size;
+  return max_items < bound ? max_items : bound;
+}
+
+static inline int kvbm__vec_realloc_(void *itemsp, size_t *cap, size_t nc, size_t elem_size) {
+  void *old;
+  memcpy(&old, itemsp, sizeof old);
+  void *p = realloc(old, nc * elem_size);
+  if (!p) return KVBM_ENOMEM;
+  memcpy(itemsp, &p, sizeof p);
+  *cap = nc;
+  return KVBM_OK;
+}
 
 /* Makes room for `need` elements of elem_size bytes in the array whose
  * pointer is at `itemsp` (a T **, NULL pointer when empty) and whose
@@ -72,24 +101,58 @@ static inline int kvbm__vec_reserve(void *itemsp, size_t *cap, size_t need, size
                                     size_t min_items, size_t max_items) {
   if (!itemsp || !cap || elem_size == 0) return KVBM_EINVAL;
   if (need <= *cap) return KVBM_OK;
-  size_t bound = (size_t)PTRDIFF_MAX / elem_size;
-  if (max_items < bound) bound = max_items;
+  size_t bound = kvbm__vec_bound_(elem_size, max_items);
   if (need > bound) return KVBM_EOVERFLOW;
   size_t nc = *cap ? *cap : (min_items ? min_items : 1);
   while (nc < need) nc = nc > bound / 2 ? bound : nc * 2;
   if (nc > bound) nc = bound; /* a min_items above the bound */
-  void *old;
-  memcpy(&old, itemsp, sizeof old);
-  void *p = realloc(old, nc * elem_size);
-  if (!p) return KVBM_ENOMEM;
-  memcpy(itemsp, &p, sizeof p);
-  *cap = nc;
-  return KVBM_OK;
+  return kvbm__vec_realloc_(itemsp, cap, nc, elem_size);
+}
+
+/* Exact sizing, for the arrays that must not double.
+ *
+ * kvbm__vec_resize: the capacity becomes exactly `n` elements (n > 0),
+ * larger or smaller. For a buffer kept per slot of a ring (a ZMQ sink's
+ * replay copies), where doubling would leave up to half of every slot
+ * unused.
+ *
+ * kvbm__vec_fit: for a decoder's output array, refilled whole by each
+ * message. It resizes to exactly max(need, min_items) when the array is
+ * too small, or when it is far too large: more than KVBM__VEC_FIT_KEEP
+ * elements and need below an eighth of them, so one huge message does not
+ * pin its memory for the decoder's life while messages of similar sizes
+ * reallocate nothing. Otherwise (and for need 0 on an empty array)
+ * nothing happens.
+ *
+ * Both: the same bound, statuses and failure guarantee as
+ * kvbm__vec_reserve (a size past the bound is KVBM_EOVERFLOW before any
+ * allocation; on any failure *itemsp and *cap are unchanged). */
+#define KVBM__VEC_FIT_KEEP 4096
+
+static inline int kvbm__vec_resize(void *itemsp, size_t *cap, size_t n, size_t elem_size,
+                                   size_t max_items) {
+  if (!itemsp || !cap || elem_size == 0 || n == 0) return KVBM_EINVAL;
+  if (n > kvbm__vec_bound_(elem_size, max_items)) return KVBM_EOVERFLOW;
+  return n == *cap ? KVBM_OK : kvbm__vec_realloc_(itemsp, cap, n, elem_size);
+}
+
+static inline int kvbm__vec_fit(void *itemsp, size_t *cap, size_t need, size_t elem_size,
+                                size_t min_items, size_t max_items) {
+  if (!itemsp || !cap || elem_size == 0) return KVBM_EINVAL;
+  if (need <= *cap && !(*cap > KVBM__VEC_FIT_KEEP && need < *cap / 8)) return KVBM_OK;
+  return kvbm__vec_resize(itemsp, cap, need > min_items ? need : (min_items ? min_items : 1),
+                          elem_size, max_items);
 }
 
 /* kvbm__vec_reserve for a typed array: `pp` is a T ** (&s->ids), elem_size
  * is sizeof(T). Passing a T * by mistake does not compile (**pp). */
 #define kvbm__vec_reserve_of(pp, capp, need, min_items, max_items) \
   kvbm__vec_reserve((pp), (capp), (need), sizeof **(pp), (min_items), (max_items))
+
+/* The same for kvbm__vec_resize and kvbm__vec_fit. */
+#define kvbm__vec_resize_of(pp, capp, n, max_items) \
+  kvbm__vec_resize((pp), (capp), (n), sizeof **(pp), (max_items))
+#define kvbm__vec_fit_of(pp, capp, need, min_items, max_items) \
+  kvbm__vec_fit((pp), (capp), (need), sizeof **(pp), (min_items), (max_items))
 
 #endif

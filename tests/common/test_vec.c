@@ -3,7 +3,9 @@
  * test_vec.c: the growable-array helper (common/vec.h): growth from the
  * first size by doubling, reuse while the capacity holds, the bound
  * (max_items; elem_size * n past PTRDIFF_MAX, or wrapping) refused before
- * any allocation, a failed realloc that keeps the old array, zero sizes.
+ * any allocation, a failed realloc that keeps the old array, zero sizes;
+ * and the exact sizings (kvbm__vec_resize, kvbm__vec_fit: a decoder's
+ * array sized to the message, given back when far too large).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -184,6 +186,76 @@ static void test_parallel_arrays(void **state) {
   free(h);
 }
 
+/* resize: exactly n, up or down, the contents kept up to n; the bound and
+ * a failed realloc leave everything as it was; n 0 is refused. */
+static void test_resize_exact(void **state) {
+  (void)state;
+  uint8_t *b = NULL;
+  size_t cap = 0;
+  assert_int_equal(kvbm__vec_resize_of(&b, &cap, 100, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, 100); /* not 128: no doubling */
+  memset(b, 7, 100);
+  assert_int_equal(kvbm__vec_resize_of(&b, &cap, 150, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, 150);
+  assert_int_equal(b[99], 7);
+  assert_int_equal(kvbm__vec_resize_of(&b, &cap, 20, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, 20);
+  assert_int_equal(b[19], 7);
+  uint8_t *was = b;
+  assert_int_equal(kvbm__vec_resize_of(&b, &cap, 21, 20), KVBM_EOVERFLOW);
+  assert_int_equal(kvbm__vec_resize_of(&b, &cap, opaque(SIZE_MAX / 2), KVBM__VEC_NO_LIMIT),
+                   KVBM_ENOMEM);
+  assert_int_equal(kvbm__vec_resize_of(&b, &cap, 0, KVBM__VEC_NO_LIMIT), KVBM_EINVAL);
+  assert_ptr_equal(b, was);
+  assert_int_equal(cap, 20);
+  free(b);
+}
+
+/* fit: grows to exactly max(need, min_items); keeps a capacity that is
+ * not far above need; gives back one above KVBM__VEC_FIT_KEEP whose need
+ * fell below an eighth of it. */
+static void test_fit_grows_exact_and_shrinks_far_above(void **state) {
+  (void)state;
+  uint64_t *a = NULL;
+  size_t cap = 0;
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 0, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_null(a); /* need 0 on an empty array: nothing */
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 3, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, 16);
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 17, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, 17); /* exact, not 32 */
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 40000, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, 40000);
+  a[39999] = 1;
+  uint64_t *was = a;
+  /* 5000 = an eighth and more: kept, the same array. */
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 5000, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_ptr_equal(a, was);
+  assert_int_equal(cap, 40000);
+  a[4998] = 9;
+  /* 4999 < 40000 / 8: given back, to exactly the need. */
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 4999, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, 4999);
+  assert_int_equal(a[4998], 9);
+  /* 4999 is above KVBM__VEC_FIT_KEEP: a need of 0 shrinks it to min_items;
+   * at KEEP or below nothing shrinks, however small the need. */
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 0, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, 16);
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, KVBM__VEC_FIT_KEEP, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, KVBM__VEC_FIT_KEEP);
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 1, 16, KVBM__VEC_NO_LIMIT), KVBM_OK);
+  assert_int_equal(cap, KVBM__VEC_FIT_KEEP);
+  /* Failures change nothing. */
+  was = a;
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, 5000, 16, 4999), KVBM_EOVERFLOW);
+  assert_int_equal(kvbm__vec_fit_of(&a, &cap, opaque(SIZE_MAX / 16), 16, KVBM__VEC_NO_LIMIT),
+                   KVBM_ENOMEM);
+  assert_int_equal(kvbm__vec_fit(&a, &cap, 5000, 0, 16, KVBM__VEC_NO_LIMIT), KVBM_EINVAL);
+  assert_ptr_equal(a, was);
+  assert_int_equal(cap, KVBM__VEC_FIT_KEEP);
+  free(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_growth_doubles_from_min),
@@ -193,6 +265,8 @@ int main(void) {
       cmocka_unit_test(test_failure_keeps_old_array),
       cmocka_unit_test(test_zero_sizes),
       cmocka_unit_test(test_parallel_arrays),
+      cmocka_unit_test(test_resize_exact),
+      cmocka_unit_test(test_fit_grows_exact_and_shrinks_far_above),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
