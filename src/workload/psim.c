@@ -210,11 +210,10 @@ static uint32_t intern_id(intern *t, uint64_t h) {
     if (t->hash[t->slot[j] - 1] == h) return t->slot[j] - 1;
   if (t->n == UINT32_MAX - 1) return UINT32_MAX;
   if (t->n == t->cap) {
-    uint32_t nc = t->cap * 2;
-    uint64_t *nh = realloc(t->hash, (size_t)nc * sizeof *nh);
-    if (!nh) return UINT32_MAX;
-    t->hash = nh;
-    t->cap = nc;
+    /* Doubling from the 2^16 it starts with; ids stay below UINT32_MAX. */
+    size_t cap = t->cap;
+    if (kvbm__vec_reserve_of(&t->hash, &cap, (size_t)t->n + 1, 1u << 16, UINT32_MAX - 1)) return UINT32_MAX;
+    t->cap = (uint32_t)cap;
   }
   t->hash[t->n] = h;
   t->slot[j] = t->n + 1;

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
 #include "kvbm/status.h"
 
 enum { L_A = 0, L_B, L_C, L_D, NLISTS }; /* policy-specific meaning */
@@ -217,14 +218,12 @@ static uint32_t oldest_unpinned(const kvsim_psim_cache *c, const plist *l) {
 
 /* ---- Belady's heap ---- */
 
+/* Room for `need` entries: from 1024, doubling (common/vec.h); the
+ * capacity is a uint32_t, so that is the bound. */
 static bool heap_reserve(hent **a, uint32_t *cap, uint32_t need) {
-  if (need <= *cap) return true;
-  uint32_t nc = *cap ? *cap : 1024;
-  while (nc < need) nc *= 2;
-  hent *x = realloc(*a, (size_t)nc * sizeof *x);
-  if (!x) return false;
-  *a = x;
-  *cap = nc;
+  size_t c = *cap;
+  if (kvbm__vec_reserve_of(a, &c, need, 1024, UINT32_MAX)) return false;
+  *cap = (uint32_t)c;
   return true;
 }
 

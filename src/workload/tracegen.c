@@ -138,25 +138,30 @@ static void session_free(session *s) {
   free(s);
 }
 
+static int too_many_ids(kvbm_error *err) {
+  return kvbm_error_set(err, KVBM_ERANGE,
+                        "trace-gen: the trace needs more than %u hash ids (fewer requests or "
+                        "longer blocks of shared text)",
+                        KVSIM_TRACE_MAX_HASH_ID + 1);
+}
+
 /* Grows a context by n tokens: the partial last block keeps its id, new
  * blocks take fresh ones. */
 static int grow(gen *g, session *s, uint64_t n, kvbm_error *err) {
   uint64_t tokens = s->tokens + n;
   uint64_t need = tokens / KVSIM_TRACE_BLOCK + (tokens % KVSIM_TRACE_BLOCK != 0);
   if (need > s->cap) {
-    uint32_t nc = s->cap ? s->cap : 16;
-    while (nc < need) nc *= 2;
-    uint32_t *ids = realloc(s->ids, nc * sizeof *ids);
-    if (!ids) return kvbm_error_set(err, KVBM_ENOMEM, "trace-gen: out of memory");
-    s->ids = ids;
-    s->cap = nc;
+    /* From 16, doubling (common/vec.h). A session past UINT32_MAX blocks
+     * would take more fresh ids than the reader's limit: that error. */
+    size_t cap = s->cap;
+    int rc = need > UINT32_MAX ? KVBM_EOVERFLOW
+                               : kvbm__vec_reserve_of(&s->ids, &cap, (size_t)need, 16, UINT32_MAX);
+    if (rc == KVBM_ENOMEM) return kvbm_error_set(err, KVBM_ENOMEM, "trace-gen: out of memory");
+    if (rc) return too_many_ids(err);
+    s->cap = (uint32_t)cap;
   }
   while (s->nids < need) {
-    if (g->next_id > KVSIM_TRACE_MAX_HASH_ID)
-      return kvbm_error_set(err, KVBM_ERANGE,
-                            "trace-gen: the trace needs more than %u hash ids (fewer requests or "
-                            "longer blocks of shared text)",
-                            KVSIM_TRACE_MAX_HASH_ID + 1);
+    if (g->next_id > KVSIM_TRACE_MAX_HASH_ID) return too_many_ids(err);
     s->ids[s->nids++] = g->next_id++;
   }
   s->tokens = tokens;
