@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
 #include "cuda/internal.h"
 #include "cuda/plan.h"
 #include "kvbm/cuda.h"
@@ -315,14 +316,9 @@ static int event_get(kvbm_cuda_copier *c, cudaEvent_t *ev, kvbm_error *err) {
 static void event_put(kvbm_cuda_copier *c, cudaEvent_t *ev, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (!ev[i]) continue;
-    if (c->pool_len == c->pool_cap) {
-      size_t cap = c->pool_cap ? 2 * c->pool_cap : 64;
-      cudaEvent_t *p = realloc(c->pool, cap * sizeof *p);
-      if (!p) {
-        (void)cudaEventDestroy(ev[i]);
-        continue;
-      }
-      c->pool = p, c->pool_cap = cap;
+    if (kvbm__vec_reserve_of(&c->pool, &c->pool_cap, c->pool_len + 1, 64, KVBM__VEC_NO_LIMIT)) {
+      (void)cudaEventDestroy(ev[i]);
+      continue;
     }
     c->pool[c->pool_len++] = ev[i];
   }

@@ -51,6 +51,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/vec.h"
+
 #ifdef KVBM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -101,13 +103,8 @@ int kvbm__gpu_stream_emulated(uint32_t nevents, _Atomic uint64_t *counter, uint6
 }
 
 static int emu_copy_push(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
-  if (s->nq == s->cap) {
-    size_t cap = s->cap ? 2 * s->cap : 64;
-    emu_copy *q = realloc(s->q, cap * sizeof *q);
-    if (!q) return KVBM_EDEVICE; /* as CUDA refusing the copy */
-    s->q = q;
-    s->cap = cap;
-  }
+  if (kvbm__vec_reserve_of(&s->q, &s->cap, s->nq + 1, 64, KVBM__VEC_NO_LIMIT))
+    return KVBM_EDEVICE; /* as CUDA refusing the copy */
   uint64_t k = atomic_fetch_add(s->counter, 1) + 1;
   s->q[s->nq++] = (emu_copy){dst, src, n, k == s->fail_at};
   return KVBM_OK;
@@ -253,13 +250,14 @@ int kvbm__gpu_copy(kvbm_gpu_stream *s, void *dst, const void *src, size_t n) {
   if (s->emu) return emu_copy_push(s, dst, src, n);
   if (s->batch) {
     if (s->bn == s->bcap) {
-      size_t cap = s->bcap ? 2 * s->bcap : 64;
-      void **d = realloc(s->bd, cap * sizeof *d);
-      if (d) s->bd = d;
-      const void **p = d ? realloc(s->bs, cap * sizeof *p) : NULL;
-      if (p) s->bs = p;
-      size_t *z = p ? realloc(s->bz, cap * sizeof *z) : NULL;
-      if (z) s->bz = z, s->bcap = cap;
+      /* Three arrays in step: each grows from a copy of the one capacity
+       * (vec.h's rule gives all three the same); bcap moves only when all
+       * three grew, and one that grew alone is merely larger. */
+      size_t need = s->bn + 1, cd = s->bcap, cs = s->bcap, cz = s->bcap;
+      if (!kvbm__vec_reserve_of(&s->bd, &cd, need, 64, KVBM__VEC_NO_LIMIT) &&
+          !kvbm__vec_reserve_of(&s->bs, &cs, need, 64, KVBM__VEC_NO_LIMIT) &&
+          !kvbm__vec_reserve_of(&s->bz, &cz, need, 64, KVBM__VEC_NO_LIMIT))
+        s->bcap = cz;
     }
     if (s->bn < s->bcap) {
       s->bd[s->bn] = dst, s->bs[s->bn] = src, s->bz[s->bn] = n;
