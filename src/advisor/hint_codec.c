@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/msgpack.h"
+#include "common/vec.h"
 #include "kvbm/advisor.h"
 #include "kvbm/group.h"
 
@@ -184,13 +185,10 @@ int kvbm_hint_decode(kvbm_hint_decoder *d, const void *data, size_t len, uint64_
   if (ac) return kvbm_error_set(err, KVBM_EFORMAT, "hints: hints is not an array");
   if ((size_t)count > kvbm__mpr_left(&r) / 12)
     return kvbm_error_set(err, KVBM_ETRUNCATED, "hints: %u hints cannot fit in %zu bytes", count, kvbm__mpr_left(&r));
-  if (count > d->cap || (d->cap > 4096 && count < d->cap / 8)) {
-    size_t nc = count < 16 ? 16 : count;
-    kvbm_wire_hint *h = realloc(d->h, nc * sizeof *h);
-    if (!h) return kvbm_error_set(err, KVBM_ENOMEM, "hints: out of memory");
-    d->h = h;
-    d->cap = nc;
-  }
+  /* Exactly count (16 at least); a large array is given back when count
+   * is far smaller (common/vec.h's kvbm__vec_fit). */
+  if (kvbm__vec_fit_of(&d->h, &d->cap, count, 16, KVBM__VEC_NO_LIMIT))
+    return kvbm_error_set(err, KVBM_ENOMEM, "hints: out of memory");
   for (uint32_t i = 0; i < count; i++) {
     int rc = decode_hint(&r, &d->h[i], i, err);
     if (rc) return rc;

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "common/vec.h"
 #include "events/replay.h"
 #include "events/sink.h"
 #include "events/zframes.h"
@@ -89,15 +90,12 @@ static int keep(zsink *z, uint64_t seq, const uint8_t *payload, size_t len) {
     z->ring_head = (z->ring_head + 1) % z->ring_cap;
   }
   slot *s = &z->ring[i];
-  if (s->cap < len) {
-    uint8_t *nd = realloc(s->data, len);
-    if (!nd) { /* keep the ring consistent: this slot now holds nothing */
-      s->len = 0;
-      s->seq = seq;
-      return KVBM_ENOMEM;
-    }
-    s->data = nd;
-    s->cap = len;
+  /* Exactly len bytes (common/vec.h): a slot per batch kept, doubling
+   * would leave up to half of each idle. */
+  if (s->cap < len && kvbm__vec_resize_of(&s->data, &s->cap, len, KVBM__VEC_NO_LIMIT)) {
+    s->len = 0; /* keep the ring consistent: this slot now holds nothing */
+    s->seq = seq;
+    return KVBM_ENOMEM;
   }
   if (len) memcpy(s->data, payload, len);
   s->len = len;

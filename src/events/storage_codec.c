@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "common/msgpack.h"
+#include "common/vec.h"
 #include "events/storage_internal.h"
 
 #define META_MAX_KEY 64
@@ -166,15 +167,10 @@ void kvbm_storage_decoder_destroy(kvbm_storage_decoder *d) {
   free(d);
 }
 
-/* Room for n events; a large array is given back when n is far smaller. */
+/* Room for exactly n events (16 at least); a large array is given back
+ * when n is far smaller (common/vec.h's kvbm__vec_fit). */
 static int reserve(kvbm_storage_decoder *d, size_t n) {
-  if (n <= d->cap && !(d->cap > 4096 && n < d->cap / 8)) return KVBM_OK;
-  size_t nc = n < 16 ? 16 : n;
-  kvbm_storage_event *e = realloc(d->ev, nc * sizeof *e);
-  if (!e) return KVBM_ENOMEM;
-  d->ev = e;
-  d->cap = nc;
-  return KVBM_OK;
+  return kvbm__vec_fit_of(&d->ev, &d->cap, n, 16, KVBM__VEC_NO_LIMIT);
 }
 
 static int u64_field(kvbm__mpr *r, uint64_t *v, size_t i, const char *name, kvbm_error *err) {

@@ -55,6 +55,7 @@
 #include <pthread.h>
 
 #include "cli.h"
+#include "common/vec.h"
 #include "kvbm/events.h"
 #include "kvbm/metrics.h"
 #include "metrics_cli.h"
@@ -286,11 +287,8 @@ static int tail(int argc, char **argv) {
               b.lost_before, b.seq);
     for (size_t i = 0; i < b.num_events && buf; i++) {
       size_t need = kvbm_event_to_json(&b.events[i], buf, cap);
-      if (need >= cap) {
-        char *nb = realloc(buf, need + 1);
-        if (!nb) break;
-        buf = nb;
-        cap = need + 1;
+      if (need >= cap) { /* exactly this event's JSON (common/vec.h) */
+        if (kvbm__vec_resize_of(&buf, &cap, need + 1, KVBM__VEC_NO_LIMIT)) break;
         kvbm_event_to_json(&b.events[i], buf, cap);
       }
       printf("{\"seq\":%" PRIu64 ",\"ts\":%.17g,\"dp_rank\":", b.seq, b.ts);
