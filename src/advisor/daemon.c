@@ -291,9 +291,7 @@ static void derive(adaemon *d) {
   for (size_t i = 0; i < n; i++)
     if (kvbm_advisor_hint_wire(d->a, &d->hints[i], &d->wire[k]) == KVBM_OK) k++;
   d->derivations++;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  double wall = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  double wall = kvbm_clock_wall_seconds();
   d->hints_len = 0;
   jb j = {&d->hints_json, &d->hints_len, &d->hints_cap};
   jp(&j, "{\"ts\":%.3f,\"seq\":%" PRIu64 ",\"count\":%zu,\"hints\":[", wall, d->derivations - 1, k);

@@ -19,13 +19,22 @@ static inline uint64_t kvbm_clock_ns(void) {
 /* Seconds on CLOCK_MONOTONIC. */
 static inline double kvbm_clock_seconds(void) { return (double)kvbm_clock_ns() * 1e-9; }
 
+/* Seconds since the epoch on CLOCK_REALTIME: the wall time a batch carries
+ * as its `ts` (events, storage events, hints). Not for intervals: it
+ * jumps when the host's clock is set. */
+static inline double kvbm_clock_wall_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Deadlines for pthread_cond_timedwait, written once (they were written
  * again in seven files). `clk` is the clock the condition variable waits
  * on: CLOCK_MONOTONIC where it was created with pthread_condattr_setclock,
  * CLOCK_REALTIME (the default) otherwise. */
 
 /* A time on CLOCK_MONOTONIC in nanoseconds (kvbm_clock_ns()'s scale) as
- * a timespec. */
+ * a timespec; also a duration in nanoseconds as nanosleep's timespec. */
 static inline struct timespec kvbm__timespec_of_ns(uint64_t ns) {
   return (struct timespec){.tv_sec = (time_t)(ns / 1000000000u),
                            .tv_nsec = (long)(ns % 1000000000u)};

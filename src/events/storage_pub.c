@@ -206,9 +206,7 @@ static void send_batch(kvbm_storage_publisher *p, size_t n) {
   }
   kvbm_storage_batch b = {.seq = p->seq, .source = p->source, .source_len = strlen(p->source),
                           .events = p->tev, .num_events = n};
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  b.ts = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  b.ts = kvbm_clock_wall_seconds();
   p->plen = 0;
   uint64_t errors = 0;
   if (kvbm_storage_encode(&b, &p->payload, &p->plen, &p->pcap, NULL) == KVBM_OK) {

@@ -310,11 +310,7 @@ struct kvbm__peer {
 /* ---- little-endian helpers ---- */
 
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static int64_t now_ms(void) { return (int64_t)(kvbm_clock_ns() / 1000000u); }
 
 
 /* ---- the peer set and its array ---- */

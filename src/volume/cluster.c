@@ -309,7 +309,7 @@ static bool sync_map(cstate *s, bool want, bool *limited, uint64_t deadline_ns, 
   if (want) {
     bool waited = false;
     while (sh->reading && sh->gen == 0) { /* no map anywhere yet: its result is all there is */
-      struct timespec ts = {(time_t)(deadline_ns / 1000000000u), (long)(deadline_ns % 1000000000u)};
+      struct timespec ts = kvbm__timespec_of_ns(deadline_ns);
       waited = true;
       if (pthread_cond_timedwait(&sh->cv, &sh->mu, &ts) && kvbm_clock_ns() >= deadline_ns) {
         *rc = KVBM_ETIMEDOUT;

@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "common/clock.h"
 
 bool cli_parse_u64(const char *cmd, const char *opt, const char *text,
                    uint64_t min, uint64_t max, uint64_t *out) {
@@ -69,8 +70,4 @@ int cli_opt_value(const char *cmd, int argc, char **argv, int *i,
   return 1;
 }
 
-double cli_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+double cli_now(void) { return kvbm_clock_seconds(); }
