@@ -32,4 +32,16 @@ static inline uint64_t kvbm__get_le64(const uint8_t *p) {
   return (uint64_t)kvbm__get_le32(p) | (uint64_t)kvbm__get_le32(p + 4) << 32;
 }
 
+/* The low n bytes of v (n = 1..8), for formats whose field widths come
+ * from a table (the router's snapshots); msgpack.h has the big-endian
+ * pair. */
+static inline void kvbm__put_le(uint8_t *p, uint64_t v, int n) {
+  for (int i = 0; i < n; i++, v >>= 8) p[i] = (uint8_t)v;
+}
+static inline uint64_t kvbm__get_le(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
 #endif

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "common/bytes.h"
 #include "kvbm/blake3.h"
 
 #define CHALLENGE_MAGIC "KVFC"
@@ -42,13 +43,6 @@
 #define HELLO_VERSION 2u
 
 static const char kRole[2] = {'A', 'C'};
-
-static void put32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 /* Constant-time equality: the time does not depend on where bytes differ. */
 static bool ct_equal(const uint8_t *a, const uint8_t *b, size_t n) {
@@ -91,7 +85,7 @@ void kvbm__hs_wipe(kvbm__hs *hs) {
 
 void kvbm__hs_challenge(const kvbm__hs *hs, uint8_t out[KVBM__HELLO_AUTH_LEN]) {
   memcpy(out, CHALLENGE_MAGIC, 4);
-  put32(out + 4, AUTH_VERSION);
+  kvbm__put_le32(out + 4, AUTH_VERSION);
   memcpy(out + 8, hs->nonce[hs->role], KVBM__HELLO_NONCE);
 }
 
@@ -108,9 +102,9 @@ static int check_auth_msg(const uint8_t *in, size_t len, const char *magic, cons
                           "fabric: handshake: the peer sent no %s: not a kvbm fabric, or one without "
                           "authentication",
                           what);
-  if (get32(in + 4) != AUTH_VERSION)
+  if (kvbm__get_le32(in + 4) != AUTH_VERSION)
     return kvbm_error_set(err, KVBM_EVERSION, "fabric: handshake: %s version %u, expected %u", what,
-                          get32(in + 4), AUTH_VERSION);
+                          kvbm__get_le32(in + 4), AUTH_VERSION);
   return KVBM_OK;
 }
 
@@ -145,7 +139,7 @@ int kvbm__hs_proof(const kvbm__hs *hs, uint8_t out[KVBM__HELLO_AUTH_LEN], kvbm_e
   if (!hs->have_peer_nonce)
     return kvbm_error_set(err, KVBM_ESTATE, "fabric: handshake: proof before the peer's challenge");
   memcpy(out, PROOF_MAGIC, 4);
-  put32(out + 4, AUTH_VERSION);
+  kvbm__put_le32(out + 4, AUTH_VERSION);
   proof_mac(hs, hs->role, out + 8);
   return KVBM_OK;
 }
@@ -207,9 +201,9 @@ int kvbm__hs_hello_encode(const kvbm__hs *hs, const char *name, const void *addr
   if (!out || cap < n)
     return kvbm_error_set(err, KVBM_ENOSPC, "fabric: handshake: a hello of %zu bytes, room for %zu", n, cap);
   memcpy(out, HELLO_MAGIC, 4);
-  put32(out + 4, HELLO_VERSION);
-  put32(out + 8, (uint32_t)llen);
-  put32(out + 12, (uint32_t)addr_len);
+  kvbm__put_le32(out + 4, HELLO_VERSION);
+  kvbm__put_le32(out + 8, (uint32_t)llen);
+  kvbm__put_le32(out + 12, (uint32_t)addr_len);
   memcpy(out + KVBM__HELLO_FIXED, name, llen);
   memcpy(out + KVBM__HELLO_FIXED + llen, addr, addr_len);
   kvbm__hs_hello_seal(hs, out, n);
@@ -235,10 +229,10 @@ int kvbm__hs_hello_decode(const kvbm__hs *hs, const uint8_t *in, size_t len, kvb
     return kvbm_error_set(err, KVBM_EAUTH, "fabric: handshake: the peer's hello does not carry its MAC");
   if (memcmp(in, HELLO_MAGIC, 4) != 0)
     return kvbm_error_set(err, KVBM_EMAGIC, "fabric: handshake: hello magic");
-  if (get32(in + 4) != HELLO_VERSION)
-    return kvbm_error_set(err, KVBM_EVERSION, "fabric: handshake: hello version %u, expected %u", get32(in + 4),
+  if (kvbm__get_le32(in + 4) != HELLO_VERSION)
+    return kvbm_error_set(err, KVBM_EVERSION, "fabric: handshake: hello version %u, expected %u", kvbm__get_le32(in + 4),
                           HELLO_VERSION);
-  uint64_t llen = get32(in + 8), alen = get32(in + 12);
+  uint64_t llen = kvbm__get_le32(in + 8), alen = kvbm__get_le32(in + 12);
   uint64_t body = len - KVBM__HELLO_FIXED - KVBM__HELLO_MAC;
   if (llen + alen < body)
     return kvbm_error_set(err, KVBM_ETOOLONG, "fabric: handshake: hello has bytes after its fields");

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/bytes.h"
 #include "common/clock.h"
 #include "fabric/fabric_impl.h"
 
@@ -236,8 +237,7 @@ static int ip_key_attach(kvbm_fabric *f, uint64_t base, uint64_t len, const uint
                          void **rkey, kvbm_error *err) {
   inproc *ip = IP(f);
   if (key_len != 8) return kvbm_error_set(err, KVBM_EPROTO, "fabric: import: in-process key of %zu bytes", key_len);
-  uint64_t id = 0;
-  for (int i = 7; i >= 0; i--) id = id << 8 | key[i];
+  uint64_t id = kvbm__get_le64(key);
   pthread_mutex_lock(&ip->c->mu);
   registration *r = find_reg(ip->c, id, 1 - ip->side);
   bool ok = r && base >= r->base && base - r->base <= r->len && len <= r->len - (base - r->base);

@@ -28,6 +28,7 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include "common/bytes.h"
 #include "common/clock.h"
 
 
@@ -220,7 +221,8 @@ int kvbm__sc_send_record(int fd, const void *buf, size_t len, int64_t deadline_m
                         kvbm_error *err) {
   if (len > UINT32_MAX)
     return kvbm_error_set(err, KVBM_ETOOLONG, "fabric: side channel: record of %zu bytes", len);
-  uint8_t hdr[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+  uint8_t hdr[4];
+  kvbm__put_le32(hdr, (uint32_t)len);
   int rc = kvbm__sc_send_all(fd, hdr, 4, deadline_ms, err);
   if (rc) return rc;
   return kvbm__sc_send_all(fd, buf, len, deadline_ms, err);
@@ -231,7 +233,7 @@ int kvbm__sc_recv_record(int fd, size_t max, void **out, size_t *len,
   uint8_t hdr[4];
   int rc = kvbm__sc_recv_all(fd, hdr, 4, deadline_ms, err);
   if (rc) return rc;
-  size_t n = (size_t)hdr[0] | (size_t)hdr[1] << 8 | (size_t)hdr[2] << 16 | (size_t)hdr[3] << 24;
+  size_t n = kvbm__get_le32(hdr);
   if (n > max)
     return kvbm_error_set(err, KVBM_EPROTO,
                           "fabric: side channel: peer announced a %zu-byte record (limit %zu)", n, max);

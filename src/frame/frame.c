@@ -39,6 +39,8 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "common/bytes.h"
+
 static const uint8_t kMagic[4] = {'M', 'R', 'D', 'N'};
 
 #define OFF_MAGIC 0
@@ -47,18 +49,6 @@ static const uint8_t kMagic[4] = {'M', 'R', 'D', 'N'};
 #define OFF_PHASE 12
 #define OFF_PAD 13
 #define OFF_SUM 16
-
-static uint32_t get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-         (uint32_t)p[3] << 24;
-}
-
-static void put32(uint8_t *p, uint32_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-  p[2] = (uint8_t)(v >> 16);
-  p[3] = (uint8_t)(v >> 24);
-}
 
 static const char *const kPhaseName[KVBM_FRAME_PHASE_COUNT] = {
     "ThinkComplete", "ThinkActive", "OutputCritical"};
@@ -114,8 +104,8 @@ static int write_header_v(uint32_t version, kvbm_frame_phase phase, size_t body_
   int rc = kvbm_frame_encoded_len(body_len, &total, err);
   if (rc) return rc;
   memcpy(header + OFF_MAGIC, kMagic, 4);
-  put32(header + OFF_VERSION, version);
-  put32(header + OFF_LEN, (uint32_t)body_len);
+  kvbm__put_le32(header + OFF_VERSION, version);
+  kvbm__put_le32(header + OFF_LEN, (uint32_t)body_len);
   header[OFF_PHASE] = (uint8_t)phase;
   memset(header + OFF_PAD, 0, 3);
   return KVBM_OK;
@@ -243,7 +233,7 @@ int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
     return kvbm_error_set(err, KVBM_EMAGIC,
                           "frame: bad magic %02x %02x %02x %02x (want 'MRDN')",
                           p[0], p[1], p[2], p[3]);
-  uint32_t version = get32(p + OFF_VERSION);
+  uint32_t version = kvbm__get_le32(p + OFF_VERSION);
   if (version < KVBM_FRAME_VERSION || version > KVBM_FRAME_VERSION_SEALED)
     return kvbm_error_set(err, KVBM_EVERSION,
                           "frame: unknown version %u (this build reads %d to %d)",
@@ -257,7 +247,7 @@ int kvbm_frame_parse_header(const void *buf, size_t len, uint32_t max_body,
                           "frame: unknown phase %u (ThinkComplete 0, "
                           "ThinkActive 1, OutputCritical 2)",
                           p[OFF_PHASE]);
-  uint32_t body_len = get32(p + OFF_LEN);
+  uint32_t body_len = kvbm__get_le32(p + OFF_LEN);
   if (body_len > max_body)
     return kvbm_error_set(err, KVBM_ETOOLONG,
                           "frame: declared body length %u exceeds the limit %u",

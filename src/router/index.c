@@ -124,6 +124,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/bytes.h"
 #include "common/vec.h"
 #include "kvbm/router.h"
 #include "router/wmap.h"
@@ -2091,16 +2092,6 @@ static uint8_t *sb_take(sbuf *b, size_t n) {
   return r;
 }
 
-static void le_put(uint8_t *p, uint64_t v, int n) {
-  for (int i = 0; i < n; i++, v >>= 8) p[i] = (uint8_t)v;
-}
-
-static uint64_t le_get(const uint8_t *p, int n) {
-  uint64_t v = 0;
-  for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
-
 typedef struct snap_block {
   uint64_t key, parent;
   uint8_t tiers, has_parent, group;
@@ -2151,33 +2142,33 @@ static int snap_worker(const kvbm_index *idx, uint32_t s, sbuf *b) {
   uint8_t *h = sb_take(b, SNAP_WORKER + SNAP_GROUPS);
   if (h) {
     uint32_t ng = LD(&w->ngroups);
-    le_put(h + SNAP_WORKER, ng, 4);
-    le_put(h + SNAP_WORKER + 4, w->gfixed ? 1 : 0, 4);
+    kvbm__put_le(h + SNAP_WORKER, ng, 4);
+    kvbm__put_le(h + SNAP_WORKER + 4, w->gfixed ? 1 : 0, 4);
     for (uint32_t g = 0; g < KVBM_GROUPS_MAX; g++) {
       kvbm_group_spec sp = spec_of(g < ng ? LD(&w->gspec[g]) : 0);
-      le_put(h + SNAP_WORKER + 8 + 8 * g, (uint32_t)sp.kind, 4);
-      le_put(h + SNAP_WORKER + 12 + 8 * g, sp.tokens, 4);
+      kvbm__put_le(h + SNAP_WORKER + 8 + 8 * g, (uint32_t)sp.kind, 4);
+      kvbm__put_le(h + SNAP_WORKER + 12 + 8 * g, sp.tokens, 4);
     }
     const kvbm_seqno_tracker *q = &w->seq;
-    le_put(h, LD(&w->wid), 8);
-    le_put(h + 8, LD(&w->rank), 4);
-    le_put(h + 12, (q->started ? 1u : 0u) | (q->have_live ? 2u : 0u), 4);
-    le_put(h + 16, q->next, 8);
-    le_put(h + 24, q->floor, 8);
-    le_put(h + 32, q->live_last, 8);
-    le_put(h + 40, q->held_first, 8);
-    le_put(h + 48, q->held_next, 8);
-    le_put(h + 56, q->held, 4);
-    le_put(h + 60, 0, 4);
-    le_put(h + 64, nb, 8);
-    le_put(h + 72, ne, 8);
+    kvbm__put_le(h, LD(&w->wid), 8);
+    kvbm__put_le(h + 8, LD(&w->rank), 4);
+    kvbm__put_le(h + 12, (q->started ? 1u : 0u) | (q->have_live ? 2u : 0u), 4);
+    kvbm__put_le(h + 16, q->next, 8);
+    kvbm__put_le(h + 24, q->floor, 8);
+    kvbm__put_le(h + 32, q->live_last, 8);
+    kvbm__put_le(h + 40, q->held_first, 8);
+    kvbm__put_le(h + 48, q->held_next, 8);
+    kvbm__put_le(h + 56, q->held, 4);
+    kvbm__put_le(h + 60, 0, 4);
+    kvbm__put_le(h + 64, nb, 8);
+    kvbm__put_le(h + 72, ne, 8);
   }
   for (size_t i = 0; i < nb; i++) {
     uint8_t *p = sb_take(b, SNAP_BLOCK);
     if (!p) break;
     memset(p, 0, SNAP_BLOCK);
-    le_put(p, blk[i].key, 8);
-    le_put(p + 8, blk[i].parent, 8);
+    kvbm__put_le(p, blk[i].key, 8);
+    kvbm__put_le(p + 8, blk[i].parent, 8);
     p[16] = blk[i].tiers;
     p[17] = blk[i].has_parent;
     p[18] = blk[i].group;
@@ -2185,11 +2176,11 @@ static int snap_worker(const kvbm_index *idx, uint32_t s, sbuf *b) {
   for (size_t i = 0; i < ne; i++) {
     uint8_t *p = sb_take(b, SNAP_ENTRY);
     if (!p) break;
-    le_put(p, ent[i].ehash, 8);
-    le_put(p + 8, ent[i].rhash, 8);
-    for (int k = 0; k < T; k++) le_put(p + 16 + 4 * k, ent[i].cnt[k], 4);
-    le_put(p + 32, ent[i].used, 4);
-    le_put(p + 36, 0, 4);
+    kvbm__put_le(p, ent[i].ehash, 8);
+    kvbm__put_le(p + 8, ent[i].rhash, 8);
+    for (int k = 0; k < T; k++) kvbm__put_le(p + 16 + 4 * k, ent[i].cnt[k], 4);
+    kvbm__put_le(p + 32, ent[i].used, 4);
+    kvbm__put_le(p + 36, 0, 4);
   }
   free(blk);
   free(ent);
@@ -2207,13 +2198,13 @@ int kvbm_index_snapshot(const kvbm_index *idx, uint8_t **out, size_t *len, kvbm_
   uint8_t *h = sb_take(&b, SNAP_HEADER);
   if (h) {
     memcpy(h, SNAP_MAGIC, 8);
-    le_put(h + 8, SNAP_VERSION, 4);
-    le_put(h + 12, idx->cfg.recompute ? 1 : 0, 4);
-    le_put(h + 16, idx->cfg.block_size, 4);
-    le_put(h + 20, (uint64_t)idx->cfg.scheme, 4);
-    le_put(h + 24, idx->cfg.salt_hash, 8);
-    le_put(h + 32, nw, 4);
-    le_put(h + 36, 0, 4);
+    kvbm__put_le(h + 8, SNAP_VERSION, 4);
+    kvbm__put_le(h + 12, idx->cfg.recompute ? 1 : 0, 4);
+    kvbm__put_le(h + 16, idx->cfg.block_size, 4);
+    kvbm__put_le(h + 20, (uint64_t)idx->cfg.scheme, 4);
+    kvbm__put_le(h + 24, idx->cfg.salt_hash, 8);
+    kvbm__put_le(h + 32, nw, 4);
+    kvbm__put_le(h + 36, 0, 4);
   }
   int rc = KVBM_OK;
   for (uint32_t i = 0; i < nw && !rc; i++) rc = snap_worker(idx, slots[i], &b);
@@ -2222,7 +2213,7 @@ int kvbm_index_snapshot(const kvbm_index *idx, uint8_t **out, size_t *len, kvbm_
     free(b.p);
     return kvbm_error_set(err, KVBM_ENOMEM, "router index: snapshot: out of memory");
   }
-  le_put(sum, kvbm_hash_salt(b.p, b.n - 8), 8);
+  kvbm__put_le(sum, kvbm_hash_salt(b.p, b.n - 8), 8);
   *out = b.p;
   *len = b.n;
   return KVBM_OK;
@@ -2232,12 +2223,12 @@ int kvbm_index_snapshot(const kvbm_index *idx, uint8_t **out, size_t *len, kvbm_
 /* Version 2's group list of a worker (at p): checked, into gs / *ng. */
 static int restore_groups(const uint8_t *p, kvbm_group_spec *gs, uint32_t *ng, bool *fixed,
                           kvbm_error *err) {
-  uint32_t n = (uint32_t)le_get(p, 4), fx = (uint32_t)le_get(p + 4, 4);
+  uint32_t n = (uint32_t)kvbm__get_le(p, 4), fx = (uint32_t)kvbm__get_le(p + 4, 4);
   if (n > KVBM_GROUPS_MAX || fx > 1 || (fx && !n))
     return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: a worker of %u groups "
                           "(at most %d), configured flag %u", n, KVBM_GROUPS_MAX, fx);
   for (uint32_t g = 0; g < KVBM_GROUPS_MAX; g++) {
-    uint64_t kind = le_get(p + 8 + 8 * g, 4), tok = le_get(p + 12 + 8 * g, 4);
+    uint64_t kind = kvbm__get_le(p + 8 + 8 * g, 4), tok = kvbm__get_le(p + 12 + 8 * g, 4);
     gs[g] = (kvbm_group_spec){(kvbm_group_kind)kind, (uint32_t)tok};
     if (g >= n && (kind || tok))
       return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: unused group %u set", g);
@@ -2261,13 +2252,13 @@ static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *en
     int rc = restore_groups(p + SNAP_WORKER, gs, &ng, &gfixed, err);
     if (rc) return rc;
   }
-  kvbm_worker_key key = {le_get(p, 8), (uint32_t)le_get(p + 8, 4)};
-  uint32_t flags = (uint32_t)le_get(p + 12, 4), held = (uint32_t)le_get(p + 56, 4);
-  uint64_t nb = le_get(p + 64, 8), ne = le_get(p + 72, 8);
+  kvbm_worker_key key = {kvbm__get_le(p, 8), (uint32_t)kvbm__get_le(p + 8, 4)};
+  uint32_t flags = (uint32_t)kvbm__get_le(p + 12, 4), held = (uint32_t)kvbm__get_le(p + 56, 4);
+  uint64_t nb = kvbm__get_le(p + 64, 8), ne = kvbm__get_le(p + 72, 8);
   const uint8_t *tr = p;
   p += wsize;
   size_t left = (size_t)(end - p);
-  if (flags > 3 || le_get(tr + 60, 4) || nb > left / SNAP_BLOCK ||
+  if (flags > 3 || kvbm__get_le(tr + 60, 4) || nb > left / SNAP_BLOCK ||
       ne > (left - nb * SNAP_BLOCK) / SNAP_ENTRY)
     return kvbm_error_set(err, KVBM_EFORMAT,
                           "router index: snapshot: worker %llu/%u declares %llu blocks and "
@@ -2288,14 +2279,14 @@ static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *en
   /* the rules are this index's; the state the snapshot's */
   w->seq.started = flags & 1;
   w->seq.have_live = flags >> 1 & 1;
-  w->seq.next = le_get(tr + 16, 8);
-  w->seq.floor = le_get(tr + 24, 8);
-  w->seq.live_last = le_get(tr + 32, 8);
-  w->seq.held_first = le_get(tr + 40, 8);
-  w->seq.held_next = le_get(tr + 48, 8);
+  w->seq.next = kvbm__get_le(tr + 16, 8);
+  w->seq.floor = kvbm__get_le(tr + 24, 8);
+  w->seq.live_last = kvbm__get_le(tr + 32, 8);
+  w->seq.held_first = kvbm__get_le(tr + 40, 8);
+  w->seq.held_next = kvbm__get_le(tr + 48, 8);
   w->seq.held = held;
   for (uint64_t i = 0; i < nb; i++, p += SNAP_BLOCK) {
-    uint64_t k = le_get(p, 8), parent = le_get(p + 8, 8);
+    uint64_t k = kvbm__get_le(p, 8), parent = kvbm__get_le(p + 8, 8);
     unsigned tiers = p[16], hp = p[17], grp = p[18];
     if (!tiers || tiers > TIERS_MASK || hp > 1)
       return kvbm_error_set(err, KVBM_EFORMAT,
@@ -2313,16 +2304,16 @@ static int restore_worker(kvbm_index *idx, const uint8_t **pp, const uint8_t *en
     }
   }
   for (uint64_t i = 0; i < ne; i++, p += SNAP_ENTRY) {
-    uint32_t kind = (uint32_t)le_get(p + 32, 4);
+    uint32_t kind = (uint32_t)kvbm__get_le(p + 32, 4);
     if (kind != 1 && kind != MAPPED)
       return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: map entry of kind %u",
                             kind);
     bool added;
-    wentry *we = kvbm__wmap_upsert(&w->map, le_get(p, 8), le_get(p + 8, 8), &added);
+    wentry *we = kvbm__wmap_upsert(&w->map, kvbm__get_le(p, 8), kvbm__get_le(p + 8, 8), &added);
     if (!we) return kvbm_error_set(err, KVBM_ENOMEM, "router index: snapshot: out of memory");
     if (!added)
       return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot: map entry twice");
-    for (int t = 0; t < T; t++) we->cnt[t] = (uint32_t)le_get(p + 16 + 4 * t, 4);
+    for (int t = 0; t < T; t++) we->cnt[t] = (uint32_t)kvbm__get_le(p + 16 + 4 * t, 4);
     we->used = kind;
     if (kind == MAPPED) w->nmapped++;
   }
@@ -2340,23 +2331,23 @@ int kvbm_index_restore(kvbm_index *idx, const void *data, size_t len, kvbm_error
     return kvbm_error_set(err, KVBM_ETRUNCATED, "router index: snapshot of %zu bytes", len);
   if (memcmp(p, SNAP_MAGIC, 8))
     return kvbm_error_set(err, KVBM_EMAGIC, "router index: not a snapshot (bad magic)");
-  uint32_t version = (uint32_t)le_get(p + 8, 4);
+  uint32_t version = (uint32_t)kvbm__get_le(p + 8, 4);
   if (version != 1 && version != SNAP_VERSION)
     return kvbm_error_set(err, KVBM_EVERSION, "router index: snapshot version %u (1 or %d)",
                           version, SNAP_VERSION);
-  if (le_get(end - 8, 8) != kvbm_hash_salt(p, len - 8))
+  if (kvbm__get_le(end - 8, 8) != kvbm_hash_salt(p, len - 8))
     return kvbm_error_set(err, KVBM_ECHECKSUM, "router index: snapshot checksum mismatch");
   const kvbm_index_config *c = &idx->cfg;
-  if (le_get(p + 12, 4) != (c->recompute ? 1u : 0u) || le_get(p + 16, 4) != c->block_size ||
-      le_get(p + 20, 4) != (uint64_t)c->scheme || le_get(p + 24, 8) != c->salt_hash)
+  if (kvbm__get_le(p + 12, 4) != (c->recompute ? 1u : 0u) || kvbm__get_le(p + 16, 4) != c->block_size ||
+      kvbm__get_le(p + 20, 4) != (uint64_t)c->scheme || kvbm__get_le(p + 24, 8) != c->salt_hash)
     return kvbm_error_set(err, KVBM_EINVAL,
                           "router index: the snapshot was taken with recompute %u, block size "
                           "%u, scheme %u, salt %llx; this index has %u, %u, %u, %llx",
-                          (unsigned)le_get(p + 12, 4), (unsigned)le_get(p + 16, 4),
-                          (unsigned)le_get(p + 20, 4), (unsigned long long)le_get(p + 24, 8),
+                          (unsigned)kvbm__get_le(p + 12, 4), (unsigned)kvbm__get_le(p + 16, 4),
+                          (unsigned)kvbm__get_le(p + 20, 4), (unsigned long long)kvbm__get_le(p + 24, 8),
                           c->recompute ? 1u : 0u, c->block_size, (unsigned)c->scheme,
                           (unsigned long long)c->salt_hash);
-  uint64_t nw = le_get(p + 32, 4);
+  uint64_t nw = kvbm__get_le(p + 32, 4);
   if (nw > MAXW)
     return kvbm_error_set(err, KVBM_EFORMAT, "router index: snapshot of %llu workers (at most %d)",
                           (unsigned long long)nw, MAXW);

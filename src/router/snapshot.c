@@ -37,22 +37,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/bytes.h"
 #include "common/clock.h"
 #include "router/daemon_impl.h"
 
 #define MAGIC "KVBMRTR\1"
 #define HEAD 16
 #define PER_SOURCE 24
-
-static void put(uint8_t *p, uint64_t v, int n) {
-  for (int i = 0; i < n; i++, v >>= 8) p[i] = (uint8_t)v;
-}
-
-static uint64_t get(const uint8_t *p, int n) {
-  uint64_t v = 0;
-  for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
-  return v;
-}
 
 static int write_file(const char *path, const uint8_t *buf, size_t len, kvbm_error *err) {
   size_t pl = strlen(path);
@@ -101,19 +92,19 @@ int kvbm__rd_snapshot_save(kvbm_router_daemon *d, kvbm_error *err) {
   if (!rc) {
     uint8_t *p = buf;
     memcpy(p, MAGIC, 8);
-    put(p + 8, 1, 4);
-    put(p + 12, d->nsrc, 4);
+    kvbm__put_le(p + 8, 1, 4);
+    kvbm__put_le(p + 12, d->nsrc, 4);
     p += HEAD;
     for (size_t i = 0; i < d->nsrc; i++, p += PER_SOURCE) {
-      put(p, d->src[i].cfg.worker_id, 8);
-      put(p + 8, (uint64_t)d->src[i].cfg.kind, 4);
-      put(p + 12, 0, 4);
-      put(p + 16, pos[i], 8);
+      kvbm__put_le(p, d->src[i].cfg.worker_id, 8);
+      kvbm__put_le(p + 8, (uint64_t)d->src[i].cfg.kind, 4);
+      kvbm__put_le(p + 12, 0, 4);
+      kvbm__put_le(p + 16, pos[i], 8);
     }
-    put(p, ixlen, 8);
+    kvbm__put_le(p, ixlen, 8);
     memcpy(p + 8, ix, ixlen);
     p += 8 + ixlen;
-    put(p, kvbm_hash_salt(buf, (size_t)(p - buf)), 8);
+    kvbm__put_le(p, kvbm_hash_salt(buf, (size_t)(p - buf)), 8);
     rc = write_file(d->cfg.snapshot_path, buf, len, err);
   }
   free(buf);
@@ -176,21 +167,21 @@ int kvbm__rd_snapshot_load(kvbm_router_daemon *d, kvbm_error *err) {
   const uint8_t *p = buf, *end = buf + len - 8;
   if (!rc && memcmp(p, MAGIC, 8))
     rc = kvbm_error_set(err, KVBM_EMAGIC, "router: %s is not a router snapshot", path);
-  if (!rc && get(p + 8, 4) != 1)
+  if (!rc && kvbm__get_le(p + 8, 4) != 1)
     rc = kvbm_error_set(err, KVBM_EVERSION, "router: snapshot %s: version %u", path,
-                        (unsigned)get(p + 8, 4));
-  if (!rc && get(end, 8) != kvbm_hash_salt(buf, len - 8))
+                        (unsigned)kvbm__get_le(p + 8, 4));
+  if (!rc && kvbm__get_le(end, 8) != kvbm_hash_salt(buf, len - 8))
     rc = kvbm_error_set(err, KVBM_ECHECKSUM, "router: snapshot %s: checksum mismatch", path);
-  uint64_t n = rc ? 0 : get(p + 12, 4);
+  uint64_t n = rc ? 0 : kvbm__get_le(p + 12, 4);
   if (!rc && n > (size_t)(end - p - HEAD) / PER_SOURCE)
     rc = kvbm_error_set(err, KVBM_EFORMAT, "router: snapshot %s: %llu sources", path,
                         (unsigned long long)n);
   if (!rc) {
     p += HEAD;
     for (uint64_t i = 0; i < n; i++, p += PER_SOURCE) {
-      uint64_t wid = get(p, 8), pos = get(p + 16, 8);
+      uint64_t wid = kvbm__get_le(p, 8), pos = kvbm__get_le(p + 16, 8);
       for (size_t k = 0; k < d->nsrc; k++)
-        if (d->src[k].cfg.worker_id == wid && (uint64_t)d->src[k].cfg.kind == get(p + 8, 4) &&
+        if (d->src[k].cfg.worker_id == wid && (uint64_t)d->src[k].cfg.kind == kvbm__get_le(p + 8, 4) &&
             d->src[k].cfg.kind == KVBM_SOURCE_JETSTREAM && pos) {
           d->src[k].resume_after = pos;
           d->src[k].js_pos = pos;
@@ -200,7 +191,7 @@ int kvbm__rd_snapshot_load(kvbm_router_daemon *d, kvbm_error *err) {
           atomic_store(&d->src[k].n.js_pos, pos);
         }
     }
-    uint64_t ixlen = get(p, 8);
+    uint64_t ixlen = kvbm__get_le(p, 8);
     if (ixlen != (uint64_t)(end - p - 8))
       rc = kvbm_error_set(err, KVBM_EFORMAT, "router: snapshot %s: index of %llu bytes in %zu",
                           path, (unsigned long long)ixlen, (size_t)(end - p - 8));

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "common/bytes.h"
 #include "fabric_cli.h"
 #include "kvbm/fabric.h"
 #include "kvbm/hash.h"
@@ -168,9 +169,7 @@ typedef struct recv_ctx {
 
 static void reject(recv_ctx *c, const uint8_t *buf, size_t len, int rc, const kvbm_error *e) {
   /* The identity it claims, for the report only: nothing of it is kept. */
-  uint64_t claim = 0;
-  if (len >= 16)
-    for (int i = 7; i >= 0; i--) claim = claim << 8 | buf[8 + i];
+  uint64_t claim = len >= 16 ? kvbm__get_le64(buf + 8) : 0;
   if (c->st.rejected < MAX_CORRUPT) {
     c->st.rejected_claims[c->st.rejected] = claim;
     c->st.rejected_codes[c->st.rejected] = rc;
