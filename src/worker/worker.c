@@ -81,6 +81,7 @@
 
 #include "common/clock.h"
 #include "common/mix.h"
+#include "common/tier.h"
 #include "common/vec.h"
 #include "kvbm/events.h"
 #include "kvbm/metrics.h"
@@ -588,7 +589,7 @@ static void run_job(kvsim_worker *w, job *j, outcome *o) {
   uint32_t delay = atomic_load(&w->g3_delay_ms);
   if (from_g3 && delay) {
     atomic_fetch_add(&w->g3_delayed, 1);
-    struct timespec ts = {delay / 1000, (long)(delay % 1000) * 1000000L};
+    struct timespec ts = kvbm__timespec_of_ns((uint64_t)delay * 1000000u);
     nanosleep(&ts, NULL); /* a slow disk is real time, not simulated */
   }
   double onboard_s = (double)(kvbm_clock_ns() - t0) * 1e-9;
@@ -973,11 +974,10 @@ static void collect(void *user, kvbm_metrics_writer *mw) {
   };
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
     kvbm_metrics_counter(mw, c[i].name, c[i].help, NULL, 0, c[i].v);
-  static const char *const tn[] = {"g1", "g2", "g3", "g4"};
   kvbm_metrics_family(mw, "kvbm_worker_hit_tokens_total", KVBM_METRIC_COUNTER,
                       "prompt tokens served from a tier");
   for (int t = 0; t < KVBM_TIER_COUNT; t++) {
-    kvbm_metric_label l = {"tier", tn[t]};
+    kvbm_metric_label l = {"tier", kvbm__tier_key(t)};
     kvbm_metrics_value_u64(mw, &l, 1, atomic_load(&w->hit[t]));
   }
   kvbm_metrics_gauge(mw, "kvbm_worker_running", "requests running", NULL, 0,

@@ -55,6 +55,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/tier.h"
 #include "common/vec.h"
 #include "kvbm/advisor.h"
 #include "tier/filter.h"
@@ -485,8 +486,6 @@ static void ttl_key(run *r, size_t i, const sreq *q) {
 
 /* ---- advisor glue ---- */
 
-static const char *const kVolName[KVSIM_PSIM_TIERS] = {"g1", "g2", "g3"};
-
 static void adv_storage(run *r, int t, kvbm_storage_event_type type, uint32_t id, uint64_t prefix) {
   adv *d = &r->ad;
   if (!d->a || d->oom) return;
@@ -496,7 +495,7 @@ static void adv_storage(run *r, int t, kvbm_storage_event_type type, uint32_t id
   }
   d->st[d->nst++] = (kvbm_storage_event){.type = type, .event_id = 0,
                                          .sequence_hash = r->s->hash[id], .prefix_hash = prefix,
-                                         .block_size = 256, .location = kVolName[t],
+                                         .block_size = 256, .location = kvbm__tier_key(t),
                                          .location_len = 2, .tier = t};
 }
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "common/tier.h"
 #include "replay_cli.h"
 #include "replay_obs.h"
 #include "workload/w2.h"
@@ -92,7 +93,6 @@ static void print_json(const char *trace, const kvsim_w2_config *o,
          (unsigned long long)o->block_bytes, kvbm_offload_policy_name(o->g2_policy),
          kvbm_offload_policy_name(o->g3_policy), r->g3_mode, r->g4_mode, o->g4_url ? o->g4_blocks : 0,
          kvbm_offload_policy_name(o->g4_policy), (unsigned long long)skipped_total(r));
-  static const char *const key[KVBM_TIER_COUNT] = {"g1", "g2", "g3", "g4"};
   for (int t = 0; t < W2_TIERS; t++) {
     const kvsim_w2_tier *x = &r->tiers[t];
     printf("%s\"%s\":{\"hit_tokens\":%llu,\"offloaded_blocks\":%llu,\"offloaded_bytes\":%llu,"
@@ -101,7 +101,7 @@ static void print_json(const char *trace, const kvsim_w2_config *o,
            "\"foreign\":%llu,\"lookups\":%llu,\"lookup_found\":%llu,\"lookup_timeouts\":%llu,"
            "\"lookup_errors\":%llu,\"evictions\":%llu,\"copy_seconds\":%.6f,"
            "\"copy_gb_per_s\":%.3f}",
-           t ? "," : "", key[t], (unsigned long long)x->hit_tokens,
+           t ? "," : "", kvbm__tier_key(t), (unsigned long long)x->hit_tokens,
            (unsigned long long)x->offloaded_blocks, (unsigned long long)x->offloaded_bytes,
            (unsigned long long)x->onboarded_blocks, (unsigned long long)x->onboarded_bytes,
            (unsigned long long)x->skipped, (unsigned long long)x->checksum_failures,
