@@ -108,8 +108,8 @@ static uint32_t probe(const kvbm_freq_filter *f, const uint64_t *keys, uint64_t 
 }
 
 /* Fills the live table's slot j with key and count c (c >= 1). Live
- * slots never outnumber entries (each holds a count), so the list has
- * room. */
+ * slots never outnumber entries (each holds a count) and entries never
+ * pass max_entries (kvbm__freq_filter_use), so the list has room. */
 static void fill(kvbm_freq_filter *f, uint32_t j, uint64_t key, uint32_t c) {
   f->keys[j] = key;
   f->counts[j] = c;
@@ -180,7 +180,12 @@ bool kvbm__freq_filter_use(kvbm_freq_filter *f, uint64_t hash) {
   }
   if (!f->keys[j]) {
     if (f->entries >= f->max_entries) {
-      decay(f);
+      /* A decay that frees nothing (every count 2 or more) is followed by
+       * another: entries never pass max_entries, so a stream that keeps
+       * every key warm cannot fill the table (each decay halves every
+       * count, so at most 32 in a row). */
+      do decay(f);
+      while (f->entries >= f->max_entries);
       j = probe(f, f->keys, key); /* absent still: a decay only forgets */
     }
     fill(f, j, key, 1);

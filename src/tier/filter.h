@@ -5,8 +5,10 @@
  *
  * A use of a sequence hash adds one to its count; the block qualifies when
  * the count reaches the threshold. Counts decay: every `decay_uses` uses
- * (and whenever the table is full) every count is halved and zeros are
- * forgotten, so a block used twice long ago has to earn its copy again.
+ * (and whenever the table is full: as many times as it takes to make
+ * room, so that entries never pass max_entries) every count is halved and
+ * zeros are forgotten, so a block used twice long ago has to earn its copy
+ * again.
  * Decay by use count rather than wall time keeps replays reproducible.
  * Open addressing with linear probing. A decay is logically instant (the
  * counts, the entries and every answer after it are those of halving

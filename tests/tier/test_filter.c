@@ -83,7 +83,7 @@ static bool ref_use(ref_filter *r, uint64_t hash) {
   uint32_t i = 0;
   while (i < r->n && r->key[i] != key) i++;
   if (i == r->n) {
-    if (r->n >= r->max) ref_decay(r);
+    while (r->n >= r->max) ref_decay(r); /* a decay that frees nothing, again */
     i = r->n++;
     r->key[i] = key;
     r->count[i] = 0;
@@ -155,6 +155,23 @@ static void test_decay_work_is_spread(void **st) {
   kvbm__freq_filter_destroy(&f);
 }
 
+/* Keys kept warm (each used twice between new ones) never push entries
+ * past max_entries: a full table decays until there is room. The one-pass
+ * filter before session 14 let them grow past it, towards the table's
+ * size. */
+static void test_warm_keys_stay_bounded(void **st) {
+  (void)st;
+  kvbm_freq_filter f;
+  assert_int_equal(kvbm__freq_filter_init(&f, 2, 1u << 30, 4), KVBM_OK);
+  for (uint64_t round = 1; round <= 64; round++)
+    for (uint64_t k = 1; k <= round; k++) {
+      kvbm__freq_filter_use(&f, k);
+      kvbm__freq_filter_use(&f, k);
+      assert_true(f.entries <= 4);
+    }
+  kvbm__freq_filter_destroy(&f);
+}
+
 static void test_bad_init(void **st) {
   (void)st;
   kvbm_freq_filter f;
@@ -168,6 +185,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_second_use_qualifies), cmocka_unit_test(test_decay),
       cmocka_unit_test(test_full_table_decays), cmocka_unit_test(test_spread_decay_equals_definition),
-      cmocka_unit_test(test_decay_work_is_spread), cmocka_unit_test(test_bad_init)};
+      cmocka_unit_test(test_decay_work_is_spread), cmocka_unit_test(test_warm_keys_stay_bounded),
+      cmocka_unit_test(test_bad_init)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
