@@ -191,7 +191,9 @@ int main(int argc, char **argv) {
     char gtext[KVBM_GROUPS_MAX * 24];
     kvbm_groups_format(hc.groups, hc.num_groups, gtext, sizeof gtext);
     kvbm_bench_spread hs = kvbm_bench_spread_of(hratio, repeat);
-    printf("W1-hybrid, groups %s, prefill chunks of %u tokens (0: one step), same trace and rounds\n",
+    printf("W1-hybrid, groups %s, prefill chunks of %u tokens (0: one step), dense retention "
+           "(every full block cached: vLLM's prefix_cache_retention_interval None; `kvbm replay "
+           "--groups` defaults to vLLM's 0), same trace and rounds\n",
            gtext, mbt);
     printf("  counts: hit_tokens %llu blocks_allocated %llu refused %llu peak_blocks_held %llu\n",
            (unsigned long long)hres.hit_tokens, (unsigned long long)hres.blocks_allocated,

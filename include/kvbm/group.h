@@ -120,6 +120,16 @@ typedef bool (*kvbm_group_lookup)(void *user, uint32_t group, size_t block);
 KVBM_EXTERN uint64_t kvbm_groups_hit(const kvbm_group_spec *groups, size_t n, uint32_t block_size,
                                      uint64_t max_tokens, kvbm_group_lookup lookup, void *user);
 
+/* kvbm_groups_hit, and where the first attention type's own hit ends (the
+ * first pass of full attention, when there is one) in *junction when that
+ * is longer than the hit every group can serve, else 0: vLLM's
+ * shared_prefix_boundary (KVCacheManager.get_computed_blocks), the second
+ * point a sparse prefix-cache retention keeps besides the prompt's end.
+ * junction may be NULL. Cost: kvbm_groups_hit's. */
+KVBM_EXTERN uint64_t kvbm_groups_hit_junction(const kvbm_group_spec *groups, size_t n, uint32_t block_size,
+                                              uint64_t max_tokens, kvbm_group_lookup lookup, void *user,
+                                              uint64_t *junction);
+
 #ifdef __cplusplus
 }
 #endif

@@ -238,18 +238,36 @@ static size_t make_types(const kvbm_group_spec *groups, size_t n, atype *types) 
   return nt;
 }
 
+static uint64_t hit_of(const kvbm_group_spec *groups, size_t n, uint32_t block_size, uint64_t max_tokens,
+                       kvbm_group_lookup lookup, void *user, uint64_t *first_pass);
+
 uint64_t kvbm_groups_hit(const kvbm_group_spec *groups, size_t n, uint32_t block_size,
                          uint64_t max_tokens, kvbm_group_lookup lookup, void *user) {
+  return kvbm_groups_hit_junction(groups, n, block_size, max_tokens, lookup, user, NULL);
+}
+
+uint64_t kvbm_groups_hit_junction(const kvbm_group_spec *groups, size_t n, uint32_t block_size,
+                                  uint64_t max_tokens, kvbm_group_lookup lookup, void *user,
+                                  uint64_t *junction) {
+  uint64_t first_pass = 0, hit = hit_of(groups, n, block_size, max_tokens, lookup, user, &first_pass);
+  if (junction) *junction = first_pass > hit ? first_pass : 0;
+  return hit;
+}
+
+/* kvbm_groups_hit_junction's work: the hit, and the first type's first
+ * pass in *first_pass. */
+static uint64_t hit_of(const kvbm_group_spec *groups, size_t n, uint32_t block_size, uint64_t max_tokens,
+                       kvbm_group_lookup lookup, void *user, uint64_t *first_pass) {
   if (!groups || !lookup || n == 0 || block_size == 0) return 0;
   if (n > KVBM_GROUPS_MAX) n = KVBM_GROUPS_MAX;
   atype types[KVBM_GROUPS_MAX];
   const size_t nt = make_types(groups, n, types);
   const ctx c = {block_size, lookup, user};
-  if (nt == 1) return find(&c, &types[0], max_tokens);
+  if (nt == 1) return *first_pass = find(&c, &types[0], max_tokens);
   const bool first_full = types[0].spec.kind == KVBM_GROUP_FULL;
   const bool simple = nt == 2 && first_full;
   uint64_t hit = max_tokens;
-  bool full_done = false;
+  bool full_done = false, seen_first = false;
   for (;;) {
     uint64_t cur = hit;
     for (size_t t = 0; t < nt; t++) {
@@ -260,6 +278,7 @@ uint64_t kvbm_groups_hit(const kvbm_group_spec *groups, size_t n, uint32_t block
         continue;
       }
       cur = find(&c, &types[t], cur);
+      if (t == 0 && !seen_first) *first_pass = cur, seen_first = true;
       if (t == 0 && first_full) full_done = true;
     }
     if (cur >= hit) break;

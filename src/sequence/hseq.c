@@ -98,6 +98,9 @@ struct kvbm_hseq {
   uint64_t peak;     /* all groups */
   uint64_t quiet_end; /* a one-token step from computed < quiet_end only
                          counts the token (see next_quiet_end); 0: none */
+  bool sparse;        /* vLLM's prefix_cache_retention_interval 0 (see kept) */
+  uint64_t prompt_tokens, junction; /* sparse: the prompt's length and the
+                         shared-prefix junction, from the hit's lookup */
 };
 
 static uint64_t cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -266,20 +269,47 @@ static int allocate(kvbm_hseq *s, uint32_t gi, uint64_t num_tokens) {
   return rc;
 }
 
+/* Whether block i of group g is cached when full (vLLM's
+ * reachable_block_mask). Dense (the default): every block. Sparse (vLLM's
+ * prefix_cache_retention_interval 0, its default since 2026-08): a
+ * sliding-window group keeps only the cdiv(W - 1, B) blocks ending at each
+ * replay boundary, a Mamba group only the state block ending there; the
+ * boundaries are the prompt's last token and the shared-prefix junction
+ * (kvbm_groups_hit_junction), each floored to a block. A block not kept
+ * is never registered: released, it goes back to the free list, reused
+ * before any cached block, as vLLM prepends unhashed blocks to its free
+ * queue. Full and chunked-local groups stay dense, as in vLLM. */
+static bool kept(const kvbm_hseq *s, const gstate *g, size_t i) {
+  if (!s->sparse || g->spec.kind == KVBM_GROUP_FULL || g->spec.kind == KVBM_GROUP_CHUNKED_LOCAL) return true;
+  const uint64_t bounds[2] = {s->prompt_tokens - 1, s->junction};
+  for (int k = 0; k < 2; k++) {
+    if (k == 1 && !s->junction) break;
+    const uint64_t end = bounds[k] / s->bs; /* blocks before the boundary */
+    if (g->spec.kind == KVBM_GROUP_SLIDING_WINDOW) {
+      const uint64_t need = cdiv(g->spec.tokens - 1, s->bs);
+      if (i < end && i + need >= end) return true;
+    } else if (end >= 1 && i == end - 1) { /* Mamba: the state at the boundary */
+      return true;
+    }
+  }
+  return false;
+}
+
 /* cache_blocks: registers the blocks full at num_tokens (dedup: a block
- * whose (hash, group) is registered is swapped for the registered one). */
+ * whose (hash, group) is registered is swapped for the registered one),
+ * those that are kept (all, but with sparse retention). */
 static int cache(kvbm_hseq *s, uint32_t gi, uint64_t num_tokens) {
   gstate *g = &s->g[gi];
   size_t nf = (size_t)(num_tokens / s->bs), nc = g->has_ncached ? g->ncached : 0;
   if (nc >= nf) return KVBM_OK;
   if (!s->dry)
     for (size_t i = nc; i < nf;) {
-      if (g->table[i] == NUL) {
+      if (g->table[i] == NUL || !kept(s, g, i)) {
         i++;
         continue;
       }
       size_t j = i; /* a run of blocks to register, in one pool call */
-      while (j < nf && g->table[j] != NUL) j++;
+      while (j < nf && g->table[j] != NUL && kept(s, g, j)) j++;
       int rc = kvbm_pool_fill_ids(s->pool, g->table + i, j - i, s->salt, i ? s->hashes[i - 1] : 0, i > 0,
                                   s->tokens + i * s->bs, s->hashes + i, NULL);
       if (rc) return rc;
@@ -486,9 +516,10 @@ static int step(kvbm_hseq *s, uint64_t num_new) {
    * positions never lie among a group's blocks to register but in Mamba
    * align's tables, which always take vLLM's order.) */
   uint32_t from = 0;
-  if (!s->dry && !s->has_align && s->ng > 1 && !rc) step_joint(s, end, &rc);
+  const bool fast = !s->dry && !s->has_align && !s->sparse; /* the paths that register every block */
+  if (fast && s->ng > 1 && !rc) step_joint(s, end, &rc);
   if (!s->dry) ensure_hashed(s, (size_t)(end / s->bs)); /* what step_joint left */
-  if (!s->dry && !s->has_align)
+  if (fast)
     while (from < s->ng && !rc && step_group_fast(s, from, end, &rc)) from++;
   for (uint32_t gi = from; gi < s->ng && !rc; gi++) rc = allocate(s, gi, end);
   if (s->dry && !rc) {
@@ -647,7 +678,8 @@ int kvbm_hseq_find_hit(kvbm_hseq *s, uint64_t *hit_tokens, kvbm_error *err) {
   if (!s) return kvbm_error_set(err, KVBM_EINVAL, "hseq: NULL request");
   if (s->stepped) return kvbm_error_set(err, KVBM_ESTATE, "hseq: the hit is found before the first step");
   if (s->ntok == 0) return kvbm_error_set(err, KVBM_EINVAL, "hseq: no tokens to look up");
-  s->hit = kvbm_groups_hit(s->specs, s->ng, s->bs, s->ntok - 1, cached_in, s);
+  s->hit = kvbm_groups_hit_junction(s->specs, s->ng, s->bs, s->ntok - 1, cached_in, s, &s->junction);
+  s->prompt_tokens = s->ntok;
   s->hit_found = true;
   if (hit_tokens) *hit_tokens = s->hit;
   return KVBM_OK;
@@ -778,7 +810,7 @@ int kvbm_hseq_step(kvbm_hseq *s, const uint32_t *tokens, size_t n_tokens, uint64
   }
   if (n_tokens == 0 && n_new == 1 && s->computed < s->ntok && s->stepped) {
     if (quiet_decode(s, 1)) return step_release_only(s, err);
-    if (!s->dry && !s->has_align && s->bs >= 2) return step_decode_edge(s, err);
+    if (!s->dry && !s->has_align && !s->sparse && s->bs >= 2) return step_decode_edge(s, err);
   }
   return step_checked(s, tokens, n_tokens, n_new, err);
 }
@@ -829,6 +861,8 @@ void kvbm__hseq_set_dry(kvbm_hseq *s, bool dry, uint64_t capacity) {
 }
 
 void kvbm__hseq_rewind(kvbm_hseq *s) { clear_tables(s); }
+
+void kvbm__hseq_set_sparse(kvbm_hseq *s, bool sparse) { s->sparse = sparse; }
 
 uint32_t *kvbm__hseq_tail(kvbm_hseq *s, size_t n) {
   return n <= s->cap_tokens - s->ntok ? s->tokens + s->ntok : NULL;

@@ -173,6 +173,33 @@ static void test_hit_single_kinds(void **state) {
   assert_int_equal(hit("mamba", 20, &b), 0);
 }
 
+/* The junction (vLLM's shared_prefix_boundary): where full attention's
+ * own first-pass hit ends, when it is longer than the common hit. */
+static void test_hit_junction(void **state) {
+  (void)state;
+  kvbm_group_spec g[KVBM_GROUPS_MAX];
+  size_t n;
+  uint64_t j = 99;
+  assert_int_equal(kvbm_groups_parse("full,sw:8", g, KVBM_GROUPS_MAX, &n, NULL), KVBM_OK);
+  bits b = {{M(0, 1, 2, 3), M(1, 2)}, 0};
+  assert_int_equal(kvbm_groups_hit_junction(g, n, 4, 16, lookup, &b, &j), 12);
+  assert_int_equal(j, 16); /* full alone reached 16 */
+  b.cached[1] = M(2, 3);
+  assert_int_equal(kvbm_groups_hit_junction(g, n, 4, 16, lookup, &b, &j), 16);
+  assert_int_equal(j, 0); /* not longer than the hit: none */
+  assert_int_equal(kvbm_groups_parse("full", g, KVBM_GROUPS_MAX, &n, NULL), KVBM_OK);
+  assert_int_equal(kvbm_groups_hit_junction(g, n, 4, 16, lookup, &b, &j), 16);
+  assert_int_equal(j, 0); /* one type: never */
+  assert_int_equal(kvbm_groups_hit_junction(g, n, 4, 16, lookup, &b, NULL), 16);
+  /* three types: the first pass of full attention, not a later one */
+  assert_int_equal(kvbm_groups_parse("full,sw:8,mamba", g, KVBM_GROUPS_MAX, &n, NULL), KVBM_OK);
+  bits d = {{M(0, 1, 2, 3, 4, 5, 6), M(1, 5, 6), M(1, 3)}, 0};
+  assert_int_equal(kvbm_groups_hit_junction(g, n, 4, 28, lookup, &d, &j), 0);
+  assert_int_equal(j, 28);
+  assert_int_equal(kvbm_groups_hit_junction(NULL, 0, 4, 28, lookup, &d, &j), 0);
+  assert_int_equal(j, 0);
+}
+
 static void test_hit_hybrids(void **state) {
   (void)state;
   bits b = {{M(0, 1, 2, 3), M(2, 3)}, 0};
@@ -271,6 +298,7 @@ int main(void) {
       cmocka_unit_test(test_parse_mixes),      cmocka_unit_test(test_parse_hostile),
       cmocka_unit_test(test_names),            cmocka_unit_test(test_skipped),
       cmocka_unit_test(test_hit_single_kinds), cmocka_unit_test(test_hit_hybrids),
+      cmocka_unit_test(test_hit_junction),
       cmocka_unit_test(test_hit_is_longest_served),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

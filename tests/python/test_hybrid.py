@@ -86,8 +86,11 @@ def test_python_equals_reference_and_replay(groups, mbt, capacity, kvbm_bin):
     got = replay_through_python(records, groups, capacity, mbt)
     assert {k: got[k] for k in KEYS} == {k: want[k] for k in KEYS}
     assert got["hit_tokens"] > 0  # the trace shares prefixes: a test that can fail
+    # the binding's sequences cache every full block (vLLM's
+    # prefix_cache_retention_interval None); the CLI's default is vLLM's 0
     cmd = [kvbm_bin, "replay", str(TRACE), "--groups", groups, "--limit", str(limit),
-           "--capacity", str(capacity), "--json", "--no-progress"]
+           "--capacity", str(capacity), "--prefix-cache-retention-interval", "none",
+           "--json", "--no-progress"]
     if mbt:
         cmd += ["--max-num-batched-tokens", str(mbt)]
     c = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)

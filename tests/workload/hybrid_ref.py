@@ -217,11 +217,14 @@ class Pool:
             if b.key is not None:
                 self.lru[b.bid] = b
 
-    def cache_full_blocks(self, table, first, end, hashes, g):
-        """Register table[first:end]; returns how many blocks dedup returned."""
+    def cache_full_blocks(self, table, first, end, hashes, g, mask=None):
+        """Register table[first:end] (those mask(i) keeps, all without a
+        mask); returns how many blocks dedup returned."""
         for i in range(first, end):
             b = table[i]
             if b.is_null or b.key is not None:   # skipped, or a prefix hit
+                continue
+            if mask is not None and not mask(i):  # sparse retention: never hashed
                 continue
             key = (hashes[i], g)
             if self.dedup and key in self.cached:
@@ -260,7 +263,7 @@ class DryPool:
     def free(self, ordered):
         self.held -= sum(1 for b in ordered if not b.is_null)
 
-    def cache_full_blocks(self, table, first, end, hashes, g):
+    def cache_full_blocks(self, table, first, end, hashes, g, mask=None):
         pass
 
 
@@ -364,11 +367,13 @@ class Coordinator:
     def find_longest_cache_hit(self, pool, hashes, max_len):
         B = self.B
         per_group = [None] * len(self.groups)
+        self.longest = None               # the first type's own hit (junction)
         if len(self.types) == 1:          # UnitaryKVCacheCoordinator
             spec, gids = self.types[0]
             got = self._find(pool, spec, gids, hashes, max_len)
             for g, lst in zip(gids, got):
                 per_group[g] = lst
+            self.longest = len(got[0]) * B
             return per_group, len(got[0]) * B
         hit = max_len
         while True:                       # HybridKVCacheCoordinator fixed point
@@ -379,6 +384,8 @@ class Coordinator:
                     continue
                 got = self._find(pool, spec, gids, hashes, cur)
                 cur = len(got[0]) * B
+                if self.longest is None:
+                    self.longest = cur
                 for g, lst in zip(gids, got):
                     per_group[g] = lst
             if cur >= hit:
@@ -397,9 +404,11 @@ class Request:
     """The per-request state of every single-type manager, and the step
     functions of KVCacheManager.allocate_slots."""
 
-    def __init__(self, groups, B, pool, hashes, L):
+    def __init__(self, groups, B, pool, hashes, L, sparse=False):
         n = len(groups)
         self.groups, self.B, self.pool, self.hashes, self.L = groups, B, pool, hashes, L
+        self.sparse = sparse              # prefix_cache_retention_interval 0
+        self.junction = 0                 # request.shared_prefix_boundary
         self.table = [[] for _ in range(n)]
         self.ncached = [None] * n         # num_cached_block; None = no entry
         self.last_state = [None] * n      # MambaManager.last_state_block_idx
@@ -491,8 +500,26 @@ class Request:
         nf = num_tokens // self.B
         if nc >= nf:
             return
-        self.pool.cache_full_blocks(self.table[g], nc, nf, self.hashes, g)
+        self.pool.cache_full_blocks(self.table[g], nc, nf, self.hashes, g, self.mask(g))
         self.ncached[g] = nf
+
+    # -- reachable_block_mask with prefix_cache_retention_interval 0: a
+    # sliding-window group keeps the cdiv(W - 1, B) blocks ending at each
+    # replay boundary, a Mamba group the state block ending there; the
+    # boundaries are the prompt's last token (L - 1) and the shared-prefix
+    # junction. None (cache every block) for other kinds and when dense.
+    def mask(self, g):
+        kind, p = self.groups[g]
+        if not self.sparse or kind not in ("sw", "mamba", "mamba-align"):
+            return None
+        B = self.B
+        bounds = [self.L - 1] + ([self.junction] if self.junction else [])
+        if kind == "sw":
+            need = cdiv(p - 1, B)
+            ranges = [(b // B - need, b // B) for b in bounds]
+            return lambda i: any(lo <= i < hi for lo, hi in ranges)
+        keep = set(b // B - 1 for b in bounds)
+        return lambda i: i in keep
 
     # -- KVCacheManager.allocate_slots; False when the blocks are not there
     def allocate_slots(self, computed, num_new, hit_blocks, hit, num_tokens_now):
@@ -540,10 +567,14 @@ def mamba_split(L, B, computed, num_new):
     return num_new
 
 
-def run_request(groups, coord, B, pool, hashes, L, O, mbt, has_mamba):
+def run_request(groups, coord, B, pool, hashes, L, O, mbt, has_mamba, sparse=False):
     """All steps of one request; None if a step could not get its blocks."""
-    req = Request(groups, B, pool, hashes, L)
+    req = Request(groups, B, pool, hashes, L, sparse)
     hit_blocks, hit = coord.find_longest_cache_hit(pool, hashes, L - 1)
+    # get_computed_blocks' junction: where the longest single-type hit
+    # ends, when it is longer than the hit every group can serve
+    if coord.longest is not None and coord.longest > hit:
+        req.junction = coord.longest
     computed, first = 0, True
     while computed + (hit if first else 0) < L:          # prefill chunks
         start = computed + (hit if first else 0)
@@ -567,7 +598,7 @@ def run_request(groups, coord, B, pool, hashes, L, O, mbt, has_mamba):
     return req, hit
 
 
-def replay(records, groups, B, capacity, mbt=0, dedup=True):
+def replay(records, groups, B, capacity, mbt=0, dedup=True, sparse=False):
     pool = Pool(capacity, dedup)
     coord = Coordinator(groups, B)
     has_mamba = any(k == "mamba-align" for k, _ in groups)   # the aligned split
@@ -589,11 +620,11 @@ def replay(records, groups, B, capacity, mbt=0, dedup=True):
         # aligned split rounds its chunk down to 0 tokens: vLLM would never
         # schedule it); the dry run finds that too, and it is refused.
         if n * cdiv(L + O, B) > capacity or (has_mamba and 0 < mbt < B):
-            dry = run_request(groups, coord, B, DryPool(pool), hashes, L, O, mbt, has_mamba)
+            dry = run_request(groups, coord, B, DryPool(pool), hashes, L, O, mbt, has_mamba, sparse)
             if dry is None:
                 res["refused"] += 1
                 continue
-        got = run_request(groups, coord, B, pool, hashes, L, O, mbt, has_mamba)
+        got = run_request(groups, coord, B, pool, hashes, L, O, mbt, has_mamba, sparse)
         assert got is not None, "dry run and run disagree"
         req, hit = got
         assert pool.num_free() == capacity, "blocks leaked"
@@ -619,6 +650,10 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-dedup", action="store_true",
                     help="vLLM's rule: a block that fills with registered content stays")
+    ap.add_argument("--prefix-cache-retention-interval", default="0", choices=["none", "0"],
+                    help="vLLM's setting: 0 (its default since 2026-08) caches only what a "
+                         "hit at a replay boundary can use in sliding-window and Mamba "
+                         "groups; none caches every full block (dense)")
     a = ap.parse_args()
     if (a.groups is None) == (a.mix is None):
         ap.error("give exactly one of --groups and --mix")
@@ -635,12 +670,14 @@ def main():
     if a.limit < 0:
         ap.error("--limit must not be negative")
     records = read_trace(a.trace, a.limit)
+    sparse = a.prefix_cache_retention_interval == "0"
     out = replay(records, groups, a.block_size, a.capacity, a.max_num_batched_tokens,
-                 not a.no_dedup)
+                 not a.no_dedup, sparse)
     out.update(groups=",".join(k if not p else "%s:%d" % (k, p)
                                for k, p in groups),
                block_size=a.block_size, capacity=a.capacity,
-               max_num_batched_tokens=a.max_num_batched_tokens, dedup=not a.no_dedup)
+               max_num_batched_tokens=a.max_num_batched_tokens, dedup=not a.no_dedup,
+               prefix_cache_retention_interval=a.prefix_cache_retention_interval)
     if a.json:
         print(json.dumps(out))
     else:

@@ -28,10 +28,11 @@ trace() { # FILE "L O HASH" ...  -> one request a line
   done
 }
 
-expect() { # "k=v k=v ..." then reference arguments
+expect() { # "k=v k=v ..." then reference arguments (dense retention unless they say)
   local want=$1; shift
-  local got
-  got=$($PY "$REF" "$@" --json)
+  local got ret=(--prefix-cache-retention-interval none)
+  case " $* " in *" --prefix-cache-retention-interval "*) ret=() ;; esac
+  got=$($PY "$REF" "$@" "${ret[@]}" --json)
   $PY - "$want" "$got" "$*" <<'PY'
 import json, sys
 want, got, args = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
@@ -166,6 +167,30 @@ expect "requests=2 prompt_tokens=13 refused=1 hit_tokens=0 blocks_allocated_per_
 trace "$TMP/chunk.jsonl" "16 1 3" "13 1 3" "10 1 3"
 expect "prompt_tokens=39 hit_tokens=20 blocks_allocated_per_group=[7,7] peak_blocks_held=8 peak_blocks_held_per_group=[5,4]" \
   "$TMP/chunk.jsonl" --groups full,chunk:8 --block-size 4 --capacity 100
+
+# ---- 2g. sparse retention (vLLM's prefix_cache_retention_interval 0, the
+# reference's default): full,sw:32, B 16 (a hit needs cdiv(31, 16) = 2
+# window blocks ending at it), three prompts of 600 tokens sharing their
+# first 512 (hash ids [1,2], [1,3], [1,4]), O 1, capacity 1000 (nothing
+# evicted).
+# Dense: r0 caches every block; r1 and r2 hit 512 (full blocks 0..31, window
+#   blocks 30, 31 cached): 1024.
+# Sparse: r0's window group caches only blocks 35, 36 (ending at its prompt
+#   end, (600 - 1) // 16 = 37). r1: full attention alone would hit 512, the
+#   window has no 2-block run ending at or below block 32 (and block 0 is
+#   not cached): hit 0; the junction is 512, so r1 caches window blocks 30,
+#   31 (ending at 32) besides 35, 36. r2: full 512, window blocks 30, 31
+#   cached: hit 512. Total 512. Mamba (one state block ending at each
+#   boundary: block 31 for the junction) gives the same.
+printf '%s\n' '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}' \
+  '{"timestamp": 1, "input_length": 600, "output_length": 1, "hash_ids": [1, 3]}' \
+  '{"timestamp": 2, "input_length": 600, "output_length": 1, "hash_ids": [1, 4]}' >"$TMP/junction.jsonl"
+expect "hit_tokens=1024" "$TMP/junction.jsonl" --groups full,sw:32 --capacity 1000 --prefix-cache-retention-interval none
+expect "hit_tokens=512" "$TMP/junction.jsonl" --groups full,sw:32 --capacity 1000 --prefix-cache-retention-interval 0
+expect "hit_tokens=512" "$TMP/junction.jsonl" --groups full,mamba --capacity 1000 --prefix-cache-retention-interval 0
+got=$($PY "$REF" "$TMP/junction.jsonl" --groups full,sw:32 --capacity 1000 --json)
+case "$got" in *'"hit_tokens": 512'*'"prefix_cache_retention_interval": "0"'*) echo "ok sparse is the default" ;;
+  *) echo "the reference's default is not vLLM's sparse retention: $got"; exit 1 ;; esac
 
 # ---- 2f. the named mixes expand to vLLM's groups
 $PY - "$REF" <<'PY'

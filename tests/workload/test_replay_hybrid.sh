@@ -17,12 +17,13 @@ GPT_OSS="full,sw:128"
 GEMMA3="full,sw:1024,sw:1024,sw:1024,sw:1024,sw:1024"
 MAMBA_HYBRID="full,mamba,mamba,mamba,mamba,mamba,mamba"
 
-compare() { # groups limit capacity mbt(0 = none)
+compare() { # groups limit capacity mbt(0 = none) [retention: none or 0; default: both tools' own]
   local extra=() want got
   [ "$4" != 0 ] && extra=(--max-num-batched-tokens "$4")
+  [ -n "${5:-}" ] && extra+=(--prefix-cache-retention-interval "$5")
   want=$(/usr/bin/python3 "$REF" "$TRACE" --groups "$1" --limit "$2" --capacity "$3" "${extra[@]}" --json)
   got=$("$KVBM_BIN" replay "$TRACE" --groups "$1" --limit "$2" --capacity "$3" "${extra[@]}" --json --no-progress 2>/dev/null)
-  /usr/bin/python3 - "$want" "$got" "$1 cap $3 mbt $4" <<'PY'
+  /usr/bin/python3 - "$want" "$got" "$1 cap $3 mbt $4 retention ${5:-default}" <<'PY'
 import json, sys
 want, got, what = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 keys = ["requests", "prompt_tokens", "hit_tokens", "refused", "blocks_allocated",
@@ -36,16 +37,41 @@ print("ok", what, {k: got[k] for k in ["hit_tokens", "blocks_allocated", "peak_b
 PY
 }
 
+# dense retention (prefix_cache_retention_interval None: every full block
+# cached)
 for mbt in 0 8192; do
-  compare "$GPT_OSS" "$LIMIT" 16384 "$mbt"
-  compare "$GEMMA3" "$LIMIT" 16384 "$mbt"
-  compare "$MAMBA_HYBRID" "$LIMIT" 16384 "$mbt"
+  compare "$GPT_OSS" "$LIMIT" 16384 "$mbt" none
+  compare "$GEMMA3" "$LIMIT" 16384 "$mbt" none
+  compare "$MAMBA_HYBRID" "$LIMIT" 16384 "$mbt" none
 done
 # other kinds and a small pool (eviction across groups, refusals)
+compare "full,chunk:8192,mamba-align" 60 16384 8192 none
+compare "full,chunk:1000,sw:100,mamba-align" 60 16384 0 none
+compare "$GPT_OSS" 80 3000 2048 none
+compare "$GEMMA3" 80 4000 0 none
+# vLLM's default, sparse retention (prefix_cache_retention_interval 0, the
+# default of both): window and Mamba blocks cached only at the prompt's
+# end and the shared-prefix junction; the three mixes, both Mamba modes
+# and small pools
+for mix in "$GPT_OSS" "$GEMMA3" "$MAMBA_HYBRID"; do
+  compare "$mix" "$LIMIT" 16384 8192
+done
+compare "$MAMBA_HYBRID" "$LIMIT" 16384 0 0
 compare "full,chunk:8192,mamba-align" 60 16384 8192
-compare "full,chunk:1000,sw:100,mamba-align" 60 16384 0
+compare "full,chunk:1000,sw:100,mamba-align" 60 16384 0 0
 compare "$GPT_OSS" 80 3000 2048
-compare "$GEMMA3" 80 4000 0
+compare "$GEMMA3" 80 4000 2048 0
+sparse=$("$KVBM_BIN" replay "$TRACE" --groups "$GEMMA3" --limit "$LIMIT" --max-num-batched-tokens 8192 --json --no-progress)
+dense=$("$KVBM_BIN" replay "$TRACE" --groups "$GEMMA3" --limit "$LIMIT" --max-num-batched-tokens 8192 --prefix-cache-retention-interval none --json --no-progress)
+/usr/bin/python3 - "$sparse" "$dense" <<'PY'
+import json, sys
+s, d = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert s["prefix_cache_retention_interval"] == 0 and d["prefix_cache_retention_interval"] is None, (s, d)
+# the counts must differ: the window blocks between the boundaries are not
+# cached, so fewer evictions of other blocks (and a different hit count)
+assert (s["hit_tokens"], s["blocks_allocated"]) != (d["hit_tokens"], d["blocks_allocated"]), (s, d)
+print("ok sparse differs from dense", s["hit_tokens"], d["hit_tokens"])
+PY
 
 # --groups full is W1: every count equal to the replay without groups
 w1=$("$KVBM_BIN" replay "$TRACE" --limit 300 --capacity 9000 --json --no-progress)
@@ -95,7 +121,10 @@ refused "more than 16 groups" --groups "$(printf 'full%.0s,' $(seq 16))full"
 refused "cannot share a pool of 2 blocks" --groups full,sw:4,mamba --capacity 2
 refused "--max-num-batched-tokens" --groups full --max-num-batched-tokens 0
 refused "--max-num-batched-tokens" --groups full --max-num-batched-tokens lots
-refused "needs --groups" --max-num-batched-tokens 8192
+refused "need --groups (W1-hybrid)" --max-num-batched-tokens 8192
+refused "need --groups" --prefix-cache-retention-interval 0
+refused "want none" --groups full,sw:128 --prefix-cache-retention-interval 512
+refused "want none" --groups full,sw:128 --prefix-cache-retention-interval -1
 # With tier flags --groups is W2's (test_w2_groups_cli.sh); the chunked
 # prefill is W1-hybrid's alone.
 refused "unknown option '--max-num-batched-tokens'" --groups full --max-num-batched-tokens 64 --g2-blocks 10

@@ -30,7 +30,9 @@ static bool is_opt(const char *a, const char *opt) {
 
 static bool hybrid_wanted(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
-    if (is_opt(argv[i], "--groups") || is_opt(argv[i], "--max-num-batched-tokens")) return true;
+    if (is_opt(argv[i], "--groups") || is_opt(argv[i], "--max-num-batched-tokens") ||
+        is_opt(argv[i], "--prefix-cache-retention-interval"))
+      return true;
   return false;
 }
 
@@ -55,6 +57,7 @@ static int replay_hybrid(int argc, char **argv) {
   replay_cli c;
   replay_cli_init(&c);
   const char *groups = NULL;
+  h.sparse_retention = true; /* vLLM's default, prefix_cache_retention_interval 0 */
   for (int i = 1; i < argc; i++) {
     const char *v;
     uint64_t x;
@@ -73,6 +76,20 @@ static int replay_hybrid(int argc, char **argv) {
       h.max_num_batched_tokens = (uint32_t)x;
       continue;
     }
+    if ((r = cli_opt_value("replay", argc, argv, &i, "--prefix-cache-retention-interval", &v))) {
+      if (r < 0) return 2;
+      if (!strcmp(v, "0")) {
+        h.sparse_retention = true;
+      } else if (!strcmp(v, "none") || !strcmp(v, "None")) {
+        h.sparse_retention = false;
+      } else {
+        fprintf(stderr, "kvbm replay: --prefix-cache-retention-interval: '%s': want none (every full "
+                        "block cached) or 0 (vLLM's sparse default); other intervals are not modelled\n",
+                v);
+        return 2;
+      }
+      continue;
+    }
     r = replay_cli_take(argc, argv, &i, &o, &c);
     if (r < 0) return 2;
     if (r == 0) {
@@ -83,7 +100,8 @@ static int replay_hybrid(int argc, char **argv) {
   }
   kvbm_error err = {0};
   if (!groups) {
-    fprintf(stderr, "kvbm replay: --max-num-batched-tokens needs --groups (W1-hybrid)\n");
+    fprintf(stderr, "kvbm replay: --max-num-batched-tokens and --prefix-cache-retention-interval need "
+                    "--groups (W1-hybrid)\n");
     return 2;
   }
   if (kvbm_groups_parse(groups, h.groups, KVBM_GROUPS_MAX, &h.num_groups, &err)) {
@@ -121,11 +139,12 @@ static int replay_hybrid(int argc, char **argv) {
   double hit_rate = res.prompt_tokens ? (double)res.hit_tokens / (double)res.prompt_tokens : 0;
   if (c.json) {
     printf("{\"workload\":\"W1-hybrid\",\"trace\":\"%s\",\"groups\":\"%s\",\"block_size\":%u,"
-           "\"capacity\":%u,\"max_num_batched_tokens\":%u,\"hash\":\"%s\",\"requests\":%llu,"
+           "\"capacity\":%u,\"max_num_batched_tokens\":%u,\"prefix_cache_retention_interval\":%s,"
+           "\"hash\":\"%s\",\"requests\":%llu,"
            "\"prompt_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,\"refused\":%llu,"
            "\"blocks_allocated\":%llu,\"blocks_allocated_per_group\":[",
            trace_path, gtext, h.block_size, h.capacity, h.max_num_batched_tokens,
-           kvbm_hash_scheme_name(h.scheme), (unsigned long long)res.requests,
+           h.sparse_retention ? "0" : "null", kvbm_hash_scheme_name(h.scheme), (unsigned long long)res.requests,
            (unsigned long long)res.prompt_tokens, (unsigned long long)res.hit_tokens, hit_rate,
            (unsigned long long)res.refused, (unsigned long long)res.blocks_allocated);
     print_list(res.blocks_allocated_per_group, h.num_groups);
@@ -141,6 +160,10 @@ static int replay_hybrid(int argc, char **argv) {
       printf("  prefill in chunks of at most %u tokens\n", h.max_num_batched_tokens);
     else
       printf("  prefill in one step\n");
+    printf("  prefix-cache retention %s\n",
+           h.sparse_retention ? "sparse (interval 0: window and Mamba blocks at the prompt's end and "
+                                "the shared-prefix junction)"
+                              : "dense (every full block cached)");
     printf("  requests          %llu (%llu refused: they cannot run in this pool)\n", (unsigned long long)res.requests,
            (unsigned long long)res.refused);
     printf("  prompt tokens     %llu\n", (unsigned long long)res.prompt_tokens);

@@ -58,7 +58,8 @@ void replay_cli_usage(FILE *f) {
           "                    [--g4 URL] [--g4-blocks N] [--g4-policy P] [--g4-lookup-ms MS]\n"
           "                    [--g4-key-file PATH]\n"
           "                    [--model-id ID]]\n"
-          "                   [--groups LIST [--max-num-batched-tokens N]]\n"
+          "                   [--groups LIST [--max-num-batched-tokens N]\n"
+          "                    [--prefix-cache-retention-interval none|0]]\n"
           "                   [--metrics-port N [--metrics-host 0.0.0.0]\n"
           "                    [--metrics-port-file PATH] [--hold]] [--plot FILE.svg]\n"
           "TRACE is Mooncake JSON lines, plain or .gz; default: the bundled\n"
@@ -90,10 +91,15 @@ void replay_cli_usage(FILE *f) {
           "                     mamba-align (\"align\" mode); e.g. full,sw:128\n"
           "  --max-num-batched-tokens N\n"
           "                     prefill in chunks of at most N tokens (default: one step)\n"
+          "  --prefix-cache-retention-interval none|0\n"
+          "                     vLLM's setting: 0 (the default, vLLM's since 2026-08) caches\n"
+          "                     window and Mamba blocks only at the prompt's end and the\n"
+          "                     shared-prefix junction; none caches every full block\n"
           "  With --groups only W1's flags apply (--block-size, --capacity, --limit, --hash,\n"
           "  --json, --no-progress), or W2's: with tier flags --groups runs W2 with the\n"
           "  groups (per group: hit blocks, onboards, peak G1 blocks held; no\n"
-          "  --max-num-batched-tokens).\n"
+          "  --max-num-batched-tokens or --prefix-cache-retention-interval: W2 caches every\n"
+          "  full block).\n"
           "Watching a run:\n",
           KVBM_DEFAULT_TRACE);
   metrics_cli_usage(f);
