@@ -242,12 +242,6 @@ struct kvbm_publisher {
   size_t nout, capout;
 };
 
-static double wall_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ------------------------------------------------------------ wire pool */
 
 static void chunk_free(wchunk *c) {
@@ -1468,7 +1462,7 @@ static void chunk_grow_hint(kvbm_publisher *p, size_t len) {
 static void emit_wire(kvbm_publisher *p, uint64_t *seq, uint64_t *sink_errors) {
   for (size_t i = 0; i < p->nout; i++) {
     wchunk *c = p->out[i];
-    kvbm_event_batch b = {.seq = (*seq)++, .ts = wall_now(), .dp_rank = c->dp_rank,
+    kvbm_event_batch b = {.seq = (*seq)++, .ts = kvbm_clock_wall_seconds(), .dp_rank = c->dp_rank,
                           .has_dp_rank = true};
     uint8_t *events = c->data + KVBM__EVENT_HEAD_MAX;
     uint8_t *start = kvbm__event_head_before(events, b.ts, true, c->n);
@@ -1505,7 +1499,7 @@ static void emit(kvbm_publisher *p, evq *q, uint64_t *seq, uint64_t *sink_errors
   for (size_t s = 0; s < p->nsinks; s++) bytes |= p->sinks[s]->wants_bytes;
   for (size_t off = 0, n; off < q->n; off += n) {
     n = batch_len(p, q, off);
-    kvbm_event_batch b = {.seq = (*seq)++, .ts = wall_now(), .dp_rank = q->ev[off].dp_rank,
+    kvbm_event_batch b = {.seq = (*seq)++, .ts = kvbm_clock_wall_seconds(), .dp_rank = q->ev[off].dp_rank,
                           .has_dp_rank = true, .events = evs + off, .num_events = n};
     const uint8_t *data = NULL;
     size_t len = 0;
