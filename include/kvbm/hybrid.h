@@ -83,6 +83,32 @@ KVBM_EXTERN int kvbm_hseq_create(kvbm_pool *pool, const kvbm_group_spec *groups,
 
 /* Releases every block (group 0 first, each table tail first) and frees the
  * request. NULL is a no-op. */
+/* Which full blocks of the sliding-window and Mamba groups a request
+ * registers (vLLM's CacheConfig.prefix_cache_retention_interval, at None or
+ * 0; docs/areas/hybrid.md, "Session 14: sparse retention"):
+ *   KVBM_HSEQ_RETAIN_ALL         every full block (vLLM's None; the
+ *                                default of a new request);
+ *   KVBM_HSEQ_RETAIN_BOUNDARIES  only those a hit can use at the prompt's
+ *                                end or at the shared-prefix junction: a
+ *                                window's cdiv(W - 1, B) blocks ending there,
+ *                                Mamba's state block ending there (vLLM's 0,
+ *                                its default since 2026-08).
+ * Full attention and chunked local groups register every block either way.
+ * A block not registered goes back to the free list when released, reused
+ * before any cached block. */
+typedef enum kvbm_hseq_retention {
+  KVBM_HSEQ_RETAIN_ALL = 0,
+  KVBM_HSEQ_RETAIN_BOUNDARIES = 1
+} kvbm_hseq_retention;
+
+/* Sets the retention for the request's next steps; it stays across
+ * kvbm_hseq_reset. Set it before a request's first step: KVBM_ESTATE once
+ * it has stepped (its blocks were registered by the other rule),
+ * KVBM_EINVAL for a NULL request or an unknown value; nothing changes
+ * then. Boundaries-retention steps take the general path (no joint pass
+ * over the groups): a prefill costs more there. */
+KVBM_EXTERN int kvbm_hseq_set_retention(kvbm_hseq *seq, kvbm_hseq_retention retention);
+
 KVBM_EXTERN void kvbm_hseq_destroy(kvbm_hseq *seq);
 
 /* Releases every block as destroy does and makes the request empty again

@@ -108,7 +108,8 @@ class Pool:
                  groups: Union[str, Sequence[Union[str, Tuple[str, Optional[int]]]], None] = None) -> None:
         """groups: KV cache groups sharing the blocks, "full,sw:128" or [("full", None), ("sw", 128)]."""
     def sequence(self, salt_hash: Hash = 0, priority: int = 0) -> "Seq": ...
-    def hybrid_sequence(self, salt_hash: Hash = 0, *, max_tokens: Optional[int] = None) -> "HybridSequence":
+    def hybrid_sequence(self, salt_hash: Hash = 0, *, max_tokens: Optional[int] = None,
+                        prefix_cache_retention_interval: Optional[int] = None) -> "HybridSequence":
         """A request with a block table per group; buffers for max_tokens (default num_blocks * block_size)."""
     def run_request(self, prompt: Tokens, output: Tokens, salt_hash: Hash = 0) -> int:
         """W1's whole request (create, prefill, append output, destroy); returns hit tokens."""

@@ -476,9 +476,23 @@ static PyObject *pool_get_groups(PoolObject *self, void *c) {
 }
 
 static PyObject *pool_hybrid_sequence(PoolObject *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"salt_hash", "max_tokens", NULL};
-  PyObject *so = NULL, *mo = NULL;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$O:hybrid_sequence", kwlist, &so, &mo)) return NULL;
+  static char *kwlist[] = {"salt_hash", "max_tokens", "prefix_cache_retention_interval", NULL};
+  PyObject *so = NULL, *mo = NULL, *ro = NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$OO:hybrid_sequence", kwlist, &so, &mo, &ro)) return NULL;
+  /* vLLM's setting: None (every full block cached) or 0 (kvbm/hybrid.h) */
+  kvbm_hseq_retention ret = KVBM_HSEQ_RETAIN_ALL;
+  if (ro && ro != Py_None) {
+    if (!PyLong_Check(ro) || PyBool_Check(ro) || PyLong_AsLongLong(ro) != 0) {
+      if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "Pool.hybrid_sequence: prefix_cache_retention_interval must be "
+                                          "None (every full block cached) or 0 (vLLM's sparse retention); "
+                                          "other intervals are not modelled");
+      }
+      return NULL;
+    }
+    ret = KVBM_HSEQ_RETAIN_BOUNDARIES;
+  }
   uint64_t salt = 0, maxt = 0;
   if ((so && kvbmpy_hash(so, "salt_hash", &salt)) ||
       (mo && mo != Py_None && kvbmpy_uint(mo, "max_tokens", KVBM_HSEQ_MAX_TOKENS, &maxt)) || pool_open(self))
@@ -498,6 +512,7 @@ static PyObject *pool_hybrid_sequence(PoolObject *self, PyObject *args, PyObject
     Py_DECREF(h);
     return kvbmpy_raise_kvbm(rc, &err, "Pool.hybrid_sequence");
   }
+  (void)kvbm_hseq_set_retention(h->s, ret); /* a fresh request: cannot fail */
   h->next = self->hseqs;
   if (self->hseqs) self->hseqs->prev = h;
   self->hseqs = h;
@@ -506,9 +521,13 @@ static PyObject *pool_hybrid_sequence(PoolObject *self, PyObject *args, PyObject
 
 static PyMethodDef pool_methods[] = {
   {"hybrid_sequence", (PyCFunction)(void (*)(void))pool_hybrid_sequence, METH_VARARGS | METH_KEYWORDS,
-   "hybrid_sequence(salt_hash=0, *, max_tokens=None) -> HybridSequence\n\n"
+   "hybrid_sequence(salt_hash=0, *, max_tokens=None, prefix_cache_retention_interval=None)\n"
+   "    -> HybridSequence\n\n"
    "A request with a block table per KV cache group (Pool(groups=...)); its\n"
-   "buffers hold max_tokens tokens (default num_blocks * block_size)."},
+   "buffers hold max_tokens tokens (default num_blocks * block_size).\n"
+   "prefix_cache_retention_interval is vLLM's setting: None caches every full\n"
+   "block, 0 (vLLM's default) only the window and Mamba blocks a hit at the\n"
+   "prompt's end or the shared-prefix junction can use."},
   {"sequence", (PyCFunction)(void (*)(void))pool_sequence, METH_VARARGS | METH_KEYWORDS,
    "sequence(salt_hash=0, priority=0) -> Seq\n\nA new, empty request on this pool; its blocks are\n"
    "released at `priority` (0 = evicted first)."},

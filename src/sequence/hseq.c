@@ -98,7 +98,7 @@ struct kvbm_hseq {
   uint64_t peak;     /* all groups */
   uint64_t quiet_end; /* a one-token step from computed < quiet_end only
                          counts the token (see next_quiet_end); 0: none */
-  bool sparse;        /* vLLM's prefix_cache_retention_interval 0 (see kept) */
+  bool sparse;        /* KVBM_HSEQ_RETAIN_BOUNDARIES (see kept) */
   uint64_t prompt_tokens, junction; /* sparse: the prompt's length and the
                          shared-prefix junction, from the hit's lookup */
 };
@@ -862,7 +862,12 @@ void kvbm__hseq_set_dry(kvbm_hseq *s, bool dry, uint64_t capacity) {
 
 void kvbm__hseq_rewind(kvbm_hseq *s) { clear_tables(s); }
 
-void kvbm__hseq_set_sparse(kvbm_hseq *s, bool sparse) { s->sparse = sparse; }
+int kvbm_hseq_set_retention(kvbm_hseq *s, kvbm_hseq_retention r) {
+  if (!s || (r != KVBM_HSEQ_RETAIN_ALL && r != KVBM_HSEQ_RETAIN_BOUNDARIES)) return KVBM_EINVAL;
+  if (s->stepped) return KVBM_ESTATE;
+  s->sparse = r == KVBM_HSEQ_RETAIN_BOUNDARIES;
+  return KVBM_OK;
+}
 
 uint32_t *kvbm__hseq_tail(kvbm_hseq *s, size_t n) {
   return n <= s->cap_tokens - s->ntok ? s->tokens + s->ntok : NULL;

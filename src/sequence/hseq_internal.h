@@ -40,10 +40,4 @@ int kvbm__hseq_decode(kvbm_hseq *seq, uint64_t n, kvbm_error *err);
  * its trace's tokens straight into the request). */
 uint32_t *kvbm__hseq_tail(kvbm_hseq *seq, size_t n);
 
-/* Sparse prefix-cache retention (vLLM's prefix_cache_retention_interval
- * 0) from the next request on, or dense (false, the default): which full
- * blocks of sliding-window and Mamba groups are registered (hseq.c,
- * kept). Sparse steps take the general path (no joint pass). */
-void kvbm__hseq_set_sparse(kvbm_hseq *seq, bool sparse);
-
 #endif

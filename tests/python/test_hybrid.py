@@ -97,6 +97,31 @@ def test_python_equals_reference_and_replay(groups, mbt, capacity, kvbm_bin):
     assert {k: c[k] for k in KEYS} == {k: got[k] for k in KEYS}
 
 
+def test_sparse_retention_registers_window_blocks_at_the_boundaries_only():
+    # full,sw:8, B 4: a hit needs cdiv(7, 4) = 2 window blocks. A 40-token
+    # prompt (10 blocks) run to its end, then released: with vLLM's sparse
+    # retention (0) the window group registers only blocks 7 and 8 (ending
+    # at (40 - 1) // 4 = 9); with None every full block.
+    prompt = list(range(1000, 1040))
+    for interval, want in ((None, list(range(10))), (0, [7, 8])):
+        with kvbm.Pool(64, 4, groups=[("full", None), ("sw", 8)]) as pool:
+            seq = pool.hybrid_sequence(prefix_cache_retention_interval=interval)
+            seq.step(prompt)
+            seq.destroy()
+            # a second request over the same prompt: the window's hit
+            # shows which blocks are there (a hit at 36 needs blocks 7, 8)
+            again = pool.hybrid_sequence()
+            again.append(prompt)
+            assert again.find_hit() == 36
+            again.destroy()
+            stats = pool.stats()
+            assert stats["cached"] == 10 + len(want), (interval, stats)
+    with kvbm.Pool(64, 4, groups=[("full", None), ("sw", 8)]) as pool:
+        for bad in (512, -1, True, "0", 0.0):
+            with pytest.raises((ValueError, TypeError), match="prefix_cache_retention_interval"):
+                pool.hybrid_sequence(prefix_cache_retention_interval=bad)
+
+
 def test_sliding_window_table_is_null_before_the_window():
     with kvbm.Pool(64, 4, groups=[("full", None), ("sw", 8)]) as pool:
         assert pool.groups == [("full", None), ("sw", 8)]

@@ -252,8 +252,16 @@ static void hostile(void **state) {
   assert_int_equal(kvbm_hseq_table(s, 2, &ids, &n), KVBM_EINVAL);
   kvbm_hseq_group_stats st;
   assert_int_equal(kvbm_hseq_group_stats_get(s, 2, &st), KVBM_EINVAL);
+  assert_int_equal(kvbm_hseq_set_retention(NULL, KVBM_HSEQ_RETAIN_BOUNDARIES), KVBM_EINVAL);
+  assert_int_equal(kvbm_hseq_set_retention(s, (kvbm_hseq_retention)7), KVBM_EINVAL);
+  assert_int_equal(kvbm_hseq_set_retention(s, KVBM_HSEQ_RETAIN_BOUNDARIES), KVBM_OK);
+  assert_int_equal(kvbm_hseq_set_retention(s, KVBM_HSEQ_RETAIN_ALL), KVBM_OK);
   assert_int_equal(kvbm_hseq_step(s, t, 8, 8, &err), KVBM_OK);
   assert_int_equal(kvbm_hseq_step(s, t, 1, 1, &err), KVBM_EINVAL); /* past max_tokens */
+  /* its blocks were registered by one rule: no switching mid-request */
+  assert_int_equal(kvbm_hseq_set_retention(s, KVBM_HSEQ_RETAIN_BOUNDARIES), KVBM_ESTATE);
+  assert_int_equal(kvbm_hseq_reset(s, 0), KVBM_OK);
+  assert_int_equal(kvbm_hseq_set_retention(s, KVBM_HSEQ_RETAIN_BOUNDARIES), KVBM_OK);
   kvbm_hseq_destroy(s);
   kvbm_hseq_destroy(NULL);
   assert_int_equal(active(p), 0);
