@@ -308,7 +308,7 @@ static int cache(kvbm_hseq *s, uint32_t gi, uint64_t num_tokens) {
         i++;
         continue;
       }
-      size_t j = i; /* a run of blocks to register, in one pool call */
+      size_t j = i + 1; /* a run of blocks to register, in one pool call */
       while (j < nf && g->table[j] != NUL && kept(s, g, j)) j++;
       int rc = kvbm_pool_fill_ids(s->pool, g->table + i, j - i, s->salt, i ? s->hashes[i - 1] : 0, i > 0,
                                   s->tokens + i * s->bs, s->hashes + i, NULL);

@@ -193,7 +193,7 @@ int kvsim_w1h_run(const kvsim_trace *trace, const kvsim_w1h_config *cfg, kvsim_w
   kvsim_trace_max_lengths(trace, n, &max_in, &max_out);
   size_t max_tok = max_in + max_out;
   rc = kvbm_hseq_create(pool, cfg->groups, w.ng, 0, max_tok + 1, &w.seq, err);
-  if (!rc && cfg->sparse_retention) rc = kvbm_hseq_set_retention(w.seq, KVBM_HSEQ_RETAIN_BOUNDARIES);
+  if (!rc) rc = kvbm_hseq_set_retention(w.seq, cfg->retention);
   kvsim_w1h_result res;
   memset(&res, 0, sizeof res);
   double t0 = kvbm_clock_seconds();

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "kvbm/group.h"
+#include "kvbm/hybrid.h"
 #include "kvbm/pool.h"
 #include "kvbm/status.h"
 #include "workload/trace.h"
@@ -43,9 +44,10 @@ typedef struct kvsim_w1h_config {
   uint32_t block_size;              /* 16 */
   uint32_t capacity;                /* usable blocks (vLLM: num_blocks - 1), 16384 */
   uint32_t max_num_batched_tokens;  /* 0: a prompt is one step */
-  bool sparse_retention;            /* vLLM's prefix_cache_retention_interval 0
-                                       (true) or None (false, dense: every full
-                                       block cached); docs/areas/hybrid.md */
+  kvbm_hseq_retention retention;    /* KVBM_HSEQ_RETAIN_ALL (vLLM's
+                                       prefix_cache_retention_interval None, the
+                                       default here) or _BOUNDARIES (vLLM's 0);
+                                       kvbm/hybrid.h */
   size_t limit;                     /* first N requests; 0 = all */
   kvbm_hash_scheme scheme;
   kvbm_pool_listener listener;      /* optional: the pool's events */

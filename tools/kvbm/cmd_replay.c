@@ -57,7 +57,7 @@ static int replay_hybrid(int argc, char **argv) {
   replay_cli c;
   replay_cli_init(&c);
   const char *groups = NULL;
-  h.sparse_retention = true; /* vLLM's default, prefix_cache_retention_interval 0 */
+  h.retention = KVBM_HSEQ_RETAIN_BOUNDARIES; /* vLLM's default, prefix_cache_retention_interval 0 */
   for (int i = 1; i < argc; i++) {
     const char *v;
     uint64_t x;
@@ -79,9 +79,9 @@ static int replay_hybrid(int argc, char **argv) {
     if ((r = cli_opt_value("replay", argc, argv, &i, "--prefix-cache-retention-interval", &v))) {
       if (r < 0) return 2;
       if (!strcmp(v, "0")) {
-        h.sparse_retention = true;
+        h.retention = KVBM_HSEQ_RETAIN_BOUNDARIES;
       } else if (!strcmp(v, "none") || !strcmp(v, "None")) {
-        h.sparse_retention = false;
+        h.retention = KVBM_HSEQ_RETAIN_ALL;
       } else {
         fprintf(stderr, "kvbm replay: --prefix-cache-retention-interval: '%s': want none (every full "
                         "block cached) or 0 (vLLM's sparse default); other intervals are not modelled\n",
@@ -144,7 +144,7 @@ static int replay_hybrid(int argc, char **argv) {
            "\"prompt_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,\"refused\":%llu,"
            "\"blocks_allocated\":%llu,\"blocks_allocated_per_group\":[",
            trace_path, gtext, h.block_size, h.capacity, h.max_num_batched_tokens,
-           h.sparse_retention ? "0" : "null", kvbm_hash_scheme_name(h.scheme), (unsigned long long)res.requests,
+           h.retention == KVBM_HSEQ_RETAIN_BOUNDARIES ? "0" : "null", kvbm_hash_scheme_name(h.scheme), (unsigned long long)res.requests,
            (unsigned long long)res.prompt_tokens, (unsigned long long)res.hit_tokens, hit_rate,
            (unsigned long long)res.refused, (unsigned long long)res.blocks_allocated);
     print_list(res.blocks_allocated_per_group, h.num_groups);
@@ -161,7 +161,7 @@ static int replay_hybrid(int argc, char **argv) {
     else
       printf("  prefill in one step\n");
     printf("  prefix-cache retention %s\n",
-           h.sparse_retention ? "sparse (interval 0: window and Mamba blocks at the prompt's end and "
+           h.retention == KVBM_HSEQ_RETAIN_BOUNDARIES ? "sparse (interval 0: window and Mamba blocks at the prompt's end and "
                                 "the shared-prefix junction)"
                               : "dense (every full block cached)");
     printf("  requests          %llu (%llu refused: they cannot run in this pool)\n", (unsigned long long)res.requests,
