@@ -269,9 +269,29 @@ static int allocate(kvbm_hseq *s, uint32_t gi, uint64_t num_tokens) {
   return rc;
 }
 
-/* Whether block i of group g is cached when full (vLLM's
- * reachable_block_mask). Dense (the default): every block. Sparse (vLLM's
- * prefix_cache_retention_interval 0, its default since 2026-08): a
+/* Whether group g registers every block it fills (kept is true for all
+ * of them): every group but a sliding-window or Mamba one under sparse
+ * retention. */
+static bool caches_all(const kvbm_hseq *s, const gstate *g) {
+  return !s->sparse || g->spec.kind == KVBM_GROUP_FULL || g->spec.kind == KVBM_GROUP_CHUNKED_LOCAL;
+}
+
+/* The groups 0..n-1 that the joint pass (step_joint) and the decode edge
+ * (step_decode_edge) register position by position: the leading groups
+ * that cache every block. The pool's calls for them take a prefix of the
+ * group list; the groups after it allocate there and register on their
+ * own. */
+static uint32_t joint_groups(const kvbm_hseq *s) {
+  uint32_t n = 0;
+  while (n < s->ng && caches_all(s, &s->g[n])) n++;
+  return n;
+}
+
+/* The blocks of group g cached when full (vLLM's reachable_block_mask),
+ * as at most two ranges [lo, hi) in position order, their number returned
+ * (kept: whether block i is among them). Dense (the default): every
+ * block. Sparse (vLLM's prefix_cache_retention_interval 0, its default
+ * since 2026-08): a
  * sliding-window group keeps only the cdiv(W - 1, B) blocks ending at each
  * replay boundary, a Mamba group only the state block ending there; the
  * boundaries are the prompt's last token and the shared-prefix junction
@@ -279,37 +299,60 @@ static int allocate(kvbm_hseq *s, uint32_t gi, uint64_t num_tokens) {
  * is never registered: released, it goes back to the free list, reused
  * before any cached block, as vLLM prepends unhashed blocks to its free
  * queue. Full and chunked-local groups stay dense, as in vLLM. */
-static bool kept(const kvbm_hseq *s, const gstate *g, size_t i) {
-  if (!s->sparse || g->spec.kind == KVBM_GROUP_FULL || g->spec.kind == KVBM_GROUP_CHUNKED_LOCAL) return true;
+static size_t kept_ranges(const kvbm_hseq *s, const gstate *g, size_t lo[2], size_t hi[2]) {
+  if (caches_all(s, g)) {
+    lo[0] = 0, hi[0] = SIZE_MAX;
+    return 1;
+  }
   const uint64_t bounds[2] = {s->prompt_tokens - 1, s->junction};
+  const uint64_t need = g->spec.kind == KVBM_GROUP_SLIDING_WINDOW ? cdiv(g->spec.tokens - 1, s->bs) : 1;
+  size_t n = 0;
   for (int k = 0; k < 2; k++) {
     if (k == 1 && !s->junction) break;
-    const uint64_t end = bounds[k] / s->bs; /* blocks before the boundary */
-    if (g->spec.kind == KVBM_GROUP_SLIDING_WINDOW) {
-      const uint64_t need = cdiv(g->spec.tokens - 1, s->bs);
-      if (i < end && i + need >= end) return true;
-    } else if (end >= 1 && i == end - 1) { /* Mamba: the state at the boundary */
-      return true;
+    const size_t end = (size_t)(bounds[k] / s->bs); /* blocks before the boundary */
+    if (end == 0) continue;
+    const size_t l = end > need ? end - (size_t)need : 0;
+    if (n && l <= hi[0] && end >= lo[0]) { /* overlapping or adjacent: one range */
+      if (l < lo[0]) lo[0] = l;
+      if (end > hi[0]) hi[0] = end;
+    } else {
+      lo[n] = l, hi[n] = end;
+      n++;
     }
   }
+  if (n == 2 && lo[1] < lo[0]) { /* in position order */
+    size_t t = lo[0];
+    lo[0] = lo[1], lo[1] = t;
+    t = hi[0], hi[0] = hi[1], hi[1] = t;
+  }
+  return n;
+}
+
+static bool kept(const kvbm_hseq *s, const gstate *g, size_t i) {
+  size_t lo[2], hi[2], n = kept_ranges(s, g, lo, hi);
+  for (size_t r = 0; r < n; r++)
+    if (i >= lo[r] && i < hi[r]) return true;
   return false;
 }
 
 /* cache_blocks: registers the blocks full at num_tokens (dedup: a block
  * whose (hash, group) is registered is swapped for the registered one),
- * those that are kept (all, but with sparse retention). */
+ * those that are kept (all, but with sparse retention): the kept ranges
+ * are walked, not every position asked (a sparse window group's prefill
+ * keeps a few blocks of thousands). */
 static int cache(kvbm_hseq *s, uint32_t gi, uint64_t num_tokens) {
   gstate *g = &s->g[gi];
   size_t nf = (size_t)(num_tokens / s->bs), nc = g->has_ncached ? g->ncached : 0;
   if (nc >= nf) return KVBM_OK;
-  if (!s->dry)
-    for (size_t i = nc; i < nf;) {
-      if (g->table[i] == NUL || !kept(s, g, i)) {
+  size_t lo[2], hi[2], nr = s->dry ? 0 : kept_ranges(s, g, lo, hi);
+  for (size_t r = 0; r < nr; r++)
+    for (size_t i = lo[r] > nc ? lo[r] : nc, e = hi[r] < nf ? hi[r] : nf; i < e;) {
+      if (g->table[i] == NUL) {
         i++;
         continue;
       }
       size_t j = i + 1; /* a run of blocks to register, in one pool call */
-      while (j < nf && g->table[j] != NUL && kept(s, g, j)) j++;
+      while (j < e && g->table[j] != NUL) j++;
       int rc = kvbm_pool_fill_ids(s->pool, g->table + i, j - i, s->salt, i ? s->hashes[i - 1] : 0, i > 0,
                                   s->tokens + i * s->bs, s->hashes + i, NULL);
       if (rc) return rc;
@@ -374,12 +417,14 @@ static bool step_group_fast(kvbm_hseq *s, uint32_t gi, uint64_t end, int *rc) {
  * would deduplicate, and step_group_fast then goes on from there, group by
  * group, as without it. The blocks taken are the same (only which id goes
  * to which group differs), and nothing frees a block until every group's
- * are taken, as in step_group_fast. */
-static void step_joint(kvbm_hseq *s, uint64_t end, int *rc) {
+ * are taken, as in step_group_fast. Under sparse retention only the
+ * leading groups that cache every block (joint_groups, `nj` of them) go
+ * through it; the others then allocate their blocks after it. */
+static void step_joint(kvbm_hseq *s, uint32_t nj, uint64_t end, int *rc) {
   const size_t len = s->g[0].len, nf = (size_t)(end / s->bs);
   if (nf <= len) return;
   uint32_t *tabs[KVBM_GROUPS_MAX];
-  for (size_t gi = 0; gi < s->ng; gi++) {
+  for (size_t gi = 0; gi < nj; gi++) {
     const gstate *g = &s->g[gi];
     if (g->len != len || (g->has_ncached ? g->ncached : 0) < len) return;
     tabs[gi] = g->table + len;
@@ -387,12 +432,12 @@ static void step_joint(kvbm_hseq *s, uint64_t end, int *rc) {
   ensure_hashed(s, len); /* the parent */
   if (s->nhash < len) return; /* not known: never with every block registered */
   size_t done = 0, hashed = 0;
-  *rc = kvbm__pool_fill_groups_fresh(s->pool, (uint32_t)s->ng, s->salt, len ? s->hashes[len - 1] : 0, len > 0,
+  *rc = kvbm__pool_fill_groups_fresh(s->pool, nj, s->salt, len ? s->hashes[len - 1] : 0, len > 0,
                                      s->tokens + len * s->bs, s->hashes + len, s->nhash - len, nf - len, tabs,
                                      &done, &hashed);
   if (*rc == KVBM_EUNSUPPORTED) *rc = KVBM_OK; /* a listener: group by group */
   if (len + hashed > s->nhash) s->nhash = len + hashed;
-  for (size_t gi = 0; gi < s->ng && done; gi++) {
+  for (size_t gi = 0; gi < nj && done; gi++) {
     gstate *g = &s->g[gi];
     g->len += done;
     g->held += done;
@@ -514,14 +559,26 @@ static int step(kvbm_hseq *s, uint64_t num_new) {
   /* Block by block while that is vLLM's order (step_group_fast), then, from
    * the first group that would deduplicate, vLLM's order itself. (Null
    * positions never lie among a group's blocks to register but in Mamba
-   * align's tables, which always take vLLM's order.) */
-  uint32_t from = 0;
-  const bool fast = !s->dry && !s->has_align && !s->sparse; /* the paths that register every block */
-  if (fast && s->ng > 1 && !rc) step_joint(s, end, &rc);
+   * align's tables, which always take vLLM's order.) A group that caches
+   * only some blocks (sparse retention, kept) allocates here and registers
+   * after every group has allocated (`deferred`), as vLLM does; the block
+   * by block groups around it may still go first, because a registration
+   * that deduplicates nothing frees nothing, and only a free (or the
+   * allocations' order) could change what another group's step finds. */
+  const bool fast = !s->dry && !s->has_align;
+  const uint32_t nj = joint_groups(s);
+  if (fast && nj > 1 && !rc) step_joint(s, nj, end, &rc);
   if (!s->dry) ensure_hashed(s, (size_t)(end / s->bs)); /* what step_joint left */
-  if (fast)
-    while (from < s->ng && !rc && step_group_fast(s, from, end, &rc)) from++;
-  for (uint32_t gi = from; gi < s->ng && !rc; gi++) rc = allocate(s, gi, end);
+  uint32_t deferred = 0; /* groups whose registration waits for cache() below */
+  bool general = !fast;
+  for (uint32_t gi = 0; gi < s->ng && !rc; gi++) {
+    if (!general && caches_all(s, &s->g[gi])) {
+      if (step_group_fast(s, gi, end, &rc)) continue;
+      general = true; /* this group would deduplicate: vLLM's order from here */
+    }
+    rc = allocate(s, gi, end);
+    deferred |= 1u << gi;
+  }
   if (s->dry && !rc) {
     /* vLLM's check: the step's new and touched blocks within what is free,
      * i.e. what the request holds after the step within the pool */
@@ -532,7 +589,7 @@ static int step(kvbm_hseq *s, uint64_t num_new) {
   uint64_t held = 0;
   for (uint32_t gi = 0; gi < s->ng && !rc; gi++) {
     gstate *g = &s->g[gi];
-    if (gi >= from) rc = cache(s, gi, end);
+    if (deferred & (1u << gi)) rc = cache(s, gi, end);
     if (g->held > g->peak) g->peak = g->held;
     held += g->held;
   }
@@ -762,17 +819,26 @@ static NOINLINE int step_decode_edge(kvbm_hseq *s, kvbm_error *err) {
   const uint64_t c = s->computed;
   const bool opens = c % s->bs == 0;
   if (opens && kvbm_pool_available(s->pool) < s->ng) return step_checked(s, NULL, 0, 1, err);
+  const size_t i = s->g[0].len - !opens; /* opens: the new place; fills: the last */
+  /* Filling registers the block in the groups that cache every block, a
+   * prefix of the list (joint_groups); under sparse retention the others
+   * keep no block past the prompt's last, so they register nothing. Any
+   * other layout (a kept block: a prompt stepped a token at a time) takes
+   * the general step. */
+  const uint32_t nreg = opens ? (uint32_t)s->ng : joint_groups(s);
+  for (uint32_t gi = nreg; gi < s->ng; gi++)
+    if (kept(s, &s->g[gi], i) || caches_all(s, &s->g[gi])) return step_checked(s, NULL, 0, 1, err);
+  if (nreg == 0) return step_checked(s, NULL, 0, 1, err);
   int rc = remove_skipped_all(s, c);
   /* The pool's one call for every group (each table's last place; the
    * tables have one length here). */
-  const size_t i = s->g[0].len - !opens; /* opens: the new place; fills: the last */
   uint32_t *slots[KVBM_GROUPS_MAX];
   for (uint32_t gi = 0; gi < s->ng; gi++) slots[gi] = s->g[gi].table + i;
   if (!rc && opens) {
     rc = kvbm__pool_alloc_groups(s->pool, (uint32_t)s->ng, slots);
   } else if (!rc) {
     ensure_hashed(s, i + 1);
-    rc = kvbm__pool_fill_groups_one(s->pool, (uint32_t)s->ng, slots, s->salt, i ? s->hashes[i - 1] : 0, i > 0,
+    rc = kvbm__pool_fill_groups_one(s->pool, nreg, slots, s->salt, i ? s->hashes[i - 1] : 0, i > 0,
                                     s->tokens + i * s->bs, s->hashes[i]);
   }
   uint64_t held = 0;
@@ -810,7 +876,7 @@ int kvbm_hseq_step(kvbm_hseq *s, const uint32_t *tokens, size_t n_tokens, uint64
   }
   if (n_tokens == 0 && n_new == 1 && s->computed < s->ntok && s->stepped) {
     if (quiet_decode(s, 1)) return step_release_only(s, err);
-    if (!s->dry && !s->has_align && !s->sparse && s->bs >= 2) return step_decode_edge(s, err);
+    if (!s->dry && !s->has_align && s->bs >= 2) return step_decode_edge(s, err);
   }
   return step_checked(s, tokens, n_tokens, n_new, err);
 }

@@ -61,6 +61,14 @@ compare "full,chunk:8192,mamba-align" 60 16384 8192
 compare "full,chunk:1000,sw:100,mamba-align" 60 16384 0 0
 compare "$GPT_OSS" 80 3000 2048
 compare "$GEMMA3" 80 4000 2048 0
+# the orders the fast paths treat apart under sparse retention: a window
+# group before full attention (no joint pass), a group that caches every
+# block after one that does not, two full groups then a window, and a
+# prompt stepped a token at a time (the decode edge meets kept blocks)
+compare "sw:128,full" 80 3000 2048
+compare "full,sw:64,chunk:512,mamba" 80 3000 2048
+compare "full,full,sw:128" 80 4000 0
+compare "full,sw:32,mamba" 12 2000 1
 sparse=$("$KVBM_BIN" replay "$TRACE" --groups "$GEMMA3" --limit "$LIMIT" --max-num-batched-tokens 8192 --json --no-progress)
 dense=$("$KVBM_BIN" replay "$TRACE" --groups "$GEMMA3" --limit "$LIMIT" --max-num-batched-tokens 8192 --prefix-cache-retention-interval none --json --no-progress)
 /usr/bin/python3 - "$sparse" "$dense" <<'PY'
