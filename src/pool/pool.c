@@ -1265,7 +1265,7 @@ HOT bool groups_any(const blk *blocks, const uint8_t *grp, const bucket *table, 
  *  - a victim's entry cleared at its place (where[], as fill_run_plain),
  *    and the cursor's prefetch of a bucket read from there: no victim
  *    hashed again, its group not read. */
-HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash, uint64_t parent,
+HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, const uint32_t nreg, uint64_t salt_hash, uint64_t parent,
                              bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
                              size_t n, uint32_t *const *tables, size_t *hashed_out,
                              const kvbm_hash_scheme scheme, const uint32_t cbs) {
@@ -1293,7 +1293,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
       hp = true;
       hashed = j + 1;
     }
-    for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
+    for (uint32_t g = 0; g < nreg; g++) __builtin_prefetch(&table[ghome(hashes[j], g, shift)]);
   }
   /* block k's parent and flags as its record holds them: only position 0
    * may lack a parent */
@@ -1302,6 +1302,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
   /* refcount 1, ntok, REGISTERED, flags: one store a block */
   uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | (has_parent ? F_HAS_PARENT : 0)));
   const uint64_t tail8_rest = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT));
+  const uint64_t tail8_alloc = rec_tail8(1, 0, KVBM_BLOCK_RESET, 0);
   size_t k = 0;
   for (; k < n; k++, tail8 = tail8_rest) {
     const size_t j = k + PLAIN_AHEAD;
@@ -1315,10 +1316,10 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
       } else {
         hj = hashes[j];
       }
-      for (uint32_t g = 0; g < ng; g++) __builtin_prefetch(&table[ghome(hj, g, shift)]);
+      for (uint32_t g = 0; g < nreg; g++) __builtin_prefetch(&table[ghome(hj, g, shift)]);
     }
     const uint64_t hk = hashes[k];
-    if (groups_any(blocks, grp, table, mask, shift, hk, ng)) break; /* the caller's: vLLM's order */
+    if (groups_any(blocks, grp, table, mask, shift, hk, nreg)) break; /* the caller's: vLLM's order */
     const uint32_t fp0 = fingerprint(hk, 0);
 #pragma GCC unroll 4
     for (uint32_t g = 0; g < ng; g++) {
@@ -1326,6 +1327,12 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
       PLAIN_TAKE(id, grp[id]);
       tables[g][k] = id;
       blk *b = &blocks[id];
+      if (g >= nreg) { /* taken only: held and RESET, as kvbm_pool_alloc_group leaves it */
+        grp[id] = (uint8_t)g;
+        b->seq_hash = b->parent_hash = 0;
+        memcpy((char *)b + offsetof(blk, refcount), &tail8_alloc, sizeof tail8_alloc);
+        continue;
+      }
       if (salt_hash) p->salts[id] = salt_hash;
       grp[id] = (uint8_t)g;
       b->seq_hash = hk;
@@ -1337,22 +1344,23 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, uint64_t salt_hash
     pk = hk;
   }
   HEAD_PREV();
-  /* every block taken was registered; those not off the free stack were
-   * evicted */
+  /* the blocks taken in the first nreg groups were registered; those not
+   * off the free stack were evicted */
   const uint32_t taken = (uint32_t)(k * ng), evicted = taken - (ftop0 - ftop);
   p->free_top = ftop;
   p->cached -= evicted;
   p->evicted += evicted;
-  p->registered += taken - evicted;
+  p->registered = p->registered + k * nreg - evicted;
   p->allocated += taken;
   *hashed_out = hashed;
   return k;
 }
 
-int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_hash, uint64_t parent,
+int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint32_t nregister, uint64_t salt_hash, uint64_t parent,
                                  bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
                                  size_t n, uint32_t *const *tables, size_t *done, size_t *hashed) {
-  if (!done || !hashed || ngroups == 0 || ngroups > p->ngroups || (n && (!tokens || !hashes || !tables)))
+  if (!done || !hashed || ngroups == 0 || ngroups > p->ngroups || nregister == 0 || nregister > ngroups ||
+      (n && (!tokens || !hashes || !tables)))
     return KVBM_EINVAL;
   for (uint32_t g = 0; n && g < ngroups; g++)
     if (!tables[g]) return KVBM_EINVAL;
@@ -1368,23 +1376,38 @@ int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint64_t salt_h
    * register and stores none (callgrind, the hybrid replay of
    * docs/areas/hybrid.md: 989.2M -> 959.5M instructions) */
   const bool dynamo = p->cfg.scheme == KVBM_HASH_DYNAMO;
+  /* groups past nregister only take blocks (a window under sparse
+   * retention); compiled for gpt-oss's two groups, 16-token blocks, the
+   * native scheme and no salt, and for anything else */
+  if (nregister < ngroups) {
+    if (ngroups == 2 && !dynamo && p->cfg.block_size == 16 && !salt_hash)
+      *done = fill_groups_plain(p, 2, 1, 0, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+                                KVBM_HASH_NATIVE, 16);
+    else if (!dynamo)
+      *done = fill_groups_plain(p, ngroups, nregister, salt_hash, parent, has_parent, tokens, hashes, nhashed, n,
+                                tables, hashed, KVBM_HASH_NATIVE, 0);
+    else
+      *done = fill_groups_plain(p, ngroups, nregister, salt_hash, parent, has_parent, tokens, hashes, nhashed, n,
+                                tables, hashed, KVBM_HASH_DYNAMO, 0);
+    return KVBM_OK;
+  }
   if (ngroups == 2 && !dynamo && p->cfg.block_size == 16 && !salt_hash) /* no salt: a constant 0 */
-    *done = fill_groups_plain(p, 2, 0, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_plain(p, 2, 2, 0, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 16);
   else if (ngroups == 2 && !dynamo && p->cfg.block_size == 16)
-    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_plain(p, 2, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 16);
   else if (ngroups == 2 && !dynamo)
-    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_plain(p, 2, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_NATIVE, 0);
   else if (ngroups == 2)
-    *done = fill_groups_plain(p, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
+    *done = fill_groups_plain(p, 2, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_DYNAMO, 0);
   else if (!dynamo)
-    *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
+    *done = fill_groups_plain(p, ngroups, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
                               hashed, KVBM_HASH_NATIVE, 0);
   else
-    *done = fill_groups_plain(p, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
+    *done = fill_groups_plain(p, ngroups, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
                               hashed, KVBM_HASH_DYNAMO, 0);
   return KVBM_OK;
 }

@@ -56,15 +56,20 @@ bool kvbm__pool_fill_only(const kvbm_pool *pool);
  * least *done). The blocks taken are those group-by-group runs would take
  * (free ones, then the same cached ones in the same order; only which id
  * goes to which group differs), and nothing is registered twice, so a
- * caller stepping vLLM's way gets the same counts. KVBM_EUNSUPPORTED
- * (nothing done) for a pool of one group, with a listener (its events
- * would come position by position instead of group by group), duplicate
- * chains or token copies; KVBM_EINVAL (NULL arrays with n > 0, ngroups 0
- * or past the pool's) or KVBM_ENOSPC (fewer than n * ngroups blocks
- * available), with no change. Allocates nothing. */
-int kvbm__pool_fill_groups_fresh(kvbm_pool *pool, uint32_t ngroups, uint64_t salt_hash, uint64_t parent,
-                                 bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
-                                 size_t n, uint32_t *const *tables, size_t *done, size_t *hashed);
+ * caller stepping vLLM's way gets the same counts. Only the first
+ * `nregister` groups are filled and registered (and looked up for the
+ * stop); the groups after them take their block at each position and
+ * hold it RESET, as kvbm_pool_alloc_group(pool, g, 1, ...) would (a window
+ * group under sparse retention, whose kept blocks the caller registers
+ * afterwards). KVBM_EUNSUPPORTED (nothing done) for a pool of one group,
+ * with a listener (its events would come position by position instead of
+ * group by group), duplicate chains or token copies; KVBM_EINVAL (NULL
+ * arrays with n > 0, ngroups 0 or past the pool's, nregister 0 or past
+ * ngroups) or KVBM_ENOSPC (fewer than n * ngroups blocks available), with
+ * no change. Allocates nothing. */
+int kvbm__pool_fill_groups_fresh(kvbm_pool *pool, uint32_t ngroups, uint32_t nregister, uint64_t salt_hash,
+                                 uint64_t parent, bool has_parent, const uint32_t *tokens, uint64_t *hashes,
+                                 size_t nhashed, size_t n, uint32_t *const *tables, size_t *done, size_t *hashed);
 
 /* A hybrid request's decode token that opens a block: one block for each
  * group g < ngroups, in group order, into *slots[g]; as

@@ -287,6 +287,17 @@ static uint32_t joint_groups(const kvbm_hseq *s) {
   return n;
 }
 
+/* The groups the joint pass serves: the nreg leading groups that cache
+ * every block, and every group after them when none of those does (each
+ * then takes its blocks in the pass, and registers its kept ones in
+ * cache()); a group that caches every block after one that does not
+ * leaves the pass to the leading ones. */
+static uint32_t joint_takers(const kvbm_hseq *s, uint32_t nreg) {
+  for (uint32_t gi = nreg; gi < s->ng; gi++)
+    if (caches_all(s, &s->g[gi])) return nreg;
+  return (uint32_t)s->ng;
+}
+
 /* The blocks of group g cached when full (vLLM's reachable_block_mask),
  * as at most two ranges [lo, hi) in position order, their number returned
  * (kept: whether block i is among them). Dense (the default): every
@@ -417,14 +428,15 @@ static bool step_group_fast(kvbm_hseq *s, uint32_t gi, uint64_t end, int *rc) {
  * would deduplicate, and step_group_fast then goes on from there, group by
  * group, as without it. The blocks taken are the same (only which id goes
  * to which group differs), and nothing frees a block until every group's
- * are taken, as in step_group_fast. Under sparse retention only the
- * leading groups that cache every block (joint_groups, `nj` of them) go
- * through it; the others then allocate their blocks after it. */
-static void step_joint(kvbm_hseq *s, uint32_t nj, uint64_t end, int *rc) {
+ * are taken, as in step_group_fast. Under sparse retention the leading
+ * groups that cache every block (joint_groups, `nreg` of them) are filled
+ * and registered in it, and the groups after them up to `ntake`
+ * (joint_takers) take their blocks in it, unregistered. */
+static void step_joint(kvbm_hseq *s, uint32_t nreg, uint32_t ntake, uint64_t end, int *rc) {
   const size_t len = s->g[0].len, nf = (size_t)(end / s->bs);
   if (nf <= len) return;
   uint32_t *tabs[KVBM_GROUPS_MAX];
-  for (size_t gi = 0; gi < nj; gi++) {
+  for (size_t gi = 0; gi < ntake; gi++) {
     const gstate *g = &s->g[gi];
     if (g->len != len || (g->has_ncached ? g->ncached : 0) < len) return;
     tabs[gi] = g->table + len;
@@ -432,18 +444,20 @@ static void step_joint(kvbm_hseq *s, uint32_t nj, uint64_t end, int *rc) {
   ensure_hashed(s, len); /* the parent */
   if (s->nhash < len) return; /* not known: never with every block registered */
   size_t done = 0, hashed = 0;
-  *rc = kvbm__pool_fill_groups_fresh(s->pool, nj, s->salt, len ? s->hashes[len - 1] : 0, len > 0,
+  *rc = kvbm__pool_fill_groups_fresh(s->pool, ntake, nreg, s->salt, len ? s->hashes[len - 1] : 0, len > 0,
                                      s->tokens + len * s->bs, s->hashes + len, s->nhash - len, nf - len, tabs,
                                      &done, &hashed);
   if (*rc == KVBM_EUNSUPPORTED) *rc = KVBM_OK; /* a listener: group by group */
   if (len + hashed > s->nhash) s->nhash = len + hashed;
-  for (size_t gi = 0; gi < nj && done; gi++) {
+  for (size_t gi = 0; gi < ntake && done; gi++) {
     gstate *g = &s->g[gi];
     g->len += done;
     g->held += done;
     g->alloc += done;
-    g->ncached = g->len;
-    g->has_ncached = true;
+    if (gi < nreg) { /* registered; the others' kept blocks: cache() */
+      g->ncached = g->len;
+      g->has_ncached = true;
+    }
   }
 }
 
@@ -566,8 +580,8 @@ static int step(kvbm_hseq *s, uint64_t num_new) {
    * that deduplicates nothing frees nothing, and only a free (or the
    * allocations' order) could change what another group's step finds. */
   const bool fast = !s->dry && !s->has_align;
-  const uint32_t nj = joint_groups(s);
-  if (fast && nj > 1 && !rc) step_joint(s, nj, end, &rc);
+  const uint32_t nreg = joint_groups(s), ntake = joint_takers(s, nreg);
+  if (fast && ntake > 1 && nreg > 0 && !rc) step_joint(s, nreg, ntake, end, &rc);
   if (!s->dry) ensure_hashed(s, (size_t)(end / s->bs)); /* what step_joint left */
   uint32_t deferred = 0; /* groups whose registration waits for cache() below */
   bool general = !fast;

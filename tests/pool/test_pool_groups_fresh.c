@@ -136,7 +136,7 @@ static void twins_agree(void **state) {
     kvbm_pool_stats st;
     kvbm_pool_stats_get(a, &st);
     const bool evicts = st.free < n * NG;
-    int rc = kvbm__pool_fill_groups_fresh(a, NG, 0, start ? doc_hash[d][start - 1] : 0, start > 0,
+    int rc = kvbm__pool_fill_groups_fresh(a, NG, NG, 0, start ? doc_hash[d][start - 1] : 0, start > 0,
                                           doc_tok[d] + start * BS, h, given, n, tabs, &done, &hashed);
     if (rc == KVBM_ENOSPC) {
       assert_true((uint64_t)n * NG > st.free + st.cached);
@@ -193,12 +193,12 @@ static void refusals(void **state) {
   size_t done = 99, hashed = 99;
   /* pools it does not serve: nothing done, so the caller goes group by group */
   kvbm_pool *one = mk(1, false, NULL), *heard = mk(NG, false, on_event), *copies = mk(NG, true, NULL);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(one, 1, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(one, 1, 1, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
                    KVBM_EUNSUPPORTED);
   assert_int_equal(done, 0);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(heard, NG, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(heard, NG, NG, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
                    KVBM_EUNSUPPORTED);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(copies, NG, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(copies, NG, NG, 0, 0, false, doc_tok[0], h, MAXRUN, 4, tabs, &done, &hashed),
                    KVBM_EUNSUPPORTED);
   kvbm_pool_stats st;
   kvbm_pool *pools[] = {one, heard, copies};
@@ -209,18 +209,22 @@ static void refusals(void **state) {
     kvbm_pool_destroy(pools[i]);
   }
   kvbm_pool *p = mk(NG, false, NULL);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, NULL, h, 0, 4, tabs, &done, &hashed), KVBM_EINVAL);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, doc_tok[0], NULL, 0, 4, tabs, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, NG, 0, 0, false, NULL, h, 0, 4, tabs, &done, &hashed), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, NG, 0, 0, false, doc_tok[0], NULL, 0, 4, tabs, &done, &hashed),
                    KVBM_EINVAL);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, doc_tok[0], h, 0, 4, NULL, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, NG, 0, 0, false, doc_tok[0], h, 0, 4, NULL, &done, &hashed),
                    KVBM_EINVAL);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, doc_tok[0], h, 0, 4, half, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, NG, 0, 0, false, doc_tok[0], h, 0, 4, half, &done, &hashed),
                    KVBM_EINVAL);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, doc_tok[0], h, 0, 4, tabs, NULL, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, NG, 0, 0, false, doc_tok[0], h, 0, 4, tabs, NULL, &hashed),
                    KVBM_EINVAL);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, 0, 0, 0, false, doc_tok[0], h, 0, 4, tabs, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, 0, 0, 0, 0, false, doc_tok[0], h, 0, 4, tabs, &done, &hashed),
                    KVBM_EINVAL);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG + 1, 0, 0, false, doc_tok[0], h, 0, 4, tabs, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, 0, false, doc_tok[0], h, 0, 4, tabs, &done, &hashed),
+                   KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, NG + 1, 0, 0, false, doc_tok[0], h, 0, 4, tabs, &done, &hashed),
+                   KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG + 1, NG + 1, 0, 0, false, doc_tok[0], h, 0, 4, tabs, &done, &hashed),
                    KVBM_EINVAL);
   /* 33 positions in 2 groups need 66 blocks of 64: refused, nothing written */
   uint32_t big0[40], big1[40], *bigs[NG] = {big0, big1};
@@ -228,7 +232,7 @@ static void refusals(void **state) {
   uint64_t bh[40];
   memset(tok, 0, sizeof tok);
   memset(bh, 0, sizeof bh);
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, tok, bh, 0, 33, bigs, &done, &hashed),
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, NG, 0, 0, false, tok, bh, 0, 33, bigs, &done, &hashed),
                    KVBM_ENOSPC);
   assert_int_equal(done, 0);
   assert_int_equal(bh[0], 0);
@@ -236,7 +240,7 @@ static void refusals(void **state) {
   assert_int_equal(st.free, NB);
   assert_int_equal(st.allocated, 0);
   /* and the exact fit is served */
-  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, 0, 0, false, tok, bh, 0, 32, bigs, &done, &hashed), KVBM_OK);
+  assert_int_equal(kvbm__pool_fill_groups_fresh(p, NG, NG, 0, 0, false, tok, bh, 0, 32, bigs, &done, &hashed), KVBM_OK);
   assert_int_equal(done, 32);
   kvbm_pool_stats_get(p, &st);
   assert_int_equal(st.active, NB);
@@ -247,12 +251,15 @@ static void refusals(void **state) {
 /* The joint pass's instances for two groups of 16-token blocks (vLLM's
  * size), salted and not, against one-block kvbm_pool_fill_run_fresh runs a
  * group at a time over twin pools: every id, the stats and every (hash,
- * group)'s state equal, with evictions and registered prefixes met. */
-enum { B16 = 16, NB16 = 96, RUN16 = 20, NDOC16 = 8 };
+ * group)'s state equal, with evictions and registered prefixes met. With
+ * nreg < ng the groups from nreg on only take blocks (a window under
+ * sparse retention): the twin takes them with kvbm_pool_alloc_group, and
+ * every block's record must agree too (held, RESET, its group). */
+enum { B16 = 16, NB16 = 96, RUN16 = 20, NDOC16 = 8, NGMAX = 3 };
 
-static void twins16_in(uint64_t salt) {
+static void twins16_in(uint64_t salt, uint32_t ng, uint32_t nreg) {
   kvbm_pool_config c = kvbm_pool_config_default(NB16, B16);
-  c.num_groups = NG;
+  c.num_groups = ng;
   c.keep_tokens = false;
   kvbm_pool *a = NULL, *b = NULL;
   assert_int_equal(kvbm_pool_create(&c, &a, NULL), KVBM_OK);
@@ -264,18 +271,18 @@ static void twins16_in(uint64_t salt) {
     for (size_t k = 0; k < RUN16; k++)
       hash[d][k] = kvbm_hash_next(KVBM_HASH_NATIVE, salt, k ? hash[d][k - 1] : 0, k > 0, tok[d] + k * B16, B16);
   }
-  uint32_t ta[NG][RUN16], tb[NG][RUN16];
+  uint32_t ta[NGMAX][RUN16], tb[NGMAX][RUN16];
   uint32_t x = 5;
   size_t stopped = 0, evicting = 0;
   for (int it = 0; it < 600; it++) {
     const uint32_t d = rnd(&x) % NDOC16;
     const size_t start = rnd(&x) % RUN16, n = 1 + rnd(&x) % (RUN16 - start);
     uint64_t h[RUN16];
-    uint32_t *tabs[NG] = {ta[0], ta[1]};
+    uint32_t *tabs[NGMAX] = {ta[0], ta[1], ta[2]};
     size_t done = 0, hashed = 0;
     kvbm_pool_stats st;
     kvbm_pool_stats_get(a, &st);
-    assert_int_equal(kvbm__pool_fill_groups_fresh(a, NG, salt, start ? hash[d][start - 1] : 0, start > 0,
+    assert_int_equal(kvbm__pool_fill_groups_fresh(a, ng, nreg, salt, start ? hash[d][start - 1] : 0, start > 0,
                                                   tok[d] + start * B16, h, 0, n, tabs, &done, &hashed),
                      KVBM_OK);
     for (size_t k = 0; k < hashed; k++) assert_true(h[k] == hash[d][start + k]);
@@ -283,10 +290,15 @@ static void twins16_in(uint64_t salt) {
     for (; stop < n; stop++) {
       const size_t k = start + stop;
       bool any = false;
-      for (uint32_t g = 0; g < NG; g++) any |= kvbm_pool_peek_group(b, g, hash[d][k], NULL, NULL) == KVBM_OK;
+      for (uint32_t g = 0; g < nreg; g++) any |= kvbm_pool_peek_group(b, g, hash[d][k], NULL, NULL) == KVBM_OK;
       if (any) break;
-      for (uint32_t g = 0; g < NG; g++) {
+      for (uint32_t g = 0; g < ng; g++) {
         size_t got = 0;
+        if (g >= nreg) {
+          assert_int_equal(kvbm_pool_alloc_group(b, g, 1, &tb[g][stop]), KVBM_OK);
+          assert_int_equal(tb[g][stop], ta[g][stop]);
+          continue;
+        }
         assert_int_equal(kvbm_pool_fill_run_fresh(b, g, salt, k ? hash[d][k - 1] : 0, k > 0, tok[d] + k * B16,
                                                   hash[d] + k, 1, NULL, &tb[g][stop], &got),
                          KVBM_OK);
@@ -295,26 +307,38 @@ static void twins16_in(uint64_t salt) {
     }
     assert_int_equal(done, stop);
     stopped += done < n;
-    evicting += done && st.free < done * NG;
+    evicting += done && st.free < done * ng;
     kvbm_pool_stats sa, sb;
     kvbm_pool_stats_get(a, &sa);
     kvbm_pool_stats_get(b, &sb);
     assert_memory_equal(&sa, &sb, sizeof sa);
     for (uint32_t e = 0; e < NDOC16; e++)
       for (size_t k = 0; k < RUN16; k++)
-        for (uint32_t g = 0; g < NG; g++) {
+        for (uint32_t g = 0; g < ng; g++) {
           bool ca = false, cb = false;
           assert_int_equal(kvbm_pool_peek_group(a, g, hash[e][k], NULL, &ca),
                            kvbm_pool_peek_group(b, g, hash[e][k], NULL, &cb));
           assert_int_equal(ca, cb);
         }
-    for (uint32_t g = 0; g < NG; g++) { /* released at once: cached, evictable */
+    for (uint32_t id = 0; id < NB16; id++) {
+      kvbm_block_info ia, ib;
+      assert_int_equal(kvbm_block_info_get(a, id, &ia), KVBM_OK);
+      assert_int_equal(kvbm_block_info_get(b, id, &ib), KVBM_OK);
+      assert_int_equal(ia.state, ib.state);
+      assert_int_equal(ia.refcount, ib.refcount);
+      assert_int_equal(ia.priority, ib.priority);
+      assert_int_equal(ia.group, ib.group);
+      assert_int_equal(ia.seq_hash, ib.seq_hash);
+      assert_int_equal(ia.parent_hash, ib.parent_hash);
+      assert_int_equal(ia.num_tokens, ib.num_tokens);
+    }
+    for (uint32_t g = 0; g < ng; g++) { /* released at once: cached (or free), evictable */
       assert_int_equal(kvbm_pool_release_run(a, ta[g], done, 0), KVBM_OK);
       assert_int_equal(kvbm_pool_release_run(b, tb[g], done, 0), KVBM_OK);
     }
     if (salt && done) { /* the salt is the block's */
       kvbm_block_info info;
-      assert_int_equal(kvbm_block_info_get(a, ta[1][0], &info), KVBM_OK);
+      assert_int_equal(kvbm_block_info_get(a, ta[nreg - 1][0], &info), KVBM_OK);
       assert_true(info.salt_hash == salt);
     }
   }
@@ -325,8 +349,14 @@ static void twins16_in(uint64_t salt) {
 
 static void twins_agree_16(void **state) {
   (void)state;
-  twins16_in(0);
-  twins16_in(0x5a17u);
+  twins16_in(0, 2, 2);
+  twins16_in(0x5a17u, 2, 2);
+  /* groups that only take blocks: gpt-oss's instance, then the general one
+   * (salted; three groups) */
+  twins16_in(0, 2, 1);
+  twins16_in(0x5a17u, 2, 1);
+  twins16_in(0, 3, 1);
+  twins16_in(0, 3, 2);
 }
 
 /* Long runs (up to 200 positions of two groups, far past the joint
@@ -374,7 +404,7 @@ static void long_runs_agree(void **state) {
     size_t done = 0, hashed = 0;
     const uint64_t *hd = hash[d] + start;
     const uint32_t *td = tok[d] + start * BS;
-    assert_int_equal(kvbm__pool_fill_groups_fresh(a, NG, 0, start ? hd[-1] : 0, start > 0, td, h, 0, n, tabs, &done,
+    assert_int_equal(kvbm__pool_fill_groups_fresh(a, NG, NG, 0, start ? hd[-1] : 0, start > 0, td, h, 0, n, tabs, &done,
                                                   &hashed),
                      KVBM_OK);
     assert_memory_equal(h, hd, hashed * sizeof *h);
