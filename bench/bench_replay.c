@@ -31,6 +31,10 @@
  * --max-num-batched-tokens 8192) on the same trace, in the same rounds,
  * against W1's single-group replay:
  *   hybrid ratio = hybrid replay time / W1 replay time   (target: <= 1.5)
+ * under vLLM's default retention (prefix_cache_retention_interval 0: a
+ * window group caches only the blocks a replay boundary can use), which
+ * is `kvbm replay --groups`' default too; --prefix-cache-retention-interval
+ * none measures the dense rule (every full block of every group cached).
  * given as the median over rounds with its least and greatest (each round
  * times both back to back, so a noisy neighbour hits both).
  * It is also given on the thread's CPU clock (hybrid CPU / W1 CPU of one
@@ -39,6 +43,7 @@
  *
  * usage: bench_replay [TRACE] [--repeat 5] [--hash native|dynamo] [--oracle] [--limit N]
  *                     [--groups LIST] [--max-num-batched-tokens N] [--no-hybrid]
+ *                     [--prefix-cache-retention-interval 0|none]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,11 +106,16 @@ int main(int argc, char **argv) {
   const char *groups = "full,sw:128";
   uint32_t mbt = 8192;
   int hybrid = 1;
+  kvbm_hseq_retention retention = KVBM_HSEQ_RETAIN_BOUNDARIES; /* vLLM's default */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--groups") && i + 1 < argc) groups = argv[++i];
     else if (!strcmp(argv[i], "--max-num-batched-tokens") && i + 1 < argc) mbt = (uint32_t)atol(argv[++i]);
     else if (!strcmp(argv[i], "--no-hybrid")) hybrid = 0;
+    else if (!strcmp(argv[i], "--prefix-cache-retention-interval") && i + 1 < argc && !strcmp(argv[i + 1], "0"))
+      retention = KVBM_HSEQ_RETAIN_BOUNDARIES, i++;
+    else if (!strcmp(argv[i], "--prefix-cache-retention-interval") && i + 1 < argc && !strcmp(argv[i + 1], "none"))
+      retention = KVBM_HSEQ_RETAIN_ALL, i++;
     else if (!strcmp(argv[i], "--limit") && i + 1 < argc) limit = (size_t)atoll(argv[++i]);
     else if (!strcmp(argv[i], "--oracle")) oracle = 1;
     else if (!strcmp(argv[i], "--hash") && i + 1 < argc) {
@@ -113,7 +123,8 @@ int main(int argc, char **argv) {
     } else if (argv[i][0] != '-') path = argv[i];
     else {
       fprintf(stderr, "usage: bench_replay [TRACE] [--repeat N] [--hash native|dynamo] [--oracle] [--limit N]\n"
-                      "                    [--groups LIST] [--max-num-batched-tokens N] [--no-hybrid]\n");
+                      "                    [--groups LIST] [--max-num-batched-tokens N] [--no-hybrid]\n"
+                      "                    [--prefix-cache-retention-interval 0|none]\n");
       return 2;
     }
   }
@@ -131,6 +142,7 @@ int main(int argc, char **argv) {
   kvsim_w1h_config hc = kvsim_w1h_config_default();
   hc.scheme = scheme;
   hc.max_num_batched_tokens = mbt;
+  hc.retention = retention;
   if (hybrid && kvbm_groups_parse(groups, hc.groups, KVBM_GROUPS_MAX, &hc.num_groups, &err))
     kvbm_bench_die("bench_replay", "--groups: %s", err.msg);
   kvsim_w1h_result hres = {0};
@@ -191,10 +203,12 @@ int main(int argc, char **argv) {
     char gtext[KVBM_GROUPS_MAX * 24];
     kvbm_groups_format(hc.groups, hc.num_groups, gtext, sizeof gtext);
     kvbm_bench_spread hs = kvbm_bench_spread_of(hratio, repeat);
-    printf("W1-hybrid, groups %s, prefill chunks of %u tokens (0: one step), dense retention "
-           "(every full block cached: vLLM's prefix_cache_retention_interval None; `kvbm replay "
-           "--groups` defaults to vLLM's 0), same trace and rounds\n",
-           gtext, mbt);
+    const bool sparse = retention == KVBM_HSEQ_RETAIN_BOUNDARIES;
+    printf("W1-hybrid, groups %s, prefill chunks of %u tokens (0: one step), %s, same trace and rounds\n",
+           gtext, mbt,
+           sparse ? "prefix_cache_retention_interval 0 (vLLM's default: window blocks cached at the "
+                    "replay boundaries only)"
+                  : "prefix_cache_retention_interval None (dense: every full block cached)");
     printf("  counts: hit_tokens %llu blocks_allocated %llu refused %llu peak_blocks_held %llu\n",
            (unsigned long long)hres.hit_tokens, (unsigned long long)hres.blocks_allocated,
            (unsigned long long)hres.refused, (unsigned long long)hres.peak_blocks_held);
@@ -206,10 +220,10 @@ int main(int argc, char **argv) {
     printf("  cpu ratio    %.2f (%.2f..%.2f over %d rounds)  the same on the thread's CPU clock\n",
            hcs.median, hcs.min, hcs.max, repeat);
     printf("{\"workload\":\"W1-hybrid\",\"groups\":\"%s\",\"max_num_batched_tokens\":%u,"
-           "\"hit_tokens\":%llu,\"blocks_allocated\":%llu,\"refused\":%llu,\"hybrid_s\":%.4f,"
+           "\"prefix_cache_retention_interval\":%s,\"hit_tokens\":%llu,\"blocks_allocated\":%llu,\"refused\":%llu,\"hybrid_s\":%.4f,"
            "\"w1_s\":%.4f,\"ratio_median\":%.3f,\"ratio_min\":%.3f,\"ratio_max\":%.3f,"
            "\"cpu_ratio_median\":%.3f,\"cpu_ratio_min\":%.3f,\"cpu_ratio_max\":%.3f}\n",
-           gtext, mbt, (unsigned long long)hres.hit_tokens, (unsigned long long)hres.blocks_allocated,
+           gtext, mbt, sparse ? "0" : "null", (unsigned long long)hres.hit_tokens, (unsigned long long)hres.blocks_allocated,
            (unsigned long long)hres.refused, best_hybrid, best_replay, hs.median, hs.min, hs.max, hcs.median,
            hcs.min, hcs.max);
   }
