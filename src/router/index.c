@@ -1914,6 +1914,13 @@ static int lean_batch(kvbm_index *idx, worker *w, const kvbm_event_batch *b, kvb
     lean_prefetch(LD(&w->tab), p);
   for (;;) {
     for (; ev < stop; ev++) {
+      /* the event lean_prefetch will read EV_AHEAD events from now: the
+       * hash pointer and count it loads to find the slot (both: an event
+       * is 8-byte aligned, so the pair may straddle two lines) */
+      if (ev + 2 * EV_AHEAD < end) {
+        __builtin_prefetch(&ev[2 * EV_AHEAD].block_hashes);
+        __builtin_prefetch(&ev[2 * EV_AHEAD].num_block_hashes);
+      }
       lean_prefetch(LD(&w->tab), ev + EV_AHEAD);
       if (__builtin_expect((rc = lean_one(idx, w, ev, &a)) != 0, 0)) goto other;
     }
