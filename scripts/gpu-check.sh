@@ -241,7 +241,15 @@ manycore() {
   # bench measures its own bound or peer in the same run.
   step bench_router-64 90 "$OUT/manycore.log" "$BUILD/bench_router" --repeat 3 --workers 64
   step bench_replay 120 "$OUT/manycore.log" "$BUILD/bench_replay" --repeat 5
+  # the hybrid row under the dense rule too (the default row is vLLM's
+  # sparse retention since session 15)
+  step bench_replay-dense 120 "$OUT/manycore.log" "$BUILD/bench_replay" --repeat 3 \
+    --prefix-cache-retention-interval none
   step bench_events 150 "$OUT/manycore.log" "$BUILD/bench_events" --runs 3 --k 1,16,64 --form map --wire both
+  # K = 1 through a producer's stage (no lock a publish): whether the
+  # producer thread still bounds it with a core a thread (events.md,
+  # Session 15)
+  step bench_events-stage 90 "$OUT/manycore.log" "$BUILD/bench_events" --runs 3 --k 1,16 --form map --wire tcp --stage
 }
 
 write_summary() {
