@@ -220,11 +220,12 @@ int main(int argc, char **argv) {
     printf("  cpu ratio    %.2f (%.2f..%.2f over %d rounds)  the same on the thread's CPU clock\n",
            hcs.median, hcs.min, hcs.max, repeat);
     printf("{\"workload\":\"W1-hybrid\",\"groups\":\"%s\",\"max_num_batched_tokens\":%u,"
-           "\"prefix_cache_retention_interval\":%s,\"hit_tokens\":%llu,\"blocks_allocated\":%llu,\"refused\":%llu,\"hybrid_s\":%.4f,"
+           "\"prefix_cache_retention_interval\":%s,\"hit_tokens\":%llu,\"blocks_allocated\":%llu,"
+           "\"refused\":%llu,\"hybrid_s\":%.4f,"
            "\"w1_s\":%.4f,\"ratio_median\":%.3f,\"ratio_min\":%.3f,\"ratio_max\":%.3f,"
            "\"cpu_ratio_median\":%.3f,\"cpu_ratio_min\":%.3f,\"cpu_ratio_max\":%.3f}\n",
-           gtext, mbt, sparse ? "0" : "null", (unsigned long long)hres.hit_tokens, (unsigned long long)hres.blocks_allocated,
-           (unsigned long long)hres.refused, best_hybrid, best_replay, hs.median, hs.min, hs.max, hcs.median,
+           gtext, mbt, sparse ? "0" : "null", (unsigned long long)hres.hit_tokens,
+           (unsigned long long)hres.blocks_allocated, (unsigned long long)hres.refused, best_hybrid, best_replay, hs.median, hs.min, hs.max, hcs.median,
            hcs.min, hcs.max);
   }
   free(hratio);

@@ -1265,8 +1265,8 @@ HOT bool groups_any(const blk *blocks, const uint8_t *grp, const bucket *table, 
  *  - a victim's entry cleared at its place (where[], as fill_run_plain),
  *    and the cursor's prefetch of a bucket read from there: no victim
  *    hashed again, its group not read. */
-HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, const uint32_t nreg, uint64_t salt_hash, uint64_t parent,
-                             bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
+HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, const uint32_t nreg, uint64_t salt_hash,
+                             uint64_t parent, bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
                              size_t n, uint32_t *const *tables, size_t *hashed_out,
                              const kvbm_hash_scheme scheme, const uint32_t cbs) {
   const size_t bs = cbs ? cbs : p->cfg.block_size;
@@ -1356,9 +1356,9 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, const uint32_t nre
   return k;
 }
 
-int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint32_t nregister, uint64_t salt_hash, uint64_t parent,
-                                 bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t nhashed,
-                                 size_t n, uint32_t *const *tables, size_t *done, size_t *hashed) {
+int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint32_t nregister, uint64_t salt_hash,
+                                 uint64_t parent, bool has_parent, const uint32_t *tokens, uint64_t *hashes,
+                                 size_t nhashed, size_t n, uint32_t *const *tables, size_t *done, size_t *hashed) {
   if (!done || !hashed || ngroups == 0 || ngroups > p->ngroups || nregister == 0 || nregister > ngroups ||
       (n && (!tokens || !hashes || !tables)))
     return KVBM_EINVAL;
@@ -1404,11 +1404,11 @@ int kvbm__pool_fill_groups_fresh(kvbm_pool *p, uint32_t ngroups, uint32_t nregis
     *done = fill_groups_plain(p, 2, 2, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables, hashed,
                               KVBM_HASH_DYNAMO, 0);
   else if (!dynamo)
-    *done = fill_groups_plain(p, ngroups, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
-                              hashed, KVBM_HASH_NATIVE, 0);
+    *done = fill_groups_plain(p, ngroups, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n,
+                              tables, hashed, KVBM_HASH_NATIVE, 0);
   else
-    *done = fill_groups_plain(p, ngroups, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n, tables,
-                              hashed, KVBM_HASH_DYNAMO, 0);
+    *done = fill_groups_plain(p, ngroups, ngroups, salt_hash, parent, has_parent, tokens, hashes, nhashed, n,
+                              tables, hashed, KVBM_HASH_DYNAMO, 0);
   return KVBM_OK;
 }
 
