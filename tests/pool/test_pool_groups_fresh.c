@@ -62,6 +62,23 @@ static void make_docs(void) {
   }
 }
 
+/* Every block's record alike in the twin pools. */
+static void assert_blocks_same(const kvbm_pool *a, const kvbm_pool *b) {
+  for (uint32_t id = 0; id < kvbm_pool_num_blocks(a); id++) {
+    kvbm_block_info ia, ib;
+    assert_int_equal(kvbm_block_info_get(a, id, &ia), KVBM_OK);
+    assert_int_equal(kvbm_block_info_get(b, id, &ib), KVBM_OK);
+    assert_int_equal(ia.state, ib.state);
+    assert_int_equal(ia.refcount, ib.refcount);
+    assert_int_equal(ia.priority, ib.priority);
+    assert_int_equal(ia.group, ib.group);
+    assert_int_equal(ia.seq_hash, ib.seq_hash);
+    assert_int_equal(ia.parent_hash, ib.parent_hash);
+    assert_int_equal(ia.has_parent, ib.has_parent);
+    assert_int_equal(ia.num_tokens, ib.num_tokens);
+  }
+}
+
 static void assert_same(const kvbm_pool *a, const kvbm_pool *b) {
   kvbm_pool_stats sa, sb;
   kvbm_pool_stats_get(a, &sa);
@@ -84,18 +101,7 @@ static void assert_same(const kvbm_pool *a, const kvbm_pool *b) {
   /* and every block alike: a victim refilled by the joint pass reports
    * priority 0 and its new group, as one refilled by the public calls
    * (the joint pass writes both with the block's place in one store) */
-  for (uint32_t id = 0; id < kvbm_pool_num_blocks(a); id++) {
-    kvbm_block_info ia, ib;
-    assert_int_equal(kvbm_block_info_get(a, id, &ia), KVBM_OK);
-    assert_int_equal(kvbm_block_info_get(b, id, &ib), KVBM_OK);
-    assert_int_equal(ia.state, ib.state);
-    assert_int_equal(ia.refcount, ib.refcount);
-    assert_int_equal(ia.priority, ib.priority);
-    assert_int_equal(ia.group, ib.group);
-    assert_int_equal(ia.seq_hash, ib.seq_hash);
-    assert_int_equal(ia.parent_hash, ib.parent_hash);
-    assert_int_equal(ia.has_parent, ib.has_parent);
-  }
+  assert_blocks_same(a, b);
 }
 
 typedef struct run {
@@ -320,18 +326,7 @@ static void twins16_in(uint64_t salt, uint32_t ng, uint32_t nreg) {
                            kvbm_pool_peek_group(b, g, hash[e][k], NULL, &cb));
           assert_int_equal(ca, cb);
         }
-    for (uint32_t id = 0; id < NB16; id++) {
-      kvbm_block_info ia, ib;
-      assert_int_equal(kvbm_block_info_get(a, id, &ia), KVBM_OK);
-      assert_int_equal(kvbm_block_info_get(b, id, &ib), KVBM_OK);
-      assert_int_equal(ia.state, ib.state);
-      assert_int_equal(ia.refcount, ib.refcount);
-      assert_int_equal(ia.priority, ib.priority);
-      assert_int_equal(ia.group, ib.group);
-      assert_int_equal(ia.seq_hash, ib.seq_hash);
-      assert_int_equal(ia.parent_hash, ib.parent_hash);
-      assert_int_equal(ia.num_tokens, ib.num_tokens);
-    }
+    assert_blocks_same(a, b);
     for (uint32_t g = 0; g < ng; g++) { /* released at once: cached (or free), evictable */
       assert_int_equal(kvbm_pool_release_run(a, ta[g], done, 0), KVBM_OK);
       assert_int_equal(kvbm_pool_release_run(b, tb[g], done, 0), KVBM_OK);
@@ -435,17 +430,7 @@ static void long_runs_agree(void **state) {
     kvbm_pool_stats_get(a, &sa);
     kvbm_pool_stats_get(b, &sb);
     assert_memory_equal(&sa, &sb, sizeof sa);
-    for (uint32_t id = 0; id < LNB; id++) {
-      kvbm_block_info ia, ib;
-      assert_int_equal(kvbm_block_info_get(a, id, &ia), KVBM_OK);
-      assert_int_equal(kvbm_block_info_get(b, id, &ib), KVBM_OK);
-      assert_int_equal(ia.state, ib.state);
-      assert_int_equal(ia.refcount, ib.refcount);
-      assert_int_equal(ia.priority, ib.priority);
-      assert_int_equal(ia.group, ib.group);
-      assert_int_equal(ia.seq_hash, ib.seq_hash);
-      assert_int_equal(ia.parent_hash, ib.parent_hash);
-    }
+    assert_blocks_same(a, b);
   }
   kvbm_pool_stats sa;
   kvbm_pool_stats_get(a, &sa);
