@@ -80,6 +80,7 @@
 #include "kvbm/frame.h"
 #include "kvbm/group.h"
 #include "kvbm/hash.h"
+#include "kvbm/hybrid.h"
 #include "kvbm/layout.h"
 #include "kvbm/metrics.h"
 #include "kvbm/pool.h"
@@ -327,6 +328,21 @@ typedef struct kvbm_manager_config {
   /* Optional, one per group (NULL: every group's block is the tier's whole
    * block, `layout`). */
   const struct kvbm_group_layout *group_layouts;
+  /* Which full blocks of the sliding-window and Mamba groups a hybrid
+   * request registers in G1 (kvbm/hybrid.h's kvbm_hseq_retention, the
+   * rule of vLLM's prefix_cache_retention_interval; hybrid.md, "Session
+   * 15: the manager follows sparse retention on request"):
+   * KVBM_HSEQ_RETAIN_ALL (0, the default, vLLM's None): every full block,
+   * as before. KVBM_HSEQ_RETAIN_BOUNDARIES (vLLM's 0, its default since
+   * 2026-08): only the cdiv(W - 1, B) window blocks, or the one Mamba state
+   * block, ending at the prompt's last token and at the shared-prefix
+   * junction (kvbm_groups_hit_junction), each floored to a block. A block
+   * not kept is never registered, never offloaded, publishes no event and
+   * is never pushed to a peer: it goes back to G1's free list when
+   * released, and the engine always computes it. Full attention and
+   * chunked local stay dense. Ignored without groups; any other value:
+   * KVBM_EINVAL at create. */
+  kvbm_hseq_retention hybrid_retention;
 } kvbm_manager_config;
 
 /* The defaults above. */

@@ -100,11 +100,23 @@ struct kvbm_hreq {
   size_t nfound;
   size_t hit_g1[KVBM_GROUPS_MAX], onboarded[KVBM_GROUPS_MAX];
   size_t from[KVBM_TIER_COUNT];
+  /* Sparse retention (cfg.hybrid_retention BOUNDARIES; see kvbm__kept):
+   * the prompt's length and the shared-prefix junction in tokens (0:
+   * none), both fixed at prefill, from the lookup the hit was found with. */
+  bool sparse;
+  size_t prompt;
+  uint64_t junction;
 };
 
 /* ---- config ---- */
 
 int kvbm__groups_check(const kvbm_manager_config *c, uint64_t block_bytes, kvbm_error *err) {
+  /* Checked before the early return: a bad value is refused with or
+   * without groups, so that a typo never passes silently. */
+  if (c->hybrid_retention != KVBM_HSEQ_RETAIN_ALL && c->hybrid_retention != KVBM_HSEQ_RETAIN_BOUNDARIES)
+    return kvbm_error_set(err, KVBM_EINVAL,
+                          "manager: hybrid_retention %d is neither KVBM_HSEQ_RETAIN_ALL (0) nor "
+                          "KVBM_HSEQ_RETAIN_BOUNDARIES (1)", (int)c->hybrid_retention);
   if (c->num_groups == 0 && !c->groups && !c->group_layouts) return KVBM_OK;
   if (!c->groups || c->num_groups == 0)
     return kvbm_error_set(err, KVBM_EINVAL, "manager: groups: %s", c->groups ? "num_groups is 0"
@@ -304,11 +316,15 @@ static bool plan_fits(const kvbm_hreq *r, size_t h, bool lower, size_t *onboards
   return avail >= cached_hits && fresh <= avail - cached_hits;
 }
 
-static size_t find_hit(const kvbm_hreq *r, bool lower) {
+/* The hit in blocks; *junction (tokens) gets the shared-prefix junction
+ * of the same lookup (kvbm_groups_hit_junction), where sparse retention
+ * keeps blocks too: the caller keeps the one of the hit it takes. */
+static size_t find_hit(const kvbm_hreq *r, bool lower, uint64_t *junction) {
   const kvbm_manager *m = r->m;
   uint32_t B = m->cfg.block_size;
   find_ctx c = {r, lower};
-  uint64_t h = kvbm_groups_hit(m->groups, r->ngroups, B, (uint64_t)(r->n - 1) / B * B, lookup_tiers, &c);
+  uint64_t h = kvbm_groups_hit_junction(m->groups, r->ngroups, B, (uint64_t)(r->n - 1) / B * B, lookup_tiers,
+                                        &c, junction);
   return (size_t)(h / B);
 }
 
@@ -401,6 +417,44 @@ static bool peer_pull(kvbm_hreq *r) {
   return true;
 }
 
+/* ---- sparse retention ---- */
+
+static uint64_t kvbm__cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/* Whether group g's full block k is one the request registers when it
+ * allocates it (vLLM's reachable_block_mask; hseq.c's kept_ranges is the
+ * same rule for the library's own request). Dense: every block. Sparse
+ * (cfg.hybrid_retention BOUNDARIES): full attention and chunked local
+ * every block; a sliding window of W only the cdiv(W - 1, B) blocks ending
+ * at each boundary, a Mamba group (both modes) only the one block ending
+ * there. The boundaries are the prompt's last token and the junction, each
+ * floored to a block: block index end = boundary / B, kept [end - need,
+ * end). Both lie inside the prompt, so a block an append fills is never
+ * kept in those groups. */
+static bool kvbm__kept(const kvbm_hreq *r, uint32_t g, size_t k) {
+  const kvbm_group_spec *sp = &r->m->groups[g];
+  if (!r->sparse || sp->kind == KVBM_GROUP_FULL || sp->kind == KVBM_GROUP_CHUNKED_LOCAL) return true;
+  const uint64_t B = r->m->cfg.block_size;
+  const uint64_t need = sp->kind == KVBM_GROUP_SLIDING_WINDOW ? kvbm__cdiv(sp->tokens - 1, B) : 1;
+  const uint64_t bounds[2] = {(uint64_t)r->prompt - 1, r->junction};
+  for (int i = 0; i < 2; i++) {
+    if (i == 1 && r->junction == 0) break;
+    const uint64_t end = bounds[i] / B;
+    if ((uint64_t)k < end && (uint64_t)k + need >= end) return true;
+  }
+  return false;
+}
+
+/* Whether the request's block at group g, place k is registered in G1
+ * (or will be, once it fills): a hit block (matched or onboarded under
+ * its key: src set), else a block the retention keeps. One that is not is
+ * the request's alone: a plain G1 block with no key, whose G1 state is
+ * whatever an earlier life of the id left there, so nothing may read it. */
+static bool kvbm__registers(const kvbm_hreq *r, uint32_t g, size_t k) {
+  if (k < r->hit && k < r->stot && r->src[(size_t)g * r->stot + k] != NO_SRC) return true;
+  return kvbm__kept(r, g, k);
+}
+
 /* ---- taking the plan (lock held; room checked) ---- */
 
 /* Registers G1 block id (allocated, held) as group g's block k (tokens and
@@ -491,9 +545,10 @@ static void take(kvbm_hreq *r, bool lower) {
       any = true;
     }
     /* The rest of the prompt: vLLM's first step allocates up to its end
-     * in every group. The partial tail block is not registered. */
+     * in every group. The partial tail block is not registered, nor
+     * (sparse retention) a full block the group does not keep. */
     for (size_t k = r->hit; k < T; k++) {
-      if (k < r->nfull) {
+      if (k < r->nfull && kvbm__kept(r, g, k)) {
         r->tab[g][k] = register_new(r, g, k);
       } else {
         KVBM__MUST(kvbm_pool_alloc(g1, 1, &r->tab[g][k]));
@@ -546,6 +601,8 @@ int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
   r->total = r->stot = r->nfull + (n % B != 0);
   r->ngroups = m->ngroups;
   r->settled = SIZE_MAX;
+  r->sparse = m->cfg.hybrid_retention == KVBM_HSEQ_RETAIN_BOUNDARIES;
+  r->prompt = n;
   r->shell.m = m;
   r->shell.salt = salt_hash;
   r->shell.prio = priority;
@@ -574,12 +631,12 @@ int kvbm_manager_hprefill(kvbm_manager *m, uint64_t salt_hash, uint8_t priority,
    * nothing is taken. */
   size_t onboards = 0;
   bool lower = true;
-  r->hit = find_hit(r, true);
-  if (g4_lookup(r)) r->hit = find_hit(r, true); /* the lock was dropped: again */
-  if (peer_pull(r)) r->hit = find_hit(r, true);  /* the same */
+  r->hit = find_hit(r, true, &r->junction);
+  if (g4_lookup(r)) r->hit = find_hit(r, true, &r->junction); /* the lock was dropped: again */
+  if (peer_pull(r)) r->hit = find_hit(r, true, &r->junction);  /* the same */
   if (!plan_fits(r, r->hit, true, &onboards) && onboards) {
     lower = false;
-    r->hit = find_hit(r, false);
+    r->hit = find_hit(r, false, &r->junction);
   }
   int rc = plan_fits(r, r->hit, lower, &onboards) ? KVBM_OK : KVBM_ENOSPC;
   if (!rc) take(r, lower);
@@ -707,7 +764,8 @@ static int fill_short(kvbm_hreq *r) {
     size_t f = first_needed(r, g, r->settled);
     for (size_t k = f; k < r->skip[g]; k++) {
       assert(k >= r->settled && k < r->nfull && r->tab[g][k] == KVBM_HREQ_NULL);
-      r->tab[g][k] = register_new(r, g, k);
+      if (kvbm__kept(r, g, k)) r->tab[g][k] = register_new(r, g, k);
+      else KVBM__MUST(kvbm_pool_alloc(r->m->t[KVBM_TIER_G1].pool, 1, &r->tab[g][k])); /* never a hit */
     }
     if (f < r->skip[g]) r->skip[g] = f;
   }
@@ -744,6 +802,10 @@ static bool must_compute(const kvbm_hreq *r, uint32_t g, size_t k) {
   uint32_t id = r->tab[g][k];
   if (id == KVBM_HREQ_NULL || k < r->settled) return false;
   if (k >= r->nfull) return true; /* the partial tail */
+  /* Not registered (sparse retention): new, it holds nothing until the
+   * engine writes it, and its G1 state is stale, so never read; the
+   * commit that covers it is the engine saying it wrote it. */
+  if (!kvbm__registers(r, g, k)) return k >= r->committed;
   uint8_t s = r->m->t[KVBM_TIER_G1].state[id];
   return s == KVBM__FAILED || (s == KVBM__UNCOMPUTED && r->m->g1_owner[id] == r->serial) ||
          (s == KVBM__READY && k < r->hit && r->src[(size_t)g * r->stot + k] != NO_SRC && r->commits == 0);
@@ -799,7 +861,7 @@ int kvbm_hreq_commit(kvbm_hreq *r) {
   for (uint32_t g = 0; g < r->ngroups; g++) {
     for (size_t k = r->committed; k < r->nfull; k++) {
       uint32_t id = r->tab[g][k];
-      if (id == KVBM_HREQ_NULL) continue;
+      if (id == KVBM_HREQ_NULL || !kvbm__registers(r, g, k)) continue; /* nothing to offload: no key */
       /* Computed now: what it registered, and hit blocks the engine had to
        * recompute (a failed onboard, or past a shortened hit). */
       if (must_compute(r, g, k)) st[id] = KVBM__READY;
@@ -882,7 +944,7 @@ int kvbm_hreq_append(kvbm_hreq *r, const uint32_t *tokens, size_t n, kvbm_error 
   r->total = total;
   for (uint32_t g = 0; g < r->ngroups; g++)
     for (size_t k = r->nfull; k < nfull; k++)
-      if (r->tab[g][k] != KVBM_HREQ_NULL) r->tab[g][k] = register_id(r, g, k, r->tab[g][k]);
+      if (r->tab[g][k] != KVBM_HREQ_NULL && kvbm__kept(r, g, k)) r->tab[g][k] = register_id(r, g, k, r->tab[g][k]);
   r->nfull = nfull;
   pthread_mutex_unlock(&m->mu);
   /* Labelled with the phase they filled in (kvbm_hreq_set_phase); room
@@ -912,7 +974,7 @@ static void exit_think(kvbm_hreq *r) {
       if (sh->phase[k] != KVBM_PHASE_THINK_COMPLETE) continue;
       for (uint32_t g = 0; g < r->ngroups; g++) {
         uint32_t id = r->tab[g][k];
-        if (id == KVBM_HREQ_NULL || st[id] != KVBM__READY) continue;
+        if (id == KVBM_HREQ_NULL || !kvbm__registers(r, g, k) || st[id] != KVBM__READY) continue;
         if (pass == 0) {
           ready++;
           continue;
@@ -958,7 +1020,8 @@ void kvbm_hreq_destroy(kvbm_hreq *r) {
   for (uint32_t g = 0; g < r->ngroups; g++)
     for (size_t k = 0; k < r->total; k++) {
       uint32_t id = r->tab[g][k];
-      if (id != KVBM_HREQ_NULL && g1->state[id] == KVBM__UNCOMPUTED && m->g1_owner[id] == r->serial)
+      if (id != KVBM_HREQ_NULL && kvbm__registers(r, g, k) && g1->state[id] == KVBM__UNCOMPUTED &&
+          m->g1_owner[id] == r->serial)
         g1->state[id] = KVBM__FAILED;
     }
   /* vLLM's coordinator free: group 0 first, each table tail first. */
@@ -973,7 +1036,8 @@ void kvbm_hreq_destroy(kvbm_hreq *r) {
   for (size_t k = r->shell.labeled; k-- > 0;)
     if (r->shell.phase[k] == KVBM_PHASE_THINK_COMPLETE)
       for (uint32_t g = 0; g < r->ngroups; g++)
-        if (k < r->total && r->tab[g][k] != KVBM_HREQ_NULL) (void)kvbm_block_demote(g1->pool, r->tab[g][k]);
+        if (k < r->total && r->tab[g][k] != KVBM_HREQ_NULL && kvbm__registers(r, g, k))
+          (void)kvbm_block_demote(g1->pool, r->tab[g][k]); /* a block with no key is free already */
   kvbm__onboards_release(r->og);
   r->og = NULL;
   pthread_mutex_unlock(&m->mu);
