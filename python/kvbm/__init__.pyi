@@ -166,6 +166,7 @@ class RequestInfo(Tuple[bool, int, Tuple[int, int, int, int], int]):
 class Manager:
     block_size: int
     num_groups: int  # KV cache groups (1 without groups=)
+    prefix_cache_retention_interval: Optional[int]  # None (dense) or 0 (sparse), as created
     block_bytes: int
     layer_bytes: int
     num_layers: int
@@ -186,7 +187,8 @@ class Manager:
                  g1_ptr: Union[None, int, Sequence[int]] = None,
                  g1_owner: Optional[object] = None,
                  groups: Union[None, str, Sequence[Union[str, Tuple[str, Optional[int]]]]] = None,
-                 group_layouts: Optional[Sequence[Union[None, int, Tuple[int, int]]]] = None) -> None:
+                 group_layouts: Optional[Sequence[Union[None, int, Tuple[int, int]]]] = None,
+                 prefix_cache_retention_interval: Optional[int] = None) -> None:
         """metrics=True serves GET /metrics (Prometheus) on metrics_host:metrics_port
         (0.0.0.0:6880 by default); with env, DYN_KVBM_METRICS=true does the same.
         g1_ptr: engine-owned G1, adopted in place (kvbm never frees it): the
@@ -200,7 +202,13 @@ class Manager:
         vLLM's); every tier keeps all groups' blocks in its one budget, under
         (sequence hash, group). group_layouts: one item per group, None (the
         whole block), an int (the group's block bytes) or (conv_bytes,
-        ssm_bytes) for a Mamba state. Serve them with hprefill()."""
+        ssm_bytes) for a Mamba state. Serve them with hprefill().
+        prefix_cache_retention_interval: vLLM's setting for hybrid requests:
+        None (the default) registers and offloads every full block of every
+        group; 0 (vLLM's default) only the window / Mamba blocks a hit at
+        the prompt's end or the shared-prefix junction can use (the others
+        are never registered, offloaded or announced); anything else is a
+        ValueError."""
     metrics_port: Optional[int]
     def metrics_text(self) -> str:
         """The manager's metrics in Prometheus' text format (what GET /metrics serves)."""

@@ -62,6 +62,7 @@ typedef struct ManagerObject {
   kvbm_storage *g1_storage; /* adopted G1 (g1_ptr), released after the manager */
   PyObject *g1_owner;       /* what keeps its memory alive (strong), or NULL */
   Py_ssize_t hreqs;         /* live HybridRequests: close() waits for none */
+  bool sparse;              /* prefix_cache_retention_interval=0 (fixed at create) */
 } ManagerObject;
 
 struct RequestObject {
@@ -84,6 +85,7 @@ typedef struct MemoryObject {
 static PyTypeObject ManagerType, RequestType, MemoryType, HRequestType;
 static PyObject *mgr_hprefill(ManagerObject *self, PyObject *args, PyObject *kw);
 static PyObject *mgr_get_groups(ManagerObject *self, void *c);
+static PyObject *mgr_get_retention(ManagerObject *self, void *c);
 static PyObject *mgr_group_bytes(ManagerObject *self, PyObject *arg);
 static PyTypeObject *RequestInfoType;
 
@@ -295,24 +297,49 @@ static int group_layouts_get(PyObject *o, size_t ngroups, kvbm_group_layout *out
   return rc;
 }
 
+/* Manager(prefix_cache_retention_interval=...): vLLM's setting, as
+ * Pool.hybrid_sequence takes it: None (absent) every full block of every
+ * group registered, the manager's behaviour before the option; 0 (vLLM's
+ * default since 2026-08) sparse retention (kvbm_manager_config's
+ * hybrid_retention). Other intervals are not modelled: ValueError, so an
+ * engine configured with one learns it at once rather than getting dense
+ * or sparse behaviour it did not ask for. */
+static int retention_arg(PyObject *o, kvbm_hseq_retention *out) {
+  *out = KVBM_HSEQ_RETAIN_ALL;
+  if (!o || o == Py_None) return 0;
+  if (!PyLong_Check(o) || PyBool_Check(o) || PyLong_AsLongLong(o) != 0) {
+    if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_ValueError, "Manager: prefix_cache_retention_interval must be None (every full "
+                                     "block cached) or 0 (vLLM's sparse retention), not %R; other "
+                                     "intervals are not modelled", o);
+    }
+    return -1;
+  }
+  *out = KVBM_HSEQ_RETAIN_BOUNDARIES;
+  return 0;
+}
+
 static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"block_size", "num_layers", "outer_dim", "inner_dim", "dtype_bytes",
                            "alignment", "layout", "g1_blocks", "g2_blocks", "g3_blocks", "g3_dir",
                            "g3_persist", "g3_direct", "g2_policy", "g3_policy", "freq_threshold",
                            "scheme", "env", "g1_memory", "g2_memory", "g1_device", "g3_key",
                            "metrics", "metrics_port", "metrics_host", "g1_ptr", "g1_owner", "groups",
-                           "group_layouts", NULL};
+                           "group_layouts", "prefix_cache_retention_interval", NULL};
   PyObject *bs = NULL, *nl = NULL, *od = NULL, *id = NULL, *db = NULL, *al = NULL, *lay = NULL,
            *g1 = NULL, *g2 = NULL, *g3 = NULL, *g3dir = NULL, *g2p = NULL, *g3p = NULL,
            *freq = NULL, *scheme = NULL, *env = NULL, *g1m = NULL, *g2m = NULL, *g1d = NULL,
            *g3k = NULL, *mon = NULL, *mport = NULL, *mhost = NULL, *g1p = NULL, *g1o = NULL,
-           *grp = NULL, *glay = NULL;
+           *grp = NULL, *glay = NULL, *reto = NULL;
   int persist = 0, direct = 1, metrics = -1;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOOOOOOOOO:Manager", kwlist, &bs,
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOOOOOOOOOppOOOOOOOOOOOOOOOOO:Manager", kwlist, &bs,
                                    &nl, &od, &id, &db, &al, &lay, &g1, &g2, &g3, &g3dir, &persist,
                                    &direct, &g2p, &g3p, &freq, &scheme, &env, &g1m, &g2m, &g1d, &g3k,
-                                   &mon, &mport, &mhost, &g1p, &g1o, &grp, &glay))
+                                   &mon, &mport, &mhost, &g1p, &g1o, &grp, &glay, &reto))
     return NULL;
+  kvbm_hseq_retention retention;
+  if (retention_arg(reto, &retention)) return NULL;
   kvbm_group_spec groups[KVBM_GROUPS_MAX];
   kvbm_group_layout layouts[KVBM_GROUPS_MAX];
   size_t ngroups = 0;
@@ -358,6 +385,7 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   cfg.groups = ngroups ? groups : NULL;
   cfg.num_groups = ngroups;
   cfg.group_layouts = glay && glay != Py_None ? layouts : NULL;
+  cfg.hybrid_retention = retention;
 
   /* The G3 secret is used at create only (kvbm derives its key from it and
    * keeps nothing): the buffer is held until then. */
@@ -491,6 +519,7 @@ static PyObject *mgr_create(PyTypeObject *type, kvbm_manager_config *cfgp, PyObj
   self->g1_storage = g1s;
   self->g1_owner = adopt->owner ? Py_NewRef(adopt->owner) : NULL;
   self->block_size = cfg.block_size;
+  self->sparse = cfg.hybrid_retention == KVBM_HSEQ_RETAIN_BOUNDARIES;
   return (PyObject *)self;
 }
 
@@ -992,6 +1021,9 @@ static PyMethodDef mgr_methods[] = {
 static PyGetSetDef mgr_getset[] = {
   {"block_size", (getter)mgr_get_block_size, NULL, "Tokens per block.", NULL},
   {"num_groups", (getter)mgr_get_groups, NULL, "KV cache groups (1 without groups=).", NULL},
+  {"prefix_cache_retention_interval", (getter)mgr_get_retention, NULL,
+   "The hybrid requests' retention given at create: None (every full block cached) or 0\n"
+   "(vLLM's sparse retention).", NULL},
   {"block_bytes", (getter)mgr_get_block_bytes, NULL, "Bytes of one block's KV (all layers).", NULL},
   {"layer_bytes", (getter)mgr_get_layer_bytes, NULL, "Bytes of one layer of one block.", NULL},
   {"num_layers", (getter)mgr_get_num_layers, NULL, "Layers per block.", NULL},
@@ -1017,7 +1049,8 @@ static PyTypeObject ManagerType = {
             "        g2_policy='all', g3_policy='frequency', freq_threshold=2,\n"
             "        scheme='native', env=False, g1_memory='system', g2_memory='system',\n"
             "        g1_device=0, g3_key=None, metrics=None, metrics_port=None,\n"
-            "        metrics_host=None, g1_ptr=None, g1_owner=None)\n\n"
+            "        metrics_host=None, g1_ptr=None, g1_owner=None, groups=None,\n"
+            "        group_layouts=None, prefix_cache_retention_interval=None)\n\n"
             "The tiered KV block manager: G1 (the engine's blocks, host memory here), G2\n"
             "(host), G3 (a file of checksummed slots). A block's KV is num_layers x\n"
             "outer_dim x block_size x inner_dim elements of dtype_bytes. env=True applies\n"
@@ -1345,6 +1378,14 @@ typedef struct HRequestObject {
   kvbm_hreq *r;       /* NULL once destroyed */
   size_t hit;         /* the hit found by hprefill, in tokens */
 } HRequestObject;
+
+/* What the manager was created with, in vLLM's words, so that a caller
+ * holding vLLM's config (KvbmCacheManager) can check that both agree. */
+static PyObject *mgr_get_retention(ManagerObject *self, void *c) {
+  (void)c;
+  if (self->sparse) return PyLong_FromLong(0);
+  Py_RETURN_NONE;
+}
 
 static PyObject *mgr_get_groups(ManagerObject *self, void *c) {
   (void)c;

@@ -118,6 +118,7 @@ __all__ = [
 ]
 
 _G1, _G2, _G3 = 0, 1, 2
+_UNSET = object()  # KvbmCacheManager(prefix_cache_retention_interval=...) not given
 
 _STATUS = {
     InvalidArgumentError: ("KVBM_EINVAL", -1),
@@ -272,13 +273,35 @@ class KvbmCacheManager:
     A manager of several groups: block lists per group, ``null_block_id``
     (an int that is not a G1 block; default -1) where a group holds nothing,
     ``skip_write_blocks`` a tuple of sets (module notes, "Hybrid models").
+    ``prefix_cache_retention_interval``: vLLM's setting (None or 0), checked
+    against the one the manager was created with (ValueError if they
+    differ); absent: the manager's, which the attribute of that name says.
 
     Not thread-safe: one engine thread.
     """
 
-    def __init__(self, manager, *, priority: int = 0, null_block_id: int = -1):
+    def __init__(self, manager, *, priority: int = 0, null_block_id: int = -1,
+                 prefix_cache_retention_interval=_UNSET):
         if not isinstance(manager, _kvbm.Manager):
             raise TypeError(f"KvbmCacheManager: expected a kvbm.Manager, got {type(manager).__name__}")
+        # vLLM's CacheConfig.prefix_cache_retention_interval (None: every
+        # full block cached; 0, vLLM's default: sparse). The manager fixed
+        # its rule at create (Manager(prefix_cache_retention_interval=...)),
+        # so here it is a check: an engine that passes vLLM's value learns
+        # of a manager built for the other rule at once, instead of caching
+        # blocks vLLM's scheduler would not (or the reverse).
+        have = manager.prefix_cache_retention_interval
+        if prefix_cache_retention_interval is not _UNSET:
+            want = prefix_cache_retention_interval
+            if want is not None and (isinstance(want, bool) or not isinstance(want, int) or want != 0):
+                raise ValueError(f"KvbmCacheManager: prefix_cache_retention_interval must be None "
+                                 f"(every full block cached) or 0 (vLLM's sparse retention), not "
+                                 f"{want!r}; other intervals are not modelled")
+            if want != have:
+                raise ValueError(f"KvbmCacheManager: prefix_cache_retention_interval {want!r} but the "
+                                 f"manager was created with {have!r}; pass the same value to "
+                                 f"kvbm.Manager(prefix_cache_retention_interval=...)")
+        self.prefix_cache_retention_interval = have
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255:
             raise _error(InvalidArgumentError,
                          f"KvbmCacheManager: priority must be an int in 0..255, got {priority!r}")

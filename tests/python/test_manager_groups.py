@@ -188,3 +188,54 @@ def test_hybrid_append_decodes_and_refuses_without_room():
             assert [len(t) for t in r.tables] == [6, 6]
         finally:
             r.destroy()
+
+
+# ---- prefix_cache_retention_interval (vLLM's setting; hybrid.md, "Session
+# 15: the manager follows sparse retention on request") ----
+
+@pytest.mark.parametrize("bad", [512, -1, 1, True, "0", 0.0])
+def test_retention_interval_refused(bad):
+    with pytest.raises(ValueError, match="prefix_cache_retention_interval"):
+        kvbm.Manager(g1_blocks=40, groups="full,sw:8", prefix_cache_retention_interval=bad)
+
+
+def g2_offloaded(interval):
+    """G2 copies a 40-token prompt leaves under full,sw:8 (B 4: 10 full blocks a group)."""
+    with kvbm.Manager(block_size=4, g1_blocks=64, g2_blocks=200, groups="full,sw:8",
+                      prefix_cache_retention_interval=interval) as m:
+        before = m.stats(Tier.G2)["offloaded_blocks"]
+        r = m.hprefill(prompt(3, 40))
+        try:
+            r.wait()
+            # every block is new: the engine computes all of them, kept or not
+            assert all(r.must_compute(g, k) for g in range(2) for k in range(10))
+            r.commit()
+            m.flush()
+        finally:
+            r.destroy()
+        return m.stats(Tier.G2)["offloaded_blocks"] - before
+
+
+def test_sparse_offloads_only_kept_blocks():
+    # dense (None, the default): 10 blocks in each group; sparse (0): the
+    # full group's 10 and the window's 2 ending at the prompt's last token
+    # (39 // 4 = 9: blocks 7 and 8).
+    assert g2_offloaded(None) == 20
+    assert g2_offloaded(0) == 12
+
+
+def test_cache_manager_checks_retention_interval():
+    from kvbm.connector import KvbmCacheManager
+    with kvbm.Manager(g1_blocks=40, groups="full,sw:16", prefix_cache_retention_interval=0) as m:
+        assert m.prefix_cache_retention_interval == 0
+        assert KvbmCacheManager(m).prefix_cache_retention_interval == 0
+        assert KvbmCacheManager(m, prefix_cache_retention_interval=0).prefix_cache_retention_interval == 0
+        with pytest.raises(ValueError, match="created with 0"):
+            KvbmCacheManager(m, prefix_cache_retention_interval=None)
+        with pytest.raises(ValueError, match="not modelled"):
+            KvbmCacheManager(m, prefix_cache_retention_interval=512)
+    with kvbm.Manager(g1_blocks=40, groups="full,sw:16") as m:
+        assert m.prefix_cache_retention_interval is None
+        assert KvbmCacheManager(m).prefix_cache_retention_interval is None
+        with pytest.raises(ValueError, match="created with None"):
+            KvbmCacheManager(m, prefix_cache_retention_interval=0)
