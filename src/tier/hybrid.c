@@ -41,6 +41,17 @@
  *     whole history in G1: released blocks stay cached and evictable.
  *     Commit is the step boundary (kvbm learns that tokens are computed
  *     there), so it runs after the prompt and after every decode step.
+ *   - Sparse retention, on request (cfg.hybrid_retention BOUNDARIES, vLLM's
+ *     prefix_cache_retention_interval 0; hybrid.md, "Session 15: the
+ *     manager follows sparse retention on request"): a window or Mamba
+ *     group's full block that the rule does not keep (kvbm__kept) is taken
+ *     unregistered, like the partial tail. Without a key nothing can hit
+ *     it, so registering, offloading, announcing (STORED) or pushing it to
+ *     a peer would spend G1 entries, G2..G4 slots and events on bytes no
+ *     request of vLLM's rule will ever read; vLLM never hashes it either.
+ *     Such a block's G1 state byte is left over from an earlier life of
+ *     the id, so every walk of a table asks kvbm__registers before reading
+ *     it. Dense (the default) registers every full block, as before.
  *   - Decode (kvbm_hreq_append) is vLLM's allocate_slots for a running
  *     request: room for every group's new blocks is counted before any is
  *     taken (nothing changes on ENOSPC), all groups allocate, then the
