@@ -953,17 +953,20 @@ KVBM_EXTERN int kvbm_hreq_wait(kvbm_hreq *r, int timeout_ms, kvbm_hreq_info *out
 KVBM_EXTERN int kvbm_hreq_table(const kvbm_hreq *r, uint32_t g, const uint32_t **ids, size_t *n);
 
 /* Whether the engine must write group g's block k: past the settled hit
- * and registered by this request, the partial tail, or an onboard that
- * failed. Waits for the onboards first (kvbm_hreq_wait; false at a null
+ * and registered by this request, the partial tail, an onboard that
+ * failed, or (cfg.hybrid_retention BOUNDARIES) a block the request took
+ * unregistered because its group does not keep it, until the commit that
+ * covers it. Waits for the onboards first (kvbm_hreq_wait; false at a null
  * place while it says KVBM_ENOSPC). */
 KVBM_EXTERN bool kvbm_hreq_must_compute(kvbm_hreq *r, uint32_t g, size_t k);
 
 /* The engine wrote every block it must compute (every token so far is
- * computed): see above. Offloads the full blocks not committed before and
- * releases what each group no longer needs (vLLM's remove_skipped_blocks
- * at the request's length). Waits for the onboards first; never for a
- * copy. Called after the prefill and after each decode step; a commit
- * with nothing new does nothing (KVBM_OK). KVBM_ENOMEM, or KVBM_ENOSPC
+ * computed): see above. Offloads the full blocks not committed before
+ * (those registered: under sparse retention not a window or Mamba block
+ * the group does not keep) and releases what each group no longer needs
+ * (vLLM's remove_skipped_blocks at the request's length). Waits for the
+ * onboards first; never for a copy. Called after the prefill and after
+ * each decode step; a commit with nothing new does nothing (KVBM_OK). KVBM_ENOMEM, or KVBM_ENOSPC
  * while kvbm_hreq_wait says so: nothing done. */
 KVBM_EXTERN int kvbm_hreq_commit(kvbm_hreq *r);
 
