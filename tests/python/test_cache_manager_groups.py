@@ -442,3 +442,47 @@ def test_hybrid_surface_checks():
     blocks = KvbmBlocks(groups=[[1, 2], [NULL, 3]])
     assert blocks.get_block_ids() == ([1, 2], [NULL, 3]) and blocks.block_ids == [1, 2]
     assert KvbmBlocks(groups=[[], []]).get_block_ids(allow_none=True) is None
+
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_sparse_retention_hits_as_hybrid_sequence(mix):
+    """Manager(prefix_cache_retention_interval=0) behind the cache manager:
+    A, A again, then C and D sharing A's first 6 blocks (the junction). The
+    engine writes only what skip_write_blocks leaves; every hit block holds
+    the bytes written for it (check_hit); the hits equal those of the
+    library's own hybrid request (Pool.hybrid_sequence) under the same
+    retention, and under sparse the third prompt hits less than dense
+    (A kept no window/Mamba block at C's junction)."""
+    L = 10 * B + 5
+    a = prompt(1, L)
+    prompts = [a, a, a[:6 * B] + prompt(2, L - 6 * B), a[:6 * B] + prompt(3, L - 6 * B)]
+
+    def engine_hits(interval):
+        with kvbm.Manager(g1_blocks=400, prefix_cache_retention_interval=interval, **MIXES[mix]) as m:
+            e = Engine(m, prefix_cache_retention_interval=interval)
+            hits = []
+            for i, p in enumerate(prompts):
+                r = Req(f"r{i}", p)
+                hits.append(e.run(r, decode=2))
+                e.cm.free(r)
+            return hits
+
+    def pool_hits(interval):
+        with kvbm.Pool(400, B, groups=MIXES[mix]["groups"]) as pool:
+            hits = []
+            for p in prompts:
+                s = pool.hybrid_sequence(prefix_cache_retention_interval=interval)
+                s.append(p)
+                hits.append(s.find_hit())
+                s.step()
+                s.step([7])
+                s.step([8])
+                s.destroy()
+            return hits
+
+    sparse, dense = engine_hits(0), engine_hits(None)
+    assert sparse == pool_hits(0)
+    assert dense == pool_hits(None)
+    assert sparse[1] == dense[1] == 10 * B  # L - 1 tokens, floored
+    assert sparse[2] < dense[2] == 6 * B
+    assert sparse[3] == 6 * B  # C kept its blocks at the junction
