@@ -955,7 +955,8 @@ int kvbm_hreq_append(kvbm_hreq *r, const uint32_t *tokens, size_t n, kvbm_error 
   r->total = total;
   for (uint32_t g = 0; g < r->ngroups; g++)
     for (size_t k = r->nfull; k < nfull; k++)
-      if (r->tab[g][k] != KVBM_HREQ_NULL && kvbm__kept(r, g, k)) r->tab[g][k] = register_id(r, g, k, r->tab[g][k]);
+      if (r->tab[g][k] != KVBM_HREQ_NULL && kvbm__kept(r, g, k)) /* sparse: never a window's, Mamba's */
+        r->tab[g][k] = register_id(r, g, k, r->tab[g][k]);
   r->nfull = nfull;
   pthread_mutex_unlock(&m->mu);
   /* Labelled with the phase they filled in (kvbm_hreq_set_phase); room
