@@ -26,6 +26,10 @@
  *     prefill (nothing leaked).
  * Each fails on the code before the fix (the places stay null, the wait
  * says KVBM_OK).
+ *   - under sparse retention (cfg.hybrid_retention BOUNDARIES, full + sw:8):
+ *     the places the short settle adds that the window does not keep are
+ *     plain blocks (not registered in G1) and the engine's to write; the
+ *     prompt's bytes then serve the whole prompt from the kept blocks.
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -219,6 +223,65 @@ static void settle_short(const kvbm_group_spec *g) {
   tu_rmdir(dir);
 }
 
+/* Sparse retention: A (48 tokens) keeps window blocks 9 and 10 (ending at
+ * 47 / 4 = 11), so A's 56-token prompt finds 44 tokens (11 blocks: the
+ * window needs 9 and 10), and its own keeps are blocks 11, 12 (prompt end
+ * 55 / 4 = 13) and 10, 11 (the junction: full attention's 48 tokens). The
+ * reads fail, the hit settles at 0, and the window's places 0..8 come from
+ * fill_short: none of them is kept, so none is registered. */
+static void test_sparse_settles_short(void **st) {
+  (void)st;
+  const kvbm_group_spec g[2] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 8}};
+  char *dir = tu_tmpdir("settle-sparse");
+  kvbm_manager_config c = tu_config(dir, 40, 0, 400);
+  c.groups = g;
+  c.num_groups = 2;
+  c.g3_persist = true;
+  c.hybrid_retention = KVBM_HSEQ_RETAIN_BOUNDARIES;
+  kvbm_manager *m = tu_create(&c);
+  assert_non_null(m);
+  uint32_t *a = tu_prompt(1, 56);
+  setup_corrupt(m, dir, a);
+  uint64_t h[14];
+  for (size_t k = 0; k < 14; k++)
+    h[k] = kvbm_hash_next(kvbm_manager_hash_scheme(m), 0, k ? h[k - 1] : 0, k > 0, a + k * B, B);
+
+  kvbm_hreq *r;
+  size_t hit;
+  assert_int_equal(kvbm_manager_hprefill(m, 0, 0, a, 56, &r, &hit, NULL), KVBM_OK);
+  assert_int_equal(hit, 44);
+  assert_int_equal(null_places(r, 1, 11), 9); /* planned for 44: places 0..8 */
+  kvbm_hreq_info i;
+  assert_int_equal(kvbm_hreq_wait(r, -1, &i), KVBM_OK);
+  assert_int_equal(i.hit_tokens, 0);
+  check_writable(r, g, 2, 0, 14);
+  for (size_t k = 0; k < 9; k++) {
+    pthread_mutex_lock(&m->mu);
+    int rc = kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, kvbm__group_key(h[k], 1), NULL, NULL);
+    pthread_mutex_unlock(&m->mu);
+    assert_int_equal(rc, KVBM_ENOTFOUND);
+  }
+  compute(m, r, a, 56);
+  assert_int_equal(kvbm_hreq_commit(r), KVBM_OK);
+  kvbm_manager_flush(m);
+  kvbm_hreq_destroy(r);
+
+  assert_int_equal(kvbm_manager_hprefill(m, 0, 0, a, 56, &r, &hit, NULL), KVBM_OK);
+  assert_int_equal(hit, 52); /* the window's blocks 11, 12, kept at the prompt's end */
+  assert_int_equal(kvbm_hreq_wait(r, -1, &i), KVBM_OK);
+  for (uint32_t gi = 0; gi < 2; gi++) {
+    const uint32_t *ids;
+    size_t nb;
+    assert_int_equal(kvbm_hreq_table(r, gi, &ids, &nb), KVBM_OK);
+    for (size_t k = needed_from(&g[gi], 13); k < 13; k++)
+      assert_true(group_block(m, ids[k], content_key(a, k, gi), kvbm_manager_group_bytes(m, gi), 1));
+  }
+  kvbm_hreq_destroy(r);
+  free(a);
+  kvbm_manager_destroy(m);
+  tu_rmdir(dir);
+}
+
 static void test_window_settles_short(void **st) {
   (void)st;
   const kvbm_group_spec g[2] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 8}};
@@ -347,6 +410,7 @@ int main(void) {
       cmocka_unit_test(test_mamba_align_settles_short),
       cmocka_unit_test(test_no_room_then_room),
       cmocka_unit_test(test_no_room_destroy_leaks_nothing),
+      cmocka_unit_test(test_sparse_settles_short),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
