@@ -130,6 +130,19 @@ KVBM_EXTERN uint64_t kvbm_groups_hit_junction(const kvbm_group_spec *groups, siz
                                               uint64_t max_tokens, kvbm_group_lookup lookup, void *user,
                                               uint64_t *junction);
 
+/* The full blocks group g caches under vLLM's sparse prefix-cache
+ * retention (prefix_cache_retention_interval 0; its reachable_block_mask),
+ * as at most two ranges of block indexes [lo[i], hi[i]) in position order;
+ * returns their number. Full attention and chunked local: every block, one
+ * range [0, SIZE_MAX). A sliding window of W: the cdiv(W - 1, block_size)
+ * blocks ending at each boundary; Mamba (both modes): the one block ending
+ * there. The boundaries are the prompt's last token (prompt_tokens - 1)
+ * and `junction` (kvbm_groups_hit_junction's; 0: none), each floored to a
+ * block; overlapping or adjacent ranges are merged. prompt_tokens 0 or
+ * block_size 0 gives 0 ranges for a window or Mamba group. Pure; O(1). */
+KVBM_EXTERN size_t kvbm_group_kept_ranges(const kvbm_group_spec *g, uint32_t block_size, uint64_t prompt_tokens,
+                                          uint64_t junction, size_t lo[2], size_t hi[2]);
+
 #ifdef __cplusplus
 }
 #endif

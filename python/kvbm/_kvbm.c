@@ -225,6 +225,22 @@ static int read_int(PyObject *o, const char *what, uint64_t *v, bool *neg, bool 
   return 0;
 }
 
+int kvbmpy_retention(PyObject *o, const char *who, kvbm_hseq_retention *out) {
+  *out = KVBM_HSEQ_RETAIN_ALL;
+  if (!o || o == Py_None) return 0;
+  if (!PyLong_Check(o) || PyBool_Check(o) || PyLong_AsLongLong(o) != 0) {
+    if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_ValueError, "%s: prefix_cache_retention_interval must be None (every full block "
+                                     "cached) or 0 (vLLM's sparse retention), not %R; other intervals are "
+                                     "not modelled", who, o);
+    }
+    return -1;
+  }
+  *out = KVBM_HSEQ_RETAIN_BOUNDARIES;
+  return 0;
+}
+
 int kvbmpy_uint(PyObject *o, const char *what, uint64_t max, uint64_t *out) {
   uint64_t v;
   bool neg, big;

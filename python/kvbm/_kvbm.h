@@ -28,6 +28,7 @@
 
 #include "kvbm/group.h"
 #include "kvbm/hash.h"
+#include "kvbm/hybrid.h"
 #include "kvbm/status.h"
 
 /* ---- errors (_kvbm.c) ---- */
@@ -80,6 +81,14 @@ int kvbmpy_hash(PyObject *o, const char *what, uint64_t *out);
 int kvbmpy_hashes(PyObject *o, const char *what, uint64_t **out, size_t *n);
 /* "native" / "dynamo". */
 int kvbmpy_scheme(PyObject *o, kvbm_hash_scheme *out);
+/* prefix_cache_retention_interval=: vLLM's setting. NULL or None: every
+ * full block cached (KVBM_HSEQ_RETAIN_ALL); 0 (vLLM's default since
+ * 2026-08): sparse retention (KVBM_HSEQ_RETAIN_BOUNDARIES). Anything else
+ * (other intervals are not modelled, bools, floats, strings): ValueError
+ * naming `who` and the value, so an engine configured with one learns it
+ * at once rather than getting a rule it did not ask for. 0, or -1 with
+ * the exception set. */
+int kvbmpy_retention(PyObject *o, const char *who, kvbm_hseq_retention *out);
 /* None -> -1 (forever); a non-negative number of seconds -> seconds. */
 int kvbmpy_timeout(PyObject *o, double *seconds);
 /* A str argument (NUL bytes refused); *out borrows from o. */

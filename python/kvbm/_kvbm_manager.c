@@ -297,29 +297,6 @@ static int group_layouts_get(PyObject *o, size_t ngroups, kvbm_group_layout *out
   return rc;
 }
 
-/* Manager(prefix_cache_retention_interval=...): vLLM's setting, as
- * Pool.hybrid_sequence takes it: None (absent) every full block of every
- * group registered, the manager's behaviour before the option; 0 (vLLM's
- * default since 2026-08) sparse retention (kvbm_manager_config's
- * hybrid_retention). Other intervals are not modelled: ValueError, so an
- * engine configured with one learns it at once rather than getting dense
- * or sparse behaviour it did not ask for. */
-static int retention_arg(PyObject *o, kvbm_hseq_retention *out) {
-  *out = KVBM_HSEQ_RETAIN_ALL;
-  if (!o || o == Py_None) return 0;
-  if (!PyLong_Check(o) || PyBool_Check(o) || PyLong_AsLongLong(o) != 0) {
-    if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
-      PyErr_Clear();
-      PyErr_Format(PyExc_ValueError, "Manager: prefix_cache_retention_interval must be None (every full "
-                                     "block cached) or 0 (vLLM's sparse retention), not %R; other "
-                                     "intervals are not modelled", o);
-    }
-    return -1;
-  }
-  *out = KVBM_HSEQ_RETAIN_BOUNDARIES;
-  return 0;
-}
-
 static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"block_size", "num_layers", "outer_dim", "inner_dim", "dtype_bytes",
                            "alignment", "layout", "g1_blocks", "g2_blocks", "g3_blocks", "g3_dir",
@@ -339,7 +316,7 @@ static PyObject *mgr_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
                                    &mon, &mport, &mhost, &g1p, &g1o, &grp, &glay, &reto))
     return NULL;
   kvbm_hseq_retention retention;
-  if (retention_arg(reto, &retention)) return NULL;
+  if (kvbmpy_retention(reto, "Manager", &retention)) return NULL;
   kvbm_group_spec groups[KVBM_GROUPS_MAX];
   kvbm_group_layout layouts[KVBM_GROUPS_MAX];
   size_t ngroups = 0;

@@ -479,20 +479,8 @@ static PyObject *pool_hybrid_sequence(PoolObject *self, PyObject *args, PyObject
   static char *kwlist[] = {"salt_hash", "max_tokens", "prefix_cache_retention_interval", NULL};
   PyObject *so = NULL, *mo = NULL, *ro = NULL;
   if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$OO:hybrid_sequence", kwlist, &so, &mo, &ro)) return NULL;
-  /* vLLM's setting: None (every full block cached) or 0 (kvbm/hybrid.h) */
-  kvbm_hseq_retention ret = KVBM_HSEQ_RETAIN_ALL;
-  if (ro && ro != Py_None) {
-    if (!PyLong_Check(ro) || PyBool_Check(ro) || PyLong_AsLongLong(ro) != 0) {
-      if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError, "Pool.hybrid_sequence: prefix_cache_retention_interval must be "
-                                          "None (every full block cached) or 0 (vLLM's sparse retention); "
-                                          "other intervals are not modelled");
-      }
-      return NULL;
-    }
-    ret = KVBM_HSEQ_RETAIN_BOUNDARIES;
-  }
+  kvbm_hseq_retention ret;
+  if (kvbmpy_retention(ro, "Pool.hybrid_sequence", &ret)) return NULL;
   uint64_t salt = 0, maxt = 0;
   if ((so && kvbmpy_hash(so, "salt_hash", &salt)) ||
       (mo && mo != Py_None && kvbmpy_uint(mo, "max_tokens", KVBM_HSEQ_MAX_TOKENS, &maxt)) || pool_open(self))

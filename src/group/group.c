@@ -150,6 +150,38 @@ uint64_t kvbm_group_skipped_tokens(const kvbm_group_spec *g, uint64_t computed) 
   }
 }
 
+size_t kvbm_group_kept_ranges(const kvbm_group_spec *g, uint32_t block_size, uint64_t prompt_tokens,
+                              uint64_t junction, size_t lo[2], size_t hi[2]) {
+  if (g->kind == KVBM_GROUP_FULL || g->kind == KVBM_GROUP_CHUNKED_LOCAL) {
+    lo[0] = 0, hi[0] = SIZE_MAX;
+    return 1;
+  }
+  if (!prompt_tokens || !block_size) return 0;
+  const uint64_t B = block_size;
+  const uint64_t need = g->kind == KVBM_GROUP_SLIDING_WINDOW ? (g->tokens - 1 + B - 1) / B : 1;
+  const uint64_t bounds[2] = {prompt_tokens - 1, junction};
+  size_t n = 0;
+  for (int k = 0; k < 2; k++) {
+    if (k == 1 && !junction) break;
+    const size_t end = (size_t)(bounds[k] / B); /* blocks before the boundary */
+    if (end == 0) continue;
+    const size_t l = end > need ? end - (size_t)need : 0;
+    if (n && l <= hi[0] && end >= lo[0]) { /* overlapping or adjacent: one range */
+      if (l < lo[0]) lo[0] = l;
+      if (end > hi[0]) hi[0] = end;
+    } else {
+      lo[n] = l, hi[n] = end;
+      n++;
+    }
+  }
+  if (n == 2 && lo[1] < lo[0]) { /* in position order */
+    size_t t = lo[0];
+    lo[0] = lo[1], lo[1] = t;
+    t = hi[0], hi[0] = hi[1], hi[1] = t;
+  }
+  return n;
+}
+
 /* ---- the hit rule ------------------------------------------------------------ */
 
 /* One attention type: a spec and the groups that have it. */

@@ -302,41 +302,16 @@ static uint32_t joint_takers(const kvbm_hseq *s, uint32_t nreg) {
  * as at most two ranges [lo, hi) in position order, their number returned
  * (kept: whether block i is among them). Dense (the default): every
  * block. Sparse (vLLM's prefix_cache_retention_interval 0, its default
- * since 2026-08): a
- * sliding-window group keeps only the cdiv(W - 1, B) blocks ending at each
- * replay boundary, a Mamba group only the state block ending there; the
- * boundaries are the prompt's last token and the shared-prefix junction
- * (kvbm_groups_hit_junction), each floored to a block. A block not kept
- * is never registered: released, it goes back to the free list, reused
- * before any cached block, as vLLM prepends unhashed blocks to its free
- * queue. Full and chunked-local groups stay dense, as in vLLM. */
+ * since 2026-08): kvbm_group_kept_ranges (kvbm/group.h), the one rule the
+ * tier manager's hybrid requests follow too. A block not kept is never
+ * registered: released, it goes back to the free list, reused before any
+ * cached block, as vLLM prepends unhashed blocks to its free queue. */
 static size_t kept_ranges(const kvbm_hseq *s, const gstate *g, size_t lo[2], size_t hi[2]) {
-  if (caches_all(s, g)) {
+  if (!s->sparse) {
     lo[0] = 0, hi[0] = SIZE_MAX;
     return 1;
   }
-  const uint64_t bounds[2] = {s->prompt_tokens - 1, s->junction};
-  const uint64_t need = g->spec.kind == KVBM_GROUP_SLIDING_WINDOW ? cdiv(g->spec.tokens - 1, s->bs) : 1;
-  size_t n = 0;
-  for (int k = 0; k < 2; k++) {
-    if (k == 1 && !s->junction) break;
-    const size_t end = (size_t)(bounds[k] / s->bs); /* blocks before the boundary */
-    if (end == 0) continue;
-    const size_t l = end > need ? end - (size_t)need : 0;
-    if (n && l <= hi[0] && end >= lo[0]) { /* overlapping or adjacent: one range */
-      if (l < lo[0]) lo[0] = l;
-      if (end > hi[0]) hi[0] = end;
-    } else {
-      lo[n] = l, hi[n] = end;
-      n++;
-    }
-  }
-  if (n == 2 && lo[1] < lo[0]) { /* in position order */
-    size_t t = lo[0];
-    lo[0] = lo[1], lo[1] = t;
-    t = hi[0], hi[0] = hi[1], hi[1] = t;
-  }
-  return n;
+  return kvbm_group_kept_ranges(&g->spec, s->bs, s->prompt_tokens, s->junction, lo, hi);
 }
 
 static bool kept(const kvbm_hseq *s, const gstate *g, size_t i) {

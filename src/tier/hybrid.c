@@ -430,29 +430,18 @@ static bool peer_pull(kvbm_hreq *r) {
 
 /* ---- sparse retention ---- */
 
-static uint64_t kvbm__cdiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-
 /* Whether group g's full block k is one the request registers when it
- * allocates it (vLLM's reachable_block_mask; hseq.c's kept_ranges is the
- * same rule for the library's own request). Dense: every block. Sparse
- * (cfg.hybrid_retention BOUNDARIES): full attention and chunked local
- * every block; a sliding window of W only the cdiv(W - 1, B) blocks ending
- * at each boundary, a Mamba group (both modes) only the one block ending
- * there. The boundaries are the prompt's last token and the junction, each
- * floored to a block: block index end = boundary / B, kept [end - need,
- * end). Both lie inside the prompt, so a block an append fills is never
- * kept in those groups. */
+ * allocates it (vLLM's reachable_block_mask): dense, every block; sparse
+ * (cfg.hybrid_retention BOUNDARIES), kvbm_group_kept_ranges (kvbm/group.h,
+ * the rule hseq.c follows too) at the prompt's end and the junction. Both
+ * boundaries lie inside the prompt, so a block an append fills is never
+ * kept in a window or Mamba group. */
 static bool kvbm__kept(const kvbm_hreq *r, uint32_t g, size_t k) {
-  const kvbm_group_spec *sp = &r->m->groups[g];
-  if (!r->sparse || sp->kind == KVBM_GROUP_FULL || sp->kind == KVBM_GROUP_CHUNKED_LOCAL) return true;
-  const uint64_t B = r->m->cfg.block_size;
-  const uint64_t need = sp->kind == KVBM_GROUP_SLIDING_WINDOW ? kvbm__cdiv(sp->tokens - 1, B) : 1;
-  const uint64_t bounds[2] = {(uint64_t)r->prompt - 1, r->junction};
-  for (int i = 0; i < 2; i++) {
-    if (i == 1 && r->junction == 0) break;
-    const uint64_t end = bounds[i] / B;
-    if ((uint64_t)k < end && (uint64_t)k + need >= end) return true;
-  }
+  if (!r->sparse) return true;
+  size_t lo[2], hi[2];
+  const size_t n = kvbm_group_kept_ranges(&r->m->groups[g], r->m->cfg.block_size, r->prompt, r->junction, lo, hi);
+  for (size_t i = 0; i < n; i++)
+    if (k >= lo[i] && k < hi[i]) return true;
   return false;
 }
 

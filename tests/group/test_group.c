@@ -200,6 +200,39 @@ static void test_hit_junction(void **state) {
   assert_int_equal(j, 0);
 }
 
+/* kvbm_group_kept_ranges: vLLM's sparse retention, by hand (B 4). */
+static void test_kept_ranges(void **state) {
+  (void)state;
+  size_t lo[2], hi[2];
+  const kvbm_group_spec full = {KVBM_GROUP_FULL, 0}, chunk = {KVBM_GROUP_CHUNKED_LOCAL, 16},
+                        sw8 = {KVBM_GROUP_SLIDING_WINDOW, 8}, mamba = {KVBM_GROUP_MAMBA, 0},
+                        align = {KVBM_GROUP_MAMBA_ALIGN, 0};
+  /* full and chunked local: every block */
+  assert_int_equal(kvbm_group_kept_ranges(&full, 4, 40, 24, lo, hi), 1);
+  assert_true(lo[0] == 0 && hi[0] == SIZE_MAX);
+  assert_int_equal(kvbm_group_kept_ranges(&chunk, 4, 40, 0, lo, hi), 1);
+  assert_true(lo[0] == 0 && hi[0] == SIZE_MAX);
+  /* a 40-token prompt ends in block 9 (token 39): a window of 8 needs
+   * cdiv(7, 4) = 2 blocks before it, 7 and 8 */
+  assert_int_equal(kvbm_group_kept_ranges(&sw8, 4, 40, 0, lo, hi), 1);
+  assert_true(lo[0] == 7 && hi[0] == 9);
+  /* a junction at 24 adds blocks 4 and 5, given in position order */
+  assert_int_equal(kvbm_group_kept_ranges(&sw8, 4, 40, 24, lo, hi), 2);
+  assert_true(lo[0] == 4 && hi[0] == 6 && lo[1] == 7 && hi[1] == 9);
+  /* one at 32 (blocks 6, 7) overlaps the end's: one range */
+  assert_int_equal(kvbm_group_kept_ranges(&sw8, 4, 40, 32, lo, hi), 1);
+  assert_true(lo[0] == 6 && hi[0] == 9);
+  /* Mamba, both modes: the one state block ending at each boundary */
+  assert_int_equal(kvbm_group_kept_ranges(&mamba, 4, 40, 24, lo, hi), 2);
+  assert_true(lo[0] == 5 && hi[0] == 6 && lo[1] == 8 && hi[1] == 9);
+  assert_int_equal(kvbm_group_kept_ranges(&align, 4, 40, 0, lo, hi), 1);
+  assert_true(lo[0] == 8 && hi[0] == 9);
+  /* a prompt inside its first block keeps nothing; no prompt, no block size */
+  assert_int_equal(kvbm_group_kept_ranges(&sw8, 4, 3, 0, lo, hi), 0);
+  assert_int_equal(kvbm_group_kept_ranges(&sw8, 4, 0, 0, lo, hi), 0);
+  assert_int_equal(kvbm_group_kept_ranges(&mamba, 0, 40, 0, lo, hi), 0);
+}
+
 static void test_hit_hybrids(void **state) {
   (void)state;
   bits b = {{M(0, 1, 2, 3), M(2, 3)}, 0};
@@ -298,7 +331,7 @@ int main(void) {
       cmocka_unit_test(test_parse_mixes),      cmocka_unit_test(test_parse_hostile),
       cmocka_unit_test(test_names),            cmocka_unit_test(test_skipped),
       cmocka_unit_test(test_hit_single_kinds), cmocka_unit_test(test_hit_hybrids),
-      cmocka_unit_test(test_hit_junction),
+      cmocka_unit_test(test_hit_junction),     cmocka_unit_test(test_kept_ranges),
       cmocka_unit_test(test_hit_is_longest_served),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
