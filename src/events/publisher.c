@@ -40,6 +40,12 @@
  * event, a full batch, a flush, shutdown) plus the sinks' input sockets
  * (the replay ROUTER), so replay requests are served between batches with
  * no polling loop. The time trigger has a 1 ms granularity (zmq_poll's).
+ * A thread that has just sent something sleeps at most max_batch_delay_us
+ * ("armed"), so the event that opens the next queue does not wake it: the
+ * timer finds it. Under a steady stream that is one wake a batch (the full
+ * batch's) instead of two (issue 22: voluntary context switches of
+ * bench_events K = 1 -19%); an armed sleep that runs out with nothing
+ * queued is the last before an idle publisher sleeps until woken.
  *
  * Shutdown refuses new events, lets the thread drain everything accepted,
  * then closes the sinks, which flush their sockets within their linger.
@@ -207,6 +213,8 @@ struct kvbm_publisher {
   pthread_cond_t room; /* producers waiting for space */
   pthread_cond_t done; /* flushers waiting for sent_events */
   bool closing, waiting;
+  bool armed;          /* the thread sleeps at most max_batch_delay_us: an
+                        * event that opens a queue need not wake it */
   bool lean;           /* publish_plain may take a plain event: started,
                         * not closing, wire mode, no coalescing, a timer */
   _Atomic bool early; /* lean's lasting part (wire mode, no coalescing, a
@@ -942,7 +950,8 @@ static int accept_locked(kvbm_publisher *p, const kvbm_event *ev0, const kvbm_ev
   if (rc) return kvbm_error_set(err, rc, "events: publish: out of memory");
   p->st.accepted++;
   if (event_id) *event_id = id;
-  if (q->n == 1 || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0) wake(p);
+  if ((q->n == 1 && !p->armed) || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0)
+    wake(p);
   return KVBM_OK;
 }
 
@@ -1231,7 +1240,8 @@ static void stage_count(kvbm_publisher *p, evq *q, wchunk *c, size_t k, size_t c
   q->bytes += cost;
   q->n += k;
   p->st.accepted += k;
-  if (before == 0 || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0) wake(p);
+  if ((before == 0 && !p->armed) || q->n >= p->o.max_batch_events || p->o.max_batch_delay_us == 0)
+    wake(p);
 }
 
 /* Copies staged events i..i+k-1 into q's open chunk (lock held), as far
@@ -1585,10 +1595,12 @@ static void *thread_main(void *arg) {
     items[ni++] = (zmq_pollitem_t){.socket = p->sinks[s]->poll_socket, .events = ZMQ_POLLIN};
   }
   uint64_t seq = 0;
+  bool busy = false; /* sent something since it last slept */
   thread_lock(p);
   for (;;) {
     uint64_t now = kvbm_clock_ns();
     int what = due(p, now);
+    busy |= what != 0;
     if (what && p->wire) {
       size_t n = take_wire(p, p->fill, what);
       pthread_cond_broadcast(&p->room);
@@ -1623,7 +1635,11 @@ static void *thread_main(void *arg) {
     if (p->fill->n) {
       uint64_t deadline = p->fill->first_ns + (uint64_t)p->o.max_batch_delay_us * 1000u;
       timeout = deadline > now ? (long)((deadline - now + 999999) / 1000000) : 0;
+    } else if (busy && p->o.max_batch_delay_us >= 1000) {
+      timeout = (long)(p->o.max_batch_delay_us / 1000);
+      p->armed = true;
     }
+    busy = false;
     p->waiting = true;
     pthread_mutex_unlock(&p->mu);
     int r = zmq_poll(items, (int)ni, timeout);
@@ -1637,6 +1653,7 @@ static void *thread_main(void *arg) {
       if (items[i].revents & ZMQ_POLLIN) p->sinks[sink_of[i]]->service(p->sinks[sink_of[i]], &counts);
     thread_lock(p);
     p->waiting = false;
+    p->armed = false;
     p->st.replay_requests += counts.replay_requests;
     p->st.replay_bad += counts.replay_bad;
   }

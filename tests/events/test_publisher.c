@@ -146,6 +146,44 @@ static void test_batch_by_time(void **st) {
   kvbm_publisher_destroy(p);
 }
 
+static double since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* The time trigger after a busy spell. A thread that has just sent a
+ * batch sleeps at most max_batch_delay_us and is not woken by the event
+ * that opens the next queue (publisher.c, thread_main): that event still
+ * leaves by the timer, no sooner than the delay after it; and once a
+ * timed sleep passes with nothing queued the thread sleeps until woken,
+ * so the event after that wakes it and leaves too. No flush anywhere. */
+static void test_batch_by_time_after_busy(void **st) {
+  (void)st;
+  seen s;
+  seen_init(&s);
+  kvbm_publisher_config o = kvbm_publisher_config_default();
+  o.max_batch_events = 10;
+  o.max_batch_delay_us = 20000;
+  kvbm_publisher *p = make(&s, o);
+  uint64_t h = 1;
+  for (; h <= 10; h++) assert_int_equal(stored(p, h, NULL), KVBM_OK);
+  for (int t = 0; t < 5000 && get(&s, &s.events) < 10; t++) usleep(1000);
+  assert_int_equal(get(&s, &s.events), 10);
+  for (int round = 0; round < 3; round++) {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t want = get(&s, &s.events) + 3;
+    for (int i = 0; i < 3; i++, h++) assert_int_equal(stored(p, h, NULL), KVBM_OK);
+    for (int t = 0; t < 5000 && get(&s, &s.events) < want; t++) usleep(1000);
+    assert_int_equal(get(&s, &s.events), want);
+    assert_true(since(&t0) >= 0.019); /* the timer, not a wake per event */
+    usleep(round == 1 ? 100000 : 0);  /* round 2 starts after the timed sleep ran out */
+  }
+  assert_true(s.order_ok);
+  kvbm_publisher_destroy(p);
+}
+
 /* Shutdown sends everything accepted, from several threads at once. */
 typedef struct prod {
   kvbm_publisher *p;
@@ -424,6 +462,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batch_by_count_and_flush),
       cmocka_unit_test(test_batch_by_time),
+      cmocka_unit_test(test_batch_by_time_after_busy),
       cmocka_unit_test(test_shutdown_loses_nothing),
       cmocka_unit_test(test_overflow_drop),
       cmocka_unit_test(test_bad_calls),
