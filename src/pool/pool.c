@@ -1038,44 +1038,6 @@ static inline uint8_t rec_tail8_flags(uint64_t w) {
     if (pr != NPRIO && p->head[pr] != NIL) blocks[p->head[pr]].prev = NIL; \
   } while (0)
 
-/* fill_run_plain's block k, its hash in hashes[k]: take a block, write
- * its record and register it; a dedup takes the general path. A macro, as
- * PLAIN_TAKE: both of the loop's parts use it, with the loop's locals in
- * registers. The salt is stored only by a salted instance (`salted` a
- * constant there). */
-#define PLAIN_FILL_ONE(k)                                                                 \
-  do {                                                                                    \
-    uint32_t id;                                                                          \
-    PLAIN_TAKE(id, 0);                                                                    \
-    ids[(k)] = id;                                                                        \
-    blk *b = &blocks[id];                                                                 \
-    const uint64_t hk = hashes[(k)];                                                      \
-    const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;           \
-    if (salted) p->salts[id] = salt_hash;                                                 \
-    b->seq_hash = hk;                                                                     \
-    b->parent_hash = pk;                                                                  \
-    pk = hk;                                                                              \
-    if (plain_find_or_insert(blocks, table, where, mask, fp, home, hk, id) != NIL) {      \
-      /* Dedup: the general path, with the pool's fields back in *p; it                 \
-       * hands the new block back to the free list. */                                  \
-      b->refcount = 1;                                                                    \
-      b->ntok = (uint16_t)bs;                                                             \
-      b->state = KVBM_BLOCK_COMPLETE;                                                     \
-      b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED);                          \
-      HEAD_PREV();                                                                        \
-      p->free_top = ftop;                                                                 \
-      ids[(k)] = do_register(p, id, tokens + (k) * bs, NULL, (rkey){fp, home}, false, false, true); \
-      ftop = p->free_top;                                                                 \
-      dedups++;                                                                           \
-      pr = NPRIO;                                                                         \
-      cursor = NIL, ahead = 0;                                                            \
-    } else {                                                                              \
-      /* refcount 1, ntok, REGISTERED, flags | F_INDEXED (indexed by                    \
-       * plain_find_or_insert) */                                                       \
-      memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);                  \
-    }                                                                                     \
-  } while (0)
-
 HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
                         const uint32_t *tokens, uint64_t *hashes, size_t n, uint32_t *ids,
                         const kvbm_hash_scheme scheme, const uint32_t cbs, const bool salted) {
@@ -1118,7 +1080,35 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       hashes[k + PLAIN_AHEAD] = h;
       __builtin_prefetch(&table[(fingerprint(h, 0) * 0x9E3779B1u) >> shift]);
     }
-    PLAIN_FILL_ONE(k);
+    uint32_t id;
+    PLAIN_TAKE(id, 0);
+    ids[k] = id;
+    blk *b = &blocks[id];
+    const uint64_t hk = hashes[k];
+    const uint32_t fp = fingerprint(hk, 0), home = (fp * 0x9E3779B1u) >> shift;
+    if (salted) p->salts[id] = salt_hash;
+    b->seq_hash = hk;
+    b->parent_hash = pk;
+    pk = hk;
+    if (plain_find_or_insert(blocks, table, where, mask, fp, home, hk, id) != NIL) {
+      /* Dedup: the general path, with the pool's fields back in *p; it
+       * hands the new block back to the free list. */
+      b->refcount = 1;
+      b->ntok = (uint16_t)bs;
+      b->state = KVBM_BLOCK_COMPLETE;
+      b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED);
+      HEAD_PREV();
+      p->free_top = ftop;
+      ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
+      ftop = p->free_top;
+      dedups++;
+      pr = NPRIO;
+      cursor = NIL, ahead = 0;
+    } else {
+      /* refcount 1, ntok, REGISTERED, flags | F_INDEXED (indexed by
+       * plain_find_or_insert) */
+      memcpy((char *)b + offsetof(blk, refcount), &tail8, sizeof tail8);
+    }
   }
   /* The counts from what the loop had to track anyway: every block came
    * off the free list or was evicted, every dedup put one back on it, and
@@ -1145,7 +1135,9 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash
    * default, W1's), where XXH3's 64-byte case has no length tests and
    * the loop one register less (callgrind, kvbm replay --limit 2000:
    * 673.4M -> 650.2M instructions). kvbm_hash_chain, the W1 bound's
-   * hashing, has the same instance (hash.c). */
+   * hashing, has the same instance (hash.c). That instance comes twice,
+   * salted and not: the unsalted one (the usual request) has no salt
+   * store and no test for it a block (626.9M -> 620.1M). */
   const bool salted = salt_hash != 0;
   if (plain && p->cfg.scheme == KVBM_HASH_DYNAMO)
     fill_run_plain(p, salt_hash, parent, has_parent, tokens, hashes, n, ids, KVBM_HASH_DYNAMO, 0, salted);
