@@ -139,7 +139,10 @@ typedef struct kvbm_publisher_config {
   int32_t dp_rank;              /* stamped on every batch (but those of
                                  * kvbm_publisher_publish_batch) */
   size_t max_batch_events;      /* a batch is sent when it holds this many
-                                 * events (>= 1; default 256) */
+                                 * events (>= 1; default 256); while full
+                                 * batches keep coming, within 50 us of
+                                 * filling (the thread polls instead of
+                                 * being woken for each) */
   uint32_t max_batch_delay_us;  /* ... or when its oldest event has waited
                                  * this long (0: at once; default 1000) */
   size_t queue_events;          /* bound of the queue in events (default

@@ -184,6 +184,30 @@ static void test_batch_by_time_after_busy(void **st) {
   kvbm_publisher_destroy(p);
 }
 
+/* A steady stream of full batches. While each of the thread's wakes
+ * finds a full batch, producers stop waking it for one and it wakes on a
+ * short timer of its own (publisher.c, STREAM_POLL_US): every batch still
+ * leaves without a flush, long before the (here: one minute) delay, in
+ * order. The queue is large enough that no producer waits for room
+ * (which would wake the thread). */
+static void test_stream_of_full_batches(void **st) {
+  (void)st;
+  seen s;
+  seen_init(&s);
+  kvbm_publisher_config o = kvbm_publisher_config_default();
+  o.max_batch_events = 10;
+  o.max_batch_delay_us = 60u * 1000 * 1000;
+  o.queue_events = 1u << 20;
+  kvbm_publisher *p = make(&s, o);
+  const uint64_t n = 100000;
+  for (uint64_t h = 1; h <= n; h++) assert_int_equal(stored(p, h, NULL), KVBM_OK);
+  for (int t = 0; t < 10000 && get(&s, &s.events) < n; t++) usleep(1000);
+  assert_int_equal(get(&s, &s.events), n);
+  assert_int_equal(get(&s, &s.max_batch), 10);
+  assert_true(s.order_ok);
+  kvbm_publisher_destroy(p);
+}
+
 /* Shutdown sends everything accepted, from several threads at once. */
 typedef struct prod {
   kvbm_publisher *p;
@@ -463,6 +487,7 @@ int main(void) {
       cmocka_unit_test(test_batch_by_count_and_flush),
       cmocka_unit_test(test_batch_by_time),
       cmocka_unit_test(test_batch_by_time_after_busy),
+      cmocka_unit_test(test_stream_of_full_batches),
       cmocka_unit_test(test_shutdown_loses_nothing),
       cmocka_unit_test(test_overflow_drop),
       cmocka_unit_test(test_bad_calls),
