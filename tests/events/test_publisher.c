@@ -74,6 +74,16 @@ static kvbm_publisher *make(seen *s, kvbm_publisher_config o) {
   return p;
 }
 
+/* A started publisher with batches of `batch` events, a delay of
+ * `delay_us` and a queue of `queue` events (0: the default). */
+static kvbm_publisher *make_batched(seen *s, size_t batch, uint32_t delay_us, size_t queue) {
+  kvbm_publisher_config o = kvbm_publisher_config_default();
+  o.max_batch_events = batch;
+  o.max_batch_delay_us = delay_us;
+  if (queue) o.queue_events = queue;
+  return make(s, o);
+}
+
 static int stored(kvbm_publisher *p, uint64_t h, uint64_t *id) {
   uint32_t tok[4] = {(uint32_t)h, (uint32_t)h + 1, (uint32_t)h + 2, (uint32_t)h + 3};
   uint64_t parent = h - 1;
@@ -94,10 +104,7 @@ static void test_batch_by_count_and_flush(void **st) {
   (void)st;
   seen s;
   seen_init(&s);
-  kvbm_publisher_config o = kvbm_publisher_config_default();
-  o.max_batch_events = 10;
-  o.max_batch_delay_us = 60u * 1000 * 1000;
-  kvbm_publisher *p = make(&s, o);
+  kvbm_publisher *p = make_batched(&s, 10, 60u * 1000 * 1000, 0);
   for (uint64_t i = 1; i <= 95; i++) {
     uint64_t id;
     assert_int_equal(stored(p, i, &id), KVBM_OK);
@@ -126,10 +133,7 @@ static void test_batch_by_time(void **st) {
   (void)st;
   seen s;
   seen_init(&s);
-  kvbm_publisher_config o = kvbm_publisher_config_default();
-  o.max_batch_events = 1000;
-  o.max_batch_delay_us = 20000;
-  kvbm_publisher *p = make(&s, o);
+  kvbm_publisher *p = make_batched(&s, 1000, 20000, 0);
   struct timespec t0, t1, tp;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (uint64_t i = 1; i <= 3; i++) assert_int_equal(stored(p, i, NULL), KVBM_OK);
@@ -162,10 +166,7 @@ static void test_batch_by_time_after_busy(void **st) {
   (void)st;
   seen s;
   seen_init(&s);
-  kvbm_publisher_config o = kvbm_publisher_config_default();
-  o.max_batch_events = 10;
-  o.max_batch_delay_us = 20000;
-  kvbm_publisher *p = make(&s, o);
+  kvbm_publisher *p = make_batched(&s, 10, 20000, 0);
   uint64_t h = 1;
   for (; h <= 10; h++) assert_int_equal(stored(p, h, NULL), KVBM_OK);
   for (int t = 0; t < 5000 && get(&s, &s.events) < 10; t++) usleep(1000);
@@ -194,11 +195,7 @@ static void test_stream_of_full_batches(void **st) {
   (void)st;
   seen s;
   seen_init(&s);
-  kvbm_publisher_config o = kvbm_publisher_config_default();
-  o.max_batch_events = 10;
-  o.max_batch_delay_us = 60u * 1000 * 1000;
-  o.queue_events = 1u << 20;
-  kvbm_publisher *p = make(&s, o);
+  kvbm_publisher *p = make_batched(&s, 10, 60u * 1000 * 1000, 1u << 20);
   const uint64_t n = 100000;
   for (uint64_t h = 1; h <= n; h++) assert_int_equal(stored(p, h, NULL), KVBM_OK);
   for (int t = 0; t < 10000 && get(&s, &s.events) < n; t++) usleep(1000);
