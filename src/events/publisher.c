@@ -1599,10 +1599,28 @@ static void thread_lock(kvbm_publisher *p) {
  * batch: on a VM a wake is an eventfd write and an interprocessor
  * interrupt that the producer pays (~1.7 us), while the thread's own
  * timer costs the producer nothing. A full batch then leaves at most
- * this much later than a wake would have sent it. Only when the thread
- * waits on its eventfd alone (no replay socket to serve: zmq_poll's
- * timeout is in milliseconds). */
+ * this much later than a wake would have sent it. The thread then waits
+ * on its eventfd alone (ppoll: zmq_poll's timeout is in milliseconds)
+ * and serves the sinks' input sockets (replay requests) at every wake,
+ * each service a receive that does not wait. */
 #define STREAM_POLL_US 50
+
+/* Serves the sinks' input sockets (items 1..ni-1: replay requests)
+ * that poll marked readable, or all of them (`all`: each service is a
+ * receive that does not wait). No lock held: a replay answer may be
+ * long. Adds what they did to the stats. */
+static void serve(kvbm_publisher *p, const zmq_pollitem_t *items, const size_t *sink_of, size_t ni,
+                  bool all) {
+  ev_service_counts counts = {0};
+  for (size_t i = 1; i < ni; i++)
+    if (all || (items[i].revents & ZMQ_POLLIN))
+      p->sinks[sink_of[i]]->service(p->sinks[sink_of[i]], &counts);
+  if (!counts.replay_requests && !counts.replay_bad) return;
+  pthread_mutex_lock(&p->mu);
+  p->st.replay_requests += counts.replay_requests;
+  p->st.replay_bad += counts.replay_bad;
+  pthread_mutex_unlock(&p->mu);
+}
 
 static void *thread_main(void *arg) {
   kvbm_publisher *p = arg;
@@ -1616,11 +1634,22 @@ static void *thread_main(void *arg) {
     items[ni++] = (zmq_pollitem_t){.socket = p->sinks[s]->poll_socket, .events = ZMQ_POLLIN};
   }
   uint64_t seq = 0;
-  bool busy = false; /* sent something since it last slept */
-  bool full = false; /* found a full batch since it last slept */
+  bool busy = false;     /* sent something since it last slept */
+  bool full = false;     /* found a full batch since it last slept */
+  uint64_t served = 0;   /* when it last looked at the input sockets */
   thread_lock(p);
   for (;;) {
     uint64_t now = kvbm_clock_ns();
+    if (ni > 1 && now - served >= (uint64_t)STREAM_POLL_US * 1000u) {
+      /* every STREAM_POLL_US, whether it slept in ppoll (streaming: the
+       * input sockets are not in it) or did not sleep at all (producers
+       * filling batches faster than it sends them): replay requests are
+       * answered either way */
+      pthread_mutex_unlock(&p->mu);
+      serve(p, items, sink_of, ni, true);
+      thread_lock(p);
+      served = now;
+    }
     int what = due(p, now);
     busy |= what != 0;
     full |= what == 1;
@@ -1663,7 +1692,7 @@ static void *thread_main(void *arg) {
       p->armed = true;
     }
     /* streaming: the last sleep ended with a full batch to send */
-    const bool stream = full && ni == 1 && p->o.max_batch_delay_us >= 2 * STREAM_POLL_US;
+    const bool stream = full && p->o.max_batch_delay_us >= 2 * STREAM_POLL_US;
     p->streaming = stream;
     if (stream) p->armed = true;
     busy = full = false;
@@ -1683,15 +1712,11 @@ static void *thread_main(void *arg) {
       ssize_t rd = read(p->efd, &v, sizeof v);
       (void)rd;
     }
-    ev_service_counts counts = {0};
-    for (size_t i = 1; r > 0 && i < ni; i++)
-      if (items[i].revents & ZMQ_POLLIN) p->sinks[sink_of[i]]->service(p->sinks[sink_of[i]], &counts);
+    if (!stream && r > 0) serve(p, items, sink_of, ni, false); /* streaming: the loop's top */
     thread_lock(p);
     p->waiting = false;
     p->armed = false;
     p->streaming = false;
-    p->st.replay_requests += counts.replay_requests;
-    p->st.replay_bad += counts.replay_bad;
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;

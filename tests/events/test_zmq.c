@@ -5,9 +5,11 @@
  * and skipped; a batch over max_payload is refused and counted with the
  * connection kept; malformed replay requests do not disturb the publisher; ipc
  * works; the relay republishes an engine's stream on our own endpoint. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
@@ -422,6 +424,67 @@ static void test_bad_replay_requests(void **st) {
   bad_replay_requests(true);
 }
 
+/* A producer that keeps full batches coming until told to stop. */
+typedef struct streamer {
+  kvbm_publisher *p;
+  atomic_bool stop, done;
+} streamer;
+
+static void *stream_main(void *arg) {
+  streamer *sm = arg;
+  for (uint64_t h = 1; !atomic_load(&sm->stop); h++) {
+    uint32_t tok[2] = {(uint32_t)h, 1};
+    if (kvbm_publisher_publish_stored(sm->p, &h, 1, NULL, tok, 2, 2, NULL, KVBM_MEDIUM_GPU, NULL,
+                                      NULL))
+      break;
+  }
+  atomic_store(&sm->done, true);
+  return NULL;
+}
+
+/* A replay request is answered while full batches keep coming: the
+ * publisher thread then "streams" (publisher.c, STREAM_POLL_US), waiting
+ * on its eventfd alone, and looks at the replay socket at each wake. The
+ * delay is a minute and nothing flushes, so only full batches leave, and
+ * the producer never pauses while the request waits. */
+static void test_replay_while_streaming(void **st) {
+  (void)st;
+  char pub_ep[256], rep_ep[256];
+  kvbm_publisher *p = start_pub("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", 64, pub_ep, rep_ep,
+                                KVBM_FORM_MAP);
+  streamer sm = {.p = p};
+  atomic_init(&sm.stop, false);
+  atomic_init(&sm.done, false);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, stream_main, &sm), 0);
+  kvbm_publisher_stats ps;
+  for (int i = 0; kvbm_publisher_stats_get(p, &ps), ps.batches < 1000 && i < 500; i++) usleep(10000);
+  assert_true(ps.batches >= 1000); /* streaming by now */
+  void *ctx = zmq_ctx_new();
+  void *d = zmq_socket(ctx, ZMQ_DEALER);
+  assert_int_equal(zmq_connect(d, rep_ep), 0);
+  const uint8_t from0[8] = {0};
+  zmq_send(d, "", 0, ZMQ_SNDMORE);
+  zmq_send(d, from0, 8, 0);
+  int timeout = 5000;
+  zmq_setsockopt(d, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+  uint8_t buf[64];
+  assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 0);  /* the reply's delimiter, in time */
+  assert_false(atomic_load(&sm.done));                    /* while the stream went on */
+  atomic_store(&sm.stop, true);
+  pthread_join(t, NULL);
+  assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 5);  /* its topic */
+  assert_memory_equal(buf, "kv@w1", 5);
+  for (int i = 0; kvbm_publisher_stats_get(p, &ps), ps.replay_requests == 0 && i < 500; i++)
+    usleep(10000);
+  assert_int_equal(ps.replay_requests, 1);
+  int zero = 0;
+  zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_close(d);
+  zmq_ctx_term(ctx);
+  kvbm_publisher_destroy(p);
+}
+
 /* Relay: engine (a kvbm publisher, map form) -> relay -> our endpoint
  * (positional form) -> subscriber: same events, new ids, in order. */
 static void test_relay_to_zmq(void **st) {
@@ -496,6 +559,7 @@ int main(void) {
       cmocka_unit_test(test_lossy_link_replay),    cmocka_unit_test(test_malformed_messages),
       cmocka_unit_test(test_oversized_refused),
       cmocka_unit_test(test_bad_replay_requests),  cmocka_unit_test(test_relay_to_zmq),
+      cmocka_unit_test(test_replay_while_streaming),
       cmocka_unit_test(test_subscriber_bad_options),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
