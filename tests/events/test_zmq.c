@@ -362,6 +362,23 @@ static void test_oversized_refused(void **st) {
   kvbm_publisher_destroy(p);
 }
 
+/* The publisher's stats once its thread counted a replay request (it
+ * adds its counts after answering), waiting up to 5 s. */
+static kvbm_publisher_stats stats_after_replay(kvbm_publisher *p) {
+  kvbm_publisher_stats ps;
+  for (int i = 0; kvbm_publisher_stats_get(p, &ps), ps.replay_requests == 0 && i < 500; i++)
+    usleep(10000);
+  return ps;
+}
+
+/* Closes a test's DEALER without lingering, and its context. */
+static void dealer_close(void *ctx, void *d) {
+  int zero = 0;
+  zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_close(d);
+  zmq_ctx_term(ctx);
+}
+
 /* Bad replay requests are ignored and counted; a good one still works,
  * answered with the topic (vLLM today: [id, "", topic, seq, payload], end
  * [id, "", "", -1, ""]) or, legacy, without it. */
@@ -404,16 +421,10 @@ static void bad_replay_requests(bool legacy) {
   const uint8_t end[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
   assert_memory_equal(buf, end, 8);
   assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 0); /* empty payload */
-  /* the thread adds its counts once the requests it read are answered */
-  kvbm_publisher_stats ps;
-  for (int i = 0; kvbm_publisher_stats_get(p, &ps), ps.replay_requests == 0 && i < 500; i++)
-    usleep(10000);
+  kvbm_publisher_stats ps = stats_after_replay(p);
   assert_int_equal(ps.replay_bad, 3);
   assert_int_equal(ps.replay_requests, 1);
-  int zero = 0;
-  zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_close(d);
-  zmq_ctx_term(ctx);
+  dealer_close(ctx, d);
   kvbm_publisher_destroy(p);
   g_legacy = false;
 }
@@ -475,13 +486,9 @@ static void test_replay_while_streaming(void **st) {
   pthread_join(t, NULL);
   assert_int_equal(zmq_recv(d, buf, sizeof buf, 0), 5);  /* its topic */
   assert_memory_equal(buf, "kv@w1", 5);
-  for (int i = 0; kvbm_publisher_stats_get(p, &ps), ps.replay_requests == 0 && i < 500; i++)
-    usleep(10000);
+  ps = stats_after_replay(p);
   assert_int_equal(ps.replay_requests, 1);
-  int zero = 0;
-  zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-  zmq_close(d);
-  zmq_ctx_term(ctx);
+  dealer_close(ctx, d);
   kvbm_publisher_destroy(p);
 }
 
