@@ -1649,6 +1649,9 @@ static void *thread_main(void *arg) {
       serve(p, items, sink_of, ni, true);
       thread_lock(p);
       served = now;
+      /* again: an event that came meanwhile is newer than the old `now`,
+       * which due() would read as a wait of nearly 2^64 ns */
+      now = kvbm_clock_ns();
     }
     int what = due(p, now);
     busy |= what != 0;
