@@ -1540,7 +1540,7 @@ static int due(kvbm_publisher *p, uint64_t now) {
   if (q->n == 0) return 0;
   if (p->closing || p->room_waiters || p->st.sent_events < p->flush_target ||
       p->o.max_batch_delay_us == 0 ||
-      now - q->first_ns >= (uint64_t)p->o.max_batch_delay_us * 1000u)
+      (now > q->first_ns && now - q->first_ns >= (uint64_t)p->o.max_batch_delay_us * 1000u))
     return 2;
   return q->n >= p->o.max_batch_events ? 1 : 0;
 }
