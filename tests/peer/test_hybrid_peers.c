@@ -33,27 +33,9 @@
 
 #define B 4
 
-typedef struct evlog {
-  pthread_mutex_t mu;
-  uint64_t hash[128];
-  uint32_t group[128];
-  size_t n;
-} evlog;
-
-static void on_g1(void *user, const kvbm_pool_event *ev) {
-  evlog *l = user;
-  if (ev->kind != KVBM_POOL_STORED) return;
-  pthread_mutex_lock(&l->mu);
-  if (l->n < 128) {
-    l->hash[l->n] = ev->seq_hash;
-    l->group[l->n++] = ev->group;
-  }
-  pthread_mutex_unlock(&l->mu);
-}
-
 static bool g_output_pull; /* make()'s output_pull (set by one test) */
 
-static kvbm_manager *make(const char *groups, evlog *log) {
+static kvbm_manager *make(const char *groups, tu_g1_log *log) {
   kvbm_group_spec g[4];
   size_t ng = 0;
   if (groups) assert_int_equal(kvbm_groups_parse(groups, g, 4, &ng, NULL), KVBM_OK);
@@ -62,10 +44,7 @@ static kvbm_manager *make(const char *groups, evlog *log) {
   c.num_groups = ng;
   c.offload_threshold_blocks = 0;
   c.output_pull = g_output_pull;
-  if (log) {
-    c.listener[KVBM_TIER_G1] = on_g1;
-    c.listener_user[KVBM_TIER_G1] = log;
-  }
+  if (log) tu_g1_log_attach(&c, log);
   kvbm_manager *m = tu_create(&c);
   assert_non_null(m);
   return m;
@@ -152,7 +131,7 @@ static void test_hello_carries_groups(void **st) {
  * hybrid prefill then hits from G1 with A's bytes. */
 static void test_put_registers_group(void **st) {
   (void)st;
-  evlog log = {0};
+  tu_g1_log log = {0};
   pthread_mutex_init(&log.mu, NULL);
   pair p = {.a = make("full,sw:8", NULL), .b = make("full,sw:8", &log)};
   pair_attach(&p);
@@ -287,7 +266,7 @@ static void test_pull_for_hybrid_prefill(void **st) {
  * in its group. */
 static void test_exit_think_push(void **st) {
   (void)st;
-  evlog log = {0};
+  tu_g1_log log = {0};
   pthread_mutex_init(&log.mu, NULL);
   pair p = {.a = make("full,sw:8", NULL), .b = make("full,sw:8", &log)};
   pair_attach(&p);

@@ -77,11 +77,6 @@ static size_t table(kvbm_hreq *r, uint32_t g, uint32_t *ids, size_t *n) {
   return held;
 }
 
-/* The sequence hashes of tok's full blocks. */
-static void hashes_of(kvbm_manager *m, const uint32_t *tok, size_t nfull, uint64_t *h) {
-  for (size_t k = 0; k < nfull; k++)
-    h[k] = kvbm_hash_next(kvbm_manager_hash_scheme(m), 0, k ? h[k - 1] : 0, k > 0, tok + k * B, B);
-}
 
 /* vLLM's SlidingWindowManager, as a fact: get_num_skipped_tokens(n) =
  * max(0, n - W + 1); remove_skipped_blocks(request, n) nulls (and frees)
@@ -101,7 +96,7 @@ static void test_window_decode(void **st) {
   kvbm_manager *m = hmgr(g, 2, 64);
   uint32_t *tok = tu_prompt(100, 40);
   uint64_t h[10];
-  hashes_of(m, tok, 10, h);
+  tu_hashes(m, tok, 10, B, h);
   kvbm_hreq *r;
   kvbm_error e = {0};
   assert_int_equal(kvbm_manager_hprefill(m, 0, 0, tok, 6, &r, NULL, &e), KVBM_OK);
@@ -224,7 +219,7 @@ static void mamba_case(kvbm_group_kind kind) {
   kvbm_manager *m = hmgr(g, 2, 64);
   uint32_t *tok = tu_prompt(300, 32);
   uint64_t h[8];
-  hashes_of(m, tok, 8, h);
+  tu_hashes(m, tok, 8, B, h);
   kvbm_hreq *r;
   kvbm_error e = {0};
   uint32_t ids[16];
@@ -276,33 +271,19 @@ static void test_mamba_align_decode(void **st) {
 
 /* ---- phases and events of appended blocks ---- */
 
-typedef struct evlog {
-  uint64_t hash[64];
-  uint32_t group[64];
-  size_t n;
-} evlog;
-
-static void on_g1(void *user, const kvbm_pool_event *ev) {
-  evlog *l = user;
-  if (ev->kind != KVBM_POOL_STORED || l->n >= 64) return;
-  l->hash[l->n] = ev->seq_hash;
-  l->group[l->n++] = ev->group;
-}
-
 static void test_phases_and_events(void **st) {
   (void)st;
   const kvbm_group_spec g[3] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 8}, {KVBM_GROUP_MAMBA, 0}};
-  evlog log = {0};
+  tu_g1_log log = {0};
   kvbm_manager_config c = tu_config(NULL, 64, 0, 0);
   c.groups = g;
   c.num_groups = 3;
-  c.listener[KVBM_TIER_G1] = on_g1;
-  c.listener_user[KVBM_TIER_G1] = &log;
+  tu_g1_log_attach(&c, &log);
   kvbm_manager *m = tu_create(&c);
   assert_non_null(m);
   uint32_t *tok = tu_prompt(700, 24);
   uint64_t h[6];
-  hashes_of(m, tok, 6, h);
+  tu_hashes(m, tok, 6, B, h);
   kvbm_hreq *r;
   kvbm_error e = {0};
   assert_int_equal(kvbm_manager_hprefill(m, 0, 0, tok, 8, &r, NULL, &e), KVBM_OK);
@@ -474,7 +455,7 @@ static void test_g4_deadline(void **st) {
   assert_non_null(m);
   uint32_t *a = tu_prompt(40000, 40);
   uint64_t h[10];
-  hashes_of(m, a, 10, h);
+  tu_hashes(m, a, 10, B, h);
   /* A's 10 blocks a group reach G4; then other prompts push A out of G1. */
   kvbm_hreq *r;
   kvbm_error e = {0};
@@ -563,7 +544,7 @@ static void test_g4_deadline_one_late(void **st) {
   assert_non_null(m);
   uint32_t *a = tu_prompt(50000, 40);
   uint64_t h[10];
-  hashes_of(m, a, 10, h);
+  tu_hashes(m, a, 10, B, h);
   kvbm_hreq *r;
   kvbm_error e = {0};
   for (int round = 0; round < 5; round++) {

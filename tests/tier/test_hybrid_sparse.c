@@ -52,43 +52,18 @@
 
 static const kvbm_group_spec FULL_SW8[2] = {{KVBM_GROUP_FULL, 0}, {KVBM_GROUP_SLIDING_WINDOW, 8}};
 
-typedef struct evlog {
-  uint64_t key[128];
-  size_t n;
-} evlog;
-
-/* Every STORED event of G1, by its key (hash and group give the key). */
-static void on_g1(void *user, const kvbm_pool_event *ev) {
-  evlog *l = user;
-  if (ev->kind != KVBM_POOL_STORED || l->n >= 128) return;
-  l->key[l->n++] = kvbm__group_key(ev->seq_hash, ev->group);
-}
-
-static bool logged(const evlog *l, uint64_t key) {
-  for (size_t i = 0; i < l->n; i++)
-    if (l->key[i] == key) return true;
-  return false;
-}
-
-static kvbm_manager *smgr(kvbm_hseq_retention ret, uint32_t g1, uint32_t g2, evlog *log) {
+static kvbm_manager *smgr(kvbm_hseq_retention ret, uint32_t g1, uint32_t g2, tu_g1_log *log) {
   kvbm_manager_config c = tu_config(NULL, g1, g2, 0);
   c.groups = FULL_SW8;
   c.num_groups = 2;
   c.g2_policy = KVBM_OFFLOAD_ALL;
   c.hybrid_retention = ret;
-  if (log) {
-    c.listener[KVBM_TIER_G1] = on_g1;
-    c.listener_user[KVBM_TIER_G1] = log;
-  }
+  if (log) tu_g1_log_attach(&c, log);
   kvbm_manager *m = tu_create(&c);
   assert_non_null(m);
   return m;
 }
 
-static void hashes_of(kvbm_manager *m, const uint32_t *tok, size_t nfull, uint64_t *h) {
-  for (size_t k = 0; k < nfull; k++)
-    h[k] = kvbm_hash_next(kvbm_manager_hash_scheme(m), 0, k ? h[k - 1] : 0, k > 0, tok + k * B, B);
-}
 
 static bool in_g1(kvbm_manager *m, uint64_t key) {
   pthread_mutex_lock(&m->mu);
@@ -110,7 +85,7 @@ static bool kept_sw(size_t k) { return k == 7 || k == 8; }
 
 static void test_sparse_registers_kept_only(void **st) {
   (void)st;
-  evlog log = {0};
+  tu_g1_log log = {0};
   /* G1 of 26: a first prompt fills it with registered READY blocks; the
    * second, another prompt, evicts them and its non-kept window blocks
    * reuse their ids (stale READY states). */
@@ -126,7 +101,7 @@ static void test_sparse_registers_kept_only(void **st) {
 
   uint32_t *tok = tu_prompt(100, L + B);
   uint64_t h[NB + 1];
-  hashes_of(m, tok, NB + 1, h);
+  tu_hashes(m, tok, NB + 1, B, h);
   size_t hit = 99;
   assert_int_equal(kvbm_manager_hprefill(m, 0, 0, tok, L, &r, &hit, &e), KVBM_OK);
   assert_int_equal(hit, 0);
@@ -145,8 +120,8 @@ static void test_sparse_registers_kept_only(void **st) {
   for (size_t k = 0; k < NB; k++) {
     assert_true(in_g2(m, kvbm__group_key(h[k], 0)));
     assert_int_equal(in_g2(m, kvbm__group_key(h[k], 1)), kept_sw(k));
-    assert_true(logged(&log, kvbm__group_key(h[k], 0)));
-    assert_int_equal(logged(&log, kvbm__group_key(h[k], 1)), kept_sw(k));
+    assert_true(tu_g1_logged(&log, h[k], 0));
+    assert_int_equal(tu_g1_logged(&log, h[k], 1), kept_sw(k));
   }
   assert_int_equal(log.n, NB + 2);
 

@@ -4,6 +4,8 @@
 #ifndef KVBM_TIER_TESTUTIL_H
 #define KVBM_TIER_TESTUTIL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvbm/hash.h"
 #include "kvbm/manager.h"
 
 static inline uint64_t tu_mix(uint64_t x) {
@@ -168,6 +171,48 @@ static inline size_t tu_run(kvbm_manager *m, const uint32_t *tok, size_t n, kvbm
   if (keep) *keep = r;
   else kvbm_mreq_destroy(r);
   return i.matched_tokens;
+}
+
+/* The sequence hashes of tok's first nfull blocks of bs tokens, in the
+ * manager's scheme, unsalted. */
+static inline void tu_hashes(kvbm_manager *m, const uint32_t *tok, size_t nfull, uint32_t bs,
+                             uint64_t *h) {
+  for (size_t k = 0; k < nfull; k++)
+    h[k] = kvbm_hash_next(kvbm_manager_hash_scheme(m), 0, k ? h[k - 1] : 0, k > 0, tok + k * bs, bs);
+}
+
+/* The first TU_G1_LOG STORED events of G1, hash and group, in order:
+ * zero it, then tu_g1_log_attach before creating the manager. Safe from
+ * any thread (a peer's link thread registers blocks too). */
+#define TU_G1_LOG 128
+typedef struct tu_g1_log {
+  pthread_mutex_t mu; /* zeroed: glibc's default mutex */
+  uint64_t hash[TU_G1_LOG];
+  uint32_t group[TU_G1_LOG];
+  size_t n;
+} tu_g1_log;
+
+static inline void tu_g1_log_on(void *user, const kvbm_pool_event *ev) {
+  tu_g1_log *l = user;
+  if (ev->kind != KVBM_POOL_STORED) return;
+  pthread_mutex_lock(&l->mu);
+  if (l->n < TU_G1_LOG) {
+    l->hash[l->n] = ev->seq_hash;
+    l->group[l->n++] = ev->group;
+  }
+  pthread_mutex_unlock(&l->mu);
+}
+
+static inline void tu_g1_log_attach(kvbm_manager_config *c, tu_g1_log *l) {
+  c->listener[KVBM_TIER_G1] = tu_g1_log_on;
+  c->listener_user[KVBM_TIER_G1] = l;
+}
+
+/* Whether (hash, group) was stored. */
+static inline bool tu_g1_logged(const tu_g1_log *l, uint64_t hash, uint32_t group) {
+  for (size_t i = 0; i < l->n; i++)
+    if (l->hash[i] == hash && l->group[i] == group) return true;
+  return false;
 }
 
 #endif
