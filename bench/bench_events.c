@@ -45,7 +45,7 @@
  *   bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both]
  *                [--wire tcp|ipc|both] [--runs R] [--batch B]
  *                [--queue-bytes B] [--publish whole|split|coalesce|all] [--no-peer]
- *                [--vocab V] [--stage] [--json]
+ *                [--vocab V] [--stage] [--aa] [--json]
  *
  * --publish: how ours publishes an event of K blocks. whole (default): as
  * one event. split: as K one-block events, chained (each store's parent is
@@ -69,6 +69,12 @@
  * (Llama-3: 128256, gpt-oss: 201088): at V above 65536 they are uint16 or
  * uint32 on the wire at random, where the default ids (j * 7919, the
  * same every event) are of one width from the tenth on.
+ *
+ * --aa: the peer runs a second time in each round, after the first, and
+ * the row gives the second's rate over the first's (raw_aa_ratio in
+ * --json): what the peer's own round-to-round noise does to a ratio of
+ * two runs, the floor under the spread of ours / raw. The row's other
+ * peer figures stay the first run's.
  *
  * --no-peer: ours only (the peer's figures and the ratio print as 0), for
  * counting our publisher's instructions under callgrind without the peer's
@@ -323,6 +329,7 @@ static const char *const kPub[] = {"whole", "split", "coalesce"};
 static int g_pub = PUB_WHOLE;
 static int g_no_peer; /* --no-peer */
 static int g_stage;   /* --stage */
+static int g_aa;      /* --aa: the peer run twice a round, its own noise */
 static uint32_t g_vocab; /* --vocab: token ids drawn below it; 0: j * 7919 */
 
 static kvbm_event stream_event(const stream *s, unsigned long long i) {
@@ -560,7 +567,7 @@ enum { F_OURS, F_RAW, F_RATIO, F_PUB, F_SUB, F_RPUB, F_RSUB, F_OBYTES, F_RBYTES,
        F_RMSGS,
        /* CPU ns a block event by thread (see "CPU time by thread") */
        F_PMAIN, F_PTHR, F_PZMQ, F_SMAIN, F_SOTHER, F_SZMQ, F_RPMAIN, F_RPZMQ, F_RSMAIN, F_RSZMQ,
-       F_OBUSY, F_RBUSY, F_TBOUND, F_PROD, F_RSEND, NF };
+       F_OBUSY, F_RBUSY, F_TBOUND, F_PROD, F_RSEND, F_AA, NF };
 static const char *const kFig[NF] = {"ours_blk_s", "raw_blk_s", "ratio", "pub_cpu_ns_per_blk",
                                      "sub_cpu_ns_per_blk", "raw_pub_cpu_ns_per_blk",
                                      "raw_sub_cpu_ns_per_blk", "payload_bytes_per_blk",
@@ -571,7 +578,8 @@ static const char *const kFig[NF] = {"ours_blk_s", "raw_blk_s", "ratio", "pub_cp
                                      "raw_pub_main_ns_per_blk", "raw_pub_zmq_ns_per_blk",
                                      "raw_sub_main_ns_per_blk", "raw_sub_zmq_ns_per_blk",
                                      "busiest_thread_ns_per_blk", "raw_busiest_thread_ns_per_blk",
-                                     "thread_bound_ratio", "producer_blk_s", "raw_sender_blk_s"};
+                                     "thread_bound_ratio", "producer_blk_s", "raw_sender_blk_s",
+                                     "raw_aa_ratio"};
 
 typedef struct row {
   const char *wire;
@@ -606,7 +614,17 @@ static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t 
   endpoints(tcp, bind_ep, conn_ep, sizeof bind_ep);
   double raw = g_no_peer ? 0 : run_raw(bind_ep, conn_ep, w->k, batch, n, queue_bytes, &rr);
   if (g_no_peer) g_raw_pub_cpu = 0;
-  if (ours < 0 || raw < 0) {
+  double raw2 = 0;
+  if (g_aa && !g_no_peer && raw > 0) { /* after the first: its figures below stay the first's */
+    double cpu = g_raw_pub_cpu, th[NTH], thmax = g_raw_pub_th_max, send = g_raw_send_s;
+    memcpy(th, g_raw_pub_th, sizeof th);
+    result r2 = {0};
+    endpoints(tcp, bind_ep, conn_ep, sizeof bind_ep);
+    raw2 = run_raw(bind_ep, conn_ep, w->k, batch, n, queue_bytes, &r2);
+    g_raw_pub_cpu = cpu, g_raw_pub_th_max = thmax, g_raw_send_s = send;
+    memcpy(g_raw_pub_th, th, sizeof th);
+  }
+  if (ours < 0 || raw < 0 || raw2 < 0) {
     fprintf(stderr, "bench_events: %s %s K=%u %s: run failed (ours %.0f, raw %.0f)\n", w->wire,
             w->form == KVBM_FORM_MAP ? "map" : "positional", w->k, kPub[w->pub], ours, raw);
     return;
@@ -641,6 +659,7 @@ static void run_round(row *w, unsigned batch, unsigned long long blocks, size_t 
   w->v[F_TBOUND][i] = obusy > 0 ? rbusy / obusy : 0;
   w->v[F_PROD][i] = g_prod_s > 0 ? nb / g_prod_s : 0;
   w->v[F_RSEND][i] = !g_no_peer && g_raw_send_s > 0 ? nb / g_raw_send_s : 0;
+  w->v[F_AA][i] = raw2 > 0 ? raw2 / raw : 0;
   w->lost += ro.lost;
   w->malformed += ro.malformed;
 }
@@ -664,7 +683,7 @@ static unsigned parse_ks(const char *s, unsigned *ks, unsigned max) {
 static void usage(void) {
   fprintf(stderr, "usage: bench_events [--blocks N] [--k K[,K...]] [--form map|positional|both] "
                   "[--wire tcp|ipc|both] [--runs R (1..64)] [--batch B] [--queue-bytes B] "
-                  "[--publish whole|split|coalesce|all] [--vocab V] [--no-peer] [--stage] [--json]\n");
+                  "[--publish whole|split|coalesce|all] [--vocab V] [--no-peer] [--stage] [--aa] [--json]\n");
   exit(2);
 }
 
@@ -679,6 +698,7 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--json")) { json = 1; continue; }
     if (!strcmp(a, "--no-peer")) { g_no_peer = 1; continue; }
     if (!strcmp(a, "--stage")) { g_stage = 1; continue; }
+    if (!strcmp(a, "--aa")) { g_aa = 1; continue; }
     if (!v) usage();
     i++;
     if (!strcmp(a, "--blocks")) blocks = strtoull(v, NULL, 10);
@@ -773,6 +793,10 @@ int main(int argc, char **argv) {
            sp[F_RSMAIN].median, sp[F_RSZMQ].median, sp[F_OBUSY].median, sp[F_RBUSY].median,
            sp[F_TBOUND].median, sp[F_TBOUND].min, sp[F_TBOUND].max, sp[F_PROD].median / 1e6,
            sp[F_RSEND].median / 1e6);
+    if (g_aa && !g_no_peer)
+      printf("      the peer against itself (--aa: run again after it, each round): %.2f "
+             "[%.2f..%.2f]\n",
+             sp[F_AA].median, sp[F_AA].min, sp[F_AA].max);
   }
   if (json) printf("\n}}\n");
   return fails ? 1 : 0;
