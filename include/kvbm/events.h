@@ -140,8 +140,9 @@ typedef struct kvbm_publisher_config {
                                  * kvbm_publisher_publish_batch) */
   size_t max_batch_events;      /* a batch is sent when it holds this many
                                  * events (>= 1; default 256); while full
-                                 * batches keep coming, within 50 us of
-                                 * filling (the thread polls instead of
+                                 * batches keep coming, within a quarter
+                                 * of max_batch_delay_us of filling, 50
+                                 * to 200 us (the thread polls instead of
                                  * being woken for each) */
   uint32_t max_batch_delay_us;  /* ... or when its oldest event has waited
                                  * this long (0: at once; default 1000) */

@@ -47,11 +47,12 @@
  * bench_events K = 1 -19%); an armed sleep that runs out with nothing
  * queued is the last before an idle publisher sleeps until woken. And
  * while every wake finds a full batch ("streaming"), the thread sleeps
- * STREAM_POLL_US at most and full batches wake nothing: a wake costs the
+ * a quarter of max_batch_delay_us at most (50-200 us: stream_poll_us)
+ * and full batches wake nothing: a wake costs the
  * producer an eventfd write and an interprocessor interrupt, the thread's
  * own short timer costs it nothing (K = 1: the producer's CPU -15%, the
  * thread's -59%, our throughput +17%: docs/areas/events.md, Session 16).
- * A full batch then leaves up to STREAM_POLL_US later than a wake would
+ * A full batch then leaves up to that period later than a wake would
  * have sent it; the first wake that finds none ends the streaming.
  *
  * Shutdown refuses new events, lets the thread drain everything accepted,
@@ -223,7 +224,7 @@ struct kvbm_publisher {
   bool closing, waiting;
   bool armed;          /* the thread sleeps at most max_batch_delay_us: an
                         * event that opens a queue need not wake it */
-  bool streaming;      /* the thread sleeps at most STREAM_POLL_US: a full
+  bool streaming;      /* the thread sleeps at most stream_poll_us(): a full
                         * batch need not wake it either */
   bool lean;           /* publish_plain may take a plain event: started,
                         * not closing, wire mode, no coalescing, a timer */
@@ -1595,15 +1596,30 @@ static void thread_lock(kvbm_publisher *p) {
 }
 
 /* While full batches keep coming (each wake of the thread found one),
- * it sleeps this long at most and producers do not wake it for a full
- * batch: on a VM a wake is an eventfd write and an interprocessor
+ * it sleeps stream_poll_us() at most and producers do not wake it for a
+ * full batch: on a VM a wake is an eventfd write and an interprocessor
  * interrupt that the producer pays (~1.7 us), while the thread's own
  * timer costs the producer nothing. A full batch then leaves at most
- * this much later than a wake would have sent it. The thread then waits
+ * that much later than a wake would have sent it. The thread then waits
  * on its eventfd alone (ppoll: zmq_poll's timeout is in milliseconds)
  * and serves the sinks' input sockets (replay requests) at every wake,
- * each service a receive that does not wait. */
-#define STREAM_POLL_US 50
+ * each service a receive that does not wait.
+ *
+ * The period is a quarter of max_batch_delay_us, the wait the user
+ * already accepts for a batch that is not full, between 50 and 200 us
+ * (200 at the default delay of 1 ms): each wake costs the thread a timer
+ * interrupt and a switch whatever it finds, so the longer the period,
+ * the more batches a wake sends (bench_events K = 1, 50 -> 200 us: the
+ * thread's CPU 12 -> 8 ns a block event, our throughput +10%;
+ * docs/areas/events.md, Session 17). Below a delay of 100 us the thread
+ * does not stream. */
+#define STREAM_POLL_MIN_US 50
+#define STREAM_POLL_MAX_US 200
+
+static uint32_t stream_poll_us(const kvbm_publisher *p) {
+  uint32_t us = p->o.max_batch_delay_us / 4;
+  return us < STREAM_POLL_MIN_US ? STREAM_POLL_MIN_US : us > STREAM_POLL_MAX_US ? STREAM_POLL_MAX_US : us;
+}
 
 /* Serves the sinks' input sockets (items 1..ni-1: replay requests)
  * that poll marked readable, or all of them (`all`: each service is a
@@ -1637,11 +1653,12 @@ static void *thread_main(void *arg) {
   bool busy = false;     /* sent something since it last slept */
   bool full = false;     /* found a full batch since it last slept */
   uint64_t served = 0;   /* when it last looked at the input sockets */
+  const uint32_t poll_us = stream_poll_us(p);
   thread_lock(p);
   for (;;) {
     uint64_t now = kvbm_clock_ns();
-    if (ni > 1 && now - served >= (uint64_t)STREAM_POLL_US * 1000u) {
-      /* every STREAM_POLL_US, whether it slept in ppoll (streaming: the
+    if (ni > 1 && now - served >= (uint64_t)poll_us * 1000u) {
+      /* every poll_us, whether it slept in ppoll (streaming: the
        * input sockets are not in it) or did not sleep at all (producers
        * filling batches faster than it sends them): replay requests are
        * answered either way */
@@ -1695,7 +1712,7 @@ static void *thread_main(void *arg) {
       p->armed = true;
     }
     /* streaming: the last sleep ended with a full batch to send */
-    const bool stream = full && p->o.max_batch_delay_us >= 2 * STREAM_POLL_US;
+    const bool stream = full && p->o.max_batch_delay_us >= 2 * STREAM_POLL_MIN_US;
     p->streaming = stream;
     if (stream) p->armed = true;
     busy = full = false;
@@ -1704,7 +1721,7 @@ static void *thread_main(void *arg) {
     int r;
     if (stream) {
       struct pollfd pf = {.fd = p->efd, .events = POLLIN};
-      const struct timespec ts = {0, STREAM_POLL_US * 1000L};
+      const struct timespec ts = {0, (long)poll_us * 1000L};
       r = ppoll(&pf, 1, &ts, NULL);
       items[0].revents = r > 0 && (pf.revents & POLLIN) ? ZMQ_POLLIN : 0;
     } else {

@@ -187,7 +187,7 @@ static void test_batch_by_time_after_busy(void **st) {
 
 /* A steady stream of full batches. While each of the thread's wakes
  * finds a full batch, producers stop waking it for one and it wakes on a
- * short timer of its own (publisher.c, STREAM_POLL_US): every batch still
+ * short timer of its own (publisher.c, stream_poll_us): every batch still
  * leaves without a flush, long before the (here: one minute) delay, in
  * order. The queue is large enough that no producer waits for room
  * (which would wake the thread). */

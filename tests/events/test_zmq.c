@@ -454,7 +454,7 @@ static void *stream_main(void *arg) {
 }
 
 /* A replay request is answered while full batches keep coming: the
- * publisher thread then "streams" (publisher.c, STREAM_POLL_US), waiting
+ * publisher thread then "streams" (publisher.c, stream_poll_us), waiting
  * on its eventfd alone, and looks at the replay socket at each wake. The
  * delay is a minute and nothing flushes, so only full batches leave, and
  * the producer never pauses while the request waits. */
