@@ -245,7 +245,9 @@ manycore() {
   # sparse retention since session 15)
   step bench_replay-dense 120 "$OUT/manycore.log" "$BUILD/bench_replay" --repeat 3 \
     --prefix-cache-retention-interval none
-  step bench_events 150 "$OUT/manycore.log" "$BUILD/bench_events" --runs 3 --k 1,16,64 --form map --wire both
+  # --aa: the raw peer against itself, the noise floor under ours / raw
+  # (events.md, Session 17)
+  step bench_events 180 "$OUT/manycore.log" "$BUILD/bench_events" --runs 3 --k 1,16,64 --form map --wire both --aa
   # K = 1 through a producer's stage (no lock a publish): whether the
   # producer thread still bounds it with a core a thread (events.md,
   # Session 15)
