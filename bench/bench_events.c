@@ -71,7 +71,8 @@
  * uint32 on the wire at random, where the default ids (j * 7919, the
  * same every event) are of one width from the tenth on.
  *
- * --aa: the peer runs a second time in each round, after the first, and
+ * --aa: the peer runs a second time in each round, last (after ours and
+ * its first run, whichever order those took), and
  * the row gives the second's rate over the first's (raw_aa_ratio in
  * --json): what the peer's own round-to-round noise does to a ratio of
  * two runs, the floor under the spread of ours / raw. The row's other
@@ -635,8 +636,9 @@ static void run_round(row *w, int round, unsigned batch, unsigned long long bloc
     memcpy(g_raw_pub_th, th, sizeof th);
   }
   if (ours < 0 || raw < 0 || raw2 < 0) {
-    fprintf(stderr, "bench_events: %s %s K=%u %s: run failed (ours %.0f, raw %.0f)\n", w->wire,
-            w->form == KVBM_FORM_MAP ? "map" : "positional", w->k, kPub[w->pub], ours, raw);
+    fprintf(stderr, "bench_events: %s %s K=%u %s: run failed (ours %.0f, raw %.0f, raw again %.0f)\n",
+            w->wire, w->form == KVBM_FORM_MAP ? "map" : "positional", w->k, kPub[w->pub], ours, raw,
+            raw2);
     return;
   }
   int i = w->ok++;

@@ -47,13 +47,13 @@
  * bench_events K = 1 -19%); an armed sleep that runs out with nothing
  * queued is the last before an idle publisher sleeps until woken. And
  * while every wake finds a full batch ("streaming"), the thread sleeps
- * a quarter of max_batch_delay_us at most (50-200 us: stream_poll_us)
- * and full batches wake nothing: a wake costs the
- * producer an eventfd write and an interprocessor interrupt, the thread's
- * own short timer costs it nothing (K = 1: the producer's CPU -15%, the
- * thread's -59%, our throughput +17%: docs/areas/events.md, Session 16).
- * A full batch then leaves up to that period later than a wake would
- * have sent it; the first wake that finds none ends the streaming.
+ * at most stream_poll_us() (a quarter of max_batch_delay_us, 50-200 us)
+ * and full batches wake nothing: a wake costs the producer an eventfd
+ * write and an interprocessor interrupt, the thread's own short timer
+ * costs it nothing (K = 1: the producer's CPU -15%, the thread's -59%,
+ * our throughput +17%: docs/areas/events.md, Session 16). A full batch
+ * then leaves up to that period later than a wake would have sent it;
+ * the first wake that finds none ends the streaming.
  *
  * Shutdown refuses new events, lets the thread drain everything accepted,
  * then closes the sinks, which flush their sockets within their linger.
