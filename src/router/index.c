@@ -1835,9 +1835,14 @@ static void lean_removed(kvbm_index *idx, worker *w, const kvbm_event *ev, lean 
   }
 }
 
-/* What the lean path will touch for an event EV_AHEAD ahead: its first
- * block's slot and the next (a probe run, or deletion's shift, goes on
- * there). Not a BlockStored's parent: that is nearly always the block
+/* What the lean path will touch for an event EV_AHEAD ahead: the line
+ * of its first block's slot and the line after it (a probe run, or
+ * deletion's shift, goes on there: slots are 32 bytes, so slot p + 2 is
+ * always on the next line, and p + 1 on one of the two). Two lines, not
+ * the slot and the next slot (one line for an even slot): bench_router,
+ * 8 workers, kvbm 1.08x faster side by side (docs/areas/router.md,
+ * Session 18); W3's deletes shift 40 % of the time, its probes go on
+ * past the home slot about as often. Not a BlockStored's parent: that is nearly always the block
  * stored just before (the hint, in cache; W3: 99.8 % of stored blocks),
  * and its test and probe cost 7 instructions an event for the first
  * block of each request. Nor a removed block's parent: tail first, it is
@@ -1845,14 +1850,11 @@ static void lean_removed(kvbm_index *idx, worker *w, const kvbm_event *ev, lean 
  * event's first cache line; a prefetch of a slot the event will not use
  * (a namespaced key, another group) costs nothing but the line. */
 HOT void lean_prefetch(const wtab *t, const kvbm_event *ev) {
-  /* the fields lean_event reads past the first line (medium .. salt), as
-   * the general path's prefetch_event brings them in by reading them */
-  __builtin_prefetch(&ev->medium);
-  __builtin_prefetch(&ev->cache_salt);
   if (!ev->num_block_hashes || !ev->block_hashes) return;
   const slot *p = &t->s[home(t, ev->block_hashes[0])];
+  _Static_assert(sizeof(slot) == 32, "p + 2 is the line after p's");
   __builtin_prefetch(p, 1);
-  __builtin_prefetch(p + 1, 1);
+  __builtin_prefetch(p + 2, 1); /* past the table's end at its last slots: prefetches never fault */
 }
 
 /* Events from..n of a batch of worker s, on the general path, each event
@@ -1914,19 +1916,13 @@ static int lean_batch(kvbm_index *idx, worker *w, const kvbm_event_batch *b, kvb
     lean_prefetch(LD(&w->tab), p);
   for (;;) {
     for (; ev < stop; ev++) {
-      /* what lean_prefetch (EV_AHEAD from now) reads to find the slot,
-       * in two steps: the hash pointer and count of the event 3 *
-       * EV_AHEAD from now (both: an event is 8-byte aligned, so the pair
-       * may straddle two lines), then the hash they point at, 2 *
-       * EV_AHEAD from now, its pointer loaded from the line the first
-       * step brought in.
-       * bench_router, 8 workers, kvbm / peer 0.98 -> 1.01 side by side,
-       * twice (docs/areas/router.md, Session 16). */
-      if (ev + 3 * EV_AHEAD < end) {
-        __builtin_prefetch(&ev[3 * EV_AHEAD].block_hashes);
-        __builtin_prefetch(&ev[3 * EV_AHEAD].num_block_hashes);
-      }
-      if (ev + 2 * EV_AHEAD < end) __builtin_prefetch(ev[2 * EV_AHEAD].block_hashes);
+      /* The batch itself is not prefetched: a subscriber decodes one
+       * message into buffers it reuses, so the events and their hashes
+       * are in cache (session 16 prefetched them, three steps ahead, when
+       * bench_router streamed 3.7 GB of events from memory; with each
+       * batch staged as a decoder leaves it, those five prefetches an
+       * event cost kvbm 7 % of its rate: docs/areas/router.md, Session
+       * 18). */
       lean_prefetch(LD(&w->tab), ev + EV_AHEAD);
       if (__builtin_expect((rc = lean_one(idx, w, ev, &a)) != 0, 0)) goto other;
     }
