@@ -155,39 +155,31 @@ static kvbm_index *new_index(void) {
  * memory, and the figure was this machine's memory bandwidth more than
  * either index: the two sides came out equal within noise however many
  * instructions each spent.) */
-static kvbm_event_batch *g_batches; /* .num_events of each; .events: g_ev */
-static size_t *g_first;             /* the op index of each batch */
 static size_t g_nbatches;
-static kvbm_event *g_ev;            /* the staged batch's events */
-static uint64_t *g_h;               /* the staged batch's hashes */
+static kvbm_event *g_ev;     /* the staged batch's events */
+static uint64_t *g_h;        /* the staged batch's hashes */
+static kvbm_event_batch g_b; /* the staged batch */
 
+/* Sizes the staging buffers for the log's largest batch. */
 static void build_batches(const oplog *l) {
-  size_t nb = 0, maxe = 0, maxh = 0;
+  size_t maxe = 0, maxh = 0;
   for (size_t i = 0; i < l->nops; i++) {
     if (l->ops[i].kind != OP_BATCH) continue;
-    nb++;
+    g_nbatches++;
     size_t nh = 0;
     for (uint32_t k = 0; k < l->ops[i].n; k++) nh += l->ops[i + 1 + k].n;
     if (l->ops[i].n > maxe) maxe = l->ops[i].n;
     if (nh > maxh) maxh = nh;
   }
-  g_batches = malloc((nb + 1) * sizeof *g_batches);
-  g_first = malloc((nb + 1) * sizeof *g_first);
   g_ev = malloc((maxe + 1) * sizeof *g_ev);
   g_h = malloc((maxh + 1) * sizeof *g_h);
-  if (!g_batches || !g_first || !g_ev || !g_h) kvbm_bench_die("bench_router", "out of memory");
-  for (size_t i = 0; i < l->nops; i++) {
-    if (l->ops[i].kind != OP_BATCH) continue;
-    g_first[g_nbatches] = i;
-    g_batches[g_nbatches++] = (kvbm_event_batch){.seq = KVBM_INDEX_NO_ID, .events = g_ev,
-                                                 .num_events = l->ops[i].n};
-  }
+  if (!g_ev || !g_h) kvbm_bench_die("bench_router", "out of memory");
 }
 
-/* Decodes batch bi into g_ev and g_h, as a subscriber's decoder would
- * into its buffers; returns the batch. */
-static const kvbm_event_batch *stage_batch(const oplog *l, size_t bi) {
-  const op *b = &l->ops[g_first[bi]];
+/* Decodes the batch at ops[i] into g_ev and g_h, as a subscriber's
+ * decoder would into its buffers; returns the batch. */
+static const kvbm_event_batch *stage_batch(const oplog *l, size_t i) {
+  const op *b = &l->ops[i];
   uint64_t *h = g_h;
   for (uint32_t k = 0; k < b->n; k++) {
     const op *o = b + 1 + k;
@@ -200,14 +192,15 @@ static const kvbm_event_batch *stage_batch(const oplog *l, size_t bi) {
                            .medium = KVBM_MEDIUM_GPU};
     h += o->n;
   }
-  return &g_batches[bi];
+  g_b = (kvbm_event_batch){.seq = KVBM_INDEX_NO_ID, .events = g_ev, .num_events = b->n};
+  return &g_b;
 }
 
-/* Applies the batch at ops[i] (the bi-th), as the daemon would: staged,
- * then one apply_batch, which alone is timed (added to *busy); returns
- * the index of the op after it. */
-static size_t kv_apply(kvbm_index *idx, const oplog *l, size_t i, size_t *bi, double *busy) {
-  const kvbm_event_batch *b = stage_batch(l, (*bi)++);
+/* Applies the batch at ops[i], as the daemon would: staged, then one
+ * apply_batch, which alone is timed (added to *busy); returns the index
+ * of the op after it. */
+static size_t kv_apply(kvbm_index *idx, const oplog *l, size_t i, double *busy) {
+  const kvbm_event_batch *b = stage_batch(l, i);
   double a = now();
   kvbm_index_apply_batch(idx, l->ops[i].worker, b, NULL);
   *busy += now() - a;
@@ -217,11 +210,11 @@ static size_t kv_apply(kvbm_index *idx, const oplog *l, size_t i, size_t *bi, do
 __attribute__((noinline)) static void replay_kvbm(kvbm_index *idx, const oplog *l, double *lat,
                                                   result *r) {
   kvbm_overlap ov[KVBM_ROUTER_MAX_WORKERS];
-  size_t nl = 0, bi = 0;
+  size_t nl = 0;
   for (size_t i = 0; i < l->nops;) {
     const op *o = &l->ops[i];
     if (o->kind == OP_BATCH) {
-      i = kv_apply(idx, l, i, &bi, &r->seconds);
+      i = kv_apply(idx, l, i, &r->seconds);
       continue;
     }
     i++;
@@ -313,11 +306,11 @@ static void peer_batch(hset *s, const kvbm_event_batch *b) {
 
 __attribute__((noinline)) static void replay_peer(hset *s, const oplog *l, double *lat,
                                                   result *r) {
-  size_t nl = 0, bi = 0;
+  size_t nl = 0;
   for (size_t i = 0; i < l->nops;) {
     const op *o = &l->ops[i];
     if (o->kind == OP_BATCH) {
-      const kvbm_event_batch *b = stage_batch(l, bi++);
+      const kvbm_event_batch *b = stage_batch(l, i);
       double a = now();
       peer_batch(&s[o->worker], b);
       r->seconds += now() - a;
@@ -407,9 +400,8 @@ static conc run_threads(const oplog *l, int nr) {
   /* The writer's rate counts its applies only (not the staging); the
    * readers' counts their whole run. */
   double t0 = now(), busy = 0;
-  size_t bi = 0;
   for (size_t i = 0; i < l->nops;)
-    if (l->ops[i].kind == OP_BATCH) i = kv_apply(idx, l, i, &bi, &busy);
+    if (l->ops[i].kind == OP_BATCH) i = kv_apply(idx, l, i, &busy);
     else i++;
   double s = now() - t0;
   atomic_store(&stop, 1);
@@ -584,7 +576,5 @@ int main(int argc, char **argv) {
   free(l.h);
   free(g_ev);
   free(g_h);
-  free(g_batches);
-  free(g_first);
   return 0;
 }

@@ -1836,14 +1836,13 @@ static void lean_removed(kvbm_index *idx, worker *w, const kvbm_event *ev, lean 
 }
 
 /* What the lean path will touch for an event EV_AHEAD ahead: the line
- * of its first block's slot and the line after it (a probe run, or
- * deletion's shift, goes on there: slots are 32 bytes, so slot p + 2 is
- * always on the next line, and p + 1 on one of the two). Two lines, not
- * the slot and the next slot (one line for an even slot): bench_router,
- * 8 workers, kvbm 1.08x faster side by side (docs/areas/router.md,
- * Session 18); W3's deletes shift 40 % of the time, its probes go on
- * past the home slot about as often. Not a BlockStored's parent: that is nearly always the block
- * stored just before (the hint, in cache; W3: 99.8 % of stored blocks),
+ * of its first block's slot and the line after it, where a probe run or
+ * deletion's shift goes on (W3: 40 % of deletes shift). Slots are 32
+ * bytes, so slot p + 2 is always on the next line; p + 1, prefetched
+ * before, shares p's line half the time (bench_router, 8 workers: kvbm
+ * 1.08x faster side by side, docs/areas/router.md, Session 18). Not a
+ * BlockStored's parent: that is nearly always the block stored just
+ * before (the hint, in cache; W3: 99.8 % of stored blocks),
  * and its test and probe cost 7 instructions an event for the first
  * block of each request. Nor a removed block's parent: tail first, it is
  * the next remove's block, prefetched as that event's. Reads only the

@@ -77,7 +77,6 @@ static size_t table(kvbm_hreq *r, uint32_t g, uint32_t *ids, size_t *n) {
   return held;
 }
 
-
 /* vLLM's SlidingWindowManager, as a fact: get_num_skipped_tokens(n) =
  * max(0, n - W + 1); remove_skipped_blocks(request, n) nulls (and frees)
  * every block before skipped // block_size. So after n computed tokens

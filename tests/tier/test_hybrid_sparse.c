@@ -64,7 +64,6 @@ static kvbm_manager *smgr(kvbm_hseq_retention ret, uint32_t g1, uint32_t g2, tu_
   return m;
 }
 
-
 static bool in_g1(kvbm_manager *m, uint64_t key) {
   pthread_mutex_lock(&m->mu);
   bool r = kvbm_pool_peek(m->t[KVBM_TIER_G1].pool, key, NULL, NULL) == KVBM_OK;
