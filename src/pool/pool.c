@@ -1078,15 +1078,17 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
    * holds them: only block 0 may have no parent, so they are set once
    * before the loop and changed once in it, with no test a block. */
   uint64_t pk = has_parent ? parent : 0;
-  /* The last 8 bytes of a registered block's record, as one store: those
-   * of block 0, then of every block after it (F_HAS_PARENT or'ed in each
-   * block). One register holds them and the flags the dedup path needs
-   * (their top byte): a flags byte and the later blocks' word kept
-   * besides were two more live values, spilled with the rest. */
-  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED,
-                             (uint8_t)((has_parent ? F_HAS_PARENT : 0) | (salt_hash ? F_SALTED : 0) | F_INDEXED));
-  const uint64_t parent_bit = rec_tail8(0, 0, 0, F_HAS_PARENT);
-  for (size_t k = 0; k < n; k++, tail8 |= parent_bit) {
+  /* The last 8 bytes of a registered block's record, as one store, with
+   * F_HAS_PARENT: block 0, the only one that may have no parent, has it
+   * cleared after the loop (or on the dedup path). A constant of the
+   * loop's instance where the block size and the salt are (the native
+   * 16-token instances), so that it takes no register: the word it
+   * replaces, or'ed with F_HAS_PARENT a block, was a load and a store of
+   * the stack each (session 19). */
+  const uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED,
+                                   (uint8_t)(F_HAS_PARENT | (salted ? F_SALTED : 0) | F_INDEXED));
+  bool dedup0 = false; /* block 0 deduplicated: ids[0] is another's block */
+  for (size_t k = 0; k < n; k++) {
     if (k + PLAIN_AHEAD < n) { /* hashed == k + PLAIN_AHEAD */
       h = kvbm__hash_next_inline(scheme, salt_hash, h, true, tnext, bs);
       tnext += bs;
@@ -1109,7 +1111,8 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       b->refcount = 1;
       b->ntok = (uint16_t)bs;
       b->state = KVBM_BLOCK_COMPLETE;
-      b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED);
+      b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED & ~(k || has_parent ? 0 : F_HAS_PARENT));
+      dedup0 |= k == 0;
       HEAD_PREV();
       p->free_top = ftop;
       ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
@@ -1127,6 +1130,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
    * off the free list or was evicted, every dedup put one back on it, and
    * every block that did not dedup was registered. */
   HEAD_PREV();
+  if (n && !has_parent && !dedup0) blocks[ids[0]].flags &= (uint8_t)~F_HAS_PARENT;
   const uint32_t evicted = (uint32_t)n - (ftop0 - ftop + dedups);
   p->free_top = ftop;
   p->cached -= evicted;
