@@ -976,14 +976,16 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
   } while (0)
 
 /* The two plain loops' take: `id` off the free stack, or else the head
- * of the lowest non-empty cache list evicted. The list is found again only
- * when it empties or after a dedup (pr == NPRIO): only the loop's own
- * evictions change the lists in between. The victim's prev link is left
- * (HEAD_PREV clears the head's at a stop), the cursor moves on
+ * of the lowest non-empty cache list evicted. The list (pr) and its head
+ * (vh) are found again only when it empties or after a dedup (vh == NIL):
+ * only the loop's own evictions change the lists in between, so the head
+ * lives in a register and p->head[pr] is written at a stop (HEAD_PREV),
+ * not a load and a store through p an eviction (session 19). The victim's
+ * prev link is left (HEAD_PREV clears the head's), the cursor moves on
  * (CURSOR_ADVANCE), and its registry entry is cleared at its place
  * (where[]) or, past its home, searched from the home of (its hash,
  * `vgroup`), its group. A macro, as CURSOR_ADVANCE: the loops keep
- * ftop, pr, cursor and ahead in registers. The caller checked that enough
+ * ftop, vh, cursor and ahead in registers. The caller checked that enough
  * blocks are free or cached. */
 #define PLAIN_TAKE(id, vgroup)                                                              \
   do {                                                                                      \
@@ -991,21 +993,21 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
       (id) = fstack[--ftop];                                                                \
       break;                                                                                \
     }                                                                                       \
-    if (pr == NPRIO) {                                                                      \
+    if (vh == NIL) {                                                                        \
       unsigned w_ = 0;                                                                      \
       while (!p->nonempty[w_]) w_++;                                                        \
       pr = w_ * 64 + (unsigned)__builtin_ctzll(p->nonempty[w_]);                            \
+      vh = p->head[pr];                                                                     \
     }                                                                                       \
-    (id) = p->head[pr];                                                                     \
+    (id) = vh;                                                                              \
     const blk *v_ = &blocks[(id)];                                                          \
     const uint32_t next_ = v_->next;                                                        \
-    p->head[pr] = next_;                                                                    \
+    vh = next_;                                                                             \
     if (next_ != NIL) {                                                                     \
       CURSOR_ADVANCE(next_);                                                                \
     } else {                                                                                \
-      p->tail[pr] = NIL;                                                                    \
+      p->head[pr] = p->tail[pr] = NIL;                                                      \
       p->nonempty[pr / 64] &= ~(1ull << (pr % 64));                                         \
-      pr = NPRIO;                                                                           \
       cursor = NIL, ahead = 0;                                                              \
     }                                                                                       \
     const uint32_t wv_ = where[(id)];                                                       \
@@ -1044,12 +1046,17 @@ static inline uint8_t rec_tail8_flags(uint64_t w) {
   return t.flags;
 }
 
-/* The loop unlinks each victim without clearing its successor's prev link
- * (the successor is most often the next victim): the list's head at a
- * stop (a dedup, the run's end) gets it here. */
+/* The loop keeps the list's head in vh and unlinks each victim without
+ * clearing its successor's prev link (the successor is most often the
+ * next victim): at a stop (a dedup, the run's end) the list gets its head
+ * back and the head its prev link. vh NIL: no list taken from since the
+ * last stop, or the list emptied (PLAIN_TAKE wrote its ends then). */
 #define HEAD_PREV()                                                  \
   do {                                                               \
-    if (pr != NPRIO && p->head[pr] != NIL) blocks[p->head[pr]].prev = NIL; \
+    if (vh != NIL) {                                                 \
+      p->head[pr] = vh;                                              \
+      blocks[vh].prev = NIL;                                         \
+    }                                                                \
   } while (0)
 
 HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool has_parent,
@@ -1064,7 +1071,8 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
   const uint32_t ftop0 = p->free_top;
   uint32_t ftop = ftop0, dedups = 0;
   uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
-  unsigned pr = NPRIO;              /* the list evictions take from; NPRIO: find it */
+  unsigned pr = NPRIO;              /* the list evictions take from, while vh != NIL */
+  uint32_t vh = NIL;                /* its head; NIL: find it */
   uint64_t h = parent;
   bool hp = has_parent;
   size_t hashed = 0;
@@ -1118,7 +1126,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       ids[k] = do_register(p, id, tokens + k * bs, NULL, (rkey){fp, home}, false, false, true);
       ftop = p->free_top;
       dedups++;
-      pr = NPRIO;
+      vh = NIL;
       cursor = NIL, ahead = 0;
     } else {
       /* refcount 1, ntok, REGISTERED, flags | F_INDEXED (indexed by
@@ -1301,7 +1309,8 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, const uint32_t nre
   const uint32_t ftop0 = p->free_top;
   uint32_t ftop = ftop0;
   uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
-  unsigned pr = NPRIO;              /* the list evictions take from; NPRIO: find it */
+  unsigned pr = NPRIO;              /* the list evictions take from, while vh != NIL */
+  uint32_t vh = NIL;                /* its head; NIL: find it */
   size_t hashed = nhashed < n ? nhashed : n;
   uint64_t h = hashed ? hashes[hashed - 1] : parent; /* the chain's last hash */
   bool hp = hashed ? true : has_parent;
