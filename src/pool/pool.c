@@ -645,6 +645,14 @@ int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
   return KVBM_OK;
 }
 
+int kvbm__pool_match_id(kvbm_pool *p, uint32_t id) {
+  if (!valid_id(p, id)) return KVBM_EINVAL;
+  if (p->blocks[id].state != KVBM_BLOCK_REGISTERED) return KVBM_ESTATE;
+  acquire(p, id);
+  p->match_hits++;
+  return KVBM_OK;
+}
+
 bool kvbm_pool_contains(const kvbm_pool *p, uint64_t seq_hash) {
   return reg_find(p, seq_hash, 0, p->group != NULL) != NIL;
 }

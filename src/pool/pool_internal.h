@@ -38,6 +38,14 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *pool, uint32_t group, uint64_t salt_h
                                 bool has_parent, const uint32_t *tokens, uint64_t *hashes, size_t n,
                                 void *context, uint32_t *ids);
 
+/* As kvbm_pool_match of the hash block `id` is registered under, for an
+ * id a peek (kvbm_pool_peek) returned with no change to the pool since:
+ * the sequence's prefill looks its prefix up once, in the dry run, and
+ * takes the references here without a second lookup. KVBM_EINVAL for an
+ * id past the pool, KVBM_ESTATE for a block not registered (a stale id):
+ * no change then. Allocates nothing. */
+int kvbm__pool_match_id(kvbm_pool *pool, uint32_t id);
+
 /* Whether the pool was created fill_only (no token slots: it builds no
  * block by init/append, so a sequence refuses a partial block up front). */
 bool kvbm__pool_fill_only(const kvbm_pool *pool);

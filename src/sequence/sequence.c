@@ -130,14 +130,15 @@ static int prefill_hashed(kvbm_seq *s, const uint32_t *tokens, size_t n, const u
   bool cached;
   while (m < matchable) {
     if (m >= nhashed) s->hashes[nhashed++] = hash_block(s, tokens, m);
-    if (kvbm_pool_peek(s->pool, s->hashes[m], NULL, &cached) != KVBM_OK) break;
+    if (kvbm_pool_peek(s->pool, s->hashes[m], &s->ids[m], &cached) != KVBM_OK) break;
     from_cache += cached;
     m++;
   }
   if (total - m > (size_t)kvbm_pool_available(s->pool) - from_cache) return KVBM_ENOSPC;
 
   if (nheld) memcpy(s->ids, held, nheld * sizeof *held);
-  for (size_t k = nheld; k < m; k++) kvbm_pool_match(s->pool, s->hashes[k], &s->ids[k]);
+  /* the dry run's ids: nothing has changed since it looked them up */
+  for (size_t k = nheld; k < m; k++) (void)kvbm__pool_match_id(s->pool, s->ids[k]);
   if (nfull > m) {
     /* blocks m..nhashed - 1 have their hashes; the rest are hashed as filled */
     size_t known = nhashed > m ? nhashed - m : 0;

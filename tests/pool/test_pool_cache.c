@@ -18,6 +18,7 @@
  * - listener: STORED (with parent, tokens, salt) on register only, REMOVED on
  *   eviction, CLEARED on clear, in order.
  */
+#include "pool/pool_internal.h"
 #include "pool_testutil.h"
 
 #define BS 4
@@ -628,6 +629,52 @@ static void test_match_reactivates(void **state) {
   kvbm_pool_destroy(p);
 }
 
+/* kvbm__pool_match_id, the sequence's second half of a peek: a reference
+ * on the peeked block as kvbm_pool_match takes it, and a refusal, with no
+ * change, of an id past the pool or of a block not registered. A block
+ * out of the cache reports priority 0; released again (release_run's one
+ * add to its record) it joins the list of its new priority. */
+static void test_match_id(void **state) {
+  (void)state;
+  kvbm_pool *p = tu_pool(3, BS, KVBM_HASH_NATIVE, false, NULL);
+  uint64_t h[3];
+  uint32_t c[3];
+  for (int i = 0; i < 3; i++) c[i] = tu_register_new(p, BS, 0, 0, false, (uint32_t)i, &h[i]);
+  assert_int_equal(kvbm_pool_release_run(p, c, 3, 5), KVBM_OK);
+  uint32_t id = 99;
+  bool cached = false;
+  assert_int_equal(kvbm_pool_peek(p, h[1], &id, &cached), KVBM_OK);
+  assert_int_equal(id, c[1]);
+  assert_true(cached);
+  assert_int_equal(kvbm__pool_match_id(p, 3), KVBM_EINVAL);
+  assert_int_equal(kvbm__pool_match_id(p, UINT32_MAX), KVBM_EINVAL);
+  assert_int_equal(tu_stats(p).match_hits, 0);
+  assert_int_equal(kvbm__pool_match_id(p, id), KVBM_OK);
+  kvbm_pool_stats st = tu_stats(p);
+  assert_int_equal(st.match_hits, 1);
+  assert_int_equal(st.cached, 2);
+  assert_int_equal(tu_refcount(p, c[1]), 1);
+  kvbm_block_info bi;
+  assert_int_equal(kvbm_block_info_get(p, c[1], &bi), KVBM_OK);
+  assert_int_equal(bi.priority, 0); /* out of the cache */
+  assert_int_equal(bi.state, KVBM_BLOCK_REGISTERED);
+  /* back at priority 2, below the others' 5: evicted first */
+  assert_int_equal(kvbm_pool_release_run(p, &c[1], 1, 2), KVBM_OK);
+  assert_int_equal(kvbm_block_info_get(p, c[1], &bi), KVBM_OK);
+  assert_int_equal(bi.priority, 2);
+  assert_int_equal(bi.refcount, 0);
+  assert_int_equal(tu_alloc1(p), c[1]);
+  /* the freshly allocated block is not registered: refused, unchanged */
+  assert_int_equal(kvbm__pool_match_id(p, c[1]), KVBM_ESTATE);
+  assert_int_equal(tu_refcount(p, c[1]), 1);
+  assert_int_equal(tu_stats(p).match_hits, 1);
+  /* release_run's order among the others: the run's last block is the
+   * oldest (tail first) */
+  assert_int_equal(tu_alloc1(p), c[2]);
+  assert_int_equal(tu_alloc1(p), c[0]);
+  kvbm_pool_destroy(p);
+}
+
 /* A block held by two requests is cached only after both release it, at the
  * priority of the last release. */
 static void test_shared_release(void **state) {
@@ -1034,6 +1081,7 @@ static void test_listener_counts(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_register_then_match),
+      cmocka_unit_test(test_match_id),
       cmocka_unit_test(test_demote),
       cmocka_unit_test(test_dedup_active),
       cmocka_unit_test(test_dedup_cached),
