@@ -645,6 +645,10 @@ int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
   return KVBM_OK;
 }
 
+void kvbm__pool_prefetch(const kvbm_pool *p, uint64_t seq_hash) {
+  (void)reg_key_prefetch(p, seq_hash, 0);
+}
+
 int kvbm__pool_match_id(kvbm_pool *p, uint32_t id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   if (p->blocks[id].state != KVBM_BLOCK_REGISTERED) return KVBM_ESTATE;

@@ -46,6 +46,10 @@ int kvbm__pool_fill_run_hashing(kvbm_pool *pool, uint32_t group, uint64_t salt_h
  * no change then. Allocates nothing. */
 int kvbm__pool_match_id(kvbm_pool *pool, uint32_t id);
 
+/* Starts loading the registry line a lookup of seq_hash (group 0) reads
+ * first; changes nothing. */
+void kvbm__pool_prefetch(const kvbm_pool *pool, uint64_t seq_hash);
+
 /* Whether the pool was created fill_only (no token slots: it builds no
  * block by init/append, so a sequence refuses a partial block up front). */
 bool kvbm__pool_fill_only(const kvbm_pool *pool);

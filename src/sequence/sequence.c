@@ -130,6 +130,14 @@ static int prefill_hashed(kvbm_seq *s, const uint32_t *tokens, size_t n, const u
   bool cached;
   while (m < matchable) {
     if (m >= nhashed) s->hashes[nhashed++] = hash_block(s, tokens, m);
+    /* Block m + 1 hashed and its registry bucket on its way while block m
+     * is looked up: a prefix hit's lookup waits on that line otherwise.
+     * One block past the prefix is hashed here at most; the fill takes
+     * its hash as known. */
+    if (nhashed == m + 1 && nhashed < matchable) {
+      s->hashes[nhashed] = hash_block(s, tokens, nhashed);
+      kvbm__pool_prefetch(s->pool, s->hashes[nhashed++]);
+    }
     if (kvbm_pool_peek(s->pool, s->hashes[m], &s->ids[m], &cached) != KVBM_OK) break;
     from_cache += cached;
     m++;
