@@ -966,24 +966,24 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
     if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
   } while (0)
 
-/* The cursor, `ahead` blocks past the eviction list's head, after the
- * head moved on by one to `next` (not NIL): if the cursor was the victim,
- * it restarts from the new head and walks PF_DEPTH blocks on at once (a
- * stall for each, once per run); else it moves one block on, and stays as
- * far ahead (or, at the list's end, gets one closer). A macro, as PF_STEP:
- * the two fill loops keep cursor and ahead in registers. */
+/* The cursor: PF_DEPTH blocks past the eviction list's head, NIL once it
+ * has passed the list's end (it stays so until the list empties: the loop
+ * only takes from the list), or CURSOR_RESTART when the loop starts, the
+ * list changes or a dedup ran. After the head moved on by one to `next`
+ * (not NIL) it moves one block on, or restarts from the new head and
+ * walks PF_DEPTH blocks on at once (a stall for each, once per run). The
+ * restart was a count of the blocks between the head and the cursor
+ * before (session 19): one more live value in loops short of registers.
+ * A macro, as PF_STEP: the two fill loops keep the cursor in a register. */
+#define CURSOR_RESTART (NIL - 1)
+_Static_assert(KVBM_POOL_MAX_BLOCKS < CURSOR_RESTART, "no block id is the cursor's restart mark");
 #define CURSOR_ADVANCE(next)                                                        \
   do {                                                                              \
-    if (!ahead) {                                                                   \
-      cursor = (next);                                                              \
-      while (ahead < PF_DEPTH && cursor != NIL) {                                   \
-        PF_STEP();                                                                  \
-        ahead++;                                                                    \
-      }                                                                             \
-    } else if (cursor != NIL) {                                                     \
+    if (cursor < CURSOR_RESTART) {                                                  \
       PF_STEP();                                                                    \
-    } else {                                                                        \
-      ahead--;                                                                      \
+    } else if (cursor == CURSOR_RESTART) {                                          \
+      cursor = (next);                                                              \
+      for (unsigned d_ = 0; d_ < PF_DEPTH && cursor != NIL; d_++) PF_STEP();        \
     }                                                                               \
   } while (0)
 
@@ -997,7 +997,7 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
  * (CURSOR_ADVANCE), and its registry entry is cleared at its place
  * (where[]) or, past its home, searched from the home of (its hash,
  * `vgroup`), its group. A macro, as CURSOR_ADVANCE: the loops keep
- * ftop, vh, cursor and ahead in registers. The caller checked that enough
+ * ftop, vh and the cursor in registers. The caller checked that enough
  * blocks are free or cached. */
 #define PLAIN_TAKE(id, vgroup)                                                              \
   do {                                                                                      \
@@ -1020,7 +1020,7 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
     } else {                                                                                \
       p->head[pr] = p->tail[pr] = NIL;                                                      \
       p->nonempty[pr / 64] &= ~(1ull << (pr % 64));                                         \
-      cursor = NIL, ahead = 0;                                                              \
+      cursor = CURSOR_RESTART;                                                              \
     }                                                                                       \
     const uint32_t wv_ = where[(id)];                                                       \
     if (wv_ != NIL)                                                                         \
@@ -1082,7 +1082,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
   const uint32_t shift = p->table_shift, mask = p->table_mask;
   const uint32_t ftop0 = p->free_top;
   uint32_t ftop = ftop0, dedups = 0;
-  uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
+  uint32_t cursor = CURSOR_RESTART; /* see CURSOR_ADVANCE */
   unsigned pr = NPRIO;              /* the list evictions take from, while vh != NIL */
   uint32_t vh = NIL;                /* its head; NIL: find it */
   uint64_t h = parent;
@@ -1139,7 +1139,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       ftop = p->free_top;
       dedups++;
       vh = NIL;
-      cursor = NIL, ahead = 0;
+      cursor = CURSOR_RESTART;
     } else {
       /* refcount 1, ntok, REGISTERED, flags | F_INDEXED (indexed by
        * plain_find_or_insert) */
@@ -1320,7 +1320,7 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, const uint32_t nre
   const uint32_t shift = p->table_shift, mask = p->table_mask;
   const uint32_t ftop0 = p->free_top;
   uint32_t ftop = ftop0;
-  uint32_t cursor = NIL, ahead = 0; /* the block `ahead` blocks past the head */
+  uint32_t cursor = CURSOR_RESTART; /* see CURSOR_ADVANCE */
   unsigned pr = NPRIO;              /* the list evictions take from, while vh != NIL */
   uint32_t vh = NIL;                /* its head; NIL: find it */
   size_t hashed = nhashed < n ? nhashed : n;
