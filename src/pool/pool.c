@@ -867,10 +867,10 @@ HOT void fill_run_hashing(kvbm_pool *p, uint32_t group, uint64_t salt_hash, uint
  *  - a victim's entry is cleared at its place (where[]), not searched for
  *    from its hash's home bucket;
  *  - the eviction list is walked PF_DEPTH blocks ahead of its head by a
- *    cursor: each eviction moves the cursor one block on, prefetches the
- *    registry bucket of the block under it (from where[]) and the record
- *    after it, so the victim's erase finds its bucket loaded PF_DEPTH
- *    evictions later instead of one.
+ *    cursor: each eviction moves the cursor one block on and prefetches
+ *    the registry bucket of the block under it (from where[]), so the
+ *    victim's erase finds its bucket loaded PF_DEPTH evictions later
+ *    instead of one.
  * A dedup (the hash already registered: rare in a replay) leaves the loop's
  * locals in *p and takes the general path for that block. The cursor is a
  * hint only: a cursor that went stale (a block in the window left the
@@ -953,9 +953,12 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
 }
 
 /* One step of fill_run_plain's cursor: the registry bucket of its block
- * (from where[]: NIL, an entry past its home, prefetches a line past the
- * table, which never faults) and the record of the block after it
- * prefetched, and the cursor on it. Tried and dropped: keeping each
+ * prefetched (from where[]: NIL, an entry past its home, prefetches a line
+ * past the table, which never faults), and the cursor on the block after
+ * it. The next step's read of that block's record is its load: a
+ * prefetch of it one step earlier (dropped in session 19: W1 614.8M
+ * against 623.2M instructions, time equal or 1% less side by side) came
+ * too late to hide anything. Tried and dropped: keeping each
  * bucket's index in a ring for the victim's erase (callgrind, kvbm replay
  * --limit 2000: 774.0M -> 778.9M instructions; the ring's stores and index
  * cost more than hashing the victim again). */
@@ -963,7 +966,6 @@ HOT uint32_t plain_find_or_insert(const blk *blocks, bucket *table, uint32_t *wh
   do {                                                                              \
     __builtin_prefetch((const char *)table + (size_t)(where[cursor] >> 3) * sizeof(bucket)); \
     cursor = blocks[cursor].next;                                                   \
-    if (cursor != NIL) __builtin_prefetch(&blocks[cursor]);                         \
   } while (0)
 
 /* The cursor: PF_DEPTH blocks past the eviction list's head, NIL once it
