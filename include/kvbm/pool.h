@@ -347,7 +347,7 @@ typedef struct kvbm_block_info {
   uint64_t parent_hash;
   bool has_parent;
   uint64_t salt_hash;
-  uint8_t priority;
+  uint8_t priority;       /* the priority it was released with while cached; 0 otherwise */
   const uint32_t *tokens; /* the block's tokens, valid until it changes; NULL
                              for a filled block without keep_tokens */
   uint32_t group;         /* the group it was last allocated for */
