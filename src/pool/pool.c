@@ -626,9 +626,9 @@ int kvbm_pool_alloc(kvbm_pool *p, uint32_t n, uint32_t *ids) {
   return kvbm_pool_alloc_group(p, 0, n, ids);
 }
 
-int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id) {
-  if (group >= p->ngroups) return KVBM_EINVAL;
-  uint32_t found = reg_find(p, seq_hash, group, p->group != NULL);
+/* A match's reference on registered block `found` (NIL: none), its id
+ * to *id. */
+static int match_found(kvbm_pool *p, uint32_t found, uint32_t *id) {
   if (found == NIL) return KVBM_ENOTFOUND;
   acquire(p, found);
   p->match_hits++;
@@ -636,13 +636,13 @@ int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint3
   return KVBM_OK;
 }
 
+int kvbm_pool_match_group(kvbm_pool *p, uint32_t group, uint64_t seq_hash, uint32_t *id) {
+  if (group >= p->ngroups) return KVBM_EINVAL;
+  return match_found(p, reg_find(p, seq_hash, group, p->group != NULL), id);
+}
+
 int kvbm_pool_match(kvbm_pool *p, uint64_t seq_hash, uint32_t *id) {
-  uint32_t found = reg_find(p, seq_hash, 0, p->group != NULL);
-  if (found == NIL) return KVBM_ENOTFOUND;
-  acquire(p, found);
-  p->match_hits++;
-  if (id) *id = found;
-  return KVBM_OK;
+  return match_found(p, reg_find(p, seq_hash, 0, p->group != NULL), id);
 }
 
 void kvbm__pool_prefetch(const kvbm_pool *p, uint64_t seq_hash) {
@@ -652,9 +652,7 @@ void kvbm__pool_prefetch(const kvbm_pool *p, uint64_t seq_hash) {
 int kvbm__pool_match_id(kvbm_pool *p, uint32_t id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   if (p->blocks[id].state != KVBM_BLOCK_REGISTERED) return KVBM_ESTATE;
-  acquire(p, id);
-  p->match_hits++;
-  return KVBM_OK;
+  return match_found(p, id, NULL);
 }
 
 bool kvbm_pool_contains(const kvbm_pool *p, uint64_t seq_hash) {
@@ -1031,23 +1029,14 @@ _Static_assert(KVBM_POOL_MAX_BLOCKS < CURSOR_RESTART, "no block id is the cursor
       plain_erase(table, mask, (fingerprint(v_->seq_hash, (vgroup)) * 0x9E3779B1u) >> shift, (id)); \
   } while (0)
 
-/* A record's last 8 bytes (refcount, ntok, priority 0, flags and state),
+/* A record's last 8 bytes (refcount, ntok, priority, flags and state),
  * as the word one store writes them with: five stores a block become one,
  * and a block taken from a cache list of another priority needs no store
- * of its own to leave it at 0. */
+ * of its own to leave its priority at 0. */
 _Static_assert(offsetof(blk, refcount) == 24 && sizeof(blk) == 32,
                "refcount, ntok, priority, flags and state are the record's last 8 bytes");
-static inline uint64_t rec_tail8(uint32_t refcount, uint16_t ntok, uint8_t state, uint8_t flags) {
-  blk t = {.refcount = refcount, .ntok = ntok, .state = state, .flags = flags};
-  uint64_t w;
-  memcpy(&w, (const char *)&t + offsetof(blk, refcount), sizeof w);
-  return w;
-}
-
-/* The word of a record's last 8 bytes that holds priority `prio` and
- * nothing else. */
-static inline uint64_t rec_tail8_prio(uint8_t prio) {
-  blk t = {.prio = prio};
+static inline uint64_t rec_tail8(uint32_t refcount, uint16_t ntok, uint8_t prio, uint8_t state, uint8_t flags) {
+  blk t = {.refcount = refcount, .ntok = ntok, .prio = prio, .state = state, .flags = flags};
   uint64_t w;
   memcpy(&w, (const char *)&t + offsetof(blk, refcount), sizeof w);
   return w;
@@ -1107,7 +1096,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
    * 16-token instances), so that it takes no register: the word it
    * replaces, or'ed with F_HAS_PARENT a block, was a load and a store of
    * the stack each (session 19). */
-  const uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED,
+  const uint64_t tail8 = rec_tail8(1, (uint16_t)bs, 0, KVBM_BLOCK_REGISTERED,
                                    (uint8_t)(F_HAS_PARENT | (salted ? F_SALTED : 0) | F_INDEXED));
   bool dedup0 = false; /* block 0 deduplicated: ids[0] is another's block */
   for (size_t k = 0; k < n; k++) {
@@ -1133,7 +1122,7 @@ HOT void fill_run_plain(kvbm_pool *p, uint64_t salt_hash, uint64_t parent, bool 
       b->refcount = 1;
       b->ntok = (uint16_t)bs;
       b->state = KVBM_BLOCK_COMPLETE;
-      b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED & ~(k || has_parent ? 0 : F_HAS_PARENT));
+      b->flags = (uint8_t)(rec_tail8_flags(tail8) & ~F_INDEXED);
       dedup0 |= k == 0;
       HEAD_PREV();
       p->free_top = ftop;
@@ -1344,9 +1333,9 @@ HOT size_t fill_groups_plain(kvbm_pool *p, const uint32_t ng, const uint32_t nre
   uint64_t pk = has_parent ? parent : 0;
   const uint8_t fl = (uint8_t)(F_INDEXED | (salt_hash ? F_SALTED : 0));
   /* refcount 1, ntok, REGISTERED, flags: one store a block */
-  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | (has_parent ? F_HAS_PARENT : 0)));
-  const uint64_t tail8_rest = rec_tail8(1, (uint16_t)bs, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT));
-  const uint64_t tail8_alloc = rec_tail8(1, 0, KVBM_BLOCK_RESET, 0);
+  uint64_t tail8 = rec_tail8(1, (uint16_t)bs, 0, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | (has_parent ? F_HAS_PARENT : 0)));
+  const uint64_t tail8_rest = rec_tail8(1, (uint16_t)bs, 0, KVBM_BLOCK_REGISTERED, (uint8_t)(fl | F_HAS_PARENT));
+  const uint64_t tail8_alloc = rec_tail8(1, 0, 0, KVBM_BLOCK_RESET, 0);
   size_t k = 0;
   for (; k < n; k++, tail8 = tail8_rest) {
     const size_t j = k + PLAIN_AHEAD;
@@ -1597,9 +1586,8 @@ int kvbm_block_demote(kvbm_pool *p, uint32_t id) {
   if (!valid_id(p, id)) return KVBM_EINVAL;
   blk *b = &p->blocks[id];
   if (!(b->flags & F_CACHED)) return KVBM_ESTATE;
-  cache_unlink(p, id);
+  cache_unlink(p, id); /* priority 0 now */
   /* At the head of priority 0's list: the oldest of the lowest. */
-  b->prio = 0;
   b->prev = NIL;
   b->next = p->head[0];
   if (p->head[0] != NIL)
@@ -1673,9 +1661,9 @@ int kvbm_pool_release_run(kvbm_pool *p, const uint32_t *ids, size_t n, uint8_t p
    * priority and F_CACHED set. Its reference, state, flags and priority
    * were a load and a store each (callgrind, kvbm replay --limit 2000:
    * release_run 52.8M -> 45.8M instructions). */
-  const uint64_t held_mask = rec_tail8(UINT32_MAX, 0, 3, F_CACHED) | rec_tail8_prio(UINT8_MAX);
-  const uint64_t held_once = rec_tail8(1, 0, KVBM_BLOCK_REGISTERED, 0);
-  const uint64_t to_cached = rec_tail8(0, 0, 0, F_CACHED) + rec_tail8_prio(priority) - 1;
+  const uint64_t held_mask = rec_tail8(UINT32_MAX, 0, UINT8_MAX, 3, F_CACHED);
+  const uint64_t held_once = rec_tail8(1, 0, 0, KVBM_BLOCK_REGISTERED, 0);
+  const uint64_t to_cached = rec_tail8(0, 0, priority, 0, F_CACHED) - 1;
   for (size_t k = n; k-- > 0;) {
     /* Block records of a table are scattered: load a few ahead. */
     /* The address from integers, unchecked: a prefetch never faults, and

@@ -129,14 +129,13 @@ static int prefill_hashed(kvbm_seq *s, const uint32_t *tokens, size_t n, const u
   size_t m = nheld, from_cache = 0;
   bool cached;
   while (m < matchable) {
-    if (m >= nhashed) s->hashes[nhashed++] = hash_block(s, tokens, m);
-    /* Block m + 1 hashed and its registry bucket on its way while block m
-     * is looked up: a prefix hit's lookup waits on that line otherwise.
-     * One block past the prefix is hashed here at most; the fill takes
-     * its hash as known. */
-    if (nhashed == m + 1 && nhashed < matchable) {
+    /* Blocks m and m + 1 hashed, m + 1's registry bucket on its way while
+     * block m is looked up: a prefix hit's lookup waits on that line
+     * otherwise. One block past the prefix is hashed here at most; the
+     * fill takes its hash as known. */
+    for (; nhashed < m + 2 && nhashed < matchable; nhashed++) {
       s->hashes[nhashed] = hash_block(s, tokens, nhashed);
-      kvbm__pool_prefetch(s->pool, s->hashes[nhashed++]);
+      kvbm__pool_prefetch(s->pool, s->hashes[nhashed]);
     }
     if (kvbm_pool_peek(s->pool, s->hashes[m], &s->ids[m], &cached) != KVBM_OK) break;
     from_cache += cached;
